@@ -1,0 +1,292 @@
+//! Typed configuration: a TOML file (`--config`, default `/etc/crisp/config.toml` when present)
+//! with command-line flags overriding it. Parsed and validated once at start; any unknown key or
+//! bad value is an error naming the key (the binary exits 64, EX_USAGE).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/crisp/config.toml";
+pub const DEFAULT_LISTEN: &str = "/run/crisp/crisp.sock";
+pub const DEFAULT_UPSTREAM: &str = "/run/containerd/containerd.sock";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("config file {path}: key `{key}`: {message}")]
+    Invalid { path: String, key: String, message: String },
+}
+
+/// The whole configuration, with defaults applied.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Socket kubelet connects to.
+    pub listen: PathBuf,
+    /// File mode of the listening socket, as an octal string ("0660").
+    #[serde(deserialize_with = "de_mode")]
+    pub listen_mode: u32,
+    /// The runtime's socket.
+    pub upstream: PathBuf,
+    pub log: LogConfig,
+    pub proxy: ProxyConfig,
+    pub ordering: OrderingConfig,
+    /// Node-wide sidecar rules by container name, for pods without a `crisp.dev/sidecars`
+    /// annotation (annotations win).
+    pub sidecars: Vec<SidecarRule>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: DEFAULT_LISTEN.into(),
+            listen_mode: 0o660,
+            upstream: DEFAULT_UPSTREAM.into(),
+            log: LogConfig::default(),
+            proxy: ProxyConfig::default(),
+            ordering: OrderingConfig::default(),
+            sidecars: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// A tracing filter: `info`, `debug`, `crisp=debug,h2=warn`, ...
+    pub level: String,
+    pub format: LogFormat,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig { level: "info".into(), format: LogFormat::Text }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProxyConfig {
+    #[serde(deserialize_with = "de_duration")]
+    pub shutdown_grace: Duration,
+    #[serde(deserialize_with = "de_duration")]
+    pub upstream_connect_timeout: Duration,
+    #[serde(deserialize_with = "de_duration")]
+    pub keepalive_interval: Duration,
+    #[serde(deserialize_with = "de_duration")]
+    pub keepalive_timeout: Duration,
+    #[serde(deserialize_with = "de_duration")]
+    pub handshake_timeout: Duration,
+    pub max_concurrent_streams: u32,
+    /// Largest message crisp buffers to look at (observed calls only; others are unlimited).
+    pub max_observed_message_bytes: usize,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        let d = crate::proxy::ProxyOptions::default();
+        ProxyConfig {
+            shutdown_grace: d.shutdown_grace,
+            upstream_connect_timeout: Duration::from_secs(2),
+            keepalive_interval: d.keepalive_interval,
+            keepalive_timeout: d.keepalive_timeout,
+            handshake_timeout: d.handshake_timeout,
+            max_concurrent_streams: d.max_concurrent_streams,
+            max_observed_message_bytes: d.max_observed_message,
+        }
+    }
+}
+
+/// What to do when a held start reaches its timeout (DESIGN.md §3.4).
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum TimeoutPolicy {
+    /// Fail open: forward the call, log loudly, count it.
+    #[default]
+    Proceed,
+    /// Answer with an error; kubelet retries on its next sync.
+    Fail,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OrderingConfig {
+    /// Longest an app's CreateContainer is held waiting for sidecars. Must stay below kubelet's
+    /// runtime-request-timeout (2 min, KUBELET-CRI.md §3.3).
+    #[serde(deserialize_with = "de_duration")]
+    pub start_timeout: Duration,
+    pub timeout_policy: TimeoutPolicy,
+    /// How often readiness probes run while a call is held.
+    #[serde(deserialize_with = "de_duration")]
+    pub probe_interval: Duration,
+    /// Per-attempt timeout of one readiness probe.
+    #[serde(deserialize_with = "de_duration")]
+    pub probe_timeout: Duration,
+}
+
+impl Default for OrderingConfig {
+    fn default() -> Self {
+        OrderingConfig {
+            start_timeout: Duration::from_secs(90),
+            timeout_policy: TimeoutPolicy::Proceed,
+            probe_interval: Duration::from_millis(50),
+            probe_timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Longest hold crisp accepts from config or annotation: kubelet's deadline is 2 min.
+pub const MAX_START_TIMEOUT: Duration = Duration::from_secs(115);
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SidecarRule {
+    /// Container name that marks a sidecar on any pod (e.g. `istio-proxy`).
+    pub name: String,
+    /// Readiness spec, same forms as the `crisp.dev/ready.<name>` annotation.
+    #[serde(default = "default_ready")]
+    pub ready: String,
+}
+
+fn default_ready() -> String {
+    "running".into()
+}
+
+impl Config {
+    /// Loads `path` (if given, it must exist; if not, the default path is used when present).
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        let (path, required) = match path {
+            Some(p) => (p.to_path_buf(), true),
+            None => (PathBuf::from(DEFAULT_CONFIG_PATH), false),
+        };
+        match std::fs::read_to_string(&path) {
+            Ok(text) => Config::from_toml(&text, &path.display().to_string()),
+            Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => Ok(Config::default()),
+            Err(source) => Err(ConfigError::Read { path, source }),
+        }
+    }
+
+    pub fn from_toml(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let de = toml::Deserializer::new(text);
+        let cfg: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+            let key = e.path().to_string();
+            ConfigError::Invalid { path: origin.to_string(), key, message: e.into_inner().message().trim().to_string() }
+        })?;
+        cfg.validate(origin)?;
+        Ok(cfg)
+    }
+
+    /// Cross-field checks that serde cannot express.
+    pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
+        let bad = |key: &str, message: String| ConfigError::Invalid { path: origin.into(), key: key.into(), message };
+        if self.ordering.start_timeout > MAX_START_TIMEOUT {
+            return Err(bad(
+                "ordering.start_timeout",
+                format!("{:?} is too long: holds must end before kubelet's 2 min deadline (max {:?})", self.ordering.start_timeout, MAX_START_TIMEOUT),
+            ));
+        }
+        if self.ordering.probe_interval.is_zero() {
+            return Err(bad("ordering.probe_interval", "must be greater than 0".into()));
+        }
+        if self.proxy.max_concurrent_streams == 0 {
+            return Err(bad("proxy.max_concurrent_streams", "must be greater than 0".into()));
+        }
+        if self.listen == self.upstream {
+            return Err(bad("listen", "must differ from `upstream` (crisp would forward to itself)".into()));
+        }
+        let mut seen = BTreeMap::new();
+        for (i, rule) in self.sidecars.iter().enumerate() {
+            if rule.name.is_empty() {
+                return Err(bad(&format!("sidecars[{i}].name"), "must not be empty".into()));
+            }
+            if let Some(j) = seen.insert(rule.name.clone(), i) {
+                return Err(bad(&format!("sidecars[{i}].name"), format!("`{}` already declared in sidecars[{j}]", rule.name)));
+            }
+        }
+        crate::telemetry::validate_filter(&self.log.level).map_err(|m| bad("log.level", m))?;
+        Ok(())
+    }
+
+    pub fn proxy_options(&self) -> crate::proxy::ProxyOptions {
+        crate::proxy::ProxyOptions {
+            max_observed_message: self.proxy.max_observed_message_bytes,
+            max_concurrent_streams: self.proxy.max_concurrent_streams,
+            keepalive_interval: self.proxy.keepalive_interval,
+            keepalive_timeout: self.proxy.keepalive_timeout,
+            handshake_timeout: self.proxy.handshake_timeout,
+            shutdown_grace: self.proxy.shutdown_grace,
+            ..Default::default()
+        }
+    }
+
+    pub fn upstream_options(&self) -> crate::proxy::UpstreamOptions {
+        crate::proxy::UpstreamOptions { connect_timeout: self.proxy.upstream_connect_timeout, ..Default::default() }
+    }
+}
+
+/// Parses `90s`, `100ms`, `2m`, `1h`, `1m30s`, `250us`. A bare number is rejected: units matter.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Err("empty duration".into());
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(rest.len());
+        if digits == 0 {
+            return Err(format!("invalid duration {s:?} (expected e.g. \"90s\", \"100ms\", \"2m\")"));
+        }
+        let num: f64 = rest[..digits].parse().map_err(|_| format!("invalid number in duration {s:?}"))?;
+        rest = &rest[digits..];
+        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let secs = match &rest[..unit_len] {
+            "h" => num * 3600.0,
+            "m" => num * 60.0,
+            "s" => num,
+            "ms" => num / 1e3,
+            "us" | "µs" => num / 1e6,
+            "ns" => num / 1e9,
+            "" => return Err(format!("duration {s:?} needs a unit (h, m, s, ms, us, ns)")),
+            u => return Err(format!("unknown unit {u:?} in duration {s:?}")),
+        };
+        rest = &rest[unit_len..];
+        if !secs.is_finite() || secs < 0.0 || secs > 1e9 {
+            return Err(format!("duration {s:?} out of range"));
+        }
+        total += Duration::from_secs_f64(secs);
+    }
+    Ok(total)
+}
+
+fn de_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    parse_duration(&s).map_err(serde::de::Error::custom)
+}
+
+fn de_mode<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    let s = String::deserialize(d)?;
+    parse_mode(&s).map_err(serde::de::Error::custom)
+}
+
+pub fn parse_mode(s: &str) -> Result<u32, String> {
+    let m = u32::from_str_radix(s.trim_start_matches("0o"), 8).map_err(|_| format!("invalid octal mode {s:?} (e.g. \"0660\")"))?;
+    if m > 0o777 {
+        return Err(format!("mode {s:?} out of range"));
+    }
+    Ok(m)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,83 @@
+use super::*;
+
+#[test]
+fn empty_file_gives_defaults() {
+    let c = Config::from_toml("", "t").unwrap();
+    assert_eq!(c.listen, PathBuf::from(DEFAULT_LISTEN));
+    assert_eq!(c.upstream, PathBuf::from(DEFAULT_UPSTREAM));
+    assert_eq!(c.listen_mode, 0o660);
+    assert_eq!(c.ordering.start_timeout, Duration::from_secs(90));
+}
+
+#[test]
+fn full_file_parses() {
+    let c = Config::from_toml(
+        r#"
+listen = "/tmp/x.sock"
+listen_mode = "0600"
+upstream = "/tmp/y.sock"
+[log]
+level = "crisp=debug"
+format = "json"
+[proxy]
+shutdown_grace = "3s"
+[ordering]
+start_timeout = "1m30s"
+timeout_policy = "fail"
+[[sidecars]]
+name = "istio-proxy"
+ready = "http://:15021/healthz/ready"
+[[sidecars]]
+name = "linkerd-proxy"
+"#,
+        "t",
+    )
+    .unwrap();
+    assert_eq!(c.listen_mode, 0o600);
+    assert_eq!(c.log.format, LogFormat::Json);
+    assert_eq!(c.proxy.shutdown_grace, Duration::from_secs(3));
+    assert_eq!(c.ordering.start_timeout, Duration::from_secs(90));
+    assert_eq!(c.ordering.timeout_policy, TimeoutPolicy::Fail);
+    assert_eq!(c.sidecars[1].ready, "running");
+}
+
+fn err(text: &str) -> String {
+    Config::from_toml(text, "cfg.toml").unwrap_err().to_string()
+}
+
+#[test]
+fn unknown_keys_are_named() {
+    let e = err("[proxy]\nshutdown_grcae = \"1s\"\n");
+    assert!(e.contains("shutdown_grcae"), "{e}");
+    let e = err("lisen = \"/x\"\n");
+    assert!(e.contains("lisen"), "{e}");
+}
+
+#[test]
+fn bad_values_are_named() {
+    let e = err("[ordering]\nstart_timeout = \"ninety\"\n");
+    assert!(e.contains("ordering.start_timeout"), "{e}");
+    let e = err("[ordering]\nstart_timeout = \"5m\"\n");
+    assert!(e.contains("ordering.start_timeout") && e.contains("too long"), "{e}");
+    let e = err("[ordering]\ntimeout_policy = \"maybe\"\n");
+    assert!(e.contains("ordering.timeout_policy"), "{e}");
+    let e = err("listen_mode = \"999\"\n");
+    assert!(e.contains("listen_mode"), "{e}");
+    let e = err("[[sidecars]]\nname = \"a\"\n[[sidecars]]\nname = \"a\"\n");
+    assert!(e.contains("sidecars[1].name"), "{e}");
+    let e = err("[log]\nlevel = \"crisp=loud\"\n");
+    assert!(e.contains("log.level"), "{e}");
+}
+
+#[test]
+fn durations() {
+    assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+    assert_eq!(parse_duration("100ms"), Ok(Duration::from_millis(100)));
+    assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+    assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+    assert!(parse_duration("90").is_err());
+    assert!(parse_duration("s").is_err());
+    assert!(parse_duration("5 years").is_err());
+    assert!(parse_duration("").is_err());
+    assert!(parse_duration("1e400s").is_err());
+}

@@ -1,0 +1,28 @@
+//! Wires configuration, the listener, the upstream and the interceptors into a running proxy.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::config::Config;
+use crate::intercept::{Interceptor, Interceptors};
+use crate::proxy::{self, listener, Proxy, Upstream};
+
+/// Builds the interceptor chain for a configuration.
+pub fn interceptors(_cfg: &Config) -> Vec<Arc<dyn Interceptor>> {
+    Vec::new()
+}
+
+/// Binds `cfg.listen` and serves until `shutdown` resolves. Removes the socket file on return.
+pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    let (listener, _guard) = listener::bind(&cfg.listen, cfg.listen_mode).await?;
+    tracing::info!(listen = %cfg.listen.display(), upstream = %cfg.upstream.display(), "crisp listening");
+    serve_on(listener, cfg, shutdown).await;
+    Ok(())
+}
+
+/// Serves on an already-bound listener (tests, socket activation).
+pub async fn serve_on(listener: tokio::net::UnixListener, cfg: Config, shutdown: impl Future<Output = ()>) {
+    let upstream = Upstream::new(cfg.upstream.clone(), cfg.upstream_options());
+    let proxy = Proxy::new(upstream, Interceptors::new(interceptors(&cfg)), cfg.proxy_options());
+    proxy::serve(listener, proxy, shutdown).await;
+}

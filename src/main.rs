@@ -1,0 +1,116 @@
+//! The `crisp` binary: parse flags, load config, set up logging, run the daemon.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use crisp::config::{self, Config, LogFormat};
+
+/// sysexits.h EX_USAGE: bad configuration or flags.
+const EX_USAGE: u8 = 64;
+
+/// crisp — CRI Sidecar Proxy.
+///
+/// Sits on the CRI socket between kubelet and the container runtime and forwards every call
+/// byte-exact. Point kubelet's --container-runtime-endpoint (and --image-service-endpoint) at
+/// --listen. Flags override the config file.
+#[derive(Parser, Debug)]
+#[command(version, about, long_about)]
+struct Cli {
+    /// Config file (TOML). Default: /etc/crisp/config.toml if it exists.
+    #[arg(long, short = 'c', value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Socket kubelet connects to [default: /run/crisp/crisp.sock].
+    #[arg(long, value_name = "PATH")]
+    listen: Option<PathBuf>,
+    /// Mode of the listening socket, octal [default: 0660].
+    #[arg(long, value_name = "MODE")]
+    listen_mode: Option<String>,
+    /// The runtime's CRI socket [default: /run/containerd/containerd.sock].
+    #[arg(long, value_name = "PATH")]
+    upstream: Option<PathBuf>,
+    /// Log filter, e.g. info, debug, crisp=trace [default: info]. RUST_LOG overrides.
+    #[arg(long, value_name = "FILTER")]
+    log_level: Option<String>,
+    /// Log format.
+    #[arg(long, value_enum)]
+    log_format: Option<LogFormatArg>,
+    /// Validate the configuration, print it, and exit.
+    #[arg(long)]
+    check_config: bool,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum LogFormatArg {
+    Text,
+    Json,
+}
+
+fn load(cli: &Cli) -> Result<Config, String> {
+    let mut cfg = Config::load(cli.config.as_deref()).map_err(|e| e.to_string())?;
+    if let Some(p) = &cli.listen {
+        cfg.listen = p.clone();
+    }
+    if let Some(m) = &cli.listen_mode {
+        cfg.listen_mode = config::parse_mode(m).map_err(|e| format!("--listen-mode: {e}"))?;
+    }
+    if let Some(p) = &cli.upstream {
+        cfg.upstream = p.clone();
+    }
+    if let Some(l) = &cli.log_level {
+        cfg.log.level = l.clone();
+    }
+    if let Some(f) = cli.log_format {
+        cfg.log.format = match f {
+            LogFormatArg::Text => LogFormat::Text,
+            LogFormatArg::Json => LogFormat::Json,
+        };
+    }
+    cfg.validate("command line").map_err(|e| e.to_string())?;
+    Ok(cfg)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let cfg = match load(&cli) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("crisp: {e}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    if cli.check_config {
+        println!("{cfg:#?}");
+        return ExitCode::SUCCESS;
+    }
+    crisp::telemetry::init(&cfg.log.level, cfg.log.format);
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("crisp: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(crisp::daemon::run(cfg, shutdown_signal())) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %format!("{e:#}"), "crisp failed");
+            eprintln!("crisp: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Resolves on the first SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        tracing::error!("cannot install signal handlers; only SIGKILL will stop crisp");
+        return std::future::pending().await;
+    };
+    let name = tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    };
+    tracing::info!(signal = name, "shutdown requested");
+}

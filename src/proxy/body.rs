@@ -1,0 +1,112 @@
+//! The one body type crisp sends in both directions: either the peer's body spliced through
+//! frame by frame, or bytes crisp buffered (for an observed call) with their trailers.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::HeaderMap;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+
+/// A forwarded body. Errors from the peer surface as `hyper::Error`.
+#[derive(Debug)]
+pub enum ProxyBody {
+    /// The peer's body, forwarded as it arrives (back-pressure comes from HTTP/2 flow control).
+    Stream(Incoming),
+    /// Buffered data (one or more frames) followed by optional trailers.
+    Buffered { data: Option<Bytes>, trailers: Option<HeaderMap> },
+}
+
+impl ProxyBody {
+    pub fn empty() -> Self {
+        ProxyBody::Buffered { data: None, trailers: None }
+    }
+
+    pub fn buffered(data: Bytes, trailers: Option<HeaderMap>) -> Self {
+        let data = (!data.is_empty()).then_some(data);
+        ProxyBody::Buffered { data, trailers }
+    }
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match &mut *self {
+            ProxyBody::Stream(inner) => Pin::new(inner).poll_frame(cx),
+            ProxyBody::Buffered { data, trailers } => {
+                if let Some(d) = data.take() {
+                    return Poll::Ready(Some(Ok(Frame::data(d))));
+                }
+                Poll::Ready(trailers.take().map(|t| Ok(Frame::trailers(t))))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ProxyBody::Stream(inner) => inner.is_end_stream(),
+            ProxyBody::Buffered { data, trailers } => data.is_none() && trailers.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ProxyBody::Stream(inner) => inner.size_hint(),
+            // Deliberately inexact: an exact hint makes hyper add a content-length header the
+            // client never sent, and crisp forwards headers byte-exact.
+            ProxyBody::Buffered { .. } => SizeHint::default(),
+        }
+    }
+}
+
+/// Collects a body into (data, trailers), refusing more than `limit` bytes of data.
+pub async fn collect(mut body: Incoming, limit: usize) -> Result<(Bytes, Option<HeaderMap>), CollectError> {
+    use http_body_util::BodyExt;
+    let mut first: Option<Bytes> = None;
+    let mut rest: Option<bytes::BytesMut> = None;
+    let mut trailers = None;
+    let mut total = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(CollectError::Peer)?;
+        match frame.into_data() {
+            Ok(d) => {
+                total += d.len();
+                if total > limit {
+                    return Err(CollectError::TooLarge(limit));
+                }
+                // The common unary case is a single DATA frame: keep it without copying.
+                match (&mut first, &mut rest) {
+                    (None, _) => first = Some(d),
+                    (Some(f), None) => {
+                        let mut b = bytes::BytesMut::with_capacity(f.len() + d.len());
+                        b.extend_from_slice(f);
+                        b.extend_from_slice(&d);
+                        rest = Some(b);
+                    }
+                    (Some(_), Some(b)) => b.extend_from_slice(&d),
+                }
+            }
+            Err(frame) => {
+                if let Ok(t) = frame.into_trailers() {
+                    trailers = Some(t);
+                }
+            }
+        }
+    }
+    let data = match rest {
+        Some(b) => b.freeze(),
+        None => first.unwrap_or_default(),
+    };
+    Ok((data, trailers))
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CollectError {
+    #[error("peer body error: {0}")]
+    Peer(hyper::Error),
+    #[error("message larger than {0} bytes")]
+    TooLarge(usize),
+}

@@ -1,0 +1,377 @@
+//! The HTTP/2 forwarder: accepts kubelet's connections on a unix socket, routes each call by its
+//! gRPC path, and forwards headers, messages and trailers to the runtime untouched.
+//!
+//! A call takes one of two paths:
+//! - **fast** (nobody is interested): the request and response bodies are spliced through frame
+//!   by frame; nothing is buffered, parsed or copied.
+//! - **observed**: the unary request is buffered, shown to the interceptors (which may hold or
+//!   reject it), and the same bytes are forwarded; the response may be buffered and shown too.
+
+pub mod body;
+pub mod listener;
+pub mod upstream;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::UnixListener;
+use tracing::Instrument;
+
+use crate::cri::wire::{self, Frame as GrpcFrame};
+use crate::cri::{Route, RpcKind};
+use crate::intercept::{Call, Interceptors, Outcome, Verdict};
+use crate::status::{code, code_of, parse_grpc_timeout, Status};
+use body::ProxyBody;
+pub use upstream::{Upstream, UpstreamOptions};
+
+/// Tunables of the kubelet-facing side.
+#[derive(Debug, Clone)]
+pub struct ProxyOptions {
+    /// Largest message crisp buffers for an observed call. Unobserved calls have no limit.
+    pub max_observed_message: usize,
+    pub max_concurrent_streams: u32,
+    /// HTTP/2 keep-alive towards clients: a client that stops answering pings (or sent half a
+    /// frame and went silent) is disconnected after interval + timeout.
+    pub keepalive_interval: Duration,
+    pub keepalive_timeout: Duration,
+    /// A connection that has not completed the HTTP/2 preface within this time is closed.
+    pub handshake_timeout: Duration,
+    /// On shutdown, in-flight calls get this long to finish.
+    pub shutdown_grace: Duration,
+    pub stream_window: u32,
+    pub connection_window: u32,
+}
+
+impl Default for ProxyOptions {
+    fn default() -> Self {
+        ProxyOptions {
+            max_observed_message: 64 << 20,
+            max_concurrent_streams: 2048,
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(20),
+            handshake_timeout: Duration::from_secs(10),
+            shutdown_grace: Duration::from_secs(10),
+            stream_window: 2 << 20,
+            connection_window: 16 << 20,
+        }
+    }
+}
+
+/// Everything a connection handler needs; shared by all connections.
+pub struct Proxy {
+    upstream: Upstream,
+    interceptors: Interceptors,
+    opts: ProxyOptions,
+    next_id: AtomicU64,
+}
+
+impl Proxy {
+    pub fn new(upstream: Upstream, interceptors: Interceptors, opts: ProxyOptions) -> Arc<Self> {
+        Arc::new(Proxy { upstream, interceptors, opts, next_id: AtomicU64::new(1) })
+    }
+
+    pub fn upstream(&self) -> &Upstream {
+        &self.upstream
+    }
+
+    async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Result<Response<ResponseBody>, Infallible> {
+        let received = Instant::now();
+        let route = Route::from_path(req.uri().path());
+        let path = req.uri().path_and_query().cloned().unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+        let deadline = req.headers().get("grpc-timeout").and_then(|v| parse_grpc_timeout(v.as_bytes())).map(|d| received + d);
+        let call = Call { route, path, received, deadline, id: self.next_id.fetch_add(1, Ordering::Relaxed) };
+        let interest = self.interceptors.interest(&call);
+
+        // One span per RPC (STYLE rule 4): mutating calls at info, polling calls at debug.
+        let span = match route.rpc.map(|r| r.kind()) {
+            Some(RpcKind::Polling) => tracing::debug_span!("rpc", rpc = %route, call = call.id, pod_namespace = tracing::field::Empty, pod_name = tracing::field::Empty, pod_sandbox_id = tracing::field::Empty, container_name = tracing::field::Empty, container_id = tracing::field::Empty),
+            _ => tracing::info_span!("rpc", rpc = %route, call = call.id, pod_namespace = tracing::field::Empty, pod_name = tracing::field::Empty, pod_sandbox_id = tracing::field::Empty, container_name = tracing::field::Empty, container_id = tracing::field::Empty),
+        };
+        if route.rpc.is_none() {
+            span.in_scope(|| tracing::debug!(path = call.path.as_str(), "forwarding a path crisp does not know"));
+        }
+
+        let this = self.clone();
+        let resp = async move {
+            if interest.is_none() {
+                return this.forward_fast(req).await;
+            }
+            this.forward_observed(req, call, interest).await
+        }
+        .instrument(span)
+        .await;
+        Ok(resp)
+    }
+
+    async fn forward_fast(&self, req: Request<Incoming>) -> Response<ResponseBody> {
+        let (parts, body) = req.into_parts();
+        match self.upstream.send(Request::from_parts(parts, ProxyBody::Stream(body))).await {
+            Ok(resp) => resp.map(|b| ResponseBody::new(ProxyBody::Stream(b), None)),
+            Err(e) => self.unavailable(e),
+        }
+    }
+
+    fn unavailable(&self, e: upstream::UpstreamError) -> Response<ResponseBody> {
+        tracing::warn!(error = %e, "call failed: upstream unavailable");
+        Status::new(code::UNAVAILABLE, format!("crisp: {e}")).to_response().map(|b| ResponseBody::new(b, None))
+    }
+
+    async fn forward_observed(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        call: Call,
+        interest: crate::intercept::Interest,
+    ) -> Response<ResponseBody> {
+        let streaming = matches!(call.route.rpc.map(|r| r.kind()), Some(RpcKind::Streaming) | None);
+        let (parts, body) = req.into_parts();
+        let mut held = Duration::ZERO;
+        let mut req_bytes: Option<Bytes> = None;
+
+        let upstream_body = if interest.request && !streaming {
+            let (data, trailers) = match body::collect(body, self.opts.max_observed_message).await {
+                Ok(x) => x,
+                Err(body::CollectError::TooLarge(n)) => {
+                    let s = Status::new(code::RESOURCE_EXHAUSTED, format!("crisp: request message larger than {n} bytes"));
+                    return self.finish_early(&call, s, held);
+                }
+                // The client went away while sending; nothing to answer.
+                Err(body::CollectError::Peer(e)) => {
+                    let s = Status::new(code::CANCELLED, format!("crisp: client request body failed: {e}"));
+                    return self.finish_early(&call, s, held);
+                }
+            };
+            if let Some(GrpcFrame::Message(msg)) = wire::single_message(&data) {
+                let start = Instant::now();
+                let verdict = match call.deadline {
+                    Some(d) => tokio::time::timeout_at(d.into(), self.interceptors.on_request(&call, msg)).await,
+                    None => Ok(self.interceptors.on_request(&call, msg).await),
+                };
+                held = start.elapsed();
+                match verdict {
+                    Ok(Verdict::Forward) => {}
+                    Ok(Verdict::Reject(s)) => return self.finish_early(&call, s, held),
+                    // KUBELET-CRI §7.3: once kubelet's deadline is gone the call must never
+                    // reach the runtime, or a stale container would be created.
+                    Err(_) => {
+                        let s = Status::new(code::DEADLINE_EXCEEDED, "crisp: deadline exceeded while the call was held; not forwarded");
+                        tracing::warn!(held_ms = held.as_millis() as u64, "held call reached the client's deadline; dropped");
+                        return self.finish_early(&call, s, held);
+                    }
+                }
+            }
+            req_bytes = Some(data.clone());
+            ProxyBody::buffered(data, trailers)
+        } else {
+            ProxyBody::Stream(body)
+        };
+
+        let resp = match self.upstream.send(Request::from_parts(parts, upstream_body)).await {
+            Ok(r) => r,
+            Err(e) => {
+                let r = self.unavailable(e);
+                self.complete(&call, Some(code::UNAVAILABLE), held, req_bytes, None);
+                return r;
+            }
+        };
+
+        let completion = interest.complete.then(|| Completion {
+            proxy: self.clone(),
+            call: call.clone(),
+            held,
+            request: req_bytes.clone(),
+            response: None,
+            code: None,
+        });
+
+        if !(interest.response && !streaming) {
+            let (parts, body) = resp.into_parts();
+            let mut completion = completion;
+            if let Some(c) = completion.as_mut() {
+                c.code = code_of(&parts.headers);
+            }
+            return Response::from_parts(parts, ResponseBody::new(ProxyBody::Stream(body), completion));
+        }
+
+        let (parts, body) = resp.into_parts();
+        let req_msg: &[u8] = match req_bytes.as_deref().and_then(wire::single_message) {
+            Some(GrpcFrame::Message(m)) => m,
+            _ => &[],
+        };
+        // A trailers-only answer (the usual gRPC error form) carries the status in the headers.
+        if let Some(c) = code_of(&parts.headers) {
+            self.interceptors.on_response(&call, req_msg, None, c);
+            let mut completion = completion;
+            if let Some(comp) = completion.as_mut() {
+                comp.code = Some(c);
+            }
+            return Response::from_parts(parts, ResponseBody::new(ProxyBody::Stream(body), completion));
+        }
+        let (data, trailers) = match body::collect(body, usize::MAX).await {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(error = %e, "upstream response body failed");
+                let s = Status::new(code::UNAVAILABLE, format!("crisp: upstream unix://{} failed mid-response: {e}", self.upstream.path().display()));
+                return Response::from_parts(parts, ResponseBody::new(ProxyBody::buffered(Bytes::new(), Some(s.to_header_map())), completion));
+            }
+        };
+        let status = trailers.as_ref().and_then(code_of).unwrap_or(code::UNKNOWN);
+        let mut out = data.clone();
+        if let Some(GrpcFrame::Message(msg)) = wire::single_message(&data) {
+            if let Some(replacement) = self.interceptors.on_response(&call, req_msg, Some(msg), status) {
+                out = wire::frame(&replacement);
+            }
+        }
+        let mut completion = completion;
+        if let Some(c) = completion.as_mut() {
+            c.response = Some(out.clone());
+        }
+        Response::from_parts(parts, ResponseBody::new(ProxyBody::buffered(out, trailers), completion))
+    }
+
+    fn finish_early(self: &Arc<Self>, call: &Call, s: Status, held: Duration) -> Response<ResponseBody> {
+        self.complete(call, Some(s.code), held, None, None);
+        s.to_response().map(|b| ResponseBody::new(b, None))
+    }
+
+    fn complete(&self, call: &Call, code: Option<i32>, held: Duration, request: Option<Bytes>, response: Option<Bytes>) {
+        let outcome = Outcome { code, duration: call.received.elapsed(), held, request, response };
+        self.interceptors.on_complete(call, &outcome);
+    }
+}
+
+/// Reports a call's outcome once its response has fully gone out (or was abandoned).
+struct Completion {
+    proxy: Arc<Proxy>,
+    call: Call,
+    held: Duration,
+    request: Option<Bytes>,
+    response: Option<Bytes>,
+    code: Option<i32>,
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
+        self.proxy.complete(&self.call, self.code, self.held, self.request.take(), self.response.take());
+    }
+}
+
+/// The response body sent to the client: the forwarded body, plus
+/// - conversion of an upstream failure mid-stream into an UNAVAILABLE trailer, so the client sees
+///   a clean gRPC error instead of a reset stream;
+/// - the completion report, when someone wants it.
+pub struct ResponseBody {
+    inner: ProxyBody,
+    completion: Option<Completion>,
+    done: bool,
+}
+
+impl ResponseBody {
+    fn new(inner: ProxyBody, completion: Option<Completion>) -> Self {
+        ResponseBody { inner, completion, done: false }
+    }
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(t) = frame.trailers_ref() {
+                    let c = code_of(t);
+                    if let Some(comp) = self.completion.as_mut() {
+                        comp.code = c;
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                self.done = true;
+                tracing::warn!(error = %e, "upstream failed mid-response; ending the call with UNAVAILABLE");
+                let s = Status::new(code::UNAVAILABLE, format!("crisp: upstream failed mid-response: {e}"));
+                if let Some(comp) = self.completion.as_mut() {
+                    comp.code = Some(s.code);
+                }
+                Poll::Ready(Some(Ok(Frame::trailers(s.to_header_map()))))
+            }
+            Poll::Ready(None) => {
+                self.done = true;
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Serves kubelet-facing connections on `listener` until `shutdown` resolves, then stops
+/// accepting and lets in-flight calls finish within `shutdown_grace`.
+pub async fn serve(listener: UnixListener, proxy: Arc<Proxy>, shutdown: impl Future<Output = ()>) {
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    builder
+        .timer(TokioTimer::new())
+        // Byte-exact responses: hyper would otherwise add a `date` header the runtime never sent.
+        .auto_date_header(false)
+        .max_concurrent_streams(proxy.opts.max_concurrent_streams)
+        .initial_stream_window_size(proxy.opts.stream_window)
+        .initial_connection_window_size(proxy.opts.connection_window)
+        .max_frame_size(1 << 20)
+        .max_header_list_size(1 << 20)
+        .keep_alive_interval(proxy.opts.keepalive_interval)
+        .keep_alive_timeout(proxy.opts.keepalive_timeout);
+    let handshake_timeout = proxy.opts.handshake_timeout;
+    tokio::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    // EMFILE and friends: back off briefly instead of spinning.
+                    tracing::error!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let proxy = proxy.clone();
+        let svc = hyper::service::service_fn(move |req| proxy.clone().handle(req));
+        let io = TokioIo::new(listener::PrefaceTimeout::new(stream, handshake_timeout));
+        let conn = builder.serve_connection(io, svc);
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "client connection closed with an error");
+            }
+        });
+    }
+    drop(listener);
+    let grace = proxy.opts.shutdown_grace;
+    tracing::info!(grace_ms = grace.as_millis() as u64, "shutting down: no longer accepting, draining in-flight calls");
+    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+        tracing::warn!("shutdown grace elapsed with calls still in flight; closing them");
+    }
+}

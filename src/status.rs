@@ -1,0 +1,115 @@
+//! gRPC status values crisp itself produces, mapped to the wire in exactly one place. A runtime's
+//! own status is never rebuilt: it passes through verbatim (STYLE rule 3).
+
+use http::{HeaderMap, HeaderValue, Response};
+use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
+
+use crate::proxy::body::ProxyBody;
+
+/// gRPC status codes used by crisp.
+pub mod code {
+    pub const OK: i32 = 0;
+    pub const CANCELLED: i32 = 1;
+    pub const UNKNOWN: i32 = 2;
+    pub const INVALID_ARGUMENT: i32 = 3;
+    pub const DEADLINE_EXCEEDED: i32 = 4;
+    pub const NOT_FOUND: i32 = 5;
+    pub const FAILED_PRECONDITION: i32 = 9;
+    pub const RESOURCE_EXHAUSTED: i32 = 8;
+    pub const UNIMPLEMENTED: i32 = 12;
+    pub const INTERNAL: i32 = 13;
+    pub const UNAVAILABLE: i32 = 14;
+}
+
+/// A status crisp answers with on its own behalf.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Status {
+    pub code: i32,
+    pub message: String,
+}
+
+impl Status {
+    pub fn new(code: i32, message: impl Into<String>) -> Self {
+        Status { code, message: message.into() }
+    }
+
+    /// Headers (or trailers) carrying this status.
+    pub fn to_header_map(&self) -> HeaderMap {
+        let mut h = HeaderMap::with_capacity(3);
+        h.insert("grpc-status", HeaderValue::from(self.code));
+        let msg = utf8_percent_encode(&self.message, GRPC_MESSAGE).to_string();
+        if let Ok(v) = HeaderValue::from_str(&msg) {
+            h.insert("grpc-message", v);
+        }
+        h
+    }
+
+    /// A trailers-only gRPC response (a single HEADERS frame with END_STREAM), the form grpc-go
+    /// uses for errors.
+    pub fn to_response(&self) -> Response<ProxyBody> {
+        let mut resp = Response::new(ProxyBody::empty());
+        let h = resp.headers_mut();
+        h.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        h.extend(self.to_header_map());
+        resp
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "code {}: {}", self.code, self.message)
+    }
+}
+
+/// grpc-message is percent-encoded: everything outside printable ASCII, and '%' itself.
+const GRPC_MESSAGE: &AsciiSet = &CONTROLS.add(b'%');
+
+/// Reads `grpc-status` from a header or trailer map.
+pub fn code_of(h: &HeaderMap) -> Option<i32> {
+    h.get("grpc-status")?.to_str().ok()?.parse().ok()
+}
+
+/// Parses a `grpc-timeout` header value: 1–8 ASCII digits and a unit (H, M, S, m, u, n).
+pub fn parse_grpc_timeout(v: &[u8]) -> Option<std::time::Duration> {
+    use std::time::Duration;
+    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    Some(match unit[0] {
+        b'H' => Duration::from_secs(n * 3600),
+        b'M' => Duration::from_secs(n * 60),
+        b'S' => Duration::from_secs(n),
+        b'm' => Duration::from_millis(n),
+        b'u' => Duration::from_micros(n),
+        b'n' => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn grpc_timeout_forms() {
+        assert_eq!(parse_grpc_timeout(b"120S"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_grpc_timeout(b"1999999m"), Some(Duration::from_millis(1_999_999)));
+        assert_eq!(parse_grpc_timeout(b"5H"), Some(Duration::from_secs(18000)));
+        assert_eq!(parse_grpc_timeout(b"7n"), Some(Duration::from_nanos(7)));
+        assert_eq!(parse_grpc_timeout(b"S"), None);
+        assert_eq!(parse_grpc_timeout(b""), None);
+        assert_eq!(parse_grpc_timeout(b"123456789S"), None);
+        assert_eq!(parse_grpc_timeout(b"12x"), None);
+        assert_eq!(parse_grpc_timeout(b"-1S"), None);
+    }
+
+    #[test]
+    fn message_is_percent_encoded() {
+        let h = Status::new(code::UNAVAILABLE, "100% gone\nnow é").to_header_map();
+        assert_eq!(h["grpc-status"], "14");
+        assert_eq!(h["grpc-message"], "100%25 gone%0Anow %C3%A9");
+    }
+}
