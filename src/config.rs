@@ -210,6 +210,9 @@ impl Config {
             if rule.name.is_empty() {
                 return Err(bad(&format!("sidecars[{i}].name"), "must not be empty".into()));
             }
+            if let Err(m) = crate::ordering::readiness::Readiness::parse(&rule.ready) {
+                return Err(bad(&format!("sidecars[{i}].ready"), m));
+            }
             if let Some(j) = seen.insert(rule.name.clone(), i) {
                 return Err(bad(&format!("sidecars[{i}].name"), format!("`{}` already declared in sidecars[{j}]", rule.name)));
             }

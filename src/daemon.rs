@@ -3,13 +3,20 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use std::time::Duration;
+
 use crate::config::Config;
+use crate::cri::client::RuntimeClient;
+use crate::metrics::OrderingMetrics;
+use crate::ordering::Engine;
 use crate::intercept::{Interceptor, Interceptors};
 use crate::proxy::{self, listener, Proxy, Upstream};
 
 /// Builds the interceptor chain for a configuration.
-pub fn interceptors(_cfg: &Config) -> Vec<Arc<dyn Interceptor>> {
-    Vec::new()
+pub fn interceptors(cfg: &Config, upstream: &Arc<Upstream>) -> Vec<Arc<dyn Interceptor>> {
+    let client = RuntimeClient::new(upstream.clone(), Duration::from_secs(5));
+    let engine = Arc::new(Engine::new(cfg, client, Arc::new(OrderingMetrics::default())));
+    vec![engine]
 }
 
 /// Binds `cfg.listen` and serves until `shutdown` resolves. Removes the socket file on return.
@@ -22,7 +29,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
 
 /// Serves on an already-bound listener (tests, socket activation).
 pub async fn serve_on(listener: tokio::net::UnixListener, cfg: Config, shutdown: impl Future<Output = ()>) {
-    let upstream = Upstream::new(cfg.upstream.clone(), cfg.upstream_options());
-    let proxy = Proxy::new(upstream, Interceptors::new(interceptors(&cfg)), cfg.proxy_options());
+    let upstream = std::sync::Arc::new(Upstream::new(cfg.upstream.clone(), cfg.upstream_options()));
+    let chain = interceptors(&cfg, &upstream);
+    let proxy = Proxy::new(upstream, Interceptors::new(chain), cfg.proxy_options());
     proxy::serve(listener, proxy, shutdown).await;
 }

@@ -63,6 +63,9 @@ impl Interest {
 #[derive(Debug)]
 pub enum Verdict {
     Forward,
+    /// Forward this message instead of the client's. Used only to patch one field on the wire
+    /// (e.g. StopContainer's timeout, by appending the field: protobuf's last value wins).
+    ForwardPatched(Bytes),
     /// Answer the client with this status; the call never reaches the runtime.
     Reject(Status),
 }
@@ -116,14 +119,21 @@ impl Interceptors {
     }
 
     pub async fn on_request(&self, call: &Call, msg: &[u8]) -> Verdict {
+        let mut patched: Option<Bytes> = None;
         for i in &self.list {
             if i.interest(call).request {
-                if let Verdict::Reject(s) = i.on_request(call, msg).await {
-                    return Verdict::Reject(s);
+                let current = patched.as_deref().unwrap_or(msg);
+                match i.on_request(call, current).await {
+                    Verdict::Forward => {}
+                    Verdict::ForwardPatched(b) => patched = Some(b),
+                    Verdict::Reject(s) => return Verdict::Reject(s),
                 }
             }
         }
-        Verdict::Forward
+        match patched {
+            Some(b) => Verdict::ForwardPatched(b),
+            None => Verdict::Forward,
+        }
     }
 
     pub fn on_response(&self, call: &Call, req: &[u8], msg: Option<&[u8]>, code: i32) -> Option<Bytes> {

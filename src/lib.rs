@@ -31,6 +31,8 @@ pub mod config;
 pub mod cri;
 pub mod daemon;
 pub mod intercept;
+pub mod metrics;
+pub mod ordering;
 pub mod proxy;
 pub mod status;
 pub mod telemetry;

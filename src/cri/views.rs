@@ -182,6 +182,18 @@ pub struct PodSandboxNetworkStatus {
 }
 
 #[derive(Clone, PartialEq, Message)]
+pub struct Namespace {
+    #[prost(message, optional, tag = "2")]
+    pub options: Option<NamespaceOption>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct LinuxPodSandboxStatus {
+    #[prost(message, optional, tag = "1")]
+    pub namespaces: Option<Namespace>,
+}
+
+#[derive(Clone, PartialEq, Message)]
 pub struct PodSandboxStatus {
     #[prost(string, tag = "1")]
     pub id: String,
@@ -194,10 +206,22 @@ pub struct PodSandboxStatus {
     pub created_at: i64,
     #[prost(message, optional, tag = "5")]
     pub network: Option<PodSandboxNetworkStatus>,
+    #[prost(message, optional, tag = "6")]
+    pub linux: Option<LinuxPodSandboxStatus>,
     #[prost(map = "string, string", tag = "7")]
     pub labels: HashMap<String, String>,
     #[prost(map = "string, string", tag = "8")]
     pub annotations: HashMap<String, String>,
+}
+
+impl PodSandboxStatus {
+    pub fn host_network(&self) -> bool {
+        self.linux
+            .as_ref()
+            .and_then(|l| l.namespaces.as_ref())
+            .and_then(|n| n.options.as_ref())
+            .is_some_and(|o| o.network == 2)
+    }
 }
 
 #[derive(Clone, PartialEq, Message)]

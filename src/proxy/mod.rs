@@ -69,14 +69,14 @@ impl Default for ProxyOptions {
 
 /// Everything a connection handler needs; shared by all connections.
 pub struct Proxy {
-    upstream: Upstream,
+    upstream: Arc<Upstream>,
     interceptors: Interceptors,
     opts: ProxyOptions,
     next_id: AtomicU64,
 }
 
 impl Proxy {
-    pub fn new(upstream: Upstream, interceptors: Interceptors, opts: ProxyOptions) -> Arc<Self> {
+    pub fn new(upstream: Arc<Upstream>, interceptors: Interceptors, opts: ProxyOptions) -> Arc<Self> {
         Arc::new(Proxy { upstream, interceptors, opts, next_id: AtomicU64::new(1) })
     }
 
@@ -150,23 +150,27 @@ impl Proxy {
                     return self.finish_early(&call, s, held);
                 }
             };
-            if let Some(GrpcFrame::Message(msg)) = wire::single_message(&data) {
-                let start = Instant::now();
-                let verdict = match call.deadline {
+            let start = Instant::now();
+            let verdict = match wire::single_message(&data) {
+                Some(GrpcFrame::Message(msg)) => Some(match call.deadline {
                     Some(d) => tokio::time::timeout_at(d.into(), self.interceptors.on_request(&call, msg)).await,
                     None => Ok(self.interceptors.on_request(&call, msg).await),
-                };
-                held = start.elapsed();
-                match verdict {
-                    Ok(Verdict::Forward) => {}
-                    Ok(Verdict::Reject(s)) => return self.finish_early(&call, s, held),
-                    // KUBELET-CRI §7.3: once kubelet's deadline is gone the call must never
-                    // reach the runtime, or a stale container would be created.
-                    Err(_) => {
-                        let s = Status::new(code::DEADLINE_EXCEEDED, "crisp: deadline exceeded while the call was held; not forwarded");
-                        tracing::warn!(held_ms = held.as_millis() as u64, "held call reached the client's deadline; dropped");
-                        return self.finish_early(&call, s, held);
-                    }
+                }),
+                // Compressed or malformed: nothing to look at, forward as is.
+                _ => None,
+            };
+            held = start.elapsed();
+            let mut data = data;
+            match verdict {
+                None | Some(Ok(Verdict::Forward)) => {}
+                Some(Ok(Verdict::ForwardPatched(msg))) => data = wire::frame(&msg),
+                Some(Ok(Verdict::Reject(s))) => return self.finish_early(&call, s, held),
+                // KUBELET-CRI §7.3: once kubelet's deadline is gone the call must never reach
+                // the runtime, or a stale container would be created.
+                Some(Err(_)) => {
+                    let s = Status::new(code::DEADLINE_EXCEEDED, "crisp: deadline exceeded while the call was held; not forwarded");
+                    tracing::warn!(held_ms = held.as_millis() as u64, "held call reached the client's deadline; dropped");
+                    return self.finish_early(&call, s, held);
                 }
             }
             req_bytes = Some(data.clone());

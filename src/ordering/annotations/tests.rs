@@ -1,0 +1,107 @@
+use super::*;
+
+fn ann(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+#[test]
+fn full_contract() {
+    let (p, w) = PodPolicy::parse(
+        &ann(&[
+            (SIDECARS, "istio-proxy, log-agent"),
+            ("crisp.dev/ready.istio-proxy", "http://:15021/healthz/ready"),
+            ("crisp.dev/ready.log-agent", "tcp://:24224"),
+            (START_TIMEOUT, "30s"),
+            (JOB, "true"),
+            (RESTART_POLICY, "OnFailure"),
+            ("unrelated", "x"),
+        ]),
+        &[],
+    );
+    assert!(w.is_empty(), "{w:?}");
+    assert_eq!(p.source, Source::Annotation);
+    assert_eq!(p.sidecars.len(), 2);
+    assert_eq!(p.sidecars[0].name, "istio-proxy");
+    assert_eq!(p.sidecars[1].ready, Readiness::Tcp { host: None, port: 24224 });
+    assert_eq!(p.start_timeout, Some(Duration::from_secs(30)));
+    assert_eq!(p.job, Some(true));
+    assert_eq!(p.restart_policy, Some(RestartPolicy::OnFailure));
+    assert_eq!(p.sidecar_index("log-agent"), Some(1));
+}
+
+#[test]
+fn no_annotations_no_rules_means_no_sidecars() {
+    let (p, w) = PodPolicy::parse(&ann(&[("kubernetes.io/config.seen", "x")]), &[]);
+    assert!(w.is_empty());
+    assert!(!p.has_sidecars());
+}
+
+#[test]
+fn node_rules_apply_without_annotation_and_annotation_wins() {
+    let rules = vec![SidecarRule { name: "istio-proxy".into(), ready: "tcp://:15021".into() }];
+    let (p, _) = PodPolicy::parse(&ann(&[]), &rules);
+    assert_eq!(p.source, Source::NodeRules);
+    assert_eq!(p.sidecars[0].ready, Readiness::Tcp { host: None, port: 15021 });
+    let (p, _) = PodPolicy::parse(&ann(&[(SIDECARS, "envoy")]), &rules);
+    assert_eq!(p.source, Source::Annotation);
+    assert_eq!(p.sidecars.len(), 1);
+    assert_eq!(p.sidecars[0].name, "envoy");
+    // A rule's readiness is used for a listed sidecar that has no ready annotation.
+    let (p, _) = PodPolicy::parse(&ann(&[(SIDECARS, "istio-proxy")]), &rules);
+    assert_eq!(p.sidecars[0].ready, Readiness::Tcp { host: None, port: 15021 });
+}
+
+#[test]
+fn malformed_values_warn_and_act_as_absent() {
+    let (p, w) = PodPolicy::parse(
+        &ann(&[
+            (SIDECARS, "Bad_Name, ok"),
+            (START_TIMEOUT, "forever"),
+            (JOB, "yes"),
+            (TIMEOUT_POLICY, "explode"),
+            (RESTART_POLICY, "Sometimes"),
+        ]),
+        &[],
+    );
+    assert!(!p.has_sidecars());
+    assert_eq!(p.start_timeout, None);
+    assert_eq!(p.job, None);
+    assert_eq!(p.timeout_policy, None);
+    assert_eq!(p.restart_policy, None);
+    let keys: Vec<_> = w.iter().map(|w| w.key.as_str()).collect();
+    assert_eq!(keys, vec![JOB, RESTART_POLICY, SIDECARS, START_TIMEOUT, TIMEOUT_POLICY]);
+    assert!(w.iter().all(|w| !w.reason.is_empty()));
+}
+
+#[test]
+fn bad_readiness_falls_back_to_running_with_a_warning() {
+    let (p, w) = PodPolicy::parse(&ann(&[(SIDECARS, "proxy"), ("crisp.dev/ready.proxy", "htp://:1")]), &[]);
+    assert_eq!(p.sidecars[0].ready, Readiness::Running);
+    assert_eq!(w.len(), 1);
+    assert_eq!(w[0].key, "crisp.dev/ready.proxy");
+}
+
+#[test]
+fn absurd_values_are_bounded() {
+    let (_, w) = PodPolicy::parse(&ann(&[(START_TIMEOUT, "10m")]), &[]);
+    assert_eq!(w.len(), 1);
+    let many: Vec<String> = (0..100).map(|i| format!("s{i}")).collect();
+    let (p, w) = PodPolicy::parse(&ann(&[(SIDECARS, &many.join(","))]), &[]);
+    assert!(!p.has_sidecars());
+    assert!(w[0].reason.contains("more than"));
+    let (_, w) = PodPolicy::parse(&ann(&[(SIDECARS, "a,a")]), &[]);
+    assert!(w[0].reason.contains("twice"));
+    let (_, w) = PodPolicy::parse(&ann(&[(SIDECARS, " , ")]), &[]);
+    assert_eq!(w.len(), 1);
+    // A huge value is truncated in the warning text.
+    let huge = "x".repeat(100_000);
+    let (_, w) = PodPolicy::parse(&ann(&[(JOB, &huge)]), &[]);
+    assert!(w[0].to_string().len() < 400);
+}
+
+#[test]
+fn ready_annotation_for_unlisted_container_warns() {
+    let (_, w) = PodPolicy::parse(&ann(&[(SIDECARS, "a"), ("crisp.dev/ready.b", "running")]), &[]);
+    assert_eq!(w.len(), 1);
+    assert_eq!(w[0].key, "crisp.dev/ready.b");
+}

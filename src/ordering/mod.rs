@@ -1,0 +1,565 @@
+//! The sidecar ordering engine (DESIGN.md §2–§4): holds an app container's CreateContainer until
+//! the pod's sidecars are ready, and a sidecar's StopContainer until the pod's apps have exited.
+//!
+//! State: the runtime is the source of truth. Every gate decision lists the sandbox's containers
+//! from the runtime, so a crisp that restarts mid-start or mid-stop decides exactly as before.
+//! The only in-memory state is caches (pod policy by sandbox, sandbox+name by container id) that
+//! are refilled from the runtime on a miss, and each pod's stop budget window.
+//!
+//! Only CreateContainer and StopContainer are ever held. List and Status calls are never observed
+//! here, so they can never be slowed (a held List stalls kubelet's PLEG for the whole node,
+//! KUBELET-CRI §4.1).
+
+pub mod annotations;
+pub mod readiness;
+
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use dashmap::DashMap;
+
+use crate::config::{Config, OrderingConfig, SidecarRule, TimeoutPolicy};
+use crate::cri::client::{append_varint_field, RuntimeClient};
+use crate::cri::views::{self, state};
+use crate::cri::{ApiVersion, Rpc};
+use crate::intercept::{BoxFuture, Call, Interceptor, Interest, Verdict};
+use crate::metrics::{GaugeGuard, OrderingMetrics};
+use crate::status::{code, Status};
+use annotations::{PodPolicy, Sidecar, Source};
+use readiness::Readiness;
+
+/// Kept free before kubelet's deadline when a hold ends, so the forwarded call still completes.
+const DEADLINE_MARGIN: Duration = Duration::from_secs(3);
+/// KEP-753's tail: sidecars left when the grace budget is spent get SIGTERM and this long.
+const STOP_TAIL_SECS: i64 = 2;
+
+/// What crisp knows about one pod sandbox.
+pub struct Pod {
+    pub sandbox_id: String,
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub host_network: bool,
+    pub labels: HashMap<String, String>,
+    pub policy: PodPolicy,
+    ip: Mutex<Option<IpAddr>>,
+    stop: Mutex<StopWindow>,
+}
+
+/// The pod's termination grace budget: one budget per pod, counted from its first StopContainer
+/// (DESIGN.md §4.3).
+#[derive(Default)]
+struct StopWindow {
+    first: Option<Instant>,
+    grace: Duration,
+    apps_stopping: HashSet<String>,
+}
+
+impl Pod {
+    fn new(sandbox_id: &str, md: Option<&views::PodSandboxMetadata>, annotations: &HashMap<String, String>, labels: HashMap<String, String>, host_network: bool, rules: &[SidecarRule]) -> (Pod, Vec<annotations::Warning>) {
+        let (policy, warnings) = PodPolicy::parse(annotations, rules);
+        let md = md.cloned().unwrap_or_default();
+        let pod = Pod {
+            sandbox_id: sandbox_id.to_string(),
+            namespace: md.namespace,
+            name: md.name,
+            uid: md.uid,
+            host_network,
+            labels,
+            policy,
+            ip: Mutex::new(None),
+            stop: Mutex::new(StopWindow::default()),
+        };
+        (pod, warnings)
+    }
+
+    /// Records a StopContainer and returns when the pod's grace budget ends.
+    fn note_stop(&self, now: Instant, grace: Duration, container_id: &str, is_app: bool) -> Instant {
+        let mut w = self.stop.lock().unwrap_or_else(|e| e.into_inner());
+        // A window older than any kill could last (grace + kubelet's 2 min) belongs to an earlier
+        // single-container kill, not to this termination.
+        let stale = w.first.is_some_and(|f| now.duration_since(f) > w.grace + Duration::from_secs(150));
+        if w.first.is_none() || stale {
+            *w = StopWindow { first: Some(now), grace, apps_stopping: HashSet::new() };
+        }
+        if is_app {
+            w.apps_stopping.insert(container_id.to_string());
+        }
+        w.first.unwrap_or(now) + w.grace
+    }
+
+    fn apps_stopping(&self) -> bool {
+        !self.stop.lock().unwrap_or_else(|e| e.into_inner()).apps_stopping.is_empty()
+    }
+
+    fn display(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+#[derive(Clone, Debug)]
+struct ContainerRef {
+    sandbox_id: String,
+    name: String,
+}
+
+pub struct Engine {
+    cfg: OrderingConfig,
+    rules: Vec<SidecarRule>,
+    client: RuntimeClient,
+    pods: DashMap<String, Arc<Pod>>,
+    containers: DashMap<String, ContainerRef>,
+    pub metrics: Arc<OrderingMetrics>,
+}
+
+enum StartCheck {
+    Ready,
+    Waiting(String),
+    FailFast(String),
+}
+
+impl Engine {
+    pub fn new(cfg: &Config, client: RuntimeClient, metrics: Arc<OrderingMetrics>) -> Self {
+        Engine {
+            cfg: cfg.ordering.clone(),
+            rules: cfg.sidecars.clone(),
+            client,
+            pods: DashMap::new(),
+            containers: DashMap::new(),
+            metrics,
+        }
+    }
+
+    /// Number of pods and containers tracked (for the admin API and leak tests).
+    pub fn tracked(&self) -> (usize, usize) {
+        (self.pods.len(), self.containers.len())
+    }
+
+    fn insert_pod(&self, pod: Pod, warnings: Vec<annotations::Warning>) -> Arc<Pod> {
+        for w in &warnings {
+            tracing::warn!(pod_namespace = %pod.namespace, pod_name = %pod.name, "{w}");
+        }
+        self.metrics.bad_annotations.fetch_add(warnings.len() as u64, Relaxed);
+        let pod = Arc::new(pod);
+        // Another call may have raced us; keep the first so warnings and budgets stay single.
+        self.pods.entry(pod.sandbox_id.clone()).or_insert(pod).clone()
+    }
+
+    fn pod_from_config(&self, sandbox_id: &str, cfg: &views::PodSandboxConfig) -> Arc<Pod> {
+        if let Some(p) = self.pods.get(sandbox_id) {
+            return p.clone();
+        }
+        let (pod, w) = Pod::new(sandbox_id, cfg.metadata.as_ref(), &cfg.annotations, cfg.labels.clone(), cfg.host_network(), &self.rules);
+        self.insert_pod(pod, w)
+    }
+
+    /// The pod of a sandbox, from the cache or else from the runtime (after a crisp restart).
+    pub async fn pod_by_id(&self, version: ApiVersion, sandbox_id: &str) -> Option<Arc<Pod>> {
+        if let Some(p) = self.pods.get(sandbox_id) {
+            return Some(p.clone());
+        }
+        match self.client.pod_sandbox_status(version, sandbox_id).await {
+            Ok(resp) => {
+                let st = resp.status?;
+                let (pod, w) = Pod::new(sandbox_id, st.metadata.as_ref(), &st.annotations, st.labels.clone(), st.host_network(), &self.rules);
+                Some(self.insert_pod(pod, w))
+            }
+            Err(e) => {
+                tracing::warn!(pod_sandbox_id = sandbox_id, error = %e, "cannot read sandbox status; not ordering this call");
+                None
+            }
+        }
+    }
+
+    async fn container_ref(&self, version: ApiVersion, id: &str) -> Option<ContainerRef> {
+        if let Some(c) = self.containers.get(id) {
+            return Some(c.clone());
+        }
+        match self.client.container(version, id).await {
+            Ok(Some(c)) => {
+                let r = ContainerRef { sandbox_id: c.pod_sandbox_id, name: c.metadata.map(|m| m.name).unwrap_or_default() };
+                self.containers.insert(id.to_string(), r.clone());
+                Some(r)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(container_id = id, error = %e, "cannot look the container up; not ordering this call");
+                None
+            }
+        }
+    }
+
+    async fn pod_ip(&self, version: ApiVersion, pod: &Pod) -> Option<IpAddr> {
+        if pod.host_network {
+            return Some(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        }
+        if let Some(ip) = *pod.ip.lock().unwrap_or_else(|e| e.into_inner()) {
+            return Some(ip);
+        }
+        let resp = self.client.pod_sandbox_status(version, &pod.sandbox_id).await.ok()?;
+        let ip: IpAddr = resp.status?.network?.ip.parse().ok()?;
+        *pod.ip.lock().unwrap_or_else(|e| e.into_inner()) = Some(ip);
+        Some(ip)
+    }
+
+    async fn probe(&self, version: ApiVersion, pod: &Pod, s: &Sidecar, container_id: &str) -> bool {
+        let t = self.cfg.probe_timeout;
+        let addr = |host: Option<IpAddr>, port: u16| async move {
+            let ip = match host {
+                Some(h) => Some(h),
+                None => self.pod_ip(version, pod).await,
+            };
+            ip.map(|ip| SocketAddr::new(ip, port))
+        };
+        match &s.ready {
+            Readiness::Running => true,
+            Readiness::Tcp { host, port } => match addr(*host, *port).await {
+                Some(a) => readiness::probe_tcp(a, t).await,
+                None => false,
+            },
+            Readiness::Http { host, port, path } => match addr(*host, *port).await {
+                Some(a) => readiness::probe_http(a, path, t).await,
+                None => false,
+            },
+            Readiness::Exec { cmd } => match self.client.exec_sync(version, container_id, cmd, t).await {
+                Ok(code) => code == 0,
+                Err(e) => {
+                    self.metrics.probe_errors.fetch_add(1, Relaxed);
+                    tracing::debug!(container_name = %s.name, error = %e, "exec readiness probe failed to run");
+                    false
+                }
+            },
+        }
+    }
+
+    async fn check_start(&self, version: ApiVersion, pod: &Pod, required: &[Sidecar]) -> StartCheck {
+        let containers = match self.client.list_containers(version, &pod.sandbox_id).await {
+            Ok(c) => c,
+            Err(e) => {
+                self.metrics.probe_errors.fetch_add(1, Relaxed);
+                tracing::warn!(error = %e, "cannot list the pod's containers; still holding");
+                return StartCheck::Waiting(format!("the runtime ({e})"));
+            }
+        };
+        let latest = latest_by_name(&containers);
+        for s in required {
+            match latest.get(s.name.as_str()) {
+                None if pod.policy.source == Source::Annotation => {
+                    return StartCheck::FailFast(format!(
+                        "sidecar {:?} of pod {} is not created yet (is it listed after this container?)",
+                        s.name,
+                        pod.display()
+                    ))
+                }
+                // Node rules name sidecars a pod may not have.
+                None => continue,
+                Some(c) if c.state == state::RUNNING => {
+                    if !self.probe(version, pod, s, &c.id).await {
+                        return StartCheck::Waiting(s.name.clone());
+                    }
+                }
+                // Created-but-not-started or exited: kubelet can only fix it in a later sync of
+                // this very pod, which waits for us — holding would deadlock (KUBELET-CRI §7.1).
+                Some(c) => {
+                    return StartCheck::FailFast(format!(
+                        "sidecar {:?} of pod {} is {}, not running",
+                        s.name,
+                        pod.display(),
+                        state_name(c.state)
+                    ))
+                }
+            }
+        }
+        StartCheck::Ready
+    }
+
+    async fn gate_create(&self, call: &Call, msg: &[u8]) -> Verdict {
+        let version = call.route.version.unwrap_or(ApiVersion::V1);
+        let req: views::CreateContainerRequest = match views::decode(msg) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot decode a copy of CreateContainerRequest; forwarding it unordered");
+                return Verdict::Forward;
+            }
+        };
+        let name = req.config.as_ref().and_then(|c| c.metadata.as_ref()).map(|m| m.name.clone()).unwrap_or_default();
+        let pod = match req.sandbox_config.as_ref() {
+            Some(sc) => self.pod_from_config(&req.pod_sandbox_id, sc),
+            None => match self.pod_by_id(version, &req.pod_sandbox_id).await {
+                Some(p) => p,
+                None => return Verdict::Forward,
+            },
+        };
+        record_span(&pod, &name, None);
+        if !pod.policy.has_sidecars() {
+            return Verdict::Forward;
+        }
+        let required = match pod.policy.sidecar_index(&name) {
+            Some(i) => &pod.policy.sidecars[..i],
+            None => &pod.policy.sidecars[..],
+        };
+        if required.is_empty() {
+            return Verdict::Forward;
+        }
+        let timeout = pod.policy.start_timeout.unwrap_or(self.cfg.start_timeout);
+        let policy = pod.policy.timeout_policy.unwrap_or(self.cfg.timeout_policy);
+        let mut hold_until = call.received + timeout;
+        if let Some(d) = call.deadline {
+            hold_until = hold_until.min(d.checked_sub(DEADLINE_MARGIN).unwrap_or(call.received));
+        }
+        let mut held: Option<(GaugeGuard<'_>, Instant)> = None;
+        loop {
+            match self.check_start(version, &pod, required).await {
+                StartCheck::Ready => break,
+                StartCheck::FailFast(reason) => {
+                    self.metrics.fail_fast.fetch_add(1, Relaxed);
+                    tracing::info!(container_name = %name, "refusing CreateContainer for now: {reason}");
+                    return Verdict::Reject(Status::new(code::FAILED_PRECONDITION, format!("crisp: {reason}; kubelet will retry {name:?} on its next sync")));
+                }
+                StartCheck::Waiting(who) => {
+                    if held.is_none() {
+                        tracing::info!(container_name = %name, waiting_for = %who, timeout_ms = timeout.as_millis() as u64, "holding CreateContainer until sidecars are ready");
+                        held = Some((GaugeGuard::new(&self.metrics.holds_in_flight), Instant::now()));
+                    }
+                    if Instant::now() >= hold_until {
+                        self.metrics.start_hold_timeouts.fetch_add(1, Relaxed);
+                        if let Some((_, since)) = &held {
+                            self.metrics.start_holds.observe(since.elapsed());
+                        }
+                        match policy {
+                            TimeoutPolicy::Proceed => {
+                                tracing::warn!(container_name = %name, waiting_for = %who, "sidecar not ready within the start timeout; starting the app anyway (policy proceed)");
+                                return Verdict::Forward;
+                            }
+                            TimeoutPolicy::Fail => {
+                                tracing::warn!(container_name = %name, waiting_for = %who, "sidecar not ready within the start timeout; failing CreateContainer (policy fail)");
+                                return Verdict::Reject(Status::new(
+                                    code::DEADLINE_EXCEEDED,
+                                    format!("crisp: sidecar {who:?} of pod {} not ready within {timeout:?}; kubelet will retry {name:?}", pod.display()),
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+            let next = (Instant::now() + self.cfg.probe_interval).min(hold_until);
+            tokio::time::sleep_until(next.into()).await;
+        }
+        if let Some((_, since)) = held {
+            let d = since.elapsed();
+            self.metrics.start_holds.observe(d);
+            tracing::info!(container_name = %name, held_ms = d.as_millis() as u64, "sidecars ready; forwarding CreateContainer");
+        }
+        Verdict::Forward
+    }
+
+    async fn gate_stop(&self, call: &Call, msg: &[u8]) -> Verdict {
+        let version = call.route.version.unwrap_or(ApiVersion::V1);
+        let Ok(req) = views::decode::<views::ContainerIdRequest>(msg) else {
+            tracing::warn!("cannot decode a copy of StopContainerRequest; forwarding it unordered");
+            return Verdict::Forward;
+        };
+        let Some(cref) = self.container_ref(version, &req.container_id).await else { return Verdict::Forward };
+        let Some(pod) = self.pod_by_id(version, &cref.sandbox_id).await else { return Verdict::Forward };
+        record_span(&pod, &cref.name, Some(&req.container_id));
+        if !pod.policy.has_sidecars() {
+            return Verdict::Forward;
+        }
+        let arrived = Instant::now();
+        let grace = Duration::from_secs(req.timeout.max(0) as u64);
+        let idx = pod.policy.sidecar_index(&cref.name);
+        let budget_end = pod.note_stop(arrived, grace, &req.container_id, idx.is_none());
+        let Some(idx) = idx else { return Verdict::Forward };
+
+        let hold_until = match call.deadline {
+            Some(d) => d.checked_sub(DEADLINE_MARGIN + Duration::from_secs(STOP_TAIL_SECS as u64)).unwrap_or(arrived),
+            None => arrived + grace + Duration::from_secs(120),
+        };
+        // With no app being stopped by then, this is a single-container kill (liveness, spec
+        // change), not a pod termination: apps' StopContainers come at most one preStop (≤ grace)
+        // after the termination starts (KUBELET-CRI §3.1–3.2).
+        let single_kill_after = arrived + grace.max(Duration::from_secs(2));
+        let mut held: Option<(GaugeGuard<'_>, Instant)> = None;
+        loop {
+            let containers = match self.client.list_containers(version, &pod.sandbox_id).await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot list the pod's containers; forwarding StopContainer");
+                    break;
+                }
+            };
+            let latest = latest_by_name(&containers);
+            let running_apps: Vec<&str> = latest
+                .iter()
+                .filter(|(n, c)| c.state == state::RUNNING && pod.policy.sidecar_index(n).is_none())
+                .map(|(n, _)| *n)
+                .collect();
+            let later_sidecars: Vec<&str> = pod.policy.sidecars[idx + 1..]
+                .iter()
+                .filter(|s| latest.get(s.name.as_str()).is_some_and(|c| c.state == state::RUNNING))
+                .map(|s| s.name.as_str())
+                .collect();
+            if running_apps.is_empty() && later_sidecars.is_empty() {
+                break;
+            }
+            let now = Instant::now();
+            if later_sidecars.is_empty() && !pod.apps_stopping() && now >= single_kill_after {
+                tracing::info!(container_name = %cref.name, "no app container of the pod is being stopped: a single-container kill; forwarding");
+                break;
+            }
+            if now >= hold_until {
+                tracing::warn!(container_name = %cref.name, apps = ?running_apps, sidecars = ?later_sidecars, "still running at kubelet's deadline; stopping the sidecar anyway");
+                break;
+            }
+            if held.is_none() {
+                tracing::info!(container_name = %cref.name, apps = ?running_apps, sidecars = ?later_sidecars, "holding sidecar StopContainer until these exit");
+                held = Some((GaugeGuard::new(&self.metrics.holds_in_flight), now));
+            }
+            let next = (now + self.cfg.probe_interval).min(hold_until);
+            tokio::time::sleep_until(next.into()).await;
+        }
+        if let Some((_, since)) = held {
+            let d = since.elapsed();
+            self.metrics.stop_holds.observe(d);
+            tracing::info!(container_name = %cref.name, held_ms = d.as_millis() as u64, "forwarding sidecar StopContainer");
+        }
+        // Forward with what is left of the pod's budget; the KEP's 2 s tail once it is spent.
+        let remaining = budget_end.saturating_duration_since(Instant::now());
+        let secs = if remaining >= Duration::from_secs(STOP_TAIL_SECS as u64) { remaining.as_secs_f64().ceil() as i64 } else { STOP_TAIL_SECS };
+        if secs < req.timeout {
+            return Verdict::ForwardPatched(append_varint_field(msg, 2, secs));
+        }
+        Verdict::Forward
+    }
+
+    fn forget_sandbox(&self, msg: &[u8]) {
+        if let Ok(req) = views::decode::<views::PodSandboxIdRequest>(msg) {
+            self.pods.remove(&req.pod_sandbox_id);
+            self.containers.retain(|_, c| c.sandbox_id != req.pod_sandbox_id);
+        }
+    }
+}
+
+/// The newest instance of each container name (kubelet's view, KUBELET-CRI §1.4).
+fn latest_by_name(containers: &[views::Container]) -> HashMap<&str, &views::Container> {
+    let mut m: HashMap<&str, &views::Container> = HashMap::new();
+    for c in containers {
+        let name = c.metadata.as_ref().map(|m| m.name.as_str()).unwrap_or("");
+        match m.get(name) {
+            Some(prev) if prev.created_at >= c.created_at => {}
+            _ => {
+                m.insert(name, c);
+            }
+        }
+    }
+    m
+}
+
+fn state_name(s: i32) -> &'static str {
+    match s {
+        state::CREATED => "created but not started",
+        state::RUNNING => "running",
+        state::EXITED => "exited",
+        _ => "in an unknown state",
+    }
+}
+
+fn record_span(pod: &Pod, container: &str, container_id: Option<&str>) {
+    let span = tracing::Span::current();
+    span.record("pod_namespace", pod.namespace.as_str());
+    span.record("pod_name", pod.name.as_str());
+    span.record("pod_sandbox_id", pod.sandbox_id.as_str());
+    span.record("container_name", container);
+    if let Some(id) = container_id {
+        span.record("container_id", id);
+    }
+}
+
+impl Interceptor for Engine {
+    fn interest(&self, call: &Call) -> Interest {
+        match call.route.rpc {
+            Some(Rpc::CreateContainer) | Some(Rpc::RunPodSandbox) => Interest { request: true, response: true, complete: false },
+            Some(Rpc::StopContainer) | Some(Rpc::RemovePodSandbox) | Some(Rpc::RemoveContainer) => Interest { request: true, response: false, complete: false },
+            _ => Interest::NONE,
+        }
+    }
+
+    fn on_request<'a>(&'a self, call: &'a Call, msg: &'a [u8]) -> BoxFuture<'a, Verdict> {
+        Box::pin(async move {
+            match call.route.rpc {
+                Some(Rpc::CreateContainer) => self.gate_create(call, msg).await,
+                Some(Rpc::StopContainer) => self.gate_stop(call, msg).await,
+                Some(Rpc::RemovePodSandbox) => {
+                    self.forget_sandbox(msg);
+                    Verdict::Forward
+                }
+                Some(Rpc::RemoveContainer) => {
+                    if let Ok(req) = views::decode::<views::ContainerIdRequest>(msg) {
+                        self.containers.remove(&req.container_id);
+                    }
+                    Verdict::Forward
+                }
+                _ => Verdict::Forward,
+            }
+        })
+    }
+
+    fn on_response(&self, call: &Call, req: &[u8], msg: Option<&[u8]>, code: i32) -> Option<Bytes> {
+        if code != 0 {
+            return None;
+        }
+        let msg = msg?;
+        match call.route.rpc {
+            Some(Rpc::RunPodSandbox) => {
+                let (Ok(r), Ok(resp)) = (views::decode::<views::RunPodSandboxRequest>(req), views::decode::<views::RunPodSandboxResponse>(msg)) else { return None };
+                if let Some(cfg) = r.config.as_ref() {
+                    self.pod_from_config(&resp.pod_sandbox_id, cfg);
+                }
+            }
+            Some(Rpc::CreateContainer) => {
+                let (Ok(r), Ok(resp)) = (views::decode::<views::CreateContainerRequest>(req), views::decode::<views::CreateContainerResponse>(msg)) else { return None };
+                let name = r.config.and_then(|c| c.metadata).map(|m| m.name).unwrap_or_default();
+                self.containers.insert(resp.container_id, ContainerRef { sandbox_id: r.pod_sandbox_id, name });
+            }
+            _ => {}
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(name: &str, created: i64, st: i32) -> views::Container {
+        views::Container { id: format!("{name}-{created}"), metadata: Some(views::ContainerMetadata { name: name.into(), attempt: 0 }), created_at: created, state: st, ..Default::default() }
+    }
+
+    #[test]
+    fn newest_instance_wins() {
+        let list = vec![c("app", 1, state::EXITED), c("app", 3, state::RUNNING), c("app", 2, state::CREATED), c("side", 1, state::RUNNING)];
+        let m = latest_by_name(&list);
+        assert_eq!(m["app"].id, "app-3");
+        assert_eq!(m["side"].id, "side-1");
+    }
+
+    #[test]
+    fn stop_budget_is_one_window_per_termination() {
+        let (pod, _) = Pod::new("sb", None, &HashMap::new(), HashMap::new(), false, &[]);
+        let t0 = Instant::now();
+        let end = pod.note_stop(t0, Duration::from_secs(30), "app", true);
+        assert_eq!(end, t0 + Duration::from_secs(30));
+        // A later StopContainer of the same termination shares the budget.
+        let end2 = pod.note_stop(t0 + Duration::from_secs(5), Duration::from_secs(30), "side", false);
+        assert_eq!(end2, end);
+        assert!(pod.apps_stopping());
+        // Long after, a new window starts.
+        let t1 = t0 + Duration::from_secs(400);
+        assert_eq!(pod.note_stop(t1, Duration::from_secs(10), "side", false), t1 + Duration::from_secs(10));
+        assert!(!pod.apps_stopping());
+    }
+}

@@ -1,0 +1,154 @@
+//! Readiness specs (`crisp.dev/ready.<container>` and node rules) and the probes crisp runs.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// How crisp decides that a running sidecar is ready (DESIGN.md §2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Readiness {
+    /// The container runs (kubelet already ran its postStart before moving on, KUBELET-CRI §1.2).
+    Running,
+    /// A TCP connect succeeds. `host` None = the pod IP (loopback for hostNetwork pods).
+    Tcp { host: Option<IpAddr>, port: u16 },
+    /// An HTTP GET answers 2xx or 3xx.
+    Http { host: Option<IpAddr>, port: u16, path: String },
+    /// A command run in the container through the runtime's ExecSync exits 0.
+    Exec { cmd: Vec<String> },
+}
+
+/// Longest readiness spec accepted; anything longer is almost certainly a mistake.
+const MAX_SPEC_LEN: usize = 4096;
+
+impl Readiness {
+    pub fn parse(spec: &str) -> Result<Readiness, String> {
+        let s = spec.trim();
+        if s.len() > MAX_SPEC_LEN {
+            return Err(format!("longer than {MAX_SPEC_LEN} bytes"));
+        }
+        if s == "running" {
+            return Ok(Readiness::Running);
+        }
+        if let Some(rest) = s.strip_prefix("tcp://") {
+            let (host, port) = host_port(rest)?;
+            return Ok(Readiness::Tcp { host, port });
+        }
+        if let Some(rest) = s.strip_prefix("http://") {
+            let (hp, path) = match rest.find('/') {
+                Some(i) => (&rest[..i], &rest[i..]),
+                None => (rest, "/"),
+            };
+            if path.bytes().any(|b| b.is_ascii_whitespace() || b.is_ascii_control()) {
+                return Err("the HTTP path contains whitespace or control characters".into());
+            }
+            let (host, port) = host_port(hp)?;
+            return Ok(Readiness::Http { host, port, path: path.to_string() });
+        }
+        if let Some(rest) = s.strip_prefix("exec:") {
+            let cmd: Vec<String> = serde_json::from_str(rest.trim()).map_err(|e| format!("exec: expects a JSON array of strings, e.g. exec:[\"cat\",\"/ready\"] ({e})"))?;
+            if cmd.is_empty() || cmd[0].is_empty() {
+                return Err("exec: command is empty".into());
+            }
+            return Ok(Readiness::Exec { cmd });
+        }
+        Err("expected `running`, `tcp://[host]:port`, `http://[host]:port/path` or `exec:[\"cmd\",...]`".into())
+    }
+}
+
+fn host_port(s: &str) -> Result<(Option<IpAddr>, u16), String> {
+    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+        let end = rest.find(']').ok_or("unclosed [ in IPv6 host")?;
+        let port = rest[end + 1..].strip_prefix(':').ok_or("missing :port")?;
+        (&rest[..end], port)
+    } else {
+        s.rsplit_once(':').ok_or("missing :port")?
+    };
+    let port: u16 = port.parse().map_err(|_| format!("invalid port {port:?}"))?;
+    if port == 0 {
+        return Err("port 0".into());
+    }
+    let host = match host {
+        "" => None,
+        "localhost" => Some(IpAddr::from([127, 0, 0, 1])),
+        h => Some(h.parse::<IpAddr>().map_err(|_| format!("host {h:?} must be an IP address or empty (the pod IP)"))?),
+    };
+    Ok((host, port))
+}
+
+/// TCP connect probe.
+pub async fn probe_tcp(addr: SocketAddr, timeout: Duration) -> bool {
+    matches!(tokio::time::timeout(timeout, TcpStream::connect(addr)).await, Ok(Ok(_)))
+}
+
+/// HTTP/1.0 GET probe: ready on a 2xx or 3xx status line. Kept minimal on purpose — a probe
+/// needs the status line only, and HTTP/1.0 makes the server close the connection.
+pub async fn probe_http(addr: SocketAddr, path: &str, timeout: Duration) -> bool {
+    let fut = async {
+        let mut s = TcpStream::connect(addr).await.ok()?;
+        let req = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nUser-Agent: crisp-probe\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut buf = [0u8; 64];
+        let mut n = 0;
+        while n < 12 {
+            let r = s.read(&mut buf[n..]).await.ok()?;
+            if r == 0 {
+                break;
+            }
+            n += r;
+        }
+        let line = std::str::from_utf8(&buf[..n]).ok()?;
+        let code: u16 = line.strip_prefix("HTTP/1.")?.get(2..5)?.parse().ok()?;
+        Some((200..400).contains(&code))
+    };
+    matches!(tokio::time::timeout(timeout, fut).await, Ok(Some(true)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_form() {
+        assert_eq!(Readiness::parse("running"), Ok(Readiness::Running));
+        assert_eq!(Readiness::parse("tcp://:24224"), Ok(Readiness::Tcp { host: None, port: 24224 }));
+        assert_eq!(Readiness::parse("tcp://127.0.0.1:80"), Ok(Readiness::Tcp { host: Some([127, 0, 0, 1].into()), port: 80 }));
+        assert_eq!(
+            Readiness::parse("http://:15021/healthz/ready"),
+            Ok(Readiness::Http { host: None, port: 15021, path: "/healthz/ready".into() })
+        );
+        assert_eq!(Readiness::parse("http://[::1]:8080"), Ok(Readiness::Http { host: Some("::1".parse().unwrap()), port: 8080, path: "/".into() }));
+        assert_eq!(Readiness::parse(r#"exec:["cat","/tmp/ready"]"#), Ok(Readiness::Exec { cmd: vec!["cat".into(), "/tmp/ready".into()] }));
+    }
+
+    #[test]
+    fn rejects_garbage_with_a_reason() {
+        for bad in ["", "ready", "tcp://", "tcp://:0", "tcp://:99999", "tcp://host.example:80", "http://:80/a b", "exec:", "exec:[]", "exec:cat /x", "exec:[1,2]", "udp://:53"] {
+            let e = Readiness::parse(bad).unwrap_err();
+            assert!(!e.is_empty(), "{bad}");
+        }
+        assert!(Readiness::parse(&format!("exec:[\"{}\"]", "a".repeat(5000))).is_err());
+    }
+
+    #[tokio::test]
+    async fn http_probe_reads_the_status_line() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            for status in ["200 OK", "503 Service Unavailable", "302 Found"] {
+                let (mut s, _) = l.accept().await.unwrap();
+                let mut buf = [0u8; 512];
+                let _ = s.read(&mut buf).await.unwrap();
+                s.write_all(format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\n\r\n").as_bytes()).await.unwrap();
+            }
+        });
+        let t = Duration::from_secs(2);
+        assert!(probe_http(addr, "/", t).await);
+        assert!(!probe_http(addr, "/", t).await);
+        assert!(probe_http(addr, "/", t).await);
+        server.await.unwrap();
+        // Nothing listening any more.
+        assert!(!probe_tcp(addr, t).await);
+    }
+}
