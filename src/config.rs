@@ -11,6 +11,7 @@ use serde::Deserialize;
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/crisp/config.toml";
 pub const DEFAULT_LISTEN: &str = "/run/crisp/crisp.sock";
 pub const DEFAULT_UPSTREAM: &str = "/run/containerd/containerd.sock";
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/crisp";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -34,6 +35,10 @@ pub struct Config {
     pub log: LogConfig,
     pub proxy: ProxyConfig,
     pub ordering: OrderingConfig,
+    pub job: JobConfig,
+    /// Where crisp keeps the little state that must survive its own restart (which sidecars it
+    /// terminated in job mode).
+    pub state_dir: PathBuf,
     /// Node-wide sidecar rules by container name, for pods without a `crisp.dev/sidecars`
     /// annotation (annotations win).
     pub sidecars: Vec<SidecarRule>,
@@ -48,6 +53,8 @@ impl Default for Config {
             log: LogConfig::default(),
             proxy: ProxyConfig::default(),
             ordering: OrderingConfig::default(),
+            job: JobConfig::default(),
+            state_dir: DEFAULT_STATE_DIR.into(),
             sidecars: Vec::new(),
         }
     }
@@ -146,6 +153,28 @@ impl Default for OrderingConfig {
     }
 }
 
+/// Job mode (DESIGN.md §5).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct JobConfig {
+    /// Turn job mode off node-wide.
+    pub enabled: bool,
+    /// How often crisp looks at the app containers of Job pods that have sidecars.
+    #[serde(deserialize_with = "de_duration")]
+    pub poll_interval: Duration,
+    /// With no `crisp.dev/restart-policy`, how long after an app's first non-zero exit crisp
+    /// waits for kubelet to re-create it (OnFailure restarts the first crash at once) before
+    /// treating the exit as final (Never).
+    #[serde(deserialize_with = "de_duration")]
+    pub restart_grace: Duration,
+}
+
+impl Default for JobConfig {
+    fn default() -> Self {
+        JobConfig { enabled: true, poll_interval: Duration::from_millis(250), restart_grace: Duration::from_secs(5) }
+    }
+}
+
 /// Longest hold crisp accepts from config or annotation: kubelet's deadline is 2 min.
 pub const MAX_START_TIMEOUT: Duration = Duration::from_secs(115);
 
@@ -198,6 +227,9 @@ impl Config {
         }
         if self.ordering.probe_interval.is_zero() {
             return Err(bad("ordering.probe_interval", "must be greater than 0".into()));
+        }
+        if self.job.poll_interval.is_zero() {
+            return Err(bad("job.poll_interval", "must be greater than 0".into()));
         }
         if self.proxy.max_concurrent_streams == 0 {
             return Err(bad("proxy.max_concurrent_streams", "must be greater than 0".into()));

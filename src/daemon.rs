@@ -8,6 +8,7 @@ use std::time::Duration;
 use crate::config::Config;
 use crate::cri::client::RuntimeClient;
 use crate::metrics::OrderingMetrics;
+use crate::ordering::job::Terminated;
 use crate::ordering::Engine;
 use crate::intercept::{Interceptor, Interceptors};
 use crate::proxy::{self, listener, Proxy, Upstream};
@@ -15,7 +16,11 @@ use crate::proxy::{self, listener, Proxy, Upstream};
 /// Builds the interceptor chain for a configuration.
 pub fn interceptors(cfg: &Config, upstream: &Arc<Upstream>) -> Vec<Arc<dyn Interceptor>> {
     let client = RuntimeClient::new(upstream.clone(), Duration::from_secs(5));
-    let engine = Arc::new(Engine::new(cfg, client, Arc::new(OrderingMetrics::default())));
+    let terminated = Arc::new(Terminated::open(Some(cfg.state_dir.clone())));
+    let engine = Engine::new(cfg, client, Arc::new(OrderingMetrics::default()), terminated);
+    // Job pods whose sidecars crisp must end are found again after a restart.
+    let recovering = engine.clone();
+    tokio::spawn(async move { recovering.recover(crate::cri::ApiVersion::V1).await });
     vec![engine]
 }
 

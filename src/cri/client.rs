@@ -101,6 +101,11 @@ impl RuntimeClient {
         Ok(resp.containers.into_iter().find(|c| c.id == id))
     }
 
+    pub async fn list_pod_sandboxes(&self, version: ApiVersion) -> Result<Vec<views::PodSandbox>, ClientError> {
+        let resp: views::ListPodSandboxResponse = self.call(version, "ListPodSandbox", &views::ListPodSandboxRequest {}, self.timeout).await?;
+        Ok(resp.items)
+    }
+
     pub async fn pod_sandbox_status(&self, version: ApiVersion, sandbox_id: &str) -> Result<views::PodSandboxStatusResponse, ClientError> {
         let req = views::PodSandboxIdRequest { pod_sandbox_id: sandbox_id.to_string() };
         self.call(version, "PodSandboxStatus", &req, self.timeout).await

@@ -5,6 +5,7 @@
 //! unknown fields, which is fine for a copy and fatal for a forwarded message — DESIGN.md §1).
 
 pub mod client;
+pub mod patch;
 pub mod views;
 pub mod wire;
 

@@ -11,18 +11,21 @@
 //! KUBELET-CRI §4.1).
 
 pub mod annotations;
+pub mod job;
 pub mod readiness;
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use dashmap::DashMap;
 
-use crate::config::{Config, OrderingConfig, SidecarRule, TimeoutPolicy};
+use crate::config::{Config, JobConfig, OrderingConfig, SidecarRule, TimeoutPolicy};
+use crate::cri::patch;
 use crate::cri::client::{append_varint_field, RuntimeClient};
 use crate::cri::views::{self, state};
 use crate::cri::{ApiVersion, Rpc};
@@ -48,6 +51,7 @@ pub struct Pod {
     pub policy: PodPolicy,
     ip: Mutex<Option<IpAddr>>,
     stop: Mutex<StopWindow>,
+    job_watched: AtomicBool,
 }
 
 /// The pod's termination grace budget: one budget per pod, counted from its first StopContainer
@@ -73,6 +77,7 @@ impl Pod {
             policy,
             ip: Mutex::new(None),
             stop: Mutex::new(StopWindow::default()),
+            job_watched: AtomicBool::new(false),
         };
         (pod, warnings)
     }
@@ -109,6 +114,10 @@ struct ContainerRef {
 
 pub struct Engine {
     cfg: OrderingConfig,
+    job: JobConfig,
+    terminated: Arc<job::Terminated>,
+    /// Lets `&self` methods spawn tasks that outlive the call (job watchers).
+    me: Weak<Engine>,
     rules: Vec<SidecarRule>,
     client: RuntimeClient,
     pods: DashMap<String, Arc<Pod>>,
@@ -123,15 +132,18 @@ enum StartCheck {
 }
 
 impl Engine {
-    pub fn new(cfg: &Config, client: RuntimeClient, metrics: Arc<OrderingMetrics>) -> Self {
-        Engine {
+    pub fn new(cfg: &Config, client: RuntimeClient, metrics: Arc<OrderingMetrics>, terminated: Arc<job::Terminated>) -> Arc<Self> {
+        Arc::new_cyclic(|me| Engine {
             cfg: cfg.ordering.clone(),
+            job: cfg.job.clone(),
+            terminated,
+            me: me.clone(),
             rules: cfg.sidecars.clone(),
             client,
             pods: DashMap::new(),
             containers: DashMap::new(),
             metrics,
-        }
+        })
     }
 
     /// Number of pods and containers tracked (for the admin API and leak tests).
@@ -139,22 +151,24 @@ impl Engine {
         (self.pods.len(), self.containers.len())
     }
 
-    fn insert_pod(&self, pod: Pod, warnings: Vec<annotations::Warning>) -> Arc<Pod> {
+    fn insert_pod(&self, version: ApiVersion, pod: Pod, warnings: Vec<annotations::Warning>) -> Arc<Pod> {
         for w in &warnings {
             tracing::warn!(pod_namespace = %pod.namespace, pod_name = %pod.name, "{w}");
         }
         self.metrics.bad_annotations.fetch_add(warnings.len() as u64, Relaxed);
         let pod = Arc::new(pod);
         // Another call may have raced us; keep the first so warnings and budgets stay single.
-        self.pods.entry(pod.sandbox_id.clone()).or_insert(pod).clone()
+        let pod = self.pods.entry(pod.sandbox_id.clone()).or_insert(pod).clone();
+        self.maybe_watch_job(&pod, version);
+        pod
     }
 
-    fn pod_from_config(&self, sandbox_id: &str, cfg: &views::PodSandboxConfig) -> Arc<Pod> {
+    fn pod_from_config(&self, version: ApiVersion, sandbox_id: &str, cfg: &views::PodSandboxConfig) -> Arc<Pod> {
         if let Some(p) = self.pods.get(sandbox_id) {
             return p.clone();
         }
         let (pod, w) = Pod::new(sandbox_id, cfg.metadata.as_ref(), &cfg.annotations, cfg.labels.clone(), cfg.host_network(), &self.rules);
-        self.insert_pod(pod, w)
+        self.insert_pod(version, pod, w)
     }
 
     /// The pod of a sandbox, from the cache or else from the runtime (after a crisp restart).
@@ -166,7 +180,7 @@ impl Engine {
             Ok(resp) => {
                 let st = resp.status?;
                 let (pod, w) = Pod::new(sandbox_id, st.metadata.as_ref(), &st.annotations, st.labels.clone(), st.host_network(), &self.rules);
-                Some(self.insert_pod(pod, w))
+                Some(self.insert_pod(version, pod, w))
             }
             Err(e) => {
                 tracing::warn!(pod_sandbox_id = sandbox_id, error = %e, "cannot read sandbox status; not ordering this call");
@@ -288,7 +302,7 @@ impl Engine {
         };
         let name = req.config.as_ref().and_then(|c| c.metadata.as_ref()).map(|m| m.name.clone()).unwrap_or_default();
         let pod = match req.sandbox_config.as_ref() {
-            Some(sc) => self.pod_from_config(&req.pod_sandbox_id, sc),
+            Some(sc) => self.pod_from_config(version, &req.pod_sandbox_id, sc),
             None => match self.pod_by_id(version, &req.pod_sandbox_id).await {
                 Some(p) => p,
                 None => return Verdict::Forward,
@@ -484,6 +498,10 @@ impl Interceptor for Engine {
         match call.route.rpc {
             Some(Rpc::CreateContainer) | Some(Rpc::RunPodSandbox) => Interest { request: true, response: true, complete: false },
             Some(Rpc::StopContainer) | Some(Rpc::RemovePodSandbox) | Some(Rpc::RemoveContainer) => Interest { request: true, response: false, complete: false },
+            // Job mode's exit-code patch: only while crisp has terminated some sidecar.
+            Some(Rpc::ContainerStatus) | Some(Rpc::PodSandboxStatus) if !self.terminated.is_empty() => Interest { request: false, response: true, complete: false },
+            // Events are rare and a stream lives long: watch every message while job mode is on.
+            Some(Rpc::GetContainerEvents) if self.job.enabled => Interest { request: false, response: true, complete: false },
             _ => Interest::NONE,
         }
     }
@@ -500,6 +518,7 @@ impl Interceptor for Engine {
                 Some(Rpc::RemoveContainer) => {
                     if let Ok(req) = views::decode::<views::ContainerIdRequest>(msg) {
                         self.containers.remove(&req.container_id);
+                        self.terminated.remove(&req.container_id);
                     }
                     Verdict::Forward
                 }
@@ -513,11 +532,28 @@ impl Interceptor for Engine {
             return None;
         }
         let msg = msg?;
+        let patch_statuses = |field: u32| {
+            if self.terminated.is_empty() {
+                return None;
+            }
+            match patch::patch_embedded(msg, field, &patch::completed_fragment(), |id| self.terminated.contains(id)) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot walk a status response to patch it; forwarding it unchanged");
+                    None
+                }
+            }
+        };
         match call.route.rpc {
+            // A sidecar crisp terminated reports exit 0 / Completed (DESIGN.md §5).
+            // The embedded status carries its id, so the request need not be read.
+            Some(Rpc::ContainerStatus) => return patch_statuses(1),
+            Some(Rpc::PodSandboxStatus) => return patch_statuses(3),
+            Some(Rpc::GetContainerEvents) => return patch_statuses(5),
             Some(Rpc::RunPodSandbox) => {
                 let (Ok(r), Ok(resp)) = (views::decode::<views::RunPodSandboxRequest>(req), views::decode::<views::RunPodSandboxResponse>(msg)) else { return None };
                 if let Some(cfg) = r.config.as_ref() {
-                    self.pod_from_config(&resp.pod_sandbox_id, cfg);
+                    self.pod_from_config(call.route.version.unwrap_or(ApiVersion::V1), &resp.pod_sandbox_id, cfg);
                 }
             }
             Some(Rpc::CreateContainer) => {
@@ -549,6 +585,7 @@ mod tests {
 
     #[test]
     fn stop_budget_is_one_window_per_termination() {
+        let _ = AtomicBool::new(false);
         let (pod, _) = Pod::new("sb", None, &HashMap::new(), HashMap::new(), false, &[]);
         let t0 = Instant::now();
         let end = pod.note_stop(t0, Duration::from_secs(30), "app", true);

@@ -203,7 +203,12 @@ impl Proxy {
             if let Some(c) = completion.as_mut() {
                 c.code = code_of(&parts.headers);
             }
-            return Response::from_parts(parts, ResponseBody::new(ProxyBody::Stream(body), completion));
+            let mut rb = ResponseBody::new(ProxyBody::Stream(body), completion);
+            if interest.response && call.route.rpc.is_some() {
+                // A server stream: each message is shown to the interceptors as it completes.
+                rb.patcher = Some(Box::new(StreamPatcher { proxy: self.clone(), call, buf: bytes::BytesMut::new(), pending_trailers: None }));
+            }
+            return Response::from_parts(parts, rb);
         }
 
         let (parts, body) = resp.into_parts();
@@ -276,12 +281,46 @@ impl Drop for Completion {
 pub struct ResponseBody {
     inner: ProxyBody,
     completion: Option<Completion>,
+    patcher: Option<Box<StreamPatcher>>,
     done: bool,
 }
 
 impl ResponseBody {
     fn new(inner: ProxyBody, completion: Option<Completion>) -> Self {
-        ResponseBody { inner, completion, done: false }
+        ResponseBody { inner, completion, patcher: None, done: false }
+    }
+}
+
+/// Reassembles the gRPC messages of a server stream so that interceptors can see (and patch)
+/// each one. Only used for streams someone asked to watch; the others are spliced.
+struct StreamPatcher {
+    proxy: Arc<Proxy>,
+    call: Call,
+    buf: bytes::BytesMut,
+    pending_trailers: Option<http::HeaderMap>,
+}
+
+impl StreamPatcher {
+    /// Adds received bytes; returns the complete messages (patched where asked) to send on.
+    fn push(&mut self, data: &[u8]) -> Option<Bytes> {
+        self.buf.extend_from_slice(data);
+        let mut out = bytes::BytesMut::new();
+        while let Some((_, rest)) = wire::next_message(&self.buf) {
+            let consumed = self.buf.len() - rest.len();
+            let chunk = self.buf.split_to(consumed);
+            match wire::single_message(&chunk) {
+                Some(GrpcFrame::Message(m)) => match self.proxy.interceptors.on_response(&self.call, &[], Some(m), code::OK) {
+                    Some(new) => out.extend_from_slice(&wire::frame(&new)),
+                    None => out.extend_from_slice(&chunk),
+                },
+                _ => out.extend_from_slice(&chunk),
+            }
+        }
+        // A message too large to be worth holding: pass what we have through as is.
+        if self.buf.len() > self.proxy.opts.max_observed_message {
+            out.extend_from_slice(&self.buf.split());
+        }
+        (!out.is_empty()).then(|| out.freeze())
     }
 }
 
@@ -293,7 +332,32 @@ impl Body for ResponseBody {
         if self.done {
             return Poll::Ready(None);
         }
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Some(t) = self.patcher.as_mut().and_then(|p| p.pending_trailers.take()) {
+            return Poll::Ready(Some(Ok(Frame::trailers(t))));
+        }
+        let polled = loop {
+            let polled = Pin::new(&mut self.inner).poll_frame(cx);
+            let Some(p) = self.patcher.as_mut() else { break polled };
+            match polled {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(d) => match p.push(&d) {
+                        Some(out) => break Poll::Ready(Some(Ok(Frame::data(out)))),
+                        // Not a whole message yet: read more.
+                        None => continue,
+                    },
+                    Err(frame) => {
+                        // Trailers: flush a partial message first (the client will see it as
+                        // truncated, exactly as it would have without crisp).
+                        if !p.buf.is_empty() {
+                            p.pending_trailers = frame.into_trailers().ok();
+                            break Poll::Ready(Some(Ok(Frame::data(p.buf.split().freeze()))));
+                        }
+                        break Poll::Ready(Some(Ok(frame)));
+                    }
+                },
+                other => break other,
+            }
+        };
         match polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(t) = frame.trailers_ref() {

@@ -1,0 +1,295 @@
+//! Job mode (DESIGN.md §5): when every app container of a Job pod has exited for good, crisp
+//! runs each sidecar's exec preStop hook and stops the sidecars in reverse order, then reports
+//! them as `exit 0, Completed` so the pod is judged by its apps alone.
+//!
+//! Cost: one watcher task per *Job pod with sidecars*, polling that sandbox's containers. No
+//! other pod, and no call, pays anything — except status responses while at least one
+//! terminated sidecar exists, which are patched only if they carry one.
+//!
+//! The fact "crisp stopped this container" lives in a file per container under
+//! `<state_dir>/terminated/`, so a restarted crisp keeps reporting exit 0.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use super::annotations::RestartPolicy;
+use super::{latest_by_name, Engine, Pod};
+use crate::cri::views::state;
+use crate::cri::ApiVersion;
+
+pub const JOB_NAME_LABELS: [&str; 2] = ["batch.kubernetes.io/job-name", "job-name"];
+const PRESTOP_ANNOTATION: &str = "io.kubernetes.container.preStopHandler";
+const GRACE_ANNOTATION: &str = "io.kubernetes.pod.terminationGracePeriod";
+const RESTART_COUNT_ANNOTATION: &str = "io.kubernetes.container.restartCount";
+
+/// The containers crisp terminated, persisted one empty file per id.
+pub struct Terminated {
+    dir: Option<PathBuf>,
+    ids: RwLock<HashSet<String>>,
+    /// Mirror of `ids.len() > 0`, read on the hot path without locking.
+    any: std::sync::atomic::AtomicBool,
+}
+
+impl Terminated {
+    /// Loads the set from `state_dir` (created if missing). A `None` dir keeps it in memory only.
+    pub fn open(state_dir: Option<PathBuf>) -> Self {
+        let dir = state_dir.map(|d| d.join("terminated"));
+        let mut ids = HashSet::new();
+        if let Some(d) = &dir {
+            if let Err(e) = std::fs::create_dir_all(d) {
+                tracing::warn!(dir = %d.display(), error = %e, "cannot create the state directory; job-mode exit codes will not survive a crisp restart");
+            }
+            if let Ok(rd) = std::fs::read_dir(d) {
+                for e in rd.flatten() {
+                    if let Some(name) = e.file_name().to_str() {
+                        if is_container_id(name) {
+                            ids.insert(name.to_string());
+                        }
+                    }
+                }
+            }
+        }
+        let any = std::sync::atomic::AtomicBool::new(!ids.is_empty());
+        Terminated { dir, ids: RwLock::new(ids), any }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        !self.any.load(Relaxed)
+    }
+
+    pub fn contains(&self, id: &str) -> bool {
+        !self.is_empty() && self.ids.read().unwrap_or_else(|e| e.into_inner()).contains(id)
+    }
+
+    pub fn insert(&self, id: &str) {
+        if !is_container_id(id) {
+            return;
+        }
+        if let Some(d) = &self.dir {
+            if let Err(e) = std::fs::write(d.join(id), b"") {
+                tracing::warn!(container_id = id, error = %e, "cannot persist the terminated-sidecar mark");
+            }
+        }
+        self.ids.write().unwrap_or_else(|e| e.into_inner()).insert(id.to_string());
+        self.any.store(true, Relaxed);
+    }
+
+    pub fn remove(&self, id: &str) {
+        if self.is_empty() {
+            return;
+        }
+        let mut ids = self.ids.write().unwrap_or_else(|e| e.into_inner());
+        if ids.remove(id) {
+            if let Some(d) = &self.dir {
+                let _ = std::fs::remove_file(d.join(id));
+            }
+        }
+        self.any.store(!ids.is_empty(), Relaxed);
+    }
+}
+
+/// Container ids are hex in containerd and CRI-O; anything else is not used as a file name.
+fn is_container_id(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+impl Pod {
+    /// A Job pod, by its labels or `crisp.dev/job`.
+    pub fn is_job(&self) -> bool {
+        match self.policy.job {
+            Some(j) => j,
+            None => JOB_NAME_LABELS.iter().any(|l| self.labels.contains_key(*l)),
+        }
+    }
+}
+
+/// Parses kubelet's preStop annotation (JSON of the LifecycleHandler); only exec hooks run here.
+pub fn prestop_command(annotation: &str) -> Option<Vec<String>> {
+    let v: serde_json::Value = serde_json::from_str(annotation).ok()?;
+    let cmd = v.get("exec")?.get("command")?.as_array()?;
+    let cmd: Vec<String> = cmd.iter().filter_map(|c| c.as_str().map(str::to_string)).collect();
+    (!cmd.is_empty()).then_some(cmd)
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum AppsState {
+    NotStarted,
+    Running,
+    /// All exited for good; the pod's sidecars can go.
+    Done,
+}
+
+impl Engine {
+    /// Starts the watcher of a Job pod with sidecars (once per pod).
+    pub(super) fn maybe_watch_job(&self, pod: &Arc<Pod>, version: ApiVersion) {
+        if !self.job.enabled || !pod.policy.has_sidecars() || !pod.is_job() {
+            return;
+        }
+        if pod.job_watched.swap(true, Relaxed) {
+            return;
+        }
+        let Some(engine) = self.me.upgrade() else { return };
+        let pod = pod.clone();
+        tracing::info!(pod_namespace = %pod.namespace, pod_name = %pod.name, "Job pod with sidecars: watching its app containers");
+        tokio::spawn(async move { engine.watch_job(pod, version).await });
+    }
+
+    async fn watch_job(self: Arc<Self>, pod: Arc<Pod>, version: ApiVersion) {
+        let mut ticker = tokio::time::interval(self.job.poll_interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            if !self.pods.contains_key(&pod.sandbox_id) {
+                return; // RemovePodSandbox: the pod is gone.
+            }
+            match self.job_apps_state(version, &pod).await {
+                Ok(AppsState::Done) => break,
+                Ok(_) => {}
+                Err(e) => tracing::debug!(pod_name = %pod.name, error = %e, "job watcher: cannot read the pod's containers"),
+            }
+        }
+        self.terminate_sidecars(version, &pod).await;
+    }
+
+    async fn job_apps_state(&self, version: ApiVersion, pod: &Pod) -> Result<AppsState, crate::cri::client::ClientError> {
+        let containers = self.client.list_containers(version, &pod.sandbox_id).await?;
+        if containers.is_empty() {
+            // The sandbox may be gone with no RemovePodSandbox seen (e.g. removed while crisp was
+            // down): stop watching.
+            if let Err(e) = self.client.pod_sandbox_status(version, &pod.sandbox_id).await {
+                if e.is_not_found() {
+                    self.pods.remove(&pod.sandbox_id);
+                }
+            }
+            return Ok(AppsState::NotStarted);
+        }
+        let latest = latest_by_name(&containers);
+        let apps: Vec<_> = latest.iter().filter(|(n, _)| pod.policy.sidecar_index(n).is_none()).map(|(_, c)| *c).collect();
+        if apps.is_empty() {
+            return Ok(AppsState::NotStarted);
+        }
+        if apps.iter().any(|c| c.state != state::EXITED) {
+            return Ok(AppsState::Running);
+        }
+        for app in apps {
+            let st = self.client.container_status(version, &app.id).await?.status.unwrap_or_default();
+            if st.exit_code == 0 {
+                continue; // Final under Never and OnFailure.
+            }
+            let restarted_before = st.annotations.get(RESTART_COUNT_ANNOTATION).and_then(|v| v.parse::<u32>().ok()).unwrap_or(0) > 0;
+            let final_ = match pod.policy.restart_policy {
+                Some(RestartPolicy::Never) => true,
+                Some(_) => false,
+                // Inferred: kubelet re-creates a first crash at once under OnFailure; one that has
+                // been restarted before is OnFailure, and its back-off may be minutes long.
+                None if restarted_before => false,
+                None => {
+                    let finished = SystemTime::UNIX_EPOCH + Duration::from_nanos(st.finished_at.max(0) as u64);
+                    SystemTime::now().duration_since(finished).unwrap_or_default() >= self.job.restart_grace
+                }
+            };
+            if !final_ {
+                return Ok(AppsState::Running);
+            }
+        }
+        Ok(AppsState::Done)
+    }
+
+    async fn terminate_sidecars(&self, version: ApiVersion, pod: &Pod) {
+        let Ok(containers) = self.client.list_containers(version, &pod.sandbox_id).await else { return };
+        let latest = latest_by_name(&containers);
+        let started = Instant::now();
+        let mut budget: Option<Duration> = None;
+        tracing::info!(pod_namespace = %pod.namespace, pod_name = %pod.name, "the Job's app containers have finished; stopping its sidecars in reverse order");
+        for s in pod.policy.sidecars.iter().rev() {
+            let Some(c) = latest.get(s.name.as_str()) else { continue };
+            if c.state != state::RUNNING {
+                continue;
+            }
+            let st = match self.client.container_status(version, &c.id).await {
+                Ok(r) => r.status.unwrap_or_default(),
+                Err(e) => {
+                    tracing::warn!(container_name = %s.name, error = %e, "cannot read sidecar status; skipping it");
+                    continue;
+                }
+            };
+            let grace = *budget.get_or_insert_with(|| {
+                Duration::from_secs(st.annotations.get(GRACE_ANNOTATION).and_then(|v| v.parse().ok()).unwrap_or(30))
+            });
+            let left = grace.saturating_sub(started.elapsed());
+            if let Some(cmd) = st.annotations.get(PRESTOP_ANNOTATION).and_then(|a| prestop_command(a)) {
+                tracing::info!(container_name = %s.name, "running the sidecar's preStop hook");
+                match self.client.exec_sync(version, &c.id, &cmd, left.max(Duration::from_secs(1))).await {
+                    Ok(code) if code != 0 => tracing::warn!(container_name = %s.name, exit_code = code, "preStop hook failed; stopping anyway"),
+                    Err(e) => tracing::warn!(container_name = %s.name, error = %e, "preStop hook could not run; stopping anyway"),
+                    Ok(_) => {}
+                }
+            }
+            let left = grace.saturating_sub(started.elapsed());
+            let secs = if left >= Duration::from_secs(2) { left.as_secs() as i64 } else { 2 };
+            // Mark first: a status read racing the stop must already see `Completed`.
+            self.terminated.insert(&c.id);
+            match self.client.stop_container(version, &c.id, secs).await {
+                Ok(()) => {
+                    self.metrics.job_sidecars_stopped.fetch_add(1, Relaxed);
+                    tracing::info!(container_name = %s.name, container_id = %c.id, "stopped Job sidecar; it will report exit 0 (Completed)");
+                }
+                Err(e) => {
+                    self.terminated.remove(&c.id);
+                    tracing::warn!(container_name = %s.name, error = %e, "could not stop Job sidecar");
+                }
+            }
+        }
+    }
+
+    /// Rebuilds Job watchers after a crisp restart: every ready sandbox with sidecars.
+    pub async fn recover(&self, version: ApiVersion) {
+        if !self.job.enabled {
+            return;
+        }
+        let sandboxes = match self.client.list_pod_sandboxes(version).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::info!(error = %e, "cannot list sandboxes at start; Job pods will be picked up on their next call");
+                return;
+            }
+        };
+        for sb in sandboxes.into_iter().filter(|s| s.state == 0) {
+            if let Some(pod) = self.pod_by_id(version, &sb.id).await {
+                self.maybe_watch_job(&pod, version);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prestop_exec_is_parsed_and_others_ignored() {
+        assert_eq!(prestop_command(r#"{"exec":{"command":["sh","-c","sleep 1"]}}"#), Some(vec!["sh".into(), "-c".into(), "sleep 1".into()]));
+        assert_eq!(prestop_command(r#"{"httpGet":{"path":"/q","port":80}}"#), None);
+        assert_eq!(prestop_command("not json"), None);
+        assert_eq!(prestop_command(r#"{"exec":{"command":[]}}"#), None);
+    }
+
+    #[test]
+    fn terminated_marks_survive_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = Terminated::open(Some(dir.path().to_path_buf()));
+        assert!(t.is_empty());
+        t.insert("abc123");
+        t.insert("../evil"); // not a container id: never becomes a path
+        assert!(t.contains("abc123"));
+        let t2 = Terminated::open(Some(dir.path().to_path_buf()));
+        assert!(t2.contains("abc123"));
+        assert!(!t2.contains("../evil"));
+        t2.remove("abc123");
+        assert!(t2.is_empty());
+        assert!(Terminated::open(Some(dir.path().to_path_buf())).is_empty());
+    }
+}
