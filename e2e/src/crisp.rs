@@ -1,0 +1,152 @@
+//! Runs the real `crisp` binary in front of a runtime socket, as a separate process (so tests
+//! can SIGKILL and restart it like an operator or a crash would).
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+/// Options for one crisp instance; `extra_config` is appended to the generated TOML.
+#[derive(Debug, Clone, Default)]
+pub struct CrispOpts {
+    pub extra_config: String,
+    /// tracing filter (default `info,crisp=debug`).
+    pub log_level: Option<String>,
+}
+
+pub struct Crisp {
+    dir: tempfile::TempDir,
+    socket: PathBuf,
+    config: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+/// The crisp binary built next to the running test binary (target/<profile>/crisp).
+pub fn crisp_binary() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("CRISP_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe()?;
+    // target/debug/deps/<test> → target/debug/crisp
+    for dir in exe.ancestors().skip(1).take(3) {
+        let cand = dir.join("crisp");
+        if cand.is_file() {
+            return Ok(cand);
+        }
+    }
+    bail!("crisp binary not found next to {} — run `cargo build --workspace` first (hack/test.sh does)", exe.display())
+}
+
+impl Crisp {
+    /// Starts crisp listening on a fresh socket, forwarding to `upstream`; returns once the
+    /// socket accepts connections.
+    pub fn start(upstream: &Path, opts: CrispOpts) -> Result<Crisp> {
+        let dir = tempfile::Builder::new().prefix("crisp-e2e-").tempdir()?;
+        let socket = dir.path().join("crisp.sock");
+        let config = dir.path().join("config.toml");
+        let log = dir.path().join("crisp.log");
+        let text = format!(
+            "listen = {:?}\nupstream = {:?}\nstate_dir = {:?}\n[log]\nlevel = {:?}\n{}\n",
+            socket,
+            upstream,
+            dir.path().join("state"),
+            opts.log_level.as_deref().unwrap_or("info,crisp=debug"),
+            opts.extra_config
+        );
+        std::fs::write(&config, text)?;
+        let mut c = Crisp { dir, socket, config, log, child: None };
+        c.spawn()?;
+        Ok(c)
+    }
+
+    fn spawn(&mut self) -> Result<()> {
+        let bin = crisp_binary()?;
+        let log = File::options().create(true).append(true).open(&self.log)?;
+        let child = Command::new(&bin)
+            .arg("--config")
+            .arg(&self.config)
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
+                return Ok(());
+            }
+            if let Some(ch) = self.child.as_mut() {
+                if let Some(st) = ch.try_wait()? {
+                    bail!("crisp exited with {st} during start:\n{}", self.log_text());
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("crisp did not listen on {} within 10 s:\n{}", self.socket.display(), self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// SIGKILL, as a crash would.
+    pub fn kill(&mut self) -> Result<()> {
+        if let Some(mut c) = self.child.take() {
+            c.kill()?;
+            c.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Starts crisp again on the same socket, config and state directory.
+    pub fn restart(&mut self) -> Result<()> {
+        self.kill()?;
+        self.spawn()
+    }
+
+    /// SIGTERM and wait for a clean exit.
+    pub fn stop(&mut self) -> Result<std::process::ExitStatus> {
+        let Some(mut c) = self.child.take() else { bail!("not running") };
+        let pid = c.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status()?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(st) = c.try_wait()? {
+                return Ok(st);
+            }
+            if Instant::now() > deadline {
+                c.kill()?;
+                bail!("crisp did not exit within 30 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Crisp {
+    fn drop(&mut self) {
+        let _ = self.kill();
+        if std::thread::panicking() {
+            eprintln!("---- crisp log ({}) ----\n{}", self.log.display(), self.log_text());
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! Issue #2, end to end: a pod sandbox and two containers are run, listed, inspected, stopped
+//! and removed *through crisp* against a real containerd, and every List/Status response crisp
+//! returns is byte-identical to the same call made directly to containerd — on both CRI
+//! versions.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use crisp_e2e::crisp::{Crisp, CrispOpts};
+use crisp_e2e::harness::{cri_clients, require_root, Containerd, ContainerdOpts, BUSYBOX_IMAGE};
+use crisp_e2e::raw;
+use k8s_cri::v1 as cri;
+use prost::Message;
+
+fn sandbox_config(name: &str, log_dir: &Path) -> cri::PodSandboxConfig {
+    cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata { name: name.into(), uid: format!("{name}-uid"), namespace: "e2e".into(), attempt: 0 }),
+        log_directory: log_dir.display().to_string(),
+        labels: [("app".to_string(), name.to_string())].into(),
+        annotations: [("kubernetes.io/config.source".to_string(), "api".to_string())].into(),
+        linux: Some(cri::LinuxPodSandboxConfig {
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: Some(cri::NamespaceOption { network: cri::NamespaceMode::Node as i32, ..Default::default() }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn container_config(name: &str, cmd: &str) -> cri::ContainerConfig {
+    cri::ContainerConfig {
+        metadata: Some(cri::ContainerMetadata { name: name.into(), attempt: 0 }),
+        image: Some(cri::ImageSpec { image: BUSYBOX_IMAGE.into(), ..Default::default() }),
+        command: vec!["sh".into(), "-c".into(), cmd.into()],
+        log_path: format!("{name}.log"),
+        labels: [("io.kubernetes.container.name".to_string(), name.to_string())].into(),
+        ..Default::default()
+    }
+}
+
+/// Calls `path` directly, through crisp, and directly again; the answer through crisp must be
+/// byte-identical (headers, body, trailers) to one of the direct answers (the state does not
+/// change between the calls, so in practice to both).
+async fn assert_identical(direct: &Path, via: &Path, path: &str, msg: &[u8]) -> Result<()> {
+    let d1 = raw::call(direct, path, msg).await?;
+    let v = raw::call(via, path, msg).await?;
+    let d2 = raw::call(direct, path, msg).await?;
+    if v != d1 && v != d2 {
+        bail!("{path}: response through crisp differs from direct\n via: {v:?}\n direct: {d1:?}");
+    }
+    if v.grpc_status() != Some(0) {
+        bail!("{path}: expected OK, got {v:?}");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_lifecycle_through_crisp_is_byte_identical() -> Result<()> {
+    require_root();
+    let ctrd = Containerd::start_async(ContainerdOpts { cni: false }).await?;
+    let crisp = Crisp::start(ctrd.socket(), CrispOpts::default())?;
+    let (mut rt, mut img) = cri_clients(crisp.socket()).await?;
+
+    let log_dir = ctrd.dir().join("pods/transparency");
+    std::fs::create_dir_all(&log_dir)?;
+    let sb = sandbox_config("transparency", &log_dir);
+    let pod = rt.run_pod_sandbox(cri::RunPodSandboxRequest { config: Some(sb.clone()), runtime_handler: String::new() }).await?.into_inner().pod_sandbox_id;
+    let image_ref = img
+        .image_status(cri::ImageStatusRequest { image: Some(cri::ImageSpec { image: BUSYBOX_IMAGE.into(), ..Default::default() }), verbose: false })
+        .await?
+        .into_inner()
+        .image
+        .context("busybox image missing")?
+        .id;
+
+    let mut ids = Vec::new();
+    for name in ["first", "second"] {
+        let mut cfg = container_config(name, "trap 'exit 0' TERM; while true; do sleep 0.1; done");
+        cfg.image = Some(cri::ImageSpec { image: image_ref.clone(), ..Default::default() });
+        let id = rt
+            .create_container(cri::CreateContainerRequest { pod_sandbox_id: pod.clone(), config: Some(cfg), sandbox_config: Some(sb.clone()) })
+            .await
+            .with_context(|| format!("CreateContainer {name}"))?
+            .into_inner()
+            .container_id;
+        rt.start_container(cri::StartContainerRequest { container_id: id.clone() }).await?;
+        ids.push(id);
+    }
+    // Both running, seen through crisp.
+    let listed = rt.list_containers(cri::ListContainersRequest { filter: None }).await?.into_inner().containers;
+    assert_eq!(listed.len(), 2);
+    assert!(listed.iter().all(|c| c.state == cri::ContainerState::ContainerRunning as i32), "{listed:?}");
+
+    // Every List/Status call, both CRI versions, byte for byte.
+    for v in ["v1", "v1alpha2"] {
+        let rs = format!("/runtime.{v}.RuntimeService");
+        let is = format!("/runtime.{v}.ImageService");
+        let calls: Vec<(String, Vec<u8>)> = vec![
+            (format!("{rs}/Version"), cri::VersionRequest { version: v.into() }.encode_to_vec()),
+            (format!("{rs}/Status"), cri::StatusRequest { verbose: false }.encode_to_vec()),
+            (format!("{rs}/ListPodSandbox"), cri::ListPodSandboxRequest { filter: None }.encode_to_vec()),
+            (format!("{rs}/PodSandboxStatus"), cri::PodSandboxStatusRequest { pod_sandbox_id: pod.clone(), verbose: false }.encode_to_vec()),
+            (format!("{rs}/ListContainers"), cri::ListContainersRequest { filter: None }.encode_to_vec()),
+            (
+                format!("{rs}/ListContainers"),
+                cri::ListContainersRequest { filter: Some(cri::ContainerFilter { pod_sandbox_id: pod.clone(), ..Default::default() }) }.encode_to_vec(),
+            ),
+            (format!("{rs}/ContainerStatus"), cri::ContainerStatusRequest { container_id: ids[0].clone(), verbose: false }.encode_to_vec()),
+            (format!("{rs}/ContainerStatus"), cri::ContainerStatusRequest { container_id: ids[1].clone(), verbose: true }.encode_to_vec()),
+            (format!("{is}/ListImages"), cri::ListImagesRequest { filter: None }.encode_to_vec()),
+            (
+                format!("{is}/ImageStatus"),
+                cri::ImageStatusRequest { image: Some(cri::ImageSpec { image: BUSYBOX_IMAGE.into(), ..Default::default() }), verbose: false }.encode_to_vec(),
+            ),
+        ];
+        for (path, msg) in calls {
+            assert_identical(ctrd.socket(), crisp.socket(), &path, &msg).await?;
+        }
+        // An error status from the runtime passes through verbatim too.
+        let missing = cri::ContainerStatusRequest { container_id: "does-not-exist".into(), verbose: false }.encode_to_vec();
+        let d = raw::call(ctrd.socket(), &format!("{rs}/ContainerStatus"), &missing).await?;
+        let via = raw::call(crisp.socket(), &format!("{rs}/ContainerStatus"), &missing).await?;
+        assert_eq!(via, d);
+        assert_eq!(via.grpc_status(), Some(5), "NotFound expected: {via:?}");
+    }
+
+    // Stop and remove through crisp.
+    for id in &ids {
+        rt.stop_container(cri::StopContainerRequest { container_id: id.clone(), timeout: 5 }).await?;
+        let st = rt.container_status(cri::ContainerStatusRequest { container_id: id.clone(), verbose: false }).await?.into_inner().status.context("status")?;
+        assert_eq!(st.state, cri::ContainerState::ContainerExited as i32);
+        assert_eq!(st.exit_code, 0, "the container's TERM trap exits 0");
+        rt.remove_container(cri::RemoveContainerRequest { container_id: id.clone() }).await?;
+    }
+    rt.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: pod.clone() }).await?;
+    rt.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: pod.clone() }).await?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = rt.list_containers(cri::ListContainersRequest { filter: None }).await?.into_inner().containers;
+        let pods = rt.list_pod_sandbox(cri::ListPodSandboxRequest { filter: None }).await?.into_inner().items;
+        if left.is_empty() && pods.is_empty() {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("left behind: {left:?} {pods:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Install the host packages crisp's build, end-to-end tests and demo need.
+#
+# Idempotent: when every package is already installed this is a fast no-op
+# (no apt-get update, no network). Must run as root (CI and dev machines are).
+#
+#   hack/setup.sh
+#
+# Packages:
+#   containerd runc containernetworking-plugins   the real runtime under test
+#   busybox-static umoci                          hermetic images (hack/images.sh)
+#   socat iproute2 iptables                       demo / CNI bridge cleanup
+#   protobuf-compiler                             protoc for tonic/prost build scripts
+set -euo pipefail
+
+PACKAGES=(
+  containerd
+  runc
+  containernetworking-plugins
+  busybox-static
+  umoci
+  socat
+  protobuf-compiler
+  iproute2
+  iptables
+)
+
+die() {
+  echo "hack/setup.sh: error: $*" >&2
+  exit 1
+}
+
+if [[ "$(id -u)" -ne 0 ]]; then
+  die "must run as root (apt-get install is needed); try: sudo $0"
+fi
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+  status="$(dpkg-query -W -f='${db:Status-Status}' "$pkg" 2>/dev/null || true)"
+  if [[ "$status" != "installed" ]]; then
+    missing+=("$pkg")
+  fi
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "hack/setup.sh: all packages present"
+  exit 0
+fi
+
+echo "hack/setup.sh: installing: ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+# Debian's containerd package ships a service; on a machine with a running init
+# system it would be started by the postinst. Our tests never use it (each run
+# starts a private containerd, see hack/containerd.sh), so keep it from starting.
+policy_rc=/usr/sbin/policy-rc.d
+created_policy=0
+if [[ ! -e "$policy_rc" ]]; then
+  printf '#!/bin/sh\nexit 101\n' >"$policy_rc"
+  chmod 0755 "$policy_rc"
+  created_policy=1
+fi
+cleanup() {
+  if [[ "$created_policy" -eq 1 ]]; then
+    rm -f "$policy_rc"
+  fi
+}
+trap cleanup EXIT
+
+apt-get update -qq || die "apt-get update failed"
+apt-get install -y -qq --no-install-recommends "${missing[@]}" \
+  || die "apt-get install ${missing[*]} failed"
+
+# Check the binaries the harness relies on really are there now.
+for bin in containerd ctr runc umoci busybox socat protoc ip iptables; do
+  command -v "$bin" >/dev/null 2>&1 || die "'$bin' still not on PATH after install"
+done
+[[ -x /usr/lib/cni/bridge ]] || die "/usr/lib/cni/bridge missing after installing containernetworking-plugins"
+[[ -x /bin/busybox ]] || die "/bin/busybox missing after installing busybox-static"
+echo "hack/setup.sh: done"

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Runs every test of crisp: unit, integration (fake CRI runtime) and end-to-end (a private real
+# containerd + runc, driven by the kubelet emulator). Installs what the tests need first.
+#
+#   sudo hack/test.sh            # everything
+#   sudo hack/test.sh -p crisp   # extra arguments go to `cargo test`
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash hack/setup.sh
+
+# End-to-end tests start containerd instances and busybox containers; four test threads keep
+# a 2-core machine responsive while still overlapping the waits.
+export RUST_TEST_THREADS="${RUST_TEST_THREADS:-4}"
+cargo build --workspace --all-targets --locked
+cargo test --workspace --locked "$@"
