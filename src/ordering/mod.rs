@@ -52,6 +52,9 @@ pub struct Pod {
     ip: Mutex<Option<IpAddr>>,
     stop: Mutex<StopWindow>,
     job_watched: AtomicBool,
+    /// Containers refused because no declared sidecar existed yet. A container kubelet retries
+    /// while still no sidecar exists is an init container (see `check_start`).
+    refused_early: Mutex<HashSet<String>>,
 }
 
 /// The pod's termination grace budget: one budget per pod, counted from its first StopContainer
@@ -78,6 +81,7 @@ impl Pod {
             ip: Mutex::new(None),
             stop: Mutex::new(StopWindow::default()),
             job_watched: AtomicBool::new(false),
+            refused_early: Mutex::new(HashSet::new()),
         };
         (pod, warnings)
     }
@@ -250,7 +254,7 @@ impl Engine {
         }
     }
 
-    async fn check_start(&self, version: ApiVersion, pod: &Pod, required: &[Sidecar]) -> StartCheck {
+    async fn check_start(&self, version: ApiVersion, pod: &Pod, container: &str, required: &[Sidecar]) -> StartCheck {
         let containers = match self.client.list_containers(version, &pod.sandbox_id).await {
             Ok(c) => c,
             Err(e) => {
@@ -260,6 +264,20 @@ impl Engine {
             }
         };
         let latest = latest_by_name(&containers);
+        let any_sidecar = pod.policy.sidecars.iter().any(|s| latest.contains_key(s.name.as_str()));
+        if !any_sidecar && pod.policy.source == Source::Annotation {
+            // No sidecar exists at all. Either `container` is a regular container listed before
+            // the sidecars (kubelet creates them right after our refusal, in the same loop,
+            // KUBELET-CRI §1.3, §10) or it is an init container (nothing else is created until it
+            // has run, §1.1). The CRI cannot tell them apart, so refuse once: if kubelet comes
+            // back to the same container and still no sidecar exists, it is an init container.
+            let mut refused = pod.refused_early.lock().unwrap_or_else(|e| e.into_inner());
+            if refused.contains(container) {
+                tracing::info!(container_name = %container, "no sidecar was created after refusing this container: treating it as an init container");
+                return StartCheck::Ready;
+            }
+            refused.insert(container.to_string());
+        }
         for s in required {
             match latest.get(s.name.as_str()) {
                 None if pod.policy.source == Source::Annotation => {
@@ -327,12 +345,17 @@ impl Engine {
         }
         let mut held: Option<(GaugeGuard<'_>, Instant)> = None;
         loop {
-            match self.check_start(version, &pod, required).await {
+            match self.check_start(version, &pod, &name, required).await {
                 StartCheck::Ready => break,
                 StartCheck::FailFast(reason) => {
                     self.metrics.fail_fast.fetch_add(1, Relaxed);
                     tracing::info!(container_name = %name, "refusing CreateContainer for now: {reason}");
-                    return Verdict::Reject(Status::new(code::FAILED_PRECONDITION, format!("crisp: {reason}; kubelet will retry {name:?} on its next sync")));
+                    // "network is not ready" makes kubelet requeue the pod after ~1 s instead of
+                    // 10–15 s (KUBELET-CRI §1.3): the retry comes as soon as it can succeed.
+                    return Verdict::Reject(Status::new(
+                        code::FAILED_PRECONDITION,
+                        format!("crisp: {reason}; kubelet will retry {name:?} (network is not ready until the pod's sidecars run)"),
+                    ));
                 }
                 StartCheck::Waiting(who) => {
                     if held.is_none() {

@@ -116,7 +116,7 @@ impl Proxy {
     async fn forward_fast(&self, req: Request<Incoming>) -> Response<ResponseBody> {
         let (parts, body) = req.into_parts();
         match self.upstream.send(Request::from_parts(parts, ProxyBody::Stream(body))).await {
-            Ok(resp) => resp.map(|b| ResponseBody::new(ProxyBody::Stream(b), None)),
+            Ok(resp) => resp.map(|b| ResponseBody::new(ProxyBody::Stream(b), None).with_upstream(&self.upstream)),
             Err(e) => self.unavailable(e),
         }
     }
@@ -203,7 +203,7 @@ impl Proxy {
             if let Some(c) = completion.as_mut() {
                 c.code = code_of(&parts.headers);
             }
-            let mut rb = ResponseBody::new(ProxyBody::Stream(body), completion);
+            let mut rb = ResponseBody::new(ProxyBody::Stream(body), completion).with_upstream(&self.upstream);
             if interest.response && call.route.rpc.is_some() {
                 // A server stream: each message is shown to the interceptors as it completes.
                 rb.patcher = Some(Box::new(StreamPatcher { proxy: self.clone(), call, buf: bytes::BytesMut::new(), pending_trailers: None }));
@@ -282,12 +282,19 @@ pub struct ResponseBody {
     inner: ProxyBody,
     completion: Option<Completion>,
     patcher: Option<Box<StreamPatcher>>,
+    /// Where a streamed body comes from, to name it when it fails mid-response.
+    upstream: Option<Arc<Upstream>>,
     done: bool,
 }
 
 impl ResponseBody {
     fn new(inner: ProxyBody, completion: Option<Completion>) -> Self {
-        ResponseBody { inner, completion, patcher: None, done: false }
+        ResponseBody { inner, completion, patcher: None, upstream: None, done: false }
+    }
+
+    fn with_upstream(mut self, upstream: &Arc<Upstream>) -> Self {
+        self.upstream = Some(upstream.clone());
+        self
     }
 }
 
@@ -371,7 +378,10 @@ impl Body for ResponseBody {
             Poll::Ready(Some(Err(e))) => {
                 self.done = true;
                 tracing::warn!(error = %e, "upstream failed mid-response; ending the call with UNAVAILABLE");
-                let s = Status::new(code::UNAVAILABLE, format!("crisp: upstream failed mid-response: {e}"));
+                let s = match &self.upstream {
+                    Some(u) => Status::new(code::UNAVAILABLE, format!("crisp: upstream unix://{} failed mid-response: {e}", u.path().display())),
+                    None => Status::new(code::UNAVAILABLE, format!("crisp: upstream failed mid-response: {e}")),
+                };
                 if let Some(comp) = self.completion.as_mut() {
                     comp.code = Some(s.code);
                 }
