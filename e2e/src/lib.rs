@@ -1,5 +1,7 @@
 //! End-to-end support for crisp.
 
 pub mod crisp;
+pub mod fakert;
+pub mod emulator;
 pub mod harness;
 pub mod raw;

@@ -1,0 +1,313 @@
+//! crisp-bench: measures the same workloads three ways in one run — client → runtime directly,
+//! client → socat (a raw byte splice: the floor for any proxy hop) → runtime, and client → crisp
+//! → runtime — and prints a Markdown report. `hack/bench.sh` runs it and writes BENCHMARKS.md.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use bytes::Bytes;
+use clap::Parser;
+use crisp_e2e::fakert::{self, Canned};
+use crisp_e2e::raw::frame;
+use http::Request;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http2::SendRequest;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use k8s_cri::v1 as cri;
+use prost::Message;
+
+#[derive(Parser, Debug)]
+#[command(about = "Benchmark crisp against a direct connection and a socat splice")]
+struct Args {
+    /// Sequential calls for the latency workload.
+    #[arg(long, default_value_t = 5000)]
+    calls: usize,
+    /// Seconds for the throughput workload.
+    #[arg(long, default_value_t = 3)]
+    seconds: u64,
+    /// Concurrency of the throughput workload.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// Containers in the big ListContainers answer.
+    #[arg(long, default_value_t = 10_000)]
+    containers: usize,
+    /// Also measure against a real private containerd (needs root and hack/setup.sh).
+    #[arg(long)]
+    containerd: bool,
+    /// Extra TOML appended to crisp's config (e.g. to compare settings).
+    #[arg(long, default_value = "")]
+    crisp_config: String,
+}
+
+struct Lane {
+    name: &'static str,
+    socket: PathBuf,
+}
+
+fn pct(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+async fn connect(socket: &Path) -> Result<SendRequest<Full<Bytes>>> {
+    let s = tokio::net::UnixStream::connect(socket).await.with_context(|| format!("connect {}", socket.display()))?;
+    let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .initial_stream_window_size(2 << 20)
+        .initial_connection_window_size(16 << 20)
+        .max_frame_size(1 << 20)
+        .handshake(TokioIo::new(s))
+        .await?;
+    tokio::spawn(conn);
+    Ok(sender)
+}
+
+/// One unary call; returns (latency, response bytes).
+async fn call(sender: &mut SendRequest<Full<Bytes>>, path: &str, body: &Bytes) -> Result<(Duration, usize)> {
+    let req = Request::post(format!("http://localhost{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("grpc-timeout", "120S")
+        .body(Full::new(body.clone()))?;
+    let t = Instant::now();
+    let resp = sender.send_request(req).await?;
+    let collected = resp.into_body().collect().await?;
+    let ok = collected.trailers().and_then(|t| t.get("grpc-status")).is_some_and(|v| v == "0");
+    let n = collected.to_bytes().len();
+    let d = t.elapsed();
+    if !ok {
+        bail!("{path}: call did not end with grpc-status 0");
+    }
+    Ok((d, n))
+}
+
+struct Latency {
+    p50: Duration,
+    p99: Duration,
+}
+
+async fn latency(socket: &Path, path: &str, body: &Bytes, n: usize) -> Result<Latency> {
+    let mut s = connect(socket).await?;
+    for _ in 0..(n / 10).max(10) {
+        call(&mut s, path, body).await?;
+    }
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        v.push(call(&mut s, path, body).await?.0);
+    }
+    v.sort();
+    Ok(Latency { p50: pct(&v, 0.5), p99: pct(&v, 0.99) })
+}
+
+async fn throughput(socket: &Path, path: &str, body: &Bytes, conc: usize, secs: u64) -> Result<f64> {
+    let s = connect(socket).await?;
+    let stop = Instant::now() + Duration::from_secs(secs);
+    let mut tasks = Vec::new();
+    for _ in 0..conc {
+        let mut s = s.clone();
+        let body = body.clone();
+        let path = path.to_string();
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while Instant::now() < stop {
+                call(&mut s, &path, &body).await?;
+                n += 1;
+            }
+            anyhow::Ok(n)
+        }));
+    }
+    let t = Instant::now();
+    let mut total = 0;
+    for task in tasks {
+        total += task.await??;
+    }
+    Ok(total as f64 / t.elapsed().as_secs_f64())
+}
+
+async fn stream_events(socket: &Path) -> Result<(Duration, usize)> {
+    let mut s = connect(socket).await?;
+    let body = frame(&[]);
+    let req = Request::post("http://localhost/runtime.v1.RuntimeService/GetContainerEvents").header("content-type", "application/grpc").header("te", "trailers").body(Full::new(body))?;
+    let t = Instant::now();
+    let resp = s.send_request(req).await?;
+    let mut b = resp.into_body();
+    let mut bytes = 0;
+    while let Some(f) = b.frame().await {
+        if let Ok(d) = f?.into_data() {
+            bytes += d.len();
+        }
+    }
+    Ok((t.elapsed(), bytes))
+}
+
+fn proc_status(pid: u32, key: &str) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines().find(|l| l.starts_with(key)).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
+/// utime+stime of a process, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = s.rsplit_once(')').map(|x| x.1).unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let g = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    g(11) + g(12)
+}
+
+struct Proc(Child);
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_socket(p: &Path) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::os::unix::net::UnixStream::connect(p).is_err() {
+        if Instant::now() > deadline {
+            bail!("{} never accepted connections", p.display());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}
+
+fn start_socat(listen: &Path, upstream: &Path) -> Result<Proc> {
+    let child = Command::new("socat")
+        .arg(format!("UNIX-LISTEN:{},fork", listen.display()))
+        .arg(format!("UNIX-CONNECT:{}", upstream.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("socat (hack/setup.sh installs it)")?;
+    let p = Proc(child);
+    wait_socket(listen)?;
+    Ok(p)
+}
+
+fn start_crisp(dir: &Path, listen: &Path, upstream: &Path, extra: &str) -> Result<Proc> {
+    let bin = crisp_e2e::crisp::crisp_binary()?;
+    let cfg = dir.join("crisp.toml");
+    std::fs::write(&cfg, format!("listen = {listen:?}\nupstream = {upstream:?}\nstate_dir = {:?}\n[log]\nlevel = \"warn\"\n{extra}\n", dir.join("state")))?;
+    let child = Command::new(bin).arg("--config").arg(&cfg).stdout(Stdio::null()).stderr(Stdio::inherit()).spawn()?;
+    let p = Proc(child);
+    wait_socket(listen)?;
+    Ok(p)
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+async fn run_lanes(args: &Args, title: &str, upstream: &Path, dir: &Path, big_list: bool) -> Result<String> {
+    let socat_sock = dir.join(format!("{title}-socat.sock"));
+    let crisp_sock = dir.join(format!("{title}-crisp.sock"));
+    let _socat = start_socat(&socat_sock, upstream)?;
+    let crisp = start_crisp(dir, &crisp_sock, upstream, &args.crisp_config)?;
+    let pid = crisp.0.id();
+    let idle_rss = proc_status(pid, "VmRSS:");
+    let lanes = [
+        Lane { name: "direct", socket: upstream.to_path_buf() },
+        Lane { name: "socat", socket: socat_sock.clone() },
+        Lane { name: "crisp", socket: crisp_sock.clone() },
+    ];
+    let version = frame(&cri::VersionRequest { version: "v1".into() }.encode_to_vec());
+    let vpath = "/runtime.v1.RuntimeService/Version";
+    let mut out = String::new();
+    use std::fmt::Write;
+    writeln!(out, "\n### {title}\n")?;
+
+    // Latency at concurrency 1.
+    let mut lat = Vec::new();
+    for l in &lanes {
+        lat.push(latency(&l.socket, vpath, &version, args.calls).await?);
+    }
+    writeln!(out, "Unary `Version`, concurrency 1, {} calls:\n", args.calls)?;
+    writeln!(out, "| lane | p50 µs | p99 µs | added p50 µs | added p99 µs |\n|---|---|---|---|---|")?;
+    for (l, r) in lanes.iter().zip(&lat) {
+        writeln!(out, "| {} | {:.1} | {:.1} | {:.1} | {:.1} |", l.name, us(r.p50), us(r.p99), us(r.p50) - us(lat[0].p50), us(r.p99) - us(lat[0].p99))?;
+    }
+    let socat_add50 = us(lat[1].p50) - us(lat[0].p50);
+    let crisp_add50 = us(lat[2].p50) - us(lat[0].p50);
+    let socat_add99 = us(lat[1].p99) - us(lat[0].p99);
+    let crisp_add99 = us(lat[2].p99) - us(lat[0].p99);
+    writeln!(
+        out,
+        "\ncrisp's added latency / socat's: **p50 {:.2}×** (target ≤ 1.5×), **p99 {:.2}×** (target ≤ 2×)\n",
+        crisp_add50 / socat_add50.max(0.001),
+        crisp_add99 / socat_add99.max(0.001)
+    )?;
+
+    // Throughput.
+    let mut thr = Vec::new();
+    for l in &lanes {
+        let t0 = cpu_ticks(pid);
+        let r = throughput(&l.socket, vpath, &version, args.concurrency, args.seconds).await?;
+        if l.name == "crisp" {
+            let crisp_calls = r * args.seconds as f64;
+            let ticks = cpu_ticks(pid) - t0;
+            let tick_ms = 1000.0 / 100.0; // USER_HZ = 100 on Linux
+            writeln!(out, "crisp CPU during its throughput run: {:.1} ms per 1,000 calls", ticks as f64 * tick_ms / (crisp_calls / 1000.0))?;
+        }
+        thr.push(r);
+    }
+    writeln!(out, "\nUnary `Version`, concurrency {}, {} s:\n", args.concurrency, args.seconds)?;
+    writeln!(out, "| lane | calls/s | vs direct |\n|---|---|---|")?;
+    for (l, r) in lanes.iter().zip(&thr) {
+        writeln!(out, "| {} | {:.0} | {:.1} % |", l.name, r, 100.0 * r / thr[0])?;
+    }
+    let load_rss = proc_status(pid, "VmRSS:");
+
+    if big_list {
+        let list = frame(&cri::ListContainersRequest { filter: None }.encode_to_vec());
+        let lpath = "/runtime.v1.RuntimeService/ListContainers";
+        writeln!(out, "\n`ListContainers` of {} containers (20 calls each):\n", args.containers)?;
+        writeln!(out, "| lane | p50 ms | response MiB |\n|---|---|---|")?;
+        let hwm_before = proc_status(pid, "VmHWM:");
+        for l in &lanes {
+            let mut s = connect(&l.socket).await?;
+            let mut v = Vec::new();
+            let mut size = 0;
+            for _ in 0..20 {
+                let (d, n) = call(&mut s, lpath, &list).await?;
+                v.push(d);
+                size = n;
+            }
+            v.sort();
+            writeln!(out, "| {} | {:.2} | {:.2} |", l.name, pct(&v, 0.5).as_secs_f64() * 1e3, size as f64 / (1 << 20) as f64)?;
+        }
+        let hwm_after = proc_status(pid, "VmHWM:");
+        writeln!(out, "\ncrisp peak RSS (VmHWM) before the big lists: {} KiB, after: {} KiB (grew {} KiB)", hwm_before, hwm_after, hwm_after.saturating_sub(hwm_before))?;
+
+        writeln!(out, "\n`GetContainerEvents` stream of {} messages:\n", 10_000)?;
+        writeln!(out, "| lane | ms | msgs/s |\n|---|---|---|")?;
+        for l in &lanes {
+            let (d, _) = stream_events(&l.socket).await?;
+            writeln!(out, "| {} | {:.2} | {:.0} |", l.name, d.as_secs_f64() * 1e3, 10_000.0 / d.as_secs_f64())?;
+        }
+    }
+    writeln!(out, "\ncrisp RSS: idle {} KiB, after load {} KiB", idle_rss, load_rss)?;
+    Ok(out)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    let dir = tempfile::Builder::new().prefix("crisp-bench-").tempdir()?;
+    let mut report = String::new();
+    let fake_sock = dir.path().join("fake.sock");
+    let _fake = fakert::serve(&fake_sock, Arc::new(Canned::new(args.containers, 10_000)))?;
+    report += &run_lanes(&args, "fake runtime (in-process, canned answers)", &fake_sock, dir.path(), true).await?;
+    if args.containerd {
+        let ctrd = crisp_e2e::harness::Containerd::start_async(crisp_e2e::harness::ContainerdOpts { cni: false }).await?;
+        report += &run_lanes(&args, "real containerd", ctrd.socket(), dir.path(), false).await?;
+    }
+    println!("{report}");
+    Ok(())
+}

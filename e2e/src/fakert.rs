@@ -1,0 +1,173 @@
+//! A fast in-process fake CRI runtime for benchmarks: answers every call from canned bytes, so
+//! what is measured is the proxy hop, not the runtime. (Integration tests of the forwarder use
+//! the scriptable fake in tests/support; end-to-end tests use real containerd.)
+
+use std::convert::Infallible;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Request, Response};
+use http_body::Frame;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use k8s_cri::v1 as cri;
+use prost::Message;
+
+use crate::raw::frame;
+
+/// Canned answers.
+pub struct Canned {
+    pub version: Bytes,
+    pub container_status: Bytes,
+    pub list_containers: Bytes,
+    pub event: Bytes,
+    pub events_per_stream: usize,
+}
+
+impl Canned {
+    /// `containers`: how many containers ListContainers returns (10,000 → a multi-MiB answer).
+    pub fn new(containers: usize, events_per_stream: usize) -> Canned {
+        let version = cri::VersionResponse { version: "0.1.0".into(), runtime_name: "fake".into(), runtime_version: "1.0".into(), runtime_api_version: "v1".into() };
+        let status = cri::ContainerStatusResponse { status: Some(container_status("c0")), info: Default::default() };
+        let list = cri::ListContainersResponse { containers: (0..containers).map(|i| container(i)).collect() };
+        let event = cri::ContainerEventResponse {
+            container_id: "c0".into(),
+            container_event_type: 1,
+            created_at: 1,
+            pod_sandbox_status: None,
+            containers_statuses: vec![container_status("c0")],
+        };
+        Canned {
+            version: frame(&version.encode_to_vec()),
+            container_status: frame(&status.encode_to_vec()),
+            list_containers: frame(&list.encode_to_vec()),
+            event: frame(&event.encode_to_vec()),
+            events_per_stream,
+        }
+    }
+}
+
+fn labels(i: usize) -> std::collections::HashMap<String, String> {
+    [
+        ("io.kubernetes.pod.name".to_string(), format!("pod-{}", i / 3)),
+        ("io.kubernetes.pod.namespace".to_string(), "bench".to_string()),
+        ("io.kubernetes.pod.uid".to_string(), format!("{:032x}", i / 3)),
+        ("io.kubernetes.container.name".to_string(), format!("c{}", i % 3)),
+    ]
+    .into()
+}
+
+fn container(i: usize) -> cri::Container {
+    cri::Container {
+        id: format!("{:064x}", i),
+        pod_sandbox_id: format!("{:064x}", i / 3 + 1_000_000),
+        metadata: Some(cri::ContainerMetadata { name: format!("c{}", i % 3), attempt: 0 }),
+        image: Some(cri::ImageSpec { image: "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef".into(), ..Default::default() }),
+        image_ref: "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef".into(),
+        state: 1,
+        created_at: 1_700_000_000_000_000_000 + i as i64,
+        labels: labels(i),
+        annotations: [
+            ("io.kubernetes.container.hash".to_string(), "1a2b3c4d".to_string()),
+            ("io.kubernetes.container.restartCount".to_string(), "0".to_string()),
+            ("io.kubernetes.container.terminationMessagePath".to_string(), "/dev/termination-log".to_string()),
+            ("io.kubernetes.pod.terminationGracePeriod".to_string(), "30".to_string()),
+        ]
+        .into(),
+        ..Default::default()
+    }
+}
+
+fn container_status(id: &str) -> cri::ContainerStatus {
+    cri::ContainerStatus {
+        id: id.into(),
+        metadata: Some(cri::ContainerMetadata { name: "app".into(), attempt: 0 }),
+        state: 1,
+        created_at: 1,
+        started_at: 2,
+        image: Some(cri::ImageSpec { image: "busybox".into(), ..Default::default() }),
+        image_ref: "sha256:abc".into(),
+        labels: labels(0),
+        ..Default::default()
+    }
+}
+
+/// A gRPC response body: some data frames, then `grpc-status: 0` trailers.
+pub struct CannedBody {
+    frames: Vec<Bytes>,
+    next: usize,
+    trailers_sent: bool,
+}
+
+impl http_body::Body for CannedBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if self.next < self.frames.len() {
+            let f = self.frames[self.next].clone();
+            self.next += 1;
+            return Poll::Ready(Some(Ok(Frame::data(f))));
+        }
+        if !self.trailers_sent {
+            self.trailers_sent = true;
+            let mut t = HeaderMap::new();
+            t.insert("grpc-status", HeaderValue::from_static("0"));
+            return Poll::Ready(Some(Ok(Frame::trailers(t))));
+        }
+        Poll::Ready(None)
+    }
+}
+
+async fn answer(canned: Arc<Canned>, req: Request<Incoming>) -> Result<Response<CannedBody>, Infallible> {
+    use http_body_util::BodyExt;
+    let path = req.uri().path().to_string();
+    // Read the request fully, as a real runtime would.
+    let _ = req.into_body().collect().await;
+    let frames = if path.ends_with("/ListContainers") {
+        vec![canned.list_containers.clone()]
+    } else if path.ends_with("/ContainerStatus") {
+        vec![canned.container_status.clone()]
+    } else if path.ends_with("/GetContainerEvents") {
+        vec![canned.event.clone(); canned.events_per_stream]
+    } else {
+        vec![canned.version.clone()]
+    };
+    let mut resp = Response::new(CannedBody { frames, next: 0, trailers_sent: false });
+    resp.headers_mut().insert("content-type", HeaderValue::from_static("application/grpc"));
+    Ok(resp)
+}
+
+/// Serves the fake runtime on `socket` until the returned handle is dropped.
+pub struct FakeRuntime {
+    pub socket: PathBuf,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeRuntime {
+    fn drop(&mut self) {
+        self.task.abort();
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+pub fn serve(socket: &Path, canned: Arc<Canned>) -> std::io::Result<FakeRuntime> {
+    let _ = std::fs::remove_file(socket);
+    let listener = tokio::net::UnixListener::bind(socket)?;
+    let task = tokio::spawn(async move {
+        let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+        builder.max_concurrent_streams(4096).initial_stream_window_size(2 << 20).initial_connection_window_size(16 << 20).max_frame_size(1 << 20);
+        loop {
+            let Ok((s, _)) = listener.accept().await else { continue };
+            let canned = canned.clone();
+            let conn = builder.serve_connection(TokioIo::new(s), hyper::service::service_fn(move |r| answer(canned.clone(), r)));
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
+        }
+    });
+    Ok(FakeRuntime { socket: socket.to_path_buf(), task })
+}
