@@ -155,6 +155,29 @@ impl Engine {
         (self.pods.len(), self.containers.len())
     }
 
+    /// Names from the caches, for the tap and the admin API: a container id gives its sandbox
+    /// and name, a sandbox id its pod. Never asks the runtime and never waits (the tap calls it
+    /// as each call ends); what crisp has not seen yet is simply `None`.
+    pub fn lookup(&self, sandbox_id: Option<&str>, container_id: Option<&str>) -> (Option<Arc<Pod>>, Option<(String, String)>) {
+        let container = container_id.and_then(|id| self.containers.get(id).map(|c| (c.sandbox_id.clone(), c.name.clone())));
+        let sandbox = sandbox_id.or(container.as_ref().map(|c| c.0.as_str()));
+        let pod = sandbox.and_then(|id| self.pods.get(id).map(|p| p.clone()));
+        (pod, container)
+    }
+
+    /// Every pod in the cache with the (id, name) of the containers crisp has seen in it.
+    pub fn pods(&self) -> Vec<(Arc<Pod>, Vec<(String, String)>)> {
+        let mut by_sandbox: HashMap<String, Vec<(String, String)>> = HashMap::new();
+        for c in self.containers.iter() {
+            by_sandbox.entry(c.sandbox_id.clone()).or_default().push((c.key().clone(), c.name.clone()));
+        }
+        let pods: Vec<Arc<Pod>> = self.pods.iter().map(|p| p.value().clone()).collect();
+        pods.into_iter().map(|p| {
+            let cs = by_sandbox.remove(&p.sandbox_id).unwrap_or_default();
+            (p, cs)
+        }).collect()
+    }
+
     fn insert_pod(&self, version: ApiVersion, pod: Pod, warnings: Vec<annotations::Warning>) -> Arc<Pod> {
         for w in &warnings {
             tracing::warn!(pod_namespace = %pod.namespace, pod_name = %pod.name, "{w}");
@@ -376,7 +399,7 @@ impl Engine {
                                 tracing::warn!(container_name = %name, waiting_for = %who, "sidecar not ready within the start timeout; failing CreateContainer (policy fail)");
                                 return Verdict::Reject(Status::new(
                                     code::DEADLINE_EXCEEDED,
-                                    format!("crisp: sidecar {who:?} of pod {} not ready within {timeout:?}; kubelet will retry {name:?}", pod.display()),
+                                    format!("crisp: sidecar {who:?} of pod {} not ready within {timeout:?}; kubelet will retry {name:?} (network is not ready until the pod's sidecars run)", pod.display()),
                                 ));
                             }
                         }
@@ -473,6 +496,66 @@ impl Engine {
         Verdict::Forward
     }
 
+    /// StopPodSandbox force-kills whatever still runs (CRI contract). kubelet sends it after
+    /// every StopContainer returned — including ones that *failed*, e.g. because crisp restarted
+    /// while holding a sidecar's stop (KUBELET-CRI §7.4). So for pods with sidecars it is held
+    /// while an app still runs, and the remaining sidecars are then stopped in reverse order
+    /// before it is forwarded: the order survives kubelet's error path.
+    async fn gate_stop_sandbox(&self, call: &Call, msg: &[u8]) -> Verdict {
+        let version = call.route.version.unwrap_or(ApiVersion::V1);
+        let Ok(req) = views::decode::<views::PodSandboxIdRequest>(msg) else { return Verdict::Forward };
+        let Some(pod) = self.pods.get(&req.pod_sandbox_id).map(|p| p.clone()) else {
+            // Unknown pods are looked up only if they may matter: a cheap runtime read.
+            let Some(pod) = self.pod_by_id(version, &req.pod_sandbox_id).await else { return Verdict::Forward };
+            return self.gate_stop_sandbox_for(call, version, pod).await;
+        };
+        self.gate_stop_sandbox_for(call, version, pod).await
+    }
+
+    async fn gate_stop_sandbox_for(&self, call: &Call, version: ApiVersion, pod: Arc<Pod>) -> Verdict {
+        if !pod.policy.has_sidecars() {
+            return Verdict::Forward;
+        }
+        record_span(&pod, "", None);
+        let arrived = Instant::now();
+        let hold_until = call.deadline.and_then(|d| d.checked_sub(DEADLINE_MARGIN + Duration::from_secs(10))).unwrap_or(arrived + Duration::from_secs(60));
+        let budget_end = {
+            let w = pod.stop.lock().unwrap_or_else(|e| e.into_inner());
+            w.first.map(|f| f + w.grace)
+        };
+        let mut held: Option<(GaugeGuard<'_>, Instant)> = None;
+        let latest_running = loop {
+            let containers = match self.client.list_containers(version, &pod.sandbox_id).await {
+                Ok(c) => c,
+                Err(_) => return Verdict::Forward,
+            };
+            let running: Vec<views::Container> = containers.into_iter().filter(|c| c.state == state::RUNNING).collect();
+            let apps_running = running.iter().any(|c| pod.policy.sidecar_index(c.metadata.as_ref().map(|m| m.name.as_str()).unwrap_or("")).is_none());
+            let now = Instant::now();
+            if !apps_running || now >= hold_until {
+                break running;
+            }
+            if held.is_none() {
+                tracing::info!("holding StopPodSandbox until the pod's app containers exit");
+                held = Some((GaugeGuard::new(&self.metrics.holds_in_flight), now));
+            }
+            tokio::time::sleep_until((now + self.cfg.probe_interval).min(hold_until).into()).await;
+        };
+        if let Some((_, since)) = held {
+            self.metrics.stop_holds.observe(since.elapsed());
+        }
+        for s in pod.policy.sidecars.iter().rev() {
+            let Some(c) = latest_running.iter().find(|c| c.metadata.as_ref().is_some_and(|m| m.name == s.name)) else { continue };
+            let left = budget_end.map(|e| e.saturating_duration_since(Instant::now())).unwrap_or_default();
+            let secs = if left >= Duration::from_secs(STOP_TAIL_SECS as u64) { left.as_secs() as i64 } else { STOP_TAIL_SECS };
+            tracing::info!(container_name = %s.name, "stopping sidecar before StopPodSandbox (reverse order)");
+            if let Err(e) = self.client.stop_container(version, &c.id, secs).await {
+                tracing::warn!(container_name = %s.name, error = %e, "could not stop sidecar; StopPodSandbox will");
+            }
+        }
+        Verdict::Forward
+    }
+
     fn forget_sandbox(&self, msg: &[u8]) {
         if let Ok(req) = views::decode::<views::PodSandboxIdRequest>(msg) {
             self.pods.remove(&req.pod_sandbox_id);
@@ -520,7 +603,9 @@ impl Interceptor for Engine {
     fn interest(&self, call: &Call) -> Interest {
         match call.route.rpc {
             Some(Rpc::CreateContainer) | Some(Rpc::RunPodSandbox) => Interest { request: true, response: true, complete: false },
-            Some(Rpc::StopContainer) | Some(Rpc::RemovePodSandbox) | Some(Rpc::RemoveContainer) => Interest { request: true, response: false, complete: false },
+            Some(Rpc::StopContainer) | Some(Rpc::StopPodSandbox) | Some(Rpc::RemovePodSandbox) | Some(Rpc::RemoveContainer) => {
+                Interest { request: true, response: false, complete: false }
+            }
             // Job mode's exit-code patch: only while crisp has terminated some sidecar.
             Some(Rpc::ContainerStatus) | Some(Rpc::PodSandboxStatus) if !self.terminated.is_empty() => Interest { request: false, response: true, complete: false },
             // Events are rare and a stream lives long: watch every message while job mode is on.
@@ -534,6 +619,7 @@ impl Interceptor for Engine {
             match call.route.rpc {
                 Some(Rpc::CreateContainer) => self.gate_create(call, msg).await,
                 Some(Rpc::StopContainer) => self.gate_stop(call, msg).await,
+                Some(Rpc::StopPodSandbox) => self.gate_stop_sandbox(call, msg).await,
                 Some(Rpc::RemovePodSandbox) => {
                     self.forget_sandbox(msg);
                     Verdict::Forward
