@@ -5,3 +5,4 @@ pub mod fakert;
 pub mod emulator;
 pub mod harness;
 pub mod raw;
+pub mod stack;

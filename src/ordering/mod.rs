@@ -165,11 +165,11 @@ impl Engine {
         (pod, container)
     }
 
-    /// Every pod in the cache with the (id, name) of the containers crisp has seen in it.
-    pub fn pods(&self) -> Vec<(Arc<Pod>, Vec<(String, String)>)> {
-        let mut by_sandbox: HashMap<String, Vec<(String, String)>> = HashMap::new();
+    /// Every pod in the cache with the containers crisp has seen in it (id → name).
+    pub fn pods(&self) -> Vec<(Arc<Pod>, HashMap<String, String>)> {
+        let mut by_sandbox: HashMap<String, HashMap<String, String>> = HashMap::new();
         for c in self.containers.iter() {
-            by_sandbox.entry(c.sandbox_id.clone()).or_default().push((c.key().clone(), c.name.clone()));
+            by_sandbox.entry(c.sandbox_id.clone()).or_default().insert(c.key().clone(), c.name.clone());
         }
         let pods: Vec<Arc<Pod>> = self.pods.iter().map(|p| p.value().clone()).collect();
         pods.into_iter().map(|p| {
@@ -397,8 +397,9 @@ impl Engine {
                             }
                             TimeoutPolicy::Fail => {
                                 tracing::warn!(container_name = %name, waiting_for = %who, "sidecar not ready within the start timeout; failing CreateContainer (policy fail)");
+                                // Not DEADLINE_EXCEEDED: that would read as kubelet's own deadline.
                                 return Verdict::Reject(Status::new(
-                                    code::DEADLINE_EXCEEDED,
+                                    code::FAILED_PRECONDITION,
                                     format!("crisp: sidecar {who:?} of pod {} not ready within {timeout:?}; kubelet will retry {name:?} (network is not ready until the pod's sidecars run)", pod.display()),
                                 ));
                             }

@@ -362,6 +362,8 @@ impl Body for ResponseBody {
                         break Poll::Ready(Some(Ok(frame)));
                     }
                 },
+                // Upstream ended without trailers: flush a partial message first, as above.
+                Poll::Ready(None) if !p.buf.is_empty() => break Poll::Ready(Some(Ok(Frame::data(p.buf.split().freeze())))),
                 other => break other,
             }
         };
@@ -396,7 +398,9 @@ impl Body for ResponseBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.done || self.inner.is_end_stream()
+        // Trailers or bytes the patcher still holds are not sent yet, even if upstream is done.
+        let holding = self.patcher.as_ref().is_some_and(|p| p.pending_trailers.is_some() || !p.buf.is_empty());
+        self.done || (!holding && self.inner.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -421,6 +425,8 @@ pub async fn serve(listener: UnixListener, proxy: Arc<Proxy>, shutdown: impl Fut
         .keep_alive_interval(proxy.opts.keepalive_interval)
         .keep_alive_timeout(proxy.opts.keepalive_timeout);
     let handshake_timeout = proxy.opts.handshake_timeout;
+    // Connection tasks, so that those still busy when the grace ends can be closed.
+    let mut conns = tokio::task::JoinSet::new();
     tokio::pin!(shutdown);
     loop {
         let stream = tokio::select! {
@@ -440,7 +446,8 @@ pub async fn serve(listener: UnixListener, proxy: Arc<Proxy>, shutdown: impl Fut
         let io = TokioIo::new(listener::PrefaceTimeout::new(stream, handshake_timeout));
         let conn = builder.serve_connection(io, svc);
         let conn = graceful.watch(conn);
-        tokio::spawn(async move {
+        while conns.try_join_next().is_some() {}
+        conns.spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "client connection closed with an error");
             }
@@ -451,5 +458,7 @@ pub async fn serve(listener: UnixListener, proxy: Arc<Proxy>, shutdown: impl Fut
     tracing::info!(grace_ms = grace.as_millis() as u64, "shutting down: no longer accepting, draining in-flight calls");
     if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
         tracing::warn!("shutdown grace elapsed with calls still in flight; closing them");
+        conns.abort_all();
+        while conns.join_next().await.is_some() {}
     }
 }

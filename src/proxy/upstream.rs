@@ -112,6 +112,21 @@ impl Upstream {
     /// body streams. Dropping the future (client cancelled) resets the upstream stream.
     pub async fn send(&self, req: Request<ProxyBody>) -> Result<Response<Incoming>, UpstreamError> {
         let mut sender = self.sender().await?;
+        let req = match sender.try_send_request(req).await {
+            Ok(resp) => return Ok(resp),
+            Err(mut e) => match e.take_message() {
+                // hyper gives the request back only when it never reached the wire: the
+                // connection was closing (the runtime sent GOAWAY, or died) before this call got
+                // on it. Nothing reached the runtime, so one attempt on a fresh connection is safe.
+                Some(req) => {
+                    tracing::debug!(upstream = %self.display, error = %e.error(), "upstream connection closing; retrying the call on a new one");
+                    req
+                }
+                None => return Err(UpstreamError::Call { path: self.display.clone(), source: e.into_error() }),
+            },
+        };
+        // The refused sender reports closed now, so this dials a new connection.
+        let mut sender = self.sender().await?;
         sender.send_request(req).await.map_err(|source| UpstreamError::Call { path: self.display.clone(), source })
     }
 }

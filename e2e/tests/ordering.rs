@@ -1,0 +1,276 @@
+//! Issue #3 end to end: sidecar-first start and sidecar-last stop through crisp, on a real
+//! containerd driven by the kubelet emulator. Every ordering assertion uses containerd's own
+//! `started_at` / `finished_at`, never crisp's logs.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use crisp_e2e::emulator::{ApiVersion, PodSpec};
+use crisp_e2e::stack::{secs, Stack};
+
+const STEP: Duration = Duration::from_secs(60);
+const S: i64 = 1_000_000_000;
+
+fn pod(yaml: &str) -> PodSpec {
+    PodSpec::from_yaml(yaml).expect("test pod YAML").remove(0)
+}
+
+/// A sidecar serving HTTP on :8080 only after `delay` seconds; exits 0 on SIGTERM at once.
+fn http_sidecar(name: &str, delay: u32) -> String {
+    format!(
+        "  - name: {name}\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep {delay}; mkdir -p /www; echo ok > /www/index.html; httpd -f -p 8080 -h /www & wait\"]\n"
+    )
+}
+
+const APP: &str = "  - name: app\n    command: [sh, -c, \"trap 'sleep 1; exit 0' TERM; while true; do sleep 0.1; done\"]\n";
+
+/// 1. A sidecar listed first whose HTTP readiness turns ready 3 s after it starts: the app starts
+/// after it became ready, and within 1 s of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn app_waits_for_http_ready_sidecar() -> Result<()> {
+    let st = Stack::start(true, "", |_| {}).await?;
+    let yaml = format!(
+        "name: web\nannotations:\n  crisp.dev/sidecars: proxy\n  crisp.dev/ready.proxy: \"http://:8080/\"\ncontainers:\n{}{APP}",
+        http_sidecar("proxy", 3)
+    );
+    let uid = st.kubelet.add_pod(pod(&yaml))?;
+    let r = st.kubelet.wait_all_running(&uid, STEP).await;
+    if r.is_err() {
+        st.dump(&uid);
+    }
+    r?;
+    let proxy = st.status(&uid, "proxy").await?;
+    let app = st.status(&uid, "app").await?;
+    let gap = app.started_at - proxy.started_at;
+    eprintln!("app started {:.3} s after the sidecar", secs(gap));
+    // Ready = sidecar start + 3 s of sleep (+ httpd start-up).
+    assert!(gap >= 3 * S, "app started {:.3} s after the sidecar, before it was ready", secs(gap));
+    assert!(gap <= 4 * S + S / 2, "app started {:.3} s after the sidecar: more than ~1 s after readiness", secs(gap));
+    assert_eq!(st.instances(&uid, "app").await?.len(), 1);
+    st.kubelet.delete_pod(&uid, Some(10))?;
+    st.kubelet.wait_terminated(&uid, STEP).await?;
+    Ok(())
+}
+
+/// 2. A sidecar listed *after* the app: crisp fails the app's CreateContainer fast, kubelet
+/// creates the sidecar in the same loop and retries the app; the app starts only after the
+/// sidecar is ready; exactly one app container exists, attempt 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sidecar_listed_after_app_still_starts_first() -> Result<()> {
+    let st = Stack::start(false, "", |_| {}).await?;
+    let yaml = format!(
+        "name: late\nhostNetwork: true\nannotations:\n  crisp.dev/sidecars: proxy\n  crisp.dev/ready.proxy: 'exec:[\"test\",\"-f\",\"/tmp/ready\"]'\ncontainers:\n{APP}  - name: proxy\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 2; touch /tmp/ready; sleep 3600 & wait\"]\n"
+    );
+    let uid = st.kubelet.add_pod(pod(&yaml))?;
+    let r = st.kubelet.wait_all_running(&uid, STEP).await;
+    if r.is_err() {
+        st.dump(&uid);
+    }
+    r?;
+    let proxy = st.status(&uid, "proxy").await?;
+    let apps = st.instances(&uid, "app").await?;
+    assert_eq!(apps.len(), 1, "exactly one app container, no orphaned CREATED one: {apps:?}");
+    let app = &apps[0];
+    assert_eq!(app.metadata.as_ref().map(|m| m.attempt), Some(0), "restartCount stays 0");
+    let gap = app.started_at - proxy.started_at;
+    assert!(gap >= 2 * S, "app started {:.3} s after the sidecar, before it was ready", secs(gap));
+    let view = st.kubelet.pod(&uid).expect("pod");
+    assert_eq!(view.status.container_statuses.iter().find(|c| c.name == "app").map(|c| c.restart_count), Some(0));
+    // kubelet saw the fail-fast refusal, then a successful retry.
+    let creates = st.kubelet.journal().container_calls("CreateContainer", "app");
+    assert!(creates.len() >= 2, "expected a refused then a retried CreateContainer: {creates:?}");
+    assert!(creates[0].message.contains("not created yet"), "{}", creates[0].message);
+    assert!(creates.last().is_some_and(|c| c.is_ok()));
+    st.kubelet.delete_pod(&uid, Some(10))?;
+    st.kubelet.wait_terminated(&uid, STEP).await?;
+    Ok(())
+}
+
+/// 3. Two sidecars: start order s1, s2, app; stop order app, s2, s1 — although the app takes 1 s
+/// to exit after SIGTERM and the sidecars exit at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sidecars_start_in_order_and_stop_in_reverse() -> Result<()> {
+    two_sidecars(None).await
+}
+
+/// Same through `runtime.v1alpha2` (kubelet ≤ 1.22): the engine behaves identically.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sidecars_on_v1alpha2() -> Result<()> {
+    two_sidecars(Some(ApiVersion::V1alpha2)).await
+}
+
+async fn two_sidecars(api: Option<ApiVersion>) -> Result<()> {
+    let st = Stack::start(false, "", |c| {
+        if api.is_some() {
+            c.api = api;
+        }
+    })
+    .await?;
+    let side = |n: &str, delay: &str| {
+        format!("  - name: {n}\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep {delay}; touch /tmp/ready; sleep 3600 & wait\"]\n")
+    };
+    let yaml = format!(
+        "name: two\nhostNetwork: true\nterminationGracePeriodSeconds: 10\nannotations:\n  crisp.dev/sidecars: s1, s2\n  crisp.dev/ready.s1: 'exec:[\"test\",\"-f\",\"/tmp/ready\"]'\n  crisp.dev/ready.s2: 'exec:[\"test\",\"-f\",\"/tmp/ready\"]'\ncontainers:\n{}{}{APP}",
+        side("s1", "1"),
+        side("s2", "1")
+    );
+    let uid = st.kubelet.add_pod(pod(&yaml))?;
+    let r = st.kubelet.wait_all_running(&uid, STEP).await;
+    if r.is_err() {
+        st.dump(&uid);
+    }
+    r?;
+    let (s1, s2, app) = (st.status(&uid, "s1").await?, st.status(&uid, "s2").await?, st.status(&uid, "app").await?);
+    assert!(s2.started_at - s1.started_at >= S, "s2 started before s1 was ready");
+    assert!(app.started_at - s2.started_at >= S, "app started before s2 was ready");
+
+    st.kubelet.delete_pod(&uid, Some(10))?;
+    let r = st.kubelet.wait_terminated(&uid, STEP).await;
+    if r.is_err() {
+        st.dump(&uid);
+    }
+    r?;
+    let (s1, s2, app) = (st.status(&uid, "s1").await?, st.status(&uid, "s2").await?, st.status(&uid, "app").await?);
+    eprintln!("finished: app {:.3} s2 {:.3} s1 {:.3}", secs(app.finished_at), secs(s2.finished_at), secs(s1.finished_at));
+    assert!(app.finished_at < s2.finished_at, "s2 finished before the app");
+    assert!(s2.finished_at < s1.finished_at, "s1 finished before s2");
+    // All three exited on their own TERM handlers (0), none was SIGKILLed by the 2 s tail.
+    for c in [&s1, &s2, &app] {
+        assert_eq!(c.exit_code, 0, "{}", c.metadata.as_ref().map(|m| m.name.as_str()).unwrap_or("?"));
+    }
+    Ok(())
+}
+
+/// 4a. A sidecar that never becomes ready, policy `proceed`: the app starts after the pod's
+/// start timeout, and no call outlives kubelet's deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_ready_sidecar_proceeds_after_timeout() -> Result<()> {
+    let st = Stack::start(false, "", |_| {}).await?;
+    let yaml = format!(
+        "name: stuck\nhostNetwork: true\nannotations:\n  crisp.dev/sidecars: proxy\n  crisp.dev/start-timeout: 2s\n  crisp.dev/ready.proxy: 'exec:[\"false\"]'\ncontainers:\n  - name: proxy\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 3600 & wait\"]\n{APP}"
+    );
+    let uid = st.kubelet.add_pod(pod(&yaml))?;
+    st.kubelet.wait_all_running(&uid, STEP).await?;
+    let (proxy, app) = (st.status(&uid, "proxy").await?, st.status(&uid, "app").await?);
+    let gap = app.started_at - proxy.started_at;
+    assert!((2 * S..4 * S).contains(&gap), "app started {:.3} s after the sidecar; expected after the 2 s timeout", secs(gap));
+    assert_no_call_outlived_deadline(&st);
+    st.kubelet.delete_pod(&uid, Some(5))?;
+    st.kubelet.wait_terminated(&uid, STEP).await?;
+    Ok(())
+}
+
+/// 4b. Policy `fail`: the app's CreateContainer fails after the timeout and kubelet retries;
+/// once the sidecar turns ready the retry goes through. Holds are cut short of kubelet's (here
+/// shortened) deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_ready_sidecar_fails_and_kubelet_retries() -> Result<()> {
+    let st = Stack::start(false, "[ordering]\ntimeout_policy = \"fail\"\nstart_timeout = \"60s\"\n", |c| {
+        c.runtime_request_timeout = Duration::from_secs(6);
+    })
+    .await?;
+    let yaml = format!(
+        "name: failing\nhostNetwork: true\nannotations:\n  crisp.dev/sidecars: proxy\n  crisp.dev/ready.proxy: 'exec:[\"test\",\"-f\",\"/tmp/ready\"]'\ncontainers:\n  - name: proxy\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 8; touch /tmp/ready; sleep 3600 & wait\"]\n{APP}"
+    );
+    let uid = st.kubelet.add_pod(pod(&yaml))?;
+    let r = st.kubelet.wait_all_running(&uid, STEP).await;
+    if r.is_err() {
+        st.dump(&uid);
+    }
+    r?;
+    let creates = st.kubelet.journal().container_calls("CreateContainer", "app");
+    assert!(creates.len() >= 2, "expected a failed hold and a retry: {creates:?}");
+    assert!(!creates[0].is_ok());
+    assert_ne!(creates[0].code, tonic::Code::DeadlineExceeded, "crisp must answer before kubelet's deadline");
+    assert!(creates.last().is_some_and(|c| c.is_ok()));
+    assert_no_call_outlived_deadline(&st);
+    let (proxy, app) = (st.status(&uid, "proxy").await?, st.status(&uid, "app").await?);
+    assert!(app.started_at - proxy.started_at >= 8 * S, "app started before the sidecar was ready");
+    assert_eq!(st.instances(&uid, "app").await?.len(), 1);
+    st.kubelet.delete_pod(&uid, Some(5))?;
+    st.kubelet.wait_terminated(&uid, STEP).await?;
+    Ok(())
+}
+
+fn assert_no_call_outlived_deadline(st: &Stack) {
+    for r in st.kubelet.journal().method("CreateContainer").iter().chain(st.kubelet.journal().method("StopContainer").iter()) {
+        if let (Some(d), Some(done)) = (r.deadline, r.done) {
+            assert!(done.duration_since(r.sent) < d, "{} took {:?}, beyond its {:?} deadline", r.method, done.duration_since(r.sent), d);
+        }
+        assert_ne!(r.code, tonic::Code::DeadlineExceeded, "{} hit kubelet's deadline: {}", r.method, r.message);
+    }
+}
+
+/// Pods with init containers and sidecars: the init container (which runs before any sidecar
+/// can exist) is let through after one refusal, and the ordering of the regular containers holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_containers_are_not_deadlocked() -> Result<()> {
+    let st = Stack::start(false, "", |_| {}).await?;
+    let yaml = format!(
+        "name: withinit\nhostNetwork: true\nannotations:\n  crisp.dev/sidecars: proxy\n  crisp.dev/ready.proxy: 'exec:[\"test\",\"-f\",\"/tmp/ready\"]'\ninitContainers:\n  - name: init\n    command: [sh, -c, \"true\"]\ncontainers:\n  - name: proxy\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 1; touch /tmp/ready; sleep 3600 & wait\"]\n{APP}"
+    );
+    let uid = st.kubelet.add_pod(pod(&yaml))?;
+    let r = st.kubelet.wait_all_running(&uid, STEP).await;
+    if r.is_err() {
+        st.dump(&uid);
+    }
+    r?;
+    let init = st.instances(&uid, "init").await?;
+    assert_eq!(init.len(), 1);
+    assert_eq!(init[0].exit_code, 0);
+    let (proxy, app) = (st.status(&uid, "proxy").await?, st.status(&uid, "app").await?);
+    assert!(init[0].finished_at <= proxy.started_at);
+    assert!(app.started_at - proxy.started_at >= S);
+    st.kubelet.delete_pod(&uid, Some(5))?;
+    st.kubelet.wait_terminated(&uid, STEP).await?;
+    Ok(())
+}
+
+/// crisp killed (SIGKILL) while it holds an app's CreateContainer, then restarted: kubelet's call
+/// fails, its retry is held by the new crisp, and the app still starts only after the sidecar is
+/// ready — state comes from the runtime, not from crisp's memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crisp_restart_mid_start_keeps_the_order() -> Result<()> {
+    let mut st = Stack::start(false, "", |_| {}).await?;
+    let yaml = format!(
+        "name: restart\nhostNetwork: true\nannotations:\n  crisp.dev/sidecars: proxy\n  crisp.dev/ready.proxy: 'exec:[\"test\",\"-f\",\"/tmp/ready\"]'\ncontainers:\n  - name: proxy\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 4; touch /tmp/ready; sleep 3600 & wait\"]\n{APP}"
+    );
+    let uid = st.kubelet.add_pod(pod(&yaml))?;
+    // Wait until crisp holds the app's CreateContainer.
+    let deadline = tokio::time::Instant::now() + STEP;
+    while !st.crisp.log_text().contains("holding CreateContainer") {
+        assert!(tokio::time::Instant::now() < deadline, "crisp never held the app");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    st.crisp.restart()?;
+    let r = st.kubelet.wait_all_running(&uid, STEP).await;
+    if r.is_err() {
+        st.dump(&uid);
+    }
+    r?;
+    let (proxy, app) = (st.status(&uid, "proxy").await?, st.status(&uid, "app").await?);
+    assert!(app.started_at - proxy.started_at >= 4 * S, "app started {:.3} s after the sidecar, before it was ready", secs(app.started_at - proxy.started_at));
+    assert_eq!(st.instances(&uid, "app").await?.len(), 1, "no duplicate app container");
+    st.kubelet.delete_pod(&uid, Some(5))?;
+    st.kubelet.wait_terminated(&uid, STEP).await?;
+    Ok(())
+}
+
+/// A pod without sidecar annotations is not touched: its containers start back to back and stop
+/// in parallel as kubelet drives them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_without_sidecars_are_untouched() -> Result<()> {
+    let st = Stack::start(false, "", |_| {}).await?;
+    let yaml = format!("name: plain\nhostNetwork: true\ncontainers:\n  - name: first\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 3600 & wait\"]\n{APP}");
+    let uid = st.kubelet.add_pod(pod(&yaml))?;
+    st.kubelet.wait_all_running(&uid, STEP).await?;
+    let (first, app) = (st.status(&uid, "first").await?, st.status(&uid, "app").await?);
+    assert!(app.started_at - first.started_at < S, "no hold for a plain pod");
+    st.kubelet.delete_pod(&uid, Some(10))?;
+    st.kubelet.wait_terminated(&uid, STEP).await?;
+    let (first, app) = (st.status(&uid, "first").await?, st.status(&uid, "app").await?);
+    // Parallel kill: `first` exits at once, the app 1 s later.
+    assert!(first.finished_at < app.finished_at);
+    assert!(!st.crisp.log_text().contains("holding"), "crisp held a call of a pod without sidecars");
+    Ok(())
+}
