@@ -15,7 +15,9 @@ pub fn init(level: &str, format: LogFormat) {
         // Validated at config load; fall back to info rather than panic.
         EnvFilter::try_new(level).unwrap_or_else(|_| EnvFilter::new("info"))
     });
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    use std::io::IsTerminal;
+    // Colours only on a terminal: journald and log files get plain text.
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(std::io::stderr().is_terminal());
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).with_current_span(true).with_span_list(false).try_init(),
