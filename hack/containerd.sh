@@ -31,9 +31,16 @@
 # --owner-pid PID starts a watchdog that runs `stop DIR` once PID has exited
 # (used by the Rust harness so a killed test run leaves nothing behind).
 #
-# stop: kills containerd, every container (runc) and shim of DIR, unmounts
-# everything under DIR, removes the CNI bridge, its iptables rules, libcni cache
-# entries and subnet reservation, and deletes DIR. Idempotent.
+# stop: SIGKILLs containerd, every container (runc kill + delete -f, which also
+# removes their cgroups) and every shim of DIR, removes the shims' sockets in
+# /run/containerd/s, unmounts everything under DIR (rootfs overlays, sandbox shm,
+# netns bind mounts), removes the CNI bridge, the iptables rules tagged with its
+# network name, the libcni result cache entries (/var/lib/cni/results) and the
+# subnet reservation, and deletes DIR. The last CNI instance to stop also removes
+# portmap's shared CNI-HOSTPORT-* chains (when no mapping is left in them) and
+# restores net.ipv4.ip_forward (the bridge plugin turns it on); the last
+# containerd on the machine to stop removes the empty /sys/fs/cgroup/*/k8s.io.
+# Refuses to touch a DIR without the .crisp-containerd marker. Idempotent.
 set -euo pipefail
 
 SELF="$(readlink -f "${BASH_SOURCE[0]}")"
@@ -75,7 +82,7 @@ proc_cmdline() {
   local pid="$1"
   local args=()
   [[ -r "/proc/$pid/cmdline" ]] || return 0
-  mapfile -d '' args <"/proc/$pid/cmdline" 2>/dev/null || return 0
+  mapfile -d "" args 2>/dev/null <"/proc/$pid/cmdline" || return 0
   echo "${args[*]}"
 }
 
@@ -103,29 +110,37 @@ wait_gone() {
   done
 }
 
-# containerd_pids DIR: every containerd daemon running with DIR's config.
-containerd_pids() {
-  local dir="$1" p cmd
+# dir_pids KIND DIR: pids of DIR's processes of one KIND, found by command line:
+#   daemon   containerd --config DIR/config.toml
+#   shim     containerd-shim-* ... -address DIR/containerd.sock
+#   publish  containerd --address DIR/containerd.sock publish ... (spawned by shims)
+dir_pids() {
+  local kind="$1" dir="$2" p args cmd
+  local sock="$dir/containerd.sock"
   for p in /proc/[0-9]*; do
-    p="${p#/proc/}"
-    cmd="$(proc_cmdline "$p")"
-    case "$cmd" in
-      containerd\ *"--config $dir/config.toml"*|/usr/bin/containerd\ *"--config $dir/config.toml"*)
-        echo "$p" ;;
+    args=()
+    mapfile -d "" args 2>/dev/null <"$p/cmdline" || continue
+    [[ ${#args[@]} -gt 0 ]] || continue
+    cmd=" ${args[*]} "
+    case "$kind:${args[0]##*/}" in
+      daemon:containerd)
+        [[ "$cmd" == *" --config $dir/config.toml "* ]] && echo "${p#/proc/}" ;;
+      shim:containerd-shim*)
+        [[ "$cmd" == *" -address $sock "* ]] && echo "${p#/proc/}" ;;
+      publish:containerd)
+        [[ "$cmd" == *" --address $sock "*" publish "* ]] && echo "${p#/proc/}" ;;
     esac
   done
+  return 0
 }
 
-# shim_pids DIR: every containerd-shim-runc-v2 (or other v2 shim) started for DIR's socket.
-shim_pids() {
-  local dir="$1" p cmd
-  for p in /proc/[0-9]*; do
-    p="${p#/proc/}"
-    cmd="$(proc_cmdline "$p")"
-    case "$cmd" in
-      *containerd-shim*"-address $dir/containerd.sock "*|*containerd-shim*"-address $dir/containerd.sock") echo "$p" ;;
-    esac
-  done
+# kill_wait WHAT PID...: SIGKILL the pids and wait (max 5 s) until they are gone.
+kill_wait() {
+  local what="$1"
+  shift
+  [[ $# -gt 0 ]] || return 0
+  kill -KILL "$@" 2>/dev/null || true
+  wait_gone 5000 "$@" || log "warning: $what $* still alive 5 s after SIGKILL"
 }
 
 # any_containerd_running: true if any containerd daemon (ours or not) is alive.
@@ -133,7 +148,7 @@ any_containerd_running() {
   local c comm
   for c in /proc/[0-9]*/comm; do
     comm=""
-    read -r comm <"$c" 2>/dev/null || true
+    read -r comm 2>/dev/null <"$c" || true
     if [[ "$comm" == containerd ]] && alive "$(basename "$(dirname "$c")")"; then
       return 0
     fi
@@ -376,6 +391,29 @@ iptables_cleanup() {
 # cni_cache_cleanup DIR: libcni keeps ADD results in /var/lib/cni/results/
 # <network>-<sandbox id>-<ifname> (containerd's own "cni-loopback" network too,
 # even after a clean StopPodSandbox); drop those of DIR's sandboxes.
+# portmap_shared_cleanup: remove the portmap plugin's shared nat chains
+# (CNI-HOSTPORT-DNAT/-MASQ/-SETMARK and the jumps to them), which even a clean
+# CNI DEL leaves behind, unless some pod still has a port mapping in them.
+# portmap re-creates them on its next ADD.
+portmap_shared_cleanup() {
+  local rule chain
+  command -v iptables >/dev/null 2>&1 || return 0
+  iptables -w -t nat -S CNI-HOSTPORT-DNAT >/dev/null 2>&1 || return 0
+  if iptables -w -t nat -S CNI-HOSTPORT-DNAT 2>/dev/null | grep -q '^-A '; then
+    return 0
+  fi
+  while IFS= read -r rule; do
+    eval "iptables -w -t nat -D ${rule#-A }" 2>/dev/null || true
+  done < <(iptables -w -t nat -S 2>/dev/null \
+    | grep -E '^-A (PREROUTING|OUTPUT|POSTROUTING) .*-j CNI-HOSTPORT-(DNAT|MASQ)$' || true)
+  for chain in CNI-HOSTPORT-DNAT CNI-HOSTPORT-MASQ CNI-HOSTPORT-SETMARK; do
+    iptables -w -t nat -F "$chain" 2>/dev/null || true
+  done
+  for chain in CNI-HOSTPORT-DNAT CNI-HOSTPORT-MASQ CNI-HOSTPORT-SETMARK; do
+    iptables -w -t nat -X "$chain" 2>/dev/null || true
+  done
+}
+
 cni_cache_cleanup() {
   local dir="$1" sb id
   [[ -d /var/lib/cni/results ]] || return 0
@@ -404,7 +442,8 @@ cni_cleanup() {
   fi
   others="$(find "$CNI_RESERVE_DIR" -mindepth 1 -maxdepth 1 -name '[0-9]*' 2>/dev/null | head -n1 || true)"
   if [[ -z "$others" && -d "$CNI_RESERVE_DIR" ]]; then
-    # last user gone: restore ip_forward as we found it
+    # last user gone: drop portmap's shared chains, restore ip_forward as we found it
+    portmap_shared_cleanup
     if [[ -f "$CNI_RESERVE_DIR/ip_forward.orig" ]]; then
       cat "$CNI_RESERVE_DIR/ip_forward.orig" >/proc/sys/net/ipv4/ip_forward 2>/dev/null || true
       rm -f "$CNI_RESERVE_DIR/ip_forward.orig"
@@ -485,7 +524,7 @@ cmd_start() {
   local pid=""
   if [[ -f "$dir/containerd.pid" ]]; then pid="$(cat "$dir/containerd.pid")"; fi
   if [[ -n "$pid" ]] && alive "$pid" && [[ "$(proc_cmdline "$pid")" == *"--config $dir/config.toml"* ]]; then
-    [[ -n "$owner" ]] && start_watchdog "$dir" "$owner"
+    if [[ -n "$owner" ]]; then start_watchdog "$dir" "$owner"; fi
     echo "$sock"
     return 0
   fi
@@ -499,10 +538,13 @@ cmd_start() {
   fi
   local snapshotter
   snapshotter="$(sed -n 's/^ *snapshotter = "\(.*\)"$/\1/p' "$dir/config.toml" | head -n1)"
-  [[ -n "$owner" ]] && start_watchdog "$dir" "$owner"
+  if [[ -n "$owner" ]]; then start_watchdog "$dir" "$owner"; fi
 
   # Build (or reuse) the images while nothing else is going on.
   "$HACK/images.sh" "$IMAGE_CACHE" >&2 || die "hack/images.sh $IMAGE_CACHE failed"
+
+  local t_images
+  t_images="$(now_ms)"
 
   # Start containerd in its own session, detached from our stdio.
   setsid containerd --config "$dir/config.toml" </dev/null >>"$dir/containerd.log" 2>&1 &
@@ -525,19 +567,21 @@ cmd_start() {
   t_up="$(now_ms)"
 
   if ! images_present "$sock"; then
-    local name
-    for name in pause busybox; do
-      ctr --address "$sock" -n k8s.io images import \
-        --base-name "crisp.test/$name" --snapshotter "$snapshotter" \
-        "$IMAGE_CACHE/$name.tar" >"$dir/import-$name.log" 2>&1 || {
-        cat "$dir/import-$name.log" >&2
-        log_tail "$dir"
-        die "importing $IMAGE_CACHE/$name.tar into $sock (namespace k8s.io) failed"
-      }
-    done
-    images_present "$sock" || die "images $PAUSE_IMAGE / $BUSYBOX_IMAGE missing after import"
+    # images.tar holds both images, named via io.containerd.image.name.
+    ctr --address "$sock" -n k8s.io images import --snapshotter "$snapshotter" \
+      "$IMAGE_CACHE/images.tar" >"$dir/import.log" 2>&1 || {
+      cat "$dir/import.log" >&2
+      log_tail "$dir"
+      die "importing $IMAGE_CACHE/images.tar into $sock (namespace k8s.io) failed"
+    }
+    images_present "$sock" \
+      || die "images $PAUSE_IMAGE / $BUSYBOX_IMAGE missing after importing $IMAGE_CACHE/images.tar: $(cat "$dir/import.log")"
   fi
-  log "containerd pid $pid ready on $sock (snapshotter $snapshotter; up $((t_up - t0)) ms, total $(($(now_ms) - t0)) ms)"
+  local t_end
+  t_end="$(now_ms)"
+  log "containerd pid $pid ready on $sock (snapshotter $snapshotter;" \
+    "images.sh $((t_images - t0)) ms, containerd up $((t_up - t_images)) ms," \
+    "import $((t_end - t_up)) ms, total $((t_end - t0)) ms)"
   echo "$sock"
 }
 
@@ -602,7 +646,7 @@ cmd_stop() {
     fi
   fi
 
-  # 2. containerd
+  # 2. containerd (the pid file, and any other daemon on DIR's config)
   local pids=() p
   if [[ -f "$dir/containerd.pid" ]]; then
     p="$(cat "$dir/containerd.pid")"
@@ -610,15 +654,11 @@ cmd_stop() {
       pids+=("$p")
     fi
   fi
-  while IFS= read -r p; do
-    [[ -n "$p" ]] && pids+=("$p")
-  done < <(containerd_pids "$dir")
-  if [[ ${#pids[@]} -gt 0 ]]; then
-    kill -KILL "${pids[@]}" 2>/dev/null || true
-    wait_gone 5000 "${pids[@]}" || log "warning: containerd ${pids[*]} still alive"
-  fi
+  mapfile -t -O "${#pids[@]}" pids < <(dir_pids daemon "$dir")
+  kill_wait containerd "${pids[@]+"${pids[@]}"}"
 
-  # 3. containers, then their shims (and the shims' sockets in /run/containerd/s)
+  # 3. containers (while their shims still reap them), then the shims, their
+  # event publishers, and the shims' sockets in /run/containerd/s
   kill_containers "$dir"
   local shim_socks=() addr f
   for f in "$dir"/state/io.containerd.runtime.v2.task/*/*/address; do
@@ -627,15 +667,11 @@ cmd_stop() {
     addr="${addr#unix://}"
     [[ "$addr" == /run/containerd/s/* ]] && shim_socks+=("$addr")
   done
-  pids=()
-  while IFS= read -r p; do
-    [[ -n "$p" ]] && pids+=("$p")
-  done < <(shim_pids "$dir")
-  if [[ ${#pids[@]} -gt 0 ]]; then
-    kill -KILL "${pids[@]}" 2>/dev/null || true
-    wait_gone 5000 "${pids[@]}" || log "warning: shims ${pids[*]} still alive"
-  fi
-  # a second pass catches containers whose shim re-created them meanwhile
+  mapfile -t pids < <(dir_pids shim "$dir")
+  kill_wait shims "${pids[@]+"${pids[@]}"}"
+  mapfile -t pids < <(dir_pids publish "$dir")
+  kill_wait "containerd publish" "${pids[@]+"${pids[@]}"}"
+  # a second pass catches containers a dying shim had still been creating
   kill_containers "$dir"
   if [[ ${#shim_socks[@]} -gt 0 ]]; then
     rm -f "${shim_socks[@]}"

@@ -4,24 +4,26 @@
 #
 #   hack/images.sh OUTDIR
 #
-# writes
-#   OUTDIR/busybox.tar   OCI layout archive; import as crisp.test/busybox:latest
-#   OUTDIR/pause.tar     OCI layout archive; import as crisp.test/pause:latest
+# writes three OCI image-layout archives for `ctr images import`:
+#   OUTDIR/busybox.tar   crisp.test/busybox:latest
+#   OUTDIR/pause.tar     crisp.test/pause:latest
+#   OUTDIR/images.tar    both (hack/containerd.sh imports this one: one call)
 #
-# Each archive holds one manifest tagged "latest". containerd 1.6 names an
-# imported OCI image "<base-name>:<tag>", so import with
-#   ctr -n k8s.io images import --base-name crisp.test/busybox OUTDIR/busybox.tar
-#   ctr -n k8s.io images import --base-name crisp.test/pause   OUTDIR/pause.tar
-# (hack/containerd.sh does this).
+# Each manifest in index.json carries the annotation
+# io.containerd.image.name=crisp.test/NAME:latest, which containerd 1.6's importer
+# uses as the image name, so a plain
+#   ctr -n k8s.io images import OUTDIR/images.tar
+# creates both images under their names. (The ref.name annotation is "latest", so
+# `--base-name crisp.test/busybox` on busybox.tar gives the same name.)
 #
-# Both images share one rootfs: /bin/busybox, a relative symlink for every
+# Both images share one rootfs layer: /bin/busybox, a relative symlink for every
 # applet at its canonical path (/bin/sh, /usr/bin/env, /sbin/...), /etc/passwd
 # and /etc/group with root (and nobody), /tmp (1777), /root.
 #   busybox: default cmd ["sh"], PATH set.
 #   pause:   entrypoint is a busybox sh loop that sleeps forever and exits 0 on
 #            SIGTERM/SIGINT.
 #
-# Cache: when OUTDIR already holds both archives and they are newer than
+# Cache: when OUTDIR already holds the three archives and they are newer than
 # /bin/busybox and this script, nothing is done. Concurrent runs on one OUTDIR
 # are serialised with flock, and archives are renamed into place atomically.
 set -euo pipefail
@@ -48,7 +50,7 @@ OUTDIR="$(cd "$OUTDIR" && pwd -P)"
 
 fresh() {
   local f
-  for f in "$OUTDIR/busybox.tar" "$OUTDIR/pause.tar"; do
+  for f in "$OUTDIR/busybox.tar" "$OUTDIR/pause.tar" "$OUTDIR/images.tar"; do
     [[ -s "$f" && "$f" -nt "$BUSYBOX" && "$f" -nt "$SELF" ]] || return 1
   done
 }
@@ -123,7 +125,39 @@ umoci repack --image "$base:latest" \
   --history.created "$CREATED" --history.created_by "hack/images.sh: busybox-static rootfs" \
   "$WORK/bundle" >/dev/null
 
-# image NAME [umoci config args...]: OUTDIR/NAME.tar, one manifest tagged "latest".
+# manifest_entry LAYOUT FULLNAME: index.json entry of LAYOUT's single manifest,
+# annotated with the full image name. containerd's importer names an image after
+# "io.containerd.image.name" when present (no --base-name needed) and otherwise
+# after --base-name + ":" + "org.opencontainers.image.ref.name".
+manifest_entry() {
+  local layout="$1" fullname="$2" index digest size
+  index="$(cat "$layout/index.json")"
+  digest="$(sed -n 's/.*"digest":"\(sha256:[0-9a-f]\{64\}\)".*/\1/p' <<<"$index")"
+  size="$(sed -n 's/.*"size":\([0-9]*\).*/\1/p' <<<"$index")"
+  [[ -n "$digest" && -n "$size" ]] || die "cannot parse $layout/index.json: $index"
+  printf '{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"%s","size":%s,"annotations":{"io.containerd.image.name":"%s","org.opencontainers.image.ref.name":"latest"}}' \
+    "$digest" "$size" "$fullname"
+}
+
+# write_index LAYOUT ENTRY...
+write_index() {
+  local layout="$1" IFS=,
+  shift
+  printf '{"schemaVersion":2,"manifests":[%s]}' "$*" >"$layout/index.json"
+}
+
+# pack LAYOUT OUT.tar: an OCI image-layout tar (oci-layout, index.json, blobs/ at
+# the top level), renamed into place atomically.
+pack() {
+  local layout="$1" out="$2" tmp
+  tmp="$WORK/$(basename "$out")"
+  tar -C "$layout" --sort=name --mtime="@$EPOCH" --owner=0 --group=0 --numeric-owner \
+    -cf "$tmp" oci-layout index.json blobs
+  mv -f "$tmp" "$out"
+}
+
+# image NAME [umoci config args...]: layout $WORK/NAME with one manifest,
+# crisp.test/NAME:latest.
 image() {
   local name="$1"
   shift
@@ -135,13 +169,20 @@ image() {
     --history.created "$CREATED" --history.created_by "hack/images.sh: $name config" \
     "$@"
   umoci gc --layout "$layout"
-  # An OCI image-layout tar: oci-layout, index.json and blobs/ at the top level.
-  tar -C "$layout" --sort=name --mtime="@$EPOCH" --owner=0 --group=0 --numeric-owner \
-    -cf "$WORK/$name.tar" oci-layout index.json blobs
-  mv -f "$WORK/$name.tar" "$OUTDIR/$name.tar"
+  ENTRY["$name"]="$(manifest_entry "$layout" "crisp.test/$name:latest")"
+  write_index "$layout" "${ENTRY[$name]}"
 }
 
+declare -A ENTRY=()
 image busybox --config.cmd sh
 image pause --config.entrypoint /bin/sh --config.entrypoint -c --config.entrypoint "$PAUSE_SCRIPT"
 
-echo "hack/images.sh: built $OUTDIR/busybox.tar $OUTDIR/pause.tar"
+# Both images in one archive: one `ctr images import` instead of two.
+cp -a "$WORK/busybox" "$WORK/all"
+cp -an "$WORK/pause/blobs/sha256/." "$WORK/all/blobs/sha256/"
+write_index "$WORK/all" "${ENTRY[busybox]}" "${ENTRY[pause]}"
+
+pack "$WORK/busybox" "$OUTDIR/busybox.tar"
+pack "$WORK/pause" "$OUTDIR/pause.tar"
+pack "$WORK/all" "$OUTDIR/images.tar"
+echo "hack/images.sh: built $OUTDIR/busybox.tar $OUTDIR/pause.tar $OUTDIR/images.tar"

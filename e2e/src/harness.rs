@@ -39,7 +39,9 @@ const READY_TIMEOUT: Duration = Duration::from_secs(20);
 /// Repository root (parent of the `e2e` crate).
 pub fn repo_root() -> PathBuf {
     let e2e = Path::new(env!("CARGO_MANIFEST_DIR"));
-    e2e.parent().map(Path::to_path_buf).unwrap_or_else(|| e2e.join(".."))
+    e2e.parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| e2e.join(".."))
 }
 
 /// `hack/` in the repository.
@@ -128,7 +130,7 @@ impl Containerd {
     /// prefer [`Containerd::start_async`].
     pub fn start(opts: ContainerdOpts) -> Result<Containerd> {
         require_root();
-        ensure_images()?;
+        // hack/containerd.sh runs hack/images.sh (cached) before starting containerd.
         let dir = tempfile::Builder::new()
             .prefix("crisp-ctrd-")
             .tempdir_in("/tmp")
@@ -138,7 +140,12 @@ impl Containerd {
             // never run while mounts are still there.
             .keep();
         let socket = dir.join("containerd.sock");
-        let mut ctrd = Containerd { dir, socket, opts, stopped: false };
+        let mut ctrd = Containerd {
+            dir,
+            socket,
+            opts,
+            stopped: false,
+        };
         // On any error, `ctrd` is dropped, which stops it and deletes the dir.
         ctrd.run_start()?;
         Ok(ctrd)
@@ -146,6 +153,7 @@ impl Containerd {
 
     /// [`Containerd::start`] on a blocking thread.
     pub async fn start_async(opts: ContainerdOpts) -> Result<Containerd> {
+        require_root();
         tokio::task::spawn_blocking(move || Containerd::start(opts))
             .await
             .context("containerd start task panicked")?
@@ -202,9 +210,12 @@ impl Containerd {
     /// (as after a containerd crash). Returns once the daemon is gone. Use
     /// [`Containerd::restart`] to bring it back on the same socket and state.
     pub fn kill_hard(&mut self) -> Result<()> {
-        let pid = self
-            .pid()
-            .ok_or_else(|| anyhow!("kill_hard: containerd in {} is not running", self.dir.display()))?;
+        let pid = self.pid().ok_or_else(|| {
+            anyhow!(
+                "kill_hard: containerd in {} is not running",
+                self.dir.display()
+            )
+        })?;
         let status = Command::new("kill")
             .args(["-KILL", &pid.to_string()])
             .status()
@@ -223,7 +234,10 @@ impl Containerd {
     /// still running.
     pub fn restart(&mut self) -> Result<()> {
         if self.stopped {
-            bail!("restart: containerd in {} was stopped (its directory is gone)", self.dir.display());
+            bail!(
+                "restart: containerd in {} was stopped (its directory is gone)",
+                self.dir.display()
+            );
         }
         self.run_start()
     }
@@ -236,7 +250,10 @@ impl Containerd {
         }
         let script = hack_dir().join("containerd.sh");
         let out = run_script(Command::new(&script).arg("stop").arg(&self.dir))?;
-        check(&out, &format!("{} stop {}", script.display(), self.dir.display()))?;
+        check(
+            &out,
+            &format!("{} stop {}", script.display(), self.dir.display()),
+        )?;
         self.stopped = true;
         Ok(())
     }
@@ -250,7 +267,10 @@ impl Containerd {
         }
         cmd.arg("--owner-pid").arg(std::process::id().to_string());
         let out = run_script(&mut cmd)?;
-        if let Err(e) = check(&out, &format!("{} start {}", script.display(), self.dir.display())) {
+        if let Err(e) = check(
+            &out,
+            &format!("{} start {}", script.display(), self.dir.display()),
+        ) {
             return Err(e.context(format!("containerd log tail:\n{}", self.log_tail(40))));
         }
         let printed = String::from_utf8_lossy(&out.stdout).trim().to_string();
@@ -285,7 +305,10 @@ impl Containerd {
 impl Drop for Containerd {
     fn drop(&mut self) {
         if let Err(e) = self.stop() {
-            eprintln!("crisp-e2e harness: stopping containerd in {}: {e:#}", self.dir.display());
+            eprintln!(
+                "crisp-e2e harness: stopping containerd in {}: {e:#}",
+                self.dir.display()
+            );
         }
     }
 }
@@ -344,9 +367,11 @@ pub async fn wait_cri_ready(socket: &Path, cni: bool, timeout: Duration) -> Resu
 
 async fn cri_ready_once(socket: &Path, cni: bool) -> Result<()> {
     let (mut rt, mut img) = cri_clients(socket).await?;
-    rt.version(cri::VersionRequest { version: "v1".into() })
-        .await
-        .context("CRI Version")?;
+    rt.version(cri::VersionRequest {
+        version: "v1".into(),
+    })
+    .await
+    .context("CRI Version")?;
     let status = rt
         .status(cri::StatusRequest { verbose: false })
         .await
@@ -354,7 +379,13 @@ async fn cri_ready_once(socket: &Path, cni: bool) -> Result<()> {
         .into_inner()
         .status
         .ok_or_else(|| anyhow!("CRI Status returned no status"))?;
-    let cond = |t: &str| status.conditions.iter().find(|c| c.r#type == t).map(|c| c.status);
+    let cond = |t: &str| {
+        status
+            .conditions
+            .iter()
+            .find(|c| c.r#type == t)
+            .map(|c| c.status)
+    };
     if cond("RuntimeReady") != Some(true) {
         bail!("CRI RuntimeReady is not true: {:?}", status.conditions);
     }
@@ -364,7 +395,10 @@ async fn cri_ready_once(socket: &Path, cni: bool) -> Result<()> {
     for image in [PAUSE_IMAGE, BUSYBOX_IMAGE] {
         let resp = img
             .image_status(cri::ImageStatusRequest {
-                image: Some(cri::ImageSpec { image: image.into(), ..Default::default() }),
+                image: Some(cri::ImageSpec {
+                    image: image.into(),
+                    ..Default::default()
+                }),
                 verbose: false,
             })
             .await
