@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use tokio::sync::broadcast;
 use crisp_e2e::emulator::{
-    parse_duration, ApiVersion, ContainerState, Journal, JournalEvent, Kubelet, KubeletConfig, KubeletVersion,
-    PodPhase, PodSpec,
+    parse_duration, ApiVersion, ContainerState, Journal, JournalEvent, Kubelet, KubeletConfig,
+    KubeletVersion, PodPhase, PodSpec,
 };
+use tokio::sync::broadcast;
 
 /// A kubelet 1.23–1.27 emulator for the CRI: runs pods from YAML against a CRI socket with
 /// kubelet's call order, deadlines, retries, PLEG, kill path and pod phase, and prints a timeline
@@ -156,7 +156,9 @@ fn socket_path(s: &str) -> PathBuf {
 }
 
 async fn run(cli: Cli) -> Result<ExitCode> {
-    let Some(endpoint) = cli.endpoint.as_deref() else { bail!("--endpoint is required") };
+    let Some(endpoint) = cli.endpoint.as_deref() else {
+        bail!("--endpoint is required")
+    };
     let mut cfg = KubeletConfig::new(socket_path(endpoint));
     cfg.image_endpoint = cli.image_endpoint.as_deref().map(socket_path);
     cfg.version = cli.kubelet_version;
@@ -182,7 +184,13 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     let kubelet = Kubelet::new(cfg).await?;
     // Subscribe before adding pods so no event is missed.
     let events = kubelet.journal().subscribe();
-    let printer = tokio::spawn(print_timeline(kubelet.journal().clone(), events, args.journal));
+    let (stop_printer, stopped) = tokio::sync::oneshot::channel();
+    let printer = tokio::spawn(print_timeline(
+        kubelet.journal().clone(),
+        events,
+        stopped,
+        args.journal,
+    ));
     println!(
         "kubelet-emu {:?}: runtime API {:?}, image API {:?}",
         kubelet.config().version,
@@ -193,7 +201,9 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     let mut uids = Vec::new();
     for pod in pods {
         let key = pod.key();
-        let uid = kubelet.add_pod(pod).with_context(|| format!("adding pod {key}"))?;
+        let uid = kubelet
+            .add_pod(pod)
+            .with_context(|| format!("adding pod {key}"))?;
         uids.push(uid);
     }
 
@@ -208,13 +218,17 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             teardown(&kubelet, &uids, args.grace).await
         }
     };
-    // Let the printer drain the last events.
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    printer.abort();
+    // The printer drains what is queued, then exits.
+    let _ = stop_printer.send(());
+    let _ = printer.await;
     summary(&kubelet, &uids);
     kubelet.shutdown().await;
     result?;
-    if args.until_complete && uids.iter().any(|u| kubelet.pod_phase(u) == Some(PodPhase::Failed)) {
+    if args.until_complete
+        && uids
+            .iter()
+            .any(|u| kubelet.pod_phase(u) == Some(PodPhase::Failed))
+    {
         return Ok(ExitCode::from(3));
     }
     Ok(ExitCode::SUCCESS)
@@ -251,37 +265,82 @@ async fn teardown(kubelet: &Kubelet, uids: &[String], grace: Option<i64>) -> Res
         kubelet.delete_pod(uid, grace)?;
     }
     for uid in uids {
-        kubelet.wait_terminated(uid, Duration::from_secs(600)).await?;
+        kubelet
+            .wait_terminated(uid, Duration::from_secs(600))
+            .await?;
     }
     Ok(())
 }
 
-async fn print_timeline(journal: Journal, mut rx: broadcast::Receiver<JournalEvent>, all: bool) {
+async fn print_timeline(
+    journal: Journal,
+    mut rx: broadcast::Receiver<JournalEvent>,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+    all: bool,
+) {
     loop {
-        match rx.recv().await {
-            Ok(JournalEvent::Done(r)) if all || !r.is_polling() => println!("{}", journal.format_record(&r)),
-            Ok(JournalEvent::Sent(r)) if all && !r.is_polling() => {
-                println!("+{:>9.1}ms  {:<16} {:<24} {:<14} …sent", journal.rel_ms(r.sent), r.method, r.meta.pod.as_deref().unwrap_or("-"), r.meta.container.as_deref().unwrap_or("-"))
+        let ev = tokio::select! {
+            ev = rx.recv() => ev,
+            _ = &mut stop => {
+                // Print what is already queued, then stop.
+                while let Ok(ev) = rx.try_recv() {
+                    print_event(&journal, ev, all);
+                }
+                return;
             }
-            Ok(JournalEvent::Note { at, pod, text }) => {
-                println!("+{:>9.1}ms  == {} {text}", journal.rel_ms(at), pod.as_deref().unwrap_or(""))
+        };
+        match ev {
+            Ok(ev) => print_event(&journal, ev, all),
+            Err(broadcast::error::RecvError::Lagged(n)) => {
+                println!("(timeline dropped {n} events)")
             }
-            Ok(_) => {}
-            Err(broadcast::error::RecvError::Lagged(n)) => println!("(timeline dropped {n} events)"),
             Err(broadcast::error::RecvError::Closed) => return,
         }
+    }
+}
+
+fn print_event(journal: &Journal, ev: JournalEvent, all: bool) {
+    match ev {
+        JournalEvent::Done(r) if all || !r.is_polling() => {
+            println!("{}", journal.format_record(&r))
+        }
+        JournalEvent::Sent(r) if all && !r.is_polling() => println!(
+            "+{:>9.1}ms  {:<16} {:<24} {:<14} …sent",
+            journal.rel_ms(r.sent),
+            r.method,
+            r.meta.pod.as_deref().unwrap_or("-"),
+            r.meta.container.as_deref().unwrap_or("-")
+        ),
+        JournalEvent::Note { at, pod, text } => {
+            println!(
+                "+{:>9.1}ms  == {} {text}",
+                journal.rel_ms(at),
+                pod.as_deref().unwrap_or("")
+            )
+        }
+        _ => {}
     }
 }
 
 fn summary(kubelet: &Kubelet, uids: &[String]) {
     for uid in uids {
         let Some(v) = kubelet.pod(uid) else { continue };
-        println!("pod {}/{} ({uid}): {:?}", v.namespace, v.name, v.status.phase);
-        for c in v.status.init_container_statuses.iter().chain(&v.status.container_statuses) {
+        println!(
+            "pod {}/{} ({uid}): {:?}",
+            v.namespace, v.name, v.status.phase
+        );
+        for c in v
+            .status
+            .init_container_statuses
+            .iter()
+            .chain(&v.status.container_statuses)
+        {
             let state = match &c.state {
                 ContainerState::Waiting { reason, .. } => format!("Waiting({reason})"),
                 ContainerState::Running { .. } => "Running".to_string(),
-                ContainerState::Terminated { exit_code, reason, .. } => format!("Terminated({exit_code}, {reason})"),
+                ContainerState::Terminated {
+                    exit_code, reason, ..
+                } => format!("Terminated({exit_code}, {reason})"),
             };
             println!("  {:<16} {state:<32} restarts={}", c.name, c.restart_count);
         }

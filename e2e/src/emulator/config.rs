@@ -24,7 +24,9 @@ impl std::str::FromStr for KubeletVersion {
             "1.23" => Ok(KubeletVersion::V1_23),
             "1.26" => Ok(KubeletVersion::V1_26),
             "1.27" => Ok(KubeletVersion::V1_27),
-            other => anyhow::bail!("unsupported kubelet version {other:?} (expected 1.23, 1.26 or 1.27)"),
+            other => {
+                anyhow::bail!("unsupported kubelet version {other:?} (expected 1.23, 1.26 or 1.27)")
+            }
         }
     }
 }
@@ -85,7 +87,8 @@ pub struct KubeletConfig {
     /// runtime shared with anything else.
     pub gc_period: Option<Duration>,
     /// The PLEG `ContainerDied` clean-up (`podContainerDeletor`) that removes older dead instances
-    /// (keeps `--maximum-dead-containers-per-container` = 1). Default on, as in kubelet.
+    /// (keeps `--maximum-dead-containers-per-container` = 1; all of them once a deleted pod is
+    /// terminated). Default on, as in kubelet; limited to the emulator's own pods.
     pub container_deletor: bool,
 }
 
@@ -149,7 +152,9 @@ pub fn parse_duration(s: &str) -> anyhow::Result<Duration> {
         Some(i) => s.split_at(i),
         None => (s, "s"),
     };
-    let n: f64 = num.parse().map_err(|_| anyhow::anyhow!("invalid duration {s:?}"))?;
+    let n: f64 = num
+        .parse()
+        .map_err(|_| anyhow::anyhow!("invalid duration {s:?}"))?;
     let secs = match unit {
         "ms" => n / 1e3,
         "s" => n,
@@ -169,7 +174,10 @@ mod tests {
 
     #[test]
     fn durations() {
-        assert_eq!(parse_duration("1500ms").ok(), Some(Duration::from_millis(1500)));
+        assert_eq!(
+            parse_duration("1500ms").ok(),
+            Some(Duration::from_millis(1500))
+        );
         assert_eq!(parse_duration("2").ok(), Some(Duration::from_secs(2)));
         assert_eq!(parse_duration("2m").ok(), Some(Duration::from_secs(120)));
         assert!(parse_duration("2 weeks").is_err());

@@ -98,9 +98,16 @@ impl CallRecord {
         self.is_done() && self.code == tonic::Code::Ok
     }
 
+    /// Wall-clock time the call returned (derived from the monotonic times).
+    pub fn done_wall(&self) -> Option<SystemTime> {
+        self.done.map(|d| self.sent_wall + d.saturating_duration_since(self.sent))
+    }
+
     /// How long it took (so far, if still in flight).
     pub fn elapsed(&self) -> Duration {
-        self.done.unwrap_or_else(Instant::now).saturating_duration_since(self.sent)
+        self.done
+            .unwrap_or_else(Instant::now)
+            .saturating_duration_since(self.sent)
     }
 
     /// The periodic read-only calls kubelet makes (PLEG relist, GetPodStatus, runtime status,
@@ -134,7 +141,11 @@ pub enum JournalEvent {
     /// A call returned.
     Done(CallRecord),
     /// A kubelet-level note (phase change, sync error, …) for the timeline.
-    Note { at: Instant, pod: Option<String>, text: String },
+    Note {
+        at: Instant,
+        pod: Option<String>,
+        text: String,
+    },
 }
 
 /// Shared, append-only journal. Cheap to clone.
@@ -161,7 +172,9 @@ struct JournalState {
 
 impl fmt::Debug for Journal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Journal").field("calls", &self.lock().calls.len()).finish()
+        f.debug_struct("Journal")
+            .field("calls", &self.lock().calls.len())
+            .finish()
     }
 }
 
@@ -246,10 +259,18 @@ impl Journal {
         seq
     }
 
-    pub(crate) fn finish(&self, seq: u64, code: tonic::Code, message: String, update: impl FnOnce(&mut CallMeta)) {
+    pub(crate) fn finish(
+        &self,
+        seq: u64,
+        code: tonic::Code,
+        message: String,
+        update: impl FnOnce(&mut CallMeta),
+    ) {
         let rec = {
             let mut st = self.lock();
-            let Some(rec) = st.calls.get_mut(&seq) else { return };
+            let Some(rec) = st.calls.get_mut(&seq) else {
+                return;
+            };
             rec.done = Some(Instant::now());
             rec.code = code;
             rec.message = message;
@@ -262,7 +283,11 @@ impl Journal {
 
     /// Adds a kubelet-level note to the live event stream (not to the call list).
     pub fn note(&self, pod: Option<String>, text: impl Into<String>) {
-        let _ = self.inner.events.send(JournalEvent::Note { at: Instant::now(), pod, text: text.into() });
+        let _ = self.inner.events.send(JournalEvent::Note {
+            at: Instant::now(),
+            pod,
+            text: text.into(),
+        });
     }
 
     /// All calls so far (in flight included), in send order.
@@ -270,9 +295,9 @@ impl Journal {
         self.lock().calls.values().cloned().collect()
     }
 
-    /// Calls matching `pred`, in send order.
+    /// Calls matching `pred`, in send order. `pred` runs without the journal's lock held.
     pub fn filter(&self, mut pred: impl FnMut(&CallRecord) -> bool) -> Vec<CallRecord> {
-        self.lock().calls.values().filter(|r| pred(r)).cloned().collect()
+        self.calls().into_iter().filter(|r| pred(r)).collect()
     }
 
     /// Calls of one method, in send order.
@@ -300,11 +325,15 @@ impl Journal {
         let mut rx = self.inner.changed.subscribe();
         let fut = async {
             loop {
-                if let Some(r) = self.lock().calls.values().find(|r| pred(r)).cloned() {
+                // Evaluate outside the lock: the predicate may query the journal itself.
+                let calls = self.calls();
+                if let Some(r) = calls.into_iter().find(|r| pred(r)) {
                     return Ok(r);
                 }
                 // The sender lives in `self`, so this only fails if the journal is gone.
-                rx.changed().await.map_err(|_| anyhow::anyhow!("journal closed"))?;
+                rx.changed()
+                    .await
+                    .map_err(|_| anyhow::anyhow!("journal closed"))?;
             }
         };
         tokio::time::timeout(timeout, fut)

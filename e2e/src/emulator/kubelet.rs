@@ -20,8 +20,8 @@ use super::pod::PodSpec;
 use super::runtime::Runtime;
 use super::status::{ApiPodStatus, ContainerStatusView, PodPhase, ReasonCache, RuntimePodStatus};
 
-/// `baseRuntimeSyncThreshold` (2 × `maxWaitForContainerRuntime`... kubelet uses 30 s): without a
-/// RuntimeReady Status for this long, the sync loop stops dispatching.
+/// `baseRuntimeSyncThreshold` (= `maxWaitForContainerRuntime`, 30 s): without a RuntimeReady
+/// Status for this long, the sync loop stops dispatching ("container runtime is down").
 const RUNTIME_SYNC_THRESHOLD: Duration = Duration::from_secs(30);
 
 /// What tests observe of one pod. Published on every status-manager update and cache refresh.
@@ -61,7 +61,12 @@ impl PodView {
 
     /// Every regular container is Running in the API status.
     pub fn all_containers_running(&self) -> bool {
-        !self.status.container_statuses.is_empty() && self.status.container_statuses.iter().all(|c| c.state.is_running())
+        !self.status.container_statuses.is_empty()
+            && self
+                .status
+                .container_statuses
+                .iter()
+                .all(|c| c.state.is_running())
     }
 }
 
@@ -166,17 +171,30 @@ impl Kubelet {
     /// the first runtime Status, and starts the PLEG, sync loop and status loops.
     pub async fn new(cfg: KubeletConfig) -> anyhow::Result<Kubelet> {
         let runtime = connect_uds(&cfg.endpoint).await?;
-        let image_path = cfg.image_endpoint.clone().unwrap_or_else(|| cfg.endpoint.clone());
+        let image_path = cfg
+            .image_endpoint
+            .clone()
+            .unwrap_or_else(|| cfg.endpoint.clone());
         let image = connect_uds(&image_path).await?;
         Kubelet::with_channels(cfg, runtime, image).await
     }
 
     /// Like [`Kubelet::new`] over existing channels (runtime service, image service).
-    pub async fn with_channels(cfg: KubeletConfig, runtime: Channel, image: Channel) -> anyhow::Result<Kubelet> {
+    pub async fn with_channels(
+        cfg: KubeletConfig,
+        runtime: Channel,
+        image: Channel,
+    ) -> anyhow::Result<Kubelet> {
         let journal = Journal::new();
-        let cri = CriClient::connect(runtime, image, cfg.api(), cfg.runtime_request_timeout, journal.clone())
-            .await
-            .context("CRI handshake")?;
+        let cri = CriClient::connect(
+            runtime,
+            image,
+            cfg.api(),
+            cfg.runtime_request_timeout,
+            journal.clone(),
+        )
+        .await
+        .context("CRI handshake")?;
         let cfg = Arc::new(cfg);
         let (shutdown, _) = watch::channel(false);
         let (pleg_tx, pleg_rx) = mpsc::unbounded_channel();
@@ -211,7 +229,10 @@ impl Kubelet {
             let t = tokio::spawn(inner.clone().gc_loop(period));
             lock(&inner.tasks).push(t);
         }
-        Ok(Kubelet { inner, _guard: Arc::new(ShutdownGuard(shutdown)) })
+        Ok(Kubelet {
+            inner,
+            _guard: Arc::new(ShutdownGuard(shutdown)),
+        })
     }
 
     /// The call journal.
@@ -234,8 +255,12 @@ impl Kubelet {
     pub fn add_pod(&self, mut spec: PodSpec) -> anyhow::Result<String> {
         spec.validate()?;
         if self.inner.cfg.config_annotations {
-            spec.annotations.entry("kubernetes.io/config.source".into()).or_insert_with(|| "api".into());
-            spec.annotations.entry("kubernetes.io/config.seen".into()).or_insert_with(|| rfc3339_nano(SystemTime::now()));
+            spec.annotations
+                .entry("kubernetes.io/config.source".into())
+                .or_insert_with(|| "api".into());
+            spec.annotations
+                .entry("kubernetes.io/config.seen".into())
+                .or_insert_with(|| rfc3339_nano(SystemTime::now()));
         }
         let uid = spec.uid.clone();
         let view = PodView {
@@ -276,7 +301,9 @@ impl Kubelet {
             }
             pods.insert(uid.clone(), entry.clone());
         }
-        self.inner.journal.note(Some(entry.lock().spec.key()), "pod added");
+        self.inner
+            .journal
+            .note(Some(entry.lock().spec.key()), "pod added");
         let t = tokio::spawn(self.inner.clone().pod_worker(entry));
         lock(&self.inner.tasks).push(t);
         self.inner.update_pod(&uid);
@@ -291,7 +318,9 @@ impl Kubelet {
         let entry = self.entry(uid)?;
         {
             let mut st = entry.lock();
-            let requested = grace_override.unwrap_or(st.spec.termination_grace_period_seconds).max(1);
+            let requested = grace_override
+                .unwrap_or(st.spec.termination_grace_period_seconds)
+                .max(1);
             let dg = st.deletion_grace.map_or(requested, |g| g.min(requested));
             st.deleted = true;
             st.deletion_grace = Some(dg);
@@ -299,7 +328,10 @@ impl Kubelet {
             st.grace = if st.grace == 0 { dg } else { st.grace.min(dg) }.max(1);
             st.terminating = true;
             entry.termination_requested.store(true, Ordering::SeqCst);
-            self.inner.journal.note(Some(st.spec.key()), format!("pod deleted (grace {}s)", st.grace));
+            self.inner.journal.note(
+                Some(st.spec.key()),
+                format!("pod deleted (grace {}s)", st.grace),
+            );
         }
         self.inner.publish(&entry);
         self.inner.update_pod(uid);
@@ -307,7 +339,10 @@ impl Kubelet {
     }
 
     fn entry(&self, uid: &str) -> anyhow::Result<Arc<PodEntry>> {
-        lock(&self.inner.pods).get(uid).cloned().ok_or_else(|| anyhow::anyhow!("no pod with UID {uid}"))
+        lock(&self.inner.pods)
+            .get(uid)
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("no pod with UID {uid}"))
     }
 
     /// UIDs of all pods added so far.
@@ -317,7 +352,9 @@ impl Kubelet {
 
     /// The current view of a pod.
     pub fn pod(&self, uid: &str) -> Option<PodView> {
-        lock(&self.inner.pods).get(uid).map(|e| e.view.borrow().clone())
+        lock(&self.inner.pods)
+            .get(uid)
+            .map(|e| e.view.borrow().clone())
     }
 
     /// The pod's phase as kubelet's status manager has it.
@@ -342,11 +379,19 @@ impl Kubelet {
         timeout: Duration,
         mut pred: impl FnMut(&PodView) -> bool,
     ) -> anyhow::Result<PodView> {
-        let mut rx = self.watch_pod(uid).ok_or_else(|| anyhow::anyhow!("no pod with UID {uid}"))?;
+        let mut rx = self
+            .watch_pod(uid)
+            .ok_or_else(|| anyhow::anyhow!("no pod with UID {uid}"))?;
         let res = tokio::time::timeout(timeout, async {
-            match rx.wait_for(|v| pred(v)).await {
-                Ok(v) => Ok(v.clone()),
-                Err(_) => Err(anyhow::anyhow!("kubelet shut down")),
+            loop {
+                // Clone out so `pred` runs without the watch's lock (it may query the kubelet).
+                let v = rx.borrow_and_update().clone();
+                if pred(&v) {
+                    return Ok(v);
+                }
+                if rx.changed().await.is_err() {
+                    return Err(anyhow::anyhow!("kubelet shut down"));
+                }
             }
         })
         .await;
@@ -360,13 +405,20 @@ impl Kubelet {
     }
 
     /// Waits for a phase.
-    pub async fn wait_phase(&self, uid: &str, phase: PodPhase, timeout: Duration) -> anyhow::Result<PodView> {
-        self.wait_for(uid, timeout, |v| v.status.phase == phase).await
+    pub async fn wait_phase(
+        &self,
+        uid: &str,
+        phase: PodPhase,
+        timeout: Duration,
+    ) -> anyhow::Result<PodView> {
+        self.wait_for(uid, timeout, |v| v.status.phase == phase)
+            .await
     }
 
     /// Waits until every regular container is Running in the API status.
     pub async fn wait_all_running(&self, uid: &str, timeout: Duration) -> anyhow::Result<PodView> {
-        self.wait_for(uid, timeout, PodView::all_containers_running).await
+        self.wait_for(uid, timeout, PodView::all_containers_running)
+            .await
     }
 
     /// Waits until the pod worker has finished the pod (`syncTerminatedPod` done).
@@ -377,7 +429,11 @@ impl Kubelet {
     /// A fresh `GetPodStatus` through the kubelet's client (journaled like kubelet's own).
     pub async fn runtime_status(&self, uid: &str) -> anyhow::Result<RuntimePodStatus> {
         let spec = self.entry(uid)?.lock().spec.clone();
-        self.inner.rt.get_pod_status(uid, &spec.name, &spec.namespace).await.map_err(anyhow::Error::msg)
+        self.inner
+            .rt
+            .get_pod_status(uid, &spec.name, &spec.namespace)
+            .await
+            .map_err(anyhow::Error::msg)
     }
 
     /// Stops every background task (pods are left as they are in the runtime).
@@ -532,7 +588,10 @@ impl Inner {
     /// `syncLoopIteration`'s PLEG branch: Started/Died sync the pod; Died also triggers the
     /// dead-container clean-up.
     fn handle_pleg_event(&self, ev: PlegEvent) {
-        if matches!(ev.kind, PlegEventType::ContainerStarted | PlegEventType::ContainerDied) {
+        if matches!(
+            ev.kind,
+            PlegEventType::ContainerStarted | PlegEventType::ContainerDied
+        ) {
             self.update_pod(&ev.uid);
         }
         if ev.kind == PlegEventType::ContainerDied && self.cfg.container_deletor {
@@ -639,7 +698,11 @@ pub fn rfc3339_nano(t: SystemTime) -> String {
     while frac.ends_with('0') {
         frac.pop();
     }
-    let frac = if frac.is_empty() { String::new() } else { format!(".{frac}") };
+    let frac = if frac.is_empty() {
+        String::new()
+    } else {
+        format!(".{frac}")
+    };
     format!(
         "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}{frac}Z",
         rem / 3600,

@@ -18,8 +18,8 @@ use super::cri::{go_error, CriClient};
 use super::journal::CallMeta;
 use super::pod::{ContainerSpec, Handler, PodSpec, PullPolicy, RestartPolicy};
 use super::status::{
-    should_container_be_restarted, CriState, RuntimeContainerStatus, RuntimePodStatus, LABEL_CONTAINER_NAME,
-    LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID,
+    should_container_be_restarted, CriState, RuntimeContainerStatus, RuntimePodStatus,
+    LABEL_CONTAINER_NAME, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID,
 };
 
 /// `minimumGracePeriodInSeconds` (KUBELET-CRI §3.2).
@@ -81,7 +81,12 @@ pub struct SyncResult {
 
 impl SyncResult {
     fn new(action: SyncAction, target: impl Into<String>) -> SyncResult {
-        SyncResult { action, target: target.into(), error: None, message: String::new() }
+        SyncResult {
+            action,
+            target: target.into(),
+            error: None,
+            message: String::new(),
+        }
     }
     fn fail(&mut self, error: &'static str, message: impl Into<String>) {
         self.error = Some(error);
@@ -118,7 +123,13 @@ impl PodSyncResult {
         }
         for r in &self.results {
             if let Some(err) = r.error {
-                errs.push(format!("failed to {:?} for {:?} with {}: {:?}", r.action.to_string(), r.target, err, r.message));
+                errs.push(format!(
+                    "failed to {:?} for {:?} with {}: {:?}",
+                    r.action.to_string(),
+                    r.target,
+                    err,
+                    r.message
+                ));
             }
         }
         aggregate(errs)
@@ -202,7 +213,12 @@ impl RunningPod {
             sandboxes: s
                 .sandboxes
                 .iter()
-                .map(|sb| (sb.id.clone(), sb.state == cri::PodSandboxState::SandboxReady as i32))
+                .map(|sb| {
+                    (
+                        sb.id.clone(),
+                        sb.state == cri::PodSandboxState::SandboxReady as i32,
+                    )
+                })
                 .collect(),
         }
     }
@@ -261,7 +277,9 @@ impl Runtime {
 
     /// `/var/log/pods/<ns>_<name>_<uid>` under the configured root (KUBELET-CRI §2.1).
     pub fn pod_log_dir(&self, pod: &PodSpec) -> PathBuf {
-        self.cfg.pod_log_root.join(format!("{}_{}_{}", pod.namespace, pod.name, pod.uid))
+        self.cfg
+            .pod_log_root
+            .join(format!("{}_{}_{}", pod.namespace, pod.name, pod.uid))
     }
 
     // --- SyncPod ---
@@ -275,7 +293,9 @@ impl Runtime {
 
         // Step 2: kill the pod if the sandbox changed or nothing is left to run.
         if changes.kill_pod {
-            let kill = self.kill_pod_with_sync_result(pod, &RunningPod::from_status(status), None).await;
+            let kill = self
+                .kill_pod_with_sync_result(pod, &RunningPod::from_status(status), None)
+                .await;
             let failed = kill.error().is_some();
             result.add_pod(kill);
             if failed {
@@ -288,7 +308,9 @@ impl Runtime {
             // Step 3: kill containers that are not to be kept.
             for (id, name, reason, message) in &changes.containers_to_kill {
                 let mut r = SyncResult::new(SyncAction::KillContainer, name.clone());
-                let res = self.kill_container(pod, id, name, message, *reason, None).await;
+                let res = self
+                    .kill_container(pod, id, name, message, *reason, None)
+                    .await;
                 if let Err(e) = res {
                     r.fail(ERR_KILL_CONTAINER, e);
                     result.add(r);
@@ -339,14 +361,19 @@ impl Runtime {
         }
 
         // Step 5: the sandbox config is generated again and sent with every Create/Pull of this sync.
-        result.add(SyncResult::new(SyncAction::ConfigPodSandbox, sandbox_id.clone()));
+        result.add(SyncResult::new(
+            SyncAction::ConfigPodSandbox,
+            sandbox_id.clone(),
+        ));
         let sandbox_config = self.generate_pod_sandbox_config(spec, changes.attempt);
 
         // Step 6: at most one init container per sync; a failure ends the sync.
         if let Some(i) = changes.next_init_container {
             let c = &spec.init_containers[i];
             let mut r = SyncResult::new(SyncAction::StartContainer, c.name.clone());
-            let res = self.start(pod, c, &sandbox_id, &sandbox_config, status, &pod_ips).await;
+            let res = self
+                .start(pod, c, &sandbox_id, &sandbox_config, status, &pod_ips)
+                .await;
             if let Err((err, msg)) = res {
                 r.fail(err, msg);
                 result.add(r);
@@ -360,7 +387,10 @@ impl Runtime {
         for &i in &changes.containers_to_start {
             let c = &spec.containers[i];
             let mut r = SyncResult::new(SyncAction::StartContainer, c.name.clone());
-            if let Err((err, msg)) = self.start(pod, c, &sandbox_id, &sandbox_config, status, &pod_ips).await {
+            if let Err((err, msg)) = self
+                .start(pod, c, &sandbox_id, &sandbox_config, status, &pod_ips)
+                .await
+            {
                 r.fail(err, msg);
             }
             result.add(r);
@@ -381,14 +411,30 @@ impl Runtime {
         if let Some(msg) = self.do_backoff(&pod.spec, c, status) {
             return Err((ERR_CRASH_LOOP_BACK_OFF, msg));
         }
-        self.start_container(pod, c, sandbox_id, sandbox_config, status, pod_ips).await
+        self.start_container(pod, c, sandbox_id, sandbox_config, status, pod_ips)
+            .await
     }
 
     /// `doBackOff`: only the newest EXITED instance counts, measured from its `finished_at` (§5).
-    fn do_backoff(&self, pod: &PodSpec, c: &ContainerSpec, status: &RuntimePodStatus) -> Option<String> {
-        let exited = status.containers.iter().find(|s| s.name == c.name && s.state == CriState::Exited)?;
+    fn do_backoff(
+        &self,
+        pod: &PodSpec,
+        c: &ContainerSpec,
+        status: &RuntimePodStatus,
+    ) -> Option<String> {
+        let exited = status
+            .containers
+            .iter()
+            .find(|s| s.name == c.name && s.state == CriState::Exited)?;
         let ts = from_unix_nanos(exited.finished_at);
-        let key = format!("{}_{}_{}_{}_{}", pod.name, pod.namespace, pod.uid, c.name, c.hash());
+        let key = format!(
+            "{}_{}_{}_{}_{}",
+            pod.name,
+            pod.namespace,
+            pod.uid,
+            c.name,
+            c.hash()
+        );
         let mut b = lock(&self.crash_backoff);
         if b.is_in_backoff_since(&key, ts) {
             return Some(format!(
@@ -416,7 +462,9 @@ impl Runtime {
         let meta = pod.meta().with_container(&c.name);
 
         // a. Ensure the image exists.
-        let image_ref = self.ensure_image_exists(spec, c, sandbox_config, &meta).await?;
+        let image_ref = self
+            .ensure_image_exists(spec, c, sandbox_config, &meta)
+            .await?;
 
         // b. Restart count: the newest instance's + 1, else from the log directory (§5).
         let restart_count = match status.find(&c.name) {
@@ -447,7 +495,14 @@ impl Runtime {
         if let Some(hook) = c.post_start_hook() {
             if let Err(msg) = run_exec_hook(&self.cri, spec, c, &id, hook, meta.clone()).await {
                 let kill = self
-                    .kill_container(pod, &id, &c.name, "FailedPostStartHook", KillReason::FailedPostStartHook, None)
+                    .kill_container(
+                        pod,
+                        &id,
+                        &c.name,
+                        "FailedPostStartHook",
+                        KillReason::FailedPostStartHook,
+                        None,
+                    )
                     .await;
                 if let Err(e) = kill {
                     tracing::warn!(pod = %spec, container = %c.name, "failed to kill container after postStart failure: {e}");
@@ -469,14 +524,23 @@ impl Runtime {
         let image = apply_default_image_tag(&c.image);
         let spec = cri::ImageSpec {
             image,
-            annotations: pod.annotations.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            annotations: pod
+                .annotations
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
             ..Default::default()
         };
         let resp = self
             .cri
             .image_status(spec.clone(), meta.clone())
             .await
-            .map_err(|s| (ERR_IMAGE_INSPECT, format!("Failed to inspect image {:?}: {}", c.image, go_error(&s))))?;
+            .map_err(|s| {
+                (
+                    ERR_IMAGE_INSPECT,
+                    format!("Failed to inspect image {:?}: {}", c.image, go_error(&s)),
+                )
+            })?;
         // GetImageRef: the first repo digest, else the ID; empty = absent.
         let image_ref = resp
             .image
@@ -494,16 +558,24 @@ impl Runtime {
             }
             return Err((
                 ERR_IMAGE_NEVER_PULL,
-                format!("Container image {:?} is not present with pull policy of Never", c.image),
+                format!(
+                    "Container image {:?} is not present with pull policy of Never",
+                    c.image
+                ),
             ));
         }
         let key = format!("{}_{}", pod.uid, c.image);
         if lock(&self.image_backoff).is_in_backoff_since_update(&key, SystemTime::now()) {
-            return Err((ERR_IMAGE_PULL_BACK_OFF, format!("Back-off pulling image {:?}", c.image)));
+            return Err((
+                ERR_IMAGE_PULL_BACK_OFF,
+                format!("Back-off pulling image {:?}", c.image),
+            ));
         }
         let pulled = {
             let _serial = self.pull_lock.lock().await;
-            self.cri.pull_image(spec, Some(sandbox_config.clone()), meta.clone()).await
+            self.cri
+                .pull_image(spec, Some(sandbox_config.clone()), meta.clone())
+                .await
         };
         match pulled {
             Ok(r) => Ok(r),
@@ -519,17 +591,34 @@ impl Runtime {
         let spec = &pod.spec;
         let config = self.generate_pod_sandbox_config(spec, attempt);
         std::fs::create_dir_all(&config.log_directory).map_err(|e| {
-            format!("Failed to create log directory for pod {:?}: {e}", spec.format())
+            format!(
+                "Failed to create log directory for pod {:?}: {e}",
+                spec.format()
+            )
         })?;
         self.cri
             .run_pod_sandbox(config, String::new(), pod.meta())
             .await
-            .map_err(|s| format!("Failed to create sandbox for pod {:?}: {}", spec.format(), go_error(&s)))
+            .map_err(|s| {
+                format!(
+                    "Failed to create sandbox for pod {:?}: {}",
+                    spec.format(),
+                    go_error(&s)
+                )
+            })
     }
 
     /// `generatePodSandboxConfig` (KUBELET-CRI §2.1).
-    pub fn generate_pod_sandbox_config(&self, pod: &PodSpec, attempt: u32) -> cri::PodSandboxConfig {
-        let mut labels: HashMap<String, String> = pod.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    pub fn generate_pod_sandbox_config(
+        &self,
+        pod: &PodSpec,
+        attempt: u32,
+    ) -> cri::PodSandboxConfig {
+        let mut labels: HashMap<String, String> = pod
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         labels.insert(LABEL_POD_NAME.into(), pod.name.clone());
         labels.insert(LABEL_POD_NAMESPACE.into(), pod.namespace.clone());
         labels.insert(LABEL_POD_UID.into(), pod.uid.clone());
@@ -558,12 +647,20 @@ impl Runtime {
                 attempt,
             }),
             // Host-network pods get no hostname: they keep the node's.
-            hostname: if pod.host_network { String::new() } else { pod.name.chars().take(63).collect() },
+            hostname: if pod.host_network {
+                String::new()
+            } else {
+                pod.name.chars().take(63).collect()
+            },
             log_directory: self.pod_log_dir(pod).display().to_string(),
             dns_config: Some(host_dns_config()),
             port_mappings: Vec::new(),
             labels,
-            annotations: pod.annotations.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            annotations: pod
+                .annotations
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
             linux: Some(cri::LinuxPodSandboxConfig {
                 cgroup_parent: String::new(),
                 security_context: Some(security),
@@ -585,12 +682,22 @@ impl Runtime {
         meta: &CallMeta,
     ) -> Result<cri::ContainerConfig, String> {
         // getImageUser: the second ImageStatus, with the image as written in the spec (§1.1c).
-        let spec = cri::ImageSpec { image: c.image.clone(), ..Default::default() };
-        self.cri.image_status(spec, meta.clone()).await.map_err(|s| s.message().to_string())?;
+        let spec = cri::ImageSpec {
+            image: c.image.clone(),
+            ..Default::default()
+        };
+        self.cri
+            .image_status(spec, meta.clone())
+            .await
+            .map_err(|s| s.message().to_string())?;
 
         let log_dir = self.pod_log_dir(pod).join(&c.name);
-        std::fs::create_dir_all(&log_dir)
-            .map_err(|e| format!("create container log directory for container {} failed: {e}", c.name))?;
+        std::fs::create_dir_all(&log_dir).map_err(|e| {
+            format!(
+                "create container log directory for container {} failed: {e}",
+                c.name
+            )
+        })?;
 
         let mut labels = HashMap::new();
         labels.insert(LABEL_POD_NAME.to_string(), pod.name.clone());
@@ -600,9 +707,14 @@ impl Runtime {
 
         let mut annotations = HashMap::new();
         annotations.insert("io.kubernetes.container.hash".to_string(), c.hash());
-        annotations.insert("io.kubernetes.container.restartCount".to_string(), restart_count.to_string());
-        annotations
-            .insert("io.kubernetes.container.terminationMessagePath".to_string(), c.termination_message_path.clone());
+        annotations.insert(
+            "io.kubernetes.container.restartCount".to_string(),
+            restart_count.to_string(),
+        );
+        annotations.insert(
+            "io.kubernetes.container.terminationMessagePath".to_string(),
+            c.termination_message_path.clone(),
+        );
         annotations.insert(
             "io.kubernetes.container.terminationMessagePolicy".to_string(),
             c.termination_message_policy.clone(),
@@ -612,19 +724,33 @@ impl Runtime {
             pod.termination_grace_period_seconds.to_string(),
         );
         if let Some(h) = c.pre_stop_hook() {
-            let json = serde_json::to_string(h).map_err(|e| format!("encoding preStop handler: {e}"))?;
+            let json =
+                serde_json::to_string(h).map_err(|e| format!("encoding preStop handler: {e}"))?;
             annotations.insert("io.kubernetes.container.preStopHandler".to_string(), json);
         }
 
         let mounts = self.make_mounts(pod, c, pod_ips)?;
         let ns = namespaces_for_pod(pod);
         Ok(cri::ContainerConfig {
-            metadata: Some(cri::ContainerMetadata { name: c.name.clone(), attempt: restart_count }),
-            image: Some(cri::ImageSpec { image: image_ref.to_string(), ..Default::default() }),
+            metadata: Some(cri::ContainerMetadata {
+                name: c.name.clone(),
+                attempt: restart_count,
+            }),
+            image: Some(cri::ImageSpec {
+                image: image_ref.to_string(),
+                ..Default::default()
+            }),
             command: c.command.clone(),
             args: c.args.clone(),
             working_dir: c.working_dir.clone().unwrap_or_default(),
-            envs: c.env.iter().map(|e| cri::KeyValue { key: e.name.clone(), value: e.value.clone() }).collect(),
+            envs: c
+                .env
+                .iter()
+                .map(|e| cri::KeyValue {
+                    key: e.name.clone(),
+                    value: e.value.clone(),
+                })
+                .collect(),
             mounts,
             labels,
             annotations,
@@ -641,7 +767,10 @@ impl Runtime {
                 security_context: Some(cri::LinuxContainerSecurityContext {
                     namespace_options: Some(ns),
                     masked_paths: DEFAULT_MASKED_PATHS.iter().map(|s| s.to_string()).collect(),
-                    readonly_paths: DEFAULT_READONLY_PATHS.iter().map(|s| s.to_string()).collect(),
+                    readonly_paths: DEFAULT_READONLY_PATHS
+                        .iter()
+                        .map(|s| s.to_string())
+                        .collect(),
                     ..Default::default()
                 }),
             }),
@@ -650,8 +779,15 @@ impl Runtime {
     }
 
     /// kubelet's termination-log and `/etc/hosts` mounts (only with `root_dir` configured).
-    fn make_mounts(&self, pod: &PodSpec, c: &ContainerSpec, pod_ips: &[String]) -> Result<Vec<cri::Mount>, String> {
-        let Some(root) = &self.cfg.root_dir else { return Ok(Vec::new()) };
+    fn make_mounts(
+        &self,
+        pod: &PodSpec,
+        c: &ContainerSpec,
+        pod_ips: &[String],
+    ) -> Result<Vec<cri::Mount>, String> {
+        let Some(root) = &self.cfg.root_dir else {
+            return Ok(Vec::new());
+        };
         let pod_dir = root.join("pods").join(&pod.uid);
         let mut mounts = Vec::new();
         // /etc/hosts: a managed file for pods with an IP, a copy of the node's for host network.
@@ -670,7 +806,8 @@ impl Runtime {
                 s
             };
             std::fs::create_dir_all(&pod_dir).map_err(|e| format!("create pod dir: {e}"))?;
-            std::fs::write(&hosts, content).map_err(|e| format!("write {}: {e}", hosts.display()))?;
+            std::fs::write(&hosts, content)
+                .map_err(|e| format!("write {}: {e}", hosts.display()))?;
             mounts.push(cri::Mount {
                 container_path: "/etc/hosts".into(),
                 host_path: hosts.display().to_string(),
@@ -715,10 +852,13 @@ impl Runtime {
         };
         tracing::debug!(pod = %spec, container = name, ?reason, "killing container");
         let meta = pod.meta().with_container(name);
-        let mut grace = pod.deletion_grace.unwrap_or(spec.termination_grace_period_seconds);
+        let mut grace = pod
+            .deletion_grace
+            .unwrap_or(spec.termination_grace_period_seconds);
         if let Some(hook) = c.pre_stop_hook() {
             if grace > 0 {
-                grace -= execute_pre_stop_hook(&self.cri, spec, c, id, hook, grace, meta.clone()).await;
+                grace -=
+                    execute_pre_stop_hook(&self.cri, spec, c, id, hook, grace, meta.clone()).await;
             }
         }
         if grace < MINIMUM_GRACE_PERIOD {
@@ -745,7 +885,10 @@ impl Runtime {
         let mut result = PodSyncResult::default();
         let kills = running.containers.iter().map(|(id, name, _)| async move {
             let mut r = SyncResult::new(SyncAction::KillContainer, name.clone());
-            if let Err(e) = self.kill_container(pod, id, name, "", KillReason::None, grace_override).await {
+            if let Err(e) = self
+                .kill_container(pod, id, name, "", KillReason::None, grace_override)
+                .await
+            {
                 r.fail(ERR_KILL_CONTAINER, e);
             }
             r
@@ -780,7 +923,10 @@ impl Runtime {
     async fn purge_init_containers(&self, pod: &PodCtx, status: &RuntimePodStatus) {
         for c in &pod.spec.init_containers {
             for s in status.containers.iter().filter(|s| s.name == c.name) {
-                if let Err(e) = self.remove_container(&s.id, pod.meta().with_container(&c.name)).await {
+                if let Err(e) = self
+                    .remove_container(&s.id, pod.meta().with_container(&c.name))
+                    .await
+                {
                     tracing::warn!(pod = %pod.spec, container = %c.name, "failed to remove init container: {e}");
                 }
             }
@@ -799,7 +945,10 @@ impl Runtime {
                 if count == 1 && s.state == CriState::Exited {
                     continue;
                 }
-                if let Err(e) = self.remove_container(&s.id, pod.meta().with_container(&c.name)).await {
+                if let Err(e) = self
+                    .remove_container(&s.id, pod.meta().with_container(&c.name))
+                    .await
+                {
                     tracing::warn!(pod = %pod.spec, container = %c.name, "failed to remove init container: {e}");
                 }
             }
@@ -810,12 +959,24 @@ impl Runtime {
 
     /// `GetPodStatus` (KUBELET-CRI §4.1 step 3): ListPodSandbox(uid), PodSandboxStatus newest first,
     /// ListContainers(uid), ContainerStatus for each. Errors are kubelet's error strings.
-    pub async fn get_pod_status(&self, uid: &str, name: &str, namespace: &str) -> Result<RuntimePodStatus, String> {
+    pub async fn get_pod_status(
+        &self,
+        uid: &str,
+        name: &str,
+        namespace: &str,
+    ) -> Result<RuntimePodStatus, String> {
         let meta = CallMeta::pod(namespace, name, uid);
-        let selector: HashMap<String, String> = [(LABEL_POD_UID.to_string(), uid.to_string())].into();
+        let selector: HashMap<String, String> =
+            [(LABEL_POD_UID.to_string(), uid.to_string())].into();
         let mut sandboxes = self
             .cri
-            .list_pod_sandbox(Some(cri::PodSandboxFilter { label_selector: selector.clone(), ..Default::default() }), meta.clone())
+            .list_pod_sandbox(
+                Some(cri::PodSandboxFilter {
+                    label_selector: selector.clone(),
+                    ..Default::default()
+                }),
+                meta.clone(),
+            )
             .await
             .map_err(|s| go_error(&s))?;
         sandboxes.sort_by_key(|s| std::cmp::Reverse(s.created_at));
@@ -832,7 +993,9 @@ impl Runtime {
                 Err(s) => return Err(go_error(&s)),
                 Ok(r) => r,
             };
-            let st = resp.status.ok_or_else(|| "pod sandbox status is nil".to_string())?;
+            let st = resp
+                .status
+                .ok_or_else(|| "pod sandbox status is nil".to_string())?;
             verify_sandbox_status(&st)?;
             if idx == 0 && st.state == cri::PodSandboxState::SandboxReady as i32 {
                 out.ips = sandbox_ips(&st);
@@ -842,12 +1005,26 @@ impl Runtime {
 
         let containers = self
             .cri
-            .list_containers(Some(cri::ContainerFilter { label_selector: selector, ..Default::default() }), meta.clone())
+            .list_containers(
+                Some(cri::ContainerFilter {
+                    label_selector: selector,
+                    ..Default::default()
+                }),
+                meta.clone(),
+            )
             .await
             .map_err(|s| go_error(&s))?;
         for c in &containers {
-            let cname = c.labels.get(LABEL_CONTAINER_NAME).cloned().unwrap_or_default();
-            let resp = match self.cri.container_status(&c.id, meta.clone().with_container(&cname)).await {
+            let cname = c
+                .labels
+                .get(LABEL_CONTAINER_NAME)
+                .cloned()
+                .unwrap_or_default();
+            let resp = match self
+                .cri
+                .container_status(&c.id, meta.clone().with_container(&cname))
+                .await
+            {
                 Err(s) if s.code() == Code::NotFound => continue,
                 Err(s) => return Err(go_error(&s)),
                 Ok(r) => r,
@@ -856,14 +1033,16 @@ impl Runtime {
             verify_container_status(&st)?;
             out.containers.push(RuntimeContainerStatus::from_cri(&st));
         }
-        out.containers.sort_by_key(|c| std::cmp::Reverse(c.created_at));
+        out.containers
+            .sort_by_key(|c| std::cmp::Reverse(c.created_at));
         Ok(out)
     }
 
     /// `GetPods(all=true)` for the PLEG relist: ListPodSandbox(no filter) and ListContainers(empty
     /// filter), grouped by pod UID (KUBELET-CRI §4.1 step 1).
     pub async fn get_pods(&self) -> Result<Vec<RunningPod>, Status> {
-        let mut pods: std::collections::BTreeMap<String, RunningPod> = std::collections::BTreeMap::new();
+        let mut pods: std::collections::BTreeMap<String, RunningPod> =
+            std::collections::BTreeMap::new();
         let sandboxes = self.cri.list_pod_sandbox(None, CallMeta::default()).await?;
         for s in sandboxes {
             let Some(md) = &s.metadata else { continue };
@@ -873,9 +1052,15 @@ impl Runtime {
                 namespace: md.namespace.clone(),
                 ..RunningPod::default()
             });
-            p.sandboxes.push((s.id.clone(), s.state == cri::PodSandboxState::SandboxReady as i32));
+            p.sandboxes.push((
+                s.id.clone(),
+                s.state == cri::PodSandboxState::SandboxReady as i32,
+            ));
         }
-        let containers = self.cri.list_containers(Some(cri::ContainerFilter::default()), CallMeta::default()).await?;
+        let containers = self
+            .cri
+            .list_containers(Some(cri::ContainerFilter::default()), CallMeta::default())
+            .await?;
         for c in containers {
             if c.metadata.is_none() {
                 continue;
@@ -884,11 +1069,20 @@ impl Runtime {
             let p = pods.entry(uid.clone()).or_insert_with(|| RunningPod {
                 uid,
                 name: c.labels.get(LABEL_POD_NAME).cloned().unwrap_or_default(),
-                namespace: c.labels.get(LABEL_POD_NAMESPACE).cloned().unwrap_or_default(),
+                namespace: c
+                    .labels
+                    .get(LABEL_POD_NAMESPACE)
+                    .cloned()
+                    .unwrap_or_default(),
                 ..RunningPod::default()
             });
-            let name = c.labels.get(LABEL_CONTAINER_NAME).cloned().unwrap_or_default();
-            p.containers.push((c.id.clone(), name, CriState::from_cri(c.state)));
+            let name = c
+                .labels
+                .get(LABEL_CONTAINER_NAME)
+                .cloned()
+                .unwrap_or_default();
+            p.containers
+                .push((c.id.clone(), name, CriState::from_cri(c.state)));
         }
         Ok(pods.into_values().collect())
     }
@@ -918,7 +1112,9 @@ pub(crate) fn compute_pod_actions(pod: &PodCtx, status: &RuntimePodStatus) -> Po
             .containers
             .iter()
             .enumerate()
-            .filter(|(_, c)| !(spec.restart_policy == RestartPolicy::OnFailure && container_succeeded(c, status)))
+            .filter(|(_, c)| {
+                !(spec.restart_policy == RestartPolicy::OnFailure && container_succeeded(c, status))
+            })
             .map(|(i, _)| i)
             .collect();
         if to_start.is_empty() && find_next_init_container_to_run(spec, status).2 {
@@ -947,7 +1143,10 @@ pub(crate) fn compute_pod_actions(pod: &PodCtx, status: &RuntimePodStatus) -> Po
                         last.id.clone(),
                         spec.init_containers[next].name.clone(),
                         KillReason::Unknown,
-                        format!("Init container is in {:?} state, try killing it before restart", "unknown"),
+                        format!(
+                            "Init container is in {:?} state, try killing it before restart",
+                            "unknown"
+                        ),
                     ));
                 }
                 changes.next_init_container = Some(next);
@@ -968,7 +1167,10 @@ pub(crate) fn compute_pod_actions(pod: &PodCtx, status: &RuntimePodStatus) -> Po
                         s.id.clone(),
                         s.name.clone(),
                         KillReason::Unknown,
-                        format!("Container is in {:?} state, try killing it before restart", "unknown"),
+                        format!(
+                            "Container is in {:?} state, try killing it before restart",
+                            "unknown"
+                        ),
                     ));
                 }
             }
@@ -997,7 +1199,9 @@ pub(crate) fn compute_pod_actions(pod: &PodCtx, status: &RuntimePodStatus) -> Po
 
 /// `PodSandboxChanged` (KUBELET-CRI §1.1 step 1): (create?, attempt, sandbox id).
 fn pod_sandbox_changed(pod: &PodSpec, status: &RuntimePodStatus) -> (bool, u32, String) {
-    let Some(newest) = status.sandboxes.first() else { return (true, 0, String::new()) };
+    let Some(newest) = status.sandboxes.first() else {
+        return (true, 0, String::new());
+    };
     let attempt = newest.metadata.as_ref().map(|m| m.attempt).unwrap_or(0);
     let ready = |s: &cri::PodSandboxStatus| s.state == cri::PodSandboxState::SandboxReady as i32;
     if status.sandboxes.iter().filter(|s| ready(s)).count() > 1 || !ready(newest) {
@@ -1020,11 +1224,15 @@ fn pod_sandbox_changed(pod: &PodSpec, status: &RuntimePodStatus) -> (bool, u32, 
 }
 
 fn container_succeeded(c: &ContainerSpec, status: &RuntimePodStatus) -> bool {
-    status.find(&c.name).is_some_and(|s| s.state == CriState::Exited && s.exit_code == 0)
+    status
+        .find(&c.name)
+        .is_some_and(|s| s.state == CriState::Exited && s.exit_code == 0)
 }
 
 fn is_init_container_failed(s: &RuntimeContainerStatus) -> bool {
-    s.reason == "OOMKilled" || (s.state == CriState::Exited && s.exit_code != 0) || s.state == CriState::Unknown
+    s.reason == "OOMKilled"
+        || (s.state == CriState::Exited && s.exit_code != 0)
+        || s.state == CriState::Unknown
 }
 
 /// `findNextInitContainerToRun`: (last failed status, next index, done).
@@ -1036,7 +1244,11 @@ fn find_next_init_container_to_run<'a>(
         return (None, None, true);
     }
     // A running regular container means initialization happened in the past.
-    if pod.containers.iter().any(|c| status.find(&c.name).is_some_and(|s| s.state == CriState::Running)) {
+    if pod.containers.iter().any(|c| {
+        status
+            .find(&c.name)
+            .is_some_and(|s| s.state == CriState::Running)
+    }) {
         return (None, None, true);
     }
     for (i, c) in pod.init_containers.iter().enumerate().rev() {
@@ -1047,7 +1259,9 @@ fn find_next_init_container_to_run<'a>(
         }
     }
     for (i, c) in pod.init_containers.iter().enumerate().rev() {
-        let Some(s) = status.find(&c.name) else { continue };
+        let Some(s) = status.find(&c.name) else {
+            continue;
+        };
         if s.state == CriState::Running {
             return (None, None, false);
         }
@@ -1072,7 +1286,9 @@ fn namespaces_for_pod(pod: &PodSpec) -> cri::NamespaceOption {
 }
 
 fn sandbox_ips(st: &cri::PodSandboxStatus) -> Vec<String> {
-    let Some(n) = &st.network else { return Vec::new() };
+    let Some(n) = &st.network else {
+        return Vec::new();
+    };
     let mut ips = Vec::new();
     if !n.ip.is_empty() {
         ips.push(n.ip.clone());
@@ -1086,9 +1302,13 @@ fn verify_sandbox_status(s: &cri::PodSandboxStatus) -> Result<(), String> {
     if s.id.is_empty() {
         return Err("status.Id is not set".into());
     }
-    let Some(m) = &s.metadata else { return Err("status.Metadata is not set".into()) };
+    let Some(m) = &s.metadata else {
+        return Err("status.Metadata is not set".into());
+    };
     if m.name.is_empty() || m.namespace.is_empty() || m.uid.is_empty() {
-        return Err(format!("metadata.Name, metadata.Namespace or metadata.Uid is not in metadata {m:?}"));
+        return Err(format!(
+            "metadata.Name, metadata.Namespace or metadata.Uid is not in metadata {m:?}"
+        ));
     }
     if s.created_at == 0 {
         return Err("status.CreatedAt is not set".into());
@@ -1101,7 +1321,9 @@ fn verify_container_status(s: &cri::ContainerStatus) -> Result<(), String> {
     if s.id.is_empty() {
         return Err("status.Id is not set".into());
     }
-    let Some(m) = &s.metadata else { return Err("status.Metadata is not set".into()) };
+    let Some(m) = &s.metadata else {
+        return Err("status.Metadata is not set".into());
+    };
     if m.name.is_empty() {
         return Err(format!("metadata.Name is not in metadata {m:?}"));
     }
@@ -1129,7 +1351,9 @@ fn apply_default_image_tag(image: &str) -> String {
 
 /// `calcRestartCountByLogDir`: highest `N.log` + 1 in the container's log dir, 0 if none.
 fn calc_restart_count_by_log_dir(dir: &Path) -> u32 {
-    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
     let mut count = 0;
     for e in entries.flatten() {
         if e.file_type().map(|t| t.is_dir()).unwrap_or(true) {
@@ -1151,7 +1375,9 @@ fn calc_restart_count_by_log_dir(dir: &Path) -> u32 {
 /// node's resolv.conf.
 fn host_dns_config() -> cri::DnsConfig {
     let mut cfg = cri::DnsConfig::default();
-    let Ok(text) = std::fs::read_to_string("/etc/resolv.conf") else { return cfg };
+    let Ok(text) = std::fs::read_to_string("/etc/resolv.conf") else {
+        return cfg;
+    };
     for line in text.lines() {
         let mut f = line.split_whitespace();
         match f.next() {
@@ -1180,8 +1406,14 @@ const DEFAULT_MASKED_PATHS: &[&str] = &[
     "/proc/scsi",
     "/sys/firmware",
 ];
-const DEFAULT_READONLY_PATHS: &[&str] =
-    &["/proc/asound", "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"];
+const DEFAULT_READONLY_PATHS: &[&str] = &[
+    "/proc/asound",
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+];
 
 /// An exec hook: ExecSync with timeout 0 and no deadline (KUBELET-CRI §6). A non-zero exit is a
 /// failure. Returns kubelet's message on failure.
@@ -1202,7 +1434,12 @@ async fn run_exec_hook(
             let mut out = r.stdout;
             out.extend_from_slice(&r.stderr);
             (
-                format!("command '{}' exited with {}: {}", cmd.join(" "), r.exit_code, stderr),
+                format!(
+                    "command '{}' exited with {}: {}",
+                    cmd.join(" "),
+                    r.exit_code,
+                    stderr
+                ),
                 String::from_utf8_lossy(&out).to_string(),
             )
         }
@@ -1230,7 +1467,13 @@ async fn execute_pre_stop_hook(
     meta: CallMeta,
 ) -> i64 {
     let start = Instant::now();
-    let (cri, pod, c, id, hook) = (cri.clone(), pod.clone(), c.clone(), id.to_string(), hook.clone());
+    let (cri, pod, c, id, hook) = (
+        cri.clone(),
+        pod.clone(),
+        c.clone(),
+        id.to_string(),
+        hook.clone(),
+    );
     let (pod_key, name) = (pod.key(), c.name.clone());
     let task = tokio::spawn(async move {
         if let Err(msg) = run_exec_hook(&cri, &pod, &c, &id, &hook, meta).await {
@@ -1253,7 +1496,11 @@ pub fn go_duration(d: Duration) -> String {
     let h = (total / 3600.0).floor() as u64;
     let m = ((total - h as f64 * 3600.0) / 60.0).floor() as u64;
     let s = total - h as f64 * 3600.0 - m as f64 * 60.0;
-    let secs = if (s - s.round()).abs() < 1e-9 { format!("{}s", s.round() as u64) } else { format!("{s}s") };
+    let secs = if (s - s.round()).abs() < 1e-9 {
+        format!("{}s", s.round() as u64)
+    } else {
+        format!("{s}s")
+    };
     match (h, m) {
         (0, 0) => secs,
         (0, m) => format!("{m}m{secs}"),

@@ -90,18 +90,46 @@ impl RuntimeContainerStatus {
         let exited = state == CriState::Exited;
         RuntimeContainerStatus {
             id: s.id.clone(),
-            name: s.labels.get(LABEL_CONTAINER_NAME).cloned().unwrap_or_default(),
+            name: s
+                .labels
+                .get(LABEL_CONTAINER_NAME)
+                .cloned()
+                .unwrap_or_default(),
             state,
             created_at: s.created_at,
-            started_at: if state != CriState::Created { s.started_at } else { 0 },
+            started_at: if state != CriState::Created {
+                s.started_at
+            } else {
+                0
+            },
             finished_at: if exited { s.finished_at } else { 0 },
             exit_code: if exited { s.exit_code } else { 0 },
-            reason: if exited { s.reason.clone() } else { String::new() },
-            message: if exited { s.message.clone() } else { String::new() },
-            image: s.image.as_ref().map(|i| i.image.clone()).unwrap_or_default(),
+            reason: if exited {
+                s.reason.clone()
+            } else {
+                String::new()
+            },
+            message: if exited {
+                s.message.clone()
+            } else {
+                String::new()
+            },
+            image: s
+                .image
+                .as_ref()
+                .map(|i| i.image.clone())
+                .unwrap_or_default(),
             image_ref: s.image_ref.clone(),
-            hash: s.annotations.get(ANNOTATION_HASH).cloned().unwrap_or_default(),
-            restart_count: s.annotations.get(ANNOTATION_RESTART_COUNT).and_then(|v| v.parse().ok()).unwrap_or(0),
+            hash: s
+                .annotations
+                .get(ANNOTATION_HASH)
+                .cloned()
+                .unwrap_or_default(),
+            restart_count: s
+                .annotations
+                .get(ANNOTATION_RESTART_COUNT)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
             annotations: s.annotations.clone(),
         }
     }
@@ -127,7 +155,10 @@ pub struct RuntimePodStatus {
 impl RuntimePodStatus {
     /// What the cache returns for a pod the runtime knows nothing about.
     pub fn empty(uid: &str) -> RuntimePodStatus {
-        RuntimePodStatus { uid: uid.to_string(), ..RuntimePodStatus::default() }
+        RuntimePodStatus {
+            uid: uid.to_string(),
+            ..RuntimePodStatus::default()
+        }
     }
 
     /// `FindContainerStatusByName`: the newest instance with that name.
@@ -198,7 +229,10 @@ pub enum ContainerState {
 
 impl ContainerState {
     fn waiting(reason: &str) -> ContainerState {
-        ContainerState::Waiting { reason: reason.to_string(), message: String::new() }
+        ContainerState::Waiting {
+            reason: reason.to_string(),
+            message: String::new(),
+        }
     }
 
     /// Whether Running.
@@ -227,7 +261,9 @@ impl ContainerState {
     /// The reason of Waiting/Terminated.
     pub fn reason(&self) -> Option<&str> {
         match self {
-            ContainerState::Waiting { reason, .. } | ContainerState::Terminated { reason, .. } => Some(reason),
+            ContainerState::Waiting { reason, .. } | ContainerState::Terminated { reason, .. } => {
+                Some(reason)
+            }
             ContainerState::Running { .. } => None,
         }
     }
@@ -278,7 +314,10 @@ impl ApiPodStatus {
 
     /// A regular or init container's status by name.
     pub fn container(&self, name: &str) -> Option<&ContainerStatusView> {
-        self.container_statuses.iter().chain(&self.init_container_statuses).find(|c| c.name == name)
+        self.container_statuses
+            .iter()
+            .chain(&self.init_container_statuses)
+            .find(|c| c.name == name)
     }
 }
 
@@ -296,7 +335,9 @@ pub fn should_container_be_restarted(
     if deletion_requested {
         return false;
     }
-    let Some(s) = status.find(&container.name) else { return true };
+    let Some(s) = status.find(&container.name) else {
+        return true;
+    };
     match s.state {
         CriState::Running => false,
         // Always restart containers in the unknown or created state, whatever the policy.
@@ -329,8 +370,14 @@ pub struct StatusInputs<'a> {
 /// three-way merge (a Succeeded/Failed phase is never left again).
 pub fn generate_api_pod_status(inp: &StatusInputs<'_>, status: &RuntimePodStatus) -> ApiPodStatus {
     let has_init = !inp.pod.init_containers.is_empty();
-    let container_statuses =
-        convert_to_api_container_statuses(inp, status, &inp.old.container_statuses, &inp.pod.containers, has_init, false);
+    let container_statuses = convert_to_api_container_statuses(
+        inp,
+        status,
+        &inp.old.container_statuses,
+        &inp.pod.containers,
+        has_init,
+        false,
+    );
     let init_container_statuses = convert_to_api_container_statuses(
         inp,
         status,
@@ -348,7 +395,12 @@ pub fn generate_api_pod_status(inp: &StatusInputs<'_>, status: &RuntimePodStatus
     if !phase.is_terminal() && inp.old.phase.is_terminal() {
         phase = inp.old.phase;
     }
-    ApiPodStatus { phase, init_container_statuses, container_statuses, pod_ips: status.ips.clone() }
+    ApiPodStatus {
+        phase,
+        init_container_statuses,
+        container_statuses,
+        pod_ips: status.ips.clone(),
+    }
 }
 
 /// `convertToAPIContainerStatuses` (kubelet_pods.go), for regular or init containers.
@@ -360,8 +412,13 @@ fn convert_to_api_container_statuses(
     has_init: bool,
     is_init: bool,
 ) -> Vec<ContainerStatusView> {
-    let old: HashMap<&str, &ContainerStatusView> = previous.iter().map(|s| (s.name.as_str(), s)).collect();
-    let default_reason = if has_init { "PodInitializing" } else { "ContainerCreating" };
+    let old: HashMap<&str, &ContainerStatusView> =
+        previous.iter().map(|s| (s.name.as_str(), s)).collect();
+    let default_reason = if has_init {
+        "PodInitializing"
+    } else {
+        "ContainerCreating"
+    };
 
     // Every container starts in the default waiting state, seeded from its old status.
     let mut statuses: BTreeMap<&str, ContainerStatusView> = BTreeMap::new();
@@ -391,12 +448,17 @@ fn convert_to_api_container_statuses(
         if status.containers.iter().any(|s| s.name == c.name) {
             continue;
         }
-        let Some(o) = old.get(c.name.as_str()) else { continue };
+        let Some(o) = old.get(c.name.as_str()) else {
+            continue;
+        };
         if o.state.is_terminated() || !o.state.is_running() {
             continue;
         }
-        let Some(s) = statuses.get_mut(c.name.as_str()) else { continue };
-        let is_default = matches!(&s.state, ContainerState::Waiting { reason, .. } if reason == default_reason);
+        let Some(s) = statuses.get_mut(c.name.as_str()) else {
+            continue;
+        };
+        let is_default =
+            matches!(&s.state, ContainerState::Waiting { reason, .. } if reason == default_reason);
         if !is_default || matches!(s.last_state, Some(ContainerState::Terminated { .. })) {
             continue;
         }
@@ -417,7 +479,9 @@ fn convert_to_api_container_statuses(
     // The newest instance is the state, the one before it the last state (statuses are newest first).
     let mut seen: HashMap<&str, u32> = HashMap::new();
     for cs in &status.containers {
-        let Some(slot) = statuses.get_mut(cs.name.as_str()) else { continue };
+        let Some(slot) = statuses.get_mut(cs.name.as_str()) else {
+            continue;
+        };
         let n = seen.entry(cs.name.as_str()).or_insert(0);
         if *n >= 2 {
             continue;
@@ -443,18 +507,31 @@ fn convert_to_api_container_statuses(
         if !should_container_be_restarted(c, inp.pod, inp.deletion_requested, status) {
             continue;
         }
-        let Some((reason, message)) = inp.reasons.get(&c.name) else { continue };
-        let Some(s) = statuses.get_mut(c.name.as_str()) else { continue };
+        let Some((reason, message)) = inp.reasons.get(&c.name) else {
+            continue;
+        };
+        let Some(s) = statuses.get_mut(c.name.as_str()) else {
+            continue;
+        };
         if s.state.is_terminated() {
             s.last_state = Some(s.state.clone());
         }
-        s.state = ContainerState::Waiting { reason: reason.clone(), message: message.clone() };
+        s.state = ContainerState::Waiting {
+            reason: reason.clone(),
+            message: message.clone(),
+        };
     }
 
-    containers.iter().filter_map(|c| statuses.remove(c.name.as_str())).collect()
+    containers
+        .iter()
+        .filter_map(|c| statuses.remove(c.name.as_str()))
+        .collect()
 }
 
-fn convert_container_status(cs: &RuntimeContainerStatus, old: Option<&ContainerStatusView>) -> ContainerStatusView {
+fn convert_container_status(
+    cs: &RuntimeContainerStatus,
+    old: Option<&ContainerStatusView>,
+) -> ContainerStatusView {
     let mut s = ContainerStatusView {
         name: cs.name.clone(),
         state: ContainerState::waiting(""),
@@ -465,7 +542,9 @@ fn convert_container_status(cs: &RuntimeContainerStatus, old: Option<&ContainerS
         image_id: cs.image_ref.clone(),
     };
     s.state = match cs.state {
-        CriState::Running => ContainerState::Running { started_at: cs.started_at },
+        CriState::Running => ContainerState::Running {
+            started_at: cs.started_at,
+        },
         // Created but not running: "waiting to be running", no reason.
         CriState::Created => ContainerState::waiting(""),
         CriState::Exited => ContainerState::Terminated {
@@ -482,7 +561,8 @@ fn convert_container_status(cs: &RuntimeContainerStatus, old: Option<&ContainerS
                 ContainerState::Terminated {
                     exit_code: 137,
                     reason: "ContainerStatusUnknown".into(),
-                    message: "The container could not be located when the pod was terminated".into(),
+                    message: "The container could not be located when the pod was terminated"
+                        .into(),
                     started_at: 0,
                     finished_at: 0,
                     container_id: String::new(),
@@ -503,7 +583,8 @@ pub fn get_phase(
     regular: &[ContainerStatusView],
     pod_is_terminal: bool,
 ) -> PodPhase {
-    let find = |list: &[ContainerStatusView], name: &str| list.iter().find(|s| s.name == name).cloned();
+    let find =
+        |list: &[ContainerStatusView], name: &str| list.iter().find(|s| s.name == name).cloned();
     let mut pending_initialization = 0;
     let mut failed_initialization = 0;
     for c in &pod.init_containers {
@@ -567,7 +648,11 @@ pub fn get_phase(
     if running == 0 && stopped > 0 && unknown == 0 {
         // 1.27: the pod is terminal, so its containers won't be restarted regardless of policy.
         if pod_is_terminal {
-            return if stopped == succeeded { PodPhase::Succeeded } else { PodPhase::Failed };
+            return if stopped == succeeded {
+                PodPhase::Succeeded
+            } else {
+                PodPhase::Failed
+            };
         }
         if pod.restart_policy == RestartPolicy::Always {
             // All containers are in the process of restarting.
