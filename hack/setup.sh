@@ -23,6 +23,7 @@ PACKAGES=(
   protobuf-compiler
   iproute2
   iptables
+  systemd  # systemd-analyze verify, systemd-socket-activate (tests/systemd_*.rs)
 )
 
 die() {

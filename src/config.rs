@@ -42,6 +42,8 @@ pub struct Config {
     /// Node-wide sidecar rules by container name, for pods without a `crisp.dev/sidecars`
     /// annotation (annotations win).
     pub sidecars: Vec<SidecarRule>,
+    /// crisp's own admin socket: the debug tap, the pods it tracks, Prometheus metrics.
+    pub admin: AdminConfig,
 }
 
 impl Default for Config {
@@ -56,6 +58,41 @@ impl Default for Config {
             job: JobConfig::default(),
             state_dir: DEFAULT_STATE_DIR.into(),
             sidecars: Vec::new(),
+            admin: AdminConfig::default(),
+        }
+    }
+}
+
+/// The admin socket (DESIGN.md §6): crisp's own gRPC API (`proto/crisp/admin/v1`) and
+/// `GET /metrics`, for root on the node. Never the CRI socket, never TCP unless asked.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    pub enabled: bool,
+    /// Default: `admin.sock` next to `listen` (`/run/crisp/admin.sock` with the default
+    /// `listen`), so that two crisps with different sockets never fight over one admin socket.
+    pub socket: Option<PathBuf>,
+    /// File mode of the admin socket, octal. The tap shows every pod's CRI traffic: root only.
+    #[serde(deserialize_with = "de_mode")]
+    pub mode: u32,
+    /// Also serve `GET /metrics` (only that) over TCP on this address, e.g. "127.0.0.1:9478".
+    pub metrics_tcp: Option<std::net::SocketAddr>,
+    /// Events queued per tap client before crisp drops (and counts) events for that client.
+    pub tap_queue: usize,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig { enabled: true, socket: None, mode: 0o600, metrics_tcp: None, tap_queue: 4096 }
+    }
+}
+
+impl Config {
+    /// Where the admin socket is (whether or not it is enabled).
+    pub fn admin_socket(&self) -> PathBuf {
+        match &self.admin.socket {
+            Some(p) => p.clone(),
+            None => self.listen.with_file_name("admin.sock"),
         }
     }
 }
@@ -247,6 +284,15 @@ impl Config {
             }
             if let Some(j) = seen.insert(rule.name.clone(), i) {
                 return Err(bad(&format!("sidecars[{i}].name"), format!("`{}` already declared in sidecars[{j}]", rule.name)));
+            }
+        }
+        if self.admin.enabled {
+            let admin = self.admin_socket();
+            if admin == self.listen || admin == self.upstream {
+                return Err(bad("admin.socket", format!("{} is already `listen` or `upstream`; the admin socket needs its own path", admin.display())));
+            }
+            if self.admin.tap_queue == 0 {
+                return Err(bad("admin.tap_queue", "must be greater than 0".into()));
             }
         }
         crate::telemetry::validate_filter(&self.log.level).map_err(|m| bad("log.level", m))?;

@@ -7,27 +7,63 @@ use std::time::Duration;
 
 use crate::config::Config;
 use crate::cri::client::RuntimeClient;
-use crate::metrics::OrderingMetrics;
+use crate::metrics::{CallMetrics, OrderingMetrics};
 use crate::ordering::job::Terminated;
 use crate::ordering::Engine;
 use crate::intercept::{Interceptor, Interceptors};
 use crate::proxy::{self, listener, Proxy, Upstream};
+use crate::tap::Tap;
 
 /// Builds the interceptor chain for a configuration.
 pub fn interceptors(cfg: &Config, upstream: &Arc<Upstream>) -> Vec<Arc<dyn Interceptor>> {
+    chain(cfg, upstream).0
+}
+
+/// The interceptor chain and the tap in it (the admin socket serves the tap's subscribers).
+pub fn chain(cfg: &Config, upstream: &Arc<Upstream>) -> (Vec<Arc<dyn Interceptor>>, Arc<Tap>) {
     let client = RuntimeClient::new(upstream.clone(), Duration::from_secs(5));
     let terminated = Arc::new(Terminated::open(Some(cfg.state_dir.clone())));
     let engine = Engine::new(cfg, client, Arc::new(OrderingMetrics::default()), terminated);
     // Job pods whose sidecars crisp must end are found again after a restart.
     let recovering = engine.clone();
     tokio::spawn(async move { recovering.recover(crate::cri::ApiVersion::V1).await });
-    vec![engine]
+    let tap = Tap::new(Arc::new(CallMetrics::default()), Some(engine.clone()));
+    // The tap goes first: it reads a Remove call's names before the engine forgets them.
+    (vec![tap.clone(), engine], tap)
 }
 
-/// Binds `cfg.listen` and serves until `shutdown` resolves. Removes the socket file on return.
+/// Serves until `shutdown` resolves, on the listening socket systemd passed (socket activation,
+/// `systemd/crisp.socket`) or else on `cfg.listen`, bound here and removed on return. A socket
+/// systemd holds is left in place: connections queue in its backlog while crisp restarts.
+/// Tells systemd READY=1 once the socket listens and STOPPING=1 when shutdown starts.
 pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-    let (listener, _guard) = listener::bind(&cfg.listen, cfg.listen_mode).await?;
-    tracing::info!(listen = %cfg.listen.display(), upstream = %cfg.upstream.display(), "crisp listening");
+    let mut listen = cfg.listen.display().to_string();
+    let (listener, _guard) = match crate::systemd::take_listener()? {
+        Some(inherited) => {
+            let path = inherited.path.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "(unnamed)".into());
+            listen = path.clone();
+            if inherited.path.as_deref() != Some(cfg.listen.as_path()) {
+                tracing::warn!(
+                    inherited = %path, listen = %cfg.listen.display(),
+                    "the socket systemd passed is not `listen` from the config; kubelet must point at the inherited one"
+                );
+            }
+            tracing::info!(listen = %path, name = inherited.name.as_deref().unwrap_or(""), "serving on the socket inherited from systemd");
+            let l = listener::from_fd(std::os::fd::IntoRawFd::into_raw_fd(inherited.fd))
+                .map_err(|e| anyhow::anyhow!("socket activation: cannot use the inherited socket {path}: {e}"))?;
+            (l, None)
+        }
+        None => {
+            let (l, guard) = listener::bind(&cfg.listen, cfg.listen_mode).await?;
+            (l, Some(guard))
+        }
+    };
+    tracing::info!(listen = %listen, upstream = %cfg.upstream.display(), "crisp listening");
+    crate::systemd::notify_ready(&format!("serving, forwarding to {}", cfg.upstream.display()));
+    let shutdown = async move {
+        shutdown.await;
+        crate::systemd::notify_stopping("draining in-flight calls");
+    };
     serve_on(listener, cfg, shutdown).await;
     Ok(())
 }
@@ -35,7 +71,21 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
 /// Serves on an already-bound listener (tests, socket activation).
 pub async fn serve_on(listener: tokio::net::UnixListener, cfg: Config, shutdown: impl Future<Output = ()>) {
     let upstream = std::sync::Arc::new(Upstream::new(cfg.upstream.clone(), cfg.upstream_options()));
-    let chain = interceptors(&cfg, &upstream);
-    let proxy = Proxy::new(upstream, Interceptors::new(chain), cfg.proxy_options());
+    let (list, tap) = chain(&cfg, &upstream);
+    let proxy = Proxy::new(upstream, Interceptors::new(list), cfg.proxy_options());
+    // The admin socket (tap, metrics) stops with the CRI listener.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    // Bound in its own task: CRI calls are served at once, whatever the admin socket does.
+    let admin_cfg = cfg.clone();
+    let admin = tokio::spawn(async move {
+        if let Some(t) = crate::tap::admin::start(&admin_cfg, tap, stopped).await {
+            let _ = t.await;
+        }
+    });
+    let shutdown = async move {
+        shutdown.await;
+        let _ = stop.send(true);
+    };
     proxy::serve(listener, proxy, shutdown).await;
+    let _ = admin.await;
 }

@@ -30,9 +30,12 @@
 pub mod config;
 pub mod cri;
 pub mod daemon;
+pub mod doctor;
 pub mod intercept;
 pub mod metrics;
 pub mod ordering;
 pub mod proxy;
 pub mod status;
+pub mod systemd;
+pub mod tap;
 pub mod telemetry;

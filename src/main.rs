@@ -1,9 +1,9 @@
-//! The `crisp` binary: parse flags, load config, set up logging, run the daemon.
+//! The `crisp` binary: parse flags, load config, set up logging, run the daemon (or `doctor`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{Args, Parser, Subcommand};
 use crisp::config::{self, Config, LogFormat};
 
 /// sysexits.h EX_USAGE: bad configuration or flags.
@@ -13,14 +13,34 @@ const EX_USAGE: u8 = 64;
 ///
 /// Sits on the CRI socket between kubelet and the container runtime and forwards every call
 /// byte-exact. Point kubelet's --container-runtime-endpoint (and --image-service-endpoint) at
-/// --listen. Flags override the config file.
+/// --listen. Flags override the config file. Without a subcommand, crisp serves.
 #[derive(Parser, Debug)]
-#[command(version, about, long_about)]
+#[command(version, about, long_about, args_conflicts_with_subcommands = true)]
 struct Cli {
+    #[command(subcommand)]
+    command: Option<Cmd>,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Serve (the default when no subcommand is given).
+    Serve(ServeArgs),
+    /// Check this node: config, the runtime's socket, crisp's socket, kubelet's endpoint and
+    /// the systemd units. Prints OK/WARN/FAIL with a fix for each; exits 1 if anything FAILs.
+    Doctor(DoctorArgs),
+    /// Watch the CRI calls a running crisp forwards, live (secrets redacted).
+    Tap(crisp::tap::cli::TapArgs),
+}
+
+#[derive(Args, Debug)]
+struct ServeArgs {
     /// Config file (TOML). Default: /etc/crisp/config.toml if it exists.
     #[arg(long, short = 'c', value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Socket kubelet connects to [default: /run/crisp/crisp.sock].
+    /// Socket kubelet connects to [default: /run/crisp/crisp.sock]. Under systemd socket
+    /// activation (LISTEN_FDS) the inherited socket is used instead.
     #[arg(long, value_name = "PATH")]
     listen: Option<PathBuf>,
     /// Mode of the listening socket, octal [default: 0660].
@@ -40,13 +60,29 @@ struct Cli {
     check_config: bool,
 }
 
+#[derive(Args, Debug)]
+struct DoctorArgs {
+    /// Config file to check. Default: ROOT/etc/crisp/config.toml if it exists.
+    #[arg(long, short = 'c', value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// crisp's socket, a node path [default: `listen` from the config].
+    #[arg(long, value_name = "PATH")]
+    listen: Option<PathBuf>,
+    /// The runtime's socket, a node path [default: `upstream` from the config].
+    #[arg(long, value_name = "PATH")]
+    upstream: Option<PathBuf>,
+    /// The node's filesystem root: node paths (sockets, kubelet files, units) are looked up under it.
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    root: PathBuf,
+}
+
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
 enum LogFormatArg {
     Text,
     Json,
 }
 
-fn load(cli: &Cli) -> Result<Config, String> {
+fn load(cli: &ServeArgs) -> Result<Config, String> {
     let mut cfg = Config::load(cli.config.as_deref()).map_err(|e| e.to_string())?;
     if let Some(p) = &cli.listen {
         cfg.listen = p.clone();
@@ -72,7 +108,26 @@ fn load(cli: &Cli) -> Result<Config, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let cfg = match load(&cli) {
+    match cli.command {
+        None => serve(&cli.serve),
+        Some(Cmd::Serve(args)) => serve(&args),
+        Some(Cmd::Doctor(args)) => doctor(args),
+        Some(Cmd::Tap(args)) => crisp::tap::cli::run(args),
+    }
+}
+
+fn runtime() -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => Some(rt),
+        Err(e) => {
+            eprintln!("crisp: cannot start the async runtime: {e}");
+            None
+        }
+    }
+}
+
+fn serve(cli: &ServeArgs) -> ExitCode {
+    let cfg = match load(cli) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("crisp: {e}");
@@ -84,13 +139,7 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     crisp::telemetry::init(&cfg.log.level, cfg.log.format);
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("crisp: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    let Some(rt) = runtime() else { return ExitCode::FAILURE };
     match rt.block_on(crisp::daemon::run(cfg, shutdown_signal())) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -98,6 +147,18 @@ fn main() -> ExitCode {
             eprintln!("crisp: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+fn doctor(args: DoctorArgs) -> ExitCode {
+    let opts = crisp::doctor::Options { root: args.root, config: args.config, listen: args.listen, upstream: args.upstream, ..Default::default() };
+    let Some(rt) = runtime() else { return ExitCode::FAILURE };
+    let report = rt.block_on(crisp::doctor::run(&opts));
+    println!("{report}");
+    if report.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }
 

@@ -81,3 +81,42 @@ fn durations() {
     assert!(parse_duration("").is_err());
     assert!(parse_duration("1e400s").is_err());
 }
+
+#[test]
+fn admin_defaults_next_to_listen() {
+    let c = Config::from_toml("", "t").unwrap();
+    assert!(c.admin.enabled);
+    assert_eq!(c.admin.mode, 0o600);
+    assert_eq!(c.admin.metrics_tcp, None);
+    assert_eq!(c.admin_socket(), PathBuf::from("/run/crisp/admin.sock"));
+    let c = Config::from_toml("listen = \"/tmp/t/crisp.sock\"\n", "t").unwrap();
+    assert_eq!(c.admin_socket(), PathBuf::from("/tmp/t/admin.sock"));
+}
+
+#[test]
+fn admin_section_parses() {
+    let c = Config::from_toml(
+        "[admin]\nsocket = \"/run/x/a.sock\"\nmode = \"0660\"\nmetrics_tcp = \"127.0.0.1:9478\"\ntap_queue = 10\n",
+        "t",
+    )
+    .unwrap();
+    assert_eq!(c.admin_socket(), PathBuf::from("/run/x/a.sock"));
+    assert_eq!(c.admin.mode, 0o660);
+    assert_eq!(c.admin.metrics_tcp, Some("127.0.0.1:9478".parse().unwrap()));
+    assert_eq!(c.admin.tap_queue, 10);
+    assert!(!Config::from_toml("[admin]\nenabled = false\n", "t").unwrap().admin.enabled);
+}
+
+#[test]
+fn bad_admin_values_are_named() {
+    let e = err("[admin]\nsokcet = \"/x\"\n");
+    assert!(e.contains("sokcet"), "{e}");
+    let e = err("[admin]\nmetrics_tcp = \"localhost\"\n");
+    assert!(e.contains("admin.metrics_tcp"), "{e}");
+    let e = err("[admin]\nmode = \"0999\"\n");
+    assert!(e.contains("admin.mode"), "{e}");
+    let e = err("listen = \"/run/crisp/admin.sock\"\n");
+    assert!(e.contains("admin.socket"), "{e}");
+    let e = err("[admin]\ntap_queue = 0\n");
+    assert!(e.contains("admin.tap_queue"), "{e}");
+}

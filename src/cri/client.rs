@@ -132,6 +132,35 @@ impl RuntimeClient {
     }
 }
 
+/// `runtime.v1.VersionRequest` (same field numbers in v1alpha2).
+#[derive(Clone, PartialEq, Message)]
+pub struct VersionRequest {
+    /// The kubelet's CRI API version.
+    #[prost(string, tag = "1")]
+    pub version: String,
+}
+
+/// `runtime.v1.VersionResponse` (same field numbers in v1alpha2).
+#[derive(Clone, PartialEq, Message)]
+pub struct VersionResponse {
+    #[prost(string, tag = "1")]
+    pub version: String,
+    #[prost(string, tag = "2")]
+    pub runtime_name: String,
+    #[prost(string, tag = "3")]
+    pub runtime_version: String,
+    #[prost(string, tag = "4")]
+    pub runtime_api_version: String,
+}
+
+impl RuntimeClient {
+    /// RuntimeService/Version in the given CRI API version (`crisp doctor`).
+    pub async fn version(&self, version: ApiVersion) -> Result<VersionResponse, ClientError> {
+        let req = VersionRequest { version: version.as_str().to_string() };
+        self.call(version, "Version", &req, self.timeout).await
+    }
+}
+
 fn status_error(method: &'static str, code: i32, h: &http::HeaderMap) -> ClientError {
     let message = h
         .get("grpc-message")

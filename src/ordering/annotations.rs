@@ -64,13 +64,31 @@ pub struct Warning {
 
 impl std::fmt::Display for Warning {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The value is shown truncated: annotations can be huge, and the log line must stay one line.
+        // Everything is shown truncated and with control characters escaped: annotations can be
+        // huge (and the reason may quote the value), and the log line must stay one short line.
         let mut v: String = self.value.chars().take(120).collect();
         if v.len() < self.value.len() {
             v.push('…');
         }
-        write!(f, "annotation {}={:?} ignored: {}", self.key, v, self.reason)
+        write!(f, "annotation {}={:?} ignored: {}", clip(&self.key, 256), v, clip(&self.reason, 512))
     }
+}
+
+/// At most `max` characters of `s`, control characters escaped, `…` when cut.
+fn clip(s: &str, max: usize) -> String {
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i == max {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_debug());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// A DNS-1123 label, which is what Kubernetes requires of container names.

@@ -55,6 +55,9 @@ pub struct Pod {
     /// Containers refused because no declared sidecar existed yet. A container kubelet retries
     /// while still no sidecar exists is an init container (see `check_start`).
     refused_early: Mutex<HashSet<String>>,
+    /// When each app container was first refused because a sidecar was not created or not
+    /// running: refusals are bounded by the start timeout like holds (see `gate_create`).
+    refused_since: Mutex<HashMap<String, Instant>>,
 }
 
 /// The pod's termination grace budget: one budget per pod, counted from its first StopContainer
@@ -82,6 +85,7 @@ impl Pod {
             stop: Mutex::new(StopWindow::default()),
             job_watched: AtomicBool::new(false),
             refused_early: Mutex::new(HashSet::new()),
+            refused_since: Mutex::new(HashMap::new()),
         };
         (pod, warnings)
     }
@@ -369,8 +373,22 @@ impl Engine {
         let mut held: Option<(GaugeGuard<'_>, Instant)> = None;
         loop {
             match self.check_start(version, &pod, &name, required).await {
-                StartCheck::Ready => break,
+                StartCheck::Ready => {
+                    pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).remove(&name);
+                    break;
+                }
                 StartCheck::FailFast(reason) => {
+                    // A sidecar that stays exited may never come back (restartPolicy Never, or
+                    // a start aborted by a crash; a long crash back-off): refusing the app
+                    // forever would leave the pod Pending forever. Refusals are bounded by the
+                    // start timeout like holds, counted from this container's first refusal.
+                    let first = *pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).entry(name.clone()).or_insert(call.received);
+                    if policy == TimeoutPolicy::Proceed && first.elapsed() >= timeout {
+                        pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).remove(&name);
+                        self.metrics.start_hold_timeouts.fetch_add(1, Relaxed);
+                        tracing::warn!(container_name = %name, refused_for_ms = first.elapsed().as_millis() as u64, "{reason} for longer than the start timeout; starting the app anyway (policy proceed)");
+                        return Verdict::Forward;
+                    }
                     self.metrics.fail_fast.fetch_add(1, Relaxed);
                     tracing::info!(container_name = %name, "refusing CreateContainer for now: {reason}");
                     // "network is not ready" makes kubelet requeue the pod after ~1 s instead of
@@ -393,6 +411,7 @@ impl Engine {
                         match policy {
                             TimeoutPolicy::Proceed => {
                                 tracing::warn!(container_name = %name, waiting_for = %who, "sidecar not ready within the start timeout; starting the app anyway (policy proceed)");
+                                pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).remove(&name);
                                 return Verdict::Forward;
                             }
                             TimeoutPolicy::Fail => {

@@ -37,6 +37,10 @@ struct Args {
     /// Also measure against a real private containerd (needs root and hack/setup.sh).
     #[arg(long)]
     containerd: bool,
+    /// Only drive `--calls` sequential Version calls at this socket and exit (for profiling a
+    /// crisp started by hand, e.g. under valgrind --tool=callgrind).
+    #[arg(long, value_name = "SOCKET")]
+    drive: Option<PathBuf>,
     /// Extra TOML appended to crisp's config (e.g. to compare settings).
     #[arg(long, default_value = "")]
     crisp_config: String,
@@ -299,6 +303,19 @@ async fn run_lanes(args: &Args, title: &str, upstream: &Path, dir: &Path, big_li
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
     let args = Args::parse();
+    if let Some(sock) = &args.drive {
+        let version = frame(&cri::VersionRequest { version: "v1".into() }.encode_to_vec());
+        let l = latency(sock, "/runtime.v1.RuntimeService/Version", &version, args.calls).await?;
+        println!("{} calls: p50 {:.1} µs p99 {:.1} µs", args.calls, us(l.p50), us(l.p99));
+        return Ok(());
+    }
+    if args.drive.is_none() && std::env::var_os("CRISP_BENCH_FAKE_ONLY").is_some() {
+        let dir = tempfile::Builder::new().prefix("crisp-fake-").tempdir()?;
+        let sock = dir.path().join("fake.sock");
+        let _fake = fakert::serve(&sock, Arc::new(Canned::new(args.containers, 10_000)))?;
+        println!("fake runtime on {}", sock.display());
+        std::future::pending::<()>().await;
+    }
     let dir = tempfile::Builder::new().prefix("crisp-bench-").tempdir()?;
     let mut report = String::new();
     let fake_sock = dir.path().join("fake.sock");

@@ -1,0 +1,15 @@
+//! Compiles crisp's own admin API (`proto/crisp/admin/v1/admin.proto`) with tonic-prost-build.
+//! protoc comes from the host (`hack/setup.sh` installs protobuf-compiler); the CRI's own types
+//! come from the k8s-cri crate, not from here.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    println!("cargo:rerun-if-changed=proto/crisp/admin/v1/admin.proto");
+    tonic_prost_build::configure()
+        // The CLI (`crisp tap`) and the tests are clients; the daemon is the server.
+        .build_client(true)
+        .build_server(true)
+        // protoc 3.12–3.14 need this for `optional` in proto3; newer ones ignore it.
+        .protoc_arg("--experimental_allow_proto3_optional")
+        .compile_protos(&["proto/crisp/admin/v1/admin.proto"], &["proto"])?;
+    Ok(())
+}

@@ -1,0 +1,407 @@
+//! The admin socket: crisp's own gRPC API (`proto/crisp/admin/v1/admin.proto`: Tap, ListPods,
+//! Version) and Prometheus `GET /metrics`, on one unix socket (HTTP/1.1 and HTTP/2 both
+//! accepted), plus `/metrics` alone on an opt-in TCP address.
+//!
+//! The socket is created 0600 by default: a tap shows every pod's CRI traffic. `--unredacted` is
+//! additionally refused unless the peer (SO_PEERCRED) is uid 0, so a group given access to the
+//! socket still never sees secrets.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
+use tonic::codegen::Service;
+
+use super::pb::{self, admin_server::AdminServer};
+use super::{Filter, Glob, Item, Tap};
+use crate::metrics::OrderingMetrics;
+use crate::ordering::annotations::Source;
+use crate::ordering::readiness::Readiness;
+
+/// Events in flight between a subscriber's task and its gRPC stream; the real buffer is the
+/// subscription's queue, where overflow is counted.
+const STREAM_BUFFER: usize = 16;
+/// How long open admin connections get to finish once crisp shuts down.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
+
+/// What the admin API reports on.
+pub struct AdminState {
+    pub tap: Arc<Tap>,
+    pub ordering: Option<Arc<OrderingMetrics>>,
+    pub listen: PathBuf,
+    pub upstream: PathBuf,
+    pub started: Instant,
+    /// Events queued per tap subscriber.
+    pub tap_queue: usize,
+}
+
+/// The peer of an admin connection (SO_PEERCRED), attached to each request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer {
+    pub uid: Option<u32>,
+    pub pid: Option<i32>,
+}
+
+/// Only root may see secrets: `unredacted` from anyone else, or from a peer whose credentials
+/// are unknown, is refused.
+pub fn authorize(req: &pb::TapRequest, peer: Option<Peer>) -> Result<(), tonic::Status> {
+    if !req.unredacted {
+        return Ok(());
+    }
+    match peer.and_then(|p| p.uid) {
+        Some(0) => Ok(()),
+        Some(uid) => Err(tonic::Status::permission_denied(format!("--unredacted is only served to root (uid 0); this client is uid {uid}"))),
+        None => Err(tonic::Status::permission_denied("--unredacted is only served to root, and this client's uid is unknown")),
+    }
+}
+
+/// The subscriber filter a request asks for. `pod` may be `namespace/name`.
+pub fn filter_from(req: &pb::TapRequest) -> Filter {
+    let (mut namespace, mut pod) = (none_if_empty(&req.namespace), none_if_empty(&req.pod));
+    if let Some((ns, name)) = req.pod.split_once('/') {
+        namespace = Some(ns.to_string());
+        pod = Some(name.to_string());
+    }
+    Filter {
+        methods: req.methods.iter().map(|m| Glob::new(m)).collect(),
+        namespace,
+        pod,
+        errors_only: req.errors_only,
+        slower_than: Duration::from_millis(req.slower_than_ms),
+        include_polling: req.include_polling,
+        full: req.full,
+        unredacted: req.unredacted,
+    }
+}
+
+fn none_if_empty(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_string())
+}
+
+struct AdminService {
+    state: Arc<AdminState>,
+}
+
+fn readiness(r: &Readiness) -> String {
+    let host = |h: &Option<std::net::IpAddr>| h.map(|h| h.to_string()).unwrap_or_default();
+    match r {
+        Readiness::Running => "running".into(),
+        Readiness::Tcp { host: h, port } => format!("tcp://{}:{port}", host(h)),
+        Readiness::Http { host: h, port, path } => format!("http://{}:{port}{path}", host(h)),
+        Readiness::Exec { cmd } => format!("exec:{}", serde_json::to_string(cmd).unwrap_or_default()),
+    }
+}
+
+#[tonic::async_trait]
+impl pb::admin_server::Admin for AdminService {
+    type TapStream = ReceiverStream<Result<pb::TapEvent, tonic::Status>>;
+
+    async fn tap(&self, req: tonic::Request<pb::TapRequest>) -> Result<tonic::Response<Self::TapStream>, tonic::Status> {
+        let peer = req.extensions().get::<Peer>().copied();
+        let req = req.into_inner();
+        if let Err(s) = authorize(&req, peer) {
+            tracing::warn!(uid = ?peer.and_then(|p| p.uid), pid = ?peer.and_then(|p| p.pid), "refused an unredacted tap to a non-root client");
+            return Err(s);
+        }
+        let filter = filter_from(&req);
+        let (full, redact) = (filter.full, !filter.unredacted);
+        let uid = peer.and_then(|p| p.uid);
+        if redact {
+            tracing::info!(uid = ?uid, full, "tap client attached");
+        } else {
+            tracing::warn!(uid = ?uid, full, "tap client attached WITHOUT redaction: it sees registry credentials and env values");
+        }
+        let mut sub = self.state.tap.subscribe(filter, self.state.tap_queue);
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        tokio::spawn(async move {
+            loop {
+                let item = tokio::select! {
+                    _ = tx.closed() => break,
+                    item = sub.next() => item,
+                };
+                let Some(item) = item else { break };
+                let event = match item {
+                    // Decoding for `full` happens here, in this subscriber's task.
+                    Item::Call(ev) => pb::tap_event::Event::Call(ev.to_proto(full, redact)),
+                    Item::Dropped { count, total } => pb::tap_event::Event::Dropped(pb::Dropped { count, total }),
+                };
+                if tx.send(Ok(pb::TapEvent { event: Some(event) })).await.is_err() {
+                    break;
+                }
+            }
+            tracing::info!(uid = ?uid, "tap client detached");
+        });
+        Ok(tonic::Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn list_pods(&self, _req: tonic::Request<pb::ListPodsRequest>) -> Result<tonic::Response<pb::ListPodsResponse>, tonic::Status> {
+        let Some(engine) = self.state.tap.engine() else { return Ok(tonic::Response::new(pb::ListPodsResponse::default())) };
+        let mut pods: Vec<pb::Pod> = engine
+            .pods()
+            .into_iter()
+            .map(|(p, containers)| pb::Pod {
+                pod_sandbox_id: p.sandbox_id.clone(),
+                namespace: p.namespace.clone(),
+                name: p.name.clone(),
+                uid: p.uid.clone(),
+                host_network: p.host_network,
+                policy_source: match p.policy.source {
+                    Source::Annotation => "annotation",
+                    Source::NodeRules => "node-rules",
+                }
+                .into(),
+                sidecars: p.policy.sidecars.iter().map(|s| pb::Sidecar { name: s.name.clone(), ready: readiness(&s.ready) }).collect(),
+                start_timeout_ms: p.policy.start_timeout.map(|d| d.as_millis() as u64).unwrap_or(0),
+                timeout_policy: p.policy.timeout_policy.map(|t| format!("{t:?}").to_lowercase()).unwrap_or_default(),
+                job: p.policy.job.map(|j| j.to_string()).unwrap_or_default(),
+                containers: {
+                    let mut c: Vec<pb::Container> = containers.into_iter().map(|(id, name)| pb::Container { id, name }).collect();
+                    c.sort_by(|a, b| (&a.name, &a.id).cmp(&(&b.name, &b.id)));
+                    c
+                },
+            })
+            .collect();
+        pods.sort_by(|a, b| (&a.namespace, &a.name, &a.pod_sandbox_id).cmp(&(&b.namespace, &b.name, &b.pod_sandbox_id)));
+        Ok(tonic::Response::new(pb::ListPodsResponse { pods }))
+    }
+
+    async fn version(&self, _req: tonic::Request<pb::VersionRequest>) -> Result<tonic::Response<pb::VersionResponse>, tonic::Status> {
+        Ok(tonic::Response::new(pb::VersionResponse {
+            version: env!("CARGO_PKG_VERSION").into(),
+            listen: self.state.listen.display().to_string(),
+            upstream: self.state.upstream.display().to_string(),
+            uptime_seconds: self.state.started.elapsed().as_secs(),
+            tap_subscribers: self.state.tap.subscribers() as u32,
+        }))
+    }
+}
+
+/// Everything `GET /metrics` shows, in the Prometheus text format.
+pub fn render_metrics(state: &AdminState) -> String {
+    let mut out = String::with_capacity(16 << 10);
+    out.push_str("# HELP crisp_build_info crisp's version.\n# TYPE crisp_build_info gauge\n");
+    out.push_str(&format!("crisp_build_info{{version=\"{}\"}} 1\n", env!("CARGO_PKG_VERSION")));
+    state.tap.metrics().render(&mut out);
+    if let Some(o) = &state.ordering {
+        o.render(&mut out);
+    }
+    if let Some(e) = state.tap.engine() {
+        // What the engine's caches hold: back to 0 once kubelet removed every pod (leak checks).
+        let (pods, containers) = e.tracked();
+        out.push_str(&format!("# HELP crisp_tracked_pods Pod sandboxes the ordering engine tracks.\n# TYPE crisp_tracked_pods gauge\ncrisp_tracked_pods {pods}\n"));
+        out.push_str(&format!("# HELP crisp_tracked_containers Containers the ordering engine tracks.\n# TYPE crisp_tracked_containers gauge\ncrisp_tracked_containers {containers}\n"));
+    }
+    out
+}
+
+type Body = tonic::body::Body;
+
+fn plain(status: StatusCode, text: String) -> Response<Body> {
+    let mut r = Response::new(Body::new(Full::new(Bytes::from(text))));
+    *r.status_mut() = status;
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    r
+}
+
+async fn handle(mut req: Request<Incoming>, state: Arc<AdminState>, grpc: Option<AdminServer<AdminService>>, peer: Peer) -> Result<Response<Body>, Infallible> {
+    if req.uri().path() == "/metrics" {
+        if req.method() != Method::GET && req.method() != Method::HEAD {
+            return Ok(plain(StatusCode::METHOD_NOT_ALLOWED, "use GET /metrics\n".into()));
+        }
+        let mut r = plain(StatusCode::OK, render_metrics(&state));
+        r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
+        return Ok(r);
+    }
+    let is_grpc = req.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+    match grpc {
+        Some(mut svc) if is_grpc => {
+            req.extensions_mut().insert(peer);
+            svc.call(req).await
+        }
+        // gRPC over the metrics-only TCP listener: a proper gRPC error, not an HTTP one.
+        None if is_grpc => {
+            let mut r = Response::new(Body::empty());
+            let h = r.headers_mut();
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+            h.insert("grpc-status", HeaderValue::from(tonic::Code::Unimplemented as i32));
+            h.insert("grpc-message", HeaderValue::from_static("crisp serves its admin API on the admin socket only"));
+            Ok(r)
+        }
+        _ => Ok(plain(StatusCode::NOT_FOUND, "crisp admin: GET /metrics, or the gRPC service crisp.admin.v1.Admin\n".into())),
+    }
+}
+
+/// Serves one connection with HTTP/1.1 (curl, Prometheus) or HTTP/2 (gRPC), as the client
+/// chooses.
+async fn connection<IO>(io: IO, state: Arc<AdminState>, grpc: Option<AdminServer<AdminService>>, peer: Peer)
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = hyper::service::service_fn(move |req| handle(req, state.clone(), grpc.clone(), peer));
+    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    if let Err(e) = builder.serve_connection(TokioIo::new(io), svc).await {
+        tracing::debug!(error = %e, "admin connection closed with an error");
+    }
+}
+
+async fn drain(mut tasks: JoinSet<()>) {
+    if tokio::time::timeout(SHUTDOWN_GRACE, async { while tasks.join_next().await.is_some() {} }).await.is_err() {
+        tasks.abort_all();
+    }
+}
+
+/// Serves the admin API on `listener` until `shutdown` resolves; then ends every tap stream.
+pub async fn serve(listener: tokio::net::UnixListener, state: Arc<AdminState>, shutdown: impl Future<Output = ()>) {
+    let grpc = AdminServer::new(AdminService { state: state.clone() });
+    let mut tasks = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            _ = &mut shutdown => break,
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
+            accepted = listener.accept() => match accepted {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "admin socket: accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let peer = match stream.peer_cred() {
+            Ok(c) => Peer { uid: Some(c.uid()), pid: c.pid() },
+            Err(_) => Peer { uid: None, pid: None },
+        };
+        tasks.spawn(connection(stream, state.clone(), Some(grpc.clone()), peer));
+    }
+    drop(listener);
+    // Ends every tap stream cleanly (clients see the stream end, not a reset).
+    state.tap.close();
+    drain(tasks).await;
+}
+
+/// Serves only `GET /metrics` over TCP (the opt-in `admin.metrics_tcp`): never the tap.
+pub async fn serve_metrics_tcp(listener: tokio::net::TcpListener, state: Arc<AdminState>, shutdown: impl Future<Output = ()>) {
+    let mut tasks = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            _ = &mut shutdown => break,
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
+            accepted = listener.accept() => match accepted {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics listener: accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        tasks.spawn(connection(stream, state.clone(), None, Peer { uid: None, pid: None }));
+    }
+    drain(tasks).await;
+}
+
+/// Binds the admin socket (and the optional metrics TCP address) of `cfg` and serves them until
+/// `stop` turns true. Failing to bind is logged, not fatal: CRI traffic matters more than the
+/// tap. The returned task ends (and has removed the socket file) once both servers are done.
+pub async fn start(cfg: &crate::config::Config, tap: Arc<Tap>, stop: tokio::sync::watch::Receiver<bool>) -> Option<tokio::task::JoinHandle<()>> {
+    if !cfg.admin.enabled {
+        return None;
+    }
+    let state = Arc::new(AdminState {
+        ordering: tap.engine().map(|e| e.metrics.clone()),
+        tap,
+        listen: cfg.listen.clone(),
+        upstream: cfg.upstream.clone(),
+        started: Instant::now(),
+        tap_queue: cfg.admin.tap_queue,
+    });
+    let until_stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let path = cfg.admin_socket();
+    let unix = match crate::proxy::listener::bind(&path, cfg.admin.mode).await {
+        Ok((l, guard)) => {
+            tracing::info!(admin = %path.display(), "admin socket listening (crisp tap, GET /metrics)");
+            let state = state.clone();
+            let stop = stop.clone();
+            Some(tokio::spawn(async move {
+                serve(l, state, until_stopped(stop)).await;
+                drop(guard);
+            }))
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "cannot listen on the admin socket; crisp runs without tap and metrics");
+            None
+        }
+    };
+    let tcp = match cfg.admin.metrics_tcp {
+        Some(addr) => match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => {
+                tracing::info!(metrics = %addr, "serving GET /metrics over TCP");
+                Some(tokio::spawn(serve_metrics_tcp(l, state, until_stopped(stop))))
+            }
+            Err(e) => {
+                tracing::error!(error = %e, metrics = %addr, "cannot listen for metrics over TCP");
+                None
+            }
+        },
+        None => None,
+    };
+    Some(tokio::spawn(async move {
+        for t in [unix, tcp].into_iter().flatten() {
+            let _ = t.await;
+        }
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_root_gets_unredacted() {
+        let redacted = pb::TapRequest::default();
+        let unredacted = pb::TapRequest { unredacted: true, ..Default::default() };
+        let root = Some(Peer { uid: Some(0), pid: Some(1) });
+        let nobody = Some(Peer { uid: Some(65534), pid: Some(1) });
+        assert!(authorize(&redacted, nobody).is_ok());
+        assert!(authorize(&redacted, None).is_ok());
+        assert!(authorize(&unredacted, root).is_ok());
+        let e = authorize(&unredacted, nobody).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+        assert!(e.message().contains("65534"), "{}", e.message());
+        assert_eq!(authorize(&unredacted, None).unwrap_err().code(), tonic::Code::PermissionDenied);
+        assert_eq!(authorize(&unredacted, Some(Peer { uid: None, pid: None })).unwrap_err().code(), tonic::Code::PermissionDenied);
+    }
+
+    #[test]
+    fn request_to_filter() {
+        let f = filter_from(&pb::TapRequest { pod: "shop/web".into(), methods: vec!["Create*".into()], slower_than_ms: 5, ..Default::default() });
+        assert_eq!(f.namespace.as_deref(), Some("shop"));
+        assert_eq!(f.pod.as_deref(), Some("web"));
+        assert_eq!(f.slower_than, Duration::from_millis(5));
+        assert_eq!(f.methods, vec![Glob::new("Create*")]);
+        let f = filter_from(&pb::TapRequest { namespace: "a".into(), pod: "b".into(), ..Default::default() });
+        assert_eq!((f.namespace.as_deref(), f.pod.as_deref()), (Some("a"), Some("b")));
+        assert_eq!(filter_from(&pb::TapRequest::default()), Filter::default());
+    }
+
+    #[test]
+    fn readiness_is_shown_as_written() {
+        for spec in ["running", "tcp://:15000", "http://127.0.0.1:15021/healthz/ready", "exec:[\"cat\",\"/ready\"]"] {
+            assert_eq!(readiness(&Readiness::parse(spec).unwrap()), spec);
+        }
+    }
+}

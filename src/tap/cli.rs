@@ -1,0 +1,450 @@
+//! `crisp tap`: attaches to a running crisp's admin socket and prints one line per CRI call
+//! (or JSON lines with `--json`), optionally recording JSON lines to a file.
+
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::process::ExitCode;
+use std::task::{Context, Poll};
+
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use tokio::net::UnixStream;
+
+use super::pb::{self, admin_client::AdminClient, tap_event::Event};
+
+/// sysexits.h codes, so scripts can tell why `crisp tap` stopped.
+const EX_USAGE: u8 = 64;
+const EX_UNAVAILABLE: u8 = 69;
+const EX_NOPERM: u8 = 77;
+
+/// Watch the CRI calls crisp forwards, live.
+///
+/// One line per call as it ends: time, CRI version, method, pod, container, duration, time held
+/// by the ordering engine, gRPC status. Polling calls (List*, *Status, *Stats, Version) are hidden
+/// unless --all or a --method names them. Secrets are redacted.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct TapArgs {
+    /// crisp's admin socket [default: `admin.socket` from the config, /run/crisp/admin.sock].
+    #[arg(long, value_name = "PATH")]
+    pub admin_socket: Option<PathBuf>,
+    /// Config file to read the admin socket from. Default: /etc/crisp/config.toml if it exists.
+    #[arg(long, short = 'c', value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Print JSON lines instead of the readable view.
+    #[arg(long)]
+    pub json: bool,
+    /// Only methods matching this glob (`Create*`, `*Container`, or a gRPC path). Repeatable.
+    /// Selects exactly what it matches, polling calls included.
+    #[arg(long = "method", value_name = "GLOB")]
+    pub methods: Vec<String>,
+    /// Only calls of pods in this namespace.
+    #[arg(long, short = 'n', value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Only calls of this pod (`name` or `namespace/name`).
+    #[arg(long, value_name = "POD")]
+    pub pod: Option<String>,
+    /// Only calls that failed (non-OK status, or no status).
+    #[arg(long)]
+    pub errors: bool,
+    /// Only calls that took at least this many milliseconds.
+    #[arg(long, value_name = "MS")]
+    pub slower_than: Option<u64>,
+    /// Include the polling calls (List*, *Status, *Stats, Version), hidden by default.
+    #[arg(long)]
+    pub all: bool,
+    /// Decode requests and responses (unary calls) to JSON; unknown fields are listed.
+    #[arg(long)]
+    pub full: bool,
+    /// Also record every event as JSON lines to this file (created 0600).
+    #[arg(long, short = 'o', value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Show secrets (registry credentials, env values, ...). Only served to root.
+    #[arg(long)]
+    pub unredacted: bool,
+    /// Exit after this many calls.
+    #[arg(long, value_name = "N")]
+    pub count: Option<u64>,
+}
+
+impl TapArgs {
+    /// The admin API request these flags ask for.
+    pub fn request(&self) -> pb::TapRequest {
+        pb::TapRequest {
+            methods: self.methods.clone(),
+            namespace: self.namespace.clone().unwrap_or_default(),
+            pod: self.pod.clone().unwrap_or_default(),
+            errors_only: self.errors,
+            slower_than_ms: self.slower_than.unwrap_or(0),
+            include_polling: self.all,
+            full: self.full,
+            unredacted: self.unredacted,
+        }
+    }
+
+    fn socket(&self) -> Result<PathBuf, String> {
+        if let Some(p) = &self.admin_socket {
+            return Ok(p.clone());
+        }
+        let cfg = crate::config::Config::load(self.config.as_deref()).map_err(|e| e.to_string())?;
+        Ok(cfg.admin_socket())
+    }
+}
+
+/// Connects tonic to a unix socket.
+#[derive(Clone)]
+struct UdsConnector(PathBuf);
+
+impl tonic::codegen::Service<http::Uri> for UdsConnector {
+    type Response = TokioIo<UnixStream>;
+    type Error = io::Error;
+    type Future = Pin<Box<dyn std::future::Future<Output = io::Result<TokioIo<UnixStream>>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _uri: http::Uri) -> Self::Future {
+        let path = self.0.clone();
+        Box::pin(async move { Ok(TokioIo::new(UnixStream::connect(path).await?)) })
+    }
+}
+
+/// An admin API client on `socket`.
+pub async fn connect(socket: &Path) -> Result<AdminClient<tonic::transport::Channel>, tonic::transport::Error> {
+    // The URI is required by tonic but unused: the connector always dials the socket.
+    let channel = tonic::transport::Endpoint::from_static("http://crisp-admin").connect_with_connector(UdsConnector(socket.to_path_buf())).await?;
+    Ok(AdminClient::new(channel).max_decoding_message_size(256 << 20))
+}
+
+/// Runs `crisp tap`.
+pub fn run(args: TapArgs) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("crisp tap: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    rt.block_on(tap(args))
+}
+
+async fn tap(args: TapArgs) -> ExitCode {
+    let socket = match args.socket() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("crisp tap: {e}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    let mut client = match connect(&socket).await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("crisp tap: cannot connect to {}: {} (is crisp running? the admin socket is root-only by default)", socket.display(), source_chain(&e));
+            return ExitCode::from(EX_UNAVAILABLE);
+        }
+    };
+    let mut stream = match client.tap(args.request()).await {
+        Ok(r) => r.into_inner(),
+        Err(s) => {
+            eprintln!("crisp tap: {}: {}", s.code(), s.message());
+            return ExitCode::from(if s.code() == tonic::Code::PermissionDenied { EX_NOPERM } else { EX_UNAVAILABLE });
+        }
+    };
+    let mut file = match args.output.as_deref().map(create_output).transpose() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("crisp tap: --output: {e}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    // The subscription is live once crisp answered; scripts (and tests) wait for this line.
+    eprintln!("crisp tap: attached to {}", socket.display());
+    let mut out = BufWriter::new(io::stdout().lock());
+    let mut calls = 0u64;
+    loop {
+        let msg = tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            m = stream.message() => m,
+        };
+        let event = match msg {
+            Ok(Some(pb::TapEvent { event: Some(e) })) => e,
+            Ok(Some(_)) => continue,
+            Ok(None) => {
+                eprintln!("crisp tap: crisp ended the stream (shutting down?)");
+                break;
+            }
+            Err(s) => {
+                eprintln!("crisp tap: stream failed: {}: {}", s.code(), s.message());
+                let _ = out.flush();
+                return ExitCode::from(EX_UNAVAILABLE);
+            }
+        };
+        let line = if args.json { json_line(&event).to_string() } else { human(&event) };
+        let written = writeln!(out, "{line}").and_then(|_| out.flush());
+        if let Some(f) = file.as_mut() {
+            if let Err(e) = writeln!(f, "{}", json_line(&event)).and_then(|_| f.flush()) {
+                eprintln!("crisp tap: --output: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+        // A closed pipe (`crisp tap | head`) is a normal way to stop.
+        if written.is_err() {
+            break;
+        }
+        if matches!(event, Event::Call(_)) {
+            calls += 1;
+            if args.count.is_some_and(|n| calls >= n) {
+                break;
+            }
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+fn source_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+fn create_output(path: &Path) -> io::Result<BufWriter<File>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    // 0600: with --unredacted the file holds secrets; even redacted, it is every pod's traffic.
+    let f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    Ok(BufWriter::new(f))
+}
+
+/// One event as a JSON object (the `--json` and `--output` format).
+pub fn json_line(event: &Event) -> Value {
+    let ev = match event {
+        Event::Dropped(d) => return json!({ "dropped": d.count, "dropped_total": d.total }),
+        Event::Call(c) => c,
+    };
+    let mut v = json!({
+        "time": rfc3339(ev.start_unix_nanos),
+        "call_id": ev.call_id,
+        "cri_version": ev.cri_version,
+        "method": ev.method,
+        "path": ev.path,
+        "kind": ev.kind,
+        "pod_namespace": ev.pod_namespace,
+        "pod_name": ev.pod_name,
+        "pod_sandbox_id": ev.pod_sandbox_id,
+        "container_name": ev.container_name,
+        "container_id": ev.container_id,
+        "image": ev.image,
+        "duration_ms": ev.duration_micros as f64 / 1e3,
+        "held_ms": ev.held_micros as f64 / 1e3,
+        "code": ev.code,
+        "code_name": ev.code_name,
+        "message": ev.message,
+        "request_bytes": ev.request_bytes,
+        "response_bytes": ev.response_bytes,
+        "redacted": ev.redacted,
+    });
+    for (key, text) in [("request", &ev.request_json), ("response", &ev.response_json)] {
+        if !text.is_empty() {
+            // crisp sends valid JSON; keep it as text rather than lose it if it ever is not.
+            v[key] = serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.clone()));
+        }
+    }
+    v
+}
+
+/// The readable view: `12:00:01.234 v1 CreateContainer default/web app 5.2ms held=3.1s OK`.
+pub fn human(event: &Event) -> String {
+    let ev = match event {
+        Event::Dropped(d) => {
+            return format!("--- {} events dropped: this client read too slowly ({} missed since attaching) ---", d.count, d.total);
+        }
+        Event::Call(c) => c,
+    };
+    let mut parts: Vec<String> = vec![local_time(ev.start_unix_nanos)];
+    parts.push(if ev.cri_version.is_empty() { "-".into() } else { ev.cri_version.clone() });
+    parts.push(if ev.cri_version.is_empty() { ev.path.clone() } else { ev.method.clone() });
+    if !ev.pod_name.is_empty() {
+        parts.push(format!("{}/{}", ev.pod_namespace, ev.pod_name));
+    } else if !ev.pod_sandbox_id.is_empty() && ev.container_id.is_empty() {
+        parts.push(format!("sandbox={}", short(&ev.pod_sandbox_id)));
+    }
+    if !ev.container_name.is_empty() {
+        parts.push(ev.container_name.clone());
+    } else if !ev.container_id.is_empty() {
+        parts.push(format!("id={}", short(&ev.container_id)));
+    }
+    if !ev.image.is_empty() {
+        parts.push(short_digest(&ev.image));
+    }
+    parts.push(duration(ev.duration_micros));
+    // Every observed call spends a few µs "held" in the interceptors; only real holds matter.
+    if ev.held_micros >= 1_000 {
+        parts.push(format!("held={}", duration(ev.held_micros)));
+    }
+    let mut status = ev.code_name.clone();
+    if !ev.message.is_empty() {
+        status.push_str(": ");
+        status.push_str(&ev.message);
+    }
+    parts.push(status);
+    let mut line = parts.join(" ");
+    for (arrow, text) in [("request", &ev.request_json), ("response", &ev.response_json)] {
+        if text.is_empty() {
+            continue;
+        }
+        let pretty = serde_json::from_str::<Value>(text).ok().and_then(|v| serde_json::to_string_pretty(&v).ok()).unwrap_or_else(|| text.clone());
+        line.push_str(&format!("\n  {arrow}: {}", pretty.replace('\n', "\n  ")));
+    }
+    line
+}
+
+/// `sha256:` + 64 hex digits (an image id) shortened to 12 digits, like `crictl images`.
+fn short_digest(image: &str) -> String {
+    match image.split_once("sha256:") {
+        Some((name, hex)) if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) => format!("{name}sha256:{}", &hex[..12]),
+        _ => image.to_string(),
+    }
+}
+
+fn short(id: &str) -> &str {
+    id.get(..12).unwrap_or(id)
+}
+
+fn duration(micros: u64) -> String {
+    let ms = micros as f64 / 1e3;
+    match micros {
+        0..=999 => format!("{ms:.2}ms"),
+        1_000..=9_999 => format!("{ms:.1}ms"),
+        10_000..=999_999 => format!("{ms:.0}ms"),
+        _ => format!("{:.2}s", ms / 1e3),
+    }
+}
+
+/// `HH:MM:SS.mmm` in the node's local time zone.
+fn local_time(nanos: i64) -> String {
+    let secs = nanos.div_euclid(1_000_000_000);
+    let millis = nanos.rem_euclid(1_000_000_000) / 1_000_000;
+    let t = secs as libc::time_t;
+    // SAFETY: localtime_r only writes into the zeroed `tm` we own; it is the thread-safe variant.
+    let (h, m, s) = unsafe {
+        let mut tm: libc::tm = std::mem::zeroed();
+        if libc::localtime_r(&t, &mut tm).is_null() {
+            let d = secs.rem_euclid(86_400);
+            (d / 3600, d / 60 % 60, d % 60)
+        } else {
+            (i64::from(tm.tm_hour), i64::from(tm.tm_min), i64::from(tm.tm_sec))
+        }
+    };
+    format!("{h:02}:{m:02}:{s:02}.{millis:03}")
+}
+
+/// RFC 3339 UTC with microseconds, from Unix nanoseconds.
+pub fn rfc3339(nanos: i64) -> String {
+    let secs = nanos.div_euclid(1_000_000_000);
+    let micros = nanos.rem_euclid(1_000_000_000) / 1_000;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{micros:06}Z", rem / 3600, rem / 60 % 60, rem % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call() -> pb::CallEvent {
+        pb::CallEvent {
+            call_id: 7,
+            start_unix_nanos: 1_700_000_000_123_456_789,
+            method: "CreateContainer".into(),
+            path: "/runtime.v1.RuntimeService/CreateContainer".into(),
+            cri_version: "v1".into(),
+            kind: "mutating".into(),
+            pod_namespace: "default".into(),
+            pod_name: "web".into(),
+            pod_sandbox_id: "0123456789abcdef".into(),
+            container_name: "app".into(),
+            container_id: "fedcba9876543210".into(),
+            duration_micros: 5_200,
+            held_micros: 3_100_000,
+            code: Some(0),
+            code_name: "OK".into(),
+            request_json: "{\"pod_sandbox_id\":\"0123456789abcdef\"}".into(),
+            redacted: true,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn readable_line() {
+        let mut c = call();
+        c.request_json.clear();
+        let line = human(&Event::Call(c));
+        // The time is local; the rest is fixed.
+        assert!(line.ends_with(" v1 CreateContainer default/web app 5.2ms held=3.10s OK"), "{line}");
+        assert_eq!(line.as_bytes()[2], b':');
+        let mut c = call();
+        c.request_json.clear();
+        (c.pod_name, c.container_name, c.held_micros, c.code, c.code_name) = (String::new(), String::new(), 0, Some(5), "NotFound".into());
+        let line = human(&Event::Call(c));
+        assert!(line.ends_with(" v1 CreateContainer id=fedcba987654 5.2ms NotFound"), "{line}");
+        let line = human(&Event::Dropped(pb::Dropped { count: 3, total: 10 }));
+        assert!(line.contains("3 events dropped") && line.contains("10 missed"), "{line}");
+        // --full: the decoded messages follow, indented.
+        let line = human(&Event::Call(call()));
+        assert!(line.contains("\n  request: {\n    \"pod_sandbox_id\""), "{line}");
+    }
+
+    #[test]
+    fn json_lines() {
+        let v = json_line(&Event::Call(call()));
+        assert_eq!(v["time"], "2023-11-14T22:13:20.123456Z");
+        assert_eq!(v["method"], "CreateContainer");
+        assert_eq!(v["duration_ms"], 5.2);
+        assert_eq!(v["code"], 0);
+        assert_eq!(v["request"]["pod_sandbox_id"], "0123456789abcdef");
+        assert!(v.get("response").is_none());
+        let mut c = call();
+        c.code = None;
+        assert_eq!(json_line(&Event::Call(c))["code"], Value::Null);
+        assert_eq!(json_line(&Event::Dropped(pb::Dropped { count: 2, total: 5 })), json!({"dropped": 2, "dropped_total": 5}));
+    }
+
+    #[test]
+    fn dates() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000000Z");
+        assert_eq!(rfc3339(951_782_400_000_000_000), "2000-02-29T00:00:00.000000Z");
+        assert_eq!(rfc3339(-1_000), "1969-12-31T23:59:59.999999Z");
+        assert_eq!(duration(420), "0.42ms");
+        assert_eq!(duration(123_400), "123ms");
+        assert_eq!(duration(61_000_000), "61.00s");
+        let id = format!("sha256:{}", "ab".repeat(32));
+        assert_eq!(short_digest(&id), "sha256:abababababab");
+        assert_eq!(short_digest(&format!("nginx@{id}")), "nginx@sha256:abababababab");
+        assert_eq!(short_digest("nginx:1.25"), "nginx:1.25");
+    }
+
+    #[test]
+    fn flags_to_request() {
+        let a = TapArgs { methods: vec!["Create*".into()], pod: Some("ns/p".into()), errors: true, slower_than: Some(9), all: true, full: true, ..Default::default() };
+        let r = a.request();
+        assert_eq!(r.methods, vec!["Create*"]);
+        assert_eq!(r.pod, "ns/p");
+        assert!(r.errors_only && r.include_polling && r.full && !r.unredacted);
+        assert_eq!(r.slower_than_ms, 9);
+    }
+}

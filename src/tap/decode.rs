@@ -1,0 +1,434 @@
+//! `crisp tap --full`: CRI messages decoded to JSON with k8s-cri's generated types (serde), then
+//! redacted ([`super::redact`]). v1alpha2 is decoded with the v1 types: the two are
+//! wire-identical (KUBELET-CRI.md §8.2).
+//!
+//! prost drops fields its types do not know, so a typed decode alone would hide exactly what a
+//! debugger most needs to see (a newer kubelet's fields). Unknown fields are found with the wire
+//! walker ([`crate::cri::patch::fields`]) and listed under `"_unknown_fields"`, at any depth:
+//! for each field number seen at a path, a tiny probe message holding just that field at that
+//! path is decoded with the same type and re-encoded — a field the type knows survives the round
+//! trip, an unknown one vanishes (and a wire-type clash can only come from a known field). A
+//! second probe tells messages (walked into) from strings and bytes (not walked).
+
+use std::collections::HashMap;
+
+use prost::Message;
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+
+use super::redact::{self, Dir};
+use crate::cri::patch::{fields, Field};
+use crate::cri::Rpc;
+
+/// Deepest nesting walked for unknown fields (CRI messages nest about 6 deep).
+const MAX_DEPTH: usize = 32;
+/// Longest unknown-field value shown (unredacted only).
+const MAX_VALUE_BYTES: usize = 4096;
+
+macro_rules! cri_types {
+    ($($rpc:ident => $req:ident, $resp:ident;)*) => {
+        /// Decodes with the k8s-cri v1 type of `rpc`'s request or response; `None` when k8s-cri
+        /// has no type for the method (methods newer than the crate: Stream*,
+        /// UpdatePodSandboxResources).
+        fn typed(rpc: Rpc, dir: Dir, msg: &[u8], redact: bool) -> Option<Value> {
+            use k8s_cri::v1 as c;
+            Some(match (rpc, dir) {
+                $(
+                    (Rpc::$rpc, Dir::Request) => with_type::<c::$req>(rpc, dir, msg, redact),
+                    (Rpc::$rpc, Dir::Response) => with_type::<c::$resp>(rpc, dir, msg, redact),
+                )*
+                _ => return None,
+            })
+        }
+    };
+}
+
+cri_types! {
+    Version => VersionRequest, VersionResponse;
+    RunPodSandbox => RunPodSandboxRequest, RunPodSandboxResponse;
+    StopPodSandbox => StopPodSandboxRequest, StopPodSandboxResponse;
+    RemovePodSandbox => RemovePodSandboxRequest, RemovePodSandboxResponse;
+    PodSandboxStatus => PodSandboxStatusRequest, PodSandboxStatusResponse;
+    ListPodSandbox => ListPodSandboxRequest, ListPodSandboxResponse;
+    CreateContainer => CreateContainerRequest, CreateContainerResponse;
+    StartContainer => StartContainerRequest, StartContainerResponse;
+    StopContainer => StopContainerRequest, StopContainerResponse;
+    RemoveContainer => RemoveContainerRequest, RemoveContainerResponse;
+    ListContainers => ListContainersRequest, ListContainersResponse;
+    ContainerStatus => ContainerStatusRequest, ContainerStatusResponse;
+    UpdateContainerResources => UpdateContainerResourcesRequest, UpdateContainerResourcesResponse;
+    ReopenContainerLog => ReopenContainerLogRequest, ReopenContainerLogResponse;
+    ExecSync => ExecSyncRequest, ExecSyncResponse;
+    Exec => ExecRequest, ExecResponse;
+    Attach => AttachRequest, AttachResponse;
+    PortForward => PortForwardRequest, PortForwardResponse;
+    ContainerStats => ContainerStatsRequest, ContainerStatsResponse;
+    ListContainerStats => ListContainerStatsRequest, ListContainerStatsResponse;
+    PodSandboxStats => PodSandboxStatsRequest, PodSandboxStatsResponse;
+    ListPodSandboxStats => ListPodSandboxStatsRequest, ListPodSandboxStatsResponse;
+    UpdateRuntimeConfig => UpdateRuntimeConfigRequest, UpdateRuntimeConfigResponse;
+    Status => StatusRequest, StatusResponse;
+    CheckpointContainer => CheckpointContainerRequest, CheckpointContainerResponse;
+    GetContainerEvents => GetEventsRequest, ContainerEventResponse;
+    ListMetricDescriptors => ListMetricDescriptorsRequest, ListMetricDescriptorsResponse;
+    ListPodSandboxMetrics => ListPodSandboxMetricsRequest, ListPodSandboxMetricsResponse;
+    RuntimeConfig => RuntimeConfigRequest, RuntimeConfigResponse;
+    ListImages => ListImagesRequest, ListImagesResponse;
+    ImageStatus => ImageStatusRequest, ImageStatusResponse;
+    PullImage => PullImageRequest, PullImageResponse;
+    RemoveImage => RemoveImageRequest, RemoveImageResponse;
+    ImageFsInfo => ImageFsInfoRequest, ImageFsInfoResponse;
+}
+
+/// Decodes one message to JSON, redacted unless `redact` is false. Never fails: what cannot be
+/// decoded is shown as its wire structure (sizes only when redacting).
+pub fn decode(rpc: Option<Rpc>, dir: Dir, msg: &[u8], redact: bool) -> Value {
+    match rpc.and_then(|r| typed(r, dir, msg, redact)) {
+        Some(v) => v,
+        None => {
+            let mut v = wire_dump(msg, redact);
+            v.insert("_note".into(), Value::String("no CRI type known for this method: wire structure only".into()));
+            Value::Object(v)
+        }
+    }
+}
+
+fn with_type<T: Message + Default + Serialize>(rpc: Rpc, dir: Dir, msg: &[u8], redact: bool) -> Value {
+    let t = match T::decode(msg) {
+        Ok(t) => t,
+        Err(e) => {
+            let mut v = wire_dump(msg, redact);
+            v.insert("_undecodable".into(), Value::String(e.to_string()));
+            return Value::Object(v);
+        }
+    };
+    let mut v = match serde_json::to_value(&t) {
+        Ok(v) => v,
+        Err(e) => json!({ "_unserializable": e.to_string() }),
+    };
+    redact::apply(rpc, dir, &mut v, redact);
+    let skip: Vec<&[u32]> = if redact { redact::redacted_wire_paths(rpc, dir).collect() } else { Vec::new() };
+    let unknown = unknown_fields::<T>(msg, &skip, redact);
+    if !unknown.is_empty() {
+        if let Value::Object(m) = &mut v {
+            m.insert("_unknown_fields".into(), Value::Array(unknown));
+        }
+    }
+    v
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Class {
+    Unknown,
+    /// Known, and not a message (or not one worth walking: a string, bytes, a packed list).
+    Scalar,
+    Message,
+}
+
+/// Every field of `msg` (at any depth) that `T` does not know, as JSON.
+fn unknown_fields<T: Message + Default>(msg: &[u8], skip: &[&[u32]], with_values: bool) -> Vec<Value> {
+    let mut cache: HashMap<Vec<u32>, HashMap<(u32, u8), Class>> = HashMap::new();
+    let mut out = Vec::new();
+    let mut path = Vec::new();
+    walk::<T>(msg, &mut path, skip, with_values, &mut cache, &mut out);
+    out
+}
+
+fn walk<T: Message + Default>(
+    buf: &[u8],
+    path: &mut Vec<u32>,
+    skip: &[&[u32]],
+    redact: bool,
+    cache: &mut HashMap<Vec<u32>, HashMap<(u32, u8), Class>>,
+    out: &mut Vec<Value>,
+) {
+    for f in fields(buf) {
+        // The typed decode succeeded, so the structure is valid at every level it knows; a
+        // failure here is a group (wire types 3/4) crisp's walker does not follow.
+        let Ok(f) = f else {
+            out.push(json!({ "at": path_string(path), "_unwalkable": "wire structure not followed further (groups?)" }));
+            return;
+        };
+        let class = match cache.get(path.as_slice()).and_then(|m| m.get(&(f.number, f.wire_type))) {
+            Some(c) => *c,
+            None => {
+                let c = classify::<T>(path, f.number, f.wire_type);
+                cache.entry(path.clone()).or_default().insert((f.number, f.wire_type), c);
+                c
+            }
+        };
+        match class {
+            Class::Unknown => out.push(describe(buf, &f, path, redact)),
+            Class::Scalar => {}
+            Class::Message => {
+                path.push(f.number);
+                if path.len() <= MAX_DEPTH && !skip.contains(&path.as_slice()) {
+                    walk::<T>(&buf[f.payload.0..f.payload.1], path, skip, redact, cache, out);
+                }
+                path.pop();
+            }
+        }
+    }
+}
+
+fn classify<T: Message + Default>(path: &[u32], number: u32, wire_type: u8) -> Class {
+    let mut leaf = Vec::new();
+    put_varint(&mut leaf, u64::from(number) << 3 | u64::from(wire_type));
+    match wire_type {
+        0 => leaf.push(1),
+        1 => leaf.extend_from_slice(&[1, 0, 0, 0, 0, 0, 0, 0]),
+        5 => leaf.extend_from_slice(&[1, 0, 0, 0]),
+        // Field 1 = varint 1: a non-empty value for a string, bytes, a packed list or a message.
+        _ => leaf.extend_from_slice(&[2, 0x08, 0x01]),
+    }
+    // A clash between the probe and the type (wrong wire type, invalid UTF-8) means the type
+    // declares this number: prost skips unknown fields without looking at them.
+    let known = match T::decode(wrap(path, leaf).as_slice()) {
+        Ok(t) => present_at(&t.encode_to_vec(), path, number),
+        Err(_) => true,
+    };
+    if !known {
+        return Class::Unknown;
+    }
+    if wire_type != 2 {
+        return Class::Scalar;
+    }
+    // Payload 0x07 (field 0, wire type 7) is valid as a string, bytes or packed varints but
+    // never as a message: only a message field fails to decode it.
+    let mut leaf = Vec::new();
+    put_varint(&mut leaf, u64::from(number) << 3 | 2);
+    leaf.extend_from_slice(&[1, 0x07]);
+    match T::decode(wrap(path, leaf).as_slice()) {
+        Ok(_) => Class::Scalar,
+        Err(_) => Class::Message,
+    }
+}
+
+/// A message with `leaf` nested at `path` (one length-delimited field per level).
+fn wrap(path: &[u32], leaf: Vec<u8>) -> Vec<u8> {
+    path.iter().rev().fold(leaf, |inner, n| {
+        let mut o = Vec::with_capacity(inner.len() + 8);
+        put_varint(&mut o, u64::from(*n) << 3 | 2);
+        put_varint(&mut o, inner.len() as u64);
+        o.extend_from_slice(&inner);
+        o
+    })
+}
+
+/// Whether field `number` exists at `path` in an encoded message.
+fn present_at(buf: &[u8], path: &[u32], number: u32) -> bool {
+    let mut cur = buf;
+    for p in path {
+        let next = fields(cur).filter_map(Result::ok).find(|f| f.number == *p && f.wire_type == 2);
+        match next {
+            Some(f) => cur = &cur[f.payload.0..f.payload.1],
+            None => return false,
+        }
+    }
+    fields(cur).filter_map(Result::ok).any(|f| f.number == number)
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn path_string(path: &[u32]) -> String {
+    path.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(".")
+}
+
+fn wire_type_name(t: u8) -> &'static str {
+    match t {
+        0 => "varint",
+        1 => "fixed64",
+        2 => "len",
+        5 => "fixed32",
+        _ => "group",
+    }
+}
+
+/// One field as `{at, field, wire_type, bytes}` — plus its value only when not redacting.
+fn describe(buf: &[u8], f: &Field, path: &[u32], redact: bool) -> Value {
+    let payload = &buf[f.payload.0..f.payload.1];
+    let mut m = Map::new();
+    if !path.is_empty() {
+        m.insert("at".into(), Value::String(path_string(path)));
+    }
+    m.insert("field".into(), json!(f.number));
+    m.insert("wire_type".into(), json!(wire_type_name(f.wire_type)));
+    m.insert("bytes".into(), json!(payload.len()));
+    if !redact {
+        m.insert("value".into(), raw_value(f.wire_type, payload));
+    }
+    Value::Object(m)
+}
+
+fn raw_value(wire_type: u8, payload: &[u8]) -> Value {
+    match wire_type {
+        0 => {
+            let v = payload.iter().rev().fold(0u64, |acc, b| acc << 7 | u64::from(b & 0x7f));
+            json!(v)
+        }
+        2 => match std::str::from_utf8(payload) {
+            Ok(s) if s.len() <= MAX_VALUE_BYTES => json!(s),
+            _ => json!(format!("0x{}", hex(&payload[..payload.len().min(MAX_VALUE_BYTES)]))),
+        },
+        _ => json!(format!("0x{}", hex(payload))),
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The top-level wire structure of a message no type describes.
+fn wire_dump(msg: &[u8], redact: bool) -> Map<String, Value> {
+    let mut list = Vec::new();
+    let mut err = None;
+    for f in fields(msg) {
+        match f {
+            Ok(f) => list.push(describe(msg, &f, &[], redact)),
+            Err(e) => {
+                err = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    let mut m = Map::new();
+    m.insert("_fields".into(), Value::Array(list));
+    if let Some(e) = err {
+        m.insert("_wire_error".into(), Value::String(e));
+    }
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_cri::v1 as c;
+
+    fn field_bytes(number: u32, payload: &[u8]) -> Vec<u8> {
+        let mut o = Vec::new();
+        put_varint(&mut o, u64::from(number) << 3 | 2);
+        put_varint(&mut o, payload.len() as u64);
+        o.extend_from_slice(payload);
+        o
+    }
+
+    fn create_request() -> c::CreateContainerRequest {
+        c::CreateContainerRequest {
+            pod_sandbox_id: "sb1".into(),
+            config: Some(c::ContainerConfig {
+                metadata: Some(c::ContainerMetadata { name: "app".into(), attempt: 0 }),
+                image: Some(c::ImageSpec { image: "busybox".into(), ..Default::default() }),
+                envs: vec![c::KeyValue { key: "DB_PASSWORD".into(), value: "hunter2".into() }],
+                labels: [("l".to_string(), "v".to_string())].into(),
+                ..Default::default()
+            }),
+            sandbox_config: None,
+        }
+    }
+
+    #[test]
+    fn known_message_has_no_unknown_fields() {
+        let msg = create_request().encode_to_vec();
+        let v = decode(Some(Rpc::CreateContainer), Dir::Request, &msg, true);
+        assert_eq!(v["pod_sandbox_id"], "sb1");
+        assert_eq!(v["config"]["envs"][0]["key"], "DB_PASSWORD");
+        assert_eq!(v["config"]["envs"][0]["value"], redact::REDACTED);
+        assert!(v.get("_unknown_fields").is_none(), "{v}");
+        assert!(!v.to_string().contains("hunter2"));
+        let v = decode(Some(Rpc::CreateContainer), Dir::Request, &msg, false);
+        assert_eq!(v["config"]["envs"][0]["value"], "hunter2");
+    }
+
+    #[test]
+    fn unknown_fields_are_found_at_every_depth() {
+        let mut msg = create_request().encode_to_vec();
+        // Top level: field 999 (len) and field 77 (varint).
+        msg.extend_from_slice(&field_bytes(999, b"top-secret-ish"));
+        put_varint(&mut msg, 77 << 3);
+        put_varint(&mut msg, 5);
+        // Inside config.metadata (2.1): field 50.
+        let nested = field_bytes(2, &field_bytes(1, &field_bytes(50, b"deep")));
+        msg.extend_from_slice(&nested);
+        let v = decode(Some(Rpc::CreateContainer), Dir::Request, &msg, true);
+        let u = v["_unknown_fields"].as_array().unwrap();
+        assert_eq!(u.len(), 3, "{v}");
+        assert_eq!(u[0], json!({"field": 999, "wire_type": "len", "bytes": 14}));
+        assert_eq!(u[1], json!({"field": 77, "wire_type": "varint", "bytes": 1}));
+        assert_eq!(u[2], json!({"at": "2.1", "field": 50, "wire_type": "len", "bytes": 4}));
+        // Known fields still decode (the nested merge keeps the name).
+        assert_eq!(v["config"]["metadata"]["name"], "app");
+        // Redacted: no values. Unredacted: values.
+        assert!(!v.to_string().contains("top-secret-ish"));
+        let v = decode(Some(Rpc::CreateContainer), Dir::Request, &msg, false);
+        let u = v["_unknown_fields"].as_array().unwrap();
+        assert_eq!(u[0]["value"], "top-secret-ish");
+        assert_eq!(u[1]["value"], 5);
+    }
+
+    #[test]
+    fn known_fields_with_default_values_are_not_unknown() {
+        // state = 0 explicitly encoded (proto3 encoders omit it; a sender may not).
+        let mut msg = Vec::new();
+        put_varint(&mut msg, 3 << 3);
+        put_varint(&mut msg, 0);
+        let v = decode(Some(Rpc::ContainerStatus), Dir::Response, &field_bytes(1, &msg), true);
+        assert!(v.get("_unknown_fields").is_none(), "{v}");
+    }
+
+    #[test]
+    fn strings_that_look_like_protobuf_are_not_walked() {
+        // "\x08\x01" is a valid string and also a valid message (field 1 = 1).
+        let req = c::VersionRequest { version: "\u{8}\u{1}".into() };
+        let v = decode(Some(Rpc::Version), Dir::Request, &req.encode_to_vec(), true);
+        assert!(v.get("_unknown_fields").is_none(), "{v}");
+    }
+
+    #[test]
+    fn redacted_subtrees_report_nothing_not_even_unknowns() {
+        let auth = [field_bytes(2, b"pw"), field_bytes(900, b"future-secret")].concat();
+        let msg = [field_bytes(1, &field_bytes(1, b"img")), field_bytes(2, &auth)].concat();
+        let v = decode(Some(Rpc::PullImage), Dir::Request, &msg, true);
+        assert_eq!(v["auth"], redact::REDACTED);
+        assert!(v.get("_unknown_fields").is_none(), "{v}");
+        let v = decode(Some(Rpc::PullImage), Dir::Request, &msg, false);
+        assert_eq!(v["_unknown_fields"][0], json!({"at": "2", "field": 900, "wire_type": "len", "bytes": 13, "value": "future-secret"}));
+    }
+
+    #[test]
+    fn undecodable_and_unknown_methods_show_structure_only() {
+        // Field 1 of VersionRequest is a string: a varint there cannot decode.
+        let mut bad = Vec::new();
+        put_varint(&mut bad, 1 << 3);
+        put_varint(&mut bad, 7);
+        bad.extend_from_slice(&field_bytes(2, b"s3cret"));
+        let v = decode(Some(Rpc::Version), Dir::Request, &bad, true);
+        assert!(v["_undecodable"].is_string());
+        assert_eq!(v["_fields"][1], json!({"field": 2, "wire_type": "len", "bytes": 6}));
+        assert!(!v.to_string().contains("s3cret"));
+        let v = decode(None, Dir::Request, &bad, true);
+        assert!(v["_note"].is_string());
+        assert!(!v.to_string().contains("s3cret"));
+        let v = decode(Some(Rpc::StreamContainers), Dir::Request, &bad, false);
+        assert_eq!(v["_fields"][1]["value"], "s3cret");
+    }
+
+    #[test]
+    fn every_debug_redact_field_is_covered() {
+        // Each AuthConfig field the CRI marks debug_redact, set to a marker, never shows.
+        for (_, name, number) in redact::DEBUG_REDACT {
+            let auth = field_bytes(*number, format!("marker-{name}").as_bytes());
+            let msg = [field_bytes(1, &field_bytes(1, b"img")), field_bytes(2, &auth)].concat();
+            let v = decode(Some(Rpc::PullImage), Dir::Request, &msg, true);
+            assert!(!v.to_string().contains("marker-"), "{name}: {v}");
+            let typed = c::PullImageRequest::decode(msg.as_slice()).unwrap();
+            let json = serde_json::to_value(&typed).unwrap();
+            assert_eq!(json["auth"][name], format!("marker-{name}"), "field {name} is number {number} in k8s-cri");
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! Which calls one tap subscriber sees: method globs, pod/namespace, errors only, slower than N,
+//! polling calls on or off. Split in two so the tap can skip work early: what can be decided
+//! from the call alone ([`Filter::wants_route`], [`Filter::wants_outcome`]) and what needs the
+//! names crisp resolved ([`Filter::wants_names`]).
+
+use std::time::Duration;
+
+use crate::cri::{Route, Rpc, RpcKind};
+
+/// A shell-style glob: `*` matches any run of characters, `?` exactly one. Nothing else is
+/// special, so method names and gRPC paths match literally.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Glob(String);
+
+impl Glob {
+    pub fn new(pattern: &str) -> Glob {
+        Glob(pattern.to_string())
+    }
+
+    pub fn matches(&self, text: &str) -> bool {
+        glob_match(self.0.as_bytes(), text.as_bytes())
+    }
+
+    /// A glob naming a gRPC path rather than a method (`/runtime.v1alpha2.*`).
+    fn is_path(&self) -> bool {
+        self.0.contains('/')
+    }
+}
+
+/// Iterative glob matching with single-star backtracking: linear in practice, never recursive.
+fn glob_match(p: &[u8], t: &[u8]) -> bool {
+    let (mut pi, mut ti) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        if pi < p.len() && (p[pi] == b'?' || p[pi] == t[ti]) {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == b'*' {
+            star = Some((pi, ti));
+            pi += 1;
+        } else if let Some((sp, st)) = star {
+            pi = sp + 1;
+            ti = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|c| *c == b'*')
+}
+
+/// The method name shown for a path: the RPC name, or the last path segment of a path crisp
+/// does not know.
+pub fn method_name<'a>(route: &Route, path: &'a str) -> &'a str {
+    match route.rpc {
+        Some(r) => r.name(),
+        None => path.rsplit('/').next().unwrap_or(path),
+    }
+}
+
+/// One subscriber's filter.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Filter {
+    /// When non-empty, exactly the methods matching one of these are shown, polling included.
+    pub methods: Vec<Glob>,
+    pub namespace: Option<String>,
+    pub pod: Option<String>,
+    pub errors_only: bool,
+    pub slower_than: Duration,
+    /// Show List*/​*Status/​*Stats/Version (hidden by default: >95 % of kubelet's traffic).
+    pub include_polling: bool,
+    /// Decode request and response messages to JSON.
+    pub full: bool,
+    /// Show secrets. Only ever set for a root caller (checked by the admin server).
+    pub unredacted: bool,
+}
+
+impl Filter {
+    /// Whether calls to this route may be shown: decided before the call runs, so the proxy only
+    /// buffers messages somebody can see.
+    pub fn wants_route(&self, route: &Route, path: &str) -> bool {
+        if !self.methods.is_empty() {
+            let name = method_name(route, path);
+            return self.methods.iter().any(|g| g.matches(name) || g.matches(path));
+        }
+        self.include_polling || !route.is_polling()
+    }
+
+    /// Conservative per-RPC version of [`Filter::wants_route`] (`None`: paths crisp does not
+    /// know), for the tap's interest bitmap: true whenever some path of this RPC could match.
+    pub fn may_want_rpc(&self, rpc: Option<Rpc>) -> bool {
+        if !self.methods.is_empty() {
+            return match rpc {
+                Some(r) => self.methods.iter().any(|g| g.is_path() || g.matches(r.name())),
+                None => true,
+            };
+        }
+        self.include_polling || !matches!(rpc.map(Rpc::kind), Some(RpcKind::Polling))
+    }
+
+    pub fn wants_outcome(&self, code: Option<i32>, duration: Duration) -> bool {
+        if self.errors_only && code == Some(0) {
+            return false;
+        }
+        duration >= self.slower_than
+    }
+
+    /// Pod filters: a call crisp cannot attribute to a pod never matches one.
+    pub fn wants_names(&self, namespace: &str, pod: &str) -> bool {
+        if let Some(ns) = &self.namespace {
+            if ns != namespace {
+                return false;
+            }
+        }
+        if let Some(p) = &self.pod {
+            if p != pod {
+                return false;
+            }
+        }
+        true
+    }
+
+    pub fn needs_names(&self) -> bool {
+        self.namespace.is_some() || self.pod.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs() {
+        let cases: &[(&str, &str, bool)] = &[
+            ("CreateContainer", "CreateContainer", true),
+            ("Create*", "CreateContainer", true),
+            ("*Container", "StopContainer", true),
+            ("*Container", "ContainerStatus", false),
+            ("*Container*", "ContainerStatus", true),
+            ("?topContainer", "StopContainer", true),
+            ("*", "", true),
+            ("", "", true),
+            ("", "x", false),
+            ("a*b*c", "aXXbYYc", true),
+            ("a*b*c", "aXXbYY", false),
+            ("/runtime.v1alpha2.*", "/runtime.v1alpha2.ImageService/PullImage", true),
+            ("/runtime.v1alpha2.*", "/runtime.v1.ImageService/PullImage", false),
+            ("List*", "ListContainers", true),
+            ("list*", "ListContainers", false),
+        ];
+        for (p, t, want) in cases {
+            assert_eq!(Glob::new(p).matches(t), *want, "{p:?} vs {t:?}");
+        }
+    }
+
+    fn route(path: &str) -> Route {
+        Route::from_path(path)
+    }
+
+    #[test]
+    fn polling_hidden_unless_asked_or_named() {
+        let list = "/runtime.v1.RuntimeService/ListContainers";
+        let create = "/runtime.v1.RuntimeService/CreateContainer";
+        let f = Filter::default();
+        assert!(!f.wants_route(&route(list), list));
+        assert!(f.wants_route(&route(create), create));
+        assert!(!f.may_want_rpc(Some(Rpc::ListContainers)));
+        let f = Filter { include_polling: true, ..Default::default() };
+        assert!(f.wants_route(&route(list), list));
+        // Naming a polling method shows it: filters select exactly what they say.
+        let f = Filter { methods: vec![Glob::new("List*")], ..Default::default() };
+        assert!(f.wants_route(&route(list), list));
+        assert!(!f.wants_route(&route(create), create));
+        assert!(f.may_want_rpc(Some(Rpc::ListContainers)));
+        assert!(!f.may_want_rpc(Some(Rpc::CreateContainer)));
+        // Unknown paths match by their last segment or their full path.
+        let odd = "/runtime.v1.RuntimeService/FutureThing";
+        assert!(Filter::default().wants_route(&route(odd), odd));
+        let f = Filter { methods: vec![Glob::new("Future*")], ..Default::default() };
+        assert!(f.wants_route(&route(odd), odd));
+        assert!(f.may_want_rpc(None));
+    }
+
+    #[test]
+    fn outcome_and_names() {
+        let f = Filter { errors_only: true, slower_than: Duration::from_millis(10), ..Default::default() };
+        assert!(!f.wants_outcome(Some(0), Duration::from_secs(1)));
+        assert!(f.wants_outcome(Some(5), Duration::from_millis(10)));
+        assert!(f.wants_outcome(None, Duration::from_secs(1)));
+        assert!(!f.wants_outcome(Some(5), Duration::from_millis(9)));
+        let f = Filter { namespace: Some("default".into()), ..Default::default() };
+        assert!(f.wants_names("default", "web"));
+        assert!(!f.wants_names("kube-system", "web"));
+        assert!(!f.wants_names("", ""));
+        let f = Filter { pod: Some("web".into()), ..Default::default() };
+        assert!(f.wants_names("any", "web"));
+        assert!(!f.wants_names("any", "db"));
+    }
+}

@@ -1,0 +1,480 @@
+//! The debug tap (DESIGN.md §6): one event per CRI call, streamed live to subscribers on the
+//! admin socket, with secrets redacted; and the per-method call metrics.
+//!
+//! ```text
+//!  Proxy ─ interest() ──▶ Tap: complete always (metrics); request/response only while some
+//!                         subscriber may want this RPC (one atomic load of a bitmap)
+//!        ─ on_complete ─▶ metrics; then, if anyone subscribes: ids off the wire (ids.rs),
+//!                         names from the engine, filters (filter.rs), try_send into each
+//!                         matching subscriber's bounded queue — full queue: drop and count
+//!                         ─────────────── call path ends here: no await, no decode ───────────
+//!  admin.rs: one task per subscriber ◀─ Subscription::next: events + "dropped N" markers
+//!            decode + redact (decode.rs, redact.rs) for --full, then gRPC to `crisp tap` (cli.rs)
+//! ```
+//!
+//! A slow or vanished tap client never slows a CRI call: the call path only ever `try_send`s,
+//! and each subscriber's queue is bounded in events and bytes.
+
+pub mod admin;
+pub mod cli;
+pub mod decode;
+pub mod filter;
+pub mod ids;
+pub mod redact;
+
+/// crisp's admin API, generated from `proto/crisp/admin/v1/admin.proto` by build.rs.
+pub mod pb {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("crisp.admin.v1");
+}
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+use std::sync::{Arc, OnceLock, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use dashmap::DashMap;
+use tokio::sync::mpsc;
+
+use crate::cri::wire::{self, Frame};
+use crate::cri::{Route, Rpc, RpcKind};
+use crate::intercept::{BoxFuture, Call, Interceptor, Interest, Outcome, Verdict};
+use crate::metrics::{code_name, CallMetrics};
+use crate::ordering::Engine;
+pub use filter::{Filter, Glob};
+pub use ids::Ids;
+use redact::Dir;
+
+/// Most bytes of messages queued for one subscriber; beyond it events are dropped (and counted)
+/// even if the queue has room: `--full --all` on a node with big List responses must not grow
+/// crisp's memory without bound.
+pub const MAX_QUEUED_BYTES: usize = 64 << 20;
+
+/// Target of the trace-level log of every call's (redacted) messages.
+pub const MESSAGES_TARGET: &str = "crisp::tap::messages";
+/// Longest message JSON put in one log line.
+const MAX_LOG_MESSAGE: usize = 16 << 10;
+
+// One interest bit per RPC plus bit 63 for unknown paths.
+const _: () = assert!(Rpc::ALL.len() < 63);
+
+fn bit(rpc: Option<Rpc>) -> u64 {
+    match rpc {
+        Some(r) => 1u64 << (r as u32),
+        None => 1u64 << 63,
+    }
+}
+
+/// One finished call, shared by every subscriber that gets it.
+#[derive(Debug)]
+pub struct RawEvent {
+    pub call_id: u64,
+    pub start: SystemTime,
+    pub route: Route,
+    pub path: String,
+    pub duration: Duration,
+    pub held: Duration,
+    pub code: Option<i32>,
+    pub ids: Ids,
+    pub request_bytes: usize,
+    pub response_bytes: usize,
+    /// The messages (without the gRPC prefix), kept only when a `full` subscriber gets the event.
+    pub request: Option<Bytes>,
+    pub response: Option<Bytes>,
+    /// The redacted JSON of both messages, decoded once for all redacted subscribers.
+    redacted_json: OnceLock<(String, String)>,
+}
+
+impl RawEvent {
+    /// Bytes this event pins in memory while queued.
+    fn weight(&self) -> usize {
+        256 + self.request.as_ref().map_or(0, Bytes::len) + self.response.as_ref().map_or(0, Bytes::len)
+    }
+
+    pub fn method(&self) -> &str {
+        filter::method_name(&self.route, &self.path)
+    }
+
+    fn json(&self, redact: bool) -> (String, String) {
+        let one = |dir: Dir, m: &Option<Bytes>| m.as_ref().map(|b| decode::decode(self.route.rpc, dir, b, redact).to_string()).unwrap_or_default();
+        (one(Dir::Request, &self.request), one(Dir::Response, &self.response))
+    }
+
+    /// The event as the admin API sends it. Decoding (`full`) happens here, in the
+    /// subscriber's task, never on the call path.
+    pub fn to_proto(&self, full: bool, redact: bool) -> pb::CallEvent {
+        let (request_json, response_json) = match (full, redact) {
+            (false, _) => (String::new(), String::new()),
+            (true, true) => self.redacted_json.get_or_init(|| self.json(true)).clone(),
+            (true, false) => self.json(false),
+        };
+        let kind = match self.route.rpc.map(Rpc::kind) {
+            Some(RpcKind::Mutating) => "mutating",
+            Some(RpcKind::Polling) => "polling",
+            Some(RpcKind::Streaming) => "streaming",
+            None => "unknown",
+        };
+        pb::CallEvent {
+            call_id: self.call_id,
+            start_unix_nanos: self.start.duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0),
+            method: self.method().to_string(),
+            path: self.path.clone(),
+            cri_version: self.route.version.map(|v| v.as_str()).unwrap_or("").to_string(),
+            kind: kind.to_string(),
+            pod_namespace: self.ids.pod_namespace.clone(),
+            pod_name: self.ids.pod_name.clone(),
+            pod_sandbox_id: self.ids.pod_sandbox_id.clone(),
+            container_name: self.ids.container_name.clone(),
+            container_id: self.ids.container_id.clone(),
+            image: self.ids.image.clone(),
+            duration_micros: self.duration.as_micros() as u64,
+            held_micros: self.held.as_micros() as u64,
+            code: self.code,
+            code_name: code_name(self.code).to_string(),
+            // The proxy does not report grpc-message to interceptors (yet).
+            message: String::new(),
+            request_bytes: self.request_bytes as u64,
+            response_bytes: self.response_bytes as u64,
+            request_json,
+            response_json,
+            redacted: redact,
+        }
+    }
+}
+
+/// What a subscription yields.
+#[derive(Debug, Clone)]
+pub enum Item {
+    Call(Arc<RawEvent>),
+    /// `count` events were dropped for this subscriber just before the next one (`total` since
+    /// it subscribed).
+    Dropped { count: u64, total: u64 },
+}
+
+struct Queued {
+    ev: Arc<RawEvent>,
+    /// Events dropped for this subscriber just before this one.
+    missed: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    dropped: AtomicU64,
+    queued_bytes: AtomicUsize,
+}
+
+/// The hub's side of one subscriber.
+struct Sub {
+    id: u64,
+    filter: Filter,
+    tx: mpsc::Sender<Queued>,
+    counters: Arc<Counters>,
+}
+
+impl Sub {
+    /// Never waits: a full queue drops the event for this subscriber only, and counts it.
+    fn offer(&self, ev: &Arc<RawEvent>, metrics: &CallMetrics) {
+        let w = ev.weight();
+        let queued = self.counters.queued_bytes.fetch_add(w, Relaxed);
+        let missed = self.counters.dropped.swap(0, Relaxed);
+        let fail = |missed: u64, lost: u64| {
+            self.counters.queued_bytes.fetch_sub(w, Relaxed);
+            self.counters.dropped.fetch_add(missed + lost, Relaxed);
+            metrics.tap_dropped.fetch_add(lost, Relaxed);
+        };
+        if queued + w > MAX_QUEUED_BYTES {
+            return fail(missed, 1);
+        }
+        match self.tx.try_send(Queued { ev: ev.clone(), missed }) {
+            Ok(()) => {
+                metrics.tap_events.fetch_add(1, Relaxed);
+            }
+            Err(mpsc::error::TrySendError::Full(q)) => fail(q.missed, 1),
+            // The subscriber is going away; it is being removed from the hub.
+            Err(mpsc::error::TrySendError::Closed(q)) => fail(q.missed, 0),
+        }
+    }
+}
+
+/// The set of subscribers, and the interest bitmaps derived from their filters.
+#[derive(Default)]
+struct Hub {
+    subs: RwLock<Arc<Vec<Arc<Sub>>>>,
+    count: AtomicUsize,
+    /// RPCs (bit per `Rpc`, bit 63 unknown paths) some subscriber may want: their requests are
+    /// read for ids.
+    want: AtomicU64,
+    /// ... and with `full`: their responses are read too.
+    want_full: AtomicU64,
+    next_id: AtomicU64,
+    closed: AtomicBool,
+}
+
+impl Hub {
+    fn snapshot(&self) -> Arc<Vec<Arc<Sub>>> {
+        self.subs.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn update(&self, f: impl FnOnce(&mut Vec<Arc<Sub>>)) {
+        let mut g = self.subs.write().unwrap_or_else(|e| e.into_inner());
+        let mut v: Vec<Arc<Sub>> = g.as_ref().clone();
+        f(&mut v);
+        let (mut want, mut full) = (0u64, 0u64);
+        for s in &v {
+            for rpc in Rpc::ALL.iter().copied().map(Some).chain(std::iter::once(None)) {
+                if s.filter.may_want_rpc(rpc) {
+                    want |= bit(rpc);
+                    if s.filter.full {
+                        full |= bit(rpc);
+                    }
+                }
+            }
+        }
+        self.want.store(want, Relaxed);
+        self.want_full.store(full, Relaxed);
+        self.count.store(v.len(), Relaxed);
+        *g = Arc::new(v);
+    }
+}
+
+/// A subscriber's end: events in the order calls ended, with drop markers.
+pub struct Subscription {
+    id: u64,
+    rx: mpsc::Receiver<Queued>,
+    counters: Arc<Counters>,
+    hub: Arc<Hub>,
+    metrics: Arc<CallMetrics>,
+    filter: Filter,
+    pending: Option<Arc<RawEvent>>,
+    total_dropped: u64,
+}
+
+impl Subscription {
+    pub fn filter(&self) -> &Filter {
+        &self.filter
+    }
+
+    fn dropped(&mut self, count: u64) -> Item {
+        self.total_dropped += count;
+        Item::Dropped { count, total: self.total_dropped }
+    }
+
+    fn take(&mut self, q: Queued) -> Item {
+        self.counters.queued_bytes.fetch_sub(q.ev.weight(), Relaxed);
+        if q.missed > 0 {
+            self.pending = Some(q.ev);
+            return self.dropped(q.missed);
+        }
+        Item::Call(q.ev)
+    }
+
+    /// The next event; `None` once the tap is closed (crisp shutting down).
+    pub async fn next(&mut self) -> Option<Item> {
+        if let Some(ev) = self.pending.take() {
+            return Some(Item::Call(ev));
+        }
+        let q = match self.rx.try_recv() {
+            Ok(q) => q,
+            Err(e) => {
+                // Caught up: report drops no later event has carried yet.
+                let d = self.counters.dropped.swap(0, Relaxed);
+                if d > 0 {
+                    return Some(self.dropped(d));
+                }
+                if e == mpsc::error::TryRecvError::Disconnected {
+                    return None;
+                }
+                self.rx.recv().await?
+            }
+        };
+        Some(self.take(q))
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let id = self.id;
+        self.hub.update(|v| v.retain(|s| s.id != id));
+        self.metrics.tap_subscribers.store(self.hub.count.load(Relaxed) as u64, Relaxed);
+    }
+}
+
+/// The tap interceptor. Put it first in the chain: it reads names before the ordering engine
+/// forgets a removed sandbox or container.
+pub struct Tap {
+    hub: Arc<Hub>,
+    metrics: Arc<CallMetrics>,
+    engine: Option<Arc<Engine>>,
+    /// Ids and names of calls in flight, read from the request before it is forwarded, by call
+    /// id: a call the engine rejects ends without its request reaching `on_complete`, and a
+    /// Remove call's names are gone from the engine once it ran. Only filled while somebody taps.
+    stash: DashMap<u64, Ids>,
+    /// Entries in `stash`, so that the untapped path checks an atomic instead of locking a shard.
+    stashed: AtomicUsize,
+}
+
+/// Most stashed entries. A call the client abandons while it is held never completes and leaves
+/// its entry behind, so the stash is cleared rather than allowed to grow.
+const MAX_STASH: usize = 4096;
+
+impl Tap {
+    pub fn new(metrics: Arc<CallMetrics>, engine: Option<Arc<Engine>>) -> Arc<Tap> {
+        Arc::new(Tap { hub: Arc::default(), metrics, engine, stash: DashMap::new(), stashed: AtomicUsize::new(0) })
+    }
+
+    pub fn metrics(&self) -> &Arc<CallMetrics> {
+        &self.metrics
+    }
+
+    pub fn engine(&self) -> Option<&Arc<Engine>> {
+        self.engine.as_ref()
+    }
+
+    pub fn subscribers(&self) -> usize {
+        self.hub.count.load(Relaxed)
+    }
+
+    /// Attaches a subscriber with a queue of `queue` events.
+    pub fn subscribe(&self, filter: Filter, queue: usize) -> Subscription {
+        let (tx, rx) = mpsc::channel(queue.max(1));
+        let counters = Arc::new(Counters::default());
+        let id = self.hub.next_id.fetch_add(1, Relaxed);
+        let sub = Arc::new(Sub { id, filter: filter.clone(), tx, counters: counters.clone() });
+        if !self.hub.closed.load(Relaxed) {
+            self.hub.update(|v| v.push(sub));
+        }
+        self.metrics.tap_subscribers.store(self.hub.count.load(Relaxed) as u64, Relaxed);
+        Subscription { id, rx, counters, hub: self.hub.clone(), metrics: self.metrics.clone(), filter, pending: None, total_dropped: 0 }
+    }
+
+    /// Ends every subscription (their queued events are still delivered) and refuses new ones.
+    pub fn close(&self) {
+        self.hub.closed.store(true, Relaxed);
+        self.hub.update(Vec::clear);
+        self.metrics.tap_subscribers.store(0, Relaxed);
+    }
+
+    fn unstash(&self, call_id: u64) -> Option<Ids> {
+        let (_, ids) = self.stash.remove(&call_id)?;
+        // Saturating: a concurrent clear() may have reset the count already.
+        let _ = self.stashed.fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_sub(1)));
+        Some(ids)
+    }
+
+    fn messages_logged() -> bool {
+        tracing::enabled!(target: MESSAGES_TARGET, tracing::Level::TRACE)
+    }
+
+    fn ids_for(&self, call: &Call, req: Option<&[u8]>, resp: Option<&[u8]>) -> Ids {
+        let mut ids = ids::from_messages(call.route.rpc, req, resp);
+        if let Some(early) = self.unstash(call.id) {
+            ids.fill_from(early);
+        }
+        if let Some(e) = &self.engine {
+            ids::complete(&mut ids, e);
+        }
+        ids
+    }
+
+    fn log_messages(&self, call: &Call, req: Option<&[u8]>, resp: Option<&[u8]>, outcome: &Outcome) {
+        let show = |dir, m: Option<&[u8]>| m.map(|m| redact::for_log(call.route.rpc, dir, m, MAX_LOG_MESSAGE)).unwrap_or_default();
+        tracing::trace!(
+            target: MESSAGES_TARGET,
+            call = call.id,
+            rpc = %call.route,
+            code = code_name(outcome.code),
+            request = %show(Dir::Request, req),
+            response = %show(Dir::Response, resp),
+            "call messages (redacted)"
+        );
+    }
+}
+
+/// The message inside a buffered (framed) body, sharing its memory.
+fn unframe(body: &Option<Bytes>) -> Option<Bytes> {
+    let b = body.as_ref()?;
+    match wire::single_message(b)? {
+        Frame::Message(m) => Some(b.slice(wire::PREFIX_LEN..wire::PREFIX_LEN + m.len())),
+        Frame::Compressed => None,
+    }
+}
+
+impl Interceptor for Tap {
+    fn interest(&self, call: &Call) -> Interest {
+        self.metrics.highest_call_id.fetch_max(call.id, Relaxed);
+        let b = bit(call.route.rpc);
+        let logged = Tap::messages_logged();
+        let want = self.hub.want.load(Relaxed) & b != 0 || logged;
+        let unary = matches!(call.route.rpc.map(Rpc::kind), Some(RpcKind::Mutating | RpcKind::Polling));
+        let full = want && unary && (self.hub.want_full.load(Relaxed) & b != 0 || logged);
+        Interest { request: want, response: full, complete: true }
+    }
+
+    fn on_request<'a>(&'a self, call: &'a Call, msg: &'a [u8]) -> BoxFuture<'a, Verdict> {
+        // Runs before the engine (the tap is first in the chain): the engine may reject the call
+        // (its request then never reaches on_complete) or forget the names (Remove*).
+        let mut ids = ids::from_messages(call.route.rpc, Some(msg), None);
+        if let Some(engine) = &self.engine {
+            ids::complete(&mut ids, engine);
+        }
+        if ids != Ids::default() {
+            if self.stashed.load(Relaxed) >= MAX_STASH {
+                self.stash.clear();
+                self.stashed.store(0, Relaxed);
+            }
+            if self.stash.insert(call.id, ids).is_none() {
+                self.stashed.fetch_add(1, Relaxed);
+            }
+        }
+        Box::pin(std::future::ready(Verdict::Forward))
+    }
+
+    fn on_complete(&self, call: &Call, outcome: &Outcome) {
+        self.metrics.observe(call.route.rpc, outcome.code, outcome.duration);
+        let logged = Tap::messages_logged();
+        if self.hub.count.load(Relaxed) == 0 && !logged {
+            // Somebody may have tapped when this call started.
+            if self.stashed.load(Relaxed) > 0 {
+                self.unstash(call.id);
+            }
+            return;
+        }
+        let req = unframe(&outcome.request);
+        let resp = unframe(&outcome.response);
+        if logged {
+            self.log_messages(call, req.as_deref(), resp.as_deref(), outcome);
+        }
+        let subs = self.hub.snapshot();
+        let path = call.path.path();
+        let early = |s: &Sub| s.filter.wants_route(&call.route, path) && s.filter.wants_outcome(outcome.code, outcome.duration);
+        if !subs.iter().any(|s| early(s)) {
+            self.unstash(call.id);
+            return;
+        }
+        let full = subs.iter().any(|s| s.filter.full && early(s));
+        let ev = Arc::new(RawEvent {
+            call_id: call.id,
+            start: SystemTime::now().checked_sub(call.received.elapsed()).unwrap_or(UNIX_EPOCH),
+            route: call.route,
+            path: path.to_string(),
+            duration: outcome.duration,
+            held: outcome.held,
+            code: outcome.code,
+            ids: self.ids_for(call, req.as_deref(), resp.as_deref()),
+            request_bytes: req.as_ref().map_or(0, Bytes::len),
+            response_bytes: resp.as_ref().map_or(0, Bytes::len),
+            request: if full { req } else { None },
+            response: if full { resp } else { None },
+            redacted_json: OnceLock::new(),
+        });
+        for s in subs.iter() {
+            if early(s) && s.filter.wants_names(&ev.ids.pod_namespace, &ev.ids.pod_name) {
+                s.offer(&ev, &self.metrics);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

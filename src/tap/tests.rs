@@ -1,0 +1,191 @@
+//! Unit tests of the tap: interest bitmaps, filters at completion, per-subscriber drops and their
+//! markers, the byte budget, closing.
+
+use std::time::Instant;
+
+use prost::Message;
+
+use super::*;
+use crate::cri::wire;
+
+fn call(id: u64, path: &'static str) -> Call {
+    Call { route: Route::from_path(path), path: http::uri::PathAndQuery::from_static(path), received: Instant::now(), deadline: None, id }
+}
+
+const CREATE: &str = "/runtime.v1.RuntimeService/CreateContainer";
+const LIST: &str = "/runtime.v1.RuntimeService/ListContainers";
+const EVENTS: &str = "/runtime.v1.RuntimeService/GetContainerEvents";
+
+fn outcome(code: i32, req: Option<&[u8]>) -> Outcome {
+    Outcome { code: Some(code), duration: Duration::from_millis(2), held: Duration::ZERO, request: req.map(wire::frame), response: None }
+}
+
+fn tap() -> Arc<Tap> {
+    Tap::new(Arc::new(CallMetrics::default()), None)
+}
+
+async fn next_now(s: &mut Subscription) -> Option<Item> {
+    tokio::time::timeout(Duration::from_millis(200), s.next()).await.ok().flatten()
+}
+
+#[test]
+fn interest_follows_subscribers() {
+    let t = tap();
+    let only_complete = Interest { request: false, response: false, complete: true };
+    assert_eq!(t.interest(&call(1, CREATE)), only_complete);
+    let s = t.subscribe(Filter::default(), 8);
+    assert_eq!(t.interest(&call(2, CREATE)), Interest { request: true, response: false, complete: true });
+    // Polling calls are not even buffered while nobody wants them.
+    assert_eq!(t.interest(&call(3, LIST)), only_complete);
+    let f = t.subscribe(Filter { full: true, ..Default::default() }, 8);
+    assert_eq!(t.interest(&call(4, CREATE)), Interest { request: true, response: true, complete: true });
+    // Streams are never buffered for the tap.
+    assert!(!t.interest(&call(5, EVENTS)).response);
+    drop(s);
+    drop(f);
+    assert_eq!(t.interest(&call(6, CREATE)), only_complete);
+    assert_eq!(t.subscribers(), 0);
+    assert_eq!(t.metrics().highest_call_id.load(Relaxed), 6);
+}
+
+#[tokio::test]
+async fn events_carry_ids_and_match_filters() {
+    let t = tap();
+    let mut all = t.subscribe(Filter::default(), 8);
+    let mut errors = t.subscribe(Filter { errors_only: true, ..Default::default() }, 8);
+    let mut shop = t.subscribe(Filter { namespace: Some("shop".into()), ..Default::default() }, 8);
+    let req = k8s_cri::v1::CreateContainerRequest {
+        pod_sandbox_id: "sb".into(),
+        config: Some(k8s_cri::v1::ContainerConfig { metadata: Some(k8s_cri::v1::ContainerMetadata { name: "app".into(), attempt: 0 }), ..Default::default() }),
+        sandbox_config: Some(k8s_cri::v1::PodSandboxConfig {
+            metadata: Some(k8s_cri::v1::PodSandboxMetadata { name: "web".into(), namespace: "shop".into(), ..Default::default() }),
+            ..Default::default()
+        }),
+    }
+    .encode_to_vec();
+    t.on_complete(&call(1, CREATE), &outcome(0, Some(&req)));
+    t.on_complete(&call(2, CREATE), &outcome(5, None));
+    t.on_complete(&call(3, LIST), &outcome(0, None));
+    let Some(Item::Call(e)) = next_now(&mut all).await else { panic!("no event") };
+    assert_eq!((e.call_id, e.ids.pod_namespace.as_str(), e.ids.pod_name.as_str(), e.ids.container_name.as_str()), (1, "shop", "web", "app"));
+    assert_eq!(e.request_bytes, req.len());
+    // Not full: the message is not kept.
+    assert!(e.request.is_none());
+    let Some(Item::Call(e)) = next_now(&mut all).await else { panic!("no event") };
+    assert_eq!(e.call_id, 2);
+    assert!(next_now(&mut all).await.is_none(), "polling call shown by default");
+    let Some(Item::Call(e)) = next_now(&mut errors).await else { panic!("no event") };
+    assert_eq!(e.call_id, 2);
+    assert!(next_now(&mut errors).await.is_none());
+    let Some(Item::Call(e)) = next_now(&mut shop).await else { panic!("no event") };
+    assert_eq!(e.call_id, 1);
+    assert!(next_now(&mut shop).await.is_none(), "a call without a pod matched a namespace filter");
+    let m = t.metrics();
+    assert_eq!(m.count(Some(Rpc::CreateContainer), Some(0)), 1);
+    assert_eq!(m.count(Some(Rpc::CreateContainer), Some(5)), 1);
+    assert_eq!(m.count(Some(Rpc::ListContainers), Some(0)), 1);
+}
+
+#[tokio::test]
+async fn a_full_queue_drops_for_that_subscriber_only_and_says_how_many() {
+    let t = tap();
+    let mut slow = t.subscribe(Filter::default(), 2);
+    let mut fast = t.subscribe(Filter::default(), 64);
+    for id in 1..=5 {
+        t.on_complete(&call(id, CREATE), &outcome(0, None));
+    }
+    for id in 1..=5 {
+        assert!(matches!(next_now(&mut fast).await, Some(Item::Call(e)) if e.call_id == id));
+    }
+    assert!(matches!(next_now(&mut slow).await, Some(Item::Call(e)) if e.call_id == 1));
+    assert!(matches!(next_now(&mut slow).await, Some(Item::Call(e)) if e.call_id == 2));
+    // Caught up: the 3 dropped events are reported even with nothing after them.
+    assert!(matches!(next_now(&mut slow).await, Some(Item::Dropped { count: 3, total: 3 })));
+    assert!(next_now(&mut slow).await.is_none());
+    assert_eq!(t.metrics().tap_dropped.load(Relaxed), 3);
+
+    // Drops between two delivered events are reported in order, just before the later one.
+    let mut one = t.subscribe(Filter::default(), 1);
+    t.on_complete(&call(10, CREATE), &outcome(0, None));
+    t.on_complete(&call(11, CREATE), &outcome(0, None));
+    assert!(matches!(next_now(&mut one).await, Some(Item::Call(e)) if e.call_id == 10));
+    t.on_complete(&call(12, CREATE), &outcome(0, None));
+    assert!(matches!(next_now(&mut one).await, Some(Item::Dropped { count: 1, total: 1 })));
+    assert!(matches!(next_now(&mut one).await, Some(Item::Call(e)) if e.call_id == 12));
+}
+
+#[tokio::test]
+async fn full_keeps_messages_and_close_ends_streams() {
+    let t = tap();
+    let mut s = t.subscribe(Filter { full: true, ..Default::default() }, 8);
+    let req = k8s_cri::v1::PullImageRequest {
+        image: Some(k8s_cri::v1::ImageSpec { image: "registry.example/app:1".into(), ..Default::default() }),
+        auth: Some(k8s_cri::v1::AuthConfig { username: "u".into(), password: "pa55word".into(), ..Default::default() }),
+        sandbox_config: None,
+    }
+    .encode_to_vec();
+    t.on_complete(&call(1, "/runtime.v1alpha2.ImageService/PullImage"), &outcome(0, Some(&req)));
+    let Some(Item::Call(e)) = next_now(&mut s).await else { panic!("no event") };
+    assert_eq!(e.ids.image, "registry.example/app:1");
+    let p = e.to_proto(true, true);
+    assert_eq!(p.cri_version, "v1alpha2");
+    assert!(p.request_json.contains("registry.example/app:1"));
+    assert!(!p.request_json.contains("pa55word"), "{}", p.request_json);
+    assert!(e.to_proto(true, false).request_json.contains("pa55word"));
+    t.close();
+    assert!(s.next().await.is_none());
+    // A tap closed for shutdown takes no new subscribers.
+    assert!(t.subscribe(Filter::default(), 8).next().await.is_none());
+}
+
+#[test]
+fn byte_budget_bounds_memory() {
+    let t = tap();
+    let s = t.subscribe(Filter { full: true, ..Default::default() }, 1_000_000);
+    let big = vec![0u8; 8 << 20];
+    // A VersionRequest-shaped message: field 1, 8 MiB.
+    let mut msg = vec![0x0a];
+    let mut n = big.len();
+    while n >= 0x80 {
+        msg.push((n as u8) | 0x80);
+        n >>= 7;
+    }
+    msg.push(n as u8);
+    msg.extend_from_slice(&big);
+    for id in 0..20 {
+        t.on_complete(&call(id, "/runtime.v1.RuntimeService/FutureThing"), &outcome(0, Some(&msg)));
+    }
+    let dropped = t.metrics().tap_dropped.load(Relaxed);
+    // 64 MiB hold at most 7 events of 8 MiB each.
+    assert_eq!(dropped, 13, "dropped {dropped}");
+    drop(s);
+}
+
+#[tokio::test]
+async fn a_rejected_call_keeps_the_names_read_from_its_request() {
+    let t = tap();
+    let mut s = t.subscribe(Filter::default(), 8);
+    let c = call(1, CREATE);
+    let req = k8s_cri::v1::CreateContainerRequest {
+        pod_sandbox_id: "sb".into(),
+        config: Some(k8s_cri::v1::ContainerConfig { metadata: Some(k8s_cri::v1::ContainerMetadata { name: "app".into(), attempt: 0 }), ..Default::default() }),
+        sandbox_config: Some(k8s_cri::v1::PodSandboxConfig {
+            metadata: Some(k8s_cri::v1::PodSandboxMetadata { name: "web".into(), namespace: "shop".into(), ..Default::default() }),
+            ..Default::default()
+        }),
+    }
+    .encode_to_vec();
+    assert!(matches!(t.on_request(&c, &req).await, Verdict::Forward));
+    assert_eq!(t.stashed.load(Relaxed), 1);
+    // The engine rejected it: the proxy reports no request bytes.
+    t.on_complete(&c, &Outcome { code: Some(9), duration: Duration::from_millis(1), held: Duration::from_millis(1), request: None, response: None });
+    let Some(Item::Call(e)) = next_now(&mut s).await else { panic!("no event") };
+    assert_eq!((e.ids.pod_namespace.as_str(), e.ids.pod_name.as_str(), e.ids.container_name.as_str()), ("shop", "web", "app"));
+    assert_eq!(t.stashed.load(Relaxed), 0);
+    // With nobody tapping any more, a stashed entry is still cleaned up.
+    let c = call(2, CREATE);
+    let _ = t.on_request(&c, &req).await;
+    drop(s);
+    t.on_complete(&c, &outcome(0, None));
+    assert_eq!((t.stashed.load(Relaxed), t.stash.len()), (0, 0));
+}
