@@ -5,14 +5,12 @@
 //! service path (KUBELET-CRI §8.1), so requests are `k8s_cri::v1` messages sent to a path prefix
 //! chosen at connect time.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
-use anyhow::Context;
-use hyper_util::rt::TokioIo;
 use k8s_cri::v1 as cri;
 use tonic::codegen::http::uri::PathAndQuery;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use super::codec::ProstCodec;
@@ -81,18 +79,7 @@ pub enum Service {
 
 /// Connects a tonic channel to a gRPC server on a unix socket, as kubelet dials its CRI endpoint.
 pub async fn connect_uds(socket: &Path) -> anyhow::Result<Channel> {
-    let path: PathBuf = socket.to_path_buf();
-    Endpoint::try_from("http://[::]:50051")?
-        .connect_timeout(Duration::from_secs(5))
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move {
-                let stream = tokio::net::UnixStream::connect(&path).await?;
-                Ok::<_, std::io::Error>(TokioIo::new(stream))
-            }
-        }))
-        .await
-        .with_context(|| format!("connecting to CRI socket {}", socket.display()))
+    crate::harness::cri_channel(socket).await
 }
 
 /// A CRI client with kubelet's deadlines. Cheap to clone.
