@@ -13,4 +13,4 @@ bash hack/setup.sh
 # a 2-core machine responsive while still overlapping the waits.
 export RUST_TEST_THREADS="${RUST_TEST_THREADS:-4}"
 cargo build --workspace --all-targets --locked
-cargo test --workspace --locked "$@"
+cargo test --workspace --locked --no-fail-fast "$@"

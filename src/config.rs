@@ -126,6 +126,8 @@ pub struct ProxyConfig {
     pub shutdown_grace: Duration,
     #[serde(deserialize_with = "de_duration")]
     pub upstream_connect_timeout: Duration,
+    /// HTTP/2 connections to the runtime, used round-robin (more spread calls over cores).
+    pub upstream_connections: usize,
     #[serde(deserialize_with = "de_duration")]
     pub keepalive_interval: Duration,
     #[serde(deserialize_with = "de_duration")]
@@ -143,6 +145,7 @@ impl Default for ProxyConfig {
         ProxyConfig {
             shutdown_grace: d.shutdown_grace,
             upstream_connect_timeout: Duration::from_secs(2),
+            upstream_connections: crate::proxy::UpstreamOptions::default().connections,
             keepalive_interval: d.keepalive_interval,
             keepalive_timeout: d.keepalive_timeout,
             handshake_timeout: d.handshake_timeout,
@@ -268,6 +271,9 @@ impl Config {
         if self.job.poll_interval.is_zero() {
             return Err(bad("job.poll_interval", "must be greater than 0".into()));
         }
+        if !(1..=64).contains(&self.proxy.upstream_connections) {
+            return Err(bad("proxy.upstream_connections", "must be between 1 and 64".into()));
+        }
         if self.proxy.max_concurrent_streams == 0 {
             return Err(bad("proxy.max_concurrent_streams", "must be greater than 0".into()));
         }
@@ -312,7 +318,11 @@ impl Config {
     }
 
     pub fn upstream_options(&self) -> crate::proxy::UpstreamOptions {
-        crate::proxy::UpstreamOptions { connect_timeout: self.proxy.upstream_connect_timeout, ..Default::default() }
+        crate::proxy::UpstreamOptions {
+            connect_timeout: self.proxy.upstream_connect_timeout,
+            connections: self.proxy.upstream_connections,
+            ..Default::default()
+        }
     }
 }
 

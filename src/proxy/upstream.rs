@@ -30,13 +30,15 @@ pub enum UpstreamError {
 #[derive(Debug, Clone)]
 pub struct UpstreamOptions {
     pub connect_timeout: Duration,
+    /// HTTP/2 connections to the runtime, used round-robin.
+    pub connections: usize,
     pub stream_window: u32,
     pub connection_window: u32,
 }
 
 impl Default for UpstreamOptions {
     fn default() -> Self {
-        UpstreamOptions { connect_timeout: Duration::from_secs(2), stream_window: 2 << 20, connection_window: 16 << 20 }
+        UpstreamOptions { connect_timeout: Duration::from_secs(2), connections: 2, stream_window: 2 << 20, connection_window: 16 << 20 }
     }
 }
 
@@ -44,6 +46,13 @@ pub struct Upstream {
     path: PathBuf,
     display: String,
     opts: UpstreamOptions,
+    /// A few multiplexed connections, used round-robin: one HTTP/2 connection is processed by
+    /// one task, so with a single one every call of the node funnels through one core.
+    slots: Vec<Slot>,
+    next: std::sync::atomic::AtomicUsize,
+}
+
+struct Slot {
     /// The live connection's sender. Read-locked on every call just long enough to clone it.
     current: RwLock<Option<SendRequest<ProxyBody>>>,
     /// Serialises re-dials so that a burst of calls after a runtime restart dials once.
@@ -54,28 +63,30 @@ impl Upstream {
     pub fn new(path: impl Into<PathBuf>, opts: UpstreamOptions) -> Self {
         let path = path.into();
         let display = path.display().to_string();
-        Upstream { path, display, opts, current: RwLock::new(None), dialing: tokio::sync::Mutex::new(()) }
+        let slots = (0..opts.connections.max(1)).map(|_| Slot { current: RwLock::new(None), dialing: tokio::sync::Mutex::new(()) }).collect();
+        Upstream { path, display, opts, slots, next: std::sync::atomic::AtomicUsize::new(0) }
     }
 
     pub fn path(&self) -> &Path {
         &self.path
     }
 
-    fn live(&self) -> Option<SendRequest<ProxyBody>> {
-        let guard = self.current.read().unwrap_or_else(|e| e.into_inner());
+    fn live(slot: &Slot) -> Option<SendRequest<ProxyBody>> {
+        let guard = slot.current.read().unwrap_or_else(|e| e.into_inner());
         guard.as_ref().filter(|s| !s.is_closed()).cloned()
     }
 
-    async fn sender(&self) -> Result<SendRequest<ProxyBody>, UpstreamError> {
-        if let Some(s) = self.live() {
+    async fn sender(&self, idx: usize) -> Result<SendRequest<ProxyBody>, UpstreamError> {
+        let slot = &self.slots[idx % self.slots.len()];
+        if let Some(s) = Self::live(slot) {
             return Ok(s);
         }
-        let _dial = self.dialing.lock().await;
-        if let Some(s) = self.live() {
+        let _dial = slot.dialing.lock().await;
+        if let Some(s) = Self::live(slot) {
             return Ok(s);
         }
         let s = self.dial().await?;
-        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Some(s.clone());
+        *slot.current.write().unwrap_or_else(|e| e.into_inner()) = Some(s.clone());
         Ok(s)
     }
 
@@ -111,7 +122,8 @@ impl Upstream {
     /// Sends one request upstream. The returned future resolves with the response headers; the
     /// body streams. Dropping the future (client cancelled) resets the upstream stream.
     pub async fn send(&self, req: Request<ProxyBody>) -> Result<Response<Incoming>, UpstreamError> {
-        let mut sender = self.sender().await?;
+        let idx = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut sender = self.sender(idx).await?;
         let req = match sender.try_send_request(req).await {
             Ok(resp) => return Ok(resp),
             Err(mut e) => match e.take_message() {
@@ -126,7 +138,7 @@ impl Upstream {
             },
         };
         // The refused sender reports closed now, so this dials a new connection.
-        let mut sender = self.sender().await?;
+        let mut sender = self.sender(idx).await?;
         sender.send_request(req).await.map_err(|source| UpstreamError::Call { path: self.display.clone(), source })
     }
 }
