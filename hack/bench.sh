@@ -24,7 +24,7 @@ report="$(target/release/crisp-bench "${args[@]}")"
 header="# Benchmarks
 
 Produced by \`sudo hack/bench.sh\` (release builds; \`target/release/crisp-bench ${args[*]}\`)
-on $(date -u +%Y-%m-%d), $(nproc) cores, $(awk '/MemTotal/ {printf \"%.0f GiB\", \$2/1048576}' /proc/meminfo),
+on $(date -u +%Y-%m-%d), $(nproc) cores, $(( $(grep MemTotal /proc/meminfo | tr -s ' ' | cut -d' ' -f2) / 1048576 )) GiB,
 $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), kernel $(uname -r).
 
 Three lanes measured in the same run against the same upstream: **direct** (client → runtime),
