@@ -179,7 +179,11 @@ impl Engine {
             if st.exit_code == 0 {
                 continue; // Final under Never and OnFailure.
             }
-            let restarted_before = st.annotations.get(RESTART_COUNT_ANNOTATION).and_then(|v| v.parse::<u32>().ok()).unwrap_or(0) > 0;
+            // Restarted after it *ran*: kubelet also re-creates (restartCount + 1) an instance
+            // that never started, whatever the policy (a start cut short, KUBELET-CRI §1.4),
+            // which says nothing about OnFailure.
+            let restart_count = st.annotations.get(RESTART_COUNT_ANNOTATION).and_then(|v| v.parse::<u32>().ok()).unwrap_or(0);
+            let restarted_before = restart_count > 0 && self.ran_before(version, &containers, app, restart_count).await;
             let final_ = match pod.policy.restart_policy {
                 Some(RestartPolicy::Never) => true,
                 Some(_) => false,
@@ -196,6 +200,25 @@ impl Engine {
             }
         }
         Ok(AppsState::Done)
+    }
+
+    /// Whether an older instance of `app`'s container actually ran (was started). Unless all
+    /// `restart_count` older instances are still there to look at (kubelet's GC removes dead
+    /// ones) and none of them ran, the answer is yes: the conservative one keeps the sidecars.
+    async fn ran_before(&self, version: ApiVersion, containers: &[crate::cri::views::Container], app: &crate::cri::views::Container, restart_count: u32) -> bool {
+        let name = |c: &crate::cri::views::Container| c.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default();
+        let older: Vec<_> = containers.iter().filter(|c| c.id != app.id && c.created_at < app.created_at && name(c) == name(app)).collect();
+        if older.len() < restart_count as usize {
+            return true;
+        }
+        for c in older {
+            match self.client.container_status(version, &c.id).await {
+                Ok(r) if r.status.as_ref().is_some_and(|s| s.started_at != 0) => return true,
+                Ok(_) => {}
+                Err(_) => return true,
+            }
+        }
+        false
     }
 
     async fn terminate_sidecars(&self, version: ApiVersion, pod: &Pod) {

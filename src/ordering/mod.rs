@@ -58,6 +58,9 @@ pub struct Pod {
     /// When each app container was first refused because a sidecar was not created or not
     /// running: refusals are bounded by the start timeout like holds (see `gate_create`).
     refused_since: Mutex<HashMap<String, Instant>>,
+    /// kubelet has sent a CreateContainer for one of the declared sidecars: from then on no init
+    /// container can come (they all run before any regular container is created).
+    sidecar_create_seen: AtomicBool,
 }
 
 /// The pod's termination grace budget: one budget per pod, counted from its first StopContainer
@@ -86,6 +89,7 @@ impl Pod {
             job_watched: AtomicBool::new(false),
             refused_early: Mutex::new(HashSet::new()),
             refused_since: Mutex::new(HashMap::new()),
+            sidecar_create_seen: AtomicBool::new(false),
         };
         (pod, warnings)
     }
@@ -281,7 +285,9 @@ impl Engine {
         }
     }
 
-    async fn check_start(&self, version: ApiVersion, pod: &Pod, container: &str, required: &[Sidecar]) -> StartCheck {
+    /// `skip_dead`: sidecars that are not created or not running are not waited for (the app
+    /// was refused for them longer than the start timeout); running ones still are.
+    async fn check_start(&self, version: ApiVersion, pod: &Pod, container: &str, required: &[Sidecar], skip_dead: bool) -> StartCheck {
         let containers = match self.client.list_containers(version, &pod.sandbox_id).await {
             Ok(c) => c,
             Err(e) => {
@@ -297,16 +303,22 @@ impl Engine {
             // the sidecars (kubelet creates them right after our refusal, in the same loop,
             // KUBELET-CRI §1.3, §10) or it is an init container (nothing else is created until it
             // has run, §1.1). The CRI cannot tell them apart, so refuse once: if kubelet comes
-            // back to the same container and still no sidecar exists, it is an init container.
+            // back to the same container and still no sidecar exists, it is an init container —
+            // unless kubelet tried to create a sidecar meanwhile (its create failed, e.g. the
+            // name was still reserved by a create crisp's restart cut short): then it is not.
             let mut refused = pod.refused_early.lock().unwrap_or_else(|e| e.into_inner());
-            if refused.contains(container) {
+            if refused.contains(container) && !pod.sidecar_create_seen.load(Relaxed) {
                 tracing::info!(container_name = %container, "no sidecar was created after refusing this container: treating it as an init container");
                 return StartCheck::Ready;
             }
             refused.insert(container.to_string());
         }
         for s in required {
-            match latest.get(s.name.as_str()) {
+            let found = latest.get(s.name.as_str());
+            if skip_dead && !found.is_some_and(|c| c.state == state::RUNNING) {
+                continue;
+            }
+            match found {
                 None if pod.policy.source == Source::Annotation => {
                     return StartCheck::FailFast(format!(
                         "sidecar {:?} of pod {} is not created yet (is it listed after this container?)",
@@ -357,6 +369,9 @@ impl Engine {
         if !pod.policy.has_sidecars() {
             return Verdict::Forward;
         }
+        if pod.policy.sidecar_index(&name).is_some() {
+            pod.sidecar_create_seen.store(true, Relaxed);
+        }
         let required = match pod.policy.sidecar_index(&name) {
             Some(i) => &pod.policy.sidecars[..i],
             None => &pod.policy.sidecars[..],
@@ -370,25 +385,32 @@ impl Engine {
         if let Some(d) = call.deadline {
             hold_until = hold_until.min(d.checked_sub(DEADLINE_MARGIN).unwrap_or(call.received));
         }
+        // A sidecar that stays exited may never come back (restartPolicy Never; a start aborted
+        // by a crash; a long crash back-off): refusing the app for it forever would leave the pod
+        // Pending forever. Refusals are bounded by the start timeout like holds, counted from this
+        // container's first refusal; past it (policy proceed) crisp stops waiting for sidecars
+        // that do not run — the running ones are still waited for.
+        let refused_for = pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).get(&name).map(|t| t.elapsed());
+        let skip_dead = policy == TimeoutPolicy::Proceed && refused_for.is_some_and(|d| d >= timeout);
+        if skip_dead {
+            self.metrics.start_hold_timeouts.fetch_add(1, Relaxed);
+            tracing::warn!(container_name = %name, refused_for_ms = refused_for.unwrap_or_default().as_millis() as u64, "sidecars still not running after the start timeout; no longer waiting for them (policy proceed)");
+        }
         let mut held: Option<(GaugeGuard<'_>, Instant)> = None;
         loop {
-            match self.check_start(version, &pod, &name, required).await {
+            // A slow runtime must not stretch the hold past its end (nor the forwarded call past
+            // kubelet's deadline): a probe round still running then counts as "not ready".
+            let check = match tokio::time::timeout_at(hold_until.into(), self.check_start(version, &pod, &name, required, skip_dead)).await {
+                Ok(c) => c,
+                Err(_) => StartCheck::Waiting("the runtime (no answer before the hold's end)".into()),
+            };
+            match check {
                 StartCheck::Ready => {
                     pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).remove(&name);
                     break;
                 }
                 StartCheck::FailFast(reason) => {
-                    // A sidecar that stays exited may never come back (restartPolicy Never, or
-                    // a start aborted by a crash; a long crash back-off): refusing the app
-                    // forever would leave the pod Pending forever. Refusals are bounded by the
-                    // start timeout like holds, counted from this container's first refusal.
-                    let first = *pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).entry(name.clone()).or_insert(call.received);
-                    if policy == TimeoutPolicy::Proceed && first.elapsed() >= timeout {
-                        pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).remove(&name);
-                        self.metrics.start_hold_timeouts.fetch_add(1, Relaxed);
-                        tracing::warn!(container_name = %name, refused_for_ms = first.elapsed().as_millis() as u64, "{reason} for longer than the start timeout; starting the app anyway (policy proceed)");
-                        return Verdict::Forward;
-                    }
+                    pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).entry(name.clone()).or_insert(call.received);
                     self.metrics.fail_fast.fetch_add(1, Relaxed);
                     tracing::info!(container_name = %name, "refusing CreateContainer for now: {reason}");
                     // "network is not ready" makes kubelet requeue the pod after ~1 s instead of
