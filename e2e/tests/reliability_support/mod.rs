@@ -1,0 +1,565 @@
+//! Shared by the `reliability_*` end-to-end scenarios (issue #8): a workload generator (pods
+//! with 1–2 sidecars with exec/tcp/http readiness, some of them Jobs, a secret in every
+//! container's env), the checks (ordering from containerd's own timestamps, kubelet's deadlines
+//! from the emulator's journal, crisp's holds and tracking from its admin socket, its RSS from
+//! /proc), kubelet-GC-like removal through crisp, a seeded RNG and a delaying socket splice.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use crisp_e2e::emulator::{CallMeta, CallRecord, EnvVar, Journal, Kubelet, PodPhase, PodSpec};
+use crisp_e2e::stack::{secs, Stack};
+use k8s_cri::v1 as cri;
+
+pub const S: i64 = 1_000_000_000;
+
+// ---------------------------------------------------------------------------------------------
+// Seeded randomness (printed, replayable with CRISP_SEED)
+
+/// xorshift64*: tiny, deterministic, good enough to pick kill points and pod shapes.
+pub struct Rng(u64);
+
+impl Rng {
+    /// From `CRISP_SEED` if set, else from the clock. Prints the seed so a failure replays.
+    pub fn from_env(what: &str) -> Rng {
+        let seed = std::env::var("CRISP_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+        });
+        eprintln!("{what}: CRISP_SEED={seed} (set it to replay this run)");
+        Rng(seed.max(1))
+    }
+
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in [lo, hi).
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo).max(1)
+    }
+
+    pub fn millis(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(self.range(lo, hi))
+    }
+}
+
+pub fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The workload
+
+/// How a pod's sidecars say they are ready.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Probe {
+    /// hostNetwork, `exec:["test","-f","/tmp/ready"]`.
+    Exec,
+    /// hostNetwork, `tcp://:PORT` with a unique port per sidecar.
+    Tcp,
+    /// CNI pod, `http://:PORT/` on the pod IP.
+    Http,
+}
+
+#[derive(Clone, Debug)]
+pub struct Planned {
+    pub spec: PodSpec,
+    pub probe: Probe,
+    pub job: bool,
+    /// Sidecars in declared order, with the seconds each sleeps before it is ready.
+    pub sidecars: Vec<(String, f64)>,
+    pub app: String,
+}
+
+/// A free TCP port on loopback (bound and released; hostNetwork sidecars take it next).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0)
+}
+
+/// Plans pod `i` of a run: the probe kind cycles exec/tcp/http (http only with `cni`), 1 or 2
+/// sidecars, every 4th pod is a Job, readiness delays are random (0.3–1.2 s). Every container
+/// carries `secret` in its env.
+pub fn plan(i: usize, rng: &mut Rng, cni: bool, secret: &str) -> Planned {
+    let probe = match i % 3 {
+        0 => Probe::Exec,
+        1 => Probe::Tcp,
+        _ if cni => Probe::Http,
+        _ => Probe::Exec,
+    };
+    let n_sidecars = 1 + (rng.next() % 2) as usize;
+    let job = i % 4 == 3;
+    let mut ann = BTreeMap::new();
+    let mut containers = Vec::new();
+    let mut sidecars = Vec::new();
+    for k in 0..n_sidecars {
+        let name = format!("side{k}");
+        let delay = rng.range(300, 1200) as f64 / 1000.0;
+        let (ready, serve) = match probe {
+            Probe::Exec => (r#"exec:["test","-f","/tmp/ready"]"#.to_string(), "touch /tmp/ready; sleep 3600 & wait".to_string()),
+            Probe::Tcp => {
+                let port = free_port();
+                (format!("tcp://:{port}"), format!("mkdir -p /www; httpd -f -p 127.0.0.1:{port} -h /www & wait"))
+            }
+            Probe::Http => {
+                let port = 8080 + k;
+                (format!("http://:{port}/"), format!("mkdir -p /www; echo ok > /www/index.html; httpd -f -p {port} -h /www & wait"))
+            }
+        };
+        ann.insert(format!("crisp.dev/ready.{name}"), ready);
+        containers.push(container(&name, &format!("trap 'exit 0' TERM; sleep {delay}; {serve}"), secret));
+        sidecars.push((name, delay));
+    }
+    ann.insert("crisp.dev/sidecars".into(), sidecars.iter().map(|s| s.0.clone()).collect::<Vec<_>>().join(", "));
+    let app = "app".to_string();
+    let script = if job { "sleep 1; exit 0" } else { "trap 'sleep 0.5; exit 0' TERM; while true; do sleep 0.2; done" };
+    containers.push(container(&app, script, secret));
+    let mut spec = PodSpec::new(&format!("load-{i}"), containers);
+    spec.annotations = ann;
+    spec.host_network = probe != Probe::Http;
+    spec.termination_grace_period_seconds = 10;
+    if job {
+        spec.labels.insert("job-name".into(), format!("load-{i}"));
+        spec.restart_policy = crisp_e2e::emulator::RestartPolicy::Never;
+    }
+    Planned { spec, probe, job, sidecars, app }
+}
+
+fn container(name: &str, script: &str, secret: &str) -> crisp_e2e::emulator::ContainerSpec {
+    let mut c = crisp_e2e::emulator::ContainerSpec::sh(name, script);
+    c.env.push(EnvVar { name: "SECRET_TOKEN".into(), value: secret.to_string() });
+    c
+}
+
+/// A per-run secret that must never show in any log line.
+pub fn secret(rng: &mut Rng) -> String {
+    format!("s3cr3t-{:016x}", rng.next())
+}
+
+/// Base64 (standard, padded) of `s`: the secret must not leak encoded either.
+pub fn base64(s: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in s.chunks(3) {
+        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(T[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Waiting for what kubelet wants
+
+/// Waits until every pod is where kubelet wants it after a start: all containers Running, or
+/// for a Job pod, Succeeded.
+pub async fn wait_up(kubelet: &Kubelet, pods: &[(String, Planned)], timeout: Duration) -> Result<()> {
+    for uid in wait_settled(kubelet, pods, timeout).await? {
+        bail!("Job pod {uid} Failed: {:#?}", kubelet.pod(&uid));
+    }
+    Ok(())
+}
+
+/// Like [`wait_up`], but a Job pod may also end Failed; returns those pods' uids.
+pub async fn wait_settled(kubelet: &Kubelet, pods: &[(String, Planned)], timeout: Duration) -> Result<Vec<String>> {
+    let mut failed = Vec::new();
+    for (uid, p) in pods {
+        let r = if p.job {
+            kubelet.wait_for(uid, timeout, |v| matches!(v.status.phase, PodPhase::Succeeded | PodPhase::Failed)).await.map(|v| {
+                if v.status.phase == PodPhase::Failed {
+                    failed.push(uid.clone());
+                }
+            })
+        } else {
+            kubelet.wait_all_running(uid, timeout).await.map(|_| ())
+        };
+        r.with_context(|| format!("pod {} ({uid}) did not come up", p.spec.name))?;
+    }
+    Ok(failed)
+}
+
+pub async fn wait_terminated(kubelet: &Kubelet, pods: &[(String, Planned)], timeout: Duration) -> Result<()> {
+    for (uid, p) in pods {
+        kubelet.wait_terminated(uid, timeout).await.with_context(|| format!("pod {} ({uid}) did not terminate", p.spec.name))?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ordering, from containerd's own timestamps
+
+/// A CRI client straight to containerd (not through crisp): the runtime's own view.
+pub async fn direct(containerd: &Path) -> Result<cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>> {
+    Ok(cri::runtime_service_client::RuntimeServiceClient::new(crisp_e2e::emulator::connect_uds(containerd).await?))
+}
+
+/// Every instance of every container of pod `uid`, straight from containerd, by name.
+pub async fn instances(containerd: &Path, uid: &str) -> Result<HashMap<String, Vec<cri::ContainerStatus>>> {
+    let mut rt = direct(containerd).await?;
+    let filter = cri::ContainerFilter { label_selector: [("io.kubernetes.pod.uid".to_string(), uid.to_string())].into(), ..Default::default() };
+    let list = rt.list_containers(cri::ListContainersRequest { filter: Some(filter) }).await?.into_inner().containers;
+    let mut out: HashMap<String, Vec<cri::ContainerStatus>> = HashMap::new();
+    for c in list {
+        let st = rt.container_status(cri::ContainerStatusRequest { container_id: c.id.clone(), verbose: false }).await?.into_inner().status.context("empty status")?;
+        let name = st.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default();
+        out.entry(name).or_default().push(st);
+    }
+    for v in out.values_mut() {
+        v.sort_by_key(|s| s.created_at);
+    }
+    Ok(out)
+}
+
+/// The instance of each container that ran (started_at ≠ 0); a name with more than one is a
+/// duplicate (two copies of a container ran), a name with none never ran.
+pub fn ran(all: &HashMap<String, Vec<cri::ContainerStatus>>, name: &str) -> Result<cri::ContainerStatus> {
+    let ran: Vec<&cri::ContainerStatus> = all.get(name).map(|v| v.iter().filter(|s| s.started_at != 0).collect()).unwrap_or_default();
+    match ran.len() {
+        1 => Ok(ran[0].clone()),
+        0 => bail!("container {name} never ran"),
+        n => bail!("container {name} ran {n} times (duplicate instances: {:?})", ran.iter().map(|s| &s.id).collect::<Vec<_>>()),
+    }
+}
+
+/// A sidecar whose every instance failed to start (`StartError`, never ran): its start was
+/// aborted (e.g. crisp died mid-StartContainer, so containerd saw the call cancelled). Under
+/// restartPolicy Never kubelet never retries it; crisp refuses the app until its start timeout,
+/// then lets it through (policy proceed). Returns when it failed.
+pub fn start_aborted(all: &HashMap<String, Vec<cri::ContainerStatus>>, name: &str) -> Option<i64> {
+    let list = all.get(name)?;
+    (!list.is_empty() && list.iter().all(|s| s.started_at == 0 && s.reason == "StartError")).then(|| list.iter().map(|s| s.finished_at).max().unwrap_or(0))
+}
+
+/// Start order: each sidecar started after the previous one was ready (its start + its sleep),
+/// the app after the last one was ready; exactly one instance of each container ran. With
+/// `aborted_ok = Some(start_timeout)`, a sidecar whose start was aborted is accepted if the app
+/// waited at least the start timeout after it failed. Returns the violations (empty = good).
+pub async fn start_violations(containerd: &Path, uid: &str, p: &Planned, aborted_ok: Option<Duration>) -> Result<Vec<String>> {
+    let all = instances(containerd, uid).await?;
+    let mut v = Vec::new();
+    let mut ready_at: Option<(String, i64)> = None;
+    for (name, delay) in &p.sidecars {
+        if let (Some(t), Some(failed)) = (aborted_ok, start_aborted(&all, name)) {
+            eprintln!("{}: {name}'s start was aborted; the app may start {t:?} later", p.spec.name);
+            let at = failed + t.as_nanos() as i64;
+            ready_at = Some((format!("{name} (aborted) + start timeout"), ready_at.map_or(at, |r| r.1.max(at))));
+            continue;
+        }
+        let s = match ran(&all, name) {
+            Ok(s) => s,
+            Err(e) => {
+                v.push(format!("{}: {e}", p.spec.name));
+                continue;
+            }
+        };
+        if let Some((prev, at)) = &ready_at {
+            if s.started_at < *at {
+                v.push(format!("{}: {name} started {:.3} s before {prev} was ready", p.spec.name, secs(at - s.started_at)));
+            }
+        }
+        ready_at = Some((name.clone(), s.started_at + (*delay * 1e9) as i64));
+    }
+    if aborted_ok.is_some() && start_aborted(&all, &p.app).is_some() {
+        eprintln!("{}: the app's start was aborted", p.spec.name);
+        return Ok(v);
+    }
+    match ran(&all, &p.app) {
+        Ok(a) => {
+            if let Some((prev, at)) = &ready_at {
+                if a.started_at < *at {
+                    v.push(format!("{}: the app started {:.3} s before {prev} was ready", p.spec.name, secs(at - a.started_at)));
+                }
+            }
+        }
+        Err(e) => v.push(format!("{}: {e}", p.spec.name)),
+    }
+    Ok(v)
+}
+
+/// Stop order: the app finished before every sidecar, sidecars finished in reverse declared
+/// order (a sidecar whose start was aborted never ran and is skipped when `aborted_ok`).
+/// Returns the violations.
+pub async fn stop_violations(containerd: &Path, uid: &str, p: &Planned, aborted_ok: bool) -> Result<Vec<String>> {
+    let all = instances(containerd, uid).await?;
+    let mut v = Vec::new();
+    let mut later: Option<(String, i64)> = match ran(&all, &p.app) {
+        Ok(a) => Some((p.app.clone(), a.finished_at)),
+        Err(_) if aborted_ok && start_aborted(&all, &p.app).is_some() => None,
+        Err(e) => return Ok(vec![format!("{}: {e}", p.spec.name)]),
+    };
+    for (name, _) in p.sidecars.iter().rev() {
+        if aborted_ok && start_aborted(&all, name).is_some() {
+            continue;
+        }
+        let s = match ran(&all, name) {
+            Ok(s) => s,
+            Err(e) => {
+                v.push(format!("{}: {e}", p.spec.name));
+                continue;
+            }
+        };
+        if s.finished_at == 0 {
+            v.push(format!("{}: {name} still runs", p.spec.name));
+            continue;
+        }
+        if let Some((prev, at)) = &later {
+            if s.finished_at <= *at {
+                v.push(format!("{}: {name} finished {:.3} s before {prev}", p.spec.name, secs(at - s.finished_at)));
+            }
+        }
+        later = Some((name.clone(), s.finished_at));
+    }
+    Ok(v)
+}
+
+/// Exactly one RUNNING instance per container name (for pods kubelet wants running).
+pub async fn duplicate_running(containerd: &Path, uid: &str, p: &Planned) -> Result<Vec<String>> {
+    let all = instances(containerd, uid).await?;
+    let mut v = Vec::new();
+    for (name, list) in &all {
+        let running = list.iter().filter(|s| s.state == cri::ContainerState::ContainerRunning as i32).count();
+        let want = if p.job { 0 } else { 1 };
+        if running != want {
+            v.push(format!("{}: {running} running instance(s) of {name} (want {want})", p.spec.name));
+        }
+    }
+    Ok(v)
+}
+
+// ---------------------------------------------------------------------------------------------
+// kubelet's deadlines, from the journal
+
+/// Calls that outlived the deadline kubelet gave them (or hit it).
+pub fn deadline_violations(j: &Journal) -> Vec<String> {
+    j.filter(|r| match (r.deadline, r.done) {
+        (Some(d), Some(done)) => done.duration_since(r.sent) >= d || r.code == tonic::Code::DeadlineExceeded,
+        _ => r.code == tonic::Code::DeadlineExceeded && r.done.is_some(),
+    })
+    .iter()
+    .map(|r| j.format_record(r))
+    .collect()
+}
+
+/// Ordering calls (the ones crisp may hold) still in flight.
+pub fn stuck_calls(j: &Journal, older_than: Duration) -> Vec<String> {
+    j.filter(|r| r.done.is_none() && matches!(r.method, "CreateContainer" | "StopContainer" | "StopPodSandbox" | "StartContainer") && r.sent.elapsed() > older_than)
+        .iter()
+        .map(|r| j.format_record(r))
+        .collect()
+}
+
+pub fn count(j: &Journal, pred: impl FnMut(&CallRecord) -> bool) -> usize {
+    j.filter(pred).len()
+}
+
+// ---------------------------------------------------------------------------------------------
+// crisp's admin socket: metrics (HTTP/1.1 on a unix socket) and ListPods
+
+pub fn admin_socket(st: &Stack) -> PathBuf {
+    st.crisp.dir().join("admin.sock")
+}
+
+/// `GET /metrics` over the admin socket.
+pub async fn metrics(admin: &Path) -> Result<String> {
+    let admin = admin.to_path_buf();
+    tokio::task::spawn_blocking(move || -> Result<String> {
+        let mut s = std::os::unix::net::UnixStream::connect(&admin).with_context(|| format!("connect {}", admin.display()))?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        write!(s, "GET /metrics HTTP/1.1\r\nHost: crisp\r\nConnection: close\r\n\r\n")?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)?;
+        if !out.starts_with("HTTP/1.1 200") {
+            bail!("GET /metrics: {}", out.lines().next().unwrap_or(""));
+        }
+        Ok(out)
+    })
+    .await?
+}
+
+/// One unlabelled sample of `name` from the metrics text.
+pub fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+}
+
+pub async fn gauge(admin: &Path, name: &str) -> Result<f64> {
+    let t = metrics(admin).await?;
+    sample(&t, name).with_context(|| format!("no {name} in /metrics"))
+}
+
+/// Waits until crisp holds nothing (`crisp_holds_in_flight` 0). Holds end on their own (each
+/// is bounded by kubelet's deadline); this polls the gauge until then.
+pub async fn wait_no_holds(admin: &Path, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let n = gauge(admin, "crisp_holds_in_flight").await?;
+        if n == 0.0 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("crisp still holds {n} call(s) after {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The pods crisp's engine tracks (admin ListPods).
+pub async fn tracked_pods(admin: &Path) -> Result<Vec<crisp::tap::pb::Pod>> {
+    let mut c = crisp::tap::cli::connect(admin).await?;
+    Ok(c.list_pods(crisp::tap::pb::ListPodsRequest {}).await?.into_inner().pods)
+}
+
+/// crisp's resident memory, KiB.
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse().ok())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Removal, as kubelet's container GC does it (through crisp, so its caches see the Removes)
+
+/// RemoveContainer for every container of the pods, then StopPodSandbox + RemovePodSandbox
+/// for their sandboxes, all through crisp via the kubelet's own CRI client (journaled).
+pub async fn remove_pods(containerd: &Path, kubelet: &Kubelet, uids: &[String]) -> Result<()> {
+    let mut rt = direct(containerd).await?;
+    for uid in uids {
+        let sel: HashMap<String, String> = [("io.kubernetes.pod.uid".to_string(), uid.clone())].into();
+        let cs = rt.list_containers(cri::ListContainersRequest { filter: Some(cri::ContainerFilter { label_selector: sel.clone(), ..Default::default() }) }).await?.into_inner().containers;
+        for c in cs {
+            let meta = CallMeta { pod_uid: Some(uid.clone()), ..Default::default() };
+            kubelet.cri().remove_container(&c.id, meta).await.with_context(|| format!("RemoveContainer {}", c.id))?;
+        }
+        let sbs = rt.list_pod_sandbox(cri::ListPodSandboxRequest { filter: Some(cri::PodSandboxFilter { label_selector: sel, ..Default::default() }) }).await?.into_inner().items;
+        for sb in sbs {
+            let meta = CallMeta { pod_uid: Some(uid.clone()), ..Default::default() };
+            kubelet.cri().stop_pod_sandbox(&sb.id, meta.clone()).await.with_context(|| format!("StopPodSandbox {}", sb.id))?;
+            kubelet.cri().remove_pod_sandbox(&sb.id, meta).await.with_context(|| format!("RemovePodSandbox {}", sb.id))?;
+        }
+    }
+    Ok(())
+}
+
+/// Job-mode marks left in crisp's state dir (one file per sidecar it terminated).
+pub fn terminated_marks(state_dir: &Path) -> usize {
+    std::fs::read_dir(state_dir.join("terminated")).map(|d| d.count()).unwrap_or(0)
+}
+
+// ---------------------------------------------------------------------------------------------
+// A slow runtime: a byte splice that delays every chunk the runtime sends
+
+/// Listens on `listen` and splices each connection to `upstream`; bytes from the upstream are
+/// delivered `delay` after they arrived (in order), bytes to it at once.
+pub struct SlowSplice {
+    pub path: PathBuf,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for SlowSplice {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl SlowSplice {
+    pub fn start(listen: &Path, upstream: &Path, delay: Duration) -> Result<SlowSplice> {
+        let l = tokio::net::UnixListener::bind(listen)?;
+        let upstream = upstream.to_path_buf();
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = l.accept().await {
+                let upstream = upstream.clone();
+                tokio::spawn(async move {
+                    let Ok(server) = tokio::net::UnixStream::connect(&upstream).await else { return };
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let up = tokio::spawn(async move {
+                        let _ = tokio::io::copy(&mut cr, &mut sw).await;
+                        let _ = tokio::io::AsyncWriteExt::shutdown(&mut sw).await;
+                    });
+                    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+                    let reader = tokio::spawn(async move {
+                        let mut buf = vec![0u8; 64 << 10];
+                        loop {
+                            match tokio::io::AsyncReadExt::read(&mut sr, &mut buf).await {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => {
+                                    if tx.send((tokio::time::Instant::now() + delay, buf[..n].to_vec())).is_err() {
+                                        break;
+                                    }
+                                }
+                            }
+                        }
+                    });
+                    while let Some((due, chunk)) = rx.recv().await {
+                        tokio::time::sleep_until(due).await;
+                        if tokio::io::AsyncWriteExt::write_all(&mut cw, &chunk).await.is_err() {
+                            break;
+                        }
+                    }
+                    let _ = tokio::io::AsyncWriteExt::shutdown(&mut cw).await;
+                    reader.abort();
+                    up.abort();
+                });
+            }
+        });
+        Ok(SlowSplice { path: listen.to_path_buf(), task })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A stack with a custom crisp (log level, upstream)
+
+/// Like `Stack::start`, but crisp forwards to `upstream(containerd socket)` (e.g. a slow
+/// splice in front of containerd) and logs at `log_level`.
+pub async fn custom_stack(
+    cni: bool,
+    crisp_config: &str,
+    log_level: Option<&str>,
+    upstream: impl FnOnce(&Path) -> Result<Option<PathBuf>>,
+    tune: impl FnOnce(&mut crisp_e2e::emulator::KubeletConfig),
+) -> Result<Stack> {
+    use crisp_e2e::crisp::{Crisp, CrispOpts};
+    use crisp_e2e::harness::{Containerd, ContainerdOpts};
+    crisp_e2e::harness::require_root();
+    let containerd = Containerd::start_async(ContainerdOpts { cni }).await.context("starting containerd")?;
+    let up = upstream(containerd.socket())?.unwrap_or_else(|| containerd.socket().to_path_buf());
+    let crisp = Crisp::start(&up, CrispOpts { extra_config: crisp_config.to_string(), log_level: log_level.map(str::to_string) })?;
+    let dir = tempfile::Builder::new().prefix("crisp-stack-").tempdir()?;
+    let mut cfg = crisp_e2e::emulator::KubeletConfig::fast(crisp.socket(), dir.path().join("pods"));
+    cfg.root_dir = Some(dir.path().join("kubelet"));
+    cfg.container_deletor = false;
+    tune(&mut cfg);
+    let kubelet = Kubelet::new(cfg).await.context("starting the kubelet emulator")?;
+    Ok(Stack { kubelet, crisp, containerd, dir })
+}
+
+/// Lines of crisp's log containing `needle`.
+pub fn log_lines(st: &Stack, needle: &str) -> Vec<String> {
+    st.crisp.log_text().lines().filter(|l| l.contains(needle)).map(str::to_string).collect()
+}
+
+/// Prints a failing pod's calls.
+pub fn dump_pod(kubelet: &Kubelet, uid: &str) {
+    let j = kubelet.journal();
+    for r in j.pod_calls(uid).iter().filter(|r| !r.is_polling()) {
+        eprintln!("{}", j.format_record(r));
+    }
+}
+
+pub fn crisp_log_tail(st: &Stack, lines: usize) -> String {
+    let t = st.crisp.log_text();
+    let all: Vec<&str> = t.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
