@@ -11,6 +11,7 @@
 #   busybox-static umoci                          hermetic images (hack/images.sh)
 #   socat iproute2 iptables                       demo / CNI bridge cleanup
 #   protobuf-compiler                             protoc for tonic/prost build scripts
+#   strace                                        socket-mode syscall order (tests/reliability_sockets.rs)
 set -euo pipefail
 
 PACKAGES=(
@@ -23,6 +24,7 @@ PACKAGES=(
   protobuf-compiler
   iproute2
   iptables
+  strace
   systemd  # systemd-analyze verify, systemd-socket-activate (tests/systemd_*.rs)
 )
 

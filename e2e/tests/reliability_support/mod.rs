@@ -80,9 +80,18 @@ pub struct Planned {
     pub app: String,
 }
 
-/// A free TCP port on loopback (bound and released; hostNetwork sidecars take it next).
+/// A free TCP port on loopback for a hostNetwork sidecar, below the ephemeral range (ports the
+/// kernel hands to bind(0) and to outgoing connections — crisp's own probes among them — could
+/// be taken again before the sidecar binds). Each call takes the next port that binds now.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0)
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let base = 20000 + (std::process::id() % 50) * 200;
+    loop {
+        let port = (base + NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 10000) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// Plans pod `i` of a run: the probe kind cycles exec/tcp/http (http only with `cni`), 1 or 2
@@ -231,7 +240,10 @@ pub fn ran(all: &HashMap<String, Vec<cri::ContainerStatus>>, name: &str) -> Resu
     match ran.len() {
         1 => Ok(ran[0].clone()),
         0 => bail!("container {name} never ran"),
-        n => bail!("container {name} ran {n} times (duplicate instances: {:?})", ran.iter().map(|s| &s.id).collect::<Vec<_>>()),
+        n => bail!(
+            "container {name} ran {n} times (instances: {:?})",
+            ran.iter().map(|s| format!("{} exit {} {:?} {:?}", &s.id[..12.min(s.id.len())], s.exit_code, s.reason, s.message)).collect::<Vec<_>>()
+        ),
     }
 }
 

@@ -1,0 +1,233 @@
+//! Issue #8, security: crisp's sockets get their final mode (CRI socket 0660, admin socket 0600)
+//! *before* they listen — there is no moment in which a connection could be made while the file
+//! still has the mode the umask gave it.
+//!
+//! What is proven, and how:
+//! 1. The syscall order, deterministically: crisp's start is traced with strace; for both
+//!    sockets, `bind(path)` → `chmod(path, mode)` → `listen(fd)`, and nothing changes the mode
+//!    after `listen`. (Skipped with a message if strace is not installed.)
+//! 2. The effect, empirically: crisp is started with umask 000 (so a freshly bound socket file is
+//!    0777) while threads whose filesystem uid is `nobody` connect to both paths in a tight loop,
+//!    from before crisp starts until after it serves. Not one connect may succeed: before
+//!    `listen` they are refused, after the chmod denied. The same hammer is first pointed at a
+//!    deliberately wrong order (listen, then chmod 1 ms later) to show it does catch a window of
+//!    that size. A window far shorter than one connect attempt (~µs) could escape (2) — which is
+//!    why (1) exists.
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const NOBODY: u32 = 65534;
+
+fn is_root() -> bool {
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn world_traversable_tempdir() -> tempfile::TempDir {
+    let d = tempfile::Builder::new().prefix("crisp-sockmode").tempdir_in("/tmp").unwrap();
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    d
+}
+
+fn write_config(dir: &Path) -> PathBuf {
+    let cfg = dir.join("config.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "listen = {:?}\nupstream = {:?}\nstate_dir = {:?}\n[log]\nlevel = \"info\"\n",
+            dir.join("crisp.sock"),
+            dir.join("no-runtime.sock"),
+            dir.join("state")
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
+fn crisp(cfg: &Path, log: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_crisp"));
+    c.arg("--config").arg(cfg);
+    for k in ["NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", "RUST_LOG"] {
+        c.env_remove(k);
+    }
+    c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(std::fs::File::create(log).unwrap());
+    c
+}
+
+fn wait_connectable(paths: &[PathBuf], limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while !paths.iter().all(|p| std::os::unix::net::UnixStream::connect(p).is_ok()) {
+        assert!(Instant::now() < deadline, "crisp did not listen on {paths:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn stop(child: &mut std::process::Child) {
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let _ = child.wait();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. strace
+
+#[test]
+fn sockets_get_their_mode_between_bind_and_listen_strace() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    if Command::new("strace").arg("-V").output().is_err() {
+        eprintln!("skipped: strace is not installed (apt-get install strace)");
+        return;
+    }
+    let dir = world_traversable_tempdir();
+    let cfg = write_config(dir.path());
+    let trace = dir.path().join("strace.out");
+    let log = dir.path().join("crisp.log");
+    let mut c = crisp(&cfg, &log);
+    let mut cmd = Command::new("strace");
+    cmd.args(["-f", "-qq", "-e", "trace=bind,listen,chmod,fchmod,fchmodat", "-o"]).arg(&trace).arg(c.get_program()).args(c.get_args());
+    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap());
+    let _ = &mut c;
+    let mut child = cmd.spawn().unwrap();
+    let (sock, admin) = (dir.path().join("crisp.sock"), dir.path().join("admin.sock"));
+    wait_connectable(&[sock.clone(), admin.clone()], Duration::from_secs(20));
+    // SIGTERM crisp itself (the traced process: the pid on the trace's lines), then strace ends.
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let traced: i32 = text.lines().next().and_then(|l| l.split_whitespace().next()).and_then(|p| p.parse().ok()).expect("a pid in the trace");
+    let crisp_pid = std::fs::read_to_string(format!("/proc/{traced}/status")).ok().and_then(|s| s.lines().find_map(|l| l.strip_prefix("Tgid:")).and_then(|v| v.trim().parse().ok())).unwrap_or(traced);
+    unsafe { libc::kill(crisp_pid, libc::SIGTERM) };
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&trace).unwrap();
+    for (path, mode) in [(&sock, "0660"), (&admin, "0600")] {
+        let p = path.display().to_string();
+        let lines: Vec<&str> = text.lines().collect();
+        let bind = lines.iter().position(|l| l.contains("bind(") && l.contains(&format!("sun_path=\"{p}\"")) && l.trim_end().ends_with("= 0")).unwrap_or_else(|| panic!("no bind of {p} in:\n{text}"));
+        let fd: String = lines[bind].split("bind(").nth(1).unwrap().chars().take_while(|c| c.is_ascii_digit()).collect();
+        let chmod = lines.iter().enumerate().skip(bind).find(|(_, l)| (l.contains("chmod(") || l.contains("chmodat(")) && l.contains(&format!("\"{p}\""))).map(|(i, _)| i).unwrap_or_else(|| panic!("no chmod of {p} after its bind:\n{text}"));
+        assert!(lines[chmod].contains(mode) && lines[chmod].trim_end().ends_with("= 0"), "{p}: {}", lines[chmod]);
+        let listen = lines.iter().enumerate().skip(bind).find(|(_, l)| l.contains(&format!("listen({fd},"))).map(|(i, _)| i).unwrap_or_else(|| panic!("no listen({fd}) for {p}:\n{text}"));
+        assert!(bind < chmod && chmod < listen, "{p}: bind line {bind}, chmod line {chmod}, listen line {listen}:\n{text}");
+        let later = lines[listen..].iter().filter(|l| l.contains(&format!("\"{p}\"")) && l.contains("chmod")).count();
+        assert_eq!(later, 0, "{p}: its mode is changed after listen:\n{text}");
+        eprintln!("{p}: bind → chmod {mode} → listen({fd}) (strace lines {bind}, {chmod}, {listen})");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. A non-root connect hammer racing crisp's start
+
+#[derive(Default)]
+struct Tally {
+    connected: AtomicU64,
+    refused: AtomicU64,
+    denied: AtomicU64,
+    other: AtomicU64,
+}
+
+/// Threads with fsuid/fsgid `nobody` (which drops CAP_DAC_OVERRIDE for that thread only)
+/// connecting to each path until `stop`.
+fn hammer(paths: Vec<PathBuf>, stop: Arc<AtomicBool>, tally: Arc<Tally>) -> Vec<std::thread::JoinHandle<()>> {
+    paths
+        .into_iter()
+        .map(|p| {
+            let (stop, tally) = (stop.clone(), tally.clone());
+            std::thread::spawn(move || {
+                unsafe {
+                    libc::setfsgid(NOBODY);
+                    libc::setfsuid(NOBODY);
+                }
+                while !stop.load(Ordering::Relaxed) {
+                    match std::os::unix::net::UnixStream::connect(&p) {
+                        Ok(_) => tally.connected.fetch_add(1, Ordering::Relaxed),
+                        Err(e) if matches!(e.raw_os_error(), Some(libc::ECONNREFUSED) | Some(libc::ENOENT)) => tally.refused.fetch_add(1, Ordering::Relaxed),
+                        Err(e) if e.raw_os_error() == Some(libc::EACCES) => tally.denied.fetch_add(1, Ordering::Relaxed),
+                        Err(_) => tally.other.fetch_add(1, Ordering::Relaxed),
+                    };
+                }
+            })
+        })
+        .collect()
+}
+
+/// The control: bind (umask 000 → 0777), listen, and only 1 ms later chmod 0660 — the wrong
+/// order. The hammer must catch it.
+fn wrong_order_is_caught(dir: &Path) -> u64 {
+    let path = dir.join("wrong.sock");
+    let stop = Arc::new(AtomicBool::new(false));
+    let tally = Arc::new(Tally::default());
+    let threads = hammer(vec![path.clone()], stop.clone(), tally.clone());
+    std::thread::sleep(Duration::from_millis(20));
+    let old = unsafe { libc::umask(0) };
+    let l = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    unsafe { libc::umask(old) };
+    std::thread::sleep(Duration::from_millis(1));
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o660)).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    drop(l);
+    tally.connected.load(Ordering::Relaxed)
+}
+
+#[test]
+fn no_non_root_connect_ever_succeeds_while_crisp_starts() {
+    if !is_root() {
+        eprintln!("skipped: needs root (to connect as nobody)");
+        return;
+    }
+    let dir = world_traversable_tempdir();
+    let caught = wrong_order_is_caught(dir.path());
+    assert!(caught > 0, "the hammer did not catch a 1 ms window with a 0777 listening socket: it proves nothing");
+
+    let cfg = write_config(dir.path());
+    let (sock, admin) = (dir.path().join("crisp.sock"), dir.path().join("admin.sock"));
+    let stop_flag = Arc::new(AtomicBool::new(false));
+    let tally = Arc::new(Tally::default());
+    let mut rounds = 0;
+    let started = Instant::now();
+    // Several starts of crisp, each raced from before its exec until after it serves.
+    for round in 0..5 {
+        let threads = hammer(vec![sock.clone(), admin.clone(), sock.clone(), admin.clone()], stop_flag.clone(), tally.clone());
+        std::thread::sleep(Duration::from_millis(10));
+        let log = dir.path().join(format!("crisp-{round}.log"));
+        let mut c = crisp(&cfg, &log);
+        unsafe {
+            c.pre_exec(|| {
+                libc::umask(0);
+                Ok(())
+            });
+        }
+        let mut child = c.spawn().unwrap();
+        wait_connectable(&[sock.clone(), admin.clone()], Duration::from_secs(20));
+        std::thread::sleep(Duration::from_millis(20));
+        stop_flag.store(true, Ordering::Relaxed);
+        for t in threads {
+            t.join().unwrap();
+        }
+        stop_flag.store(false, Ordering::Relaxed);
+        assert_eq!(std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777, 0o660);
+        assert_eq!(std::fs::metadata(&admin).unwrap().permissions().mode() & 0o777, 0o600);
+        stop(&mut child);
+        rounds += 1;
+    }
+    let (ok, refused, denied, other) = (
+        tally.connected.load(Ordering::Relaxed),
+        tally.refused.load(Ordering::Relaxed),
+        tally.denied.load(Ordering::Relaxed),
+        tally.other.load(Ordering::Relaxed),
+    );
+    eprintln!(
+        "control: {caught} connects caught in a 1 ms window of the wrong order; crisp: {rounds} starts raced by 4 nobody threads for {:.1} s: {ok} connected, {refused} refused (not listening yet), {denied} denied (final mode), {other} other",
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(ok, 0, "a non-root client connected to a crisp socket during start");
+    assert!(refused > 0 && denied > 0, "the hammer did not cover both sides of listen()");
+}
