@@ -43,6 +43,50 @@ struct Status {
     state: u8,
     finished_at: i64,
     label: Option<(String, String)>,
+    /// A second `id` field appended to the status (protobuf: the last one wins, and that is the
+    /// id kubelet sees).
+    shadow: Option<u8>,
+}
+
+impl Status {
+    fn effective_id(&self) -> &'static str {
+        IDS[self.shadow.unwrap_or(self.id) as usize % IDS.len()]
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut b = status(self).encode_to_vec();
+        if let Some(sh) = self.shadow {
+            let id = IDS[sh as usize % IDS.len()].as_bytes();
+            b.push(0x0a);
+            b.push(id.len() as u8);
+            b.extend_from_slice(id);
+        }
+        b
+    }
+}
+
+fn put_len_field(out: &mut Vec<u8>, field: u32, payload: &[u8]) {
+    let mut v = u64::from(field << 3 | 2);
+    loop {
+        let byte = (v & 0x7f) as u8;
+        v >>= 7;
+        if v == 0 {
+            out.push(byte);
+            break;
+        }
+        out.push(byte | 0x80);
+    }
+    let mut v = payload.len() as u64;
+    loop {
+        let byte = (v & 0x7f) as u8;
+        v >>= 7;
+        if v == 0 {
+            out.push(byte);
+            break;
+        }
+        out.push(byte | 0x80);
+    }
+    out.extend_from_slice(payload);
 }
 
 const IDS: [&str; 4] = ["a1", "b22", "c333", "d4444"];
@@ -172,18 +216,22 @@ fuzz_target!(|input: Input| {
     let fragment = completed_fragment();
     match input {
         Input::Built { kind, statuses, terminated, unknown } => {
-            let sts: Vec<cri::ContainerStatus> = statuses.iter().map(status).collect();
+            // The message without its statuses (prost), then each status appended as its field
+            // (repeated fields decode in order; a singular one from its only occurrence).
+            let statuses: Vec<&Status> = statuses.iter().take(if matches!(kind, Kind::ContainerStatus) { 1 } else { usize::MAX }).collect();
             let mut bytes = match kind {
-                Kind::ContainerStatus => cri::ContainerStatusResponse { status: sts.first().cloned(), info: Default::default() }.encode_to_vec(),
+                Kind::ContainerStatus => cri::ContainerStatusResponse { status: None, info: [("k".to_string(), "v".to_string())].into() }.encode_to_vec(),
                 Kind::SandboxStatus => cri::PodSandboxStatusResponse {
                     status: Some(cri::PodSandboxStatus { id: "sb".into(), created_at: 1, ..Default::default() }),
-                    containers_statuses: sts.clone(),
                     timestamp: 7,
                     ..Default::default()
                 }
                 .encode_to_vec(),
-                Kind::Event => cri::ContainerEventResponse { container_id: "a1".into(), container_event_type: 2, containers_statuses: sts.clone(), ..Default::default() }.encode_to_vec(),
+                Kind::Event => cri::ContainerEventResponse { container_id: "a1".into(), container_event_type: 2, ..Default::default() }.encode_to_vec(),
             };
+            for st in &statuses {
+                put_len_field(&mut bytes, kind.field(), &st.encode());
+            }
             // An unknown length-delimited field from a future CRI (number 1000): must survive.
             bytes.extend_from_slice(&[0xc2, 0x3e]);
             bytes.push(unknown.len().min(127) as u8);
@@ -191,7 +239,7 @@ fuzz_target!(|input: Input| {
             let set = |id: &str| IDS.iter().position(|x| *x == id).is_some_and(|i| terminated & (1 << i) != 0);
             let out = patch_embedded(&bytes, kind.field(), &fragment, set).expect("a canonical message must walk");
             match out {
-                None => assert!(!sts.iter().take(if matches!(kind, Kind::ContainerStatus) { 1 } else { usize::MAX }).any(|s| set(&s.id)), "a terminated status was not patched"),
+                None => assert!(!statuses.iter().any(|s| set(s.effective_id())), "a terminated status was not patched"),
                 Some(p) => {
                     assert!(p.ends_with(&unknown[..unknown.len().min(127)]));
                     same_structure(&bytes, &p, kind.field(), &fragment, &set);

@@ -88,15 +88,18 @@ pub fn fields(buf: &[u8]) -> impl Iterator<Item = Result<Field, WireError>> + '_
     })
 }
 
-/// The first string field `number` of a message, if any (e.g. a ContainerStatus's `id`).
+/// String field `number` of a message, if any (e.g. a ContainerStatus's `id`). Like every
+/// protobuf decoder (kubelet's included), the last occurrence wins: the id crisp matches must be
+/// the id kubelet sees, or it would patch the status of another container.
 pub fn string_field(buf: &[u8], number: u32) -> Option<&str> {
+    let mut last = None;
     for f in fields(buf) {
         let f = f.ok()?;
         if f.number == number && f.wire_type == 2 {
-            return std::str::from_utf8(&buf[f.payload.0..f.payload.1]).ok();
+            last = Some(std::str::from_utf8(&buf[f.payload.0..f.payload.1]).ok()?);
         }
     }
-    None
+    last
 }
 
 fn put_varint(out: &mut Vec<u8>, mut v: u64) {
