@@ -491,3 +491,109 @@ async fn a_thousand_concurrent_calls_all_succeed_with_their_own_answers() {
     assert_eq!(ok, N);
     assert_eq!(fake.calls_to(path).len(), N);
 }
+
+/// Observes ListContainers only: on a relayed connection that call is diverted through crisp's
+/// observed path while everything else is relayed frame by frame on the same client connection.
+#[derive(Default)]
+struct ObserveListContainers {
+    completions: AtomicUsize,
+}
+
+impl Interceptor for ObserveListContainers {
+    fn interest(&self, call: &Call) -> Interest {
+        match call.route.rpc {
+            Some(crisp::cri::Rpc::ListContainers) => Interest { request: true, response: true, complete: true },
+            _ => Interest::NONE,
+        }
+    }
+    fn on_request<'a>(&'a self, _call: &'a Call, _msg: &'a [u8]) -> crisp::intercept::BoxFuture<'a, crisp::intercept::Verdict> {
+        Box::pin(async { crisp::intercept::Verdict::Forward })
+    }
+    fn on_complete(&self, _call: &Call, _outcome: &crisp::intercept::Outcome) {
+        self.completions.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Both big responses exhaust the client's connection window many times over: crisp's writes
+/// on the diverted stream and the runtime's on the relayed one must share it without either
+/// overrunning it (the client would fail the connection) or stalling (the test would time out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn diverted_and_relayed_big_responses_share_one_client_connection() {
+    use k8s_cri::v1::{Container, ListContainersRequest, ListContainersResponse, ListPodSandboxRequest, ListPodSandboxResponse, PodSandbox, VersionRequest, VersionResponse};
+    const VERSION_PATH: &str = "/runtime.v1.RuntimeService/Version";
+    let fake = Fake::start().await;
+    let observer = Arc::new(ObserveListContainers::default());
+    let crisp = Crisp::start_with(fake.path(), vec![observer.clone()], ProxyOptions::default()).await;
+    let containers = ListContainersResponse {
+        containers: (0..40_000).map(|i| Container { id: format!("{i:064x}"), image_ref: "x".repeat(400), ..Default::default() }).collect(),
+    };
+    let sandboxes = ListPodSandboxResponse { items: (0..40_000).map(|i| PodSandbox { id: format!("{i:064x}"), runtime_handler: "y".repeat(400), ..Default::default() }).collect() };
+    let (c, s) = (containers.encode_to_vec(), sandboxes.encode_to_vec());
+    assert!(c.len() > 16 << 20 && s.len() > 16 << 20);
+    fake.script("/runtime.v1.RuntimeService/ListContainers", move |_| Reply::unary(&c));
+    fake.script("/runtime.v1.RuntimeService/ListPodSandbox", move |_| Reply::unary(&s));
+    let answer = VersionResponse { version: "0.1.0".into(), runtime_name: "fake".into(), ..Default::default() };
+    let a = answer.encode_to_vec();
+    fake.script(VERSION_PATH, move |_| Reply::unary(&a));
+
+    let client = runtime_client(&crisp.path).await;
+    let (mut c1, mut c2, mut c3) = (client.clone(), client.clone(), client);
+    let diverted = async move { c1.list_containers(ListContainersRequest::default()).await.map(|r| r.into_inner()) };
+    let relayed = async move { c2.list_pod_sandbox(ListPodSandboxRequest::default()).await.map(|r| r.into_inner()) };
+    let small = async move {
+        for i in 0..200 {
+            let v = c3.version(VersionRequest { version: "0.1.0".into() }).await.unwrap_or_else(|e| panic!("Version #{i}: {e}"));
+            assert_eq!(v.into_inner().runtime_name, "fake");
+        }
+    };
+    let (d, r, ()) = within(PATIENCE, "two big responses and 200 small calls", async { tokio::join!(diverted, relayed, small) }).await;
+    assert!(d.unwrap() == containers, "the diverted ListContainers response differs");
+    assert!(r.unwrap() == sandboxes, "the relayed ListPodSandbox response differs");
+    assert_eq!(observer.completions.load(Ordering::SeqCst), 1, "ListContainers was not observed (diverted) exactly once");
+}
+
+/// The same with a client whose connection window is the HTTP/2 default (64 KiB) and whose
+/// streams' windows are larger: every byte crisp writes on the diverted stream is one the
+/// runtime may not, and the client fails the connection (FLOW_CONTROL_ERROR) if the sum ever
+/// exceeds what it granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_client_connection_window_is_never_overrun() {
+    use k8s_cri::v1::{ListContainersRequest, ListPodSandboxRequest};
+    let fake = Fake::start().await;
+    let observer = Arc::new(ObserveListContainers::default());
+    let crisp = Crisp::start_with(fake.path(), vec![observer.clone()], ProxyOptions::default()).await;
+    let big = |tag: u8| grpc_frame(&vec![tag; 4 << 20]);
+    let (c, s) = (big(b'c'), big(b's'));
+    let (c2, s2) = (c.clone(), s.clone());
+    fake.script("/runtime.v1.RuntimeService/ListContainers", move |_| Reply::Full { headers: grpc_headers(), chunks: vec![(Duration::ZERO, c2.clone())], trailers: Some(ok_trailers()) });
+    fake.script("/runtime.v1.RuntimeService/ListPodSandbox", move |_| Reply::Full { headers: grpc_headers(), chunks: vec![(Duration::ZERO, s2.clone())], trailers: Some(ok_trailers()) });
+
+    let io = tokio::net::UnixStream::connect(&crisp.path).await.unwrap();
+    let mut b = h2::client::Builder::new();
+    b.initial_window_size(8 << 20).initial_connection_window_size(65_535);
+    let (mut send, conn) = b.handshake::<_, Bytes>(io).await.unwrap();
+    let conn = tokio::spawn(conn);
+    let mut fetch = |path: &str, msg: Vec<u8>| {
+        let req = RawRequest::grpc(path, &msg);
+        let mut send = send.clone();
+        async move {
+            let resp = send_raw(&mut send, &req).await.map_err(|e| e.to_string())?.await.map_err(|e| e.to_string())?;
+            let mut body = resp.into_body();
+            let mut got = Vec::new();
+            while let Some(d) = body.data().await {
+                let d = d.map_err(|e| e.to_string())?;
+                let _ = body.flow_control().release_capacity(d.len());
+                got.extend_from_slice(&d);
+            }
+            Ok::<_, String>(got)
+        }
+    };
+    let d = fetch("/runtime.v1.RuntimeService/ListContainers", ListContainersRequest::default().encode_to_vec());
+    let r = fetch("/runtime.v1.RuntimeService/ListPodSandbox", ListPodSandboxRequest::default().encode_to_vec());
+    let (d, r) = within(PATIENCE, "two 4 MiB responses through a 64 KiB connection window", async { tokio::join!(d, r) }).await;
+    assert!(d.as_deref() == Ok(&c[..]), "diverted response: {:?}", d.map(|v| v.len()));
+    assert!(r.as_deref() == Ok(&s[..]), "relayed response: {:?}", r.map(|v| v.len()));
+    assert_eq!(observer.completions.load(Ordering::SeqCst), 1, "ListContainers was not diverted");
+    drop(send);
+    conn.abort();
+}

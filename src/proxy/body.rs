@@ -9,11 +9,16 @@ use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-/// A forwarded body. Errors from the peer surface as `hyper::Error`.
+/// What a body fails with: a peer's `hyper::Error`, or the relay's reason.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A forwarded body.
 #[derive(Debug)]
 pub enum ProxyBody {
     /// The peer's body, forwarded as it arrives (back-pressure comes from HTTP/2 flow control).
     Stream(Incoming),
+    /// A request body arriving on a relayed connection (see [`super::relay`]).
+    Relay(super::relay::RelayBody),
     /// Buffered data (one or more frames) followed by optional trailers.
     Buffered { data: Option<Bytes>, trailers: Option<HeaderMap> },
 }
@@ -31,11 +36,12 @@ impl ProxyBody {
 
 impl Body for ProxyBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match &mut *self {
-            ProxyBody::Stream(inner) => Pin::new(inner).poll_frame(cx),
+            ProxyBody::Stream(inner) => Pin::new(inner).poll_frame(cx).map_err(Into::into),
+            ProxyBody::Relay(inner) => Pin::new(inner).poll_frame(cx),
             ProxyBody::Buffered { data, trailers } => {
                 if let Some(d) = data.take() {
                     return Poll::Ready(Some(Ok(Frame::data(d))));
@@ -48,6 +54,7 @@ impl Body for ProxyBody {
     fn is_end_stream(&self) -> bool {
         match self {
             ProxyBody::Stream(inner) => inner.is_end_stream(),
+            ProxyBody::Relay(inner) => inner.is_end_stream(),
             ProxyBody::Buffered { data, trailers } => data.is_none() && trailers.is_none(),
         }
     }
@@ -55,6 +62,7 @@ impl Body for ProxyBody {
     fn size_hint(&self) -> SizeHint {
         match self {
             ProxyBody::Stream(inner) => inner.size_hint(),
+            ProxyBody::Relay(_) => SizeHint::default(),
             // Deliberately inexact: an exact hint makes hyper add a content-length header the
             // client never sent, and crisp forwards headers byte-exact.
             ProxyBody::Buffered { .. } => SizeHint::default(),
@@ -63,7 +71,7 @@ impl Body for ProxyBody {
 }
 
 /// Collects a body into (data, trailers), refusing more than `limit` bytes of data.
-pub async fn collect(mut body: Incoming, limit: usize) -> Result<(Bytes, Option<HeaderMap>), CollectError> {
+pub async fn collect(mut body: ProxyBody, limit: usize) -> Result<(Bytes, Option<HeaderMap>), CollectError> {
     use http_body_util::BodyExt;
     let mut first: Option<Bytes> = None;
     let mut rest: Option<bytes::BytesMut> = None;
@@ -106,7 +114,7 @@ pub async fn collect(mut body: Incoming, limit: usize) -> Result<(Bytes, Option<
 #[derive(Debug, thiserror::Error)]
 pub enum CollectError {
     #[error("peer body error: {0}")]
-    Peer(hyper::Error),
+    Peer(BoxError),
     #[error("message larger than {0} bytes")]
     TooLarge(usize),
 }

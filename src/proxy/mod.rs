@@ -8,7 +8,9 @@
 //!   reject it), and the same bytes are forwarded; the response may be buffered and shown too.
 
 pub mod body;
+pub mod frames;
 pub mod listener;
+pub mod relay;
 pub mod upstream;
 
 use std::convert::Infallible;
@@ -50,6 +52,10 @@ pub struct ProxyOptions {
     pub shutdown_grace: Duration,
     pub stream_window: u32,
     pub connection_window: u32,
+    /// Relay each client connection frame by frame to a runtime connection of its own, diverting
+    /// only the calls an interceptor wants to see ([`relay`]). Off: every call is terminated by
+    /// crisp's HTTP/2 server and re-issued on the pooled runtime connections.
+    pub relay: bool,
 }
 
 impl Default for ProxyOptions {
@@ -63,6 +69,7 @@ impl Default for ProxyOptions {
             shutdown_grace: Duration::from_secs(10),
             stream_window: 2 << 20,
             connection_window: 16 << 20,
+            relay: true,
         }
     }
 }
@@ -84,7 +91,7 @@ impl Proxy {
         &self.upstream
     }
 
-    async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Result<Response<ResponseBody>, Infallible> {
+    async fn handle(self: Arc<Self>, req: Request<ProxyBody>) -> Result<Response<ResponseBody>, Infallible> {
         let received = Instant::now();
         let route = Route::from_path(req.uri().path());
         let path = req.uri().path_and_query().cloned().unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
@@ -113,9 +120,9 @@ impl Proxy {
         Ok(resp)
     }
 
-    async fn forward_fast(&self, req: Request<Incoming>) -> Response<ResponseBody> {
+    async fn forward_fast(&self, req: Request<ProxyBody>) -> Response<ResponseBody> {
         let (parts, body) = req.into_parts();
-        match self.upstream.send(Request::from_parts(parts, ProxyBody::Stream(body))).await {
+        match self.upstream.send(Request::from_parts(parts, body)).await {
             Ok(resp) => resp.map(|b| ResponseBody::new(ProxyBody::Stream(b), None).with_upstream(&self.upstream)),
             Err(e) => self.unavailable(e),
         }
@@ -128,7 +135,7 @@ impl Proxy {
 
     async fn forward_observed(
         self: Arc<Self>,
-        req: Request<Incoming>,
+        req: Request<ProxyBody>,
         call: Call,
         interest: crate::intercept::Interest,
     ) -> Response<ResponseBody> {
@@ -176,7 +183,7 @@ impl Proxy {
             req_bytes = Some(data.clone());
             ProxyBody::buffered(data, trailers)
         } else {
-            ProxyBody::Stream(body)
+            body
         };
 
         let resp = match self.upstream.send(Request::from_parts(parts, upstream_body)).await {
@@ -225,7 +232,7 @@ impl Proxy {
             }
             return Response::from_parts(parts, ResponseBody::new(ProxyBody::Stream(body), completion));
         }
-        let (data, trailers) = match body::collect(body, usize::MAX).await {
+        let (data, trailers) = match body::collect(ProxyBody::Stream(body), usize::MAX).await {
             Ok(x) => x,
             Err(e) => {
                 tracing::warn!(error = %e, "upstream response body failed");
@@ -333,9 +340,9 @@ impl StreamPatcher {
 
 impl Body for ResponseBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = body::BoxError;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, body::BoxError>>> {
         if self.done {
             return Poll::Ready(None);
         }
@@ -427,6 +434,8 @@ pub async fn serve(listener: UnixListener, proxy: Arc<Proxy>, shutdown: impl Fut
     let handshake_timeout = proxy.opts.handshake_timeout;
     // Connection tasks, so that those still busy when the grace ends can be closed.
     let mut conns = tokio::task::JoinSet::new();
+    // Tells relayed connections to send GOAWAY and finish.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::pin!(shutdown);
     loop {
         let stream = tokio::select! {
@@ -441,8 +450,13 @@ pub async fn serve(listener: UnixListener, proxy: Arc<Proxy>, shutdown: impl Fut
                 }
             },
         };
+        while conns.try_join_next().is_some() {}
+        if proxy.opts.relay {
+            conns.spawn(relay::serve_connection(stream, proxy.clone(), stop_rx.clone()));
+            continue;
+        }
         let proxy = proxy.clone();
-        let svc = hyper::service::service_fn(move |req| proxy.clone().handle(req));
+        let svc = hyper::service::service_fn(move |req: Request<Incoming>| proxy.clone().handle(req.map(ProxyBody::Stream)));
         let io = TokioIo::new(listener::PrefaceTimeout::new(stream, handshake_timeout));
         let conn = builder.serve_connection(io, svc);
         let conn = graceful.watch(conn);
@@ -456,7 +470,12 @@ pub async fn serve(listener: UnixListener, proxy: Arc<Proxy>, shutdown: impl Fut
     drop(listener);
     let grace = proxy.opts.shutdown_grace;
     tracing::info!(grace_ms = grace.as_millis() as u64, "shutting down: no longer accepting, draining in-flight calls");
-    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+    let _ = stop_tx.send(true);
+    let drain = async {
+        graceful.shutdown().await;
+        while conns.join_next().await.is_some() {}
+    };
+    if tokio::time::timeout(grace, drain).await.is_err() {
         tracing::warn!("shutdown grace elapsed with calls still in flight; closing them");
         conns.abort_all();
         while conns.join_next().await.is_some() {}

@@ -90,13 +90,19 @@ impl Upstream {
         Ok(s)
     }
 
+    /// A new raw connection to the runtime's socket (the relay speaks HTTP/2 on it itself).
+    pub async fn connect(&self) -> Result<UnixStream, UpstreamError> {
+        let path = || self.display.clone();
+        match tokio::time::timeout(self.opts.connect_timeout, UnixStream::connect(&self.path)).await {
+            Err(_) => Err(UpstreamError::ConnectTimeout { path: path(), timeout: self.opts.connect_timeout }),
+            Ok(Err(source)) => Err(UpstreamError::Connect { path: path(), source }),
+            Ok(Ok(s)) => Ok(s),
+        }
+    }
+
     async fn dial(&self) -> Result<SendRequest<ProxyBody>, UpstreamError> {
         let path = || self.display.clone();
-        let stream = match tokio::time::timeout(self.opts.connect_timeout, UnixStream::connect(&self.path)).await {
-            Err(_) => return Err(UpstreamError::ConnectTimeout { path: path(), timeout: self.opts.connect_timeout }),
-            Ok(Err(source)) => return Err(UpstreamError::Connect { path: path(), source }),
-            Ok(Ok(s)) => s,
-        };
+        let stream = self.connect().await?;
         let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .initial_stream_window_size(self.opts.stream_window)

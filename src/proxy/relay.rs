@@ -1,0 +1,996 @@
+//! The relay: crisp's fast path, a frame-level HTTP/2 relay between one client connection and a
+//! runtime connection of its own.
+//!
+//! Every frame is copied through as it is, with three exceptions:
+//! - request header blocks are decoded (for the route) and re-encoded statelessly
+//!   ([`super::frames::encode_field`]), so crisp may keep some streams from the runtime without
+//!   desynchronising the HPACK tables;
+//! - a new stream that an interceptor wants to see (or hold) is **diverted**: it never reaches this
+//!   runtime connection; its request goes through [`Proxy::handle`] (the observed path and its
+//!   pooled upstream connections) and its response is written back into the client connection;
+//! - crisp's own keep-alive PINGs, and the flow-control bookkeeping that diverted streams need.
+//!
+//! Flow control. Settings and windows are negotiated end to end between client and runtime.
+//! Bytes crisp writes to the client on a diverted stream use up the client's connection window
+//! without the runtime knowing, so (a) crisp keeps that many bytes of the client's connection
+//! credits from the runtime ("debt"), and (b) never relays runtime DATA beyond the window the
+//! client really has left. Request bytes on a diverted stream never reach the runtime, so crisp
+//! returns their connection credit to the client at once, and their stream credit as the
+//! observed path consumes them.
+//!
+//! Failure. When the runtime connection ends or sends GOAWAY, calls in flight on it end with
+//! UNAVAILABLE (or REFUSED_STREAM for those the runtime says it never saw, which gRPC retries
+//! transparently), new streams are diverted, and the client is sent GOAWAY so that it reconnects
+//! — to a fresh relay once the runtime is back. If the runtime is down when a client connects,
+//! the whole connection is served by the observed path (UNAVAILABLE until the runtime returns).
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::Request;
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::UnixStream;
+use tokio::sync::{mpsc, watch, Notify};
+
+use super::body::{BoxError, ProxyBody};
+use super::frames::{self as f, Head};
+use super::Proxy;
+use crate::cri::Route;
+use crate::intercept::{Call, Outcome};
+use crate::status::{code, parse_grpc_timeout};
+
+/// Opaque data of crisp's own keep-alive PINGs; their ACKs are not relayed.
+const KEEPALIVE: [u8; 8] = *b"crisp-ka";
+/// Largest header block crisp accepts (the runtime's limit is usually far lower).
+const MAX_HEADER_BLOCK: usize = 1 << 20;
+const COMPRESSION_ERROR: u32 = 0x9;
+
+/// A diverted stream's request body, as the client sends it.
+pub struct RelayBody {
+    rx: mpsc::UnboundedReceiver<BodyPart>,
+    stream: u32,
+    shared: Arc<Shared>,
+    done: bool,
+}
+
+impl std::fmt::Debug for RelayBody {
+    fn fmt(&self, fmt: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        fmt.debug_struct("RelayBody").field("stream", &self.stream).finish()
+    }
+}
+
+impl Body for RelayBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        match self.rx.poll_recv(cx) {
+            Poll::Ready(Some(BodyPart::Trailers(t))) => {
+                self.done = true;
+                Poll::Ready(Some(Ok(Frame::trailers(t))))
+            }
+            Poll::Ready(Some(BodyPart::Data(b))) => {
+                // Consumed: the client may send that much more on this stream.
+                if !b.is_empty() {
+                    let mut w = Vec::with_capacity(13);
+                    f::window_update(&mut w, self.stream, b.len() as u32);
+                    self.shared.send(w);
+                }
+                Poll::Ready(Some(Ok(Frame::data(b))))
+            }
+            Poll::Ready(None) => {
+                self.done = true;
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+}
+
+/// What the client sends on a diverted stream after its headers.
+pub enum BodyPart {
+    Data(Bytes),
+    Trailers(http::HeaderMap),
+}
+
+/// A stream relayed to this connection's runtime.
+struct Relayed {
+    /// Reported to the interceptors when the stream ends (when they asked for it).
+    call: Option<Call>,
+    /// The runtime has sent the response headers.
+    answered: bool,
+}
+
+struct State {
+    /// How many DATA bytes the client will still accept on the connection.
+    client_window: i64,
+    /// Connection credits to keep from the runtime: bytes crisp sent the client on its own.
+    debt: u64,
+    /// The client's SETTINGS_INITIAL_WINDOW_SIZE.
+    client_initial_window: i64,
+    /// Diverted streams: the client's window for their response.
+    diverted: HashMap<u32, i64>,
+    relayed: HashMap<u32, Relayed>,
+    /// Highest stream id the client opened.
+    max_stream: u32,
+    /// Last stream id crisp told the client it would process (after its GOAWAY).
+    goaway: Option<u32>,
+    /// No runtime connection (gone, closing, or never made): new streams are diverted.
+    degraded: bool,
+    last_client_frame: Instant,
+    /// When the client last opened a stream.
+    last_stream_at: Instant,
+}
+
+/// What the two directions and the diverted streams share.
+pub struct Shared {
+    st: Mutex<State>,
+    /// The client's window grew (or a stream ended): waiters re-check.
+    window: Notify,
+    /// Frames for the client that do not come from the runtime.
+    ctl: mpsc::UnboundedSender<Vec<u8>>,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn send(&self, frame: Vec<u8>) {
+        let _ = self.ctl.send(frame);
+    }
+
+    /// Sends a diverted stream's response data within the client's windows.
+    async fn send_data(&self, stream: u32, mut data: Bytes) {
+        while !data.is_empty() {
+            let notified = self.window.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let n = {
+                let mut st = self.lock();
+                let Some(&sw) = st.diverted.get(&stream) else { return };
+                let n = st.client_window.min(sw).min(f::MAX_FRAME as i64).min(data.len() as i64);
+                if n > 0 {
+                    st.client_window -= n;
+                    st.debt += n as u64;
+                    *st.diverted.get_mut(&stream).expect("checked") -= n;
+                }
+                n
+            };
+            if n <= 0 {
+                notified.await;
+                continue;
+            }
+            let chunk = data.split_to(n as usize);
+            let mut out = Vec::with_capacity(f::HEADER_LEN + chunk.len());
+            f::data(&mut out, stream, &chunk, false);
+            self.send(out);
+        }
+    }
+}
+
+/// Serves one client connection, relaying to a runtime connection of its own when the runtime
+/// accepts one.
+pub async fn serve_connection(client: UnixStream, proxy: Arc<Proxy>, shutdown: watch::Receiver<bool>) {
+    let (mut cr, cw) = client.into_split();
+    let mut preface = [0u8; 24];
+    match tokio::time::timeout(proxy.opts.handshake_timeout, cr.read_exact(&mut preface)).await {
+        Ok(Ok(_)) if &preface == f::PREFACE => {}
+        Ok(Ok(_)) => {
+            tracing::debug!("client connection closed: not HTTP/2 (no connection preface)");
+            return;
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "client connection closed during the HTTP/2 preface");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(timeout_ms = proxy.opts.handshake_timeout.as_millis() as u64, "client connection closed: no HTTP/2 preface in time");
+            return;
+        }
+    }
+    let upstream = match proxy.upstream.connect().await {
+        Ok(mut s) => match s.write_all(f::PREFACE).await {
+            Ok(()) => Some(s),
+            Err(e) => {
+                tracing::warn!(upstream = %proxy.upstream.path().display(), error = %e, "upstream connection failed at once; serving this client on the observed path");
+                None
+            }
+        },
+        Err(e) => {
+            tracing::warn!(error = %e, "serving this client connection on the observed path until the runtime is back");
+            None
+        }
+    };
+    let (ctl, ctl_rx) = mpsc::unbounded_channel();
+    let shared = Arc::new(Shared {
+        st: Mutex::new(State {
+            client_window: f::DEFAULT_WINDOW,
+            debt: 0,
+            client_initial_window: f::DEFAULT_WINDOW,
+            diverted: HashMap::new(),
+            relayed: HashMap::new(),
+            max_stream: 0,
+            goaway: None,
+            degraded: upstream.is_none(),
+            last_client_frame: Instant::now(),
+            last_stream_at: Instant::now(),
+        }),
+        window: Notify::new(),
+        ctl,
+    });
+    let (ur, uw) = match upstream {
+        Some(s) => {
+            let (r, w) = s.into_split();
+            (Some(r), Some(w))
+        }
+        None => {
+            // crisp is the server now: its own (default) SETTINGS.
+            let mut s = Vec::new();
+            f::put_head(&mut s, 0, f::SETTINGS, 0, 0);
+            shared.send(s);
+            (None, None)
+        }
+    };
+    let tasks = Tasks::default();
+    let mut up = ClientToUpstream {
+        proxy: proxy.clone(),
+        shared: shared.clone(),
+        tasks: tasks.clone(),
+        uw,
+        dec: loona_hpack::Decoder::new(),
+        bodies: HashMap::new(),
+        pending: None,
+        max_relayed: 0,
+    };
+    let mut down = UpstreamToClient { proxy: proxy.clone(), shared: shared.clone(), ur, cw, dec: loona_hpack::Decoder::new(), pending: None };
+    tokio::select! {
+        r = up.run(&mut cr) => if let Err(e) = r { tracing::debug!(error = %e, "client connection ended") },
+        r = down.run(ctl_rx, shutdown) => if let Err(e) = r { tracing::debug!(error = %e, "client connection closed") },
+    }
+    // The client is gone (or was closed): nothing may stay behind.
+    tasks.abort_all();
+    let relayed: Vec<Relayed> = shared.lock().relayed.drain().map(|(_, r)| r).collect();
+    for r in relayed {
+        complete(&proxy, r.call, Some(code::CANCELLED));
+    }
+}
+
+/// Diverted streams' tasks, aborted when the client resets the stream or goes away.
+#[derive(Default, Clone)]
+struct Tasks(Arc<Mutex<HashMap<u32, tokio::task::AbortHandle>>>);
+
+impl Tasks {
+    fn abort(&self, stream: u32) {
+        if let Some(h) = self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(&stream) {
+            h.abort();
+        }
+    }
+
+    fn abort_all(&self) {
+        for (_, h) in self.0.lock().unwrap_or_else(|e| e.into_inner()).drain() {
+            h.abort();
+        }
+    }
+}
+
+fn complete(proxy: &Proxy, call: Option<Call>, code: Option<i32>) {
+    if let Some(call) = call {
+        let outcome = Outcome { code, duration: call.received.elapsed(), held: Duration::ZERO, request: None, response: None };
+        proxy.interceptors.on_complete(&call, &outcome);
+    }
+}
+
+/// A header block still waiting for its CONTINUATION frames.
+struct PendingBlock {
+    stream: u32,
+    end_stream: bool,
+    block: Vec<u8>,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum RelayError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("protocol error from the client: {0}")]
+    Protocol(&'static str),
+    #[error("client stopped answering keep-alive pings")]
+    KeepAlive,
+}
+
+/// Client → runtime.
+struct ClientToUpstream {
+    proxy: Arc<Proxy>,
+    shared: Arc<Shared>,
+    tasks: Tasks,
+    uw: Option<OwnedWriteHalf>,
+    dec: loona_hpack::Decoder<'static>,
+    /// Request bodies of diverted streams, until the client ends them.
+    bodies: HashMap<u32, mpsc::UnboundedSender<BodyPart>>,
+    pending: Option<PendingBlock>,
+    /// Highest stream id sent to the runtime.
+    max_relayed: u32,
+}
+
+impl ClientToUpstream {
+    async fn run(&mut self, cr: &mut OwnedReadHalf) -> Result<(), RelayError> {
+        let mut buf = BytesMut::with_capacity(64 << 10);
+        let mut out: Vec<u8> = Vec::with_capacity(64 << 10);
+        loop {
+            if cr.read_buf(&mut buf).await? == 0 {
+                return Ok(());
+            }
+            let mut ctl = Vec::new();
+            let mut credit = 0u32;
+            let mut got_frame = false;
+            while let Some(head) = Head::parse(&buf) {
+                if buf.len() < f::HEADER_LEN + head.len {
+                    buf.reserve(f::HEADER_LEN + head.len - buf.len());
+                    break;
+                }
+                got_frame = true;
+                let frame = buf.split_to(f::HEADER_LEN + head.len).freeze();
+                self.frame(head, frame, &mut out, &mut ctl, &mut credit)?;
+            }
+            if got_frame {
+                self.shared.lock().last_client_frame = Instant::now();
+            }
+            if credit > 0 {
+                f::window_update(&mut ctl, 0, credit);
+            }
+            if !ctl.is_empty() {
+                self.shared.send(ctl);
+            }
+            if !out.is_empty() {
+                if let Some(uw) = self.uw.as_mut() {
+                    if let Err(e) = uw.write_all(&out).await {
+                        tracing::warn!(upstream = %self.proxy.upstream.path().display(), error = %e, "writing to the upstream connection failed");
+                        self.uw = None;
+                        let msg = format!("crisp: upstream unix://{} failed: {e}", self.proxy.upstream.path().display());
+                        upstream_gone(&self.proxy, &self.shared, &msg, None);
+                    }
+                }
+                out.clear();
+            }
+            if buf.capacity() > 1 << 20 && buf.is_empty() {
+                buf = BytesMut::with_capacity(64 << 10);
+            }
+        }
+    }
+
+    fn frame(&mut self, head: Head, frame: Bytes, out: &mut Vec<u8>, ctl: &mut Vec<u8>, credit: &mut u32) -> Result<(), RelayError> {
+        let payload = &frame[f::HEADER_LEN..];
+        if let Some(p) = self.pending.as_mut() {
+            if head.kind != f::CONTINUATION || head.stream != p.stream {
+                return Err(RelayError::Protocol("header block interrupted"));
+            }
+            p.block.extend_from_slice(payload);
+            if p.block.len() > MAX_HEADER_BLOCK {
+                return Err(RelayError::Protocol("header block too large"));
+            }
+            if head.has(f::END_HEADERS) {
+                let p = self.pending.take().expect("checked");
+                self.header_block(p, out, ctl)?;
+            }
+            return Ok(());
+        }
+        let upstream = self.uw.is_some();
+        match head.kind {
+            f::DATA => {
+                if let Some(tx) = self.bodies.get(&head.stream) {
+                    // Never reaches the runtime: the client gets its connection credit back now.
+                    *credit = credit.saturating_add(head.len as u32);
+                    if let Some(r) = f::data_payload(&head, payload) {
+                        if !r.is_empty() {
+                            let _ = tx.send(BodyPart::Data(frame.slice(f::HEADER_LEN + r.start..f::HEADER_LEN + r.end)));
+                        }
+                    }
+                    if head.has(f::END_STREAM) {
+                        self.bodies.remove(&head.stream);
+                    }
+                } else if upstream && head.stream <= self.max_relayed && !self.is_diverted(head.stream) {
+                    out.extend_from_slice(&frame);
+                } else {
+                    *credit = credit.saturating_add(head.len as u32);
+                }
+            }
+            f::HEADERS => {
+                let r = f::header_fragment(&head, payload).ok_or(RelayError::Protocol("malformed HEADERS"))?;
+                let p = PendingBlock { stream: head.stream, end_stream: head.has(f::END_STREAM), block: payload[r].to_vec() };
+                if head.has(f::END_HEADERS) {
+                    self.header_block(p, out, ctl)?;
+                } else {
+                    self.pending = Some(p);
+                }
+            }
+            f::CONTINUATION => return Err(RelayError::Protocol("CONTINUATION without HEADERS")),
+            f::RST_STREAM => {
+                if self.bodies.remove(&head.stream).is_some() || self.is_diverted(head.stream) {
+                    self.tasks.abort(head.stream);
+                    self.shared.lock().diverted.remove(&head.stream);
+                    self.shared.window.notify_waiters();
+                } else {
+                    let r = self.shared.lock().relayed.remove(&head.stream);
+                    if let Some(r) = r {
+                        complete(&self.proxy, r.call, Some(code::CANCELLED));
+                    }
+                    if upstream {
+                        out.extend_from_slice(&frame);
+                    }
+                }
+            }
+            f::SETTINGS => {
+                if !head.has(f::ACK) {
+                    self.settings(payload);
+                    if !upstream {
+                        f::put_head(ctl, 0, f::SETTINGS, f::ACK, 0);
+                    }
+                }
+                if upstream {
+                    out.extend_from_slice(&frame);
+                }
+            }
+            f::PING => {
+                if head.has(f::ACK) && payload == KEEPALIVE {
+                    // Our own keep-alive's answer.
+                } else if upstream {
+                    out.extend_from_slice(&frame);
+                } else if !head.has(f::ACK) {
+                    f::put_head(ctl, payload.len(), f::PING, f::ACK, 0);
+                    ctl.extend_from_slice(payload);
+                }
+            }
+            f::WINDOW_UPDATE => {
+                let inc = if payload.len() == 4 { u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]]) & 0x7fff_ffff } else { 0 };
+                if head.stream == 0 {
+                    let forward = {
+                        let mut st = self.shared.lock();
+                        st.client_window += inc as i64;
+                        let keep = st.debt.min(inc as u64);
+                        st.debt -= keep;
+                        inc - keep as u32
+                    };
+                    self.shared.window.notify_waiters();
+                    if upstream && forward > 0 {
+                        f::window_update(out, 0, forward);
+                    }
+                } else if self.is_diverted(head.stream) {
+                    if let Some(w) = self.shared.lock().diverted.get_mut(&head.stream) {
+                        *w += inc as i64;
+                    }
+                    self.shared.window.notify_waiters();
+                } else if upstream {
+                    out.extend_from_slice(&frame);
+                }
+            }
+            // PRIORITY, GOAWAY, unknown extension frames: the runtime's business.
+            _ => {
+                if upstream {
+                    out.extend_from_slice(&frame);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn is_diverted(&self, stream: u32) -> bool {
+        self.shared.lock().diverted.contains_key(&stream)
+    }
+
+    fn settings(&mut self, payload: &[u8]) {
+        for s in payload.chunks_exact(6) {
+            let id = u16::from_be_bytes([s[0], s[1]]);
+            let v = u32::from_be_bytes([s[2], s[3], s[4], s[5]]);
+            if id == f::SETTINGS_INITIAL_WINDOW_SIZE {
+                let mut st = self.shared.lock();
+                let delta = v as i64 - st.client_initial_window;
+                st.client_initial_window = v as i64;
+                for w in st.diverted.values_mut() {
+                    *w += delta;
+                }
+                drop(st);
+                self.shared.window.notify_waiters();
+            }
+        }
+    }
+
+    /// A complete request header block: relay it re-encoded, or divert its stream.
+    fn header_block(&mut self, p: PendingBlock, out: &mut Vec<u8>, ctl: &mut Vec<u8>) -> Result<(), RelayError> {
+        let mut block = Vec::with_capacity(p.block.len() + 128);
+        let mut path: Option<Bytes> = None;
+        let mut timeout = None;
+        let decoded = self.dec.decode_with_cb(&p.block, |n, v| {
+            match &*n {
+                b":path" => path = Some(Bytes::copy_from_slice(&v)),
+                b"grpc-timeout" => timeout = parse_grpc_timeout(&v),
+                _ => {}
+            }
+            f::encode_field(&mut block, &n, &v);
+        });
+        if let Err(e) = decoded {
+            tracing::warn!(error = %e, "client sent a header block crisp cannot decode; closing its connection");
+            f::goaway(ctl, self.shared.lock().max_stream, COMPRESSION_ERROR, b"crisp: bad header block");
+            self.shared.send(std::mem::take(ctl));
+            return Err(RelayError::Protocol("undecodable header block"));
+        }
+        let stream = p.stream;
+        let new_stream = {
+            let mut st = self.shared.lock();
+            if stream > st.max_stream && stream % 2 == 1 {
+                st.max_stream = stream;
+                st.last_stream_at = Instant::now();
+                true
+            } else {
+                false
+            }
+        };
+        if !new_stream {
+            // Trailers (gRPC clients send none, but HTTP/2 allows them).
+            if let Some(tx) = self.bodies.remove(&stream) {
+                match fields_from_block(&block) {
+                    Ok((_, trailers)) => {
+                        let _ = tx.send(BodyPart::Trailers(trailers));
+                    }
+                    Err(why) => tracing::warn!(stream, why, "client sent request trailers crisp cannot forward; dropped"),
+                }
+                return Ok(());
+            }
+            // Or a protocol error for the runtime to judge: relayed streams only.
+            if self.uw.is_some() && stream <= self.max_relayed && !self.is_diverted(stream) && !self.bodies.contains_key(&stream) {
+                f::headers(out, stream, &block, p.end_stream);
+            }
+            return Ok(());
+        }
+        let received = Instant::now();
+        let path_str = path.as_deref().and_then(|p| std::str::from_utf8(p).ok()).unwrap_or("/");
+        let call = Call {
+            route: Route::from_path(path_str),
+            path: http::uri::PathAndQuery::try_from(path_str).unwrap_or_else(|_| http::uri::PathAndQuery::from_static("/")),
+            received,
+            deadline: timeout.map(|d| received + d),
+            id: self.proxy.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        };
+        let interest = self.proxy.interceptors.interest(&call);
+        let divert = interest.request || interest.response;
+        {
+            let mut st = self.shared.lock();
+            if st.goaway.is_some_and(|last| stream > last) {
+                // After crisp's GOAWAY: unprocessed, the client retries it elsewhere.
+                drop(st);
+                f::rst_stream(ctl, stream, f::REFUSED_STREAM);
+                return Ok(());
+            }
+            if !(divert || st.degraded) && self.uw.is_some() {
+                st.relayed.insert(stream, Relayed { call: interest.complete.then_some(call), answered: false });
+                drop(st);
+                self.max_relayed = stream;
+                f::headers(out, stream, &block, p.end_stream);
+                return Ok(());
+            }
+            let w = st.client_initial_window;
+            st.diverted.insert(stream, w);
+        }
+        self.divert(stream, &block, p.end_stream, ctl);
+        Ok(())
+    }
+
+    /// Hands a stream to the observed path.
+    fn divert(&mut self, stream: u32, block: &[u8], end_stream: bool, ctl: &mut Vec<u8>) {
+        let req = match request_from_block(block) {
+            Ok(r) => r,
+            Err(why) => {
+                tracing::warn!(stream, why, "client sent a request crisp cannot forward; resetting the stream");
+                self.shared.lock().diverted.remove(&stream);
+                f::rst_stream(ctl, stream, f::PROTOCOL_ERROR);
+                return;
+            }
+        };
+        let body = if end_stream {
+            ProxyBody::empty()
+        } else {
+            let (tx, rx) = mpsc::unbounded_channel();
+            self.bodies.insert(stream, tx);
+            ProxyBody::Relay(RelayBody { rx, stream, shared: self.shared.clone(), done: false })
+        };
+        let req = req.map(|()| body);
+        let (proxy, shared, tasks) = (self.proxy.clone(), self.shared.clone(), self.tasks.clone());
+        let mut map = self.tasks.0.lock().unwrap_or_else(|e| e.into_inner());
+        let h = tokio::spawn(async move {
+            respond(&proxy, &shared, stream, req).await;
+            tasks.0.lock().unwrap_or_else(|e| e.into_inner()).remove(&stream);
+            shared.lock().diverted.remove(&stream);
+            shared.window.notify_waiters();
+        });
+        map.insert(stream, h.abort_handle());
+    }
+}
+
+/// Rebuilds an `http::Request` from a (stateless, so self-contained) header block.
+fn request_from_block(block: &[u8]) -> Result<Request<()>, &'static str> {
+    let (pseudo, headers) = fields_from_block(block)?;
+    let (mut method, mut scheme, mut authority, mut path) = (None, None, None, None);
+    for (n, v) in pseudo {
+        match n.as_slice() {
+            b":method" => method = Some(v),
+            b":scheme" => scheme = Some(v),
+            b":authority" => authority = Some(v),
+            b":path" => path = Some(v),
+            _ => return Err("unknown pseudo-header"),
+        }
+    }
+    let s = |v: Option<Vec<u8>>, d: &str| v.and_then(|v| String::from_utf8(v).ok()).unwrap_or_else(|| d.to_string());
+    let uri = format!("{}://{}{}", s(scheme, "http"), s(authority, "localhost"), s(path, "/"));
+    let mut req = Request::builder()
+        .method(http::Method::from_bytes(method.as_deref().unwrap_or(b"POST")).map_err(|_| "method")?)
+        .uri(uri)
+        .version(http::Version::HTTP_2)
+        .body(())
+        .map_err(|_| ":path or :authority")?;
+    *req.headers_mut() = headers;
+    Ok(req)
+}
+
+type Fields = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// Decodes a (stateless, so self-contained) header block into its pseudo-headers and the rest.
+fn fields_from_block(block: &[u8]) -> Result<(Fields, http::HeaderMap), &'static str> {
+    let mut dec = loona_hpack::Decoder::new();
+    let fields = dec.decode(block).map_err(|_| "header block")?;
+    let mut pseudo = Vec::new();
+    let mut headers = http::HeaderMap::with_capacity(fields.len());
+    for (n, v) in fields {
+        if n.starts_with(b":") {
+            pseudo.push((n, v));
+            continue;
+        }
+        let name = http::HeaderName::from_bytes(&n).map_err(|_| "header name")?;
+        let value = http::HeaderValue::from_bytes(&v).map_err(|_| "header value")?;
+        headers.append(name, value);
+    }
+    Ok((pseudo, headers))
+}
+
+/// Serves a diverted stream through the observed path and writes its response to the client.
+async fn respond(proxy: &Arc<Proxy>, shared: &Shared, stream: u32, req: Request<ProxyBody>) {
+    let Ok(resp) = proxy.clone().handle(req).await;
+    let (parts, mut body) = resp.into_parts();
+    let mut block = Vec::with_capacity(256);
+    f::encode_field(&mut block, b":status", parts.status.as_str().as_bytes());
+    for (n, v) in &parts.headers {
+        f::encode_field(&mut block, n.as_str().as_bytes(), v.as_bytes());
+    }
+    let end = body.is_end_stream();
+    let mut out = Vec::with_capacity(block.len() + 16);
+    f::headers(&mut out, stream, &block, end);
+    shared.send(out);
+    if end {
+        return;
+    }
+    loop {
+        match body.frame().await {
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(d) => shared.send_data(stream, d).await,
+                Err(frame) => {
+                    let mut block = Vec::with_capacity(128);
+                    if let Ok(t) = frame.into_trailers() {
+                        for (n, v) in &t {
+                            f::encode_field(&mut block, n.as_str().as_bytes(), v.as_bytes());
+                        }
+                    }
+                    let mut out = Vec::with_capacity(block.len() + 16);
+                    f::headers(&mut out, stream, &block, true);
+                    shared.send(out);
+                    return;
+                }
+            },
+            Some(Err(e)) => {
+                tracing::warn!(stream, error = %e, "response body failed; resetting the stream");
+                let mut out = Vec::new();
+                f::rst_stream(&mut out, stream, f::CANCEL);
+                shared.send(out);
+                return;
+            }
+            None => {
+                let mut out = Vec::new();
+                f::data(&mut out, stream, &[], true);
+                shared.send(out);
+                return;
+            }
+        }
+    }
+}
+
+/// The runtime connection is gone or going: calls on it end (UNAVAILABLE, or REFUSED_STREAM for
+/// those above `last`, which the runtime says it never processed) and new streams are diverted.
+/// The client keeps its connection; see [`UpstreamToClient::maybe_move_client`].
+fn upstream_gone(proxy: &Proxy, shared: &Shared, msg: &str, last: Option<u32>) {
+    let mut out = Vec::new();
+    let ended: Vec<(u32, Relayed)> = {
+        let mut st = shared.lock();
+        st.degraded = true;
+        let ids: Vec<u32> = st.relayed.keys().copied().filter(|&id| last.is_none_or(|l| id > l)).collect();
+        let ended = ids.into_iter().filter_map(|id| st.relayed.remove(&id).map(|r| (id, r))).collect();
+        ended
+    };
+    for (id, r) in ended {
+        if last.is_some() {
+            f::rst_stream(&mut out, id, f::REFUSED_STREAM);
+            complete(proxy, r.call, Some(code::UNAVAILABLE));
+            continue;
+        }
+        // A clean gRPC error: trailers (or a trailers-only response) with UNAVAILABLE.
+        let mut block = Vec::with_capacity(128 + msg.len());
+        if !r.answered {
+            f::encode_field(&mut block, b":status", b"200");
+            f::encode_field(&mut block, b"content-type", b"application/grpc");
+        }
+        for (n, v) in &crate::status::Status::new(code::UNAVAILABLE, msg).to_header_map() {
+            if n != http::header::CONTENT_TYPE {
+                f::encode_field(&mut block, n.as_str().as_bytes(), v.as_bytes());
+            }
+        }
+        f::headers(&mut out, id, &block, true);
+        complete(proxy, r.call, Some(code::UNAVAILABLE));
+    }
+    shared.send(out);
+    shared.window.notify_waiters();
+}
+
+/// Runtime → client, plus everything crisp itself writes to the client.
+struct UpstreamToClient {
+    proxy: Arc<Proxy>,
+    shared: Arc<Shared>,
+    ur: Option<OwnedReadHalf>,
+    cw: OwnedWriteHalf,
+    dec: loona_hpack::Decoder<'static>,
+    /// A response header block spanning several frames (relayed as they come, decoded at the
+    /// end): crisp's own frames must not be written in between.
+    pending: Option<PendingBlock>,
+}
+
+impl UpstreamToClient {
+    async fn run(&mut self, mut ctl: mpsc::UnboundedReceiver<Vec<u8>>, mut shutdown: watch::Receiver<bool>) -> Result<(), RelayError> {
+        let mut buf = BytesMut::with_capacity(64 << 10);
+        let mut out: Vec<u8> = Vec::with_capacity(64 << 10);
+        let ka = self.proxy.opts.keepalive_interval;
+        let ka_timeout = self.proxy.opts.keepalive_timeout;
+        let mut tick = tokio::time::interval((ka.min(ka_timeout) / 2).max(Duration::from_millis(10)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ping_sent: Option<Instant> = None;
+        let mut shutting_down = *shutdown.borrow();
+        loop {
+            if self.drained(&ctl) {
+                let _ = self.cw.shutdown().await;
+                return Ok(());
+            }
+            let reading = self.ur.is_some();
+            tokio::select! {
+                biased;
+                r = async { self.ur.as_mut().expect("guarded").read_buf(&mut buf).await }, if reading => {
+                    match r {
+                        Ok(0) | Err(_) => {
+                            if let Err(e) = &r {
+                                tracing::warn!(upstream = %self.proxy.upstream.path().display(), error = %e, "upstream connection failed");
+                            } else {
+                                tracing::info!(upstream = %self.proxy.upstream.path().display(), "upstream connection closed");
+                            }
+                            self.ur = None;
+                            let why = match r { Err(e) => e.to_string(), _ => "connection closed".to_string() };
+                            let msg = format!("crisp: upstream unix://{} failed mid-response: {why}", self.proxy.upstream.path().display());
+                            upstream_gone(&self.proxy, &self.shared, &msg, None);
+                        }
+                        Ok(_) => {
+                            self.frames(&mut buf, &mut out, &mut ctl).await?;
+                            if !out.is_empty() {
+                                self.cw.write_all(&out).await?;
+                                out.clear();
+                            }
+                            if buf.capacity() > 1 << 20 && buf.is_empty() {
+                                buf = BytesMut::with_capacity(64 << 10);
+                            }
+                        }
+                    }
+                }
+                Some(frame) = ctl.recv(), if self.pending.is_none() => {
+                    out.extend_from_slice(&frame);
+                    while let Ok(more) = ctl.try_recv() {
+                        out.extend_from_slice(&more);
+                    }
+                    self.cw.write_all(&out).await?;
+                    out.clear();
+                }
+                _ = tick.tick() => {
+                    let last = self.shared.lock().last_client_frame;
+                    if let Some(t) = ping_sent {
+                        if last >= t {
+                            ping_sent = None;
+                        } else if t.elapsed() >= ka_timeout {
+                            return Err(RelayError::KeepAlive);
+                        }
+                    }
+                    self.maybe_move_client().await;
+                    if ping_sent.is_none() && last.elapsed() >= ka && self.pending.is_none() {
+                        let mut p = Vec::with_capacity(17);
+                        f::ping(&mut p, KEEPALIVE);
+                        self.cw.write_all(&p).await?;
+                        ping_sent = Some(Instant::now());
+                    }
+                }
+                _ = shutdown.changed(), if !shutting_down => {
+                    shutting_down = true;
+                    let mut st = self.shared.lock();
+                    if st.goaway.is_none() {
+                        let m = st.max_stream;
+                        st.goaway = Some(m);
+                        drop(st);
+                        let mut g = Vec::new();
+                        f::goaway(&mut g, m, f::NO_ERROR, b"crisp: shutting down");
+                        self.shared.send(g);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A degraded connection (its runtime connection is gone) is served by the observed path,
+    /// which is slower. Once the runtime accepts connections again and the client is idle, the
+    /// client is sent GOAWAY so that its next connection is relayed again. gRPC clients move to
+    /// a new connection transparently (a stream that crosses the GOAWAY is refused, unprocessed,
+    /// and retried); waiting for an idle moment spares clients that do not retry.
+    async fn maybe_move_client(&mut self) {
+        const IDLE: Duration = Duration::from_millis(200);
+        {
+            let st = self.shared.lock();
+            let idle = st.relayed.is_empty() && st.diverted.is_empty() && st.last_stream_at.elapsed() >= IDLE;
+            if !st.degraded || st.goaway.is_some() || !idle {
+                return;
+            }
+        }
+        if self.proxy.upstream.connect().await.is_err() {
+            return;
+        }
+        let mut st = self.shared.lock();
+        if st.goaway.is_none() && st.last_stream_at.elapsed() >= IDLE {
+            let m = st.max_stream;
+            st.goaway = Some(m);
+            drop(st);
+            tracing::info!("runtime reachable again: moving a client connection back to the relay");
+            let mut g = Vec::new();
+            f::goaway(&mut g, m, f::NO_ERROR, b"crisp: reconnect");
+            self.shared.send(g);
+        }
+    }
+
+    /// After crisp's GOAWAY, with nothing left in flight: the connection can close.
+    fn drained(&self, ctl: &mpsc::UnboundedReceiver<Vec<u8>>) -> bool {
+        let st = self.shared.lock();
+        st.goaway.is_some() && st.relayed.is_empty() && st.diverted.is_empty() && ctl.is_empty() && self.pending.is_none()
+    }
+
+    /// Relays the complete frames in `buf`.
+    async fn frames(&mut self, buf: &mut BytesMut, out: &mut Vec<u8>, ctl: &mut mpsc::UnboundedReceiver<Vec<u8>>) -> Result<(), RelayError> {
+        while let Some(head) = Head::parse(buf) {
+            if buf.len() < f::HEADER_LEN + head.len {
+                buf.reserve(f::HEADER_LEN + head.len - buf.len());
+                break;
+            }
+            let frame = &buf[..f::HEADER_LEN + head.len];
+            let payload = &frame[f::HEADER_LEN..];
+            match head.kind {
+                f::DATA => {
+                    let n = head.len as i64;
+                    if n > 0 && !self.take_window(n) {
+                        // Not within what the client has left: send what we have and wait for
+                        // its credit (writing crisp's own frames meanwhile, or it never comes).
+                        self.cw.write_all(out).await?;
+                        out.clear();
+                        self.wait_window(n, ctl).await?;
+                    }
+                    out.extend_from_slice(&buf[..f::HEADER_LEN + head.len]);
+                    if head.has(f::END_STREAM) {
+                        self.end_relayed(head.stream, None);
+                    }
+                }
+                f::HEADERS | f::CONTINUATION => {
+                    let fragment = if head.kind == f::HEADERS {
+                        let r = f::header_fragment(&head, payload).ok_or(RelayError::Protocol("malformed HEADERS from the runtime"))?;
+                        self.pending = Some(PendingBlock { stream: head.stream, end_stream: head.has(f::END_STREAM), block: Vec::new() });
+                        &payload[r]
+                    } else {
+                        payload
+                    };
+                    if let Some(p) = self.pending.as_mut() {
+                        p.block.extend_from_slice(fragment);
+                    }
+                    out.extend_from_slice(frame);
+                    if head.has(f::END_HEADERS) {
+                        if let Some(p) = self.pending.take() {
+                            self.response_block(p);
+                        }
+                    }
+                }
+                f::RST_STREAM => {
+                    out.extend_from_slice(frame);
+                    self.end_relayed(head.stream, Some(code::CANCELLED));
+                }
+                f::GOAWAY if payload.len() >= 8 => {
+                    let last = u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]]) & 0x7fff_ffff;
+                    let err = u32::from_be_bytes([payload[4], payload[5], payload[6], payload[7]]);
+                    tracing::info!(upstream = %self.proxy.upstream.path().display(), last_stream = last, error_code = err, "runtime sent GOAWAY; moving this client to a new connection");
+                    // Frames before it go first.
+                    self.cw.write_all(out).await?;
+                    out.clear();
+                    let msg = format!("crisp: upstream unix://{} closed the connection (GOAWAY)", self.proxy.upstream.path().display());
+                    upstream_gone(&self.proxy, &self.shared, &msg, Some(last));
+                }
+                _ => out.extend_from_slice(frame),
+            }
+            buf.advance(f::HEADER_LEN + head.len);
+        }
+        Ok(())
+    }
+
+    fn take_window(&self, n: i64) -> bool {
+        let mut st = self.shared.lock();
+        if st.client_window >= n {
+            st.client_window -= n;
+            true
+        } else {
+            false
+        }
+    }
+
+    async fn wait_window(&mut self, n: i64, ctl: &mut mpsc::UnboundedReceiver<Vec<u8>>) -> Result<(), RelayError> {
+        loop {
+            let notified = self.shared.window.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.take_window(n) {
+                return Ok(());
+            }
+            tokio::select! {
+                _ = notified => {}
+                Some(frame) = ctl.recv() => self.cw.write_all(&frame).await?,
+            }
+        }
+    }
+
+    fn response_block(&mut self, p: PendingBlock) {
+        let mut status = None;
+        let decoded = self.dec.decode_with_cb(&p.block, |n, v| {
+            if &*n == b"grpc-status" {
+                status = std::str::from_utf8(&v).ok().and_then(|s| s.parse::<i32>().ok());
+            }
+        });
+        if let Err(e) = decoded {
+            // The client will fail the same way on these bytes; crisp only loses the code.
+            tracing::warn!(error = %e, "runtime sent a header block crisp cannot decode");
+        }
+        if p.end_stream {
+            self.end_relayed(p.stream, status.or(Some(code::UNKNOWN)));
+        } else if let Some(r) = self.shared.lock().relayed.get_mut(&p.stream) {
+            r.answered = true;
+        }
+    }
+
+    fn end_relayed(&self, stream: u32, code: Option<i32>) {
+        let r = self.shared.lock().relayed.remove(&stream);
+        if let Some(r) = r {
+            complete(&self.proxy, r.call, code);
+        }
+    }
+}
