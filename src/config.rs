@@ -137,6 +137,9 @@ pub struct ProxyConfig {
     pub max_concurrent_streams: u32,
     /// Largest message crisp buffers to look at (observed calls only; others are unlimited).
     pub max_observed_message_bytes: usize,
+    /// Relay client connections frame by frame (the fast path); `false` terminates every call
+    /// in crisp's own HTTP/2 server instead (slower; the fallback if the relay misbehaves).
+    pub relay: bool,
 }
 
 impl Default for ProxyConfig {
@@ -150,6 +153,7 @@ impl Default for ProxyConfig {
             keepalive_timeout: d.keepalive_timeout,
             handshake_timeout: d.handshake_timeout,
             max_concurrent_streams: d.max_concurrent_streams,
+            relay: d.relay,
             max_observed_message_bytes: d.max_observed_message,
         }
     }
@@ -313,6 +317,7 @@ impl Config {
             keepalive_timeout: self.proxy.keepalive_timeout,
             handshake_timeout: self.proxy.handshake_timeout,
             shutdown_grace: self.proxy.shutdown_grace,
+            relay: self.proxy.relay,
             ..Default::default()
         }
     }

@@ -8,19 +8,20 @@
 //!  kubelet ──h2/UDS──▶ proxy::serve ─ accept, one task per connection (listener.rs)
 //!                        │
 //!                        ▼
-//!                   Proxy::handle ── Route::from_path (cri/mod.rs): which RPC, which CRI version
-//!                        │
-//!          nobody interested? ──yes──▶ fast path: bodies spliced frame by frame
+//!                   proxy::relay ── own runtime connection; frames copied through; request
+//!                        │           header blocks decoded for Route::from_path (cri/mod.rs)
+//!                        │           and re-encoded statelessly (proxy/frames.rs)
+//!          nobody interested? ──yes──▶ relayed frame by frame to the runtime
 //!                        │no
 //!                        ▼
-//!             buffer unary request ──▶ Interceptors::on_request (intercept.rs)
+//!   diverted: Proxy::handle ── buffer unary request ──▶ Interceptors::on_request (intercept.rs)
 //!                        │              may decode a copy (cri/views.rs), HOLD, or reject
 //!                        ▼              (the ordering engine waits here; never List/Status)
 //!                 Upstream::send (proxy/upstream.rs) ──h2/UDS──▶ containerd
 //!                        │
 //!             response: spliced, or buffered ▶ on_response (may patch one field)
 //!                        ▼
-//!                    back to kubelet, trailers and status untouched
+//!      written back into kubelet's connection, trailers and status untouched
 //! ```
 //!
 //! Modules: [`config`] (TOML + flags, validated once), [`proxy`] (the forwarder), [`cri`]

@@ -571,9 +571,9 @@ async fn a_small_client_connection_window_is_never_overrun() {
     let io = tokio::net::UnixStream::connect(&crisp.path).await.unwrap();
     let mut b = h2::client::Builder::new();
     b.initial_window_size(8 << 20).initial_connection_window_size(65_535);
-    let (mut send, conn) = b.handshake::<_, Bytes>(io).await.unwrap();
+    let (send, conn) = b.handshake::<_, Bytes>(io).await.unwrap();
     let conn = tokio::spawn(conn);
-    let mut fetch = |path: &str, msg: Vec<u8>| {
+    let fetch = |path: &str, msg: Vec<u8>| {
         let req = RawRequest::grpc(path, &msg);
         let mut send = send.clone();
         async move {

@@ -9,6 +9,7 @@
 
 pub mod body;
 pub mod frames;
+pub mod hpack;
 pub mod listener;
 pub mod relay;
 pub mod upstream;

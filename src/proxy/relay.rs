@@ -252,12 +252,12 @@ pub async fn serve_connection(client: UnixStream, proxy: Arc<Proxy>, shutdown: w
         shared: shared.clone(),
         tasks: tasks.clone(),
         uw,
-        dec: loona_hpack::Decoder::new(),
+        dec: super::hpack::Decoder::default(),
         bodies: HashMap::new(),
         pending: None,
         max_relayed: 0,
     };
-    let mut down = UpstreamToClient { proxy: proxy.clone(), shared: shared.clone(), ur, cw, dec: loona_hpack::Decoder::new(), pending: None };
+    let mut down = UpstreamToClient { proxy: proxy.clone(), shared: shared.clone(), ur, cw, dec: super::hpack::Decoder::default(), pending: None };
     tokio::select! {
         r = up.run(&mut cr) => if let Err(e) = r { tracing::debug!(error = %e, "client connection ended") },
         r = down.run(ctl_rx, shutdown) => if let Err(e) = r { tracing::debug!(error = %e, "client connection closed") },
@@ -318,7 +318,7 @@ struct ClientToUpstream {
     shared: Arc<Shared>,
     tasks: Tasks,
     uw: Option<OwnedWriteHalf>,
-    dec: loona_hpack::Decoder<'static>,
+    dec: super::hpack::Decoder,
     /// Request bodies of diverted streams, until the client ends them.
     bodies: HashMap<u32, mpsc::UnboundedSender<BodyPart>>,
     pending: Option<PendingBlock>,
@@ -513,13 +513,13 @@ impl ClientToUpstream {
         let mut block = Vec::with_capacity(p.block.len() + 128);
         let mut path: Option<Bytes> = None;
         let mut timeout = None;
-        let decoded = self.dec.decode_with_cb(&p.block, |n, v| {
-            match &*n {
-                b":path" => path = Some(Bytes::copy_from_slice(&v)),
-                b"grpc-timeout" => timeout = parse_grpc_timeout(&v),
+        let decoded = self.dec.decode(&p.block, |n, v| {
+            match n {
+                b":path" => path = Some(Bytes::copy_from_slice(v)),
+                b"grpc-timeout" => timeout = parse_grpc_timeout(v),
                 _ => {}
             }
-            f::encode_field(&mut block, &n, &v);
+            f::encode_field(&mut block, n, v);
         });
         if let Err(e) = decoded {
             tracing::warn!(error = %e, "client sent a header block crisp cannot decode; closing its connection");
@@ -648,8 +648,8 @@ type Fields = Vec<(Vec<u8>, Vec<u8>)>;
 
 /// Decodes a (stateless, so self-contained) header block into its pseudo-headers and the rest.
 fn fields_from_block(block: &[u8]) -> Result<(Fields, http::HeaderMap), &'static str> {
-    let mut dec = loona_hpack::Decoder::new();
-    let fields = dec.decode(block).map_err(|_| "header block")?;
+    let mut fields = Vec::new();
+    super::hpack::Decoder::default().decode(block, |n, v| fields.push((n.to_vec(), v.to_vec()))).map_err(|_| "header block")?;
     let mut pseudo = Vec::new();
     let mut headers = http::HeaderMap::with_capacity(fields.len());
     for (n, v) in fields {
@@ -666,7 +666,10 @@ fn fields_from_block(block: &[u8]) -> Result<(Fields, http::HeaderMap), &'static
 
 /// Serves a diverted stream through the observed path and writes its response to the client.
 async fn respond(proxy: &Arc<Proxy>, shared: &Shared, stream: u32, req: Request<ProxyBody>) {
-    let Ok(resp) = proxy.clone().handle(req).await;
+    let resp = match proxy.clone().handle(req).await {
+        Ok(r) => r,
+        Err(never) => match never {},
+    };
     let (parts, mut body) = resp.into_parts();
     let mut block = Vec::with_capacity(256);
     f::encode_field(&mut block, b":status", parts.status.as_str().as_bytes());
@@ -722,9 +725,8 @@ fn upstream_gone(proxy: &Proxy, shared: &Shared, msg: &str, last: Option<u32>) {
     let ended: Vec<(u32, Relayed)> = {
         let mut st = shared.lock();
         st.degraded = true;
-        let ids: Vec<u32> = st.relayed.keys().copied().filter(|&id| last.is_none_or(|l| id > l)).collect();
-        let ended = ids.into_iter().filter_map(|id| st.relayed.remove(&id).map(|r| (id, r))).collect();
-        ended
+        let ids: Vec<u32> = st.relayed.keys().copied().filter(|&id| last.map_or(true, |l| id > l)).collect();
+        ids.into_iter().filter_map(|id| st.relayed.remove(&id).map(|r| (id, r))).collect()
     };
     for (id, r) in ended {
         if last.is_some() {
@@ -756,7 +758,7 @@ struct UpstreamToClient {
     shared: Arc<Shared>,
     ur: Option<OwnedReadHalf>,
     cw: OwnedWriteHalf,
-    dec: loona_hpack::Decoder<'static>,
+    dec: super::hpack::Decoder,
     /// A response header block spanning several frames (relayed as they come, decoded at the
     /// end): crisp's own frames must not be written in between.
     pending: Option<PendingBlock>,
@@ -971,9 +973,9 @@ impl UpstreamToClient {
 
     fn response_block(&mut self, p: PendingBlock) {
         let mut status = None;
-        let decoded = self.dec.decode_with_cb(&p.block, |n, v| {
-            if &*n == b"grpc-status" {
-                status = std::str::from_utf8(&v).ok().and_then(|s| s.parse::<i32>().ok());
+        let decoded = self.dec.decode(&p.block, |n, v| {
+            if n == b"grpc-status" {
+                status = std::str::from_utf8(v).ok().and_then(|s| s.parse::<i32>().ok());
             }
         });
         if let Err(e) = decoded {
