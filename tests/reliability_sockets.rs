@@ -144,7 +144,10 @@ fn hammer(paths: Vec<PathBuf>, stop: Arc<AtomicBool>, tally: Arc<Tally>) -> Vec<
                 }
                 while !stop.load(Ordering::Relaxed) {
                     match std::os::unix::net::UnixStream::connect(&p) {
-                        Ok(_) => tally.connected.fetch_add(1, Ordering::Relaxed),
+                        Ok(_) => {
+                            eprintln!("connected as nobody to {}", p.display());
+                            tally.connected.fetch_add(1, Ordering::Relaxed)
+                        }
                         Err(e) if matches!(e.raw_os_error(), Some(libc::ECONNREFUSED) | Some(libc::ENOENT)) => tally.refused.fetch_add(1, Ordering::Relaxed),
                         Err(e) if e.raw_os_error() == Some(libc::EACCES) => tally.denied.fetch_add(1, Ordering::Relaxed),
                         Err(_) => tally.other.fetch_add(1, Ordering::Relaxed),
