@@ -23,6 +23,9 @@ pub struct Canned {
     pub version: Bytes,
     pub container_status: Bytes,
     pub list_containers: Bytes,
+    /// One sandbox per three containers.
+    pub list_sandboxes: Bytes,
+    pub sandbox_status: Bytes,
     pub event: Bytes,
     pub events_per_stream: usize,
 }
@@ -33,6 +36,19 @@ impl Canned {
         let version = cri::VersionResponse { version: "0.1.0".into(), runtime_name: "fake".into(), runtime_version: "1.0".into(), runtime_api_version: "v1".into() };
         let status = cri::ContainerStatusResponse { status: Some(container_status("c0")), info: Default::default() };
         let list = cri::ListContainersResponse { containers: (0..containers).map(|i| container(i)).collect() };
+        let sandbox = |i: usize| cri::PodSandbox {
+            id: format!("{:064x}", i + 1_000_000),
+            metadata: Some(cri::PodSandboxMetadata { name: format!("pod-{i}"), uid: format!("{i:032x}"), namespace: "bench".into(), attempt: 0 }),
+            state: 0,
+            created_at: 1_700_000_000_000_000_000 + i as i64,
+            labels: labels(i * 3),
+            ..Default::default()
+        };
+        let sandboxes = cri::ListPodSandboxResponse { items: (0..containers.div_ceil(3)).map(sandbox).collect() };
+        let sandbox_status = cri::PodSandboxStatusResponse {
+            status: Some(cri::PodSandboxStatus { id: format!("{:064x}", 1_000_000), metadata: sandbox(0).metadata, created_at: 1, labels: labels(0), ..Default::default() }),
+            ..Default::default()
+        };
         let event = cri::ContainerEventResponse {
             container_id: "c0".into(),
             container_event_type: 1,
@@ -44,6 +60,8 @@ impl Canned {
             version: frame(&version.encode_to_vec()),
             container_status: frame(&status.encode_to_vec()),
             list_containers: frame(&list.encode_to_vec()),
+            list_sandboxes: frame(&sandboxes.encode_to_vec()),
+            sandbox_status: frame(&sandbox_status.encode_to_vec()),
             event: frame(&event.encode_to_vec()),
             events_per_stream,
         }
@@ -126,11 +144,20 @@ async fn answer(canned: Arc<Canned>, req: Request<Incoming>) -> Result<Response<
     use http_body_util::BodyExt;
     let path = req.uri().path().to_string();
     // Read the request fully, as a real runtime would.
-    let _ = req.into_body().collect().await;
-    let frames = if path.ends_with("/ListContainers") {
+    let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    // A List with a filter (crisp's own lookups by sandbox or id) matches nothing here, as it
+    // would match a handful on a real node, not the whole canned list.
+    let filtered = body.len() > 5;
+    let frames = if filtered && (path.ends_with("/ListContainers") || path.ends_with("/ListPodSandbox")) {
+        vec![frame(&[])]
+    } else if path.ends_with("/ListContainers") {
         vec![canned.list_containers.clone()]
     } else if path.ends_with("/ContainerStatus") {
         vec![canned.container_status.clone()]
+    } else if path.ends_with("/ListPodSandbox") {
+        vec![canned.list_sandboxes.clone()]
+    } else if path.ends_with("/PodSandboxStatus") {
+        vec![canned.sandbox_status.clone()]
     } else if path.ends_with("/GetContainerEvents") {
         vec![canned.event.clone(); canned.events_per_stream]
     } else {

@@ -41,6 +41,12 @@ struct Args {
     /// crisp started by hand, e.g. under valgrind --tool=callgrind).
     #[arg(long, value_name = "SOCKET")]
     drive: Option<PathBuf>,
+    /// Pods in the kubelet-mix workload (three containers each).
+    #[arg(long, default_value_t = 300)]
+    mix_pods: usize,
+    /// Seconds of the kubelet-mix workload per lane.
+    #[arg(long, default_value_t = 10)]
+    mix_seconds: u64,
     /// Extra TOML appended to crisp's config (e.g. to compare settings).
     #[arg(long, default_value = "")]
     crisp_config: String,
@@ -147,6 +153,78 @@ async fn stream_events(socket: &Path) -> Result<(Duration, usize)> {
         }
     }
     Ok((t.elapsed(), bytes))
+}
+
+/// kubelet's traffic for `pods` pods, at 10× its rate so that one run yields enough samples:
+/// every 100 ms a PLEG relist (ListPodSandbox + ListContainers) and a pod sync (PodSandboxStatus
+/// + three ContainerStatus); and 20 pods a second started and stopped one call at a time
+/// (RunPodSandbox, CreateContainer/StartContainer ×2, StopContainer ×2, StopPodSandbox,
+/// RemoveContainer ×2, RemovePodSandbox) — the calls crisp's ordering engine inspects. Pods
+/// declare no sidecars (nothing waits: the fake runtime runs no containers), so this measures
+/// the engine's and the relay's cost, not a hold. Returns sorted latencies per kind.
+async fn kubelet_mix(socket: &Path, secs: u64) -> Result<[Vec<Duration>; 3]> {
+    let s = connect(socket).await?;
+    let stop = Instant::now() + Duration::from_secs(secs);
+    let relist = {
+        let mut s = s.clone();
+        tokio::spawn(async move {
+            let (mut lists, mut statuses) = (Vec::new(), Vec::new());
+            let list_s = frame(&cri::ListPodSandboxRequest::default().encode_to_vec());
+            let list_c = frame(&cri::ListContainersRequest::default().encode_to_vec());
+            let sb = frame(&cri::PodSandboxStatusRequest { pod_sandbox_id: format!("{:064x}", 1_000_000), verbose: false }.encode_to_vec());
+            let cs = frame(&cri::ContainerStatusRequest { container_id: format!("{:064x}", 0), verbose: false }.encode_to_vec());
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            while Instant::now() < stop {
+                tick.tick().await;
+                lists.push(call(&mut s, "/runtime.v1.RuntimeService/ListPodSandbox", &list_s).await?.0);
+                lists.push(call(&mut s, "/runtime.v1.RuntimeService/ListContainers", &list_c).await?.0);
+                statuses.push(call(&mut s, "/runtime.v1.RuntimeService/PodSandboxStatus", &sb).await?.0);
+                for _ in 0..3 {
+                    statuses.push(call(&mut s, "/runtime.v1.RuntimeService/ContainerStatus", &cs).await?.0);
+                }
+            }
+            anyhow::Ok((lists, statuses))
+        })
+    };
+    let churn = {
+        let mut s = s.clone();
+        tokio::spawn(async move {
+            let mut muts = Vec::new();
+            let mut tick = tokio::time::interval(Duration::from_millis(50));
+            let mut i = 0u64;
+            while Instant::now() < stop {
+                tick.tick().await;
+                i += 1;
+                let meta = cri::PodSandboxMetadata { name: format!("mix-{i}"), uid: format!("{i:032x}"), namespace: "bench".into(), attempt: 0 };
+                let config = cri::PodSandboxConfig { metadata: Some(meta), ..Default::default() };
+                let sandbox = "0.1.0".to_string(); // what the fake answers as the id
+                let mut calls: Vec<(&str, Vec<u8>)> = vec![("RunPodSandbox", cri::RunPodSandboxRequest { config: Some(config.clone()), runtime_handler: String::new() }.encode_to_vec())];
+                for c in ["sidecar", "app"] {
+                    let cc = cri::ContainerConfig { metadata: Some(cri::ContainerMetadata { name: c.into(), attempt: 0 }), ..Default::default() };
+                    calls.push(("CreateContainer", cri::CreateContainerRequest { pod_sandbox_id: sandbox.clone(), config: Some(cc), sandbox_config: Some(config.clone()) }.encode_to_vec()));
+                    calls.push(("StartContainer", cri::StartContainerRequest { container_id: format!("{c}-{i}") }.encode_to_vec()));
+                }
+                for c in ["app", "sidecar"] {
+                    calls.push(("StopContainer", cri::StopContainerRequest { container_id: format!("{c}-{i}"), timeout: 30 }.encode_to_vec()));
+                }
+                calls.push(("StopPodSandbox", cri::StopPodSandboxRequest { pod_sandbox_id: sandbox.clone() }.encode_to_vec()));
+                for c in ["app", "sidecar"] {
+                    calls.push(("RemoveContainer", cri::RemoveContainerRequest { container_id: format!("{c}-{i}") }.encode_to_vec()));
+                }
+                calls.push(("RemovePodSandbox", cri::RemovePodSandboxRequest { pod_sandbox_id: sandbox.clone() }.encode_to_vec()));
+                for (m, body) in calls {
+                    muts.push(call(&mut s, &format!("/runtime.v1.RuntimeService/{m}"), &frame(&body)).await?.0);
+                }
+            }
+            anyhow::Ok(muts)
+        })
+    };
+    let (mut lists, mut statuses) = relist.await??;
+    let mut muts = churn.await??;
+    for v in [&mut lists, &mut statuses, &mut muts] {
+        v.sort();
+    }
+    Ok([lists, statuses, muts])
 }
 
 fn proc_status(pid: u32, key: &str) -> u64 {
@@ -300,6 +378,50 @@ async fn run_lanes(args: &Args, title: &str, upstream: &Path, dir: &Path, big_li
     Ok(out)
 }
 
+/// The kubelet mix against its own fake runtime (sized for `--mix-pods`), three lanes.
+async fn run_mix(args: &Args, dir: &Path) -> Result<String> {
+    use std::fmt::Write;
+    let upstream = dir.join("mix-fake.sock");
+    let _fake = fakert::serve(&upstream, Arc::new(Canned::new(args.mix_pods * 3, 1)))?;
+    let socat_sock = dir.join("mix-socat.sock");
+    let crisp_sock = dir.join("mix-crisp.sock");
+    let _socat = start_socat(&socat_sock, &upstream)?;
+    let crisp = start_crisp(dir, &crisp_sock, &upstream, &args.crisp_config)?;
+    let pid = crisp.0.id();
+    let lanes = [
+        Lane { name: "direct", socket: upstream.clone() },
+        Lane { name: "socat", socket: socat_sock },
+        Lane { name: "crisp", socket: crisp_sock },
+    ];
+    let mut out = String::new();
+    writeln!(
+        out,
+        "\n### kubelet mix (fake runtime)\n\n{} pods at 10× kubelet's rate for {} s: a relist and a pod sync every 100 ms, 20 pods a second started and stopped (220 mutating calls/s, all inspected by the ordering engine):\n",
+        args.mix_pods, args.mix_seconds
+    )?;
+    writeln!(out, "| lane | List* p50 / p99 ms | *Status p50 / p99 µs | mutating p50 / p99 µs |\n|---|---|---|---|")?;
+    for l in &lanes {
+        let t0 = cpu_ticks(pid);
+        let [lists, statuses, muts] = kubelet_mix(&l.socket, args.mix_seconds).await?;
+        writeln!(
+            out,
+            "| {} | {:.2} / {:.2} | {:.0} / {:.0} | {:.0} / {:.0} |",
+            l.name,
+            pct(&lists, 0.5).as_secs_f64() * 1e3,
+            pct(&lists, 0.99).as_secs_f64() * 1e3,
+            us(pct(&statuses, 0.5)),
+            us(pct(&statuses, 0.99)),
+            us(pct(&muts, 0.5)),
+            us(pct(&muts, 0.99))
+        )?;
+        if l.name == "crisp" {
+            let ms = (cpu_ticks(pid) - t0) as f64 * 10.0;
+            writeln!(out, "\ncrisp CPU during its mix run: {:.1} ms per second; RSS after: {} KiB", ms / args.mix_seconds as f64, proc_status(pid, "VmRSS:"))?;
+        }
+    }
+    Ok(out)
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
     let args = Args::parse();
@@ -321,6 +443,7 @@ async fn main() -> Result<()> {
     let fake_sock = dir.path().join("fake.sock");
     let _fake = fakert::serve(&fake_sock, Arc::new(Canned::new(args.containers, 10_000)))?;
     report += &run_lanes(&args, "fake runtime (in-process, canned answers)", &fake_sock, dir.path(), true).await?;
+    report += &run_mix(&args, dir.path()).await?;
     if args.containerd {
         let ctrd = crisp_e2e::harness::Containerd::start_async(crisp_e2e::harness::ContainerdOpts { cni: false }).await?;
         report += &run_lanes(&args, "real containerd", ctrd.socket(), dir.path(), false).await?;
