@@ -1,5 +1,6 @@
 //! Micro-benchmarks of crisp's per-call hot path: routing a path, reading grpc-timeout, the
-//! interest check, decoding the views the engine reads, and the job-mode wire patch.
+//! interest check, decoding the views the engine reads, the job-mode wire patch, and the relay's
+//! request-header decode and re-encode.
 //! Run: `cargo bench --bench hot_path`.
 
 use std::hint::black_box;
@@ -59,6 +60,40 @@ fn bench(c: &mut Criterion) {
         b.iter(|| patch_embedded(black_box(&resp), 3, &completed_fragment(), |id| id == target))
     });
     c.bench_function("walk_sandbox_status_no_match", |b| b.iter(|| patch_embedded(black_box(&resp), 3, &completed_fragment(), |_| false)));
+
+    // The relay's per-call header work: decode kubelet's request header block (its encoder has
+    // indexed everything but grpc-timeout by now) and re-encode it statelessly.
+    let mut enc = httlib_hpack::Encoder::with_dynamic_size(4096);
+    let fields = |t: &str| {
+        vec![
+            (b":method".to_vec(), b"POST".to_vec(), 0x4 | 0x10),
+            (b":scheme".to_vec(), b"http".to_vec(), 0x4 | 0x10),
+            (b":path".to_vec(), b"/runtime.v1.RuntimeService/ListContainers".to_vec(), 0x4 | 0x10 | 0x2),
+            (b":authority".to_vec(), b"localhost".to_vec(), 0x4 | 0x10 | 0x2),
+            (b"content-type".to_vec(), b"application/grpc".to_vec(), 0x4 | 0x10 | 0x2),
+            (b"user-agent".to_vec(), b"grpc-go/1.51.0".to_vec(), 0x4 | 0x10 | 0x2),
+            (b"te".to_vec(), b"trailers".to_vec(), 0x4 | 0x10 | 0x2),
+            (b"grpc-timeout".to_vec(), t.as_bytes().to_vec(), 0x2),
+        ]
+    };
+    let mut first = Vec::new();
+    for f in fields("1999000u") {
+        enc.encode(f, &mut first).unwrap();
+    }
+    let mut steady = Vec::new();
+    for f in fields("1998977u") {
+        enc.encode(f, &mut steady).unwrap();
+    }
+    let mut dec = crisp::proxy::hpack::Decoder::default();
+    dec.decode(&first, |_, _| {}).unwrap();
+    let mut out = Vec::with_capacity(512);
+    c.bench_function("relay_request_headers_decode_and_reencode", |b| {
+        b.iter(|| {
+            out.clear();
+            dec.decode(black_box(&steady), |n, v| crisp::proxy::frames::encode_field(&mut out, n, v)).unwrap();
+            out.len()
+        })
+    });
     let _ = Instant::now();
 }
 
