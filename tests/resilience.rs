@@ -177,6 +177,43 @@ async fn calls_fail_fast_while_upstream_is_down_and_succeed_once_it_is_back() {
     assert_eq!(within(PATIENCE, "Version after restart", version(&mut client)).await.unwrap(), answer);
 }
 
+/// After the runtime came back, a client connection that crisp had been serving through its
+/// observed path is moved back to a relay of its own: crisp sends it GOAWAY while it is idle, the
+/// client reconnects, and crisp dials the runtime for that new connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_degraded_client_connection_is_moved_back_to_a_relay_once_the_runtime_returns() {
+    let fake = Fake::start().await;
+    let answer = VersionResponse { version: "0.1.0".into(), runtime_name: "fake".into(), runtime_version: "1".into(), runtime_api_version: "v1".into() };
+    let a = answer.encode_to_vec();
+    fake.script(VERSION, move |_| Reply::unary(&a));
+    let crisp = Crisp::start_with(fake.path(), vec![], strict_options()).await;
+    let mut client = runtime_client(&crisp.path).await;
+    assert_eq!(within(PATIENCE, "Version", version(&mut client)).await.unwrap(), answer);
+    fake.stop().await;
+    let down = within(PATIENCE, "a call while the runtime is down", version(&mut client)).await;
+    assert!(down.is_err(), "a call succeeded with the runtime down");
+    fake.restart().await;
+    // Served through crisp's pooled connections (two, round-robin), back to back so that the
+    // client is never idle long enough to be moved yet.
+    for _ in 0..4 {
+        assert_eq!(within(PATIENCE, "Version after restart", version(&mut client)).await.unwrap(), answer);
+    }
+    let pooled = fake.connections();
+    // A kubelet-like pace (idle gaps longer than crisp's 200 ms) until the client has been moved:
+    // a new client connection, relayed on a runtime connection of its own.
+    let mut calls = 0;
+    within(PATIENCE, "the client connection to be relayed again", async {
+        while fake.connections() == pooled {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let v = version(&mut client).await;
+            assert!(v.is_ok(), "call #{calls} while crisp moved the client: {v:?}");
+            calls += 1;
+        }
+    })
+    .await;
+    assert_eq!(within(PATIENCE, "Version on the new relay", version(&mut client)).await.unwrap(), answer);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runtime_goaway_with_a_stream_open_does_not_fail_new_calls() {
     let fake = Fake::start().await;

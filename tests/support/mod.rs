@@ -587,6 +587,11 @@ impl Fake {
         self.state.started.lock().unwrap().iter().filter(|p| *p == path).count()
     }
 
+    /// Connections the running fake has accepted since it (re)started.
+    pub fn connections(&self) -> usize {
+        self.running.lock().unwrap().as_ref().map_or(0, |r| r.conns.lock().unwrap().len())
+    }
+
     pub fn started_total(&self) -> usize {
         self.state.started.lock().unwrap().len()
     }
