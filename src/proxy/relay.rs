@@ -679,10 +679,14 @@ async fn respond(proxy: &Arc<Proxy>, shared: &Shared, stream: u32, req: Request<
     let end = body.is_end_stream();
     let mut out = Vec::with_capacity(block.len() + 16);
     f::headers(&mut out, stream, &block, end);
-    shared.send(out);
     if end {
+        // The call's completion is reported when its body drops: before the client can see
+        // the end of the call (and, say, read the metrics).
+        drop(body);
+        shared.send(out);
         return;
     }
+    shared.send(out);
     loop {
         match body.frame().await {
             Some(Ok(frame)) => match frame.into_data() {
@@ -696,6 +700,7 @@ async fn respond(proxy: &Arc<Proxy>, shared: &Shared, stream: u32, req: Request<
                     }
                     let mut out = Vec::with_capacity(block.len() + 16);
                     f::headers(&mut out, stream, &block, true);
+                    drop(body);
                     shared.send(out);
                     return;
                 }
@@ -710,6 +715,7 @@ async fn respond(proxy: &Arc<Proxy>, shared: &Shared, stream: u32, req: Request<
             None => {
                 let mut out = Vec::new();
                 f::data(&mut out, stream, &[], true);
+                drop(body);
                 shared.send(out);
                 return;
             }
