@@ -65,27 +65,21 @@ impl Status {
     }
 }
 
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    loop {
+        let byte = (v & 0x7f) as u8;
+        v >>= 7;
+        if v == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
 fn put_len_field(out: &mut Vec<u8>, field: u32, payload: &[u8]) {
-    let mut v = u64::from(field << 3 | 2);
-    loop {
-        let byte = (v & 0x7f) as u8;
-        v >>= 7;
-        if v == 0 {
-            out.push(byte);
-            break;
-        }
-        out.push(byte | 0x80);
-    }
-    let mut v = payload.len() as u64;
-    loop {
-        let byte = (v & 0x7f) as u8;
-        v >>= 7;
-        if v == 0 {
-            out.push(byte);
-            break;
-        }
-        out.push(byte | 0x80);
-    }
+    put_varint(out, u64::from(field << 3 | 2));
+    put_varint(out, payload.len() as u64);
     out.extend_from_slice(payload);
 }
 
