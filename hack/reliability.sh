@@ -2,7 +2,7 @@
 # The long versions of crisp's reliability tests (issue #8); RELIABILITY.md records their last
 # results. Needs root and what hack/setup.sh installs (a real containerd is started per test).
 #
-#   sudo hack/reliability.sh              # everything below, ~15–20 min on 2 cores
+#   sudo hack/reliability.sh              # everything below, ~9–10 min on 2 cores (6 min with CHAOS_RUNS=3)
 #   sudo FUZZ=1 hack/reliability.sh       # ... plus every fuzz target for 10 min (hack/fuzz.sh)
 #   sudo CRISP_SEED=123 hack/reliability.sh   # replay the random choices of a failed run
 #
