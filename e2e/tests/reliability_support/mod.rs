@@ -247,13 +247,17 @@ pub fn ran(all: &HashMap<String, Vec<cri::ContainerStatus>>, name: &str) -> Resu
     }
 }
 
-/// A sidecar whose every instance failed to start (`StartError`, never ran): its start was
-/// aborted (e.g. crisp died mid-StartContainer, so containerd saw the call cancelled). Under
-/// restartPolicy Never kubelet never retries it; crisp refuses the app until its start timeout,
-/// then lets it through (policy proceed). Returns when it failed.
+/// A sidecar none of whose instances ever started, at least one because its start was aborted
+/// (`StartError`: crisp died mid-StartContainer, so containerd saw the call cancelled; the
+/// others, if any, were created by a CreateContainer that crisp's death cut off after the
+/// runtime had done it, and kubelet created a new one). Under restartPolicy Never kubelet never
+/// retries it; crisp refuses the app until its start timeout, then lets it through (policy
+/// proceed). Returns when it failed.
 pub fn start_aborted(all: &HashMap<String, Vec<cri::ContainerStatus>>, name: &str) -> Option<i64> {
     let list = all.get(name)?;
-    (!list.is_empty() && list.iter().all(|s| s.started_at == 0 && s.reason == "StartError")).then(|| list.iter().map(|s| s.finished_at).max().unwrap_or(0))
+    let never_started = list.iter().all(|s| s.started_at == 0);
+    let aborted = list.iter().filter(|s| s.reason == "StartError").map(|s| s.finished_at).max()?;
+    never_started.then_some(aborted)
 }
 
 /// Start order: each sidecar started after the previous one was ready (its start + its sleep),
