@@ -54,7 +54,9 @@ impl Crisp {
             upstream,
             dir.path().join("state"),
             opts.log_level.as_deref().unwrap_or("info,crisp=debug"),
-            opts.extra_config
+            // `CRISP_E2E_CONFIG` (TOML) is appended to every e2e crisp's config, for A/B runs,
+            // e.g. CRISP_E2E_CONFIG=$'[proxy]\nrelay = false'.
+            opts.extra_config + "\n" + &std::env::var("CRISP_E2E_CONFIG").unwrap_or_default()
         );
         std::fs::write(&config, text)?;
         let mut c = Crisp { dir, socket, config, log, child: None };

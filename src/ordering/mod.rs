@@ -316,7 +316,18 @@ impl Engine {
         for s in required {
             let found = latest.get(s.name.as_str());
             if skip_dead && !found.is_some_and(|c| c.state == state::RUNNING) {
-                continue;
+                // Not created because crisp is refusing it (it waits for an earlier, dead,
+                // sidecar): alive, not dead. It passes on its own timeout, and this container
+                // waits for it — otherwise the app could win the race and start first.
+                let blocked = found.is_none() && pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).contains_key(s.name.as_str());
+                if !blocked {
+                    continue;
+                }
+                return StartCheck::FailFast(format!(
+                    "sidecar {:?} of pod {} is not created yet (it waits for an earlier sidecar)",
+                    s.name,
+                    pod.display()
+                ));
             }
             match found {
                 None if pod.policy.source == Source::Annotation => {
