@@ -147,16 +147,22 @@ async fn upstream_crash_mid_observed_unary_response_fails_the_call_with_unavaila
     assert_crash_mid_unary_response_is_unavailable(&fake, &crisp).await;
 }
 
+/// A fake runtime that answers every Version call with the returned response.
+async fn fake_answering_version() -> (Fake, VersionResponse) {
+    let fake = Fake::start().await;
+    let answer = VersionResponse { version: "0.1.0".into(), runtime_name: "fake".into(), runtime_version: "1".into(), runtime_api_version: "v1".into() };
+    let a = answer.encode_to_vec();
+    fake.script(VERSION, move |_| Reply::unary(&a));
+    (fake, answer)
+}
+
 async fn version(client: &mut RuntimeClient) -> Result<VersionResponse, tonic::Status> {
     client.version(VersionRequest { version: "0.1.0".into() }).await.map(|r| r.into_inner())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_fail_fast_while_upstream_is_down_and_succeed_once_it_is_back() {
-    let fake = Fake::start().await;
-    let answer = VersionResponse { version: "0.1.0".into(), runtime_name: "fake".into(), runtime_version: "1".into(), runtime_api_version: "v1".into() };
-    let a = answer.encode_to_vec();
-    fake.script(VERSION, move |_| Reply::unary(&a));
+    let (fake, answer) = fake_answering_version().await;
     let crisp = Crisp::start(fake.path()).await;
     let mut client = runtime_client(&crisp.path).await;
     assert_eq!(within(PATIENCE, "Version", version(&mut client)).await.unwrap(), answer);
@@ -182,10 +188,7 @@ async fn calls_fail_fast_while_upstream_is_down_and_succeed_once_it_is_back() {
 /// client reconnects, and crisp dials the runtime for that new connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_degraded_client_connection_is_moved_back_to_a_relay_once_the_runtime_returns() {
-    let fake = Fake::start().await;
-    let answer = VersionResponse { version: "0.1.0".into(), runtime_name: "fake".into(), runtime_version: "1".into(), runtime_api_version: "v1".into() };
-    let a = answer.encode_to_vec();
-    fake.script(VERSION, move |_| Reply::unary(&a));
+    let (fake, answer) = fake_answering_version().await;
     let crisp = Crisp::start_with(fake.path(), vec![], strict_options()).await;
     let mut client = runtime_client(&crisp.path).await;
     assert_eq!(within(PATIENCE, "Version", version(&mut client)).await.unwrap(), answer);
