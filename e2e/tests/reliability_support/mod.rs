@@ -247,6 +247,22 @@ pub fn ran(all: &HashMap<String, Vec<cri::ContainerStatus>>, name: &str) -> Resu
     }
 }
 
+/// For runs in which crisp is killed mid-start: sidecars whose start was aborted are accepted,
+/// and what follows them is held to crisp's start timeout.
+pub struct AbortedOk<'a> {
+    pub timeout: Duration,
+    pub kubelet: &'a Kubelet,
+}
+
+impl AbortedOk<'_> {
+    /// When kubelet first sent CreateContainer for `name` in pod `uid` (wall clock, ns).
+    fn first_create(&self, uid: &str, name: &str) -> Option<i64> {
+        let calls = self.kubelet.journal().filter(|r| r.meta.pod_uid.as_deref() == Some(uid) && r.is("CreateContainer", name));
+        let first = calls.iter().map(|r| r.sent_wall).min()?;
+        first.duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_nanos() as i64)
+    }
+}
+
 /// A sidecar none of whose instances ever started, at least one because its start was aborted
 /// (`StartError`: crisp died mid-StartContainer, so containerd saw the call cancelled; the
 /// others, if any, were created by a CreateContainer that crisp's death cut off after the
@@ -264,7 +280,7 @@ pub fn start_aborted(all: &HashMap<String, Vec<cri::ContainerStatus>>, name: &st
 /// the app after the last one was ready; exactly one instance of each container ran. With
 /// `aborted_ok = Some(start_timeout)`, a sidecar whose start was aborted is accepted if the app
 /// waited at least the start timeout after it failed. Returns the violations (empty = good).
-pub async fn start_violations(containerd: &Path, uid: &str, p: &Planned, aborted_ok: Option<Duration>) -> Result<Vec<String>> {
+pub async fn start_violations(containerd: &Path, uid: &str, p: &Planned, aborted_ok: Option<AbortedOk<'_>>) -> Result<Vec<String>> {
     // containerd stamps `started_at` when the shim's Start returns: the sidecar's process (and
     // its `sleep delay`) is already running by then, so it can be ready slightly *before*
     // started_at + delay. Seen: 42 ms on a loaded machine (chaos run with three crisp restarts).
@@ -273,11 +289,23 @@ pub async fn start_violations(containerd: &Path, uid: &str, p: &Planned, aborted
     let all = instances(containerd, uid).await?;
     let mut v = Vec::new();
     let mut ready_at: Option<(String, i64)> = None;
+    // After a sidecar whose start was aborted (dead), the containers behind it may go on only
+    // once crisp's start timeout has run out for them: counted, as crisp counts it, from their
+    // own first CreateContainer (the first refusal).
+    let mut dead: Option<String> = None;
+    let waited = |name: &str, started_at: i64, dead: &Option<String>, v: &mut Vec<String>| {
+        let (Some(d), Some(ok)) = (dead, &aborted_ok) else { return };
+        if let Some(first) = ok.first_create(uid, name) {
+            let at = first + ok.timeout.as_nanos() as i64;
+            if started_at < at {
+                v.push(format!("{}: {name} started {:.3} s before its start timeout (from its first create) ran out, with {d} dead", p.spec.name, secs(at - started_at)));
+            }
+        }
+    };
     for (name, delay) in &p.sidecars {
-        if let (Some(t), Some(failed)) = (aborted_ok, start_aborted(&all, name)) {
-            eprintln!("{}: {name}'s start was aborted; the app may start {t:?} later", p.spec.name);
-            let at = failed + t.as_nanos() as i64;
-            ready_at = Some((format!("{name} (aborted) + start timeout"), ready_at.map_or(at, |r| r.1.max(at))));
+        if let (Some(ok), Some(_)) = (&aborted_ok, start_aborted(&all, name)) {
+            eprintln!("{}: {name}'s start was aborted; what follows may start {:?} after its first create", p.spec.name, ok.timeout);
+            dead = Some(name.clone());
             continue;
         }
         let s = match ran(&all, name) {
@@ -287,6 +315,7 @@ pub async fn start_violations(containerd: &Path, uid: &str, p: &Planned, aborted
                 continue;
             }
         };
+        waited(name, s.started_at, &dead, &mut v);
         if let Some((prev, at)) = &ready_at {
             if s.started_at < *at {
                 v.push(format!("{}: {name} started {:.3} s before {prev} was ready", p.spec.name, secs(at - s.started_at)));
@@ -300,6 +329,7 @@ pub async fn start_violations(containerd: &Path, uid: &str, p: &Planned, aborted
     }
     match ran(&all, &p.app) {
         Ok(a) => {
+            waited(&p.app, a.started_at, &dead, &mut v);
             if let Some((prev, at)) = &ready_at {
                 if a.started_at < *at {
                     v.push(format!("{}: the app started {:.3} s before {prev} was ready", p.spec.name, secs(at - a.started_at)));
