@@ -256,6 +256,7 @@ pub async fn serve_connection(client: UnixStream, proxy: Arc<Proxy>, shutdown: w
         bodies: HashMap::new(),
         pending: None,
         max_relayed: 0,
+        diverted_ids: Default::default(),
     };
     let mut down = UpstreamToClient { proxy: proxy.clone(), shared: shared.clone(), ur, cw, dec: super::hpack::Decoder::default(), pending: None };
     tokio::select! {
@@ -324,6 +325,8 @@ struct ClientToUpstream {
     pending: Option<PendingBlock>,
     /// Highest stream id sent to the runtime.
     max_relayed: u32,
+    /// Streams this connection diverted (see [`Self::is_diverted`]).
+    diverted_ids: std::collections::HashSet<u32>,
 }
 
 impl ClientToUpstream {
@@ -487,8 +490,11 @@ impl ClientToUpstream {
         Ok(())
     }
 
+    /// Without a lock: `diverted_ids` is this direction's own record. A finished diverted
+    /// stream may linger in it (pruned in batches): its late frames are dropped, which is right,
+    /// as the runtime never saw the stream.
     fn is_diverted(&self, stream: u32) -> bool {
-        self.shared.lock().diverted.contains_key(&stream)
+        self.diverted_ids.contains(&stream)
     }
 
     fn settings(&mut self, payload: &[u8]) {
@@ -557,9 +563,11 @@ impl ClientToUpstream {
         }
         let received = Instant::now();
         let path_str = path.as_deref().and_then(|p| std::str::from_utf8(p).ok()).unwrap_or("/");
+        let route = Route::from_path(path_str);
         let call = Call {
-            route: Route::from_path(path_str),
-            path: http::uri::PathAndQuery::try_from(path_str).unwrap_or_else(|_| http::uri::PathAndQuery::from_static("/")),
+            route,
+            // Shares the bytes copied out of the header block: no second copy per call.
+            path: path.and_then(|p| http::uri::PathAndQuery::from_maybe_shared(p).ok()).unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
             received,
             deadline: timeout.map(|d| received + d),
             id: self.proxy.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
@@ -583,6 +591,10 @@ impl ClientToUpstream {
             }
             let w = st.client_initial_window;
             st.diverted.insert(stream, w);
+            self.diverted_ids.insert(stream);
+            if self.diverted_ids.len() > 64 {
+                self.diverted_ids.retain(|id| st.diverted.contains_key(id));
+            }
         }
         self.divert(stream, &block, p.end_stream, ctl);
         Ok(())
