@@ -79,10 +79,7 @@ async fn containerd_killed_and_restarted_during_a_wave() -> Result<()> {
     wait_holding(&admin, UP).await?;
     let u1 = runtime_outage(&mut st, &admin, "start").await?;
     if let Err(e) = wait_up(&st.kubelet, &pods, UP).await {
-        for (uid, _) in &pods {
-            dump_pod(&st.kubelet, uid);
-        }
-        eprintln!("--- crisp log tail ---\n{}", crisp_log_tail(&st, 150));
+        dump_all(&st, &pods);
         return Err(e);
     }
     let mut violations = Vec::new();
@@ -104,26 +101,11 @@ async fn containerd_killed_and_restarted_during_a_wave() -> Result<()> {
         .await?;
     let u2 = runtime_outage(&mut st, &admin, "stop").await?;
     if let Err(e) = wait_terminated(&st.kubelet, &pods, UP).await {
-        for (uid, _) in &pods {
-            dump_pod(&st.kubelet, uid);
-        }
-        eprintln!("--- crisp log tail ---\n{}", crisp_log_tail(&st, 150));
+        dump_all(&st, &pods);
         return Err(e);
     }
-    for (uid, p) in &pods {
-        violations.extend(stop_violations(st.containerd.socket(), uid, p, false).await?);
-    }
-    if !violations.is_empty() {
-        for (uid, _) in &pods {
-            dump_pod(&st.kubelet, uid);
-        }
-    }
-    ensure!(violations.is_empty(), "after the runtime outage at stop:\n{}", violations.join("\n"));
-
-    let uids: Vec<String> = pods.iter().map(|(u, _)| u.clone()).collect();
-    remove_pods(st.containerd.socket(), &st.kubelet, &uids).await?;
-    wait_no_holds(&admin, Duration::from_secs(10)).await?;
-    let text = metrics(&admin).await?;
+    ensure_stop_order(&st, &pods, "after the runtime outage at stop").await?;
+    let text = remove_and_settle(&st, &admin, &pods).await?;
     ensure!(sample(&text, "crisp_tracked_pods") == Some(0.0) && sample(&text, "crisp_tracked_containers") == Some(0.0), "crisp still tracks pods/containers");
     let j = st.kubelet.journal();
     let late = deadline_violations(j);

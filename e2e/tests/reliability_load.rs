@@ -133,6 +133,12 @@ async fn load(n: usize, waves: usize) -> Result<()> {
             violations.extend(start_violations(st.containerd.socket(), uid, p, None).await?);
             violations.extend(duplicate_running(st.containerd.socket(), uid, p).await?);
         }
+        if !violations.is_empty() {
+            for (uid, _) in &pods {
+                dump_pod(&st.kubelet, uid);
+            }
+        }
+        ensure!(violations.is_empty(), "wave {w}: ordering violations:\n{}", violations.join("\n"));
         let held = metrics(&admin).await.ok().and_then(|t| sample(&t, "crisp_hold_seconds_count{gate=\"start\"}")).unwrap_or(0.0) as u64;
 
         let t1 = Instant::now();
@@ -141,21 +147,10 @@ async fn load(n: usize, waves: usize) -> Result<()> {
         }
         wait_terminated(&st.kubelet, &pods, UP).await?;
         let down_s = t1.elapsed().as_secs_f64();
-        for (uid, p) in &pods {
-            violations.extend(stop_violations(st.containerd.socket(), uid, p, false).await?);
-        }
-        if !violations.is_empty() {
-            for (uid, _) in &pods {
-                dump_pod(&st.kubelet, uid);
-            }
-        }
-        ensure!(violations.is_empty(), "wave {w}: ordering violations:\n{}", violations.join("\n"));
+        ensure_stop_order(&st, &pods, &format!("wave {w}: ordering violations")).await?;
 
         // kubelet's GC removes the dead pods (through crisp): crisp must forget them all.
-        let uids: Vec<String> = pods.iter().map(|(u, _)| u.clone()).collect();
-        remove_pods(st.containerd.socket(), &st.kubelet, &uids).await?;
-        wait_no_holds(&admin, Duration::from_secs(10)).await?;
-        let text = metrics(&admin).await?;
+        let text = remove_and_settle(&st, &admin, &pods).await?;
         ensure!(sample(&text, "crisp_tracked_pods") == Some(0.0), "wave {w}: crisp still tracks pods:\n{:?}", tracked_pods(&admin).await?);
         ensure!(sample(&text, "crisp_tracked_containers") == Some(0.0), "wave {w}: crisp still tracks {:?} containers", sample(&text, "crisp_tracked_containers"));
         ensure!(tracked_pods(&admin).await?.is_empty(), "wave {w}: ListPods is not empty");

@@ -55,6 +55,18 @@ fn container_status(a: &v::ContainerStatus, b: &cri::ContainerStatus) {
     assert_eq!(a.annotations, b.annotations);
 }
 
+/// A sandbox status (if any) and the container statuses that come with it.
+fn sandbox_and_containers(a: &Option<v::PodSandboxStatus>, b: &Option<cri::PodSandboxStatus>, ac: &[v::ContainerStatus], bc: &[cri::ContainerStatus]) {
+    assert_eq!(a.is_some(), b.is_some());
+    if let (Some(a), Some(b)) = (a, b) {
+        sandbox_status(a, b);
+    }
+    assert_eq!(ac.len(), bc.len());
+    for (a, b) in ac.iter().zip(bc) {
+        container_status(a, b);
+    }
+}
+
 fn sandbox_status(a: &v::PodSandboxStatus, b: &cri::PodSandboxStatus) {
     assert_eq!(a.id, b.id);
     sandbox_md(&a.metadata, &b.metadata);
@@ -101,14 +113,7 @@ fuzz_target!(|data: &[u8]| {
         }
     });
     both::<v::PodSandboxStatusResponse, cri::PodSandboxStatusResponse>(data, |a, b| {
-        assert_eq!(a.status.is_some(), b.status.is_some());
-        if let (Some(a), Some(b)) = (&a.status, &b.status) {
-            sandbox_status(a, b);
-        }
-        assert_eq!(a.containers_statuses.len(), b.containers_statuses.len());
-        for (a, b) in a.containers_statuses.iter().zip(&b.containers_statuses) {
-            container_status(a, b);
-        }
+        sandbox_and_containers(&a.status, &b.status, &a.containers_statuses, &b.containers_statuses);
     });
     both::<v::ListContainersResponse, cri::ListContainersResponse>(data, |a, b| {
         assert_eq!(a.containers.len(), b.containers.len());
@@ -132,14 +137,7 @@ fuzz_target!(|data: &[u8]| {
     both::<v::ExecSyncResponse, cri::ExecSyncResponse>(data, |a, b| assert_eq!(a.exit_code, b.exit_code));
     both::<v::ContainerEventResponse, cri::ContainerEventResponse>(data, |a, b| {
         assert_eq!((&a.container_id, a.container_event_type), (&b.container_id, b.container_event_type));
-        assert_eq!(a.pod_sandbox_status.is_some(), b.pod_sandbox_status.is_some());
-        if let (Some(a), Some(b)) = (&a.pod_sandbox_status, &b.pod_sandbox_status) {
-            sandbox_status(a, b);
-        }
-        assert_eq!(a.containers_statuses.len(), b.containers_statuses.len());
-        for (a, b) in a.containers_statuses.iter().zip(&b.containers_statuses) {
-            container_status(a, b);
-        }
+        sandbox_and_containers(&a.pod_sandbox_status, &b.pod_sandbox_status, &a.containers_statuses, &b.containers_statuses);
     });
     both::<v::PullImageRequest, cri::PullImageRequest>(data, |a, b| {
         assert_eq!(a.image.as_ref().map(|i| i.image.clone()), b.image.as_ref().map(|i| i.image.clone()));

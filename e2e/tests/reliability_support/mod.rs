@@ -247,6 +247,44 @@ pub fn ran(all: &HashMap<String, Vec<cri::ContainerStatus>>, name: &str) -> Resu
     }
 }
 
+/// The one instance of `name` that ran, or a violation noted for the pod.
+fn ran_or_note(all: &HashMap<String, Vec<cri::ContainerStatus>>, name: &str, p: &Planned, v: &mut Vec<String>) -> Option<cri::ContainerStatus> {
+    ran(all, name).map_err(|e| v.push(format!("{}: {e}", p.spec.name))).ok()
+}
+
+/// Prints every pod's calls and the end of crisp's log (a failed wait).
+pub fn dump_all(st: &Stack, pods: &[(String, Planned)]) {
+    for (uid, _) in pods {
+        dump_pod(&st.kubelet, uid);
+    }
+    eprintln!("--- crisp log tail ---\n{}", crisp_log_tail(st, 150));
+}
+
+/// Stop order for every pod (sidecars after the app, in reverse); dumps the pods' calls on a
+/// violation. `what` names the phase in the error.
+pub async fn ensure_stop_order(st: &Stack, pods: &[(String, Planned)], what: &str) -> Result<()> {
+    let mut violations = Vec::new();
+    for (uid, p) in pods {
+        violations.extend(stop_violations(st.containerd.socket(), uid, p, false).await?);
+    }
+    if !violations.is_empty() {
+        for (uid, _) in pods {
+            dump_pod(&st.kubelet, uid);
+        }
+    }
+    anyhow::ensure!(violations.is_empty(), "{what}:\n{}", violations.join("\n"));
+    Ok(())
+}
+
+/// kubelet's GC removes the pods (through crisp); then nothing may stay held. Returns crisp's
+/// metrics text for the caller's own checks.
+pub async fn remove_and_settle(st: &Stack, admin: &Path, pods: &[(String, Planned)]) -> Result<String> {
+    let uids: Vec<String> = pods.iter().map(|(u, _)| u.clone()).collect();
+    remove_pods(st.containerd.socket(), &st.kubelet, &uids).await?;
+    wait_no_holds(admin, Duration::from_secs(10)).await?;
+    metrics(admin).await
+}
+
 /// For runs in which crisp is killed mid-start: sidecars whose start was aborted are accepted,
 /// and what follows them is held to crisp's start timeout.
 pub struct AbortedOk<'a> {
@@ -308,13 +346,7 @@ pub async fn start_violations(containerd: &Path, uid: &str, p: &Planned, aborted
             dead = Some(name.clone());
             continue;
         }
-        let s = match ran(&all, name) {
-            Ok(s) => s,
-            Err(e) => {
-                v.push(format!("{}: {e}", p.spec.name));
-                continue;
-            }
-        };
+        let Some(s) = ran_or_note(&all, name, p, &mut v) else { continue };
         waited(name, s.started_at, &dead, &mut v);
         if let Some((prev, at)) = &ready_at {
             if s.started_at < *at {
@@ -356,13 +388,7 @@ pub async fn stop_violations(containerd: &Path, uid: &str, p: &Planned, aborted_
         if aborted_ok && start_aborted(&all, name).is_some() {
             continue;
         }
-        let s = match ran(&all, name) {
-            Ok(s) => s,
-            Err(e) => {
-                v.push(format!("{}: {e}", p.spec.name));
-                continue;
-            }
-        };
+        let Some(s) = ran_or_note(&all, name, p, &mut v) else { continue };
         if s.finished_at == 0 {
             v.push(format!("{}: {name} still runs", p.spec.name));
             continue;
