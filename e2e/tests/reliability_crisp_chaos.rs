@@ -121,7 +121,7 @@ impl Chaos<'_> {
             }
         }
         for (uid, p) in &pods {
-            violations.extend(start_violations(self.containerd, uid, p, Some(AbortedOk { timeout: START_TIMEOUT, kubelet: self.kubelet })).await?);
+            violations.extend(start_violations(self.containerd, uid, p, Allow { aborted: Some(AbortedOk { timeout: START_TIMEOUT, kubelet: self.kubelet }), ..Default::default() }).await?);
             violations.extend(duplicate_running(self.containerd, uid, p).await?);
         }
         if !violations.is_empty() {

@@ -8,8 +8,9 @@
 //! - it recovers by itself (no restart, no reconnect from the test): every pod ends where
 //!   kubelet wants it — Running with exactly one running instance per container, or Succeeded
 //!   for Jobs, then terminated after deletion;
-//! - the ordering still holds (containerd's timestamps), no held call is stuck, no call outlived
-//!   kubelet's deadline, crisp tracks nothing once the pods are removed.
+//! - the ordering still holds (containerd's timestamps; a start the kill cut off is restamped by
+//!   containerd's recovery and counts from kubelet's StartContainer instead), no held call is
+//!   stuck, no call outlived kubelet's deadline, crisp tracks nothing once the pods are removed.
 
 mod reliability_support;
 
@@ -34,9 +35,11 @@ async fn wait_holding(admin: &std::path::Path, limit: Duration) -> Result<()> {
     Ok(())
 }
 
-/// Kills containerd, checks crisp serves UNAVAILABLE meanwhile, restarts containerd.
-async fn runtime_outage(st: &mut Stack, admin: &std::path::Path, what: &str) -> Result<usize> {
+/// Kills containerd, checks crisp serves UNAVAILABLE meanwhile, restarts containerd. Returns
+/// how many kubelet calls got UNAVAILABLE and when containerd was down (wall clock, ns).
+async fn runtime_outage(st: &mut Stack, admin: &std::path::Path, what: &str) -> Result<(usize, (i64, i64))> {
     let killed_at = Instant::now();
+    let killed_wall = wall_ns(std::time::SystemTime::now()).context("clock")?;
     tokio::task::block_in_place(|| st.containerd.kill_hard()).context("kill containerd")?;
     eprintln!("{what}: containerd SIGKILLed");
 
@@ -58,9 +61,10 @@ async fn runtime_outage(st: &mut Stack, admin: &std::path::Path, what: &str) -> 
     tokio::time::sleep(OUTAGE).await;
 
     tokio::task::block_in_place(|| st.containerd.restart()).context("restart containerd")?;
+    let back_wall = wall_ns(std::time::SystemTime::now()).context("clock")?;
     let unavailable = count(j, |r| r.sent >= killed_at && r.code == tonic::Code::Unavailable && r.done.is_some());
     eprintln!("{what}: containerd back after {:.1} s; {unavailable} kubelet calls got UNAVAILABLE meanwhile", killed_at.elapsed().as_secs_f64());
-    Ok(unavailable)
+    Ok((unavailable, (killed_wall, back_wall)))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -77,15 +81,19 @@ async fn containerd_killed_and_restarted_during_a_wave() -> Result<()> {
 
     // 1. During the start: while crisp holds apps' CreateContainer.
     wait_holding(&admin, UP).await?;
-    let u1 = runtime_outage(&mut st, &admin, "start").await?;
+    let (u1, outage) = runtime_outage(&mut st, &admin, "start").await?;
     if let Err(e) = wait_up(&st.kubelet, &pods, UP).await {
         dump_all(&st, &pods);
         return Err(e);
     }
     let mut violations = Vec::new();
     for (uid, p) in &pods {
-        violations.extend(start_violations(st.containerd.socket(), uid, p, None).await?);
+        let allow = Allow { restamped: Some(Restamped { outage, kubelet: &st.kubelet }), ..Default::default() };
+        violations.extend(start_violations(st.containerd.socket(), uid, p, allow).await?);
         violations.extend(duplicate_running(st.containerd.socket(), uid, p).await?);
+    }
+    if !violations.is_empty() {
+        dump_all(&st, &pods);
     }
     ensure!(violations.is_empty(), "after the runtime outage at start:\n{}", violations.join("\n"));
 
@@ -99,7 +107,7 @@ async fn containerd_killed_and_restarted_during_a_wave() -> Result<()> {
         .journal()
         .wait_for(UP, |r| r.sent >= deleting && r.method == "StopContainer" && r.meta.container.as_deref().is_some_and(|c| c.starts_with("side")))
         .await?;
-    let u2 = runtime_outage(&mut st, &admin, "stop").await?;
+    let (u2, _) = runtime_outage(&mut st, &admin, "stop").await?;
     if let Err(e) = wait_terminated(&st.kubelet, &pods, UP).await {
         dump_all(&st, &pods);
         return Err(e);

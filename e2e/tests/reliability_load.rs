@@ -130,7 +130,7 @@ async fn load(n: usize, waves: usize) -> Result<()> {
         let up_s = t0.elapsed().as_secs_f64();
         let mut violations = Vec::new();
         for (uid, p) in &pods {
-            violations.extend(start_violations(st.containerd.socket(), uid, p, None).await?);
+            violations.extend(start_violations(st.containerd.socket(), uid, p, Allow::default()).await?);
             violations.extend(duplicate_running(st.containerd.socket(), uid, p).await?);
         }
         if !violations.is_empty() {

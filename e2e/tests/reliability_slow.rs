@@ -85,7 +85,7 @@ async fn holds_respect_kubelets_deadline_when_the_runtime_is_slow() -> Result<()
 
     let mut violations = Vec::new();
     let (stuck_plan, ok_plan) = (planned(&st, &stuck_uid, "never-ready"), planned(&st, &ok_uid, "slow-ready"));
-    violations.extend(start_violations(st.containerd.socket(), &ok_uid, &ok_plan, None).await?);
+    violations.extend(start_violations(st.containerd.socket(), &ok_uid, &ok_plan, Allow::default()).await?);
     for uid in [&stuck_uid, &ok_uid] {
         st.kubelet.delete_pod(uid, Some(10))?;
     }

@@ -296,9 +296,55 @@ impl AbortedOk<'_> {
     /// When kubelet first sent CreateContainer for `name` in pod `uid` (wall clock, ns).
     fn first_create(&self, uid: &str, name: &str) -> Option<i64> {
         let calls = self.kubelet.journal().filter(|r| r.meta.pod_uid.as_deref() == Some(uid) && r.is("CreateContainer", name));
-        let first = calls.iter().map(|r| r.sent_wall).min()?;
-        first.duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_nanos() as i64)
+        calls.iter().filter_map(|r| wall_ns(r.sent_wall)).min()
     }
+}
+
+/// What a run that breaks something on purpose may see without it counting as a violation.
+#[derive(Default)]
+pub struct Allow<'a> {
+    /// crisp was killed mid-start.
+    pub aborted: Option<AbortedOk<'a>>,
+    /// containerd was killed.
+    pub restamped: Option<Restamped<'a>>,
+}
+
+/// For runs in which containerd is SIGKILLed and restarted: a start the kill cut off between the
+/// shim starting the process and containerd checkpointing the status is restamped on recovery
+/// (containerd's CRI restart path sets `started_at` to the time it reloads a running container
+/// it had not seen start). Such a process may have run since kubelet sent StartContainer, so its
+/// readiness is counted from there: seen, a sidecar restamped 2 s late made an app that started
+/// after it was really ready look 0.3 s early.
+pub struct Restamped<'a> {
+    /// When containerd was killed and when it answered again (wall clock, ns).
+    pub outage: (i64, i64),
+    pub kubelet: &'a Kubelet,
+}
+
+impl Restamped<'_> {
+    /// The earliest moment the instance of `name` stamped `started_at` may really have started.
+    fn earliest_start(&self, uid: &str, name: &str, started_at: i64) -> i64 {
+        let (killed, back) = self.outage;
+        if started_at < killed || started_at > back {
+            return started_at;
+        }
+        let calls = self.kubelet.journal().filter(|r| r.meta.pod_uid.as_deref() == Some(uid) && r.is("StartContainer", name));
+        // The call the kill cut off: sent before it, not answered before it.
+        let cut_off = |r: &&CallRecord| r.done_wall().and_then(wall_ns).is_none_or(|done| done >= killed);
+        let sent = calls.iter().filter(cut_off).filter_map(|r| wall_ns(r.sent_wall)).filter(|&t| t < killed).min();
+        match sent {
+            Some(t) => {
+                eprintln!("{uid}: {name} was restamped by containerd's recovery; its readiness counts from StartContainer, {:.3} s earlier", secs(started_at - t));
+                t.min(started_at)
+            }
+            None => started_at,
+        }
+    }
+}
+
+/// Wall-clock nanoseconds since the epoch.
+pub fn wall_ns(t: std::time::SystemTime) -> Option<i64> {
+    t.duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_nanos() as i64)
 }
 
 /// A sidecar none of whose instances ever started, at least one because its start was aborted
@@ -316,9 +362,11 @@ pub fn start_aborted(all: &HashMap<String, Vec<cri::ContainerStatus>>, name: &st
 
 /// Start order: each sidecar started after the previous one was ready (its start + its sleep),
 /// the app after the last one was ready; exactly one instance of each container ran. With
-/// `aborted_ok = Some(start_timeout)`, a sidecar whose start was aborted is accepted if the app
-/// waited at least the start timeout after it failed. Returns the violations (empty = good).
-pub async fn start_violations(containerd: &Path, uid: &str, p: &Planned, aborted_ok: Option<AbortedOk<'_>>) -> Result<Vec<String>> {
+/// `allow.aborted`, a sidecar whose start was aborted is accepted if what follows it waited the
+/// start timeout; with `allow.restamped`, a start containerd's recovery restamped counts from
+/// kubelet's StartContainer. Returns the violations (empty = good).
+pub async fn start_violations(containerd: &Path, uid: &str, p: &Planned, allow: Allow<'_>) -> Result<Vec<String>> {
+    let Allow { aborted: aborted_ok, restamped } = allow;
     // containerd stamps `started_at` when the shim's Start returns: the sidecar's process (and
     // its `sleep delay`) is already running by then, so it can be ready slightly *before*
     // started_at + delay. Seen: 42 ms on a loaded machine (chaos run with three crisp restarts).
@@ -353,7 +401,8 @@ pub async fn start_violations(containerd: &Path, uid: &str, p: &Planned, aborted
                 v.push(format!("{}: {name} started {:.3} s before {prev} was ready", p.spec.name, secs(at - s.started_at)));
             }
         }
-        ready_at = Some((name.clone(), s.started_at + (*delay * 1e9) as i64 - STAMP_LAG_NS));
+        let began = restamped.as_ref().map_or(s.started_at, |r| r.earliest_start(uid, name, s.started_at));
+        ready_at = Some((name.clone(), began + (*delay * 1e9) as i64 - STAMP_LAG_NS));
     }
     if aborted_ok.is_some() && start_aborted(&all, &p.app).is_some() {
         eprintln!("{}: the app's start was aborted", p.spec.name);
