@@ -1,4 +1,4 @@
-//! The kubelet-facing unix socket: created with its final mode before it listens (no window in
+//! The kubelet-facing unix socket: created with its final mode (umask around bind; no window in
 //! which a looser mode is reachable), a stale file from a dead crisp replaced, a live one refused.
 
 use std::io;
@@ -70,8 +70,16 @@ pub async fn bind(path: &Path, mode: u32) -> Result<(tokio::net::UnixListener, S
     Ok((listener, SocketFileGuard { path: path.to_path_buf(), ino }))
 }
 
-/// socket → bind → chmod → listen: until `listen` no connection can be made, so the socket is
-/// never reachable with the umask's mode.
+/// Serialises the umask change in [`bind_listen`] (the umask is process-wide).
+static UMASK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// socket → umask → bind → chmod → listen. The file is created with its final mode (the umask
+/// masks everything else), so no looser mode ever exists: ordering chmod before listen alone is
+/// not enough, because the kernel checks a connecting client's write permission on the file
+/// before it looks at whether the socket listens — a client that passed the check while the
+/// file still had the umask's mode could complete its connect right after `listen` (seen once
+/// in thousands of non-root connects racing a start on a loaded machine). chmod then sets the
+/// exact mode whatever the umask was.
 fn bind_listen(path: &Path, mode: u32) -> io::Result<i32> {
     use std::os::unix::ffi::OsStrExt;
     let bytes = path.as_os_str().as_bytes();
@@ -95,7 +103,14 @@ fn bind_listen(path: &Path, mode: u32) -> io::Result<i32> {
             *d = *s as libc::c_char;
         }
         let len = (std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1) as libc::socklen_t;
-        if libc::bind(fd, &addr as *const _ as *const libc::sockaddr, len) != 0 {
+        let bound = {
+            let _one = UMASK.lock().unwrap_or_else(|e| e.into_inner());
+            let old = libc::umask(!(mode as libc::mode_t) & 0o777);
+            let r = libc::bind(fd, &addr as *const _ as *const libc::sockaddr, len);
+            libc::umask(old);
+            r
+        };
+        if bound != 0 {
             return Err(close_on_err(io::Error::last_os_error()));
         }
         if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)) {
