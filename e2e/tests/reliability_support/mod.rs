@@ -323,7 +323,7 @@ pub struct Restamped<'a> {
 
 impl Restamped<'_> {
     /// The earliest moment the instance of `name` stamped `started_at` may really have started.
-    fn earliest_start(&self, uid: &str, name: &str, started_at: i64) -> i64 {
+    fn earliest_start(&self, uid: &str, pod: &str, name: &str, started_at: i64) -> i64 {
         let (killed, back) = self.outage;
         if started_at < killed || started_at > back {
             return started_at;
@@ -334,7 +334,7 @@ impl Restamped<'_> {
         let sent = calls.iter().filter(cut_off).filter_map(|r| wall_ns(r.sent_wall)).filter(|&t| t < killed).min();
         match sent {
             Some(t) => {
-                eprintln!("{uid}: {name} was restamped by containerd's recovery; its readiness counts from StartContainer, {:.3} s earlier", secs(started_at - t));
+                eprintln!("{pod}: {name} was restamped by containerd's recovery; its readiness counts from StartContainer, {:.3} s earlier", secs(started_at - t));
                 t.min(started_at)
             }
             None => started_at,
@@ -401,7 +401,7 @@ pub async fn start_violations(containerd: &Path, uid: &str, p: &Planned, allow: 
                 v.push(format!("{}: {name} started {:.3} s before {prev} was ready", p.spec.name, secs(at - s.started_at)));
             }
         }
-        let began = restamped.as_ref().map_or(s.started_at, |r| r.earliest_start(uid, name, s.started_at));
+        let began = restamped.as_ref().map_or(s.started_at, |r| r.earliest_start(uid, &p.spec.name, name, s.started_at));
         ready_at = Some((name.clone(), began + (*delay * 1e9) as i64 - STAMP_LAG_NS));
     }
     if aborted_ok.is_some() && start_aborted(&all, &p.app).is_some() {
