@@ -14,7 +14,12 @@ const SLOW_TERM: &str = "trap 'sleep 2; exit 0' TERM; sleep 3600 & wait";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delete_stops_containers_in_parallel_then_the_sandbox() -> Result<()> {
-    let env = Env::start(|_| {}).await?;
+    // No podContainerDeletor here: once a deleted pod is terminated, a PLEG ContainerDied that
+    // arrives late makes kubelet remove *all* its containers, and if the terminated-pod sync then
+    // waits for the next relist it sees none, so 1.26 reports them ContainerStatusUnknown/137
+    // (real kubelet behaviour, fixed in 1.27 by writing the post-kill status). This test asserts
+    // the kill sequence and the exit codes the runtime saw, so it keeps the containers.
+    let env = Env::start(|c| c.container_deletor = false).await?;
     let k = &env.kubelet;
     let t0 = Instant::now();
     let mut pod = PodSpec::new(
@@ -139,10 +144,13 @@ async fn kubelet_1_27_gives_deleted_pods_a_terminal_phase() -> Result<()> {
     k.wait_all_running(&uid, STEP).await?;
     k.delete_pod(&uid, Some(1))?;
     let view = k.wait_terminated(&uid, STEP).await?;
-    assert_eq!(
-        view.container("stubborn").and_then(|c| c.state.exit_code()),
-        Some(137)
-    );
+    // Real exit codes from the post-kill status 1.27 writes, not the synthetic
+    // ContainerStatusUnknown (also 137) of a container that vanished.
+    let stubborn = view.container("stubborn").expect("stubborn");
+    assert_eq!(stubborn.state.exit_code(), Some(137), "{stubborn:?}");
+    assert!(stubborn.container_id.is_some(), "{stubborn:?}");
+    let app = view.container("app").expect("app");
+    assert_eq!(app.state.exit_code(), Some(0), "{app:?}");
     assert_eq!(
         view.phase(),
         PodPhase::Failed,
