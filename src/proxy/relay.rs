@@ -24,7 +24,8 @@
 //! — to a fresh relay once the runtime is back. If the runtime is down when a client connects,
 //! the whole connection is served by the observed path (UNAVAILABLE until the runtime returns).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::hash::BuildHasherDefault;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -123,8 +124,8 @@ struct State {
     /// The client's SETTINGS_INITIAL_WINDOW_SIZE.
     client_initial_window: i64,
     /// Diverted streams: the client's window for their response.
-    diverted: HashMap<u32, i64>,
-    relayed: HashMap<u32, Relayed>,
+    diverted: IdMap<i64>,
+    relayed: IdMap<Relayed>,
     /// Highest stream id the client opened.
     max_stream: u32,
     /// Last stream id crisp told the client it would process (after its GOAWAY).
@@ -222,8 +223,8 @@ pub async fn serve_connection(client: UnixStream, proxy: Arc<Proxy>, shutdown: w
             client_window: f::DEFAULT_WINDOW,
             debt: 0,
             client_initial_window: f::DEFAULT_WINDOW,
-            diverted: HashMap::new(),
-            relayed: HashMap::new(),
+            diverted: IdMap::default(),
+            relayed: IdMap::default(),
             max_stream: 0,
             goaway: None,
             degraded: upstream.is_none(),
@@ -253,10 +254,13 @@ pub async fn serve_connection(client: UnixStream, proxy: Arc<Proxy>, shutdown: w
         tasks: tasks.clone(),
         uw,
         dec: super::hpack::Decoder::default(),
-        bodies: HashMap::new(),
+        bodies: IdMap::default(),
         pending: None,
         max_relayed: 0,
         diverted_ids: Default::default(),
+        enc: Vec::with_capacity(512),
+        paths: PathCache::default(),
+        now: Instant::now(),
     };
     let mut down = UpstreamToClient { proxy: proxy.clone(), shared: shared.clone(), ur, cw, dec: super::hpack::Decoder::default(), pending: None };
     tokio::select! {
@@ -266,14 +270,15 @@ pub async fn serve_connection(client: UnixStream, proxy: Arc<Proxy>, shutdown: w
     // The client is gone (or was closed): nothing may stay behind.
     tasks.abort_all();
     let relayed: Vec<Relayed> = shared.lock().relayed.drain().map(|(_, r)| r).collect();
+    let now = Instant::now();
     for r in relayed {
-        complete(&proxy, r.call, Some(code::CANCELLED));
+        complete(&proxy, r.call, Some(code::CANCELLED), now);
     }
 }
 
 /// Diverted streams' tasks, aborted when the client resets the stream or goes away.
 #[derive(Default, Clone)]
-struct Tasks(Arc<Mutex<HashMap<u32, tokio::task::AbortHandle>>>);
+struct Tasks(Arc<Mutex<IdMap<tokio::task::AbortHandle>>>);
 
 impl Tasks {
     fn abort(&self, stream: u32) {
@@ -289,9 +294,11 @@ impl Tasks {
     }
 }
 
-fn complete(proxy: &Proxy, call: Option<Call>, code: Option<i32>) {
+/// Reports a relayed call's end; `now` is when its last frame was read.
+fn complete(proxy: &Proxy, call: Option<Call>, code: Option<i32>, now: Instant) {
     if let Some(call) = call {
-        let outcome = Outcome { code, duration: call.received.elapsed(), held: Duration::ZERO, request: None, response: None };
+        let duration = now.saturating_duration_since(call.received);
+        let outcome = Outcome { code, duration, held: Duration::ZERO, request: None, response: None };
         proxy.interceptors.on_complete(&call, &outcome);
     }
 }
@@ -321,12 +328,18 @@ struct ClientToUpstream {
     uw: Option<OwnedWriteHalf>,
     dec: super::hpack::Decoder,
     /// Request bodies of diverted streams, until the client ends them.
-    bodies: HashMap<u32, mpsc::UnboundedSender<BodyPart>>,
+    bodies: IdMap<mpsc::UnboundedSender<BodyPart>>,
     pending: Option<PendingBlock>,
     /// Highest stream id sent to the runtime.
     max_relayed: u32,
     /// Streams this connection diverted (see [`Self::is_diverted`]).
-    diverted_ids: std::collections::HashSet<u32>,
+    diverted_ids: HashSet<u32, BuildHasherDefault<IdHasher>>,
+    /// The re-encoded request header block, reused from call to call.
+    enc: Vec<u8>,
+    /// Paths this client used, with their routes: no copy or re-validation per call.
+    paths: PathCache,
+    /// When the frames being handled were read (one clock read per read, not per call).
+    now: Instant,
 }
 
 impl ClientToUpstream {
@@ -340,6 +353,7 @@ impl ClientToUpstream {
             let mut ctl = Vec::new();
             let mut credit = 0u32;
             let mut got_frame = false;
+            self.now = Instant::now();
             while let Some(head) = Head::parse(&buf) {
                 if buf.len() < f::HEADER_LEN + head.len {
                     buf.reserve(f::HEADER_LEN + head.len - buf.len());
@@ -350,7 +364,7 @@ impl ClientToUpstream {
                 self.frame(head, frame, &mut out, &mut ctl, &mut credit)?;
             }
             if got_frame {
-                self.shared.lock().last_client_frame = Instant::now();
+                self.shared.lock().last_client_frame = self.now;
             }
             if credit > 0 {
                 f::window_update(&mut ctl, 0, credit);
@@ -387,7 +401,7 @@ impl ClientToUpstream {
             }
             if head.has(f::END_HEADERS) {
                 let p = self.pending.take().expect("checked");
-                self.header_block(p, out, ctl)?;
+                self.header_block(p.stream, p.end_stream, &p.block, out, ctl)?;
             }
             return Ok(());
         }
@@ -413,11 +427,10 @@ impl ClientToUpstream {
             }
             f::HEADERS => {
                 let r = f::header_fragment(&head, payload).ok_or(RelayError::Protocol("malformed HEADERS"))?;
-                let p = PendingBlock { stream: head.stream, end_stream: head.has(f::END_STREAM), block: payload[r].to_vec() };
                 if head.has(f::END_HEADERS) {
-                    self.header_block(p, out, ctl)?;
+                    self.header_block(head.stream, head.has(f::END_STREAM), &payload[r], out, ctl)?;
                 } else {
-                    self.pending = Some(p);
+                    self.pending = Some(PendingBlock { stream: head.stream, end_stream: head.has(f::END_STREAM), block: payload[r].to_vec() });
                 }
             }
             f::CONTINUATION => return Err(RelayError::Protocol("CONTINUATION without HEADERS")),
@@ -429,7 +442,7 @@ impl ClientToUpstream {
                 } else {
                     let r = self.shared.lock().relayed.remove(&head.stream);
                     if let Some(r) = r {
-                        complete(&self.proxy, r.call, Some(code::CANCELLED));
+                        complete(&self.proxy, r.call, Some(code::CANCELLED), self.now);
                     }
                     if upstream {
                         out.extend_from_slice(&frame);
@@ -515,17 +528,28 @@ impl ClientToUpstream {
     }
 
     /// A complete request header block: relay it re-encoded, or divert its stream.
-    fn header_block(&mut self, p: PendingBlock, out: &mut Vec<u8>, ctl: &mut Vec<u8>) -> Result<(), RelayError> {
-        let mut block = Vec::with_capacity(p.block.len() + 128);
-        let mut path: Option<Bytes> = None;
+    fn header_block(&mut self, stream: u32, end_stream: bool, raw: &[u8], out: &mut Vec<u8>, ctl: &mut Vec<u8>) -> Result<(), RelayError> {
+        let mut block = std::mem::take(&mut self.enc);
+        block.clear();
+        let r = self.header_block_into(stream, end_stream, raw, &mut block, out, ctl);
+        // Keep the buffer for the next call unless a huge block grew it.
+        if block.capacity() <= 64 << 10 {
+            self.enc = block;
+        }
+        r
+    }
+
+    fn header_block_into(&mut self, stream: u32, end_stream: bool, raw: &[u8], block: &mut Vec<u8>, out: &mut Vec<u8>, ctl: &mut Vec<u8>) -> Result<(), RelayError> {
+        let mut path: Option<(Route, http::uri::PathAndQuery)> = None;
         let mut timeout = None;
-        let decoded = self.dec.decode(&p.block, |n, v| {
+        let paths = &mut self.paths;
+        let decoded = self.dec.decode(raw, |n, v| {
             match n {
-                b":path" => path = Some(Bytes::copy_from_slice(v)),
+                b":path" => path = Some(paths.get(v)),
                 b"grpc-timeout" => timeout = parse_grpc_timeout(v),
                 _ => {}
             }
-            f::encode_field(&mut block, n, v);
+            f::encode_field(block, n, v);
         });
         if let Err(e) = decoded {
             tracing::warn!(error = %e, "client sent a header block crisp cannot decode; closing its connection");
@@ -533,12 +557,12 @@ impl ClientToUpstream {
             self.shared.send(std::mem::take(ctl));
             return Err(RelayError::Protocol("undecodable header block"));
         }
-        let stream = p.stream;
+        let now = self.now;
         let new_stream = {
             let mut st = self.shared.lock();
             if stream > st.max_stream && stream % 2 == 1 {
                 st.max_stream = stream;
-                st.last_stream_at = Instant::now();
+                st.last_stream_at = now;
                 true
             } else {
                 false
@@ -547,7 +571,7 @@ impl ClientToUpstream {
         if !new_stream {
             // Trailers (gRPC clients send none, but HTTP/2 allows them).
             if let Some(tx) = self.bodies.remove(&stream) {
-                match fields_from_block(&block) {
+                match fields_from_block(block) {
                     Ok((_, trailers)) => {
                         let _ = tx.send(BodyPart::Trailers(trailers));
                     }
@@ -557,19 +581,16 @@ impl ClientToUpstream {
             }
             // Or a protocol error for the runtime to judge: relayed streams only.
             if self.uw.is_some() && stream <= self.max_relayed && !self.is_diverted(stream) && !self.bodies.contains_key(&stream) {
-                f::headers(out, stream, &block, p.end_stream);
+                f::headers(out, stream, block, end_stream);
             }
             return Ok(());
         }
-        let received = Instant::now();
-        let path_str = path.as_deref().and_then(|p| std::str::from_utf8(p).ok()).unwrap_or("/");
-        let route = Route::from_path(path_str);
+        let (route, path) = path.unwrap_or_else(|| (Route::from_path("/"), http::uri::PathAndQuery::from_static("/")));
         let call = Call {
             route,
-            // Shares the bytes copied out of the header block: no second copy per call.
-            path: path.and_then(|p| http::uri::PathAndQuery::from_maybe_shared(p).ok()).unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
-            received,
-            deadline: timeout.map(|d| received + d),
+            path,
+            received: now,
+            deadline: timeout.map(|d| now + d),
             id: self.proxy.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         };
         let interest = self.proxy.interceptors.interest(&call);
@@ -586,7 +607,7 @@ impl ClientToUpstream {
                 st.relayed.insert(stream, Relayed { call: interest.complete.then_some(call), answered: false });
                 drop(st);
                 self.max_relayed = stream;
-                f::headers(out, stream, &block, p.end_stream);
+                f::headers(out, stream, block, end_stream);
                 return Ok(());
             }
             let w = st.client_initial_window;
@@ -596,7 +617,7 @@ impl ClientToUpstream {
                 self.diverted_ids.retain(|id| st.diverted.contains_key(id));
             }
         }
-        self.divert(stream, &block, p.end_stream, ctl);
+        self.divert(stream, block, end_stream, ctl);
         Ok(())
     }
 
@@ -746,10 +767,11 @@ fn upstream_gone(proxy: &Proxy, shared: &Shared, msg: &str, last: Option<u32>) {
         let ids: Vec<u32> = st.relayed.keys().copied().filter(|&id| last.map_or(true, |l| id > l)).collect();
         ids.into_iter().filter_map(|id| st.relayed.remove(&id).map(|r| (id, r))).collect()
     };
+    let now = Instant::now();
     for (id, r) in ended {
         if last.is_some() {
             f::rst_stream(&mut out, id, f::REFUSED_STREAM);
-            complete(proxy, r.call, Some(code::UNAVAILABLE));
+            complete(proxy, r.call, Some(code::UNAVAILABLE), now);
             continue;
         }
         // A clean gRPC error: trailers (or a trailers-only response) with UNAVAILABLE.
@@ -764,7 +786,7 @@ fn upstream_gone(proxy: &Proxy, shared: &Shared, msg: &str, last: Option<u32>) {
             }
         }
         f::headers(&mut out, id, &block, true);
-        complete(proxy, r.call, Some(code::UNAVAILABLE));
+        complete(proxy, r.call, Some(code::UNAVAILABLE), now);
     }
     shared.send(out);
     shared.window.notify_waiters();
@@ -814,11 +836,7 @@ impl UpstreamToClient {
                             upstream_gone(&self.proxy, &self.shared, &msg, None);
                         }
                         Ok(_) => {
-                            self.frames(&mut buf, &mut out, &mut ctl).await?;
-                            if !out.is_empty() {
-                                self.cw.write_all(&out).await?;
-                                out.clear();
-                            }
+                            self.frames(&mut buf, &mut ctl).await?;
                             if buf.capacity() > 1 << 20 && buf.is_empty() {
                                 buf = BytesMut::with_capacity(64 << 10);
                             }
@@ -901,65 +919,80 @@ impl UpstreamToClient {
         st.goaway.is_some() && st.relayed.is_empty() && st.diverted.is_empty() && ctl.is_empty() && self.pending.is_none()
     }
 
-    /// Relays the complete frames in `buf`.
-    async fn frames(&mut self, buf: &mut BytesMut, out: &mut Vec<u8>, ctl: &mut mpsc::UnboundedReceiver<Vec<u8>>) -> Result<(), RelayError> {
-        while let Some(head) = Head::parse(buf) {
-            if buf.len() < f::HEADER_LEN + head.len {
-                buf.reserve(f::HEADER_LEN + head.len - buf.len());
+    /// Relays the complete frames in `buf`, written to the client straight from it: the
+    /// runtime's frames pass through unchanged, so they are never copied in user space.
+    async fn frames(&mut self, buf: &mut BytesMut, ctl: &mut mpsc::UnboundedReceiver<Vec<u8>>) -> Result<(), RelayError> {
+        let now = Instant::now();
+        // buf[..pos]: frames checked and due to the client, not yet written.
+        let mut pos = 0;
+        while let Some(head) = Head::parse(&buf[pos..]) {
+            let len = f::HEADER_LEN + head.len;
+            if buf.len() - pos < len {
+                buf.reserve(len - (buf.len() - pos));
                 break;
             }
-            let frame = &buf[..f::HEADER_LEN + head.len];
-            let payload = &frame[f::HEADER_LEN..];
+            let payload = pos + f::HEADER_LEN..pos + len;
             match head.kind {
                 f::DATA => {
                     let n = head.len as i64;
                     if n > 0 && !self.take_window(n) {
                         // Not within what the client has left: send what we have and wait for
                         // its credit (writing crisp's own frames meanwhile, or it never comes).
-                        self.cw.write_all(out).await?;
-                        out.clear();
+                        // The frame now starts at buf[0] (pos is 0): it is counted in below.
+                        self.flush(buf, &mut pos).await?;
                         self.wait_window(n, ctl).await?;
                     }
-                    out.extend_from_slice(&buf[..f::HEADER_LEN + head.len]);
                     if head.has(f::END_STREAM) {
-                        self.end_relayed(head.stream, None);
+                        self.end_relayed(head.stream, None, now);
                     }
                 }
-                f::HEADERS | f::CONTINUATION => {
-                    let fragment = if head.kind == f::HEADERS {
-                        let r = f::header_fragment(&head, payload).ok_or(RelayError::Protocol("malformed HEADERS from the runtime"))?;
-                        self.pending = Some(PendingBlock { stream: head.stream, end_stream: head.has(f::END_STREAM), block: Vec::new() });
-                        &payload[r]
-                    } else {
-                        payload
-                    };
-                    if let Some(p) = self.pending.as_mut() {
-                        p.block.extend_from_slice(fragment);
-                    }
-                    out.extend_from_slice(frame);
+                f::HEADERS => {
+                    let p = &buf[payload];
+                    let r = f::header_fragment(&head, p).ok_or(RelayError::Protocol("malformed HEADERS from the runtime"))?;
+                    let end_stream = head.has(f::END_STREAM);
                     if head.has(f::END_HEADERS) {
-                        if let Some(p) = self.pending.take() {
-                            self.response_block(p);
+                        self.response_block(head.stream, end_stream, &buf[pos + f::HEADER_LEN + r.start..pos + f::HEADER_LEN + r.end], now);
+                    } else {
+                        self.pending = Some(PendingBlock { stream: head.stream, end_stream, block: p[r].to_vec() });
+                    }
+                }
+                f::CONTINUATION => {
+                    if let Some(mut p) = self.pending.take() {
+                        p.block.extend_from_slice(&buf[payload]);
+                        if head.has(f::END_HEADERS) {
+                            self.response_block(p.stream, p.end_stream, &p.block, now);
+                        } else {
+                            self.pending = Some(p);
                         }
                     }
                 }
-                f::RST_STREAM => {
-                    out.extend_from_slice(frame);
-                    self.end_relayed(head.stream, Some(code::CANCELLED));
-                }
-                f::GOAWAY if payload.len() >= 8 => {
-                    let last = u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]]) & 0x7fff_ffff;
-                    let err = u32::from_be_bytes([payload[4], payload[5], payload[6], payload[7]]);
+                f::RST_STREAM => self.end_relayed(head.stream, Some(code::CANCELLED), now),
+                f::GOAWAY if head.len >= 8 => {
+                    let g = &buf[payload];
+                    let last = u32::from_be_bytes([g[0], g[1], g[2], g[3]]) & 0x7fff_ffff;
+                    let err = u32::from_be_bytes([g[4], g[5], g[6], g[7]]);
                     tracing::info!(upstream = %self.proxy.upstream.path().display(), last_stream = last, error_code = err, "runtime sent GOAWAY; moving this client to a new connection");
-                    // Frames before it go first.
-                    self.cw.write_all(out).await?;
-                    out.clear();
+                    // Frames before it go first. The GOAWAY itself is not relayed: the client's
+                    // connection is crisp's, and stays up (see `maybe_move_client`).
+                    self.flush(buf, &mut pos).await?;
+                    buf.advance(len);
                     let msg = format!("crisp: upstream unix://{} closed the connection (GOAWAY)", self.proxy.upstream.path().display());
                     upstream_gone(&self.proxy, &self.shared, &msg, Some(last));
+                    continue;
                 }
-                _ => out.extend_from_slice(frame),
+                _ => {}
             }
-            buf.advance(f::HEADER_LEN + head.len);
+            pos += len;
+        }
+        self.flush(buf, &mut pos).await
+    }
+
+    /// Writes `buf[..pos]` to the client and drops it from `buf`.
+    async fn flush(&mut self, buf: &mut BytesMut, pos: &mut usize) -> Result<(), RelayError> {
+        if *pos > 0 {
+            self.cw.write_all(&buf[..*pos]).await?;
+            buf.advance(*pos);
+            *pos = 0;
         }
         Ok(())
     }
@@ -989,9 +1022,9 @@ impl UpstreamToClient {
         }
     }
 
-    fn response_block(&mut self, p: PendingBlock) {
+    fn response_block(&mut self, stream: u32, end_stream: bool, block: &[u8], now: Instant) {
         let mut status = None;
-        let decoded = self.dec.decode(&p.block, |n, v| {
+        let decoded = self.dec.decode(block, |n, v| {
             if n == b"grpc-status" {
                 status = std::str::from_utf8(v).ok().and_then(|s| s.parse::<i32>().ok());
             }
@@ -1000,17 +1033,70 @@ impl UpstreamToClient {
             // The client will fail the same way on these bytes; crisp only loses the code.
             tracing::warn!(error = %e, "runtime sent a header block crisp cannot decode");
         }
-        if p.end_stream {
-            self.end_relayed(p.stream, status.or(Some(code::UNKNOWN)));
-        } else if let Some(r) = self.shared.lock().relayed.get_mut(&p.stream) {
+        if end_stream {
+            self.end_relayed(stream, status.or(Some(code::UNKNOWN)), now);
+        } else if let Some(r) = self.shared.lock().relayed.get_mut(&stream) {
             r.answered = true;
         }
     }
 
-    fn end_relayed(&self, stream: u32, code: Option<i32>) {
+    fn end_relayed(&self, stream: u32, code: Option<i32>, now: Instant) {
         let r = self.shared.lock().relayed.remove(&stream);
         if let Some(r) = r {
-            complete(&self.proxy, r.call, code);
+            complete(&self.proxy, r.call, code, now);
         }
+    }
+}
+
+/// Hashes stream ids, and the short byte strings of [`PathCache`], cheaply. SipHash's resistance
+/// to chosen keys buys nothing here: stream ids are the client's own and bounded by its
+/// concurrency, and the path cache is bounded in size; but it costs on every call.
+#[derive(Default, Clone, Copy)]
+struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        // Fold the well-mixed high half into the low bits, which pick the bucket.
+        self.0 ^ (self.0 >> 29)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let w = u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+            self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+        for &b in chunks.remainder() {
+            self.0 = (self.0.rotate_left(5) ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.0 = (self.0 ^ n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type IdMap<V> = HashMap<u32, V, BuildHasherDefault<IdHasher>>;
+
+/// The paths one client connection used, with their routes. A kubelet uses a few dozen; a
+/// client that sends ever new paths only makes the cache start over.
+#[derive(Default)]
+struct PathCache(HashMap<Box<[u8]>, (Route, http::uri::PathAndQuery), BuildHasherDefault<IdHasher>>);
+
+impl PathCache {
+    const MAX: usize = 128;
+
+    /// The route and path of a request's `:path` value.
+    fn get(&mut self, raw: &[u8]) -> (Route, http::uri::PathAndQuery) {
+        if let Some(hit) = self.0.get(raw) {
+            return hit.clone();
+        }
+        let route = Route::from_path(std::str::from_utf8(raw).unwrap_or("/"));
+        let path = http::uri::PathAndQuery::from_maybe_shared(Bytes::copy_from_slice(raw)).unwrap_or_else(|_| http::uri::PathAndQuery::from_static("/"));
+        if self.0.len() >= Self::MAX {
+            self.0.clear();
+        }
+        self.0.insert(raw.into(), (route, path.clone()));
+        (route, path)
     }
 }
