@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Benchmarks crisp against a direct connection and a socat splice in one run, on release builds,
-# and writes the report to BENCHMARKS.md (with the command and the machine it ran on).
+# and writes the report into BENCHMARKS.md's generated section (with the command, the machine and
+# the commit it ran on); the analysis around that section is left as it is.
 #
-#   sudo hack/bench.sh                 # fake runtime + real containerd
-#   sudo hack/bench.sh --no-write      # print only
+#   sudo hack/bench.sh                              # fake runtime + real containerd
+#   sudo hack/bench.sh --no-write                   # print only
+#   sudo hack/bench.sh --no-write --only throughput --rounds 5   # one workload (crisp-bench --help)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,19 +23,25 @@ cargo build --release --locked -p crisp -p crisp-e2e --bin crisp --bin crisp-ben
 export CRISP_BIN="$PWD/target/release/crisp"
 report="$(target/release/crisp-bench "${args[@]}")"
 
-header="# Benchmarks
-
-Produced by \`sudo hack/bench.sh\` (release builds; \`target/release/crisp-bench ${args[*]}\`)
+header="Produced by \`sudo hack/bench.sh\` (release builds; \`target/release/crisp-bench ${args[*]}\`)
 on $(date -u +%Y-%m-%d), $(nproc) cores, $(( $(grep MemTotal /proc/meminfo | tr -s ' ' | cut -d' ' -f2) / 1048576 )) GiB,
-$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), kernel $(uname -r).
-
-Three lanes measured in the same run against the same upstream: **direct** (client → runtime),
-**socat** (client → \`socat UNIX-LISTEN,fork\` → runtime: a raw byte splice, the floor for any
-proxy hop) and **crisp** (client → crisp → runtime). Added latency = lane − direct. The client is
-one HTTP/2 connection, like kubelet's.
-"
+$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), kernel $(uname -r), crisp $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo ' (uncommitted changes)')."
+generated="$(printf '%s\n%s\n' "$header" "$report")"
 if [[ $write -eq 1 ]]; then
-  printf '%s\n%s\n' "$header" "$report" > BENCHMARKS.md
-  echo "wrote BENCHMARKS.md"
+  # Only the generated section between the markers is replaced: the analysis around it stays.
+  begin='<!-- bench.sh: begin generated -->'
+  end='<!-- bench.sh: end generated -->'
+  if [[ -f BENCHMARKS.md ]] && grep -qF "$begin" BENCHMARKS.md && grep -qF "$end" BENCHMARKS.md; then
+    printf '%s\n' "$generated" > BENCHMARKS.md.gen
+    awk -v b="$begin" -v e="$end" '
+      $0 == b { print; while ((getline l < "BENCHMARKS.md.gen") > 0) print l; skip = 1; next }
+      $0 == e { skip = 0 }
+      !skip { print }' BENCHMARKS.md > BENCHMARKS.md.new
+    mv BENCHMARKS.md.new BENCHMARKS.md
+    rm -f BENCHMARKS.md.gen
+  else
+    printf '# Benchmarks\n\n%s\n%s\n%s\n' "$begin" "$generated" "$end" > BENCHMARKS.md
+  fi
+  echo "wrote the generated section of BENCHMARKS.md"
 fi
-printf '%s\n' "$report"
+printf '%s\n' "$generated"

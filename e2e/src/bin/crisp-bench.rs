@@ -25,9 +25,16 @@ struct Args {
     /// Sequential calls for the latency workload.
     #[arg(long, default_value_t = 5000)]
     calls: usize,
-    /// Seconds for the throughput workload.
-    #[arg(long, default_value_t = 3)]
+    /// Seconds of each round of the throughput workload.
+    #[arg(long, default_value_t = 2)]
     seconds: u64,
+    /// Rounds of the throughput workload; the lanes take turns, so load changes on the machine
+    /// fall on all three alike.
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
+    /// Run only these workloads (comma-separated: latency, throughput, list, events, mix).
+    #[arg(long, value_delimiter = ',', value_name = "WORKLOADS")]
+    only: Vec<Workload>,
     /// Concurrency of the throughput workload.
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
@@ -37,8 +44,9 @@ struct Args {
     /// Also measure against a real private containerd (needs root and hack/setup.sh).
     #[arg(long)]
     containerd: bool,
-    /// Only drive `--calls` sequential Version calls at this socket and exit (for profiling a
-    /// crisp started by hand, e.g. under valgrind --tool=callgrind).
+    /// Only drive Version calls at this socket and exit (for profiling a crisp started by hand,
+    /// e.g. under valgrind --tool=callgrind): `--calls` sequential ones, then `--seconds` at
+    /// `--concurrency` (`--only` picks one of the two).
     #[arg(long, value_name = "SOCKET")]
     drive: Option<PathBuf>,
     /// Pods in the kubelet-mix workload (three containers each).
@@ -50,6 +58,21 @@ struct Args {
     /// Extra TOML appended to crisp's config (e.g. to compare settings).
     #[arg(long, default_value = "")]
     crisp_config: String,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Workload {
+    Latency,
+    Throughput,
+    List,
+    Events,
+    Mix,
+}
+
+impl Args {
+    fn runs(&self, w: Workload) -> bool {
+        self.only.is_empty() || self.only.contains(&w)
+    }
 }
 
 struct Lane {
@@ -305,12 +328,55 @@ async fn run_lanes(args: &Args, title: &str, upstream: &Path, dir: &Path, big_li
     use std::fmt::Write;
     writeln!(out, "\n### {title}\n")?;
 
-    // Latency at concurrency 1: the lanes take turns (5 rounds), so that a change in the
-    // machine's load during the run falls on all three alike.
+    if args.runs(Workload::Latency) {
+        latency_report(&mut out, args, &lanes, vpath, &version).await?;
+    }
+    if args.runs(Workload::Throughput) {
+        throughput_report(&mut out, args, &lanes, vpath, &version, pid).await?;
+    }
+    let load_rss = proc_status(pid, "VmRSS:");
+
+    if big_list && args.runs(Workload::List) {
+        let list = frame(&cri::ListContainersRequest { filter: None }.encode_to_vec());
+        let lpath = "/runtime.v1.RuntimeService/ListContainers";
+        writeln!(out, "\n`ListContainers` of {} containers (20 calls each):\n", args.containers)?;
+        writeln!(out, "| lane | p50 ms | response MiB |\n|---|---|---|")?;
+        let hwm_before = proc_status(pid, "VmHWM:");
+        for l in &lanes {
+            let mut s = connect(&l.socket).await?;
+            let mut v = Vec::new();
+            let mut size = 0;
+            for _ in 0..20 {
+                let (d, n) = call(&mut s, lpath, &list).await?;
+                v.push(d);
+                size = n;
+            }
+            v.sort();
+            writeln!(out, "| {} | {:.2} | {:.2} |", l.name, pct(&v, 0.5).as_secs_f64() * 1e3, size as f64 / (1 << 20) as f64)?;
+        }
+        let hwm_after = proc_status(pid, "VmHWM:");
+        writeln!(out, "\ncrisp peak RSS (VmHWM) before the big lists: {} KiB, after: {} KiB (grew {} KiB)", hwm_before, hwm_after, hwm_after.saturating_sub(hwm_before))?;
+    }
+    if big_list && args.runs(Workload::Events) {
+        writeln!(out, "\n`GetContainerEvents` stream of {} messages:\n", 10_000)?;
+        writeln!(out, "| lane | ms | msgs/s |\n|---|---|---|")?;
+        for l in &lanes {
+            let (d, _) = stream_events(&l.socket).await?;
+            writeln!(out, "| {} | {:.2} | {:.0} |", l.name, d.as_secs_f64() * 1e3, 10_000.0 / d.as_secs_f64())?;
+        }
+    }
+    writeln!(out, "\ncrisp RSS: idle {} KiB, after load {} KiB", idle_rss, load_rss)?;
+    Ok(out)
+}
+
+/// Latency at concurrency 1: the lanes take turns (5 rounds), so that a change in the machine's
+/// load during the run falls on all three alike.
+async fn latency_report(out: &mut String, args: &Args, lanes: &[Lane], vpath: &str, version: &Bytes) -> Result<()> {
+    use std::fmt::Write;
     let mut samples = vec![Vec::new(); lanes.len()];
     for _ in 0..5 {
         for (i, l) in lanes.iter().enumerate() {
-            samples[i].extend(latency(&l.socket, vpath, &version, args.calls / 5).await?);
+            samples[i].extend(latency(&l.socket, vpath, version, args.calls / 5).await?);
         }
     }
     let lat: Vec<Latency> = samples
@@ -337,57 +403,36 @@ async fn run_lanes(args: &Args, title: &str, upstream: &Path, dir: &Path, big_li
         ratio(crisp_add50, socat_add50),
         ratio(crisp_add99, socat_add99)
     )?;
+    Ok(())
+}
 
-    // Throughput.
-    let mut thr = Vec::new();
-    for l in &lanes {
-        let t0 = cpu_ticks(pid);
-        let r = throughput(&l.socket, vpath, &version, args.concurrency, args.seconds).await?;
-        if l.name == "crisp" {
-            let crisp_calls = r * args.seconds as f64;
-            let ticks = cpu_ticks(pid) - t0;
-            let tick_ms = 1000.0 / 100.0; // USER_HZ = 100 on Linux
-            writeln!(out, "crisp CPU during its throughput run: {:.1} ms per 1,000 calls", ticks as f64 * tick_ms / (crisp_calls / 1000.0))?;
-        }
-        thr.push(r);
-    }
-    writeln!(out, "\nUnary `Version`, concurrency {}, {} s:\n", args.concurrency, args.seconds)?;
-    writeln!(out, "| lane | calls/s | vs direct |\n|---|---|---|")?;
-    for (l, r) in lanes.iter().zip(&thr) {
-        writeln!(out, "| {} | {:.0} | {:.1} % |", l.name, r, 100.0 * r / thr[0])?;
-    }
-    let load_rss = proc_status(pid, "VmRSS:");
-
-    if big_list {
-        let list = frame(&cri::ListContainersRequest { filter: None }.encode_to_vec());
-        let lpath = "/runtime.v1.RuntimeService/ListContainers";
-        writeln!(out, "\n`ListContainers` of {} containers (20 calls each):\n", args.containers)?;
-        writeln!(out, "| lane | p50 ms | response MiB |\n|---|---|---|")?;
-        let hwm_before = proc_status(pid, "VmHWM:");
-        for l in &lanes {
-            let mut s = connect(&l.socket).await?;
-            let mut v = Vec::new();
-            let mut size = 0;
-            for _ in 0..20 {
-                let (d, n) = call(&mut s, lpath, &list).await?;
-                v.push(d);
-                size = n;
+/// Throughput at `--concurrency`: `--rounds` rounds in which the lanes take turns; each lane's
+/// figure is its calls over its time in all rounds, with the spread of its rounds.
+async fn throughput_report(out: &mut String, args: &Args, lanes: &[Lane], vpath: &str, version: &Bytes, pid: u32) -> Result<()> {
+    use std::fmt::Write;
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); lanes.len()];
+    let mut crisp_ticks = 0;
+    for _ in 0..args.rounds.max(1) {
+        for (i, l) in lanes.iter().enumerate() {
+            let t0 = cpu_ticks(pid);
+            rates[i].push(throughput(&l.socket, vpath, version, args.concurrency, args.seconds).await?);
+            if l.name == "crisp" {
+                crisp_ticks += cpu_ticks(pid) - t0;
             }
-            v.sort();
-            writeln!(out, "| {} | {:.2} | {:.2} |", l.name, pct(&v, 0.5).as_secs_f64() * 1e3, size as f64 / (1 << 20) as f64)?;
-        }
-        let hwm_after = proc_status(pid, "VmHWM:");
-        writeln!(out, "\ncrisp peak RSS (VmHWM) before the big lists: {} KiB, after: {} KiB (grew {} KiB)", hwm_before, hwm_after, hwm_after.saturating_sub(hwm_before))?;
-
-        writeln!(out, "\n`GetContainerEvents` stream of {} messages:\n", 10_000)?;
-        writeln!(out, "| lane | ms | msgs/s |\n|---|---|---|")?;
-        for l in &lanes {
-            let (d, _) = stream_events(&l.socket).await?;
-            writeln!(out, "| {} | {:.2} | {:.0} |", l.name, d.as_secs_f64() * 1e3, 10_000.0 / d.as_secs_f64())?;
         }
     }
-    writeln!(out, "\ncrisp RSS: idle {} KiB, after load {} KiB", idle_rss, load_rss)?;
-    Ok(out)
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let direct = mean(&rates[0]);
+    let crisp_calls: f64 = rates[2].iter().map(|r| r * args.seconds as f64).sum();
+    // USER_HZ = 100 on Linux: a tick is 10 ms.
+    writeln!(out, "crisp CPU during its throughput runs: {:.1} ms per 1,000 calls", crisp_ticks as f64 * 10.0 / (crisp_calls / 1000.0))?;
+    writeln!(out, "\nUnary `Version`, concurrency {}, {} rounds of {} s (lanes take turns):\n", args.concurrency, args.rounds, args.seconds)?;
+    writeln!(out, "| lane | calls/s | vs direct | rounds (calls/s) |\n|---|---|---|---|")?;
+    for (l, r) in lanes.iter().zip(&rates) {
+        let each: Vec<String> = r.iter().map(|x| format!("{x:.0}")).collect();
+        writeln!(out, "| {} | {:.0} | {:.1} % | {} |", l.name, mean(r), 100.0 * mean(r) / direct, each.join(", "))?;
+    }
+    Ok(())
 }
 
 /// The kubelet mix against its own fake runtime (sized for `--mix-pods`), three lanes.
@@ -439,9 +484,16 @@ async fn main() -> Result<()> {
     let args = Args::parse();
     if let Some(sock) = &args.drive {
         let version = frame(&cri::VersionRequest { version: "v1".into() }.encode_to_vec());
-        let mut l = latency(sock, "/runtime.v1.RuntimeService/Version", &version, args.calls).await?;
-        l.sort();
-        println!("{} calls: p50 {:.1} µs p99 {:.1} µs", args.calls, us(pct(&l, 0.5)), us(pct(&l, 0.99)));
+        let vpath = "/runtime.v1.RuntimeService/Version";
+        if args.runs(Workload::Latency) {
+            let mut l = latency(sock, vpath, &version, args.calls).await?;
+            l.sort();
+            println!("{} calls: p50 {:.1} µs p99 {:.1} µs", args.calls, us(pct(&l, 0.5)), us(pct(&l, 0.99)));
+        }
+        if args.runs(Workload::Throughput) {
+            let r = throughput(sock, vpath, &version, args.concurrency, args.seconds).await?;
+            println!("concurrency {}, {} s: {r:.0} calls/s", args.concurrency, args.seconds);
+        }
         return Ok(());
     }
     if args.drive.is_none() && std::env::var_os("CRISP_BENCH_FAKE_ONLY").is_some() {
@@ -456,7 +508,9 @@ async fn main() -> Result<()> {
     let fake_sock = dir.path().join("fake.sock");
     let _fake = fakert::serve(&fake_sock, Arc::new(Canned::new(args.containers, 10_000)))?;
     report += &run_lanes(&args, "fake runtime (in-process, canned answers)", &fake_sock, dir.path(), true).await?;
-    report += &run_mix(&args, dir.path()).await?;
+    if args.runs(Workload::Mix) {
+        report += &run_mix(&args, dir.path()).await?;
+    }
     if args.containerd {
         let ctrd = crisp_e2e::harness::Containerd::start_async(crisp_e2e::harness::ContainerdOpts { cni: false }).await?;
         report += &run_lanes(&args, "real containerd", ctrd.socket(), dir.path(), false).await?;
