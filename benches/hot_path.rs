@@ -1,6 +1,6 @@
 //! Micro-benchmarks of crisp's per-call hot path: routing a path, reading grpc-timeout, the
-//! interest check, decoding the views the engine reads, the job-mode wire patch, and the relay's
-//! request-header decode and re-encode.
+//! interest check, decoding the views the engine reads, the job-mode wire patch, the relay's
+//! request-header decode and re-encode, and the Huffman decode of a request's :path.
 //! Run: `cargo bench --bench hot_path`.
 
 use std::hint::black_box;
@@ -92,6 +92,26 @@ fn bench(c: &mut Criterion) {
             out.clear();
             dec.decode(black_box(&steady), |n, v| crisp::proxy::frames::encode_field(&mut out, n, v)).unwrap();
             out.len()
+        })
+    });
+
+    // The Huffman literal h2 clients send as :path on every request: crisp's decoder and
+    // httlib-huffman's (which crisp used before) on the same bytes.
+    let mut path = Vec::new();
+    httlib_huffman::encode(b"/runtime.v1.RuntimeService/ListContainers", &mut path).unwrap();
+    let mut text = Vec::with_capacity(64);
+    c.bench_function("huffman_decode_path_crisp", |b| {
+        b.iter(|| {
+            text.clear();
+            crisp::proxy::huffman::decode(black_box(&path), &mut text).unwrap();
+            text.len()
+        })
+    });
+    c.bench_function("huffman_decode_path_httlib", |b| {
+        b.iter(|| {
+            text.clear();
+            httlib_huffman::decode(black_box(&path), &mut text, httlib_huffman::DecoderSpeed::FourBits).unwrap();
+            text.len()
         })
     });
     let _ = Instant::now();

@@ -1,7 +1,7 @@
 //! An HPACK (RFC 7541) decoder for the relay: it keeps one peer's dynamic table in step and hands
 //! each field to a callback as borrowed bytes — no allocation for indexed fields, which are most
-//! of what gRPC clients send. Huffman strings are decoded by `httlib-huffman`'s table-driven
-//! decoder.
+//! of what gRPC clients send. Huffman strings are decoded by crisp's own table-driven decoder
+//! ([`super::huffman`]).
 
 use std::collections::VecDeque;
 
@@ -136,7 +136,7 @@ fn string<'a>(b: &'a [u8], pos: &mut usize, scratch: &'a mut Vec<u8>) -> Result<
         return Ok(raw);
     }
     scratch.clear();
-    httlib_huffman::decode(raw, scratch, httlib_huffman::DecoderSpeed::FourBits).map_err(|_| HpackError::Huffman)?;
+    super::huffman::decode(raw, scratch).map_err(|_| HpackError::Huffman)?;
     Ok(scratch)
 }
 
@@ -261,6 +261,8 @@ mod tests {
         assert_eq!(dec.decode(&[0x40, 0x05, b'a'], |_, _| {}), Err(HpackError::Truncated));
         assert_eq!(dec.decode(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff], |_, _| {}), Err(HpackError::Overflow));
         assert_eq!(dec.decode(&[0x00, 0x81, 0xff, 0x00], |_, _| {}), Err(HpackError::Huffman));
+        // '0' (00000) padded with zeros: RFC 7541 §5.2 wants EOS's leading bits (ones).
+        assert_eq!(dec.decode(&[0x00, 0x81, 0x00, 0x00], |_, _| {}), Err(HpackError::Huffman));
         assert_eq!(dec.decode(&[0x3f, 0xe1, 0xff, 0xff, 0x07], |_, _| {}), Err(HpackError::TableSize(16_777_216, 1 << 20)));
     }
 

@@ -10,6 +10,7 @@
 pub mod body;
 pub mod frames;
 pub mod hpack;
+pub mod huffman;
 pub mod listener;
 pub mod relay;
 pub mod upstream;
