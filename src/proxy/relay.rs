@@ -925,10 +925,12 @@ impl UpstreamToClient {
         let now = Instant::now();
         // buf[..pos]: frames checked and due to the client, not yet written.
         let mut pos = 0;
+        // Room still missing for a frame that has only partly arrived.
+        let mut missing = 0;
         while let Some(head) = Head::parse(&buf[pos..]) {
             let len = f::HEADER_LEN + head.len;
             if buf.len() - pos < len {
-                buf.reserve(len - (buf.len() - pos));
+                missing = len - (buf.len() - pos);
                 break;
             }
             let payload = pos + f::HEADER_LEN..pos + len;
@@ -984,7 +986,10 @@ impl UpstreamToClient {
             }
             pos += len;
         }
-        self.flush(buf, &mut pos).await
+        self.flush(buf, &mut pos).await?;
+        // After the flush, so that the bytes already written are not carried into a new buffer.
+        buf.reserve(missing);
+        Ok(())
     }
 
     /// Writes `buf[..pos]` to the client and drops it from `buf`.
