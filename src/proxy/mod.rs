@@ -13,6 +13,7 @@ pub mod hpack;
 pub mod huffman;
 pub mod listener;
 pub mod relay;
+pub mod sock;
 pub mod upstream;
 
 use std::convert::Infallible;

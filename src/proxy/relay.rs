@@ -35,13 +35,13 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::Request;
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, watch, Notify};
 
 use super::body::{BoxError, ProxyBody};
 use super::frames::{self as f, Head};
+use super::sock::{self, Reader, Writer};
 use super::Proxy;
 use crate::cri::Route;
 use crate::intercept::{Call, Outcome};
@@ -187,7 +187,13 @@ impl Shared {
 /// Serves one client connection, relaying to a runtime connection of its own when the runtime
 /// accepts one.
 pub async fn serve_connection(client: UnixStream, proxy: Arc<Proxy>, shutdown: watch::Receiver<bool>) {
-    let (mut cr, cw) = client.into_split();
+    let (mut cr, cw) = match sock::split(client) {
+        Ok(halves) => halves,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot register a client connection with the reactor; closing it");
+            return;
+        }
+    };
     let mut preface = [0u8; 24];
     match tokio::time::timeout(proxy.opts.handshake_timeout, cr.read_exact(&mut preface)).await {
         Ok(Ok(_)) if &preface == f::PREFACE => {}
@@ -234,11 +240,16 @@ pub async fn serve_connection(client: UnixStream, proxy: Arc<Proxy>, shutdown: w
         window: Notify::new(),
         ctl,
     });
-    let (ur, uw) = match upstream {
-        Some(s) => {
-            let (r, w) = s.into_split();
-            (Some(r), Some(w))
+    let upstream = upstream.and_then(|s| match sock::split(s) {
+        Ok(halves) => Some(halves),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot register the upstream connection with the reactor; serving this client on the observed path");
+            None
         }
+    });
+    shared.lock().degraded = upstream.is_none();
+    let (ur, uw) = match upstream {
+        Some((r, w)) => (Some(r), Some(w)),
         None => {
             // crisp is the server now: its own (default) SETTINGS.
             let mut s = Vec::new();
@@ -325,7 +336,7 @@ struct ClientToUpstream {
     proxy: Arc<Proxy>,
     shared: Arc<Shared>,
     tasks: Tasks,
-    uw: Option<OwnedWriteHalf>,
+    uw: Option<Writer>,
     dec: super::hpack::Decoder,
     /// Request bodies of diverted streams, until the client ends them.
     bodies: IdMap<mpsc::UnboundedSender<BodyPart>>,
@@ -343,7 +354,7 @@ struct ClientToUpstream {
 }
 
 impl ClientToUpstream {
-    async fn run(&mut self, cr: &mut OwnedReadHalf) -> Result<(), RelayError> {
+    async fn run(&mut self, cr: &mut Reader) -> Result<(), RelayError> {
         let mut buf = BytesMut::with_capacity(64 << 10);
         let mut out: Vec<u8> = Vec::with_capacity(64 << 10);
         loop {
@@ -796,8 +807,8 @@ fn upstream_gone(proxy: &Proxy, shared: &Shared, msg: &str, last: Option<u32>) {
 struct UpstreamToClient {
     proxy: Arc<Proxy>,
     shared: Arc<Shared>,
-    ur: Option<OwnedReadHalf>,
-    cw: OwnedWriteHalf,
+    ur: Option<Reader>,
+    cw: Writer,
     dec: super::hpack::Decoder,
     /// A response header block spanning several frames (relayed as they come, decoded at the
     /// end): crisp's own frames must not be written in between.
