@@ -211,8 +211,8 @@ pub async fn serve_connection(client: UnixStream, proxy: Arc<Proxy>, shutdown: w
         }
     }
     let upstream = match proxy.upstream.connect().await {
-        Ok(mut s) => match s.write_all(f::PREFACE).await {
-            Ok(()) => Some(s),
+        Ok(mut s) => match s.write_all(f::PREFACE).await.and_then(|()| sock::split(s)) {
+            Ok(halves) => Some(halves),
             Err(e) => {
                 tracing::warn!(upstream = %proxy.upstream.path().display(), error = %e, "upstream connection failed at once; serving this client on the observed path");
                 None
@@ -240,14 +240,6 @@ pub async fn serve_connection(client: UnixStream, proxy: Arc<Proxy>, shutdown: w
         window: Notify::new(),
         ctl,
     });
-    let upstream = upstream.and_then(|s| match sock::split(s) {
-        Ok(halves) => Some(halves),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot register the upstream connection with the reactor; serving this client on the observed path");
-            None
-        }
-    });
-    shared.lock().degraded = upstream.is_none();
     let (ur, uw) = match upstream {
         Some((r, w)) => (Some(r), Some(w)),
         None => {
@@ -596,7 +588,7 @@ impl ClientToUpstream {
             }
             return Ok(());
         }
-        let (route, path) = path.unwrap_or_else(|| (Route::from_path("/"), http::uri::PathAndQuery::from_static("/")));
+        let (route, path) = path.unwrap_or_else(|| (Route::UNKNOWN, http::uri::PathAndQuery::from_static("/")));
         let call = Call {
             route,
             path,
@@ -964,7 +956,7 @@ impl UpstreamToClient {
                     let r = f::header_fragment(&head, p).ok_or(RelayError::Protocol("malformed HEADERS from the runtime"))?;
                     let end_stream = head.has(f::END_STREAM);
                     if head.has(f::END_HEADERS) {
-                        self.response_block(head.stream, end_stream, &buf[pos + f::HEADER_LEN + r.start..pos + f::HEADER_LEN + r.end], now);
+                        self.response_block(head.stream, end_stream, &p[r], now);
                     } else {
                         self.pending = Some(PendingBlock { stream: head.stream, end_stream, block: p[r].to_vec() });
                     }

@@ -8,7 +8,7 @@
 //! this: writes go straight to the socket, and only one that finds the send buffer full
 //! registers a duplicate of the descriptor for write readiness until it has room again.
 
-use std::io::{self, Write};
+use std::io;
 use std::net::Shutdown;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream as StdUnixStream;
@@ -100,10 +100,14 @@ pub struct Writer {
 }
 
 impl Writer {
-    /// Writes all of `b`, waiting for room in the send buffer when it is full.
+    /// Writes all of `b`, waiting for room in the send buffer when it is full. A peer that has
+    /// gone is an error (EPIPE), never a SIGPIPE, whatever the process does with that signal.
     pub async fn write_all(&mut self, mut b: &[u8]) -> io::Result<()> {
         while !b.is_empty() {
-            match self.fd.get_ref().write(b) {
+            // SAFETY: `b` is a valid slice of `b.len()` bytes for the duration of the call.
+            let n = unsafe { libc::send(self.fd.as_raw_fd(), b.as_ptr().cast(), b.len(), libc::MSG_NOSIGNAL) };
+            let r = if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) };
+            match r {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => b = &b[n..],
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.wait_writable().await?,
