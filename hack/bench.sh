@@ -21,11 +21,17 @@ done
 bash hack/setup.sh >/dev/null
 cargo build --release --locked -p crisp -p crisp-e2e --bin crisp --bin crisp-bench
 export CRISP_BIN="$PWD/target/release/crisp"
+# The host's steal time during the run: on a shared VM the neighbours' load moves every lane.
+steal() { awk '/^cpu /{print $9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat; }
+read -r s0 t0 < <(steal)
 report="$(target/release/crisp-bench "${args[@]}")"
+read -r s1 t1 < <(steal)
+stolen=$(( t1 > t0 ? 100 * (s1 - s0) / (t1 - t0) : 0 ))
 
 header="Produced by \`sudo hack/bench.sh\` (release builds; \`target/release/crisp-bench ${args[*]}\`)
 on $(date -u +%Y-%m-%d), $(nproc) cores, $(( $(grep MemTotal /proc/meminfo | tr -s ' ' | cut -d' ' -f2) / 1048576 )) GiB,
-$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), kernel $(uname -r), crisp $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo ' (uncommitted changes)')."
+$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), kernel $(uname -r), crisp $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo ' (uncommitted changes)'),
+${stolen} % of the CPU time stolen by the host during the run."
 generated="$(printf '%s\n%s\n' "$header" "$report")"
 if [[ $write -eq 1 ]]; then
   # Only the generated section between the markers is replaced: the analysis around it stays.

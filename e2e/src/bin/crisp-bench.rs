@@ -26,11 +26,11 @@ struct Args {
     #[arg(long, default_value_t = 5000)]
     calls: usize,
     /// Seconds of each round of the throughput workload.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 1)]
     seconds: u64,
     /// Rounds of the throughput workload; the lanes take turns, so load changes on the machine
-    /// fall on all three alike.
-    #[arg(long, default_value_t = 3)]
+    /// fall on all three alike (and each round's ratios compare lanes run back to back).
+    #[arg(long, default_value_t = 8)]
     rounds: u32,
     /// Run only these workloads (comma-separated: latency, throughput, list, events, mix).
     #[arg(long, value_delimiter = ',', value_name = "WORKLOADS")]
@@ -427,12 +427,26 @@ async fn throughput_report(out: &mut String, args: &Args, lanes: &[Lane], vpath:
     // USER_HZ = 100 on Linux: a tick is 10 ms.
     writeln!(out, "crisp CPU during its throughput runs: {:.1} ms per 1,000 calls", crisp_ticks as f64 * 10.0 / (crisp_calls / 1000.0))?;
     writeln!(out, "\nUnary `Version`, concurrency {}, {} rounds of {} s (lanes take turns):\n", args.concurrency, args.rounds, args.seconds)?;
-    writeln!(out, "| lane | calls/s | vs direct | rounds (calls/s) |\n|---|---|---|---|")?;
+    writeln!(out, "| lane | calls/s | vs direct | vs direct, median of rounds | rounds (calls/s) |\n|---|---|---|---|---|")?;
     for (l, r) in lanes.iter().zip(&rates) {
         let each: Vec<String> = r.iter().map(|x| format!("{x:.0}")).collect();
-        writeln!(out, "| {} | {:.0} | {:.1} % | {} |", l.name, mean(r), 100.0 * mean(r) / direct, each.join(", "))?;
+        let paired = median_ratio(r, &rates[0]);
+        writeln!(out, "| {} | {:.0} | {:.1} % | {:.1} % | {} |", l.name, mean(r), 100.0 * mean(r) / direct, 100.0 * paired, each.join(", "))?;
     }
+    writeln!(out, "\ncrisp / socat, median of rounds: {:.1} %", 100.0 * median_ratio(&rates[2], &rates[1]))?;
     Ok(())
+}
+
+/// The median over rounds of `a[i] / b[i]`: lanes measured back to back in one round share the
+/// machine's load of the moment, which the mean over all rounds does not cancel.
+fn median_ratio(a: &[f64], b: &[f64]) -> f64 {
+    let mut r: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
+    r.sort_by(f64::total_cmp);
+    match r.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => r[n / 2],
+        n => (r[n / 2 - 1] + r[n / 2]) / 2.0,
+    }
 }
 
 /// The kubelet mix against its own fake runtime (sized for `--mix-pods`), three lanes.
@@ -517,4 +531,17 @@ async fn main() -> Result<()> {
     }
     println!("{report}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median_ratio;
+
+    #[test]
+    fn median_ratio_pairs_rounds() {
+        // Round by round: 0.5, 0.9, 1.0 — not the ratio of the means (1.6/2.6).
+        assert_eq!(median_ratio(&[1.0, 0.45, 0.15], &[2.0, 0.5, 0.15]), 0.9);
+        assert_eq!(median_ratio(&[1.0, 3.0], &[2.0, 2.0]), 1.0);
+        assert!(median_ratio(&[], &[]).is_nan());
+    }
 }
