@@ -409,15 +409,25 @@ async fn latency_report(out: &mut String, args: &Args, lanes: &[Lane], vpath: &s
     let crisp_add50 = us(lat[2].p50) - us(lat[0].p50);
     let socat_add99 = us(lat[1].p99) - us(lat[0].p99);
     let crisp_add99 = us(lat[2].p99) - us(lat[0].p99);
-    // A ratio to an added latency within noise (a few µs, or negative) says nothing.
-    let ratio = |c: f64, s: f64| if s >= 5.0 { format!("{:.2}×", c / s) } else { format!("n/a (socat adds {s:.1} µs: noise)") };
     writeln!(
         out,
         "\ncrisp's added latency / socat's: **p50 {}** (target ≤ 1.5×), **p99 {}** (target ≤ 2×)\n",
-        ratio(crisp_add50, socat_add50),
-        ratio(crisp_add99, socat_add99)
+        added_ratio(crisp_add50, socat_add50),
+        added_ratio(crisp_add99, socat_add99)
     )?;
     Ok(())
+}
+
+/// crisp's added latency over socat's, in words when either is within noise: a ratio to an
+/// added latency of a few µs, or of a negative one (the lane beat direct), says nothing.
+fn added_ratio(crisp: f64, socat: f64) -> String {
+    if socat < 5.0 {
+        format!("n/a (socat adds {socat:.1} µs: noise)")
+    } else if crisp <= 0.0 {
+        format!("≤ 0× (crisp adds {crisp:.1} µs: noise)")
+    } else {
+        format!("{:.2}×", crisp / socat)
+    }
 }
 
 /// Throughput at `--concurrency`: `--rounds` rounds in which the lanes take turns; each lane's
@@ -549,7 +559,14 @@ async fn main() -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::median_ratio;
+    use super::{added_ratio, median_ratio};
+
+    #[test]
+    fn added_ratio_says_noise_instead_of_a_meaningless_ratio() {
+        assert_eq!(added_ratio(90.0, 100.0), "0.90×");
+        assert_eq!(added_ratio(-50.0, 100.0), "≤ 0× (crisp adds -50.0 µs: noise)");
+        assert_eq!(added_ratio(30.0, -5.0), "n/a (socat adds -5.0 µs: noise)");
+    }
 
     #[test]
     fn median_ratio_pairs_rounds() {
