@@ -1,8 +1,9 @@
 //! Secrets never leave crisp: the real `crisp` binary runs at log level trace, two `crisp tap
 //! --full` clients watch (JSON lines with a file sink, and the readable view), and a kubelet
 //! pulls an image with registry credentials and creates a container with a secret env value —
-//! over v1 and v1alpha2, plus a verbose ContainerStatus, an ExecSync whose output is secret and a
-//! request carrying a field no CRI version has. No secret appears in the tap output, the file or
+//! over v1 and v1alpha2, plus a verbose ContainerStatus, an ExecSync whose output is secret, a
+//! request carrying a field no CRI version has, and a pod whose last-applied-configuration
+//! annotation holds an env value. No secret appears in the tap output, the file or
 //! crisp's log; the env keys and everything else do.
 
 mod support;
@@ -28,6 +29,7 @@ const SECRETS: &[&str] = &[
     "S3cret-in-container-info",
     "S3cret-exec-stdout",
     "S3cret-in-an-unknown-field",
+    "S3cret-in-last-applied",
 ];
 
 const CREATE: &str = "/runtime.v1.RuntimeService/CreateContainer";
@@ -123,8 +125,12 @@ fn script(fake: &Fake) {
 
 async fn kubelet(sock: &Path) {
     let ch = channel(sock).await;
+    // A pod created with `kubectl apply`: its last-applied-configuration annotation holds the
+    // pod as applied, env values included, and kubelet passes every pod annotation on.
+    let applied = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"web"},"spec":{"containers":[{"name":"app","env":[{"name":"DB_PASSWORD","value":"S3cret-in-last-applied"}]}]}}"#;
     let sandbox = cri::PodSandboxConfig {
         metadata: Some(cri::PodSandboxMetadata { name: "web".into(), namespace: "shop".into(), uid: "u1".into(), attempt: 0 }),
+        annotations: [("kubectl.kubernetes.io/last-applied-configuration".to_string(), applied.to_string()), ("team".to_string(), "checkout".to_string())].into(),
         ..Default::default()
     };
     let mut images = cri::image_service_client::ImageServiceClient::new(ch.clone());
@@ -257,6 +263,9 @@ async fn secrets_appear_nowhere_while_everything_else_does() {
     assert_eq!(envs[1]["key"], "LOG_LEVEL");
     assert_eq!(envs[1]["value"], "<redacted>");
     assert_eq!(create["request"]["config"]["metadata"]["name"], "app");
+    let annotations = &create["request"]["sandbox_config"]["annotations"];
+    assert!(annotations["kubectl.kubernetes.io/last-applied-configuration"].as_str().unwrap().starts_with("<redacted: "), "{annotations}");
+    assert_eq!(annotations["team"], "checkout");
     assert_eq!(create["container_id"], "ctr-1");
     assert_eq!(create["container_name"], "app");
     // The unknown field is shown — number, wire type, size — not its content.

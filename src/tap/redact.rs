@@ -11,7 +11,12 @@
 //!   responses: they embed the OCI spec (with env), image configs and the runtime's own config
 //!   (containerd's includes registry credentials);
 //! - ExecSync's stdout and stderr (replaced by their size): probes print what they like;
-//! - the token part of Exec/Attach/PortForward streaming URLs (each is a capability).
+//! - the token part of Exec/Attach/PortForward streaming URLs (each is a capability);
+//! - pod annotations that carry a whole manifest ([`carries_manifest`]): `kubectl apply` keeps
+//!   the pod as applied, env values included, in `kubectl.kubernetes.io/last-applied-configuration`,
+//!   and kubelet hands every pod annotation to the runtime (RunPodSandbox, CreateContainer and
+//!   PullImage requests; PodSandboxStatus and ListPodSandbox responses). Other annotations —
+//!   crisp's own `crisp.dev/*` among them — stay readable.
 //!
 //! Why this cannot be bypassed: rules are keyed by RPC, not by path, and v1alpha2 is decoded with
 //! the v1 types (wire-identical), so both versions get the same rules; fields the typed decode
@@ -53,6 +58,8 @@ enum How {
     Size,
     /// A URL keeps everything up to its last `/`; the token after it is redacted.
     UrlToken,
+    /// A map of annotations: values that carry a manifest become `"<redacted: N bytes>"`.
+    Manifests,
 }
 
 struct Rule {
@@ -78,7 +85,22 @@ const RULES: &[Rule] = &[
     Rule { rpc: Rpc::Exec, dir: Dir::Response, path: &["url"], wire: &[1], how: How::UrlToken },
     Rule { rpc: Rpc::Attach, dir: Dir::Response, path: &["url"], wire: &[1], how: How::UrlToken },
     Rule { rpc: Rpc::PortForward, dir: Dir::Response, path: &["url"], wire: &[1], how: How::UrlToken },
+    Rule { rpc: Rpc::RunPodSandbox, dir: Dir::Request, path: &["config", "annotations"], wire: &[1, 7], how: How::Manifests },
+    Rule { rpc: Rpc::CreateContainer, dir: Dir::Request, path: &["sandbox_config", "annotations"], wire: &[3, 7], how: How::Manifests },
+    Rule { rpc: Rpc::PullImage, dir: Dir::Request, path: &["sandbox_config", "annotations"], wire: &[3, 7], how: How::Manifests },
+    Rule { rpc: Rpc::PodSandboxStatus, dir: Dir::Response, path: &["status", "annotations"], wire: &[1, 8], how: How::Manifests },
+    Rule { rpc: Rpc::ListPodSandbox, dir: Dir::Response, path: &["items", "*", "annotations"], wire: &[1, 6], how: How::Manifests },
 ];
+
+/// Annotations that tools fill with a whole object as applied (env values included).
+const MANIFEST_ANNOTATIONS: &[&str] = &["kubectl.kubernetes.io/last-applied-configuration", "kapp.k14s.io/original"];
+
+/// Whether an annotation's value may embed a manifest: one of the annotations tools keep a copy
+/// of the applied object in, or any value shaped like a serialised Kubernetes object (a JSON
+/// object naming its `apiVersion` and `kind`), whoever put it there.
+pub fn carries_manifest(key: &str, value: &str) -> bool {
+    MANIFEST_ANNOTATIONS.contains(&key) || (value.trim_start().starts_with('{') && value.contains("\"apiVersion\"") && value.contains("\"kind\""))
+}
 
 /// Wire paths under which nothing may be shown when redacting (not even unknown-field sizes).
 pub fn redacted_wire_paths(rpc: Rpc, dir: Dir) -> impl Iterator<Item = &'static [u32]> {
@@ -142,6 +164,17 @@ fn transform(v: &mut Value, how: How, redact: bool) {
             Some(prefix) => *v = Value::String(format!("{prefix}{REDACTED}")),
             None => *v = Value::String(REDACTED.into()),
         },
+        How::Manifests => {
+            if let Value::Object(m) = v {
+                for (k, x) in m.iter_mut() {
+                    if let Some(n) = x.as_str().filter(|s| carries_manifest(k, s)).map(str::len) {
+                        *x = Value::String(format!("<redacted: {n} bytes>"));
+                    }
+                }
+            } else {
+                *v = Value::String(REDACTED.into());
+            }
+        }
     }
 }
 
@@ -204,6 +237,44 @@ mod tests {
         let mut v = json!({"url": "http://127.0.0.1:35000/exec/AbCdEf"});
         apply(Rpc::Exec, Dir::Response, &mut v, true);
         assert_eq!(v, json!({"url": "http://127.0.0.1:35000/exec/<redacted>"}));
+    }
+
+    #[test]
+    fn annotations_carrying_a_manifest_are_redacted_and_the_others_kept() {
+        let applied = r#"{"apiVersion":"v1","kind":"Pod","spec":{"containers":[{"env":[{"name":"DB_PASSWORD","value":"s3cret"}]}]}}"#;
+        let annotations = json!({
+            "kubectl.kubernetes.io/last-applied-configuration": applied,
+            "example.com/copy": format!("  {applied}"),
+            "kapp.k14s.io/original": "not json at all",
+            "crisp.dev/sidecars": "proxy",
+            "example.com/config": "{\"kind\": \"of\"}",
+        });
+        let n = applied.len();
+        let want = json!({
+            "kubectl.kubernetes.io/last-applied-configuration": format!("<redacted: {n} bytes>"),
+            "example.com/copy": format!("<redacted: {} bytes>", n + 2),
+            "kapp.k14s.io/original": "<redacted: 15 bytes>",
+            "crisp.dev/sidecars": "proxy",
+            "example.com/config": "{\"kind\": \"of\"}",
+        });
+        for (rpc, dir, path) in [
+            (Rpc::RunPodSandbox, Dir::Request, vec!["config"]),
+            (Rpc::CreateContainer, Dir::Request, vec!["sandbox_config"]),
+            (Rpc::PullImage, Dir::Request, vec!["sandbox_config"]),
+            (Rpc::PodSandboxStatus, Dir::Response, vec!["status"]),
+        ] {
+            let mut v = json!({ path[0]: { "annotations": annotations.clone() } });
+            apply(rpc, dir, &mut v, true);
+            assert_eq!(v[path[0]]["annotations"], want, "{rpc:?}");
+            // Unredacted (a root `--unredacted` subscriber) sees them as they are.
+            let mut v = json!({ path[0]: { "annotations": annotations.clone() } });
+            apply(rpc, dir, &mut v, false);
+            assert_eq!(v[path[0]]["annotations"], annotations, "{rpc:?}");
+        }
+        let mut v = json!({"items": [{"id": "a", "annotations": annotations.clone()}, {"id": "b", "annotations": {}}]});
+        apply(Rpc::ListPodSandbox, Dir::Response, &mut v, true);
+        assert_eq!(v["items"][0]["annotations"], want);
+        assert_eq!(v["items"][1]["annotations"], json!({}));
     }
 
     #[test]
