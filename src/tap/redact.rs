@@ -15,8 +15,8 @@
 //! - pod annotations that carry a whole manifest ([`carries_manifest`]): `kubectl apply` keeps
 //!   the pod as applied, env values included, in `kubectl.kubernetes.io/last-applied-configuration`,
 //!   and kubelet hands every pod annotation to the runtime (RunPodSandbox, CreateContainer and
-//!   PullImage requests; PodSandboxStatus and ListPodSandbox responses). Other annotations —
-//!   crisp's own `crisp.dev/*` among them — stay readable.
+//!   PullImage requests; PodSandboxStatus, ListPodSandbox and the pod stats responses). Other
+//!   annotations — crisp's own `crisp.dev/*` among them — stay readable.
 //!
 //! Why this cannot be bypassed: rules are keyed by RPC, not by path, and v1alpha2 is decoded with
 //! the v1 types (wire-identical), so both versions get the same rules; fields the typed decode
@@ -90,6 +90,8 @@ const RULES: &[Rule] = &[
     Rule { rpc: Rpc::PullImage, dir: Dir::Request, path: &["sandbox_config", "annotations"], wire: &[3, 7], how: How::Manifests },
     Rule { rpc: Rpc::PodSandboxStatus, dir: Dir::Response, path: &["status", "annotations"], wire: &[1, 8], how: How::Manifests },
     Rule { rpc: Rpc::ListPodSandbox, dir: Dir::Response, path: &["items", "*", "annotations"], wire: &[1, 6], how: How::Manifests },
+    Rule { rpc: Rpc::PodSandboxStats, dir: Dir::Response, path: &["stats", "attributes", "annotations"], wire: &[1, 1, 4], how: How::Manifests },
+    Rule { rpc: Rpc::ListPodSandboxStats, dir: Dir::Response, path: &["stats", "*", "attributes", "annotations"], wire: &[1, 1, 4], how: How::Manifests },
 ];
 
 /// Annotations that tools fill with a whole object as applied (env values included).
@@ -275,6 +277,39 @@ mod tests {
         apply(Rpc::ListPodSandbox, Dir::Response, &mut v, true);
         assert_eq!(v["items"][0]["annotations"], want);
         assert_eq!(v["items"][1]["annotations"], json!({}));
+        let mut v = json!({"stats": {"attributes": {"id": "a", "annotations": annotations.clone()}}});
+        apply(Rpc::PodSandboxStats, Dir::Response, &mut v, true);
+        assert_eq!(v["stats"]["attributes"]["annotations"], want);
+        let mut v = json!({"stats": [{"attributes": {"id": "a", "annotations": annotations.clone()}}]});
+        apply(Rpc::ListPodSandboxStats, Dir::Response, &mut v, true);
+        assert_eq!(v["stats"][0]["attributes"]["annotations"], want);
+    }
+
+    /// The JSON paths above are k8s-cri's serde names: a typed decode of a real message must put
+    /// the annotations where the rules look for them.
+    #[test]
+    fn manifest_rules_match_the_decoded_messages() {
+        use k8s_cri::v1 as c;
+        let applied = r#"{"apiVersion":"v1","kind":"Pod","spec":{"env":"S3cret"}}"#;
+        let ann: std::collections::HashMap<String, String> = [("kubectl.kubernetes.io/last-applied-configuration".to_string(), applied.to_string())].into();
+        let config = c::PodSandboxConfig { annotations: ann.clone(), ..Default::default() };
+        let attrs = c::PodSandboxAttributes { id: "a".into(), annotations: ann.clone(), ..Default::default() };
+        let stats = c::PodSandboxStats { attributes: Some(attrs), ..Default::default() };
+        let msgs: Vec<(Rpc, Dir, Vec<u8>)> = vec![
+            (Rpc::RunPodSandbox, Dir::Request, prost::Message::encode_to_vec(&c::RunPodSandboxRequest { config: Some(config.clone()), runtime_handler: String::new() })),
+            (Rpc::CreateContainer, Dir::Request, prost::Message::encode_to_vec(&c::CreateContainerRequest { sandbox_config: Some(config.clone()), ..Default::default() })),
+            (Rpc::PullImage, Dir::Request, prost::Message::encode_to_vec(&c::PullImageRequest { sandbox_config: Some(config), ..Default::default() })),
+            (Rpc::PodSandboxStatus, Dir::Response, prost::Message::encode_to_vec(&c::PodSandboxStatusResponse { status: Some(c::PodSandboxStatus { annotations: ann.clone(), ..Default::default() }), ..Default::default() })),
+            (Rpc::ListPodSandbox, Dir::Response, prost::Message::encode_to_vec(&c::ListPodSandboxResponse { items: vec![c::PodSandbox { annotations: ann, ..Default::default() }] })),
+            (Rpc::PodSandboxStats, Dir::Response, prost::Message::encode_to_vec(&c::PodSandboxStatsResponse { stats: Some(stats.clone()) })),
+            (Rpc::ListPodSandboxStats, Dir::Response, prost::Message::encode_to_vec(&c::ListPodSandboxStatsResponse { stats: vec![stats] })),
+        ];
+        for (rpc, dir, msg) in msgs {
+            let shown = super::super::decode::decode(Some(rpc), dir, &msg, true).to_string();
+            assert!(!shown.contains("S3cret") && shown.contains("<redacted: "), "{rpc:?}: {shown}");
+            let raw = super::super::decode::decode(Some(rpc), dir, &msg, false).to_string();
+            assert!(raw.contains("S3cret"), "{rpc:?} unredacted: {raw}");
+        }
     }
 
     #[test]
