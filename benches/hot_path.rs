@@ -127,7 +127,7 @@ fn bench(c: &mut Criterion) {
         deadline: None,
         id: 1,
     };
-    let outcome = Outcome { code: Some(0), duration: std::time::Duration::from_micros(180), held: std::time::Duration::ZERO, request: None, response: None };
+    let outcome = Outcome { code: Some(0), duration: std::time::Duration::from_micros(180), held: std::time::Duration::ZERO, request: None, response: None, message: None };
     c.bench_function("tap_no_client_interest_and_complete", |b| {
         b.iter(|| {
             let i = tap.interest(black_box(&call));

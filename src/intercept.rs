@@ -81,6 +81,10 @@ pub struct Outcome {
     /// Request/response messages when they were buffered for someone.
     pub request: Option<Bytes>,
     pub response: Option<Bytes>,
+    /// The call's grpc-message (decoded, at most [`crate::status::MAX_MESSAGE`] bytes), when it
+    /// ended with one (gRPC servers send it with errors only) and crisp observed the call, or
+    /// crisp ended it itself. A relayed call — one no interceptor asked to see — reports `None`.
+    pub message: Option<String>,
 }
 
 pub trait Interceptor: Send + Sync + 'static {

@@ -69,6 +69,29 @@ pub fn code_of(h: &HeaderMap) -> Option<i32> {
     h.get("grpc-status")?.to_str().ok()?.parse().ok()
 }
 
+/// Longest grpc-message crisp passes to its interceptors (the tap shows it).
+pub const MAX_MESSAGE: usize = 1024;
+
+/// Reads `grpc-message` from a header or trailer map (see [`decode_message`]).
+pub fn message_of(h: &HeaderMap) -> Option<String> {
+    h.get("grpc-message").map(|v| decode_message(v.as_bytes()))
+}
+
+/// A grpc-message as sent (percent-encoded) to text: invalid UTF-8 replaced, cut to
+/// [`MAX_MESSAGE`] bytes on a character boundary.
+pub fn decode_message(raw: &[u8]) -> String {
+    let mut s = percent_encoding::percent_decode(raw).decode_utf8_lossy().into_owned();
+    if s.len() > MAX_MESSAGE {
+        let mut cut = MAX_MESSAGE;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push('…');
+    }
+    s
+}
+
 /// Parses a `grpc-timeout` header value: 1–8 ASCII digits and a unit (H, M, S, m, u, n).
 pub fn parse_grpc_timeout(v: &[u8]) -> Option<std::time::Duration> {
     use std::time::Duration;
@@ -111,5 +134,15 @@ mod tests {
         let h = Status::new(code::UNAVAILABLE, "100% gone\nnow é").to_header_map();
         assert_eq!(h["grpc-status"], "14");
         assert_eq!(h["grpc-message"], "100%25 gone%0Anow %C3%A9");
+        assert_eq!(message_of(&h).as_deref(), Some("100% gone\nnow é"));
+    }
+
+    #[test]
+    fn messages_are_decoded_leniently_and_cut() {
+        assert_eq!(decode_message(b"bad %ZZ and %FF"), "bad %ZZ and \u{FFFD}");
+        let long = "é".repeat(MAX_MESSAGE);
+        let cut = decode_message(long.as_bytes());
+        assert!(cut.ends_with('…') && cut.len() <= MAX_MESSAGE + '…'.len_utf8(), "{}", cut.len());
+        assert_eq!(message_of(&HeaderMap::new()), None);
     }
 }

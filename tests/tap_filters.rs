@@ -228,7 +228,8 @@ async fn filters_select_exactly_what_they_say() {
     assert_eq!(who(&evs[4]), "shop/web app", "StartContainer names come from the engine's cache");
     assert_eq!(who(&evs[6]), "shop/web app");
     assert_eq!(who(&evs[7]), "kube-system/dns coredns");
-    assert_eq!((evs[7].code, evs[7].code_name.as_str()), (Some(5), "NotFound"));
+    assert_eq!((evs[7].code, evs[7].code_name.as_str(), evs[7].message.as_str()), (Some(5), "NotFound", "no such container"));
+    assert!(evs.iter().filter(|e| e.code == Some(0)).all(|e| e.message.is_empty()));
     assert!(evs[8].duration_micros >= 400_000, "{}", evs[8].duration_micros);
     assert_eq!(evs[10].image, "busybox:1");
     assert_eq!(evs[11].kind, "unknown");

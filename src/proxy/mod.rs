@@ -35,7 +35,7 @@ use tracing::Instrument;
 use crate::cri::wire::{self, Frame as GrpcFrame};
 use crate::cri::{Route, RpcKind};
 use crate::intercept::{Call, Interceptors, Outcome, Verdict};
-use crate::status::{code, code_of, parse_grpc_timeout, Status};
+use crate::status::{code, code_of, message_of, parse_grpc_timeout, Status};
 use body::ProxyBody;
 pub use upstream::{Upstream, UpstreamOptions};
 
@@ -192,9 +192,10 @@ impl Proxy {
         let resp = match self.upstream.send(Request::from_parts(parts, upstream_body)).await {
             Ok(r) => r,
             Err(e) => {
-                let r = self.unavailable(e);
-                self.complete(&call, Some(code::UNAVAILABLE), held, req_bytes, None);
-                return r;
+                tracing::warn!(error = %e, "call failed: upstream unavailable");
+                let s = Status::new(code::UNAVAILABLE, format!("crisp: {e}"));
+                self.complete(&call, Some(s.code), Some(s.message.clone()), held, req_bytes, None);
+                return s.to_response().map(|b| ResponseBody::new(b, None));
             }
         };
 
@@ -205,6 +206,7 @@ impl Proxy {
             request: req_bytes.clone(),
             response: None,
             code: None,
+            message: None,
         });
 
         if !(interest.response && !streaming) {
@@ -212,6 +214,7 @@ impl Proxy {
             let mut completion = completion;
             if let Some(c) = completion.as_mut() {
                 c.code = code_of(&parts.headers);
+                c.message = message_of(&parts.headers);
             }
             let mut rb = ResponseBody::new(ProxyBody::Stream(body), completion).with_upstream(&self.upstream);
             if interest.response && call.route.rpc.is_some() {
@@ -232,6 +235,7 @@ impl Proxy {
             let mut completion = completion;
             if let Some(comp) = completion.as_mut() {
                 comp.code = Some(c);
+                comp.message = message_of(&parts.headers);
             }
             return Response::from_parts(parts, ResponseBody::new(ProxyBody::Stream(body), completion));
         }
@@ -258,12 +262,12 @@ impl Proxy {
     }
 
     fn finish_early(self: &Arc<Self>, call: &Call, s: Status, held: Duration) -> Response<ResponseBody> {
-        self.complete(call, Some(s.code), held, None, None);
+        self.complete(call, Some(s.code), Some(s.message.clone()), held, None, None);
         s.to_response().map(|b| ResponseBody::new(b, None))
     }
 
-    fn complete(&self, call: &Call, code: Option<i32>, held: Duration, request: Option<Bytes>, response: Option<Bytes>) {
-        let outcome = Outcome { code, duration: call.received.elapsed(), held, request, response };
+    fn complete(&self, call: &Call, code: Option<i32>, message: Option<String>, held: Duration, request: Option<Bytes>, response: Option<Bytes>) {
+        let outcome = Outcome { code, duration: call.received.elapsed(), held, request, response, message };
         self.interceptors.on_complete(call, &outcome);
     }
 }
@@ -276,11 +280,12 @@ struct Completion {
     request: Option<Bytes>,
     response: Option<Bytes>,
     code: Option<i32>,
+    message: Option<String>,
 }
 
 impl Drop for Completion {
     fn drop(&mut self) {
-        self.proxy.complete(&self.call, self.code, self.held, self.request.take(), self.response.take());
+        self.proxy.complete(&self.call, self.code, self.message.take(), self.held, self.request.take(), self.response.take());
     }
 }
 
@@ -380,9 +385,9 @@ impl Body for ResponseBody {
         match polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(t) = frame.trailers_ref() {
-                    let c = code_of(t);
                     if let Some(comp) = self.completion.as_mut() {
-                        comp.code = c;
+                        comp.code = code_of(t);
+                        comp.message = message_of(t);
                     }
                 }
                 Poll::Ready(Some(Ok(frame)))
@@ -396,6 +401,7 @@ impl Body for ResponseBody {
                 };
                 if let Some(comp) = self.completion.as_mut() {
                     comp.code = Some(s.code);
+                    comp.message = Some(s.message.clone());
                 }
                 Poll::Ready(Some(Ok(Frame::trailers(s.to_header_map()))))
             }

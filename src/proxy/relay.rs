@@ -275,7 +275,7 @@ pub async fn serve_connection(client: UnixStream, proxy: Arc<Proxy>, shutdown: w
     let relayed: Vec<Relayed> = shared.lock().relayed.drain().map(|(_, r)| r).collect();
     let now = Instant::now();
     for r in relayed {
-        complete(&proxy, r.call, Some(code::CANCELLED), now);
+        complete(&proxy, r.call, Some(code::CANCELLED), None, now);
     }
 }
 
@@ -298,10 +298,10 @@ impl Tasks {
 }
 
 /// Reports a relayed call's end; `now` is when its last frame was read.
-fn complete(proxy: &Proxy, call: Option<Call>, code: Option<i32>, now: Instant) {
+fn complete(proxy: &Proxy, call: Option<Call>, code: Option<i32>, message: Option<String>, now: Instant) {
     if let Some(call) = call {
         let duration = now.saturating_duration_since(call.received);
-        let outcome = Outcome { code, duration, held: Duration::ZERO, request: None, response: None };
+        let outcome = Outcome { code, duration, held: Duration::ZERO, request: None, response: None, message };
         proxy.interceptors.on_complete(&call, &outcome);
     }
 }
@@ -445,7 +445,7 @@ impl ClientToUpstream {
                 } else {
                     let r = self.shared.lock().relayed.remove(&head.stream);
                     if let Some(r) = r {
-                        complete(&self.proxy, r.call, Some(code::CANCELLED), self.now);
+                        complete(&self.proxy, r.call, Some(code::CANCELLED), None, self.now);
                     }
                     if upstream {
                         out.extend_from_slice(&frame);
@@ -774,7 +774,7 @@ fn upstream_gone(proxy: &Proxy, shared: &Shared, msg: &str, last: Option<u32>) {
     for (id, r) in ended {
         if last.is_some() {
             f::rst_stream(&mut out, id, f::REFUSED_STREAM);
-            complete(proxy, r.call, Some(code::UNAVAILABLE), now);
+            complete(proxy, r.call, Some(code::UNAVAILABLE), Some(format!("{msg} (refused, unprocessed)")), now);
             continue;
         }
         // A clean gRPC error: trailers (or a trailers-only response) with UNAVAILABLE.
@@ -789,7 +789,7 @@ fn upstream_gone(proxy: &Proxy, shared: &Shared, msg: &str, last: Option<u32>) {
             }
         }
         f::headers(&mut out, id, &block, true);
-        complete(proxy, r.call, Some(code::UNAVAILABLE), now);
+        complete(proxy, r.call, Some(code::UNAVAILABLE), Some(msg.to_string()), now);
     }
     shared.send(out);
     shared.window.notify_waiters();
@@ -948,7 +948,7 @@ impl UpstreamToClient {
                         self.wait_window(n, ctl).await?;
                     }
                     if head.has(f::END_STREAM) {
-                        self.end_relayed(head.stream, None, now);
+                        self.end_relayed(head.stream, None, None, now);
                     }
                 }
                 f::HEADERS => {
@@ -971,7 +971,7 @@ impl UpstreamToClient {
                         }
                     }
                 }
-                f::RST_STREAM => self.end_relayed(head.stream, Some(code::CANCELLED), now),
+                f::RST_STREAM => self.end_relayed(head.stream, Some(code::CANCELLED), None, now),
                 f::GOAWAY if head.len >= 8 => {
                     let g = &buf[payload];
                     let last = u32::from_be_bytes([g[0], g[1], g[2], g[3]]) & 0x7fff_ffff;
@@ -1042,16 +1042,17 @@ impl UpstreamToClient {
             tracing::warn!(error = %e, "runtime sent a header block crisp cannot decode");
         }
         if end_stream {
-            self.end_relayed(stream, status.or(Some(code::UNKNOWN)), now);
+            // No grpc-message: a relayed call is one nobody asked to see in detail.
+            self.end_relayed(stream, status.or(Some(code::UNKNOWN)), None, now);
         } else if let Some(r) = self.shared.lock().relayed.get_mut(&stream) {
             r.answered = true;
         }
     }
 
-    fn end_relayed(&self, stream: u32, code: Option<i32>, now: Instant) {
+    fn end_relayed(&self, stream: u32, code: Option<i32>, message: Option<String>, now: Instant) {
         let r = self.shared.lock().relayed.remove(&stream);
         if let Some(r) = r {
-            complete(&self.proxy, r.call, code, now);
+            complete(&self.proxy, r.call, code, message, now);
         }
     }
 }

@@ -76,6 +76,8 @@ pub struct RawEvent {
     pub duration: Duration,
     pub held: Duration,
     pub code: Option<i32>,
+    /// grpc-message, when the call ended with one.
+    pub message: Option<String>,
     pub ids: Ids,
     pub request_bytes: usize,
     pub response_bytes: usize,
@@ -132,8 +134,7 @@ impl RawEvent {
             held_micros: self.held.as_micros() as u64,
             code: self.code,
             code_name: code_name(self.code).to_string(),
-            // The proxy does not report grpc-message to interceptors (yet).
-            message: String::new(),
+            message: self.message.clone().unwrap_or_default(),
             request_bytes: self.request_bytes as u64,
             response_bytes: self.response_bytes as u64,
             request_json,
@@ -384,6 +385,7 @@ impl Tap {
             call = call.id,
             rpc = %call.route,
             code = code_name(outcome.code),
+            message = outcome.message.as_deref().unwrap_or(""),
             request = %show(Dir::Request, req),
             response = %show(Dir::Response, resp),
             "call messages (redacted)"
@@ -461,6 +463,7 @@ impl Interceptor for Tap {
             duration: outcome.duration,
             held: outcome.held,
             code: outcome.code,
+            message: outcome.message.clone(),
             ids: self.ids_for(call, req.as_deref(), resp.as_deref()),
             request_bytes: req.as_ref().map_or(0, Bytes::len),
             response_bytes: resp.as_ref().map_or(0, Bytes::len),

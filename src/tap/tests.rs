@@ -17,7 +17,7 @@ const LIST: &str = "/runtime.v1.RuntimeService/ListContainers";
 const EVENTS: &str = "/runtime.v1.RuntimeService/GetContainerEvents";
 
 fn outcome(code: i32, req: Option<&[u8]>) -> Outcome {
-    Outcome { code: Some(code), duration: Duration::from_millis(2), held: Duration::ZERO, request: req.map(wire::frame), response: None }
+    Outcome { code: Some(code), duration: Duration::from_millis(2), held: Duration::ZERO, request: req.map(wire::frame), response: None, message: None }
 }
 
 fn tap() -> Arc<Tap> {
@@ -178,9 +178,10 @@ async fn a_rejected_call_keeps_the_names_read_from_its_request() {
     assert!(matches!(t.on_request(&c, &req).await, Verdict::Forward));
     assert_eq!(t.stashed.load(Relaxed), 1);
     // The engine rejected it: the proxy reports no request bytes.
-    t.on_complete(&c, &Outcome { code: Some(9), duration: Duration::from_millis(1), held: Duration::from_millis(1), request: None, response: None });
+    t.on_complete(&c, &Outcome { code: Some(9), duration: Duration::from_millis(1), held: Duration::from_millis(1), request: None, response: None, message: Some("crisp: sidecar \"proxy\" is not ready".into()) });
     let Some(Item::Call(e)) = next_now(&mut s).await else { panic!("no event") };
     assert_eq!((e.ids.pod_namespace.as_str(), e.ids.pod_name.as_str(), e.ids.container_name.as_str()), ("shop", "web", "app"));
+    assert_eq!(e.message.as_deref(), Some("crisp: sidecar \"proxy\" is not ready"));
     assert_eq!(t.stashed.load(Relaxed), 0);
     // With nobody tapping any more, a stashed entry is still cleaned up.
     let c = call(2, CREATE);
