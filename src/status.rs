@@ -81,15 +81,20 @@ pub fn message_of(h: &HeaderMap) -> Option<String> {
 /// [`MAX_MESSAGE`] bytes on a character boundary.
 pub fn decode_message(raw: &[u8]) -> String {
     let mut s = percent_encoding::percent_decode(raw).decode_utf8_lossy().into_owned();
-    if s.len() > MAX_MESSAGE {
-        let mut cut = MAX_MESSAGE;
+    cut_text(&mut s, MAX_MESSAGE);
+    s
+}
+
+/// Cuts `s` to at most `max` bytes on a character boundary, marking the cut with '…'.
+pub fn cut_text(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut cut = max;
         while !s.is_char_boundary(cut) {
             cut -= 1;
         }
         s.truncate(cut);
         s.push('…');
     }
-    s
 }
 
 /// Parses a `grpc-timeout` header value: 1–8 ASCII digits and a unit (H, M, S, m, u, n).

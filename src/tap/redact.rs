@@ -190,14 +190,7 @@ fn bytes_of(v: &Value) -> Option<Vec<u8>> {
 pub fn for_log(rpc: Option<Rpc>, dir: Dir, msg: &[u8], max: usize) -> String {
     let v = super::decode::decode(rpc, dir, msg, true);
     let mut s = v.to_string();
-    if s.len() > max {
-        let mut cut = max;
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
-        s.push('…');
-    }
+    crate::status::cut_text(&mut s, max);
     s
 }
 
