@@ -140,7 +140,12 @@ fn serve(cli: &ServeArgs) -> ExitCode {
     }
     crisp::telemetry::init(&cfg.log.level, cfg.log.format);
     let Some(rt) = runtime() else { return ExitCode::FAILURE };
-    match rt.block_on(crisp::daemon::run(cfg, shutdown_signal())) {
+    // Before any socket exists: a SIGTERM sent once crisp is reachable must never be lost.
+    let signals = {
+        let _in_runtime = rt.enter();
+        Signals::install()
+    };
+    match rt.block_on(crisp::daemon::run(cfg, signals.shutdown())) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %format!("{e:#}"), "crisp failed");
@@ -163,15 +168,35 @@ fn doctor(args: DoctorArgs) -> ExitCode {
 }
 
 /// Resolves on the first SIGTERM or SIGINT.
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-        tracing::error!("cannot install signal handlers; only SIGKILL will stop crisp");
-        return std::future::pending().await;
-    };
-    let name = tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
-    };
-    tracing::info!(signal = name, "shutdown requested");
+/// SIGTERM and SIGINT, caught from before crisp binds its sockets until it exits.
+///
+/// Installed up front, not on the shutdown future's first poll: tokio turns a signal's delivery
+/// on and then subscribes to it, and a signal its reactor handles between the two reaches no
+/// one. A SIGTERM sent the moment the socket accepted connections (systemd stopping a unit
+/// that just started) was lost that way, and crisp ran on until SIGKILL.
+struct Signals(Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>);
+
+impl Signals {
+    /// Must run inside the runtime.
+    fn install() -> Signals {
+        use tokio::signal::unix::{signal, SignalKind};
+        match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+            (Ok(term), Ok(int)) => Signals(Some((term, int))),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::error!(error = %e, "cannot install signal handlers; only SIGKILL will stop crisp");
+                Signals(None)
+            }
+        }
+    }
+
+    async fn shutdown(self) {
+        let Some((mut term, mut int)) = self.0 else {
+            return std::future::pending().await;
+        };
+        let name = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        };
+        tracing::info!(signal = name, "shutdown requested");
+    }
 }
