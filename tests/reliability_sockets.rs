@@ -18,6 +18,8 @@
 //!    that size. A window far shorter than one connect attempt (~µs) could escape (2) — which is
 //!    why (1) exists.
 
+mod daemon_bin;
+
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -25,6 +27,8 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use daemon_bin::{crisp, write_config};
 
 const NOBODY: u32 = 65534;
 
@@ -36,31 +40,6 @@ fn world_traversable_tempdir() -> tempfile::TempDir {
     let d = tempfile::Builder::new().prefix("crisp-sockmode").tempdir_in("/tmp").unwrap();
     std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     d
-}
-
-fn write_config(dir: &Path) -> PathBuf {
-    let cfg = dir.join("config.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "listen = {:?}\nupstream = {:?}\nstate_dir = {:?}\n[log]\nlevel = \"info\"\n",
-            dir.join("crisp.sock"),
-            dir.join("no-runtime.sock"),
-            dir.join("state")
-        ),
-    )
-    .unwrap();
-    cfg
-}
-
-fn crisp(cfg: &Path, log: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_crisp"));
-    c.arg("--config").arg(cfg);
-    for k in ["NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", "RUST_LOG"] {
-        c.env_remove(k);
-    }
-    c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(std::fs::File::create(log).unwrap());
-    c
 }
 
 fn wait_connectable(paths: &[PathBuf], limit: Duration) {

@@ -7,8 +7,10 @@
 //! signal in between killed it by the default action, and one that tokio's reactor handled
 //! between turning delivery on and subscribing reached no one, so crisp ran on until SIGKILL.)
 
+mod daemon_bin;
+
 use std::path::Path;
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 const STARTS: usize = 25;
@@ -29,25 +31,7 @@ fn wait_exit(child: &mut std::process::Child, limit: Duration) -> Option<ExitSta
 }
 
 fn start(dir: &Path, log: &Path) -> std::process::Child {
-    let cfg = dir.join("config.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "listen = {:?}\nupstream = {:?}\nstate_dir = {:?}\n[admin]\nsocket = {:?}\n[log]\nlevel = \"info\"\n",
-            dir.join("crisp.sock"),
-            dir.join("no-runtime.sock"),
-            dir.join("state"),
-            dir.join("admin.sock")
-        ),
-    )
-    .unwrap();
-    let mut c = Command::new(env!("CARGO_BIN_EXE_crisp"));
-    c.arg("--config").arg(&cfg);
-    for k in ["NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", "RUST_LOG"] {
-        c.env_remove(k);
-    }
-    c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(std::fs::File::create(log).unwrap());
-    c.spawn().unwrap()
+    daemon_bin::crisp(&daemon_bin::write_config(dir), log).spawn().unwrap()
 }
 
 #[test]
