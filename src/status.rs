@@ -79,7 +79,7 @@ pub fn message_of(h: &HeaderMap) -> Option<String> {
 
 /// A grpc-message as sent (percent-encoded) to text: invalid UTF-8 replaced, cut to
 /// [`MAX_MESSAGE`] bytes on a character boundary.
-pub fn decode_message(raw: &[u8]) -> String {
+fn decode_message(raw: &[u8]) -> String {
     let mut s = percent_encoding::percent_decode(raw).decode_utf8_lossy().into_owned();
     cut_text(&mut s, MAX_MESSAGE);
     s

@@ -948,7 +948,7 @@ impl UpstreamToClient {
                         self.wait_window(n, ctl).await?;
                     }
                     if head.has(f::END_STREAM) {
-                        self.end_relayed(head.stream, None, None, now);
+                        self.end_relayed(head.stream, None, now);
                     }
                 }
                 f::HEADERS => {
@@ -971,7 +971,7 @@ impl UpstreamToClient {
                         }
                     }
                 }
-                f::RST_STREAM => self.end_relayed(head.stream, Some(code::CANCELLED), None, now),
+                f::RST_STREAM => self.end_relayed(head.stream, Some(code::CANCELLED), now),
                 f::GOAWAY if head.len >= 8 => {
                     let g = &buf[payload];
                     let last = u32::from_be_bytes([g[0], g[1], g[2], g[3]]) & 0x7fff_ffff;
@@ -1042,17 +1042,18 @@ impl UpstreamToClient {
             tracing::warn!(error = %e, "runtime sent a header block crisp cannot decode");
         }
         if end_stream {
-            // No grpc-message: a relayed call is one nobody asked to see in detail.
-            self.end_relayed(stream, status.or(Some(code::UNKNOWN)), None, now);
+            self.end_relayed(stream, status.or(Some(code::UNKNOWN)), now);
         } else if let Some(r) = self.shared.lock().relayed.get_mut(&stream) {
             r.answered = true;
         }
     }
 
-    fn end_relayed(&self, stream: u32, code: Option<i32>, message: Option<String>, now: Instant) {
+    /// Ends a relayed call. No grpc-message is decoded for it: a relayed call is one no
+    /// interceptor asked to see in detail.
+    fn end_relayed(&self, stream: u32, code: Option<i32>, now: Instant) {
         let r = self.shared.lock().relayed.remove(&stream);
         if let Some(r) = r {
-            complete(&self.proxy, r.call, code, message, now);
+            complete(&self.proxy, r.call, code, None, now);
         }
     }
 }
