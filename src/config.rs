@@ -134,11 +134,15 @@ pub struct ProxyConfig {
     pub keepalive_timeout: Duration,
     #[serde(deserialize_with = "de_duration")]
     pub handshake_timeout: Duration,
+    /// No longer used (it limited crisp's own HTTP/2 server, which is gone: every connection is
+    /// relayed, and the runtime's own limit applies). Accepted so that old config files still
+    /// start; crisp logs that it is ignored.
     pub max_concurrent_streams: u32,
     /// Largest message crisp buffers to look at (observed calls only; others are unlimited).
     pub max_observed_message_bytes: usize,
-    /// Relay client connections frame by frame (the fast path); `false` terminates every call
-    /// in crisp's own HTTP/2 server instead (slower; the fallback if the relay misbehaves).
+    /// No longer used: `false` selected crisp's own HTTP/2 server, which rejected the
+    /// `:authority` grpc-go clients send (a socket path) and is gone. Accepted so that old config
+    /// files still start; crisp logs that it is ignored.
     pub relay: bool,
 }
 
@@ -152,8 +156,8 @@ impl Default for ProxyConfig {
             keepalive_interval: d.keepalive_interval,
             keepalive_timeout: d.keepalive_timeout,
             handshake_timeout: d.handshake_timeout,
-            max_concurrent_streams: d.max_concurrent_streams,
-            relay: d.relay,
+            max_concurrent_streams: 2048,
+            relay: true,
             max_observed_message_bytes: d.max_observed_message,
         }
     }
@@ -312,12 +316,10 @@ impl Config {
     pub fn proxy_options(&self) -> crate::proxy::ProxyOptions {
         crate::proxy::ProxyOptions {
             max_observed_message: self.proxy.max_observed_message_bytes,
-            max_concurrent_streams: self.proxy.max_concurrent_streams,
             keepalive_interval: self.proxy.keepalive_interval,
             keepalive_timeout: self.proxy.keepalive_timeout,
             handshake_timeout: self.proxy.handshake_timeout,
             shutdown_grace: self.proxy.shutdown_grace,
-            relay: self.proxy.relay,
             ..Default::default()
         }
     }

@@ -59,6 +59,9 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
         }
     };
     tracing::info!(listen = %listen, upstream = %cfg.upstream.display(), "crisp listening");
+    if !cfg.proxy.relay {
+        tracing::warn!("config: proxy.relay = false is no longer supported and is ignored; every connection is relayed (crisp's own HTTP/2 server rejected the :authority that kubelet and crictl send)");
+    }
     crate::systemd::notify_ready(&format!("serving, forwarding to {}", cfg.upstream.display()));
     let shutdown = async move {
         shutdown.await;

@@ -69,7 +69,7 @@ impl RuntimeClient {
             if let Some(c) = code_of(&parts.headers) {
                 return Err(status_error(method, c, &parts.headers));
             }
-            let (data, trailers) = body::collect(ProxyBody::Stream(body), 64 << 20).await.map_err(|e| ClientError::Malformed { method, detail: e.to_string() })?;
+            let (data, trailers) = body::collect(ProxyBody::Upstream(body), 64 << 20).await.map_err(|e| ClientError::Malformed { method, detail: e.to_string() })?;
             let trailers = trailers.unwrap_or_default();
             match code_of(&trailers) {
                 Some(0) => {}

@@ -7,16 +7,16 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 
-/// What a body fails with: a peer's `hyper::Error`, or the relay's reason.
+/// What a body fails with: the runtime connection's error, or the relay's reason.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A forwarded body.
 #[derive(Debug)]
 pub enum ProxyBody {
-    /// The peer's body, forwarded as it arrives (back-pressure comes from HTTP/2 flow control).
-    Stream(Incoming),
+    /// The runtime's response body, forwarded as it arrives (back-pressure comes from HTTP/2
+    /// flow control).
+    Upstream(super::h2c::RecvBody),
     /// A request body arriving on a relayed connection (see [`super::relay`]).
     Relay(super::relay::RelayBody),
     /// Buffered data (one or more frames) followed by optional trailers.
@@ -40,7 +40,7 @@ impl Body for ProxyBody {
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match &mut *self {
-            ProxyBody::Stream(inner) => Pin::new(inner).poll_frame(cx).map_err(Into::into),
+            ProxyBody::Upstream(inner) => Pin::new(inner).poll_frame(cx),
             ProxyBody::Relay(inner) => Pin::new(inner).poll_frame(cx),
             ProxyBody::Buffered { data, trailers } => {
                 if let Some(d) = data.take() {
@@ -53,7 +53,7 @@ impl Body for ProxyBody {
 
     fn is_end_stream(&self) -> bool {
         match self {
-            ProxyBody::Stream(inner) => inner.is_end_stream(),
+            ProxyBody::Upstream(inner) => inner.is_end_stream(),
             ProxyBody::Relay(inner) => inner.is_end_stream(),
             ProxyBody::Buffered { data, trailers } => data.is_none() && trailers.is_none(),
         }
@@ -61,7 +61,7 @@ impl Body for ProxyBody {
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            ProxyBody::Stream(inner) => inner.size_hint(),
+            ProxyBody::Upstream(inner) => inner.size_hint(),
             ProxyBody::Relay(_) => SizeHint::default(),
             // Deliberately inexact: an exact hint makes hyper add a content-length header the
             // client never sent, and crisp forwards headers byte-exact.

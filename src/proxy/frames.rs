@@ -35,6 +35,7 @@ pub const NO_ERROR: u32 = 0x0;
 pub const PROTOCOL_ERROR: u32 = 0x1;
 pub const REFUSED_STREAM: u32 = 0x7;
 pub const CANCEL: u32 = 0x8;
+pub const ENHANCE_YOUR_CALM: u32 = 0xb;
 
 /// A parsed frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

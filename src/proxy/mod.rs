@@ -9,6 +9,7 @@
 
 pub mod body;
 pub mod frames;
+pub mod h2c;
 pub mod hpack;
 pub mod huffman;
 pub mod listener;
@@ -27,8 +28,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::UnixListener;
 use tracing::Instrument;
 
@@ -44,7 +43,6 @@ pub use upstream::{Upstream, UpstreamOptions};
 pub struct ProxyOptions {
     /// Largest message crisp buffers for an observed call. Unobserved calls have no limit.
     pub max_observed_message: usize,
-    pub max_concurrent_streams: u32,
     /// HTTP/2 keep-alive towards clients: a client that stops answering pings (or sent half a
     /// frame and went silent) is disconnected after interval + timeout.
     pub keepalive_interval: Duration,
@@ -53,26 +51,16 @@ pub struct ProxyOptions {
     pub handshake_timeout: Duration,
     /// On shutdown, in-flight calls get this long to finish.
     pub shutdown_grace: Duration,
-    pub stream_window: u32,
-    pub connection_window: u32,
-    /// Relay each client connection frame by frame to a runtime connection of its own, diverting
-    /// only the calls an interceptor wants to see ([`relay`]). Off: every call is terminated by
-    /// crisp's HTTP/2 server and re-issued on the pooled runtime connections.
-    pub relay: bool,
 }
 
 impl Default for ProxyOptions {
     fn default() -> Self {
         ProxyOptions {
             max_observed_message: 64 << 20,
-            max_concurrent_streams: 2048,
             keepalive_interval: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(20),
             handshake_timeout: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(10),
-            stream_window: 2 << 20,
-            connection_window: 16 << 20,
-            relay: true,
         }
     }
 }
@@ -126,7 +114,7 @@ impl Proxy {
     async fn forward_fast(&self, req: Request<ProxyBody>) -> Response<ResponseBody> {
         let (parts, body) = req.into_parts();
         match self.upstream.send(Request::from_parts(parts, body)).await {
-            Ok(resp) => resp.map(|b| ResponseBody::new(ProxyBody::Stream(b), None).with_upstream(&self.upstream)),
+            Ok(resp) => resp.map(|b| ResponseBody::new(ProxyBody::Upstream(b), None).with_upstream(&self.upstream)),
             Err(e) => self.unavailable(e),
         }
     }
@@ -216,7 +204,7 @@ impl Proxy {
                 c.code = code_of(&parts.headers);
                 c.message = message_of(&parts.headers);
             }
-            let mut rb = ResponseBody::new(ProxyBody::Stream(body), completion).with_upstream(&self.upstream);
+            let mut rb = ResponseBody::new(ProxyBody::Upstream(body), completion).with_upstream(&self.upstream);
             if interest.response && call.route.rpc.is_some() {
                 // A server stream: each message is shown to the interceptors as it completes.
                 rb.patcher = Some(Box::new(StreamPatcher { proxy: self.clone(), call, buf: bytes::BytesMut::new(), pending_trailers: None }));
@@ -237,9 +225,9 @@ impl Proxy {
                 comp.code = Some(c);
                 comp.message = message_of(&parts.headers);
             }
-            return Response::from_parts(parts, ResponseBody::new(ProxyBody::Stream(body), completion));
+            return Response::from_parts(parts, ResponseBody::new(ProxyBody::Upstream(body), completion));
         }
-        let (data, trailers) = match body::collect(ProxyBody::Stream(body), usize::MAX).await {
+        let (data, trailers) = match body::collect(ProxyBody::Upstream(body), usize::MAX).await {
             Ok(x) => x,
             Err(e) => {
                 tracing::warn!(error = %e, "upstream response body failed");
@@ -425,22 +413,9 @@ impl Body for ResponseBody {
 }
 
 /// Serves kubelet-facing connections on `listener` until `shutdown` resolves, then stops
-/// accepting and lets in-flight calls finish within `shutdown_grace`.
+/// accepting and lets in-flight calls finish within `shutdown_grace`. Every connection is relayed
+/// ([`relay`]).
 pub async fn serve(listener: UnixListener, proxy: Arc<Proxy>, shutdown: impl Future<Output = ()>) {
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-    builder
-        .timer(TokioTimer::new())
-        // Byte-exact responses: hyper would otherwise add a `date` header the runtime never sent.
-        .auto_date_header(false)
-        .max_concurrent_streams(proxy.opts.max_concurrent_streams)
-        .initial_stream_window_size(proxy.opts.stream_window)
-        .initial_connection_window_size(proxy.opts.connection_window)
-        .max_frame_size(1 << 20)
-        .max_header_list_size(1 << 20)
-        .keep_alive_interval(proxy.opts.keepalive_interval)
-        .keep_alive_timeout(proxy.opts.keepalive_timeout);
-    let handshake_timeout = proxy.opts.handshake_timeout;
     // Connection tasks, so that those still busy when the grace ends can be closed.
     let mut conns = tokio::task::JoinSet::new();
     // Tells relayed connections to send GOAWAY and finish.
@@ -460,28 +435,13 @@ pub async fn serve(listener: UnixListener, proxy: Arc<Proxy>, shutdown: impl Fut
             },
         };
         while conns.try_join_next().is_some() {}
-        if proxy.opts.relay {
-            conns.spawn(relay::serve_connection(stream, proxy.clone(), stop_rx.clone()));
-            continue;
-        }
-        let proxy = proxy.clone();
-        let svc = hyper::service::service_fn(move |req: Request<Incoming>| proxy.clone().handle(req.map(ProxyBody::Stream)));
-        let io = TokioIo::new(listener::PrefaceTimeout::new(stream, handshake_timeout));
-        let conn = builder.serve_connection(io, svc);
-        let conn = graceful.watch(conn);
-        while conns.try_join_next().is_some() {}
-        conns.spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "client connection closed with an error");
-            }
-        });
+        conns.spawn(relay::serve_connection(stream, proxy.clone(), stop_rx.clone()));
     }
     drop(listener);
     let grace = proxy.opts.shutdown_grace;
     tracing::info!(grace_ms = grace.as_millis() as u64, "shutting down: no longer accepting, draining in-flight calls");
     let _ = stop_tx.send(true);
     let drain = async {
-        graceful.shutdown().await;
         while conns.join_next().await.is_some() {}
     };
     if tokio::time::timeout(grace, drain).await.is_err() {

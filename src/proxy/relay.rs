@@ -41,6 +41,8 @@ use tokio::sync::{mpsc, watch, Notify};
 
 use super::body::{BoxError, ProxyBody};
 use super::frames::{self as f, Head};
+use super::h2c::Fields;
+use super::upstream::RawFields;
 use super::sock::{self, Reader, Writer};
 use super::Proxy;
 use crate::cri::Route;
@@ -144,6 +146,51 @@ pub struct Shared {
     window: Notify,
     /// Frames for the client that do not come from the runtime.
     ctl: mpsc::UnboundedSender<Vec<u8>>,
+    pings: PingGate,
+}
+
+/// Decides which of the client's PINGs go on to the runtime.
+///
+/// grpc-go clients (kubelet, crictl) send a PING whenever DATA arrives and none is outstanding
+/// (BDP estimation). A grpc-go server (containerd) counts a PING as a "strike" unless it has sent
+/// HEADERS or DATA on that connection since the previous PING, and closes the connection with
+/// GOAWAY ENHANCE_YOUR_CALM after three strikes (KUBELET-CRI.md §11). Through crisp, DATA the
+/// client receives may come from crisp itself (a diverted call's response), so its PINGs would
+/// reach a runtime connection that said nothing: strikes. crisp therefore forwards a client PING
+/// only when the runtime has written HEADERS or DATA since the ACK of the previous forwarded
+/// one (frames on a connection are ordered, so those were written after that PING was counted),
+/// and answers the others itself. The runtime never sees a PING it would count; BDP estimation
+/// still measures the runtime's round trip whenever the data came from the runtime.
+#[derive(Default)]
+struct PingGate(std::sync::atomic::AtomicU8);
+
+impl PingGate {
+    /// No HEADERS/DATA from the runtime since the last forwarded PING was answered.
+    const STALE: u8 = 0;
+    /// The runtime wrote HEADERS or DATA since then: a PING now resets its strikes.
+    const FRESH: u8 = 1;
+    /// A forwarded PING awaits its ACK.
+    const OUTSTANDING: u8 = 2;
+
+    /// The runtime sent HEADERS or DATA (runtime → client direction, in wire order).
+    fn runtime_wrote(&self) {
+        use std::sync::atomic::Ordering::*;
+        if self.0.load(Relaxed) == Self::STALE {
+            let _ = self.0.compare_exchange(Self::STALE, Self::FRESH, AcqRel, Relaxed);
+        }
+    }
+
+    /// The runtime answered a PING.
+    fn acked(&self) {
+        use std::sync::atomic::Ordering::*;
+        let _ = self.0.compare_exchange(Self::OUTSTANDING, Self::STALE, AcqRel, Relaxed);
+    }
+
+    /// Whether a client PING may go to the runtime now (and if so, it is outstanding).
+    fn try_forward(&self) -> bool {
+        use std::sync::atomic::Ordering::*;
+        self.0.compare_exchange(Self::FRESH, Self::OUTSTANDING, AcqRel, Relaxed).is_ok()
+    }
 }
 
 impl Shared {
@@ -239,6 +286,7 @@ pub async fn serve_connection(client: UnixStream, proxy: Arc<Proxy>, shutdown: w
         }),
         window: Notify::new(),
         ctl,
+        pings: PingGate::default(),
     });
     let (ur, uw) = match upstream {
         Some((r, w)) => (Some(r), Some(w)),
@@ -378,7 +426,12 @@ impl ClientToUpstream {
             if !out.is_empty() {
                 if let Some(uw) = self.uw.as_mut() {
                     if let Err(e) = uw.write_all(&out).await {
-                        tracing::warn!(upstream = %self.proxy.upstream.path().display(), error = %e, "writing to the upstream connection failed");
+                        if self.shared.lock().degraded {
+                            // The runtime sent GOAWAY or closed: frames crossing its close fail.
+                            tracing::debug!(upstream = %self.proxy.upstream.path().display(), error = %e, "writing to a closing upstream connection failed");
+                        } else {
+                            tracing::warn!(upstream = %self.proxy.upstream.path().display(), error = %e, "writing to the upstream connection failed");
+                        }
                         self.uw = None;
                         let msg = format!("crisp: upstream unix://{} failed: {e}", self.proxy.upstream.path().display());
                         upstream_gone(&self.proxy, &self.shared, &msg, None);
@@ -464,13 +517,20 @@ impl ClientToUpstream {
                 }
             }
             f::PING => {
-                if head.has(f::ACK) && payload == KEEPALIVE {
-                    // Our own keep-alive's answer.
-                } else if upstream {
+                if head.has(f::ACK) {
+                    // Answers to the runtime's PINGs go back to it; crisp's own keep-alive's not.
+                    if upstream && payload != KEEPALIVE {
+                        out.extend_from_slice(&frame);
+                    }
+                } else if upstream && !self.shared.lock().degraded && self.shared.pings.try_forward() {
                     out.extend_from_slice(&frame);
-                } else if !head.has(f::ACK) {
-                    f::put_head(ctl, payload.len(), f::PING, f::ACK, 0);
+                } else if payload.len() == 8 {
+                    // crisp answers: the runtime would count this PING as a strike (see PingGate).
+                    f::put_head(ctl, 8, f::PING, f::ACK, 0);
                     ctl.extend_from_slice(payload);
+                } else if upstream {
+                    // Malformed: the runtime's to judge.
+                    out.extend_from_slice(&frame);
                 }
             }
             f::WINDOW_UPDATE => {
@@ -655,35 +715,48 @@ impl ClientToUpstream {
     }
 }
 
-/// Rebuilds an `http::Request` from a (stateless, so self-contained) header block.
+/// Rebuilds a request from a (stateless, so self-contained) header block. The fields go to the
+/// runtime exactly as the client sent them ([`RawFields`]); the `http::Request` around them is
+/// what crisp itself reads (the path, `grpc-timeout`). Nothing is judged here: `:authority` in
+/// particular is whatever the client sent — grpc-go sends a socket path, which no URI can hold
+/// (KUBELET-CRI.md §11) — and the runtime decides what it accepts, as it does for relayed calls.
 fn request_from_block(block: &[u8]) -> Result<Request<()>, &'static str> {
-    let (pseudo, headers) = fields_from_block(block)?;
-    let (mut method, mut scheme, mut authority, mut path) = (None, None, None, None);
-    for (n, v) in pseudo {
-        match n.as_slice() {
-            b":method" => method = Some(v),
-            b":scheme" => scheme = Some(v),
-            b":authority" => authority = Some(v),
-            b":path" => path = Some(v),
-            _ => return Err("unknown pseudo-header"),
+    let mut fields = Vec::with_capacity(16);
+    super::hpack::Decoder::default()
+        .decode(block, |n, v| fields.push((Bytes::copy_from_slice(n), Bytes::copy_from_slice(v))))
+        .map_err(|_| "header block")?;
+    let mut req = Request::new(());
+    *req.version_mut() = http::Version::HTTP_2;
+    for (n, v) in &fields {
+        match n.as_ref() {
+            b":method" => {
+                if let Ok(m) = http::Method::from_bytes(v) {
+                    *req.method_mut() = m;
+                }
+            }
+            b":path" => {
+                if let Ok(u) = http::Uri::from_maybe_shared(v.clone()) {
+                    *req.uri_mut() = u;
+                }
+            }
+            n if n.starts_with(b":") => {}
+            n => {
+                // A field http cannot represent still reaches the runtime (RawFields); crisp
+                // only does not look at it.
+                if let (Ok(name), Ok(value)) = (http::HeaderName::from_bytes(n), http::HeaderValue::from_maybe_shared(v.clone())) {
+                    req.headers_mut().append(name, value);
+                }
+            }
         }
     }
-    let s = |v: Option<Vec<u8>>, d: &str| v.and_then(|v| String::from_utf8(v).ok()).unwrap_or_else(|| d.to_string());
-    let uri = format!("{}://{}{}", s(scheme, "http"), s(authority, "localhost"), s(path, "/"));
-    let mut req = Request::builder()
-        .method(http::Method::from_bytes(method.as_deref().unwrap_or(b"POST")).map_err(|_| "method")?)
-        .uri(uri)
-        .version(http::Version::HTTP_2)
-        .body(())
-        .map_err(|_| ":path or :authority")?;
-    *req.headers_mut() = headers;
+    req.extensions_mut().insert(RawFields(Fields(fields)));
     Ok(req)
 }
 
-type Fields = Vec<(Vec<u8>, Vec<u8>)>;
+type TrailerFields = Vec<(Vec<u8>, Vec<u8>)>;
 
-/// Decodes a (stateless, so self-contained) header block into its pseudo-headers and the rest.
-fn fields_from_block(block: &[u8]) -> Result<(Fields, http::HeaderMap), &'static str> {
+/// Decodes a (stateless, so self-contained) header block of request trailers.
+fn fields_from_block(block: &[u8]) -> Result<(TrailerFields, http::HeaderMap), &'static str> {
     let mut fields = Vec::new();
     super::hpack::Decoder::default().decode(block, |n, v| fields.push((n.to_vec(), v.to_vec()))).map_err(|_| "header block")?;
     let mut pseudo = Vec::new();
@@ -939,6 +1012,7 @@ impl UpstreamToClient {
             let payload = pos + f::HEADER_LEN..pos + len;
             match head.kind {
                 f::DATA => {
+                    self.shared.pings.runtime_wrote();
                     let n = head.len as i64;
                     if n > 0 && !self.take_window(n) {
                         // Not within what the client has left: send what we have and wait for
@@ -952,6 +1026,7 @@ impl UpstreamToClient {
                     }
                 }
                 f::HEADERS => {
+                    self.shared.pings.runtime_wrote();
                     let p = &buf[payload];
                     let r = f::header_fragment(&head, p).ok_or(RelayError::Protocol("malformed HEADERS from the runtime"))?;
                     let end_stream = head.has(f::END_STREAM);
@@ -972,11 +1047,17 @@ impl UpstreamToClient {
                     }
                 }
                 f::RST_STREAM => self.end_relayed(head.stream, Some(code::CANCELLED), now),
+                f::PING if head.has(f::ACK) => self.shared.pings.acked(),
                 f::GOAWAY if head.len >= 8 => {
                     let g = &buf[payload];
                     let last = u32::from_be_bytes([g[0], g[1], g[2], g[3]]) & 0x7fff_ffff;
                     let err = u32::from_be_bytes([g[4], g[5], g[6], g[7]]);
-                    tracing::info!(upstream = %self.proxy.upstream.path().display(), last_stream = last, error_code = err, "runtime sent GOAWAY; moving this client to a new connection");
+                    let debug_data = String::from_utf8_lossy(&g[8..]);
+                    if err == f::ENHANCE_YOUR_CALM {
+                        tracing::warn!(upstream = %self.proxy.upstream.path().display(), last_stream = last, error_code = err, debug_data = %debug_data, "runtime sent GOAWAY ENHANCE_YOUR_CALM (it judged this connection's PINGs too frequent); moving this client to a new connection");
+                    } else {
+                        tracing::info!(upstream = %self.proxy.upstream.path().display(), last_stream = last, error_code = err, debug_data = %debug_data, "runtime sent GOAWAY; moving this client to a new connection");
+                    }
                     // Frames before it go first. The GOAWAY itself is not relayed: the client's
                     // connection is crisp's, and stays up (see `maybe_move_client`).
                     self.flush(buf, &mut pos).await?;

@@ -1,18 +1,18 @@
-//! The runtime side: one multiplexed HTTP/2 connection to the runtime's unix socket, re-dialled
-//! on demand after the runtime goes away. crisp never exits because the runtime did; calls made
-//! while it is down fail fast with UNAVAILABLE naming the socket.
+//! The runtime side of the calls crisp sends itself (diverted calls and crisp's own probes): a
+//! few multiplexed HTTP/2 connections ([`super::h2c`]) to the runtime's unix socket, re-dialled on
+//! demand after the runtime goes away. crisp never exits because the runtime did; calls made while
+//! it is down fail fast with UNAVAILABLE naming the socket.
 
 use std::path::{Path, PathBuf};
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::{Request, Response};
-use hyper::body::Incoming;
-use hyper::client::conn::http2::SendRequest;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::UnixStream;
 
 use super::body::ProxyBody;
+use super::h2c::{self, Conn, Fields, RecvBody, SendBody};
 
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
@@ -21,12 +21,12 @@ pub enum UpstreamError {
     #[error("upstream unix://{path} did not accept a connection within {timeout:?}")]
     ConnectTimeout { path: String, timeout: Duration },
     #[error("upstream unix://{path} HTTP/2 handshake failed: {source}")]
-    Handshake { path: String, source: hyper::Error },
+    Handshake { path: String, source: std::io::Error },
     #[error("upstream unix://{path} failed the call: {source}")]
-    Call { path: String, source: hyper::Error },
+    Call { path: String, source: h2c::Error },
 }
 
-/// Tunables of the runtime-side connection.
+/// Tunables of the runtime-side connections.
 #[derive(Debug, Clone)]
 pub struct UpstreamOptions {
     pub connect_timeout: Duration,
@@ -42,19 +42,27 @@ impl Default for UpstreamOptions {
     }
 }
 
+/// The header fields of a request exactly as its client sent them (set by the relay on a diverted
+/// call). Without it, the fields are built from the `http::Request`.
+#[derive(Debug, Clone)]
+pub struct RawFields(pub Fields);
+
+/// How often a call the runtime refused unprocessed (GOAWAY, REFUSED_STREAM) is sent again on a
+/// new connection, as gRPC clients do transparently.
+const RETRIES: usize = 3;
+
 pub struct Upstream {
     path: PathBuf,
-    display: String,
+    display: Arc<str>,
     opts: UpstreamOptions,
-    /// A few multiplexed connections, used round-robin: one HTTP/2 connection is processed by
-    /// one task, so with a single one every call of the node funnels through one core.
+    /// A few multiplexed connections, used round-robin: one connection is served by one task.
     slots: Vec<Slot>,
     next: std::sync::atomic::AtomicUsize,
 }
 
 struct Slot {
-    /// The live connection's sender. Read-locked on every call just long enough to clone it.
-    current: RwLock<Option<SendRequest<ProxyBody>>>,
+    /// The live connection. Read-locked on every call just long enough to clone it.
+    current: RwLock<Option<Conn>>,
     /// Serialises re-dials so that a burst of calls after a runtime restart dials once.
     dialing: tokio::sync::Mutex<()>,
 }
@@ -62,7 +70,7 @@ struct Slot {
 impl Upstream {
     pub fn new(path: impl Into<PathBuf>, opts: UpstreamOptions) -> Self {
         let path = path.into();
-        let display = path.display().to_string();
+        let display: Arc<str> = path.display().to_string().into();
         let slots = (0..opts.connections.max(1)).map(|_| Slot { current: RwLock::new(None), dialing: tokio::sync::Mutex::new(()) }).collect();
         Upstream { path, display, opts, slots, next: std::sync::atomic::AtomicUsize::new(0) }
     }
@@ -71,28 +79,32 @@ impl Upstream {
         &self.path
     }
 
-    fn live(slot: &Slot) -> Option<SendRequest<ProxyBody>> {
+    fn live(slot: &Slot) -> Option<Conn> {
         let guard = slot.current.read().unwrap_or_else(|e| e.into_inner());
-        guard.as_ref().filter(|s| !s.is_closed()).cloned()
+        guard.as_ref().filter(|c| c.is_usable()).cloned()
     }
 
-    async fn sender(&self, idx: usize) -> Result<SendRequest<ProxyBody>, UpstreamError> {
+    async fn conn(&self, idx: usize) -> Result<Conn, UpstreamError> {
         let slot = &self.slots[idx % self.slots.len()];
-        if let Some(s) = Self::live(slot) {
-            return Ok(s);
+        if let Some(c) = Self::live(slot) {
+            return Ok(c);
         }
         let _dial = slot.dialing.lock().await;
-        if let Some(s) = Self::live(slot) {
-            return Ok(s);
+        if let Some(c) = Self::live(slot) {
+            return Ok(c);
         }
-        let s = self.dial().await?;
-        *slot.current.write().unwrap_or_else(|e| e.into_inner()) = Some(s.clone());
-        Ok(s)
+        let stream = self.connect().await?;
+        let c = Conn::handshake(stream, h2c::Windows { stream: self.opts.stream_window, connection: self.opts.connection_window }, self.display.clone())
+            .await
+            .map_err(|source| UpstreamError::Handshake { path: self.display.to_string(), source })?;
+        tracing::debug!(upstream = %self.display, "connected to upstream");
+        *slot.current.write().unwrap_or_else(|e| e.into_inner()) = Some(c.clone());
+        Ok(c)
     }
 
     /// A new raw connection to the runtime's socket (the relay speaks HTTP/2 on it itself).
     pub async fn connect(&self) -> Result<UnixStream, UpstreamError> {
-        let path = || self.display.clone();
+        let path = || self.display.to_string();
         match tokio::time::timeout(self.opts.connect_timeout, UnixStream::connect(&self.path)).await {
             Err(_) => Err(UpstreamError::ConnectTimeout { path: path(), timeout: self.opts.connect_timeout }),
             Ok(Err(source)) => Err(UpstreamError::Connect { path: path(), source }),
@@ -100,51 +112,47 @@ impl Upstream {
         }
     }
 
-    async fn dial(&self) -> Result<SendRequest<ProxyBody>, UpstreamError> {
-        let path = || self.display.clone();
-        let stream = self.connect().await?;
-        let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .initial_stream_window_size(self.opts.stream_window)
-            .initial_connection_window_size(self.opts.connection_window)
-            .max_frame_size(1 << 20)
-            // The runtime is trusted and local; kubelet itself sends up to 16 MiB messages and
-            // large metadata is harmless here.
-            .max_header_list_size(1 << 20)
-            .handshake(TokioIo::new(stream))
-            .await
-            .map_err(|source| UpstreamError::Handshake { path: path(), source })?;
-        let upstream_name = self.display.clone();
-        tokio::spawn(async move {
-            match conn.await {
-                Ok(()) => tracing::info!(upstream = %upstream_name, "upstream connection closed"),
-                Err(e) => tracing::warn!(upstream = %upstream_name, error = %e, "upstream connection failed"),
+    /// Sends one request upstream. The returned future resolves with the response headers; the
+    /// body streams. Dropping the future (client cancelled) resets the upstream stream. A call
+    /// the runtime refused unprocessed is sent again on a new connection when its request body
+    /// was complete up front (every unary call crisp diverts).
+    pub async fn send(&self, req: Request<ProxyBody>) -> Result<Response<RecvBody>, UpstreamError> {
+        let (mut parts, body) = req.into_parts();
+        let fields = match parts.extensions.remove::<RawFields>() {
+            Some(RawFields(f)) => f,
+            None => Fields::from_request(&Request::from_parts(parts.clone(), ())),
+        };
+        let full = match body {
+            ProxyBody::Buffered { data, trailers } => Some((data.unwrap_or_default(), trailers)),
+            other => {
+                let idx = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let conn = self.conn(idx).await?;
+                return self.respond(parts, conn.send(fields, SendBody::Stream(other)).await);
             }
-        });
-        tracing::info!(upstream = %self.display, "connected to upstream");
-        Ok(sender)
+        };
+        let (data, trailers): (Bytes, _) = full.expect("set above");
+        let mut attempt = 0;
+        loop {
+            let idx = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let conn = self.conn(idx).await?;
+            let r = conn.send(fields.clone(), SendBody::Full { data: data.clone(), trailers: trailers.clone() }).await;
+            match r {
+                Err(h2c::Error::Refused(why)) if attempt < RETRIES => {
+                    attempt += 1;
+                    tracing::debug!(upstream = %self.display, why, attempt, "the runtime refused the call unprocessed; sending it on a new connection");
+                }
+                r => return self.respond(parts, r),
+            }
+        }
     }
 
-    /// Sends one request upstream. The returned future resolves with the response headers; the
-    /// body streams. Dropping the future (client cancelled) resets the upstream stream.
-    pub async fn send(&self, req: Request<ProxyBody>) -> Result<Response<Incoming>, UpstreamError> {
-        let idx = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut sender = self.sender(idx).await?;
-        let req = match sender.try_send_request(req).await {
-            Ok(resp) => return Ok(resp),
-            Err(mut e) => match e.take_message() {
-                // hyper gives the request back only when it never reached the wire: the
-                // connection was closing (the runtime sent GOAWAY, or died) before this call got
-                // on it. Nothing reached the runtime, so one attempt on a fresh connection is safe.
-                Some(req) => {
-                    tracing::debug!(upstream = %self.display, error = %e.error(), "upstream connection closing; retrying the call on a new one");
-                    req
-                }
-                None => return Err(UpstreamError::Call { path: self.display.clone(), source: e.into_error() }),
-            },
-        };
-        // The refused sender reports closed now, so this dials a new connection.
-        let mut sender = self.sender(idx).await?;
-        sender.send_request(req).await.map_err(|source| UpstreamError::Call { path: self.display.clone(), source })
+    fn respond(&self, parts: http::request::Parts, r: Result<(h2c::ResponseHead, RecvBody), h2c::Error>) -> Result<Response<RecvBody>, UpstreamError> {
+        let _ = parts;
+        let (head, body) = r.map_err(|source| UpstreamError::Call { path: self.display.to_string(), source })?;
+        let mut resp = Response::new(body);
+        *resp.status_mut() = head.status;
+        *resp.headers_mut() = head.headers;
+        *resp.version_mut() = http::Version::HTTP_2;
+        Ok(resp)
     }
 }

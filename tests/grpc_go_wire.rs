@@ -1,0 +1,565 @@
+//! crisp between a client and a runtime that behave on the wire as grpc-go does (KUBELET-CRI.md
+//! §11), frame by frame, so that each rule can be checked deterministically:
+//! - the client sends `:authority` as kubelet 1.2x and crictl do (the socket path), as kubelet 1.29
+//!   does (percent-encoded), `localhost`, or empty; its header blocks index fields into the HPACK
+//!   dynamic table, so later requests refer to earlier ones; it sends a BDP PING whenever DATA
+//!   arrives and none is outstanding; it retries a stream refused with REFUSED_STREAM;
+//! - the runtime accepts any authority, answers PINGs, and polices them as grpc-go's server does
+//!   with containerd's settings (keepalive `MinTime` 5 min, `PermitWithoutStream` false): a PING is
+//!   a strike unless the runtime wrote HEADERS or DATA since the previous one; more than two
+//!   strikes and it sends GOAWAY ENHANCE_YOUR_CALM and closes the connection.
+//!
+//! The real peers (grpc-go built from Debian's packages, containerd) are in the e2e suite; these
+//! tests pin the rules down where a real peer's timing would make a failure rare.
+
+mod support;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::OwnedWriteHalf;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{oneshot, Mutex as AsyncMutex};
+
+use crisp::intercept::{Call, Interceptor, Interest};
+use crisp::proxy::frames::{self as f, Head};
+use crisp::proxy::hpack::Decoder;
+use crisp::proxy::ProxyOptions;
+use support::{within, Crisp, PATIENCE};
+
+const VERSION: &str = "/runtime.v1.RuntimeService/Version";
+const CREATE: &str = "/runtime.v1.RuntimeService/CreateContainer";
+/// grpc-go's BDP estimator's PING payload.
+const BDP_PING: [u8; 8] = [2, 4, 16, 16, 9, 14, 7, 7];
+
+type Fields = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// Diverts CreateContainer (as the ordering engine does) and lets everything else relay.
+struct DivertCreate;
+
+impl Interceptor for DivertCreate {
+    fn interest(&self, call: &Call) -> Interest {
+        let divert = call.path.as_str() == CREATE;
+        Interest { request: divert, response: divert, complete: false }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The runtime
+
+#[derive(Default)]
+struct RuntimeLog {
+    /// Every request's header fields, in arrival order.
+    requests: Mutex<Vec<Fields>>,
+    strikes: AtomicUsize,
+    too_many_pings: AtomicUsize,
+    pings: AtomicUsize,
+    connections: AtomicUsize,
+    /// Graceful GOAWAYs sent, and requests that arrived after one (never processed).
+    goaways: AtomicUsize,
+    ignored: AtomicUsize,
+}
+
+#[derive(Clone, Copy, Default)]
+struct RuntimeOpts {
+    /// Answer each request this long after it arrived.
+    delay: Duration,
+    /// On the connection's Nth request (1-based), send GOAWAY whose last-stream-id is the
+    /// previous request's, ignore that request and every later one, and close the connection
+    /// once the earlier ones are answered.
+    goaway_at: Option<usize>,
+}
+
+struct Runtime {
+    log: Arc<RuntimeLog>,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+impl Runtime {
+    async fn start(path: &Path, opts: RuntimeOpts) -> Runtime {
+        let listener = UnixListener::bind(path).unwrap();
+        let log = Arc::new(RuntimeLog::default());
+        let l = log.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((s, _)) = listener.accept().await {
+                l.connections.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(serve_runtime_conn(s, l.clone(), opts));
+            }
+        });
+        Runtime { log, _task: task }
+    }
+}
+
+struct RtConn {
+    w: AsyncMutex<OwnedWriteHalf>,
+    /// grpc-go's `resetPingStrikes`: set whenever the server writes HEADERS or DATA.
+    reset_strikes: AtomicBool,
+    active: AtomicUsize,
+    closing: AtomicBool,
+}
+
+impl RtConn {
+    async fn write(&self, b: &[u8]) {
+        let _ = self.w.lock().await.write_all(b).await;
+    }
+}
+
+async fn serve_runtime_conn(s: UnixStream, log: Arc<RuntimeLog>, opts: RuntimeOpts) {
+    let (mut r, w) = s.into_split();
+    let conn = Arc::new(RtConn { w: AsyncMutex::new(w), reset_strikes: AtomicBool::new(false), active: AtomicUsize::new(0), closing: AtomicBool::new(false) });
+    let mut preface = [0u8; 24];
+    if r.read_exact(&mut preface).await.is_err() {
+        return;
+    }
+    let mut hello = Vec::new();
+    f::put_head(&mut hello, 0, f::SETTINGS, 0, 0);
+    conn.write(&hello).await;
+    let mut dec = Decoder::default();
+    let mut buf = BytesMut::new();
+    let mut streams: HashMap<u32, (Fields, BytesMut)> = HashMap::new();
+    let mut block: Option<(u32, bool, Vec<u8>)> = None;
+    let mut last_ping: Option<Instant> = None;
+    let mut strikes = 0usize;
+    let mut requests = 0usize;
+    let mut goaway_last: Option<u32> = None;
+    loop {
+        if conn.closing.load(Ordering::SeqCst) && conn.active.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let n = tokio::select! {
+            n = r.read_buf(&mut buf) => n.unwrap_or(0),
+            _ = tokio::time::sleep(Duration::from_millis(20)), if goaway_last.is_some() => continue,
+        };
+        if n == 0 {
+            return;
+        }
+        while let Some(head) = Head::parse(&buf) {
+            if buf.len() < f::HEADER_LEN + head.len {
+                break;
+            }
+            let frame = buf.split_to(f::HEADER_LEN + head.len).freeze();
+            let payload = frame.slice(f::HEADER_LEN..);
+            let mut complete: Option<(u32, bool, Vec<u8>)> = None;
+            match head.kind {
+                f::HEADERS => {
+                    let r = f::header_fragment(&head, &payload).unwrap();
+                    let b = (head.stream, head.has(f::END_STREAM), payload[r].to_vec());
+                    if head.has(f::END_HEADERS) {
+                        complete = Some(b);
+                    } else {
+                        block = Some(b);
+                    }
+                }
+                f::CONTINUATION => {
+                    let mut b = block.take().expect("CONTINUATION without HEADERS");
+                    b.2.extend_from_slice(&payload);
+                    if head.has(f::END_HEADERS) {
+                        complete = Some(b);
+                    } else {
+                        block = Some(b);
+                    }
+                }
+                f::DATA => {
+                    let mut out = Vec::new();
+                    if head.len > 0 {
+                        f::window_update(&mut out, 0, head.len as u32);
+                    }
+                    if let Some((_, body)) = streams.get_mut(&head.stream) {
+                        body.extend_from_slice(&payload);
+                    }
+                    conn.write(&out).await;
+                    if head.has(f::END_STREAM) {
+                        if let Some((fields, body)) = streams.remove(&head.stream) {
+                            respond(&conn, &log, head.stream, fields, body.freeze(), opts, goaway_last);
+                        }
+                    }
+                }
+                f::SETTINGS if !head.has(f::ACK) => {
+                    let mut out = Vec::new();
+                    f::put_head(&mut out, 0, f::SETTINGS, f::ACK, 0);
+                    conn.write(&out).await;
+                }
+                f::PING if !head.has(f::ACK) => {
+                    log.pings.fetch_add(1, Ordering::SeqCst);
+                    let mut out = Vec::new();
+                    f::put_head(&mut out, 8, f::PING, f::ACK, 0);
+                    out.extend_from_slice(&payload);
+                    conn.write(&out).await;
+                    // grpc-go's http2Server.handlePing with MinTime 5 min, PermitWithoutStream false.
+                    let now = Instant::now();
+                    let prev = last_ping.replace(now);
+                    if conn.reset_strikes.swap(false, Ordering::SeqCst) {
+                        strikes = 0;
+                        continue;
+                    }
+                    let min = if conn.active.load(Ordering::SeqCst) == 0 { Duration::from_secs(7200) } else { Duration::from_secs(300) };
+                    if prev.is_some_and(|p| p + min > now) {
+                        strikes += 1;
+                        log.strikes.fetch_add(1, Ordering::SeqCst);
+                    }
+                    if strikes > 2 {
+                        log.too_many_pings.fetch_add(1, Ordering::SeqCst);
+                        let mut g = Vec::new();
+                        f::goaway(&mut g, 0x7fff_ffff, 0xb /* ENHANCE_YOUR_CALM */, b"too_many_pings");
+                        conn.write(&g).await;
+                        return;
+                    }
+                }
+                _ => {}
+            }
+            if let Some((stream, end, block)) = complete {
+                let mut fields = Vec::new();
+                dec.decode(&block, |n, v| fields.push((n.to_vec(), v.to_vec()))).expect("header block");
+                if !streams.contains_key(&stream) {
+                    requests += 1;
+                    if goaway_last.is_some_and(|l| stream > l) {
+                        // After GOAWAY: never processed.
+                        log.ignored.fetch_add(1, Ordering::SeqCst);
+                        continue;
+                    }
+                    if opts.goaway_at == Some(requests) {
+                        let last = stream.saturating_sub(2);
+                        goaway_last = Some(last);
+                        log.goaways.fetch_add(1, Ordering::SeqCst);
+                        log.ignored.fetch_add(1, Ordering::SeqCst);
+                        conn.closing.store(true, Ordering::SeqCst);
+                        let mut g = Vec::new();
+                        f::goaway(&mut g, last, f::NO_ERROR, b"graceful");
+                        conn.write(&g).await;
+                        continue;
+                    }
+                    log.requests.lock().unwrap().push(fields.clone());
+                    conn.active.fetch_add(1, Ordering::SeqCst);
+                    if end {
+                        respond(&conn, &log, stream, fields, Bytes::new(), opts, goaway_last);
+                    } else {
+                        streams.insert(stream, (fields, BytesMut::new()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Answers a request with its own message, as a unary gRPC response.
+fn respond(conn: &Arc<RtConn>, _log: &Arc<RuntimeLog>, stream: u32, _fields: Fields, body: Bytes, opts: RuntimeOpts, _goaway: Option<u32>) {
+    let conn = conn.clone();
+    tokio::spawn(async move {
+        if !opts.delay.is_zero() {
+            tokio::time::sleep(opts.delay).await;
+        }
+        let mut out = Vec::new();
+        let mut h = Vec::new();
+        f::encode_field(&mut h, b":status", b"200");
+        f::encode_field(&mut h, b"content-type", b"application/grpc");
+        f::headers(&mut out, stream, &h, false);
+        f::data(&mut out, stream, &body, false);
+        let mut t = Vec::new();
+        f::encode_field(&mut t, b"grpc-status", b"0");
+        f::headers(&mut out, stream, &t, true);
+        // Set before the frames go out, as grpc-go's loopy writer does.
+        conn.reset_strikes.store(true, Ordering::SeqCst);
+        conn.write(&out).await;
+        conn.active.fetch_sub(1, Ordering::SeqCst);
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// The client
+
+/// A grpc-go-shaped HPACK encoder: fields are added to the dynamic table ("literal with
+/// incremental indexing") and referred to by index when they recur; `grpc-timeout` is never
+/// indexed.
+#[derive(Default)]
+struct Encoder {
+    /// Newest first.
+    table: Vec<(Vec<u8>, Vec<u8>)>,
+    size: usize,
+}
+
+impl Encoder {
+    fn field(&mut self, out: &mut Vec<u8>, n: &[u8], v: &[u8]) {
+        if let Some(i) = self.table.iter().position(|(tn, tv)| tn == n && tv == v) {
+            put_int(out, 0x80, 7, 62 + i);
+            return;
+        }
+        let entry = 32 + n.len() + v.len();
+        if n == b"grpc-timeout" || self.size + entry > 4096 {
+            f::encode_field(out, n, v);
+            return;
+        }
+        out.push(0x40);
+        put_int(out, 0, 7, n.len());
+        out.extend_from_slice(n);
+        put_int(out, 0, 7, v.len());
+        out.extend_from_slice(v);
+        self.table.insert(0, (n.to_vec(), v.to_vec()));
+        self.size += entry;
+    }
+}
+
+fn put_int(out: &mut Vec<u8>, first: u8, bits: u8, mut v: usize) {
+    let max = (1usize << bits) - 1;
+    if v < max {
+        out.push(first | v as u8);
+        return;
+    }
+    out.push(first | max as u8);
+    v -= max;
+    while v >= 128 {
+        out.push((v % 128) as u8 | 0x80);
+        v /= 128;
+    }
+    out.push(v as u8);
+}
+
+#[derive(Debug, PartialEq)]
+enum Outcome {
+    Ok(Bytes),
+    Status(String),
+    Reset(u32),
+    ConnectionClosed,
+}
+
+#[derive(Default)]
+struct ClientState {
+    waiting: HashMap<u32, (oneshot::Sender<Outcome>, BytesMut, bool)>,
+    ping_outstanding: bool,
+    pings_sent: usize,
+}
+
+struct Client {
+    w: Arc<AsyncMutex<OwnedWriteHalf>>,
+    enc: AsyncMutex<(Encoder, u32)>,
+    st: Arc<Mutex<ClientState>>,
+    authority: Vec<u8>,
+    _reader: tokio::task::JoinHandle<()>,
+}
+
+impl Client {
+    async fn connect(path: &Path, authority: &[u8]) -> Client {
+        let s = UnixStream::connect(path).await.unwrap();
+        let (mut r, w) = s.into_split();
+        let w = Arc::new(AsyncMutex::new(w));
+        let mut hello = f::PREFACE.to_vec();
+        f::put_head(&mut hello, 0, f::SETTINGS, 0, 0);
+        w.lock().await.write_all(&hello).await.unwrap();
+        let st = Arc::new(Mutex::new(ClientState::default()));
+        let (st2, w2) = (st.clone(), w.clone());
+        let reader = tokio::spawn(async move {
+            let mut dec = Decoder::default();
+            let mut buf = BytesMut::new();
+            loop {
+                let n = r.read_buf(&mut buf).await.unwrap_or(0);
+                if n == 0 {
+                    for (_, (tx, _, _)) in st2.lock().unwrap().waiting.drain() {
+                        let _ = tx.send(Outcome::ConnectionClosed);
+                    }
+                    return;
+                }
+                let mut out = Vec::new();
+                while let Some(head) = Head::parse(&buf) {
+                    if buf.len() < f::HEADER_LEN + head.len {
+                        break;
+                    }
+                    let frame = buf.split_to(f::HEADER_LEN + head.len).freeze();
+                    let payload = frame.slice(f::HEADER_LEN..);
+                    let mut st = st2.lock().unwrap();
+                    match head.kind {
+                        f::DATA => {
+                            if let Some((_, body, _)) = st.waiting.get_mut(&head.stream) {
+                                body.extend_from_slice(&payload);
+                            }
+                            if head.len > 0 {
+                                f::window_update(&mut out, 0, head.len as u32);
+                                f::window_update(&mut out, head.stream, head.len as u32);
+                                // grpc-go's BDP estimator: a PING per DATA while none is out.
+                                if !st.ping_outstanding {
+                                    st.ping_outstanding = true;
+                                    st.pings_sent += 1;
+                                    f::ping(&mut out, BDP_PING);
+                                }
+                            }
+                        }
+                        f::HEADERS => {
+                            let r = f::header_fragment(&head, &payload).unwrap();
+                            assert!(head.has(f::END_HEADERS), "the test client handles single-frame blocks only");
+                            let mut fields = Vec::new();
+                            dec.decode(&payload[r], |n, v| fields.push((n.to_vec(), v.to_vec()))).expect("response header block");
+                            if head.has(f::END_STREAM) {
+                                if let Some((tx, body, _)) = st.waiting.remove(&head.stream) {
+                                    let status = fields.iter().find(|(n, _)| n == b"grpc-status").map(|(_, v)| String::from_utf8_lossy(v).into_owned());
+                                    let msg = fields.iter().find(|(n, _)| n == b"grpc-message").map(|(_, v)| String::from_utf8_lossy(v).into_owned());
+                                    let _ = tx.send(match status.as_deref() {
+                                        Some("0") => Outcome::Ok(body.freeze()),
+                                        other => Outcome::Status(format!("{other:?} {msg:?}")),
+                                    });
+                                }
+                            }
+                        }
+                        f::RST_STREAM => {
+                            let code = u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]]);
+                            if let Some((tx, _, _)) = st.waiting.remove(&head.stream) {
+                                let _ = tx.send(Outcome::Reset(code));
+                            }
+                        }
+                        f::PING => {
+                            if head.has(f::ACK) {
+                                st.ping_outstanding = false;
+                            } else {
+                                f::put_head(&mut out, 8, f::PING, f::ACK, 0);
+                                out.extend_from_slice(&payload);
+                            }
+                        }
+                        f::SETTINGS if !head.has(f::ACK) => f::put_head(&mut out, 0, f::SETTINGS, f::ACK, 0),
+                        _ => {}
+                    }
+                }
+                if !out.is_empty() {
+                    let _ = w2.lock().await.write_all(&out).await;
+                }
+            }
+        });
+        Client { w, enc: AsyncMutex::new((Encoder::default(), 1)), st, authority: authority.to_vec(), _reader: reader }
+    }
+
+    /// One unary call, retried once if refused unprocessed (grpc-go's transparent retry).
+    async fn call(&self, path: &str, msg: &[u8]) -> Outcome {
+        let first = self.call_once(path, msg).await;
+        if first == Outcome::Reset(f::REFUSED_STREAM) {
+            return self.call_once(path, msg).await;
+        }
+        first
+    }
+
+    async fn call_once(&self, path: &str, msg: &[u8]) -> Outcome {
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut enc = self.enc.lock().await;
+            let id = enc.1;
+            enc.1 += 2;
+            let mut block = Vec::new();
+            let e = &mut enc.0;
+            e.field(&mut block, b":method", b"POST");
+            e.field(&mut block, b":scheme", b"http");
+            e.field(&mut block, b":path", path.as_bytes());
+            e.field(&mut block, b":authority", &self.authority);
+            e.field(&mut block, b"content-type", b"application/grpc");
+            e.field(&mut block, b"user-agent", b"grpc-go/1.51.0");
+            e.field(&mut block, b"te", b"trailers");
+            e.field(&mut block, b"grpc-timeout", b"1999937u");
+            let mut out = Vec::new();
+            f::headers(&mut out, id, &block, false);
+            let mut framed = vec![0u8];
+            framed.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+            framed.extend_from_slice(msg);
+            f::data(&mut out, id, &framed, true);
+            self.st.lock().unwrap().waiting.insert(id, (tx, BytesMut::new(), false));
+            // Headers go out in the encoder's order: the runtime's decoder depends on it.
+            self.w.lock().await.write_all(&out).await.unwrap();
+        }
+        rx.await.unwrap_or(Outcome::ConnectionClosed)
+    }
+
+    fn pings_sent(&self) -> usize {
+        self.st.lock().unwrap().pings_sent
+    }
+}
+
+fn framed(msg: &[u8]) -> Bytes {
+    let mut b = vec![0u8];
+    b.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+    b.extend_from_slice(msg);
+    Bytes::from(b)
+}
+
+fn authority_of(fields: &Fields) -> Option<Vec<u8>> {
+    fields.iter().find(|(n, _)| n == b":authority").map(|(_, v)| v.clone())
+}
+
+fn path_of(fields: &Fields) -> String {
+    fields.iter().find(|(n, _)| n == b":path").map(|(_, v)| String::from_utf8_lossy(v).into_owned()).unwrap_or_default()
+}
+
+async fn setup(opts: RuntimeOpts) -> (tempfile::TempDir, Runtime, Crisp) {
+    support::init_logging();
+    let dir = tempfile::tempdir().unwrap();
+    let rt_path = dir.path().join("runtime.sock");
+    let runtime = Runtime::start(&rt_path, opts).await;
+    let crisp = Crisp::start_with(&rt_path, vec![Arc::new(DivertCreate)], ProxyOptions::default()).await;
+    (dir, runtime, crisp)
+}
+
+#[tokio::test]
+async fn any_authority_a_grpc_client_sends_reaches_the_runtime_as_sent() {
+    let (_dir, runtime, crisp) = setup(RuntimeOpts::default()).await;
+    let socket = crisp.path.to_str().unwrap().as_bytes().to_vec();
+    let encoded = socket.iter().flat_map(|&b| if b == b'/' { b"%2F".to_vec() } else { vec![b] }).collect::<Vec<u8>>();
+    for authority in [socket.clone(), encoded, b"localhost".to_vec(), Vec::new()] {
+        let shown = String::from_utf8_lossy(&authority).into_owned();
+        let client = Client::connect(&crisp.path, &authority).await;
+        // Twice each: the second request's header block refers to the first one's table entries.
+        for round in 0..2 {
+            for path in [VERSION, CREATE] {
+                let msg = format!("{path} {shown} {round}");
+                let got = within(PATIENCE, "a call", client.call(path, msg.as_bytes())).await;
+                assert_eq!(got, Outcome::Ok(framed(msg.as_bytes())), "{path} with :authority {shown:?} (round {round})");
+                let reqs = runtime.log.requests.lock().unwrap();
+                let last = reqs.last().unwrap();
+                assert_eq!(path_of(last), path);
+                assert_eq!(authority_of(last).as_deref(), Some(&authority[..]), "{path}: the runtime got another :authority than {shown:?}");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn client_bdp_pings_never_earn_strikes_at_a_grpc_go_runtime() {
+    let (_dir, runtime, crisp) = setup(RuntimeOpts::default()).await;
+    // `localhost`: independent of how crisp treats a socket-path authority (the test above).
+    let client = Client::connect(&crisp.path, b"localhost").await;
+    // Diverted responses are DATA the runtime connection of this client never carried: each one
+    // makes the client PING, and forwarding those PINGs earned strikes.
+    for i in 0..300 {
+        let path = if i % 3 == 0 { VERSION } else { CREATE };
+        let msg = format!("call {i}");
+        let got = within(PATIENCE, "a call", client.call(path, msg.as_bytes())).await;
+        assert_eq!(got, Outcome::Ok(framed(msg.as_bytes())), "call {i} ({path})");
+    }
+    assert!(client.pings_sent() >= 100, "the client sent {} PINGs; the test needs many", client.pings_sent());
+    assert_eq!(runtime.log.too_many_pings.load(Ordering::SeqCst), 0, "the runtime sent GOAWAY ENHANCE_YOUR_CALM");
+    assert_eq!(runtime.log.strikes.load(Ordering::SeqCst), 0, "the runtime counted ping strikes");
+    assert!(runtime.log.pings.load(Ordering::SeqCst) > 0, "no client PING reached the runtime: BDP estimation would see crisp only");
+}
+
+#[tokio::test]
+async fn a_runtime_goaway_loses_no_call() {
+    // The runtime answers after 200 ms and sends GOAWAY on its 4th request on each connection: the
+    // three before it complete there, the 4th and later are retried elsewhere.
+    let opts = RuntimeOpts { delay: Duration::from_millis(200), goaway_at: Some(4) };
+    let (_dir, runtime, crisp) = setup(opts).await;
+    let client = Arc::new(Client::connect(&crisp.path, b"localhost").await);
+    let mut calls = Vec::new();
+    for i in 0..12 {
+        let client = client.clone();
+        calls.push(tokio::spawn(async move {
+            let path = if i % 2 == 0 { VERSION } else { CREATE };
+            let msg = format!("call {i}");
+            (i, path, msg.clone(), client.call(path, msg.as_bytes()).await)
+        }));
+        // In order on the wire, but all in flight together.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for c in calls {
+        let (i, path, msg, got) = within(PATIENCE, "a call", c).await.unwrap();
+        assert_eq!(got, Outcome::Ok(framed(msg.as_bytes())), "call {i} ({path}) was lost to the runtime's GOAWAY");
+    }
+    let (goaways, ignored) = (runtime.log.goaways.load(Ordering::SeqCst), runtime.log.ignored.load(Ordering::SeqCst));
+    assert!(goaways >= 2 && ignored >= 2, "the runtime sent {goaways} GOAWAYs and left {ignored} requests unprocessed: the test did not exercise them");
+    assert_eq!(runtime.log.requests.lock().unwrap().len(), 12, "each call processed exactly once");
+}
