@@ -563,3 +563,36 @@ async fn a_runtime_goaway_loses_no_call() {
     assert!(goaways >= 2 && ignored >= 2, "the runtime sent {goaways} GOAWAYs and left {ignored} requests unprocessed: the test did not exercise them");
     assert_eq!(runtime.log.requests.lock().unwrap().len(), 12, "each call processed exactly once");
 }
+
+/// Holds CreateContainer for a while, as the ordering engine does while a sidecar gets ready.
+struct HoldCreate(Duration);
+
+impl Interceptor for HoldCreate {
+    fn interest(&self, call: &Call) -> Interest {
+        let divert = call.path.as_str() == CREATE;
+        Interest { request: divert, response: false, complete: false }
+    }
+
+    fn on_request<'a>(&'a self, _call: &'a Call, _msg: &'a [u8]) -> crisp::intercept::BoxFuture<'a, crisp::intercept::Verdict> {
+        Box::pin(async move {
+            tokio::time::sleep(self.0).await;
+            crisp::intercept::Verdict::Forward
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_held_call_reaches_the_runtime_with_the_time_its_client_has_left() {
+    support::init_logging();
+    let dir = tempfile::tempdir().unwrap();
+    let rt_path = dir.path().join("runtime.sock");
+    let runtime = Runtime::start(&rt_path, RuntimeOpts::default()).await;
+    let crisp = Crisp::start_with(&rt_path, vec![Arc::new(HoldCreate(Duration::from_millis(500)))], ProxyOptions::default()).await;
+    let client = Client::connect(&crisp.path, b"localhost").await;
+    // The client sends grpc-timeout 1999937u (≈ 2 s).
+    assert_eq!(within(PATIENCE, "a held call", client.call(CREATE, b"x")).await, Outcome::Ok(framed(b"x")));
+    let reqs = runtime.log.requests.lock().unwrap();
+    let timeout = reqs[0].iter().find(|(n, _)| n == b"grpc-timeout").map(|(_, v)| v.clone()).expect("grpc-timeout forwarded");
+    let left = crisp::status::parse_grpc_timeout(&timeout).unwrap();
+    assert!(left <= Duration::from_millis(1500) && left >= Duration::from_millis(1000), "forwarded grpc-timeout {} after a 500 ms hold of a 2 s call", String::from_utf8_lossy(&timeout));
+}

@@ -131,7 +131,7 @@ impl Proxy {
         interest: crate::intercept::Interest,
     ) -> Response<ResponseBody> {
         let streaming = matches!(call.route.rpc.map(|r| r.kind()), Some(RpcKind::Streaming) | None);
-        let (parts, body) = req.into_parts();
+        let (mut parts, body) = req.into_parts();
         let mut held = Duration::ZERO;
         let mut req_bytes: Option<Bytes> = None;
 
@@ -172,6 +172,13 @@ impl Proxy {
                 }
             }
             req_bytes = Some(data.clone());
+            // A call held for a while reaches the runtime with the time the client has left, as
+            // a gRPC proxy must (the client's own grpc-timeout counted from when it sent it).
+            if let (Some(d), Some(raw)) = (call.deadline, parts.extensions.get_mut::<upstream::RawFields>()) {
+                if held >= Duration::from_millis(1) {
+                    raw.set_timeout(d.saturating_duration_since(Instant::now()));
+                }
+            }
             ProxyBody::buffered(data, trailers)
         } else {
             body

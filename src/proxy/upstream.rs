@@ -47,6 +47,48 @@ impl Default for UpstreamOptions {
 #[derive(Debug, Clone)]
 pub struct RawFields(pub Fields);
 
+impl RawFields {
+    /// Replaces the value of `grpc-timeout` (if the client sent one) with `left`, in the unit
+    /// grpc-go uses for it (at most 8 digits).
+    pub fn set_timeout(&mut self, left: Duration) {
+        let value = grpc_timeout(left);
+        for (n, v) in self.0 .0.iter_mut() {
+            if n.as_ref() == b"grpc-timeout" {
+                *v = Bytes::from(value.clone());
+            }
+        }
+    }
+}
+
+/// A `grpc-timeout` value: the finest unit whose count fits in 8 digits.
+pub fn grpc_timeout(d: Duration) -> String {
+    const MAX: u128 = 99_999_999;
+    let ns = d.as_nanos().max(1);
+    for (div, unit) in [(1u128, 'n'), (1_000, 'u'), (1_000_000, 'm'), (1_000_000_000, 'S')] {
+        let v = ns.div_ceil(div);
+        if v <= MAX {
+            return format!("{v}{unit}");
+        }
+    }
+    format!("{}M", (ns / 60_000_000_000).clamp(1, MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeout_values_round_trip_through_the_parser() {
+        for d in [Duration::from_nanos(1), Duration::from_micros(1500), Duration::from_secs(119), Duration::from_secs(400_000)] {
+            let v = grpc_timeout(d);
+            let back = crate::status::parse_grpc_timeout(v.as_bytes()).unwrap();
+            assert!(back >= d && back <= d + d / 1000 + Duration::from_nanos(1), "{d:?} -> {v} -> {back:?}");
+        }
+        assert_eq!(grpc_timeout(Duration::from_secs(115)), "115000m");
+        assert_eq!(grpc_timeout(Duration::from_millis(1999)), "1999000u");
+    }
+}
+
 /// How often a call the runtime refused unprocessed (GOAWAY, REFUSED_STREAM) is sent again on a
 /// new connection, as gRPC clients do transparently.
 const RETRIES: usize = 3;
