@@ -16,6 +16,8 @@ bold() { printf '\n\033[1m%s\033[0m\n' "$*"; }
 bash hack/setup.sh
 bold "building crisp and the kubelet emulator"
 cargo build --locked --workspace --bins 2>&1 | tail -1
+# kubelet's own gRPC stack (grpc-go): kubelet-emu sends its calls through it when it is built.
+bash hack/build-grpcgo.sh >/dev/null
 
 DIR="$(mktemp -d /tmp/crisp-demo.XXXXXX)"
 CRISP_PID=""

@@ -12,6 +12,7 @@
 #   socat iproute2 iptables                       demo / CNI bridge cleanup
 #   protobuf-compiler                             protoc for tonic/prost build scripts
 #   strace                                        socket-mode syscall order (tests/reliability_sockets.rs)
+#   golang-go golang-google-grpc-dev              real grpc-go peers for the e2e tests (hack/build-grpcgo.sh)
 set -euo pipefail
 
 PACKAGES=(
@@ -26,6 +27,8 @@ PACKAGES=(
   iptables
   strace
   systemd  # systemd-analyze verify, systemd-socket-activate (tests/systemd_*.rs)
+  golang-go               # builds crisp-grpcgo offline (GOPATH mode, no module proxy)
+  golang-google-grpc-dev  # grpc-go 1.33 sources for it (kubelet's and containerd's gRPC stack)
 )
 
 die() {
@@ -74,7 +77,7 @@ apt-get install -y -qq --no-install-recommends "${missing[@]}" \
   || die "apt-get install ${missing[*]} failed"
 
 # Check the binaries the harness relies on really are there now.
-for bin in containerd ctr runc umoci busybox socat protoc ip iptables; do
+for bin in containerd ctr runc umoci busybox socat protoc ip iptables go; do
   command -v "$bin" >/dev/null 2>&1 || die "'$bin' still not on PATH after install"
 done
 [[ -x /usr/lib/cni/bridge ]] || die "/usr/lib/cni/bridge missing after installing containernetworking-plugins"

@@ -8,6 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash hack/setup.sh
+# Real grpc-go peers (kubelet's client, containerd's server) for the end-to-end tests.
+bash hack/build-grpcgo.sh >/dev/null
 
 # End-to-end tests start containerd instances and busybox containers; four test threads keep
 # a 2-core machine responsive while still overlapping the waits.

@@ -1,6 +1,9 @@
 //! A fast in-process fake CRI runtime for benchmarks: answers every call from canned bytes, so
 //! what is measured is the proxy hop, not the runtime. (Integration tests of the forwarder use
 //! the scriptable fake in tests/support; end-to-end tests use real containerd.)
+//!
+//! [`serve_via_grpcgo`] puts a grpc-go server (a [`GoBridge`]) in front of it, so a proxy
+//! talking to the fake meets containerd's transport: BDP PINGs, PING policing, grpc-go HPACK.
 
 use std::convert::Infallible;
 use std::path::{Path, PathBuf};
@@ -16,6 +19,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use k8s_cri::v1 as cri;
 use prost::Message;
 
+use crate::grpcgo::{GoBridge, GoBridgeOpts};
 use crate::raw::frame;
 
 /// Canned answers.
@@ -170,15 +174,38 @@ async fn answer(canned: Arc<Canned>, req: Request<Incoming>) -> Result<Response<
 
 /// Serves the fake runtime on `socket` until the returned handle is dropped.
 pub struct FakeRuntime {
+    /// Where clients connect: the fake itself, or its grpc-go front ([`serve_via_grpcgo`]).
     pub socket: PathBuf,
+    /// The grpc-go server in front of the fake, if any (dropped before the fake).
+    pub bridge: Option<GoBridge>,
+    /// The fake's own socket (= `socket` without a bridge).
+    pub fake_socket: PathBuf,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Drop for FakeRuntime {
     fn drop(&mut self) {
+        self.bridge.take();
         self.task.abort();
-        let _ = std::fs::remove_file(&self.socket);
+        let _ = std::fs::remove_file(&self.fake_socket);
     }
+}
+
+/// Like [`serve`], but clients on `socket` reach the fake through a grpc-go server (a
+/// `crisp-grpcgo bridge` with grpc-go's default keep-alive enforcement, as containerd runs
+/// it); the fake itself listens on `<socket>.fake`. Must be called inside a tokio runtime.
+///
+/// The bridge's own client leg to the fake sends `:authority: localhost` unless `opts` says
+/// otherwise: the fake is a hyper server, which rejects grpc-go's default (the socket path).
+pub fn serve_via_grpcgo(socket: &Path, canned: Arc<Canned>, mut opts: GoBridgeOpts) -> anyhow::Result<FakeRuntime> {
+    opts.authority.get_or_insert_with(|| "localhost".to_string());
+    let mut name = socket.as_os_str().to_owned();
+    name.push(".fake");
+    let fake_socket = PathBuf::from(name);
+    let mut rt = serve(&fake_socket, canned)?;
+    rt.bridge = Some(GoBridge::start(socket, &fake_socket, opts)?);
+    rt.socket = socket.to_path_buf();
+    Ok(rt)
 }
 
 pub fn serve(socket: &Path, canned: Arc<Canned>) -> std::io::Result<FakeRuntime> {
@@ -196,5 +223,5 @@ pub fn serve(socket: &Path, canned: Arc<Canned>) -> std::io::Result<FakeRuntime>
             });
         }
     });
-    Ok(FakeRuntime { socket: socket.to_path_buf(), task })
+    Ok(FakeRuntime { socket: socket.to_path_buf(), bridge: None, fake_socket: socket.to_path_buf(), task })
 }

@@ -2,6 +2,7 @@
 
 pub mod crisp;
 pub mod fakert;
+pub mod grpcgo;
 pub mod emulator;
 pub mod harness;
 pub mod raw;

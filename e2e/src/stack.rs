@@ -1,5 +1,9 @@
 //! The full end-to-end stack: a private containerd, crisp in front of it, and the kubelet
 //! emulator talking to crisp — what a node looks like with crisp installed.
+//!
+//! The emulator reaches crisp through a [`GoBridge`] by default: a grpc-go server that forwards
+//! every call over a kubelet-style grpc-go client connection, so crisp sees kubelet's real
+//! transport (`:authority` = socket path, BDP PINGs, HPACK indexing; KUBELET-CRI §11).
 
 use std::time::Duration;
 
@@ -8,11 +12,34 @@ use k8s_cri::v1 as cri;
 
 use crate::crisp::{Crisp, CrispOpts};
 use crate::emulator::{connect_uds, Kubelet, KubeletConfig};
+use crate::grpcgo::{GoBridge, GoBridgeOpts};
 use crate::harness::{Containerd, ContainerdOpts};
 
-/// Fields are dropped in order: kubelet first, then crisp, then containerd.
+/// Options for [`Stack::start_with`].
+#[derive(Debug, Clone)]
+pub struct StackOpts {
+    /// Pod networking (CNI) in containerd; else host network only.
+    pub cni: bool,
+    /// Appended to crisp's config.
+    pub crisp_config: String,
+    /// Put kubelet's grpc-go transport (a [`GoBridge`]) between the emulator and crisp.
+    /// Default: yes, unless `CRISP_E2E_VIA_GRPCGO=0`.
+    pub via_grpcgo: bool,
+    /// The bridge's options (e.g. the `:authority` it sends).
+    pub grpcgo: GoBridgeOpts,
+}
+
+impl Default for StackOpts {
+    fn default() -> Self {
+        StackOpts { cni: false, crisp_config: String::new(), via_grpcgo: crate::grpcgo::via_grpcgo_default(), grpcgo: GoBridgeOpts::default() }
+    }
+}
+
+/// Fields are dropped in order: kubelet first, then its grpc-go bridge, crisp, containerd.
 pub struct Stack {
     pub kubelet: Kubelet,
+    /// The emulator's grpc-go transport to crisp (empty with `via_grpcgo: false`).
+    pub bridges: Vec<GoBridge>,
     pub crisp: Crisp,
     pub containerd: Containerd,
     pub dir: tempfile::TempDir,
@@ -20,19 +47,39 @@ pub struct Stack {
 
 impl Stack {
     /// Starts containerd (`cni`: pod networking, else host network only), crisp with
-    /// `crisp_config` appended to its config, and a kubelet (fast test periods, tuned by `tune`).
+    /// `crisp_config` appended to its config, and a kubelet (fast test periods, tuned by `tune`)
+    /// that reaches crisp through grpc-go (see [`StackOpts::via_grpcgo`]).
     pub async fn start(cni: bool, crisp_config: &str, tune: impl FnOnce(&mut KubeletConfig)) -> Result<Stack> {
+        Stack::start_with(StackOpts { cni, crisp_config: crisp_config.to_string(), ..Default::default() }, tune).await
+    }
+
+    /// [`Stack::start`] with every option.
+    pub async fn start_with(opts: StackOpts, tune: impl FnOnce(&mut KubeletConfig)) -> Result<Stack> {
         crate::harness::require_root();
-        let containerd = Containerd::start_async(ContainerdOpts { cni }).await.context("starting containerd")?;
-        let crisp = Crisp::start(containerd.socket(), CrispOpts { extra_config: crisp_config.to_string(), log_level: None })?;
+        let containerd = Containerd::start_async(ContainerdOpts { cni: opts.cni }).await.context("starting containerd")?;
+        let crisp = Crisp::start(containerd.socket(), CrispOpts { extra_config: opts.crisp_config.clone(), log_level: None })?;
         let dir = tempfile::Builder::new().prefix("crisp-stack-").tempdir()?;
         let mut cfg = KubeletConfig::fast(crisp.socket(), dir.path().join("pods"));
         cfg.root_dir = Some(dir.path().join("kubelet"));
         // Keep a deleted pod's dead containers: the assertions read their finished_at.
         cfg.container_deletor = false;
         tune(&mut cfg);
-        let kubelet = Kubelet::new(cfg).await.context("starting the kubelet emulator")?;
-        Ok(Stack { kubelet, crisp, containerd, dir })
+        let bridges = if opts.via_grpcgo { crate::grpcgo::bridge_kubelet(&mut cfg, dir.path(), opts.grpcgo.clone())? } else { Vec::new() };
+        let kubelet = match Kubelet::new(cfg).await {
+            Ok(k) => k,
+            Err(e) => {
+                for b in &bridges {
+                    eprintln!("--- grpc-go bridge log ---\n{}", b.log_text());
+                }
+                return Err(e.context("starting the kubelet emulator"));
+            }
+        };
+        Ok(Stack { kubelet, bridges, crisp, containerd, dir })
+    }
+
+    /// The socket the emulator's runtime service talks to: the grpc-go bridge, or crisp.
+    pub fn kubelet_endpoint(&self) -> &std::path::Path {
+        self.bridges.first().map(|b| b.socket()).unwrap_or_else(|| self.crisp.socket())
     }
 
     /// A CRI client straight to containerd (not through crisp): the runtime's own view.
@@ -40,9 +87,15 @@ impl Stack {
         Ok(cri::runtime_service_client::RuntimeServiceClient::new(connect_uds(self.containerd.socket()).await?))
     }
 
-    /// A CRI client through crisp.
+    /// A CRI client through crisp (tonic, straight to crisp's socket; see [`Stack::via_grpcgo`]).
     pub async fn via_crisp(&self) -> Result<cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>> {
         Ok(cri::runtime_service_client::RuntimeServiceClient::new(connect_uds(self.crisp.socket()).await?))
+    }
+
+    /// A CRI client through the emulator's grpc-go bridge to crisp (crisp directly when the
+    /// stack has no bridge): crisp sees a grpc-go client.
+    pub async fn via_grpcgo(&self) -> Result<cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>> {
+        Ok(cri::runtime_service_client::RuntimeServiceClient::new(connect_uds(self.kubelet_endpoint()).await?))
     }
 
     /// Every instance of container `name` of pod `uid`, straight from containerd, oldest first.
@@ -90,6 +143,9 @@ impl Stack {
             eprintln!("{}", j.format_record(r));
         }
         eprintln!("--- crisp log ---\n{}", self.crisp.log_text());
+        for b in &self.bridges {
+            eprintln!("--- grpc-go bridge log ({}) ---\n{}", b.socket().display(), b.log_text());
+        }
     }
 }
 

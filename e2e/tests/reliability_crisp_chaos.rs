@@ -304,6 +304,8 @@ async fn socket_activated_crisp_sigkilled_at_random_points_of_a_wave() -> Result
     let mut cfg = KubeletConfig::fast(crisp.socket(), dir.path().join("pods"));
     cfg.root_dir = Some(dir.path().join("kubelet"));
     cfg.container_deletor = false;
+    // kubelet's grpc-go transport, as in `Stack::start`.
+    let _bridges = if crisp_e2e::grpcgo::via_grpcgo_default() { crisp_e2e::grpcgo::bridge_kubelet(&mut cfg, dir.path(), Default::default())? } else { Vec::new() };
     let kubelet = Kubelet::new(cfg).await?;
     let admin = crisp.dir.path().join("admin.sock");
     let state_dir = crisp.dir.path().join("state");

@@ -76,6 +76,12 @@ struct Cli {
     #[arg(long, global = true, default_value = "10s", value_parser = parse_duration)]
     crash_backoff: Duration,
 
+    /// Reach the endpoint through kubelet's own gRPC stack: a grpc-go bridge (crisp-grpcgo,
+    /// `hack/build-grpcgo.sh`) sends the calls with grpc-go's transport, as a real kubelet does.
+    /// auto: when the binary is built; on: required (built if missing); off: tonic directly.
+    #[arg(long, global = true, default_value = "auto", value_parser = ["auto", "on", "off"])]
+    via_grpcgo: String,
+
     /// Run kubelet's container GC with this period. It removes dead containers of every pod this
     /// emulator does not know, so only use it on a runtime of its own.
     #[arg(long, global = true, value_parser = parse_duration)]
@@ -172,6 +178,23 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     cfg.crash_backoff_base = cli.crash_backoff;
     cfg.gc_period = cli.gc_period;
     let Command::Run(args) = cli.command;
+
+    // kubelet's grpc-go transport between the emulator and the endpoint.
+    let bridge_dir = tempfile::Builder::new().prefix("kubelet-emu-").tempdir()?;
+    let binary = match cli.via_grpcgo.as_str() {
+        "on" => Some(crisp_e2e::grpcgo::grpcgo_binary()?),
+        "auto" => crisp_e2e::grpcgo::prebuilt_binary(),
+        _ => None,
+    };
+    let _bridges = match binary {
+        Some(bin) => {
+            let opts = crisp_e2e::grpcgo::GoBridgeOpts { binary: Some(bin), ..Default::default() };
+            let b = crisp_e2e::grpcgo::bridge_kubelet(&mut cfg, bridge_dir.path(), opts)?;
+            println!("kubelet-emu: CRI calls go through grpc-go (crisp-grpcgo bridge, as kubelet's own client)");
+            b
+        }
+        None => Vec::new(),
+    };
 
     let mut pods = Vec::new();
     for f in &args.pods {

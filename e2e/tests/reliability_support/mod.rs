@@ -677,7 +677,8 @@ impl SlowSplice {
 // A stack with a custom crisp (log level, upstream)
 
 /// Like `Stack::start`, but crisp forwards to `upstream(containerd socket)` (e.g. a slow
-/// splice in front of containerd) and logs at `log_level`.
+/// splice in front of containerd) and logs at `log_level`. The kubelet reaches its endpoint
+/// through grpc-go, as in `Stack::start`.
 pub async fn custom_stack(
     cni: bool,
     crisp_config: &str,
@@ -696,8 +697,10 @@ pub async fn custom_stack(
     cfg.root_dir = Some(dir.path().join("kubelet"));
     cfg.container_deletor = false;
     tune(&mut cfg);
+    // kubelet's grpc-go transport in front of whatever endpoint the kubelet was given.
+    let bridges = if crisp_e2e::grpcgo::via_grpcgo_default() { crisp_e2e::grpcgo::bridge_kubelet(&mut cfg, dir.path(), Default::default())? } else { Vec::new() };
     let kubelet = Kubelet::new(cfg).await.context("starting the kubelet emulator")?;
-    Ok(Stack { kubelet, crisp, containerd, dir })
+    Ok(Stack { kubelet, bridges, crisp, containerd, dir })
 }
 
 /// Lines of crisp's log containing `needle`.

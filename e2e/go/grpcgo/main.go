@@ -1,0 +1,867 @@
+// crisp-grpcgo: real grpc-go peers for crisp's end-to-end tests.
+//
+// kubelet, crictl and containerd are all grpc-go programs; the Rust test clients (tonic, hyper,
+// h2) behave differently on the wire (`:authority`, BDP PINGs, HPACK indexing, PING policing).
+// This binary puts grpc-go's own transport into the test paths. It is built offline from
+// Debian's golang-google-grpc-dev (grpc-go 1.33) in GOPATH mode by hack/build-grpcgo.sh.
+//
+//	crisp-grpcgo bridge --listen SOCK --target TARGET [--authority A] [--server-keepalive-policy default|permissive]
+//	crisp-grpcgo call --target TARGET --method /pkg.Service/Method [--hex HEX] [--authority A]
+//	                  [--timeout 10s] [--count N] [--concurrency C] [--each]
+//	crisp-grpcgo headers --listen SOCK
+//
+// bridge: a grpc-go server on SOCK accepting every method; each call is forwarded, message
+// bytes untouched, over one shared grpc-go client connection dialed the way kubelet 1.20-1.27
+// dials its CRI endpoint (the bare socket path as target). Deadline, cancellation, metadata,
+// response headers, trailers and the status travel through. Prints `ready` on stdout once
+// listening; on SIGUSR1 prints a JSON line of HTTP/2 frame counters on stdout; on SIGTERM
+// prints them to stderr and exits.
+//
+// call: unary calls with a kubelet-style client; prints a JSON line per call (--each, or when
+// --count is 1) and a summary line; exits 1 when any call failed.
+//
+// headers: a bare HTTP/2 server that prints each request's decoded header list (and every
+// PING it receives) as JSON lines and answers every call with an empty message and status OK;
+// shows what a grpc-go client puts on the wire.
+//
+// GOAWAY frames seen on any connection are logged to stderr. grpc-go's own log goes to stderr
+// at warning level unless GRPC_GO_LOG_SEVERITY_LEVEL is set.
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/ioutil"
+	"math"
+	"net"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/grpclog"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/stats"
+	"google.golang.org/grpc/status"
+)
+
+// kubelet's remote.maxMsgSize.
+const maxMsgSize = 16 << 20
+
+// The payload of grpc-go's BDP estimator PING (internal/transport/bdp_estimator.go).
+var bdpPingData = [8]byte{2, 4, 16, 16, 9, 14, 7, 7}
+
+func main() {
+	if os.Getenv("GRPC_GO_LOG_SEVERITY_LEVEL") == "" {
+		grpclog.SetLoggerV2(grpclog.NewLoggerV2(ioutil.Discard, os.Stderr, os.Stderr))
+	}
+	if len(os.Args) < 2 {
+		usage()
+	}
+	var err error
+	switch os.Args[1] {
+	case "bridge":
+		err = runBridge(os.Args[2:])
+	case "call":
+		err = runCall(os.Args[2:])
+	case "headers":
+		err = runHeaders(os.Args[2:])
+	case "-h", "--help", "help":
+		usage()
+	default:
+		fmt.Fprintf(os.Stderr, "crisp-grpcgo: unknown subcommand %q\n", os.Args[1])
+		usage()
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "crisp-grpcgo %s: %v\n", os.Args[1], err)
+		os.Exit(1)
+	}
+}
+
+func usage() {
+	fmt.Fprint(os.Stderr, `usage:
+  crisp-grpcgo bridge --listen SOCK --target TARGET [--authority A] [--server-keepalive-policy default|permissive]
+  crisp-grpcgo call --target TARGET --method /pkg.Service/Method [--hex HEX | request hex on stdin]
+                    [--authority A] [--timeout 10s] [--count N] [--concurrency C] [--each]
+  crisp-grpcgo headers --listen SOCK
+`)
+	os.Exit(2)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Raw-bytes codec: messages are already protobuf-encoded by the Rust side.
+
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v interface{}) ([]byte, error) {
+	switch m := v.(type) {
+	case []byte:
+		return m, nil
+	case *[]byte:
+		return *m, nil
+	default:
+		return nil, fmt.Errorf("raw codec: cannot marshal %T", v)
+	}
+}
+
+func (rawCodec) Unmarshal(data []byte, v interface{}) error {
+	p, ok := v.(*[]byte)
+	if !ok {
+		return fmt.Errorf("raw codec: cannot unmarshal into %T", v)
+	}
+	*p = append([]byte(nil), data...)
+	return nil
+}
+
+// Name keeps the content-type `application/grpc`: with ForceCodec the content-subtype stays
+// empty, as for kubelet's proto codec.
+func (rawCodec) Name() string   { return "proto" }
+func (rawCodec) String() string { return "proto" }
+
+// ---------------------------------------------------------------------------------------------
+// HTTP/2 frame counters: every connection is wrapped so its frame headers are parsed as they
+// pass, in both directions. Payloads are only kept for PING, GOAWAY and RST_STREAM.
+
+type wireStats struct {
+	Conns      int64 `json:"conns"`
+	Headers    int64 `json:"headers_sent"`
+	HeadersIn  int64 `json:"headers_recv"`
+	Data       int64 `json:"data_sent"`
+	DataIn     int64 `json:"data_recv"`
+	Pings      int64 `json:"pings_sent"`
+	BdpPings   int64 `json:"bdp_pings_sent"`
+	PingsIn    int64 `json:"pings_recv"`
+	BdpPingsIn int64 `json:"bdp_pings_recv"`
+	PingAcks   int64 `json:"ping_acks_sent"`
+	PingAcksIn int64 `json:"ping_acks_recv"`
+	Rst        int64 `json:"rst_sent"`
+	RstIn      int64 `json:"rst_recv"`
+	Goaway     int64 `json:"goaway_sent"`
+	GoawayIn   int64 `json:"goaway_recv"`
+
+	mu      sync.Mutex
+	goaways []string
+}
+
+func (s *wireStats) snapshot() map[string]interface{} {
+	b, _ := json.Marshal(s)
+	var m map[string]interface{}
+	_ = json.Unmarshal(b, &m)
+	s.mu.Lock()
+	m["goaways"] = append([]string{}, s.goaways...)
+	s.mu.Unlock()
+	return m
+}
+
+var errCodeNames = map[uint32]string{
+	0: "NO_ERROR", 1: "PROTOCOL_ERROR", 2: "INTERNAL_ERROR", 3: "FLOW_CONTROL_ERROR",
+	4: "SETTINGS_TIMEOUT", 5: "STREAM_CLOSED", 6: "FRAME_SIZE_ERROR", 7: "REFUSED_STREAM",
+	8: "CANCEL", 9: "COMPRESSION_ERROR", 10: "CONNECT_ERROR", 11: "ENHANCE_YOUR_CALM",
+	12: "INADEQUATE_SECURITY", 13: "HTTP_1_1_REQUIRED",
+}
+
+type frameParser struct {
+	role    string // for log lines, e.g. "upstream"
+	sent    bool   // direction: frames we write (true) or read
+	stats   *wireStats
+	preface int // bytes of the client preface still to skip
+
+	hdr       [9]byte
+	hn        int
+	remaining uint32
+	typ       byte
+	flags     byte
+	stream    uint32
+	keep      int
+	payload   []byte
+}
+
+func (p *frameParser) feed(b []byte) {
+	for len(b) > 0 {
+		if p.preface > 0 {
+			n := p.preface
+			if n > len(b) {
+				n = len(b)
+			}
+			p.preface -= n
+			b = b[n:]
+			continue
+		}
+		if p.hn < 9 {
+			n := copy(p.hdr[p.hn:], b)
+			p.hn += n
+			b = b[n:]
+			if p.hn == 9 {
+				p.remaining = uint32(p.hdr[0])<<16 | uint32(p.hdr[1])<<8 | uint32(p.hdr[2])
+				p.typ, p.flags = p.hdr[3], p.hdr[4]
+				p.stream = (uint32(p.hdr[5])<<24 | uint32(p.hdr[6])<<16 | uint32(p.hdr[7])<<8 | uint32(p.hdr[8])) & 0x7fffffff
+				p.payload = p.payload[:0]
+				switch p.typ {
+				case 0x3: // RST_STREAM
+					p.keep = 4
+				case 0x6: // PING
+					p.keep = 8
+				case 0x7: // GOAWAY
+					p.keep = 8 + 200
+				default:
+					p.keep = 0
+				}
+				if p.remaining == 0 {
+					p.done()
+				}
+			}
+			continue
+		}
+		n := uint32(len(b))
+		if n > p.remaining {
+			n = p.remaining
+		}
+		if want := p.keep - len(p.payload); want > 0 {
+			k := int(n)
+			if k > want {
+				k = want
+			}
+			p.payload = append(p.payload, b[:k]...)
+		}
+		p.remaining -= n
+		b = b[n:]
+		if p.remaining == 0 {
+			p.done()
+		}
+	}
+}
+
+func (p *frameParser) done() {
+	p.hn = 0
+	s := p.stats
+	pick := func(sent, recv *int64) {
+		if p.sent {
+			atomic.AddInt64(sent, 1)
+		} else {
+			atomic.AddInt64(recv, 1)
+		}
+	}
+	switch p.typ {
+	case 0x0:
+		pick(&s.Data, &s.DataIn)
+	case 0x1:
+		pick(&s.Headers, &s.HeadersIn)
+	case 0x3:
+		pick(&s.Rst, &s.RstIn)
+	case 0x6:
+		if p.flags&0x1 != 0 {
+			pick(&s.PingAcks, &s.PingAcksIn)
+			return
+		}
+		pick(&s.Pings, &s.PingsIn)
+		if len(p.payload) == 8 && [8]byte{p.payload[0], p.payload[1], p.payload[2], p.payload[3], p.payload[4], p.payload[5], p.payload[6], p.payload[7]} == bdpPingData {
+			pick(&s.BdpPings, &s.BdpPingsIn)
+		}
+	case 0x7:
+		pick(&s.Goaway, &s.GoawayIn)
+		var last, code uint32
+		var debug []byte
+		if len(p.payload) >= 8 {
+			last = (uint32(p.payload[0])<<24 | uint32(p.payload[1])<<16 | uint32(p.payload[2])<<8 | uint32(p.payload[3])) & 0x7fffffff
+			code = uint32(p.payload[4])<<24 | uint32(p.payload[5])<<16 | uint32(p.payload[6])<<8 | uint32(p.payload[7])
+			debug = p.payload[8:]
+		}
+		dir := "received"
+		if p.sent {
+			dir = "sent"
+		}
+		name := errCodeNames[code]
+		if name == "" {
+			name = "UNKNOWN"
+		}
+		line := fmt.Sprintf("%s GOAWAY %s last_stream=%d error_code=%d(%s) debug=%q", p.role, dir, last, code, name, debug)
+		s.mu.Lock()
+		if len(s.goaways) < 20 {
+			s.goaways = append(s.goaways, line)
+		}
+		s.mu.Unlock()
+		fmt.Fprintf(os.Stderr, "%s crisp-grpcgo: %s\n", time.Now().Format("15:04:05.000000"), line)
+	}
+}
+
+type sniffConn struct {
+	net.Conn
+	rd, wr *frameParser
+	rmu    sync.Mutex
+	wmu    sync.Mutex
+}
+
+func (c *sniffConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if n > 0 {
+		c.rmu.Lock()
+		c.rd.feed(b[:n])
+		c.rmu.Unlock()
+	}
+	return n, err
+}
+
+func (c *sniffConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	if n > 0 {
+		c.wmu.Lock()
+		c.wr.feed(b[:n])
+		c.wmu.Unlock()
+	}
+	return n, err
+}
+
+// sniff wraps a connection; `client` says which end of HTTP/2 we are (the client writes the
+// 24-byte preface, the server reads it).
+func sniff(c net.Conn, role string, client bool, st *wireStats) net.Conn {
+	atomic.AddInt64(&st.Conns, 1)
+	rd := &frameParser{role: role, sent: false, stats: st}
+	wr := &frameParser{role: role, sent: true, stats: st}
+	if client {
+		wr.preface = len(http2.ClientPreface)
+	} else {
+		rd.preface = len(http2.ClientPreface)
+	}
+	return &sniffConn{Conn: c, rd: rd, wr: wr}
+}
+
+type sniffListener struct {
+	net.Listener
+	role  string
+	stats *wireStats
+}
+
+func (l *sniffListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return sniff(c, l.role, false, l.stats), nil
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kubelet-style client connection.
+
+// dialKubelet dials `target` as kubelet 1.20-1.27 does (pkg/kubelet/cri/remote): the bare
+// socket path as the gRPC target (passthrough resolver), insecure, a unix context dialer, 16 MiB
+// message limits, no keep-alive. `authority` overrides :authority (kubelet 1.29 sends the path
+// percent-encoded; other clients `localhost`).
+func dialKubelet(target, authority string, st *wireStats, sh stats.Handler) (*grpc.ClientConn, error) {
+	path := strings.TrimPrefix(target, "unix://")
+	dialer := func(ctx context.Context, addr string) (net.Conn, error) {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "unix", path)
+		if err != nil {
+			return nil, err
+		}
+		return sniff(c, "upstream", true, st), nil
+	}
+	opts := []grpc.DialOption{
+		grpc.WithInsecure(),
+		grpc.WithContextDialer(dialer),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMsgSize), grpc.MaxCallSendMsgSize(maxMsgSize)),
+	}
+	if authority != "" {
+		opts = append(opts, grpc.WithAuthority(authority))
+	}
+	if sh != nil {
+		opts = append(opts, grpc.WithStatsHandler(sh))
+	}
+	return grpc.Dial(target, opts...)
+}
+
+// ---------------------------------------------------------------------------------------------
+// bridge
+
+// headerWatch tells the forwarding goroutine whether the upstream answered with a real HEADERS
+// frame (to be forwarded at once, as a streaming call needs) or trailers only (forwarded as
+// trailers only). It rides in the call's context; the stats handler fills it in.
+type headerWatch struct {
+	once sync.Once
+	ch   chan struct{}
+	real bool
+}
+
+type watchKey struct{}
+
+func (w *headerWatch) settle(real bool) {
+	w.once.Do(func() {
+		w.real = real
+		close(w.ch)
+	})
+}
+
+type watchHandler struct{}
+
+func (watchHandler) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
+func (watchHandler) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
+	return ctx
+}
+func (watchHandler) HandleConn(context.Context, stats.ConnStats) {}
+func (watchHandler) HandleRPC(ctx context.Context, s stats.RPCStats) {
+	w, _ := ctx.Value(watchKey{}).(*headerWatch)
+	if w == nil {
+		return
+	}
+	switch s.(type) {
+	case *stats.InHeader:
+		w.settle(true)
+	case *stats.InTrailer, *stats.End:
+		w.settle(false)
+	}
+}
+
+type bridge struct {
+	cc *grpc.ClientConn
+}
+
+// Request metadata grpc-go manages itself (or kubelet never sends) is not copied.
+func outgoingMD(in metadata.MD) metadata.MD {
+	out := metadata.MD{}
+	for k, v := range in {
+		if strings.HasPrefix(k, ":") || strings.HasPrefix(k, "grpc-") {
+			continue
+		}
+		switch k {
+		case "content-type", "user-agent", "te", "content-length", "accept-encoding":
+			continue
+		}
+		out[k] = append([]string(nil), v...)
+	}
+	return out
+}
+
+func (b *bridge) handle(_ interface{}, ss grpc.ServerStream) error {
+	method, ok := grpc.MethodFromServerStream(ss)
+	if !ok {
+		return status.Error(codes.Internal, "crisp-grpcgo: no method")
+	}
+	in := ss.Context()
+	// Read the request first: a call whose client sends one message and half-closes (every
+	// unary and server-streaming CRI call) goes out as kubelet sends it, DATA with END_STREAM.
+	var first []byte
+	var msgs [][]byte
+	single := false
+	if err := ss.RecvMsg(&first); err == nil {
+		msgs = append(msgs, first)
+		var second []byte
+		switch err := ss.RecvMsg(&second); {
+		case err == io.EOF:
+			single = true
+		case err != nil:
+			return err
+		default:
+			msgs = append(msgs, second)
+		}
+	} else if err != io.EOF {
+		return err
+	}
+
+	ctx, cancel := context.WithCancel(in)
+	defer cancel()
+	md, _ := metadata.FromIncomingContext(in)
+	ctx = metadata.NewOutgoingContext(ctx, outgoingMD(md))
+	watch := &headerWatch{ch: make(chan struct{})}
+	ctx = context.WithValue(ctx, watchKey{}, watch)
+
+	desc := &grpc.StreamDesc{StreamName: method, ServerStreams: true, ClientStreams: !single}
+	cs, err := b.cc.NewStream(ctx, desc, method, grpc.ForceCodec(rawCodec{}))
+	if err != nil {
+		return status.Convert(err).Err()
+	}
+	sendFailed := false
+	for _, m := range msgs {
+		if err := cs.SendMsg(m); err != nil {
+			// io.EOF: the stream ended; RecvMsg below reports why.
+			sendFailed = true
+			break
+		}
+	}
+	if !single && !sendFailed {
+		go func() {
+			for {
+				var m []byte
+				if err := ss.RecvMsg(&m); err != nil {
+					if err == io.EOF {
+						_ = cs.CloseSend()
+					} else {
+						cancel()
+					}
+					return
+				}
+				if err := cs.SendMsg(m); err != nil {
+					return
+				}
+			}
+		}()
+	}
+
+	// Forward the response headers as soon as they arrive (a stream's may come long before its
+	// first message). Header() returns once headers, trailers only, or an error ended the wait;
+	// an empty header set is told apart from trailers only by the stats event, which grpc-go
+	// raises right after (same frame).
+	if hdr, err := cs.Header(); err == nil {
+		real := len(hdr) > 0
+		if !real {
+			select {
+			case <-watch.ch:
+				real = watch.real
+			case <-ctx.Done():
+			}
+		}
+		if real {
+			if err := ss.SendHeader(hdr); err != nil {
+				return err
+			}
+		}
+	}
+	for {
+		var m []byte
+		err := cs.RecvMsg(&m)
+		if err == io.EOF {
+			ss.SetTrailer(cs.Trailer())
+			return nil
+		}
+		if err != nil {
+			ss.SetTrailer(cs.Trailer())
+			return status.Convert(err).Err()
+		}
+		if err := ss.SendMsg(m); err != nil {
+			return err
+		}
+	}
+}
+
+func runBridge(args []string) error {
+	fs := flag.NewFlagSet("bridge", flag.ExitOnError)
+	listen := fs.String("listen", "", "unix socket to serve on")
+	target := fs.String("target", "", "gRPC target to forward to (a socket path, as kubelet dials)")
+	authority := fs.String("authority", "", "override :authority (e.g. %2Frun%2Fx.sock or localhost)")
+	policy := fs.String("server-keepalive-policy", "default", "default (grpc-go/containerd: MinTime 5m, PermitWithoutStream false) or permissive")
+	_ = fs.Parse(args)
+	if *listen == "" || *target == "" {
+		return errors.New("--listen and --target are required")
+	}
+	up := &wireStats{}
+	down := &wireStats{}
+	cc, err := dialKubelet(*target, *authority, up, watchHandler{})
+	if err != nil {
+		return fmt.Errorf("dial %s: %v", *target, err)
+	}
+	defer cc.Close()
+
+	sopts := []grpc.ServerOption{
+		grpc.CustomCodec(rawCodec{}),
+		grpc.UnknownServiceHandler((&bridge{cc: cc}).handle),
+		grpc.MaxRecvMsgSize(maxMsgSize),
+		grpc.MaxSendMsgSize(maxMsgSize),
+	}
+	switch *policy {
+	case "default":
+		// grpc-go's defaults, as containerd runs them.
+	case "permissive":
+		sopts = append(sopts, grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Nanosecond, PermitWithoutStream: true}))
+	default:
+		return fmt.Errorf("unknown --server-keepalive-policy %q", *policy)
+	}
+	srv := grpc.NewServer(sopts...)
+
+	if err := os.Remove(*listen); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	l, err := net.Listen("unix", *listen)
+	if err != nil {
+		return err
+	}
+	if err := os.Chmod(*listen, 0660); err != nil {
+		return err
+	}
+
+	printStats := func(w io.Writer) {
+		b, _ := json.Marshal(map[string]interface{}{"stats": map[string]interface{}{"upstream": up.snapshot(), "downstream": down.snapshot()}})
+		fmt.Fprintf(w, "%s\n", b)
+	}
+	var outMu sync.Mutex
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		for s := range sigs {
+			if s == syscall.SIGUSR1 {
+				outMu.Lock()
+				printStats(os.Stdout)
+				outMu.Unlock()
+				continue
+			}
+			printStats(os.Stderr)
+			srv.Stop()
+			_ = os.Remove(*listen)
+			os.Exit(0)
+		}
+	}()
+
+	outMu.Lock()
+	fmt.Fprintln(os.Stdout, "ready")
+	outMu.Unlock()
+	fmt.Fprintf(os.Stderr, "%s crisp-grpcgo: bridge %s -> %s (grpc-go %s, authority %q)\n", time.Now().Format("15:04:05.000000"), *listen, *target, grpc.Version, *authority)
+	return srv.Serve(&sniffListener{Listener: l, role: "downstream", stats: down})
+}
+
+// ---------------------------------------------------------------------------------------------
+// call
+
+type callResult struct {
+	Code        string  `json:"code"`
+	Message     string  `json:"message"`
+	ResponseHex string  `json:"response_hex"`
+	Ms          float64 `json:"ms"`
+}
+
+func runCall(args []string) error {
+	fs := flag.NewFlagSet("call", flag.ExitOnError)
+	target := fs.String("target", "", "gRPC target (a socket path, as kubelet dials)")
+	method := fs.String("method", "", "full method, e.g. /runtime.v1.RuntimeService/Version")
+	authority := fs.String("authority", "", "override :authority")
+	hexReq := fs.String("hex", "", "request message as hex (default: read hex from stdin)")
+	timeout := fs.Duration("timeout", 10*time.Second, "deadline of each call")
+	count := fs.Int("count", 1, "number of calls")
+	concurrency := fs.Int("concurrency", 1, "calls in flight at once")
+	each := fs.Bool("each", false, "print every call's result even with --count > 1")
+	_ = fs.Parse(args)
+	if *target == "" || *method == "" {
+		return errors.New("--target and --method are required")
+	}
+	reqText := *hexReq
+	if reqText == "" {
+		b, err := ioutil.ReadAll(os.Stdin)
+		if err != nil {
+			return err
+		}
+		reqText = string(b)
+	}
+	req, err := hex.DecodeString(strings.Join(strings.Fields(reqText), ""))
+	if err != nil {
+		return fmt.Errorf("request hex: %v", err)
+	}
+	if *concurrency < 1 {
+		*concurrency = 1
+	}
+	wire := &wireStats{}
+	cc, err := dialKubelet(*target, *authority, wire, nil)
+	if err != nil {
+		return err
+	}
+	defer cc.Close()
+
+	printEach := *each || *count == 1
+	var outMu sync.Mutex
+	var mu sync.Mutex
+	var lat []float64
+	codeCounts := map[string]int{}
+	var firstErr string
+	var ok, failed int
+	var next int64 = -1
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := 0; w < *concurrency; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for atomic.AddInt64(&next, 1) < int64(*count) {
+				ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+				var resp []byte
+				t0 := time.Now()
+				err := cc.Invoke(ctx, *method, req, &resp, grpc.ForceCodec(rawCodec{}))
+				ms := float64(time.Since(t0).Microseconds()) / 1000
+				cancel()
+				st := status.Convert(err)
+				r := callResult{Code: st.Code().String(), Message: st.Message(), ResponseHex: hex.EncodeToString(resp), Ms: ms}
+				mu.Lock()
+				lat = append(lat, ms)
+				codeCounts[r.Code]++
+				if err == nil {
+					ok++
+				} else {
+					failed++
+					if firstErr == "" {
+						firstErr = r.Code + ": " + r.Message
+					}
+				}
+				mu.Unlock()
+				if printEach {
+					b, _ := json.Marshal(r)
+					outMu.Lock()
+					fmt.Println(string(b))
+					outMu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	sort.Float64s(lat)
+	pct := func(p float64) float64 {
+		if len(lat) == 0 {
+			return 0
+		}
+		// nearest rank
+		i := int(math.Ceil(p*float64(len(lat)))) - 1
+		if i < 0 {
+			i = 0
+		}
+		return lat[i]
+	}
+	summary := map[string]interface{}{
+		"summary":    true,
+		"ok":         ok,
+		"failed":     failed,
+		"codes":      codeCounts,
+		"p50_ms":     pct(0.50),
+		"p99_ms":     pct(0.99),
+		"max_ms":     pct(1),
+		"elapsed_ms": float64(elapsed.Microseconds()) / 1000,
+		"wire":       wire.snapshot(),
+	}
+	if firstErr != "" {
+		summary["first_error"] = firstErr
+	}
+	b, _ := json.Marshal(summary)
+	fmt.Println(string(b))
+	if failed > 0 {
+		os.Exit(1)
+	}
+	return nil
+}
+
+// ---------------------------------------------------------------------------------------------
+// headers: what a client puts on the wire
+
+func runHeaders(args []string) error {
+	fs := flag.NewFlagSet("headers", flag.ExitOnError)
+	listen := fs.String("listen", "", "unix socket to serve on")
+	_ = fs.Parse(args)
+	if *listen == "" {
+		return errors.New("--listen is required")
+	}
+	if err := os.Remove(*listen); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	l, err := net.Listen("unix", *listen)
+	if err != nil {
+		return err
+	}
+	var outMu sync.Mutex
+	emit := func(v interface{}) {
+		b, _ := json.Marshal(v)
+		outMu.Lock()
+		fmt.Println(string(b))
+		outMu.Unlock()
+	}
+	fmt.Println("ready")
+	var connID int64
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return err
+		}
+		id := atomic.AddInt64(&connID, 1)
+		go func() {
+			defer c.Close()
+			if err := serveHeaders(c, id, emit); err != nil && err != io.EOF && !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
+				fmt.Fprintf(os.Stderr, "crisp-grpcgo headers: conn %d: %v\n", id, err)
+			}
+		}()
+	}
+}
+
+func serveHeaders(c net.Conn, id int64, emit func(interface{})) error {
+	preface := make([]byte, len(http2.ClientPreface))
+	if _, err := io.ReadFull(c, preface); err != nil {
+		return err
+	}
+	if string(preface) != http2.ClientPreface {
+		return fmt.Errorf("bad preface %q", preface)
+	}
+	fr := http2.NewFramer(c, c)
+	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	fr.MaxHeaderListSize = 1 << 20
+	if err := fr.WriteSettings(); err != nil {
+		return err
+	}
+	var hbuf bytes.Buffer
+	henc := hpack.NewEncoder(&hbuf)
+	answer := func(stream uint32) error {
+		hbuf.Reset()
+		_ = henc.WriteField(hpack.HeaderField{Name: ":status", Value: "200"})
+		_ = henc.WriteField(hpack.HeaderField{Name: "content-type", Value: "application/grpc"})
+		if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: stream, BlockFragment: hbuf.Bytes(), EndHeaders: true}); err != nil {
+			return err
+		}
+		if err := fr.WriteData(stream, false, []byte{0, 0, 0, 0, 0}); err != nil {
+			return err
+		}
+		hbuf.Reset()
+		_ = henc.WriteField(hpack.HeaderField{Name: "grpc-status", Value: "0"})
+		return fr.WriteHeaders(http2.HeadersFrameParam{StreamID: stream, BlockFragment: hbuf.Bytes(), EndHeaders: true, EndStream: true})
+	}
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			return err
+		}
+		switch f := f.(type) {
+		case *http2.SettingsFrame:
+			if !f.IsAck() {
+				if err := fr.WriteSettingsAck(); err != nil {
+					return err
+				}
+			}
+		case *http2.MetaHeadersFrame:
+			var hs [][2]string
+			for _, h := range f.Fields {
+				hs = append(hs, [2]string{h.Name, h.Value})
+			}
+			emit(map[string]interface{}{"conn": id, "stream": f.StreamID, "headers": hs})
+			if f.StreamEnded() {
+				if err := answer(f.StreamID); err != nil {
+					return err
+				}
+			}
+		case *http2.DataFrame:
+			if n := len(f.Data()); n > 0 {
+				if err := fr.WriteWindowUpdate(0, uint32(n)); err != nil {
+					return err
+				}
+			}
+			if f.StreamEnded() {
+				if err := answer(f.StreamID); err != nil {
+					return err
+				}
+			}
+		case *http2.PingFrame:
+			emit(map[string]interface{}{"conn": id, "ping": hex.EncodeToString(f.Data[:]), "ack": f.IsAck(), "bdp": f.Data == bdpPingData})
+			if !f.IsAck() {
+				if err := fr.WritePing(true, f.Data); err != nil {
+					return err
+				}
+			}
+		case *http2.GoAwayFrame:
+			emit(map[string]interface{}{"conn": id, "goaway": f.ErrCode.String()})
+			return nil
+		}
+	}
+}
