@@ -426,8 +426,18 @@ func (watchHandler) HandleRPC(ctx context.Context, s stats.RPCStats) {
 	}
 }
 
+// kubelet dials its runtime and image endpoints separately (two grpc.ClientConns even when
+// both name the same socket), so the bridge keeps two connections too.
 type bridge struct {
-	cc *grpc.ClientConn
+	runtime *grpc.ClientConn
+	image   *grpc.ClientConn
+}
+
+func (b *bridge) conn(method string) *grpc.ClientConn {
+	if strings.Contains(method, ".ImageService/") {
+		return b.image
+	}
+	return b.runtime
 }
 
 // Request metadata grpc-go manages itself (or kubelet never sends) is not copied.
@@ -480,7 +490,7 @@ func (b *bridge) handle(_ interface{}, ss grpc.ServerStream) error {
 	ctx = context.WithValue(ctx, watchKey{}, watch)
 
 	desc := &grpc.StreamDesc{StreamName: method, ServerStreams: true, ClientStreams: !single}
-	cs, err := b.cc.NewStream(ctx, desc, method, grpc.ForceCodec(rawCodec{}))
+	cs, err := b.conn(method).NewStream(ctx, desc, method, grpc.ForceCodec(rawCodec{}))
 	if err != nil {
 		return status.Convert(err).Err()
 	}
@@ -564,10 +574,15 @@ func runBridge(args []string) error {
 		return fmt.Errorf("dial %s: %v", *target, err)
 	}
 	defer cc.Close()
+	icc, err := dialKubelet(*target, *authority, up, watchHandler{})
+	if err != nil {
+		return fmt.Errorf("dial %s: %v", *target, err)
+	}
+	defer icc.Close()
 
 	sopts := []grpc.ServerOption{
 		grpc.CustomCodec(rawCodec{}),
-		grpc.UnknownServiceHandler((&bridge{cc: cc}).handle),
+		grpc.UnknownServiceHandler((&bridge{runtime: cc, image: icc}).handle),
 		grpc.MaxRecvMsgSize(maxMsgSize),
 		grpc.MaxSendMsgSize(maxMsgSize),
 	}
