@@ -148,17 +148,16 @@ pub struct ProxyConfig {
 
 impl Default for ProxyConfig {
     fn default() -> Self {
-        let d = crate::proxy::ProxyOptions::default();
         ProxyConfig {
-            shutdown_grace: d.shutdown_grace,
+            shutdown_grace: Duration::from_secs(10),
             upstream_connect_timeout: Duration::from_secs(2),
-            upstream_connections: crate::proxy::UpstreamOptions::default().connections,
-            keepalive_interval: d.keepalive_interval,
-            keepalive_timeout: d.keepalive_timeout,
-            handshake_timeout: d.handshake_timeout,
+            upstream_connections: 2,
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(20),
+            handshake_timeout: Duration::from_secs(10),
             max_concurrent_streams: 2048,
             relay: true,
-            max_observed_message_bytes: d.max_observed_message,
+            max_observed_message_bytes: 64 << 20,
         }
     }
 }
@@ -309,27 +308,8 @@ impl Config {
                 return Err(bad("admin.tap_queue", "must be greater than 0".into()));
             }
         }
-        crate::telemetry::validate_filter(&self.log.level).map_err(|m| bad("log.level", m))?;
+        validate_filter(&self.log.level).map_err(|m| bad("log.level", m))?;
         Ok(())
-    }
-
-    pub fn proxy_options(&self) -> crate::proxy::ProxyOptions {
-        crate::proxy::ProxyOptions {
-            max_observed_message: self.proxy.max_observed_message_bytes,
-            keepalive_interval: self.proxy.keepalive_interval,
-            keepalive_timeout: self.proxy.keepalive_timeout,
-            handshake_timeout: self.proxy.handshake_timeout,
-            shutdown_grace: self.proxy.shutdown_grace,
-            ..Default::default()
-        }
-    }
-
-    pub fn upstream_options(&self) -> crate::proxy::UpstreamOptions {
-        crate::proxy::UpstreamOptions {
-            connect_timeout: self.proxy.upstream_connect_timeout,
-            connections: self.proxy.upstream_connections,
-            ..Default::default()
-        }
     }
 }
 
@@ -388,3 +368,8 @@ pub fn parse_mode(s: &str) -> Result<u32, String> {
 
 #[cfg(test)]
 mod tests;
+
+/// A `tracing` filter directive (`info`, `info,crisp=debug`, ...) that the logger will accept.
+pub fn validate_filter(filter: &str) -> Result<(), String> {
+    tracing_subscriber::EnvFilter::try_new(filter).map(|_| ()).map_err(|e| format!("invalid log filter {filter:?}: {e}"))
+}

@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Config;
-use crate::cri::client::RuntimeClient;
+use crate::proxy::client::RuntimeClient;
 use crate::metrics::{CallMetrics, OrderingMetrics};
 use crate::ordering::job::Terminated;
 use crate::ordering::Engine;
 use crate::intercept::{Interceptor, Interceptors};
-use crate::proxy::{self, listener, Proxy, Upstream};
+use crate::proxy::{self, listener, Proxy, ProxyOptions, Upstream, UpstreamOptions};
 use crate::tap::Tap;
 
 /// Builds the interceptor chain for a configuration.
@@ -73,9 +73,9 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
 
 /// Serves on an already-bound listener (tests, socket activation).
 pub async fn serve_on(listener: tokio::net::UnixListener, cfg: Config, shutdown: impl Future<Output = ()>) {
-    let upstream = std::sync::Arc::new(Upstream::new(cfg.upstream.clone(), cfg.upstream_options()));
+    let upstream = std::sync::Arc::new(Upstream::new(cfg.upstream.clone(), UpstreamOptions::from(&cfg)));
     let (list, tap) = chain(&cfg, &upstream);
-    let proxy = Proxy::new(upstream, Interceptors::new(list), cfg.proxy_options());
+    let proxy = Proxy::new(upstream, Interceptors::new(list), ProxyOptions::from(&cfg));
     // The admin socket (tap, metrics) stops with the CRI listener.
     let (stop, stopped) = tokio::sync::watch::channel(false);
     // Bound in its own task: CRI calls are served at once, whatever the admin socket does.

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{Config, DEFAULT_CONFIG_PATH};
-use crate::cri::client::{ClientError, RuntimeClient, VersionResponse};
+use crate::proxy::client::{ClientError, RuntimeClient, VersionResponse};
 use crate::cri::ApiVersion;
 use crate::proxy::{Upstream, UpstreamOptions};
 

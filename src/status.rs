@@ -4,7 +4,6 @@
 use http::{HeaderMap, HeaderValue, Response};
 use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
 
-use crate::proxy::body::ProxyBody;
 
 /// gRPC status codes used by crisp.
 pub mod code {
@@ -46,8 +45,8 @@ impl Status {
 
     /// A trailers-only gRPC response (a single HEADERS frame with END_STREAM), the form grpc-go
     /// uses for errors.
-    pub fn to_response(&self) -> Response<ProxyBody> {
-        let mut resp = Response::new(ProxyBody::empty());
+    pub fn to_response<B: Default>(&self) -> Response<B> {
+        let mut resp = Response::new(B::default());
         let h = resp.headers_mut();
         h.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
         h.extend(self.to_header_map());

@@ -5,9 +5,6 @@ use tracing_subscriber::EnvFilter;
 use crate::config::LogFormat;
 
 /// Checks a filter string without installing it.
-pub fn validate_filter(filter: &str) -> Result<(), String> {
-    EnvFilter::try_new(filter).map(|_| ()).map_err(|e| format!("invalid log filter {filter:?}: {e}"))
-}
 
 /// Installs the global subscriber. `RUST_LOG`, when set, overrides the configured level.
 pub fn init(level: &str, format: LogFormat) {

@@ -4,7 +4,6 @@
 //! Nothing here is used to re-encode a forwarded message: views are decoded *copies* (prost drops
 //! unknown fields, which is fine for a copy and fatal for a forwarded message — DESIGN.md §1).
 
-pub mod client;
 pub mod patch;
 pub mod views;
 pub mod wire;

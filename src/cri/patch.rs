@@ -147,9 +147,29 @@ pub fn patch_embedded(msg: &[u8], field: u32, fragment: &[u8], matches: impl Fn(
     }))
 }
 
+/// Appends `field 2 = value` (varint) to a message: protobuf's "last value wins" makes this the
+/// smallest possible patch of a scalar without re-encoding (used for StopContainer's timeout).
+pub fn append_varint_field(msg: &[u8], field: u32, value: i64) -> Bytes {
+    let mut out = Vec::with_capacity(msg.len() + 11);
+    out.extend_from_slice(msg);
+    prost::encoding::encode_key(field, prost::encoding::WireType::Varint, &mut out);
+    prost::encoding::encode_varint(value as u64, &mut out);
+    Bytes::from(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn appended_field_wins_and_keeps_the_rest() {
+        let orig = crate::cri::views::ContainerIdRequest { container_id: "abc".into(), timeout: 30 }.encode_to_vec();
+        let patched = append_varint_field(&orig, 2, 7);
+        assert_eq!(&patched[..orig.len()], &orig[..], "original bytes are kept as a prefix");
+        let v = crate::cri::views::ContainerIdRequest::decode(&patched[..]).unwrap();
+        assert_eq!(v.container_id, "abc");
+        assert_eq!(v.timeout, 7);
+    }
 
     #[test]
     fn walks_all_wire_types() {

@@ -154,7 +154,7 @@ impl Engine {
         self.terminate_sidecars(version, &pod).await;
     }
 
-    async fn job_apps_state(&self, version: ApiVersion, pod: &Pod) -> Result<AppsState, crate::cri::client::ClientError> {
+    async fn job_apps_state(&self, version: ApiVersion, pod: &Pod) -> Result<AppsState, crate::proxy::client::ClientError> {
         let containers = self.client.list_containers(version, &pod.sandbox_id).await?;
         if containers.is_empty() {
             // The sandbox may be gone with no RemovePodSandbox seen (e.g. removed while crisp was

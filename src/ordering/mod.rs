@@ -26,7 +26,8 @@ use dashmap::DashMap;
 
 use crate::config::{Config, JobConfig, OrderingConfig, SidecarRule, TimeoutPolicy};
 use crate::cri::patch;
-use crate::cri::client::{append_varint_field, RuntimeClient};
+use crate::cri::patch::append_varint_field;
+use crate::proxy::client::RuntimeClient;
 use crate::cri::views::{self, state};
 use crate::cri::{ApiVersion, Rpc};
 use crate::intercept::{BoxFuture, Call, Interceptor, Interest, Verdict};

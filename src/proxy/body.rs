@@ -23,6 +23,12 @@ pub enum ProxyBody {
     Buffered { data: Option<Bytes>, trailers: Option<HeaderMap> },
 }
 
+impl Default for ProxyBody {
+    fn default() -> Self {
+        ProxyBody::empty()
+    }
+}
+
 impl ProxyBody {
     pub fn empty() -> Self {
         ProxyBody::Buffered { data: None, trailers: None }

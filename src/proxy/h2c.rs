@@ -1,5 +1,5 @@
 //! crisp's own HTTP/2 client connection to the runtime, for the calls crisp sends itself: the
-//! diverted (observed) calls of the relay and crisp's probes ([`crate::cri::client`]).
+//! diverted (observed) calls of the relay and crisp's probes ([`super::client`]).
 //!
 //! Why not hyper/h2: the h2 crate builds `:authority` from an `http::Uri`, and grpc-go clients —
 //! kubelet 1.20–1.27, crictl, critest — send the socket path there (`/run/crisp/crisp.sock`;

@@ -8,6 +8,7 @@
 //!   reject it), and the same bytes are forwarded; the response may be buffered and shown too.
 
 pub mod body;
+pub mod client;
 pub mod frames;
 pub mod h2c;
 pub mod hpack;
@@ -55,13 +56,25 @@ pub struct ProxyOptions {
 
 impl Default for ProxyOptions {
     fn default() -> Self {
+        ProxyOptions::from(&crate::config::Config::default())
+    }
+}
+
+impl From<&crate::config::Config> for ProxyOptions {
+    fn from(cfg: &crate::config::Config) -> Self {
         ProxyOptions {
-            max_observed_message: 64 << 20,
-            keepalive_interval: Duration::from_secs(30),
-            keepalive_timeout: Duration::from_secs(20),
-            handshake_timeout: Duration::from_secs(10),
-            shutdown_grace: Duration::from_secs(10),
+            max_observed_message: cfg.proxy.max_observed_message_bytes,
+            keepalive_interval: cfg.proxy.keepalive_interval,
+            keepalive_timeout: cfg.proxy.keepalive_timeout,
+            handshake_timeout: cfg.proxy.handshake_timeout,
+            shutdown_grace: cfg.proxy.shutdown_grace,
         }
+    }
+}
+
+impl From<&crate::config::Config> for UpstreamOptions {
+    fn from(cfg: &crate::config::Config) -> Self {
+        UpstreamOptions { connect_timeout: cfg.proxy.upstream_connect_timeout, connections: cfg.proxy.upstream_connections, ..Default::default() }
     }
 }
 

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use crisp::cri::client::{VersionRequest, VersionResponse};
+use crisp::proxy::client::{VersionRequest, VersionResponse};
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;

@@ -5,21 +5,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::{HeaderValue, Method, Request};
 use prost::Message;
 
-use super::views;
-use super::wire::{self, Frame};
-use super::ApiVersion;
-use crate::proxy::body::{self, ProxyBody};
-use crate::proxy::Upstream;
+use crate::cri::views;
+use crate::cri::wire::{self, Frame};
+use crate::cri::ApiVersion;
+use super::body::{self, ProxyBody};
+use super::Upstream;
 use crate::status::{code_of, Status};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error(transparent)]
-    Upstream(#[from] crate::proxy::upstream::UpstreamError),
+    Upstream(#[from] super::upstream::UpstreamError),
     #[error("runtime answered {method} with {status}")]
     Status { method: &'static str, status: Status },
     #[error("{method}: malformed response: {detail}")]
@@ -168,29 +167,4 @@ fn status_error(method: &'static str, code: i32, h: &http::HeaderMap) -> ClientE
         .map(|m| percent_encoding::percent_decode_str(m).decode_utf8_lossy().into_owned())
         .unwrap_or_default();
     ClientError::Status { method, status: Status::new(code, message) }
-}
-
-/// Appends `field 2 = value` (varint) to a message: protobuf's "last value wins" makes this the
-/// smallest possible patch of a scalar without re-encoding (used for StopContainer's timeout).
-pub fn append_varint_field(msg: &[u8], field: u32, value: i64) -> Bytes {
-    let mut out = Vec::with_capacity(msg.len() + 11);
-    out.extend_from_slice(msg);
-    prost::encoding::encode_key(field, prost::encoding::WireType::Varint, &mut out);
-    prost::encoding::encode_varint(value as u64, &mut out);
-    Bytes::from(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn appended_field_wins_and_keeps_the_rest() {
-        let orig = views::ContainerIdRequest { container_id: "abc".into(), timeout: 30 }.encode_to_vec();
-        let patched = append_varint_field(&orig, 2, 7);
-        assert_eq!(&patched[..orig.len()], &orig[..], "original bytes are kept as a prefix");
-        let v = views::ContainerIdRequest::decode(&patched[..]).unwrap();
-        assert_eq!(v.container_id, "abc");
-        assert_eq!(v.timeout, 7);
-    }
 }
