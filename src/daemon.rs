@@ -20,16 +20,16 @@ pub fn interceptors(cfg: &Config, upstream: &Arc<Upstream>) -> Vec<Arc<dyn Inter
 }
 
 /// The interceptor chain and the tap in it (the admin socket serves the tap's subscribers).
-pub fn chain(cfg: &Config, upstream: &Arc<Upstream>) -> (Vec<Arc<dyn Interceptor>>, Arc<Tap>) {
+pub fn chain(cfg: &Config, upstream: &Arc<Upstream>) -> (Vec<Arc<dyn Interceptor>>, Arc<Tap>, Arc<Engine>) {
     let client = RuntimeClient::new(upstream.clone(), Duration::from_secs(5));
     let terminated = Arc::new(Terminated::open(Some(cfg.state_dir.clone())));
     let engine = Engine::new(cfg, client, Arc::new(OrderingMetrics::default()), terminated);
     // Job pods whose sidecars crisp must end are found again after a restart.
     let recovering = engine.clone();
     tokio::spawn(async move { recovering.recover(crate::cri::ApiVersion::V1).await });
-    let tap = Tap::new(Arc::new(CallMetrics::default()), Some(engine.clone()));
+    let tap = Tap::new(Arc::new(CallMetrics::default()), Some(engine.clone() as Arc<dyn crate::intercept::PodNames>));
     // The tap goes first: it reads a Remove call's names before the engine forgets them.
-    (vec![tap.clone(), engine], tap)
+    (vec![tap.clone(), engine.clone()], tap, engine)
 }
 
 /// Serves until `shutdown` resolves, on the listening socket systemd passed (socket activation,
@@ -74,14 +74,14 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
 /// Serves on an already-bound listener (tests, socket activation).
 pub async fn serve_on(listener: tokio::net::UnixListener, cfg: Config, shutdown: impl Future<Output = ()>) {
     let upstream = std::sync::Arc::new(Upstream::new(cfg.upstream.clone(), UpstreamOptions::from(&cfg)));
-    let (list, tap) = chain(&cfg, &upstream);
+    let (list, tap, engine) = chain(&cfg, &upstream);
     let proxy = Proxy::new(upstream, Interceptors::new(list), ProxyOptions::from(&cfg));
     // The admin socket (tap, metrics) stops with the CRI listener.
     let (stop, stopped) = tokio::sync::watch::channel(false);
     // Bound in its own task: CRI calls are served at once, whatever the admin socket does.
     let admin_cfg = cfg.clone();
     let admin = tokio::spawn(async move {
-        if let Some(t) = crate::tap::admin::start(&admin_cfg, tap, stopped).await {
+        if let Some(t) = crate::admin::start(&admin_cfg, tap, Some(engine), stopped).await {
             let _ = t.await;
         }
     });

@@ -28,6 +28,7 @@
 //! (routing, decoded views, wire framing), [`intercept`] (the plug-in seam), [`status`] (crisp's
 //! own gRPC errors), [`telemetry`] (logging), [`daemon`] (wiring it together).
 
+pub mod admin;
 pub mod config;
 pub mod cri;
 pub mod daemon;

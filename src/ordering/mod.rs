@@ -12,6 +12,7 @@
 
 pub mod annotations;
 pub mod job;
+mod names;
 pub mod readiness;
 
 use std::collections::{HashMap, HashSet};

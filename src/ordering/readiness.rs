@@ -19,6 +19,19 @@ pub enum Readiness {
     Exec { cmd: Vec<String> },
 }
 
+/// Written back as a spec [`Readiness::parse`] reads (the admin API's ListPods shows it).
+impl std::fmt::Display for Readiness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let host = |h: &Option<IpAddr>| h.map(|h| h.to_string()).unwrap_or_default();
+        match self {
+            Readiness::Running => f.write_str("running"),
+            Readiness::Tcp { host: h, port } => write!(f, "tcp://{}:{port}", host(h)),
+            Readiness::Http { host: h, port, path } => write!(f, "http://{}:{port}{path}", host(h)),
+            Readiness::Exec { cmd } => write!(f, "exec:{}", serde_json::to_string(cmd).unwrap_or_default()),
+        }
+    }
+}
+
 /// Longest readiness spec accepted; anything longer is almost certainly a mistake.
 const MAX_SPEC_LEN: usize = 4096;
 
@@ -108,6 +121,13 @@ pub async fn probe_http(addr: SocketAddr, path: &str, timeout: Duration) -> bool
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn readiness_is_shown_as_written() {
+        for spec in ["running", "tcp://:15000", "http://127.0.0.1:15021/healthz/ready", "exec:[\"cat\",\"/ready\"]"] {
+            assert_eq!(Readiness::parse(spec).unwrap().to_string(), spec);
+        }
+    }
 
     #[test]
     fn parses_every_form() {

@@ -4,7 +4,7 @@
 
 use crate::cri::patch::fields;
 use crate::cri::Rpc;
-use crate::ordering::Engine;
+use crate::intercept::PodNames;
 
 /// The names and ids shown for one call. Empty when unknown.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -118,8 +118,9 @@ pub fn from_messages(rpc: Option<Rpc>, req: Option<&[u8]>, resp: Option<&[u8]>) 
     ids
 }
 
-/// Fills what the messages did not say from the engine's caches (never the runtime).
-pub fn complete(ids: &mut Ids, engine: &Engine) {
+/// Fills what the messages did not say from what tracks pods (the ordering engine's caches,
+/// never the runtime).
+pub fn complete(ids: &mut Ids, names: &dyn PodNames) {
     let have_pod = !ids.pod_name.is_empty();
     let have_container = ids.container_id.is_empty() || !ids.container_name.is_empty();
     if have_pod && have_container {
@@ -127,7 +128,7 @@ pub fn complete(ids: &mut Ids, engine: &Engine) {
     }
     let sandbox = (!ids.pod_sandbox_id.is_empty()).then_some(ids.pod_sandbox_id.as_str());
     let container = (!ids.container_id.is_empty()).then_some(ids.container_id.as_str());
-    let (pod, c) = engine.lookup(sandbox, container);
+    let (pod, c) = names.names(sandbox, container);
     if let Some((sandbox_id, name)) = c {
         if ids.container_name.is_empty() {
             ids.container_name = name;
@@ -136,10 +137,10 @@ pub fn complete(ids: &mut Ids, engine: &Engine) {
             ids.pod_sandbox_id = sandbox_id;
         }
     }
-    if let Some(p) = pod {
+    if let Some((namespace, name)) = pod {
         if !have_pod {
-            ids.pod_namespace = p.namespace.clone();
-            ids.pod_name = p.name.clone();
+            ids.pod_namespace = namespace;
+            ids.pod_name = name;
         }
     }
 }

@@ -15,7 +15,6 @@
 //! A slow or vanished tap client never slows a CRI call: the call path only ever `try_send`s,
 //! and each subscriber's queue is bounded in events and bytes.
 
-pub mod admin;
 pub mod cli;
 pub mod decode;
 pub mod filter;
@@ -41,7 +40,7 @@ use crate::cri::wire::{self, Frame};
 use crate::cri::{Route, Rpc, RpcKind};
 use crate::intercept::{BoxFuture, Call, Interceptor, Interest, Outcome, Verdict};
 use crate::metrics::{code_name, CallMetrics};
-use crate::ordering::Engine;
+use crate::intercept::PodNames;
 pub use filter::{Filter, Glob};
 pub use ids::Ids;
 use redact::Dir;
@@ -306,7 +305,7 @@ impl Drop for Subscription {
 pub struct Tap {
     hub: Arc<Hub>,
     metrics: Arc<CallMetrics>,
-    engine: Option<Arc<Engine>>,
+    names: Option<Arc<dyn PodNames>>,
     /// Ids and names of calls in flight, read from the request before it is forwarded, by call
     /// id: a call the engine rejects ends without its request reaching `on_complete`, and a
     /// Remove call's names are gone from the engine once it ran. Only filled while somebody taps.
@@ -320,16 +319,13 @@ pub struct Tap {
 const MAX_STASH: usize = 4096;
 
 impl Tap {
-    pub fn new(metrics: Arc<CallMetrics>, engine: Option<Arc<Engine>>) -> Arc<Tap> {
-        Arc::new(Tap { hub: Arc::default(), metrics, engine, stash: DashMap::new(), stashed: AtomicUsize::new(0) })
+    /// `names`: what names the pods and containers of a call's ids (the ordering engine).
+    pub fn new(metrics: Arc<CallMetrics>, names: Option<Arc<dyn PodNames>>) -> Arc<Tap> {
+        Arc::new(Tap { hub: Arc::default(), metrics, names, stash: DashMap::new(), stashed: AtomicUsize::new(0) })
     }
 
     pub fn metrics(&self) -> &Arc<CallMetrics> {
         &self.metrics
-    }
-
-    pub fn engine(&self) -> Option<&Arc<Engine>> {
-        self.engine.as_ref()
     }
 
     pub fn subscribers(&self) -> usize {
@@ -372,8 +368,8 @@ impl Tap {
         if let Some(early) = self.unstash(call.id) {
             ids.fill_from(early);
         }
-        if let Some(e) = &self.engine {
-            ids::complete(&mut ids, e);
+        if let Some(n) = &self.names {
+            ids::complete(&mut ids, n.as_ref());
         }
         ids
     }
@@ -417,8 +413,8 @@ impl Interceptor for Tap {
         // Runs before the engine (the tap is first in the chain): the engine may reject the call
         // (its request then never reaches on_complete) or forget the names (Remove*).
         let mut ids = ids::from_messages(call.route.rpc, Some(msg), None);
-        if let Some(engine) = &self.engine {
-            ids::complete(&mut ids, engine);
+        if let Some(n) = &self.names {
+            ids::complete(&mut ids, n.as_ref());
         }
         if ids != Ids::default() {
             if self.stashed.load(Relaxed) >= MAX_STASH {

@@ -22,11 +22,11 @@ use tokio::task::JoinSet;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::Service;
 
-use super::pb::{self, admin_server::AdminServer};
-use super::{Filter, Glob, Item, Tap};
+use crate::ordering::Engine;
+use crate::tap::pb::{self, admin_server::AdminServer};
+use crate::tap::{Filter, Glob, Item, Tap};
 use crate::metrics::OrderingMetrics;
 use crate::ordering::annotations::Source;
-use crate::ordering::readiness::Readiness;
 
 /// Events in flight between a subscriber's task and its gRPC stream; the real buffer is the
 /// subscription's queue, where overflow is counted.
@@ -37,6 +37,8 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 /// What the admin API reports on.
 pub struct AdminState {
     pub tap: Arc<Tap>,
+    /// The ordering engine, when it runs: ListPods and the tracked-pods gauges.
+    pub engine: Option<Arc<Engine>>,
     pub ordering: Option<Arc<OrderingMetrics>>,
     pub listen: PathBuf,
     pub upstream: PathBuf,
@@ -92,16 +94,6 @@ struct AdminService {
     state: Arc<AdminState>,
 }
 
-fn readiness(r: &Readiness) -> String {
-    let host = |h: &Option<std::net::IpAddr>| h.map(|h| h.to_string()).unwrap_or_default();
-    match r {
-        Readiness::Running => "running".into(),
-        Readiness::Tcp { host: h, port } => format!("tcp://{}:{port}", host(h)),
-        Readiness::Http { host: h, port, path } => format!("http://{}:{port}{path}", host(h)),
-        Readiness::Exec { cmd } => format!("exec:{}", serde_json::to_string(cmd).unwrap_or_default()),
-    }
-}
-
 #[tonic::async_trait]
 impl pb::admin_server::Admin for AdminService {
     type TapStream = ReceiverStream<Result<pb::TapEvent, tonic::Status>>;
@@ -145,7 +137,7 @@ impl pb::admin_server::Admin for AdminService {
     }
 
     async fn list_pods(&self, _req: tonic::Request<pb::ListPodsRequest>) -> Result<tonic::Response<pb::ListPodsResponse>, tonic::Status> {
-        let Some(engine) = self.state.tap.engine() else { return Ok(tonic::Response::new(pb::ListPodsResponse::default())) };
+        let Some(engine) = &self.state.engine else { return Ok(tonic::Response::new(pb::ListPodsResponse::default())) };
         let mut pods: Vec<pb::Pod> = engine
             .pods()
             .into_iter()
@@ -160,7 +152,7 @@ impl pb::admin_server::Admin for AdminService {
                     Source::NodeRules => "node-rules",
                 }
                 .into(),
-                sidecars: p.policy.sidecars.iter().map(|s| pb::Sidecar { name: s.name.clone(), ready: readiness(&s.ready) }).collect(),
+                sidecars: p.policy.sidecars.iter().map(|s| pb::Sidecar { name: s.name.clone(), ready: s.ready.to_string() }).collect(),
                 start_timeout_ms: p.policy.start_timeout.map(|d| d.as_millis() as u64).unwrap_or(0),
                 timeout_policy: p.policy.timeout_policy.map(|t| format!("{t:?}").to_lowercase()).unwrap_or_default(),
                 job: p.policy.job.map(|j| j.to_string()).unwrap_or_default(),
@@ -195,7 +187,7 @@ pub fn render_metrics(state: &AdminState) -> String {
     if let Some(o) = &state.ordering {
         o.render(&mut out);
     }
-    if let Some(e) = state.tap.engine() {
+    if let Some(e) = &state.engine {
         // What the engine's caches hold: back to 0 once kubelet removed every pod (leak checks).
         let (pods, containers) = e.tracked();
         out.push_str(&format!("# HELP crisp_tracked_pods Pod sandboxes the ordering engine tracks.\n# TYPE crisp_tracked_pods gauge\ncrisp_tracked_pods {pods}\n"));
@@ -315,13 +307,14 @@ pub async fn serve_metrics_tcp(listener: tokio::net::TcpListener, state: Arc<Adm
 /// Binds the admin socket (and the optional metrics TCP address) of `cfg` and serves them until
 /// `stop` turns true. Failing to bind is logged, not fatal: CRI traffic matters more than the
 /// tap. The returned task ends (and has removed the socket file) once both servers are done.
-pub async fn start(cfg: &crate::config::Config, tap: Arc<Tap>, stop: tokio::sync::watch::Receiver<bool>) -> Option<tokio::task::JoinHandle<()>> {
+pub async fn start(cfg: &crate::config::Config, tap: Arc<Tap>, engine: Option<Arc<Engine>>, stop: tokio::sync::watch::Receiver<bool>) -> Option<tokio::task::JoinHandle<()>> {
     if !cfg.admin.enabled {
         return None;
     }
     let state = Arc::new(AdminState {
-        ordering: tap.engine().map(|e| e.metrics.clone()),
+        ordering: engine.as_ref().map(|e| e.metrics.clone()),
         tap,
+        engine,
         listen: cfg.listen.clone(),
         upstream: cfg.upstream.clone(),
         started: Instant::now(),
@@ -396,12 +389,5 @@ mod tests {
         let f = filter_from(&pb::TapRequest { namespace: "a".into(), pod: "b".into(), ..Default::default() });
         assert_eq!((f.namespace.as_deref(), f.pod.as_deref()), (Some("a"), Some("b")));
         assert_eq!(filter_from(&pb::TapRequest::default()), Filter::default());
-    }
-
-    #[test]
-    fn readiness_is_shown_as_written() {
-        for spec in ["running", "tcp://:15000", "http://127.0.0.1:15021/healthz/ready", "exec:[\"cat\",\"/ready\"]"] {
-            assert_eq!(readiness(&Readiness::parse(spec).unwrap()), spec);
-        }
     }
 }
