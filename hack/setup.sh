@@ -12,6 +12,7 @@
 #   socat iproute2 iptables                       demo / CNI bridge cleanup
 #   protobuf-compiler                             protoc for tonic/prost build scripts
 #   strace                                        socket-mode syscall order (tests/reliability_sockets.rs)
+#   shellcheck                                    lint of the hack/ scripts (tests/systemd_units.rs)
 #   golang-go golang-google-grpc-dev              real grpc-go peers for the e2e tests (hack/build-grpcgo.sh)
 set -euo pipefail
 
@@ -26,6 +27,7 @@ PACKAGES=(
   iproute2
   iptables
   strace
+  shellcheck
   systemd  # systemd-analyze verify, systemd-socket-activate (tests/systemd_*.rs)
   golang-go               # builds crisp-grpcgo offline (GOPATH mode, no module proxy)
   golang-google-grpc-dev  # grpc-go 1.33 sources for it (kubelet's and containerd's gRPC stack)

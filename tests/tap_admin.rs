@@ -82,11 +82,9 @@ async fn admin_socket_is_root_only_by_default_and_removed_on_shutdown() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(crisp_test_root), ignore = "needs root (runs a client as nobody): sudo hack/test.sh")]
 async fn unredacted_is_refused_to_non_root_and_served_to_root() {
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: needs root to run a client as nobody");
-        return;
-    }
+    assert_eq!(unsafe { libc::geteuid() }, 0, "needs root (runs a client as nobody): built as root, run as another user");
     let fake = Fake::start().await;
     // A group-shared socket (an operator's choice): non-root may connect, but never unredacted.
     let d = daemon(fake.path(), |c| c.admin.mode = 0o666).await;
