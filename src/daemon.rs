@@ -73,6 +73,13 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
 
 /// Serves on an already-bound listener (tests, socket activation).
 pub async fn serve_on(listener: tokio::net::UnixListener, cfg: Config, shutdown: impl Future<Output = ()>) {
+    serve_on_notify(listener, cfg, shutdown, tokio::sync::oneshot::channel().0).await
+}
+
+/// [`serve_on`], telling `admin_ready` once the admin socket listens (or will not: disabled, or
+/// failed to bind, which crisp logs and survives). CRI calls are served from the start either
+/// way; this is for whoever waits to tap (tests, instead of polling connect()).
+pub async fn serve_on_notify(listener: tokio::net::UnixListener, cfg: Config, shutdown: impl Future<Output = ()>, admin_ready: tokio::sync::oneshot::Sender<()>) {
     let upstream = std::sync::Arc::new(Upstream::new(cfg.upstream.clone(), UpstreamOptions::from(&cfg)));
     let (list, tap, engine) = chain(&cfg, &upstream);
     let proxy = Proxy::new(upstream, Interceptors::new(list), ProxyOptions::from(&cfg));
@@ -81,7 +88,9 @@ pub async fn serve_on(listener: tokio::net::UnixListener, cfg: Config, shutdown:
     // Bound in its own task: CRI calls are served at once, whatever the admin socket does.
     let admin_cfg = cfg.clone();
     let admin = tokio::spawn(async move {
-        if let Some(t) = crate::admin::start(&admin_cfg, tap, Some(engine), stopped).await {
+        let task = crate::admin::start(&admin_cfg, tap, Some(engine), stopped).await;
+        let _ = admin_ready.send(());
+        if let Some(t) = task {
             let _ = t.await;
         }
     });

@@ -11,7 +11,7 @@
 mod support;
 
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,32 +28,8 @@ const VERSION: &str = "/runtime.v1.RuntimeService/Version";
 /// Each good call must be answered within this, attack or not.
 const PROMPT: Duration = Duration::from_secs(1);
 
-struct Daemon {
-    sock: PathBuf,
-    admin: PathBuf,
-    _dir: tempfile::TempDir,
-    _stop: tokio::sync::oneshot::Sender<()>,
-    _guard: crisp::proxy::listener::SocketFileGuard,
-}
-
 async fn daemon(upstream: &Path) -> Daemon {
-    init_logging();
-    let dir = tempfile::Builder::new().prefix("crisp-rel-admin").tempdir().unwrap();
-    let sock = dir.path().join("crisp.sock");
-    let (listener, guard) = crisp::proxy::listener::bind(&sock, 0o660).await.unwrap();
-    let cfg = test_config(&sock, upstream, dir.path());
-    let admin = cfg.admin_socket();
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(crisp::daemon::serve_on(listener, cfg, async {
-        let _ = rx.await;
-    }));
-    within(PATIENCE, "the admin socket", async {
-        while UnixStream::connect(&admin).await.is_err() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
-    Daemon { sock, admin, _dir: dir, _stop: tx, _guard: guard }
+    Daemon::start(upstream, |_| {}).await
 }
 
 fn metrics_over_http1(admin: &Path) -> Result<String, String> {

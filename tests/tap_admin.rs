@@ -7,7 +7,7 @@ mod support;
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -19,34 +19,8 @@ use support::*;
 
 const NOBODY: u32 = 65534;
 
-struct Daemon {
-    sock: PathBuf,
-    admin: PathBuf,
-    dir: tempfile::TempDir,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
-    _guard: crisp::proxy::listener::SocketFileGuard,
-}
-
 async fn daemon(upstream: &Path, tweak: impl FnOnce(&mut crisp::config::Config)) -> Daemon {
-    init_logging();
-    let dir = tempfile::Builder::new().prefix("crisp-tap-admin").tempdir().unwrap();
-    let sock = dir.path().join("crisp.sock");
-    let (listener, guard) = crisp::proxy::listener::bind(&sock, 0o660).await.unwrap();
-    let mut cfg = test_config(&sock, upstream, dir.path());
-    tweak(&mut cfg);
-    let admin = cfg.admin_socket();
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(crisp::daemon::serve_on(listener, cfg, async {
-        let _ = rx.await;
-    }));
-    within(PATIENCE, "the admin socket", async {
-        while tokio::net::UnixStream::connect(&admin).await.is_err() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
-    Daemon { sock, admin, dir, stop: Some(tx), task, _guard: guard }
+    Daemon::start(upstream, tweak).await
 }
 
 /// A plain HTTP/1.1 GET, as curl and Prometheus send it.
@@ -76,8 +50,7 @@ async fn admin_socket_is_root_only_by_default_and_removed_on_shutdown() {
     assert_eq!(d.admin, d.sock.with_file_name("admin.sock"), "default: next to the CRI socket");
     let mode = std::fs::metadata(&d.admin).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
-    let _ = d.stop.take().unwrap().send(());
-    within(PATIENCE, "crisp to stop", &mut d.task).await.unwrap();
+    d.stop().await;
     assert!(!d.admin.exists(), "admin socket left behind");
 }
 

@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use k8s_cri::v1 as cri;
@@ -20,46 +20,6 @@ const START: &str = "/runtime.v1.RuntimeService/StartContainer";
 const STOP: &str = "/runtime.v1.RuntimeService/StopContainer";
 const STATUS: &str = "/runtime.v1.RuntimeService/ContainerStatus";
 const PULL_ALPHA: &str = "/runtime.v1alpha2.ImageService/PullImage";
-
-/// crisp as the daemon runs it (default chain: tap + ordering engine, admin socket) in a temp dir.
-pub struct Daemon {
-    pub sock: PathBuf,
-    pub admin: PathBuf,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
-    _guard: crisp::proxy::listener::SocketFileGuard,
-    _dir: tempfile::TempDir,
-}
-
-impl Daemon {
-    pub async fn start(upstream: &Path, tweak: impl FnOnce(&mut crisp::config::Config)) -> Daemon {
-        init_logging();
-        let dir = tempfile::Builder::new().prefix("crisp-tap").tempdir().unwrap();
-        let sock = dir.path().join("crisp.sock");
-        let (listener, guard) = crisp::proxy::listener::bind(&sock, 0o660).await.unwrap();
-        let mut cfg = test_config(&sock, upstream, dir.path());
-        tweak(&mut cfg);
-        let admin = cfg.admin_socket();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(crisp::daemon::serve_on(listener, cfg, async {
-            let _ = rx.await;
-        }));
-        within(PATIENCE, "the admin socket to listen", async {
-            while tokio::net::UnixStream::connect(&admin).await.is_err() {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-        .await;
-        Daemon { sock, admin, stop: Some(tx), task, _guard: guard, _dir: dir }
-    }
-
-    pub async fn stop(mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        within(PATIENCE, "crisp to stop", &mut self.task).await.unwrap();
-    }
-}
 
 fn md(ns: &str, name: &str) -> cri::PodSandboxMetadata {
     cri::PodSandboxMetadata { name: name.into(), namespace: ns.into(), uid: format!("uid-{name}"), attempt: 0 }
@@ -169,7 +129,7 @@ async fn next_call(s: &mut tonic::Streaming<pb::TapEvent>) -> pb::CallEvent {
 async fn filters_select_exactly_what_they_say() {
     let fake = Fake::start().await;
     script(&fake);
-    let crisp = Daemon::start(fake.path(), |_| {}).await;
+    let mut crisp = Daemon::start(fake.path(), |_| {}).await;
 
     let cases: Vec<(&str, pb::TapRequest, Vec<usize>)> = vec![
         ("default: polling hidden", req(|_| {}), vec![0, 1, 2, 3, 4, 7, 8, 10, 11]),

@@ -7,7 +7,7 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,34 +19,8 @@ use crisp::proxy::ProxyOptions;
 use crisp::tap::pb;
 use support::*;
 
-struct Daemon {
-    sock: PathBuf,
-    admin: PathBuf,
-    _task: tokio::task::JoinHandle<()>,
-    _stop: tokio::sync::oneshot::Sender<()>,
-    _guard: crisp::proxy::listener::SocketFileGuard,
-    _dir: tempfile::TempDir,
-}
-
 async fn daemon(upstream: &Path, tap_queue: usize) -> Daemon {
-    init_logging();
-    let dir = tempfile::Builder::new().prefix("crisp-tap-lat").tempdir().unwrap();
-    let sock = dir.path().join("crisp.sock");
-    let (listener, guard) = crisp::proxy::listener::bind(&sock, 0o660).await.unwrap();
-    let mut cfg = test_config(&sock, upstream, dir.path());
-    cfg.admin.tap_queue = tap_queue;
-    let admin = cfg.admin_socket();
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(crisp::daemon::serve_on(listener, cfg, async {
-        let _ = rx.await;
-    }));
-    within(PATIENCE, "the admin socket", async {
-        while tokio::net::UnixStream::connect(&admin).await.is_err() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
-    Daemon { sock, admin, _task: task, _stop: tx, _guard: guard, _dir: dir }
+    Daemon::start(upstream, |c| c.admin.tap_queue = tap_queue).await
 }
 
 /// Latencies of `n` sequential StartContainer calls (a mutating call: shown by the tap) whose

@@ -637,6 +637,49 @@ pub struct Crisp {
     _dir: tempfile::TempDir,
 }
 
+/// crisp as the daemon runs it (default chain: tap + ordering engine, admin socket), in a temp
+/// dir; started once its admin socket listens (the daemon says so: nothing is polled).
+pub struct Daemon {
+    pub sock: PathBuf,
+    pub admin: PathBuf,
+    pub dir: tempfile::TempDir,
+    stop: Option<oneshot::Sender<()>>,
+    pub task: JoinHandle<()>,
+    _guard: crisp::proxy::listener::SocketFileGuard,
+}
+
+impl Daemon {
+    pub async fn start(upstream: &Path, tweak: impl FnOnce(&mut crisp::config::Config)) -> Daemon {
+        init_logging();
+        let dir = tempfile::Builder::new().prefix("crisp-daemon").tempdir().unwrap();
+        let sock = dir.path().join("crisp.sock");
+        let (listener, guard) = crisp::proxy::listener::bind(&sock, 0o660).await.unwrap();
+        let mut cfg = test_config(&sock, upstream, dir.path());
+        tweak(&mut cfg);
+        let admin = cfg.admin_socket();
+        let (tx, rx) = oneshot::channel::<()>();
+        let (ready_tx, ready) = oneshot::channel();
+        let task = tokio::spawn(crisp::daemon::serve_on_notify(
+            listener,
+            cfg,
+            async {
+                let _ = rx.await;
+            },
+            ready_tx,
+        ));
+        within(PATIENCE, "the admin socket to listen", ready).await.expect("the daemon ended before its admin socket was bound");
+        Daemon { sock, admin, dir, stop: Some(tx), task, _guard: guard }
+    }
+
+    /// Resolves the daemon's shutdown future and waits for it to finish.
+    pub async fn stop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        within(PATIENCE, "crisp to stop", &mut self.task).await.unwrap();
+    }
+}
+
 /// The daemon's default configuration, with every path inside `dir`.
 pub fn test_config(listen: &Path, upstream: &Path, dir: &Path) -> crisp::config::Config {
     crisp::config::Config {
