@@ -344,22 +344,11 @@ fn local_time(nanos: i64) -> String {
     format!("{h:02}:{m:02}:{s:02}.{millis:03}")
 }
 
-/// RFC 3339 UTC with microseconds, from Unix nanoseconds.
+/// RFC 3339 UTC with microseconds, from Unix nanoseconds (times before 1970, which no tap
+/// event has, show as the epoch).
 pub fn rfc3339(nanos: i64) -> String {
-    let secs = nanos.div_euclid(1_000_000_000);
-    let micros = nanos.rem_euclid(1_000_000_000) / 1_000;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{micros:06}Z", rem / 3600, rem / 60 % 60, rem % 60)
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(nanos.max(0) as u64);
+    humantime::format_rfc3339_micros(t).to_string()
 }
 
 #[cfg(test)]
@@ -428,7 +417,8 @@ mod tests {
     fn dates() {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000000Z");
         assert_eq!(rfc3339(951_782_400_000_000_000), "2000-02-29T00:00:00.000000Z");
-        assert_eq!(rfc3339(-1_000), "1969-12-31T23:59:59.999999Z");
+        assert_eq!(rfc3339(1_700_000_000_123_456_789), "2023-11-14T22:13:20.123456Z");
+        assert_eq!(rfc3339(-1_000), "1970-01-01T00:00:00.000000Z");
         assert_eq!(duration(420), "0.42ms");
         assert_eq!(duration(123_400), "123ms");
         assert_eq!(duration(61_000_000), "61.00s");

@@ -9,44 +9,34 @@ use crate::cri::{Route, Rpc, RpcKind};
 
 /// A shell-style glob: `*` matches any run of characters, `?` exactly one. Nothing else is
 /// special, so method names and gRPC paths match literally.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Glob(String);
+#[derive(Debug, Clone)]
+pub struct Glob {
+    pattern: String,
+    matcher: wildmatch::WildMatch,
+}
+
+impl PartialEq for Glob {
+    fn eq(&self, other: &Glob) -> bool {
+        self.pattern == other.pattern
+    }
+}
+
+impl Eq for Glob {}
 
 impl Glob {
+    /// `*` matches any run of characters, `?` any one; everything else itself.
     pub fn new(pattern: &str) -> Glob {
-        Glob(pattern.to_string())
+        Glob { pattern: pattern.to_string(), matcher: wildmatch::WildMatch::new(pattern) }
     }
 
     pub fn matches(&self, text: &str) -> bool {
-        glob_match(self.0.as_bytes(), text.as_bytes())
+        self.matcher.matches(text)
     }
 
     /// A glob naming a gRPC path rather than a method (`/runtime.v1alpha2.*`).
     fn is_path(&self) -> bool {
-        self.0.contains('/')
+        self.pattern.contains('/')
     }
-}
-
-/// Iterative glob matching with single-star backtracking: linear in practice, never recursive.
-fn glob_match(p: &[u8], t: &[u8]) -> bool {
-    let (mut pi, mut ti) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while ti < t.len() {
-        if pi < p.len() && (p[pi] == b'?' || p[pi] == t[ti]) {
-            pi += 1;
-            ti += 1;
-        } else if pi < p.len() && p[pi] == b'*' {
-            star = Some((pi, ti));
-            pi += 1;
-        } else if let Some((sp, st)) = star {
-            pi = sp + 1;
-            ti = st + 1;
-            star = Some((sp, st + 1));
-        } else {
-            return false;
-        }
-    }
-    p[pi..].iter().all(|c| *c == b'*')
 }
 
 /// The method name shown for a path: the RPC name, or the last path segment of a path crisp

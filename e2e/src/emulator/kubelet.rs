@@ -681,34 +681,11 @@ impl Inner {
 
 /// RFC 3339 with nanoseconds in UTC, trailing zeros trimmed (Go's `time.RFC3339Nano`).
 pub fn rfc3339_nano(t: SystemTime) -> String {
-    let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
-    let secs = d.as_secs() as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let mut frac = format!("{:09}", d.subsec_nanos());
-    while frac.ends_with('0') {
-        frac.pop();
-    }
-    let frac = if frac.is_empty() {
-        String::new()
-    } else {
-        format!(".{frac}")
-    };
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}{frac}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60
-    )
+    let t = t.max(SystemTime::UNIX_EPOCH);
+    let full = humantime::format_rfc3339_nanos(t).to_string();
+    // "…:SS.nnnnnnnnnZ": Go drops the fraction's trailing zeros, and the dot with them.
+    let body = full.trim_end_matches('Z').trim_end_matches('0').trim_end_matches('.');
+    format!("{body}Z")
 }
 
 #[cfg(test)]
