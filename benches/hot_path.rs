@@ -97,6 +97,36 @@ fn bench(c: &mut Criterion) {
         })
     });
 
+    // The same with loona-hpack (a maintained HPACK crate) in place of crisp's decoder: what
+    // the crate would cost per call (issue #16). Both decoders have seen the first block.
+    let mut loona = loona_hpack::Decoder::new();
+    loona.decode_with_cb(&first, |_, _| {}).unwrap();
+    c.bench_function("relay_request_headers_decode_and_reencode_loona_hpack", |b| {
+        b.iter(|| {
+            out.clear();
+            loona.decode_with_cb(black_box(&steady), |n, v| crisp::proxy::frames::encode_field(&mut out, &n, &v)).unwrap();
+            out.len()
+        })
+    });
+    // A first request on a connection: every field a literal (Huffman-coded by grpc-go's
+    // encoder), each added to the table; a fresh decoder per iteration for both.
+    c.bench_function("first_request_headers_decode_crisp", |b| {
+        b.iter(|| {
+            let mut d = crisp::proxy::hpack::Decoder::default();
+            out.clear();
+            d.decode(black_box(&first), |n, v| crisp::proxy::frames::encode_field(&mut out, n, v)).unwrap();
+            out.len()
+        })
+    });
+    c.bench_function("first_request_headers_decode_loona_hpack", |b| {
+        b.iter(|| {
+            let mut d = loona_hpack::Decoder::new();
+            out.clear();
+            d.decode_with_cb(black_box(&first), |n, v| crisp::proxy::frames::encode_field(&mut out, &n, &v)).unwrap();
+            out.len()
+        })
+    });
+
     // The Huffman literal h2 clients send as :path on every request: crisp's decoder and
     // httlib-huffman's (which crisp used before) on the same bytes.
     let mut path = Vec::new();
