@@ -19,6 +19,8 @@ for a in "$@"; do
 done
 
 bash hack/setup.sh >/dev/null
+# kubelet's own gRPC client for the grpc-go workload (crisp-bench --only grpcgo).
+bash hack/build-grpcgo.sh >/dev/null
 cargo build --release --locked -p crisp -p crisp-e2e --bin crisp --bin crisp-bench
 export CRISP_BIN="$PWD/target/release/crisp"
 # The host's steal time during the run: on a shared VM the neighbours' load moves every lane.

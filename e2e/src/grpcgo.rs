@@ -304,6 +304,16 @@ pub struct CallOpts {
     pub timeout: Duration,
     pub count: usize,
     pub concurrency: usize,
+    /// Each worker starts one call per interval (a ticker; a late call starts at once).
+    pub interval: Option<Duration>,
+    /// Keep calling until this has passed, instead of `count` calls.
+    pub duration: Option<Duration>,
+    /// Calls made first, one at a time, and not measured (a failed one fails the run).
+    pub warmup: usize,
+    /// Every measured call's latency in [`CallSummary::latencies_us`].
+    pub latencies: bool,
+    /// A [`CallResult`] line for every failed call (with `count > 1`).
+    pub errors: bool,
 }
 
 impl Default for CallOpts {
@@ -313,6 +323,11 @@ impl Default for CallOpts {
             timeout: Duration::from_secs(10),
             count: 1,
             concurrency: 1,
+            interval: None,
+            duration: None,
+            warmup: 0,
+            latencies: false,
+            errors: false,
         }
     }
 }
@@ -330,12 +345,17 @@ pub struct CallSummary {
     pub elapsed_ms: f64,
     pub first_error: Option<String>,
     pub wire: WireStats,
+    /// Every measured call's latency, µs, in completion order (with [`CallOpts::latencies`]).
+    pub latencies_us: Vec<f64>,
 }
 
-/// One line per call of `crisp-grpcgo call` (with `count == 1`).
+/// One line per call of `crisp-grpcgo call` (with `count == 1`; with [`CallOpts::errors`], per
+/// failed call).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
 pub struct CallResult {
+    /// When the call was sent (RFC 3339, UTC).
+    pub at: String,
     pub code: String,
     pub message: String,
     pub response_hex: String,
@@ -370,6 +390,21 @@ pub async fn call(target: &Path, method: &str, req: &[u8], opts: CallOpts) -> Re
         .arg(opts.concurrency.to_string());
     if let Some(a) = &opts.authority {
         cmd.arg("--authority").arg(a);
+    }
+    if let Some(i) = opts.interval {
+        cmd.arg("--interval").arg(format!("{}us", i.as_micros()));
+    }
+    if let Some(d) = opts.duration {
+        cmd.arg("--duration").arg(format!("{}ms", d.as_millis()));
+    }
+    if opts.warmup > 0 {
+        cmd.arg("--warmup").arg(opts.warmup.to_string());
+    }
+    if opts.latencies {
+        cmd.arg("--latencies");
+    }
+    if opts.errors {
+        cmd.arg("--errors");
     }
     cmd.stdin(Stdio::null()).kill_on_drop(true);
     let out = cmd

@@ -7,7 +7,8 @@
 //
 //	crisp-grpcgo bridge --listen SOCK --target TARGET [--authority A] [--server-keepalive-policy default|permissive]
 //	crisp-grpcgo call --target TARGET --method /pkg.Service/Method [--hex HEX] [--authority A]
-//	                  [--timeout 10s] [--count N] [--concurrency C] [--each]
+//	                  [--timeout 10s] [--count N] [--concurrency C] [--each] [--errors]
+//	                  [--interval D] [--duration D] [--warmup N] [--latencies]
 //	crisp-grpcgo headers --listen SOCK
 //
 // bridge: a grpc-go server on SOCK accepting every method; each call is forwarded, message
@@ -18,7 +19,11 @@
 // prints them to stderr and exits.
 //
 // call: unary calls with a kubelet-style client; prints a JSON line per call (--each, or when
-// --count is 1) and a summary line; exits 1 when any call failed.
+// --count is 1; --errors: per failed call) and a summary line; exits 1 when any call failed.
+// --interval paces each worker (one call started per interval, as a ticker; a late call starts
+// at once), --duration keeps calling until it has passed (instead of --count calls), --warmup
+// makes N calls first that are not measured, --latencies puts every measured call's latency
+// (µs, in completion order) into the summary.
 //
 // headers: a bare HTTP/2 server that prints each request's decoded header list (and every
 // PING it receives) as JSON lines and answers every call with an empty message and status OK;
@@ -98,6 +103,7 @@ func usage() {
   crisp-grpcgo bridge --listen SOCK --target TARGET [--authority A] [--server-keepalive-policy default|permissive]
   crisp-grpcgo call --target TARGET --method /pkg.Service/Method [--hex HEX | request hex on stdin]
                     [--authority A] [--timeout 10s] [--count N] [--concurrency C] [--each]
+                    [--errors] [--interval D] [--duration D] [--warmup N] [--latencies]
   crisp-grpcgo headers --listen SOCK
 `)
 	os.Exit(2)
@@ -640,6 +646,7 @@ func runBridge(args []string) error {
 // call
 
 type callResult struct {
+	At          string  `json:"at"`
 	Code        string  `json:"code"`
 	Message     string  `json:"message"`
 	ResponseHex string  `json:"response_hex"`
@@ -656,6 +663,11 @@ func runCall(args []string) error {
 	count := fs.Int("count", 1, "number of calls")
 	concurrency := fs.Int("concurrency", 1, "calls in flight at once")
 	each := fs.Bool("each", false, "print every call's result even with --count > 1")
+	errorsOnly := fs.Bool("errors", false, "print a line for every failed call")
+	interval := fs.Duration("interval", 0, "each worker starts one call per interval (0: back to back)")
+	duration := fs.Duration("duration", 0, "keep calling until this has passed (instead of --count calls)")
+	warmup := fs.Int("warmup", 0, "calls made first, one at a time, and not measured")
+	latencies := fs.Bool("latencies", false, "every measured call's latency (µs) in the summary")
 	_ = fs.Parse(args)
 	if *target == "" || *method == "" {
 		return errors.New("--target and --method are required")
@@ -682,31 +694,64 @@ func runCall(args []string) error {
 	}
 	defer cc.Close()
 
-	printEach := *each || *count == 1
+	for i := 0; i < *warmup; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+		var resp []byte
+		err := cc.Invoke(ctx, *method, req, &resp, grpc.ForceCodec(rawCodec{}))
+		cancel()
+		if err != nil {
+			return fmt.Errorf("warm-up call %d: %v", i+1, err)
+		}
+	}
+
+	printEach := *each || (*count == 1 && *duration == 0)
 	var outMu sync.Mutex
 	var mu sync.Mutex
 	var lat []float64
+	var latUs []float64
 	codeCounts := map[string]int{}
 	var firstErr string
 	var ok, failed int
 	var next int64 = -1
 	var wg sync.WaitGroup
 	start := time.Now()
+	more := func() bool {
+		n := atomic.AddInt64(&next, 1)
+		if *duration > 0 {
+			return time.Since(start) < *duration
+		}
+		return n < int64(*count)
+	}
 	for w := 0; w < *concurrency; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for atomic.AddInt64(&next, 1) < int64(*count) {
+			due := time.Now()
+			for more() {
+				if *interval > 0 {
+					if d := time.Until(due); d > 0 {
+						time.Sleep(d)
+					}
+					due = due.Add(*interval)
+					if now := time.Now(); due.Before(now) {
+						// Late (a slow call): the next one starts at once, then the pace resumes.
+						due = now
+					}
+				}
 				ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 				var resp []byte
 				t0 := time.Now()
 				err := cc.Invoke(ctx, *method, req, &resp, grpc.ForceCodec(rawCodec{}))
-				ms := float64(time.Since(t0).Microseconds()) / 1000
+				took := time.Since(t0)
+				ms := float64(took.Microseconds()) / 1000
 				cancel()
 				st := status.Convert(err)
-				r := callResult{Code: st.Code().String(), Message: st.Message(), ResponseHex: hex.EncodeToString(resp), Ms: ms}
+				r := callResult{At: t0.UTC().Format(time.RFC3339Nano), Code: st.Code().String(), Message: st.Message(), ResponseHex: hex.EncodeToString(resp), Ms: ms}
 				mu.Lock()
 				lat = append(lat, ms)
+				if *latencies {
+					latUs = append(latUs, float64(took.Nanoseconds())/1000)
+				}
 				codeCounts[r.Code]++
 				if err == nil {
 					ok++
@@ -717,7 +762,7 @@ func runCall(args []string) error {
 					}
 				}
 				mu.Unlock()
-				if printEach {
+				if printEach || (*errorsOnly && err != nil) {
 					b, _ := json.Marshal(r)
 					outMu.Lock()
 					fmt.Println(string(b))
@@ -753,6 +798,9 @@ func runCall(args []string) error {
 	}
 	if firstErr != "" {
 		summary["first_error"] = firstErr
+	}
+	if *latencies {
+		summary["latencies_us"] = latUs
 	}
 	b, _ := json.Marshal(summary)
 	fmt.Println(string(b))

@@ -32,7 +32,7 @@ struct Args {
     /// fall on all three alike (and each round's ratios compare lanes run back to back).
     #[arg(long, default_value_t = 8)]
     rounds: u32,
-    /// Run only these workloads (comma-separated: latency, throughput, list, events, mix).
+    /// Run only these workloads (comma-separated: latency, throughput, list, events, mix, grpcgo).
     #[arg(long, value_delimiter = ',', value_name = "WORKLOADS")]
     only: Vec<Workload>,
     /// Concurrency of the throughput workload.
@@ -67,6 +67,8 @@ enum Workload {
     List,
     Events,
     Mix,
+    /// Sequential unary calls from a grpc-go client (`crisp-grpcgo call`, kubelet's transport).
+    Grpcgo,
 }
 
 impl Args {
@@ -334,6 +336,19 @@ async fn run_lanes(args: &Args, title: &str, upstream: &Path, dir: &Path, big_li
     if args.runs(Workload::Throughput) {
         throughput_report(&mut out, args, &lanes, vpath, &version, pid).await?;
     }
+    if args.runs(Workload::Grpcgo) {
+        let mut methods = vec![("Version", cri::VersionRequest { version: "v1".into() }.encode_to_vec())];
+        if !big_list {
+            // The real runtime: a call that reaches its store too (the fake's list is 6 MiB).
+            methods.push(("ListContainers", cri::ListContainersRequest { filter: None }.encode_to_vec()));
+        }
+        // The fake is a hyper server, which rejects grpc-go's default `:authority` (the socket
+        // path, KUBELET-CRI §11): the client sends `localhost` there, as crictl-like clients do.
+        let authority = big_list.then(|| "localhost".to_string());
+        for (m, req) in methods {
+            grpcgo_report(&mut out, args, &lanes, m, &req, authority.clone()).await?;
+        }
+    }
     let load_rss = proc_status(pid, "VmRSS:");
 
     if big_list && args.runs(Workload::List) {
@@ -414,6 +429,48 @@ async fn latency_report(out: &mut String, args: &Args, lanes: &[Lane], vpath: &s
         "\ncrisp's added latency / socat's: **p50 {}** (target ≤ 1.5×), **p99 {}** (target ≤ 2×)\n",
         added_ratio(crisp_add50, socat_add50),
         added_ratio(crisp_add99, socat_add99)
+    )?;
+    Ok(())
+}
+
+/// Latency at concurrency 1 from kubelet's own gRPC client: `crisp-grpcgo call` (grpc-go 1.33,
+/// dialing like kubelet) makes `--calls` sequential calls of `method` per lane, in 5 rounds in
+/// which the lanes take turns, each round on a fresh connection after a warm-up.
+async fn grpcgo_report(out: &mut String, args: &Args, lanes: &[Lane], method: &str, req: &[u8], authority: Option<String>) -> Result<()> {
+    use crisp_e2e::grpcgo::{self, CallOpts};
+    use std::fmt::Write;
+    let path = format!("/runtime.v1.RuntimeService/{method}");
+    let per_round = (args.calls / 5).max(1);
+    let size = grpcgo::call(&lanes[0].socket, &path, req, CallOpts { authority: authority.clone(), ..Default::default() }).await?.calls.first().map_or(0, |c| c.response_hex.len() / 2);
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); lanes.len()];
+    for _ in 0..5 {
+        for (i, l) in lanes.iter().enumerate() {
+            let o = grpcgo::call(&l.socket, &path, req, CallOpts { authority: authority.clone(), count: per_round, warmup: (per_round / 10).max(10), latencies: true, ..Default::default() }).await?;
+            if o.summary.failed > 0 {
+                bail!("crisp-grpcgo call {method} on the {} lane: {} failed, first: {:?}", l.name, o.summary.failed, o.summary.first_error);
+            }
+            samples[i].extend(o.summary.latencies_us);
+        }
+    }
+    let q: Vec<(f64, f64)> = samples
+        .iter_mut()
+        .map(|v| {
+            v.sort_by(f64::total_cmp);
+            let at = |p: f64| v.get(((v.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or(0.0);
+            (at(0.5), at(0.99))
+        })
+        .collect();
+    let sends = authority.as_deref().map_or("the socket path".to_string(), |a| format!("`{a}`"));
+    writeln!(out, "\ngrpc-go client (`crisp-grpcgo call`: grpc-go 1.33 dialing like kubelet, `:authority` {sends}): unary `{method}` ({size} B response), concurrency 1, {} calls:\n", per_round * 5)?;
+    writeln!(out, "| lane | p50 µs | p99 µs | added p50 µs | added p99 µs |\n|---|---|---|---|---|")?;
+    for (l, (p50, p99)) in lanes.iter().zip(&q) {
+        writeln!(out, "| {} | {:.1} | {:.1} | {:.1} | {:.1} |", l.name, p50, p99, p50 - q[0].0, p99 - q[0].1)?;
+    }
+    writeln!(
+        out,
+        "\ncrisp's added latency / socat's (grpc-go client, `{method}`): **p50 {}**, **p99 {}**",
+        added_ratio(q[2].0 - q[0].0, q[1].0 - q[0].0),
+        added_ratio(q[2].1 - q[0].1, q[1].1 - q[0].1)
     )?;
     Ok(())
 }
