@@ -158,6 +158,8 @@ impl pb::admin_server::Admin for AdminService {
                 policy_source: match p.policy.source {
                     Source::Annotation => "annotation",
                     Source::NodeRules => "node-rules",
+                    Source::Injector => "injector",
+                    Source::OptOut => "opt-out",
                 }
                 .into(),
                 sidecars: p.policy.sidecars.iter().map(|s| pb::Sidecar { name: s.name.clone(), ready: readiness(&s.ready) }).collect(),
