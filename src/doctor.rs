@@ -413,11 +413,9 @@ fn kubelet_version(root: &Path) -> Option<(u32, u32)> {
 /// What the kubelet's version means for crisp (README "Support matrix").
 fn check_kubelet_version(opts: &Options, r: &mut Report) {
     let Some((major, minor)) = kubelet_version(&opts.root) else {
-        r.warn(
-            "kubelet-version",
-            "kubelet's version is unknown (no kubelet binary found to run `kubelet --version`)",
-            "crisp supports kubelet 1.20–1.27 fully; on 1.29+ prefer native sidecars (README: Support matrix)",
-        );
+        // Not a problem with the installation (kubelet may run from elsewhere): reported, not
+        // warned about.
+        r.ok("kubelet-version", "kubelet's version is unknown (no kubelet binary found to run `kubelet --version`); crisp is for kubelet 1.20–1.28, on 1.29+ see README: Support matrix");
         return;
     };
     let v = format!("{major}.{minor}");
