@@ -928,6 +928,24 @@ mod tests {
     }
 
     #[test]
+    fn a_pod_is_recognised_by_its_whole_annotation_set() {
+        let a: HashMap<String, String> = [("kubernetes.io/config.seen", "2026-11-24T10:00:00.123456789Z"), ("crisp.dev/sidecars", "proxy")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let mut pairs: Vec<(&String, &String)> = a.iter().collect();
+        pairs.sort();
+        pairs.reverse();
+        let mut b = HashMap::new();
+        for (k, v) in pairs {
+            b.insert(k.clone(), v.clone());
+        }
+        assert_eq!(annotations_fingerprint(&a), annotations_fingerprint(&b), "map order does not matter");
+        b.insert("kubernetes.io/config.seen".into(), "2026-11-24T10:00:00.123456790Z".into());
+        assert_ne!(annotations_fingerprint(&a), annotations_fingerprint(&b), "another pod, seen 1 ns later");
+    }
+
+    #[test]
     fn stop_budget_is_one_window_per_termination() {
         let _ = AtomicBool::new(false);
         let (pod, _) = Pod::new("sb", None, &HashMap::new(), HashMap::new(), false, &[], &[]);
