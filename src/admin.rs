@@ -150,6 +150,8 @@ impl pb::admin_server::Admin for AdminService {
                 policy_source: match p.policy.source {
                     Source::Annotation => "annotation",
                     Source::NodeRules => "node-rules",
+                    Source::Injector => "injector",
+                    Source::OptOut => "opt-out",
                 }
                 .into(),
                 sidecars: p.policy.sidecars.iter().map(|s| pb::Sidecar { name: s.name.clone(), ready: s.ready.to_string() }).collect(),

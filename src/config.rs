@@ -42,6 +42,9 @@ pub struct Config {
     /// Node-wide sidecar rules by container name, for pods without a `crisp.dev/sidecars`
     /// annotation (annotations win).
     pub sidecars: Vec<SidecarRule>,
+    /// Known injectors, added to (or replacing, by name) the built-in table of
+    /// `ordering/injectors.rs` (Istio, Linkerd, Vault agent).
+    pub injectors: Vec<crate::ordering::injectors::InjectorRule>,
     /// crisp's own admin socket: the debug tap, the pods it tracks, Prometheus metrics.
     pub admin: AdminConfig,
 }
@@ -58,6 +61,7 @@ impl Default for Config {
             job: JobConfig::default(),
             state_dir: DEFAULT_STATE_DIR.into(),
             sidecars: Vec::new(),
+            injectors: Vec::new(),
             admin: AdminConfig::default(),
         }
     }
@@ -187,6 +191,9 @@ pub struct OrderingConfig {
     /// Per-attempt timeout of one readiness probe.
     #[serde(deserialize_with = "de_duration")]
     pub probe_timeout: Duration,
+    /// Recognise the built-in known injectors (Istio, Linkerd, Vault agent) from their own pod
+    /// annotations. `false` opts the node out; `[[injectors]]` entries still apply.
+    pub known_injectors: bool,
 }
 
 impl Default for OrderingConfig {
@@ -196,6 +203,7 @@ impl Default for OrderingConfig {
             timeout_policy: TimeoutPolicy::Proceed,
             probe_interval: Duration::from_millis(50),
             probe_timeout: Duration::from_secs(1),
+            known_injectors: true,
         }
     }
 }
@@ -299,6 +307,13 @@ impl Config {
                 return Err(bad(&format!("sidecars[{i}].name"), format!("`{}` already declared in sidecars[{j}]", rule.name)));
             }
         }
+        let mut names = BTreeMap::new();
+        for (i, rule) in self.injectors.iter().enumerate() {
+            crate::ordering::injectors::validate(rule).map_err(|(k, m)| bad(&format!("injectors[{i}].{k}"), m))?;
+            if let Some(j) = names.insert(rule.name.clone(), i) {
+                return Err(bad(&format!("injectors[{i}].name"), format!("`{}` already declared in injectors[{j}]", rule.name)));
+            }
+        }
         if self.admin.enabled {
             let admin = self.admin_socket();
             if admin == self.listen || admin == self.upstream {
@@ -310,6 +325,11 @@ impl Config {
         }
         validate_filter(&self.log.level).map_err(|m| bad("log.level", m))?;
         Ok(())
+    }
+
+    /// The known-injector table this node uses.
+    pub fn injector_table(&self) -> Vec<crate::ordering::injectors::InjectorRule> {
+        crate::ordering::injectors::table(self.ordering.known_injectors, &self.injectors)
     }
 }
 

@@ -7,7 +7,8 @@
 //!    runtime.v1alpha2;
 //! 3. crisp's socket (`listen`) exists, is mode 0660 and owned by root, and a live crisp answers;
 //! 4. kubelet's configured runtime (and image) endpoint, read from the same files
-//!    `hack/install.sh` edits, points at crisp;
+//!    `hack/install.sh` edits, points at crisp; kubelet's version, and whether its native
+//!    sidecars (1.29+) make crisp unnecessary;
 //! 5. the systemd units are installed and enabled (when systemctl exists).
 //!
 //! `--root DIR` inspects a node whose filesystem is at DIR (tests, a mounted image): every node
@@ -63,7 +64,8 @@ impl fmt::Display for Level {
 
 #[derive(Debug, Clone)]
 pub struct Check {
-    /// Short stable name: `config`, `upstream`, `crisp-socket`, `kubelet`, `units`.
+    /// Short stable name: `config`, `upstream`, `crisp-socket`, `kubelet`, `kubelet-version`,
+    /// `units`.
     pub name: &'static str,
     pub level: Level,
     pub detail: String,
@@ -136,6 +138,7 @@ pub async fn run(opts: &Options) -> Report {
     check_upstream(opts, &upstream, &mut r).await;
     check_crisp_socket(opts, &listen, &mut r).await;
     check_kubelet(opts, &listen, &upstream, &mut r);
+    check_kubelet_version(opts, &mut r);
     check_units(opts, &listen, &mut r);
     r
 }
@@ -390,12 +393,45 @@ pub fn parse_kubelet_version(s: &str) -> Option<(u32, u32)> {
     Some((major, minor))
 }
 
+/// Where kubelet's binary is looked for under `--root` (on `/`, `kubelet` on PATH first).
+pub const KUBELET_BINS: [&str; 3] = ["/usr/bin/kubelet", "/usr/local/bin/kubelet", "/opt/bin/kubelet"];
+
+/// kubelet's version, from running `kubelet --version`.
 fn kubelet_version(root: &Path) -> Option<(u32, u32)> {
-    if root != Path::new("/") {
-        return None;
+    let run = |bin: &Path| -> Option<(u32, u32)> {
+        let out = Command::new(bin).arg("--version").output().ok()?;
+        parse_kubelet_version(&String::from_utf8_lossy(&out.stdout))
+    };
+    if root == Path::new("/") {
+        if let Some(v) = run(Path::new("kubelet")) {
+            return Some(v);
+        }
     }
-    let out = Command::new("kubelet").arg("--version").output().ok()?;
-    parse_kubelet_version(&String::from_utf8_lossy(&out.stdout))
+    KUBELET_BINS.iter().map(|b| under_root(root, Path::new(b))).filter(|b| b.exists()).find_map(|b| run(&b))
+}
+
+/// What the kubelet's version means for crisp (README "Support matrix").
+fn check_kubelet_version(opts: &Options, r: &mut Report) {
+    let Some((major, minor)) = kubelet_version(&opts.root) else {
+        // Not a problem with the installation (kubelet may run from elsewhere): reported, not
+        // warned about.
+        r.ok("kubelet-version", "kubelet's version is unknown (no kubelet binary found to run `kubelet --version`); crisp is for kubelet 1.20–1.28, on 1.29+ see README: Support matrix");
+        return;
+    };
+    let v = format!("{major}.{minor}");
+    match (major, minor) {
+        (1, m) if m < 20 => r.warn("kubelet-version", format!("kubelet {v}: older than crisp was built against (1.20–1.27)"), "upgrade kubelet to 1.20 or later"),
+        (1, m) if m <= 27 => r.ok("kubelet-version", format!("kubelet {v} has no native sidecars: crisp orders sidecars, stops them last and ends Job sidecars")),
+        (1, 28) => r.ok(
+            "kubelet-version",
+            format!("kubelet {v}: native sidecars are alpha (feature gate SidecarContainers, off by default); crisp orders legacy sidecars and leaves native ones (init containers with restartPolicy: Always) to kubelet"),
+        ),
+        _ => r.warn(
+            "kubelet-version",
+            format!("kubelet {v} has native sidecars (KEP-753, on by default since 1.29): a pod that declares its sidecars as init containers with restartPolicy: Always needs no crisp"),
+            "move sidecars to native ones (Istio and Linkerd have a native-sidecar mode) and uninstall crisp with hack/uninstall.sh — or keep it for pods you cannot change, and for `crisp tap`",
+        ),
+    }
 }
 
 fn check_kubelet(opts: &Options, listen: &Path, upstream: &Path, r: &mut Report) {

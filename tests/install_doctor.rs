@@ -145,3 +145,27 @@ async fn doctor_on_a_v1alpha2_only_runtime_and_a_foreign_endpoint() {
     let d = doctor(&root, &["--upstream", "/run/nothing.sock"]);
     assert!(d.has("FAIL", "upstream", "/run/nothing.sock"), "{}", d.out);
 }
+
+/// doctor reports kubelet's version (from the kubelet binary on the node) and says when native
+/// sidecars make crisp unnecessary.
+#[test]
+fn doctor_reports_the_kubelet_version_and_native_sidecars() {
+    let tmp = tempdir();
+    let root = tmp.path().join("root");
+    put(&root, "/etc/default/kubelet", "KUBELET_EXTRA_ARGS=--container-runtime-endpoint=unix:///run/crisp/crisp.sock\n");
+    let d = doctor(&root, &["--upstream", "/run/nothing.sock"]);
+    assert!(d.has("OK", "kubelet-version", "unknown"), "{}", d.out);
+    let kubelet = |version: &str| {
+        put(&root, "/usr/bin/kubelet", &format!("#!/bin/sh\necho Kubernetes {version}\n"));
+        std::fs::set_permissions(root.join("usr/bin/kubelet"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    kubelet("v1.26.15");
+    let d = doctor(&root, &["--upstream", "/run/nothing.sock"]);
+    assert!(d.has("OK", "kubelet-version", "kubelet 1.26 has no native sidecars"), "{}", d.out);
+    kubelet("v1.28.4");
+    let d = doctor(&root, &["--upstream", "/run/nothing.sock"]);
+    assert!(d.has("OK", "kubelet-version", "native sidecars are alpha"), "{}", d.out);
+    kubelet("v1.29.0");
+    let d = doctor(&root, &["--upstream", "/run/nothing.sock"]);
+    assert!(d.has("WARN", "kubelet-version", "needs no crisp"), "{}", d.out);
+}

@@ -258,6 +258,18 @@ impl Containerd {
         Ok(())
     }
 
+    /// Gives image `src` a second name `dst` in the `k8s.io` namespace: with no registry, this
+    /// is how an image that could not be pulled becomes present ("pullable") mid-test.
+    pub fn tag_image(&self, src: &str, dst: &str) -> Result<()> {
+        let out = Command::new("ctr")
+            .arg("--address")
+            .arg(&self.socket)
+            .args(["-n", "k8s.io", "images", "tag", "--force", src, dst])
+            .output()
+            .context("running ctr images tag")?;
+        check(&out, &format!("ctr images tag {src} {dst}"))
+    }
+
     fn run_start(&mut self) -> Result<()> {
         let script = hack_dir().join("containerd.sh");
         let mut cmd = Command::new(&script);

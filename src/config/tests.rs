@@ -120,3 +120,20 @@ fn bad_admin_values_are_named() {
     let e = err("[admin]\ntap_queue = 0\n");
     assert!(e.contains("admin.tap_queue"), "{e}");
 }
+
+#[test]
+fn injectors_extend_the_builtin_table_and_are_validated() {
+    let c = Config::from_toml(
+        "[[injectors]]\nname = \"consul\"\nwhen = [\"consul.hashicorp.com/connect-inject-status\"]\ninit_containers = [\"consul-connect-inject-init\"]\n[[injectors.sidecars]]\nname = \"consul-dataplane\"\nalways = false\n\n[[injectors]]\nname = \"vault-agent\"\nenabled = false\nwhen = []\n",
+        "t",
+    )
+    .unwrap();
+    let names: Vec<String> = c.injector_table().into_iter().map(|r| r.name).collect();
+    assert_eq!(names, vec!["istio", "linkerd", "consul"]);
+    let c = Config::from_toml("[ordering]\nknown_injectors = false\n", "t").unwrap();
+    assert!(c.injector_table().is_empty());
+    let e = Config::from_toml("[[injectors]]\nname = \"x\"\nwhen = [\"a\"]\n[[injectors.sidecars]]\nname = \"p\"\nready = \"htp://:1\"\n", "t").unwrap_err();
+    assert!(e.to_string().contains("injectors[0].sidecars[0].ready"), "{e}");
+    let e = Config::from_toml("[[injectors]]\nname = \"x\"\nwhen = []\n", "t").unwrap_err();
+    assert!(e.to_string().contains("injectors[0].when"), "{e}");
+}

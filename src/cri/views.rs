@@ -329,14 +329,26 @@ pub struct ContainerEventResponse {
 pub struct ImageSpec {
     #[prost(string, tag = "1")]
     pub image: String,
+    /// kubelet's EnsureImageExists copies the pod's annotations here.
+    #[prost(map = "string, string", tag = "2")]
+    pub annotations: HashMap<String, String>,
 }
 
-/// PullImage: only the image name. `auth` (field 2) is deliberately absent so that no decoded
-/// copy can ever hold a registry credential.
+/// ImageStatus: the image (with the pod's annotations when kubelet checks a container's image).
+#[derive(Clone, PartialEq, Message)]
+pub struct ImageStatusRequest {
+    #[prost(message, optional, tag = "1")]
+    pub image: Option<ImageSpec>,
+}
+
+/// PullImage: the image name and the pod it is pulled for. `auth` (field 2) is deliberately
+/// absent so that no decoded copy can ever hold a registry credential.
 #[derive(Clone, PartialEq, Message)]
 pub struct PullImageRequest {
     #[prost(message, optional, tag = "1")]
     pub image: Option<ImageSpec>,
+    #[prost(message, optional, tag = "3")]
+    pub sandbox_config: Option<PodSandboxConfig>,
 }
 
 /// Decodes a view, mapping prost's error to a string the caller can log.

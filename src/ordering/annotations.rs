@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use super::injectors::{self, InjectorRule};
 use super::readiness::Readiness;
 use crate::config::{parse_duration, SidecarRule, TimeoutPolicy, MAX_START_TIMEOUT};
 
@@ -16,6 +17,7 @@ pub const START_TIMEOUT: &str = "crisp.dev/start-timeout";
 pub const TIMEOUT_POLICY: &str = "crisp.dev/timeout-policy";
 pub const JOB: &str = "crisp.dev/job";
 pub const RESTART_POLICY: &str = "crisp.dev/restart-policy";
+pub const INIT_CONTAINERS: &str = "crisp.dev/init-containers";
 
 /// Most sidecars one pod may declare; more is a typo or an attack, not a pod.
 pub const MAX_SIDECARS: usize = 64;
@@ -24,6 +26,9 @@ pub const MAX_SIDECARS: usize = 64;
 pub struct Sidecar {
     pub name: String,
     pub ready: Readiness,
+    /// The sidecar will exist: when it is not created yet (listed after the app) the app is
+    /// refused until it is. `false` (node rules, some injectors): waited for once it exists.
+    pub required: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,8 +44,12 @@ pub enum Source {
     /// `crisp.dev/sidecars`: the full, ordered list; a listed sidecar that does not exist yet
     /// makes app creation fail fast.
     Annotation,
+    /// A known injector's own annotations (`injectors.rs`): the sidecars it added.
+    Injector,
     /// Node-wide rules: only sidecars that exist in the sandbox are waited for.
     NodeRules,
+    /// `crisp.dev/sidecars: ""`: the pod opted out; crisp leaves it alone.
+    OptOut,
 }
 
 /// Everything crisp reads from one pod's annotations.
@@ -52,6 +61,13 @@ pub struct PodPolicy {
     pub timeout_policy: Option<TimeoutPolicy>,
     pub job: Option<bool>,
     pub restart_policy: Option<RestartPolicy>,
+    /// Containers known to be init containers (`crisp.dev/init-containers`, injectors).
+    pub init_containers: Vec<String>,
+    /// `crisp.dev/init-containers` was given: it is the complete list, so every other
+    /// container is a regular one and nothing is inferred.
+    pub init_complete: bool,
+    /// The known injectors recognised on the pod.
+    pub injectors: Vec<String>,
 }
 
 /// A malformed annotation, reported once per pod.
@@ -101,22 +117,50 @@ fn is_container_name(s: &str) -> bool {
 }
 
 impl PodPolicy {
-    /// Parses a pod's annotations against the node's rules.
+    /// Parses a pod's annotations against the node's rules (no known injectors).
     pub fn parse(annotations: &HashMap<String, String>, rules: &[SidecarRule]) -> (PodPolicy, Vec<Warning>) {
+        PodPolicy::parse_with(annotations, rules, &[])
+    }
+
+    /// Parses a pod's annotations against the node's rules and known injectors. Precedence:
+    /// `crisp.dev/sidecars` (`""` opts out), then the injectors recognised on the pod, then
+    /// the node rules.
+    pub fn parse_with(annotations: &HashMap<String, String>, rules: &[SidecarRule], injectors: &[InjectorRule]) -> (PodPolicy, Vec<Warning>) {
         let mut warnings = Vec::new();
+
+        let mut names: Option<Vec<String>> = None;
+        if let Some(v) = annotations.get(SIDECARS) {
+            if v.trim().is_empty() {
+                names = Some(Vec::new());
+            } else {
+                match parse_sidecar_list(v) {
+                    Ok(list) => names = Some(list),
+                    Err(reason) => warnings.push(Warning { key: SIDECARS.into(), value: v.clone(), reason }),
+                }
+            }
+        }
+        // `crisp.dev/ready.<name>` wins over any table's readiness; a bad one warns once.
+        let bad_ready = std::cell::RefCell::new(Vec::new());
+        let ready_override = |name: &str| -> Option<Readiness> {
+            let key = format!("{READY_PREFIX}{name}");
+            let spec = annotations.get(&key)?;
+            match Readiness::parse(spec) {
+                Ok(r) => Some(r),
+                Err(reason) => {
+                    bad_ready.borrow_mut().push(Warning { key, value: spec.clone(), reason: format!("{reason}; using `running`") });
+                    Some(Readiness::Running)
+                }
+            }
+        };
+        let injected = if names.is_none() { injectors::recognise(injectors, annotations, &ready_override, &mut warnings) } else { Default::default() };
+        warnings.append(&mut bad_ready.borrow_mut());
         let mut warn = |key: &str, value: &str, reason: String| {
             warnings.push(Warning { key: key.to_string(), value: value.to_string(), reason });
         };
 
-        let mut names: Option<Vec<String>> = None;
-        if let Some(v) = annotations.get(SIDECARS) {
-            match parse_sidecar_list(v) {
-                Ok(list) => names = Some(list),
-                Err(reason) => warn(SIDECARS, v, reason),
-            }
-        }
-
         let (sidecars, source) = match names {
+            Some(names) if names.is_empty() => (Vec::new(), Source::OptOut),
+            None if !injected.injectors.is_empty() => (injected.sidecars.clone(), Source::Injector),
             Some(names) => {
                 let list = names
                     .into_iter()
@@ -129,7 +173,7 @@ impl PodPolicy {
                                 Readiness::Running
                             }),
                         };
-                        Sidecar { name, ready }
+                        Sidecar { name, ready, required: true }
                     })
                     .collect::<Vec<_>>();
                 (list, Source::Annotation)
@@ -138,7 +182,7 @@ impl PodPolicy {
                 // Node rules; invalid rule readiness was rejected at config load.
                 let list = rules
                     .iter()
-                    .map(|r| Sidecar { name: r.name.clone(), ready: Readiness::parse(&r.ready).unwrap_or(Readiness::Running) })
+                    .map(|r| Sidecar { name: r.name.clone(), ready: Readiness::parse(&r.ready).unwrap_or(Readiness::Running), required: false })
                     .collect();
                 (list, Source::NodeRules)
             }
@@ -146,7 +190,7 @@ impl PodPolicy {
 
         for (k, v) in annotations {
             if let Some(name) = k.strip_prefix(READY_PREFIX) {
-                if source == Source::Annotation && !sidecars.iter().any(|s| s.name == name) {
+                if matches!(source, Source::Annotation | Source::OptOut) && !sidecars.iter().any(|s| s.name == name) {
                     warn(k, v, format!("`{name}` is not listed in {SIDECARS}"));
                 }
             }
@@ -192,8 +236,27 @@ impl PodPolicy {
                 None
             }
         });
+        let mut init_containers = injected.init_containers.clone();
+        let mut init_complete = false;
+        if let Some(v) = annotations.get(INIT_CONTAINERS) {
+            let list = if v.trim().is_empty() { Ok(Vec::new()) } else { parse_sidecar_list(v) };
+            match list {
+                Ok(list) => {
+                    init_complete = true;
+                    for n in list {
+                        if !init_containers.contains(&n) {
+                            init_containers.push(n);
+                        }
+                    }
+                }
+                Err(reason) => warn(INIT_CONTAINERS, v, reason),
+            }
+        }
+        // A sidecar is a regular container: a name in both lists is a sidecar.
+        init_containers.retain(|n| !sidecars.iter().any(|s| &s.name == n));
         warnings.sort_by(|a, b| a.key.cmp(&b.key));
-        (PodPolicy { sidecars, source, start_timeout, timeout_policy, job, restart_policy }, warnings)
+        let injectors = injected.injectors;
+        (PodPolicy { sidecars, source, start_timeout, timeout_policy, job, restart_policy, init_containers, init_complete, injectors }, warnings)
     }
 
     pub fn has_sidecars(&self) -> bool {
@@ -202,6 +265,16 @@ impl PodPolicy {
 
     pub fn sidecar_index(&self, container: &str) -> Option<usize> {
         self.sidecars.iter().position(|s| s.name == container)
+    }
+
+    /// Named an init container by an annotation (never by inference).
+    pub fn is_known_init(&self, container: &str) -> bool {
+        self.init_containers.iter().any(|n| n == container)
+    }
+
+    /// Some sidecar will exist whether or not it does yet (see [`Sidecar::required`]).
+    pub fn any_required(&self) -> bool {
+        self.sidecars.iter().any(|s| s.required)
     }
 }
 

@@ -167,7 +167,28 @@ impl Engine {
             return Ok(AppsState::NotStarted);
         }
         let latest = latest_by_name(&containers);
-        let apps: Vec<_> = latest.iter().filter(|(n, _)| pod.policy.sidecar_index(n).is_none()).map(|(_, c)| *c).collect();
+        // Init containers are never apps (an exited init container is not a finished Job).
+        // Besides those named by annotations or let through as such, a container that finished
+        // before the first sidecar was even created is one: kubelet creates regular containers
+        // back to back, init containers only once the previous one has exited (KUBELET-CRI §1.1).
+        let name_of = |c: &crate::cri::views::Container| c.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default();
+        let Some(first_sidecar) = containers.iter().filter(|c| pod.policy.sidecar_index(&name_of(c)).is_some()).map(|c| c.created_at).min() else {
+            return Ok(AppsState::NotStarted);
+        };
+        let mut apps = Vec::new();
+        for (n, c) in latest.iter() {
+            if pod.policy.sidecar_index(n).is_some() || pod.is_init(n) {
+                continue;
+            }
+            if c.created_at < first_sidecar && c.state == state::EXITED {
+                let st = self.client.container_status(version, &c.id).await?.status.unwrap_or_default();
+                if st.finished_at <= first_sidecar {
+                    pod.note_init(n);
+                    continue;
+                }
+            }
+            apps.push(*c);
+        }
         if apps.is_empty() {
             return Ok(AppsState::NotStarted);
         }

@@ -11,6 +11,7 @@
 //! KUBELET-CRI §4.1).
 
 pub mod annotations;
+pub mod injectors;
 pub mod job;
 mod names;
 pub mod readiness;
@@ -34,7 +35,8 @@ use crate::cri::{ApiVersion, Rpc};
 use crate::intercept::{BoxFuture, Call, Interceptor, Interest, Verdict};
 use crate::metrics::{GaugeGuard, OrderingMetrics};
 use crate::status::{code, Status};
-use annotations::{PodPolicy, Sidecar, Source};
+use annotations::{PodPolicy, Sidecar};
+use injectors::InjectorRule;
 use readiness::Readiness;
 
 /// Kept free before kubelet's deadline when a hold ends, so the forwarded call still completes.
@@ -51,18 +53,96 @@ pub struct Pod {
     pub host_network: bool,
     pub labels: HashMap<String, String>,
     pub policy: PodPolicy,
+    annotations_fp: u64,
     ip: Mutex<Option<IpAddr>>,
     stop: Mutex<StopWindow>,
     job_watched: AtomicBool,
-    /// Containers refused because no declared sidecar existed yet. A container kubelet retries
-    /// while still no sidecar exists is an init container (see `check_start`).
-    refused_early: Mutex<HashSet<String>>,
+    /// Init or regular? For containers no annotation names (see [`InitGuess`]).
+    init_guess: Mutex<InitGuess>,
     /// When each app container was first refused because a sidecar was not created or not
     /// running: refusals are bounded by the start timeout like holds (see `gate_create`).
     refused_since: Mutex<HashMap<String, Instant>>,
-    /// kubelet has sent a CreateContainer for one of the declared sidecars: from then on no init
-    /// container can come (they all run before any regular container is created).
-    sidecar_create_seen: AtomicBool,
+}
+
+/// Telling init containers from regular ones when no annotation names them: the CRI does not
+/// say (KUBELET-CRI §2.4), kubelet's behaviour after a refusal does. A container refused while
+/// no sidecar exists is either
+/// - an init container: `SyncPod` returns at once, and kubelet's next call for this pod is the
+///   same container again, ≥ 1 s later (§1.1, §1.3); or
+/// - a regular container: kubelet goes on to the next container in the same loop (§1.2), whose
+///   first call is an ImageStatus carrying the pod's annotations, maybe a PullImage carrying
+///   the pod's sandbox config, maybe a CreateContainer — even when that container's creation
+///   then fails (image pull error, back-off, CreateContainerConfigError).
+///
+/// So between a refusal and kubelet's return to the same container: another CreateContainer,
+/// or the calls of two container attempts (two annotated ImageStatus, or two PullImage — one
+/// attempt makes one of each at most), prove it regular. Anything less: init.
+#[derive(Default)]
+struct InitGuess {
+    /// Refused, not judged yet: what kubelet did for this pod since.
+    open: HashMap<String, Since>,
+    /// Proven regular.
+    regular: HashSet<String>,
+    /// Let through as init containers.
+    init: HashSet<String>,
+}
+
+#[derive(Default, Debug, Clone, Copy)]
+struct Since {
+    image_status: u32,
+    pulls: u32,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Judgement {
+    /// First refusal: the answer comes with kubelet's next call.
+    Unknown,
+    Regular,
+    Init,
+}
+
+impl InitGuess {
+    fn judge(&mut self, name: &str) -> Judgement {
+        if self.regular.contains(name) {
+            return Judgement::Regular;
+        }
+        if self.init.contains(name) {
+            return Judgement::Init;
+        }
+        match self.open.remove(name) {
+            Some(s) if s.image_status >= 2 || s.pulls >= 2 => {
+                self.regular.insert(name.to_string());
+                Judgement::Regular
+            }
+            Some(_) => {
+                self.init.insert(name.to_string());
+                Judgement::Init
+            }
+            None => {
+                self.open.insert(name.to_string(), Since::default());
+                Judgement::Unknown
+            }
+        }
+    }
+
+    /// kubelet creates `name`: every other refused container is regular.
+    fn note_create(&mut self, name: &str) {
+        let others: Vec<String> = self.open.keys().filter(|n| *n != name).cloned().collect();
+        for n in others {
+            self.open.remove(&n);
+            self.regular.insert(n);
+        }
+    }
+
+    fn note_image_call(&mut self, pull: bool) {
+        for s in self.open.values_mut() {
+            if pull {
+                s.pulls += 1;
+            } else {
+                s.image_status += 1;
+            }
+        }
+    }
 }
 
 /// The pod's termination grace budget: one budget per pod, counted from its first StopContainer
@@ -75,8 +155,8 @@ struct StopWindow {
 }
 
 impl Pod {
-    fn new(sandbox_id: &str, md: Option<&views::PodSandboxMetadata>, annotations: &HashMap<String, String>, labels: HashMap<String, String>, host_network: bool, rules: &[SidecarRule]) -> (Pod, Vec<annotations::Warning>) {
-        let (policy, warnings) = PodPolicy::parse(annotations, rules);
+    fn new(sandbox_id: &str, md: Option<&views::PodSandboxMetadata>, annotations: &HashMap<String, String>, labels: HashMap<String, String>, host_network: bool, rules: &[SidecarRule], injectors: &[InjectorRule]) -> (Pod, Vec<annotations::Warning>) {
+        let (policy, warnings) = PodPolicy::parse_with(annotations, rules, injectors);
         let md = md.cloned().unwrap_or_default();
         let pod = Pod {
             sandbox_id: sandbox_id.to_string(),
@@ -86,12 +166,12 @@ impl Pod {
             host_network,
             labels,
             policy,
+            annotations_fp: annotations_fingerprint(annotations),
             ip: Mutex::new(None),
             stop: Mutex::new(StopWindow::default()),
             job_watched: AtomicBool::new(false),
-            refused_early: Mutex::new(HashSet::new()),
+            init_guess: Mutex::new(InitGuess::default()),
             refused_since: Mutex::new(HashMap::new()),
-            sidecar_create_seen: AtomicBool::new(false),
         };
         (pod, warnings)
     }
@@ -118,6 +198,31 @@ impl Pod {
     fn display(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }
+
+    fn guess(&self) -> std::sync::MutexGuard<'_, InitGuess> {
+        self.init_guess.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records a container found to be an init container after the fact (job mode).
+    fn note_init(&self, container: &str) {
+        self.guess().init.insert(container.to_string());
+    }
+
+    /// An init container: named by an annotation, or let through as one.
+    pub fn is_init(&self, container: &str) -> bool {
+        self.policy.is_known_init(container) || self.guess().init.contains(container)
+    }
+}
+
+/// A pod's identity as ImageStatus and PullImage show it: its full annotation set (which
+/// kubelet stamps per pod with `kubernetes.io/config.seen`).
+fn annotations_fingerprint(a: &HashMap<String, String>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut pairs: Vec<(&String, &String)> = a.iter().collect();
+    pairs.sort();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    pairs.hash(&mut h);
+    h.finish()
 }
 
 #[derive(Clone, Debug)]
@@ -133,7 +238,12 @@ pub struct Engine {
     /// Lets `&self` methods spawn tasks that outlive the call (job watchers).
     me: Weak<Engine>,
     rules: Vec<SidecarRule>,
+    injectors: Vec<InjectorRule>,
     client: RuntimeClient,
+    /// Pods with a container refused while no sidecar existed, by annotation fingerprint: the
+    /// ImageStatus and PullImage calls that judge it (see [`InitGuess`]) are watched only
+    /// while this is not empty.
+    guessing: DashMap<u64, String>,
     pods: DashMap<String, Arc<Pod>>,
     containers: DashMap<String, ContainerRef>,
     pub metrics: Arc<OrderingMetrics>,
@@ -153,7 +263,9 @@ impl Engine {
             terminated,
             me: me.clone(),
             rules: cfg.sidecars.clone(),
+            injectors: cfg.injector_table(),
             client,
+            guessing: DashMap::new(),
             pods: DashMap::new(),
             containers: DashMap::new(),
             metrics,
@@ -204,7 +316,7 @@ impl Engine {
         if let Some(p) = self.pods.get(sandbox_id) {
             return p.clone();
         }
-        let (pod, w) = Pod::new(sandbox_id, cfg.metadata.as_ref(), &cfg.annotations, cfg.labels.clone(), cfg.host_network(), &self.rules);
+        let (pod, w) = Pod::new(sandbox_id, cfg.metadata.as_ref(), &cfg.annotations, cfg.labels.clone(), cfg.host_network(), &self.rules, &self.injectors);
         self.insert_pod(version, pod, w)
     }
 
@@ -216,7 +328,7 @@ impl Engine {
         match self.client.pod_sandbox_status(version, sandbox_id).await {
             Ok(resp) => {
                 let st = resp.status?;
-                let (pod, w) = Pod::new(sandbox_id, st.metadata.as_ref(), &st.annotations, st.labels.clone(), st.host_network(), &self.rules);
+                let (pod, w) = Pod::new(sandbox_id, st.metadata.as_ref(), &st.annotations, st.labels.clone(), st.host_network(), &self.rules, &self.injectors);
                 Some(self.insert_pod(version, pod, w))
             }
             Err(e) => {
@@ -300,20 +412,24 @@ impl Engine {
         };
         let latest = latest_by_name(&containers);
         let any_sidecar = pod.policy.sidecars.iter().any(|s| latest.contains_key(s.name.as_str()));
-        if !any_sidecar && pod.policy.source == Source::Annotation {
-            // No sidecar exists at all. Either `container` is a regular container listed before
-            // the sidecars (kubelet creates them right after our refusal, in the same loop,
-            // KUBELET-CRI §1.3, §10) or it is an init container (nothing else is created until it
-            // has run, §1.1). The CRI cannot tell them apart, so refuse once: if kubelet comes
-            // back to the same container and still no sidecar exists, it is an init container —
-            // unless kubelet tried to create a sidecar meanwhile (its create failed, e.g. the
-            // name was still reserved by a create crisp's restart cut short): then it is not.
-            let mut refused = pod.refused_early.lock().unwrap_or_else(|e| e.into_inner());
-            if refused.contains(container) && !pod.sidecar_create_seen.load(Relaxed) {
-                tracing::info!(container_name = %container, "no sidecar was created after refusing this container: treating it as an init container");
-                return StartCheck::Ready;
+        if !any_sidecar && pod.policy.any_required() && !pod.policy.init_complete {
+            // No sidecar exists at all and no annotation says what `container` is: a regular
+            // container listed before the sidecars, or an init container (nothing else is
+            // created until it has run, KUBELET-CRI §1.1). Refuse it once and judge by what
+            // kubelet does next (see `InitGuess`).
+            match pod.guess().judge(container) {
+                Judgement::Init => {
+                    tracing::info!(container_name = %container, "kubelet came straight back to this container: treating it as an init container");
+                    return StartCheck::Ready;
+                }
+                Judgement::Unknown => {
+                    self.guessing.insert(pod.annotations_fp, pod.sandbox_id.clone());
+                }
+                Judgement::Regular => {}
             }
-            refused.insert(container.to_string());
+            if pod.guess().open.is_empty() {
+                self.guessing.remove(&pod.annotations_fp);
+            }
         }
         for s in required {
             let found = latest.get(s.name.as_str());
@@ -332,7 +448,7 @@ impl Engine {
                 ));
             }
             match found {
-                None if pod.policy.source == Source::Annotation => {
+                None if s.required => {
                     return StartCheck::FailFast(format!(
                         "sidecar {:?} of pod {} is not created yet (is it listed after this container?)",
                         s.name,
@@ -382,8 +498,10 @@ impl Engine {
         if !pod.policy.has_sidecars() {
             return Verdict::Forward;
         }
-        if pod.policy.sidecar_index(&name).is_some() {
-            pod.sidecar_create_seen.store(true, Relaxed);
+        pod.guess().note_create(&name);
+        if pod.policy.is_known_init(&name) {
+            // Init containers run before any sidecar can exist (KUBELET-CRI §1.1).
+            return Verdict::Forward;
         }
         let required = match pod.policy.sidecar_index(&name) {
             Some(i) => &pod.policy.sidecars[..i],
@@ -611,9 +729,25 @@ impl Engine {
         Verdict::Forward
     }
 
+    /// An ImageStatus or PullImage of a pod that has a refused container awaiting judgement.
+    fn note_image_call(&self, annotations: HashMap<String, String>, pull: bool) {
+        if annotations.is_empty() {
+            return; // getImageUser's ImageStatus: no pod named.
+        }
+        let Some(sandbox) = self.guessing.get(&annotations_fingerprint(&annotations)).map(|s| s.clone()) else { return };
+        let Some(pod) = self.pods.get(&sandbox).map(|p| p.clone()) else { return };
+        let mut g = pod.guess();
+        g.note_image_call(pull);
+        if g.open.is_empty() {
+            self.guessing.remove(&pod.annotations_fp);
+        }
+    }
+
     fn forget_sandbox(&self, msg: &[u8]) {
         if let Ok(req) = views::decode::<views::PodSandboxIdRequest>(msg) {
-            self.pods.remove(&req.pod_sandbox_id);
+            if let Some((_, p)) = self.pods.remove(&req.pod_sandbox_id) {
+                self.guessing.remove(&p.annotations_fp);
+            }
             self.containers.retain(|_, c| c.sandbox_id != req.pod_sandbox_id);
         }
     }
@@ -663,6 +797,8 @@ impl Interceptor for Engine {
             }
             // Job mode's exit-code patch: only while crisp has terminated some sidecar.
             Some(Rpc::ContainerStatus) | Some(Rpc::PodSandboxStatus) if !self.terminated.is_empty() => Interest { request: false, response: true, complete: false },
+            // Judging a refused container (see `InitGuess`): only while one waits for judgement.
+            Some(Rpc::ImageStatus) | Some(Rpc::PullImage) if !self.guessing.is_empty() => Interest { request: true, response: false, complete: false },
             // Events are rare and a stream lives long: watch every message while job mode is on.
             Some(Rpc::GetContainerEvents) if self.job.enabled => Interest { request: false, response: true, complete: false },
             _ => Interest::NONE,
@@ -677,6 +813,18 @@ impl Interceptor for Engine {
                 Some(Rpc::StopPodSandbox) => self.gate_stop_sandbox(call, msg).await,
                 Some(Rpc::RemovePodSandbox) => {
                     self.forget_sandbox(msg);
+                    Verdict::Forward
+                }
+                Some(Rpc::ImageStatus) => {
+                    if let Ok(r) = views::decode::<views::ImageStatusRequest>(msg) {
+                        self.note_image_call(r.image.map(|i| i.annotations).unwrap_or_default(), false);
+                    }
+                    Verdict::Forward
+                }
+                Some(Rpc::PullImage) => {
+                    if let Ok(r) = views::decode::<views::PullImageRequest>(msg) {
+                        self.note_image_call(r.sandbox_config.map(|c| c.annotations).unwrap_or_default(), true);
+                    }
                     Verdict::Forward
                 }
                 Some(Rpc::RemoveContainer) => {
@@ -748,9 +896,61 @@ mod tests {
     }
 
     #[test]
+    fn init_guess_init_container_comes_straight_back() {
+        let mut g = InitGuess::default();
+        assert_eq!(g.judge("init"), Judgement::Unknown);
+        // Its own retry: one annotated ImageStatus (and a pull under imagePullPolicy Always).
+        g.note_image_call(false);
+        g.note_image_call(true);
+        assert_eq!(g.judge("init"), Judgement::Init);
+        assert_eq!(g.judge("init"), Judgement::Init, "sticky");
+    }
+
+    #[test]
+    fn init_guess_regular_when_kubelet_moved_on_though_the_sidecar_failed() {
+        // The sidecar after it: ImageStatus, failed PullImage (ErrImagePull); then the retry's
+        // own ImageStatus. Two attempts: a regular container.
+        let mut g = InitGuess::default();
+        assert_eq!(g.judge("app"), Judgement::Unknown);
+        g.note_image_call(false);
+        g.note_image_call(true);
+        g.note_image_call(false);
+        assert_eq!(g.judge("app"), Judgement::Regular);
+        // Later syncs (ImagePullBackOff: no call at all) keep the verdict.
+        assert_eq!(g.judge("app"), Judgement::Regular);
+    }
+
+    #[test]
+    fn init_guess_regular_when_another_container_was_created() {
+        let mut g = InitGuess::default();
+        assert_eq!(g.judge("app"), Judgement::Unknown);
+        g.note_create("proxy");
+        g.note_create("app");
+        assert_eq!(g.judge("app"), Judgement::Regular);
+    }
+
+    #[test]
+    fn a_pod_is_recognised_by_its_whole_annotation_set() {
+        let a: HashMap<String, String> = [("kubernetes.io/config.seen", "2026-11-24T10:00:00.123456789Z"), ("crisp.dev/sidecars", "proxy")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let mut pairs: Vec<(&String, &String)> = a.iter().collect();
+        pairs.sort();
+        pairs.reverse();
+        let mut b = HashMap::new();
+        for (k, v) in pairs {
+            b.insert(k.clone(), v.clone());
+        }
+        assert_eq!(annotations_fingerprint(&a), annotations_fingerprint(&b), "map order does not matter");
+        b.insert("kubernetes.io/config.seen".into(), "2026-11-24T10:00:00.123456790Z".into());
+        assert_ne!(annotations_fingerprint(&a), annotations_fingerprint(&b), "another pod, seen 1 ns later");
+    }
+
+    #[test]
     fn stop_budget_is_one_window_per_termination() {
         let _ = AtomicBool::new(false);
-        let (pod, _) = Pod::new("sb", None, &HashMap::new(), HashMap::new(), false, &[]);
+        let (pod, _) = Pod::new("sb", None, &HashMap::new(), HashMap::new(), false, &[], &[]);
         let t0 = Instant::now();
         let end = pod.note_stop(t0, Duration::from_secs(30), "app", true);
         assert_eq!(end, t0 + Duration::from_secs(30));
