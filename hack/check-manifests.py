@@ -112,6 +112,14 @@ def check_object(obj, where, partial=False):
 
 
 def installer_rules(objs, where, mode):
+    try:
+        _installer_rules(objs, where, mode)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        # Malformed beyond what the rules can read: the schema errors say why.
+        err(where, f"the installer rules cannot read this DaemonSet ({type(e).__name__}: {e})")
+
+
+def _installer_rules(objs, where, mode):
     ds = [o for o in objs if o.get("kind") == "DaemonSet"]
     if len(ds) != 1:
         return err(where, f"expected one DaemonSet, got {len(ds)}")

@@ -180,6 +180,11 @@ for ((i = ${#ENTRIES[@]} - 1; i >= 0; i--)); do
 done
 rm -rf "$(r "$STATE")"
 note "removed $STATE"
+# crisp's own state directory (job-mode records) goes with the install when it holds no record:
+# crisp creates its terminated/ subdirectory at start, empty.
+for d in "${dirs[@]}"; do
+  if [[ "$d" == /var/lib/crisp ]]; then rmdir "$(r /var/lib/crisp/terminated)" 2>/dev/null || true; fi
+done
 for d in "${dirs[@]}"; do
   if [[ -d "$(r "$d")" ]]; then
     if rmdir "$(r "$d")" 2>/dev/null; then

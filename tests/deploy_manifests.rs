@@ -33,7 +33,7 @@ fn a_broken_manifest_is_refused() {
     for (from, to, expect) in [
         ("hostPID: true", "hostPid: true", "unknown field 'hostPid'"),
         ("terminationGracePeriodSeconds: 120", "terminationGracePeriodSeconds: \"120\"", "expected int"),
-        ("        image: crisp-installer:0.1.0\n", "", "missing required field 'image'"),
+        ("      - name: installer\n        image:", "      - image:", "missing required field 'name'"),
         ("maxUnavailable: 1", "maxUnavailable: 10%", "maxUnavailable: 1"),
         ("crisp.dev/install: \"true\"", "kubernetes.io/os: linux", "opt-in label"),
         ("mountPropagation: HostToContainer", "mountPropagation: None", "HostToContainer"),
