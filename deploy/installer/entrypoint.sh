@@ -22,8 +22,9 @@
 # over and over). This process is what is left to repair a node whose kubelet does not come back:
 # when the install fails after kubelet was touched, it runs uninstall (kubelet back on the
 # runtime), logs why, and stays running without becoming Ready, which stops the DaemonSet's
-# rollout (maxUnavailable: 1) at this node. SIGTERM is ignored while an install runs (PID 1
-# ignores signals it has no handler for), so a rollout never cuts one in half.
+# rollout (maxUnavailable: 1) at this node. A SIGTERM that arrives while an install runs waits
+# for it to finish (the pod's terminationGracePeriodSeconds covers that), so a rollout never cuts
+# one in half; afterwards SIGTERM ends the pod at once.
 #
 # Environment:
 #   CRISP_MODE              install | uninstall
@@ -104,6 +105,10 @@ unstage_bundle() {
   rm -rf "$HOST$NODE_STAGE"
 }
 
+# From here until the install or uninstall is over, a SIGTERM is only noted. (With hostPID this
+# process is not its namespace's PID 1, so without a handler SIGTERM would kill it mid-way.)
+term=0
+trap 'term=1; log "SIGTERM: finishing the $MODE first"' TERM INT
 start="$(date +%s)"
 stage_bundle
 rc=0
@@ -134,7 +139,7 @@ if [ "$rc" -eq 0 ]; then
 else
   echo failed >"$STATUS"
 fi
-if [ "${CRISP_ONESHOT:-0}" = 1 ]; then
+if [ "${CRISP_ONESHOT:-0}" = 1 ] || [ "$term" -eq 1 ]; then
   exit "$rc"
 fi
 # Not Ready after a failure: the rollout stops here. Deleting the pod retries.
