@@ -167,4 +167,6 @@ touch -d "@$SOURCE_DATE_EPOCH" "$DEB_OUT" "$IMG_OUT"
 
 (cd "$OUT" && sha256sum "$(basename "$BIN_OUT")" "$(basename "$DEB_OUT")" "$(basename "$IMG_OUT")" >SHA256SUMS)
 echo "hack/release.sh: crisp $VERSION in $OUT (image digest $digest):"
-(cd "$OUT" && ls -l "$(basename "$BIN_OUT")" "$(basename "$DEB_OUT")" "$(basename "$IMG_OUT")" SHA256SUMS | awk '{print "  " $5 "\t" $NF}')
+for f in "$BIN_OUT" "$DEB_OUT" "$IMG_OUT" "$OUT/SHA256SUMS"; do
+  printf '  %s\t%s\n' "$(stat -c %s "$f")" "$(basename "$f")"
+done

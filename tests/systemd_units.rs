@@ -148,8 +148,13 @@ fn scripts_are_shellcheck_clean() {
         eprintln!("shellcheck not installed (apt-get install shellcheck): skipping the lint of hack/install.sh, hack/uninstall.sh");
         return;
     }
-    for s in ["hack/install.sh", "hack/uninstall.sh"] {
+    for s in ["hack/install.sh", "hack/uninstall.sh", "hack/release.sh", "hack/node-rootfs.sh"] {
         let out = Command::new("shellcheck").arg(Path::new(REPO).join(s)).output().unwrap();
         assert!(out.status.success(), "shellcheck {s}:\n{}", String::from_utf8_lossy(&out.stdout));
+    }
+    // POSIX sh: the installer image's entrypoint (busybox) and the .deb's maintainer scripts.
+    for s in ["deploy/installer/entrypoint.sh", "packaging/deb/postinst", "packaging/deb/prerm", "packaging/deb/postrm", "packaging/deb/crisp-install", "packaging/deb/crisp-uninstall"] {
+        let out = Command::new("shellcheck").args(["-s", "sh"]).arg(Path::new(REPO).join(s)).output().unwrap();
+        assert!(out.status.success(), "shellcheck -s sh {s}:\n{}", String::from_utf8_lossy(&out.stdout));
     }
 }

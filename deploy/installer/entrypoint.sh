@@ -135,7 +135,7 @@ unstage_bundle
 log "$MODE: exit $rc after $(($(date +%s) - start)) s"
 
 if [ "$rc" -eq 0 ]; then
-  echo done >"$STATUS"
+  echo "done" >"$STATUS"
 else
   echo failed >"$STATUS"
 fi
