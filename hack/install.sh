@@ -3,6 +3,7 @@
 #
 #   sudo hack/install.sh [--binary FILE] [--config FILE] [--dry-run] [--no-restart]
 #                        [--kubelet-version VERSION] [--kubelet-config FILE] [--root DIR]
+#                        [--packaged]
 #
 # What it does (every step is skipped when already done, so running it twice changes nothing):
 #   1. installs  /usr/local/bin/crisp                 (--binary, default target/release/crisp)
@@ -26,6 +27,10 @@
 # Every file it changes is backed up first under /var/lib/crisp/install/backup/ (the original,
 # byte for byte, never overwritten by a later run); /var/lib/crisp/install/manifest lists what
 # was changed and created. hack/uninstall.sh puts everything back exactly.
+#
+# --packaged: crisp's binary (/usr/bin/crisp), units (/lib/systemd/system) and config come from
+# the crisp .deb and stay the package's: only kubelet is pointed at crisp (drop-in, kubelet's
+# files, restart), after the same checks. The package's crisp-install runs this.
 #
 # --root DIR works on a node filesystem mounted at DIR (tests, images): all paths above are
 # taken under DIR and nothing is ever started or restarted. --dry-run prints what would change
@@ -54,6 +59,9 @@ BINARY=""
 CONFIG_SRC=""
 KUBELET_VERSION=""
 KUBELET_CONFIG=/var/lib/kubelet/config.yaml
+PACKAGED=0
+PKG_BIN=/usr/bin/crisp
+PKG_UNIT_DIR=/lib/systemd/system
 
 usage() {
   sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
@@ -82,6 +90,7 @@ while [[ $# -gt 0 ]]; do
     --kubelet-config=*) KUBELET_CONFIG="${1#*=}"; shift ;;
     --dry-run|-n) DRY_RUN=1; shift ;;
     --no-restart) RESTART=0; shift ;;
+    --packaged) PACKAGED=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
@@ -104,6 +113,14 @@ fi
 
 # ---- sources ----------------------------------------------------------------------------------
 
+if [[ "$PACKAGED" -eq 1 ]]; then
+  [[ -z "$BINARY" ]] || die "--packaged uses the package's $PKG_BIN; --binary is for unpackaged installs"
+  for f in "$PKG_BIN" "$PKG_UNIT_DIR/crisp.service" "$PKG_UNIT_DIR/crisp.socket"; do
+    [[ -e "$(r "$f")" ]] || die "--packaged: $(r "$f") missing: is the crisp package installed?"
+  done
+  BINARY="$(r "$PKG_BIN")"
+  BIN_DST="$PKG_BIN"
+fi
 if [[ -z "$BINARY" ]]; then
   for cand in "$REPO/target/release/crisp" "$REPO/target/debug/crisp"; do
     if [[ -x "$cand" ]]; then BINARY="$cand"; break; fi
@@ -111,7 +128,9 @@ if [[ -z "$BINARY" ]]; then
   [[ -n "$BINARY" ]] || die "no crisp binary found in $REPO/target/{release,debug}/: build it (cargo build --release) or pass --binary FILE"
 fi
 [[ -f "$BINARY" && -x "$BINARY" ]] || die "--binary $BINARY is not an executable file"
-for f in "$REPO/systemd/crisp.service" "$REPO/systemd/crisp.socket" "$REPO/systemd/kubelet.service.d/90-crisp.conf"; do
+units=("$REPO/systemd/kubelet.service.d/90-crisp.conf")
+[[ "$PACKAGED" -eq 1 ]] || units+=("$REPO/systemd/crisp.service" "$REPO/systemd/crisp.socket")
+for f in "${units[@]}"; do
   [[ -f "$f" ]] || die "missing unit file $f (run this script from a crisp checkout)"
 done
 if [[ -n "$CONFIG_SRC" ]]; then
@@ -399,8 +418,18 @@ done
 
 # -- crisp's own files --
 
-cp "$BINARY" "$(stage "$BIN_DST")"
-plan_file "$BIN_DST" 0755 crisp
+if [[ "$PACKAGED" -eq 0 ]]; then
+  cp "$BINARY" "$(stage "$BIN_DST")"
+  plan_file "$BIN_DST" 0755 crisp
+fi
+# A config already there forwards to its own upstream: pointing kubelet through crisp to another
+# runtime than the one kubelet uses now would swap the node's runtime under its running pods.
+if [[ -z "$CONFIG_SRC" && -f "$(r "$CONFIG_DST")" && -n "$cur_endpoint" && "${cur_endpoint#unix://}" != "$CRISP_SOCK" ]]; then
+  cfg_upstream="$("$BINARY" --check-config --config "$(r "$CONFIG_DST")" 2>/dev/null | sed -n 's/^ *upstream: "\(.*\)",$/\1/p')"
+  # (A config crisp cannot read stops crisp itself, and so the install, before kubelet's turn.)
+  [[ -z "$cfg_upstream" || "$cfg_upstream" == "${cur_endpoint#unix://}" ]] \
+    || die "$CONFIG_DST forwards to $cfg_upstream but kubelet uses $cur_endpoint (in $cur_endpoint_src): set upstream = \"${cur_endpoint#unix://}\" in $CONFIG_DST first"
+fi
 if [[ -n "$CONFIG_SRC" ]]; then
   cp "$CONFIG_SRC" "$(stage "$CONFIG_DST")"
   plan_file "$CONFIG_DST" 0644 crisp
@@ -417,14 +446,16 @@ upstream = "$upstream"
 EOF
   plan_file "$CONFIG_DST" 0644 crisp
 fi
-for u in crisp.service crisp.socket; do
-  cp "$REPO/systemd/$u" "$(stage "$UNIT_DIR/$u")"
-  plan_file "$UNIT_DIR/$u" 0644 crisp
-done
-# `systemctl enable` by hand (same symlinks as the units' [Install] sections), so that it also
-# works on a node root without a running systemd, and uninstall knows exactly what to remove.
-plan_link "$UNIT_DIR/sockets.target.wants/crisp.socket" "$UNIT_DIR/crisp.socket" crisp
-plan_link "$UNIT_DIR/multi-user.target.wants/crisp.service" "$UNIT_DIR/crisp.service" crisp
+if [[ "$PACKAGED" -eq 0 ]]; then
+  for u in crisp.service crisp.socket; do
+    cp "$REPO/systemd/$u" "$(stage "$UNIT_DIR/$u")"
+    plan_file "$UNIT_DIR/$u" 0644 crisp
+  done
+  # `systemctl enable` by hand (same symlinks as the units' [Install] sections), so that it also
+  # works on a node root without a running systemd, and uninstall knows exactly what to remove.
+  plan_link "$UNIT_DIR/sockets.target.wants/crisp.socket" "$UNIT_DIR/crisp.socket" crisp
+  plan_link "$UNIT_DIR/multi-user.target.wants/crisp.service" "$UNIT_DIR/crisp.service" crisp
+fi
 cp "$REPO/systemd/kubelet.service.d/90-crisp.conf" "$(stage "$DROPIN_DST")"
 plan_file "$DROPIN_DST" 0644 kubelet
 

@@ -14,6 +14,8 @@
 #   strace                                        socket-mode syscall order (tests/reliability_sockets.rs)
 #   shellcheck                                    lint of the hack/ scripts (tests/systemd_units.rs)
 #   golang-go golang-google-grpc-dev              real grpc-go peers for the e2e tests (hack/build-grpcgo.sh)
+#   debootstrap systemd-container                 the systemd test node (hack/node-rootfs.sh, tests/node_*.rs)
+#   python3-kubernetes                            offline manifest validation (hack/check-manifests.py)
 set -euo pipefail
 
 PACKAGES=(
@@ -31,6 +33,9 @@ PACKAGES=(
   systemd  # systemd-analyze verify, systemd-socket-activate (tests/systemd_*.rs)
   golang-go               # builds crisp-grpcgo offline (GOPATH mode, no module proxy)
   golang-google-grpc-dev  # grpc-go 1.33 sources for it (kubelet's and containerd's gRPC stack)
+  debootstrap             # the Debian 12 root of the systemd test node (hack/node-rootfs.sh)
+  systemd-container       # systemd-nspawn boots it with systemd as PID 1 (tests/node_systemd.rs)
+  python3-kubernetes      # the API models deploy/ is validated against (hack/check-manifests.py)
 )
 
 die() {
@@ -79,7 +84,7 @@ apt-get install -y -qq --no-install-recommends "${missing[@]}" \
   || die "apt-get install ${missing[*]} failed"
 
 # Check the binaries the harness relies on really are there now.
-for bin in containerd ctr runc umoci busybox socat protoc ip iptables go; do
+for bin in containerd ctr runc umoci busybox socat protoc ip iptables go debootstrap systemd-nspawn; do
   command -v "$bin" >/dev/null 2>&1 || die "'$bin' still not on PATH after install"
 done
 [[ -x /usr/lib/cni/bridge ]] || die "/usr/lib/cni/bridge missing after installing containernetworking-plugins"

@@ -10,6 +10,10 @@ cd "$(dirname "$0")/.."
 bash hack/setup.sh
 # Real grpc-go peers (kubelet's client, containerd's server) for the end-to-end tests.
 bash hack/build-grpcgo.sh >/dev/null
+# The release artifacts (static binary, .deb, installer image) that tests/release_artifacts.rs
+# and tests/node_systemd.rs check, and the cached root of the systemd test node.
+bash hack/release.sh --out target/dist
+bash hack/node-rootfs.sh >/dev/null
 
 # End-to-end tests start containerd instances and busybox containers; four test threads keep
 # a 2-core machine responsive while still overlapping the waits.

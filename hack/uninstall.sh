@@ -79,6 +79,12 @@ for e in "${ENTRIES[@]}"; do
   esac
 done
 
+# Installed with --packaged (the .deb's crisp-install): the units are the package's, not ours.
+OWN_UNITS=0
+for e in "${ENTRIES[@]}"; do
+  [[ "$e" == "created /etc/systemd/system/crisp.service" || "$e" == "modified /etc/systemd/system/crisp.service" ]] && OWN_UNITS=1
+done
+
 installed_hash() { # node-path -> recorded sha256 of what install.sh last wrote ("" if none)
   local h
   h="$(r "$STATE/installed$1.sha256")"
@@ -174,6 +180,11 @@ for ((i = ${#ENTRIES[@]} - 1; i >= 0; i--)); do
 done
 rm -rf "$(r "$STATE")"
 note "removed $STATE"
+# crisp's own state directory (job-mode records) goes with the install when it holds no record:
+# crisp creates its terminated/ subdirectory at start, empty.
+for d in "${dirs[@]}"; do
+  if [[ "$d" == /var/lib/crisp ]]; then rmdir "$(r /var/lib/crisp/terminated)" 2>/dev/null || true; fi
+done
 for d in "${dirs[@]}"; do
   if [[ -d "$(r "$d")" ]]; then
     if rmdir "$(r "$d")" 2>/dev/null; then
@@ -189,9 +200,13 @@ if [[ "$LIVE" -eq 1 ]]; then
   systemctl daemon-reload
   note "systemctl restart kubelet.service"
   systemctl restart kubelet.service || note "warning: kubelet did not restart cleanly: journalctl -u kubelet"
-  note "systemctl stop crisp.service crisp.socket"
-  systemctl stop crisp.service crisp.socket || true
-  systemctl reset-failed crisp.service crisp.socket 2>/dev/null || true
+  if [[ "$OWN_UNITS" -eq 1 ]]; then
+    note "systemctl stop crisp.service crisp.socket"
+    systemctl stop crisp.service crisp.socket || true
+    systemctl reset-failed crisp.service crisp.socket 2>/dev/null || true
+  else
+    note "crisp.service and crisp.socket belong to the crisp package: left running (dpkg -r crisp removes them)"
+  fi
   note "done: kubelet talks to the runtime directly"
 elif [[ "$ROOT" != / ]]; then
   note "not starting or restarting anything: --root is not /"

@@ -494,6 +494,8 @@ fn check_kubelet(opts: &Options, listen: &Path, upstream: &Path, r: &mut Report)
 
 pub const UNIT_DIR: &str = "/etc/systemd/system";
 pub const KUBELET_DROPIN: &str = "/etc/systemd/system/kubelet.service.d/90-crisp.conf";
+/// Where the crisp .deb installs the units.
+pub const PACKAGE_UNIT_DIR: &str = "/lib/systemd/system";
 
 fn systemctl_available() -> bool {
     Command::new("systemctl").arg("--version").output().map(|o| o.status.success()).unwrap_or(false)
@@ -510,10 +512,12 @@ fn check_units(opts: &Options, listen: &Path, r: &mut Report) {
         return;
     }
     let root = &opts.root;
-    let install = "install them: hack/install.sh (copies systemd/* and enables them)";
+    let install = "install them: hack/install.sh (copies systemd/* and enables them), or crisp-install with the crisp package";
+    // hack/install.sh puts the units in /etc/systemd/system; the .deb in /lib/systemd/system.
+    let unit_dir = [UNIT_DIR, PACKAGE_UNIT_DIR].into_iter().find(|d| under_root(root, &Path::new(d).join("crisp.service")).exists()).unwrap_or(UNIT_DIR);
     let mut missing = Vec::new();
     for unit in ["crisp.service", "crisp.socket"] {
-        let p = under_root(root, &Path::new(UNIT_DIR).join(unit));
+        let p = under_root(root, &Path::new(unit_dir).join(unit));
         if !p.exists() {
             missing.push(p.display().to_string());
         }
@@ -526,7 +530,7 @@ fn check_units(opts: &Options, listen: &Path, r: &mut Report) {
         r.warn("units", format!("not installed: {}", missing.join(", ")), install);
         return;
     }
-    let socket_unit = std::fs::read_to_string(under_root(root, &Path::new(UNIT_DIR).join("crisp.socket"))).unwrap_or_default();
+    let socket_unit = std::fs::read_to_string(under_root(root, &Path::new(unit_dir).join("crisp.socket"))).unwrap_or_default();
     if let Some(ls) = unit_listen_stream(&socket_unit) {
         if Path::new(&ls) != listen {
             r.fail(

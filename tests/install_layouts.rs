@@ -310,3 +310,52 @@ fn installs_a_given_config_and_restores_an_existing_one() {
     assert!(!r.ok && r.stderr.contains("is not a valid crisp config"), "{}", r.all());
     assert_same_tree(&before, &snapshot(&node.root()), "refused install");
 }
+
+/// The crisp .deb's crisp-install: the package owns binary, units and config; only kubelet's
+/// side (drop-in, kubelet's files) is installed and recorded, and uninstall takes back exactly
+/// that, leaving the package's files alone.
+#[test]
+fn packaged_install_rewires_kubelet_only() {
+    let node = FakeNode::new(&[(KUBEADM_FLAGS, "KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint=unix:///run/containerd/containerd.sock\"\n")]);
+    let root = node.root();
+    // What the .deb puts on the node (a real binary: the config check runs it).
+    let pkg_bin = root.join("usr/bin/crisp");
+    std::fs::create_dir_all(pkg_bin.parent().unwrap()).unwrap();
+    std::fs::copy(CRISP, &pkg_bin).unwrap();
+    put(&root, "/lib/systemd/system/crisp.service", "[Service]\nExecStart=/usr/bin/crisp\n");
+    put(&root, "/lib/systemd/system/crisp.socket", "[Socket]\nListenStream=/run/crisp/crisp.sock\n");
+    put(&root, "/etc/crisp/config.toml", &std::fs::read_to_string(Path::new(REPO).join("packaging/deb/config.toml")).unwrap());
+    let before = snapshot(&root);
+
+    let r = hack("install.sh", &["--root", &node.root_s(), "--packaged", "--kubelet-version", "1.28"]);
+    ok(&r, "install --packaged");
+    assert!(node.read(KUBEADM_FLAGS).contains(&format!("--container-runtime-endpoint={CRISP_EP}")));
+    assert!(node.exists("/etc/systemd/system/kubelet.service.d/90-crisp.conf"));
+    for p in ["/usr/local/bin/crisp", "/etc/systemd/system/crisp.service", "/etc/systemd/system/crisp.socket", "/etc/systemd/system/sockets.target.wants/crisp.socket"] {
+        assert!(!node.exists(p), "{p}: the package's, not installed again");
+    }
+    let manifest = node.read("/var/lib/crisp/install/manifest");
+    assert!(!manifest.contains("/usr/bin/crisp") && !manifest.contains("/etc/crisp/config.toml"), "{manifest}");
+    let un = node.uninstall(&[]);
+    ok(&un, "uninstall");
+    assert_same_tree(&before, &snapshot(&root), "uninstall after --packaged");
+
+    // Without the package there is nothing to rewire to.
+    let bare = FakeNode::new(&[(KUBEADM_FLAGS, "KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint=unix:///run/containerd/containerd.sock\"\n")]);
+    let r = hack("install.sh", &["--root", &bare.root_s(), "--packaged"]);
+    assert!(!r.ok && r.stderr.contains("is the crisp package installed?"), "{}", r.all());
+}
+
+/// A config already on the node that forwards elsewhere than kubelet's runtime would swap the
+/// node's runtime under its pods: refused before anything changes.
+#[test]
+fn refuses_a_config_that_forwards_to_another_runtime() {
+    let node = FakeNode::new(&[
+        (KUBEADM_FLAGS, "KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint=unix:///run/crio/crio.sock\"\n"),
+        ("/etc/crisp/config.toml", "upstream = \"/run/containerd/containerd.sock\"\n"),
+    ]);
+    let before = snapshot(&node.root());
+    let r = hack("install.sh", &["--root", &node.root_s(), "--binary", CRISP, "--kubelet-version", "1.28"]);
+    assert!(!r.ok && r.stderr.contains("forwards to /run/containerd/containerd.sock but kubelet uses unix:///run/crio/crio.sock"), "{}", r.all());
+    assert_same_tree(&before, &snapshot(&node.root()), "refused install");
+}

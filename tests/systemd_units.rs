@@ -146,8 +146,13 @@ fn units_say_what_the_design_asks() {
 #[cfg_attr(not(crisp_test_shellcheck), ignore = "shellcheck is not installed (hack/setup.sh installs it)")]
 fn scripts_are_shellcheck_clean() {
     assert!(have("shellcheck"), "shellcheck was there at build time and is gone");
-    for s in ["hack/install.sh", "hack/uninstall.sh", "hack/build-grpcgo.sh", "hack/conformance.sh"] {
+    for s in ["hack/install.sh", "hack/uninstall.sh", "hack/build-grpcgo.sh", "hack/conformance.sh", "hack/release.sh", "hack/node-rootfs.sh"] {
         let out = Command::new("shellcheck").arg(Path::new(REPO).join(s)).output().unwrap();
         assert!(out.status.success(), "shellcheck {s}:\n{}", String::from_utf8_lossy(&out.stdout));
+    }
+    // POSIX sh: the installer image's entrypoint (busybox) and the .deb's maintainer scripts.
+    for s in ["deploy/installer/entrypoint.sh", "packaging/deb/postinst", "packaging/deb/prerm", "packaging/deb/postrm", "packaging/deb/crisp-install", "packaging/deb/crisp-uninstall"] {
+        let out = Command::new("shellcheck").args(["-s", "sh"]).arg(Path::new(REPO).join(s)).output().unwrap();
+        assert!(out.status.success(), "shellcheck -s sh {s}:\n{}", String::from_utf8_lossy(&out.stdout));
     }
 }

@@ -1,0 +1,146 @@
+#!/bin/sh
+# Entrypoint of the crisp-installer image (hack/release.sh builds it; deploy/ runs it as a
+# DaemonSet). Installs crisp onto the node it runs on, or uninstalls it, with the node's own
+# hack/install.sh run: the same code, the same checks, the same backups and manifest.
+#
+#   entrypoint.sh            CRISP_MODE=install (default) or uninstall, then stay running
+#   entrypoint.sh ready      readiness probe: exit 0 once the node is in the state asked for
+#
+# Needs what the DaemonSet gives it: privileged, hostPID (PID 1 is the node's systemd) and the
+# node's / mounted at $CRISP_HOST_ROOT (/host) with its submounts (/run). The image holds busybox
+# and /opt/crisp: the static crisp binary, hack/install.sh, hack/uninstall.sh, systemd/.
+#
+# How: the bundle is copied to the node's /run/crisp-installer (tmpfs: gone at reboot, and
+# removed again below) and hack/install.sh runs there *in the node's namespaces* (nsenter -t 1),
+# so it uses the node's systemctl and restarts kubelet through the node's systemd, exactly as an
+# operator's `sudo hack/install.sh` would. The node needs bash, awk, coreutils and diffutils (any
+# systemd distribution has them).
+#
+# Restarting kubelet does not stop this container: containerd owns it, and through crisp kubelet
+# finds the same sandbox and container ids, so it adopts this pod as it was (crisp never
+# rewrites ids; a proxy that did would make kubelet kill and recreate every pod, this one too,
+# over and over). This process is what is left to repair a node whose kubelet does not come back:
+# when the install fails after kubelet was touched, it runs uninstall (kubelet back on the
+# runtime), logs why, and stays running without becoming Ready, which stops the DaemonSet's
+# rollout (maxUnavailable: 1) at this node. A SIGTERM that arrives while an install runs waits
+# for it to finish (the pod's terminationGracePeriodSeconds covers that), so a rollout never cuts
+# one in half; afterwards SIGTERM ends the pod at once.
+#
+# Environment:
+#   CRISP_MODE              install | uninstall
+#   CRISP_INSTALL_ARGS      extra hack/install.sh arguments (--kubelet-version 1.28, --config F)
+#   CRISP_UNINSTALL_ARGS    extra hack/uninstall.sh arguments (--force)
+#   CRISP_HOST_ROOT         where the node's / is mounted (/host)
+#   CRISP_ONESHOT=1         exit after the install/uninstall instead of staying (tests, Jobs)
+set -eu
+
+MODE="${CRISP_MODE:-install}"
+HOST="${CRISP_HOST_ROOT:-/host}"
+BUNDLE=/opt/crisp
+NODE_STAGE=/run/crisp-installer
+MANIFEST=/var/lib/crisp/install/manifest
+STATUS=/tmp/crisp-installer.status
+
+log() {
+  echo "crisp-installer: $*"
+}
+
+# A command in the node's namespaces (mount, uts, ipc, net, pid): the node's files and systemd.
+on_node() {
+  nsenter -t 1 -m -u -i -n -p -- "$@"
+}
+
+ready() {
+  [ "$(cat "$STATUS" 2>/dev/null)" = "done" ] || return 1
+  case "$MODE" in
+    install) on_node /usr/local/bin/crisp doctor >/dev/null ;;
+    uninstall) [ ! -e "$HOST$MANIFEST" ] && on_node systemctl is-active --quiet kubelet.service ;;
+  esac
+}
+
+stay() {
+  trap 'exit 0' TERM INT
+  while :; do
+    sleep 3600 &
+    wait $! || true
+  done
+}
+
+if [ "${1:-}" = ready ]; then
+  ready
+  exit $?
+fi
+
+case "$MODE" in
+  install | uninstall) ;;
+  *)
+    log "error: CRISP_MODE must be install or uninstall, not '$MODE'"
+    exit 2
+    ;;
+esac
+echo running >"$STATUS"
+
+# Refuse to run anywhere but on a node's systemd: without hostPID, nsenter -t 1 would enter
+# this container's own namespaces and "install" into the image.
+if [ "$(readlink /proc/1/ns/mnt)" = "$(readlink /proc/self/ns/mnt)" ]; then
+  log "error: PID 1 shares this container's mount namespace: the pod needs hostPID: true"
+  exit 2
+fi
+if [ "$(cat /proc/1/comm 2>/dev/null)" != systemd ]; then
+  log "error: the node's PID 1 is '$(cat /proc/1/comm 2>/dev/null)', not systemd: crisp's installer needs a systemd node"
+  exit 2
+fi
+[ -d "$HOST/run/systemd/system" ] || {
+  log "error: $HOST/run/systemd/system missing: mount the node's / at $HOST with its submounts (hostPath /, mountPropagation: HostToContainer)"
+  exit 2
+}
+
+stage_bundle() {
+  rm -rf "$HOST$NODE_STAGE"
+  mkdir -p "$HOST$NODE_STAGE"
+  chmod 0700 "$HOST$NODE_STAGE"
+  cp -a "$BUNDLE/." "$HOST$NODE_STAGE/"
+}
+unstage_bundle() {
+  rm -rf "$HOST$NODE_STAGE"
+}
+
+# From here until the install or uninstall is over, a SIGTERM is only noted. (With hostPID this
+# process is not its namespace's PID 1, so without a handler SIGTERM would kill it mid-way.)
+term=0
+trap 'term=1; log "SIGTERM: finishing the $MODE first"' TERM INT
+start="$(date +%s)"
+stage_bundle
+rc=0
+if [ "$MODE" = install ]; then
+  log "installing crisp $("$BUNDLE/crisp" --version 2>/dev/null || true) on $(cat "$HOST/etc/hostname" 2>/dev/null || hostname)"
+  # shellcheck disable=SC2086 # word splitting of the extra arguments is intended
+  on_node "$NODE_STAGE/hack/install.sh" --binary "$NODE_STAGE/crisp" ${CRISP_INSTALL_ARGS:-} || rc=$?
+  if [ "$rc" -eq 0 ]; then
+    on_node /usr/local/bin/crisp doctor || rc=$?
+  fi
+  if [ "$rc" -ne 0 ]; then
+    log "error: install failed (exit $rc)"
+    if [ -e "$HOST$MANIFEST" ]; then
+      log "rolling back: hack/uninstall.sh --force (kubelet back on the runtime)"
+      on_node "$NODE_STAGE/hack/uninstall.sh" --force || log "error: the rollback failed too: fix the node by hand (journalctl -u kubelet -u crisp)"
+    fi
+  fi
+else
+  log "uninstalling crisp from $(cat "$HOST/etc/hostname" 2>/dev/null || hostname)"
+  # shellcheck disable=SC2086
+  on_node "$NODE_STAGE/hack/uninstall.sh" ${CRISP_UNINSTALL_ARGS:-} || rc=$?
+fi
+unstage_bundle
+log "$MODE: exit $rc after $(($(date +%s) - start)) s"
+
+if [ "$rc" -eq 0 ]; then
+  echo "done" >"$STATUS"
+else
+  echo failed >"$STATUS"
+fi
+if [ "${CRISP_ONESHOT:-0}" = 1 ] || [ "$term" -eq 1 ]; then
+  exit "$rc"
+fi
+# Not Ready after a failure: the rollout stops here. Deleting the pod retries.
+stay

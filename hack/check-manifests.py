@@ -1,0 +1,224 @@
+#!/usr/bin/python3
+"""Validates crisp's Kubernetes manifests offline (no API server):
+
+    hack/check-manifests.py [--patch] [FILE...]   default: deploy/ (base, overlay, renderings)
+
+1. Schema: every field of every object, at every depth, is checked against the Kubernetes API
+   models of Debian's python3-kubernetes (API 1.22): a misspelt or misplaced key, a wrong type
+   or a missing required field fails. Fields added after 1.22 would be reported as unknown.
+   A strategic-merge patch (a file whose objects lack required fields) is checked for names and
+   types only (--patch FILE).
+2. The installer DaemonSet's rules (README "Install on a cluster"): privileged, hostPID, the
+   node's / with HostToContainer propagation, node-label opt-in, one node at a time, a
+   readiness probe, CRISP_MODE.
+3. When kubectl is on PATH, `kubectl kustomize` renders deploy/base and deploy/uninstall, each
+   rendering passes 1 and 2, and they differ only in CRISP_MODE. Without kubectl that step is
+   reported as not run.
+
+Exit code 0 when everything checked passed.
+"""
+import datetime
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import yaml
+from kubernetes import client
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KINDS = {
+    ("v1", "Namespace"): "V1Namespace",
+    ("apps/v1", "DaemonSet"): "V1DaemonSet",
+}
+PRIMITIVE = {"str": str, "int": int, "bool": bool, "float": (int, float), "object": object}
+
+errors = []
+
+
+def err(where, msg):
+    errors.append(f"{where}: {msg}")
+
+
+def model(name):
+    return getattr(client, name)
+
+
+def required_fields(cls):
+    """Fields whose setter refuses None (the generated models raise ValueError for those)."""
+    req = []
+    for attr in cls.openapi_types:
+        obj = cls.__new__(cls)
+        obj.local_vars_configuration = client.Configuration()
+        obj.local_vars_configuration.client_side_validation = True
+        try:
+            setattr(obj, attr, None)
+        except ValueError:
+            req.append(attr)
+        except Exception:  # noqa: BLE001 - other setters' checks are not about presence
+            pass
+    return req
+
+
+def check(value, typ, where, partial):
+    if value is None:
+        return
+    m = re.fullmatch(r"list\[(.*)\]", typ)
+    if m:
+        if not isinstance(value, list):
+            return err(where, f"expected a list ({typ}), got {type(value).__name__}")
+        for i, v in enumerate(value):
+            check(v, m.group(1), f"{where}[{i}]", partial)
+        return
+    m = re.fullmatch(r"dict\(str, (.*)\)", typ)
+    if m:
+        if not isinstance(value, dict):
+            return err(where, f"expected a map ({typ}), got {type(value).__name__}")
+        for k, v in value.items():
+            check(v, m.group(1), f"{where}.{k}", partial)
+        return
+    if typ in PRIMITIVE:
+        if typ == "str" and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return err(where, f"expected a string, got the number {value!r} (quote it)")
+        if not isinstance(value, PRIMITIVE[typ]) or (typ == "int" and isinstance(value, bool)):
+            err(where, f"expected {typ}, got {type(value).__name__} {value!r}")
+        return
+    if typ == "datetime":
+        if not isinstance(value, (str, datetime.datetime)):
+            err(where, f"expected a timestamp, got {value!r}")
+        return
+    cls = model(typ)
+    if not isinstance(value, dict):
+        return err(where, f"expected an object ({typ}), got {type(value).__name__} {value!r}")
+    # IntOrString fields are typed "object" in these models; handled by PRIMITIVE above.
+    by_json = {j: a for a, j in cls.attribute_map.items()}
+    for k, v in value.items():
+        if k not in by_json:
+            err(where, f"unknown field '{k}' for {typ} (fields: {', '.join(sorted(by_json))})")
+            continue
+        check(v, cls.openapi_types[by_json[k]], f"{where}.{k}", partial)
+    if not partial:
+        for a in required_fields(cls):
+            if cls.attribute_map[a] not in value:
+                err(where, f"missing required field '{cls.attribute_map[a]}' of {typ}")
+
+
+def check_object(obj, where, partial=False):
+    key = (obj.get("apiVersion"), obj.get("kind"))
+    if key not in KINDS:
+        return err(where, f"unexpected object {key}")
+    check(obj, KINDS[key], f"{where} {key[1]}/{obj.get('metadata', {}).get('name')}", partial)
+
+
+def installer_rules(objs, where, mode):
+    try:
+        _installer_rules(objs, where, mode)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        # Malformed beyond what the rules can read: the schema errors say why.
+        err(where, f"the installer rules cannot read this DaemonSet ({type(e).__name__}: {e})")
+
+
+def _installer_rules(objs, where, mode):
+    ds = [o for o in objs if o.get("kind") == "DaemonSet"]
+    if len(ds) != 1:
+        return err(where, f"expected one DaemonSet, got {len(ds)}")
+    d = ds[0]
+    ns = [o for o in objs if o.get("kind") == "Namespace"]
+    if not ns or ns[0]["metadata"]["name"] != d["metadata"]["namespace"]:
+        err(where, "the DaemonSet's namespace is not created alongside it")
+    elif ns[0]["metadata"].get("labels", {}).get("pod-security.kubernetes.io/enforce") != "privileged":
+        err(where, "the namespace must allow privileged pods (pod-security.kubernetes.io/enforce: privileged)")
+    spec = d["spec"]
+    ru = spec.get("updateStrategy", {})
+    if ru.get("type") != "RollingUpdate" or ru.get("rollingUpdate", {}).get("maxUnavailable") != 1:
+        err(where, "updateStrategy must be RollingUpdate with maxUnavailable: 1 (node by node)")
+    if ru.get("rollingUpdate", {}).get("maxSurge", 0) != 0:
+        err(where, "maxSurge must be 0: two installers on one node would race")
+    tpl = spec["template"]
+    if spec["selector"]["matchLabels"].items() - tpl["metadata"]["labels"].items():
+        err(where, "the selector does not match the pod template's labels")
+    pod = tpl["spec"]
+    if pod.get("nodeSelector") != {"crisp.dev/install": "true"}:
+        err(where, "nodeSelector must be the opt-in label crisp.dev/install: \"true\"")
+    if pod.get("hostPID") is not True:
+        err(where, "hostPID: true is required (the installer enters PID 1's namespaces)")
+    (c,) = pod["containers"]
+    if c.get("securityContext", {}).get("privileged") is not True:
+        err(where, "the installer container must be privileged")
+    vols = {v["name"]: v for v in pod.get("volumes", [])}
+    mounts = [m for m in c.get("volumeMounts", []) if m["mountPath"] == "/host"]
+    if len(mounts) != 1 or vols.get(mounts[0]["name"], {}).get("hostPath", {}).get("path") != "/":
+        err(where, "the node's / must be mounted at /host (hostPath /)")
+    elif mounts[0].get("mountPropagation") != "HostToContainer":
+        err(where, "/host needs mountPropagation: HostToContainer (the node's /run is a submount)")
+    probe = c.get("readinessProbe", {}).get("exec", {}).get("command")
+    if probe != ["/opt/crisp/entrypoint.sh", "ready"]:
+        err(where, f"readinessProbe must run the entrypoint's ready check, got {probe}")
+    env = {e["name"]: e.get("value") for e in c.get("env", [])}
+    if env.get("CRISP_MODE") != mode:
+        err(where, f"CRISP_MODE is {env.get('CRISP_MODE')!r}, expected {mode!r}")
+    if pod.get("terminationGracePeriodSeconds", 30) < 60:
+        err(where, "terminationGracePeriodSeconds must leave an install (kubelet's restart) time to finish")
+    if not any(t.get("operator") == "Exists" and "key" not in t for t in pod.get("tolerations", [])):
+        err(where, "the installer must tolerate every taint (NotReady nodes need it most)")
+
+
+def load(path):
+    with open(path) as f:
+        return [o for o in yaml.safe_load_all(f) if o]
+
+
+def main(argv):
+    checked = []
+    files = [a for a in argv if a != "--patch"]
+    patch = "--patch" in argv
+    if not files:
+        base = os.path.join(REPO, "deploy/base/crisp-installer.yaml")
+        objs = load(base)
+        for i, o in enumerate(objs):
+            check_object(o, f"{base}#{i}")
+        installer_rules(objs, base, "install")
+        checked.append(base)
+        p = os.path.join(REPO, "deploy/uninstall/uninstall-mode.yaml")
+        for i, o in enumerate(load(p)):
+            check_object(o, f"{p}#{i}", partial=True)
+        checked.append(p + " (patch)")
+        kubectl = shutil.which("kubectl")
+        if kubectl:
+            rendered = {}
+            for d, mode in (("deploy/base", "install"), ("deploy/uninstall", "uninstall")):
+                r = subprocess.run([kubectl, "kustomize", os.path.join(REPO, d)], capture_output=True, text=True)
+                if r.returncode != 0:
+                    err(d, f"kubectl kustomize failed: {r.stderr.strip()}")
+                    continue
+                objs = [o for o in yaml.safe_load_all(r.stdout) if o]
+                for i, o in enumerate(objs):
+                    check_object(o, f"kustomize {d}#{i}")
+                installer_rules(objs, f"kustomize {d}", mode)
+                rendered[d] = r.stdout
+                checked.append(f"kubectl kustomize {d}")
+            if len(rendered) == 2:
+                a, b = rendered["deploy/base"].splitlines(), rendered["deploy/uninstall"].splitlines()
+                changed = [(x, y) for x, y in zip(a, b) if x != y]
+                if len(a) != len(b) or [(x.strip(), y.strip()) for x, y in changed] != [("value: install", "value: uninstall")]:
+                    err("deploy/uninstall", f"the overlay must change CRISP_MODE only, changed: {changed}")
+        else:
+            print("check-manifests: kustomize rendering NOT checked: no kubectl on PATH")
+    else:
+        for path in files:
+            objs = load(path)
+            for i, o in enumerate(objs):
+                check_object(o, f"{path}#{i}", partial=patch)
+            if not patch:
+                installer_rules(objs, path, "install")
+            checked.append(path)
+    for c in checked:
+        print(f"check-manifests: checked {c}")
+    for e in errors:
+        print(f"check-manifests: error: {e}", file=sys.stderr)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
