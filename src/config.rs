@@ -2,6 +2,8 @@
 //! with command-line flags overriding it. Parsed and validated once at start; any unknown key or
 //! bad value is an error naming the key (the binary exits 64, EX_USAGE).
 
+pub mod injectors;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -44,7 +46,7 @@ pub struct Config {
     pub sidecars: Vec<SidecarRule>,
     /// Known injectors, added to (or replacing, by name) the built-in table of
     /// `ordering/injectors.rs` (Istio, Linkerd, Vault agent).
-    pub injectors: Vec<crate::ordering::injectors::InjectorRule>,
+    pub injectors: Vec<injectors::InjectorRule>,
     /// crisp's own admin socket: the debug tap, the pods it tracks, Prometheus metrics.
     pub admin: AdminConfig,
 }
@@ -300,7 +302,7 @@ impl Config {
             if rule.name.is_empty() {
                 return Err(bad(&format!("sidecars[{i}].name"), "must not be empty".into()));
             }
-            if let Err(m) = crate::ordering::readiness::Readiness::parse(&rule.ready) {
+            if let Err(m) = crate::readiness::Readiness::parse(&rule.ready) {
                 return Err(bad(&format!("sidecars[{i}].ready"), m));
             }
             if let Some(j) = seen.insert(rule.name.clone(), i) {
@@ -309,7 +311,7 @@ impl Config {
         }
         let mut names = BTreeMap::new();
         for (i, rule) in self.injectors.iter().enumerate() {
-            crate::ordering::injectors::validate(rule).map_err(|(k, m)| bad(&format!("injectors[{i}].{k}"), m))?;
+            injectors::validate(rule).map_err(|(k, m)| bad(&format!("injectors[{i}].{k}"), m))?;
             if let Some(j) = names.insert(rule.name.clone(), i) {
                 return Err(bad(&format!("injectors[{i}].name"), format!("`{}` already declared in injectors[{j}]", rule.name)));
             }
@@ -328,8 +330,8 @@ impl Config {
     }
 
     /// The known-injector table this node uses.
-    pub fn injector_table(&self) -> Vec<crate::ordering::injectors::InjectorRule> {
-        crate::ordering::injectors::table(self.ordering.known_injectors, &self.injectors)
+    pub fn injector_table(&self) -> Vec<injectors::InjectorRule> {
+        injectors::table(self.ordering.known_injectors, &self.injectors)
     }
 }
 

@@ -24,9 +24,20 @@
 //!      written back into kubelet's connection, trailers and status untouched
 //! ```
 //!
-//! Modules: [`config`] (TOML + flags, validated once), [`proxy`] (the forwarder), [`cri`]
-//! (routing, decoded views, wire framing), [`intercept`] (the plug-in seam), [`status`] (crisp's
-//! own gRPC errors), [`telemetry`] (logging), [`daemon`] (wiring it together).
+//! ## Layers
+//!
+//! Imports point down only (`tests/layers.rs` fails on one that runs back up); modules of one
+//! layer do not import each other.
+//!
+//! | layer | modules | what |
+//! |---|---|---|
+//! | 6 | [`daemon`] | wires it together: interceptor chain, proxy, admin socket, systemd |
+//! | 5 | [`admin`], [`doctor`] | crisp's admin API (tap, ListPods, metrics); node checks |
+//! | 4 | [`ordering`], [`tap`] | the features: the ordering engine; the debug tap (it names calls through [`intercept::PodNames`], not the engine) |
+//! | 3 | [`proxy`] | the forwarder: relay, crisp's HTTP/2 client to the runtime, its runtime client |
+//! | 2 | [`intercept`], [`metrics`], [`telemetry`] | the plug-in seam; call metrics; logging |
+//! | 1 | [`config`] | TOML + flags, validated once; plain data (the known-injector table included) |
+//! | 0 | [`cri`], [`status`], [`readiness`], [`systemd`] | routing, decoded views, wire framing and patches; crisp's gRPC errors; readiness specs and probes; sd_notify and socket activation |
 
 pub mod admin;
 pub mod config;
@@ -37,6 +48,7 @@ pub mod intercept;
 pub mod metrics;
 pub mod ordering;
 pub mod proxy;
+pub mod readiness;
 pub mod status;
 pub mod systemd;
 pub mod tap;

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::injectors::{self, InjectorRule};
-use super::readiness::Readiness;
+use crate::readiness::Readiness;
 use crate::config::{parse_duration, SidecarRule, TimeoutPolicy, MAX_START_TIMEOUT};
 
 pub const SIDECARS: &str = "crisp.dev/sidecars";

@@ -14,10 +14,9 @@ pub mod annotations;
 pub mod injectors;
 pub mod job;
 mod names;
-pub mod readiness;
 
 use std::collections::{HashMap, HashSet};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, Weak};
@@ -37,7 +36,7 @@ use crate::metrics::{GaugeGuard, OrderingMetrics};
 use crate::status::{code, Status};
 use annotations::{PodPolicy, Sidecar};
 use injectors::InjectorRule;
-use readiness::Readiness;
+use crate::readiness;
 
 /// Kept free before kubelet's deadline when a hold ends, so the forwarded call still completes.
 const DEADLINE_MARGIN: Duration = Duration::from_secs(3);
@@ -370,33 +369,8 @@ impl Engine {
     }
 
     async fn probe(&self, version: ApiVersion, pod: &Pod, s: &Sidecar, container_id: &str) -> bool {
-        let t = self.cfg.probe_timeout;
-        let addr = |host: Option<IpAddr>, port: u16| async move {
-            let ip = match host {
-                Some(h) => Some(h),
-                None => self.pod_ip(version, pod).await,
-            };
-            ip.map(|ip| SocketAddr::new(ip, port))
-        };
-        match &s.ready {
-            Readiness::Running => true,
-            Readiness::Tcp { host, port } => match addr(*host, *port).await {
-                Some(a) => readiness::probe_tcp(a, t).await,
-                None => false,
-            },
-            Readiness::Http { host, port, path } => match addr(*host, *port).await {
-                Some(a) => readiness::probe_http(a, path, t).await,
-                None => false,
-            },
-            Readiness::Exec { cmd } => match self.client.exec_sync(version, container_id, cmd, t).await {
-                Ok(code) => code == 0,
-                Err(e) => {
-                    self.metrics.probe_errors.fetch_add(1, Relaxed);
-                    tracing::debug!(container_name = %s.name, error = %e, "exec readiness probe failed to run");
-                    false
-                }
-            },
-        }
+        let env = ProbeTarget { engine: self, version, pod, sidecar: &s.name, container_id };
+        s.ready.probe(&env, self.cfg.probe_timeout).await
     }
 
     /// `skip_dead`: sidecars that are not created or not running are not waited for (the app
@@ -876,6 +850,30 @@ impl Interceptor for Engine {
             _ => {}
         }
         None
+    }
+}
+
+/// What a readiness probe of one sidecar reaches through the engine: the pod's IP (from the
+/// runtime, cached) and ExecSync in the sidecar's container.
+struct ProbeTarget<'a> {
+    engine: &'a Engine,
+    version: ApiVersion,
+    pod: &'a Pod,
+    sidecar: &'a str,
+    container_id: &'a str,
+}
+
+impl readiness::ProbeEnv for ProbeTarget<'_> {
+    async fn pod_ip(&self) -> Option<IpAddr> {
+        self.engine.pod_ip(self.version, self.pod).await
+    }
+
+    async fn exec(&self, cmd: &[String], timeout: Duration) -> Result<i32, String> {
+        self.engine.client.exec_sync(self.version, self.container_id, cmd, timeout).await.map_err(|e| {
+            self.engine.metrics.probe_errors.fetch_add(1, Relaxed);
+            tracing::debug!(container_name = %self.sidecar, error = %e, "exec readiness probe failed to run");
+            e.to_string()
+        })
     }
 }
 

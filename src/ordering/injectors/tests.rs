@@ -1,4 +1,6 @@
 use super::*;
+use crate::config::injectors::sidecar;
+use std::collections::BTreeMap;
 use crate::ordering::annotations::{PodPolicy, Source, SIDECARS};
 
 fn ann(pairs: &[(&str, &str)]) -> HashMap<String, String> {

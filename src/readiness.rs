@@ -1,4 +1,8 @@
 //! Readiness specs (`crisp.dev/ready.<container>` and node rules) and the probes crisp runs.
+//! A new kind of readiness is one variant here: its parser, how it is shown ([`Display`], what
+//! ListPods and the fuzz target use) and how it is probed ([`Readiness::probe`]) are all below.
+//!
+//! [`Display`]: std::fmt::Display
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -22,7 +26,11 @@ pub enum Readiness {
 /// Written back as a spec [`Readiness::parse`] reads (the admin API's ListPods shows it).
 impl std::fmt::Display for Readiness {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let host = |h: &Option<IpAddr>| h.map(|h| h.to_string()).unwrap_or_default();
+        let host = |h: &Option<IpAddr>| match h {
+            Some(IpAddr::V6(a)) => format!("[{a}]"),
+            Some(a) => a.to_string(),
+            None => String::new(),
+        };
         match self {
             Readiness::Running => f.write_str("running"),
             Readiness::Tcp { host: h, port } => write!(f, "tcp://{}:{port}", host(h)),
@@ -88,6 +96,40 @@ fn host_port(s: &str) -> Result<(Option<IpAddr>, u16), String> {
         h => Some(h.parse::<IpAddr>().map_err(|_| format!("host {h:?} must be an IP address or empty (the pod IP)"))?),
     };
     Ok((host, port))
+}
+
+/// What a probe needs from whoever runs it (the ordering engine): the pod's address, and a way
+/// to run a command in the sidecar's container (the runtime's ExecSync).
+pub trait ProbeEnv {
+    /// The pod IP (loopback for hostNetwork pods); `None` while it cannot be known.
+    fn pod_ip(&self) -> impl std::future::Future<Output = Option<IpAddr>> + Send;
+    /// Runs `cmd` in the container; its exit code, or why it could not run.
+    fn exec(&self, cmd: &[String], timeout: Duration) -> impl std::future::Future<Output = Result<i32, String>> + Send;
+}
+
+impl Readiness {
+    /// One probe, bounded by `timeout`: whether the sidecar is ready now.
+    pub async fn probe(&self, env: &impl ProbeEnv, timeout: Duration) -> bool {
+        let addr = |host: Option<IpAddr>, port: u16| async move {
+            let ip = match host {
+                Some(h) => Some(h),
+                None => env.pod_ip().await,
+            };
+            ip.map(|ip| SocketAddr::new(ip, port))
+        };
+        match self {
+            Readiness::Running => true,
+            Readiness::Tcp { host, port } => match addr(*host, *port).await {
+                Some(a) => probe_tcp(a, timeout).await,
+                None => false,
+            },
+            Readiness::Http { host, port, path } => match addr(*host, *port).await {
+                Some(a) => probe_http(a, path, timeout).await,
+                None => false,
+            },
+            Readiness::Exec { cmd } => env.exec(cmd, timeout).await == Ok(0),
+        }
+    }
 }
 
 /// TCP connect probe.
