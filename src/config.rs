@@ -362,7 +362,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             u => return Err(format!("unknown unit {u:?} in duration {s:?}")),
         };
         rest = &rest[unit_len..];
-        if !secs.is_finite() || secs < 0.0 || secs > 1e9 {
+        if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
             return Err(format!("duration {s:?} out of range"));
         }
         total += Duration::from_secs_f64(secs);

@@ -165,6 +165,7 @@ impl Interceptors {
 /// Names for the ids a call carries, from whatever tracks pods (the ordering engine): lets the
 /// tap name calls without depending on the engine.
 pub trait PodNames: Send + Sync {
+    #[allow(clippy::type_complexity)]
     /// `(namespace, name)` of the pod of `sandbox_id` (or of the container's sandbox), and
     /// `(sandbox id, container name)` of `container_id`, where known.
     fn names(&self, sandbox_id: Option<&str>, container_id: Option<&str>) -> (Option<(String, String)>, Option<(String, String)>);

@@ -4,8 +4,6 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
 
-/// Checks a filter string without installing it.
-
 /// Installs the global subscriber. `RUST_LOG`, when set, overrides the configured level.
 pub fn init(level: &str, format: LogFormat) {
     let filter = std::env::var("RUST_LOG").ok().and_then(|f| EnvFilter::try_new(f).ok()).unwrap_or_else(|| {

@@ -215,7 +215,7 @@ async fn serve_runtime_conn(s: UnixStream, log: Arc<RuntimeLog>, opts: RuntimeOp
             if let Some((stream, end, block)) = complete {
                 let mut fields = Vec::new();
                 dec.decode(&block, |n, v| fields.push((n.to_vec(), v.to_vec()))).expect("header block");
-                if !streams.contains_key(&stream) {
+                if let std::collections::hash_map::Entry::Vacant(e) = streams.entry(stream) {
                     requests += 1;
                     if goaway_last.is_some_and(|l| stream > l) {
                         // After GOAWAY: never processed.
@@ -238,7 +238,7 @@ async fn serve_runtime_conn(s: UnixStream, log: Arc<RuntimeLog>, opts: RuntimeOp
                     if end {
                         respond(&conn, &log, stream, fields, Bytes::new(), opts, goaway_last);
                     } else {
-                        streams.insert(stream, (fields, BytesMut::new()));
+                        e.insert((fields, BytesMut::new()));
                     }
                 }
             }

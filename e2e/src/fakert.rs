@@ -39,7 +39,7 @@ impl Canned {
     pub fn new(containers: usize, events_per_stream: usize) -> Canned {
         let version = cri::VersionResponse { version: "0.1.0".into(), runtime_name: "fake".into(), runtime_version: "1.0".into(), runtime_api_version: "v1".into() };
         let status = cri::ContainerStatusResponse { status: Some(container_status("c0")), info: Default::default() };
-        let list = cri::ListContainersResponse { containers: (0..containers).map(|i| container(i)).collect() };
+        let list = cri::ListContainersResponse { containers: (0..containers).map(container).collect() };
         let sandbox = |i: usize| cri::PodSandbox {
             id: format!("{:064x}", i + 1_000_000),
             metadata: Some(cri::PodSandboxMetadata { name: format!("pod-{i}"), uid: format!("{i:032x}"), namespace: "bench".into(), attempt: 0 }),

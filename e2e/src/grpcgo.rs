@@ -445,7 +445,7 @@ pub fn hex(b: &[u8]) -> String {
 /// Bytes of lower-case or upper-case hex.
 pub fn unhex(s: &str) -> Result<Vec<u8>> {
     let s = s.trim();
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         bail!("odd-length hex");
     }
     (0..s.len())
@@ -482,7 +482,7 @@ pub fn bridge_kubelet(
     let same_image = cfg
         .image_endpoint
         .as_ref()
-        .map_or(true, |i| *i == cfg.endpoint);
+        .is_none_or(|i| *i == cfg.endpoint);
     cfg.endpoint = runtime.socket().to_path_buf();
     if !same_image {
         let target = cfg.image_endpoint.clone().expect("image endpoint");

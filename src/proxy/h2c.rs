@@ -701,18 +701,16 @@ impl Task {
                         self.open_queued();
                     }
                 }
-                f::SETTINGS => {
-                    if !head.has(f::ACK) {
+                f::SETTINGS
+                    if !head.has(f::ACK) => {
                         self.settings(&payload)?;
                         f::put_head(&mut self.out, 0, f::SETTINGS, f::ACK, 0);
                     }
-                }
-                f::PING => {
-                    if !head.has(f::ACK) && payload.len() == 8 {
+                f::PING
+                    if !head.has(f::ACK) && payload.len() == 8 => {
                         f::put_head(&mut self.out, 8, f::PING, f::ACK, 0);
                         self.out.extend_from_slice(&payload);
                     }
-                }
                 f::GOAWAY if payload.len() >= 8 => {
                     let last = u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]]) & 0x7fff_ffff;
                     let code = u32::from_be_bytes([payload[4], payload[5], payload[6], payload[7]]);

@@ -84,9 +84,12 @@ const STATIC: [(&[u8], &[u8]); 61] = [
     (b"www-authenticate", b""),
 ];
 
+/// A dynamic table entry: name, value.
+type Entry = (Box<[u8]>, Box<[u8]>);
+
 pub struct Decoder {
     /// Newest first.
-    table: VecDeque<(Box<[u8]>, Box<[u8]>)>,
+    table: VecDeque<Entry>,
     size: usize,
     max_size: usize,
     /// What SETTINGS_HEADER_TABLE_SIZE allows; crisp relays settings end to end and does not
@@ -228,6 +231,7 @@ mod tests {
         use httlib_hpack::Encoder;
         let mut enc = Encoder::with_dynamic_size(256);
         let mut dec = Decoder::default();
+        #[allow(clippy::type_complexity)]
         let requests: Vec<Vec<(Vec<u8>, Vec<u8>, u8)>> = (0..50)
             .map(|i| {
                 vec![

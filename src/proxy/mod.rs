@@ -217,7 +217,7 @@ impl Proxy {
             message: None,
         });
 
-        if !(interest.response && !streaming) {
+        if !interest.response || streaming {
             let (parts, body) = resp.into_parts();
             let mut completion = completion;
             if let Some(c) = completion.as_mut() {

@@ -73,22 +73,6 @@ pub fn grpc_timeout(d: Duration) -> String {
     format!("{}M", (ns / 60_000_000_000).clamp(1, MAX))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn grpc_timeout_values_round_trip_through_the_parser() {
-        for d in [Duration::from_nanos(1), Duration::from_micros(1500), Duration::from_secs(119), Duration::from_secs(400_000)] {
-            let v = grpc_timeout(d);
-            let back = crate::status::parse_grpc_timeout(v.as_bytes()).unwrap();
-            assert!(back >= d && back <= d + d / 1000 + Duration::from_nanos(1), "{d:?} -> {v} -> {back:?}");
-        }
-        assert_eq!(grpc_timeout(Duration::from_secs(115)), "115000m");
-        assert_eq!(grpc_timeout(Duration::from_millis(1999)), "1999000u");
-    }
-}
-
 /// How often a call the runtime refused unprocessed (GOAWAY, REFUSED_STREAM) is sent again on a
 /// new connection, as gRPC clients do transparently.
 const RETRIES: usize = 3;
@@ -196,5 +180,21 @@ impl Upstream {
         *resp.headers_mut() = head.headers;
         *resp.version_mut() = http::Version::HTTP_2;
         Ok(resp)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeout_values_round_trip_through_the_parser() {
+        for d in [Duration::from_nanos(1), Duration::from_micros(1500), Duration::from_secs(119), Duration::from_secs(400_000)] {
+            let v = grpc_timeout(d);
+            let back = crate::status::parse_grpc_timeout(v.as_bytes()).unwrap();
+            assert!(back >= d && back <= d + d / 1000 + Duration::from_nanos(1), "{d:?} -> {v} -> {back:?}");
+        }
+        assert_eq!(grpc_timeout(Duration::from_secs(115)), "115000m");
+        assert_eq!(grpc_timeout(Duration::from_millis(1999)), "1999000u");
     }
 }

@@ -181,8 +181,8 @@ async fn stream_events(socket: &Path) -> Result<(Duration, usize)> {
 }
 
 /// kubelet's traffic for `pods` pods, at 10× its rate so that one run yields enough samples:
-/// every 100 ms a PLEG relist (ListPodSandbox + ListContainers) and a pod sync (PodSandboxStatus
-/// + three ContainerStatus); and 20 pods a second started and stopped one call at a time
+/// every 100 ms a PLEG relist (ListPodSandbox + ListContainers) and a pod sync
+/// (PodSandboxStatus and three ContainerStatus); and 20 pods a second started and stopped one call at a time
 /// (RunPodSandbox, CreateContainer/StartContainer ×2, StopContainer ×2, StopPodSandbox,
 /// RemoveContainer ×2, RemovePodSandbox) — the calls crisp's ordering engine inspects. Pods
 /// declare no sidecars (nothing waits: the fake runtime runs no containers), so this measures

@@ -177,7 +177,7 @@ pub fn base64(s: &[u8]) -> String {
 /// Waits until every pod is where kubelet wants it after a start: all containers Running, or
 /// for a Job pod, Succeeded.
 pub async fn wait_up(kubelet: &Kubelet, pods: &[(String, Planned)], timeout: Duration) -> Result<()> {
-    for uid in wait_settled(kubelet, pods, timeout).await? {
+    if let Some(uid) = wait_settled(kubelet, pods, timeout).await?.into_iter().next() {
         bail!("Job pod {uid} Failed: {:#?}", kubelet.pod(&uid));
     }
     Ok(())

@@ -123,7 +123,7 @@ fn node_table_extends_replaces_and_opts_out() {
         init_containers: vec!["consul-connect-inject-init".into()],
         sidecars: vec![sidecar("consul-dataplane", "running", None, false)],
     };
-    let t = table(true, &[consul.clone()]);
+    let t = table(true, std::slice::from_ref(&consul));
     assert_eq!(t.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), vec!["istio", "linkerd", "vault-agent", "consul"]);
     let off = InjectorRule { enabled: false, ..builtin().remove(0) };
     assert!(!table(true, &[off]).iter().any(|r| r.name == "istio"));
