@@ -10,13 +10,15 @@
 //! is a Job; every 5th lists its app before its sidecars (crisp refuses the app's
 //! CreateContainer until they exist). Next to that, independent `crisp-grpcgo call` loops (one
 //! grpc-go connection each, straight to crisp) send ListPodSandbox, ListContainers, Version and
-//! Status 10 times a second each for the whole run.
+//! Status 10 times a second each for the whole run, and a control loop of ListContainers straight
+//! to containerd (reported next to them, not counted: the runtime's own latency on this machine).
 //!
 //! Measured and printed: every call (emulator journal + call loops) and every failed one —
 //! anything but crisp's deliberate ordering refusal (FAILED_PRECONDITION "… network is not ready
 //! until the pod's sidecars run") and a NotFound the emulator expects (a Stop* or *Status of
 //! something already gone, as kubelet tolerates); GOAWAYs seen anywhere (crisp's log, the
-//! bridge's and the call loops' frame sniffers); "Broken pipe" in crisp's log; crisp's VmRSS
+//! bridge's and the call loops' frame sniffers); "Broken pipe" in crisp's log (except crisp
+//! ending a call loop's connection as that client exits: see [`at_a_client_exit`]); crisp's VmRSS
 //! every 10 s. Asserted: 0 failed calls, 0 GOAWAYs, 0 Broken pipe, start and stop order of every
 //! pod, nothing held or tracked once all pods are gone, no secret in crisp's log, and RSS flat:
 //! the highest sample of the last third of the run is at most the highest of the first third
@@ -243,15 +245,15 @@ async fn slot(
 }
 
 /// A `crisp-grpcgo call` loop: `method` once per [`LOOP_INTERVAL`] for `secs`, on one grpc-go
-/// connection straight to crisp, every failed call printed.
+/// connection to `socket` (crisp's, or containerd's for the control), every failed call printed.
 async fn call_loop(
-    crisp: &std::path::Path,
+    socket: &std::path::Path,
     method: &'static str,
     req: Vec<u8>,
     secs: Duration,
-) -> Result<(&'static str, CallOutput)> {
+) -> Result<(&'static str, CallOutput, i64)> {
     let out = grpcgo::call(
-        crisp,
+        socket,
         &format!("/runtime.v1.RuntimeService/{method}"),
         &req,
         CallOpts {
@@ -264,7 +266,12 @@ async fn call_loop(
     )
     .await
     .with_context(|| format!("the {method} loop"))?;
-    Ok((method, out))
+    let exited = std::time::SystemTime::now();
+    eprintln!(
+        "soak: the {method} loop's client exited at {}",
+        crisp_e2e::emulator::rfc3339_nano(exited)
+    );
+    Ok((method, out, wall_ns(exited).unwrap_or(0)))
 }
 
 async fn soak(secs: Duration) -> Result<()> {
@@ -326,6 +333,15 @@ async fn soak(secs: Duration) -> Result<()> {
         })
     };
 
+    // The control: the same ListContainers loop straight to containerd, not through crisp, so
+    // that the loops' latencies through crisp can be read against the runtime's own on this
+    // machine at this moment. Reported, not asserted.
+    let control = {
+        let sock = st.containerd.socket().to_path_buf();
+        let req = cri::ListContainersRequest::default().encode_to_vec();
+        tokio::spawn(async move { call_loop(&sock, "ListContainers", req, secs).await })
+    };
+
     let next = Mutex::new(0usize);
     let counts = Mutex::new(PodCounts::default());
     let violations = Mutex::new(Vec::new());
@@ -359,6 +375,8 @@ async fn soak(secs: Duration) -> Result<()> {
     for l in loops {
         outs.push(l.await.context("a call loop panicked")??);
     }
+    let (_, control, _) = control.await.context("the control loop panicked")??;
+    let exits: Vec<i64> = outs.iter().map(|o| o.2).collect();
     let elapsed = started.elapsed();
     let final_sample = Sample {
         at: elapsed,
@@ -408,7 +426,7 @@ async fn soak(secs: Duration) -> Result<()> {
     );
     let mut loop_calls = 0;
     let mut loop_goaways = Vec::new();
-    for (m, o) in &outs {
+    for (m, o, _) in &outs {
         loop_calls += o.summary.ok + o.summary.failed;
         for c in &o.calls {
             failed.push(format!(
@@ -441,7 +459,10 @@ async fn soak(secs: Duration) -> Result<()> {
     // GOAWAYs and broken pipes.
     let log = st.crisp.log_text();
     let crisp_goaways: Vec<&str> = log.lines().filter(|l| l.contains("GOAWAY")).collect();
-    let broken_pipes: Vec<&str> = log.lines().filter(|l| l.contains("Broken pipe")).collect();
+    let (client_exits, broken_pipes): (Vec<&str>, Vec<&str>) = log
+        .lines()
+        .filter(|l| l.contains("Broken pipe"))
+        .partition(|l| at_a_client_exit(l, &exits));
     let mut bridge_goaways = Vec::new();
     let mut bridge_counts = Vec::new();
     for b in &st.bridges {
@@ -481,7 +502,7 @@ async fn soak(secs: Duration) -> Result<()> {
             .collect::<Vec<_>>()
             .join(", "),
         outs.iter()
-            .map(|(m, o)| format!(
+            .map(|(m, o, _)| format!(
                 "{m} {} ok / {} failed, p50 {:.2} ms, p99 {:.2} ms, max {:.1} ms",
                 o.summary.ok,
                 o.summary.failed,
@@ -491,6 +512,14 @@ async fn soak(secs: Duration) -> Result<()> {
             ))
             .collect::<Vec<_>>()
             .join("; ")
+    );
+    eprintln!(
+        "control, ListContainers straight to containerd (not through crisp; not counted above): {} ok / {} failed, p50 {:.2} ms, p99 {:.2} ms, max {:.1} ms",
+        control.summary.ok,
+        control.summary.failed,
+        control.summary.p50_ms,
+        control.summary.p99_ms,
+        control.summary.max_ms
     );
     eprintln!("failed calls: {}", failed.len());
     for f in failed.iter().take(50) {
@@ -511,8 +540,21 @@ async fn soak(secs: Duration) -> Result<()> {
     for b in &bridge_counts {
         eprintln!("  bridge {b}");
     }
-    eprintln!("Broken pipe lines in crisp's log: {}", broken_pipes.len());
-    for l in broken_pipes.iter().take(20) {
+    eprintln!(
+        "Broken pipe lines in crisp's log: {} ({} more as a call loop's client exited, not counted)",
+        broken_pipes.len(),
+        client_exits.len()
+    );
+    let all: Vec<&str> = log.lines().collect();
+    for (i, l) in all
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.contains("Broken pipe"))
+        .take(20)
+    {
+        for before in &all[i.saturating_sub(3)..i] {
+            eprintln!("    {before}");
+        }
         eprintln!("  {l}");
     }
     eprintln!(
@@ -593,11 +635,76 @@ async fn soak(secs: Duration) -> Result<()> {
     Ok(())
 }
 
+/// Whether a "Broken pipe" line of crisp's log is crisp closing a call loop's connection as that
+/// client exits: the relay's debug line for a client connection, logged within a second of a
+/// loop's process exit. A client that hangs up while crisp relays a frame to it (the runtime's
+/// PING or its ACK to the client's BDP PING, a WINDOW_UPDATE — they trail every call) makes
+/// crisp's write fail with EPIPE; crisp then ends that connection. Seen in 4 of 300 exits of
+/// short-lived grpc-go clients (3 calls each) through crisp to containerd, and once when this
+/// soak's four loops ended. A real kubelet's connection does not end like this while it runs;
+/// any other Broken pipe line fails the soak.
+fn at_a_client_exit(line: &str, exits: &[i64]) -> bool {
+    const WINDOW_NS: i64 = 1_000_000_000;
+    let relay_client =
+        line.contains("DEBUG crisp::proxy::relay: client connection closed error=Broken pipe");
+    relay_client
+        && log_time_ns(line).is_some_and(|t| exits.iter().any(|&e| (t - e).abs() <= WINDOW_NS))
+}
+
+/// The time at the start of one of crisp's log lines (`2026-11-24T14:32:09.135020Z …`), ns since
+/// the epoch.
+fn log_time_ns(line: &str) -> Option<i64> {
+    let ts = line.split_whitespace().next()?.strip_suffix('Z')?;
+    let (date, time) = ts.split_once('T')?;
+    let mut d = date.split('-').map(|x| x.parse::<i64>().ok());
+    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
+    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
+    let mut t = hms.split(':').map(|x| x.parse::<i64>().ok());
+    let (hh, mm, ss) = (t.next()??, t.next()??, t.next()??);
+    let nanos: i64 = format!("{frac:0<9}").get(..9)?.parse().ok()?;
+    // Howard Hinnant's days_from_civil.
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(((days * 86_400 + hh * 3600 + mm * 60 + ss) * 1_000_000_000) + nanos)
+}
+
 async fn tracked_pods_list(admin: &std::path::Path) -> Vec<String> {
     tracked_pods(admin)
         .await
         .map(|v| v.iter().map(|p| format!("{p:?}")).collect())
         .unwrap_or_default()
+}
+
+#[test]
+fn broken_pipes_are_excused_only_at_a_client_exit() {
+    let t = |s: &str| {
+        crisp_e2e::emulator::rfc3339_nano(
+            std::time::UNIX_EPOCH + Duration::from_nanos(log_time_ns(s).expect("parses") as u64),
+        )
+    };
+    assert_eq!(
+        t("2026-11-24T14:32:09.135020Z x"),
+        "2026-11-24T14:32:09.13502Z"
+    );
+    assert_eq!(t("2024-02-29T00:00:00Z x"), "2024-02-29T00:00:00Z");
+    assert_eq!(t("1970-01-01T00:00:01.5Z x"), "1970-01-01T00:00:01.5Z");
+    let exit = log_time_ns("2026-11-24T14:32:09.900000Z").unwrap();
+    let line = "2026-11-24T14:32:09.135020Z DEBUG crisp::proxy::relay: client connection closed error=Broken pipe (os error 32)";
+    assert!(at_a_client_exit(line, &[exit]));
+    assert!(
+        !at_a_client_exit(line, &[exit + 2_000_000_000]),
+        "too far from the exit"
+    );
+    assert!(!at_a_client_exit(line, &[]));
+    let upstream = "2026-11-24T14:32:09.135020Z WARN crisp::proxy::relay: writing to the upstream connection failed error=Broken pipe (os error 32)";
+    assert!(
+        !at_a_client_exit(upstream, &[exit]),
+        "the runtime side is never excused"
+    );
 }
 
 #[test]
