@@ -638,7 +638,7 @@ async fn soak(secs: Duration) -> Result<()> {
 /// Whether a "Broken pipe" line of crisp's log is crisp closing a call loop's connection as that
 /// client exits: the relay's debug line for a client connection, logged within a second of a
 /// loop's process exit. A client that hangs up while crisp relays a frame to it (the runtime's
-/// PING or its ACK to the client's BDP PING, a WINDOW_UPDATE — they trail every call) makes
+/// PING or its ACK to the client's BDP PING, a WINDOW_UPDATE can trail a call) makes
 /// crisp's write fail with EPIPE; crisp then ends that connection. Seen in 4 of 300 exits of
 /// short-lived grpc-go clients (3 calls each) through crisp to containerd, and once when this
 /// soak's four loops ended. A real kubelet's connection does not end like this while it runs;
