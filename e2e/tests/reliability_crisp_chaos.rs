@@ -160,6 +160,9 @@ impl Chaos<'_> {
         ensure!(terminated_marks(&self.state_dir) == 0, "job-mode marks left behind");
         let j = self.kubelet.journal();
         let late = deadline_violations(j);
+        if !late.is_empty() {
+            eprintln!("--- crisp log ---\n{}", self.crisp.log_text());
+        }
         ensure!(late.is_empty(), "calls outlived kubelet's deadline:\n{}", late.join("\n"));
         let stuck = stuck_calls(j, Duration::from_secs(5));
         ensure!(stuck.is_empty(), "calls still in flight:\n{}", stuck.join("\n"));
