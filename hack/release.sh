@@ -71,10 +71,13 @@ normalize() { # dir
 if [[ -z "$BINARY" ]]; then
   echo "hack/release.sh: building the static binary (cargo --profile dist --target $TARGET)"
   # +crt-static links glibc statically (no musl target is installable here). Remapping the
-  # checkout and cargo's home keeps the build machine's paths out of panic messages.
-  RUSTFLAGS="-C target-feature=+crt-static --remap-path-prefix=$REPO=/crisp --remap-path-prefix=${CARGO_HOME:-$HOME/.cargo}=/cargo" \
+  # checkout, the target directory (build scripts' generated code lives there) and cargo's home
+  # keeps the build machine's paths out of the binary, so a checkout elsewhere builds the same
+  # bytes. The last matching remap wins.
+  target_dir="${CARGO_TARGET_DIR:-$REPO/target}"
+  RUSTFLAGS="-C target-feature=+crt-static --remap-path-prefix=$REPO=/crisp --remap-path-prefix=${CARGO_HOME:-$HOME/.cargo}=/cargo --remap-path-prefix=$target_dir=/target" \
     cargo build --locked --profile dist --target "$TARGET" --bin crisp
-  BINARY="target/$TARGET/dist/crisp"
+  BINARY="$target_dir/$TARGET/dist/crisp"
 fi
 [[ -x "$BINARY" ]] || die "$BINARY is not an executable file"
 if ldd "$BINARY" >/dev/null 2>&1 && ! ldd "$BINARY" 2>&1 | grep -q 'statically linked'; then

@@ -12,7 +12,7 @@ bash hack/setup.sh
 bash hack/build-grpcgo.sh >/dev/null
 # The release artifacts (static binary, .deb, installer image) that tests/release_artifacts.rs
 # and tests/node_systemd.rs check, and the cached root of the systemd test node.
-bash hack/release.sh --out target/dist
+bash hack/release.sh --out target/artifacts
 bash hack/node-rootfs.sh >/dev/null
 
 # End-to-end tests start containerd instances and busybox containers; four test threads keep

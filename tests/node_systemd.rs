@@ -10,7 +10,7 @@
 //!   uninstalls byte for byte.
 //!
 //! Needs root, systemd-nspawn and debootstrap (hack/setup.sh), the artifacts of hack/release.sh
-//! in target/dist and target/grpcgo/crisp-grpcgo (hack/test.sh makes both).
+//! in target/artifacts and target/grpcgo/crisp-grpcgo (hack/test.sh makes both).
 
 mod node_support;
 

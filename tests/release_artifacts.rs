@@ -1,4 +1,4 @@
-//! hack/release.sh's artifacts (built into target/dist by hack/test.sh): the binary is static
+//! hack/release.sh's artifacts (built into target/artifacts by hack/test.sh): the binary is static
 //! and runs in an empty root filesystem; the .deb and the installer image hold what the
 //! install needs; the sums match; packaging twice gives identical bytes.
 

@@ -17,10 +17,10 @@ use std::time::{Duration, Instant};
 
 pub const REPO: &str = env!("CARGO_MANIFEST_DIR");
 
-/// Where hack/release.sh put the artifacts (hack/test.sh builds them into target/dist).
+/// Where hack/release.sh put the artifacts (hack/test.sh builds them into target/artifacts).
 pub fn dist() -> PathBuf {
-    let d = std::env::var_os("CRISP_DIST").map(PathBuf::from).unwrap_or_else(|| Path::new(REPO).join("target/dist"));
-    assert!(d.join("SHA256SUMS").exists(), "no release artifacts in {}: run `hack/release.sh --out target/dist` (hack/test.sh does)", d.display());
+    let d = std::env::var_os("CRISP_DIST").map(PathBuf::from).unwrap_or_else(|| Path::new(REPO).join("target/artifacts"));
+    assert!(d.join("SHA256SUMS").exists(), "no release artifacts in {}: run `hack/release.sh --out target/artifacts` (hack/test.sh does)", d.display());
     d
 }
 
