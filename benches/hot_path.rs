@@ -7,12 +7,12 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use criterion::{criterion_group, criterion_main, Criterion};
 use crisp::cri::patch::{completed_fragment, patch_embedded};
 use crisp::cri::views;
 use crisp::cri::Route;
 use crisp::intercept::{Call, Interceptor, Outcome};
 use crisp::status::parse_grpc_timeout;
+use criterion::{criterion_group, criterion_main, Criterion};
 use k8s_cri::v1 as cri;
 use prost::Message;
 
@@ -41,9 +41,7 @@ fn create_container_request() -> Vec<u8> {
 fn sandbox_status_response(n: usize) -> Vec<u8> {
     cri::PodSandboxStatusResponse {
         status: Some(cri::PodSandboxStatus { id: "sb".into(), ..Default::default() }),
-        containers_statuses: (0..n)
-            .map(|i| cri::ContainerStatus { id: format!("{i:064x}"), exit_code: 143, reason: "Error".into(), ..Default::default() })
-            .collect(),
+        containers_statuses: (0..n).map(|i| cri::ContainerStatus { id: format!("{i:064x}"), exit_code: 143, reason: "Error".into(), ..Default::default() }).collect(),
         ..Default::default()
     }
     .encode_to_vec()
@@ -58,9 +56,7 @@ fn bench(c: &mut Criterion) {
     c.bench_function("decode_create_container_full_prost", |b| b.iter(|| cri::CreateContainerRequest::decode(black_box(&req[..])).map(|r| r.pod_sandbox_id.len())));
     let resp = sandbox_status_response(10);
     let target = format!("{:064x}", 7);
-    c.bench_function("patch_sandbox_status_10_containers", |b| {
-        b.iter(|| patch_embedded(black_box(&resp), 3, &completed_fragment(), |id| id == target))
-    });
+    c.bench_function("patch_sandbox_status_10_containers", |b| b.iter(|| patch_embedded(black_box(&resp), 3, &completed_fragment(), |id| id == target)));
     c.bench_function("walk_sandbox_status_no_match", |b| b.iter(|| patch_embedded(black_box(&resp), 3, &completed_fragment(), |_| false)));
 
     // The relay's per-call header work: decode kubelet's request header block (its encoder has

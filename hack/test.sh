@@ -8,6 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash hack/setup.sh
+# Formatting and clippy (-D warnings) first: a lint failure fails the run in a minute.
+bash hack/lint.sh
 # Real grpc-go peers (kubelet's client, containerd's server) for the end-to-end tests.
 bash hack/build-grpcgo.sh >/dev/null
 # The release artifacts (static binary, .deb, installer image) that tests/release_artifacts.rs

@@ -22,11 +22,11 @@ use tokio::task::JoinSet;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::Service;
 
+use crate::metrics::OrderingMetrics;
+use crate::ordering::annotations::Source;
 use crate::ordering::Engine;
 use crate::tap::pb::{self, admin_server::AdminServer};
 use crate::tap::{Filter, Glob, Item, Tap};
-use crate::metrics::OrderingMetrics;
-use crate::ordering::annotations::Source;
 
 /// Events in flight between a subscriber's task and its gRPC stream; the real buffer is the
 /// subscription's queue, where overflow is counted.
@@ -193,7 +193,9 @@ pub fn render_metrics(state: &AdminState) -> String {
         // What the engine's caches hold: back to 0 once kubelet removed every pod (leak checks).
         let (pods, containers) = e.tracked();
         out.push_str(&format!("# HELP crisp_tracked_pods Pod sandboxes the ordering engine tracks.\n# TYPE crisp_tracked_pods gauge\ncrisp_tracked_pods {pods}\n"));
-        out.push_str(&format!("# HELP crisp_tracked_containers Containers the ordering engine tracks.\n# TYPE crisp_tracked_containers gauge\ncrisp_tracked_containers {containers}\n"));
+        out.push_str(&format!(
+            "# HELP crisp_tracked_containers Containers the ordering engine tracks.\n# TYPE crisp_tracked_containers gauge\ncrisp_tracked_containers {containers}\n"
+        ));
     }
     out
 }

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Config;
-use crate::proxy::client::RuntimeClient;
+use crate::intercept::{Interceptor, Interceptors};
 use crate::metrics::{CallMetrics, OrderingMetrics};
 use crate::ordering::job::Terminated;
 use crate::ordering::Engine;
-use crate::intercept::{Interceptor, Interceptors};
+use crate::proxy::client::RuntimeClient;
 use crate::proxy::{self, listener, Proxy, ProxyOptions, Upstream, UpstreamOptions};
 use crate::tap::Tap;
 

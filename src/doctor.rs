@@ -24,8 +24,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{Config, DEFAULT_CONFIG_PATH};
-use crate::proxy::client::{ClientError, RuntimeClient, VersionResponse};
 use crate::cri::ApiVersion;
+use crate::proxy::client::{ClientError, RuntimeClient, VersionResponse};
 use crate::proxy::{Upstream, UpstreamOptions};
 
 /// What `crisp doctor` looks at.
@@ -158,20 +158,13 @@ fn check_config(opts: &Options, r: &mut Report) -> Config {
             cfg.listen = l;
             cfg.upstream = u;
             match cfg.validate("command line") {
-                Ok(()) => r.ok(
-                    "config",
-                    format!("{} is valid (listen {}, upstream {})", path.display(), cfg.listen.display(), cfg.upstream.display()),
-                ),
+                Ok(()) => r.ok("config", format!("{} is valid (listen {}, upstream {})", path.display(), cfg.listen.display(), cfg.upstream.display())),
                 Err(e) => r.fail("config", e.to_string(), "pass different --listen/--upstream".to_string()),
             }
             cfg
         }
         Err(e) => {
-            r.fail(
-                "config",
-                e.to_string(),
-                format!("edit {} (keys: docs/INSTALL.md), then check it with `crisp --check-config --config {}`", path.display(), path.display()),
-            );
+            r.fail("config", e.to_string(), format!("edit {} (keys: docs/INSTALL.md), then check it with `crisp --check-config --config {}`", path.display(), path.display()));
             Config::default()
         }
     }
@@ -197,10 +190,7 @@ fn socket_exists(path: &Path, what: &str, fix_missing: &str) -> Result<std::fs::
 
 async fn check_upstream(opts: &Options, upstream: &Path, r: &mut Report) {
     let path = under_root(&opts.root, upstream);
-    let fix_missing = format!(
-        "start the runtime (systemctl start containerd), or set `upstream` in {} to the runtime's socket",
-        DEFAULT_CONFIG_PATH
-    );
+    let fix_missing = format!("start the runtime (systemctl start containerd), or set `upstream` in {} to the runtime's socket", DEFAULT_CONFIG_PATH);
     if let Err((detail, fix)) = socket_exists(&path, "upstream, the runtime's socket", &fix_missing) {
         r.fail("upstream", detail, fix);
         return;
@@ -240,11 +230,7 @@ async fn check_crisp_socket(opts: &Options, listen: &Path, r: &mut Report) {
     );
     // Connecting to a unix socket needs write permission on it.
     if mode & 0o002 != 0 || uid != 0 {
-        r.fail(
-            "crisp-socket",
-            format!("{} has {perm}: whoever can connect controls the container runtime (root on this node)", path.display()),
-            fix_perm,
-        );
+        r.fail("crisp-socket", format!("{} has {perm}: whoever can connect controls the container runtime (root on this node)", path.display()), fix_perm);
     } else if mode != 0o660 {
         r.warn("crisp-socket", format!("{} has {perm}, expected 0660 owned by root", path.display()), fix_perm);
     } else if gid != 0 {
@@ -415,7 +401,10 @@ fn check_kubelet_version(opts: &Options, r: &mut Report) {
     let Some((major, minor)) = kubelet_version(&opts.root) else {
         // Not a problem with the installation (kubelet may run from elsewhere): reported, not
         // warned about.
-        r.ok("kubelet-version", "kubelet's version is unknown (no kubelet binary found to run `kubelet --version`); crisp is for kubelet 1.20–1.28, on 1.29+ see README: Support matrix");
+        r.ok(
+            "kubelet-version",
+            "kubelet's version is unknown (no kubelet binary found to run `kubelet --version`); crisp is for kubelet 1.20–1.28, on 1.29+ see README: Support matrix",
+        );
         return;
     };
     let v = format!("{major}.{minor}");
@@ -441,34 +430,18 @@ fn check_kubelet(opts: &Options, listen: &Path, upstream: &Path, r: &mut Report)
     if s.files.is_empty() {
         r.warn(
             "kubelet",
-            format!(
-                "no kubelet configuration found under {} (looked for {KUBELET_CONFIG}, {KUBEADM_FLAGS}, {})",
-                opts.root.display(),
-                EXTRA_ARGS_FILES.join(", ")
-            ),
+            format!("no kubelet configuration found under {} (looked for {KUBELET_CONFIG}, {KUBEADM_FLAGS}, {})", opts.root.display(), EXTRA_ARGS_FILES.join(", ")),
             format!("not a kubeadm-style node? start kubelet with --container-runtime-endpoint={crisp} (or containerRuntimeEndpoint: {crisp} in its config file)"),
         );
         return;
     }
     match &s.runtime_endpoint {
-        Some(set) if endpoint_path(&set.value).as_deref() == Some(listen) => {
-            r.ok("kubelet", format!("runtime endpoint {} (set in {}) is crisp", set.value, set.file.display()))
+        Some(set) if endpoint_path(&set.value).as_deref() == Some(listen) => r.ok("kubelet", format!("runtime endpoint {} (set in {}) is crisp", set.value, set.file.display())),
+        Some(set) if endpoint_path(&set.value).as_deref() == Some(upstream) => {
+            r.fail("kubelet", format!("runtime endpoint {} (set in {}) is the runtime itself: kubelet bypasses crisp", set.value, set.file.display()), install)
         }
-        Some(set) if endpoint_path(&set.value).as_deref() == Some(upstream) => r.fail(
-            "kubelet",
-            format!("runtime endpoint {} (set in {}) is the runtime itself: kubelet bypasses crisp", set.value, set.file.display()),
-            install,
-        ),
-        Some(set) => r.fail(
-            "kubelet",
-            format!("runtime endpoint {} (set in {}) is not crisp ({crisp})", set.value, set.file.display()),
-            format!("point it at {crisp}: {install}"),
-        ),
-        None => r.fail(
-            "kubelet",
-            "no runtime endpoint configured: kubelet uses its default (containerd's socket), bypassing crisp",
-            install,
-        ),
+        Some(set) => r.fail("kubelet", format!("runtime endpoint {} (set in {}) is not crisp ({crisp})", set.value, set.file.display()), format!("point it at {crisp}: {install}")),
+        None => r.fail("kubelet", "no runtime endpoint configured: kubelet uses its default (containerd's socket), bypassing crisp", install),
     }
     if let Some(set) = &s.image_endpoint {
         if endpoint_path(&set.value).as_deref() != Some(listen) {

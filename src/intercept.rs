@@ -51,11 +51,7 @@ impl Interest {
     }
 
     pub fn union(self, other: Interest) -> Interest {
-        Interest {
-            request: self.request || other.request,
-            response: self.response || other.response,
-            complete: self.complete || other.complete,
-        }
+        Interest { request: self.request || other.request, response: self.response || other.response, complete: self.complete || other.complete }
     }
 }
 

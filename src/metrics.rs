@@ -230,7 +230,10 @@ impl CallMetrics {
                 }
             }
         }
-        let _ = writeln!(out, "# HELP crisp_cri_calls_total CRI calls through crisp by method and gRPC status (code \"None\": the client went away first).\n# TYPE crisp_cri_calls_total counter");
+        let _ = writeln!(
+            out,
+            "# HELP crisp_cri_calls_total CRI calls through crisp by method and gRPC status (code \"None\": the client went away first).\n# TYPE crisp_cri_calls_total counter"
+        );
         out.push_str(&calls);
         let g = |out: &mut String, name: &str, help: &str, kind: &str, v: u64| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
@@ -238,7 +241,13 @@ impl CallMetrics {
         g(out, "crisp_cri_calls_in_flight", "CRI calls crisp is forwarding or holding right now.", "gauge", self.in_flight());
         g(out, "crisp_tap_subscribers", "Clients attached to the debug tap.", "gauge", self.tap_subscribers.load(Relaxed));
         g(out, "crisp_tap_events_total", "Tap events queued for tap clients.", "counter", self.tap_events.load(Relaxed));
-        g(out, "crisp_tap_events_dropped_total", "Tap events dropped because a tap client's queue was full (CRI calls are never slowed for a tap).", "counter", self.tap_dropped.load(Relaxed));
+        g(
+            out,
+            "crisp_tap_events_dropped_total",
+            "Tap events dropped because a tap client's queue was full (CRI calls are never slowed for a tap).",
+            "counter",
+            self.tap_dropped.load(Relaxed),
+        );
     }
 }
 

@@ -176,10 +176,7 @@ mod tests {
         assert_eq!(Readiness::parse("running"), Ok(Readiness::Running));
         assert_eq!(Readiness::parse("tcp://:24224"), Ok(Readiness::Tcp { host: None, port: 24224 }));
         assert_eq!(Readiness::parse("tcp://127.0.0.1:80"), Ok(Readiness::Tcp { host: Some([127, 0, 0, 1].into()), port: 80 }));
-        assert_eq!(
-            Readiness::parse("http://:15021/healthz/ready"),
-            Ok(Readiness::Http { host: None, port: 15021, path: "/healthz/ready".into() })
-        );
+        assert_eq!(Readiness::parse("http://:15021/healthz/ready"), Ok(Readiness::Http { host: None, port: 15021, path: "/healthz/ready".into() }));
         assert_eq!(Readiness::parse("http://[::1]:8080"), Ok(Readiness::Http { host: Some("::1".parse().unwrap()), port: 8080, path: "/".into() }));
         assert_eq!(Readiness::parse(r#"exec:["cat","/tmp/ready"]"#), Ok(Readiness::Exec { cmd: vec!["cat".into(), "/tmp/ready".into()] }));
     }

@@ -4,7 +4,6 @@
 use http::{HeaderMap, HeaderValue, Response};
 use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
 
-
 /// gRPC status codes used by crisp.
 pub mod code {
     pub const OK: i32 = 0;

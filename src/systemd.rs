@@ -52,12 +52,7 @@ pub struct ListenFd {
 /// Parses the socket-activation variables the way sd_listen_fds(3) does: nothing is inherited
 /// when `LISTEN_PID` is unset or names another process (the variables leaked from a parent),
 /// or when `LISTEN_FDS` is unset or 0. Malformed values are errors, not silently ignored.
-pub fn parse_listen_env(
-    listen_pid: Option<&str>,
-    listen_fds: Option<&str>,
-    listen_fdnames: Option<&str>,
-    my_pid: u32,
-) -> Result<Vec<ListenFd>, ListenFdsError> {
+pub fn parse_listen_env(listen_pid: Option<&str>, listen_fds: Option<&str>, listen_fdnames: Option<&str>, my_pid: u32) -> Result<Vec<ListenFd>, ListenFdsError> {
     let Some(pid) = listen_pid else { return Ok(Vec::new()) };
     let pid: u32 = pid.trim().parse().ok().filter(|p| *p > 0).ok_or_else(|| ListenFdsError::BadPid(pid.to_string()))?;
     if pid != my_pid {
@@ -305,10 +300,7 @@ mod tests {
         assert_eq!(parse(Some("4242"), Some("x"), None), Err(ListenFdsError::BadCount("x".into())));
         assert_eq!(parse(Some("4242"), Some("-1"), None), Err(ListenFdsError::BadCount("-1".into())));
         assert_eq!(parse(Some("4242"), Some("100000"), None), Err(ListenFdsError::BadCount("100000".into())));
-        assert_eq!(
-            parse(Some("4242"), Some("2"), Some("only-one")),
-            Err(ListenFdsError::NamesMismatch { names: "only-one".into(), got: 1, expected: 2 })
-        );
+        assert_eq!(parse(Some("4242"), Some("2"), Some("only-one")), Err(ListenFdsError::NamesMismatch { names: "only-one".into(), got: 1, expected: 2 }));
     }
 
     #[test]

@@ -46,19 +46,9 @@ fn rich_reply(rec: &Recorded) -> Reply {
     let body = grpc_frame(&arbitrary_message(&format!("response to {}", rec.path())));
     let (a, b) = body.split_at(7);
     Reply::Full {
-        headers: header_map(&[
-            ("content-type", b"application/grpc"),
-            ("x-resp", b"r1"),
-            ("x-resp", b"r2"),
-            ("x-resp-bin", b"AP8A/w"),
-            ("grpc-encoding", b"identity"),
-        ]),
+        headers: header_map(&[("content-type", b"application/grpc"), ("x-resp", b"r1"), ("x-resp", b"r2"), ("x-resp-bin", b"AP8A/w"), ("grpc-encoding", b"identity")]),
         chunks: vec![(Duration::ZERO, Bytes::copy_from_slice(a)), (Duration::ZERO, Bytes::copy_from_slice(b))],
-        trailers: Some(header_map(&[
-            ("grpc-status", b"0"),
-            ("grpc-message", b"all%20good"),
-            ("x-trailer-bin", b"AQID"),
-        ])),
+        trailers: Some(header_map(&[("grpc-status", b"0"), ("grpc-message", b"all%20good"), ("x-trailer-bin", b"AQID")])),
     }
 }
 
@@ -153,10 +143,7 @@ async fn every_cri_method_and_unknown_path_is_byte_identical_when_observed() {
     let paths = every_path();
     assert_identical_both_ways(&fake, &crisp, &paths).await;
     // The unary calls really took the buffered (observed) path.
-    let unary = paths
-        .iter()
-        .filter(|p| crisp::cri::Route::from_path(p).rpc.is_some_and(|r| r.kind() != crisp::cri::RpcKind::Streaming))
-        .count();
+    let unary = paths.iter().filter(|p| crisp::cri::Route::from_path(p).rpc.is_some_and(|r| r.kind() != crisp::cri::RpcKind::Streaming)).count();
     assert!(unary > 50, "only {unary} unary paths");
     assert_eq!(observer.requests.load(Ordering::SeqCst), unary, "on_request calls");
     // (Known server streams show each message to on_response too.)
@@ -283,13 +270,7 @@ async fn server_stream_bytes_are_identical_however_they_are_framed() {
     three.extend_from_slice(&m2);
     three.extend_from_slice(&m3);
     let ms = Duration::from_millis(5);
-    let chunks = vec![
-        (Duration::ZERO, m0.slice(..3)),
-        (ms, m0.slice(3..20)),
-        (ms, m0.slice(20..)),
-        (ms, Bytes::from(three)),
-        (ms, big),
-    ];
+    let chunks = vec![(Duration::ZERO, m0.slice(..3)), (ms, m0.slice(3..20)), (ms, m0.slice(20..)), (ms, Bytes::from(three)), (ms, big)];
     let trailers = header_map(&[("grpc-status", b"0"), ("x-events-trailer", b"end")]);
     fake.script(path, move |_| Reply::Full { headers: grpc_headers(), chunks: chunks.clone(), trailers: Some(trailers.clone()) });
 
@@ -353,11 +334,7 @@ fn base64_nopad(data: &[u8]) -> Vec<u8> {
 
 fn error_status_fields() -> Vec<(&'static str, Vec<u8>)> {
     let (_, details) = status_details();
-    vec![
-        ("grpc-status", b"5".to_vec()),
-        ("grpc-message", b"container%20%22abc%22%20not%20found%3A%20%E2%9C%97".to_vec()),
-        ("grpc-status-details-bin", details),
-    ]
+    vec![("grpc-status", b"5".to_vec()), ("grpc-message", b"container%20%22abc%22%20not%20found%3A%20%E2%9C%97".to_vec()), ("grpc-status-details-bin", details)]
 }
 
 async fn assert_error_verbatim(fake: &Fake, crisp: &Crisp, path: &str) {
@@ -524,9 +501,7 @@ async fn diverted_and_relayed_big_responses_share_one_client_connection() {
     let fake = Fake::start().await;
     let observer = Arc::new(ObserveListContainers::default());
     let crisp = Crisp::start_with(fake.path(), vec![observer.clone()], ProxyOptions::default()).await;
-    let containers = ListContainersResponse {
-        containers: (0..40_000).map(|i| Container { id: format!("{i:064x}"), image_ref: "x".repeat(400), ..Default::default() }).collect(),
-    };
+    let containers = ListContainersResponse { containers: (0..40_000).map(|i| Container { id: format!("{i:064x}"), image_ref: "x".repeat(400), ..Default::default() }).collect() };
     let sandboxes = ListPodSandboxResponse { items: (0..40_000).map(|i| PodSandbox { id: format!("{i:064x}"), runtime_handler: "y".repeat(400), ..Default::default() }).collect() };
     let (c, s) = (containers.encode_to_vec(), sandboxes.encode_to_vec());
     assert!(c.len() > 16 << 20 && s.len() > 16 << 20);
@@ -565,8 +540,16 @@ async fn a_small_client_connection_window_is_never_overrun() {
     let big = |tag: u8| grpc_frame(&vec![tag; 4 << 20]);
     let (c, s) = (big(b'c'), big(b's'));
     let (c2, s2) = (c.clone(), s.clone());
-    fake.script("/runtime.v1.RuntimeService/ListContainers", move |_| Reply::Full { headers: grpc_headers(), chunks: vec![(Duration::ZERO, c2.clone())], trailers: Some(ok_trailers()) });
-    fake.script("/runtime.v1.RuntimeService/ListPodSandbox", move |_| Reply::Full { headers: grpc_headers(), chunks: vec![(Duration::ZERO, s2.clone())], trailers: Some(ok_trailers()) });
+    fake.script("/runtime.v1.RuntimeService/ListContainers", move |_| Reply::Full {
+        headers: grpc_headers(),
+        chunks: vec![(Duration::ZERO, c2.clone())],
+        trailers: Some(ok_trailers()),
+    });
+    fake.script("/runtime.v1.RuntimeService/ListPodSandbox", move |_| Reply::Full {
+        headers: grpc_headers(),
+        chunks: vec![(Duration::ZERO, s2.clone())],
+        trailers: Some(ok_trailers()),
+    });
 
     let io = tokio::net::UnixStream::connect(&crisp.path).await.unwrap();
     let mut b = h2::client::Builder::new();

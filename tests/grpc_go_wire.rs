@@ -594,5 +594,9 @@ async fn a_held_call_reaches_the_runtime_with_the_time_its_client_has_left() {
     let reqs = runtime.log.requests.lock().unwrap();
     let timeout = reqs[0].iter().find(|(n, _)| n == b"grpc-timeout").map(|(_, v)| v.clone()).expect("grpc-timeout forwarded");
     let left = crisp::status::parse_grpc_timeout(&timeout).unwrap();
-    assert!(left <= Duration::from_millis(1500) && left >= Duration::from_millis(1000), "forwarded grpc-timeout {} after a 500 ms hold of a 2 s call", String::from_utf8_lossy(&timeout));
+    assert!(
+        left <= Duration::from_millis(1500) && left >= Duration::from_millis(1000),
+        "forwarded grpc-timeout {} after a 500 ms hold of a 2 s call",
+        String::from_utf8_lossy(&timeout)
+    );
 }

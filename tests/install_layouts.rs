@@ -280,10 +280,7 @@ fn reinstall_after_kubeadm_rewrote_the_file_backs_up_the_new_version() {
     let r = node.install(&["--kubelet-version", "1.29"]);
     ok(&r, "reinstall");
     assert!(r.stdout.contains("was changed since crisp was installed"), "{}", r.all());
-    assert_eq!(
-        node.read(KUBEADM_FLAGS),
-        format!("KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint={CRISP_EP} --pod-infra-container-image=registry.k8s.io/pause:3.10\"\n")
-    );
+    assert_eq!(node.read(KUBEADM_FLAGS), format!("KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint={CRISP_EP} --pod-infra-container-image=registry.k8s.io/pause:3.10\"\n"));
     ok(&node.uninstall(&[]), "uninstall");
     assert_eq!(node.read(KUBEADM_FLAGS), upgraded, "uninstall gives back the upgraded file, not the pre-upgrade one");
     let after = snapshot(&node.root());
@@ -292,7 +289,10 @@ fn reinstall_after_kubeadm_rewrote_the_file_backs_up_the_new_version() {
 
 #[test]
 fn installs_a_given_config_and_restores_an_existing_one() {
-    let node = FakeNode::new(&[(KUBEADM_FLAGS, "KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint=unix:///run/containerd/containerd.sock\"\n"), ("/etc/crisp/config.toml", "# old config\n")]);
+    let node = FakeNode::new(&[
+        (KUBEADM_FLAGS, "KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint=unix:///run/containerd/containerd.sock\"\n"),
+        ("/etc/crisp/config.toml", "# old config\n"),
+    ]);
     let cfg = node.dir.path().join("my-config.toml");
     std::fs::write(&cfg, "upstream = \"/run/containerd/containerd.sock\"\n[log]\nlevel = \"debug\"\n").unwrap();
     // --config runs `crisp --check-config` on it: use the real binary here.

@@ -14,10 +14,7 @@ use tokio::sync::{mpsc, watch, Semaphore};
 use crisp::cri::{views, Rpc};
 use crisp::intercept::{BoxFuture, Call, Interceptor, Interest, Verdict};
 use crisp::proxy::ProxyOptions;
-use k8s_cri::v1::{
-    ContainerConfig, ContainerMetadata, CreateContainerRequest, CreateContainerResponse, ImageSpec, KeyValue, PodSandboxConfig,
-    PodSandboxMetadata, VersionRequest,
-};
+use k8s_cri::v1::{ContainerConfig, ContainerMetadata, CreateContainerRequest, CreateContainerResponse, ImageSpec, KeyValue, PodSandboxConfig, PodSandboxMetadata, VersionRequest};
 use support::*;
 
 const CREATE: &str = "/runtime.v1.RuntimeService/CreateContainer";
@@ -177,10 +174,7 @@ async fn a_held_call_whose_deadline_passes_never_reaches_upstream_and_gets_deadl
     r.set_timeout(Duration::from_millis(300));
     gate.release.forget_permits(1);
     let status = within(PATIENCE, "tonic call past its deadline", client.create_container(r)).await.unwrap_err();
-    assert!(
-        status.code() == tonic::Code::DeadlineExceeded || (status.code() == tonic::Code::Cancelled && status.message() == "Timeout expired"),
-        "{status:?}"
-    );
+    assert!(status.code() == tonic::Code::DeadlineExceeded || (status.code() == tonic::Code::Cancelled && status.message() == "Timeout expired"), "{status:?}");
     within(PATIENCE, "the second hold to be dropped", abandoned.wait_for(|n| *n == 2)).await.unwrap();
     round_trip(&crisp).await;
     assert_eq!(fake.started(CREATE), 0, "the runtime saw a call whose deadline had passed");

@@ -25,9 +25,7 @@ async fn wait_listening(path: &Path) {
     .await;
 }
 
-fn run_daemon(
-    cfg: crisp::config::Config,
-) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<anyhow::Result<()>>) {
+fn run_daemon(cfg: crisp::config::Config) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<anyhow::Result<()>>) {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(crisp::daemon::run(cfg, async {
         let _ = rx.await;

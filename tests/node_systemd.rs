@@ -74,7 +74,8 @@ fn restart_under_load(node: &Node, restarts: usize) {
     uniq.dedup();
     assert_eq!(uniq.len(), restarts + 1, "crisp really restarted each time: {pids:?}");
     let (mut ok, mut failed, mut goaways) = (0u64, 0u64, 0u64);
-    let field = |l: &str, k: &str| -> u64 { l.split(&format!("\"{k}\":")).nth(1).and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next()).and_then(|n| n.parse().ok()).unwrap_or(0) };
+    let field =
+        |l: &str, k: &str| -> u64 { l.split(&format!("\"{k}\":")).nth(1).and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next()).and_then(|n| n.parse().ok()).unwrap_or(0) };
     for l in out.stdout.lines().filter(|l| l.contains("\"summary\":true")) {
         ok += field(l, "ok");
         failed += field(l, "failed");
@@ -167,7 +168,8 @@ fn installer_image_run_by_the_nodes_containerd() {
     // exec probe.
     let inv = node.prop("kubelet.service", "InvocationID");
     let ctr_run = |id: &str, mode: &str, detach: bool| {
-        let mut args = vec!["ctr", "-n", "k8s.io", "run", "--rm", "--privileged", "--net-host", "--with-ns", "pid:/proc/1/ns/pid", "--mount", "type=bind,src=/,dst=/host,options=rbind:rw"];
+        let mut args =
+            vec!["ctr", "-n", "k8s.io", "run", "--rm", "--privileged", "--net-host", "--with-ns", "pid:/proc/1/ns/pid", "--mount", "type=bind,src=/,dst=/host,options=rbind:rw"];
         let env = format!("CRISP_MODE={mode}");
         args.extend(["--env", &env]);
         if detach {

@@ -207,7 +207,15 @@ async fn hostile_admin_clients_do_not_affect_other_admin_or_cri_clients() {
             })
             .count()
     };
-    let open_after = format!("still open afterwards: {}/{} half-open, {}/{} slow-loris, {}/{} half-HTTP/2", still_open(&half_open), half_open.len(), still_open(&loris), loris.len(), still_open(&h2_partial), h2_partial.len());
+    let open_after = format!(
+        "still open afterwards: {}/{} half-open, {}/{} slow-loris, {}/{} half-HTTP/2",
+        still_open(&half_open),
+        half_open.len(),
+        still_open(&loris),
+        loris.len(),
+        still_open(&h2_partial),
+        h2_partial.len()
+    );
 
     stop.store(true, Ordering::SeqCst);
     for t in tasks {

@@ -77,14 +77,20 @@ fn sockets_get_their_mode_between_bind_and_listen_strace() {
     // SIGTERM crisp itself (the traced process: the pid on the trace's lines), then strace ends.
     let text = std::fs::read_to_string(&trace).unwrap();
     let traced: i32 = text.lines().next().and_then(|l| l.split_whitespace().next()).and_then(|p| p.parse().ok()).expect("a pid in the trace");
-    let crisp_pid = std::fs::read_to_string(format!("/proc/{traced}/status")).ok().and_then(|s| s.lines().find_map(|l| l.strip_prefix("Tgid:")).and_then(|v| v.trim().parse().ok())).unwrap_or(traced);
+    let crisp_pid = std::fs::read_to_string(format!("/proc/{traced}/status"))
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Tgid:")).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(traced);
     unsafe { libc::kill(crisp_pid, libc::SIGTERM) };
     let _ = child.wait();
     let text = std::fs::read_to_string(&trace).unwrap();
     for (path, mode) in [(&sock, "0660"), (&admin, "0600")] {
         let p = path.display().to_string();
         let lines: Vec<&str> = text.lines().collect();
-        let bind = lines.iter().position(|l| l.contains("bind(") && l.contains(&format!("sun_path=\"{p}\"")) && l.trim_end().ends_with("= 0")).unwrap_or_else(|| panic!("no bind of {p} in:\n{text}"));
+        let bind = lines
+            .iter()
+            .position(|l| l.contains("bind(") && l.contains(&format!("sun_path=\"{p}\"")) && l.trim_end().ends_with("= 0"))
+            .unwrap_or_else(|| panic!("no bind of {p} in:\n{text}"));
         let fd: String = lines[bind].split("bind(").nth(1).unwrap().chars().take_while(|c| c.is_ascii_digit()).collect();
         // The umask in force at bind hides every bit the final mode lacks: the file is never
         // created looser than that mode (a connect that passed the permission check on a looser
@@ -97,9 +103,16 @@ fn sockets_get_their_mode_between_bind_and_listen_strace() {
             .and_then(|r| u32::from_str_radix(r.split(')').next().unwrap_or(""), 8).ok())
             .unwrap_or_else(|| panic!("{p}: no umask before its bind:\n{text}"));
         assert_eq!(mask & want, want, "{p}: bound under umask {mask:04o}, which lets bits outside {mode} through");
-        let chmod = lines.iter().enumerate().skip(bind).find(|(_, l)| (l.contains("chmod(") || l.contains("chmodat(")) && l.contains(&format!("\"{p}\""))).map(|(i, _)| i).unwrap_or_else(|| panic!("no chmod of {p} after its bind:\n{text}"));
+        let chmod = lines
+            .iter()
+            .enumerate()
+            .skip(bind)
+            .find(|(_, l)| (l.contains("chmod(") || l.contains("chmodat(")) && l.contains(&format!("\"{p}\"")))
+            .map(|(i, _)| i)
+            .unwrap_or_else(|| panic!("no chmod of {p} after its bind:\n{text}"));
         assert!(lines[chmod].contains(mode) && lines[chmod].trim_end().ends_with("= 0"), "{p}: {}", lines[chmod]);
-        let listen = lines.iter().enumerate().skip(bind).find(|(_, l)| l.contains(&format!("listen({fd},"))).map(|(i, _)| i).unwrap_or_else(|| panic!("no listen({fd}) for {p}:\n{text}"));
+        let listen =
+            lines.iter().enumerate().skip(bind).find(|(_, l)| l.contains(&format!("listen({fd},"))).map(|(i, _)| i).unwrap_or_else(|| panic!("no listen({fd}) for {p}:\n{text}"));
         assert!(bind < chmod && chmod < listen, "{p}: bind line {bind}, chmod line {chmod}, listen line {listen}:\n{text}");
         let later = lines[listen..].iter().filter(|l| l.contains(&format!("\"{p}\"")) && l.contains("chmod")).count();
         assert_eq!(later, 0, "{p}: its mode is changed after listen:\n{text}");
@@ -223,12 +236,8 @@ fn no_non_root_connect_ever_succeeds_while_crisp_starts() {
         stop(&mut child);
         rounds += 1;
     }
-    let (ok, refused, denied, other) = (
-        tally.connected.load(Ordering::Relaxed),
-        tally.refused.load(Ordering::Relaxed),
-        tally.denied.load(Ordering::Relaxed),
-        tally.other.load(Ordering::Relaxed),
-    );
+    let (ok, refused, denied, other) =
+        (tally.connected.load(Ordering::Relaxed), tally.refused.load(Ordering::Relaxed), tally.denied.load(Ordering::Relaxed), tally.other.load(Ordering::Relaxed));
     eprintln!(
         "control: {caught} connects caught in a {window:?} window of the wrong order (try {tries}); crisp: {rounds} starts raced by 4 nobody threads for {:.1} s: {ok} connected, {refused} refused (not listening yet), {denied} denied (final mode), {other} other",
         started.elapsed().as_secs_f64()

@@ -86,7 +86,8 @@ fn systemd_analyze_verify_accepts_the_units() {
     let broken = tmp.path().join("broken");
     let units = verify_dir(&broken, &repo_file("systemd/crisp.service"), &repo_file("systemd/crisp.socket"), "", Path::new("/nonexistent/crisp"));
     assert!(verify(&units).is_err(), "a missing ExecStart binary must fail verification");
-    std::fs::write(broken.join("crisp.service"), repo_file("systemd/crisp.service").replace(INSTALLED_BIN, &format!("ExecStart={CRISP}")).replace("Type=notify", "Type=notifyy")).unwrap();
+    std::fs::write(broken.join("crisp.service"), repo_file("systemd/crisp.service").replace(INSTALLED_BIN, &format!("ExecStart={CRISP}")).replace("Type=notify", "Type=notifyy"))
+        .unwrap();
     assert!(verify(&units).is_err(), "a bad Type= must fail verification");
 }
 
@@ -151,7 +152,9 @@ fn scripts_are_shellcheck_clean() {
         assert!(out.status.success(), "shellcheck {s}:\n{}", String::from_utf8_lossy(&out.stdout));
     }
     // POSIX sh: the installer image's entrypoint (busybox) and the .deb's maintainer scripts.
-    for s in ["deploy/installer/entrypoint.sh", "packaging/deb/postinst", "packaging/deb/prerm", "packaging/deb/postrm", "packaging/deb/crisp-install", "packaging/deb/crisp-uninstall"] {
+    for s in
+        ["deploy/installer/entrypoint.sh", "packaging/deb/postinst", "packaging/deb/prerm", "packaging/deb/postrm", "packaging/deb/crisp-install", "packaging/deb/crisp-uninstall"]
+    {
         let out = Command::new("shellcheck").args(["-s", "sh"]).arg(Path::new(REPO).join(s)).output().unwrap();
         assert!(out.status.success(), "shellcheck -s sh {s}:\n{}", String::from_utf8_lossy(&out.stdout));
     }

@@ -48,9 +48,7 @@ fn script(fake: &Fake) {
         let delay = if r.container_id == "c-dns-coredns" { Duration::from_millis(400) } else { Duration::ZERO };
         Reply::Full { headers: grpc_headers(), chunks: vec![(delay, grpc_frame(&[]))], trailers: Some(ok_trailers()) }
     });
-    fake.script(STOP, |_| {
-        Reply::TrailersOnly(header_map(&[("content-type", b"application/grpc"), ("grpc-status", b"5"), ("grpc-message", b"no such container")]))
-    });
+    fake.script(STOP, |_| Reply::TrailersOnly(header_map(&[("content-type", b"application/grpc"), ("grpc-status", b"5"), ("grpc-message", b"no such container")])));
     fake.script(STATUS, |rec| {
         let r = cri::ContainerStatusRequest::decode(rec.message()).unwrap();
         let st = cri::ContainerStatus { id: r.container_id, metadata: Some(cri::ContainerMetadata { name: "app".into(), attempt: 0 }), ..Default::default() };
@@ -97,18 +95,18 @@ async fn run_sequence(sock: &Path) {
 }
 
 const SEQUENCE: &[&str] = &[
-    "v1 RunPodSandbox",          // 0  shop/web
-    "v1 RunPodSandbox",          // 1  kube-system/dns
-    "v1 CreateContainer",        // 2  shop/web app
-    "v1 CreateContainer",        // 3  kube-system/dns coredns
-    "v1 StartContainer",         // 4  shop/web app
-    "v1 ListContainers",         // 5  polling, no pod
-    "v1 ContainerStatus",        // 6  polling, shop/web app
-    "v1 StopContainer",          // 7  kube-system/dns, NotFound
-    "v1 StartContainer",         // 8  kube-system/dns, 400 ms
-    "v1alpha2 Version",          // 9  polling
-    "v1alpha2 PullImage",        // 10 shop/web
-    "v1 FutureThing",            // 11 unknown method
+    "v1 RunPodSandbox",   // 0  shop/web
+    "v1 RunPodSandbox",   // 1  kube-system/dns
+    "v1 CreateContainer", // 2  shop/web app
+    "v1 CreateContainer", // 3  kube-system/dns coredns
+    "v1 StartContainer",  // 4  shop/web app
+    "v1 ListContainers",  // 5  polling, no pod
+    "v1 ContainerStatus", // 6  polling, shop/web app
+    "v1 StopContainer",   // 7  kube-system/dns, NotFound
+    "v1 StartContainer",  // 8  kube-system/dns, 400 ms
+    "v1alpha2 Version",   // 9  polling
+    "v1alpha2 PullImage", // 10 shop/web
+    "v1 FutureThing",     // 11 unknown method
 ];
 
 fn req(f: impl FnOnce(&mut pb::TapRequest)) -> pb::TapRequest {

@@ -151,11 +151,7 @@ async fn the_tap_with_no_client_costs_next_to_nothing() {
     eprintln!("\n--- tap interceptor with no client attached ({n} calls each, interleaved) ---");
     eprintln!("{}", show("chain: [] (spliced fast path)", w0));
     eprintln!("{}", show("chain: [tap] (metrics only)", w1));
-    eprintln!(
-        "added: p50 {:+.1}µs, mean {:+.1}µs per call",
-        (w1.p50.as_secs_f64() - w0.p50.as_secs_f64()) * 1e6,
-        (w1.mean.as_secs_f64() - w0.mean.as_secs_f64()) * 1e6
-    );
+    eprintln!("added: p50 {:+.1}µs, mean {:+.1}µs per call", (w1.p50.as_secs_f64() - w0.p50.as_secs_f64()) * 1e6, (w1.mean.as_secs_f64() - w0.mean.as_secs_f64()) * 1e6);
     // The tap counted every call it saw.
     assert_eq!(tap.metrics().count(Some(crisp::cri::Rpc::StartContainer), Some(0)), (300 + n) as u64);
     assert_eq!(tap.metrics().in_flight(), 0);

@@ -127,7 +127,8 @@ async fn kubelet(sock: &Path) {
     let ch = channel(sock).await;
     // A pod created with `kubectl apply`: its last-applied-configuration annotation holds the
     // pod as applied, env values included, and kubelet passes every pod annotation on.
-    let applied = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"web"},"spec":{"containers":[{"name":"app","env":[{"name":"DB_PASSWORD","value":"S3cret-in-last-applied"}]}]}}"#;
+    let applied =
+        r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"web"},"spec":{"containers":[{"name":"app","env":[{"name":"DB_PASSWORD","value":"S3cret-in-last-applied"}]}]}}"#;
     let sandbox = cri::PodSandboxConfig {
         metadata: Some(cri::PodSandboxMetadata { name: "web".into(), namespace: "shop".into(), uid: "u1".into(), attempt: 0 }),
         annotations: [("kubectl.kubernetes.io/last-applied-configuration".to_string(), applied.to_string()), ("team".to_string(), "checkout".to_string())].into(),
@@ -159,10 +160,7 @@ async fn kubelet(sock: &Path) {
         config: Some(cri::ContainerConfig {
             metadata: Some(cri::ContainerMetadata { name: "app".into(), attempt: 0 }),
             image: Some(cri::ImageSpec { image: "registry.example/shop/web:1.0".into(), ..Default::default() }),
-            envs: vec![
-                cri::KeyValue { key: "DB_PASSWORD".into(), value: "S3cret-env-value".into() },
-                cri::KeyValue { key: "LOG_LEVEL".into(), value: "debug".into() },
-            ],
+            envs: vec![cri::KeyValue { key: "DB_PASSWORD".into(), value: "S3cret-env-value".into() }, cri::KeyValue { key: "LOG_LEVEL".into(), value: "debug".into() }],
             ..Default::default()
         }),
         sandbox_config: Some(sandbox),

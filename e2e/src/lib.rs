@@ -1,9 +1,9 @@
 //! End-to-end support for crisp.
 
 pub mod crisp;
+pub mod emulator;
 pub mod fakert;
 pub mod grpcgo;
-pub mod emulator;
 pub mod harness;
 pub mod raw;
 pub mod stack;

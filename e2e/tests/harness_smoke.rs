@@ -6,9 +6,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use crisp_e2e::harness::{
-    cri_clients, require_root, Containerd, ContainerdOpts, BUSYBOX_IMAGE, PAUSE_IMAGE,
-};
+use crisp_e2e::harness::{cri_clients, require_root, Containerd, ContainerdOpts, BUSYBOX_IMAGE, PAUSE_IMAGE};
 use k8s_cri::v1 as cri;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
@@ -17,23 +15,10 @@ use tonic::transport::Channel;
 type Rt = RuntimeServiceClient<Channel>;
 
 fn sandbox_config(name: &str, log_dir: &Path, host_network: bool) -> cri::PodSandboxConfig {
-    let network = if host_network {
-        cri::NamespaceMode::Node
-    } else {
-        cri::NamespaceMode::Pod
-    };
+    let network = if host_network { cri::NamespaceMode::Node } else { cri::NamespaceMode::Pod };
     cri::PodSandboxConfig {
-        metadata: Some(cri::PodSandboxMetadata {
-            name: name.into(),
-            uid: format!("{name}-uid"),
-            namespace: "default".into(),
-            attempt: 0,
-        }),
-        hostname: if host_network {
-            String::new()
-        } else {
-            name.into()
-        },
+        metadata: Some(cri::PodSandboxMetadata { name: name.into(), uid: format!("{name}-uid"), namespace: "default".into(), attempt: 0 }),
+        hostname: if host_network { String::new() } else { name.into() },
         log_directory: log_dir.display().to_string(),
         linux: Some(cri::LinuxPodSandboxConfig {
             security_context: Some(cri::LinuxSandboxSecurityContext {
@@ -53,14 +38,8 @@ fn sandbox_config(name: &str, log_dir: &Path, host_network: bool) -> cri::PodSan
 
 fn container_config(name: &str, image: &str, command: &[&str]) -> cri::ContainerConfig {
     cri::ContainerConfig {
-        metadata: Some(cri::ContainerMetadata {
-            name: name.into(),
-            attempt: 0,
-        }),
-        image: Some(cri::ImageSpec {
-            image: image.into(),
-            ..Default::default()
-        }),
+        metadata: Some(cri::ContainerMetadata { name: name.into(), attempt: 0 }),
+        image: Some(cri::ImageSpec { image: image.into(), ..Default::default() }),
         command: command.iter().map(|s| s.to_string()).collect(),
         // kubelet's layout: <pod log dir>/<container>/<restart>.log
         log_path: format!("{name}/0.log"),
@@ -69,24 +48,16 @@ fn container_config(name: &str, image: &str, command: &[&str]) -> cri::Container
 }
 
 async fn container_status(rt: &mut Rt, id: &str) -> Result<cri::ContainerStatus> {
-    rt.container_status(cri::ContainerStatusRequest {
-        container_id: id.into(),
-        verbose: false,
-    })
-    .await
-    .with_context(|| format!("ContainerStatus {id}"))?
-    .into_inner()
-    .status
-    .context("ContainerStatus returned no status")
+    rt.container_status(cri::ContainerStatusRequest { container_id: id.into(), verbose: false })
+        .await
+        .with_context(|| format!("ContainerStatus {id}"))?
+        .into_inner()
+        .status
+        .context("ContainerStatus returned no status")
 }
 
 /// Polls ContainerStatus until the container is in `state`.
-async fn wait_state(
-    rt: &mut Rt,
-    id: &str,
-    state: cri::ContainerState,
-    timeout: Duration,
-) -> Result<cri::ContainerStatus> {
+async fn wait_state(rt: &mut Rt, id: &str, state: cri::ContainerState, timeout: Duration) -> Result<cri::ContainerStatus> {
     let deadline = Instant::now() + timeout;
     loop {
         let st = container_status(rt, id).await?;
@@ -108,10 +79,7 @@ async fn wait_file_contains(path: &Path, needle: &str, timeout: Duration) -> Res
             return Ok(content);
         }
         if Instant::now() >= deadline {
-            bail!(
-                "{} does not contain {needle:?} within {timeout:?}: {content:?}",
-                path.display()
-            );
+            bail!("{} does not contain {needle:?} within {timeout:?}: {content:?}", path.display());
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -119,23 +87,13 @@ async fn wait_file_contains(path: &Path, needle: &str, timeout: Duration) -> Res
 
 async fn image_id(img: &mut ImageServiceClient<Channel>, name: &str) -> Result<String> {
     let image = img
-        .image_status(cri::ImageStatusRequest {
-            image: Some(cri::ImageSpec {
-                image: name.into(),
-                ..Default::default()
-            }),
-            verbose: false,
-        })
+        .image_status(cri::ImageStatusRequest { image: Some(cri::ImageSpec { image: name.into(), ..Default::default() }), verbose: false })
         .await
         .with_context(|| format!("ImageStatus {name}"))?
         .into_inner()
         .image
         .with_context(|| format!("ImageStatus {name}: no image"))?;
-    assert!(
-        image.repo_tags.iter().any(|t| t == name),
-        "ImageStatus {name}: repo_tags {:?}",
-        image.repo_tags
-    );
+    assert!(image.repo_tags.iter().any(|t| t == name), "ImageStatus {name}: repo_tags {:?}", image.repo_tags);
     assert!(image.id.starts_with("sha256:"), "image id {:?}", image.id);
     Ok(image.id)
 }
@@ -145,19 +103,10 @@ async fn host_network_pod_lifecycle() -> Result<()> {
     require_root();
     let t0 = Instant::now();
     let mut ctrd = Containerd::start_async(ContainerdOpts { cni: false }).await?;
-    eprintln!(
-        "containerd ready in {:?} on {}",
-        t0.elapsed(),
-        ctrd.socket().display()
-    );
+    eprintln!("containerd ready in {:?} on {}", t0.elapsed(), ctrd.socket().display());
 
     let (mut rt, mut img) = cri_clients(ctrd.socket()).await?;
-    let version = rt
-        .version(cri::VersionRequest {
-            version: "v1".into(),
-        })
-        .await?
-        .into_inner();
+    let version = rt.version(cri::VersionRequest { version: "v1".into() }).await?.into_inner();
     assert_eq!(version.runtime_name, "containerd", "{version:?}");
     assert_eq!(version.runtime_api_version, "v1", "{version:?}");
 
@@ -171,10 +120,7 @@ async fn host_network_pod_lifecycle() -> Result<()> {
 
     let t_pod = Instant::now();
     let pod_id = rt
-        .run_pod_sandbox(cri::RunPodSandboxRequest {
-            config: Some(sb_config.clone()),
-            runtime_handler: String::new(),
-        })
+        .run_pod_sandbox(cri::RunPodSandboxRequest { config: Some(sb_config.clone()), runtime_handler: String::new() })
         .await
         .context("RunPodSandbox")?
         .into_inner()
@@ -183,41 +129,19 @@ async fn host_network_pod_lifecycle() -> Result<()> {
     let ctr_id = rt
         .create_container(cri::CreateContainerRequest {
             pod_sandbox_id: pod_id.clone(),
-            config: Some(container_config(
-                "busybox",
-                BUSYBOX_IMAGE,
-                &["sh", "-c", "echo hi; sleep 30"],
-            )),
+            config: Some(container_config("busybox", BUSYBOX_IMAGE, &["sh", "-c", "echo hi; sleep 30"])),
             sandbox_config: Some(sb_config.clone()),
         })
         .await
         .context("CreateContainer (image by name)")?
         .into_inner()
         .container_id;
-    rt.start_container(cri::StartContainerRequest {
-        container_id: ctr_id.clone(),
-    })
-    .await
-    .context("StartContainer")?;
-    let st = wait_state(
-        &mut rt,
-        &ctr_id,
-        cri::ContainerState::ContainerRunning,
-        Duration::from_secs(10),
-    )
-    .await?;
-    eprintln!(
-        "pod + container running {:?} after RunPodSandbox",
-        t_pod.elapsed()
-    );
+    rt.start_container(cri::StartContainerRequest { container_id: ctr_id.clone() }).await.context("StartContainer")?;
+    let st = wait_state(&mut rt, &ctr_id, cri::ContainerState::ContainerRunning, Duration::from_secs(10)).await?;
+    eprintln!("pod + container running {:?} after RunPodSandbox", t_pod.elapsed());
     assert!(st.started_at > 0, "started_at not set: {st:?}");
     assert_eq!(st.image_ref, busybox_id, "{st:?}");
-    let log = wait_file_contains(
-        &log_dir.join("busybox/0.log"),
-        "hi",
-        Duration::from_secs(10),
-    )
-    .await?;
+    let log = wait_file_contains(&log_dir.join("busybox/0.log"), "hi", Duration::from_secs(10)).await?;
     assert!(log.contains(" stdout F hi"), "CRI log format: {log:?}");
 
     // The image referenced by its id from ImageStatus works as well.
@@ -231,57 +155,18 @@ async fn host_network_pod_lifecycle() -> Result<()> {
         .context("CreateContainer (image by id)")?
         .into_inner()
         .container_id;
-    rt.start_container(cri::StartContainerRequest {
-        container_id: by_id.clone(),
-    })
-    .await?;
-    let st = wait_state(
-        &mut rt,
-        &by_id,
-        cri::ContainerState::ContainerExited,
-        Duration::from_secs(10),
-    )
-    .await?;
+    rt.start_container(cri::StartContainerRequest { container_id: by_id.clone() }).await?;
+    let st = wait_state(&mut rt, &by_id, cri::ContainerState::ContainerExited, Duration::from_secs(10)).await?;
     assert_eq!(st.exit_code, 0, "{st:?}");
-    rt.remove_container(cri::RemoveContainerRequest {
-        container_id: by_id,
-    })
-    .await?;
+    rt.remove_container(cri::RemoveContainerRequest { container_id: by_id }).await?;
 
-    rt.stop_container(cri::StopContainerRequest {
-        container_id: ctr_id.clone(),
-        timeout: 1,
-    })
-    .await
-    .context("StopContainer")?;
-    let st = wait_state(
-        &mut rt,
-        &ctr_id,
-        cri::ContainerState::ContainerExited,
-        Duration::from_secs(10),
-    )
-    .await?;
+    rt.stop_container(cri::StopContainerRequest { container_id: ctr_id.clone(), timeout: 1 }).await.context("StopContainer")?;
+    let st = wait_state(&mut rt, &ctr_id, cri::ContainerState::ContainerExited, Duration::from_secs(10)).await?;
     assert!(st.finished_at >= st.started_at, "{st:?}");
-    rt.remove_container(cri::RemoveContainerRequest {
-        container_id: ctr_id.clone(),
-    })
-    .await
-    .context("RemoveContainer")?;
-    rt.stop_pod_sandbox(cri::StopPodSandboxRequest {
-        pod_sandbox_id: pod_id.clone(),
-    })
-    .await
-    .context("StopPodSandbox")?;
-    rt.remove_pod_sandbox(cri::RemovePodSandboxRequest {
-        pod_sandbox_id: pod_id.clone(),
-    })
-    .await
-    .context("RemovePodSandbox")?;
-    let left = rt
-        .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
-        .await?
-        .into_inner()
-        .items;
+    rt.remove_container(cri::RemoveContainerRequest { container_id: ctr_id.clone() }).await.context("RemoveContainer")?;
+    rt.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: pod_id.clone() }).await.context("StopPodSandbox")?;
+    rt.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: pod_id.clone() }).await.context("RemovePodSandbox")?;
+    let left = rt.list_pod_sandbox(cri::ListPodSandboxRequest { filter: None }).await?.into_inner().items;
     assert!(left.is_empty(), "sandboxes left: {left:?}");
 
     let dir = ctrd.dir().to_path_buf();
@@ -297,11 +182,7 @@ async fn cni_pod_gets_ip() -> Result<()> {
     require_root();
     let t0 = Instant::now();
     let mut ctrd = Containerd::start_async(ContainerdOpts { cni: true }).await?;
-    eprintln!(
-        "containerd (cni) ready in {:?} on {}",
-        t0.elapsed(),
-        ctrd.socket().display()
-    );
+    eprintln!("containerd (cni) ready in {:?} on {}", t0.elapsed(), ctrd.socket().display());
     let subnet = ctrd.cni_subnet().context("no CNI subnet recorded")?;
     let prefix = subnet.trim_end_matches("0/24").to_string(); // "10.a.b."
 
@@ -309,47 +190,20 @@ async fn cni_pod_gets_ip() -> Result<()> {
     let log_dir = ctrd.dir().join("pods").join("net");
     std::fs::create_dir_all(&log_dir)?;
     let sb_config = sandbox_config("net", &log_dir, false);
-    let pod_id = rt
-        .run_pod_sandbox(cri::RunPodSandboxRequest {
-            config: Some(sb_config),
-            runtime_handler: String::new(),
-        })
-        .await
-        .context("RunPodSandbox (CNI)")?
-        .into_inner()
-        .pod_sandbox_id;
+    let pod_id =
+        rt.run_pod_sandbox(cri::RunPodSandboxRequest { config: Some(sb_config), runtime_handler: String::new() }).await.context("RunPodSandbox (CNI)")?.into_inner().pod_sandbox_id;
     let status = rt
-        .pod_sandbox_status(cri::PodSandboxStatusRequest {
-            pod_sandbox_id: pod_id.clone(),
-            verbose: false,
-        })
+        .pod_sandbox_status(cri::PodSandboxStatusRequest { pod_sandbox_id: pod_id.clone(), verbose: false })
         .await?
         .into_inner()
         .status
         .context("PodSandboxStatus returned no status")?;
-    let ip = status
-        .network
-        .as_ref()
-        .map(|n| n.ip.clone())
-        .unwrap_or_default();
-    assert!(
-        ip.starts_with(&prefix),
-        "pod IP {ip:?} not in {subnet}: {status:?}"
-    );
-    assert_eq!(
-        status.state,
-        cri::PodSandboxState::SandboxReady as i32,
-        "{status:?}"
-    );
+    let ip = status.network.as_ref().map(|n| n.ip.clone()).unwrap_or_default();
+    assert!(ip.starts_with(&prefix), "pod IP {ip:?} not in {subnet}: {status:?}");
+    assert_eq!(status.state, cri::PodSandboxState::SandboxReady as i32, "{status:?}");
 
-    rt.stop_pod_sandbox(cri::StopPodSandboxRequest {
-        pod_sandbox_id: pod_id.clone(),
-    })
-    .await?;
-    rt.remove_pod_sandbox(cri::RemovePodSandboxRequest {
-        pod_sandbox_id: pod_id,
-    })
-    .await?;
+    rt.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: pod_id.clone() }).await?;
+    rt.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: pod_id }).await?;
     ctrd.stop()?;
     Ok(())
 }
@@ -368,10 +222,7 @@ fn leftovers(dir: &Path, cni_env: Option<&str>) -> Vec<String> {
         };
         let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
         if cmdline.contains(&dir_s) {
-            out.push(format!(
-                "process {}: {cmdline}",
-                entry.file_name().to_string_lossy()
-            ));
+            out.push(format!("process {}: {cmdline}", entry.file_name().to_string_lossy()));
         }
     }
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
@@ -379,28 +230,14 @@ fn leftovers(dir: &Path, cni_env: Option<&str>) -> Vec<String> {
         out.push(format!("mount {line}"));
     }
     if let Some(env) = cni_env {
-        let get = |k: &str| {
-            env.lines()
-                .find_map(|l| l.strip_prefix(&format!("{k}=")))
-                .unwrap_or_default()
-                .to_string()
-        };
+        let get = |k: &str| env.lines().find_map(|l| l.strip_prefix(&format!("{k}="))).unwrap_or_default().to_string();
         let bridge = get("CNI_BRIDGE");
         let network = get("CNI_NETWORK");
-        if std::process::Command::new("ip")
-            .args(["link", "show", &bridge])
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false)
-        {
+        if std::process::Command::new("ip").args(["link", "show", &bridge]).output().map(|o| o.status.success()).unwrap_or(false) {
             out.push(format!("bridge {bridge}"));
         }
         for table in ["nat", "filter"] {
-            let rules = std::process::Command::new("iptables")
-                .args(["-w", "-t", table, "-S"])
-                .output()
-                .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
-                .unwrap_or_default();
+            let rules = std::process::Command::new("iptables").args(["-w", "-t", table, "-S"]).output().map(|o| String::from_utf8_lossy(&o.stdout).to_string()).unwrap_or_default();
             // iptables -S prints the CNI comment as: "name: \"<network>\" id: \"<id>\""
             let tag = format!("name: \\\"{network}\\\"");
             for rule in rules.lines().filter(|r| r.contains(&tag)) {
@@ -426,17 +263,10 @@ async fn kill_hard_restart_then_stop_leaves_nothing() -> Result<()> {
     let mut sb_config = sandbox_config("fault", &log_dir, false);
     // A hostPort makes the portmap plugin add its per-pod and shared chains too.
     // (iptables rules only: nothing listens on it and no traffic is sent.)
-    sb_config.port_mappings = vec![cri::PortMapping {
-        protocol: cri::Protocol::Tcp as i32,
-        container_port: 8080,
-        host_port: 40000 + (std::process::id() % 10000) as i32,
-        host_ip: "127.0.0.1".into(),
-    }];
+    sb_config.port_mappings =
+        vec![cri::PortMapping { protocol: cri::Protocol::Tcp as i32, container_port: 8080, host_port: 40000 + (std::process::id() % 10000) as i32, host_ip: "127.0.0.1".into() }];
     let pod_id = rt
-        .run_pod_sandbox(cri::RunPodSandboxRequest {
-            config: Some(sb_config.clone()),
-            runtime_handler: String::new(),
-        })
+        .run_pod_sandbox(cri::RunPodSandboxRequest { config: Some(sb_config.clone()), runtime_handler: String::new() })
         .await
         .context("RunPodSandbox")?
         .into_inner()
@@ -444,39 +274,20 @@ async fn kill_hard_restart_then_stop_leaves_nothing() -> Result<()> {
     let ctr_id = rt
         .create_container(cri::CreateContainerRequest {
             pod_sandbox_id: pod_id.clone(),
-            config: Some(container_config(
-                "busybox",
-                BUSYBOX_IMAGE,
-                &["sleep", "300"],
-            )),
+            config: Some(container_config("busybox", BUSYBOX_IMAGE, &["sleep", "300"])),
             sandbox_config: Some(sb_config),
         })
         .await
         .context("CreateContainer")?
         .into_inner()
         .container_id;
-    rt.start_container(cri::StartContainerRequest {
-        container_id: ctr_id.clone(),
-    })
-    .await?;
-    let before = wait_state(
-        &mut rt,
-        &ctr_id,
-        cri::ContainerState::ContainerRunning,
-        Duration::from_secs(10),
-    )
-    .await?;
+    rt.start_container(cri::StartContainerRequest { container_id: ctr_id.clone() }).await?;
+    let before = wait_state(&mut rt, &ctr_id, cri::ContainerState::ContainerRunning, Duration::from_secs(10)).await?;
 
     let old_pid = ctrd.pid().context("containerd pid")?;
     ctrd.kill_hard()?;
-    assert!(
-        ctrd.pid().is_none(),
-        "containerd still running after kill_hard"
-    );
-    assert!(
-        rt.version(cri::VersionRequest::default()).await.is_err(),
-        "CRI answered with containerd killed"
-    );
+    assert!(ctrd.pid().is_none(), "containerd still running after kill_hard");
+    assert!(rt.version(cri::VersionRequest::default()).await.is_err(), "CRI answered with containerd killed");
 
     let t = Instant::now();
     ctrd.restart()?;
@@ -485,37 +296,21 @@ async fn kill_hard_restart_then_stop_leaves_nothing() -> Result<()> {
     assert_ne!(old_pid, new_pid);
     // The old channel reconnects to the same socket.
     let after = container_status(&mut rt, &ctr_id).await?;
-    assert_eq!(
-        after.state,
-        cri::ContainerState::ContainerRunning as i32,
-        "{after:?}"
-    );
-    assert_eq!(
-        after.started_at, before.started_at,
-        "container restarted? {after:?}"
-    );
+    assert_eq!(after.state, cri::ContainerState::ContainerRunning as i32, "{after:?}");
+    assert_eq!(after.started_at, before.started_at, "container restarted? {after:?}");
 
     let cni_env = std::fs::read_to_string(dir.join("cni.env")).context("cni.env")?;
     // Sanity check of the leftover detection itself while everything runs.
     let running = leftovers(&dir, Some(&cni_env)).join("\n");
     for what in ["directory", "process", "mount", "bridge", "iptables -t nat"] {
-        assert!(
-            running.contains(what),
-            "no {what} detected while running:\n{running}"
-        );
+        assert!(running.contains(what), "no {what} detected while running:\n{running}");
     }
     ctrd.stop()?;
     let left = leftovers(&dir, Some(&cni_env));
-    assert!(
-        left.is_empty(),
-        "left behind after stop:\n{}",
-        left.join("\n")
-    );
+    assert!(left.is_empty(), "left behind after stop:\n{}", left.join("\n"));
     // The last CNI instance to stop also drops portmap's shared chains.
     if !Path::new("/run/crisp-cni").exists() {
-        let nat = std::process::Command::new("iptables")
-            .args(["-w", "-t", "nat", "-S"])
-            .output()?;
+        let nat = std::process::Command::new("iptables").args(["-w", "-t", "nat", "-S"]).output()?;
         let nat = String::from_utf8_lossy(&nat.stdout);
         assert!(!nat.contains("CNI-HOSTPORT"), "portmap chains left:\n{nat}");
     }

@@ -22,13 +22,7 @@ fn pod(yaml: &str) -> PodSpec {
 const SIDECAR: &str = "  - name: proxy\n    command: [sh, -c, \"trap 'exit 143' TERM; sleep 3600 & wait\"]\n";
 
 async fn via_crisp_status(st: &Stack, id: &str) -> Result<cri::ContainerStatus> {
-    st.via_crisp()
-        .await?
-        .container_status(cri::ContainerStatusRequest { container_id: id.to_string(), verbose: false })
-        .await?
-        .into_inner()
-        .status
-        .context("empty status")
+    st.via_crisp().await?.container_status(cri::ContainerStatusRequest { container_id: id.to_string(), verbose: false }).await?.into_inner().status.context("empty status")
 }
 
 async fn wait_phase(st: &Stack, uid: &str, phase: PodPhase) -> Result<()> {

@@ -17,9 +17,7 @@ fn pod(yaml: &str) -> PodSpec {
 
 /// A sidecar serving HTTP on :8080 only after `delay` seconds; exits 0 on SIGTERM at once.
 fn http_sidecar(name: &str, delay: u32) -> String {
-    format!(
-        "  - name: {name}\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep {delay}; mkdir -p /www; echo ok > /www/index.html; httpd -f -p 8080 -h /www & wait\"]\n"
-    )
+    format!("  - name: {name}\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep {delay}; mkdir -p /www; echo ok > /www/index.html; httpd -f -p 8080 -h /www & wait\"]\n")
 }
 
 const APP: &str = "  - name: app\n    command: [sh, -c, \"trap 'sleep 1; exit 0' TERM; while true; do sleep 0.1; done\"]\n";
@@ -29,10 +27,7 @@ const APP: &str = "  - name: app\n    command: [sh, -c, \"trap 'sleep 1; exit 0'
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn app_waits_for_http_ready_sidecar() -> Result<()> {
     let st = Stack::start(true, "", |_| {}).await?;
-    let yaml = format!(
-        "name: web\nannotations:\n  crisp.dev/sidecars: proxy\n  crisp.dev/ready.proxy: \"http://:8080/\"\ncontainers:\n{}{APP}",
-        http_sidecar("proxy", 3)
-    );
+    let yaml = format!("name: web\nannotations:\n  crisp.dev/sidecars: proxy\n  crisp.dev/ready.proxy: \"http://:8080/\"\ncontainers:\n{}{APP}", http_sidecar("proxy", 3));
     let uid = st.kubelet.add_pod(pod(&yaml))?;
     let r = st.kubelet.wait_all_running(&uid, STEP).await;
     if r.is_err() {
@@ -106,9 +101,7 @@ async fn two_sidecars(api: Option<ApiVersion>) -> Result<()> {
         }
     })
     .await?;
-    let side = |n: &str, delay: &str| {
-        format!("  - name: {n}\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep {delay}; touch /tmp/ready; sleep 3600 & wait\"]\n")
-    };
+    let side = |n: &str, delay: &str| format!("  - name: {n}\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep {delay}; touch /tmp/ready; sleep 3600 & wait\"]\n");
     let yaml = format!(
         "name: two\nhostNetwork: true\nterminationGracePeriodSeconds: 10\nannotations:\n  crisp.dev/sidecars: s1, s2\n  crisp.dev/ready.s1: 'exec:[\"test\",\"-f\",\"/tmp/ready\"]'\n  crisp.dev/ready.s2: 'exec:[\"test\",\"-f\",\"/tmp/ready\"]'\ncontainers:\n{}{}{APP}",
         side("s1", "1"),

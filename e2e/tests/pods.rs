@@ -24,9 +24,7 @@ const APP: &str = "  - name: app\n    command: [sh, -c, \"trap 'sleep 1; exit 0'
 /// SIGTERM.
 fn proxy(name: &str, port: u16, path: &str, delay: u32) -> String {
     let (dir, file) = path.rsplit_once('/').unwrap_or(("", path));
-    format!(
-        "  - name: {name}\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep {delay}; mkdir -p /www{dir}; echo ok > /www{dir}/{file}; httpd -f -p {port} -h /www & wait\"]\n"
-    )
+    format!("  - name: {name}\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep {delay}; mkdir -p /www{dir}; echo ok > /www{dir}/{file}; httpd -f -p {port} -h /www & wait\"]\n")
 }
 
 /// The shape an injector leaves: its init container, its proxy before or after the app, and its

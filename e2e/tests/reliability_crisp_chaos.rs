@@ -121,7 +121,9 @@ impl Chaos<'_> {
             }
         }
         for (uid, p) in &pods {
-            violations.extend(start_violations(self.containerd, uid, p, Allow { aborted: Some(AbortedOk { timeout: START_TIMEOUT, kubelet: self.kubelet }), ..Default::default() }).await?);
+            violations.extend(
+                start_violations(self.containerd, uid, p, Allow { aborted: Some(AbortedOk { timeout: START_TIMEOUT, kubelet: self.kubelet }), ..Default::default() }).await?,
+            );
             violations.extend(duplicate_running(self.containerd, uid, p).await?);
         }
         if !violations.is_empty() {
@@ -204,7 +206,10 @@ impl Activated {
         let sock = dir.path().join("crisp.sock");
         let listener = std::os::unix::net::UnixListener::bind(&sock)?;
         let config = dir.path().join("config.toml");
-        std::fs::write(&config, format!("listen = {:?}\nupstream = {:?}\nstate_dir = {:?}\n[log]\nlevel = \"info,crisp=debug\"\n{CRISP_CONFIG}", sock, upstream, dir.path().join("state")))?;
+        std::fs::write(
+            &config,
+            format!("listen = {:?}\nupstream = {:?}\nstate_dir = {:?}\n[log]\nlevel = \"info,crisp=debug\"\n{CRISP_CONFIG}", sock, upstream, dir.path().join("state")),
+        )?;
         let mut a = Activated { dir, listener, config, child: None, spawned: 0 };
         a.spawn()?;
         Ok(a)
@@ -260,7 +265,6 @@ impl Activated {
             std::thread::sleep(Duration::from_millis(10));
         }
     }
-
 }
 
 impl Restartable for Activated {

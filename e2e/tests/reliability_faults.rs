@@ -52,7 +52,9 @@ async fn runtime_outage(st: &mut Stack, admin: &std::path::Path, what: &str) -> 
     ensure!(t.elapsed() < Duration::from_secs(2), "{what}: the failing call took {:?}", t.elapsed());
     // kubelet's own calls see UNAVAILABLE too.
     let j = st.kubelet.journal();
-    j.wait_for(Duration::from_secs(10), |r| r.sent >= killed_at && r.done.is_some() && r.code == tonic::Code::Unavailable).await.context("no kubelet call failed UNAVAILABLE while containerd was down")?;
+    j.wait_for(Duration::from_secs(10), |r| r.sent >= killed_at && r.done.is_some() && r.code == tonic::Code::Unavailable)
+        .await
+        .context("no kubelet call failed UNAVAILABLE while containerd was down")?;
     // The admin socket is crisp's own: still served.
     let text = metrics(admin).await?;
     ensure!(sample(&text, "crisp_tracked_pods").is_some(), "{what}: metrics while down");
@@ -103,10 +105,7 @@ async fn containerd_killed_and_restarted_during_a_wave() -> Result<()> {
     for (uid, _) in &pods {
         st.kubelet.delete_pod(uid, Some(10))?;
     }
-    st.kubelet
-        .journal()
-        .wait_for(UP, |r| r.sent >= deleting && r.method == "StopContainer" && r.meta.container.as_deref().is_some_and(|c| c.starts_with("side")))
-        .await?;
+    st.kubelet.journal().wait_for(UP, |r| r.sent >= deleting && r.method == "StopContainer" && r.meta.container.as_deref().is_some_and(|c| c.starts_with("side"))).await?;
     let (u2, _) = runtime_outage(&mut st, &admin, "stop").await?;
     if let Err(e) = wait_terminated(&st.kubelet, &pods, UP).await {
         dump_all(&st, &pods);

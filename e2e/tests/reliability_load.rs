@@ -112,7 +112,13 @@ async fn load(n: usize, waves: usize) -> Result<()> {
                 "PullImage",
                 cri::PullImageRequest {
                     image: Some(cri::ImageSpec { image: format!("127.0.0.1:1/private/app:{w}"), ..Default::default() }),
-                    auth: Some(cri::AuthConfig { username: "robot".into(), password: secret.clone(), auth: base64(format!("robot:{secret}").as_bytes()), registry_token: secret.clone(), ..Default::default() }),
+                    auth: Some(cri::AuthConfig {
+                        username: "robot".into(),
+                        password: secret.clone(),
+                        auth: base64(format!("robot:{secret}").as_bytes()),
+                        registry_token: secret.clone(),
+                        ..Default::default()
+                    }),
                     sandbox_config: None,
                 },
                 Some(Duration::from_secs(30)),

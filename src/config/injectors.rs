@@ -160,4 +160,3 @@ pub fn validate(rule: &InjectorRule) -> Result<(), (String, String)> {
     }
     Ok(())
 }
-

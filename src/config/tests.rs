@@ -95,11 +95,7 @@ fn admin_defaults_next_to_listen() {
 
 #[test]
 fn admin_section_parses() {
-    let c = Config::from_toml(
-        "[admin]\nsocket = \"/run/x/a.sock\"\nmode = \"0660\"\nmetrics_tcp = \"127.0.0.1:9478\"\ntap_queue = 10\n",
-        "t",
-    )
-    .unwrap();
+    let c = Config::from_toml("[admin]\nsocket = \"/run/x/a.sock\"\nmode = \"0660\"\nmetrics_tcp = \"127.0.0.1:9478\"\ntap_queue = 10\n", "t").unwrap();
     assert_eq!(c.admin_socket(), PathBuf::from("/run/x/a.sock"));
     assert_eq!(c.admin.mode, 0o660);
     assert_eq!(c.admin.metrics_tcp, Some("127.0.0.1:9478".parse().unwrap()));

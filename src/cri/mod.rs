@@ -184,10 +184,7 @@ mod tests {
     #[test]
     fn every_rpc_routes_to_itself() {
         for rpc in Rpc::ALL {
-            let svc = if matches!(
-                rpc,
-                Rpc::ListImages | Rpc::ImageStatus | Rpc::PullImage | Rpc::RemoveImage | Rpc::ImageFsInfo | Rpc::StreamImages
-            ) {
+            let svc = if matches!(rpc, Rpc::ListImages | Rpc::ImageStatus | Rpc::PullImage | Rpc::RemoveImage | Rpc::ImageFsInfo | Rpc::StreamImages) {
                 "ImageService"
             } else {
                 "RuntimeService"

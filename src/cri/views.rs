@@ -56,11 +56,7 @@ pub struct PodSandboxConfig {
 
 impl PodSandboxConfig {
     pub fn host_network(&self) -> bool {
-        self.linux
-            .as_ref()
-            .and_then(|l| l.security_context.as_ref())
-            .and_then(|s| s.namespace_options.as_ref())
-            .is_some_and(|n| n.network == 2)
+        self.linux.as_ref().and_then(|l| l.security_context.as_ref()).and_then(|s| s.namespace_options.as_ref()).is_some_and(|n| n.network == 2)
     }
 }
 
@@ -216,11 +212,7 @@ pub struct PodSandboxStatus {
 
 impl PodSandboxStatus {
     pub fn host_network(&self) -> bool {
-        self.linux
-            .as_ref()
-            .and_then(|l| l.namespaces.as_ref())
-            .and_then(|n| n.options.as_ref())
-            .is_some_and(|o| o.network == 2)
+        self.linux.as_ref().and_then(|l| l.namespaces.as_ref()).and_then(|n| n.options.as_ref()).is_some_and(|o| o.network == 2)
     }
 }
 

@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::injectors::{self, InjectorRule};
-use crate::readiness::Readiness;
 use crate::config::{parse_duration, SidecarRule, TimeoutPolicy, MAX_START_TIMEOUT};
+use crate::readiness::Readiness;
 
 pub const SIDECARS: &str = "crisp.dev/sidecars";
 pub const READY_PREFIX: &str = "crisp.dev/ready.";
@@ -109,11 +109,7 @@ fn clip(s: &str, max: usize) -> String {
 
 /// A DNS-1123 label, which is what Kubernetes requires of container names.
 fn is_container_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
+    !s.is_empty() && s.len() <= 63 && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') && !s.starts_with('-') && !s.ends_with('-')
 }
 
 impl PodPolicy {
@@ -180,10 +176,7 @@ impl PodPolicy {
             }
             None => {
                 // Node rules; invalid rule readiness was rejected at config load.
-                let list = rules
-                    .iter()
-                    .map(|r| Sidecar { name: r.name.clone(), ready: Readiness::parse(&r.ready).unwrap_or(Readiness::Running), required: false })
-                    .collect();
+                let list = rules.iter().map(|r| Sidecar { name: r.name.clone(), ready: Readiness::parse(&r.ready).unwrap_or(Readiness::Running), required: false }).collect();
                 (list, Source::NodeRules)
             }
         };

@@ -7,9 +7,9 @@ use std::collections::HashMap;
 use serde::Deserialize;
 
 use super::annotations::{Sidecar, Warning};
-pub use crate::config::injectors::{InjectedSidecar, InjectorRule};
 #[cfg(test)]
 use crate::config::injectors::{builtin, table, validate};
+pub use crate::config::injectors::{InjectedSidecar, InjectorRule};
 use crate::readiness::Readiness;
 
 /// What the injectors that mutated one pod added to it.
@@ -47,7 +47,11 @@ pub fn recognise(table: &[InjectorRule], annotations: &HashMap<String, String>, 
                 match serde_json::from_str::<Status>(v) {
                     Ok(s) => status = Some(s),
                     Err(e) => {
-                        warnings.push(Warning { key: key.clone(), value: v.clone(), reason: format!("not the {} injector's JSON status ({e}); pod not treated as injected", rule.name) });
+                        warnings.push(Warning {
+                            key: key.clone(),
+                            value: v.clone(),
+                            reason: format!("not the {} injector's JSON status ({e}); pod not treated as injected", rule.name),
+                        });
                         continue;
                     }
                 }

@@ -260,9 +260,7 @@ impl Engine {
                     continue;
                 }
             };
-            let grace = *budget.get_or_insert_with(|| {
-                Duration::from_secs(st.annotations.get(GRACE_ANNOTATION).and_then(|v| v.parse().ok()).unwrap_or(30))
-            });
+            let grace = *budget.get_or_insert_with(|| Duration::from_secs(st.annotations.get(GRACE_ANNOTATION).and_then(|v| v.parse().ok()).unwrap_or(30)));
             let left = grace.saturating_sub(started.elapsed());
             if let Some(cmd) = st.annotations.get(PRESTOP_ANNOTATION).and_then(|a| prestop_command(a)) {
                 tracing::info!(container_name = %s.name, "running the sidecar's preStop hook");

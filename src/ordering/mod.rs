@@ -17,8 +17,8 @@ mod names;
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -28,15 +28,15 @@ use dashmap::DashMap;
 use crate::config::{Config, JobConfig, OrderingConfig, SidecarRule, TimeoutPolicy};
 use crate::cri::patch;
 use crate::cri::patch::append_varint_field;
-use crate::proxy::client::RuntimeClient;
 use crate::cri::views::{self, state};
 use crate::cri::{ApiVersion, Rpc};
 use crate::intercept::{BoxFuture, Call, Interceptor, Interest, Verdict};
 use crate::metrics::{GaugeGuard, OrderingMetrics};
+use crate::proxy::client::RuntimeClient;
+use crate::readiness;
 use crate::status::{code, Status};
 use annotations::{PodPolicy, Sidecar};
 use injectors::InjectorRule;
-use crate::readiness;
 
 /// Kept free before kubelet's deadline when a hold ends, so the forwarded call still completes.
 const DEADLINE_MARGIN: Duration = Duration::from_secs(3);
@@ -154,7 +154,15 @@ struct StopWindow {
 }
 
 impl Pod {
-    fn new(sandbox_id: &str, md: Option<&views::PodSandboxMetadata>, annotations: &HashMap<String, String>, labels: HashMap<String, String>, host_network: bool, rules: &[SidecarRule], injectors: &[InjectorRule]) -> (Pod, Vec<annotations::Warning>) {
+    fn new(
+        sandbox_id: &str,
+        md: Option<&views::PodSandboxMetadata>,
+        annotations: &HashMap<String, String>,
+        labels: HashMap<String, String>,
+        host_network: bool,
+        rules: &[SidecarRule],
+        injectors: &[InjectorRule],
+    ) -> (Pod, Vec<annotations::Warning>) {
         let (policy, warnings) = PodPolicy::parse_with(annotations, rules, injectors);
         let md = md.cloned().unwrap_or_default();
         let pod = Pod {
@@ -293,10 +301,12 @@ impl Engine {
             by_sandbox.entry(c.sandbox_id.clone()).or_default().insert(c.key().clone(), c.name.clone());
         }
         let pods: Vec<Arc<Pod>> = self.pods.iter().map(|p| p.value().clone()).collect();
-        pods.into_iter().map(|p| {
-            let cs = by_sandbox.remove(&p.sandbox_id).unwrap_or_default();
-            (p, cs)
-        }).collect()
+        pods.into_iter()
+            .map(|p| {
+                let cs = by_sandbox.remove(&p.sandbox_id).unwrap_or_default();
+                (p, cs)
+            })
+            .collect()
     }
 
     fn insert_pod(&self, version: ApiVersion, pod: Pod, warnings: Vec<annotations::Warning>) -> Arc<Pod> {
@@ -415,19 +425,11 @@ impl Engine {
                 if !blocked {
                     continue;
                 }
-                return StartCheck::FailFast(format!(
-                    "sidecar {:?} of pod {} is not created yet (it waits for an earlier sidecar)",
-                    s.name,
-                    pod.display()
-                ));
+                return StartCheck::FailFast(format!("sidecar {:?} of pod {} is not created yet (it waits for an earlier sidecar)", s.name, pod.display()));
             }
             match found {
                 None if s.required => {
-                    return StartCheck::FailFast(format!(
-                        "sidecar {:?} of pod {} is not created yet (is it listed after this container?)",
-                        s.name,
-                        pod.display()
-                    ))
+                    return StartCheck::FailFast(format!("sidecar {:?} of pod {} is not created yet (is it listed after this container?)", s.name, pod.display()))
                 }
                 // Node rules name sidecars a pod may not have.
                 None => continue,
@@ -438,14 +440,7 @@ impl Engine {
                 }
                 // Created-but-not-started or exited: kubelet can only fix it in a later sync of
                 // this very pod, which waits for us — holding would deadlock (KUBELET-CRI §7.1).
-                Some(c) => {
-                    return StartCheck::FailFast(format!(
-                        "sidecar {:?} of pod {} is {}, not running",
-                        s.name,
-                        pod.display(),
-                        state_name(c.state)
-                    ))
-                }
+                Some(c) => return StartCheck::FailFast(format!("sidecar {:?} of pod {} is {}, not running", s.name, pod.display(), state_name(c.state))),
             }
         }
         StartCheck::Ready
@@ -600,16 +595,9 @@ impl Engine {
                 }
             };
             let latest = latest_by_name(&containers);
-            let running_apps: Vec<&str> = latest
-                .iter()
-                .filter(|(n, c)| c.state == state::RUNNING && pod.policy.sidecar_index(n).is_none())
-                .map(|(n, _)| *n)
-                .collect();
-            let later_sidecars: Vec<&str> = pod.policy.sidecars[idx + 1..]
-                .iter()
-                .filter(|s| latest.get(s.name.as_str()).is_some_and(|c| c.state == state::RUNNING))
-                .map(|s| s.name.as_str())
-                .collect();
+            let running_apps: Vec<&str> = latest.iter().filter(|(n, c)| c.state == state::RUNNING && pod.policy.sidecar_index(n).is_none()).map(|(n, _)| *n).collect();
+            let later_sidecars: Vec<&str> =
+                pod.policy.sidecars[idx + 1..].iter().filter(|s| latest.get(s.name.as_str()).is_some_and(|c| c.state == state::RUNNING)).map(|s| s.name.as_str()).collect();
             if running_apps.is_empty() && later_sidecars.is_empty() {
                 break;
             }
@@ -882,7 +870,13 @@ mod tests {
     use super::*;
 
     fn c(name: &str, created: i64, st: i32) -> views::Container {
-        views::Container { id: format!("{name}-{created}"), metadata: Some(views::ContainerMetadata { name: name.into(), attempt: 0 }), created_at: created, state: st, ..Default::default() }
+        views::Container {
+            id: format!("{name}-{created}"),
+            metadata: Some(views::ContainerMetadata { name: name.into(), attempt: 0 }),
+            created_at: created,
+            state: st,
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -929,10 +923,8 @@ mod tests {
 
     #[test]
     fn a_pod_is_recognised_by_its_whole_annotation_set() {
-        let a: HashMap<String, String> = [("kubernetes.io/config.seen", "2026-11-24T10:00:00.123456789Z"), ("crisp.dev/sidecars", "proxy")]
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let a: HashMap<String, String> =
+            [("kubernetes.io/config.seen", "2026-11-24T10:00:00.123456789Z"), ("crisp.dev/sidecars", "proxy")].iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         let mut pairs: Vec<(&String, &String)> = a.iter().collect();
         pairs.sort();
         pairs.reverse();

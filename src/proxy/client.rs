@@ -8,11 +8,11 @@ use std::time::Duration;
 use http::{HeaderValue, Method, Request};
 use prost::Message;
 
+use super::body::{self, ProxyBody};
+use super::Upstream;
 use crate::cri::views;
 use crate::cri::wire::{self, Frame};
 use crate::cri::ApiVersion;
-use super::body::{self, ProxyBody};
-use super::Upstream;
 use crate::status::{code_of, Status};
 
 #[derive(Debug, thiserror::Error)]
@@ -44,13 +44,7 @@ impl RuntimeClient {
         RuntimeClient { upstream, timeout }
     }
 
-    async fn call<Req: Message, Resp: Message + Default>(
-        &self,
-        version: ApiVersion,
-        method: &'static str,
-        req: &Req,
-        timeout: Duration,
-    ) -> Result<Resp, ClientError> {
+    async fn call<Req: Message, Resp: Message + Default>(&self, version: ApiVersion, method: &'static str, req: &Req, timeout: Duration) -> Result<Resp, ClientError> {
         let uri = format!("http://localhost/runtime.{}.RuntimeService/{method}", version.as_str());
         let mut r = Request::builder().method(Method::POST).uri(uri);
         let h = r.headers_mut().expect("builder has no error yet");
@@ -86,9 +80,7 @@ impl RuntimeClient {
 
     /// Containers of one sandbox (all states).
     pub async fn list_containers(&self, version: ApiVersion, sandbox_id: &str) -> Result<Vec<views::Container>, ClientError> {
-        let req = views::ListContainersRequest {
-            filter: Some(views::ContainerFilter { pod_sandbox_id: sandbox_id.to_string(), ..Default::default() }),
-        };
+        let req = views::ListContainersRequest { filter: Some(views::ContainerFilter { pod_sandbox_id: sandbox_id.to_string(), ..Default::default() }) };
         let resp: views::ListContainersResponse = self.call(version, "ListContainers", &req, self.timeout).await?;
         Ok(resp.containers)
     }
@@ -161,10 +153,6 @@ impl RuntimeClient {
 }
 
 fn status_error(method: &'static str, code: i32, h: &http::HeaderMap) -> ClientError {
-    let message = h
-        .get("grpc-message")
-        .and_then(|v| v.to_str().ok())
-        .map(|m| percent_encoding::percent_decode_str(m).decode_utf8_lossy().into_owned())
-        .unwrap_or_default();
+    let message = h.get("grpc-message").and_then(|v| v.to_str().ok()).map(|m| percent_encoding::percent_decode_str(m).decode_utf8_lossy().into_owned()).unwrap_or_default();
     ClientError::Status { method, status: Status::new(code, message) }
 }

@@ -264,13 +264,16 @@ mod tests {
         let mut out = Vec::new();
         put_int(&mut out, 0, 4, 15);
         assert_eq!(out, [15, 0]);
-        assert_eq!(decode(&{
-            let mut b = Vec::new();
-            encode_field(&mut b, b"a", &[b'x'; 127]);
-            b
-        })[0]
-            .1
-            .len(), 127);
+        assert_eq!(
+            decode(&{
+                let mut b = Vec::new();
+                encode_field(&mut b, b"a", &[b'x'; 127]);
+                b
+            })[0]
+                .1
+                .len(),
+            127
+        );
     }
 
     #[test]

@@ -118,12 +118,24 @@ enum Item {
 
 enum Cmd {
     Open(Box<Open>),
-    Data { key: u64, data: Bytes, end: bool },
-    Trailers { key: u64, trailers: HeaderMap },
+    Data {
+        key: u64,
+        data: Bytes,
+        end: bool,
+    },
+    Trailers {
+        key: u64,
+        trailers: HeaderMap,
+    },
     /// The reader took `n` bytes of a stream's data: the runtime may send that much more.
-    Consumed { key: u64, n: usize },
+    Consumed {
+        key: u64,
+        n: usize,
+    },
     /// The caller gave up on the call.
-    Reset { key: u64 },
+    Reset {
+        key: u64,
+    },
 }
 
 struct Open {
@@ -701,16 +713,14 @@ impl Task {
                         self.open_queued();
                     }
                 }
-                f::SETTINGS
-                    if !head.has(f::ACK) => {
-                        self.settings(&payload)?;
-                        f::put_head(&mut self.out, 0, f::SETTINGS, f::ACK, 0);
-                    }
-                f::PING
-                    if !head.has(f::ACK) && payload.len() == 8 => {
-                        f::put_head(&mut self.out, 8, f::PING, f::ACK, 0);
-                        self.out.extend_from_slice(&payload);
-                    }
+                f::SETTINGS if !head.has(f::ACK) => {
+                    self.settings(&payload)?;
+                    f::put_head(&mut self.out, 0, f::SETTINGS, f::ACK, 0);
+                }
+                f::PING if !head.has(f::ACK) && payload.len() == 8 => {
+                    f::put_head(&mut self.out, 8, f::PING, f::ACK, 0);
+                    self.out.extend_from_slice(&payload);
+                }
                 f::GOAWAY if payload.len() >= 8 => {
                     let last = u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]]) & 0x7fff_ffff;
                     let code = u32::from_be_bytes([payload[4], payload[5], payload[6], payload[7]]);

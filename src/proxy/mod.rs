@@ -105,8 +105,12 @@ impl Proxy {
 
         // One span per RPC (STYLE rule 4): mutating calls at info, polling calls at debug.
         let span = match route.rpc.map(|r| r.kind()) {
-            Some(RpcKind::Polling) => tracing::debug_span!("rpc", rpc = %route, call = call.id, pod_namespace = tracing::field::Empty, pod_name = tracing::field::Empty, pod_sandbox_id = tracing::field::Empty, container_name = tracing::field::Empty, container_id = tracing::field::Empty),
-            _ => tracing::info_span!("rpc", rpc = %route, call = call.id, pod_namespace = tracing::field::Empty, pod_name = tracing::field::Empty, pod_sandbox_id = tracing::field::Empty, container_name = tracing::field::Empty, container_id = tracing::field::Empty),
+            Some(RpcKind::Polling) => {
+                tracing::debug_span!("rpc", rpc = %route, call = call.id, pod_namespace = tracing::field::Empty, pod_name = tracing::field::Empty, pod_sandbox_id = tracing::field::Empty, container_name = tracing::field::Empty, container_id = tracing::field::Empty)
+            }
+            _ => {
+                tracing::info_span!("rpc", rpc = %route, call = call.id, pod_namespace = tracing::field::Empty, pod_name = tracing::field::Empty, pod_sandbox_id = tracing::field::Empty, container_name = tracing::field::Empty, container_id = tracing::field::Empty)
+            }
         };
         if route.rpc.is_none() {
             span.in_scope(|| tracing::debug!(path = call.path.as_str(), "forwarding a path crisp does not know"));
@@ -137,12 +141,7 @@ impl Proxy {
         Status::new(code::UNAVAILABLE, format!("crisp: {e}")).to_response().map(|b| ResponseBody::new(b, None))
     }
 
-    async fn forward_observed(
-        self: Arc<Self>,
-        req: Request<ProxyBody>,
-        call: Call,
-        interest: crate::intercept::Interest,
-    ) -> Response<ResponseBody> {
+    async fn forward_observed(self: Arc<Self>, req: Request<ProxyBody>, call: Call, interest: crate::intercept::Interest) -> Response<ResponseBody> {
         let streaming = matches!(call.route.rpc.map(|r| r.kind()), Some(RpcKind::Streaming) | None);
         let (mut parts, body) = req.into_parts();
         let mut held = Duration::ZERO;
@@ -207,15 +206,8 @@ impl Proxy {
             }
         };
 
-        let completion = interest.complete.then(|| Completion {
-            proxy: self.clone(),
-            call: call.clone(),
-            held,
-            request: req_bytes.clone(),
-            response: None,
-            code: None,
-            message: None,
-        });
+        let completion =
+            interest.complete.then(|| Completion { proxy: self.clone(), call: call.clone(), held, request: req_bytes.clone(), response: None, code: None, message: None });
 
         if !interest.response || streaming {
             let (parts, body) = resp.into_parts();
@@ -461,9 +453,7 @@ pub async fn serve(listener: UnixListener, proxy: Arc<Proxy>, shutdown: impl Fut
     let grace = proxy.opts.shutdown_grace;
     tracing::info!(grace_ms = grace.as_millis() as u64, "shutting down: no longer accepting, draining in-flight calls");
     let _ = stop_tx.send(true);
-    let drain = async {
-        while conns.join_next().await.is_some() {}
-    };
+    let drain = async { while conns.join_next().await.is_some() {} };
     if tokio::time::timeout(grace, drain).await.is_err() {
         tracing::warn!("shutdown grace elapsed with calls still in flight; closing them");
         conns.abort_all();

@@ -42,8 +42,8 @@ use tokio::sync::{mpsc, watch, Notify};
 use super::body::{BoxError, ProxyBody};
 use super::frames::{self as f, Head};
 use super::h2c::Fields;
-use super::upstream::RawFields;
 use super::sock::{self, Reader, Writer};
+use super::upstream::RawFields;
 use super::Proxy;
 use crate::cri::Route;
 use crate::intercept::{Call, Outcome};
@@ -649,13 +649,7 @@ impl ClientToUpstream {
             return Ok(());
         }
         let (route, path) = path.unwrap_or_else(|| (Route::UNKNOWN, http::uri::PathAndQuery::from_static("/")));
-        let call = Call {
-            route,
-            path,
-            received: now,
-            deadline: timeout.map(|d| now + d),
-            id: self.proxy.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-        };
+        let call = Call { route, path, received: now, deadline: timeout.map(|d| now + d), id: self.proxy.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed) };
         let interest = self.proxy.interceptors.interest(&call);
         let divert = interest.request || interest.response;
         {
@@ -722,9 +716,7 @@ impl ClientToUpstream {
 /// (KUBELET-CRI.md §11) — and the runtime decides what it accepts, as it does for relayed calls.
 fn request_from_block(block: &[u8]) -> Result<Request<()>, &'static str> {
     let mut fields = Vec::with_capacity(16);
-    super::hpack::Decoder::default()
-        .decode(block, |n, v| fields.push((Bytes::copy_from_slice(n), Bytes::copy_from_slice(v))))
-        .map_err(|_| "header block")?;
+    super::hpack::Decoder::default().decode(block, |n, v| fields.push((Bytes::copy_from_slice(n), Bytes::copy_from_slice(v)))).map_err(|_| "header block")?;
     let mut req = Request::new(());
     *req.version_mut() = http::Version::HTTP_2;
     for (n, v) in &fields {

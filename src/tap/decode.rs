@@ -134,14 +134,7 @@ fn unknown_fields<T: Message + Default>(msg: &[u8], skip: &[&[u32]], with_values
     out
 }
 
-fn walk<T: Message + Default>(
-    buf: &[u8],
-    path: &mut Vec<u32>,
-    skip: &[&[u32]],
-    redact: bool,
-    cache: &mut HashMap<Vec<u32>, HashMap<(u32, u8), Class>>,
-    out: &mut Vec<Value>,
-) {
+fn walk<T: Message + Default>(buf: &[u8], path: &mut Vec<u32>, skip: &[&[u32]], redact: bool, cache: &mut HashMap<Vec<u32>, HashMap<(u32, u8), Class>>, out: &mut Vec<Value>) {
     for f in fields(buf) {
         // The typed decode succeeded, so the structure is valid at every level it knows; a
         // failure here is a group (wire types 3/4) crisp's walker does not follow.

@@ -38,9 +38,9 @@ use tokio::sync::mpsc;
 
 use crate::cri::wire::{self, Frame};
 use crate::cri::{Route, Rpc, RpcKind};
+use crate::intercept::PodNames;
 use crate::intercept::{BoxFuture, Call, Interceptor, Interest, Outcome, Verdict};
 use crate::metrics::{code_name, CallMetrics};
-use crate::intercept::PodNames;
 pub use filter::{Filter, Glob};
 pub use ids::Ids;
 use redact::Dir;
@@ -149,7 +149,10 @@ pub enum Item {
     Call(Arc<RawEvent>),
     /// `count` events were dropped for this subscriber just before the next one (`total` since
     /// it subscribed).
-    Dropped { count: u64, total: u64 },
+    Dropped {
+        count: u64,
+        total: u64,
+    },
 }
 
 struct Queued {

@@ -41,12 +41,8 @@ pub enum Dir {
 /// newest kubernetes cri-api. All sit in AuthConfig, which is only carried by
 /// `PullImageRequest.auth` — redacted whole, so these are covered with room to spare; the list
 /// is kept so a test can prove it.
-pub const DEBUG_REDACT: &[(&str, &str, u32)] = &[
-    ("AuthConfig", "password", 2),
-    ("AuthConfig", "auth", 3),
-    ("AuthConfig", "identity_token", 5),
-    ("AuthConfig", "registry_token", 6),
-];
+pub const DEBUG_REDACT: &[(&str, &str, u32)] =
+    &[("AuthConfig", "password", 2), ("AuthConfig", "auth", 3), ("AuthConfig", "identity_token", 5), ("AuthConfig", "registry_token", 6)];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum How {
@@ -292,8 +288,19 @@ mod tests {
             (Rpc::RunPodSandbox, Dir::Request, prost::Message::encode_to_vec(&c::RunPodSandboxRequest { config: Some(config.clone()), runtime_handler: String::new() })),
             (Rpc::CreateContainer, Dir::Request, prost::Message::encode_to_vec(&c::CreateContainerRequest { sandbox_config: Some(config.clone()), ..Default::default() })),
             (Rpc::PullImage, Dir::Request, prost::Message::encode_to_vec(&c::PullImageRequest { sandbox_config: Some(config), ..Default::default() })),
-            (Rpc::PodSandboxStatus, Dir::Response, prost::Message::encode_to_vec(&c::PodSandboxStatusResponse { status: Some(c::PodSandboxStatus { annotations: ann.clone(), ..Default::default() }), ..Default::default() })),
-            (Rpc::ListPodSandbox, Dir::Response, prost::Message::encode_to_vec(&c::ListPodSandboxResponse { items: vec![c::PodSandbox { annotations: ann, ..Default::default() }] })),
+            (
+                Rpc::PodSandboxStatus,
+                Dir::Response,
+                prost::Message::encode_to_vec(&c::PodSandboxStatusResponse {
+                    status: Some(c::PodSandboxStatus { annotations: ann.clone(), ..Default::default() }),
+                    ..Default::default()
+                }),
+            ),
+            (
+                Rpc::ListPodSandbox,
+                Dir::Response,
+                prost::Message::encode_to_vec(&c::ListPodSandboxResponse { items: vec![c::PodSandbox { annotations: ann, ..Default::default() }] }),
+            ),
             (Rpc::PodSandboxStats, Dir::Response, prost::Message::encode_to_vec(&c::PodSandboxStatsResponse { stats: Some(stats.clone()) })),
             (Rpc::ListPodSandboxStats, Dir::Response, prost::Message::encode_to_vec(&c::ListPodSandboxStatsResponse { stats: vec![stats] })),
         ];

@@ -178,7 +178,17 @@ async fn a_rejected_call_keeps_the_names_read_from_its_request() {
     assert!(matches!(t.on_request(&c, &req).await, Verdict::Forward));
     assert_eq!(t.stashed.load(Relaxed), 1);
     // The engine rejected it: the proxy reports no request bytes.
-    t.on_complete(&c, &Outcome { code: Some(9), duration: Duration::from_millis(1), held: Duration::from_millis(1), request: None, response: None, message: Some("crisp: sidecar \"proxy\" is not ready".into()) });
+    t.on_complete(
+        &c,
+        &Outcome {
+            code: Some(9),
+            duration: Duration::from_millis(1),
+            held: Duration::from_millis(1),
+            request: None,
+            response: None,
+            message: Some("crisp: sidecar \"proxy\" is not ready".into()),
+        },
+    );
     let Some(Item::Call(e)) = next_now(&mut s).await else { panic!("no event") };
     assert_eq!((e.ids.pod_namespace.as_str(), e.ids.pod_name.as_str(), e.ids.container_name.as_str()), ("shop", "web", "app"));
     assert_eq!(e.message.as_deref(), Some("crisp: sidecar \"proxy\" is not ready"));

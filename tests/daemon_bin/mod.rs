@@ -11,12 +11,7 @@ pub fn write_config(dir: &Path) -> PathBuf {
     let cfg = dir.join("config.toml");
     std::fs::write(
         &cfg,
-        format!(
-            "listen = {:?}\nupstream = {:?}\nstate_dir = {:?}\n[log]\nlevel = \"info\"\n",
-            dir.join("crisp.sock"),
-            dir.join("no-runtime.sock"),
-            dir.join("state")
-        ),
+        format!("listen = {:?}\nupstream = {:?}\nstate_dir = {:?}\n[log]\nlevel = \"info\"\n", dir.join("crisp.sock"), dir.join("no-runtime.sock"), dir.join("state")),
     )
     .unwrap();
     cfg

@@ -250,7 +250,11 @@ impl Node {
             if inv != not_invocation && last.starts_with(&format!("ok {inv} {endpoint} ")) {
                 return last;
             }
-            assert!(Instant::now() < deadline, "stand-in kubelet never reached {endpoint} in a new invocation (last call: {last:?}; {})", self.nsenter(&["journalctl", "-u", "kubelet", "-n", "20", "--no-pager"]).stdout);
+            assert!(
+                Instant::now() < deadline,
+                "stand-in kubelet never reached {endpoint} in a new invocation (last call: {last:?}; {})",
+                self.nsenter(&["journalctl", "-u", "kubelet", "-n", "20", "--no-pager"]).stdout
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }

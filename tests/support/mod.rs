@@ -108,20 +108,67 @@ pub fn arbitrary_message(tag: &str) -> Vec<u8> {
 /// v1, k8s-cri's proto for v1alpha2), as gRPC paths.
 pub fn all_cri_paths() -> Vec<String> {
     const V1_RUNTIME: &[&str] = &[
-        "Version", "RunPodSandbox", "StopPodSandbox", "RemovePodSandbox", "PodSandboxStatus", "ListPodSandbox",
-        "CreateContainer", "StartContainer", "StopContainer", "RemoveContainer", "ListContainers", "ContainerStatus",
-        "UpdateContainerResources", "ReopenContainerLog", "ExecSync", "Exec", "Attach", "PortForward",
-        "ContainerStats", "ListContainerStats", "PodSandboxStats", "ListPodSandboxStats", "UpdateRuntimeConfig",
-        "Status", "CheckpointContainer", "GetContainerEvents", "ListMetricDescriptors", "ListPodSandboxMetrics",
-        "RuntimeConfig", "UpdatePodSandboxResources", "StreamPodSandboxes", "StreamContainers",
-        "StreamContainerStats", "StreamPodSandboxStats", "StreamPodSandboxMetrics",
+        "Version",
+        "RunPodSandbox",
+        "StopPodSandbox",
+        "RemovePodSandbox",
+        "PodSandboxStatus",
+        "ListPodSandbox",
+        "CreateContainer",
+        "StartContainer",
+        "StopContainer",
+        "RemoveContainer",
+        "ListContainers",
+        "ContainerStatus",
+        "UpdateContainerResources",
+        "ReopenContainerLog",
+        "ExecSync",
+        "Exec",
+        "Attach",
+        "PortForward",
+        "ContainerStats",
+        "ListContainerStats",
+        "PodSandboxStats",
+        "ListPodSandboxStats",
+        "UpdateRuntimeConfig",
+        "Status",
+        "CheckpointContainer",
+        "GetContainerEvents",
+        "ListMetricDescriptors",
+        "ListPodSandboxMetrics",
+        "RuntimeConfig",
+        "UpdatePodSandboxResources",
+        "StreamPodSandboxes",
+        "StreamContainers",
+        "StreamContainerStats",
+        "StreamPodSandboxStats",
+        "StreamPodSandboxMetrics",
     ];
     const V1_IMAGE: &[&str] = &["ListImages", "ImageStatus", "PullImage", "RemoveImage", "ImageFsInfo", "StreamImages"];
     const V1ALPHA2_RUNTIME: &[&str] = &[
-        "Version", "RunPodSandbox", "StopPodSandbox", "RemovePodSandbox", "PodSandboxStatus", "ListPodSandbox",
-        "CreateContainer", "StartContainer", "StopContainer", "RemoveContainer", "ListContainers", "ContainerStatus",
-        "UpdateContainerResources", "ReopenContainerLog", "ExecSync", "Exec", "Attach", "PortForward",
-        "ContainerStats", "ListContainerStats", "PodSandboxStats", "ListPodSandboxStats", "UpdateRuntimeConfig",
+        "Version",
+        "RunPodSandbox",
+        "StopPodSandbox",
+        "RemovePodSandbox",
+        "PodSandboxStatus",
+        "ListPodSandbox",
+        "CreateContainer",
+        "StartContainer",
+        "StopContainer",
+        "RemoveContainer",
+        "ListContainers",
+        "ContainerStatus",
+        "UpdateContainerResources",
+        "ReopenContainerLog",
+        "ExecSync",
+        "Exec",
+        "Attach",
+        "PortForward",
+        "ContainerStats",
+        "ListContainerStats",
+        "PodSandboxStats",
+        "ListPodSandboxStats",
+        "UpdateRuntimeConfig",
         "Status",
     ];
     const V1ALPHA2_IMAGE: &[&str] = &["ListImages", "ImageStatus", "PullImage", "RemoveImage", "ImageFsInfo"];
@@ -330,10 +377,7 @@ impl FakeState {
 
 fn build_response(reply: Reply, req_body: Bytes, mut guard: CallGuard) -> Response<FakeBody> {
     let (headers, kind) = match reply {
-        Reply::Echo => (
-            grpc_headers(),
-            BodyKind::Script { chunks: VecDeque::from([(Duration::ZERO, req_body)]), trailers: Some(ok_trailers()), sleep: None },
-        ),
+        Reply::Echo => (grpc_headers(), BodyKind::Script { chunks: VecDeque::from([(Duration::ZERO, req_body)]), trailers: Some(ok_trailers()), sleep: None }),
         Reply::Full { headers, chunks, trailers } => (headers, BodyKind::Script { chunks: chunks.into(), trailers, sleep: None }),
         Reply::TrailersOnly(headers) => (headers, BodyKind::Empty),
         Reply::Channel { headers, frames } => (headers, BodyKind::Channel(frames)),
@@ -682,12 +726,7 @@ impl Daemon {
 
 /// The daemon's default configuration, with every path inside `dir`.
 pub fn test_config(listen: &Path, upstream: &Path, dir: &Path) -> crisp::config::Config {
-    crisp::config::Config {
-        listen: listen.to_path_buf(),
-        upstream: upstream.to_path_buf(),
-        state_dir: dir.join("state"),
-        ..Default::default()
-    }
+    crisp::config::Config { listen: listen.to_path_buf(), upstream: upstream.to_path_buf(), state_dir: dir.join("state"), ..Default::default() }
 }
 
 fn crisp_socket() -> (tempfile::TempDir, PathBuf) {
@@ -791,12 +830,7 @@ pub struct RawRequest {
 impl RawRequest {
     /// A gRPC call with the headers grpc-go sends.
     pub fn grpc(path: &str, msg: &[u8]) -> RawRequest {
-        RawRequest {
-            path: path.to_string(),
-            headers: header_map(&[("content-type", b"application/grpc"), ("te", b"trailers")]),
-            body: grpc_frame(msg),
-            trailers: None,
-        }
+        RawRequest { path: path.to_string(), headers: header_map(&[("content-type", b"application/grpc"), ("te", b"trailers")]), body: grpc_frame(msg), trailers: None }
     }
 }
 

@@ -93,12 +93,8 @@ pub async fn fake_runtime_apis(path: &Path, serve_v1: bool, serve_v1alpha2: bool
                             Some(api) if path.ends_with("RuntimeService/Version") => {
                                 c.fetch_add(1, Ordering::SeqCst);
                                 let req = VersionRequest::decode(body.get(5..).unwrap_or_default()).unwrap_or_default();
-                                let v = VersionResponse {
-                                    version: req.version,
-                                    runtime_name: "fake-runtime".into(),
-                                    runtime_version: "1.2.3".into(),
-                                    runtime_api_version: api.into(),
-                                };
+                                let v =
+                                    VersionResponse { version: req.version, runtime_name: "fake-runtime".into(), runtime_version: "1.2.3".into(), runtime_api_version: api.into() };
                                 grpc_response(0, Some(v.encode_to_vec()))
                             }
                             _ => grpc_response(12, None),
@@ -407,12 +403,8 @@ impl Run {
 
 /// Runs `hack/<script>` with `args`.
 pub fn hack(script: &str, args: &[&str]) -> Run {
-    let out = Command::new("bash")
-        .arg(Path::new(REPO).join("hack").join(script))
-        .args(args)
-        .env_remove("NOTIFY_SOCKET")
-        .output()
-        .unwrap_or_else(|e| panic!("run hack/{script}: {e}"));
+    let out =
+        Command::new("bash").arg(Path::new(REPO).join("hack").join(script)).args(args).env_remove("NOTIFY_SOCKET").output().unwrap_or_else(|e| panic!("run hack/{script}: {e}"));
     Run { ok: out.status.success(), stdout: String::from_utf8_lossy(&out.stdout).into(), stderr: String::from_utf8_lossy(&out.stderr).into() }
 }
 

@@ -167,7 +167,8 @@ async fn throughput(socket: &Path, path: &str, body: &Bytes, conc: usize, secs: 
 async fn stream_events(socket: &Path) -> Result<(Duration, usize)> {
     let mut s = connect(socket).await?;
     let body = frame(&[]);
-    let req = Request::post("http://localhost/runtime.v1.RuntimeService/GetContainerEvents").header("content-type", "application/grpc").header("te", "trailers").body(Full::new(body))?;
+    let req =
+        Request::post("http://localhost/runtime.v1.RuntimeService/GetContainerEvents").header("content-type", "application/grpc").header("te", "trailers").body(Full::new(body))?;
     let t = Instant::now();
     let resp = s.send_request(req).await?;
     let mut b = resp.into_body();
@@ -223,10 +224,14 @@ async fn kubelet_mix(socket: &Path, secs: u64) -> Result<[Vec<Duration>; 3]> {
                 let meta = cri::PodSandboxMetadata { name: format!("mix-{i}"), uid: format!("{i:032x}"), namespace: "bench".into(), attempt: 0 };
                 let config = cri::PodSandboxConfig { metadata: Some(meta), ..Default::default() };
                 let sandbox = "0.1.0".to_string(); // what the fake answers as the id
-                let mut calls: Vec<(&str, Vec<u8>)> = vec![("RunPodSandbox", cri::RunPodSandboxRequest { config: Some(config.clone()), runtime_handler: String::new() }.encode_to_vec())];
+                let mut calls: Vec<(&str, Vec<u8>)> =
+                    vec![("RunPodSandbox", cri::RunPodSandboxRequest { config: Some(config.clone()), runtime_handler: String::new() }.encode_to_vec())];
                 for c in ["sidecar", "app"] {
                     let cc = cri::ContainerConfig { metadata: Some(cri::ContainerMetadata { name: c.into(), attempt: 0 }), ..Default::default() };
-                    calls.push(("CreateContainer", cri::CreateContainerRequest { pod_sandbox_id: sandbox.clone(), config: Some(cc), sandbox_config: Some(config.clone()) }.encode_to_vec()));
+                    calls.push((
+                        "CreateContainer",
+                        cri::CreateContainerRequest { pod_sandbox_id: sandbox.clone(), config: Some(cc), sandbox_config: Some(config.clone()) }.encode_to_vec(),
+                    ));
                     calls.push(("StartContainer", cri::StartContainerRequest { container_id: format!("{c}-{i}") }.encode_to_vec()));
                 }
                 for c in ["app", "sidecar"] {
@@ -319,11 +324,7 @@ async fn run_lanes(args: &Args, title: &str, upstream: &Path, dir: &Path, big_li
     let crisp = start_crisp(dir, &crisp_sock, upstream, &args.crisp_config)?;
     let pid = crisp.0.id();
     let idle_rss = proc_status(pid, "VmRSS:");
-    let lanes = [
-        Lane { name: "direct", socket: upstream.to_path_buf() },
-        Lane { name: "socat", socket: socat_sock.clone() },
-        Lane { name: "crisp", socket: crisp_sock.clone() },
-    ];
+    let lanes = [Lane { name: "direct", socket: upstream.to_path_buf() }, Lane { name: "socat", socket: socat_sock.clone() }, Lane { name: "crisp", socket: crisp_sock.clone() }];
     let version = frame(&cri::VersionRequest { version: "v1".into() }.encode_to_vec());
     let vpath = "/runtime.v1.RuntimeService/Version";
     let mut out = String::new();
@@ -441,11 +442,18 @@ async fn grpcgo_report(out: &mut String, args: &Args, lanes: &[Lane], method: &s
     use std::fmt::Write;
     let path = format!("/runtime.v1.RuntimeService/{method}");
     let per_round = (args.calls / 5).max(1);
-    let size = grpcgo::call(&lanes[0].socket, &path, req, CallOpts { authority: authority.clone(), ..Default::default() }).await?.calls.first().map_or(0, |c| c.response_hex.len() / 2);
+    let size =
+        grpcgo::call(&lanes[0].socket, &path, req, CallOpts { authority: authority.clone(), ..Default::default() }).await?.calls.first().map_or(0, |c| c.response_hex.len() / 2);
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); lanes.len()];
     for _ in 0..5 {
         for (i, l) in lanes.iter().enumerate() {
-            let o = grpcgo::call(&l.socket, &path, req, CallOpts { authority: authority.clone(), count: per_round, warmup: (per_round / 10).max(10), latencies: true, ..Default::default() }).await?;
+            let o = grpcgo::call(
+                &l.socket,
+                &path,
+                req,
+                CallOpts { authority: authority.clone(), count: per_round, warmup: (per_round / 10).max(10), latencies: true, ..Default::default() },
+            )
+            .await?;
             if o.summary.failed > 0 {
                 bail!("crisp-grpcgo call {method} on the {} lane: {} failed, first: {:?}", l.name, o.summary.failed, o.summary.first_error);
             }
@@ -461,7 +469,11 @@ async fn grpcgo_report(out: &mut String, args: &Args, lanes: &[Lane], method: &s
         })
         .collect();
     let sends = authority.as_deref().map_or("the socket path".to_string(), |a| format!("`{a}`"));
-    writeln!(out, "\ngrpc-go client (`crisp-grpcgo call`: grpc-go 1.33 dialing like kubelet, `:authority` {sends}): unary `{method}` ({size} B response), concurrency 1, {} calls:\n", per_round * 5)?;
+    writeln!(
+        out,
+        "\ngrpc-go client (`crisp-grpcgo call`: grpc-go 1.33 dialing like kubelet, `:authority` {sends}): unary `{method}` ({size} B response), concurrency 1, {} calls:\n",
+        per_round * 5
+    )?;
     writeln!(out, "| lane | p50 µs | p99 µs | added p50 µs | added p99 µs |\n|---|---|---|---|---|")?;
     for (l, (p50, p99)) in lanes.iter().zip(&q) {
         writeln!(out, "| {} | {:.1} | {:.1} | {:.1} | {:.1} |", l.name, p50, p99, p50 - q[0].0, p99 - q[0].1)?;
@@ -540,11 +552,7 @@ async fn run_mix(args: &Args, dir: &Path) -> Result<String> {
     let _socat = start_socat(&socat_sock, &upstream)?;
     let crisp = start_crisp(dir, &crisp_sock, &upstream, &args.crisp_config)?;
     let pid = crisp.0.id();
-    let lanes = [
-        Lane { name: "direct", socket: upstream.clone() },
-        Lane { name: "socat", socket: socat_sock },
-        Lane { name: "crisp", socket: crisp_sock },
-    ];
+    let lanes = [Lane { name: "direct", socket: upstream.clone() }, Lane { name: "socat", socket: socat_sock }, Lane { name: "crisp", socket: crisp_sock }];
     let mut out = String::new();
     writeln!(
         out,

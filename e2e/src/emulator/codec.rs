@@ -51,8 +51,7 @@ impl<T: prost::Message> Encoder for ProstEncoder<T> {
 
     fn encode(&mut self, item: T, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
         // EncodeBuf grows on demand, so this only fails on a bug in prost.
-        item.encode(buf)
-            .map_err(|e| Status::internal(format!("prost encode: {e}")))
+        item.encode(buf).map_err(|e| Status::internal(format!("prost encode: {e}")))
     }
 }
 

@@ -90,46 +90,18 @@ impl RuntimeContainerStatus {
         let exited = state == CriState::Exited;
         RuntimeContainerStatus {
             id: s.id.clone(),
-            name: s
-                .labels
-                .get(LABEL_CONTAINER_NAME)
-                .cloned()
-                .unwrap_or_default(),
+            name: s.labels.get(LABEL_CONTAINER_NAME).cloned().unwrap_or_default(),
             state,
             created_at: s.created_at,
-            started_at: if state != CriState::Created {
-                s.started_at
-            } else {
-                0
-            },
+            started_at: if state != CriState::Created { s.started_at } else { 0 },
             finished_at: if exited { s.finished_at } else { 0 },
             exit_code: if exited { s.exit_code } else { 0 },
-            reason: if exited {
-                s.reason.clone()
-            } else {
-                String::new()
-            },
-            message: if exited {
-                s.message.clone()
-            } else {
-                String::new()
-            },
-            image: s
-                .image
-                .as_ref()
-                .map(|i| i.image.clone())
-                .unwrap_or_default(),
+            reason: if exited { s.reason.clone() } else { String::new() },
+            message: if exited { s.message.clone() } else { String::new() },
+            image: s.image.as_ref().map(|i| i.image.clone()).unwrap_or_default(),
             image_ref: s.image_ref.clone(),
-            hash: s
-                .annotations
-                .get(ANNOTATION_HASH)
-                .cloned()
-                .unwrap_or_default(),
-            restart_count: s
-                .annotations
-                .get(ANNOTATION_RESTART_COUNT)
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0),
+            hash: s.annotations.get(ANNOTATION_HASH).cloned().unwrap_or_default(),
+            restart_count: s.annotations.get(ANNOTATION_RESTART_COUNT).and_then(|v| v.parse().ok()).unwrap_or(0),
             annotations: s.annotations.clone(),
         }
     }
@@ -155,10 +127,7 @@ pub struct RuntimePodStatus {
 impl RuntimePodStatus {
     /// What the cache returns for a pod the runtime knows nothing about.
     pub fn empty(uid: &str) -> RuntimePodStatus {
-        RuntimePodStatus {
-            uid: uid.to_string(),
-            ..RuntimePodStatus::default()
-        }
+        RuntimePodStatus { uid: uid.to_string(), ..RuntimePodStatus::default() }
     }
 
     /// `FindContainerStatusByName`: the newest instance with that name.
@@ -229,10 +198,7 @@ pub enum ContainerState {
 
 impl ContainerState {
     fn waiting(reason: &str) -> ContainerState {
-        ContainerState::Waiting {
-            reason: reason.to_string(),
-            message: String::new(),
-        }
+        ContainerState::Waiting { reason: reason.to_string(), message: String::new() }
     }
 
     /// Whether Running.
@@ -261,9 +227,7 @@ impl ContainerState {
     /// The reason of Waiting/Terminated.
     pub fn reason(&self) -> Option<&str> {
         match self {
-            ContainerState::Waiting { reason, .. } | ContainerState::Terminated { reason, .. } => {
-                Some(reason)
-            }
+            ContainerState::Waiting { reason, .. } | ContainerState::Terminated { reason, .. } => Some(reason),
             ContainerState::Running { .. } => None,
         }
     }
@@ -304,20 +268,12 @@ pub struct ApiPodStatus {
 impl ApiPodStatus {
     /// The status of a pod kubelet has not synced yet.
     pub fn pending() -> ApiPodStatus {
-        ApiPodStatus {
-            phase: PodPhase::Pending,
-            init_container_statuses: Vec::new(),
-            container_statuses: Vec::new(),
-            pod_ips: Vec::new(),
-        }
+        ApiPodStatus { phase: PodPhase::Pending, init_container_statuses: Vec::new(), container_statuses: Vec::new(), pod_ips: Vec::new() }
     }
 
     /// A regular or init container's status by name.
     pub fn container(&self, name: &str) -> Option<&ContainerStatusView> {
-        self.container_statuses
-            .iter()
-            .chain(&self.init_container_statuses)
-            .find(|c| c.name == name)
+        self.container_statuses.iter().chain(&self.init_container_statuses).find(|c| c.name == name)
     }
 }
 
@@ -325,12 +281,7 @@ impl ApiPodStatus {
 pub type ReasonCache = BTreeMap<String, (String, String)>;
 
 /// `ShouldContainerBeRestarted` (KUBELET-CRI §1.4, §4.3).
-pub fn should_container_be_restarted(
-    container: &ContainerSpec,
-    pod: &PodSpec,
-    deletion_requested: bool,
-    status: &RuntimePodStatus,
-) -> bool {
+pub fn should_container_be_restarted(container: &ContainerSpec, pod: &PodSpec, deletion_requested: bool, status: &RuntimePodStatus) -> bool {
     // Once a pod has been marked deleted, it should not be restarted.
     if deletion_requested {
         return false;
@@ -370,37 +321,13 @@ pub struct StatusInputs<'a> {
 /// three-way merge (a Succeeded/Failed phase is never left again).
 pub fn generate_api_pod_status(inp: &StatusInputs<'_>, status: &RuntimePodStatus) -> ApiPodStatus {
     let has_init = !inp.pod.init_containers.is_empty();
-    let container_statuses = convert_to_api_container_statuses(
-        inp,
-        status,
-        &inp.old.container_statuses,
-        &inp.pod.containers,
-        has_init,
-        false,
-    );
-    let init_container_statuses = convert_to_api_container_statuses(
-        inp,
-        status,
-        &inp.old.init_container_statuses,
-        &inp.pod.init_containers,
-        has_init,
-        true,
-    );
-    let mut phase = get_phase(
-        inp.pod,
-        &init_container_statuses,
-        &container_statuses,
-        inp.pod_is_terminal && inp.version >= KubeletVersion::V1_27,
-    );
+    let container_statuses = convert_to_api_container_statuses(inp, status, &inp.old.container_statuses, &inp.pod.containers, has_init, false);
+    let init_container_statuses = convert_to_api_container_statuses(inp, status, &inp.old.init_container_statuses, &inp.pod.init_containers, has_init, true);
+    let mut phase = get_phase(inp.pod, &init_container_statuses, &container_statuses, inp.pod_is_terminal && inp.version >= KubeletVersion::V1_27);
     if !phase.is_terminal() && inp.old.phase.is_terminal() {
         phase = inp.old.phase;
     }
-    ApiPodStatus {
-        phase,
-        init_container_statuses,
-        container_statuses,
-        pod_ips: status.ips.clone(),
-    }
+    ApiPodStatus { phase, init_container_statuses, container_statuses, pod_ips: status.ips.clone() }
 }
 
 /// `convertToAPIContainerStatuses` (kubelet_pods.go), for regular or init containers.
@@ -412,13 +339,8 @@ fn convert_to_api_container_statuses(
     has_init: bool,
     is_init: bool,
 ) -> Vec<ContainerStatusView> {
-    let old: HashMap<&str, &ContainerStatusView> =
-        previous.iter().map(|s| (s.name.as_str(), s)).collect();
-    let default_reason = if has_init {
-        "PodInitializing"
-    } else {
-        "ContainerCreating"
-    };
+    let old: HashMap<&str, &ContainerStatusView> = previous.iter().map(|s| (s.name.as_str(), s)).collect();
+    let default_reason = if has_init { "PodInitializing" } else { "ContainerCreating" };
 
     // Every container starts in the default waiting state, seeded from its old status.
     let mut statuses: BTreeMap<&str, ContainerStatusView> = BTreeMap::new();
@@ -457,16 +379,14 @@ fn convert_to_api_container_statuses(
         let Some(s) = statuses.get_mut(c.name.as_str()) else {
             continue;
         };
-        let is_default =
-            matches!(&s.state, ContainerState::Waiting { reason, .. } if reason == default_reason);
+        let is_default = matches!(&s.state, ContainerState::Waiting { reason, .. } if reason == default_reason);
         if !is_default || matches!(s.last_state, Some(ContainerState::Terminated { .. })) {
             continue;
         }
         s.last_state = Some(ContainerState::Terminated {
             exit_code: 137,
             reason: "ContainerStatusUnknown".into(),
-            message: "The container could not be located when the pod was deleted.  The container used to be Running"
-                .into(),
+            message: "The container could not be located when the pod was deleted.  The container used to be Running".into(),
             started_at: 0,
             finished_at: 0,
             container_id: String::new(),
@@ -516,22 +436,13 @@ fn convert_to_api_container_statuses(
         if s.state.is_terminated() {
             s.last_state = Some(s.state.clone());
         }
-        s.state = ContainerState::Waiting {
-            reason: reason.clone(),
-            message: message.clone(),
-        };
+        s.state = ContainerState::Waiting { reason: reason.clone(), message: message.clone() };
     }
 
-    containers
-        .iter()
-        .filter_map(|c| statuses.remove(c.name.as_str()))
-        .collect()
+    containers.iter().filter_map(|c| statuses.remove(c.name.as_str())).collect()
 }
 
-fn convert_container_status(
-    cs: &RuntimeContainerStatus,
-    old: Option<&ContainerStatusView>,
-) -> ContainerStatusView {
+fn convert_container_status(cs: &RuntimeContainerStatus, old: Option<&ContainerStatusView>) -> ContainerStatusView {
     let mut s = ContainerStatusView {
         name: cs.name.clone(),
         state: ContainerState::waiting(""),
@@ -542,9 +453,7 @@ fn convert_container_status(
         image_id: cs.image_ref.clone(),
     };
     s.state = match cs.state {
-        CriState::Running => ContainerState::Running {
-            started_at: cs.started_at,
-        },
+        CriState::Running => ContainerState::Running { started_at: cs.started_at },
         // Created but not running: "waiting to be running", no reason.
         CriState::Created => ContainerState::waiting(""),
         CriState::Exited => ContainerState::Terminated {
@@ -561,8 +470,7 @@ fn convert_container_status(
                 ContainerState::Terminated {
                     exit_code: 137,
                     reason: "ContainerStatusUnknown".into(),
-                    message: "The container could not be located when the pod was terminated"
-                        .into(),
+                    message: "The container could not be located when the pod was terminated".into(),
                     started_at: 0,
                     finished_at: 0,
                     container_id: String::new(),
@@ -577,14 +485,8 @@ fn convert_container_status(
 /// `getPhase` (kubelet_pods.go; KUBELET-CRI §4.3). `pod_is_terminal` is 1.27's extra branch: after
 /// termination, all containers stopped → Succeeded if every exit code is 0, else Failed, whatever
 /// the restart policy. Pass `false` to get 1.23/1.26 behaviour.
-pub fn get_phase(
-    pod: &PodSpec,
-    init: &[ContainerStatusView],
-    regular: &[ContainerStatusView],
-    pod_is_terminal: bool,
-) -> PodPhase {
-    let find =
-        |list: &[ContainerStatusView], name: &str| list.iter().find(|s| s.name == name).cloned();
+pub fn get_phase(pod: &PodSpec, init: &[ContainerStatusView], regular: &[ContainerStatusView], pod_is_terminal: bool) -> PodPhase {
+    let find = |list: &[ContainerStatusView], name: &str| list.iter().find(|s| s.name == name).cloned();
     let mut pending_initialization = 0;
     let mut failed_initialization = 0;
     for c in &pod.init_containers {
@@ -648,11 +550,7 @@ pub fn get_phase(
     if running == 0 && stopped > 0 && unknown == 0 {
         // 1.27: the pod is terminal, so its containers won't be restarted regardless of policy.
         if pod_is_terminal {
-            return if stopped == succeeded {
-                PodPhase::Succeeded
-            } else {
-                PodPhase::Failed
-            };
+            return if stopped == succeeded { PodPhase::Succeeded } else { PodPhase::Failed };
         }
         if pod.restart_policy == RestartPolicy::Always {
             // All containers are in the process of restarting.

@@ -26,9 +26,10 @@ pub struct Rng(u64);
 impl Rng {
     /// From `CRISP_SEED` if set, else from the clock. Prints the seed so a failure replays.
     pub fn from_env(what: &str) -> Rng {
-        let seed = std::env::var("CRISP_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
-        });
+        let seed = std::env::var("CRISP_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1));
         eprintln!("{what}: CRISP_SEED={seed} (set it to replay this run)");
         Rng(seed.max(1))
     }
@@ -563,7 +564,11 @@ pub async fn remove_pods(containerd: &Path, kubelet: &Kubelet, uids: &[String]) 
     let mut rt = direct(containerd).await?;
     for uid in uids {
         let sel: HashMap<String, String> = [("io.kubernetes.pod.uid".to_string(), uid.clone())].into();
-        let cs = rt.list_containers(cri::ListContainersRequest { filter: Some(cri::ContainerFilter { label_selector: sel.clone(), ..Default::default() }) }).await?.into_inner().containers;
+        let cs = rt
+            .list_containers(cri::ListContainersRequest { filter: Some(cri::ContainerFilter { label_selector: sel.clone(), ..Default::default() }) })
+            .await?
+            .into_inner()
+            .containers;
         for c in cs {
             let meta = CallMeta { pod_uid: Some(uid.clone()), ..Default::default() };
             let mut r = kubelet.cri().remove_container(&c.id, meta.clone()).await;
@@ -575,7 +580,11 @@ pub async fn remove_pods(containerd: &Path, kubelet: &Kubelet, uids: &[String]) 
             if matches!(&r, Err(e) if e.message().contains("cannot delete running task")) {
                 let st = rt.container_status(cri::ContainerStatusRequest { container_id: c.id.clone(), verbose: false }).await?.into_inner().status.unwrap_or_default();
                 if st.reason == "StartError" {
-                    eprintln!("{}: containerd kept the task of {} whose start was aborted; killing it with ctr", &c.id[..12], st.metadata.as_ref().map_or("?", |m| m.name.as_str()));
+                    eprintln!(
+                        "{}: containerd kept the task of {} whose start was aborted; killing it with ctr",
+                        &c.id[..12],
+                        st.metadata.as_ref().map_or("?", |m| m.name.as_str())
+                    );
                     let ctr = |args: &[&str]| std::process::Command::new("ctr").args(["--address", &containerd.display().to_string(), "-n", "k8s.io", "tasks"]).args(args).output();
                     let out = ctr(&["kill", "-s", "SIGKILL", &c.id])?;
                     anyhow::ensure!(out.status.success(), "ctr tasks kill {}: {}", c.id, String::from_utf8_lossy(&out.stderr));

@@ -53,16 +53,7 @@ fn node_rules_apply_without_annotation_and_annotation_wins() {
 
 #[test]
 fn malformed_values_warn_and_act_as_absent() {
-    let (p, w) = PodPolicy::parse(
-        &ann(&[
-            (SIDECARS, "Bad_Name, ok"),
-            (START_TIMEOUT, "forever"),
-            (JOB, "yes"),
-            (TIMEOUT_POLICY, "explode"),
-            (RESTART_POLICY, "Sometimes"),
-        ]),
-        &[],
-    );
+    let (p, w) = PodPolicy::parse(&ann(&[(SIDECARS, "Bad_Name, ok"), (START_TIMEOUT, "forever"), (JOB, "yes"), (TIMEOUT_POLICY, "explode"), (RESTART_POLICY, "Sometimes")]), &[]);
     assert!(!p.has_sidecars());
     assert_eq!(p.start_timeout, None);
     assert_eq!(p.job, None);

@@ -1,7 +1,7 @@
 use super::*;
 use crate::config::injectors::sidecar;
-use std::collections::BTreeMap;
 use crate::ordering::annotations::{PodPolicy, Source, SIDECARS};
+use std::collections::BTreeMap;
 
 fn ann(pairs: &[(&str, &str)]) -> HashMap<String, String> {
     pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()

@@ -4,13 +4,7 @@ use super::*;
 use crate::emulator::pod::{ContainerSpec, PodSpec, RestartPolicy};
 
 fn pod(policy: RestartPolicy, init: &[&str], containers: &[&str]) -> PodSpec {
-    let mut p = PodSpec::new(
-        "p",
-        containers
-            .iter()
-            .map(|n| ContainerSpec::sh(n, "true"))
-            .collect(),
-    );
+    let mut p = PodSpec::new("p", containers.iter().map(|n| ContainerSpec::sh(n, "true")).collect());
     p.init_containers = init.iter().map(|n| ContainerSpec::sh(n, "true")).collect();
     p.restart_policy = policy;
     p.uid = "uid".into();
@@ -26,37 +20,15 @@ fn terminated(name: &str, code: i32) -> ContainerStatusView {
 }
 
 fn waiting(name: &str, last: Option<ContainerState>) -> ContainerStatusView {
-    view(
-        name,
-        ContainerState::Waiting {
-            reason: "CrashLoopBackOff".into(),
-            message: String::new(),
-        },
-        last,
-    )
+    view(name, ContainerState::Waiting { reason: "CrashLoopBackOff".into(), message: String::new() }, last)
 }
 
 fn term(code: i32) -> ContainerState {
-    ContainerState::Terminated {
-        exit_code: code,
-        reason: String::new(),
-        message: String::new(),
-        started_at: 1,
-        finished_at: 2,
-        container_id: "c".into(),
-    }
+    ContainerState::Terminated { exit_code: code, reason: String::new(), message: String::new(), started_at: 1, finished_at: 2, container_id: "c".into() }
 }
 
 fn view(name: &str, state: ContainerState, last: Option<ContainerState>) -> ContainerStatusView {
-    ContainerStatusView {
-        name: name.into(),
-        state,
-        last_state: last,
-        restart_count: 0,
-        container_id: Some("c".into()),
-        image: String::new(),
-        image_id: String::new(),
-    }
+    ContainerStatusView { name: name.into(), state, last_state: last, restart_count: 0, container_id: Some("c".into()), image: String::new(), image_id: String::new() }
 }
 
 #[test]
@@ -68,74 +40,19 @@ fn phase_table() {
         (Always, vec![], false, Pending),
         (Always, vec![running("a")], false, Pending), // b unknown
         (Always, vec![running("a"), running("b")], false, Running),
-        (
-            Always,
-            vec![running("a"), waiting("b", None)],
-            false,
-            Pending,
-        ),
-        (
-            Always,
-            vec![running("a"), waiting("b", Some(term(1)))],
-            false,
-            Running,
-        ),
-        (
-            Always,
-            vec![terminated("a", 0), terminated("b", 0)],
-            false,
-            Running,
-        ),
-        (
-            Never,
-            vec![terminated("a", 0), terminated("b", 0)],
-            false,
-            Succeeded,
-        ),
-        (
-            Never,
-            vec![terminated("a", 0), terminated("b", 1)],
-            false,
-            Failed,
-        ),
-        (
-            OnFailure,
-            vec![terminated("a", 0), terminated("b", 0)],
-            false,
-            Succeeded,
-        ),
-        (
-            OnFailure,
-            vec![terminated("a", 0), terminated("b", 1)],
-            false,
-            Running,
-        ),
+        (Always, vec![running("a"), waiting("b", None)], false, Pending),
+        (Always, vec![running("a"), waiting("b", Some(term(1)))], false, Running),
+        (Always, vec![terminated("a", 0), terminated("b", 0)], false, Running),
+        (Never, vec![terminated("a", 0), terminated("b", 0)], false, Succeeded),
+        (Never, vec![terminated("a", 0), terminated("b", 1)], false, Failed),
+        (OnFailure, vec![terminated("a", 0), terminated("b", 0)], false, Succeeded),
+        (OnFailure, vec![terminated("a", 0), terminated("b", 1)], false, Running),
         // A running sidecar keeps a Never pod Running after the app exits (KUBELET-CRI §4.3).
-        (
-            Never,
-            vec![terminated("a", 0), running("b")],
-            false,
-            Running,
-        ),
+        (Never, vec![terminated("a", 0), running("b")], false, Running),
         // 1.27 terminal branch.
-        (
-            Always,
-            vec![terminated("a", 0), terminated("b", 0)],
-            true,
-            Succeeded,
-        ),
-        (
-            Always,
-            vec![terminated("a", 0), terminated("b", 137)],
-            true,
-            Failed,
-        ),
-        (
-            OnFailure,
-            vec![terminated("a", 0), terminated("b", 1)],
-            true,
-            Failed,
-        ),
+        (Always, vec![terminated("a", 0), terminated("b", 0)], true, Succeeded),
+        (Always, vec![terminated("a", 0), terminated("b", 137)], true, Failed),
+        (OnFailure, vec![terminated("a", 0), terminated("b", 1)], true, Failed),
     ];
     for (i, (policy, statuses, terminal, want)) in cases.into_iter().enumerate() {
         let p = pod(policy, &[], &["a", "b"]);
@@ -147,70 +64,29 @@ fn phase_table() {
 fn init_container_phases() {
     let never = pod(RestartPolicy::Never, &["i"], &["a"]);
     let always = pod(RestartPolicy::Always, &["i"], &["a"]);
-    let a_waiting = [view(
-        "a",
-        ContainerState::Waiting {
-            reason: "PodInitializing".into(),
-            message: String::new(),
-        },
-        None,
-    )];
+    let a_waiting = [view("a", ContainerState::Waiting { reason: "PodInitializing".into(), message: String::new() }, None)];
     // Failed init under Never → Failed.
-    assert_eq!(
-        get_phase(&never, &[terminated("i", 1)], &a_waiting, false),
-        PodPhase::Failed
-    );
+    assert_eq!(get_phase(&never, &[terminated("i", 1)], &a_waiting, false), PodPhase::Failed);
     // Failed init under Always → Pending (it will be retried).
-    assert_eq!(
-        get_phase(&always, &[terminated("i", 1)], &a_waiting, false),
-        PodPhase::Pending
-    );
+    assert_eq!(get_phase(&always, &[terminated("i", 1)], &a_waiting, false), PodPhase::Pending);
     // Init running → Pending.
-    assert_eq!(
-        get_phase(&always, &[running("i")], &a_waiting, false),
-        PodPhase::Pending
-    );
+    assert_eq!(get_phase(&always, &[running("i")], &a_waiting, false), PodPhase::Pending);
     // Waiting with a failed last termination counts as failed.
-    assert_eq!(
-        get_phase(&never, &[waiting("i", Some(term(2)))], &a_waiting, false),
-        PodPhase::Failed
-    );
+    assert_eq!(get_phase(&never, &[waiting("i", Some(term(2)))], &a_waiting, false), PodPhase::Failed);
     // Init done, app running → Running.
-    assert_eq!(
-        get_phase(&always, &[terminated("i", 0)], &[running("a")], false),
-        PodPhase::Running
-    );
+    assert_eq!(get_phase(&always, &[terminated("i", 0)], &[running("a")], false), PodPhase::Running);
 }
 
-fn rcs(
-    name: &str,
-    id: &str,
-    state: CriState,
-    created: i64,
-    exit: i32,
-    restart: u32,
-) -> RuntimeContainerStatus {
+fn rcs(name: &str, id: &str, state: CriState, created: i64, exit: i32, restart: u32) -> RuntimeContainerStatus {
     RuntimeContainerStatus {
         id: id.into(),
         name: name.into(),
         state,
         created_at: created,
-        started_at: if state == CriState::Created {
-            0
-        } else {
-            created + 1
-        },
-        finished_at: if state == CriState::Exited {
-            created + 2
-        } else {
-            0
-        },
+        started_at: if state == CriState::Created { 0 } else { created + 1 },
+        finished_at: if state == CriState::Exited { created + 2 } else { 0 },
         exit_code: exit,
-        reason: if state == CriState::Exited {
-            "Error".into()
-        } else {
-            String::new()
-        },
+        reason: if state == CriState::Exited { "Error".into() } else { String::new() },
         message: String::new(),
         image: "img".into(),
         image_ref: "sha256:1".into(),
@@ -220,21 +96,8 @@ fn rcs(
     }
 }
 
-fn inputs<'a>(
-    p: &'a PodSpec,
-    old: &'a ApiPodStatus,
-    reasons: &'a ReasonCache,
-    terminal: bool,
-    version: KubeletVersion,
-) -> StatusInputs<'a> {
-    StatusInputs {
-        pod: p,
-        deletion_requested: false,
-        old,
-        reasons,
-        pod_is_terminal: terminal,
-        version,
-    }
+fn inputs<'a>(p: &'a PodSpec, old: &'a ApiPodStatus, reasons: &'a ReasonCache, terminal: bool, version: KubeletVersion) -> StatusInputs<'a> {
+    StatusInputs { pod: p, deletion_requested: false, old, reasons, pod_is_terminal: terminal, version }
 }
 
 #[test]
@@ -242,25 +105,16 @@ fn newest_instance_is_state_previous_is_last_state() {
     let p = pod(RestartPolicy::Always, &[], &["a"]);
     let status = RuntimePodStatus {
         uid: "uid".into(),
-        containers: vec![
-            rcs("a", "new", CriState::Running, 20, 0, 1),
-            rcs("a", "old", CriState::Exited, 10, 3, 0),
-        ],
+        containers: vec![rcs("a", "new", CriState::Running, 20, 0, 1), rcs("a", "old", CriState::Exited, 10, 3, 0)],
         ..RuntimePodStatus::default()
     };
     let old = ApiPodStatus::pending();
     let reasons = ReasonCache::new();
-    let s = generate_api_pod_status(
-        &inputs(&p, &old, &reasons, false, KubeletVersion::V1_26),
-        &status,
-    );
+    let s = generate_api_pod_status(&inputs(&p, &old, &reasons, false, KubeletVersion::V1_26), &status);
     let a = s.container("a").expect("a");
     assert!(a.state.is_running());
     assert_eq!(a.restart_count, 1);
-    assert_eq!(
-        a.last_state.as_ref().and_then(ContainerState::exit_code),
-        Some(3)
-    );
+    assert_eq!(a.last_state.as_ref().and_then(ContainerState::exit_code), Some(3));
     assert_eq!(s.phase, PodPhase::Running);
 }
 
@@ -270,31 +124,15 @@ fn no_runtime_status_is_container_creating_and_reason_cache_shows() {
     let old = ApiPodStatus::pending();
     let mut reasons = ReasonCache::new();
     let status = RuntimePodStatus::empty("uid");
-    let s = generate_api_pod_status(
-        &inputs(&p, &old, &reasons, false, KubeletVersion::V1_26),
-        &status,
-    );
-    assert_eq!(
-        s.container("a").and_then(|c| c.state.reason()),
-        Some("ContainerCreating")
-    );
+    let s = generate_api_pod_status(&inputs(&p, &old, &reasons, false, KubeletVersion::V1_26), &status);
+    assert_eq!(s.container("a").and_then(|c| c.state.reason()), Some("ContainerCreating"));
     assert_eq!(s.phase, PodPhase::Pending);
 
     // A CREATED container whose start failed: Waiting with the recorded reason.
     reasons.insert("a".into(), ("RunContainerError".into(), "boom".into()));
-    let status = RuntimePodStatus {
-        uid: "uid".into(),
-        containers: vec![rcs("a", "x", CriState::Created, 5, 0, 0)],
-        ..RuntimePodStatus::default()
-    };
-    let s = generate_api_pod_status(
-        &inputs(&p, &old, &reasons, false, KubeletVersion::V1_26),
-        &status,
-    );
-    assert_eq!(
-        s.container("a").and_then(|c| c.state.reason()),
-        Some("RunContainerError")
-    );
+    let status = RuntimePodStatus { uid: "uid".into(), containers: vec![rcs("a", "x", CriState::Created, 5, 0, 0)], ..RuntimePodStatus::default() };
+    let s = generate_api_pod_status(&inputs(&p, &old, &reasons, false, KubeletVersion::V1_26), &status);
+    assert_eq!(s.container("a").and_then(|c| c.state.reason()), Some("RunContainerError"));
 }
 
 #[test]
@@ -302,25 +140,12 @@ fn crash_loop_waiting_keeps_last_termination_and_pod_running() {
     let p = pod(RestartPolicy::Always, &[], &["a"]);
     let old = ApiPodStatus::pending();
     let mut reasons = ReasonCache::new();
-    reasons.insert(
-        "a".into(),
-        ("CrashLoopBackOff".into(), "back-off 10s".into()),
-    );
-    let status = RuntimePodStatus {
-        uid: "uid".into(),
-        containers: vec![rcs("a", "x", CriState::Exited, 5, 1, 2)],
-        ..RuntimePodStatus::default()
-    };
-    let s = generate_api_pod_status(
-        &inputs(&p, &old, &reasons, false, KubeletVersion::V1_26),
-        &status,
-    );
+    reasons.insert("a".into(), ("CrashLoopBackOff".into(), "back-off 10s".into()));
+    let status = RuntimePodStatus { uid: "uid".into(), containers: vec![rcs("a", "x", CriState::Exited, 5, 1, 2)], ..RuntimePodStatus::default() };
+    let s = generate_api_pod_status(&inputs(&p, &old, &reasons, false, KubeletVersion::V1_26), &status);
     let a = s.container("a").expect("a");
     assert_eq!(a.state.reason(), Some("CrashLoopBackOff"));
-    assert_eq!(
-        a.last_state.as_ref().and_then(ContainerState::exit_code),
-        Some(1)
-    );
+    assert_eq!(a.last_state.as_ref().and_then(ContainerState::exit_code), Some(1));
     assert_eq!(s.phase, PodPhase::Running);
 }
 
@@ -331,10 +156,7 @@ fn terminal_phase_is_sticky() {
     old.phase = PodPhase::Succeeded;
     let reasons = ReasonCache::new();
     // Runtime forgot the container (GC'd): getPhase alone would say Pending.
-    let s = generate_api_pod_status(
-        &inputs(&p, &old, &reasons, false, KubeletVersion::V1_26),
-        &RuntimePodStatus::empty("uid"),
-    );
+    let s = generate_api_pod_status(&inputs(&p, &old, &reasons, false, KubeletVersion::V1_26), &RuntimePodStatus::empty("uid"));
     assert_eq!(s.phase, PodPhase::Succeeded);
 }
 
@@ -343,27 +165,16 @@ fn deleted_always_pod_phase_by_version() {
     let p = pod(RestartPolicy::Always, &[], &["app", "sidecar"]);
     let status = RuntimePodStatus {
         uid: "uid".into(),
-        containers: vec![
-            rcs("app", "1", CriState::Exited, 5, 0, 0),
-            rcs("sidecar", "2", CriState::Exited, 4, 137, 0),
-        ],
+        containers: vec![rcs("app", "1", CriState::Exited, 5, 0, 0), rcs("sidecar", "2", CriState::Exited, 4, 137, 0)],
         ..RuntimePodStatus::default()
     };
     let old = ApiPodStatus::pending();
     let reasons = ReasonCache::new();
     let mut inp = inputs(&p, &old, &reasons, true, KubeletVersion::V1_26);
     inp.deletion_requested = true;
-    assert_eq!(
-        generate_api_pod_status(&inp, &status).phase,
-        PodPhase::Running,
-        "1.26: no terminal branch"
-    );
+    assert_eq!(generate_api_pod_status(&inp, &status).phase, PodPhase::Running, "1.26: no terminal branch");
     inp.version = KubeletVersion::V1_27;
-    assert_eq!(
-        generate_api_pod_status(&inp, &status).phase,
-        PodPhase::Failed,
-        "1.27: sidecar 137 fails the pod"
-    );
+    assert_eq!(generate_api_pod_status(&inp, &status).phase, PodPhase::Failed, "1.27: sidecar 137 fails the pod");
 }
 
 #[test]
@@ -383,60 +194,16 @@ fn terminate_pod_forces_terminal_phase_from_1_27() {
 fn should_restart_rules() {
     let mut p = pod(RestartPolicy::Never, &[], &["a"]);
     let c = p.containers[0].clone();
-    let st = |s: CriState, code: i32| RuntimePodStatus {
-        uid: "uid".into(),
-        containers: vec![rcs("a", "x", s, 1, code, 0)],
-        ..RuntimePodStatus::default()
-    };
-    assert!(should_container_be_restarted(
-        &c,
-        &p,
-        false,
-        &RuntimePodStatus::empty("uid")
-    ));
+    let st = |s: CriState, code: i32| RuntimePodStatus { uid: "uid".into(), containers: vec![rcs("a", "x", s, 1, code, 0)], ..RuntimePodStatus::default() };
+    assert!(should_container_be_restarted(&c, &p, false, &RuntimePodStatus::empty("uid")));
     // CREATED is restarted even under Never (KUBELET-CRI §1.4).
-    assert!(should_container_be_restarted(
-        &c,
-        &p,
-        false,
-        &st(CriState::Created, 0)
-    ));
-    assert!(!should_container_be_restarted(
-        &c,
-        &p,
-        false,
-        &st(CriState::Exited, 1)
-    ));
-    assert!(!should_container_be_restarted(
-        &c,
-        &p,
-        true,
-        &st(CriState::Created, 0)
-    ));
+    assert!(should_container_be_restarted(&c, &p, false, &st(CriState::Created, 0)));
+    assert!(!should_container_be_restarted(&c, &p, false, &st(CriState::Exited, 1)));
+    assert!(!should_container_be_restarted(&c, &p, true, &st(CriState::Created, 0)));
     p.restart_policy = RestartPolicy::OnFailure;
-    assert!(should_container_be_restarted(
-        &c,
-        &p,
-        false,
-        &st(CriState::Exited, 1)
-    ));
-    assert!(!should_container_be_restarted(
-        &c,
-        &p,
-        false,
-        &st(CriState::Exited, 0)
-    ));
+    assert!(should_container_be_restarted(&c, &p, false, &st(CriState::Exited, 1)));
+    assert!(!should_container_be_restarted(&c, &p, false, &st(CriState::Exited, 0)));
     p.restart_policy = RestartPolicy::Always;
-    assert!(should_container_be_restarted(
-        &c,
-        &p,
-        false,
-        &st(CriState::Exited, 0)
-    ));
-    assert!(!should_container_be_restarted(
-        &c,
-        &p,
-        false,
-        &st(CriState::Running, 0)
-    ));
+    assert!(should_container_be_restarted(&c, &p, false, &st(CriState::Exited, 0)));
+    assert!(!should_container_be_restarted(&c, &p, false, &st(CriState::Running, 0)));
 }
