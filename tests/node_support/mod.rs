@@ -65,6 +65,9 @@ fn output(c: &mut Command) -> Out {
     Out { code: o.status.code().unwrap_or(-1), stdout: String::from_utf8_lossy(&o.stdout).into(), stderr: String::from_utf8_lossy(&o.stderr).into() }
 }
 
+/// Units whose failure does not concern the tests: they record the boot for `who`/`last`.
+const IRRELEVANT_UNITS: &[&str] = &["systemd-update-utmp.service", "systemd-update-utmp-runlevel.service"];
+
 pub struct Node {
     dir: tempfile::TempDir,
     nspawn: Child,
@@ -116,7 +119,18 @@ impl Node {
             let s = node.nsenter(&["systemctl", "is-system-running", "--wait"]);
             match s.stdout.trim() {
                 "running" => break,
-                "degraded" => panic!("node degraded: {}", node.nsenter(&["systemctl", "--failed", "--no-pager"]).all()),
+                "degraded" => {
+                    // A unit that only records the boot (utmp) fails now and then in a container
+                    // on a loaded host; it has nothing to do with containerd, kubelet or crisp.
+                    // Anything else failing is the node's or crisp's fault.
+                    let failed = node.nsenter(&["systemctl", "--failed", "--plain", "--no-legend", "--no-pager"]);
+                    let units: Vec<String> = failed.stdout.lines().filter_map(|l| l.split_whitespace().next().map(str::to_string)).collect();
+                    if units.is_empty() || units.iter().any(|u| !IRRELEVANT_UNITS.contains(&u.as_str())) {
+                        panic!("node degraded: {}", node.nsenter(&["systemctl", "--failed", "--no-pager"]).all());
+                    }
+                    eprintln!("node: boot ended degraded by {units:?} only; carrying on");
+                    break;
+                }
                 _ if Instant::now() > deadline => panic!("node did not boot: {} {}", s.all(), node.console()),
                 _ => std::thread::sleep(Duration::from_millis(100)),
             }
