@@ -170,7 +170,8 @@ async fn serve_runtime_conn(s: UnixStream, log: Arc<RuntimeLog>, opts: RuntimeOp
                         f::window_update(&mut out, 0, head.len as u32);
                     }
                     if let Some((_, body)) = streams.get_mut(&head.stream) {
-                        body.extend_from_slice(&payload);
+                        let r = f::data_payload(&head, &payload).expect("malformed DATA");
+                        body.extend_from_slice(&payload[r]);
                     }
                     conn.write(&out).await;
                     if head.has(f::END_STREAM) {
@@ -438,6 +439,13 @@ impl Client {
     }
 
     async fn call_once(&self, path: &str, msg: &[u8]) -> Outcome {
+        self.call_shaped(path, msg, &[], false).await
+    }
+
+    /// A call with `extra` metadata; `odd` frames it the way HTTP/2 allows and grpc-go does not
+    /// (but other clients may): HEADERS with PADDED and PRIORITY, the block split over
+    /// CONTINUATION frames, and padded DATA.
+    async fn call_shaped(&self, path: &str, msg: &[u8], extra: &[(&[u8], &[u8])], odd: bool) -> Outcome {
         let (tx, rx) = oneshot::channel();
         {
             let mut enc = self.enc.lock().await;
@@ -453,12 +461,37 @@ impl Client {
             e.field(&mut block, b"user-agent", b"grpc-go/1.51.0");
             e.field(&mut block, b"te", b"trailers");
             e.field(&mut block, b"grpc-timeout", b"1999937u");
+            for (n, v) in extra {
+                f::encode_field(&mut block, n, v);
+            }
             let mut out = Vec::new();
-            f::headers(&mut out, id, &block, false);
             let mut framed = vec![0u8];
             framed.extend_from_slice(&(msg.len() as u32).to_be_bytes());
             framed.extend_from_slice(msg);
-            f::data(&mut out, id, &framed, true);
+            if odd {
+                // HEADERS: pad length, priority (exclusive bit clear, depends on 0, weight 16),
+                // the first 100 bytes of the block, 7 bytes of padding; then CONTINUATIONs.
+                let (first, rest) = block.split_at(100.min(block.len()));
+                let mut payload = vec![7u8, 0, 0, 0, 0, 15];
+                payload.extend_from_slice(first);
+                payload.extend_from_slice(&[0; 7]);
+                f::put_head(&mut out, payload.len(), f::HEADERS, f::PADDED | f::PRIORITY_FLAG, id);
+                out.extend_from_slice(&payload);
+                let mut chunks = rest.chunks(4000).peekable();
+                while let Some(c) = chunks.next() {
+                    let flags = if chunks.peek().is_none() { f::END_HEADERS } else { 0 };
+                    f::put_head(&mut out, c.len(), f::CONTINUATION, flags, id);
+                    out.extend_from_slice(c);
+                }
+                let mut data = vec![3u8];
+                data.extend_from_slice(&framed);
+                data.extend_from_slice(&[0; 3]);
+                f::put_head(&mut out, data.len(), f::DATA, f::PADDED | f::END_STREAM, id);
+                out.extend_from_slice(&data);
+            } else {
+                f::headers(&mut out, id, &block, false);
+                f::data(&mut out, id, &framed, true);
+            }
             self.st.lock().unwrap().waiting.insert(id, (tx, BytesMut::new(), false));
             // Headers go out in the encoder's order: the runtime's decoder depends on it.
             self.w.lock().await.write_all(&out).await.unwrap();
@@ -599,4 +632,25 @@ async fn a_held_call_reaches_the_runtime_with_the_time_its_client_has_left() {
         "forwarded grpc-timeout {} after a 500 ms hold of a 2 s call",
         String::from_utf8_lossy(&timeout)
     );
+}
+
+#[tokio::test]
+async fn padded_priority_and_continuation_frames_reach_the_runtime_intact() {
+    let (_dir, runtime, crisp) = setup(RuntimeOpts::default()).await;
+    let client = Client::connect(&crisp.path, crisp.path.to_str().unwrap().as_bytes()).await;
+    // 40 KiB of metadata: the request's header block spans a HEADERS and ten CONTINUATIONs.
+    let big = vec![b'x'; 40 << 10];
+    for path in [VERSION, CREATE] {
+        for odd in [false, true] {
+            let msg = format!("{path} {odd}");
+            let got = within(PATIENCE, "a call", client.call_shaped(path, msg.as_bytes(), &[(b"x-big", &big), (b"x-trace-bin", b"AAEC")], odd)).await;
+            assert_eq!(got, Outcome::Ok(framed(msg.as_bytes())), "{path}, odd framing {odd}");
+            let reqs = runtime.log.requests.lock().unwrap();
+            let last = reqs.last().unwrap();
+            assert_eq!(path_of(last), path);
+            let value = |name: &[u8]| last.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone());
+            assert_eq!(value(b"x-big").map(|v| v.len()), Some(big.len()), "{path}: the big header arrived cut or not at all");
+            assert_eq!(value(b"x-trace-bin").as_deref(), Some(&b"AAEC"[..]));
+        }
+    }
 }
