@@ -340,6 +340,12 @@ impl Engine {
                 let (pod, w) = Pod::new(sandbox_id, st.metadata.as_ref(), &st.annotations, st.labels.clone(), st.host_network(), &self.rules, &self.injectors);
                 Some(self.insert_pod(version, pod, w))
             }
+            // A sandbox the runtime does not know (already removed; critest stops one on
+            // purpose): nothing to order, and the runtime answers the call itself.
+            Err(e) if e.is_not_found() => {
+                tracing::debug!(pod_sandbox_id = sandbox_id, error = %e, "sandbox unknown to the runtime; not ordering this call");
+                None
+            }
             Err(e) => {
                 tracing::warn!(pod_sandbox_id = sandbox_id, error = %e, "cannot read sandbox status; not ordering this call");
                 None
