@@ -179,8 +179,14 @@ impl Chaos<'_> {
     }
 }
 
+/// The two chaos tests run one at a time: each SIGKILLs crisp at moments its seed picks, and
+/// on two cores the other's kills and restarts would move those moments (serial runs: 0 failed
+/// of 8; concurrent: the open grpc-go failure in RELIABILITY.md, 2 of ~17).
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crisp_sigkilled_at_random_points_of_a_wave() -> Result<()> {
+    let _one = ONE_AT_A_TIME.lock().await;
     let mut rng = Rng::from_env("chaos");
     let mut st = Stack::start(false, CRISP_CONFIG, |_| {}).await?;
     let Stack { kubelet, crisp, containerd, .. } = &mut st;
@@ -303,6 +309,7 @@ extern "C" {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn socket_activated_crisp_sigkilled_at_random_points_of_a_wave() -> Result<()> {
+    let _one = ONE_AT_A_TIME.lock().await;
     let mut rng = Rng::from_env("chaos (socket activation)");
     crisp_e2e::harness::require_root();
     let containerd = Containerd::start_async(ContainerdOpts { cni: false }).await?;
