@@ -286,7 +286,7 @@ struct Encoder {
 impl Encoder {
     fn field(&mut self, out: &mut Vec<u8>, n: &[u8], v: &[u8]) {
         if let Some(i) = self.table.iter().position(|(tn, tv)| tn == n && tv == v) {
-            put_int(out, 0x80, 7, 62 + i);
+            f::put_int(out, 0x80, 7, 62 + i);
             return;
         }
         let entry = 32 + n.len() + v.len();
@@ -295,28 +295,13 @@ impl Encoder {
             return;
         }
         out.push(0x40);
-        put_int(out, 0, 7, n.len());
+        f::put_int(out, 0, 7, n.len());
         out.extend_from_slice(n);
-        put_int(out, 0, 7, v.len());
+        f::put_int(out, 0, 7, v.len());
         out.extend_from_slice(v);
         self.table.insert(0, (n.to_vec(), v.to_vec()));
         self.size += entry;
     }
-}
-
-fn put_int(out: &mut Vec<u8>, first: u8, bits: u8, mut v: usize) {
-    let max = (1usize << bits) - 1;
-    if v < max {
-        out.push(first | v as u8);
-        return;
-    }
-    out.push(first | max as u8);
-    v -= max;
-    while v >= 128 {
-        out.push((v % 128) as u8 | 0x80);
-        v /= 128;
-    }
-    out.push(v as u8);
 }
 
 #[derive(Debug, PartialEq)]

@@ -178,7 +178,9 @@ fn static_field(name: &[u8], value: &[u8]) -> Option<u8> {
     })
 }
 
-fn put_int(out: &mut Vec<u8>, first: u8, prefix_bits: u8, mut v: usize) {
+/// An HPACK integer (RFC 7541 §5.1) with `prefix_bits` bits in its first byte, whose other
+/// bits are `first`.
+pub fn put_int(out: &mut Vec<u8>, first: u8, prefix_bits: u8, mut v: usize) {
     let max = (1usize << prefix_bits) - 1;
     if v < max {
         out.push(first | v as u8);
