@@ -310,7 +310,7 @@ async fn lifecycle(ctrd: &Containerd, via: &Path) -> Result<()> {
     let id = rt
         .create_container(cri::CreateContainerRequest {
             pod_sandbox_id: pod.clone(),
-            config: Some(container_config("app", &image, "trap 'exit 0' TERM; while true; do sleep 0.1; done")),
+            config: Some(container_config("app", &image, "trap 'exit 0' TERM; echo trap-set; while true; do sleep 0.1; done")),
             sandbox_config: Some(sb.clone()),
         })
         .await
@@ -321,6 +321,14 @@ async fn lifecycle(ctrd: &Containerd, via: &Path) -> Result<()> {
     let st =
         rt.container_status(cri::ContainerStatusRequest { container_id: id.clone(), verbose: false }).await.context("ContainerStatus")?.into_inner().status.context("status")?;
     assert_eq!(st.state, cri::ContainerState::ContainerRunning as i32);
+    // Stop only once the shell has its TERM trap: a SIGTERM that lands before it (the pod shares
+    // one PID namespace, so the shell is not init and has no shield) kills it with 143.
+    let log = log_dir.join("app.log");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&log).unwrap_or_default().contains("trap-set") {
+        ensure!(tokio::time::Instant::now() < deadline, "app never printed trap-set to {}", log.display());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     rt.stop_container(cri::StopContainerRequest { container_id: id.clone(), timeout: 5 }).await.context("StopContainer")?;
     let st =
         rt.container_status(cri::ContainerStatusRequest { container_id: id.clone(), verbose: false }).await.context("ContainerStatus")?.into_inner().status.context("status")?;
