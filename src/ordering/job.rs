@@ -13,10 +13,11 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use super::annotations::RestartPolicy;
-use super::{latest_by_name, Engine, Pod};
+use super::decide::{self, Snapshot};
+use super::{now, Engine, Pod};
 use crate::cri::views::state;
 use crate::cri::ApiVersion;
 
@@ -155,18 +156,18 @@ impl Engine {
     }
 
     async fn job_apps_state(&self, version: ApiVersion, pod: &Pod) -> Result<AppsState, crate::proxy::client::ClientError> {
-        let containers = self.client.list_containers(version, &pod.sandbox_id).await?;
+        let containers = self.runtime.list_containers(version, &pod.sandbox_id).await?;
         if containers.is_empty() {
             // The sandbox may be gone with no RemovePodSandbox seen (e.g. removed while crisp was
             // down): stop watching.
-            if let Err(e) = self.client.pod_sandbox_status(version, &pod.sandbox_id).await {
+            if let Err(e) = self.runtime.pod_sandbox_status(version, &pod.sandbox_id).await {
                 if e.is_not_found() {
                     self.pods.remove(&pod.sandbox_id);
                 }
             }
             return Ok(AppsState::NotStarted);
         }
-        let latest = latest_by_name(&containers);
+        let snap = Snapshot::new(&containers);
         // Init containers are never apps (an exited init container is not a finished Job).
         // Besides those named by annotations or let through as such, a container that finished
         // before the first sidecar was even created is one: kubelet creates regular containers
@@ -176,18 +177,18 @@ impl Engine {
             return Ok(AppsState::NotStarted);
         };
         let mut apps = Vec::new();
-        for (n, c) in latest.iter() {
+        for (n, c) in snap.iter() {
             if pod.policy.sidecar_index(n).is_some() || pod.is_init(n) {
                 continue;
             }
             if c.created_at < first_sidecar && c.state == state::EXITED {
-                let st = self.client.container_status(version, &c.id).await?.status.unwrap_or_default();
+                let st = self.runtime.container_status(version, &c.id).await?.status.unwrap_or_default();
                 if st.finished_at <= first_sidecar {
                     pod.note_init(n);
                     continue;
                 }
             }
-            apps.push(*c);
+            apps.push(c);
         }
         if apps.is_empty() {
             return Ok(AppsState::NotStarted);
@@ -196,7 +197,7 @@ impl Engine {
             return Ok(AppsState::Running);
         }
         for app in apps {
-            let st = self.client.container_status(version, &app.id).await?.status.unwrap_or_default();
+            let st = self.runtime.container_status(version, &app.id).await?.status.unwrap_or_default();
             if st.exit_code == 0 {
                 continue; // Final under Never and OnFailure.
             }
@@ -233,7 +234,7 @@ impl Engine {
             return true;
         }
         for c in older {
-            match self.client.container_status(version, &c.id).await {
+            match self.runtime.container_status(version, &c.id).await {
                 Ok(r) if r.status.as_ref().is_some_and(|s| s.started_at != 0) => return true,
                 Ok(_) => {}
                 Err(_) => return true,
@@ -243,17 +244,17 @@ impl Engine {
     }
 
     async fn terminate_sidecars(&self, version: ApiVersion, pod: &Pod) {
-        let Ok(containers) = self.client.list_containers(version, &pod.sandbox_id).await else { return };
-        let latest = latest_by_name(&containers);
-        let started = Instant::now();
+        let Ok(containers) = self.runtime.list_containers(version, &pod.sandbox_id).await else { return };
+        let snap = Snapshot::new(&containers);
+        let started = now();
         let mut budget: Option<Duration> = None;
         tracing::info!(pod_namespace = %pod.namespace, pod_name = %pod.name, "the Job's app containers have finished; stopping its sidecars in reverse order");
         for s in pod.policy.sidecars.iter().rev() {
-            let Some(c) = latest.get(s.name.as_str()) else { continue };
+            let Some(c) = snap.get(&s.name) else { continue };
             if c.state != state::RUNNING {
                 continue;
             }
-            let st = match self.client.container_status(version, &c.id).await {
+            let st = match self.runtime.container_status(version, &c.id).await {
                 Ok(r) => r.status.unwrap_or_default(),
                 Err(e) => {
                     tracing::warn!(container_name = %s.name, error = %e, "cannot read sidecar status; skipping it");
@@ -261,20 +262,19 @@ impl Engine {
                 }
             };
             let grace = *budget.get_or_insert_with(|| Duration::from_secs(st.annotations.get(GRACE_ANNOTATION).and_then(|v| v.parse().ok()).unwrap_or(30)));
-            let left = grace.saturating_sub(started.elapsed());
+            let left = grace.saturating_sub(now().saturating_duration_since(started));
             if let Some(cmd) = st.annotations.get(PRESTOP_ANNOTATION).and_then(|a| prestop_command(a)) {
                 tracing::info!(container_name = %s.name, "running the sidecar's preStop hook");
-                match self.client.exec_sync(version, &c.id, &cmd, left.max(Duration::from_secs(1))).await {
+                match self.runtime.exec_sync(version, &c.id, &cmd, left.max(Duration::from_secs(1))).await {
                     Ok(code) if code != 0 => tracing::warn!(container_name = %s.name, exit_code = code, "preStop hook failed; stopping anyway"),
                     Err(e) => tracing::warn!(container_name = %s.name, error = %e, "preStop hook could not run; stopping anyway"),
                     Ok(_) => {}
                 }
             }
-            let left = grace.saturating_sub(started.elapsed());
-            let secs = if left >= Duration::from_secs(2) { left.as_secs() as i64 } else { 2 };
+            let secs = decide::budget_secs(Some(started + grace), now());
             // Mark first: a status read racing the stop must already see `Completed`.
             self.terminated.insert(&c.id);
-            match self.client.stop_container(version, &c.id, secs).await {
+            match self.runtime.stop_container(version, &c.id, secs).await {
                 Ok(()) => {
                     self.metrics.job_sidecars_stopped.fetch_add(1, Relaxed);
                     tracing::info!(container_name = %s.name, container_id = %c.id, "stopped Job sidecar; it will report exit 0 (Completed)");
@@ -292,7 +292,7 @@ impl Engine {
         if !self.job.enabled {
             return;
         }
-        let sandboxes = match self.client.list_pod_sandboxes(version).await {
+        let sandboxes = match self.runtime.list_pod_sandboxes(version).await {
             Ok(s) => s,
             Err(e) => {
                 tracing::info!(error = %e, "cannot list sandboxes at start; Job pods will be picked up on their next call");

@@ -11,9 +11,13 @@
 //! KUBELET-CRI §4.1).
 
 pub mod annotations;
+pub mod decide;
+#[cfg(test)]
+mod engine_tests;
 pub mod injectors;
 pub mod job;
 mod names;
+pub mod runtime;
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr};
@@ -32,16 +36,18 @@ use crate::cri::views::{self, state};
 use crate::cri::{ApiVersion, Rpc};
 use crate::intercept::{BoxFuture, Call, Interceptor, Interest, Verdict};
 use crate::metrics::{GaugeGuard, OrderingMetrics};
-use crate::proxy::client::RuntimeClient;
 use crate::readiness;
 use crate::status::{code, Status};
 use annotations::{PodPolicy, Sidecar};
+use decide::{Check, CreatePlan, Snapshot, StopStep, WaitStep};
 use injectors::InjectorRule;
+use runtime::Runtime;
 
-/// Kept free before kubelet's deadline when a hold ends, so the forwarded call still completes.
-const DEADLINE_MARGIN: Duration = Duration::from_secs(3);
-/// KEP-753's tail: sidecars left when the grace budget is spent get SIGTERM and this long.
-const STOP_TAIL_SECS: i64 = 2;
+/// The engine's clock: tokio's, so unit tests can run the rules on paused time. Outside a
+/// paused test it is `Instant::now()`.
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
 
 /// What crisp knows about one pod sandbox.
 pub struct Pod {
@@ -76,6 +82,11 @@ pub struct Pod {
 /// So between a refusal and kubelet's return to the same container: another CreateContainer,
 /// or the calls of two container attempts (two annotated ImageStatus, or two PullImage — one
 /// attempt makes one of each at most), prove it regular. Anything less: init.
+///
+/// That ImageStatus names the pod is kubelet's own doing, checked in its source for 1.20–1.29:
+/// `EnsureImageExists` (pkg/kubelet/images) builds the image spec with every pod annotation and
+/// `GetImageRef` sends it as `ImageStatusRequest.image.annotations`; PullImage carries the
+/// sandbox config. The e2e kubelet emulator does the same.
 #[derive(Default)]
 struct InitGuess {
     /// Refused, not judged yet: what kubelet did for this pod since.
@@ -246,7 +257,7 @@ pub struct Engine {
     me: Weak<Engine>,
     rules: Vec<SidecarRule>,
     injectors: Vec<InjectorRule>,
-    client: RuntimeClient,
+    runtime: Box<dyn Runtime>,
     /// Pods with a container refused while no sidecar existed, by annotation fingerprint: the
     /// ImageStatus and PullImage calls that judge it (see [`InitGuess`]) are watched only
     /// while this is not empty.
@@ -256,14 +267,8 @@ pub struct Engine {
     pub metrics: Arc<OrderingMetrics>,
 }
 
-enum StartCheck {
-    Ready,
-    Waiting(String),
-    FailFast(String),
-}
-
 impl Engine {
-    pub fn new(cfg: &Config, client: RuntimeClient, metrics: Arc<OrderingMetrics>, terminated: Arc<job::Terminated>) -> Arc<Self> {
+    pub fn new(cfg: &Config, runtime: impl Runtime + 'static, metrics: Arc<OrderingMetrics>, terminated: Arc<job::Terminated>) -> Arc<Self> {
         Arc::new_cyclic(|me| Engine {
             cfg: cfg.ordering.clone(),
             job: cfg.job.clone(),
@@ -271,7 +276,7 @@ impl Engine {
             me: me.clone(),
             rules: cfg.sidecars.clone(),
             injectors: cfg.injector_table(),
-            client,
+            runtime: Box::new(runtime),
             guessing: DashMap::new(),
             pods: DashMap::new(),
             containers: DashMap::new(),
@@ -334,7 +339,7 @@ impl Engine {
         if let Some(p) = self.pods.get(sandbox_id) {
             return Some(p.clone());
         }
-        match self.client.pod_sandbox_status(version, sandbox_id).await {
+        match self.runtime.pod_sandbox_status(version, sandbox_id).await {
             Ok(resp) => {
                 let st = resp.status?;
                 let (pod, w) = Pod::new(sandbox_id, st.metadata.as_ref(), &st.annotations, st.labels.clone(), st.host_network(), &self.rules, &self.injectors);
@@ -357,7 +362,7 @@ impl Engine {
         if let Some(c) = self.containers.get(id) {
             return Some(c.clone());
         }
-        match self.client.container(version, id).await {
+        match self.runtime.container(version, id).await {
             Ok(Some(c)) => {
                 let r = ContainerRef { sandbox_id: c.pod_sandbox_id, name: c.metadata.map(|m| m.name).unwrap_or_default() };
                 self.containers.insert(id.to_string(), r.clone());
@@ -378,7 +383,7 @@ impl Engine {
         if let Some(ip) = *pod.ip.lock().unwrap_or_else(|e| e.into_inner()) {
             return Some(ip);
         }
-        let resp = self.client.pod_sandbox_status(version, &pod.sandbox_id).await.ok()?;
+        let resp = self.runtime.pod_sandbox_status(version, &pod.sandbox_id).await.ok()?;
         let ip: IpAddr = resp.status?.network?.ip.parse().ok()?;
         *pod.ip.lock().unwrap_or_else(|e| e.into_inner()) = Some(ip);
         Some(ip)
@@ -389,28 +394,24 @@ impl Engine {
         s.ready.probe(&env, self.cfg.probe_timeout).await
     }
 
-    /// `skip_dead`: sidecars that are not created or not running are not waited for (the app
-    /// was refused for them longer than the start timeout); running ones still are.
-    async fn check_start(&self, version: ApiVersion, pod: &Pod, container: &str, required: &[Sidecar], skip_dead: bool) -> StartCheck {
-        let containers = match self.client.list_containers(version, &pod.sandbox_id).await {
+    /// One round of the start check (DESIGN.md §3): list the pod's containers, judge a
+    /// container nothing names (see [`InitGuess`]), and ask [`decide::check_start`] — probing
+    /// the sidecars it asks for, in declared order, until it has an answer.
+    async fn check_start(&self, version: ApiVersion, pod: &Pod, container: &str, required: &[Sidecar], skip_dead: bool) -> Check<'static> {
+        let containers = match self.runtime.list_containers(version, &pod.sandbox_id).await {
             Ok(c) => c,
             Err(e) => {
                 self.metrics.probe_errors.fetch_add(1, Relaxed);
                 tracing::warn!(error = %e, "cannot list the pod's containers; still holding");
-                return StartCheck::Waiting(format!("the runtime ({e})"));
+                return Check::Waiting(format!("the runtime ({e})"));
             }
         };
-        let latest = latest_by_name(&containers);
-        let any_sidecar = pod.policy.sidecars.iter().any(|s| latest.contains_key(s.name.as_str()));
-        if !any_sidecar && pod.policy.any_required() && !pod.policy.init_complete {
-            // No sidecar exists at all and no annotation says what `container` is: a regular
-            // container listed before the sidecars, or an init container (nothing else is
-            // created until it has run, KUBELET-CRI §1.1). Refuse it once and judge by what
-            // kubelet does next (see `InitGuess`).
+        let snap = Snapshot::new(&containers);
+        if decide::needs_init_judgement(&pod.policy, &snap) {
             match pod.guess().judge(container) {
                 Judgement::Init => {
                     tracing::info!(container_name = %container, "kubelet came straight back to this container: treating it as an init container");
-                    return StartCheck::Ready;
+                    return Check::Ready;
                 }
                 Judgement::Unknown => {
                     self.guessing.insert(pod.annotations_fp, pod.sandbox_id.clone());
@@ -421,35 +422,19 @@ impl Engine {
                 self.guessing.remove(&pod.annotations_fp);
             }
         }
-        for s in required {
-            let found = latest.get(s.name.as_str());
-            if skip_dead && !found.is_some_and(|c| c.state == state::RUNNING) {
-                // Not created because crisp is refusing it (it waits for an earlier, dead,
-                // sidecar): alive, not dead. It passes on its own timeout, and this container
-                // waits for it — otherwise the app could win the race and start first.
-                let blocked = found.is_none() && pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).contains_key(s.name.as_str());
-                if !blocked {
-                    continue;
+        let refused = |name: &str| pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).contains_key(name);
+        let mut probed = HashMap::new();
+        loop {
+            match decide::check_start(&pod.display(), required, &snap, skip_dead, refused, &probed) {
+                Check::Probe { sidecar, container_id } => {
+                    let ready = self.probe(version, pod, sidecar, &container_id).await;
+                    probed.insert(sidecar.name.clone(), ready);
                 }
-                return StartCheck::FailFast(format!("sidecar {:?} of pod {} is not created yet (it waits for an earlier sidecar)", s.name, pod.display()));
-            }
-            match found {
-                None if s.required => {
-                    return StartCheck::FailFast(format!("sidecar {:?} of pod {} is not created yet (is it listed after this container?)", s.name, pod.display()))
-                }
-                // Node rules name sidecars a pod may not have.
-                None => continue,
-                Some(c) if c.state == state::RUNNING => {
-                    if !self.probe(version, pod, s, &c.id).await {
-                        return StartCheck::Waiting(s.name.clone());
-                    }
-                }
-                // Created-but-not-started or exited: kubelet can only fix it in a later sync of
-                // this very pod, which waits for us — holding would deadlock (KUBELET-CRI §7.1).
-                Some(c) => return StartCheck::FailFast(format!("sidecar {:?} of pod {} is {}, not running", s.name, pod.display(), state_name(c.state))),
+                Check::Ready => return Check::Ready,
+                Check::Waiting(who) => return Check::Waiting(who),
+                Check::FailFast(why) => return Check::FailFast(why),
             }
         }
-        StartCheck::Ready
     }
 
     async fn gate_create(&self, call: &Call, msg: &[u8]) -> Verdict {
@@ -470,95 +455,74 @@ impl Engine {
             },
         };
         record_span(&pod, &name, None);
-        if !pod.policy.has_sidecars() {
-            return Verdict::Forward;
+        if pod.policy.has_sidecars() {
+            pod.guess().note_create(&name);
         }
-        pod.guess().note_create(&name);
-        if pod.policy.is_known_init(&name) {
-            // Init containers run before any sidecar can exist (KUBELET-CRI §1.1).
-            return Verdict::Forward;
-        }
-        let required = match pod.policy.sidecar_index(&name) {
-            Some(i) => &pod.policy.sidecars[..i],
-            None => &pod.policy.sidecars[..],
+        let required = match decide::plan_create(&pod.policy, &name) {
+            CreatePlan::Forward => return Verdict::Forward,
+            CreatePlan::Gate(required) => required,
         };
-        if required.is_empty() {
-            return Verdict::Forward;
-        }
         let timeout = pod.policy.start_timeout.unwrap_or(self.cfg.start_timeout);
         let policy = pod.policy.timeout_policy.unwrap_or(self.cfg.timeout_policy);
-        let mut hold_until = call.received + timeout;
-        if let Some(d) = call.deadline {
-            hold_until = hold_until.min(d.checked_sub(DEADLINE_MARGIN).unwrap_or(call.received));
-        }
-        // A sidecar that stays exited may never come back (restartPolicy Never; a start aborted
-        // by a crash; a long crash back-off): refusing the app for it forever would leave the pod
-        // Pending forever. Refusals are bounded by the start timeout like holds, counted from this
-        // container's first refusal; past it (policy proceed) crisp stops waiting for sidecars
-        // that do not run — the running ones are still waited for.
-        let refused_for = pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).get(&name).map(|t| t.elapsed());
-        let skip_dead = policy == TimeoutPolicy::Proceed && refused_for.is_some_and(|d| d >= timeout);
+        let hold_until = decide::create_hold_end(call.received, timeout, call.deadline);
+        let refused_since = pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).get(&name).copied();
+        let skip_dead = decide::skip_dead(policy, refused_since, now(), timeout);
         if skip_dead {
             self.metrics.start_hold_timeouts.fetch_add(1, Relaxed);
-            tracing::warn!(container_name = %name, refused_for_ms = refused_for.unwrap_or_default().as_millis() as u64, "sidecars still not running after the start timeout; no longer waiting for them (policy proceed)");
+            let refused_for = refused_since.map(|t| now().saturating_duration_since(t)).unwrap_or_default();
+            tracing::warn!(container_name = %name, refused_for_ms = refused_for.as_millis() as u64, "sidecars still not running after the start timeout; no longer waiting for them (policy proceed)");
         }
         let mut held: Option<(GaugeGuard<'_>, Instant)> = None;
+        let forget_refusal = || pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).remove(&name);
         loop {
             // A slow runtime must not stretch the hold past its end (nor the forwarded call past
             // kubelet's deadline): a probe round still running then counts as "not ready".
             let check = match tokio::time::timeout_at(hold_until.into(), self.check_start(version, &pod, &name, required, skip_dead)).await {
                 Ok(c) => c,
-                Err(_) => StartCheck::Waiting("the runtime (no answer before the hold's end)".into()),
+                Err(_) => Check::Waiting("the runtime (no answer before the hold's end)".into()),
             };
-            match check {
-                StartCheck::Ready => {
-                    pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).remove(&name);
+            let who = match check {
+                Check::Ready => {
+                    forget_refusal();
                     break;
                 }
-                StartCheck::FailFast(reason) => {
+                Check::FailFast(reason) => {
                     pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).entry(name.clone()).or_insert(call.received);
                     self.metrics.fail_fast.fetch_add(1, Relaxed);
                     tracing::info!(container_name = %name, "refusing CreateContainer for now: {reason}");
-                    // "network is not ready" makes kubelet requeue the pod after ~1 s instead of
-                    // 10–15 s (KUBELET-CRI §1.3): the retry comes as soon as it can succeed.
-                    return Verdict::Reject(Status::new(
-                        code::FAILED_PRECONDITION,
-                        format!("crisp: {reason}; kubelet will retry {name:?} (network is not ready until the pod's sidecars run)"),
-                    ));
+                    return Verdict::Reject(Status::new(code::FAILED_PRECONDITION, decide::refusal(&reason, &name)));
                 }
-                StartCheck::Waiting(who) => {
-                    if held.is_none() {
-                        tracing::info!(container_name = %name, waiting_for = %who, timeout_ms = timeout.as_millis() as u64, "holding CreateContainer until sidecars are ready");
-                        held = Some((GaugeGuard::new(&self.metrics.holds_in_flight), Instant::now()));
+                Check::Waiting(who) => who,
+                Check::Probe { .. } => unreachable!("check_start answers its own probes"),
+            };
+            if held.is_none() {
+                tracing::info!(container_name = %name, waiting_for = %who, timeout_ms = timeout.as_millis() as u64, "holding CreateContainer until sidecars are ready");
+                held = Some((GaugeGuard::new(&self.metrics.holds_in_flight), now()));
+            }
+            match decide::after_waiting(now(), hold_until, self.cfg.probe_interval, policy) {
+                WaitStep::Until(next) => tokio::time::sleep_until(next.into()).await,
+                WaitStep::TimedOut(policy) => {
+                    self.metrics.start_hold_timeouts.fetch_add(1, Relaxed);
+                    if let Some((_, since)) = &held {
+                        self.metrics.start_holds.observe(now().saturating_duration_since(*since));
                     }
-                    if Instant::now() >= hold_until {
-                        self.metrics.start_hold_timeouts.fetch_add(1, Relaxed);
-                        if let Some((_, since)) = &held {
-                            self.metrics.start_holds.observe(since.elapsed());
+                    return match policy {
+                        TimeoutPolicy::Proceed => {
+                            tracing::warn!(container_name = %name, waiting_for = %who, "sidecar not ready within the start timeout; starting the app anyway (policy proceed)");
+                            forget_refusal();
+                            Verdict::Forward
                         }
-                        match policy {
-                            TimeoutPolicy::Proceed => {
-                                tracing::warn!(container_name = %name, waiting_for = %who, "sidecar not ready within the start timeout; starting the app anyway (policy proceed)");
-                                pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).remove(&name);
-                                return Verdict::Forward;
-                            }
-                            TimeoutPolicy::Fail => {
-                                tracing::warn!(container_name = %name, waiting_for = %who, "sidecar not ready within the start timeout; failing CreateContainer (policy fail)");
-                                // Not DEADLINE_EXCEEDED: that would read as kubelet's own deadline.
-                                return Verdict::Reject(Status::new(
-                                    code::FAILED_PRECONDITION,
-                                    format!("crisp: sidecar {who:?} of pod {} not ready within {timeout:?}; kubelet will retry {name:?} (network is not ready until the pod's sidecars run)", pod.display()),
-                                ));
-                            }
+                        TimeoutPolicy::Fail => {
+                            tracing::warn!(container_name = %name, waiting_for = %who, "sidecar not ready within the start timeout; failing CreateContainer (policy fail)");
+                            // Not DEADLINE_EXCEEDED: that would read as kubelet's own deadline.
+                            Verdict::Reject(Status::new(code::FAILED_PRECONDITION, decide::timed_out(&pod.display(), &who, timeout, &name)))
                         }
-                    }
+                    };
                 }
             }
-            let next = (Instant::now() + self.cfg.probe_interval).min(hold_until);
-            tokio::time::sleep_until(next.into()).await;
         }
         if let Some((_, since)) = held {
-            let d = since.elapsed();
+            let d = now().saturating_duration_since(since);
             self.metrics.start_holds.observe(d);
             tracing::info!(container_name = %name, held_ms = d.as_millis() as u64, "sidecars ready; forwarding CreateContainer");
         }
@@ -577,64 +541,54 @@ impl Engine {
         if !pod.policy.has_sidecars() {
             return Verdict::Forward;
         }
-        let arrived = Instant::now();
+        let arrived = now();
         let grace = Duration::from_secs(req.timeout.max(0) as u64);
         let idx = pod.policy.sidecar_index(&cref.name);
         let budget_end = pod.note_stop(arrived, grace, &req.container_id, idx.is_none());
+        // An app's stop is forwarded at once (§4.1).
         let Some(idx) = idx else { return Verdict::Forward };
-
-        let hold_until = match call.deadline {
-            Some(d) => d.checked_sub(DEADLINE_MARGIN + Duration::from_secs(STOP_TAIL_SECS as u64)).unwrap_or(arrived),
-            None => arrived + grace + Duration::from_secs(120),
-        };
-        // With no app being stopped by then, this is a single-container kill (liveness, spec
-        // change), not a pod termination: apps' StopContainers come at most one preStop (≤ grace)
-        // after the termination starts (KUBELET-CRI §3.1–3.2).
-        let single_kill_after = arrived + grace.max(Duration::from_secs(2));
+        let hold_until = decide::stop_hold_end(arrived, grace, call.deadline);
+        let single_kill_after = decide::single_kill_after(arrived, grace);
         let mut held: Option<(GaugeGuard<'_>, Instant)> = None;
         loop {
-            let containers = match self.client.list_containers(version, &pod.sandbox_id).await {
+            let containers = match self.runtime.list_containers(version, &pod.sandbox_id).await {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot list the pod's containers; forwarding StopContainer");
                     break;
                 }
             };
-            let latest = latest_by_name(&containers);
-            let running_apps: Vec<&str> = latest.iter().filter(|(n, c)| c.state == state::RUNNING && pod.policy.sidecar_index(n).is_none()).map(|(n, _)| *n).collect();
-            let later_sidecars: Vec<&str> =
-                pod.policy.sidecars[idx + 1..].iter().filter(|s| latest.get(s.name.as_str()).is_some_and(|c| c.state == state::RUNNING)).map(|s| s.name.as_str()).collect();
-            if running_apps.is_empty() && later_sidecars.is_empty() {
-                break;
+            let snap = Snapshot::new(&containers);
+            let t = now();
+            match decide::stop_step(&pod.policy, idx, &snap, t, hold_until, single_kill_after, pod.apps_stopping()) {
+                StopStep::Forward => break,
+                StopStep::SingleKill => {
+                    tracing::info!(container_name = %cref.name, "no app container of the pod is being stopped: a single-container kill; forwarding");
+                    break;
+                }
+                StopStep::Deadline { apps, sidecars } => {
+                    tracing::warn!(container_name = %cref.name, ?apps, ?sidecars, "still running at kubelet's deadline; stopping the sidecar anyway");
+                    break;
+                }
+                StopStep::Hold { apps, sidecars } => {
+                    if held.is_none() {
+                        tracing::info!(container_name = %cref.name, ?apps, ?sidecars, "holding sidecar StopContainer until these exit");
+                        held = Some((GaugeGuard::new(&self.metrics.holds_in_flight), t));
+                    }
+                }
             }
-            let now = Instant::now();
-            if later_sidecars.is_empty() && !pod.apps_stopping() && now >= single_kill_after {
-                tracing::info!(container_name = %cref.name, "no app container of the pod is being stopped: a single-container kill; forwarding");
-                break;
-            }
-            if now >= hold_until {
-                tracing::warn!(container_name = %cref.name, apps = ?running_apps, sidecars = ?later_sidecars, "still running at kubelet's deadline; stopping the sidecar anyway");
-                break;
-            }
-            if held.is_none() {
-                tracing::info!(container_name = %cref.name, apps = ?running_apps, sidecars = ?later_sidecars, "holding sidecar StopContainer until these exit");
-                held = Some((GaugeGuard::new(&self.metrics.holds_in_flight), now));
-            }
-            let next = (now + self.cfg.probe_interval).min(hold_until);
-            tokio::time::sleep_until(next.into()).await;
+            tokio::time::sleep_until((t + self.cfg.probe_interval).min(hold_until).into()).await;
         }
         if let Some((_, since)) = held {
-            let d = since.elapsed();
+            let d = now().saturating_duration_since(since);
             self.metrics.stop_holds.observe(d);
             tracing::info!(container_name = %cref.name, held_ms = d.as_millis() as u64, "forwarding sidecar StopContainer");
         }
         // Forward with what is left of the pod's budget; the KEP's 2 s tail once it is spent.
-        let remaining = budget_end.saturating_duration_since(Instant::now());
-        let secs = if remaining >= Duration::from_secs(STOP_TAIL_SECS as u64) { remaining.as_secs_f64().ceil() as i64 } else { STOP_TAIL_SECS };
-        if secs < req.timeout {
-            return Verdict::ForwardPatched(append_varint_field(msg, 2, secs));
+        match decide::stop_timeout(budget_end, now(), req.timeout) {
+            Some(secs) => Verdict::ForwardPatched(append_varint_field(msg, 2, secs)),
+            None => Verdict::Forward,
         }
-        Verdict::Forward
     }
 
     /// StopPodSandbox force-kills whatever still runs (CRI contract). kubelet sends it after
@@ -645,53 +599,43 @@ impl Engine {
     async fn gate_stop_sandbox(&self, call: &Call, msg: &[u8]) -> Verdict {
         let version = call.route.version.unwrap_or(ApiVersion::V1);
         let Ok(req) = views::decode::<views::PodSandboxIdRequest>(msg) else { return Verdict::Forward };
-        let Some(pod) = self.pods.get(&req.pod_sandbox_id).map(|p| p.clone()) else {
-            // Unknown pods are looked up only if they may matter: a cheap runtime read.
-            let Some(pod) = self.pod_by_id(version, &req.pod_sandbox_id).await else { return Verdict::Forward };
-            return self.gate_stop_sandbox_for(call, version, pod).await;
-        };
-        self.gate_stop_sandbox_for(call, version, pod).await
-    }
-
-    async fn gate_stop_sandbox_for(&self, call: &Call, version: ApiVersion, pod: Arc<Pod>) -> Verdict {
+        // Unknown pods are looked up only if they may matter: a cheap runtime read.
+        let Some(pod) = self.pod_by_id(version, &req.pod_sandbox_id).await else { return Verdict::Forward };
         if !pod.policy.has_sidecars() {
             return Verdict::Forward;
         }
         record_span(&pod, "", None);
-        let arrived = Instant::now();
-        let hold_until = call.deadline.and_then(|d| d.checked_sub(DEADLINE_MARGIN + Duration::from_secs(10))).unwrap_or(arrived + Duration::from_secs(60));
+        let arrived = now();
+        let hold_until = decide::sandbox_hold_end(arrived, call.deadline);
         let budget_end = {
             let w = pod.stop.lock().unwrap_or_else(|e| e.into_inner());
             w.first.map(|f| f + w.grace)
         };
         let mut held: Option<(GaugeGuard<'_>, Instant)> = None;
-        let latest_running = loop {
-            let containers = match self.client.list_containers(version, &pod.sandbox_id).await {
+        let running = loop {
+            let containers = match self.runtime.list_containers(version, &pod.sandbox_id).await {
                 Ok(c) => c,
                 Err(_) => return Verdict::Forward,
             };
             let running: Vec<views::Container> = containers.into_iter().filter(|c| c.state == state::RUNNING).collect();
-            let apps_running = running.iter().any(|c| pod.policy.sidecar_index(c.metadata.as_ref().map(|m| m.name.as_str()).unwrap_or("")).is_none());
-            let now = Instant::now();
-            if !apps_running || now >= hold_until {
+            let t = now();
+            if Snapshot::new(&running).running_apps(&pod.policy).is_empty() || t >= hold_until {
                 break running;
             }
             if held.is_none() {
                 tracing::info!("holding StopPodSandbox until the pod's app containers exit");
-                held = Some((GaugeGuard::new(&self.metrics.holds_in_flight), now));
+                held = Some((GaugeGuard::new(&self.metrics.holds_in_flight), t));
             }
-            tokio::time::sleep_until((now + self.cfg.probe_interval).min(hold_until).into()).await;
+            tokio::time::sleep_until((t + self.cfg.probe_interval).min(hold_until).into()).await;
         };
         if let Some((_, since)) = held {
-            self.metrics.stop_holds.observe(since.elapsed());
+            self.metrics.stop_holds.observe(now().saturating_duration_since(since));
         }
-        for s in pod.policy.sidecars.iter().rev() {
-            let Some(c) = latest_running.iter().find(|c| c.metadata.as_ref().is_some_and(|m| m.name == s.name)) else { continue };
-            let left = budget_end.map(|e| e.saturating_duration_since(Instant::now())).unwrap_or_default();
-            let secs = if left >= Duration::from_secs(STOP_TAIL_SECS as u64) { left.as_secs() as i64 } else { STOP_TAIL_SECS };
-            tracing::info!(container_name = %s.name, "stopping sidecar before StopPodSandbox (reverse order)");
-            if let Err(e) = self.client.stop_container(version, &c.id, secs).await {
-                tracing::warn!(container_name = %s.name, error = %e, "could not stop sidecar; StopPodSandbox will");
+        for (name, id) in decide::sandbox_stop_order(&pod.policy, &running) {
+            let secs = decide::budget_secs(budget_end, now());
+            tracing::info!(container_name = %name, "stopping sidecar before StopPodSandbox (reverse order)");
+            if let Err(e) = self.runtime.stop_container(version, id, secs).await {
+                tracing::warn!(container_name = %name, error = %e, "could not stop sidecar; StopPodSandbox will");
             }
         }
         Verdict::Forward
@@ -718,30 +662,6 @@ impl Engine {
             }
             self.containers.retain(|_, c| c.sandbox_id != req.pod_sandbox_id);
         }
-    }
-}
-
-/// The newest instance of each container name (kubelet's view, KUBELET-CRI §1.4).
-fn latest_by_name(containers: &[views::Container]) -> HashMap<&str, &views::Container> {
-    let mut m: HashMap<&str, &views::Container> = HashMap::new();
-    for c in containers {
-        let name = c.metadata.as_ref().map(|m| m.name.as_str()).unwrap_or("");
-        match m.get(name) {
-            Some(prev) if prev.created_at >= c.created_at => {}
-            _ => {
-                m.insert(name, c);
-            }
-        }
-    }
-    m
-}
-
-fn state_name(s: i32) -> &'static str {
-    match s {
-        state::CREATED => "created but not started",
-        state::RUNNING => "running",
-        state::EXITED => "exited",
-        _ => "in an unknown state",
     }
 }
 
@@ -863,7 +783,7 @@ impl readiness::ProbeEnv for ProbeTarget<'_> {
     }
 
     async fn exec(&self, cmd: &[String], timeout: Duration) -> Result<i32, String> {
-        self.engine.client.exec_sync(self.version, self.container_id, cmd, timeout).await.map_err(|e| {
+        self.engine.runtime.exec_sync(self.version, self.container_id, cmd, timeout).await.map_err(|e| {
             self.engine.metrics.probe_errors.fetch_add(1, Relaxed);
             tracing::debug!(container_name = %self.sidecar, error = %e, "exec readiness probe failed to run");
             e.to_string()
@@ -874,24 +794,6 @@ impl readiness::ProbeEnv for ProbeTarget<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn c(name: &str, created: i64, st: i32) -> views::Container {
-        views::Container {
-            id: format!("{name}-{created}"),
-            metadata: Some(views::ContainerMetadata { name: name.into(), attempt: 0 }),
-            created_at: created,
-            state: st,
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn newest_instance_wins() {
-        let list = vec![c("app", 1, state::EXITED), c("app", 3, state::RUNNING), c("app", 2, state::CREATED), c("side", 1, state::RUNNING)];
-        let m = latest_by_name(&list);
-        assert_eq!(m["app"].id, "app-3");
-        assert_eq!(m["side"].id, "side-1");
-    }
 
     #[test]
     fn init_guess_init_container_comes_straight_back() {

@@ -1,0 +1,526 @@
+//! The engine's rules (DESIGN.md §3–§4) driven through the runtime seam on paused tokio time: a
+//! scripted runtime whose containers start, become ready and exit at virtual instants, and the
+//! engine's `on_request` called as kubelet calls it. Hold durations are virtual, so they are
+//! asserted exactly (within one probe interval) and a 90 s timeout costs no wall time. The
+//! end-to-end tests (`e2e/tests/ordering.rs`, `pods.rs`, `jobs.rs`) stay the proof on a real
+//! runtime.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use prost::Message;
+
+use super::*;
+use crate::config::Config;
+use crate::cri::Route;
+use crate::proxy::client::ClientError;
+use runtime::Answer;
+
+const SANDBOX: &str = "sb";
+const MS: Duration = Duration::from_millis(1);
+const S: Duration = Duration::from_secs(1);
+
+fn at(t0: Instant, d: Duration) -> Instant {
+    t0 + d
+}
+
+/// One container of the scripted pod: created, started and exited at virtual instants.
+struct FakeContainer {
+    id: String,
+    name: String,
+    created: i64,
+    started: Option<Instant>,
+    exited: Option<Instant>,
+    /// An exec readiness probe passes from this instant on.
+    ready: Option<Instant>,
+}
+
+impl FakeContainer {
+    fn state(&self, t: Instant) -> i32 {
+        match (self.started, self.exited) {
+            (_, Some(e)) if t >= e => state::EXITED,
+            (Some(s), _) if t >= s => state::RUNNING,
+            _ => state::CREATED,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Script {
+    annotations: HashMap<String, String>,
+    containers: Vec<FakeContainer>,
+    /// StopContainer calls crisp made itself: (container name, timeout, when).
+    stops: Vec<(String, i64, Instant)>,
+    lists: usize,
+}
+
+#[derive(Default, Clone)]
+struct Fake(Arc<Mutex<Script>>);
+
+impl Fake {
+    fn script(&self) -> std::sync::MutexGuard<'_, Script> {
+        self.0.lock().unwrap()
+    }
+
+    /// Adds a container, running from `started` (None: created, not started).
+    fn add(&self, name: &str, started: Option<Instant>) -> String {
+        let mut s = self.script();
+        let n = s.containers.len();
+        let id = format!("{name}-{n}");
+        s.containers.push(FakeContainer { id: id.clone(), name: name.into(), created: n as i64 + 1, started, exited: None, ready: started });
+        id
+    }
+
+    fn set(&self, name: &str, f: impl FnOnce(&mut FakeContainer)) {
+        let mut s = self.script();
+        let c = s.containers.iter_mut().rev().find(|c| c.name == name).expect("no such container");
+        f(c);
+    }
+
+    fn view(&self, c: &FakeContainer) -> views::Container {
+        views::Container {
+            id: c.id.clone(),
+            pod_sandbox_id: SANDBOX.into(),
+            metadata: Some(views::ContainerMetadata { name: c.name.clone(), attempt: 0 }),
+            state: c.state(now()),
+            created_at: c.created,
+            ..Default::default()
+        }
+    }
+}
+
+fn ready<T: Send + 'static>(v: Result<T, ClientError>) -> Answer<'static, T> {
+    Box::pin(async move { v })
+}
+
+impl Runtime for Fake {
+    fn list_containers<'a>(&'a self, _: ApiVersion, _: &'a str) -> Answer<'a, Vec<views::Container>> {
+        let mut s = self.script();
+        s.lists += 1;
+        ready(Ok(s.containers.iter().map(|c| self.view(c)).collect()))
+    }
+
+    fn container<'a>(&'a self, _: ApiVersion, id: &'a str) -> Answer<'a, Option<views::Container>> {
+        ready(Ok(self.script().containers.iter().find(|c| c.id == id).map(|c| self.view(c))))
+    }
+
+    fn list_pod_sandboxes(&self, _: ApiVersion) -> Answer<'_, Vec<views::PodSandbox>> {
+        ready(Ok(Vec::new()))
+    }
+
+    fn pod_sandbox_status<'a>(&'a self, _: ApiVersion, id: &'a str) -> Answer<'a, views::PodSandboxStatusResponse> {
+        let status = views::PodSandboxStatus {
+            id: id.into(),
+            metadata: Some(views::PodSandboxMetadata { name: "pod".into(), namespace: "ns".into(), uid: "uid".into(), attempt: 0 }),
+            annotations: self.script().annotations.clone(),
+            ..Default::default()
+        };
+        ready(Ok(views::PodSandboxStatusResponse { status: Some(status), containers_statuses: Vec::new() }))
+    }
+
+    fn container_status<'a>(&'a self, _: ApiVersion, _: &'a str) -> Answer<'a, views::ContainerStatusResponse> {
+        ready(Ok(views::ContainerStatusResponse::default()))
+    }
+
+    fn exec_sync<'a>(&'a self, _: ApiVersion, id: &'a str, _: &'a [String], _: Duration) -> Answer<'a, i32> {
+        let s = self.script();
+        let c = s.containers.iter().find(|c| c.id == id).expect("exec in an unknown container");
+        ready(Ok(if c.ready.is_some_and(|r| now() >= r) { 0 } else { 1 }))
+    }
+
+    fn stop_container<'a>(&'a self, _: ApiVersion, id: &'a str, secs: i64) -> Answer<'a, ()> {
+        let mut s = self.script();
+        let t = now();
+        let c = s.containers.iter_mut().find(|c| c.id == id).expect("stop of an unknown container");
+        c.exited.get_or_insert(t);
+        let name = c.name.clone();
+        s.stops.push((name, secs, t));
+        ready(Ok(()))
+    }
+}
+
+/// A pod whose sidecars are judged ready by an exec probe (the fake answers it from `ready`).
+fn pod(fake: &Fake, sidecars: &[&str], extra: &[(&str, &str)]) -> Arc<Engine> {
+    let mut a: HashMap<String, String> = extra.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    if !sidecars.is_empty() {
+        a.insert(annotations::SIDECARS.into(), sidecars.join(","));
+    }
+    for s in sidecars {
+        a.insert(format!("{}{s}", annotations::READY_PREFIX), r#"exec:["true"]"#.into());
+    }
+    fake.script().annotations = a;
+    let mut cfg = Config::default();
+    cfg.ordering.probe_interval = 100 * MS;
+    cfg.ordering.known_injectors = false;
+    Engine::new(&cfg, fake.clone(), Arc::new(OrderingMetrics::default()), Arc::new(job::Terminated::open(None)))
+}
+
+fn call(rpc: &str, deadline: Option<Duration>) -> Call {
+    let path = format!("/runtime.v1.RuntimeService/{rpc}");
+    let received = now();
+    Call { route: Route::from_path(&path), path: path.parse().unwrap(), received, deadline: deadline.map(|d| received + d), id: 1 }
+}
+
+/// kubelet's CreateContainer: it carries the sandbox config with the pod's annotations.
+fn create(fake: &Fake, name: &str) -> Vec<u8> {
+    let sandbox = views::PodSandboxConfig {
+        metadata: Some(views::PodSandboxMetadata { name: "pod".into(), namespace: "ns".into(), uid: "uid".into(), attempt: 0 }),
+        annotations: fake.script().annotations.clone(),
+        ..Default::default()
+    };
+    let config = views::ContainerConfig { metadata: Some(views::ContainerMetadata { name: name.into(), attempt: 0 }), ..Default::default() };
+    views::CreateContainerRequest { pod_sandbox_id: SANDBOX.into(), config: Some(config), sandbox_config: Some(sandbox) }.encode_to_vec()
+}
+
+fn stop(id: &str, timeout: i64) -> Vec<u8> {
+    views::ContainerIdRequest { container_id: id.into(), timeout }.encode_to_vec()
+}
+
+/// Runs one call through the engine: its verdict and how long (virtual) it was held.
+async fn run(engine: &Engine, call: &Call, msg: &[u8]) -> (Verdict, Duration) {
+    let t0 = now();
+    let v = engine.on_request(call, msg).await;
+    (v, now() - t0)
+}
+
+const KUBELET_DEADLINE: Option<Duration> = Some(Duration::from_secs(120));
+
+fn assert_forward(v: &Verdict) {
+    assert!(matches!(v, Verdict::Forward), "expected Forward, got {v:?}");
+}
+
+fn refusal(v: &Verdict) -> &str {
+    match v {
+        Verdict::Reject(s) => {
+            assert_eq!(s.code, code::FAILED_PRECONDITION, "{s:?}");
+            &s.message
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+fn assert_held(held: Duration, expected: Duration, probe_interval: Duration) {
+    assert!(held >= expected && held <= expected + probe_interval, "held {held:?}, expected {expected:?} (+ one probe interval)");
+}
+
+// ---------------------------------------------------------------------------------------------
+// §3 start order
+
+#[tokio::test(start_paused = true)]
+async fn pod_without_sidecars_is_never_held_nor_looked_up() {
+    let fake = Fake::default();
+    let engine = pod(&fake, &[], &[]);
+    let (v, held) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await;
+    assert_forward(&v);
+    assert_eq!(held, Duration::ZERO);
+    assert_eq!(fake.script().lists, 0, "no runtime call for a pod without sidecars");
+}
+
+#[tokio::test(start_paused = true)]
+async fn list_and_status_calls_are_never_observed() {
+    let fake = Fake::default();
+    let engine = pod(&fake, &["proxy"], &[]);
+    for rpc in ["ListContainers", "ListPodSandbox", "ContainerStatus", "PodSandboxStatus", "ListContainerStats", "Status", "Version", "ImageStatus", "ListImages"] {
+        assert!(engine.interest(&call(rpc, None)).is_none(), "{rpc} must take the fast path");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn app_is_forwarded_at_once_when_every_sidecar_is_ready() {
+    let fake = Fake::default();
+    let engine = pod(&fake, &["proxy"], &[]);
+    fake.add("proxy", Some(now()));
+    let (v, held) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await;
+    assert_forward(&v);
+    assert_eq!(held, Duration::ZERO);
+}
+
+#[tokio::test(start_paused = true)]
+async fn app_is_held_until_its_sidecar_is_ready() {
+    let fake = Fake::default();
+    let engine = pod(&fake, &["proxy"], &[]);
+    let t0 = now();
+    fake.add("proxy", Some(t0));
+    fake.set("proxy", |c| c.ready = Some(at(t0, 4 * S)));
+    let (v, held) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await;
+    assert_forward(&v);
+    assert_held(held, 4 * S, 100 * MS);
+    assert_eq!(engine.metrics.start_holds.count(), 1);
+    assert_eq!(engine.metrics.holds_in_flight.load(Relaxed), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn sidecars_gate_each_other_in_declared_order() {
+    let fake = Fake::default();
+    let engine = pod(&fake, &["first", "second"], &[]);
+    let t0 = now();
+    fake.add("first", Some(t0));
+    fake.set("first", |c| c.ready = Some(at(t0, 3 * S)));
+    // The first sidecar waits for nobody.
+    let (v, held) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "first")).await;
+    assert_forward(&v);
+    assert_eq!(held, Duration::ZERO);
+    // The second waits for the first.
+    let (v, held) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "second")).await;
+    assert_forward(&v);
+    assert_held(held, 3 * S, 100 * MS);
+}
+
+#[tokio::test(start_paused = true)]
+async fn app_listed_before_its_sidecar_is_refused_at_once() {
+    let fake = Fake::default();
+    let engine = pod(&fake, &["proxy"], &[]);
+    let (v, held) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await;
+    let msg = refusal(&v);
+    assert!(msg.contains("\"proxy\"") && msg.contains("not created yet") && msg.contains("network is not ready"), "{msg}");
+    assert_eq!(held, Duration::ZERO, "refused, not held: holding would deadlock kubelet's sync loop");
+    assert_eq!(engine.metrics.fail_fast.load(Relaxed), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn app_is_refused_while_its_sidecar_is_created_but_not_running() {
+    for (what, started, exited) in [("created but not started", None, None), ("exited", Some(Duration::ZERO), Some(Duration::ZERO))] {
+        let fake = Fake::default();
+        let engine = pod(&fake, &["proxy"], &[]);
+        let t0 = now();
+        fake.add("proxy", started.map(|d| at(t0, d)));
+        fake.set("proxy", |c| c.exited = exited.map(|d| at(t0, d)));
+        let (v, held) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await;
+        let msg = refusal(&v);
+        assert!(msg.contains(what), "{msg}");
+        assert_eq!(held, Duration::ZERO);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn hold_ends_at_the_start_timeout_under_proceed() {
+    let fake = Fake::default();
+    let engine = pod(&fake, &["proxy"], &[(annotations::START_TIMEOUT, "10s")]);
+    fake.add("proxy", Some(now()));
+    fake.set("proxy", |c| c.ready = None);
+    let (v, held) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await;
+    assert_forward(&v);
+    assert_eq!(held, 10 * S);
+    assert_eq!(engine.metrics.start_hold_timeouts.load(Relaxed), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn hold_ends_at_the_start_timeout_under_fail() {
+    let fake = Fake::default();
+    let engine = pod(&fake, &["proxy"], &[(annotations::START_TIMEOUT, "10s"), (annotations::TIMEOUT_POLICY, "fail")]);
+    fake.add("proxy", Some(now()));
+    fake.set("proxy", |c| c.ready = None);
+    let (v, held) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await;
+    let msg = refusal(&v);
+    assert!(msg.contains("not ready within 10s"), "{msg}");
+    assert_eq!(held, 10 * S);
+}
+
+#[tokio::test(start_paused = true)]
+async fn hold_never_outlives_kubelets_deadline() {
+    let fake = Fake::default();
+    let engine = pod(&fake, &["proxy"], &[]);
+    fake.add("proxy", Some(now()));
+    fake.set("proxy", |c| c.ready = None);
+    // Start timeout 90 s (default); kubelet's deadline 8 s: the hold ends 3 s before it.
+    let (v, held) = run(&engine, &call("CreateContainer", Some(8 * S)), &create(&fake, "app")).await;
+    assert_forward(&v);
+    assert_eq!(held, 8 * S - decide::DEADLINE_MARGIN);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_abandoned_hold_forwards_nothing_and_leaves_no_gauge() {
+    let fake = Fake::default();
+    let engine = pod(&fake, &["proxy"], &[]);
+    fake.add("proxy", Some(now()));
+    fake.set("proxy", |c| c.ready = None);
+    // kubelet gives up after 2 s (the proxy drops the future: drop = cancel).
+    let c = call("CreateContainer", KUBELET_DEADLINE);
+    let msg = create(&fake, "app");
+    let r = tokio::time::timeout(2 * S, engine.on_request(&c, &msg)).await;
+    assert!(r.is_err(), "still held when kubelet gave up");
+    assert_eq!(engine.metrics.holds_in_flight.load(Relaxed), 0, "the held-calls gauge counts the abandoned hold out");
+}
+
+#[tokio::test(start_paused = true)]
+async fn refusals_for_a_dead_sidecar_end_at_the_start_timeout_under_proceed() {
+    let fake = Fake::default();
+    let engine = pod(&fake, &["proxy"], &[(annotations::START_TIMEOUT, "10s")]);
+    let t0 = now();
+    fake.add("proxy", Some(t0));
+    fake.set("proxy", |c| c.exited = Some(t0));
+    refusal(&run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await.0);
+    // kubelet retries every ~1 s; refused until 10 s after the first refusal, then let through.
+    tokio::time::sleep(9 * S).await;
+    refusal(&run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await.0);
+    tokio::time::sleep(S).await;
+    let (v, held) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await;
+    assert_forward(&v);
+    assert_eq!(held, Duration::ZERO);
+}
+
+#[tokio::test(start_paused = true)]
+async fn refusals_for_a_dead_sidecar_go_on_under_fail() {
+    let fake = Fake::default();
+    let engine = pod(&fake, &["proxy"], &[(annotations::START_TIMEOUT, "10s"), (annotations::TIMEOUT_POLICY, "fail")]);
+    let t0 = now();
+    fake.add("proxy", Some(t0));
+    fake.set("proxy", |c| c.exited = Some(t0));
+    refusal(&run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await.0);
+    tokio::time::sleep(20 * S).await;
+    refusal(&run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn known_init_container_is_never_held() {
+    let fake = Fake::default();
+    let engine = pod(&fake, &["proxy"], &[(annotations::INIT_CONTAINERS, "setup")]);
+    let (v, held) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "setup")).await;
+    assert_forward(&v);
+    assert_eq!(held, Duration::ZERO);
+}
+
+#[tokio::test(start_paused = true)]
+async fn unnamed_init_container_is_let_through_when_kubelet_comes_straight_back() {
+    let fake = Fake::default();
+    let engine = pod(&fake, &["proxy"], &[]);
+    // No sidecar exists and nothing names "setup": refused once...
+    refusal(&run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "setup")).await.0);
+    // ...and kubelet's next call for the pod is the same container again, ~1 s later: init.
+    tokio::time::sleep(S).await;
+    let (v, _) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "setup")).await;
+    assert_forward(&v);
+}
+
+#[tokio::test(start_paused = true)]
+async fn unnamed_regular_container_stays_refused_when_kubelet_moves_on() {
+    let fake = Fake::default();
+    let engine = pod(&fake, &["proxy"], &[]);
+    refusal(&run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await.0);
+    // kubelet goes on to the next container in the same loop: the sidecar's CreateContainer.
+    let (v, _) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "proxy")).await;
+    assert_forward(&v);
+    // Its creation failed (nothing in the runtime); the app's retry is refused again.
+    tokio::time::sleep(S).await;
+    refusal(&run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await.0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// §4 stop order
+
+/// A running pod: sidecars and one app, all started at `t0`.
+fn running_pod(fake: &Fake, sidecars: &[&str]) -> (Arc<Engine>, Instant) {
+    let engine = pod(fake, sidecars, &[]);
+    let t0 = now();
+    for s in sidecars {
+        fake.add(s, Some(t0));
+    }
+    fake.add("app", Some(t0));
+    (engine, t0)
+}
+
+fn id_of(fake: &Fake, name: &str) -> String {
+    fake.script().containers.iter().rev().find(|c| c.name == name).unwrap().id.clone()
+}
+
+fn forwarded_timeout(v: &Verdict, requested: i64) -> i64 {
+    match v {
+        Verdict::Forward => requested,
+        Verdict::ForwardPatched(b) => views::decode::<views::ContainerIdRequest>(b).unwrap().timeout,
+        other => panic!("expected the stop to be forwarded, got {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn app_stop_is_forwarded_at_once() {
+    let fake = Fake::default();
+    let (engine, _) = running_pod(&fake, &["proxy"]);
+    let (v, held) = run(&engine, &call("StopContainer", KUBELET_DEADLINE), &stop(&id_of(&fake, "app"), 30)).await;
+    assert_forward(&v);
+    assert_eq!(held, Duration::ZERO);
+}
+
+#[tokio::test(start_paused = true)]
+async fn sidecar_stop_is_held_until_the_apps_exit_and_gets_what_is_left_of_the_budget() {
+    let fake = Fake::default();
+    let (engine, t0) = running_pod(&fake, &["proxy"]);
+    // kubelet kills in parallel: the app's stop, then the sidecar's, same grace.
+    assert_forward(&run(&engine, &call("StopContainer", KUBELET_DEADLINE), &stop(&id_of(&fake, "app"), 30)).await.0);
+    fake.set("app", |c| c.exited = Some(at(t0, 3 * S)));
+    let (v, held) = run(&engine, &call("StopContainer", KUBELET_DEADLINE), &stop(&id_of(&fake, "proxy"), 30)).await;
+    assert_held(held, 3 * S, 100 * MS);
+    let secs = forwarded_timeout(&v, 30);
+    assert_eq!(secs, 27, "one budget for the pod: 30 s from the first stop, 3 s of it spent");
+    assert_eq!(engine.metrics.stop_holds.count(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn sidecar_stop_gets_the_2s_tail_once_the_budget_is_spent() {
+    let fake = Fake::default();
+    let (engine, t0) = running_pod(&fake, &["proxy"]);
+    assert_forward(&run(&engine, &call("StopContainer", KUBELET_DEADLINE), &stop(&id_of(&fake, "app"), 5)).await.0);
+    fake.set("app", |c| c.exited = Some(at(t0, 9 * S)));
+    let (v, held) = run(&engine, &call("StopContainer", Some(5 * S + 120 * S)), &stop(&id_of(&fake, "proxy"), 5)).await;
+    assert_held(held, 9 * S, 100 * MS);
+    assert_eq!(forwarded_timeout(&v, 5), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn sidecars_stop_in_reverse_declared_order() {
+    let fake = Fake::default();
+    let (engine, t0) = running_pod(&fake, &["first", "second"]);
+    fake.set("app", |c| c.exited = Some(t0));
+    fake.set("second", |c| c.exited = Some(at(t0, 2 * S)));
+    // "first" outlives "second".
+    let (v, held) = run(&engine, &call("StopContainer", KUBELET_DEADLINE), &stop(&id_of(&fake, "first"), 30)).await;
+    assert_held(held, 2 * S, 100 * MS);
+    assert_eq!(forwarded_timeout(&v, 30), 28);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_single_sidecar_kill_is_forwarded_after_its_grace() {
+    let fake = Fake::default();
+    let (engine, _) = running_pod(&fake, &["proxy"]);
+    // Liveness kill of the sidecar alone: no app is being stopped; the app keeps running.
+    let (v, held) = run(&engine, &call("StopContainer", KUBELET_DEADLINE), &stop(&id_of(&fake, "proxy"), 5)).await;
+    assert_held(held, 5 * S, 100 * MS);
+    assert_eq!(forwarded_timeout(&v, 5), 2, "its grace is spent: the KEP's 2 s tail");
+}
+
+#[tokio::test(start_paused = true)]
+async fn sidecar_stop_hold_ends_before_kubelets_deadline() {
+    let fake = Fake::default();
+    let (engine, _) = running_pod(&fake, &["proxy"]);
+    assert_forward(&run(&engine, &call("StopContainer", KUBELET_DEADLINE), &stop(&id_of(&fake, "app"), 30)).await.0);
+    // The app never exits; kubelet's deadline for the sidecar's stop is 20 s away.
+    let (v, held) = run(&engine, &call("StopContainer", Some(20 * S)), &stop(&id_of(&fake, "proxy"), 30)).await;
+    assert_eq!(held, 20 * S - decide::DEADLINE_MARGIN - decide::STOP_TAIL);
+    assert!(forwarded_timeout(&v, 30) <= 30);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_repeated_sidecar_stop_shares_the_budget() {
+    let fake = Fake::default();
+    let (engine, t0) = running_pod(&fake, &["proxy"]);
+    assert_forward(&run(&engine, &call("StopContainer", KUBELET_DEADLINE), &stop(&id_of(&fake, "app"), 30)).await.0);
+    fake.set("app", |c| c.exited = Some(at(t0, 4 * S)));
+    let first = run(&engine, &call("StopContainer", KUBELET_DEADLINE), &stop(&id_of(&fake, "proxy"), 30)).await;
+    tokio::time::sleep(S).await;
+    let again = run(&engine, &call("StopContainer", KUBELET_DEADLINE), &stop(&id_of(&fake, "proxy"), 30)).await;
+    assert_eq!(forwarded_timeout(&first.0, 30), 26);
+    assert_eq!(again.1, Duration::ZERO, "nothing left to wait for");
+    assert_eq!(forwarded_timeout(&again.0, 30), 25, "the same window, one second later");
+}
+
+#[tokio::test(start_paused = true)]
+async fn stop_pod_sandbox_waits_for_the_apps_then_stops_sidecars_in_reverse() {
+    let fake = Fake::default();
+    let (engine, t0) = running_pod(&fake, &["first", "second"]);
+    assert_forward(&run(&engine, &call("StopContainer", KUBELET_DEADLINE), &stop(&id_of(&fake, "app"), 30)).await.0);
+    fake.set("app", |c| c.exited = Some(at(t0, 2 * S)));
+    let msg = views::PodSandboxIdRequest { pod_sandbox_id: SANDBOX.into() }.encode_to_vec();
+    let (v, held) = run(&engine, &call("StopPodSandbox", KUBELET_DEADLINE), &msg).await;
+    assert_forward(&v);
+    assert_held(held, 2 * S, 100 * MS);
+    let stops: Vec<(String, i64)> = fake.script().stops.iter().map(|(n, s, _)| (n.clone(), *s)).collect();
+    assert_eq!(stops, vec![("second".to_string(), 28), ("first".to_string(), 28)], "reverse order, with what is left of the budget");
+}
