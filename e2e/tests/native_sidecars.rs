@@ -1,0 +1,253 @@
+//! Native sidecars (KEP-753: init containers with `restartPolicy: Always`, on by default from
+//! kubelet 1.29) through crisp: kubelet already starts them first and stops them last, and the
+//! CRI does not say a container is one. What crisp does to such pods is defined as: **nothing**
+//! — no call held, none refused, the runtime's order is kubelet's.
+//! - Istio's and Linkerd's native-sidecar modes are recognised from their own annotations and
+//!   left to kubelet (the injector table's `unless`).
+//! - A pod that still names its (now native) sidecar in `crisp.dev/sidecars` is gated, but every
+//!   gate is already open when kubelet 1.29 calls: the sidecar runs before any app is created
+//!   and the apps have exited before the sidecar is stopped.
+//!
+//! kubelet 1.29's calls are replayed in its order (init containers one at a time, a restartable
+//! one counted as done once it runs; on termination the regular containers first, then the
+//! sidecars in reverse) by a grpc-go client → crisp → real containerd. Timestamps are the
+//! runtime's.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context, Result};
+use crisp_e2e::crisp::{Crisp, CrispOpts};
+use crisp_e2e::grpcgo::{GoBridge, GoBridgeOpts};
+use crisp_e2e::harness::{cri_clients, require_root, Containerd, ContainerdOpts, BUSYBOX_IMAGE};
+use k8s_cri::v1 as cri;
+
+type Rt = cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>;
+
+/// A call crisp held or refused would take at least one probe interval or fail; kubelet's own
+/// calls here take milliseconds. Generous for a loaded CI machine.
+const UNHELD: Duration = Duration::from_secs(2);
+
+const RUNS: &str = "trap 'exit 0' TERM; echo trap-set; while true; do sleep 0.1; done";
+
+struct Shape {
+    name: &'static str,
+    annotations: Vec<(&'static str, &'static str)>,
+    /// (name, restartable, command)
+    init: Vec<(&'static str, bool, &'static str)>,
+    containers: Vec<&'static str>,
+}
+
+fn sandbox_config(shape: &Shape, log_dir: &Path) -> cri::PodSandboxConfig {
+    let mut annotations: HashMap<String, String> = shape.annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    annotations.insert("kubernetes.io/config.source".into(), "api".into());
+    cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata { name: shape.name.into(), uid: format!("{}-uid", shape.name), namespace: "native".into(), attempt: 0 }),
+        log_directory: log_dir.display().to_string(),
+        labels: [("io.kubernetes.pod.name".to_string(), shape.name.to_string()), ("io.kubernetes.pod.namespace".to_string(), "native".to_string())].into(),
+        annotations,
+        linux: Some(cri::LinuxPodSandboxConfig {
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: Some(cri::NamespaceOption { network: cri::NamespaceMode::Node as i32, ..Default::default() }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+struct Timed<'a> {
+    rt: &'a mut Rt,
+    slowest: (Duration, String),
+}
+
+impl Timed<'_> {
+    fn note(&mut self, what: String, t: Instant) {
+        let d = t.elapsed();
+        if d > self.slowest.0 {
+            self.slowest = (d, what);
+        }
+    }
+
+    async fn create_start(&mut self, pod: &str, sb: &cri::PodSandboxConfig, image: &str, name: &str, cmd: &str) -> Result<String> {
+        let config = cri::ContainerConfig {
+            metadata: Some(cri::ContainerMetadata { name: name.into(), attempt: 0 }),
+            image: Some(cri::ImageSpec { image: image.into(), ..Default::default() }),
+            command: vec!["sh".into(), "-c".into(), cmd.into()],
+            log_path: format!("{name}.log"),
+            labels: [("io.kubernetes.container.name".to_string(), name.to_string())].into(),
+            ..Default::default()
+        };
+        let t = Instant::now();
+        let id = self
+            .rt
+            .create_container(cri::CreateContainerRequest { pod_sandbox_id: pod.into(), config: Some(config), sandbox_config: Some(sb.clone()) })
+            .await
+            .with_context(|| format!("CreateContainer {name}"))?
+            .into_inner()
+            .container_id;
+        self.note(format!("CreateContainer {name}"), t);
+        let t = Instant::now();
+        self.rt.start_container(cri::StartContainerRequest { container_id: id.clone() }).await.with_context(|| format!("StartContainer {name}"))?;
+        self.note(format!("StartContainer {name}"), t);
+        Ok(id)
+    }
+
+    async fn status(&mut self, id: &str) -> Result<cri::ContainerStatus> {
+        self.rt.container_status(cri::ContainerStatusRequest { container_id: id.into(), verbose: false }).await?.into_inner().status.context("no status")
+    }
+
+    async fn stop(&mut self, name: &str, id: &str) -> Result<()> {
+        let t = Instant::now();
+        self.rt.stop_container(cri::StopContainerRequest { container_id: id.into(), timeout: 10 }).await.with_context(|| format!("StopContainer {name}"))?;
+        self.note(format!("StopContainer {name}"), t);
+        Ok(())
+    }
+}
+
+/// Polls (10 ms) until `f` holds for the container's status; the runtime's answer is the truth.
+async fn until(t: &mut Timed<'_>, id: &str, what: &str, f: impl Fn(&cri::ContainerStatus) -> bool) -> Result<cri::ContainerStatus> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let st = t.status(id).await?;
+        if f(&st) {
+            return Ok(st);
+        }
+        ensure!(Instant::now() < deadline, "{what}: still {st:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn trap_set(log: &Path) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(log).unwrap_or_default().contains("trap-set") {
+        ensure!(Instant::now() < deadline, "{} never printed trap-set", log.display());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
+}
+
+/// Replays kubelet 1.29's calls for `shape` through grpc-go → crisp → containerd and checks
+/// that crisp held and refused nothing and the runtime saw kubelet's own order.
+async fn native_pod(shape: Shape) -> Result<()> {
+    require_root();
+    let ctrd = Containerd::start_async(ContainerdOpts { cni: false }).await?;
+    let crisp = Crisp::start(ctrd.socket(), CrispOpts::default())?;
+    let dir = tempfile::Builder::new().prefix("crisp-native-").tempdir()?;
+    let bridge = GoBridge::start(&dir.path().join("kubelet.sock"), crisp.socket(), GoBridgeOpts::default())?;
+    let r = replay(&ctrd, bridge.socket(), &shape).await;
+    let log = crisp.log_text();
+    if r.is_err() {
+        eprintln!("--- crisp log ---\n{log}");
+    }
+    r?;
+    let touched: Vec<&str> = log.lines().filter(|l| l.contains("holding") || l.contains("refusing") || l.contains("stopping sidecar")).collect();
+    ensure!(touched.is_empty(), "crisp acted on a native-sidecar pod ({}):\n{}", shape.name, touched.join("\n"));
+    Ok(())
+}
+
+async fn replay(ctrd: &Containerd, via: &Path, shape: &Shape) -> Result<()> {
+    let (mut rt, mut img) = cri_clients(via).await?;
+    let image = img
+        .image_status(cri::ImageStatusRequest { image: Some(cri::ImageSpec { image: BUSYBOX_IMAGE.into(), ..Default::default() }), verbose: false })
+        .await?
+        .into_inner()
+        .image
+        .context("busybox missing")?
+        .id;
+    let log_dir = ctrd.dir().join("pods").join(shape.name);
+    std::fs::create_dir_all(&log_dir)?;
+    let sb = sandbox_config(shape, &log_dir);
+    let pod = rt.run_pod_sandbox(cri::RunPodSandboxRequest { config: Some(sb.clone()), runtime_handler: String::new() }).await?.into_inner().pod_sandbox_id;
+    let mut t = Timed { rt: &mut rt, slowest: (Duration::ZERO, String::new()) };
+
+    // Init containers one at a time; a restartable one is done once it runs (kubelet 1.29).
+    let mut sidecars = Vec::new();
+    for (name, restartable, cmd) in &shape.init {
+        let id = t.create_start(&pod, &sb, &image, name, cmd).await?;
+        if *restartable {
+            until(&mut t, &id, name, |s| s.state == cri::ContainerState::ContainerRunning as i32).await?;
+            trap_set(&log_dir.join(format!("{name}.log"))).await?;
+            sidecars.push((*name, id));
+        } else {
+            let st = until(&mut t, &id, name, |s| s.state == cri::ContainerState::ContainerExited as i32).await?;
+            ensure!(st.exit_code == 0, "init container {name} failed: {st:?}");
+        }
+    }
+    let mut apps = Vec::new();
+    for name in &shape.containers {
+        let id = t.create_start(&pod, &sb, &image, name, RUNS).await?;
+        trap_set(&log_dir.join(format!("{name}.log"))).await?;
+        apps.push((*name, id));
+    }
+
+    // Termination: regular containers first, then the sidecars in reverse order.
+    for (name, id) in &apps {
+        t.stop(name, id).await?;
+    }
+    for (name, id) in sidecars.iter().rev() {
+        t.stop(name, id).await?;
+    }
+    let t0 = Instant::now();
+    t.rt.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: pod.clone() }).await?;
+    t.note("StopPodSandbox".into(), t0);
+
+    // The runtime's own timestamps: every sidecar started before and finished after every app.
+    let mut app_times = Vec::new();
+    for (name, id) in &apps {
+        let st = t.status(id).await?;
+        ensure!(st.exit_code == 0, "{name} did not exit on its TERM trap: {st:?}");
+        app_times.push((st.started_at, st.finished_at));
+    }
+    for (name, id) in &sidecars {
+        let st = t.status(id).await?;
+        ensure!(st.exit_code == 0, "sidecar {name}: {st:?}");
+        for (started, finished) in &app_times {
+            ensure!(st.started_at < *started && st.finished_at > *finished, "sidecar {name} does not wrap the apps: {st:?}");
+        }
+    }
+    let (slowest, what) = t.slowest.clone();
+    eprintln!("{}: slowest call through crisp: {what} in {slowest:?}", shape.name);
+    ensure!(slowest < UNHELD, "{what} took {slowest:?}: crisp held it");
+    rt.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: pod }).await?;
+    Ok(())
+}
+
+/// Istio's native-sidecar mode: `istio-proxy` is listed under initContainers in its status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn istio_native_sidecar_pod_is_left_to_kubelet() -> Result<()> {
+    native_pod(Shape {
+        name: "istio-native",
+        annotations: vec![("sidecar.istio.io/status", r#"{"initContainers":["istio-init","istio-proxy"],"containers":null,"volumes":["istio-envoy"]}"#)],
+        init: vec![("istio-init", false, "true"), ("istio-proxy", true, RUNS)],
+        containers: vec!["app"],
+    })
+    .await
+}
+
+/// Linkerd with `config.beta.linkerd.io/proxy-enable-native-sidecar`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn linkerd_native_sidecar_pod_is_left_to_kubelet() -> Result<()> {
+    native_pod(Shape {
+        name: "linkerd-native",
+        annotations: vec![("linkerd.io/proxy-version", "edge-24.5.1"), ("config.beta.linkerd.io/proxy-enable-native-sidecar", "true")],
+        init: vec![("linkerd-init", false, "true"), ("linkerd-proxy", true, RUNS)],
+        containers: vec!["app", "worker"],
+    })
+    .await
+}
+
+/// A pod moved to a native sidecar that still carries `crisp.dev/sidecars`: gated, but every gate
+/// is already open when kubelet 1.29 calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn annotated_native_sidecar_is_never_held() -> Result<()> {
+    native_pod(Shape {
+        name: "annotated-native",
+        annotations: vec![("crisp.dev/sidecars", "proxy"), ("crisp.dev/init-containers", "setup")],
+        init: vec![("setup", false, "true"), ("proxy", true, RUNS)],
+        containers: vec!["app"],
+    })
+    .await
+}
