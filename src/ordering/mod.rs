@@ -28,6 +28,7 @@ use dashmap::DashMap;
 use crate::config::{Config, JobConfig, OrderingConfig, SidecarRule, TimeoutPolicy};
 use crate::cri::patch;
 use crate::cri::patch::append_varint_field;
+use crate::cri::tags;
 use crate::cri::views::{self, state};
 use crate::cri::{ApiVersion, Rpc};
 use crate::intercept::{BoxFuture, Call, Interceptor, Interest, Verdict};
@@ -632,7 +633,7 @@ impl Engine {
         let remaining = budget_end.saturating_duration_since(Instant::now());
         let secs = if remaining >= Duration::from_secs(STOP_TAIL_SECS as u64) { remaining.as_secs_f64().ceil() as i64 } else { STOP_TAIL_SECS };
         if secs < req.timeout {
-            return Verdict::ForwardPatched(append_varint_field(msg, 2, secs));
+            return Verdict::ForwardPatched(append_varint_field(msg, tags::stop_container_request::TIMEOUT, secs));
         }
         Verdict::Forward
     }
@@ -827,9 +828,9 @@ impl Interceptor for Engine {
         match call.route.rpc {
             // A sidecar crisp terminated reports exit 0 / Completed (DESIGN.md §5).
             // The embedded status carries its id, so the request need not be read.
-            Some(Rpc::ContainerStatus) => return patch_statuses(1),
-            Some(Rpc::PodSandboxStatus) => return patch_statuses(3),
-            Some(Rpc::GetContainerEvents) => return patch_statuses(5),
+            Some(Rpc::ContainerStatus) => return patch_statuses(tags::container_status_response::STATUS),
+            Some(Rpc::PodSandboxStatus) => return patch_statuses(tags::pod_sandbox_status_response::CONTAINERS_STATUSES),
+            Some(Rpc::GetContainerEvents) => return patch_statuses(tags::container_event_response::CONTAINERS_STATUSES),
             Some(Rpc::RunPodSandbox) => {
                 let (Ok(r), Ok(resp)) = (views::decode::<views::RunPodSandboxRequest>(req), views::decode::<views::RunPodSandboxResponse>(msg)) else { return None };
                 if let Some(cfg) = r.config.as_ref() {
