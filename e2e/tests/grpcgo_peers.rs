@@ -370,11 +370,7 @@ async fn sidecar_app_create_held_through_grpcgo() -> Result<()> {
     let yaml = "name: held\nhostNetwork: true\nannotations:\n  crisp.dev/sidecars: proxy\n  crisp.dev/ready.proxy: 'exec:[\"test\",\"-f\",\"/tmp/ready\"]'\ncontainers:\n  - name: proxy\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 2; touch /tmp/ready; sleep 3600 & wait\"]\n  - name: app\n    command: [sh, -c, \"trap 'exit 0' TERM; while true; do sleep 0.1; done\"]\n";
     let pod = PodSpec::from_yaml(yaml)?.remove(0);
     let uid = st.kubelet.add_pod(pod)?;
-    let r = st.kubelet.wait_all_running(&uid, Duration::from_secs(60)).await;
-    if r.is_err() {
-        st.dump(&uid);
-    }
-    r?;
+    st.wait_all_running(&uid, Duration::from_secs(60)).await?;
     let proxy = st.status(&uid, "proxy").await?;
     let app = st.status(&uid, "app").await?;
     let gap = app.started_at - proxy.started_at;
@@ -385,12 +381,7 @@ async fn sidecar_app_create_held_through_grpcgo() -> Result<()> {
     let took = held.done.expect("done") - held.sent;
     eprintln!("app CreateContainer took {took:?} through grpc-go → crisp");
     assert!(took >= Duration::from_millis(1000), "the app's CreateContainer was not held: {took:?} ({creates:?})");
-    st.kubelet.delete_pod(&uid, Some(10))?;
-    let r = st.kubelet.wait_terminated(&uid, Duration::from_secs(60)).await;
-    if r.is_err() {
-        st.dump(&uid);
-    }
-    r?;
+    st.delete_pod(&uid, Some(10), Duration::from_secs(60)).await?;
     assert_crisp_log_clean(&st.crisp);
     let stats = st.bridges[0].stats()?;
     assert_eq!(stats.upstream.goaway_recv, 0, "{:?}", stats.upstream.goaways);
