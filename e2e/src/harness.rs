@@ -287,6 +287,37 @@ pub async fn cri_clients(socket: &Path) -> Result<(cri::runtime_service_client::
     Ok((cri::runtime_service_client::RuntimeServiceClient::new(ch.clone()), cri::image_service_client::ImageServiceClient::new(ch)))
 }
 
+/// A host-network PodSandboxConfig for pod `name` (uid `<name>-uid`) in `namespace`, logging to
+/// `log_dir`, with kubelet's `kubernetes.io/config.source: api` annotation; no labels.
+pub fn host_network_sandbox(name: &str, namespace: &str, log_dir: &Path) -> cri::PodSandboxConfig {
+    cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata { name: name.into(), uid: format!("{name}-uid"), namespace: namespace.into(), attempt: 0 }),
+        log_directory: log_dir.display().to_string(),
+        annotations: [("kubernetes.io/config.source".to_string(), "api".to_string())].into(),
+        linux: Some(cri::LinuxPodSandboxConfig {
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: Some(cri::NamespaceOption { network: cri::NamespaceMode::Node as i32, ..Default::default() }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// A ContainerConfig for container `name` of `image` running `sh -c cmd`, logging to
+/// `<name>.log`, labelled `io.kubernetes.container.name` as kubelet labels it.
+pub fn shell_container(name: &str, image: &str, cmd: &str) -> cri::ContainerConfig {
+    cri::ContainerConfig {
+        metadata: Some(cri::ContainerMetadata { name: name.into(), attempt: 0 }),
+        image: Some(cri::ImageSpec { image: image.into(), ..Default::default() }),
+        command: vec!["sh".into(), "-c".into(), cmd.into()],
+        log_path: format!("{name}.log"),
+        labels: [("io.kubernetes.container.name".to_string(), name.to_string())].into(),
+        ..Default::default()
+    }
+}
+
 /// Polls until the CRI service on `socket` answers `Version`, reports
 /// RuntimeReady (and NetworkReady when `cni`), and shows both test images.
 pub async fn wait_cri_ready(socket: &Path, cni: bool, timeout: Duration) -> Result<()> {

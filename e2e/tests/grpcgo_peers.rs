@@ -23,7 +23,7 @@ use crisp_e2e::crisp::{Crisp, CrispOpts};
 use crisp_e2e::emulator::PodSpec;
 use crisp_e2e::fakert::{self, Canned};
 use crisp_e2e::grpcgo::{self, percent_encoded_authority, CallOpts, GoBridge, GoBridgeOpts};
-use crisp_e2e::harness::{cri_channel, cri_clients, require_root, Containerd, ContainerdOpts, BUSYBOX_IMAGE};
+use crisp_e2e::harness::{cri_channel, cri_clients, host_network_sandbox, require_root, shell_container, Containerd, ContainerdOpts, BUSYBOX_IMAGE};
 use crisp_e2e::stack::{secs, Stack};
 use k8s_cri::v1 as cri;
 use prost::Message;
@@ -64,36 +64,16 @@ fn assert_crisp_log_clean(crisp: &Crisp) {
 // ---------------------------------------------------------------------------------------------
 // CRI messages
 
+/// A host-network sandbox labelled as kubelet labels a pod.
 fn sandbox_config(name: &str, log_dir: &Path) -> cri::PodSandboxConfig {
     cri::PodSandboxConfig {
-        metadata: Some(cri::PodSandboxMetadata { name: name.into(), uid: format!("{name}-uid"), namespace: "grpcgo".into(), attempt: 0 }),
-        log_directory: log_dir.display().to_string(),
         labels: [
             ("io.kubernetes.pod.name".to_string(), name.to_string()),
             ("io.kubernetes.pod.namespace".to_string(), "grpcgo".to_string()),
             ("io.kubernetes.pod.uid".to_string(), format!("{name}-uid")),
         ]
         .into(),
-        annotations: [("kubernetes.io/config.source".to_string(), "api".to_string())].into(),
-        linux: Some(cri::LinuxPodSandboxConfig {
-            security_context: Some(cri::LinuxSandboxSecurityContext {
-                namespace_options: Some(cri::NamespaceOption { network: cri::NamespaceMode::Node as i32, ..Default::default() }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-fn container_config(name: &str, image: &str, cmd: &str) -> cri::ContainerConfig {
-    cri::ContainerConfig {
-        metadata: Some(cri::ContainerMetadata { name: name.into(), attempt: 0 }),
-        image: Some(cri::ImageSpec { image: image.into(), ..Default::default() }),
-        command: vec!["sh".into(), "-c".into(), cmd.into()],
-        log_path: format!("{name}.log"),
-        labels: [("io.kubernetes.container.name".to_string(), name.to_string())].into(),
-        ..Default::default()
+        ..host_network_sandbox(name, "grpcgo", log_dir)
     }
 }
 
@@ -310,7 +290,7 @@ async fn lifecycle(ctrd: &Containerd, via: &Path) -> Result<()> {
     let id = rt
         .create_container(cri::CreateContainerRequest {
             pod_sandbox_id: pod.clone(),
-            config: Some(container_config("app", &image, "trap 'exit 0' TERM; echo trap-set; while true; do sleep 0.1; done")),
+            config: Some(shell_container("app", &image, "trap 'exit 0' TERM; echo trap-set; while true; do sleep 0.1; done")),
             sandbox_config: Some(sb.clone()),
         })
         .await
@@ -424,7 +404,7 @@ async fn soak(ctrd: &Containerd, crisp: &Crisp, bridge: &GoBridge) -> Result<()>
     let base = rt
         .create_container(cri::CreateContainerRequest {
             pod_sandbox_id: pod.clone(),
-            config: Some(container_config("base", &image, "trap 'exit 0' TERM; sleep 3600 & wait")),
+            config: Some(shell_container("base", &image, "trap 'exit 0' TERM; sleep 3600 & wait")),
             sandbox_config: Some(sb.clone()),
         })
         .await
@@ -460,7 +440,7 @@ async fn soak(ctrd: &Containerd, crisp: &Crisp, bridge: &GoBridge) -> Result<()>
                         match rt
                             .create_container(cri::CreateContainerRequest {
                                 pod_sandbox_id: pod.clone(),
-                                config: Some(container_config(&name, &image, "true")),
+                                config: Some(shell_container(&name, &image, "true")),
                                 sandbox_config: Some(sb.clone()),
                             })
                             .await
