@@ -318,6 +318,38 @@ pub fn shell_container(name: &str, image: &str, cmd: &str) -> cri::ContainerConf
     }
 }
 
+/// CreateContainer `container` in sandbox `pod` (created from `sandbox`), then StartContainer:
+/// the container's id.
+pub async fn create_and_start(
+    rt: &mut cri::runtime_service_client::RuntimeServiceClient<Channel>,
+    pod: &str,
+    sandbox: &cri::PodSandboxConfig,
+    container: cri::ContainerConfig,
+) -> Result<String> {
+    let name = container.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default();
+    let id = rt
+        .create_container(cri::CreateContainerRequest { pod_sandbox_id: pod.into(), config: Some(container), sandbox_config: Some(sandbox.clone()) })
+        .await
+        .with_context(|| format!("CreateContainer {name}"))?
+        .into_inner()
+        .container_id;
+    rt.start_container(cri::StartContainerRequest { container_id: id.clone() }).await.with_context(|| format!("StartContainer {name}"))?;
+    Ok(id)
+}
+
+/// RunPodSandbox `sandbox`, then [`create_and_start`] `container` in it: the sandbox's id and the
+/// container's.
+pub async fn run_pod_with(
+    rt: &mut cri::runtime_service_client::RuntimeServiceClient<Channel>,
+    sandbox: &cri::PodSandboxConfig,
+    container: cri::ContainerConfig,
+) -> Result<(String, String)> {
+    let pod =
+        rt.run_pod_sandbox(cri::RunPodSandboxRequest { config: Some(sandbox.clone()), runtime_handler: String::new() }).await.context("RunPodSandbox")?.into_inner().pod_sandbox_id;
+    let id = create_and_start(rt, &pod, sandbox, container).await?;
+    Ok((pod, id))
+}
+
 /// Polls until the CRI service on `socket` answers `Version`, reports
 /// RuntimeReady (and NetworkReady when `cni`), and shows both test images.
 pub async fn wait_cri_ready(socket: &Path, cni: bool, timeout: Duration) -> Result<()> {

@@ -23,7 +23,7 @@ use crisp_e2e::crisp::{Crisp, CrispOpts};
 use crisp_e2e::emulator::PodSpec;
 use crisp_e2e::fakert::{self, Canned};
 use crisp_e2e::grpcgo::{self, percent_encoded_authority, CallOpts, GoBridge, GoBridgeOpts};
-use crisp_e2e::harness::{cri_channel, cri_clients, host_network_sandbox, require_root, shell_container, Containerd, ContainerdOpts, BUSYBOX_IMAGE};
+use crisp_e2e::harness::{cri_channel, cri_clients, host_network_sandbox, require_root, run_pod_with, shell_container, Containerd, ContainerdOpts, BUSYBOX_IMAGE};
 use crisp_e2e::stack::{secs, Stack};
 use k8s_cri::v1 as cri;
 use prost::Message;
@@ -281,23 +281,8 @@ async fn lifecycle(ctrd: &Containerd, via: &Path) -> Result<()> {
     let log_dir = ctrd.dir().join("pods/grpcgo");
     std::fs::create_dir_all(&log_dir)?;
     let sb = sandbox_config("lifecycle", &log_dir);
-    let pod = rt
-        .run_pod_sandbox(cri::RunPodSandboxRequest { config: Some(sb.clone()), runtime_handler: String::new() })
-        .await
-        .context("RunPodSandbox through grpc-go → crisp")?
-        .into_inner()
-        .pod_sandbox_id;
-    let id = rt
-        .create_container(cri::CreateContainerRequest {
-            pod_sandbox_id: pod.clone(),
-            config: Some(shell_container("app", &image, "trap 'exit 0' TERM; echo trap-set; while true; do sleep 0.1; done")),
-            sandbox_config: Some(sb.clone()),
-        })
-        .await
-        .context("CreateContainer through grpc-go → crisp")?
-        .into_inner()
-        .container_id;
-    rt.start_container(cri::StartContainerRequest { container_id: id.clone() }).await.context("StartContainer")?;
+    let app = shell_container("app", &image, "trap 'exit 0' TERM; echo trap-set; while true; do sleep 0.1; done");
+    let (pod, id) = run_pod_with(&mut rt, &sb, app).await.context("through grpc-go → crisp")?;
     let st =
         rt.container_status(cri::ContainerStatusRequest { container_id: id.clone(), verbose: false }).await.context("ContainerStatus")?.into_inner().status.context("status")?;
     assert_eq!(st.state, cri::ContainerState::ContainerRunning as i32);
@@ -395,23 +380,7 @@ async fn soak(ctrd: &Containerd, crisp: &Crisp, bridge: &GoBridge) -> Result<()>
     std::fs::create_dir_all(&log_dir)?;
     let sb = sandbox_config("soak", &log_dir);
     let mut rt = Rt::new(cri_channel(bridge.socket()).await?);
-    let pod = rt
-        .run_pod_sandbox(cri::RunPodSandboxRequest { config: Some(sb.clone()), runtime_handler: String::new() })
-        .await
-        .context("RunPodSandbox through grpc-go → crisp")?
-        .into_inner()
-        .pod_sandbox_id;
-    let base = rt
-        .create_container(cri::CreateContainerRequest {
-            pod_sandbox_id: pod.clone(),
-            config: Some(shell_container("base", &image, "trap 'exit 0' TERM; sleep 3600 & wait")),
-            sandbox_config: Some(sb.clone()),
-        })
-        .await
-        .context("CreateContainer base")?
-        .into_inner()
-        .container_id;
-    rt.start_container(cri::StartContainerRequest { container_id: base.clone() }).await?;
+    let (pod, base) = run_pod_with(&mut rt, &sb, shell_container("base", &image, "trap 'exit 0' TERM; sleep 3600 & wait")).await.context("through grpc-go → crisp")?;
 
     // A pure grpc-go client straight to crisp, concurrently: 1,000 Versions.
     let version = cri::VersionRequest { version: "0.1.0".into() }.encode_to_vec();

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use crisp_e2e::crisp::{Crisp, CrispOpts};
-use crisp_e2e::harness::{cri_clients, host_network_sandbox, require_root, shell_container, Containerd, ContainerdOpts, BUSYBOX_IMAGE};
+use crisp_e2e::harness::{create_and_start, cri_clients, host_network_sandbox, require_root, shell_container, Containerd, ContainerdOpts, BUSYBOX_IMAGE};
 use crisp_e2e::raw;
 use k8s_cri::v1 as cri;
 use prost::Message;
@@ -61,14 +61,7 @@ async fn pod_lifecycle_through_crisp_is_byte_identical() -> Result<()> {
     let mut ids = Vec::new();
     for name in ["first", "second"] {
         let cfg = shell_container(name, &image_ref, "trap 'exit 0' TERM; while true; do sleep 0.1; done");
-        let id = rt
-            .create_container(cri::CreateContainerRequest { pod_sandbox_id: pod.clone(), config: Some(cfg), sandbox_config: Some(sb.clone()) })
-            .await
-            .with_context(|| format!("CreateContainer {name}"))?
-            .into_inner()
-            .container_id;
-        rt.start_container(cri::StartContainerRequest { container_id: id.clone() }).await?;
-        ids.push(id);
+        ids.push(create_and_start(&mut rt, &pod, &sb, cfg).await?);
     }
     // Both running, seen through crisp.
     let listed = rt.list_containers(cri::ListContainersRequest { filter: None }).await?.into_inner().containers;
