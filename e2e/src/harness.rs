@@ -287,6 +287,18 @@ pub async fn cri_clients(socket: &Path) -> Result<(cri::runtime_service_client::
     Ok((cri::runtime_service_client::RuntimeServiceClient::new(ch.clone()), cri::image_service_client::ImageServiceClient::new(ch)))
 }
 
+/// The id of `image` (its `image_ref` once a container runs it), from ImageStatus.
+pub async fn image_ref(img: &mut cri::image_service_client::ImageServiceClient<Channel>, image: &str) -> Result<String> {
+    Ok(img
+        .image_status(cri::ImageStatusRequest { image: Some(cri::ImageSpec { image: image.into(), ..Default::default() }), verbose: false })
+        .await
+        .with_context(|| format!("ImageStatus {image}"))?
+        .into_inner()
+        .image
+        .with_context(|| format!("ImageStatus {image}: no such image"))?
+        .id)
+}
+
 /// A host-network PodSandboxConfig for pod `name` (uid `<name>-uid`) in `namespace`, logging to
 /// `log_dir`, with kubelet's `kubernetes.io/config.source: api` annotation; no labels.
 pub fn host_network_sandbox(name: &str, namespace: &str, log_dir: &Path) -> cri::PodSandboxConfig {

@@ -23,7 +23,7 @@ use crisp_e2e::crisp::{Crisp, CrispOpts};
 use crisp_e2e::emulator::PodSpec;
 use crisp_e2e::fakert::{self, Canned};
 use crisp_e2e::grpcgo::{self, percent_encoded_authority, CallOpts, GoBridge, GoBridgeOpts};
-use crisp_e2e::harness::{cri_channel, cri_clients, host_network_sandbox, require_root, run_pod_with, shell_container, Containerd, ContainerdOpts, BUSYBOX_IMAGE};
+use crisp_e2e::harness::{cri_channel, cri_clients, host_network_sandbox, image_ref, require_root, run_pod_with, shell_container, Containerd, ContainerdOpts, BUSYBOX_IMAGE};
 use crisp_e2e::stack::{secs, Stack};
 use k8s_cri::v1 as cri;
 use prost::Message;
@@ -75,18 +75,6 @@ fn sandbox_config(name: &str, log_dir: &Path) -> cri::PodSandboxConfig {
         .into(),
         ..host_network_sandbox(name, "grpcgo", log_dir)
     }
-}
-
-async fn busybox_ref(socket: &Path) -> Result<String> {
-    let (_, mut img) = cri_clients(socket).await?;
-    Ok(img
-        .image_status(cri::ImageStatusRequest { image: Some(cri::ImageSpec { image: BUSYBOX_IMAGE.into(), ..Default::default() }), verbose: false })
-        .await
-        .context("ImageStatus busybox")?
-        .into_inner()
-        .image
-        .context("busybox image missing")?
-        .id)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -270,14 +258,7 @@ async fn lifecycle(ctrd: &Containerd, via: &Path) -> Result<()> {
     let (mut rt, mut img) = cri_clients(via).await?;
     let v = rt.version(cri::VersionRequest { version: "0.1.0".into() }).await.context("Version through grpc-go → crisp")?.into_inner();
     assert_eq!(v.version, "0.1.0");
-    let image = img
-        .image_status(cri::ImageStatusRequest { image: Some(cri::ImageSpec { image: BUSYBOX_IMAGE.into(), ..Default::default() }), verbose: false })
-        .await
-        .context("ImageStatus through grpc-go → crisp")?
-        .into_inner()
-        .image
-        .context("busybox missing")?
-        .id;
+    let image = image_ref(&mut img, BUSYBOX_IMAGE).await.context("through grpc-go → crisp")?;
     let log_dir = ctrd.dir().join("pods/grpcgo");
     std::fs::create_dir_all(&log_dir)?;
     let sb = sandbox_config("lifecycle", &log_dir);
@@ -375,7 +356,7 @@ async fn soak_grpcgo_clients_through_crisp_without_goaway() -> Result<()> {
 }
 
 async fn soak(ctrd: &Containerd, crisp: &Crisp, bridge: &GoBridge) -> Result<()> {
-    let image = busybox_ref(ctrd.socket()).await?;
+    let image = image_ref(&mut cri_clients(ctrd.socket()).await?.1, BUSYBOX_IMAGE).await?;
     let log_dir = ctrd.dir().join("pods/soak");
     std::fs::create_dir_all(&log_dir)?;
     let sb = sandbox_config("soak", &log_dir);

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use crisp_e2e::crisp::{Crisp, CrispOpts};
-use crisp_e2e::harness::{create_and_start, cri_clients, host_network_sandbox, require_root, shell_container, Containerd, ContainerdOpts, BUSYBOX_IMAGE};
+use crisp_e2e::harness::{create_and_start, cri_clients, host_network_sandbox, image_ref, require_root, shell_container, Containerd, ContainerdOpts, BUSYBOX_IMAGE};
 use crisp_e2e::raw;
 use k8s_cri::v1 as cri;
 use prost::Message;
@@ -50,17 +50,11 @@ async fn pod_lifecycle_through_crisp_is_byte_identical() -> Result<()> {
     std::fs::create_dir_all(&log_dir)?;
     let sb = sandbox_config("transparency", &log_dir);
     let pod = rt.run_pod_sandbox(cri::RunPodSandboxRequest { config: Some(sb.clone()), runtime_handler: String::new() }).await?.into_inner().pod_sandbox_id;
-    let image_ref = img
-        .image_status(cri::ImageStatusRequest { image: Some(cri::ImageSpec { image: BUSYBOX_IMAGE.into(), ..Default::default() }), verbose: false })
-        .await?
-        .into_inner()
-        .image
-        .context("busybox image missing")?
-        .id;
+    let busybox = image_ref(&mut img, BUSYBOX_IMAGE).await?;
 
     let mut ids = Vec::new();
     for name in ["first", "second"] {
-        let cfg = shell_container(name, &image_ref, "trap 'exit 0' TERM; while true; do sleep 0.1; done");
+        let cfg = shell_container(name, &busybox, "trap 'exit 0' TERM; while true; do sleep 0.1; done");
         ids.push(create_and_start(&mut rt, &pod, &sb, cfg).await?);
     }
     // Both running, seen through crisp.
