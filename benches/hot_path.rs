@@ -8,6 +8,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use crisp::cri::patch::{completed_fragment, patch_embedded};
+use crisp::cri::tags::pod_sandbox_status_response::CONTAINERS_STATUSES;
 use crisp::cri::views;
 use crisp::cri::Route;
 use crisp::intercept::{Call, Interceptor, Outcome};
@@ -56,8 +57,8 @@ fn bench(c: &mut Criterion) {
     c.bench_function("decode_create_container_full_prost", |b| b.iter(|| cri::CreateContainerRequest::decode(black_box(&req[..])).map(|r| r.pod_sandbox_id.len())));
     let resp = sandbox_status_response(10);
     let target = format!("{:064x}", 7);
-    c.bench_function("patch_sandbox_status_10_containers", |b| b.iter(|| patch_embedded(black_box(&resp), 3, &completed_fragment(), |id| id == target)));
-    c.bench_function("walk_sandbox_status_no_match", |b| b.iter(|| patch_embedded(black_box(&resp), 3, &completed_fragment(), |_| false)));
+    c.bench_function("patch_sandbox_status_10_containers", |b| b.iter(|| patch_embedded(black_box(&resp), CONTAINERS_STATUSES, &completed_fragment(), |id| id == target)));
+    c.bench_function("walk_sandbox_status_no_match", |b| b.iter(|| patch_embedded(black_box(&resp), CONTAINERS_STATUSES, &completed_fragment(), |_| false)));
 
     // The relay's per-call header work: decode kubelet's request header block (its encoder has
     // indexed everything but grpc-timeout by now) and re-encode it statelessly.

@@ -250,6 +250,28 @@ where
     }
 }
 
+/// The next connection `accept` gives, or `None` once `shutdown` resolves. Reaps finished
+/// connection tasks while it waits; a failed accept is logged (as `what`'s) and retried after a
+/// pause.
+async fn next_connection<S, A, F>(what: &str, tasks: &mut JoinSet<()>, shutdown: &mut (impl Future<Output = ()> + Unpin), mut accept: impl FnMut() -> F) -> Option<S>
+where
+    F: Future<Output = std::io::Result<(S, A)>>,
+{
+    loop {
+        tokio::select! {
+            _ = &mut *shutdown => return None,
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            accepted = accept() => match accepted {
+                Ok((s, _)) => return Some(s),
+                Err(e) => {
+                    tracing::warn!(error = %e, "{what}: accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+        }
+    }
+}
+
 async fn drain(mut tasks: JoinSet<()>) {
     if tokio::time::timeout(SHUTDOWN_GRACE, async { while tasks.join_next().await.is_some() {} }).await.is_err() {
         tasks.abort_all();
@@ -261,19 +283,7 @@ pub async fn serve(listener: tokio::net::UnixListener, state: Arc<AdminState>, s
     let grpc = AdminServer::new(AdminService { state: state.clone() });
     let mut tasks = JoinSet::new();
     tokio::pin!(shutdown);
-    loop {
-        let stream = tokio::select! {
-            _ = &mut shutdown => break,
-            Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
-            accepted = listener.accept() => match accepted {
-                Ok((s, _)) => s,
-                Err(e) => {
-                    tracing::warn!(error = %e, "admin socket: accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
+    while let Some(stream) = next_connection("admin socket", &mut tasks, &mut shutdown, || listener.accept()).await {
         let peer = match stream.peer_cred() {
             Ok(c) => Peer { uid: Some(c.uid()), pid: c.pid() },
             Err(_) => Peer { uid: None, pid: None },
@@ -290,19 +300,7 @@ pub async fn serve(listener: tokio::net::UnixListener, state: Arc<AdminState>, s
 pub async fn serve_metrics_tcp(listener: tokio::net::TcpListener, state: Arc<AdminState>, shutdown: impl Future<Output = ()>) {
     let mut tasks = JoinSet::new();
     tokio::pin!(shutdown);
-    loop {
-        let stream = tokio::select! {
-            _ = &mut shutdown => break,
-            Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
-            accepted = listener.accept() => match accepted {
-                Ok((s, _)) => s,
-                Err(e) => {
-                    tracing::warn!(error = %e, "metrics listener: accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
+    while let Some(stream) = next_connection("metrics listener", &mut tasks, &mut shutdown, || listener.accept()).await {
         tasks.spawn(connection(stream, state.clone(), None, Peer { uid: None, pid: None }));
     }
     drain(tasks).await;

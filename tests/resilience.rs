@@ -11,6 +11,7 @@ use http_body::Frame;
 use prost::Message;
 use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
+use tokio::sync::mpsc::UnboundedSender;
 
 use crisp::intercept::{Call, Interceptor, Interest};
 use crisp::proxy::ProxyOptions;
@@ -37,7 +38,29 @@ impl Interceptor for ObserveAll {
 // ---------------------------------------------------------------------------------------------
 // Client cancellation
 
-async fn assert_cancel_of_held_unary_reaches_upstream(crisp: &Crisp, fake: &Fake) {
+/// A fake runtime and crisp in front of it; with `observe`, crisp runs [`ObserveAll`], so that
+/// every call takes the buffered path instead of the relay.
+async fn fake_and_crisp(observe: bool) -> (Fake, Crisp) {
+    let fake = Fake::start().await;
+    let crisp = if observe { Crisp::start_with(fake.path(), vec![Arc::new(ObserveAll)], ProxyOptions::default()).await } else { Crisp::start(fake.path()).await };
+    (fake, crisp)
+}
+
+/// Opens a GetContainerEvents stream through crisp and checks that its first event arrives.
+/// Returns the client, the stream, the fake's sender for the rest of it, and the event.
+async fn open_event_stream(crisp: &Crisp, fake: &Fake) -> (RuntimeClient, tonic::Streaming<ContainerEventResponse>, UnboundedSender<Frame<Bytes>>, ContainerEventResponse) {
+    let (reply, tx) = Reply::channel(grpc_headers());
+    fake.reply_once(EVENTS, reply);
+    let mut client = runtime_client(&crisp.path).await;
+    let mut stream = within(PATIENCE, "stream headers", client.get_container_events(GetEventsRequest::default())).await.unwrap().into_inner();
+    let ev = ContainerEventResponse { container_id: "ctr-1".into(), ..Default::default() };
+    tx.send(Frame::data(grpc_frame(&ev.encode_to_vec()))).unwrap();
+    assert_eq!(within(PATIENCE, "first event", stream.message()).await.unwrap(), Some(ev.clone()));
+    (client, stream, tx, ev)
+}
+
+async fn assert_cancel_of_held_unary_reaches_upstream(observe: bool) {
+    let (fake, crisp) = fake_and_crisp(observe).await;
     fake.reply_once(EXEC_SYNC, Reply::Hold);
     let mut client = runtime_client(&crisp.path).await;
     let call = tokio::spawn(async move { client.exec_sync(exec_req()).await });
@@ -50,29 +73,18 @@ async fn assert_cancel_of_held_unary_reaches_upstream(crisp: &Crisp, fake: &Fake
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_cancelling_a_held_unary_call_cancels_it_upstream() {
-    let fake = Fake::start().await;
-    let crisp = Crisp::start(fake.path()).await;
-    assert_cancel_of_held_unary_reaches_upstream(&crisp, &fake).await;
+    assert_cancel_of_held_unary_reaches_upstream(false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_cancelling_an_observed_held_unary_call_cancels_it_upstream() {
-    let fake = Fake::start().await;
-    let crisp = Crisp::start_with(fake.path(), vec![Arc::new(ObserveAll)], ProxyOptions::default()).await;
-    assert_cancel_of_held_unary_reaches_upstream(&crisp, &fake).await;
+    assert_cancel_of_held_unary_reaches_upstream(true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_dropping_a_server_stream_cancels_it_upstream() {
-    let fake = Fake::start().await;
-    let crisp = Crisp::start(fake.path()).await;
-    let (reply, tx) = Reply::channel(grpc_headers());
-    fake.reply_once(EVENTS, reply);
-    let mut client = runtime_client(&crisp.path).await;
-    let mut stream = within(PATIENCE, "stream headers", client.get_container_events(GetEventsRequest::default())).await.unwrap().into_inner();
-    let ev = ContainerEventResponse { container_id: "ctr-1".into(), ..Default::default() };
-    tx.send(Frame::data(grpc_frame(&ev.encode_to_vec()))).unwrap();
-    assert_eq!(within(PATIENCE, "first event", stream.message()).await.unwrap(), Some(ev));
+    let (fake, crisp) = fake_and_crisp(false).await;
+    let (_client, stream, tx, _) = open_event_stream(&crisp, &fake).await;
     let upstream = fake.wait_call(EVENTS, 0).await;
     assert_eq!(upstream.end(), End::Open);
     drop(stream);
@@ -91,8 +103,7 @@ fn assert_unavailable_naming(status: &tonic::Status, fake: &Fake, what: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_crash_fails_a_held_call_with_unavailable_naming_the_socket() {
-    let fake = Fake::start().await;
-    let crisp = Crisp::start(fake.path()).await;
+    let (fake, crisp) = fake_and_crisp(false).await;
     fake.reply_once(EXEC_SYNC, Reply::Hold);
     let mut client = runtime_client(&crisp.path).await;
     let call = tokio::spawn(async move { client.exec_sync(exec_req()).await });
@@ -104,21 +115,15 @@ async fn upstream_crash_fails_a_held_call_with_unavailable_naming_the_socket() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_crash_mid_stream_ends_the_stream_with_unavailable_naming_the_socket() {
-    let fake = Fake::start().await;
-    let crisp = Crisp::start(fake.path()).await;
-    let (reply, tx) = Reply::channel(grpc_headers());
-    fake.reply_once(EVENTS, reply);
-    let mut client = runtime_client(&crisp.path).await;
-    let mut stream = within(PATIENCE, "stream headers", client.get_container_events(GetEventsRequest::default())).await.unwrap().into_inner();
-    let ev = ContainerEventResponse { container_id: "ctr-1".into(), ..Default::default() };
-    tx.send(Frame::data(grpc_frame(&ev.encode_to_vec()))).unwrap();
-    assert_eq!(within(PATIENCE, "first event", stream.message()).await.unwrap(), Some(ev));
+    let (fake, crisp) = fake_and_crisp(false).await;
+    let (_client, mut stream, _tx, _) = open_event_stream(&crisp, &fake).await;
     fake.stop().await;
     let status = within(Duration::from_secs(5), "the stream to fail", stream.message()).await.unwrap_err();
     assert_unavailable_naming(&status, &fake, "stream");
 }
 
-async fn assert_crash_mid_unary_response_is_unavailable(fake: &Fake, crisp: &Crisp) {
+async fn assert_crash_mid_unary_response_is_unavailable(observe: bool) {
+    let (fake, crisp) = fake_and_crisp(observe).await;
     // Headers and half a message, then the runtime dies.
     let (reply, tx) = Reply::channel(grpc_headers());
     fake.reply_once(EXEC_SYNC, reply);
@@ -129,22 +134,18 @@ async fn assert_crash_mid_unary_response_is_unavailable(fake: &Fake, crisp: &Cri
     fake.wait_call(EXEC_SYNC, 0).await;
     fake.stop().await;
     let status = within(Duration::from_secs(5), "the call to fail", call).await.unwrap().unwrap_err();
-    assert_unavailable_naming(&status, fake, "unary call cut mid-response");
+    assert_unavailable_naming(&status, &fake, "unary call cut mid-response");
     drop(tx);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_crash_mid_unary_response_fails_the_call_with_unavailable_naming_the_socket() {
-    let fake = Fake::start().await;
-    let crisp = Crisp::start(fake.path()).await;
-    assert_crash_mid_unary_response_is_unavailable(&fake, &crisp).await;
+    assert_crash_mid_unary_response_is_unavailable(false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_crash_mid_observed_unary_response_fails_the_call_with_unavailable_naming_the_socket() {
-    let fake = Fake::start().await;
-    let crisp = Crisp::start_with(fake.path(), vec![Arc::new(ObserveAll)], ProxyOptions::default()).await;
-    assert_crash_mid_unary_response_is_unavailable(&fake, &crisp).await;
+    assert_crash_mid_unary_response_is_unavailable(true).await;
 }
 
 /// A fake runtime that answers every Version call with the returned response.
@@ -219,16 +220,9 @@ async fn a_degraded_client_connection_is_moved_back_to_a_relay_once_the_runtime_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runtime_goaway_with_a_stream_open_does_not_fail_new_calls() {
-    let fake = Fake::start().await;
-    let crisp = Crisp::start(fake.path()).await;
+    let (fake, crisp) = fake_and_crisp(false).await;
     // kubelet keeps a GetContainerEvents stream open on the runtime connection.
-    let (reply, tx) = Reply::channel(grpc_headers());
-    fake.reply_once(EVENTS, reply);
-    let mut client = runtime_client(&crisp.path).await;
-    let mut stream = within(PATIENCE, "stream headers", client.get_container_events(GetEventsRequest::default())).await.unwrap().into_inner();
-    let ev = ContainerEventResponse { container_id: "ctr-1".into(), ..Default::default() };
-    tx.send(Frame::data(grpc_frame(&ev.encode_to_vec()))).unwrap();
-    assert_eq!(within(PATIENCE, "first event", stream.message()).await.unwrap(), Some(ev.clone()));
+    let (mut client, mut stream, tx, ev) = open_event_stream(&crisp, &fake).await;
 
     // The runtime stops gracefully: GOAWAY on the old connection, new connections accepted.
     fake.goaway().await;
@@ -321,6 +315,24 @@ async fn with_good_client<F: std::future::Future<Output = ()>>(crisp: &Crisp, ba
     good.finish().await;
 }
 
+/// Starts crisp (`strict_options`) on a fake runtime and runs `bad` on a connection of its own
+/// while a good client calls throughout. Returns the fake and crisp, still running.
+async fn on_a_bad_connection<F: std::future::Future<Output = ()>>(bad: impl FnOnce(UnixStream) -> F) -> (Fake, Crisp) {
+    let fake = Fake::start().await;
+    let crisp = Crisp::start_with(fake.path(), vec![], strict_options()).await;
+    with_good_client(&crisp, async {
+        let sock = UnixStream::connect(&crisp.path).await.unwrap();
+        bad(sock).await;
+    })
+    .await;
+    (fake, crisp)
+}
+
+/// Only the good client's calls (Version) reached the runtime, not `what` the bad one sent.
+fn assert_only_good_calls_reached(fake: &Fake, what: &str) {
+    assert_eq!(fake.started_total(), fake.calls_to(VERSION).len(), "{what} reached the runtime");
+}
+
 async fn assert_closed_within(sock: &mut UnixStream, limit: Duration, what: &str) -> Vec<u8> {
     within(limit, &format!("crisp to close the {what} connection"), read_until_closed(sock)).await
 }
@@ -328,40 +340,31 @@ async fn assert_closed_within(sock: &mut UnixStream, limit: Duration, what: &str
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_bytes_connection_is_closed() {
     use rand::RngCore;
-    let fake = Fake::start().await;
-    let crisp = Crisp::start_with(fake.path(), vec![], strict_options()).await;
-    with_good_client(&crisp, async {
-        let mut sock = UnixStream::connect(&crisp.path).await.unwrap();
+    let (fake, _crisp) = on_a_bad_connection(|mut sock| async move {
         let mut junk = vec![0u8; 4096];
         rand::thread_rng().fill_bytes(&mut junk);
         let _ = sock.write_all(&junk).await; // crisp may hang up before it has read it all
         assert_closed_within(&mut sock, CLOSE_LIMIT, "random-bytes").await;
     })
     .await;
-    assert_eq!(fake.started_total(), fake.calls_to(VERSION).len(), "junk reached the runtime");
+    assert_only_good_calls_reached(&fake, "junk");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http1_request_connection_is_closed() {
-    let fake = Fake::start().await;
-    let crisp = Crisp::start_with(fake.path(), vec![], strict_options()).await;
-    with_good_client(&crisp, async {
-        let mut sock = UnixStream::connect(&crisp.path).await.unwrap();
+    let (fake, _crisp) = on_a_bad_connection(|mut sock| async move {
         let req = b"POST /runtime.v1.RuntimeService/Version HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/grpc\r\nContent-Length: 0\r\n\r\n";
         sock.write_all(req).await.unwrap();
         let seen = assert_closed_within(&mut sock, CLOSE_LIMIT, "HTTP/1.1").await;
         assert!(!seen.starts_with(b"HTTP/1.1 2"), "crisp answered HTTP/1.1: {:?}", String::from_utf8_lossy(&seen));
     })
     .await;
-    assert_eq!(fake.started_total(), fake.calls_to(VERSION).len(), "the HTTP/1.1 request reached the runtime");
+    assert_only_good_calls_reached(&fake, "the HTTP/1.1 request");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_that_stops_mid_preface_is_closed() {
-    let fake = Fake::start().await;
-    let crisp = Crisp::start_with(fake.path(), vec![], strict_options()).await;
-    with_good_client(&crisp, async {
-        let mut sock = UnixStream::connect(&crisp.path).await.unwrap();
+    let (_fake, _crisp) = on_a_bad_connection(|mut sock| async move {
         sock.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
         assert_closed_within(&mut sock, CLOSE_LIMIT, "half-preface").await;
     })
@@ -374,10 +377,7 @@ const EMPTY_SETTINGS: &[u8] = &[0, 0, 0, 0x4, 0, 0, 0, 0, 0];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn truncated_frame_after_a_valid_preface_connection_is_closed() {
-    let fake = Fake::start().await;
-    let crisp = Crisp::start_with(fake.path(), vec![], strict_options()).await;
-    with_good_client(&crisp, async {
-        let mut sock = UnixStream::connect(&crisp.path).await.unwrap();
+    let (fake, _crisp) = on_a_bad_connection(|mut sock| async move {
         sock.write_all(PREFACE).await.unwrap();
         sock.write_all(EMPTY_SETTINGS).await.unwrap();
         // A HEADERS frame header announcing 64 bytes for stream 1, then only 10 of them; and
@@ -387,7 +387,7 @@ async fn truncated_frame_after_a_valid_preface_connection_is_closed() {
         assert_closed_within(&mut sock, CLOSE_LIMIT, "truncated-frame").await;
     })
     .await;
-    assert_eq!(fake.started_total(), fake.calls_to(VERSION).len(), "the truncated request reached the runtime");
+    assert_only_good_calls_reached(&fake, "the truncated request");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

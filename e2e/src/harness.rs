@@ -287,6 +287,81 @@ pub async fn cri_clients(socket: &Path) -> Result<(cri::runtime_service_client::
     Ok((cri::runtime_service_client::RuntimeServiceClient::new(ch.clone()), cri::image_service_client::ImageServiceClient::new(ch)))
 }
 
+/// The id of `image` (its `image_ref` once a container runs it), from ImageStatus.
+pub async fn image_ref(img: &mut cri::image_service_client::ImageServiceClient<Channel>, image: &str) -> Result<String> {
+    Ok(img
+        .image_status(cri::ImageStatusRequest { image: Some(cri::ImageSpec { image: image.into(), ..Default::default() }), verbose: false })
+        .await
+        .with_context(|| format!("ImageStatus {image}"))?
+        .into_inner()
+        .image
+        .with_context(|| format!("ImageStatus {image}: no such image"))?
+        .id)
+}
+
+/// A host-network PodSandboxConfig for pod `name` (uid `<name>-uid`) in `namespace`, logging to
+/// `log_dir`, with kubelet's `kubernetes.io/config.source: api` annotation; no labels.
+pub fn host_network_sandbox(name: &str, namespace: &str, log_dir: &Path) -> cri::PodSandboxConfig {
+    cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata { name: name.into(), uid: format!("{name}-uid"), namespace: namespace.into(), attempt: 0 }),
+        log_directory: log_dir.display().to_string(),
+        annotations: [("kubernetes.io/config.source".to_string(), "api".to_string())].into(),
+        linux: Some(cri::LinuxPodSandboxConfig {
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: Some(cri::NamespaceOption { network: cri::NamespaceMode::Node as i32, ..Default::default() }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// A ContainerConfig for container `name` of `image` running `sh -c cmd`, logging to
+/// `<name>.log`, labelled `io.kubernetes.container.name` as kubelet labels it.
+pub fn shell_container(name: &str, image: &str, cmd: &str) -> cri::ContainerConfig {
+    cri::ContainerConfig {
+        metadata: Some(cri::ContainerMetadata { name: name.into(), attempt: 0 }),
+        image: Some(cri::ImageSpec { image: image.into(), ..Default::default() }),
+        command: vec!["sh".into(), "-c".into(), cmd.into()],
+        log_path: format!("{name}.log"),
+        labels: [("io.kubernetes.container.name".to_string(), name.to_string())].into(),
+        ..Default::default()
+    }
+}
+
+/// CreateContainer `container` in sandbox `pod` (created from `sandbox`), then StartContainer:
+/// the container's id.
+pub async fn create_and_start(
+    rt: &mut cri::runtime_service_client::RuntimeServiceClient<Channel>,
+    pod: &str,
+    sandbox: &cri::PodSandboxConfig,
+    container: cri::ContainerConfig,
+) -> Result<String> {
+    let name = container.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default();
+    let id = rt
+        .create_container(cri::CreateContainerRequest { pod_sandbox_id: pod.into(), config: Some(container), sandbox_config: Some(sandbox.clone()) })
+        .await
+        .with_context(|| format!("CreateContainer {name}"))?
+        .into_inner()
+        .container_id;
+    rt.start_container(cri::StartContainerRequest { container_id: id.clone() }).await.with_context(|| format!("StartContainer {name}"))?;
+    Ok(id)
+}
+
+/// RunPodSandbox `sandbox`, then [`create_and_start`] `container` in it: the sandbox's id and the
+/// container's.
+pub async fn run_pod_with(
+    rt: &mut cri::runtime_service_client::RuntimeServiceClient<Channel>,
+    sandbox: &cri::PodSandboxConfig,
+    container: cri::ContainerConfig,
+) -> Result<(String, String)> {
+    let pod =
+        rt.run_pod_sandbox(cri::RunPodSandboxRequest { config: Some(sandbox.clone()), runtime_handler: String::new() }).await.context("RunPodSandbox")?.into_inner().pod_sandbox_id;
+    let id = create_and_start(rt, &pod, sandbox, container).await?;
+    Ok((pod, id))
+}
+
 /// Polls until the CRI service on `socket` answers `Version`, reports
 /// RuntimeReady (and NetworkReady when `cni`), and shows both test images.
 pub async fn wait_cri_ready(socket: &Path, cni: bool, timeout: Duration) -> Result<()> {

@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use k8s_cri::v1 as cri;
 
 use crate::crisp::{Crisp, CrispOpts};
-use crate::emulator::{connect_uds, Kubelet, KubeletConfig};
+use crate::emulator::{connect_uds, Kubelet, KubeletConfig, PodView};
 use crate::grpcgo::{GoBridge, GoBridgeOpts};
 use crate::harness::{Containerd, ContainerdOpts};
 
@@ -134,6 +134,32 @@ impl Stack {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// [`Kubelet::wait_all_running`]; prints [`Stack::dump`] when it fails.
+    pub async fn wait_all_running(&self, uid: &str, timeout: Duration) -> Result<PodView> {
+        let r = self.kubelet.wait_all_running(uid, timeout).await;
+        self.dump_on_err(uid, r)
+    }
+
+    /// [`Kubelet::wait_terminated`]; prints [`Stack::dump`] when it fails.
+    pub async fn wait_terminated(&self, uid: &str, timeout: Duration) -> Result<PodView> {
+        let r = self.kubelet.wait_terminated(uid, timeout).await;
+        self.dump_on_err(uid, r)
+    }
+
+    /// Deletes pod `uid` ([`Kubelet::delete_pod`], `grace` overriding its grace period) and
+    /// waits until it has terminated ([`Stack::wait_terminated`]).
+    pub async fn delete_pod(&self, uid: &str, grace: Option<i64>, timeout: Duration) -> Result<PodView> {
+        self.kubelet.delete_pod(uid, grace)?;
+        self.wait_terminated(uid, timeout).await
+    }
+
+    fn dump_on_err<T>(&self, uid: &str, r: Result<T>) -> Result<T> {
+        if r.is_err() {
+            self.dump(uid);
+        }
+        r
     }
 
     /// Prints the pod's CRI calls (as the kubelet saw them) and crisp's log: for failing tests.

@@ -23,7 +23,7 @@ use crisp_e2e::crisp::{Crisp, CrispOpts};
 use crisp_e2e::emulator::PodSpec;
 use crisp_e2e::fakert::{self, Canned};
 use crisp_e2e::grpcgo::{self, percent_encoded_authority, CallOpts, GoBridge, GoBridgeOpts};
-use crisp_e2e::harness::{cri_channel, cri_clients, require_root, Containerd, ContainerdOpts, BUSYBOX_IMAGE};
+use crisp_e2e::harness::{cri_channel, cri_clients, host_network_sandbox, image_ref, require_root, run_pod_with, shell_container, Containerd, ContainerdOpts, BUSYBOX_IMAGE};
 use crisp_e2e::stack::{secs, Stack};
 use k8s_cri::v1 as cri;
 use prost::Message;
@@ -64,49 +64,17 @@ fn assert_crisp_log_clean(crisp: &Crisp) {
 // ---------------------------------------------------------------------------------------------
 // CRI messages
 
+/// A host-network sandbox labelled as kubelet labels a pod.
 fn sandbox_config(name: &str, log_dir: &Path) -> cri::PodSandboxConfig {
     cri::PodSandboxConfig {
-        metadata: Some(cri::PodSandboxMetadata { name: name.into(), uid: format!("{name}-uid"), namespace: "grpcgo".into(), attempt: 0 }),
-        log_directory: log_dir.display().to_string(),
         labels: [
             ("io.kubernetes.pod.name".to_string(), name.to_string()),
             ("io.kubernetes.pod.namespace".to_string(), "grpcgo".to_string()),
             ("io.kubernetes.pod.uid".to_string(), format!("{name}-uid")),
         ]
         .into(),
-        annotations: [("kubernetes.io/config.source".to_string(), "api".to_string())].into(),
-        linux: Some(cri::LinuxPodSandboxConfig {
-            security_context: Some(cri::LinuxSandboxSecurityContext {
-                namespace_options: Some(cri::NamespaceOption { network: cri::NamespaceMode::Node as i32, ..Default::default() }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
+        ..host_network_sandbox(name, "grpcgo", log_dir)
     }
-}
-
-fn container_config(name: &str, image: &str, cmd: &str) -> cri::ContainerConfig {
-    cri::ContainerConfig {
-        metadata: Some(cri::ContainerMetadata { name: name.into(), attempt: 0 }),
-        image: Some(cri::ImageSpec { image: image.into(), ..Default::default() }),
-        command: vec!["sh".into(), "-c".into(), cmd.into()],
-        log_path: format!("{name}.log"),
-        labels: [("io.kubernetes.container.name".to_string(), name.to_string())].into(),
-        ..Default::default()
-    }
-}
-
-async fn busybox_ref(socket: &Path) -> Result<String> {
-    let (_, mut img) = cri_clients(socket).await?;
-    Ok(img
-        .image_status(cri::ImageStatusRequest { image: Some(cri::ImageSpec { image: BUSYBOX_IMAGE.into(), ..Default::default() }), verbose: false })
-        .await
-        .context("ImageStatus busybox")?
-        .into_inner()
-        .image
-        .context("busybox image missing")?
-        .id)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -290,34 +258,12 @@ async fn lifecycle(ctrd: &Containerd, via: &Path) -> Result<()> {
     let (mut rt, mut img) = cri_clients(via).await?;
     let v = rt.version(cri::VersionRequest { version: "0.1.0".into() }).await.context("Version through grpc-go → crisp")?.into_inner();
     assert_eq!(v.version, "0.1.0");
-    let image = img
-        .image_status(cri::ImageStatusRequest { image: Some(cri::ImageSpec { image: BUSYBOX_IMAGE.into(), ..Default::default() }), verbose: false })
-        .await
-        .context("ImageStatus through grpc-go → crisp")?
-        .into_inner()
-        .image
-        .context("busybox missing")?
-        .id;
+    let image = image_ref(&mut img, BUSYBOX_IMAGE).await.context("through grpc-go → crisp")?;
     let log_dir = ctrd.dir().join("pods/grpcgo");
     std::fs::create_dir_all(&log_dir)?;
     let sb = sandbox_config("lifecycle", &log_dir);
-    let pod = rt
-        .run_pod_sandbox(cri::RunPodSandboxRequest { config: Some(sb.clone()), runtime_handler: String::new() })
-        .await
-        .context("RunPodSandbox through grpc-go → crisp")?
-        .into_inner()
-        .pod_sandbox_id;
-    let id = rt
-        .create_container(cri::CreateContainerRequest {
-            pod_sandbox_id: pod.clone(),
-            config: Some(container_config("app", &image, "trap 'exit 0' TERM; echo trap-set; while true; do sleep 0.1; done")),
-            sandbox_config: Some(sb.clone()),
-        })
-        .await
-        .context("CreateContainer through grpc-go → crisp")?
-        .into_inner()
-        .container_id;
-    rt.start_container(cri::StartContainerRequest { container_id: id.clone() }).await.context("StartContainer")?;
+    let app = shell_container("app", &image, "trap 'exit 0' TERM; echo trap-set; while true; do sleep 0.1; done");
+    let (pod, id) = run_pod_with(&mut rt, &sb, app).await.context("through grpc-go → crisp")?;
     let st =
         rt.container_status(cri::ContainerStatusRequest { container_id: id.clone(), verbose: false }).await.context("ContainerStatus")?.into_inner().status.context("status")?;
     assert_eq!(st.state, cri::ContainerState::ContainerRunning as i32);
@@ -370,11 +316,7 @@ async fn sidecar_app_create_held_through_grpcgo() -> Result<()> {
     let yaml = "name: held\nhostNetwork: true\nannotations:\n  crisp.dev/sidecars: proxy\n  crisp.dev/ready.proxy: 'exec:[\"test\",\"-f\",\"/tmp/ready\"]'\ncontainers:\n  - name: proxy\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 2; touch /tmp/ready; sleep 3600 & wait\"]\n  - name: app\n    command: [sh, -c, \"trap 'exit 0' TERM; while true; do sleep 0.1; done\"]\n";
     let pod = PodSpec::from_yaml(yaml)?.remove(0);
     let uid = st.kubelet.add_pod(pod)?;
-    let r = st.kubelet.wait_all_running(&uid, Duration::from_secs(60)).await;
-    if r.is_err() {
-        st.dump(&uid);
-    }
-    r?;
+    st.wait_all_running(&uid, Duration::from_secs(60)).await?;
     let proxy = st.status(&uid, "proxy").await?;
     let app = st.status(&uid, "app").await?;
     let gap = app.started_at - proxy.started_at;
@@ -385,12 +327,7 @@ async fn sidecar_app_create_held_through_grpcgo() -> Result<()> {
     let took = held.done.expect("done") - held.sent;
     eprintln!("app CreateContainer took {took:?} through grpc-go → crisp");
     assert!(took >= Duration::from_millis(1000), "the app's CreateContainer was not held: {took:?} ({creates:?})");
-    st.kubelet.delete_pod(&uid, Some(10))?;
-    let r = st.kubelet.wait_terminated(&uid, Duration::from_secs(60)).await;
-    if r.is_err() {
-        st.dump(&uid);
-    }
-    r?;
+    st.delete_pod(&uid, Some(10), Duration::from_secs(60)).await?;
     assert_crisp_log_clean(&st.crisp);
     let stats = st.bridges[0].stats()?;
     assert_eq!(stats.upstream.goaway_recv, 0, "{:?}", stats.upstream.goaways);
@@ -419,28 +356,12 @@ async fn soak_grpcgo_clients_through_crisp_without_goaway() -> Result<()> {
 }
 
 async fn soak(ctrd: &Containerd, crisp: &Crisp, bridge: &GoBridge) -> Result<()> {
-    let image = busybox_ref(ctrd.socket()).await?;
+    let image = image_ref(&mut cri_clients(ctrd.socket()).await?.1, BUSYBOX_IMAGE).await?;
     let log_dir = ctrd.dir().join("pods/soak");
     std::fs::create_dir_all(&log_dir)?;
     let sb = sandbox_config("soak", &log_dir);
     let mut rt = Rt::new(cri_channel(bridge.socket()).await?);
-    let pod = rt
-        .run_pod_sandbox(cri::RunPodSandboxRequest { config: Some(sb.clone()), runtime_handler: String::new() })
-        .await
-        .context("RunPodSandbox through grpc-go → crisp")?
-        .into_inner()
-        .pod_sandbox_id;
-    let base = rt
-        .create_container(cri::CreateContainerRequest {
-            pod_sandbox_id: pod.clone(),
-            config: Some(container_config("base", &image, "trap 'exit 0' TERM; sleep 3600 & wait")),
-            sandbox_config: Some(sb.clone()),
-        })
-        .await
-        .context("CreateContainer base")?
-        .into_inner()
-        .container_id;
-    rt.start_container(cri::StartContainerRequest { container_id: base.clone() }).await?;
+    let (pod, base) = run_pod_with(&mut rt, &sb, shell_container("base", &image, "trap 'exit 0' TERM; sleep 3600 & wait")).await.context("through grpc-go → crisp")?;
 
     // A pure grpc-go client straight to crisp, concurrently: 1,000 Versions.
     let version = cri::VersionRequest { version: "0.1.0".into() }.encode_to_vec();
@@ -469,7 +390,7 @@ async fn soak(ctrd: &Containerd, crisp: &Crisp, bridge: &GoBridge) -> Result<()>
                         match rt
                             .create_container(cri::CreateContainerRequest {
                                 pod_sandbox_id: pod.clone(),
-                                config: Some(container_config(&name, &image, "true")),
+                                config: Some(shell_container(&name, &image, "true")),
                                 sandbox_config: Some(sb.clone()),
                             })
                             .await

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use crisp_e2e::harness::{cri_clients, require_root, Containerd, ContainerdOpts, BUSYBOX_IMAGE, PAUSE_IMAGE};
+use crisp_e2e::harness::{create_and_start, cri_clients, require_root, run_pod_with, Containerd, ContainerdOpts, BUSYBOX_IMAGE, PAUSE_IMAGE};
 use k8s_cri::v1 as cri;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
@@ -119,24 +119,8 @@ async fn host_network_pod_lifecycle() -> Result<()> {
     let sb_config = sandbox_config("smoke", &log_dir, true);
 
     let t_pod = Instant::now();
-    let pod_id = rt
-        .run_pod_sandbox(cri::RunPodSandboxRequest { config: Some(sb_config.clone()), runtime_handler: String::new() })
-        .await
-        .context("RunPodSandbox")?
-        .into_inner()
-        .pod_sandbox_id;
-
-    let ctr_id = rt
-        .create_container(cri::CreateContainerRequest {
-            pod_sandbox_id: pod_id.clone(),
-            config: Some(container_config("busybox", BUSYBOX_IMAGE, &["sh", "-c", "echo hi; sleep 30"])),
-            sandbox_config: Some(sb_config.clone()),
-        })
-        .await
-        .context("CreateContainer (image by name)")?
-        .into_inner()
-        .container_id;
-    rt.start_container(cri::StartContainerRequest { container_id: ctr_id.clone() }).await.context("StartContainer")?;
+    let busybox = container_config("busybox", BUSYBOX_IMAGE, &["sh", "-c", "echo hi; sleep 30"]);
+    let (pod_id, ctr_id) = run_pod_with(&mut rt, &sb_config, busybox).await.context("image by name")?;
     let st = wait_state(&mut rt, &ctr_id, cri::ContainerState::ContainerRunning, Duration::from_secs(10)).await?;
     eprintln!("pod + container running {:?} after RunPodSandbox", t_pod.elapsed());
     assert!(st.started_at > 0, "started_at not set: {st:?}");
@@ -145,17 +129,7 @@ async fn host_network_pod_lifecycle() -> Result<()> {
     assert!(log.contains(" stdout F hi"), "CRI log format: {log:?}");
 
     // The image referenced by its id from ImageStatus works as well.
-    let by_id = rt
-        .create_container(cri::CreateContainerRequest {
-            pod_sandbox_id: pod_id.clone(),
-            config: Some(container_config("by-id", &busybox_id, &["true"])),
-            sandbox_config: Some(sb_config.clone()),
-        })
-        .await
-        .context("CreateContainer (image by id)")?
-        .into_inner()
-        .container_id;
-    rt.start_container(cri::StartContainerRequest { container_id: by_id.clone() }).await?;
+    let by_id = create_and_start(&mut rt, &pod_id, &sb_config, container_config("by-id", &busybox_id, &["true"])).await.context("image by id")?;
     let st = wait_state(&mut rt, &by_id, cri::ContainerState::ContainerExited, Duration::from_secs(10)).await?;
     assert_eq!(st.exit_code, 0, "{st:?}");
     rt.remove_container(cri::RemoveContainerRequest { container_id: by_id }).await?;
@@ -265,23 +239,7 @@ async fn kill_hard_restart_then_stop_leaves_nothing() -> Result<()> {
     // (iptables rules only: nothing listens on it and no traffic is sent.)
     sb_config.port_mappings =
         vec![cri::PortMapping { protocol: cri::Protocol::Tcp as i32, container_port: 8080, host_port: 40000 + (std::process::id() % 10000) as i32, host_ip: "127.0.0.1".into() }];
-    let pod_id = rt
-        .run_pod_sandbox(cri::RunPodSandboxRequest { config: Some(sb_config.clone()), runtime_handler: String::new() })
-        .await
-        .context("RunPodSandbox")?
-        .into_inner()
-        .pod_sandbox_id;
-    let ctr_id = rt
-        .create_container(cri::CreateContainerRequest {
-            pod_sandbox_id: pod_id.clone(),
-            config: Some(container_config("busybox", BUSYBOX_IMAGE, &["sleep", "300"])),
-            sandbox_config: Some(sb_config),
-        })
-        .await
-        .context("CreateContainer")?
-        .into_inner()
-        .container_id;
-    rt.start_container(cri::StartContainerRequest { container_id: ctr_id.clone() }).await?;
+    let (_, ctr_id) = run_pod_with(&mut rt, &sb_config, container_config("busybox", BUSYBOX_IMAGE, &["sleep", "300"])).await?;
     let before = wait_state(&mut rt, &ctr_id, cri::ContainerState::ContainerRunning, Duration::from_secs(10)).await?;
 
     let old_pid = ctrd.pid().context("containerd pid")?;

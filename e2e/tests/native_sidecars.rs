@@ -13,14 +13,13 @@
 //! sidecars in reverse) by a grpc-go client → crisp → real containerd. Timestamps are the
 //! runtime's.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 use crisp_e2e::crisp::{Crisp, CrispOpts};
 use crisp_e2e::grpcgo::{GoBridge, GoBridgeOpts};
-use crisp_e2e::harness::{cri_clients, require_root, Containerd, ContainerdOpts, BUSYBOX_IMAGE};
+use crisp_e2e::harness::{cri_clients, host_network_sandbox, image_ref, require_root, shell_container, Containerd, ContainerdOpts, BUSYBOX_IMAGE};
 use k8s_cri::v1 as cri;
 
 type Rt = cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>;
@@ -40,22 +39,9 @@ struct Shape {
 }
 
 fn sandbox_config(shape: &Shape, log_dir: &Path) -> cri::PodSandboxConfig {
-    let mut annotations: HashMap<String, String> = shape.annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    annotations.insert("kubernetes.io/config.source".into(), "api".into());
-    cri::PodSandboxConfig {
-        metadata: Some(cri::PodSandboxMetadata { name: shape.name.into(), uid: format!("{}-uid", shape.name), namespace: "native".into(), attempt: 0 }),
-        log_directory: log_dir.display().to_string(),
-        labels: [("io.kubernetes.pod.name".to_string(), shape.name.to_string()), ("io.kubernetes.pod.namespace".to_string(), "native".to_string())].into(),
-        annotations,
-        linux: Some(cri::LinuxPodSandboxConfig {
-            security_context: Some(cri::LinuxSandboxSecurityContext {
-                namespace_options: Some(cri::NamespaceOption { network: cri::NamespaceMode::Node as i32, ..Default::default() }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+    let mut sb = host_network_sandbox(shape.name, "native", log_dir);
+    sb.annotations.extend(shape.annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    sb
 }
 
 struct Timed<'a> {
@@ -72,14 +58,7 @@ impl Timed<'_> {
     }
 
     async fn create_start(&mut self, pod: &str, sb: &cri::PodSandboxConfig, image: &str, name: &str, cmd: &str) -> Result<String> {
-        let config = cri::ContainerConfig {
-            metadata: Some(cri::ContainerMetadata { name: name.into(), attempt: 0 }),
-            image: Some(cri::ImageSpec { image: image.into(), ..Default::default() }),
-            command: vec!["sh".into(), "-c".into(), cmd.into()],
-            log_path: format!("{name}.log"),
-            labels: [("io.kubernetes.container.name".to_string(), name.to_string())].into(),
-            ..Default::default()
-        };
+        let config = shell_container(name, image, cmd);
         let t = Instant::now();
         let id = self
             .rt
@@ -150,13 +129,7 @@ async fn native_pod(shape: Shape) -> Result<()> {
 
 async fn replay(ctrd: &Containerd, via: &Path, shape: &Shape) -> Result<()> {
     let (mut rt, mut img) = cri_clients(via).await?;
-    let image = img
-        .image_status(cri::ImageStatusRequest { image: Some(cri::ImageSpec { image: BUSYBOX_IMAGE.into(), ..Default::default() }), verbose: false })
-        .await?
-        .into_inner()
-        .image
-        .context("busybox missing")?
-        .id;
+    let image = image_ref(&mut img, BUSYBOX_IMAGE).await?;
     let log_dir = ctrd.dir().join("pods").join(shape.name);
     std::fs::create_dir_all(&log_dir)?;
     let sb = sandbox_config(shape, &log_dir);

@@ -29,11 +29,7 @@ async fn app_waits_for_http_ready_sidecar() -> Result<()> {
     let st = Stack::start(true, "", |_| {}).await?;
     let yaml = format!("name: web\nannotations:\n  crisp.dev/sidecars: proxy\n  crisp.dev/ready.proxy: \"http://:8080/\"\ncontainers:\n{}{APP}", http_sidecar("proxy", 3));
     let uid = st.kubelet.add_pod(pod(&yaml))?;
-    let r = st.kubelet.wait_all_running(&uid, STEP).await;
-    if r.is_err() {
-        st.dump(&uid);
-    }
-    r?;
+    st.wait_all_running(&uid, STEP).await?;
     let proxy = st.status(&uid, "proxy").await?;
     let app = st.status(&uid, "app").await?;
     let gap = app.started_at - proxy.started_at;
@@ -42,8 +38,7 @@ async fn app_waits_for_http_ready_sidecar() -> Result<()> {
     assert!(gap >= 3 * S, "app started {:.3} s after the sidecar, before it was ready", secs(gap));
     assert!(gap <= 4 * S + S / 2, "app started {:.3} s after the sidecar: more than ~1 s after readiness", secs(gap));
     assert_eq!(st.instances(&uid, "app").await?.len(), 1);
-    st.kubelet.delete_pod(&uid, Some(10))?;
-    st.kubelet.wait_terminated(&uid, STEP).await?;
+    st.delete_pod(&uid, Some(10), STEP).await?;
     Ok(())
 }
 
@@ -57,11 +52,7 @@ async fn sidecar_listed_after_app_still_starts_first() -> Result<()> {
         "name: late\nhostNetwork: true\nannotations:\n  crisp.dev/sidecars: proxy\n  crisp.dev/ready.proxy: 'exec:[\"test\",\"-f\",\"/tmp/ready\"]'\ncontainers:\n{APP}  - name: proxy\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 2; touch /tmp/ready; sleep 3600 & wait\"]\n"
     );
     let uid = st.kubelet.add_pod(pod(&yaml))?;
-    let r = st.kubelet.wait_all_running(&uid, STEP).await;
-    if r.is_err() {
-        st.dump(&uid);
-    }
-    r?;
+    st.wait_all_running(&uid, STEP).await?;
     let proxy = st.status(&uid, "proxy").await?;
     let apps = st.instances(&uid, "app").await?;
     assert_eq!(apps.len(), 1, "exactly one app container, no orphaned CREATED one: {apps:?}");
@@ -76,8 +67,7 @@ async fn sidecar_listed_after_app_still_starts_first() -> Result<()> {
     assert!(creates.len() >= 2, "expected a refused then a retried CreateContainer: {creates:?}");
     assert!(creates[0].message.contains("not created yet"), "{}", creates[0].message);
     assert!(creates.last().is_some_and(|c| c.is_ok()));
-    st.kubelet.delete_pod(&uid, Some(10))?;
-    st.kubelet.wait_terminated(&uid, STEP).await?;
+    st.delete_pod(&uid, Some(10), STEP).await?;
     Ok(())
 }
 
@@ -108,21 +98,12 @@ async fn two_sidecars(api: Option<ApiVersion>) -> Result<()> {
         side("s2", "1")
     );
     let uid = st.kubelet.add_pod(pod(&yaml))?;
-    let r = st.kubelet.wait_all_running(&uid, STEP).await;
-    if r.is_err() {
-        st.dump(&uid);
-    }
-    r?;
+    st.wait_all_running(&uid, STEP).await?;
     let (s1, s2, app) = (st.status(&uid, "s1").await?, st.status(&uid, "s2").await?, st.status(&uid, "app").await?);
     assert!(s2.started_at - s1.started_at >= S, "s2 started before s1 was ready");
     assert!(app.started_at - s2.started_at >= S, "app started before s2 was ready");
 
-    st.kubelet.delete_pod(&uid, Some(10))?;
-    let r = st.kubelet.wait_terminated(&uid, STEP).await;
-    if r.is_err() {
-        st.dump(&uid);
-    }
-    r?;
+    st.delete_pod(&uid, Some(10), STEP).await?;
     let (s1, s2, app) = (st.status(&uid, "s1").await?, st.status(&uid, "s2").await?, st.status(&uid, "app").await?);
     eprintln!("finished: app {:.3} s2 {:.3} s1 {:.3}", secs(app.finished_at), secs(s2.finished_at), secs(s1.finished_at));
     assert!(app.finished_at < s2.finished_at, "s2 finished before the app");
@@ -143,13 +124,12 @@ async fn never_ready_sidecar_proceeds_after_timeout() -> Result<()> {
         "name: stuck\nhostNetwork: true\nannotations:\n  crisp.dev/sidecars: proxy\n  crisp.dev/start-timeout: 2s\n  crisp.dev/ready.proxy: 'exec:[\"false\"]'\ncontainers:\n  - name: proxy\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 3600 & wait\"]\n{APP}"
     );
     let uid = st.kubelet.add_pod(pod(&yaml))?;
-    st.kubelet.wait_all_running(&uid, STEP).await?;
+    st.wait_all_running(&uid, STEP).await?;
     let (proxy, app) = (st.status(&uid, "proxy").await?, st.status(&uid, "app").await?);
     let gap = app.started_at - proxy.started_at;
     assert!((2 * S..4 * S).contains(&gap), "app started {:.3} s after the sidecar; expected after the 2 s timeout", secs(gap));
     assert_no_call_outlived_deadline(&st);
-    st.kubelet.delete_pod(&uid, Some(5))?;
-    st.kubelet.wait_terminated(&uid, STEP).await?;
+    st.delete_pod(&uid, Some(5), STEP).await?;
     Ok(())
 }
 
@@ -166,11 +146,7 @@ async fn never_ready_sidecar_fails_and_kubelet_retries() -> Result<()> {
         "name: failing\nhostNetwork: true\nannotations:\n  crisp.dev/sidecars: proxy\n  crisp.dev/ready.proxy: 'exec:[\"test\",\"-f\",\"/tmp/ready\"]'\ncontainers:\n  - name: proxy\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 8; touch /tmp/ready; sleep 3600 & wait\"]\n{APP}"
     );
     let uid = st.kubelet.add_pod(pod(&yaml))?;
-    let r = st.kubelet.wait_all_running(&uid, STEP).await;
-    if r.is_err() {
-        st.dump(&uid);
-    }
-    r?;
+    st.wait_all_running(&uid, STEP).await?;
     let creates = st.kubelet.journal().container_calls("CreateContainer", "app");
     assert!(creates.len() >= 2, "expected a failed hold and a retry: {creates:?}");
     assert!(!creates[0].is_ok());
@@ -180,8 +156,7 @@ async fn never_ready_sidecar_fails_and_kubelet_retries() -> Result<()> {
     let (proxy, app) = (st.status(&uid, "proxy").await?, st.status(&uid, "app").await?);
     assert!(app.started_at - proxy.started_at >= 8 * S, "app started before the sidecar was ready");
     assert_eq!(st.instances(&uid, "app").await?.len(), 1);
-    st.kubelet.delete_pod(&uid, Some(5))?;
-    st.kubelet.wait_terminated(&uid, STEP).await?;
+    st.delete_pod(&uid, Some(5), STEP).await?;
     Ok(())
 }
 
@@ -203,19 +178,14 @@ async fn init_containers_are_not_deadlocked() -> Result<()> {
         "name: withinit\nhostNetwork: true\nannotations:\n  crisp.dev/sidecars: proxy\n  crisp.dev/ready.proxy: 'exec:[\"test\",\"-f\",\"/tmp/ready\"]'\ninitContainers:\n  - name: init\n    command: [sh, -c, \"true\"]\ncontainers:\n  - name: proxy\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 1; touch /tmp/ready; sleep 3600 & wait\"]\n{APP}"
     );
     let uid = st.kubelet.add_pod(pod(&yaml))?;
-    let r = st.kubelet.wait_all_running(&uid, STEP).await;
-    if r.is_err() {
-        st.dump(&uid);
-    }
-    r?;
+    st.wait_all_running(&uid, STEP).await?;
     let init = st.instances(&uid, "init").await?;
     assert_eq!(init.len(), 1);
     assert_eq!(init[0].exit_code, 0);
     let (proxy, app) = (st.status(&uid, "proxy").await?, st.status(&uid, "app").await?);
     assert!(init[0].finished_at <= proxy.started_at);
     assert!(app.started_at - proxy.started_at >= S);
-    st.kubelet.delete_pod(&uid, Some(5))?;
-    st.kubelet.wait_terminated(&uid, STEP).await?;
+    st.delete_pod(&uid, Some(5), STEP).await?;
     Ok(())
 }
 
@@ -236,16 +206,11 @@ async fn crisp_restart_mid_start_keeps_the_order() -> Result<()> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     st.crisp.restart()?;
-    let r = st.kubelet.wait_all_running(&uid, STEP).await;
-    if r.is_err() {
-        st.dump(&uid);
-    }
-    r?;
+    st.wait_all_running(&uid, STEP).await?;
     let (proxy, app) = (st.status(&uid, "proxy").await?, st.status(&uid, "app").await?);
     assert!(app.started_at - proxy.started_at >= 4 * S, "app started {:.3} s after the sidecar, before it was ready", secs(app.started_at - proxy.started_at));
     assert_eq!(st.instances(&uid, "app").await?.len(), 1, "no duplicate app container");
-    st.kubelet.delete_pod(&uid, Some(5))?;
-    st.kubelet.wait_terminated(&uid, STEP).await?;
+    st.delete_pod(&uid, Some(5), STEP).await?;
     Ok(())
 }
 
@@ -256,11 +221,10 @@ async fn pods_without_sidecars_are_untouched() -> Result<()> {
     let st = Stack::start(false, "", |_| {}).await?;
     let yaml = format!("name: plain\nhostNetwork: true\ncontainers:\n  - name: first\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 3600 & wait\"]\n{APP}");
     let uid = st.kubelet.add_pod(pod(&yaml))?;
-    st.kubelet.wait_all_running(&uid, STEP).await?;
+    st.wait_all_running(&uid, STEP).await?;
     let (first, app) = (st.status(&uid, "first").await?, st.status(&uid, "app").await?);
     assert!(app.started_at - first.started_at < S, "no hold for a plain pod");
-    st.kubelet.delete_pod(&uid, Some(10))?;
-    st.kubelet.wait_terminated(&uid, STEP).await?;
+    st.delete_pod(&uid, Some(10), STEP).await?;
     let (first, app) = (st.status(&uid, "first").await?, st.status(&uid, "app").await?);
     // Parallel kill: `first` exits at once, the app 1 s later.
     assert!(first.finished_at < app.finished_at);

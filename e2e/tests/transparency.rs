@@ -8,37 +8,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use crisp_e2e::crisp::{Crisp, CrispOpts};
-use crisp_e2e::harness::{cri_clients, require_root, Containerd, ContainerdOpts, BUSYBOX_IMAGE};
+use crisp_e2e::harness::{create_and_start, cri_clients, host_network_sandbox, image_ref, require_root, shell_container, Containerd, ContainerdOpts, BUSYBOX_IMAGE};
 use crisp_e2e::raw;
 use k8s_cri::v1 as cri;
 use prost::Message;
 
 fn sandbox_config(name: &str, log_dir: &Path) -> cri::PodSandboxConfig {
-    cri::PodSandboxConfig {
-        metadata: Some(cri::PodSandboxMetadata { name: name.into(), uid: format!("{name}-uid"), namespace: "e2e".into(), attempt: 0 }),
-        log_directory: log_dir.display().to_string(),
-        labels: [("app".to_string(), name.to_string())].into(),
-        annotations: [("kubernetes.io/config.source".to_string(), "api".to_string())].into(),
-        linux: Some(cri::LinuxPodSandboxConfig {
-            security_context: Some(cri::LinuxSandboxSecurityContext {
-                namespace_options: Some(cri::NamespaceOption { network: cri::NamespaceMode::Node as i32, ..Default::default() }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-fn container_config(name: &str, cmd: &str) -> cri::ContainerConfig {
-    cri::ContainerConfig {
-        metadata: Some(cri::ContainerMetadata { name: name.into(), attempt: 0 }),
-        image: Some(cri::ImageSpec { image: BUSYBOX_IMAGE.into(), ..Default::default() }),
-        command: vec!["sh".into(), "-c".into(), cmd.into()],
-        log_path: format!("{name}.log"),
-        labels: [("io.kubernetes.container.name".to_string(), name.to_string())].into(),
-        ..Default::default()
-    }
+    cri::PodSandboxConfig { labels: [("app".to_string(), name.to_string())].into(), ..host_network_sandbox(name, "e2e", log_dir) }
 }
 
 /// Calls `path` directly, through crisp, and directly again; the answer through crisp must be
@@ -74,26 +50,12 @@ async fn pod_lifecycle_through_crisp_is_byte_identical() -> Result<()> {
     std::fs::create_dir_all(&log_dir)?;
     let sb = sandbox_config("transparency", &log_dir);
     let pod = rt.run_pod_sandbox(cri::RunPodSandboxRequest { config: Some(sb.clone()), runtime_handler: String::new() }).await?.into_inner().pod_sandbox_id;
-    let image_ref = img
-        .image_status(cri::ImageStatusRequest { image: Some(cri::ImageSpec { image: BUSYBOX_IMAGE.into(), ..Default::default() }), verbose: false })
-        .await?
-        .into_inner()
-        .image
-        .context("busybox image missing")?
-        .id;
+    let busybox = image_ref(&mut img, BUSYBOX_IMAGE).await?;
 
     let mut ids = Vec::new();
     for name in ["first", "second"] {
-        let mut cfg = container_config(name, "trap 'exit 0' TERM; while true; do sleep 0.1; done");
-        cfg.image = Some(cri::ImageSpec { image: image_ref.clone(), ..Default::default() });
-        let id = rt
-            .create_container(cri::CreateContainerRequest { pod_sandbox_id: pod.clone(), config: Some(cfg), sandbox_config: Some(sb.clone()) })
-            .await
-            .with_context(|| format!("CreateContainer {name}"))?
-            .into_inner()
-            .container_id;
-        rt.start_container(cri::StartContainerRequest { container_id: id.clone() }).await?;
-        ids.push(id);
+        let cfg = shell_container(name, &busybox, "trap 'exit 0' TERM; while true; do sleep 0.1; done");
+        ids.push(create_and_start(&mut rt, &pod, &sb, cfg).await?);
     }
     // Both running, seen through crisp.
     let listed = rt.list_containers(cri::ListContainersRequest { filter: None }).await?.into_inner().containers;

@@ -1,10 +1,12 @@
 //! What crisp knows about the CRI: routing a gRPC path to an RPC, the decoded views of the few
-//! messages the features read, and in-place patching of the wire bytes.
+//! messages the features read, the field numbers read off the wire by number, and in-place
+//! patching of the wire bytes.
 //!
 //! Nothing here is used to re-encode a forwarded message: views are decoded *copies* (prost drops
 //! unknown fields, which is fine for a copy and fatal for a forwarded message — DESIGN.md §1).
 
 pub mod patch;
+pub mod tags;
 pub mod views;
 pub mod wire;
 

@@ -9,6 +9,8 @@
 
 use bytes::Bytes;
 
+use super::tags::container_status;
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum WireError {
     #[error("truncated message")]
@@ -110,15 +112,20 @@ fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
-/// ContainerStatus `exit_code` (7) = 0 and `reason` (10) = "Completed".
+/// ContainerStatus `exit_code` = 0 and `reason` = "Completed".
 pub fn completed_fragment() -> Vec<u8> {
-    let mut f = vec![7 << 3, 0, (10 << 3) | 2, 9];
-    f.extend_from_slice(b"Completed");
+    const REASON: &[u8] = b"Completed";
+    let mut f = Vec::with_capacity(4 + REASON.len());
+    put_varint(&mut f, u64::from(container_status::EXIT_CODE << 3));
+    put_varint(&mut f, 0);
+    put_varint(&mut f, u64::from(container_status::REASON << 3 | 2));
+    put_varint(&mut f, REASON.len() as u64);
+    f.extend_from_slice(REASON);
     f
 }
 
 /// Rewrites every embedded message in top-level field `field` (a ContainerStatus, or a
-/// repeated list of them) whose string field 1 (`id`) satisfies `matches`, by appending
+/// repeated list of them) whose `id` satisfies `matches`, by appending
 /// `fragment` to it. Returns `None` when nothing matched (the caller forwards the original).
 pub fn patch_embedded(msg: &[u8], field: u32, fragment: &[u8], matches: impl Fn(&str) -> bool) -> Result<Option<Bytes>, WireError> {
     let mut out: Option<Vec<u8>> = None;
@@ -129,7 +136,7 @@ pub fn patch_embedded(msg: &[u8], field: u32, fragment: &[u8], matches: impl Fn(
             continue;
         }
         let inner = &msg[f.payload.0..f.payload.1];
-        let Some(id) = string_field(inner, 1) else { continue };
+        let Some(id) = string_field(inner, container_status::ID) else { continue };
         if !matches(id) {
             continue;
         }
@@ -147,7 +154,7 @@ pub fn patch_embedded(msg: &[u8], field: u32, fragment: &[u8], matches: impl Fn(
     }))
 }
 
-/// Appends `field 2 = value` (varint) to a message: protobuf's "last value wins" makes this the
+/// Appends `field = value` (varint) to a message: protobuf's "last value wins" makes this the
 /// smallest possible patch of a scalar without re-encoding (used for StopContainer's timeout).
 pub fn append_varint_field(msg: &[u8], field: u32, value: i64) -> Bytes {
     let mut out = Vec::with_capacity(msg.len() + 11);
@@ -164,7 +171,7 @@ mod tests {
     #[test]
     fn appended_field_wins_and_keeps_the_rest() {
         let orig = crate::cri::views::ContainerIdRequest { container_id: "abc".into(), timeout: 30 }.encode_to_vec();
-        let patched = append_varint_field(&orig, 2, 7);
+        let patched = append_varint_field(&orig, crate::cri::tags::stop_container_request::TIMEOUT, 7);
         assert_eq!(&patched[..orig.len()], &orig[..], "original bytes are kept as a prefix");
         let v = crate::cri::views::ContainerIdRequest::decode(&patched[..]).unwrap();
         assert_eq!(v.container_id, "abc");
@@ -214,12 +221,19 @@ mod tests {
     }
 
     #[test]
+    fn completed_fragment_is_exit_code_0_and_reason_completed() {
+        assert_eq!(completed_fragment(), b"\x38\x00\x52\x09Completed");
+        let s = cri::ContainerStatus::decode(&completed_fragment()[..]).unwrap();
+        assert_eq!((s.exit_code, s.reason.as_str()), (0, "Completed"));
+    }
+
+    #[test]
     fn patches_container_status_response_and_keeps_unknown_fields() {
         let resp = cri::ContainerStatusResponse { status: Some(status("c1", 143, "Error")), info: [("k".to_string(), "v".to_string())].into() };
         let mut bytes = resp.encode_to_vec();
         // An unknown top-level field from a future CRI must survive untouched.
         bytes.extend_from_slice(&[0xba, 0x3e, 3, b'n', b'e', b'w']); // field 999, "new"
-        let patched = patch_embedded(&bytes, 1, &completed_fragment(), |id| id == "c1").unwrap().unwrap();
+        let patched = patch_embedded(&bytes, crate::cri::tags::container_status_response::STATUS, &completed_fragment(), |id| id == "c1").unwrap().unwrap();
         assert!(patched.ends_with(&[0xba, 0x3e, 3, b'n', b'e', b'w']));
         let got = cri::ContainerStatusResponse::decode(&patched[..]).unwrap();
         let mut want = resp.clone();
@@ -237,7 +251,7 @@ mod tests {
             ..Default::default()
         };
         let bytes = resp.encode_to_vec();
-        let patched = patch_embedded(&bytes, 3, &completed_fragment(), |id| id == "side").unwrap().unwrap();
+        let patched = patch_embedded(&bytes, crate::cri::tags::pod_sandbox_status_response::CONTAINERS_STATUSES, &completed_fragment(), |id| id == "side").unwrap().unwrap();
         let got = cri::PodSandboxStatusResponse::decode(&patched[..]).unwrap();
         let mut want = resp.clone();
         want.containers_statuses[1].exit_code = 0;

@@ -1,6 +1,7 @@
 //! Decoded views: prost messages holding only the CRI fields crisp reads (ids, names, labels,
 //! annotations, states, times). Field numbers are those of `runtime.v1`, identical in
-//! `runtime.v1alpha2` (KUBELET-CRI.md §8.2).
+//! `runtime.v1alpha2` (KUBELET-CRI.md §8.2). prost's `tag` takes only a literal: the fields that
+//! crisp also reads by number are named in [`super::tags`], whose tests hold these to them.
 //!
 //! A view is always a decoded *copy*; prost skips every field not declared here, so a view can
 //! never carry an env value or a registry credential (those fields are simply not in it), and it

@@ -32,6 +32,7 @@ use dashmap::DashMap;
 use crate::config::{Config, JobConfig, OrderingConfig, SidecarRule, TimeoutPolicy};
 use crate::cri::patch;
 use crate::cri::patch::append_varint_field;
+use crate::cri::tags;
 use crate::cri::views::{self, state};
 use crate::cri::{ApiVersion, Rpc};
 use crate::intercept::{BoxFuture, Call, Interceptor, Interest, Verdict};
@@ -586,7 +587,7 @@ impl Engine {
         }
         // Forward with what is left of the pod's budget; the KEP's 2 s tail once it is spent.
         match decide::stop_timeout(budget_end, now(), req.timeout) {
-            Some(secs) => Verdict::ForwardPatched(append_varint_field(msg, 2, secs)),
+            Some(secs) => Verdict::ForwardPatched(append_varint_field(msg, tags::stop_container_request::TIMEOUT, secs)),
             None => Verdict::Forward,
         }
     }
@@ -747,9 +748,9 @@ impl Interceptor for Engine {
         match call.route.rpc {
             // A sidecar crisp terminated reports exit 0 / Completed (DESIGN.md §5).
             // The embedded status carries its id, so the request need not be read.
-            Some(Rpc::ContainerStatus) => return patch_statuses(1),
-            Some(Rpc::PodSandboxStatus) => return patch_statuses(3),
-            Some(Rpc::GetContainerEvents) => return patch_statuses(5),
+            Some(Rpc::ContainerStatus) => return patch_statuses(tags::container_status_response::STATUS),
+            Some(Rpc::PodSandboxStatus) => return patch_statuses(tags::pod_sandbox_status_response::CONTAINERS_STATUSES),
+            Some(Rpc::GetContainerEvents) => return patch_statuses(tags::container_event_response::CONTAINERS_STATUSES),
             Some(Rpc::RunPodSandbox) => {
                 let (Ok(r), Ok(resp)) = (views::decode::<views::RunPodSandboxRequest>(req), views::decode::<views::RunPodSandboxResponse>(msg)) else { return None };
                 if let Some(cfg) = r.config.as_ref() {

@@ -3,6 +3,11 @@
 //! of the whole message), then completed from the ordering engine's caches.
 
 use crate::cri::patch::fields;
+use crate::cri::tags::{
+    container_config, container_filter, container_id_request, container_metadata, container_status, container_status_response, create_container_request, create_container_response,
+    image_request, image_spec, list_containers_request, pod_sandbox_config, pod_sandbox_id_request, pod_sandbox_metadata, pod_sandbox_status, pod_sandbox_status_response,
+    pull_image_request, run_pod_sandbox_request, run_pod_sandbox_response,
+};
 use crate::cri::Rpc;
 use crate::intercept::PodNames;
 
@@ -48,49 +53,50 @@ fn string_at(buf: &[u8], path: &[u32]) -> String {
     sub(buf, path).and_then(|b| std::str::from_utf8(b).ok()).unwrap_or_default().to_string()
 }
 
-/// Pod namespace and name from a PodSandboxMetadata (name = 1, namespace = 3).
+/// Pod namespace and name from a PodSandboxMetadata.
 fn pod_metadata(ids: &mut Ids, md: Option<&[u8]>) {
     if let Some(md) = md {
-        ids.pod_name = string_at(md, &[1]);
-        ids.pod_namespace = string_at(md, &[3]);
+        ids.pod_name = string_at(md, &[pod_sandbox_metadata::NAME]);
+        ids.pod_namespace = string_at(md, &[pod_sandbox_metadata::NAMESPACE]);
     }
 }
 
 /// What the request (and, when it was read, the response) of `rpc` says. Field numbers are the
-/// same in runtime.v1 and runtime.v1alpha2.
+/// same in runtime.v1 and runtime.v1alpha2 ([`crate::cri::tags`]).
 pub fn from_messages(rpc: Option<Rpc>, req: Option<&[u8]>, resp: Option<&[u8]>) -> Ids {
     let mut ids = Ids::default();
     let (Some(rpc), Some(req)) = (rpc, req) else { return ids };
     match rpc {
         Rpc::RunPodSandbox => {
-            pod_metadata(&mut ids, sub(req, &[1, 1]));
+            pod_metadata(&mut ids, sub(req, &[run_pod_sandbox_request::CONFIG, pod_sandbox_config::METADATA]));
             if let Some(r) = resp {
-                ids.pod_sandbox_id = string_at(r, &[1]);
+                ids.pod_sandbox_id = string_at(r, &[run_pod_sandbox_response::POD_SANDBOX_ID]);
             }
         }
         Rpc::CreateContainer => {
-            ids.pod_sandbox_id = string_at(req, &[1]);
-            ids.container_name = string_at(req, &[2, 1, 1]);
-            // ImageSpec.user_specified_image (18, kubelet ≥ 1.30) is what the pod spec says;
+            use create_container_request::{CONFIG, POD_SANDBOX_ID, SANDBOX_CONFIG};
+            ids.pod_sandbox_id = string_at(req, &[POD_SANDBOX_ID]);
+            ids.container_name = string_at(req, &[CONFIG, container_config::METADATA, container_metadata::NAME]);
+            // ImageSpec.user_specified_image (kubelet ≥ 1.30) is what the pod spec says;
             // `image` is usually the resolved image id.
-            ids.image = string_at(req, &[2, 2, 18]);
+            ids.image = string_at(req, &[CONFIG, container_config::IMAGE, image_spec::USER_SPECIFIED_IMAGE]);
             if ids.image.is_empty() {
-                ids.image = string_at(req, &[2, 2, 1]);
+                ids.image = string_at(req, &[CONFIG, container_config::IMAGE, image_spec::IMAGE]);
             }
-            pod_metadata(&mut ids, sub(req, &[3, 1]));
+            pod_metadata(&mut ids, sub(req, &[SANDBOX_CONFIG, pod_sandbox_config::METADATA]));
             if let Some(r) = resp {
-                ids.container_id = string_at(r, &[1]);
+                ids.container_id = string_at(r, &[create_container_response::CONTAINER_ID]);
             }
         }
         Rpc::PullImage => {
-            ids.image = string_at(req, &[1, 1]);
-            pod_metadata(&mut ids, sub(req, &[3, 1]));
+            ids.image = string_at(req, &[pull_image_request::IMAGE, image_spec::IMAGE]);
+            pod_metadata(&mut ids, sub(req, &[pull_image_request::SANDBOX_CONFIG, pod_sandbox_config::METADATA]));
         }
-        Rpc::ImageStatus | Rpc::RemoveImage => ids.image = string_at(req, &[1, 1]),
+        Rpc::ImageStatus | Rpc::RemoveImage => ids.image = string_at(req, &[image_request::IMAGE, image_spec::IMAGE]),
         Rpc::StopPodSandbox | Rpc::RemovePodSandbox | Rpc::PodSandboxStatus | Rpc::PodSandboxStats | Rpc::PortForward | Rpc::UpdatePodSandboxResources => {
-            ids.pod_sandbox_id = string_at(req, &[1]);
+            ids.pod_sandbox_id = string_at(req, &[pod_sandbox_id_request::POD_SANDBOX_ID]);
             if rpc == Rpc::PodSandboxStatus {
-                pod_metadata(&mut ids, resp.and_then(|r| sub(r, &[1, 2])));
+                pod_metadata(&mut ids, resp.and_then(|r| sub(r, &[pod_sandbox_status_response::STATUS, pod_sandbox_status::METADATA])));
             }
         }
         Rpc::StartContainer
@@ -104,15 +110,15 @@ pub fn from_messages(rpc: Option<Rpc>, req: Option<&[u8]>, resp: Option<&[u8]>) 
         | Rpc::Attach
         | Rpc::ContainerStats
         | Rpc::CheckpointContainer => {
-            ids.container_id = string_at(req, &[1]);
+            ids.container_id = string_at(req, &[container_id_request::CONTAINER_ID]);
             if rpc == Rpc::ContainerStatus {
                 if let Some(r) = resp {
-                    ids.container_name = string_at(r, &[1, 2, 1]);
+                    ids.container_name = string_at(r, &[container_status_response::STATUS, container_status::METADATA, container_metadata::NAME]);
                 }
             }
         }
         // ContainerFilter.pod_sandbox_id: a List scoped to one pod (the ordering engine's own).
-        Rpc::ListContainers => ids.pod_sandbox_id = string_at(req, &[1, 3]),
+        Rpc::ListContainers => ids.pod_sandbox_id = string_at(req, &[list_containers_request::FILTER, container_filter::POD_SANDBOX_ID]),
         _ => {}
     }
     ids

@@ -28,6 +28,19 @@ async fn next_now(s: &mut Subscription) -> Option<Item> {
     tokio::time::timeout(Duration::from_millis(200), s.next()).await.ok().flatten()
 }
 
+/// A CreateContainerRequest for container `app` of pod `shop/web` (sandbox `sb`), encoded.
+fn create_app_of_shop_web() -> Vec<u8> {
+    k8s_cri::v1::CreateContainerRequest {
+        pod_sandbox_id: "sb".into(),
+        config: Some(k8s_cri::v1::ContainerConfig { metadata: Some(k8s_cri::v1::ContainerMetadata { name: "app".into(), attempt: 0 }), ..Default::default() }),
+        sandbox_config: Some(k8s_cri::v1::PodSandboxConfig {
+            metadata: Some(k8s_cri::v1::PodSandboxMetadata { name: "web".into(), namespace: "shop".into(), ..Default::default() }),
+            ..Default::default()
+        }),
+    }
+    .encode_to_vec()
+}
+
 #[test]
 fn interest_follows_subscribers() {
     let t = tap();
@@ -54,15 +67,7 @@ async fn events_carry_ids_and_match_filters() {
     let mut all = t.subscribe(Filter::default(), 8);
     let mut errors = t.subscribe(Filter { errors_only: true, ..Default::default() }, 8);
     let mut shop = t.subscribe(Filter { namespace: Some("shop".into()), ..Default::default() }, 8);
-    let req = k8s_cri::v1::CreateContainerRequest {
-        pod_sandbox_id: "sb".into(),
-        config: Some(k8s_cri::v1::ContainerConfig { metadata: Some(k8s_cri::v1::ContainerMetadata { name: "app".into(), attempt: 0 }), ..Default::default() }),
-        sandbox_config: Some(k8s_cri::v1::PodSandboxConfig {
-            metadata: Some(k8s_cri::v1::PodSandboxMetadata { name: "web".into(), namespace: "shop".into(), ..Default::default() }),
-            ..Default::default()
-        }),
-    }
-    .encode_to_vec();
+    let req = create_app_of_shop_web();
     t.on_complete(&call(1, CREATE), &outcome(0, Some(&req)));
     t.on_complete(&call(2, CREATE), &outcome(5, None));
     t.on_complete(&call(3, LIST), &outcome(0, None));
@@ -166,15 +171,7 @@ async fn a_rejected_call_keeps_the_names_read_from_its_request() {
     let t = tap();
     let mut s = t.subscribe(Filter::default(), 8);
     let c = call(1, CREATE);
-    let req = k8s_cri::v1::CreateContainerRequest {
-        pod_sandbox_id: "sb".into(),
-        config: Some(k8s_cri::v1::ContainerConfig { metadata: Some(k8s_cri::v1::ContainerMetadata { name: "app".into(), attempt: 0 }), ..Default::default() }),
-        sandbox_config: Some(k8s_cri::v1::PodSandboxConfig {
-            metadata: Some(k8s_cri::v1::PodSandboxMetadata { name: "web".into(), namespace: "shop".into(), ..Default::default() }),
-            ..Default::default()
-        }),
-    }
-    .encode_to_vec();
+    let req = create_app_of_shop_web();
     assert!(matches!(t.on_request(&c, &req).await, Verdict::Forward));
     assert_eq!(t.stashed.load(Relaxed), 1);
     // The engine rejected it: the proxy reports no request bytes.

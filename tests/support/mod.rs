@@ -107,44 +107,7 @@ pub fn arbitrary_message(tag: &str) -> Vec<u8> {
 /// Every method of runtime.v1 and runtime.v1alpha2 RuntimeService and ImageService (v1.36 set for
 /// v1, k8s-cri's proto for v1alpha2), as gRPC paths.
 pub fn all_cri_paths() -> Vec<String> {
-    const V1_RUNTIME: &[&str] = &[
-        "Version",
-        "RunPodSandbox",
-        "StopPodSandbox",
-        "RemovePodSandbox",
-        "PodSandboxStatus",
-        "ListPodSandbox",
-        "CreateContainer",
-        "StartContainer",
-        "StopContainer",
-        "RemoveContainer",
-        "ListContainers",
-        "ContainerStatus",
-        "UpdateContainerResources",
-        "ReopenContainerLog",
-        "ExecSync",
-        "Exec",
-        "Attach",
-        "PortForward",
-        "ContainerStats",
-        "ListContainerStats",
-        "PodSandboxStats",
-        "ListPodSandboxStats",
-        "UpdateRuntimeConfig",
-        "Status",
-        "CheckpointContainer",
-        "GetContainerEvents",
-        "ListMetricDescriptors",
-        "ListPodSandboxMetrics",
-        "RuntimeConfig",
-        "UpdatePodSandboxResources",
-        "StreamPodSandboxes",
-        "StreamContainers",
-        "StreamContainerStats",
-        "StreamPodSandboxStats",
-        "StreamPodSandboxMetrics",
-    ];
-    const V1_IMAGE: &[&str] = &["ListImages", "ImageStatus", "PullImage", "RemoveImage", "ImageFsInfo", "StreamImages"];
+    // v1 has every v1alpha2 method, in the same order, and then its own.
     const V1ALPHA2_RUNTIME: &[&str] = &[
         "Version",
         "RunPodSandbox",
@@ -171,13 +134,27 @@ pub fn all_cri_paths() -> Vec<String> {
         "UpdateRuntimeConfig",
         "Status",
     ];
+    const V1_ONLY_RUNTIME: &[&str] = &[
+        "CheckpointContainer",
+        "GetContainerEvents",
+        "ListMetricDescriptors",
+        "ListPodSandboxMetrics",
+        "RuntimeConfig",
+        "UpdatePodSandboxResources",
+        "StreamPodSandboxes",
+        "StreamContainers",
+        "StreamContainerStats",
+        "StreamPodSandboxStats",
+        "StreamPodSandboxMetrics",
+    ];
     const V1ALPHA2_IMAGE: &[&str] = &["ListImages", "ImageStatus", "PullImage", "RemoveImage", "ImageFsInfo"];
+    const V1_ONLY_IMAGE: &[&str] = &["StreamImages"];
     let mut out = Vec::new();
     for (svc, list) in [
-        ("runtime.v1.RuntimeService", V1_RUNTIME),
-        ("runtime.v1.ImageService", V1_IMAGE),
-        ("runtime.v1alpha2.RuntimeService", V1ALPHA2_RUNTIME),
-        ("runtime.v1alpha2.ImageService", V1ALPHA2_IMAGE),
+        ("runtime.v1.RuntimeService", V1ALPHA2_RUNTIME.iter().chain(V1_ONLY_RUNTIME).collect::<Vec<_>>()),
+        ("runtime.v1.ImageService", V1ALPHA2_IMAGE.iter().chain(V1_ONLY_IMAGE).collect()),
+        ("runtime.v1alpha2.RuntimeService", V1ALPHA2_RUNTIME.iter().collect()),
+        ("runtime.v1alpha2.ImageService", V1ALPHA2_IMAGE.iter().collect()),
     ] {
         for m in list {
             out.push(format!("/{svc}/{m}"));
