@@ -1,7 +1,7 @@
 //! Micro-benchmarks of crisp's per-call hot path: routing a path, reading grpc-timeout, the
 //! interest check, decoding the views the engine reads, the job-mode wire patch, the relay's
-//! request-header decode and re-encode, the Huffman decode of a request's :path, and what the
-//! tap costs a relayed call when nobody is tapping.
+//! request-header decode and re-encode, the Huffman decode of a request's :path, what the tap
+//! costs a relayed call when nobody is tapping, and what a call costs in metrics.
 //! Run: `cargo bench --bench hot_path`.
 
 use std::hint::black_box;
@@ -159,6 +159,21 @@ fn bench(c: &mut Criterion) {
             let i = tap.interest(black_box(&call));
             tap.on_complete(black_box(&call), black_box(&outcome));
             i
+        })
+    });
+
+    // What one forwarded call costs in metrics alone: its latency histogram, its status counter
+    // and the completed-calls count (`CallMetrics::observe`, from the tap's on_complete).
+    let calls = crisp::metrics::CallMetrics::default();
+    let rpc = Some(crisp::cri::Rpc::ContainerStatus);
+    c.bench_function("metrics_call_observe", |b| b.iter(|| calls.observe(black_box(rpc), black_box(Some(0)), black_box(std::time::Duration::from_micros(180)))));
+    // A call the ordering engine holds: the in-flight gauge up and down, and the hold histogram.
+    let ordering = crisp::metrics::OrderingMetrics::default();
+    c.bench_function("metrics_hold_gauge_and_histogram", |b| {
+        b.iter(|| {
+            let g = crisp::metrics::GaugeGuard::new(&ordering.holds_in_flight);
+            ordering.start_holds.observe(black_box(std::time::Duration::from_millis(300)));
+            drop(g);
         })
     });
 }
