@@ -18,7 +18,6 @@ mod names;
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::AtomicBool;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -313,7 +312,7 @@ impl Engine {
         for w in &warnings {
             tracing::warn!(pod_namespace = %pod.namespace, pod_name = %pod.name, "{w}");
         }
-        self.metrics.bad_annotations.fetch_add(warnings.len() as u64, Relaxed);
+        self.metrics.bad_annotations.inc_by(warnings.len() as u64);
         let pod = Arc::new(pod);
         // Another call may have raced us; keep the first so warnings and budgets stay single.
         let pod = self.pods.entry(pod.sandbox_id.clone()).or_insert(pod).clone();
@@ -395,7 +394,7 @@ impl Engine {
         let containers = match self.client.list_containers(version, &pod.sandbox_id).await {
             Ok(c) => c,
             Err(e) => {
-                self.metrics.probe_errors.fetch_add(1, Relaxed);
+                self.metrics.probe_errors.inc();
                 tracing::warn!(error = %e, "cannot list the pod's containers; still holding");
                 return StartCheck::Waiting(format!("the runtime ({e})"));
             }
@@ -499,7 +498,7 @@ impl Engine {
         let refused_for = pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).get(&name).map(|t| t.elapsed());
         let skip_dead = policy == TimeoutPolicy::Proceed && refused_for.is_some_and(|d| d >= timeout);
         if skip_dead {
-            self.metrics.start_hold_timeouts.fetch_add(1, Relaxed);
+            self.metrics.start_hold_timeouts.inc();
             tracing::warn!(container_name = %name, refused_for_ms = refused_for.unwrap_or_default().as_millis() as u64, "sidecars still not running after the start timeout; no longer waiting for them (policy proceed)");
         }
         let mut held: Option<(GaugeGuard<'_>, Instant)> = None;
@@ -517,7 +516,7 @@ impl Engine {
                 }
                 StartCheck::FailFast(reason) => {
                     pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).entry(name.clone()).or_insert(call.received);
-                    self.metrics.fail_fast.fetch_add(1, Relaxed);
+                    self.metrics.fail_fast.inc();
                     tracing::info!(container_name = %name, "refusing CreateContainer for now: {reason}");
                     // "network is not ready" makes kubelet requeue the pod after ~1 s instead of
                     // 10–15 s (KUBELET-CRI §1.3): the retry comes as soon as it can succeed.
@@ -532,9 +531,9 @@ impl Engine {
                         held = Some((GaugeGuard::new(&self.metrics.holds_in_flight), Instant::now()));
                     }
                     if Instant::now() >= hold_until {
-                        self.metrics.start_hold_timeouts.fetch_add(1, Relaxed);
+                        self.metrics.start_hold_timeouts.inc();
                         if let Some((_, since)) = &held {
-                            self.metrics.start_holds.observe(since.elapsed());
+                            self.metrics.start_holds.observe(since.elapsed().as_secs_f64());
                         }
                         match policy {
                             TimeoutPolicy::Proceed => {
@@ -559,7 +558,7 @@ impl Engine {
         }
         if let Some((_, since)) = held {
             let d = since.elapsed();
-            self.metrics.start_holds.observe(d);
+            self.metrics.start_holds.observe(d.as_secs_f64());
             tracing::info!(container_name = %name, held_ms = d.as_millis() as u64, "sidecars ready; forwarding CreateContainer");
         }
         Verdict::Forward
@@ -625,7 +624,7 @@ impl Engine {
         }
         if let Some((_, since)) = held {
             let d = since.elapsed();
-            self.metrics.stop_holds.observe(d);
+            self.metrics.stop_holds.observe(d.as_secs_f64());
             tracing::info!(container_name = %cref.name, held_ms = d.as_millis() as u64, "forwarding sidecar StopContainer");
         }
         // Forward with what is left of the pod's budget; the KEP's 2 s tail once it is spent.
@@ -683,7 +682,7 @@ impl Engine {
             tokio::time::sleep_until((now + self.cfg.probe_interval).min(hold_until).into()).await;
         };
         if let Some((_, since)) = held {
-            self.metrics.stop_holds.observe(since.elapsed());
+            self.metrics.stop_holds.observe(since.elapsed().as_secs_f64());
         }
         for s in pod.policy.sidecars.iter().rev() {
             let Some(c) = latest_running.iter().find(|c| c.metadata.as_ref().is_some_and(|m| m.name == s.name)) else { continue };
@@ -864,7 +863,7 @@ impl readiness::ProbeEnv for ProbeTarget<'_> {
 
     async fn exec(&self, cmd: &[String], timeout: Duration) -> Result<i32, String> {
         self.engine.client.exec_sync(self.version, self.container_id, cmd, timeout).await.map_err(|e| {
-            self.engine.metrics.probe_errors.fetch_add(1, Relaxed);
+            self.engine.metrics.probe_errors.inc();
             tracing::debug!(container_name = %self.sidecar, error = %e, "exec readiness probe failed to run");
             e.to_string()
         })
