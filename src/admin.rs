@@ -17,12 +17,14 @@ use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::Registry;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::Service;
 
-use crate::metrics::OrderingMetrics;
+use crate::metrics::ScrapedGauge;
 use crate::ordering::annotations::Source;
 use crate::ordering::Engine;
 use crate::tap::pb::{self, admin_server::AdminServer};
@@ -37,9 +39,10 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 /// What the admin API reports on.
 pub struct AdminState {
     pub tap: Arc<Tap>,
-    /// The ordering engine, when it runs: ListPods and the tracked-pods gauges.
+    /// The ordering engine, when it runs: ListPods.
     pub engine: Option<Arc<Engine>>,
-    pub ordering: Option<Arc<OrderingMetrics>>,
+    /// What `GET /metrics` shows ([`registry`]).
+    pub metrics: Registry,
     pub listen: PathBuf,
     pub upstream: PathBuf,
     pub started: Instant,
@@ -180,24 +183,25 @@ impl pb::admin_server::Admin for AdminService {
     }
 }
 
-/// Everything `GET /metrics` shows, in the Prometheus text format.
-pub fn render_metrics(state: &AdminState) -> String {
-    let mut out = String::with_capacity(16 << 10);
-    out.push_str("# HELP crisp_build_info crisp's version.\n# TYPE crisp_build_info gauge\n");
-    out.push_str(&format!("crisp_build_info{{version=\"{}\"}} 1\n", env!("CARGO_PKG_VERSION")));
-    state.tap.metrics().render(&mut out);
-    if let Some(o) = &state.ordering {
-        o.render(&mut out);
-    }
-    if let Some(e) = &state.engine {
+/// Everything `GET /metrics` shows: the build, the tap's call metrics and, when the ordering
+/// engine runs, its metrics and what its caches hold.
+pub fn registry(tap: &Tap, engine: Option<&Arc<Engine>>) -> Registry {
+    let mut reg = Registry::default();
+    reg.register("crisp_build", "crisp's version", Info::new([("version", env!("CARGO_PKG_VERSION"))]));
+    tap.metrics().register(&mut reg);
+    if let Some(e) = engine {
+        e.metrics.register(&mut reg);
         // What the engine's caches hold: back to 0 once kubelet removed every pod (leak checks).
-        let (pods, containers) = e.tracked();
-        out.push_str(&format!("# HELP crisp_tracked_pods Pod sandboxes the ordering engine tracks.\n# TYPE crisp_tracked_pods gauge\ncrisp_tracked_pods {pods}\n"));
-        out.push_str(&format!(
-            "# HELP crisp_tracked_containers Containers the ordering engine tracks.\n# TYPE crisp_tracked_containers gauge\ncrisp_tracked_containers {containers}\n"
-        ));
+        let (pods, containers) = (e.clone(), e.clone());
+        reg.register_collector(Box::new(ScrapedGauge::new("crisp_tracked_pods", "Pod sandboxes the ordering engine tracks.", move || pods.tracked().0 as u64)));
+        reg.register_collector(Box::new(ScrapedGauge::new("crisp_tracked_containers", "Containers the ordering engine tracks.", move || containers.tracked().1 as u64)));
     }
-    out
+    reg
+}
+
+/// `GET /metrics`, in the Prometheus text format ([`crate::metrics::CONTENT_TYPE`]).
+pub fn render_metrics(state: &AdminState) -> String {
+    crate::metrics::encode(&state.metrics)
 }
 
 type Body = tonic::body::Body;
@@ -215,7 +219,7 @@ async fn handle(mut req: Request<Incoming>, state: Arc<AdminState>, grpc: Option
             return Ok(plain(StatusCode::METHOD_NOT_ALLOWED, "use GET /metrics\n".into()));
         }
         let mut r = plain(StatusCode::OK, render_metrics(&state));
-        r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
+        r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(crate::metrics::CONTENT_TYPE));
         return Ok(r);
     }
     let is_grpc = req.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
@@ -314,7 +318,7 @@ pub async fn start(cfg: &crate::config::Config, tap: Arc<Tap>, engine: Option<Ar
         return None;
     }
     let state = Arc::new(AdminState {
-        ordering: engine.as_ref().map(|e| e.metrics.clone()),
+        metrics: registry(&tap, engine.as_ref()),
         tap,
         engine,
         listen: cfg.listen.clone(),

@@ -1,96 +1,105 @@
-//! crisp's own counters, rendered in the Prometheus text format. Plain atomics: incrementing one
-//! costs a few nanoseconds and never blocks a call.
+//! crisp's own metrics, in prometheus-client's types, served by the admin socket's `GET /metrics`
+//! in the Prometheus text format (version 0.0.4, [`CONTENT_TYPE`]).
+//!
+//! Recording stays cheap on the call path: a counter or gauge is one relaxed atomic, a histogram
+//! one uncontended lock. Every forwarded call records its latency and status through handles
+//! resolved once per method and status (on first use), not through a labelled `Family` lookup per
+//! call (a read lock plus hashing the labels); `benches/hot_path.rs` measures both.
+//!
+//! The names served are the registered ones with prometheus-client's additions: it appends
+//! `_total` to a counter (so counters are registered without it: `crisp_cri_calls` is served as
+//! `crisp_cri_calls_total`) and `_info` to an info metric, and ends every HELP text with `.`.
 
-use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// The `Content-Type` of what [`encode`] writes.
+pub use prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
 /// Bucket upper bounds (seconds) for hold durations.
-const HOLD_BUCKETS: [f64; 10] = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 90.0];
+pub const HOLD_BUCKETS: [f64; 10] = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 90.0];
 
-#[derive(Default)]
-pub struct Histogram {
-    buckets: [AtomicU64; HOLD_BUCKETS.len()],
-    count: AtomicU64,
-    sum_micros: AtomicU64,
+/// Bucket upper bounds (seconds) for CRI call latency: sub-millisecond polling calls up to
+/// kubelet's 2 min runtime-request-timeout.
+pub const CALL_BUCKETS: [f64; 16] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0];
+
+type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GateLabel {
+    gate: &'static str,
 }
 
-impl Histogram {
-    pub fn observe(&self, d: Duration) {
-        let s = d.as_secs_f64();
-        for (i, b) in HOLD_BUCKETS.iter().enumerate() {
-            if s <= *b {
-                self.buckets[i].fetch_add(1, Relaxed);
-            }
-        }
-        self.count.fetch_add(1, Relaxed);
-        self.sum_micros.fetch_add(d.as_micros() as u64, Relaxed);
-    }
-
-    pub fn count(&self) -> u64 {
-        self.count.load(Relaxed)
-    }
-
-    fn render(&self, out: &mut String, name: &str, labels: &str) {
-        let sep = if labels.is_empty() { "" } else { "," };
-        for (i, b) in HOLD_BUCKETS.iter().enumerate() {
-            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {}", self.buckets[i].load(Relaxed));
-        }
-        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}", self.count());
-        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", self.sum_micros.load(Relaxed) as f64 / 1e6);
-        let _ = writeln!(out, "{name}_count{{{labels}}} {}", self.count());
-    }
-}
-
-/// The ordering engine's counters.
-#[derive(Default)]
+/// The ordering engine's metrics. The histograms are the `gate="start"` and `gate="stop"` series
+/// of `crisp_hold_seconds`.
 pub struct OrderingMetrics {
+    holds: Histograms<GateLabel>,
     pub start_holds: Histogram,
     pub stop_holds: Histogram,
-    pub holds_in_flight: AtomicU64,
-    pub start_hold_timeouts: AtomicU64,
-    pub fail_fast: AtomicU64,
-    pub bad_annotations: AtomicU64,
-    pub probe_errors: AtomicU64,
-    pub job_sidecars_stopped: AtomicU64,
+    pub holds_in_flight: Gauge,
+    pub start_hold_timeouts: Counter,
+    pub fail_fast: Counter,
+    pub bad_annotations: Counter,
+    pub probe_errors: Counter,
+    pub job_sidecars_stopped: Counter,
+}
+
+impl Default for OrderingMetrics {
+    fn default() -> Self {
+        let holds: Histograms<GateLabel> = Family::new_with_constructor(|| Histogram::new(HOLD_BUCKETS));
+        let gate = |gate| holds.get_or_create_owned(&GateLabel { gate });
+        OrderingMetrics {
+            start_holds: gate("start"),
+            stop_holds: gate("stop"),
+            holds,
+            holds_in_flight: Gauge::default(),
+            start_hold_timeouts: Counter::default(),
+            fail_fast: Counter::default(),
+            bad_annotations: Counter::default(),
+            probe_errors: Counter::default(),
+            job_sidecars_stopped: Counter::default(),
+        }
+    }
 }
 
 impl OrderingMetrics {
-    pub fn render(&self, out: &mut String) {
-        let c = |out: &mut String, name: &str, help: &str, v: &AtomicU64, kind: &str| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {}", v.load(Relaxed));
-        };
-        let _ = writeln!(out, "# HELP crisp_hold_seconds Time calls were held by the ordering engine.\n# TYPE crisp_hold_seconds histogram");
-        self.start_holds.render(out, "crisp_hold_seconds", "gate=\"start\"");
-        self.stop_holds.render(out, "crisp_hold_seconds", "gate=\"stop\"");
-        c(out, "crisp_holds_in_flight", "Calls currently held.", &self.holds_in_flight, "gauge");
-        c(out, "crisp_hold_timeouts_total", "Start holds that reached their timeout.", &self.start_hold_timeouts, "counter");
-        c(out, "crisp_fail_fast_total", "App creations refused because a declared sidecar was not created or not running.", &self.fail_fast, "counter");
-        c(out, "crisp_bad_annotations_total", "Malformed crisp.dev annotations (pods run as if the key were absent).", &self.bad_annotations, "counter");
-        c(out, "crisp_probe_errors_total", "Readiness probes that could not be run (runtime errors).", &self.probe_errors, "counter");
-        c(out, "crisp_job_sidecars_stopped_total", "Sidecars stopped by crisp because their Job finished.", &self.job_sidecars_stopped, "counter");
+    /// Adds these metrics to `reg` (the registry shares their values).
+    pub fn register(&self, reg: &mut Registry) {
+        reg.register("crisp_hold_seconds", "Time calls were held by the ordering engine", self.holds.clone());
+        reg.register("crisp_holds_in_flight", "Calls currently held", self.holds_in_flight.clone());
+        reg.register("crisp_hold_timeouts", "Start holds that reached their timeout", self.start_hold_timeouts.clone());
+        reg.register("crisp_fail_fast", "App creations refused because a declared sidecar was not created or not running", self.fail_fast.clone());
+        reg.register("crisp_bad_annotations", "Malformed crisp.dev annotations (pods run as if the key were absent)", self.bad_annotations.clone());
+        reg.register("crisp_probe_errors", "Readiness probes that could not be run (runtime errors)", self.probe_errors.clone());
+        reg.register("crisp_job_sidecars_stopped", "Sidecars stopped by crisp because their Job finished", self.job_sidecars_stopped.clone());
     }
 }
 
-/// Decrements a gauge when dropped: holds are counted correctly even when kubelet abandons one.
-pub struct GaugeGuard<'a>(&'a AtomicU64);
+/// Decrements a gauge when dropped: holds are counted correctly even when kubelet abandons one
+/// (the call's future, and so the guard, is dropped).
+pub struct GaugeGuard<'a>(&'a Gauge);
 
 impl<'a> GaugeGuard<'a> {
-    pub fn new(g: &'a AtomicU64) -> Self {
-        g.fetch_add(1, Relaxed);
+    pub fn new(g: &'a Gauge) -> Self {
+        g.inc();
         GaugeGuard(g)
     }
 }
 
 impl Drop for GaugeGuard<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Relaxed);
+        self.0.dec();
     }
 }
-
-/// Bucket upper bounds (seconds) for CRI call latency: sub-millisecond polling calls up to
-/// kubelet's 2 min runtime-request-timeout.
-pub const CALL_BUCKETS: [f64; 16] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0];
 
 /// gRPC codes 0..=16, plus one slot for "ended without a status" (the client went away).
 const CODE_SLOTS: usize = 18;
@@ -122,52 +131,81 @@ pub fn code_name(code: Option<i32>) -> &'static str {
     }
 }
 
-/// One method's latency histogram and status counts. Buckets are stored non-cumulative (one
-/// increment per call) and summed when rendered.
-struct MethodMetrics {
-    buckets: [AtomicU64; CALL_BUCKETS.len() + 1],
-    sum_micros: AtomicU64,
-    codes: [AtomicU64; CODE_SLOTS],
-}
-
-impl Default for MethodMetrics {
-    fn default() -> Self {
-        MethodMetrics { buckets: std::array::from_fn(|_| AtomicU64::new(0)), sum_micros: AtomicU64::new(0), codes: std::array::from_fn(|_| AtomicU64::new(0)) }
+/// The slot a status is counted in. A code outside the spec is counted as Unknown, as gRPC
+/// clients treat it.
+fn code_slot(code: Option<i32>) -> usize {
+    match code {
+        Some(c) if (0..17).contains(&c) => c as usize,
+        Some(_) => 2,
+        None => CODE_SLOTS - 1,
     }
 }
 
-/// Per-method counters of every CRI call crisp forwards, and the tap's own counters. Fed by the
-/// tap interceptor's `on_complete`: a handful of relaxed atomic increments per call.
+fn slot_code(slot: usize) -> Option<i32> {
+    (slot < CODE_SLOTS - 1).then_some(slot as i32)
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MethodLabel {
+    method: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabels {
+    method: &'static str,
+    code: &'static str,
+}
+
+/// One method's series, created on its first call (a method never called, or a status it never
+/// returned, is not shown) and kept here so that later calls skip the `Family` lookup.
+struct MethodSlot {
+    name: &'static str,
+    duration: OnceLock<Histogram>,
+    codes: [OnceLock<Counter>; CODE_SLOTS],
+}
+
+impl MethodSlot {
+    fn new(name: &'static str) -> Self {
+        MethodSlot { name, duration: OnceLock::new(), codes: std::array::from_fn(|_| OnceLock::new()) }
+    }
+}
+
+/// Per-method metrics of every CRI call crisp forwards, and the tap's own. Fed by the tap
+/// interceptor's `on_complete`.
 pub struct CallMetrics {
+    durations: Histograms<MethodLabel>,
+    calls: Family<CallLabels, Counter>,
     /// Indexed by `Rpc as usize`.
-    methods: Box<[MethodMetrics]>,
+    methods: Box<[MethodSlot]>,
     /// Paths crisp does not know.
-    unknown: MethodMetrics,
+    unknown: MethodSlot,
     /// Highest call id seen starting. Call ids are handed out in order as calls arrive, so this
     /// minus `completed` is the number of calls in flight, without a hook at call start.
     pub highest_call_id: AtomicU64,
     pub completed: AtomicU64,
-    pub tap_subscribers: AtomicU64,
-    pub tap_events: AtomicU64,
-    pub tap_dropped: AtomicU64,
+    pub tap_subscribers: Gauge,
+    pub tap_events: Counter,
+    pub tap_dropped: Counter,
 }
 
 impl Default for CallMetrics {
     fn default() -> Self {
         CallMetrics {
-            methods: crate::cri::Rpc::ALL.iter().map(|_| MethodMetrics::default()).collect(),
-            unknown: MethodMetrics::default(),
+            durations: Family::new_with_constructor(|| Histogram::new(CALL_BUCKETS)),
+            calls: Family::default(),
+            methods: crate::cri::Rpc::ALL.iter().map(|r| MethodSlot::new(r.name())).collect(),
+            unknown: MethodSlot::new("unknown"),
             highest_call_id: AtomicU64::new(0),
             completed: AtomicU64::new(0),
-            tap_subscribers: AtomicU64::new(0),
-            tap_events: AtomicU64::new(0),
-            tap_dropped: AtomicU64::new(0),
+            tap_subscribers: Gauge::default(),
+            tap_events: Counter::default(),
+            tap_dropped: Counter::default(),
         }
     }
 }
 
 impl CallMetrics {
-    fn slot(&self, rpc: Option<crate::cri::Rpc>) -> &MethodMetrics {
+    fn slot(&self, rpc: Option<crate::cri::Rpc>) -> &MethodSlot {
         // `Rpc as usize` is its position in `Rpc::ALL`, so `get` always finds it; the fallback
         // keeps a future mismatch from panicking on the call path.
         rpc.and_then(|r| self.methods.get(r as usize)).unwrap_or(&self.unknown)
@@ -176,17 +214,10 @@ impl CallMetrics {
     /// Records one finished call.
     pub fn observe(&self, rpc: Option<crate::cri::Rpc>, code: Option<i32>, d: Duration) {
         let m = self.slot(rpc);
-        let s = d.as_secs_f64();
-        let b = CALL_BUCKETS.iter().position(|b| s <= *b).unwrap_or(CALL_BUCKETS.len());
-        m.buckets[b].fetch_add(1, Relaxed);
-        m.sum_micros.fetch_add(d.as_micros() as u64, Relaxed);
-        let c = match code {
-            Some(c) if (0..17).contains(&c) => c as usize,
-            // A code outside the spec is counted as Unknown, as gRPC clients treat it.
-            Some(_) => 2,
-            None => CODE_SLOTS - 1,
-        };
-        m.codes[c].fetch_add(1, Relaxed);
+        let method = m.name;
+        m.duration.get_or_init(|| self.durations.get_or_create_owned(&MethodLabel { method })).observe(d.as_secs_f64());
+        let c = code_slot(code);
+        m.codes[c].get_or_init(|| self.calls.get_or_create_owned(&CallLabels { method, code: code_name(slot_code(c)) })).inc();
         self.completed.fetch_add(1, Relaxed);
     }
 
@@ -197,58 +228,61 @@ impl CallMetrics {
 
     /// Number of calls of `rpc` that ended with `code` (tests and the admin API).
     pub fn count(&self, rpc: Option<crate::cri::Rpc>, code: Option<i32>) -> u64 {
-        let m = self.slot(rpc);
-        match code {
-            Some(c) if (0..17).contains(&c) => m.codes[c as usize].load(Relaxed),
-            Some(_) => 0,
-            None => m.codes[CODE_SLOTS - 1].load(Relaxed),
+        if code.is_some_and(|c| !(0..17).contains(&c)) {
+            return 0;
         }
+        self.slot(rpc).codes[code_slot(code)].get().map_or(0, Counter::get)
     }
 
-    pub fn render(&self, out: &mut String) {
-        let names = crate::cri::Rpc::ALL.iter().map(|r| r.name()).chain(std::iter::once("unknown"));
-        let _ = writeln!(out, "# HELP crisp_cri_call_duration_seconds Latency of CRI calls through crisp, from request headers to the end of the response (holds included).\n# TYPE crisp_cri_call_duration_seconds histogram");
-        let mut calls = String::new();
-        for (name, m) in names.zip(self.methods.iter().chain(std::iter::once(&self.unknown))) {
-            let total: u64 = m.buckets.iter().map(|b| b.load(Relaxed)).sum();
-            if total == 0 {
-                continue;
-            }
-            let mut acc = 0;
-            for (i, b) in CALL_BUCKETS.iter().enumerate() {
-                acc += m.buckets[i].load(Relaxed);
-                let _ = writeln!(out, "crisp_cri_call_duration_seconds_bucket{{method=\"{name}\",le=\"{b}\"}} {acc}");
-            }
-            let _ = writeln!(out, "crisp_cri_call_duration_seconds_bucket{{method=\"{name}\",le=\"+Inf\"}} {total}");
-            let _ = writeln!(out, "crisp_cri_call_duration_seconds_sum{{method=\"{name}\"}} {}", m.sum_micros.load(Relaxed) as f64 / 1e6);
-            let _ = writeln!(out, "crisp_cri_call_duration_seconds_count{{method=\"{name}\"}} {total}");
-            for (c, n) in m.codes.iter().enumerate() {
-                let n = n.load(Relaxed);
-                if n > 0 {
-                    let code = if c == CODE_SLOTS - 1 { None } else { Some(c as i32) };
-                    let _ = writeln!(calls, "crisp_cri_calls_total{{method=\"{name}\",code=\"{}\"}} {n}", code_name(code));
-                }
-            }
-        }
-        let _ = writeln!(
-            out,
-            "# HELP crisp_cri_calls_total CRI calls through crisp by method and gRPC status (code \"None\": the client went away first).\n# TYPE crisp_cri_calls_total counter"
+    /// Adds these metrics to `reg` (the registry shares their values).
+    pub fn register(self: &Arc<Self>, reg: &mut Registry) {
+        reg.register(
+            "crisp_cri_call_duration_seconds",
+            "Latency of CRI calls through crisp, from request headers to the end of the response (holds included)",
+            self.durations.clone(),
         );
-        out.push_str(&calls);
-        let g = |out: &mut String, name: &str, help: &str, kind: &str, v: u64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
-        };
-        g(out, "crisp_cri_calls_in_flight", "CRI calls crisp is forwarding or holding right now.", "gauge", self.in_flight());
-        g(out, "crisp_tap_subscribers", "Clients attached to the debug tap.", "gauge", self.tap_subscribers.load(Relaxed));
-        g(out, "crisp_tap_events_total", "Tap events queued for tap clients.", "counter", self.tap_events.load(Relaxed));
-        g(
-            out,
-            "crisp_tap_events_dropped_total",
-            "Tap events dropped because a tap client's queue was full (CRI calls are never slowed for a tap).",
-            "counter",
-            self.tap_dropped.load(Relaxed),
-        );
+        reg.register("crisp_cri_calls", "CRI calls through crisp by method and gRPC status (code \"None\": the client went away first)", self.calls.clone());
+        let me = self.clone();
+        reg.register_collector(Box::new(ScrapedGauge::new("crisp_cri_calls_in_flight", "CRI calls crisp is forwarding or holding right now.", move || me.in_flight())));
+        reg.register("crisp_tap_subscribers", "Clients attached to the debug tap", self.tap_subscribers.clone());
+        reg.register("crisp_tap_events", "Tap events queued for tap clients", self.tap_events.clone());
+        reg.register("crisp_tap_events_dropped", "Tap events dropped because a tap client's queue was full (CRI calls are never slowed for a tap)", self.tap_dropped.clone());
     }
+}
+
+/// A gauge whose value is read when scraped, from state crisp keeps anyway (prometheus-client's
+/// [`Collector`]): calls in flight, pods tracked. `help` is served as given.
+pub struct ScrapedGauge<F> {
+    name: &'static str,
+    help: &'static str,
+    read: F,
+}
+
+impl<F: Fn() -> u64 + Send + Sync + 'static> ScrapedGauge<F> {
+    pub fn new(name: &'static str, help: &'static str, read: F) -> Self {
+        ScrapedGauge { name, help, read }
+    }
+}
+
+impl<F> std::fmt::Debug for ScrapedGauge<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScrapedGauge").field("name", &self.name).finish_non_exhaustive()
+    }
+}
+
+impl<F: Fn() -> u64 + Send + Sync + 'static> Collector for ScrapedGauge<F> {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let g = ConstGauge::new((self.read)());
+        g.encode(encoder.encode_descriptor(self.name, self.help, None, g.metric_type())?)
+    }
+}
+
+/// Everything in `reg`, in the Prometheus text format ([`CONTENT_TYPE`]).
+pub fn encode(reg: &Registry) -> String {
+    let mut out = String::with_capacity(16 << 10);
+    // Only the writer can fail, and a String never does.
+    let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, reg);
+    out
 }
 
 #[cfg(test)]
@@ -258,30 +292,96 @@ mod tests {
 
     #[test]
     fn call_metrics_render_cumulative_buckets_and_codes() {
-        let m = CallMetrics::default();
+        let m = Arc::new(CallMetrics::default());
         m.observe(Some(Rpc::CreateContainer), Some(0), Duration::from_micros(300));
         m.observe(Some(Rpc::CreateContainer), Some(0), Duration::from_millis(20));
         m.observe(Some(Rpc::CreateContainer), Some(9), Duration::from_secs(500));
+        m.observe(Some(Rpc::CreateContainer), Some(99), Duration::from_secs(1));
         m.observe(None, None, Duration::from_millis(1));
-        m.highest_call_id.store(5, Relaxed);
+        m.highest_call_id.store(6, Relaxed);
         assert_eq!(m.in_flight(), 1);
         assert_eq!(m.count(Some(Rpc::CreateContainer), Some(0)), 2);
-        let mut out = String::new();
-        m.render(&mut out);
+        assert_eq!(m.count(Some(Rpc::CreateContainer), Some(2)), 1, "a code outside the spec counts as Unknown");
+        assert_eq!(m.count(Some(Rpc::CreateContainer), Some(99)), 0);
+        assert_eq!(m.count(Some(Rpc::Version), Some(0)), 0);
+        let mut reg = Registry::default();
+        m.register(&mut reg);
+        let out = encode(&reg);
         for line in [
             "crisp_cri_call_duration_seconds_bucket{method=\"CreateContainer\",le=\"0.0005\"} 1",
             "crisp_cri_call_duration_seconds_bucket{method=\"CreateContainer\",le=\"0.025\"} 2",
-            "crisp_cri_call_duration_seconds_bucket{method=\"CreateContainer\",le=\"120\"} 2",
-            "crisp_cri_call_duration_seconds_bucket{method=\"CreateContainer\",le=\"+Inf\"} 3",
-            "crisp_cri_call_duration_seconds_count{method=\"CreateContainer\"} 3",
+            "crisp_cri_call_duration_seconds_bucket{method=\"CreateContainer\",le=\"1\"} 3",
+            "crisp_cri_call_duration_seconds_bucket{method=\"CreateContainer\",le=\"120\"} 3",
+            "crisp_cri_call_duration_seconds_bucket{method=\"CreateContainer\",le=\"+Inf\"} 4",
+            "crisp_cri_call_duration_seconds_count{method=\"CreateContainer\"} 4",
+            "crisp_cri_call_duration_seconds_sum{method=\"unknown\"} 0.001",
             "crisp_cri_calls_total{method=\"CreateContainer\",code=\"OK\"} 2",
             "crisp_cri_calls_total{method=\"CreateContainer\",code=\"FailedPrecondition\"} 1",
+            "crisp_cri_calls_total{method=\"CreateContainer\",code=\"Unknown\"} 1",
             "crisp_cri_calls_total{method=\"unknown\",code=\"None\"} 1",
             "crisp_cri_calls_in_flight 1",
         ] {
-            assert!(out.contains(line), "missing {line:?} in\n{out}");
+            assert!(out.contains(&format!("{line}\n")), "missing {line:?} in\n{out}");
         }
         // Methods never called are not rendered.
         assert!(!out.contains("method=\"Version\""));
+    }
+
+    /// The names, types and HELP texts crisp has always served: dashboards and the e2e tests
+    /// read them.
+    #[test]
+    fn served_names_types_and_help() {
+        let calls = Arc::new(CallMetrics::default());
+        calls.observe(Some(Rpc::Version), Some(0), Duration::from_millis(1));
+        let ordering = OrderingMetrics::default();
+        let mut reg = Registry::default();
+        calls.register(&mut reg);
+        ordering.register(&mut reg);
+        let out = encode(&reg);
+        for (name, kind, help) in [
+            ("crisp_cri_call_duration_seconds", "histogram", "Latency of CRI calls through crisp, from request headers to the end of the response (holds included)."),
+            ("crisp_cri_calls_total", "counter", "CRI calls through crisp by method and gRPC status (code \"None\": the client went away first)."),
+            ("crisp_cri_calls_in_flight", "gauge", "CRI calls crisp is forwarding or holding right now."),
+            ("crisp_tap_subscribers", "gauge", "Clients attached to the debug tap."),
+            ("crisp_tap_events_total", "counter", "Tap events queued for tap clients."),
+            ("crisp_tap_events_dropped_total", "counter", "Tap events dropped because a tap client's queue was full (CRI calls are never slowed for a tap)."),
+            ("crisp_hold_seconds", "histogram", "Time calls were held by the ordering engine."),
+            ("crisp_holds_in_flight", "gauge", "Calls currently held."),
+            ("crisp_hold_timeouts_total", "counter", "Start holds that reached their timeout."),
+            ("crisp_fail_fast_total", "counter", "App creations refused because a declared sidecar was not created or not running."),
+            ("crisp_bad_annotations_total", "counter", "Malformed crisp.dev annotations (pods run as if the key were absent)."),
+            ("crisp_probe_errors_total", "counter", "Readiness probes that could not be run (runtime errors)."),
+            ("crisp_job_sidecars_stopped_total", "counter", "Sidecars stopped by crisp because their Job finished."),
+        ] {
+            let want = format!("# HELP {name} {help}\n# TYPE {name} {kind}\n");
+            assert!(out.contains(&want), "missing {want:?} in\n{out}");
+        }
+        for line in [
+            "crisp_hold_seconds_bucket{gate=\"start\",le=\"90\"} 0",
+            "crisp_hold_seconds_bucket{gate=\"stop\",le=\"0.05\"} 0",
+            "crisp_hold_seconds_count{gate=\"start\"} 0",
+            "crisp_hold_seconds_count{gate=\"stop\"} 0",
+            "crisp_holds_in_flight 0",
+            "crisp_tap_events_dropped_total 0",
+        ] {
+            assert!(out.contains(&format!("{line}\n")), "missing {line:?} in\n{out}");
+        }
+    }
+
+    #[test]
+    fn gauge_guard_counts_a_hold_until_dropped() {
+        let m = OrderingMetrics::default();
+        let a = GaugeGuard::new(&m.holds_in_flight);
+        let b = GaugeGuard::new(&m.holds_in_flight);
+        assert_eq!(m.holds_in_flight.get(), 2);
+        drop(a);
+        assert_eq!(m.holds_in_flight.get(), 1);
+        // An abandoned call: its future is dropped mid-hold, and the guard with it.
+        let held = async move {
+            let _b = b;
+            std::future::pending::<()>().await
+        };
+        drop(held);
+        assert_eq!(m.holds_in_flight.get(), 0);
     }
 }

@@ -9,27 +9,43 @@
 //!
 //! Every function here is a no-op outside systemd (no variable set), so the same binary runs
 //! by hand, under systemd with or without the socket unit, and in tests.
+//!
+//! The `sd-notify` crate sends the notifications to a socket path and reads `LISTEN_PID` and
+//! `LISTEN_FDS` (the process check, and marking the fds close-on-exec). What is still done here,
+//! because sd-notify 0.5 does not do it the way systemd's own library does:
+//!
+//! - `NOTIFY_SOCKET=@name`, a Linux abstract socket: sd-notify connects to the value as a path
+//!   and fails (ENOENT), where sd_notify(3) sends to the abstract name. An empty value is no
+//!   service manager here (sd-notify fails with EINVAL).
+//! - `LISTEN_FDNAMES`: sd-notify's `listen_fds_with_names` fails ("invalid LISTEN_FDNAMES") when
+//!   the variables were meant for another process (`LISTEN_PID` differs) or announce no fd, yet
+//!   `LISTEN_FDNAMES` is set, which is how a socket-activated parent leaks all three; there
+//!   sd_listen_fds_with_names(3) returns no fd, and crisp must start and bind its own socket
+//!   (tests/systemd_activation.rs, `listen_fds_meant_for_another_process_are_ignored`). Names are
+//!   paired here, and only with the fds sd-notify's `listen_fds` returned.
+//! - Which inherited fd is crisp's (the only one, or the one named [`FD_NAME`]), the check that
+//!   it is a listening unix stream socket, and its path: nothing generic does that.
+//!
+//! Taken from sd-notify as it is: `LISTEN_PID=0` counts as another process's (ignored, as a
+//! mismatch); values with spaces are malformed; an announced fd that is not open is an error
+//! (EBADF), as in sd_listen_fds(3), which also bounds an absurd `LISTEN_FDS`. Its errors do not
+//! say which value was wrong, so [`ListenFdsError::Env`] shows both.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// First inherited fd (`SD_LISTEN_FDS_START`).
-pub const LISTEN_FDS_START: RawFd = 3;
+use sd_notify::NotifyState;
 
 /// The name crisp looks for when systemd passes more than one socket (`FileDescriptorName=`).
 pub const FD_NAME: &str = "crisp";
 
-/// Refuse absurd counts rather than walk thousands of fds.
-const MAX_LISTEN_FDS: usize = 64;
-
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ListenFdsError {
-    #[error("socket activation: LISTEN_PID={0:?} is not a process id")]
-    BadPid(String),
-    #[error("socket activation: LISTEN_FDS={0:?} is not a count of file descriptors (expected 1..={MAX_LISTEN_FDS})")]
-    BadCount(String),
+    /// From sd-notify: a malformed `LISTEN_PID` or `LISTEN_FDS`, or an announced fd not open.
+    #[error("socket activation: LISTEN_PID={pid:?} LISTEN_FDS={count:?}: {reason}")]
+    Env { pid: String, count: String, reason: String },
     #[error("socket activation: LISTEN_FDNAMES={names:?} names {got} sockets but LISTEN_FDS={expected}")]
     NamesMismatch { names: String, got: usize, expected: usize },
     #[error(
@@ -49,34 +65,22 @@ pub struct ListenFd {
     pub name: Option<String>,
 }
 
-/// Parses the socket-activation variables the way sd_listen_fds(3) does: nothing is inherited
-/// when `LISTEN_PID` is unset or names another process (the variables leaked from a parent),
-/// or when `LISTEN_FDS` is unset or 0. Malformed values are errors, not silently ignored.
-pub fn parse_listen_env(listen_pid: Option<&str>, listen_fds: Option<&str>, listen_fdnames: Option<&str>, my_pid: u32) -> Result<Vec<ListenFd>, ListenFdsError> {
-    let Some(pid) = listen_pid else { return Ok(Vec::new()) };
-    let pid: u32 = pid.trim().parse().ok().filter(|p| *p > 0).ok_or_else(|| ListenFdsError::BadPid(pid.to_string()))?;
-    if pid != my_pid {
-        return Ok(Vec::new());
-    }
-    let Some(count) = listen_fds else { return Ok(Vec::new()) };
-    let n: usize = count.trim().parse().map_err(|_| ListenFdsError::BadCount(count.to_string()))?;
-    if n == 0 {
-        return Ok(Vec::new());
-    }
-    if n > MAX_LISTEN_FDS {
-        return Err(ListenFdsError::BadCount(count.to_string()));
-    }
+/// Pairs the fds sd-notify's `listen_fds` returned with `LISTEN_FDNAMES`, as
+/// sd_listen_fds_with_names(3) does: no fd, no names to check (the variables leaked from a
+/// parent, see the module doc). Unset or empty names mean unnamed fds.
+pub fn name_fds(fds: Vec<RawFd>, listen_fdnames: Option<&str>) -> Result<Vec<ListenFd>, ListenFdsError> {
     let names: Vec<Option<String>> = match listen_fdnames {
-        None | Some("") => vec![None; n],
+        _ if fds.is_empty() => return Ok(Vec::new()),
+        None | Some("") => vec![None; fds.len()],
         Some(s) => {
             let v: Vec<Option<String>> = s.split(':').map(|x| Some(x.to_string())).collect();
-            if v.len() != n {
-                return Err(ListenFdsError::NamesMismatch { names: s.to_string(), got: v.len(), expected: n });
+            if v.len() != fds.len() {
+                return Err(ListenFdsError::NamesMismatch { names: s.to_string(), got: v.len(), expected: fds.len() });
             }
             v
         }
     };
-    Ok(names.into_iter().enumerate().map(|(i, name)| ListenFd { fd: LISTEN_FDS_START + i as RawFd, name }).collect())
+    Ok(fds.into_iter().zip(names).map(|(fd, name)| ListenFd { fd, name }).collect())
 }
 
 /// Which of the inherited fds crisp serves on: the only one, or the one named [`FD_NAME`].
@@ -100,7 +104,7 @@ pub struct Inherited {
 static TAKEN: AtomicBool = AtomicBool::new(false);
 
 /// Takes the listening socket systemd passed (if any), once per process: checks that it is a
-/// listening unix stream socket, marks every inherited fd close-on-exec, and removes
+/// listening unix stream socket, has every inherited fd marked close-on-exec, and removes
 /// `LISTEN_PID`, `LISTEN_FDS` and `LISTEN_FDNAMES` from the environment so that nothing crisp
 /// spawns believes the sockets are meant for it.
 pub fn take_listener() -> Result<Option<Inherited>, ListenFdsError> {
@@ -108,20 +112,14 @@ pub fn take_listener() -> Result<Option<Inherited>, ListenFdsError> {
         return Ok(None);
     }
     let var = |k: &str| std::env::var(k).ok();
-    let (pid, fds, names) = (var("LISTEN_PID"), var("LISTEN_FDS"), var("LISTEN_FDNAMES"));
+    let (pid, count, names) = (var("LISTEN_PID"), var("LISTEN_FDS"), var("LISTEN_FDNAMES"));
+    // Checks LISTEN_PID against this process and marks every announced fd close-on-exec.
+    let fds = sd_notify::listen_fds().map(|fds| fds.collect::<Vec<RawFd>>());
     for k in ["LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"] {
         std::env::remove_var(k);
     }
-    let fds = parse_listen_env(pid.as_deref(), fds.as_deref(), names.as_deref(), std::process::id())?;
-    for f in &fds {
-        // SAFETY: fcntl on an fd number systemd says it passed; a bad fd just fails.
-        unsafe {
-            let flags = libc::fcntl(f.fd, libc::F_GETFD);
-            if flags >= 0 {
-                libc::fcntl(f.fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
-            }
-        }
-    }
+    let fds = fds.map_err(|e| ListenFdsError::Env { pid: pid.unwrap_or_default(), count: count.unwrap_or_default(), reason: e.to_string() })?;
+    let fds = name_fds(fds, names.as_deref())?;
     let Some(chosen) = select(&fds)? else { return Ok(None) };
     let name = chosen.name.clone().unwrap_or_else(|| "unnamed".into());
     check_listening_unix_stream(chosen.fd).map_err(|reason| ListenFdsError::NotAListener { fd: chosen.fd, name, reason })?;
@@ -185,46 +183,21 @@ fn socket_path(fd: RawFd) -> Option<PathBuf> {
     Some(PathBuf::from(std::ffi::OsStr::from_bytes(&bytes)))
 }
 
-/// Where `NOTIFY_SOCKET` points.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NotifyAddr {
-    Path(PathBuf),
-    /// Linux abstract namespace (`@name` in the variable), without the leading NUL.
-    Abstract(Vec<u8>),
-}
-
-pub fn parse_notify_socket(v: &str) -> io::Result<NotifyAddr> {
-    if let Some(name) = v.strip_prefix('@') {
-        if name.is_empty() {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "NOTIFY_SOCKET=@ names no abstract socket"));
-        }
-        return Ok(NotifyAddr::Abstract(name.as_bytes().to_vec()));
-    }
-    if v.starts_with('/') {
-        return Ok(NotifyAddr::Path(PathBuf::from(v)));
-    }
-    Err(io::Error::new(io::ErrorKind::Unsupported, format!("NOTIFY_SOCKET={v:?}: only absolute paths and @abstract names are supported")))
-}
-
-/// Sends `state` (newline-separated `KEY=VALUE` assignments) to the service manager.
-/// `Ok(false)` when not running under a manager that asked for notifications.
-pub fn notify(state: &str) -> io::Result<bool> {
-    let Some(v) = std::env::var_os("NOTIFY_SOCKET") else { return Ok(false) };
-    let v = v.to_str().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "NOTIFY_SOCKET is not UTF-8"))?.to_string();
-    if v.is_empty() {
-        return Ok(false);
-    }
-    let addr = parse_notify_socket(&v)?;
-    let sock = std::os::unix::net::UnixDatagram::unbound()?;
-    let ctx = |e: io::Error| io::Error::new(e.kind(), format!("NOTIFY_SOCKET={v}: {e}"));
-    match addr {
-        NotifyAddr::Path(p) => sock.send_to(state.as_bytes(), p).map_err(ctx)?,
-        NotifyAddr::Abstract(name) => {
+/// Sends `states` to the service manager. `Ok(false)` when not running under a manager that
+/// asked for notifications (`NOTIFY_SOCKET` unset or empty).
+pub fn notify(states: &[NotifyState]) -> io::Result<bool> {
+    let Some(v) = std::env::var_os("NOTIFY_SOCKET").filter(|v| !v.is_empty()) else { return Ok(false) };
+    let ctx = |e: io::Error| io::Error::new(e.kind(), format!("NOTIFY_SOCKET={}: {e}", v.to_string_lossy()));
+    match std::os::unix::ffi::OsStrExt::as_bytes(v.as_os_str()).strip_prefix(b"@") {
+        // The abstract namespace, which sd-notify does not handle (see the module doc).
+        Some(name) => {
             use std::os::linux::net::SocketAddrExt;
-            let a = std::os::unix::net::SocketAddr::from_abstract_name(&name).map_err(ctx)?;
-            sock.send_to_addr(state.as_bytes(), &a).map_err(ctx)?
+            let msg: String = states.iter().map(|s| format!("{s}\n")).collect();
+            let addr = std::os::unix::net::SocketAddr::from_abstract_name(name).map_err(ctx)?;
+            std::os::unix::net::UnixDatagram::unbound().and_then(|sock| sock.send_to_addr(msg.as_bytes(), &addr)).map_err(ctx)?;
         }
-    };
+        None => sd_notify::notify(states).map_err(ctx)?,
+    }
     Ok(true)
 }
 
@@ -236,17 +209,17 @@ fn status_line(s: &str) -> String {
 /// Tells systemd crisp is serving (Type=notify: systemd starts kubelet only after this).
 /// Call it only once the socket is listening. Failures are logged, never fatal.
 pub fn notify_ready(status: &str) {
-    send_logged(&format!("READY=1\nSTATUS={}", status_line(status)));
+    send_logged(&[NotifyState::Ready, NotifyState::Status(&status_line(status))]);
 }
 
 /// Tells systemd crisp is shutting down (draining in-flight calls).
 pub fn notify_stopping(status: &str) {
-    send_logged(&format!("STOPPING=1\nSTATUS={}", status_line(status)));
+    send_logged(&[NotifyState::Stopping, NotifyState::Status(&status_line(status))]);
 }
 
-fn send_logged(msg: &str) {
-    match notify(msg) {
-        Ok(true) => tracing::debug!(message = msg, "sent to the service manager"),
+fn send_logged(states: &[NotifyState]) {
+    match notify(states) {
+        Ok(true) => tracing::debug!(message = ?states, "sent to the service manager"),
         Ok(false) => {}
         Err(e) => tracing::warn!(error = %e, "cannot notify the service manager"),
     }
@@ -256,65 +229,36 @@ fn send_logged(msg: &str) {
 mod tests {
     use super::*;
 
-    const ME: u32 = 4242;
-
-    fn parse(pid: Option<&str>, fds: Option<&str>, names: Option<&str>) -> Result<Vec<ListenFd>, ListenFdsError> {
-        parse_listen_env(pid, fds, names, ME)
+    #[test]
+    fn one_fd_with_or_without_a_name() {
+        assert_eq!(name_fds(vec![3], None), Ok(vec![ListenFd { fd: 3, name: None }]));
+        assert_eq!(name_fds(vec![3], Some("")), Ok(vec![ListenFd { fd: 3, name: None }]), "empty names mean unnamed");
+        assert_eq!(name_fds(vec![3], Some("crisp.socket")), Ok(vec![ListenFd { fd: 3, name: Some("crisp.socket".into()) }]));
     }
 
     #[test]
-    fn nothing_inherited_without_variables() {
-        assert_eq!(parse(None, None, None), Ok(vec![]));
-        assert_eq!(parse(None, Some("1"), None), Ok(vec![]), "LISTEN_FDS without LISTEN_PID is ignored");
-        assert_eq!(parse(Some("4242"), None, None), Ok(vec![]));
-        assert_eq!(parse(Some("4242"), Some("0"), None), Ok(vec![]));
-    }
-
-    #[test]
-    fn variables_for_another_process_are_ignored() {
-        assert_eq!(parse(Some("1"), Some("1"), None), Ok(vec![]));
-        assert_eq!(parse(Some("4243"), Some("2"), Some("a:b")), Ok(vec![]));
-    }
-
-    #[test]
-    fn one_fd_starts_at_3() {
-        assert_eq!(parse(Some("4242"), Some("1"), None), Ok(vec![ListenFd { fd: 3, name: None }]));
-        assert_eq!(parse(Some(" 4242 "), Some("1"), Some("crisp.socket")), Ok(vec![ListenFd { fd: 3, name: Some("crisp.socket".into()) }]));
+    fn names_of_no_fds_are_ignored() {
+        // LISTEN_PID named another process (sd-notify returned no fd): the leaked LISTEN_FDNAMES
+        // is not checked against a count of 0.
+        assert_eq!(name_fds(vec![], Some("crisp")), Ok(vec![]));
+        assert_eq!(name_fds(vec![], Some("a:b")), Ok(vec![]));
+        assert_eq!(name_fds(vec![], None), Ok(vec![]));
     }
 
     #[test]
     fn several_fds_with_names() {
-        let v = parse(Some("4242"), Some("3"), Some("a:crisp:c")).unwrap();
+        let v = name_fds(vec![3, 4, 5], Some("a:crisp:c")).unwrap();
         assert_eq!(v.iter().map(|f| f.fd).collect::<Vec<_>>(), vec![3, 4, 5]);
         assert_eq!(select(&v).unwrap().unwrap().fd, 4);
-        let v = parse(Some("4242"), Some("2"), None).unwrap();
+        let v = name_fds(vec![3, 4], None).unwrap();
         assert_eq!(select(&v), Err(ListenFdsError::Ambiguous(2)));
         assert_eq!(select(&[]), Ok(None));
     }
 
     #[test]
-    fn malformed_values_are_errors() {
-        assert_eq!(parse(Some("abc"), Some("1"), None), Err(ListenFdsError::BadPid("abc".into())));
-        assert_eq!(parse(Some("0"), Some("1"), None), Err(ListenFdsError::BadPid("0".into())));
-        assert_eq!(parse(Some("-5"), Some("1"), None), Err(ListenFdsError::BadPid("-5".into())));
-        assert_eq!(parse(Some("4242"), Some("x"), None), Err(ListenFdsError::BadCount("x".into())));
-        assert_eq!(parse(Some("4242"), Some("-1"), None), Err(ListenFdsError::BadCount("-1".into())));
-        assert_eq!(parse(Some("4242"), Some("100000"), None), Err(ListenFdsError::BadCount("100000".into())));
-        assert_eq!(parse(Some("4242"), Some("2"), Some("only-one")), Err(ListenFdsError::NamesMismatch { names: "only-one".into(), got: 1, expected: 2 }));
-    }
-
-    #[test]
-    fn empty_names_mean_unnamed() {
-        assert_eq!(parse(Some("4242"), Some("1"), Some("")), Ok(vec![ListenFd { fd: 3, name: None }]));
-    }
-
-    #[test]
-    fn notify_socket_forms() {
-        assert_eq!(parse_notify_socket("/run/systemd/notify").unwrap(), NotifyAddr::Path("/run/systemd/notify".into()));
-        assert_eq!(parse_notify_socket("@sd-notify-1").unwrap(), NotifyAddr::Abstract(b"sd-notify-1".to_vec()));
-        assert!(parse_notify_socket("@").is_err());
-        assert!(parse_notify_socket("relative/path").is_err());
-        assert!(parse_notify_socket("vsock:2:1234").is_err());
+    fn names_that_do_not_match_the_count_are_an_error() {
+        assert_eq!(name_fds(vec![3, 4], Some("only-one")), Err(ListenFdsError::NamesMismatch { names: "only-one".into(), got: 1, expected: 2 }));
+        assert_eq!(name_fds(vec![3], Some("a:b")), Err(ListenFdsError::NamesMismatch { names: "a:b".into(), got: 2, expected: 1 }));
     }
 
     #[test]

@@ -8,6 +8,8 @@
 //!   lost (they wait in the listen backlog; none is refused);
 //! - READY=1 arrives only once crisp's socket accepts connections (path and abstract
 //!   NOTIFY_SOCKET), never when it cannot listen, and STOPPING=1 on SIGTERM.
+//! - variables leaked from a parent are ignored; malformed ones, or an inherited fd that is not a
+//!   listening socket, are a clear error and crisp does not bind a socket of its own.
 
 mod systemd_support;
 
@@ -298,11 +300,28 @@ async fn listen_fds_meant_for_another_process_are_ignored() {
     let notify = Notify::at_path(&dir.path().join("notify.sock"));
     let log = dir.path().join("crisp.log");
     let mut c = crisp_command(dir.path(), &["--listen", &sock.display().to_string(), "--upstream", &rt.path.display().to_string()], &log);
-    // Leaked from a parent (pid 1 is never crisp here): sd_listen_fds semantics say ignore.
-    c.env("LISTEN_PID", "1").env("LISTEN_FDS", "1").env("NOTIFY_SOCKET", &notify.env);
+    // Leaked from a parent (pid 1 is never crisp here), all three as systemd sets them:
+    // sd_listen_fds(3) semantics say ignore, names included.
+    c.env("LISTEN_PID", "1").env("LISTEN_FDS", "1").env("LISTEN_FDNAMES", "crisp").env("NOTIFY_SOCKET", &notify.env);
     let p = spawn(c, &log);
     notify.wait_for("READY=1", T).await;
     assert_eq!(version(&sock).await.unwrap().runtime_name, "fake-runtime");
     assert!(!p.log_text().contains("inherited"), "{}", p.log_text());
     assert!(Path::new(&sock).exists());
+}
+
+#[test]
+fn a_malformed_listen_fds_is_a_clear_error() {
+    let dir = tempdir();
+    let devnull = std::fs::File::open("/dev/null").unwrap();
+    let log = dir.path().join("crisp.log");
+    let c = crisp_command(dir.path(), &["--listen", &dir.path().join("crisp.sock").display().to_string()], &log);
+    let mut c = with_listen_fd(c, devnull.as_raw_fd(), &log);
+    c.env("LISTEN_FDS", "two");
+    let mut p = spawn(c, &log);
+    let st = p.wait_exit(T);
+    assert!(!st.success());
+    let text = p.log_text();
+    assert!(text.contains("socket activation: LISTEN_PID=") && text.contains(r#"LISTEN_FDS="two": invalid LISTEN_FDS"#), "{text}");
+    assert!(!dir.path().join("crisp.sock").exists(), "crisp must not fall back to binding");
 }

@@ -276,7 +276,7 @@ impl Engine {
             self.terminated.insert(&c.id);
             match self.runtime.stop_container(version, &c.id, secs).await {
                 Ok(()) => {
-                    self.metrics.job_sidecars_stopped.fetch_add(1, Relaxed);
+                    self.metrics.job_sidecars_stopped.inc();
                     tracing::info!(container_name = %s.name, container_id = %c.id, "stopped Job sidecar; it will report exit 0 (Completed)");
                 }
                 Err(e) => {

@@ -22,7 +22,6 @@ pub mod runtime;
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::AtomicBool;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -319,7 +318,7 @@ impl Engine {
         for w in &warnings {
             tracing::warn!(pod_namespace = %pod.namespace, pod_name = %pod.name, "{w}");
         }
-        self.metrics.bad_annotations.fetch_add(warnings.len() as u64, Relaxed);
+        self.metrics.bad_annotations.inc_by(warnings.len() as u64);
         let pod = Arc::new(pod);
         // Another call may have raced us; keep the first so warnings and budgets stay single.
         let pod = self.pods.entry(pod.sandbox_id.clone()).or_insert(pod).clone();
@@ -402,7 +401,7 @@ impl Engine {
         let containers = match self.runtime.list_containers(version, &pod.sandbox_id).await {
             Ok(c) => c,
             Err(e) => {
-                self.metrics.probe_errors.fetch_add(1, Relaxed);
+                self.metrics.probe_errors.inc();
                 tracing::warn!(error = %e, "cannot list the pod's containers; still holding");
                 return Check::Waiting(format!("the runtime ({e})"));
             }
@@ -469,7 +468,7 @@ impl Engine {
         let refused_since = pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).get(&name).copied();
         let skip_dead = decide::skip_dead(policy, refused_since, now(), timeout);
         if skip_dead {
-            self.metrics.start_hold_timeouts.fetch_add(1, Relaxed);
+            self.metrics.start_hold_timeouts.inc();
             let refused_for = refused_since.map(|t| now().saturating_duration_since(t)).unwrap_or_default();
             tracing::warn!(container_name = %name, refused_for_ms = refused_for.as_millis() as u64, "sidecars still not running after the start timeout; no longer waiting for them (policy proceed)");
         }
@@ -489,7 +488,7 @@ impl Engine {
                 }
                 Check::FailFast(reason) => {
                     pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).entry(name.clone()).or_insert(call.received);
-                    self.metrics.fail_fast.fetch_add(1, Relaxed);
+                    self.metrics.fail_fast.inc();
                     tracing::info!(container_name = %name, "refusing CreateContainer for now: {reason}");
                     return Verdict::Reject(Status::new(code::FAILED_PRECONDITION, decide::refusal(&reason, &name)));
                 }
@@ -503,9 +502,9 @@ impl Engine {
             match decide::after_waiting(now(), hold_until, self.cfg.probe_interval, policy) {
                 WaitStep::Until(next) => tokio::time::sleep_until(next.into()).await,
                 WaitStep::TimedOut(policy) => {
-                    self.metrics.start_hold_timeouts.fetch_add(1, Relaxed);
+                    self.metrics.start_hold_timeouts.inc();
                     if let Some((_, since)) = &held {
-                        self.metrics.start_holds.observe(now().saturating_duration_since(*since));
+                        self.metrics.start_holds.observe(now().saturating_duration_since(*since).as_secs_f64());
                     }
                     return match policy {
                         TimeoutPolicy::Proceed => {
@@ -524,7 +523,7 @@ impl Engine {
         }
         if let Some((_, since)) = held {
             let d = now().saturating_duration_since(since);
-            self.metrics.start_holds.observe(d);
+            self.metrics.start_holds.observe(d.as_secs_f64());
             tracing::info!(container_name = %name, held_ms = d.as_millis() as u64, "sidecars ready; forwarding CreateContainer");
         }
         Verdict::Forward
@@ -582,7 +581,7 @@ impl Engine {
         }
         if let Some((_, since)) = held {
             let d = now().saturating_duration_since(since);
-            self.metrics.stop_holds.observe(d);
+            self.metrics.stop_holds.observe(d.as_secs_f64());
             tracing::info!(container_name = %cref.name, held_ms = d.as_millis() as u64, "forwarding sidecar StopContainer");
         }
         // Forward with what is left of the pod's budget; the KEP's 2 s tail once it is spent.
@@ -630,7 +629,7 @@ impl Engine {
             tokio::time::sleep_until((t + self.cfg.probe_interval).min(hold_until).into()).await;
         };
         if let Some((_, since)) = held {
-            self.metrics.stop_holds.observe(now().saturating_duration_since(since));
+            self.metrics.stop_holds.observe(now().saturating_duration_since(since).as_secs_f64());
         }
         for (name, id) in decide::sandbox_stop_order(&pod.policy, &running) {
             let secs = decide::budget_secs(budget_end, now());
@@ -785,7 +784,7 @@ impl readiness::ProbeEnv for ProbeTarget<'_> {
 
     async fn exec(&self, cmd: &[String], timeout: Duration) -> Result<i32, String> {
         self.engine.runtime.exec_sync(self.version, self.container_id, cmd, timeout).await.map_err(|e| {
-            self.engine.metrics.probe_errors.fetch_add(1, Relaxed);
+            self.engine.metrics.probe_errors.inc();
             tracing::debug!(container_name = %self.sidecar, error = %e, "exec readiness probe failed to run");
             e.to_string()
         })

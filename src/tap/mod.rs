@@ -184,14 +184,14 @@ impl Sub {
         let fail = |missed: u64, lost: u64| {
             self.counters.queued_bytes.fetch_sub(w, Relaxed);
             self.counters.dropped.fetch_add(missed + lost, Relaxed);
-            metrics.tap_dropped.fetch_add(lost, Relaxed);
+            metrics.tap_dropped.inc_by(lost);
         };
         if queued + w > MAX_QUEUED_BYTES {
             return fail(missed, 1);
         }
         match self.tx.try_send(Queued { ev: ev.clone(), missed }) {
             Ok(()) => {
-                metrics.tap_events.fetch_add(1, Relaxed);
+                metrics.tap_events.inc();
             }
             Err(mpsc::error::TrySendError::Full(q)) => fail(q.missed, 1),
             // The subscriber is going away; it is being removed from the hub.
@@ -299,7 +299,7 @@ impl Drop for Subscription {
     fn drop(&mut self) {
         let id = self.id;
         self.hub.update(|v| v.retain(|s| s.id != id));
-        self.metrics.tap_subscribers.store(self.hub.count.load(Relaxed) as u64, Relaxed);
+        self.metrics.tap_subscribers.set(self.hub.count.load(Relaxed) as i64);
     }
 }
 
@@ -344,7 +344,7 @@ impl Tap {
         if !self.hub.closed.load(Relaxed) {
             self.hub.update(|v| v.push(sub));
         }
-        self.metrics.tap_subscribers.store(self.hub.count.load(Relaxed) as u64, Relaxed);
+        self.metrics.tap_subscribers.set(self.hub.count.load(Relaxed) as i64);
         Subscription { id, rx, counters, hub: self.hub.clone(), metrics: self.metrics.clone(), filter, pending: None, total_dropped: 0 }
     }
 
@@ -352,7 +352,7 @@ impl Tap {
     pub fn close(&self) {
         self.hub.closed.store(true, Relaxed);
         self.hub.update(Vec::clear);
-        self.metrics.tap_subscribers.store(0, Relaxed);
+        self.metrics.tap_subscribers.set(0);
     }
 
     fn unstash(&self, call_id: u64) -> Option<Ids> {

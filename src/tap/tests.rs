@@ -107,7 +107,7 @@ async fn a_full_queue_drops_for_that_subscriber_only_and_says_how_many() {
     // Caught up: the 3 dropped events are reported even with nothing after them.
     assert!(matches!(next_now(&mut slow).await, Some(Item::Dropped { count: 3, total: 3 })));
     assert!(next_now(&mut slow).await.is_none());
-    assert_eq!(t.metrics().tap_dropped.load(Relaxed), 3);
+    assert_eq!(t.metrics().tap_dropped.get(), 3);
 
     // Drops between two delivered events are reported in order, just before the later one.
     let mut one = t.subscribe(Filter::default(), 1);
@@ -160,7 +160,7 @@ fn byte_budget_bounds_memory() {
     for id in 0..20 {
         t.on_complete(&call(id, "/runtime.v1.RuntimeService/FutureThing"), &outcome(0, Some(&msg)));
     }
-    let dropped = t.metrics().tap_dropped.load(Relaxed);
+    let dropped = t.metrics().tap_dropped.get();
     // 64 MiB hold at most 7 events of 8 MiB each.
     assert_eq!(dropped, 13, "dropped {dropped}");
     drop(s);
