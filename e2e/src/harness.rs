@@ -33,6 +33,24 @@ pub const PAUSE_IMAGE: &str = "crisp.test/pause:latest";
 /// The containerd namespace the CRI plugin uses.
 pub const K8S_NAMESPACE: &str = "k8s.io";
 
+/// A shell that runs until SIGTERM and then exits 0. It prints `trap-set` once the trap is in
+/// place: a SIGTERM before that kills it with 143 (in a pod's shared PID namespace the shell is
+/// not init and has no shield), so a test that asserts exit 0 stops it only after
+/// [`wait_log_line`] saw that line.
+pub const TRAPPED_LOOP: &str = "trap 'exit 0' TERM; echo trap-set; while true; do sleep 0.1; done";
+
+/// Waits (10 ms polls, at most `timeout`) until the container log at `path` has `needle`.
+pub async fn wait_log_line(path: &Path, needle: &str, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while !std::fs::read_to_string(path).unwrap_or_default().contains(needle) {
+        if Instant::now() >= deadline {
+            bail!("{} has no line with {needle:?} after {timeout:?}", path.display());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
+}
+
 /// How long to wait for a started containerd's CRI service (and its images) to be ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 

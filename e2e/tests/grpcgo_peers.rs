@@ -23,7 +23,9 @@ use crisp_e2e::crisp::{Crisp, CrispOpts};
 use crisp_e2e::emulator::PodSpec;
 use crisp_e2e::fakert::{self, Canned};
 use crisp_e2e::grpcgo::{self, percent_encoded_authority, CallOpts, GoBridge, GoBridgeOpts};
-use crisp_e2e::harness::{cri_channel, cri_clients, host_network_sandbox, image_ref, require_root, run_pod_with, shell_container, Containerd, ContainerdOpts, BUSYBOX_IMAGE};
+use crisp_e2e::harness::{
+    cri_channel, cri_clients, host_network_sandbox, image_ref, require_root, run_pod_with, shell_container, wait_log_line, Containerd, ContainerdOpts, BUSYBOX_IMAGE, TRAPPED_LOOP,
+};
 use crisp_e2e::stack::{secs, Stack};
 use k8s_cri::v1 as cri;
 use prost::Message;
@@ -262,19 +264,12 @@ async fn lifecycle(ctrd: &Containerd, via: &Path) -> Result<()> {
     let log_dir = ctrd.dir().join("pods/grpcgo");
     std::fs::create_dir_all(&log_dir)?;
     let sb = sandbox_config("lifecycle", &log_dir);
-    let app = shell_container("app", &image, "trap 'exit 0' TERM; echo trap-set; while true; do sleep 0.1; done");
+    let app = shell_container("app", &image, TRAPPED_LOOP);
     let (pod, id) = run_pod_with(&mut rt, &sb, app).await.context("through grpc-go → crisp")?;
     let st =
         rt.container_status(cri::ContainerStatusRequest { container_id: id.clone(), verbose: false }).await.context("ContainerStatus")?.into_inner().status.context("status")?;
     assert_eq!(st.state, cri::ContainerState::ContainerRunning as i32);
-    // Stop only once the shell has its TERM trap: a SIGTERM that lands before it (the pod shares
-    // one PID namespace, so the shell is not init and has no shield) kills it with 143.
-    let log = log_dir.join("app.log");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !std::fs::read_to_string(&log).unwrap_or_default().contains("trap-set") {
-        ensure!(tokio::time::Instant::now() < deadline, "app never printed trap-set to {}", log.display());
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_log_line(&log_dir.join("app.log"), "trap-set", Duration::from_secs(10)).await?;
     rt.stop_container(cri::StopContainerRequest { container_id: id.clone(), timeout: 5 }).await.context("StopContainer")?;
     let st =
         rt.container_status(cri::ContainerStatusRequest { container_id: id.clone(), verbose: false }).await.context("ContainerStatus")?.into_inner().status.context("status")?;

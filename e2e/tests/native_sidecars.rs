@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context, Result};
 use crisp_e2e::crisp::{Crisp, CrispOpts};
 use crisp_e2e::grpcgo::{GoBridge, GoBridgeOpts};
-use crisp_e2e::harness::{cri_clients, host_network_sandbox, image_ref, require_root, shell_container, Containerd, ContainerdOpts, BUSYBOX_IMAGE};
+use crisp_e2e::harness::{cri_clients, host_network_sandbox, image_ref, require_root, shell_container, wait_log_line, Containerd, ContainerdOpts, BUSYBOX_IMAGE, TRAPPED_LOOP};
 use k8s_cri::v1 as cri;
 
 type Rt = cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>;
@@ -27,8 +27,6 @@ type Rt = cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Ch
 /// A call crisp held or refused would take at least one probe interval or fail; kubelet's own
 /// calls here take milliseconds. Generous for a loaded CI machine.
 const UNHELD: Duration = Duration::from_secs(2);
-
-const RUNS: &str = "trap 'exit 0' TERM; echo trap-set; while true; do sleep 0.1; done";
 
 struct Shape {
     name: &'static str,
@@ -99,15 +97,6 @@ async fn until(t: &mut Timed<'_>, id: &str, what: &str, f: impl Fn(&cri::Contain
     }
 }
 
-async fn trap_set(log: &Path) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !std::fs::read_to_string(log).unwrap_or_default().contains("trap-set") {
-        ensure!(Instant::now() < deadline, "{} never printed trap-set", log.display());
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    Ok(())
-}
-
 /// Replays kubelet 1.29's calls for `shape` through grpc-go → crisp → containerd and checks
 /// that crisp held and refused nothing and the runtime saw kubelet's own order.
 async fn native_pod(shape: Shape) -> Result<()> {
@@ -142,7 +131,7 @@ async fn replay(ctrd: &Containerd, via: &Path, shape: &Shape) -> Result<()> {
         let id = t.create_start(&pod, &sb, &image, name, cmd).await?;
         if *restartable {
             until(&mut t, &id, name, |s| s.state == cri::ContainerState::ContainerRunning as i32).await?;
-            trap_set(&log_dir.join(format!("{name}.log"))).await?;
+            wait_log_line(&log_dir.join(format!("{name}.log")), "trap-set", Duration::from_secs(20)).await?;
             sidecars.push((*name, id));
         } else {
             let st = until(&mut t, &id, name, |s| s.state == cri::ContainerState::ContainerExited as i32).await?;
@@ -151,8 +140,8 @@ async fn replay(ctrd: &Containerd, via: &Path, shape: &Shape) -> Result<()> {
     }
     let mut apps = Vec::new();
     for name in &shape.containers {
-        let id = t.create_start(&pod, &sb, &image, name, RUNS).await?;
-        trap_set(&log_dir.join(format!("{name}.log"))).await?;
+        let id = t.create_start(&pod, &sb, &image, name, TRAPPED_LOOP).await?;
+        wait_log_line(&log_dir.join(format!("{name}.log")), "trap-set", Duration::from_secs(20)).await?;
         apps.push((*name, id));
     }
 
@@ -194,7 +183,7 @@ async fn istio_native_sidecar_pod_is_left_to_kubelet() -> Result<()> {
     native_pod(Shape {
         name: "istio-native",
         annotations: vec![("sidecar.istio.io/status", r#"{"initContainers":["istio-init","istio-proxy"],"containers":null,"volumes":["istio-envoy"]}"#)],
-        init: vec![("istio-init", false, "true"), ("istio-proxy", true, RUNS)],
+        init: vec![("istio-init", false, "true"), ("istio-proxy", true, TRAPPED_LOOP)],
         containers: vec!["app"],
     })
     .await
@@ -206,7 +195,7 @@ async fn linkerd_native_sidecar_pod_is_left_to_kubelet() -> Result<()> {
     native_pod(Shape {
         name: "linkerd-native",
         annotations: vec![("linkerd.io/proxy-version", "edge-24.5.1"), ("config.beta.linkerd.io/proxy-enable-native-sidecar", "true")],
-        init: vec![("linkerd-init", false, "true"), ("linkerd-proxy", true, RUNS)],
+        init: vec![("linkerd-init", false, "true"), ("linkerd-proxy", true, TRAPPED_LOOP)],
         containers: vec!["app", "worker"],
     })
     .await
@@ -219,7 +208,7 @@ async fn annotated_native_sidecar_is_never_held() -> Result<()> {
     native_pod(Shape {
         name: "annotated-native",
         annotations: vec![("crisp.dev/sidecars", "proxy"), ("crisp.dev/init-containers", "setup")],
-        init: vec![("setup", false, "true"), ("proxy", true, RUNS)],
+        init: vec![("setup", false, "true"), ("proxy", true, TRAPPED_LOOP)],
         containers: vec!["app"],
     })
     .await

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use crisp_e2e::crisp::{Crisp, CrispOpts};
-use crisp_e2e::harness::{create_and_start, cri_clients, host_network_sandbox, image_ref, require_root, shell_container, Containerd, ContainerdOpts, BUSYBOX_IMAGE};
+use crisp_e2e::harness::{
+    create_and_start, cri_clients, host_network_sandbox, image_ref, require_root, shell_container, wait_log_line, Containerd, ContainerdOpts, BUSYBOX_IMAGE, TRAPPED_LOOP,
+};
 use crisp_e2e::raw;
 use k8s_cri::v1 as cri;
 use prost::Message;
@@ -54,8 +56,9 @@ async fn pod_lifecycle_through_crisp_is_byte_identical() -> Result<()> {
 
     let mut ids = Vec::new();
     for name in ["first", "second"] {
-        let cfg = shell_container(name, &busybox, "trap 'exit 0' TERM; while true; do sleep 0.1; done");
+        let cfg = shell_container(name, &busybox, TRAPPED_LOOP);
         ids.push(create_and_start(&mut rt, &pod, &sb, cfg).await?);
+        wait_log_line(&log_dir.join(format!("{name}.log")), "trap-set", Duration::from_secs(10)).await?;
     }
     // Both running, seen through crisp.
     let listed = rt.list_containers(cri::ListContainersRequest { filter: None }).await?.into_inner().containers;

@@ -572,7 +572,7 @@ impl Task {
         let Open { key, fields, data, trailers, end, head, items } = *o;
         let mut block = Vec::with_capacity(256);
         fields.encode(&mut block);
-        let no_body = end && data.as_ref().map_or(true, |d| d.is_empty()) && trailers.is_none();
+        let no_body = end && data.as_ref().is_none_or(|d| d.is_empty()) && trailers.is_none();
         f::headers(&mut self.out, id, &block, no_body);
         let mut s = Stream {
             id,
@@ -760,7 +760,7 @@ impl Task {
     }
 
     fn settings(&mut self, payload: &[u8]) -> Result<(), Stop> {
-        if payload.len() % 6 != 0 {
+        if !payload.len().is_multiple_of(6) {
             return Err(Stop::Protocol("malformed SETTINGS"));
         }
         for s in payload.chunks_exact(6) {

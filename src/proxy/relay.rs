@@ -832,7 +832,7 @@ fn upstream_gone(proxy: &Proxy, shared: &Shared, msg: &str, last: Option<u32>) {
     let ended: Vec<(u32, Relayed)> = {
         let mut st = shared.lock();
         st.degraded = true;
-        let ids: Vec<u32> = st.relayed.keys().copied().filter(|&id| last.map_or(true, |l| id > l)).collect();
+        let ids: Vec<u32> = st.relayed.keys().copied().filter(|&id| last.is_none_or(|l| id > l)).collect();
         ids.into_iter().filter_map(|id| st.relayed.remove(&id).map(|r| (id, r))).collect()
     };
     let now = Instant::now();
