@@ -6,9 +6,14 @@
 //! The only in-memory state is caches (pod policy by sandbox, sandbox+name by container id) that
 //! are refilled from the runtime on a miss, and each pod's stop budget window.
 //!
-//! Only CreateContainer and StopContainer are ever held. List and Status calls are never observed
-//! here, so they can never be slowed (a held List stalls kubelet's PLEG for the whole node,
-//! KUBELET-CRI §4.1).
+//! Only CreateContainer, StopContainer and StopPodSandbox are ever held. List and Status calls
+//! are never observed here, so they can never be slowed (a held List stalls kubelet's PLEG for
+//! the whole node, KUBELET-CRI §4.1).
+//!
+//! Shape: [`decide`] holds the rules as pure functions (policy + snapshot + call + instant →
+//! forward, hold until, refuse, patch); this module gathers their inputs through the
+//! [`runtime::Runtime`] seam, acts on the answers and keeps the caches. Its clock is tokio's, so
+//! `engine_tests.rs` runs the whole engine on paused time against a scripted runtime.
 
 pub mod annotations;
 pub mod decide;
