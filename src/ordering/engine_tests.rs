@@ -49,6 +49,8 @@ struct Script {
     /// StopContainer calls crisp made itself: (container name, timeout, when).
     stops: Vec<(String, i64, Instant)>,
     lists: usize,
+    /// Every ListContainers answers this late (a runtime under load).
+    list_delay: Duration,
 }
 
 #[derive(Default, Clone)]
@@ -92,9 +94,15 @@ fn ready<T: Send + 'static>(v: Result<T, ClientError>) -> Answer<'static, T> {
 
 impl Runtime for Fake {
     fn list_containers<'a>(&'a self, _: ApiVersion, _: &'a str) -> Answer<'a, Vec<views::Container>> {
-        let mut s = self.script();
-        s.lists += 1;
-        ready(Ok(s.containers.iter().map(|c| self.view(c)).collect()))
+        let delay = {
+            let mut s = self.script();
+            s.lists += 1;
+            s.list_delay
+        };
+        Box::pin(async move {
+            tokio::time::sleep(delay).await;
+            Ok(self.script().containers.iter().map(|c| self.view(c)).collect())
+        })
     }
 
     fn container<'a>(&'a self, _: ApiVersion, id: &'a str) -> Answer<'a, Option<views::Container>> {
@@ -501,6 +509,18 @@ async fn sidecar_stop_hold_ends_before_kubelets_deadline() {
     // The app never exits; kubelet's deadline for the sidecar's stop is 20 s away.
     let (v, held) = run(&engine, &call("StopContainer", Some(20 * S)), &stop(&id_of(&fake, "proxy"), 30)).await;
     assert_eq!(held, 20 * S - decide::DEADLINE_MARGIN - decide::STOP_TAIL);
+    assert!(forwarded_timeout(&v, 30) <= 30);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_runtime_never_stretches_a_sidecar_stop_past_kubelets_deadline() {
+    let fake = Fake::default();
+    let (engine, _) = running_pod(&fake, &["proxy"]);
+    assert_forward(&run(&engine, &call("StopContainer", KUBELET_DEADLINE), &stop(&id_of(&fake, "app"), 30)).await.0);
+    // The app keeps running and every ListContainers takes 30 s; kubelet's deadline is 20 s away.
+    fake.script().list_delay = 30 * S;
+    let (v, held) = run(&engine, &call("StopContainer", Some(20 * S)), &stop(&id_of(&fake, "proxy"), 30)).await;
+    assert_eq!(held, 20 * S - decide::DEADLINE_MARGIN - decide::STOP_TAIL, "the hold ends on time even while the runtime has not answered");
     assert!(forwarded_timeout(&v, 30) <= 30);
 }
 

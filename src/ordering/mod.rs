@@ -556,10 +556,16 @@ impl Engine {
         let single_kill_after = decide::single_kill_after(arrived, grace);
         let mut held: Option<(GaugeGuard<'_>, Instant)> = None;
         loop {
-            let containers = match self.runtime.list_containers(version, &pod.sandbox_id).await {
-                Ok(c) => c,
-                Err(e) => {
+            // A slow runtime must not stretch the hold past its end (kubelet's deadline less the
+            // forwarded stop's tail): an answer not in by then counts as "stop it now".
+            let containers = match tokio::time::timeout_at(hold_until.into(), self.runtime.list_containers(version, &pod.sandbox_id)).await {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => {
                     tracing::warn!(error = %e, "cannot list the pod's containers; forwarding StopContainer");
+                    break;
+                }
+                Err(_) => {
+                    tracing::warn!(container_name = %cref.name, "the runtime did not list the pod's containers before kubelet's deadline; forwarding StopContainer");
                     break;
                 }
             };
@@ -618,9 +624,10 @@ impl Engine {
         };
         let mut held: Option<(GaugeGuard<'_>, Instant)> = None;
         let running = loop {
-            let containers = match self.runtime.list_containers(version, &pod.sandbox_id).await {
-                Ok(c) => c,
-                Err(_) => return Verdict::Forward,
+            let containers = match tokio::time::timeout_at(hold_until.into(), self.runtime.list_containers(version, &pod.sandbox_id)).await {
+                Ok(Ok(c)) => c,
+                // Not listed (or not before the hold's end): StopPodSandbox kills what runs.
+                _ => return Verdict::Forward,
             };
             let running: Vec<views::Container> = containers.into_iter().filter(|c| c.state == state::RUNNING).collect();
             let t = now();
