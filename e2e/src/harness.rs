@@ -317,6 +317,38 @@ pub async fn image_ref(img: &mut cri::image_service_client::ImageServiceClient<C
         .id)
 }
 
+/// ContainerStatus of one container (not verbose).
+pub async fn container_status(rt: &mut cri::runtime_service_client::RuntimeServiceClient<Channel>, id: &str) -> Result<cri::ContainerStatus> {
+    rt.container_status(cri::ContainerStatusRequest { container_id: id.into(), verbose: false })
+        .await
+        .with_context(|| format!("ContainerStatus {id}"))?
+        .into_inner()
+        .status
+        .with_context(|| format!("ContainerStatus {id}: no status"))
+}
+
+/// Polls ContainerStatus (20 ms) until `pred` holds, at most `timeout`: the runtime's answer is
+/// the truth.
+pub async fn wait_container(
+    rt: &mut cri::runtime_service_client::RuntimeServiceClient<Channel>,
+    id: &str,
+    what: &str,
+    timeout: Duration,
+    pred: impl Fn(&cri::ContainerStatus) -> bool,
+) -> Result<cri::ContainerStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let st = container_status(rt, id).await?;
+        if pred(&st) {
+            return Ok(st);
+        }
+        if Instant::now() >= deadline {
+            bail!("container {id}: not {what} within {timeout:?}; last status: {st:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A host-network PodSandboxConfig for pod `name` (uid `<name>-uid`) in `namespace`, logging to
 /// `log_dir`, with kubelet's `kubernetes.io/config.source: api` annotation; no labels.
 pub fn host_network_sandbox(name: &str, namespace: &str, log_dir: &Path) -> cri::PodSandboxConfig {

@@ -24,7 +24,8 @@ use crisp_e2e::emulator::PodSpec;
 use crisp_e2e::fakert::{self, Canned};
 use crisp_e2e::grpcgo::{self, percent_encoded_authority, CallOpts, GoBridge, GoBridgeOpts};
 use crisp_e2e::harness::{
-    cri_channel, cri_clients, host_network_sandbox, image_ref, require_root, run_pod_with, shell_container, wait_log_line, Containerd, ContainerdOpts, BUSYBOX_IMAGE, TRAPPED_LOOP,
+    container_status, cri_channel, cri_clients, host_network_sandbox, image_ref, require_root, run_pod_with, shell_container, wait_log_line, Containerd, ContainerdOpts,
+    BUSYBOX_IMAGE, TRAPPED_LOOP,
 };
 use crisp_e2e::stack::{secs, Stack};
 use k8s_cri::v1 as cri;
@@ -266,13 +267,11 @@ async fn lifecycle(ctrd: &Containerd, via: &Path) -> Result<()> {
     let sb = sandbox_config("lifecycle", &log_dir);
     let app = shell_container("app", &image, TRAPPED_LOOP);
     let (pod, id) = run_pod_with(&mut rt, &sb, app).await.context("through grpc-go → crisp")?;
-    let st =
-        rt.container_status(cri::ContainerStatusRequest { container_id: id.clone(), verbose: false }).await.context("ContainerStatus")?.into_inner().status.context("status")?;
+    let st = container_status(&mut rt, &id).await?;
     assert_eq!(st.state, cri::ContainerState::ContainerRunning as i32);
     wait_log_line(&log_dir.join("app.log"), "trap-set", Duration::from_secs(10)).await?;
     rt.stop_container(cri::StopContainerRequest { container_id: id.clone(), timeout: 5 }).await.context("StopContainer")?;
-    let st =
-        rt.container_status(cri::ContainerStatusRequest { container_id: id.clone(), verbose: false }).await.context("ContainerStatus")?.into_inner().status.context("status")?;
+    let st = container_status(&mut rt, &id).await?;
     assert_eq!(st.state, cri::ContainerState::ContainerExited as i32);
     assert_eq!(st.exit_code, 0);
     rt.remove_container(cri::RemoveContainerRequest { container_id: id.clone() }).await.context("RemoveContainer")?;

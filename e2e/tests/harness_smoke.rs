@@ -5,8 +5,10 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
-use crisp_e2e::harness::{create_and_start, cri_clients, require_root, run_pod_with, Containerd, ContainerdOpts, BUSYBOX_IMAGE, PAUSE_IMAGE};
+use anyhow::{Context, Result};
+use crisp_e2e::harness::{
+    container_status, create_and_start, cri_clients, require_root, run_pod_with, wait_container, wait_log_line, Containerd, ContainerdOpts, BUSYBOX_IMAGE, PAUSE_IMAGE,
+};
 use k8s_cri::v1 as cri;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
@@ -47,42 +49,9 @@ fn container_config(name: &str, image: &str, command: &[&str]) -> cri::Container
     }
 }
 
-async fn container_status(rt: &mut Rt, id: &str) -> Result<cri::ContainerStatus> {
-    rt.container_status(cri::ContainerStatusRequest { container_id: id.into(), verbose: false })
-        .await
-        .with_context(|| format!("ContainerStatus {id}"))?
-        .into_inner()
-        .status
-        .context("ContainerStatus returned no status")
-}
-
 /// Polls ContainerStatus until the container is in `state`.
 async fn wait_state(rt: &mut Rt, id: &str, state: cri::ContainerState, timeout: Duration) -> Result<cri::ContainerStatus> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let st = container_status(rt, id).await?;
-        if st.state == state as i32 {
-            return Ok(st);
-        }
-        if Instant::now() >= deadline {
-            bail!("container {id} not {state:?} within {timeout:?}; last status: {st:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-async fn wait_file_contains(path: &Path, needle: &str, timeout: Duration) -> Result<String> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let content = std::fs::read_to_string(path).unwrap_or_default();
-        if content.contains(needle) {
-            return Ok(content);
-        }
-        if Instant::now() >= deadline {
-            bail!("{} does not contain {needle:?} within {timeout:?}: {content:?}", path.display());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_container(rt, id, &format!("{state:?}"), timeout, |st| st.state == state as i32).await
 }
 
 async fn image_id(img: &mut ImageServiceClient<Channel>, name: &str) -> Result<String> {
@@ -125,7 +94,8 @@ async fn host_network_pod_lifecycle() -> Result<()> {
     eprintln!("pod + container running {:?} after RunPodSandbox", t_pod.elapsed());
     assert!(st.started_at > 0, "started_at not set: {st:?}");
     assert_eq!(st.image_ref, busybox_id, "{st:?}");
-    let log = wait_file_contains(&log_dir.join("busybox/0.log"), "hi", Duration::from_secs(10)).await?;
+    wait_log_line(&log_dir.join("busybox/0.log"), "hi", Duration::from_secs(10)).await?;
+    let log = std::fs::read_to_string(log_dir.join("busybox/0.log"))?;
     assert!(log.contains(" stdout F hi"), "CRI log format: {log:?}");
 
     // The image referenced by its id from ImageStatus works as well.

@@ -19,7 +19,10 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context, Result};
 use crisp_e2e::crisp::{Crisp, CrispOpts};
 use crisp_e2e::grpcgo::{GoBridge, GoBridgeOpts};
-use crisp_e2e::harness::{cri_clients, host_network_sandbox, image_ref, require_root, shell_container, wait_log_line, Containerd, ContainerdOpts, BUSYBOX_IMAGE, TRAPPED_LOOP};
+use crisp_e2e::harness::{
+    container_status, cri_clients, host_network_sandbox, image_ref, require_root, shell_container, wait_container, wait_log_line, Containerd, ContainerdOpts, BUSYBOX_IMAGE,
+    TRAPPED_LOOP,
+};
 use k8s_cri::v1 as cri;
 
 type Rt = cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>;
@@ -73,7 +76,7 @@ impl Timed<'_> {
     }
 
     async fn status(&mut self, id: &str) -> Result<cri::ContainerStatus> {
-        self.rt.container_status(cri::ContainerStatusRequest { container_id: id.into(), verbose: false }).await?.into_inner().status.context("no status")
+        container_status(self.rt, id).await
     }
 
     async fn stop(&mut self, name: &str, id: &str) -> Result<()> {
@@ -81,19 +84,6 @@ impl Timed<'_> {
         self.rt.stop_container(cri::StopContainerRequest { container_id: id.into(), timeout: 10 }).await.with_context(|| format!("StopContainer {name}"))?;
         self.note(format!("StopContainer {name}"), t);
         Ok(())
-    }
-}
-
-/// Polls (10 ms) until `f` holds for the container's status; the runtime's answer is the truth.
-async fn until(t: &mut Timed<'_>, id: &str, what: &str, f: impl Fn(&cri::ContainerStatus) -> bool) -> Result<cri::ContainerStatus> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let st = t.status(id).await?;
-        if f(&st) {
-            return Ok(st);
-        }
-        ensure!(Instant::now() < deadline, "{what}: still {st:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -130,11 +120,11 @@ async fn replay(ctrd: &Containerd, via: &Path, shape: &Shape) -> Result<()> {
     for (name, restartable, cmd) in &shape.init {
         let id = t.create_start(&pod, &sb, &image, name, cmd).await?;
         if *restartable {
-            until(&mut t, &id, name, |s| s.state == cri::ContainerState::ContainerRunning as i32).await?;
+            wait_container(t.rt, &id, "running", Duration::from_secs(20), |s| s.state == cri::ContainerState::ContainerRunning as i32).await?;
             wait_log_line(&log_dir.join(format!("{name}.log")), "trap-set", Duration::from_secs(20)).await?;
             sidecars.push((*name, id));
         } else {
-            let st = until(&mut t, &id, name, |s| s.state == cri::ContainerState::ContainerExited as i32).await?;
+            let st = wait_container(t.rt, &id, "exited", Duration::from_secs(20), |s| s.state == cri::ContainerState::ContainerExited as i32).await?;
             ensure!(st.exit_code == 0, "init container {name} failed: {st:?}");
         }
     }
