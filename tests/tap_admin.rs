@@ -124,6 +124,8 @@ async fn metrics_over_the_socket_and_opt_in_tcp() {
         "crisp_cri_call_duration_seconds_bucket{method=\"Version\",le=\"+Inf\"} 3",
         "crisp_cri_call_duration_seconds_count{method=\"Version\"} 3",
         "# TYPE crisp_cri_calls_in_flight gauge",
+        // Every call above has ended; StopContainer took the observed (diverted) path.
+        "crisp_cri_calls_in_flight 0",
         "crisp_tap_events_dropped_total 0",
         "crisp_hold_seconds_count{gate=\"start\"} 0",
         "crisp_hold_timeouts_total 0",

@@ -95,12 +95,20 @@ impl Proxy {
         &self.upstream
     }
 
-    async fn handle(self: Arc<Self>, req: Request<ProxyBody>) -> Result<Response<ResponseBody>, Infallible> {
-        let received = Instant::now();
-        let route = Route::from_path(req.uri().path());
-        let path = req.uri().path_and_query().cloned().unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
-        let deadline = req.headers().get("grpc-timeout").and_then(|v| parse_grpc_timeout(v.as_bytes())).map(|d| received + d);
-        let call = Call { route, path, received, deadline, id: self.next_id.fetch_add(1, Ordering::Relaxed) };
+    async fn handle(self: Arc<Self>, mut req: Request<ProxyBody>) -> Result<Response<ResponseBody>, Infallible> {
+        // A diverted stream brings the call the relay already numbered (one id per call: the
+        // tap's in-flight gauge counts ids against completions).
+        let call = match req.extensions_mut().remove::<Call>() {
+            Some(call) => call,
+            None => {
+                let received = Instant::now();
+                let route = Route::from_path(req.uri().path());
+                let path = req.uri().path_and_query().cloned().unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+                let deadline = req.headers().get("grpc-timeout").and_then(|v| parse_grpc_timeout(v.as_bytes())).map(|d| received + d);
+                Call { route, path, received, deadline, id: self.next_id.fetch_add(1, Ordering::Relaxed) }
+            }
+        };
+        let route = call.route;
         let interest = self.interceptors.interest(&call);
 
         // One span per RPC (STYLE rule 4): mutating calls at info, polling calls at debug.

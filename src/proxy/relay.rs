@@ -674,13 +674,14 @@ impl ClientToUpstream {
                 self.diverted_ids.retain(|id| st.diverted.contains_key(id));
             }
         }
-        self.divert(stream, block, end_stream, ctl);
+        self.divert(call, stream, block, end_stream, ctl);
         Ok(())
     }
 
-    /// Hands a stream to the observed path.
-    fn divert(&mut self, stream: u32, block: &[u8], end_stream: bool, ctl: &mut Vec<u8>) {
-        let req = match request_from_block(block) {
+    /// Hands a stream to the observed path, with the call as the relay saw it (one call id, the
+    /// arrival time of its headers).
+    fn divert(&mut self, call: Call, stream: u32, block: &[u8], end_stream: bool, ctl: &mut Vec<u8>) {
+        let mut req = match request_from_block(block) {
             Ok(r) => r,
             Err(why) => {
                 tracing::warn!(stream, why, "client sent a request crisp cannot forward; resetting the stream");
@@ -696,6 +697,7 @@ impl ClientToUpstream {
             self.bodies.insert(stream, tx);
             ProxyBody::Relay(RelayBody { rx, stream, shared: self.shared.clone(), done: false })
         };
+        req.extensions_mut().insert(call);
         let req = req.map(|()| body);
         let (proxy, shared, tasks) = (self.proxy.clone(), self.shared.clone(), self.tasks.clone());
         let mut map = self.tasks.0.lock().unwrap_or_else(|e| e.into_inner());
