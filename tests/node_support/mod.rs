@@ -102,7 +102,8 @@ impl Node {
             .spawn()
             .expect("systemd-nspawn (Debian systemd-container; hack/setup.sh installs it)");
         let mut node = Node { dir, nspawn, init: 0, boot_time: Duration::ZERO };
-        // The node's PID 1 is nspawn's child.
+        // The node's PID 1 is nspawn's child once it has exec'd systemd: nspawn's first children
+        // are short-lived helpers (an nsenter into one of those fails once it has exited).
         let deadline = Instant::now() + Duration::from_secs(60);
         while node.init == 0 {
             assert!(Instant::now() < deadline, "systemd-nspawn started no init: {}", node.console());
@@ -110,7 +111,8 @@ impl Node {
                 panic!("systemd-nspawn exited ({st}): {}", node.console());
             }
             let kids = output(Command::new("pgrep").arg("-P").arg(node.nspawn.id().to_string()));
-            node.init = kids.stdout.lines().next().and_then(|l| l.trim().parse().ok()).unwrap_or(0);
+            let is_init = |pid: &u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "systemd");
+            node.init = kids.stdout.lines().filter_map(|l| l.trim().parse().ok()).find(is_init).unwrap_or(0);
             std::thread::sleep(Duration::from_millis(20));
         }
         // `is-system-running --wait` returns once boot is over: "running", or "degraded" if a
