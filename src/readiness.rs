@@ -107,57 +107,69 @@ pub trait ProbeEnv {
     fn exec(&self, cmd: &[String], timeout: Duration) -> impl std::future::Future<Output = Result<i32, String>> + Send;
 }
 
+/// What one probe found: `Ok` when the sidecar is ready, else why not, in words an operator
+/// reads in `crisp pods` and the tap ("connect 10.1.2.3:15021: connection refused").
+pub type ProbeResult = Result<(), String>;
+
 impl Readiness {
-    /// One probe, bounded by `timeout`: whether the sidecar is ready now.
-    pub async fn probe(&self, env: &impl ProbeEnv, timeout: Duration) -> bool {
+    /// One probe, bounded by `timeout`: whether the sidecar is ready now, and if not, why.
+    pub async fn probe(&self, env: &impl ProbeEnv, timeout: Duration) -> ProbeResult {
         let addr = |host: Option<IpAddr>, port: u16| async move {
             let ip = match host {
                 Some(h) => Some(h),
                 None => env.pod_ip().await,
             };
-            ip.map(|ip| SocketAddr::new(ip, port))
+            ip.map(|ip| SocketAddr::new(ip, port)).ok_or_else(|| "the pod IP is not known yet".to_string())
         };
         match self {
-            Readiness::Running => true,
-            Readiness::Tcp { host, port } => match addr(*host, *port).await {
-                Some(a) => probe_tcp(a, timeout).await,
-                None => false,
+            Readiness::Running => Ok(()),
+            Readiness::Tcp { host, port } => probe_tcp(addr(*host, *port).await?, timeout).await,
+            Readiness::Http { host, port, path } => probe_http(addr(*host, *port).await?, path, timeout).await,
+            Readiness::Exec { cmd } => match env.exec(cmd, timeout).await {
+                Ok(0) => Ok(()),
+                Ok(code) => Err(format!("exec exited {code}")),
+                Err(e) => Err(format!("exec failed: {e}")),
             },
-            Readiness::Http { host, port, path } => match addr(*host, *port).await {
-                Some(a) => probe_http(a, path, timeout).await,
-                None => false,
-            },
-            Readiness::Exec { cmd } => env.exec(cmd, timeout).await == Ok(0),
         }
     }
 }
 
 /// TCP connect probe.
-pub async fn probe_tcp(addr: SocketAddr, timeout: Duration) -> bool {
-    matches!(tokio::time::timeout(timeout, TcpStream::connect(addr)).await, Ok(Ok(_)))
+pub async fn probe_tcp(addr: SocketAddr, timeout: Duration) -> ProbeResult {
+    match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(format!("connect {addr}: {e}")),
+        Err(_) => Err(format!("connect {addr}: no answer within {timeout:?}")),
+    }
 }
 
 /// HTTP/1.0 GET probe: ready on a 2xx or 3xx status line. Kept minimal on purpose — a probe
 /// needs the status line only, and HTTP/1.0 makes the server close the connection.
-pub async fn probe_http(addr: SocketAddr, path: &str, timeout: Duration) -> bool {
+pub async fn probe_http(addr: SocketAddr, path: &str, timeout: Duration) -> ProbeResult {
     let fut = async {
-        let mut s = TcpStream::connect(addr).await.ok()?;
+        let mut s = TcpStream::connect(addr).await.map_err(|e| format!("connect {addr}: {e}"))?;
         let req = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nUser-Agent: crisp-probe\r\nConnection: close\r\n\r\n");
-        s.write_all(req.as_bytes()).await.ok()?;
+        s.write_all(req.as_bytes()).await.map_err(|e| format!("GET http://{addr}{path}: {e}"))?;
         let mut buf = [0u8; 64];
         let mut n = 0;
         while n < 12 {
-            let r = s.read(&mut buf[n..]).await.ok()?;
+            let r = s.read(&mut buf[n..]).await.map_err(|e| format!("GET http://{addr}{path}: {e}"))?;
             if r == 0 {
                 break;
             }
             n += r;
         }
-        let line = std::str::from_utf8(&buf[..n]).ok()?;
-        let code: u16 = line.strip_prefix("HTTP/1.")?.get(2..5)?.parse().ok()?;
-        Some((200..400).contains(&code))
+        let code: Option<u16> = std::str::from_utf8(&buf[..n]).ok().and_then(|l| l.strip_prefix("HTTP/1.")?.get(2..5)?.parse().ok());
+        match code {
+            Some(c) if (200..400).contains(&c) => Ok(()),
+            Some(c) => Err(format!("GET http://{addr}{path}: status {c}")),
+            None => Err(format!("GET http://{addr}{path}: no HTTP status line")),
+        }
     };
-    matches!(tokio::time::timeout(timeout, fut).await, Ok(Some(true)))
+    match tokio::time::timeout(timeout, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(format!("GET http://{addr}{path}: no answer within {timeout:?}")),
+    }
 }
 
 #[cfg(test)]
@@ -203,11 +215,12 @@ mod tests {
             }
         });
         let t = Duration::from_secs(2);
-        assert!(probe_http(addr, "/", t).await);
-        assert!(!probe_http(addr, "/", t).await);
-        assert!(probe_http(addr, "/", t).await);
+        assert_eq!(probe_http(addr, "/", t).await, Ok(()));
+        assert_eq!(probe_http(addr, "/", t).await, Err(format!("GET http://{addr}/: status 503")));
+        assert_eq!(probe_http(addr, "/", t).await, Ok(()));
         server.await.unwrap();
-        // Nothing listening any more.
-        assert!(!probe_tcp(addr, t).await);
+        // Nothing listening any more: the reason says so.
+        let e = probe_tcp(addr, t).await.unwrap_err();
+        assert!(e.starts_with(&format!("connect {addr}: ")) && e.contains("refused"), "{e}");
     }
 }

@@ -72,6 +72,15 @@ pub struct Pod {
     /// When each app container was first refused because a sidecar was not created or not
     /// running: refusals are bounded by the start timeout like holds (see `gate_create`).
     refused_since: Mutex<HashMap<String, Instant>>,
+    /// Each probed sidecar's last probe: when, and what it found (`crisp pods`, the tap).
+    last_probe: Mutex<HashMap<String, LastProbe>>,
+}
+
+/// A sidecar's last readiness probe, as `crisp pods` and the tap's hold events show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LastProbe {
+    pub at: std::time::SystemTime,
+    pub result: readiness::ProbeResult,
 }
 
 /// Telling init containers from regular ones when no annotation names them: the CRI does not
@@ -195,6 +204,7 @@ impl Pod {
             job_watched: AtomicBool::new(false),
             init_guess: Mutex::new(InitGuess::default()),
             refused_since: Mutex::new(HashMap::new()),
+            last_probe: Mutex::new(HashMap::new()),
         };
         (pod, warnings)
     }
@@ -216,6 +226,16 @@ impl Pod {
 
     fn apps_stopping(&self) -> bool {
         !self.stop.lock().unwrap_or_else(|e| e.into_inner()).apps_stopping.is_empty()
+    }
+
+    /// The last probe of `sidecar`, if crisp probed it.
+    pub fn last_probe(&self, sidecar: &str) -> Option<LastProbe> {
+        self.last_probe.lock().unwrap_or_else(|e| e.into_inner()).get(sidecar).cloned()
+    }
+
+    fn note_probe(&self, sidecar: &str, result: readiness::ProbeResult) {
+        let last = LastProbe { at: std::time::SystemTime::now(), result };
+        self.last_probe.lock().unwrap_or_else(|e| e.into_inner()).insert(sidecar.to_string(), last);
     }
 
     fn display(&self) -> String {
@@ -394,9 +414,13 @@ impl Engine {
         Some(ip)
     }
 
+    /// Probes one sidecar and keeps the result on the pod (why it is not ready, for operators).
     async fn probe(&self, version: ApiVersion, pod: &Pod, s: &Sidecar, container_id: &str) -> bool {
         let env = ProbeTarget { engine: self, version, pod, sidecar: &s.name, container_id };
-        s.ready.probe(&env, self.cfg.probe_timeout).await
+        let result = s.ready.probe(&env, self.cfg.probe_timeout).await;
+        let ready = result.is_ok();
+        pod.note_probe(&s.name, result);
+        ready
     }
 
     /// One round of the start check (DESIGN.md §3): list the pod's containers, judge a
