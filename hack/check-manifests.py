@@ -8,7 +8,7 @@
    or a missing required field fails. Fields added after 1.22 would be reported as unknown.
    A strategic-merge patch (a file whose objects lack required fields) is checked for names and
    types only (--patch FILE).
-2. The installer DaemonSet's rules (README "Install on a cluster"): privileged, hostPID, the
+2. The installer DaemonSet's rules (docs/DEPLOY.md "Install on a cluster"): privileged, hostPID, the
    node's / with HostToContainer propagation, node-label opt-in, one node at a time, a
    readiness probe, CRISP_MODE.
 3. When kubectl is on PATH, `kubectl kustomize` renders deploy/base and deploy/uninstall, each

@@ -77,4 +77,4 @@ if [[ -n "$TAP_PID" ]]; then
   TAP_PID=""
   cat "$DIR/tap.log"
 fi
-bold "done — see README.md for the annotations and what each hold means"
+bold "done — see docs/ANNOTATIONS.md for the annotations and docs/CALLS.md for what each hold means"

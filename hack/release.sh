@@ -104,6 +104,10 @@ install -D -m 0644 systemd/kubelet.service.d/90-crisp.conf "$pkg/usr/share/crisp
 install -D -m 0755 packaging/deb/crisp-install "$pkg/usr/sbin/crisp-install"
 install -D -m 0755 packaging/deb/crisp-uninstall "$pkg/usr/sbin/crisp-uninstall"
 install -D -m 0644 README.md "$pkg/usr/share/doc/crisp/README.md"
+# The README links into docs/: ship every page there beside it, at the same relative paths.
+for page in docs/*.md; do
+  install -D -m 0644 "$page" "$pkg/usr/share/doc/crisp/$page"
+done
 install -D -m 0644 docs/INSTALL.md "$pkg/usr/share/doc/crisp/INSTALL.md"
 printf 'Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\nUpstream-Name: crisp\n\nFiles: *\nCopyright: the crisp developers\nLicense: Apache-2.0\n On Debian systems the full text is in /usr/share/common-licenses/Apache-2.0.\n' \
   >"$pkg/usr/share/doc/crisp/copyright"

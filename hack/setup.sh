@@ -47,6 +47,14 @@ if [[ "$(id -u)" -ne 0 ]]; then
   die "must run as root (apt-get install is needed); try: sudo $0"
 fi
 
+# Cargo tools the lint step needs, from crates.io, pinned so that CI and developers agree.
+CARGO_MACHETE_VERSION=0.9.2
+if [[ "$(cargo-machete --version 2>/dev/null || true)" != *"$CARGO_MACHETE_VERSION"* ]]; then
+  echo "hack/setup.sh: installing cargo-machete $CARGO_MACHETE_VERSION (crates.io)"
+  cargo install --locked --quiet cargo-machete --version "$CARGO_MACHETE_VERSION" \
+    || die "cargo install cargo-machete failed"
+fi
+
 missing=()
 for pkg in "${PACKAGES[@]}"; do
   status="$(dpkg-query -W -f='${db:Status-Status}' "$pkg" 2>/dev/null || true)"

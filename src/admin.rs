@@ -21,7 +21,7 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
-use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::Service;
 
 use crate::metrics::ScrapedGauge;

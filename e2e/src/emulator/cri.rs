@@ -13,8 +13,8 @@ use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-use super::codec::ProstCodec;
 use super::journal::{CallMeta, Journal};
+use tonic_prost::ProstCodec;
 
 /// kubelet's maximum gRPC message size (`remote.maxMsgSize`, 16 MiB).
 const MAX_MSG_SIZE: usize = 16 * 1024 * 1024;

@@ -37,7 +37,6 @@
 
 mod backoff;
 mod cache;
-mod codec;
 mod config;
 mod cri;
 mod gc;
@@ -52,7 +51,6 @@ pub mod testing;
 mod worker;
 
 pub use backoff::Backoff;
-pub use codec::ProstCodec;
 pub use config::{parse_duration, KubeletConfig, KubeletVersion};
 pub use cri::{connect_uds, go_error, ApiVersion, CriClient, Package, Service, KUBE_RUNTIME_API_VERSION};
 pub use journal::{CallMeta, CallRecord, Journal, JournalEvent};
@@ -64,4 +62,5 @@ pub use status::{
     generate_api_pod_status, get_phase, should_container_be_restarted, terminate_pod_status, ApiPodStatus, ContainerState, ContainerStatusView, CriState, PodPhase, ReasonCache,
     RuntimeContainerStatus, RuntimePodStatus, StatusInputs,
 };
+pub use tonic_prost::ProstCodec;
 pub use worker::NETWORK_NOT_READY;

@@ -283,8 +283,8 @@ impl PodSpec {
     /// Parses every YAML document in `text` (flat format or `kind: Pod` manifests).
     pub fn from_yaml(text: &str) -> anyhow::Result<Vec<PodSpec>> {
         let mut pods = Vec::new();
-        for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
-            let value = serde_yaml::Value::deserialize(doc).with_context(|| format!("YAML document {}", i + 1))?;
+        for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+            let value = serde_yaml_ng::Value::deserialize(doc).with_context(|| format!("YAML document {}", i + 1))?;
             if value.is_null() {
                 continue;
             }
@@ -300,8 +300,8 @@ impl PodSpec {
         PodSpec::from_yaml(&text).with_context(|| format!("parsing {}", path.display()))
     }
 
-    fn from_value(value: serde_yaml::Value) -> anyhow::Result<PodSpec> {
-        use serde_yaml::{Mapping, Value};
+    fn from_value(value: serde_yaml_ng::Value) -> anyhow::Result<PodSpec> {
+        use serde_yaml_ng::{Mapping, Value};
         let Value::Mapping(map) = value else { bail!("a pod must be a YAML mapping") };
         let is_manifest = map.contains_key("spec") || map.contains_key("metadata") || map.contains_key("kind");
         let flat = if is_manifest {
@@ -347,7 +347,7 @@ impl PodSpec {
             }
             map
         };
-        let pod: PodSpec = serde_yaml::from_value(Value::Mapping(flat))?;
+        let pod: PodSpec = serde_yaml_ng::from_value(Value::Mapping(flat))?;
         Ok(pod)
     }
 
@@ -403,7 +403,7 @@ impl fmt::Display for PodSpec {
     }
 }
 
-fn check_keys(map: &serde_yaml::Mapping, allowed: &[&str], what: &str) -> anyhow::Result<()> {
+fn check_keys(map: &serde_yaml_ng::Mapping, allowed: &[&str], what: &str) -> anyhow::Result<()> {
     for k in map.keys() {
         match k.as_str() {
             Some(k) if allowed.contains(&k) => {}
