@@ -16,7 +16,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub enum ProxyBody {
     /// The runtime's response body, forwarded as it arrives (back-pressure comes from HTTP/2
     /// flow control).
-    Upstream(super::h2c::RecvBody),
+    Upstream(hyper::body::Incoming),
     /// A request body arriving on a relayed connection (see [`super::relay`]).
     Relay(super::relay::RelayBody),
     /// Buffered data (one or more frames) followed by optional trailers.
@@ -46,7 +46,7 @@ impl Body for ProxyBody {
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match &mut *self {
-            ProxyBody::Upstream(inner) => Pin::new(inner).poll_frame(cx),
+            ProxyBody::Upstream(inner) => Pin::new(inner).poll_frame(cx).map_err(BoxError::from),
             ProxyBody::Relay(inner) => Pin::new(inner).poll_frame(cx),
             ProxyBody::Buffered { data, trailers } => {
                 if let Some(d) = data.take() {

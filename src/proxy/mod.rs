@@ -10,7 +10,6 @@
 pub mod body;
 pub mod client;
 pub mod frames;
-pub mod h2c;
 pub mod hpack;
 pub mod huffman;
 pub mod listener;

@@ -41,9 +41,8 @@ use tokio::sync::{mpsc, watch, Notify};
 
 use super::body::{BoxError, ProxyBody};
 use super::frames::{self as f, Head};
-use super::h2c::Fields;
 use super::sock::{self, Reader, Writer};
-use super::upstream::RawFields;
+use super::upstream::{Fields, RawFields};
 use super::Proxy;
 use crate::cri::Route;
 use crate::intercept::{Call, Outcome};
@@ -712,10 +711,8 @@ impl ClientToUpstream {
 }
 
 /// Rebuilds a request from a (stateless, so self-contained) header block. The fields go to the
-/// runtime exactly as the client sent them ([`RawFields`]); the `http::Request` around them is
-/// what crisp itself reads (the path, `grpc-timeout`). Nothing is judged here: `:authority` in
-/// particular is whatever the client sent — grpc-go sends a socket path, which no URI can hold
-/// (KUBELET-CRI.md §11) — and the runtime decides what it accepts, as it does for relayed calls.
+/// runtime in the client's order ([`RawFields`]; `:authority` as docs/ARCHITECTURE.md says); the
+/// `http::Request` around them is what crisp itself reads (the path, `grpc-timeout`).
 fn request_from_block(block: &[u8]) -> Result<Request<()>, &'static str> {
     let mut fields = Vec::with_capacity(16);
     super::hpack::Decoder::default().decode(block, |n, v| fields.push((Bytes::copy_from_slice(n), Bytes::copy_from_slice(v)))).map_err(|_| "header block")?;
