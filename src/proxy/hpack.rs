@@ -289,4 +289,95 @@ mod tests {
         assert_eq!(fields(&mut dec, &[0x80 | 63])[0].0, b"bbbb");
         assert_eq!(dec.decode(&[0x80 | 64], |_, _| {}), Err(HpackError::BadIndex(64)));
     }
+
+    /// RFC 7541 Appendix C: the specification's own examples, independent of any crate. Each
+    /// sequence is decoded with one table, as a connection's blocks are.
+    fn hex(s: &str) -> Vec<u8> {
+        let s: String = s.split_whitespace().collect();
+        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex")).collect()
+    }
+
+    fn strs(fields: &[(&str, &str)]) -> Vec<(Vec<u8>, Vec<u8>)> {
+        fields.iter().map(|(n, v)| (n.as_bytes().to_vec(), v.as_bytes().to_vec())).collect()
+    }
+
+    #[test]
+    fn rfc7541_c2_single_representations() {
+        let cases: [(&str, &[(&str, &str)]); 4] = [
+            ("400a 6375 7374 6f6d 2d6b 6579 0d63 7573 746f 6d2d 6865 6164 6572", &[("custom-key", "custom-header")]),
+            ("040c 2f73 616d 706c 652f 7061 7468", &[(":path", "/sample/path")]),
+            ("1008 7061 7373 776f 7264 0673 6563 7265 74", &[("password", "secret")]),
+            ("82", &[(":method", "GET")]),
+        ];
+        for (block, want) in cases {
+            assert_eq!(fields(&mut Decoder::default(), &hex(block)), strs(want), "{block}");
+        }
+    }
+
+    const REQ1: &[(&str, &str)] = &[(":method", "GET"), (":scheme", "http"), (":path", "/"), (":authority", "www.example.com")];
+    const REQ2: &[(&str, &str)] = &[(":method", "GET"), (":scheme", "http"), (":path", "/"), (":authority", "www.example.com"), ("cache-control", "no-cache")];
+    const REQ3: &[(&str, &str)] = &[(":method", "GET"), (":scheme", "https"), (":path", "/index.html"), (":authority", "www.example.com"), ("custom-key", "custom-value")];
+
+    #[test]
+    fn rfc7541_c3_requests_without_huffman() {
+        let mut dec = Decoder::default();
+        assert_eq!(fields(&mut dec, &hex("8286 8441 0f77 7777 2e65 7861 6d70 6c65 2e63 6f6d")), strs(REQ1));
+        assert_eq!(fields(&mut dec, &hex("8286 84be 5808 6e6f 2d63 6163 6865")), strs(REQ2));
+        assert_eq!(fields(&mut dec, &hex("8287 85bf 400a 6375 7374 6f6d 2d6b 6579 0c63 7573 746f 6d2d 7661 6c75 65")), strs(REQ3));
+    }
+
+    #[test]
+    fn rfc7541_c4_requests_with_huffman() {
+        let mut dec = Decoder::default();
+        assert_eq!(fields(&mut dec, &hex("8286 8441 8cf1 e3c2 e5f2 3a6b a0ab 90f4 ff")), strs(REQ1));
+        assert_eq!(fields(&mut dec, &hex("8286 84be 5886 a8eb 1064 9cbf")), strs(REQ2));
+        assert_eq!(fields(&mut dec, &hex("8287 85bf 4088 25a8 49e9 5ba9 7d7f 8925 a849 e95b b8e8 b4bf")), strs(REQ3));
+    }
+
+    const RESP1: &[(&str, &str)] = &[(":status", "302"), ("cache-control", "private"), ("date", "Mon, 21 Oct 2013 20:13:21 GMT"), ("location", "https://www.example.com")];
+    const RESP2: &[(&str, &str)] = &[(":status", "307"), ("cache-control", "private"), ("date", "Mon, 21 Oct 2013 20:13:21 GMT"), ("location", "https://www.example.com")];
+    const RESP3: &[(&str, &str)] = &[
+        (":status", "200"),
+        ("cache-control", "private"),
+        ("date", "Mon, 21 Oct 2013 20:13:22 GMT"),
+        ("location", "https://www.example.com"),
+        ("content-encoding", "gzip"),
+        ("set-cookie", "foo=ASDJKHQKBZXOQWEOPIUAXQWEOIU; max-age=3600; version=1"),
+    ];
+
+    /// C.5 and C.6 run with a 256-byte table, so entries are evicted between responses: the
+    /// sequence decodes only if eviction is exact, and what the RFC evicts must be gone.
+    fn responses(blocks: [&str; 3]) {
+        let mut dec = Decoder::default();
+        // A dynamic table size update to 256 (RFC 7541 §6.3), then the first response.
+        let mut first = hex("3fe1 01");
+        first.extend(hex(blocks[0]));
+        assert_eq!(fields(&mut dec, &first), strs(RESP1));
+        assert_eq!(fields(&mut dec, &hex(blocks[1])), strs(RESP2));
+        // After C.5.2/C.6.2 the table holds 4 entries (222 bytes): ":status: 302" was evicted.
+        assert_eq!(dec.decode(&[0x80 | 66], |_, _| {}), Err(HpackError::BadIndex(66)));
+        assert_eq!(fields(&mut dec, &hex(blocks[2])), strs(RESP3));
+        // After C.5.3/C.6.3: 3 entries (215 bytes): set-cookie, content-encoding, date.
+        assert_eq!(fields(&mut dec, &[0x80 | 63])[0], (b"content-encoding".to_vec(), b"gzip".to_vec()));
+        assert_eq!(fields(&mut dec, &[0x80 | 64])[0].0, b"date");
+        assert_eq!(dec.decode(&[0x80 | 65], |_, _| {}), Err(HpackError::BadIndex(65)));
+    }
+
+    #[test]
+    fn rfc7541_c5_responses_without_huffman() {
+        responses([
+            "4803 3330 3258 0770 7269 7661 7465 611d 4d6f 6e2c 2032 3120 4f63 7420 3230 3133 2032 303a 3133 3a32 3120 474d 546e 1768 7474 7073 3a2f 2f77 7777 2e65 7861 6d70 6c65 2e63 6f6d",
+            "4803 3330 37c1 c0bf",
+            "88c1 611d 4d6f 6e2c 2032 3120 4f63 7420 3230 3133 2032 303a 3133 3a32 3220 474d 54c0 5a04 677a 6970 7738 666f 6f3d 4153 444a 4b48 514b 425a 584f 5157 454f 5049 5541 5851 5745 4f49 553b 206d 6178 2d61 6765 3d33 3630 303b 2076 6572 7369 6f6e 3d31",
+        ]);
+    }
+
+    #[test]
+    fn rfc7541_c6_responses_with_huffman() {
+        responses([
+            "4882 6402 5885 aec3 771a 4b61 96d0 7abe 9410 54d4 44a8 2005 9504 0b81 66e0 82a6 2d1b ff6e 919d 29ad 1718 63c7 8f0b 97c8 e9ae 82ae 43d3",
+            "4883 640e ffc1 c0bf",
+            "88c1 6196 d07a be94 1054 d444 a820 0595 040b 8166 e084 a62d 1bff c05a 839b d9ab 77ad 94e7 821d d7f2 e6c7 b335 dfdf cd5b 3960 d5af 2708 7f36 72c1 ab27 0fb5 291f 9587 3160 65c0 03ed 4ee5 b106 3d50 07",
+        ]);
+    }
 }
