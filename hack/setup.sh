@@ -36,6 +36,9 @@ PACKAGES=(
   debootstrap             # the Debian 12 root of the systemd test node (hack/node-rootfs.sh)
   systemd-container       # systemd-nspawn boots it with systemd as PID 1 (tests/node_systemd.rs)
   python3-kubernetes      # the API models deploy/ is validated against (hack/check-manifests.py)
+  prometheus              # a real Prometheus scraping crisp (e2e/tests/prometheus.rs); promtool checks and
+                          # unit-tests deploy/monitoring's alert rules (hack/lint.sh)
+  librsvg2-bin            # rsvg-convert renders `crisp timeline --svg` in tests/timeline.rs
 )
 
 die() {

@@ -32,6 +32,8 @@ enum Cmd {
     Doctor(DoctorArgs),
     /// Watch the CRI calls a running crisp forwards, live (secrets redacted).
     Tap(crisp::tap::cli::TapArgs),
+    /// Draw a pod's CRI calls from a tap recording as a waterfall (terminal, and SVG).
+    Timeline(crisp::tap::timeline::TimelineArgs),
 }
 
 #[derive(Args, Debug)]
@@ -113,6 +115,7 @@ fn main() -> ExitCode {
         Some(Cmd::Serve(args)) => serve(&args),
         Some(Cmd::Doctor(args)) => doctor(args),
         Some(Cmd::Tap(args)) => crisp::tap::cli::run(args),
+        Some(Cmd::Timeline(args)) => crisp::tap::timeline::run(args),
     }
 }
 

@@ -20,6 +20,7 @@ pub mod decode;
 pub mod filter;
 pub mod ids;
 pub mod redact;
+pub mod timeline;
 
 /// crisp's admin API, generated from `proto/crisp/admin/v1/admin.proto` by build.rs.
 pub mod pb {

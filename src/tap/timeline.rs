@@ -1,0 +1,687 @@
+//! `crisp timeline`: one pod's CRI calls, from a recorded tap (`crisp tap -o calls.jsonl`), drawn
+//! as a waterfall — in the terminal (text bars, 100 columns) and as a self-contained SVG file.
+//!
+//! ```text
+//!  calls.jsonl ─ parse(): call events only (drop markers and event kinds crisp does not know
+//!                are skipped) ─ group(): calls to pods by name, then by sandbox / container id,
+//!                ImageStatus by image ─ Pod ─┬─ text(): one row per call, █ forwarded ░ held × failed
+//!                                             └─ svg(): the same rows; hover shows each call's details
+//! ```
+//!
+//! A call's held part is drawn first: crisp holds a call before it forwards it (DESIGN.md §4),
+//! so `held_ms` is the start of `duration_ms`. Pod and container names and grpc-messages are
+//! tenant-influenced text: every string is cut to a bounded length, control characters are
+//! replaced, and the SVG escapes all of it (no text ever becomes markup).
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::io::{self, BufRead};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::UNIX_EPOCH;
+
+use serde_json::Value;
+
+/// sysexits.h: EX_USAGE (bad flags, or a pod that is not in the file), EX_NOINPUT, EX_CANTCREAT.
+const EX_USAGE: u8 = 64;
+const EX_NOINPUT: u8 = 66;
+const EX_CANTCREAT: u8 = 73;
+
+/// Longest name (pod, namespace, container, method, image) kept, in characters.
+pub const MAX_NAME: usize = 96;
+/// Longest grpc-message kept, in characters.
+pub const MAX_MESSAGE: usize = 240;
+/// Width of the terminal view.
+pub const TEXT_WIDTH: usize = 100;
+/// Most failed calls listed under the SVG chart.
+const MAX_LISTED_FAILURES: usize = 20;
+
+/// Draw one pod's CRI calls as a waterfall, from a recorded tap.
+///
+/// Reads JSON lines written by `crisp tap -o FILE` (or `crisp tap --json`), from INPUT or
+/// standard input. Each row is one call: its forwarded time (█), the time crisp held it (░),
+/// and failed or refused calls (×) with their status. Polling calls are left out, except
+/// ImageStatus (record with `crisp tap --all -o FILE` to have those).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct TimelineArgs {
+    /// The tap recording (JSON lines) [default: standard input].
+    #[arg(value_name = "INPUT.jsonl")]
+    pub input: Option<PathBuf>,
+    /// The pod to draw (`namespace/name`, or `name` if it is unique). Without it: every pod in
+    /// the file.
+    #[arg(long, value_name = "NS/NAME")]
+    pub pod: Option<String>,
+    /// Also write the timeline as a self-contained SVG file (needs one pod: --pod when the file
+    /// has several).
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+    /// Include polling calls (ContainerStatus, PodSandboxStatus, ...).
+    #[arg(long)]
+    pub all: bool,
+}
+
+/// One finished CRI call, as the tap recorded it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Call {
+    /// Start, in microseconds since the Unix epoch.
+    pub start_us: i64,
+    pub duration_us: i64,
+    /// The part of `duration_us`, from its start, that crisp held the call.
+    pub held_us: i64,
+    pub method: String,
+    /// `mutating`, `polling`, `streaming` or `unknown`.
+    pub kind: String,
+    pub pod_namespace: String,
+    pub pod_name: String,
+    pub pod_sandbox_id: String,
+    pub container_name: String,
+    pub container_id: String,
+    pub image: String,
+    /// `OK`, `FailedPrecondition`, ... (`None`: the client went away first).
+    pub code_name: String,
+    pub message: String,
+}
+
+impl Call {
+    pub fn ok(&self) -> bool {
+        self.code_name == "OK"
+    }
+
+    fn end_us(&self) -> i64 {
+        self.start_us + self.duration_us
+    }
+
+    fn sandbox_call(&self) -> bool {
+        self.method.ends_with("PodSandbox")
+    }
+
+    /// What the call acts on: `pod` for sandbox calls, else the container (name, or short id).
+    pub fn target(&self) -> String {
+        if self.sandbox_call() {
+            "pod".to_string()
+        } else if !self.container_name.is_empty() {
+            self.container_name.clone()
+        } else if !self.container_id.is_empty() {
+            format!("id={}", cut(&self.container_id, 12))
+        } else if !self.image.is_empty() {
+            self.image.clone()
+        } else {
+            String::new()
+        }
+    }
+}
+
+/// A pod and its calls, in start order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Pod {
+    pub namespace: String,
+    pub name: String,
+    pub calls: Vec<Call>,
+}
+
+impl Pod {
+    /// `namespace/name`.
+    pub fn id(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    fn span(&self) -> (i64, i64) {
+        let t0 = self.calls.iter().map(|c| c.start_us).min().unwrap_or(0);
+        let t1 = self.calls.iter().map(Call::end_us).max().unwrap_or(t0);
+        (t0, t1.max(t0 + 1))
+    }
+}
+
+/// What [`parse`] read.
+#[derive(Debug, Default)]
+pub struct Parsed {
+    pub calls: Vec<Call>,
+    /// Lines that are no call event: drop markers and event kinds this version does not draw.
+    pub skipped: usize,
+    /// Lines that are not JSON (e.g. the last line of a recording cut short).
+    pub malformed: usize,
+}
+
+/// `s` without control characters, cut to `max` characters (with `…` when cut).
+pub fn cut(s: &str, max: usize) -> String {
+    let mut out: String = s.chars().take(max).map(|c| if c.is_control() { '?' } else { c }).collect();
+    if s.chars().nth(max).is_some() {
+        out.pop();
+        out.push('…');
+    }
+    out
+}
+
+fn text_field(v: &Value, key: &str, max: usize) -> String {
+    v.get(key).and_then(Value::as_str).map(|s| cut(s, max)).unwrap_or_default()
+}
+
+fn micros(v: &Value, key: &str) -> Option<i64> {
+    let ms = v.get(key)?.as_f64()?;
+    (ms.is_finite() && ms >= 0.0).then(|| (ms * 1e3).round().min(i64::MAX as f64 / 4.0) as i64)
+}
+
+/// One line of a tap recording as a call, or `None` for anything else. A call event has the
+/// fields `crisp tap --json` writes for calls and one of the call kinds: another event kind
+/// (drop markers, or events a newer crisp adds) is not mistaken for one.
+pub fn call_of(v: &Value) -> Option<Call> {
+    let kind = v.get("kind")?.as_str()?;
+    if !matches!(kind, "mutating" | "polling" | "streaming" | "unknown") {
+        return None;
+    }
+    let method = v.get("method")?.as_str()?;
+    let time = humantime::parse_rfc3339(v.get("time")?.as_str()?).ok()?;
+    let start_us = time.duration_since(UNIX_EPOCH).ok()?.as_micros().try_into().ok()?;
+    let duration_us = micros(v, "duration_ms")?;
+    Some(Call {
+        start_us,
+        duration_us,
+        held_us: micros(v, "held_ms").unwrap_or(0).min(duration_us),
+        method: cut(method, MAX_NAME),
+        kind: kind.to_string(),
+        pod_namespace: text_field(v, "pod_namespace", MAX_NAME),
+        pod_name: text_field(v, "pod_name", MAX_NAME),
+        pod_sandbox_id: text_field(v, "pod_sandbox_id", MAX_NAME),
+        container_name: text_field(v, "container_name", MAX_NAME),
+        container_id: text_field(v, "container_id", MAX_NAME),
+        image: text_field(v, "image", MAX_NAME),
+        code_name: text_field(v, "code_name", MAX_NAME),
+        message: text_field(v, "message", MAX_MESSAGE),
+    })
+}
+
+/// Reads a tap recording: JSON lines, one event each.
+pub fn parse(input: impl BufRead) -> io::Result<Parsed> {
+    let mut out = Parsed::default();
+    for line in input.lines() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<Value>(&line) {
+            Ok(v) => match call_of(&v) {
+                Some(c) => out.calls.push(c),
+                None => out.skipped += 1,
+            },
+            Err(_) => out.malformed += 1,
+        }
+    }
+    Ok(out)
+}
+
+/// Sorts calls into pods. A call without pod names is given to the pod whose sandbox or
+/// container id it names (the tap names what the engine knows; a call after the engine forgot
+/// a pod has ids only); an ImageStatus call (no pod in its request) to the pod that pulls or
+/// creates a container from that image next, within the pod's lifetime. Polling calls other
+/// than ImageStatus are left out unless `all`.
+pub fn group(calls: Vec<Call>, all: bool) -> Vec<Pod> {
+    let mut pods: Vec<Pod> = Vec::new();
+    let mut index: HashMap<(String, String), usize> = HashMap::new();
+    let mut by_sandbox: HashMap<String, usize> = HashMap::new();
+    let mut by_container: HashMap<String, (usize, String)> = HashMap::new();
+    let mut orphans = Vec::new();
+    for c in calls {
+        if c.kind == "polling" && !all && c.method != "ImageStatus" {
+            continue;
+        }
+        if c.pod_name.is_empty() {
+            orphans.push(c);
+            continue;
+        }
+        let key = (c.pod_namespace.clone(), c.pod_name.clone());
+        let i = *index.entry(key).or_insert_with(|| {
+            pods.push(Pod { namespace: c.pod_namespace.clone(), name: c.pod_name.clone(), calls: Vec::new() });
+            pods.len() - 1
+        });
+        if !c.pod_sandbox_id.is_empty() {
+            by_sandbox.insert(c.pod_sandbox_id.clone(), i);
+        }
+        if !c.container_id.is_empty() {
+            by_container.insert(c.container_id.clone(), (i, c.container_name.clone()));
+        }
+        pods[i].calls.push(c);
+    }
+    let mut images = Vec::new();
+    for mut c in orphans {
+        if let Some((i, name)) = by_container.get(&c.container_id) {
+            if c.container_name.is_empty() {
+                c.container_name = name.clone();
+            }
+            pods[*i].calls.push(c);
+        } else if let Some(i) = by_sandbox.get(&c.pod_sandbox_id) {
+            pods[*i].calls.push(c);
+        } else if c.method == "ImageStatus" && !c.image.is_empty() {
+            images.push(c);
+        }
+    }
+    for p in &mut pods {
+        p.calls.sort_by_key(|c| c.start_us);
+    }
+    for mut c in images {
+        if let Some((i, name)) = image_user(&pods, &c) {
+            c.container_name = name;
+            pods[i].calls.push(c);
+        }
+    }
+    for p in &mut pods {
+        p.calls.sort_by_key(|c| c.start_us);
+    }
+    pods
+}
+
+/// The pod (and container name, if a CreateContainer says) whose next call after `c` uses
+/// `c`'s image, while the pod exists.
+fn image_user(pods: &[Pod], c: &Call) -> Option<(usize, String)> {
+    let mut best: Option<(i64, usize, String)> = None;
+    for (i, p) in pods.iter().enumerate() {
+        let (t0, t1) = p.span();
+        if c.start_us < t0 || c.start_us > t1 {
+            continue;
+        }
+        let next = p.calls.iter().find(|u| u.start_us >= c.start_us && u.image == c.image && matches!(u.method.as_str(), "PullImage" | "CreateContainer"));
+        if let Some(u) = next {
+            let gap = u.start_us - c.start_us;
+            if best.as_ref().is_none_or(|b| gap < b.0) {
+                let name = p.calls.iter().find(|x| x.start_us >= c.start_us && x.image == c.image && !x.container_name.is_empty()).map(|x| x.container_name.clone());
+                best = Some((gap, i, name.unwrap_or_default()));
+            }
+        }
+    }
+    best.map(|(_, i, n)| (i, n))
+}
+
+/// Picks the pods `want` names (`namespace/name`, or a unique `name`).
+pub fn select<'a>(pods: &'a [Pod], want: &str) -> Result<&'a Pod, String> {
+    let hits: Vec<&Pod> = match want.split_once('/') {
+        Some((ns, name)) => pods.iter().filter(|p| p.namespace == ns && p.name == name).collect(),
+        None => pods.iter().filter(|p| p.name == want).collect(),
+    };
+    match hits.as_slice() {
+        [p] => Ok(p),
+        [] => Err(format!("no pod {want:?} in the recording; it has: {}", list(pods))),
+        _ => Err(format!("{want:?} names several pods ({}); use namespace/name", hits.iter().map(|p| p.id()).collect::<Vec<_>>().join(", "))),
+    }
+}
+
+fn list(pods: &[Pod]) -> String {
+    if pods.is_empty() {
+        return "no pods".to_string();
+    }
+    pods.iter().map(|p| format!("{} ({} calls)", p.id(), p.calls.len())).collect::<Vec<_>>().join(", ")
+}
+
+/// `420µs`, `5.2ms`, `123ms`, `3.21s`.
+pub fn dur(us: i64) -> String {
+    match us {
+        ..=999 => format!("{us}µs"),
+        1_000..=9_999 => format!("{:.1}ms", us as f64 / 1e3),
+        10_000..=999_999 => format!("{:.0}ms", us as f64 / 1e3),
+        _ => format!("{:.2}s", us as f64 / 1e6),
+    }
+}
+
+/// The right-hand note of a row: duration, held time, and a failure's status.
+fn note(c: &Call) -> String {
+    let mut s = dur(c.duration_us);
+    if c.held_us >= 1_000 {
+        let _ = write!(s, " held {}", dur(c.held_us));
+    }
+    if !c.ok() {
+        let _ = write!(s, " {}", if c.code_name.is_empty() { "?" } else { &c.code_name });
+    }
+    s
+}
+
+fn header(pod: &Pod) -> String {
+    let (t0, t1) = pod.span();
+    let start = UNIX_EPOCH + std::time::Duration::from_micros(t0.max(0) as u64);
+    let held = pod.calls.iter().filter(|c| c.held_us >= 1_000).count();
+    let failed = pod.calls.iter().filter(|c| !c.ok()).count();
+    format!(
+        "{} — {} calls over {} from {} · {held} held · {failed} failed or refused",
+        cut(&pod.id(), 2 * MAX_NAME),
+        pod.calls.len(),
+        dur(t1 - t0),
+        humantime::format_rfc3339_millis(start)
+    )
+}
+
+/// The terminal view: a header, a time axis, one row per call; never wider than `width`
+/// characters (at least 60).
+pub fn text(pod: &Pod, width: usize) -> String {
+    const METHOD: usize = 17;
+    const TARGET: usize = 12;
+    const NOTE: usize = 28;
+    let width = width.max(60);
+    // method, target, "|" bar "|", note.
+    let bar = width - METHOD - TARGET - 2 - 3 - NOTE;
+    let (t0, t1) = pod.span();
+    let span = (t1 - t0) as f64;
+    let cell = |t: i64| (t - t0) as f64 / span * bar as f64;
+    let mut out = String::new();
+    let _ = writeln!(out, "{}", fit(&header(pod), width));
+    let _ = writeln!(out, "{}", fit("█ forwarded   ░ held by crisp   × failed or refused", width));
+    let axis_pad = " ".repeat(METHOD + TARGET + 2);
+    let end_label = dur(t1 - t0);
+    let _ = writeln!(out, "{axis_pad}0{}{end_label}", " ".repeat((bar + 2).saturating_sub(1 + end_label.chars().count())));
+    for c in &pod.calls {
+        let first = (cell(c.start_us).floor() as usize).min(bar - 1);
+        let last = (cell(c.end_us()).ceil() as usize).clamp(first + 1, bar);
+        // The held share of the call's cells, rounded: a short hold in a long call may not show.
+        let held_cells = if c.duration_us > 0 { ((last - first) as f64 * c.held_us as f64 / c.duration_us as f64).round() as usize } else { 0 };
+        let cells: String = (0..bar)
+            .map(|i| {
+                if i < first || i >= last {
+                    ' '
+                } else if i < first + held_cells {
+                    '░'
+                } else if c.ok() {
+                    '█'
+                } else {
+                    '×'
+                }
+            })
+            .collect();
+        let row = format!("{:<METHOD$} {:<TARGET$} |{cells}| {}", cut(&c.method, METHOD), cut(&c.target(), TARGET), note(c));
+        let _ = writeln!(out, "{}", fit(&row, width));
+    }
+    out
+}
+
+/// `s` cut to `width` characters.
+fn fit(s: &str, width: usize) -> String {
+    cut(s, width)
+}
+
+/// Text for XML: `&<>"'` escaped; characters XML 1.0 cannot carry at all replaced.
+pub fn xml_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for ch in s.chars() {
+        match ch {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&apos;"),
+            '\t' | '\n' | '\r' => out.push(' '),
+            c if c.is_control() || matches!(c, '\u{FFFE}' | '\u{FFFF}') => out.push('?'),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Colours of the SVG (tests look for them in the rendered picture).
+pub mod colour {
+    /// The forwarded part of a call that succeeded.
+    pub const FORWARDED: &str = "#3b78c4";
+    /// The part of a call crisp held.
+    pub const HELD: &str = "#f0a030";
+    /// The forwarded part of a call that failed or that crisp refused.
+    pub const FAILED: &str = "#d0342c";
+}
+
+const SVG_WIDTH: f64 = 1100.0;
+const LABEL_X: f64 = 10.0;
+const BAR_X: f64 = 330.0;
+const BAR_W: f64 = 600.0;
+const ROW_H: f64 = 20.0;
+const TOP: f64 = 78.0;
+
+/// A round tick step (1, 2 or 5 × 10^k µs) giving at most 8 ticks over `span` µs.
+fn tick_step(span: i64) -> i64 {
+    let mut step = 1i64;
+    loop {
+        for m in [1, 2, 5] {
+            if span / (step * m) <= 8 {
+                return step * m;
+            }
+        }
+        step *= 10;
+    }
+}
+
+/// The SVG view: self-contained (no scripts, no external fonts, styles or images); every
+/// call's details in its `<title>` (shown on hover by browsers); failed calls' messages listed
+/// under the chart.
+pub fn svg(pod: &Pod) -> String {
+    let (t0, t1) = pod.span();
+    let span = (t1 - t0) as f64;
+    let x = |t: i64| BAR_X + (t - t0) as f64 / span * BAR_W;
+    let failures: Vec<&Call> = pod.calls.iter().filter(|c| !c.ok()).take(MAX_LISTED_FAILURES).collect();
+    let chart_bottom = TOP + pod.calls.len() as f64 * ROW_H;
+    let height = chart_bottom + 30.0 + if failures.is_empty() { 0.0 } else { 24.0 + failures.len() as f64 * 16.0 };
+    let mut s = String::with_capacity(4096 + pod.calls.len() * 600);
+    let _ = write!(
+        s,
+        r##"<?xml version="1.0" encoding="UTF-8"?>
+<svg xmlns="http://www.w3.org/2000/svg" width="{SVG_WIDTH}" height="{height}" viewBox="0 0 {SVG_WIDTH} {height}" font-family="DejaVu Sans Mono, Menlo, Consolas, monospace" font-size="12">
+<title>crisp timeline: {title}</title>
+<rect x="0" y="0" width="{SVG_WIDTH}" height="{height}" fill="#ffffff"/>
+<text x="{LABEL_X}" y="22" font-size="15" font-weight="bold">{head}</text>
+<rect x="{LABEL_X}" y="34" width="14" height="10" fill="{fwd}"/><text x="30" y="43">forwarded to the runtime</text>
+<rect x="230" y="34" width="14" height="10" fill="{held}"/><text x="250" y="43">held by crisp</text>
+<rect x="380" y="34" width="14" height="10" fill="{failed}"/><text x="400" y="43">failed or refused</text>
+"##,
+        title = xml_escape(&pod.id()),
+        head = xml_escape(&header(pod)),
+        fwd = colour::FORWARDED,
+        held = colour::HELD,
+        failed = colour::FAILED,
+    );
+    let step = tick_step(t1 - t0);
+    let mut t = 0i64;
+    while t <= t1 - t0 {
+        let tx = x(t0 + t);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{tx:.1}" y1="{y1}" x2="{tx:.1}" y2="{chart_bottom}" stroke="#d8d8d8"/><text x="{tx:.1}" y="{ty}" text-anchor="middle" fill="#555555">{label}</text>"##,
+            y1 = TOP - 6.0,
+            ty = TOP - 10.0,
+            label = if t == 0 { "0".to_string() } else { dur(t) },
+        );
+        t += step;
+    }
+    for (i, c) in pod.calls.iter().enumerate() {
+        let y = TOP + i as f64 * ROW_H;
+        let (xs, xh, xe) = (x(c.start_us), x(c.start_us + c.held_us), x(c.end_us()));
+        let fill = if c.ok() { colour::FORWARDED } else { colour::FAILED };
+        let mut details = format!("{} {} at +{}: {}", c.method, c.target(), dur(c.start_us - t0), dur(c.duration_us));
+        if c.held_us > 0 {
+            let _ = write!(details, ", held {}", dur(c.held_us));
+        }
+        let _ = write!(details, ", {}", c.code_name);
+        if !c.message.is_empty() {
+            let _ = write!(details, ": {}", c.message);
+        }
+        let _ = writeln!(s, "<g><title>{}</title>", xml_escape(&details));
+        if i % 2 == 1 {
+            let _ = writeln!(s, r##"<rect x="0" y="{y}" width="{SVG_WIDTH}" height="{ROW_H}" fill="#000000" fill-opacity="0.04"/>"##);
+        }
+        let _ = writeln!(
+            s,
+            r##"<text x="{LABEL_X}" y="{ty}">{method}</text><text x="150" y="{ty}" fill="#333333">{target}</text>"##,
+            ty = y + 14.0,
+            method = xml_escape(&cut(&c.method, 18)),
+            target = xml_escape(&cut(&c.target(), 24)),
+        );
+        // At least 2 px, so that a sub-millisecond call in a minute-long timeline still shows.
+        let (bar_y, bar_h) = (y + 4.0, ROW_H - 8.0);
+        if xh > xs {
+            let _ = writeln!(s, r#"<rect x="{xs:.2}" y="{bar_y}" width="{:.2}" height="{bar_h}" fill="{}"/>"#, xh - xs, colour::HELD);
+        }
+        let w = (xe - xh).max(if xh > xs { 0.0 } else { 2.0 });
+        if w > 0.0 {
+            let _ = writeln!(s, r#"<rect x="{xh:.2}" y="{bar_y}" width="{w:.2}" height="{bar_h}" fill="{fill}"/>"#);
+        }
+        let _ = writeln!(s, r##"<text x="{:.1}" y="{}" fill="#333333">{}</text></g>"##, (xe.max(xs + 2.0) + 6.0).min(BAR_X + BAR_W + 6.0), y + 14.0, xml_escape(&note(c)));
+    }
+    if !failures.is_empty() {
+        let y = chart_bottom + 30.0;
+        let _ = writeln!(s, r#"<text x="{LABEL_X}" y="{y}" font-weight="bold">Failed or refused calls</text>"#);
+        for (i, c) in failures.iter().enumerate() {
+            let line = format!("+{} {} {}: {} {}", dur(c.start_us - t0), c.method, c.target(), c.code_name, c.message);
+            let _ = writeln!(s, r#"<text x="{LABEL_X}" y="{}" fill="{}">{}</text>"#, y + 16.0 * (i + 1) as f64, colour::FAILED, xml_escape(&cut(&line, 150)));
+        }
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// Runs `crisp timeline`.
+pub fn run(args: TimelineArgs) -> ExitCode {
+    let read = match &args.input {
+        Some(p) => std::fs::File::open(p).map(|f| parse(io::BufReader::new(f))),
+        None => Ok(parse(io::stdin().lock())),
+    };
+    let parsed = match read.and_then(|r| r) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("crisp timeline: {}: {e}", args.input.as_ref().map_or("stdin".into(), |p| p.display().to_string()));
+            return ExitCode::from(EX_NOINPUT);
+        }
+    };
+    if parsed.malformed > 0 {
+        eprintln!("crisp timeline: {} lines are not JSON (a recording cut short?); skipped", parsed.malformed);
+    }
+    let pods = group(parsed.calls, args.all);
+    let chosen: Vec<&Pod> = match &args.pod {
+        Some(want) => match select(&pods, want) {
+            Ok(p) => vec![p],
+            Err(e) => {
+                eprintln!("crisp timeline: {e}");
+                return ExitCode::from(EX_USAGE);
+            }
+        },
+        None => pods.iter().collect(),
+    };
+    if chosen.is_empty() {
+        eprintln!("crisp timeline: no pod's calls in the recording (record with `crisp tap -o FILE`)");
+        return ExitCode::from(EX_NOINPUT);
+    }
+    if let Some(path) = &args.svg {
+        let [pod] = chosen.as_slice() else {
+            eprintln!("crisp timeline: --svg draws one pod; choose one with --pod: {}", list(&pods));
+            return ExitCode::from(EX_USAGE);
+        };
+        if let Err(e) = std::fs::write(path, svg(pod)) {
+            eprintln!("crisp timeline: {}: {e}", path.display());
+            return ExitCode::from(EX_CANTCREAT);
+        }
+    }
+    let mut out = String::new();
+    for (i, pod) in chosen.iter().enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        out.push_str(&text(pod, TEXT_WIDTH));
+    }
+    print!("{out}");
+    ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(method: &str, container: &str, start_ms: i64, dur_ms: i64, held_ms: i64, code: &str) -> Call {
+        Call {
+            start_us: 1_700_000_000_000_000 + start_ms * 1000,
+            duration_us: dur_ms * 1000,
+            held_us: held_ms * 1000,
+            method: method.into(),
+            kind: "mutating".into(),
+            pod_namespace: "demo".into(),
+            pod_name: "web".into(),
+            container_name: container.into(),
+            code_name: code.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn cut_bounds_and_cleans() {
+        assert_eq!(cut("abc", 5), "abc");
+        assert_eq!(cut("abcdef", 4), "abc…");
+        assert_eq!(cut("a\u{1b}[31mb", 10), "a?[31mb");
+        assert_eq!(cut(&"é".repeat(1000), 8).chars().count(), 8);
+    }
+
+    #[test]
+    fn escapes_markup_and_unrepresentable_characters() {
+        assert_eq!(xml_escape("<a href='x'>&\"\u{0}\u{7}\n"), "&lt;a href=&apos;x&apos;&gt;&amp;&quot;?? ");
+    }
+
+    #[test]
+    fn text_rows_show_holds_and_refusals_within_the_width() {
+        let pod = Pod {
+            namespace: "demo".into(),
+            name: "web".into(),
+            calls: vec![
+                call("RunPodSandbox", "", 0, 300, 0, "OK"),
+                call("CreateContainer", "app", 310, 1, 0, "FailedPrecondition"),
+                call("CreateContainer", "proxy", 320, 40, 0, "OK"),
+                call("CreateContainer", "app", 400, 3000, 2900, "OK"),
+            ],
+        };
+        let out = text(&pod, TEXT_WIDTH);
+        assert!(out.lines().all(|l| l.chars().count() <= TEXT_WIDTH), "{out}");
+        let rows: Vec<&str> = out.lines().skip(3).collect();
+        assert_eq!(rows.len(), 4, "{out}");
+        assert!(rows[0].starts_with("RunPodSandbox     pod ") && rows[0].contains('█'), "{out}");
+        assert!(rows[1].contains('×') && rows[1].ends_with("FailedPrecondition"), "{out}");
+        assert!(rows[3].contains('░') && rows[3].contains('█') && rows[3].ends_with("3.00s held 2.90s"), "{out}");
+        // The held part comes first, and takes most of that row's bar.
+        let bar = rows[3].split('|').nth(1).unwrap_or_default();
+        assert!(bar.find('░') < bar.find('█'), "{bar}");
+        assert!(bar.matches('░').count() > 5 * bar.matches('█').count(), "{bar}");
+    }
+
+    #[test]
+    fn ids_only_calls_and_image_status_find_their_pod() {
+        let mut run = call("RunPodSandbox", "", 0, 300, 0, "OK");
+        run.pod_sandbox_id = "sb1".into();
+        let mut img = call("ImageStatus", "", 305, 1, 0, "OK");
+        (img.pod_namespace, img.pod_name, img.kind, img.image) = (String::new(), String::new(), "polling".into(), "busybox".into());
+        let mut create = call("CreateContainer", "proxy", 310, 20, 0, "OK");
+        (create.container_id, create.image) = ("c1".into(), "busybox".into());
+        let mut stop = call("StopContainer", "", 900, 20, 0, "OK");
+        (stop.pod_namespace, stop.pod_name, stop.container_id) = (String::new(), String::new(), "c1".into());
+        let mut remove = call("RemovePodSandbox", "", 1000, 20, 0, "OK");
+        (remove.pod_namespace, remove.pod_name, remove.pod_sandbox_id) = (String::new(), String::new(), "sb1".into());
+        let mut status = call("ContainerStatus", "proxy", 500, 1, 0, "OK");
+        status.kind = "polling".into();
+        let mut other = call("CreateContainer", "x", 0, 1, 0, "OK");
+        other.pod_name = "other".into();
+        let pods = group(vec![remove, stop, status.clone(), create, img, run, other], false);
+        assert_eq!(pods.len(), 2);
+        let web = select(&pods, "demo/web").expect("web");
+        let seen: Vec<(String, String)> = web.calls.iter().map(|c| (c.method.clone(), c.target())).collect();
+        let want = [("RunPodSandbox", "pod"), ("ImageStatus", "proxy"), ("CreateContainer", "proxy"), ("StopContainer", "proxy"), ("RemovePodSandbox", "pod")];
+        assert_eq!(seen, want.map(|(a, b)| (a.to_string(), b.to_string())));
+        assert!(select(&pods, "web").is_ok());
+        assert!(select(&pods, "nope").unwrap_err().contains("demo/web (5 calls)"));
+        let with_polling = group(vec![status], true);
+        assert_eq!(with_polling[0].calls.len(), 1);
+    }
+
+    #[test]
+    fn other_event_kinds_and_broken_lines_are_skipped() {
+        let good = r#"{"time":"2023-11-14T22:13:20.123456Z","call_id":1,"kind":"mutating","method":"StartContainer","pod_namespace":"a","pod_name":"b","duration_ms":1.5,"held_ms":0.01,"code_name":"OK"}"#;
+        let hold = r#"{"time":"2023-11-14T22:13:20.123456Z","kind":"hold","method":"CreateContainer","pod_namespace":"a","pod_name":"b","duration_ms":1.5}"#;
+        let input = format!("{good}\n{{\"dropped\":3,\"dropped_total\":3}}\n{hold}\n\n{{\"time\":\"2023-11-14T22:1");
+        let p = parse(input.as_bytes()).expect("parse");
+        assert_eq!((p.calls.len(), p.skipped, p.malformed), (1, 2, 1));
+        assert_eq!(p.calls[0].duration_us, 1500);
+        assert_eq!(p.calls[0].held_us, 10);
+        assert_eq!(p.calls[0].start_us, 1_700_000_000_123_456);
+    }
+
+    #[test]
+    fn ticks_are_round() {
+        assert_eq!(tick_step(7_000_000), 1_000_000);
+        assert_eq!(tick_step(9_000_000), 2_000_000);
+        assert_eq!(tick_step(300), 50);
+        assert_eq!(tick_step(1), 1);
+    }
+}
