@@ -16,6 +16,8 @@
 #   golang-go golang-google-grpc-dev              real grpc-go peers for the e2e tests (hack/build-grpcgo.sh)
 #   debootstrap systemd-container                 the systemd test node (hack/node-rootfs.sh, tests/node_*.rs)
 #   python3-kubernetes                            offline manifest validation (hack/check-manifests.py)
+#   prometheus librsvg2-bin                       a real Prometheus and promtool (e2e/tests/prometheus.rs,
+#                                                 hack/lint.sh); rsvg-convert (tests/timeline.rs)
 set -euo pipefail
 
 PACKAGES=(
