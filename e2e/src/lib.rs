@@ -5,5 +5,6 @@ pub mod emulator;
 pub mod fakert;
 pub mod grpcgo;
 pub mod harness;
+pub mod picture;
 pub mod raw;
 pub mod stack;

@@ -269,20 +269,33 @@ pub fn group(calls: Vec<Call>, all: bool) -> Vec<Pod> {
     pods
 }
 
+/// How soon after an ImageStatus kubelet creates the container whose image it checked
+/// (`EnsureImageExists` runs right before CreateContainer in kubelet's start loop).
+const IMAGE_TO_CREATE_US: i64 = 1_000_000;
+
 /// The pod (and container name, if a CreateContainer says) whose next call after `c` uses
-/// `c`'s image, while the pod exists.
+/// `c`'s image, while the pod exists. kubelet 1.2x creates containers from the image *id* that
+/// ImageStatus returned (which the tap does not read without `--full`): a CreateContainer with
+/// an image id that starts within [`IMAGE_TO_CREATE_US`] counts as a use too.
 fn image_user(pods: &[Pod], c: &Call) -> Option<(usize, String)> {
+    let uses = |u: &Call| {
+        u.start_us >= c.start_us
+            && match u.method.as_str() {
+                "PullImage" => u.image == c.image,
+                "CreateContainer" => u.image == c.image || (u.image.starts_with("sha256:") && u.start_us - c.start_us <= IMAGE_TO_CREATE_US),
+                _ => false,
+            }
+    };
     let mut best: Option<(i64, usize, String)> = None;
     for (i, p) in pods.iter().enumerate() {
         let (t0, t1) = p.span();
         if c.start_us < t0 || c.start_us > t1 {
             continue;
         }
-        let next = p.calls.iter().find(|u| u.start_us >= c.start_us && u.image == c.image && matches!(u.method.as_str(), "PullImage" | "CreateContainer"));
-        if let Some(u) = next {
+        if let Some(u) = p.calls.iter().find(|u| uses(u)) {
             let gap = u.start_us - c.start_us;
             if best.as_ref().is_none_or(|b| gap < b.0) {
-                let name = p.calls.iter().find(|x| x.start_us >= c.start_us && x.image == c.image && !x.container_name.is_empty()).map(|x| x.container_name.clone());
+                let name = p.calls.iter().find(|x| uses(x) && x.method == "CreateContainer").map(|x| x.container_name.clone());
                 best = Some((gap, i, name.unwrap_or_default()));
             }
         }
@@ -323,7 +336,9 @@ pub fn dur(us: i64) -> String {
 /// The right-hand note of a row: duration, held time, and a failure's status.
 fn note(c: &Call) -> String {
     let mut s = dur(c.duration_us);
-    if c.held_us >= 1_000 {
+    // Every call spends some µs in crisp, a refused one ~1 ms deciding: only holds worth
+    // waiting for are named.
+    if c.held_us >= 10_000 {
         let _ = write!(s, " held {}", dur(c.held_us));
     }
     if !c.ok() {
@@ -335,7 +350,7 @@ fn note(c: &Call) -> String {
 fn header(pod: &Pod) -> String {
     let (t0, t1) = pod.span();
     let start = UNIX_EPOCH + std::time::Duration::from_micros(t0.max(0) as u64);
-    let held = pod.calls.iter().filter(|c| c.held_us >= 1_000).count();
+    let held = pod.calls.iter().filter(|c| c.held_us >= 10_000).count();
     let failed = pod.calls.iter().filter(|c| !c.ok()).count();
     format!(
         "{} — {} calls over {} from {} · {held} held · {failed} failed or refused",
@@ -368,7 +383,11 @@ pub fn text(pod: &Pod, width: usize) -> String {
         let first = (cell(c.start_us).floor() as usize).min(bar - 1);
         let last = (cell(c.end_us()).ceil() as usize).clamp(first + 1, bar);
         // The held share of the call's cells, rounded: a short hold in a long call may not show.
-        let held_cells = if c.duration_us > 0 { ((last - first) as f64 * c.held_us as f64 / c.duration_us as f64).round() as usize } else { 0 };
+        let mut held_cells = if c.duration_us > 0 { ((last - first) as f64 * c.held_us as f64 / c.duration_us as f64).round() as usize } else { 0 };
+        if !c.ok() {
+            // A failure always shows: its last cell is ×, however much of the call was held.
+            held_cells = held_cells.min(last - first - 1);
+        }
         let cells: String = (0..bar)
             .map(|i| {
                 if i < first || i >= last {
@@ -510,10 +529,9 @@ pub fn svg(pod: &Pod) -> String {
         if xh > xs {
             let _ = writeln!(s, r#"<rect x="{xs:.2}" y="{bar_y}" width="{:.2}" height="{bar_h}" fill="{}"/>"#, xh - xs, colour::HELD);
         }
-        let w = (xe - xh).max(if xh > xs { 0.0 } else { 2.0 });
-        if w > 0.0 {
-            let _ = writeln!(s, r#"<rect x="{xh:.2}" y="{bar_y}" width="{w:.2}" height="{bar_h}" fill="{fill}"/>"#);
-        }
+        // The forwarded part (or a failure) is always at least 2 px wide.
+        let w = (xe - xh).max(2.0);
+        let _ = writeln!(s, r#"<rect x="{xh:.2}" y="{bar_y}" width="{w:.2}" height="{bar_h}" fill="{fill}"/>"#);
         let _ = writeln!(s, r##"<text x="{:.1}" y="{}" fill="#333333">{}</text></g>"##, (xe.max(xs + 2.0) + 6.0).min(BAR_X + BAR_W + 6.0), y + 14.0, xml_escape(&note(c)));
     }
     if !failures.is_empty() {
