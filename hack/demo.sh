@@ -22,8 +22,12 @@ bash hack/build-grpcgo.sh >/dev/null
 DIR="$(mktemp -d /tmp/crisp-demo.XXXXXX)"
 CRISP_PID=""
 TAP_PID=""
+REC_PID=""
+# Where the second run's tap recording and its timeline picture are left for you to open.
+OUT="${CRISP_DEMO_OUT:-target/demo}"
 cleanup() {
   [[ -n "$TAP_PID" ]] && kill "$TAP_PID" 2>/dev/null || true
+  [[ -n "$REC_PID" ]] && kill "$REC_PID" 2>/dev/null || true
   [[ -n "$CRISP_PID" ]] && kill "$CRISP_PID" 2>/dev/null && wait "$CRISP_PID" 2>/dev/null || true
   bash hack/containerd.sh stop "$DIR/containerd" >/dev/null 2>&1 || true
   rm -rf "$DIR"
@@ -61,6 +65,11 @@ if [[ -S "$DIR/admin.sock" ]] || grep -q admin "$DIR/crisp.toml"; then
   for _ in $(seq 100); do [[ -S "$DIR/admin.sock" ]] && break; sleep 0.05; done
   target/debug/crisp tap --admin-socket "$DIR/admin.sock" >"$DIR/tap.log" 2>&1 &
   TAP_PID=$!
+  # A second tap records every call, polling ones too (ImageStatus), for `crisp timeline`.
+  mkdir -p "$OUT"
+  target/debug/crisp tap --admin-socket "$DIR/admin.sock" --all --json -o "$OUT/calls.jsonl" >/dev/null 2>"$DIR/rec.log" &
+  REC_PID=$!
+  for _ in $(seq 100); do grep -q attached "$DIR/rec.log" 2>/dev/null && break; sleep 0.05; done
 fi
 echo "   (crisp refuses the app until the proxy exists, holds its CreateContainer until the proxy"
 echo "    answers HTTP on the pod IP, and holds the proxy's StopContainer until the app has exited)"
@@ -76,5 +85,11 @@ if [[ -n "$TAP_PID" ]]; then
   kill "$TAP_PID" 2>/dev/null || true
   TAP_PID=""
   cat "$DIR/tap.log"
+  kill "$REC_PID" 2>/dev/null || true
+  REC_PID=""
+  bold "crisp timeline (the demo pod's CRI calls as a waterfall; ░ = held by crisp)"
+  target/debug/crisp timeline --pod demo/web --svg "$OUT/web-timeline.svg" "$OUT/calls.jsonl"
+  echo
+  echo "   the same as a picture: $OUT/web-timeline.svg (open it in a browser; hover a bar for details)"
 fi
 bold "done — see docs/ANNOTATIONS.md for the annotations and docs/CALLS.md for what each hold means"
