@@ -68,6 +68,21 @@ async fn demo_pod_timeline_renders_its_holds_and_refusal() -> Result<()> {
     let attached = tokio::task::spawn_blocking(move || BufReader::new(stderr).lines().map_while(Result::ok).any(|l| l.contains("attached to")));
     ensure!(tokio::time::timeout(Duration::from_secs(20), attached).await??, "crisp tap did not attach");
 
+    // And the live view: `crisp timeline --live` attached to the same crisp, drawing on Ctrl-C.
+    let live_svg = out_dir.path().join("live.svg");
+    let mut live = Command::new(crisp_binary()?)
+        .args(["timeline", "--live", "--pod", "demo/web", "--admin-socket"])
+        .arg(&admin)
+        .arg("--svg")
+        .arg(&live_svg)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let stderr = live.stderr.take().context("timeline stderr")?;
+    let attached = tokio::task::spawn_blocking(move || BufReader::new(stderr).lines().map_while(Result::ok).any(|l| l.contains("attached to")));
+    ensure!(tokio::time::timeout(Duration::from_secs(20), attached).await??, "crisp timeline --live did not attach");
+
     let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("pods/demo.yaml");
     let uid = st.kubelet.add_pod(PodSpec::from_file(&demo)?.remove(0))?;
     st.wait_all_running(&uid, STEP).await?;
@@ -75,6 +90,14 @@ async fn demo_pod_timeline_renders_its_holds_and_refusal() -> Result<()> {
     await_line(&recording, &["\"StopPodSandbox\"", "\"web\""], Duration::from_secs(30)).await?;
     tap.kill()?;
     tap.wait()?;
+    Command::new("kill").args(["-INT", &live.id().to_string()]).status()?;
+    let live_out = tokio::task::spawn_blocking(move || live.wait_with_output());
+    let live_out = tokio::time::timeout(Duration::from_secs(20), live_out).await???;
+    let live_text = String::from_utf8_lossy(&live_out.stdout).into_owned();
+    ensure!(live_out.status.success(), "crisp timeline --live exited {}", live_out.status);
+    eprintln!("--- live ---\n{live_text}");
+    ensure!(live_text.starts_with("demo/web") && live_text.lines().any(|l| l.starts_with("CreateContainer   app") && l.contains(" held ")), "live view: {live_text}");
+    render_svg(&live_svg)?;
 
     let svg = out_dir.path().join("web.svg");
     let out = Command::new(crisp_binary()?).args(["timeline", "--pod", "demo/web", "--svg"]).arg(&svg).arg(&recording).output()?;

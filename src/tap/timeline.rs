@@ -22,9 +22,11 @@ use std::time::UNIX_EPOCH;
 
 use serde_json::Value;
 
-/// sysexits.h: EX_USAGE (bad flags, or a pod that is not in the file), EX_NOINPUT, EX_CANTCREAT.
+/// sysexits.h: EX_USAGE (bad flags, or a pod that is not in the file), EX_NOINPUT,
+/// EX_UNAVAILABLE (no crisp to attach to), EX_CANTCREAT.
 const EX_USAGE: u8 = 64;
 const EX_NOINPUT: u8 = 66;
+const EX_UNAVAILABLE: u8 = 69;
 const EX_CANTCREAT: u8 = 73;
 
 /// Longest name (pod, namespace, container, method, image) kept, in characters.
@@ -39,7 +41,7 @@ const MAX_LISTED_FAILURES: usize = 20;
 /// Draw one pod's CRI calls as a waterfall, from a recorded tap.
 ///
 /// Reads JSON lines written by `crisp tap -o FILE` (or `crisp tap --json`), from INPUT or
-/// standard input. Each row is one call: its forwarded time (█), the time crisp held it (░),
+/// standard input; or, with --live, attaches to the running crisp and draws on Ctrl-C. Each row is one call: its forwarded time (█), the time crisp held it (░),
 /// and failed or refused calls (×) with their status. Polling calls are left out, except
 /// ImageStatus (record with `crisp tap --all -o FILE` to have those).
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -58,6 +60,19 @@ pub struct TimelineArgs {
     /// Include polling calls (ContainerStatus, PodSandboxStatus, ...).
     #[arg(long)]
     pub all: bool,
+    /// Attach to the running crisp's tap instead of reading a recording; draw on Ctrl-C (or
+    /// after --count calls).
+    #[arg(long, conflicts_with = "input")]
+    pub live: bool,
+    /// With --live: crisp's admin socket [default: `admin.socket` from the config].
+    #[arg(long, value_name = "PATH", requires = "live")]
+    pub admin_socket: Option<PathBuf>,
+    /// With --live: the config file to read the admin socket from.
+    #[arg(long, short = 'c', value_name = "FILE", requires = "live")]
+    pub config: Option<PathBuf>,
+    /// With --live: draw after this many calls.
+    #[arg(long, value_name = "N", requires = "live")]
+    pub count: Option<u64>,
 }
 
 /// One finished CRI call, as the tap recorded it.
@@ -166,9 +181,12 @@ fn micros(v: &Value, key: &str) -> Option<i64> {
 /// (drop markers, or events a newer crisp adds) is not mistaken for one.
 pub fn call_of(v: &Value) -> Option<Call> {
     let kind = v.get("kind")?.as_str()?;
-    if !matches!(kind, "mutating" | "polling" | "streaming" | "unknown") {
+    if !matches!(kind, "mutating" | "polling" | "streaming" | "unknown") || v.get("event").is_some_and(|e| e != "call") {
         return None;
     }
+    // Fields only a finished call has.
+    v.get("response_bytes")?;
+    v.get("code_name")?;
     let method = v.get("method")?.as_str()?;
     let time = humantime::parse_rfc3339(v.get("time")?.as_str()?).ok()?;
     let start_us = time.duration_since(UNIX_EPOCH).ok()?.as_micros().try_into().ok()?;
@@ -548,15 +566,22 @@ pub fn svg(pod: &Pod) -> String {
 
 /// Runs `crisp timeline`.
 pub fn run(args: TimelineArgs) -> ExitCode {
-    let read = match &args.input {
-        Some(p) => std::fs::File::open(p).map(|f| parse(io::BufReader::new(f))),
-        None => Ok(parse(io::stdin().lock())),
-    };
-    let parsed = match read.and_then(|r| r) {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("crisp timeline: {}: {e}", args.input.as_ref().map_or("stdin".into(), |p| p.display().to_string()));
-            return ExitCode::from(EX_NOINPUT);
+    let parsed = if args.live {
+        match live(&args) {
+            Ok(p) => p,
+            Err(code) => return code,
+        }
+    } else {
+        let read = match &args.input {
+            Some(p) => std::fs::File::open(p).map(|f| parse(io::BufReader::new(f))),
+            None => Ok(parse(io::stdin().lock())),
+        };
+        match read.and_then(|r| r) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("crisp timeline: {}: {e}", args.input.as_ref().map_or("stdin".into(), |p| p.display().to_string()));
+                return ExitCode::from(EX_NOINPUT);
+            }
         }
     };
     if parsed.malformed > 0 {
@@ -596,6 +621,48 @@ pub fn run(args: TimelineArgs) -> ExitCode {
     }
     print!("{out}");
     ExitCode::SUCCESS
+}
+
+/// The calls a live tap shows until Ctrl-C or `--count`: the sandbox, container and image calls
+/// (or every call with `--all`) of every pod — `--pod` is applied afterwards, since ImageStatus
+/// names no pod.
+fn live(args: &TimelineArgs) -> Result<Parsed, ExitCode> {
+    let fail = |code: u8, msg: String| {
+        eprintln!("crisp timeline: {msg}");
+        ExitCode::from(code)
+    };
+    let socket = match &args.admin_socket {
+        Some(p) => p.clone(),
+        None => crate::config::Config::load(args.config.as_deref()).map_err(|e| fail(EX_USAGE, e.to_string()))?.admin_socket(),
+    };
+    let methods = if args.all { Vec::new() } else { ["*PodSandbox", "*Container", "ImageStatus", "PullImage"].map(String::from).to_vec() };
+    let request = super::pb::TapRequest { methods, include_polling: args.all, ..Default::default() };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| fail(1, format!("cannot start the async runtime: {e}")))?;
+    rt.block_on(async {
+        let mut client = super::cli::connect(&socket).await.map_err(|e| fail(EX_UNAVAILABLE, format!("cannot connect to {}: {e} (is crisp running?)", socket.display())))?;
+        let mut stream = client.tap(request).await.map_err(|s| fail(EX_UNAVAILABLE, format!("{}: {}", s.code(), s.message())))?.into_inner();
+        // Scripts (and tests) wait for this line before they start the pod.
+        eprintln!("crisp timeline: attached to {}; drawing on Ctrl-C", socket.display());
+        let ctrl_c = tokio::signal::ctrl_c();
+        tokio::pin!(ctrl_c);
+        let mut out = Parsed::default();
+        while args.count.is_none_or(|n| (out.calls.len() as u64) < n) {
+            let msg = tokio::select! {
+                _ = &mut ctrl_c => break,
+                m = stream.message() => m,
+            };
+            match msg {
+                Ok(Some(super::pb::TapEvent { event: Some(e) })) => match call_of(&super::cli::json_line(&e)) {
+                    Some(c) => out.calls.push(c),
+                    None => out.skipped += 1,
+                },
+                Ok(Some(_)) => {}
+                Ok(None) => break,
+                Err(s) => return Err(fail(EX_UNAVAILABLE, format!("stream failed: {}: {}", s.code(), s.message()))),
+            }
+        }
+        Ok(out)
+    })
 }
 
 #[cfg(test)]
@@ -685,11 +752,14 @@ mod tests {
 
     #[test]
     fn other_event_kinds_and_broken_lines_are_skipped() {
-        let good = r#"{"time":"2023-11-14T22:13:20.123456Z","call_id":1,"kind":"mutating","method":"StartContainer","pod_namespace":"a","pod_name":"b","duration_ms":1.5,"held_ms":0.01,"code_name":"OK"}"#;
+        let good = r#"{"time":"2023-11-14T22:13:20.123456Z","call_id":1,"kind":"mutating","method":"StartContainer","pod_namespace":"a","pod_name":"b","duration_ms":1.5,"held_ms":0.01,"code_name":"OK","response_bytes":0}"#;
+        // Events of kinds a newer crisp may add, however much they look like calls.
         let hold = r#"{"time":"2023-11-14T22:13:20.123456Z","kind":"hold","method":"CreateContainer","pod_namespace":"a","pod_name":"b","duration_ms":1.5}"#;
-        let input = format!("{good}\n{{\"dropped\":3,\"dropped_total\":3}}\n{hold}\n\n{{\"time\":\"2023-11-14T22:1");
+        let hold2 = r#"{"time":"2023-11-14T22:13:20.123456Z","kind":"mutating","method":"CreateContainer","pod_namespace":"a","pod_name":"b","duration_ms":1.5,"held_ms":1.0}"#;
+        let hold3 = good.replace("{\"time\"", "{\"event\":\"hold_started\",\"time\"");
+        let input = format!("{good}\n{{\"dropped\":3,\"dropped_total\":3}}\n{hold}\n{hold2}\n{hold3}\n\n{{\"time\":\"2023-11-14T22:1");
         let p = parse(input.as_bytes()).expect("parse");
-        assert_eq!((p.calls.len(), p.skipped, p.malformed), (1, 2, 1));
+        assert_eq!((p.calls.len(), p.skipped, p.malformed), (1, 4, 1));
         assert_eq!(p.calls[0].duration_us, 1500);
         assert_eq!(p.calls[0].held_us, 10);
         assert_eq!(p.calls[0].start_us, 1_700_000_000_123_456);
