@@ -181,7 +181,7 @@ fn pod(yaml: &str) -> PodSpec {
 async fn prometheus_reads_calls_holds_and_bad_annotations() -> Result<()> {
     let metrics = free_addr()?;
     let opts = StackOpts { crisp_config: format!("[admin]\nmetrics_tcp = \"{metrics}\"\n"), via_grpcgo: true, ..Default::default() };
-    let st = Stack::start_with(opts, |_| {}).await?;
+    let mut st = Stack::start_with(opts, |_| {}).await?;
     ensure!(!st.bridges.is_empty(), "the emulator reaches crisp through grpc-go");
     let prom = Prometheus::start(metrics, &monitoring("crisp-alerts.yaml"))?;
     prom.await_ready(Duration::from_secs(30)).await?;
@@ -270,6 +270,14 @@ async fn prometheus_reads_calls_holds_and_bad_annotations() -> Result<()> {
     for (title, expr) in dashboard_queries()? {
         prom.query(&expr).await.with_context(|| format!("panel {title:?}: {expr}"))?;
     }
+
+    // The runtime dies: crisp ends kubelet's calls UNAVAILABLE, and the shipped rule sees it
+    // (pending: it fires only after 2 minutes of this).
+    st.containerd.kill_hard()?;
+    let t = Instant::now();
+    prom.await_value("ALERTS{alertname=\"CrispRuntimeUnreachable\",alertstate=\"pending\"}", STEP, |v| v == 1.0).await?;
+    eprintln!("CrispRuntimeUnreachable pending {:.1} s after containerd died", t.elapsed().as_secs_f64());
+    st.containerd.restart()?;
     Ok(())
 }
 
