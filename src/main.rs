@@ -32,7 +32,7 @@ enum Cmd {
     Doctor(DoctorArgs),
     /// Watch the CRI calls a running crisp forwards, live (secrets redacted).
     Tap(crisp::tap::cli::TapArgs),
-    /// Draw a pod's CRI calls from a tap recording as a waterfall (terminal, and SVG).
+    /// Draw a pod's CRI calls (a tap recording, or the live tap) as a waterfall: text and SVG.
     Timeline(crisp::tap::timeline::TimelineArgs),
 }
 

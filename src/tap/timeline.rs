@@ -639,7 +639,9 @@ fn live(args: &TimelineArgs) -> Result<Parsed, ExitCode> {
     let request = super::pb::TapRequest { methods, include_polling: args.all, ..Default::default() };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| fail(1, format!("cannot start the async runtime: {e}")))?;
     rt.block_on(async {
-        let mut client = super::cli::connect(&socket).await.map_err(|e| fail(EX_UNAVAILABLE, format!("cannot connect to {}: {e} (is crisp running?)", socket.display())))?;
+        let mut client = super::cli::connect(&socket)
+            .await
+            .map_err(|e| fail(EX_UNAVAILABLE, format!("cannot connect to {}: {} (is crisp running? the admin socket is root-only by default)", socket.display(), chain(&e))))?;
         let mut stream = client.tap(request).await.map_err(|s| fail(EX_UNAVAILABLE, format!("{}: {}", s.code(), s.message())))?.into_inner();
         // Scripts (and tests) wait for this line before they start the pod.
         eprintln!("crisp timeline: attached to {}; drawing on Ctrl-C", socket.display());
@@ -663,6 +665,17 @@ fn live(args: &TimelineArgs) -> Result<Parsed, ExitCode> {
         }
         Ok(out)
     })
+}
+
+/// An error and its sources, `: `-separated.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let _ = write!(s, ": {c}");
+        cur = c.source();
+    }
+    s
 }
 
 #[cfg(test)]
