@@ -5,10 +5,13 @@
 //! [`Display`]: std::fmt::Display
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::time::Instant;
 
 /// How crisp decides that a running sidecar is ready (DESIGN.md §2).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,13 +101,22 @@ fn host_port(s: &str) -> Result<(Option<IpAddr>, u16), String> {
     Ok((host, port))
 }
 
-/// What a probe needs from whoever runs it (the ordering engine): the pod's address, and a way
-/// to run a command in the sidecar's container (the runtime's ExecSync).
+/// What a probe needs from whoever runs it (the ordering engine): the pod's address, a TCP
+/// connection from the right place (the pod's network namespace, under the node-wide bounds),
+/// and a way to run a command in the sidecar's container (the runtime's ExecSync).
 pub trait ProbeEnv {
     /// The pod IP (loopback for hostNetwork pods); `None` while it cannot be known.
     fn pod_ip(&self) -> impl std::future::Future<Output = Option<IpAddr>> + Send;
-    /// Runs `cmd` in the container; its exit code, or why it could not run.
+    /// A TCP connection to `addr`, or why not. [`HostEnv`] connects from crisp's own namespace.
+    fn connect(&self, addr: SocketAddr) -> impl std::future::Future<Output = Result<TcpStream, String>> + Send;
+    /// Runs `cmd` in the container; its exit code, or why it could not run. Only the exit code:
+    /// a command's output never reaches crisp's logs or tap.
     fn exec(&self, cmd: &[String], timeout: Duration) -> impl std::future::Future<Output = Result<i32, String>> + Send;
+}
+
+/// Connects from crisp's own network namespace (tests, and probes of the node itself).
+pub async fn connect_here(addr: SocketAddr) -> Result<TcpStream, String> {
+    TcpStream::connect(addr).await.map_err(|e| format!("connect {addr}: {e}"))
 }
 
 /// What one probe found: `Ok` when the sidecar is ready, else why not, in words an operator
@@ -123,8 +135,8 @@ impl Readiness {
         };
         match self {
             Readiness::Running => Ok(()),
-            Readiness::Tcp { host, port } => probe_tcp(addr(*host, *port).await?, timeout).await,
-            Readiness::Http { host, port, path } => probe_http(addr(*host, *port).await?, path, timeout).await,
+            Readiness::Tcp { host, port } => probe_tcp_with(env, addr(*host, *port).await?, timeout).await,
+            Readiness::Http { host, port, path } => probe_http_with(env, addr(*host, *port).await?, path, timeout).await,
             Readiness::Exec { cmd } => match env.exec(cmd, timeout).await {
                 Ok(0) => Ok(()),
                 Ok(code) => Err(format!("exec exited {code}")),
@@ -134,20 +146,48 @@ impl Readiness {
     }
 }
 
-/// TCP connect probe.
+/// TCP connect probe from crisp's own network namespace.
 pub async fn probe_tcp(addr: SocketAddr, timeout: Duration) -> ProbeResult {
-    match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+    probe_tcp_with(&HostEnv, addr, timeout).await
+}
+
+/// TCP connect probe through `env`'s connector.
+pub async fn probe_tcp_with(env: &impl ProbeEnv, addr: SocketAddr, timeout: Duration) -> ProbeResult {
+    match tokio::time::timeout(timeout, env.connect(addr)).await {
         Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(format!("connect {addr}: {e}")),
+        Ok(Err(e)) => Err(e),
         Err(_) => Err(format!("connect {addr}: no answer within {timeout:?}")),
     }
 }
 
-/// HTTP/1.0 GET probe: ready on a 2xx or 3xx status line. Kept minimal on purpose — a probe
-/// needs the status line only, and HTTP/1.0 makes the server close the connection.
+/// Probes from crisp's own network namespace with no pod behind them: no pod IP, no exec.
+pub struct HostEnv;
+
+impl ProbeEnv for HostEnv {
+    async fn pod_ip(&self) -> Option<IpAddr> {
+        None
+    }
+
+    async fn connect(&self, addr: SocketAddr) -> Result<TcpStream, String> {
+        connect_here(addr).await
+    }
+
+    async fn exec(&self, _cmd: &[String], _timeout: Duration) -> Result<i32, String> {
+        Err("no container to run a command in".into())
+    }
+}
+
+/// HTTP/1.0 GET probe from crisp's own network namespace.
 pub async fn probe_http(addr: SocketAddr, path: &str, timeout: Duration) -> ProbeResult {
+    probe_http_with(&HostEnv, addr, path, timeout).await
+}
+
+/// HTTP/1.0 GET probe: ready on a 2xx or 3xx status line. Kept minimal on purpose — a probe
+/// needs the status line only, and HTTP/1.0 makes the server close the connection. Nothing of
+/// the answer but its status code is kept.
+pub async fn probe_http_with(env: &impl ProbeEnv, addr: SocketAddr, path: &str, timeout: Duration) -> ProbeResult {
     let fut = async {
-        let mut s = TcpStream::connect(addr).await.map_err(|e| format!("connect {addr}: {e}"))?;
+        let mut s = env.connect(addr).await?;
         let req = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nUser-Agent: crisp-probe\r\nConnection: close\r\n\r\n");
         s.write_all(req.as_bytes()).await.map_err(|e| format!("GET http://{addr}{path}: {e}"))?;
         let mut buf = [0u8; 64];
@@ -169,6 +209,139 @@ pub async fn probe_http(addr: SocketAddr, path: &str, timeout: Duration) -> Prob
     match tokio::time::timeout(timeout, fut).await {
         Ok(r) => r,
         Err(_) => Err(format!("GET http://{addr}{path}: no answer within {timeout:?}")),
+    }
+}
+
+/// Loopback or unspecified (`0.0.0.0`, `::`; a connect to either reaches the local host): an
+/// address that means "this network namespace", so only ever probed from inside the pod's.
+pub fn is_local(ip: IpAddr) -> bool {
+    let ip = ip.to_canonical();
+    ip.is_loopback() || ip.is_unspecified()
+}
+
+/// An IP network (`10.0.0.0/8`, `fd00::/8`), for the operator's `[ordering] probe_allow`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    net: IpAddr,
+    prefix: u8,
+}
+
+impl Cidr {
+    /// `ADDR/PREFIX` with the host bits zero, or a bare address (a /32 or /128).
+    pub fn parse(s: &str) -> Result<Cidr, String> {
+        let s = s.trim();
+        if s.len() > 64 {
+            return Err("longer than 64 bytes".into());
+        }
+        let (addr, prefix) = match s.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s, None),
+        };
+        let net: IpAddr = addr.parse().map_err(|_| format!("{addr:?} is not an IP address"))?;
+        let max = if net.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            None => max,
+            Some(p) => match p.parse::<u8>() {
+                Ok(n) if n <= max && !p.is_empty() && p.len() <= 3 && p.bytes().all(|b| b.is_ascii_digit()) => n,
+                _ => return Err(format!("prefix {p:?} is not a number from 0 to {max}")),
+            },
+        };
+        let c = Cidr { net, prefix };
+        if c.masked(net) != net {
+            return Err(format!("{s} has host bits set (the network is {}/{prefix})", c.masked(net)));
+        }
+        Ok(c)
+    }
+
+    /// Whether `ip` is in this network (IPv4-mapped IPv6 addresses count as IPv4).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        ip.is_ipv4() == self.net.is_ipv4() && self.masked(ip) == self.net
+    }
+
+    fn masked(&self, ip: IpAddr) -> IpAddr {
+        match ip {
+            IpAddr::V4(a) => {
+                let m = if self.prefix == 0 { 0 } else { u32::MAX << (32 - u32::from(self.prefix)) };
+                IpAddr::V4(std::net::Ipv4Addr::from(u32::from(a) & m))
+            }
+            IpAddr::V6(a) => {
+                let m = if self.prefix == 0 { 0 } else { u128::MAX << (128 - u32::from(self.prefix)) };
+                IpAddr::V6(std::net::Ipv6Addr::from(u128::from(a) & m))
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Cidr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.net, self.prefix)
+    }
+}
+
+/// The node-wide bounds on probing: at most `max_in_flight` probes at once, and TCP connects
+/// (tcp:// and http:// probes) at `connects_per_second` (a token bucket holding a tenth of a
+/// second's worth, so a burst of pods cannot open more than that at once). A probe that cannot
+/// get its slot or its connect before its own deadline is simply "not ready" this round: it is
+/// never queued beyond it, so the wait is bounded and no debt piles up.
+pub struct ProbeLimiter {
+    in_flight: Semaphore,
+    max_in_flight: usize,
+    rate: f64,
+    burst: f64,
+    bucket: Mutex<Bucket>,
+}
+
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+impl ProbeLimiter {
+    pub fn new(max_in_flight: usize, connects_per_second: u32) -> ProbeLimiter {
+        let rate = f64::from(connects_per_second.max(1));
+        let burst = (rate / 10.0).max(1.0);
+        ProbeLimiter {
+            in_flight: Semaphore::new(max_in_flight.max(1)),
+            max_in_flight: max_in_flight.max(1),
+            rate,
+            burst,
+            bucket: Mutex::new(Bucket { tokens: burst, at: Instant::now() }),
+        }
+    }
+
+    /// A probe slot, waited for until `deadline` at most.
+    pub async fn slot(&self, deadline: Instant) -> Result<SemaphorePermit<'_>, String> {
+        match tokio::time::timeout_at(deadline, self.in_flight.acquire()).await {
+            Ok(Ok(p)) => Ok(p),
+            _ => Err(format!("node-wide probe limit: {} probes in flight", self.max_in_flight)),
+        }
+    }
+
+    /// Probes running now.
+    pub fn in_flight(&self) -> usize {
+        self.max_in_flight - self.in_flight.available_permits()
+    }
+
+    /// Leave to open one connection, waited for until `deadline` at most. A token is taken only
+    /// when it will be there in time, so a probe that gives up leaves no debt behind.
+    pub async fn connect(&self, deadline: Instant) -> Result<(), String> {
+        let wait = {
+            let mut b = self.bucket.lock().unwrap_or_else(|e| e.into_inner());
+            let now = Instant::now();
+            b.tokens = (b.tokens + now.saturating_duration_since(b.at).as_secs_f64() * self.rate).min(self.burst);
+            b.at = now;
+            let wait = if b.tokens >= 1.0 { Duration::ZERO } else { Duration::from_secs_f64((1.0 - b.tokens) / self.rate) };
+            if now + wait > deadline {
+                return Err(format!("node-wide probe limit: {} connects per second", self.rate));
+            }
+            b.tokens -= 1.0;
+            wait
+        };
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+        Ok(())
     }
 }
 

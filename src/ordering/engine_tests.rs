@@ -120,7 +120,7 @@ impl Runtime for Fake {
             annotations: self.script().annotations.clone(),
             ..Default::default()
         };
-        ready(Ok(views::PodSandboxStatusResponse { status: Some(status), containers_statuses: Vec::new() }))
+        ready(Ok(views::PodSandboxStatusResponse { status: Some(status), ..Default::default() }))
     }
 
     fn container_status<'a>(&'a self, _: ApiVersion, _: &'a str) -> Answer<'a, views::ContainerStatusResponse> {
