@@ -242,7 +242,7 @@ impl Cidr {
         let prefix = match prefix {
             None => max,
             Some(p) => match p.parse::<u8>() {
-                Ok(n) if n <= max && !p.is_empty() && p.len() <= 3 && p.bytes().all(|b| b.is_ascii_digit()) => n,
+                Ok(n) if n <= max && (p == "0" || !p.starts_with('0')) && p.bytes().all(|b| b.is_ascii_digit()) => n,
                 _ => return Err(format!("prefix {p:?} is not a number from 0 to {max}")),
             },
         };
@@ -395,5 +395,97 @@ mod tests {
         // Nothing listening any more: the reason says so.
         let e = probe_tcp(addr, t).await.unwrap_err();
         assert!(e.starts_with(&format!("connect {addr}: ")) && e.contains("refused"), "{e}");
+    }
+
+    #[test]
+    fn cidrs_parse_strictly_and_match_both_families() {
+        let c = Cidr::parse("10.0.0.0/8").unwrap();
+        assert!(c.contains("10.255.1.2".parse().unwrap()) && !c.contains("11.0.0.1".parse().unwrap()));
+        assert!(c.contains("::ffff:10.1.1.1".parse().unwrap()), "IPv4-mapped counts as IPv4");
+        assert!(!c.contains("fd00::1".parse().unwrap()));
+        assert_eq!(Cidr::parse(" 192.0.2.7 ").unwrap().to_string(), "192.0.2.7/32");
+        assert!(Cidr::parse("0.0.0.0/0").unwrap().contains("8.8.8.8".parse().unwrap()));
+        let v6 = Cidr::parse("fd00::/8").unwrap();
+        assert!(v6.contains("fd12::1".parse().unwrap()) && !v6.contains("fe80::1".parse().unwrap()));
+        assert_eq!(Cidr::parse("::/0").unwrap().to_string(), "::/0");
+        for bad in ["", "10.0.0.0/", "10.0.0.0/33", "10.0.0.1/8", "10.0.0.0/+8", "10.0.0.0/008", "fd00::/129", "host/8", "10.0.0.0/8/8", &"1".repeat(80)] {
+            assert!(Cidr::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn local_means_loopback_or_unspecified() {
+        for l in ["127.0.0.1", "127.1.2.3", "::1", "0.0.0.0", "::", "::ffff:127.0.0.1"] {
+            assert!(is_local(l.parse().unwrap()), "{l}");
+        }
+        for n in ["10.0.0.1", "169.254.169.254", "fe80::1", "::ffff:10.0.0.1"] {
+            assert!(!is_local(n.parse().unwrap()), "{n}");
+        }
+    }
+
+    /// The in-flight bound: a probe waits for a slot until its deadline, then reports why.
+    #[tokio::test(start_paused = true)]
+    async fn probes_in_flight_are_bounded() {
+        let l = ProbeLimiter::new(2, 1000);
+        let t = Instant::now();
+        let a = l.slot(t + Duration::from_secs(1)).await.unwrap();
+        let _b = l.slot(t + Duration::from_secs(1)).await.unwrap();
+        assert_eq!(l.in_flight(), 2);
+        let e = l.slot(t + Duration::from_secs(1)).await.unwrap_err();
+        assert_eq!(Instant::now() - t, Duration::from_secs(1), "waited until its deadline, no longer");
+        assert!(e.contains("2 probes in flight"), "{e}");
+        drop(a);
+        assert!(l.slot(Instant::now() + Duration::from_millis(1)).await.is_ok());
+    }
+
+    /// The connect rate: a tenth of a second's worth at once, then `rate` a second; one that
+    /// cannot have its token before its deadline fails at once and leaves no debt.
+    #[tokio::test(start_paused = true)]
+    async fn connects_per_second_are_bounded() {
+        let l = ProbeLimiter::new(64, 100);
+        let t = Instant::now();
+        let far = t + Duration::from_secs(60);
+        for _ in 0..10 {
+            l.connect(far).await.unwrap();
+        }
+        assert_eq!(Instant::now(), t, "the burst is free");
+        // Too soon for a token: refused at once.
+        let e = l.connect(Instant::now() + Duration::from_millis(1)).await.unwrap_err();
+        assert!(e.contains("100 connects per second"), "{e}");
+        assert_eq!(Instant::now(), t);
+        // One second of connects: 100 more, not one beyond.
+        let mut n = 0;
+        while l.connect(t + Duration::from_secs(1)).await.is_ok() {
+            n += 1;
+        }
+        assert_eq!(n, 100, "connects in the first second after the burst");
+        assert!(Instant::now() <= t + Duration::from_secs(1));
+    }
+
+    /// A probe connects through its environment (the pod's namespace in the engine), never
+    /// straight from crisp's.
+    #[tokio::test]
+    async fn probes_connect_through_their_environment() {
+        struct Refuse;
+        impl ProbeEnv for Refuse {
+            async fn pod_ip(&self) -> Option<IpAddr> {
+                Some([127, 0, 0, 1].into())
+            }
+            async fn connect(&self, _: SocketAddr) -> Result<TcpStream, String> {
+                Err("cannot enter the pod's network namespace: test".into())
+            }
+            async fn exec(&self, _: &[String], _: Duration) -> Result<i32, String> {
+                Ok(0)
+            }
+        }
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let t = Duration::from_secs(1);
+        for spec in [format!("tcp://127.0.0.1:{port}"), format!("http://:{port}/")] {
+            let e = Readiness::parse(&spec).unwrap().probe(&Refuse, t).await.unwrap_err();
+            assert!(e.starts_with("cannot enter the pod's network namespace"), "{e}");
+        }
+        l.set_nonblocking(true).unwrap();
+        assert!(l.accept().is_err(), "nothing reached the listener");
     }
 }
