@@ -122,7 +122,7 @@ struct Namespace {
 /// that lives as long as the sandbox), then `/proc/PID/ns/net` of the sandbox's pid. Nothing
 /// when the JSON names neither; an error when it is not JSON at all.
 pub fn candidates(info: &str) -> Result<Vec<PathBuf>, String> {
-    let info: Info = serde_json::from_str(info).map_err(|e| format!("the runtime's sandbox info is not the expected JSON ({e})"))?;
+    let info: Info = serde_json::from_str(info).map_err(|e| format!("the runtime's sandbox info is not the expected JSON (line {}, column {})", e.line(), e.column()))?;
     let mut out = Vec::new();
     let spec_path = info.runtime_spec.and_then(|s| s.linux).and_then(|l| l.namespaces.into_iter().find(|n| n.kind == "network")).and_then(|n| n.path);
     if let Some(p) = spec_path.filter(|p| p.starts_with('/') && !p.contains('\0')) {
