@@ -69,6 +69,8 @@ pub struct Pod {
     net: Mutex<Option<Arc<PodNet>>>,
     /// `crisp.dev/ready.*` keys already warned about for naming another's address: once a pod.
     tenant_warned: Mutex<HashSet<String>>,
+    /// Said that its network namespace cannot be found: once a pod, whoever probes first.
+    netns_warned: AtomicBool,
     stop: Mutex<StopWindow>,
     job_watched: AtomicBool,
     /// Init or regular? For containers no annotation names (see [`InitGuess`]).
@@ -229,6 +231,7 @@ impl Pod {
             annotations_fp: annotations_fingerprint(annotations),
             net: Mutex::new(None),
             tenant_warned: Mutex::new(HashSet::new()),
+            netns_warned: AtomicBool::new(false),
             stop: Mutex::new(StopWindow::default()),
             job_watched: AtomicBool::new(false),
             init_guess: Mutex::new(InitGuess::default()),
@@ -466,11 +469,12 @@ impl Engine {
                     tracing::debug!(pod_namespace = %pod.namespace, pod_name = %pod.name, netns = %ns.path().display(), inode = ns.inode(), "probing from the pod's network namespace");
                     PodNs::Pod(ns)
                 }
-                Err(why) => {
+                Err(why) if !pod.netns_warned.swap(true, std::sync::atomic::Ordering::Relaxed) => {
                     self.metrics.probe_netns_failures.inc();
                     tracing::warn!(pod_namespace = %pod.namespace, pod_name = %pod.name, "cannot find the pod's network namespace ({why}): probes of its IP go from the node's, probes of loopback fail");
                     PodNs::Unknown(why)
                 }
+                Err(why) => PodNs::Unknown(why),
             }
         };
         let net = Arc::new(PodNet { ips, ns });
