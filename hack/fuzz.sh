@@ -21,7 +21,7 @@ SECS="${1:-600}"
 shift || true
 TARGETS=("$@")
 if [ ${#TARGETS[@]} -eq 0 ]; then
-    TARGETS=(annotations readiness views patch wire hpack huffman)
+    TARGETS=(annotations readiness views patch wire hpack huffman probe_input)
 fi
 JOBS="${FUZZ_JOBS:-2}"
 SAN="${FUZZ_SANITIZER:-none}"
@@ -42,6 +42,12 @@ for s in 'running' 'tcp://:24224' 'tcp://127.0.0.1:80' 'http://:15021/healthz/re
     printf '%s' "$s" > "corpus/readiness/seed-$i"
     i=$((i + 1))
 done
+
+# Seeds for probe_input (first byte: 0 CIDR list, 1 sandbox info JSON, 2 readiness spec).
+mkdir -p corpus/probe_input
+printf '\x0010.0.0.0/8\nfd00::/8\n192.0.2.7' > corpus/probe_input/seed-cidrs
+printf '\x01{"pid":4242,"runtimeSpec":{"linux":{"namespaces":[{"type":"network","path":"/var/run/netns/cni-1"}]}}}' > corpus/probe_input/seed-info
+printf '\x02http://169.254.169.254:80/latest' > corpus/probe_input/seed-spec
 
 echo "building ${TARGETS[*]} (${FLAGS[*]})..."
 for t in "${TARGETS[@]}"; do

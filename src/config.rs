@@ -196,7 +196,21 @@ pub struct OrderingConfig {
     /// Recognise the built-in known injectors (Istio, Linkerd, Vault agent) from their own pod
     /// annotations. `false` opts the node out; `[[injectors]]` entries still apply.
     pub known_injectors: bool,
+    /// Networks (CIDRs, or bare addresses) that a pod's own `crisp.dev/ready.*` annotation may
+    /// name besides the pod's addresses. Empty: a pod may aim probes only at itself.
+    #[serde(deserialize_with = "de_cidrs")]
+    pub probe_allow: Vec<crate::readiness::Cidr>,
+    /// Most readiness probes running at once on the node (TCP, HTTP and exec).
+    pub max_probes_in_flight: usize,
+    /// Most TCP connections per second that tcp:// and http:// probes may open, node-wide.
+    pub probe_connects_per_second: u32,
 }
+
+/// Upper bounds of the probe limits: more would not be a bound.
+pub const MAX_PROBES_IN_FLIGHT: usize = 4096;
+pub const MAX_PROBE_CONNECTS_PER_SECOND: u32 = 100_000;
+/// Most entries in `[ordering] probe_allow`.
+pub const MAX_PROBE_ALLOW: usize = 256;
 
 impl Default for OrderingConfig {
     fn default() -> Self {
@@ -206,6 +220,9 @@ impl Default for OrderingConfig {
             probe_interval: Duration::from_millis(50),
             probe_timeout: Duration::from_secs(1),
             known_injectors: true,
+            probe_allow: Vec::new(),
+            max_probes_in_flight: 64,
+            probe_connects_per_second: 200,
         }
     }
 }
@@ -284,6 +301,18 @@ impl Config {
         }
         if self.ordering.probe_interval.is_zero() {
             return Err(bad("ordering.probe_interval", "must be greater than 0".into()));
+        }
+        if self.ordering.probe_timeout.is_zero() {
+            return Err(bad("ordering.probe_timeout", "must be greater than 0".into()));
+        }
+        if !(1..=MAX_PROBES_IN_FLIGHT).contains(&self.ordering.max_probes_in_flight) {
+            return Err(bad("ordering.max_probes_in_flight", format!("must be between 1 and {MAX_PROBES_IN_FLIGHT}")));
+        }
+        if !(1..=MAX_PROBE_CONNECTS_PER_SECOND).contains(&self.ordering.probe_connects_per_second) {
+            return Err(bad("ordering.probe_connects_per_second", format!("must be between 1 and {MAX_PROBE_CONNECTS_PER_SECOND}")));
+        }
+        if self.ordering.probe_allow.len() > MAX_PROBE_ALLOW {
+            return Err(bad("ordering.probe_allow", format!("more than {MAX_PROBE_ALLOW} networks")));
         }
         if self.job.poll_interval.is_zero() {
             return Err(bad("job.poll_interval", "must be greater than 0".into()));
@@ -373,6 +402,16 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 fn de_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
     parse_duration(&s).map_err(serde::de::Error::custom)
+}
+
+fn de_cidrs<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<crate::readiness::Cidr>, D::Error> {
+    let list = Vec::<String>::deserialize(d)?;
+    parse_cidrs(&list).map_err(serde::de::Error::custom)
+}
+
+/// `[ordering] probe_allow`: every entry a network (`10.0.0.0/8`, `fd00::/8`) or an address.
+pub fn parse_cidrs(list: &[String]) -> Result<Vec<crate::readiness::Cidr>, String> {
+    list.iter().enumerate().map(|(i, s)| crate::readiness::Cidr::parse(s).map_err(|e| format!("entry {i} ({:?}): {e}", s.chars().take(64).collect::<String>()))).collect()
 }
 
 fn de_mode<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {

@@ -37,7 +37,7 @@
 //! | 3 | [`proxy`] | the forwarder: relay, crisp's HTTP/2 client to the runtime, its runtime client |
 //! | 2 | [`intercept`], [`metrics`], [`telemetry`] | the plug-in seam; call metrics; logging |
 //! | 1 | [`config`] | TOML + flags, validated once; plain data (the known-injector table included) |
-//! | 0 | [`cri`], [`status`], [`readiness`], [`systemd`] | routing, decoded views, wire framing and patches; crisp's gRPC errors; readiness specs and probes; sd_notify and socket activation |
+//! | 0 | [`cri`], [`status`], [`readiness`], [`netns`], [`systemd`] | routing, decoded views, wire framing and patches; crisp's gRPC errors; readiness specs, probes and their node-wide bounds; sockets made in a pod's network namespace; sd_notify and socket activation |
 
 pub mod admin;
 pub mod config;
@@ -46,6 +46,7 @@ pub mod daemon;
 pub mod doctor;
 pub mod intercept;
 pub mod metrics;
+pub mod netns;
 pub mod ordering;
 pub mod proxy;
 pub mod readiness;

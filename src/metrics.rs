@@ -51,6 +51,14 @@ pub struct OrderingMetrics {
     pub bad_annotations: Counter,
     pub probe_errors: Counter,
     pub job_sidecars_stopped: Counter,
+    /// Readiness probes running now (bounded by `[ordering] max_probes_in_flight`).
+    pub probe_in_flight: Gauge,
+    /// TCP connections opened by tcp:// and http:// probes.
+    pub probe_connects: Counter,
+    /// Probes not run (reported "not ready" this round) because a node-wide bound was reached.
+    pub probe_limited: Counter,
+    /// CNI pods whose network namespace could not be found or entered.
+    pub probe_netns_failures: Counter,
 }
 
 impl Default for OrderingMetrics {
@@ -67,6 +75,10 @@ impl Default for OrderingMetrics {
             bad_annotations: Counter::default(),
             probe_errors: Counter::default(),
             job_sidecars_stopped: Counter::default(),
+            probe_in_flight: Gauge::default(),
+            probe_connects: Counter::default(),
+            probe_limited: Counter::default(),
+            probe_netns_failures: Counter::default(),
         }
     }
 }
@@ -81,6 +93,14 @@ impl OrderingMetrics {
         reg.register("crisp_bad_annotations", "Malformed crisp.dev annotations (pods run as if the key were absent)", self.bad_annotations.clone());
         reg.register("crisp_probe_errors", "Readiness probes that could not be run (runtime errors)", self.probe_errors.clone());
         reg.register("crisp_job_sidecars_stopped", "Sidecars stopped by crisp because their Job finished", self.job_sidecars_stopped.clone());
+        reg.register("crisp_probe_in_flight", "Readiness probes running now (node-wide bound: ordering.max_probes_in_flight)", self.probe_in_flight.clone());
+        reg.register("crisp_probe_connects", "TCP connections opened by readiness probes", self.probe_connects.clone());
+        reg.register("crisp_probe_limited", "Readiness probes not run this round because a node-wide probe bound was reached", self.probe_limited.clone());
+        reg.register(
+            "crisp_probe_netns_failures",
+            "CNI pods whose network namespace crisp could not find or enter (probes of their loopback fail)",
+            self.probe_netns_failures.clone(),
+        );
     }
 }
 
@@ -352,6 +372,10 @@ mod tests {
             ("crisp_bad_annotations_total", "counter", "Malformed crisp.dev annotations (pods run as if the key were absent)."),
             ("crisp_probe_errors_total", "counter", "Readiness probes that could not be run (runtime errors)."),
             ("crisp_job_sidecars_stopped_total", "counter", "Sidecars stopped by crisp because their Job finished."),
+            ("crisp_probe_in_flight", "gauge", "Readiness probes running now (node-wide bound: ordering.max_probes_in_flight)."),
+            ("crisp_probe_connects_total", "counter", "TCP connections opened by readiness probes."),
+            ("crisp_probe_limited_total", "counter", "Readiness probes not run this round because a node-wide probe bound was reached."),
+            ("crisp_probe_netns_failures_total", "counter", "CNI pods whose network namespace crisp could not find or enter (probes of their loopback fail)."),
         ] {
             let want = format!("# HELP {name} {help}\n# TYPE {name} {kind}\n");
             assert!(out.contains(&want), "missing {want:?} in\n{out}");

@@ -5,10 +5,13 @@
 //! [`Display`]: std::fmt::Display
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::time::Instant;
 
 /// How crisp decides that a running sidecar is ready (DESIGN.md §2).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,13 +101,22 @@ fn host_port(s: &str) -> Result<(Option<IpAddr>, u16), String> {
     Ok((host, port))
 }
 
-/// What a probe needs from whoever runs it (the ordering engine): the pod's address, and a way
-/// to run a command in the sidecar's container (the runtime's ExecSync).
+/// What a probe needs from whoever runs it (the ordering engine): the pod's address, a TCP
+/// connection from the right place (the pod's network namespace, under the node-wide bounds),
+/// and a way to run a command in the sidecar's container (the runtime's ExecSync).
 pub trait ProbeEnv {
     /// The pod IP (loopback for hostNetwork pods); `None` while it cannot be known.
     fn pod_ip(&self) -> impl std::future::Future<Output = Option<IpAddr>> + Send;
-    /// Runs `cmd` in the container; its exit code, or why it could not run.
+    /// A TCP connection to `addr`, or why not. [`HostEnv`] connects from crisp's own namespace.
+    fn connect(&self, addr: SocketAddr) -> impl std::future::Future<Output = Result<TcpStream, String>> + Send;
+    /// Runs `cmd` in the container; its exit code, or why it could not run. Only the exit code:
+    /// a command's output never reaches crisp's logs or tap.
     fn exec(&self, cmd: &[String], timeout: Duration) -> impl std::future::Future<Output = Result<i32, String>> + Send;
+}
+
+/// Connects from crisp's own network namespace (tests, and probes of the node itself).
+pub async fn connect_here(addr: SocketAddr) -> Result<TcpStream, String> {
+    TcpStream::connect(addr).await.map_err(|e| format!("connect {addr}: {e}"))
 }
 
 /// What one probe found: `Ok` when the sidecar is ready, else why not, in words an operator
@@ -123,8 +135,8 @@ impl Readiness {
         };
         match self {
             Readiness::Running => Ok(()),
-            Readiness::Tcp { host, port } => probe_tcp(addr(*host, *port).await?, timeout).await,
-            Readiness::Http { host, port, path } => probe_http(addr(*host, *port).await?, path, timeout).await,
+            Readiness::Tcp { host, port } => probe_tcp_with(env, addr(*host, *port).await?, timeout).await,
+            Readiness::Http { host, port, path } => probe_http_with(env, addr(*host, *port).await?, path, timeout).await,
             Readiness::Exec { cmd } => match env.exec(cmd, timeout).await {
                 Ok(0) => Ok(()),
                 Ok(code) => Err(format!("exec exited {code}")),
@@ -134,20 +146,48 @@ impl Readiness {
     }
 }
 
-/// TCP connect probe.
+/// TCP connect probe from crisp's own network namespace.
 pub async fn probe_tcp(addr: SocketAddr, timeout: Duration) -> ProbeResult {
-    match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+    probe_tcp_with(&HostEnv, addr, timeout).await
+}
+
+/// TCP connect probe through `env`'s connector.
+pub async fn probe_tcp_with(env: &impl ProbeEnv, addr: SocketAddr, timeout: Duration) -> ProbeResult {
+    match tokio::time::timeout(timeout, env.connect(addr)).await {
         Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(format!("connect {addr}: {e}")),
+        Ok(Err(e)) => Err(e),
         Err(_) => Err(format!("connect {addr}: no answer within {timeout:?}")),
     }
 }
 
-/// HTTP/1.0 GET probe: ready on a 2xx or 3xx status line. Kept minimal on purpose — a probe
-/// needs the status line only, and HTTP/1.0 makes the server close the connection.
+/// Probes from crisp's own network namespace with no pod behind them: no pod IP, no exec.
+pub struct HostEnv;
+
+impl ProbeEnv for HostEnv {
+    async fn pod_ip(&self) -> Option<IpAddr> {
+        None
+    }
+
+    async fn connect(&self, addr: SocketAddr) -> Result<TcpStream, String> {
+        connect_here(addr).await
+    }
+
+    async fn exec(&self, _cmd: &[String], _timeout: Duration) -> Result<i32, String> {
+        Err("no container to run a command in".into())
+    }
+}
+
+/// HTTP/1.0 GET probe from crisp's own network namespace.
 pub async fn probe_http(addr: SocketAddr, path: &str, timeout: Duration) -> ProbeResult {
+    probe_http_with(&HostEnv, addr, path, timeout).await
+}
+
+/// HTTP/1.0 GET probe: ready on a 2xx or 3xx status line. Kept minimal on purpose — a probe
+/// needs the status line only, and HTTP/1.0 makes the server close the connection. Nothing of
+/// the answer but its status code is kept.
+pub async fn probe_http_with(env: &impl ProbeEnv, addr: SocketAddr, path: &str, timeout: Duration) -> ProbeResult {
     let fut = async {
-        let mut s = TcpStream::connect(addr).await.map_err(|e| format!("connect {addr}: {e}"))?;
+        let mut s = env.connect(addr).await?;
         let req = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nUser-Agent: crisp-probe\r\nConnection: close\r\n\r\n");
         s.write_all(req.as_bytes()).await.map_err(|e| format!("GET http://{addr}{path}: {e}"))?;
         let mut buf = [0u8; 64];
@@ -169,6 +209,139 @@ pub async fn probe_http(addr: SocketAddr, path: &str, timeout: Duration) -> Prob
     match tokio::time::timeout(timeout, fut).await {
         Ok(r) => r,
         Err(_) => Err(format!("GET http://{addr}{path}: no answer within {timeout:?}")),
+    }
+}
+
+/// Loopback or unspecified (`0.0.0.0`, `::`; a connect to either reaches the local host): an
+/// address that means "this network namespace", so only ever probed from inside the pod's.
+pub fn is_local(ip: IpAddr) -> bool {
+    let ip = ip.to_canonical();
+    ip.is_loopback() || ip.is_unspecified()
+}
+
+/// An IP network (`10.0.0.0/8`, `fd00::/8`), for the operator's `[ordering] probe_allow`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    net: IpAddr,
+    prefix: u8,
+}
+
+impl Cidr {
+    /// `ADDR/PREFIX` with the host bits zero, or a bare address (a /32 or /128).
+    pub fn parse(s: &str) -> Result<Cidr, String> {
+        let s = s.trim();
+        if s.len() > 64 {
+            return Err("longer than 64 bytes".into());
+        }
+        let (addr, prefix) = match s.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s, None),
+        };
+        let net: IpAddr = addr.parse().map_err(|_| format!("{addr:?} is not an IP address"))?;
+        let max = if net.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            None => max,
+            Some(p) => match p.parse::<u8>() {
+                Ok(n) if n <= max && (p == "0" || !p.starts_with('0')) && p.bytes().all(|b| b.is_ascii_digit()) => n,
+                _ => return Err(format!("prefix {p:?} is not a number from 0 to {max}")),
+            },
+        };
+        let c = Cidr { net, prefix };
+        if c.masked(net) != net {
+            return Err(format!("{s} has host bits set (the network is {}/{prefix})", c.masked(net)));
+        }
+        Ok(c)
+    }
+
+    /// Whether `ip` is in this network (IPv4-mapped IPv6 addresses count as IPv4).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        ip.is_ipv4() == self.net.is_ipv4() && self.masked(ip) == self.net
+    }
+
+    fn masked(&self, ip: IpAddr) -> IpAddr {
+        match ip {
+            IpAddr::V4(a) => {
+                let m = if self.prefix == 0 { 0 } else { u32::MAX << (32 - u32::from(self.prefix)) };
+                IpAddr::V4(std::net::Ipv4Addr::from(u32::from(a) & m))
+            }
+            IpAddr::V6(a) => {
+                let m = if self.prefix == 0 { 0 } else { u128::MAX << (128 - u32::from(self.prefix)) };
+                IpAddr::V6(std::net::Ipv6Addr::from(u128::from(a) & m))
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Cidr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.net, self.prefix)
+    }
+}
+
+/// The node-wide bounds on probing: at most `max_in_flight` probes at once, and TCP connects
+/// (tcp:// and http:// probes) at `connects_per_second` (a token bucket holding a tenth of a
+/// second's worth, so a burst of pods cannot open more than that at once). A probe that cannot
+/// get its slot or its connect before its own deadline is simply "not ready" this round: it is
+/// never queued beyond it, so the wait is bounded and no debt piles up.
+pub struct ProbeLimiter {
+    in_flight: Semaphore,
+    max_in_flight: usize,
+    rate: f64,
+    burst: f64,
+    bucket: Mutex<Bucket>,
+}
+
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+impl ProbeLimiter {
+    pub fn new(max_in_flight: usize, connects_per_second: u32) -> ProbeLimiter {
+        let rate = f64::from(connects_per_second.max(1));
+        let burst = (rate / 10.0).max(1.0);
+        ProbeLimiter {
+            in_flight: Semaphore::new(max_in_flight.max(1)),
+            max_in_flight: max_in_flight.max(1),
+            rate,
+            burst,
+            bucket: Mutex::new(Bucket { tokens: burst, at: Instant::now() }),
+        }
+    }
+
+    /// A probe slot, waited for until `deadline` at most.
+    pub async fn slot(&self, deadline: Instant) -> Result<SemaphorePermit<'_>, String> {
+        match tokio::time::timeout_at(deadline, self.in_flight.acquire()).await {
+            Ok(Ok(p)) => Ok(p),
+            _ => Err(format!("node-wide probe limit: {} probes in flight", self.max_in_flight)),
+        }
+    }
+
+    /// Probes running now.
+    pub fn in_flight(&self) -> usize {
+        self.max_in_flight - self.in_flight.available_permits()
+    }
+
+    /// Leave to open one connection, waited for until `deadline` at most. A token is taken only
+    /// when it will be there in time, so a probe that gives up leaves no debt behind.
+    pub async fn connect(&self, deadline: Instant) -> Result<(), String> {
+        let wait = {
+            let mut b = self.bucket.lock().unwrap_or_else(|e| e.into_inner());
+            let now = Instant::now();
+            b.tokens = (b.tokens + now.saturating_duration_since(b.at).as_secs_f64() * self.rate).min(self.burst);
+            b.at = now;
+            let wait = if b.tokens >= 1.0 { Duration::ZERO } else { Duration::from_secs_f64((1.0 - b.tokens) / self.rate) };
+            if now + wait > deadline {
+                return Err(format!("node-wide probe limit: {} connects per second", self.rate));
+            }
+            b.tokens -= 1.0;
+            wait
+        };
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+        Ok(())
     }
 }
 
@@ -222,5 +395,97 @@ mod tests {
         // Nothing listening any more: the reason says so.
         let e = probe_tcp(addr, t).await.unwrap_err();
         assert!(e.starts_with(&format!("connect {addr}: ")) && e.contains("refused"), "{e}");
+    }
+
+    #[test]
+    fn cidrs_parse_strictly_and_match_both_families() {
+        let c = Cidr::parse("10.0.0.0/8").unwrap();
+        assert!(c.contains("10.255.1.2".parse().unwrap()) && !c.contains("11.0.0.1".parse().unwrap()));
+        assert!(c.contains("::ffff:10.1.1.1".parse().unwrap()), "IPv4-mapped counts as IPv4");
+        assert!(!c.contains("fd00::1".parse().unwrap()));
+        assert_eq!(Cidr::parse(" 192.0.2.7 ").unwrap().to_string(), "192.0.2.7/32");
+        assert!(Cidr::parse("0.0.0.0/0").unwrap().contains("8.8.8.8".parse().unwrap()));
+        let v6 = Cidr::parse("fd00::/8").unwrap();
+        assert!(v6.contains("fd12::1".parse().unwrap()) && !v6.contains("fe80::1".parse().unwrap()));
+        assert_eq!(Cidr::parse("::/0").unwrap().to_string(), "::/0");
+        for bad in ["", "10.0.0.0/", "10.0.0.0/33", "10.0.0.1/8", "10.0.0.0/+8", "10.0.0.0/008", "fd00::/129", "host/8", "10.0.0.0/8/8", &"1".repeat(80)] {
+            assert!(Cidr::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn local_means_loopback_or_unspecified() {
+        for l in ["127.0.0.1", "127.1.2.3", "::1", "0.0.0.0", "::", "::ffff:127.0.0.1"] {
+            assert!(is_local(l.parse().unwrap()), "{l}");
+        }
+        for n in ["10.0.0.1", "169.254.169.254", "fe80::1", "::ffff:10.0.0.1"] {
+            assert!(!is_local(n.parse().unwrap()), "{n}");
+        }
+    }
+
+    /// The in-flight bound: a probe waits for a slot until its deadline, then reports why.
+    #[tokio::test(start_paused = true)]
+    async fn probes_in_flight_are_bounded() {
+        let l = ProbeLimiter::new(2, 1000);
+        let t = Instant::now();
+        let a = l.slot(t + Duration::from_secs(1)).await.unwrap();
+        let _b = l.slot(t + Duration::from_secs(1)).await.unwrap();
+        assert_eq!(l.in_flight(), 2);
+        let e = l.slot(t + Duration::from_secs(1)).await.unwrap_err();
+        assert_eq!(Instant::now() - t, Duration::from_secs(1), "waited until its deadline, no longer");
+        assert!(e.contains("2 probes in flight"), "{e}");
+        drop(a);
+        assert!(l.slot(Instant::now() + Duration::from_millis(1)).await.is_ok());
+    }
+
+    /// The connect rate: a tenth of a second's worth at once, then `rate` a second; one that
+    /// cannot have its token before its deadline fails at once and leaves no debt.
+    #[tokio::test(start_paused = true)]
+    async fn connects_per_second_are_bounded() {
+        let l = ProbeLimiter::new(64, 100);
+        let t = Instant::now();
+        let far = t + Duration::from_secs(60);
+        for _ in 0..10 {
+            l.connect(far).await.unwrap();
+        }
+        assert_eq!(Instant::now(), t, "the burst is free");
+        // Too soon for a token: refused at once.
+        let e = l.connect(Instant::now() + Duration::from_millis(1)).await.unwrap_err();
+        assert!(e.contains("100 connects per second"), "{e}");
+        assert_eq!(Instant::now(), t);
+        // One second of connects: 100 more, not one beyond.
+        let mut n = 0;
+        while l.connect(t + Duration::from_secs(1)).await.is_ok() {
+            n += 1;
+        }
+        assert_eq!(n, 100, "connects in the first second after the burst");
+        assert!(Instant::now() <= t + Duration::from_secs(1));
+    }
+
+    /// A probe connects through its environment (the pod's namespace in the engine), never
+    /// straight from crisp's.
+    #[tokio::test]
+    async fn probes_connect_through_their_environment() {
+        struct Refuse;
+        impl ProbeEnv for Refuse {
+            async fn pod_ip(&self) -> Option<IpAddr> {
+                Some([127, 0, 0, 1].into())
+            }
+            async fn connect(&self, _: SocketAddr) -> Result<TcpStream, String> {
+                Err("cannot enter the pod's network namespace: test".into())
+            }
+            async fn exec(&self, _: &[String], _: Duration) -> Result<i32, String> {
+                Ok(0)
+            }
+        }
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let t = Duration::from_secs(1);
+        for spec in [format!("tcp://127.0.0.1:{port}"), format!("http://:{port}/")] {
+            let e = Readiness::parse(&spec).unwrap().probe(&Refuse, t).await.unwrap_err();
+            assert!(e.starts_with("cannot enter the pod's network namespace"), "{e}");
+        }
+        l.set_nonblocking(true).unwrap();
+        assert!(l.accept().is_err(), "nothing reached the listener");
     }
 }

@@ -5,8 +5,15 @@
 use std::path::{Path, PathBuf};
 
 /// Bottom first. Modules of one layer do not import each other.
-const LAYERS: &[&[&str]] =
-    &[&["readiness", "status", "cri", "systemd"], &["config"], &["intercept", "metrics", "telemetry"], &["proxy"], &["ordering", "tap"], &["admin", "doctor"], &["daemon"]];
+const LAYERS: &[&[&str]] = &[
+    &["readiness", "netns", "status", "cri", "systemd"],
+    &["config"],
+    &["intercept", "metrics", "telemetry"],
+    &["proxy"],
+    &["ordering", "tap"],
+    &["admin", "doctor"],
+    &["daemon"],
+];
 
 fn layer_of(module: &str) -> Option<usize> {
     LAYERS.iter().position(|l| l.contains(&module))

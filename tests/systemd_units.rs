@@ -120,7 +120,14 @@ fn units_say_what_the_design_asks() {
         assert!(words(&service, dep).contains(&"crisp.socket".to_string()), "{dep}=crisp.socket");
     }
     assert!(words(&service, "Before").contains(&"kubelet.service".to_string()));
-    for (k, v) in [("NoNewPrivileges", "yes"), ("ProtectSystem", "strict"), ("ProtectHome", "yes"), ("PrivateTmp", "yes"), ("CapabilityBoundingSet", "")] {
+    for (k, v) in [
+        ("NoNewPrivileges", "yes"),
+        ("ProtectSystem", "strict"),
+        ("ProtectHome", "yes"),
+        ("PrivateTmp", "yes"),
+        ("CapabilityBoundingSet", "CAP_SYS_ADMIN"),
+        ("RestrictNamespaces", "net"),
+    ] {
         assert_eq!(values(&service, k), [v], "{k}={v}");
     }
     // RuntimeDirectory= would delete /run/crisp (and the socket systemd holds there) on stop.

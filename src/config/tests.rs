@@ -133,3 +133,30 @@ fn injectors_extend_the_builtin_table_and_are_validated() {
     let e = Config::from_toml("[[injectors]]\nname = \"x\"\nwhen = []\n", "t").unwrap_err();
     assert!(e.to_string().contains("injectors[0].when"), "{e}");
 }
+
+#[test]
+fn probe_allow_and_probe_bounds() {
+    let c = Config::from_toml("", "t").unwrap();
+    assert!(c.ordering.probe_allow.is_empty(), "pods may aim only at themselves by default");
+    assert_eq!((c.ordering.max_probes_in_flight, c.ordering.probe_connects_per_second), (64, 200));
+    let c = Config::from_toml("[ordering]\nprobe_allow = [\"10.0.0.0/8\", \"fd00::/8\", \"192.0.2.7\"]\nmax_probes_in_flight = 8\nprobe_connects_per_second = 50\n", "t").unwrap();
+    let shown: Vec<String> = c.ordering.probe_allow.iter().map(|c| c.to_string()).collect();
+    assert_eq!(shown, ["10.0.0.0/8", "fd00::/8", "192.0.2.7/32"]);
+    assert!(c.ordering.probe_allow[0].contains("10.3.4.5".parse().unwrap()));
+    assert_eq!((c.ordering.max_probes_in_flight, c.ordering.probe_connects_per_second), (8, 50));
+    for (text, key, what) in [
+        ("probe_allow = [\"10.0.0.1/8\"]", "ordering.probe_allow", "host bits"),
+        ("probe_allow = [\"10.0.0.0/8\", \"nonsense\"]", "ordering.probe_allow", "entry 1"),
+        ("probe_allow = \"10.0.0.0/8\"", "ordering.probe_allow", ""),
+        ("max_probes_in_flight = 0", "ordering.max_probes_in_flight", "between 1 and"),
+        ("max_probes_in_flight = 100000", "ordering.max_probes_in_flight", "between 1 and"),
+        ("probe_connects_per_second = 0", "ordering.probe_connects_per_second", "between 1 and"),
+        ("probe_timeout = \"0s\"", "ordering.probe_timeout", "greater than 0"),
+    ] {
+        let e = err(&format!("[ordering]\n{text}\n"));
+        assert!(e.contains(key) && e.contains(what), "{text}: {e}");
+    }
+    let many: Vec<String> = (0..=MAX_PROBE_ALLOW).map(|i| format!("\"10.{}.{}.0/24\"", i / 256, i % 256)).collect();
+    let e = err(&format!("[ordering]\nprobe_allow = [{}]\n", many.join(",")));
+    assert!(e.contains("ordering.probe_allow") && e.contains("more than"), "{e}");
+}

@@ -82,6 +82,16 @@ pub struct PodSandboxIdRequest {
     pub pod_sandbox_id: String,
 }
 
+/// PodSandboxStatus with `verbose` (the runtime adds its own `info`: crisp reads the sandbox's
+/// network namespace from it, `netns.rs`).
+#[derive(Clone, PartialEq, Message)]
+pub struct PodSandboxStatusRequest {
+    #[prost(string, tag = "1")]
+    pub pod_sandbox_id: String,
+    #[prost(bool, tag = "2")]
+    pub verbose: bool,
+}
+
 #[derive(Clone, PartialEq, Message)]
 pub struct ContainerMetadata {
     #[prost(string, tag = "1")]
@@ -221,6 +231,9 @@ impl PodSandboxStatus {
 pub struct PodSandboxStatusResponse {
     #[prost(message, optional, tag = "1")]
     pub status: Option<PodSandboxStatus>,
+    /// Only in verbose answers: runtime-specific, e.g. containerd's `info` JSON.
+    #[prost(map = "string, string", tag = "2")]
+    pub info: HashMap<String, String>,
     #[prost(message, repeated, tag = "3")]
     pub containers_statuses: Vec<ContainerStatus>,
 }

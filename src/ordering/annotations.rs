@@ -5,11 +5,12 @@
 //! and the pod is treated as if the key were absent.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::time::Duration;
 
 use super::injectors::{self, InjectorRule};
 use crate::config::{parse_duration, SidecarRule, TimeoutPolicy, MAX_START_TIMEOUT};
-use crate::readiness::Readiness;
+use crate::readiness::{self, Cidr, Readiness};
 
 pub const SIDECARS: &str = "crisp.dev/sidecars";
 pub const READY_PREFIX: &str = "crisp.dev/ready.";
@@ -29,6 +30,52 @@ pub struct Sidecar {
     /// The sidecar will exist: when it is not created yet (listed after the app) the app is
     /// refused until it is. `false` (node rules, some injectors): waited for once it exists.
     pub required: bool,
+    /// `ready` came from the pod's own `crisp.dev/ready.<name>` and names a host that only the
+    /// pod's addresses may be (see [`tenant_may_aim`]): checked before the first probe.
+    pub tenant: Option<Box<TenantReady>>,
+}
+
+/// A readiness the pod's author wrote naming a host (not the pod IP, not loopback): it may be
+/// probed only if that host turns out to be one of the pod's own IPs (known once the sandbox
+/// runs) or in the operator's `[ordering] probe_allow`. Else the annotation is malformed:
+/// warned about once, and `fallback` (what the sidecar's readiness is without the key) is used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantReady {
+    pub key: String,
+    pub value: String,
+    pub fallback: Readiness,
+}
+
+impl TenantReady {
+    /// The warning for an annotation that named someone else's address.
+    pub fn warning(&self, reason: String) -> Warning {
+        Warning { key: self.key.clone(), value: self.value.clone(), reason: format!("{reason}; using `{}`", self.fallback) }
+    }
+}
+
+/// The check a readiness from a pod annotation must pass before crisp connects anywhere: its
+/// host is the pod IP (empty), loopback or unspecified (the pod's own namespace), one of the
+/// pod's IPs (`pod_ips`, from the runtime), or inside a network the operator allowed.
+pub fn tenant_may_aim(ready: &Readiness, pod_ips: &[IpAddr], allow: &[Cidr]) -> Result<(), String> {
+    let host = match ready {
+        Readiness::Tcp { host: Some(h), .. } | Readiness::Http { host: Some(h), .. } => h.to_canonical(),
+        _ => return Ok(()),
+    };
+    if readiness::is_local(host) || pod_ips.iter().any(|ip| ip.to_canonical() == host) || allow.iter().any(|c| c.contains(host)) {
+        return Ok(());
+    }
+    Err(format!("host {host} is not one of the pod's own addresses (its IPs or loopback) nor in the node's [ordering] probe_allow"))
+}
+
+/// The [`TenantReady`] for a readiness parsed from annotation `key`, when its host needs the
+/// check at all (a local host passes whatever the pod's IPs are).
+pub fn tenant_ready(key: &str, value: &str, ready: &Readiness, fallback: impl FnOnce() -> Readiness) -> Option<Box<TenantReady>> {
+    match ready {
+        Readiness::Tcp { host: Some(h), .. } | Readiness::Http { host: Some(h), .. } if !readiness::is_local(*h) => {
+            Some(Box::new(TenantReady { key: key.to_string(), value: value.to_string(), fallback: fallback() }))
+        }
+        _ => None,
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,21 +209,31 @@ impl PodPolicy {
                     .into_iter()
                     .map(|name| {
                         let key = format!("{READY_PREFIX}{name}");
-                        let ready = match annotations.get(&key) {
-                            None => rules.iter().find(|r| r.name == name).and_then(|r| Readiness::parse(&r.ready).ok()).unwrap_or(Readiness::Running),
-                            Some(spec) => Readiness::parse(spec).unwrap_or_else(|reason| {
-                                warn(&key, spec, format!("{reason}; using `running`"));
-                                Readiness::Running
-                            }),
+                        let from_rule = || rules.iter().find(|r| r.name == name).and_then(|r| Readiness::parse(&r.ready).ok()).unwrap_or(Readiness::Running);
+                        let (ready, tenant) = match annotations.get(&key) {
+                            None => (from_rule(), None),
+                            Some(spec) => match Readiness::parse(spec) {
+                                Ok(r) => {
+                                    let tenant = tenant_ready(&key, spec, &r, from_rule);
+                                    (r, tenant)
+                                }
+                                Err(reason) => {
+                                    warn(&key, spec, format!("{reason}; using `running`"));
+                                    (Readiness::Running, None)
+                                }
+                            },
                         };
-                        Sidecar { name, ready, required: true }
+                        Sidecar { name, ready, required: true, tenant }
                     })
                     .collect::<Vec<_>>();
                 (list, Source::Annotation)
             }
             None => {
                 // Node rules; invalid rule readiness was rejected at config load.
-                let list = rules.iter().map(|r| Sidecar { name: r.name.clone(), ready: Readiness::parse(&r.ready).unwrap_or(Readiness::Running), required: false }).collect();
+                let list = rules
+                    .iter()
+                    .map(|r| Sidecar { name: r.name.clone(), ready: Readiness::parse(&r.ready).unwrap_or(Readiness::Running), required: false, tenant: None })
+                    .collect();
                 (list, Source::NodeRules)
             }
         };

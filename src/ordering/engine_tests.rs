@@ -51,6 +51,8 @@ struct Script {
     lists: usize,
     /// Every ListContainers answers this late (a runtime under load).
     list_delay: Duration,
+    /// The pod IP PodSandboxStatus reports (none: not networked).
+    ip: Option<String>,
 }
 
 #[derive(Default, Clone)]
@@ -114,13 +116,18 @@ impl Runtime for Fake {
     }
 
     fn pod_sandbox_status<'a>(&'a self, _: ApiVersion, id: &'a str) -> Answer<'a, views::PodSandboxStatusResponse> {
+        let (annotations, ip) = {
+            let s = self.script();
+            (s.annotations.clone(), s.ip.clone())
+        };
         let status = views::PodSandboxStatus {
             id: id.into(),
             metadata: Some(views::PodSandboxMetadata { name: "pod".into(), namespace: "ns".into(), uid: "uid".into(), attempt: 0 }),
-            annotations: self.script().annotations.clone(),
+            annotations,
+            network: ip.map(|ip| views::PodSandboxNetworkStatus { ip, additional_ips: Vec::new() }),
             ..Default::default()
         };
-        ready(Ok(views::PodSandboxStatusResponse { status: Some(status), containers_statuses: Vec::new() }))
+        ready(Ok(views::PodSandboxStatusResponse { status: Some(status), ..Default::default() }))
     }
 
     fn container_status<'a>(&'a self, _: ApiVersion, _: &'a str) -> Answer<'a, views::ContainerStatusResponse> {
@@ -550,4 +557,72 @@ async fn stop_pod_sandbox_waits_for_the_apps_then_stops_sidecars_in_reverse() {
     assert_held(held, 2 * S, 100 * MS);
     let stops: Vec<(String, i64)> = fake.script().stops.iter().map(|(n, s, _)| (n.clone(), *s)).collect();
     assert_eq!(stops, vec![("second".to_string(), 28), ("first".to_string(), 28)], "reverse order, with what is left of the budget");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue #19: who may aim a probe where
+
+/// A pod annotation aimed at an address that is not the pod's: one warning and one
+/// `crisp_bad_annotations_total` per pod however often it is probed, nothing connected to, and
+/// the sidecar judged as if the key were absent (`running`: the app goes at once).
+#[tokio::test(start_paused = true)]
+async fn an_annotation_aimed_elsewhere_is_bad_once_and_treated_as_absent() {
+    let fake = Fake::default();
+    let engine = pod(&fake, &["proxy"], &[]);
+    fake.script().annotations.insert("crisp.dev/ready.proxy".into(), "http://192.0.2.1:10255/pods".into());
+    fake.script().ip = Some("10.1.2.3".into());
+    fake.add("proxy", Some(now()));
+    for _ in 0..3 {
+        let (v, held) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await;
+        assert_forward(&v);
+        assert_eq!(held, Duration::ZERO);
+    }
+    assert_eq!(engine.metrics.bad_annotations.get(), 1, "once per pod, not per probe");
+    assert_eq!(engine.metrics.probe_connects.get(), 0, "nothing connected to");
+    let (p, _) = engine.lookup(Some(SANDBOX), None);
+    assert_eq!(p.and_then(|p| p.last_probe("proxy")).map(|l| l.result), Some(Ok(())));
+}
+
+/// The same spec naming the pod's own IP, or a network the operator allowed, is probed.
+#[tokio::test(start_paused = true)]
+async fn an_annotation_naming_the_pods_ip_or_an_allowed_network_is_probed() {
+    for (ip, allow) in [("192.0.2.1", vec![]), ("10.1.2.3", vec!["192.0.2.0/24"])] {
+        let fake = Fake::default();
+        fake.script().annotations = [(annotations::SIDECARS, "proxy"), ("crisp.dev/ready.proxy", "tcp://192.0.2.1:1"), (annotations::START_TIMEOUT, "1s")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        fake.script().ip = Some(ip.into());
+        let mut cfg = Config::default();
+        cfg.ordering.probe_allow = crate::config::parse_cidrs(&allow.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+        cfg.ordering.probe_timeout = 10 * MS;
+        let engine = Engine::new(&cfg, fake.clone(), Arc::new(OrderingMetrics::default()), Arc::new(job::Terminated::open(None)));
+        fake.add("proxy", Some(now()));
+        let _ = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await;
+        assert_eq!(engine.metrics.bad_annotations.get(), 0, "{ip} {allow:?}");
+        assert!(engine.metrics.probe_connects.get() > 0, "{ip} {allow:?}: not probed");
+    }
+}
+
+/// A CNI pod whose network namespace the runtime does not reveal: a probe of loopback fails
+/// with the reason and never reaches the node's loopback (a listener there accepts nothing).
+#[tokio::test(start_paused = true)]
+async fn loopback_of_a_pod_whose_namespace_is_unknown_is_never_the_nodes() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.set_nonblocking(true).unwrap();
+    let port = l.local_addr().unwrap().port();
+    let fake = Fake::default();
+    let engine = pod(&fake, &["proxy"], &[(annotations::START_TIMEOUT, "1s")]);
+    fake.script().annotations.insert("crisp.dev/ready.proxy".into(), format!("tcp://127.0.0.1:{port}"));
+    fake.script().ip = Some("10.1.2.3".into());
+    fake.add("proxy", Some(now()));
+    let (v, held) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await;
+    assert_forward(&v);
+    assert_held(held, S, 100 * MS);
+    assert_eq!(l.accept().map_err(|e| e.kind()).err(), Some(std::io::ErrorKind::WouldBlock), "crisp connected to the node's loopback");
+    let (p, _) = engine.lookup(Some(SANDBOX), None);
+    let why = p.and_then(|p| p.last_probe("proxy")).map(|l| l.result).unwrap().unwrap_err();
+    assert!(why.starts_with("cannot enter the pod's network namespace: "), "{why}");
+    assert_eq!(engine.metrics.probe_netns_failures.get(), 1, "found (and logged) once per pod");
+    assert_eq!(engine.metrics.bad_annotations.get(), 0, "loopback is the pod's own");
 }

@@ -65,9 +65,13 @@ pub fn recognise(table: &[InjectorRule], annotations: &HashMap<String, String>, 
                 out.init_containers.push(name.clone());
             }
         }
-        let mut add = |name: &str, ready: Readiness, required: bool| {
+        let mut add = |name: &str, ready: Readiness, required: bool, base: &dyn Fn() -> Readiness| {
             if !out.sidecars.iter().any(|s| s.name == name) {
-                out.sidecars.push(Sidecar { name: name.to_string(), ready, required });
+                // An overriding `crisp.dev/ready.<name>` is the pod author's: checked at probe
+                // time, falling back to the table's own readiness.
+                let key = format!("{}{name}", super::annotations::READY_PREFIX);
+                let tenant = annotations.get(&key).and_then(|v| super::annotations::tenant_ready(&key, v, &ready, base));
+                out.sidecars.push(Sidecar { name: name.to_string(), ready, required, tenant });
             }
         };
         for s in &rule.sidecars {
@@ -78,14 +82,16 @@ pub fn recognise(table: &[InjectorRule], annotations: &HashMap<String, String>, 
                 Some(r) => r,
                 None => with_port(&rule.name, s, annotations, warnings),
             };
-            add(&s.name, ready, s.always);
+            // Without the override: the table's readiness (its warnings were given above or
+            // are not wanted twice).
+            add(&s.name, ready, s.always, &|| with_port(&rule.name, s, annotations, &mut Vec::new()));
         }
         // Containers the injector says it added that the table does not describe: sidecars,
         // judged by `running`.
         for name in &listed {
             if !listed_init.contains(name) {
                 let ready = ready_override(name).unwrap_or(Readiness::Running);
-                add(name, ready, true);
+                add(name, ready, true, &|| Readiness::Running);
             }
         }
     }

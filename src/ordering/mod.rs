@@ -25,7 +25,7 @@ mod names;
 pub mod runtime;
 
 use std::collections::{HashMap, HashSet};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -41,7 +41,8 @@ use crate::cri::views::{self, state};
 use crate::cri::{ApiVersion, Rpc};
 use crate::intercept::{BoxFuture, Call, Interceptor, Interest, Verdict};
 use crate::metrics::{GaugeGuard, OrderingMetrics};
-use crate::readiness;
+use crate::netns::{self, NetNs};
+use crate::readiness::{self, ProbeLimiter, Readiness};
 use crate::status::{code, Status};
 use annotations::{PodPolicy, Sidecar};
 use decide::{Check, CreatePlan, Snapshot, StopStep, WaitStep};
@@ -64,7 +65,12 @@ pub struct Pod {
     pub labels: HashMap<String, String>,
     pub policy: PodPolicy,
     annotations_fp: u64,
-    ip: Mutex<Option<IpAddr>>,
+    /// The pod's addresses and network namespace, once the runtime told (see `pod_net`).
+    net: Mutex<Option<Arc<PodNet>>>,
+    /// `crisp.dev/ready.*` keys already warned about for naming another's address: once a pod.
+    tenant_warned: Mutex<HashSet<String>>,
+    /// Said that its network namespace cannot be found: once a pod, whoever probes first.
+    netns_warned: AtomicBool,
     stop: Mutex<StopWindow>,
     job_watched: AtomicBool,
     /// Init or regular? For containers no annotation names (see [`InitGuess`]).
@@ -74,6 +80,30 @@ pub struct Pod {
     refused_since: Mutex<HashMap<String, Instant>>,
     /// Each probed sidecar's last probe: when, and what it found (`crisp pods`, the tap).
     last_probe: Mutex<HashMap<String, LastProbe>>,
+}
+
+/// Where a pod's probes connect from, and the addresses that are its own.
+struct PodNet {
+    /// The pod's IPs (PodSandboxStatus `network.ip` and `additional_ips`).
+    ips: Vec<IpAddr>,
+    ns: PodNs,
+}
+
+enum PodNs {
+    /// hostNetwork: the node's namespace is the pod's.
+    Host,
+    /// The sandbox's own network namespace, held open.
+    Pod(NetNs),
+    /// A CNI pod whose namespace could not be found: probes of its IP go from the node's
+    /// namespace, probes of loopback fail with this reason.
+    Unknown(String),
+}
+
+impl PodNet {
+    /// The namespace's path no longer names it (sandbox gone, pid reused): look again.
+    fn stale(&self) -> bool {
+        matches!(&self.ns, PodNs::Pod(ns) if ns.moved())
+    }
 }
 
 /// A sidecar's last readiness probe, as `crisp pods` and the tap's hold events show it.
@@ -199,7 +229,9 @@ impl Pod {
             labels,
             policy,
             annotations_fp: annotations_fingerprint(annotations),
-            ip: Mutex::new(None),
+            net: Mutex::new(None),
+            tenant_warned: Mutex::new(HashSet::new()),
+            netns_warned: AtomicBool::new(false),
             stop: Mutex::new(StopWindow::default()),
             job_watched: AtomicBool::new(false),
             init_guess: Mutex::new(InitGuess::default()),
@@ -289,6 +321,8 @@ pub struct Engine {
     guessing: DashMap<u64, String>,
     pods: DashMap<String, Arc<Pod>>,
     containers: DashMap<String, ContainerRef>,
+    /// The node-wide bounds on probing (in flight, connects per second).
+    limiter: ProbeLimiter,
     pub metrics: Arc<OrderingMetrics>,
 }
 
@@ -305,6 +339,7 @@ impl Engine {
             guessing: DashMap::new(),
             pods: DashMap::new(),
             containers: DashMap::new(),
+            limiter: ProbeLimiter::new(cfg.ordering.max_probes_in_flight, cfg.ordering.probe_connects_per_second),
             metrics,
         })
     }
@@ -405,19 +440,83 @@ impl Engine {
         if pod.host_network {
             return Some(IpAddr::V4(Ipv4Addr::LOCALHOST));
         }
-        if let Some(ip) = *pod.ip.lock().unwrap_or_else(|e| e.into_inner()) {
-            return Some(ip);
+        self.pod_net(version, pod).await?.ips.first().copied()
+    }
+
+    /// The pod's addresses and network namespace: cached on the pod, read from the runtime's
+    /// verbose PodSandboxStatus on a miss (and again when the namespace's path moved).
+    async fn pod_net(&self, version: ApiVersion, pod: &Pod) -> Option<Arc<PodNet>> {
+        if let Some(n) = pod.net.lock().unwrap_or_else(|e| e.into_inner()).as_ref().filter(|n| !n.stale()) {
+            return Some(n.clone());
         }
-        let resp = self.runtime.pod_sandbox_status(version, &pod.sandbox_id).await.ok()?;
-        let ip: IpAddr = resp.status?.network?.ip.parse().ok()?;
-        *pod.ip.lock().unwrap_or_else(|e| e.into_inner()) = Some(ip);
-        Some(ip)
+        let resp = match self.runtime.pod_sandbox_status_verbose(version, &pod.sandbox_id).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(pod_namespace = %pod.namespace, pod_name = %pod.name, error = %e, "cannot read the sandbox's status for its addresses");
+                return None;
+            }
+        };
+        let network = resp.status.and_then(|s| s.network).unwrap_or_default();
+        let ips: Vec<IpAddr> = std::iter::once(network.ip.as_str()).chain(network.additional_ips.iter().map(|i| i.ip.as_str())).filter_map(|ip| ip.parse().ok()).collect();
+        if ips.is_empty() && !pod.host_network {
+            return None; // Not networked yet: ask again next time.
+        }
+        let ns = if pod.host_network {
+            PodNs::Host
+        } else {
+            match netns::resolve(resp.info.get("info").map(String::as_str)) {
+                Ok(ns) => {
+                    tracing::debug!(pod_namespace = %pod.namespace, pod_name = %pod.name, netns = %ns.path().display(), inode = ns.inode(), "probing from the pod's network namespace");
+                    PodNs::Pod(ns)
+                }
+                Err(why) if !pod.netns_warned.swap(true, std::sync::atomic::Ordering::Relaxed) => {
+                    self.metrics.probe_netns_failures.inc();
+                    tracing::warn!(pod_namespace = %pod.namespace, pod_name = %pod.name, "cannot find the pod's network namespace ({why}): probes of its IP go from the node's, probes of loopback fail");
+                    PodNs::Unknown(why)
+                }
+                Err(why) => PodNs::Unknown(why),
+            }
+        };
+        let net = Arc::new(PodNet { ips, ns });
+        *pod.net.lock().unwrap_or_else(|e| e.into_inner()) = Some(net.clone());
+        Some(net)
+    }
+
+    /// The readiness to probe for sidecar `s`: its own, unless the pod's annotation named an
+    /// address that is not the pod's (then: warned once, counted, and as if the key were absent).
+    async fn checked_ready<'s>(&self, version: ApiVersion, pod: &Pod, s: &'s annotations::Sidecar) -> Result<&'s Readiness, String> {
+        let Some(t) = &s.tenant else { return Ok(&s.ready) };
+        let net = self.pod_net(version, pod).await.ok_or("the pod's addresses are not known yet")?;
+        match annotations::tenant_may_aim(&s.ready, &net.ips, &self.cfg.probe_allow) {
+            Ok(()) => Ok(&s.ready),
+            Err(reason) => {
+                if pod.tenant_warned.lock().unwrap_or_else(|e| e.into_inner()).insert(t.key.clone()) {
+                    tracing::warn!(pod_namespace = %pod.namespace, pod_name = %pod.name, "{}", t.warning(reason));
+                    self.metrics.bad_annotations.inc();
+                }
+                Ok(&t.fallback)
+            }
+        }
     }
 
     /// Probes one sidecar and keeps the result on the pod (why it is not ready, for operators).
+    /// Bounded: one probe slot of the node's (waited for within the probe timeout), the probe
+    /// itself within what is left of it.
     async fn probe(&self, version: ApiVersion, pod: &Pod, s: &Sidecar, container_id: &str) -> bool {
-        let env = ProbeTarget { engine: self, version, pod, sidecar: &s.name, container_id };
-        let result = s.ready.probe(&env, self.cfg.probe_timeout).await;
+        let deadline = tokio::time::Instant::now() + self.cfg.probe_timeout;
+        let result = async {
+            let ready = self.checked_ready(version, pod, s).await?;
+            if *ready == Readiness::Running {
+                return Ok(());
+            }
+            let _slot = self.limiter.slot(deadline).await.inspect_err(|_| {
+                self.metrics.probe_limited.inc();
+            })?;
+            let _counted = GaugeGuard::new(&self.metrics.probe_in_flight);
+            let env = ProbeTarget { engine: self, version, pod, sidecar: &s.name, container_id, deadline };
+            ready.probe(&env, deadline.saturating_duration_since(tokio::time::Instant::now())).await
+        }
+        .await;
         let ready = result.is_ok();
         pod.note_probe(&s.name, result);
         ready
@@ -811,11 +910,36 @@ struct ProbeTarget<'a> {
     pod: &'a Pod,
     sidecar: &'a str,
     container_id: &'a str,
+    /// The probe's end: waits for the node-wide bounds never go past it.
+    deadline: tokio::time::Instant,
 }
 
 impl readiness::ProbeEnv for ProbeTarget<'_> {
     async fn pod_ip(&self) -> Option<IpAddr> {
         self.engine.pod_ip(self.version, self.pod).await
+    }
+
+    /// From inside the pod's network namespace (hostNetwork pods: the node's, which is theirs).
+    /// A CNI pod whose namespace is unknown is probed at its IP from the node's namespace, and
+    /// never at loopback: that would be the node's.
+    async fn connect(&self, addr: SocketAddr) -> Result<tokio::net::TcpStream, String> {
+        let e = self.engine;
+        e.limiter.connect(self.deadline).await.inspect_err(|_| {
+            e.metrics.probe_limited.inc();
+        })?;
+        let net = if self.pod.host_network { None } else { e.pod_net(self.version, self.pod).await };
+        let local = readiness::is_local(addr.ip());
+        let socket = match net.as_deref().map(|n| &n.ns) {
+            Some(PodNs::Pod(ns)) => Some(ns.socket(addr.is_ipv6()).await.map_err(|err| format!("cannot enter the pod's network namespace: {err}"))?),
+            Some(PodNs::Unknown(why)) if local => return Err(format!("cannot enter the pod's network namespace: {why}")),
+            None if local && !self.pod.host_network => return Err("cannot enter the pod's network namespace: the runtime has not reported the sandbox's status".into()),
+            _ => None,
+        };
+        e.metrics.probe_connects.inc();
+        match socket {
+            Some(s) => s.connect(addr).await.map_err(|err| format!("connect {addr}: {err}")),
+            None => readiness::connect_here(addr).await,
+        }
     }
 
     async fn exec(&self, cmd: &[String], timeout: Duration) -> Result<i32, String> {

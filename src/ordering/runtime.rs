@@ -18,6 +18,11 @@ pub trait Runtime: Send + Sync {
     fn container<'a>(&'a self, version: ApiVersion, id: &'a str) -> Answer<'a, Option<views::Container>>;
     fn list_pod_sandboxes(&self, version: ApiVersion) -> Answer<'_, Vec<views::PodSandbox>>;
     fn pod_sandbox_status<'a>(&'a self, version: ApiVersion, sandbox_id: &'a str) -> Answer<'a, views::PodSandboxStatusResponse>;
+    /// PodSandboxStatus with `verbose`: with the runtime's `info` (where the sandbox's network
+    /// namespace is). A runtime that has no verbose form answers the plain status.
+    fn pod_sandbox_status_verbose<'a>(&'a self, version: ApiVersion, sandbox_id: &'a str) -> Answer<'a, views::PodSandboxStatusResponse> {
+        self.pod_sandbox_status(version, sandbox_id)
+    }
     fn container_status<'a>(&'a self, version: ApiVersion, id: &'a str) -> Answer<'a, views::ContainerStatusResponse>;
     /// ExecSync; the command's exit code.
     fn exec_sync<'a>(&'a self, version: ApiVersion, id: &'a str, cmd: &'a [String], timeout: Duration) -> Answer<'a, i32>;
@@ -39,6 +44,10 @@ impl Runtime for RuntimeClient {
 
     fn pod_sandbox_status<'a>(&'a self, version: ApiVersion, sandbox_id: &'a str) -> Answer<'a, views::PodSandboxStatusResponse> {
         Box::pin(RuntimeClient::pod_sandbox_status(self, version, sandbox_id))
+    }
+
+    fn pod_sandbox_status_verbose<'a>(&'a self, version: ApiVersion, sandbox_id: &'a str) -> Answer<'a, views::PodSandboxStatusResponse> {
+        Box::pin(RuntimeClient::pod_sandbox_status_verbose(self, version, sandbox_id))
     }
 
     fn container_status<'a>(&'a self, version: ApiVersion, id: &'a str) -> Answer<'a, views::ContainerStatusResponse> {

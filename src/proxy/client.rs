@@ -102,6 +102,13 @@ impl RuntimeClient {
         self.call(version, "PodSandboxStatus", &req, self.timeout).await
     }
 
+    /// PodSandboxStatus with `verbose: true`: the runtime's own `info` too (the sandbox's
+    /// network namespace, for probes).
+    pub async fn pod_sandbox_status_verbose(&self, version: ApiVersion, sandbox_id: &str) -> Result<views::PodSandboxStatusResponse, ClientError> {
+        let req = views::PodSandboxStatusRequest { pod_sandbox_id: sandbox_id.to_string(), verbose: true };
+        self.call(version, "PodSandboxStatus", &req, self.timeout).await
+    }
+
     pub async fn container_status(&self, version: ApiVersion, id: &str) -> Result<views::ContainerStatusResponse, ClientError> {
         let req = views::ContainerIdRequest { container_id: id.to_string(), timeout: 0 };
         self.call(version, "ContainerStatus", &req, self.timeout).await

@@ -96,3 +96,66 @@ fn ready_annotation_for_unlisted_container_warns() {
     assert_eq!(w.len(), 1);
     assert_eq!(w[0].key, "crisp.dev/ready.b");
 }
+
+// Issue #19: a pod annotation may name only the pod's own addresses.
+
+fn ip(s: &str) -> std::net::IpAddr {
+    s.parse().unwrap()
+}
+
+#[test]
+fn an_annotation_may_aim_only_at_the_pod_or_what_the_operator_allowed() {
+    let pod = [ip("10.1.2.3"), ip("fd00::3")];
+    let allow = [Cidr::parse("192.168.0.0/16").unwrap()];
+    let ok = |spec: &str| tenant_may_aim(&Readiness::parse(spec).unwrap(), &pod, &allow);
+    for spec in [
+        "tcp://:80",
+        "http://127.0.0.1:15021/ready",
+        "http://localhost:80/",
+        "tcp://127.9.9.9:1",
+        "tcp://[::1]:80",
+        "tcp://0.0.0.0:80",
+        "tcp://10.1.2.3:80",
+        "tcp://[fd00::3]:80",
+        "tcp://[::ffff:10.1.2.3]:80",
+        "tcp://[::ffff:127.0.0.1]:80",
+        "tcp://192.168.7.7:80",
+        "running",
+        r#"exec:["true"]"#,
+    ] {
+        assert_eq!(ok(spec), Ok(()), "{spec}");
+    }
+    for spec in ["http://169.254.169.254:80/latest/meta-data", "tcp://10.1.2.4:80", "tcp://[fd00::4]:80", "tcp://[::ffff:169.254.169.254]:80", "tcp://172.17.0.1:10250"] {
+        let e = ok(spec).unwrap_err();
+        assert!(e.contains("not one of the pod's own addresses"), "{spec}: {e}");
+    }
+    // No pod IP known, nothing allowed: only local hosts pass.
+    assert!(tenant_may_aim(&Readiness::parse("tcp://10.1.2.3:80").unwrap(), &[], &[]).is_err());
+}
+
+#[test]
+fn annotated_hosts_are_checked_at_probe_time_with_the_fallback_they_would_have_had() {
+    let rules = vec![SidecarRule { name: "proxy".into(), ready: "tcp://:15000".into() }];
+    let (p, w) = PodPolicy::parse(&ann(&[(SIDECARS, "proxy, agent"), ("crisp.dev/ready.proxy", "http://10.9.9.9:80/"), ("crisp.dev/ready.agent", "tcp://127.0.0.1:9")]), &rules);
+    assert!(w.is_empty(), "{w:?}");
+    let t = p.sidecars[0].tenant.as_deref().expect("a host to check");
+    assert_eq!((t.key.as_str(), t.value.as_str()), ("crisp.dev/ready.proxy", "http://10.9.9.9:80/"));
+    assert_eq!(t.fallback, Readiness::Tcp { host: None, port: 15000 }, "the node rule's readiness, as if the key were absent");
+    assert_eq!(p.sidecars[1].tenant, None, "loopback is always the pod's own");
+    let w = t.warning("host 10.9.9.9 is not one of the pod's own addresses".into()).to_string();
+    assert!(w.contains("crisp.dev/ready.proxy") && w.contains("10.9.9.9") && w.contains("using `tcp://:15000`"), "{w}");
+    // Node rules are the operator's: never checked.
+    let rules = vec![SidecarRule { name: "proxy".into(), ready: "tcp://10.9.9.9:80".into() }];
+    let (p, _) = PodPolicy::parse(&ann(&[]), &rules);
+    assert_eq!(p.sidecars[0].tenant, None);
+}
+
+#[test]
+fn an_injected_sidecars_override_falls_back_to_the_injector_table() {
+    let istio = [("sidecar.istio.io/status", r#"{"containers":["istio-proxy"]}"#), ("crisp.dev/ready.istio-proxy", "tcp://10.9.9.9:15021")];
+    let (p, w) = PodPolicy::parse_with(&ann(&istio), &[], &crate::config::injectors::builtin());
+    assert!(w.is_empty(), "{w:?}");
+    assert_eq!(p.source, Source::Injector);
+    let t = p.sidecars[0].tenant.as_deref().expect("the override names a host");
+    assert_eq!(t.fallback, Readiness::Http { host: None, port: 15021, path: "/healthz/ready".into() });
+}
