@@ -32,6 +32,8 @@ enum Cmd {
     Doctor(DoctorArgs),
     /// Watch the CRI calls a running crisp forwards, live (secrets redacted).
     Tap(crisp::tap::cli::TapArgs),
+    /// Show the pods crisp orders: sidecars, calls held now and why, time left, refusals.
+    Pods(crisp::tap::pods::PodsArgs),
 }
 
 #[derive(Args, Debug)]
@@ -113,6 +115,7 @@ fn main() -> ExitCode {
         Some(Cmd::Serve(args)) => serve(&args),
         Some(Cmd::Doctor(args)) => doctor(args),
         Some(Cmd::Tap(args)) => crisp::tap::cli::run(args),
+        Some(Cmd::Pods(args)) => crisp::tap::pods::run(args),
     }
 }
 
