@@ -493,6 +493,43 @@ mod tests {
     }
 
     #[test]
+    fn hold_lines() {
+        let h = pb::HoldEvent {
+            call_id: 7,
+            phase: "start".into(),
+            unix_nanos: 1_700_000_000_123_456_789,
+            method: "CreateContainer".into(),
+            cri_version: "v1".into(),
+            pod_namespace: "default".into(),
+            pod_name: "web".into(),
+            container_name: "app".into(),
+            waiting_on: "istio-proxy".into(),
+            reason: "not ready".into(),
+            probe: "http://:15021/healthz/ready".into(),
+            probe_result: "connect 10.1.2.3:15021: Connection refused".into(),
+            held_ms: 3,
+            time_left_ms: 87_000,
+            policy: "proceed".into(),
+            ..Default::default()
+        };
+        let line = human(&Event::Hold(h.clone()));
+        assert!(
+            line.ends_with(
+                " v1 CreateContainer default/web app HOLD waiting for istio-proxy: not ready (http://:15021/healthz/ready → connect 10.1.2.3:15021: Connection refused) held=3.0ms left=87.00s policy=proceed"
+            ),
+            "{line}"
+        );
+        let end = pb::HoldEvent { phase: "end".into(), outcome: "timed out (proceed)".into(), held_ms: 90_000, ..h.clone() };
+        assert!(human(&Event::Hold(end)).contains(" HOLD END timed out (proceed) waiting for istio-proxy"));
+        let v = json_line(&Event::Hold(h));
+        assert_eq!(v["hold"], "start");
+        assert_eq!(v["time"], "2023-11-14T22:13:20.123456Z");
+        assert_eq!(v["time_left_ms"], 87_000);
+        assert_eq!(v["probe_result"], "connect 10.1.2.3:15021: Connection refused");
+        assert!(json_line(&Event::Call(call())).get("hold").is_none(), "call lines have no hold key");
+    }
+
+    #[test]
     fn flags_to_request() {
         let a = TapArgs { methods: vec!["Create*".into()], pod: Some("ns/p".into()), errors: true, slower_than: Some(9), all: true, full: true, ..Default::default() };
         let r = a.request();
