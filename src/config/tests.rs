@@ -133,3 +133,14 @@ fn injectors_extend_the_builtin_table_and_are_validated() {
     let e = Config::from_toml("[[injectors]]\nname = \"x\"\nwhen = []\n", "t").unwrap_err();
     assert!(e.to_string().contains("injectors[0].when"), "{e}");
 }
+
+#[test]
+fn refuse_held_after_parses_turns_off_and_is_bounded() {
+    assert_eq!(Config::default().ordering.refuse_held_after, Duration::from_secs(30));
+    let c = Config::from_toml("[ordering]\nrefuse_held_after = \"45s\"\n", "t").unwrap();
+    assert_eq!(c.ordering.refuse_held_after, Duration::from_secs(45));
+    let c = Config::from_toml("[ordering]\nrefuse_held_after = \"0s\"\n", "t").unwrap();
+    assert!(c.ordering.refuse_held_after.is_zero(), "0s: never refuse a hold");
+    let e = Config::from_toml("[ordering]\nrefuse_held_after = \"500ms\"\n", "t").unwrap_err();
+    assert!(e.to_string().contains("ordering.refuse_held_after") && e.to_string().contains("too short"), "{e}");
+}
