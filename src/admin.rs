@@ -26,7 +26,8 @@ use tonic::codegen::Service;
 
 use crate::metrics::ScrapedGauge;
 use crate::ordering::annotations::Source;
-use crate::ordering::Engine;
+use crate::ordering::decide::Snapshot;
+use crate::ordering::{Engine, Pod};
 use crate::tap::pb::{self, admin_server::AdminServer};
 use crate::tap::{Filter, Glob, Item, Tap};
 
@@ -128,6 +129,7 @@ impl pb::admin_server::Admin for AdminService {
                 let event = match item {
                     // Decoding for `full` happens here, in this subscriber's task.
                     Item::Call(ev) => pb::tap_event::Event::Call(ev.to_proto(full, redact)),
+                    Item::Hold(h) => pb::tap_event::Event::Hold(crate::tap::hold_to_proto(&h)),
                     Item::Dropped { count, total } => pb::tap_event::Event::Dropped(pb::Dropped { count, total }),
                 };
                 if tx.send(Ok(pb::TapEvent { event: Some(event) })).await.is_err() {
@@ -141,33 +143,10 @@ impl pb::admin_server::Admin for AdminService {
 
     async fn list_pods(&self, _req: tonic::Request<pb::ListPodsRequest>) -> Result<tonic::Response<pb::ListPodsResponse>, tonic::Status> {
         let Some(engine) = &self.state.engine else { return Ok(tonic::Response::new(pb::ListPodsResponse::default())) };
-        let mut pods: Vec<pb::Pod> = engine
-            .pods()
-            .into_iter()
-            .map(|(p, containers)| pb::Pod {
-                pod_sandbox_id: p.sandbox_id.clone(),
-                namespace: p.namespace.clone(),
-                name: p.name.clone(),
-                uid: p.uid.clone(),
-                host_network: p.host_network,
-                policy_source: match p.policy.source {
-                    Source::Annotation => "annotation",
-                    Source::NodeRules => "node-rules",
-                    Source::Injector => "injector",
-                    Source::OptOut => "opt-out",
-                }
-                .into(),
-                sidecars: p.policy.sidecars.iter().map(|s| pb::Sidecar { name: s.name.clone(), ready: s.ready.to_string() }).collect(),
-                start_timeout_ms: p.policy.start_timeout.map(|d| d.as_millis() as u64).unwrap_or(0),
-                timeout_policy: p.policy.timeout_policy.map(|t| format!("{t:?}").to_lowercase()).unwrap_or_default(),
-                job: p.policy.job.map(|j| j.to_string()).unwrap_or_default(),
-                containers: {
-                    let mut c: Vec<pb::Container> = containers.into_iter().map(|(id, name)| pb::Container { id, name }).collect();
-                    c.sort_by(|a, b| (&a.name, &a.id).cmp(&(&b.name, &b.id)));
-                    c
-                },
-            })
-            .collect();
+        let mut pods = Vec::new();
+        for (p, containers) in engine.pods() {
+            pods.push(pod_to_proto(engine, &p, containers).await);
+        }
         pods.sort_by(|a, b| (&a.namespace, &a.name, &a.pod_sandbox_id).cmp(&(&b.namespace, &b.name, &b.pod_sandbox_id)));
         Ok(tonic::Response::new(pb::ListPodsResponse { pods }))
     }
@@ -180,6 +159,111 @@ impl pb::admin_server::Admin for AdminService {
             uptime_seconds: self.state.started.elapsed().as_secs(),
             tap_subscribers: self.state.tap.subscribers() as u32,
         }))
+    }
+}
+
+/// How long ListPods waits for the runtime to list one pod's containers.
+const LIST_TIMEOUT: Duration = Duration::from_secs(2);
+
+fn unix_nanos(t: std::time::SystemTime) -> i64 {
+    t.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0)
+}
+
+/// One pod as ListPods reports it: the engine's caches, its holds now, and its sidecars'
+/// states as the runtime lists them (an admin call, never a CRI call's path).
+async fn pod_to_proto(engine: &Engine, p: &Pod, containers: std::collections::HashMap<String, String>) -> pb::Pod {
+    let listed = match tokio::time::timeout(LIST_TIMEOUT, engine.list_pod_containers(p)).await {
+        Ok(r) => r,
+        Err(_) => Err(format!("no answer within {LIST_TIMEOUT:?}")),
+    };
+    let snapshot = listed.as_ref().ok().map(|c| Snapshot::new(c));
+    let sidecars = p
+        .policy
+        .sidecars
+        .iter()
+        .map(|s| {
+            let (state, container_id) = match snapshot.as_ref().map(|snap| snap.get(&s.name)) {
+                None => (String::new(), String::new()),
+                Some(None) => ("not created".to_string(), String::new()),
+                Some(Some(c)) => (container_state(c.state).to_string(), c.id.clone()),
+            };
+            let last = p.last_probe(&s.name);
+            pb::Sidecar {
+                name: s.name.clone(),
+                ready: s.ready.to_string(),
+                required: s.required,
+                state,
+                container_id,
+                last_probe_result: last
+                    .as_ref()
+                    .map(|l| match &l.result {
+                        Ok(()) => "ok".to_string(),
+                        Err(e) => e.clone(),
+                    })
+                    .unwrap_or_default(),
+                last_probe_unix_nanos: last.map(|l| unix_nanos(l.at)).unwrap_or(0),
+            }
+        })
+        .collect();
+    let held = p
+        .held_calls()
+        .into_iter()
+        .map(|h| pb::HeldCall {
+            call_id: h.call_id,
+            method: h.method.clone(),
+            container_name: h.container.clone(),
+            since_unix_nanos: unix_nanos(h.since),
+            waiting_on: h.waiting.on.clone(),
+            reason: h.waiting.reason.clone(),
+            probe: h.waiting.probe.clone(),
+            probe_result: h.waiting.probe_result.clone(),
+            held_ms: h.held_from.elapsed().as_millis() as u64,
+            time_left_ms: h.time_left().as_millis() as u64,
+            policy: h.policy.clone(),
+        })
+        .collect();
+    let (timeout, policy) = engine.start_policy(p);
+    let (is_job, watched) = engine.job_state(p);
+    let mut terminated: Vec<String> = containers.iter().filter(|(id, _)| engine.terminated(id)).map(|(_, name)| name.clone()).collect();
+    terminated.sort();
+    pb::Pod {
+        pod_sandbox_id: p.sandbox_id.clone(),
+        namespace: p.namespace.clone(),
+        name: p.name.clone(),
+        uid: p.uid.clone(),
+        host_network: p.host_network,
+        policy_source: match p.policy.source {
+            Source::Annotation => "annotation",
+            Source::NodeRules => "node-rules",
+            Source::Injector => "injector",
+            Source::OptOut => "opt-out",
+        }
+        .into(),
+        sidecars,
+        start_timeout_ms: p.policy.start_timeout.map(|d| d.as_millis() as u64).unwrap_or(0),
+        timeout_policy: p.policy.timeout_policy.map(|t| format!("{t:?}").to_lowercase()).unwrap_or_default(),
+        job: p.policy.job.map(|j| j.to_string()).unwrap_or_default(),
+        containers: {
+            let mut c: Vec<pb::Container> = containers.into_iter().map(|(id, name)| pb::Container { id, name }).collect();
+            c.sort_by(|a, b| (&a.name, &a.id).cmp(&(&b.name, &b.id)));
+            c
+        },
+        held,
+        refusals: p.refusals.load(std::sync::atomic::Ordering::Relaxed),
+        effective_start_timeout_ms: timeout.as_millis() as u64,
+        effective_timeout_policy: format!("{policy:?}").to_lowercase(),
+        job_state: Some(pb::JobState { is_job, watched, terminated }),
+        runtime_error: listed.err().unwrap_or_default(),
+    }
+}
+
+fn container_state(s: i32) -> &'static str {
+    use crate::cri::views::state;
+    match s {
+        state::CREATED => "created",
+        state::RUNNING => "running",
+        state::EXITED => "exited",
+        _ => "unknown",
     }
 }
 

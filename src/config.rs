@@ -204,6 +204,13 @@ pub struct OrderingConfig {
     pub max_probes_in_flight: usize,
     /// Most TCP connections per second that tcp:// and http:// probes may open, node-wide.
     pub probe_connects_per_second: u32,
+    /// A CreateContainer held this long ends as an informative refusal ("crisp: waiting for
+    /// sidecar … not ready: …; held 30 s of 90 s"), which kubelet shows as the container's
+    /// waiting reason and a Warning event, and retries 1–1.5 s later (KUBELET-CRI §1.3); the
+    /// start timeout keeps counting from the first hold. `0s`: never (hold silently until the
+    /// sidecar is ready or the start timeout). docs/CALLS.md has the measurements.
+    #[serde(deserialize_with = "de_duration")]
+    pub refuse_held_after: Duration,
 }
 
 /// Upper bounds of the probe limits: more would not be a bound.
@@ -223,6 +230,7 @@ impl Default for OrderingConfig {
             probe_allow: Vec::new(),
             max_probes_in_flight: 64,
             probe_connects_per_second: 200,
+            refuse_held_after: DEFAULT_REFUSE_HELD_AFTER,
         }
     }
 }
@@ -251,6 +259,12 @@ impl Default for JobConfig {
 
 /// Longest hold crisp accepts from config or annotation: kubelet's deadline is 2 min.
 pub const MAX_START_TIMEOUT: Duration = Duration::from_secs(115);
+/// `ordering.refuse_held_after` by default: healthy sidecars are ready long before, so only a
+/// stuck pod pays the 1–1.5 s retry; its operator sees why within 30 s (docs/CALLS.md).
+pub const DEFAULT_REFUSE_HELD_AFTER: Duration = Duration::from_secs(30);
+/// Shortest `ordering.refuse_held_after`: below it a pod spends more time in kubelet's retry
+/// pause than held.
+pub const MIN_REFUSE_HELD_AFTER: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -297,6 +311,12 @@ impl Config {
             return Err(bad(
                 "ordering.start_timeout",
                 format!("{:?} is too long: holds must end before kubelet's 2 min deadline (max {:?})", self.ordering.start_timeout, MAX_START_TIMEOUT),
+            ));
+        }
+        if !self.ordering.refuse_held_after.is_zero() && self.ordering.refuse_held_after < MIN_REFUSE_HELD_AFTER {
+            return Err(bad(
+                "ordering.refuse_held_after",
+                format!("{:?} is too short: each refusal costs kubelet a 1–1.5 s retry (min {:?}; \"0s\" turns it off)", self.ordering.refuse_held_after, MIN_REFUSE_HELD_AFTER),
             ));
         }
         if self.ordering.probe_interval.is_zero() {

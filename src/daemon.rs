@@ -28,6 +28,8 @@ pub fn chain(cfg: &Config, upstream: &Arc<Upstream>) -> (Vec<Arc<dyn Interceptor
     let recovering = engine.clone();
     tokio::spawn(async move { recovering.recover(crate::cri::ApiVersion::V1).await });
     let tap = Tap::new(Arc::new(CallMetrics::default()), Some(engine.clone() as Arc<dyn crate::intercept::PodNames>));
+    // Holds are live in the tap: the engine reports them as they happen.
+    engine.set_hold_sink(tap.clone());
     // The tap goes first: it reads a Remove call's names before the engine forgets them.
     (vec![tap.clone(), engine.clone()], tap, engine)
 }

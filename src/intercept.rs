@@ -166,3 +166,76 @@ pub trait PodNames: Send + Sync {
     /// `(sandbox id, container name)` of `container_id`, where known.
     fn names(&self, sandbox_id: Option<&str>, container_id: Option<&str>) -> (Option<(String, String)>, Option<(String, String)>);
 }
+
+/// Where a hold stands, in a [`HoldEvent`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldPhase {
+    /// crisp started holding the call.
+    Start,
+    /// Still held; what it waits for changed, or a few seconds passed.
+    Update,
+    /// The hold ended: the call was forwarded, or refused at the timeout (`outcome` says).
+    End,
+    /// The call was refused without being held (a sidecar not created or not running), or a
+    /// long hold ended as an informative refusal (`[ordering] refuse_held_after`).
+    Refused,
+}
+
+impl HoldPhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HoldPhase::Start => "start",
+            HoldPhase::Update => "update",
+            HoldPhase::End => "end",
+            HoldPhase::Refused => "refused",
+        }
+    }
+}
+
+/// A held (or refused) call, as the engine reports it while it happens: the tap streams these
+/// so a stuck pod is visible before its call ends. Built only while [`HoldSink::wanted`] is true
+/// and only for calls the engine holds or refuses; an unheld call never makes one.
+#[derive(Debug, Clone)]
+pub struct HoldEvent {
+    pub call_id: u64,
+    pub route: Route,
+    /// The gRPC path as sent (tap filters match it).
+    pub path: String,
+    pub phase: HoldPhase,
+    /// When the event happened.
+    pub at: std::time::SystemTime,
+    pub pod_namespace: String,
+    pub pod_name: String,
+    pub pod_sandbox_id: String,
+    /// The held container (CreateContainer, StopContainer); empty for StopPodSandbox.
+    pub container_name: String,
+    pub container_id: String,
+    /// What the call waits on: a sidecar's name, `apps` (a stop), or `runtime`.
+    pub waiting_on: String,
+    /// Why: `not created`, `not running`, `not ready`, `apps running`, or what went wrong.
+    pub reason: String,
+    /// The readiness probe of `waiting_on` (`tcp://:15021`), and its last result (`ok`, or the
+    /// error; an exec probe's exit code, never its output).
+    pub probe: String,
+    pub probe_result: String,
+    /// Held so far (for `Start`: zero; counted from the container's first hold).
+    pub held: Duration,
+    /// Until the hold ends by the timeout policy; zero when unknown.
+    pub time_left: Duration,
+    /// `proceed` or `fail` for CreateContainer; empty for stops.
+    pub policy: String,
+    /// For `End`: `forwarded`, `timed out (proceed)`, `timed out (fail)`, `kubelet gave up`,
+    /// `refused (still waiting)`.
+    pub outcome: String,
+    /// For `Refused`: the gRPC message kubelet got.
+    pub message: String,
+}
+
+/// Receives the engine's hold events (the tap), without the engine depending on the tap.
+pub trait HoldSink: Send + Sync {
+    /// Whether anyone may want hold events now; must be cheap (an atomic load). The engine
+    /// builds no event while it is false.
+    fn wanted(&self) -> bool;
+    /// Must not wait: called on the held call's path.
+    fn publish(&self, ev: HoldEvent);
+}

@@ -33,7 +33,7 @@
 //! |---|---|---|
 //! | 6 | [`daemon`] | wires it together: interceptor chain, proxy, admin socket, systemd |
 //! | 5 | [`admin`], [`doctor`] | crisp's admin API (tap, ListPods, metrics); node checks |
-//! | 4 | [`ordering`], [`tap`] | the features: the ordering engine; the debug tap (it names calls through [`intercept::PodNames`], not the engine) |
+//! | 4 | [`ordering`], [`tap`] | the features: the ordering engine; the debug tap (it names calls through [`intercept::PodNames`] and receives the engine's live holds through [`intercept::HoldSink`], never importing the engine) |
 //! | 3 | [`proxy`] | the forwarder: relay, crisp's HTTP/2 client to the runtime, its runtime client |
 //! | 2 | [`intercept`], [`metrics`], [`telemetry`] | the plug-in seam; call metrics; logging |
 //! | 1 | [`config`] | TOML + flags, validated once; plain data (the known-injector table included) |

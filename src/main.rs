@@ -34,6 +34,8 @@ enum Cmd {
     Tap(crisp::tap::cli::TapArgs),
     /// Draw a pod's CRI calls (a tap recording, or the live tap) as a waterfall: text and SVG.
     Timeline(crisp::tap::timeline::TimelineArgs),
+    /// Show the pods crisp orders: sidecars, calls held now and why, time left, refusals.
+    Pods(crisp::tap::pods::PodsArgs),
 }
 
 #[derive(Args, Debug)]
@@ -116,6 +118,7 @@ fn main() -> ExitCode {
         Some(Cmd::Doctor(args)) => doctor(args),
         Some(Cmd::Tap(args)) => crisp::tap::cli::run(args),
         Some(Cmd::Timeline(args)) => crisp::tap::timeline::run(args),
+        Some(Cmd::Pods(args)) => crisp::tap::pods::run(args),
     }
 }
 

@@ -180,7 +180,10 @@ async fn list_pods_and_version() {
     let p = &pods[0];
     assert_eq!((p.namespace.as_str(), p.name.as_str(), p.pod_sandbox_id.as_str(), p.uid.as_str()), ("shop", "mesh", "sb-mesh", "u-mesh"));
     assert_eq!(p.policy_source, "annotation");
-    assert_eq!(p.sidecars, vec![pb::Sidecar { name: "proxy".into(), ready: "tcp://:15000".into() }]);
+    let sidecars: Vec<(&str, &str, bool)> = p.sidecars.iter().map(|s| (s.name.as_str(), s.ready.as_str(), s.required)).collect();
+    assert_eq!(sidecars, vec![("proxy", "tcp://:15000", true)]);
+    assert!(p.held.is_empty() && p.refusals == 0, "{p:?}");
+    assert_eq!((p.effective_start_timeout_ms, p.effective_timeout_policy.as_str()), (30_000, "proceed"));
     assert_eq!(p.start_timeout_ms, 30_000);
     assert_eq!(p.containers, vec![pb::Container { id: "ctr-proxy".into(), name: "proxy".into() }]);
 

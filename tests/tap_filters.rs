@@ -119,6 +119,7 @@ async fn next_call(s: &mut tonic::Streaming<pb::TapEvent>) -> pb::CallEvent {
     match s.message().await.unwrap().and_then(|e| e.event) {
         Some(pb::tap_event::Event::Call(c)) => c,
         Some(pb::tap_event::Event::Dropped(d)) => panic!("unexpected drop marker: {d:?}"),
+        Some(pb::tap_event::Event::Hold(h)) => panic!("unexpected hold event: {h:?}"),
         None => panic!("tap stream ended"),
     }
 }

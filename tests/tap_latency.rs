@@ -104,6 +104,7 @@ async fn a_stalled_tap_client_does_not_slow_calls_and_is_told_what_it_missed() {
                     markers += 1;
                     last_total = d.total;
                 }
+                Some(pb::tap_event::Event::Hold(h)) => panic!("no call is held here: {h:?}"),
                 None => panic!("stream ended"),
             },
         }

@@ -160,3 +160,14 @@ fn probe_allow_and_probe_bounds() {
     let e = err(&format!("[ordering]\nprobe_allow = [{}]\n", many.join(",")));
     assert!(e.contains("ordering.probe_allow") && e.contains("more than"), "{e}");
 }
+
+#[test]
+fn refuse_held_after_parses_turns_off_and_is_bounded() {
+    assert_eq!(Config::default().ordering.refuse_held_after, Duration::from_secs(30));
+    let c = Config::from_toml("[ordering]\nrefuse_held_after = \"45s\"\n", "t").unwrap();
+    assert_eq!(c.ordering.refuse_held_after, Duration::from_secs(45));
+    let c = Config::from_toml("[ordering]\nrefuse_held_after = \"0s\"\n", "t").unwrap();
+    assert!(c.ordering.refuse_held_after.is_zero(), "0s: never refuse a hold");
+    let e = Config::from_toml("[ordering]\nrefuse_held_after = \"500ms\"\n", "t").unwrap_err();
+    assert!(e.to_string().contains("ordering.refuse_held_after") && e.to_string().contains("too short"), "{e}");
+}

@@ -19,6 +19,7 @@ pub mod annotations;
 pub mod decide;
 #[cfg(test)]
 mod engine_tests;
+pub mod holds;
 pub mod injectors;
 pub mod job;
 mod names;
@@ -26,8 +27,8 @@ pub mod runtime;
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -39,7 +40,7 @@ use crate::cri::patch::append_varint_field;
 use crate::cri::tags;
 use crate::cri::views::{self, state};
 use crate::cri::{ApiVersion, Rpc};
-use crate::intercept::{BoxFuture, Call, Interceptor, Interest, Verdict};
+use crate::intercept::{BoxFuture, Call, HoldSink, Interceptor, Interest, Verdict};
 use crate::metrics::{GaugeGuard, OrderingMetrics};
 use crate::netns::{self, NetNs};
 use crate::readiness::{self, ProbeLimiter, Readiness};
@@ -80,6 +81,14 @@ pub struct Pod {
     refused_since: Mutex<HashMap<String, Instant>>,
     /// Each probed sidecar's last probe: when, and what it found (`crisp pods`, the tap).
     last_probe: Mutex<HashMap<String, LastProbe>>,
+    /// Calls held now, by call id (`crisp pods`). Touched only by held calls.
+    holds: Mutex<HashMap<u64, holds::HeldCall>>,
+    /// CreateContainer calls refused so far (fail-fast, policy `fail`, long holds).
+    pub refusals: AtomicU64,
+    /// When each app container's hold began, for holds ended as refusals
+    /// (`ordering.refuse_held_after`): kubelet's retry carries on, so the start timeout still
+    /// counts from the first hold.
+    held_since: Mutex<HashMap<String, Instant>>,
 }
 
 /// Where a pod's probes connect from, and the addresses that are its own.
@@ -237,6 +246,9 @@ impl Pod {
             init_guess: Mutex::new(InitGuess::default()),
             refused_since: Mutex::new(HashMap::new()),
             last_probe: Mutex::new(HashMap::new()),
+            holds: Mutex::new(HashMap::new()),
+            refusals: AtomicU64::new(0),
+            held_since: Mutex::new(HashMap::new()),
         };
         (pod, warnings)
     }
@@ -268,6 +280,17 @@ impl Pod {
     fn note_probe(&self, sidecar: &str, result: readiness::ProbeResult) {
         let last = LastProbe { at: std::time::SystemTime::now(), result };
         self.last_probe.lock().unwrap_or_else(|e| e.into_inner()).insert(sidecar.to_string(), last);
+    }
+
+    fn holds(&self) -> std::sync::MutexGuard<'_, HashMap<u64, holds::HeldCall>> {
+        self.holds.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The calls of this pod held now, oldest first.
+    pub fn held_calls(&self) -> Vec<holds::HeldCall> {
+        let mut v: Vec<holds::HeldCall> = self.holds().values().cloned().collect();
+        v.sort_by_key(|h| (h.since, h.call_id));
+        v
     }
 
     fn display(&self) -> String {
@@ -324,6 +347,8 @@ pub struct Engine {
     /// The node-wide bounds on probing (in flight, connects per second).
     limiter: ProbeLimiter,
     pub metrics: Arc<OrderingMetrics>,
+    /// Where hold events go (the tap), once the daemon has wired it.
+    hold_sink: OnceLock<Arc<dyn HoldSink>>,
 }
 
 impl Engine {
@@ -341,7 +366,38 @@ impl Engine {
             containers: DashMap::new(),
             limiter: ProbeLimiter::new(cfg.ordering.max_probes_in_flight, cfg.ordering.probe_connects_per_second),
             metrics,
+            hold_sink: OnceLock::new(),
         })
+    }
+
+    /// Sends hold events to `sink` from now on (set once; the tap is built after the engine).
+    pub fn set_hold_sink(&self, sink: Arc<dyn HoldSink>) {
+        let _ = self.hold_sink.set(sink);
+    }
+
+    fn hold_sink(&self) -> Option<&Arc<dyn HoldSink>> {
+        self.hold_sink.get()
+    }
+
+    /// The effective start timeout and policy of a pod (its annotations, else the node's).
+    pub fn start_policy(&self, pod: &Pod) -> (Duration, TimeoutPolicy) {
+        (pod.policy.start_timeout.unwrap_or(self.cfg.start_timeout), pod.policy.timeout_policy.unwrap_or(self.cfg.timeout_policy))
+    }
+
+    /// The containers of a pod as the runtime lists them now (`crisp pods`; never on a CRI
+    /// call's path).
+    pub async fn list_pod_containers(&self, pod: &Pod) -> Result<Vec<views::Container>, String> {
+        self.runtime.list_containers(ApiVersion::V1, &pod.sandbox_id).await.map_err(|e| e.to_string())
+    }
+
+    /// Job mode's state of a pod: whether it is a Job pod, whether crisp watches its apps.
+    pub fn job_state(&self, pod: &Pod) -> (bool, bool) {
+        (pod.is_job(), pod.job_watched.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Whether crisp terminated this container in job mode.
+    pub fn terminated(&self, container_id: &str) -> bool {
+        self.terminated.contains(container_id)
     }
 
     /// Number of pods and containers tracked (for the admin API and leak tests).
@@ -590,9 +646,11 @@ impl Engine {
             CreatePlan::Forward => return Verdict::Forward,
             CreatePlan::Gate(required) => required,
         };
-        let timeout = pod.policy.start_timeout.unwrap_or(self.cfg.start_timeout);
-        let policy = pod.policy.timeout_policy.unwrap_or(self.cfg.timeout_policy);
-        let hold_until = decide::create_hold_end(call.received, timeout, call.deadline);
+        let (timeout, policy) = self.start_policy(&pod);
+        // A hold ended as a refusal (`refuse_held_after`) carries on in kubelet's retry: the
+        // start timeout counts from the first hold, so refusals never extend it.
+        let held_from = pod.held_since.lock().unwrap_or_else(|e| e.into_inner()).get(&name).copied().unwrap_or(call.received);
+        let hold_until = decide::create_hold_end(held_from, timeout, call.deadline);
         let refused_since = pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).get(&name).copied();
         let skip_dead = decide::skip_dead(policy, refused_since, now(), timeout);
         if skip_dead {
@@ -600,8 +658,15 @@ impl Engine {
             let refused_for = refused_since.map(|t| now().saturating_duration_since(t)).unwrap_or_default();
             tracing::warn!(container_name = %name, refused_for_ms = refused_for.as_millis() as u64, "sidecars still not running after the start timeout; no longer waiting for them (policy proceed)");
         }
-        let mut held: Option<(GaugeGuard<'_>, Instant)> = None;
-        let forget_refusal = || pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).remove(&name);
+        let policy_name = match policy {
+            TimeoutPolicy::Proceed => "proceed",
+            TimeoutPolicy::Fail => "fail",
+        };
+        let mut held: Option<holds::Hold<'_>> = None;
+        let forget_refusal = || {
+            pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).remove(&name);
+            pod.held_since.lock().unwrap_or_else(|e| e.into_inner()).remove(&name);
+        };
         loop {
             // A slow runtime must not stretch the hold past its end (nor the forwarded call past
             // kubelet's deadline): a probe round still running then counts as "not ready".
@@ -618,43 +683,87 @@ impl Engine {
                     pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).entry(name.clone()).or_insert(call.received);
                     self.metrics.fail_fast.inc();
                     tracing::info!(container_name = %name, "refusing CreateContainer for now: {reason}");
-                    return Verdict::Reject(Status::new(code::FAILED_PRECONDITION, decide::refusal(&reason, &name)));
+                    let message = decide::refusal(&reason, &name);
+                    if let Some(h) = held.take() {
+                        h.end("refused", &message);
+                    }
+                    self.note_refusal(&pod, call, &name, &holds::Waiting::from_refusal(&pod, &reason), &message);
+                    return Verdict::Reject(Status::new(code::FAILED_PRECONDITION, message));
                 }
                 Check::Waiting(who) => who,
                 Check::Probe { .. } => unreachable!("check_start answers its own probes"),
             };
-            if held.is_none() {
-                tracing::info!(container_name = %name, waiting_for = %who, timeout_ms = timeout.as_millis() as u64, "holding CreateContainer until sidecars are ready");
-                held = Some((GaugeGuard::new(&self.metrics.holds_in_flight), now()));
+            let waiting = holds::Waiting::from_check(&pod, &who);
+            match held.as_mut() {
+                Some(h) => h.update(waiting),
+                None => {
+                    tracing::info!(container_name = %name, waiting_for = %who, timeout_ms = timeout.as_millis() as u64, "holding CreateContainer until sidecars are ready");
+                    held = Some(holds::Hold::start(self, &pod, call, &name, "", held_from, hold_until, policy_name, waiting));
+                }
+            }
+            if let Some(v) = self.refuse_long_hold(&pod, &name, &mut held, held_from, hold_until, timeout) {
+                return v;
             }
             match decide::after_waiting(now(), hold_until, self.cfg.probe_interval, policy) {
                 WaitStep::Until(next) => tokio::time::sleep_until(next.into()).await,
                 WaitStep::TimedOut(policy) => {
                     self.metrics.start_hold_timeouts.inc();
-                    if let Some((_, since)) = &held {
-                        self.metrics.start_holds.observe(now().saturating_duration_since(*since).as_secs_f64());
+                    if let Some(h) = &held {
+                        self.metrics.start_holds.observe(now().saturating_duration_since(h.since).as_secs_f64());
                     }
+                    forget_refusal();
                     return match policy {
                         TimeoutPolicy::Proceed => {
                             tracing::warn!(container_name = %name, waiting_for = %who, "sidecar not ready within the start timeout; starting the app anyway (policy proceed)");
-                            forget_refusal();
+                            if let Some(h) = held.take() {
+                                h.end("timed out (proceed)", "");
+                            }
                             Verdict::Forward
                         }
                         TimeoutPolicy::Fail => {
                             tracing::warn!(container_name = %name, waiting_for = %who, "sidecar not ready within the start timeout; failing CreateContainer (policy fail)");
+                            pod.refusals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             // Not DEADLINE_EXCEEDED: that would read as kubelet's own deadline.
-                            Verdict::Reject(Status::new(code::FAILED_PRECONDITION, decide::timed_out(&pod.display(), &who, timeout, &name)))
+                            let message = decide::timed_out(&pod.display(), &who, timeout, &name);
+                            if let Some(h) = held.take() {
+                                h.end("timed out (fail)", &message);
+                            }
+                            Verdict::Reject(Status::new(code::FAILED_PRECONDITION, message))
                         }
                     };
                 }
             }
         }
-        if let Some((_, since)) = held {
-            let d = now().saturating_duration_since(since);
+        if let Some(h) = held {
+            let d = now().saturating_duration_since(h.since);
             self.metrics.start_holds.observe(d.as_secs_f64());
             tracing::info!(container_name = %name, held_ms = d.as_millis() as u64, "sidecars ready; forwarding CreateContainer");
+            h.end("forwarded", "");
         }
         Verdict::Forward
+    }
+
+    /// `ordering.refuse_held_after`: a CreateContainer held that long is refused with what it
+    /// waits for, so kubelet shows it as the container's waiting reason (CreateContainerError)
+    /// and a Warning event; "network is not ready" in the message brings its retry within
+    /// 1–1.5 s (KUBELET-CRI §1.3), and the retry's hold carries on from `held_from`.
+    fn refuse_long_hold(&self, pod: &Pod, name: &str, held: &mut Option<holds::Hold<'_>>, held_from: Instant, hold_until: Instant, timeout: Duration) -> Option<Verdict> {
+        let after = self.cfg.refuse_held_after;
+        let t = now();
+        let h = held.as_ref()?;
+        if after.is_zero() || t.saturating_duration_since(h.since) < after || t >= hold_until {
+            return None;
+        }
+        let message = holds::held_refusal(&pod.display(), name, h.waiting(), t.saturating_duration_since(held_from), timeout);
+        pod.held_since.lock().unwrap_or_else(|e| e.into_inner()).entry(name.to_string()).or_insert(held_from);
+        pod.refusals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let d = t.saturating_duration_since(h.since);
+        self.metrics.start_holds.observe(d.as_secs_f64());
+        tracing::info!(container_name = %name, held_ms = d.as_millis() as u64, "held long: refusing CreateContainer with the reason, for kubelet to show; it retries within 1.5 s");
+        if let Some(h) = held.take() {
+            h.end("refused (still waiting)", &message);
+        }
+        Some(Verdict::Reject(Status::new(code::FAILED_PRECONDITION, message)))
     }
 
     async fn gate_stop(&self, call: &Call, msg: &[u8]) -> Verdict {
@@ -677,7 +786,7 @@ impl Engine {
         let Some(idx) = idx else { return Verdict::Forward };
         let hold_until = decide::stop_hold_end(arrived, grace, call.deadline);
         let single_kill_after = decide::single_kill_after(arrived, grace);
-        let mut held: Option<(GaugeGuard<'_>, Instant)> = None;
+        let mut held: Option<holds::Hold<'_>> = None;
         loop {
             // A slow runtime must not stretch the hold past its end (kubelet's deadline less the
             // forwarded stop's tail): an answer not in by then counts as "stop it now".
@@ -705,18 +814,27 @@ impl Engine {
                     break;
                 }
                 StopStep::Hold { apps, sidecars } => {
-                    if held.is_none() {
-                        tracing::info!(container_name = %cref.name, ?apps, ?sidecars, "holding sidecar StopContainer until these exit");
-                        held = Some((GaugeGuard::new(&self.metrics.holds_in_flight), t));
+                    let waiting = holds::Waiting {
+                        on: "apps".into(),
+                        reason: format!("running: {}", apps.iter().chain(sidecars.iter()).copied().collect::<Vec<_>>().join(", ")),
+                        ..Default::default()
+                    };
+                    match held.as_mut() {
+                        Some(h) => h.update(waiting),
+                        None => {
+                            tracing::info!(container_name = %cref.name, ?apps, ?sidecars, "holding sidecar StopContainer until these exit");
+                            held = Some(holds::Hold::start(self, &pod, call, &cref.name, &req.container_id, arrived, hold_until, "", waiting));
+                        }
                     }
                 }
             }
             tokio::time::sleep_until((t + self.cfg.probe_interval).min(hold_until).into()).await;
         }
-        if let Some((_, since)) = held {
-            let d = now().saturating_duration_since(since);
+        if let Some(h) = held {
+            let d = now().saturating_duration_since(h.since);
             self.metrics.stop_holds.observe(d.as_secs_f64());
             tracing::info!(container_name = %cref.name, held_ms = d.as_millis() as u64, "forwarding sidecar StopContainer");
+            h.end("forwarded", "");
         }
         // Forward with what is left of the pod's budget; the KEP's 2 s tail once it is spent.
         match decide::stop_timeout(budget_end, now(), req.timeout) {
@@ -745,7 +863,7 @@ impl Engine {
             let w = pod.stop.lock().unwrap_or_else(|e| e.into_inner());
             w.first.map(|f| f + w.grace)
         };
-        let mut held: Option<(GaugeGuard<'_>, Instant)> = None;
+        let mut held: Option<holds::Hold<'_>> = None;
         let running = loop {
             let containers = match tokio::time::timeout_at(hold_until.into(), self.runtime.list_containers(version, &pod.sandbox_id)).await {
                 Ok(Ok(c)) => c,
@@ -757,14 +875,19 @@ impl Engine {
             if Snapshot::new(&running).running_apps(&pod.policy).is_empty() || t >= hold_until {
                 break running;
             }
-            if held.is_none() {
-                tracing::info!("holding StopPodSandbox until the pod's app containers exit");
-                held = Some((GaugeGuard::new(&self.metrics.holds_in_flight), t));
+            let waiting = holds::Waiting { on: "apps".into(), reason: format!("running: {}", Snapshot::new(&running).running_apps(&pod.policy).join(", ")), ..Default::default() };
+            match held.as_mut() {
+                Some(h) => h.update(waiting),
+                None => {
+                    tracing::info!("holding StopPodSandbox until the pod's app containers exit");
+                    held = Some(holds::Hold::start(self, &pod, call, "", "", arrived, hold_until, "", waiting));
+                }
             }
             tokio::time::sleep_until((t + self.cfg.probe_interval).min(hold_until).into()).await;
         };
-        if let Some((_, since)) = held {
-            self.metrics.stop_holds.observe(now().saturating_duration_since(since).as_secs_f64());
+        if let Some(h) = held {
+            self.metrics.stop_holds.observe(now().saturating_duration_since(h.since).as_secs_f64());
+            h.end("forwarded", "");
         }
         for (name, id) in decide::sandbox_stop_order(&pod.policy, &running) {
             let secs = decide::budget_secs(budget_end, now());

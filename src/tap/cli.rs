@@ -225,6 +225,7 @@ fn create_output(path: &Path) -> io::Result<BufWriter<File>> {
 pub fn json_line(event: &Event) -> Value {
     let ev = match event {
         Event::Dropped(d) => return json!({ "dropped": d.count, "dropped_total": d.total }),
+        Event::Hold(h) => return hold_json(h),
         Event::Call(c) => c,
     };
     let mut v = json!({
@@ -264,6 +265,7 @@ pub fn human(event: &Event) -> String {
         Event::Dropped(d) => {
             return format!("--- {} events dropped: this client read too slowly ({} missed since attaching) ---", d.count, d.total);
         }
+        Event::Hold(h) => return hold_line(h),
         Event::Call(c) => c,
     };
     let mut parts: Vec<String> = vec![local_time(ev.start_unix_nanos)];
@@ -302,6 +304,68 @@ pub fn human(event: &Event) -> String {
         line.push_str(&format!("\n  {arrow}: {}", pretty.replace('\n', "\n  ")));
     }
     line
+}
+
+/// A hold event as a JSON object: `"hold"` names its phase (call events have no such key).
+pub fn hold_json(h: &pb::HoldEvent) -> Value {
+    json!({
+        "hold": h.phase,
+        "time": rfc3339(h.unix_nanos),
+        "call_id": h.call_id,
+        "cri_version": h.cri_version,
+        "method": h.method,
+        "pod_namespace": h.pod_namespace,
+        "pod_name": h.pod_name,
+        "pod_sandbox_id": h.pod_sandbox_id,
+        "container_name": h.container_name,
+        "container_id": h.container_id,
+        "waiting_on": h.waiting_on,
+        "reason": h.reason,
+        "probe": h.probe,
+        "probe_result": h.probe_result,
+        "held_ms": h.held_ms,
+        "time_left_ms": h.time_left_ms,
+        "policy": h.policy,
+        "outcome": h.outcome,
+        "message": h.message,
+    })
+}
+
+/// The readable view of a hold:
+/// `12:00:01.234 v1 CreateContainer default/web app HOLD waiting for proxy: not ready (tcp://:9: connect …: refused) held=2.0s left=88.0s proceed`.
+pub fn hold_line(h: &pb::HoldEvent) -> String {
+    let mut parts: Vec<String> = vec![local_time(h.unix_nanos), if h.cri_version.is_empty() { "-".into() } else { h.cri_version.clone() }, h.method.clone()];
+    if !h.pod_name.is_empty() {
+        parts.push(format!("{}/{}", h.pod_namespace, h.pod_name));
+    }
+    if !h.container_name.is_empty() {
+        parts.push(h.container_name.clone());
+    }
+    parts.push(match h.phase.as_str() {
+        "start" => "HOLD".into(),
+        "update" => "HOLDING".into(),
+        "end" => format!("HOLD END {}", h.outcome),
+        "refused" => "REFUSED".into(),
+        other => other.to_uppercase(),
+    });
+    if !h.waiting_on.is_empty() {
+        let mut why = format!("waiting for {}: {}", h.waiting_on, h.reason);
+        if !h.probe.is_empty() {
+            let result = if h.probe_result.is_empty() { "not probed yet" } else { &h.probe_result };
+            why.push_str(&format!(" ({} → {result})", h.probe));
+        }
+        parts.push(why);
+    }
+    if h.phase != "refused" {
+        parts.push(format!("held={}", duration(h.held_ms * 1000)));
+        if h.phase != "end" {
+            parts.push(format!("left={}", duration(h.time_left_ms * 1000)));
+        }
+    }
+    if !h.policy.is_empty() && h.phase != "end" {
+        parts.push(format!("policy={}", h.policy));
+    }
+    parts.join(" ")
 }
 
 /// `sha256:` + 64 hex digits (an image id) shortened to 12 digits, like `crictl images`.
@@ -426,6 +490,43 @@ mod tests {
         assert_eq!(short_digest(&id), "sha256:abababababab");
         assert_eq!(short_digest(&format!("nginx@{id}")), "nginx@sha256:abababababab");
         assert_eq!(short_digest("nginx:1.25"), "nginx:1.25");
+    }
+
+    #[test]
+    fn hold_lines() {
+        let h = pb::HoldEvent {
+            call_id: 7,
+            phase: "start".into(),
+            unix_nanos: 1_700_000_000_123_456_789,
+            method: "CreateContainer".into(),
+            cri_version: "v1".into(),
+            pod_namespace: "default".into(),
+            pod_name: "web".into(),
+            container_name: "app".into(),
+            waiting_on: "istio-proxy".into(),
+            reason: "not ready".into(),
+            probe: "http://:15021/healthz/ready".into(),
+            probe_result: "connect 10.1.2.3:15021: Connection refused".into(),
+            held_ms: 3,
+            time_left_ms: 87_000,
+            policy: "proceed".into(),
+            ..Default::default()
+        };
+        let line = human(&Event::Hold(h.clone()));
+        assert!(
+            line.ends_with(
+                " v1 CreateContainer default/web app HOLD waiting for istio-proxy: not ready (http://:15021/healthz/ready → connect 10.1.2.3:15021: Connection refused) held=3.0ms left=87.00s policy=proceed"
+            ),
+            "{line}"
+        );
+        let end = pb::HoldEvent { phase: "end".into(), outcome: "timed out (proceed)".into(), held_ms: 90_000, ..h.clone() };
+        assert!(human(&Event::Hold(end)).contains(" HOLD END timed out (proceed) waiting for istio-proxy"));
+        let v = json_line(&Event::Hold(h));
+        assert_eq!(v["hold"], "start");
+        assert_eq!(v["time"], "2023-11-14T22:13:20.123456Z");
+        assert_eq!(v["time_left_ms"], 87_000);
+        assert_eq!(v["probe_result"], "connect 10.1.2.3:15021: Connection refused");
+        assert!(json_line(&Event::Call(call())).get("hold").is_none(), "call lines have no hold key");
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub mod cli;
 pub mod decode;
 pub mod filter;
 pub mod ids;
+pub mod pods;
 pub mod redact;
 pub mod timeline;
 
@@ -40,7 +41,7 @@ use tokio::sync::mpsc;
 use crate::cri::wire::{self, Frame};
 use crate::cri::{Route, Rpc, RpcKind};
 use crate::intercept::PodNames;
-use crate::intercept::{BoxFuture, Call, Interceptor, Interest, Outcome, Verdict};
+use crate::intercept::{BoxFuture, Call, HoldEvent, HoldPhase, HoldSink, Interceptor, Interest, Outcome, Verdict};
 use crate::metrics::{code_name, CallMetrics};
 pub use filter::{Filter, Glob};
 pub use ids::Ids;
@@ -144,10 +145,37 @@ impl RawEvent {
     }
 }
 
+/// A hold event as the admin API sends it.
+pub fn hold_to_proto(ev: &HoldEvent) -> pb::HoldEvent {
+    pb::HoldEvent {
+        call_id: ev.call_id,
+        phase: ev.phase.as_str().to_string(),
+        unix_nanos: ev.at.duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0),
+        method: filter::method_name(&ev.route, &ev.path).to_string(),
+        cri_version: ev.route.version.map(|v| v.as_str()).unwrap_or("").to_string(),
+        pod_namespace: ev.pod_namespace.clone(),
+        pod_name: ev.pod_name.clone(),
+        pod_sandbox_id: ev.pod_sandbox_id.clone(),
+        container_name: ev.container_name.clone(),
+        container_id: ev.container_id.clone(),
+        waiting_on: ev.waiting_on.clone(),
+        reason: ev.reason.clone(),
+        probe: ev.probe.clone(),
+        probe_result: ev.probe_result.clone(),
+        held_ms: ev.held.as_millis() as u64,
+        time_left_ms: ev.time_left.as_millis() as u64,
+        policy: ev.policy.clone(),
+        outcome: ev.outcome.clone(),
+        message: ev.message.clone(),
+    }
+}
+
 /// What a subscription yields.
 #[derive(Debug, Clone)]
 pub enum Item {
     Call(Arc<RawEvent>),
+    /// A call held or refused, while it happens.
+    Hold(Arc<HoldEvent>),
     /// `count` events were dropped for this subscriber just before the next one (`total` since
     /// it subscribed).
     Dropped {
@@ -156,8 +184,31 @@ pub enum Item {
     },
 }
 
+/// One queued event: a finished call, or a hold.
+#[derive(Debug, Clone)]
+enum Ev {
+    Call(Arc<RawEvent>),
+    Hold(Arc<HoldEvent>),
+}
+
+impl Ev {
+    fn weight(&self) -> usize {
+        match self {
+            Ev::Call(e) => e.weight(),
+            Ev::Hold(_) => 512,
+        }
+    }
+
+    fn item(self) -> Item {
+        match self {
+            Ev::Call(e) => Item::Call(e),
+            Ev::Hold(h) => Item::Hold(h),
+        }
+    }
+}
+
 struct Queued {
-    ev: Arc<RawEvent>,
+    ev: Ev,
     /// Events dropped for this subscriber just before this one.
     missed: u64,
 }
@@ -178,7 +229,7 @@ struct Sub {
 
 impl Sub {
     /// Never waits: a full queue drops the event for this subscriber only, and counts it.
-    fn offer(&self, ev: &Arc<RawEvent>, metrics: &CallMetrics) {
+    fn offer(&self, ev: Ev, metrics: &CallMetrics) {
         let w = ev.weight();
         let queued = self.counters.queued_bytes.fetch_add(w, Relaxed);
         let missed = self.counters.dropped.swap(0, Relaxed);
@@ -190,7 +241,7 @@ impl Sub {
         if queued + w > MAX_QUEUED_BYTES {
             return fail(missed, 1);
         }
-        match self.tx.try_send(Queued { ev: ev.clone(), missed }) {
+        match self.tx.try_send(Queued { ev, missed }) {
             Ok(()) => {
                 metrics.tap_events.inc();
             }
@@ -250,7 +301,7 @@ pub struct Subscription {
     hub: Arc<Hub>,
     metrics: Arc<CallMetrics>,
     filter: Filter,
-    pending: Option<Arc<RawEvent>>,
+    pending: Option<Ev>,
     total_dropped: u64,
 }
 
@@ -270,13 +321,13 @@ impl Subscription {
             self.pending = Some(q.ev);
             return self.dropped(q.missed);
         }
-        Item::Call(q.ev)
+        q.ev.item()
     }
 
     /// The next event; `None` once the tap is closed (crisp shutting down).
     pub async fn next(&mut self) -> Option<Item> {
         if let Some(ev) = self.pending.take() {
-            return Some(Item::Call(ev));
+            return Some(ev.item());
         }
         let q = match self.rx.try_recv() {
             Ok(q) => q,
@@ -473,8 +524,30 @@ impl Interceptor for Tap {
         });
         for s in subs.iter() {
             if early(s) && s.filter.wants_names(&ev.ids.pod_namespace, &ev.ids.pod_name) {
-                s.offer(&ev, &self.metrics);
+                s.offer(Ev::Call(ev.clone()), &self.metrics);
             }
+        }
+    }
+}
+
+/// The ordering engine's hold events reach subscribers through the same queues as call events
+/// (bounded, never waiting): built only while someone subscribes.
+impl HoldSink for Tap {
+    fn wanted(&self) -> bool {
+        self.hub.count.load(Relaxed) > 0
+    }
+
+    fn publish(&self, ev: HoldEvent) {
+        let subs = self.hub.snapshot();
+        let failed = ev.phase == HoldPhase::Refused || (ev.phase == HoldPhase::End && ev.outcome != "forwarded");
+        let wants = |s: &Sub| s.filter.wants_route(&ev.route, &ev.path) && (!s.filter.errors_only || failed) && s.filter.wants_names(&ev.pod_namespace, &ev.pod_name);
+        let to: Vec<&Arc<Sub>> = subs.iter().filter(|s| wants(s)).collect();
+        if to.is_empty() {
+            return;
+        }
+        let ev = Arc::new(ev);
+        for s in to {
+            s.offer(Ev::Hold(ev.clone()), &self.metrics);
         }
     }
 }

@@ -197,3 +197,72 @@ async fn a_rejected_call_keeps_the_names_read_from_its_request() {
     t.on_complete(&c, &outcome(0, None));
     assert_eq!((t.stashed.load(Relaxed), t.stash.len()), (0, 0));
 }
+
+fn hold(phase: HoldPhase, outcome: &str, namespace: &str) -> HoldEvent {
+    HoldEvent {
+        call_id: 7,
+        route: Route::from_path(CREATE),
+        path: CREATE.into(),
+        phase,
+        at: SystemTime::now(),
+        pod_namespace: namespace.into(),
+        pod_name: "web".into(),
+        pod_sandbox_id: "sb".into(),
+        container_name: "app".into(),
+        container_id: String::new(),
+        waiting_on: "proxy".into(),
+        reason: "not ready".into(),
+        probe: "tcp://:15021".into(),
+        probe_result: "connect 10.1.2.3:15021: Connection refused".into(),
+        held: Duration::from_secs(3),
+        time_left: Duration::from_secs(87),
+        policy: "proceed".into(),
+        outcome: outcome.into(),
+        message: String::new(),
+    }
+}
+
+async fn drain(s: &mut Subscription) -> Vec<Item> {
+    let mut v = Vec::new();
+    while let Some(i) = next_now(s).await {
+        v.push(i);
+    }
+    v
+}
+
+#[tokio::test]
+async fn hold_events_pass_the_subscribers_filters() {
+    let t = tap();
+    assert!(!t.wanted(), "nobody taps: the engine builds no event");
+    let mut all = t.subscribe(Filter::default(), 8);
+    let mut shop = t.subscribe(Filter { namespace: Some("shop".into()), ..Default::default() }, 8);
+    let mut stops = t.subscribe(Filter { methods: vec![Glob::new("Stop*")], ..Default::default() }, 8);
+    let mut creates = t.subscribe(Filter { methods: vec![Glob::new("Create*")], ..Default::default() }, 8);
+    let mut errors = t.subscribe(Filter { errors_only: true, ..Default::default() }, 8);
+    assert!(t.wanted());
+    t.publish(hold(HoldPhase::Start, "", "shop"));
+    t.publish(hold(HoldPhase::End, "forwarded", "other"));
+    t.publish(hold(HoldPhase::End, "timed out (proceed)", "shop"));
+    let phases = |items: Vec<Item>| -> Vec<(HoldPhase, String)> {
+        items
+            .into_iter()
+            .map(|i| match i {
+                Item::Hold(h) => (h.phase, h.pod_namespace.clone()),
+                other => panic!("not a hold: {other:?}"),
+            })
+            .collect()
+    };
+    assert_eq!(phases(drain(&mut all).await).len(), 3);
+    assert_eq!(phases(drain(&mut shop).await), vec![(HoldPhase::Start, "shop".to_string()), (HoldPhase::End, "shop".to_string())]);
+    assert!(drain(&mut stops).await.is_empty(), "method globs apply");
+    assert_eq!(phases(drain(&mut creates).await).len(), 3);
+    assert_eq!(phases(drain(&mut errors).await), vec![(HoldPhase::End, "shop".to_string())], "errors only: holds that did not end forwarded");
+}
+
+#[test]
+fn hold_events_to_proto() {
+    let p = hold_to_proto(&hold(HoldPhase::Update, "", "shop"));
+    assert_eq!((p.phase.as_str(), p.method.as_str(), p.cri_version.as_str()), ("update", "CreateContainer", "v1"));
+    assert_eq!((p.held_ms, p.time_left_ms), (3000, 87_000));
+    assert_eq!(p.probe_result, "connect 10.1.2.3:15021: Connection refused");
+}

@@ -1,0 +1,328 @@
+//! Holds as they happen: each held call is kept on its pod (`crisp pods` reads it) and reported
+//! to the [`HoldSink`] (the tap) when it starts, while it waits and when it ends — so a stuck
+//! pod is visible before its call returns (DESIGN.md §6).
+//!
+//! Nothing here runs for a call that is not held or refused. Events are built only while the
+//! sink wants them, and updates are rate-bounded ([`update_due`]): a hold probed every 50 ms
+//! sends an update when what it waits for changes (at most once per [`UPDATE_MIN`]) and at
+//! least every [`UPDATE_EVERY`] otherwise.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant, SystemTime};
+
+use super::{now, Engine, Pod};
+use crate::intercept::{Call, HoldEvent, HoldPhase};
+use crate::metrics::GaugeGuard;
+use crate::status::cut_text;
+
+/// Never two update events of one hold closer than this.
+pub const UPDATE_MIN: Duration = Duration::from_secs(1);
+/// An update at least this often while a hold lasts, even when nothing changed.
+pub const UPDATE_EVERY: Duration = Duration::from_secs(5);
+/// Longest probe spec or probe result in an event or in `crisp pods` (an exec spec may be 4 KiB).
+const MAX_FIELD: usize = 256;
+/// Longest refusal reason; the retry tail that kubelet matches comes after it.
+const MAX_REFUSAL_REASON: usize = 600;
+
+/// What a held call waits for now.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Waiting {
+    /// A sidecar's name, `apps`, or `runtime`.
+    pub on: String,
+    /// `not created`, `not running`, `not ready`, `apps running: a, b`, or the runtime's trouble.
+    pub reason: String,
+    /// The readiness probe of the sidecar waited on.
+    pub probe: String,
+    /// Its last result: `ok`, or why not (bounded; an exec probe's exit code, never its output).
+    pub probe_result: String,
+    /// When that result was found.
+    pub probe_at: Option<SystemTime>,
+}
+
+impl Waiting {
+    /// Waiting on sidecar `name` of `pod` for `reason`, with its probe and last result.
+    pub fn sidecar(pod: &Pod, name: &str, reason: &str) -> Waiting {
+        let probe = pod.policy.sidecars.iter().find(|s| s.name == name).map(|s| bounded(s.ready.to_string())).unwrap_or_default();
+        let last = pod.last_probe(name);
+        Waiting {
+            on: name.to_string(),
+            reason: reason.to_string(),
+            probe,
+            probe_result: last.as_ref().map(|l| bounded(probe_text(&l.result))).unwrap_or_default(),
+            probe_at: last.map(|l| l.at),
+        }
+    }
+
+    /// From the engine's "waiting for" text: a sidecar's name, or the runtime's trouble.
+    pub fn from_check(pod: &Pod, who: &str) -> Waiting {
+        if pod.policy.sidecar_index(who).is_some() {
+            Waiting::sidecar(pod, who, "not ready")
+        } else {
+            Waiting { on: "runtime".into(), reason: bounded(who.to_string()), ..Default::default() }
+        }
+    }
+
+    /// From a fail-fast refusal's reason (`sidecar "proxy" of pod ns/p is not created yet …`).
+    pub fn from_refusal(pod: &Pod, reason: &str) -> Waiting {
+        let named = pod.policy.sidecars.iter().find(|s| reason.contains(&format!("{:?}", s.name)));
+        let kind = if reason.contains("not created") { "not created" } else { "not running" };
+        match named {
+            Some(s) => Waiting::sidecar(pod, &s.name, kind),
+            None => Waiting { on: "runtime".into(), reason: bounded(reason.to_string()), ..Default::default() },
+        }
+    }
+
+    /// `not ready: connect 10.1.2.3:15021: Connection refused` — the reason with the probe's
+    /// last error, when it has one.
+    pub fn describe(&self) -> String {
+        match self.probe_result.as_str() {
+            "" | "ok" => self.reason.clone(),
+            r => format!("{}: {r}", self.reason),
+        }
+    }
+}
+
+fn probe_text(r: &crate::readiness::ProbeResult) -> String {
+    match r {
+        Ok(()) => "ok".into(),
+        Err(e) => e.clone(),
+    }
+}
+
+fn bounded(mut s: String) -> String {
+    cut_text(&mut s, MAX_FIELD);
+    s
+}
+
+/// Whether a hold's update is due: what it waits for changed (and [`UPDATE_MIN`] passed since
+/// the last event), or [`UPDATE_EVERY`] passed.
+pub fn update_due(last: Option<&(Instant, Waiting)>, now: Instant, w: &Waiting) -> bool {
+    let Some((at, sent)) = last else { return true };
+    let since = now.saturating_duration_since(*at);
+    // The probe's time changes every round; only what it found counts as a change.
+    let changed = (&sent.on, &sent.reason, &sent.probe_result) != (&w.on, &w.reason, &w.probe_result);
+    (changed && since >= UPDATE_MIN) || since >= UPDATE_EVERY
+}
+
+/// The message of a long hold ended as a refusal (`[ordering] refuse_held_after`): what the
+/// container waits for, for how long, and the "network is not ready" tail that makes kubelet
+/// retry within 1–1.5 s (KUBELET-CRI §1.3). Bounded: at most [`crate::status::MAX_MESSAGE`].
+pub fn held_refusal(pod: &str, container: &str, w: &Waiting, held: Duration, timeout: Duration) -> String {
+    let what = if w.on == "runtime" { format!("waiting for the runtime ({})", w.reason) } else { format!("waiting for sidecar {} of {pod}: {}", w.on, w.describe()) };
+    let mut reason = format!("{what}; held {} s of {} s", held.as_secs(), timeout.as_secs());
+    cut_text(&mut reason, MAX_REFUSAL_REASON);
+    super::decide::refusal(&reason, container)
+}
+
+/// One call held now, as `crisp pods` shows it.
+#[derive(Debug, Clone)]
+pub struct HeldCall {
+    pub call_id: u64,
+    pub method: String,
+    pub container: String,
+    pub since: SystemTime,
+    /// Counted from the container's first hold (a refused hold's retry carries on).
+    pub held_from: Instant,
+    pub waiting: Waiting,
+    /// When the hold ends by the timeout (engine clock).
+    pub ends: Instant,
+    /// `proceed` or `fail` (CreateContainer); empty for stops.
+    pub policy: String,
+}
+
+impl HeldCall {
+    pub fn time_left(&self) -> Duration {
+        self.ends.saturating_duration_since(now())
+    }
+}
+
+/// A hold in progress: registered on the pod while it lasts, reported to the sink, counted in
+/// `crisp_holds_in_flight`. Dropped without [`Hold::end`] — kubelet cancelled the call or its
+/// deadline passed — it reports "kubelet gave up".
+pub struct Hold<'a> {
+    engine: &'a Engine,
+    pod: &'a Pod,
+    call: &'a Call,
+    container_id: String,
+    /// When this call's hold started (engine clock).
+    pub since: Instant,
+    info: HeldCall,
+    last_sent: Option<(Instant, Waiting)>,
+    ended: bool,
+    _gauge: GaugeGuard<'a>,
+}
+
+impl<'a> Hold<'a> {
+    #[allow(clippy::too_many_arguments)]
+    pub fn start(engine: &'a Engine, pod: &'a Pod, call: &'a Call, container: &str, container_id: &str, held_from: Instant, ends: Instant, policy: &str, w: Waiting) -> Hold<'a> {
+        let since = now();
+        let info = HeldCall {
+            call_id: call.id,
+            method: call.route.rpc.map(|r| r.name()).unwrap_or("").to_string(),
+            container: container.to_string(),
+            since: SystemTime::now(),
+            held_from,
+            waiting: w.clone(),
+            ends,
+            policy: policy.to_string(),
+        };
+        pod.holds().insert(call.id, info.clone());
+        let mut h = Hold {
+            engine,
+            pod,
+            call,
+            container_id: container_id.to_string(),
+            since,
+            info,
+            last_sent: None,
+            ended: false,
+            _gauge: GaugeGuard::new(&engine.metrics.holds_in_flight),
+        };
+        h.send(HoldPhase::Start, "", "");
+        h
+    }
+
+    /// What the hold waits for now: kept for `crisp pods`; an event when one is due.
+    pub fn update(&mut self, w: Waiting) {
+        if w == self.info.waiting && self.last_sent.as_ref().is_some_and(|(at, _)| now().saturating_duration_since(*at) < UPDATE_EVERY) {
+            return;
+        }
+        if let Some(h) = self.pod.holds().get_mut(&self.call.id) {
+            h.waiting = w.clone();
+        }
+        self.info.waiting = w;
+        if update_due(self.last_sent.as_ref(), now(), &self.info.waiting) {
+            self.send(HoldPhase::Update, "", "");
+        }
+    }
+
+    pub fn waiting(&self) -> &Waiting {
+        &self.info.waiting
+    }
+
+    /// The hold is over: `outcome` (`forwarded`, `timed out (proceed)`, …), with the message of
+    /// a refusal.
+    pub fn end(mut self, outcome: &str, message: &str) {
+        self.ended = true;
+        self.send(HoldPhase::End, outcome, message);
+    }
+
+    fn send(&mut self, phase: HoldPhase, outcome: &str, message: &str) {
+        let t = now();
+        if phase != HoldPhase::End {
+            self.last_sent = Some((t, self.info.waiting.clone()));
+        }
+        let Some(sink) = self.engine.hold_sink() else { return };
+        if !sink.wanted() {
+            return;
+        }
+        let w = &self.info.waiting;
+        sink.publish(HoldEvent {
+            call_id: self.call.id,
+            route: self.call.route,
+            path: self.call.path.path().to_string(),
+            phase,
+            at: SystemTime::now(),
+            pod_namespace: self.pod.namespace.clone(),
+            pod_name: self.pod.name.clone(),
+            pod_sandbox_id: self.pod.sandbox_id.clone(),
+            container_name: self.info.container.clone(),
+            container_id: self.container_id.clone(),
+            waiting_on: w.on.clone(),
+            reason: w.reason.clone(),
+            probe: w.probe.clone(),
+            probe_result: w.probe_result.clone(),
+            held: t.saturating_duration_since(self.info.held_from),
+            time_left: self.info.ends.saturating_duration_since(t),
+            policy: self.info.policy.clone(),
+            outcome: outcome.to_string(),
+            message: message.to_string(),
+        });
+    }
+}
+
+impl Drop for Hold<'_> {
+    fn drop(&mut self) {
+        self.pod.holds().remove(&self.call.id);
+        if !self.ended {
+            tracing::info!(container_name = %self.info.container, "kubelet gave up on a held call (cancelled, or its deadline passed)");
+            self.send(HoldPhase::End, "kubelet gave up", "");
+        }
+    }
+}
+
+impl Engine {
+    /// A call refused without a hold (a sidecar not created or not running): counted on the
+    /// pod, and reported to the sink.
+    pub(super) fn note_refusal(&self, pod: &Pod, call: &Call, container: &str, w: &Waiting, message: &str) {
+        pod.refusals.fetch_add(1, Relaxed);
+        let Some(sink) = self.hold_sink() else { return };
+        if !sink.wanted() {
+            return;
+        }
+        sink.publish(HoldEvent {
+            call_id: call.id,
+            route: call.route,
+            path: call.path.path().to_string(),
+            phase: HoldPhase::Refused,
+            at: SystemTime::now(),
+            pod_namespace: pod.namespace.clone(),
+            pod_name: pod.name.clone(),
+            pod_sandbox_id: pod.sandbox_id.clone(),
+            container_name: container.to_string(),
+            container_id: String::new(),
+            waiting_on: w.on.clone(),
+            reason: w.reason.clone(),
+            probe: w.probe.clone(),
+            probe_result: w.probe_result.clone(),
+            held: Duration::ZERO,
+            time_left: Duration::ZERO,
+            policy: String::new(),
+            outcome: String::new(),
+            message: message.to_string(),
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(reason: &str, result: &str) -> Waiting {
+        Waiting { on: "proxy".into(), reason: reason.into(), probe: "tcp://:9".into(), probe_result: result.into(), probe_at: None }
+    }
+
+    #[test]
+    fn updates_are_rate_bounded() {
+        let t0 = Instant::now();
+        let a = w("not ready", "connect 10.0.0.1:9: refused");
+        let b = w("not ready", "connect 10.0.0.1:9: no answer within 1s");
+        assert!(update_due(None, t0, &a), "the first event is always due");
+        let last = (t0, a.clone());
+        // The same state, probed every 50 ms: nothing until UPDATE_EVERY.
+        for ms in (50..5000).step_by(50) {
+            assert!(!update_due(Some(&last), t0 + Duration::from_millis(ms), &a), "{ms} ms");
+        }
+        assert!(update_due(Some(&last), t0 + UPDATE_EVERY, &a));
+        // A change: not before UPDATE_MIN, then at once.
+        assert!(!update_due(Some(&last), t0 + Duration::from_millis(999), &b));
+        assert!(update_due(Some(&last), t0 + UPDATE_MIN, &b));
+        // A changing probe time alone is no change.
+        let mut a2 = a.clone();
+        a2.probe_at = Some(SystemTime::now());
+        assert!(!update_due(Some(&last), t0 + Duration::from_secs(2), &a2));
+    }
+
+    #[test]
+    fn held_refusal_is_informative_and_bounded() {
+        let msg = held_refusal("default/web", "app", &w("not ready", "connect 10.1.2.3:15021: Connection refused"), Duration::from_millis(30_400), Duration::from_secs(90));
+        assert_eq!(
+            msg,
+            "crisp: waiting for sidecar proxy of default/web: not ready: connect 10.1.2.3:15021: Connection refused; held 30 s of 90 s; kubelet will retry \"app\" (network is not ready until the pod's sidecars run)"
+        );
+        let huge = w("not ready", &"x".repeat(10_000));
+        let msg = held_refusal(&"n".repeat(300), &"c".repeat(300), &huge, Duration::from_secs(1), Duration::from_secs(90));
+        assert!(msg.len() <= crate::status::MAX_MESSAGE, "{}", msg.len());
+        assert!(msg.contains("network is not ready"), "kubelet's fast retry needs the tail: {msg}");
+    }
+}

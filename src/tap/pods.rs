@@ -1,0 +1,295 @@
+//! `crisp pods`: what the ordering engine knows and holds now, from the admin API's ListPods —
+//! one command on the node that answers "why is this pod not starting?".
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::{json, Value};
+
+use super::cli::rfc3339;
+use super::pb;
+
+/// sysexits.h codes, as `crisp tap` uses them.
+const EX_USAGE: u8 = 64;
+const EX_UNAVAILABLE: u8 = 69;
+const EX_NOPERM: u8 = 77;
+
+/// Show the pods crisp orders: their sidecars in start order (readiness, state, last probe),
+/// the calls held now (waiting on what, time left) and refusals so far.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct PodsArgs {
+    /// Only this pod: `namespace/name`, or `name` in any namespace.
+    #[arg(value_name = "NAMESPACE/POD")]
+    pub pod: Option<String>,
+    /// Print JSON (one object, `{"pods": [...]}`) instead of the readable view.
+    #[arg(long)]
+    pub json: bool,
+    /// crisp's admin socket [default: `admin.socket` from the config, /run/crisp/admin.sock].
+    #[arg(long, value_name = "PATH")]
+    pub admin_socket: Option<PathBuf>,
+    /// Config file to read the admin socket from. Default: /etc/crisp/config.toml if it exists.
+    #[arg(long, short = 'c', value_name = "FILE")]
+    pub config: Option<PathBuf>,
+}
+
+/// Runs `crisp pods`.
+pub fn run(args: PodsArgs) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("crisp pods: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(pods(&args)) {
+        Ok(text) => {
+            let mut out = io::stdout().lock();
+            let _ = writeln!(out, "{text}");
+            ExitCode::SUCCESS
+        }
+        Err((code, msg)) => {
+            eprintln!("crisp pods: {msg}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+async fn pods(args: &PodsArgs) -> Result<String, (u8, String)> {
+    let socket = match &args.admin_socket {
+        Some(p) => p.clone(),
+        None => crate::config::Config::load(args.config.as_deref()).map_err(|e| (EX_USAGE, e.to_string()))?.admin_socket(),
+    };
+    reachable(&socket)?;
+    let mut client = super::cli::connect(&socket).await.map_err(|e| (EX_UNAVAILABLE, format!("cannot connect to {}: {e}", socket.display())))?;
+    let resp = client.list_pods(pb::ListPodsRequest {}).await.map_err(|s| (EX_UNAVAILABLE, format!("ListPods: {}: {}", s.code(), s.message())))?.into_inner();
+    let pods: Vec<pb::Pod> = resp.pods.into_iter().filter(|p| selected(args.pod.as_deref(), p)).collect();
+    if let Some(want) = &args.pod {
+        if pods.is_empty() {
+            return Err((1, format!("crisp knows no pod {want} (it tracks pods from their RunPodSandbox or first gated call)")));
+        }
+    }
+    if args.json {
+        return Ok(json!({ "pods": pods.iter().map(pod_json).collect::<Vec<_>>() }).to_string());
+    }
+    if pods.is_empty() {
+        return Ok("crisp tracks no pods.".into());
+    }
+    Ok(pods.iter().map(|p| human(p, SystemTime::now())).collect::<Vec<_>>().join("\n"))
+}
+
+/// The admin socket exists and this user may open it; else a message naming the path and the fix.
+fn reachable(socket: &Path) -> Result<(), (u8, String)> {
+    match std::os::unix::net::UnixStream::connect(socket) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Err((
+            EX_UNAVAILABLE,
+            format!(
+                "no admin socket at {}: is crisp running on this node? (`systemctl status crisp`; or pass --admin-socket PATH / -c CONFIG if `admin.socket` is set elsewhere)",
+                socket.display()
+            ),
+        )),
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            Err((EX_NOPERM, format!("cannot open the admin socket {}: permission denied — it is root-only (mode 0600, `admin.mode`): run `sudo crisp pods`", socket.display())))
+        }
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+            Err((EX_UNAVAILABLE, format!("nothing listens on the admin socket {}: crisp is not running (a stale socket file)", socket.display())))
+        }
+        Err(e) => Err((EX_UNAVAILABLE, format!("cannot connect to the admin socket {}: {e}", socket.display()))),
+    }
+}
+
+fn selected(want: Option<&str>, p: &pb::Pod) -> bool {
+    match want {
+        None => true,
+        Some(w) => match w.split_once('/') {
+            Some((ns, name)) => p.namespace == ns && p.name == name,
+            None => p.name == w,
+        },
+    }
+}
+
+fn ms(d: u64) -> String {
+    format!("{:.1}s", d as f64 / 1e3)
+}
+
+fn ago(nanos: i64, now: SystemTime) -> String {
+    let t = UNIX_EPOCH + Duration::from_nanos(nanos.max(0) as u64);
+    match now.duration_since(t) {
+        Ok(d) => format!("{} ago", ms(d.as_millis() as u64)),
+        Err(_) => "just now".into(),
+    }
+}
+
+/// The readable view of one pod: the "why is it not starting" line first.
+pub fn human(p: &pb::Pod, now: SystemTime) -> String {
+    let mut out = Vec::new();
+    let short = p.pod_sandbox_id.get(..12).unwrap_or(&p.pod_sandbox_id);
+    let mut head = format!("{}/{}  sandbox {short}  sidecars from {}", p.namespace, p.name, p.policy_source);
+    head.push_str(&format!("  start timeout {} ({})", ms(p.effective_start_timeout_ms), p.effective_timeout_policy));
+    if p.refusals > 0 {
+        head.push_str(&format!("  refusals {}", p.refusals));
+    }
+    out.push(head);
+    for h in &p.held {
+        let mut why = format!("  HELD {} {}: waiting for {}: {}", h.method, if h.container_name.is_empty() { "(sandbox)" } else { &h.container_name }, h.waiting_on, h.reason);
+        if !h.probe_result.is_empty() && h.probe_result != "ok" {
+            why.push_str(&format!(" ({})", h.probe_result));
+        }
+        why.push_str(&format!(" — held {}, {} left", ms(h.held_ms), ms(h.time_left_ms)));
+        if !h.policy.is_empty() {
+            why.push_str(&format!(", then {}", h.policy));
+        }
+        out.push(why);
+    }
+    if !p.runtime_error.is_empty() {
+        out.push(format!("  (sidecar states unknown: the runtime did not list the pod's containers: {})", p.runtime_error));
+    }
+    if p.sidecars.is_empty() {
+        out.push("  no sidecars: crisp does not order this pod".into());
+    }
+    for (i, s) in p.sidecars.iter().enumerate() {
+        let mut line = format!("  {}. {}  ready: {}  state: {}", i + 1, s.name, s.ready, if s.state.is_empty() { "?" } else { &s.state });
+        if !s.required {
+            line.push_str(" (optional)");
+        }
+        if s.last_probe_unix_nanos > 0 {
+            line.push_str(&format!("  last probe {}: {}", ago(s.last_probe_unix_nanos, now), s.last_probe_result));
+        }
+        out.push(line);
+    }
+    if let Some(j) = &p.job_state {
+        if j.is_job {
+            let mut line = format!("  job: {}", if j.watched { "crisp watches the apps" } else { "not watched (job mode off?)" });
+            if !j.terminated.is_empty() {
+                line.push_str(&format!("; sidecars terminated: {}", j.terminated.join(", ")));
+            }
+            out.push(line);
+        }
+    }
+    out.join("\n")
+}
+
+/// One pod as `crisp pods --json` prints it: fixed keys, times in RFC 3339.
+pub fn pod_json(p: &pb::Pod) -> Value {
+    let time = |n: i64| if n > 0 { Value::String(rfc3339(n)) } else { Value::Null };
+    json!({
+        "namespace": p.namespace,
+        "name": p.name,
+        "uid": p.uid,
+        "pod_sandbox_id": p.pod_sandbox_id,
+        "host_network": p.host_network,
+        "policy_source": p.policy_source,
+        "start_timeout_ms": p.effective_start_timeout_ms,
+        "timeout_policy": p.effective_timeout_policy,
+        "refusals": p.refusals,
+        "sidecars": p.sidecars.iter().map(|s| json!({
+            "name": s.name,
+            "ready": s.ready,
+            "required": s.required,
+            "state": s.state,
+            "container_id": s.container_id,
+            "last_probe_result": s.last_probe_result,
+            "last_probe_time": time(s.last_probe_unix_nanos),
+        })).collect::<Vec<_>>(),
+        "held": p.held.iter().map(|h| json!({
+            "call_id": h.call_id,
+            "method": h.method,
+            "container_name": h.container_name,
+            "since": time(h.since_unix_nanos),
+            "waiting_on": h.waiting_on,
+            "reason": h.reason,
+            "probe": h.probe,
+            "probe_result": h.probe_result,
+            "held_ms": h.held_ms,
+            "time_left_ms": h.time_left_ms,
+            "policy": h.policy,
+        })).collect::<Vec<_>>(),
+        "job": p.job_state.as_ref().map(|j| json!({ "is_job": j.is_job, "watched": j.watched, "terminated": j.terminated })),
+        "containers": p.containers.iter().map(|c| json!({ "id": c.id, "name": c.name })).collect::<Vec<_>>(),
+        "runtime_error": p.runtime_error,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod() -> pb::Pod {
+        pb::Pod {
+            pod_sandbox_id: "0123456789abcdef".into(),
+            namespace: "default".into(),
+            name: "web".into(),
+            policy_source: "annotation".into(),
+            effective_start_timeout_ms: 90_000,
+            effective_timeout_policy: "proceed".into(),
+            refusals: 2,
+            sidecars: vec![pb::Sidecar {
+                name: "proxy".into(),
+                ready: "tcp://:9999".into(),
+                required: true,
+                state: "running".into(),
+                last_probe_result: "connect 10.0.0.5:9999: Connection refused (os error 111)".into(),
+                last_probe_unix_nanos: 1_700_000_000_000_000_000,
+                ..Default::default()
+            }],
+            held: vec![pb::HeldCall {
+                call_id: 9,
+                method: "CreateContainer".into(),
+                container_name: "app".into(),
+                waiting_on: "proxy".into(),
+                reason: "not ready".into(),
+                probe: "tcp://:9999".into(),
+                probe_result: "connect 10.0.0.5:9999: Connection refused (os error 111)".into(),
+                held_ms: 12_300,
+                time_left_ms: 77_700,
+                policy: "proceed".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn readable_view_says_why() {
+        let now = UNIX_EPOCH + Duration::from_millis(1_700_000_002_500);
+        let text = human(&pod(), now);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "default/web  sandbox 0123456789ab  sidecars from annotation  start timeout 90.0s (proceed)  refusals 2");
+        assert_eq!(
+            lines[1],
+            "  HELD CreateContainer app: waiting for proxy: not ready (connect 10.0.0.5:9999: Connection refused (os error 111)) — held 12.3s, 77.7s left, then proceed"
+        );
+        assert_eq!(lines[2], "  1. proxy  ready: tcp://:9999  state: running  last probe 2.5s ago: connect 10.0.0.5:9999: Connection refused (os error 111)");
+    }
+
+    #[test]
+    fn json_has_stable_keys() {
+        let v = pod_json(&pod());
+        assert_eq!(v["held"][0]["time_left_ms"], 77_700);
+        assert_eq!(v["held"][0]["since"], Value::Null);
+        assert_eq!(v["sidecars"][0]["last_probe_time"], "2023-11-14T22:13:20.000000Z");
+        assert_eq!(v["start_timeout_ms"], 90_000);
+        assert_eq!(v["refusals"], 2);
+    }
+
+    #[test]
+    fn selects_by_name_or_namespace_and_name() {
+        let p = pod();
+        assert!(selected(None, &p));
+        assert!(selected(Some("web"), &p));
+        assert!(selected(Some("default/web"), &p));
+        assert!(!selected(Some("other/web"), &p));
+        assert!(!selected(Some("api"), &p));
+    }
+
+    #[test]
+    fn absent_socket_names_the_path_and_the_fix() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("admin.sock");
+        let (code, msg) = reachable(&path).unwrap_err();
+        assert_eq!(code, EX_UNAVAILABLE);
+        assert!(msg.contains(&path.display().to_string()) && msg.contains("is crisp running"), "{msg}");
+    }
+}
