@@ -3,7 +3,8 @@
 //! `admin.metrics_tcp` while the kubelet emulator runs pods through kubelet's grpc-go transport,
 //! crisp and a real containerd; every assertion is a PromQL result read from Prometheus' HTTP
 //! API. The shipped alert rules (deploy/monitoring/crisp-alerts.yaml) are loaded into it, and
-//! every metric name the rules and the Grafana dashboard use must be one Prometheus scraped.
+//! every metric name the rules and the Grafana dashboard use must be one Prometheus scraped
+//! (and every counter a rule watches, served at 0 before its first event).
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -22,6 +23,9 @@ use tokio::time::Instant;
 const STEP: Duration = Duration::from_secs(60);
 /// How long the test keeps the app's CreateContainer held.
 const HOLD: Duration = Duration::from_millis(3500);
+/// Counters with a series per label value (method, code), which appear with their first call:
+/// the rules use them only in ratios of rates, never alone in `increase()`.
+const LABELLED_COUNTERS: [&str; 1] = ["crisp_cri_calls_total"];
 
 fn monitoring(file: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/monitoring").join(file)
@@ -187,6 +191,17 @@ async fn prometheus_reads_calls_holds_and_bad_annotations() -> Result<()> {
     prom.await_ready(Duration::from_secs(30)).await?;
     prom.await_value("up{job=\"crisp\"}", Duration::from_secs(30), |v| v == 1.0).await.context("crisp's metrics_tcp scraped")?;
 
+    // Before anything happened: every counter a rule watches is served at 0 already. A counter
+    // that appeared only with its first event would start at 1, and `increase()`/`rate()` see
+    // no rise in a series' first sample: the alert would miss the first failure.
+    let rules_text = std::fs::read_to_string(monitoring("crisp-alerts.yaml"))?;
+    let watched: Vec<String> = metric_names(&rules_text).into_iter().filter(|n| n.ends_with("_total") && !LABELLED_COUNTERS.contains(&n.as_str())).collect();
+    ensure!(watched.iter().any(|n| n == "crisp_probe_netns_failures_total"), "{watched:?}");
+    for name in &watched {
+        let samples = prom.query(name).await?;
+        ensure!(samples.iter().map(|s| s.1).collect::<Vec<_>>() == [0.0], "{name} before any event: {samples:?} (expected one series at 0)");
+    }
+
     // A sidecar that is ready once the test listens on its port (hostNetwork: crisp probes
     // loopback), listed first: the app's CreateContainer is held until then.
     let port = free_addr()?.port();
@@ -235,6 +250,12 @@ async fn prometheus_reads_calls_holds_and_bad_annotations() -> Result<()> {
     eprintln!("app held {held:.3} s (kubelet's view); p90 start hold from Prometheus {p90:.3} s, bucket ({lo}, {hi}]");
     ensure!((lo..=hi).contains(&p90), "p90 hold {p90} outside ({lo}, {hi}] around the {held:.3} s hold");
     ensure!(held >= HOLD.as_secs_f64() - 0.1, "the app was held only {held:.3} s");
+    // The sidecar's tcp:// probe connected (every round of the hold, and once more when it was
+    // ready), and no node-wide bound held a probe back.
+    let connects = prom.await_value("sum(crisp_probe_connects_total)", Duration::from_secs(20), |v| v >= 2.0).await?;
+    let limited = prom.query("sum(crisp_probe_limited_total)").await?.first().map_or(f64::NAN, |s| s.1);
+    eprintln!("crisp_probe_connects_total {connects}, crisp_probe_limited_total {limited}");
+    ensure!(limited == 0.0, "probes held back by a bound on an idle node: {limited}");
 
     // A malformed annotation is counted, and the shipped alert fires on it.
     let before = prom.query("sum(crisp_bad_annotations_total)").await?.first().map_or(0.0, |s| s.1);
@@ -257,16 +278,15 @@ async fn prometheus_reads_calls_holds_and_bad_annotations() -> Result<()> {
             ensure!(r["health"] == "ok", "rule {} unhealthy: {}", r["name"], r["lastError"]);
         }
     }
-    ensure!(count == 5, "{count} rules loaded");
+    ensure!(count == 7, "{count} rules loaded");
 
     // The rules and the dashboard name only metrics crisp serves, and every panel's query runs.
     let scraped: BTreeSet<String> = prom.api("/api/v1/label/__name__/values").await?.as_array().context("names")?.iter().filter_map(|v| v.as_str().map(String::from)).collect();
-    let rules_text = std::fs::read_to_string(monitoring("crisp-alerts.yaml"))?;
     let dash_text = std::fs::read_to_string(monitoring("crisp-dashboard.json"))?;
     let used: BTreeSet<String> = metric_names(&rules_text).into_iter().chain(metric_names(&dash_text)).collect();
     let unknown: Vec<&String> = used.difference(&scraped).collect();
     ensure!(unknown.is_empty(), "names crisp does not serve: {unknown:?}\nscraped: {scraped:?}");
-    ensure!(used.len() >= 14, "only {} names found in the rules and dashboard: {used:?}", used.len());
+    ensure!(used.len() >= 20, "only {} names found in the rules and dashboard: {used:?}", used.len());
     for (title, expr) in dashboard_queries()? {
         prom.query(&expr).await.with_context(|| format!("panel {title:?}: {expr}"))?;
     }
