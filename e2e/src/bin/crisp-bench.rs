@@ -442,8 +442,12 @@ async fn kubelet_report(args: &Args, title: &str, upstream: &Path, dir: &Path, b
     use std::fmt::Write;
     let tag = if big_list { "kf" } else { "kc" };
     let socat_sock = dir.join(format!("{tag}-socat.sock"));
-    let crisp_sock = dir.join(format!("{tag}-crisp.sock"));
-    let before_sock = dir.join(format!("{tag}-before.sock"));
+    // A directory per crisp: each puts its admin socket next to its listening one.
+    let (crisp_dir, before_dir) = (dir.join(format!("{tag}-crisp")), dir.join(format!("{tag}-before")));
+    std::fs::create_dir_all(&crisp_dir)?;
+    std::fs::create_dir_all(&before_dir)?;
+    let crisp_sock = crisp_dir.join("crisp.sock");
+    let before_sock = before_dir.join("crisp.sock");
     let _socat = start_socat(&socat_sock, upstream)?;
     let crisp = start_crisp_bin(&crisp_e2e::crisp::crisp_binary()?, &format!("{tag}-crisp"), dir, &crisp_sock, upstream, &args.crisp_config)?;
     let before = match &args.before {
@@ -606,7 +610,7 @@ async fn run_lanes(args: &Args, title: &str, upstream: &Path, dir: &Path, big_li
         let mut times: Vec<Vec<Duration>> = vec![Vec::new(); lanes.len()];
         for _ in 0..5 {
             for (l, v) in lanes.iter().zip(&mut times) {
-                v.push(stream_events(&l.socket).await?.0);
+                v.push(stream_events(&l.socket).await.with_context(|| format!("GetContainerEvents on the {} lane", l.name))?.0);
             }
         }
         for (l, v) in lanes.iter().zip(&mut times) {
