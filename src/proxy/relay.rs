@@ -122,8 +122,16 @@ struct State {
     client_window: i64,
     /// Connection credits to keep from the runtime: bytes crisp sent the client on its own.
     debt: u64,
-    /// The client's SETTINGS_INITIAL_WINDOW_SIZE.
+    /// The client's SETTINGS_INITIAL_WINDOW_SIZE, as far as crisp may rely on it for the
+    /// diverted streams it sends on (see `unacked_windows`).
     client_initial_window: i64,
+    /// The client's SETTINGS frames relayed to the runtime and not yet acknowledged by it, oldest
+    /// first, with the INITIAL_WINDOW_SIZE each carried. A client (h2, for one) grows its streams'
+    /// receive windows only when its SETTINGS are acknowledged, and the runtime's ACK reaches it
+    /// through crisp: crisp's own DATA must not count on a larger window before that ACK went
+    /// out, or the client sees more than it allowed (FLOW_CONTROL_ERROR). A smaller window is
+    /// applied at once.
+    unacked_windows: std::collections::VecDeque<Option<i64>>,
     /// Diverted streams: the client's window for their response.
     diverted: IdMap<i64>,
     relayed: IdMap<Relayed>,
@@ -275,6 +283,7 @@ pub async fn serve_connection(client: UnixStream, proxy: Arc<Proxy>, shutdown: w
             client_window: f::DEFAULT_WINDOW,
             debt: 0,
             client_initial_window: f::DEFAULT_WINDOW,
+            unacked_windows: std::collections::VecDeque::new(),
             diverted: IdMap::default(),
             relayed: IdMap::default(),
             max_stream: 0,
@@ -399,6 +408,16 @@ impl Tasks {
         for (_, h) in self.0.lock().unwrap_or_else(|e| e.into_inner()).drain() {
             h.abort();
         }
+    }
+}
+
+/// Sets the client's initial stream window for crisp's own sends: every diverted stream's window
+/// moves by the difference (RFC 9113 §6.9.2).
+fn set_client_window(st: &mut State, v: i64) {
+    let delta = v - st.client_initial_window;
+    st.client_initial_window = v;
+    for w in st.diverted.values_mut() {
+        *w += delta;
     }
 }
 
@@ -576,7 +595,7 @@ impl ClientToUpstream {
             }
             f::SETTINGS => {
                 if !head.has(f::ACK) {
-                    self.settings(payload);
+                    self.settings(payload, upstream);
                     if !upstream {
                         f::put_head(ctl, 0, f::SETTINGS, f::ACK, 0);
                     }
@@ -642,21 +661,26 @@ impl ClientToUpstream {
         self.diverted_ids.contains(&stream)
     }
 
-    fn settings(&mut self, payload: &[u8]) {
+    /// A client SETTINGS frame (not an ACK). `relayed`: it goes on to the runtime, whose ACK
+    /// will reach the client through crisp; otherwise crisp acknowledges it itself, at once.
+    fn settings(&mut self, payload: &[u8], relayed: bool) {
+        let mut window = None;
         for s in payload.chunks_exact(6) {
             let id = u16::from_be_bytes([s[0], s[1]]);
-            let v = u32::from_be_bytes([s[2], s[3], s[4], s[5]]);
             if id == f::SETTINGS_INITIAL_WINDOW_SIZE {
-                let mut st = self.shared.lock();
-                let delta = v as i64 - st.client_initial_window;
-                st.client_initial_window = v as i64;
-                for w in st.diverted.values_mut() {
-                    *w += delta;
-                }
-                drop(st);
-                self.shared.window.notify_waiters();
+                window = Some(u32::from_be_bytes([s[2], s[3], s[4], s[5]]) as i64);
             }
         }
+        let mut st = self.shared.lock();
+        if relayed {
+            st.unacked_windows.push_back(window);
+        }
+        match window {
+            Some(v) if !relayed || v < st.client_initial_window => set_client_window(&mut st, v),
+            _ => return,
+        }
+        drop(st);
+        self.shared.window.notify_waiters();
     }
 
     /// A complete request header block: relay it re-encoded, or divert its stream.
@@ -1115,6 +1139,21 @@ impl UpstreamToClient {
                 }
                 f::RST_STREAM => self.end_relayed(head.stream, Some(code::CANCELLED), now),
                 f::PING if head.has(f::ACK) => self.shared.pings.acked(),
+                f::SETTINGS if head.has(f::ACK) => {
+                    // The client's oldest unacknowledged SETTINGS now apply on its side too: the
+                    // ACK is written (below, with the frames before it) before any DATA of
+                    // crisp's own that counts on them (crisp's frames go out after this batch).
+                    let mut st = self.shared.lock();
+                    if let Some(Some(v)) = st.unacked_windows.pop_front() {
+                        // A smaller window still waiting for its ACK caps it.
+                        let v = st.unacked_windows.iter().flatten().fold(v, |m, &w| m.min(w));
+                        if v != st.client_initial_window {
+                            set_client_window(&mut st, v);
+                            drop(st);
+                            self.shared.window.notify_waiters();
+                        }
+                    }
+                }
                 f::GOAWAY if head.len >= 8 => {
                     let g = &buf[payload];
                     let last = u32::from_be_bytes([g[0], g[1], g[2], g[3]]) & 0x7fff_ffff;
