@@ -3,9 +3,19 @@
 # and writes the report into BENCHMARKS.md's generated section (with the command, the machine and
 # the commit it ran on); the analysis around that section is left as it is.
 #
+# kubelet's own client comes first: `crisp-grpcgo bench` (grpc-go 1.33, dialing as kubelet does)
+# against direct / socat / crisp, the lanes interleaved call by call, several runs, each figure
+# as min / median / max over the runs (Version and ListContainers on real containerd; Version,
+# a 10,000-container ListContainers and concurrency 64 on the fake runtime), with crisp's CPU
+# and wakeups per call. The hyper-client and fake-runtime lanes follow as secondary tables.
+# The whole run takes 3–6 minutes.
+#
 #   sudo hack/bench.sh                              # fake runtime + real containerd
 #   sudo hack/bench.sh --no-write                   # print only
+#   sudo hack/bench.sh --no-write --only kubelet    # only the grpc-go tables
 #   sudo hack/bench.sh --no-write --only throughput --rounds 5   # one workload (crisp-bench --help)
+#   sudo CRISP_BEFORE_BIN=/path/to/old/crisp hack/bench.sh --only kubelet
+#       # adds a "crisp-before" lane, interleaved with the others: before/after from one run
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -73,6 +73,11 @@ struct RuntimeOpts {
     /// previous request's, ignore that request and every later one, and close the connection
     /// once the earlier ones are answered.
     goaway_at: Option<usize>,
+    /// On the first connection (crisp's relay connection: the observed path's pool connects
+    /// later), acknowledge the client's SETTINGS only this long after they arrived.
+    settings_ack_delay: Duration,
+    /// Answer with a message of this many bytes instead of the request's own.
+    response_len: usize,
 }
 
 struct Runtime {
@@ -87,7 +92,8 @@ impl Runtime {
         let l = log.clone();
         let task = tokio::spawn(async move {
             while let Ok((s, _)) = listener.accept().await {
-                l.connections.fetch_add(1, Ordering::SeqCst);
+                let n = l.connections.fetch_add(1, Ordering::SeqCst);
+                let opts = if n == 0 { opts } else { RuntimeOpts { settings_ack_delay: Duration::ZERO, ..opts } };
                 tokio::spawn(serve_runtime_conn(s, l.clone(), opts));
             }
         });
@@ -183,7 +189,15 @@ async fn serve_runtime_conn(s: UnixStream, log: Arc<RuntimeLog>, opts: RuntimeOp
                 f::SETTINGS if !head.has(f::ACK) => {
                     let mut out = Vec::new();
                     f::put_head(&mut out, 0, f::SETTINGS, f::ACK, 0);
-                    conn.write(&out).await;
+                    if opts.settings_ack_delay.is_zero() {
+                        conn.write(&out).await;
+                    } else {
+                        let (conn, delay) = (conn.clone(), opts.settings_ack_delay);
+                        tokio::spawn(async move {
+                            tokio::time::sleep(delay).await;
+                            conn.write(&out).await;
+                        });
+                    }
                 }
                 f::PING if !head.has(f::ACK) => {
                     log.pings.fetch_add(1, Ordering::SeqCst);
@@ -254,6 +268,7 @@ fn respond(conn: &Arc<RtConn>, _log: &Arc<RuntimeLog>, stream: u32, _fields: Fie
         if !opts.delay.is_zero() {
             tokio::time::sleep(opts.delay).await;
         }
+        let body = if opts.response_len > 0 { framed(&vec![b'r'; opts.response_len]) } else { body };
         let mut out = Vec::new();
         let mut h = Vec::new();
         f::encode_field(&mut h, b":status", b"200");
@@ -317,6 +332,12 @@ struct ClientState {
     waiting: HashMap<u32, (oneshot::Sender<Outcome>, BytesMut, bool)>,
     ping_outstanding: bool,
     pings_sent: usize,
+    /// The peer acknowledged this client's SETTINGS.
+    settings_acked: bool,
+    /// Withhold stream WINDOW_UPDATEs until then (so a stream's window is exactly the 65,535
+    /// bytes the peer may count on before the ACK), and count each stream's DATA meanwhile.
+    strict_until_ack: bool,
+    before_ack: HashMap<u32, usize>,
 }
 
 struct Client {
@@ -329,13 +350,26 @@ struct Client {
 
 impl Client {
     async fn connect(path: &Path, authority: &[u8]) -> Client {
+        Self::connect_with_window(path, authority, None).await
+    }
+
+    /// `window`: announce this SETTINGS_INITIAL_WINDOW_SIZE and hold the peer to the default
+    /// window until it acknowledges (as h2 does: it grows its receive windows on the ACK).
+    async fn connect_with_window(path: &Path, authority: &[u8], window: Option<u32>) -> Client {
         let s = UnixStream::connect(path).await.unwrap();
         let (mut r, w) = s.into_split();
         let w = Arc::new(AsyncMutex::new(w));
         let mut hello = f::PREFACE.to_vec();
-        f::put_head(&mut hello, 0, f::SETTINGS, 0, 0);
+        match window {
+            Some(v) => {
+                f::put_head(&mut hello, 6, f::SETTINGS, 0, 0);
+                hello.extend_from_slice(&f::SETTINGS_INITIAL_WINDOW_SIZE.to_be_bytes());
+                hello.extend_from_slice(&v.to_be_bytes());
+            }
+            None => f::put_head(&mut hello, 0, f::SETTINGS, 0, 0),
+        }
         w.lock().await.write_all(&hello).await.unwrap();
-        let st = Arc::new(Mutex::new(ClientState::default()));
+        let st = Arc::new(Mutex::new(ClientState { strict_until_ack: window.is_some(), ..Default::default() }));
         let (st2, w2) = (st.clone(), w.clone());
         let reader = tokio::spawn(async move {
             let mut dec = Decoder::default();
@@ -361,9 +395,15 @@ impl Client {
                             if let Some((_, body, _)) = st.waiting.get_mut(&head.stream) {
                                 body.extend_from_slice(&payload);
                             }
+                            let strict = st.strict_until_ack && !st.settings_acked;
+                            if strict {
+                                *st.before_ack.entry(head.stream).or_default() += head.len;
+                            }
                             if head.len > 0 {
                                 f::window_update(&mut out, 0, head.len as u32);
-                                f::window_update(&mut out, head.stream, head.len as u32);
+                                if !strict {
+                                    f::window_update(&mut out, head.stream, head.len as u32);
+                                }
                                 // grpc-go's BDP estimator: a PING per DATA while none is out.
                                 if !st.ping_outstanding {
                                     st.ping_outstanding = true;
@@ -403,6 +443,7 @@ impl Client {
                             }
                         }
                         f::SETTINGS if !head.has(f::ACK) => f::put_head(&mut out, 0, f::SETTINGS, f::ACK, 0),
+                        f::SETTINGS => st.settings_acked = true,
                         _ => {}
                     }
                 }
@@ -560,10 +601,26 @@ async fn client_bdp_pings_never_earn_strikes_at_a_grpc_go_runtime() {
 }
 
 #[tokio::test]
+async fn crisp_counts_on_a_larger_client_window_only_once_the_runtime_acknowledged_it() {
+    // The client announces a 1 MiB stream window; the runtime's ACK (which reaches the client
+    // through crisp) comes 300 ms later. A diverted call's 200 KB answer is crisp's own DATA:
+    // before that ACK, the client (h2 for one) still holds every stream to 65,535 bytes.
+    let opts = RuntimeOpts { settings_ack_delay: Duration::from_millis(300), response_len: 200_000, ..Default::default() };
+    let (_dir, _runtime, crisp) = setup(opts).await;
+    let client = Client::connect_with_window(&crisp.path, b"localhost", Some(1 << 20)).await;
+    let got = within(PATIENCE, "a diverted call", client.call(CREATE, b"x")).await;
+    assert_eq!(got, Outcome::Ok(framed(&vec![b'r'; 200_000])));
+    let st = client.st.lock().unwrap();
+    assert!(st.settings_acked, "the runtime's SETTINGS ACK never reached the client");
+    let most = st.before_ack.values().copied().max().unwrap_or(0);
+    assert!(most <= f::DEFAULT_WINDOW as usize, "crisp sent {most} bytes on a stream before the client's SETTINGS were acknowledged (window 65,535)");
+}
+
+#[tokio::test]
 async fn a_runtime_goaway_loses_no_call() {
     // The runtime answers after 200 ms and sends GOAWAY on its 4th request on each connection: the
     // three before it complete there, the 4th and later are retried elsewhere.
-    let opts = RuntimeOpts { delay: Duration::from_millis(200), goaway_at: Some(4) };
+    let opts = RuntimeOpts { delay: Duration::from_millis(200), goaway_at: Some(4), ..Default::default() };
     let (_dir, runtime, crisp) = setup(opts).await;
     let client = Arc::new(Client::connect(&crisp.path, b"localhost").await);
     let mut calls = Vec::new();

@@ -180,6 +180,7 @@ fn static_field(name: &[u8], value: &[u8]) -> Option<u8> {
 
 /// An HPACK integer (RFC 7541 §5.1) with `prefix_bits` bits in its first byte, whose other
 /// bits are `first`.
+#[inline]
 pub fn put_int(out: &mut Vec<u8>, first: u8, prefix_bits: u8, mut v: usize) {
     let max = (1usize << prefix_bits) - 1;
     if v < max {
@@ -195,6 +196,7 @@ pub fn put_int(out: &mut Vec<u8>, first: u8, prefix_bits: u8, mut v: usize) {
     out.push(v as u8);
 }
 
+#[inline]
 fn put_str(out: &mut Vec<u8>, s: &[u8]) {
     put_int(out, 0, 7, s.len());
     out.extend_from_slice(s);
@@ -202,6 +204,8 @@ fn put_str(out: &mut Vec<u8>, s: &[u8]) {
 
 /// Appends one field to a header block without touching the decoder's dynamic table.
 pub fn encode_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    // One capacity check for the field (two length prefixes of up to 5 bytes and a type byte).
+    out.reserve(name.len() + value.len() + 11);
     if let Some(i) = static_field(name, value) {
         put_int(out, 0x80, 7, i as usize);
         return;

@@ -122,8 +122,16 @@ struct State {
     client_window: i64,
     /// Connection credits to keep from the runtime: bytes crisp sent the client on its own.
     debt: u64,
-    /// The client's SETTINGS_INITIAL_WINDOW_SIZE.
+    /// The client's SETTINGS_INITIAL_WINDOW_SIZE, as far as crisp may rely on it for the
+    /// diverted streams it sends on (see `unacked_windows`).
     client_initial_window: i64,
+    /// The client's SETTINGS frames relayed to the runtime and not yet acknowledged by it, oldest
+    /// first, with the INITIAL_WINDOW_SIZE each carried. A client (h2, for one) grows its streams'
+    /// receive windows only when its SETTINGS are acknowledged, and the runtime's ACK reaches it
+    /// through crisp: crisp's own DATA must not count on a larger window before that ACK went
+    /// out, or the client sees more than it allowed (FLOW_CONTROL_ERROR). A smaller window is
+    /// applied at once.
+    unacked_windows: std::collections::VecDeque<Option<i64>>,
     /// Diverted streams: the client's window for their response.
     diverted: IdMap<i64>,
     relayed: IdMap<Relayed>,
@@ -275,6 +283,7 @@ pub async fn serve_connection(client: UnixStream, proxy: Arc<Proxy>, shutdown: w
             client_window: f::DEFAULT_WINDOW,
             debt: 0,
             client_initial_window: f::DEFAULT_WINDOW,
+            unacked_windows: std::collections::VecDeque::new(),
             diverted: IdMap::default(),
             relayed: IdMap::default(),
             max_stream: 0,
@@ -313,9 +322,12 @@ pub async fn serve_connection(client: UnixStream, proxy: Arc<Proxy>, shutdown: w
         now: Instant::now(),
     };
     let mut down = UpstreamToClient { proxy: proxy.clone(), shared: shared.clone(), ur, cw, dec: super::hpack::Decoder::default(), pending: None };
+    // Each direction is polled only when something it waits for woke it: a client request
+    // does not poll the runtime side's read, control channel, timer and shutdown futures, nor
+    // a runtime answer the client side's read (see `Gated`).
     tokio::select! {
-        r = up.run(&mut cr) => if let Err(e) = r { tracing::debug!(error = %e, "client connection ended") },
-        r = down.run(ctl_rx, shutdown) => if let Err(e) = r { tracing::debug!(error = %e, "client connection closed") },
+        r = Gated::new(up.run(&mut cr)) => if let Err(e) = r { tracing::debug!(error = %e, "client connection ended") },
+        r = Gated::new(down.run(ctl_rx, shutdown)) => if let Err(e) = r { tracing::debug!(error = %e, "client connection closed") },
     }
     // The client is gone (or was closed): nothing may stay behind.
     tasks.abort_all();
@@ -323,6 +335,61 @@ pub async fn serve_connection(client: UnixStream, proxy: Arc<Proxy>, shutdown: w
     let now = Instant::now();
     for r in relayed {
         complete(&proxy, r.call, Some(code::CANCELLED), None, now);
+    }
+}
+
+/// A future that is polled only after its own waker fired (or on its first poll), so that two
+/// of them in one `select!` cost, per wakeup, only the one that was woken. A relayed call wakes
+/// the connection's task twice (the request, the answer); without this each wakeup polled both
+/// directions — every future either waits on — again.
+struct Gated<F> {
+    inner: Pin<Box<F>>,
+    flag: Arc<GateFlag>,
+    waker: std::task::Waker,
+}
+
+struct GateFlag {
+    woken: std::sync::atomic::AtomicBool,
+    /// The task to wake (the connection's; the same on every poll but the first).
+    parent: Mutex<Option<std::task::Waker>>,
+}
+
+impl std::task::Wake for GateFlag {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(w) = self.parent.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            w.wake_by_ref();
+        }
+    }
+}
+
+impl<F: std::future::Future> Gated<F> {
+    fn new(inner: F) -> Self {
+        let flag = Arc::new(GateFlag { woken: std::sync::atomic::AtomicBool::new(true), parent: Mutex::new(None) });
+        Gated { inner: Box::pin(inner), waker: std::task::Waker::from(flag.clone()), flag }
+    }
+}
+
+impl<F: std::future::Future> std::future::Future for Gated<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        // Register first: a wake that lands after the check below then wakes this task again.
+        {
+            let mut parent = self.flag.parent.lock().unwrap_or_else(|e| e.into_inner());
+            if !parent.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                *parent = Some(cx.waker().clone());
+            }
+        }
+        if !self.flag.woken.swap(false, std::sync::atomic::Ordering::AcqRel) {
+            return Poll::Pending;
+        }
+        let this = &mut *self;
+        this.inner.as_mut().poll(&mut Context::from_waker(&this.waker))
     }
 }
 
@@ -341,6 +408,16 @@ impl Tasks {
         for (_, h) in self.0.lock().unwrap_or_else(|e| e.into_inner()).drain() {
             h.abort();
         }
+    }
+}
+
+/// Sets the client's initial stream window for crisp's own sends: every diverted stream's window
+/// moves by the difference (RFC 9113 §6.9.2).
+fn set_client_window(st: &mut State, v: i64) {
+    let delta = v - st.client_initial_window;
+    st.client_initial_window = v;
+    for w in st.diverted.values_mut() {
+        *w += delta;
     }
 }
 
@@ -404,14 +481,24 @@ impl ClientToUpstream {
             let mut credit = 0u32;
             let mut got_frame = false;
             self.now = Instant::now();
-            while let Some(head) = Head::parse(&buf) {
-                if buf.len() < f::HEADER_LEN + head.len {
-                    buf.reserve(f::HEADER_LEN + head.len - buf.len());
+            // Frames are handled where they lie in `buf` (no `Bytes` per frame: its refcount
+            // and, for the first split of a buffer, an allocation); the consumed ones are
+            // dropped from `buf` at the end.
+            let mut pos = 0;
+            let mut missing = 0;
+            while let Some(head) = Head::parse(&buf[pos..]) {
+                let len = f::HEADER_LEN + head.len;
+                if buf.len() - pos < len {
+                    missing = len - (buf.len() - pos);
                     break;
                 }
                 got_frame = true;
-                let frame = buf.split_to(f::HEADER_LEN + head.len).freeze();
-                self.frame(head, frame, &mut out, &mut ctl, &mut credit)?;
+                self.frame(head, &buf[pos..pos + len], &mut out, &mut ctl, &mut credit)?;
+                pos += len;
+            }
+            buf.advance(pos);
+            if missing > 0 {
+                buf.reserve(missing);
             }
             if got_frame {
                 self.shared.lock().last_client_frame = self.now;
@@ -444,7 +531,7 @@ impl ClientToUpstream {
         }
     }
 
-    fn frame(&mut self, head: Head, frame: Bytes, out: &mut Vec<u8>, ctl: &mut Vec<u8>, credit: &mut u32) -> Result<(), RelayError> {
+    fn frame(&mut self, head: Head, frame: &[u8], out: &mut Vec<u8>, ctl: &mut Vec<u8>, credit: &mut u32) -> Result<(), RelayError> {
         let payload = &frame[f::HEADER_LEN..];
         if let Some(p) = self.pending.as_mut() {
             if head.kind != f::CONTINUATION || head.stream != p.stream {
@@ -468,14 +555,16 @@ impl ClientToUpstream {
                     *credit = credit.saturating_add(head.len as u32);
                     if let Some(r) = f::data_payload(&head, payload) {
                         if !r.is_empty() {
-                            let _ = tx.send(BodyPart::Data(frame.slice(f::HEADER_LEN + r.start..f::HEADER_LEN + r.end)));
+                            // A diverted request's body (a few KiB at most for the calls
+                            // crisp diverts): copied out of the read buffer.
+                            let _ = tx.send(BodyPart::Data(Bytes::copy_from_slice(&payload[r])));
                         }
                     }
                     if head.has(f::END_STREAM) {
                         self.bodies.remove(&head.stream);
                     }
                 } else if upstream && head.stream <= self.max_relayed && !self.is_diverted(head.stream) {
-                    out.extend_from_slice(&frame);
+                    out.extend_from_slice(frame);
                 } else {
                     *credit = credit.saturating_add(head.len as u32);
                 }
@@ -500,36 +589,36 @@ impl ClientToUpstream {
                         complete(&self.proxy, r.call, Some(code::CANCELLED), None, self.now);
                     }
                     if upstream {
-                        out.extend_from_slice(&frame);
+                        out.extend_from_slice(frame);
                     }
                 }
             }
             f::SETTINGS => {
                 if !head.has(f::ACK) {
-                    self.settings(payload);
+                    self.settings(payload, upstream);
                     if !upstream {
                         f::put_head(ctl, 0, f::SETTINGS, f::ACK, 0);
                     }
                 }
                 if upstream {
-                    out.extend_from_slice(&frame);
+                    out.extend_from_slice(frame);
                 }
             }
             f::PING => {
                 if head.has(f::ACK) {
                     // Answers to the runtime's PINGs go back to it; crisp's own keep-alive's not.
                     if upstream && payload != KEEPALIVE {
-                        out.extend_from_slice(&frame);
+                        out.extend_from_slice(frame);
                     }
                 } else if upstream && !self.shared.lock().degraded && self.shared.pings.try_forward() {
-                    out.extend_from_slice(&frame);
+                    out.extend_from_slice(frame);
                 } else if payload.len() == 8 {
                     // crisp answers: the runtime would count this PING as a strike (see PingGate).
                     f::put_head(ctl, 8, f::PING, f::ACK, 0);
                     ctl.extend_from_slice(payload);
                 } else if upstream {
                     // Malformed: the runtime's to judge.
-                    out.extend_from_slice(&frame);
+                    out.extend_from_slice(frame);
                 }
             }
             f::WINDOW_UPDATE => {
@@ -552,13 +641,13 @@ impl ClientToUpstream {
                     }
                     self.shared.window.notify_waiters();
                 } else if upstream {
-                    out.extend_from_slice(&frame);
+                    out.extend_from_slice(frame);
                 }
             }
             // PRIORITY, GOAWAY, unknown extension frames: the runtime's business.
             _ => {
                 if upstream {
-                    out.extend_from_slice(&frame);
+                    out.extend_from_slice(frame);
                 }
             }
         }
@@ -572,21 +661,26 @@ impl ClientToUpstream {
         self.diverted_ids.contains(&stream)
     }
 
-    fn settings(&mut self, payload: &[u8]) {
+    /// A client SETTINGS frame (not an ACK). `relayed`: it goes on to the runtime, whose ACK
+    /// will reach the client through crisp; otherwise crisp acknowledges it itself, at once.
+    fn settings(&mut self, payload: &[u8], relayed: bool) {
+        let mut window = None;
         for s in payload.chunks_exact(6) {
             let id = u16::from_be_bytes([s[0], s[1]]);
-            let v = u32::from_be_bytes([s[2], s[3], s[4], s[5]]);
             if id == f::SETTINGS_INITIAL_WINDOW_SIZE {
-                let mut st = self.shared.lock();
-                let delta = v as i64 - st.client_initial_window;
-                st.client_initial_window = v as i64;
-                for w in st.diverted.values_mut() {
-                    *w += delta;
-                }
-                drop(st);
-                self.shared.window.notify_waiters();
+                window = Some(u32::from_be_bytes([s[2], s[3], s[4], s[5]]) as i64);
             }
         }
+        let mut st = self.shared.lock();
+        if relayed {
+            st.unacked_windows.push_back(window);
+        }
+        match window {
+            Some(v) if !relayed || v < st.client_initial_window => set_client_window(&mut st, v),
+            _ => return,
+        }
+        drop(st);
+        self.shared.window.notify_waiters();
     }
 
     /// A complete request header block: relay it re-encoded, or divert its stream.
@@ -881,6 +975,12 @@ impl UpstreamToClient {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut ping_sent: Option<Instant> = None;
         let mut shutting_down = *shutdown.borrow();
+        // One future for the whole connection, not one per loop turn (each turn would register
+        // and unregister a waiter with the watch channel: ~500 instructions per relayed call).
+        let stop = async move {
+            let _ = shutdown.changed().await;
+        };
+        tokio::pin!(stop);
         loop {
             if self.drained(&ctl) {
                 let _ = self.cw.shutdown().await;
@@ -935,7 +1035,7 @@ impl UpstreamToClient {
                         ping_sent = Some(Instant::now());
                     }
                 }
-                _ = shutdown.changed(), if !shutting_down => {
+                _ = &mut stop, if !shutting_down => {
                     shutting_down = true;
                     let mut st = self.shared.lock();
                     if st.goaway.is_none() {
@@ -1039,6 +1139,21 @@ impl UpstreamToClient {
                 }
                 f::RST_STREAM => self.end_relayed(head.stream, Some(code::CANCELLED), now),
                 f::PING if head.has(f::ACK) => self.shared.pings.acked(),
+                f::SETTINGS if head.has(f::ACK) => {
+                    // The client's oldest unacknowledged SETTINGS now apply on its side too: the
+                    // ACK is written (below, with the frames before it) before any DATA of
+                    // crisp's own that counts on them (crisp's frames go out after this batch).
+                    let mut st = self.shared.lock();
+                    if let Some(Some(v)) = st.unacked_windows.pop_front() {
+                        // A smaller window still waiting for its ACK caps it.
+                        let v = st.unacked_windows.iter().flatten().fold(v, |m, &w| m.min(w));
+                        if v != st.client_initial_window {
+                            set_client_window(&mut st, v);
+                            drop(st);
+                            self.shared.window.notify_waiters();
+                        }
+                    }
+                }
                 f::GOAWAY if head.len >= 8 => {
                     let g = &buf[payload];
                     let last = u32::from_be_bytes([g[0], g[1], g[2], g[3]]) & 0x7fff_ffff;

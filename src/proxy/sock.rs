@@ -13,6 +13,7 @@ use std::net::Shutdown;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use bytes::{BufMut, BytesMut};
 use tokio::io::unix::AsyncFd;
@@ -55,11 +56,22 @@ impl Reader {
 
     /// Reads at most `max` bytes into `buf`'s spare capacity.
     async fn recv(&mut self, buf: &mut BytesMut, max: usize) -> io::Result<usize> {
+        std::future::poll_fn(|cx| self.poll_recv(cx, buf, max)).await
+    }
+
+    /// [`Self::recv`] as a poll: the waker goes into the registration's one reader slot (no
+    /// waiter is queued and dequeued per read, as a `readable()` future does), so a relayed
+    /// hop costs one readiness check. Nothing is read unless this returns `Ready`.
+    fn poll_recv(&mut self, cx: &mut Context<'_>, buf: &mut BytesMut, max: usize) -> Poll<io::Result<usize>> {
         if buf.capacity() == buf.len() {
             buf.reserve(64 << 10);
         }
         loop {
-            let mut guard = self.fd.readable().await?;
+            let mut guard = match self.fd.poll_read_ready(cx) {
+                Poll::Ready(Ok(g)) => g,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            };
             let dst = buf.chunk_mut();
             let room = dst.len().min(max);
             let ptr = dst.as_mut_ptr();
@@ -83,11 +95,11 @@ impl Reader {
                         // EAGAIN. (tokio ignores this clear if an event arrived meanwhile.)
                         guard.clear_ready();
                     }
-                    return Ok(n);
+                    return Poll::Ready(Ok(n));
                 }
                 Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Ok(Err(e)) => return Err(e),
-                // WouldBlock: readiness was cleared; wait for the next edge.
+                Ok(Err(e)) => return Poll::Ready(Err(e)),
+                // WouldBlock: readiness was cleared; poll again for the next edge.
                 Err(_) => continue,
             }
         }

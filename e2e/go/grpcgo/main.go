@@ -10,6 +10,8 @@
 //	                  [--timeout 10s] [--count N] [--concurrency C] [--each] [--errors]
 //	                  [--interval D] [--duration D] [--warmup N] [--latencies]
 //	crisp-grpcgo headers --listen SOCK
+//	crisp-grpcgo bench --lane NAME=TARGET... --method M [--hex HEX] [--authority A] [--count N]
+//	                   [--warmup N] [--runs R] [--concurrency C --seconds S]
 //
 // bridge: a grpc-go server on SOCK accepting every method; each call is forwarded, message
 // bytes untouched, over one shared grpc-go client connection dialed the way kubelet 1.20-1.27
@@ -24,6 +26,12 @@
 // at once), --duration keeps calling until it has passed (instead of --count calls), --warmup
 // makes N calls first that are not measured, --latencies puts every measured call's latency
 // (µs, in completion order) into the summary.
+//
+// bench: the same call on several targets ("lanes": direct, socat, crisp...), one kubelet-style
+// connection per lane, interleaved call by call (lane order rotating with each call), so that the
+// machine's load falls on every lane alike. Prints one JSON line per run with every lane's
+// p50/p99/max in µs. With --concurrency > 1, each run gives each lane (in turn) --seconds of
+// that many concurrent callers on its connection and reports calls/s per lane instead.
 //
 // headers: a bare HTTP/2 server that prints each request's decoded header list (and every
 // PING it receives) as JSON lines and answers every call with an empty message and status OK;
@@ -86,6 +94,8 @@ func main() {
 		err = runCall(os.Args[2:])
 	case "headers":
 		err = runHeaders(os.Args[2:])
+	case "bench":
+		err = runBench(os.Args[2:])
 	case "-h", "--help", "help":
 		usage()
 	default:
@@ -105,6 +115,8 @@ func usage() {
                     [--authority A] [--timeout 10s] [--count N] [--concurrency C] [--each]
                     [--errors] [--interval D] [--duration D] [--warmup N] [--latencies]
   crisp-grpcgo headers --listen SOCK
+  crisp-grpcgo bench --lane NAME=TARGET... --method M [--hex HEX] [--authority A] [--count N]
+                     [--warmup N] [--runs R] [--concurrency C --seconds S]
 `)
 	os.Exit(2)
 }
@@ -374,6 +386,10 @@ func dialKubelet(target, authority string, st *wireStats, sh stats.Handler) (*gr
 		c, err := d.DialContext(ctx, "unix", path)
 		if err != nil {
 			return nil, err
+		}
+		if st == nil {
+			// bench: the connection as kubelet has it, with no frame counting on it.
+			return c, nil
 		}
 		return sniff(c, "upstream", true, st), nil
 	}
@@ -927,4 +943,122 @@ func serveHeaders(c net.Conn, id int64, emit func(interface{})) error {
 			return nil
 		}
 	}
+}
+
+// ---------------------------------------------------------------------------------------------
+// bench: lanes interleaved call by call
+
+type laneFlags []string
+
+func (l *laneFlags) String() string     { return strings.Join(*l, ",") }
+func (l *laneFlags) Set(v string) error { *l = append(*l, v); return nil }
+
+func runBench(args []string) error {
+	fs := flag.NewFlagSet("bench", flag.ExitOnError)
+	var lanes laneFlags
+	fs.Var(&lanes, "lane", "NAME=TARGET (repeatable; the first is the baseline)")
+	method := fs.String("method", "", "full method")
+	hexReq := fs.String("hex", "", "request message as hex")
+	authority := fs.String("authority", "", "override :authority")
+	count := fs.Int("count", 1000, "measured calls per lane and run")
+	warmup := fs.Int("warmup", 100, "unmeasured calls per lane before each run")
+	runs := fs.Int("runs", 3, "runs (fresh connections each)")
+	concurrency := fs.Int("concurrency", 1, "callers per lane (> 1: throughput mode)")
+	seconds := fs.Float64("seconds", 1, "throughput mode: seconds per lane and run")
+	timeout := fs.Duration("timeout", 10*time.Second, "deadline of each call")
+	_ = fs.Parse(args)
+	if len(lanes) == 0 || *method == "" {
+		return errors.New("--lane and --method are required")
+	}
+	req, err := hex.DecodeString(*hexReq)
+	if err != nil {
+		return fmt.Errorf("request hex: %v", err)
+	}
+	names := make([]string, len(lanes))
+	targets := make([]string, len(lanes))
+	for i, l := range lanes {
+		kv := strings.SplitN(l, "=", 2)
+		if len(kv) != 2 {
+			return fmt.Errorf("--lane %q: want NAME=TARGET", l)
+		}
+		names[i], targets[i] = kv[0], kv[1]
+	}
+	one := func(cc *grpc.ClientConn) (time.Duration, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+		defer cancel()
+		var resp []byte
+		t0 := time.Now()
+		err := cc.Invoke(ctx, *method, req, &resp, grpc.ForceCodec(rawCodec{}))
+		return time.Since(t0), err
+	}
+	for r := 0; r < *runs; r++ {
+		conns := make([]*grpc.ClientConn, len(lanes))
+		for i := range lanes {
+			cc, err := dialKubelet(targets[i], *authority, nil, nil)
+			if err != nil {
+				return err
+			}
+			conns[i] = cc
+			for w := 0; w < *warmup; w++ {
+				if _, err := one(cc); err != nil {
+					return fmt.Errorf("lane %s, warm-up: %v", names[i], err)
+				}
+			}
+		}
+		out := map[string]interface{}{"run": r + 1}
+		if *concurrency <= 1 {
+			lat := make([][]float64, len(lanes))
+			for c := 0; c < *count; c++ {
+				for k := range lanes {
+					i := (c + k) % len(lanes)
+					d, err := one(conns[i])
+					if err != nil {
+						return fmt.Errorf("lane %s: %v", names[i], err)
+					}
+					lat[i] = append(lat[i], float64(d.Nanoseconds())/1000)
+				}
+			}
+			res := map[string]interface{}{}
+			for i, v := range lat {
+				sort.Float64s(v)
+				at := func(p float64) float64 { return v[int(math.Round(float64(len(v)-1)*p))] }
+				res[names[i]] = map[string]float64{"p50_us": at(0.5), "p99_us": at(0.99), "max_us": at(1)}
+			}
+			out["latency"] = res
+		} else {
+			res := map[string]float64{}
+			for k := range lanes {
+				i := (r + k) % len(lanes)
+				var n, failed int64
+				stop := time.Now().Add(time.Duration(*seconds * float64(time.Second)))
+				var wg sync.WaitGroup
+				t0 := time.Now()
+				for w := 0; w < *concurrency; w++ {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for time.Now().Before(stop) {
+							if _, err := one(conns[i]); err != nil {
+								atomic.AddInt64(&failed, 1)
+							} else {
+								atomic.AddInt64(&n, 1)
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				if failed > 0 {
+					return fmt.Errorf("lane %s: %d calls failed", names[i], failed)
+				}
+				res[names[i]] = float64(n) / time.Since(t0).Seconds()
+			}
+			out["calls_per_s"] = res
+		}
+		for _, cc := range conns {
+			cc.Close()
+		}
+		b, _ := json.Marshal(out)
+		fmt.Println(string(b))
+	}
+	return nil
 }
