@@ -75,8 +75,7 @@ async fn demo_pod_timeline_renders_its_holds_and_refusal() -> Result<()> {
     let live = spawn_attached(live, "crisp timeline --live").await?;
 
     let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("pods/demo.yaml");
-    let uid = st.kubelet.add_pod(PodSpec::from_file(&demo)?.remove(0))?;
-    st.wait_all_running(&uid, STEP).await?;
+    let uid = st.run_pod(PodSpec::from_file(&demo)?.remove(0), STEP).await?;
     st.delete_pod(&uid, None, STEP).await?;
     await_line(&recording, &["\"StopPodSandbox\"", "\"web\""], Duration::from_secs(30)).await?;
     tap.kill()?;
