@@ -33,8 +33,7 @@ async fn v1alpha2_mode_runs_a_pod_on_containerd_1_6() -> Result<()> {
         return Err(e);
     }
     k.wait_all_running(&uid, STEP).await?;
-    k.delete_pod(&uid, Some(3))?;
-    k.wait_terminated(&uid, STEP).await?;
+    k.delete_and_wait(&uid, Some(3), STEP).await?;
 
     let calls = k.journal().calls();
     assert!(calls.iter().all(|r| r.path.starts_with("/runtime.v1alpha2.")), "every call on v1alpha2");
