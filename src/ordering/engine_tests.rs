@@ -72,6 +72,14 @@ impl Fake {
         id
     }
 
+    /// Container `name` starts now and turns ready `after` that: the start time.
+    fn add_ready_after(&self, name: &str, after: Duration) -> Instant {
+        let t0 = now();
+        self.add(name, Some(t0));
+        self.set(name, |c| c.ready = Some(at(t0, after)));
+        t0
+    }
+
     fn set(&self, name: &str, f: impl FnOnce(&mut FakeContainer)) {
         let mut s = self.script();
         let c = s.containers.iter_mut().rev().find(|c| c.name == name).expect("no such container");
@@ -280,9 +288,7 @@ async fn app_is_forwarded_at_once_when_every_sidecar_is_ready() {
 #[tokio::test(start_paused = true)]
 async fn app_is_held_until_its_sidecar_is_ready() {
     let (fake, engine) = fake_pod(&["proxy"], &[]);
-    let t0 = now();
-    fake.add("proxy", Some(t0));
-    fake.set("proxy", |c| c.ready = Some(at(t0, 4 * S)));
+    fake.add_ready_after("proxy", 4 * S);
     let (v, held) = create_container(&engine, &fake, "app").await;
     assert_forward(&v);
     assert_held(held, 4 * S, 100 * MS);
@@ -293,9 +299,7 @@ async fn app_is_held_until_its_sidecar_is_ready() {
 #[tokio::test(start_paused = true)]
 async fn sidecars_gate_each_other_in_declared_order() {
     let (fake, engine) = fake_pod(&["first", "second"], &[]);
-    let t0 = now();
-    fake.add("first", Some(t0));
-    fake.set("first", |c| c.ready = Some(at(t0, 3 * S)));
+    fake.add_ready_after("first", 3 * S);
     // The first sidecar waits for nobody.
     let (v, held) = create_container(&engine, &fake, "first").await;
     assert_forwarded_at_once(&v, held);
@@ -670,9 +674,7 @@ async fn a_hold_is_reported_live_with_its_reason_at_a_bounded_rate() {
     use crate::intercept::HoldPhase::*;
     let (fake, engine) = fake_pod(&["proxy"], &[]);
     let rec = recorded(&engine);
-    let t0 = now();
-    fake.add("proxy", Some(t0));
-    fake.set("proxy", |c| c.ready = Some(at(t0, 12 * S)));
+    fake.add_ready_after("proxy", 12 * S);
     let eng = engine.clone();
     let held = tokio::spawn(async move { run(&eng, &call("CreateContainer", KUBELET_DEADLINE), &create(&Fake(Arc::clone(&fake.0)), "app")).await });
     // While it is held: the start event says what it waits for, and `crisp pods` sees it.
@@ -799,9 +801,7 @@ async fn a_long_hold_ends_as_an_informative_refusal_and_the_timeout_still_counts
 async fn a_short_hold_is_never_refused() {
     let fake = Fake::default();
     let engine = pod_with(&fake, &["proxy"], &[], |c| c.ordering.refuse_held_after = 30 * S);
-    let t0 = now();
-    fake.add("proxy", Some(t0));
-    fake.set("proxy", |c| c.ready = Some(at(t0, 29 * S)));
+    fake.add_ready_after("proxy", 29 * S);
     let (v, held) = create_container(&engine, &fake, "app").await;
     assert_forward(&v);
     assert_held(held, 29 * S, 100 * MS);

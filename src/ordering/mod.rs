@@ -1118,13 +1118,21 @@ impl readiness::ProbeEnv for ProbeTarget<'_> {
 mod tests {
     use super::*;
 
+    /// A guess that has judged `name` once (Unknown: refused), then saw these annotated image
+    /// calls (`true`: a PullImage, `false`: an ImageStatus).
+    fn guess_after_image_calls(name: &str, calls: &[bool]) -> InitGuess {
+        let mut g = InitGuess::default();
+        assert_eq!(g.judge(name), Judgement::Unknown);
+        for &pull in calls {
+            g.note_image_call(pull);
+        }
+        g
+    }
+
     #[test]
     fn init_guess_init_container_comes_straight_back() {
-        let mut g = InitGuess::default();
-        assert_eq!(g.judge("init"), Judgement::Unknown);
         // Its own retry: one annotated ImageStatus (and a pull under imagePullPolicy Always).
-        g.note_image_call(false);
-        g.note_image_call(true);
+        let mut g = guess_after_image_calls("init", &[false, true]);
         assert_eq!(g.judge("init"), Judgement::Init);
         assert_eq!(g.judge("init"), Judgement::Init, "sticky");
     }
@@ -1133,11 +1141,7 @@ mod tests {
     fn init_guess_regular_when_kubelet_moved_on_though_the_sidecar_failed() {
         // The sidecar after it: ImageStatus, failed PullImage (ErrImagePull); then the retry's
         // own ImageStatus. Two attempts: a regular container.
-        let mut g = InitGuess::default();
-        assert_eq!(g.judge("app"), Judgement::Unknown);
-        g.note_image_call(false);
-        g.note_image_call(true);
-        g.note_image_call(false);
+        let mut g = guess_after_image_calls("app", &[false, true, false]);
         assert_eq!(g.judge("app"), Judgement::Regular);
         // Later syncs (ImagePullBackOff: no call at all) keep the verdict.
         assert_eq!(g.judge("app"), Judgement::Regular);
