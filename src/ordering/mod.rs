@@ -814,32 +814,34 @@ impl Engine {
         // An app's stop is forwarded at once (§4.1).
         let Some(idx) = idx else { return Verdict::Forward };
         let hold_until = decide::stop_hold_end(arrived, grace, call.deadline);
-        let single_kill_after = decide::single_kill_after(arrived, grace);
+        let window = SidecarStop { sidecar: idx, arrived, hold_until, single_kill_after: decide::single_kill_after(arrived, grace) };
+        self.hold_sidecar_stop(call, version, &pod, &cref.name, &req.container_id, window).await;
+        // Forward with what is left of the pod's budget; the KEP's 2 s tail once it is spent.
+        match decide::stop_timeout(budget_end, now(), req.timeout) {
+            Some(secs) => Verdict::ForwardPatched(append_varint_field(msg, tags::stop_container_request::TIMEOUT, secs)),
+            None => Verdict::Forward,
+        }
+    }
+
+    /// Holds a sidecar's StopContainer while apps of the pod still run (§4.2), within `window`;
+    /// returns when it is to be forwarded.
+    async fn hold_sidecar_stop(&self, call: &Call, version: ApiVersion, pod: &Pod, name: &str, container_id: &str, window: SidecarStop) {
+        let SidecarStop { sidecar: idx, arrived, hold_until, single_kill_after } = window;
         let mut held: Option<holds::Hold<'_>> = None;
         loop {
             // A slow runtime must not stretch the hold past its end (kubelet's deadline less the
             // forwarded stop's tail): an answer not in by then counts as "stop it now".
-            let containers = match tokio::time::timeout_at(hold_until.into(), self.runtime.list_containers(version, &pod.sandbox_id)).await {
-                Ok(Ok(c)) => c,
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "cannot list the pod's containers; forwarding StopContainer");
-                    break;
-                }
-                Err(_) => {
-                    tracing::warn!(container_name = %cref.name, "the runtime did not list the pod's containers before kubelet's deadline; forwarding StopContainer");
-                    break;
-                }
-            };
+            let Some(containers) = self.list_for_stop(version, pod, name, hold_until).await else { break };
             let snap = Snapshot::new(&containers);
             let t = now();
             match decide::stop_step(&pod.policy, idx, &snap, t, hold_until, single_kill_after, pod.apps_stopping()) {
                 StopStep::Forward => break,
                 StopStep::SingleKill => {
-                    tracing::info!(container_name = %cref.name, "no app container of the pod is being stopped: a single-container kill; forwarding");
+                    tracing::info!(container_name = %name, "no app container of the pod is being stopped: a single-container kill; forwarding");
                     break;
                 }
                 StopStep::Deadline { apps, sidecars } => {
-                    tracing::warn!(container_name = %cref.name, ?apps, ?sidecars, "still running at kubelet's deadline; stopping the sidecar anyway");
+                    tracing::warn!(container_name = %name, ?apps, ?sidecars, "still running at kubelet's deadline; stopping the sidecar anyway");
                     break;
                 }
                 StopStep::Hold { apps, sidecars } => {
@@ -851,8 +853,8 @@ impl Engine {
                     match held.as_mut() {
                         Some(h) => h.update(waiting),
                         None => {
-                            tracing::info!(container_name = %cref.name, ?apps, ?sidecars, "holding sidecar StopContainer until these exit");
-                            held = Some(holds::Hold::start(self, &pod, call, &cref.name, &req.container_id, arrived, hold_until, "", waiting));
+                            tracing::info!(container_name = %name, ?apps, ?sidecars, "holding sidecar StopContainer until these exit");
+                            held = Some(holds::Hold::start(self, pod, call, name, container_id, arrived, hold_until, "", waiting));
                         }
                     }
                 }
@@ -862,13 +864,24 @@ impl Engine {
         if let Some(h) = held {
             let d = now().saturating_duration_since(h.since);
             self.metrics.stop_holds.observe(d.as_secs_f64());
-            tracing::info!(container_name = %cref.name, held_ms = d.as_millis() as u64, "forwarding sidecar StopContainer");
+            tracing::info!(container_name = %name, held_ms = d.as_millis() as u64, "forwarding sidecar StopContainer");
             h.end("forwarded", "");
         }
-        // Forward with what is left of the pod's budget; the KEP's 2 s tail once it is spent.
-        match decide::stop_timeout(budget_end, now(), req.timeout) {
-            Some(secs) => Verdict::ForwardPatched(append_varint_field(msg, tags::stop_container_request::TIMEOUT, secs)),
-            None => Verdict::Forward,
+    }
+
+    /// The pod's containers, for a held stop; `None` (forward now) when the runtime fails or
+    /// does not answer before `hold_until`.
+    async fn list_for_stop(&self, version: ApiVersion, pod: &Pod, name: &str, hold_until: Instant) -> Option<Vec<views::Container>> {
+        match tokio::time::timeout_at(hold_until.into(), self.runtime.list_containers(version, &pod.sandbox_id)).await {
+            Ok(Ok(c)) => Some(c),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot list the pod's containers; forwarding StopContainer");
+                None
+            }
+            Err(_) => {
+                tracing::warn!(container_name = %name, "the runtime did not list the pod's containers before kubelet's deadline; forwarding StopContainer");
+                None
+            }
         }
     }
 
@@ -950,6 +963,16 @@ impl Engine {
             self.containers.retain(|_, c| c.sandbox_id != req.pod_sandbox_id);
         }
     }
+}
+
+/// The time a sidecar's StopContainer may be held (see [`Engine::hold_sidecar_stop`]).
+struct SidecarStop {
+    /// The sidecar's place in the pod's list.
+    sidecar: usize,
+    arrived: Instant,
+    hold_until: Instant,
+    /// No app is being stopped by then: a single-container kill (liveness), forwarded.
+    single_kill_after: Instant,
 }
 
 /// The time a CreateContainer may be held (see [`Engine::create_window`]).
