@@ -25,8 +25,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::Service;
 
 use crate::metrics::ScrapedGauge;
-use crate::ordering::annotations::Source;
+use crate::ordering::annotations::{Sidecar, Source};
 use crate::ordering::decide::Snapshot;
+use crate::ordering::holds::HeldCall;
 use crate::ordering::{Engine, Pod};
 use crate::tap::pb::{self, admin_server::AdminServer};
 use crate::tap::{Filter, Glob, Item, Tap};
@@ -177,51 +178,8 @@ async fn pod_to_proto(engine: &Engine, p: &Pod, containers: std::collections::Ha
         Err(_) => Err(format!("no answer within {LIST_TIMEOUT:?}")),
     };
     let snapshot = listed.as_ref().ok().map(|c| Snapshot::new(c));
-    let sidecars = p
-        .policy
-        .sidecars
-        .iter()
-        .map(|s| {
-            let (state, container_id) = match snapshot.as_ref().map(|snap| snap.get(&s.name)) {
-                None => (String::new(), String::new()),
-                Some(None) => ("not created".to_string(), String::new()),
-                Some(Some(c)) => (container_state(c.state).to_string(), c.id.clone()),
-            };
-            let last = p.last_probe(&s.name);
-            pb::Sidecar {
-                name: s.name.clone(),
-                ready: s.ready.to_string(),
-                required: s.required,
-                state,
-                container_id,
-                last_probe_result: last
-                    .as_ref()
-                    .map(|l| match &l.result {
-                        Ok(()) => "ok".to_string(),
-                        Err(e) => e.clone(),
-                    })
-                    .unwrap_or_default(),
-                last_probe_unix_nanos: last.map(|l| unix_nanos(l.at)).unwrap_or(0),
-            }
-        })
-        .collect();
-    let held = p
-        .held_calls()
-        .into_iter()
-        .map(|h| pb::HeldCall {
-            call_id: h.call_id,
-            method: h.method.clone(),
-            container_name: h.container.clone(),
-            since_unix_nanos: unix_nanos(h.since),
-            waiting_on: h.waiting.on.clone(),
-            reason: h.waiting.reason.clone(),
-            probe: h.waiting.probe.clone(),
-            probe_result: h.waiting.probe_result.clone(),
-            held_ms: h.held_from.elapsed().as_millis() as u64,
-            time_left_ms: h.time_left().as_millis() as u64,
-            policy: h.policy.clone(),
-        })
-        .collect();
+    let sidecars = p.policy.sidecars.iter().map(|s| sidecar_to_proto(p, s, snapshot.as_ref())).collect();
+    let held = p.held_calls().iter().map(held_to_proto).collect();
     let (timeout, policy) = engine.start_policy(p);
     let (is_job, watched) = engine.job_state(p);
     let mut terminated: Vec<String> = containers.iter().filter(|(id, _)| engine.terminated(id)).map(|(_, name)| name.clone()).collect();
@@ -254,6 +212,49 @@ async fn pod_to_proto(engine: &Engine, p: &Pod, containers: std::collections::Ha
         effective_timeout_policy: format!("{policy:?}").to_lowercase(),
         job_state: Some(pb::JobState { is_job, watched, terminated }),
         runtime_error: listed.err().unwrap_or_default(),
+    }
+}
+
+/// A sidecar of the pod as `crisp pods` shows it: its state in `snapshot` (`None`: the runtime
+/// did not answer) and its last probe.
+fn sidecar_to_proto(p: &Pod, s: &Sidecar, snapshot: Option<&Snapshot>) -> pb::Sidecar {
+    let (state, container_id) = match snapshot.map(|snap| snap.get(&s.name)) {
+        None => (String::new(), String::new()),
+        Some(None) => ("not created".to_string(), String::new()),
+        Some(Some(c)) => (container_state(c.state).to_string(), c.id.clone()),
+    };
+    let last = p.last_probe(&s.name);
+    pb::Sidecar {
+        name: s.name.clone(),
+        ready: s.ready.to_string(),
+        required: s.required,
+        state,
+        container_id,
+        last_probe_result: last
+            .as_ref()
+            .map(|l| match &l.result {
+                Ok(()) => "ok".to_string(),
+                Err(e) => e.clone(),
+            })
+            .unwrap_or_default(),
+        last_probe_unix_nanos: last.map(|l| unix_nanos(l.at)).unwrap_or(0),
+    }
+}
+
+/// A call held now, with what it waits for.
+fn held_to_proto(h: &HeldCall) -> pb::HeldCall {
+    pb::HeldCall {
+        call_id: h.call_id,
+        method: h.method.clone(),
+        container_name: h.container.clone(),
+        since_unix_nanos: unix_nanos(h.since),
+        waiting_on: h.waiting.on.clone(),
+        reason: h.waiting.reason.clone(),
+        probe: h.waiting.probe.clone(),
+        probe_result: h.waiting.probe_result.clone(),
+        held_ms: h.held_from.elapsed().as_millis() as u64,
+        time_left_ms: h.time_left().as_millis() as u64,
+        policy: h.policy.clone(),
     }
 }
 

@@ -358,38 +358,40 @@ async fn assert_error_verbatim(fake: &Fake, crisp: &Crisp, path: &str) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn trailers_only_error_with_details_arrives_verbatim() {
+/// The runtime answers ContainerStatus with an error status with details, put into a reply by
+/// `reply` (headers or trailers); it must arrive verbatim through crisp. The raw answer crisp gave.
+async fn error_with_details_through_crisp(reply: impl Fn(HeaderMap) -> Reply + Send + Sync + 'static) -> RawResponse {
     let fake = Fake::start().await;
     let crisp = Crisp::start(fake.path()).await;
     let path = "/runtime.v1.RuntimeService/ContainerStatus";
-    fake.script(path, |_| {
-        let mut h: HeaderMap = grpc_headers();
+    fake.script(path, move |_| {
+        let mut status = HeaderMap::new();
         for (k, v) in error_status_fields() {
-            h.append(k, v.try_into().unwrap());
+            status.append(k, v.try_into().unwrap());
         }
-        Reply::TrailersOnly(h)
+        reply(status)
     });
     assert_error_verbatim(&fake, &crisp, path).await;
+    Raw::connect(&crisp.path).await.call(&RawRequest::grpc(path, b"")).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trailers_only_error_with_details_arrives_verbatim() {
+    let v = error_with_details_through_crisp(|status| {
+        let mut h: HeaderMap = grpc_headers();
+        for (k, v) in &status {
+            h.append(k, v.clone());
+        }
+        Reply::TrailersOnly(h)
+    })
+    .await;
     // Still trailers-only through crisp: one HEADERS frame, no body, no trailers.
-    let v = Raw::connect(&crisp.path).await.call(&RawRequest::grpc(path, b"")).await.unwrap();
     assert!(v.trailers.is_none() && v.body.is_empty(), "trailers-only answer was reshaped: {v:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn error_status_with_details_in_trailers_after_headers_arrives_verbatim() {
-    let fake = Fake::start().await;
-    let crisp = Crisp::start(fake.path()).await;
-    let path = "/runtime.v1.RuntimeService/ContainerStatus";
-    fake.script(path, |_| {
-        let mut t = HeaderMap::new();
-        for (k, v) in error_status_fields() {
-            t.append(k, v.try_into().unwrap());
-        }
-        Reply::Full { headers: grpc_headers(), chunks: vec![], trailers: Some(t) }
-    });
-    assert_error_verbatim(&fake, &crisp, path).await;
-    let v = Raw::connect(&crisp.path).await.call(&RawRequest::grpc(path, b"")).await.unwrap();
+    let v = error_with_details_through_crisp(|status| Reply::Full { headers: grpc_headers(), chunks: vec![], trailers: Some(status) }).await;
     assert!(v.headers.get("grpc-status").is_none() && v.trailers.is_some(), "status moved out of the trailers: {v:?}");
 }
 

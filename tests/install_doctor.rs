@@ -6,7 +6,7 @@
 mod systemd_support;
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -35,6 +35,13 @@ fn doctor(root: &Path, extra: &[&str]) -> Doctor {
     Doctor { code: out.status.code().unwrap_or(-1), out: text }
 }
 
+/// [`doctor`] from an async test: off the runtime's threads, since the fake runtime it asks
+/// runs on them.
+async fn doctor_async(root: &Path, extra: &[&str]) -> Doctor {
+    let (root, extra): (PathBuf, Vec<String>) = (root.to_path_buf(), extra.iter().map(|s| s.to_string()).collect());
+    tokio::task::spawn_blocking(move || doctor(&root, &extra.iter().map(String::as_str).collect::<Vec<_>>())).await.unwrap()
+}
+
 fn tempdir() -> tempfile::TempDir {
     tempfile::Builder::new().prefix("crisp-dr").tempdir_in("/tmp").unwrap()
 }
@@ -47,12 +54,7 @@ async fn doctor_before_and_after_install() {
     put(&root, "/var/lib/kubelet/config.yaml", "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n");
     let _rt = fake_runtime(&root.join("run/containerd/containerd.sock"), true).await;
 
-    let d = tokio::task::spawn_blocking({
-        let root = root.clone();
-        move || doctor(&root, &[])
-    })
-    .await
-    .unwrap();
+    let d = doctor_async(&root, &[]).await;
     assert_eq!(d.code, 1, "{}", d.out);
     assert!(d.has("OK", "config", "built-in defaults"), "{}", d.out);
     assert!(d.has("OK", "upstream", "fake-runtime 1.2.3 (CRI v1); serves runtime.v1 and runtime.v1alpha2"), "{}", d.out);
@@ -78,12 +80,7 @@ async fn doctor_before_and_after_install() {
     let _crisp = spawn(c, &log);
     notify.wait_for("READY=1", T).await;
 
-    let d = tokio::task::spawn_blocking({
-        let root = root.clone();
-        move || doctor(&root, &[])
-    })
-    .await
-    .unwrap();
+    let d = doctor_async(&root, &[]).await;
     assert_eq!(d.code, 0, "{}", d.out);
     assert!(d.out.contains("\n0 FAIL, 0 WARN, "), "{}", d.out);
     assert!(d.has("OK", "config", "/etc/crisp/config.toml is valid (listen /run/crisp/crisp.sock, upstream /run/containerd/containerd.sock)"), "{}", d.out);
@@ -129,12 +126,7 @@ async fn doctor_on_a_v1alpha2_only_runtime_and_a_foreign_endpoint() {
     let root = tmp.path().join("root");
     put(&root, "/etc/default/kubelet", "KUBELET_EXTRA_ARGS=--container-runtime-endpoint=unix:///run/other.sock --image-service-endpoint=unix:///run/images.sock\n");
     let _rt = fake_runtime_apis(&root.join("run/old/cri.sock"), false, true).await;
-    let d = tokio::task::spawn_blocking({
-        let root = root.clone();
-        move || doctor(&root, &["--upstream", "/run/old/cri.sock"])
-    })
-    .await
-    .unwrap();
+    let d = doctor_async(&root, &["--upstream", "/run/old/cri.sock"]).await;
     assert_eq!(d.code, 1, "{}", d.out);
     assert!(d.has("WARN", "upstream", "serves runtime.v1alpha2 only"), "{}", d.out);
     assert!(d.out.contains("kubelet 1.26+ requires runtime.v1"), "{}", d.out);

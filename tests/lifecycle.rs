@@ -4,7 +4,7 @@
 mod support;
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use prost::Message;
@@ -33,12 +33,18 @@ fn run_daemon(cfg: crisp::config::Config) -> (tokio::sync::oneshot::Sender<()>, 
     (tx, task)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn graceful_shutdown_refuses_new_connections_finishes_in_flight_calls_and_removes_the_socket() {
+/// A fake runtime, and a fresh directory with the path of crisp's socket in it (`sock`, relative).
+async fn fake_and_socket_dir(sock: &str) -> (Fake, tempfile::TempDir, PathBuf) {
     init_logging();
     let fake = Fake::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let sock = dir.path().join("run/crisp.sock");
+    let sock = dir.path().join(sock);
+    (fake, dir, sock)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_refuses_new_connections_finishes_in_flight_calls_and_removes_the_socket() {
+    let (fake, dir, sock) = fake_and_socket_dir("run/crisp.sock").await;
     let (shutdown, daemon) = run_daemon(test_config(&sock, fake.path(), dir.path()));
     wait_listening(&sock).await;
 
@@ -89,10 +95,7 @@ async fn calls_still_running_when_the_shutdown_grace_ends_are_cut_off() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_socket_file_is_replaced_at_start() {
-    init_logging();
-    let fake = Fake::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let sock = dir.path().join("crisp.sock");
+    let (fake, dir, sock) = fake_and_socket_dir("crisp.sock").await;
     // A socket file whose process is gone: the file stays, nothing listens.
     drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
     assert!(sock.exists());
@@ -113,10 +116,7 @@ async fn a_stale_socket_file_is_replaced_at_start() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_socket_is_refused_with_an_error_naming_the_path() {
-    init_logging();
-    let fake = Fake::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let sock = dir.path().join("crisp.sock");
+    let (fake, dir, sock) = fake_and_socket_dir("crisp.sock").await;
     let live = tokio::net::UnixListener::bind(&sock).unwrap();
 
     let (_shutdown, daemon) = run_daemon(test_config(&sock, fake.path(), dir.path()));

@@ -101,16 +101,22 @@ fn assert_unavailable_naming(status: &tonic::Status, fake: &Fake, what: &str) {
     assert!(status.message().contains(&sock), "{what}: message {:?} does not name the upstream socket {sock}", status.message());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn upstream_crash_fails_a_held_call_with_unavailable_naming_the_socket() {
-    let (fake, crisp) = fake_and_crisp(false).await;
-    fake.reply_once(EXEC_SYNC, Reply::Hold);
+/// An ExecSync through crisp that the runtime has received, then the runtime dies: the call
+/// fails UNAVAILABLE naming the runtime's socket.
+async fn exec_sync_cut_by_a_runtime_crash(fake: &Fake, crisp: &Crisp, what: &str) {
     let mut client = runtime_client(&crisp.path).await;
     let call = tokio::spawn(async move { client.exec_sync(exec_req()).await });
     fake.wait_call(EXEC_SYNC, 0).await;
     fake.stop().await;
-    let status = within(Duration::from_secs(5), "the held call to fail", call).await.unwrap().unwrap_err();
-    assert_unavailable_naming(&status, &fake, "held call");
+    let status = within(Duration::from_secs(5), "the call to fail", call).await.unwrap().unwrap_err();
+    assert_unavailable_naming(&status, fake, what);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_crash_fails_a_held_call_with_unavailable_naming_the_socket() {
+    let (fake, crisp) = fake_and_crisp(false).await;
+    fake.reply_once(EXEC_SYNC, Reply::Hold);
+    exec_sync_cut_by_a_runtime_crash(&fake, &crisp, "held call").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -129,12 +135,7 @@ async fn assert_crash_mid_unary_response_is_unavailable(observe: bool) {
     fake.reply_once(EXEC_SYNC, reply);
     let msg = k8s_cri::v1::ExecSyncResponse { stdout: vec![b'x'; 1000], stderr: vec![], exit_code: 0 }.encode_to_vec();
     tx.send(Frame::data(grpc_frame(&msg).slice(..500))).unwrap();
-    let mut client = runtime_client(&crisp.path).await;
-    let call = tokio::spawn(async move { client.exec_sync(exec_req()).await });
-    fake.wait_call(EXEC_SYNC, 0).await;
-    fake.stop().await;
-    let status = within(Duration::from_secs(5), "the call to fail", call).await.unwrap().unwrap_err();
-    assert_unavailable_naming(&status, &fake, "unary call cut mid-response");
+    exec_sync_cut_by_a_runtime_crash(&fake, &crisp, "unary call cut mid-response").await;
     drop(tx);
 }
 

@@ -278,18 +278,26 @@ async fn no_ready_when_crisp_cannot_listen() {
     }
 }
 
-#[test]
-fn an_inherited_fd_that_is_not_a_listening_socket_is_a_clear_error() {
+/// crisp started with /dev/null passed as its socket-activation fd (and `env` on top): it must
+/// exit with an error, not fall back to binding its socket. Its log.
+fn refused_activation(env: &[(&str, &str)]) -> String {
     let dir = tempdir();
     let devnull = std::fs::File::open("/dev/null").unwrap();
     let log = dir.path().join("crisp.log");
     let c = crisp_command(dir.path(), &["--listen", &dir.path().join("crisp.sock").display().to_string()], &log);
-    let mut p = spawn(with_listen_fd(c, devnull.as_raw_fd(), &log), &log);
+    let mut c = with_listen_fd(c, devnull.as_raw_fd(), &log);
+    c.envs(env.iter().copied());
+    let mut p = spawn(c, &log);
     let st = p.wait_exit(T);
     assert!(!st.success());
-    let text = p.log_text();
-    assert!(text.contains("inherited fd 3 (crisp) is not a socket"), "{text}");
     assert!(!dir.path().join("crisp.sock").exists(), "crisp must not fall back to binding");
+    p.log_text()
+}
+
+#[test]
+fn an_inherited_fd_that_is_not_a_listening_socket_is_a_clear_error() {
+    let text = refused_activation(&[]);
+    assert!(text.contains("inherited fd 3 (crisp) is not a socket"), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -312,16 +320,6 @@ async fn listen_fds_meant_for_another_process_are_ignored() {
 
 #[test]
 fn a_malformed_listen_fds_is_a_clear_error() {
-    let dir = tempdir();
-    let devnull = std::fs::File::open("/dev/null").unwrap();
-    let log = dir.path().join("crisp.log");
-    let c = crisp_command(dir.path(), &["--listen", &dir.path().join("crisp.sock").display().to_string()], &log);
-    let mut c = with_listen_fd(c, devnull.as_raw_fd(), &log);
-    c.env("LISTEN_FDS", "two");
-    let mut p = spawn(c, &log);
-    let st = p.wait_exit(T);
-    assert!(!st.success());
-    let text = p.log_text();
+    let text = refused_activation(&[("LISTEN_FDS", "two")]);
     assert!(text.contains("socket activation: LISTEN_PID=") && text.contains(r#"LISTEN_FDS="two": invalid LISTEN_FDS"#), "{text}");
-    assert!(!dir.path().join("crisp.sock").exists(), "crisp must not fall back to binding");
 }

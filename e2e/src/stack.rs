@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use k8s_cri::v1 as cri;
 
 use crate::crisp::{Crisp, CrispOpts};
-use crate::emulator::{connect_uds, Kubelet, KubeletConfig, PodView};
+use crate::emulator::{connect_uds, Kubelet, KubeletConfig, PodSpec, PodView};
 use crate::grpcgo::{GoBridge, GoBridgeOpts};
 use crate::harness::{Containerd, ContainerdOpts};
 
@@ -134,6 +134,14 @@ impl Stack {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Adds pod `spec` ([`Kubelet::add_pod`]) and waits until all its containers run
+    /// ([`Stack::wait_all_running`]): its uid.
+    pub async fn run_pod(&self, spec: PodSpec, timeout: Duration) -> Result<String> {
+        let uid = self.kubelet.add_pod(spec)?;
+        self.wait_all_running(&uid, timeout).await?;
+        Ok(uid)
     }
 
     /// [`Kubelet::wait_all_running`]; prints [`Stack::dump`] when it fails.

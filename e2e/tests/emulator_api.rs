@@ -33,8 +33,7 @@ async fn v1alpha2_mode_runs_a_pod_on_containerd_1_6() -> Result<()> {
         return Err(e);
     }
     k.wait_all_running(&uid, STEP).await?;
-    k.delete_pod(&uid, Some(3))?;
-    k.wait_terminated(&uid, STEP).await?;
+    k.delete_and_wait(&uid, Some(3), STEP).await?;
 
     let calls = k.journal().calls();
     assert!(calls.iter().all(|r| r.path.starts_with("/runtime.v1alpha2.")), "every call on v1alpha2");
@@ -63,9 +62,7 @@ async fn negotiation_picks_v1_on_containerd_1_6() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn negotiation_falls_back_to_v1alpha2_on_unimplemented() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let sock = dir.path().join("alpha-only.sock");
-    let server = serve_v1alpha2_only(&sock)?;
+    let (dir, sock, server) = alpha_only_runtime()?;
 
     let mut cfg = KubeletConfig::fast(&sock, dir.path().join("pods"));
     cfg.version = KubeletVersion::V1_23;
@@ -96,9 +93,7 @@ async fn negotiation_falls_back_to_v1alpha2_on_unimplemented() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deadline_is_sent_as_grpc_timeout_and_enforced() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let sock = dir.path().join("alpha-only.sock");
-    let server = serve_v1alpha2_only(&sock)?;
+    let (_dir, sock, server) = alpha_only_runtime()?;
     let ch = connect_uds(&sock).await?;
     let journal = Journal::new();
     let cri = CriClient::connect(ch.clone(), ch, ApiVersion::Negotiate, Duration::from_millis(400), journal.clone()).await?;
@@ -217,6 +212,14 @@ async fn handle(req: http::Request<Body>) -> http::Response<Body> {
         }
         _ => tonic::Status::unimplemented("not in this fake").into_http(),
     }
+}
+
+/// A runtime serving only CRI v1alpha2, on a socket in a fresh directory.
+fn alpha_only_runtime() -> Result<(tempfile::TempDir, PathBuf, tokio::task::JoinHandle<()>)> {
+    let dir = tempfile::tempdir()?;
+    let sock = dir.path().join("alpha-only.sock");
+    let server = serve_v1alpha2_only(&sock)?;
+    Ok((dir, sock, server))
 }
 
 fn serve_v1alpha2_only(sock: &Path) -> Result<tokio::task::JoinHandle<()>> {

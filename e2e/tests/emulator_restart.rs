@@ -46,8 +46,7 @@ async fn crash_under_always_is_recreated_with_attempt_1() -> Result<()> {
     assert!(c.last_state.as_ref().and_then(|s| s.exit_code()) == Some(3) || c.state.exit_code() == Some(3), "{c:?}");
     assert_eq!(view.phase(), PodPhase::Running);
 
-    k.delete_pod(&uid, Some(2))?;
-    k.wait_terminated(&uid, STEP).await?;
+    k.delete_and_wait(&uid, Some(2), STEP).await?;
     Ok(())
 }
 

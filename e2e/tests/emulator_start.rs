@@ -63,8 +63,7 @@ async fn two_containers_start_in_spec_order() -> Result<()> {
     assert_eq!(create_second.deadline, Some(k.config().runtime_request_timeout));
     assert_eq!(run.deadline, Some(k.config().runtime_request_timeout * 2));
 
-    k.delete_pod(&uid, Some(5))?;
-    k.wait_terminated(&uid, STEP).await?;
+    k.delete_and_wait(&uid, Some(5), STEP).await?;
     eprintln!("test took {:?}", t0.elapsed());
     Ok(())
 }
@@ -101,8 +100,7 @@ async fn post_start_returns_before_next_create() -> Result<()> {
     let app = env.containerd_status(&uid, "app").await?;
     assert!(app.started_at - sidecar.started_at >= 1_000_000_000, "gap {} ns", app.started_at - sidecar.started_at);
 
-    k.delete_pod(&uid, Some(5))?;
-    k.wait_terminated(&uid, STEP).await?;
+    k.delete_and_wait(&uid, Some(5), STEP).await?;
     Ok(())
 }
 
@@ -136,8 +134,7 @@ async fn init_containers_run_one_per_sync_before_regular_containers() -> Result<
     assert!(wall(&create("app")) >= i2.finished_at);
     let relist_between = j.filter(|r| r.method == "ListContainers" && r.meta.pod.is_none() && r.sent > create("init2").sent && r.sent < create("app").sent);
     assert!(!relist_between.is_empty(), "a relist between init2 and app");
-    k.delete_pod(&uid, Some(2))?;
-    k.wait_terminated(&uid, STEP).await?;
+    k.delete_and_wait(&uid, Some(2), STEP).await?;
     Ok(())
 }
 
@@ -160,7 +157,6 @@ async fn pod_network_pod_gets_ip_hostname_and_hosts_file() -> Result<()> {
     let out = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(out.starts_with("netpod\n"), "{out}");
     assert!(out.contains(&format!("{ip}\tnetpod")), "{out}");
-    k.delete_pod(&uid, Some(2))?;
-    k.wait_terminated(&uid, STEP).await?;
+    k.delete_and_wait(&uid, Some(2), STEP).await?;
     Ok(())
 }

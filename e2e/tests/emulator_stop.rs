@@ -119,8 +119,7 @@ async fn gc_removes_containers_and_sandbox_of_a_deleted_pod() -> Result<()> {
     pod.host_network = true;
     let uid = k.add_pod(pod)?;
     k.wait_all_running(&uid, STEP).await?;
-    k.delete_pod(&uid, Some(2))?;
-    k.wait_terminated(&uid, STEP).await?;
+    k.delete_and_wait(&uid, Some(2), STEP).await?;
     let j = k.journal();
     let rm = j.wait_for(STEP, |r| r.method == "RemovePodSandbox" && r.meta.pod_uid.as_deref() == Some(&uid)).await?;
     // Not part of termination (§3.1 step 4): removal comes after StopPodSandbox.

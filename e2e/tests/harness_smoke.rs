@@ -67,12 +67,18 @@ async fn image_id(img: &mut ImageServiceClient<Channel>, name: &str) -> Result<S
     Ok(image.id)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn host_network_pod_lifecycle() -> Result<()> {
+/// A containerd of the harness (as root), saying how long it took to come up.
+async fn timed_containerd(cni: bool) -> Result<Containerd> {
     require_root();
     let t0 = Instant::now();
-    let mut ctrd = Containerd::start_async(ContainerdOpts { cni: false }).await?;
-    eprintln!("containerd ready in {:?} on {}", t0.elapsed(), ctrd.socket().display());
+    let ctrd = Containerd::start_async(ContainerdOpts { cni }).await?;
+    eprintln!("containerd (cni: {cni}) ready in {:?} on {}", t0.elapsed(), ctrd.socket().display());
+    Ok(ctrd)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_network_pod_lifecycle() -> Result<()> {
+    let mut ctrd = timed_containerd(false).await?;
 
     let (mut rt, mut img) = cri_clients(ctrd.socket()).await?;
     let version = rt.version(cri::VersionRequest { version: "v1".into() }).await?.into_inner();
@@ -123,10 +129,7 @@ async fn host_network_pod_lifecycle() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cni_pod_gets_ip() -> Result<()> {
-    require_root();
-    let t0 = Instant::now();
-    let mut ctrd = Containerd::start_async(ContainerdOpts { cni: true }).await?;
-    eprintln!("containerd (cni) ready in {:?} on {}", t0.elapsed(), ctrd.socket().display());
+    let mut ctrd = timed_containerd(true).await?;
     let subnet = ctrd.cni_subnet().context("no CNI subnet recorded")?;
     let prefix = subnet.trim_end_matches("0/24").to_string(); // "10.a.b."
 

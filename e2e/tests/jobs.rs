@@ -25,12 +25,20 @@ async fn via_crisp_status(st: &Stack, id: &str) -> Result<cri::ContainerStatus> 
     st.via_crisp().await?.container_status(cri::ContainerStatusRequest { container_id: id.to_string(), verbose: false }).await?.into_inner().status.context("empty status")
 }
 
-async fn wait_phase(st: &Stack, uid: &str, phase: PodPhase) -> Result<()> {
-    let r = st.kubelet.wait_phase(uid, phase, STEP).await;
-    if r.is_err() {
-        st.dump(uid);
+/// Adds the pod written in `yaml` and waits until it reaches `phase`: its uid.
+async fn run_to_phase(st: &Stack, yaml: &str, phase: PodPhase) -> Result<String> {
+    let uid = st.kubelet.add_pod(pod(yaml))?;
+    if let Err(e) = st.kubelet.wait_phase(&uid, phase, STEP).await {
+        st.dump(&uid);
+        return Err(e);
     }
-    r.map(|_| ())
+    Ok(uid)
+}
+
+/// A Job's pod (`label`: the Job label kubelet's pod carries) with the [`SIDECAR`] and an app
+/// running `app`.
+fn job_yaml(name: &str, restart: &str, label: &str, app: &str) -> String {
+    format!("name: {name}\nhostNetwork: true\nrestartPolicy: {restart}\nlabels:\n  {label}: {name}\nannotations:\n  crisp.dev/sidecars: proxy\ncontainers:\n{SIDECAR}  - name: app\n    command: [sh, -c, \"{app}\"]\n")
 }
 
 /// 1 + 6. restartPolicy Never, the app exits 0 after 2 s, the sidecar ignores it: crisp stops
@@ -39,11 +47,8 @@ async fn wait_phase(st: &Stack, uid: &str, phase: PodPhase) -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn never_job_succeeds_and_sidecar_reports_completed() -> Result<()> {
     let mut st = Stack::start(false, CRISP, |_| {}).await?;
-    let yaml = format!(
-        "name: job-ok\nhostNetwork: true\nrestartPolicy: Never\nlabels:\n  job-name: job-ok\nannotations:\n  crisp.dev/sidecars: proxy\ncontainers:\n{SIDECAR}  - name: app\n    command: [sh, -c, \"sleep 2; exit 0\"]\n"
-    );
-    let uid = st.kubelet.add_pod(pod(&yaml))?;
-    wait_phase(&st, &uid, PodPhase::Succeeded).await?;
+    let yaml = job_yaml("job-ok", "Never", "job-name", "sleep 2; exit 0");
+    let uid = run_to_phase(&st, &yaml, PodPhase::Succeeded).await?;
     let app = st.status(&uid, "app").await?;
     let proxy = st.status(&uid, "proxy").await?;
     assert_eq!(app.exit_code, 0);
@@ -73,11 +78,8 @@ async fn never_job_succeeds_and_sidecar_reports_completed() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn never_job_fails_because_of_the_app() -> Result<()> {
     let st = Stack::start(false, CRISP, |_| {}).await?;
-    let yaml = format!(
-        "name: job-bad\nhostNetwork: true\nrestartPolicy: Never\nlabels:\n  batch.kubernetes.io/job-name: job-bad\nannotations:\n  crisp.dev/sidecars: proxy\ncontainers:\n{SIDECAR}  - name: app\n    command: [sh, -c, \"sleep 1; exit 1\"]\n"
-    );
-    let uid = st.kubelet.add_pod(pod(&yaml))?;
-    wait_phase(&st, &uid, PodPhase::Failed).await?;
+    let yaml = job_yaml("job-bad", "Never", "batch.kubernetes.io/job-name", "sleep 1; exit 1");
+    let uid = run_to_phase(&st, &yaml, PodPhase::Failed).await?;
     let proxy = st.status(&uid, "proxy").await?;
     assert_eq!(proxy.state, cri::ContainerState::ContainerExited as i32);
     assert_eq!(via_crisp_status(&st, &proxy.id).await?.exit_code, 0);
@@ -93,11 +95,8 @@ async fn never_job_fails_because_of_the_app() -> Result<()> {
 async fn on_failure_job_keeps_sidecar_through_the_restart() -> Result<()> {
     let st = Stack::start(false, CRISP, |_| {}).await?;
     // /dev/shm is the sandbox's (IPC namespace POD), so it survives the app's re-creation.
-    let yaml = format!(
-        "name: job-retry\nhostNetwork: true\nrestartPolicy: OnFailure\nlabels:\n  job-name: job-retry\nannotations:\n  crisp.dev/sidecars: proxy\ncontainers:\n{SIDECAR}  - name: app\n    command: [sh, -c, \"if [ -f /dev/shm/once ]; then sleep 1; exit 0; fi; touch /dev/shm/once; sleep 1; exit 1\"]\n"
-    );
-    let uid = st.kubelet.add_pod(pod(&yaml))?;
-    wait_phase(&st, &uid, PodPhase::Succeeded).await?;
+    let yaml = job_yaml("job-retry", "OnFailure", "job-name", "if [ -f /dev/shm/once ]; then sleep 1; exit 0; fi; touch /dev/shm/once; sleep 1; exit 1");
+    let uid = run_to_phase(&st, &yaml, PodPhase::Succeeded).await?;
     let apps = st.instances(&uid, "app").await?;
     assert_eq!(apps.iter().map(|a| a.exit_code).collect::<Vec<_>>(), vec![1, 0], "one failure, then success");
     let proxies = st.instances(&uid, "proxy").await?;
@@ -115,8 +114,7 @@ async fn on_failure_job_keeps_sidecar_through_the_restart() -> Result<()> {
 async fn job_sidecars_stop_in_reverse_after_their_prestop() -> Result<()> {
     let st = Stack::start(false, CRISP, |_| {}).await?;
     let yaml = "name: job-two\nhostNetwork: true\nrestartPolicy: Never\nterminationGracePeriodSeconds: 10\nlabels:\n  job-name: job-two\nannotations:\n  crisp.dev/sidecars: s1, s2\ncontainers:\n  - name: s1\n    command: [sh, -c, \"trap 'test -f /dev/shm/prestop-s1 && exit 0; exit 42' TERM; sleep 3600 & wait\"]\n    lifecycle:\n      preStop: {exec: {command: [sh, -c, \"touch /dev/shm/prestop-s1\"]}}\n  - name: s2\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 3600 & wait\"]\n  - name: app\n    command: [sh, -c, \"sleep 1; exit 0\"]\n";
-    let uid = st.kubelet.add_pod(pod(yaml))?;
-    wait_phase(&st, &uid, PodPhase::Succeeded).await?;
+    let uid = run_to_phase(&st, yaml, PodPhase::Succeeded).await?;
     let (s1, s2, app) = (st.status(&uid, "s1").await?, st.status(&uid, "s2").await?, st.status(&uid, "app").await?);
     assert!(app.finished_at < s2.finished_at && s2.finished_at < s1.finished_at, "stop order app, s2, s1");
     assert_eq!(s1.exit_code, 0, "s1's preStop hook ran before its SIGTERM (containerd's own exit code)");

@@ -28,8 +28,7 @@ const APP: &str = "  - name: app\n    command: [sh, -c, \"trap 'sleep 1; exit 0'
 async fn app_waits_for_http_ready_sidecar() -> Result<()> {
     let st = Stack::start(true, "", |_| {}).await?;
     let yaml = format!("name: web\nannotations:\n  crisp.dev/sidecars: proxy\n  crisp.dev/ready.proxy: \"http://:8080/\"\ncontainers:\n{}{APP}", http_sidecar("proxy", 3));
-    let uid = st.kubelet.add_pod(pod(&yaml))?;
-    st.wait_all_running(&uid, STEP).await?;
+    let uid = st.run_pod(pod(&yaml), STEP).await?;
     let proxy = st.status(&uid, "proxy").await?;
     let app = st.status(&uid, "app").await?;
     let gap = app.started_at - proxy.started_at;
@@ -51,8 +50,7 @@ async fn sidecar_listed_after_app_still_starts_first() -> Result<()> {
     let yaml = format!(
         "name: late\nhostNetwork: true\nannotations:\n  crisp.dev/sidecars: proxy\n  crisp.dev/ready.proxy: 'exec:[\"test\",\"-f\",\"/tmp/ready\"]'\ncontainers:\n{APP}  - name: proxy\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 2; touch /tmp/ready; sleep 3600 & wait\"]\n"
     );
-    let uid = st.kubelet.add_pod(pod(&yaml))?;
-    st.wait_all_running(&uid, STEP).await?;
+    let uid = st.run_pod(pod(&yaml), STEP).await?;
     let proxy = st.status(&uid, "proxy").await?;
     let apps = st.instances(&uid, "app").await?;
     assert_eq!(apps.len(), 1, "exactly one app container, no orphaned CREATED one: {apps:?}");
@@ -97,8 +95,7 @@ async fn two_sidecars(api: Option<ApiVersion>) -> Result<()> {
         side("s1", "1"),
         side("s2", "1")
     );
-    let uid = st.kubelet.add_pod(pod(&yaml))?;
-    st.wait_all_running(&uid, STEP).await?;
+    let uid = st.run_pod(pod(&yaml), STEP).await?;
     let (s1, s2, app) = (st.status(&uid, "s1").await?, st.status(&uid, "s2").await?, st.status(&uid, "app").await?);
     assert!(s2.started_at - s1.started_at >= S, "s2 started before s1 was ready");
     assert!(app.started_at - s2.started_at >= S, "app started before s2 was ready");
@@ -123,8 +120,7 @@ async fn never_ready_sidecar_proceeds_after_timeout() -> Result<()> {
     let yaml = format!(
         "name: stuck\nhostNetwork: true\nannotations:\n  crisp.dev/sidecars: proxy\n  crisp.dev/start-timeout: 2s\n  crisp.dev/ready.proxy: 'exec:[\"false\"]'\ncontainers:\n  - name: proxy\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 3600 & wait\"]\n{APP}"
     );
-    let uid = st.kubelet.add_pod(pod(&yaml))?;
-    st.wait_all_running(&uid, STEP).await?;
+    let uid = st.run_pod(pod(&yaml), STEP).await?;
     let (proxy, app) = (st.status(&uid, "proxy").await?, st.status(&uid, "app").await?);
     let gap = app.started_at - proxy.started_at;
     assert!((2 * S..4 * S).contains(&gap), "app started {:.3} s after the sidecar; expected after the 2 s timeout", secs(gap));
@@ -145,8 +141,7 @@ async fn never_ready_sidecar_fails_and_kubelet_retries() -> Result<()> {
     let yaml = format!(
         "name: failing\nhostNetwork: true\nannotations:\n  crisp.dev/sidecars: proxy\n  crisp.dev/ready.proxy: 'exec:[\"test\",\"-f\",\"/tmp/ready\"]'\ncontainers:\n  - name: proxy\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 8; touch /tmp/ready; sleep 3600 & wait\"]\n{APP}"
     );
-    let uid = st.kubelet.add_pod(pod(&yaml))?;
-    st.wait_all_running(&uid, STEP).await?;
+    let uid = st.run_pod(pod(&yaml), STEP).await?;
     let creates = st.kubelet.journal().container_calls("CreateContainer", "app");
     assert!(creates.len() >= 2, "expected a failed hold and a retry: {creates:?}");
     assert!(!creates[0].is_ok());
@@ -177,8 +172,7 @@ async fn init_containers_are_not_deadlocked() -> Result<()> {
     let yaml = format!(
         "name: withinit\nhostNetwork: true\nannotations:\n  crisp.dev/sidecars: proxy\n  crisp.dev/ready.proxy: 'exec:[\"test\",\"-f\",\"/tmp/ready\"]'\ninitContainers:\n  - name: init\n    command: [sh, -c, \"true\"]\ncontainers:\n  - name: proxy\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 1; touch /tmp/ready; sleep 3600 & wait\"]\n{APP}"
     );
-    let uid = st.kubelet.add_pod(pod(&yaml))?;
-    st.wait_all_running(&uid, STEP).await?;
+    let uid = st.run_pod(pod(&yaml), STEP).await?;
     let init = st.instances(&uid, "init").await?;
     assert_eq!(init.len(), 1);
     assert_eq!(init[0].exit_code, 0);
@@ -220,8 +214,7 @@ async fn crisp_restart_mid_start_keeps_the_order() -> Result<()> {
 async fn pods_without_sidecars_are_untouched() -> Result<()> {
     let st = Stack::start(false, "", |_| {}).await?;
     let yaml = format!("name: plain\nhostNetwork: true\ncontainers:\n  - name: first\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 3600 & wait\"]\n{APP}");
-    let uid = st.kubelet.add_pod(pod(&yaml))?;
-    st.wait_all_running(&uid, STEP).await?;
+    let uid = st.run_pod(pod(&yaml), STEP).await?;
     let (first, app) = (st.status(&uid, "first").await?, st.status(&uid, "app").await?);
     assert!(app.started_at - first.started_at < S, "no hold for a plain pod");
     st.delete_pod(&uid, Some(10), STEP).await?;

@@ -30,8 +30,7 @@ async fn sidecar_on_pod_loopback_orders_the_pod() -> Result<()> {
     let yaml = format!(
         "name: loopback\nnamespace: tenant\nannotations:\n  crisp.dev/sidecars: proxy\n  crisp.dev/ready.proxy: \"http://127.0.0.1:18081/\"\n  crisp.dev/start-timeout: 10s\ncontainers:\n  - name: proxy\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 2; mkdir -p /www; echo ok > /www/index.html; httpd -f -p 127.0.0.1:18081 -h /www & wait\"]\n{APP}"
     );
-    let uid = st.kubelet.add_pod(pod(&yaml))?;
-    st.wait_all_running(&uid, STEP).await?;
+    let uid = st.run_pod(pod(&yaml), STEP).await?;
     let (proxy, app) = (st.status(&uid, "proxy").await?, st.status(&uid, "app").await?);
     let gap = app.started_at - proxy.started_at;
     eprintln!("app started {:.3} s after the sidecar", secs(gap));
@@ -70,8 +69,7 @@ async fn annotations_aimed_at_the_node_reach_nothing() -> Result<()> {
     let yaml = format!(
         "name: aimed\nnamespace: tenant\nannotations:\n  crisp.dev/sidecars: elsewhere, loop\n  crisp.dev/ready.elsewhere: \"tcp://{gateway}:{port}\"\n  crisp.dev/ready.loop: \"http://127.0.0.1:{port}/pods\"\n  crisp.dev/start-timeout: 3s\ncontainers:\n  - name: elsewhere\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 3600 & wait\"]\n  - name: loop\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 3600 & wait\"]\n{APP}"
     );
-    let uid = st.kubelet.add_pod(pod(&yaml))?;
-    st.wait_all_running(&uid, STEP).await?;
+    let uid = st.run_pod(pod(&yaml), STEP).await?;
     let (elsewhere, loop_, app) = (st.status(&uid, "elsewhere").await?, st.status(&uid, "loop").await?, st.status(&uid, "app").await?);
     let log = st.crisp.log_text();
     assert_eq!(accepts.load(Ordering::SeqCst), 0, "crisp connected to the node's listener on behalf of the pod:\n{log}");

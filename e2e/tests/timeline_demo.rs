@@ -6,7 +6,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
@@ -46,6 +46,16 @@ fn keep(files: &[&Path]) -> Result<()> {
     Ok(())
 }
 
+/// Starts `cmd` (a `crisp tap` or `crisp timeline --live` on the admin socket) and waits until it
+/// says its subscription is live ("attached to" on stderr).
+async fn spawn_attached(mut cmd: Command, what: &str) -> Result<Child> {
+    let mut child = cmd.stdin(Stdio::null()).stderr(Stdio::piped()).spawn()?;
+    let stderr = child.stderr.take().context("stderr")?;
+    let attached = tokio::task::spawn_blocking(move || BufReader::new(stderr).lines().map_while(Result::ok).any(|l| l.contains("attached to")));
+    ensure!(tokio::time::timeout(Duration::from_secs(20), attached).await??, "{what} did not attach");
+    Ok(child)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_pod_timeline_renders_its_holds_and_refusal() -> Result<()> {
     let st = Stack::start_with(StackOpts { cni: true, via_grpcgo: true, ..Default::default() }, |_| {}).await?;
@@ -54,38 +64,18 @@ async fn demo_pod_timeline_renders_its_holds_and_refusal() -> Result<()> {
     let recording = out_dir.path().join("calls.jsonl");
     // Polling calls too (--all): ImageStatus is one.
     let admin = st.crisp.socket().with_file_name("admin.sock");
-    let mut tap = Command::new(crisp_binary()?)
-        .args(["tap", "--all", "--json", "--admin-socket"])
-        .arg(&admin)
-        .arg("--output")
-        .arg(&recording)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    let stderr = tap.stderr.take().context("tap stderr")?;
-    // `crisp tap` says when its subscription is live.
-    let attached = tokio::task::spawn_blocking(move || BufReader::new(stderr).lines().map_while(Result::ok).any(|l| l.contains("attached to")));
-    ensure!(tokio::time::timeout(Duration::from_secs(20), attached).await??, "crisp tap did not attach");
+    let mut tap = Command::new(crisp_binary()?);
+    tap.args(["tap", "--all", "--json", "--admin-socket"]).arg(&admin).arg("--output").arg(&recording).stdout(Stdio::null());
+    let mut tap = spawn_attached(tap, "crisp tap").await?;
 
     // And the live view: `crisp timeline --live` attached to the same crisp, drawing on Ctrl-C.
     let live_svg = out_dir.path().join("live.svg");
-    let mut live = Command::new(crisp_binary()?)
-        .args(["timeline", "--live", "--pod", "demo/web", "--admin-socket"])
-        .arg(&admin)
-        .arg("--svg")
-        .arg(&live_svg)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    let stderr = live.stderr.take().context("timeline stderr")?;
-    let attached = tokio::task::spawn_blocking(move || BufReader::new(stderr).lines().map_while(Result::ok).any(|l| l.contains("attached to")));
-    ensure!(tokio::time::timeout(Duration::from_secs(20), attached).await??, "crisp timeline --live did not attach");
+    let mut live = Command::new(crisp_binary()?);
+    live.args(["timeline", "--live", "--pod", "demo/web", "--admin-socket"]).arg(&admin).arg("--svg").arg(&live_svg).stdout(Stdio::piped());
+    let live = spawn_attached(live, "crisp timeline --live").await?;
 
     let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("pods/demo.yaml");
-    let uid = st.kubelet.add_pod(PodSpec::from_file(&demo)?.remove(0))?;
-    st.wait_all_running(&uid, STEP).await?;
+    let uid = st.run_pod(PodSpec::from_file(&demo)?.remove(0), STEP).await?;
     st.delete_pod(&uid, None, STEP).await?;
     await_line(&recording, &["\"StopPodSandbox\"", "\"web\""], Duration::from_secs(30)).await?;
     tap.kill()?;

@@ -45,28 +45,29 @@ fn err(text: &str) -> String {
     Config::from_toml(text, "cfg.toml").unwrap_err().to_string()
 }
 
+/// Each config text is refused with an error that names `key` and says `what`.
+fn assert_refused(cases: &[(&str, &str, &str)]) {
+    for (text, key, what) in cases {
+        let e = err(text);
+        assert!(e.contains(key) && e.contains(what), "{text}: {e}");
+    }
+}
+
 #[test]
 fn unknown_keys_are_named() {
-    let e = err("[proxy]\nshutdown_grcae = \"1s\"\n");
-    assert!(e.contains("shutdown_grcae"), "{e}");
-    let e = err("lisen = \"/x\"\n");
-    assert!(e.contains("lisen"), "{e}");
+    assert_refused(&[("[proxy]\nshutdown_grcae = \"1s\"\n", "shutdown_grcae", ""), ("lisen = \"/x\"\n", "lisen", "")]);
 }
 
 #[test]
 fn bad_values_are_named() {
-    let e = err("[ordering]\nstart_timeout = \"ninety\"\n");
-    assert!(e.contains("ordering.start_timeout"), "{e}");
-    let e = err("[ordering]\nstart_timeout = \"5m\"\n");
-    assert!(e.contains("ordering.start_timeout") && e.contains("too long"), "{e}");
-    let e = err("[ordering]\ntimeout_policy = \"maybe\"\n");
-    assert!(e.contains("ordering.timeout_policy"), "{e}");
-    let e = err("listen_mode = \"999\"\n");
-    assert!(e.contains("listen_mode"), "{e}");
-    let e = err("[[sidecars]]\nname = \"a\"\n[[sidecars]]\nname = \"a\"\n");
-    assert!(e.contains("sidecars[1].name"), "{e}");
-    let e = err("[log]\nlevel = \"crisp=loud\"\n");
-    assert!(e.contains("log.level"), "{e}");
+    assert_refused(&[
+        ("[ordering]\nstart_timeout = \"ninety\"\n", "ordering.start_timeout", ""),
+        ("[ordering]\nstart_timeout = \"5m\"\n", "ordering.start_timeout", "too long"),
+        ("[ordering]\ntimeout_policy = \"maybe\"\n", "ordering.timeout_policy", ""),
+        ("listen_mode = \"999\"\n", "listen_mode", ""),
+        ("[[sidecars]]\nname = \"a\"\n[[sidecars]]\nname = \"a\"\n", "sidecars[1].name", ""),
+        ("[log]\nlevel = \"crisp=loud\"\n", "log.level", ""),
+    ]);
 }
 
 #[test]
@@ -105,16 +106,13 @@ fn admin_section_parses() {
 
 #[test]
 fn bad_admin_values_are_named() {
-    let e = err("[admin]\nsokcet = \"/x\"\n");
-    assert!(e.contains("sokcet"), "{e}");
-    let e = err("[admin]\nmetrics_tcp = \"localhost\"\n");
-    assert!(e.contains("admin.metrics_tcp"), "{e}");
-    let e = err("[admin]\nmode = \"0999\"\n");
-    assert!(e.contains("admin.mode"), "{e}");
-    let e = err("listen = \"/run/crisp/admin.sock\"\n");
-    assert!(e.contains("admin.socket"), "{e}");
-    let e = err("[admin]\ntap_queue = 0\n");
-    assert!(e.contains("admin.tap_queue"), "{e}");
+    assert_refused(&[
+        ("[admin]\nsokcet = \"/x\"\n", "sokcet", ""),
+        ("[admin]\nmetrics_tcp = \"localhost\"\n", "admin.metrics_tcp", ""),
+        ("[admin]\nmode = \"0999\"\n", "admin.mode", ""),
+        ("listen = \"/run/crisp/admin.sock\"\n", "admin.socket", ""),
+        ("[admin]\ntap_queue = 0\n", "admin.tap_queue", ""),
+    ]);
 }
 
 #[test]
@@ -144,18 +142,15 @@ fn probe_allow_and_probe_bounds() {
     assert_eq!(shown, ["10.0.0.0/8", "fd00::/8", "192.0.2.7/32"]);
     assert!(c.ordering.probe_allow[0].contains("10.3.4.5".parse().unwrap()));
     assert_eq!((c.ordering.max_probes_in_flight, c.ordering.probe_connects_per_second), (8, 50));
-    for (text, key, what) in [
-        ("probe_allow = [\"10.0.0.1/8\"]", "ordering.probe_allow", "host bits"),
-        ("probe_allow = [\"10.0.0.0/8\", \"nonsense\"]", "ordering.probe_allow", "entry 1"),
-        ("probe_allow = \"10.0.0.0/8\"", "ordering.probe_allow", ""),
-        ("max_probes_in_flight = 0", "ordering.max_probes_in_flight", "between 1 and"),
-        ("max_probes_in_flight = 100000", "ordering.max_probes_in_flight", "between 1 and"),
-        ("probe_connects_per_second = 0", "ordering.probe_connects_per_second", "between 1 and"),
-        ("probe_timeout = \"0s\"", "ordering.probe_timeout", "greater than 0"),
-    ] {
-        let e = err(&format!("[ordering]\n{text}\n"));
-        assert!(e.contains(key) && e.contains(what), "{text}: {e}");
-    }
+    assert_refused(&[
+        ("[ordering]\nprobe_allow = [\"10.0.0.1/8\"]\n", "ordering.probe_allow", "host bits"),
+        ("[ordering]\nprobe_allow = [\"10.0.0.0/8\", \"nonsense\"]\n", "ordering.probe_allow", "entry 1"),
+        ("[ordering]\nprobe_allow = \"10.0.0.0/8\"\n", "ordering.probe_allow", ""),
+        ("[ordering]\nmax_probes_in_flight = 0\n", "ordering.max_probes_in_flight", "between 1 and"),
+        ("[ordering]\nmax_probes_in_flight = 100000\n", "ordering.max_probes_in_flight", "between 1 and"),
+        ("[ordering]\nprobe_connects_per_second = 0\n", "ordering.probe_connects_per_second", "between 1 and"),
+        ("[ordering]\nprobe_timeout = \"0s\"\n", "ordering.probe_timeout", "greater than 0"),
+    ]);
     let many: Vec<String> = (0..=MAX_PROBE_ALLOW).map(|i| format!("\"10.{}.{}.0/24\"", i / 256, i % 256)).collect();
     let e = err(&format!("[ordering]\nprobe_allow = [{}]\n", many.join(",")));
     assert!(e.contains("ordering.probe_allow") && e.contains("more than"), "{e}");

@@ -4,11 +4,12 @@
 //! A malformed value never blocks a pod: it yields a [`Warning`] (logged once per pod, counted)
 //! and the pod is treated as if the key were absent.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use super::injectors::{self, InjectorRule};
+use super::injectors::{self, Injected, InjectorRule};
 use crate::config::{parse_duration, SidecarRule, TimeoutPolicy, MAX_START_TIMEOUT};
 use crate::readiness::{self, Cidr, Readiness};
 
@@ -170,66 +171,20 @@ impl PodPolicy {
     /// the node rules.
     pub fn parse_with(annotations: &HashMap<String, String>, rules: &[SidecarRule], injectors: &[InjectorRule]) -> (PodPolicy, Vec<Warning>) {
         let mut warnings = Vec::new();
-
-        let mut names: Option<Vec<String>> = None;
-        if let Some(v) = annotations.get(SIDECARS) {
-            if v.trim().is_empty() {
-                names = Some(Vec::new());
-            } else {
-                match parse_sidecar_list(v) {
-                    Ok(list) => names = Some(list),
-                    Err(reason) => warnings.push(Warning { key: SIDECARS.into(), value: v.clone(), reason }),
-                }
-            }
-        }
-        // `crisp.dev/ready.<name>` wins over any table's readiness; a bad one warns once.
-        let bad_ready = std::cell::RefCell::new(Vec::new());
-        let ready_override = |name: &str| -> Option<Readiness> {
-            let key = format!("{READY_PREFIX}{name}");
-            let spec = annotations.get(&key)?;
-            match Readiness::parse(spec) {
-                Ok(r) => Some(r),
-                Err(reason) => {
-                    bad_ready.borrow_mut().push(Warning { key, value: spec.clone(), reason: format!("{reason}; using `running`") });
-                    Some(Readiness::Running)
-                }
-            }
+        let names = read(annotations, SIDECARS, &mut warnings, parse_name_list);
+        let injected = match names {
+            None => recognise_injectors(annotations, injectors, &mut warnings),
+            Some(_) => Injected::default(),
         };
-        let injected = if names.is_none() { injectors::recognise(injectors, annotations, &ready_override, &mut warnings) } else { Default::default() };
-        warnings.append(&mut bad_ready.borrow_mut());
-        let mut warn = |key: &str, value: &str, reason: String| {
-            warnings.push(Warning { key: key.to_string(), value: value.to_string(), reason });
-        };
-
         let (sidecars, source) = match names {
             Some(names) if names.is_empty() => (Vec::new(), Source::OptOut),
-            None if !injected.injectors.is_empty() => (injected.sidecars.clone(), Source::Injector),
+            None if !injected.injectors.is_empty() => (injected.sidecars, Source::Injector),
             Some(names) => {
-                let list = names
-                    .into_iter()
-                    .map(|name| {
-                        let key = format!("{READY_PREFIX}{name}");
-                        let from_rule = || rules.iter().find(|r| r.name == name).and_then(|r| Readiness::parse(&r.ready).ok()).unwrap_or(Readiness::Running);
-                        let (ready, tenant) = match annotations.get(&key) {
-                            None => (from_rule(), None),
-                            Some(spec) => match Readiness::parse(spec) {
-                                Ok(r) => {
-                                    let tenant = tenant_ready(&key, spec, &r, from_rule);
-                                    (r, tenant)
-                                }
-                                Err(reason) => {
-                                    warn(&key, spec, format!("{reason}; using `running`"));
-                                    (Readiness::Running, None)
-                                }
-                            },
-                        };
-                        Sidecar { name, ready, required: true, tenant }
-                    })
-                    .collect::<Vec<_>>();
+                let list = names.into_iter().map(|name| listed_sidecar(name, annotations, rules, &mut warnings)).collect();
                 (list, Source::Annotation)
             }
+            // Node rules; invalid rule readiness was rejected at config load.
             None => {
-                // Node rules; invalid rule readiness was rejected at config load.
                 let list = rules
                     .iter()
                     .map(|r| Sidecar { name: r.name.clone(), ready: Readiness::parse(&r.ready).unwrap_or(Readiness::Running), required: false, tenant: None })
@@ -237,69 +192,24 @@ impl PodPolicy {
                 (list, Source::NodeRules)
             }
         };
-
-        for (k, v) in annotations {
-            if let Some(name) = k.strip_prefix(READY_PREFIX) {
-                if matches!(source, Source::Annotation | Source::OptOut) && !sidecars.iter().any(|s| s.name == name) {
-                    warn(k, v, format!("`{name}` is not listed in {SIDECARS}"));
-                }
-            }
+        if matches!(source, Source::Annotation | Source::OptOut) {
+            warn_unlisted_ready(annotations, &sidecars, &mut warnings);
         }
 
-        let start_timeout = annotations.get(START_TIMEOUT).and_then(|v| match parse_duration(v) {
-            Ok(d) if d.is_zero() => {
-                warn(START_TIMEOUT, v, "must be greater than 0".into());
-                None
-            }
-            Ok(d) if d > MAX_START_TIMEOUT => {
-                warn(START_TIMEOUT, v, format!("longer than {MAX_START_TIMEOUT:?}: holds must end before kubelet's 2 min deadline"));
-                None
-            }
-            Ok(d) => Some(d),
-            Err(e) => {
-                warn(START_TIMEOUT, v, e);
-                None
-            }
+        let start_timeout = read(annotations, START_TIMEOUT, &mut warnings, parse_start_timeout);
+        let timeout_policy =
+            read(annotations, TIMEOUT_POLICY, &mut warnings, |v| one_of(v, &[("proceed", TimeoutPolicy::Proceed), ("fail", TimeoutPolicy::Fail)], "expected `proceed` or `fail`"));
+        let job = read(annotations, JOB, &mut warnings, |v| one_of(v, &[("true", true), ("false", false)], "expected \"true\" or \"false\""));
+        let restart_policy = read(annotations, RESTART_POLICY, &mut warnings, |v| {
+            let choices = [("Always", RestartPolicy::Always), ("OnFailure", RestartPolicy::OnFailure), ("Never", RestartPolicy::Never)];
+            one_of(v, &choices, "expected Always, OnFailure or Never")
         });
-        let timeout_policy = annotations.get(TIMEOUT_POLICY).and_then(|v| match v.trim() {
-            "proceed" => Some(TimeoutPolicy::Proceed),
-            "fail" => Some(TimeoutPolicy::Fail),
-            _ => {
-                warn(TIMEOUT_POLICY, v, "expected `proceed` or `fail`".into());
-                None
-            }
-        });
-        let job = annotations.get(JOB).and_then(|v| match v.trim() {
-            "true" => Some(true),
-            "false" => Some(false),
-            _ => {
-                warn(JOB, v, "expected \"true\" or \"false\"".into());
-                None
-            }
-        });
-        let restart_policy = annotations.get(RESTART_POLICY).and_then(|v| match v.trim() {
-            "Always" => Some(RestartPolicy::Always),
-            "OnFailure" => Some(RestartPolicy::OnFailure),
-            "Never" => Some(RestartPolicy::Never),
-            _ => {
-                warn(RESTART_POLICY, v, "expected Always, OnFailure or Never".into());
-                None
-            }
-        });
-        let mut init_containers = injected.init_containers.clone();
-        let mut init_complete = false;
-        if let Some(v) = annotations.get(INIT_CONTAINERS) {
-            let list = if v.trim().is_empty() { Ok(Vec::new()) } else { parse_sidecar_list(v) };
-            match list {
-                Ok(list) => {
-                    init_complete = true;
-                    for n in list {
-                        if !init_containers.contains(&n) {
-                            init_containers.push(n);
-                        }
-                    }
-                }
-                Err(reason) => warn(INIT_CONTAINERS, v, reason),
+        let mut init_containers = injected.init_containers;
+        let declared_init = read(annotations, INIT_CONTAINERS, &mut warnings, parse_name_list);
+        let init_complete = declared_init.is_some();
+        for n in declared_init.into_iter().flatten() {
+            if !init_containers.contains(&n) {
+                init_containers.push(n);
             }
         }
         // A sidecar is a regular container: a name in both lists is a sidecar.
@@ -326,6 +236,93 @@ impl PodPolicy {
     pub fn any_required(&self) -> bool {
         self.sidecars.iter().any(|s| s.required)
     }
+}
+
+/// The value of annotation `key` as `parse` reads it; a value it refuses is a [`Warning`] and
+/// the key counts as absent.
+fn read<T>(annotations: &HashMap<String, String>, key: &str, warnings: &mut Vec<Warning>, parse: impl FnOnce(&str) -> Result<T, String>) -> Option<T> {
+    let value = annotations.get(key)?;
+    match parse(value) {
+        Ok(t) => Some(t),
+        Err(reason) => {
+            warnings.push(Warning { key: key.to_string(), value: value.clone(), reason });
+            None
+        }
+    }
+}
+
+/// The choice whose name is `v` (trimmed), else `expected` as the reason.
+fn one_of<T: Copy>(v: &str, choices: &[(&str, T)], expected: &str) -> Result<T, String> {
+    choices.iter().find(|(name, _)| *name == v.trim()).map(|&(_, t)| t).ok_or_else(|| expected.to_string())
+}
+
+/// `crisp.dev/start-timeout`: a duration in (0, MAX_START_TIMEOUT].
+fn parse_start_timeout(v: &str) -> Result<Duration, String> {
+    match parse_duration(v)? {
+        d if d.is_zero() => Err("must be greater than 0".into()),
+        d if d > MAX_START_TIMEOUT => Err(format!("longer than {MAX_START_TIMEOUT:?}: holds must end before kubelet's 2 min deadline")),
+        d => Ok(d),
+    }
+}
+
+/// The known injectors recognised on the pod; `crisp.dev/ready.<name>` wins over an injector's
+/// readiness, and a bad one is warned about once and read as `running`.
+fn recognise_injectors(annotations: &HashMap<String, String>, injectors: &[InjectorRule], warnings: &mut Vec<Warning>) -> Injected {
+    let bad_ready = RefCell::new(Vec::new());
+    let ready_override = |name: &str| -> Option<Readiness> {
+        let key = format!("{READY_PREFIX}{name}");
+        let spec = annotations.get(&key)?;
+        match Readiness::parse(spec) {
+            Ok(r) => Some(r),
+            Err(reason) => {
+                bad_ready.borrow_mut().push(Warning { key, value: spec.clone(), reason: format!("{reason}; using `running`") });
+                Some(Readiness::Running)
+            }
+        }
+    };
+    let injected = injectors::recognise(injectors, annotations, &ready_override, warnings);
+    warnings.append(&mut bad_ready.borrow_mut());
+    injected
+}
+
+/// A sidecar named in `crisp.dev/sidecars`: its readiness from `crisp.dev/ready.<name>`, else
+/// from the node rule of that name, else `running`.
+fn listed_sidecar(name: String, annotations: &HashMap<String, String>, rules: &[SidecarRule], warnings: &mut Vec<Warning>) -> Sidecar {
+    let key = format!("{READY_PREFIX}{name}");
+    let from_rule = || rules.iter().find(|r| r.name == name).and_then(|r| Readiness::parse(&r.ready).ok()).unwrap_or(Readiness::Running);
+    let (ready, tenant) = match annotations.get(&key) {
+        None => (from_rule(), None),
+        Some(spec) => match Readiness::parse(spec) {
+            Ok(r) => {
+                let tenant = tenant_ready(&key, spec, &r, from_rule);
+                (r, tenant)
+            }
+            Err(reason) => {
+                warnings.push(Warning { key, value: spec.clone(), reason: format!("{reason}; using `running`") });
+                (Readiness::Running, None)
+            }
+        },
+    };
+    Sidecar { name, ready, required: true, tenant }
+}
+
+/// A `crisp.dev/ready.<name>` for a container the pod's own list does not name is a typo.
+fn warn_unlisted_ready(annotations: &HashMap<String, String>, sidecars: &[Sidecar], warnings: &mut Vec<Warning>) {
+    for (k, v) in annotations {
+        if let Some(name) = k.strip_prefix(READY_PREFIX) {
+            if !sidecars.iter().any(|s| s.name == name) {
+                warnings.push(Warning { key: k.clone(), value: v.clone(), reason: format!("`{name}` is not listed in {SIDECARS}") });
+            }
+        }
+    }
+}
+
+/// A comma-separated list of container names; blank is the empty list.
+fn parse_name_list(v: &str) -> Result<Vec<String>, String> {
+    if v.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    parse_sidecar_list(v)
 }
 
 fn parse_sidecar_list(v: &str) -> Result<Vec<String>, String> {

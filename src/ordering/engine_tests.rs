@@ -72,6 +72,14 @@ impl Fake {
         id
     }
 
+    /// Container `name` starts now and turns ready `after` that: the start time.
+    fn add_ready_after(&self, name: &str, after: Duration) -> Instant {
+        let t0 = now();
+        self.add(name, Some(t0));
+        self.set(name, |c| c.ready = Some(at(t0, after)));
+        t0
+    }
+
     fn set(&self, name: &str, f: impl FnOnce(&mut FakeContainer)) {
         let mut s = self.script();
         let c = s.containers.iter_mut().rev().find(|c| c.name == name).expect("no such container");
@@ -152,6 +160,13 @@ impl Runtime for Fake {
 }
 
 /// A pod whose sidecars are judged ready by an exec probe (the fake answers it from `ready`).
+/// A fresh fake runtime and an engine over one pod of it (see [`pod`]).
+fn fake_pod(sidecars: &[&str], extra: &[(&str, &str)]) -> (Fake, Arc<Engine>) {
+    let fake = Fake::default();
+    let engine = pod(&fake, sidecars, extra);
+    (fake, engine)
+}
+
 fn pod(fake: &Fake, sidecars: &[&str], extra: &[(&str, &str)]) -> Arc<Engine> {
     // The rules' tests hold silently; `refuse_held_after` has its own tests below.
     pod_with(fake, sidecars, extra, |c| c.ordering.refuse_held_after = Duration::ZERO)
@@ -196,6 +211,18 @@ fn stop(id: &str, timeout: i64) -> Vec<u8> {
 }
 
 /// Runs one call through the engine: its verdict and how long (virtual) it was held.
+/// kubelet's CreateContainer of `name` (with its usual deadline) through the engine: the
+/// verdict and how long it was held.
+async fn create_container(engine: &Engine, fake: &Fake, name: &str) -> (Verdict, Duration) {
+    run(engine, &call("CreateContainer", KUBELET_DEADLINE), &create(fake, name)).await
+}
+
+/// Forwarded without any hold.
+fn assert_forwarded_at_once(v: &Verdict, held: Duration) {
+    assert_forward(v);
+    assert_eq!(held, Duration::ZERO);
+}
+
 async fn run(engine: &Engine, call: &Call, msg: &[u8]) -> (Verdict, Duration) {
     let t0 = now();
     let v = engine.on_request(call, msg).await;
@@ -236,18 +263,15 @@ fn assert_held(held: Duration, expected: Duration, probe_interval: Duration) {
 
 #[tokio::test(start_paused = true)]
 async fn pod_without_sidecars_is_never_held_nor_looked_up() {
-    let fake = Fake::default();
-    let engine = pod(&fake, &[], &[]);
-    let (v, held) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await;
-    assert_forward(&v);
-    assert_eq!(held, Duration::ZERO);
+    let (fake, engine) = fake_pod(&[], &[]);
+    let (v, held) = create_container(&engine, &fake, "app").await;
+    assert_forwarded_at_once(&v, held);
     assert_eq!(fake.script().lists, 0, "no runtime call for a pod without sidecars");
 }
 
 #[tokio::test(start_paused = true)]
 async fn list_and_status_calls_are_never_observed() {
-    let fake = Fake::default();
-    let engine = pod(&fake, &["proxy"], &[]);
+    let (_fake, engine) = fake_pod(&["proxy"], &[]);
     for rpc in ["ListContainers", "ListPodSandbox", "ContainerStatus", "PodSandboxStatus", "ListContainerStats", "Status", "Version", "ImageStatus", "ListImages"] {
         assert!(engine.interest(&call(rpc, None)).is_none(), "{rpc} must take the fast path");
     }
@@ -255,22 +279,17 @@ async fn list_and_status_calls_are_never_observed() {
 
 #[tokio::test(start_paused = true)]
 async fn app_is_forwarded_at_once_when_every_sidecar_is_ready() {
-    let fake = Fake::default();
-    let engine = pod(&fake, &["proxy"], &[]);
+    let (fake, engine) = fake_pod(&["proxy"], &[]);
     fake.add("proxy", Some(now()));
-    let (v, held) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await;
-    assert_forward(&v);
-    assert_eq!(held, Duration::ZERO);
+    let (v, held) = create_container(&engine, &fake, "app").await;
+    assert_forwarded_at_once(&v, held);
 }
 
 #[tokio::test(start_paused = true)]
 async fn app_is_held_until_its_sidecar_is_ready() {
-    let fake = Fake::default();
-    let engine = pod(&fake, &["proxy"], &[]);
-    let t0 = now();
-    fake.add("proxy", Some(t0));
-    fake.set("proxy", |c| c.ready = Some(at(t0, 4 * S)));
-    let (v, held) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await;
+    let (fake, engine) = fake_pod(&["proxy"], &[]);
+    fake.add_ready_after("proxy", 4 * S);
+    let (v, held) = create_container(&engine, &fake, "app").await;
     assert_forward(&v);
     assert_held(held, 4 * S, 100 * MS);
     assert_eq!(holds(&engine, "start"), 1);
@@ -279,26 +298,21 @@ async fn app_is_held_until_its_sidecar_is_ready() {
 
 #[tokio::test(start_paused = true)]
 async fn sidecars_gate_each_other_in_declared_order() {
-    let fake = Fake::default();
-    let engine = pod(&fake, &["first", "second"], &[]);
-    let t0 = now();
-    fake.add("first", Some(t0));
-    fake.set("first", |c| c.ready = Some(at(t0, 3 * S)));
+    let (fake, engine) = fake_pod(&["first", "second"], &[]);
+    fake.add_ready_after("first", 3 * S);
     // The first sidecar waits for nobody.
-    let (v, held) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "first")).await;
-    assert_forward(&v);
-    assert_eq!(held, Duration::ZERO);
+    let (v, held) = create_container(&engine, &fake, "first").await;
+    assert_forwarded_at_once(&v, held);
     // The second waits for the first.
-    let (v, held) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "second")).await;
+    let (v, held) = create_container(&engine, &fake, "second").await;
     assert_forward(&v);
     assert_held(held, 3 * S, 100 * MS);
 }
 
 #[tokio::test(start_paused = true)]
 async fn app_listed_before_its_sidecar_is_refused_at_once() {
-    let fake = Fake::default();
-    let engine = pod(&fake, &["proxy"], &[]);
-    let (v, held) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await;
+    let (fake, engine) = fake_pod(&["proxy"], &[]);
+    let (v, held) = create_container(&engine, &fake, "app").await;
     let msg = refusal(&v);
     assert!(msg.contains("\"proxy\"") && msg.contains("not created yet") && msg.contains("network is not ready"), "{msg}");
     assert_eq!(held, Duration::ZERO, "refused, not held: holding would deadlock kubelet's sync loop");
@@ -308,12 +322,11 @@ async fn app_listed_before_its_sidecar_is_refused_at_once() {
 #[tokio::test(start_paused = true)]
 async fn app_is_refused_while_its_sidecar_is_created_but_not_running() {
     for (what, started, exited) in [("created but not started", None, None), ("exited", Some(Duration::ZERO), Some(Duration::ZERO))] {
-        let fake = Fake::default();
-        let engine = pod(&fake, &["proxy"], &[]);
+        let (fake, engine) = fake_pod(&["proxy"], &[]);
         let t0 = now();
         fake.add("proxy", started.map(|d| at(t0, d)));
         fake.set("proxy", |c| c.exited = exited.map(|d| at(t0, d)));
-        let (v, held) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await;
+        let (v, held) = create_container(&engine, &fake, "app").await;
         let msg = refusal(&v);
         assert!(msg.contains(what), "{msg}");
         assert_eq!(held, Duration::ZERO);
@@ -322,11 +335,10 @@ async fn app_is_refused_while_its_sidecar_is_created_but_not_running() {
 
 #[tokio::test(start_paused = true)]
 async fn hold_ends_at_the_start_timeout_under_proceed() {
-    let fake = Fake::default();
-    let engine = pod(&fake, &["proxy"], &[(annotations::START_TIMEOUT, "10s")]);
+    let (fake, engine) = fake_pod(&["proxy"], &[(annotations::START_TIMEOUT, "10s")]);
     fake.add("proxy", Some(now()));
     fake.set("proxy", |c| c.ready = None);
-    let (v, held) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await;
+    let (v, held) = create_container(&engine, &fake, "app").await;
     assert_forward(&v);
     assert_eq!(held, 10 * S);
     assert_eq!(engine.metrics.start_hold_timeouts.get(), 1);
@@ -334,11 +346,10 @@ async fn hold_ends_at_the_start_timeout_under_proceed() {
 
 #[tokio::test(start_paused = true)]
 async fn hold_ends_at_the_start_timeout_under_fail() {
-    let fake = Fake::default();
-    let engine = pod(&fake, &["proxy"], &[(annotations::START_TIMEOUT, "10s"), (annotations::TIMEOUT_POLICY, "fail")]);
+    let (fake, engine) = fake_pod(&["proxy"], &[(annotations::START_TIMEOUT, "10s"), (annotations::TIMEOUT_POLICY, "fail")]);
     fake.add("proxy", Some(now()));
     fake.set("proxy", |c| c.ready = None);
-    let (v, held) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await;
+    let (v, held) = create_container(&engine, &fake, "app").await;
     let msg = refusal(&v);
     assert!(msg.contains("not ready within 10s"), "{msg}");
     assert_eq!(held, 10 * S);
@@ -346,8 +357,7 @@ async fn hold_ends_at_the_start_timeout_under_fail() {
 
 #[tokio::test(start_paused = true)]
 async fn hold_never_outlives_kubelets_deadline() {
-    let fake = Fake::default();
-    let engine = pod(&fake, &["proxy"], &[]);
+    let (fake, engine) = fake_pod(&["proxy"], &[]);
     fake.add("proxy", Some(now()));
     fake.set("proxy", |c| c.ready = None);
     // Start timeout 90 s (default); kubelet's deadline 8 s: the hold ends 3 s before it.
@@ -358,8 +368,7 @@ async fn hold_never_outlives_kubelets_deadline() {
 
 #[tokio::test(start_paused = true)]
 async fn an_abandoned_hold_forwards_nothing_and_leaves_no_gauge() {
-    let fake = Fake::default();
-    let engine = pod(&fake, &["proxy"], &[]);
+    let (fake, engine) = fake_pod(&["proxy"], &[]);
     fake.add("proxy", Some(now()));
     fake.set("proxy", |c| c.ready = None);
     // kubelet gives up after 2 s (the proxy drops the future: drop = cancel).
@@ -370,73 +379,76 @@ async fn an_abandoned_hold_forwards_nothing_and_leaves_no_gauge() {
     assert_eq!(engine.metrics.holds_in_flight.get(), 0, "the held-calls gauge counts the abandoned hold out");
 }
 
-#[tokio::test(start_paused = true)]
-async fn refusals_for_a_dead_sidecar_end_at_the_start_timeout_under_proceed() {
-    let fake = Fake::default();
-    let engine = pod(&fake, &["proxy"], &[(annotations::START_TIMEOUT, "10s")]);
+/// A pod whose sidecar `proxy` was created and has exited.
+fn dead_proxy_pod(extra: &[(&str, &str)]) -> (Fake, Arc<Engine>) {
+    let (fake, engine) = fake_pod(&["proxy"], extra);
     let t0 = now();
     fake.add("proxy", Some(t0));
     fake.set("proxy", |c| c.exited = Some(t0));
-    refusal(&run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await.0);
+    (fake, engine)
+}
+
+#[tokio::test(start_paused = true)]
+async fn refusals_for_a_dead_sidecar_end_at_the_start_timeout_under_proceed() {
+    let (fake, engine) = dead_proxy_pod(&[(annotations::START_TIMEOUT, "10s")]);
+    refusal(&create_container(&engine, &fake, "app").await.0);
     // kubelet retries every ~1 s; refused until 10 s after the first refusal, then let through.
     tokio::time::sleep(9 * S).await;
-    refusal(&run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await.0);
+    refusal(&create_container(&engine, &fake, "app").await.0);
     tokio::time::sleep(S).await;
-    let (v, held) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await;
-    assert_forward(&v);
-    assert_eq!(held, Duration::ZERO);
+    let (v, held) = create_container(&engine, &fake, "app").await;
+    assert_forwarded_at_once(&v, held);
 }
 
 #[tokio::test(start_paused = true)]
 async fn refusals_for_a_dead_sidecar_go_on_under_fail() {
-    let fake = Fake::default();
-    let engine = pod(&fake, &["proxy"], &[(annotations::START_TIMEOUT, "10s"), (annotations::TIMEOUT_POLICY, "fail")]);
-    let t0 = now();
-    fake.add("proxy", Some(t0));
-    fake.set("proxy", |c| c.exited = Some(t0));
-    refusal(&run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await.0);
+    let (fake, engine) = dead_proxy_pod(&[(annotations::START_TIMEOUT, "10s"), (annotations::TIMEOUT_POLICY, "fail")]);
+    refusal(&create_container(&engine, &fake, "app").await.0);
     tokio::time::sleep(20 * S).await;
-    refusal(&run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await.0);
+    refusal(&create_container(&engine, &fake, "app").await.0);
 }
 
 #[tokio::test(start_paused = true)]
 async fn known_init_container_is_never_held() {
-    let fake = Fake::default();
-    let engine = pod(&fake, &["proxy"], &[(annotations::INIT_CONTAINERS, "setup")]);
-    let (v, held) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "setup")).await;
-    assert_forward(&v);
-    assert_eq!(held, Duration::ZERO);
+    let (fake, engine) = fake_pod(&["proxy"], &[(annotations::INIT_CONTAINERS, "setup")]);
+    let (v, held) = create_container(&engine, &fake, "setup").await;
+    assert_forwarded_at_once(&v, held);
 }
 
 #[tokio::test(start_paused = true)]
 async fn unnamed_init_container_is_let_through_when_kubelet_comes_straight_back() {
-    let fake = Fake::default();
-    let engine = pod(&fake, &["proxy"], &[]);
+    let (fake, engine) = fake_pod(&["proxy"], &[]);
     // No sidecar exists and nothing names "setup": refused once...
-    refusal(&run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "setup")).await.0);
+    refusal(&create_container(&engine, &fake, "setup").await.0);
     // ...and kubelet's next call for the pod is the same container again, ~1 s later: init.
     tokio::time::sleep(S).await;
-    let (v, _) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "setup")).await;
+    let (v, _) = create_container(&engine, &fake, "setup").await;
     assert_forward(&v);
 }
 
 #[tokio::test(start_paused = true)]
 async fn unnamed_regular_container_stays_refused_when_kubelet_moves_on() {
-    let fake = Fake::default();
-    let engine = pod(&fake, &["proxy"], &[]);
-    refusal(&run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await.0);
+    let (fake, engine) = fake_pod(&["proxy"], &[]);
+    refusal(&create_container(&engine, &fake, "app").await.0);
     // kubelet goes on to the next container in the same loop: the sidecar's CreateContainer.
-    let (v, _) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "proxy")).await;
+    let (v, _) = create_container(&engine, &fake, "proxy").await;
     assert_forward(&v);
     // Its creation failed (nothing in the runtime); the app's retry is refused again.
     tokio::time::sleep(S).await;
-    refusal(&run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await.0);
+    refusal(&create_container(&engine, &fake, "app").await.0);
 }
 
 // ---------------------------------------------------------------------------------------------
 // §4 stop order
 
 /// A running pod: sidecars and one app, all started at `t0`.
+/// A fresh fake runtime and an engine over one running pod of it (see [`running_pod`]).
+fn fake_running_pod(sidecars: &[&str]) -> (Fake, Arc<Engine>, Instant) {
+    let fake = Fake::default();
+    let (engine, t0) = running_pod(&fake, sidecars);
+    (fake, engine, t0)
+}
+
 fn running_pod(fake: &Fake, sidecars: &[&str]) -> (Arc<Engine>, Instant) {
     let engine = pod(fake, sidecars, &[]);
     let t0 = now();
@@ -445,6 +457,12 @@ fn running_pod(fake: &Fake, sidecars: &[&str]) -> (Arc<Engine>, Instant) {
     }
     fake.add("app", Some(t0));
     (engine, t0)
+}
+
+/// kubelet's StopContainer of `name` with `grace` seconds and `deadline` through the engine: the
+/// verdict and how long it was held.
+async fn stop_container(engine: &Engine, fake: &Fake, name: &str, grace: i64, deadline: Option<Duration>) -> (Verdict, Duration) {
+    run(engine, &call("StopContainer", deadline), &stop(&id_of(fake, name), grace)).await
 }
 
 fn id_of(fake: &Fake, name: &str) -> String {
@@ -461,21 +479,18 @@ fn forwarded_timeout(v: &Verdict, requested: i64) -> i64 {
 
 #[tokio::test(start_paused = true)]
 async fn app_stop_is_forwarded_at_once() {
-    let fake = Fake::default();
-    let (engine, _) = running_pod(&fake, &["proxy"]);
-    let (v, held) = run(&engine, &call("StopContainer", KUBELET_DEADLINE), &stop(&id_of(&fake, "app"), 30)).await;
-    assert_forward(&v);
-    assert_eq!(held, Duration::ZERO);
+    let (fake, engine, _) = fake_running_pod(&["proxy"]);
+    let (v, held) = stop_container(&engine, &fake, "app", 30, KUBELET_DEADLINE).await;
+    assert_forwarded_at_once(&v, held);
 }
 
 #[tokio::test(start_paused = true)]
 async fn sidecar_stop_is_held_until_the_apps_exit_and_gets_what_is_left_of_the_budget() {
-    let fake = Fake::default();
-    let (engine, t0) = running_pod(&fake, &["proxy"]);
+    let (fake, engine, t0) = fake_running_pod(&["proxy"]);
     // kubelet kills in parallel: the app's stop, then the sidecar's, same grace.
-    assert_forward(&run(&engine, &call("StopContainer", KUBELET_DEADLINE), &stop(&id_of(&fake, "app"), 30)).await.0);
+    assert_forward(&stop_container(&engine, &fake, "app", 30, KUBELET_DEADLINE).await.0);
     fake.set("app", |c| c.exited = Some(at(t0, 3 * S)));
-    let (v, held) = run(&engine, &call("StopContainer", KUBELET_DEADLINE), &stop(&id_of(&fake, "proxy"), 30)).await;
+    let (v, held) = stop_container(&engine, &fake, "proxy", 30, KUBELET_DEADLINE).await;
     assert_held(held, 3 * S, 100 * MS);
     let secs = forwarded_timeout(&v, 30);
     assert_eq!(secs, 27, "one budget for the pod: 30 s from the first stop, 3 s of it spent");
@@ -484,69 +499,65 @@ async fn sidecar_stop_is_held_until_the_apps_exit_and_gets_what_is_left_of_the_b
 
 #[tokio::test(start_paused = true)]
 async fn sidecar_stop_gets_the_2s_tail_once_the_budget_is_spent() {
-    let fake = Fake::default();
-    let (engine, t0) = running_pod(&fake, &["proxy"]);
-    assert_forward(&run(&engine, &call("StopContainer", KUBELET_DEADLINE), &stop(&id_of(&fake, "app"), 5)).await.0);
+    let (fake, engine, t0) = fake_running_pod(&["proxy"]);
+    assert_forward(&stop_container(&engine, &fake, "app", 5, KUBELET_DEADLINE).await.0);
     fake.set("app", |c| c.exited = Some(at(t0, 9 * S)));
-    let (v, held) = run(&engine, &call("StopContainer", Some(5 * S + 120 * S)), &stop(&id_of(&fake, "proxy"), 5)).await;
+    let (v, held) = stop_container(&engine, &fake, "proxy", 5, Some(5 * S + 120 * S)).await;
     assert_held(held, 9 * S, 100 * MS);
     assert_eq!(forwarded_timeout(&v, 5), 2);
 }
 
 #[tokio::test(start_paused = true)]
 async fn sidecars_stop_in_reverse_declared_order() {
-    let fake = Fake::default();
-    let (engine, t0) = running_pod(&fake, &["first", "second"]);
+    let (fake, engine, t0) = fake_running_pod(&["first", "second"]);
     fake.set("app", |c| c.exited = Some(t0));
     fake.set("second", |c| c.exited = Some(at(t0, 2 * S)));
     // "first" outlives "second".
-    let (v, held) = run(&engine, &call("StopContainer", KUBELET_DEADLINE), &stop(&id_of(&fake, "first"), 30)).await;
+    let (v, held) = stop_container(&engine, &fake, "first", 30, KUBELET_DEADLINE).await;
     assert_held(held, 2 * S, 100 * MS);
     assert_eq!(forwarded_timeout(&v, 30), 28);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_single_sidecar_kill_is_forwarded_after_its_grace() {
-    let fake = Fake::default();
-    let (engine, _) = running_pod(&fake, &["proxy"]);
+    let (fake, engine, _) = fake_running_pod(&["proxy"]);
     // Liveness kill of the sidecar alone: no app is being stopped; the app keeps running.
-    let (v, held) = run(&engine, &call("StopContainer", KUBELET_DEADLINE), &stop(&id_of(&fake, "proxy"), 5)).await;
+    let (v, held) = stop_container(&engine, &fake, "proxy", 5, KUBELET_DEADLINE).await;
     assert_held(held, 5 * S, 100 * MS);
     assert_eq!(forwarded_timeout(&v, 5), 2, "its grace is spent: the KEP's 2 s tail");
 }
 
-#[tokio::test(start_paused = true)]
-async fn sidecar_stop_hold_ends_before_kubelets_deadline() {
-    let fake = Fake::default();
-    let (engine, _) = running_pod(&fake, &["proxy"]);
-    assert_forward(&run(&engine, &call("StopContainer", KUBELET_DEADLINE), &stop(&id_of(&fake, "app"), 30)).await.0);
-    // The app never exits; kubelet's deadline for the sidecar's stop is 20 s away.
-    let (v, held) = run(&engine, &call("StopContainer", Some(20 * S)), &stop(&id_of(&fake, "proxy"), 30)).await;
-    assert_eq!(held, 20 * S - decide::DEADLINE_MARGIN - decide::STOP_TAIL);
+/// The app's stop is forwarded and the app never exits; kubelet's deadline for the sidecar's
+/// 30 s stop is 20 s away and every ListContainers takes `list_delay`: the sidecar's stop is
+/// still held only until just before that deadline, with 15 s of its budget left.
+async fn assert_sidecar_stop_ends_before_kubelets_deadline(list_delay: Duration) {
+    let (fake, engine, _) = fake_running_pod(&["proxy"]);
+    assert_forward(&stop_container(&engine, &fake, "app", 30, KUBELET_DEADLINE).await.0);
+    fake.script().list_delay = list_delay;
+    let (v, held) = stop_container(&engine, &fake, "proxy", 30, Some(20 * S)).await;
+    assert_eq!(held, 20 * S - decide::DEADLINE_MARGIN - decide::STOP_TAIL, "list delay {list_delay:?}");
     assert_eq!(forwarded_timeout(&v, 30), 15, "15 s of the 30 s budget left");
 }
 
 #[tokio::test(start_paused = true)]
+async fn sidecar_stop_hold_ends_before_kubelets_deadline() {
+    assert_sidecar_stop_ends_before_kubelets_deadline(Duration::ZERO).await;
+}
+
+/// The hold ends on time even while the runtime has not answered.
+#[tokio::test(start_paused = true)]
 async fn a_slow_runtime_never_stretches_a_sidecar_stop_past_kubelets_deadline() {
-    let fake = Fake::default();
-    let (engine, _) = running_pod(&fake, &["proxy"]);
-    assert_forward(&run(&engine, &call("StopContainer", KUBELET_DEADLINE), &stop(&id_of(&fake, "app"), 30)).await.0);
-    // The app keeps running and every ListContainers takes 30 s; kubelet's deadline is 20 s away.
-    fake.script().list_delay = 30 * S;
-    let (v, held) = run(&engine, &call("StopContainer", Some(20 * S)), &stop(&id_of(&fake, "proxy"), 30)).await;
-    assert_eq!(held, 20 * S - decide::DEADLINE_MARGIN - decide::STOP_TAIL, "the hold ends on time even while the runtime has not answered");
-    assert_eq!(forwarded_timeout(&v, 30), 15, "15 s of the 30 s budget left");
+    assert_sidecar_stop_ends_before_kubelets_deadline(30 * S).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_repeated_sidecar_stop_shares_the_budget() {
-    let fake = Fake::default();
-    let (engine, t0) = running_pod(&fake, &["proxy"]);
-    assert_forward(&run(&engine, &call("StopContainer", KUBELET_DEADLINE), &stop(&id_of(&fake, "app"), 30)).await.0);
+    let (fake, engine, t0) = fake_running_pod(&["proxy"]);
+    assert_forward(&stop_container(&engine, &fake, "app", 30, KUBELET_DEADLINE).await.0);
     fake.set("app", |c| c.exited = Some(at(t0, 4 * S)));
-    let first = run(&engine, &call("StopContainer", KUBELET_DEADLINE), &stop(&id_of(&fake, "proxy"), 30)).await;
+    let first = stop_container(&engine, &fake, "proxy", 30, KUBELET_DEADLINE).await;
     tokio::time::sleep(S).await;
-    let again = run(&engine, &call("StopContainer", KUBELET_DEADLINE), &stop(&id_of(&fake, "proxy"), 30)).await;
+    let again = stop_container(&engine, &fake, "proxy", 30, KUBELET_DEADLINE).await;
     assert_eq!(forwarded_timeout(&first.0, 30), 26);
     assert_eq!(again.1, Duration::ZERO, "nothing left to wait for");
     assert_eq!(forwarded_timeout(&again.0, 30), 25, "the same window, one second later");
@@ -554,9 +565,8 @@ async fn a_repeated_sidecar_stop_shares_the_budget() {
 
 #[tokio::test(start_paused = true)]
 async fn stop_pod_sandbox_waits_for_the_apps_then_stops_sidecars_in_reverse() {
-    let fake = Fake::default();
-    let (engine, t0) = running_pod(&fake, &["first", "second"]);
-    assert_forward(&run(&engine, &call("StopContainer", KUBELET_DEADLINE), &stop(&id_of(&fake, "app"), 30)).await.0);
+    let (fake, engine, t0) = fake_running_pod(&["first", "second"]);
+    assert_forward(&stop_container(&engine, &fake, "app", 30, KUBELET_DEADLINE).await.0);
     fake.set("app", |c| c.exited = Some(at(t0, 2 * S)));
     let msg = views::PodSandboxIdRequest { pod_sandbox_id: SANDBOX.into() }.encode_to_vec();
     let (v, held) = run(&engine, &call("StopPodSandbox", KUBELET_DEADLINE), &msg).await;
@@ -574,15 +584,13 @@ async fn stop_pod_sandbox_waits_for_the_apps_then_stops_sidecars_in_reverse() {
 /// the sidecar judged as if the key were absent (`running`: the app goes at once).
 #[tokio::test(start_paused = true)]
 async fn an_annotation_aimed_elsewhere_is_bad_once_and_treated_as_absent() {
-    let fake = Fake::default();
-    let engine = pod(&fake, &["proxy"], &[]);
+    let (fake, engine) = fake_pod(&["proxy"], &[]);
     fake.script().annotations.insert("crisp.dev/ready.proxy".into(), "http://192.0.2.1:10255/pods".into());
     fake.script().ip = Some("10.1.2.3".into());
     fake.add("proxy", Some(now()));
     for _ in 0..3 {
-        let (v, held) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await;
-        assert_forward(&v);
-        assert_eq!(held, Duration::ZERO);
+        let (v, held) = create_container(&engine, &fake, "app").await;
+        assert_forwarded_at_once(&v, held);
     }
     assert_eq!(engine.metrics.bad_annotations.get(), 1, "once per pod, not per probe");
     assert_eq!(engine.metrics.probe_connects.get(), 0, "nothing connected to");
@@ -605,7 +613,7 @@ async fn an_annotation_naming_the_pods_ip_or_an_allowed_network_is_probed() {
         cfg.ordering.probe_timeout = 10 * MS;
         let engine = Engine::new(&cfg, fake.clone(), Arc::new(OrderingMetrics::default()), Arc::new(job::Terminated::open(None)));
         fake.add("proxy", Some(now()));
-        let _ = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await;
+        let _ = create_container(&engine, &fake, "app").await;
         assert_eq!(engine.metrics.bad_annotations.get(), 0, "{ip} {allow:?}");
         assert!(engine.metrics.probe_connects.get() > 0, "{ip} {allow:?}: not probed");
     }
@@ -618,12 +626,11 @@ async fn loopback_of_a_pod_whose_namespace_is_unknown_is_never_the_nodes() {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.set_nonblocking(true).unwrap();
     let port = l.local_addr().unwrap().port();
-    let fake = Fake::default();
-    let engine = pod(&fake, &["proxy"], &[(annotations::START_TIMEOUT, "1s")]);
+    let (fake, engine) = fake_pod(&["proxy"], &[(annotations::START_TIMEOUT, "1s")]);
     fake.script().annotations.insert("crisp.dev/ready.proxy".into(), format!("tcp://127.0.0.1:{port}"));
     fake.script().ip = Some("10.1.2.3".into());
     fake.add("proxy", Some(now()));
-    let (v, held) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await;
+    let (v, held) = create_container(&engine, &fake, "app").await;
     assert_forward(&v);
     assert_held(held, S, 100 * MS);
     assert_eq!(l.accept().map_err(|e| e.kind()).err(), Some(std::io::ErrorKind::WouldBlock), "crisp connected to the node's loopback");
@@ -665,12 +672,9 @@ fn recorded(engine: &Engine) -> Arc<Recorder> {
 #[tokio::test(start_paused = true)]
 async fn a_hold_is_reported_live_with_its_reason_at_a_bounded_rate() {
     use crate::intercept::HoldPhase::*;
-    let fake = Fake::default();
-    let engine = pod(&fake, &["proxy"], &[]);
+    let (fake, engine) = fake_pod(&["proxy"], &[]);
     let rec = recorded(&engine);
-    let t0 = now();
-    fake.add("proxy", Some(t0));
-    fake.set("proxy", |c| c.ready = Some(at(t0, 12 * S)));
+    fake.add_ready_after("proxy", 12 * S);
     let eng = engine.clone();
     let held = tokio::spawn(async move { run(&eng, &call("CreateContainer", KUBELET_DEADLINE), &create(&Fake(Arc::clone(&fake.0)), "app")).await });
     // While it is held: the start event says what it waits for, and `crisp pods` sees it.
@@ -704,8 +708,7 @@ async fn a_hold_is_reported_live_with_its_reason_at_a_bounded_rate() {
 #[tokio::test(start_paused = true)]
 async fn a_changing_reason_is_reported_at_most_once_a_second() {
     use crate::intercept::HoldPhase::*;
-    let fake = Fake::default();
-    let engine = pod(&fake, &["first", "second"], &[]);
+    let (fake, engine) = fake_pod(&["first", "second"], &[]);
     let rec = recorded(&engine);
     let t0 = now();
     fake.add("first", Some(t0));
@@ -713,7 +716,7 @@ async fn a_changing_reason_is_reported_at_most_once_a_second() {
     // `first` turns ready at 2.5 s: the app then waits on `second` until 4 s.
     fake.set("first", |c| c.ready = Some(at(t0, 2500 * MS)));
     fake.set("second", |c| c.ready = Some(at(t0, 4 * S)));
-    let (v, _) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await;
+    let (v, _) = create_container(&engine, &fake, "app").await;
     assert_forward(&v);
     let evs = rec.0.lock().unwrap();
     assert_eq!(evs.iter().map(|e| e.phase).collect::<Vec<_>>(), vec![Start, Update, End]);
@@ -722,10 +725,9 @@ async fn a_changing_reason_is_reported_at_most_once_a_second() {
 
 #[tokio::test(start_paused = true)]
 async fn a_refusal_is_reported_and_counted() {
-    let fake = Fake::default();
-    let engine = pod(&fake, &["proxy"], &[]);
+    let (fake, engine) = fake_pod(&["proxy"], &[]);
     let rec = recorded(&engine);
-    let (v, _) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await;
+    let (v, _) = create_container(&engine, &fake, "app").await;
     let msg = refusal(&v).to_string();
     let evs = rec.0.lock().unwrap();
     assert_eq!(evs.len(), 1);
@@ -737,8 +739,7 @@ async fn a_refusal_is_reported_and_counted() {
 
 #[tokio::test(start_paused = true)]
 async fn a_cancelled_hold_reports_that_kubelet_gave_up() {
-    let fake = Fake::default();
-    let engine = pod(&fake, &["proxy"], &[]);
+    let (fake, engine) = fake_pod(&["proxy"], &[]);
     let rec = recorded(&engine);
     fake.add("proxy", Some(now()));
     fake.set("proxy", |c| c.ready = None);
@@ -773,7 +774,7 @@ async fn a_long_hold_ends_as_an_informative_refusal_and_the_timeout_still_counts
     // kubelet: each refusal comes back 1.2 s later ("network is not ready", KUBELET-CRI §1.3).
     let mut refusals = Vec::new();
     let forwarded_at = loop {
-        let (v, _) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await;
+        let (v, _) = create_container(&engine, &fake, "app").await;
         match v {
             Verdict::Forward => break now() - t0,
             v => refusals.push((now() - t0, refusal(&v).to_string())),
@@ -800,10 +801,8 @@ async fn a_long_hold_ends_as_an_informative_refusal_and_the_timeout_still_counts
 async fn a_short_hold_is_never_refused() {
     let fake = Fake::default();
     let engine = pod_with(&fake, &["proxy"], &[], |c| c.ordering.refuse_held_after = 30 * S);
-    let t0 = now();
-    fake.add("proxy", Some(t0));
-    fake.set("proxy", |c| c.ready = Some(at(t0, 29 * S)));
-    let (v, held) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create(&fake, "app")).await;
+    fake.add_ready_after("proxy", 29 * S);
+    let (v, held) = create_container(&engine, &fake, "app").await;
     assert_forward(&v);
     assert_held(held, 29 * S, 100 * MS);
 }

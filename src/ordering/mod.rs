@@ -623,20 +623,8 @@ impl Engine {
 
     async fn gate_create(&self, call: &Call, msg: &[u8]) -> Verdict {
         let version = call.route.version.unwrap_or(ApiVersion::V1);
-        let req: views::CreateContainerRequest = match views::decode(msg) {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot decode a copy of CreateContainerRequest; forwarding it unordered");
-                return Verdict::Forward;
-            }
-        };
-        let name = req.config.as_ref().and_then(|c| c.metadata.as_ref()).map(|m| m.name.clone()).unwrap_or_default();
-        let pod = match req.sandbox_config.as_ref() {
-            Some(sc) => self.pod_from_config(version, &req.pod_sandbox_id, sc),
-            None => match self.pod_by_id(version, &req.pod_sandbox_id).await {
-                Some(p) => p,
-                None => return Verdict::Forward,
-            },
+        let Some((pod, name)) = self.create_target(version, msg).await else {
+            return Verdict::Forward;
         };
         record_span(&pod, &name, None);
         if pod.policy.has_sidecars() {
@@ -646,31 +634,44 @@ impl Engine {
             CreatePlan::Forward => return Verdict::Forward,
             CreatePlan::Gate(required) => required,
         };
-        let (timeout, policy) = self.start_policy(&pod);
+        let window = self.create_window(call, &pod, &name);
+        self.hold_create(call, version, &pod, &name, required, window).await
+    }
+
+    /// How long a CreateContainer may be held and whether dead sidecars are still waited for.
+    fn create_window(&self, call: &Call, pod: &Pod, name: &str) -> CreateWindow {
+        let (timeout, policy) = self.start_policy(pod);
         // A hold ended as a refusal (`refuse_held_after`) carries on in kubelet's retry: the
         // start timeout counts from the first hold, so refusals never extend it.
-        let held_from = pod.held_since.lock().unwrap_or_else(|e| e.into_inner()).get(&name).copied().unwrap_or(call.received);
+        let held_from = pod.held_since.lock().unwrap_or_else(|e| e.into_inner()).get(name).copied().unwrap_or(call.received);
         let hold_until = decide::create_hold_end(held_from, timeout, call.deadline);
-        let refused_since = pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).get(&name).copied();
+        let refused_since = pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).get(name).copied();
         let skip_dead = decide::skip_dead(policy, refused_since, now(), timeout);
         if skip_dead {
             self.metrics.start_hold_timeouts.inc();
             let refused_for = refused_since.map(|t| now().saturating_duration_since(t)).unwrap_or_default();
             tracing::warn!(container_name = %name, refused_for_ms = refused_for.as_millis() as u64, "sidecars still not running after the start timeout; no longer waiting for them (policy proceed)");
         }
+        CreateWindow { timeout, policy, held_from, hold_until, skip_dead }
+    }
+
+    /// Checks the `required` sidecars until they are ready (forward), one is missing (refuse),
+    /// or the window ends (the timeout policy), showing the hold in the tap meanwhile.
+    async fn hold_create(&self, call: &Call, version: ApiVersion, pod: &Pod, name: &str, required: &[Sidecar], window: CreateWindow) -> Verdict {
+        let CreateWindow { timeout, policy, held_from, hold_until, skip_dead } = window;
         let policy_name = match policy {
             TimeoutPolicy::Proceed => "proceed",
             TimeoutPolicy::Fail => "fail",
         };
         let mut held: Option<holds::Hold<'_>> = None;
         let forget_refusal = || {
-            pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).remove(&name);
-            pod.held_since.lock().unwrap_or_else(|e| e.into_inner()).remove(&name);
+            pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).remove(name);
+            pod.held_since.lock().unwrap_or_else(|e| e.into_inner()).remove(name);
         };
         loop {
             // A slow runtime must not stretch the hold past its end (nor the forwarded call past
             // kubelet's deadline): a probe round still running then counts as "not ready".
-            let check = match tokio::time::timeout_at(hold_until.into(), self.check_start(version, &pod, &name, required, skip_dead)).await {
+            let check = match tokio::time::timeout_at(hold_until.into(), self.check_start(version, pod, name, required, skip_dead)).await {
                 Ok(c) => c,
                 Err(_) => Check::Waiting("the runtime (no answer before the hold's end)".into()),
             };
@@ -679,58 +680,26 @@ impl Engine {
                     forget_refusal();
                     break;
                 }
-                Check::FailFast(reason) => {
-                    pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).entry(name.clone()).or_insert(call.received);
-                    self.metrics.fail_fast.inc();
-                    tracing::info!(container_name = %name, "refusing CreateContainer for now: {reason}");
-                    let message = decide::refusal(&reason, &name);
-                    if let Some(h) = held.take() {
-                        h.end("refused", &message);
-                    }
-                    self.note_refusal(&pod, call, &name, &holds::Waiting::from_refusal(&pod, &reason), &message);
-                    return Verdict::Reject(Status::new(code::FAILED_PRECONDITION, message));
-                }
+                Check::FailFast(reason) => return self.refuse_fast(pod, call, name, &reason, held),
                 Check::Waiting(who) => who,
                 Check::Probe { .. } => unreachable!("check_start answers its own probes"),
             };
-            let waiting = holds::Waiting::from_check(&pod, &who);
+            let waiting = holds::Waiting::from_check(pod, &who);
             match held.as_mut() {
                 Some(h) => h.update(waiting),
                 None => {
                     tracing::info!(container_name = %name, waiting_for = %who, timeout_ms = timeout.as_millis() as u64, "holding CreateContainer until sidecars are ready");
-                    held = Some(holds::Hold::start(self, &pod, call, &name, "", held_from, hold_until, policy_name, waiting));
+                    held = Some(holds::Hold::start(self, pod, call, name, "", held_from, hold_until, policy_name, waiting));
                 }
             }
-            if let Some(v) = self.refuse_long_hold(&pod, &name, &mut held, held_from, hold_until, timeout) {
+            if let Some(v) = self.refuse_long_hold(pod, name, &mut held, held_from, hold_until, timeout) {
                 return v;
             }
             match decide::after_waiting(now(), hold_until, self.cfg.probe_interval, policy) {
                 WaitStep::Until(next) => tokio::time::sleep_until(next.into()).await,
                 WaitStep::TimedOut(policy) => {
-                    self.metrics.start_hold_timeouts.inc();
-                    if let Some(h) = &held {
-                        self.metrics.start_holds.observe(now().saturating_duration_since(h.since).as_secs_f64());
-                    }
                     forget_refusal();
-                    return match policy {
-                        TimeoutPolicy::Proceed => {
-                            tracing::warn!(container_name = %name, waiting_for = %who, "sidecar not ready within the start timeout; starting the app anyway (policy proceed)");
-                            if let Some(h) = held.take() {
-                                h.end("timed out (proceed)", "");
-                            }
-                            Verdict::Forward
-                        }
-                        TimeoutPolicy::Fail => {
-                            tracing::warn!(container_name = %name, waiting_for = %who, "sidecar not ready within the start timeout; failing CreateContainer (policy fail)");
-                            pod.refusals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            // Not DEADLINE_EXCEEDED: that would read as kubelet's own deadline.
-                            let message = decide::timed_out(&pod.display(), &who, timeout, &name);
-                            if let Some(h) = held.take() {
-                                h.end("timed out (fail)", &message);
-                            }
-                            Verdict::Reject(Status::new(code::FAILED_PRECONDITION, message))
-                        }
-                    };
+                    return self.start_timed_out(pod, name, &who, timeout, policy, held);
                 }
             }
         }
@@ -741,6 +710,66 @@ impl Engine {
             h.end("forwarded", "");
         }
         Verdict::Forward
+    }
+
+    /// The pod a CreateContainer is for and the container's name; `None`: forward it unordered
+    /// (a copy that does not decode, a sandbox the runtime does not know).
+    async fn create_target(&self, version: ApiVersion, msg: &[u8]) -> Option<(Arc<Pod>, String)> {
+        let req: views::CreateContainerRequest = match views::decode(msg) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot decode a copy of CreateContainerRequest; forwarding it unordered");
+                return None;
+            }
+        };
+        let name = req.config.as_ref().and_then(|c| c.metadata.as_ref()).map(|m| m.name.clone()).unwrap_or_default();
+        let pod = match req.sandbox_config.as_ref() {
+            Some(sc) => self.pod_from_config(version, &req.pod_sandbox_id, sc),
+            None => self.pod_by_id(version, &req.pod_sandbox_id).await?,
+        };
+        Some((pod, name))
+    }
+
+    /// A required sidecar is not there (or not running): refuse the create now, kubelet retries
+    /// (§3.3); the start timeout counts from this first refusal.
+    fn refuse_fast(&self, pod: &Pod, call: &Call, name: &str, reason: &str, held: Option<holds::Hold<'_>>) -> Verdict {
+        pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).entry(name.to_string()).or_insert(call.received);
+        self.metrics.fail_fast.inc();
+        tracing::info!(container_name = %name, "refusing CreateContainer for now: {reason}");
+        let message = decide::refusal(reason, name);
+        if let Some(h) = held {
+            h.end("refused", &message);
+        }
+        self.note_refusal(pod, call, name, &holds::Waiting::from_refusal(pod, reason), &message);
+        Verdict::Reject(Status::new(code::FAILED_PRECONDITION, message))
+    }
+
+    /// The hold reached the start timeout still waiting for `who`: start the app anyway or
+    /// fail the create, as `policy` says (§3.4).
+    fn start_timed_out(&self, pod: &Pod, name: &str, who: &str, timeout: Duration, policy: TimeoutPolicy, held: Option<holds::Hold<'_>>) -> Verdict {
+        self.metrics.start_hold_timeouts.inc();
+        if let Some(h) = &held {
+            self.metrics.start_holds.observe(now().saturating_duration_since(h.since).as_secs_f64());
+        }
+        match policy {
+            TimeoutPolicy::Proceed => {
+                tracing::warn!(container_name = %name, waiting_for = %who, "sidecar not ready within the start timeout; starting the app anyway (policy proceed)");
+                if let Some(h) = held {
+                    h.end("timed out (proceed)", "");
+                }
+                Verdict::Forward
+            }
+            TimeoutPolicy::Fail => {
+                tracing::warn!(container_name = %name, waiting_for = %who, "sidecar not ready within the start timeout; failing CreateContainer (policy fail)");
+                pod.refusals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                // Not DEADLINE_EXCEEDED: that would read as kubelet's own deadline.
+                let message = decide::timed_out(&pod.display(), who, timeout, name);
+                if let Some(h) = held {
+                    h.end("timed out (fail)", &message);
+                }
+                Verdict::Reject(Status::new(code::FAILED_PRECONDITION, message))
+            }
+        }
     }
 
     /// `ordering.refuse_held_after`: a CreateContainer held that long is refused with what it
@@ -785,32 +814,34 @@ impl Engine {
         // An app's stop is forwarded at once (§4.1).
         let Some(idx) = idx else { return Verdict::Forward };
         let hold_until = decide::stop_hold_end(arrived, grace, call.deadline);
-        let single_kill_after = decide::single_kill_after(arrived, grace);
+        let window = SidecarStop { sidecar: idx, arrived, hold_until, single_kill_after: decide::single_kill_after(arrived, grace) };
+        self.hold_sidecar_stop(call, version, &pod, &cref.name, &req.container_id, window).await;
+        // Forward with what is left of the pod's budget; the KEP's 2 s tail once it is spent.
+        match decide::stop_timeout(budget_end, now(), req.timeout) {
+            Some(secs) => Verdict::ForwardPatched(append_varint_field(msg, tags::stop_container_request::TIMEOUT, secs)),
+            None => Verdict::Forward,
+        }
+    }
+
+    /// Holds a sidecar's StopContainer while apps of the pod still run (§4.2), within `window`;
+    /// returns when it is to be forwarded.
+    async fn hold_sidecar_stop(&self, call: &Call, version: ApiVersion, pod: &Pod, name: &str, container_id: &str, window: SidecarStop) {
+        let SidecarStop { sidecar: idx, arrived, hold_until, single_kill_after } = window;
         let mut held: Option<holds::Hold<'_>> = None;
         loop {
             // A slow runtime must not stretch the hold past its end (kubelet's deadline less the
             // forwarded stop's tail): an answer not in by then counts as "stop it now".
-            let containers = match tokio::time::timeout_at(hold_until.into(), self.runtime.list_containers(version, &pod.sandbox_id)).await {
-                Ok(Ok(c)) => c,
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "cannot list the pod's containers; forwarding StopContainer");
-                    break;
-                }
-                Err(_) => {
-                    tracing::warn!(container_name = %cref.name, "the runtime did not list the pod's containers before kubelet's deadline; forwarding StopContainer");
-                    break;
-                }
-            };
+            let Some(containers) = self.list_for_stop(version, pod, name, hold_until).await else { break };
             let snap = Snapshot::new(&containers);
             let t = now();
             match decide::stop_step(&pod.policy, idx, &snap, t, hold_until, single_kill_after, pod.apps_stopping()) {
                 StopStep::Forward => break,
                 StopStep::SingleKill => {
-                    tracing::info!(container_name = %cref.name, "no app container of the pod is being stopped: a single-container kill; forwarding");
+                    tracing::info!(container_name = %name, "no app container of the pod is being stopped: a single-container kill; forwarding");
                     break;
                 }
                 StopStep::Deadline { apps, sidecars } => {
-                    tracing::warn!(container_name = %cref.name, ?apps, ?sidecars, "still running at kubelet's deadline; stopping the sidecar anyway");
+                    tracing::warn!(container_name = %name, ?apps, ?sidecars, "still running at kubelet's deadline; stopping the sidecar anyway");
                     break;
                 }
                 StopStep::Hold { apps, sidecars } => {
@@ -822,8 +853,8 @@ impl Engine {
                     match held.as_mut() {
                         Some(h) => h.update(waiting),
                         None => {
-                            tracing::info!(container_name = %cref.name, ?apps, ?sidecars, "holding sidecar StopContainer until these exit");
-                            held = Some(holds::Hold::start(self, &pod, call, &cref.name, &req.container_id, arrived, hold_until, "", waiting));
+                            tracing::info!(container_name = %name, ?apps, ?sidecars, "holding sidecar StopContainer until these exit");
+                            held = Some(holds::Hold::start(self, pod, call, name, container_id, arrived, hold_until, "", waiting));
                         }
                     }
                 }
@@ -833,13 +864,24 @@ impl Engine {
         if let Some(h) = held {
             let d = now().saturating_duration_since(h.since);
             self.metrics.stop_holds.observe(d.as_secs_f64());
-            tracing::info!(container_name = %cref.name, held_ms = d.as_millis() as u64, "forwarding sidecar StopContainer");
+            tracing::info!(container_name = %name, held_ms = d.as_millis() as u64, "forwarding sidecar StopContainer");
             h.end("forwarded", "");
         }
-        // Forward with what is left of the pod's budget; the KEP's 2 s tail once it is spent.
-        match decide::stop_timeout(budget_end, now(), req.timeout) {
-            Some(secs) => Verdict::ForwardPatched(append_varint_field(msg, tags::stop_container_request::TIMEOUT, secs)),
-            None => Verdict::Forward,
+    }
+
+    /// The pod's containers, for a held stop; `None` (forward now) when the runtime fails or
+    /// does not answer before `hold_until`.
+    async fn list_for_stop(&self, version: ApiVersion, pod: &Pod, name: &str, hold_until: Instant) -> Option<Vec<views::Container>> {
+        match tokio::time::timeout_at(hold_until.into(), self.runtime.list_containers(version, &pod.sandbox_id)).await {
+            Ok(Ok(c)) => Some(c),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot list the pod's containers; forwarding StopContainer");
+                None
+            }
+            Err(_) => {
+                tracing::warn!(container_name = %name, "the runtime did not list the pod's containers before kubelet's deadline; forwarding StopContainer");
+                None
+            }
         }
     }
 
@@ -921,6 +963,27 @@ impl Engine {
             self.containers.retain(|_, c| c.sandbox_id != req.pod_sandbox_id);
         }
     }
+}
+
+/// The time a sidecar's StopContainer may be held (see [`Engine::hold_sidecar_stop`]).
+struct SidecarStop {
+    /// The sidecar's place in the pod's list.
+    sidecar: usize,
+    arrived: Instant,
+    hold_until: Instant,
+    /// No app is being stopped by then: a single-container kill (liveness), forwarded.
+    single_kill_after: Instant,
+}
+
+/// The time a CreateContainer may be held (see [`Engine::create_window`]).
+struct CreateWindow {
+    timeout: Duration,
+    policy: TimeoutPolicy,
+    /// When this container's first hold began (this call, or an earlier one refused).
+    held_from: Instant,
+    hold_until: Instant,
+    /// The start timeout passed while a sidecar was missing: stop waiting for it (proceed).
+    skip_dead: bool,
 }
 
 fn record_span(pod: &Pod, container: &str, container_id: Option<&str>) {
@@ -1078,13 +1141,21 @@ impl readiness::ProbeEnv for ProbeTarget<'_> {
 mod tests {
     use super::*;
 
+    /// A guess that has judged `name` once (Unknown: refused), then saw these annotated image
+    /// calls (`true`: a PullImage, `false`: an ImageStatus).
+    fn guess_after_image_calls(name: &str, calls: &[bool]) -> InitGuess {
+        let mut g = InitGuess::default();
+        assert_eq!(g.judge(name), Judgement::Unknown);
+        for &pull in calls {
+            g.note_image_call(pull);
+        }
+        g
+    }
+
     #[test]
     fn init_guess_init_container_comes_straight_back() {
-        let mut g = InitGuess::default();
-        assert_eq!(g.judge("init"), Judgement::Unknown);
         // Its own retry: one annotated ImageStatus (and a pull under imagePullPolicy Always).
-        g.note_image_call(false);
-        g.note_image_call(true);
+        let mut g = guess_after_image_calls("init", &[false, true]);
         assert_eq!(g.judge("init"), Judgement::Init);
         assert_eq!(g.judge("init"), Judgement::Init, "sticky");
     }
@@ -1093,11 +1164,7 @@ mod tests {
     fn init_guess_regular_when_kubelet_moved_on_though_the_sidecar_failed() {
         // The sidecar after it: ImageStatus, failed PullImage (ErrImagePull); then the retry's
         // own ImageStatus. Two attempts: a regular container.
-        let mut g = InitGuess::default();
-        assert_eq!(g.judge("app"), Judgement::Unknown);
-        g.note_image_call(false);
-        g.note_image_call(true);
-        g.note_image_call(false);
+        let mut g = guess_after_image_calls("app", &[false, true, false]);
         assert_eq!(g.judge("app"), Judgement::Regular);
         // Later syncs (ImagePullBackOff: no call at all) keep the verdict.
         assert_eq!(g.judge("app"), Judgement::Regular);

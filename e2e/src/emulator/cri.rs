@@ -193,6 +193,16 @@ impl CriClient {
 
     // --- RuntimeService, with the deadlines of KUBELET-CRI §3.3 ---
 
+    /// A RuntimeService call with deadline r.timeout whose answer (`Resp`) carries nothing.
+    async fn runtime_call<Req, Resp>(&self, method: &'static str, req: Req, meta: CallMeta) -> Result<(), Status>
+    where
+        Req: prost::Message + Send + Sync + 'static,
+        Resp: prost::Message + Default + Send + Sync + 'static,
+    {
+        let _: Resp = self.unary(Service::Runtime, method, req, self.rt(), meta, |_, _| {}).await?;
+        Ok(())
+    }
+
     async fn version_request(&self, version: String) -> Result<cri::VersionResponse, Status> {
         let req = cri::VersionRequest { version };
         self.unary(Service::Runtime, "Version", req, self.rt(), CallMeta::default(), |_, _| {}).await
@@ -223,17 +233,13 @@ impl CriClient {
     /// StopPodSandbox (deadline r.timeout).
     pub async fn stop_pod_sandbox(&self, id: &str, meta: CallMeta) -> Result<(), Status> {
         let req = cri::StopPodSandboxRequest { pod_sandbox_id: id.to_string() };
-        let meta = meta.with_sandbox_id(id);
-        let _: cri::StopPodSandboxResponse = self.unary(Service::Runtime, "StopPodSandbox", req, self.rt(), meta, |_, _| {}).await?;
-        Ok(())
+        self.runtime_call::<_, cri::StopPodSandboxResponse>("StopPodSandbox", req, meta.with_sandbox_id(id)).await
     }
 
     /// RemovePodSandbox (deadline r.timeout).
     pub async fn remove_pod_sandbox(&self, id: &str, meta: CallMeta) -> Result<(), Status> {
         let req = cri::RemovePodSandboxRequest { pod_sandbox_id: id.to_string() };
-        let meta = meta.with_sandbox_id(id);
-        let _: cri::RemovePodSandboxResponse = self.unary(Service::Runtime, "RemovePodSandbox", req, self.rt(), meta, |_, _| {}).await?;
-        Ok(())
+        self.runtime_call::<_, cri::RemovePodSandboxResponse>("RemovePodSandbox", req, meta.with_sandbox_id(id)).await
     }
 
     /// PodSandboxStatus(verbose=false) (deadline r.timeout).
@@ -263,9 +269,7 @@ impl CriClient {
     /// StartContainer (deadline r.timeout).
     pub async fn start_container(&self, id: &str, meta: CallMeta) -> Result<(), Status> {
         let req = cri::StartContainerRequest { container_id: id.to_string() };
-        let meta = meta.with_container_id(id);
-        let _: cri::StartContainerResponse = self.unary(Service::Runtime, "StartContainer", req, self.rt(), meta, |_, _| {}).await?;
-        Ok(())
+        self.runtime_call::<_, cri::StartContainerResponse>("StartContainer", req, meta.with_container_id(id)).await
     }
 
     /// StopContainer(timeout) (deadline r.timeout + timeout seconds).
@@ -280,9 +284,7 @@ impl CriClient {
     /// RemoveContainer (deadline r.timeout).
     pub async fn remove_container(&self, id: &str, meta: CallMeta) -> Result<(), Status> {
         let req = cri::RemoveContainerRequest { container_id: id.to_string() };
-        let meta = meta.with_container_id(id);
-        let _: cri::RemoveContainerResponse = self.unary(Service::Runtime, "RemoveContainer", req, self.rt(), meta, |_, _| {}).await?;
-        Ok(())
+        self.runtime_call::<_, cri::RemoveContainerResponse>("RemoveContainer", req, meta.with_container_id(id)).await
     }
 
     /// ListContainers (deadline r.timeout). kubelet's relist sends an *empty* filter, not none.

@@ -370,6 +370,12 @@ impl Kubelet {
         self.wait_for(uid, timeout, |v| v.terminated).await
     }
 
+    /// [`Kubelet::delete_pod`], then [`Kubelet::wait_terminated`].
+    pub async fn delete_and_wait(&self, uid: &str, grace_override: Option<i64>, timeout: Duration) -> anyhow::Result<PodView> {
+        self.delete_pod(uid, grace_override)?;
+        self.wait_terminated(uid, timeout).await
+    }
+
     /// A fresh `GetPodStatus` through the kubelet's client (journaled like kubelet's own).
     pub async fn runtime_status(&self, uid: &str) -> anyhow::Result<RuntimePodStatus> {
         let spec = self.entry(uid)?.lock().spec.clone();

@@ -350,22 +350,6 @@ impl Runtime {
         result
     }
 
-    /// The `start` helper of SyncPod: crash back-off check, then `startContainer`.
-    async fn start(
-        &self,
-        pod: &PodCtx,
-        c: &ContainerSpec,
-        sandbox_id: &str,
-        sandbox_config: &cri::PodSandboxConfig,
-        status: &RuntimePodStatus,
-        pod_ips: &[String],
-    ) -> Result<(), (&'static str, String)> {
-        if let Some(msg) = self.do_backoff(&pod.spec, c, status) {
-            return Err((ERR_CRASH_LOOP_BACK_OFF, msg));
-        }
-        self.start_container(pod, c, sandbox_id, sandbox_config, status, pod_ips).await
-    }
-
     /// `doBackOff`: only the newest EXITED instance counts, measured from its `finished_at` (§5).
     fn do_backoff(&self, pod: &PodSpec, c: &ContainerSpec, status: &RuntimePodStatus) -> Option<String> {
         let exited = status.containers.iter().find(|s| s.name == c.name && s.state == CriState::Exited)?;
@@ -379,8 +363,8 @@ impl Runtime {
         None
     }
 
-    /// `startContainer` (§1.1 a–f).
-    async fn start_container(
+    /// The `start` helper of SyncPod: the crash back-off check, then `startContainer` (§1.1 a–f).
+    async fn start(
         &self,
         pod: &PodCtx,
         c: &ContainerSpec,
@@ -389,6 +373,9 @@ impl Runtime {
         status: &RuntimePodStatus,
         pod_ips: &[String],
     ) -> Result<(), (&'static str, String)> {
+        if let Some(msg) = self.do_backoff(&pod.spec, c, status) {
+            return Err((ERR_CRASH_LOOP_BACK_OFF, msg));
+        }
         let spec = &pod.spec;
         let meta = pod.meta().with_container(&c.name);
 

@@ -31,6 +31,16 @@ fn view(name: &str, state: ContainerState, last: Option<ContainerState>) -> Cont
     ContainerStatusView { name: name.into(), state, last_state: last, restart_count: 0, container_id: Some("c".into()), image: String::new(), image_id: String::new() }
 }
 
+/// The API status kubelet 1.26 computes for a pod that is not terminal.
+fn status_on_1_26(p: &PodSpec, old: &ApiPodStatus, reasons: &ReasonCache, status: &RuntimePodStatus) -> ApiPodStatus {
+    generate_api_pod_status(&inputs(p, old, reasons, false, KubeletVersion::V1_26), status)
+}
+
+/// The runtime's view of pod "uid" with these containers.
+fn runtime_status(containers: Vec<RuntimeContainerStatus>) -> RuntimePodStatus {
+    RuntimePodStatus { uid: "uid".into(), containers, ..RuntimePodStatus::default() }
+}
+
 #[test]
 fn phase_table() {
     use PodPhase::*;
@@ -103,14 +113,10 @@ fn inputs<'a>(p: &'a PodSpec, old: &'a ApiPodStatus, reasons: &'a ReasonCache, t
 #[test]
 fn newest_instance_is_state_previous_is_last_state() {
     let p = pod(RestartPolicy::Always, &[], &["a"]);
-    let status = RuntimePodStatus {
-        uid: "uid".into(),
-        containers: vec![rcs("a", "new", CriState::Running, 20, 0, 1), rcs("a", "old", CriState::Exited, 10, 3, 0)],
-        ..RuntimePodStatus::default()
-    };
+    let status = runtime_status(vec![rcs("a", "new", CriState::Running, 20, 0, 1), rcs("a", "old", CriState::Exited, 10, 3, 0)]);
     let old = ApiPodStatus::pending();
     let reasons = ReasonCache::new();
-    let s = generate_api_pod_status(&inputs(&p, &old, &reasons, false, KubeletVersion::V1_26), &status);
+    let s = status_on_1_26(&p, &old, &reasons, &status);
     let a = s.container("a").expect("a");
     assert!(a.state.is_running());
     assert_eq!(a.restart_count, 1);
@@ -124,14 +130,14 @@ fn no_runtime_status_is_container_creating_and_reason_cache_shows() {
     let old = ApiPodStatus::pending();
     let mut reasons = ReasonCache::new();
     let status = RuntimePodStatus::empty("uid");
-    let s = generate_api_pod_status(&inputs(&p, &old, &reasons, false, KubeletVersion::V1_26), &status);
+    let s = status_on_1_26(&p, &old, &reasons, &status);
     assert_eq!(s.container("a").and_then(|c| c.state.reason()), Some("ContainerCreating"));
     assert_eq!(s.phase, PodPhase::Pending);
 
     // A CREATED container whose start failed: Waiting with the recorded reason.
     reasons.insert("a".into(), ("RunContainerError".into(), "boom".into()));
-    let status = RuntimePodStatus { uid: "uid".into(), containers: vec![rcs("a", "x", CriState::Created, 5, 0, 0)], ..RuntimePodStatus::default() };
-    let s = generate_api_pod_status(&inputs(&p, &old, &reasons, false, KubeletVersion::V1_26), &status);
+    let status = runtime_status(vec![rcs("a", "x", CriState::Created, 5, 0, 0)]);
+    let s = status_on_1_26(&p, &old, &reasons, &status);
     assert_eq!(s.container("a").and_then(|c| c.state.reason()), Some("RunContainerError"));
 }
 
@@ -141,8 +147,8 @@ fn crash_loop_waiting_keeps_last_termination_and_pod_running() {
     let old = ApiPodStatus::pending();
     let mut reasons = ReasonCache::new();
     reasons.insert("a".into(), ("CrashLoopBackOff".into(), "back-off 10s".into()));
-    let status = RuntimePodStatus { uid: "uid".into(), containers: vec![rcs("a", "x", CriState::Exited, 5, 1, 2)], ..RuntimePodStatus::default() };
-    let s = generate_api_pod_status(&inputs(&p, &old, &reasons, false, KubeletVersion::V1_26), &status);
+    let status = runtime_status(vec![rcs("a", "x", CriState::Exited, 5, 1, 2)]);
+    let s = status_on_1_26(&p, &old, &reasons, &status);
     let a = s.container("a").expect("a");
     assert_eq!(a.state.reason(), Some("CrashLoopBackOff"));
     assert_eq!(a.last_state.as_ref().and_then(ContainerState::exit_code), Some(1));
@@ -156,18 +162,14 @@ fn terminal_phase_is_sticky() {
     old.phase = PodPhase::Succeeded;
     let reasons = ReasonCache::new();
     // Runtime forgot the container (GC'd): getPhase alone would say Pending.
-    let s = generate_api_pod_status(&inputs(&p, &old, &reasons, false, KubeletVersion::V1_26), &RuntimePodStatus::empty("uid"));
+    let s = status_on_1_26(&p, &old, &reasons, &RuntimePodStatus::empty("uid"));
     assert_eq!(s.phase, PodPhase::Succeeded);
 }
 
 #[test]
 fn deleted_always_pod_phase_by_version() {
     let p = pod(RestartPolicy::Always, &[], &["app", "sidecar"]);
-    let status = RuntimePodStatus {
-        uid: "uid".into(),
-        containers: vec![rcs("app", "1", CriState::Exited, 5, 0, 0), rcs("sidecar", "2", CriState::Exited, 4, 137, 0)],
-        ..RuntimePodStatus::default()
-    };
+    let status = runtime_status(vec![rcs("app", "1", CriState::Exited, 5, 0, 0), rcs("sidecar", "2", CriState::Exited, 4, 137, 0)]);
     let old = ApiPodStatus::pending();
     let reasons = ReasonCache::new();
     let mut inp = inputs(&p, &old, &reasons, true, KubeletVersion::V1_26);
@@ -194,7 +196,7 @@ fn terminate_pod_forces_terminal_phase_from_1_27() {
 fn should_restart_rules() {
     let mut p = pod(RestartPolicy::Never, &[], &["a"]);
     let c = p.containers[0].clone();
-    let st = |s: CriState, code: i32| RuntimePodStatus { uid: "uid".into(), containers: vec![rcs("a", "x", s, 1, code, 0)], ..RuntimePodStatus::default() };
+    let st = |s: CriState, code: i32| runtime_status(vec![rcs("a", "x", s, 1, code, 0)]);
     assert!(should_container_be_restarted(&c, &p, false, &RuntimePodStatus::empty("uid")));
     // CREATED is restarted even under Never (KUBELET-CRI §1.4).
     assert!(should_container_be_restarted(&c, &p, false, &st(CriState::Created, 0)));
