@@ -75,6 +75,9 @@ fuzz_target!(|input: Input| {
             assert!(listed.contains(n), "{n:?} not in the annotation");
             assert_eq!(policy.sidecar_index(n), policy.sidecars.iter().position(|x| x.name == n));
         }
+    } else if policy.source == Source::OptOut {
+        // `crisp.dev/sidecars: ""`: the pod opted out, whatever the node's rules say.
+        assert!(policy.sidecars.is_empty(), "an opted-out pod has sidecars");
     } else {
         assert_eq!(policy.sidecars.len(), rules.len());
     }
