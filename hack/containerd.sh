@@ -41,6 +41,11 @@
 # restores net.ipv4.ip_forward (the bridge plugin turns it on); the last
 # containerd on the machine to stop removes the empty /sys/fs/cgroup/*/k8s.io.
 # Refuses to touch a DIR without the .crisp-containerd marker. Idempotent.
+#
+# CRISP_CONTAINERD_BIN=/path/to/containerd runs that containerd instead of the one
+# in PATH (e.g. a 1.7.x or 2.x built by hack/containerd-versions.sh); its directory
+# goes first in PATH, so a containerd-shim-runc-v2 (and ctr) next to it is used too.
+# Unset: the containerd in PATH (Debian's 1.6.20 after hack/setup.sh).
 set -euo pipefail
 
 SELF="$(readlink -f "${BASH_SOURCE[0]}")"
@@ -53,6 +58,18 @@ CNI_BIN_DIR=/usr/lib/cni
 CNI_RESERVE_DIR=/run/crisp-cni
 CNI_LOCK=/run/lock/crisp-cni.lock
 START_TIMEOUT_S="${CRISP_CONTAINERD_START_TIMEOUT:-20}"
+CONTAINERD="containerd"
+if [[ -n "${CRISP_CONTAINERD_BIN:-}" ]]; then
+  CONTAINERD="$(readlink -f "$CRISP_CONTAINERD_BIN")"
+  [[ -x "$CONTAINERD" ]] || {
+    echo "hack/containerd.sh: error: CRISP_CONTAINERD_BIN=$CRISP_CONTAINERD_BIN is not an executable" >&2
+    exit 1
+  }
+  PATH="$(dirname "$CONTAINERD"):$PATH"
+  export PATH
+fi
+# The daemon's (and its shims' publish helpers') argv[0] basename, to find them by.
+CONTAINERD_NAME="${CONTAINERD##*/}"
 
 log() { echo "hack/containerd.sh: $*" >&2; }
 die() {
@@ -123,11 +140,11 @@ dir_pids() {
     [[ ${#args[@]} -gt 0 ]] || continue
     cmd=" ${args[*]} "
     case "$kind:${args[0]##*/}" in
-      daemon:containerd)
+      "daemon:$CONTAINERD_NAME")
         [[ "$cmd" == *" --config $dir/config.toml "* ]] && echo "${p#/proc/}" ;;
       shim:containerd-shim*)
         [[ "$cmd" == *" -address $sock "* ]] && echo "${p#/proc/}" ;;
-      publish:containerd)
+      "publish:$CONTAINERD_NAME")
         [[ "$cmd" == *" --address $sock "*" publish "* ]] && echo "${p#/proc/}" ;;
     esac
   done
@@ -149,7 +166,7 @@ any_containerd_running() {
   for c in /proc/[0-9]*/comm; do
     comm=""
     read -r comm 2>/dev/null <"$c" || true
-    if [[ "$comm" == containerd ]] && alive "$(basename "$(dirname "$c")")"; then
+    if [[ "$comm" == containerd || "$comm" == "${CONTAINERD_NAME:0:15}" ]] && alive "$(basename "$(dirname "$c")")"; then
       return 0
     fi
   done
@@ -498,7 +515,7 @@ cmd_start() {
   [[ -n "$dir" ]] || usage
   require_root
   local bin
-  for bin in containerd ctr runc containerd-shim-runc-v2 umoci; do
+  for bin in "$CONTAINERD" ctr runc containerd-shim-runc-v2 umoci; do
     command -v "$bin" >/dev/null 2>&1 || die "'$bin' not found: run hack/setup.sh"
   done
   if [[ $cni -eq 1 ]]; then
@@ -547,7 +564,7 @@ cmd_start() {
   t_images="$(now_ms)"
 
   # Start containerd in its own session, detached from our stdio.
-  setsid containerd --config "$dir/config.toml" </dev/null >>"$dir/containerd.log" 2>&1 &
+  setsid "$CONTAINERD" --config "$dir/config.toml" </dev/null >>"$dir/containerd.log" 2>&1 &
   pid=$!
   echo "$pid" >"$dir/containerd.pid"
 

@@ -154,7 +154,16 @@ fn units_say_what_the_design_asks() {
 #[cfg_attr(not(crisp_test_shellcheck), ignore = "shellcheck is not installed (hack/setup.sh installs it)")]
 fn scripts_are_shellcheck_clean() {
     assert!(have("shellcheck"), "shellcheck was there at build time and is gone");
-    for s in ["hack/install.sh", "hack/uninstall.sh", "hack/build-grpcgo.sh", "hack/conformance.sh", "hack/release.sh", "hack/node-rootfs.sh"] {
+    for s in [
+        "hack/install.sh",
+        "hack/uninstall.sh",
+        "hack/build-grpcgo.sh",
+        "hack/conformance.sh",
+        "hack/release.sh",
+        "hack/node-rootfs.sh",
+        "hack/containerd.sh",
+        "hack/containerd-versions.sh",
+    ] {
         let out = Command::new("shellcheck").arg(Path::new(REPO).join(s)).output().unwrap();
         assert!(out.status.success(), "shellcheck {s}:\n{}", String::from_utf8_lossy(&out.stdout));
     }

