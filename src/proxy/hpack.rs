@@ -318,20 +318,26 @@ mod tests {
     const REQ2: &[(&str, &str)] = &[(":method", "GET"), (":scheme", "http"), (":path", "/"), (":authority", "www.example.com"), ("cache-control", "no-cache")];
     const REQ3: &[(&str, &str)] = &[(":method", "GET"), (":scheme", "https"), (":path", "/index.html"), (":authority", "www.example.com"), ("custom-key", "custom-value")];
 
+    /// C.3 and C.4: three requests on one decoder, each indexing what the previous added.
+    fn requests(blocks: [&str; 3]) {
+        let mut dec = Decoder::default();
+        for (block, want) in blocks.into_iter().zip([REQ1, REQ2, REQ3]) {
+            assert_eq!(fields(&mut dec, &hex(block)), strs(want), "{block}");
+        }
+    }
+
     #[test]
     fn rfc7541_c3_requests_without_huffman() {
-        let mut dec = Decoder::default();
-        assert_eq!(fields(&mut dec, &hex("8286 8441 0f77 7777 2e65 7861 6d70 6c65 2e63 6f6d")), strs(REQ1));
-        assert_eq!(fields(&mut dec, &hex("8286 84be 5808 6e6f 2d63 6163 6865")), strs(REQ2));
-        assert_eq!(fields(&mut dec, &hex("8287 85bf 400a 6375 7374 6f6d 2d6b 6579 0c63 7573 746f 6d2d 7661 6c75 65")), strs(REQ3));
+        requests([
+            "8286 8441 0f77 7777 2e65 7861 6d70 6c65 2e63 6f6d",
+            "8286 84be 5808 6e6f 2d63 6163 6865",
+            "8287 85bf 400a 6375 7374 6f6d 2d6b 6579 0c63 7573 746f 6d2d 7661 6c75 65",
+        ]);
     }
 
     #[test]
     fn rfc7541_c4_requests_with_huffman() {
-        let mut dec = Decoder::default();
-        assert_eq!(fields(&mut dec, &hex("8286 8441 8cf1 e3c2 e5f2 3a6b a0ab 90f4 ff")), strs(REQ1));
-        assert_eq!(fields(&mut dec, &hex("8286 84be 5886 a8eb 1064 9cbf")), strs(REQ2));
-        assert_eq!(fields(&mut dec, &hex("8287 85bf 4088 25a8 49e9 5ba9 7d7f 8925 a849 e95b b8e8 b4bf")), strs(REQ3));
+        requests(["8286 8441 8cf1 e3c2 e5f2 3a6b a0ab 90f4 ff", "8286 84be 5886 a8eb 1064 9cbf", "8287 85bf 4088 25a8 49e9 5ba9 7d7f 8925 a849 e95b b8e8 b4bf"]);
     }
 
     const RESP1: &[(&str, &str)] = &[(":status", "302"), ("cache-control", "private"), ("date", "Mon, 21 Oct 2013 20:13:21 GMT"), ("location", "https://www.example.com")];

@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
 use tokio::net::UnixListener;
 use tracing::Instrument;
 
@@ -148,59 +149,19 @@ impl Proxy {
         Status::new(code::UNAVAILABLE, format!("crisp: {e}")).to_response().map(|b| ResponseBody::new(b, None))
     }
 
+    /// A call some interceptor looks at: its request (unless streaming) is shown to them before it
+    /// is forwarded, and its response as they asked; the completion reports the outcome once the
+    /// response has gone out.
     async fn forward_observed(self: Arc<Self>, req: Request<ProxyBody>, call: Call, interest: crate::intercept::Interest) -> Response<ResponseBody> {
         let streaming = matches!(call.route.rpc.map(|r| r.kind()), Some(RpcKind::Streaming) | None);
         let (mut parts, body) = req.into_parts();
-        let mut held = Duration::ZERO;
-        let mut req_bytes: Option<Bytes> = None;
-
-        let upstream_body = if interest.request && !streaming {
-            let (data, trailers) = match body::collect(body, self.opts.max_observed_message).await {
-                Ok(x) => x,
-                Err(body::CollectError::TooLarge(n)) => {
-                    let s = Status::new(code::RESOURCE_EXHAUSTED, format!("crisp: request message larger than {n} bytes"));
-                    return self.finish_early(&call, s, held);
-                }
-                // The client went away while sending; nothing to answer.
-                Err(body::CollectError::Peer(e)) => {
-                    let s = Status::new(code::CANCELLED, format!("crisp: client request body failed: {e}"));
-                    return self.finish_early(&call, s, held);
-                }
-            };
-            let start = Instant::now();
-            let verdict = match wire::single_message(&data) {
-                Some(GrpcFrame::Message(msg)) => Some(match call.deadline {
-                    Some(d) => tokio::time::timeout_at(d.into(), self.interceptors.on_request(&call, msg)).await,
-                    None => Ok(self.interceptors.on_request(&call, msg).await),
-                }),
-                // Compressed or malformed: nothing to look at, forward as is.
-                _ => None,
-            };
-            held = start.elapsed();
-            let mut data = data;
-            match verdict {
-                None | Some(Ok(Verdict::Forward)) => {}
-                Some(Ok(Verdict::ForwardPatched(msg))) => data = wire::frame(&msg),
-                Some(Ok(Verdict::Reject(s))) => return self.finish_early(&call, s, held),
-                // KUBELET-CRI §7.3: once kubelet's deadline is gone the call must never reach
-                // the runtime, or a stale container would be created.
-                Some(Err(_)) => {
-                    let s = Status::new(code::DEADLINE_EXCEEDED, "crisp: deadline exceeded while the call was held; not forwarded");
-                    tracing::warn!(held_ms = held.as_millis() as u64, "held call reached the client's deadline; dropped");
-                    return self.finish_early(&call, s, held);
-                }
+        let (upstream_body, held, req_bytes) = if interest.request && !streaming {
+            match self.observe_request(&call, &mut parts, body).await {
+                Ok(Observed { body, held, bytes }) => (body, held, Some(bytes)),
+                Err(answered) => return answered,
             }
-            req_bytes = Some(data.clone());
-            // A call held for a while reaches the runtime with the time the client has left, as
-            // a gRPC proxy must (the client's own grpc-timeout counted from when it sent it).
-            if let (Some(d), Some(raw)) = (call.deadline, parts.extensions.get_mut::<upstream::RawFields>()) {
-                if held >= Duration::from_millis(1) {
-                    raw.set_timeout(d.saturating_duration_since(Instant::now()));
-                }
-            }
-            ProxyBody::buffered(data, trailers)
         } else {
-            body
+            (body, Duration::ZERO, None)
         };
 
         let resp = match self.upstream.send(Request::from_parts(parts, upstream_body)).await {
@@ -215,35 +176,90 @@ impl Proxy {
 
         let completion =
             interest.complete.then(|| Completion { proxy: self.clone(), call: call.clone(), held, request: req_bytes.clone(), response: None, code: None, message: None });
-
         if !interest.response || streaming {
-            let (parts, body) = resp.into_parts();
-            let mut completion = completion;
-            if let Some(c) = completion.as_mut() {
-                c.code = code_of(&parts.headers);
-                c.message = message_of(&parts.headers);
-            }
-            let mut rb = ResponseBody::new(ProxyBody::Upstream(body), completion).with_upstream(&self.upstream);
-            if interest.response && call.route.rpc.is_some() {
-                // A server stream: each message is shown to the interceptors as it completes.
-                rb.patcher = Some(Box::new(StreamPatcher { proxy: self.clone(), call, buf: bytes::BytesMut::new(), pending_trailers: None }));
-            }
-            return Response::from_parts(parts, rb);
+            return self.pass_response(resp, call, completion, interest.response);
         }
+        self.observe_unary_response(resp, &call, req_bytes.as_deref(), completion).await
+    }
 
+    /// Collects a unary request (up to `max_observed_message`), shows it to the interceptors within
+    /// the client's deadline and makes it what they decide: forwarded as sent or patched (`Ok`),
+    /// or answered by crisp (`Err`, the answer).
+    async fn observe_request(self: &Arc<Self>, call: &Call, parts: &mut http::request::Parts, body: ProxyBody) -> Result<Observed, Response<ResponseBody>> {
+        let (data, trailers) = match body::collect(body, self.opts.max_observed_message).await {
+            Ok(x) => x,
+            Err(body::CollectError::TooLarge(n)) => {
+                let s = Status::new(code::RESOURCE_EXHAUSTED, format!("crisp: request message larger than {n} bytes"));
+                return Err(self.finish_early(call, s, Duration::ZERO));
+            }
+            // The client went away while sending; nothing to answer.
+            Err(body::CollectError::Peer(e)) => {
+                let s = Status::new(code::CANCELLED, format!("crisp: client request body failed: {e}"));
+                return Err(self.finish_early(call, s, Duration::ZERO));
+            }
+        };
+        let start = Instant::now();
+        let verdict = self.verdict(call, &data).await;
+        let held = start.elapsed();
+        let data = match verdict {
+            None | Some(Ok(Verdict::Forward)) => data,
+            Some(Ok(Verdict::ForwardPatched(msg))) => wire::frame(&msg),
+            Some(Ok(Verdict::Reject(s))) => return Err(self.finish_early(call, s, held)),
+            // KUBELET-CRI §7.3: once kubelet's deadline is gone the call must never reach
+            // the runtime, or a stale container would be created.
+            Some(Err(_)) => {
+                let s = Status::new(code::DEADLINE_EXCEEDED, "crisp: deadline exceeded while the call was held; not forwarded");
+                tracing::warn!(held_ms = held.as_millis() as u64, "held call reached the client's deadline; dropped");
+                return Err(self.finish_early(call, s, held));
+            }
+        };
+        // A call held for a while reaches the runtime with the time the client has left, as
+        // a gRPC proxy must (the client's own grpc-timeout counted from when it sent it).
+        if let (Some(d), Some(raw)) = (call.deadline, parts.extensions.get_mut::<upstream::RawFields>()) {
+            if held >= Duration::from_millis(1) {
+                raw.set_timeout(d.saturating_duration_since(Instant::now()));
+            }
+        }
+        Ok(Observed { body: ProxyBody::buffered(data.clone(), trailers), held, bytes: data })
+    }
+
+    /// The interceptors' verdict on a collected request; `Err` when the client's deadline passed
+    /// first, `None` for a compressed or malformed message (nothing to look at: forwarded as is).
+    async fn verdict(&self, call: &Call, data: &[u8]) -> Option<Result<Verdict, tokio::time::error::Elapsed>> {
+        let Some(GrpcFrame::Message(msg)) = wire::single_message(data) else {
+            return None;
+        };
+        Some(match call.deadline {
+            Some(d) => tokio::time::timeout_at(d.into(), self.interceptors.on_request(call, msg)).await,
+            None => Ok(self.interceptors.on_request(call, msg).await),
+        })
+    }
+
+    /// A response nobody waits for (or a stream): forwarded as it arrives, its status noted for
+    /// the completion. With `watch`, each message of a server stream is shown to the
+    /// interceptors as it completes.
+    fn pass_response(self: &Arc<Self>, resp: Response<Incoming>, call: Call, completion: Option<Completion>, watch: bool) -> Response<ResponseBody> {
         let (parts, body) = resp.into_parts();
-        let req_msg: &[u8] = match req_bytes.as_deref().and_then(wire::single_message) {
+        let completion = completion.map(|c| c.with_status(&parts.headers));
+        let mut rb = ResponseBody::new(ProxyBody::Upstream(body), completion).with_upstream(&self.upstream);
+        if watch && call.route.rpc.is_some() {
+            rb.patcher = Some(Box::new(StreamPatcher { proxy: self.clone(), call, buf: bytes::BytesMut::new(), pending_trailers: None }));
+        }
+        Response::from_parts(parts, rb)
+    }
+
+    /// A unary response the interceptors look at: collected, shown to them with the request, and
+    /// sent on as they return it. A trailers-only answer (the usual gRPC error form) carries its
+    /// status in the headers and no message.
+    async fn observe_unary_response(&self, resp: Response<Incoming>, call: &Call, req_bytes: Option<&[u8]>, completion: Option<Completion>) -> Response<ResponseBody> {
+        let (parts, body) = resp.into_parts();
+        let req_msg: &[u8] = match req_bytes.and_then(wire::single_message) {
             Some(GrpcFrame::Message(m)) => m,
             _ => &[],
         };
-        // A trailers-only answer (the usual gRPC error form) carries the status in the headers.
         if let Some(c) = code_of(&parts.headers) {
-            self.interceptors.on_response(&call, req_msg, None, c);
-            let mut completion = completion;
-            if let Some(comp) = completion.as_mut() {
-                comp.code = Some(c);
-                comp.message = message_of(&parts.headers);
-            }
+            self.interceptors.on_response(call, req_msg, None, c);
+            let completion = completion.map(|comp| comp.with_status(&parts.headers));
             return Response::from_parts(parts, ResponseBody::new(ProxyBody::Upstream(body), completion));
         }
         let (data, trailers) = match body::collect(ProxyBody::Upstream(body), usize::MAX).await {
@@ -257,7 +273,7 @@ impl Proxy {
         let status = trailers.as_ref().and_then(code_of).unwrap_or(code::UNKNOWN);
         let mut out = data.clone();
         if let Some(GrpcFrame::Message(msg)) = wire::single_message(&data) {
-            if let Some(replacement) = self.interceptors.on_response(&call, req_msg, Some(msg), status) {
+            if let Some(replacement) = self.interceptors.on_response(call, req_msg, Some(msg), status) {
                 out = wire::frame(&replacement);
             }
         }
@@ -288,6 +304,23 @@ struct Completion {
     response: Option<Bytes>,
     code: Option<i32>,
     message: Option<String>,
+}
+
+impl Completion {
+    /// With the gRPC status (and message) an answer carries in its headers, if any.
+    fn with_status(mut self, headers: &http::HeaderMap) -> Completion {
+        self.code = code_of(headers);
+        self.message = message_of(headers);
+        self
+    }
+}
+
+/// A request the interceptors let through: the body to forward, how long they held it, and the
+/// bytes as forwarded (for the completion).
+struct Observed {
+    body: ProxyBody,
+    held: Duration,
+    bytes: Bytes,
 }
 
 impl Drop for Completion {
