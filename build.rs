@@ -1,9 +1,11 @@
-//! Compiles crisp's own admin API (`proto/crisp/admin/v1/admin.proto`) with tonic-prost-build.
-//! protoc comes from the host (`hack/setup.sh` installs protobuf-compiler); the CRI's own types
-//! come from the k8s-cri crate, not from here.
+//! Compiles crisp's own admin API (`proto/crisp/admin/v1/admin.proto`) and the decoded views of
+//! CRI messages (`proto/crisp/cri/views.proto`, the few fields crisp reads) with
+//! tonic-prost-build. protoc comes from the host (`hack/setup.sh` installs protobuf-compiler);
+//! the CRI's full types come from the k8s-cri crate, not from here.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto/crisp/admin/v1/admin.proto");
+    println!("cargo:rerun-if-changed=proto/crisp/cri/views.proto");
     test_prerequisites();
     tonic_prost_build::configure()
         // The CLI (`crisp tap`) and the tests are clients; the daemon is the server.
@@ -11,7 +13,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         // protoc 3.12–3.14 need this for `optional` in proto3; newer ones ignore it.
         .protoc_arg("--experimental_allow_proto3_optional")
-        .compile_protos(&["proto/crisp/admin/v1/admin.proto"], &["proto"])?;
+        .compile_protos(&["proto/crisp/admin/v1/admin.proto", "proto/crisp/cri/views.proto"], &["proto"])?;
     Ok(())
 }
 
