@@ -32,15 +32,7 @@ fn http_get(mut s: impl Read + Write, path: &str) -> String {
 }
 
 async fn pull_with_password(sock: &Path) {
-    let mut images = cri::image_service_client::ImageServiceClient::new(channel(sock).await);
-    images
-        .pull_image(cri::PullImageRequest {
-            image: Some(cri::ImageSpec { image: "busybox:1".into(), ..Default::default() }),
-            auth: Some(cri::AuthConfig { username: "u".into(), password: "Pa55-for-root-only".into(), ..Default::default() }),
-            sandbox_config: None,
-        })
-        .await
-        .unwrap();
+    pull_with_auth(sock, "busybox:1", cri::AuthConfig { username: "u".into(), password: "Pa55-for-root-only".into(), ..Default::default() }, None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -134,15 +134,7 @@ async fn kubelet(sock: &Path) {
         annotations: [("kubectl.kubernetes.io/last-applied-configuration".to_string(), applied.to_string()), ("team".to_string(), "checkout".to_string())].into(),
         ..Default::default()
     };
-    let mut images = cri::image_service_client::ImageServiceClient::new(ch.clone());
-    images
-        .pull_image(cri::PullImageRequest {
-            image: Some(cri::ImageSpec { image: "registry.example/shop/web:1.0".into(), ..Default::default() }),
-            auth: Some(auth("S3cret-registry-password")),
-            sandbox_config: Some(sandbox.clone()),
-        })
-        .await
-        .unwrap();
+    pull_with_auth(sock, "registry.example/shop/web:1.0", auth("S3cret-registry-password"), Some(sandbox.clone())).await;
     // v1alpha2 kubelets (1.20–1.25) send the same thing on another path.
     let mut alpha_images = alpha::image_service_client::ImageServiceClient::new(ch.clone());
     alpha_images

@@ -3,8 +3,15 @@
 //! renderer, librsvg's `rsvg-convert` (Debian librsvg2-bin, installed by hack/setup.sh): the
 //! picture must have the size the SVG declares and the held call's bar in the held colour.
 
+// The same renderer and PNG reader as the e2e picture tests (crisp's tests cannot depend on the
+// crisp-e2e crate, which depends on crisp): one file, compiled into both.
+#[path = "../e2e/src/picture.rs"]
+mod picture;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+
+use picture::{render_svg, Picture};
 
 use crisp::tap::cli::json_line;
 use crisp::tap::pb::{tap_event::Event, CallEvent};
@@ -69,43 +76,6 @@ fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     p
 }
 
-/// Renders `svg` to PNG with rsvg-convert; `Err` with its stderr when it refuses the file.
-fn render(svg: &Path) -> Result<PathBuf, String> {
-    let png = svg.with_extension("png");
-    let out = Command::new("rsvg-convert")
-        .arg("--format=png")
-        .arg("--output")
-        .arg(&png)
-        .arg(svg)
-        .output()
-        .map_err(|e| format!("cannot run rsvg-convert ({e}): install Debian's librsvg2-bin (hack/setup.sh does)"))?;
-    if !out.status.success() {
-        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
-    }
-    Ok(png)
-}
-
-/// Width, height and RGBA pixels of a PNG.
-fn pixels(png: &Path) -> (u32, u32, Vec<[u8; 4]>) {
-    let mut dec = png::Decoder::new(std::fs::File::open(png).expect("open png"));
-    dec.set_transformations(png::Transformations::normalize_to_color8() | png::Transformations::ALPHA);
-    let mut reader = dec.read_info().expect("png header");
-    let mut buf = vec![0; reader.output_buffer_size()];
-    let info = reader.next_frame(&mut buf).expect("png data");
-    assert_eq!(info.color_type, png::ColorType::Rgba, "rgba after transformation");
-    let px = buf[..info.buffer_size()].chunks_exact(4).map(|c| [c[0], c[1], c[2], c[3]]).collect();
-    (info.width, info.height, px)
-}
-
-fn rgb(hex: &str) -> [u8; 4] {
-    let v = u32::from_str_radix(hex.trim_start_matches('#'), 16).expect("hex colour");
-    [(v >> 16) as u8, (v >> 8) as u8, v as u8, 255]
-}
-
-fn count(px: &[[u8; 4]], c: [u8; 4]) -> usize {
-    px.iter().filter(|p| **p == c).count()
-}
-
 /// The `height` the SVG declares.
 fn declared_height(svg: &str) -> u32 {
     let h = svg.split("height=\"").nth(1).and_then(|r| r.split('"').next()).expect("height attribute");
@@ -132,18 +102,19 @@ fn svg_renders_with_holds_and_refusals_in_their_colours() {
 
     let svg = std::fs::read_to_string(&svg_path).expect("svg written");
     assert!(!svg.contains("<script") && !svg.contains("href"), "the SVG is self-contained");
-    let png = render(&svg_path).expect("rsvg-convert renders the timeline");
+    let png = render_svg(&svg_path).expect("rsvg-convert renders the timeline");
     if let Some(keep) = std::env::var_os("CRISP_TIMELINE_KEEP") {
         let _ = std::fs::copy(&png, keep);
     }
-    let (w, h, px) = pixels(&png);
-    assert_eq!((w, h), (1100, declared_height(&svg)));
+    let pic = Picture::load(&png).expect("png");
+    let h = pic.height;
+    assert_eq!((pic.width, h), (1100, declared_height(&svg)));
     assert!(h > 78 + 10 * 20, "a row per call: {h} px");
     // Bars are 12 px high. The app's 3 s hold spans ~3/7.4 of the 600 px time axis, the proxy's
     // stop hold ~1/7.4.
-    let held = count(&px, rgb(colour::HELD)) - SWATCH;
-    let forwarded = count(&px, rgb(colour::FORWARDED)) - SWATCH;
-    let failed = count(&px, rgb(colour::FAILED));
+    let held = pic.count(colour::HELD) - SWATCH;
+    let forwarded = pic.count(colour::FORWARDED) - SWATCH;
+    let failed = pic.count(colour::FAILED);
     eprintln!("pixels: held {held}, forwarded {forwarded}, failed {failed}");
     assert!(held > 4 * 12 * 80, "the held parts' bars: {held} px of the held colour");
     assert!(forwarded > 12 * 100, "forwarded bars: {forwarded} px");
@@ -160,8 +131,8 @@ fn without_holds_no_held_colour_is_drawn() {
     let svg_path = dir.path().join("web.svg");
     let out = crisp(&["timeline", "--svg", svg_path.to_str().expect("utf-8"), input.to_str().expect("utf-8")]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let (_, _, px) = pixels(&render(&svg_path).expect("render"));
-    assert_eq!(count(&px, rgb(colour::HELD)), SWATCH, "only the legend's swatch");
+    let pic = Picture::load(&render_svg(&svg_path).expect("render")).expect("png");
+    assert_eq!(pic.count(colour::HELD), SWATCH, "only the legend's swatch");
 }
 
 /// A broken file fails the renderer: the check above is not vacuous.
@@ -173,7 +144,7 @@ fn a_truncated_svg_fails_to_render() {
     assert!(crisp(&["timeline", "--svg", svg_path.to_str().expect("utf-8"), input.to_str().expect("utf-8")]).status.success());
     let svg = std::fs::read_to_string(&svg_path).expect("svg");
     let broken = write(dir.path(), "broken.svg", &svg[..svg.len() / 2]);
-    assert!(render(&broken).is_err(), "rsvg-convert accepted half an SVG");
+    assert!(render_svg(&broken).is_err(), "rsvg-convert accepted half an SVG");
 }
 
 /// Pod and container names are tenant input: markup in them stays text, control characters
@@ -196,7 +167,7 @@ fn tenant_names_are_escaped_and_bounded() {
     let svg = std::fs::read_to_string(&svg_path).expect("svg");
     assert!(!svg.contains("<svg onload") && !svg.contains("<b>") && !svg.contains("<msg>") && !svg.contains("<!--"), "tenant markup in the SVG");
     assert!(svg.len() < 64 << 10, "{} bytes for 11 calls", svg.len());
-    render(&svg_path).expect("the escaped SVG renders");
+    render_svg(&svg_path).expect("the escaped SVG renders");
 }
 
 /// Several pods: drawn one after another; --svg needs --pod and lists the choices.

@@ -120,6 +120,12 @@ impl Stack {
         self.instances(uid, name).await?.pop().with_context(|| format!("no container {name} in pod {uid}"))
     }
 
+    /// How long after container `first` container `then` started (ns), by containerd's own
+    /// `started_at` of the newest instance of each.
+    pub async fn start_gap(&self, uid: &str, first: &str, then: &str) -> Result<i64> {
+        Ok(self.status(uid, then).await?.started_at - self.status(uid, first).await?.started_at)
+    }
+
     /// Waits until containerd reports container `name` EXITED.
     pub async fn wait_exited(&self, uid: &str, name: &str, timeout: Duration) -> Result<cri::ContainerStatus> {
         let deadline = tokio::time::Instant::now() + timeout;

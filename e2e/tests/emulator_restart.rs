@@ -16,11 +16,7 @@ async fn crash_under_always_is_recreated_with_attempt_1() -> Result<()> {
     let mut pod = PodSpec::new("crash", vec![ContainerSpec::sh("crasher", "sleep 0.2; exit 3")]);
     pod.host_network = true;
     let uid = k.add_pod(pod)?;
-    let res = k.wait_for(&uid, STEP, |v| v.container("crasher").is_some_and(|c| c.restart_count >= 1)).await;
-    if res.is_err() {
-        env.dump(&uid);
-    }
-    let view = res?;
+    let view = env.dump_if_failed(&uid, k.wait_for(&uid, STEP, |v| v.container("crasher").is_some_and(|c| c.restart_count >= 1)).await)?;
     eprintln!("restarted after {:?}", t0.elapsed());
 
     let j = k.journal();
@@ -59,11 +55,7 @@ async fn never_pod_exiting_zero_succeeds_and_is_torn_down() -> Result<()> {
     pod.host_network = true;
     pod.restart_policy = RestartPolicy::Never;
     let uid = k.add_pod(pod)?;
-    let res = k.wait_terminated(&uid, STEP).await;
-    if res.is_err() {
-        env.dump(&uid);
-    }
-    let view = res?;
+    let view = env.dump_if_failed(&uid, k.wait_terminated(&uid, STEP).await)?;
     eprintln!("completed and torn down after {:?}", t0.elapsed());
     assert_eq!(view.phase(), PodPhase::Succeeded);
     for c in &view.status.container_statuses {

@@ -17,11 +17,7 @@ async fn two_containers_start_in_spec_order() -> Result<()> {
     let k = &env.kubelet;
     let t0 = Instant::now();
     let uid = k.add_pod(sleeper_pod("order", &["first", "second"]))?;
-    let res = k.wait_all_running(&uid, STEP).await;
-    if res.is_err() {
-        env.dump(&uid);
-    }
-    let view = res?;
+    let view = env.dump_if_failed(&uid, k.wait_all_running(&uid, STEP).await)?;
     eprintln!("pod running after {:?}", t0.elapsed());
     assert_eq!(view.phase(), PodPhase::Running);
 
@@ -75,11 +71,7 @@ async fn post_start_returns_before_next_create() -> Result<()> {
     let mut pod = sleeper_pod("hooks", &[]);
     pod.containers = vec![ContainerSpec::sh("sidecar", TERM_EXITS_0).post_start("sleep 1; touch /tmp/ready"), ContainerSpec::sh("app", TERM_EXITS_0)];
     let uid = k.add_pod(pod)?;
-    let res = k.wait_all_running(&uid, STEP).await;
-    if res.is_err() {
-        env.dump(&uid);
-    }
-    res?;
+    env.dump_if_failed(&uid, k.wait_all_running(&uid, STEP).await)?;
 
     let j = k.journal();
     let hook = j.filter(|r| r.is("ExecSync", "sidecar"));
@@ -111,11 +103,7 @@ async fn init_containers_run_one_per_sync_before_regular_containers() -> Result<
     let mut pod = sleeper_pod("init", &["app"]);
     pod.init_containers = vec![ContainerSpec::sh("init1", "sleep 0.3"), ContainerSpec::sh("init2", "true")];
     let uid = k.add_pod(pod)?;
-    let res = k.wait_all_running(&uid, STEP).await;
-    if res.is_err() {
-        env.dump(&uid);
-    }
-    let view = res?;
+    let view = env.dump_if_failed(&uid, k.wait_all_running(&uid, STEP).await)?;
     for name in ["init1", "init2"] {
         let c = view.status.init_container_statuses.iter().find(|c| c.name == name).expect("init status");
         assert_eq!(c.state.exit_code(), Some(0), "{c:?}");
@@ -145,11 +133,7 @@ async fn pod_network_pod_gets_ip_hostname_and_hosts_file() -> Result<()> {
     let mut pod = sleeper_pod("netpod", &["app"]);
     pod.host_network = false;
     let uid = k.add_pod(pod)?;
-    let res = k.wait_all_running(&uid, STEP).await;
-    if res.is_err() {
-        env.dump(&uid);
-    }
-    let view = res?;
+    let view = env.dump_if_failed(&uid, k.wait_all_running(&uid, STEP).await)?;
     let ip = view.status.pod_ips.first().cloned().expect("a pod IP");
     let id = view.container("app").and_then(|c| c.container_id.clone()).expect("id");
     let meta = crisp_e2e::emulator::CallMeta::default();

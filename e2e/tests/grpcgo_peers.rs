@@ -316,9 +316,7 @@ async fn sidecar_app_create_held_through_grpcgo() -> Result<()> {
     let pod = PodSpec::from_yaml(yaml)?.remove(0);
     let uid = st.kubelet.add_pod(pod)?;
     st.wait_all_running(&uid, Duration::from_secs(60)).await?;
-    let proxy = st.status(&uid, "proxy").await?;
-    let app = st.status(&uid, "app").await?;
-    let gap = app.started_at - proxy.started_at;
+    let gap = st.start_gap(&uid, "proxy", "app").await?;
     eprintln!("app started {:.3} s after the sidecar", secs(gap));
     assert!(gap >= 2 * S, "app started {:.3} s after the sidecar, before it was ready", secs(gap));
     let creates = st.kubelet.journal().container_calls("CreateContainer", "app");

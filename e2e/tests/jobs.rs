@@ -25,14 +25,16 @@ async fn via_crisp_status(st: &Stack, id: &str) -> Result<cri::ContainerStatus> 
     st.via_crisp().await?.container_status(cri::ContainerStatusRequest { container_id: id.to_string(), verbose: false }).await?.into_inner().status.context("empty status")
 }
 
-/// Adds the pod written in `yaml` and waits until it reaches `phase`: its uid.
-async fn run_to_phase(st: &Stack, yaml: &str, phase: PodPhase) -> Result<String> {
+/// Starts a stack with job mode on ([`CRISP`]), adds the pod written in `yaml` and waits until it
+/// reaches `phase`: the stack and the pod's uid.
+async fn run_to_phase(yaml: &str, phase: PodPhase) -> Result<(Stack, String)> {
+    let st = Stack::start(false, CRISP, |_| {}).await?;
     let uid = st.kubelet.add_pod(pod(yaml))?;
     if let Err(e) = st.kubelet.wait_phase(&uid, phase, STEP).await {
         st.dump(&uid);
         return Err(e);
     }
-    Ok(uid)
+    Ok((st, uid))
 }
 
 /// A Job's pod (`label`: the Job label kubelet's pod carries) with the [`SIDECAR`] and an app
@@ -46,9 +48,7 @@ fn job_yaml(name: &str, restart: &str, label: &str, app: &str) -> String {
 /// containerd says 143 — and a restarted crisp still says 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn never_job_succeeds_and_sidecar_reports_completed() -> Result<()> {
-    let mut st = Stack::start(false, CRISP, |_| {}).await?;
-    let yaml = job_yaml("job-ok", "Never", "job-name", "sleep 2; exit 0");
-    let uid = run_to_phase(&st, &yaml, PodPhase::Succeeded).await?;
+    let (mut st, uid) = run_to_phase(&job_yaml("job-ok", "Never", "job-name", "sleep 2; exit 0"), PodPhase::Succeeded).await?;
     let app = st.status(&uid, "app").await?;
     let proxy = st.status(&uid, "proxy").await?;
     assert_eq!(app.exit_code, 0);
@@ -77,9 +77,7 @@ async fn never_job_succeeds_and_sidecar_reports_completed() -> Result<()> {
 /// pod fails because of the app, not the sidecar.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn never_job_fails_because_of_the_app() -> Result<()> {
-    let st = Stack::start(false, CRISP, |_| {}).await?;
-    let yaml = job_yaml("job-bad", "Never", "batch.kubernetes.io/job-name", "sleep 1; exit 1");
-    let uid = run_to_phase(&st, &yaml, PodPhase::Failed).await?;
+    let (st, uid) = run_to_phase(&job_yaml("job-bad", "Never", "batch.kubernetes.io/job-name", "sleep 1; exit 1"), PodPhase::Failed).await?;
     let proxy = st.status(&uid, "proxy").await?;
     assert_eq!(proxy.state, cri::ContainerState::ContainerExited as i32);
     assert_eq!(via_crisp_status(&st, &proxy.id).await?.exit_code, 0);
@@ -93,10 +91,9 @@ async fn never_job_fails_because_of_the_app() -> Result<()> {
 /// running through the restart and is stopped only after the success.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_failure_job_keeps_sidecar_through_the_restart() -> Result<()> {
-    let st = Stack::start(false, CRISP, |_| {}).await?;
     // /dev/shm is the sandbox's (IPC namespace POD), so it survives the app's re-creation.
     let yaml = job_yaml("job-retry", "OnFailure", "job-name", "if [ -f /dev/shm/once ]; then sleep 1; exit 0; fi; touch /dev/shm/once; sleep 1; exit 1");
-    let uid = run_to_phase(&st, &yaml, PodPhase::Succeeded).await?;
+    let (st, uid) = run_to_phase(&yaml, PodPhase::Succeeded).await?;
     let apps = st.instances(&uid, "app").await?;
     assert_eq!(apps.iter().map(|a| a.exit_code).collect::<Vec<_>>(), vec![1, 0], "one failure, then success");
     let proxies = st.instances(&uid, "proxy").await?;
@@ -112,9 +109,8 @@ async fn on_failure_job_keeps_sidecar_through_the_restart() -> Result<()> {
 /// its SIGTERM (its TERM trap exits 0 only if the hook's file exists, 42 otherwise).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn job_sidecars_stop_in_reverse_after_their_prestop() -> Result<()> {
-    let st = Stack::start(false, CRISP, |_| {}).await?;
     let yaml = "name: job-two\nhostNetwork: true\nrestartPolicy: Never\nterminationGracePeriodSeconds: 10\nlabels:\n  job-name: job-two\nannotations:\n  crisp.dev/sidecars: s1, s2\ncontainers:\n  - name: s1\n    command: [sh, -c, \"trap 'test -f /dev/shm/prestop-s1 && exit 0; exit 42' TERM; sleep 3600 & wait\"]\n    lifecycle:\n      preStop: {exec: {command: [sh, -c, \"touch /dev/shm/prestop-s1\"]}}\n  - name: s2\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 3600 & wait\"]\n  - name: app\n    command: [sh, -c, \"sleep 1; exit 0\"]\n";
-    let uid = run_to_phase(&st, yaml, PodPhase::Succeeded).await?;
+    let (st, uid) = run_to_phase(yaml, PodPhase::Succeeded).await?;
     let (s1, s2, app) = (st.status(&uid, "s1").await?, st.status(&uid, "s2").await?, st.status(&uid, "app").await?);
     assert!(app.finished_at < s2.finished_at && s2.finished_at < s1.finished_at, "stop order app, s2, s1");
     assert_eq!(s1.exit_code, 0, "s1's preStop hook ran before its SIGTERM (containerd's own exit code)");

@@ -33,10 +33,10 @@ const UNHELD: Duration = Duration::from_secs(2);
 
 struct Shape {
     name: &'static str,
-    annotations: Vec<(&'static str, &'static str)>,
+    annotations: &'static [(&'static str, &'static str)],
     /// (name, restartable, command)
-    init: Vec<(&'static str, bool, &'static str)>,
-    containers: Vec<&'static str>,
+    init: &'static [(&'static str, bool, &'static str)],
+    containers: &'static [&'static str],
 }
 
 fn sandbox_config(shape: &Shape, log_dir: &Path) -> cri::PodSandboxConfig {
@@ -117,7 +117,7 @@ async fn replay(ctrd: &Containerd, via: &Path, shape: &Shape) -> Result<()> {
 
     // Init containers one at a time; a restartable one is done once it runs (kubelet 1.29).
     let mut sidecars = Vec::new();
-    for (name, restartable, cmd) in &shape.init {
+    for (name, restartable, cmd) in shape.init {
         let id = t.create_start(&pod, &sb, &image, name, cmd).await?;
         if *restartable {
             wait_container(t.rt, &id, "running", Duration::from_secs(20), |s| s.state == cri::ContainerState::ContainerRunning as i32).await?;
@@ -129,7 +129,7 @@ async fn replay(ctrd: &Containerd, via: &Path, shape: &Shape) -> Result<()> {
         }
     }
     let mut apps = Vec::new();
-    for name in &shape.containers {
+    for name in shape.containers {
         let id = t.create_start(&pod, &sb, &image, name, TRAPPED_LOOP).await?;
         wait_log_line(&log_dir.join(format!("{name}.log")), "trap-set", Duration::from_secs(20)).await?;
         apps.push((*name, id));
@@ -167,39 +167,38 @@ async fn replay(ctrd: &Containerd, via: &Path, shape: &Shape) -> Result<()> {
     Ok(())
 }
 
-/// Istio's native-sidecar mode: `istio-proxy` is listed under initContainers in its status.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn istio_native_sidecar_pod_is_left_to_kubelet() -> Result<()> {
-    native_pod(Shape {
+/// One test a pod shape, each replayed by [`native_pod`]: `test: Shape { … };`.
+macro_rules! native_tests {
+    ($($(#[doc = $doc:literal])* $test:ident: $shape:expr;)*) => {$(
+        $(#[doc = $doc])*
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $test() -> Result<()> {
+            native_pod($shape).await
+        }
+    )*};
+}
+
+native_tests! {
+    /// Istio's native-sidecar mode: `istio-proxy` is listed under initContainers in its status.
+    istio_native_sidecar_pod_is_left_to_kubelet: Shape {
         name: "istio-native",
-        annotations: vec![("sidecar.istio.io/status", r#"{"initContainers":["istio-init","istio-proxy"],"containers":null,"volumes":["istio-envoy"]}"#)],
-        init: vec![("istio-init", false, "true"), ("istio-proxy", true, TRAPPED_LOOP)],
-        containers: vec!["app"],
-    })
-    .await
-}
-
-/// Linkerd with `config.beta.linkerd.io/proxy-enable-native-sidecar`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn linkerd_native_sidecar_pod_is_left_to_kubelet() -> Result<()> {
-    native_pod(Shape {
+        annotations: &[("sidecar.istio.io/status", r#"{"initContainers":["istio-init","istio-proxy"],"containers":null,"volumes":["istio-envoy"]}"#)],
+        init: &[("istio-init", false, "true"), ("istio-proxy", true, TRAPPED_LOOP)],
+        containers: &["app"],
+    };
+    /// Linkerd with `config.beta.linkerd.io/proxy-enable-native-sidecar`.
+    linkerd_native_sidecar_pod_is_left_to_kubelet: Shape {
         name: "linkerd-native",
-        annotations: vec![("linkerd.io/proxy-version", "edge-24.5.1"), ("config.beta.linkerd.io/proxy-enable-native-sidecar", "true")],
-        init: vec![("linkerd-init", false, "true"), ("linkerd-proxy", true, TRAPPED_LOOP)],
-        containers: vec!["app", "worker"],
-    })
-    .await
-}
-
-/// A pod moved to a native sidecar that still carries `crisp.dev/sidecars`: gated, but every gate
-/// is already open when kubelet 1.29 calls.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn annotated_native_sidecar_is_never_held() -> Result<()> {
-    native_pod(Shape {
+        annotations: &[("linkerd.io/proxy-version", "edge-24.5.1"), ("config.beta.linkerd.io/proxy-enable-native-sidecar", "true")],
+        init: &[("linkerd-init", false, "true"), ("linkerd-proxy", true, TRAPPED_LOOP)],
+        containers: &["app", "worker"],
+    };
+    /// A pod moved to a native sidecar that still carries `crisp.dev/sidecars`: gated, but every
+    /// gate is already open when kubelet 1.29 calls.
+    annotated_native_sidecar_is_never_held: Shape {
         name: "annotated-native",
-        annotations: vec![("crisp.dev/sidecars", "proxy"), ("crisp.dev/init-containers", "setup")],
-        init: vec![("setup", false, "true"), ("proxy", true, TRAPPED_LOOP)],
-        containers: vec!["app"],
-    })
-    .await
+        annotations: &[("crisp.dev/sidecars", "proxy"), ("crisp.dev/init-containers", "setup")],
+        init: &[("setup", false, "true"), ("proxy", true, TRAPPED_LOOP)],
+        containers: &["app"],
+    };
 }

@@ -20,6 +20,19 @@ fn http_sidecar(name: &str, delay: u32) -> String {
     format!("  - name: {name}\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep {delay}; mkdir -p /www; echo ok > /www/index.html; httpd -f -p 8080 -h /www & wait\"]\n")
 }
 
+/// Annotations of a pod whose sidecar `proxy` is ready once it created /tmp/ready.
+const FILE_READY: &str = "annotations:\n  crisp.dev/sidecars: proxy\n  crisp.dev/ready.proxy: 'exec:[\"test\",\"-f\",\"/tmp/ready\"]'\n";
+
+/// A sidecar that creates /tmp/ready `delay` s after it starts; exits 0 on SIGTERM at once.
+fn file_ready_sidecar(name: &str, delay: u32) -> String {
+    format!("  - name: {name}\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep {delay}; touch /tmp/ready; sleep 3600 & wait\"]\n")
+}
+
+/// A container that only sleeps; exits 0 on SIGTERM at once.
+fn sleeper(name: &str) -> String {
+    format!("  - name: {name}\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 3600 & wait\"]\n")
+}
+
 const APP: &str = "  - name: app\n    command: [sh, -c, \"trap 'sleep 1; exit 0' TERM; while true; do sleep 0.1; done\"]\n";
 
 /// 1. A sidecar listed first whose HTTP readiness turns ready 3 s after it starts: the app starts
@@ -29,9 +42,7 @@ async fn app_waits_for_http_ready_sidecar() -> Result<()> {
     let st = Stack::start(true, "", |_| {}).await?;
     let yaml = format!("name: web\nannotations:\n  crisp.dev/sidecars: proxy\n  crisp.dev/ready.proxy: \"http://:8080/\"\ncontainers:\n{}{APP}", http_sidecar("proxy", 3));
     let uid = st.run_pod(pod(&yaml), STEP).await?;
-    let proxy = st.status(&uid, "proxy").await?;
-    let app = st.status(&uid, "app").await?;
-    let gap = app.started_at - proxy.started_at;
+    let gap = st.start_gap(&uid, "proxy", "app").await?;
     eprintln!("app started {:.3} s after the sidecar", secs(gap));
     // Ready = sidecar start + 3 s of sleep (+ httpd start-up).
     assert!(gap >= 3 * S, "app started {:.3} s after the sidecar, before it was ready", secs(gap));
@@ -47,9 +58,7 @@ async fn app_waits_for_http_ready_sidecar() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sidecar_listed_after_app_still_starts_first() -> Result<()> {
     let st = Stack::start(false, "", |_| {}).await?;
-    let yaml = format!(
-        "name: late\nhostNetwork: true\nannotations:\n  crisp.dev/sidecars: proxy\n  crisp.dev/ready.proxy: 'exec:[\"test\",\"-f\",\"/tmp/ready\"]'\ncontainers:\n{APP}  - name: proxy\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 2; touch /tmp/ready; sleep 3600 & wait\"]\n"
-    );
+    let yaml = format!("name: late\nhostNetwork: true\n{FILE_READY}containers:\n{APP}{}", file_ready_sidecar("proxy", 2));
     let uid = st.run_pod(pod(&yaml), STEP).await?;
     let proxy = st.status(&uid, "proxy").await?;
     let apps = st.instances(&uid, "app").await?;
@@ -89,11 +98,10 @@ async fn two_sidecars(api: Option<ApiVersion>) -> Result<()> {
         }
     })
     .await?;
-    let side = |n: &str, delay: &str| format!("  - name: {n}\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep {delay}; touch /tmp/ready; sleep 3600 & wait\"]\n");
     let yaml = format!(
         "name: two\nhostNetwork: true\nterminationGracePeriodSeconds: 10\nannotations:\n  crisp.dev/sidecars: s1, s2\n  crisp.dev/ready.s1: 'exec:[\"test\",\"-f\",\"/tmp/ready\"]'\n  crisp.dev/ready.s2: 'exec:[\"test\",\"-f\",\"/tmp/ready\"]'\ncontainers:\n{}{}{APP}",
-        side("s1", "1"),
-        side("s2", "1")
+        file_ready_sidecar("s1", 1),
+        file_ready_sidecar("s2", 1)
     );
     let uid = st.run_pod(pod(&yaml), STEP).await?;
     let (s1, s2, app) = (st.status(&uid, "s1").await?, st.status(&uid, "s2").await?, st.status(&uid, "app").await?);
@@ -118,11 +126,10 @@ async fn two_sidecars(api: Option<ApiVersion>) -> Result<()> {
 async fn never_ready_sidecar_proceeds_after_timeout() -> Result<()> {
     let st = Stack::start(false, "", |_| {}).await?;
     let yaml = format!(
-        "name: stuck\nhostNetwork: true\nannotations:\n  crisp.dev/sidecars: proxy\n  crisp.dev/start-timeout: 2s\n  crisp.dev/ready.proxy: 'exec:[\"false\"]'\ncontainers:\n  - name: proxy\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 3600 & wait\"]\n{APP}"
+        "name: stuck\nhostNetwork: true\nannotations:\n  crisp.dev/sidecars: proxy\n  crisp.dev/start-timeout: 2s\n  crisp.dev/ready.proxy: 'exec:[\"false\"]'\ncontainers:\n{}{APP}", sleeper("proxy")
     );
     let uid = st.run_pod(pod(&yaml), STEP).await?;
-    let (proxy, app) = (st.status(&uid, "proxy").await?, st.status(&uid, "app").await?);
-    let gap = app.started_at - proxy.started_at;
+    let gap = st.start_gap(&uid, "proxy", "app").await?;
     assert!((2 * S..4 * S).contains(&gap), "app started {:.3} s after the sidecar; expected after the 2 s timeout", secs(gap));
     assert_no_call_outlived_deadline(&st);
     st.delete_pod(&uid, Some(5), STEP).await?;
@@ -138,9 +145,7 @@ async fn never_ready_sidecar_fails_and_kubelet_retries() -> Result<()> {
         c.runtime_request_timeout = Duration::from_secs(6);
     })
     .await?;
-    let yaml = format!(
-        "name: failing\nhostNetwork: true\nannotations:\n  crisp.dev/sidecars: proxy\n  crisp.dev/ready.proxy: 'exec:[\"test\",\"-f\",\"/tmp/ready\"]'\ncontainers:\n  - name: proxy\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 8; touch /tmp/ready; sleep 3600 & wait\"]\n{APP}"
-    );
+    let yaml = format!("name: failing\nhostNetwork: true\n{FILE_READY}containers:\n{}{APP}", file_ready_sidecar("proxy", 8));
     let uid = st.run_pod(pod(&yaml), STEP).await?;
     let creates = st.kubelet.journal().container_calls("CreateContainer", "app");
     assert!(creates.len() >= 2, "expected a failed hold and a retry: {creates:?}");
@@ -148,8 +153,7 @@ async fn never_ready_sidecar_fails_and_kubelet_retries() -> Result<()> {
     assert_ne!(creates[0].code, tonic::Code::DeadlineExceeded, "crisp must answer before kubelet's deadline");
     assert!(creates.last().is_some_and(|c| c.is_ok()));
     assert_no_call_outlived_deadline(&st);
-    let (proxy, app) = (st.status(&uid, "proxy").await?, st.status(&uid, "app").await?);
-    assert!(app.started_at - proxy.started_at >= 8 * S, "app started before the sidecar was ready");
+    assert!(st.start_gap(&uid, "proxy", "app").await? >= 8 * S, "app started before the sidecar was ready");
     assert_eq!(st.instances(&uid, "app").await?.len(), 1);
     st.delete_pod(&uid, Some(5), STEP).await?;
     Ok(())
@@ -170,7 +174,8 @@ fn assert_no_call_outlived_deadline(st: &Stack) {
 async fn init_containers_are_not_deadlocked() -> Result<()> {
     let st = Stack::start(false, "", |_| {}).await?;
     let yaml = format!(
-        "name: withinit\nhostNetwork: true\nannotations:\n  crisp.dev/sidecars: proxy\n  crisp.dev/ready.proxy: 'exec:[\"test\",\"-f\",\"/tmp/ready\"]'\ninitContainers:\n  - name: init\n    command: [sh, -c, \"true\"]\ncontainers:\n  - name: proxy\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 1; touch /tmp/ready; sleep 3600 & wait\"]\n{APP}"
+        "name: withinit\nhostNetwork: true\n{FILE_READY}initContainers:\n  - name: init\n    command: [sh, -c, \"true\"]\ncontainers:\n{}{APP}",
+        file_ready_sidecar("proxy", 1)
     );
     let uid = st.run_pod(pod(&yaml), STEP).await?;
     let init = st.instances(&uid, "init").await?;
@@ -189,9 +194,7 @@ async fn init_containers_are_not_deadlocked() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crisp_restart_mid_start_keeps_the_order() -> Result<()> {
     let mut st = Stack::start(false, "", |_| {}).await?;
-    let yaml = format!(
-        "name: restart\nhostNetwork: true\nannotations:\n  crisp.dev/sidecars: proxy\n  crisp.dev/ready.proxy: 'exec:[\"test\",\"-f\",\"/tmp/ready\"]'\ncontainers:\n  - name: proxy\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 4; touch /tmp/ready; sleep 3600 & wait\"]\n{APP}"
-    );
+    let yaml = format!("name: restart\nhostNetwork: true\n{FILE_READY}containers:\n{}{APP}", file_ready_sidecar("proxy", 4));
     let uid = st.kubelet.add_pod(pod(&yaml))?;
     // Wait until crisp holds the app's CreateContainer.
     let deadline = tokio::time::Instant::now() + STEP;
@@ -201,8 +204,8 @@ async fn crisp_restart_mid_start_keeps_the_order() -> Result<()> {
     }
     st.crisp.restart()?;
     st.wait_all_running(&uid, STEP).await?;
-    let (proxy, app) = (st.status(&uid, "proxy").await?, st.status(&uid, "app").await?);
-    assert!(app.started_at - proxy.started_at >= 4 * S, "app started {:.3} s after the sidecar, before it was ready", secs(app.started_at - proxy.started_at));
+    let gap = st.start_gap(&uid, "proxy", "app").await?;
+    assert!(gap >= 4 * S, "app started {:.3} s after the sidecar, before it was ready", secs(gap));
     assert_eq!(st.instances(&uid, "app").await?.len(), 1, "no duplicate app container");
     st.delete_pod(&uid, Some(5), STEP).await?;
     Ok(())
@@ -213,10 +216,9 @@ async fn crisp_restart_mid_start_keeps_the_order() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_without_sidecars_are_untouched() -> Result<()> {
     let st = Stack::start(false, "", |_| {}).await?;
-    let yaml = format!("name: plain\nhostNetwork: true\ncontainers:\n  - name: first\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 3600 & wait\"]\n{APP}");
+    let yaml = format!("name: plain\nhostNetwork: true\ncontainers:\n{}{APP}", sleeper("first"));
     let uid = st.run_pod(pod(&yaml), STEP).await?;
-    let (first, app) = (st.status(&uid, "first").await?, st.status(&uid, "app").await?);
-    assert!(app.started_at - first.started_at < S, "no hold for a plain pod");
+    assert!(st.start_gap(&uid, "first", "app").await? < S, "no hold for a plain pod");
     st.delete_pod(&uid, Some(10), STEP).await?;
     let (first, app) = (st.status(&uid, "first").await?, st.status(&uid, "app").await?);
     // Parallel kill: `first` exits at once, the app 1 s later.

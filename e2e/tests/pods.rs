@@ -87,27 +87,27 @@ async fn mesh_pod(name: &str, annotations: &str, init: &str, proxy_name: &str, p
 const ISTIO: &str = "  sidecar.istio.io/status: '{\"initContainers\":[\"istio-init\"],\"containers\":[\"istio-proxy\"],\"volumes\":[\"istio-envoy\",\"istio-data\"],\"imagePullSecrets\":null,\"revision\":\"default\"}'\n";
 const LINKERD: &str = "  linkerd.io/proxy-version: stable-2.14.10\n  linkerd.io/created-by: linkerd/proxy-injector stable-2.14.10\n";
 
-/// Istio's default order: the proxy listed after the app.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn istio_proxy_listed_last() -> Result<()> {
-    mesh_pod("istio-last", ISTIO, "istio-init", "istio-proxy", 15021, "/healthz/ready", false).await
+/// One test a mesh and an order: `test: (pod name, injector annotations, init container, proxy,
+/// readiness port and path, proxy listed first)`, each run by [`mesh_pod`].
+macro_rules! mesh_tests {
+    ($($(#[doc = $doc:literal])* $test:ident: ($($arg:expr),+);)*) => {$(
+        $(#[doc = $doc])*
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $test() -> Result<()> {
+            mesh_pod($($arg),+).await
+        }
+    )*};
 }
 
-/// holdApplicationUntilProxyStarts' order: the proxy listed first.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn istio_proxy_listed_first() -> Result<()> {
-    mesh_pod("istio-first", ISTIO, "istio-init", "istio-proxy", 15021, "/healthz/ready", true).await
-}
-
-/// Linkerd's default order: the proxy listed first.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn linkerd_proxy_listed_first() -> Result<()> {
-    mesh_pod("linkerd-first", LINKERD, "linkerd-init", "linkerd-proxy", 4191, "/ready", true).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn linkerd_proxy_listed_last() -> Result<()> {
-    mesh_pod("linkerd-last", LINKERD, "linkerd-init", "linkerd-proxy", 4191, "/ready", false).await
+mesh_tests! {
+    /// Istio's default order: the proxy listed after the app.
+    istio_proxy_listed_last: ("istio-last", ISTIO, "istio-init", "istio-proxy", 15021, "/healthz/ready", false);
+    /// holdApplicationUntilProxyStarts' order: the proxy listed first.
+    istio_proxy_listed_first: ("istio-first", ISTIO, "istio-init", "istio-proxy", 15021, "/healthz/ready", true);
+    /// Linkerd's default order: the proxy listed first.
+    linkerd_proxy_listed_first: ("linkerd-first", LINKERD, "linkerd-init", "linkerd-proxy", 4191, "/ready", true);
+    /// Linkerd with the proxy listed after the app.
+    linkerd_proxy_listed_last: ("linkerd-last", LINKERD, "linkerd-init", "linkerd-proxy", 4191, "/ready", false);
 }
 
 /// A Job pod with an init container (named by nothing) and an annotated sidecar that runs
@@ -171,21 +171,24 @@ async fn assert_app_not_running_for(st: &Stack, uid: &str, d: Duration) -> Resul
     Ok(())
 }
 
+/// Starts a stack with the [`unpullable_pod`] `name` and checks for 15 s that its app does not
+/// run: the stack and the pod's uid.
+async fn unpullable_app_waits(name: &str, extra_annotations: &str) -> Result<(Stack, String)> {
+    let st = Stack::start(false, "", |_| {}).await?;
+    let uid = st.kubelet.add_pod(pod(&unpullable_pod(name, extra_annotations)))?;
+    assert_app_not_running_for(&st, &uid, Duration::from_secs(15)).await?;
+    Ok((st, uid))
+}
+
 /// ... and it starts once the image can be pulled, after the sidecar is ready.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unpullable_sidecar_holds_the_app_until_pullable() -> Result<()> {
-    let st = Stack::start(false, "", |_| {}).await?;
-    let uid = st.kubelet.add_pod(pod(&unpullable_pod("pull-late", "")))?;
-    assert_app_not_running_for(&st, &uid, Duration::from_secs(15)).await?;
+    let (st, uid) = unpullable_app_waits("pull-late", "").await?;
     // kubelet did try the sidecar: pulls failed, then back-off.
     let pulls = st.kubelet.journal().filter(|r| r.method == "PullImage" && r.meta.pod_uid.as_deref() == Some(uid.as_str()));
     assert!(!pulls.is_empty() && pulls.iter().all(|p| !p.is_ok()), "expected failed pulls of the sidecar's image: {pulls:?}");
     st.containerd.tag_image("crisp.test/busybox:latest", UNPULLABLE)?;
-    let r = st.kubelet.wait_all_running(&uid, STEP).await;
-    if r.is_err() {
-        st.dump(&uid);
-    }
-    r?;
+    st.wait_all_running(&uid, STEP).await?;
     let (proxy, app) = (st.status(&uid, "proxy").await?, st.status(&uid, "app").await?);
     assert!(app.created_at - proxy.started_at >= S, "app created {:.3} s after the sidecar started, before it was ready", secs(app.created_at - proxy.started_at));
     assert_eq!(st.instances(&uid, "app").await?.len(), 1);
@@ -198,9 +201,7 @@ async fn unpullable_sidecar_holds_the_app_until_pullable() -> Result<()> {
 /// app's first refusal).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unpullable_sidecar_proceeds_at_the_start_timeout() -> Result<()> {
-    let st = Stack::start(false, "", |_| {}).await?;
-    let uid = st.kubelet.add_pod(pod(&unpullable_pod("pull-never", "  crisp.dev/start-timeout: 20s\n")))?;
-    assert_app_not_running_for(&st, &uid, Duration::from_secs(15)).await?;
+    let (st, uid) = unpullable_app_waits("pull-never", "  crisp.dev/start-timeout: 20s\n").await?;
     let r = st.kubelet.wait_for(&uid, STEP, |v| v.container("app").is_some_and(|c| c.state.is_running())).await;
     if r.is_err() {
         st.dump(&uid);

@@ -31,8 +31,7 @@ async fn sidecar_on_pod_loopback_orders_the_pod() -> Result<()> {
         "name: loopback\nnamespace: tenant\nannotations:\n  crisp.dev/sidecars: proxy\n  crisp.dev/ready.proxy: \"http://127.0.0.1:18081/\"\n  crisp.dev/start-timeout: 10s\ncontainers:\n  - name: proxy\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 2; mkdir -p /www; echo ok > /www/index.html; httpd -f -p 127.0.0.1:18081 -h /www & wait\"]\n{APP}"
     );
     let uid = st.run_pod(pod(&yaml), STEP).await?;
-    let (proxy, app) = (st.status(&uid, "proxy").await?, st.status(&uid, "app").await?);
-    let gap = app.started_at - proxy.started_at;
+    let gap = st.start_gap(&uid, "proxy", "app").await?;
     eprintln!("app started {:.3} s after the sidecar", secs(gap));
     let log = st.crisp.log_text();
     assert!(gap >= 2 * S, "app started {:.3} s after the sidecar, before it served", secs(gap));

@@ -26,12 +26,8 @@ const EX_NOPERM: u8 = 77;
 /// unless --all or a --method names them. Secrets are redacted.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct TapArgs {
-    /// crisp's admin socket [default: `admin.socket` from the config, /run/crisp/admin.sock].
-    #[arg(long, value_name = "PATH")]
-    pub admin_socket: Option<PathBuf>,
-    /// Config file to read the admin socket from. Default: /etc/crisp/config.toml if it exists.
-    #[arg(long, short = 'c', value_name = "FILE")]
-    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub admin: AdminSocketArgs,
     /// Print JSON lines instead of the readable view.
     #[arg(long)]
     pub json: bool,
@@ -82,13 +78,27 @@ impl TapArgs {
             unredacted: self.unredacted,
         }
     }
+}
 
-    fn socket(&self) -> Result<PathBuf, String> {
-        if let Some(p) = &self.admin_socket {
-            return Ok(p.clone());
+/// Where the client commands (`crisp tap`, `crisp pods`) find crisp's admin socket.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct AdminSocketArgs {
+    /// crisp's admin socket [default: `admin.socket` from the config, /run/crisp/admin.sock].
+    #[arg(long, value_name = "PATH")]
+    pub admin_socket: Option<PathBuf>,
+    /// Config file to read the admin socket from. Default: /etc/crisp/config.toml if it exists.
+    #[arg(long, short = 'c', value_name = "FILE")]
+    pub config: Option<PathBuf>,
+}
+
+impl AdminSocketArgs {
+    /// The socket: `--admin-socket`, else `admin.socket` of the config; `Err` when the config
+    /// cannot be read.
+    pub fn path(&self) -> Result<PathBuf, String> {
+        match &self.admin_socket {
+            Some(p) => Ok(p.clone()),
+            None => Ok(crate::config::Config::load(self.config.as_deref()).map_err(|e| e.to_string())?.admin_socket()),
         }
-        let cfg = crate::config::Config::load(self.config.as_deref()).map_err(|e| e.to_string())?;
-        Ok(cfg.admin_socket())
     }
 }
 
@@ -120,18 +130,23 @@ pub async fn connect(socket: &Path) -> Result<AdminClient<tonic::transport::Chan
 
 /// Runs `crisp tap`.
 pub fn run(args: TapArgs) -> ExitCode {
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(rt) => rt,
+    block_on("tap", tap(args)).unwrap_or(ExitCode::FAILURE)
+}
+
+/// Runs a client command's future on a current-thread runtime; `None`, said on stderr as
+/// `crisp <command>: …`, when the runtime cannot start.
+pub fn block_on<F: std::future::Future>(command: &str, fut: F) -> Option<F::Output> {
+    match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => Some(rt.block_on(fut)),
         Err(e) => {
-            eprintln!("crisp tap: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
+            eprintln!("crisp {command}: cannot start the async runtime: {e}");
+            None
         }
-    };
-    rt.block_on(tap(args))
+    }
 }
 
 async fn tap(args: TapArgs) -> ExitCode {
-    let socket = match args.socket() {
+    let socket = match args.admin.path() {
         Ok(s) => s,
         Err(e) => {
             eprintln!("crisp tap: {e}");
@@ -306,9 +321,29 @@ pub fn human(event: &Event) -> String {
     line
 }
 
+/// A hold as a JSON object, for both views of one: the tap's `HoldEvent` and a pod's `HeldCall`
+/// (`crisp pods --json`) carry the wait under the same field names, printed under the same keys
+/// between their own `{ head }` and `{ tail }` keys.
+macro_rules! hold_object {
+    ($h:expr, { $($head:tt)* }, { $($tail:tt)* }) => {
+        serde_json::json!({
+            $($head)*
+            "waiting_on": $h.waiting_on,
+            "reason": $h.reason,
+            "probe": $h.probe,
+            "probe_result": $h.probe_result,
+            "held_ms": $h.held_ms,
+            "time_left_ms": $h.time_left_ms,
+            "policy": $h.policy,
+            $($tail)*
+        })
+    };
+}
+pub(super) use hold_object;
+
 /// A hold event as a JSON object: `"hold"` names its phase (call events have no such key).
 pub fn hold_json(h: &pb::HoldEvent) -> Value {
-    json!({
+    hold_object!(h, {
         "hold": h.phase,
         "time": rfc3339(h.unix_nanos),
         "call_id": h.call_id,
@@ -319,13 +354,7 @@ pub fn hold_json(h: &pb::HoldEvent) -> Value {
         "pod_sandbox_id": h.pod_sandbox_id,
         "container_name": h.container_name,
         "container_id": h.container_id,
-        "waiting_on": h.waiting_on,
-        "reason": h.reason,
-        "probe": h.probe,
-        "probe_result": h.probe_result,
-        "held_ms": h.held_ms,
-        "time_left_ms": h.time_left_ms,
-        "policy": h.policy,
+    }, {
         "outcome": h.outcome,
         "message": h.message,
     })

@@ -2,13 +2,13 @@
 //! one command on the node that answers "why is this pod not starting?".
 
 use std::io::{self, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
-use super::cli::rfc3339;
+use super::cli::{block_on, hold_object, rfc3339, AdminSocketArgs};
 use super::pb;
 
 /// sysexits.h codes, as `crisp tap` uses them.
@@ -26,24 +26,16 @@ pub struct PodsArgs {
     /// Print JSON (one object, `{"pods": [...]}`) instead of the readable view.
     #[arg(long)]
     pub json: bool,
-    /// crisp's admin socket [default: `admin.socket` from the config, /run/crisp/admin.sock].
-    #[arg(long, value_name = "PATH")]
-    pub admin_socket: Option<PathBuf>,
-    /// Config file to read the admin socket from. Default: /etc/crisp/config.toml if it exists.
-    #[arg(long, short = 'c', value_name = "FILE")]
-    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub admin: AdminSocketArgs,
 }
 
 /// Runs `crisp pods`.
 pub fn run(args: PodsArgs) -> ExitCode {
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("crisp pods: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+    let Some(result) = block_on("pods", pods(&args)) else {
+        return ExitCode::FAILURE;
     };
-    match rt.block_on(pods(&args)) {
+    match result {
         Ok(text) => {
             let mut out = io::stdout().lock();
             let _ = writeln!(out, "{text}");
@@ -57,10 +49,7 @@ pub fn run(args: PodsArgs) -> ExitCode {
 }
 
 async fn pods(args: &PodsArgs) -> Result<String, (u8, String)> {
-    let socket = match &args.admin_socket {
-        Some(p) => p.clone(),
-        None => crate::config::Config::load(args.config.as_deref()).map_err(|e| (EX_USAGE, e.to_string()))?.admin_socket(),
-    };
+    let socket = args.admin.path().map_err(|e| (EX_USAGE, e))?;
     reachable(&socket)?;
     let mut client = super::cli::connect(&socket).await.map_err(|e| (EX_UNAVAILABLE, format!("cannot connect to {}: {e}", socket.display())))?;
     let resp = client.list_pods(pb::ListPodsRequest {}).await.map_err(|s| (EX_UNAVAILABLE, format!("ListPods: {}: {}", s.code(), s.message())))?.into_inner();
@@ -193,19 +182,12 @@ pub fn pod_json(p: &pb::Pod) -> Value {
             "last_probe_result": s.last_probe_result,
             "last_probe_time": time(s.last_probe_unix_nanos),
         })).collect::<Vec<_>>(),
-        "held": p.held.iter().map(|h| json!({
+        "held": p.held.iter().map(|h| hold_object!(h, {
             "call_id": h.call_id,
             "method": h.method,
             "container_name": h.container_name,
             "since": time(h.since_unix_nanos),
-            "waiting_on": h.waiting_on,
-            "reason": h.reason,
-            "probe": h.probe,
-            "probe_result": h.probe_result,
-            "held_ms": h.held_ms,
-            "time_left_ms": h.time_left_ms,
-            "policy": h.policy,
-        })).collect::<Vec<_>>(),
+        }, {})).collect::<Vec<_>>(),
         "job": p.job_state.as_ref().map(|j| json!({ "is_job": j.is_job, "watched": j.watched, "terminated": j.terminated })),
         "containers": p.containers.iter().map(|c| json!({ "id": c.id, "name": c.name })).collect::<Vec<_>>(),
         "runtime_error": p.runtime_error,

@@ -631,10 +631,8 @@ fn live(args: &TimelineArgs) -> Result<Parsed, ExitCode> {
         eprintln!("crisp timeline: {msg}");
         ExitCode::from(code)
     };
-    let socket = match &args.admin_socket {
-        Some(p) => p.clone(),
-        None => crate::config::Config::load(args.config.as_deref()).map_err(|e| fail(EX_USAGE, e.to_string()))?.admin_socket(),
-    };
+    let admin = super::cli::AdminSocketArgs { admin_socket: args.admin_socket.clone(), config: args.config.clone() };
+    let socket = admin.path().map_err(|e| fail(EX_USAGE, e))?;
     let methods = if args.all { Vec::new() } else { ["*PodSandbox", "*Container", "ImageStatus", "PullImage"].map(String::from).to_vec() };
     let request = super::pb::TapRequest { methods, include_polling: args.all, ..Default::default() };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| fail(1, format!("cannot start the async runtime: {e}")))?;

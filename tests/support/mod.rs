@@ -795,6 +795,13 @@ pub async fn runtime_client(path: &Path) -> RuntimeClient {
     RuntimeClient::new(channel(path).await).max_decoding_message_size(usize::MAX).max_encoding_message_size(usize::MAX)
 }
 
+/// PullImage of `image` with registry credentials, as kubelet sends it for a private image.
+pub async fn pull_with_auth(path: &Path, image: &str, auth: k8s_cri::v1::AuthConfig, sandbox_config: Option<k8s_cri::v1::PodSandboxConfig>) {
+    let image = Some(k8s_cri::v1::ImageSpec { image: image.into(), ..Default::default() });
+    let req = k8s_cri::v1::PullImageRequest { image, auth: Some(auth), sandbox_config };
+    ImageClient::new(channel(path).await).pull_image(req).await.unwrap_or_else(|e| panic!("PullImage: {e}"));
+}
+
 /// A request as a raw HTTP/2 client sends it.
 #[derive(Clone, Debug)]
 pub struct RawRequest {

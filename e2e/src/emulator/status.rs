@@ -201,6 +201,19 @@ impl ContainerState {
         ContainerState::Waiting { reason: reason.to_string(), message: String::new() }
     }
 
+    /// The state kubelet gives a container it can no longer find when the pod ends: it cannot
+    /// know whether the container succeeded.
+    fn unknown_at_termination() -> ContainerState {
+        ContainerState::Terminated {
+            exit_code: 137,
+            reason: "ContainerStatusUnknown".into(),
+            message: "The container could not be located when the pod was terminated".into(),
+            started_at: 0,
+            finished_at: 0,
+            container_id: String::new(),
+        }
+    }
+
     /// Whether Running.
     pub fn is_running(&self) -> bool {
         matches!(self, ContainerState::Running { .. })
@@ -467,14 +480,7 @@ fn convert_container_status(cs: &RuntimeContainerStatus, old: Option<&ContainerS
         CriState::Unknown => match old {
             Some(o) if o.state.is_running() => {
                 s.restart_count = o.restart_count + 1;
-                ContainerState::Terminated {
-                    exit_code: 137,
-                    reason: "ContainerStatusUnknown".into(),
-                    message: "The container could not be located when the pod was terminated".into(),
-                    started_at: 0,
-                    finished_at: 0,
-                    container_id: String::new(),
-                }
+                ContainerState::unknown_at_termination()
             }
             _ => ContainerState::waiting(""),
         },
@@ -482,57 +488,62 @@ fn convert_container_status(cs: &RuntimeContainerStatus, old: Option<&ContainerS
     s
 }
 
+/// What `getPhase` looks at in one container's status; both of its loops (init containers,
+/// then regular ones) ask the same questions of it.
+enum Seen {
+    /// No status yet.
+    Missing,
+    Running,
+    /// Terminated with this exit code.
+    Terminated(i32),
+    /// Waiting (to be restarted) after a run that exited with this code.
+    WaitingAfterExit(i32),
+    /// Waiting, never run.
+    Waiting,
+}
+
+fn phase_input(list: &[ContainerStatusView], name: &str) -> Seen {
+    let Some(s) = list.iter().find(|s| s.name == name) else {
+        return Seen::Missing;
+    };
+    match (&s.state, &s.last_state) {
+        (ContainerState::Running { .. }, _) => Seen::Running,
+        (ContainerState::Terminated { exit_code, .. }, _) => Seen::Terminated(*exit_code),
+        (ContainerState::Waiting { .. }, Some(ContainerState::Terminated { exit_code, .. })) => Seen::WaitingAfterExit(*exit_code),
+        (ContainerState::Waiting { .. }, _) => Seen::Waiting,
+    }
+}
+
 /// `getPhase` (kubelet_pods.go; KUBELET-CRI §4.3). `pod_is_terminal` is 1.27's extra branch: after
 /// termination, all containers stopped → Succeeded if every exit code is 0, else Failed, whatever
 /// the restart policy. Pass `false` to get 1.23/1.26 behaviour.
 pub fn get_phase(pod: &PodSpec, init: &[ContainerStatusView], regular: &[ContainerStatusView], pod_is_terminal: bool) -> PodPhase {
-    let find = |list: &[ContainerStatusView], name: &str| list.iter().find(|s| s.name == name).cloned();
     let mut pending_initialization = 0;
     let mut failed_initialization = 0;
     for c in &pod.init_containers {
-        let Some(s) = find(init, &c.name) else {
-            pending_initialization += 1;
-            continue;
-        };
-        match &s.state {
-            ContainerState::Running { .. } => pending_initialization += 1,
-            ContainerState::Terminated { exit_code, .. } => {
-                if *exit_code != 0 {
+        match phase_input(init, &c.name) {
+            Seen::Missing | Seen::Running | Seen::Waiting => pending_initialization += 1,
+            Seen::Terminated(code) | Seen::WaitingAfterExit(code) => {
+                if code != 0 {
                     failed_initialization += 1;
                 }
             }
-            ContainerState::Waiting { .. } => match &s.last_state {
-                Some(ContainerState::Terminated { exit_code, .. }) => {
-                    if *exit_code != 0 {
-                        failed_initialization += 1;
-                    }
-                }
-                _ => pending_initialization += 1,
-            },
         }
     }
 
     let (mut unknown, mut running, mut waiting, mut stopped, mut succeeded) = (0, 0, 0, 0, 0);
     for c in &pod.containers {
-        let Some(s) = find(regular, &c.name) else {
-            unknown += 1;
-            continue;
-        };
-        match &s.state {
-            ContainerState::Running { .. } => running += 1,
-            ContainerState::Terminated { exit_code, .. } => {
+        match phase_input(regular, &c.name) {
+            Seen::Missing => unknown += 1,
+            Seen::Running => running += 1,
+            Seen::Terminated(code) => {
                 stopped += 1;
-                if *exit_code == 0 {
+                if code == 0 {
                     succeeded += 1;
                 }
             }
-            ContainerState::Waiting { .. } => {
-                if matches!(s.last_state, Some(ContainerState::Terminated { .. })) {
-                    stopped += 1;
-                } else {
-                    waiting += 1;
-                }
-            }
+            Seen::WaitingAfterExit(_) => stopped += 1,
+            Seen::Waiting => waiting += 1,
         }
     }
 
@@ -572,22 +583,9 @@ pub fn get_phase(pod: &PodSpec, init: &[ContainerStatusView], regular: &[Contain
 /// one (kubelet cannot know whether they succeeded), and from 1.27 a non-terminal phase becomes
 /// Failed.
 pub fn terminate_pod_status(status: &mut ApiPodStatus, version: KubeletVersion) {
-    let synth = || ContainerState::Terminated {
-        exit_code: 137,
-        reason: "ContainerStatusUnknown".into(),
-        message: "The container could not be located when the pod was terminated".into(),
-        started_at: 0,
-        finished_at: 0,
-        container_id: String::new(),
-    };
-    for s in status.container_statuses.iter_mut() {
+    for s in status.container_statuses.iter_mut().chain(status.init_container_statuses.iter_mut()) {
         if !s.state.is_terminated() {
-            s.state = synth();
-        }
-    }
-    for s in status.init_container_statuses.iter_mut() {
-        if !s.state.is_terminated() {
-            s.state = synth();
+            s.state = ContainerState::unknown_at_termination();
         }
     }
     if version >= KubeletVersion::V1_27 && !status.phase.is_terminal() {

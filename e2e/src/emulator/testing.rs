@@ -77,6 +77,14 @@ impl Env {
         }
         eprintln!("--- containerd log tail ---\n{}", self.containerd.log_tail(30));
     }
+
+    /// `waited`, the outcome of waiting on pod `uid`; prints [`Env::dump`] first when it failed.
+    pub fn dump_if_failed<T>(&self, uid: &str, waited: anyhow::Result<T>) -> anyhow::Result<T> {
+        if waited.is_err() {
+            self.dump(uid);
+        }
+        waited
+    }
 }
 
 /// A host-network pod whose containers run `sleep` and exit 0 on SIGTERM.
