@@ -26,19 +26,22 @@ struct Input {
     repeat: u8,
 }
 
-/// Walks `buf` as the relay does; returns (frames, bytes consumed).
+/// Walks `buf` as both relay directions do (`complete_at`); returns (frames, bytes consumed),
+/// checking the bytes `complete_at` says are missing against the frame header.
 fn walk(buf: &[u8]) -> (Vec<(Head, std::ops::Range<usize>)>, usize) {
-    let mut pos = 0;
+    let (mut pos, mut missing) = (0, 0);
     let mut frames = Vec::new();
-    while let Some(head) = Head::parse(&buf[pos..]) {
+    while let Some(head) = f::complete_at(buf, pos, &mut missing) {
         assert!(head.len < 1 << 24);
         assert_eq!(head.stream & 0x8000_0000, 0, "the reserved bit is masked");
         let len = f::HEADER_LEN + head.len;
-        if buf.len() - pos < len {
-            break;
-        }
+        assert!(buf.len() - pos >= len, "complete_at returned an incomplete frame");
         frames.push((head, pos + f::HEADER_LEN..pos + len));
         pos += len;
+    }
+    match Head::parse(&buf[pos..]) {
+        Some(h) => assert_eq!(missing, f::HEADER_LEN + h.len - (buf.len() - pos), "missing bytes miscounted"),
+        None => assert_eq!(missing, 0),
     }
     (frames, pos)
 }

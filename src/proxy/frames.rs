@@ -64,6 +64,15 @@ impl Head {
     }
 }
 
+/// The frame at `b[pos..]` if all of it has arrived; else None, with how many more bytes it
+/// needs in `missing` (0 when not even its header is complete).
+pub fn complete_at(b: &[u8], pos: usize, missing: &mut usize) -> Option<Head> {
+    *missing = 0;
+    let head = Head::parse(&b[pos..])?;
+    *missing = (HEADER_LEN + head.len).saturating_sub(b.len() - pos);
+    (*missing == 0).then_some(head)
+}
+
 pub fn put_head(out: &mut Vec<u8>, len: usize, kind: u8, flags: u8, stream: u32) {
     debug_assert!(len < 1 << 24);
     out.extend_from_slice(&[(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags]);
@@ -223,6 +232,22 @@ pub fn encode_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn complete_at_says_how_much_of_a_frame_is_missing() {
+        let mut b = vec![0xff; 3];
+        ping(&mut b, *b"12345678");
+        data(&mut b, 1, b"abc", true);
+        let mut missing = 9;
+        assert_eq!(complete_at(&b, 3, &mut missing).map(|h| (h.kind, h.len, missing)), Some((PING, 8, 0)));
+        assert_eq!(complete_at(&b, 20, &mut missing).map(|h| (h.kind, h.stream, h.len)), Some((DATA, 1, 3)));
+        assert!(complete_at(&b[..b.len() - 2], 20, &mut missing).is_none());
+        assert_eq!(missing, 2);
+        assert!(complete_at(&b[..25], 20, &mut missing).is_none());
+        assert_eq!(missing, 0);
+        assert!(complete_at(&b, b.len(), &mut missing).is_none());
+        assert_eq!(missing, 0);
+    }
 
     fn decode(block: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
         decode_with(&mut httlib_hpack::Decoder::default(), block)

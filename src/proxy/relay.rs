@@ -27,6 +27,7 @@
 use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasherDefault;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -35,13 +36,13 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::Request;
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, watch, Notify};
 
 use super::body::{BoxError, ProxyBody};
 use super::frames::{self as f, Head};
-use super::sock::{self, Reader, Writer};
+use super::sock::{self, Sock, Wake};
 use super::upstream::{Fields, RawFields};
 use super::Proxy;
 use crate::cri::Route;
@@ -151,8 +152,15 @@ pub struct Shared {
     st: Mutex<State>,
     /// The client's window grew (or a stream ended): waiters re-check.
     window: Notify,
-    /// Frames for the client that do not come from the runtime.
-    ctl: mpsc::UnboundedSender<Vec<u8>>,
+    /// Frames for the client that do not come from the runtime, from other threads (diverted
+    /// streams' tasks); the relay thread writes them between the runtime's frames.
+    ctl: Mutex<Vec<u8>>,
+    /// Wakes the relay thread: `ctl` has frames, or `stop` / `kill` was set.
+    wake: Wake,
+    /// crisp is shutting down: GOAWAY, then finish what is in flight.
+    stop: AtomicBool,
+    /// The connection's task was dropped (the shutdown grace ended): close now.
+    kill: AtomicBool,
     pings: PingGate,
 }
 
@@ -206,7 +214,24 @@ impl Shared {
     }
 
     fn send(&self, frame: Vec<u8>) {
-        let _ = self.ctl.send(frame);
+        let was_empty = {
+            let mut q = self.ctl.lock().unwrap_or_else(|e| e.into_inner());
+            let was_empty = q.is_empty();
+            q.extend_from_slice(&frame);
+            was_empty
+        };
+        if was_empty {
+            self.wake.notify();
+        }
+    }
+
+    /// Moves the frames other threads queued for the client into `into`.
+    fn take_ctl(&self, into: &mut Vec<u8>) {
+        let mut q = self.ctl.lock().unwrap_or_else(|e| e.into_inner());
+        if !q.is_empty() {
+            into.extend_from_slice(&q);
+            q.clear();
+        }
     }
 
     /// Sends a diverted stream's response data within the client's windows.
@@ -238,35 +263,104 @@ impl Shared {
     }
 }
 
+/// Stack of a relay thread: frame handling, the interceptors' `interest`/`on_complete` and
+/// logging run on it; none recurses.
+const RELAY_STACK: usize = 512 << 10;
+
 /// Serves one client connection, relaying to a runtime connection of its own when the runtime
 /// accepts one.
-pub async fn serve_connection(client: UnixStream, proxy: Arc<Proxy>, shutdown: watch::Receiver<bool>) {
-    let (mut cr, cw) = match sock::split(client) {
-        Ok(halves) => halves,
+///
+/// The handshake (the client's preface, the runtime connection) is async; then the connection
+/// moves to a thread of its own that blocks in `poll(2)` on its two sockets (see [`Pump`]): a
+/// relayed hop costs a wakeup, a `recv` and a `send`, and no async runtime's scheduler,
+/// reactor and timers (BENCHMARKS.md: about a third of crisp's instructions per call on tokio).
+/// Diverted streams still run on tokio; their frames reach the thread through [`Shared`].
+pub async fn serve_connection(mut client: UnixStream, proxy: Arc<Proxy>, mut shutdown: watch::Receiver<bool>) {
+    if !preface(&mut client, &proxy).await {
+        return;
+    }
+    let upstream = connect_upstream(&proxy).await;
+    let parts = client.into_std().and_then(Sock::new).and_then(|c| Ok((c, Wake::new()?)));
+    let (client, wake) = match parts {
+        Ok(p) => p,
         Err(e) => {
-            tracing::warn!(error = %e, "cannot register a client connection with the reactor; closing it");
+            tracing::warn!(error = %e, "cannot set up a client connection for relaying; closing it");
             return;
         }
     };
+    let shared = Arc::new(Shared::new(wake, upstream.is_none()));
+    let tasks = Tasks::default();
+    let mut pump = Pump::new(&proxy, &shared, tasks.clone(), client, upstream);
+    let (done_tx, mut done) = tokio::sync::oneshot::channel::<()>();
+    let handle = tokio::runtime::Handle::current();
+    let spawned = std::thread::Builder::new().name("crisp-relay".into()).stack_size(RELAY_STACK).spawn(move || {
+        // Diverted streams are spawned on crisp's runtime from here.
+        let _rt = handle.enter();
+        // A bug in here must cost this connection only, and still end its calls below.
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pump.run())) {
+            Ok(Ok(())) => tracing::debug!("client connection closed"),
+            Ok(Err(e)) => tracing::debug!(error = %e, "client connection ended"),
+            Err(_) => {
+                tracing::error!("the relay thread of a client connection panicked (a bug: please report it with the log above); its connection is closed and kubelet reconnects")
+            }
+        }
+        // The client is gone (or was closed): nothing may stay behind.
+        tasks.abort_all();
+        let relayed: Vec<Relayed> = pump.up.shared.lock().relayed.drain().map(|(_, r)| r).collect();
+        let now = Instant::now();
+        for r in relayed {
+            complete(&pump.up.proxy, r.call, Some(code::CANCELLED), None, now);
+        }
+        let _ = done_tx.send(());
+    });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start a relay thread; closing the client connection (it will reconnect)");
+        return;
+    }
+    // Dropped before the thread ends (crisp's shutdown grace ran out): the thread closes the
+    // connection at once.
+    let _kill = KillOnDrop(shared.clone());
+    let mut watching = true;
+    loop {
+        if watching && *shutdown.borrow_and_update() {
+            shared.stop.store(true, Ordering::Release);
+            shared.wake.notify();
+            watching = false;
+        }
+        tokio::select! {
+            _ = &mut done => return,
+            r = shutdown.changed(), if watching => if r.is_err() { watching = false },
+        }
+    }
+}
+
+/// Reads the client's HTTP/2 connection preface (and nothing past it); false if the
+/// connection is to be closed.
+async fn preface(client: &mut UnixStream, proxy: &Proxy) -> bool {
     let mut preface = [0u8; 24];
-    match tokio::time::timeout(proxy.opts.handshake_timeout, cr.read_exact(&mut preface)).await {
-        Ok(Ok(_)) if &preface == f::PREFACE => {}
+    match tokio::time::timeout(proxy.opts.handshake_timeout, client.read_exact(&mut preface)).await {
+        Ok(Ok(_)) if &preface == f::PREFACE => true,
         Ok(Ok(_)) => {
             tracing::debug!("client connection closed: not HTTP/2 (no connection preface)");
-            return;
+            false
         }
         Ok(Err(e)) => {
             tracing::debug!(error = %e, "client connection closed during the HTTP/2 preface");
-            return;
+            false
         }
         Err(_) => {
             tracing::debug!(timeout_ms = proxy.opts.handshake_timeout.as_millis() as u64, "client connection closed: no HTTP/2 preface in time");
-            return;
+            false
         }
     }
-    let upstream = match proxy.upstream.connect().await {
-        Ok(mut s) => match s.write_all(f::PREFACE).await.and_then(|()| sock::split(s)) {
-            Ok(halves) => Some(halves),
+}
+
+/// This client connection's own runtime connection, its preface written; None: the client is
+/// served on the observed path.
+async fn connect_upstream(proxy: &Proxy) -> Option<Sock> {
+    match proxy.upstream.connect().await {
+        Ok(mut s) => match s.write_all(f::PREFACE).await.and_then(|()| s.into_std()).and_then(Sock::new) {
+            Ok(s) => Some(s),
             Err(e) => {
                 tracing::warn!(upstream = %proxy.upstream.path().display(), error = %e, "upstream connection failed at once; serving this client on the observed path");
                 None
@@ -276,120 +370,41 @@ pub async fn serve_connection(client: UnixStream, proxy: Arc<Proxy>, shutdown: w
             tracing::warn!(error = %e, "serving this client connection on the observed path until the runtime is back");
             None
         }
-    };
-    let (ctl, ctl_rx) = mpsc::unbounded_channel();
-    let shared = Arc::new(Shared {
-        st: Mutex::new(State {
-            client_window: f::DEFAULT_WINDOW,
-            debt: 0,
-            client_initial_window: f::DEFAULT_WINDOW,
-            unacked_windows: std::collections::VecDeque::new(),
-            diverted: IdMap::default(),
-            relayed: IdMap::default(),
-            max_stream: 0,
-            goaway: None,
-            degraded: upstream.is_none(),
-            last_client_frame: Instant::now(),
-            last_stream_at: Instant::now(),
-        }),
-        window: Notify::new(),
-        ctl,
-        pings: PingGate::default(),
-    });
-    let (ur, uw) = match upstream {
-        Some((r, w)) => (Some(r), Some(w)),
-        None => {
-            // crisp is the server now: its own (default) SETTINGS.
-            let mut s = Vec::new();
-            f::put_head(&mut s, 0, f::SETTINGS, 0, 0);
-            shared.send(s);
-            (None, None)
-        }
-    };
-    let tasks = Tasks::default();
-    let mut up = ClientToUpstream {
-        proxy: proxy.clone(),
-        shared: shared.clone(),
-        tasks: tasks.clone(),
-        uw,
-        dec: super::hpack::Decoder::default(),
-        bodies: IdMap::default(),
-        pending: None,
-        max_relayed: 0,
-        diverted_ids: Default::default(),
-        enc: Vec::with_capacity(512),
-        paths: PathCache::default(),
-        now: Instant::now(),
-    };
-    let mut down = UpstreamToClient { proxy: proxy.clone(), shared: shared.clone(), ur, cw, dec: super::hpack::Decoder::default(), pending: None };
-    // Each direction is polled only when something it waits for woke it: a client request
-    // does not poll the runtime side's read, control channel, timer and shutdown futures, nor
-    // a runtime answer the client side's read (see `Gated`).
-    tokio::select! {
-        r = Gated::new(up.run(&mut cr)) => if let Err(e) = r { tracing::debug!(error = %e, "client connection ended") },
-        r = Gated::new(down.run(ctl_rx, shutdown)) => if let Err(e) = r { tracing::debug!(error = %e, "client connection closed") },
-    }
-    // The client is gone (or was closed): nothing may stay behind.
-    tasks.abort_all();
-    let relayed: Vec<Relayed> = shared.lock().relayed.drain().map(|(_, r)| r).collect();
-    let now = Instant::now();
-    for r in relayed {
-        complete(&proxy, r.call, Some(code::CANCELLED), None, now);
     }
 }
 
-/// A future that is polled only after its own waker fired (or on its first poll), so that two
-/// of them in one `select!` cost, per wakeup, only the one that was woken. A relayed call wakes
-/// the connection's task twice (the request, the answer); without this each wakeup polled both
-/// directions — every future either waits on — again.
-struct Gated<F> {
-    inner: Pin<Box<F>>,
-    flag: Arc<GateFlag>,
-    waker: std::task::Waker,
-}
-
-struct GateFlag {
-    woken: std::sync::atomic::AtomicBool,
-    /// The task to wake (the connection's; the same on every poll but the first).
-    parent: Mutex<Option<std::task::Waker>>,
-}
-
-impl std::task::Wake for GateFlag {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.woken.store(true, std::sync::atomic::Ordering::Release);
-        if let Some(w) = self.parent.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
-            w.wake_by_ref();
+impl Shared {
+    fn new(wake: Wake, degraded: bool) -> Shared {
+        Shared {
+            st: Mutex::new(State {
+                client_window: f::DEFAULT_WINDOW,
+                debt: 0,
+                client_initial_window: f::DEFAULT_WINDOW,
+                unacked_windows: std::collections::VecDeque::new(),
+                diverted: IdMap::default(),
+                relayed: IdMap::default(),
+                max_stream: 0,
+                goaway: None,
+                degraded,
+                last_client_frame: Instant::now(),
+                last_stream_at: Instant::now(),
+            }),
+            window: Notify::new(),
+            ctl: Mutex::new(Vec::new()),
+            wake,
+            stop: AtomicBool::new(false),
+            kill: AtomicBool::new(false),
+            pings: PingGate::default(),
         }
     }
 }
 
-impl<F: std::future::Future> Gated<F> {
-    fn new(inner: F) -> Self {
-        let flag = Arc::new(GateFlag { woken: std::sync::atomic::AtomicBool::new(true), parent: Mutex::new(None) });
-        Gated { inner: Box::pin(inner), waker: std::task::Waker::from(flag.clone()), flag }
-    }
-}
+struct KillOnDrop(Arc<Shared>);
 
-impl<F: std::future::Future> std::future::Future for Gated<F> {
-    type Output = F::Output;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        // Register first: a wake that lands after the check below then wakes this task again.
-        {
-            let mut parent = self.flag.parent.lock().unwrap_or_else(|e| e.into_inner());
-            if !parent.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                *parent = Some(cx.waker().clone());
-            }
-        }
-        if !self.flag.woken.swap(false, std::sync::atomic::Ordering::AcqRel) {
-            return Poll::Pending;
-        }
-        let this = &mut *self;
-        this.inner.as_mut().poll(&mut Context::from_waker(&this.waker))
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        self.0.kill.store(true, Ordering::Release);
+        self.0.wake.notify();
     }
 }
 
@@ -452,7 +467,8 @@ struct ClientToUpstream {
     proxy: Arc<Proxy>,
     shared: Arc<Shared>,
     tasks: Tasks,
-    uw: Option<Writer>,
+    /// The connection has a runtime connection to relay to.
+    upstream: bool,
     dec: super::hpack::Decoder,
     /// Request bodies of diverted streams, until the client ends them.
     bodies: IdMap<mpsc::UnboundedSender<BodyPart>>,
@@ -470,105 +486,45 @@ struct ClientToUpstream {
 }
 
 impl ClientToUpstream {
-    async fn run(&mut self, cr: &mut Reader) -> Result<(), RelayError> {
-        let mut buf = BytesMut::with_capacity(64 << 10);
-        let mut out: Vec<u8> = Vec::with_capacity(64 << 10);
-        loop {
-            if cr.read_buf(&mut buf).await? == 0 {
-                return Ok(());
-            }
-            let mut ctl = Vec::new();
-            let mut credit = 0u32;
-            let mut got_frame = false;
-            self.now = Instant::now();
-            // Frames are handled where they lie in `buf` (no `Bytes` per frame: its refcount
-            // and, for the first split of a buffer, an allocation); the consumed ones are
-            // dropped from `buf` at the end.
-            let mut pos = 0;
-            let mut missing = 0;
-            while let Some(head) = Head::parse(&buf[pos..]) {
-                let len = f::HEADER_LEN + head.len;
-                if buf.len() - pos < len {
-                    missing = len - (buf.len() - pos);
-                    break;
-                }
-                got_frame = true;
-                self.frame(head, &buf[pos..pos + len], &mut out, &mut ctl, &mut credit)?;
-                pos += len;
-            }
-            buf.advance(pos);
-            if missing > 0 {
-                buf.reserve(missing);
-            }
-            if got_frame {
-                self.shared.lock().last_client_frame = self.now;
-            }
-            if credit > 0 {
-                f::window_update(&mut ctl, 0, credit);
-            }
-            if !ctl.is_empty() {
-                self.shared.send(ctl);
-            }
-            if !out.is_empty() {
-                if let Some(uw) = self.uw.as_mut() {
-                    if let Err(e) = uw.write_all(&out).await {
-                        if self.shared.lock().degraded {
-                            // The runtime sent GOAWAY or closed: frames crossing its close fail.
-                            tracing::debug!(upstream = %self.proxy.upstream.path().display(), error = %e, "writing to a closing upstream connection failed");
-                        } else {
-                            tracing::warn!(upstream = %self.proxy.upstream.path().display(), error = %e, "writing to the upstream connection failed");
-                        }
-                        self.uw = None;
-                        let msg = format!("crisp: upstream unix://{} failed: {e}", self.proxy.upstream.path().display());
-                        upstream_gone(&self.proxy, &self.shared, &msg, None);
-                    }
-                }
-                out.clear();
-            }
-            if buf.capacity() > 1 << 20 && buf.is_empty() {
-                buf = BytesMut::with_capacity(64 << 10);
-            }
+    /// Handles the complete frames at the start of `buf` (just read from the client): what goes
+    /// on to the runtime is appended to `out`, crisp's own answers to the client to `ctl`.
+    fn frames(&mut self, buf: &mut BytesMut, out: &mut Vec<u8>, ctl: &mut Vec<u8>) -> Result<(), RelayError> {
+        let mut credit = 0u32;
+        let mut got_frame = false;
+        self.now = Instant::now();
+        // Frames are handled where they lie in `buf` (no `Bytes` per frame: its refcount and,
+        // for the first split of a buffer, an allocation); the consumed ones are dropped from
+        // `buf` at the end.
+        let (mut pos, mut missing) = (0, 0);
+        while let Some(head) = f::complete_at(buf, pos, &mut missing) {
+            let len = f::HEADER_LEN + head.len;
+            got_frame = true;
+            self.frame(head, &buf[pos..pos + len], out, ctl, &mut credit)?;
+            pos += len;
         }
+        buf.advance(pos);
+        if missing > 0 {
+            buf.reserve(missing);
+        }
+        if got_frame {
+            self.shared.lock().last_client_frame = self.now;
+        }
+        if credit > 0 {
+            f::window_update(ctl, 0, credit);
+        }
+        Ok(())
     }
 
+    /// One complete frame from the client: relayed (into `out`), kept, or answered by crisp
+    /// (into `ctl`); `credit` collects connection credit to give back for bytes kept.
     fn frame(&mut self, head: Head, frame: &[u8], out: &mut Vec<u8>, ctl: &mut Vec<u8>, credit: &mut u32) -> Result<(), RelayError> {
         let payload = &frame[f::HEADER_LEN..];
-        if let Some(p) = self.pending.as_mut() {
-            if head.kind != f::CONTINUATION || head.stream != p.stream {
-                return Err(RelayError::Protocol("header block interrupted"));
-            }
-            p.block.extend_from_slice(payload);
-            if p.block.len() > MAX_HEADER_BLOCK {
-                return Err(RelayError::Protocol("header block too large"));
-            }
-            if head.has(f::END_HEADERS) {
-                let p = self.pending.take().expect("checked");
-                self.header_block(p.stream, p.end_stream, &p.block, out, ctl)?;
-            }
-            return Ok(());
+        if self.pending.is_some() {
+            return self.continuation(head, payload, out, ctl);
         }
-        let upstream = self.uw.is_some();
+        let relay = |out: &mut Vec<u8>| out.extend_from_slice(frame);
         match head.kind {
-            f::DATA => {
-                if let Some(tx) = self.bodies.get(&head.stream) {
-                    // Never reaches the runtime: the client gets its connection credit back now.
-                    *credit = credit.saturating_add(head.len as u32);
-                    if let Some(r) = f::data_payload(&head, payload) {
-                        if !r.is_empty() {
-                            // A diverted request's body (a few KiB at most for the calls
-                            // crisp diverts): copied out of the read buffer.
-                            let _ = tx.send(BodyPart::Data(Bytes::copy_from_slice(&payload[r])));
-                        }
-                    }
-                    if head.has(f::END_STREAM) {
-                        self.bodies.remove(&head.stream);
-                    }
-                } else if upstream && head.stream <= self.max_relayed && !self.is_diverted(head.stream) {
-                    out.extend_from_slice(frame);
-                } else {
-                    *credit = credit.saturating_add(head.len as u32);
-                }
-            }
+            f::DATA => self.data(head, frame, out, credit),
             f::HEADERS => {
                 let r = f::header_fragment(&head, payload).ok_or(RelayError::Protocol("malformed HEADERS"))?;
                 if head.has(f::END_HEADERS) {
@@ -588,70 +544,119 @@ impl ClientToUpstream {
                     if let Some(r) = r {
                         complete(&self.proxy, r.call, Some(code::CANCELLED), None, self.now);
                     }
-                    if upstream {
-                        out.extend_from_slice(frame);
+                    if self.upstream {
+                        relay(out);
                     }
                 }
             }
             f::SETTINGS => {
                 if !head.has(f::ACK) {
-                    self.settings(payload, upstream);
-                    if !upstream {
+                    self.settings(payload, self.upstream);
+                    if !self.upstream {
                         f::put_head(ctl, 0, f::SETTINGS, f::ACK, 0);
                     }
                 }
-                if upstream {
-                    out.extend_from_slice(frame);
+                if self.upstream {
+                    relay(out);
                 }
             }
-            f::PING => {
-                if head.has(f::ACK) {
-                    // Answers to the runtime's PINGs go back to it; crisp's own keep-alive's not.
-                    if upstream && payload != KEEPALIVE {
-                        out.extend_from_slice(frame);
-                    }
-                } else if upstream && !self.shared.lock().degraded && self.shared.pings.try_forward() {
-                    out.extend_from_slice(frame);
-                } else if payload.len() == 8 {
-                    // crisp answers: the runtime would count this PING as a strike (see PingGate).
-                    f::put_head(ctl, 8, f::PING, f::ACK, 0);
-                    ctl.extend_from_slice(payload);
-                } else if upstream {
-                    // Malformed: the runtime's to judge.
-                    out.extend_from_slice(frame);
-                }
-            }
-            f::WINDOW_UPDATE => {
-                let inc = if payload.len() == 4 { u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]]) & 0x7fff_ffff } else { 0 };
-                if head.stream == 0 {
-                    let forward = {
-                        let mut st = self.shared.lock();
-                        st.client_window += inc as i64;
-                        let keep = st.debt.min(inc as u64);
-                        st.debt -= keep;
-                        inc - keep as u32
-                    };
-                    self.shared.window.notify_waiters();
-                    if upstream && forward > 0 {
-                        f::window_update(out, 0, forward);
-                    }
-                } else if self.is_diverted(head.stream) {
-                    if let Some(w) = self.shared.lock().diverted.get_mut(&head.stream) {
-                        *w += inc as i64;
-                    }
-                    self.shared.window.notify_waiters();
-                } else if upstream {
-                    out.extend_from_slice(frame);
-                }
-            }
+            f::PING => self.ping(head, frame, out, ctl),
+            f::WINDOW_UPDATE => self.window_update(head, frame, out),
             // PRIORITY, GOAWAY, unknown extension frames: the runtime's business.
             _ => {
-                if upstream {
-                    out.extend_from_slice(frame);
+                if self.upstream {
+                    relay(out);
                 }
             }
         }
         Ok(())
+    }
+
+    /// A CONTINUATION of the header block in `self.pending`.
+    fn continuation(&mut self, head: Head, payload: &[u8], out: &mut Vec<u8>, ctl: &mut Vec<u8>) -> Result<(), RelayError> {
+        let p = self.pending.as_mut().expect("called with a pending block");
+        if head.kind != f::CONTINUATION || head.stream != p.stream {
+            return Err(RelayError::Protocol("header block interrupted"));
+        }
+        p.block.extend_from_slice(payload);
+        if p.block.len() > MAX_HEADER_BLOCK {
+            return Err(RelayError::Protocol("header block too large"));
+        }
+        if head.has(f::END_HEADERS) {
+            let p = self.pending.take().expect("checked");
+            self.header_block(p.stream, p.end_stream, &p.block, out, ctl)?;
+        }
+        Ok(())
+    }
+
+    /// DATA: relayed on a relayed stream; a diverted stream's request body otherwise.
+    fn data(&mut self, head: Head, frame: &[u8], out: &mut Vec<u8>, credit: &mut u32) {
+        let payload = &frame[f::HEADER_LEN..];
+        if let Some(tx) = self.bodies.get(&head.stream) {
+            // Never reaches the runtime: the client gets its connection credit back now.
+            *credit = credit.saturating_add(head.len as u32);
+            if let Some(r) = f::data_payload(&head, payload) {
+                if !r.is_empty() {
+                    // A diverted request's body (a few KiB at most for the calls crisp
+                    // diverts): copied out of the read buffer.
+                    let _ = tx.send(BodyPart::Data(Bytes::copy_from_slice(&payload[r])));
+                }
+            }
+            if head.has(f::END_STREAM) {
+                self.bodies.remove(&head.stream);
+            }
+        } else if self.upstream && head.stream <= self.max_relayed && !self.is_diverted(head.stream) {
+            out.extend_from_slice(frame);
+        } else {
+            *credit = credit.saturating_add(head.len as u32);
+        }
+    }
+
+    /// PING: ACKs of the runtime's PINGs go back to it; the client's own PINGs go on only when
+    /// the runtime would not count them as strikes (see [`PingGate`]), else crisp answers.
+    fn ping(&mut self, head: Head, frame: &[u8], out: &mut Vec<u8>, ctl: &mut Vec<u8>) {
+        let payload = &frame[f::HEADER_LEN..];
+        if head.has(f::ACK) {
+            // crisp's own keep-alive's ACKs end here.
+            if self.upstream && payload != KEEPALIVE {
+                out.extend_from_slice(frame);
+            }
+        } else if self.upstream && !self.shared.lock().degraded && self.shared.pings.try_forward() {
+            out.extend_from_slice(frame);
+        } else if payload.len() == 8 {
+            f::put_head(ctl, 8, f::PING, f::ACK, 0);
+            ctl.extend_from_slice(payload);
+        } else if self.upstream {
+            // Malformed: the runtime's to judge.
+            out.extend_from_slice(frame);
+        }
+    }
+
+    /// WINDOW_UPDATE: the connection's credit pays crisp's debt first (bytes it sent on
+    /// diverted streams), a diverted stream's is crisp's, a relayed stream's the runtime's.
+    fn window_update(&mut self, head: Head, frame: &[u8], out: &mut Vec<u8>) {
+        let payload = &frame[f::HEADER_LEN..];
+        let inc = if payload.len() == 4 { u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]]) & 0x7fff_ffff } else { 0 };
+        if head.stream == 0 {
+            let forward = {
+                let mut st = self.shared.lock();
+                st.client_window += inc as i64;
+                let keep = st.debt.min(inc as u64);
+                st.debt -= keep;
+                inc - keep as u32
+            };
+            self.shared.window.notify_waiters();
+            if self.upstream && forward > 0 {
+                f::window_update(out, 0, forward);
+            }
+        } else if self.is_diverted(head.stream) {
+            if let Some(w) = self.shared.lock().diverted.get_mut(&head.stream) {
+                *w += inc as i64;
+            }
+            self.shared.window.notify_waiters();
+        } else if self.upstream {
+            out.extend_from_slice(frame);
+        }
     }
 
     /// Without a lock: `diverted_ids` is this direction's own record. A finished diverted
@@ -710,7 +715,6 @@ impl ClientToUpstream {
         if let Err(e) = decoded {
             tracing::warn!(error = %e, "client sent a header block crisp cannot decode; closing its connection");
             f::goaway(ctl, self.shared.lock().max_stream, COMPRESSION_ERROR, b"crisp: bad header block");
-            self.shared.send(std::mem::take(ctl));
             return Err(RelayError::Protocol("undecodable header block"));
         }
         let now = self.now;
@@ -736,7 +740,7 @@ impl ClientToUpstream {
                 return Ok(());
             }
             // Or a protocol error for the runtime to judge: relayed streams only.
-            if self.uw.is_some() && stream <= self.max_relayed && !self.is_diverted(stream) && !self.bodies.contains_key(&stream) {
+            if self.upstream && stream <= self.max_relayed && !self.is_diverted(stream) && !self.bodies.contains_key(&stream) {
                 f::headers(out, stream, block, end_stream);
             }
             return Ok(());
@@ -753,7 +757,7 @@ impl ClientToUpstream {
                 f::rst_stream(ctl, stream, f::REFUSED_STREAM);
                 return Ok(());
             }
-            if !(divert || st.degraded) && self.uw.is_some() {
+            if !(divert || st.degraded) && self.upstream {
                 st.relayed.insert(stream, Relayed { call: interest.complete.then_some(call), answered: false });
                 drop(st);
                 self.max_relayed = stream;
@@ -953,101 +957,226 @@ fn upstream_gone(proxy: &Proxy, shared: &Shared, msg: &str, last: Option<u32>) {
     shared.window.notify_waiters();
 }
 
-/// Runtime → client, plus everything crisp itself writes to the client.
-struct UpstreamToClient {
-    proxy: Arc<Proxy>,
-    shared: Arc<Shared>,
-    ur: Option<Reader>,
-    cw: Writer,
-    dec: super::hpack::Decoder,
-    /// A response header block spanning several frames (relayed as they come, decoded at the
-    /// end): crisp's own frames must not be written in between.
-    pending: Option<PendingBlock>,
+/// One connection on its relay thread: both directions, the sockets and their buffers.
+struct Pump {
+    up: ClientToUpstream,
+    down: UpstreamToClient,
+    client: Sock,
+    /// None: no runtime connection (never made, or failed); GOAWAY leaves it in place.
+    runtime: Option<Sock>,
+    /// What the client sent and was not handled yet (a partial frame).
+    cbuf: BytesMut,
+    /// What the runtime sent and was not relayed yet (a partial frame, or a DATA frame that
+    /// waits for the client's window).
+    rbuf: BytesMut,
+    /// The client's frames for the runtime, from one read.
+    out: Vec<u8>,
+    /// Frames crisp itself writes to the client from this thread.
+    mine: Vec<u8>,
+    /// The runtime's next DATA frame waits for the client's window.
+    blocked: bool,
 }
 
-impl UpstreamToClient {
-    async fn run(&mut self, mut ctl: mpsc::UnboundedReceiver<Vec<u8>>, mut shutdown: watch::Receiver<bool>) -> Result<(), RelayError> {
-        let mut buf = BytesMut::with_capacity(64 << 10);
-        let mut out: Vec<u8> = Vec::with_capacity(64 << 10);
-        let ka = self.proxy.opts.keepalive_interval;
-        let ka_timeout = self.proxy.opts.keepalive_timeout;
-        let mut tick = tokio::time::interval((ka.min(ka_timeout) / 2).max(Duration::from_millis(10)));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut ping_sent: Option<Instant> = None;
-        let mut shutting_down = *shutdown.borrow();
-        // One future for the whole connection, not one per loop turn (each turn would register
-        // and unregister a waiter with the watch channel: ~500 instructions per relayed call).
-        let stop = async move {
-            let _ = shutdown.changed().await;
+impl Pump {
+    fn new(proxy: &Arc<Proxy>, shared: &Arc<Shared>, tasks: Tasks, client: Sock, runtime: Option<Sock>) -> Pump {
+        let mut mine = Vec::new();
+        if runtime.is_none() {
+            // crisp is the server now: its own (default) SETTINGS.
+            f::put_head(&mut mine, 0, f::SETTINGS, 0, 0);
+        }
+        let up = ClientToUpstream {
+            proxy: proxy.clone(),
+            shared: shared.clone(),
+            tasks,
+            upstream: runtime.is_some(),
+            dec: super::hpack::Decoder::default(),
+            bodies: IdMap::default(),
+            pending: None,
+            max_relayed: 0,
+            diverted_ids: Default::default(),
+            enc: Vec::with_capacity(512),
+            paths: PathCache::default(),
+            now: Instant::now(),
         };
-        tokio::pin!(stop);
+        let down = UpstreamToClient { proxy: proxy.clone(), shared: shared.clone(), dec: super::hpack::Decoder::default(), pending: None };
+        let buf = || BytesMut::with_capacity(64 << 10);
+        Pump { up, down, client, runtime, cbuf: buf(), rbuf: buf(), out: Vec::with_capacity(64 << 10), mine, blocked: false }
+    }
+
+    /// Relays until the client goes, or until crisp's GOAWAY has drained the connection.
+    ///
+    /// Backpressure as in a splice: the client is not read while the runtime has bytes of it
+    /// queued, nor the runtime while the client has; a socket neither read nor written is left
+    /// out of the `poll` (a hung-up peer would otherwise make it return at once, forever).
+    fn run(&mut self) -> Result<(), RelayError> {
+        let shared = self.up.shared.clone();
+        let opts = &self.up.proxy.opts;
+        let mut keepalive = KeepAlive { every: opts.keepalive_interval, timeout: opts.keepalive_timeout, ping_sent: None };
+        let tick = (keepalive.every.min(keepalive.timeout) / 2).max(Duration::from_millis(10));
+        let mut next_tick = Instant::now() + tick;
+        let mut stopping = false;
         loop {
-            if self.drained(&ctl) {
-                let _ = self.cw.shutdown().await;
+            if shared.kill.load(Ordering::Acquire) {
                 return Ok(());
             }
-            let reading = self.ur.is_some();
-            tokio::select! {
-                biased;
-                r = async { self.ur.as_mut().expect("guarded").read_buf(&mut buf).await }, if reading => {
-                    match r {
-                        Ok(0) | Err(_) => {
-                            if let Err(e) = &r {
-                                tracing::warn!(upstream = %self.proxy.upstream.path().display(), error = %e, "upstream connection failed");
-                            } else {
-                                tracing::info!(upstream = %self.proxy.upstream.path().display(), "upstream connection closed");
-                            }
-                            self.ur = None;
-                            let why = match r { Err(e) => e.to_string(), _ => "connection closed".to_string() };
-                            let msg = format!("crisp: upstream unix://{} failed mid-response: {why}", self.proxy.upstream.path().display());
-                            upstream_gone(&self.proxy, &self.shared, &msg, None);
-                        }
-                        Ok(_) => {
-                            self.frames(&mut buf, &mut ctl).await?;
-                            if buf.capacity() > 1 << 20 && buf.is_empty() {
-                                buf = BytesMut::with_capacity(64 << 10);
-                            }
-                        }
+            if !stopping && shared.stop.load(Ordering::Acquire) {
+                stopping = true;
+                self.goaway(b"crisp: shutting down");
+            }
+            if self.blocked {
+                self.blocked = self.down.frames(&mut self.rbuf, &mut self.client)?;
+            }
+            // crisp's own frames, never inside a header block the runtime is still sending.
+            if self.down.pending.is_none() {
+                shared.take_ctl(&mut self.mine);
+                self.client.write(&self.mine)?;
+                self.mine.clear();
+            }
+            if self.drained() {
+                self.client.shutdown_write();
+                return Ok(());
+            }
+            let read_client = !self.runtime.as_ref().is_some_and(Sock::has_queued);
+            let read_runtime = !self.client.has_queued() && !self.blocked;
+            let mut fds = [
+                pollfd(self.client.fd(), read_client, self.client.has_queued()),
+                pollfd(shared.wake.fd(), true, false),
+                match &self.runtime {
+                    Some(r) => pollfd(r.fd(), read_runtime, r.has_queued()),
+                    None => pollfd(-1, false, false),
+                },
+            ];
+            sock::poll(&mut fds, next_tick.saturating_duration_since(Instant::now()))?;
+            let [c, w, r] = fds.map(|p| p.revents);
+            if w != 0 {
+                shared.wake.drain();
+            }
+            if !self.ready(c, read_client, r, read_runtime)? {
+                return Ok(());
+            }
+            let now = Instant::now();
+            if now >= next_tick {
+                next_tick = now + tick;
+                self.tick(&mut keepalive)?;
+            }
+        }
+    }
+
+    /// Handles what `poll` found on the client's (`c`) and the runtime's (`r`) socket; false
+    /// when the client has gone.
+    fn ready(&mut self, c: i16, read_client: bool, r: i16, read_runtime: bool) -> Result<bool, RelayError> {
+        const GONE: i16 = libc::POLLHUP | libc::POLLERR;
+        if c & libc::POLLOUT != 0 || (c & GONE != 0 && self.client.has_queued()) {
+            self.client.flush()?;
+        }
+        if r & (libc::POLLOUT | GONE) != 0 && self.runtime.as_ref().is_some_and(Sock::has_queued) {
+            if let Err(e) = self.runtime.as_mut().expect("checked").flush() {
+                self.runtime_failed(&e.to_string(), true)?;
+            }
+        }
+        if c & (libc::POLLIN | GONE) != 0 && read_client {
+            match self.client.recv(&mut self.cbuf) {
+                Ok(0) => return Ok(false),
+                Ok(_) => self.handle_client_read()?,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if r & (libc::POLLIN | GONE) != 0 && read_runtime && self.runtime.is_some() {
+            match self.runtime.as_mut().expect("checked").recv(&mut self.rbuf) {
+                Ok(0) => self.runtime_failed("connection closed", false)?,
+                Ok(_) => {
+                    self.blocked = self.down.frames(&mut self.rbuf, &mut self.client)?;
+                    if self.rbuf.capacity() > 1 << 20 && self.rbuf.is_empty() {
+                        self.rbuf = BytesMut::with_capacity(64 << 10);
                     }
                 }
-                Some(frame) = ctl.recv(), if self.pending.is_none() => {
-                    out.extend_from_slice(&frame);
-                    while let Ok(more) = ctl.try_recv() {
-                        out.extend_from_slice(&more);
-                    }
-                    self.cw.write_all(&out).await?;
-                    out.clear();
-                }
-                _ = tick.tick() => {
-                    let last = self.shared.lock().last_client_frame;
-                    if let Some(t) = ping_sent {
-                        if last >= t {
-                            ping_sent = None;
-                        } else if t.elapsed() >= ka_timeout {
-                            return Err(RelayError::KeepAlive);
-                        }
-                    }
-                    self.maybe_move_client().await;
-                    if ping_sent.is_none() && last.elapsed() >= ka && self.pending.is_none() {
-                        let mut p = Vec::with_capacity(17);
-                        f::ping(&mut p, KEEPALIVE);
-                        self.cw.write_all(&p).await?;
-                        ping_sent = Some(Instant::now());
-                    }
-                }
-                _ = &mut stop, if !shutting_down => {
-                    shutting_down = true;
-                    let mut st = self.shared.lock();
-                    if st.goaway.is_none() {
-                        let m = st.max_stream;
-                        st.goaway = Some(m);
-                        drop(st);
-                        let mut g = Vec::new();
-                        f::goaway(&mut g, m, f::NO_ERROR, b"crisp: shutting down");
-                        self.shared.send(g);
-                    }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => self.runtime_failed(&e.to_string(), false)?,
+            }
+        }
+        Ok(true)
+    }
+
+    /// The periodic work: crisp's keep-alive PING to an idle client (and the end of a client
+    /// that stopped answering), and moving a degraded client back to a relay.
+    fn tick(&mut self, ka: &mut KeepAlive) -> Result<(), RelayError> {
+        let last = self.up.shared.lock().last_client_frame;
+        if let Some(t) = ka.ping_sent {
+            if last >= t {
+                ka.ping_sent = None;
+            } else if t.elapsed() >= ka.timeout {
+                return Err(RelayError::KeepAlive);
+            }
+        }
+        self.maybe_move_client();
+        if ka.ping_sent.is_none() && last.elapsed() >= ka.every && self.down.pending.is_none() {
+            f::ping(&mut self.mine, KEEPALIVE);
+            ka.ping_sent = Some(Instant::now());
+        }
+        Ok(())
+    }
+
+    /// Handles what was just read from the client and writes what goes on to the runtime.
+    fn handle_client_read(&mut self) -> Result<(), RelayError> {
+        if let Err(e) = self.up.frames(&mut self.cbuf, &mut self.out, &mut self.mine) {
+            // A GOAWAY crisp wrote for the client's error goes out if it can.
+            let _ = self.client.write(&self.mine);
+            return Err(e);
+        }
+        if !self.out.is_empty() {
+            if let Some(rt) = self.runtime.as_mut() {
+                if let Err(e) = rt.write(&self.out) {
+                    self.runtime_failed(&e.to_string(), true)?;
                 }
             }
+            self.out.clear();
+        }
+        if self.cbuf.capacity() > 1 << 20 && self.cbuf.is_empty() {
+            self.cbuf = BytesMut::with_capacity(64 << 10);
+        }
+        Ok(())
+    }
+
+    /// The runtime connection failed (or closed): calls on it end with UNAVAILABLE and new
+    /// streams are diverted, until the client moves to a new connection.
+    fn runtime_failed(&mut self, why: &str, writing: bool) -> Result<(), RelayError> {
+        let proxy = &self.up.proxy;
+        let path = proxy.upstream.path().display();
+        let degraded = self.up.shared.lock().degraded;
+        if writing && degraded {
+            // The runtime sent GOAWAY or closed: frames crossing its close fail.
+            tracing::debug!(upstream = %path, error = %why, "writing to a closing upstream connection failed");
+        } else if writing {
+            tracing::warn!(upstream = %path, error = %why, "writing to the upstream connection failed");
+        } else if why == "connection closed" {
+            tracing::info!(upstream = %path, "upstream connection closed");
+        } else {
+            tracing::warn!(upstream = %path, error = %why, "upstream connection failed");
+        }
+        let msg = if writing { format!("crisp: upstream unix://{path} failed: {why}") } else { format!("crisp: upstream unix://{path} failed mid-response: {why}") };
+        self.runtime = None;
+        self.up.upstream = false;
+        // What the runtime sent and crisp had not relayed belongs to calls that end now.
+        self.rbuf.clear();
+        self.blocked = false;
+        if self.down.pending.take().is_some() {
+            // The client holds part of a header block that will never end: its connection is
+            // unusable.
+            return Err(RelayError::Protocol("runtime connection failed inside a header block"));
+        }
+        upstream_gone(proxy, &self.up.shared, &msg, None);
+        Ok(())
+    }
+
+    /// Sends the client GOAWAY (once): it finishes what it started and opens a new connection.
+    fn goaway(&mut self, why: &[u8]) {
+        let mut st = self.up.shared.lock();
+        if st.goaway.is_none() {
+            let m = st.max_stream;
+            st.goaway = Some(m);
+            drop(st);
+            f::goaway(&mut self.mine, m, f::NO_ERROR, why);
         }
     }
 
@@ -1056,61 +1185,87 @@ impl UpstreamToClient {
     /// client is sent GOAWAY so that its next connection is relayed again. gRPC clients move to
     /// a new connection transparently (a stream that crosses the GOAWAY is refused, unprocessed,
     /// and retried); waiting for an idle moment spares clients that do not retry.
-    async fn maybe_move_client(&mut self) {
+    fn maybe_move_client(&mut self) {
         const IDLE: Duration = Duration::from_millis(200);
         {
-            let st = self.shared.lock();
+            let st = self.up.shared.lock();
             let idle = st.relayed.is_empty() && st.diverted.is_empty() && st.last_stream_at.elapsed() >= IDLE;
             if !st.degraded || st.goaway.is_some() || !idle {
                 return;
             }
         }
-        if self.proxy.upstream.connect().await.is_err() {
+        // A unix socket's connect does not wait for the runtime: it is accepted or refused.
+        if std::os::unix::net::UnixStream::connect(self.up.proxy.upstream.path()).is_err() {
             return;
         }
-        let mut st = self.shared.lock();
-        if st.goaway.is_none() && st.last_stream_at.elapsed() >= IDLE {
-            let m = st.max_stream;
-            st.goaway = Some(m);
-            drop(st);
+        if self.up.shared.lock().last_stream_at.elapsed() >= IDLE {
             tracing::info!("runtime reachable again: moving a client connection back to the relay");
-            let mut g = Vec::new();
-            f::goaway(&mut g, m, f::NO_ERROR, b"crisp: reconnect");
-            self.shared.send(g);
+            self.goaway(b"crisp: reconnect");
         }
     }
 
-    /// After crisp's GOAWAY, with nothing left in flight: the connection can close.
-    fn drained(&self, ctl: &mpsc::UnboundedReceiver<Vec<u8>>) -> bool {
-        let st = self.shared.lock();
-        st.goaway.is_some() && st.relayed.is_empty() && st.diverted.is_empty() && ctl.is_empty() && self.pending.is_none()
+    /// After crisp's GOAWAY, with nothing left in flight or unwritten: the connection can close.
+    fn drained(&self) -> bool {
+        let st = self.up.shared.lock();
+        st.goaway.is_some()
+            && st.relayed.is_empty()
+            && st.diverted.is_empty()
+            && self.mine.is_empty()
+            && !self.client.has_queued()
+            && self.down.pending.is_none()
+            && self.up.shared.ctl.lock().unwrap_or_else(|e| e.into_inner()).is_empty()
     }
+}
 
-    /// Relays the complete frames in `buf`, written to the client straight from it: the
-    /// runtime's frames pass through unchanged, so they are never copied in user space.
-    async fn frames(&mut self, buf: &mut BytesMut, ctl: &mut mpsc::UnboundedReceiver<Vec<u8>>) -> Result<(), RelayError> {
+/// crisp's keep-alive of one client connection.
+struct KeepAlive {
+    /// PING a client idle this long.
+    every: Duration,
+    /// Close a client that has not answered a PING for this long.
+    timeout: Duration,
+    ping_sent: Option<Instant>,
+}
+
+fn pollfd(fd: std::os::fd::RawFd, read: bool, write: bool) -> libc::pollfd {
+    let events = if read { libc::POLLIN } else { 0 } | if write { libc::POLLOUT } else { 0 };
+    // A negative descriptor is skipped by poll(2).
+    libc::pollfd { fd: if events == 0 { -1 } else { fd }, events, revents: 0 }
+}
+
+/// Runtime → client.
+struct UpstreamToClient {
+    proxy: Arc<Proxy>,
+    shared: Arc<Shared>,
+    dec: super::hpack::Decoder,
+    /// A response header block spanning several frames (relayed as they come, decoded at the
+    /// end): crisp's own frames must not be written in between.
+    pending: Option<PendingBlock>,
+}
+
+impl UpstreamToClient {
+    /// Relays the complete frames at the start of `buf`, written to the client straight from it:
+    /// the runtime's frames pass through unchanged, so they are never copied in user space
+    /// (unless the client's socket is full). Returns true when it stopped at a DATA frame the
+    /// client has no window for: that frame stays at the start of `buf`, for the next call once
+    /// the client's credit came.
+    fn frames(&mut self, buf: &mut BytesMut, cw: &mut Sock) -> Result<bool, RelayError> {
         let now = Instant::now();
         // buf[..pos]: frames checked and due to the client, not yet written.
         let mut pos = 0;
         // Room still missing for a frame that has only partly arrived.
         let mut missing = 0;
-        while let Some(head) = Head::parse(&buf[pos..]) {
+        while let Some(head) = f::complete_at(buf, pos, &mut missing) {
             let len = f::HEADER_LEN + head.len;
-            if buf.len() - pos < len {
-                missing = len - (buf.len() - pos);
-                break;
-            }
             let payload = pos + f::HEADER_LEN..pos + len;
             match head.kind {
                 f::DATA => {
                     self.shared.pings.runtime_wrote();
                     let n = head.len as i64;
                     if n > 0 && !self.take_window(n) {
-                        // Not within what the client has left: send what we have and wait for
-                        // its credit (writing crisp's own frames meanwhile, or it never comes).
-                        // The frame now starts at buf[0] (pos is 0): it is counted in below.
-                        self.flush(buf, &mut pos).await?;
-                        self.wait_window(n, ctl).await?;
+                        // Not within what the client has left: send what is before it and
+                        // wait for the client's credit.
+                        Self::flush(buf, &mut pos, cw)?;
+                        return Ok(true);
                     }
                     if head.has(f::END_STREAM) {
                         self.end_relayed(head.stream, None, now);
@@ -1139,53 +1294,61 @@ impl UpstreamToClient {
                 }
                 f::RST_STREAM => self.end_relayed(head.stream, Some(code::CANCELLED), now),
                 f::PING if head.has(f::ACK) => self.shared.pings.acked(),
-                f::SETTINGS if head.has(f::ACK) => {
-                    // The client's oldest unacknowledged SETTINGS now apply on its side too: the
-                    // ACK is written (below, with the frames before it) before any DATA of
-                    // crisp's own that counts on them (crisp's frames go out after this batch).
-                    let mut st = self.shared.lock();
-                    if let Some(Some(v)) = st.unacked_windows.pop_front() {
-                        // A smaller window still waiting for its ACK caps it.
-                        let v = st.unacked_windows.iter().flatten().fold(v, |m, &w| m.min(w));
-                        if v != st.client_initial_window {
-                            set_client_window(&mut st, v);
-                            drop(st);
-                            self.shared.window.notify_waiters();
-                        }
-                    }
-                }
+                // The client's oldest unacknowledged SETTINGS now apply on its side too: the ACK
+                // is written (below, with the frames before it) before any DATA of crisp's own
+                // that counts on them (crisp's frames go out after this batch).
+                f::SETTINGS if head.has(f::ACK) => self.settings_acked(),
                 f::GOAWAY if head.len >= 8 => {
-                    let g = &buf[payload];
-                    let last = u32::from_be_bytes([g[0], g[1], g[2], g[3]]) & 0x7fff_ffff;
-                    let err = u32::from_be_bytes([g[4], g[5], g[6], g[7]]);
-                    let debug_data = String::from_utf8_lossy(&g[8..]);
-                    if err == f::ENHANCE_YOUR_CALM {
-                        tracing::warn!(upstream = %self.proxy.upstream.path().display(), last_stream = last, error_code = err, debug_data = %debug_data, "runtime sent GOAWAY ENHANCE_YOUR_CALM (it judged this connection's PINGs too frequent); moving this client to a new connection");
-                    } else {
-                        tracing::info!(upstream = %self.proxy.upstream.path().display(), last_stream = last, error_code = err, debug_data = %debug_data, "runtime sent GOAWAY; moving this client to a new connection");
-                    }
                     // Frames before it go first. The GOAWAY itself is not relayed: the client's
-                    // connection is crisp's, and stays up (see `maybe_move_client`).
-                    self.flush(buf, &mut pos).await?;
-                    buf.advance(len);
-                    let msg = format!("crisp: upstream unix://{} closed the connection (GOAWAY)", self.proxy.upstream.path().display());
-                    upstream_gone(&self.proxy, &self.shared, &msg, Some(last));
+                    // connection is crisp's, and stays up (see `Pump::maybe_move_client`).
+                    Self::flush(buf, &mut pos, cw)?;
+                    let goaway = buf.split_to(len);
+                    self.goaway(&goaway[f::HEADER_LEN..]);
                     continue;
                 }
                 _ => {}
             }
             pos += len;
         }
-        self.flush(buf, &mut pos).await?;
+        Self::flush(buf, &mut pos, cw)?;
         // After the flush, so that the bytes already written are not carried into a new buffer.
         buf.reserve(missing);
-        Ok(())
+        Ok(false)
+    }
+
+    fn settings_acked(&self) {
+        let mut st = self.shared.lock();
+        if let Some(Some(v)) = st.unacked_windows.pop_front() {
+            // A smaller window still waiting for its ACK caps it.
+            let v = st.unacked_windows.iter().flatten().fold(v, |m, &w| m.min(w));
+            if v != st.client_initial_window {
+                set_client_window(&mut st, v);
+                drop(st);
+                self.shared.window.notify_waiters();
+            }
+        }
+    }
+
+    /// The runtime's GOAWAY (payload): calls it will not process end (refused), new streams are
+    /// diverted until the client moves to a new connection.
+    fn goaway(&self, g: &[u8]) {
+        let last = u32::from_be_bytes([g[0], g[1], g[2], g[3]]) & 0x7fff_ffff;
+        let err = u32::from_be_bytes([g[4], g[5], g[6], g[7]]);
+        let debug_data = String::from_utf8_lossy(&g[8..]);
+        let upstream = self.proxy.upstream.path().display();
+        if err == f::ENHANCE_YOUR_CALM {
+            tracing::warn!(%upstream, last_stream = last, error_code = err, debug_data = %debug_data, "runtime sent GOAWAY ENHANCE_YOUR_CALM (it judged this connection's PINGs too frequent); moving this client to a new connection");
+        } else {
+            tracing::info!(%upstream, last_stream = last, error_code = err, debug_data = %debug_data, "runtime sent GOAWAY; moving this client to a new connection");
+        }
+        let msg = format!("crisp: upstream unix://{upstream} closed the connection (GOAWAY)");
+        upstream_gone(&self.proxy, &self.shared, &msg, Some(last));
     }
 
     /// Writes `buf[..pos]` to the client and drops it from `buf`.
-    async fn flush(&mut self, buf: &mut BytesMut, pos: &mut usize) -> Result<(), RelayError> {
+    fn flush(buf: &mut BytesMut, pos: &mut usize, cw: &mut Sock) -> Result<(), RelayError> {
         if *pos > 0 {
-            self.cw.write_all(&buf[..*pos]).await?;
+            cw.write(&buf[..*pos])?;
             buf.advance(*pos);
             *pos = 0;
         }
@@ -1199,21 +1362,6 @@ impl UpstreamToClient {
             true
         } else {
             false
-        }
-    }
-
-    async fn wait_window(&mut self, n: i64, ctl: &mut mpsc::UnboundedReceiver<Vec<u8>>) -> Result<(), RelayError> {
-        loop {
-            let notified = self.shared.window.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.take_window(n) {
-                return Ok(());
-            }
-            tokio::select! {
-                _ = notified => {}
-                Some(frame) = ctl.recv() => self.cw.write_all(&frame).await?,
-            }
         }
     }
 

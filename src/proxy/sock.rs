@@ -1,199 +1,217 @@
-//! The relay's two sockets, registered with the reactor for *read* readiness only.
+//! The relay thread's sockets: non-blocking unix streams, written straight away and queued only
+//! when the peer's receive buffer is full, an eventfd that wakes the thread, and `poll(2)`.
 //!
-//! tokio registers every `UnixStream` for both read and write readiness (edge-triggered). On a
-//! unix socket, each time the peer reads what crisp wrote the kernel signals write space, so
-//! crisp's reactor thread was woken once more per batch with nothing to do: 27 % of crisp's
-//! `epoll_wait` returns carried only EPOLLOUT at concurrency 64 (strace, fake runtime). A
-//! byte splice such as socat asks for write readiness only when a write would block; so does
-//! this: writes go straight to the socket, and only one that finds the send buffer full
-//! registers a duplicate of the descriptor for write readiness until it has room again.
+//! A relayed hop is one `poll` return, one `recv` and one `send` — what a byte splice does, without
+//! an async runtime's scheduler, reactor and timer wheel around it (see [`super::relay`]).
 
 use std::io;
 use std::net::Shutdown;
-use std::os::fd::AsRawFd;
-use std::os::unix::net::UnixStream as StdUnixStream;
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
-use tokio::io::unix::AsyncFd;
-use tokio::io::Interest;
 
-/// Splits a connected stream into a reader and a writer that share one read-only registration.
-pub fn split(stream: tokio::net::UnixStream) -> io::Result<(Reader, Writer)> {
-    // `into_std` deregisters it from tokio and leaves it non-blocking.
-    let std = stream.into_std()?;
-    // SAFETY: the AsyncFd owns the stream, so its descriptor stays open, and the same, for as
-    // long as the registration exists.
-    let fd = Arc::new(unsafe { AsyncFd::register_with_interest(std, Interest::READABLE) }?);
-    Ok((Reader { fd: fd.clone() }, Writer { fd }))
+/// One end of a relayed connection.
+pub struct Sock {
+    s: UnixStream,
+    /// Bytes accepted by [`Self::write`] that the peer had no room for yet, from `sent` on.
+    queued: Vec<u8>,
+    sent: usize,
 }
 
-/// The reading side.
-pub struct Reader {
-    fd: Arc<AsyncFd<StdUnixStream>>,
-}
+impl Sock {
+    /// Takes a connected stream and makes it non-blocking.
+    pub fn new(s: UnixStream) -> io::Result<Self> {
+        s.set_nonblocking(true)?;
+        Ok(Sock { s, queued: Vec::new(), sent: 0 })
+    }
 
-impl Reader {
+    pub fn fd(&self) -> RawFd {
+        self.s.as_raw_fd()
+    }
+
     /// Reads what the socket has into `buf`'s spare capacity (growing it if it has none); 0 at
-    /// end of stream. Cancel-safe: nothing is read unless the call returns.
-    pub async fn read_buf(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
-        self.recv(buf, usize::MAX).await
-    }
-
-    /// Reads exactly `out.len()` bytes (the HTTP/2 preface), and nothing past them.
-    pub async fn read_exact(&mut self, out: &mut [u8]) -> io::Result<()> {
-        let mut buf = BytesMut::with_capacity(out.len());
-        while buf.len() < out.len() {
-            let want = out.len() - buf.len();
-            if self.recv(&mut buf, want).await? == 0 {
-                return Err(io::ErrorKind::UnexpectedEof.into());
-            }
-        }
-        out.copy_from_slice(&buf);
-        Ok(())
-    }
-
-    /// Reads at most `max` bytes into `buf`'s spare capacity.
-    async fn recv(&mut self, buf: &mut BytesMut, max: usize) -> io::Result<usize> {
-        std::future::poll_fn(|cx| self.poll_recv(cx, buf, max)).await
-    }
-
-    /// [`Self::recv`] as a poll: the waker goes into the registration's one reader slot (no
-    /// waiter is queued and dequeued per read, as a `readable()` future does), so a relayed
-    /// hop costs one readiness check. Nothing is read unless this returns `Ready`.
-    fn poll_recv(&mut self, cx: &mut Context<'_>, buf: &mut BytesMut, max: usize) -> Poll<io::Result<usize>> {
+    /// end of stream, `WouldBlock` when there is nothing to read.
+    pub fn recv(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
         if buf.capacity() == buf.len() {
             buf.reserve(64 << 10);
         }
+        let dst = buf.chunk_mut();
         loop {
-            let mut guard = match self.fd.poll_read_ready(cx) {
-                Poll::Ready(Ok(g)) => g,
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Pending => return Poll::Pending,
-            };
-            let dst = buf.chunk_mut();
-            let room = dst.len().min(max);
-            let ptr = dst.as_mut_ptr();
-            let res = guard.try_io(|inner| {
-                // SAFETY: `ptr` points to at least `room` writable bytes of `buf`'s spare
-                // capacity, which nothing else aliases while this runs; recv writes at most
-                // `room` bytes there.
-                let n = unsafe { libc::recv(inner.get_ref().as_raw_fd(), ptr.cast(), room, 0) };
-                if n < 0 {
-                    Err(io::Error::last_os_error())
-                } else {
-                    Ok(n as usize)
-                }
-            });
-            match res {
-                Ok(Ok(n)) => {
-                    // SAFETY: recv initialised the first `n` (≤ `room`) bytes of the spare capacity.
-                    unsafe { buf.advance_mut(n) };
-                    if n > 0 && n < room {
-                        // A short read emptied the socket: skip the recv that would only say
-                        // EAGAIN. (tokio ignores this clear if an event arrived meanwhile.)
-                        guard.clear_ready();
-                    }
-                    return Poll::Ready(Ok(n));
-                }
-                Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Ok(Err(e)) => return Poll::Ready(Err(e)),
-                // WouldBlock: readiness was cleared; poll again for the next edge.
-                Err(_) => continue,
+            // SAFETY: `dst` is `buf`'s spare capacity, valid for `dst.len()` bytes and aliased by
+            // nothing while this runs; recv writes at most that many bytes there.
+            let n = unsafe { libc::recv(self.fd(), dst.as_mut_ptr().cast(), dst.len(), 0) };
+            if n >= 0 {
+                // SAFETY: recv initialised the first `n` bytes of the spare capacity.
+                unsafe { buf.advance_mut(n as usize) };
+                return Ok(n as usize);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
             }
         }
     }
-}
 
-/// The writing side.
-pub struct Writer {
-    fd: Arc<AsyncFd<StdUnixStream>>,
-}
+    /// Writes `b` after whatever is queued: as much as the socket takes now, the rest queued for
+    /// [`Self::flush`]. Never blocks. A peer that has gone is an error (EPIPE), never a SIGPIPE,
+    /// whatever the process does with that signal.
+    pub fn write(&mut self, b: &[u8]) -> io::Result<()> {
+        if b.is_empty() {
+            return Ok(());
+        }
+        if self.has_queued() {
+            self.queued.extend_from_slice(b);
+            return Ok(());
+        }
+        let n = self.send(b)?;
+        if n < b.len() {
+            self.queued.clear();
+            self.sent = 0;
+            self.queued.extend_from_slice(&b[n..]);
+        }
+        Ok(())
+    }
 
-impl Writer {
-    /// Writes all of `b`, waiting for room in the send buffer when it is full. A peer that has
-    /// gone is an error (EPIPE), never a SIGPIPE, whatever the process does with that signal.
-    pub async fn write_all(&mut self, mut b: &[u8]) -> io::Result<()> {
-        while !b.is_empty() {
-            // SAFETY: `b` is a valid slice of `b.len()` bytes for the duration of the call.
-            let n = unsafe { libc::send(self.fd.as_raw_fd(), b.as_ptr().cast(), b.len(), libc::MSG_NOSIGNAL) };
-            let r = if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) };
-            match r {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => b = &b[n..],
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.wait_writable().await?,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
+    /// Sends what is queued, as far as the socket takes it.
+    pub fn flush(&mut self) -> io::Result<()> {
+        if !self.has_queued() {
+            return Ok(());
+        }
+        let n = self.send(&self.queued[self.sent..])?;
+        self.sent += n;
+        if self.sent == self.queued.len() {
+            self.queued.clear();
+            self.sent = 0;
+            if self.queued.capacity() > 1 << 20 {
+                self.queued = Vec::new();
             }
         }
         Ok(())
     }
 
-    /// Waits until the socket has room to send: a registration of its own, for write readiness,
-    /// that lasts only as long as a write is blocked. (An edge-triggered registration reports the
-    /// socket writable at once if room appeared since the failed write: no wakeup is lost.)
-    async fn wait_writable(&self) -> io::Result<()> {
-        let dup = self.fd.get_ref().try_clone()?;
-        // SAFETY: as in `split`: the AsyncFd owns the duplicate descriptor it registers.
-        let w = unsafe { AsyncFd::register_with_interest(dup, Interest::WRITABLE) }?;
-        let _ready = w.writable().await?;
-        Ok(())
+    /// Bytes accepted by [`Self::write`] are still waiting for room at the peer.
+    pub fn has_queued(&self) -> bool {
+        self.sent < self.queued.len()
     }
 
     /// Half-closes the connection (no more writes).
-    pub async fn shutdown(&mut self) -> io::Result<()> {
-        match self.fd.get_ref().shutdown(Shutdown::Write) {
-            Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(()),
-            r => r,
+    pub fn shutdown_write(&self) {
+        let _ = self.s.shutdown(Shutdown::Write);
+    }
+
+    /// One `send`: how many bytes the socket took (0 when it has no room).
+    fn send(&self, b: &[u8]) -> io::Result<usize> {
+        loop {
+            // SAFETY: `b` is a valid slice of `b.len()` bytes for the duration of the call.
+            let n = unsafe { libc::send(self.fd(), b.as_ptr().cast(), b.len(), libc::MSG_NOSIGNAL) };
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock => return Ok(0),
+                _ => return Err(e),
+            }
         }
     }
+}
+
+/// Wakes a relay thread blocked in `poll` from any thread (an eventfd).
+pub struct Wake(OwnedFd);
+
+impl Wake {
+    pub fn new() -> io::Result<Self> {
+        // SAFETY: eventfd takes no pointers; a non-negative result is a new descriptor we own.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just created and is owned by nothing else.
+        Ok(Wake(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    pub fn fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+
+    /// Makes the descriptor readable (the counter saturates long before it could block).
+    pub fn notify(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writes 8 bytes from a live local array.
+        let _ = unsafe { libc::write(self.fd(), one.as_ptr().cast(), 8) };
+    }
+
+    /// Resets the descriptor to not readable.
+    pub fn drain(&self) {
+        let mut v = [0u8; 8];
+        // SAFETY: reads at most 8 bytes into a live local array.
+        let _ = unsafe { libc::read(self.fd(), v.as_mut_ptr().cast(), 8) };
+    }
+}
+
+/// `poll(2)` on `fds`, for at most `timeout` (rounded up to whole milliseconds); EINTR counts as
+/// a return with nothing ready.
+pub fn poll(fds: &mut [libc::pollfd], timeout: Duration) -> io::Result<()> {
+    let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int;
+    // SAFETY: `fds` is a valid, exclusively borrowed array of `fds.len()` pollfd structs.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+        for p in fds.iter_mut() {
+            p.revents = 0;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn reads_writes_and_waits_for_room_when_the_peer_is_slow() {
-        let (a, b) = tokio::net::UnixStream::pair().unwrap();
-        let (mut ar, mut aw) = split(a).unwrap();
-        let (mut br, mut bw) = split(b).unwrap();
-        // Far more than a unix socket buffers: the writer must wait for the reader.
+    #[test]
+    fn writes_queue_when_the_peer_is_slow_and_flush_when_it_reads() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut w = Sock::new(a).unwrap();
+        let mut r = Sock::new(b).unwrap();
+        // Far more than a unix socket buffers: most of it must be queued, never block.
         let big: Vec<u8> = (0..8 << 20).map(|i| (i % 251) as u8).collect();
-        let sent = big.clone();
-        let writer = tokio::spawn(async move {
-            aw.write_all(&sent).await.unwrap();
-            aw.shutdown().await.unwrap();
-        });
+        w.write(&big[..4 << 20]).unwrap();
+        assert!(w.has_queued());
+        w.write(&big[4 << 20..]).unwrap();
         let mut got = BytesMut::new();
-        loop {
-            let n = br.read_buf(&mut got).await.unwrap();
-            if n == 0 {
-                break;
+        while got.len() < big.len() {
+            w.flush().unwrap();
+            match r.recv(&mut got) {
+                Ok(n) => assert!(n > 0),
+                Err(e) => assert_eq!(e.kind(), io::ErrorKind::WouldBlock),
             }
         }
-        writer.await.unwrap();
-        assert_eq!(got.len(), big.len());
+        assert!(!w.has_queued());
         assert!(got[..] == big[..]);
-        // The other direction, and read_exact reading no further than asked.
-        bw.write_all(b"PRI * HTTP/2.0 and more").await.unwrap();
-        let mut pre = [0u8; 14];
-        ar.read_exact(&mut pre).await.unwrap();
-        assert_eq!(&pre, b"PRI * HTTP/2.0");
-        let mut rest = BytesMut::new();
-        ar.read_buf(&mut rest).await.unwrap();
-        assert_eq!(&rest[..], b" and more");
+        w.shutdown_write();
+        assert_eq!(r.recv(&mut got).unwrap(), 0);
     }
 
-    #[tokio::test]
-    async fn end_of_stream_reads_zero_and_read_exact_fails() {
-        let (a, b) = tokio::net::UnixStream::pair().unwrap();
-        let (mut ar, _aw) = split(a).unwrap();
-        let (_br, mut bw) = split(b).unwrap();
-        bw.write_all(b"abc").await.unwrap();
-        bw.shutdown().await.unwrap();
-        let mut pre = [0u8; 5];
-        assert_eq!(ar.read_exact(&mut pre).await.unwrap_err().kind(), io::ErrorKind::UnexpectedEof);
+    #[test]
+    fn poll_sees_the_wake_and_readable_sockets() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut w = Sock::new(a).unwrap();
+        let wake = Wake::new().unwrap();
+        let mut fds = [libc::pollfd { fd: b.as_raw_fd(), events: libc::POLLIN, revents: 0 }, libc::pollfd { fd: wake.fd(), events: libc::POLLIN, revents: 0 }];
+        poll(&mut fds, Duration::from_millis(1)).unwrap();
+        assert_eq!((fds[0].revents, fds[1].revents), (0, 0));
+        wake.notify();
+        w.write(b"x").unwrap();
+        poll(&mut fds, Duration::from_secs(5)).unwrap();
+        assert_eq!((fds[0].revents, fds[1].revents), (libc::POLLIN, libc::POLLIN));
+        wake.drain();
+        poll(&mut fds, Duration::ZERO).unwrap();
+        assert_eq!(fds[1].revents, 0);
     }
 }
