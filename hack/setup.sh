@@ -12,6 +12,7 @@
 #   socat iproute2 iptables                       demo / CNI bridge cleanup
 #   protobuf-compiler                             protoc for tonic/prost build scripts
 #   strace                                        socket-mode syscall order (tests/reliability_sockets.rs)
+#   linux-perf                                    crisp's CPU and context switches per call (hack/bench.sh)
 #   shellcheck                                    lint of the hack/ scripts (tests/systemd_units.rs)
 #   golang-go golang-google-grpc-dev              real grpc-go peers for the e2e tests (hack/build-grpcgo.sh)
 #   debootstrap systemd-container                 the systemd test node (hack/node-rootfs.sh, tests/node_*.rs)
@@ -31,6 +32,7 @@ PACKAGES=(
   iproute2
   iptables
   strace
+  linux-perf  # perf stat: crisp's CPU per call in hack/bench.sh, relay threads included
   shellcheck
   systemd  # systemd-analyze verify, systemd-socket-activate (tests/systemd_*.rs)
   golang-go               # builds crisp-grpcgo offline (GOPATH mode, no module proxy)

@@ -337,19 +337,46 @@ fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
-/// CPU time on core (ns, all threads) and context switches (voluntary, all threads) of a
-/// process so far: `/proc/PID/task/*/schedstat` and `status`. Nanoseconds, not clock ticks: a
-/// relayed call costs a few µs.
-fn cpu_and_switches(pid: u32) -> (u64, u64) {
-    let (mut ns, mut cs) = (0, 0);
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return (0, 0) };
-    for t in tasks.flatten() {
-        let p = t.path();
-        ns += std::fs::read_to_string(p.join("schedstat")).ok().and_then(|s| s.split_whitespace().next().and_then(|v| v.parse::<u64>().ok())).unwrap_or(0);
-        let st = std::fs::read_to_string(p.join("status")).unwrap_or_default();
-        cs += st.lines().find(|l| l.starts_with("voluntary_ctxt_switches:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+/// Counts a process's CPU time and context switches while it runs a workload: `perf stat`
+/// attached to it. Every thread counts, those that start and end meanwhile included — crisp
+/// relays each client connection on a thread of its own, which ends with the connection, so
+/// summing `/proc/PID/task/*` afterwards would miss them.
+struct Counted(Option<Child>);
+
+impl Counted {
+    fn attach(pid: u32) -> Counted {
+        let child =
+            Command::new("perf").args(["stat", "-x", ",", "-e", "task-clock,context-switches", "-p", &pid.to_string()]).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().ok();
+        // perf opens its counters on the threads it finds when it starts: give it that moment.
+        std::thread::sleep(Duration::from_millis(300));
+        Counted(child)
     }
-    (ns, cs)
+
+    /// CPU time (ns) and context switches (voluntary and not) since `attach`, or None if perf
+    /// is missing or could not count.
+    fn finish(mut self) -> Option<(u64, u64)> {
+        let child = self.0.take()?;
+        // perf prints its counts when interrupted.
+        let _ = Command::new("kill").args(["-INT", &child.id().to_string()]).status();
+        let out = child.wait_with_output().ok()?;
+        let text = String::from_utf8_lossy(&out.stderr);
+        let field = |event: &str| {
+            text.lines().find_map(|l| {
+                let f: Vec<&str> = l.split(',').collect();
+                (f.get(2).is_some_and(|e| e.starts_with(event))).then(|| f[0].parse::<f64>().ok()).flatten()
+            })
+        };
+        Some(((field("task-clock")? * 1e6) as u64, field("context-switches")? as u64))
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }
 
 /// min / median / max of a list of figures.
@@ -472,7 +499,7 @@ async fn kubelet_report(args: &Args, title: &str, upstream: &Path, dir: &Path, b
     let std_args = |count: usize, warmup: usize| vec!["--runs".to_string(), runs.to_string(), "--count".into(), count.to_string(), "--warmup".into(), warmup.to_string()];
 
     let version = cri::VersionRequest { version: "v1".into() }.encode_to_vec();
-    let before_counts: Vec<(u64, u64)> = pids.iter().map(|(_, p)| cpu_and_switches(*p)).collect();
+    let counters: Vec<Counted> = pids.iter().map(|(_, p)| Counted::attach(*p)).collect();
     let warm = (args.grpcgo_calls / 10).max(10);
     let v = grpcgo_bench(&lanes, "Version", &version, authority, &std_args(args.grpcgo_calls, warm))?;
     let calls = (runs * (args.grpcgo_calls + warm)) as f64;
@@ -483,14 +510,16 @@ async fn kubelet_report(args: &Args, title: &str, upstream: &Path, dir: &Path, b
     )?;
     kubelet_latency_table(&mut out, &lanes, &v, false)?;
     writeln!(out)?;
-    for ((name, pid), (ns0, cs0)) in pids.iter().zip(&before_counts) {
-        let (ns1, cs1) = cpu_and_switches(*pid);
-        writeln!(
-            out,
-            "{name}: {:.1} ms of CPU per 1,000 sequential calls, {:.2} voluntary context switches (sleeps, so wakeups) per call",
-            (ns1 - ns0) as f64 / 1e6 / (calls / 1000.0),
-            (cs1 - cs0) as f64 / calls
-        )?;
+    for ((name, _), c) in pids.iter().zip(counters) {
+        match c.finish() {
+            Some((ns, cs)) => writeln!(
+                out,
+                "{name}: {:.1} ms of CPU per 1,000 sequential calls, {:.2} context switches per call (perf stat)",
+                ns as f64 / 1e6 / (calls / 1000.0),
+                cs as f64 / calls
+            )?,
+            None => writeln!(out, "{name}: CPU not counted (`perf stat` is missing or failed)")?,
+        }
     }
 
     let list = cri::ListContainersRequest { filter: None }.encode_to_vec();
@@ -503,7 +532,7 @@ async fn kubelet_report(args: &Args, title: &str, upstream: &Path, dir: &Path, b
     }
     kubelet_latency_table(&mut out, &lanes, &l, big_list)?;
 
-    let before_counts: Vec<(u64, u64)> = pids.iter().map(|(_, p)| cpu_and_switches(*p)).collect();
+    let counters: Vec<Counted> = pids.iter().map(|(_, p)| Counted::attach(*p)).collect();
     let rounds = args.rounds.max(1) as usize;
     let t = grpcgo_bench(
         &lanes,
@@ -533,10 +562,12 @@ async fn kubelet_report(args: &Args, title: &str, upstream: &Path, dir: &Path, b
         writeln!(out, "| {} | {} | {:.2} | {:.2} |", l.name, fmt_spread(&rate, 0), spread(&vs(0)).1, spread(&vs(1)).1)?;
     }
     writeln!(out)?;
-    for (k, ((name, pid), (ns0, _))) in pids.iter().zip(&before_counts).enumerate() {
-        let (ns1, _) = cpu_and_switches(*pid);
+    for (k, ((name, _), c)) in pids.iter().zip(counters).enumerate() {
         let relayed: f64 = t.iter().map(|r| r[2 + k].0 * args.seconds as f64).sum::<f64>() + (rounds * 50) as f64;
-        writeln!(out, "{name}: {:.1} ms of CPU per 1,000 calls at concurrency {}", (ns1 - ns0) as f64 / 1e6 / (relayed / 1000.0), args.concurrency)?;
+        match c.finish() {
+            Some((ns, _)) => writeln!(out, "{name}: {:.1} ms of CPU per 1,000 calls at concurrency {}", ns as f64 / 1e6 / (relayed / 1000.0), args.concurrency)?,
+            None => writeln!(out, "{name}: CPU not counted (`perf stat` is missing or failed)")?,
+        }
     }
     Ok(out)
 }
