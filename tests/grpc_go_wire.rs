@@ -63,6 +63,8 @@ struct RuntimeLog {
     /// Graceful GOAWAYs sent, and requests that arrived after one (never processed).
     goaways: AtomicUsize,
     ignored: AtomicUsize,
+    /// Sizes of the request header blocks on the first connection (crisp's relay connection).
+    relay_blocks: Mutex<Vec<usize>>,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -78,6 +80,8 @@ struct RuntimeOpts {
     settings_ack_delay: Duration,
     /// Answer with a message of this many bytes instead of the request's own.
     response_len: usize,
+    /// SETTINGS_HEADER_TABLE_SIZE in the runtime's SETTINGS (HPACK's 4,096 when None).
+    header_table_size: Option<u32>,
 }
 
 struct Runtime {
@@ -94,7 +98,7 @@ impl Runtime {
             while let Ok((s, _)) = listener.accept().await {
                 let n = l.connections.fetch_add(1, Ordering::SeqCst);
                 let opts = if n == 0 { opts } else { RuntimeOpts { settings_ack_delay: Duration::ZERO, ..opts } };
-                tokio::spawn(serve_runtime_conn(s, l.clone(), opts));
+                tokio::spawn(serve_runtime_conn(s, l.clone(), opts, n == 0));
             }
         });
         Runtime { log, _task: task }
@@ -115,7 +119,7 @@ impl RtConn {
     }
 }
 
-async fn serve_runtime_conn(s: UnixStream, log: Arc<RuntimeLog>, opts: RuntimeOpts) {
+async fn serve_runtime_conn(s: UnixStream, log: Arc<RuntimeLog>, opts: RuntimeOpts, first: bool) {
     let (mut r, w) = s.into_split();
     let conn = Arc::new(RtConn { w: AsyncMutex::new(w), reset_strikes: AtomicBool::new(false), active: AtomicUsize::new(0), closing: AtomicBool::new(false) });
     let mut preface = [0u8; 24];
@@ -123,7 +127,14 @@ async fn serve_runtime_conn(s: UnixStream, log: Arc<RuntimeLog>, opts: RuntimeOp
         return;
     }
     let mut hello = Vec::new();
-    f::put_head(&mut hello, 0, f::SETTINGS, 0, 0);
+    match opts.header_table_size {
+        Some(size) => {
+            f::put_head(&mut hello, 6, f::SETTINGS, 0, 0);
+            hello.extend_from_slice(&f::SETTINGS_HEADER_TABLE_SIZE.to_be_bytes());
+            hello.extend_from_slice(&size.to_be_bytes());
+        }
+        None => f::put_head(&mut hello, 0, f::SETTINGS, 0, 0),
+    }
     conn.write(&hello).await;
     let mut dec = Decoder::default();
     let mut buf = BytesMut::new();
@@ -228,6 +239,9 @@ async fn serve_runtime_conn(s: UnixStream, log: Arc<RuntimeLog>, opts: RuntimeOp
                 _ => {}
             }
             if let Some((stream, end, block)) = complete {
+                if first {
+                    log.relay_blocks.lock().unwrap().push(block.len());
+                }
                 let mut fields = Vec::new();
                 dec.decode(&block, |n, v| fields.push((n.to_vec(), v.to_vec()))).expect("header block");
                 if let std::collections::hash_map::Entry::Vacant(e) = streams.entry(stream) {
@@ -578,6 +592,41 @@ async fn any_authority_a_grpc_client_sends_is_accepted_and_relayed_calls_keep_it
                 assert_eq!(authority_of(last), Some(expected), "{path}: the runtime got another :authority for {shown:?}");
             }
         }
+    }
+}
+
+#[tokio::test]
+async fn repeated_relayed_calls_reach_the_runtime_as_table_indices() {
+    const LIST: &str = "/runtime.v1.RuntimeService/ListContainers";
+    // crisp writes every header block on its runtime connection itself, so it owns that
+    // connection's HPACK table: what a client's calls repeat (path, authority, content type,
+    // user agent) is sent once and then indexed, as the client itself does. With a runtime that
+    // allows a small table, or none, every block must still decode to the client's fields.
+    for table in [None, Some(100), Some(0)] {
+        let (dir, runtime, crisp) = setup(RuntimeOpts { header_table_size: table, ..Default::default() }).await;
+        let authority = crisp.path.to_str().unwrap().as_bytes().to_vec();
+        let client = Client::connect(&crisp.path, &authority).await;
+        for i in 0..30 {
+            // CreateContainer is diverted: its blocks never reach this connection, so the
+            // runtime's table must stay in step without them.
+            let path = [VERSION, CREATE, LIST][i % 3];
+            let msg = format!("{path} {i}");
+            let got = within(PATIENCE, "a call", client.call(path, msg.as_bytes())).await;
+            assert_eq!(got, Outcome::Ok(framed(msg.as_bytes())), "{path} (call {i}, table {table:?})");
+            let reqs = runtime.log.requests.lock().unwrap();
+            let last = reqs.last().unwrap();
+            assert_eq!(path_of(last), path, "call {i}, table {table:?}");
+            if path != CREATE {
+                assert_eq!(authority_of(last), Some(authority.clone()), "call {i}, table {table:?}");
+            }
+        }
+        let sizes = runtime.log.relay_blocks.lock().unwrap().clone();
+        assert_eq!(sizes.len(), 20, "{sizes:?}");
+        let (first, later) = (sizes[0], *sizes[2..].iter().max().unwrap());
+        if table.is_none() {
+            assert!(later * 4 <= first, "table {table:?}: the first relayed block was {first} B, later ones up to {later} B: {sizes:?}");
+        }
+        drop(dir);
     }
 }
 

@@ -29,6 +29,7 @@ pub const END_HEADERS: u8 = 0x4;
 pub const PADDED: u8 = 0x8;
 pub const PRIORITY_FLAG: u8 = 0x20;
 
+pub const SETTINGS_HEADER_TABLE_SIZE: u16 = 0x1;
 pub const SETTINGS_INITIAL_WINDOW_SIZE: u16 = 0x4;
 
 pub const NO_ERROR: u32 = 0x0;
@@ -161,7 +162,7 @@ pub fn data_payload(head: &Head, payload: &[u8]) -> Option<std::ops::Range<usize
 // Stateless HPACK encoding
 
 /// Static-table indices (RFC 7541 Appendix A) of the names gRPC uses most.
-fn static_name(name: &[u8]) -> Option<u8> {
+pub(super) fn static_name(name: &[u8]) -> Option<u8> {
     Some(match name {
         b":authority" => 1,
         b":method" => 2,
@@ -175,7 +176,7 @@ fn static_name(name: &[u8]) -> Option<u8> {
 }
 
 /// Full static-table matches (an indexed field, one byte).
-fn static_field(name: &[u8], value: &[u8]) -> Option<u8> {
+pub(super) fn static_field(name: &[u8], value: &[u8]) -> Option<u8> {
     Some(match (name, value) {
         (b":method", b"GET") => 2,
         (b":method", b"POST") => 3,
@@ -206,7 +207,7 @@ pub fn put_int(out: &mut Vec<u8>, first: u8, prefix_bits: u8, mut v: usize) {
 }
 
 #[inline]
-fn put_str(out: &mut Vec<u8>, s: &[u8]) {
+pub(super) fn put_str(out: &mut Vec<u8>, s: &[u8]) {
     put_int(out, 0, 7, s.len());
     out.extend_from_slice(s);
 }

@@ -12,6 +12,7 @@ pub mod client;
 pub mod frames;
 pub mod hpack;
 pub mod huffman;
+pub mod indexer;
 pub mod listener;
 pub mod relay;
 pub mod sock;

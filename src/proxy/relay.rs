@@ -42,6 +42,7 @@ use tokio::sync::{mpsc, watch, Notify};
 
 use super::body::{BoxError, ProxyBody};
 use super::frames::{self as f, Head};
+use super::indexer::Indexer;
 use super::sock::{self, Sock, Wake};
 use super::upstream::{Fields, RawFields};
 use super::Proxy;
@@ -479,6 +480,10 @@ struct ClientToUpstream {
     diverted_ids: HashSet<u32, BuildHasherDefault<IdHasher>>,
     /// The re-encoded request header block, reused from call to call.
     enc: Vec<u8>,
+    /// The fields of the request header block being handled.
+    fields: FieldList,
+    /// The runtime connection's HPACK table, which crisp alone writes to.
+    indexer: Indexer,
     /// Paths this client used, with their routes: no copy or re-validation per call.
     paths: PathCache,
     /// When the frames being handled were read (one clock read per read, not per call).
@@ -704,13 +709,15 @@ impl ClientToUpstream {
         let mut path: Option<(Route, http::uri::PathAndQuery)> = None;
         let mut timeout = None;
         let paths = &mut self.paths;
+        let fields = &mut self.fields;
+        fields.clear();
         let decoded = self.dec.decode(raw, |n, v| {
             match n {
                 b":path" => path = Some(paths.get(v)),
                 b"grpc-timeout" => timeout = parse_grpc_timeout(v),
                 _ => {}
             }
-            f::encode_field(block, n, v);
+            fields.push(n, v);
         });
         if let Err(e) = decoded {
             tracing::warn!(error = %e, "client sent a header block crisp cannot decode; closing its connection");
@@ -730,6 +737,7 @@ impl ClientToUpstream {
         };
         if !new_stream {
             // Trailers (gRPC clients send none, but HTTP/2 allows them).
+            self.fields.stateless(block);
             if let Some(tx) = self.bodies.remove(&stream) {
                 match fields_from_block(block) {
                     Ok((_, trailers)) => {
@@ -741,7 +749,11 @@ impl ClientToUpstream {
             }
             // Or a protocol error for the runtime to judge: relayed streams only.
             if self.upstream && stream <= self.max_relayed && !self.is_diverted(stream) && !self.bodies.contains_key(&stream) {
-                f::headers(out, stream, block, end_stream);
+                // Stateless fields leave the runtime's table alone; owed size updates go first.
+                let mut b = Vec::with_capacity(block.len() + 8);
+                self.indexer.begin(&mut b);
+                b.extend_from_slice(block);
+                f::headers(out, stream, &b, end_stream);
             }
             return Ok(());
         }
@@ -761,6 +773,10 @@ impl ClientToUpstream {
                 st.relayed.insert(stream, Relayed { call: interest.complete.then_some(call), answered: false });
                 drop(st);
                 self.max_relayed = stream;
+                self.indexer.begin(block);
+                for (n, v) in self.fields.iter() {
+                    self.indexer.field(block, n, v);
+                }
                 f::headers(out, stream, block, end_stream);
                 return Ok(());
             }
@@ -771,6 +787,7 @@ impl ClientToUpstream {
                 self.diverted_ids.retain(|id| st.diverted.contains_key(id));
             }
         }
+        self.fields.stateless(block);
         self.divert(call, stream, block, end_stream, ctl);
         Ok(())
     }
@@ -995,10 +1012,12 @@ impl Pump {
             max_relayed: 0,
             diverted_ids: Default::default(),
             enc: Vec::with_capacity(512),
+            fields: FieldList::default(),
+            indexer: Indexer::default(),
             paths: PathCache::default(),
             now: Instant::now(),
         };
-        let down = UpstreamToClient { proxy: proxy.clone(), shared: shared.clone(), dec: super::hpack::Decoder::default(), pending: None };
+        let down = UpstreamToClient { proxy: proxy.clone(), shared: shared.clone(), dec: super::hpack::Decoder::default(), pending: None, table_size: None };
         let buf = || BytesMut::with_capacity(64 << 10);
         Pump { up, down, client, runtime, cbuf: buf(), rbuf: buf(), out: Vec::with_capacity(64 << 10), mine, blocked: false }
     }
@@ -1119,6 +1138,10 @@ impl Pump {
 
     /// Handles what was just read from the client and writes what goes on to the runtime.
     fn handle_client_read(&mut self) -> Result<(), RelayError> {
+        // Settings the runtime sent apply to the blocks crisp writes from now on.
+        if let Some(size) = self.down.table_size.take() {
+            self.up.indexer.peer_table_size(size);
+        }
         if let Err(e) = self.up.frames(&mut self.cbuf, &mut self.out, &mut self.mine) {
             // A GOAWAY crisp wrote for the client's error goes out if it can.
             let _ = self.client.write(&self.mine);
@@ -1240,6 +1263,8 @@ struct UpstreamToClient {
     /// A response header block spanning several frames (relayed as they come, decoded at the
     /// end): crisp's own frames must not be written in between.
     pending: Option<PendingBlock>,
+    /// SETTINGS_HEADER_TABLE_SIZE from the runtime, for the other direction's [`Indexer`].
+    table_size: Option<u32>,
 }
 
 impl UpstreamToClient {
@@ -1298,6 +1323,15 @@ impl UpstreamToClient {
                 // is written (below, with the frames before it) before any DATA of crisp's own
                 // that counts on them (crisp's frames go out after this batch).
                 f::SETTINGS if head.has(f::ACK) => self.settings_acked(),
+                // The runtime's own settings go on to the client unchanged; its header table
+                // size is also the bound of crisp's table on this connection ([`Indexer`]).
+                f::SETTINGS => {
+                    for s in buf[payload.clone()].chunks_exact(6) {
+                        if u16::from_be_bytes([s[0], s[1]]) == f::SETTINGS_HEADER_TABLE_SIZE {
+                            self.table_size = Some(u32::from_be_bytes([s[2], s[3], s[4], s[5]]));
+                        }
+                    }
+                }
                 f::GOAWAY if head.len >= 8 => {
                     // Frames before it go first. The GOAWAY itself is not relayed: the client's
                     // connection is crisp's, and stays up (see `Pump::maybe_move_client`).
@@ -1397,7 +1431,7 @@ impl UpstreamToClient {
 /// to chosen keys buys nothing here: stream ids are the client's own and bounded by its
 /// concurrency, and the path cache is bounded in size; but it costs on every call.
 #[derive(Default, Clone, Copy)]
-struct IdHasher(u64);
+pub(super) struct IdHasher(u64);
 
 impl std::hash::Hasher for IdHasher {
     fn finish(&self) -> u64 {
@@ -1422,6 +1456,46 @@ impl std::hash::Hasher for IdHasher {
 }
 
 type IdMap<V> = HashMap<u32, V, BuildHasherDefault<IdHasher>>;
+
+/// A header block's fields as decoded, kept until the relay knows where the block goes: to the
+/// runtime (through its [`Indexer`]) or, rebuilt statelessly, to the observed path.
+#[derive(Default)]
+struct FieldList {
+    bytes: Vec<u8>,
+    /// Each field's name and value lengths, in order, their bytes one after the other in `bytes`.
+    lens: Vec<(usize, usize)>,
+}
+
+impl FieldList {
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.lens.clear();
+    }
+
+    fn push(&mut self, name: &[u8], value: &[u8]) {
+        self.bytes.extend_from_slice(name);
+        self.bytes.extend_from_slice(value);
+        self.lens.push((name.len(), value.len()));
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        let mut at = 0;
+        self.lens.iter().map(move |&(n, v)| {
+            let field = (&self.bytes[at..at + n], &self.bytes[at + n..at + n + v]);
+            at += n + v;
+            field
+        })
+    }
+
+    /// The block, encoded statelessly ([`f::encode_field`]): self-contained, whatever the
+    /// runtime's table holds.
+    fn stateless(&self, block: &mut Vec<u8>) {
+        block.clear();
+        for (n, v) in self.iter() {
+            f::encode_field(block, n, v);
+        }
+    }
+}
 
 /// The paths one client connection used, with their routes. A kubelet uses a few dozen; a
 /// client that sends ever new paths only makes the cache start over.
