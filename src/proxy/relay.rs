@@ -493,10 +493,10 @@ struct ClientToUpstream {
 impl ClientToUpstream {
     /// Handles the complete frames at the start of `buf` (just read from the client): what goes
     /// on to the runtime is appended to `out`, crisp's own answers to the client to `ctl`.
-    fn frames(&mut self, buf: &mut BytesMut, out: &mut Vec<u8>, ctl: &mut Vec<u8>) -> Result<(), RelayError> {
+    fn frames(&mut self, buf: &mut BytesMut, out: &mut Vec<u8>, ctl: &mut Vec<u8>, now: Instant) -> Result<(), RelayError> {
         let mut credit = 0u32;
         let mut got_frame = false;
-        self.now = Instant::now();
+        self.now = now;
         // Frames are handled where they lie in `buf` (no `Bytes` per frame: its refcount and,
         // for the first split of a buffer, an allocation); the consumed ones are dropped from
         // `buf` at the end.
@@ -643,14 +643,17 @@ impl ClientToUpstream {
         let payload = &frame[f::HEADER_LEN..];
         let inc = if payload.len() == 4 { u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]]) & 0x7fff_ffff } else { 0 };
         if head.stream == 0 {
-            let forward = {
+            let (forward, waiters) = {
                 let mut st = self.shared.lock();
                 st.client_window += inc as i64;
                 let keep = st.debt.min(inc as u64);
                 st.debt -= keep;
-                inc - keep as u32
+                // Only diverted streams' tasks wait for the client's window.
+                (inc - keep as u32, !st.diverted.is_empty())
             };
-            self.shared.window.notify_waiters();
+            if waiters {
+                self.shared.window.notify_waiters();
+            }
             if self.upstream && forward > 0 {
                 f::window_update(out, 0, forward);
             }
@@ -992,6 +995,8 @@ struct Pump {
     mine: Vec<u8>,
     /// The runtime's next DATA frame waits for the client's window.
     blocked: bool,
+    /// When `poll` last returned: the time of what was read then.
+    now: Instant,
 }
 
 impl Pump {
@@ -1017,9 +1022,9 @@ impl Pump {
             paths: PathCache::default(),
             now: Instant::now(),
         };
-        let down = UpstreamToClient { proxy: proxy.clone(), shared: shared.clone(), dec: super::hpack::Decoder::default(), pending: None, table_size: None };
+        let down = UpstreamToClient { proxy: proxy.clone(), shared: shared.clone(), dec: super::hpack::Decoder::default(), pending: None, table_size: None, ended: Vec::new() };
         let buf = || BytesMut::with_capacity(64 << 10);
-        Pump { up, down, client, runtime, cbuf: buf(), rbuf: buf(), out: Vec::with_capacity(64 << 10), mine, blocked: false }
+        Pump { up, down, client, runtime, cbuf: buf(), rbuf: buf(), out: Vec::with_capacity(64 << 10), mine, blocked: false, now: Instant::now() }
     }
 
     /// Relays until the client goes, or until crisp's GOAWAY has drained the connection.
@@ -1043,7 +1048,7 @@ impl Pump {
                 self.goaway(b"crisp: shutting down");
             }
             if self.blocked {
-                self.blocked = self.down.frames(&mut self.rbuf, &mut self.client)?;
+                self.blocked = self.down.frames(&mut self.rbuf, &mut self.client, self.now)?;
             }
             // crisp's own frames, never inside a header block the runtime is still sending.
             if self.down.pending.is_none() {
@@ -1065,7 +1070,10 @@ impl Pump {
                     None => pollfd(-1, false, false),
                 },
             ];
-            sock::poll(&mut fds, next_tick.saturating_duration_since(Instant::now()))?;
+            // From the clock read after the last poll: a tick is at least 10 ms, the work since
+            // then a few µs, and the clock is read once per wakeup.
+            sock::poll(&mut fds, next_tick.saturating_duration_since(self.now))?;
+            self.now = Instant::now();
             let [c, w, r] = fds.map(|p| p.revents);
             if w != 0 {
                 shared.wake.drain();
@@ -1073,9 +1081,8 @@ impl Pump {
             if !self.ready(c, read_client, r, read_runtime)? {
                 return Ok(());
             }
-            let now = Instant::now();
-            if now >= next_tick {
-                next_tick = now + tick;
+            if self.now >= next_tick {
+                next_tick = self.now + tick;
                 self.tick(&mut keepalive)?;
             }
         }
@@ -1105,7 +1112,7 @@ impl Pump {
             match self.runtime.as_mut().expect("checked").recv(&mut self.rbuf) {
                 Ok(0) => self.runtime_failed("connection closed", false)?,
                 Ok(_) => {
-                    self.blocked = self.down.frames(&mut self.rbuf, &mut self.client)?;
+                    self.blocked = self.down.frames(&mut self.rbuf, &mut self.client, self.now)?;
                     if self.rbuf.capacity() > 1 << 20 && self.rbuf.is_empty() {
                         self.rbuf = BytesMut::with_capacity(64 << 10);
                     }
@@ -1142,7 +1149,7 @@ impl Pump {
         if let Some(size) = self.down.table_size.take() {
             self.up.indexer.peer_table_size(size);
         }
-        if let Err(e) = self.up.frames(&mut self.cbuf, &mut self.out, &mut self.mine) {
+        if let Err(e) = self.up.frames(&mut self.cbuf, &mut self.out, &mut self.mine, self.now) {
             // A GOAWAY crisp wrote for the client's error goes out if it can.
             let _ = self.client.write(&self.mine);
             return Err(e);
@@ -1265,6 +1272,8 @@ struct UpstreamToClient {
     pending: Option<PendingBlock>,
     /// SETTINGS_HEADER_TABLE_SIZE from the runtime, for the other direction's [`Indexer`].
     table_size: Option<u32>,
+    /// Relayed calls that ended in the frames being relayed, and their gRPC status.
+    ended: Vec<(Option<Call>, Option<i32>)>,
 }
 
 impl UpstreamToClient {
@@ -1273,8 +1282,17 @@ impl UpstreamToClient {
     /// (unless the client's socket is full). Returns true when it stopped at a DATA frame the
     /// client has no window for: that frame stays at the start of `buf`, for the next call once
     /// the client's credit came.
-    fn frames(&mut self, buf: &mut BytesMut, cw: &mut Sock) -> Result<bool, RelayError> {
-        let now = Instant::now();
+    fn frames(&mut self, buf: &mut BytesMut, cw: &mut Sock, now: Instant) -> Result<bool, RelayError> {
+        let r = self.relay_frames(buf, cw);
+        // Calls that ended are reported once their last bytes went out: the metrics and the tap
+        // are not on the answer's way to the client.
+        for (call, code) in self.ended.drain(..) {
+            complete(&self.proxy, call, code, None, now);
+        }
+        r
+    }
+
+    fn relay_frames(&mut self, buf: &mut BytesMut, cw: &mut Sock) -> Result<bool, RelayError> {
         // buf[..pos]: frames checked and due to the client, not yet written.
         let mut pos = 0;
         // Room still missing for a frame that has only partly arrived.
@@ -1293,7 +1311,7 @@ impl UpstreamToClient {
                         return Ok(true);
                     }
                     if head.has(f::END_STREAM) {
-                        self.end_relayed(head.stream, None, now);
+                        self.end_relayed(head.stream, None);
                     }
                 }
                 f::HEADERS => {
@@ -1302,7 +1320,7 @@ impl UpstreamToClient {
                     let r = f::header_fragment(&head, p).ok_or(RelayError::Protocol("malformed HEADERS from the runtime"))?;
                     let end_stream = head.has(f::END_STREAM);
                     if head.has(f::END_HEADERS) {
-                        self.response_block(head.stream, end_stream, &p[r], now);
+                        self.response_block(head.stream, end_stream, &p[r]);
                     } else {
                         self.pending = Some(PendingBlock { stream: head.stream, end_stream, block: p[r].to_vec() });
                     }
@@ -1311,13 +1329,13 @@ impl UpstreamToClient {
                     if let Some(mut p) = self.pending.take() {
                         p.block.extend_from_slice(&buf[payload]);
                         if head.has(f::END_HEADERS) {
-                            self.response_block(p.stream, p.end_stream, &p.block, now);
+                            self.response_block(p.stream, p.end_stream, &p.block);
                         } else {
                             self.pending = Some(p);
                         }
                     }
                 }
-                f::RST_STREAM => self.end_relayed(head.stream, Some(code::CANCELLED), now),
+                f::RST_STREAM => self.end_relayed(head.stream, Some(code::CANCELLED)),
                 f::PING if head.has(f::ACK) => self.shared.pings.acked(),
                 // The client's oldest unacknowledged SETTINGS now apply on its side too: the ACK
                 // is written (below, with the frames before it) before any DATA of crisp's own
@@ -1399,7 +1417,7 @@ impl UpstreamToClient {
         }
     }
 
-    fn response_block(&mut self, stream: u32, end_stream: bool, block: &[u8], now: Instant) {
+    fn response_block(&mut self, stream: u32, end_stream: bool, block: &[u8]) {
         let mut status = None;
         let decoded = self.dec.decode(block, |n, v| {
             if n == b"grpc-status" {
@@ -1411,18 +1429,18 @@ impl UpstreamToClient {
             tracing::warn!(error = %e, "runtime sent a header block crisp cannot decode");
         }
         if end_stream {
-            self.end_relayed(stream, status.or(Some(code::UNKNOWN)), now);
+            self.end_relayed(stream, status.or(Some(code::UNKNOWN)));
         } else if let Some(r) = self.shared.lock().relayed.get_mut(&stream) {
             r.answered = true;
         }
     }
 
-    /// Ends a relayed call. No grpc-message is decoded for it: a relayed call is one no
-    /// interceptor asked to see in detail.
-    fn end_relayed(&self, stream: u32, code: Option<i32>, now: Instant) {
+    /// Ends a relayed call, to be reported by [`Self::frames`]. No grpc-message is decoded for
+    /// it: a relayed call is one no interceptor asked to see in detail.
+    fn end_relayed(&mut self, stream: u32, code: Option<i32>) {
         let r = self.shared.lock().relayed.remove(&stream);
         if let Some(r) = r {
-            complete(&self.proxy, r.call, code, None, now);
+            self.ended.push((r.call, code));
         }
     }
 }
