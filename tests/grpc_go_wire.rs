@@ -631,6 +631,42 @@ async fn repeated_relayed_calls_reach_the_runtime_as_table_indices() {
 }
 
 #[tokio::test]
+async fn a_header_block_that_decodes_to_gigabytes_closes_only_its_connection() {
+    let (_dir, runtime, crisp) = setup(RuntimeOpts::default()).await;
+    // One 4,000-byte field indexed, then referred to 5,000 times: a 9 KB block that decodes to
+    // 20 MB, more than grpc-go's server takes (16 MiB). A 1 MiB block of such references
+    // decodes to 4 GB.
+    let mut block = vec![0x40, 5];
+    block.extend_from_slice(b"x-big");
+    f::put_int(&mut block, 0, 7, 4000);
+    block.extend_from_slice(&[b'a'; 4000]);
+    block.extend_from_slice(&[0xbe; 5000]);
+    let mut out = f::PREFACE.to_vec();
+    f::put_head(&mut out, 0, f::SETTINGS, 0, 0);
+    f::headers(&mut out, 1, &block, true);
+    let mut s = UnixStream::connect(&crisp.path).await.unwrap();
+    s.write_all(&out).await.unwrap();
+    // crisp answers with GOAWAY COMPRESSION_ERROR and closes the connection.
+    let mut got = Vec::new();
+    within(PATIENCE, "crisp closing the connection", s.read_to_end(&mut got)).await.unwrap();
+    let mut goaway = None;
+    let mut pos = 0;
+    while let Some(head) = Head::parse(&got[pos..]) {
+        let payload = &got[pos + f::HEADER_LEN..pos + f::HEADER_LEN + head.len];
+        if head.kind == f::GOAWAY {
+            goaway = Some((u32::from_be_bytes(payload[4..8].try_into().unwrap()), String::from_utf8_lossy(&payload[8..]).into_owned()));
+        }
+        pos += f::HEADER_LEN + head.len;
+    }
+    assert_eq!(goaway, Some((0x9, "crisp: header list too large".to_string())), "{} bytes back", got.len());
+    assert!(runtime.log.requests.lock().unwrap().is_empty(), "the oversized request reached the runtime");
+    // Other clients are served as before.
+    let client = Client::connect(&crisp.path, b"localhost").await;
+    let got = within(PATIENCE, "a call", client.call(VERSION, b"after")).await;
+    assert_eq!(got, Outcome::Ok(framed(b"after")));
+}
+
+#[tokio::test]
 async fn client_bdp_pings_never_earn_strikes_at_a_grpc_go_runtime() {
     let (_dir, runtime, crisp) = setup(RuntimeOpts::default()).await;
     // `localhost`: independent of how crisp treats a socket-path authority (the test above).

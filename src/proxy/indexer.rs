@@ -25,14 +25,20 @@ const MAX_TABLE: usize = 4096;
 /// A field larger than this share of the table is never indexed: it would evict the rest.
 const MAX_ENTRY_SHARE: usize = 4;
 
+/// An entry's size in the table (RFC 7541 §4.1: name, value and 32), from its key: the key is
+/// the name's length (4 bytes), the name and the value.
+fn entry_size(key: &[u8]) -> usize {
+    key.len() - 4 + 32
+}
+
 /// Names whose values recur on every call of a gRPC client and carry no secret.
 fn indexable(name: &[u8]) -> bool {
     matches!(name, b":path" | b":authority" | b"content-type" | b"user-agent" | b"te")
 }
 
 pub struct Indexer {
-    /// Keys (see [`Self::key`]) and sizes of the dynamic table's entries, oldest first.
-    entries: VecDeque<(Box<[u8]>, usize)>,
+    /// The dynamic table's entries as keys (see [`Self::key`]), oldest first.
+    entries: VecDeque<Box<[u8]>>,
     /// Each key's newest copy in the table, by insertion number.
     index: HashMap<Box<[u8]>, u64, BuildHasherDefault<IdHasher>>,
     /// Entries inserted so far (the next one's insertion number).
@@ -88,7 +94,7 @@ impl Indexer {
             let index = 62 + (self.inserted - 1 - n) as usize;
             return put_int(out, 0x80, 7, index);
         }
-        let size = name.len() + value.len() + 32;
+        let size = entry_size(&self.key);
         if size > self.max_size / MAX_ENTRY_SHARE {
             return encode_field(out, name, value);
         }
@@ -105,7 +111,7 @@ impl Indexer {
         self.evict(size);
         let key: Box<[u8]> = self.key[..].into();
         self.index.insert(key.clone(), self.inserted);
-        self.entries.push_back((key, size));
+        self.entries.push_back(key);
         self.inserted += 1;
         self.size += size;
     }
@@ -113,12 +119,12 @@ impl Indexer {
     /// Drops the oldest entries until `room` more bytes fit, as the runtime's decoder will.
     fn evict(&mut self, room: usize) {
         while self.size + room > self.max_size {
-            let Some((key, size)) = self.entries.pop_front() else { break };
+            let Some(key) = self.entries.pop_front() else { break };
             let n = self.inserted - 1 - self.entries.len() as u64;
             if self.index.get(&key) == Some(&n) {
                 self.index.remove(&key);
             }
-            self.size -= size;
+            self.size -= entry_size(&key);
         }
     }
 }

@@ -54,6 +54,9 @@ use crate::status::{code, parse_grpc_timeout};
 const KEEPALIVE: [u8; 8] = *b"crisp-ka";
 /// Largest header block crisp accepts (the runtime's limit is usually far lower).
 const MAX_HEADER_BLOCK: usize = 1 << 20;
+/// Largest header list (names and values, decoded) crisp accepts: grpc-go's server default. A
+/// block of 1 MiB that refers again and again to one large table entry decodes to gigabytes.
+const MAX_HEADER_LIST: usize = 16 << 20;
 const COMPRESSION_ERROR: u32 = 0x9;
 
 /// A diverted stream's request body, as the client sends it.
@@ -714,14 +717,23 @@ impl ClientToUpstream {
         let paths = &mut self.paths;
         let fields = &mut self.fields;
         fields.clear();
+        let mut too_large = false;
         let decoded = self.dec.decode(raw, |n, v| {
             match n {
                 b":path" => path = Some(paths.get(v)),
                 b"grpc-timeout" => timeout = parse_grpc_timeout(v),
                 _ => {}
             }
-            fields.push(n, v);
+            too_large |= fields.bytes.len() + n.len() + v.len() > MAX_HEADER_LIST;
+            if !too_large {
+                fields.push(n, v);
+            }
         });
+        if too_large {
+            tracing::warn!(max_bytes = MAX_HEADER_LIST, "client sent a header block that decodes to more than crisp accepts; closing its connection");
+            f::goaway(ctl, self.shared.lock().max_stream, COMPRESSION_ERROR, b"crisp: header list too large");
+            return Err(RelayError::Protocol("header list too large"));
+        }
         if let Err(e) = decoded {
             tracing::warn!(error = %e, "client sent a header block crisp cannot decode; closing its connection");
             f::goaway(ctl, self.shared.lock().max_stream, COMPRESSION_ERROR, b"crisp: bad header block");
