@@ -84,13 +84,13 @@ fn bench(c: &mut Criterion) {
     for f in fields("1998977u") {
         enc.encode(f, &mut steady).unwrap();
     }
-    let mut dec = crisp::proxy::hpack::Decoder::default();
+    let mut dec = crisp::proxy::h2::hpack::Decoder::default();
     dec.decode(&first, |_, _| {}).unwrap();
     let mut out = Vec::with_capacity(512);
     c.bench_function("relay_request_headers_decode_and_reencode", |b| {
         b.iter(|| {
             out.clear();
-            dec.decode(black_box(&steady), |n, v| crisp::proxy::frames::encode_field(&mut out, n, v)).unwrap();
+            dec.decode(black_box(&steady), |n, v| crisp::proxy::h2::encode_field(&mut out, n, v)).unwrap();
             out.len()
         })
     });
@@ -102,7 +102,7 @@ fn bench(c: &mut Criterion) {
     c.bench_function("relay_request_headers_decode_and_reencode_loona_hpack", |b| {
         b.iter(|| {
             out.clear();
-            loona.decode_with_cb(black_box(&steady), |n, v| crisp::proxy::frames::encode_field(&mut out, &n, &v)).unwrap();
+            loona.decode_with_cb(black_box(&steady), |n, v| crisp::proxy::h2::encode_field(&mut out, &n, &v)).unwrap();
             out.len()
         })
     });
@@ -118,7 +118,7 @@ fn bench(c: &mut Criterion) {
             decoded.clear();
             httlib.decode(&mut black_box(&steady).clone(), &mut decoded).unwrap();
             for (n, v, _) in &decoded {
-                crisp::proxy::frames::encode_field(&mut out, n, v);
+                crisp::proxy::h2::encode_field(&mut out, n, v);
             }
             out.len()
         })
@@ -127,9 +127,9 @@ fn bench(c: &mut Criterion) {
     // encoder), each added to the table; a fresh decoder per iteration for both.
     c.bench_function("first_request_headers_decode_crisp", |b| {
         b.iter(|| {
-            let mut d = crisp::proxy::hpack::Decoder::default();
+            let mut d = crisp::proxy::h2::hpack::Decoder::default();
             out.clear();
-            d.decode(black_box(&first), |n, v| crisp::proxy::frames::encode_field(&mut out, n, v)).unwrap();
+            d.decode(black_box(&first), |n, v| crisp::proxy::h2::encode_field(&mut out, n, v)).unwrap();
             out.len()
         })
     });
@@ -140,7 +140,7 @@ fn bench(c: &mut Criterion) {
             let mut fields = Vec::with_capacity(16);
             d.decode(&mut black_box(&first).clone(), &mut fields).unwrap();
             for (n, v, _) in &fields {
-                crisp::proxy::frames::encode_field(&mut out, n, v);
+                crisp::proxy::h2::encode_field(&mut out, n, v);
             }
             out.len()
         })
@@ -149,7 +149,7 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             let mut d = loona_hpack::Decoder::new();
             out.clear();
-            d.decode_with_cb(black_box(&first), |n, v| crisp::proxy::frames::encode_field(&mut out, &n, &v)).unwrap();
+            d.decode_with_cb(black_box(&first), |n, v| crisp::proxy::h2::encode_field(&mut out, &n, &v)).unwrap();
             out.len()
         })
     });
@@ -162,7 +162,7 @@ fn bench(c: &mut Criterion) {
     c.bench_function("huffman_decode_path_crisp", |b| {
         b.iter(|| {
             text.clear();
-            crisp::proxy::huffman::decode(black_box(&path), &mut text).unwrap();
+            crisp::proxy::h2::huffman::decode(black_box(&path), &mut text).unwrap();
             text.len()
         })
     });

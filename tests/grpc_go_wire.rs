@@ -27,8 +27,8 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{oneshot, Mutex as AsyncMutex};
 
 use crisp::intercept::{Call, Interceptor, Interest};
-use crisp::proxy::frames::{self as f, Head};
-use crisp::proxy::hpack::Decoder;
+use crisp::proxy::h2::hpack::Decoder;
+use crisp::proxy::h2::{self as f, Flags, GoAway, Head, Kind, Ping, Reason, Settings, WindowUpdate};
 use crisp::proxy::ProxyOptions;
 use support::{within, Crisp, PATIENCE};
 
@@ -129,11 +129,11 @@ async fn serve_runtime_conn(s: UnixStream, log: Arc<RuntimeLog>, opts: RuntimeOp
     let mut hello = Vec::new();
     match opts.header_table_size {
         Some(size) => {
-            f::put_head(&mut hello, 6, f::SETTINGS, 0, 0);
-            hello.extend_from_slice(&f::SETTINGS_HEADER_TABLE_SIZE.to_be_bytes());
+            Head::new(Kind::Settings, Flags::NONE, 0, 6).encode(&mut hello);
+            hello.extend_from_slice(&Settings::HEADER_TABLE_SIZE.to_be_bytes());
             hello.extend_from_slice(&size.to_be_bytes());
         }
-        None => f::put_head(&mut hello, 0, f::SETTINGS, 0, 0),
+        None => Head::new(Kind::Settings, Flags::NONE, 0, 0).encode(&mut hello),
     }
     conn.write(&hello).await;
     let mut dec = Decoder::default();
@@ -163,43 +163,43 @@ async fn serve_runtime_conn(s: UnixStream, log: Arc<RuntimeLog>, opts: RuntimeOp
             let payload = frame.slice(f::HEADER_LEN..);
             let mut complete: Option<(u32, bool, Vec<u8>)> = None;
             match head.kind {
-                f::HEADERS => {
+                Kind::Headers => {
                     let r = f::header_fragment(&head, &payload).unwrap();
-                    let b = (head.stream, head.has(f::END_STREAM), payload[r].to_vec());
-                    if head.has(f::END_HEADERS) {
+                    let b = (head.stream, head.has(Flags::END_STREAM), payload[r].to_vec());
+                    if head.has(Flags::END_HEADERS) {
                         complete = Some(b);
                     } else {
                         block = Some(b);
                     }
                 }
-                f::CONTINUATION => {
+                Kind::Continuation => {
                     let mut b = block.take().expect("CONTINUATION without HEADERS");
                     b.2.extend_from_slice(&payload);
-                    if head.has(f::END_HEADERS) {
+                    if head.has(Flags::END_HEADERS) {
                         complete = Some(b);
                     } else {
                         block = Some(b);
                     }
                 }
-                f::DATA => {
+                Kind::Data => {
                     let mut out = Vec::new();
                     if head.len > 0 {
-                        f::window_update(&mut out, 0, head.len as u32);
+                        WindowUpdate::new(0, head.len as u32).encode(&mut out);
                     }
                     if let Some((_, body)) = streams.get_mut(&head.stream) {
                         let r = f::data_payload(&head, &payload).expect("malformed DATA");
                         body.extend_from_slice(&payload[r]);
                     }
                     conn.write(&out).await;
-                    if head.has(f::END_STREAM) {
+                    if head.has(Flags::END_STREAM) {
                         if let Some((fields, body)) = streams.remove(&head.stream) {
                             respond(&conn, &log, head.stream, fields, body.freeze(), opts, goaway_last);
                         }
                     }
                 }
-                f::SETTINGS if !head.has(f::ACK) => {
+                Kind::Settings if !head.has(Flags::ACK) => {
                     let mut out = Vec::new();
-                    f::put_head(&mut out, 0, f::SETTINGS, f::ACK, 0);
+                    Head::new(Kind::Settings, Flags::ACK, 0, 0).encode(&mut out);
                     if opts.settings_ack_delay.is_zero() {
                         conn.write(&out).await;
                     } else {
@@ -210,10 +210,10 @@ async fn serve_runtime_conn(s: UnixStream, log: Arc<RuntimeLog>, opts: RuntimeOp
                         });
                     }
                 }
-                f::PING if !head.has(f::ACK) => {
+                Kind::Ping if !head.has(Flags::ACK) => {
                     log.pings.fetch_add(1, Ordering::SeqCst);
                     let mut out = Vec::new();
-                    f::put_head(&mut out, 8, f::PING, f::ACK, 0);
+                    Head::new(Kind::Ping, Flags::ACK, 0, 8).encode(&mut out);
                     out.extend_from_slice(&payload);
                     conn.write(&out).await;
                     // grpc-go's http2Server.handlePing with MinTime 5 min, PermitWithoutStream false.
@@ -231,7 +231,7 @@ async fn serve_runtime_conn(s: UnixStream, log: Arc<RuntimeLog>, opts: RuntimeOp
                     if strikes > 2 {
                         log.too_many_pings.fetch_add(1, Ordering::SeqCst);
                         let mut g = Vec::new();
-                        f::goaway(&mut g, 0x7fff_ffff, 0xb /* ENHANCE_YOUR_CALM */, b"too_many_pings");
+                        GoAway::new(0x7fff_ffff, Reason::ENHANCE_YOUR_CALM, b"too_many_pings").encode(&mut g);
                         conn.write(&g).await;
                         return;
                     }
@@ -258,7 +258,7 @@ async fn serve_runtime_conn(s: UnixStream, log: Arc<RuntimeLog>, opts: RuntimeOp
                         log.ignored.fetch_add(1, Ordering::SeqCst);
                         conn.closing.store(true, Ordering::SeqCst);
                         let mut g = Vec::new();
-                        f::goaway(&mut g, last, f::NO_ERROR, b"graceful");
+                        GoAway::new(last, Reason::NO_ERROR, b"graceful").encode(&mut g);
                         conn.write(&g).await;
                         continue;
                     }
@@ -376,11 +376,11 @@ impl Client {
         let mut hello = f::PREFACE.to_vec();
         match window {
             Some(v) => {
-                f::put_head(&mut hello, 6, f::SETTINGS, 0, 0);
-                hello.extend_from_slice(&f::SETTINGS_INITIAL_WINDOW_SIZE.to_be_bytes());
+                Head::new(Kind::Settings, Flags::NONE, 0, 6).encode(&mut hello);
+                hello.extend_from_slice(&Settings::INITIAL_WINDOW_SIZE.to_be_bytes());
                 hello.extend_from_slice(&v.to_be_bytes());
             }
-            None => f::put_head(&mut hello, 0, f::SETTINGS, 0, 0),
+            None => Head::new(Kind::Settings, Flags::NONE, 0, 0).encode(&mut hello),
         }
         w.lock().await.write_all(&hello).await.unwrap();
         let st = Arc::new(Mutex::new(ClientState { strict_until_ack: window.is_some(), ..Default::default() }));
@@ -405,7 +405,7 @@ impl Client {
                     let payload = frame.slice(f::HEADER_LEN..);
                     let mut st = st2.lock().unwrap();
                     match head.kind {
-                        f::DATA => {
+                        Kind::Data => {
                             if let Some((_, body, _)) = st.waiting.get_mut(&head.stream) {
                                 body.extend_from_slice(&payload);
                             }
@@ -414,24 +414,24 @@ impl Client {
                                 *st.before_ack.entry(head.stream).or_default() += head.len;
                             }
                             if head.len > 0 {
-                                f::window_update(&mut out, 0, head.len as u32);
+                                WindowUpdate::new(0, head.len as u32).encode(&mut out);
                                 if !strict {
-                                    f::window_update(&mut out, head.stream, head.len as u32);
+                                    WindowUpdate::new(head.stream, head.len as u32).encode(&mut out);
                                 }
                                 // grpc-go's BDP estimator: a PING per DATA while none is out.
                                 if !st.ping_outstanding {
                                     st.ping_outstanding = true;
                                     st.pings_sent += 1;
-                                    f::ping(&mut out, BDP_PING);
+                                    Ping::new(BDP_PING).encode(&mut out);
                                 }
                             }
                         }
-                        f::HEADERS => {
+                        Kind::Headers => {
                             let r = f::header_fragment(&head, &payload).unwrap();
-                            assert!(head.has(f::END_HEADERS), "the test client handles single-frame blocks only");
+                            assert!(head.has(Flags::END_HEADERS), "the test client handles single-frame blocks only");
                             let mut fields = Vec::new();
                             dec.decode(&payload[r], |n, v| fields.push((n.to_vec(), v.to_vec()))).expect("response header block");
-                            if head.has(f::END_STREAM) {
+                            if head.has(Flags::END_STREAM) {
                                 if let Some((tx, body, _)) = st.waiting.remove(&head.stream) {
                                     let status = fields.iter().find(|(n, _)| n == b"grpc-status").map(|(_, v)| String::from_utf8_lossy(v).into_owned());
                                     let msg = fields.iter().find(|(n, _)| n == b"grpc-message").map(|(_, v)| String::from_utf8_lossy(v).into_owned());
@@ -442,22 +442,22 @@ impl Client {
                                 }
                             }
                         }
-                        f::RST_STREAM => {
+                        Kind::RstStream => {
                             let code = u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]]);
                             if let Some((tx, _, _)) = st.waiting.remove(&head.stream) {
                                 let _ = tx.send(Outcome::Reset(code));
                             }
                         }
-                        f::PING => {
-                            if head.has(f::ACK) {
+                        Kind::Ping => {
+                            if head.has(Flags::ACK) {
                                 st.ping_outstanding = false;
                             } else {
-                                f::put_head(&mut out, 8, f::PING, f::ACK, 0);
+                                Head::new(Kind::Ping, Flags::ACK, 0, 8).encode(&mut out);
                                 out.extend_from_slice(&payload);
                             }
                         }
-                        f::SETTINGS if !head.has(f::ACK) => f::put_head(&mut out, 0, f::SETTINGS, f::ACK, 0),
-                        f::SETTINGS => st.settings_acked = true,
+                        Kind::Settings if !head.has(Flags::ACK) => Head::new(Kind::Settings, Flags::ACK, 0, 0).encode(&mut out),
+                        Kind::Settings => st.settings_acked = true,
                         _ => {}
                     }
                 }
@@ -472,7 +472,7 @@ impl Client {
     /// One unary call, retried once if refused unprocessed (grpc-go's transparent retry).
     async fn call(&self, path: &str, msg: &[u8]) -> Outcome {
         let first = self.call_once(path, msg).await;
-        if first == Outcome::Reset(f::REFUSED_STREAM) {
+        if first == Outcome::Reset(Reason::REFUSED_STREAM.0) {
             return self.call_once(path, msg).await;
         }
         first
@@ -515,18 +515,18 @@ impl Client {
                 let mut payload = vec![7u8, 0, 0, 0, 0, 15];
                 payload.extend_from_slice(first);
                 payload.extend_from_slice(&[0; 7]);
-                f::put_head(&mut out, payload.len(), f::HEADERS, f::PADDED | f::PRIORITY_FLAG, id);
+                Head::new(Kind::Headers, Flags::PADDED | Flags::PRIORITY, id, payload.len()).encode(&mut out);
                 out.extend_from_slice(&payload);
                 let mut chunks = rest.chunks(4000).peekable();
                 while let Some(c) = chunks.next() {
-                    let flags = if chunks.peek().is_none() { f::END_HEADERS } else { 0 };
-                    f::put_head(&mut out, c.len(), f::CONTINUATION, flags, id);
+                    let flags = if chunks.peek().is_none() { Flags::END_HEADERS } else { Flags::NONE };
+                    Head::new(Kind::Continuation, flags, id, c.len()).encode(&mut out);
                     out.extend_from_slice(c);
                 }
                 let mut data = vec![3u8];
                 data.extend_from_slice(&framed);
                 data.extend_from_slice(&[0; 3]);
-                f::put_head(&mut out, data.len(), f::DATA, f::PADDED | f::END_STREAM, id);
+                Head::new(Kind::Data, Flags::PADDED | Flags::END_STREAM, id, data.len()).encode(&mut out);
                 out.extend_from_slice(&data);
             } else {
                 f::headers(&mut out, id, &block, false);
@@ -642,7 +642,7 @@ async fn a_header_block_that_decodes_to_gigabytes_closes_only_its_connection() {
     block.extend_from_slice(&[b'a'; 4000]);
     block.extend_from_slice(&[0xbe; 5000]);
     let mut out = f::PREFACE.to_vec();
-    f::put_head(&mut out, 0, f::SETTINGS, 0, 0);
+    Head::new(Kind::Settings, Flags::NONE, 0, 0).encode(&mut out);
     f::headers(&mut out, 1, &block, true);
     let mut s = UnixStream::connect(&crisp.path).await.unwrap();
     s.write_all(&out).await.unwrap();
@@ -653,7 +653,7 @@ async fn a_header_block_that_decodes_to_gigabytes_closes_only_its_connection() {
     let mut pos = 0;
     while let Some(head) = Head::parse(&got[pos..]) {
         let payload = &got[pos + f::HEADER_LEN..pos + f::HEADER_LEN + head.len];
-        if head.kind == f::GOAWAY {
+        if head.kind == Kind::GoAway {
             goaway = Some((u32::from_be_bytes(payload[4..8].try_into().unwrap()), String::from_utf8_lossy(&payload[8..]).into_owned()));
         }
         pos += f::HEADER_LEN + head.len;

@@ -12,8 +12,8 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use crisp::proxy::frames::{self as f, Head};
-use crisp::proxy::hpack::Decoder;
+use crisp::proxy::h2::{self as f, Flags, Head, Kind};
+use crisp::proxy::h2::hpack::Decoder;
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]
@@ -60,16 +60,16 @@ fuzz_target!(|input: Input| {
         let payload = &input.wire[r.clone()];
         // RFC 9113 §6.1/§6.2, computed independently: an optional pad-length byte first, then
         // (HEADERS with PRIORITY) 5 bytes of priority, the fragment, and the padding last.
-        let padded = head.has(f::PADDED);
+        let padded = head.has(Flags::PADDED);
         let pad = if padded { payload.first().map(|&p| p as usize) } else { Some(0) };
         match head.kind {
-            f::HEADERS | f::CONTINUATION => {
-                let prio = if head.kind == f::HEADERS && head.has(f::PRIORITY_FLAG) { 5 } else { 0 };
+            Kind::Headers | Kind::Continuation => {
+                let prio = if head.kind == Kind::Headers && head.has(Flags::PRIORITY) { 5 } else { 0 };
                 let start = usize::from(padded) + prio;
                 let expected = pad.and_then(|p| payload.len().checked_sub(p)).filter(|&end| start <= end).map(|end| start..end);
                 assert_eq!(f::header_fragment(head, payload), expected);
             }
-            f::DATA => {
+            Kind::Data => {
                 let start = usize::from(padded);
                 let expected = pad.and_then(|p| payload.len().checked_sub(p)).filter(|&end| start <= end && (!padded || end >= 1)).map(|end| start..end);
                 assert_eq!(f::data_payload(head, payload), expected);
@@ -91,11 +91,11 @@ fuzz_target!(|input: Input| {
     let mut again = Vec::new();
     for (i, (head, r)) in frames.iter().enumerate() {
         let last = i + 1 == frames.len();
-        assert_eq!(head.kind, if i == 0 { f::HEADERS } else { f::CONTINUATION });
+        assert_eq!(head.kind, if i == 0 { Kind::Headers } else { Kind::Continuation });
         assert_eq!(head.stream, stream);
         assert!(head.len <= f::MAX_FRAME);
-        assert_eq!(head.has(f::END_HEADERS), last);
-        assert_eq!(head.has(f::END_STREAM), i == 0 && input.end_stream);
+        assert_eq!(head.has(Flags::END_HEADERS), last);
+        assert_eq!(head.has(Flags::END_STREAM), i == 0 && input.end_stream);
         let frag = f::header_fragment(head, &out[r.clone()]).expect("crisp's own frame");
         again.extend_from_slice(&out[r.clone()][frag]);
     }
@@ -108,9 +108,9 @@ fuzz_target!(|input: Input| {
     assert_eq!(used, out.len());
     let mut again = Vec::new();
     for (i, (head, r)) in frames.iter().enumerate() {
-        assert_eq!(head.kind, f::DATA);
+        assert_eq!(head.kind, Kind::Data);
         assert!(head.len <= f::MAX_FRAME);
-        assert_eq!(head.has(f::END_STREAM), input.end_stream && i + 1 == frames.len());
+        assert_eq!(head.has(Flags::END_STREAM), input.end_stream && i + 1 == frames.len());
         again.extend_from_slice(&out[r.clone()]);
     }
     assert_eq!(again, block);

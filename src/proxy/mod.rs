@@ -9,10 +9,7 @@
 
 pub mod body;
 pub mod client;
-pub mod frames;
-pub mod hpack;
-pub mod huffman;
-pub mod indexer;
+pub mod h2;
 pub mod listener;
 pub mod relay;
 pub mod sock;

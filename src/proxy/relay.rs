@@ -41,8 +41,8 @@ use tokio::net::UnixStream;
 use tokio::sync::{mpsc, watch, Notify};
 
 use super::body::{BoxError, ProxyBody};
-use super::frames::{self as f, Head};
-use super::indexer::Indexer;
+use super::h2::Indexer;
+use super::h2::{self, Flags, GoAway, Head, IdHasher, IdMap, Kind, Ping, Reason, RstStream, Settings, WindowUpdate};
 use super::sock::{self, Sock, Wake};
 use super::upstream::{Fields, RawFields};
 use super::Proxy;
@@ -57,7 +57,6 @@ const MAX_HEADER_BLOCK: usize = 1 << 20;
 /// Largest header list (names and values, decoded) crisp accepts: grpc-go's server default. A
 /// block of 1 MiB that refers again and again to one large table entry decodes to gigabytes.
 const MAX_HEADER_LIST: usize = 16 << 20;
-const COMPRESSION_ERROR: u32 = 0x9;
 
 /// A diverted stream's request body, as the client sends it.
 pub struct RelayBody {
@@ -90,7 +89,7 @@ impl Body for RelayBody {
                 // Consumed: the client may send that much more on this stream.
                 if !b.is_empty() {
                     let mut w = Vec::with_capacity(13);
-                    f::window_update(&mut w, self.stream, b.len() as u32);
+                    WindowUpdate::new(self.stream, b.len() as u32).encode(&mut w);
                     self.shared.send(w);
                 }
                 Poll::Ready(Some(Ok(Frame::data(b))))
@@ -247,7 +246,7 @@ impl Shared {
             let n = {
                 let mut st = self.lock();
                 let Some(&sw) = st.diverted.get(&stream) else { return };
-                let n = st.client_window.min(sw).min(f::MAX_FRAME as i64).min(data.len() as i64);
+                let n = st.client_window.min(sw).min(h2::MAX_FRAME as i64).min(data.len() as i64);
                 if n > 0 {
                     st.client_window -= n;
                     st.debt += n as u64;
@@ -260,8 +259,8 @@ impl Shared {
                 continue;
             }
             let chunk = data.split_to(n as usize);
-            let mut out = Vec::with_capacity(f::HEADER_LEN + chunk.len());
-            f::data(&mut out, stream, &chunk, false);
+            let mut out = Vec::with_capacity(h2::HEADER_LEN + chunk.len());
+            h2::data(&mut out, stream, &chunk, false);
             self.send(out);
         }
     }
@@ -343,7 +342,7 @@ pub async fn serve_connection(mut client: UnixStream, proxy: Arc<Proxy>, mut shu
 async fn preface(client: &mut UnixStream, proxy: &Proxy) -> bool {
     let mut preface = [0u8; 24];
     match tokio::time::timeout(proxy.opts.handshake_timeout, client.read_exact(&mut preface)).await {
-        Ok(Ok(_)) if &preface == f::PREFACE => true,
+        Ok(Ok(_)) if &preface == h2::PREFACE => true,
         Ok(Ok(_)) => {
             tracing::debug!("client connection closed: not HTTP/2 (no connection preface)");
             false
@@ -363,7 +362,7 @@ async fn preface(client: &mut UnixStream, proxy: &Proxy) -> bool {
 /// served on the observed path.
 async fn connect_upstream(proxy: &Proxy) -> Option<Sock> {
     match proxy.upstream.connect().await {
-        Ok(mut s) => match s.write_all(f::PREFACE).await.and_then(|()| s.into_std()).and_then(Sock::new) {
+        Ok(mut s) => match s.write_all(h2::PREFACE).await.and_then(|()| s.into_std()).and_then(Sock::new) {
             Ok(s) => Some(s),
             Err(e) => {
                 tracing::warn!(upstream = %proxy.upstream.path().display(), error = %e, "upstream connection failed at once; serving this client on the observed path");
@@ -381,9 +380,9 @@ impl Shared {
     fn new(wake: Wake, degraded: bool) -> Shared {
         Shared {
             st: Mutex::new(State {
-                client_window: f::DEFAULT_WINDOW,
+                client_window: h2::DEFAULT_WINDOW,
                 debt: 0,
-                client_initial_window: f::DEFAULT_WINDOW,
+                client_initial_window: h2::DEFAULT_WINDOW,
                 unacked_windows: std::collections::VecDeque::new(),
                 diverted: IdMap::default(),
                 relayed: IdMap::default(),
@@ -473,7 +472,7 @@ struct ClientToUpstream {
     tasks: Tasks,
     /// The connection has a runtime connection to relay to.
     upstream: bool,
-    dec: super::hpack::Decoder,
+    dec: super::h2::hpack::Decoder,
     /// Request bodies of diverted streams, until the client ends them.
     bodies: IdMap<mpsc::UnboundedSender<BodyPart>>,
     pending: Option<PendingBlock>,
@@ -504,8 +503,8 @@ impl ClientToUpstream {
         // for the first split of a buffer, an allocation); the consumed ones are dropped from
         // `buf` at the end.
         let (mut pos, mut missing) = (0, 0);
-        while let Some(head) = f::complete_at(buf, pos, &mut missing) {
-            let len = f::HEADER_LEN + head.len;
+        while let Some(head) = h2::complete_at(buf, pos, &mut missing) {
+            let len = h2::HEADER_LEN + head.len;
             got_frame = true;
             self.frame(head, &buf[pos..pos + len], out, ctl, &mut credit)?;
             pos += len;
@@ -518,7 +517,7 @@ impl ClientToUpstream {
             self.shared.lock().last_client_frame = self.now;
         }
         if credit > 0 {
-            f::window_update(ctl, 0, credit);
+            WindowUpdate::new(0, credit).encode(ctl);
         }
         Ok(())
     }
@@ -526,23 +525,23 @@ impl ClientToUpstream {
     /// One complete frame from the client: relayed (into `out`), kept, or answered by crisp
     /// (into `ctl`); `credit` collects connection credit to give back for bytes kept.
     fn frame(&mut self, head: Head, frame: &[u8], out: &mut Vec<u8>, ctl: &mut Vec<u8>, credit: &mut u32) -> Result<(), RelayError> {
-        let payload = &frame[f::HEADER_LEN..];
+        let payload = &frame[h2::HEADER_LEN..];
         if self.pending.is_some() {
             return self.continuation(head, payload, out, ctl);
         }
         let relay = |out: &mut Vec<u8>| out.extend_from_slice(frame);
         match head.kind {
-            f::DATA => self.data(head, frame, out, credit),
-            f::HEADERS => {
-                let r = f::header_fragment(&head, payload).ok_or(RelayError::Protocol("malformed HEADERS"))?;
-                if head.has(f::END_HEADERS) {
-                    self.header_block(head.stream, head.has(f::END_STREAM), &payload[r], out, ctl)?;
+            Kind::Data => self.data(head, frame, out, credit),
+            Kind::Headers => {
+                let r = h2::header_fragment(&head, payload).ok_or(RelayError::Protocol("malformed HEADERS"))?;
+                if head.has(Flags::END_HEADERS) {
+                    self.header_block(head.stream, head.has(Flags::END_STREAM), &payload[r], out, ctl)?;
                 } else {
-                    self.pending = Some(PendingBlock { stream: head.stream, end_stream: head.has(f::END_STREAM), block: payload[r].to_vec() });
+                    self.pending = Some(PendingBlock { stream: head.stream, end_stream: head.has(Flags::END_STREAM), block: payload[r].to_vec() });
                 }
             }
-            f::CONTINUATION => return Err(RelayError::Protocol("CONTINUATION without HEADERS")),
-            f::RST_STREAM => {
+            Kind::Continuation => return Err(RelayError::Protocol("CONTINUATION without HEADERS")),
+            Kind::RstStream => {
                 if self.bodies.remove(&head.stream).is_some() || self.is_diverted(head.stream) {
                     self.tasks.abort(head.stream);
                     self.shared.lock().diverted.remove(&head.stream);
@@ -557,19 +556,19 @@ impl ClientToUpstream {
                     }
                 }
             }
-            f::SETTINGS => {
-                if !head.has(f::ACK) {
-                    self.settings(payload, self.upstream);
+            Kind::Settings => {
+                if !head.has(Flags::ACK) {
+                    self.settings(&head, payload, self.upstream);
                     if !self.upstream {
-                        f::put_head(ctl, 0, f::SETTINGS, f::ACK, 0);
+                        Settings::encode_ack(ctl);
                     }
                 }
                 if self.upstream {
                     relay(out);
                 }
             }
-            f::PING => self.ping(head, frame, out, ctl),
-            f::WINDOW_UPDATE => self.window_update(head, frame, out),
+            Kind::Ping => self.ping(head, frame, out, ctl),
+            Kind::WindowUpdate => self.window_update(head, frame, out),
             // PRIORITY, GOAWAY, unknown extension frames: the runtime's business.
             _ => {
                 if self.upstream {
@@ -583,14 +582,14 @@ impl ClientToUpstream {
     /// A CONTINUATION of the header block in `self.pending`.
     fn continuation(&mut self, head: Head, payload: &[u8], out: &mut Vec<u8>, ctl: &mut Vec<u8>) -> Result<(), RelayError> {
         let p = self.pending.as_mut().expect("called with a pending block");
-        if head.kind != f::CONTINUATION || head.stream != p.stream {
+        if head.kind != Kind::Continuation || head.stream != p.stream {
             return Err(RelayError::Protocol("header block interrupted"));
         }
         p.block.extend_from_slice(payload);
         if p.block.len() > MAX_HEADER_BLOCK {
             return Err(RelayError::Protocol("header block too large"));
         }
-        if head.has(f::END_HEADERS) {
+        if head.has(Flags::END_HEADERS) {
             let p = self.pending.take().expect("checked");
             self.header_block(p.stream, p.end_stream, &p.block, out, ctl)?;
         }
@@ -599,18 +598,18 @@ impl ClientToUpstream {
 
     /// DATA: relayed on a relayed stream; a diverted stream's request body otherwise.
     fn data(&mut self, head: Head, frame: &[u8], out: &mut Vec<u8>, credit: &mut u32) {
-        let payload = &frame[f::HEADER_LEN..];
+        let payload = &frame[h2::HEADER_LEN..];
         if let Some(tx) = self.bodies.get(&head.stream) {
             // Never reaches the runtime: the client gets its connection credit back now.
             *credit = credit.saturating_add(head.len as u32);
-            if let Some(r) = f::data_payload(&head, payload) {
+            if let Some(r) = h2::data_payload(&head, payload) {
                 if !r.is_empty() {
                     // A diverted request's body (a few KiB at most for the calls crisp
                     // diverts): copied out of the read buffer.
                     let _ = tx.send(BodyPart::Data(Bytes::copy_from_slice(&payload[r])));
                 }
             }
-            if head.has(f::END_STREAM) {
+            if head.has(Flags::END_STREAM) {
                 self.bodies.remove(&head.stream);
             }
         } else if self.upstream && head.stream <= self.max_relayed && !self.is_diverted(head.stream) {
@@ -623,8 +622,8 @@ impl ClientToUpstream {
     /// PING: ACKs of the runtime's PINGs go back to it; the client's own PINGs go on only when
     /// the runtime would not count them as strikes (see [`PingGate`]), else crisp answers.
     fn ping(&mut self, head: Head, frame: &[u8], out: &mut Vec<u8>, ctl: &mut Vec<u8>) {
-        let payload = &frame[f::HEADER_LEN..];
-        if head.has(f::ACK) {
+        let payload = &frame[h2::HEADER_LEN..];
+        if head.has(Flags::ACK) {
             // crisp's own keep-alive's ACKs end here.
             if self.upstream && payload != KEEPALIVE {
                 out.extend_from_slice(frame);
@@ -632,8 +631,7 @@ impl ClientToUpstream {
         } else if self.upstream && !self.shared.lock().degraded && self.shared.pings.try_forward() {
             out.extend_from_slice(frame);
         } else if payload.len() == 8 {
-            f::put_head(ctl, 8, f::PING, f::ACK, 0);
-            ctl.extend_from_slice(payload);
+            Ping::load(&head, payload).expect("8 bytes").pong().encode(ctl);
         } else if self.upstream {
             // Malformed: the runtime's to judge.
             out.extend_from_slice(frame);
@@ -643,8 +641,9 @@ impl ClientToUpstream {
     /// WINDOW_UPDATE: the connection's credit pays crisp's debt first (bytes it sent on
     /// diverted streams), a diverted stream's is crisp's, a relayed stream's the runtime's.
     fn window_update(&mut self, head: Head, frame: &[u8], out: &mut Vec<u8>) {
-        let payload = &frame[f::HEADER_LEN..];
-        let inc = if payload.len() == 4 { u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]]) & 0x7fff_ffff } else { 0 };
+        let payload = &frame[h2::HEADER_LEN..];
+        // Malformed (FRAME_SIZE_ERROR): the runtime's to judge; crisp counts no credit.
+        let inc = WindowUpdate::load(&head, payload).map_or(0, |w| w.increment);
         if head.stream == 0 {
             let (forward, waiters) = {
                 let mut st = self.shared.lock();
@@ -658,7 +657,7 @@ impl ClientToUpstream {
                 self.shared.window.notify_waiters();
             }
             if self.upstream && forward > 0 {
-                f::window_update(out, 0, forward);
+                WindowUpdate::new(0, forward).encode(out);
             }
         } else if self.is_diverted(head.stream) {
             if let Some(w) = self.shared.lock().diverted.get_mut(&head.stream) {
@@ -679,14 +678,10 @@ impl ClientToUpstream {
 
     /// A client SETTINGS frame (not an ACK). `relayed`: it goes on to the runtime, whose ACK
     /// will reach the client through crisp; otherwise crisp acknowledges it itself, at once.
-    fn settings(&mut self, payload: &[u8], relayed: bool) {
-        let mut window = None;
-        for s in payload.chunks_exact(6) {
-            let id = u16::from_be_bytes([s[0], s[1]]);
-            if id == f::SETTINGS_INITIAL_WINDOW_SIZE {
-                window = Some(u32::from_be_bytes([s[2], s[3], s[4], s[5]]) as i64);
-            }
-        }
+    fn settings(&mut self, head: &Head, payload: &[u8], relayed: bool) {
+        // A malformed frame (FRAME_SIZE_ERROR) changes no window: the runtime (or, degraded,
+        // the client's next frames) ends the connection.
+        let window = Settings::load(head, payload).ok().and_then(|s| s.initial_window_size).map(i64::from);
         let mut st = self.shared.lock();
         if relayed {
             st.unacked_windows.push_back(window);
@@ -731,12 +726,12 @@ impl ClientToUpstream {
         });
         if too_large {
             tracing::warn!(max_bytes = MAX_HEADER_LIST, "client sent a header block that decodes to more than crisp accepts; closing its connection");
-            f::goaway(ctl, self.shared.lock().max_stream, COMPRESSION_ERROR, b"crisp: header list too large");
+            GoAway::new(self.shared.lock().max_stream, Reason::COMPRESSION_ERROR, b"crisp: header list too large").encode(ctl);
             return Err(RelayError::Protocol("header list too large"));
         }
         if let Err(e) = decoded {
             tracing::warn!(error = %e, "client sent a header block crisp cannot decode; closing its connection");
-            f::goaway(ctl, self.shared.lock().max_stream, COMPRESSION_ERROR, b"crisp: bad header block");
+            GoAway::new(self.shared.lock().max_stream, Reason::COMPRESSION_ERROR, b"crisp: bad header block").encode(ctl);
             return Err(RelayError::Protocol("undecodable header block"));
         }
         let now = self.now;
@@ -768,7 +763,7 @@ impl ClientToUpstream {
                 let mut b = Vec::with_capacity(block.len() + 8);
                 self.indexer.begin(&mut b);
                 b.extend_from_slice(block);
-                f::headers(out, stream, &b, end_stream);
+                h2::headers(out, stream, &b, end_stream);
             }
             return Ok(());
         }
@@ -781,7 +776,7 @@ impl ClientToUpstream {
             if st.goaway.is_some_and(|last| stream > last) {
                 // After crisp's GOAWAY: unprocessed, the client retries it elsewhere.
                 drop(st);
-                f::rst_stream(ctl, stream, f::REFUSED_STREAM);
+                RstStream::new(stream, Reason::REFUSED_STREAM).encode(ctl);
                 return Ok(());
             }
             if !(divert || st.degraded) && self.upstream {
@@ -792,7 +787,7 @@ impl ClientToUpstream {
                 for (n, v) in self.fields.iter() {
                     self.indexer.field(block, n, v);
                 }
-                f::headers(out, stream, block, end_stream);
+                h2::headers(out, stream, block, end_stream);
                 return Ok(());
             }
             let w = st.client_initial_window;
@@ -815,7 +810,7 @@ impl ClientToUpstream {
             Err(why) => {
                 tracing::warn!(stream, why, "client sent a request crisp cannot forward; resetting the stream");
                 self.shared.lock().diverted.remove(&stream);
-                f::rst_stream(ctl, stream, f::PROTOCOL_ERROR);
+                RstStream::new(stream, Reason::PROTOCOL_ERROR).encode(ctl);
                 return;
             }
         };
@@ -845,7 +840,7 @@ impl ClientToUpstream {
 /// `http::Request` around them is what crisp itself reads (the path, `grpc-timeout`).
 fn request_from_block(block: &[u8]) -> Result<Request<()>, &'static str> {
     let mut fields = Vec::with_capacity(16);
-    super::hpack::Decoder::default().decode(block, |n, v| fields.push((Bytes::copy_from_slice(n), Bytes::copy_from_slice(v)))).map_err(|_| "header block")?;
+    super::h2::hpack::Decoder::default().decode(block, |n, v| fields.push((Bytes::copy_from_slice(n), Bytes::copy_from_slice(v)))).map_err(|_| "header block")?;
     let mut req = Request::new(());
     *req.version_mut() = http::Version::HTTP_2;
     for (n, v) in &fields {
@@ -879,7 +874,7 @@ type TrailerFields = Vec<(Vec<u8>, Vec<u8>)>;
 /// Decodes a (stateless, so self-contained) header block of request trailers.
 fn fields_from_block(block: &[u8]) -> Result<(TrailerFields, http::HeaderMap), &'static str> {
     let mut fields = Vec::new();
-    super::hpack::Decoder::default().decode(block, |n, v| fields.push((n.to_vec(), v.to_vec()))).map_err(|_| "header block")?;
+    super::h2::hpack::Decoder::default().decode(block, |n, v| fields.push((n.to_vec(), v.to_vec()))).map_err(|_| "header block")?;
     let mut pseudo = Vec::new();
     let mut headers = http::HeaderMap::with_capacity(fields.len());
     for (n, v) in fields {
@@ -902,13 +897,13 @@ async fn respond(proxy: &Arc<Proxy>, shared: &Shared, stream: u32, req: Request<
     };
     let (parts, mut body) = resp.into_parts();
     let mut block = Vec::with_capacity(256);
-    f::encode_field(&mut block, b":status", parts.status.as_str().as_bytes());
+    h2::encode_field(&mut block, b":status", parts.status.as_str().as_bytes());
     for (n, v) in &parts.headers {
-        f::encode_field(&mut block, n.as_str().as_bytes(), v.as_bytes());
+        h2::encode_field(&mut block, n.as_str().as_bytes(), v.as_bytes());
     }
     let end = body.is_end_stream();
     let mut out = Vec::with_capacity(block.len() + 16);
-    f::headers(&mut out, stream, &block, end);
+    h2::headers(&mut out, stream, &block, end);
     if end {
         // The call's completion is reported when its body drops: before the client can see
         // the end of the call (and, say, read the metrics).
@@ -925,11 +920,11 @@ async fn respond(proxy: &Arc<Proxy>, shared: &Shared, stream: u32, req: Request<
                     let mut block = Vec::with_capacity(128);
                     if let Ok(t) = frame.into_trailers() {
                         for (n, v) in &t {
-                            f::encode_field(&mut block, n.as_str().as_bytes(), v.as_bytes());
+                            h2::encode_field(&mut block, n.as_str().as_bytes(), v.as_bytes());
                         }
                     }
                     let mut out = Vec::with_capacity(block.len() + 16);
-                    f::headers(&mut out, stream, &block, true);
+                    h2::headers(&mut out, stream, &block, true);
                     drop(body);
                     shared.send(out);
                     return;
@@ -938,13 +933,13 @@ async fn respond(proxy: &Arc<Proxy>, shared: &Shared, stream: u32, req: Request<
             Some(Err(e)) => {
                 tracing::warn!(stream, error = %e, "response body failed; resetting the stream");
                 let mut out = Vec::new();
-                f::rst_stream(&mut out, stream, f::CANCEL);
+                RstStream::new(stream, Reason::CANCEL).encode(&mut out);
                 shared.send(out);
                 return;
             }
             None => {
                 let mut out = Vec::new();
-                f::data(&mut out, stream, &[], true);
+                h2::data(&mut out, stream, &[], true);
                 drop(body);
                 shared.send(out);
                 return;
@@ -967,22 +962,22 @@ fn upstream_gone(proxy: &Proxy, shared: &Shared, msg: &str, last: Option<u32>) {
     let now = Instant::now();
     for (id, r) in ended {
         if last.is_some() {
-            f::rst_stream(&mut out, id, f::REFUSED_STREAM);
+            RstStream::new(id, Reason::REFUSED_STREAM).encode(&mut out);
             complete(proxy, r.call, Some(code::UNAVAILABLE), Some(format!("{msg} (refused, unprocessed)")), now);
             continue;
         }
         // A clean gRPC error: trailers (or a trailers-only response) with UNAVAILABLE.
         let mut block = Vec::with_capacity(128 + msg.len());
         if !r.answered {
-            f::encode_field(&mut block, b":status", b"200");
-            f::encode_field(&mut block, b"content-type", b"application/grpc");
+            h2::encode_field(&mut block, b":status", b"200");
+            h2::encode_field(&mut block, b"content-type", b"application/grpc");
         }
         for (n, v) in &crate::status::Status::new(code::UNAVAILABLE, msg).to_header_map() {
             if n != http::header::CONTENT_TYPE {
-                f::encode_field(&mut block, n.as_str().as_bytes(), v.as_bytes());
+                h2::encode_field(&mut block, n.as_str().as_bytes(), v.as_bytes());
             }
         }
-        f::headers(&mut out, id, &block, true);
+        h2::headers(&mut out, id, &block, true);
         complete(proxy, r.call, Some(code::UNAVAILABLE), Some(msg.to_string()), now);
     }
     shared.send(out);
@@ -1016,14 +1011,14 @@ impl Pump {
         let mut mine = Vec::new();
         if runtime.is_none() {
             // crisp is the server now: its own (default) SETTINGS.
-            f::put_head(&mut mine, 0, f::SETTINGS, 0, 0);
+            Settings::default().encode(&mut mine);
         }
         let up = ClientToUpstream {
             proxy: proxy.clone(),
             shared: shared.clone(),
             tasks,
             upstream: runtime.is_some(),
-            dec: super::hpack::Decoder::default(),
+            dec: super::h2::hpack::Decoder::default(),
             bodies: IdMap::default(),
             pending: None,
             max_relayed: 0,
@@ -1034,7 +1029,7 @@ impl Pump {
             paths: PathCache::default(),
             now: Instant::now(),
         };
-        let down = UpstreamToClient { proxy: proxy.clone(), shared: shared.clone(), dec: super::hpack::Decoder::default(), pending: None, table_size: None, ended: Vec::new() };
+        let down = UpstreamToClient { proxy: proxy.clone(), shared: shared.clone(), dec: super::h2::hpack::Decoder::default(), pending: None, table_size: None, ended: Vec::new() };
         let buf = || BytesMut::with_capacity(64 << 10);
         Pump { up, down, client, runtime, cbuf: buf(), rbuf: buf(), out: Vec::with_capacity(64 << 10), mine, blocked: false, now: Instant::now() }
     }
@@ -1149,7 +1144,7 @@ impl Pump {
         }
         self.maybe_move_client();
         if ka.ping_sent.is_none() && last.elapsed() >= ka.every && self.down.pending.is_none() {
-            f::ping(&mut self.mine, KEEPALIVE);
+            Ping::new(KEEPALIVE).encode(&mut self.mine);
             ka.ping_sent = Some(Instant::now());
         }
         Ok(())
@@ -1218,7 +1213,7 @@ impl Pump {
             let m = st.max_stream;
             st.goaway = Some(m);
             drop(st);
-            f::goaway(&mut self.mine, m, f::NO_ERROR, why);
+            GoAway::new(m, Reason::NO_ERROR, why).encode(&mut self.mine);
         }
     }
 
@@ -1278,7 +1273,7 @@ fn pollfd(fd: std::os::fd::RawFd, read: bool, write: bool) -> libc::pollfd {
 struct UpstreamToClient {
     proxy: Arc<Proxy>,
     shared: Arc<Shared>,
-    dec: super::hpack::Decoder,
+    dec: super::h2::hpack::Decoder,
     /// A response header block spanning several frames (relayed as they come, decoded at the
     /// end): crisp's own frames must not be written in between.
     pending: Option<PendingBlock>,
@@ -1309,11 +1304,11 @@ impl UpstreamToClient {
         let mut pos = 0;
         // Room still missing for a frame that has only partly arrived.
         let mut missing = 0;
-        while let Some(head) = f::complete_at(buf, pos, &mut missing) {
-            let len = f::HEADER_LEN + head.len;
-            let payload = pos + f::HEADER_LEN..pos + len;
+        while let Some(head) = h2::complete_at(buf, pos, &mut missing) {
+            let len = h2::HEADER_LEN + head.len;
+            let payload = pos + h2::HEADER_LEN..pos + len;
             match head.kind {
-                f::DATA => {
+                Kind::Data => {
                     self.shared.pings.runtime_wrote();
                     let n = head.len as i64;
                     if n > 0 && !self.take_window(n) {
@@ -1322,52 +1317,51 @@ impl UpstreamToClient {
                         Self::flush(buf, &mut pos, cw)?;
                         return Ok(true);
                     }
-                    if head.has(f::END_STREAM) {
+                    if head.has(Flags::END_STREAM) {
                         self.end_relayed(head.stream, None);
                     }
                 }
-                f::HEADERS => {
+                Kind::Headers => {
                     self.shared.pings.runtime_wrote();
                     let p = &buf[payload];
-                    let r = f::header_fragment(&head, p).ok_or(RelayError::Protocol("malformed HEADERS from the runtime"))?;
-                    let end_stream = head.has(f::END_STREAM);
-                    if head.has(f::END_HEADERS) {
+                    let r = h2::header_fragment(&head, p).ok_or(RelayError::Protocol("malformed HEADERS from the runtime"))?;
+                    let end_stream = head.has(Flags::END_STREAM);
+                    if head.has(Flags::END_HEADERS) {
                         self.response_block(head.stream, end_stream, &p[r]);
                     } else {
                         self.pending = Some(PendingBlock { stream: head.stream, end_stream, block: p[r].to_vec() });
                     }
                 }
-                f::CONTINUATION => {
+                Kind::Continuation => {
                     if let Some(mut p) = self.pending.take() {
                         p.block.extend_from_slice(&buf[payload]);
-                        if head.has(f::END_HEADERS) {
+                        if head.has(Flags::END_HEADERS) {
                             self.response_block(p.stream, p.end_stream, &p.block);
                         } else {
                             self.pending = Some(p);
                         }
                     }
                 }
-                f::RST_STREAM => self.end_relayed(head.stream, Some(code::CANCELLED)),
-                f::PING if head.has(f::ACK) => self.shared.pings.acked(),
+                Kind::RstStream => self.end_relayed(head.stream, Some(code::CANCELLED)),
+                Kind::Ping if head.has(Flags::ACK) => self.shared.pings.acked(),
                 // The client's oldest unacknowledged SETTINGS now apply on its side too: the ACK
                 // is written (below, with the frames before it) before any DATA of crisp's own
                 // that counts on them (crisp's frames go out after this batch).
-                f::SETTINGS if head.has(f::ACK) => self.settings_acked(),
+                Kind::Settings if head.has(Flags::ACK) => self.settings_acked(),
                 // The runtime's own settings go on to the client unchanged; its header table
                 // size is also the bound of crisp's table on this connection ([`Indexer`]).
-                f::SETTINGS => {
-                    for s in buf[payload.clone()].chunks_exact(6) {
-                        if u16::from_be_bytes([s[0], s[1]]) == f::SETTINGS_HEADER_TABLE_SIZE {
-                            self.table_size = Some(u32::from_be_bytes([s[2], s[3], s[4], s[5]]));
-                        }
+                Kind::Settings => {
+                    if let Some(size) = Settings::load(&head, &buf[payload.clone()]).ok().and_then(|s| s.header_table_size) {
+                        self.table_size = Some(size);
                     }
                 }
-                f::GOAWAY if head.len >= 8 => {
+                // Shorter (malformed) GOAWAYs go on to the client, as any frame crisp does not read.
+                Kind::GoAway if head.len >= 8 => {
                     // Frames before it go first. The GOAWAY itself is not relayed: the client's
                     // connection is crisp's, and stays up (see `Pump::maybe_move_client`).
                     Self::flush(buf, &mut pos, cw)?;
                     let goaway = buf.split_to(len);
-                    self.goaway(&goaway[f::HEADER_LEN..]);
+                    self.goaway(GoAway::load(&goaway[h2::HEADER_LEN..]).expect("8 bytes or more"));
                     continue;
                 }
                 _ => {}
@@ -1395,15 +1389,14 @@ impl UpstreamToClient {
 
     /// The runtime's GOAWAY (payload): calls it will not process end (refused), new streams are
     /// diverted until the client moves to a new connection.
-    fn goaway(&self, g: &[u8]) {
-        let last = u32::from_be_bytes([g[0], g[1], g[2], g[3]]) & 0x7fff_ffff;
-        let err = u32::from_be_bytes([g[4], g[5], g[6], g[7]]);
-        let debug_data = String::from_utf8_lossy(&g[8..]);
+    fn goaway(&self, g: GoAway<'_>) {
+        let (last, err) = (g.last_stream, g.reason);
+        let debug_data = String::from_utf8_lossy(g.debug_data);
         let upstream = self.proxy.upstream.path().display();
-        if err == f::ENHANCE_YOUR_CALM {
-            tracing::warn!(%upstream, last_stream = last, error_code = err, debug_data = %debug_data, "runtime sent GOAWAY ENHANCE_YOUR_CALM (it judged this connection's PINGs too frequent); moving this client to a new connection");
+        if err == Reason::ENHANCE_YOUR_CALM {
+            tracing::warn!(%upstream, last_stream = last, error_code = err.0, debug_data = %debug_data, "runtime sent GOAWAY ENHANCE_YOUR_CALM (it judged this connection's PINGs too frequent); moving this client to a new connection");
         } else {
-            tracing::info!(%upstream, last_stream = last, error_code = err, debug_data = %debug_data, "runtime sent GOAWAY; moving this client to a new connection");
+            tracing::info!(%upstream, last_stream = last, error_code = err.0, debug_data = %debug_data, "runtime sent GOAWAY; moving this client to a new connection");
         }
         let msg = format!("crisp: upstream unix://{upstream} closed the connection (GOAWAY)");
         upstream_gone(&self.proxy, &self.shared, &msg, Some(last));
@@ -1457,36 +1450,6 @@ impl UpstreamToClient {
     }
 }
 
-/// Hashes stream ids, and the short byte strings of [`PathCache`], cheaply. SipHash's resistance
-/// to chosen keys buys nothing here: stream ids are the client's own and bounded by its
-/// concurrency, and the path cache is bounded in size; but it costs on every call.
-#[derive(Default, Clone, Copy)]
-pub(super) struct IdHasher(u64);
-
-impl std::hash::Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        // Fold the well-mixed high half into the low bits, which pick the bucket.
-        self.0 ^ (self.0 >> 29)
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            let w = u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
-            self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-        for &b in chunks.remainder() {
-            self.0 = (self.0.rotate_left(5) ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-
-    fn write_u32(&mut self, n: u32) {
-        self.0 = (self.0 ^ n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
-type IdMap<V> = HashMap<u32, V, BuildHasherDefault<IdHasher>>;
-
 /// A header block's fields as decoded, kept until the relay knows where the block goes: to the
 /// runtime (through its [`Indexer`]) or, rebuilt statelessly, to the observed path.
 #[derive(Default)]
@@ -1517,12 +1480,12 @@ impl FieldList {
         })
     }
 
-    /// The block, encoded statelessly ([`f::encode_field`]): self-contained, whatever the
+    /// The block, encoded statelessly ([`h2::encode_field`]): self-contained, whatever the
     /// runtime's table holds.
     fn stateless(&self, block: &mut Vec<u8>) {
         block.clear();
         for (n, v) in self.iter() {
-            f::encode_field(block, n, v);
+            h2::encode_field(block, n, v);
         }
     }
 }

@@ -9,7 +9,7 @@
 //! encoder does. The runtime then decodes ~10 bytes per call instead of ~130 bytes of literals
 //! (BENCHMARKS.md, issue #20). Everything else, `grpc-timeout` (new on every call) and any field
 //! outside that list (tokens, custom metadata) included, is written as a literal that leaves the
-//! table alone, exactly as [`super::frames::encode_field`] writes it.
+//! table alone, exactly as [`super::encode_field`] writes it.
 //!
 //! Blocks that may be decoded out of step — the stateless ones a diverted stream is rebuilt from
 //! — never come from here.
@@ -17,8 +17,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasherDefault;
 
-use super::frames::{encode_field, put_int, put_str, static_field, static_name};
-use super::relay::IdHasher;
+use super::stateless::{encode_field, put_int, put_str, static_field, static_name};
+use super::IdHasher;
 
 /// The table size crisp uses at most (HPACK's default; the runtime may allow more or less).
 const MAX_TABLE: usize = 4096;

@@ -1,0 +1,40 @@
+//! RST_STREAM (RFC 9113 §6.4).
+
+use super::{Flags, FrameError, Head, Kind, Reason};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RstStream {
+    pub stream: u32,
+    pub reason: Reason,
+}
+
+impl RstStream {
+    pub fn new(stream: u32, reason: Reason) -> RstStream {
+        RstStream { stream, reason }
+    }
+
+    pub fn load(head: &Head, payload: &[u8]) -> Result<RstStream, FrameError> {
+        let [a, b, c, d] = *payload else { return Err(FrameError::BadLength { kind: Kind::RstStream, len: payload.len() }) };
+        Ok(RstStream { stream: head.stream, reason: Reason(u32::from_be_bytes([a, b, c, d])) })
+    }
+
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        Head::new(Kind::RstStream, Flags::NONE, self.stream, 4).encode(out);
+        out.extend_from_slice(&self.reason.0.to_be_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::HEADER_LEN;
+    use super::*;
+
+    #[test]
+    fn resets_round_trip() {
+        let mut b = Vec::new();
+        RstStream::new(9, Reason::REFUSED_STREAM).encode(&mut b);
+        let head = Head::parse(&b).unwrap();
+        assert_eq!(RstStream::load(&head, &b[HEADER_LEN..]), Ok(RstStream::new(9, Reason::REFUSED_STREAM)));
+        assert_eq!(RstStream::load(&head, &[0; 3]), Err(FrameError::BadLength { kind: Kind::RstStream, len: 3 }));
+    }
+}
