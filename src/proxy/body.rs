@@ -17,8 +17,9 @@ pub enum ProxyBody {
     /// The runtime's response body, forwarded as it arrives (back-pressure comes from HTTP/2
     /// flow control).
     Upstream(hyper::body::Incoming),
-    /// A request body arriving on a relayed connection (see [`super::relay`]).
-    Relay(super::relay::RelayBody),
+    /// A request body arriving on a relayed connection, a diverted stream's (see
+    /// [`super::relay`]).
+    Channel(ChannelBody),
     /// Buffered data (one or more frames) followed by optional trailers.
     Buffered { data: Option<Bytes>, trailers: Option<HeaderMap> },
 }
@@ -47,7 +48,7 @@ impl Body for ProxyBody {
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match &mut *self {
             ProxyBody::Upstream(inner) => Pin::new(inner).poll_frame(cx).map_err(BoxError::from),
-            ProxyBody::Relay(inner) => Pin::new(inner).poll_frame(cx),
+            ProxyBody::Channel(inner) => Pin::new(inner).poll_frame(cx),
             ProxyBody::Buffered { data, trailers } => {
                 if let Some(d) = data.take() {
                     return Poll::Ready(Some(Ok(Frame::data(d))));
@@ -60,7 +61,7 @@ impl Body for ProxyBody {
     fn is_end_stream(&self) -> bool {
         match self {
             ProxyBody::Upstream(inner) => inner.is_end_stream(),
-            ProxyBody::Relay(inner) => inner.is_end_stream(),
+            ProxyBody::Channel(inner) => inner.is_end_stream(),
             ProxyBody::Buffered { data, trailers } => data.is_none() && trailers.is_none(),
         }
     }
@@ -68,11 +69,69 @@ impl Body for ProxyBody {
     fn size_hint(&self) -> SizeHint {
         match self {
             ProxyBody::Upstream(inner) => inner.size_hint(),
-            ProxyBody::Relay(_) => SizeHint::default(),
+            ProxyBody::Channel(_) => SizeHint::default(),
             // Deliberately inexact: an exact hint makes hyper add a content-length header the
             // client never sent, and crisp forwards headers byte-exact.
             ProxyBody::Buffered { .. } => SizeHint::default(),
         }
+    }
+}
+
+/// What a body fed through a channel receives: data, or trailers (which end it).
+pub enum BodyPart {
+    Data(Bytes),
+    Trailers(HeaderMap),
+}
+
+/// A body fed through a channel; `consumed` hears of each data chunk as it is read (the relay
+/// gives the client that much stream credit back).
+pub struct ChannelBody {
+    rx: tokio::sync::mpsc::UnboundedReceiver<BodyPart>,
+    consumed: Box<dyn Fn(usize) + Send + Sync>,
+    done: bool,
+}
+
+impl ChannelBody {
+    pub fn new(rx: tokio::sync::mpsc::UnboundedReceiver<BodyPart>, consumed: Box<dyn Fn(usize) + Send + Sync>) -> ChannelBody {
+        ChannelBody { rx, consumed, done: false }
+    }
+}
+
+impl std::fmt::Debug for ChannelBody {
+    fn fmt(&self, fmt: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        fmt.debug_struct("ChannelBody").field("done", &self.done).finish()
+    }
+}
+
+impl Body for ChannelBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        match self.rx.poll_recv(cx) {
+            Poll::Ready(Some(BodyPart::Trailers(t))) => {
+                self.done = true;
+                Poll::Ready(Some(Ok(Frame::trailers(t))))
+            }
+            Poll::Ready(Some(BodyPart::Data(b))) => {
+                if !b.is_empty() {
+                    (self.consumed)(b.len());
+                }
+                Poll::Ready(Some(Ok(Frame::data(b))))
+            }
+            Poll::Ready(None) => {
+                self.done = true;
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
     }
 }
 

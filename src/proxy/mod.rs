@@ -462,6 +462,41 @@ impl Body for ResponseBody {
     }
 }
 
+impl Proxy {
+    /// What the relay gets to see of crisp.
+    fn relay_handle(self: &Arc<Self>) -> relay::Handle {
+        let o = &self.opts;
+        let options = relay::Options { handshake_timeout: o.handshake_timeout, keepalive_interval: o.keepalive_interval, keepalive_timeout: o.keepalive_timeout };
+        relay::Handle { options, runtime: self.upstream.clone(), service: self.clone() }
+    }
+}
+
+impl relay::Calls for Proxy {
+    fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn interest(&self, call: &Call) -> crate::intercept::Interest {
+        self.interceptors.interest(call)
+    }
+}
+
+impl relay::Service for Proxy {
+    fn completed(&self, call: &Call, outcome: &Outcome) {
+        self.interceptors.on_complete(call, outcome);
+    }
+
+    fn divert(self: Arc<Self>, req: Request<ProxyBody>) -> Pin<Box<dyn Future<Output = Response<relay::DivertedBody>> + Send>> {
+        Box::pin(async move {
+            let resp = match self.handle(req).await {
+                Ok(r) => r,
+                Err(never) => match never {},
+            };
+            resp.map(http_body_util::BodyExt::boxed_unsync)
+        })
+    }
+}
+
 /// Serves kubelet-facing connections on `listener` until `shutdown` resolves, then stops
 /// accepting and lets in-flight calls finish within `shutdown_grace`. Every connection is relayed
 /// ([`relay`]).
@@ -470,6 +505,7 @@ pub async fn serve(listener: UnixListener, proxy: Arc<Proxy>, shutdown: impl Fut
     let mut conns = tokio::task::JoinSet::new();
     // Tells relayed connections to send GOAWAY and finish.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let handle = proxy.relay_handle();
     tokio::pin!(shutdown);
     loop {
         let stream = tokio::select! {
@@ -485,7 +521,7 @@ pub async fn serve(listener: UnixListener, proxy: Arc<Proxy>, shutdown: impl Fut
             },
         };
         while conns.try_join_next().is_some() {}
-        conns.spawn(relay::serve_connection(stream, proxy.clone(), stop_rx.clone()));
+        conns.spawn(relay::serve_connection(stream, handle.clone(), stop_rx.clone()));
     }
     drop(listener);
     let grace = proxy.opts.shutdown_grace;

@@ -1,0 +1,294 @@
+//! The tokio side of a relayed connection: diverted streams, served by the observed path on
+//! crisp's runtime, and the queue through which their frames reach the relay thread.
+
+use super::LOG;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::Body;
+use http_body_util::BodyExt;
+use tokio::sync::mpsc;
+
+use super::core::Calls;
+use super::flow::Windows;
+use crate::intercept::{Call, Outcome};
+use crate::proxy::body::{BodyPart, BoxError, ChannelBody, ProxyBody};
+use crate::proxy::h2::{self, IdMap, Reason, RstStream, WindowUpdate};
+use crate::proxy::sock::Wake;
+use crate::proxy::upstream::{Fields, RawFields};
+
+/// A diverted call's response body, as the observed path gives it.
+pub type DivertedBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
+
+/// What the relay needs of the rest of crisp: the route decision ([`Calls`]), where ended calls
+/// are reported, and the observed path that serves diverted streams.
+pub trait Service: Calls {
+    fn completed(&self, call: &Call, outcome: &Outcome);
+    /// Serves a diverted stream's request (its [`Call`] in its extensions).
+    fn divert(self: Arc<Self>, req: Request<ProxyBody>) -> Pin<Box<dyn Future<Output = Response<DivertedBody>> + Send>>;
+}
+
+/// Frames for the client that do not come from the runtime, from other threads (diverted
+/// streams' tasks); the relay thread writes them between the runtime's frames.
+pub struct Outbox {
+    ctl: Mutex<Vec<u8>>,
+    /// Wakes the relay thread: `ctl` has frames, or `stop` / `kill` was set.
+    pub wake: Wake,
+    /// crisp is shutting down: GOAWAY, then finish what is in flight.
+    pub stop: AtomicBool,
+    /// The connection's task was dropped (the shutdown grace ended): close now.
+    pub kill: AtomicBool,
+}
+
+impl Outbox {
+    pub fn new(wake: Wake) -> Outbox {
+        Outbox { ctl: Mutex::new(Vec::new()), wake, stop: AtomicBool::new(false), kill: AtomicBool::new(false) }
+    }
+
+    fn queue(&self) -> std::sync::MutexGuard<'_, Vec<u8>> {
+        self.ctl.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn send(&self, frame: &[u8]) {
+        let was_empty = {
+            let mut q = self.queue();
+            let was_empty = q.is_empty();
+            q.extend_from_slice(frame);
+            was_empty
+        };
+        if was_empty {
+            self.wake.notify();
+        }
+    }
+
+    /// Moves the frames other threads queued for the client into `into`.
+    pub fn take(&self, into: &mut Vec<u8>) {
+        let mut q = self.queue();
+        if !q.is_empty() {
+            into.extend_from_slice(&q);
+            q.clear();
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.queue().is_empty()
+    }
+}
+
+/// Diverted streams of one connection: their tasks (aborted when the client resets the stream
+/// or goes away) and their request bodies' senders.
+pub struct Diverted {
+    service: Arc<dyn Service>,
+    windows: Arc<Windows>,
+    outbox: Arc<Outbox>,
+    tasks: Arc<Mutex<IdMap<tokio::task::AbortHandle>>>,
+    bodies: IdMap<mpsc::UnboundedSender<BodyPart>>,
+}
+
+impl Diverted {
+    pub fn new(service: Arc<dyn Service>, windows: Arc<Windows>, outbox: Arc<Outbox>) -> Diverted {
+        Diverted { service, windows, outbox, tasks: Default::default(), bodies: IdMap::default() }
+    }
+
+    /// Hands a stream to the observed path (on crisp's runtime: the caller has entered it).
+    pub fn start(&mut self, stream: u32, call: Call, fields: Vec<(Bytes, Bytes)>, end_stream: bool) {
+        let mut req = request_from_fields(fields);
+        let body = if end_stream {
+            ProxyBody::empty()
+        } else {
+            let (tx, rx) = mpsc::unbounded_channel();
+            self.bodies.insert(stream, tx);
+            let outbox = self.outbox.clone();
+            // Consumed: the client may send that much more on this stream.
+            let consumed = move |n: usize| {
+                let mut w = Vec::with_capacity(13);
+                WindowUpdate::new(stream, n as u32).encode(&mut w);
+                outbox.send(&w);
+            };
+            ProxyBody::Channel(ChannelBody::new(rx, Box::new(consumed)))
+        };
+        req.extensions_mut().insert(call);
+        let req = req.map(|()| body);
+        let (service, windows, outbox, tasks) = (self.service.clone(), self.windows.clone(), self.outbox.clone(), self.tasks.clone());
+        let mut map = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        let h = tokio::spawn(async move {
+            respond(service, &windows, &outbox, stream, req).await;
+            tasks.lock().unwrap_or_else(|e| e.into_inner()).remove(&stream);
+            windows.lock().close_diverted(stream);
+            windows.notify();
+        });
+        map.insert(stream, h.abort_handle());
+    }
+
+    pub fn body(&mut self, stream: u32, data: Bytes) {
+        if let Some(tx) = self.bodies.get(&stream) {
+            let _ = tx.send(BodyPart::Data(data));
+        }
+    }
+
+    pub fn body_end(&mut self, stream: u32) {
+        self.bodies.remove(&stream);
+    }
+
+    pub fn trailers(&mut self, stream: u32, fields: Vec<(Bytes, Bytes)>) {
+        let Some(tx) = self.bodies.remove(&stream) else { return };
+        match trailers_from_fields(fields) {
+            Ok(t) => {
+                let _ = tx.send(BodyPart::Trailers(t));
+            }
+            Err(why) => tracing::warn!(target: LOG, stream, %why, "client sent request trailers crisp cannot forward; dropped"),
+        }
+    }
+
+    /// The client reset the stream.
+    pub fn abort(&mut self, stream: u32) {
+        self.bodies.remove(&stream);
+        if let Some(h) = self.tasks.lock().unwrap_or_else(|e| e.into_inner()).remove(&stream) {
+            h.abort();
+        }
+    }
+
+    /// The client is gone (or was closed): nothing may stay behind.
+    pub fn abort_all(&mut self) {
+        self.bodies.clear();
+        for (_, h) in self.tasks.lock().unwrap_or_else(|e| e.into_inner()).drain() {
+            h.abort();
+        }
+    }
+}
+
+/// A request from a header block's fields as the relay decoded them. The fields go to the
+/// runtime in the client's order ([`RawFields`]; `:authority` as docs/ARCHITECTURE.md says); the
+/// `http::Request` around them is what crisp itself reads (the path, `grpc-timeout`).
+fn request_from_fields(fields: Vec<(Bytes, Bytes)>) -> Request<()> {
+    let mut req = Request::new(());
+    *req.version_mut() = http::Version::HTTP_2;
+    for (n, v) in &fields {
+        match n.as_ref() {
+            b":method" => {
+                if let Ok(m) = http::Method::from_bytes(v) {
+                    *req.method_mut() = m;
+                }
+            }
+            b":path" => {
+                if let Ok(u) = http::Uri::from_maybe_shared(v.clone()) {
+                    *req.uri_mut() = u;
+                }
+            }
+            n if n.starts_with(b":") => {}
+            n => {
+                // A field http cannot represent still reaches the runtime (RawFields); crisp
+                // only does not look at it.
+                if let (Ok(name), Ok(value)) = (http::HeaderName::from_bytes(n), http::HeaderValue::from_maybe_shared(v.clone())) {
+                    req.headers_mut().append(name, value);
+                }
+            }
+        }
+    }
+    req.extensions_mut().insert(RawFields(Fields(fields)));
+    req
+}
+
+/// Why request trailers cannot be forwarded.
+#[derive(Debug, thiserror::Error)]
+enum TrailerError {
+    #[error("header name")]
+    Name,
+    #[error("header value")]
+    Value,
+}
+
+/// Request trailers (pseudo-fields dropped).
+fn trailers_from_fields(fields: Vec<(Bytes, Bytes)>) -> Result<http::HeaderMap, TrailerError> {
+    let mut headers = http::HeaderMap::with_capacity(fields.len());
+    for (n, v) in fields {
+        if n.starts_with(b":") {
+            continue;
+        }
+        let name = http::HeaderName::from_bytes(&n).map_err(|_| TrailerError::Name)?;
+        let value = http::HeaderValue::from_maybe_shared(v).map_err(|_| TrailerError::Value)?;
+        headers.append(name, value);
+    }
+    Ok(headers)
+}
+
+/// Serves a diverted stream through the observed path and writes its response to the client.
+async fn respond(service: Arc<dyn Service>, windows: &Windows, outbox: &Outbox, stream: u32, req: Request<ProxyBody>) {
+    let resp = service.divert(req).await;
+    let (parts, mut body) = resp.into_parts();
+    let mut block = Vec::with_capacity(256);
+    h2::encode_field(&mut block, b":status", parts.status.as_str().as_bytes());
+    for (n, v) in &parts.headers {
+        h2::encode_field(&mut block, n.as_str().as_bytes(), v.as_bytes());
+    }
+    let end = body.is_end_stream();
+    let mut out = Vec::with_capacity(block.len() + 16);
+    h2::headers(&mut out, stream, &block, end);
+    if end {
+        // The call's completion is reported when its body drops: before the client can see
+        // the end of the call (and, say, read the metrics).
+        drop(body);
+        outbox.send(&out);
+        return;
+    }
+    outbox.send(&out);
+    loop {
+        match body.frame().await {
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(d) => send_data(windows, outbox, stream, d).await,
+                Err(frame) => {
+                    let mut block = Vec::with_capacity(128);
+                    if let Ok(t) = frame.into_trailers() {
+                        for (n, v) in &t {
+                            h2::encode_field(&mut block, n.as_str().as_bytes(), v.as_bytes());
+                        }
+                    }
+                    let mut out = Vec::with_capacity(block.len() + 16);
+                    h2::headers(&mut out, stream, &block, true);
+                    drop(body);
+                    outbox.send(&out);
+                    return;
+                }
+            },
+            Some(Err(e)) => {
+                tracing::warn!(target: LOG, stream, error = %e, "response body failed; resetting the stream");
+                let mut out = Vec::new();
+                RstStream::new(stream, Reason::CANCEL).encode(&mut out);
+                outbox.send(&out);
+                return;
+            }
+            None => {
+                let mut out = Vec::new();
+                h2::data(&mut out, stream, &[], true);
+                drop(body);
+                outbox.send(&out);
+                return;
+            }
+        }
+    }
+}
+
+/// Sends a diverted stream's response data within the client's windows.
+async fn send_data(windows: &Windows, outbox: &Outbox, stream: u32, mut data: Bytes) {
+    while !data.is_empty() {
+        let notified = windows.changed().notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let n = match windows.lock().take_for_diverted(stream, data.len()) {
+            None => return,
+            Some(n) => n,
+        };
+        if n == 0 {
+            notified.await;
+            continue;
+        }
+        let chunk = data.split_to(n);
+        let mut out = Vec::with_capacity(h2::HEADER_LEN + chunk.len());
+        h2::data(&mut out, stream, &chunk, false);
+        outbox.send(&out);
+    }
+}

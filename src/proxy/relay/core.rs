@@ -1,0 +1,330 @@
+//! The relay's connection core, without I/O: bytes and time in, bytes and events out.
+//!
+//! One [`Core`] per client connection holds the connection's rules — the stream table, the
+//! route of each new stream, flow-control windows and debt ([`super::flow`]), the PING gate and
+//! keep-alive ([`super::ping`]), SETTINGS ACK ordering, GOAWAY both ways. Its shell
+//! ([`super::pump`]) reads the sockets and hands the bytes in ([`Core::client_bytes`],
+//! [`Core::runtime_bytes`]); the core appends what goes to the runtime to [`Core::to_runtime`],
+//! its own frames for the client to [`Core::to_client`], writes the runtime's frames to a
+//! [`Sink`] as they are (no copy), and leaves [`Event`]s — a stream to divert, a call that ended —
+//! for the shell to act on. It has no socket, no clock, no runtime: tests drive it frame by frame
+//! ([`super::tests`]).
+
+use super::LOG;
+use std::collections::HashSet;
+use std::hash::BuildHasherDefault;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+
+use super::error::{RelayError, Violation};
+use super::fields::{FieldList, PathCache};
+use super::flow::Windows;
+use super::ping::{KeepAlive, KeepAliveAction, PingGate, KEEPALIVE};
+use super::status::Ending;
+use crate::intercept::{Call, Interest};
+use crate::proxy::h2::{self, hpack, GoAway, IdHasher, IdMap, Indexer, Ping, Reason, RstStream, Settings};
+
+/// Largest header block crisp accepts (the runtime's limit is usually far lower).
+pub const MAX_HEADER_BLOCK: usize = 1 << 20;
+/// Largest header list (names and values, decoded) crisp accepts: grpc-go's server default. A
+/// block of 1 MiB that refers again and again to one large table entry decodes to gigabytes.
+pub const MAX_HEADER_LIST: usize = 16 << 20;
+/// A degraded client idle this long is moved back to a relay (see [`Core::tick`]).
+const MOVE_IDLE: Duration = Duration::from_millis(200);
+
+/// What the core needs of the rest of crisp to route a new stream.
+pub trait Calls: Send + Sync {
+    /// A new call's id (one per call: the tap's in-flight gauge counts ids against completions).
+    fn next_id(&self) -> u64;
+    /// What the interceptors want of a call: any interest in its request or response diverts it.
+    fn interest(&self, call: &Call) -> Interest;
+}
+
+/// What the core leaves for its shell.
+#[derive(Debug)]
+pub enum Event {
+    /// A new stream goes to the observed path: its request's fields, decoded once, in the
+    /// client's order. `end_stream`: the request has no body.
+    Divert { stream: u32, call: Call, fields: Vec<(Bytes, Bytes)>, end_stream: bool },
+    /// Request body bytes (padding removed) of a diverted stream.
+    Body { stream: u32, data: Bytes },
+    /// Request trailers of a diverted stream; its body ends.
+    Trailers { stream: u32, fields: Vec<(Bytes, Bytes)> },
+    /// The client ended a diverted stream's request body.
+    BodyEnd { stream: u32 },
+    /// The client reset a diverted stream: its task ends.
+    Reset { stream: u32 },
+    /// A relayed call ended, to be reported to the interceptors; `at`: when its last frame was
+    /// read.
+    Completed { call: Call, ending: Ending, at: Instant },
+}
+
+/// Where the runtime's frames go as they are: the client's socket, or a test's buffer.
+pub trait Sink {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<()>;
+}
+
+impl Sink for Vec<u8> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.extend_from_slice(bytes);
+        Ok(())
+    }
+}
+
+/// The core's settings.
+pub struct Config {
+    pub keepalive_interval: Duration,
+    pub keepalive_timeout: Duration,
+    /// The runtime's socket, as logs and crisp's own error messages name it.
+    pub runtime: std::path::PathBuf,
+}
+
+/// A stream relayed to the runtime.
+pub(super) struct Relayed {
+    /// Reported to the interceptors when the stream ends (when they asked for it).
+    pub(super) call: Option<Call>,
+    /// The runtime has sent the response headers.
+    pub(super) answered: bool,
+}
+
+/// A header block still waiting for its CONTINUATION frames.
+pub(super) struct PendingBlock {
+    pub(super) stream: u32,
+    pub(super) end_stream: bool,
+    pub(super) block: Vec<u8>,
+}
+
+/// Client → runtime: what the core keeps to read the client's frames.
+pub(super) struct FromClient {
+    pub(super) dec: hpack::Decoder,
+    pub(super) pending: Option<PendingBlock>,
+    /// Highest stream id sent to the runtime.
+    pub(super) max_relayed: u32,
+    /// Streams this connection diverted (see [`Core::is_diverted`]).
+    pub(super) diverted_ids: HashSet<u32, BuildHasherDefault<IdHasher>>,
+    /// Diverted streams whose request body is still open.
+    pub(super) bodies: HashSet<u32, BuildHasherDefault<IdHasher>>,
+    /// The re-encoded request header block, reused from call to call.
+    pub(super) enc: Vec<u8>,
+    /// The fields of the request header block being handled.
+    pub(super) fields: FieldList,
+    /// The runtime connection's HPACK table, which crisp alone writes to.
+    pub(super) indexer: Indexer,
+    /// Paths this client used, with their routes: no copy or re-validation per call.
+    pub(super) paths: PathCache,
+}
+
+/// Runtime → client: what the core keeps to read the runtime's frames.
+pub(super) struct FromRuntime {
+    pub(super) dec: hpack::Decoder,
+    /// A response header block spanning several frames (relayed as they come, decoded at the
+    /// end): crisp's own frames must not be written in between.
+    pub(super) pending: Option<PendingBlock>,
+    /// SETTINGS_HEADER_TABLE_SIZE from the runtime, for the other direction's [`Indexer`].
+    pub(super) table_size: Option<u32>,
+}
+
+/// One client connection's rules.
+pub struct Core {
+    pub(super) calls: Arc<dyn Calls>,
+    /// The runtime's socket path, for logs and messages.
+    pub(super) runtime_name: String,
+    pub(super) windows: Arc<Windows>,
+    /// The connection has a runtime connection to relay to.
+    pub(super) runtime: bool,
+    /// No runtime connection (gone, closing, or never made): new streams are diverted.
+    pub(super) degraded: bool,
+    pub(super) client: FromClient,
+    pub(super) from_runtime: FromRuntime,
+    pub(super) relayed: IdMap<Relayed>,
+    /// Highest stream id the client opened.
+    pub(super) max_stream: u32,
+    /// Last stream id crisp told the client it would process (after its GOAWAY).
+    pub(super) goaway: Option<u32>,
+    pub(super) last_client_frame: Instant,
+    /// When the client last opened a stream.
+    pub(super) last_stream_at: Instant,
+    pub(super) pings: PingGate,
+    keepalive: KeepAlive,
+    /// When the frames being handled were read (one clock read per read, not per call).
+    pub(super) now: Instant,
+    /// The client's frames for the runtime.
+    pub to_runtime: Vec<u8>,
+    /// crisp's own frames for the client.
+    pub to_client: Vec<u8>,
+    pub(super) events: Vec<Event>,
+}
+
+impl Core {
+    /// A connection whose client has sent its preface; `runtime`: it has a runtime connection
+    /// of its own (its preface sent), else crisp serves it on the observed path and is the
+    /// client's server itself.
+    pub fn new(cfg: &Config, calls: Arc<dyn Calls>, windows: Arc<Windows>, runtime: bool, now: Instant) -> Core {
+        let mut to_client = Vec::new();
+        if !runtime {
+            // crisp is the server now: its own (default) SETTINGS.
+            Settings::default().encode(&mut to_client);
+        }
+        let client = FromClient {
+            dec: hpack::Decoder::default(),
+            pending: None,
+            max_relayed: 0,
+            diverted_ids: Default::default(),
+            bodies: Default::default(),
+            enc: Vec::with_capacity(512),
+            fields: FieldList::default(),
+            indexer: Indexer::default(),
+            paths: PathCache::default(),
+        };
+        Core {
+            calls,
+            runtime_name: cfg.runtime.display().to_string(),
+            windows,
+            runtime,
+            degraded: !runtime,
+            client,
+            from_runtime: FromRuntime { dec: hpack::Decoder::default(), pending: None, table_size: None },
+            relayed: IdMap::default(),
+            max_stream: 0,
+            goaway: None,
+            last_client_frame: now,
+            last_stream_at: now,
+            pings: PingGate::default(),
+            keepalive: KeepAlive::new(cfg.keepalive_interval, cfg.keepalive_timeout),
+            now,
+            to_runtime: Vec::with_capacity(64 << 10),
+            to_client,
+            events: Vec::new(),
+        }
+    }
+
+    /// How often [`Core::tick`] wants to run.
+    pub fn tick_every(&self) -> Duration {
+        self.keepalive.tick()
+    }
+
+    /// The events left since the last call, oldest first.
+    pub fn events(&mut self) -> std::vec::Drain<'_, Event> {
+        self.events.drain(..)
+    }
+
+    /// The runtime is in the middle of a header block: crisp's own frames must wait.
+    pub fn in_runtime_block(&self) -> bool {
+        self.from_runtime.pending.is_some()
+    }
+
+    /// The periodic work: crisp's keep-alive PING to an idle client (and the end of a client
+    /// that stopped answering), and moving a degraded client back to a relay once
+    /// `runtime_reachable` says the runtime accepts connections again.
+    pub fn tick(&mut self, now: Instant, runtime_reachable: &mut dyn FnMut() -> bool) -> Result<(), RelayError> {
+        if self.keepalive.check(now, self.last_client_frame) == KeepAliveAction::Dead {
+            return Err(RelayError::KeepAlive);
+        }
+        self.maybe_move_client(now, runtime_reachable);
+        if self.keepalive.ping(now, self.last_client_frame, !self.in_runtime_block()) == KeepAliveAction::Ping {
+            Ping::new(KEEPALIVE).encode(&mut self.to_client);
+        }
+        Ok(())
+    }
+
+    /// A degraded connection (its runtime connection is gone) is served by the observed path,
+    /// which is slower. Once the runtime accepts connections again and the client is idle, the
+    /// client is sent GOAWAY so that its next connection is relayed again. gRPC clients move to
+    /// a new connection transparently (a stream that crosses the GOAWAY is refused, unprocessed,
+    /// and retried); waiting for an idle moment spares clients that do not retry.
+    fn maybe_move_client(&mut self, now: Instant, runtime_reachable: &mut dyn FnMut() -> bool) {
+        let idle = |c: &Core| now.saturating_duration_since(c.last_stream_at) >= MOVE_IDLE;
+        if !self.degraded || self.goaway.is_some() || !self.relayed.is_empty() || self.windows.lock().any_diverted() || !idle(self) {
+            return;
+        }
+        if runtime_reachable() && idle(self) {
+            tracing::info!(target: LOG, "runtime reachable again: moving a client connection back to the relay");
+            self.goaway(b"crisp: reconnect");
+        }
+    }
+
+    /// Sends the client GOAWAY (once): it finishes what it started and opens a new connection.
+    pub fn goaway(&mut self, why: &[u8]) {
+        if self.goaway.is_none() {
+            self.goaway = Some(self.max_stream);
+            GoAway::new(self.max_stream, Reason::NO_ERROR, why).encode(&mut self.to_client);
+        }
+    }
+
+    /// After crisp's GOAWAY, with nothing left in flight or unwritten by the core: the
+    /// connection can close once its shell has written the rest.
+    pub fn drained(&self) -> bool {
+        self.goaway.is_some() && self.relayed.is_empty() && !self.windows.lock().any_diverted() && self.to_client.is_empty() && self.from_runtime.pending.is_none()
+    }
+
+    /// The runtime connection failed (or closed; `msg` says so to the calls on it): they end
+    /// with UNAVAILABLE and new streams are diverted, until the client moves to a new
+    /// connection.
+    pub fn runtime_failed(&mut self, msg: &str) -> Result<(), RelayError> {
+        self.runtime = false;
+        if self.from_runtime.pending.take().is_some() {
+            // The client holds part of a header block that will never end: its connection is
+            // unusable.
+            return Err(Violation::RuntimeGoneInBlock.into());
+        }
+        self.runtime_gone(msg, None);
+        Ok(())
+    }
+
+    /// The runtime connection is gone or going: calls on it end (UNAVAILABLE, or REFUSED_STREAM
+    /// for those above `last`, which the runtime says it never processed) and new streams are
+    /// diverted. The client keeps its connection; see [`Core::maybe_move_client`].
+    pub(super) fn runtime_gone(&mut self, msg: &str, last: Option<u32>) {
+        self.degraded = true;
+        let ids: Vec<u32> = self.relayed.keys().copied().filter(|&id| last.is_none_or(|l| id > l)).collect();
+        let at = self.now;
+        for id in ids {
+            let r = self.relayed.remove(&id).expect("listed");
+            if last.is_some() {
+                RstStream::new(id, Reason::REFUSED_STREAM).encode(&mut self.to_client);
+                self.completed(r.call, Ending::refused(msg), at);
+                continue;
+            }
+            // A clean gRPC error: trailers (or a trailers-only response) with UNAVAILABLE.
+            let mut block = Vec::with_capacity(128 + msg.len());
+            if !r.answered {
+                h2::encode_field(&mut block, b":status", b"200");
+                h2::encode_field(&mut block, b"content-type", b"application/grpc");
+            }
+            for (n, v) in &crate::status::Status::new(crate::status::code::UNAVAILABLE, msg).to_header_map() {
+                if n != http::header::CONTENT_TYPE {
+                    h2::encode_field(&mut block, n.as_str().as_bytes(), v.as_bytes());
+                }
+            }
+            h2::headers(&mut self.to_client, id, &block, true);
+            self.completed(r.call, Ending::runtime_gone(msg), at);
+        }
+        self.windows.notify();
+    }
+
+    /// The client's connection ended: relayed calls still in flight are cancelled.
+    pub fn client_gone(&mut self, at: Instant) {
+        let relayed: Vec<Relayed> = self.relayed.drain().map(|(_, r)| r).collect();
+        for r in relayed {
+            self.completed(r.call, Ending::cancelled(), at);
+        }
+    }
+
+    pub(super) fn completed(&mut self, call: Option<Call>, ending: Ending, at: Instant) {
+        if let Some(call) = call {
+            self.events.push(Event::Completed { call, ending, at });
+        }
+    }
+
+    /// Handles the complete frames at the start of `buf` (just read from the client, at
+    /// `now`); consumed bytes are dropped from it.
+    pub fn client_bytes(&mut self, buf: &mut BytesMut, now: Instant) -> Result<(), RelayError> {
+        // Settings the runtime sent apply to the blocks crisp writes from now on.
+        if let Some(size) = self.from_runtime.table_size.take() {
+            self.client.indexer.peer_table_size(size);
+        }
+        self.client_frames(buf, now)
+    }
+}

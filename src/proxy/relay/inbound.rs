@@ -1,0 +1,321 @@
+//! Client → runtime: the core's handling of the client's frames.
+//!
+//! Every frame is copied through as it is, with these exceptions: request header blocks are
+//! decoded (for the route) and written anew through crisp's own [`Indexer`] (so crisp may keep
+//! some streams from the runtime without desynchronising the HPACK tables); a new stream that
+//! an interceptor wants to see is diverted ([`Event::Divert`]) and never reaches the runtime;
+//! PINGs pass the [`super::ping::PingGate`]; connection credit pays crisp's flow-control debt.
+//!
+//! [`Indexer`]: crate::proxy::h2::Indexer
+
+use super::LOG;
+use std::time::Instant;
+
+use bytes::{Buf, Bytes, BytesMut};
+
+use super::core::{Core, Event, PendingBlock, Relayed, MAX_HEADER_BLOCK, MAX_HEADER_LIST};
+use super::error::{RelayError, Violation};
+use super::ping::KEEPALIVE;
+use super::status::Ending;
+use crate::cri::Route;
+use crate::intercept::Call;
+use crate::proxy::h2::{self, Flags, GoAway, Head, Kind, Ping, Reason, RstStream, Settings, WindowUpdate};
+use crate::status::parse_grpc_timeout;
+
+impl Core {
+    /// The complete frames at the start of `buf`: what goes on to the runtime is appended to
+    /// `to_runtime`, crisp's own answers to the client to `to_client`.
+    pub(super) fn client_frames(&mut self, buf: &mut BytesMut, now: Instant) -> Result<(), RelayError> {
+        let mut credit = 0u32;
+        let mut got_frame = false;
+        self.now = now;
+        // Frames are handled where they lie in `buf` (no `Bytes` per frame: its refcount and,
+        // for the first split of a buffer, an allocation); the consumed ones are dropped from
+        // `buf` at the end.
+        let (mut pos, mut missing) = (0, 0);
+        let mut r = Ok(());
+        while let Some(head) = h2::complete_at(buf, pos, &mut missing) {
+            let len = h2::HEADER_LEN + head.len;
+            got_frame = true;
+            r = self.client_frame(head, &buf[pos..pos + len], &mut credit);
+            if r.is_err() {
+                break;
+            }
+            pos += len;
+        }
+        r?;
+        buf.advance(pos);
+        if missing > 0 {
+            buf.reserve(missing);
+        }
+        if got_frame {
+            self.last_client_frame = self.now;
+        }
+        if credit > 0 {
+            WindowUpdate::new(0, credit).encode(&mut self.to_client);
+        }
+        Ok(())
+    }
+
+    /// One complete frame from the client: relayed, kept, or answered by crisp; `credit`
+    /// collects connection credit to give back for bytes kept.
+    fn client_frame(&mut self, head: Head, frame: &[u8], credit: &mut u32) -> Result<(), RelayError> {
+        let payload = &frame[h2::HEADER_LEN..];
+        if self.client.pending.is_some() {
+            return self.continuation(head, payload);
+        }
+        match head.kind {
+            Kind::Data => self.client_data(head, frame, credit),
+            Kind::Headers => {
+                let r = h2::header_fragment(&head, payload).ok_or(Violation::MalformedHeaders)?;
+                if head.has(Flags::END_HEADERS) {
+                    self.header_block(head.stream, head.has(Flags::END_STREAM), &payload[r])?;
+                } else {
+                    self.client.pending = Some(PendingBlock { stream: head.stream, end_stream: head.has(Flags::END_STREAM), block: payload[r].to_vec() });
+                }
+            }
+            Kind::Continuation => return Err(Violation::StrayContinuation.into()),
+            Kind::RstStream => self.client_reset(head.stream, frame),
+            Kind::Settings => {
+                if !head.has(Flags::ACK) {
+                    self.client_settings(&head, payload);
+                    if !self.runtime {
+                        Settings::encode_ack(&mut self.to_client);
+                    }
+                }
+                self.relay(frame);
+            }
+            Kind::Ping => self.client_ping(head, frame),
+            Kind::WindowUpdate => self.client_window_update(head, frame),
+            // PRIORITY, GOAWAY, unknown extension frames: the runtime's business.
+            _ => self.relay(frame),
+        }
+        Ok(())
+    }
+
+    /// Passes a frame on to the runtime, if there is one.
+    fn relay(&mut self, frame: &[u8]) {
+        if self.runtime {
+            self.to_runtime.extend_from_slice(frame);
+        }
+    }
+
+    /// A CONTINUATION of the header block in `client.pending`.
+    fn continuation(&mut self, head: Head, payload: &[u8]) -> Result<(), RelayError> {
+        let p = self.client.pending.as_mut().expect("called with a pending block");
+        if head.kind != Kind::Continuation || head.stream != p.stream {
+            return Err(Violation::InterruptedBlock.into());
+        }
+        p.block.extend_from_slice(payload);
+        if p.block.len() > MAX_HEADER_BLOCK {
+            return Err(Violation::BlockTooLarge.into());
+        }
+        if head.has(Flags::END_HEADERS) {
+            let p = self.client.pending.take().expect("checked");
+            self.header_block(p.stream, p.end_stream, &p.block)?;
+        }
+        Ok(())
+    }
+
+    /// RST_STREAM: a diverted stream's task ends; a relayed stream's reset goes on.
+    fn client_reset(&mut self, stream: u32, frame: &[u8]) {
+        if self.client.bodies.remove(&stream) || self.is_diverted(stream) {
+            self.events.push(Event::Reset { stream });
+            self.windows.lock().close_diverted(stream);
+            self.windows.notify();
+        } else {
+            if let Some(r) = self.relayed.remove(&stream) {
+                self.completed(r.call, Ending::cancelled(), self.now);
+            }
+            self.relay(frame);
+        }
+    }
+
+    /// DATA: relayed on a relayed stream; a diverted stream's request body otherwise.
+    fn client_data(&mut self, head: Head, frame: &[u8], credit: &mut u32) {
+        let payload = &frame[h2::HEADER_LEN..];
+        if self.client.bodies.contains(&head.stream) {
+            // Never reaches the runtime: the client gets its connection credit back now.
+            *credit = credit.saturating_add(head.len as u32);
+            if let Some(r) = h2::data_payload(&head, payload) {
+                if !r.is_empty() {
+                    // A diverted request's body (a few KiB at most for the calls crisp
+                    // diverts): copied out of the read buffer.
+                    self.events.push(Event::Body { stream: head.stream, data: Bytes::copy_from_slice(&payload[r]) });
+                }
+            }
+            if head.has(Flags::END_STREAM) {
+                self.client.bodies.remove(&head.stream);
+                self.events.push(Event::BodyEnd { stream: head.stream });
+            }
+        } else if self.runtime && head.stream <= self.client.max_relayed && !self.is_diverted(head.stream) {
+            self.to_runtime.extend_from_slice(frame);
+        } else {
+            *credit = credit.saturating_add(head.len as u32);
+        }
+    }
+
+    /// PING: ACKs of the runtime's PINGs go back to it; the client's own PINGs go on only when
+    /// the runtime would not count them as strikes (see [`super::ping::PingGate`]), else crisp
+    /// answers.
+    fn client_ping(&mut self, head: Head, frame: &[u8]) {
+        let payload = &frame[h2::HEADER_LEN..];
+        if head.has(Flags::ACK) {
+            // crisp's own keep-alive's ACKs end here.
+            if payload != KEEPALIVE {
+                self.relay(frame);
+            }
+        } else if self.runtime && !self.degraded && self.pings.try_forward() {
+            self.to_runtime.extend_from_slice(frame);
+        } else if let Ok(ping) = Ping::load(&head, payload) {
+            ping.pong().encode(&mut self.to_client);
+        } else {
+            // Malformed: the runtime's to judge.
+            self.relay(frame);
+        }
+    }
+
+    /// WINDOW_UPDATE: the connection's credit pays crisp's debt first (bytes it sent on
+    /// diverted streams), a diverted stream's is crisp's, a relayed stream's the runtime's.
+    fn client_window_update(&mut self, head: Head, frame: &[u8]) {
+        // Malformed (FRAME_SIZE_ERROR): the runtime's to judge; crisp counts no credit.
+        let inc = WindowUpdate::load(&head, &frame[h2::HEADER_LEN..]).map_or(0, |w| w.increment);
+        if head.stream == 0 {
+            let (forward, waiters) = {
+                let mut flow = self.windows.lock();
+                // Only diverted streams' tasks wait for the client's window.
+                (flow.connection_credit(inc), flow.any_diverted())
+            };
+            if waiters {
+                self.windows.notify();
+            }
+            if self.runtime && forward > 0 {
+                WindowUpdate::new(0, forward).encode(&mut self.to_runtime);
+            }
+        } else if self.is_diverted(head.stream) {
+            self.windows.lock().stream_credit(head.stream, inc);
+            self.windows.notify();
+        } else {
+            self.relay(frame);
+        }
+    }
+
+    /// `diverted_ids` is this direction's own record, without a lock. A finished diverted
+    /// stream may linger in it (pruned in batches): its late frames are dropped, which is right,
+    /// as the runtime never saw the stream.
+    pub(super) fn is_diverted(&self, stream: u32) -> bool {
+        self.client.diverted_ids.contains(&stream)
+    }
+
+    /// A client SETTINGS frame (not an ACK). Relayed, the runtime's ACK will reach the client
+    /// through crisp; otherwise crisp acknowledges it itself, at once.
+    fn client_settings(&mut self, head: &Head, payload: &[u8]) {
+        // A malformed frame (FRAME_SIZE_ERROR) changes no window: the runtime (or, degraded,
+        // the client's next frames) ends the connection.
+        let window = Settings::load(head, payload).ok().and_then(|s| s.initial_window_size).map(i64::from);
+        if self.windows.lock().client_settings(window, self.runtime) {
+            self.windows.notify();
+        }
+    }
+
+    /// A complete request header block: relay it re-encoded, or divert its stream.
+    fn header_block(&mut self, stream: u32, end_stream: bool, raw: &[u8]) -> Result<(), RelayError> {
+        let mut block = std::mem::take(&mut self.client.enc);
+        block.clear();
+        let r = self.header_block_into(stream, end_stream, raw, &mut block);
+        // Keep the buffer for the next call unless a huge block grew it.
+        if block.capacity() <= 64 << 10 {
+            self.client.enc = block;
+        }
+        r
+    }
+
+    fn header_block_into(&mut self, stream: u32, end_stream: bool, raw: &[u8], block: &mut Vec<u8>) -> Result<(), RelayError> {
+        let mut path: Option<(Route, http::uri::PathAndQuery)> = None;
+        let mut timeout = None;
+        let paths = &mut self.client.paths;
+        let fields = &mut self.client.fields;
+        fields.clear();
+        let mut too_large = false;
+        let decoded = self.client.dec.decode(raw, |n, v| {
+            match n {
+                b":path" => path = Some(paths.get(v)),
+                b"grpc-timeout" => timeout = parse_grpc_timeout(v),
+                _ => {}
+            }
+            too_large |= fields.size() + n.len() + v.len() > MAX_HEADER_LIST;
+            if !too_large {
+                fields.push(n, v);
+            }
+        });
+        if too_large {
+            tracing::warn!(target: LOG, max_bytes = MAX_HEADER_LIST, "client sent a header block that decodes to more than crisp accepts; closing its connection");
+            GoAway::new(self.max_stream, Reason::COMPRESSION_ERROR, b"crisp: header list too large").encode(&mut self.to_client);
+            return Err(Violation::ListTooLarge.into());
+        }
+        if let Err(e) = decoded {
+            tracing::warn!(target: LOG, error = %e, "client sent a header block crisp cannot decode; closing its connection");
+            GoAway::new(self.max_stream, Reason::COMPRESSION_ERROR, b"crisp: bad header block").encode(&mut self.to_client);
+            return Err(Violation::UndecodableBlock.into());
+        }
+        let now = self.now;
+        if !(stream > self.max_stream && stream % 2 == 1) {
+            self.trailers(stream, end_stream, block);
+            return Ok(());
+        }
+        self.max_stream = stream;
+        self.last_stream_at = now;
+        let (route, path) = path.unwrap_or_else(|| (Route::UNKNOWN, http::uri::PathAndQuery::from_static("/")));
+        let call = Call { route, path, received: now, deadline: timeout.map(|d| now + d), id: self.calls.next_id() };
+        let interest = self.calls.interest(&call);
+        let divert = interest.request || interest.response;
+        if self.goaway.is_some_and(|last| stream > last) {
+            // After crisp's GOAWAY: unprocessed, the client retries it elsewhere.
+            RstStream::new(stream, Reason::REFUSED_STREAM).encode(&mut self.to_client);
+            return Ok(());
+        }
+        if !(divert || self.degraded) && self.runtime {
+            self.relayed.insert(stream, Relayed { call: interest.complete.then_some(call), answered: false });
+            self.client.max_relayed = stream;
+            self.client.indexer.begin(block);
+            for (n, v) in self.client.fields.iter() {
+                self.client.indexer.field(block, n, v);
+            }
+            h2::headers(&mut self.to_runtime, stream, block, end_stream);
+            return Ok(());
+        }
+        {
+            let mut flow = self.windows.lock();
+            flow.open_diverted(stream);
+            self.client.diverted_ids.insert(stream);
+            if self.client.diverted_ids.len() > 64 {
+                self.client.diverted_ids.retain(|id| flow.is_diverted(*id));
+            }
+        }
+        if !end_stream {
+            self.client.bodies.insert(stream);
+        }
+        // One road: the fields as decoded above, handed on (with the call as the relay saw it:
+        // one call id, the arrival time of its headers).
+        self.events.push(Event::Divert { stream, call, fields: self.client.fields.to_owned(), end_stream });
+        Ok(())
+    }
+
+    /// A header block on a stream that is not new: trailers (gRPC clients send none, but HTTP/2
+    /// allows them), or a protocol error for the runtime to judge.
+    fn trailers(&mut self, stream: u32, end_stream: bool, block: &mut Vec<u8>) {
+        if self.client.bodies.remove(&stream) {
+            self.events.push(Event::Trailers { stream, fields: self.client.fields.to_owned() });
+            return;
+        }
+        // Relayed streams only.
+        if self.runtime && stream <= self.client.max_relayed && !self.is_diverted(stream) {
+            // Literals that leave the runtime's table alone; owed size updates go first.
+            self.client.indexer.begin(block);
+            for (n, v) in self.client.fields.iter() {
+                h2::encode_field(block, n, v);
+            }
+            h2::headers(&mut self.to_runtime, stream, block, end_stream);
+        }
+    }
+}

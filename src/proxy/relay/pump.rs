@@ -1,0 +1,222 @@
+//! The relay thread: a `poll(2)` loop around one connection's [`Core`] and its two sockets.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+
+use super::bridge::{Diverted, Outbox, Service};
+use super::core::{Core, Event, Sink};
+use super::error::{RelayError, RuntimeFailure};
+use super::LOG;
+use crate::intercept::Outcome;
+use crate::proxy::sock::{self, Sock};
+
+impl Sink for Sock {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        Sock::write(self, bytes)
+    }
+}
+
+/// One connection on its relay thread: the core, the sockets and their buffers.
+pub struct Pump {
+    pub(super) core: Core,
+    service: Arc<dyn Service>,
+    outbox: Arc<Outbox>,
+    pub(super) diverted: Diverted,
+    client: Sock,
+    /// None: no runtime connection (never made, or failed); GOAWAY leaves it in place.
+    runtime: Option<Sock>,
+    /// The runtime's socket, to see whether it accepts connections again.
+    runtime_path: std::path::PathBuf,
+    /// What the client sent and was not handled yet (a partial frame).
+    cbuf: BytesMut,
+    /// What the runtime sent and was not relayed yet (a partial frame, or a DATA frame that
+    /// waits for the client's window).
+    rbuf: BytesMut,
+    /// The runtime's next DATA frame waits for the client's window.
+    blocked: bool,
+    /// When `poll` last returned: the time of what was read then.
+    now: Instant,
+}
+
+fn pollfd(fd: std::os::fd::RawFd, read: bool, write: bool) -> libc::pollfd {
+    let events = if read { libc::POLLIN } else { 0 } | if write { libc::POLLOUT } else { 0 };
+    // A negative descriptor is skipped by poll(2).
+    libc::pollfd { fd: if events == 0 { -1 } else { fd }, events, revents: 0 }
+}
+
+impl Pump {
+    pub fn new(core: Core, service: Arc<dyn Service>, outbox: Arc<Outbox>, diverted: Diverted, client: Sock, runtime: Option<Sock>, runtime_path: std::path::PathBuf) -> Pump {
+        let buf = || BytesMut::with_capacity(64 << 10);
+        Pump { core, service, outbox, diverted, client, runtime, runtime_path, cbuf: buf(), rbuf: buf(), blocked: false, now: Instant::now() }
+    }
+
+    /// Relays until the client goes, or until crisp's GOAWAY has drained the connection.
+    ///
+    /// Backpressure as in a splice: the client is not read while the runtime has bytes of it
+    /// queued, nor the runtime while the client has; a socket neither read nor written is left
+    /// out of the `poll` (a hung-up peer would otherwise make it return at once, forever).
+    pub fn run(&mut self) -> Result<(), RelayError> {
+        let outbox = self.outbox.clone();
+        let tick = self.core.tick_every();
+        let mut next_tick = Instant::now() + tick;
+        let mut stopping = false;
+        loop {
+            if outbox.kill.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            if !stopping && outbox.stop.load(Ordering::Acquire) {
+                stopping = true;
+                self.core.goaway(b"crisp: shutting down");
+            }
+            if self.blocked {
+                self.blocked = self.core.runtime_bytes(&mut self.rbuf, &mut self.client, self.now)?;
+                self.dispatch();
+            }
+            // crisp's own frames, never inside a header block the runtime is still sending.
+            if !self.core.in_runtime_block() {
+                outbox.take(&mut self.core.to_client);
+                self.client.write(&self.core.to_client)?;
+                self.core.to_client.clear();
+            }
+            if self.core.drained() && !self.client.has_queued() && outbox.is_empty() {
+                self.client.shutdown_write();
+                return Ok(());
+            }
+            let read_client = !self.runtime.as_ref().is_some_and(Sock::has_queued);
+            let read_runtime = !self.client.has_queued() && !self.blocked;
+            let mut fds = [
+                pollfd(self.client.fd(), read_client, self.client.has_queued()),
+                pollfd(outbox.wake.fd(), true, false),
+                match &self.runtime {
+                    Some(r) => pollfd(r.fd(), read_runtime, r.has_queued()),
+                    None => pollfd(-1, false, false),
+                },
+            ];
+            // From the clock read after the last poll: a tick is at least 10 ms, the work since
+            // then a few µs, and the clock is read once per wakeup.
+            sock::poll(&mut fds, next_tick.saturating_duration_since(self.now))?;
+            self.now = Instant::now();
+            let [c, w, r] = fds.map(|p| p.revents);
+            if w != 0 {
+                outbox.wake.drain();
+            }
+            if !self.ready(c, read_client, r, read_runtime)? {
+                return Ok(());
+            }
+            if self.now >= next_tick {
+                next_tick = self.now + tick;
+                let path = &self.runtime_path;
+                // A unix socket's connect does not wait for the runtime: it is accepted or refused.
+                self.core.tick(self.now, &mut || std::os::unix::net::UnixStream::connect(path).is_ok())?;
+            }
+        }
+    }
+
+    /// Handles what `poll` found on the client's (`c`) and the runtime's (`r`) socket; false
+    /// when the client has gone.
+    fn ready(&mut self, c: i16, read_client: bool, r: i16, read_runtime: bool) -> Result<bool, RelayError> {
+        const GONE: i16 = libc::POLLHUP | libc::POLLERR;
+        if c & libc::POLLOUT != 0 || (c & GONE != 0 && self.client.has_queued()) {
+            self.client.flush()?;
+        }
+        if r & (libc::POLLOUT | GONE) != 0 && self.runtime.as_ref().is_some_and(Sock::has_queued) {
+            if let Err(e) = self.runtime.as_mut().expect("checked").flush() {
+                self.runtime_failed(RuntimeFailure::Write(e))?;
+            }
+        }
+        if c & (libc::POLLIN | GONE) != 0 && read_client {
+            match self.client.recv(&mut self.cbuf) {
+                Ok(0) => return Ok(false),
+                Ok(_) => self.handle_client_read()?,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if r & (libc::POLLIN | GONE) != 0 && read_runtime && self.runtime.is_some() {
+            match self.runtime.as_mut().expect("checked").recv(&mut self.rbuf) {
+                Ok(0) => self.runtime_failed(RuntimeFailure::Closed)?,
+                Ok(_) => {
+                    self.blocked = self.core.runtime_bytes(&mut self.rbuf, &mut self.client, self.now)?;
+                    self.dispatch();
+                    if self.rbuf.capacity() > 1 << 20 && self.rbuf.is_empty() {
+                        self.rbuf = BytesMut::with_capacity(64 << 10);
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => self.runtime_failed(RuntimeFailure::Read(e))?,
+            }
+        }
+        Ok(true)
+    }
+
+    /// Handles what was just read from the client and writes what goes on to the runtime.
+    fn handle_client_read(&mut self) -> Result<(), RelayError> {
+        let r = self.core.client_bytes(&mut self.cbuf, self.now);
+        self.dispatch();
+        if let Err(e) = r {
+            // A GOAWAY crisp wrote for the client's error goes out if it can.
+            let _ = self.client.write(&self.core.to_client);
+            return Err(e);
+        }
+        if !self.core.to_runtime.is_empty() {
+            if let Some(rt) = self.runtime.as_mut() {
+                if let Err(e) = rt.write(&self.core.to_runtime) {
+                    self.core.to_runtime.clear();
+                    self.runtime_failed(RuntimeFailure::Write(e))?;
+                }
+            }
+            self.core.to_runtime.clear();
+        }
+        if self.cbuf.capacity() > 1 << 20 && self.cbuf.is_empty() {
+            self.cbuf = BytesMut::with_capacity(64 << 10);
+        }
+        Ok(())
+    }
+
+    /// Acts on what the core decided: diverted streams start (on crisp's runtime), their bodies
+    /// move on, ended calls are reported.
+    pub(super) fn dispatch(&mut self) {
+        for ev in self.core.events() {
+            match ev {
+                Event::Divert { stream, call, fields, end_stream } => self.diverted.start(stream, call, fields, end_stream),
+                Event::Body { stream, data } => self.diverted.body(stream, data),
+                Event::BodyEnd { stream } => self.diverted.body_end(stream),
+                Event::Trailers { stream, fields } => self.diverted.trailers(stream, fields),
+                Event::Reset { stream } => self.diverted.abort(stream),
+                Event::Completed { call, ending, at } => {
+                    let duration = at.saturating_duration_since(call.received);
+                    let outcome = Outcome { code: ending.code.map(|c| c.0), duration, held: Duration::ZERO, request: None, response: None, message: ending.message };
+                    self.service.completed(&call, &outcome);
+                }
+            }
+        }
+    }
+
+    /// The runtime connection failed (or closed): calls on it end with UNAVAILABLE and new
+    /// streams are diverted, until the client moves to a new connection.
+    fn runtime_failed(&mut self, why: RuntimeFailure) -> Result<(), RelayError> {
+        let path = self.runtime_path.display();
+        let writing = why.writing();
+        if writing && self.core.degraded {
+            // The runtime sent GOAWAY or closed: frames crossing its close fail.
+            tracing::debug!(target: LOG, upstream = %path, error = %why, "writing to a closing upstream connection failed");
+        } else if writing {
+            tracing::warn!(target: LOG, upstream = %path, error = %why, "writing to the upstream connection failed");
+        } else if matches!(why, RuntimeFailure::Closed) {
+            tracing::info!(target: LOG, upstream = %path, "upstream connection closed");
+        } else {
+            tracing::warn!(target: LOG, upstream = %path, error = %why, "upstream connection failed");
+        }
+        let msg = if writing { format!("crisp: upstream unix://{path} failed: {why}") } else { format!("crisp: upstream unix://{path} failed mid-response: {why}") };
+        self.runtime = None;
+        // What the runtime sent and crisp had not relayed belongs to calls that end now.
+        self.rbuf.clear();
+        self.blocked = false;
+        let r = self.core.runtime_failed(&msg);
+        self.dispatch();
+        r
+    }
+}

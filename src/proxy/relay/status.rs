@@ -1,0 +1,55 @@
+//! gRPC statuses on the relay's path: the code a relayed call ended with, and the endings crisp
+//! itself gives calls.
+
+use crate::status::code;
+
+/// A gRPC status code. A newtype: the runtime may send any number, and it is reported as sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Code(pub i32);
+
+impl Code {
+    pub const CANCELLED: Code = Code(code::CANCELLED);
+    pub const UNKNOWN: Code = Code(code::UNKNOWN);
+    pub const UNAVAILABLE: Code = Code(code::UNAVAILABLE);
+
+    /// A `grpc-status` value.
+    pub fn parse(v: &[u8]) -> Option<Code> {
+        std::str::from_utf8(v).ok().and_then(|s| s.parse::<i32>().ok()).map(Code)
+    }
+}
+
+/// How a call ended, as the interceptors hear of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ending {
+    pub code: Option<Code>,
+    pub message: Option<String>,
+}
+
+impl Ending {
+    /// The client reset the stream, or went away.
+    pub fn cancelled() -> Ending {
+        Ending { code: Some(Code::CANCELLED), message: None }
+    }
+
+    /// The runtime answered: its `grpc-status` if it sent one that parses, else UNKNOWN. No
+    /// grpc-message is decoded: a relayed call is one no interceptor asked to see in detail.
+    pub fn answered(status: Option<Code>) -> Ending {
+        Ending { code: status.or(Some(Code::UNKNOWN)), message: None }
+    }
+
+    /// The runtime ended the stream with DATA, without trailers.
+    pub fn without_status() -> Ending {
+        Ending { code: None, message: None }
+    }
+
+    /// The runtime connection ended under the call: crisp answers UNAVAILABLE with `msg`.
+    pub fn runtime_gone(msg: &str) -> Ending {
+        Ending { code: Some(Code::UNAVAILABLE), message: Some(msg.to_string()) }
+    }
+
+    /// The runtime's GOAWAY says it never processed the call: crisp refuses the stream, which
+    /// gRPC clients retry transparently.
+    pub fn refused(msg: &str) -> Ending {
+        Ending { code: Some(Code::UNAVAILABLE), message: Some(format!("{msg} (refused, unprocessed)")) }
+    }
+}

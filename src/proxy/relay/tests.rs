@@ -1,0 +1,1 @@
+//! Unit tests of the connection core, frame in / frame out.
