@@ -1,1 +1,0 @@
-//! Unit tests of the connection core, frame in / frame out.

@@ -1,0 +1,227 @@
+//! Unit tests of the connection core, frame in / frame out: a [`Core`] driven by a small frame
+//! DSL, with a stub for the rest of crisp. No socket, no thread, no sleep: time is an `Instant`
+//! the test moves.
+
+mod blocks;
+mod flow;
+mod goaway;
+mod ping;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+
+use super::core::{Calls, Config, Core, Event};
+use super::error::{RelayError, Violation};
+use super::flow::Windows;
+use super::ping::KEEPALIVE;
+use super::status::{Code, Ending};
+use crate::intercept::{Call, Interest};
+use crate::proxy::h2::{self, Flags, GoAway, Head, Kind, Ping, Reason, RstStream, Settings, WindowUpdate};
+
+/// The rest of crisp: diverts calls whose path ends in `/Divert`, wants every call's end.
+struct Stub(AtomicU64);
+
+impl Calls for Stub {
+    fn next_id(&self) -> u64 {
+        self.0.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn interest(&self, call: &Call) -> Interest {
+        let divert = call.path.as_str().ends_with("/Divert");
+        Interest { request: divert, response: false, complete: true }
+    }
+}
+
+/// A frame as a peer sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct F {
+    kind: Kind,
+    flags: Flags,
+    stream: u32,
+    payload: Vec<u8>,
+}
+
+impl F {
+    fn has(&self, f: Flags) -> bool {
+        self.flags.0 & f.0 != 0
+    }
+}
+
+fn parse(mut b: &[u8]) -> Vec<F> {
+    let mut out = Vec::new();
+    while let Some(h) = Head::parse(b) {
+        let end = h2::HEADER_LEN + h.len;
+        out.push(F { kind: h.kind, flags: h.flags, stream: h.stream, payload: b[h2::HEADER_LEN..end].to_vec() });
+        b = &b[end..];
+    }
+    assert!(b.is_empty(), "a partial frame");
+    out
+}
+
+// ---- The DSL: frames as bytes.
+
+/// A request's header block: literals, so each block stands alone.
+fn request(stream: u32, path: &str, end_stream: bool) -> Vec<u8> {
+    let mut block = Vec::new();
+    for (n, v) in [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "localhost"), ("content-type", "application/grpc")] {
+        h2::encode_field(&mut block, n.as_bytes(), v.as_bytes());
+    }
+    let mut out = Vec::new();
+    h2::headers(&mut out, stream, &block, end_stream);
+    out
+}
+
+fn response(stream: u32, fields: &[(&str, &str)], end_stream: bool) -> Vec<u8> {
+    let mut block = Vec::new();
+    for (n, v) in fields {
+        h2::encode_field(&mut block, n.as_bytes(), v.as_bytes());
+    }
+    let mut out = Vec::new();
+    h2::headers(&mut out, stream, &block, end_stream);
+    out
+}
+
+fn data(stream: u32, n: usize, end: bool) -> Vec<u8> {
+    let mut out = Vec::new();
+    h2::data(&mut out, stream, &vec![7u8; n], end);
+    out
+}
+
+fn settings(s: Settings) -> Vec<u8> {
+    let mut out = Vec::new();
+    s.encode(&mut out);
+    out
+}
+
+fn settings_ack() -> Vec<u8> {
+    let mut out = Vec::new();
+    Settings::encode_ack(&mut out);
+    out
+}
+
+fn window(stream: u32) -> Settings {
+    Settings { initial_window_size: Some(stream), ..Default::default() }
+}
+
+fn ping(opaque: &[u8; 8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    Ping::new(*opaque).encode(&mut out);
+    out
+}
+
+fn pong(opaque: &[u8; 8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    Ping::new(*opaque).pong().encode(&mut out);
+    out
+}
+
+fn wu(stream: u32, inc: u32) -> Vec<u8> {
+    let mut out = Vec::new();
+    WindowUpdate::new(stream, inc).encode(&mut out);
+    out
+}
+
+fn rst(stream: u32, reason: Reason) -> Vec<u8> {
+    let mut out = Vec::new();
+    RstStream::new(stream, reason).encode(&mut out);
+    out
+}
+
+fn goaway(last: u32, reason: Reason) -> Vec<u8> {
+    let mut out = Vec::new();
+    GoAway::new(last, reason, b"bye").encode(&mut out);
+    out
+}
+
+/// One connection's core and both peers' views of it.
+struct Conn {
+    core: Core,
+    windows: Arc<Windows>,
+    now: Instant,
+    /// What reached the client straight from the runtime (the core's sink).
+    from_runtime: Vec<u8>,
+}
+
+impl Conn {
+    /// A relayed connection (a runtime connection of its own).
+    fn relayed() -> Conn {
+        Conn::new(true)
+    }
+
+    /// A connection the runtime refused: served on the observed path.
+    fn degraded() -> Conn {
+        Conn::new(false)
+    }
+
+    fn new(runtime: bool) -> Conn {
+        let now = Instant::now();
+        let windows = Arc::new(Windows::default());
+        let cfg = Config { keepalive_interval: Duration::from_secs(10), keepalive_timeout: Duration::from_secs(5), runtime: "/run/containerd.sock".into() };
+        let core = Core::new(&cfg, Arc::new(Stub(AtomicU64::new(1))), windows.clone(), runtime, now);
+        Conn { core, windows, now, from_runtime: Vec::new() }
+    }
+
+    /// The client sends `frames` (all at once: one read).
+    fn client(&mut self, frames: &[&[u8]]) -> Result<(), RelayError> {
+        let mut buf = BytesMut::from(&frames.concat()[..]);
+        self.core.client_bytes(&mut buf, self.now)?;
+        assert!(buf.is_empty(), "complete frames are consumed");
+        Ok(())
+    }
+
+    /// The runtime sends `frames`; true when a DATA frame waits for the client's window (it
+    /// and what follows stay in `rest`).
+    fn runtime(&mut self, frames: &[&[u8]], rest: &mut BytesMut) -> bool {
+        rest.extend_from_slice(&frames.concat());
+        self.core.runtime_bytes(rest, &mut self.from_runtime, self.now).expect("writing to a Vec")
+    }
+
+    fn runtime_all(&mut self, frames: &[&[u8]]) {
+        let mut rest = BytesMut::new();
+        assert!(!self.runtime(frames, &mut rest), "blocked on the client's window");
+        assert!(rest.is_empty());
+    }
+
+    /// What the runtime received since the last look.
+    fn at_runtime(&mut self) -> Vec<F> {
+        parse(&std::mem::take(&mut self.core.to_runtime))
+    }
+
+    /// What the client received since the last look: the runtime's frames, then crisp's own.
+    fn at_client(&mut self) -> Vec<F> {
+        let mut b = std::mem::take(&mut self.from_runtime);
+        b.extend_from_slice(&std::mem::take(&mut self.core.to_client));
+        parse(&b)
+    }
+
+    fn events(&mut self) -> Vec<Event> {
+        self.core.events().collect()
+    }
+}
+
+fn kinds(frames: &[F]) -> Vec<(Kind, u32)> {
+    frames.iter().map(|f| (f.kind, f.stream)).collect()
+}
+
+fn completed(events: &[Event]) -> Vec<(u64, Ending)> {
+    events.iter().filter_map(|e| if let Event::Completed { call, ending, .. } = e { Some((call.id, ending.clone())) } else { None }).collect()
+}
+
+fn diverted(events: &[Event]) -> Vec<u32> {
+    events.iter().filter_map(|e| if let Event::Divert { stream, .. } = e { Some(*stream) } else { None }).collect()
+}
+
+/// Decodes blocks the way the runtime does: one decoder for the connection (httlib-hpack, not
+/// crisp's own).
+fn runtime_fields(dec: &mut httlib_hpack::Decoder, f: &F) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    dec.decode(&mut f.payload.clone(), &mut out).expect("the runtime decodes crisp's block");
+    out.into_iter().map(|(n, v, _)| (String::from_utf8(n).unwrap(), String::from_utf8(v).unwrap())).collect()
+}
+
+fn field<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    fields.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+}
