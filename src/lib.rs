@@ -5,16 +5,17 @@
 //! the *timing* of a few calls.
 //!
 //! ```text
-//!  kubelet ──h2/UDS──▶ proxy::serve ─ accept, one task per connection (listener.rs)
-//!                        │
+//!  kubelet ──h2/UDS──▶ proxy::serve ─ accept; preface and runtime connection on tokio, then
+//!                        │              a relay thread per connection (proxy/relay/pump.rs)
 //!                        ▼
 //!                   proxy::relay ── own runtime connection; frames copied through; request
 //!                        │           header blocks decoded for Route::from_path (cri/mod.rs)
-//!                        │           and re-encoded statelessly (proxy/frames.rs)
+//!                        │           and written anew by crisp's HPACK encoder (proxy/h2);
+//!                        │           the rules in a sans-I/O core (proxy/relay/core.rs)
 //!          nobody interested? ──yes──▶ relayed frame by frame to the runtime
 //!                        │no
 //!                        ▼
-//!   diverted: Proxy::handle ── buffer unary request ──▶ Interceptors::on_request (intercept.rs)
+//!   diverted (fields decoded once): Proxy::handle ── buffer unary request ──▶ Interceptors::on_request (intercept.rs)
 //!                        │              may decode a copy (cri/views.rs), HOLD, or reject
 //!                        ▼              (the ordering engine waits here; never List/Status)
 //!                 Upstream::send (proxy/upstream.rs) ──h2/UDS──▶ containerd

@@ -1,11 +1,21 @@
 //! The HTTP/2 forwarder: accepts kubelet's connections on a unix socket, routes each call by its
 //! gRPC path, and forwards headers, messages and trailers to the runtime untouched.
 //!
-//! A call takes one of two paths:
-//! - **fast** (nobody is interested): the request and response bodies are spliced through frame
-//!   by frame; nothing is buffered, parsed or copied.
-//! - **observed**: the unary request is buffered, shown to the interceptors (which may hold or
-//!   reject it), and the same bytes are forwarded; the response may be buffered and shown too.
+//! Every connection is served by the [`relay`], which gives it a runtime connection of its own.
+//! A call takes one of these paths:
+//! - **relayed** (nobody is interested): its frames are copied through by the relay thread;
+//!   nothing is buffered or parsed but the request's header block (for the route).
+//! - **observed** (an interceptor wants to see it): the relay diverts the stream here
+//!   ([`Proxy`] as the relay's [`relay::Service`]); the unary request is buffered, shown to the
+//!   interceptors (which may hold or reject it), and the same bytes are forwarded through pooled
+//!   runtime connections ([`upstream`]); the response may be buffered and shown too.
+//! - **degraded**: a connection whose runtime connection is gone (or never came up) has every
+//!   new stream diverted; those nobody is interested in are forwarded as they are
+//!   (`forward_degraded`) until the client moves back to a relay.
+//!
+//! Modules, imports pointing one way: [`h2`] (frames and HPACK; imports nothing else of the
+//! proxy) ← [`sock`], [`body`], [`upstream`] ← [`relay`] ← this module (which serves diverted
+//! calls); [`client`] is crisp's own runtime client, [`listener`] the socket.
 
 pub mod body;
 pub mod client;
@@ -125,7 +135,7 @@ impl Proxy {
         let this = self.clone();
         let resp = async move {
             if interest.is_none() {
-                return this.forward_fast(req).await;
+                return this.forward_degraded(req).await;
             }
             this.forward_observed(req, call, interest).await
         }
@@ -134,7 +144,9 @@ impl Proxy {
         Ok(resp)
     }
 
-    async fn forward_fast(&self, req: Request<ProxyBody>) -> Response<ResponseBody> {
+    /// A call nobody is interested in reaches this module only from a degraded relay (one without
+    /// a runtime connection of its own): forwarded as it is, through the pooled connections.
+    async fn forward_degraded(&self, req: Request<ProxyBody>) -> Response<ResponseBody> {
         let (parts, body) = req.into_parts();
         match self.upstream.send(Request::from_parts(parts, body)).await {
             Ok(resp) => resp.map(|b| ResponseBody::new(ProxyBody::Upstream(b), None).with_upstream(&self.upstream)),

@@ -22,7 +22,7 @@ use super::error::{RelayError, Violation};
 use super::fields::{FieldList, PathCache};
 use super::flow::Windows;
 use super::ping::{KeepAlive, KeepAliveAction, PingGate, KEEPALIVE};
-use super::status::Ending;
+use super::status::{Code, Ending};
 use crate::intercept::{Call, Interest};
 use crate::proxy::h2::{self, hpack, GoAway, IdHasher, IdMap, Indexer, Ping, Reason, RstStream, Settings};
 
@@ -293,7 +293,7 @@ impl Core {
                 h2::encode_field(&mut block, b":status", b"200");
                 h2::encode_field(&mut block, b"content-type", b"application/grpc");
             }
-            for (n, v) in &crate::status::Status::new(crate::status::code::UNAVAILABLE, msg).to_header_map() {
+            for (n, v) in &crate::status::Status::new(Code::UNAVAILABLE.0, msg).to_header_map() {
                 if n != http::header::CONTENT_TYPE {
                     h2::encode_field(&mut block, n.as_str().as_bytes(), v.as_bytes());
                 }
