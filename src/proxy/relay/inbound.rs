@@ -258,11 +258,20 @@ impl Core {
             GoAway::new(self.max_stream, Reason::COMPRESSION_ERROR, b"crisp: bad header block").encode(&mut self.to_client);
             return Err(Violation::UndecodableBlock.into());
         }
-        let now = self.now;
         if !(stream > self.max_stream && stream % 2 == 1) {
             self.trailers(stream, end_stream, block);
             return Ok(());
         }
+        self.new_stream(stream, end_stream, path, timeout, block);
+        Ok(())
+    }
+
+    /// A new stream's request, its fields in `client.fields`: refused after crisp's GOAWAY,
+    /// relayed through crisp's [`Indexer`], or diverted.
+    ///
+    /// [`Indexer`]: crate::proxy::h2::Indexer
+    fn new_stream(&mut self, stream: u32, end_stream: bool, path: Option<(Route, http::uri::PathAndQuery)>, timeout: Option<std::time::Duration>, block: &mut Vec<u8>) {
+        let now = self.now;
         self.max_stream = stream;
         self.last_stream_at = now;
         let (route, path) = path.unwrap_or_else(|| (Route::UNKNOWN, http::uri::PathAndQuery::from_static("/")));
@@ -272,7 +281,7 @@ impl Core {
         if self.goaway.is_some_and(|last| stream > last) {
             // After crisp's GOAWAY: unprocessed, the client retries it elsewhere.
             RstStream::new(stream, Reason::REFUSED_STREAM).encode(&mut self.to_client);
-            return Ok(());
+            return;
         }
         if !(divert || self.degraded) && self.runtime {
             self.relayed.insert(stream, Relayed { call: interest.complete.then_some(call), answered: false });
@@ -282,7 +291,7 @@ impl Core {
                 self.client.indexer.field(block, n, v);
             }
             h2::headers(&mut self.to_runtime, stream, block, end_stream);
-            return Ok(());
+            return;
         }
         {
             let mut flow = self.windows.lock();
@@ -298,7 +307,6 @@ impl Core {
         // One road: the fields as decoded above, handed on (with the call as the relay saw it:
         // one call id, the arrival time of its headers).
         self.events.push(Event::Divert { stream, call, fields: self.client.fields.to_owned(), end_stream });
-        Ok(())
     }
 
     /// A header block on a stream that is not new: trailers (gRPC clients send none, but HTTP/2

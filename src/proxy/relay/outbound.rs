@@ -9,16 +9,16 @@ use bytes::{Buf, BytesMut};
 use super::core::{Core, PendingBlock, Sink};
 use super::error::{RelayError, Violation};
 use super::status::{Code, Ending};
-use crate::proxy::h2::{self, Flags, GoAway, Kind, Reason, Settings};
+use crate::proxy::h2::{self, Flags, GoAway, Head, Kind, Reason, Settings};
 
 impl Core {
     /// Relays the complete frames at the start of `buf` (just read from the runtime), written to
     /// `client` straight from it: the runtime's frames pass through unchanged, so they are never
     /// copied in user space (unless the client's socket is full). Returns true when it stopped
     /// at a DATA frame the client has no window for: that frame stays at the start of `buf`,
-    /// for the next call once the client's credit came. `now`: when the bytes were read. Calls that ended are reported
-    /// ([`super::core::Event::Completed`]) once their last bytes went out: the metrics and the
-    /// tap are not on the answer's way to the client.
+    /// for the next call once the client's credit came. `now`: when the bytes were read. Calls
+    /// that ended are reported ([`super::core::Event::Completed`]) once their last bytes went
+    /// out: the metrics and the tap are not on the answer's way to the client.
     pub fn runtime_bytes(&mut self, buf: &mut BytesMut, client: &mut impl Sink, now: Instant) -> Result<bool, RelayError> {
         self.now = now;
         // buf[..pos]: frames checked and due to the client, not yet written.
@@ -27,77 +27,86 @@ impl Core {
         let mut missing = 0;
         while let Some(head) = h2::complete_at(buf, pos, &mut missing) {
             let len = h2::HEADER_LEN + head.len;
-            let payload = pos + h2::HEADER_LEN..pos + len;
-            match head.kind {
-                Kind::Data => {
-                    self.pings.runtime_wrote();
-                    let n = head.len as i64;
-                    if n > 0 && !self.windows.lock().take_for_runtime(n) {
-                        // Not within what the client has left: send what is before it and
-                        // wait for the client's credit.
-                        flush(buf, &mut pos, client)?;
-                        return Ok(true);
-                    }
-                    if head.has(Flags::END_STREAM) {
-                        self.end_relayed(head.stream, Ending::without_status());
-                    }
+            match self.runtime_frame(head, &buf[pos + h2::HEADER_LEN..pos + len])? {
+                Next::Relay => pos += len,
+                Next::WaitForWindow => {
+                    // Not within what the client has left: send what is before it and wait for
+                    // the client's credit.
+                    flush(buf, &mut pos, client)?;
+                    return Ok(true);
                 }
-                Kind::Headers => {
-                    self.pings.runtime_wrote();
-                    let p = &buf[payload];
-                    let r = h2::header_fragment(&head, p).ok_or(Violation::MalformedRuntimeHeaders)?;
-                    let end_stream = head.has(Flags::END_STREAM);
-                    if head.has(Flags::END_HEADERS) {
-                        self.response_block(head.stream, end_stream, &p[r]);
-                    } else {
-                        self.from_runtime.pending = Some(PendingBlock { stream: head.stream, end_stream, block: p[r].to_vec() });
-                    }
+                Next::GoAway { last, reason, debug } => {
+                    // Frames before it go first. The GOAWAY itself is not relayed: the client's
+                    // connection is crisp's, and stays up (see `Core::maybe_move_client`).
+                    flush(buf, &mut pos, client)?;
+                    buf.advance(len);
+                    self.runtime_goaway(last, reason, &debug);
                 }
-                Kind::Continuation => {
-                    if let Some(mut p) = self.from_runtime.pending.take() {
-                        p.block.extend_from_slice(&buf[payload]);
-                        if head.has(Flags::END_HEADERS) {
-                            self.response_block(p.stream, p.end_stream, &p.block);
-                        } else {
-                            self.from_runtime.pending = Some(p);
-                        }
-                    }
-                }
-                Kind::RstStream => self.end_relayed(head.stream, Ending::cancelled()),
-                Kind::Ping if head.has(Flags::ACK) => self.pings.acked(),
-                // The client's oldest unacknowledged SETTINGS now apply on its side too: the ACK
-                // is written (below, with the frames before it) before any DATA of crisp's own
-                // that counts on them (crisp's frames go out after this batch).
-                Kind::Settings if head.has(Flags::ACK) => self.runtime_acked_settings(),
-                // The runtime's own settings go on to the client unchanged; its header table
-                // size is also the bound of crisp's table on this connection ([`h2::Indexer`]).
-                Kind::Settings => {
-                    if let Some(size) = Settings::load(&head, &buf[payload]).ok().and_then(|s| s.header_table_size) {
-                        self.from_runtime.table_size = Some(size);
-                    }
-                }
-                Kind::GoAway => {
-                    // A malformed GOAWAY (shorter than 8 bytes) goes on to the client, as any
-                    // frame crisp does not read.
-                    if let Ok(g) = GoAway::load(&buf[payload]) {
-                        // Frames before it go first. The GOAWAY itself is not relayed: the
-                        // client's connection is crisp's, and stays up (see
-                        // `Core::maybe_move_client`).
-                        let (last, reason, debug) = (g.last_stream, g.reason, String::from_utf8_lossy(g.debug_data).into_owned());
-                        flush(buf, &mut pos, client)?;
-                        buf.advance(len);
-                        self.runtime_goaway(last, reason, &debug);
-                        continue;
-                    }
-                }
-                _ => {}
             }
-            pos += len;
         }
         flush(buf, &mut pos, client)?;
         // After the flush, so that the bytes already written are not carried into a new buffer.
         buf.reserve(missing);
         Ok(false)
+    }
+
+    /// One complete frame from the runtime (`payload`: its payload): what the core learns from
+    /// it, and what becomes of it.
+    fn runtime_frame(&mut self, head: Head, payload: &[u8]) -> Result<Next, RelayError> {
+        match head.kind {
+            Kind::Data => {
+                self.pings.runtime_wrote();
+                let n = head.len as i64;
+                if n > 0 && !self.windows.lock().take_for_runtime(n) {
+                    return Ok(Next::WaitForWindow);
+                }
+                if head.has(Flags::END_STREAM) {
+                    self.end_relayed(head.stream, Ending::without_status());
+                }
+            }
+            Kind::Headers => {
+                self.pings.runtime_wrote();
+                let r = h2::header_fragment(&head, payload).ok_or(Violation::MalformedRuntimeHeaders)?;
+                let end_stream = head.has(Flags::END_STREAM);
+                if head.has(Flags::END_HEADERS) {
+                    self.response_block(head.stream, end_stream, &payload[r]);
+                } else {
+                    self.from_runtime.pending = Some(PendingBlock { stream: head.stream, end_stream, block: payload[r].to_vec() });
+                }
+            }
+            Kind::Continuation => {
+                if let Some(mut p) = self.from_runtime.pending.take() {
+                    p.block.extend_from_slice(payload);
+                    if head.has(Flags::END_HEADERS) {
+                        self.response_block(p.stream, p.end_stream, &p.block);
+                    } else {
+                        self.from_runtime.pending = Some(p);
+                    }
+                }
+            }
+            Kind::RstStream => self.end_relayed(head.stream, Ending::cancelled()),
+            Kind::Ping if head.has(Flags::ACK) => self.pings.acked(),
+            // The client's oldest unacknowledged SETTINGS now apply on its side too: the ACK is
+            // written (with the frames before it) before any DATA of crisp's own that counts on
+            // them (crisp's frames go out after this batch).
+            Kind::Settings if head.has(Flags::ACK) => self.runtime_acked_settings(),
+            // The runtime's own settings go on to the client unchanged; its header table size is
+            // also the bound of crisp's table on this connection ([`h2::Indexer`]).
+            Kind::Settings => {
+                if let Some(size) = Settings::load(&head, payload).ok().and_then(|s| s.header_table_size) {
+                    self.from_runtime.table_size = Some(size);
+                }
+            }
+            // A malformed GOAWAY (shorter than 8 bytes) goes on to the client, as any frame crisp
+            // does not read.
+            Kind::GoAway => {
+                if let Ok(g) = GoAway::load(payload) {
+                    return Ok(Next::GoAway { last: g.last_stream, reason: g.reason, debug: String::from_utf8_lossy(g.debug_data).into_owned() });
+                }
+            }
+            _ => {}
+        }
+        Ok(Next::Relay)
     }
 
     fn runtime_acked_settings(&mut self) {
@@ -143,6 +152,16 @@ impl Core {
             self.completed(r.call, ending, at);
         }
     }
+}
+
+/// What becomes of one of the runtime's frames.
+enum Next {
+    /// It goes on to the client.
+    Relay,
+    /// A DATA frame the client has no window for: it waits, and so does what follows it.
+    WaitForWindow,
+    /// The runtime's GOAWAY: crisp's to act on, not relayed.
+    GoAway { last: u32, reason: Reason, debug: String },
 }
 
 /// Writes `buf[..pos]` to the client and drops it from `buf`.
