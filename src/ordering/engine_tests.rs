@@ -53,6 +53,8 @@ struct Script {
     list_delay: Duration,
     /// The pod IP PodSandboxStatus reports (none: not networked).
     ip: Option<String>,
+    /// The annotations every ContainerStatus reports (kubelet's `io.kubernetes.*` stamps).
+    status_annotations: HashMap<String, String>,
 }
 
 #[derive(Default, Clone)]
@@ -139,7 +141,8 @@ impl Runtime for Fake {
     }
 
     fn container_status<'a>(&'a self, _: ApiVersion, _: &'a str) -> Answer<'a, views::ContainerStatusResponse> {
-        ready(Ok(views::ContainerStatusResponse::default()))
+        let annotations = self.script().status_annotations.clone();
+        ready(Ok(views::ContainerStatusResponse { status: Some(views::ContainerStatus { annotations, ..Default::default() }) }))
     }
 
     fn exec_sync<'a>(&'a self, _: ApiVersion, id: &'a str, _: &'a [String], _: Duration) -> Answer<'a, i32> {
@@ -574,6 +577,52 @@ async fn stop_pod_sandbox_waits_for_the_apps_then_stops_sidecars_in_reverse() {
     assert_held(held, 2 * S, 100 * MS);
     let stops: Vec<(String, i64)> = fake.script().stops.iter().map(|(n, s, _)| (n.clone(), *s)).collect();
     assert_eq!(stops, vec![("second".to_string(), 28), ("first".to_string(), 28)], "reverse order, with what is left of the budget");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue #26: tenant numbers
+
+/// A pod's terminationGracePeriodSeconds near 2^63 reaches crisp as StopContainer's `timeout`
+/// (kubelet's own deadline wraps to an ordinary one, so the call does arrive): the sidecar's
+/// stop is still held only while the app runs, then forwarded with at most a day's budget.
+#[tokio::test(start_paused = true)]
+async fn a_stop_with_an_extreme_grace_period_completes_in_order() {
+    for (grace, deadline) in [(i64::MAX, Some(60 * S)), (i64::MAX, None), (i64::MAX - 1, KUBELET_DEADLINE)] {
+        let (fake, engine, t0) = fake_running_pod(&["proxy"]);
+        let (v, held) = stop_container(&engine, &fake, "app", grace, deadline).await;
+        assert_forwarded_at_once(&v, held);
+        fake.set("app", |c| c.exited = Some(at(t0, 3 * S)));
+        let (v, held) = stop_container(&engine, &fake, "proxy", grace, deadline).await;
+        assert_held(held, 3 * S, 100 * MS);
+        assert_eq!(forwarded_timeout(&v, grace), 86_397, "{grace} {deadline:?}: a day's budget, 3 s of it spent");
+    }
+}
+
+/// The same with the app never exiting: the hold ends before kubelet's (wrapped) deadline.
+#[tokio::test(start_paused = true)]
+async fn a_stop_with_an_extreme_grace_period_still_ends_before_kubelets_deadline() {
+    let (fake, engine, _) = fake_running_pod(&["proxy"]);
+    assert_forward(&stop_container(&engine, &fake, "app", i64::MAX, Some(60 * S)).await.0);
+    let (v, held) = stop_container(&engine, &fake, "proxy", i64::MAX, Some(60 * S)).await;
+    assert_eq!(held, 60 * S - decide::DEADLINE_MARGIN - decide::STOP_TAIL);
+    assert_eq!(forwarded_timeout(&v, i64::MAX), 86_400 - 55);
+    // A negative timeout (no grace at all) panics nothing either.
+    let (v, _) = stop_container(&engine, &fake, "proxy", i64::MIN, Some(60 * S)).await;
+    assert_forward(&v);
+}
+
+/// Job mode reads the grace period from the sidecar's `io.kubernetes.pod.terminationGracePeriod`:
+/// any int64 (or more) stops the sidecar with at most a day's timeout, no panic.
+#[tokio::test(start_paused = true)]
+async fn a_job_sidecar_with_an_extreme_grace_annotation_is_stopped() {
+    for grace in ["9223372036854775807", "9223372036854775806", "18446744073709551615"] {
+        let (fake, engine, _) = fake_running_pod(&["proxy"]);
+        fake.script().status_annotations = [("io.kubernetes.pod.terminationGracePeriod".to_string(), grace.to_string())].into();
+        let pod = engine.pod_by_id(ApiVersion::V1, SANDBOX).await.unwrap();
+        engine.terminate_sidecars(ApiVersion::V1, &pod).await;
+        let stops: Vec<(String, i64)> = fake.script().stops.iter().map(|(n, s, _)| (n.clone(), *s)).collect();
+        assert_eq!(stops, vec![("proxy".to_string(), 86_400)], "{grace}");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

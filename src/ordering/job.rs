@@ -107,6 +107,17 @@ impl Pod {
     }
 }
 
+/// The pod's grace period as kubelet stamps it on the container: the pod's
+/// `terminationGracePeriodSeconds`, any int64 (30 s when absent or not a number), bounded
+/// where it enters like a StopContainer's (`decide::grace_from_secs`).
+fn grace_of(annotations: &std::collections::HashMap<String, String>) -> Duration {
+    match annotations.get(GRACE_ANNOTATION).map(|v| v.trim().parse::<i64>()) {
+        Some(Ok(secs)) => decide::grace_from_secs(secs),
+        Some(Err(e)) if *e.kind() == std::num::IntErrorKind::PosOverflow => decide::MAX_GRACE,
+        _ => Duration::from_secs(30),
+    }
+}
+
 /// Parses kubelet's preStop annotation (JSON of the LifecycleHandler); only exec hooks run here.
 pub fn prestop_command(annotation: &str) -> Option<Vec<String>> {
     let v: serde_json::Value = serde_json::from_str(annotation).ok()?;
@@ -243,7 +254,7 @@ impl Engine {
         false
     }
 
-    async fn terminate_sidecars(&self, version: ApiVersion, pod: &Pod) {
+    pub(super) async fn terminate_sidecars(&self, version: ApiVersion, pod: &Pod) {
         let Ok(containers) = self.runtime.list_containers(version, &pod.sandbox_id).await else { return };
         let snap = Snapshot::new(&containers);
         let started = now();
@@ -261,7 +272,7 @@ impl Engine {
                     continue;
                 }
             };
-            let grace = *budget.get_or_insert_with(|| Duration::from_secs(st.annotations.get(GRACE_ANNOTATION).and_then(|v| v.parse().ok()).unwrap_or(30)));
+            let grace = *budget.get_or_insert_with(|| grace_of(&st.annotations));
             let left = grace.saturating_sub(now().saturating_duration_since(started));
             if let Some(cmd) = st.annotations.get(PRESTOP_ANNOTATION).and_then(|a| prestop_command(a)) {
                 tracing::info!(container_name = %s.name, "running the sidecar's preStop hook");
@@ -271,7 +282,7 @@ impl Engine {
                     Ok(_) => {}
                 }
             }
-            let secs = decide::budget_secs(Some(started + grace), now());
+            let secs = decide::budget_secs(Some(decide::later(started, grace)), now());
             // Mark first: a status read racing the stop must already see `Completed`.
             self.terminated.insert(&c.id);
             match self.runtime.stop_container(version, &c.id, secs).await {
@@ -317,6 +328,17 @@ mod tests {
         assert_eq!(prestop_command(r#"{"httpGet":{"path":"/q","port":80}}"#), None);
         assert_eq!(prestop_command("not json"), None);
         assert_eq!(prestop_command(r#"{"exec":{"command":[]}}"#), None);
+    }
+
+    #[test]
+    fn the_grace_annotation_is_bounded_where_it_enters() {
+        let grace = |v: &str| grace_of(&[(GRACE_ANNOTATION.to_string(), v.to_string())].into());
+        assert_eq!(grace("45"), Duration::from_secs(45));
+        assert_eq!(grace("9223372036854775807"), decide::MAX_GRACE);
+        assert_eq!(grace("18446744073709551615"), decide::MAX_GRACE, "beyond int64: as long as crisp allows");
+        assert_eq!(grace("-5"), Duration::ZERO);
+        assert_eq!(grace("soon"), Duration::from_secs(30));
+        assert_eq!(grace_of(&Default::default()), Duration::from_secs(30));
     }
 
     #[test]

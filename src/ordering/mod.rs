@@ -258,14 +258,14 @@ impl Pod {
         let mut w = self.stop.lock().unwrap_or_else(|e| e.into_inner());
         // A window older than any kill could last (grace + kubelet's 2 min) belongs to an earlier
         // single-container kill, not to this termination.
-        let stale = w.first.is_some_and(|f| now.duration_since(f) > w.grace + Duration::from_secs(150));
+        let stale = w.first.is_some_and(|f| now.saturating_duration_since(f) > w.grace.saturating_add(Duration::from_secs(150)));
         if w.first.is_none() || stale {
             *w = StopWindow { first: Some(now), grace, apps_stopping: HashSet::new() };
         }
         if is_app {
             w.apps_stopping.insert(container_id.to_string());
         }
-        w.first.unwrap_or(now) + w.grace
+        decide::later(w.first.unwrap_or(now), w.grace)
     }
 
     fn apps_stopping(&self) -> bool {
@@ -808,7 +808,8 @@ impl Engine {
             return Verdict::Forward;
         }
         let arrived = now();
-        let grace = Duration::from_secs(req.timeout.max(0) as u64);
+        // The pod's terminationGracePeriodSeconds: any int64, bounded here where it enters.
+        let grace = decide::grace_from_secs(req.timeout);
         let idx = pod.policy.sidecar_index(&cref.name);
         let budget_end = pod.note_stop(arrived, grace, &req.container_id, idx.is_none());
         // An app's stop is forwarded at once (§4.1).
@@ -903,7 +904,7 @@ impl Engine {
         let hold_until = decide::sandbox_hold_end(arrived, call.deadline);
         let budget_end = {
             let w = pod.stop.lock().unwrap_or_else(|e| e.into_inner());
-            w.first.map(|f| f + w.grace)
+            w.first.map(|f| decide::later(f, w.grace))
         };
         let mut held: Option<holds::Hold<'_>> = None;
         let running = loop {
@@ -1210,5 +1211,18 @@ mod tests {
         let t1 = t0 + Duration::from_secs(400);
         assert_eq!(pod.note_stop(t1, Duration::from_secs(10), "side", false), t1 + Duration::from_secs(10));
         assert!(!pod.apps_stopping());
+    }
+
+    /// Issue #26: a grace period near 2^63 (or any duration) never panics the stop budget, and
+    /// a later stop of the same pod still shares its window.
+    #[test]
+    fn an_extreme_grace_period_never_panics_the_stop_budget() {
+        for grace in [Duration::from_secs(i64::MAX as u64), Duration::from_secs(i64::MAX as u64 - 1), Duration::MAX] {
+            let (pod, _) = Pod::new("sb", None, &HashMap::new(), HashMap::new(), false, &[], &[]);
+            let t0 = Instant::now();
+            let end = pod.note_stop(t0, grace, "app", true);
+            assert!(end > t0 && end <= t0 + Duration::from_secs(86_400 + 120), "{grace:?}");
+            assert_eq!(pod.note_stop(t0 + Duration::from_secs(400), grace, "side", false), end, "{grace:?}: still one window");
+        }
     }
 }
