@@ -565,7 +565,7 @@ impl Engine {
             if *ready == Readiness::Running {
                 return Ok(());
             }
-            let _slot = self.limiter.slot(deadline).await.inspect_err(|_| {
+            let _slot = self.limiter.slot(&pod.sandbox_id, deadline).await.inspect_err(|_| {
                 self.metrics.probe_limited.inc();
             })?;
             let _counted = GaugeGuard::new(&self.metrics.probe_in_flight);
