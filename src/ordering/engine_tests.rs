@@ -625,6 +625,59 @@ async fn a_job_sidecar_with_an_extreme_grace_annotation_is_stopped() {
     }
 }
 
+/// Issue #26: held calls re-read the runtime under one node-wide bound. 40 CreateContainers
+/// held on a never-ready sidecar and 40 sidecar StopContainers held on a running app, probe
+/// interval 100 ms: 800 ListContainers a second unbounded; with `runtime_reads_per_second =
+/// 20`, each call's first read and then 20 a second, every call still ending within its hold.
+#[tokio::test(start_paused = true)]
+async fn held_calls_read_the_runtime_within_the_node_wide_bound() {
+    let fake = Fake::default();
+    let engine = pod_with(&fake, &["proxy"], &[], |c| {
+        c.ordering.refuse_held_after = Duration::ZERO;
+        c.ordering.runtime_reads_per_second = 20;
+    });
+    let t0 = now();
+    fake.add("proxy", Some(t0));
+    fake.set("proxy", |c| c.ready = None);
+    fake.add("app", Some(t0));
+    let (create, stop_msg) = (create(&fake, "app"), stop(&id_of(&fake, "proxy"), 30));
+    let mut held = Vec::new();
+    for i in 0..80u64 {
+        let (engine, msg) = (engine.clone(), if i % 2 == 0 { create.clone() } else { stop_msg.clone() });
+        let call = Call { id: i + 1, ..call(if i % 2 == 0 { "CreateContainer" } else { "StopContainer" }, KUBELET_DEADLINE) };
+        held.push(tokio::spawn(async move { run(&engine, &call, &msg).await }));
+    }
+    tokio::time::sleep(10 * S).await;
+    let lists = fake.script().lists;
+    assert!(lists <= 80 + 2 + 20 * 10, "{lists} ListContainers in 10 s: 80 first reads, the burst and 20 a second at most");
+    assert!(lists >= 80 + 20 * 9, "{lists}: the held calls still read at the bound");
+    for h in held {
+        let (v, held) = h.await.unwrap();
+        assert!(held <= 90 * S + 100 * MS, "held {held:?}: within the start timeout, before kubelet's deadline");
+        assert!(matches!(v, Verdict::Forward | Verdict::ForwardPatched(_)), "{v:?}");
+    }
+}
+
+/// Job watchers too: 40 Job pods whose apps run on, each watched at `job.poll_interval`
+/// (100 ms here: 400 reads a second unbounded), read at `runtime_reads_per_second` together.
+#[tokio::test(start_paused = true)]
+async fn job_watchers_read_the_runtime_within_the_node_wide_bound() {
+    let fake = Fake::default();
+    let engine = pod_with(&fake, &["proxy"], &[(annotations::JOB, "true")], |c| {
+        c.job.poll_interval = 100 * MS;
+        c.ordering.runtime_reads_per_second = 20;
+    });
+    fake.add("proxy", Some(now()));
+    fake.add("app", Some(now()));
+    for i in 0..40 {
+        assert!(engine.pod_by_id(ApiVersion::V1, &format!("sb-{i}")).await.is_some());
+    }
+    assert_eq!(engine.pods().len(), 40);
+    tokio::time::sleep(10 * S).await;
+    let lists = fake.script().lists;
+    assert!((20 * 9..=2 + 20 * 10).contains(&lists), "{lists} ListContainers in 10 s by 40 watchers: 20 a second");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Issue #19: who may aim a probe where
 

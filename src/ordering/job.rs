@@ -166,11 +166,17 @@ impl Engine {
         self.terminate_sidecars(version, &pod).await;
     }
 
+    /// Every runtime read of a watcher waits for the node-wide bound ([`super::reads`]): a
+    /// watcher lives as long as its pod, and a node can run many Job pods.
     async fn job_apps_state(&self, version: ApiVersion, pod: &Pod) -> Result<AppsState, crate::proxy::client::ClientError> {
-        let containers = self.runtime.list_containers(version, &pod.sandbox_id).await?;
+        let containers = {
+            let _read = self.reads.read(None).await;
+            self.runtime.list_containers(version, &pod.sandbox_id).await?
+        };
         if containers.is_empty() {
             // The sandbox may be gone with no RemovePodSandbox seen (e.g. removed while crisp was
             // down): stop watching.
+            let _read = self.reads.read(None).await;
             if let Err(e) = self.runtime.pod_sandbox_status(version, &pod.sandbox_id).await {
                 if e.is_not_found() {
                     self.pods.remove(&pod.sandbox_id);
@@ -193,6 +199,7 @@ impl Engine {
                 continue;
             }
             if c.created_at < first_sidecar && c.state == state::EXITED {
+                let _read = self.reads.read(None).await;
                 let st = self.runtime.container_status(version, &c.id).await?.status.unwrap_or_default();
                 if st.finished_at <= first_sidecar {
                     pod.note_init(n);
@@ -208,7 +215,10 @@ impl Engine {
             return Ok(AppsState::Running);
         }
         for app in apps {
-            let st = self.runtime.container_status(version, &app.id).await?.status.unwrap_or_default();
+            let st = {
+                let _read = self.reads.read(None).await;
+                self.runtime.container_status(version, &app.id).await?.status.unwrap_or_default()
+            };
             if st.exit_code == 0 {
                 continue; // Final under Never and OnFailure.
             }
@@ -245,6 +255,7 @@ impl Engine {
             return true;
         }
         for c in older {
+            let _read = self.reads.read(None).await;
             match self.runtime.container_status(version, &c.id).await {
                 Ok(r) if r.status.as_ref().is_some_and(|s| s.started_at != 0) => return true,
                 Ok(_) => {}
