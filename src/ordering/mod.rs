@@ -582,8 +582,8 @@ impl Engine {
         ready
     }
 
-    /// Leave for a repeated runtime read of a held call (`again`: the hold's end) or a Job
-    /// watcher, under the node-wide bound ([`reads`]); `None`: a call's first read, at once.
+    /// Leave for a held call's repeated runtime read (`again`: waited for until the hold's
+    /// end), under the node-wide bound ([`reads`]); `None`: the call's first read, at once.
     async fn read_again(&self, again: Option<Instant>) -> Result<Option<tokio::sync::SemaphorePermit<'_>>, reads::ReadLimited> {
         match again {
             Some(until) => self.reads.read(Some(until.into())).await.map(Some),
