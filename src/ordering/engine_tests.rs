@@ -658,6 +658,33 @@ async fn held_calls_read_the_runtime_within_the_node_wide_bound() {
     }
 }
 
+/// A call's first read is not paced: with 40 calls held re-reading at one read a second, a
+/// CreateContainer whose sidecar is ready is forwarded at once, not after their turns.
+#[tokio::test(start_paused = true)]
+async fn a_calls_first_read_never_waits_behind_held_calls() {
+    let fake = Fake::default();
+    let engine = pod_with(&fake, &["proxy"], &[], |c| {
+        c.ordering.refuse_held_after = Duration::ZERO;
+        c.ordering.runtime_reads_per_second = 1;
+    });
+    fake.add("proxy", Some(now()));
+    fake.set("proxy", |c| c.ready = None);
+    let msg = create(&fake, "app");
+    let mut held = Vec::new();
+    for i in 0..40u64 {
+        let (engine, msg) = (engine.clone(), msg.clone());
+        let call = Call { id: i + 1, ..call("CreateContainer", KUBELET_DEADLINE) };
+        held.push(tokio::spawn(async move { run(&engine, &call, &msg).await }));
+    }
+    tokio::time::sleep(5 * S).await;
+    fake.set("proxy", |c| c.ready = Some(now()));
+    let (v, waited) = create_container(&engine, &fake, "app").await;
+    assert_forwarded_at_once(&v, waited);
+    for h in held {
+        h.abort();
+    }
+}
+
 /// Job watchers too: 40 Job pods whose apps run on, each watched at `job.poll_interval`
 /// (100 ms here: 400 reads a second unbounded), read at `runtime_reads_per_second` together.
 #[tokio::test(start_paused = true)]
