@@ -79,8 +79,8 @@ fn link_scanner_finds_relative_links_only() {
 // Citations of documents and sections
 
 /// Where code cites documents: every source file under these (`target/` skipped).
-const CODE_DIRS: [&str; 7] = ["src", "tests", "e2e", "benches", "fuzz", "hack", "proto"];
-const CODE_EXTENSIONS: [&str; 7] = ["rs", "sh", "py", "go", "proto", "toml", "yaml"];
+const CODE_DIRS: [&str; 10] = ["src", "tests", "e2e", "benches", "fuzz", "hack", "proto", "deploy", "systemd", "packaging"];
+const CODE_EXTENSIONS: [&str; 11] = ["rs", "sh", "py", "go", "proto", "toml", "yaml", "json", "service", "socket", "conf"];
 /// This file: its scanner tests hold citations that are meant not to resolve.
 const SELF: &str = "tests/docs.rs";
 /// Documents that may be cited as `NAME §N` without `.md`.
