@@ -182,7 +182,7 @@ fn bytes_of(v: &Value) -> Option<Vec<u8>> {
 }
 
 /// A message as one redacted JSON line for a log, cut at `max` bytes: the only way crisp puts a
-/// message in its log (STYLE rule 5: never Debug-print a CRI message).
+/// message in its log (DESIGN.md §6: never Debug-print a CRI message).
 pub fn for_log(rpc: Option<Rpc>, dir: Dir, msg: &[u8], max: usize) -> String {
     let v = super::decode::decode(rpc, dir, msg, true);
     let mut s = v.to_string();
