@@ -20,7 +20,7 @@ pub const STOP_TAIL: Duration = Duration::from_secs(2);
 const SANDBOX_HOLD_WITHOUT_DEADLINE: Duration = Duration::from_secs(60);
 /// Room a held StopPodSandbox leaves for stopping the sidecars before kubelet's deadline.
 const SANDBOX_STOP_ROOM: Duration = Duration::from_secs(10);
-/// kubelet's own slack over the grace period for a StopContainer (KUBELET-CRI §3.1).
+/// kubelet's own slack over the grace period for a StopContainer (KUBELET-CRI §3.3).
 const STOP_SLACK: Duration = Duration::from_secs(120);
 /// The longest grace period crisp honours: a StopContainer's `timeout` and Job mode's
 /// `io.kubernetes.pod.terminationGracePeriod` are the pod's `terminationGracePeriodSeconds`,
