@@ -1128,7 +1128,13 @@ impl readiness::ProbeEnv for ProbeTarget<'_> {
         }
     }
 
+    /// Paced as a connect (each ExecSync is a process started in a container), and over by the
+    /// probe's end whatever the wait for its turn took.
     async fn exec(&self, cmd: &[String], timeout: Duration) -> Result<i32, String> {
+        self.engine.limiter.connect(self.deadline).await.inspect_err(|_| {
+            self.engine.metrics.probe_limited.inc();
+        })?;
+        let timeout = timeout.min(self.deadline.saturating_duration_since(tokio::time::Instant::now()));
         self.engine.runtime.exec_sync(self.version, self.container_id, cmd, timeout).await.map_err(|e| {
             self.engine.metrics.probe_errors.inc();
             tracing::debug!(container_name = %self.sidecar, error = %e, "exec readiness probe failed to run");
