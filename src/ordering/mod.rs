@@ -520,7 +520,7 @@ impl Engine {
         let ns = if pod.host_network {
             PodNs::Host
         } else {
-            match netns::resolve(resp.info.get("info").map(String::as_str)) {
+            match netns::resolve(resp.info.get("info").map(String::as_str), &pod.sandbox_id) {
                 Ok(ns) => {
                     tracing::debug!(pod_namespace = %pod.namespace, pod_name = %pod.name, netns = %ns.path().display(), inode = ns.inode(), "probing from the pod's network namespace");
                     PodNs::Pod(ns)
