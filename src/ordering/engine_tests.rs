@@ -770,6 +770,26 @@ async fn loopback_of_a_pod_whose_namespace_is_unknown_is_never_the_nodes() {
     assert_eq!(engine.metrics.bad_annotations.get(), 0, "loopback is the pod's own");
 }
 
+/// Exec probes are paced like connects (issue #26): at one per second node-wide, a sidecar
+/// probed every 100 ms gets about one ExecSync a second, and the rounds without a turn are
+/// counted as limited.
+#[tokio::test(start_paused = true)]
+async fn exec_probes_take_the_node_wide_rate() {
+    let fake = Fake::default();
+    let engine = pod_with(&fake, &["proxy"], &[], |c| {
+        c.ordering.refuse_held_after = Duration::ZERO;
+        c.ordering.probe_connects_per_second = 1;
+        c.ordering.probe_timeout = 10 * MS;
+    });
+    fake.add_ready_after("proxy", 5 * S);
+    let (v, held) = create_container(&engine, &fake, "app").await;
+    assert_forward(&v);
+    assert!(held >= 5 * S && held <= 7 * S, "held {held:?}");
+    // ~50 rounds, ~6 tokens.
+    let limited = engine.metrics.probe_limited.get();
+    assert!(limited >= 35, "only {limited} of ~50 exec rounds waited for the rate");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Live holds (the tap's hold events, `crisp pods`) and `refuse_held_after`
 

@@ -524,7 +524,7 @@ impl Engine {
         let ns = if pod.host_network {
             PodNs::Host
         } else {
-            match netns::resolve(resp.info.get("info").map(String::as_str)) {
+            match netns::resolve(resp.info.get("info").map(String::as_str), &pod.sandbox_id) {
                 Ok(ns) => {
                     tracing::debug!(pod_namespace = %pod.namespace, pod_name = %pod.name, netns = %ns.path().display(), inode = ns.inode(), "probing from the pod's network namespace");
                     PodNs::Pod(ns)
@@ -1164,7 +1164,13 @@ impl readiness::ProbeEnv for ProbeTarget<'_> {
         }
     }
 
+    /// Paced as a connect (each ExecSync is a process started in a container), and over by the
+    /// probe's end whatever the wait for its turn took.
     async fn exec(&self, cmd: &[String], timeout: Duration) -> Result<i32, String> {
+        self.engine.limiter.connect(self.deadline).await.inspect_err(|_| {
+            self.engine.metrics.probe_limited.inc();
+        })?;
+        let timeout = timeout.min(self.deadline.saturating_duration_since(tokio::time::Instant::now()));
         self.engine.runtime.exec_sync(self.version, self.container_id, cmd, timeout).await.map_err(|e| {
             self.engine.metrics.probe_errors.inc();
             tracing::debug!(container_name = %self.sidecar, error = %e, "exec readiness probe failed to run");
