@@ -204,6 +204,12 @@ pub struct OrderingConfig {
     pub max_probes_in_flight: usize,
     /// Most TCP connections per second that tcp:// and http:// probes may open, node-wide.
     pub probe_connects_per_second: u32,
+    /// Most runtime reads per second crisp makes for its held calls' repeated checks and its
+    /// Job watchers, node-wide (a held call's first read and kubelet's own calls are never
+    /// paced). With N calls held, each re-checks about every N / this many seconds.
+    pub runtime_reads_per_second: u32,
+    /// Most of those reads waiting for the runtime at once, node-wide.
+    pub max_runtime_reads_in_flight: usize,
     /// A CreateContainer held this long ends as an informative refusal ("crisp: waiting for
     /// sidecar … not ready: …; held 30 s of 90 s"), which kubelet shows as the container's
     /// waiting reason and a Warning event, and retries 1–1.5 s later (KUBELET-CRI §1.3); the
@@ -216,6 +222,9 @@ pub struct OrderingConfig {
 /// Upper bounds of the probe limits: more would not be a bound.
 pub const MAX_PROBES_IN_FLIGHT: usize = 4096;
 pub const MAX_PROBE_CONNECTS_PER_SECOND: u32 = 100_000;
+/// Upper bounds of the runtime read limits.
+pub const MAX_RUNTIME_READS_PER_SECOND: u32 = 100_000;
+pub const MAX_RUNTIME_READS_IN_FLIGHT: usize = 4096;
 /// Most entries in `[ordering] probe_allow`.
 pub const MAX_PROBE_ALLOW: usize = 256;
 
@@ -230,6 +239,8 @@ impl Default for OrderingConfig {
             probe_allow: Vec::new(),
             max_probes_in_flight: 64,
             probe_connects_per_second: 200,
+            runtime_reads_per_second: 100,
+            max_runtime_reads_in_flight: 16,
             refuse_held_after: DEFAULT_REFUSE_HELD_AFTER,
         }
     }
@@ -330,6 +341,12 @@ impl Config {
         }
         if !(1..=MAX_PROBE_CONNECTS_PER_SECOND).contains(&self.ordering.probe_connects_per_second) {
             return Err(bad("ordering.probe_connects_per_second", format!("must be between 1 and {MAX_PROBE_CONNECTS_PER_SECOND}")));
+        }
+        if !(1..=MAX_RUNTIME_READS_PER_SECOND).contains(&self.ordering.runtime_reads_per_second) {
+            return Err(bad("ordering.runtime_reads_per_second", format!("must be between 1 and {MAX_RUNTIME_READS_PER_SECOND}")));
+        }
+        if !(1..=MAX_RUNTIME_READS_IN_FLIGHT).contains(&self.ordering.max_runtime_reads_in_flight) {
+            return Err(bad("ordering.max_runtime_reads_in_flight", format!("must be between 1 and {MAX_RUNTIME_READS_IN_FLIGHT}")));
         }
         if self.ordering.probe_allow.len() > MAX_PROBE_ALLOW {
             return Err(bad("ordering.probe_allow", format!("more than {MAX_PROBE_ALLOW} networks")));

@@ -6,6 +6,15 @@
 //! network namespace path in its OCI spec and the sandbox's pid (`/proc/PID/ns/net`); both are
 //! tried ([`candidates`]).
 //!
+//! A pid is the weaker of the two: between the runtime's answer and crisp's open, the sandbox
+//! may have ended and its pid been reused by any process on the node — one in the node's own
+//! namespace, say. So a namespace found through `/proc/PID/ns/net` is used only if, checked
+//! after it is open ([`pid_namespace_ok`]): it is not crisp's own network namespace (same
+//! device and inode as `/proc/self/ns/net`), and the pid's cgroup still names the sandbox (the
+//! runtime puts the sandbox's process in a cgroup named after the sandbox id: containerd's
+//! `cri-containerd-ID.scope` or `…/ID`, CRI-O's `crio-ID.scope`). A pid reused before the open
+//! fails the cgroup check; one reused after it cannot change the namespace already held open.
+//!
 //! A [`NetNs`] holds the namespace file open: the descriptor pins that very namespace, so a
 //! reused pid or a re-mounted path cannot point a cached namespace elsewhere. Sockets are made
 //! inside it on a short-lived thread of their own ([`NetNs::socket`]): the thread enters the
@@ -122,29 +131,83 @@ struct Namespace {
 /// that lives as long as the sandbox), then `/proc/PID/ns/net` of the sandbox's pid. Nothing
 /// when the JSON names neither; an error when it is not JSON at all.
 pub fn candidates(info: &str) -> Result<Vec<PathBuf>, String> {
+    Ok(found(info)?.into_iter().map(|(p, _)| p).collect())
+}
+
+/// [`candidates`], each with the pid it was derived from (the `/proc/PID/ns/net` fallback).
+fn found(info: &str) -> Result<Vec<(PathBuf, Option<u32>)>, String> {
     let info: Info = serde_json::from_str(info).map_err(|e| format!("the runtime's sandbox info is not the expected JSON (line {}, column {})", e.line(), e.column()))?;
     let mut out = Vec::new();
     let spec_path = info.runtime_spec.and_then(|s| s.linux).and_then(|l| l.namespaces.into_iter().find(|n| n.kind == "network")).and_then(|n| n.path);
     if let Some(p) = spec_path.filter(|p| p.starts_with('/') && !p.contains('\0')) {
-        out.push(PathBuf::from(p));
+        out.push((PathBuf::from(p), None));
     }
-    if let Some(pid) = info.pid.filter(|p| *p > 1 && *p <= u64::from(u32::MAX)) {
-        out.push(PathBuf::from(format!("/proc/{pid}/ns/net")));
+    if let Some(pid) = info.pid.filter(|p| *p > 1).and_then(|p| u32::try_from(p).ok()) {
+        out.push((PathBuf::from(format!("/proc/{pid}/ns/net")), Some(pid)));
     }
     Ok(out)
 }
 
+/// Why a namespace found through a sandbox's pid is not used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PidRefusal {
+    #[error("it is crisp's own network namespace (the pid was reused, or the sandbox has no namespace of its own)")]
+    OwnNamespace,
+    #[error("the pid no longer belongs to the sandbox (its cgroup does not name it)")]
+    NotTheSandbox,
+    #[error("no sandbox id to check the pid against")]
+    NoSandboxId,
+}
+
+/// Identity of a namespace file: (device, inode).
+pub type NsId = (u64, u64);
+
+/// Whether a namespace opened through a sandbox's pid may be used (see the module doc): it is
+/// not crisp's own (`own`, from `/proc/self/ns/net`), and the pid's cgroup file, read after the
+/// namespace was opened, names the sandbox.
+pub fn pid_namespace_ok(own: NsId, target: NsId, cgroup: &str, sandbox_id: &str) -> Result<(), PidRefusal> {
+    if target == own {
+        return Err(PidRefusal::OwnNamespace);
+    }
+    if sandbox_id.is_empty() {
+        return Err(PidRefusal::NoSandboxId);
+    }
+    // /proc/PID/cgroup: `hierarchy:controllers:path` per line; the sandbox id in a path.
+    if !cgroup.lines().any(|l| l.splitn(3, ':').nth(2).is_some_and(|path| path.contains(sandbox_id))) {
+        return Err(PidRefusal::NotTheSandbox);
+    }
+    Ok(())
+}
+
+/// Opens the namespace of sandbox `sandbox_id`'s pid, checked as [`pid_namespace_ok`] says.
+fn open_pid_namespace(path: &Path, pid: u32, sandbox_id: &str) -> io::Result<NetNs> {
+    let ns = NetNs::open(path)?;
+    let id = |m: std::fs::Metadata| (m.dev(), m.ino());
+    let own = id(std::fs::metadata("/proc/self/ns/net")?);
+    let target = id(ns.file.metadata()?);
+    // Read after the open: the cgroup of whoever has the pid now, which is who the namespace
+    // held open came from, or a later process (then refused, which is safe).
+    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
+    pid_namespace_ok(own, target, &cgroup, sandbox_id).map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, e))?;
+    Ok(ns)
+}
+
 /// The sandbox's network namespace from its verbose `info` JSON: the first candidate that opens
-/// as a network namespace, or why none did (one sentence, for one log line).
-pub fn resolve(info: Option<&str>) -> Result<NetNs, String> {
+/// as a network namespace (through the pid: only the sandbox's, see the module doc), or why
+/// none did (one sentence, for one log line).
+pub fn resolve(info: Option<&str>, sandbox_id: &str) -> Result<NetNs, String> {
     let info = info.ok_or("the runtime's sandbox status has no `info` (not a verbose answer)")?;
-    let paths = candidates(info)?;
+    let paths = found(info)?;
     if paths.is_empty() {
         return Err("the runtime's sandbox info names neither a network namespace path nor a pid".into());
     }
     let mut why = Vec::new();
-    for p in &paths {
-        match NetNs::open(p) {
+    for (p, pid) in &paths {
+        let opened = match pid {
+            Some(pid) => open_pid_namespace(p, *pid, sandbox_id),
+            None => NetNs::open(p),
+        };
+        match opened {
             Ok(ns) => return Ok(ns),
             Err(e) => why.push(format!("{}: {e}", p.display())),
         }
@@ -165,8 +228,40 @@ mod tests {
         assert!(candidates(r#"{"pid":0,"runtimeSpec":{"linux":{"namespaces":[{"type":"network","path":"netns"}]}}}"#).unwrap().is_empty());
         assert!(candidates(r#"{"pid":1}"#).unwrap().is_empty());
         assert!(candidates("not json").is_err());
-        assert!(resolve(None).is_err());
-        assert!(resolve(Some("{}")).unwrap_err().contains("neither"));
+        assert!(resolve(None, "sb").is_err());
+        assert!(resolve(Some("{}"), "sb").unwrap_err().contains("neither"));
+    }
+
+    /// A pid reused by a process in crisp's own namespace, or by any process outside the
+    /// sandbox's cgroup, is not the sandbox's (issue #26).
+    #[test]
+    fn a_namespace_through_a_pid_must_be_the_sandboxes() {
+        let id = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
+        let systemd = format!("0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/cri-containerd-{id}.scope\n");
+        let cgroupfs = format!("12:pids:/kubepods/besteffort/pod1/{id}\n11:memory:/kubepods/besteffort/pod1/{id}\n");
+        let (own, pod) = ((4, 4026531840), (4, 4026532999));
+        assert_eq!(pid_namespace_ok(own, pod, &systemd, id), Ok(()));
+        assert_eq!(pid_namespace_ok(own, pod, &cgroupfs, id), Ok(()));
+        assert_eq!(pid_namespace_ok(own, own, &systemd, id), Err(PidRefusal::OwnNamespace));
+        // Same inode on another device is another namespace file.
+        assert_eq!(pid_namespace_ok(own, (5, own.1), &systemd, id), Ok(()));
+        for other in ["0::/system.slice/sshd.service\n", "0::/kubepods.slice/kubepods-pod2.slice/cri-containerd-aaaa.scope\n", "", "garbage"] {
+            assert_eq!(pid_namespace_ok(own, pod, other, id), Err(PidRefusal::NotTheSandbox), "{other:?}");
+        }
+        // The id must be in the path, not in the controllers' names.
+        assert_eq!(pid_namespace_ok(own, pod, &format!("3:{id}:/\n"), id), Err(PidRefusal::NotTheSandbox));
+        assert_eq!(pid_namespace_ok(own, pod, &systemd, ""), Err(PidRefusal::NoSandboxId));
+    }
+
+    /// crisp's own pid as the sandbox's: its namespace is the node's (crisp's), refused.
+    #[test]
+    fn a_pid_in_crisps_own_namespace_is_refused() {
+        let info = format!(r#"{{"pid":{}}}"#, std::process::id());
+        let why = resolve(Some(&info), "any-sandbox").unwrap_err();
+        assert!(why.contains("crisp's own network namespace"), "{why}");
+        // Named by the runtime as the sandbox's namespace path, the same file is used as given.
+        let spec = format!(r#"{{"runtimeSpec":{{"linux":{{"namespaces":[{{"type":"network","path":"/proc/{}/ns/net"}}]}}}}}}"#, std::process::id());
+        assert!(resolve(Some(&spec), "any-sandbox").is_ok());
     }
 
     #[test]

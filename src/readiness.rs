@@ -4,13 +4,15 @@
 //!
 //! [`Display`]: std::fmt::Display
 
+use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// How crisp decides that a running sidecar is ready (DESIGN.md §2).
@@ -284,12 +286,140 @@ impl std::fmt::Display for Cidr {
 /// second's worth, so a burst of pods cannot open more than that at once). A probe that cannot
 /// get its slot or its connect before its own deadline is simply "not ready" this round: it is
 /// never queued beyond it, so the wait is bounded and no debt piles up.
+///
+/// Slots are shared fairly between pods (issue #26): one pod holds at most
+/// [`ProbeLimiter::per_pod`] of them (all but a quarter, at least one), and a freed slot goes to the
+/// pods waiting in turn, each pod's own probes first come first served. So a pod whose
+/// sidecars never get ready, however many probes it queues, cannot keep another pod's probe
+/// waiting: that one takes a slot left free for others, or the next one freed. Connects need
+/// no queue of their own: a probe connects only while it holds its slot.
 pub struct ProbeLimiter {
-    in_flight: Semaphore,
     max_in_flight: usize,
+    per_pod: usize,
+    slots: Mutex<Slots>,
     rate: f64,
     burst: f64,
     bucket: Mutex<Bucket>,
+}
+
+/// Who holds and who waits for the probe slots.
+#[derive(Default)]
+struct Slots {
+    in_flight: usize,
+    /// Slots held, by pod.
+    held: HashMap<String, usize>,
+    /// Probes waiting, by pod, oldest first.
+    queues: HashMap<String, VecDeque<Arc<Waiter>>>,
+    /// Pods with a probe waiting, in the order they are served.
+    turn: VecDeque<String>,
+}
+
+/// One probe waiting for a slot: `granted` is set (under the [`Slots`] lock) when a slot is
+/// handed to it.
+#[derive(Default)]
+struct Waiter {
+    granted: AtomicBool,
+    notify: Notify,
+}
+
+impl Slots {
+    fn may_take(&self, pod: &str, max: usize, per_pod: usize) -> bool {
+        self.in_flight < max && self.held.get(pod).copied().unwrap_or(0) < per_pod
+    }
+
+    fn take(&mut self, pod: &str) {
+        self.in_flight += 1;
+        *self.held.entry(pod.to_string()).or_default() += 1;
+    }
+
+    fn give_back(&mut self, pod: &str) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        if let Some(n) = self.held.get_mut(pod) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.held.remove(pod);
+            }
+        }
+    }
+
+    /// Hands free slots to waiting probes, one pod after the other.
+    fn dispatch(&mut self, max: usize, per_pod: usize) {
+        let mut passes = self.turn.len();
+        while self.in_flight < max && passes > 0 {
+            let Some(pod) = self.turn.pop_front() else { break };
+            if !self.may_take(&pod, max, per_pod) {
+                self.turn.push_back(pod);
+                passes -= 1;
+                continue;
+            }
+            let queue = self.queues.get_mut(&pod);
+            let (waiter, more) = match queue {
+                Some(q) => (q.pop_front(), !q.is_empty()),
+                None => (None, false),
+            };
+            if more {
+                self.turn.push_back(pod.clone());
+            } else {
+                self.queues.remove(&pod);
+            }
+            if let Some(w) = waiter {
+                self.take(&pod);
+                w.granted.store(true, Ordering::Relaxed);
+                w.notify.notify_one();
+            }
+            passes = self.turn.len();
+        }
+    }
+
+    /// A waiter gives up: out of its pod's queue.
+    fn forget(&mut self, pod: &str, waiter: &Arc<Waiter>) {
+        if let Some(q) = self.queues.get_mut(pod) {
+            q.retain(|w| !Arc::ptr_eq(w, waiter));
+            if q.is_empty() {
+                self.queues.remove(pod);
+                self.turn.retain(|p| p != pod);
+            }
+        }
+    }
+}
+
+/// A probe slot, given back when dropped.
+pub struct ProbeSlot<'a> {
+    limiter: &'a ProbeLimiter,
+    pod: String,
+}
+
+impl std::fmt::Debug for ProbeSlot<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProbeSlot").field("pod", &self.pod).finish()
+    }
+}
+
+impl Drop for ProbeSlot<'_> {
+    fn drop(&mut self) {
+        self.limiter.release(&self.pod);
+    }
+}
+
+/// A probe's place in its pod's queue while it waits: leaves the queue when the wait ends,
+/// and gives back a slot handed to it just as it gave up.
+struct Queued<'a> {
+    limiter: &'a ProbeLimiter,
+    pod: &'a str,
+    waiter: Arc<Waiter>,
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        let l = self.limiter;
+        let mut s = l.lock_slots();
+        if self.waiter.granted.swap(false, Ordering::Relaxed) {
+            s.give_back(self.pod);
+            s.dispatch(l.max_in_flight, l.per_pod);
+        } else {
+            s.forget(self.pod, &self.waiter);
+        }
+    }
 }
 
 struct Bucket {
@@ -301,26 +431,74 @@ impl ProbeLimiter {
     pub fn new(max_in_flight: usize, connects_per_second: u32) -> ProbeLimiter {
         let rate = f64::from(connects_per_second.max(1));
         let burst = (rate / 10.0).max(1.0);
+        let max_in_flight = max_in_flight.max(1);
         ProbeLimiter {
-            in_flight: Semaphore::new(max_in_flight.max(1)),
-            max_in_flight: max_in_flight.max(1),
+            max_in_flight,
+            per_pod: (max_in_flight - max_in_flight / 4).max(1),
+            slots: Mutex::new(Slots::default()),
             rate,
             burst,
             bucket: Mutex::new(Bucket { tokens: burst, at: Instant::now() }),
         }
     }
 
-    /// A probe slot, waited for until `deadline` at most.
-    pub async fn slot(&self, deadline: Instant) -> Result<SemaphorePermit<'_>, String> {
-        match tokio::time::timeout_at(deadline, self.in_flight.acquire()).await {
-            Ok(Ok(p)) => Ok(p),
-            _ => Err(format!("node-wide probe limit: {} probes in flight", self.max_in_flight)),
+    /// Most slots one pod holds at once: all but a quarter of them (kept for other pods), at
+    /// least one.
+    pub fn per_pod(&self) -> usize {
+        self.per_pod
+    }
+
+    fn lock_slots(&self) -> std::sync::MutexGuard<'_, Slots> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A probe slot for a probe of `pod` (its sandbox id), waited for until `deadline` at most.
+    pub async fn slot(&self, pod: &str, deadline: Instant) -> Result<ProbeSlot<'_>, String> {
+        let waiter = {
+            let mut s = self.lock_slots();
+            // Nobody of this pod is queued before it, and any other pod's queued probe waits
+            // for its own pod's share: taking a free slot passes nobody.
+            if !s.queues.contains_key(pod) && s.may_take(pod, self.max_in_flight, self.per_pod) {
+                s.take(pod);
+                return Ok(ProbeSlot { limiter: self, pod: pod.to_string() });
+            }
+            let w = Arc::new(Waiter::default());
+            if !s.queues.contains_key(pod) {
+                s.turn.push_back(pod.to_string());
+            }
+            s.queues.entry(pod.to_string()).or_default().push_back(w.clone());
+            w
+        };
+        let queued = Queued { limiter: self, pod, waiter };
+        let _ = tokio::time::timeout_at(deadline, async {
+            while !queued.waiter.granted.load(Ordering::Relaxed) {
+                queued.waiter.notify.notified().await;
+            }
+        })
+        .await;
+        // Handed a slot (maybe just as the deadline passed): it is this probe's now, and the
+        // queue guard must not give it back. Not handed one: the guard leaves the queue.
+        let won = {
+            let _s = self.lock_slots();
+            queued.waiter.granted.swap(false, Ordering::Relaxed)
+        };
+        drop(queued);
+        if won {
+            Ok(ProbeSlot { limiter: self, pod: pod.to_string() })
+        } else {
+            Err(format!("node-wide probe limit: {} probes in flight", self.max_in_flight))
         }
+    }
+
+    fn release(&self, pod: &str) {
+        let mut s = self.lock_slots();
+        s.give_back(pod);
+        s.dispatch(self.max_in_flight, self.per_pod);
     }
 
     /// Probes running now.
     pub fn in_flight(&self) -> usize {
-        self.max_in_flight - self.in_flight.available_permits()
+        self.lock_slots().in_flight
     }
 
     /// Leave to open one connection, waited for until `deadline` at most. A token is taken only
@@ -428,14 +606,75 @@ mod tests {
     async fn probes_in_flight_are_bounded() {
         let l = ProbeLimiter::new(2, 1000);
         let t = Instant::now();
-        let a = l.slot(t + Duration::from_secs(1)).await.unwrap();
-        let _b = l.slot(t + Duration::from_secs(1)).await.unwrap();
+        let a = l.slot("pod", t + Duration::from_secs(1)).await.unwrap();
+        let _b = l.slot("pod", t + Duration::from_secs(1)).await.unwrap();
         assert_eq!(l.in_flight(), 2);
-        let e = l.slot(t + Duration::from_secs(1)).await.unwrap_err();
+        let e = l.slot("pod", t + Duration::from_secs(1)).await.unwrap_err();
         assert_eq!(Instant::now() - t, Duration::from_secs(1), "waited until its deadline, no longer");
         assert!(e.contains("2 probes in flight"), "{e}");
         drop(a);
-        assert!(l.slot(Instant::now() + Duration::from_millis(1)).await.is_ok());
+        assert!(l.slot("pod", Instant::now() + Duration::from_millis(1)).await.is_ok());
+    }
+
+    /// Issue #26: 300 probes of one pod whose sidecars never get ready (each holds its slot
+    /// for the whole 1 s probe timeout, then tries again) saturate the limiter; a probe of
+    /// another pod still gets its slot within one probe interval (50 ms).
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_flooding_the_limiter_cannot_delay_another_pods_probe() {
+        let l = Arc::new(ProbeLimiter::new(64, 1000));
+        let t = Instant::now();
+        let stop = t + Duration::from_secs(10);
+        let mut flood = Vec::new();
+        for _ in 0..300 {
+            let l = l.clone();
+            flood.push(tokio::spawn(async move {
+                while Instant::now() < stop {
+                    let deadline = Instant::now() + Duration::from_secs(1);
+                    if let Ok(_slot) = l.slot("never-ready", deadline).await {
+                        tokio::time::sleep_until(deadline).await;
+                    }
+                }
+            }));
+        }
+        for round in 0..20 {
+            tokio::time::sleep(Duration::from_millis(230)).await;
+            let asked = Instant::now();
+            let slot = l.slot("ready", asked + Duration::from_secs(1)).await;
+            assert!(slot.is_ok() && Instant::now() - asked <= Duration::from_millis(50), "round {round}: {slot:?} after {:?}", Instant::now() - asked);
+            assert_eq!(l.in_flight(), 49, "the flooding pod holds its share (48 of 64), no more");
+        }
+        for f in flood {
+            f.await.unwrap();
+        }
+        assert_eq!(l.in_flight(), 0, "every slot given back");
+    }
+
+    /// Freed slots go to the waiting pods in turn, each pod's own probes in order; a probe
+    /// that gives up leaves its place, and a slot handed to none is given back.
+    #[tokio::test(start_paused = true)]
+    async fn freed_slots_go_round_the_waiting_pods() {
+        let l = Arc::new(ProbeLimiter::new(1, 1000));
+        let t = Instant::now();
+        let first = l.slot("a", t + Duration::from_secs(1)).await.unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut waiting = Vec::new();
+        for (i, pod) in ["a", "a", "a", "b", "c"].into_iter().enumerate() {
+            let (l, order) = (l.clone(), order.clone());
+            waiting.push(tokio::spawn(async move {
+                let _slot = l.slot(pod, t + Duration::from_secs(60)).await.unwrap();
+                order.lock().unwrap().push(format!("{pod}{i}"));
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }));
+            tokio::task::yield_now().await;
+        }
+        // One that gives up before its turn.
+        assert!(l.slot("d", t + Duration::from_millis(5)).await.is_err());
+        drop(first);
+        for w in waiting {
+            w.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), ["a0", "b3", "c4", "a1", "a2"]);
+        assert_eq!(l.in_flight(), 0);
     }
 
     /// The connect rate: a tenth of a second's worth at once, then `rate` a second; one that

@@ -1,5 +1,5 @@
 //! gRPC status values crisp itself produces, mapped to the wire in exactly one place. A runtime's
-//! own status is never rebuilt: it passes through verbatim (STYLE rule 3).
+//! own status is never rebuilt: it passes through verbatim (DESIGN.md §1).
 
 use http::{HeaderMap, HeaderValue, Response};
 use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};

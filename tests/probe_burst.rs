@@ -1,8 +1,9 @@
 //! Issue #19's measurements of the node-wide probe bounds, on crisp's ordering engine with a
 //! scripted runtime (the engine is driven as the proxy drives it: `on_request` per
 //! CreateContainer). Each pod's sidecar is probed `http://:PORT/` at the pod IP (127.0.0.1)
-//! through the pod-network-namespace path (the runtime's verbose info names this process's pid,
-//! so every socket is made on its own short-lived thread after setns, as for a real pod).
+//! through the pod-network-namespace path (the runtime's verbose info names this process's
+//! namespace as the sandbox's namespace path, so every socket is made on its own short-lived
+//! thread after setns, as for a real pod).
 //!
 //! - burst: 300 pods whose sidecars never get ready (the listener answers 503) start at once;
 //!   connects per second are counted at the listener, CPU and RSS read from /proc/self;
@@ -63,7 +64,8 @@ impl Runtime for Burst {
     fn pod_sandbox_status_verbose<'a>(&'a self, v: ApiVersion, id: &'a str) -> Answer<'a, views::PodSandboxStatusResponse> {
         Box::pin(async move {
             let mut r = self.pod_sandbox_status(v, id).await?;
-            r.info.insert("info".into(), format!("{{\"pid\":{}}}", std::process::id()));
+            // Named as the sandbox's namespace path: a bare pid of crisp's own namespace is refused.
+            r.info.insert("info".into(), format!(r#"{{"runtimeSpec":{{"linux":{{"namespaces":[{{"type":"network","path":"/proc/{}/ns/net"}}]}}}}}}"#, std::process::id()));
             Ok(r)
         })
     }

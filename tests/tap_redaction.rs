@@ -5,6 +5,11 @@
 //! request carrying a field no CRI version has, and a pod whose last-applied-configuration
 //! annotation holds an env value. No secret appears in the tap output, the file or
 //! crisp's log; the env keys and everything else do.
+//!
+//! Issue #26: the messages are built as kubelet 1.26 sends them — RunPodSandbox with the pod's
+//! annotations, the pod's annotations copied into the ImageSpec of ImageStatus and PullImage
+//! (last-applied-configuration with an env value among them), CreateContainer with `$(SECRET)`
+//! already expanded in `command` and `args`, an ExecSync whose `cmd` holds a secret.
 
 mod support;
 
@@ -30,10 +35,15 @@ const SECRETS: &[&str] = &[
     "S3cret-exec-stdout",
     "S3cret-in-an-unknown-field",
     "S3cret-in-last-applied",
+    "S3cret-in-image-spec",
+    "S3cret-in-a-pod-annotation",
+    "S3cret-expanded-in-args",
+    "S3cret-expanded-in-command",
+    "S3cret-in-an-exec-cmd",
 ];
 
 const CREATE: &str = "/runtime.v1.RuntimeService/CreateContainer";
-const CALLS: u64 = 5;
+const CALLS: u64 = 7;
 
 fn crisp_bin() -> &'static str {
     env!("CARGO_BIN_EXE_crisp")
@@ -112,6 +122,8 @@ fn auth(password: &str) -> cri::AuthConfig {
 fn script(fake: &Fake) {
     fake.script("/runtime.v1.ImageService/PullImage", |_| Reply::unary(&cri::PullImageResponse { image_ref: "sha256:1111".into() }.encode_to_vec()));
     fake.script("/runtime.v1alpha2.ImageService/PullImage", |_| Reply::unary(&cri::PullImageResponse { image_ref: "sha256:2222".into() }.encode_to_vec()));
+    fake.script("/runtime.v1.RuntimeService/RunPodSandbox", |_| Reply::unary(&cri::RunPodSandboxResponse { pod_sandbox_id: "sb-1".into() }.encode_to_vec()));
+    fake.script("/runtime.v1.ImageService/ImageStatus", |_| Reply::unary(&cri::ImageStatusResponse::default().encode_to_vec()));
     fake.script(CREATE, |_| Reply::unary(&cri::CreateContainerResponse { container_id: "ctr-1".into() }.encode_to_vec()));
     fake.script("/runtime.v1.RuntimeService/ContainerStatus", |_| {
         let st = cri::ContainerStatus { id: "ctr-1".into(), metadata: Some(cri::ContainerMetadata { name: "app".into(), attempt: 0 }), ..Default::default() };
@@ -131,10 +143,28 @@ async fn kubelet(sock: &Path) {
         r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"web"},"spec":{"containers":[{"name":"app","env":[{"name":"DB_PASSWORD","value":"S3cret-in-last-applied"}]}]}}"#;
     let sandbox = cri::PodSandboxConfig {
         metadata: Some(cri::PodSandboxMetadata { name: "web".into(), namespace: "shop".into(), uid: "u1".into(), attempt: 0 }),
-        annotations: [("kubectl.kubernetes.io/last-applied-configuration".to_string(), applied.to_string()), ("team".to_string(), "checkout".to_string())].into(),
+        annotations: [
+            ("kubectl.kubernetes.io/last-applied-configuration".to_string(), applied.to_string()),
+            ("team".to_string(), "checkout".to_string()),
+            ("example.com/webhook-token".to_string(), "S3cret-in-a-pod-annotation".to_string()),
+            // kubelet's own bookkeeping annotation: no secret, shown.
+            ("kubernetes.io/config.seen".to_string(), "2026-11-26T22:00:00.123456789Z".to_string()),
+        ]
+        .into(),
         ..Default::default()
     };
-    pull_with_auth(sock, "registry.example/shop/web:1.0", auth("S3cret-registry-password"), Some(sandbox.clone())).await;
+    let mut rt = cri::runtime_service_client::RuntimeServiceClient::new(ch.clone());
+    rt.run_pod_sandbox(cri::RunPodSandboxRequest { config: Some(sandbox.clone()), runtime_handler: String::new() }).await.unwrap();
+    // kubelet 1.26 copies every pod annotation into the ImageSpec of ImageStatus and PullImage.
+    let mut image_annotations = sandbox.annotations.clone();
+    image_annotations.insert(
+        "kubectl.kubernetes.io/last-applied-configuration".into(),
+        r#"{"apiVersion":"v1","kind":"Pod","spec":{"containers":[{"env":[{"name":"API_KEY","value":"S3cret-in-image-spec"}]}]}}"#.into(),
+    );
+    let image = Some(cri::ImageSpec { image: "registry.example/shop/web:1.0".into(), annotations: image_annotations, ..Default::default() });
+    let mut images = cri::image_service_client::ImageServiceClient::new(ch.clone());
+    images.image_status(cri::ImageStatusRequest { image: image.clone(), verbose: false }).await.unwrap();
+    images.pull_image(cri::PullImageRequest { image: image.clone(), auth: Some(auth("S3cret-registry-password")), sandbox_config: Some(sandbox.clone()) }).await.unwrap();
     // v1alpha2 kubelets (1.20–1.25) send the same thing on another path.
     let mut alpha_images = alpha::image_service_client::ImageServiceClient::new(ch.clone());
     alpha_images
@@ -151,7 +181,10 @@ async fn kubelet(sock: &Path) {
         pod_sandbox_id: "sb-1".into(),
         config: Some(cri::ContainerConfig {
             metadata: Some(cri::ContainerMetadata { name: "app".into(), attempt: 0 }),
-            image: Some(cri::ImageSpec { image: "registry.example/shop/web:1.0".into(), ..Default::default() }),
+            image,
+            // kubelet expands `$(TOKEN)` and `$(PASSWORD)` with the env values before sending.
+            command: vec!["/bin/web".into(), "--token=S3cret-expanded-in-command".into()],
+            args: vec!["--password".into(), "S3cret-expanded-in-args".into()],
             envs: vec![cri::KeyValue { key: "DB_PASSWORD".into(), value: "S3cret-env-value".into() }, cri::KeyValue { key: "LOG_LEVEL".into(), value: "debug".into() }],
             ..Default::default()
         }),
@@ -161,9 +194,10 @@ async fn kubelet(sock: &Path) {
     pb_bytes(&mut msg, 999, b"S3cret-in-an-unknown-field");
     let resp = Raw::connect(sock).await.call(&RawRequest::grpc(CREATE, &msg)).await.unwrap();
     assert_eq!(resp.grpc_status(), Some("0"));
-    let mut rt = cri::runtime_service_client::RuntimeServiceClient::new(ch);
     rt.container_status(cri::ContainerStatusRequest { container_id: "ctr-1".into(), verbose: true }).await.unwrap();
-    rt.exec_sync(cri::ExecSyncRequest { container_id: "ctr-1".into(), cmd: vec!["cat".into(), "/run/secrets/token".into()], timeout: 1 }).await.unwrap();
+    rt.exec_sync(cri::ExecSyncRequest { container_id: "ctr-1".into(), cmd: vec!["sh".into(), "-c".into(), "test \"$TOKEN\" = S3cret-in-an-exec-cmd".into()], timeout: 1 })
+        .await
+        .unwrap();
 }
 
 fn assert_no_secrets(what: &str, text: &str) {
@@ -255,7 +289,19 @@ async fn secrets_appear_nowhere_while_everything_else_does() {
     assert_eq!(create["request"]["config"]["metadata"]["name"], "app");
     let annotations = &create["request"]["sandbox_config"]["annotations"];
     assert!(annotations["kubectl.kubernetes.io/last-applied-configuration"].as_str().unwrap().starts_with("<redacted: "), "{annotations}");
-    assert_eq!(annotations["team"], "checkout");
+    // Values of annotations crisp does not know are shown as their size; kubelet's bookkeeping as it is.
+    assert_eq!(annotations["team"], "<redacted: 8 bytes>");
+    assert_eq!(annotations["kubernetes.io/config.seen"], "2026-11-26T22:00:00.123456789Z");
+    let config = &create["request"]["config"];
+    assert_eq!((config["command"].as_str(), config["args"].as_str()), (Some("<redacted: 2 items, 42 bytes>"), Some("<redacted: 2 items, 33 bytes>")));
+    assert!(config["image"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"].as_str().unwrap().starts_with("<redacted: "));
+    assert_eq!(config["image"]["image"], "registry.example/shop/web:1.0");
+    let sandbox = by("RunPodSandbox", "v1");
+    assert_eq!(sandbox["request"]["config"]["metadata"]["name"], "web");
+    assert_eq!(sandbox["request"]["config"]["annotations"]["kubernetes.io/config.seen"], "2026-11-26T22:00:00.123456789Z");
+    let image_status = by("ImageStatus", "v1");
+    assert_eq!(image_status["request"]["image"]["image"], "registry.example/shop/web:1.0");
+    assert_eq!(image_status["request"]["image"]["annotations"]["team"], "<redacted: 8 bytes>");
     assert_eq!(create["container_id"], "ctr-1");
     assert_eq!(create["container_name"], "app");
     // The unknown field is shown — number, wire type, size — not its content.
@@ -266,7 +312,8 @@ async fn secrets_appear_nowhere_while_everything_else_does() {
     assert!(status["response"]["info"]["info"].as_str().unwrap().starts_with("<redacted"));
     let exec = by("ExecSync", "v1");
     assert_eq!(exec["response"]["stdout"], "<19 bytes>");
-    assert_eq!(exec["request"]["cmd"][1], "/run/secrets/token");
+    assert_eq!(exec["request"]["cmd"], "<redacted: 3 items, 41 bytes>");
+    assert_eq!(exec["request"]["container_id"], "ctr-1");
 
     for needle in ["PullImage", "CreateContainer shop/web app", "DB_PASSWORD", "LOG_LEVEL", "registry.example/shop/web:1.0", "v1alpha2 PullImage"] {
         assert!(text_out.contains(needle), "readable view lacks {needle:?}:\n{text_out}");

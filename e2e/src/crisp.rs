@@ -110,6 +110,32 @@ impl Crisp {
         self.child.as_ref().map(|c| c.id())
     }
 
+    /// crisp's CPU time so far (user + system) and its peak and current resident memory, from
+    /// `/proc/<pid>/{stat,status}`.
+    pub fn usage(&self) -> Result<Usage> {
+        let pid = self.pid().context("crisp is not running")?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+        // Fields after the command name (which may hold spaces) start at state: utime and
+        // stime are the 12th and 13th of them.
+        let rest = stat.rsplit_once(')').map(|(_, r)| r).context("malformed /proc/<pid>/stat")?;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: u64 = fields.get(11).zip(fields.get(12)).and_then(|(u, s)| Some(u.parse::<u64>().ok()? + s.parse::<u64>().ok()?)).context("no utime/stime")?;
+        // USER_HZ: the unit of /proc's times is fixed at 100 per second in Linux's user ABI.
+        let hz = 100;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+        let kib = |key: &str| status.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse().ok()).unwrap_or(0);
+        Ok(Usage { cpu: Duration::from_millis(ticks * 1000 / hz), peak_rss_kib: kib("VmHWM:"), rss_kib: kib("VmRSS:") })
+    }
+
+    /// What crisp's log says about its health: the longest line (bytes) and every line that
+    /// reports a panic.
+    pub fn log_health(&self) -> LogHealth {
+        let text = self.log_text();
+        let longest = text.lines().map(str::len).max().unwrap_or(0);
+        let panics = text.lines().filter(|l| l.contains("panicked")).map(|l| l.chars().take(300).collect()).collect();
+        LogHealth { lines: text.lines().count(), longest, panics }
+    }
+
     /// SIGKILL, as a crash would.
     pub fn kill(&mut self) -> Result<()> {
         if let Some(mut c) = self.child.take() {
@@ -151,4 +177,22 @@ impl Drop for Crisp {
             eprintln!("---- crisp log ({}) ----\n{}", self.log.display(), self.log_text());
         }
     }
+}
+
+/// [`Crisp::usage`].
+#[derive(Debug, Clone, Copy)]
+pub struct Usage {
+    pub cpu: Duration,
+    pub peak_rss_kib: u64,
+    pub rss_kib: u64,
+}
+
+/// [`Crisp::log_health`].
+#[derive(Debug, Clone)]
+pub struct LogHealth {
+    pub lines: usize,
+    /// Bytes in the longest line.
+    pub longest: usize,
+    /// Lines that report a panic (cut to 300 chars).
+    pub panics: Vec<String>,
 }

@@ -8,3 +8,4 @@ pub mod harness;
 pub mod picture;
 pub mod raw;
 pub mod stack;
+pub mod tapcli;

@@ -3,16 +3,15 @@
 //! reason, from a long hold ended as an informative refusal). Real containerd, the kubelet
 //! emulator through grpc-go, the real `crisp` binary for the CLI.
 
-use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use crisp_e2e::crisp::crisp_binary;
 use crisp_e2e::emulator::{ContainerState, PodSpec};
 use crisp_e2e::stack::{secs, Stack};
+use crisp_e2e::tapcli::TapCli;
 use serde_json::Value;
 
 const STEP: Duration = Duration::from_secs(60);
@@ -35,62 +34,6 @@ fn tcp_pod(name: &str, port: u16, start_timeout: &str) -> String {
 /// A port nothing listens on (yet).
 fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-/// `crisp tap` (the real binary) on the stack's admin socket: its stdout lines.
-struct TapCli {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-}
-
-impl TapCli {
-    fn start(st: &Stack, args: &[&str]) -> Result<TapCli> {
-        let admin = st.crisp.dir().join("admin.sock");
-        let mut child = Command::new(crisp_binary()?).arg("tap").arg("--admin-socket").arg(&admin).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
-        let (tx, lines) = mpsc::channel();
-        let out = child.stdout.take().context("stdout")?;
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines().map_while(|l| l.ok()) {
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        // The subscription is live once it says so on stderr.
-        let mut err = BufReader::new(child.stderr.take().context("stderr")?);
-        let mut first = String::new();
-        err.read_line(&mut first)?;
-        if !first.contains("attached") {
-            bail!("crisp tap did not attach: {first}");
-        }
-        Ok(TapCli { child, lines })
-    }
-
-    /// The first JSON line `pred` accepts, within `timeout`.
-    fn wait_for(&self, timeout: Duration, what: &str, pred: impl Fn(&Value) -> bool) -> Result<Value> {
-        let deadline = Instant::now() + timeout;
-        let mut seen = Vec::new();
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) => {
-                    let v: Value = serde_json::from_str(&l).with_context(|| format!("not JSON: {l}"))?;
-                    if pred(&v) {
-                        return Ok(v);
-                    }
-                    seen.push(l);
-                }
-                Err(_) => bail!("crisp tap printed no {what} within {timeout:?}; it printed:\n{}", seen.join("\n")),
-            }
-        }
-    }
-}
-
-impl Drop for TapCli {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// `crisp pods --json` (the real binary).

@@ -70,6 +70,9 @@ fn bad_keys_and_values_are_named() {
         ("[ordering]\nmax_probes_in_flight = 0\n", "ordering.max_probes_in_flight", "between 1 and"),
         ("[ordering]\nmax_probes_in_flight = 100000\n", "ordering.max_probes_in_flight", "between 1 and"),
         ("[ordering]\nprobe_connects_per_second = 0\n", "ordering.probe_connects_per_second", "between 1 and"),
+        ("[ordering]\nruntime_reads_per_second = 0\n", "ordering.runtime_reads_per_second", "between 1 and"),
+        ("[ordering]\nruntime_reads_per_second = 1000000\n", "ordering.runtime_reads_per_second", "between 1 and"),
+        ("[ordering]\nmax_runtime_reads_in_flight = 0\n", "ordering.max_runtime_reads_in_flight", "between 1 and"),
         ("[ordering]\nprobe_timeout = \"0s\"\n", "ordering.probe_timeout", "greater than 0"),
         ("[ordering]\nrefuse_held_after = \"500ms\"\n", "ordering.refuse_held_after", "too short"),
     ];
@@ -124,6 +127,14 @@ fn injectors_extend_the_builtin_table_and_are_validated() {
     assert_eq!(names, vec!["istio", "linkerd", "consul"]);
     let c = Config::from_toml("[ordering]\nknown_injectors = false\n", "t").unwrap();
     assert!(c.injector_table().is_empty());
+}
+
+#[test]
+fn runtime_reads_are_bounded_by_default() {
+    let c = Config::from_toml("", "t").unwrap();
+    assert_eq!((c.ordering.runtime_reads_per_second, c.ordering.max_runtime_reads_in_flight), (100, 16));
+    let c = Config::from_toml("[ordering]\nruntime_reads_per_second = 20\nmax_runtime_reads_in_flight = 4\n", "t").unwrap();
+    assert_eq!((c.ordering.runtime_reads_per_second, c.ordering.max_runtime_reads_in_flight), (20, 4));
 }
 
 #[test]

@@ -120,7 +120,7 @@ rpcs! {
 }
 
 /// A routed gRPC path. `rpc` is `None` for paths crisp does not know; those are forwarded
-/// untouched like everything else (DESIGN.md §1, STYLE rule 6).
+/// untouched like everything else (DESIGN.md §1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Route {
     pub version: Option<ApiVersion>,

@@ -20,8 +20,29 @@ pub const STOP_TAIL: Duration = Duration::from_secs(2);
 const SANDBOX_HOLD_WITHOUT_DEADLINE: Duration = Duration::from_secs(60);
 /// Room a held StopPodSandbox leaves for stopping the sidecars before kubelet's deadline.
 const SANDBOX_STOP_ROOM: Duration = Duration::from_secs(10);
-/// kubelet's own slack over the grace period for a StopContainer (KUBELET-CRI §3.1).
+/// kubelet's own slack over the grace period for a StopContainer (KUBELET-CRI §3.3).
 const STOP_SLACK: Duration = Duration::from_secs(120);
+/// The longest grace period crisp honours: a StopContainer's `timeout` and Job mode's
+/// `io.kubernetes.pod.terminationGracePeriod` are the pod's `terminationGracePeriodSeconds`,
+/// any int64 a tenant writes. kubelet's own deadline for the call (grace + 2 min,
+/// KUBELET-CRI §3.3) wraps for values near 2^63, so a longer grace buys nothing a hold could
+/// use; a day is far beyond any real grace period and far inside what an `Instant` can add.
+pub const MAX_GRACE: Duration = Duration::from_secs(24 * 3600);
+/// The furthest [`later`] looks ahead: the longest hold crisp can compute (a day's grace plus
+/// kubelet's slack).
+const MAX_AHEAD: Duration = Duration::from_secs(24 * 3600 + 120);
+
+/// A grace period in seconds as the pod gave it (StopContainer's `timeout`, the grace
+/// annotation), bounded where it enters: negative is 0, more than [`MAX_GRACE`] is that.
+pub fn grace_from_secs(secs: i64) -> Duration {
+    Duration::from_secs(secs.clamp(0, MAX_GRACE.as_secs() as i64) as u64)
+}
+
+/// `t + d` that cannot panic: `d` is capped at [`MAX_AHEAD`], and an instant that still cannot
+/// be represented is `t` (the hold ends now: forwarding is always safe).
+pub fn later(t: Instant, d: Duration) -> Instant {
+    t.checked_add(d.min(MAX_AHEAD)).unwrap_or(t)
+}
 
 /// A pod's containers as one ListContainers showed them: the newest instance of each name
 /// (kubelet's view, KUBELET-CRI §1.4).
@@ -96,7 +117,7 @@ pub fn plan_create<'p>(policy: &'p PodPolicy, container: &str) -> CreatePlan<'p>
 /// When a CreateContainer hold ends (§3.4–3.5): the start timeout after the call arrived, and
 /// never later than [`DEADLINE_MARGIN`] before kubelet's deadline.
 pub fn create_hold_end(received: Instant, timeout: Duration, deadline: Option<Instant>) -> Instant {
-    let end = received + timeout;
+    let end = later(received, timeout);
     match deadline {
         Some(d) => end.min(d.checked_sub(DEADLINE_MARGIN).unwrap_or(received)),
         None => end,
@@ -178,7 +199,7 @@ pub fn after_waiting(now: Instant, hold_until: Instant, probe_interval: Duration
     if now >= hold_until {
         WaitStep::TimedOut(policy)
     } else {
-        WaitStep::Until((now + probe_interval).min(hold_until))
+        WaitStep::Until(later(now, probe_interval).min(hold_until))
     }
 }
 
@@ -211,7 +232,7 @@ pub fn state_name(s: i32) -> &'static str {
 pub fn stop_hold_end(arrived: Instant, grace: Duration, deadline: Option<Instant>) -> Instant {
     match deadline {
         Some(d) => d.checked_sub(DEADLINE_MARGIN + STOP_TAIL).unwrap_or(arrived),
-        None => arrived + grace + STOP_SLACK,
+        None => later(arrived, grace.saturating_add(STOP_SLACK)),
     }
 }
 
@@ -219,7 +240,7 @@ pub fn stop_hold_end(arrived: Instant, grace: Duration, deadline: Option<Instant
 /// single-container kill (liveness, spec change), not a pod termination: apps' StopContainers
 /// come at most one preStop (≤ grace) after the termination starts (KUBELET-CRI §3.1–3.2).
 pub fn single_kill_after(arrived: Instant, grace: Duration) -> Instant {
-    arrived + grace.max(STOP_TAIL)
+    later(arrived, grace.max(STOP_TAIL))
 }
 
 /// One round of a sidecar's StopContainer (§4.2).
@@ -250,9 +271,9 @@ pub fn stop_step<'a>(policy: &'a PodPolicy, idx: usize, snap: &Snapshot<'a>, now
 }
 
 /// Whole seconds left of the pod's grace budget, rounded up; the KEP's 2 s tail once fewer
-/// are left (§4.3).
+/// are left (§4.3). Never more than [`MAX_GRACE`]: the runtime is never asked to wait longer.
 pub fn budget_secs(budget_end: Option<Instant>, now: Instant) -> i64 {
-    let left = budget_end.map(|e| e.saturating_duration_since(now)).unwrap_or_default();
+    let left = budget_end.map(|e| e.saturating_duration_since(now)).unwrap_or_default().min(MAX_GRACE);
     if left >= STOP_TAIL {
         left.as_secs_f64().ceil() as i64
     } else {
@@ -270,7 +291,7 @@ pub fn stop_timeout(budget_end: Instant, now: Instant, requested: i64) -> Option
 /// When a held StopPodSandbox stops waiting for apps: room for the sidecars' stops before
 /// kubelet's deadline.
 pub fn sandbox_hold_end(arrived: Instant, deadline: Option<Instant>) -> Instant {
-    deadline.and_then(|d| d.checked_sub(DEADLINE_MARGIN + SANDBOX_STOP_ROOM)).unwrap_or(arrived + SANDBOX_HOLD_WITHOUT_DEADLINE)
+    deadline.and_then(|d| d.checked_sub(DEADLINE_MARGIN + SANDBOX_STOP_ROOM)).unwrap_or(later(arrived, SANDBOX_HOLD_WITHOUT_DEADLINE))
 }
 
 /// The running sidecars a StopPodSandbox stops first, in reverse declared order (§4.2), with

@@ -53,6 +53,8 @@ struct Script {
     list_delay: Duration,
     /// The pod IP PodSandboxStatus reports (none: not networked).
     ip: Option<String>,
+    /// The annotations every ContainerStatus reports (kubelet's `io.kubernetes.*` stamps).
+    status_annotations: HashMap<String, String>,
 }
 
 #[derive(Default, Clone)]
@@ -139,7 +141,8 @@ impl Runtime for Fake {
     }
 
     fn container_status<'a>(&'a self, _: ApiVersion, _: &'a str) -> Answer<'a, views::ContainerStatusResponse> {
-        ready(Ok(views::ContainerStatusResponse::default()))
+        let annotations = self.script().status_annotations.clone();
+        ready(Ok(views::ContainerStatusResponse { status: Some(views::ContainerStatus { annotations, ..Default::default() }) }))
     }
 
     fn exec_sync<'a>(&'a self, _: ApiVersion, id: &'a str, _: &'a [String], _: Duration) -> Answer<'a, i32> {
@@ -577,6 +580,132 @@ async fn stop_pod_sandbox_waits_for_the_apps_then_stops_sidecars_in_reverse() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Issue #26: tenant numbers
+
+/// A pod's terminationGracePeriodSeconds near 2^63 reaches crisp as StopContainer's `timeout`
+/// (kubelet's own deadline wraps to an ordinary one, so the call does arrive): the sidecar's
+/// stop is still held only while the app runs, then forwarded with at most a day's budget.
+#[tokio::test(start_paused = true)]
+async fn a_stop_with_an_extreme_grace_period_completes_in_order() {
+    for (grace, deadline) in [(i64::MAX, Some(60 * S)), (i64::MAX, None), (i64::MAX - 1, KUBELET_DEADLINE)] {
+        let (fake, engine, t0) = fake_running_pod(&["proxy"]);
+        let (v, held) = stop_container(&engine, &fake, "app", grace, deadline).await;
+        assert_forwarded_at_once(&v, held);
+        fake.set("app", |c| c.exited = Some(at(t0, 3 * S)));
+        let (v, held) = stop_container(&engine, &fake, "proxy", grace, deadline).await;
+        assert_held(held, 3 * S, 100 * MS);
+        assert_eq!(forwarded_timeout(&v, grace), 86_397, "{grace} {deadline:?}: a day's budget, 3 s of it spent");
+    }
+}
+
+/// The same with the app never exiting: the hold ends before kubelet's (wrapped) deadline.
+#[tokio::test(start_paused = true)]
+async fn a_stop_with_an_extreme_grace_period_still_ends_before_kubelets_deadline() {
+    let (fake, engine, _) = fake_running_pod(&["proxy"]);
+    assert_forward(&stop_container(&engine, &fake, "app", i64::MAX, Some(60 * S)).await.0);
+    let (v, held) = stop_container(&engine, &fake, "proxy", i64::MAX, Some(60 * S)).await;
+    assert_eq!(held, 60 * S - decide::DEADLINE_MARGIN - decide::STOP_TAIL);
+    assert_eq!(forwarded_timeout(&v, i64::MAX), 86_400 - 55);
+    // A negative timeout (no grace at all) panics nothing either.
+    let (v, _) = stop_container(&engine, &fake, "proxy", i64::MIN, Some(60 * S)).await;
+    assert_forward(&v);
+}
+
+/// Job mode reads the grace period from the sidecar's `io.kubernetes.pod.terminationGracePeriod`:
+/// any int64 (or more) stops the sidecar with at most a day's timeout, no panic.
+#[tokio::test(start_paused = true)]
+async fn a_job_sidecar_with_an_extreme_grace_annotation_is_stopped() {
+    for grace in ["9223372036854775807", "9223372036854775806", "18446744073709551615"] {
+        let (fake, engine, _) = fake_running_pod(&["proxy"]);
+        fake.script().status_annotations = [("io.kubernetes.pod.terminationGracePeriod".to_string(), grace.to_string())].into();
+        let pod = engine.pod_by_id(ApiVersion::V1, SANDBOX).await.unwrap();
+        engine.terminate_sidecars(ApiVersion::V1, &pod).await;
+        let stops: Vec<(String, i64)> = fake.script().stops.iter().map(|(n, s, _)| (n.clone(), *s)).collect();
+        assert_eq!(stops, vec![("proxy".to_string(), 86_400)], "{grace}");
+    }
+}
+
+/// Issue #26: held calls re-read the runtime under one node-wide bound. 40 CreateContainers
+/// held on a never-ready sidecar and 40 sidecar StopContainers held on a running app, probe
+/// interval 100 ms: 800 ListContainers a second unbounded; with `runtime_reads_per_second =
+/// 20`, each call's first read and then 20 a second, every call still ending within its hold.
+#[tokio::test(start_paused = true)]
+async fn held_calls_read_the_runtime_within_the_node_wide_bound() {
+    let fake = Fake::default();
+    let engine = pod_with(&fake, &["proxy"], &[], |c| {
+        c.ordering.refuse_held_after = Duration::ZERO;
+        c.ordering.runtime_reads_per_second = 20;
+    });
+    let t0 = now();
+    fake.add("proxy", Some(t0));
+    fake.set("proxy", |c| c.ready = None);
+    fake.add("app", Some(t0));
+    let (create, stop_msg) = (create(&fake, "app"), stop(&id_of(&fake, "proxy"), 30));
+    let mut held = Vec::new();
+    for i in 0..80u64 {
+        let (engine, msg) = (engine.clone(), if i % 2 == 0 { create.clone() } else { stop_msg.clone() });
+        let call = Call { id: i + 1, ..call(if i % 2 == 0 { "CreateContainer" } else { "StopContainer" }, KUBELET_DEADLINE) };
+        held.push(tokio::spawn(async move { run(&engine, &call, &msg).await }));
+    }
+    tokio::time::sleep(10 * S).await;
+    let lists = fake.script().lists;
+    assert!(lists <= 80 + 2 + 20 * 10, "{lists} ListContainers in 10 s: 80 first reads, the burst and 20 a second at most");
+    assert!(lists >= 80 + 20 * 9, "{lists}: the held calls still read at the bound");
+    for h in held {
+        let (v, held) = h.await.unwrap();
+        assert!(held <= 90 * S + 100 * MS, "held {held:?}: within the start timeout, before kubelet's deadline");
+        assert!(matches!(v, Verdict::Forward | Verdict::ForwardPatched(_)), "{v:?}");
+    }
+}
+
+/// A call's first read is not paced: with 40 calls held re-reading at one read a second, a
+/// CreateContainer whose sidecar is ready is forwarded at once, not after their turns.
+#[tokio::test(start_paused = true)]
+async fn a_calls_first_read_never_waits_behind_held_calls() {
+    let fake = Fake::default();
+    let engine = pod_with(&fake, &["proxy"], &[], |c| {
+        c.ordering.refuse_held_after = Duration::ZERO;
+        c.ordering.runtime_reads_per_second = 1;
+    });
+    fake.add("proxy", Some(now()));
+    fake.set("proxy", |c| c.ready = None);
+    let msg = create(&fake, "app");
+    let mut held = Vec::new();
+    for i in 0..40u64 {
+        let (engine, msg) = (engine.clone(), msg.clone());
+        let call = Call { id: i + 1, ..call("CreateContainer", KUBELET_DEADLINE) };
+        held.push(tokio::spawn(async move { run(&engine, &call, &msg).await }));
+    }
+    tokio::time::sleep(5 * S).await;
+    fake.set("proxy", |c| c.ready = Some(now()));
+    let (v, waited) = create_container(&engine, &fake, "app").await;
+    assert_forwarded_at_once(&v, waited);
+    for h in held {
+        h.abort();
+    }
+}
+
+/// Job watchers too: 40 Job pods whose apps run on, each watched at `job.poll_interval`
+/// (100 ms here: 400 reads a second unbounded), read at `runtime_reads_per_second` together.
+#[tokio::test(start_paused = true)]
+async fn job_watchers_read_the_runtime_within_the_node_wide_bound() {
+    let fake = Fake::default();
+    let engine = pod_with(&fake, &["proxy"], &[(annotations::JOB, "true")], |c| {
+        c.job.poll_interval = 100 * MS;
+        c.ordering.runtime_reads_per_second = 20;
+    });
+    fake.add("proxy", Some(now()));
+    fake.add("app", Some(now()));
+    for i in 0..40 {
+        assert!(engine.pod_by_id(ApiVersion::V1, &format!("sb-{i}")).await.is_some());
+    }
+    assert_eq!(engine.pods().len(), 40);
+    tokio::time::sleep(10 * S).await;
+    let lists = fake.script().lists;
+    assert!((20 * 9..=2 + 20 * 10).contains(&lists), "{lists} ListContainers in 10 s by 40 watchers: 20 a second");
+}
+
+// ---------------------------------------------------------------------------------------------
 // Issue #19: who may aim a probe where
 
 /// A pod annotation aimed at an address that is not the pod's: one warning and one
@@ -639,6 +768,26 @@ async fn loopback_of_a_pod_whose_namespace_is_unknown_is_never_the_nodes() {
     assert!(why.starts_with("cannot enter the pod's network namespace: "), "{why}");
     assert_eq!(engine.metrics.probe_netns_failures.get(), 1, "found (and logged) once per pod");
     assert_eq!(engine.metrics.bad_annotations.get(), 0, "loopback is the pod's own");
+}
+
+/// Exec probes are paced like connects (issue #26): at one per second node-wide, a sidecar
+/// probed every 100 ms gets about one ExecSync a second, and the rounds without a turn are
+/// counted as limited.
+#[tokio::test(start_paused = true)]
+async fn exec_probes_take_the_node_wide_rate() {
+    let fake = Fake::default();
+    let engine = pod_with(&fake, &["proxy"], &[], |c| {
+        c.ordering.refuse_held_after = Duration::ZERO;
+        c.ordering.probe_connects_per_second = 1;
+        c.ordering.probe_timeout = 10 * MS;
+    });
+    fake.add_ready_after("proxy", 5 * S);
+    let (v, held) = create_container(&engine, &fake, "app").await;
+    assert_forward(&v);
+    assert!(held >= 5 * S && held <= 7 * S, "held {held:?}");
+    // ~50 rounds, ~6 tokens.
+    let limited = engine.metrics.probe_limited.get();
+    assert!(limited >= 35, "only {limited} of ~50 exec rounds waited for the rate");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -107,6 +107,17 @@ impl Pod {
     }
 }
 
+/// The pod's grace period as kubelet stamps it on the container: the pod's
+/// `terminationGracePeriodSeconds`, any int64 (30 s when absent or not a number), bounded
+/// where it enters like a StopContainer's (`decide::grace_from_secs`).
+fn grace_of(annotations: &std::collections::HashMap<String, String>) -> Duration {
+    match annotations.get(GRACE_ANNOTATION).map(|v| v.trim().parse::<i64>()) {
+        Some(Ok(secs)) => decide::grace_from_secs(secs),
+        Some(Err(e)) if *e.kind() == std::num::IntErrorKind::PosOverflow => decide::MAX_GRACE,
+        _ => Duration::from_secs(30),
+    }
+}
+
 /// Parses kubelet's preStop annotation (JSON of the LifecycleHandler); only exec hooks run here.
 pub fn prestop_command(annotation: &str) -> Option<Vec<String>> {
     let v: serde_json::Value = serde_json::from_str(annotation).ok()?;
@@ -155,11 +166,17 @@ impl Engine {
         self.terminate_sidecars(version, &pod).await;
     }
 
+    /// Every runtime read of a watcher waits for the node-wide bound ([`super::reads`]): a
+    /// watcher lives as long as its pod, and a node can run many Job pods.
     async fn job_apps_state(&self, version: ApiVersion, pod: &Pod) -> Result<AppsState, crate::proxy::client::ClientError> {
-        let containers = self.runtime.list_containers(version, &pod.sandbox_id).await?;
+        let containers = {
+            let _read = self.reads.read(None).await;
+            self.runtime.list_containers(version, &pod.sandbox_id).await?
+        };
         if containers.is_empty() {
             // The sandbox may be gone with no RemovePodSandbox seen (e.g. removed while crisp was
             // down): stop watching.
+            let _read = self.reads.read(None).await;
             if let Err(e) = self.runtime.pod_sandbox_status(version, &pod.sandbox_id).await {
                 if e.is_not_found() {
                     self.pods.remove(&pod.sandbox_id);
@@ -182,6 +199,7 @@ impl Engine {
                 continue;
             }
             if c.created_at < first_sidecar && c.state == state::EXITED {
+                let _read = self.reads.read(None).await;
                 let st = self.runtime.container_status(version, &c.id).await?.status.unwrap_or_default();
                 if st.finished_at <= first_sidecar {
                     pod.note_init(n);
@@ -197,7 +215,10 @@ impl Engine {
             return Ok(AppsState::Running);
         }
         for app in apps {
-            let st = self.runtime.container_status(version, &app.id).await?.status.unwrap_or_default();
+            let st = {
+                let _read = self.reads.read(None).await;
+                self.runtime.container_status(version, &app.id).await?.status.unwrap_or_default()
+            };
             if st.exit_code == 0 {
                 continue; // Final under Never and OnFailure.
             }
@@ -234,6 +255,7 @@ impl Engine {
             return true;
         }
         for c in older {
+            let _read = self.reads.read(None).await;
             match self.runtime.container_status(version, &c.id).await {
                 Ok(r) if r.status.as_ref().is_some_and(|s| s.started_at != 0) => return true,
                 Ok(_) => {}
@@ -243,7 +265,7 @@ impl Engine {
         false
     }
 
-    async fn terminate_sidecars(&self, version: ApiVersion, pod: &Pod) {
+    pub(super) async fn terminate_sidecars(&self, version: ApiVersion, pod: &Pod) {
         let Ok(containers) = self.runtime.list_containers(version, &pod.sandbox_id).await else { return };
         let snap = Snapshot::new(&containers);
         let started = now();
@@ -261,7 +283,7 @@ impl Engine {
                     continue;
                 }
             };
-            let grace = *budget.get_or_insert_with(|| Duration::from_secs(st.annotations.get(GRACE_ANNOTATION).and_then(|v| v.parse().ok()).unwrap_or(30)));
+            let grace = *budget.get_or_insert_with(|| grace_of(&st.annotations));
             let left = grace.saturating_sub(now().saturating_duration_since(started));
             if let Some(cmd) = st.annotations.get(PRESTOP_ANNOTATION).and_then(|a| prestop_command(a)) {
                 tracing::info!(container_name = %s.name, "running the sidecar's preStop hook");
@@ -271,7 +293,7 @@ impl Engine {
                     Ok(_) => {}
                 }
             }
-            let secs = decide::budget_secs(Some(started + grace), now());
+            let secs = decide::budget_secs(Some(decide::later(started, grace)), now());
             // Mark first: a status read racing the stop must already see `Completed`.
             self.terminated.insert(&c.id);
             match self.runtime.stop_container(version, &c.id, secs).await {
@@ -317,6 +339,17 @@ mod tests {
         assert_eq!(prestop_command(r#"{"httpGet":{"path":"/q","port":80}}"#), None);
         assert_eq!(prestop_command("not json"), None);
         assert_eq!(prestop_command(r#"{"exec":{"command":[]}}"#), None);
+    }
+
+    #[test]
+    fn the_grace_annotation_is_bounded_where_it_enters() {
+        let grace = |v: &str| grace_of(&[(GRACE_ANNOTATION.to_string(), v.to_string())].into());
+        assert_eq!(grace("45"), Duration::from_secs(45));
+        assert_eq!(grace("9223372036854775807"), decide::MAX_GRACE);
+        assert_eq!(grace("18446744073709551615"), decide::MAX_GRACE, "beyond int64: as long as crisp allows");
+        assert_eq!(grace("-5"), Duration::ZERO);
+        assert_eq!(grace("soon"), Duration::from_secs(30));
+        assert_eq!(grace_of(&Default::default()), Duration::from_secs(30));
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub mod holds;
 pub mod injectors;
 pub mod job;
 mod names;
+pub mod reads;
 pub mod runtime;
 
 use std::collections::{HashMap, HashSet};
@@ -258,14 +259,14 @@ impl Pod {
         let mut w = self.stop.lock().unwrap_or_else(|e| e.into_inner());
         // A window older than any kill could last (grace + kubelet's 2 min) belongs to an earlier
         // single-container kill, not to this termination.
-        let stale = w.first.is_some_and(|f| now.duration_since(f) > w.grace + Duration::from_secs(150));
+        let stale = w.first.is_some_and(|f| now.saturating_duration_since(f) > w.grace.saturating_add(Duration::from_secs(150)));
         if w.first.is_none() || stale {
             *w = StopWindow { first: Some(now), grace, apps_stopping: HashSet::new() };
         }
         if is_app {
             w.apps_stopping.insert(container_id.to_string());
         }
-        w.first.unwrap_or(now) + w.grace
+        decide::later(w.first.unwrap_or(now), w.grace)
     }
 
     fn apps_stopping(&self) -> bool {
@@ -346,6 +347,8 @@ pub struct Engine {
     containers: DashMap<String, ContainerRef>,
     /// The node-wide bounds on probing (in flight, connects per second).
     limiter: ProbeLimiter,
+    /// The node-wide bound on crisp's repeated runtime reads (held calls, Job watchers).
+    reads: reads::ReadLimiter,
     pub metrics: Arc<OrderingMetrics>,
     /// Where hold events go (the tap), once the daemon has wired it.
     hold_sink: OnceLock<Arc<dyn HoldSink>>,
@@ -365,6 +368,7 @@ impl Engine {
             pods: DashMap::new(),
             containers: DashMap::new(),
             limiter: ProbeLimiter::new(cfg.ordering.max_probes_in_flight, cfg.ordering.probe_connects_per_second),
+            reads: reads::ReadLimiter::new(cfg.ordering.runtime_reads_per_second, cfg.ordering.max_runtime_reads_in_flight),
             metrics,
             hold_sink: OnceLock::new(),
         })
@@ -520,7 +524,7 @@ impl Engine {
         let ns = if pod.host_network {
             PodNs::Host
         } else {
-            match netns::resolve(resp.info.get("info").map(String::as_str)) {
+            match netns::resolve(resp.info.get("info").map(String::as_str), &pod.sandbox_id) {
                 Ok(ns) => {
                     tracing::debug!(pod_namespace = %pod.namespace, pod_name = %pod.name, netns = %ns.path().display(), inode = ns.inode(), "probing from the pod's network namespace");
                     PodNs::Pod(ns)
@@ -565,7 +569,7 @@ impl Engine {
             if *ready == Readiness::Running {
                 return Ok(());
             }
-            let _slot = self.limiter.slot(deadline).await.inspect_err(|_| {
+            let _slot = self.limiter.slot(&pod.sandbox_id, deadline).await.inspect_err(|_| {
                 self.metrics.probe_limited.inc();
             })?;
             let _counted = GaugeGuard::new(&self.metrics.probe_in_flight);
@@ -578,10 +582,23 @@ impl Engine {
         ready
     }
 
+    /// Leave for a held call's repeated runtime read (`again`: waited for until the hold's
+    /// end), under the node-wide bound ([`reads`]); `None`: the call's first read, at once.
+    async fn read_again(&self, again: Option<Instant>) -> Result<Option<tokio::sync::SemaphorePermit<'_>>, reads::ReadLimited> {
+        match again {
+            Some(until) => self.reads.read(Some(until.into())).await.map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// One round of the start check (DESIGN.md §3): list the pod's containers, judge a
     /// container nothing names (see [`InitGuess`]), and ask [`decide::check_start`] — probing
     /// the sidecars it asks for, in declared order, until it has an answer.
-    async fn check_start(&self, version: ApiVersion, pod: &Pod, container: &str, required: &[Sidecar], skip_dead: bool) -> Check<'static> {
+    async fn check_start(&self, version: ApiVersion, pod: &Pod, container: &str, required: &[Sidecar], skip_dead: bool, again: Option<Instant>) -> Check<'static> {
+        let _read = match self.read_again(again).await {
+            Ok(r) => r,
+            Err(e) => return Check::Waiting(format!("the runtime ({e})")),
+        };
         let containers = match self.runtime.list_containers(version, &pod.sandbox_id).await {
             Ok(c) => c,
             Err(e) => {
@@ -664,6 +681,8 @@ impl Engine {
             TimeoutPolicy::Fail => "fail",
         };
         let mut held: Option<holds::Hold<'_>> = None;
+        // The first round reads the runtime at once; the next ones under the node-wide bound.
+        let mut again = None;
         let forget_refusal = || {
             pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).remove(name);
             pod.held_since.lock().unwrap_or_else(|e| e.into_inner()).remove(name);
@@ -671,10 +690,11 @@ impl Engine {
         loop {
             // A slow runtime must not stretch the hold past its end (nor the forwarded call past
             // kubelet's deadline): a probe round still running then counts as "not ready".
-            let check = match tokio::time::timeout_at(hold_until.into(), self.check_start(version, pod, name, required, skip_dead)).await {
+            let check = match tokio::time::timeout_at(hold_until.into(), self.check_start(version, pod, name, required, skip_dead, again)).await {
                 Ok(c) => c,
                 Err(_) => Check::Waiting("the runtime (no answer before the hold's end)".into()),
             };
+            again = Some(hold_until);
             let who = match check {
                 Check::Ready => {
                     forget_refusal();
@@ -808,7 +828,8 @@ impl Engine {
             return Verdict::Forward;
         }
         let arrived = now();
-        let grace = Duration::from_secs(req.timeout.max(0) as u64);
+        // The pod's terminationGracePeriodSeconds: any int64, bounded here where it enters.
+        let grace = decide::grace_from_secs(req.timeout);
         let idx = pod.policy.sidecar_index(&cref.name);
         let budget_end = pod.note_stop(arrived, grace, &req.container_id, idx.is_none());
         // An app's stop is forwarded at once (§4.1).
@@ -828,10 +849,12 @@ impl Engine {
     async fn hold_sidecar_stop(&self, call: &Call, version: ApiVersion, pod: &Pod, name: &str, container_id: &str, window: SidecarStop) {
         let SidecarStop { sidecar: idx, arrived, hold_until, single_kill_after } = window;
         let mut held: Option<holds::Hold<'_>> = None;
+        let mut again = false;
         loop {
             // A slow runtime must not stretch the hold past its end (kubelet's deadline less the
             // forwarded stop's tail): an answer not in by then counts as "stop it now".
-            let Some(containers) = self.list_for_stop(version, pod, name, hold_until).await else { break };
+            let Some(containers) = self.list_for_stop(version, pod, name, hold_until, again).await else { break };
+            again = true;
             let snap = Snapshot::new(&containers);
             let t = now();
             match decide::stop_step(&pod.policy, idx, &snap, t, hold_until, single_kill_after, pod.apps_stopping()) {
@@ -869,16 +892,23 @@ impl Engine {
         }
     }
 
-    /// The pod's containers, for a held stop; `None` (forward now) when the runtime fails or
-    /// does not answer before `hold_until`.
-    async fn list_for_stop(&self, version: ApiVersion, pod: &Pod, name: &str, hold_until: Instant) -> Option<Vec<views::Container>> {
-        match tokio::time::timeout_at(hold_until.into(), self.runtime.list_containers(version, &pod.sandbox_id)).await {
-            Ok(Ok(c)) => Some(c),
-            Ok(Err(e)) => {
+    /// The pod's containers, for a held stop (`again`: a repeated read, under the node-wide
+    /// bound); `None` (forward now) when the runtime fails or does not answer before
+    /// `hold_until`.
+    async fn list_for_stop(&self, version: ApiVersion, pod: &Pod, name: &str, hold_until: Instant, again: bool) -> Option<Vec<views::Container>> {
+        let list = async {
+            match self.read_again(again.then_some(hold_until)).await {
+                Ok(_read) => Some(self.runtime.list_containers(version, &pod.sandbox_id).await),
+                Err(_) => None,
+            }
+        };
+        match tokio::time::timeout_at(hold_until.into(), list).await {
+            Ok(Some(Ok(c))) => Some(c),
+            Ok(Some(Err(e))) => {
                 tracing::warn!(error = %e, "cannot list the pod's containers; forwarding StopContainer");
                 None
             }
-            Err(_) => {
+            Ok(None) | Err(_) => {
                 tracing::warn!(container_name = %name, "the runtime did not list the pod's containers before kubelet's deadline; forwarding StopContainer");
                 None
             }
@@ -903,15 +933,21 @@ impl Engine {
         let hold_until = decide::sandbox_hold_end(arrived, call.deadline);
         let budget_end = {
             let w = pod.stop.lock().unwrap_or_else(|e| e.into_inner());
-            w.first.map(|f| f + w.grace)
+            w.first.map(|f| decide::later(f, w.grace))
         };
         let mut held: Option<holds::Hold<'_>> = None;
+        let mut again = None;
         let running = loop {
-            let containers = match tokio::time::timeout_at(hold_until.into(), self.runtime.list_containers(version, &pod.sandbox_id)).await {
-                Ok(Ok(c)) => c,
+            let list = async {
+                let _read = self.read_again(again).await.ok()?;
+                self.runtime.list_containers(version, &pod.sandbox_id).await.ok()
+            };
+            let containers = match tokio::time::timeout_at(hold_until.into(), list).await {
+                Ok(Some(c)) => c,
                 // Not listed (or not before the hold's end): StopPodSandbox kills what runs.
                 _ => return Verdict::Forward,
             };
+            again = Some(hold_until);
             let running: Vec<views::Container> = containers.into_iter().filter(|c| c.state == state::RUNNING).collect();
             let t = now();
             if Snapshot::new(&running).running_apps(&pod.policy).is_empty() || t >= hold_until {
@@ -1128,7 +1164,13 @@ impl readiness::ProbeEnv for ProbeTarget<'_> {
         }
     }
 
+    /// Paced as a connect (each ExecSync is a process started in a container), and over by the
+    /// probe's end whatever the wait for its turn took.
     async fn exec(&self, cmd: &[String], timeout: Duration) -> Result<i32, String> {
+        self.engine.limiter.connect(self.deadline).await.inspect_err(|_| {
+            self.engine.metrics.probe_limited.inc();
+        })?;
+        let timeout = timeout.min(self.deadline.saturating_duration_since(tokio::time::Instant::now()));
         self.engine.runtime.exec_sync(self.version, self.container_id, cmd, timeout).await.map_err(|e| {
             self.engine.metrics.probe_errors.inc();
             tracing::debug!(container_name = %self.sidecar, error = %e, "exec readiness probe failed to run");
@@ -1210,5 +1252,18 @@ mod tests {
         let t1 = t0 + Duration::from_secs(400);
         assert_eq!(pod.note_stop(t1, Duration::from_secs(10), "side", false), t1 + Duration::from_secs(10));
         assert!(!pod.apps_stopping());
+    }
+
+    /// Issue #26: a grace period near 2^63 (or any duration) never panics the stop budget, and
+    /// a later stop of the same pod still shares its window.
+    #[test]
+    fn an_extreme_grace_period_never_panics_the_stop_budget() {
+        for grace in [Duration::from_secs(i64::MAX as u64), Duration::from_secs(i64::MAX as u64 - 1), Duration::MAX] {
+            let (pod, _) = Pod::new("sb", None, &HashMap::new(), HashMap::new(), false, &[], &[]);
+            let t0 = Instant::now();
+            let end = pod.note_stop(t0, grace, "app", true);
+            assert!(end > t0 && end <= t0 + Duration::from_secs(86_400 + 120), "{grace:?}");
+            assert_eq!(pod.note_stop(t0 + Duration::from_secs(400), grace, "side", false), end, "{grace:?}: still one window");
+        }
     }
 }

@@ -53,7 +53,8 @@ pub struct TapArgs {
     /// Decode requests and responses (unary calls) to JSON; unknown fields are listed.
     #[arg(long)]
     pub full: bool,
-    /// Also record every event as JSON lines to this file (created 0600).
+    /// Also record every event as JSON lines to this file (mode 0600; never through a symlink,
+    /// only a file of one's own; see docs/TAP.md).
     #[arg(long, short = 'o', value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// Show secrets (registry credentials, env values, ...). Only served to root.
@@ -229,11 +230,10 @@ fn source_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-fn create_output(path: &Path) -> io::Result<BufWriter<File>> {
-    use std::os::unix::fs::OpenOptionsExt;
-    // 0600: with --unredacted the file holds secrets; even redacted, it is every pod's traffic.
-    let f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
-    Ok(BufWriter::new(f))
+fn create_output(path: &Path) -> Result<BufWriter<File>, super::output::OutputError> {
+    // 0600, no symlink, only one's own file: with --unredacted the file holds secrets; even
+    // redacted, it is every pod's traffic (see tap/output.rs).
+    Ok(BufWriter::new(super::output::open(path)?))
 }
 
 /// One event as a JSON object (the `--json` and `--output` format).

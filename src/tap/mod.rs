@@ -19,6 +19,7 @@ pub mod cli;
 pub mod decode;
 pub mod filter;
 pub mod ids;
+pub mod output;
 pub mod pods;
 pub mod redact;
 pub mod timeline;

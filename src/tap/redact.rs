@@ -12,11 +12,15 @@
 //!   (containerd's includes registry credentials);
 //! - ExecSync's stdout and stderr (replaced by their size): probes print what they like;
 //! - the token part of Exec/Attach/PortForward streaming URLs (each is a capability);
-//! - pod annotations that carry a whole manifest ([`carries_manifest`]): `kubectl apply` keeps
-//!   the pod as applied, env values included, in `kubectl.kubernetes.io/last-applied-configuration`,
-//!   and kubelet hands every pod annotation to the runtime (RunPodSandbox, CreateContainer and
-//!   PullImage requests; PodSandboxStatus, ListPodSandbox and the pod stats responses). Other
-//!   annotations — crisp's own `crisp.dev/*` among them — stay readable.
+//! - by field name, in every message at any depth ([`by_name`], issue #26): the values of every
+//!   `annotations` map (shown as their size) but those crisp knows carry no secret
+//!   ([`annotation_shown`]: `crisp.dev/*`, the known injectors' keys, kubelet's bookkeeping —
+//!   never one that embeds a manifest). kubelet hands every pod annotation to the runtime
+//!   (sandbox configs, the ImageSpec of PullImage/ImageStatus/RemoveImage/CreateContainer,
+//!   statuses, lists, stats, container events), and `kubectl apply` keeps the pod as applied,
+//!   env values included, in `kubectl.kubernetes.io/last-applied-configuration`;
+//! - by field name too: `command`, `args` (kubelet expands `$(VAR)` in them with env values)
+//!   and `cmd` (ExecSync, Exec), shown as their item count and size.
 //!
 //! Why this cannot be bypassed: rules are keyed by RPC, not by path, and v1alpha2 is decoded with
 //! the v1 types (wire-identical), so both versions get the same rules; fields the typed decode
@@ -54,8 +58,6 @@ enum How {
     Size,
     /// A URL keeps everything up to its last `/`; the token after it is redacted.
     UrlToken,
-    /// A map of annotations: values that carry a manifest become `"<redacted: N bytes>"`.
-    Manifests,
 }
 
 struct Rule {
@@ -81,14 +83,52 @@ const RULES: &[Rule] = &[
     Rule { rpc: Rpc::Exec, dir: Dir::Response, path: &["url"], wire: &[1], how: How::UrlToken },
     Rule { rpc: Rpc::Attach, dir: Dir::Response, path: &["url"], wire: &[1], how: How::UrlToken },
     Rule { rpc: Rpc::PortForward, dir: Dir::Response, path: &["url"], wire: &[1], how: How::UrlToken },
-    Rule { rpc: Rpc::RunPodSandbox, dir: Dir::Request, path: &["config", "annotations"], wire: &[1, 7], how: How::Manifests },
-    Rule { rpc: Rpc::CreateContainer, dir: Dir::Request, path: &["sandbox_config", "annotations"], wire: &[3, 7], how: How::Manifests },
-    Rule { rpc: Rpc::PullImage, dir: Dir::Request, path: &["sandbox_config", "annotations"], wire: &[3, 7], how: How::Manifests },
-    Rule { rpc: Rpc::PodSandboxStatus, dir: Dir::Response, path: &["status", "annotations"], wire: &[1, 8], how: How::Manifests },
-    Rule { rpc: Rpc::ListPodSandbox, dir: Dir::Response, path: &["items", "*", "annotations"], wire: &[1, 6], how: How::Manifests },
-    Rule { rpc: Rpc::PodSandboxStats, dir: Dir::Response, path: &["stats", "attributes", "annotations"], wire: &[1, 1, 4], how: How::Manifests },
-    Rule { rpc: Rpc::ListPodSandboxStats, dir: Dir::Response, path: &["stats", "*", "attributes", "annotations"], wire: &[1, 1, 4], how: How::Manifests },
 ];
+
+/// Annotation keys whose values crisp shows: keys crisp knows carry no secret. Every other
+/// annotation's value, in every annotation map of every message, is shown as its size.
+/// - crisp's own `crisp.dev/*` (the pod's ordering policy, what `crisp pods` shows anyway);
+/// - the built-in known-injector keys crisp reads (config/injectors.rs: what was injected, never
+///   how it is configured);
+/// - kubelet's bookkeeping on containers and pods (numbers, paths, hashes, timestamps).
+///   Not `io.kubernetes.container.preStopHandler` / `postStartHandler`: the pod's hook
+///   commands, which kubelet expands like `command` and `args`.
+const SHOWN_ANNOTATIONS: &[&str] = &[
+    "sidecar.istio.io/status",
+    "status.sidecar.istio.io/port",
+    "linkerd.io/proxy-version",
+    "config.linkerd.io/admin-port",
+    "config.alpha.linkerd.io/proxy-enable-native-sidecar",
+    "config.beta.linkerd.io/proxy-enable-native-sidecar",
+    "vault.hashicorp.com/agent-inject-status",
+    "vault.hashicorp.com/agent-pre-populate-only",
+    "io.kubernetes.container.hash",
+    "io.kubernetes.container.restartCount",
+    "io.kubernetes.container.terminationMessagePath",
+    "io.kubernetes.container.terminationMessagePolicy",
+    "io.kubernetes.container.ports",
+    "io.kubernetes.pod.terminationGracePeriod",
+    "io.kubernetes.pod.deletionGracePeriod",
+    "kubernetes.io/config.seen",
+    "kubernetes.io/config.source",
+    "kubernetes.io/config.hash",
+];
+
+/// Field names that, in any CRI message, hold what a pod author or kubelet put there from the
+/// pod spec and may carry a secret: every `map<string, string> annotations` (kubelet copies
+/// all pod annotations into sandbox configs, image specs and statuses), and the command lines
+/// `command`/`args` (ContainerConfig: kubelet expands `$(VAR)` with env values, Secret-backed
+/// ones included) and `cmd` (ExecSync, Exec). Matched by name at any depth of the decoded
+/// message, not by path, so a message or field a future CRI adds under the same names is
+/// covered the day it is decoded.
+const ANNOTATIONS_FIELD: &str = "annotations";
+const COMMAND_FIELDS: &[&str] = &["command", "args", "cmd"];
+
+/// Whether an annotation's value is shown: a key crisp knows (crisp's own `crisp.dev/*` or one
+/// of [`SHOWN_ANNOTATIONS`]) whose value does not embed a manifest.
+pub fn annotation_shown(key: &str, value: &str) -> bool {
+    (key.starts_with("crisp.dev/") || SHOWN_ANNOTATIONS.contains(&key)) && !carries_manifest(key, value)
+}
 
 /// Annotations that tools fill with a whole object as applied (env values included).
 const MANIFEST_ANNOTATIONS: &[&str] = &["kubectl.kubernetes.io/last-applied-configuration", "kapp.k14s.io/original"];
@@ -110,6 +150,45 @@ pub fn redacted_wire_paths(rpc: Rpc, dir: Dir) -> impl Iterator<Item = &'static 
 pub fn apply(rpc: Rpc, dir: Dir, v: &mut Value, redact: bool) {
     for r in RULES.iter().filter(|r| r.rpc == rpc && r.dir == dir) {
         visit(v, r.path, &mut |x| transform(x, r.how, redact));
+    }
+    if redact {
+        by_name(v, 0);
+    }
+}
+
+/// Deepest nesting [`by_name`] walks (CRI messages nest about 6 deep; the decoded JSON is
+/// serde's, with no depth of its own beyond the message's).
+const MAX_NAME_DEPTH: usize = 64;
+
+/// Redacts, at any depth, every annotation map's values (but the ones crisp knows carry no
+/// secret) and every command line, by field name (see [`ANNOTATIONS_FIELD`]).
+fn by_name(v: &mut Value, depth: usize) {
+    if depth > MAX_NAME_DEPTH {
+        return;
+    }
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m.iter_mut() {
+                match (k.as_str(), &mut *x) {
+                    (ANNOTATIONS_FIELD, Value::Object(ann)) => {
+                        for (key, val) in ann.iter_mut() {
+                            let shown = val.as_str().is_some_and(|s| annotation_shown(key, s));
+                            if !shown {
+                                let n = val.as_str().map(str::len).unwrap_or(0);
+                                *val = Value::String(format!("<redacted: {n} bytes>"));
+                            }
+                        }
+                    }
+                    (name, Value::Array(items)) if COMMAND_FIELDS.contains(&name) => {
+                        let bytes: usize = items.iter().map(|i| i.as_str().map(str::len).unwrap_or(0)).sum();
+                        *x = Value::String(format!("<redacted: {} items, {bytes} bytes>", items.len()));
+                    }
+                    _ => by_name(x, depth + 1),
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|x| by_name(x, depth + 1)),
+        _ => {}
     }
 }
 
@@ -162,17 +241,6 @@ fn transform(v: &mut Value, how: How, redact: bool) {
             Some(prefix) => *v = Value::String(format!("{prefix}{REDACTED}")),
             None => *v = Value::String(REDACTED.into()),
         },
-        How::Manifests => {
-            if let Value::Object(m) = v {
-                for (k, x) in m.iter_mut() {
-                    if let Some(n) = x.as_str().filter(|s| carries_manifest(k, s)).map(str::len) {
-                        *x = Value::String(format!("<redacted: {n} bytes>"));
-                    }
-                }
-            } else {
-                *v = Value::String(REDACTED.into());
-            }
-        }
     }
 }
 
@@ -182,7 +250,7 @@ fn bytes_of(v: &Value) -> Option<Vec<u8>> {
 }
 
 /// A message as one redacted JSON line for a log, cut at `max` bytes: the only way crisp puts a
-/// message in its log (STYLE rule 5: never Debug-print a CRI message).
+/// message in its log (DESIGN.md §6: never Debug-print a CRI message).
 pub fn for_log(rpc: Option<Rpc>, dir: Dir, msg: &[u8], max: usize) -> String {
     let v = super::decode::decode(rpc, dir, msg, true);
     let mut s = v.to_string();
@@ -246,7 +314,7 @@ mod tests {
             "example.com/copy": format!("<redacted: {} bytes>", n + 2),
             "kapp.k14s.io/original": "<redacted: 15 bytes>",
             "crisp.dev/sidecars": "proxy",
-            "example.com/config": "{\"kind\": \"of\"}",
+            "example.com/config": "<redacted: 14 bytes>",
         });
         for (rpc, dir, path) in [
             (Rpc::RunPodSandbox, Dir::Request, vec!["config"]),
@@ -310,6 +378,108 @@ mod tests {
             let raw = super::super::decode::decode(Some(rpc), dir, &msg, false).to_string();
             assert!(raw.contains("S3cret"), "{rpc:?} unredacted: {raw}");
         }
+    }
+
+    /// Every CRI message kubelet or the runtime fills with a pod's annotations, or with a
+    /// command line, built as kubelet 1.26 sends them (the pod's annotations, among them
+    /// `kubectl apply`'s copy of the pod with an env value, copied into every ImageSpec; `$(VAR)`
+    /// expanded in args): the secret shows in none of them, redacted; known keys stay readable;
+    /// unredacted shows all.
+    #[test]
+    fn every_annotation_map_and_command_line_is_redacted_by_name() {
+        use k8s_cri::v1 as c;
+        const SECRET: &str = "S3cret-from-env";
+        let applied = format!(r#"{{"apiVersion":"v1","kind":"Pod","spec":{{"containers":[{{"env":[{{"name":"TOKEN","value":"{SECRET}"}}]}}]}}}}"#);
+        let ann: std::collections::HashMap<String, String> = [
+            ("kubectl.kubernetes.io/last-applied-configuration", applied.as_str()),
+            ("example.com/note", SECRET),
+            ("io.kubernetes.container.preStopHandler", &format!(r#"{{"exec":{{"command":["sh","-c","curl -H {SECRET}"]}}}}"#)),
+            ("crisp.dev/sidecars", "proxy"),
+            ("io.kubernetes.container.restartCount", "2"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let image = || Some(c::ImageSpec { image: "registry.example/web:1".into(), annotations: ann.clone(), ..Default::default() });
+        let sandbox_config = || Some(c::PodSandboxConfig { annotations: ann.clone(), ..Default::default() });
+        let sandbox_status = || c::PodSandboxStatus { id: "sb".into(), annotations: ann.clone(), ..Default::default() };
+        let container_status = || c::ContainerStatus { id: "ctr".into(), image: image(), annotations: ann.clone(), ..Default::default() };
+        let container_stats =
+            || c::ContainerStats { attributes: Some(c::ContainerAttributes { id: "ctr".into(), annotations: ann.clone(), ..Default::default() }), ..Default::default() };
+        let sandbox_stats =
+            || c::PodSandboxStats { attributes: Some(c::PodSandboxAttributes { id: "sb".into(), annotations: ann.clone(), ..Default::default() }), ..Default::default() };
+        let config = c::ContainerConfig {
+            image: image(),
+            annotations: ann.clone(),
+            command: vec!["/bin/app".into(), format!("--token={SECRET}")],
+            args: vec![format!("--password={SECRET}")],
+            ..Default::default()
+        };
+        let cmd = vec!["sh".to_string(), "-c".to_string(), format!("test {SECRET} = x")];
+        fn e(m: &impl prost::Message) -> Vec<u8> {
+            m.encode_to_vec()
+        }
+        let msgs: Vec<(Rpc, Dir, Vec<u8>)> = vec![
+            (Rpc::RunPodSandbox, Dir::Request, e(&c::RunPodSandboxRequest { config: sandbox_config(), runtime_handler: String::new() })),
+            (Rpc::CreateContainer, Dir::Request, e(&c::CreateContainerRequest { pod_sandbox_id: "sb".into(), config: Some(config), sandbox_config: sandbox_config() })),
+            (Rpc::PullImage, Dir::Request, e(&c::PullImageRequest { image: image(), auth: None, sandbox_config: sandbox_config() })),
+            (Rpc::ImageStatus, Dir::Request, e(&c::ImageStatusRequest { image: image(), verbose: false })),
+            (
+                Rpc::ImageStatus,
+                Dir::Response,
+                e(&c::ImageStatusResponse { image: Some(c::Image { id: "sha256:1".into(), spec: image(), ..Default::default() }), ..Default::default() }),
+            ),
+            (Rpc::RemoveImage, Dir::Request, e(&c::RemoveImageRequest { image: image() })),
+            (Rpc::ListImages, Dir::Request, e(&c::ListImagesRequest { filter: Some(c::ImageFilter { image: image() }) })),
+            (Rpc::ListImages, Dir::Response, e(&c::ListImagesResponse { images: vec![c::Image { id: "sha256:1".into(), spec: image(), ..Default::default() }] })),
+            (Rpc::PodSandboxStatus, Dir::Response, e(&c::PodSandboxStatusResponse { status: Some(sandbox_status()), ..Default::default() })),
+            (Rpc::ListPodSandbox, Dir::Response, e(&c::ListPodSandboxResponse { items: vec![c::PodSandbox { id: "sb".into(), annotations: ann.clone(), ..Default::default() }] })),
+            (Rpc::ContainerStatus, Dir::Response, e(&c::ContainerStatusResponse { status: Some(container_status()), ..Default::default() })),
+            (
+                Rpc::ListContainers,
+                Dir::Response,
+                e(&c::ListContainersResponse { containers: vec![c::Container { id: "ctr".into(), image: image(), annotations: ann.clone(), ..Default::default() }] }),
+            ),
+            (Rpc::ContainerStats, Dir::Response, e(&c::ContainerStatsResponse { stats: Some(container_stats()) })),
+            (Rpc::ListContainerStats, Dir::Response, e(&c::ListContainerStatsResponse { stats: vec![container_stats()] })),
+            (Rpc::PodSandboxStats, Dir::Response, e(&c::PodSandboxStatsResponse { stats: Some(sandbox_stats()) })),
+            (Rpc::ListPodSandboxStats, Dir::Response, e(&c::ListPodSandboxStatsResponse { stats: vec![sandbox_stats()] })),
+            (
+                Rpc::GetContainerEvents,
+                Dir::Response,
+                e(&c::ContainerEventResponse {
+                    container_id: "ctr".into(),
+                    pod_sandbox_status: Some(sandbox_status()),
+                    containers_statuses: vec![container_status()],
+                    ..Default::default()
+                }),
+            ),
+            (Rpc::ExecSync, Dir::Request, e(&c::ExecSyncRequest { container_id: "ctr".into(), cmd: cmd.clone(), timeout: 1 })),
+            (Rpc::Exec, Dir::Request, e(&c::ExecRequest { container_id: "ctr".into(), cmd, stdout: true, ..Default::default() })),
+        ];
+        for (rpc, dir, msg) in msgs {
+            let shown = super::super::decode::decode(Some(rpc), dir, &msg, true).to_string();
+            assert!(!shown.contains(SECRET), "{rpc:?} {dir:?}: {shown}");
+            assert!(shown.contains("<redacted: "), "{rpc:?} {dir:?}: {shown}");
+            if ![Rpc::ExecSync, Rpc::Exec].contains(&rpc) {
+                // Known keys stay readable.
+                assert!(shown.contains(r#""crisp.dev/sidecars":"proxy""#) && shown.contains(r#""io.kubernetes.container.restartCount":"2""#), "{rpc:?} {dir:?}: {shown}");
+            }
+            let raw = super::super::decode::decode(Some(rpc), dir, &msg, false).to_string();
+            assert!(raw.contains(SECRET), "{rpc:?} {dir:?} unredacted: {raw}");
+        }
+    }
+
+    #[test]
+    fn command_lines_show_their_count_and_size() {
+        let mut v = json!({"config": {"command": ["/bin/app", "--token=abc"], "args": [], "working_dir": "/srv"}});
+        apply(Rpc::CreateContainer, Dir::Request, &mut v, true);
+        assert_eq!(v, json!({"config": {"command": "<redacted: 2 items, 19 bytes>", "args": "<redacted: 0 items, 0 bytes>", "working_dir": "/srv"}}));
+        // An allowed key whose value embeds a manifest is still redacted.
+        let manifest = r#"{"apiVersion":"v1","kind":"Secret"}"#;
+        let mut v = json!({"annotations": {"crisp.dev/sidecars": manifest}});
+        apply(Rpc::RunPodSandbox, Dir::Request, &mut v, true);
+        assert_eq!(v, json!({"annotations": {"crisp.dev/sidecars": format!("<redacted: {} bytes>", manifest.len())}}));
     }
 
     #[test]

@@ -276,7 +276,7 @@ impl CriClient {
     pub async fn stop_container(&self, id: &str, timeout: i64, meta: CallMeta) -> Result<(), Status> {
         let req = cri::StopContainerRequest { container_id: id.to_string(), timeout };
         let meta = meta.with_container_id(id).with_detail(format!("timeout={timeout}"));
-        let deadline = Some(self.request_timeout + Duration::from_secs(timeout.max(0) as u64));
+        let deadline = Some(stop_deadline(self.request_timeout, timeout));
         let _: cri::StopContainerResponse = self.unary(Service::Runtime, "StopContainer", req, deadline, meta, |_, _| {}).await?;
         Ok(())
     }
@@ -402,5 +402,30 @@ pub fn go_code_name(code: Code) -> &'static str {
         Code::Unavailable => "Unavailable",
         Code::DataLoss => "DataLoss",
         Code::Unauthenticated => "Unauthenticated",
+    }
+}
+
+/// kubelet's StopContainer deadline, `r.timeout + time.Duration(timeout)*time.Second`, computed
+/// as Go computes it: in int64 nanoseconds, wrapping. A pod's terminationGracePeriodSeconds is
+/// any int64 ≥ 0, so a huge one wraps (i64::MAX seconds → −1 s → a deadline of r.timeout − 1 s);
+/// a sum ≤ 0 is a context that has already expired.
+pub fn stop_deadline(request_timeout: Duration, timeout: i64) -> Duration {
+    let base = i64::try_from(request_timeout.as_nanos()).unwrap_or(i64::MAX);
+    let ns = base.wrapping_add(timeout.wrapping_mul(1_000_000_000));
+    Duration::from_nanos(ns.max(0) as u64)
+}
+
+#[cfg(test)]
+mod stop_deadline_tests {
+    use super::*;
+
+    #[test]
+    fn wraps_as_go_does() {
+        let r = Duration::from_secs(120);
+        assert_eq!(stop_deadline(r, 30), Duration::from_secs(150));
+        assert_eq!(stop_deadline(r, 0), r);
+        // (2^63 − 1) × 10^9 ≡ −10^9 (mod 2^64).
+        assert_eq!(stop_deadline(r, i64::MAX), Duration::from_secs(119));
+        assert_eq!(stop_deadline(r, -200), Duration::ZERO);
     }
 }

@@ -1,6 +1,6 @@
 //! A kubelet 1.23–1.27 emulator that drives the CRI the way kubelet does, so end-to-end tests can
-//! put crisp between it and a real containerd. `/work/shared/spec/KUBELET-CRI.md` is the source of
-//! truth; comments cite it as `KUBELET-CRI §x`.
+//! put crisp between it and a real containerd. docs/KUBELET-CRI.md is the source of truth; comments
+//! cite its sections by number, e.g. `KUBELET-CRI §1.3`.
 //!
 //! Where a call enters and in what order:
 //! - [`Kubelet::add_pod`] → a pod worker (`worker.rs`, one task per pod, serial) runs `syncPod`:

@@ -523,8 +523,8 @@ impl Runtime {
         Ok(cri::ContainerConfig {
             metadata: Some(cri::ContainerMetadata { name: c.name.clone(), attempt: restart_count }),
             image: Some(cri::ImageSpec { image: image_ref.to_string(), ..Default::default() }),
-            command: c.command.clone(),
-            args: c.args.clone(),
+            command: c.command.iter().map(|a| expand_env(a, &c.env)).collect(),
+            args: c.args.iter().map(|a| expand_env(a, &c.env)).collect(),
             working_dir: c.working_dir.clone().unwrap_or_default(),
             envs: c.env.iter().map(|e| cri::KeyValue { key: e.name.clone(), value: e.value.clone() }).collect(),
             mounts,
@@ -1070,3 +1070,47 @@ pub fn go_duration(d: Duration) -> String {
 
 #[cfg(test)]
 mod tests;
+
+/// kubelet's `expandContainerCommandAndArgs`: `$(NAME)` in a container's command and args is
+/// replaced by the value of its env var NAME (Secret-backed ones included), `$$` is a literal
+/// `$`, and a reference to an undefined name stays as written.
+pub fn expand_env(s: &str, env: &[super::pod::EnvVar]) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        if let Some(tail) = after.strip_prefix('$') {
+            out.push('$');
+            rest = tail;
+        } else if let Some((name, tail)) = after.strip_prefix('(').and_then(|t| t.split_once(')')) {
+            match env.iter().find(|e| e.name == name) {
+                Some(e) => out.push_str(&e.value),
+                None => {
+                    out.push_str("$(");
+                    out.push_str(name);
+                    out.push(')');
+                }
+            }
+            rest = tail;
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod expand_env_tests {
+    use super::super::pod::EnvVar;
+    use super::expand_env;
+
+    #[test]
+    fn expands_as_kubelet_does() {
+        let env = vec![EnvVar { name: "TOKEN".into(), value: "s3cr3t".into() }];
+        assert_eq!(expand_env("--token=$(TOKEN)", &env), "--token=s3cr3t");
+        assert_eq!(expand_env("$$(TOKEN) $(NOPE) $x $", &env), "$(TOKEN) $(NOPE) $x $");
+    }
+}

@@ -216,3 +216,51 @@ fn readiness_kinds_are_data_to_the_rules() {
     let list = [c("a", 1, state::RUNNING)];
     assert!(matches!(check_start("ns/pod", &p.sidecars, &Snapshot::new(&list), false, nobody, &HashMap::new()), Check::Probe { .. }));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Tenant numbers (issue #26): a grace period is `terminationGracePeriodSeconds`, any int64.
+
+/// Grace periods a pod can make crisp compute with: near 2^63 (what `timeout.max(0) as u64`
+/// made of an int64), and the largest durations there are.
+const EXTREME: [Duration; 4] = [Duration::from_secs(i64::MAX as u64), Duration::from_secs(i64::MAX as u64 - 1), Duration::from_secs(u64::MAX), Duration::MAX];
+
+#[test]
+fn extreme_grace_periods_never_panic_and_hold_at_most_a_day() {
+    let t = Instant::now();
+    let day_and_slack = Duration::from_secs(86_400 + 120);
+    for g in EXTREME {
+        let end = stop_hold_end(t, g, None);
+        assert!(end > t && end <= t + day_and_slack, "{g:?}: hold until {:?}", end - t);
+        // kubelet's own deadline wraps to an ordinary one for such values; it still bounds the hold.
+        assert_eq!(stop_hold_end(t, g, Some(t + 60 * S)), t + 55 * S, "{g:?}");
+        let kill = single_kill_after(t, g);
+        assert!(kill > t && kill <= t + day_and_slack, "{g:?}");
+        let create = create_hold_end(t, g, None);
+        assert!(create > t && create <= t + day_and_slack, "{g:?}");
+        assert_eq!(after_waiting(t, t + S, g, TimeoutPolicy::Proceed), WaitStep::Until(t + S), "{g:?}");
+    }
+    // A budget far away asks the runtime to wait a day at most.
+    assert_eq!(budget_secs(Some(t + 10 * 86_400 * S), t), 86_400);
+    assert_eq!(stop_timeout(t + 10 * 86_400 * S, t, i64::MAX), Some(86_400));
+}
+
+#[test]
+fn grace_periods_are_clamped_where_they_enter() {
+    for (secs, want) in [
+        (i64::MAX, MAX_GRACE),
+        (i64::MAX - 1, MAX_GRACE),
+        (86_401, MAX_GRACE),
+        (86_400, MAX_GRACE),
+        (30, 30 * S),
+        (0, Duration::ZERO),
+        (-1, Duration::ZERO),
+        (i64::MIN, Duration::ZERO),
+    ] {
+        assert_eq!(grace_from_secs(secs), want, "{secs}");
+    }
+    let t = Instant::now();
+    let end = later(t, grace_from_secs(i64::MAX));
+    assert_eq!(end, t + MAX_GRACE);
+    assert_eq!(budget_secs(Some(end), t), 86_400);
+    assert_eq!(later(t, Duration::MAX), t + Duration::from_secs(86_400 + 120), "capped, not wrapped");
+}

@@ -1,0 +1,115 @@
+//! The node-wide bound on crisp's own repeated runtime reads (issue #26): a held call lists its
+//! pod's containers again every probe interval for as long as its hold lasts, and a Job
+//! watcher reads its pod's containers every `job.poll_interval` for the pod's life. Both are
+//! paced by one [`ReadLimiter`] for the whole node: `runtime_reads_per_second` (a token bucket
+//! holding a tenth of a second's worth) and `max_runtime_reads_in_flight`.
+//!
+//! What it does not pace: kubelet's own calls (List and Status calls are never observed, see
+//! `mod.rs`), and the first read of each call crisp orders — one read per kubelet call, so
+//! kubelet's own call rate bounds those, and an ordinary pod's start never waits behind
+//! another pod's hold. Reservations are served in the order they were made, so every held
+//! call and watcher gets its turn: with N of them polling, each reads about every
+//! N / `runtime_reads_per_second` seconds.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::time::Instant;
+
+/// No read before the caller's deadline: its hold ends as if the runtime had not answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("node-wide runtime read limit: no read possible before the hold's end")]
+pub struct ReadLimited;
+
+pub struct ReadLimiter {
+    in_flight: Semaphore,
+    rate: f64,
+    burst: f64,
+    bucket: Mutex<Bucket>,
+}
+
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+impl ReadLimiter {
+    pub fn new(reads_per_second: u32, max_in_flight: usize) -> ReadLimiter {
+        let rate = f64::from(reads_per_second.max(1));
+        let burst = (rate / 10.0).max(1.0);
+        ReadLimiter { in_flight: Semaphore::new(max_in_flight.max(1)), rate, burst, bucket: Mutex::new(Bucket { tokens: burst, at: Instant::now() }) }
+    }
+
+    /// Leave for one read, held while it runs. Waited for until `until` at most (`None`: as
+    /// long as it takes — a watcher has no deadline). A token is reserved only when it comes
+    /// before `until`, so a caller that cannot have one leaves no debt behind.
+    pub async fn read(&self, until: Option<Instant>) -> Result<SemaphorePermit<'_>, ReadLimited> {
+        let wait = {
+            let mut b = self.bucket.lock().unwrap_or_else(|e| e.into_inner());
+            let now = Instant::now();
+            b.tokens = (b.tokens + now.saturating_duration_since(b.at).as_secs_f64() * self.rate).min(self.burst);
+            b.at = now;
+            let wait = if b.tokens >= 1.0 { Duration::ZERO } else { Duration::from_secs_f64((1.0 - b.tokens) / self.rate) };
+            if until.is_some_and(|u| now + wait > u) {
+                return Err(ReadLimited);
+            }
+            b.tokens -= 1.0;
+            wait
+        };
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+        match until {
+            Some(u) => tokio::time::timeout_at(u, self.in_flight.acquire()).await.map_err(|_| ReadLimited)?.map_err(|_| ReadLimited),
+            None => self.in_flight.acquire().await.map_err(|_| ReadLimited),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    const S: Duration = Duration::from_secs(1);
+
+    /// 200 pollers, each reading as fast as it may for 10 s: a tenth of a second's worth at
+    /// once, then `rate` reads a second, node-wide; and each poller gets its turn.
+    #[tokio::test(start_paused = true)]
+    async fn pollers_read_at_most_the_rate_and_each_gets_its_turn() {
+        let l = Arc::new(ReadLimiter::new(50, 4));
+        let t = Instant::now();
+        let mut pollers = Vec::new();
+        for _ in 0..200 {
+            let l = l.clone();
+            pollers.push(tokio::spawn(async move {
+                let mut reads = 0u32;
+                while let Ok(_p) = l.read(Some(t + 10 * S)).await {
+                    reads += 1;
+                }
+                reads
+            }));
+        }
+        let mut total = 0;
+        for p in pollers {
+            let reads = p.await.unwrap();
+            assert!(reads >= 2, "every poller read at least twice: {reads}");
+            total += reads;
+        }
+        assert_eq!(total, 5 + 50 * 10, "the burst, then 50 a second");
+        assert_eq!(Instant::now(), t + 10 * S, "gave up at the deadline, with no debt beyond it");
+    }
+
+    /// Reads in flight are bounded too, and a read that cannot start before its deadline is
+    /// refused then.
+    #[tokio::test(start_paused = true)]
+    async fn reads_in_flight_are_bounded() {
+        let l = ReadLimiter::new(1000, 2);
+        let t = Instant::now();
+        let _a = l.read(None).await.unwrap();
+        let _b = l.read(None).await.unwrap();
+        assert_eq!(l.read(Some(t + S)).await.unwrap_err(), ReadLimited);
+        assert_eq!(Instant::now(), t + S);
+    }
+}

@@ -1,0 +1,120 @@
+//! Issue #26 item 4: crisp's own ExecSync (exec readiness probes, job-mode preStop hooks) keeps
+//! only the exit code of the runtime's answer. The command's output — up to containerd's 16 MiB
+//! per stream — streams past without being held, and the whole call ends inside its deadline.
+//!
+//! The heap is measured with a counting global allocator (this test binary's own), so the
+//! bound is on what the process holds, not on what a helper reports about itself.
+
+mod support;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use crisp::cri::ApiVersion;
+use crisp::proxy::client::{ClientError, RuntimeClient};
+use crisp::proxy::{Upstream, UpstreamOptions};
+use prost::Message;
+use support::*;
+
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+fn grew(by: usize) {
+    let now = LIVE.fetch_add(by, Ordering::Relaxed) + by;
+    PEAK.fetch_max(now, Ordering::Relaxed);
+}
+
+// SAFETY: every call is passed to the system allocator unchanged; only sizes are counted.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        let p = unsafe { System.alloc(l) };
+        if !p.is_null() {
+            grew(l.size());
+        }
+        p
+    }
+    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+        let p = unsafe { System.alloc_zeroed(l) };
+        if !p.is_null() {
+            grew(l.size());
+        }
+        p
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        unsafe { System.dealloc(p, l) };
+        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        let q = unsafe { System.realloc(p, l, new) };
+        if !q.is_null() {
+            LIVE.fetch_sub(l.size(), Ordering::Relaxed);
+            grew(new);
+        }
+        q
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+const EXEC_SYNC: &str = "/runtime.v1.RuntimeService/ExecSync";
+
+/// Most the heap may grow while crisp reads a 17 MiB answer: the upstream stream's HTTP/2
+/// receive window (2 MiB) plus room for the connection's buffers.
+const HEAP_GROWTH_MAX: usize = 4 << 20;
+
+fn client(fake: &Fake) -> RuntimeClient {
+    RuntimeClient::new(Arc::new(Upstream::new(fake.path(), UpstreamOptions::default())), Duration::from_secs(5))
+}
+
+/// The runtime's answer, framed, as 64 KiB slices of one buffer (slicing copies nothing).
+fn answer(stdout: usize, stderr: usize, exit_code: i32) -> Reply {
+    let msg = k8s_cri::v1::ExecSyncResponse { stdout: vec![b'x'; stdout], stderr: vec![b'y'; stderr], exit_code };
+    let body: Bytes = grpc_frame(&msg.encode_to_vec());
+    let chunks = (0..body.len()).step_by(64 << 10).map(|at| (Duration::ZERO, body.slice(at..(at + (64 << 10)).min(body.len())))).collect();
+    Reply::Full { headers: grpc_headers(), chunks, trailers: Some(ok_trailers()) }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_16_mib_exec_answer_is_not_held() {
+    let fake = Fake::start().await;
+    let rc = client(&fake);
+    let cmd = vec!["cat".to_string(), "/ready".to_string()];
+    // The connection and its buffers first, so they are not counted against the read.
+    fake.reply_once(EXEC_SYNC, answer(10, 0, 0));
+    assert_eq!(within(PATIENCE, "a small exec", rc.exec_sync(ApiVersion::V1, "c1", &cmd, Duration::from_secs(5))).await.unwrap(), 0);
+
+    fake.reply_once(EXEC_SYNC, answer(16 << 20, 1 << 20, 7));
+    let base = LIVE.load(Ordering::Relaxed);
+    PEAK.store(base, Ordering::Relaxed);
+    let code = within(PATIENCE, "a 17 MiB exec answer", rc.exec_sync(ApiVersion::V1, "c1", &cmd, Duration::from_secs(5))).await.unwrap();
+    let growth = PEAK.load(Ordering::Relaxed).saturating_sub(base);
+    println!("heap growth while reading a 17 MiB ExecSync answer: {growth} bytes");
+    assert_eq!(code, 7);
+    assert!(growth < HEAP_GROWTH_MAX, "the heap grew by {growth} bytes while reading the answer");
+}
+
+#[tokio::test]
+async fn the_exec_call_ends_at_its_deadline() {
+    let fake = Fake::start().await;
+    let rc = client(&fake);
+    fake.reply_once(EXEC_SYNC, Reply::Hold);
+    let timeout = Duration::from_millis(2500);
+    let started = tokio::time::Instant::now();
+    let r = within(Duration::from_secs(4), "an exec the runtime never answers", rc.exec_sync(ApiVersion::V1, "c1", &["true".to_string()], timeout)).await;
+    assert!(matches!(r, Err(ClientError::Timeout { .. })), "{r:?}");
+    let took = started.elapsed();
+    assert!(took < timeout + Duration::from_millis(900), "gave up after {took:?}, deadline {timeout:?}");
+    // The runtime sees the call cancelled, and was told the deadline: to the millisecond in
+    // grpc-timeout, and in the request's whole seconds (never more than what is left).
+    let call = fake.last(EXEC_SYNC);
+    call.expect_cancelled(PATIENCE).await;
+    assert_eq!(call.headers.get("grpc-timeout").map(|v| v.as_bytes()), Some(&b"2500m"[..]));
+    let req = k8s_cri::v1::ExecSyncRequest::decode(call.message()).unwrap();
+    assert_eq!(req.timeout, 2);
+}
