@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
 use http_body_util::BodyExt;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 
 use super::core::Calls;
 use super::flow::Windows;
@@ -84,14 +84,17 @@ impl Outbox {
 pub struct Diverted {
     service: Arc<dyn Service>,
     windows: Arc<Windows>,
+    /// Notified by `windows` when the client's window grew.
+    changed: Arc<Notify>,
     outbox: Arc<Outbox>,
     tasks: Arc<Mutex<IdMap<tokio::task::AbortHandle>>>,
     bodies: IdMap<mpsc::UnboundedSender<BodyPart>>,
 }
 
 impl Diverted {
-    pub fn new(service: Arc<dyn Service>, windows: Arc<Windows>, outbox: Arc<Outbox>) -> Diverted {
-        Diverted { service, windows, outbox, tasks: Default::default(), bodies: IdMap::default() }
+    /// `changed`: what `windows` notifies when the client's window grew.
+    pub fn new(service: Arc<dyn Service>, windows: Arc<Windows>, changed: Arc<Notify>, outbox: Arc<Outbox>) -> Diverted {
+        Diverted { service, windows, changed, outbox, tasks: Default::default(), bodies: IdMap::default() }
     }
 
     /// Hands a stream to the observed path (on crisp's runtime: the caller has entered it).
@@ -113,10 +116,10 @@ impl Diverted {
         };
         req.extensions_mut().insert(call);
         let req = req.map(|()| body);
-        let (service, windows, outbox, tasks) = (self.service.clone(), self.windows.clone(), self.outbox.clone(), self.tasks.clone());
+        let (service, windows, changed, outbox, tasks) = (self.service.clone(), self.windows.clone(), self.changed.clone(), self.outbox.clone(), self.tasks.clone());
         let mut map = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
         let h = tokio::spawn(async move {
-            respond(service, &windows, &outbox, stream, req).await;
+            respond(service, (&windows, &changed), &outbox, stream, req).await;
             tasks.lock().unwrap_or_else(|e| e.into_inner()).remove(&stream);
             windows.lock().close_diverted(stream);
             windows.notify();
@@ -217,7 +220,7 @@ fn trailers_from_fields(fields: Vec<(Bytes, Bytes)>) -> Result<http::HeaderMap, 
 }
 
 /// Serves a diverted stream through the observed path and writes its response to the client.
-async fn respond(service: Arc<dyn Service>, windows: &Windows, outbox: &Outbox, stream: u32, req: Request<ProxyBody>) {
+async fn respond(service: Arc<dyn Service>, windows: (&Windows, &Notify), outbox: &Outbox, stream: u32, req: Request<ProxyBody>) {
     let resp = service.divert(req).await;
     let (parts, mut body) = resp.into_parts();
     let mut block = Vec::with_capacity(256);
@@ -273,9 +276,9 @@ async fn respond(service: Arc<dyn Service>, windows: &Windows, outbox: &Outbox, 
 }
 
 /// Sends a diverted stream's response data within the client's windows.
-async fn send_data(windows: &Windows, outbox: &Outbox, stream: u32, mut data: Bytes) {
+async fn send_data((windows, changed): (&Windows, &Notify), outbox: &Outbox, stream: u32, mut data: Bytes) {
     while !data.is_empty() {
-        let notified = windows.changed().notified();
+        let notified = changed.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
         let n = match windows.lock().take_for_diverted(stream, data.len()) {

@@ -1,14 +1,14 @@
 //! The relay's connection core, without I/O: bytes and time in, bytes and events out.
 //!
 //! One [`Core`] per client connection holds the connection's rules — the stream table, the
-//! route of each new stream, flow-control windows and debt ([`super::flow`]), the PING gate and
-//! keep-alive ([`super::ping`]), SETTINGS ACK ordering, GOAWAY both ways. Its shell
-//! ([`super::pump`]) reads the sockets and hands the bytes in ([`Core::client_bytes`],
+//! route of each new stream, flow-control windows and debt (`flow.rs`), the PING gate and
+//! keep-alive (`ping.rs`), SETTINGS ACK ordering, GOAWAY both ways. Its shell
+//! (`pump.rs`) reads the sockets and hands the bytes in ([`Core::client_bytes`],
 //! [`Core::runtime_bytes`]); the core appends what goes to the runtime to [`Core::to_runtime`],
 //! its own frames for the client to [`Core::to_client`], writes the runtime's frames to a
 //! [`Sink`] as they are (no copy), and leaves [`Event`]s — a stream to divert, a call that ended —
-//! for the shell to act on. It has no socket, no clock, no runtime: tests drive it frame by frame
-//! ([`super::tests`]).
+//! for the shell to act on. It has no socket, no clock and nothing of tokio or libc: tests drive
+//! it frame by frame (`tests/`).
 
 use super::LOG;
 use std::collections::HashSet;

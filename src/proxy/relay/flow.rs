@@ -11,8 +11,6 @@
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};
 
-use tokio::sync::Notify;
-
 use crate::proxy::h2::{IdMap, DEFAULT_WINDOW, MAX_FRAME};
 
 /// The client's windows as crisp may count on them.
@@ -143,23 +141,22 @@ impl Flow {
 }
 
 /// The flow-control state, shared by the relay thread and diverted streams' tasks.
-#[derive(Default)]
 pub struct Windows {
     flow: Mutex<Flow>,
-    /// The client's window grew (or a stream ended): waiting senders re-check.
-    changed: Notify,
+    /// Called when the client's window grew (or a stream ended): waiting senders re-check.
+    changed: Box<dyn Fn() + Send + Sync>,
 }
 
 impl Windows {
+    pub fn new(changed: Box<dyn Fn() + Send + Sync>) -> Windows {
+        Windows { flow: Mutex::new(Flow::default()), changed }
+    }
+
     pub fn lock(&self) -> MutexGuard<'_, Flow> {
         self.flow.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn notify(&self) {
-        self.changed.notify_waiters();
-    }
-
-    pub fn changed(&self) -> &Notify {
-        &self.changed
+        (self.changed)();
     }
 }

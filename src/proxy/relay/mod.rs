@@ -1,11 +1,11 @@
 //! The relay: crisp's fast path, a frame-level HTTP/2 relay between one client connection and a
 //! runtime connection of its own.
 //!
-//! - [`core`]: the connection's rules, without I/O — frames and time in, frames and [`Event`]s
-//!   out ([`inbound`]: the client's frames, [`outbound`]: the runtime's, [`flow`]: windows and
-//!   debt, [`ping`]: the PING gate and keep-alive, [`fields`]: decoded header blocks and routes).
-//! - [`pump`]: the thread that runs a core, blocked in `poll(2)` on the two sockets.
-//! - [`bridge`]: the tokio side — diverted streams, served by the observed path, and the queue
+//! - `core.rs`: the connection's rules, without I/O — frames and time in, frames and [`Event`]s
+//!   out (`inbound.rs`: the client's frames, `outbound.rs`: the runtime's, `flow.rs`: windows and
+//!   debt, `ping.rs`: the PING gate and keep-alive, `fields.rs`: decoded header blocks and routes).
+//! - `pump.rs`: the thread that runs a core, blocked in `poll(2)` on the two sockets.
+//! - `bridge.rs`: the tokio side — diverted streams, served by the observed path, and the queue
 //!   through which their frames reach the thread.
 //!
 //! Every frame is copied through as it is, with three exceptions:
@@ -82,10 +82,10 @@ pub struct Handle {
 /// accepts one.
 ///
 /// The handshake (the client's preface, the runtime connection) is async; then the connection
-/// moves to a thread of its own that blocks in `poll(2)` on its two sockets ([`pump`]): a
+/// moves to a thread of its own that blocks in `poll(2)` on its two sockets (`pump.rs`): a
 /// relayed hop costs a wakeup, a `recv` and a `send`, and no async runtime's scheduler,
 /// reactor and timers (BENCHMARKS.md: about a third of crisp's instructions per call on tokio).
-/// Diverted streams still run on tokio ([`bridge`]).
+/// Diverted streams still run on tokio (`bridge.rs`).
 pub async fn serve_connection(mut client: UnixStream, handle: Handle, mut shutdown: watch::Receiver<bool>) {
     if !preface(&mut client, &handle.options).await {
         return;
@@ -100,12 +100,16 @@ pub async fn serve_connection(mut client: UnixStream, handle: Handle, mut shutdo
         }
     };
     let outbox = Arc::new(bridge::Outbox::new(wake));
-    let windows = Arc::new(flow::Windows::default());
+    let changed = Arc::new(tokio::sync::Notify::new());
+    let windows = Arc::new(flow::Windows::new({
+        let changed = changed.clone();
+        Box::new(move || changed.notify_waiters())
+    }));
     let opts = &handle.options;
     let cfg = core::Config { keepalive_interval: opts.keepalive_interval, keepalive_timeout: opts.keepalive_timeout, runtime: handle.runtime.path().to_path_buf() };
     let calls: Arc<dyn Calls> = handle.service.clone();
     let core = core::Core::new(&cfg, calls, windows.clone(), runtime.is_some(), Instant::now());
-    let diverted = bridge::Diverted::new(handle.service.clone(), windows, outbox.clone());
+    let diverted = bridge::Diverted::new(handle.service.clone(), windows, changed, outbox.clone());
     let mut pump = pump::Pump::new(core, handle.service.clone(), outbox.clone(), diverted, client, runtime, cfg.runtime);
     let (done_tx, mut done) = tokio::sync::oneshot::channel::<()>();
     let rt = tokio::runtime::Handle::current();

@@ -158,7 +158,7 @@ impl Conn {
 
     fn new(runtime: bool) -> Conn {
         let now = Instant::now();
-        let windows = Arc::new(Windows::default());
+        let windows = Arc::new(Windows::new(Box::new(|| {})));
         let cfg = Config { keepalive_interval: Duration::from_secs(10), keepalive_timeout: Duration::from_secs(5), runtime: "/run/containerd.sock".into() };
         let core = Core::new(&cfg, Arc::new(Stub(AtomicU64::new(1))), windows.clone(), runtime, now);
         Conn { core, windows, now, from_runtime: Vec::new() }
