@@ -99,18 +99,7 @@ pub async fn serve_connection(mut client: UnixStream, handle: Handle, mut shutdo
             return;
         }
     };
-    let outbox = Arc::new(bridge::Outbox::new(wake));
-    let changed = Arc::new(tokio::sync::Notify::new());
-    let windows = Arc::new(flow::Windows::new({
-        let changed = changed.clone();
-        Box::new(move || changed.notify_waiters())
-    }));
-    let opts = &handle.options;
-    let cfg = core::Config { keepalive_interval: opts.keepalive_interval, keepalive_timeout: opts.keepalive_timeout, runtime: handle.runtime.path().to_path_buf() };
-    let calls: Arc<dyn Calls> = handle.service.clone();
-    let core = core::Core::new(&cfg, calls, windows.clone(), runtime.is_some(), Instant::now());
-    let diverted = bridge::Diverted::new(handle.service.clone(), windows, changed, outbox.clone());
-    let mut pump = pump::Pump::new(core, handle.service.clone(), outbox.clone(), diverted, client, runtime, cfg.runtime);
+    let (mut pump, outbox) = assemble(&handle, client, wake, runtime);
     let (done_tx, mut done) = tokio::sync::oneshot::channel::<()>();
     let rt = tokio::runtime::Handle::current();
     let spawned = std::thread::Builder::new().name("crisp-relay".into()).stack_size(RELAY_STACK).spawn(move || {
@@ -149,6 +138,24 @@ pub async fn serve_connection(mut client: UnixStream, handle: Handle, mut shutdo
             r = shutdown.changed(), if watching => if r.is_err() { watching = false },
         }
     }
+}
+
+/// A connection's core, its pump around it and the bridge to tokio, wired together; and the
+/// outbox through which the rest of crisp reaches the pump.
+fn assemble(handle: &Handle, client: Sock, wake: Wake, runtime: Option<Sock>) -> (pump::Pump, Arc<bridge::Outbox>) {
+    let outbox = Arc::new(bridge::Outbox::new(wake));
+    let changed = Arc::new(tokio::sync::Notify::new());
+    let windows = Arc::new(flow::Windows::new({
+        let changed = changed.clone();
+        Box::new(move || changed.notify_waiters())
+    }));
+    let opts = &handle.options;
+    let cfg = core::Config { keepalive_interval: opts.keepalive_interval, keepalive_timeout: opts.keepalive_timeout, runtime: handle.runtime.path().to_path_buf() };
+    let calls: Arc<dyn Calls> = handle.service.clone();
+    let core = core::Core::new(&cfg, calls, windows.clone(), runtime.is_some(), Instant::now());
+    let diverted = bridge::Diverted::new(handle.service.clone(), windows, changed, outbox.clone());
+    let pump = pump::Pump::new(core, handle.service.clone(), outbox.clone(), diverted, client, runtime, cfg.runtime);
+    (pump, outbox)
 }
 
 /// Reads the client's HTTP/2 connection preface (and nothing past it); false if the
