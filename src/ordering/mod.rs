@@ -226,7 +226,7 @@ impl Pod {
         host_network: bool,
         rules: &[SidecarRule],
         injectors: &[InjectorRule],
-    ) -> (Pod, Vec<annotations::Warning>) {
+    ) -> (Pod, annotations::Warnings) {
         let (policy, warnings) = PodPolicy::parse_with(annotations, rules, injectors);
         let md = md.cloned().unwrap_or_default();
         let pod = Pod {
@@ -430,11 +430,12 @@ impl Engine {
             .collect()
     }
 
-    fn insert_pod(&self, version: ApiVersion, pod: Pod, warnings: Vec<annotations::Warning>) -> Arc<Pod> {
-        for w in &warnings {
-            tracing::warn!(pod_namespace = %pod.namespace, pod_name = %pod.name, "{w}");
+    fn insert_pod(&self, version: ApiVersion, pod: Pod, warnings: annotations::Warnings) -> Arc<Pod> {
+        // One line per pod however many keys are bad (each is counted).
+        if warnings.total() > 0 {
+            tracing::warn!(pod_namespace = %pod.namespace, pod_name = %pod.name, "{}", warnings.summary());
         }
-        self.metrics.bad_annotations.inc_by(warnings.len() as u64);
+        self.metrics.bad_annotations.inc_by(warnings.total() as u64);
         let pod = Arc::new(pod);
         // Another call may have raced us; keep the first so warnings and budgets stay single.
         let pod = self.pods.entry(pod.sandbox_id.clone()).or_insert(pod).clone();
