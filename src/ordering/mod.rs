@@ -231,8 +231,10 @@ impl Pod {
         let md = md.cloned().unwrap_or_default();
         let pod = Pod {
             sandbox_id: sandbox_id.to_string(),
-            namespace: md.namespace,
-            name: md.name,
+            // Shown in logs, messages, the tap and `crisp pods`: cut and escaped once, here
+            // (a name Kubernetes accepts is unchanged).
+            namespace: crate::tenant::cut(&md.namespace, crate::tenant::MAX_FIELD),
+            name: crate::tenant::cut(&md.name, crate::tenant::MAX_FIELD),
             uid: md.uid,
             host_network,
             labels,
@@ -293,8 +295,9 @@ impl Pod {
         v
     }
 
+    /// `namespace/name` for messages: each cut and escaped (tenant text).
     fn display(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
+        format!("{}/{}", crate::tenant::text(&self.namespace, crate::tenant::MAX_FIELD), crate::tenant::text(&self.name, crate::tenant::MAX_FIELD))
     }
 
     fn guess(&self) -> std::sync::MutexGuard<'_, InitGuess> {
@@ -321,6 +324,17 @@ fn annotations_fingerprint(a: &HashMap<String, String>) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     pairs.hash(&mut h);
     h.finish()
+}
+
+/// A container's name as the caches keep it (logs and views show it): a DNS-1123 label as it is,
+/// anything else cut and escaped.
+fn container_name(name: Option<String>) -> String {
+    let name = name.unwrap_or_default();
+    if crate::tenant::is_dns1123_label(&name) {
+        name
+    } else {
+        crate::tenant::cut(&name, crate::tenant::MAX_NAME + 1)
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -481,7 +495,7 @@ impl Engine {
         }
         match self.runtime.container(version, id).await {
             Ok(Some(c)) => {
-                let r = ContainerRef { sandbox_id: c.pod_sandbox_id, name: c.metadata.map(|m| m.name).unwrap_or_default() };
+                let r = ContainerRef { sandbox_id: c.pod_sandbox_id, name: container_name(c.metadata.map(|m| m.name)) };
                 self.containers.insert(id.to_string(), r.clone());
                 Some(r)
             }
@@ -724,6 +738,11 @@ impl Engine {
             }
         };
         let name = req.config.as_ref().and_then(|c| c.metadata.as_ref()).map(|m| m.name.clone()).unwrap_or_default();
+        if !crate::tenant::is_dns1123_label(&name) {
+            // Not a name Kubernetes gives a container (only another CRI client could send it).
+            tracing::debug!(container_name = %crate::tenant::text(&name, crate::tenant::MAX_FIELD), "container name is not a DNS-1123 label; forwarding it unordered");
+            return None;
+        }
         let pod = match req.sandbox_config.as_ref() {
             Some(sc) => self.pod_from_config(version, &req.pod_sandbox_id, sc),
             None => self.pod_by_id(version, &req.pod_sandbox_id).await?,
@@ -1080,7 +1099,7 @@ impl Interceptor for Engine {
             }
             Some(Rpc::CreateContainer) => {
                 let (Ok(r), Ok(resp)) = (views::decode::<views::CreateContainerRequest>(req), views::decode::<views::CreateContainerResponse>(msg)) else { return None };
-                let name = r.config.and_then(|c| c.metadata).map(|m| m.name).unwrap_or_default();
+                let name = container_name(r.config.and_then(|c| c.metadata).map(|m| m.name));
                 self.containers.insert(resp.container_id, ContainerRef { sandbox_id: r.pod_sandbox_id, name });
             }
             _ => {}
