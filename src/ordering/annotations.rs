@@ -171,11 +171,18 @@ pub struct Warnings {
 
 impl Warnings {
     pub fn push(&mut self, w: Warning) {
+        let key = w.key.clone();
+        self.push_with(&key, || w);
+    }
+
+    /// Counts a warning about `key`, built by `make` only if it is kept: a pod's thousands of
+    /// bad keys cost a count and a comparison each.
+    pub fn push_with(&mut self, key: &str, make: impl FnOnce() -> Warning) {
         self.total = self.total.saturating_add(1);
         if self.kept.len() < MAX_WARNINGS_KEPT {
-            self.kept.push(w);
-        } else if let Some(last) = self.kept.iter_mut().max_by(|a, b| a.key.cmp(&b.key)).filter(|last| w.key < last.key) {
-            *last = w;
+            self.kept.push(make());
+        } else if let Some(last) = self.kept.iter_mut().max_by(|a, b| a.key.cmp(&b.key)).filter(|last| key < last.key.as_str()) {
+            *last = make();
         }
     }
 
@@ -378,7 +385,7 @@ fn warn_unlisted_ready(annotations: &HashMap<String, String>, sidecars: &[Sideca
     for (k, v) in annotations {
         if let Some(name) = k.strip_prefix(READY_PREFIX) {
             if !listed.contains(name) {
-                warnings.push(Warning::new(k, v, format!("`{}` is not listed in {SIDECARS}", tenant::text(name, tenant::MAX_NAME + 1))));
+                warnings.push_with(k, || Warning::new(k, v, format!("`{}` is not listed in {SIDECARS}", tenant::text(name, tenant::MAX_NAME + 1))));
             }
         }
     }
