@@ -193,7 +193,7 @@ fn thousands_of_bad_keys_are_all_counted_and_few_kept() {
 
 #[test]
 fn a_warning_line_is_escaped_and_bounded_whatever_the_key_and_value() {
-    let key = format!("{READY_PREFIX}\u{1b}[2J\u{1b}]0;owned\u{7}{}", "k".repeat(100_000));
+    let key = format!("{READY_PREFIX}\u{1b}[2J\u{202e}\u{1b}]0;owned\u{7}{}", "k".repeat(100_000));
     let value = format!("\u{1b}[31m\n{}", "v".repeat(100_000));
     let (_, w) = PodPolicy::parse(&ann(&[(SIDECARS, "proxy"), (&key, &value), (JOB, &"\u{202e}".repeat(50_000))]), &[]);
     assert_eq!(w.total(), 2);
