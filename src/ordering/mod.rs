@@ -1091,6 +1091,8 @@ impl Interceptor for Engine {
             Some(Rpc::ContainerStatus) => return patch_statuses(tags::container_status_response::STATUS),
             Some(Rpc::PodSandboxStatus) => return patch_statuses(tags::pod_sandbox_status_response::CONTAINERS_STATUSES),
             Some(Rpc::GetContainerEvents) => return patch_statuses(tags::container_event_response::CONTAINERS_STATUSES),
+            // The pod's policy is parsed once per sandbox, here, on this worker: a bounded amount
+            // per annotation key (ordering/annotations.rs says why).
             Some(Rpc::RunPodSandbox) => {
                 let (Ok(r), Ok(resp)) = (views::decode::<views::RunPodSandboxRequest>(req), views::decode::<views::RunPodSandboxResponse>(msg)) else { return None };
                 if let Some(cfg) = r.config.as_ref() {
