@@ -32,13 +32,14 @@
 //!
 //! | layer | modules | what |
 //! |---|---|---|
-//! | 6 | [`daemon`] | wires it together: interceptor chain, proxy, admin socket, systemd |
-//! | 5 | [`admin`], [`doctor`] | crisp's admin API (tap, ListPods, metrics); node checks |
-//! | 4 | [`ordering`], [`tap`] | the features: the ordering engine; the debug tap (it names calls through [`intercept::PodNames`] and receives the engine's live holds through [`intercept::HoldSink`], never importing the engine) |
-//! | 3 | [`proxy`] | the forwarder: relay, crisp's HTTP/2 client to the runtime, its runtime client |
-//! | 2 | [`intercept`], [`metrics`], [`telemetry`] | the plug-in seam; call metrics; logging |
-//! | 1 | [`config`] | TOML + flags, validated once; plain data (the known-injector table included) |
-//! | 0 | [`cri`], [`status`], [`readiness`], [`netns`], [`systemd`] | routing, decoded views, wire framing and patches; crisp's gRPC errors; readiness specs, probes and their node-wide bounds; sockets made in a pod's network namespace; sd_notify and socket activation |
+//! | 7 | [`daemon`] | wires it together: interceptor chain, proxy, admin socket, systemd |
+//! | 6 | [`admin`], [`doctor`] | crisp's admin API (tap, ListPods, metrics); node checks |
+//! | 5 | [`ordering`], [`tap`] | the features: the ordering engine; the debug tap (it names calls through [`intercept::PodNames`] and receives the engine's live holds through [`intercept::HoldSink`], never importing the engine) |
+//! | 4 | [`proxy`] | the forwarder: relay, crisp's HTTP/2 client to the runtime, its runtime client |
+//! | 3 | [`intercept`], [`metrics`], [`telemetry`] | the plug-in seam; call metrics; logging |
+//! | 2 | [`config`] | TOML + flags, validated once; plain data (the known-injector table included) |
+//! | 1 | [`cri`], [`status`], [`readiness`], [`netns`], [`systemd`] | routing, decoded views, wire framing and patches; crisp's gRPC errors; readiness specs, probes and their node-wide bounds; sockets made in a pod's network namespace; sd_notify and socket activation |
+//! | 0 | [`tenant`] | the one rule for text a pod author wrote: bounded where it enters, cut and escaped wherever it is printed |
 
 pub mod admin;
 pub mod config;
@@ -55,3 +56,4 @@ pub mod status;
 pub mod systemd;
 pub mod tap;
 pub mod telemetry;
+pub mod tenant;

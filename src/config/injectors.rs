@@ -152,11 +152,19 @@ pub fn validate(rule: &InjectorRule) -> Result<(), (String, String)> {
     if rule.enabled && rule.when.iter().all(|w| w.is_empty()) {
         return Err(("when".into(), "needs at least one annotation that the injector writes on the pods it mutated".into()));
     }
+    // A name that no container can have would never match one: a typo, said at load.
+    let not_a_name = "must be a container name (a DNS-1123 label: a-z, 0-9 and '-', at most 63)";
     for (i, s) in rule.sidecars.iter().enumerate() {
         if s.name.is_empty() {
             return Err((format!("sidecars[{i}].name"), "must not be empty".into()));
         }
+        if !crate::tenant::is_dns1123_label(&s.name) {
+            return Err((format!("sidecars[{i}].name"), not_a_name.into()));
+        }
         Readiness::parse(&s.ready).map_err(|m| (format!("sidecars[{i}].ready"), m))?;
+    }
+    if let Some(i) = rule.init_containers.iter().position(|n| !crate::tenant::is_dns1123_label(n)) {
+        return Err((format!("init_containers[{i}]"), not_a_name.into()));
     }
     Ok(())
 }

@@ -160,3 +160,12 @@ fn refuse_held_after_parses_turns_off_and_is_bounded() {
     let c = Config::from_toml("[ordering]\nrefuse_held_after = \"0s\"\n", "t").unwrap();
     assert!(c.ordering.refuse_held_after.is_zero(), "0s: never refuse a hold");
 }
+
+/// Issue #26: an operator's injector rule names containers as Kubernetes does.
+#[test]
+fn injector_rules_name_containers_as_kubernetes_does() {
+    let e = err("[[injectors]]\nname = \"x\"\nwhen = [\"a\"]\n[[injectors.sidecars]]\nname = \"Proxy_1\"\n");
+    assert!(e.contains("injectors[0].sidecars[0].name") && e.contains("DNS-1123"), "{e}");
+    let e = err("[[injectors]]\nname = \"x\"\nwhen = [\"a\"]\ninit_containers = [\"ok\", \"not ok\"]\n");
+    assert!(e.contains("injectors[0].init_containers[1]") && e.contains("DNS-1123"), "{e}");
+}

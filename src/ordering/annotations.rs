@@ -1,17 +1,27 @@
 //! The annotation contract (DESIGN.md §2): which containers of a pod are sidecars, how crisp
 //! judges them ready, how long it may hold, whether the pod is a Job.
 //!
-//! A malformed value never blocks a pod: it yields a [`Warning`] (logged once per pod, counted)
-//! and the pod is treated as if the key were absent.
+//! A malformed value never blocks a pod: it yields a [`Warning`] (the pod's [`Warnings`] are
+//! logged as one line, each counted) and the pod is treated as if the key were absent.
+//!
+//! Every value is bounded where it is read, by the one rule of [`crate::tenant`]: a value longer
+//! than [`tenant::MAX_VALUE`] is refused before it is parsed, and every list of names (this
+//! pod's, a known injector's) is at most [`MAX_SIDECARS`] distinct DNS-1123 labels. So parsing a
+//! pod's policy costs a bounded amount per annotation key whatever the values hold: one look at
+//! each key (`crisp.dev/ready.` keys are matched against a set of at most 64 names) and at most
+//! 16 KiB parsed per value crisp reads — no more than decoding the RunPodSandboxRequest that
+//! carried them, which is why it may run on the tokio worker that completes that call.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
+use std::ops::Deref;
 use std::time::Duration;
 
 use super::injectors::{self, Injected, InjectorRule};
 use crate::config::{parse_duration, SidecarRule, TimeoutPolicy, MAX_START_TIMEOUT};
 use crate::readiness::{self, Cidr, Readiness};
+use crate::tenant;
 
 pub const SIDECARS: &str = "crisp.dev/sidecars";
 pub const READY_PREFIX: &str = "crisp.dev/ready.";
@@ -22,7 +32,15 @@ pub const RESTART_POLICY: &str = "crisp.dev/restart-policy";
 pub const INIT_CONTAINERS: &str = "crisp.dev/init-containers";
 
 /// Most sidecars one pod may declare; more is a typo or an attack, not a pod.
-pub const MAX_SIDECARS: usize = 64;
+pub const MAX_SIDECARS: usize = tenant::MAX_NAMES;
+/// Warnings of one pod kept to be shown (those with the smallest keys); all are counted.
+pub const MAX_WARNINGS_KEPT: usize = 8;
+/// Warnings named in the pod's one log line; the others are counted in it.
+const WARNINGS_SHOWN: usize = 3;
+/// Longest annotation value shown in a warning, in bytes.
+const VALUE_SHOWN: usize = 128;
+/// Longest reason shown in a warning, in bytes.
+const REASON_SHOWN: usize = 512;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sidecar {
@@ -50,7 +68,7 @@ pub struct TenantReady {
 impl TenantReady {
     /// The warning for an annotation that named someone else's address.
     pub fn warning(&self, reason: String) -> Warning {
-        Warning { key: self.key.clone(), value: self.value.clone(), reason: format!("{reason}; using `{}`", self.fallback) }
+        Warning::new(&self.key, &self.value, format!("{reason}; using `{}`", self.fallback))
     }
 }
 
@@ -118,59 +136,108 @@ pub struct PodPolicy {
     pub injectors: Vec<String>,
 }
 
-/// A malformed annotation, reported once per pod.
+/// A malformed annotation of a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Warning {
     pub key: String,
+    /// The value as shown: cut and escaped ([`tenant::text`]), never the whole of a huge one.
     pub value: String,
     pub reason: String,
 }
 
+impl Warning {
+    pub fn new(key: &str, value: &str, reason: String) -> Warning {
+        Warning { key: key.to_string(), value: tenant::cut(value, VALUE_SHOWN), reason }
+    }
+}
+
 impl std::fmt::Display for Warning {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Everything is shown truncated and with control characters escaped: annotations can be
-        // huge (and the reason may quote the value), and the log line must stay one short line.
-        let mut v: String = self.value.chars().take(120).collect();
-        if v.len() < self.value.len() {
-            v.push('…');
-        }
-        write!(f, "annotation {}={:?} ignored: {}", clip(&self.key, 256), v, clip(&self.reason, 512))
+        // Everything is shown cut and escaped: annotations can be huge (and the reason may quote
+        // the value), and the log line must stay one short line.
+        let key = tenant::text(&self.key, tenant::MAX_FIELD);
+        write!(f, "annotation {key}=\"{}\" ignored: {}", tenant::text(&self.value, VALUE_SHOWN), tenant::text(&self.reason, REASON_SHOWN))
     }
 }
 
-/// At most `max` characters of `s`, control characters escaped, `…` when cut.
-fn clip(s: &str, max: usize) -> String {
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i == max {
-            out.push('…');
-            break;
-        }
-        if c.is_control() {
-            out.extend(c.escape_debug());
-        } else {
-            out.push(c);
-        }
-    }
-    out
+/// A pod's malformed annotations: every one counted, the [`MAX_WARNINGS_KEPT`] with the
+/// smallest keys kept (sorted by key), so thousands of bad keys cost neither memory nor log
+/// lines. Reads as the slice of those kept.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Warnings {
+    kept: Vec<Warning>,
+    total: usize,
 }
 
-/// A DNS-1123 label, which is what Kubernetes requires of container names.
-fn is_container_name(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 63 && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') && !s.starts_with('-') && !s.ends_with('-')
+impl Warnings {
+    pub fn push(&mut self, w: Warning) {
+        let key = w.key.clone();
+        self.push_with(&key, || w);
+    }
+
+    /// Counts a warning about `key`, built by `make` only if it is kept: a pod's thousands of
+    /// bad keys cost a count and a comparison each.
+    pub fn push_with(&mut self, key: &str, make: impl FnOnce() -> Warning) {
+        self.total = self.total.saturating_add(1);
+        if self.kept.len() < MAX_WARNINGS_KEPT {
+            self.kept.push(make());
+        } else if let Some(last) = self.kept.iter_mut().max_by(|a, b| a.key.cmp(&b.key)).filter(|last| key < last.key.as_str()) {
+            *last = make();
+        }
+    }
+
+    /// All the pod's warnings, kept or not (what `crisp_bad_annotations_total` counts).
+    pub fn total(&self) -> usize {
+        self.total
+    }
+
+    fn sort(&mut self) {
+        self.kept.sort_by(|a, b| a.key.cmp(&b.key));
+    }
+
+    /// The pod's one log line: the warning, or how many there are and the first few; at most
+    /// [`tenant::MAX_LOG_LINE`] bytes.
+    pub fn summary(&self) -> String {
+        let line = match self.kept.as_slice() {
+            [] => String::new(),
+            [w] if self.total == 1 => w.to_string(),
+            kept => {
+                let shown: Vec<String> = kept.iter().take(WARNINGS_SHOWN).map(Warning::to_string).collect();
+                let more = self.total.saturating_sub(shown.len());
+                let tail = if more > 0 { format!("; and {more} more") } else { String::new() };
+                format!("{} malformed annotations ignored (each as if absent): {}{tail}", self.total, shown.join("; "))
+            }
+        };
+        tenant::cut(&line, tenant::MAX_LOG_LINE)
+    }
+}
+
+impl Deref for Warnings {
+    type Target = [Warning];
+    fn deref(&self) -> &[Warning] {
+        &self.kept
+    }
+}
+
+impl<'a> IntoIterator for &'a Warnings {
+    type Item = &'a Warning;
+    type IntoIter = std::slice::Iter<'a, Warning>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.kept.iter()
+    }
 }
 
 impl PodPolicy {
     /// Parses a pod's annotations against the node's rules (no known injectors).
-    pub fn parse(annotations: &HashMap<String, String>, rules: &[SidecarRule]) -> (PodPolicy, Vec<Warning>) {
+    pub fn parse(annotations: &HashMap<String, String>, rules: &[SidecarRule]) -> (PodPolicy, Warnings) {
         PodPolicy::parse_with(annotations, rules, &[])
     }
 
     /// Parses a pod's annotations against the node's rules and known injectors. Precedence:
     /// `crisp.dev/sidecars` (`""` opts out), then the injectors recognised on the pod, then
     /// the node rules.
-    pub fn parse_with(annotations: &HashMap<String, String>, rules: &[SidecarRule], injectors: &[InjectorRule]) -> (PodPolicy, Vec<Warning>) {
-        let mut warnings = Vec::new();
+    pub fn parse_with(annotations: &HashMap<String, String>, rules: &[SidecarRule], injectors: &[InjectorRule]) -> (PodPolicy, Warnings) {
+        let mut warnings = Warnings::default();
         let names = read(annotations, SIDECARS, &mut warnings, parse_name_list);
         let injected = match names {
             None => recognise_injectors(annotations, injectors, &mut warnings),
@@ -207,14 +274,16 @@ impl PodPolicy {
         let mut init_containers = injected.init_containers;
         let declared_init = read(annotations, INIT_CONTAINERS, &mut warnings, parse_name_list);
         let init_complete = declared_init.is_some();
+        let mut known: HashSet<String> = init_containers.iter().cloned().collect();
         for n in declared_init.into_iter().flatten() {
-            if !init_containers.contains(&n) {
+            if known.insert(n.clone()) {
                 init_containers.push(n);
             }
         }
         // A sidecar is a regular container: a name in both lists is a sidecar.
-        init_containers.retain(|n| !sidecars.iter().any(|s| &s.name == n));
-        warnings.sort_by(|a, b| a.key.cmp(&b.key));
+        let sidecar_names: HashSet<&str> = sidecars.iter().map(|s| s.name.as_str()).collect();
+        init_containers.retain(|n| !sidecar_names.contains(n.as_str()));
+        warnings.sort();
         let injectors = injected.injectors;
         (PodPolicy { sidecars, source, start_timeout, timeout_policy, job, restart_policy, init_containers, init_complete, injectors }, warnings)
     }
@@ -238,14 +307,15 @@ impl PodPolicy {
     }
 }
 
-/// The value of annotation `key` as `parse` reads it; a value it refuses is a [`Warning`] and
-/// the key counts as absent.
-fn read<T>(annotations: &HashMap<String, String>, key: &str, warnings: &mut Vec<Warning>, parse: impl FnOnce(&str) -> Result<T, String>) -> Option<T> {
+/// The value of annotation `key` as `parse` reads it; a value longer than
+/// [`tenant::MAX_VALUE`] (unread) or one `parse` refuses is a [`Warning`] and the key counts as
+/// absent.
+fn read<T>(annotations: &HashMap<String, String>, key: &str, warnings: &mut Warnings, parse: impl FnOnce(&str) -> Result<T, String>) -> Option<T> {
     let value = annotations.get(key)?;
-    match parse(value) {
+    match tenant::value(value).map_err(|e| e.to_string()).and_then(parse) {
         Ok(t) => Some(t),
         Err(reason) => {
-            warnings.push(Warning { key: key.to_string(), value: value.clone(), reason });
+            warnings.push(Warning::new(key, value, reason));
             None
         }
     }
@@ -267,7 +337,7 @@ fn parse_start_timeout(v: &str) -> Result<Duration, String> {
 
 /// The known injectors recognised on the pod; `crisp.dev/ready.<name>` wins over an injector's
 /// readiness, and a bad one is warned about once and read as `running`.
-fn recognise_injectors(annotations: &HashMap<String, String>, injectors: &[InjectorRule], warnings: &mut Vec<Warning>) -> Injected {
+fn recognise_injectors(annotations: &HashMap<String, String>, injectors: &[InjectorRule], warnings: &mut Warnings) -> Injected {
     let bad_ready = RefCell::new(Vec::new());
     let ready_override = |name: &str| -> Option<Readiness> {
         let key = format!("{READY_PREFIX}{name}");
@@ -275,19 +345,21 @@ fn recognise_injectors(annotations: &HashMap<String, String>, injectors: &[Injec
         match Readiness::parse(spec) {
             Ok(r) => Some(r),
             Err(reason) => {
-                bad_ready.borrow_mut().push(Warning { key, value: spec.clone(), reason: format!("{reason}; using `running`") });
+                bad_ready.borrow_mut().push(Warning::new(&key, spec, format!("{reason}; using `running`")));
                 Some(Readiness::Running)
             }
         }
     };
     let injected = injectors::recognise(injectors, annotations, &ready_override, warnings);
-    warnings.append(&mut bad_ready.borrow_mut());
+    for w in bad_ready.take() {
+        warnings.push(w);
+    }
     injected
 }
 
 /// A sidecar named in `crisp.dev/sidecars`: its readiness from `crisp.dev/ready.<name>`, else
 /// from the node rule of that name, else `running`.
-fn listed_sidecar(name: String, annotations: &HashMap<String, String>, rules: &[SidecarRule], warnings: &mut Vec<Warning>) -> Sidecar {
+fn listed_sidecar(name: String, annotations: &HashMap<String, String>, rules: &[SidecarRule], warnings: &mut Warnings) -> Sidecar {
     let key = format!("{READY_PREFIX}{name}");
     let from_rule = || rules.iter().find(|r| r.name == name).and_then(|r| Readiness::parse(&r.ready).ok()).unwrap_or(Readiness::Running);
     let (ready, tenant) = match annotations.get(&key) {
@@ -298,7 +370,7 @@ fn listed_sidecar(name: String, annotations: &HashMap<String, String>, rules: &[
                 (r, tenant)
             }
             Err(reason) => {
-                warnings.push(Warning { key, value: spec.clone(), reason: format!("{reason}; using `running`") });
+                warnings.push(Warning::new(&key, spec, format!("{reason}; using `running`")));
                 (Readiness::Running, None)
             }
         },
@@ -307,11 +379,13 @@ fn listed_sidecar(name: String, annotations: &HashMap<String, String>, rules: &[
 }
 
 /// A `crisp.dev/ready.<name>` for a container the pod's own list does not name is a typo.
-fn warn_unlisted_ready(annotations: &HashMap<String, String>, sidecars: &[Sidecar], warnings: &mut Vec<Warning>) {
+/// One look per key (a set of at most 64 names), however many keys the pod has.
+fn warn_unlisted_ready(annotations: &HashMap<String, String>, sidecars: &[Sidecar], warnings: &mut Warnings) {
+    let listed: HashSet<&str> = sidecars.iter().map(|s| s.name.as_str()).collect();
     for (k, v) in annotations {
         if let Some(name) = k.strip_prefix(READY_PREFIX) {
-            if !sidecars.iter().any(|s| s.name == name) {
-                warnings.push(Warning { key: k.clone(), value: v.clone(), reason: format!("`{name}` is not listed in {SIDECARS}") });
+            if !listed.contains(name) {
+                warnings.push_with(k, || Warning::new(k, v, format!("`{}` is not listed in {SIDECARS}", tenant::text(name, tenant::MAX_NAME + 1))));
             }
         }
     }
@@ -325,28 +399,13 @@ fn parse_name_list(v: &str) -> Result<Vec<String>, String> {
     parse_sidecar_list(v)
 }
 
+/// At most [`MAX_SIDECARS`] distinct DNS-1123 labels ([`tenant::names`]), at least one.
 fn parse_sidecar_list(v: &str) -> Result<Vec<String>, String> {
-    let mut out: Vec<String> = Vec::new();
-    for raw in v.split(',') {
-        let name = raw.trim();
-        if name.is_empty() {
-            continue;
-        }
-        if !is_container_name(name) {
-            return Err(format!("{name:?} is not a valid container name"));
-        }
-        if out.iter().any(|n| n == name) {
-            return Err(format!("{name:?} is listed twice"));
-        }
-        out.push(name.to_string());
-        if out.len() > MAX_SIDECARS {
-            return Err(format!("more than {MAX_SIDECARS} sidecars"));
-        }
+    match tenant::names(v.split(',').map(str::trim).filter(|n| !n.is_empty())) {
+        Ok(names) if names.is_empty() => Err(tenant::Refused::Empty.to_string()),
+        Ok(names) => Ok(names),
+        Err(e) => Err(e.to_string()),
     }
-    if out.is_empty() {
-        return Err("no container names".into());
-    }
-    Ok(out)
 }
 
 #[cfg(test)]

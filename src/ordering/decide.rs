@@ -11,9 +11,13 @@ use std::time::{Duration, Instant};
 use super::annotations::{PodPolicy, Sidecar};
 use crate::config::TimeoutPolicy;
 use crate::cri::views::{self, state};
+use crate::tenant;
 
 /// Kept free before kubelet's deadline when a hold ends, so the forwarded call still completes.
 pub const DEADLINE_MARGIN: Duration = Duration::from_secs(3);
+/// Longest reason in a refusal's message, in bytes; kubelet's retry tail comes after it, so the
+/// whole message stays within [`tenant::MAX_MESSAGE`].
+pub const MAX_REFUSAL_REASON: usize = 600;
 /// KEP-753's tail: sidecars left when the grace budget is spent get SIGTERM and this long.
 pub const STOP_TAIL: Duration = Duration::from_secs(2);
 /// How long a StopPodSandbox waits for apps when kubelet sent no deadline.
@@ -167,12 +171,12 @@ pub fn check_start<'p>(pod: &str, required: &'p [Sidecar], snap: &Snapshot, skip
             // alive, not dead. It passes on its own timeout, and this container waits for it —
             // otherwise the app could win the race and start first.
             if found.is_none() && refused(&s.name) {
-                return Check::FailFast(format!("sidecar {:?} of pod {pod} is not created yet (it waits for an earlier sidecar)", s.name));
+                return Check::FailFast(format!("sidecar \"{}\" of pod {pod} is not created yet (it waits for an earlier sidecar)", name(&s.name)));
             }
             continue;
         }
         match found {
-            None if s.required => return Check::FailFast(format!("sidecar {:?} of pod {pod} is not created yet (is it listed after this container?)", s.name)),
+            None if s.required => return Check::FailFast(format!("sidecar \"{}\" of pod {pod} is not created yet (is it listed after this container?)", name(&s.name))),
             // Node rules name sidecars a pod may not have.
             None => continue,
             Some(c) if c.state == state::RUNNING => match probed.get(&s.name) {
@@ -180,7 +184,7 @@ pub fn check_start<'p>(pod: &str, required: &'p [Sidecar], snap: &Snapshot, skip
                 Some(false) => return Check::Waiting(s.name.clone()),
                 None => return Check::Probe { sidecar: s, container_id: c.id.clone() },
             },
-            Some(c) => return Check::FailFast(format!("sidecar {:?} of pod {pod} is {}, not running", s.name, state_name(c.state))),
+            Some(c) => return Check::FailFast(format!("sidecar \"{}\" of pod {pod} is {}, not running", name(&s.name), state_name(c.state))),
         }
     }
     Check::Ready
@@ -203,16 +207,25 @@ pub fn after_waiting(now: Instant, hold_until: Instant, probe_interval: Duration
     }
 }
 
+/// A container's name in a message: cut and escaped ([`tenant::text`]); a DNS-1123 label
+/// shows as it is.
+fn name(n: &str) -> tenant::Text<'_> {
+    tenant::text(n, tenant::MAX_NAME + 1)
+}
+
 /// The message of a refused CreateContainer. "network is not ready" makes kubelet requeue the
 /// pod after ~1 s instead of 10–15 s (KUBELET-CRI §1.3): the retry comes as soon as it can
-/// succeed.
+/// succeed. kubelet copies it into the pod's status and an Event, and under `timeout-policy:
+/// fail` sends it about once a second: the reason is cut to [`MAX_REFUSAL_REASON`] and every
+/// part escaped, so it is at most [`tenant::MAX_MESSAGE`] bytes on one line.
 pub fn refusal(reason: &str, container: &str) -> String {
-    format!("crisp: {reason}; kubelet will retry {container:?} (network is not ready until the pod's sidecars run)")
+    let reason = tenant::text(reason, MAX_REFUSAL_REASON);
+    format!("crisp: {reason}; kubelet will retry \"{}\" (network is not ready until the pod's sidecars run)", name(container))
 }
 
 /// The message of a CreateContainer failed at the start timeout under policy `fail`.
 pub fn timed_out(pod: &str, sidecar: &str, timeout: Duration, container: &str) -> String {
-    refusal(&format!("sidecar {sidecar:?} of pod {pod} not ready within {timeout:?}"), container)
+    refusal(&format!("sidecar \"{}\" of pod {pod} not ready within {timeout:?}", name(sidecar)), container)
 }
 
 pub fn state_name(s: i32) -> &'static str {

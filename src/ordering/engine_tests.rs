@@ -955,3 +955,5 @@ async fn a_short_hold_is_never_refused() {
     assert_forward(&v);
     assert_held(held, 29 * S, 100 * MS);
 }
+
+mod tenant;

@@ -13,7 +13,6 @@ use std::time::{Duration, Instant, SystemTime};
 use super::{now, Engine, Pod};
 use crate::intercept::{Call, HoldEvent, HoldPhase};
 use crate::metrics::GaugeGuard;
-use crate::status::cut_text;
 
 /// Never two update events of one hold closer than this.
 pub const UPDATE_MIN: Duration = Duration::from_secs(1);
@@ -21,8 +20,6 @@ pub const UPDATE_MIN: Duration = Duration::from_secs(1);
 pub const UPDATE_EVERY: Duration = Duration::from_secs(5);
 /// Longest probe spec or probe result in an event or in `crisp pods` (an exec spec may be 4 KiB).
 const MAX_FIELD: usize = 256;
-/// Longest refusal reason; the retry tail that kubelet matches comes after it.
-const MAX_REFUSAL_REASON: usize = 600;
 
 /// What a held call waits for now.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -89,9 +86,9 @@ fn probe_text(r: &crate::readiness::ProbeResult) -> String {
     }
 }
 
-fn bounded(mut s: String) -> String {
-    cut_text(&mut s, MAX_FIELD);
-    s
+/// Cut and escaped: a probe spec and result carry the pod's text.
+fn bounded(s: String) -> String {
+    crate::tenant::cut(&s, MAX_FIELD)
 }
 
 /// Whether a hold's update is due: what it waits for changed (and [`UPDATE_MIN`] passed since
@@ -109,8 +106,8 @@ pub fn update_due(last: Option<&(Instant, Waiting)>, now: Instant, w: &Waiting) 
 /// retry within 1–1.5 s (KUBELET-CRI §1.3). Bounded: at most [`crate::status::MAX_MESSAGE`].
 pub fn held_refusal(pod: &str, container: &str, w: &Waiting, held: Duration, timeout: Duration) -> String {
     let what = if w.on == "runtime" { format!("waiting for the runtime ({})", w.reason) } else { format!("waiting for sidecar {} of {pod}: {}", w.on, w.describe()) };
-    let mut reason = format!("{what}; held {} s of {} s", held.as_secs(), timeout.as_secs());
-    cut_text(&mut reason, MAX_REFUSAL_REASON);
+    // Cut (to decide::MAX_REFUSAL_REASON) and escaped by `refusal`.
+    let reason = format!("{what}; held {} s of {} s", held.as_secs(), timeout.as_secs());
     super::decide::refusal(&reason, container)
 }
 

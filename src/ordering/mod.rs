@@ -227,13 +227,15 @@ impl Pod {
         host_network: bool,
         rules: &[SidecarRule],
         injectors: &[InjectorRule],
-    ) -> (Pod, Vec<annotations::Warning>) {
+    ) -> (Pod, annotations::Warnings) {
         let (policy, warnings) = PodPolicy::parse_with(annotations, rules, injectors);
         let md = md.cloned().unwrap_or_default();
         let pod = Pod {
             sandbox_id: sandbox_id.to_string(),
-            namespace: md.namespace,
-            name: md.name,
+            // Shown in logs, messages, the tap and `crisp pods`: cut and escaped once, here
+            // (a name Kubernetes accepts is unchanged).
+            namespace: crate::tenant::cut(&md.namespace, crate::tenant::MAX_FIELD),
+            name: crate::tenant::cut(&md.name, crate::tenant::MAX_FIELD),
             uid: md.uid,
             host_network,
             labels,
@@ -294,8 +296,9 @@ impl Pod {
         v
     }
 
+    /// `namespace/name` for messages: each cut and escaped (tenant text).
     fn display(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
+        format!("{}/{}", crate::tenant::text(&self.namespace, crate::tenant::MAX_FIELD), crate::tenant::text(&self.name, crate::tenant::MAX_FIELD))
     }
 
     fn guess(&self) -> std::sync::MutexGuard<'_, InitGuess> {
@@ -322,6 +325,17 @@ fn annotations_fingerprint(a: &HashMap<String, String>) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     pairs.hash(&mut h);
     h.finish()
+}
+
+/// A container's name as the caches keep it (logs and views show it): a DNS-1123 label as it is,
+/// anything else cut and escaped.
+fn container_name(name: Option<String>) -> String {
+    let name = name.unwrap_or_default();
+    if crate::tenant::is_dns1123_label(&name) {
+        name
+    } else {
+        crate::tenant::cut(&name, crate::tenant::MAX_NAME + 1)
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -434,11 +448,12 @@ impl Engine {
             .collect()
     }
 
-    fn insert_pod(&self, version: ApiVersion, pod: Pod, warnings: Vec<annotations::Warning>) -> Arc<Pod> {
-        for w in &warnings {
-            tracing::warn!(pod_namespace = %pod.namespace, pod_name = %pod.name, "{w}");
+    fn insert_pod(&self, version: ApiVersion, pod: Pod, warnings: annotations::Warnings) -> Arc<Pod> {
+        // One line per pod however many keys are bad (each is counted).
+        if warnings.total() > 0 {
+            tracing::warn!(pod_namespace = %pod.namespace, pod_name = %pod.name, "{}", warnings.summary());
         }
-        self.metrics.bad_annotations.inc_by(warnings.len() as u64);
+        self.metrics.bad_annotations.inc_by(warnings.total() as u64);
         let pod = Arc::new(pod);
         // Another call may have raced us; keep the first so warnings and budgets stay single.
         let pod = self.pods.entry(pod.sandbox_id.clone()).or_insert(pod).clone();
@@ -484,7 +499,7 @@ impl Engine {
         }
         match self.runtime.container(version, id).await {
             Ok(Some(c)) => {
-                let r = ContainerRef { sandbox_id: c.pod_sandbox_id, name: c.metadata.map(|m| m.name).unwrap_or_default() };
+                let r = ContainerRef { sandbox_id: c.pod_sandbox_id, name: container_name(c.metadata.map(|m| m.name)) };
                 self.containers.insert(id.to_string(), r.clone());
                 Some(r)
             }
@@ -743,6 +758,11 @@ impl Engine {
             }
         };
         let name = req.config.as_ref().and_then(|c| c.metadata.as_ref()).map(|m| m.name.clone()).unwrap_or_default();
+        if !crate::tenant::is_dns1123_label(&name) {
+            // Not a name Kubernetes gives a container (only another CRI client could send it).
+            tracing::debug!(container_name = %crate::tenant::text(&name, crate::tenant::MAX_FIELD), "container name is not a DNS-1123 label; forwarding it unordered");
+            return None;
+        }
         let pod = match req.sandbox_config.as_ref() {
             Some(sc) => self.pod_from_config(version, &req.pod_sandbox_id, sc),
             None => self.pod_by_id(version, &req.pod_sandbox_id).await?,
@@ -1107,6 +1127,8 @@ impl Interceptor for Engine {
             Some(Rpc::ContainerStatus) => return patch_statuses(tags::container_status_response::STATUS),
             Some(Rpc::PodSandboxStatus) => return patch_statuses(tags::pod_sandbox_status_response::CONTAINERS_STATUSES),
             Some(Rpc::GetContainerEvents) => return patch_statuses(tags::container_event_response::CONTAINERS_STATUSES),
+            // The pod's policy is parsed once per sandbox, here, on this worker: a bounded amount
+            // per annotation key (ordering/annotations.rs says why).
             Some(Rpc::RunPodSandbox) => {
                 let (Ok(r), Ok(resp)) = (views::decode::<views::RunPodSandboxRequest>(req), views::decode::<views::RunPodSandboxResponse>(msg)) else { return None };
                 if let Some(cfg) = r.config.as_ref() {
@@ -1115,7 +1137,7 @@ impl Interceptor for Engine {
             }
             Some(Rpc::CreateContainer) => {
                 let (Ok(r), Ok(resp)) = (views::decode::<views::CreateContainerRequest>(req), views::decode::<views::CreateContainerResponse>(msg)) else { return None };
-                let name = r.config.and_then(|c| c.metadata).map(|m| m.name).unwrap_or_default();
+                let name = container_name(r.config.and_then(|c| c.metadata).map(|m| m.name));
                 self.containers.insert(resp.container_id, ContainerRef { sandbox_id: r.pod_sandbox_id, name });
             }
             _ => {}

@@ -287,12 +287,12 @@ pub fn human(event: &Event) -> String {
     parts.push(if ev.cri_version.is_empty() { "-".into() } else { ev.cri_version.clone() });
     parts.push(if ev.cri_version.is_empty() { ev.path.clone() } else { ev.method.clone() });
     if !ev.pod_name.is_empty() {
-        parts.push(format!("{}/{}", ev.pod_namespace, ev.pod_name));
+        parts.push(format!("{}/{}", name(&ev.pod_namespace), name(&ev.pod_name)));
     } else if !ev.pod_sandbox_id.is_empty() && ev.container_id.is_empty() {
         parts.push(format!("sandbox={}", short(&ev.pod_sandbox_id)));
     }
     if !ev.container_name.is_empty() {
-        parts.push(ev.container_name.clone());
+        parts.push(name(&ev.container_name).to_string());
     } else if !ev.container_id.is_empty() {
         parts.push(format!("id={}", short(&ev.container_id)));
     }
@@ -307,7 +307,7 @@ pub fn human(event: &Event) -> String {
     let mut status = ev.code_name.clone();
     if !ev.message.is_empty() {
         status.push_str(": ");
-        status.push_str(&ev.message);
+        status.push_str(&crate::tenant::cut(&ev.message, crate::tenant::MAX_MESSAGE));
     }
     parts.push(status);
     let mut line = parts.join(" ");
@@ -365,10 +365,10 @@ pub fn hold_json(h: &pb::HoldEvent) -> Value {
 pub fn hold_line(h: &pb::HoldEvent) -> String {
     let mut parts: Vec<String> = vec![local_time(h.unix_nanos), if h.cri_version.is_empty() { "-".into() } else { h.cri_version.clone() }, h.method.clone()];
     if !h.pod_name.is_empty() {
-        parts.push(format!("{}/{}", h.pod_namespace, h.pod_name));
+        parts.push(format!("{}/{}", name(&h.pod_namespace), name(&h.pod_name)));
     }
     if !h.container_name.is_empty() {
-        parts.push(h.container_name.clone());
+        parts.push(name(&h.container_name).to_string());
     }
     parts.push(match h.phase.as_str() {
         "start" => "HOLD".into(),
@@ -378,10 +378,10 @@ pub fn hold_line(h: &pb::HoldEvent) -> String {
         other => other.to_uppercase(),
     });
     if !h.waiting_on.is_empty() {
-        let mut why = format!("waiting for {}: {}", h.waiting_on, h.reason);
+        let mut why = format!("waiting for {}: {}", name(&h.waiting_on), name(&h.reason));
         if !h.probe.is_empty() {
             let result = if h.probe_result.is_empty() { "not probed yet" } else { &h.probe_result };
-            why.push_str(&format!(" ({} → {result})", h.probe));
+            why.push_str(&format!(" ({} → {})", name(&h.probe), name(result)));
         }
         parts.push(why);
     }
@@ -395,6 +395,11 @@ pub fn hold_line(h: &pb::HoldEvent) -> String {
         parts.push(format!("policy={}", h.policy));
     }
     parts.join(" ")
+}
+
+/// A pod's text in a one-line view: cut and escaped (`crate::tenant`).
+fn name(s: &str) -> crate::tenant::Text<'_> {
+    crate::tenant::text(s, crate::tenant::MAX_FIELD)
 }
 
 /// `sha256:` + 64 hex digits (an image id) shortened to 12 digits, like `crictl images`.
@@ -556,6 +561,28 @@ mod tests {
         assert_eq!(v["time_left_ms"], 87_000);
         assert_eq!(v["probe_result"], "connect 10.1.2.3:15021: Connection refused");
         assert!(json_line(&Event::Call(call())).get("hold").is_none(), "call lines have no hold key");
+    }
+
+    /// Issue #26: pod and container names with escape sequences, newlines or bidi overrides
+    /// stay one escaped line in the readable view.
+    #[test]
+    fn hostile_names_stay_one_escaped_line() {
+        let hostile = format!("x\u{1b}[2J\u{1b}]0;owned\u{7}\n\u{202e}{}", "y".repeat(10_000));
+        let mut c = call();
+        (c.pod_name, c.container_name, c.message, c.request_json) = (hostile.clone(), hostile.clone(), hostile.clone(), String::new());
+        let h = pb::HoldEvent {
+            pod_name: hostile.clone(),
+            container_name: hostile.clone(),
+            waiting_on: hostile.clone(),
+            reason: hostile.clone(),
+            probe: hostile.clone(),
+            ..Default::default()
+        };
+        for line in [human(&Event::Call(c)), human(&Event::Hold(h))] {
+            assert!(!line.chars().any(|c| c.is_control() || c == '\u{202e}'), "{line}");
+            assert!(line.contains(r"x\u{1b}[2J\u{1b}]0;owned\u{7}\n\u{202e}yy"), "{line}");
+            assert!(line.len() <= 8 * crate::tenant::MAX_FIELD, "{} bytes", line.len());
+        }
     }
 
     #[test]

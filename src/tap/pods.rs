@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 
 use super::cli::{block_on, hold_object, rfc3339, AdminSocketArgs};
 use super::pb;
+use crate::tenant::{self, MAX_FIELD};
 
 /// sysexits.h codes, as `crisp tap` uses them.
 const EX_USAGE: u8 = 64;
@@ -111,40 +112,46 @@ fn ago(nanos: i64, now: SystemTime) -> String {
     }
 }
 
+/// A field of the view: pod text, cut and escaped (one line each, whatever the pod named).
+fn t(s: &str) -> tenant::Text<'_> {
+    tenant::text(s, MAX_FIELD)
+}
+
 /// The readable view of one pod: the "why is it not starting" line first.
 pub fn human(p: &pb::Pod, now: SystemTime) -> String {
     let mut out = Vec::new();
-    let short = p.pod_sandbox_id.get(..12).unwrap_or(&p.pod_sandbox_id);
-    let mut head = format!("{}/{}  sandbox {short}  sidecars from {}", p.namespace, p.name, p.policy_source);
+    let short = t(p.pod_sandbox_id.get(..12).unwrap_or(&p.pod_sandbox_id));
+    let mut head = format!("{}/{}  sandbox {short}  sidecars from {}", t(&p.namespace), t(&p.name), t(&p.policy_source));
     head.push_str(&format!("  start timeout {} ({})", ms(p.effective_start_timeout_ms), p.effective_timeout_policy));
     if p.refusals > 0 {
         head.push_str(&format!("  refusals {}", p.refusals));
     }
     out.push(head);
     for h in &p.held {
-        let mut why = format!("  HELD {} {}: waiting for {}: {}", h.method, if h.container_name.is_empty() { "(sandbox)" } else { &h.container_name }, h.waiting_on, h.reason);
+        let mut why =
+            format!("  HELD {} {}: waiting for {}: {}", t(&h.method), t(if h.container_name.is_empty() { "(sandbox)" } else { &h.container_name }), t(&h.waiting_on), t(&h.reason));
         if !h.probe_result.is_empty() && h.probe_result != "ok" {
-            why.push_str(&format!(" ({})", h.probe_result));
+            why.push_str(&format!(" ({})", t(&h.probe_result)));
         }
         why.push_str(&format!(" — held {}, {} left", ms(h.held_ms), ms(h.time_left_ms)));
         if !h.policy.is_empty() {
-            why.push_str(&format!(", then {}", h.policy));
+            why.push_str(&format!(", then {}", t(&h.policy)));
         }
         out.push(why);
     }
     if !p.runtime_error.is_empty() {
-        out.push(format!("  (sidecar states unknown: the runtime did not list the pod's containers: {})", p.runtime_error));
+        out.push(format!("  (sidecar states unknown: the runtime did not list the pod's containers: {})", t(&p.runtime_error)));
     }
     if p.sidecars.is_empty() {
         out.push("  no sidecars: crisp does not order this pod".into());
     }
     for (i, s) in p.sidecars.iter().enumerate() {
-        let mut line = format!("  {}. {}  ready: {}  state: {}", i + 1, s.name, s.ready, if s.state.is_empty() { "?" } else { &s.state });
+        let mut line = format!("  {}. {}  ready: {}  state: {}", i + 1, t(&s.name), t(&s.ready), t(if s.state.is_empty() { "?" } else { &s.state }));
         if !s.required {
             line.push_str(" (optional)");
         }
         if s.last_probe_unix_nanos > 0 {
-            line.push_str(&format!("  last probe {}: {}", ago(s.last_probe_unix_nanos, now), s.last_probe_result));
+            line.push_str(&format!("  last probe {}: {}", ago(s.last_probe_unix_nanos, now), t(&s.last_probe_result)));
         }
         out.push(line);
     }
@@ -152,7 +159,7 @@ pub fn human(p: &pb::Pod, now: SystemTime) -> String {
         if j.is_job {
             let mut line = format!("  job: {}", if j.watched { "crisp watches the apps" } else { "not watched (job mode off?)" });
             if !j.terminated.is_empty() {
-                line.push_str(&format!("; sidecars terminated: {}", j.terminated.join(", ")));
+                line.push_str(&format!("; sidecars terminated: {}", j.terminated.iter().map(|n| t(n).to_string()).collect::<Vec<_>>().join(", ")));
             }
             out.push(line);
         }
@@ -254,6 +261,24 @@ mod tests {
         assert_eq!(v["sidecars"][0]["last_probe_time"], "2023-11-14T22:13:20.000000Z");
         assert_eq!(v["start_timeout_ms"], 90_000);
         assert_eq!(v["refusals"], 2);
+    }
+
+    /// Issue #26: names with escape sequences, newlines or bidi overrides cannot forge lines or
+    /// repaint the terminal; each field is cut.
+    #[test]
+    fn hostile_names_are_escaped_and_cut() {
+        let mut p = pod();
+        let hostile = format!("x\u{1b}[2J\u{1b}]0;owned\u{7}\n  1. fake  ready: running\u{202e}{}", "y".repeat(10_000));
+        p.name = hostile.clone();
+        p.sidecars[0].name = hostile.clone();
+        p.sidecars[0].last_probe_result = hostile.clone();
+        p.held[0].container_name = hostile.clone();
+        p.held[0].reason = hostile.clone();
+        let text = human(&p, UNIX_EPOCH + Duration::from_millis(1_700_000_002_500));
+        assert_eq!(text.lines().count(), human(&pod(), SystemTime::now()).lines().count(), "no forged line: {text}");
+        assert!(!text.chars().any(|c| (c.is_control() && c != '\n') || c == '\u{202e}'), "{text}");
+        assert!(text.contains(r"x\u{1b}[2J\u{1b}]0;owned\u{7}\n  1. fake"), "{text}");
+        assert!(text.lines().all(|l| l.len() <= 8 * MAX_FIELD), "{text}");
     }
 
     #[test]

@@ -167,8 +167,15 @@ pub fn cut(s: &str, max: usize) -> String {
     out
 }
 
+/// A recorded field as the views keep it: escaped by the one rule for pod text
+/// (`crate::tenant`: control, bidi and other format characters as `\u{..}`, the work bounded by
+/// the cap), then cut to `max` characters for the layout.
+fn clean(s: &str, max: usize) -> String {
+    cut(&crate::tenant::cut(s, 4 * max), max)
+}
+
 fn text_field(v: &Value, key: &str, max: usize) -> String {
-    v.get(key).and_then(Value::as_str).map(|s| cut(s, max)).unwrap_or_default()
+    v.get(key).and_then(Value::as_str).map(|s| clean(s, max)).unwrap_or_default()
 }
 
 fn micros(v: &Value, key: &str) -> Option<i64> {
@@ -195,7 +202,7 @@ pub fn call_of(v: &Value) -> Option<Call> {
         start_us,
         duration_us,
         held_us: micros(v, "held_ms").unwrap_or(0).min(duration_us),
-        method: cut(method, MAX_NAME),
+        method: clean(method, MAX_NAME),
         kind: kind.to_string(),
         pod_namespace: text_field(v, "pod_namespace", MAX_NAME),
         pod_name: text_field(v, "pod_name", MAX_NAME),

@@ -108,3 +108,18 @@ fn ticks_are_round() {
     assert_eq!(tick_step(300), 50);
     assert_eq!(tick_step(1), 1);
 }
+
+/// Issue #26: a recorded pod name with escape sequences or bidi overrides is drawn escaped.
+#[test]
+fn hostile_recorded_names_are_drawn_escaped() {
+    let hostile = format!("web\u{1b}[2J\u{202e}\u{2028}{}", "y".repeat(10_000));
+    let line = serde_json::json!({
+        "kind": "mutating", "method": "CreateContainer", "time": "2023-11-14T22:13:20.000000Z", "duration_ms": 5.0,
+        "response_bytes": 0, "code_name": "OK", "pod_namespace": "demo", "pod_name": hostile, "container_name": hostile,
+    });
+    let c = call_of(&line).expect("a call");
+    assert!(c.pod_name.starts_with(r"web\u{1b}[2J\u{202e}\u{2028}y"), "{}", c.pod_name);
+    let pods = group(vec![c], true);
+    let out = text(&pods[0], TEXT_WIDTH);
+    assert!(!out.chars().any(|c| (c.is_control() && c != '\n') || matches!(c, '\u{202e}' | '\u{2028}')), "{out}");
+}

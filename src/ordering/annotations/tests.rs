@@ -159,3 +159,46 @@ fn an_injected_sidecars_override_falls_back_to_the_injector_table() {
     let t = p.sidecars[0].tenant.as_deref().expect("the override names a host");
     assert_eq!(t.fallback, Readiness::Http { host: None, port: 15021, path: "/healthz/ready".into() });
 }
+
+// Issue #26: one rule for every value, one warning line per pod.
+
+#[test]
+fn every_value_past_the_cap_is_refused_before_it_is_parsed() {
+    let huge = format!("{}proxy", " ".repeat(crate::tenant::MAX_VALUE));
+    for key in [SIDECARS, INIT_CONTAINERS, START_TIMEOUT, TIMEOUT_POLICY, JOB, RESTART_POLICY] {
+        let (p, w) = PodPolicy::parse(&ann(&[(key, &huge)]), &[]);
+        assert_eq!(w.total(), 1, "{key}");
+        assert!(w[0].reason.ends_with("bytes, more than the 16384 crisp reads"), "{key}: {}", w[0].reason);
+        assert!(!p.has_sidecars() && !p.init_complete && p.job.is_none() && p.start_timeout.is_none(), "{key}");
+    }
+}
+
+#[test]
+fn thousands_of_bad_keys_are_all_counted_and_few_kept() {
+    let mut pairs: Vec<(String, String)> = (0..5_000).map(|i| (format!("{READY_PREFIX}x{i:05}"), "running".to_string())).collect();
+    pairs.push((SIDECARS.into(), "proxy".into()));
+    let a: HashMap<String, String> = pairs.into_iter().collect();
+    let (p, w) = PodPolicy::parse(&a, &[]);
+    assert_eq!(p.sidecars.len(), 1);
+    assert_eq!(w.total(), 5_000);
+    assert_eq!(w.len(), MAX_WARNINGS_KEPT);
+    // The same ones whatever the map's order: the smallest keys, sorted.
+    let keys: Vec<&str> = w.iter().map(|w| w.key.as_str()).collect();
+    assert_eq!(keys, (0..MAX_WARNINGS_KEPT).map(|i| format!("{READY_PREFIX}x{i:05}")).collect::<Vec<_>>());
+    let line = w.summary();
+    assert!(line.starts_with("5000 malformed annotations ignored"), "{line}");
+    assert!(line.ends_with("; and 4997 more"), "{line}");
+    assert!(line.len() <= crate::tenant::MAX_LOG_LINE && !line.contains('\n'), "{line}");
+}
+
+#[test]
+fn a_warning_line_is_escaped_and_bounded_whatever_the_key_and_value() {
+    let key = format!("{READY_PREFIX}\u{1b}[2J\u{202e}\u{1b}]0;owned\u{7}{}", "k".repeat(100_000));
+    let value = format!("\u{1b}[31m\n{}", "v".repeat(100_000));
+    let (_, w) = PodPolicy::parse(&ann(&[(SIDECARS, "proxy"), (&key, &value), (JOB, &"\u{202e}".repeat(50_000))]), &[]);
+    assert_eq!(w.total(), 2);
+    let line = w.summary();
+    assert!(!line.chars().any(|c| c.is_control() || c == '\u{202e}'), "{line}");
+    assert!(line.len() <= crate::tenant::MAX_LOG_LINE, "{}", line.len());
+    assert!(line.contains(r"\u{1b}[2J"), "{line}");
+}

@@ -264,3 +264,25 @@ fn grace_periods_are_clamped_where_they_enter() {
     assert_eq!(budget_secs(Some(end), t), 86_400);
     assert_eq!(later(t, Duration::MAX), t + Duration::from_secs(86_400 + 120), "capped, not wrapped");
 }
+
+/// Issue #26: a refusal reaches kubelet's log, the pod's status and an Event, about once a
+/// second under `timeout-policy: fail`; whatever the names, it is one escaped line within the
+/// message cap, the retry tail kept.
+#[test]
+fn refusals_are_one_escaped_line_within_the_message_cap() {
+    let container = format!("app\u{1b}[2J\n{}", "c".repeat(10_000));
+    let pod = format!("ns/\u{1b}]0;owned\u{7}\u{202e}{}", "p".repeat(10_000));
+    let messages = [
+        refusal(&format!("sidecar \"proxy\" of pod {pod} is exited, not running"), &container),
+        timed_out(&pod, &container, 90 * S, &container),
+        refusal(&"\u{1b}".repeat(100_000), &"\u{1b}".repeat(100_000)),
+    ];
+    for m in messages {
+        assert!(m.len() <= crate::tenant::MAX_MESSAGE, "{} bytes: {m}", m.len());
+        assert!(!m.chars().any(|c| c.is_control() || c == '\u{202e}'), "{m}");
+        assert!(m.ends_with("\" (network is not ready until the pod's sidecars run)"), "{m}");
+    }
+    let m = timed_out(&pod, "proxy", 90 * S, &container);
+    assert!(m.contains(r#"sidecar "proxy" of pod ns/\u{1b}]0;owned\u{7}\u{202e}ppp"#), "{m}");
+    assert!(m.contains(r#"kubelet will retry "app\u{1b}[2J\ncc"#), "{m}");
+}

@@ -7,7 +7,7 @@ fn ann(pairs: &[(&str, &str)]) -> HashMap<String, String> {
     pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
 }
 
-fn parse(pairs: &[(&str, &str)]) -> (PodPolicy, Vec<Warning>) {
+fn parse(pairs: &[(&str, &str)]) -> (PodPolicy, Warnings) {
     PodPolicy::parse_with(&ann(pairs), &[], &builtin())
 }
 
@@ -142,4 +142,68 @@ fn init_containers_annotation_is_the_complete_list() {
     let (p, w) = parse(&[(SIDECARS, "proxy"), ("crisp.dev/init-containers", "Bad Name")]);
     assert!(!p.init_complete);
     assert_eq!(w[0].key, "crisp.dev/init-containers");
+}
+
+// Issue #26: an injector's annotations are the pod author's, bounded like `crisp.dev/sidecars`.
+
+/// `{"containers":["aaa","aab",...]}` with `n` distinct three-letter names.
+fn forged_status(n: usize) -> String {
+    let names: Vec<String> =
+        (0..n).map(|i| format!("\"{}{}{}\"", (b'a' + (i / 676 % 26) as u8) as char, (b'a' + (i / 26 % 26) as u8) as char, (b'a' + (i % 26) as u8) as char)).collect();
+    format!(r#"{{"containers":[{}]}}"#, names.join(","))
+}
+
+#[test]
+fn a_forged_istio_status_of_40000_names_is_refused_before_it_is_decoded() {
+    // 240 KB, inside the API server's 256 KiB: before, decoded and deduplicated pairwise, seconds
+    // of CPU per sandbox on a tokio worker.
+    let status = forged_status(40_000);
+    assert!(status.len() > 200_000, "{}", status.len());
+    let t0 = std::time::Instant::now();
+    let (p, w) = parse(&[("sidecar.istio.io/status", &status)]);
+    let took = t0.elapsed();
+    assert!(!p.has_sidecars() && p.injectors.is_empty(), "not injected: {:?}", p.injectors);
+    assert_eq!((w.total(), w.len()), (1, 1), "{w:?}");
+    assert_eq!(w[0].key, "sidecar.istio.io/status");
+    // Refused by its size, i.e. before any JSON was decoded.
+    let size = crate::tenant::Refused::TooLong { len: status.len(), max: crate::tenant::MAX_VALUE }.to_string();
+    assert!(w[0].reason.contains(&size), "{}", w[0].reason);
+    assert!(w[0].to_string().len() < 1024, "{}", w[0]);
+    println!("40,000 names refused in {took:?}");
+}
+
+#[test]
+fn an_istio_status_within_the_size_cap_lists_at_most_64_distinct_dns_labels() {
+    // ~2,700 names in 16 KiB: decoded, then refused at the 65th.
+    let status = forged_status(2_700);
+    assert!(status.len() <= crate::tenant::MAX_VALUE, "{}", status.len());
+    let (p, w) = parse(&[("sidecar.istio.io/status", &status)]);
+    assert!(!p.has_sidecars() && p.injectors.is_empty());
+    assert!(w[0].reason.contains("more than 64 names"), "{}", w[0].reason);
+    // 64 is fine.
+    let (p, w) = parse(&[("sidecar.istio.io/status", &forged_status(64))]);
+    assert!(w.is_empty(), "{w:?}");
+    assert_eq!((p.injectors.len(), p.sidecars.len()), (1, 64));
+    for (status, why) in [
+        (r#"{"containers":["istio-proxy","istio-proxy"]}"#, "listed twice"),
+        (r#"{"initContainers":["istio-init","istio-init"]}"#, "listed twice"),
+        (r#"{"containers":["Istio_Proxy"]}"#, "not a valid container name"),
+        (r#"{"containers":["x\u001b[2J\u001b[31mowned\n"]}"#, "not a valid container name"),
+    ] {
+        let (p, w) = parse(&[("sidecar.istio.io/status", status)]);
+        assert!(!p.has_sidecars() && p.injectors.is_empty(), "{status}");
+        assert_eq!(w.total(), 1);
+        assert!(w[0].reason.contains(why), "{status}: {}", w[0].reason);
+        let line = w[0].to_string();
+        assert!(!line.chars().any(char::is_control), "escaped: {line}");
+    }
+}
+
+#[test]
+fn a_port_annotation_past_the_value_cap_is_refused_unread() {
+    let port = format!("{}15099", " ".repeat(crate::tenant::MAX_VALUE));
+    let (p, w) = parse(&[("sidecar.istio.io/status", ISTIO), ("status.sidecar.istio.io/port", &port)]);
+    assert_eq!(p.sidecars[0].ready, Readiness::Http { host: None, port: 15021, path: "/healthz/ready".into() }, "the table's port");
+    assert_eq!(w.total(), 1);
+    assert!(w[0].to_string().len() < 1024);
 }
