@@ -309,6 +309,19 @@ pub fn sandbox_hold_end(arrived: Instant, deadline: Option<Instant>) -> Instant 
 
 /// The running sidecars a StopPodSandbox stops first, in reverse declared order (§4.2), with
 /// their container ids. StopPodSandbox force-kills whatever still runs (CRI contract).
+/// The apps still running when a held StopPodSandbox is let go: kubelet's own StopContainer
+/// for them failed or never reached crisp (its deadline arithmetic wraps for a grace period
+/// near 2^63 seconds, KUBELET-CRI §3.3, and the call expires before it is sent). crisp stops
+/// them first, with [`STOP_TAIL`], so the sidecars still stop last.
+pub fn sandbox_stop_apps<'a>(policy: &'a PodPolicy, running: &'a [views::Container]) -> Vec<(&'a str, &'a str)> {
+    running
+        .iter()
+        .filter(|c| c.state == state::RUNNING)
+        .filter_map(|c| c.metadata.as_ref().map(|m| (m.name.as_str(), c.id.as_str())))
+        .filter(|(name, _)| policy.sidecar_index(name).is_none())
+        .collect()
+}
+
 pub fn sandbox_stop_order<'a>(policy: &'a PodPolicy, running: &'a [views::Container]) -> Vec<(&'a str, &'a str)> {
     policy
         .sidecars

@@ -579,6 +579,20 @@ async fn stop_pod_sandbox_waits_for_the_apps_then_stops_sidecars_in_reverse() {
     assert_eq!(stops, vec![("second".to_string(), 28), ("first".to_string(), 28)], "reverse order, with what is left of the budget");
 }
 
+/// kubelet's StopContainer for the app never came (its own deadline for a grace period near
+/// 2^63 s wraps below zero and the call expires unsent), then StopPodSandbox: when the hold
+/// ends, crisp stops the app first, then the sidecars in reverse order.
+#[tokio::test(start_paused = true)]
+async fn stop_pod_sandbox_stops_an_app_kubelet_never_stopped_before_the_sidecars() {
+    let (fake, engine, _) = fake_running_pod(&["first", "second"]);
+    let msg = views::PodSandboxIdRequest { pod_sandbox_id: SANDBOX.into() }.encode_to_vec();
+    let (v, _) = run(&engine, &call("StopPodSandbox", KUBELET_DEADLINE), &msg).await;
+    assert_forward(&v);
+    let stops: Vec<String> = fake.script().stops.iter().map(|(n, _, _)| n.clone()).collect();
+    assert_eq!(stops, ["app", "second", "first"], "the app before the sidecars, which stop in reverse");
+    assert_eq!(fake.script().stops[0].1, decide::STOP_TAIL.as_secs() as i64);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Issue #26: tenant numbers
 

@@ -987,6 +987,12 @@ impl Engine {
             self.metrics.stop_holds.observe(now().saturating_duration_since(h.since).as_secs_f64());
             h.end("forwarded", "");
         }
+        for (name, id) in decide::sandbox_stop_apps(&pod.policy, &running) {
+            tracing::info!(container_name = %name, "stopping app before the sidecars and StopPodSandbox (kubelet's StopContainer never came)");
+            if let Err(e) = self.runtime.stop_container(version, id, decide::STOP_TAIL.as_secs() as i64).await {
+                tracing::warn!(container_name = %name, error = %e, "could not stop app; StopPodSandbox will");
+            }
+        }
         for (name, id) in decide::sandbox_stop_order(&pod.policy, &running) {
             let secs = decide::budget_secs(budget_end, now());
             tracing::info!(container_name = %name, "stopping sidecar before StopPodSandbox (reverse order)");
