@@ -310,9 +310,17 @@ struct Slots {
     held: HashMap<String, usize>,
     /// Probes waiting, by pod, oldest first.
     queues: HashMap<String, VecDeque<Arc<Waiter>>>,
-    /// Pods with a probe waiting, in the order they are served.
+    /// Pods with a probe waiting, in the order they are served: least recently served first.
     turn: VecDeque<String>,
+    /// When each pod last took a slot (a count of slots taken, node-wide); a pod not in it
+    /// has not taken one for [`SERVED_MEMORY`] slots, and goes before every pod that has.
+    served: HashMap<String, u64>,
+    /// Slots taken so far.
+    seq: u64,
 }
+
+/// How many slots back [`Slots::served`] remembers who took them (its size is bounded by it).
+const SERVED_MEMORY: u64 = 4096;
 
 /// One probe waiting for a slot: `granted` is set (under the [`Slots`] lock) when a slot is
 /// handed to it.
@@ -330,6 +338,23 @@ impl Slots {
     fn take(&mut self, pod: &str) {
         self.in_flight += 1;
         *self.held.entry(pod.to_string()).or_default() += 1;
+        self.seq += 1;
+        self.served.insert(pod.to_string(), self.seq);
+        if self.served.len() as u64 > 2 * SERVED_MEMORY {
+            let oldest = self.seq.saturating_sub(SERVED_MEMORY);
+            self.served.retain(|_, at| *at > oldest);
+        }
+    }
+
+    /// A pod's first waiting probe takes its place in the turn: behind the pods served less
+    /// recently than it, before the others. A pod that has not probed for a while (a newly
+    /// held pod, whose sidecar may well be ready) goes first; pods that probe again and again
+    /// (never-ready sidecars) take turns behind it.
+    fn join_turn(&mut self, pod: &str) {
+        let at = |p: &str| self.served.get(p).copied().unwrap_or(0);
+        let mine = at(pod);
+        let place = self.turn.iter().position(|p| at(p) > mine).unwrap_or(self.turn.len());
+        self.turn.insert(place, pod.to_string());
     }
 
     fn give_back(&mut self, pod: &str) {
@@ -464,7 +489,7 @@ impl ProbeLimiter {
             }
             let w = Arc::new(Waiter::default());
             if !s.queues.contains_key(pod) {
-                s.turn.push_back(pod.to_string());
+                s.join_turn(pod);
             }
             s.queues.entry(pod.to_string()).or_default().push_back(w.clone());
             w
@@ -649,6 +674,40 @@ mod tests {
         assert_eq!(l.in_flight(), 0, "every slot given back");
     }
 
+    /// Issue #26: twelve pods whose sidecars never get ready, each probing again as soon as it
+    /// may, keep both slots busy; a newly held pod gets the next slot freed, not a place behind
+    /// every one of them (about 600 ms when pods joined the turn at its back).
+    #[tokio::test(start_paused = true)]
+    async fn a_newly_held_pod_goes_before_pods_that_probe_again_and_again() {
+        let l = Arc::new(ProbeLimiter::new(2, 1000));
+        let stop = Instant::now() + Duration::from_secs(6);
+        let mut never = Vec::new();
+        for i in 0..12 {
+            let l = l.clone();
+            never.push(tokio::spawn(async move {
+                let pod = format!("never-{i}");
+                while Instant::now() < stop {
+                    if let Ok(_slot) = l.slot(&pod, Instant::now() + Duration::from_secs(5)).await {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }));
+        }
+        // Every one of them has had a slot by then, and has been probing since.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        for round in 0..10 {
+            tokio::time::sleep(Duration::from_millis(370)).await;
+            let asked = Instant::now();
+            let slot = l.slot(&format!("ready-{round}"), asked + Duration::from_secs(5)).await;
+            let waited = Instant::now() - asked;
+            assert!(slot.is_ok() && waited <= Duration::from_millis(100), "round {round}: waited {waited:?}");
+        }
+        for n in never {
+            n.await.unwrap();
+        }
+    }
+
     /// Freed slots go to the waiting pods in turn, each pod's own probes in order; a probe
     /// that gives up leaves its place, and a slot handed to none is given back.
     #[tokio::test(start_paused = true)]
@@ -673,7 +732,8 @@ mod tests {
         for w in waiting {
             w.await.unwrap();
         }
-        assert_eq!(*order.lock().unwrap(), ["a0", "b3", "c4", "a1", "a2"]);
+        // b and c never held a slot: they go before a, which held the first one.
+        assert_eq!(*order.lock().unwrap(), ["b3", "c4", "a0", "a1", "a2"]);
         assert_eq!(l.in_flight(), 0);
     }
 

@@ -178,7 +178,7 @@ async fn exec_probes_with_huge_output_do_not_grow_crisp() -> Result<()> {
 /// be released promptly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn never_ready_sidecars_do_not_delay_a_ready_pod() -> Result<()> {
-    let cfg = "[ordering]\nprobe_connects_per_second = 10\nmax_probes_in_flight = 4\nstart_timeout = \"60s\"\n";
+    let cfg = "[ordering]\nprobe_connects_per_second = 10\nmax_probes_in_flight = 2\nstart_timeout = \"60s\"\n";
     let st = Stack::start(false, cfg, |_| {}).await?;
     let ready_pod = |name: &str, port: u16| {
         format!(
