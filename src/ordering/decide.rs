@@ -307,8 +307,6 @@ pub fn sandbox_hold_end(arrived: Instant, deadline: Option<Instant>) -> Instant 
     deadline.and_then(|d| d.checked_sub(DEADLINE_MARGIN + SANDBOX_STOP_ROOM)).unwrap_or(later(arrived, SANDBOX_HOLD_WITHOUT_DEADLINE))
 }
 
-/// The running sidecars a StopPodSandbox stops first, in reverse declared order (§4.2), with
-/// their container ids. StopPodSandbox force-kills whatever still runs (CRI contract).
 /// The apps still running when a held StopPodSandbox is let go: kubelet's own StopContainer
 /// for them failed or never reached crisp (its deadline arithmetic wraps for a grace period
 /// near 2^63 seconds, KUBELET-CRI §3.3, and the call expires before it is sent). crisp stops
@@ -322,6 +320,8 @@ pub fn sandbox_stop_apps<'a>(policy: &'a PodPolicy, running: &'a [views::Contain
         .collect()
 }
 
+/// The running sidecars a StopPodSandbox stops first, in reverse declared order (§4.2), with
+/// their container ids. StopPodSandbox force-kills whatever still runs (CRI contract).
 pub fn sandbox_stop_order<'a>(policy: &'a PodPolicy, running: &'a [views::Container]) -> Vec<(&'a str, &'a str)> {
     policy
         .sidecars

@@ -957,6 +957,9 @@ impl Engine {
         };
         let mut held: Option<holds::Hold<'_>> = None;
         let mut again = None;
+        // The last listing while held: what is stopped when the next one cannot be had before
+        // the hold's end (it is at most one probe interval old).
+        let mut last = None;
         let running = loop {
             let list = async {
                 let _read = self.read_again(again).await.ok()?;
@@ -964,8 +967,12 @@ impl Engine {
             };
             let containers = match tokio::time::timeout_at(hold_until.into(), list).await {
                 Ok(Some(c)) => c,
-                // Not listed (or not before the hold's end): StopPodSandbox kills what runs.
-                _ => return Verdict::Forward,
+                // Not listed before the hold's end: stop what the last listing saw running;
+                // never listed: StopPodSandbox kills what runs.
+                _ => match last.take() {
+                    Some(running) => break running,
+                    None => return Verdict::Forward,
+                },
             };
             again = Some(hold_until);
             let running: Vec<views::Container> = containers.into_iter().filter(|c| c.state == state::RUNNING).collect();
@@ -981,6 +988,7 @@ impl Engine {
                     held = Some(holds::Hold::start(self, &pod, call, "", "", arrived, hold_until, "", waiting));
                 }
             }
+            last = Some(running);
             tokio::time::sleep_until((t + self.cfg.probe_interval).min(hold_until).into()).await;
         };
         if let Some(h) = held {
