@@ -189,7 +189,8 @@ up() {
     [[ ! -f $(pidfile "$c") ]] || die "$STATE already has a running $c: $0 down $STATE first"
   done
   mkdir -p "$STATE/run" "$STATE/log"
-  trap 'note "up failed: stopping what started"; stop' ERR
+  # Whatever way up fails (a die, a failed command), what it started is stopped.
+  trap 'note "up failed: stopping what started"; stop' EXIT
   pki
   local t0=$SECONDS
   cat >"$STATE/ports" <<EOF
@@ -251,7 +252,7 @@ EOF
   fi
   # The default ServiceAccount is what pods are admitted with: wait for its controller.
   wait_for kube-controller-manager 120 kubectl --kubeconfig "$STATE/admin.kubeconfig" -n default get serviceaccount default
-  trap - ERR
+  trap - EXIT
   note "control plane up in $((SECONDS - t0)) s: $("$apiserver" --version); KUBECONFIG=$STATE/admin.kubeconfig"
 }
 
