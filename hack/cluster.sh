@@ -224,6 +224,8 @@ EOF
   wait_for etcd 60 curl -fsS "http://127.0.0.1:$ETCD_PORT/health"
 
   local p=$STATE/pki
+  # --endpoint-reconciler-type none: the kubernetes Service's endpoint would be 127.0.0.1, which
+  # the API refuses (loopback), logged every 10 s; no pod of the lane talks to the API.
   start kube-apiserver "$apiserver" \
     --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
     --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$APISERVER_PORT" \
@@ -234,7 +236,8 @@ EOF
     --kubelet-preferred-address-types InternalIP,Hostname \
     --service-account-issuer https://kubernetes.default.svc --service-account-key-file "$p/sa.pub" \
     --service-account-signing-key-file "$p/sa.key" --service-cluster-ip-range "$SERVICE_CIDR" \
-    --allow-privileged=true --cert-dir "$STATE/apiserver-certs" --profiling=false
+    --allow-privileged=true --cert-dir "$STATE/apiserver-certs" --profiling=false \
+    --endpoint-reconciler-type none
   wait_for kube-apiserver 120 curl -fsS --cacert "$p/ca.crt" "$SERVER/readyz"
 
   start kube-controller-manager "$cm" --kubeconfig "$STATE/controller-manager.kubeconfig" \
