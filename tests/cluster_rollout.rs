@@ -182,10 +182,19 @@ fn containerd_config(registry_port: u16) -> String {
     )
 }
 
-/// bridge + host-local without ipMasq or portmap: no iptables in the node (TESTBED.md).
+const NODE_PREP: &str = "[ -e /dev/kmsg ] || mknod /dev/kmsg c 1 11
+for d in /sys/fs/cgroup/*/; do mkdir -p \"$d/kubelet\"; done
+mkdir -p /run/lane-sysctl
+for kv in vm/overcommit_memory=1 kernel/panic=10 kernel/panic_on_oops=1; do
+  k=${kv%=*}; f=/run/lane-sysctl/$(echo $k | tr / _); echo ${kv#*=} >$f; mount --bind $f /proc/sys/$k
+done";
+
+/// bridge + host-local without ipMasq, portmap or a gateway: no iptables in the node, and no
+/// write to the host's net.ipv4.ip_forward (nspawn's /proc/sys is read-only). The lane's pods
+/// need no traffic beyond their own.
 fn cni_conflist() -> String {
     format!(
-        r#"{{"cniVersion":"1.0.0","name":"crisp-lane","plugins":[{{"type":"bridge","bridge":"{BRIDGE}","isGateway":true,"ipMasq":false,"ipam":{{"type":"host-local","ranges":[[{{"subnet":"{POD_SUBNET}"}}]],"dataDir":"/var/lib/cni/crisp-lane"}}}}]}}"#
+        r#"{{"cniVersion":"1.0.0","name":"crisp-lane","plugins":[{{"type":"bridge","bridge":"{BRIDGE}","isGateway":false,"ipMasq":false,"ipam":{{"type":"host-local","ranges":[[{{"subnet":"{POD_SUBNET}"}}]],"dataDir":"/var/lib/cni/crisp-lane"}}}}]}}"#
     )
 }
 
@@ -221,7 +230,7 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 nodeStatusUpdateFrequency: 4s
 "#;
-const KUBELET_UNIT: &str = "[Unit]\nDescription=kubelet (upstream 1.26, the cluster lane)\nWants=containerd.service\nAfter=containerd.service\n\n[Service]\nExecStart=/usr/bin/kubelet\nRestart=always\nRestartSec=1\n\n[Install]\nWantedBy=multi-user.target\n";
+const KUBELET_UNIT: &str = "[Unit]\nDescription=kubelet (upstream 1.26, the cluster lane)\nWants=containerd.service\nAfter=containerd.service\nStartLimitIntervalSec=0\n\n[Service]\nExecStart=/usr/bin/kubelet\nRestart=always\nRestartSec=1\n\n[Install]\nWantedBy=multi-user.target\n";
 
 /// Boots the node, gives it containerd configured for pods, the test images and kubelet, and
 /// waits until the API server has it Ready. Returns the node and how long the join took.
@@ -229,9 +238,12 @@ fn join(cluster: &Cluster, bins: &Path) -> (Node, Duration) {
     let node = Node::boot_for_kubelet();
     eprintln!("node booted in {}", secs(node.boot_time));
     let t = Instant::now();
-    // kubelet's OOM watcher reads /dev/kmsg; nspawn gives the node none.
-    let o = node.nsenter(&["sh", "-c", "[ -e /dev/kmsg ] || mknod /dev/kmsg c 1 11; for d in /sys/fs/cgroup/*/; do mkdir -p \"$d/kubelet\"; done"]);
-    assert!(o.ok(), "/dev/kmsg and cgroupRoot: {}", o.all());
+    // kubelet's OOM watcher reads /dev/kmsg; nspawn gives the node none. kubelet's cgroupRoot
+    // exists in every hierarchy. kubelet's container manager sets vm.overcommit_memory,
+    // kernel.panic and kernel.panic_on_oops, which nspawn's read-only /proc/sys refuses (and
+    // which are the host's, not the node's): the node sees files with kubelet's values there.
+    let o = node.nsenter(&["sh", "-c", NODE_PREP]);
+    assert!(o.ok(), "/dev/kmsg, cgroupRoot, sysctls: {}", o.all());
     for p in ["bridge", "host-local", "loopback"] {
         node.put(&format!("/usr/lib/cni/{p}"), &std::fs::read(format!("/usr/lib/cni/{p}")).expect("host CNI plugins (containernetworking-plugins)"), 0o755);
     }
@@ -249,7 +261,9 @@ fn join(cluster: &Cluster, bins: &Path) -> (Node, Duration) {
 
     node.put("/usr/bin/kubelet", &std::fs::read(bins.join("kubelet")).unwrap(), 0o755);
     node.put("/lib/systemd/system/kubelet.service", KUBELET_UNIT.as_bytes(), 0o644);
-    node.put("/etc/systemd/system/kubelet.service.d/10-kubeadm.conf", KUBEADM_DROPIN.as_bytes(), 0o644);
+    // kubeadm's drop-in, minus the bootstrap kubeconfig: the node's kubeconfig holds a static token.
+    let dropin = KUBEADM_DROPIN.replace("--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf ", "");
+    node.put("/etc/systemd/system/kubelet.service.d/10-kubeadm.conf", dropin.as_bytes(), 0o644);
     node.put("/var/lib/kubelet/kubeadm-flags.env", KUBEADM_FLAGS.as_bytes(), 0o644);
     node.put("/var/lib/kubelet/config.yaml", KUBELET_CONFIG.as_bytes(), 0o644);
     node.put("/etc/default/kubelet", b"KUBELET_EXTRA_ARGS=\n", 0o644);
