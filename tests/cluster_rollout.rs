@@ -324,6 +324,9 @@ fn a_kubelet_joins_the_control_plane() {
 fn overlay(dir: &Path, name: &str, base: &str, registry_port: u16, install_args: Option<&str>) -> PathBuf {
     let d = dir.join(name);
     std::fs::create_dir_all(&d).unwrap();
+    // kustomize takes a base only by a relative path: the overlay lives inside the checkout.
+    let depth = d.strip_prefix(REPO).expect("overlay inside the checkout").components().count();
+    let base = format!("{}{base}", "../".repeat(depth));
     let mut k = format!(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- {base}\nimages:\n- name: crisp-installer\n  newName: 127.0.0.1:{registry_port}/crisp-installer\n"
     );
@@ -372,13 +375,12 @@ fn the_installer_daemonset_rolls_out_and_back() {
     let flags = node.read("/var/lib/kubelet/kubeadm-flags.env");
     let inv = node.prop("kubelet.service", "InvocationID");
 
-    let work = tempfile::tempdir().unwrap();
-    let base = Path::new(REPO).join("deploy/base").display().to_string();
-    let uninstall = Path::new(REPO).join("deploy/uninstall").display().to_string();
+    let work = tempfile::Builder::new().prefix("cluster-overlays").tempdir_in(Path::new(REPO).join("target")).unwrap();
+    let (base, uninstall) = ("deploy/base", "deploy/uninstall");
 
     // 1. A config crisp refuses: the installer stops before kubelet, is never Ready and says why.
     node.put("/var/tmp/crisp-refused.toml", b"[ordering]\nrefuse_held_after = \"forever\"\n", 0o644);
-    let bad = overlay(work.path(), "bad", &base, cluster.registry_port, Some("--config /var/tmp/crisp-refused.toml"));
+    let bad = overlay(work.path(), "bad", base, cluster.registry_port, Some("--config /var/tmp/crisp-refused.toml"));
     cluster.must(&["apply", "-k", &bad.display().to_string()]);
     let t = Instant::now();
     cluster.must(&["label", "node", NODE, "crisp.dev/install=true"]);
@@ -406,7 +408,7 @@ fn the_installer_daemonset_rolls_out_and_back() {
     eprintln!("refused config: installer failed in {}, not Ready for 30 s, DaemonSet {ds}, kubelet untouched", secs(failed_after));
 
     // 2. The real install: the DaemonSet's rolling update replaces the failed pod.
-    let good = overlay(work.path(), "good", &base, cluster.registry_port, None);
+    let good = overlay(work.path(), "good", base, cluster.registry_port, None);
     // Node Ready watched every 200 ms across the install.
     let stop = std::sync::atomic::AtomicBool::new(false);
     let (install_time, not_ready) = std::thread::scope(|s| {
@@ -485,7 +487,7 @@ fn the_installer_daemonset_rolls_out_and_back() {
 
     // 4. Uninstall: kubelet back on containerd, the same pods still running.
     let inv = node.prop("kubelet.service", "InvocationID");
-    let un = overlay(work.path(), "uninstall", &uninstall, cluster.registry_port, None);
+    let un = overlay(work.path(), "uninstall", uninstall, cluster.registry_port, None);
     let t = Instant::now();
     cluster.must(&["apply", "-k", &un.display().to_string()]);
     cluster.wait("the uninstaller Ready", Duration::from_secs(240), || {
