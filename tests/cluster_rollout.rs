@@ -477,7 +477,7 @@ fn the_installer_daemonset_rolls_out_and_back() {
     let events = cluster.must(&["get", "events", "--field-selector", "involvedObject.name=ordered"]);
     assert!(events.contains("waiting for sidecar proxy"), "Events: {events}");
     cluster.wait("pod ordered Running", Duration::from_secs(120), || {
-        running(&cluster, "ordered") && cluster.jsonpath(&["pod", "ordered"], "{.status.containerStatuses[?(@.name==\"app\")].state.running.startedAt}") != ""
+        running(&cluster, "ordered") && !cluster.jsonpath(&["pod", "ordered"], "{.status.containerStatuses[?(@.name==\"app\")].state.running.startedAt}").is_empty()
     });
     let started = |c: &str| cluster.jsonpath(&["pod", "ordered"], &format!("{{.status.containerStatuses[?(@.name==\"{c}\")].state.running.startedAt}}"));
     let (proxy_at, app_at) = (started("proxy"), started("app"));
