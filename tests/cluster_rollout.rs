@@ -344,6 +344,26 @@ fn overlay(dir: &Path, name: &str, base: &str, registry_port: u16, install_args:
     d
 }
 
+/// kubelet's last restart, from its journal: systemd's "Stopping" to the new kubelet's server
+/// listening again (waited for: the new kubelet may still be starting).
+fn kubelet_restart(node: &Node) -> Duration {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let j = node.nsenter(&["journalctl", "-u", "kubelet", "-o", "short-unix", "--no-pager"]).stdout;
+        let lines: Vec<&str> = j.lines().collect();
+        let at = |l: &str| l.split_whitespace().next().and_then(|t| t.parse::<f64>().ok());
+        if let Some(stop) = lines.iter().rposition(|l| l.contains("Stopping kubelet")) {
+            if let Some(listen) = lines[stop..].iter().find(|l| l.contains("Starting to listen")) {
+                if let (Some(a), Some(b)) = (at(lines[stop]), at(listen)) {
+                    return Duration::from_secs_f64((b - a).max(0.0));
+                }
+            }
+        }
+        assert!(Instant::now() < deadline, "no kubelet restart in its journal: {j}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 fn installer_pod(cluster: &Cluster) -> String {
     cluster.jsonpath(&["-n", "crisp-system", "pods", "-l", "app.kubernetes.io/component=installer", "--field-selector", "status.phase!=Failed"], "{.items[0].metadata.name}")
 }
@@ -452,12 +472,14 @@ fn the_installer_daemonset_rolls_out_and_back() {
     let doctor_at = doctor_line.split_whitespace().next().unwrap_or("");
     assert!(doctor_at.get(..19) <= ready_at.get(..19), "Ready at {ready_at}, before doctor passed at {doctor_at}");
     let kubelet_pid = node.prop("kubelet.service", "MainPID");
+    let restart = kubelet_restart(&node);
     let after_ids = container_ids(&cluster, "before");
     assert_eq!(after_ids, before_ids, "the pod that ran before the install kept its containers");
     assert!(running(&cluster, "before"));
     eprintln!(
-        "install: installer Ready {} after apply -k (kubelet {kubelet_pid} on crisp); node not Ready for {} in all; before: {after_ids}",
+        "install: installer Ready {} after apply -k (kubelet {kubelet_pid} on crisp, its restart {}); node not Ready for {} in all; before: {after_ids}",
         secs(install_time),
+        secs(restart),
         secs(not_ready)
     );
 
@@ -497,13 +519,20 @@ fn the_installer_daemonset_rolls_out_and_back() {
             && cluster.pod_ready("crisp-system", &pod)
     });
     let uninstall_time = t.elapsed();
+    cluster.wait("the uninstaller's kubelet serving", Duration::from_secs(60), || node.prop("kubelet.service", "InvocationID") != inv);
+    let restart = kubelet_restart(&node);
     assert_ne!(node.prop("kubelet.service", "InvocationID"), inv, "kubelet was restarted");
     assert_eq!(node.read("/var/lib/kubelet/kubeadm-flags.env"), flags, "kubelet's flags are back byte for byte");
     cluster.wait("node Ready after the uninstall", Duration::from_secs(120), || cluster.node_ready() == "True");
     assert_eq!(container_ids(&cluster, "before"), before_ids, "the pod from before kept its containers through install and uninstall");
     let ordered_ids = container_ids(&cluster, "ordered");
     assert!(ordered_ids.contains("/0") && running(&cluster, "ordered"), "{ordered_ids}");
-    eprintln!("uninstall: Ready {} after apply -k; before: {}; ordered: {ordered_ids}", secs(uninstall_time), container_ids(&cluster, "before"));
+    eprintln!(
+        "uninstall: Ready {} after apply -k (kubelet's restart {}); before: {}; ordered: {ordered_ids}",
+        secs(uninstall_time),
+        secs(restart),
+        container_ids(&cluster, "before")
+    );
     cluster.must(&["delete", "-k", &un.display().to_string(), "--wait=false"]);
     drop(node);
 }
