@@ -10,8 +10,9 @@
 #      1.26.5; see docs/TESTING.md, "The cluster lane", for how to export it).
 # OUT: where kube-apiserver, kube-controller-manager, kube-scheduler and kubelet are written.
 #
-# Go: Debian's golang-go (1.19) builds that tree; GO=/path/to/go picks another. About 11 minutes
-# for the four on 2 cores; Go's build cache makes a re-run fast.
+# Go: Debian's golang-go (1.19) builds that tree; GO=/path/to/go picks another. 11 to 27 minutes
+# for the four on 2 cores (27 at load average 12-16, RELIABILITY.md); Go's build cache makes a
+# re-run fast.
 set -euo pipefail
 
 die() {
