@@ -17,6 +17,7 @@
 #   golang-go golang-google-grpc-dev              real grpc-go peers for the e2e tests (hack/build-grpcgo.sh)
 #   debootstrap systemd-container                 the systemd test node (hack/node-rootfs.sh, tests/node_*.rs)
 #   python3-kubernetes                            offline manifest validation (hack/check-manifests.py)
+#   etcd-server docker-registry skopeo           the cluster lane (hack/cluster.sh, tests/cluster_rollout.rs)
 #   prometheus librsvg2-bin                       a real Prometheus and promtool (e2e/tests/prometheus.rs,
 #                                                 hack/lint.sh); rsvg-convert (tests/timeline.rs)
 set -euo pipefail
@@ -43,6 +44,9 @@ PACKAGES=(
   prometheus              # a real Prometheus scraping crisp (e2e/tests/prometheus.rs); promtool checks and
                           # unit-tests deploy/monitoring's alert rules (hack/lint.sh)
   librsvg2-bin            # rsvg-convert renders `crisp timeline --svg` in tests/timeline.rs
+  etcd-server             # etcd 3.4 under the cluster lane's kube-apiserver (hack/cluster.sh)
+  docker-registry         # a local registry that serves the installer image to the lane's node
+  skopeo                  # pushes dist/crisp-installer-*.oci.tar into that registry
 )
 
 die() {

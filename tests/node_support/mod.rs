@@ -78,6 +78,19 @@ pub struct Node {
 impl Node {
     /// Boots a fresh node and waits until systemd reports it up.
     pub fn boot() -> Node {
+        Node::boot_with(&["--capability=CAP_NET_ADMIN", "--system-call-filter=@keyring"])
+    }
+
+    /// Boots a node that can run a real kubelet and runc-started pods (the cluster lane,
+    /// tests/cluster_rollout.rs): every capability, and the system calls runc and kubelet make
+    /// (mount, keyring, privileged ones). TESTBED facts: without them runc's container init or
+    /// kubelet's container manager fails inside the node.
+    pub fn boot_for_kubelet() -> Node {
+        Node::boot_with(&["--capability=all", "--system-call-filter=@keyring @mount @privileged"])
+    }
+
+    /// `boot` with these nspawn flags for capabilities and the system-call filter.
+    pub fn boot_with(security: &[&str]) -> Node {
         let rootfs = output(Command::new("bash").arg(Path::new(REPO).join("hack/node-rootfs.sh")));
         assert!(rootfs.ok(), "hack/node-rootfs.sh: {}", rootfs.all());
         let lower = rootfs.stdout.trim().to_string();
@@ -94,7 +107,8 @@ impl Node {
         let nspawn = Command::new("systemd-nspawn")
             .arg("-D")
             .arg(&root)
-            .args(["-b", "--register=no", "--keep-unit", "--capability=CAP_NET_ADMIN", "--system-call-filter=@keyring", "--console=pipe"])
+            .args(["-b", "--register=no", "--keep-unit", "--console=pipe"])
+            .args(security)
             .arg(format!("--bind={}:/var/lib/containerd", dir.path().join("containerd").display()))
             .stdin(Stdio::null())
             .stdout(console.try_clone().unwrap())
@@ -332,7 +346,7 @@ done
 
 const KUBELET_UNIT: &str = "[Unit]\nDescription=kubelet stand-in (crisp tests)\nWants=network-online.target\nAfter=network-online.target\n\n[Service]\nExecStart=/usr/bin/kubelet\nRestart=always\nRestartSec=1\n\n[Install]\nWantedBy=multi-user.target\n";
 
-const KUBEADM_DROPIN: &str = r#"# Note: This dropin only works with kubeadm and kubelet v1.11+
+pub const KUBEADM_DROPIN: &str = r#"# Note: This dropin only works with kubeadm and kubelet v1.11+
 [Service]
 Environment="KUBELET_KUBECONFIG_ARGS=--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf --kubeconfig=/etc/kubernetes/kubelet.conf"
 Environment="KUBELET_CONFIG_ARGS=--config=/var/lib/kubelet/config.yaml"
