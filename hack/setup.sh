@@ -12,12 +12,12 @@
 #   socat iproute2 iptables                       demo / CNI bridge cleanup
 #   protobuf-compiler                             protoc for tonic/prost build scripts
 #   strace                                        socket-mode syscall order (tests/reliability_sockets.rs)
-#   linux-perf                                    crisp's CPU and context switches per call (hack/bench.sh)
-#   shellcheck                                    lint of the hack/ scripts (tests/systemd_units.rs)
+#   linux-perf shellcheck                         crisp's CPU and context switches per call (hack/bench.sh);
+#                                                 lint of the hack/ scripts (tests/systemd_units.rs)
 #   golang-go golang-google-grpc-dev              real grpc-go peers for the e2e tests (hack/build-grpcgo.sh)
 #   debootstrap systemd-container                 the systemd test node (hack/node-rootfs.sh, tests/node_*.rs)
 #   python3-kubernetes                            offline manifest validation (hack/check-manifests.py)
-#   etcd-server docker-registry skopeo           the cluster lane (hack/cluster.sh, tests/cluster_rollout.rs)
+#   etcd-server docker-registry skopeo            the cluster lane (hack/cluster.sh, tests/cluster_rollout.rs)
 #   prometheus librsvg2-bin                       a real Prometheus and promtool (e2e/tests/prometheus.rs,
 #                                                 hack/lint.sh); rsvg-convert (tests/timeline.rs)
 set -euo pipefail
