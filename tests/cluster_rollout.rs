@@ -164,14 +164,14 @@ impl Drop for BridgeGuard {
     }
 }
 
-/// containerd in the node, as TESTBED.md found a nested runc needs it, with the lane's registry
+/// containerd in the node, as a nested runc needs it on these VMs (docs/DEPLOY.md), with the lane's registry
 /// over plain HTTP.
 fn containerd_config(registry_port: u16) -> String {
     format!(
         r#"version = 2
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "crisp.test/pause:latest"
-  # No CAP_SYS_RESOURCE on these VMs: runc cannot lower oom_score_adj (TESTBED.md).
+  # No CAP_SYS_RESOURCE on these VMs: runc cannot lower oom_score_adj (docs/DEPLOY.md).
   restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
@@ -205,7 +205,7 @@ const KUBEADM_FLAGS: &str = "KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint
 const KUBELET_CONFIG: &str = r#"apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 cgroupDriver: cgroupfs
-# created in every cgroup v1 hierarchy before kubelet starts (TESTBED.md)
+# created in every cgroup v1 hierarchy before kubelet starts (docs/DEPLOY.md)
 cgroupRoot: /kubelet
 failSwapOn: false
 port: 20250

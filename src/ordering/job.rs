@@ -119,7 +119,10 @@ fn grace_of(annotations: &std::collections::HashMap<String, String>) -> Duration
 }
 
 /// Parses kubelet's preStop annotation (JSON of the LifecycleHandler); only exec hooks run here.
+/// The annotation is the pod author's hook, copied by kubelet: past the tenant value cap it is
+/// not parsed at all (no hook is run; the sidecar is still stopped).
 pub fn prestop_command(annotation: &str) -> Option<Vec<String>> {
+    let annotation = crate::tenant::value(annotation).ok()?;
     let v: serde_json::Value = serde_json::from_str(annotation).ok()?;
     let cmd = v.get("exec")?.get("command")?.as_array()?;
     let cmd: Vec<String> = cmd.iter().filter_map(|c| c.as_str().map(str::to_string)).collect();
@@ -339,6 +342,16 @@ mod tests {
         assert_eq!(prestop_command(r#"{"httpGet":{"path":"/q","port":80}}"#), None);
         assert_eq!(prestop_command("not json"), None);
         assert_eq!(prestop_command(r#"{"exec":{"command":[]}}"#), None);
+    }
+
+    /// Issue #26: the preStop annotation is tenant text like any other: over the value cap it
+    /// is refused unread, however well formed.
+    #[test]
+    fn a_prestop_hook_past_the_value_cap_is_not_parsed() {
+        let args = vec!["\"x\""; crate::tenant::MAX_VALUE / 4].join(",");
+        let hook = format!(r#"{{"exec":{{"command":["sh",{args}]}}}}"#);
+        assert!(hook.len() > crate::tenant::MAX_VALUE);
+        assert_eq!(prestop_command(&hook), None);
     }
 
     #[test]
