@@ -13,7 +13,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         // protoc 3.12–3.14 need this for `optional` in proto3; newer ones ignore it.
         .protoc_arg("--experimental_allow_proto3_optional")
-        .compile_protos(&["proto/crisp/admin/v1/admin.proto", "proto/crisp/cri/views.proto"], &["proto"])?;
+        .compile_protos(
+            &[
+                "proto/crisp/admin/v1/admin.proto",
+                "proto/crisp/cri/views.proto",
+            ],
+            &["proto"],
+        )?;
     Ok(())
 }
 
@@ -26,12 +32,21 @@ fn test_prerequisites() {
     println!("cargo::rustc-check-cfg=cfg(crisp_test_shellcheck)");
     let root = std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).and_then(|l| l.split_whitespace().nth(2).map(|e| e == "0")))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|e| e == "0"))
+        })
         .unwrap_or(false);
     if root {
         println!("cargo:rustc-cfg=crisp_test_root");
     }
-    let have = |tool: &str, arg: &str| std::process::Command::new(tool).arg(arg).output().is_ok_and(|o| o.status.success());
+    let have = |tool: &str, arg: &str| {
+        std::process::Command::new(tool)
+            .arg(arg)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
     if have("strace", "-V") {
         println!("cargo:rustc-cfg=crisp_test_strace");
     }

@@ -19,20 +19,42 @@ use prometheus_client::metrics::{counter::Counter, family::Family, histogram::Hi
 use prost::Message;
 
 fn create_container_request() -> Vec<u8> {
-    let annotations: std::collections::HashMap<String, String> = (0..20).map(|i| (format!("example.com/key-{i}"), "v".repeat(40))).collect();
+    let annotations: std::collections::HashMap<String, String> = (0..20)
+        .map(|i| (format!("example.com/key-{i}"), "v".repeat(40)))
+        .collect();
     cri::CreateContainerRequest {
         pod_sandbox_id: "a".repeat(64),
         config: Some(cri::ContainerConfig {
-            metadata: Some(cri::ContainerMetadata { name: "app".into(), attempt: 0 }),
-            image: Some(cri::ImageSpec { image: "sha256:".to_string() + &"b".repeat(64), ..Default::default() }),
+            metadata: Some(cri::ContainerMetadata {
+                name: "app".into(),
+                attempt: 0,
+            }),
+            image: Some(cri::ImageSpec {
+                image: "sha256:".to_string() + &"b".repeat(64),
+                ..Default::default()
+            }),
             command: vec!["/app".into(), "--serve".into()],
-            envs: (0..30).map(|i| cri::KeyValue { key: format!("ENV_{i}"), value: "x".repeat(30) }).collect(),
-            labels: [("io.kubernetes.container.name".to_string(), "app".to_string())].into(),
+            envs: (0..30)
+                .map(|i| cri::KeyValue {
+                    key: format!("ENV_{i}"),
+                    value: "x".repeat(30),
+                })
+                .collect(),
+            labels: [(
+                "io.kubernetes.container.name".to_string(),
+                "app".to_string(),
+            )]
+            .into(),
             annotations: annotations.clone(),
             ..Default::default()
         }),
         sandbox_config: Some(cri::PodSandboxConfig {
-            metadata: Some(cri::PodSandboxMetadata { name: "web-0".into(), uid: "u".repeat(36), namespace: "default".into(), attempt: 0 }),
+            metadata: Some(cri::PodSandboxMetadata {
+                name: "web-0".into(),
+                uid: "u".repeat(36),
+                namespace: "default".into(),
+                attempt: 0,
+            }),
             annotations,
             ..Default::default()
         }),
@@ -42,24 +64,67 @@ fn create_container_request() -> Vec<u8> {
 
 fn sandbox_status_response(n: usize) -> Vec<u8> {
     cri::PodSandboxStatusResponse {
-        status: Some(cri::PodSandboxStatus { id: "sb".into(), ..Default::default() }),
-        containers_statuses: (0..n).map(|i| cri::ContainerStatus { id: format!("{i:064x}"), exit_code: 143, reason: "Error".into(), ..Default::default() }).collect(),
+        status: Some(cri::PodSandboxStatus {
+            id: "sb".into(),
+            ..Default::default()
+        }),
+        containers_statuses: (0..n)
+            .map(|i| cri::ContainerStatus {
+                id: format!("{i:064x}"),
+                exit_code: 143,
+                reason: "Error".into(),
+                ..Default::default()
+            })
+            .collect(),
         ..Default::default()
     }
     .encode_to_vec()
 }
 
 fn bench(c: &mut Criterion) {
-    c.bench_function("route_from_path", |b| b.iter(|| Route::from_path(black_box("/runtime.v1.RuntimeService/ListContainers"))));
-    c.bench_function("route_unknown_path", |b| b.iter(|| Route::from_path(black_box("/grpc.health.v1.Health/Check"))));
-    c.bench_function("parse_grpc_timeout", |b| b.iter(|| parse_grpc_timeout(black_box(b"119999m"))));
+    c.bench_function("route_from_path", |b| {
+        b.iter(|| Route::from_path(black_box("/runtime.v1.RuntimeService/ListContainers")))
+    });
+    c.bench_function("route_unknown_path", |b| {
+        b.iter(|| Route::from_path(black_box("/grpc.health.v1.Health/Check")))
+    });
+    c.bench_function("parse_grpc_timeout", |b| {
+        b.iter(|| parse_grpc_timeout(black_box(b"119999m")))
+    });
     let req = create_container_request();
-    c.bench_function("decode_create_container_view", |b| b.iter(|| views::decode::<views::CreateContainerRequest>(black_box(&req)).map(|r| r.pod_sandbox_id.len())));
-    c.bench_function("decode_create_container_full_prost", |b| b.iter(|| cri::CreateContainerRequest::decode(black_box(&req[..])).map(|r| r.pod_sandbox_id.len())));
+    c.bench_function("decode_create_container_view", |b| {
+        b.iter(|| {
+            views::decode::<views::CreateContainerRequest>(black_box(&req))
+                .map(|r| r.pod_sandbox_id.len())
+        })
+    });
+    c.bench_function("decode_create_container_full_prost", |b| {
+        b.iter(|| {
+            cri::CreateContainerRequest::decode(black_box(&req[..])).map(|r| r.pod_sandbox_id.len())
+        })
+    });
     let resp = sandbox_status_response(10);
     let target = format!("{:064x}", 7);
-    c.bench_function("patch_sandbox_status_10_containers", |b| b.iter(|| patch_embedded(black_box(&resp), CONTAINERS_STATUSES, &completed_fragment(), |id| id == target)));
-    c.bench_function("walk_sandbox_status_no_match", |b| b.iter(|| patch_embedded(black_box(&resp), CONTAINERS_STATUSES, &completed_fragment(), |_| false)));
+    c.bench_function("patch_sandbox_status_10_containers", |b| {
+        b.iter(|| {
+            patch_embedded(
+                black_box(&resp),
+                CONTAINERS_STATUSES,
+                &completed_fragment(),
+                |id| id == target,
+            )
+        })
+    });
+    c.bench_function("walk_sandbox_status_no_match", |b| {
+        b.iter(|| {
+            patch_embedded(
+                black_box(&resp),
+                CONTAINERS_STATUSES,
+                &completed_fragment(),
+                |_| false,
+            )
+        })
+    });
 
     // The relay's per-call header work: decode kubelet's request header block (its encoder has
     // indexed everything but grpc-timeout by now) and re-encode it statelessly.
@@ -68,10 +133,26 @@ fn bench(c: &mut Criterion) {
         vec![
             (b":method".to_vec(), b"POST".to_vec(), 0x4 | 0x10),
             (b":scheme".to_vec(), b"http".to_vec(), 0x4 | 0x10),
-            (b":path".to_vec(), b"/runtime.v1.RuntimeService/ListContainers".to_vec(), 0x4 | 0x10 | 0x2),
-            (b":authority".to_vec(), b"localhost".to_vec(), 0x4 | 0x10 | 0x2),
-            (b"content-type".to_vec(), b"application/grpc".to_vec(), 0x4 | 0x10 | 0x2),
-            (b"user-agent".to_vec(), b"grpc-go/1.51.0".to_vec(), 0x4 | 0x10 | 0x2),
+            (
+                b":path".to_vec(),
+                b"/runtime.v1.RuntimeService/ListContainers".to_vec(),
+                0x4 | 0x10 | 0x2,
+            ),
+            (
+                b":authority".to_vec(),
+                b"localhost".to_vec(),
+                0x4 | 0x10 | 0x2,
+            ),
+            (
+                b"content-type".to_vec(),
+                b"application/grpc".to_vec(),
+                0x4 | 0x10 | 0x2,
+            ),
+            (
+                b"user-agent".to_vec(),
+                b"grpc-go/1.51.0".to_vec(),
+                0x4 | 0x10 | 0x2,
+            ),
             (b"te".to_vec(), b"trailers".to_vec(), 0x4 | 0x10 | 0x2),
             (b"grpc-timeout".to_vec(), t.as_bytes().to_vec(), 0x2),
         ]
@@ -90,7 +171,10 @@ fn bench(c: &mut Criterion) {
     c.bench_function("relay_request_headers_decode_and_reencode", |b| {
         b.iter(|| {
             out.clear();
-            dec.decode(black_box(&steady), |n, v| crisp::proxy::h2::encode_field(&mut out, n, v)).unwrap();
+            dec.decode(black_box(&steady), |n, v| {
+                crisp::proxy::h2::encode_field(&mut out, n, v)
+            })
+            .unwrap();
             out.len()
         })
     });
@@ -99,37 +183,52 @@ fn bench(c: &mut Criterion) {
     // the crate would cost per call (issue #16). Both decoders have seen the first block.
     let mut loona = loona_hpack::Decoder::new();
     loona.decode_with_cb(&first, |_, _| {}).unwrap();
-    c.bench_function("relay_request_headers_decode_and_reencode_loona_hpack", |b| {
-        b.iter(|| {
-            out.clear();
-            loona.decode_with_cb(black_box(&steady), |n, v| crisp::proxy::h2::encode_field(&mut out, &n, &v)).unwrap();
-            out.len()
-        })
-    });
+    c.bench_function(
+        "relay_request_headers_decode_and_reencode_loona_hpack",
+        |b| {
+            b.iter(|| {
+                out.clear();
+                loona
+                    .decode_with_cb(black_box(&steady), |n, v| {
+                        crisp::proxy::h2::encode_field(&mut out, &n, &v)
+                    })
+                    .unwrap();
+                out.len()
+            })
+        },
+    );
     // The same with httlib-hpack, a fast decoder (its Huffman decoding reads a static table),
     // the honest comparison: loona-hpack above builds a table per Huffman string. httlib's API
     // consumes its input and returns owned fields, so the copy of the block is part of its cost.
     let mut httlib = httlib_hpack::Decoder::with_dynamic_size(4096);
     httlib.decode(&mut first.clone(), &mut Vec::new()).unwrap();
     let mut decoded = Vec::with_capacity(16);
-    c.bench_function("relay_request_headers_decode_and_reencode_httlib_hpack", |b| {
-        b.iter(|| {
-            out.clear();
-            decoded.clear();
-            httlib.decode(&mut black_box(&steady).clone(), &mut decoded).unwrap();
-            for (n, v, _) in &decoded {
-                crisp::proxy::h2::encode_field(&mut out, n, v);
-            }
-            out.len()
-        })
-    });
+    c.bench_function(
+        "relay_request_headers_decode_and_reencode_httlib_hpack",
+        |b| {
+            b.iter(|| {
+                out.clear();
+                decoded.clear();
+                httlib
+                    .decode(&mut black_box(&steady).clone(), &mut decoded)
+                    .unwrap();
+                for (n, v, _) in &decoded {
+                    crisp::proxy::h2::encode_field(&mut out, n, v);
+                }
+                out.len()
+            })
+        },
+    );
     // A first request on a connection: every field a literal (Huffman-coded by grpc-go's
     // encoder), each added to the table; a fresh decoder per iteration for both.
     c.bench_function("first_request_headers_decode_crisp", |b| {
         b.iter(|| {
             let mut d = crisp::proxy::h2::hpack::Decoder::default();
             out.clear();
-            d.decode(black_box(&first), |n, v| crisp::proxy::h2::encode_field(&mut out, n, v)).unwrap();
+            d.decode(black_box(&first), |n, v| {
+                crisp::proxy::h2::encode_field(&mut out, n, v)
+            })
+            .unwrap();
             out.len()
         })
     });
@@ -138,7 +237,8 @@ fn bench(c: &mut Criterion) {
             let mut d = httlib_hpack::Decoder::with_dynamic_size(4096);
             out.clear();
             let mut fields = Vec::with_capacity(16);
-            d.decode(&mut black_box(&first).clone(), &mut fields).unwrap();
+            d.decode(&mut black_box(&first).clone(), &mut fields)
+                .unwrap();
             for (n, v, _) in &fields {
                 crisp::proxy::h2::encode_field(&mut out, n, v);
             }
@@ -149,7 +249,10 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             let mut d = loona_hpack::Decoder::new();
             out.clear();
-            d.decode_with_cb(black_box(&first), |n, v| crisp::proxy::h2::encode_field(&mut out, &n, &v)).unwrap();
+            d.decode_with_cb(black_box(&first), |n, v| {
+                crisp::proxy::h2::encode_field(&mut out, &n, &v)
+            })
+            .unwrap();
             out.len()
         })
     });
@@ -169,14 +272,22 @@ fn bench(c: &mut Criterion) {
     c.bench_function("huffman_decode_path_httlib", |b| {
         b.iter(|| {
             text.clear();
-            httlib_huffman::decode(black_box(&path), &mut text, httlib_huffman::DecoderSpeed::FourBits).unwrap();
+            httlib_huffman::decode(
+                black_box(&path),
+                &mut text,
+                httlib_huffman::DecoderSpeed::FourBits,
+            )
+            .unwrap();
             text.len()
         })
     });
 
     // The tap with no client attached: what every relayed call pays it (its interest check when
     // the stream opens, its metrics when the stream ends).
-    let tap = crisp::tap::Tap::new(std::sync::Arc::new(crisp::metrics::CallMetrics::default()), None);
+    let tap = crisp::tap::Tap::new(
+        std::sync::Arc::new(crisp::metrics::CallMetrics::default()),
+        None,
+    );
     let call = Call {
         route: Route::from_path("/runtime.v1.RuntimeService/ContainerStatus"),
         path: http::uri::PathAndQuery::from_static("/runtime.v1.RuntimeService/ContainerStatus"),
@@ -184,7 +295,14 @@ fn bench(c: &mut Criterion) {
         deadline: None,
         id: 1,
     };
-    let outcome = Outcome { code: Some(0), duration: std::time::Duration::from_micros(180), held: std::time::Duration::ZERO, request: None, response: None, message: None };
+    let outcome = Outcome {
+        code: Some(0),
+        duration: std::time::Duration::from_micros(180),
+        held: std::time::Duration::ZERO,
+        request: None,
+        response: None,
+        message: None,
+    };
     c.bench_function("tap_no_client_interest_and_complete", |b| {
         b.iter(|| {
             let i = tap.interest(black_box(&call));
@@ -197,19 +315,35 @@ fn bench(c: &mut Criterion) {
     // and the completed-calls count (`CallMetrics::observe`, from the tap's on_complete).
     let calls = crisp::metrics::CallMetrics::default();
     let rpc = Some(crisp::cri::Rpc::ContainerStatus);
-    c.bench_function("metrics_call_observe", |b| b.iter(|| calls.observe(black_box(rpc), black_box(Some(0)), black_box(std::time::Duration::from_micros(180)))));
+    c.bench_function("metrics_call_observe", |b| {
+        b.iter(|| {
+            calls.observe(
+                black_box(rpc),
+                black_box(Some(0)),
+                black_box(std::time::Duration::from_micros(180)),
+            )
+        })
+    });
     // The same through prometheus-client's labelled families looked up on every call (a read
     // lock and a hash of the labels per metric), which `CallMetrics` avoids by resolving each
     // method's and status's handles once.
     type Label = (&'static str, &'static str);
-    let durations: Family<[Label; 1], Histogram, fn() -> Histogram> = Family::new_with_constructor(|| Histogram::new(crisp::metrics::CALL_BUCKETS));
+    let durations: Family<[Label; 1], Histogram, fn() -> Histogram> =
+        Family::new_with_constructor(|| Histogram::new(crisp::metrics::CALL_BUCKETS));
     let codes: Family<[Label; 2], Counter> = Family::default();
     let completed = std::sync::atomic::AtomicU64::new(0);
     c.bench_function("metrics_call_observe_family_lookup", |b| {
         b.iter(|| {
             let method = black_box("ContainerStatus");
-            durations.get_or_create(&[("method", method)]).observe(black_box(std::time::Duration::from_micros(180)).as_secs_f64());
-            codes.get_or_create(&[("method", method), ("code", crisp::metrics::code_name(black_box(Some(0))))]).inc();
+            durations
+                .get_or_create(&[("method", method)])
+                .observe(black_box(std::time::Duration::from_micros(180)).as_secs_f64());
+            codes
+                .get_or_create(&[
+                    ("method", method),
+                    ("code", crisp::metrics::code_name(black_box(Some(0)))),
+                ])
+                .inc();
             completed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         })
     });
@@ -218,7 +352,9 @@ fn bench(c: &mut Criterion) {
     c.bench_function("metrics_hold_gauge_and_histogram", |b| {
         b.iter(|| {
             let g = crisp::metrics::GaugeGuard::new(&ordering.holds_in_flight);
-            ordering.start_holds.observe(black_box(std::time::Duration::from_millis(300)).as_secs_f64());
+            ordering
+                .start_holds
+                .observe(black_box(std::time::Duration::from_millis(300)).as_secs_f64());
             drop(g);
         })
     });

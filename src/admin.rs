@@ -67,8 +67,12 @@ pub fn authorize(req: &pb::TapRequest, peer: Option<Peer>) -> Result<(), tonic::
     }
     match peer.and_then(|p| p.uid) {
         Some(0) => Ok(()),
-        Some(uid) => Err(tonic::Status::permission_denied(format!("--unredacted is only served to root (uid 0); this client is uid {uid}"))),
-        None => Err(tonic::Status::permission_denied("--unredacted is only served to root, and this client's uid is unknown")),
+        Some(uid) => Err(tonic::Status::permission_denied(format!(
+            "--unredacted is only served to root (uid 0); this client is uid {uid}"
+        ))),
+        None => Err(tonic::Status::permission_denied(
+            "--unredacted is only served to root, and this client's uid is unknown",
+        )),
     }
 }
 
@@ -103,7 +107,10 @@ struct AdminService {
 impl pb::admin_server::Admin for AdminService {
     type TapStream = ReceiverStream<Result<pb::TapEvent, tonic::Status>>;
 
-    async fn tap(&self, req: tonic::Request<pb::TapRequest>) -> Result<tonic::Response<Self::TapStream>, tonic::Status> {
+    async fn tap(
+        &self,
+        req: tonic::Request<pb::TapRequest>,
+    ) -> Result<tonic::Response<Self::TapStream>, tonic::Status> {
         let peer = req.extensions().get::<Peer>().copied();
         let req = req.into_inner();
         if let Err(s) = authorize(&req, peer) {
@@ -131,9 +138,15 @@ impl pb::admin_server::Admin for AdminService {
                     // Decoding for `full` happens here, in this subscriber's task.
                     Item::Call(ev) => pb::tap_event::Event::Call(ev.to_proto(full, redact)),
                     Item::Hold(h) => pb::tap_event::Event::Hold(crate::tap::hold_to_proto(&h)),
-                    Item::Dropped { count, total } => pb::tap_event::Event::Dropped(pb::Dropped { count, total }),
+                    Item::Dropped { count, total } => {
+                        pb::tap_event::Event::Dropped(pb::Dropped { count, total })
+                    }
                 };
-                if tx.send(Ok(pb::TapEvent { event: Some(event) })).await.is_err() {
+                if tx
+                    .send(Ok(pb::TapEvent { event: Some(event) }))
+                    .await
+                    .is_err()
+                {
                     break;
                 }
             }
@@ -142,17 +155,31 @@ impl pb::admin_server::Admin for AdminService {
         Ok(tonic::Response::new(ReceiverStream::new(rx)))
     }
 
-    async fn list_pods(&self, _req: tonic::Request<pb::ListPodsRequest>) -> Result<tonic::Response<pb::ListPodsResponse>, tonic::Status> {
-        let Some(engine) = &self.state.engine else { return Ok(tonic::Response::new(pb::ListPodsResponse::default())) };
+    async fn list_pods(
+        &self,
+        _req: tonic::Request<pb::ListPodsRequest>,
+    ) -> Result<tonic::Response<pb::ListPodsResponse>, tonic::Status> {
+        let Some(engine) = &self.state.engine else {
+            return Ok(tonic::Response::new(pb::ListPodsResponse::default()));
+        };
         let mut pods = Vec::new();
         for (p, containers) in engine.pods() {
             pods.push(pod_to_proto(engine, &p, containers).await);
         }
-        pods.sort_by(|a, b| (&a.namespace, &a.name, &a.pod_sandbox_id).cmp(&(&b.namespace, &b.name, &b.pod_sandbox_id)));
+        pods.sort_by(|a, b| {
+            (&a.namespace, &a.name, &a.pod_sandbox_id).cmp(&(
+                &b.namespace,
+                &b.name,
+                &b.pod_sandbox_id,
+            ))
+        });
         Ok(tonic::Response::new(pb::ListPodsResponse { pods }))
     }
 
-    async fn version(&self, _req: tonic::Request<pb::VersionRequest>) -> Result<tonic::Response<pb::VersionResponse>, tonic::Status> {
+    async fn version(
+        &self,
+        _req: tonic::Request<pb::VersionRequest>,
+    ) -> Result<tonic::Response<pb::VersionResponse>, tonic::Status> {
         Ok(tonic::Response::new(pb::VersionResponse {
             version: env!("CARGO_PKG_VERSION").into(),
             listen: self.state.listen.display().to_string(),
@@ -167,22 +194,37 @@ impl pb::admin_server::Admin for AdminService {
 const LIST_TIMEOUT: Duration = Duration::from_secs(2);
 
 fn unix_nanos(t: std::time::SystemTime) -> i64 {
-    t.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0)
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
 }
 
 /// One pod as ListPods reports it: the engine's caches, its holds now, and its sidecars'
 /// states as the runtime lists them (an admin call, never a CRI call's path).
-async fn pod_to_proto(engine: &Engine, p: &Pod, containers: std::collections::HashMap<String, String>) -> pb::Pod {
+async fn pod_to_proto(
+    engine: &Engine,
+    p: &Pod,
+    containers: std::collections::HashMap<String, String>,
+) -> pb::Pod {
     let listed = match tokio::time::timeout(LIST_TIMEOUT, engine.list_pod_containers(p)).await {
         Ok(r) => r,
         Err(_) => Err(format!("no answer within {LIST_TIMEOUT:?}")),
     };
     let snapshot = listed.as_ref().ok().map(|c| Snapshot::new(c));
-    let sidecars = p.policy.sidecars.iter().map(|s| sidecar_to_proto(p, s, snapshot.as_ref())).collect();
+    let sidecars = p
+        .policy
+        .sidecars
+        .iter()
+        .map(|s| sidecar_to_proto(p, s, snapshot.as_ref()))
+        .collect();
     let held = p.held_calls().iter().map(held_to_proto).collect();
     let (timeout, policy) = engine.start_policy(p);
     let (is_job, watched) = engine.job_state(p);
-    let mut terminated: Vec<String> = containers.iter().filter(|(id, _)| engine.terminated(id)).map(|(_, name)| name.clone()).collect();
+    let mut terminated: Vec<String> = containers
+        .iter()
+        .filter(|(id, _)| engine.terminated(id))
+        .map(|(_, name)| name.clone())
+        .collect();
     terminated.sort();
     pb::Pod {
         pod_sandbox_id: p.sandbox_id.clone(),
@@ -198,11 +240,22 @@ async fn pod_to_proto(engine: &Engine, p: &Pod, containers: std::collections::Ha
         }
         .into(),
         sidecars,
-        start_timeout_ms: p.policy.start_timeout.map(|d| d.as_millis() as u64).unwrap_or(0),
-        timeout_policy: p.policy.timeout_policy.map(|t| format!("{t:?}").to_lowercase()).unwrap_or_default(),
+        start_timeout_ms: p
+            .policy
+            .start_timeout
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
+        timeout_policy: p
+            .policy
+            .timeout_policy
+            .map(|t| format!("{t:?}").to_lowercase())
+            .unwrap_or_default(),
         job: p.policy.job.map(|j| j.to_string()).unwrap_or_default(),
         containers: {
-            let mut c: Vec<pb::Container> = containers.into_iter().map(|(id, name)| pb::Container { id, name }).collect();
+            let mut c: Vec<pb::Container> = containers
+                .into_iter()
+                .map(|(id, name)| pb::Container { id, name })
+                .collect();
             c.sort_by(|a, b| (&a.name, &a.id).cmp(&(&b.name, &b.id)));
             c
         },
@@ -210,7 +263,11 @@ async fn pod_to_proto(engine: &Engine, p: &Pod, containers: std::collections::Ha
         refusals: p.refusals.load(std::sync::atomic::Ordering::Relaxed),
         effective_start_timeout_ms: timeout.as_millis() as u64,
         effective_timeout_policy: format!("{policy:?}").to_lowercase(),
-        job_state: Some(pb::JobState { is_job, watched, terminated }),
+        job_state: Some(pb::JobState {
+            is_job,
+            watched,
+            terminated,
+        }),
         runtime_error: listed.err().unwrap_or_default(),
     }
 }
@@ -272,14 +329,26 @@ fn container_state(s: i32) -> &'static str {
 /// engine runs, its metrics and what its caches hold.
 pub fn registry(tap: &Tap, engine: Option<&Arc<Engine>>) -> Registry {
     let mut reg = Registry::default();
-    reg.register("crisp_build", "crisp's version", Info::new([("version", env!("CARGO_PKG_VERSION"))]));
+    reg.register(
+        "crisp_build",
+        "crisp's version",
+        Info::new([("version", env!("CARGO_PKG_VERSION"))]),
+    );
     tap.metrics().register(&mut reg);
     if let Some(e) = engine {
         e.metrics.register(&mut reg);
         // What the engine's caches hold: back to 0 once kubelet removed every pod (leak checks).
         let (pods, containers) = (e.clone(), e.clone());
-        reg.register_collector(Box::new(ScrapedGauge::new("crisp_tracked_pods", "Pod sandboxes the ordering engine tracks.", move || pods.tracked().0 as u64)));
-        reg.register_collector(Box::new(ScrapedGauge::new("crisp_tracked_containers", "Containers the ordering engine tracks.", move || containers.tracked().1 as u64)));
+        reg.register_collector(Box::new(ScrapedGauge::new(
+            "crisp_tracked_pods",
+            "Pod sandboxes the ordering engine tracks.",
+            move || pods.tracked().0 as u64,
+        )));
+        reg.register_collector(Box::new(ScrapedGauge::new(
+            "crisp_tracked_containers",
+            "Containers the ordering engine tracks.",
+            move || containers.tracked().1 as u64,
+        )));
     }
     reg
 }
@@ -294,20 +363,37 @@ type Body = tonic::body::Body;
 fn plain(status: StatusCode, text: String) -> Response<Body> {
     let mut r = Response::new(Body::new(Full::new(Bytes::from(text))));
     *r.status_mut() = status;
-    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     r
 }
 
-async fn handle(mut req: Request<Incoming>, state: Arc<AdminState>, grpc: Option<AdminServer<AdminService>>, peer: Peer) -> Result<Response<Body>, Infallible> {
+async fn handle(
+    mut req: Request<Incoming>,
+    state: Arc<AdminState>,
+    grpc: Option<AdminServer<AdminService>>,
+    peer: Peer,
+) -> Result<Response<Body>, Infallible> {
     if req.uri().path() == "/metrics" {
         if req.method() != Method::GET && req.method() != Method::HEAD {
-            return Ok(plain(StatusCode::METHOD_NOT_ALLOWED, "use GET /metrics\n".into()));
+            return Ok(plain(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "use GET /metrics\n".into(),
+            ));
         }
         let mut r = plain(StatusCode::OK, render_metrics(&state));
-        r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(crate::metrics::CONTENT_TYPE));
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
+        );
         return Ok(r);
     }
-    let is_grpc = req.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+    let is_grpc = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
     match grpc {
         Some(mut svc) if is_grpc => {
             req.extensions_mut().insert(peer);
@@ -317,19 +403,35 @@ async fn handle(mut req: Request<Incoming>, state: Arc<AdminState>, grpc: Option
         None if is_grpc => {
             let mut r = Response::new(Body::empty());
             let h = r.headers_mut();
-            h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-            h.insert("grpc-status", HeaderValue::from(tonic::Code::Unimplemented as i32));
-            h.insert("grpc-message", HeaderValue::from_static("crisp serves its admin API on the admin socket only"));
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/grpc"),
+            );
+            h.insert(
+                "grpc-status",
+                HeaderValue::from(tonic::Code::Unimplemented as i32),
+            );
+            h.insert(
+                "grpc-message",
+                HeaderValue::from_static("crisp serves its admin API on the admin socket only"),
+            );
             Ok(r)
         }
-        _ => Ok(plain(StatusCode::NOT_FOUND, "crisp admin: GET /metrics, or the gRPC service crisp.admin.v1.Admin\n".into())),
+        _ => Ok(plain(
+            StatusCode::NOT_FOUND,
+            "crisp admin: GET /metrics, or the gRPC service crisp.admin.v1.Admin\n".into(),
+        )),
     }
 }
 
 /// Serves one connection with HTTP/1.1 (curl, Prometheus) or HTTP/2 (gRPC), as the client
 /// chooses.
-async fn connection<IO>(io: IO, state: Arc<AdminState>, grpc: Option<AdminServer<AdminService>>, peer: Peer)
-where
+async fn connection<IO>(
+    io: IO,
+    state: Arc<AdminState>,
+    grpc: Option<AdminServer<AdminService>>,
+    peer: Peer,
+) where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let svc = hyper::service::service_fn(move |req| handle(req, state.clone(), grpc.clone(), peer));
@@ -342,7 +444,12 @@ where
 /// The next connection `accept` gives, or `None` once `shutdown` resolves. Reaps finished
 /// connection tasks while it waits; a failed accept is logged (as `what`'s) and retried after a
 /// pause.
-async fn next_connection<S, A, F>(what: &str, tasks: &mut JoinSet<()>, shutdown: &mut (impl Future<Output = ()> + Unpin), mut accept: impl FnMut() -> F) -> Option<S>
+async fn next_connection<S, A, F>(
+    what: &str,
+    tasks: &mut JoinSet<()>,
+    shutdown: &mut (impl Future<Output = ()> + Unpin),
+    mut accept: impl FnMut() -> F,
+) -> Option<S>
 where
     F: Future<Output = std::io::Result<(S, A)>>,
 {
@@ -362,20 +469,41 @@ where
 }
 
 async fn drain(mut tasks: JoinSet<()>) {
-    if tokio::time::timeout(SHUTDOWN_GRACE, async { while tasks.join_next().await.is_some() {} }).await.is_err() {
+    if tokio::time::timeout(SHUTDOWN_GRACE, async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await
+    .is_err()
+    {
         tasks.abort_all();
     }
 }
 
 /// Serves the admin API on `listener` until `shutdown` resolves; then ends every tap stream.
-pub async fn serve(listener: tokio::net::UnixListener, state: Arc<AdminState>, shutdown: impl Future<Output = ()>) {
-    let grpc = AdminServer::new(AdminService { state: state.clone() });
+pub async fn serve(
+    listener: tokio::net::UnixListener,
+    state: Arc<AdminState>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let grpc = AdminServer::new(AdminService {
+        state: state.clone(),
+    });
     let mut tasks = JoinSet::new();
     tokio::pin!(shutdown);
-    while let Some(stream) = next_connection("admin socket", &mut tasks, &mut shutdown, || listener.accept()).await {
+    while let Some(stream) = next_connection("admin socket", &mut tasks, &mut shutdown, || {
+        listener.accept()
+    })
+    .await
+    {
         let peer = match stream.peer_cred() {
-            Ok(c) => Peer { uid: Some(c.uid()), pid: c.pid() },
-            Err(_) => Peer { uid: None, pid: None },
+            Ok(c) => Peer {
+                uid: Some(c.uid()),
+                pid: c.pid(),
+            },
+            Err(_) => Peer {
+                uid: None,
+                pid: None,
+            },
         };
         tasks.spawn(connection(stream, state.clone(), Some(grpc.clone()), peer));
     }
@@ -386,11 +514,27 @@ pub async fn serve(listener: tokio::net::UnixListener, state: Arc<AdminState>, s
 }
 
 /// Serves only `GET /metrics` over TCP (the opt-in `admin.metrics_tcp`): never the tap.
-pub async fn serve_metrics_tcp(listener: tokio::net::TcpListener, state: Arc<AdminState>, shutdown: impl Future<Output = ()>) {
+pub async fn serve_metrics_tcp(
+    listener: tokio::net::TcpListener,
+    state: Arc<AdminState>,
+    shutdown: impl Future<Output = ()>,
+) {
     let mut tasks = JoinSet::new();
     tokio::pin!(shutdown);
-    while let Some(stream) = next_connection("metrics listener", &mut tasks, &mut shutdown, || listener.accept()).await {
-        tasks.spawn(connection(stream, state.clone(), None, Peer { uid: None, pid: None }));
+    while let Some(stream) = next_connection("metrics listener", &mut tasks, &mut shutdown, || {
+        listener.accept()
+    })
+    .await
+    {
+        tasks.spawn(connection(
+            stream,
+            state.clone(),
+            None,
+            Peer {
+                uid: None,
+                pid: None,
+            },
+        ));
     }
     drain(tasks).await;
 }
@@ -398,7 +542,12 @@ pub async fn serve_metrics_tcp(listener: tokio::net::TcpListener, state: Arc<Adm
 /// Binds the admin socket (and the optional metrics TCP address) of `cfg` and serves them until
 /// `stop` turns true. Failing to bind is logged, not fatal: CRI traffic matters more than the
 /// tap. The returned task ends (and has removed the socket file) once both servers are done.
-pub async fn start(cfg: &crate::config::Config, tap: Arc<Tap>, engine: Option<Arc<Engine>>, stop: tokio::sync::watch::Receiver<bool>) -> Option<tokio::task::JoinHandle<()>> {
+pub async fn start(
+    cfg: &crate::config::Config,
+    tap: Arc<Tap>,
+    engine: Option<Arc<Engine>>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Option<tokio::task::JoinHandle<()>> {
     if !cfg.admin.enabled {
         return None;
     }
@@ -434,7 +583,11 @@ pub async fn start(cfg: &crate::config::Config, tap: Arc<Tap>, engine: Option<Ar
         Some(addr) => match tokio::net::TcpListener::bind(addr).await {
             Ok(l) => {
                 tracing::info!(metrics = %addr, "serving GET /metrics over TCP");
-                Some(tokio::spawn(serve_metrics_tcp(l, state, until_stopped(stop))))
+                Some(tokio::spawn(serve_metrics_tcp(
+                    l,
+                    state,
+                    until_stopped(stop),
+                )))
             }
             Err(e) => {
                 tracing::error!(error = %e, metrics = %addr, "cannot listen for metrics over TCP");
@@ -457,28 +610,63 @@ mod tests {
     #[test]
     fn only_root_gets_unredacted() {
         let redacted = pb::TapRequest::default();
-        let unredacted = pb::TapRequest { unredacted: true, ..Default::default() };
-        let root = Some(Peer { uid: Some(0), pid: Some(1) });
-        let nobody = Some(Peer { uid: Some(65534), pid: Some(1) });
+        let unredacted = pb::TapRequest {
+            unredacted: true,
+            ..Default::default()
+        };
+        let root = Some(Peer {
+            uid: Some(0),
+            pid: Some(1),
+        });
+        let nobody = Some(Peer {
+            uid: Some(65534),
+            pid: Some(1),
+        });
         assert!(authorize(&redacted, nobody).is_ok());
         assert!(authorize(&redacted, None).is_ok());
         assert!(authorize(&unredacted, root).is_ok());
         let e = authorize(&unredacted, nobody).unwrap_err();
         assert_eq!(e.code(), tonic::Code::PermissionDenied);
         assert!(e.message().contains("65534"), "{}", e.message());
-        assert_eq!(authorize(&unredacted, None).unwrap_err().code(), tonic::Code::PermissionDenied);
-        assert_eq!(authorize(&unredacted, Some(Peer { uid: None, pid: None })).unwrap_err().code(), tonic::Code::PermissionDenied);
+        assert_eq!(
+            authorize(&unredacted, None).unwrap_err().code(),
+            tonic::Code::PermissionDenied
+        );
+        assert_eq!(
+            authorize(
+                &unredacted,
+                Some(Peer {
+                    uid: None,
+                    pid: None
+                })
+            )
+            .unwrap_err()
+            .code(),
+            tonic::Code::PermissionDenied
+        );
     }
 
     #[test]
     fn request_to_filter() {
-        let f = filter_from(&pb::TapRequest { pod: "shop/web".into(), methods: vec!["Create*".into()], slower_than_ms: 5, ..Default::default() });
+        let f = filter_from(&pb::TapRequest {
+            pod: "shop/web".into(),
+            methods: vec!["Create*".into()],
+            slower_than_ms: 5,
+            ..Default::default()
+        });
         assert_eq!(f.namespace.as_deref(), Some("shop"));
         assert_eq!(f.pod.as_deref(), Some("web"));
         assert_eq!(f.slower_than, Duration::from_millis(5));
         assert_eq!(f.methods, vec![Glob::new("Create*")]);
-        let f = filter_from(&pb::TapRequest { namespace: "a".into(), pod: "b".into(), ..Default::default() });
-        assert_eq!((f.namespace.as_deref(), f.pod.as_deref()), (Some("a"), Some("b")));
+        let f = filter_from(&pb::TapRequest {
+            namespace: "a".into(),
+            pod: "b".into(),
+            ..Default::default()
+        });
+        assert_eq!(
+            (f.namespace.as_deref(), f.pod.as_deref()),
+            (Some("a"), Some("b"))
+        );
         assert_eq!(filter_from(&pb::TapRequest::default()), Filter::default());
     }
 }

@@ -18,9 +18,16 @@ pub const DEFAULT_STATE_DIR: &str = "/var/lib/crisp";
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("config file {path}: key `{key}`: {message}")]
-    Invalid { path: String, key: String, message: String },
+    Invalid {
+        path: String,
+        key: String,
+        message: String,
+    },
 }
 
 /// The whole configuration, with defaults applied.
@@ -89,7 +96,13 @@ pub struct AdminConfig {
 
 impl Default for AdminConfig {
     fn default() -> Self {
-        AdminConfig { enabled: true, socket: None, mode: 0o600, metrics_tcp: None, tap_queue: 4096 }
+        AdminConfig {
+            enabled: true,
+            socket: None,
+            mode: 0o600,
+            metrics_tcp: None,
+            tap_queue: 4096,
+        }
     }
 }
 
@@ -121,7 +134,10 @@ pub struct LogConfig {
 
 impl Default for LogConfig {
     fn default() -> Self {
-        LogConfig { level: "info".into(), format: LogFormat::Text }
+        LogConfig {
+            level: "info".into(),
+            format: LogFormat::Text,
+        }
     }
 }
 
@@ -264,7 +280,11 @@ pub struct JobConfig {
 
 impl Default for JobConfig {
     fn default() -> Self {
-        JobConfig { enabled: true, poll_interval: Duration::from_millis(250), restart_grace: Duration::from_secs(5) }
+        JobConfig {
+            enabled: true,
+            poll_interval: Duration::from_millis(250),
+            restart_grace: Duration::from_secs(5),
+        }
     }
 }
 
@@ -300,7 +320,9 @@ impl Config {
         };
         match std::fs::read_to_string(&path) {
             Ok(text) => Config::from_toml(&text, &path.display().to_string()),
-            Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => Ok(Config::default()),
+            Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => {
+                Ok(Config::default())
+            }
             Err(source) => Err(ConfigError::Read { path, source }),
         }
     }
@@ -309,7 +331,11 @@ impl Config {
         let de = toml::Deserializer::new(text);
         let cfg: Config = serde_path_to_error::deserialize(de).map_err(|e| {
             let key = e.path().to_string();
-            ConfigError::Invalid { path: origin.to_string(), key, message: e.into_inner().message().trim().to_string() }
+            ConfigError::Invalid {
+                path: origin.to_string(),
+                key,
+                message: e.into_inner().message().trim().to_string(),
+            }
         })?;
         cfg.validate(origin)?;
         Ok(cfg)
@@ -317,75 +343,129 @@ impl Config {
 
     /// Cross-field checks that serde cannot express.
     pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
-        let bad = |key: &str, message: String| ConfigError::Invalid { path: origin.into(), key: key.into(), message };
+        let bad = |key: &str, message: String| ConfigError::Invalid {
+            path: origin.into(),
+            key: key.into(),
+            message,
+        };
         if self.ordering.start_timeout > MAX_START_TIMEOUT {
             return Err(bad(
                 "ordering.start_timeout",
-                format!("{:?} is too long: holds must end before kubelet's 2 min deadline (max {:?})", self.ordering.start_timeout, MAX_START_TIMEOUT),
+                format!(
+                    "{:?} is too long: holds must end before kubelet's 2 min deadline (max {:?})",
+                    self.ordering.start_timeout, MAX_START_TIMEOUT
+                ),
             ));
         }
-        if !self.ordering.refuse_held_after.is_zero() && self.ordering.refuse_held_after < MIN_REFUSE_HELD_AFTER {
+        if !self.ordering.refuse_held_after.is_zero()
+            && self.ordering.refuse_held_after < MIN_REFUSE_HELD_AFTER
+        {
             return Err(bad(
                 "ordering.refuse_held_after",
                 format!("{:?} is too short: each refusal costs kubelet a 1–1.5 s retry (min {:?}; \"0s\" turns it off)", self.ordering.refuse_held_after, MIN_REFUSE_HELD_AFTER),
             ));
         }
         if self.ordering.probe_interval.is_zero() {
-            return Err(bad("ordering.probe_interval", "must be greater than 0".into()));
+            return Err(bad(
+                "ordering.probe_interval",
+                "must be greater than 0".into(),
+            ));
         }
         if self.ordering.probe_timeout.is_zero() {
-            return Err(bad("ordering.probe_timeout", "must be greater than 0".into()));
+            return Err(bad(
+                "ordering.probe_timeout",
+                "must be greater than 0".into(),
+            ));
         }
         if !(1..=MAX_PROBES_IN_FLIGHT).contains(&self.ordering.max_probes_in_flight) {
-            return Err(bad("ordering.max_probes_in_flight", format!("must be between 1 and {MAX_PROBES_IN_FLIGHT}")));
+            return Err(bad(
+                "ordering.max_probes_in_flight",
+                format!("must be between 1 and {MAX_PROBES_IN_FLIGHT}"),
+            ));
         }
         if !(1..=MAX_PROBE_CONNECTS_PER_SECOND).contains(&self.ordering.probe_connects_per_second) {
-            return Err(bad("ordering.probe_connects_per_second", format!("must be between 1 and {MAX_PROBE_CONNECTS_PER_SECOND}")));
+            return Err(bad(
+                "ordering.probe_connects_per_second",
+                format!("must be between 1 and {MAX_PROBE_CONNECTS_PER_SECOND}"),
+            ));
         }
         if !(1..=MAX_RUNTIME_READS_PER_SECOND).contains(&self.ordering.runtime_reads_per_second) {
-            return Err(bad("ordering.runtime_reads_per_second", format!("must be between 1 and {MAX_RUNTIME_READS_PER_SECOND}")));
+            return Err(bad(
+                "ordering.runtime_reads_per_second",
+                format!("must be between 1 and {MAX_RUNTIME_READS_PER_SECOND}"),
+            ));
         }
         if !(1..=MAX_RUNTIME_READS_IN_FLIGHT).contains(&self.ordering.max_runtime_reads_in_flight) {
-            return Err(bad("ordering.max_runtime_reads_in_flight", format!("must be between 1 and {MAX_RUNTIME_READS_IN_FLIGHT}")));
+            return Err(bad(
+                "ordering.max_runtime_reads_in_flight",
+                format!("must be between 1 and {MAX_RUNTIME_READS_IN_FLIGHT}"),
+            ));
         }
         if self.ordering.probe_allow.len() > MAX_PROBE_ALLOW {
-            return Err(bad("ordering.probe_allow", format!("more than {MAX_PROBE_ALLOW} networks")));
+            return Err(bad(
+                "ordering.probe_allow",
+                format!("more than {MAX_PROBE_ALLOW} networks"),
+            ));
         }
         if self.job.poll_interval.is_zero() {
             return Err(bad("job.poll_interval", "must be greater than 0".into()));
         }
         if !(1..=64).contains(&self.proxy.upstream_connections) {
-            return Err(bad("proxy.upstream_connections", "must be between 1 and 64".into()));
+            return Err(bad(
+                "proxy.upstream_connections",
+                "must be between 1 and 64".into(),
+            ));
         }
         if self.proxy.max_concurrent_streams == 0 {
-            return Err(bad("proxy.max_concurrent_streams", "must be greater than 0".into()));
+            return Err(bad(
+                "proxy.max_concurrent_streams",
+                "must be greater than 0".into(),
+            ));
         }
         if self.listen == self.upstream {
-            return Err(bad("listen", "must differ from `upstream` (crisp would forward to itself)".into()));
+            return Err(bad(
+                "listen",
+                "must differ from `upstream` (crisp would forward to itself)".into(),
+            ));
         }
         let mut seen = BTreeMap::new();
         for (i, rule) in self.sidecars.iter().enumerate() {
             if rule.name.is_empty() {
-                return Err(bad(&format!("sidecars[{i}].name"), "must not be empty".into()));
+                return Err(bad(
+                    &format!("sidecars[{i}].name"),
+                    "must not be empty".into(),
+                ));
             }
             if let Err(m) = crate::readiness::Readiness::parse(&rule.ready) {
                 return Err(bad(&format!("sidecars[{i}].ready"), m));
             }
             if let Some(j) = seen.insert(rule.name.clone(), i) {
-                return Err(bad(&format!("sidecars[{i}].name"), format!("`{}` already declared in sidecars[{j}]", rule.name)));
+                return Err(bad(
+                    &format!("sidecars[{i}].name"),
+                    format!("`{}` already declared in sidecars[{j}]", rule.name),
+                ));
             }
         }
         let mut names = BTreeMap::new();
         for (i, rule) in self.injectors.iter().enumerate() {
             injectors::validate(rule).map_err(|(k, m)| bad(&format!("injectors[{i}].{k}"), m))?;
             if let Some(j) = names.insert(rule.name.clone(), i) {
-                return Err(bad(&format!("injectors[{i}].name"), format!("`{}` already declared in injectors[{j}]", rule.name)));
+                return Err(bad(
+                    &format!("injectors[{i}].name"),
+                    format!("`{}` already declared in injectors[{j}]", rule.name),
+                ));
             }
         }
         if self.admin.enabled {
             let admin = self.admin_socket();
             if admin == self.listen || admin == self.upstream {
-                return Err(bad("admin.socket", format!("{} is already `listen` or `upstream`; the admin socket needs its own path", admin.display())));
+                return Err(bad(
+                    "admin.socket",
+                    format!(
+                        "{} is already `listen` or `upstream`; the admin socket needs its own path",
+                        admin.display()
+                    ),
+                ));
             }
             if self.admin.tap_queue == 0 {
                 return Err(bad("admin.tap_queue", "must be greater than 0".into()));
@@ -410,13 +490,21 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let mut total = Duration::ZERO;
     let mut rest = s;
     while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(rest.len());
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .unwrap_or(rest.len());
         if digits == 0 {
-            return Err(format!("invalid duration {s:?} (expected e.g. \"90s\", \"100ms\", \"2m\")"));
+            return Err(format!(
+                "invalid duration {s:?} (expected e.g. \"90s\", \"100ms\", \"2m\")"
+            ));
         }
-        let num: f64 = rest[..digits].parse().map_err(|_| format!("invalid number in duration {s:?}"))?;
+        let num: f64 = rest[..digits]
+            .parse()
+            .map_err(|_| format!("invalid number in duration {s:?}"))?;
         rest = &rest[digits..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
         let secs = match &rest[..unit_len] {
             "h" => num * 3600.0,
             "m" => num * 60.0,
@@ -441,14 +529,26 @@ fn de_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Er
     parse_duration(&s).map_err(serde::de::Error::custom)
 }
 
-fn de_cidrs<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<crate::readiness::Cidr>, D::Error> {
+fn de_cidrs<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Vec<crate::readiness::Cidr>, D::Error> {
     let list = Vec::<String>::deserialize(d)?;
     parse_cidrs(&list).map_err(serde::de::Error::custom)
 }
 
 /// `[ordering] probe_allow`: every entry a network (`10.0.0.0/8`, `fd00::/8`) or an address.
 pub fn parse_cidrs(list: &[String]) -> Result<Vec<crate::readiness::Cidr>, String> {
-    list.iter().enumerate().map(|(i, s)| crate::readiness::Cidr::parse(s).map_err(|e| format!("entry {i} ({:?}): {e}", s.chars().take(64).collect::<String>()))).collect()
+    list.iter()
+        .enumerate()
+        .map(|(i, s)| {
+            crate::readiness::Cidr::parse(s).map_err(|e| {
+                format!(
+                    "entry {i} ({:?}): {e}",
+                    s.chars().take(64).collect::<String>()
+                )
+            })
+        })
+        .collect()
 }
 
 fn de_mode<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
@@ -457,7 +557,8 @@ fn de_mode<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
 }
 
 pub fn parse_mode(s: &str) -> Result<u32, String> {
-    let m = u32::from_str_radix(s.trim_start_matches("0o"), 8).map_err(|_| format!("invalid octal mode {s:?} (e.g. \"0660\")"))?;
+    let m = u32::from_str_radix(s.trim_start_matches("0o"), 8)
+        .map_err(|_| format!("invalid octal mode {s:?} (e.g. \"0660\")"))?;
     if m > 0o777 {
         return Err(format!("mode {s:?} out of range"));
     }
@@ -469,5 +570,7 @@ mod tests;
 
 /// A `tracing` filter directive (`info`, `info,crisp=debug`, ...) that the logger will accept.
 pub fn validate_filter(filter: &str) -> Result<(), String> {
-    tracing_subscriber::EnvFilter::try_new(filter).map(|_| ()).map_err(|e| format!("invalid log filter {filter:?}: {e}"))
+    tracing_subscriber::EnvFilter::try_new(filter)
+        .map(|_| ())
+        .map_err(|e| format!("invalid log filter {filter:?}: {e}"))
 }

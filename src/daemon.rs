@@ -20,14 +20,25 @@ pub fn interceptors(cfg: &Config, upstream: &Arc<Upstream>) -> Vec<Arc<dyn Inter
 }
 
 /// The interceptor chain and the tap in it (the admin socket serves the tap's subscribers).
-pub fn chain(cfg: &Config, upstream: &Arc<Upstream>) -> (Vec<Arc<dyn Interceptor>>, Arc<Tap>, Arc<Engine>) {
+pub fn chain(
+    cfg: &Config,
+    upstream: &Arc<Upstream>,
+) -> (Vec<Arc<dyn Interceptor>>, Arc<Tap>, Arc<Engine>) {
     let client = RuntimeClient::new(upstream.clone(), Duration::from_secs(5));
     let terminated = Arc::new(Terminated::open(Some(cfg.state_dir.clone())));
-    let engine = Engine::new(cfg, client, Arc::new(OrderingMetrics::default()), terminated);
+    let engine = Engine::new(
+        cfg,
+        client,
+        Arc::new(OrderingMetrics::default()),
+        terminated,
+    );
     // Job pods whose sidecars crisp must end are found again after a restart.
     let recovering = engine.clone();
     tokio::spawn(async move { recovering.recover(crate::cri::ApiVersion::V1).await });
-    let tap = Tap::new(Arc::new(CallMetrics::default()), Some(engine.clone() as Arc<dyn crate::intercept::PodNames>));
+    let tap = Tap::new(
+        Arc::new(CallMetrics::default()),
+        Some(engine.clone() as Arc<dyn crate::intercept::PodNames>),
+    );
     // Holds are live in the tap: the engine reports them as they happen.
     engine.set_hold_sink(tap.clone());
     // The tap goes first: it reads a Remove call's names before the engine forgets them.
@@ -42,7 +53,11 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
     let mut listen = cfg.listen.display().to_string();
     let (listener, _guard) = match crate::systemd::take_listener()? {
         Some(inherited) => {
-            let path = inherited.path.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "(unnamed)".into());
+            let path = inherited
+                .path
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| "(unnamed)".into());
             listen = path.clone();
             if inherited.path.as_deref() != Some(cfg.listen.as_path()) {
                 tracing::warn!(
@@ -51,8 +66,13 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
                 );
             }
             tracing::info!(listen = %path, name = inherited.name.as_deref().unwrap_or(""), "serving on the socket inherited from systemd");
-            let l = listener::from_fd(std::os::fd::IntoRawFd::into_raw_fd(inherited.fd))
-                .map_err(|e| anyhow::anyhow!("socket activation: cannot use the inherited socket {path}: {e}"))?;
+            let l = listener::from_fd(std::os::fd::IntoRawFd::into_raw_fd(inherited.fd)).map_err(
+                |e| {
+                    anyhow::anyhow!(
+                        "socket activation: cannot use the inherited socket {path}: {e}"
+                    )
+                },
+            )?;
             (l, None)
         }
         None => {
@@ -64,7 +84,10 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
     if !cfg.proxy.relay {
         tracing::warn!("config: proxy.relay = false is no longer supported and is ignored; every connection is relayed (crisp's own HTTP/2 server rejected the :authority that kubelet and crictl send)");
     }
-    crate::systemd::notify_ready(&format!("serving, forwarding to {}", cfg.upstream.display()));
+    crate::systemd::notify_ready(&format!(
+        "serving, forwarding to {}",
+        cfg.upstream.display()
+    ));
     let shutdown = async move {
         shutdown.await;
         crate::systemd::notify_stopping("draining in-flight calls");
@@ -74,15 +97,27 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
 }
 
 /// Serves on an already-bound listener (tests, socket activation).
-pub async fn serve_on(listener: tokio::net::UnixListener, cfg: Config, shutdown: impl Future<Output = ()>) {
+pub async fn serve_on(
+    listener: tokio::net::UnixListener,
+    cfg: Config,
+    shutdown: impl Future<Output = ()>,
+) {
     serve_on_notify(listener, cfg, shutdown, tokio::sync::oneshot::channel().0).await
 }
 
 /// [`serve_on`], telling `admin_ready` once the admin socket listens (or will not: disabled, or
 /// failed to bind, which crisp logs and survives). CRI calls are served from the start either
 /// way; this is for whoever waits to tap (tests, instead of polling connect()).
-pub async fn serve_on_notify(listener: tokio::net::UnixListener, cfg: Config, shutdown: impl Future<Output = ()>, admin_ready: tokio::sync::oneshot::Sender<()>) {
-    let upstream = std::sync::Arc::new(Upstream::new(cfg.upstream.clone(), UpstreamOptions::from(&cfg)));
+pub async fn serve_on_notify(
+    listener: tokio::net::UnixListener,
+    cfg: Config,
+    shutdown: impl Future<Output = ()>,
+    admin_ready: tokio::sync::oneshot::Sender<()>,
+) {
+    let upstream = std::sync::Arc::new(Upstream::new(
+        cfg.upstream.clone(),
+        UpstreamOptions::from(&cfg),
+    ));
     let (list, tap, engine) = chain(&cfg, &upstream);
     let proxy = Proxy::new(upstream, Interceptors::new(list), ProxyOptions::from(&cfg));
     // The admin socket (tap, metrics) stops with the CRI listener.

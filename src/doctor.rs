@@ -41,7 +41,13 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Options { root: "/".into(), config: None, listen: None, upstream: None, timeout: Duration::from_secs(5) }
+        Options {
+            root: "/".into(),
+            config: None,
+            listen: None,
+            upstream: None,
+            timeout: Duration::from_secs(5),
+        }
     }
 }
 
@@ -79,8 +85,19 @@ pub struct Report {
 }
 
 impl Report {
-    fn push(&mut self, name: &'static str, level: Level, detail: impl Into<String>, fix: Option<String>) {
-        self.checks.push(Check { name, level, detail: detail.into(), fix });
+    fn push(
+        &mut self,
+        name: &'static str,
+        level: Level,
+        detail: impl Into<String>,
+        fix: Option<String>,
+    ) {
+        self.checks.push(Check {
+            name,
+            level,
+            detail: detail.into(),
+            fix,
+        });
     }
     fn ok(&mut self, name: &'static str, detail: impl Into<String>) {
         self.push(name, Level::Ok, detail, None);
@@ -103,21 +120,43 @@ impl Report {
 
     /// The worst level of the checks named `name`.
     pub fn level_of(&self, name: &str) -> Option<Level> {
-        self.checks.iter().filter(|c| c.name == name).map(|c| c.level).max()
+        self.checks
+            .iter()
+            .filter(|c| c.name == name)
+            .map(|c| c.level)
+            .max()
     }
 }
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for c in &self.checks {
-            writeln!(f, "[{:<4}] {:<12} {}", c.level.to_string(), c.name, c.detail)?;
+            writeln!(
+                f,
+                "[{:<4}] {:<12} {}",
+                c.level.to_string(),
+                c.name,
+                c.detail
+            )?;
             if let Some(fix) = &c.fix {
                 for (i, line) in fix.lines().enumerate() {
-                    writeln!(f, "{:20}{} {}", "", if i == 0 { "fix:" } else { "    " }, line)?;
+                    writeln!(
+                        f,
+                        "{:20}{} {}",
+                        "",
+                        if i == 0 { "fix:" } else { "    " },
+                        line
+                    )?;
                 }
             }
         }
-        write!(f, "{} FAIL, {} WARN, {} OK", self.count(Level::Fail), self.count(Level::Warn), self.count(Level::Ok))
+        write!(
+            f,
+            "{} FAIL, {} WARN, {} OK",
+            self.count(Level::Fail),
+            self.count(Level::Warn),
+            self.count(Level::Ok)
+        )
     }
 }
 
@@ -134,7 +173,10 @@ pub async fn run(opts: &Options) -> Report {
     let mut r = Report::default();
     let cfg = check_config(opts, &mut r);
     let listen = opts.listen.clone().unwrap_or_else(|| cfg.listen.clone());
-    let upstream = opts.upstream.clone().unwrap_or_else(|| cfg.upstream.clone());
+    let upstream = opts
+        .upstream
+        .clone()
+        .unwrap_or_else(|| cfg.upstream.clone());
     check_upstream(opts, &upstream, &mut r).await;
     check_crisp_socket(opts, &listen, &mut r).await;
     check_kubelet(opts, &listen, &upstream, &mut r);
@@ -146,20 +188,44 @@ pub async fn run(opts: &Options) -> Report {
 fn check_config(opts: &Options, r: &mut Report) -> Config {
     let (path, explicit) = match &opts.config {
         Some(p) => (p.clone(), true),
-        None => (under_root(&opts.root, Path::new(DEFAULT_CONFIG_PATH)), false),
+        None => (
+            under_root(&opts.root, Path::new(DEFAULT_CONFIG_PATH)),
+            false,
+        ),
     };
     if !explicit && !path.exists() {
-        r.ok("config", format!("no config file at {}: built-in defaults apply", path.display()));
+        r.ok(
+            "config",
+            format!(
+                "no config file at {}: built-in defaults apply",
+                path.display()
+            ),
+        );
         return Config::default();
     }
     match Config::load(Some(&path)) {
         Ok(mut cfg) => {
-            let (l, u) = (opts.listen.clone().unwrap_or(cfg.listen.clone()), opts.upstream.clone().unwrap_or(cfg.upstream.clone()));
+            let (l, u) = (
+                opts.listen.clone().unwrap_or(cfg.listen.clone()),
+                opts.upstream.clone().unwrap_or(cfg.upstream.clone()),
+            );
             cfg.listen = l;
             cfg.upstream = u;
             match cfg.validate("command line") {
-                Ok(()) => r.ok("config", format!("{} is valid (listen {}, upstream {})", path.display(), cfg.listen.display(), cfg.upstream.display())),
-                Err(e) => r.fail("config", e.to_string(), "pass different --listen/--upstream".to_string()),
+                Ok(()) => r.ok(
+                    "config",
+                    format!(
+                        "{} is valid (listen {}, upstream {})",
+                        path.display(),
+                        cfg.listen.display(),
+                        cfg.upstream.display()
+                    ),
+                ),
+                Err(e) => r.fail(
+                    "config",
+                    e.to_string(),
+                    "pass different --listen/--upstream".to_string(),
+                ),
             }
             cfg
         }
@@ -171,27 +237,47 @@ fn check_config(opts: &Options, r: &mut Report) -> Config {
 }
 
 fn client_for(path: &Path, timeout: Duration) -> RuntimeClient {
-    let opts = UpstreamOptions { connect_timeout: timeout.min(Duration::from_secs(2)), ..Default::default() };
+    let opts = UpstreamOptions {
+        connect_timeout: timeout.min(Duration::from_secs(2)),
+        ..Default::default()
+    };
     RuntimeClient::new(Arc::new(Upstream::new(path.to_path_buf(), opts)), timeout)
 }
 
 fn describe(v: &VersionResponse) -> String {
-    format!("{} {} (CRI {})", v.runtime_name, v.runtime_version, v.runtime_api_version)
+    format!(
+        "{} {} (CRI {})",
+        v.runtime_name, v.runtime_version, v.runtime_api_version
+    )
 }
 
 /// `Err(detail, fix)` unless `path` is an existing unix socket.
-fn socket_exists(path: &Path, what: &str, fix_missing: &str) -> Result<std::fs::Metadata, (String, String)> {
+fn socket_exists(
+    path: &Path,
+    what: &str,
+    fix_missing: &str,
+) -> Result<std::fs::Metadata, (String, String)> {
     match std::fs::symlink_metadata(path) {
         Ok(md) if md.file_type().is_socket() => Ok(md),
-        Ok(_) => Err((format!("{} ({what}) exists but is not a unix socket", path.display()), format!("remove {} and {fix_missing}", path.display()))),
-        Err(e) => Err((format!("{} ({what}): {e}", path.display()), fix_missing.to_string())),
+        Ok(_) => Err((
+            format!(
+                "{} ({what}) exists but is not a unix socket",
+                path.display()
+            ),
+            format!("remove {} and {fix_missing}", path.display()),
+        )),
+        Err(e) => Err((
+            format!("{} ({what}): {e}", path.display()),
+            fix_missing.to_string(),
+        )),
     }
 }
 
 async fn check_upstream(opts: &Options, upstream: &Path, r: &mut Report) {
     let path = under_root(&opts.root, upstream);
     let fix_missing = format!("start the runtime (systemctl start containerd), or set `upstream` in {} to the runtime's socket", DEFAULT_CONFIG_PATH);
-    if let Err((detail, fix)) = socket_exists(&path, "upstream, the runtime's socket", &fix_missing) {
+    if let Err((detail, fix)) = socket_exists(&path, "upstream, the runtime's socket", &fix_missing)
+    {
         r.fail("upstream", detail, fix);
         return;
     }
@@ -199,7 +285,14 @@ async fn check_upstream(opts: &Options, upstream: &Path, r: &mut Report) {
     let v1 = client.version(ApiVersion::V1).await;
     let v1alpha2 = client.version(ApiVersion::V1alpha2).await;
     let served = |res: &Result<VersionResponse, ClientError>| res.is_ok();
-    let apis: Vec<&str> = [("runtime.v1", served(&v1)), ("runtime.v1alpha2", served(&v1alpha2))].iter().filter(|(_, s)| *s).map(|(n, _)| *n).collect();
+    let apis: Vec<&str> = [
+        ("runtime.v1", served(&v1)),
+        ("runtime.v1alpha2", served(&v1alpha2)),
+    ]
+    .iter()
+    .filter(|(_, s)| *s)
+    .map(|(n, _)| *n)
+    .collect();
     match (&v1, &v1alpha2) {
         (Ok(v), _) => r.ok("upstream", format!("{} answers: {}; serves {}", path.display(), describe(v), apis.join(" and "))),
         (Err(_), Ok(v)) => r.warn(
@@ -217,7 +310,11 @@ async fn check_upstream(opts: &Options, upstream: &Path, r: &mut Report) {
 
 async fn check_crisp_socket(opts: &Options, listen: &Path, r: &mut Report) {
     let path = under_root(&opts.root, listen);
-    let md = match socket_exists(&path, "listen, crisp's socket", "start crisp: systemctl start crisp.socket crisp.service (install: hack/install.sh)") {
+    let md = match socket_exists(
+        &path,
+        "listen, crisp's socket",
+        "start crisp: systemctl start crisp.socket crisp.service (install: hack/install.sh)",
+    ) {
         Ok(md) => md,
         Err((detail, fix)) => return r.fail("crisp-socket", detail, fix),
     };
@@ -232,7 +329,11 @@ async fn check_crisp_socket(opts: &Options, listen: &Path, r: &mut Report) {
     if mode & 0o002 != 0 || uid != 0 {
         r.fail("crisp-socket", format!("{} has {perm}: whoever can connect controls the container runtime (root on this node)", path.display()), fix_perm);
     } else if mode != 0o660 {
-        r.warn("crisp-socket", format!("{} has {perm}, expected 0660 owned by root", path.display()), fix_perm);
+        r.warn(
+            "crisp-socket",
+            format!("{} has {perm}, expected 0660 owned by root", path.display()),
+            fix_perm,
+        );
     } else if gid != 0 {
         r.warn(
             "crisp-socket",
@@ -292,12 +393,16 @@ pub fn env_file_var(text: &str, name: &str) -> Option<String> {
         if l.starts_with('#') || l.starts_with(';') {
             continue;
         }
-        let Some((k, v)) = l.split_once('=') else { continue };
+        let Some((k, v)) = l.split_once('=') else {
+            continue;
+        };
         if k.trim() != name {
             continue;
         }
         let v = v.trim();
-        let unq = ['"', '\''].iter().find_map(|q| v.strip_prefix(*q).and_then(|x| x.strip_suffix(*q)));
+        let unq = ['"', '\'']
+            .iter()
+            .find_map(|q| v.strip_prefix(*q).and_then(|x| x.strip_suffix(*q)));
         found = Some(unq.unwrap_or(v).to_string());
     }
     found
@@ -325,12 +430,16 @@ pub fn flag_value(args: &str, flag: &str) -> Option<String> {
 pub fn yaml_top_level(text: &str, key: &str) -> Option<String> {
     let mut found = None;
     for line in text.lines() {
-        let Some(rest) = line.strip_prefix(key).and_then(|r| r.strip_prefix(':')) else { continue };
+        let Some(rest) = line.strip_prefix(key).and_then(|r| r.strip_prefix(':')) else {
+            continue;
+        };
         let mut v = rest.trim();
         if let Some(i) = v.find(" #") {
             v = v[..i].trim_end();
         }
-        let unq = ['"', '\''].iter().find_map(|q| v.strip_prefix(*q).and_then(|x| x.strip_suffix(*q)));
+        let unq = ['"', '\'']
+            .iter()
+            .find_map(|q| v.strip_prefix(*q).and_then(|x| x.strip_suffix(*q)));
         found = Some(unq.unwrap_or(v).to_string());
     }
     found
@@ -342,7 +451,12 @@ pub fn kubelet_settings(root: &Path) -> KubeletSettings {
     let read = |p: &str| std::fs::read_to_string(under_root(root, Path::new(p))).ok();
     if let Some(text) = read(KUBELET_CONFIG) {
         s.files.push(KUBELET_CONFIG.into());
-        let set = |v: Option<String>| v.filter(|v| !v.is_empty()).map(|value| Setting { value, file: KUBELET_CONFIG.into() });
+        let set = |v: Option<String>| {
+            v.filter(|v| !v.is_empty()).map(|value| Setting {
+                value,
+                file: KUBELET_CONFIG.into(),
+            })
+        };
         s.runtime_endpoint = set(yaml_top_level(&text, "containerRuntimeEndpoint"));
         s.image_endpoint = set(yaml_top_level(&text, "imageServiceEndpoint"));
     }
@@ -351,10 +465,15 @@ pub fn kubelet_settings(root: &Path) -> KubeletSettings {
     for (file, var) in args_files {
         let Some(text) = read(file) else { continue };
         s.files.push(file.into());
-        let Some(args) = env_file_var(&text, var) else { continue };
+        let Some(args) = env_file_var(&text, var) else {
+            continue;
+        };
         let set = |flag: &str, slot: &mut Option<Setting>| {
             if let Some(value) = flag_value(&args, flag) {
-                *slot = Some(Setting { value, file: file.into() });
+                *slot = Some(Setting {
+                    value,
+                    file: file.into(),
+                });
             }
         };
         set("--container-runtime-endpoint", &mut s.runtime_endpoint);
@@ -380,7 +499,11 @@ pub fn parse_kubelet_version(s: &str) -> Option<(u32, u32)> {
 }
 
 /// Where kubelet's binary is looked for under `--root` (on `/`, `kubelet` on PATH first).
-pub const KUBELET_BINS: [&str; 3] = ["/usr/bin/kubelet", "/usr/local/bin/kubelet", "/opt/bin/kubelet"];
+pub const KUBELET_BINS: [&str; 3] = [
+    "/usr/bin/kubelet",
+    "/usr/local/bin/kubelet",
+    "/opt/bin/kubelet",
+];
 
 /// kubelet's version, from running `kubelet --version`.
 fn kubelet_version(root: &Path) -> Option<(u32, u32)> {
@@ -393,7 +516,11 @@ fn kubelet_version(root: &Path) -> Option<(u32, u32)> {
             return Some(v);
         }
     }
-    KUBELET_BINS.iter().map(|b| under_root(root, Path::new(b))).filter(|b| b.exists()).find_map(|b| run(&b))
+    KUBELET_BINS
+        .iter()
+        .map(|b| under_root(root, Path::new(b)))
+        .filter(|b| b.exists())
+        .find_map(|b| run(&b))
 }
 
 /// What the kubelet's version means for crisp (README "Support matrix").
@@ -471,23 +598,36 @@ pub const KUBELET_DROPIN: &str = "/etc/systemd/system/kubelet.service.d/90-crisp
 pub const PACKAGE_UNIT_DIR: &str = "/lib/systemd/system";
 
 fn systemctl_available() -> bool {
-    Command::new("systemctl").arg("--version").output().map(|o| o.status.success()).unwrap_or(false)
+    Command::new("systemctl")
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
 }
 
 /// `ListenStream=` of a socket unit.
 pub fn unit_listen_stream(text: &str) -> Option<String> {
-    text.lines().rev().find_map(|l| l.trim().strip_prefix("ListenStream=")).map(|v| v.trim().to_string())
+    text.lines()
+        .rev()
+        .find_map(|l| l.trim().strip_prefix("ListenStream="))
+        .map(|v| v.trim().to_string())
 }
 
 fn check_units(opts: &Options, listen: &Path, r: &mut Report) {
     if !systemctl_available() {
-        r.ok("units", "systemctl not found: not a systemd node, unit checks skipped");
+        r.ok(
+            "units",
+            "systemctl not found: not a systemd node, unit checks skipped",
+        );
         return;
     }
     let root = &opts.root;
     let install = "install them: hack/install.sh (copies systemd/* and enables them), or crisp-install with the crisp package";
     // hack/install.sh puts the units in /etc/systemd/system; the .deb in /lib/systemd/system.
-    let unit_dir = [UNIT_DIR, PACKAGE_UNIT_DIR].into_iter().find(|d| under_root(root, &Path::new(d).join("crisp.service")).exists()).unwrap_or(UNIT_DIR);
+    let unit_dir = [UNIT_DIR, PACKAGE_UNIT_DIR]
+        .into_iter()
+        .find(|d| under_root(root, &Path::new(d).join("crisp.service")).exists())
+        .unwrap_or(UNIT_DIR);
     let mut missing = Vec::new();
     for unit in ["crisp.service", "crisp.socket"] {
         let p = under_root(root, &Path::new(unit_dir).join(unit));
@@ -500,10 +640,16 @@ fn check_units(opts: &Options, listen: &Path, r: &mut Report) {
         missing.push(dropin.display().to_string());
     }
     if !missing.is_empty() {
-        r.warn("units", format!("not installed: {}", missing.join(", ")), install);
+        r.warn(
+            "units",
+            format!("not installed: {}", missing.join(", ")),
+            install,
+        );
         return;
     }
-    let socket_unit = std::fs::read_to_string(under_root(root, &Path::new(unit_dir).join("crisp.socket"))).unwrap_or_default();
+    let socket_unit =
+        std::fs::read_to_string(under_root(root, &Path::new(unit_dir).join("crisp.socket")))
+            .unwrap_or_default();
     if let Some(ls) = unit_listen_stream(&socket_unit) {
         if Path::new(&ls) != listen {
             r.fail(
@@ -515,33 +661,60 @@ fn check_units(opts: &Options, listen: &Path, r: &mut Report) {
     }
     let mut not_enabled = Vec::new();
     for unit in ["crisp.socket", "crisp.service"] {
-        let out = Command::new("systemctl").arg(format!("--root={}", root.display())).args(["is-enabled", unit]).output();
-        let state = out.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
+        let out = Command::new("systemctl")
+            .arg(format!("--root={}", root.display()))
+            .args(["is-enabled", unit])
+            .output();
+        let state = out
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default();
         if state != "enabled" {
-            not_enabled.push(format!("{unit} ({})", if state.is_empty() { "unknown" } else { &state }));
+            not_enabled.push(format!(
+                "{unit} ({})",
+                if state.is_empty() { "unknown" } else { &state }
+            ));
         }
     }
     if !not_enabled.is_empty() {
-        r.warn("units", format!("not enabled: {}", not_enabled.join(", ")), "systemctl enable --now crisp.socket crisp.service");
+        r.warn(
+            "units",
+            format!("not enabled: {}", not_enabled.join(", ")),
+            "systemctl enable --now crisp.socket crisp.service",
+        );
         return;
     }
     let live = root == Path::new("/") && Path::new("/run/systemd/system").exists();
     if !live {
-        r.ok("units", "crisp.socket, crisp.service and the kubelet drop-in are installed and enabled");
+        r.ok(
+            "units",
+            "crisp.socket, crisp.service and the kubelet drop-in are installed and enabled",
+        );
         return;
     }
     let mut inactive = Vec::new();
     for unit in ["crisp.socket", "crisp.service", "kubelet.service"] {
         let out = Command::new("systemctl").args(["is-active", unit]).output();
-        let state = out.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
+        let state = out
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default();
         if state != "active" {
             inactive.push(format!("{unit} ({state})"));
         }
     }
     if inactive.is_empty() {
-        r.ok("units", "crisp.socket, crisp.service and kubelet.service are enabled and active");
+        r.ok(
+            "units",
+            "crisp.socket, crisp.service and kubelet.service are enabled and active",
+        );
     } else {
-        r.warn("units", format!("installed and enabled, but not active: {}", inactive.join(", ")), "systemctl start crisp.socket crisp.service; journalctl -u crisp -u kubelet");
+        r.warn(
+            "units",
+            format!(
+                "installed and enabled, but not active: {}",
+                inactive.join(", ")
+            ),
+            "systemctl start crisp.socket crisp.service; journalctl -u crisp -u kubelet",
+        );
     }
 }
 
@@ -553,35 +726,86 @@ mod tests {
     fn env_files() {
         let t = "# comment\nKUBELET_KUBEADM_ARGS=\"--a=1 --container-runtime-endpoint=unix:///run/containerd/containerd.sock\"\n";
         let v = env_file_var(t, "KUBELET_KUBEADM_ARGS").unwrap();
-        assert_eq!(flag_value(&v, "--container-runtime-endpoint").as_deref(), Some("unix:///run/containerd/containerd.sock"));
-        assert_eq!(env_file_var("KUBELET_EXTRA_ARGS=\n", "KUBELET_EXTRA_ARGS").as_deref(), Some(""));
-        assert_eq!(env_file_var("KUBELET_EXTRA_ARGS='--x y'\nKUBELET_EXTRA_ARGS=--z\n", "KUBELET_EXTRA_ARGS").as_deref(), Some("--z"));
-        assert_eq!(env_file_var("#KUBELET_EXTRA_ARGS=--z\n", "KUBELET_EXTRA_ARGS"), None);
+        assert_eq!(
+            flag_value(&v, "--container-runtime-endpoint").as_deref(),
+            Some("unix:///run/containerd/containerd.sock")
+        );
+        assert_eq!(
+            env_file_var("KUBELET_EXTRA_ARGS=\n", "KUBELET_EXTRA_ARGS").as_deref(),
+            Some("")
+        );
+        assert_eq!(
+            env_file_var(
+                "KUBELET_EXTRA_ARGS='--x y'\nKUBELET_EXTRA_ARGS=--z\n",
+                "KUBELET_EXTRA_ARGS"
+            )
+            .as_deref(),
+            Some("--z")
+        );
+        assert_eq!(
+            env_file_var("#KUBELET_EXTRA_ARGS=--z\n", "KUBELET_EXTRA_ARGS"),
+            None
+        );
     }
 
     #[test]
     fn flags_last_wins_and_space_form() {
-        assert_eq!(flag_value("--container-runtime-endpoint /a --container-runtime-endpoint=/b", "--container-runtime-endpoint").as_deref(), Some("/b"));
-        assert_eq!(flag_value("--container-runtime-endpoint=/b --container-runtime remote", "--container-runtime").as_deref(), Some("remote"));
-        assert_eq!(flag_value("--container-runtime-endpoint=/b", "--container-runtime"), None);
+        assert_eq!(
+            flag_value(
+                "--container-runtime-endpoint /a --container-runtime-endpoint=/b",
+                "--container-runtime-endpoint"
+            )
+            .as_deref(),
+            Some("/b")
+        );
+        assert_eq!(
+            flag_value(
+                "--container-runtime-endpoint=/b --container-runtime remote",
+                "--container-runtime"
+            )
+            .as_deref(),
+            Some("remote")
+        );
+        assert_eq!(
+            flag_value("--container-runtime-endpoint=/b", "--container-runtime"),
+            None
+        );
     }
 
     #[test]
     fn yaml() {
         let t = "apiVersion: kubelet.config.k8s.io/v1beta1\ncontainerRuntimeEndpoint: \"unix:///run/crisp/crisp.sock\" # crisp\n  containerRuntimeEndpoint: nested\n";
-        assert_eq!(yaml_top_level(t, "containerRuntimeEndpoint").as_deref(), Some("unix:///run/crisp/crisp.sock"));
+        assert_eq!(
+            yaml_top_level(t, "containerRuntimeEndpoint").as_deref(),
+            Some("unix:///run/crisp/crisp.sock")
+        );
         assert_eq!(yaml_top_level(t, "imageServiceEndpoint"), None);
     }
 
     #[test]
     fn endpoints_and_versions() {
-        assert_eq!(endpoint_path("unix:///run/crisp/crisp.sock"), Some(PathBuf::from("/run/crisp/crisp.sock")));
-        assert_eq!(endpoint_path("/run/x.sock"), Some(PathBuf::from("/run/x.sock")));
+        assert_eq!(
+            endpoint_path("unix:///run/crisp/crisp.sock"),
+            Some(PathBuf::from("/run/crisp/crisp.sock"))
+        );
+        assert_eq!(
+            endpoint_path("/run/x.sock"),
+            Some(PathBuf::from("/run/x.sock"))
+        );
         assert_eq!(endpoint_path("tcp://1.2.3.4:5"), None);
         assert_eq!(parse_kubelet_version("Kubernetes v1.27.3\n"), Some((1, 27)));
-        assert_eq!(parse_kubelet_version("Kubernetes v1.30.0-rc.1"), Some((1, 30)));
+        assert_eq!(
+            parse_kubelet_version("Kubernetes v1.30.0-rc.1"),
+            Some((1, 30))
+        );
         assert_eq!(parse_kubelet_version("garbage"), None);
-        assert_eq!(under_root(Path::new("/"), Path::new("/etc/x")), PathBuf::from("/etc/x"));
-        assert_eq!(under_root(Path::new("/tmp/r"), Path::new("/etc/x")), PathBuf::from("/tmp/r/etc/x"));
+        assert_eq!(
+            under_root(Path::new("/"), Path::new("/etc/x")),
+            PathBuf::from("/etc/x")
+        );
+        assert_eq!(
+            under_root(Path::new("/tmp/r"), Path::new("/etc/x")),
+            PathBuf::from("/tmp/r/etc/x")
+        );
     }
 }

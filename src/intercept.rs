@@ -44,14 +44,22 @@ pub struct Interest {
 }
 
 impl Interest {
-    pub const NONE: Interest = Interest { request: false, response: false, complete: false };
+    pub const NONE: Interest = Interest {
+        request: false,
+        response: false,
+        complete: false,
+    };
 
     pub fn is_none(&self) -> bool {
         *self == Interest::NONE
     }
 
     pub fn union(self, other: Interest) -> Interest {
-        Interest { request: self.request || other.request, response: self.response || other.response, complete: self.complete || other.complete }
+        Interest {
+            request: self.request || other.request,
+            response: self.response || other.response,
+            complete: self.complete || other.complete,
+        }
     }
 }
 
@@ -96,7 +104,13 @@ pub trait Interceptor: Send + Sync + 'static {
 
     /// Sees the response. `msg` is `None` for a status-only answer. Returning `Some` replaces the
     /// message that goes back to the client.
-    fn on_response(&self, _call: &Call, _req: &[u8], _msg: Option<&[u8]>, _code: i32) -> Option<Bytes> {
+    fn on_response(
+        &self,
+        _call: &Call,
+        _req: &[u8],
+        _msg: Option<&[u8]>,
+        _code: i32,
+    ) -> Option<Bytes> {
         None
     }
 
@@ -115,7 +129,9 @@ impl Interceptors {
     }
 
     pub fn interest(&self, call: &Call) -> Interest {
-        self.list.iter().fold(Interest::NONE, |acc, i| acc.union(i.interest(call)))
+        self.list
+            .iter()
+            .fold(Interest::NONE, |acc, i| acc.union(i.interest(call)))
     }
 
     pub async fn on_request(&self, call: &Call, msg: &[u8]) -> Verdict {
@@ -136,7 +152,13 @@ impl Interceptors {
         }
     }
 
-    pub fn on_response(&self, call: &Call, req: &[u8], msg: Option<&[u8]>, code: i32) -> Option<Bytes> {
+    pub fn on_response(
+        &self,
+        call: &Call,
+        req: &[u8],
+        msg: Option<&[u8]>,
+        code: i32,
+    ) -> Option<Bytes> {
         let mut replaced: Option<Bytes> = None;
         for i in &self.list {
             if i.interest(call).response {
@@ -164,7 +186,11 @@ pub trait PodNames: Send + Sync {
     #[allow(clippy::type_complexity)]
     /// `(namespace, name)` of the pod of `sandbox_id` (or of the container's sandbox), and
     /// `(sandbox id, container name)` of `container_id`, where known.
-    fn names(&self, sandbox_id: Option<&str>, container_id: Option<&str>) -> (Option<(String, String)>, Option<(String, String)>);
+    fn names(
+        &self,
+        sandbox_id: Option<&str>,
+        container_id: Option<&str>,
+    ) -> (Option<(String, String)>, Option<(String, String)>);
 }
 
 /// Where a hold stands, in a [`HoldEvent`].

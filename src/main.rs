@@ -123,7 +123,10 @@ fn main() -> ExitCode {
 }
 
 fn runtime() -> Option<tokio::runtime::Runtime> {
-    match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => Some(rt),
         Err(e) => {
             eprintln!("crisp: cannot start the async runtime: {e}");
@@ -145,7 +148,9 @@ fn serve(cli: &ServeArgs) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     crisp::telemetry::init(&cfg.log.level, cfg.log.format);
-    let Some(rt) = runtime() else { return ExitCode::FAILURE };
+    let Some(rt) = runtime() else {
+        return ExitCode::FAILURE;
+    };
     // Before any socket exists: a SIGTERM sent once crisp is reachable must never be lost.
     let signals = {
         let _in_runtime = rt.enter();
@@ -162,8 +167,16 @@ fn serve(cli: &ServeArgs) -> ExitCode {
 }
 
 fn doctor(args: DoctorArgs) -> ExitCode {
-    let opts = crisp::doctor::Options { root: args.root, config: args.config, listen: args.listen, upstream: args.upstream, ..Default::default() };
-    let Some(rt) = runtime() else { return ExitCode::FAILURE };
+    let opts = crisp::doctor::Options {
+        root: args.root,
+        config: args.config,
+        listen: args.listen,
+        upstream: args.upstream,
+        ..Default::default()
+    };
+    let Some(rt) = runtime() else {
+        return ExitCode::FAILURE;
+    };
     let report = rt.block_on(crisp::doctor::run(&opts));
     println!("{report}");
     if report.passed() {
@@ -186,7 +199,10 @@ impl Signals {
     /// Must run inside the runtime.
     fn install() -> Signals {
         use tokio::signal::unix::{signal, SignalKind};
-        match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
             (Ok(term), Ok(int)) => Signals(Some((term, int))),
             (Err(e), _) | (_, Err(e)) => {
                 tracing::error!(error = %e, "cannot install signal handlers; only SIGKILL will stop crisp");

@@ -30,7 +30,10 @@ pub const HOLD_BUCKETS: [f64; 10] = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 
 
 /// Bucket upper bounds (seconds) for CRI call latency: sub-millisecond polling calls up to
 /// kubelet's 2 min runtime-request-timeout.
-pub const CALL_BUCKETS: [f64; 16] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0];
+pub const CALL_BUCKETS: [f64; 16] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    120.0,
+];
 
 type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
@@ -63,7 +66,8 @@ pub struct OrderingMetrics {
 
 impl Default for OrderingMetrics {
     fn default() -> Self {
-        let holds: Histograms<GateLabel> = Family::new_with_constructor(|| Histogram::new(HOLD_BUCKETS));
+        let holds: Histograms<GateLabel> =
+            Family::new_with_constructor(|| Histogram::new(HOLD_BUCKETS));
         let gate = |gate| holds.get_or_create_owned(&GateLabel { gate });
         OrderingMetrics {
             start_holds: gate("start"),
@@ -86,16 +90,56 @@ impl Default for OrderingMetrics {
 impl OrderingMetrics {
     /// Adds these metrics to `reg` (the registry shares their values).
     pub fn register(&self, reg: &mut Registry) {
-        reg.register("crisp_hold_seconds", "Time calls were held by the ordering engine", self.holds.clone());
-        reg.register("crisp_holds_in_flight", "Calls currently held", self.holds_in_flight.clone());
-        reg.register("crisp_hold_timeouts", "Start holds that reached their timeout", self.start_hold_timeouts.clone());
-        reg.register("crisp_fail_fast", "App creations refused because a declared sidecar was not created or not running", self.fail_fast.clone());
-        reg.register("crisp_bad_annotations", "Malformed crisp.dev annotations (pods run as if the key were absent)", self.bad_annotations.clone());
-        reg.register("crisp_probe_errors", "Readiness probes that could not be run (runtime errors)", self.probe_errors.clone());
-        reg.register("crisp_job_sidecars_stopped", "Sidecars stopped by crisp because their Job finished", self.job_sidecars_stopped.clone());
-        reg.register("crisp_probe_in_flight", "Readiness probes running now (node-wide bound: ordering.max_probes_in_flight)", self.probe_in_flight.clone());
-        reg.register("crisp_probe_connects", "TCP connections opened by readiness probes", self.probe_connects.clone());
-        reg.register("crisp_probe_limited", "Readiness probes not run this round because a node-wide probe bound was reached", self.probe_limited.clone());
+        reg.register(
+            "crisp_hold_seconds",
+            "Time calls were held by the ordering engine",
+            self.holds.clone(),
+        );
+        reg.register(
+            "crisp_holds_in_flight",
+            "Calls currently held",
+            self.holds_in_flight.clone(),
+        );
+        reg.register(
+            "crisp_hold_timeouts",
+            "Start holds that reached their timeout",
+            self.start_hold_timeouts.clone(),
+        );
+        reg.register(
+            "crisp_fail_fast",
+            "App creations refused because a declared sidecar was not created or not running",
+            self.fail_fast.clone(),
+        );
+        reg.register(
+            "crisp_bad_annotations",
+            "Malformed crisp.dev annotations (pods run as if the key were absent)",
+            self.bad_annotations.clone(),
+        );
+        reg.register(
+            "crisp_probe_errors",
+            "Readiness probes that could not be run (runtime errors)",
+            self.probe_errors.clone(),
+        );
+        reg.register(
+            "crisp_job_sidecars_stopped",
+            "Sidecars stopped by crisp because their Job finished",
+            self.job_sidecars_stopped.clone(),
+        );
+        reg.register(
+            "crisp_probe_in_flight",
+            "Readiness probes running now (node-wide bound: ordering.max_probes_in_flight)",
+            self.probe_in_flight.clone(),
+        );
+        reg.register(
+            "crisp_probe_connects",
+            "TCP connections opened by readiness probes",
+            self.probe_connects.clone(),
+        );
+        reg.register(
+            "crisp_probe_limited",
+            "Readiness probes not run this round because a node-wide probe bound was reached",
+            self.probe_limited.clone(),
+        );
         reg.register(
             "crisp_probe_netns_failures",
             "CNI pods whose network namespace crisp could not find or enter (probes of their loopback fail)",
@@ -186,7 +230,11 @@ struct MethodSlot {
 
 impl MethodSlot {
     fn new(name: &'static str) -> Self {
-        MethodSlot { name, duration: OnceLock::new(), codes: std::array::from_fn(|_| OnceLock::new()) }
+        MethodSlot {
+            name,
+            duration: OnceLock::new(),
+            codes: std::array::from_fn(|_| OnceLock::new()),
+        }
     }
 }
 
@@ -213,7 +261,10 @@ impl Default for CallMetrics {
         CallMetrics {
             durations: Family::new_with_constructor(|| Histogram::new(CALL_BUCKETS)),
             calls: Family::default(),
-            methods: crate::cri::Rpc::ALL.iter().map(|r| MethodSlot::new(r.name())).collect(),
+            methods: crate::cri::Rpc::ALL
+                .iter()
+                .map(|r| MethodSlot::new(r.name()))
+                .collect(),
             unknown: MethodSlot::new("unknown"),
             highest_call_id: AtomicU64::new(0),
             completed: AtomicU64::new(0),
@@ -228,22 +279,34 @@ impl CallMetrics {
     fn slot(&self, rpc: Option<crate::cri::Rpc>) -> &MethodSlot {
         // `Rpc as usize` is its position in `Rpc::ALL`, so `get` always finds it; the fallback
         // keeps a future mismatch from panicking on the call path.
-        rpc.and_then(|r| self.methods.get(r as usize)).unwrap_or(&self.unknown)
+        rpc.and_then(|r| self.methods.get(r as usize))
+            .unwrap_or(&self.unknown)
     }
 
     /// Records one finished call.
     pub fn observe(&self, rpc: Option<crate::cri::Rpc>, code: Option<i32>, d: Duration) {
         let m = self.slot(rpc);
         let method = m.name;
-        m.duration.get_or_init(|| self.durations.get_or_create_owned(&MethodLabel { method })).observe(d.as_secs_f64());
+        m.duration
+            .get_or_init(|| self.durations.get_or_create_owned(&MethodLabel { method }))
+            .observe(d.as_secs_f64());
         let c = code_slot(code);
-        m.codes[c].get_or_init(|| self.calls.get_or_create_owned(&CallLabels { method, code: code_name(slot_code(c)) })).inc();
+        m.codes[c]
+            .get_or_init(|| {
+                self.calls.get_or_create_owned(&CallLabels {
+                    method,
+                    code: code_name(slot_code(c)),
+                })
+            })
+            .inc();
         self.completed.fetch_add(1, Relaxed);
     }
 
     /// Calls that have started and not yet ended.
     pub fn in_flight(&self) -> u64 {
-        self.highest_call_id.load(Relaxed).saturating_sub(self.completed.load(Relaxed))
+        self.highest_call_id
+            .load(Relaxed)
+            .saturating_sub(self.completed.load(Relaxed))
     }
 
     /// Number of calls of `rpc` that ended with `code` (tests and the admin API).
@@ -251,7 +314,9 @@ impl CallMetrics {
         if code.is_some_and(|c| !(0..17).contains(&c)) {
             return 0;
         }
-        self.slot(rpc).codes[code_slot(code)].get().map_or(0, Counter::get)
+        self.slot(rpc).codes[code_slot(code)]
+            .get()
+            .map_or(0, Counter::get)
     }
 
     /// Adds these metrics to `reg` (the registry shares their values).
@@ -263,9 +328,21 @@ impl CallMetrics {
         );
         reg.register("crisp_cri_calls", "CRI calls through crisp by method and gRPC status (code \"None\": the client went away first)", self.calls.clone());
         let me = self.clone();
-        reg.register_collector(Box::new(ScrapedGauge::new("crisp_cri_calls_in_flight", "CRI calls crisp is forwarding or holding right now.", move || me.in_flight())));
-        reg.register("crisp_tap_subscribers", "Clients attached to the debug tap", self.tap_subscribers.clone());
-        reg.register("crisp_tap_events", "Tap events queued for tap clients", self.tap_events.clone());
+        reg.register_collector(Box::new(ScrapedGauge::new(
+            "crisp_cri_calls_in_flight",
+            "CRI calls crisp is forwarding or holding right now.",
+            move || me.in_flight(),
+        )));
+        reg.register(
+            "crisp_tap_subscribers",
+            "Clients attached to the debug tap",
+            self.tap_subscribers.clone(),
+        );
+        reg.register(
+            "crisp_tap_events",
+            "Tap events queued for tap clients",
+            self.tap_events.clone(),
+        );
         reg.register("crisp_tap_events_dropped", "Tap events dropped because a tap client's queue was full (CRI calls are never slowed for a tap)", self.tap_dropped.clone());
     }
 }
@@ -286,7 +363,9 @@ impl<F: Fn() -> u64 + Send + Sync + 'static> ScrapedGauge<F> {
 
 impl<F> std::fmt::Debug for ScrapedGauge<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ScrapedGauge").field("name", &self.name).finish_non_exhaustive()
+        f.debug_struct("ScrapedGauge")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
     }
 }
 
@@ -313,15 +392,31 @@ mod tests {
     #[test]
     fn call_metrics_render_cumulative_buckets_and_codes() {
         let m = Arc::new(CallMetrics::default());
-        m.observe(Some(Rpc::CreateContainer), Some(0), Duration::from_micros(300));
-        m.observe(Some(Rpc::CreateContainer), Some(0), Duration::from_millis(20));
-        m.observe(Some(Rpc::CreateContainer), Some(9), Duration::from_secs(500));
+        m.observe(
+            Some(Rpc::CreateContainer),
+            Some(0),
+            Duration::from_micros(300),
+        );
+        m.observe(
+            Some(Rpc::CreateContainer),
+            Some(0),
+            Duration::from_millis(20),
+        );
+        m.observe(
+            Some(Rpc::CreateContainer),
+            Some(9),
+            Duration::from_secs(500),
+        );
         m.observe(Some(Rpc::CreateContainer), Some(99), Duration::from_secs(1));
         m.observe(None, None, Duration::from_millis(1));
         m.highest_call_id.store(6, Relaxed);
         assert_eq!(m.in_flight(), 1);
         assert_eq!(m.count(Some(Rpc::CreateContainer), Some(0)), 2);
-        assert_eq!(m.count(Some(Rpc::CreateContainer), Some(2)), 1, "a code outside the spec counts as Unknown");
+        assert_eq!(
+            m.count(Some(Rpc::CreateContainer), Some(2)),
+            1,
+            "a code outside the spec counts as Unknown"
+        );
         assert_eq!(m.count(Some(Rpc::CreateContainer), Some(99)), 0);
         assert_eq!(m.count(Some(Rpc::Version), Some(0)), 0);
         let mut reg = Registry::default();
@@ -341,7 +436,10 @@ mod tests {
             "crisp_cri_calls_total{method=\"unknown\",code=\"None\"} 1",
             "crisp_cri_calls_in_flight 1",
         ] {
-            assert!(out.contains(&format!("{line}\n")), "missing {line:?} in\n{out}");
+            assert!(
+                out.contains(&format!("{line}\n")),
+                "missing {line:?} in\n{out}"
+            );
         }
         // Methods never called are not rendered.
         assert!(!out.contains("method=\"Version\""));
@@ -388,7 +486,10 @@ mod tests {
             "crisp_holds_in_flight 0",
             "crisp_tap_events_dropped_total 0",
         ] {
-            assert!(out.contains(&format!("{line}\n")), "missing {line:?} in\n{out}");
+            assert!(
+                out.contains(&format!("{line}\n")),
+                "missing {line:?} in\n{out}"
+            );
         }
     }
 

@@ -50,13 +50,27 @@ impl NetNs {
         // SAFETY: ioctl on a descriptor we own, no argument.
         let kind = unsafe { libc::ioctl(file.as_raw_fd(), NS_GET_NSTYPE as _) };
         if kind < 0 {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} is not a namespace file ({})", path.display(), io::Error::last_os_error())));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{} is not a namespace file ({})",
+                    path.display(),
+                    io::Error::last_os_error()
+                ),
+            ));
         }
         if kind != libc::CLONE_NEWNET {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} is not a network namespace", path.display())));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} is not a network namespace", path.display()),
+            ));
         }
         let ino = file.metadata()?.ino();
-        Ok(NetNs { file, ino, path: path.to_path_buf() })
+        Ok(NetNs {
+            file,
+            ino,
+            path: path.to_path_buf(),
+        })
     }
 
     /// The namespace's inode number (its identity, as `ls -l /proc/PID/ns/net` shows it).
@@ -71,7 +85,9 @@ impl NetNs {
     /// The path it was found at no longer names this namespace (the sandbox is gone, its pid
     /// reused): whoever caches it should look again.
     pub fn moved(&self) -> bool {
-        std::fs::metadata(&self.path).map(|m| m.ino() != self.ino).unwrap_or(true)
+        std::fs::metadata(&self.path)
+            .map(|m| m.ino() != self.ino)
+            .unwrap_or(true)
     }
 
     /// A non-blocking TCP socket created inside this namespace, for an IPv6 or IPv4 peer.
@@ -79,12 +95,21 @@ impl NetNs {
     pub async fn socket(&self, v6: bool) -> io::Result<TcpSocket> {
         let ns = self.file.try_clone()?;
         let (tx, rx) = tokio::sync::oneshot::channel();
-        std::thread::Builder::new().name("crisp-netns".into()).spawn(move || {
-            let r = enter(&ns).and_then(|()| if v6 { TcpSocket::new_v6() } else { TcpSocket::new_v4() });
-            let _ = tx.send(r);
-            // The thread ends here, still inside the pod's namespace: nothing else runs on it.
-        })?;
-        rx.await.map_err(|_| io::Error::other("the namespace thread ended without an answer"))?
+        std::thread::Builder::new()
+            .name("crisp-netns".into())
+            .spawn(move || {
+                let r = enter(&ns).and_then(|()| {
+                    if v6 {
+                        TcpSocket::new_v6()
+                    } else {
+                        TcpSocket::new_v4()
+                    }
+                });
+                let _ = tx.send(r);
+                // The thread ends here, still inside the pod's namespace: nothing else runs on it.
+            })?;
+        rx.await
+            .map_err(|_| io::Error::other("the namespace thread ended without an answer"))?
     }
 }
 
@@ -136,13 +161,27 @@ pub fn candidates(info: &str) -> Result<Vec<PathBuf>, String> {
 
 /// [`candidates`], each with the pid it was derived from (the `/proc/PID/ns/net` fallback).
 fn found(info: &str) -> Result<Vec<(PathBuf, Option<u32>)>, String> {
-    let info: Info = serde_json::from_str(info).map_err(|e| format!("the runtime's sandbox info is not the expected JSON (line {}, column {})", e.line(), e.column()))?;
+    let info: Info = serde_json::from_str(info).map_err(|e| {
+        format!(
+            "the runtime's sandbox info is not the expected JSON (line {}, column {})",
+            e.line(),
+            e.column()
+        )
+    })?;
     let mut out = Vec::new();
-    let spec_path = info.runtime_spec.and_then(|s| s.linux).and_then(|l| l.namespaces.into_iter().find(|n| n.kind == "network")).and_then(|n| n.path);
+    let spec_path = info
+        .runtime_spec
+        .and_then(|s| s.linux)
+        .and_then(|l| l.namespaces.into_iter().find(|n| n.kind == "network"))
+        .and_then(|n| n.path);
     if let Some(p) = spec_path.filter(|p| p.starts_with('/') && !p.contains('\0')) {
         out.push((PathBuf::from(p), None));
     }
-    if let Some(pid) = info.pid.filter(|p| *p > 1).and_then(|p| u32::try_from(p).ok()) {
+    if let Some(pid) = info
+        .pid
+        .filter(|p| *p > 1)
+        .and_then(|p| u32::try_from(p).ok())
+    {
         out.push((PathBuf::from(format!("/proc/{pid}/ns/net")), Some(pid)));
     }
     Ok(out)
@@ -165,7 +204,12 @@ pub type NsId = (u64, u64);
 /// Whether a namespace opened through a sandbox's pid may be used (see the module doc): it is
 /// not crisp's own (`own`, from `/proc/self/ns/net`), and the pid's cgroup file, read after the
 /// namespace was opened, names the sandbox.
-pub fn pid_namespace_ok(own: NsId, target: NsId, cgroup: &str, sandbox_id: &str) -> Result<(), PidRefusal> {
+pub fn pid_namespace_ok(
+    own: NsId,
+    target: NsId,
+    cgroup: &str,
+    sandbox_id: &str,
+) -> Result<(), PidRefusal> {
     if target == own {
         return Err(PidRefusal::OwnNamespace);
     }
@@ -173,7 +217,11 @@ pub fn pid_namespace_ok(own: NsId, target: NsId, cgroup: &str, sandbox_id: &str)
         return Err(PidRefusal::NoSandboxId);
     }
     // /proc/PID/cgroup: `hierarchy:controllers:path` per line; the sandbox id in a path.
-    if !cgroup.lines().any(|l| l.splitn(3, ':').nth(2).is_some_and(|path| path.contains(sandbox_id))) {
+    if !cgroup.lines().any(|l| {
+        l.splitn(3, ':')
+            .nth(2)
+            .is_some_and(|path| path.contains(sandbox_id))
+    }) {
         return Err(PidRefusal::NotTheSandbox);
     }
     Ok(())
@@ -188,7 +236,8 @@ fn open_pid_namespace(path: &Path, pid: u32, sandbox_id: &str) -> io::Result<Net
     // Read after the open: the cgroup of whoever has the pid now, which is who the namespace
     // held open came from, or a later process (then refused, which is safe).
     let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
-    pid_namespace_ok(own, target, &cgroup, sandbox_id).map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, e))?;
+    pid_namespace_ok(own, target, &cgroup, sandbox_id)
+        .map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, e))?;
     Ok(ns)
 }
 
@@ -199,7 +248,9 @@ pub fn resolve(info: Option<&str>, sandbox_id: &str) -> Result<NetNs, String> {
     let info = info.ok_or("the runtime's sandbox status has no `info` (not a verbose answer)")?;
     let paths = found(info)?;
     if paths.is_empty() {
-        return Err("the runtime's sandbox info names neither a network namespace path nor a pid".into());
+        return Err(
+            "the runtime's sandbox info names neither a network namespace path nor a pid".into(),
+        );
     }
     let mut why = Vec::new();
     for (p, pid) in &paths {
@@ -222,8 +273,17 @@ mod tests {
     #[test]
     fn candidates_come_from_the_spec_then_the_pid() {
         let info = r#"{"pid":4242,"config":{"annotations":{"a":"b"}},"runtimeSpec":{"linux":{"namespaces":[{"type":"pid"},{"type":"network","path":"/var/run/netns/cni-1"}]}}}"#;
-        assert_eq!(candidates(info).unwrap(), vec![PathBuf::from("/var/run/netns/cni-1"), PathBuf::from("/proc/4242/ns/net")]);
-        assert_eq!(candidates(r#"{"pid":7}"#).unwrap(), vec![PathBuf::from("/proc/7/ns/net")]);
+        assert_eq!(
+            candidates(info).unwrap(),
+            vec![
+                PathBuf::from("/var/run/netns/cni-1"),
+                PathBuf::from("/proc/4242/ns/net")
+            ]
+        );
+        assert_eq!(
+            candidates(r#"{"pid":7}"#).unwrap(),
+            vec![PathBuf::from("/proc/7/ns/net")]
+        );
         // Pid 0 or 1, relative or missing paths: nothing to try.
         assert!(candidates(r#"{"pid":0,"runtimeSpec":{"linux":{"namespaces":[{"type":"network","path":"netns"}]}}}"#).unwrap().is_empty());
         assert!(candidates(r#"{"pid":1}"#).unwrap().is_empty());
@@ -238,19 +298,39 @@ mod tests {
     fn a_namespace_through_a_pid_must_be_the_sandboxes() {
         let id = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
         let systemd = format!("0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/cri-containerd-{id}.scope\n");
-        let cgroupfs = format!("12:pids:/kubepods/besteffort/pod1/{id}\n11:memory:/kubepods/besteffort/pod1/{id}\n");
+        let cgroupfs = format!(
+            "12:pids:/kubepods/besteffort/pod1/{id}\n11:memory:/kubepods/besteffort/pod1/{id}\n"
+        );
         let (own, pod) = ((4, 4026531840), (4, 4026532999));
         assert_eq!(pid_namespace_ok(own, pod, &systemd, id), Ok(()));
         assert_eq!(pid_namespace_ok(own, pod, &cgroupfs, id), Ok(()));
-        assert_eq!(pid_namespace_ok(own, own, &systemd, id), Err(PidRefusal::OwnNamespace));
+        assert_eq!(
+            pid_namespace_ok(own, own, &systemd, id),
+            Err(PidRefusal::OwnNamespace)
+        );
         // Same inode on another device is another namespace file.
         assert_eq!(pid_namespace_ok(own, (5, own.1), &systemd, id), Ok(()));
-        for other in ["0::/system.slice/sshd.service\n", "0::/kubepods.slice/kubepods-pod2.slice/cri-containerd-aaaa.scope\n", "", "garbage"] {
-            assert_eq!(pid_namespace_ok(own, pod, other, id), Err(PidRefusal::NotTheSandbox), "{other:?}");
+        for other in [
+            "0::/system.slice/sshd.service\n",
+            "0::/kubepods.slice/kubepods-pod2.slice/cri-containerd-aaaa.scope\n",
+            "",
+            "garbage",
+        ] {
+            assert_eq!(
+                pid_namespace_ok(own, pod, other, id),
+                Err(PidRefusal::NotTheSandbox),
+                "{other:?}"
+            );
         }
         // The id must be in the path, not in the controllers' names.
-        assert_eq!(pid_namespace_ok(own, pod, &format!("3:{id}:/\n"), id), Err(PidRefusal::NotTheSandbox));
-        assert_eq!(pid_namespace_ok(own, pod, &systemd, ""), Err(PidRefusal::NoSandboxId));
+        assert_eq!(
+            pid_namespace_ok(own, pod, &format!("3:{id}:/\n"), id),
+            Err(PidRefusal::NotTheSandbox)
+        );
+        assert_eq!(
+            pid_namespace_ok(own, pod, &systemd, ""),
+            Err(PidRefusal::NoSandboxId)
+        );
     }
 
     /// crisp's own pid as the sandbox's: its namespace is the node's (crisp's), refused.
@@ -260,7 +340,10 @@ mod tests {
         let why = resolve(Some(&info), "any-sandbox").unwrap_err();
         assert!(why.contains("crisp's own network namespace"), "{why}");
         // Named by the runtime as the sandbox's namespace path, the same file is used as given.
-        let spec = format!(r#"{{"runtimeSpec":{{"linux":{{"namespaces":[{{"type":"network","path":"/proc/{}/ns/net"}}]}}}}}}"#, std::process::id());
+        let spec = format!(
+            r#"{{"runtimeSpec":{{"linux":{{"namespaces":[{{"type":"network","path":"/proc/{}/ns/net"}}]}}}}}}"#,
+            std::process::id()
+        );
         assert!(resolve(Some(&spec), "any-sandbox").is_ok());
     }
 
@@ -269,8 +352,14 @@ mod tests {
         let own = NetNs::open(Path::new("/proc/self/ns/net")).unwrap();
         assert!(own.inode() > 0);
         assert!(!own.moved());
-        assert!(NetNs::open(Path::new("/proc/self/ns/uts")).unwrap_err().to_string().contains("not a network namespace"));
-        assert!(NetNs::open(Path::new("/proc/self/status")).unwrap_err().to_string().contains("not a namespace file"));
+        assert!(NetNs::open(Path::new("/proc/self/ns/uts"))
+            .unwrap_err()
+            .to_string()
+            .contains("not a network namespace"));
+        assert!(NetNs::open(Path::new("/proc/self/status"))
+            .unwrap_err()
+            .to_string()
+            .contains("not a namespace file"));
     }
 
     /// A socket made "inside" crisp's own namespace works like any other, and the thread that

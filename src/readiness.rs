@@ -23,7 +23,11 @@ pub enum Readiness {
     /// A TCP connect succeeds. `host` None = the pod IP (loopback for hostNetwork pods).
     Tcp { host: Option<IpAddr>, port: u16 },
     /// An HTTP GET answers 2xx or 3xx.
-    Http { host: Option<IpAddr>, port: u16, path: String },
+    Http {
+        host: Option<IpAddr>,
+        port: u16,
+        path: String,
+    },
     /// A command run in the container through the runtime's ExecSync exits 0.
     Exec { cmd: Vec<String> },
 }
@@ -39,8 +43,14 @@ impl std::fmt::Display for Readiness {
         match self {
             Readiness::Running => f.write_str("running"),
             Readiness::Tcp { host: h, port } => write!(f, "tcp://{}:{port}", host(h)),
-            Readiness::Http { host: h, port, path } => write!(f, "http://{}:{port}{path}", host(h)),
-            Readiness::Exec { cmd } => write!(f, "exec:{}", serde_json::to_string(cmd).unwrap_or_default()),
+            Readiness::Http {
+                host: h,
+                port,
+                path,
+            } => write!(f, "http://{}:{port}{path}", host(h)),
+            Readiness::Exec { cmd } => {
+                write!(f, "exec:{}", serde_json::to_string(cmd).unwrap_or_default())
+            }
         }
     }
 }
@@ -66,14 +76,25 @@ impl Readiness {
                 Some(i) => (&rest[..i], &rest[i..]),
                 None => (rest, "/"),
             };
-            if path.bytes().any(|b| b.is_ascii_whitespace() || b.is_ascii_control()) {
+            if path
+                .bytes()
+                .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+            {
                 return Err("the HTTP path contains whitespace or control characters".into());
             }
             let (host, port) = host_port(hp)?;
-            return Ok(Readiness::Http { host, port, path: path.to_string() });
+            return Ok(Readiness::Http {
+                host,
+                port,
+                path: path.to_string(),
+            });
         }
         if let Some(rest) = s.strip_prefix("exec:") {
-            let cmd: Vec<String> = serde_json::from_str(rest.trim()).map_err(|e| format!("exec: expects a JSON array of strings, e.g. exec:[\"cat\",\"/ready\"] ({e})"))?;
+            let cmd: Vec<String> = serde_json::from_str(rest.trim()).map_err(|e| {
+                format!(
+                    "exec: expects a JSON array of strings, e.g. exec:[\"cat\",\"/ready\"] ({e})"
+                )
+            })?;
             if cmd.is_empty() || cmd[0].is_empty() {
                 return Err("exec: command is empty".into());
             }
@@ -98,7 +119,10 @@ fn host_port(s: &str) -> Result<(Option<IpAddr>, u16), String> {
     let host = match host {
         "" => None,
         "localhost" => Some(IpAddr::from([127, 0, 0, 1])),
-        h => Some(h.parse::<IpAddr>().map_err(|_| format!("host {h:?} must be an IP address or empty (the pod IP)"))?),
+        h => Some(
+            h.parse::<IpAddr>()
+                .map_err(|_| format!("host {h:?} must be an IP address or empty (the pod IP)"))?,
+        ),
     };
     Ok((host, port))
 }
@@ -110,15 +134,24 @@ pub trait ProbeEnv {
     /// The pod IP (loopback for hostNetwork pods); `None` while it cannot be known.
     fn pod_ip(&self) -> impl std::future::Future<Output = Option<IpAddr>> + Send;
     /// A TCP connection to `addr`, or why not. [`HostEnv`] connects from crisp's own namespace.
-    fn connect(&self, addr: SocketAddr) -> impl std::future::Future<Output = Result<TcpStream, String>> + Send;
+    fn connect(
+        &self,
+        addr: SocketAddr,
+    ) -> impl std::future::Future<Output = Result<TcpStream, String>> + Send;
     /// Runs `cmd` in the container; its exit code, or why it could not run. Only the exit code:
     /// a command's output never reaches crisp's logs or tap.
-    fn exec(&self, cmd: &[String], timeout: Duration) -> impl std::future::Future<Output = Result<i32, String>> + Send;
+    fn exec(
+        &self,
+        cmd: &[String],
+        timeout: Duration,
+    ) -> impl std::future::Future<Output = Result<i32, String>> + Send;
 }
 
 /// Connects from crisp's own network namespace (tests, and probes of the node itself).
 pub async fn connect_here(addr: SocketAddr) -> Result<TcpStream, String> {
-    TcpStream::connect(addr).await.map_err(|e| format!("connect {addr}: {e}"))
+    TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect {addr}: {e}"))
 }
 
 /// What one probe found: `Ok` when the sidecar is ready, else why not, in words an operator
@@ -133,12 +166,17 @@ impl Readiness {
                 Some(h) => Some(h),
                 None => env.pod_ip().await,
             };
-            ip.map(|ip| SocketAddr::new(ip, port)).ok_or_else(|| "the pod IP is not known yet".to_string())
+            ip.map(|ip| SocketAddr::new(ip, port))
+                .ok_or_else(|| "the pod IP is not known yet".to_string())
         };
         match self {
             Readiness::Running => Ok(()),
-            Readiness::Tcp { host, port } => probe_tcp_with(env, addr(*host, *port).await?, timeout).await,
-            Readiness::Http { host, port, path } => probe_http_with(env, addr(*host, *port).await?, path, timeout).await,
+            Readiness::Tcp { host, port } => {
+                probe_tcp_with(env, addr(*host, *port).await?, timeout).await
+            }
+            Readiness::Http { host, port, path } => {
+                probe_http_with(env, addr(*host, *port).await?, path, timeout).await
+            }
             Readiness::Exec { cmd } => match env.exec(cmd, timeout).await {
                 Ok(0) => Ok(()),
                 Ok(code) => Err(format!("exec exited {code}")),
@@ -154,7 +192,11 @@ pub async fn probe_tcp(addr: SocketAddr, timeout: Duration) -> ProbeResult {
 }
 
 /// TCP connect probe through `env`'s connector.
-pub async fn probe_tcp_with(env: &impl ProbeEnv, addr: SocketAddr, timeout: Duration) -> ProbeResult {
+pub async fn probe_tcp_with(
+    env: &impl ProbeEnv,
+    addr: SocketAddr,
+    timeout: Duration,
+) -> ProbeResult {
     match tokio::time::timeout(timeout, env.connect(addr)).await {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(e)) => Err(e),
@@ -187,21 +229,33 @@ pub async fn probe_http(addr: SocketAddr, path: &str, timeout: Duration) -> Prob
 /// HTTP/1.0 GET probe: ready on a 2xx or 3xx status line. Kept minimal on purpose — a probe
 /// needs the status line only, and HTTP/1.0 makes the server close the connection. Nothing of
 /// the answer but its status code is kept.
-pub async fn probe_http_with(env: &impl ProbeEnv, addr: SocketAddr, path: &str, timeout: Duration) -> ProbeResult {
+pub async fn probe_http_with(
+    env: &impl ProbeEnv,
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+) -> ProbeResult {
     let fut = async {
         let mut s = env.connect(addr).await?;
         let req = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nUser-Agent: crisp-probe\r\nConnection: close\r\n\r\n");
-        s.write_all(req.as_bytes()).await.map_err(|e| format!("GET http://{addr}{path}: {e}"))?;
+        s.write_all(req.as_bytes())
+            .await
+            .map_err(|e| format!("GET http://{addr}{path}: {e}"))?;
         let mut buf = [0u8; 64];
         let mut n = 0;
         while n < 12 {
-            let r = s.read(&mut buf[n..]).await.map_err(|e| format!("GET http://{addr}{path}: {e}"))?;
+            let r = s
+                .read(&mut buf[n..])
+                .await
+                .map_err(|e| format!("GET http://{addr}{path}: {e}"))?;
             if r == 0 {
                 break;
             }
             n += r;
         }
-        let code: Option<u16> = std::str::from_utf8(&buf[..n]).ok().and_then(|l| l.strip_prefix("HTTP/1.")?.get(2..5)?.parse().ok());
+        let code: Option<u16> = std::str::from_utf8(&buf[..n])
+            .ok()
+            .and_then(|l| l.strip_prefix("HTTP/1.")?.get(2..5)?.parse().ok());
         match code {
             Some(c) if (200..400).contains(&c) => Ok(()),
             Some(c) => Err(format!("GET http://{addr}{path}: status {c}")),
@@ -210,7 +264,9 @@ pub async fn probe_http_with(env: &impl ProbeEnv, addr: SocketAddr, path: &str, 
     };
     match tokio::time::timeout(timeout, fut).await {
         Ok(r) => r,
-        Err(_) => Err(format!("GET http://{addr}{path}: no answer within {timeout:?}")),
+        Err(_) => Err(format!(
+            "GET http://{addr}{path}: no answer within {timeout:?}"
+        )),
     }
 }
 
@@ -239,18 +295,29 @@ impl Cidr {
             Some((a, p)) => (a, Some(p)),
             None => (s, None),
         };
-        let net: IpAddr = addr.parse().map_err(|_| format!("{addr:?} is not an IP address"))?;
+        let net: IpAddr = addr
+            .parse()
+            .map_err(|_| format!("{addr:?} is not an IP address"))?;
         let max = if net.is_ipv4() { 32 } else { 128 };
         let prefix = match prefix {
             None => max,
             Some(p) => match p.parse::<u8>() {
-                Ok(n) if n <= max && (p == "0" || !p.starts_with('0')) && p.bytes().all(|b| b.is_ascii_digit()) => n,
+                Ok(n)
+                    if n <= max
+                        && (p == "0" || !p.starts_with('0'))
+                        && p.bytes().all(|b| b.is_ascii_digit()) =>
+                {
+                    n
+                }
                 _ => return Err(format!("prefix {p:?} is not a number from 0 to {max}")),
             },
         };
         let c = Cidr { net, prefix };
         if c.masked(net) != net {
-            return Err(format!("{s} has host bits set (the network is {}/{prefix})", c.masked(net)));
+            return Err(format!(
+                "{s} has host bits set (the network is {}/{prefix})",
+                c.masked(net)
+            ));
         }
         Ok(c)
     }
@@ -264,11 +331,19 @@ impl Cidr {
     fn masked(&self, ip: IpAddr) -> IpAddr {
         match ip {
             IpAddr::V4(a) => {
-                let m = if self.prefix == 0 { 0 } else { u32::MAX << (32 - u32::from(self.prefix)) };
+                let m = if self.prefix == 0 {
+                    0
+                } else {
+                    u32::MAX << (32 - u32::from(self.prefix))
+                };
                 IpAddr::V4(std::net::Ipv4Addr::from(u32::from(a) & m))
             }
             IpAddr::V6(a) => {
-                let m = if self.prefix == 0 { 0 } else { u128::MAX << (128 - u32::from(self.prefix)) };
+                let m = if self.prefix == 0 {
+                    0
+                } else {
+                    u128::MAX << (128 - u32::from(self.prefix))
+                };
                 IpAddr::V6(std::net::Ipv6Addr::from(u128::from(a) & m))
             }
         }
@@ -353,7 +428,11 @@ impl Slots {
     fn join_turn(&mut self, pod: &str) {
         let at = |p: &str| self.served.get(p).copied().unwrap_or(0);
         let mine = at(pod);
-        let place = self.turn.iter().position(|p| at(p) > mine).unwrap_or(self.turn.len());
+        let place = self
+            .turn
+            .iter()
+            .position(|p| at(p) > mine)
+            .unwrap_or(self.turn.len());
         self.turn.insert(place, pod.to_string());
     }
 
@@ -371,7 +450,9 @@ impl Slots {
     fn dispatch(&mut self, max: usize, per_pod: usize) {
         let mut passes = self.turn.len();
         while self.in_flight < max && passes > 0 {
-            let Some(pod) = self.turn.pop_front() else { break };
+            let Some(pod) = self.turn.pop_front() else {
+                break;
+            };
             if !self.may_take(&pod, max, per_pod) {
                 self.turn.push_back(pod);
                 passes -= 1;
@@ -463,7 +544,10 @@ impl ProbeLimiter {
             slots: Mutex::new(Slots::default()),
             rate,
             burst,
-            bucket: Mutex::new(Bucket { tokens: burst, at: Instant::now() }),
+            bucket: Mutex::new(Bucket {
+                tokens: burst,
+                at: Instant::now(),
+            }),
         }
     }
 
@@ -485,16 +569,26 @@ impl ProbeLimiter {
             // for its own pod's share: taking a free slot passes nobody.
             if !s.queues.contains_key(pod) && s.may_take(pod, self.max_in_flight, self.per_pod) {
                 s.take(pod);
-                return Ok(ProbeSlot { limiter: self, pod: pod.to_string() });
+                return Ok(ProbeSlot {
+                    limiter: self,
+                    pod: pod.to_string(),
+                });
             }
             let w = Arc::new(Waiter::default());
             if !s.queues.contains_key(pod) {
                 s.join_turn(pod);
             }
-            s.queues.entry(pod.to_string()).or_default().push_back(w.clone());
+            s.queues
+                .entry(pod.to_string())
+                .or_default()
+                .push_back(w.clone());
             w
         };
-        let queued = Queued { limiter: self, pod, waiter };
+        let queued = Queued {
+            limiter: self,
+            pod,
+            waiter,
+        };
         let _ = tokio::time::timeout_at(deadline, async {
             while !queued.waiter.granted.load(Ordering::Relaxed) {
                 queued.waiter.notify.notified().await;
@@ -509,9 +603,15 @@ impl ProbeLimiter {
         };
         drop(queued);
         if won {
-            Ok(ProbeSlot { limiter: self, pod: pod.to_string() })
+            Ok(ProbeSlot {
+                limiter: self,
+                pod: pod.to_string(),
+            })
         } else {
-            Err(format!("node-wide probe limit: {} probes in flight", self.max_in_flight))
+            Err(format!(
+                "node-wide probe limit: {} probes in flight",
+                self.max_in_flight
+            ))
         }
     }
 
@@ -532,11 +632,19 @@ impl ProbeLimiter {
         let wait = {
             let mut b = self.bucket.lock().unwrap_or_else(|e| e.into_inner());
             let now = Instant::now();
-            b.tokens = (b.tokens + now.saturating_duration_since(b.at).as_secs_f64() * self.rate).min(self.burst);
+            b.tokens = (b.tokens + now.saturating_duration_since(b.at).as_secs_f64() * self.rate)
+                .min(self.burst);
             b.at = now;
-            let wait = if b.tokens >= 1.0 { Duration::ZERO } else { Duration::from_secs_f64((1.0 - b.tokens) / self.rate) };
+            let wait = if b.tokens >= 1.0 {
+                Duration::ZERO
+            } else {
+                Duration::from_secs_f64((1.0 - b.tokens) / self.rate)
+            };
             if now + wait > deadline {
-                return Err(format!("node-wide probe limit: {} connects per second", self.rate));
+                return Err(format!(
+                    "node-wide probe limit: {} connects per second",
+                    self.rate
+                ));
             }
             b.tokens -= 1.0;
             wait
@@ -554,7 +662,12 @@ mod tests {
 
     #[test]
     fn readiness_is_shown_as_written() {
-        for spec in ["running", "tcp://:15000", "http://127.0.0.1:15021/healthz/ready", "exec:[\"cat\",\"/ready\"]"] {
+        for spec in [
+            "running",
+            "tcp://:15000",
+            "http://127.0.0.1:15021/healthz/ready",
+            "exec:[\"cat\",\"/ready\"]",
+        ] {
             assert_eq!(Readiness::parse(spec).unwrap().to_string(), spec);
         }
     }
@@ -562,16 +675,60 @@ mod tests {
     #[test]
     fn parses_every_form() {
         assert_eq!(Readiness::parse("running"), Ok(Readiness::Running));
-        assert_eq!(Readiness::parse("tcp://:24224"), Ok(Readiness::Tcp { host: None, port: 24224 }));
-        assert_eq!(Readiness::parse("tcp://127.0.0.1:80"), Ok(Readiness::Tcp { host: Some([127, 0, 0, 1].into()), port: 80 }));
-        assert_eq!(Readiness::parse("http://:15021/healthz/ready"), Ok(Readiness::Http { host: None, port: 15021, path: "/healthz/ready".into() }));
-        assert_eq!(Readiness::parse("http://[::1]:8080"), Ok(Readiness::Http { host: Some("::1".parse().unwrap()), port: 8080, path: "/".into() }));
-        assert_eq!(Readiness::parse(r#"exec:["cat","/tmp/ready"]"#), Ok(Readiness::Exec { cmd: vec!["cat".into(), "/tmp/ready".into()] }));
+        assert_eq!(
+            Readiness::parse("tcp://:24224"),
+            Ok(Readiness::Tcp {
+                host: None,
+                port: 24224
+            })
+        );
+        assert_eq!(
+            Readiness::parse("tcp://127.0.0.1:80"),
+            Ok(Readiness::Tcp {
+                host: Some([127, 0, 0, 1].into()),
+                port: 80
+            })
+        );
+        assert_eq!(
+            Readiness::parse("http://:15021/healthz/ready"),
+            Ok(Readiness::Http {
+                host: None,
+                port: 15021,
+                path: "/healthz/ready".into()
+            })
+        );
+        assert_eq!(
+            Readiness::parse("http://[::1]:8080"),
+            Ok(Readiness::Http {
+                host: Some("::1".parse().unwrap()),
+                port: 8080,
+                path: "/".into()
+            })
+        );
+        assert_eq!(
+            Readiness::parse(r#"exec:["cat","/tmp/ready"]"#),
+            Ok(Readiness::Exec {
+                cmd: vec!["cat".into(), "/tmp/ready".into()]
+            })
+        );
     }
 
     #[test]
     fn rejects_garbage_with_a_reason() {
-        for bad in ["", "ready", "tcp://", "tcp://:0", "tcp://:99999", "tcp://host.example:80", "http://:80/a b", "exec:", "exec:[]", "exec:cat /x", "exec:[1,2]", "udp://:53"] {
+        for bad in [
+            "",
+            "ready",
+            "tcp://",
+            "tcp://:0",
+            "tcp://:99999",
+            "tcp://host.example:80",
+            "http://:80/a b",
+            "exec:",
+            "exec:[]",
+            "exec:cat /x",
+            "exec:[1,2]",
+            "udp://:53",
+        ] {
             let e = Readiness::parse(bad).unwrap_err();
             assert!(!e.is_empty(), "{bad}");
         }
@@ -587,38 +744,76 @@ mod tests {
                 let (mut s, _) = l.accept().await.unwrap();
                 let mut buf = [0u8; 512];
                 let _ = s.read(&mut buf).await.unwrap();
-                s.write_all(format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\n\r\n").as_bytes()).await.unwrap();
+                s.write_all(format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\n\r\n").as_bytes())
+                    .await
+                    .unwrap();
             }
         });
         let t = Duration::from_secs(2);
         assert_eq!(probe_http(addr, "/", t).await, Ok(()));
-        assert_eq!(probe_http(addr, "/", t).await, Err(format!("GET http://{addr}/: status 503")));
+        assert_eq!(
+            probe_http(addr, "/", t).await,
+            Err(format!("GET http://{addr}/: status 503"))
+        );
         assert_eq!(probe_http(addr, "/", t).await, Ok(()));
         server.await.unwrap();
         // Nothing listening any more: the reason says so.
         let e = probe_tcp(addr, t).await.unwrap_err();
-        assert!(e.starts_with(&format!("connect {addr}: ")) && e.contains("refused"), "{e}");
+        assert!(
+            e.starts_with(&format!("connect {addr}: ")) && e.contains("refused"),
+            "{e}"
+        );
     }
 
     #[test]
     fn cidrs_parse_strictly_and_match_both_families() {
         let c = Cidr::parse("10.0.0.0/8").unwrap();
-        assert!(c.contains("10.255.1.2".parse().unwrap()) && !c.contains("11.0.0.1".parse().unwrap()));
-        assert!(c.contains("::ffff:10.1.1.1".parse().unwrap()), "IPv4-mapped counts as IPv4");
+        assert!(
+            c.contains("10.255.1.2".parse().unwrap()) && !c.contains("11.0.0.1".parse().unwrap())
+        );
+        assert!(
+            c.contains("::ffff:10.1.1.1".parse().unwrap()),
+            "IPv4-mapped counts as IPv4"
+        );
         assert!(!c.contains("fd00::1".parse().unwrap()));
-        assert_eq!(Cidr::parse(" 192.0.2.7 ").unwrap().to_string(), "192.0.2.7/32");
-        assert!(Cidr::parse("0.0.0.0/0").unwrap().contains("8.8.8.8".parse().unwrap()));
+        assert_eq!(
+            Cidr::parse(" 192.0.2.7 ").unwrap().to_string(),
+            "192.0.2.7/32"
+        );
+        assert!(Cidr::parse("0.0.0.0/0")
+            .unwrap()
+            .contains("8.8.8.8".parse().unwrap()));
         let v6 = Cidr::parse("fd00::/8").unwrap();
-        assert!(v6.contains("fd12::1".parse().unwrap()) && !v6.contains("fe80::1".parse().unwrap()));
+        assert!(
+            v6.contains("fd12::1".parse().unwrap()) && !v6.contains("fe80::1".parse().unwrap())
+        );
         assert_eq!(Cidr::parse("::/0").unwrap().to_string(), "::/0");
-        for bad in ["", "10.0.0.0/", "10.0.0.0/33", "10.0.0.1/8", "10.0.0.0/+8", "10.0.0.0/008", "fd00::/129", "host/8", "10.0.0.0/8/8", &"1".repeat(80)] {
+        for bad in [
+            "",
+            "10.0.0.0/",
+            "10.0.0.0/33",
+            "10.0.0.1/8",
+            "10.0.0.0/+8",
+            "10.0.0.0/008",
+            "fd00::/129",
+            "host/8",
+            "10.0.0.0/8/8",
+            &"1".repeat(80),
+        ] {
             assert!(Cidr::parse(bad).is_err(), "{bad:?}");
         }
     }
 
     #[test]
     fn local_means_loopback_or_unspecified() {
-        for l in ["127.0.0.1", "127.1.2.3", "::1", "0.0.0.0", "::", "::ffff:127.0.0.1"] {
+        for l in [
+            "127.0.0.1",
+            "127.1.2.3",
+            "::1",
+            "0.0.0.0",
+            "::",
+            "::ffff:127.0.0.1",
+        ] {
             assert!(is_local(l.parse().unwrap()), "{l}");
         }
         for n in ["10.0.0.1", "169.254.169.254", "fe80::1", "::ffff:10.0.0.1"] {
@@ -635,10 +830,17 @@ mod tests {
         let _b = l.slot("pod", t + Duration::from_secs(1)).await.unwrap();
         assert_eq!(l.in_flight(), 2);
         let e = l.slot("pod", t + Duration::from_secs(1)).await.unwrap_err();
-        assert_eq!(Instant::now() - t, Duration::from_secs(1), "waited until its deadline, no longer");
+        assert_eq!(
+            Instant::now() - t,
+            Duration::from_secs(1),
+            "waited until its deadline, no longer"
+        );
         assert!(e.contains("2 probes in flight"), "{e}");
         drop(a);
-        assert!(l.slot("pod", Instant::now() + Duration::from_millis(1)).await.is_ok());
+        assert!(l
+            .slot("pod", Instant::now() + Duration::from_millis(1))
+            .await
+            .is_ok());
     }
 
     /// Issue #26: 300 probes of one pod whose sidecars never get ready (each holds its slot
@@ -665,8 +867,16 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(230)).await;
             let asked = Instant::now();
             let slot = l.slot("ready", asked + Duration::from_secs(1)).await;
-            assert!(slot.is_ok() && Instant::now() - asked <= Duration::from_millis(50), "round {round}: {slot:?} after {:?}", Instant::now() - asked);
-            assert_eq!(l.in_flight(), 49, "the flooding pod holds its share (48 of 64), no more");
+            assert!(
+                slot.is_ok() && Instant::now() - asked <= Duration::from_millis(50),
+                "round {round}: {slot:?} after {:?}",
+                Instant::now() - asked
+            );
+            assert_eq!(
+                l.in_flight(),
+                49,
+                "the flooding pod holds its share (48 of 64), no more"
+            );
         }
         for f in flood {
             f.await.unwrap();
@@ -699,9 +909,14 @@ mod tests {
         for round in 0..10 {
             tokio::time::sleep(Duration::from_millis(370)).await;
             let asked = Instant::now();
-            let slot = l.slot(&format!("ready-{round}"), asked + Duration::from_secs(5)).await;
+            let slot = l
+                .slot(&format!("ready-{round}"), asked + Duration::from_secs(5))
+                .await;
             let waited = Instant::now() - asked;
-            assert!(slot.is_ok() && waited <= Duration::from_millis(100), "round {round}: waited {waited:?}");
+            assert!(
+                slot.is_ok() && waited <= Duration::from_millis(100),
+                "round {round}: waited {waited:?}"
+            );
         }
         for n in never {
             n.await.unwrap();
@@ -749,7 +964,10 @@ mod tests {
         }
         assert_eq!(Instant::now(), t, "the burst is free");
         // Too soon for a token: refused at once.
-        let e = l.connect(Instant::now() + Duration::from_millis(1)).await.unwrap_err();
+        let e = l
+            .connect(Instant::now() + Duration::from_millis(1))
+            .await
+            .unwrap_err();
         assert!(e.contains("100 connects per second"), "{e}");
         assert_eq!(Instant::now(), t);
         // One second of connects: 100 more, not one beyond.
@@ -780,9 +998,19 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
         let t = Duration::from_secs(1);
-        for spec in [format!("tcp://127.0.0.1:{port}"), format!("http://:{port}/")] {
-            let e = Readiness::parse(&spec).unwrap().probe(&Refuse, t).await.unwrap_err();
-            assert!(e.starts_with("cannot enter the pod's network namespace"), "{e}");
+        for spec in [
+            format!("tcp://127.0.0.1:{port}"),
+            format!("http://:{port}/"),
+        ] {
+            let e = Readiness::parse(&spec)
+                .unwrap()
+                .probe(&Refuse, t)
+                .await
+                .unwrap_err();
+            assert!(
+                e.starts_with("cannot enter the pod's network namespace"),
+                "{e}"
+            );
         }
         l.set_nonblocking(true).unwrap();
         assert!(l.accept().is_err(), "nothing reached the listener");

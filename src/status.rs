@@ -28,7 +28,10 @@ pub struct Status {
 
 impl Status {
     pub fn new(code: i32, message: impl Into<String>) -> Self {
-        Status { code, message: message.into() }
+        Status {
+            code,
+            message: message.into(),
+        }
     }
 
     /// Headers (or trailers) carrying this status.
@@ -47,7 +50,10 @@ impl Status {
     pub fn to_response<B: Default>(&self) -> Response<B> {
         let mut resp = Response::new(B::default());
         let h = resp.headers_mut();
-        h.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        h.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc"),
+        );
         h.extend(self.to_header_map());
         resp
     }
@@ -78,7 +84,9 @@ pub fn message_of(h: &HeaderMap) -> Option<String> {
 /// A grpc-message as sent (percent-encoded) to text: invalid UTF-8 replaced, cut to
 /// [`MAX_MESSAGE`] bytes on a character boundary.
 fn decode_message(raw: &[u8]) -> String {
-    let mut s = percent_encoding::percent_decode(raw).decode_utf8_lossy().into_owned();
+    let mut s = percent_encoding::percent_decode(raw)
+        .decode_utf8_lossy()
+        .into_owned();
     cut_text(&mut s, MAX_MESSAGE);
     s
 }
@@ -122,7 +130,10 @@ mod tests {
     #[test]
     fn grpc_timeout_forms() {
         assert_eq!(parse_grpc_timeout(b"120S"), Some(Duration::from_secs(120)));
-        assert_eq!(parse_grpc_timeout(b"1999999m"), Some(Duration::from_millis(1_999_999)));
+        assert_eq!(
+            parse_grpc_timeout(b"1999999m"),
+            Some(Duration::from_millis(1_999_999))
+        );
         assert_eq!(parse_grpc_timeout(b"5H"), Some(Duration::from_secs(18000)));
         assert_eq!(parse_grpc_timeout(b"7n"), Some(Duration::from_nanos(7)));
         assert_eq!(parse_grpc_timeout(b"S"), None);
@@ -145,7 +156,11 @@ mod tests {
         assert_eq!(decode_message(b"bad %ZZ and %FF"), "bad %ZZ and \u{FFFD}");
         let long = "é".repeat(MAX_MESSAGE);
         let cut = decode_message(long.as_bytes());
-        assert!(cut.ends_with('…') && cut.len() <= MAX_MESSAGE + '…'.len_utf8(), "{}", cut.len());
+        assert!(
+            cut.ends_with('…') && cut.len() <= MAX_MESSAGE + '…'.len_utf8(),
+            "{}",
+            cut.len()
+        );
         assert_eq!(message_of(&HeaderMap::new()), None);
     }
 }

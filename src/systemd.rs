@@ -45,16 +45,30 @@ pub const FD_NAME: &str = "crisp";
 pub enum ListenFdsError {
     /// From sd-notify: a malformed `LISTEN_PID` or `LISTEN_FDS`, or an announced fd not open.
     #[error("socket activation: LISTEN_PID={pid:?} LISTEN_FDS={count:?}: {reason}")]
-    Env { pid: String, count: String, reason: String },
-    #[error("socket activation: LISTEN_FDNAMES={names:?} names {got} sockets but LISTEN_FDS={expected}")]
-    NamesMismatch { names: String, got: usize, expected: usize },
+    Env {
+        pid: String,
+        count: String,
+        reason: String,
+    },
+    #[error(
+        "socket activation: LISTEN_FDNAMES={names:?} names {got} sockets but LISTEN_FDS={expected}"
+    )]
+    NamesMismatch {
+        names: String,
+        got: usize,
+        expected: usize,
+    },
     #[error(
         "socket activation: systemd passed {0} sockets and none is named `{FD_NAME}`; \
          give crisp's socket unit one ListenStream= (or FileDescriptorName={FD_NAME})"
     )]
     Ambiguous(usize),
     #[error("socket activation: inherited fd {fd} ({name}) {reason}")]
-    NotAListener { fd: RawFd, name: String, reason: String },
+    NotAListener {
+        fd: RawFd,
+        name: String,
+        reason: String,
+    },
 }
 
 /// One fd announced by the environment (not yet checked or owned).
@@ -68,19 +82,30 @@ pub struct ListenFd {
 /// Pairs the fds sd-notify's `listen_fds` returned with `LISTEN_FDNAMES`, as
 /// sd_listen_fds_with_names(3) does: no fd, no names to check (the variables leaked from a
 /// parent, see the module doc). Unset or empty names mean unnamed fds.
-pub fn name_fds(fds: Vec<RawFd>, listen_fdnames: Option<&str>) -> Result<Vec<ListenFd>, ListenFdsError> {
+pub fn name_fds(
+    fds: Vec<RawFd>,
+    listen_fdnames: Option<&str>,
+) -> Result<Vec<ListenFd>, ListenFdsError> {
     let names: Vec<Option<String>> = match listen_fdnames {
         _ if fds.is_empty() => return Ok(Vec::new()),
         None | Some("") => vec![None; fds.len()],
         Some(s) => {
             let v: Vec<Option<String>> = s.split(':').map(|x| Some(x.to_string())).collect();
             if v.len() != fds.len() {
-                return Err(ListenFdsError::NamesMismatch { names: s.to_string(), got: v.len(), expected: fds.len() });
+                return Err(ListenFdsError::NamesMismatch {
+                    names: s.to_string(),
+                    got: v.len(),
+                    expected: fds.len(),
+                });
             }
             v
         }
     };
-    Ok(fds.into_iter().zip(names).map(|(fd, name)| ListenFd { fd, name }).collect())
+    Ok(fds
+        .into_iter()
+        .zip(names)
+        .map(|(fd, name)| ListenFd { fd, name })
+        .collect())
 }
 
 /// Which of the inherited fds crisp serves on: the only one, or the one named [`FD_NAME`].
@@ -88,7 +113,11 @@ pub fn select(fds: &[ListenFd]) -> Result<Option<&ListenFd>, ListenFdsError> {
     match fds {
         [] => Ok(None),
         [one] => Ok(Some(one)),
-        many => many.iter().find(|f| f.name.as_deref() == Some(FD_NAME)).map(Some).ok_or(ListenFdsError::Ambiguous(many.len())),
+        many => many
+            .iter()
+            .find(|f| f.name.as_deref() == Some(FD_NAME))
+            .map(Some)
+            .ok_or(ListenFdsError::Ambiguous(many.len())),
     }
 }
 
@@ -118,23 +147,45 @@ pub fn take_listener() -> Result<Option<Inherited>, ListenFdsError> {
     for k in ["LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"] {
         std::env::remove_var(k);
     }
-    let fds = fds.map_err(|e| ListenFdsError::Env { pid: pid.unwrap_or_default(), count: count.unwrap_or_default(), reason: e.to_string() })?;
+    let fds = fds.map_err(|e| ListenFdsError::Env {
+        pid: pid.unwrap_or_default(),
+        count: count.unwrap_or_default(),
+        reason: e.to_string(),
+    })?;
     let fds = name_fds(fds, names.as_deref())?;
-    let Some(chosen) = select(&fds)? else { return Ok(None) };
+    let Some(chosen) = select(&fds)? else {
+        return Ok(None);
+    };
     let name = chosen.name.clone().unwrap_or_else(|| "unnamed".into());
-    check_listening_unix_stream(chosen.fd).map_err(|reason| ListenFdsError::NotAListener { fd: chosen.fd, name, reason })?;
+    check_listening_unix_stream(chosen.fd).map_err(|reason| ListenFdsError::NotAListener {
+        fd: chosen.fd,
+        name,
+        reason,
+    })?;
     // SAFETY: the fd was passed to this process (LISTEN_PID matched), is open (checked above),
     // and nothing else in crisp owns it; TAKEN guarantees it is wrapped at most once.
     let fd = unsafe { OwnedFd::from_raw_fd(chosen.fd) };
     let path = socket_path(fd.as_raw_fd());
-    Ok(Some(Inherited { fd, name: chosen.name.clone(), path }))
+    Ok(Some(Inherited {
+        fd,
+        name: chosen.name.clone(),
+        path,
+    }))
 }
 
 fn getsockopt_int(fd: RawFd, opt: libc::c_int) -> io::Result<libc::c_int> {
     let mut v: libc::c_int = 0;
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: v and len are valid for writes of the sizes given.
-    let r = unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, opt, &mut v as *mut _ as *mut libc::c_void, &mut len) };
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            opt,
+            &mut v as *mut _ as *mut libc::c_void,
+            &mut len,
+        )
+    };
     if r != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -153,7 +204,9 @@ pub fn check_listening_unix_stream(fd: RawFd) -> Result<(), String> {
     }
     let domain = getsockopt_int(fd, libc::SO_DOMAIN).map_err(|e| format!("SO_DOMAIN: {e}"))?;
     if domain != libc::AF_UNIX {
-        return Err(format!("is not a unix socket (domain {domain}); ListenStream= must be a path"));
+        return Err(format!(
+            "is not a unix socket (domain {domain}); ListenStream= must be a path"
+        ));
     }
     let ty = getsockopt_int(fd, libc::SO_TYPE).map_err(|e| format!("SO_TYPE: {e}"))?;
     if ty != libc::SOCK_STREAM {
@@ -161,7 +214,10 @@ pub fn check_listening_unix_stream(fd: RawFd) -> Result<(), String> {
     }
     let acc = getsockopt_int(fd, libc::SO_ACCEPTCONN).map_err(|e| format!("SO_ACCEPTCONN: {e}"))?;
     if acc == 0 {
-        return Err("is not listening (Accept=yes is not supported: crisp serves all connections itself)".into());
+        return Err(
+            "is not listening (Accept=yes is not supported: crisp serves all connections itself)"
+                .into(),
+        );
     }
     Ok(())
 }
@@ -176,7 +232,11 @@ fn socket_path(fd: RawFd) -> Option<PathBuf> {
     }
     let off = std::mem::size_of::<libc::sa_family_t>();
     let n = (len as usize).saturating_sub(off).min(addr.sun_path.len());
-    let bytes: Vec<u8> = addr.sun_path[..n].iter().map(|c| *c as u8).take_while(|b| *b != 0).collect();
+    let bytes: Vec<u8> = addr.sun_path[..n]
+        .iter()
+        .map(|c| *c as u8)
+        .take_while(|b| *b != 0)
+        .collect();
     if bytes.is_empty() {
         return None; // unnamed or abstract
     }
@@ -186,15 +246,24 @@ fn socket_path(fd: RawFd) -> Option<PathBuf> {
 /// Sends `states` to the service manager. `Ok(false)` when not running under a manager that
 /// asked for notifications (`NOTIFY_SOCKET` unset or empty).
 pub fn notify(states: &[NotifyState]) -> io::Result<bool> {
-    let Some(v) = std::env::var_os("NOTIFY_SOCKET").filter(|v| !v.is_empty()) else { return Ok(false) };
-    let ctx = |e: io::Error| io::Error::new(e.kind(), format!("NOTIFY_SOCKET={}: {e}", v.to_string_lossy()));
+    let Some(v) = std::env::var_os("NOTIFY_SOCKET").filter(|v| !v.is_empty()) else {
+        return Ok(false);
+    };
+    let ctx = |e: io::Error| {
+        io::Error::new(
+            e.kind(),
+            format!("NOTIFY_SOCKET={}: {e}", v.to_string_lossy()),
+        )
+    };
     match std::os::unix::ffi::OsStrExt::as_bytes(v.as_os_str()).strip_prefix(b"@") {
         // The abstract namespace, which sd-notify does not handle (see the module doc).
         Some(name) => {
             use std::os::linux::net::SocketAddrExt;
             let msg: String = states.iter().map(|s| format!("{s}\n")).collect();
             let addr = std::os::unix::net::SocketAddr::from_abstract_name(name).map_err(ctx)?;
-            std::os::unix::net::UnixDatagram::unbound().and_then(|sock| sock.send_to_addr(msg.as_bytes(), &addr)).map_err(ctx)?;
+            std::os::unix::net::UnixDatagram::unbound()
+                .and_then(|sock| sock.send_to_addr(msg.as_bytes(), &addr))
+                .map_err(ctx)?;
         }
         None => sd_notify::notify(states).map_err(ctx)?,
     }
@@ -203,18 +272,26 @@ pub fn notify(states: &[NotifyState]) -> io::Result<bool> {
 
 /// `STATUS=` text: one line, no control characters.
 fn status_line(s: &str) -> String {
-    s.chars().map(|c| if c.is_control() { ' ' } else { c }).collect()
+    s.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
 }
 
 /// Tells systemd crisp is serving (Type=notify: systemd starts kubelet only after this).
 /// Call it only once the socket is listening. Failures are logged, never fatal.
 pub fn notify_ready(status: &str) {
-    send_logged(&[NotifyState::Ready, NotifyState::Status(&status_line(status))]);
+    send_logged(&[
+        NotifyState::Ready,
+        NotifyState::Status(&status_line(status)),
+    ]);
 }
 
 /// Tells systemd crisp is shutting down (draining in-flight calls).
 pub fn notify_stopping(status: &str) {
-    send_logged(&[NotifyState::Stopping, NotifyState::Status(&status_line(status))]);
+    send_logged(&[
+        NotifyState::Stopping,
+        NotifyState::Status(&status_line(status)),
+    ]);
 }
 
 fn send_logged(states: &[NotifyState]) {
@@ -231,9 +308,22 @@ mod tests {
 
     #[test]
     fn one_fd_with_or_without_a_name() {
-        assert_eq!(name_fds(vec![3], None), Ok(vec![ListenFd { fd: 3, name: None }]));
-        assert_eq!(name_fds(vec![3], Some("")), Ok(vec![ListenFd { fd: 3, name: None }]), "empty names mean unnamed");
-        assert_eq!(name_fds(vec![3], Some("crisp.socket")), Ok(vec![ListenFd { fd: 3, name: Some("crisp.socket".into()) }]));
+        assert_eq!(
+            name_fds(vec![3], None),
+            Ok(vec![ListenFd { fd: 3, name: None }])
+        );
+        assert_eq!(
+            name_fds(vec![3], Some("")),
+            Ok(vec![ListenFd { fd: 3, name: None }]),
+            "empty names mean unnamed"
+        );
+        assert_eq!(
+            name_fds(vec![3], Some("crisp.socket")),
+            Ok(vec![ListenFd {
+                fd: 3,
+                name: Some("crisp.socket".into())
+            }])
+        );
     }
 
     #[test]
@@ -257,8 +347,22 @@ mod tests {
 
     #[test]
     fn names_that_do_not_match_the_count_are_an_error() {
-        assert_eq!(name_fds(vec![3, 4], Some("only-one")), Err(ListenFdsError::NamesMismatch { names: "only-one".into(), got: 1, expected: 2 }));
-        assert_eq!(name_fds(vec![3], Some("a:b")), Err(ListenFdsError::NamesMismatch { names: "a:b".into(), got: 2, expected: 1 }));
+        assert_eq!(
+            name_fds(vec![3, 4], Some("only-one")),
+            Err(ListenFdsError::NamesMismatch {
+                names: "only-one".into(),
+                got: 1,
+                expected: 2
+            })
+        );
+        assert_eq!(
+            name_fds(vec![3], Some("a:b")),
+            Err(ListenFdsError::NamesMismatch {
+                names: "a:b".into(),
+                got: 2,
+                expected: 1
+            })
+        );
     }
 
     #[test]
@@ -268,12 +372,20 @@ mod tests {
         assert_eq!(check_listening_unix_stream(l.as_raw_fd()), Ok(()));
         assert_eq!(socket_path(l.as_raw_fd()), Some(dir.path().join("l.sock")));
         let d = std::os::unix::net::UnixDatagram::unbound().unwrap();
-        assert!(check_listening_unix_stream(d.as_raw_fd()).unwrap_err().contains("not a stream socket"));
+        assert!(check_listening_unix_stream(d.as_raw_fd())
+            .unwrap_err()
+            .contains("not a stream socket"));
         let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
-        assert!(check_listening_unix_stream(a.as_raw_fd()).unwrap_err().contains("not listening"));
+        assert!(check_listening_unix_stream(a.as_raw_fd())
+            .unwrap_err()
+            .contains("not listening"));
         let f = std::fs::File::open("/dev/null").unwrap();
-        assert!(check_listening_unix_stream(f.as_raw_fd()).unwrap_err().contains("not a socket"));
+        assert!(check_listening_unix_stream(f.as_raw_fd())
+            .unwrap_err()
+            .contains("not a socket"));
         let t = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        assert!(check_listening_unix_stream(t.as_raw_fd()).unwrap_err().contains("not a unix socket"));
+        assert!(check_listening_unix_stream(t.as_raw_fd())
+            .unwrap_err()
+            .contains("not a unix socket"));
     }
 }

@@ -35,7 +35,10 @@ const MIN_CAP: usize = 32;
 
 /// `s` for printing: at most `max` bytes (at least 32), escaped. See [`Text`].
 pub fn text(s: &str, max: usize) -> Text<'_> {
-    Text { s, max: max.max(MIN_CAP) }
+    Text {
+        s,
+        max: max.max(MIN_CAP),
+    }
 }
 
 /// [`text`] as a `String`.
@@ -138,14 +141,22 @@ pub enum Refused {
 /// `v` if it is at most [`MAX_VALUE`] bytes: checked before any parse looks at it.
 pub fn value(v: &str) -> Result<&str, Refused> {
     if v.len() > MAX_VALUE {
-        return Err(Refused::TooLong { len: v.len(), max: MAX_VALUE });
+        return Err(Refused::TooLong {
+            len: v.len(),
+            max: MAX_VALUE,
+        });
     }
     Ok(v)
 }
 
 /// A DNS-1123 label: 1–63 lowercase letters, digits and `-`, not starting or ending with `-`.
 pub fn is_dns1123_label(s: &str) -> bool {
-    !s.is_empty() && s.len() <= MAX_NAME && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') && !s.starts_with('-') && !s.ends_with('-')
+    !s.is_empty()
+        && s.len() <= MAX_NAME
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
 }
 
 /// A list of container names as crisp accepts it from a pod: at most [`MAX_NAMES`], each a
@@ -175,17 +186,30 @@ mod tests {
 
     #[test]
     fn short_printable_text_is_unchanged() {
-        for s in ["", "istio-proxy", "default/web", "é ü 中文 🙂", r#"quotes " ' and \ stay"#] {
+        for s in [
+            "",
+            "istio-proxy",
+            "default/web",
+            "é ü 中文 🙂",
+            r#"quotes " ' and \ stay"#,
+        ] {
             assert_eq!(text(s, 256).to_string(), s);
         }
     }
 
     #[test]
     fn control_and_format_characters_are_escaped() {
-        let hostile = "a\u{1b}[31mred\u{1b}[0m\nnext\r\t\u{0}\u{7f}\u{9b}31m\u{202e}evil\u{200b}\u{2028}";
+        let hostile =
+            "a\u{1b}[31mred\u{1b}[0m\nnext\r\t\u{0}\u{7f}\u{9b}31m\u{202e}evil\u{200b}\u{2028}";
         let shown = text(hostile, 1024).to_string();
-        assert_eq!(shown, r"a\u{1b}[31mred\u{1b}[0m\nnext\r\t\0\u{7f}\u{9b}31m\u{202e}evil\u{200b}\u{2028}");
-        assert!(shown.chars().all(|c| !c.is_control() && c.is_ascii()), "{shown}");
+        assert_eq!(
+            shown,
+            r"a\u{1b}[31mred\u{1b}[0m\nnext\r\t\0\u{7f}\u{9b}31m\u{202e}evil\u{200b}\u{2028}"
+        );
+        assert!(
+            shown.chars().all(|c| !c.is_control() && c.is_ascii()),
+            "{shown}"
+        );
     }
 
     #[test]
@@ -197,18 +221,30 @@ mod tests {
     #[test]
     fn long_text_is_cut_on_a_character_boundary_within_the_cap() {
         for max in [32, 33, 100, 255, 256, 1024] {
-            for s in ["x".repeat(100_000), "é".repeat(50_000), "\u{1b}".repeat(40_000), "🙂a".repeat(9_000)] {
+            for s in [
+                "x".repeat(100_000),
+                "é".repeat(50_000),
+                "\u{1b}".repeat(40_000),
+                "🙂a".repeat(9_000),
+            ] {
                 let shown = text(&s, max).to_string();
                 assert!(shown.len() <= max, "{max}: {} bytes: {shown}", shown.len());
                 let (kept, marker) = shown.rsplit_once('…').expect("a cut is marked");
-                let left: usize = marker.trim_start_matches("(+").trim_end_matches(" bytes)").parse().unwrap();
+                let left: usize = marker
+                    .trim_start_matches("(+")
+                    .trim_end_matches(" bytes)")
+                    .parse()
+                    .unwrap();
                 // What is shown, unescaped, plus what is left out is the whole.
                 let unescaped = kept.replace(r"\u{1b}", "\u{1b}");
                 assert_eq!(unescaped.len() + left, s.len(), "{max}: {shown}");
                 assert!(s.starts_with(&unescaped));
             }
         }
-        assert_eq!(text(&"a".repeat(40), 32).to_string(), format!("{}…(+22 bytes)", "a".repeat(18)));
+        assert_eq!(
+            text(&"a".repeat(40), 32).to_string(),
+            format!("{}…(+22 bytes)", "a".repeat(18))
+        );
         // Exactly at the cap: not cut.
         assert_eq!(text(&"a".repeat(32), 32).to_string(), "a".repeat(32));
         // A cap below the marker's room is raised to it.
@@ -219,27 +255,47 @@ mod tests {
     fn values_longer_than_the_cap_are_refused_unread() {
         assert_eq!(value("x"), Ok("x"));
         assert_eq!(value(&"x".repeat(MAX_VALUE)).map(str::len), Ok(MAX_VALUE));
-        assert_eq!(value(&"x".repeat(MAX_VALUE + 1)), Err(Refused::TooLong { len: MAX_VALUE + 1, max: MAX_VALUE }));
+        assert_eq!(
+            value(&"x".repeat(MAX_VALUE + 1)),
+            Err(Refused::TooLong {
+                len: MAX_VALUE + 1,
+                max: MAX_VALUE
+            })
+        );
     }
 
     #[test]
     fn names_follow_the_sidecars_rule() {
-        assert_eq!(names(["a", "b-1"]), Ok(vec!["a".to_string(), "b-1".to_string()]));
+        assert_eq!(
+            names(["a", "b-1"]),
+            Ok(vec!["a".to_string(), "b-1".to_string()])
+        );
         assert_eq!(names([]), Ok(vec![]));
         assert_eq!(names(["a", "a"]), Err(Refused::Twice("a".into())));
         for bad in ["", "A", "a_b", "-a", "a-", &"a".repeat(64), "a\u{1b}[2J"] {
             assert!(matches!(names([bad]), Err(Refused::NotAName(_))), "{bad:?}");
         }
         let many: Vec<String> = (0..=MAX_NAMES).map(|i| format!("n{i}")).collect();
-        assert_eq!(names(many.iter().map(String::as_str).take(MAX_NAMES)).map(|v| v.len()), Ok(MAX_NAMES));
-        assert_eq!(names(many.iter().map(String::as_str)), Err(Refused::TooMany));
+        assert_eq!(
+            names(many.iter().map(String::as_str).take(MAX_NAMES)).map(|v| v.len()),
+            Ok(MAX_NAMES)
+        );
+        assert_eq!(
+            names(many.iter().map(String::as_str)),
+            Err(Refused::TooMany)
+        );
     }
 
     #[test]
     fn a_refused_name_is_shown_cut_and_escaped() {
-        let e = names(["ok", &format!("\u{1b}]0;owned\u{7}{}", "x".repeat(10_000))]).unwrap_err().to_string();
+        let e = names(["ok", &format!("\u{1b}]0;owned\u{7}{}", "x".repeat(10_000))])
+            .unwrap_err()
+            .to_string();
         assert!(e.len() < 200, "{e}");
-        assert!(e.starts_with(r#""\u{1b}]0;owned\u{7}xx"#) && e.contains("…(+"), "{e}");
+        assert!(
+            e.starts_with(r#""\u{1b}]0;owned\u{7}xx"#) && e.contains("…(+"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -247,7 +303,10 @@ mod tests {
         // A long list: refused after MAX_NAMES + 1 items are looked at.
         let list: Vec<String> = (0..10_000).map(|i| format!("n{i}")).collect();
         let mut looked = 0;
-        assert_eq!(names(list.iter().map(String::as_str).inspect(|_| looked += 1)), Err(Refused::TooMany));
+        assert_eq!(
+            names(list.iter().map(String::as_str).inspect(|_| looked += 1)),
+            Err(Refused::TooMany)
+        );
         assert_eq!(looked, MAX_NAMES + 1);
     }
 }

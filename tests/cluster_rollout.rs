@@ -44,15 +44,29 @@ fn kube_bin_dir() -> PathBuf {
     let d = std::env::var_os("CRISP_KUBE_BIN_DIR")
         .map(PathBuf::from)
         .expect("CRISP_KUBE_BIN_DIR: a directory with kube-apiserver, kube-controller-manager, kube-scheduler and kubelet (hack/kube-binaries.sh)");
-    for b in ["kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"] {
-        assert!(d.join(b).exists(), "{} missing: hack/kube-binaries.sh SRC {}", d.join(b).display(), d.display());
+    for b in [
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "kubelet",
+    ] {
+        assert!(
+            d.join(b).exists(),
+            "{} missing: hack/kube-binaries.sh SRC {}",
+            d.join(b).display(),
+            d.display()
+        );
     }
     d
 }
 
 fn run(c: &mut Command) -> Out {
     let o = c.output().unwrap_or_else(|e| panic!("run {c:?}: {e}"));
-    Out { code: o.status.code().unwrap_or(-1), stdout: String::from_utf8_lossy(&o.stdout).into(), stderr: String::from_utf8_lossy(&o.stderr).into() }
+    Out {
+        code: o.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&o.stdout).into(),
+        stderr: String::from_utf8_lossy(&o.stderr).into(),
+    }
 }
 
 /// The control plane of hack/cluster.sh, stopped (and its state removed) when dropped.
@@ -63,17 +77,37 @@ struct Cluster {
 
 impl Cluster {
     fn up(bins: &Path) -> Cluster {
-        let state = tempfile::Builder::new().prefix("crisp-cluster").tempdir_in("/var/tmp").unwrap();
+        let state = tempfile::Builder::new()
+            .prefix("crisp-cluster")
+            .tempdir_in("/var/tmp")
+            .unwrap();
         let t = Instant::now();
-        let o = run(Command::new("bash").arg(Path::new(REPO).join("hack/cluster.sh")).arg("up").arg(state.path()).env("KUBE_BIN_DIR", bins).env("CLUSTER_NODE_NAME", NODE));
-        let mut c = Cluster { state, registry_port: 0 };
+        let o = run(Command::new("bash")
+            .arg(Path::new(REPO).join("hack/cluster.sh"))
+            .arg("up")
+            .arg(state.path())
+            .env("KUBE_BIN_DIR", bins)
+            .env("CLUSTER_NODE_NAME", NODE));
+        let mut c = Cluster {
+            state,
+            registry_port: 0,
+        };
         assert!(o.ok(), "hack/cluster.sh up: {}\n{}", o.all(), c.logs());
         let ports = std::fs::read_to_string(c.state.path().join("ports")).unwrap();
-        let registry_port = ports.lines().find_map(|l| l.strip_prefix("REGISTRY_PORT=")).and_then(|p| p.parse().ok()).expect("REGISTRY_PORT in ports");
+        let registry_port = ports
+            .lines()
+            .find_map(|l| l.strip_prefix("REGISTRY_PORT="))
+            .and_then(|p| p.parse().ok())
+            .expect("REGISTRY_PORT in ports");
         eprintln!(
             "control plane up in {} ({})",
             secs(t.elapsed()),
-            c.kubectl(&["version", "-o", "json"]).stdout.lines().filter(|l| l.contains("gitVersion")).collect::<Vec<_>>().join(" ")
+            c.kubectl(&["version", "-o", "json"])
+                .stdout
+                .lines()
+                .filter(|l| l.contains("gitVersion"))
+                .collect::<Vec<_>>()
+                .join(" ")
         );
         c.registry_port = registry_port;
         c
@@ -81,10 +115,20 @@ impl Cluster {
 
     fn logs(&self) -> String {
         let mut s = String::new();
-        for c in ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "registry"] {
-            let log = std::fs::read_to_string(self.state.path().join(format!("log/{c}.log"))).unwrap_or_default();
+        for c in [
+            "etcd",
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+            "registry",
+        ] {
+            let log = std::fs::read_to_string(self.state.path().join(format!("log/{c}.log")))
+                .unwrap_or_default();
             let tail: Vec<&str> = log.lines().rev().take(15).collect();
-            s += &format!("--- {c} (last lines)\n{}\n", tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
+            s += &format!(
+                "--- {c} (last lines)\n{}\n",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
         }
         s
     }
@@ -92,16 +136,32 @@ impl Cluster {
     fn kubectl_in(&self, stdin: Option<&str>, args: &[&str]) -> Out {
         let kubectl = std::env::var("CRISP_KUBECTL").unwrap_or_else(|_| "kubectl".into());
         let mut c = Command::new(kubectl);
-        c.arg("--kubeconfig").arg(self.state.path().join("admin.kubeconfig")).args(args);
+        c.arg("--kubeconfig")
+            .arg(self.state.path().join("admin.kubeconfig"))
+            .args(args);
         match stdin {
             None => run(&mut c),
             Some(input) => {
                 use std::io::Write;
                 use std::process::Stdio;
-                let mut child = c.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("kubectl");
-                child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+                let mut child = c
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .expect("kubectl");
+                child
+                    .stdin
+                    .take()
+                    .unwrap()
+                    .write_all(input.as_bytes())
+                    .unwrap();
                 let o = child.wait_with_output().unwrap();
-                Out { code: o.status.code().unwrap_or(-1), stdout: String::from_utf8_lossy(&o.stdout).into(), stderr: String::from_utf8_lossy(&o.stderr).into() }
+                Out {
+                    code: o.status.code().unwrap_or(-1),
+                    stdout: String::from_utf8_lossy(&o.stdout).into(),
+                    stderr: String::from_utf8_lossy(&o.stderr).into(),
+                }
             }
         }
     }
@@ -131,11 +191,17 @@ impl Cluster {
     }
 
     fn node_ready(&self) -> String {
-        self.jsonpath(&["node", NODE], "{.status.conditions[?(@.type==\"Ready\")].status}")
+        self.jsonpath(
+            &["node", NODE],
+            "{.status.conditions[?(@.type==\"Ready\")].status}",
+        )
     }
 
     fn pod_ready(&self, ns: &str, pod: &str) -> bool {
-        self.jsonpath(&["-n", ns, "pod", pod], "{.status.conditions[?(@.type==\"Ready\")].status}") == "True"
+        self.jsonpath(
+            &["-n", ns, "pod", pod],
+            "{.status.conditions[?(@.type==\"Ready\")].status}",
+        ) == "True"
     }
 
     /// Waits until `f` holds, checked every 200 ms; panics with `what` and the control plane's
@@ -143,7 +209,12 @@ impl Cluster {
     fn wait(&self, what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Duration {
         let t = Instant::now();
         while !f() {
-            assert!(t.elapsed() < timeout, "timed out after {} waiting for {what}\n{}", secs(timeout), self.logs());
+            assert!(
+                t.elapsed() < timeout,
+                "timed out after {} waiting for {what}\n{}",
+                secs(timeout),
+                self.logs()
+            );
             std::thread::sleep(Duration::from_millis(200));
         }
         t.elapsed()
@@ -152,7 +223,10 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        let _ = run(Command::new("bash").arg(Path::new(REPO).join("hack/cluster.sh")).arg("down").arg(self.state.path()));
+        let _ = run(Command::new("bash")
+            .arg(Path::new(REPO).join("hack/cluster.sh"))
+            .arg("down")
+            .arg(self.state.path()));
     }
 }
 
@@ -245,38 +319,103 @@ fn join(cluster: &Cluster, bins: &Path) -> (Node, Duration) {
     let o = node.nsenter(&["sh", "-c", NODE_PREP]);
     assert!(o.ok(), "/dev/kmsg, cgroupRoot, sysctls: {}", o.all());
     for p in ["bridge", "host-local", "loopback"] {
-        node.put(&format!("/usr/lib/cni/{p}"), &std::fs::read(format!("/usr/lib/cni/{p}")).expect("host CNI plugins (containernetworking-plugins)"), 0o755);
+        node.put(
+            &format!("/usr/lib/cni/{p}"),
+            &std::fs::read(format!("/usr/lib/cni/{p}"))
+                .expect("host CNI plugins (containernetworking-plugins)"),
+            0o755,
+        );
     }
-    node.put("/etc/cni/net.d/10-crisp-lane.conflist", cni_conflist().as_bytes(), 0o644);
-    node.put("/etc/containerd/config.toml", containerd_config(cluster.registry_port).as_bytes(), 0o644);
+    node.put(
+        "/etc/cni/net.d/10-crisp-lane.conflist",
+        cni_conflist().as_bytes(),
+        0o644,
+    );
+    node.put(
+        "/etc/containerd/config.toml",
+        containerd_config(cluster.registry_port).as_bytes(),
+        0o644,
+    );
     let o = node.nsenter(&["systemctl", "restart", "containerd.service"]);
     assert!(o.ok(), "restart containerd: {}", o.all());
     // The pause and busybox images (hack/images.sh): no registry needed for those.
     let images = Path::new(REPO).join("target/cluster-images");
-    let o = run(Command::new("bash").arg(Path::new(REPO).join("hack/images.sh")).arg(&images));
+    let o = run(Command::new("bash")
+        .arg(Path::new(REPO).join("hack/images.sh"))
+        .arg(&images));
     assert!(o.ok(), "hack/images.sh: {}", o.all());
-    node.put("/var/tmp/images.tar", &std::fs::read(images.join("images.tar")).unwrap(), 0o644);
-    node.must(&["ctr", "-n", "k8s.io", "images", "import", "/var/tmp/images.tar"]);
+    node.put(
+        "/var/tmp/images.tar",
+        &std::fs::read(images.join("images.tar")).unwrap(),
+        0o644,
+    );
+    node.must(&[
+        "ctr",
+        "-n",
+        "k8s.io",
+        "images",
+        "import",
+        "/var/tmp/images.tar",
+    ]);
     node.must(&["rm", "/var/tmp/images.tar"]);
 
-    node.put("/usr/bin/kubelet", &std::fs::read(bins.join("kubelet")).unwrap(), 0o755);
-    node.put("/lib/systemd/system/kubelet.service", KUBELET_UNIT.as_bytes(), 0o644);
+    node.put(
+        "/usr/bin/kubelet",
+        &std::fs::read(bins.join("kubelet")).unwrap(),
+        0o755,
+    );
+    node.put(
+        "/lib/systemd/system/kubelet.service",
+        KUBELET_UNIT.as_bytes(),
+        0o644,
+    );
     // kubeadm's drop-in, minus the bootstrap kubeconfig: the node's kubeconfig holds a static token.
-    let dropin = KUBEADM_DROPIN.replace("--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf ", "");
-    node.put("/etc/systemd/system/kubelet.service.d/10-kubeadm.conf", dropin.as_bytes(), 0o644);
-    node.put("/var/lib/kubelet/kubeadm-flags.env", KUBEADM_FLAGS.as_bytes(), 0o644);
-    node.put("/var/lib/kubelet/config.yaml", KUBELET_CONFIG.as_bytes(), 0o644);
+    let dropin = KUBEADM_DROPIN.replace(
+        "--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf ",
+        "",
+    );
+    node.put(
+        "/etc/systemd/system/kubelet.service.d/10-kubeadm.conf",
+        dropin.as_bytes(),
+        0o644,
+    );
+    node.put(
+        "/var/lib/kubelet/kubeadm-flags.env",
+        KUBEADM_FLAGS.as_bytes(),
+        0o644,
+    );
+    node.put(
+        "/var/lib/kubelet/config.yaml",
+        KUBELET_CONFIG.as_bytes(),
+        0o644,
+    );
     node.put("/etc/default/kubelet", b"KUBELET_EXTRA_ARGS=\n", 0o644);
-    node.put("/etc/kubernetes/pki/ca.crt", &std::fs::read(cluster.state.path().join("pki/ca.crt")).unwrap(), 0o644);
-    node.put("/etc/kubernetes/kubelet.conf", &std::fs::read(cluster.state.path().join(format!("node/{NODE}.kubeconfig"))).unwrap(), 0o600);
+    node.put(
+        "/etc/kubernetes/pki/ca.crt",
+        &std::fs::read(cluster.state.path().join("pki/ca.crt")).unwrap(),
+        0o644,
+    );
+    node.put(
+        "/etc/kubernetes/kubelet.conf",
+        &std::fs::read(cluster.state.path().join(format!("node/{NODE}.kubeconfig"))).unwrap(),
+        0o600,
+    );
     let o = node.nsenter(&["systemctl", "daemon-reload"]);
     assert!(o.ok(), "{}", o.all());
     let o = node.nsenter(&["systemctl", "enable", "--now", "kubelet.service"]);
     assert!(o.ok(), "{}", o.all());
-    let kubelet_log = || node.nsenter(&["journalctl", "-u", "kubelet", "-n", "40", "--no-pager"]).stdout;
+    let kubelet_log = || {
+        node.nsenter(&["journalctl", "-u", "kubelet", "-n", "40", "--no-pager"])
+            .stdout
+    };
     let deadline = Instant::now() + Duration::from_secs(180);
     while cluster.node_ready() != "True" {
-        assert!(Instant::now() < deadline, "node {NODE} never Ready: {}\n--- kubelet\n{}", cluster.kubectl(&["describe", "node", NODE]).all(), kubelet_log());
+        assert!(
+            Instant::now() < deadline,
+            "node {NODE} never Ready: {}\n--- kubelet\n{}",
+            cluster.kubectl(&["describe", "node", NODE]).all(),
+            kubelet_log()
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     (node, t.elapsed())
@@ -292,7 +431,10 @@ fn busybox_pod(name: &str, annotations: &str, containers: &[(&str, &str)]) -> St
 
 /// Container ids and restart counts of a pod, "name=id/restarts" sorted.
 fn container_ids(cluster: &Cluster, pod: &str) -> String {
-    let s = cluster.jsonpath(&["pod", pod], "{range .status.containerStatuses[*]}{.name}={.containerID}/{.restartCount} {end}");
+    let s = cluster.jsonpath(
+        &["pod", pod],
+        "{range .status.containerStatuses[*]}{.name}={.containerID}/{.restartCount} {end}",
+    );
     let mut v: Vec<&str> = s.split_whitespace().collect();
     v.sort();
     v.join(" ")
@@ -310,22 +452,50 @@ fn a_kubelet_joins_the_control_plane() {
     let cluster = Cluster::up(&bins);
     let (node, joined) = join(&cluster, &bins);
     eprintln!("kubelet joined, node Ready in {}", secs(joined));
-    let version = cluster.jsonpath(&["node", NODE], "{.status.nodeInfo.kubeletVersion} {.status.nodeInfo.containerRuntimeVersion}");
+    let version = cluster.jsonpath(
+        &["node", NODE],
+        "{.status.nodeInfo.kubeletVersion} {.status.nodeInfo.containerRuntimeVersion}",
+    );
     assert!(version.starts_with("v1.26."), "{version}");
-    cluster.apply(&busybox_pod("hello", "    lane.crisp.dev/step: \"before\"\n", &[("hello", "echo hello from the lane; exec sleep 3600")]));
-    let t = cluster.wait("pod hello Running", Duration::from_secs(120), || running(&cluster, "hello"));
-    cluster.wait("hello's log", Duration::from_secs(30), || cluster.kubectl(&["logs", "hello"]).stdout.contains("hello from the lane"));
-    eprintln!("{version}: a pod from the API ran in {} ({})", secs(t), container_ids(&cluster, "hello"));
+    cluster.apply(&busybox_pod(
+        "hello",
+        "    lane.crisp.dev/step: \"before\"\n",
+        &[("hello", "echo hello from the lane; exec sleep 3600")],
+    ));
+    let t = cluster.wait("pod hello Running", Duration::from_secs(120), || {
+        running(&cluster, "hello")
+    });
+    cluster.wait("hello's log", Duration::from_secs(30), || {
+        cluster
+            .kubectl(&["logs", "hello"])
+            .stdout
+            .contains("hello from the lane")
+    });
+    eprintln!(
+        "{version}: a pod from the API ran in {} ({})",
+        secs(t),
+        container_ids(&cluster, "hello")
+    );
     drop(node);
 }
 
 /// The installer's kustomize overlay: the base with the image from the lane's registry, and
 /// extra `hack/install.sh` arguments (a config crisp refuses, for the failed install).
-fn overlay(dir: &Path, name: &str, base: &str, registry_port: u16, install_args: Option<&str>) -> PathBuf {
+fn overlay(
+    dir: &Path,
+    name: &str,
+    base: &str,
+    registry_port: u16,
+    install_args: Option<&str>,
+) -> PathBuf {
     let d = dir.join(name);
     std::fs::create_dir_all(&d).unwrap();
     // kustomize takes a base only by a relative path: the overlay lives inside the checkout.
-    let depth = d.strip_prefix(REPO).expect("overlay inside the checkout").components().count();
+    let depth = d
+        .strip_prefix(REPO)
+        .expect("overlay inside the checkout")
+        .components()
+        .count();
     let base = format!("{}{base}", "../".repeat(depth));
     let mut k = format!(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- {base}\nimages:\n- name: crisp-installer\n  newName: 127.0.0.1:{registry_port}/crisp-installer\n"
@@ -349,23 +519,53 @@ fn overlay(dir: &Path, name: &str, base: &str, registry_port: u16, install_args:
 fn kubelet_restart(node: &Node) -> Duration {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let j = node.nsenter(&["journalctl", "-u", "kubelet", "-o", "short-unix", "--no-pager"]).stdout;
+        let j = node
+            .nsenter(&[
+                "journalctl",
+                "-u",
+                "kubelet",
+                "-o",
+                "short-unix",
+                "--no-pager",
+            ])
+            .stdout;
         let lines: Vec<&str> = j.lines().collect();
-        let at = |l: &str| l.split_whitespace().next().and_then(|t| t.parse::<f64>().ok());
+        let at = |l: &str| {
+            l.split_whitespace()
+                .next()
+                .and_then(|t| t.parse::<f64>().ok())
+        };
         if let Some(stop) = lines.iter().rposition(|l| l.contains("Stopping kubelet")) {
-            if let Some(listen) = lines[stop..].iter().find(|l| l.contains("Starting to listen")) {
+            if let Some(listen) = lines[stop..]
+                .iter()
+                .find(|l| l.contains("Starting to listen"))
+            {
                 if let (Some(a), Some(b)) = (at(lines[stop]), at(listen)) {
                     return Duration::from_secs_f64((b - a).max(0.0));
                 }
             }
         }
-        assert!(Instant::now() < deadline, "no kubelet restart in its journal: {j}");
+        assert!(
+            Instant::now() < deadline,
+            "no kubelet restart in its journal: {j}"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
 }
 
 fn installer_pod(cluster: &Cluster) -> String {
-    cluster.jsonpath(&["-n", "crisp-system", "pods", "-l", "app.kubernetes.io/component=installer", "--field-selector", "status.phase!=Failed"], "{.items[0].metadata.name}")
+    cluster.jsonpath(
+        &[
+            "-n",
+            "crisp-system",
+            "pods",
+            "-l",
+            "app.kubernetes.io/component=installer",
+            "--field-selector",
+            "status.phase!=Failed",
+        ],
+        "{.items[0].metadata.name}",
+    )
 }
 
 #[test]
@@ -379,52 +579,113 @@ fn the_installer_daemonset_rolls_out_and_back() {
 
     // The installer image, from hack/release.sh, served by the lane's registry.
     let image = artifact("crisp-installer-", ".oci.tar");
-    let version = image.file_name().unwrap().to_string_lossy().trim_start_matches("crisp-installer-").trim_end_matches(".oci.tar").to_string();
+    let version = image
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .trim_start_matches("crisp-installer-")
+        .trim_end_matches(".oci.tar")
+        .to_string();
     let o = run(Command::new("skopeo")
         .arg("copy")
         .arg("--dest-tls-verify=false")
         .arg(format!("oci-archive:{}", image.display()))
-        .arg(format!("docker://127.0.0.1:{}/crisp-installer:{version}", cluster.registry_port)));
+        .arg(format!(
+            "docker://127.0.0.1:{}/crisp-installer:{version}",
+            cluster.registry_port
+        )));
     assert!(o.ok(), "skopeo copy into the lane's registry: {}", o.all());
 
     // A pod running before anything is installed.
-    cluster.apply(&busybox_pod("before", "    lane.crisp.dev/step: \"before\"\n", &[("one", "exec sleep 3600"), ("two", "exec sleep 3600")]));
-    cluster.wait("pod before Running", Duration::from_secs(120), || running(&cluster, "before"));
+    cluster.apply(&busybox_pod(
+        "before",
+        "    lane.crisp.dev/step: \"before\"\n",
+        &[("one", "exec sleep 3600"), ("two", "exec sleep 3600")],
+    ));
+    cluster.wait("pod before Running", Duration::from_secs(120), || {
+        running(&cluster, "before")
+    });
     let before_ids = container_ids(&cluster, "before");
     eprintln!("before the install: {before_ids}");
     let flags = node.read("/var/lib/kubelet/kubeadm-flags.env");
     let inv = node.prop("kubelet.service", "InvocationID");
 
-    let work = tempfile::Builder::new().prefix("cluster-overlays").tempdir_in(Path::new(REPO).join("target")).unwrap();
+    let work = tempfile::Builder::new()
+        .prefix("cluster-overlays")
+        .tempdir_in(Path::new(REPO).join("target"))
+        .unwrap();
     let (base, uninstall) = ("deploy/base", "deploy/uninstall");
 
     // 1. A config crisp refuses: the installer stops before kubelet, is never Ready and says why.
-    node.put("/var/tmp/crisp-refused.toml", b"[ordering]\nrefuse_held_after = \"forever\"\n", 0o644);
-    let bad = overlay(work.path(), "bad", base, cluster.registry_port, Some("--config /var/tmp/crisp-refused.toml"));
+    node.put(
+        "/var/tmp/crisp-refused.toml",
+        b"[ordering]\nrefuse_held_after = \"forever\"\n",
+        0o644,
+    );
+    let bad = overlay(
+        work.path(),
+        "bad",
+        base,
+        cluster.registry_port,
+        Some("--config /var/tmp/crisp-refused.toml"),
+    );
     cluster.must(&["apply", "-k", &bad.display().to_string()]);
     let t = Instant::now();
     cluster.must(&["label", "node", NODE, "crisp.dev/install=true"]);
     let mut pod = String::new();
-    cluster.wait("the failed installer's log", Duration::from_secs(180), || {
-        pod = installer_pod(&cluster);
-        !pod.is_empty() && cluster.kubectl(&["-n", "crisp-system", "logs", &pod]).stdout.contains("install failed")
-    });
+    cluster.wait(
+        "the failed installer's log",
+        Duration::from_secs(180),
+        || {
+            pod = installer_pod(&cluster);
+            !pod.is_empty()
+                && cluster
+                    .kubectl(&["-n", "crisp-system", "logs", &pod])
+                    .stdout
+                    .contains("install failed")
+        },
+    );
     let failed_after = t.elapsed();
     let log = cluster.must(&["-n", "crisp-system", "logs", &pod]);
-    assert!(log.contains("is not a valid crisp config"), "the installer's log says why: {log}");
+    assert!(
+        log.contains("is not a valid crisp config"),
+        "the installer's log says why: {log}"
+    );
     // Its readiness probe keeps failing: watched over three probe periods (30 s).
     let watch = Instant::now();
     while watch.elapsed() < Duration::from_secs(30) {
-        assert!(!cluster.pod_ready("crisp-system", &pod), "a failed installer turned Ready: {log}");
+        assert!(
+            !cluster.pod_ready("crisp-system", &pod),
+            "a failed installer turned Ready: {log}"
+        );
         std::thread::sleep(Duration::from_secs(1));
     }
     let ds =
         cluster.jsonpath(&["-n", "crisp-system", "daemonset", "crisp-installer"], "{.status.numberReady}/{.status.desiredNumberScheduled} unavailable={.status.numberUnavailable}");
     assert!(ds.starts_with("0/1"), "the DaemonSet went no further: {ds}");
-    assert_eq!(node.read("/var/lib/kubelet/kubeadm-flags.env"), flags, "a refused install changed kubelet's flags");
-    assert_eq!(node.prop("kubelet.service", "InvocationID"), inv, "a refused install restarted kubelet");
-    let rollout = cluster.kubectl(&["-n", "crisp-system", "rollout", "status", "daemonset/crisp-installer", "--timeout=5s"]);
-    assert!(!rollout.ok(), "rollout status calls a stopped rollout done: {}", rollout.all());
+    assert_eq!(
+        node.read("/var/lib/kubelet/kubeadm-flags.env"),
+        flags,
+        "a refused install changed kubelet's flags"
+    );
+    assert_eq!(
+        node.prop("kubelet.service", "InvocationID"),
+        inv,
+        "a refused install restarted kubelet"
+    );
+    let rollout = cluster.kubectl(&[
+        "-n",
+        "crisp-system",
+        "rollout",
+        "status",
+        "daemonset/crisp-installer",
+        "--timeout=5s",
+    ]);
+    assert!(
+        !rollout.ok(),
+        "rollout status calls a stopped rollout done: {}",
+        rollout.all()
+    );
     eprintln!("refused config: installer failed in {}, not Ready for 30 s, DaemonSet {ds}, kubelet untouched", secs(failed_after));
 
     // 2. The real install: the DaemonSet's rolling update replaces the failed pod.
@@ -454,27 +715,59 @@ fn the_installer_daemonset_rolls_out_and_back() {
         });
         let install_time = t.elapsed();
         // The node's status after kubelet's restart: a few status updates.
-        cluster.wait("kubelet on crisp's socket", Duration::from_secs(60), || node.read("/var/lib/kubelet/kubeadm-flags.env").contains("unix:///run/crisp/crisp.sock"));
-        cluster.wait("node Ready after the install", Duration::from_secs(120), || cluster.node_ready() == "True");
+        cluster.wait("kubelet on crisp's socket", Duration::from_secs(60), || {
+            node.read("/var/lib/kubelet/kubeadm-flags.env")
+                .contains("unix:///run/crisp/crisp.sock")
+        });
+        cluster.wait(
+            "node Ready after the install",
+            Duration::from_secs(120),
+            || cluster.node_ready() == "True",
+        );
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         (install_time, watcher.join().unwrap())
     });
     let log = cluster.must(&["-n", "crisp-system", "logs", "--timestamps", &pod]);
     assert!(log.contains("install: exit 0"), "{log}");
-    assert_ne!(node.prop("kubelet.service", "InvocationID"), inv, "kubelet was restarted");
-    let cmdline = node.nsenter(&["sh", "-c", "tr '\\0' ' ' </proc/$(systemctl show -P MainPID kubelet)/cmdline"]).stdout;
-    assert!(cmdline.contains("--container-runtime-endpoint=unix:///run/crisp/crisp.sock"), "kubelet runs on crisp: {cmdline}");
+    assert_ne!(
+        node.prop("kubelet.service", "InvocationID"),
+        inv,
+        "kubelet was restarted"
+    );
+    let cmdline = node
+        .nsenter(&[
+            "sh",
+            "-c",
+            "tr '\\0' ' ' </proc/$(systemctl show -P MainPID kubelet)/cmdline",
+        ])
+        .stdout;
+    assert!(
+        cmdline.contains("--container-runtime-endpoint=unix:///run/crisp/crisp.sock"),
+        "kubelet runs on crisp: {cmdline}"
+    );
     let doctor = node.run(&["/usr/local/bin/crisp", "doctor"]);
     assert!(doctor.ok(), "crisp doctor on the node: {}", doctor.all());
     // Ready only after doctor passed: the pod turned Ready after the log line of its doctor run.
-    let ready_at = cluster.jsonpath(&["-n", "crisp-system", "pod", &pod], "{.status.conditions[?(@.type==\"Ready\")].lastTransitionTime}");
-    let doctor_line = log.lines().find(|l| l.contains("0 FAIL")).unwrap_or_else(|| panic!("doctor's verdict in the installer's log: {log}"));
+    let ready_at = cluster.jsonpath(
+        &["-n", "crisp-system", "pod", &pod],
+        "{.status.conditions[?(@.type==\"Ready\")].lastTransitionTime}",
+    );
+    let doctor_line = log
+        .lines()
+        .find(|l| l.contains("0 FAIL"))
+        .unwrap_or_else(|| panic!("doctor's verdict in the installer's log: {log}"));
     let doctor_at = doctor_line.split_whitespace().next().unwrap_or("");
-    assert!(doctor_at.get(..19) <= ready_at.get(..19), "Ready at {ready_at}, before doctor passed at {doctor_at}");
+    assert!(
+        doctor_at.get(..19) <= ready_at.get(..19),
+        "Ready at {ready_at}, before doctor passed at {doctor_at}"
+    );
     let kubelet_pid = node.prop("kubelet.service", "MainPID");
     let restart = kubelet_restart(&node);
     let after_ids = container_ids(&cluster, "before");
-    assert_eq!(after_ids, before_ids, "the pod that ran before the install kept its containers");
+    assert_eq!(
+        after_ids, before_ids,
+        "the pod that ran before the install kept its containers"
+    );
     assert!(running(&cluster, "before"));
     eprintln!(
         "install: installer Ready {} after apply -k (kubelet {kubelet_pid} on crisp, its restart {}); node not Ready for {} in all; before: {after_ids}",
@@ -486,47 +779,124 @@ fn the_installer_daemonset_rolls_out_and_back() {
     // 3. A sidecar pod created now is ordered: the app waits for the sidecar's readiness, and the
     // hold's reason shows in kubectl get pod and Events once refuse_held_after (30 s) passed.
     let ann = "    crisp.dev/sidecars: \"proxy\"\n    crisp.dev/ready.proxy: 'exec:[\"test\",\"-e\",\"/tmp/ready\"]'\n";
-    cluster.apply(&busybox_pod("ordered", ann, &[("proxy", "sleep 40; touch /tmp/ready; exec sleep 3600"), ("app", "echo app up; exec sleep 3600")]));
+    cluster.apply(&busybox_pod(
+        "ordered",
+        ann,
+        &[
+            ("proxy", "sleep 40; touch /tmp/ready; exec sleep 3600"),
+            ("app", "echo app up; exec sleep 3600"),
+        ],
+    ));
     let t = Instant::now();
     let mut reason = String::new();
-    cluster.wait("the hold's reason on the app", Duration::from_secs(60), || {
-        reason = cluster.jsonpath(&["pod", "ordered"], "{.status.containerStatuses[?(@.name==\"app\")].state.waiting.message}");
-        reason.contains("waiting for sidecar proxy")
-    });
+    cluster.wait(
+        "the hold's reason on the app",
+        Duration::from_secs(60),
+        || {
+            reason = cluster.jsonpath(
+                &["pod", "ordered"],
+                "{.status.containerStatuses[?(@.name==\"app\")].state.waiting.message}",
+            );
+            reason.contains("waiting for sidecar proxy")
+        },
+    );
     eprintln!("hold reason after {}: {reason}", secs(t.elapsed()));
     let wide = cluster.must(&["get", "pod", "ordered"]);
-    assert!(wide.contains("CreateContainerError"), "kubectl get pod: {wide}");
-    let events = cluster.must(&["get", "events", "--field-selector", "involvedObject.name=ordered"]);
-    assert!(events.contains("waiting for sidecar proxy"), "Events: {events}");
+    assert!(
+        wide.contains("CreateContainerError"),
+        "kubectl get pod: {wide}"
+    );
+    let events = cluster.must(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=ordered",
+    ]);
+    assert!(
+        events.contains("waiting for sidecar proxy"),
+        "Events: {events}"
+    );
     cluster.wait("pod ordered Running", Duration::from_secs(120), || {
-        running(&cluster, "ordered") && !cluster.jsonpath(&["pod", "ordered"], "{.status.containerStatuses[?(@.name==\"app\")].state.running.startedAt}").is_empty()
+        running(&cluster, "ordered")
+            && !cluster
+                .jsonpath(
+                    &["pod", "ordered"],
+                    "{.status.containerStatuses[?(@.name==\"app\")].state.running.startedAt}",
+                )
+                .is_empty()
     });
-    let started = |c: &str| cluster.jsonpath(&["pod", "ordered"], &format!("{{.status.containerStatuses[?(@.name==\"{c}\")].state.running.startedAt}}"));
+    let started = |c: &str| {
+        cluster.jsonpath(
+            &["pod", "ordered"],
+            &format!("{{.status.containerStatuses[?(@.name==\"{c}\")].state.running.startedAt}}"),
+        )
+    };
     let (proxy_at, app_at) = (started("proxy"), started("app"));
-    let parse = |s: &str| run(Command::new("date").args(["-u", "-d", s, "+%s"])).stdout.trim().parse::<i64>().unwrap();
-    assert!(parse(&app_at) >= parse(&proxy_at) + 40, "the app started at {app_at}, before the proxy (started {proxy_at}) was ready 40 s later");
+    let parse = |s: &str| {
+        run(Command::new("date").args(["-u", "-d", s, "+%s"]))
+            .stdout
+            .trim()
+            .parse::<i64>()
+            .unwrap()
+    };
+    assert!(
+        parse(&app_at) >= parse(&proxy_at) + 40,
+        "the app started at {app_at}, before the proxy (started {proxy_at}) was ready 40 s later"
+    );
     eprintln!("ordered: proxy started {proxy_at}, app {app_at}");
 
     // 4. Uninstall: kubelet back on containerd, the same pods still running.
     let inv = node.prop("kubelet.service", "InvocationID");
-    let un = overlay(work.path(), "uninstall", uninstall, cluster.registry_port, None);
+    let un = overlay(
+        work.path(),
+        "uninstall",
+        uninstall,
+        cluster.registry_port,
+        None,
+    );
     let t = Instant::now();
     cluster.must(&["apply", "-k", &un.display().to_string()]);
     cluster.wait("the uninstaller Ready", Duration::from_secs(240), || {
         pod = installer_pod(&cluster);
         !pod.is_empty()
-            && cluster.jsonpath(&["-n", "crisp-system", "pod", &pod], "{.spec.containers[0].env[?(@.name==\"CRISP_MODE\")].value}") == "uninstall"
+            && cluster.jsonpath(
+                &["-n", "crisp-system", "pod", &pod],
+                "{.spec.containers[0].env[?(@.name==\"CRISP_MODE\")].value}",
+            ) == "uninstall"
             && cluster.pod_ready("crisp-system", &pod)
     });
     let uninstall_time = t.elapsed();
-    cluster.wait("the uninstaller's kubelet serving", Duration::from_secs(60), || node.prop("kubelet.service", "InvocationID") != inv);
+    cluster.wait(
+        "the uninstaller's kubelet serving",
+        Duration::from_secs(60),
+        || node.prop("kubelet.service", "InvocationID") != inv,
+    );
     let restart = kubelet_restart(&node);
-    assert_ne!(node.prop("kubelet.service", "InvocationID"), inv, "kubelet was restarted");
-    assert_eq!(node.read("/var/lib/kubelet/kubeadm-flags.env"), flags, "kubelet's flags are back byte for byte");
-    cluster.wait("node Ready after the uninstall", Duration::from_secs(120), || cluster.node_ready() == "True");
-    assert_eq!(container_ids(&cluster, "before"), before_ids, "the pod from before kept its containers through install and uninstall");
+    assert_ne!(
+        node.prop("kubelet.service", "InvocationID"),
+        inv,
+        "kubelet was restarted"
+    );
+    assert_eq!(
+        node.read("/var/lib/kubelet/kubeadm-flags.env"),
+        flags,
+        "kubelet's flags are back byte for byte"
+    );
+    cluster.wait(
+        "node Ready after the uninstall",
+        Duration::from_secs(120),
+        || cluster.node_ready() == "True",
+    );
+    assert_eq!(
+        container_ids(&cluster, "before"),
+        before_ids,
+        "the pod from before kept its containers through install and uninstall"
+    );
     let ordered_ids = container_ids(&cluster, "ordered");
-    assert!(ordered_ids.contains("/0") && running(&cluster, "ordered"), "{ordered_ids}");
+    assert!(
+        ordered_ids.contains("/0") && running(&cluster, "ordered"),
+        "{ordered_ids}"
+    );
     eprintln!(
         "uninstall: Ready {} after apply -k (kubelet's restart {}); before: {}; ordered: {ordered_ids}",
         secs(uninstall_time),

@@ -41,7 +41,9 @@ fn markdown_pages() -> Vec<PathBuf> {
 
 #[test]
 fn readme_is_a_front_door_not_a_manual() {
-    let size = std::fs::metadata(root().join("README.md")).expect("README.md").len();
+    let size = std::fs::metadata(root().join("README.md"))
+        .expect("README.md")
+        .len();
     assert!(size <= README_MAX_BYTES, "README.md is {size} bytes; keep it under {README_MAX_BYTES} and move reference text into docs/");
 }
 
@@ -53,7 +55,10 @@ fn every_relative_link_resolves() {
         let dir = page.parent().unwrap_or(Path::new("."));
         for target in relative_links(&text) {
             if !dir.join(&target).exists() {
-                broken.push(format!("{}: {target}", page.strip_prefix(root()).unwrap_or(&page).display()));
+                broken.push(format!(
+                    "{}: {target}",
+                    page.strip_prefix(root()).unwrap_or(&page).display()
+                ));
             }
         }
     }
@@ -64,23 +69,49 @@ fn every_relative_link_resolves() {
 fn every_docs_page_is_reachable_from_the_readme() {
     let readme = std::fs::read_to_string(root().join("README.md")).expect("README.md");
     let linked = relative_links(&readme);
-    let orphans: Vec<String> =
-        markdown_pages().into_iter().skip(1).filter_map(|p| p.file_name().map(|n| format!("docs/{}", n.to_string_lossy()))).filter(|p| !linked.contains(p)).collect();
-    assert!(orphans.is_empty(), "docs pages no README link reaches: {orphans:?}");
+    let orphans: Vec<String> = markdown_pages()
+        .into_iter()
+        .skip(1)
+        .filter_map(|p| {
+            p.file_name()
+                .map(|n| format!("docs/{}", n.to_string_lossy()))
+        })
+        .filter(|p| !linked.contains(p))
+        .collect();
+    assert!(
+        orphans.is_empty(),
+        "docs pages no README link reaches: {orphans:?}"
+    );
 }
 
 #[test]
 fn link_scanner_finds_relative_links_only() {
     let md = "see [a](docs/A.md#x), [b](https://example.org/b) and [c](../C.md)";
-    assert_eq!(relative_links(md), vec!["docs/A.md".to_string(), "../C.md".to_string()]);
+    assert_eq!(
+        relative_links(md),
+        vec!["docs/A.md".to_string(), "../C.md".to_string()]
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
 // Citations of documents and sections
 
 /// Where code cites documents: every source file under these (`target/` skipped).
-const CODE_DIRS: [&str; 10] = ["src", "tests", "e2e", "benches", "fuzz", "hack", "proto", "deploy", "systemd", "packaging"];
-const CODE_EXTENSIONS: [&str; 11] = ["rs", "sh", "py", "go", "proto", "toml", "yaml", "json", "service", "socket", "conf"];
+const CODE_DIRS: [&str; 10] = [
+    "src",
+    "tests",
+    "e2e",
+    "benches",
+    "fuzz",
+    "hack",
+    "proto",
+    "deploy",
+    "systemd",
+    "packaging",
+];
+const CODE_EXTENSIONS: [&str; 11] = [
+    "rs", "sh", "py", "go", "proto", "toml", "yaml", "json", "service", "socket", "conf",
+];
 /// This file: its scanner tests hold citations that are meant not to resolve.
 const SELF: &str = "tests/docs.rs";
 /// Documents that may be cited as `NAME §N` without `.md`.
@@ -119,7 +150,10 @@ fn section_number(s: &str) -> Option<(String, usize)> {
             // Only a `.` followed by a digit continues a number.
             return None;
         }
-        if i < b.len() && b[i].is_ascii_lowercase() && !(i + 1 < b.len() && b[i + 1].is_ascii_alphabetic()) {
+        if i < b.len()
+            && b[i].is_ascii_lowercase()
+            && !(i + 1 < b.len() && b[i + 1].is_ascii_alphabetic())
+        {
             i += 1;
         }
         if i + 1 < b.len() && b[i] == b'.' && b[i + 1].is_ascii_digit() {
@@ -153,14 +187,20 @@ fn citations(line: &str) -> Vec<Cite> {
                     }
                 }
                 None => {
-                    let word: String = after_space.chars().take_while(|c| !c.is_whitespace() && !matches!(c, ')' | ',' | ';' | '`')).collect();
+                    let word: String = after_space
+                        .chars()
+                        .take_while(|c| !c.is_whitespace() && !matches!(c, ')' | ',' | ';' | '`'))
+                        .collect();
                     out.push(Cite::BadSection(word));
                     i += skipped;
                 }
             }
             continue;
         }
-        let at_word_start = line[..i].chars().next_back().is_none_or(|p| !is_path_char(p));
+        let at_word_start = line[..i]
+            .chars()
+            .next_back()
+            .is_none_or(|p| !is_path_char(p));
         if !at_word_start || !is_path_char(c) {
             i += c.len_utf8();
             continue;
@@ -175,10 +215,22 @@ fn citations(line: &str) -> Vec<Cite> {
         } else if SECTIONED.contains(&word) && next_is_section {
             out.push(Cite::Doc(format!("{word}.md")));
         } else if word == "STYLE" {
-            if let Some(n) = after.strip_prefix(" rule ").map(|r| r.chars().take_while(char::is_ascii_digit).collect::<String>()).filter(|n| !n.is_empty()) {
+            if let Some(n) = after
+                .strip_prefix(" rule ")
+                .map(|r| {
+                    r.chars()
+                        .take_while(char::is_ascii_digit)
+                        .collect::<String>()
+                })
+                .filter(|n| !n.is_empty())
+            {
                 out.push(Cite::StyleRule(n));
             }
-        } else if word == "RFC" && after.strip_prefix(' ').is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit())) {
+        } else if word == "RFC"
+            && after
+                .strip_prefix(' ')
+                .is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()))
+        {
             out.push(Cite::Rfc);
         }
     }
@@ -214,22 +266,45 @@ fn find_doc(file: &Path, name: &str) -> Option<Option<PathBuf>> {
     let candidates = if name.contains('/') {
         vec![root().join(name), dir.join(name)]
     } else {
-        vec![root().join(name), root().join("docs").join(name), root().join("proto").join(name), dir.join(name)]
+        vec![
+            root().join(name),
+            root().join("docs").join(name),
+            root().join("proto").join(name),
+            dir.join(name),
+        ]
     };
     candidates.into_iter().find(|p| p.is_file()).map(Some)
 }
 
 /// Every citation in `file` that does not resolve, as `file:line: what — why`. In Markdown a
 /// bare `§N` is a section of the page itself; in code, of a document the same file names.
-fn unresolved_in(file: &Path, headings: &mut std::collections::HashMap<PathBuf, Vec<String>>) -> Vec<String> {
-    let Ok(text) = std::fs::read_to_string(file) else { return Vec::new() };
-    let rel = file.strip_prefix(root()).unwrap_or(file).display().to_string();
+fn unresolved_in(
+    file: &Path,
+    headings: &mut std::collections::HashMap<PathBuf, Vec<String>>,
+) -> Vec<String> {
+    let Ok(text) = std::fs::read_to_string(file) else {
+        return Vec::new();
+    };
+    let rel = file
+        .strip_prefix(root())
+        .unwrap_or(file)
+        .display()
+        .to_string();
     let markdown = file.extension().is_some_and(|e| e == "md");
-    let mut numbers = |p: &Path| -> Vec<String> { headings.entry(p.to_path_buf()).or_insert_with(|| heading_numbers(&std::fs::read_to_string(p).unwrap_or_default())).clone() };
+    let mut numbers = |p: &Path| -> Vec<String> {
+        headings
+            .entry(p.to_path_buf())
+            .or_insert_with(|| heading_numbers(&std::fs::read_to_string(p).unwrap_or_default()))
+            .clone()
+    };
     let mut bad = Vec::new();
     // Bare sections: (line, number); checked once the whole file's documents are known.
     let mut bare = Vec::new();
-    let mut file_docs: Vec<PathBuf> = if markdown { vec![file.to_path_buf()] } else { Vec::new() };
+    let mut file_docs: Vec<PathBuf> = if markdown {
+        vec![file.to_path_buf()]
+    } else {
+        Vec::new()
+    };
     let mut cites_rfc = false;
     for (n, line) in text.lines().enumerate() {
         let n = n + 1;
@@ -252,10 +327,13 @@ fn unresolved_in(file: &Path, headings: &mut std::collections::HashMap<PathBuf, 
                 Cite::StyleRule(rule) => {
                     match find_doc(file, "STYLE.md") {
                         Some(Some(path)) if numbers(&path).contains(&rule) => {}
-                        Some(Some(path)) => {
-                            bad.push(format!("{rel}:{n}: STYLE rule {rule} — {} has no heading numbered {rule}", path.strip_prefix(root()).unwrap_or(&path).display()))
-                        }
-                        _ => bad.push(format!("{rel}:{n}: STYLE rule {rule} — no STYLE.md in the repository")),
+                        Some(Some(path)) => bad.push(format!(
+                            "{rel}:{n}: STYLE rule {rule} — {} has no heading numbered {rule}",
+                            path.strip_prefix(root()).unwrap_or(&path).display()
+                        )),
+                        _ => bad.push(format!(
+                            "{rel}:{n}: STYLE rule {rule} — no STYLE.md in the repository"
+                        )),
                     }
                     current = Some(None);
                 }
@@ -264,9 +342,10 @@ fn unresolved_in(file: &Path, headings: &mut std::collections::HashMap<PathBuf, 
                     current = Some(None);
                 }
                 Cite::Section(s) => match &current {
-                    Some(Some((name, path))) if !numbers(path).contains(&s) => {
-                        bad.push(format!("{rel}:{n}: {name} §{s} — {} has no heading numbered {s}", path.strip_prefix(root()).unwrap_or(path).display()))
-                    }
+                    Some(Some((name, path))) if !numbers(path).contains(&s) => bad.push(format!(
+                        "{rel}:{n}: {name} §{s} — {} has no heading numbered {s}",
+                        path.strip_prefix(root()).unwrap_or(path).display()
+                    )),
                     Some(_) => {}
                     None => bare.push((n, s)),
                 },
@@ -283,15 +362,23 @@ fn unresolved_in(file: &Path, headings: &mut std::collections::HashMap<PathBuf, 
         if file_docs.is_empty() && !cites_rfc {
             bad.push(format!("{rel}:{n}: §{s} — no document named in the file (write `DESIGN.md §{s}` or `KUBELET-CRI §{s}`)"));
         } else if !cites_rfc {
-            let names: Vec<String> = file_docs.iter().map(|d| d.strip_prefix(root()).unwrap_or(d).display().to_string()).collect();
-            bad.push(format!("{rel}:{n}: §{s} — no heading numbered {s} in the documents the file cites ({})", names.join(", ")));
+            let names: Vec<String> = file_docs
+                .iter()
+                .map(|d| d.strip_prefix(root()).unwrap_or(d).display().to_string())
+                .collect();
+            bad.push(format!(
+                "{rel}:{n}: §{s} — no heading numbered {s} in the documents the file cites ({})",
+                names.join(", ")
+            ));
         }
     }
     bad
 }
 
 fn files_under(dir: &Path, keep: &dyn Fn(&Path) -> bool, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
     for entry in entries.flatten() {
         let p = entry.path();
         let name = entry.file_name();
@@ -307,7 +394,11 @@ fn files_under(dir: &Path, keep: &dyn Fn(&Path) -> bool, out: &mut Vec<PathBuf>)
 
 fn code_files() -> Vec<PathBuf> {
     let mut files = vec![root().join("build.rs")];
-    let is_code = |p: &Path| p.extension().and_then(|e| e.to_str()).is_some_and(|e| CODE_EXTENSIONS.contains(&e));
+    let is_code = |p: &Path| {
+        p.extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| CODE_EXTENSIONS.contains(&e))
+    };
     for d in CODE_DIRS {
         files_under(&root().join(d), &is_code, &mut files);
     }
@@ -321,7 +412,12 @@ fn doc_files() -> Vec<PathBuf> {
     let is_md = |p: &Path| p.extension().is_some_and(|e| e == "md");
     for d in [root(), root().join("docs"), root().join("proto")] {
         if let Ok(entries) = std::fs::read_dir(&d) {
-            files.extend(entries.flatten().map(|e| e.path()).filter(|p| p.is_file() && is_md(p)));
+            files.extend(
+                entries
+                    .flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.is_file() && is_md(p)),
+            );
         }
     }
     files.sort();
@@ -330,13 +426,20 @@ fn doc_files() -> Vec<PathBuf> {
 
 fn unresolved(files: &[PathBuf]) -> Vec<String> {
     let mut headings = std::collections::HashMap::new();
-    files.iter().flat_map(|f| unresolved_in(f, &mut headings)).collect()
+    files
+        .iter()
+        .flat_map(|f| unresolved_in(f, &mut headings))
+        .collect()
 }
 
 #[test]
 fn every_document_and_section_the_code_cites_is_in_the_repo() {
     let files = code_files();
-    assert!(files.len() > 100, "found only {} source files to scan", files.len());
+    assert!(
+        files.len() > 100,
+        "found only {} source files to scan",
+        files.len()
+    );
     let bad = unresolved(&files);
     assert!(bad.is_empty(), "{} citations in the code do not resolve to a document in the repository and a heading with that number:\n{}", bad.len(), bad.join("\n"));
 }
@@ -344,7 +447,12 @@ fn every_document_and_section_the_code_cites_is_in_the_repo() {
 #[test]
 fn every_section_the_docs_cite_is_in_the_repo() {
     let bad = unresolved(&doc_files());
-    assert!(bad.is_empty(), "{} citations in the docs do not resolve:\n{}", bad.len(), bad.join("\n"));
+    assert!(
+        bad.is_empty(),
+        "{} citations in the docs do not resolve:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
 }
 
 #[test]
@@ -352,27 +460,79 @@ fn citation_scanner_reads_every_form() {
     use Cite::*;
     let sec = |s: &str| Section(s.to_string());
     let doc = |s: &str| Doc(s.to_string());
-    assert_eq!(citations("the rules of DESIGN.md §3–§4 (KUBELET-CRI §1.1a, §1.3)."), vec![doc("DESIGN.md"), sec("3"), sec("4"), doc("KUBELET-CRI.md"), sec("1.1a"), sec("1.3")]);
+    assert_eq!(
+        citations("the rules of DESIGN.md §3–§4 (KUBELET-CRI §1.1a, §1.3)."),
+        vec![
+            doc("DESIGN.md"),
+            sec("3"),
+            sec("4"),
+            doc("KUBELET-CRI.md"),
+            sec("1.1a"),
+            sec("1.3")
+        ]
+    );
     assert_eq!(
         citations("(§3.4–3.5) and §3.1-3.2, KUBELET-CRI §4.3. Then §1.1 a–f"),
-        vec![sec("3.4"), sec("3.5"), sec("3.1"), sec("3.2"), doc("KUBELET-CRI.md"), sec("4.3"), sec("1.1")]
+        vec![
+            sec("3.4"),
+            sec("3.5"),
+            sec("3.1"),
+            sec("3.2"),
+            doc("KUBELET-CRI.md"),
+            sec("4.3"),
+            sec("1.1")
+        ]
     );
-    assert_eq!(citations("DESIGN §6a, PRIOR-ART.md §5 \"secrets\", STYLE rule 6"), vec![doc("DESIGN.md"), sec("6a"), doc("PRIOR-ART.md"), sec("5"), StyleRule("6".into())]);
-    assert_eq!(citations("RFC 9113 §6.1/§6.2; see docs/CALLS.md and ../SECURITY.md."), vec![Rfc, sec("6.1"), sec("6.2"), doc("docs/CALLS.md"), doc("../SECURITY.md")]);
-    assert_eq!(citations("cite it as `KUBELET-CRI §x`; the DESIGN doc"), vec![doc("KUBELET-CRI.md"), BadSection("x".into())]);
-    assert_eq!(heading_numbers("# T\n## 3. Start order\n### 3.4 Timeout\n#### 1.1a Image\n## 6a. Tenant\n## Notes\n"), vec!["3", "3.4", "1.1a", "6a"]);
+    assert_eq!(
+        citations("DESIGN §6a, PRIOR-ART.md §5 \"secrets\", STYLE rule 6"),
+        vec![
+            doc("DESIGN.md"),
+            sec("6a"),
+            doc("PRIOR-ART.md"),
+            sec("5"),
+            StyleRule("6".into())
+        ]
+    );
+    assert_eq!(
+        citations("RFC 9113 §6.1/§6.2; see docs/CALLS.md and ../SECURITY.md."),
+        vec![
+            Rfc,
+            sec("6.1"),
+            sec("6.2"),
+            doc("docs/CALLS.md"),
+            doc("../SECURITY.md")
+        ]
+    );
+    assert_eq!(
+        citations("cite it as `KUBELET-CRI §x`; the DESIGN doc"),
+        vec![doc("KUBELET-CRI.md"), BadSection("x".into())]
+    );
+    assert_eq!(
+        heading_numbers(
+            "# T\n## 3. Start order\n### 3.4 Timeout\n#### 1.1a Image\n## 6a. Tenant\n## Notes\n"
+        ),
+        vec!["3", "3.4", "1.1a", "6a"]
+    );
 }
 
 #[test]
 fn a_citation_without_its_document_or_heading_is_reported() {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("x.rs");
-    std::fs::write(&file, "// DESIGN.md §3.4 and §99, KUBELET-CRI §1.1a, NOPE.md, STYLE rule 2\n").expect("write");
+    std::fs::write(
+        &file,
+        "// DESIGN.md §3.4 and §99, KUBELET-CRI §1.1a, NOPE.md, STYLE rule 2\n",
+    )
+    .expect("write");
     let bad = unresolved(&[file]);
     assert!(bad.iter().any(|b| b.contains("§99")), "{bad:?}");
     assert!(bad.iter().any(|b| b.contains("NOPE.md")), "{bad:?}");
     assert!(bad.iter().any(|b| b.contains("STYLE rule 2")), "{bad:?}");
-    assert!(!bad.iter().any(|b| b.contains("§3.4") || b.contains("§1.1a")), "{bad:?}");
+    assert!(
+        !bad.iter()
+            .any(|b| b.contains("§3.4") || b.contains("§1.1a")),
+        "{bad:?}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -383,10 +543,25 @@ fn a_citation_without_its_document_or_heading_is_reported() {
 #[test]
 fn the_cri_revision_proto_readme_names_is_the_one_cargo_lock_pins() {
     let lock = std::fs::read_to_string(root().join("Cargo.lock")).expect("Cargo.lock");
-    let entry = lock.split("[[package]]").find(|p| p.contains("\nname = \"k8s-cri\"\n")).expect("k8s-cri in Cargo.lock");
-    let field = |key: &str| entry.lines().find_map(|l| l.strip_prefix(key)).map(|v| v.trim().trim_matches('"').to_string()).unwrap_or_default();
+    let entry = lock
+        .split("[[package]]")
+        .find(|p| p.contains("\nname = \"k8s-cri\"\n"))
+        .expect("k8s-cri in Cargo.lock");
+    let field = |key: &str| {
+        entry
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .map(|v| v.trim().trim_matches('"').to_string())
+            .unwrap_or_default()
+    };
     let (version, checksum) = (field("version = "), field("checksum = "));
     let readme = std::fs::read_to_string(root().join("proto/README.md")).expect("proto/README.md");
-    assert!(readme.contains(&format!("**{version}**")), "Cargo.lock pins k8s-cri {version}; proto/README.md does not name it");
-    assert!(readme.contains(&checksum), "Cargo.lock's k8s-cri checksum {checksum} is not the one proto/README.md names");
+    assert!(
+        readme.contains(&format!("**{version}**")),
+        "Cargo.lock pins k8s-cri {version}; proto/README.md does not name it"
+    );
+    assert!(
+        readme.contains(&checksum),
+        "Cargo.lock's k8s-cri checksum {checksum} is not the one proto/README.md names"
+    );
 }

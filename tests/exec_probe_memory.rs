@@ -69,15 +69,34 @@ const EXEC_SYNC: &str = "/runtime.v1.RuntimeService/ExecSync";
 const HEAP_GROWTH_MAX: usize = 4 << 20;
 
 fn client(fake: &Fake) -> RuntimeClient {
-    RuntimeClient::new(Arc::new(Upstream::new(fake.path(), UpstreamOptions::default())), Duration::from_secs(5))
+    RuntimeClient::new(
+        Arc::new(Upstream::new(fake.path(), UpstreamOptions::default())),
+        Duration::from_secs(5),
+    )
 }
 
 /// The runtime's answer, framed, as 64 KiB slices of one buffer (slicing copies nothing).
 fn answer(stdout: usize, stderr: usize, exit_code: i32) -> Reply {
-    let msg = k8s_cri::v1::ExecSyncResponse { stdout: vec![b'x'; stdout], stderr: vec![b'y'; stderr], exit_code };
+    let msg = k8s_cri::v1::ExecSyncResponse {
+        stdout: vec![b'x'; stdout],
+        stderr: vec![b'y'; stderr],
+        exit_code,
+    };
     let body: Bytes = grpc_frame(&msg.encode_to_vec());
-    let chunks = (0..body.len()).step_by(64 << 10).map(|at| (Duration::ZERO, body.slice(at..(at + (64 << 10)).min(body.len())))).collect();
-    Reply::Full { headers: grpc_headers(), chunks, trailers: Some(ok_trailers()) }
+    let chunks = (0..body.len())
+        .step_by(64 << 10)
+        .map(|at| {
+            (
+                Duration::ZERO,
+                body.slice(at..(at + (64 << 10)).min(body.len())),
+            )
+        })
+        .collect();
+    Reply::Full {
+        headers: grpc_headers(),
+        chunks,
+        trailers: Some(ok_trailers()),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -87,16 +106,34 @@ async fn a_16_mib_exec_answer_is_not_held() {
     let cmd = vec!["cat".to_string(), "/ready".to_string()];
     // The connection and its buffers first, so they are not counted against the read.
     fake.reply_once(EXEC_SYNC, answer(10, 0, 0));
-    assert_eq!(within(PATIENCE, "a small exec", rc.exec_sync(ApiVersion::V1, "c1", &cmd, Duration::from_secs(5))).await.unwrap(), 0);
+    assert_eq!(
+        within(
+            PATIENCE,
+            "a small exec",
+            rc.exec_sync(ApiVersion::V1, "c1", &cmd, Duration::from_secs(5))
+        )
+        .await
+        .unwrap(),
+        0
+    );
 
     fake.reply_once(EXEC_SYNC, answer(16 << 20, 1 << 20, 7));
     let base = LIVE.load(Ordering::Relaxed);
     PEAK.store(base, Ordering::Relaxed);
-    let code = within(PATIENCE, "a 17 MiB exec answer", rc.exec_sync(ApiVersion::V1, "c1", &cmd, Duration::from_secs(5))).await.unwrap();
+    let code = within(
+        PATIENCE,
+        "a 17 MiB exec answer",
+        rc.exec_sync(ApiVersion::V1, "c1", &cmd, Duration::from_secs(5)),
+    )
+    .await
+    .unwrap();
     let growth = PEAK.load(Ordering::Relaxed).saturating_sub(base);
     println!("heap growth while reading a 17 MiB ExecSync answer: {growth} bytes");
     assert_eq!(code, 7);
-    assert!(growth < HEAP_GROWTH_MAX, "the heap grew by {growth} bytes while reading the answer");
+    assert!(
+        growth < HEAP_GROWTH_MAX,
+        "the heap grew by {growth} bytes while reading the answer"
+    );
 }
 
 #[tokio::test]
@@ -106,15 +143,26 @@ async fn the_exec_call_ends_at_its_deadline() {
     fake.reply_once(EXEC_SYNC, Reply::Hold);
     let timeout = Duration::from_millis(2500);
     let started = tokio::time::Instant::now();
-    let r = within(Duration::from_secs(4), "an exec the runtime never answers", rc.exec_sync(ApiVersion::V1, "c1", &["true".to_string()], timeout)).await;
+    let r = within(
+        Duration::from_secs(4),
+        "an exec the runtime never answers",
+        rc.exec_sync(ApiVersion::V1, "c1", &["true".to_string()], timeout),
+    )
+    .await;
     assert!(matches!(r, Err(ClientError::Timeout { .. })), "{r:?}");
     let took = started.elapsed();
-    assert!(took < timeout + Duration::from_millis(900), "gave up after {took:?}, deadline {timeout:?}");
+    assert!(
+        took < timeout + Duration::from_millis(900),
+        "gave up after {took:?}, deadline {timeout:?}"
+    );
     // The runtime sees the call cancelled, and was told the deadline: to the millisecond in
     // grpc-timeout, and in the request's whole seconds (never more than what is left).
     let call = fake.last(EXEC_SYNC);
     call.expect_cancelled(PATIENCE).await;
-    assert_eq!(call.headers.get("grpc-timeout").map(|v| v.as_bytes()), Some(&b"2500m"[..]));
+    assert_eq!(
+        call.headers.get("grpc-timeout").map(|v| v.as_bytes()),
+        Some(&b"2500m"[..])
+    );
     let req = k8s_cri::v1::ExecSyncRequest::decode(call.message()).unwrap();
     assert_eq!(req.timeout, 2);
 }

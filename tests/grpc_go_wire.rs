@@ -28,7 +28,9 @@ use tokio::sync::{oneshot, Mutex as AsyncMutex};
 
 use crisp::intercept::{Call, Interceptor, Interest};
 use crisp::proxy::h2::hpack::Decoder;
-use crisp::proxy::h2::{self as f, Flags, GoAway, Head, Kind, Ping, Reason, Settings, WindowUpdate};
+use crisp::proxy::h2::{
+    self as f, Flags, GoAway, Head, Kind, Ping, Reason, Settings, WindowUpdate,
+};
 use crisp::proxy::ProxyOptions;
 use support::{within, Crisp, PATIENCE};
 
@@ -45,7 +47,11 @@ struct DivertCreate;
 impl Interceptor for DivertCreate {
     fn interest(&self, call: &Call) -> Interest {
         let divert = call.path.as_str() == CREATE;
-        Interest { request: divert, response: divert, complete: false }
+        Interest {
+            request: divert,
+            response: divert,
+            complete: false,
+        }
     }
 }
 
@@ -97,7 +103,14 @@ impl Runtime {
         let task = tokio::spawn(async move {
             while let Ok((s, _)) = listener.accept().await {
                 let n = l.connections.fetch_add(1, Ordering::SeqCst);
-                let opts = if n == 0 { opts } else { RuntimeOpts { settings_ack_delay: Duration::ZERO, ..opts } };
+                let opts = if n == 0 {
+                    opts
+                } else {
+                    RuntimeOpts {
+                        settings_ack_delay: Duration::ZERO,
+                        ..opts
+                    }
+                };
                 tokio::spawn(serve_runtime_conn(s, l.clone(), opts, n == 0));
             }
         });
@@ -121,7 +134,12 @@ impl RtConn {
 
 async fn serve_runtime_conn(s: UnixStream, log: Arc<RuntimeLog>, opts: RuntimeOpts, first: bool) {
     let (mut r, w) = s.into_split();
-    let conn = Arc::new(RtConn { w: AsyncMutex::new(w), reset_strikes: AtomicBool::new(false), active: AtomicUsize::new(0), closing: AtomicBool::new(false) });
+    let conn = Arc::new(RtConn {
+        w: AsyncMutex::new(w),
+        reset_strikes: AtomicBool::new(false),
+        active: AtomicUsize::new(0),
+        closing: AtomicBool::new(false),
+    });
     let mut preface = [0u8; 24];
     if r.read_exact(&mut preface).await.is_err() {
         return;
@@ -165,7 +183,11 @@ async fn serve_runtime_conn(s: UnixStream, log: Arc<RuntimeLog>, opts: RuntimeOp
             match head.kind {
                 Kind::Headers => {
                     let r = f::header_fragment(&head, &payload).unwrap();
-                    let b = (head.stream, head.has(Flags::END_STREAM), payload[r].to_vec());
+                    let b = (
+                        head.stream,
+                        head.has(Flags::END_STREAM),
+                        payload[r].to_vec(),
+                    );
                     if head.has(Flags::END_HEADERS) {
                         complete = Some(b);
                     } else {
@@ -193,7 +215,15 @@ async fn serve_runtime_conn(s: UnixStream, log: Arc<RuntimeLog>, opts: RuntimeOp
                     conn.write(&out).await;
                     if head.has(Flags::END_STREAM) {
                         if let Some((fields, body)) = streams.remove(&head.stream) {
-                            respond(&conn, &log, head.stream, fields, body.freeze(), opts, goaway_last);
+                            respond(
+                                &conn,
+                                &log,
+                                head.stream,
+                                fields,
+                                body.freeze(),
+                                opts,
+                                goaway_last,
+                            );
                         }
                     }
                 }
@@ -223,7 +253,11 @@ async fn serve_runtime_conn(s: UnixStream, log: Arc<RuntimeLog>, opts: RuntimeOp
                         strikes = 0;
                         continue;
                     }
-                    let min = if conn.active.load(Ordering::SeqCst) == 0 { Duration::from_secs(7200) } else { Duration::from_secs(300) };
+                    let min = if conn.active.load(Ordering::SeqCst) == 0 {
+                        Duration::from_secs(7200)
+                    } else {
+                        Duration::from_secs(300)
+                    };
                     if prev.is_some_and(|p| p + min > now) {
                         strikes += 1;
                         log.strikes.fetch_add(1, Ordering::SeqCst);
@@ -231,7 +265,8 @@ async fn serve_runtime_conn(s: UnixStream, log: Arc<RuntimeLog>, opts: RuntimeOp
                     if strikes > 2 {
                         log.too_many_pings.fetch_add(1, Ordering::SeqCst);
                         let mut g = Vec::new();
-                        GoAway::new(0x7fff_ffff, Reason::ENHANCE_YOUR_CALM, b"too_many_pings").encode(&mut g);
+                        GoAway::new(0x7fff_ffff, Reason::ENHANCE_YOUR_CALM, b"too_many_pings")
+                            .encode(&mut g);
                         conn.write(&g).await;
                         return;
                     }
@@ -243,7 +278,8 @@ async fn serve_runtime_conn(s: UnixStream, log: Arc<RuntimeLog>, opts: RuntimeOp
                     log.relay_blocks.lock().unwrap().push(block.len());
                 }
                 let mut fields = Vec::new();
-                dec.decode(&block, |n, v| fields.push((n.to_vec(), v.to_vec()))).expect("header block");
+                dec.decode(&block, |n, v| fields.push((n.to_vec(), v.to_vec())))
+                    .expect("header block");
                 if let std::collections::hash_map::Entry::Vacant(e) = streams.entry(stream) {
                     requests += 1;
                     if goaway_last.is_some_and(|l| stream > l) {
@@ -276,13 +312,25 @@ async fn serve_runtime_conn(s: UnixStream, log: Arc<RuntimeLog>, opts: RuntimeOp
 }
 
 /// Answers a request with its own message, as a unary gRPC response.
-fn respond(conn: &Arc<RtConn>, _log: &Arc<RuntimeLog>, stream: u32, _fields: Fields, body: Bytes, opts: RuntimeOpts, _goaway: Option<u32>) {
+fn respond(
+    conn: &Arc<RtConn>,
+    _log: &Arc<RuntimeLog>,
+    stream: u32,
+    _fields: Fields,
+    body: Bytes,
+    opts: RuntimeOpts,
+    _goaway: Option<u32>,
+) {
     let conn = conn.clone();
     tokio::spawn(async move {
         if !opts.delay.is_zero() {
             tokio::time::sleep(opts.delay).await;
         }
-        let body = if opts.response_len > 0 { framed(&vec![b'r'; opts.response_len]) } else { body };
+        let body = if opts.response_len > 0 {
+            framed(&vec![b'r'; opts.response_len])
+        } else {
+            body
+        };
         let mut out = Vec::new();
         let mut h = Vec::new();
         f::encode_field(&mut h, b":status", b"200");
@@ -383,7 +431,10 @@ impl Client {
             None => Head::new(Kind::Settings, Flags::NONE, 0, 0).encode(&mut hello),
         }
         w.lock().await.write_all(&hello).await.unwrap();
-        let st = Arc::new(Mutex::new(ClientState { strict_until_ack: window.is_some(), ..Default::default() }));
+        let st = Arc::new(Mutex::new(ClientState {
+            strict_until_ack: window.is_some(),
+            ..Default::default()
+        }));
         let (st2, w2) = (st.clone(), w.clone());
         let reader = tokio::spawn(async move {
             let mut dec = Decoder::default();
@@ -416,7 +467,8 @@ impl Client {
                             if head.len > 0 {
                                 WindowUpdate::new(0, head.len as u32).encode(&mut out);
                                 if !strict {
-                                    WindowUpdate::new(head.stream, head.len as u32).encode(&mut out);
+                                    WindowUpdate::new(head.stream, head.len as u32)
+                                        .encode(&mut out);
                                 }
                                 // grpc-go's BDP estimator: a PING per DATA while none is out.
                                 if !st.ping_outstanding {
@@ -428,13 +480,23 @@ impl Client {
                         }
                         Kind::Headers => {
                             let r = f::header_fragment(&head, &payload).unwrap();
-                            assert!(head.has(Flags::END_HEADERS), "the test client handles single-frame blocks only");
+                            assert!(
+                                head.has(Flags::END_HEADERS),
+                                "the test client handles single-frame blocks only"
+                            );
                             let mut fields = Vec::new();
-                            dec.decode(&payload[r], |n, v| fields.push((n.to_vec(), v.to_vec()))).expect("response header block");
+                            dec.decode(&payload[r], |n, v| fields.push((n.to_vec(), v.to_vec())))
+                                .expect("response header block");
                             if head.has(Flags::END_STREAM) {
                                 if let Some((tx, body, _)) = st.waiting.remove(&head.stream) {
-                                    let status = fields.iter().find(|(n, _)| n == b"grpc-status").map(|(_, v)| String::from_utf8_lossy(v).into_owned());
-                                    let msg = fields.iter().find(|(n, _)| n == b"grpc-message").map(|(_, v)| String::from_utf8_lossy(v).into_owned());
+                                    let status = fields
+                                        .iter()
+                                        .find(|(n, _)| n == b"grpc-status")
+                                        .map(|(_, v)| String::from_utf8_lossy(v).into_owned());
+                                    let msg = fields
+                                        .iter()
+                                        .find(|(n, _)| n == b"grpc-message")
+                                        .map(|(_, v)| String::from_utf8_lossy(v).into_owned());
                                     let _ = tx.send(match status.as_deref() {
                                         Some("0") => Outcome::Ok(body.freeze()),
                                         other => Outcome::Status(format!("{other:?} {msg:?}")),
@@ -443,7 +505,9 @@ impl Client {
                             }
                         }
                         Kind::RstStream => {
-                            let code = u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]]);
+                            let code = u32::from_be_bytes([
+                                payload[0], payload[1], payload[2], payload[3],
+                            ]);
                             if let Some((tx, _, _)) = st.waiting.remove(&head.stream) {
                                 let _ = tx.send(Outcome::Reset(code));
                             }
@@ -456,7 +520,9 @@ impl Client {
                                 out.extend_from_slice(&payload);
                             }
                         }
-                        Kind::Settings if !head.has(Flags::ACK) => Head::new(Kind::Settings, Flags::ACK, 0, 0).encode(&mut out),
+                        Kind::Settings if !head.has(Flags::ACK) => {
+                            Head::new(Kind::Settings, Flags::ACK, 0, 0).encode(&mut out)
+                        }
                         Kind::Settings => st.settings_acked = true,
                         _ => {}
                     }
@@ -466,7 +532,13 @@ impl Client {
                 }
             }
         });
-        Client { w, enc: AsyncMutex::new((Encoder::default(), 1)), st, authority: authority.to_vec(), _reader: reader }
+        Client {
+            w,
+            enc: AsyncMutex::new((Encoder::default(), 1)),
+            st,
+            authority: authority.to_vec(),
+            _reader: reader,
+        }
     }
 
     /// One unary call, retried once if refused unprocessed (grpc-go's transparent retry).
@@ -485,7 +557,13 @@ impl Client {
     /// A call with `extra` metadata; `odd` frames it the way HTTP/2 allows and grpc-go does not
     /// (but other clients may): HEADERS with PADDED and PRIORITY, the block split over
     /// CONTINUATION frames, and padded DATA.
-    async fn call_shaped(&self, path: &str, msg: &[u8], extra: &[(&[u8], &[u8])], odd: bool) -> Outcome {
+    async fn call_shaped(
+        &self,
+        path: &str,
+        msg: &[u8],
+        extra: &[(&[u8], &[u8])],
+        odd: bool,
+    ) -> Outcome {
         let (tx, rx) = oneshot::channel();
         {
             let mut enc = self.enc.lock().await;
@@ -515,24 +593,44 @@ impl Client {
                 let mut payload = vec![7u8, 0, 0, 0, 0, 15];
                 payload.extend_from_slice(first);
                 payload.extend_from_slice(&[0; 7]);
-                Head::new(Kind::Headers, Flags::PADDED | Flags::PRIORITY, id, payload.len()).encode(&mut out);
+                Head::new(
+                    Kind::Headers,
+                    Flags::PADDED | Flags::PRIORITY,
+                    id,
+                    payload.len(),
+                )
+                .encode(&mut out);
                 out.extend_from_slice(&payload);
                 let mut chunks = rest.chunks(4000).peekable();
                 while let Some(c) = chunks.next() {
-                    let flags = if chunks.peek().is_none() { Flags::END_HEADERS } else { Flags::NONE };
+                    let flags = if chunks.peek().is_none() {
+                        Flags::END_HEADERS
+                    } else {
+                        Flags::NONE
+                    };
                     Head::new(Kind::Continuation, flags, id, c.len()).encode(&mut out);
                     out.extend_from_slice(c);
                 }
                 let mut data = vec![3u8];
                 data.extend_from_slice(&framed);
                 data.extend_from_slice(&[0; 3]);
-                Head::new(Kind::Data, Flags::PADDED | Flags::END_STREAM, id, data.len()).encode(&mut out);
+                Head::new(
+                    Kind::Data,
+                    Flags::PADDED | Flags::END_STREAM,
+                    id,
+                    data.len(),
+                )
+                .encode(&mut out);
                 out.extend_from_slice(&data);
             } else {
                 f::headers(&mut out, id, &block, false);
                 f::data(&mut out, id, &framed, true);
             }
-            self.st.lock().unwrap().waiting.insert(id, (tx, BytesMut::new(), false));
+            self.st
+                .lock()
+                .unwrap()
+                .waiting
+                .insert(id, (tx, BytesMut::new(), false));
             // Headers go out in the encoder's order: the runtime's decoder depends on it.
             self.w.lock().await.write_all(&out).await.unwrap();
         }
@@ -552,11 +650,18 @@ fn framed(msg: &[u8]) -> Bytes {
 }
 
 fn authority_of(fields: &Fields) -> Option<Vec<u8>> {
-    fields.iter().find(|(n, _)| n == b":authority").map(|(_, v)| v.clone())
+    fields
+        .iter()
+        .find(|(n, _)| n == b":authority")
+        .map(|(_, v)| v.clone())
 }
 
 fn path_of(fields: &Fields) -> String {
-    fields.iter().find(|(n, _)| n == b":path").map(|(_, v)| String::from_utf8_lossy(v).into_owned()).unwrap_or_default()
+    fields
+        .iter()
+        .find(|(n, _)| n == b":path")
+        .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+        .unwrap_or_default()
 }
 
 async fn setup(opts: RuntimeOpts) -> (tempfile::TempDir, Runtime, Crisp) {
@@ -564,7 +669,12 @@ async fn setup(opts: RuntimeOpts) -> (tempfile::TempDir, Runtime, Crisp) {
     let dir = tempfile::tempdir().unwrap();
     let rt_path = dir.path().join("runtime.sock");
     let runtime = Runtime::start(&rt_path, opts).await;
-    let crisp = Crisp::start_with(&rt_path, vec![Arc::new(DivertCreate)], ProxyOptions::default()).await;
+    let crisp = Crisp::start_with(
+        &rt_path,
+        vec![Arc::new(DivertCreate)],
+        ProxyOptions::default(),
+    )
+    .await;
     (dir, runtime, crisp)
 }
 
@@ -572,7 +682,10 @@ async fn setup(opts: RuntimeOpts) -> (tempfile::TempDir, Runtime, Crisp) {
 async fn any_authority_a_grpc_client_sends_is_accepted_and_relayed_calls_keep_it() {
     let (_dir, runtime, crisp) = setup(RuntimeOpts::default()).await;
     let socket = crisp.path.to_str().unwrap().as_bytes().to_vec();
-    let encoded = socket.iter().flat_map(|&b| if b == b'/' { b"%2F".to_vec() } else { vec![b] }).collect::<Vec<u8>>();
+    let encoded = socket
+        .iter()
+        .flat_map(|&b| if b == b'/' { b"%2F".to_vec() } else { vec![b] })
+        .collect::<Vec<u8>>();
     for authority in [socket.clone(), encoded, b"localhost".to_vec(), Vec::new()] {
         let shown = String::from_utf8_lossy(&authority).into_owned();
         let client = Client::connect(&crisp.path, &authority).await;
@@ -581,15 +694,28 @@ async fn any_authority_a_grpc_client_sends_is_accepted_and_relayed_calls_keep_it
             for path in [VERSION, CREATE] {
                 let msg = format!("{path} {shown} {round}");
                 let got = within(PATIENCE, "a call", client.call(path, msg.as_bytes())).await;
-                assert_eq!(got, Outcome::Ok(framed(msg.as_bytes())), "{path} with :authority {shown:?} (round {round})");
+                assert_eq!(
+                    got,
+                    Outcome::Ok(framed(msg.as_bytes())),
+                    "{path} with :authority {shown:?} (round {round})"
+                );
                 let reqs = runtime.log.requests.lock().unwrap();
                 let last = reqs.last().unwrap();
                 assert_eq!(path_of(last), path);
                 // Relayed calls go through frame for frame; diverted ones (CreateContainer here)
                 // are sent by hyper's client, which keeps a valid URI authority and uses
                 // `localhost` for the rest (docs/ARCHITECTURE.md, proxy/upstream.rs).
-                let expected = if path == CREATE && http::uri::Authority::try_from(&authority[..]).is_err() { b"localhost".to_vec() } else { authority.clone() };
-                assert_eq!(authority_of(last), Some(expected), "{path}: the runtime got another :authority for {shown:?}");
+                let expected =
+                    if path == CREATE && http::uri::Authority::try_from(&authority[..]).is_err() {
+                        b"localhost".to_vec()
+                    } else {
+                        authority.clone()
+                    };
+                assert_eq!(
+                    authority_of(last),
+                    Some(expected),
+                    "{path}: the runtime got another :authority for {shown:?}"
+                );
             }
         }
     }
@@ -603,7 +729,11 @@ async fn repeated_relayed_calls_reach_the_runtime_as_table_indices() {
     // user agent) is sent once and then indexed, as the client itself does. With a runtime that
     // allows a small table, or none, every block must still decode to the client's fields.
     for table in [None, Some(100), Some(0)] {
-        let (dir, runtime, crisp) = setup(RuntimeOpts { header_table_size: table, ..Default::default() }).await;
+        let (dir, runtime, crisp) = setup(RuntimeOpts {
+            header_table_size: table,
+            ..Default::default()
+        })
+        .await;
         let authority = crisp.path.to_str().unwrap().as_bytes().to_vec();
         let client = Client::connect(&crisp.path, &authority).await;
         for i in 0..30 {
@@ -612,12 +742,20 @@ async fn repeated_relayed_calls_reach_the_runtime_as_table_indices() {
             let path = [VERSION, CREATE, LIST][i % 3];
             let msg = format!("{path} {i}");
             let got = within(PATIENCE, "a call", client.call(path, msg.as_bytes())).await;
-            assert_eq!(got, Outcome::Ok(framed(msg.as_bytes())), "{path} (call {i}, table {table:?})");
+            assert_eq!(
+                got,
+                Outcome::Ok(framed(msg.as_bytes())),
+                "{path} (call {i}, table {table:?})"
+            );
             let reqs = runtime.log.requests.lock().unwrap();
             let last = reqs.last().unwrap();
             assert_eq!(path_of(last), path, "call {i}, table {table:?}");
             if path != CREATE {
-                assert_eq!(authority_of(last), Some(authority.clone()), "call {i}, table {table:?}");
+                assert_eq!(
+                    authority_of(last),
+                    Some(authority.clone()),
+                    "call {i}, table {table:?}"
+                );
             }
         }
         let sizes = runtime.log.relay_blocks.lock().unwrap().clone();
@@ -648,18 +786,35 @@ async fn a_header_block_that_decodes_to_gigabytes_closes_only_its_connection() {
     s.write_all(&out).await.unwrap();
     // crisp answers with GOAWAY COMPRESSION_ERROR and closes the connection.
     let mut got = Vec::new();
-    within(PATIENCE, "crisp closing the connection", s.read_to_end(&mut got)).await.unwrap();
+    within(
+        PATIENCE,
+        "crisp closing the connection",
+        s.read_to_end(&mut got),
+    )
+    .await
+    .unwrap();
     let mut goaway = None;
     let mut pos = 0;
     while let Some(head) = Head::parse(&got[pos..]) {
         let payload = &got[pos + f::HEADER_LEN..pos + f::HEADER_LEN + head.len];
         if head.kind == Kind::GoAway {
-            goaway = Some((u32::from_be_bytes(payload[4..8].try_into().unwrap()), String::from_utf8_lossy(&payload[8..]).into_owned()));
+            goaway = Some((
+                u32::from_be_bytes(payload[4..8].try_into().unwrap()),
+                String::from_utf8_lossy(&payload[8..]).into_owned(),
+            ));
         }
         pos += f::HEADER_LEN + head.len;
     }
-    assert_eq!(goaway, Some((0x9, "crisp: header list too large".to_string())), "{} bytes back", got.len());
-    assert!(runtime.log.requests.lock().unwrap().is_empty(), "the oversized request reached the runtime");
+    assert_eq!(
+        goaway,
+        Some((0x9, "crisp: header list too large".to_string())),
+        "{} bytes back",
+        got.len()
+    );
+    assert!(
+        runtime.log.requests.lock().unwrap().is_empty(),
+        "the oversized request reached the runtime"
+    );
     // Other clients are served as before.
     let client = Client::connect(&crisp.path, b"localhost").await;
     let got = within(PATIENCE, "a call", client.call(VERSION, b"after")).await;
@@ -677,12 +832,31 @@ async fn client_bdp_pings_never_earn_strikes_at_a_grpc_go_runtime() {
         let path = if i % 3 == 0 { VERSION } else { CREATE };
         let msg = format!("call {i}");
         let got = within(PATIENCE, "a call", client.call(path, msg.as_bytes())).await;
-        assert_eq!(got, Outcome::Ok(framed(msg.as_bytes())), "call {i} ({path})");
+        assert_eq!(
+            got,
+            Outcome::Ok(framed(msg.as_bytes())),
+            "call {i} ({path})"
+        );
     }
-    assert!(client.pings_sent() >= 100, "the client sent {} PINGs; the test needs many", client.pings_sent());
-    assert_eq!(runtime.log.too_many_pings.load(Ordering::SeqCst), 0, "the runtime sent GOAWAY ENHANCE_YOUR_CALM");
-    assert_eq!(runtime.log.strikes.load(Ordering::SeqCst), 0, "the runtime counted ping strikes");
-    assert!(runtime.log.pings.load(Ordering::SeqCst) > 0, "no client PING reached the runtime: BDP estimation would see crisp only");
+    assert!(
+        client.pings_sent() >= 100,
+        "the client sent {} PINGs; the test needs many",
+        client.pings_sent()
+    );
+    assert_eq!(
+        runtime.log.too_many_pings.load(Ordering::SeqCst),
+        0,
+        "the runtime sent GOAWAY ENHANCE_YOUR_CALM"
+    );
+    assert_eq!(
+        runtime.log.strikes.load(Ordering::SeqCst),
+        0,
+        "the runtime counted ping strikes"
+    );
+    assert!(
+        runtime.log.pings.load(Ordering::SeqCst) > 0,
+        "no client PING reached the runtime: BDP estimation would see crisp only"
+    );
 }
 
 #[tokio::test]
@@ -690,13 +864,20 @@ async fn crisp_counts_on_a_larger_client_window_only_once_the_runtime_acknowledg
     // The client announces a 1 MiB stream window; the runtime's ACK (which reaches the client
     // through crisp) comes 300 ms later. A diverted call's 200 KB answer is crisp's own DATA:
     // before that ACK, the client (h2 for one) still holds every stream to 65,535 bytes.
-    let opts = RuntimeOpts { settings_ack_delay: Duration::from_millis(300), response_len: 200_000, ..Default::default() };
+    let opts = RuntimeOpts {
+        settings_ack_delay: Duration::from_millis(300),
+        response_len: 200_000,
+        ..Default::default()
+    };
     let (_dir, _runtime, crisp) = setup(opts).await;
     let client = Client::connect_with_window(&crisp.path, b"localhost", Some(1 << 20)).await;
     let got = within(PATIENCE, "a diverted call", client.call(CREATE, b"x")).await;
     assert_eq!(got, Outcome::Ok(framed(&vec![b'r'; 200_000])));
     let st = client.st.lock().unwrap();
-    assert!(st.settings_acked, "the runtime's SETTINGS ACK never reached the client");
+    assert!(
+        st.settings_acked,
+        "the runtime's SETTINGS ACK never reached the client"
+    );
     let most = st.before_ack.values().copied().max().unwrap_or(0);
     assert!(most <= f::DEFAULT_WINDOW as usize, "crisp sent {most} bytes on a stream before the client's SETTINGS were acknowledged (window 65,535)");
 }
@@ -705,7 +886,11 @@ async fn crisp_counts_on_a_larger_client_window_only_once_the_runtime_acknowledg
 async fn a_runtime_goaway_loses_no_call() {
     // The runtime answers after 200 ms and sends GOAWAY on its 4th request on each connection: the
     // three before it complete there, the 4th and later are retried elsewhere.
-    let opts = RuntimeOpts { delay: Duration::from_millis(200), goaway_at: Some(4), ..Default::default() };
+    let opts = RuntimeOpts {
+        delay: Duration::from_millis(200),
+        goaway_at: Some(4),
+        ..Default::default()
+    };
     let (_dir, runtime, crisp) = setup(opts).await;
     let client = Arc::new(Client::connect(&crisp.path, b"localhost").await);
     let mut calls = Vec::new();
@@ -714,18 +899,34 @@ async fn a_runtime_goaway_loses_no_call() {
         calls.push(tokio::spawn(async move {
             let path = if i % 2 == 0 { VERSION } else { CREATE };
             let msg = format!("call {i}");
-            (i, path, msg.clone(), client.call(path, msg.as_bytes()).await)
+            (
+                i,
+                path,
+                msg.clone(),
+                client.call(path, msg.as_bytes()).await,
+            )
         }));
         // In order on the wire, but all in flight together.
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     for c in calls {
         let (i, path, msg, got) = within(PATIENCE, "a call", c).await.unwrap();
-        assert_eq!(got, Outcome::Ok(framed(msg.as_bytes())), "call {i} ({path}) was lost to the runtime's GOAWAY");
+        assert_eq!(
+            got,
+            Outcome::Ok(framed(msg.as_bytes())),
+            "call {i} ({path}) was lost to the runtime's GOAWAY"
+        );
     }
-    let (goaways, ignored) = (runtime.log.goaways.load(Ordering::SeqCst), runtime.log.ignored.load(Ordering::SeqCst));
+    let (goaways, ignored) = (
+        runtime.log.goaways.load(Ordering::SeqCst),
+        runtime.log.ignored.load(Ordering::SeqCst),
+    );
     assert!(goaways >= 2 && ignored >= 2, "the runtime sent {goaways} GOAWAYs and left {ignored} requests unprocessed: the test did not exercise them");
-    assert_eq!(runtime.log.requests.lock().unwrap().len(), 12, "each call processed exactly once");
+    assert_eq!(
+        runtime.log.requests.lock().unwrap().len(),
+        12,
+        "each call processed exactly once"
+    );
 }
 
 /// Holds CreateContainer for a while, as the ordering engine does while a sidecar gets ready.
@@ -734,10 +935,18 @@ struct HoldCreate(Duration);
 impl Interceptor for HoldCreate {
     fn interest(&self, call: &Call) -> Interest {
         let divert = call.path.as_str() == CREATE;
-        Interest { request: divert, response: false, complete: false }
+        Interest {
+            request: divert,
+            response: false,
+            complete: false,
+        }
     }
 
-    fn on_request<'a>(&'a self, _call: &'a Call, _msg: &'a [u8]) -> crisp::intercept::BoxFuture<'a, crisp::intercept::Verdict> {
+    fn on_request<'a>(
+        &'a self,
+        _call: &'a Call,
+        _msg: &'a [u8],
+    ) -> crisp::intercept::BoxFuture<'a, crisp::intercept::Verdict> {
         Box::pin(async move {
             tokio::time::sleep(self.0).await;
             crisp::intercept::Verdict::Forward
@@ -751,12 +960,24 @@ async fn a_held_call_reaches_the_runtime_with_the_time_its_client_has_left() {
     let dir = tempfile::tempdir().unwrap();
     let rt_path = dir.path().join("runtime.sock");
     let runtime = Runtime::start(&rt_path, RuntimeOpts::default()).await;
-    let crisp = Crisp::start_with(&rt_path, vec![Arc::new(HoldCreate(Duration::from_millis(500)))], ProxyOptions::default()).await;
+    let crisp = Crisp::start_with(
+        &rt_path,
+        vec![Arc::new(HoldCreate(Duration::from_millis(500)))],
+        ProxyOptions::default(),
+    )
+    .await;
     let client = Client::connect(&crisp.path, b"localhost").await;
     // The client sends grpc-timeout 1999937u (≈ 2 s).
-    assert_eq!(within(PATIENCE, "a held call", client.call(CREATE, b"x")).await, Outcome::Ok(framed(b"x")));
+    assert_eq!(
+        within(PATIENCE, "a held call", client.call(CREATE, b"x")).await,
+        Outcome::Ok(framed(b"x"))
+    );
     let reqs = runtime.log.requests.lock().unwrap();
-    let timeout = reqs[0].iter().find(|(n, _)| n == b"grpc-timeout").map(|(_, v)| v.clone()).expect("grpc-timeout forwarded");
+    let timeout = reqs[0]
+        .iter()
+        .find(|(n, _)| n == b"grpc-timeout")
+        .map(|(_, v)| v.clone())
+        .expect("grpc-timeout forwarded");
     let left = crisp::status::parse_grpc_timeout(&timeout).unwrap();
     assert!(
         left <= Duration::from_millis(1500) && left >= Duration::from_millis(1000),
@@ -774,13 +995,31 @@ async fn padded_priority_and_continuation_frames_reach_the_runtime_intact() {
     for path in [VERSION, CREATE] {
         for odd in [false, true] {
             let msg = format!("{path} {odd}");
-            let got = within(PATIENCE, "a call", client.call_shaped(path, msg.as_bytes(), &[(b"x-big", &big), (b"x-trace-bin", b"AAEC")], odd)).await;
-            assert_eq!(got, Outcome::Ok(framed(msg.as_bytes())), "{path}, odd framing {odd}");
+            let got = within(
+                PATIENCE,
+                "a call",
+                client.call_shaped(
+                    path,
+                    msg.as_bytes(),
+                    &[(b"x-big", &big), (b"x-trace-bin", b"AAEC")],
+                    odd,
+                ),
+            )
+            .await;
+            assert_eq!(
+                got,
+                Outcome::Ok(framed(msg.as_bytes())),
+                "{path}, odd framing {odd}"
+            );
             let reqs = runtime.log.requests.lock().unwrap();
             let last = reqs.last().unwrap();
             assert_eq!(path_of(last), path);
             let value = |name: &[u8]| last.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone());
-            assert_eq!(value(b"x-big").map(|v| v.len()), Some(big.len()), "{path}: the big header arrived cut or not at all");
+            assert_eq!(
+                value(b"x-big").map(|v| v.len()),
+                Some(big.len()),
+                "{path}: the big header arrived cut or not at all"
+            );
             assert_eq!(value(b"x-trace-bin").as_deref(), Some(&b"AAEC"[..]));
         }
     }

@@ -14,7 +14,10 @@ use tokio::sync::{mpsc, watch, Semaphore};
 use crisp::cri::{views, Rpc};
 use crisp::intercept::{BoxFuture, Call, Interceptor, Interest, Verdict};
 use crisp::proxy::ProxyOptions;
-use k8s_cri::v1::{ContainerConfig, ContainerMetadata, CreateContainerRequest, CreateContainerResponse, ImageSpec, KeyValue, PodSandboxConfig, PodSandboxMetadata, VersionRequest};
+use k8s_cri::v1::{
+    ContainerConfig, ContainerMetadata, CreateContainerRequest, CreateContainerResponse, ImageSpec,
+    KeyValue, PodSandboxConfig, PodSandboxMetadata, VersionRequest,
+};
 use support::*;
 
 const CREATE: &str = "/runtime.v1.RuntimeService/CreateContainer";
@@ -43,15 +46,22 @@ impl Drop for HoldGuard<'_> {
 impl Interceptor for Gate {
     fn interest(&self, call: &Call) -> Interest {
         match call.route.rpc {
-            Some(Rpc::CreateContainer) => Interest { request: true, ..Interest::NONE },
+            Some(Rpc::CreateContainer) => Interest {
+                request: true,
+                ..Interest::NONE
+            },
             _ => Interest::NONE,
         }
     }
 
     fn on_request<'a>(&'a self, _call: &'a Call, msg: &'a [u8]) -> BoxFuture<'a, Verdict> {
-        let view = views::decode::<views::CreateContainerRequest>(msg).expect("CreateContainerRequest view");
+        let view = views::decode::<views::CreateContainerRequest>(msg)
+            .expect("CreateContainerRequest view");
         Box::pin(async move {
-            let mut guard = HoldGuard { gate: self, released: false };
+            let mut guard = HoldGuard {
+                gate: self,
+                released: false,
+            };
             self.seen.send(view).unwrap();
             self.release.acquire().await.unwrap().forget();
             guard.released = true;
@@ -60,26 +70,55 @@ impl Interceptor for Gate {
     }
 }
 
-fn gate() -> (Arc<Gate>, mpsc::UnboundedReceiver<views::CreateContainerRequest>, watch::Receiver<usize>) {
+fn gate() -> (
+    Arc<Gate>,
+    mpsc::UnboundedReceiver<views::CreateContainerRequest>,
+    watch::Receiver<usize>,
+) {
     let (tx, rx) = mpsc::unbounded_channel();
     let (abandoned, abandoned_rx) = watch::channel(0);
-    (Arc::new(Gate { seen: tx, release: Semaphore::new(0), abandoned }), rx, abandoned_rx)
+    (
+        Arc::new(Gate {
+            seen: tx,
+            release: Semaphore::new(0),
+            abandoned,
+        }),
+        rx,
+        abandoned_rx,
+    )
 }
 
 fn create_request() -> CreateContainerRequest {
     CreateContainerRequest {
         pod_sandbox_id: "sb-0123456789abcdef".into(),
         config: Some(ContainerConfig {
-            metadata: Some(ContainerMetadata { name: "app".into(), attempt: 2 }),
-            image: Some(ImageSpec { image: "docker.io/library/busybox:1.36".into(), ..Default::default() }),
+            metadata: Some(ContainerMetadata {
+                name: "app".into(),
+                attempt: 2,
+            }),
+            image: Some(ImageSpec {
+                image: "docker.io/library/busybox:1.36".into(),
+                ..Default::default()
+            }),
             command: vec!["sh".into(), "-c".into(), "sleep 3600".into()],
-            envs: vec![KeyValue { key: "TOKEN".into(), value: "s3cr3t".into() }],
+            envs: vec![KeyValue {
+                key: "TOKEN".into(),
+                value: "s3cr3t".into(),
+            }],
             labels: HashMap::from([("io.kubernetes.container.name".into(), "app".into())]),
-            annotations: HashMap::from([("io.kubernetes.container.restartCount".into(), "2".into())]),
+            annotations: HashMap::from([(
+                "io.kubernetes.container.restartCount".into(),
+                "2".into(),
+            )]),
             ..Default::default()
         }),
         sandbox_config: Some(PodSandboxConfig {
-            metadata: Some(PodSandboxMetadata { name: "web-0".into(), uid: "uid-1".into(), namespace: "default".into(), attempt: 0 }),
+            metadata: Some(PodSandboxMetadata {
+                name: "web-0".into(),
+                uid: "uid-1".into(),
+                namespace: "default".into(),
+                attempt: 0,
+            }),
             annotations: HashMap::from([("crisp.dev/sidecars".into(), "proxy".into())]),
             ..Default::default()
         }),
@@ -90,13 +129,23 @@ fn create_request() -> CreateContainerRequest {
 /// connection makes the round trip to the runtime.
 async fn round_trip(crisp: &Crisp) {
     let mut c = runtime_client(&crisp.path).await;
-    within(PATIENCE, "a Version round trip", c.version(VersionRequest { version: "x".into() })).await.unwrap();
+    within(
+        PATIENCE,
+        "a Version round trip",
+        c.version(VersionRequest {
+            version: "x".into(),
+        }),
+    )
+    .await
+    .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_create_container_reaches_upstream_only_when_released_with_identical_bytes() {
     let fake = Fake::start().await;
-    let answer = CreateContainerResponse { container_id: "ctr-created".into() };
+    let answer = CreateContainerResponse {
+        container_id: "ctr-created".into(),
+    };
     let a = answer.encode_to_vec();
     fake.script(CREATE, move |_| Reply::unary(&a));
     let (gate, mut seen, _) = gate();
@@ -107,20 +156,41 @@ async fn a_held_create_container_reaches_upstream_only_when_released_with_identi
     let mut client = runtime_client(&crisp.path).await;
     let r = req.clone();
     let call = tokio::spawn(async move { client.create_container(r).await });
-    let view = within(PATIENCE, "the interceptor to hold the call", seen.recv()).await.unwrap();
+    let view = within(PATIENCE, "the interceptor to hold the call", seen.recv())
+        .await
+        .unwrap();
     assert_eq!(view.pod_sandbox_id, req.pod_sandbox_id);
-    assert_eq!(view.config.as_ref().unwrap().metadata.as_ref().unwrap().name, "app");
-    assert_eq!(view.sandbox_config.as_ref().unwrap().annotations["crisp.dev/sidecars"], "proxy");
+    assert_eq!(
+        view.config
+            .as_ref()
+            .unwrap()
+            .metadata
+            .as_ref()
+            .unwrap()
+            .name,
+        "app"
+    );
+    assert_eq!(
+        view.sandbox_config.as_ref().unwrap().annotations["crisp.dev/sidecars"],
+        "proxy"
+    );
 
     round_trip(&crisp).await;
     assert_eq!(fake.started(CREATE), 0, "the runtime saw a held call");
     assert!(!call.is_finished(), "the held call returned");
 
     gate.release.add_permits(1);
-    let got = within(PATIENCE, "the released call", call).await.unwrap().expect("released call failed");
+    let got = within(PATIENCE, "the released call", call)
+        .await
+        .unwrap()
+        .expect("released call failed");
     assert_eq!(got.into_inner(), answer);
     let upstream = fake.last(CREATE);
-    assert_eq!(upstream.body, grpc_frame(&req.encode_to_vec()), "bytes upstream differ from the client's");
+    assert_eq!(
+        upstream.body,
+        grpc_frame(&req.encode_to_vec()),
+        "bytes upstream differ from the client's"
+    );
 
     // The same client talking to the runtime directly sends the same headers and bytes.
     let mut direct = runtime_client(fake.path()).await;
@@ -137,13 +207,30 @@ async fn a_held_create_container_reaches_upstream_only_when_released_with_identi
     let mut raw = Raw::connect(&crisp.path).await;
     let pending = raw.start(&raw_req).await.unwrap();
     let pending = tokio::spawn(read_response(pending));
-    within(PATIENCE, "the interceptor to hold the raw call", seen.recv()).await.unwrap();
+    within(
+        PATIENCE,
+        "the interceptor to hold the raw call",
+        seen.recv(),
+    )
+    .await
+    .unwrap();
     round_trip(&crisp).await;
-    assert_eq!(fake.calls_to(CREATE).len(), 2, "the runtime saw a held call");
+    assert_eq!(
+        fake.calls_to(CREATE).len(),
+        2,
+        "the runtime saw a held call"
+    );
     gate.release.add_permits(1);
-    let resp = within(PATIENCE, "the released raw call", pending).await.unwrap().unwrap();
+    let resp = within(PATIENCE, "the released raw call", pending)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(resp.grpc_status(), Some("0"));
-    assert_eq!(fake.last(CREATE).body, raw_req.body, "unknown field lost on the way upstream");
+    assert_eq!(
+        fake.last(CREATE).body,
+        raw_req.body,
+        "unknown field lost on the way upstream"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -156,16 +243,38 @@ async fn a_held_call_whose_deadline_passes_never_reaches_upstream_and_gets_deadl
     req.headers.insert("grpc-timeout", "300m".parse().unwrap());
     let mut raw = Raw::connect(&crisp.path).await;
     let pending = raw.start(&req).await.unwrap();
-    within(PATIENCE, "the interceptor to hold the call", seen.recv()).await.unwrap();
-    let resp = within(Duration::from_secs(5), "crisp to answer at the deadline", read_response(pending)).await.unwrap();
-    assert_eq!(resp.grpc_status(), Some("4"), "expected DEADLINE_EXCEEDED, got {resp:?}");
+    within(PATIENCE, "the interceptor to hold the call", seen.recv())
+        .await
+        .unwrap();
+    let resp = within(
+        Duration::from_secs(5),
+        "crisp to answer at the deadline",
+        read_response(pending),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        resp.grpc_status(),
+        Some("4"),
+        "expected DEADLINE_EXCEEDED, got {resp:?}"
+    );
     // The hold was abandoned, not released.
-    within(PATIENCE, "the hold to be dropped", abandoned.wait_for(|n| *n == 1)).await.unwrap();
+    within(
+        PATIENCE,
+        "the hold to be dropped",
+        abandoned.wait_for(|n| *n == 1),
+    )
+    .await
+    .unwrap();
 
     // Even a release arriving now forwards nothing.
     gate.release.add_permits(1);
     round_trip(&crisp).await;
-    assert_eq!(fake.started(CREATE), 0, "the runtime saw a call whose deadline had passed");
+    assert_eq!(
+        fake.started(CREATE),
+        0,
+        "the runtime saw a call whose deadline had passed"
+    );
 
     // A kubelet-like client with a deadline: it gives up (tonic enforces the deadline itself and
     // reports its own error, racing crisp's DEADLINE_EXCEEDED) and the call is never forwarded.
@@ -173,11 +282,31 @@ async fn a_held_call_whose_deadline_passes_never_reaches_upstream_and_gets_deadl
     let mut r = tonic::Request::new(create_request());
     r.set_timeout(Duration::from_millis(300));
     gate.release.forget_permits(1);
-    let status = within(PATIENCE, "tonic call past its deadline", client.create_container(r)).await.unwrap_err();
-    assert!(status.code() == tonic::Code::DeadlineExceeded || (status.code() == tonic::Code::Cancelled && status.message() == "Timeout expired"), "{status:?}");
-    within(PATIENCE, "the second hold to be dropped", abandoned.wait_for(|n| *n == 2)).await.unwrap();
+    let status = within(
+        PATIENCE,
+        "tonic call past its deadline",
+        client.create_container(r),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        status.code() == tonic::Code::DeadlineExceeded
+            || (status.code() == tonic::Code::Cancelled && status.message() == "Timeout expired"),
+        "{status:?}"
+    );
+    within(
+        PATIENCE,
+        "the second hold to be dropped",
+        abandoned.wait_for(|n| *n == 2),
+    )
+    .await
+    .unwrap();
     round_trip(&crisp).await;
-    assert_eq!(fake.started(CREATE), 0, "the runtime saw a call whose deadline had passed");
+    assert_eq!(
+        fake.started(CREATE),
+        0,
+        "the runtime saw a call whose deadline had passed"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -188,10 +317,22 @@ async fn a_held_call_the_client_cancels_never_reaches_upstream() {
 
     let mut client = runtime_client(&crisp.path).await;
     let call = tokio::spawn(async move { client.create_container(create_request()).await });
-    within(PATIENCE, "the interceptor to hold the call", seen.recv()).await.unwrap();
+    within(PATIENCE, "the interceptor to hold the call", seen.recv())
+        .await
+        .unwrap();
     call.abort();
-    within(PATIENCE, "the hold to be dropped when the client cancels", abandoned.wait_for(|n| *n == 1)).await.unwrap();
+    within(
+        PATIENCE,
+        "the hold to be dropped when the client cancels",
+        abandoned.wait_for(|n| *n == 1),
+    )
+    .await
+    .unwrap();
     gate.release.add_permits(1);
     round_trip(&crisp).await;
-    assert_eq!(fake.started(CREATE), 0, "the runtime saw a call its client had cancelled");
+    assert_eq!(
+        fake.started(CREATE),
+        0,
+        "the runtime saw a call its client had cancelled"
+    );
 }

@@ -44,7 +44,9 @@ fn no_module_imports_one_above_it() {
             continue;
         }
         let Some(own) = layer_of(&top) else {
-            violations.push(format!("src/{rel}: module `{top}` has no layer in tests/layers.rs (and lib.rs)"));
+            violations.push(format!(
+                "src/{rel}: module `{top}` has no layer in tests/layers.rs (and lib.rs)"
+            ));
             continue;
         };
         let text = std::fs::read_to_string(&f).unwrap();
@@ -56,18 +58,28 @@ fn no_module_imports_one_above_it() {
             let mut rest = line;
             while let Some(i) = rest.find("crate::") {
                 let after = &rest[i + 7..];
-                let name: String = after.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+                let name: String = after
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
                 rest = &after[name.len()..];
                 if name == top {
                     continue;
                 }
                 match layer_of(&name) {
                     Some(l) if l < own => {}
-                    Some(l) => violations.push(format!("src/{rel}:{}: `{top}` (layer {own}) imports `crate::{name}` (layer {l})", n + 1)),
+                    Some(l) => violations.push(format!(
+                        "src/{rel}:{}: `{top}` (layer {own}) imports `crate::{name}` (layer {l})",
+                        n + 1
+                    )),
                     None => {}
                 }
             }
         }
     }
-    assert!(violations.is_empty(), "imports that run back up:\n{}", violations.join("\n"));
+    assert!(
+        violations.is_empty(),
+        "imports that run back up:\n{}",
+        violations.join("\n")
+    );
 }

@@ -35,7 +35,11 @@ fn put_artifact(node: &Node, file: &std::path::Path) -> String {
 
 fn doctor_ok(node: &Node, bin: &str) -> String {
     let d = node.run(&[bin, "doctor"]);
-    assert!(d.ok() && d.stdout.contains("\n0 FAIL, 0 WARN, "), "crisp doctor on the node: {}", d.all());
+    assert!(
+        d.ok() && d.stdout.contains("\n0 FAIL, 0 WARN, "),
+        "crisp doctor on the node: {}",
+        d.all()
+    );
     d.stdout
 }
 
@@ -59,7 +63,9 @@ fn restart_under_load(node: &Node, restarts: usize) {
     let (out, pids) = std::thread::scope(|s| {
         let h = s.spawn(|| node.sh(&script));
         let stop = StopLoad(node);
-        node.wait_for("the first grpc-go calls", Duration::from_secs(20), |n| n.exists("/run/crisp-load-started"));
+        node.wait_for("the first grpc-go calls", Duration::from_secs(20), |n| {
+            n.exists("/run/crisp-load-started")
+        });
         std::thread::sleep(Duration::from_millis(300));
         let mut pids = vec![node.prop("crisp.service", "MainPID")];
         for _ in 0..restarts {
@@ -73,17 +79,38 @@ fn restart_under_load(node: &Node, restarts: usize) {
     });
     let mut uniq = pids.clone();
     uniq.dedup();
-    assert_eq!(uniq.len(), restarts + 1, "crisp really restarted each time: {pids:?}");
+    assert_eq!(
+        uniq.len(),
+        restarts + 1,
+        "crisp really restarted each time: {pids:?}"
+    );
     let (mut ok, mut failed, mut goaways) = (0u64, 0u64, 0u64);
-    let field =
-        |l: &str, k: &str| -> u64 { l.split(&format!("\"{k}\":")).nth(1).and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next()).and_then(|n| n.parse().ok()).unwrap_or(0) };
-    for l in out.stdout.lines().filter(|l| l.contains("\"summary\":true")) {
+    let field = |l: &str, k: &str| -> u64 {
+        l.split(&format!("\"{k}\":"))
+            .nth(1)
+            .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    for l in out
+        .stdout
+        .lines()
+        .filter(|l| l.contains("\"summary\":true"))
+    {
         ok += field(l, "ok");
         failed += field(l, "failed");
         goaways += field(l, "goaway_recv");
     }
-    assert!(failed == 0 && ok >= 1000, "grpc-go calls across `systemctl restart crisp`: {ok} ok, {failed} failed:\n{}", out.all());
-    assert!(goaways >= 1, "no connection was open across a restart (no GOAWAY seen): {}", out.all());
+    assert!(
+        failed == 0 && ok >= 1000,
+        "grpc-go calls across `systemctl restart crisp`: {ok} ok, {failed} failed:\n{}",
+        out.all()
+    );
+    assert!(
+        goaways >= 1,
+        "no connection was open across a restart (no GOAWAY seen): {}",
+        out.all()
+    );
     eprintln!("{restarts} restarts of crisp under grpc-go load: {ok} calls ok, 0 failed, {goaways} connections drained by GOAWAY");
 }
 
@@ -94,7 +121,11 @@ fn deb_on_a_systemd_node() {
     eprintln!("node booted in {}", secs(node.boot_time));
     node.add_kubelet_standin();
     let before = node.snapshot(TREES);
-    let kubelet_files = node.snapshot(&["/var/lib/kubelet", "/etc/default", "/etc/systemd/system/kubelet.service.d"]);
+    let kubelet_files = node.snapshot(&[
+        "/var/lib/kubelet",
+        "/etc/default",
+        "/etc/systemd/system/kubelet.service.d",
+    ]);
     let deb = put_artifact(&node, &artifact("crisp_", "_amd64.deb"));
 
     // The package alone: crisp runs, kubelet is left as it was.
@@ -104,12 +135,30 @@ fn deb_on_a_systemd_node() {
     eprintln!("dpkg -i: {}", secs(t.elapsed()));
     assert!(o.stderr.contains("kubelet is unchanged"), "{}", o.all());
     for u in ["crisp.socket", "crisp.service"] {
-        assert_eq!(node.prop(u, "ActiveState"), "active", "{u}: {}", node.nsenter(&["journalctl", "-u", u, "--no-pager", "-n", "30"]).stdout);
+        assert_eq!(
+            node.prop(u, "ActiveState"),
+            "active",
+            "{u}: {}",
+            node.nsenter(&["journalctl", "-u", u, "--no-pager", "-n", "30"])
+                .stdout
+        );
         assert_eq!(node.prop(u, "UnitFileState"), "enabled", "{u}");
     }
-    let now = node.snapshot(&["/var/lib/kubelet", "/etc/default", "/etc/systemd/system/kubelet.service.d"]);
-    assert!(now == kubelet_files, "the postinst changed kubelet's files:\n{}", diff(&kubelet_files, &now));
-    assert_eq!(node.prop("kubelet.service", "InvocationID"), inv, "the postinst restarted kubelet");
+    let now = node.snapshot(&[
+        "/var/lib/kubelet",
+        "/etc/default",
+        "/etc/systemd/system/kubelet.service.d",
+    ]);
+    assert!(
+        now == kubelet_files,
+        "the postinst changed kubelet's files:\n{}",
+        diff(&kubelet_files, &now)
+    );
+    assert_eq!(
+        node.prop("kubelet.service", "InvocationID"),
+        inv,
+        "the postinst restarted kubelet"
+    );
     let d = node.run(&["crisp", "doctor"]);
     assert!(d.stdout.contains("kubelet bypasses crisp"), "{}", d.all());
 
@@ -119,22 +168,43 @@ fn deb_on_a_systemd_node() {
     let install_time = t.elapsed();
     assert!(o.stdout.contains("restart kubelet.service"), "{}", o.all());
     let last = node.wait_kubelet_on("/run/crisp/crisp.sock", &inv);
-    assert!(last.contains(CONTAINERD_HEX), "containerd answered through crisp: {last}");
+    assert!(
+        last.contains(CONTAINERD_HEX),
+        "containerd answered through crisp: {last}"
+    );
     let cmdline = node.read("/run/kubelet-standin/cmdline");
-    assert!(cmdline.contains("--container-runtime-endpoint=unix:///run/crisp/crisp.sock"), "{cmdline}");
+    assert!(
+        cmdline.contains("--container-runtime-endpoint=unix:///run/crisp/crisp.sock"),
+        "{cmdline}"
+    );
     assert!(!cmdline.contains("containerd.sock"), "{cmdline}");
-    assert!(node.read("/var/lib/kubelet/kubeadm-flags.env").contains("--pod-infra-container-image=registry.k8s.io/pause:3.9"), "the other flags stay");
+    assert!(
+        node.read("/var/lib/kubelet/kubeadm-flags.env")
+            .contains("--pod-infra-container-image=registry.k8s.io/pause:3.9"),
+        "the other flags stay"
+    );
     let report = doctor_ok(&node, "crisp");
-    eprintln!("crisp-install: {} (kubelet restarted)\n{report}", secs(install_time));
+    eprintln!(
+        "crisp-install: {} (kubelet restarted)\n{report}",
+        secs(install_time)
+    );
     // Again: nothing to do, kubelet not restarted.
     let inv = node.prop("kubelet.service", "InvocationID");
     let o = node.must(&["crisp-install"]);
     assert!(o.stdout.contains("nothing changed"), "{}", o.all());
-    assert_eq!(node.prop("kubelet.service", "InvocationID"), inv, "a second crisp-install restarted kubelet");
+    assert_eq!(
+        node.prop("kubelet.service", "InvocationID"),
+        inv,
+        "a second crisp-install restarted kubelet"
+    );
 
     restart_under_load(&node, 3);
     // kubelet stayed on crisp throughout and still is.
-    assert_eq!(node.prop("kubelet.service", "InvocationID"), inv, "restarting crisp restarted kubelet");
+    assert_eq!(
+        node.prop("kubelet.service", "InvocationID"),
+        inv,
+        "restarting crisp restarted kubelet"
+    );
     node.wait_kubelet_on("/run/crisp/crisp.sock", "");
 
     // Removal points kubelet back at containerd first; purge leaves the node as it was.
@@ -142,11 +212,24 @@ fn deb_on_a_systemd_node() {
     node.must(&["dpkg", "--purge", "crisp"]);
     let rollback_time = t.elapsed();
     node.wait_kubelet_on("/run/containerd/containerd.sock", &inv);
-    assert!(node.read("/run/kubelet-standin/cmdline").contains("--container-runtime-endpoint=unix:///run/containerd/containerd.sock"));
+    assert!(node
+        .read("/run/kubelet-standin/cmdline")
+        .contains("--container-runtime-endpoint=unix:///run/containerd/containerd.sock"));
     let after = node.snapshot(TREES);
-    assert!(after == before, "dpkg --purge left the node different:\n{}", diff(&before, &after));
-    assert!(!node.exists("/run/crisp/crisp.sock"), "crisp.socket's file is gone");
-    eprintln!("dpkg --purge (kubelet back on containerd): {}; whole test {}", secs(rollback_time), secs(t0.elapsed()));
+    assert!(
+        after == before,
+        "dpkg --purge left the node different:\n{}",
+        diff(&before, &after)
+    );
+    assert!(
+        !node.exists("/run/crisp/crisp.sock"),
+        "crisp.socket's file is gone"
+    );
+    eprintln!(
+        "dpkg --purge (kubelet back on containerd): {}; whole test {}",
+        secs(rollback_time),
+        secs(t0.elapsed())
+    );
 }
 
 #[test]
@@ -157,11 +240,20 @@ fn installer_image_run_by_the_nodes_containerd() {
     let before = node.snapshot(TREES);
     let image = put_artifact(&node, &artifact("crisp-installer-", ".oci.tar"));
     let o = node.must(&["ctr", "-n", "k8s.io", "images", "import", &image]);
-    let name = o.stdout.split_whitespace().find(|w| w.starts_with("crisp-installer:")).unwrap_or_else(|| panic!("image name in {}", o.all())).to_string();
+    let name = o
+        .stdout
+        .split_whitespace()
+        .find(|w| w.starts_with("crisp-installer:"))
+        .unwrap_or_else(|| panic!("image name in {}", o.all()))
+        .to_string();
     node.must(&["rm", &image]);
     // The image itself lives in /var/lib/containerd, which the snapshot leaves out.
     let imported = node.snapshot(TREES);
-    assert!(imported == before, "importing the image changed the node's files:\n{}", diff(&before, &imported));
+    assert!(
+        imported == before,
+        "importing the image changed the node's files:\n{}",
+        diff(&before, &imported)
+    );
     let before_image = before.clone();
 
     // As the DaemonSet's pod: privileged, the node's PID namespace (hostPID), host network, the
@@ -169,8 +261,19 @@ fn installer_image_run_by_the_nodes_containerd() {
     // exec probe.
     let inv = node.prop("kubelet.service", "InvocationID");
     let ctr_run = |id: &str, mode: &str, detach: bool| {
-        let mut args =
-            vec!["ctr", "-n", "k8s.io", "run", "--rm", "--privileged", "--net-host", "--with-ns", "pid:/proc/1/ns/pid", "--mount", "type=bind,src=/,dst=/host,options=rbind:rw"];
+        let mut args = vec![
+            "ctr",
+            "-n",
+            "k8s.io",
+            "run",
+            "--rm",
+            "--privileged",
+            "--net-host",
+            "--with-ns",
+            "pid:/proc/1/ns/pid",
+            "--mount",
+            "type=bind,src=/,dst=/host,options=rbind:rw",
+        ];
         let env = format!("CRISP_MODE={mode}");
         args.extend(["--env", &env]);
         if detach {
@@ -185,36 +288,92 @@ fn installer_image_run_by_the_nodes_containerd() {
     let t = Instant::now();
     let o = ctr_run("crisp-installer-1", "install", true);
     assert!(o.ok(), "{}", o.all());
-    let ready = || node.run(&["ctr", "-n", "k8s.io", "task", "exec", "--exec-id", "probe", "crisp-installer-1", "/opt/crisp/entrypoint.sh", "ready"]).ok();
+    let ready = || {
+        node.run(&[
+            "ctr",
+            "-n",
+            "k8s.io",
+            "task",
+            "exec",
+            "--exec-id",
+            "probe",
+            "crisp-installer-1",
+            "/opt/crisp/entrypoint.sh",
+            "ready",
+        ])
+        .ok()
+    };
     let deadline = Instant::now() + Duration::from_secs(60);
     while !ready() {
-        assert!(Instant::now() < deadline, "installer never Ready: {}", node.nsenter(&["journalctl", "--no-pager", "-n", "60"]).stdout);
+        assert!(
+            Instant::now() < deadline,
+            "installer never Ready: {}",
+            node.nsenter(&["journalctl", "--no-pager", "-n", "60"])
+                .stdout
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     let install_time = t.elapsed();
     let last = node.wait_kubelet_on("/run/crisp/crisp.sock", &inv);
     assert!(last.contains(CONTAINERD_HEX), "{last}");
     let report = doctor_ok(&node, "/usr/local/bin/crisp");
-    eprintln!("installer image: installed and Ready in {}\n{report}", secs(install_time));
+    eprintln!(
+        "installer image: installed and Ready in {}\n{report}",
+        secs(install_time)
+    );
     // The bundle it copied to the node's /run is gone again.
     assert!(!node.exists("/run/crisp-installer"));
     // The pod's container survives kubelet's restart (it is containerd's): still running.
     let st = node.run(&["ctr", "-n", "k8s.io", "task", "ls"]);
-    assert!(st.stdout.lines().any(|l| l.starts_with("crisp-installer-1") && l.contains("RUNNING")), "{}", st.all());
+    assert!(
+        st.stdout
+            .lines()
+            .any(|l| l.starts_with("crisp-installer-1") && l.contains("RUNNING")),
+        "{}",
+        st.all()
+    );
     // SIGTERM (a rollout replacing the pod) ends it cleanly.
     node.must(&["ctr", "-n", "k8s.io", "task", "kill", "crisp-installer-1"]);
-    node.wait_for("the installer to exit on SIGTERM", Duration::from_secs(20), |n| {
-        n.run(&["ctr", "-n", "k8s.io", "task", "ls"]).stdout.lines().any(|l| l.starts_with("crisp-installer-1") && l.contains("STOPPED"))
-    });
+    node.wait_for(
+        "the installer to exit on SIGTERM",
+        Duration::from_secs(20),
+        |n| {
+            n.run(&["ctr", "-n", "k8s.io", "task", "ls"])
+                .stdout
+                .lines()
+                .any(|l| l.starts_with("crisp-installer-1") && l.contains("STOPPED"))
+        },
+    );
     let o = node.must(&["ctr", "-n", "k8s.io", "task", "delete", "crisp-installer-1"]);
-    assert!(o.stdout.contains("exit status 0") || o.stdout.trim().is_empty() || o.stdout.contains("crisp-installer-1"), "{}", o.all());
-    node.must(&["ctr", "-n", "k8s.io", "containers", "rm", "crisp-installer-1"]);
+    assert!(
+        o.stdout.contains("exit status 0")
+            || o.stdout.trim().is_empty()
+            || o.stdout.contains("crisp-installer-1"),
+        "{}",
+        o.all()
+    );
+    node.must(&[
+        "ctr",
+        "-n",
+        "k8s.io",
+        "containers",
+        "rm",
+        "crisp-installer-1",
+    ]);
 
     // Its own restart: the same install again changes nothing and leaves kubelet alone.
     let inv = node.prop("kubelet.service", "InvocationID");
     let o = ctr_run("crisp-installer-2", "install", false);
-    assert!(o.ok() && o.stdout.contains("nothing changed"), "{}", o.all());
-    assert_eq!(node.prop("kubelet.service", "InvocationID"), inv, "a re-run restarted kubelet");
+    assert!(
+        o.ok() && o.stdout.contains("nothing changed"),
+        "{}",
+        o.all()
+    );
+    assert_eq!(
+        node.prop("kubelet.service", "InvocationID"),
+        inv,
+        "a re-run restarted kubelet"
+    );
 
     // Uninstall mode: kubelet back on containerd, every file as before.
     let t = Instant::now();
@@ -223,8 +382,16 @@ fn installer_image_run_by_the_nodes_containerd() {
     assert!(o.ok(), "{}", o.all());
     node.wait_kubelet_on("/run/containerd/containerd.sock", &inv);
     let after = node.snapshot(TREES);
-    assert!(after == before_image, "uninstall left the node different:\n{}", diff(&before_image, &after));
-    eprintln!("installer image: uninstalled in {}; whole test {}", secs(rollback_time), secs(t0.elapsed()));
+    assert!(
+        after == before_image,
+        "uninstall left the node different:\n{}",
+        diff(&before_image, &after)
+    );
+    eprintln!(
+        "installer image: uninstalled in {}; whole test {}",
+        secs(rollback_time),
+        secs(t0.elapsed())
+    );
 }
 
 /// The lines only in one of two snapshots.

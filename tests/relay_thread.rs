@@ -19,21 +19,45 @@ const WORKERS: usize = 2;
 #[test]
 fn relayed_calls_go_through_while_every_tokio_worker_of_crisp_is_blocked() {
     // The fake runtime and the client on one runtime, crisp on another, as in the daemon.
-    let peers = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let crisp_rt = tokio::runtime::Builder::new_multi_thread().worker_threads(WORKERS).enable_all().build().unwrap();
+    let peers = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let crisp_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(WORKERS)
+        .enable_all()
+        .build()
+        .unwrap();
     let fake = peers.block_on(async {
         let fake = Fake::start().await;
-        let answer = VersionResponse { version: "0.1.0".into(), runtime_name: "fake".into(), runtime_version: "1".into(), runtime_api_version: "v1".into() };
+        let answer = VersionResponse {
+            version: "0.1.0".into(),
+            runtime_name: "fake".into(),
+            runtime_version: "1".into(),
+            runtime_api_version: "v1".into(),
+        };
         let a = answer.encode_to_vec();
         fake.script(VERSION, move |_| Reply::unary(&a));
         fake
     });
     let crisp = crisp_rt.block_on(Crisp::start(fake.path()));
     let mut client = peers.block_on(runtime_client(&crisp.path));
-    let version =
-        |client: &mut RuntimeClient| peers.block_on(async { tokio::time::timeout(Duration::from_secs(3), client.version(VersionRequest { version: "0.1.0".into() })).await });
+    let version = |client: &mut RuntimeClient| {
+        peers.block_on(async {
+            tokio::time::timeout(
+                Duration::from_secs(3),
+                client.version(VersionRequest {
+                    version: "0.1.0".into(),
+                }),
+            )
+            .await
+        })
+    };
     // The connection is open and relayed.
-    version(&mut client).expect("Version before the stall").expect("Version before the stall");
+    version(&mut client)
+        .expect("Version before the stall")
+        .expect("Version before the stall");
 
     // Block every worker of crisp's runtime until released.
     let blocked = Arc::new(AtomicUsize::new(0));
@@ -49,7 +73,10 @@ fn relayed_calls_go_through_while_every_tokio_worker_of_crisp_is_blocked() {
     }
     let since = Instant::now();
     while blocked.load(Ordering::SeqCst) < WORKERS {
-        assert!(since.elapsed() < PATIENCE, "crisp's workers never picked up the blocking tasks");
+        assert!(
+            since.elapsed() < PATIENCE,
+            "crisp's workers never picked up the blocking tasks"
+        );
         std::thread::yield_now();
     }
 
@@ -58,14 +85,19 @@ fn relayed_calls_go_through_while_every_tokio_worker_of_crisp_is_blocked() {
     for _ in 0..20 {
         match version(&mut client) {
             Ok(Ok(_)) => answered += 1,
-            Ok(Err(status)) => panic!("a relayed call failed while crisp's runtime was blocked: {status}"),
+            Ok(Err(status)) => {
+                panic!("a relayed call failed while crisp's runtime was blocked: {status}")
+            }
             Err(_) => break,
         }
     }
     let took = start.elapsed();
     drop(release);
     assert_eq!(answered, 20, "relayed calls waited for crisp's blocked async runtime ({answered} of 20 answered, then one took over 3 s)");
-    assert!(took < Duration::from_secs(2), "20 relayed calls took {took:?} while crisp's runtime was blocked");
+    assert!(
+        took < Duration::from_secs(2),
+        "20 relayed calls took {took:?} while crisp's runtime was blocked"
+    );
     drop(client);
     drop(crisp);
     drop(fake);

@@ -34,11 +34,18 @@ async fn daemon(upstream: &Path) -> Daemon {
 
 fn metrics_over_http1(admin: &Path) -> Result<String, String> {
     let mut s = std::os::unix::net::UnixStream::connect(admin).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(PROMPT)).map_err(|e| e.to_string())?;
-    write!(s, "GET /metrics HTTP/1.1\r\nHost: crisp\r\nConnection: close\r\n\r\n").map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(PROMPT))
+        .map_err(|e| e.to_string())?;
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: crisp\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| e.to_string())?;
     let mut out = String::new();
     s.read_to_string(&mut out).map_err(|e| e.to_string())?;
-    out.starts_with("HTTP/1.1 200").then_some(out).ok_or_else(|| "not a 200".into())
+    out.starts_with("HTTP/1.1 200")
+        .then_some(out)
+        .ok_or_else(|| "not a 200".into())
 }
 
 /// Good clients calling in a loop until stopped; counts answers, records the slowest and any
@@ -53,22 +60,35 @@ struct Good {
 impl Good {
     fn record(&self, what: &str, started: Instant, r: Result<(), String>) {
         let took = started.elapsed();
-        self.slowest_us.fetch_max(took.as_micros() as u64, Ordering::Relaxed);
+        self.slowest_us
+            .fetch_max(took.as_micros() as u64, Ordering::Relaxed);
         match r {
             Ok(()) if took <= PROMPT => {
                 self.answered.fetch_add(1, Ordering::Relaxed);
             }
             Ok(()) => {
-                let _ = self.failure.lock().unwrap().get_or_insert(format!("{what} took {took:?}"));
+                let _ = self
+                    .failure
+                    .lock()
+                    .unwrap()
+                    .get_or_insert(format!("{what} took {took:?}"));
             }
             Err(e) => {
-                let _ = self.failure.lock().unwrap().get_or_insert(format!("{what} failed: {e}"));
+                let _ = self
+                    .failure
+                    .lock()
+                    .unwrap()
+                    .get_or_insert(format!("{what} failed: {e}"));
             }
         }
     }
 }
 
-fn start_good_clients(d: &Daemon, stop: Arc<AtomicBool>, good: Arc<Good>) -> Vec<tokio::task::JoinHandle<()>> {
+fn start_good_clients(
+    d: &Daemon,
+    stop: Arc<AtomicBool>,
+    good: Arc<Good>,
+) -> Vec<tokio::task::JoinHandle<()>> {
     let mut tasks = Vec::new();
     // HTTP/1.1 metrics, a new connection per call (Prometheus-like).
     {
@@ -77,7 +97,9 @@ fn start_good_clients(d: &Daemon, stop: Arc<AtomicBool>, good: Arc<Good>) -> Vec
             while !stop.load(Ordering::Relaxed) {
                 let t = Instant::now();
                 let a = admin.clone();
-                let r = tokio::task::spawn_blocking(move || metrics_over_http1(&a).map(|_| ())).await.unwrap();
+                let r = tokio::task::spawn_blocking(move || metrics_over_http1(&a).map(|_| ()))
+                    .await
+                    .unwrap();
                 good.record("GET /metrics", t, r);
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
@@ -91,8 +113,12 @@ fn start_good_clients(d: &Daemon, stop: Arc<AtomicBool>, good: Arc<Good>) -> Vec
             while !stop.load(Ordering::Relaxed) {
                 let t = Instant::now();
                 let r = tokio::time::timeout(PROMPT * 2, async {
-                    c.version(pb::VersionRequest {}).await.map_err(|e| e.to_string())?;
-                    c.list_pods(pb::ListPodsRequest {}).await.map_err(|e| e.to_string())?;
+                    c.version(pb::VersionRequest {})
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    c.list_pods(pb::ListPodsRequest {})
+                        .await
+                        .map_err(|e| e.to_string())?;
                     Ok::<(), String>(())
                 })
                 .await
@@ -109,10 +135,15 @@ fn start_good_clients(d: &Daemon, stop: Arc<AtomicBool>, good: Arc<Good>) -> Vec
             let mut c = runtime_client(&sock).await;
             while !stop.load(Ordering::Relaxed) {
                 let t = Instant::now();
-                let r = tokio::time::timeout(PROMPT * 2, c.version(VersionRequest { version: "0.1.0".into() }))
-                    .await
-                    .map_err(|_| "no answer".to_string())
-                    .and_then(|r| r.map(|_| ()).map_err(|e| e.to_string()));
+                let r = tokio::time::timeout(
+                    PROMPT * 2,
+                    c.version(VersionRequest {
+                        version: "0.1.0".into(),
+                    }),
+                )
+                .await
+                .map_err(|_| "no answer".to_string())
+                .and_then(|r| r.map(|_| ()).map_err(|e| e.to_string()));
                 good.record("CRI Version", t, r);
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
@@ -125,7 +156,13 @@ fn start_good_clients(d: &Daemon, stop: Arc<AtomicBool>, good: Arc<Good>) -> Vec
 async fn hostile_admin_clients_do_not_affect_other_admin_or_cri_clients() {
     use rand::RngCore;
     let fake = Fake::start().await;
-    let v = VersionResponse { version: "0.1.0".into(), runtime_name: "fake".into(), runtime_version: "1".into(), runtime_api_version: "v1".into() }.encode_to_vec();
+    let v = VersionResponse {
+        version: "0.1.0".into(),
+        runtime_name: "fake".into(),
+        runtime_version: "1".into(),
+        runtime_api_version: "v1".into(),
+    }
+    .encode_to_vec();
     fake.script(VERSION, move |_| Reply::unary(&v));
     let d = daemon(fake.path()).await;
 
@@ -156,17 +193,25 @@ async fn hostile_admin_clients_do_not_affect_other_admin_or_cri_clients() {
     let mut loris = Vec::new();
     for _ in 0..50 {
         let mut s = UnixStream::connect(&d.admin).await.unwrap();
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: crisp\r\nX-Slow: ").await.unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: crisp\r\nX-Slow: ")
+            .await
+            .unwrap();
         loris.push(s);
     }
     let mut h2_partial = Vec::new();
     for _ in 0..30 {
         let mut s = UnixStream::connect(&d.admin).await.unwrap();
-        s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.unwrap();
+        s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            .await
+            .unwrap();
         s.write_all(&[0, 0, 0, 0x4, 0, 0, 0, 0, 0]).await.unwrap();
         // HEADERS for stream 1 announcing 64 bytes; 10 sent.
-        s.write_all(&[0, 0, 64, 0x1, 0x5, 0, 0, 0, 1]).await.unwrap();
-        s.write_all(&[0x83, 0x86, 0x84, 0x41, 0x8a, 0x08, 0x9d, 0x5c, 0x0b, 0x81]).await.unwrap();
+        s.write_all(&[0, 0, 64, 0x1, 0x5, 0, 0, 0, 1])
+            .await
+            .unwrap();
+        s.write_all(&[0x83, 0x86, 0x84, 0x41, 0x8a, 0x08, 0x9d, 0x5c, 0x0b, 0x81])
+            .await
+            .unwrap();
         h2_partial.push(s);
     }
     // Tap subscribers that never read: their streams stall (flow control), crisp drops their
@@ -174,7 +219,15 @@ async fn hostile_admin_clients_do_not_affect_other_admin_or_cri_clients() {
     let mut stalled_taps = Vec::new();
     for _ in 0..20 {
         let mut c = crisp::tap::cli::connect(&d.admin).await.unwrap();
-        let s = c.tap(pb::TapRequest { full: true, include_polling: true, ..Default::default() }).await.unwrap().into_inner();
+        let s = c
+            .tap(pb::TapRequest {
+                full: true,
+                include_polling: true,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
         stalled_taps.push((c, s));
     }
     let attack_started = Instant::now();
@@ -194,7 +247,15 @@ async fn hostile_admin_clients_do_not_affect_other_admin_or_cri_clients() {
     // Garbage connections are closed by crisp (hyper rejects them).
     let mut closed_garbage = 0;
     for s in garbage.iter_mut() {
-        if within(Duration::from_secs(5), "a garbage connection to be closed", read_until_closed(s)).await.len() < 1 << 20 {
+        if within(
+            Duration::from_secs(5),
+            "a garbage connection to be closed",
+            read_until_closed(s),
+        )
+        .await
+        .len()
+            < 1 << 20
+        {
             closed_garbage += 1;
         }
     }
@@ -222,11 +283,21 @@ async fn hostile_admin_clients_do_not_affect_other_admin_or_cri_clients() {
         within(PATIENCE, "a good client to stop", t).await.unwrap();
     }
     let failure = good.failure.lock().unwrap().clone();
-    assert!(failure.is_none(), "a good client was affected by the attack: {failure:?}");
-    assert!(during >= 30, "only {during} good calls answered during the {window:?} attack");
+    assert!(
+        failure.is_none(),
+        "a good client was affected by the attack: {failure:?}"
+    );
+    assert!(
+        during >= 30,
+        "only {during} good calls answered during the {window:?} attack"
+    );
     assert_eq!(closed_garbage, garbage.len());
     let text = metrics_over_http1(&d.admin).unwrap();
-    let dropped = text.lines().find(|l| l.starts_with("crisp_tap_events_dropped_total")).unwrap_or("").to_string();
+    let dropped = text
+        .lines()
+        .find(|l| l.starts_with("crisp_tap_events_dropped_total"))
+        .unwrap_or("")
+        .to_string();
     eprintln!(
         "admin attack: {} garbage (all closed), {} half-open, {} slow-loris, {} half-HTTP/2, {} stalled taps; {during} good calls answered during {window:?} (slowest {:.1} ms); {open_after}; {dropped}",
         garbage.len(),

@@ -37,15 +37,24 @@ fn is_root() -> bool {
 }
 
 fn world_traversable_tempdir() -> tempfile::TempDir {
-    let d = tempfile::Builder::new().prefix("crisp-sockmode").tempdir_in("/tmp").unwrap();
+    let d = tempfile::Builder::new()
+        .prefix("crisp-sockmode")
+        .tempdir_in("/tmp")
+        .unwrap();
     std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     d
 }
 
 fn wait_connectable(paths: &[PathBuf], limit: Duration) {
     let deadline = Instant::now() + limit;
-    while !paths.iter().all(|p| std::os::unix::net::UnixStream::connect(p).is_ok()) {
-        assert!(Instant::now() < deadline, "crisp did not listen on {paths:?}");
+    while !paths
+        .iter()
+        .all(|p| std::os::unix::net::UnixStream::connect(p).is_ok())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "crisp did not listen on {paths:?}"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
 }
@@ -59,7 +68,10 @@ fn stop(child: &mut std::process::Child) {
 // 1. strace
 
 #[test]
-#[cfg_attr(not(all(crisp_test_root, crisp_test_strace)), ignore = "needs root and strace (hack/setup.sh installs it): sudo hack/test.sh")]
+#[cfg_attr(
+    not(all(crisp_test_root, crisp_test_strace)),
+    ignore = "needs root and strace (hack/setup.sh installs it): sudo hack/test.sh"
+)]
 fn sockets_get_their_mode_between_bind_and_listen_strace() {
     assert!(is_root(), "needs root: built as root, run as another user");
     let dir = world_traversable_tempdir();
@@ -68,18 +80,38 @@ fn sockets_get_their_mode_between_bind_and_listen_strace() {
     let log = dir.path().join("crisp.log");
     let mut c = crisp(&cfg, &log);
     let mut cmd = Command::new("strace");
-    cmd.args(["-f", "-qq", "-e", "trace=bind,listen,chmod,fchmod,fchmodat,umask", "-o"]).arg(&trace).arg(c.get_program()).args(c.get_args());
-    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap());
+    cmd.args([
+        "-f",
+        "-qq",
+        "-e",
+        "trace=bind,listen,chmod,fchmod,fchmodat,umask",
+        "-o",
+    ])
+    .arg(&trace)
+    .arg(c.get_program())
+    .args(c.get_args());
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
     let _ = &mut c;
     let mut child = cmd.spawn().unwrap();
     let (sock, admin) = (dir.path().join("crisp.sock"), dir.path().join("admin.sock"));
     wait_connectable(&[sock.clone(), admin.clone()], Duration::from_secs(20));
     // SIGTERM crisp itself (the traced process: the pid on the trace's lines), then strace ends.
     let text = std::fs::read_to_string(&trace).unwrap();
-    let traced: i32 = text.lines().next().and_then(|l| l.split_whitespace().next()).and_then(|p| p.parse().ok()).expect("a pid in the trace");
+    let traced: i32 = text
+        .lines()
+        .next()
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .expect("a pid in the trace");
     let crisp_pid = std::fs::read_to_string(format!("/proc/{traced}/status"))
         .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Tgid:")).and_then(|v| v.trim().parse().ok()))
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Tgid:"))
+                .and_then(|v| v.trim().parse().ok())
+        })
         .unwrap_or(traced);
     unsafe { libc::kill(crisp_pid, libc::SIGTERM) };
     let _ = child.wait();
@@ -89,9 +121,19 @@ fn sockets_get_their_mode_between_bind_and_listen_strace() {
         let lines: Vec<&str> = text.lines().collect();
         let bind = lines
             .iter()
-            .position(|l| l.contains("bind(") && l.contains(&format!("sun_path=\"{p}\"")) && l.trim_end().ends_with("= 0"))
+            .position(|l| {
+                l.contains("bind(")
+                    && l.contains(&format!("sun_path=\"{p}\""))
+                    && l.trim_end().ends_with("= 0")
+            })
             .unwrap_or_else(|| panic!("no bind of {p} in:\n{text}"));
-        let fd: String = lines[bind].split("bind(").nth(1).unwrap().chars().take_while(|c| c.is_ascii_digit()).collect();
+        let fd: String = lines[bind]
+            .split("bind(")
+            .nth(1)
+            .unwrap()
+            .chars()
+            .take_while(|c| c.is_ascii_digit())
+            .collect();
         // The umask in force at bind hides every bit the final mode lacks: the file is never
         // created looser than that mode (a connect that passed the permission check on a looser
         // file could otherwise still complete after listen).
@@ -102,19 +144,40 @@ fn sockets_get_their_mode_between_bind_and_listen_strace() {
             .find_map(|l| l.split("umask(").nth(1))
             .and_then(|r| u32::from_str_radix(r.split(')').next().unwrap_or(""), 8).ok())
             .unwrap_or_else(|| panic!("{p}: no umask before its bind:\n{text}"));
-        assert_eq!(mask & want, want, "{p}: bound under umask {mask:04o}, which lets bits outside {mode} through");
+        assert_eq!(
+            mask & want,
+            want,
+            "{p}: bound under umask {mask:04o}, which lets bits outside {mode} through"
+        );
         let chmod = lines
             .iter()
             .enumerate()
             .skip(bind)
-            .find(|(_, l)| (l.contains("chmod(") || l.contains("chmodat(")) && l.contains(&format!("\"{p}\"")))
+            .find(|(_, l)| {
+                (l.contains("chmod(") || l.contains("chmodat(")) && l.contains(&format!("\"{p}\""))
+            })
             .map(|(i, _)| i)
             .unwrap_or_else(|| panic!("no chmod of {p} after its bind:\n{text}"));
-        assert!(lines[chmod].contains(mode) && lines[chmod].trim_end().ends_with("= 0"), "{p}: {}", lines[chmod]);
-        let listen =
-            lines.iter().enumerate().skip(bind).find(|(_, l)| l.contains(&format!("listen({fd},"))).map(|(i, _)| i).unwrap_or_else(|| panic!("no listen({fd}) for {p}:\n{text}"));
-        assert!(bind < chmod && chmod < listen, "{p}: bind line {bind}, chmod line {chmod}, listen line {listen}:\n{text}");
-        let later = lines[listen..].iter().filter(|l| l.contains(&format!("\"{p}\"")) && l.contains("chmod")).count();
+        assert!(
+            lines[chmod].contains(mode) && lines[chmod].trim_end().ends_with("= 0"),
+            "{p}: {}",
+            lines[chmod]
+        );
+        let listen = lines
+            .iter()
+            .enumerate()
+            .skip(bind)
+            .find(|(_, l)| l.contains(&format!("listen({fd},")))
+            .map(|(i, _)| i)
+            .unwrap_or_else(|| panic!("no listen({fd}) for {p}:\n{text}"));
+        assert!(
+            bind < chmod && chmod < listen,
+            "{p}: bind line {bind}, chmod line {chmod}, listen line {listen}:\n{text}"
+        );
+        let later = lines[listen..]
+            .iter()
+            .filter(|l| l.contains(&format!("\"{p}\"")) && l.contains("chmod"))
+            .count();
         assert_eq!(later, 0, "{p}: its mode is changed after listen:\n{text}");
         eprintln!("{p}: umask {mask:04o} → bind → chmod {mode} → listen({fd}) (strace lines {bind}, {chmod}, {listen})");
     }
@@ -133,7 +196,11 @@ struct Tally {
 
 /// Threads with fsuid/fsgid `nobody` (which drops CAP_DAC_OVERRIDE for that thread only)
 /// connecting to each path until `stop`.
-fn hammer(paths: Vec<PathBuf>, stop: Arc<AtomicBool>, tally: Arc<Tally>) -> Vec<std::thread::JoinHandle<()>> {
+fn hammer(
+    paths: Vec<PathBuf>,
+    stop: Arc<AtomicBool>,
+    tally: Arc<Tally>,
+) -> Vec<std::thread::JoinHandle<()>> {
     paths
         .into_iter()
         .map(|p| {
@@ -149,8 +216,17 @@ fn hammer(paths: Vec<PathBuf>, stop: Arc<AtomicBool>, tally: Arc<Tally>) -> Vec<
                             eprintln!("connected as nobody to {}", p.display());
                             tally.connected.fetch_add(1, Ordering::Relaxed)
                         }
-                        Err(e) if matches!(e.raw_os_error(), Some(libc::ECONNREFUSED) | Some(libc::ENOENT)) => tally.refused.fetch_add(1, Ordering::Relaxed),
-                        Err(e) if e.raw_os_error() == Some(libc::EACCES) => tally.denied.fetch_add(1, Ordering::Relaxed),
+                        Err(e)
+                            if matches!(
+                                e.raw_os_error(),
+                                Some(libc::ECONNREFUSED) | Some(libc::ENOENT)
+                            ) =>
+                        {
+                            tally.refused.fetch_add(1, Ordering::Relaxed)
+                        }
+                        Err(e) if e.raw_os_error() == Some(libc::EACCES) => {
+                            tally.denied.fetch_add(1, Ordering::Relaxed)
+                        }
                         Err(_) => tally.other.fetch_add(1, Ordering::Relaxed),
                     };
                 }
@@ -188,7 +264,10 @@ fn wrong_order_is_caught(dir: &Path, window: Duration) -> u64 {
 }
 
 #[test]
-#[cfg_attr(not(crisp_test_root), ignore = "needs root (connects as nobody): sudo hack/test.sh")]
+#[cfg_attr(
+    not(crisp_test_root),
+    ignore = "needs root (connects as nobody): sudo hack/test.sh"
+)]
 fn no_non_root_connect_ever_succeeds_while_crisp_starts() {
     assert!(is_root(), "needs root: built as root, run as another user");
     let dir = world_traversable_tempdir();
@@ -213,7 +292,11 @@ fn no_non_root_connect_ever_succeeds_while_crisp_starts() {
     let started = Instant::now();
     // Several starts of crisp, each raced from before its exec until after it serves.
     for round in 0..5 {
-        let threads = hammer(vec![sock.clone(), admin.clone(), sock.clone(), admin.clone()], stop_flag.clone(), tally.clone());
+        let threads = hammer(
+            vec![sock.clone(), admin.clone(), sock.clone(), admin.clone()],
+            stop_flag.clone(),
+            tally.clone(),
+        );
         std::thread::sleep(Duration::from_millis(10));
         let log = dir.path().join(format!("crisp-{round}.log"));
         let mut c = crisp(&cfg, &log);
@@ -231,17 +314,33 @@ fn no_non_root_connect_ever_succeeds_while_crisp_starts() {
             t.join().unwrap();
         }
         stop_flag.store(false, Ordering::Relaxed);
-        assert_eq!(std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777, 0o660);
-        assert_eq!(std::fs::metadata(&admin).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777,
+            0o660
+        );
+        assert_eq!(
+            std::fs::metadata(&admin).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
         stop(&mut child);
         rounds += 1;
     }
-    let (ok, refused, denied, other) =
-        (tally.connected.load(Ordering::Relaxed), tally.refused.load(Ordering::Relaxed), tally.denied.load(Ordering::Relaxed), tally.other.load(Ordering::Relaxed));
+    let (ok, refused, denied, other) = (
+        tally.connected.load(Ordering::Relaxed),
+        tally.refused.load(Ordering::Relaxed),
+        tally.denied.load(Ordering::Relaxed),
+        tally.other.load(Ordering::Relaxed),
+    );
     eprintln!(
         "control: {caught} connects caught in a {window:?} window of the wrong order (try {tries}); crisp: {rounds} starts raced by 4 nobody threads for {:.1} s: {ok} connected, {refused} refused (not listening yet), {denied} denied (final mode), {other} other",
         started.elapsed().as_secs_f64()
     );
-    assert_eq!(ok, 0, "a non-root client connected to a crisp socket during start");
-    assert!(refused > 0 && denied > 0, "the hammer did not cover both sides of listen()");
+    assert_eq!(
+        ok, 0,
+        "a non-root client connected to a crisp socket during start"
+    );
+    assert!(
+        refused > 0 && denied > 0,
+        "the hammer did not cover both sides of listen()"
+    );
 }

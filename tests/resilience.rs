@@ -15,7 +15,9 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crisp::intercept::{Call, Interceptor, Interest};
 use crisp::proxy::ProxyOptions;
-use k8s_cri::v1::{ContainerEventResponse, ExecSyncRequest, GetEventsRequest, VersionRequest, VersionResponse};
+use k8s_cri::v1::{
+    ContainerEventResponse, ExecSyncRequest, GetEventsRequest, VersionRequest, VersionResponse,
+};
 use support::*;
 
 const EXEC_SYNC: &str = "/runtime.v1.RuntimeService/ExecSync";
@@ -23,7 +25,11 @@ const EVENTS: &str = "/runtime.v1.RuntimeService/GetContainerEvents";
 const VERSION: &str = "/runtime.v1.RuntimeService/Version";
 
 fn exec_req() -> ExecSyncRequest {
-    ExecSyncRequest { container_id: "c1".into(), cmd: vec!["sleep".into(), "3600".into()], timeout: 0 }
+    ExecSyncRequest {
+        container_id: "c1".into(),
+        cmd: vec!["sleep".into(), "3600".into()],
+        timeout: 0,
+    }
 }
 
 /// Observes every call (so it takes the buffered path) and changes nothing.
@@ -31,7 +37,11 @@ struct ObserveAll;
 
 impl Interceptor for ObserveAll {
     fn interest(&self, _call: &Call) -> Interest {
-        Interest { request: true, response: true, complete: true }
+        Interest {
+            request: true,
+            response: true,
+            complete: true,
+        }
     }
 }
 
@@ -42,20 +52,53 @@ impl Interceptor for ObserveAll {
 /// every call takes the buffered path instead of the relay.
 async fn fake_and_crisp(observe: bool) -> (Fake, Crisp) {
     let fake = Fake::start().await;
-    let crisp = if observe { Crisp::start_with(fake.path(), vec![Arc::new(ObserveAll)], ProxyOptions::default()).await } else { Crisp::start(fake.path()).await };
+    let crisp = if observe {
+        Crisp::start_with(
+            fake.path(),
+            vec![Arc::new(ObserveAll)],
+            ProxyOptions::default(),
+        )
+        .await
+    } else {
+        Crisp::start(fake.path()).await
+    };
     (fake, crisp)
 }
 
 /// Opens a GetContainerEvents stream through crisp and checks that its first event arrives.
 /// Returns the client, the stream, the fake's sender for the rest of it, and the event.
-async fn open_event_stream(crisp: &Crisp, fake: &Fake) -> (RuntimeClient, tonic::Streaming<ContainerEventResponse>, UnboundedSender<Frame<Bytes>>, ContainerEventResponse) {
+async fn open_event_stream(
+    crisp: &Crisp,
+    fake: &Fake,
+) -> (
+    RuntimeClient,
+    tonic::Streaming<ContainerEventResponse>,
+    UnboundedSender<Frame<Bytes>>,
+    ContainerEventResponse,
+) {
     let (reply, tx) = Reply::channel(grpc_headers());
     fake.reply_once(EVENTS, reply);
     let mut client = runtime_client(&crisp.path).await;
-    let mut stream = within(PATIENCE, "stream headers", client.get_container_events(GetEventsRequest::default())).await.unwrap().into_inner();
-    let ev = ContainerEventResponse { container_id: "ctr-1".into(), ..Default::default() };
-    tx.send(Frame::data(grpc_frame(&ev.encode_to_vec()))).unwrap();
-    assert_eq!(within(PATIENCE, "first event", stream.message()).await.unwrap(), Some(ev.clone()));
+    let mut stream = within(
+        PATIENCE,
+        "stream headers",
+        client.get_container_events(GetEventsRequest::default()),
+    )
+    .await
+    .unwrap()
+    .into_inner();
+    let ev = ContainerEventResponse {
+        container_id: "ctr-1".into(),
+        ..Default::default()
+    };
+    tx.send(Frame::data(grpc_frame(&ev.encode_to_vec())))
+        .unwrap();
+    assert_eq!(
+        within(PATIENCE, "first event", stream.message())
+            .await
+            .unwrap(),
+        Some(ev.clone())
+    );
     (client, stream, tx, ev)
 }
 
@@ -96,9 +139,17 @@ async fn client_dropping_a_server_stream_cancels_it_upstream() {
 // The runtime dies and comes back
 
 fn assert_unavailable_naming(status: &tonic::Status, fake: &Fake, what: &str) {
-    assert_eq!(status.code(), tonic::Code::Unavailable, "{what}: {status:?}");
+    assert_eq!(
+        status.code(),
+        tonic::Code::Unavailable,
+        "{what}: {status:?}"
+    );
     let sock = fake.path().display().to_string();
-    assert!(status.message().contains(&sock), "{what}: message {:?} does not name the upstream socket {sock}", status.message());
+    assert!(
+        status.message().contains(&sock),
+        "{what}: message {:?} does not name the upstream socket {sock}",
+        status.message()
+    );
 }
 
 /// An ExecSync through crisp that the runtime has received, then the runtime dies: the call
@@ -108,7 +159,10 @@ async fn exec_sync_cut_by_a_runtime_crash(fake: &Fake, crisp: &Crisp, what: &str
     let call = tokio::spawn(async move { client.exec_sync(exec_req()).await });
     fake.wait_call(EXEC_SYNC, 0).await;
     fake.stop().await;
-    let status = within(Duration::from_secs(5), "the call to fail", call).await.unwrap().unwrap_err();
+    let status = within(Duration::from_secs(5), "the call to fail", call)
+        .await
+        .unwrap()
+        .unwrap_err();
     assert_unavailable_naming(&status, fake, what);
 }
 
@@ -124,7 +178,13 @@ async fn upstream_crash_mid_stream_ends_the_stream_with_unavailable_naming_the_s
     let (fake, crisp) = fake_and_crisp(false).await;
     let (_client, mut stream, _tx, _) = open_event_stream(&crisp, &fake).await;
     fake.stop().await;
-    let status = within(Duration::from_secs(5), "the stream to fail", stream.message()).await.unwrap_err();
+    let status = within(
+        Duration::from_secs(5),
+        "the stream to fail",
+        stream.message(),
+    )
+    .await
+    .unwrap_err();
     assert_unavailable_naming(&status, &fake, "stream");
 }
 
@@ -133,7 +193,12 @@ async fn assert_crash_mid_unary_response_is_unavailable(observe: bool) {
     // Headers and half a message, then the runtime dies.
     let (reply, tx) = Reply::channel(grpc_headers());
     fake.reply_once(EXEC_SYNC, reply);
-    let msg = k8s_cri::v1::ExecSyncResponse { stdout: vec![b'x'; 1000], stderr: vec![], exit_code: 0 }.encode_to_vec();
+    let msg = k8s_cri::v1::ExecSyncResponse {
+        stdout: vec![b'x'; 1000],
+        stderr: vec![],
+        exit_code: 0,
+    }
+    .encode_to_vec();
     tx.send(Frame::data(grpc_frame(&msg).slice(..500))).unwrap();
     exec_sync_cut_by_a_runtime_crash(&fake, &crisp, "unary call cut mid-response").await;
     drop(tx);
@@ -145,21 +210,32 @@ async fn upstream_crash_mid_unary_response_fails_the_call_with_unavailable_namin
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn upstream_crash_mid_observed_unary_response_fails_the_call_with_unavailable_naming_the_socket() {
+async fn upstream_crash_mid_observed_unary_response_fails_the_call_with_unavailable_naming_the_socket(
+) {
     assert_crash_mid_unary_response_is_unavailable(true).await;
 }
 
 /// A fake runtime that answers every Version call with the returned response.
 async fn fake_answering_version() -> (Fake, VersionResponse) {
     let fake = Fake::start().await;
-    let answer = VersionResponse { version: "0.1.0".into(), runtime_name: "fake".into(), runtime_version: "1".into(), runtime_api_version: "v1".into() };
+    let answer = VersionResponse {
+        version: "0.1.0".into(),
+        runtime_name: "fake".into(),
+        runtime_version: "1".into(),
+        runtime_api_version: "v1".into(),
+    };
     let a = answer.encode_to_vec();
     fake.script(VERSION, move |_| Reply::unary(&a));
     (fake, answer)
 }
 
 async fn version(client: &mut RuntimeClient) -> Result<VersionResponse, tonic::Status> {
-    client.version(VersionRequest { version: "0.1.0".into() }).await.map(|r| r.into_inner())
+    client
+        .version(VersionRequest {
+            version: "0.1.0".into(),
+        })
+        .await
+        .map(|r| r.into_inner())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -167,22 +243,46 @@ async fn calls_fail_fast_while_upstream_is_down_and_succeed_once_it_is_back() {
     let (fake, answer) = fake_answering_version().await;
     let crisp = Crisp::start(fake.path()).await;
     let mut client = runtime_client(&crisp.path).await;
-    assert_eq!(within(PATIENCE, "Version", version(&mut client)).await.unwrap(), answer);
+    assert_eq!(
+        within(PATIENCE, "Version", version(&mut client))
+            .await
+            .unwrap(),
+        answer
+    );
 
     fake.stop().await;
     // The first call may still meet the dead connection, the next ones re-dial: all fail fast.
     for i in 0..3 {
         let start = Instant::now();
-        let status = within(Duration::from_secs(5), "a call while the runtime is down", version(&mut client)).await.unwrap_err();
+        let status = within(
+            Duration::from_secs(5),
+            "a call while the runtime is down",
+            version(&mut client),
+        )
+        .await
+        .unwrap_err();
         let took = start.elapsed();
         assert_unavailable_naming(&status, &fake, &format!("call #{i} while down"));
-        assert!(took < Duration::from_secs(1), "call #{i} while down took {took:?}");
+        assert!(
+            took < Duration::from_secs(1),
+            "call #{i} while down took {took:?}"
+        );
     }
 
     fake.restart().await;
     // Same crisp, same client connection.
-    assert_eq!(within(PATIENCE, "Version after restart", version(&mut client)).await.unwrap(), answer);
-    assert_eq!(within(PATIENCE, "Version after restart", version(&mut client)).await.unwrap(), answer);
+    assert_eq!(
+        within(PATIENCE, "Version after restart", version(&mut client))
+            .await
+            .unwrap(),
+        answer
+    );
+    assert_eq!(
+        within(PATIENCE, "Version after restart", version(&mut client))
+            .await
+            .unwrap(),
+        answer
+    );
 }
 
 /// After the runtime came back, a client connection that crisp had been serving through its
@@ -193,30 +293,57 @@ async fn a_degraded_client_connection_is_moved_back_to_a_relay_once_the_runtime_
     let (fake, answer) = fake_answering_version().await;
     let crisp = Crisp::start_with(fake.path(), vec![], strict_options()).await;
     let mut client = runtime_client(&crisp.path).await;
-    assert_eq!(within(PATIENCE, "Version", version(&mut client)).await.unwrap(), answer);
+    assert_eq!(
+        within(PATIENCE, "Version", version(&mut client))
+            .await
+            .unwrap(),
+        answer
+    );
     fake.stop().await;
-    let down = within(PATIENCE, "a call while the runtime is down", version(&mut client)).await;
+    let down = within(
+        PATIENCE,
+        "a call while the runtime is down",
+        version(&mut client),
+    )
+    .await;
     assert!(down.is_err(), "a call succeeded with the runtime down");
     fake.restart().await;
     // Served through crisp's pooled connections (two, round-robin), back to back so that the
     // client is never idle long enough to be moved yet.
     for _ in 0..4 {
-        assert_eq!(within(PATIENCE, "Version after restart", version(&mut client)).await.unwrap(), answer);
+        assert_eq!(
+            within(PATIENCE, "Version after restart", version(&mut client))
+                .await
+                .unwrap(),
+            answer
+        );
     }
     let pooled = fake.connections();
     // A kubelet-like pace (idle gaps longer than crisp's 200 ms) until the client has been moved:
     // a new client connection, relayed on a runtime connection of its own.
     let mut calls = 0;
-    within(PATIENCE, "the client connection to be relayed again", async {
-        while fake.connections() == pooled {
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            let v = version(&mut client).await;
-            assert!(v.is_ok(), "call #{calls} while crisp moved the client: {v:?}");
-            calls += 1;
-        }
-    })
+    within(
+        PATIENCE,
+        "the client connection to be relayed again",
+        async {
+            while fake.connections() == pooled {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let v = version(&mut client).await;
+                assert!(
+                    v.is_ok(),
+                    "call #{calls} while crisp moved the client: {v:?}"
+                );
+                calls += 1;
+            }
+        },
+    )
     .await;
-    assert_eq!(within(PATIENCE, "Version on the new relay", version(&mut client)).await.unwrap(), answer);
+    assert_eq!(
+        within(PATIENCE, "Version on the new relay", version(&mut client))
+            .await
+            .unwrap(),
+        answer
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -229,17 +356,35 @@ async fn runtime_goaway_with_a_stream_open_does_not_fail_new_calls() {
     fake.goaway().await;
     // An event sent after the GOAWAY reaches the client: crisp has read the GOAWAY (frames on a
     // connection arrive in order), so what follows is not a race with it.
-    tx.send(Frame::data(grpc_frame(&ev.encode_to_vec()))).unwrap();
-    assert_eq!(within(PATIENCE, "event after GOAWAY", stream.message()).await.unwrap(), Some(ev.clone()));
+    tx.send(Frame::data(grpc_frame(&ev.encode_to_vec())))
+        .unwrap();
+    assert_eq!(
+        within(PATIENCE, "event after GOAWAY", stream.message())
+            .await
+            .unwrap(),
+        Some(ev.clone())
+    );
     for i in 0..3 {
         let v = within(PATIENCE, "Version after GOAWAY", version(&mut client)).await;
-        assert!(v.is_ok(), "call #{i} after the runtime's GOAWAY failed: {v:?}");
+        assert!(
+            v.is_ok(),
+            "call #{i} after the runtime's GOAWAY failed: {v:?}"
+        );
     }
     // The stream that was open keeps flowing and ends cleanly.
-    tx.send(Frame::data(grpc_frame(&ev.encode_to_vec()))).unwrap();
-    assert_eq!(within(PATIENCE, "event after GOAWAY", stream.message()).await.unwrap(), Some(ev));
+    tx.send(Frame::data(grpc_frame(&ev.encode_to_vec())))
+        .unwrap();
+    assert_eq!(
+        within(PATIENCE, "event after GOAWAY", stream.message())
+            .await
+            .unwrap(),
+        Some(ev)
+    );
     tx.send(Frame::trailers(ok_trailers())).unwrap();
-    assert!(matches!(within(PATIENCE, "end of stream", stream.message()).await, Ok(None)));
+    assert!(matches!(
+        within(PATIENCE, "end of stream", stream.message()).await,
+        Ok(None)
+    ));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -285,13 +430,23 @@ impl GoodClient {
                 let _ = tokio::time::timeout(Duration::from_millis(20), stop_rx.changed()).await;
             }
         });
-        GoodClient { stop, task, answered }
+        GoodClient {
+            stop,
+            task,
+            answered,
+        }
     }
 
     /// Waits for at least one more answer than now, proving the client is still being served.
     async fn one_more_answer(&mut self) {
         let now = *self.answered.borrow_and_update();
-        let got = within(PATIENCE, "the good client to get another answer", self.answered.wait_for(|n| *n > now)).await.is_ok();
+        let got = within(
+            PATIENCE,
+            "the good client to get another answer",
+            self.answered.wait_for(|n| *n > now),
+        )
+        .await
+        .is_ok();
         if !got {
             // The client's task ended: it failed.
             let r = (&mut self.task).await.unwrap();
@@ -302,7 +457,10 @@ impl GoodClient {
     async fn finish(mut self) -> u64 {
         self.one_more_answer().await;
         let _ = self.stop.send(true);
-        let n = within(PATIENCE, "the good client to stop", self.task).await.unwrap().unwrap_or_else(|e| panic!("{e}"));
+        let n = within(PATIENCE, "the good client to stop", self.task)
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{e}"));
         assert!(n >= 2, "the good client got only {n} answers");
         n
     }
@@ -318,7 +476,9 @@ async fn with_good_client<F: std::future::Future<Output = ()>>(crisp: &Crisp, ba
 
 /// Starts crisp (`strict_options`) on a fake runtime and runs `bad` on a connection of its own
 /// while a good client calls throughout. Returns the fake and crisp, still running.
-async fn on_a_bad_connection<F: std::future::Future<Output = ()>>(bad: impl FnOnce(UnixStream) -> F) -> (Fake, Crisp) {
+async fn on_a_bad_connection<F: std::future::Future<Output = ()>>(
+    bad: impl FnOnce(UnixStream) -> F,
+) -> (Fake, Crisp) {
     let fake = Fake::start().await;
     let crisp = Crisp::start_with(fake.path(), vec![], strict_options()).await;
     with_good_client(&crisp, async {
@@ -331,11 +491,20 @@ async fn on_a_bad_connection<F: std::future::Future<Output = ()>>(bad: impl FnOn
 
 /// Only the good client's calls (Version) reached the runtime, not `what` the bad one sent.
 fn assert_only_good_calls_reached(fake: &Fake, what: &str) {
-    assert_eq!(fake.started_total(), fake.calls_to(VERSION).len(), "{what} reached the runtime");
+    assert_eq!(
+        fake.started_total(),
+        fake.calls_to(VERSION).len(),
+        "{what} reached the runtime"
+    );
 }
 
 async fn assert_closed_within(sock: &mut UnixStream, limit: Duration, what: &str) -> Vec<u8> {
-    within(limit, &format!("crisp to close the {what} connection"), read_until_closed(sock)).await
+    within(
+        limit,
+        &format!("crisp to close the {what} connection"),
+        read_until_closed(sock),
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -383,8 +552,12 @@ async fn truncated_frame_after_a_valid_preface_connection_is_closed() {
         sock.write_all(EMPTY_SETTINGS).await.unwrap();
         // A HEADERS frame header announcing 64 bytes for stream 1, then only 10 of them; and
         // silence: crisp's pings are never answered.
-        sock.write_all(&[0, 0, 64, 0x1, 0x5, 0, 0, 0, 1]).await.unwrap();
-        sock.write_all(&[0x83, 0x86, 0x84, 0x41, 0x8a, 0x08, 0x9d, 0x5c, 0x0b, 0x81]).await.unwrap();
+        sock.write_all(&[0, 0, 64, 0x1, 0x5, 0, 0, 0, 1])
+            .await
+            .unwrap();
+        sock.write_all(&[0x83, 0x86, 0x84, 0x41, 0x8a, 0x08, 0x9d, 0x5c, 0x0b, 0x81])
+            .await
+            .unwrap();
         assert_closed_within(&mut sock, CLOSE_LIMIT, "truncated-frame").await;
     })
     .await;
@@ -403,7 +576,10 @@ async fn silent_client_with_a_thousand_open_streams_is_disconnected() {
         let std_sock = std::os::unix::net::UnixStream::connect(&crisp.path).unwrap();
         let watch_sock = std_sock.try_clone().unwrap();
         std_sock.set_nonblocking(true).unwrap();
-        let (mut send, conn) = h2_builder().handshake::<_, Bytes>(UnixStream::from_std(std_sock).unwrap()).await.unwrap();
+        let (mut send, conn) = h2_builder()
+            .handshake::<_, Bytes>(UnixStream::from_std(std_sock).unwrap())
+            .await
+            .unwrap();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let driver = tokio::spawn(async move {
             let mut conn = Box::pin(conn);
@@ -417,22 +593,32 @@ async fn silent_client_with_a_thousand_open_streams_is_disconnected() {
         for _ in 0..N {
             open.push(send_raw(&mut send, &req).await.unwrap());
         }
-        fake.wait_until(PATIENCE, "1000 streams to reach the runtime", |calls| (calls.iter().filter(|c| c.path() == EXEC_SYNC).count() >= N).then_some(())).await;
+        fake.wait_until(PATIENCE, "1000 streams to reach the runtime", |calls| {
+            (calls.iter().filter(|c| c.path() == EXEC_SYNC).count() >= N).then_some(())
+        })
+        .await;
 
         // Go silent: keep the connection and the streams, but never poll them again.
         stop_tx.send(()).unwrap();
-        let silent_conn = driver.await.unwrap().expect("h2 connection ended before going silent");
+        let silent_conn = driver
+            .await
+            .unwrap()
+            .expect("h2 connection ended before going silent");
         let mut watch_sock = UnixStream::from_std(watch_sock).unwrap();
         assert_closed_within(&mut watch_sock, CLOSE_LIMIT, "silent 1000-stream").await;
 
         // Every call it left behind is cancelled upstream.
         let held = fake.calls_to(EXEC_SYNC);
         assert_eq!(held.len(), N);
-        within(CLOSE_LIMIT, "the silent client's calls to be cancelled upstream", async {
-            for c in &held {
-                assert_eq!(c.ended().await, End::Cancelled);
-            }
-        })
+        within(
+            CLOSE_LIMIT,
+            "the silent client's calls to be cancelled upstream",
+            async {
+                for c in &held {
+                    assert_eq!(c.ended().await, End::Cancelled);
+                }
+            },
+        )
         .await;
         drop((silent_conn, open, send));
     })

@@ -31,12 +31,17 @@ fn wait_exit(child: &mut std::process::Child, limit: Duration) -> Option<ExitSta
 }
 
 fn start(dir: &Path, log: &Path) -> std::process::Child {
-    daemon_bin::crisp(&daemon_bin::write_config(dir), log).spawn().unwrap()
+    daemon_bin::crisp(&daemon_bin::write_config(dir), log)
+        .spawn()
+        .unwrap()
 }
 
 #[test]
 fn sigterm_the_moment_the_socket_accepts_stops_crisp_cleanly() {
-    let dir = tempfile::Builder::new().prefix("crisp-signals").tempdir().unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("crisp-signals")
+        .tempdir()
+        .unwrap();
     let sock = dir.path().join("crisp.sock");
     for i in 0..STARTS {
         let log = dir.path().join(format!("crisp-{i}.log"));
@@ -46,7 +51,10 @@ fn sigterm_the_moment_the_socket_accepts_stops_crisp_cleanly() {
         while std::os::unix::net::UnixStream::connect(&sock).is_err() {
             assert!(Instant::now() < deadline, "start {i}: crisp never listened");
             if let Some(st) = child.try_wait().unwrap() {
-                panic!("start {i}: crisp exited before listening ({st}):\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+                panic!(
+                    "start {i}: crisp exited before listening ({st}):\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
             }
             std::thread::yield_now();
         }
@@ -54,8 +62,14 @@ fn sigterm_the_moment_the_socket_accepts_stops_crisp_cleanly() {
         let st = wait_exit(&mut child, Duration::from_secs(15));
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         let st = st.unwrap_or_else(|| panic!("start {i}: crisp ignored a SIGTERM sent right after it listened (killed after 15 s):\n{text}"));
-        assert!(st.success(), "start {i}: crisp did not exit cleanly on SIGTERM ({st}):\n{text}");
-        assert!(text.contains("shutdown requested"), "start {i}: no shutdown line:\n{text}");
+        assert!(
+            st.success(),
+            "start {i}: crisp did not exit cleanly on SIGTERM ({st}):\n{text}"
+        );
+        assert!(
+            text.contains("shutdown requested"),
+            "start {i}: no shutdown line:\n{text}"
+        );
         assert!(!sock.exists(), "start {i}: socket left behind");
     }
 }

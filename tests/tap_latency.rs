@@ -30,7 +30,9 @@ async fn timed(rt: &mut RuntimeClient, n: usize, id_len: usize) -> Vec<Duration>
     for i in 0..n {
         let id = format!("{i:0>id_len$}");
         let t = Instant::now();
-        rt.start_container(cri::StartContainerRequest { container_id: id }).await.unwrap();
+        rt.start_container(cri::StartContainerRequest { container_id: id })
+            .await
+            .unwrap();
         v.push(t.elapsed());
     }
     v
@@ -47,11 +49,20 @@ fn stats(v: &[Duration]) -> Stats {
     let mut s = v.to_vec();
     s.sort();
     let at = |q: f64| s[((s.len() - 1) as f64 * q).round() as usize];
-    Stats { p50: at(0.5), p99: at(0.99), mean: s.iter().sum::<Duration>() / s.len() as u32 }
+    Stats {
+        p50: at(0.5),
+        p99: at(0.99),
+        mean: s.iter().sum::<Duration>() / s.len() as u32,
+    }
 }
 
 fn show(name: &str, s: Stats) -> String {
-    format!("{name:<34} p50 {:>7.1}µs  p99 {:>8.1}µs  mean {:>7.1}µs", s.p50.as_secs_f64() * 1e6, s.p99.as_secs_f64() * 1e6, s.mean.as_secs_f64() * 1e6)
+    format!(
+        "{name:<34} p50 {:>7.1}µs  p99 {:>8.1}µs  mean {:>7.1}µs",
+        s.p50.as_secs_f64() * 1e6,
+        s.p99.as_secs_f64() * 1e6,
+        s.mean.as_secs_f64() * 1e6
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -70,7 +81,14 @@ async fn a_stalled_tap_client_does_not_slow_calls_and_is_told_what_it_missed() {
 
     // A client that reads everything (and decodes, --full).
     let mut client = crisp::tap::cli::connect(&crisp.admin).await.unwrap();
-    let mut reading = client.tap(pb::TapRequest { full: true, ..Default::default() }).await.unwrap().into_inner();
+    let mut reading = client
+        .tap(pb::TapRequest {
+            full: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
     let reader = tokio::spawn(async move {
         let mut n = 0u64;
         while let Ok(Some(_)) = reading.message().await {
@@ -84,7 +102,14 @@ async fn a_stalled_tap_client_does_not_slow_calls_and_is_told_what_it_missed() {
 
     // A client that attaches with --full and then stops reading.
     let mut client = crisp::tap::cli::connect(&crisp.admin).await.unwrap();
-    let mut stalled_stream = client.tap(pb::TapRequest { full: true, ..Default::default() }).await.unwrap().into_inner();
+    let mut stalled_stream = client
+        .tap(pb::TapRequest {
+            full: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
     let stalled = stats(&timed(&mut rt, N, ID).await);
 
     // It resumes: every call is either delivered or counted as missed, and it is told so.
@@ -96,7 +121,10 @@ async fn a_stalled_tap_client_does_not_slow_calls_and_is_told_what_it_missed() {
             Ok(m) => match m.unwrap().and_then(|e| e.event) {
                 Some(pb::tap_event::Event::Call(c)) => {
                     assert_eq!(c.method, "StartContainer");
-                    assert!(c.request_json.contains("container_id"), "--full events carry the decoded request");
+                    assert!(
+                        c.request_json.contains("container_id"),
+                        "--full events carry the decoded request"
+                    );
                     calls += 1;
                 }
                 Some(pb::tap_event::Event::Dropped(d)) => {
@@ -119,14 +147,27 @@ async fn a_stalled_tap_client_does_not_slow_calls_and_is_told_what_it_missed() {
     eprintln!("{}", show("no tap client again", after));
     eprintln!("stalled client: {calls} events delivered, {missed} reported missed in {markers} marker(s), queue {QUEUE}");
 
-    assert_eq!(calls + missed, N as u64, "every event is delivered or reported missed");
-    assert!(missed > 0 && markers > 0, "a {QUEUE}-event queue cannot hold {N} events");
+    assert_eq!(
+        calls + missed,
+        N as u64,
+        "every event is delivered or reported missed"
+    );
+    assert!(
+        missed > 0 && markers > 0,
+        "a {QUEUE}-event queue cannot hold {N} events"
+    );
     assert_eq!(last_total, missed);
     // Generous: a stalled client must not make calls slower than a reading one (by more than
     // noise), nor block them.
     let bound = |s: Stats| s.p50.mul_f64(2.0) + Duration::from_micros(500);
-    assert!(stalled.p50 <= bound(active).max(bound(base)), "stalled {stalled:?} vs active {active:?} / none {base:?}");
-    assert!(stalled.p99 < Duration::from_millis(100), "a call waited on the stalled client: {stalled:?}");
+    assert!(
+        stalled.p50 <= bound(active).max(bound(base)),
+        "stalled {stalled:?} vs active {active:?} / none {base:?}"
+    );
+    assert!(
+        stalled.p99 < Duration::from_millis(100),
+        "a call waited on the stalled client: {stalled:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -136,7 +177,12 @@ async fn the_tap_with_no_client_costs_next_to_nothing() {
     let fake = Fake::start().await;
     let plain = Crisp::start_with(fake.path(), vec![], ProxyOptions::default()).await;
     let tap = crisp::tap::Tap::new(Arc::new(CallMetrics::default()), None);
-    let tapped = Crisp::start_with(fake.path(), vec![tap.clone() as Arc<dyn Interceptor>], ProxyOptions::default()).await;
+    let tapped = Crisp::start_with(
+        fake.path(),
+        vec![tap.clone() as Arc<dyn Interceptor>],
+        ProxyOptions::default(),
+    )
+    .await;
     let mut a = runtime_client(&plain.path).await;
     let mut b = runtime_client(&tapped.path).await;
     timed(&mut a, 300, 16).await;
@@ -152,9 +198,20 @@ async fn the_tap_with_no_client_costs_next_to_nothing() {
     eprintln!("\n--- tap interceptor with no client attached ({n} calls each, interleaved) ---");
     eprintln!("{}", show("chain: [] (spliced fast path)", w0));
     eprintln!("{}", show("chain: [tap] (metrics only)", w1));
-    eprintln!("added: p50 {:+.1}µs, mean {:+.1}µs per call", (w1.p50.as_secs_f64() - w0.p50.as_secs_f64()) * 1e6, (w1.mean.as_secs_f64() - w0.mean.as_secs_f64()) * 1e6);
+    eprintln!(
+        "added: p50 {:+.1}µs, mean {:+.1}µs per call",
+        (w1.p50.as_secs_f64() - w0.p50.as_secs_f64()) * 1e6,
+        (w1.mean.as_secs_f64() - w0.mean.as_secs_f64()) * 1e6
+    );
     // The tap counted every call it saw.
-    assert_eq!(tap.metrics().count(Some(crisp::cri::Rpc::StartContainer), Some(0)), (300 + n) as u64);
+    assert_eq!(
+        tap.metrics()
+            .count(Some(crisp::cri::Rpc::StartContainer), Some(0)),
+        (300 + n) as u64
+    );
     assert_eq!(tap.metrics().in_flight(), 0);
-    assert!(w1.p50 <= w0.p50.mul_f64(1.5) + Duration::from_micros(100), "tap overhead too high: {w1:?} vs {w0:?}");
+    assert!(
+        w1.p50 <= w0.p50.mul_f64(1.5) + Duration::from_micros(100),
+        "tap overhead too high: {w1:?} vs {w0:?}"
+    );
 }

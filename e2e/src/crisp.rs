@@ -59,7 +59,13 @@ impl Crisp {
             opts.extra_config + "\n" + &std::env::var("CRISP_E2E_CONFIG").unwrap_or_default()
         );
         std::fs::write(&config, text)?;
-        let mut c = Crisp { dir, socket, config, log, child: None };
+        let mut c = Crisp {
+            dir,
+            socket,
+            config,
+            log,
+            child: None,
+        };
         c.spawn()?;
         Ok(c)
     }
@@ -88,7 +94,11 @@ impl Crisp {
                 }
             }
             if Instant::now() > deadline {
-                bail!("crisp did not listen on {} within 10 s:\n{}", self.socket.display(), self.log_text());
+                bail!(
+                    "crisp did not listen on {} within 10 s:\n{}",
+                    self.socket.display(),
+                    self.log_text()
+                );
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -117,14 +127,32 @@ impl Crisp {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
         // Fields after the command name (which may hold spaces) start at state: utime and
         // stime are the 12th and 13th of them.
-        let rest = stat.rsplit_once(')').map(|(_, r)| r).context("malformed /proc/<pid>/stat")?;
+        let rest = stat
+            .rsplit_once(')')
+            .map(|(_, r)| r)
+            .context("malformed /proc/<pid>/stat")?;
         let fields: Vec<&str> = rest.split_whitespace().collect();
-        let ticks: u64 = fields.get(11).zip(fields.get(12)).and_then(|(u, s)| Some(u.parse::<u64>().ok()? + s.parse::<u64>().ok()?)).context("no utime/stime")?;
+        let ticks: u64 = fields
+            .get(11)
+            .zip(fields.get(12))
+            .and_then(|(u, s)| Some(u.parse::<u64>().ok()? + s.parse::<u64>().ok()?))
+            .context("no utime/stime")?;
         // USER_HZ: the unit of /proc's times is fixed at 100 per second in Linux's user ABI.
         let hz = 100;
         let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-        let kib = |key: &str| status.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse().ok()).unwrap_or(0);
-        Ok(Usage { cpu: Duration::from_millis(ticks * 1000 / hz), peak_rss_kib: kib("VmHWM:"), rss_kib: kib("VmRSS:") })
+        let kib = |key: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        Ok(Usage {
+            cpu: Duration::from_millis(ticks * 1000 / hz),
+            peak_rss_kib: kib("VmHWM:"),
+            rss_kib: kib("VmRSS:"),
+        })
     }
 
     /// What crisp's log says about its health: the longest line (bytes) and every line that
@@ -132,8 +160,16 @@ impl Crisp {
     pub fn log_health(&self) -> LogHealth {
         let text = self.log_text();
         let longest = text.lines().map(str::len).max().unwrap_or(0);
-        let panics = text.lines().filter(|l| l.contains("panicked")).map(|l| l.chars().take(300).collect()).collect();
-        LogHealth { lines: text.lines().count(), longest, panics }
+        let panics = text
+            .lines()
+            .filter(|l| l.contains("panicked"))
+            .map(|l| l.chars().take(300).collect())
+            .collect();
+        LogHealth {
+            lines: text.lines().count(),
+            longest,
+            panics,
+        }
     }
 
     /// SIGKILL, as a crash would.
@@ -153,7 +189,9 @@ impl Crisp {
 
     /// SIGTERM and wait for a clean exit.
     pub fn stop(&mut self) -> Result<std::process::ExitStatus> {
-        let Some(mut c) = self.child.take() else { bail!("not running") };
+        let Some(mut c) = self.child.take() else {
+            bail!("not running")
+        };
         let pid = c.id().to_string();
         Command::new("kill").args(["-TERM", &pid]).status()?;
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -174,7 +212,11 @@ impl Drop for Crisp {
     fn drop(&mut self) {
         let _ = self.kill();
         if std::thread::panicking() {
-            eprintln!("---- crisp log ({}) ----\n{}", self.log.display(), self.log_text());
+            eprintln!(
+                "---- crisp log ({}) ----\n{}",
+                self.log.display(),
+                self.log_text()
+            );
         }
     }
 }

@@ -37,20 +37,43 @@ pub struct Canned {
 impl Canned {
     /// `containers`: how many containers ListContainers returns (10,000 → a multi-MiB answer).
     pub fn new(containers: usize, events_per_stream: usize) -> Canned {
-        let version = cri::VersionResponse { version: "0.1.0".into(), runtime_name: "fake".into(), runtime_version: "1.0".into(), runtime_api_version: "v1".into() };
-        let status = cri::ContainerStatusResponse { status: Some(container_status("c0")), info: Default::default() };
-        let list = cri::ListContainersResponse { containers: (0..containers).map(container).collect() };
+        let version = cri::VersionResponse {
+            version: "0.1.0".into(),
+            runtime_name: "fake".into(),
+            runtime_version: "1.0".into(),
+            runtime_api_version: "v1".into(),
+        };
+        let status = cri::ContainerStatusResponse {
+            status: Some(container_status("c0")),
+            info: Default::default(),
+        };
+        let list = cri::ListContainersResponse {
+            containers: (0..containers).map(container).collect(),
+        };
         let sandbox = |i: usize| cri::PodSandbox {
             id: format!("{:064x}", i + 1_000_000),
-            metadata: Some(cri::PodSandboxMetadata { name: format!("pod-{i}"), uid: format!("{i:032x}"), namespace: "bench".into(), attempt: 0 }),
+            metadata: Some(cri::PodSandboxMetadata {
+                name: format!("pod-{i}"),
+                uid: format!("{i:032x}"),
+                namespace: "bench".into(),
+                attempt: 0,
+            }),
             state: 0,
             created_at: 1_700_000_000_000_000_000 + i as i64,
             labels: labels(i * 3),
             ..Default::default()
         };
-        let sandboxes = cri::ListPodSandboxResponse { items: (0..containers.div_ceil(3)).map(sandbox).collect() };
+        let sandboxes = cri::ListPodSandboxResponse {
+            items: (0..containers.div_ceil(3)).map(sandbox).collect(),
+        };
         let sandbox_status = cri::PodSandboxStatusResponse {
-            status: Some(cri::PodSandboxStatus { id: format!("{:064x}", 1_000_000), metadata: sandbox(0).metadata, created_at: 1, labels: labels(0), ..Default::default() }),
+            status: Some(cri::PodSandboxStatus {
+                id: format!("{:064x}", 1_000_000),
+                metadata: sandbox(0).metadata,
+                created_at: 1,
+                labels: labels(0),
+                ..Default::default()
+            }),
             ..Default::default()
         };
         let event = cri::ContainerEventResponse {
@@ -74,10 +97,22 @@ impl Canned {
 
 fn labels(i: usize) -> std::collections::HashMap<String, String> {
     [
-        ("io.kubernetes.pod.name".to_string(), format!("pod-{}", i / 3)),
-        ("io.kubernetes.pod.namespace".to_string(), "bench".to_string()),
-        ("io.kubernetes.pod.uid".to_string(), format!("{:032x}", i / 3)),
-        ("io.kubernetes.container.name".to_string(), format!("c{}", i % 3)),
+        (
+            "io.kubernetes.pod.name".to_string(),
+            format!("pod-{}", i / 3),
+        ),
+        (
+            "io.kubernetes.pod.namespace".to_string(),
+            "bench".to_string(),
+        ),
+        (
+            "io.kubernetes.pod.uid".to_string(),
+            format!("{:032x}", i / 3),
+        ),
+        (
+            "io.kubernetes.container.name".to_string(),
+            format!("c{}", i % 3),
+        ),
     ]
     .into()
 }
@@ -86,17 +121,35 @@ fn container(i: usize) -> cri::Container {
     cri::Container {
         id: format!("{:064x}", i),
         pod_sandbox_id: format!("{:064x}", i / 3 + 1_000_000),
-        metadata: Some(cri::ContainerMetadata { name: format!("c{}", i % 3), attempt: 0 }),
-        image: Some(cri::ImageSpec { image: "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef".into(), ..Default::default() }),
+        metadata: Some(cri::ContainerMetadata {
+            name: format!("c{}", i % 3),
+            attempt: 0,
+        }),
+        image: Some(cri::ImageSpec {
+            image: "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef".into(),
+            ..Default::default()
+        }),
         image_ref: "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef".into(),
         state: 1,
         created_at: 1_700_000_000_000_000_000 + i as i64,
         labels: labels(i),
         annotations: [
-            ("io.kubernetes.container.hash".to_string(), "1a2b3c4d".to_string()),
-            ("io.kubernetes.container.restartCount".to_string(), "0".to_string()),
-            ("io.kubernetes.container.terminationMessagePath".to_string(), "/dev/termination-log".to_string()),
-            ("io.kubernetes.pod.terminationGracePeriod".to_string(), "30".to_string()),
+            (
+                "io.kubernetes.container.hash".to_string(),
+                "1a2b3c4d".to_string(),
+            ),
+            (
+                "io.kubernetes.container.restartCount".to_string(),
+                "0".to_string(),
+            ),
+            (
+                "io.kubernetes.container.terminationMessagePath".to_string(),
+                "/dev/termination-log".to_string(),
+            ),
+            (
+                "io.kubernetes.pod.terminationGracePeriod".to_string(),
+                "30".to_string(),
+            ),
         ]
         .into(),
         ..Default::default()
@@ -106,11 +159,17 @@ fn container(i: usize) -> cri::Container {
 fn container_status(id: &str) -> cri::ContainerStatus {
     cri::ContainerStatus {
         id: id.into(),
-        metadata: Some(cri::ContainerMetadata { name: "app".into(), attempt: 0 }),
+        metadata: Some(cri::ContainerMetadata {
+            name: "app".into(),
+            attempt: 0,
+        }),
         state: 1,
         created_at: 1,
         started_at: 2,
-        image: Some(cri::ImageSpec { image: "busybox".into(), ..Default::default() }),
+        image: Some(cri::ImageSpec {
+            image: "busybox".into(),
+            ..Default::default()
+        }),
         image_ref: "sha256:abc".into(),
         labels: labels(0),
         ..Default::default()
@@ -128,7 +187,10 @@ impl http_body::Body for CannedBody {
     type Data = Bytes;
     type Error = Infallible;
 
-    fn poll_frame(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         if self.next < self.frames.len() {
             let f = self.frames[self.next].clone();
             self.next += 1;
@@ -144,31 +206,45 @@ impl http_body::Body for CannedBody {
     }
 }
 
-async fn answer(canned: Arc<Canned>, req: Request<Incoming>) -> Result<Response<CannedBody>, Infallible> {
+async fn answer(
+    canned: Arc<Canned>,
+    req: Request<Incoming>,
+) -> Result<Response<CannedBody>, Infallible> {
     use http_body_util::BodyExt;
     let path = req.uri().path().to_string();
     // Read the request fully, as a real runtime would.
-    let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
     // A List with a filter (crisp's own lookups by sandbox or id) matches nothing here, as it
     // would match a handful on a real node, not the whole canned list.
     let filtered = body.len() > 5;
-    let frames = if filtered && (path.ends_with("/ListContainers") || path.ends_with("/ListPodSandbox")) {
-        vec![frame(&[])]
-    } else if path.ends_with("/ListContainers") {
-        vec![canned.list_containers.clone()]
-    } else if path.ends_with("/ContainerStatus") {
-        vec![canned.container_status.clone()]
-    } else if path.ends_with("/ListPodSandbox") {
-        vec![canned.list_sandboxes.clone()]
-    } else if path.ends_with("/PodSandboxStatus") {
-        vec![canned.sandbox_status.clone()]
-    } else if path.ends_with("/GetContainerEvents") {
-        vec![canned.event.clone(); canned.events_per_stream]
-    } else {
-        vec![canned.version.clone()]
-    };
-    let mut resp = Response::new(CannedBody { frames, next: 0, trailers_sent: false });
-    resp.headers_mut().insert("content-type", HeaderValue::from_static("application/grpc"));
+    let frames =
+        if filtered && (path.ends_with("/ListContainers") || path.ends_with("/ListPodSandbox")) {
+            vec![frame(&[])]
+        } else if path.ends_with("/ListContainers") {
+            vec![canned.list_containers.clone()]
+        } else if path.ends_with("/ContainerStatus") {
+            vec![canned.container_status.clone()]
+        } else if path.ends_with("/ListPodSandbox") {
+            vec![canned.list_sandboxes.clone()]
+        } else if path.ends_with("/PodSandboxStatus") {
+            vec![canned.sandbox_status.clone()]
+        } else if path.ends_with("/GetContainerEvents") {
+            vec![canned.event.clone(); canned.events_per_stream]
+        } else {
+            vec![canned.version.clone()]
+        };
+    let mut resp = Response::new(CannedBody {
+        frames,
+        next: 0,
+        trailers_sent: false,
+    });
+    resp.headers_mut()
+        .insert("content-type", HeaderValue::from_static("application/grpc"));
     Ok(resp)
 }
 
@@ -197,8 +273,13 @@ impl Drop for FakeRuntime {
 ///
 /// The bridge's own client leg to the fake sends `:authority: localhost` unless `opts` says
 /// otherwise: the fake is a hyper server, which rejects grpc-go's default (the socket path).
-pub fn serve_via_grpcgo(socket: &Path, canned: Arc<Canned>, mut opts: GoBridgeOpts) -> anyhow::Result<FakeRuntime> {
-    opts.authority.get_or_insert_with(|| "localhost".to_string());
+pub fn serve_via_grpcgo(
+    socket: &Path,
+    canned: Arc<Canned>,
+    mut opts: GoBridgeOpts,
+) -> anyhow::Result<FakeRuntime> {
+    opts.authority
+        .get_or_insert_with(|| "localhost".to_string());
     let mut name = socket.as_os_str().to_owned();
     name.push(".fake");
     let fake_socket = PathBuf::from(name);
@@ -213,15 +294,29 @@ pub fn serve(socket: &Path, canned: Arc<Canned>) -> std::io::Result<FakeRuntime>
     let listener = tokio::net::UnixListener::bind(socket)?;
     let task = tokio::spawn(async move {
         let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-        builder.max_concurrent_streams(4096).initial_stream_window_size(2 << 20).initial_connection_window_size(16 << 20).max_frame_size(1 << 20);
+        builder
+            .max_concurrent_streams(4096)
+            .initial_stream_window_size(2 << 20)
+            .initial_connection_window_size(16 << 20)
+            .max_frame_size(1 << 20);
         loop {
-            let Ok((s, _)) = listener.accept().await else { continue };
+            let Ok((s, _)) = listener.accept().await else {
+                continue;
+            };
             let canned = canned.clone();
-            let conn = builder.serve_connection(TokioIo::new(s), hyper::service::service_fn(move |r| answer(canned.clone(), r)));
+            let conn = builder.serve_connection(
+                TokioIo::new(s),
+                hyper::service::service_fn(move |r| answer(canned.clone(), r)),
+            );
             tokio::spawn(async move {
                 let _ = conn.await;
             });
         }
     });
-    Ok(FakeRuntime { socket: socket.to_path_buf(), bridge: None, fake_socket: socket.to_path_buf(), task })
+    Ok(FakeRuntime {
+        socket: socket.to_path_buf(),
+        bridge: None,
+        fake_socket: socket.to_path_buf(),
+        task,
+    })
 }

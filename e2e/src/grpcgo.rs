@@ -93,7 +93,10 @@ pub struct GoBridgeOpts {
 
 /// `/run/x.sock` → `%2Frun%2Fx.sock`: what a kubelet 1.29 sends as `:authority` (KUBELET-CRI §11).
 pub fn percent_encoded_authority(path: &Path) -> String {
-    path.display().to_string().replace('%', "%25").replace('/', "%2F")
+    path.display()
+        .to_string()
+        .replace('%', "%25")
+        .replace('/', "%2F")
 }
 
 /// HTTP/2 frame counters of one side of a bridge (or of a `call` run).
@@ -141,7 +144,11 @@ pub struct GoBridge {
 
 impl std::fmt::Debug for GoBridge {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GoBridge").field("socket", &self.socket).field("target", &self.target).field("pid", &self.child.id()).finish()
+        f.debug_struct("GoBridge")
+            .field("socket", &self.socket)
+            .field("target", &self.target)
+            .field("pid", &self.child.id())
+            .finish()
     }
 }
 
@@ -157,7 +164,11 @@ impl GoBridge {
         let log = logdir.path().join("bridge.log");
         let logf = File::create(&log)?;
         let mut cmd = Command::new(&bin);
-        cmd.arg("bridge").arg("--listen").arg(listen).arg("--target").arg(target);
+        cmd.arg("bridge")
+            .arg("--listen")
+            .arg(listen)
+            .arg("--target")
+            .arg(target);
         if let Some(a) = &opts.authority {
             cmd.arg("--authority").arg(a);
         }
@@ -168,7 +179,9 @@ impl GoBridge {
             cmd.env(k, v);
         }
         cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(logf);
-        let mut child = cmd.spawn().with_context(|| format!("starting {}", bin.display()))?;
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
         let stdout = child.stdout.take().context("bridge stdout")?;
         let (tx, rx) = mpsc::channel();
         std::thread::Builder::new()
@@ -182,13 +195,29 @@ impl GoBridge {
                 }
             })
             .context("spawning the bridge's stdout reader")?;
-        let bridge = GoBridge { socket: listen.to_path_buf(), target: target.to_path_buf(), child, log, _logdir: logdir, lines: Mutex::new(rx) };
+        let bridge = GoBridge {
+            socket: listen.to_path_buf(),
+            target: target.to_path_buf(),
+            child,
+            log,
+            _logdir: logdir,
+            lines: Mutex::new(rx),
+        };
         let first = bridge.lines.lock().unwrap().recv_timeout(READY_TIMEOUT);
         match first {
             Ok(l) if l.trim() == "ready" => Ok(bridge),
-            Ok(l) => bail!("crisp-grpcgo bridge printed {l:?} instead of `ready`; its log:\n{}", bridge.log_text()),
-            Err(mpsc::RecvTimeoutError::Timeout) => bail!("crisp-grpcgo bridge not ready within {READY_TIMEOUT:?}; its log:\n{}", bridge.log_text()),
-            Err(mpsc::RecvTimeoutError::Disconnected) => bail!("crisp-grpcgo bridge exited during start; its log:\n{}", bridge.log_text()),
+            Ok(l) => bail!(
+                "crisp-grpcgo bridge printed {l:?} instead of `ready`; its log:\n{}",
+                bridge.log_text()
+            ),
+            Err(mpsc::RecvTimeoutError::Timeout) => bail!(
+                "crisp-grpcgo bridge not ready within {READY_TIMEOUT:?}; its log:\n{}",
+                bridge.log_text()
+            ),
+            Err(mpsc::RecvTimeoutError::Disconnected) => bail!(
+                "crisp-grpcgo bridge exited during start; its log:\n{}",
+                bridge.log_text()
+            ),
         }
     }
 
@@ -213,21 +242,29 @@ impl GoBridge {
 
     /// Lines of its log that report a GOAWAY.
     pub fn goaway_lines(&self) -> Vec<String> {
-        self.log_text().lines().filter(|l| l.contains("GOAWAY")).map(str::to_string).collect()
+        self.log_text()
+            .lines()
+            .filter(|l| l.contains("GOAWAY"))
+            .map(str::to_string)
+            .collect()
     }
 
     /// The HTTP/2 frame counters so far (asks the bridge with SIGUSR1; it answers on stdout).
     pub fn stats(&self) -> Result<BridgeStats> {
         let rx = self.lines.lock().unwrap();
         while rx.try_recv().is_ok() {}
-        let st = Command::new("kill").args(["-USR1", &self.child.id().to_string()]).status()?;
+        let st = Command::new("kill")
+            .args(["-USR1", &self.child.id().to_string()])
+            .status()?;
         if !st.success() {
             bail!("kill -USR1 {} failed: {st}", self.child.id());
         }
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let line = rx.recv_timeout(left).map_err(|e| anyhow!("no stats from the bridge: {e}"))?;
+            let line = rx
+                .recv_timeout(left)
+                .map_err(|e| anyhow!("no stats from the bridge: {e}"))?;
             #[derive(Deserialize)]
             struct Line {
                 stats: BridgeStats,
@@ -250,7 +287,12 @@ impl Drop for GoBridge {
         let _ = self.child.wait();
         let _ = std::fs::remove_file(&self.socket);
         if std::thread::panicking() {
-            eprintln!("---- crisp-grpcgo bridge {} → {} ----\n{}", self.socket.display(), self.target.display(), self.log_text());
+            eprintln!(
+                "---- crisp-grpcgo bridge {} → {} ----\n{}",
+                self.socket.display(),
+                self.target.display(),
+                self.log_text()
+            );
         }
     }
 }
@@ -276,7 +318,17 @@ pub struct CallOpts {
 
 impl Default for CallOpts {
     fn default() -> Self {
-        CallOpts { authority: None, timeout: Duration::from_secs(10), count: 1, concurrency: 1, interval: None, duration: None, warmup: 0, latencies: false, errors: false }
+        CallOpts {
+            authority: None,
+            timeout: Duration::from_secs(10),
+            count: 1,
+            concurrency: 1,
+            interval: None,
+            duration: None,
+            warmup: 0,
+            latencies: false,
+            errors: false,
+        }
     }
 }
 
@@ -323,9 +375,19 @@ pub struct CallOutput {
 pub async fn call(target: &Path, method: &str, req: &[u8], opts: CallOpts) -> Result<CallOutput> {
     let bin = grpcgo_binary()?;
     let mut cmd = tokio::process::Command::new(&bin);
-    cmd.arg("call").arg("--target").arg(target).arg("--method").arg(method).arg("--hex").arg(hex(req));
-    cmd.arg("--timeout").arg(format!("{}ms", opts.timeout.as_millis()));
-    cmd.arg("--count").arg(opts.count.to_string()).arg("--concurrency").arg(opts.concurrency.to_string());
+    cmd.arg("call")
+        .arg("--target")
+        .arg(target)
+        .arg("--method")
+        .arg(method)
+        .arg("--hex")
+        .arg(hex(req));
+    cmd.arg("--timeout")
+        .arg(format!("{}ms", opts.timeout.as_millis()));
+    cmd.arg("--count")
+        .arg(opts.count.to_string())
+        .arg("--concurrency")
+        .arg(opts.concurrency.to_string());
     if let Some(a) = &opts.authority {
         cmd.arg("--authority").arg(a);
     }
@@ -345,12 +407,19 @@ pub async fn call(target: &Path, method: &str, req: &[u8], opts: CallOpts) -> Re
         cmd.arg("--errors");
     }
     cmd.stdin(Stdio::null()).kill_on_drop(true);
-    let out = cmd.output().await.with_context(|| format!("running {}", bin.display()))?;
+    let out = cmd
+        .output()
+        .await
+        .with_context(|| format!("running {}", bin.display()))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let mut res = CallOutput { stderr: String::from_utf8_lossy(&out.stderr).into_owned(), ..Default::default() };
+    let mut res = CallOutput {
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        ..Default::default()
+    };
     let mut got_summary = false;
     for line in stdout.lines() {
-        let v: serde_json::Value = serde_json::from_str(line).with_context(|| format!("crisp-grpcgo call printed {line:?}"))?;
+        let v: serde_json::Value = serde_json::from_str(line)
+            .with_context(|| format!("crisp-grpcgo call printed {line:?}"))?;
         if v.get("summary").is_some() {
             res.summary = serde_json::from_value(v)?;
             got_summary = true;
@@ -359,7 +428,11 @@ pub async fn call(target: &Path, method: &str, req: &[u8], opts: CallOpts) -> Re
         }
     }
     if !got_summary {
-        bail!("crisp-grpcgo call exited {} without a summary; stderr:\n{}", out.status, res.stderr);
+        bail!(
+            "crisp-grpcgo call exited {} without a summary; stderr:\n{}",
+            out.status,
+            res.stderr
+        );
     }
     Ok(res)
 }
@@ -375,27 +448,46 @@ pub fn unhex(s: &str) -> Result<Vec<u8>> {
     if !s.len().is_multiple_of(2) {
         bail!("odd-length hex");
     }
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).map_err(|e| anyhow!("hex: {e}"))).collect()
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).map_err(|e| anyhow!("hex: {e}")))
+        .collect()
 }
 
 /// Whether end-to-end stacks should put kubelet's grpc-go transport between the emulator and
 /// crisp: yes unless `CRISP_E2E_VIA_GRPCGO=0` (for A/B runs with the Rust client only).
 pub fn via_grpcgo_default() -> bool {
-    !matches!(std::env::var("CRISP_E2E_VIA_GRPCGO").as_deref(), Ok("0") | Ok("false") | Ok("no"))
+    !matches!(
+        std::env::var("CRISP_E2E_VIA_GRPCGO").as_deref(),
+        Ok("0") | Ok("false") | Ok("no")
+    )
 }
 
 /// Puts a bridge in front of `cfg.endpoint` (and a second one in front of a different
 /// `cfg.image_endpoint`), listening in `dir`, and points the config at them: the emulator then
 /// reaches its runtime through kubelet's own gRPC transport. Keep the returned bridges alive
 /// as long as the kubelet.
-pub fn bridge_kubelet(cfg: &mut crate::emulator::KubeletConfig, dir: &Path, opts: GoBridgeOpts) -> Result<Vec<GoBridge>> {
+pub fn bridge_kubelet(
+    cfg: &mut crate::emulator::KubeletConfig,
+    dir: &Path,
+    opts: GoBridgeOpts,
+) -> Result<Vec<GoBridge>> {
     let mut bridges = Vec::new();
-    let runtime = GoBridge::start(&dir.join("kubelet-grpcgo.sock"), &cfg.endpoint, opts.clone()).context("starting the grpc-go bridge for the kubelet")?;
-    let same_image = cfg.image_endpoint.as_ref().is_none_or(|i| *i == cfg.endpoint);
+    let runtime = GoBridge::start(
+        &dir.join("kubelet-grpcgo.sock"),
+        &cfg.endpoint,
+        opts.clone(),
+    )
+    .context("starting the grpc-go bridge for the kubelet")?;
+    let same_image = cfg
+        .image_endpoint
+        .as_ref()
+        .is_none_or(|i| *i == cfg.endpoint);
     cfg.endpoint = runtime.socket().to_path_buf();
     if !same_image {
         let target = cfg.image_endpoint.clone().expect("image endpoint");
-        let image = GoBridge::start(&dir.join("kubelet-grpcgo-image.sock"), &target, opts).context("starting the grpc-go bridge for the kubelet's image service")?;
+        let image = GoBridge::start(&dir.join("kubelet-grpcgo-image.sock"), &target, opts)
+            .context("starting the grpc-go bridge for the kubelet's image service")?;
         cfg.image_endpoint = Some(image.socket().to_path_buf());
         bridges.push(runtime);
         bridges.push(image);

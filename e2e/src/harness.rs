@@ -42,9 +42,15 @@ pub const TRAPPED_LOOP: &str = "trap 'exit 0' TERM; echo trap-set; while true; d
 /// Waits (10 ms polls, at most `timeout`) until the container log at `path` has `needle`.
 pub async fn wait_log_line(path: &Path, needle: &str, timeout: Duration) -> Result<()> {
     let deadline = Instant::now() + timeout;
-    while !std::fs::read_to_string(path).unwrap_or_default().contains(needle) {
+    while !std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .contains(needle)
+    {
         if Instant::now() >= deadline {
-            bail!("{} has no line with {needle:?} after {timeout:?}", path.display());
+            bail!(
+                "{} has no line with {needle:?} after {timeout:?}",
+                path.display()
+            );
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -57,7 +63,9 @@ const READY_TIMEOUT: Duration = Duration::from_secs(20);
 /// Repository root (parent of the `e2e` crate).
 pub fn repo_root() -> PathBuf {
     let e2e = Path::new(env!("CARGO_MANIFEST_DIR"));
-    e2e.parent().map(Path::to_path_buf).unwrap_or_else(|| e2e.join(".."))
+    e2e.parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| e2e.join(".."))
 }
 
 /// `hack/` in the repository.
@@ -67,7 +75,9 @@ pub fn hack_dir() -> PathBuf {
 
 /// Where `hack/images.sh` caches the image archives.
 pub fn image_cache_dir() -> PathBuf {
-    std::env::var_os("CRISP_IMAGE_CACHE").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/tmp/crisp-images"))
+    std::env::var_os("CRISP_IMAGE_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/tmp/crisp-images"))
 }
 
 /// Whether the current process runs as root (effective uid 0).
@@ -75,7 +85,11 @@ pub fn is_root() -> bool {
     // No libc in this crate: read the effective uid from /proc.
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).and_then(|l| l.split_whitespace().nth(2).map(|e| e == "0")))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|e| e == "0"))
+        })
         .unwrap_or(false)
 }
 
@@ -150,7 +164,12 @@ impl Containerd {
             // never run while mounts are still there.
             .keep();
         let socket = dir.join("containerd.sock");
-        let mut ctrd = Containerd { dir, socket, opts, stopped: false };
+        let mut ctrd = Containerd {
+            dir,
+            socket,
+            opts,
+            stopped: false,
+        };
         // On any error, `ctrd` is dropped, which stops it and deletes the dir.
         ctrd.run_start()?;
         Ok(ctrd)
@@ -159,7 +178,9 @@ impl Containerd {
     /// [`Containerd::start`] on a blocking thread.
     pub async fn start_async(opts: ContainerdOpts) -> Result<Containerd> {
         require_root();
-        tokio::task::spawn_blocking(move || Containerd::start(opts)).await.context("containerd start task panicked")?
+        tokio::task::spawn_blocking(move || Containerd::start(opts))
+            .await
+            .context("containerd start task panicked")?
     }
 
     /// The containerd gRPC (and CRI) socket: `<dir>/containerd.sock`.
@@ -190,28 +211,44 @@ impl Containerd {
     /// With `cni`: the pod subnet (e.g. `10.213.17.0/24`) of this instance.
     pub fn cni_subnet(&self) -> Option<String> {
         let env = std::fs::read_to_string(self.dir.join("cni.env")).ok()?;
-        env.lines().find_map(|l| l.strip_prefix("CNI_SUBNET=")).map(str::to_string)
+        env.lines()
+            .find_map(|l| l.strip_prefix("CNI_SUBNET="))
+            .map(str::to_string)
     }
 
     /// pid of the running containerd daemon, if it is running.
     pub fn pid(&self) -> Option<u32> {
-        let pid: u32 = std::fs::read_to_string(self.dir.join("containerd.pid")).ok()?.trim().parse().ok()?;
+        let pid: u32 = std::fs::read_to_string(self.dir.join("containerd.pid"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
         let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
         let config = self.dir.join("config.toml");
-        (cmdline.contains(&format!("--config {}", config.display())) && process_alive(pid)).then_some(pid)
+        (cmdline.contains(&format!("--config {}", config.display())) && process_alive(pid))
+            .then_some(pid)
     }
 
     /// SIGKILLs the containerd daemon only: shims and containers keep running
     /// (as after a containerd crash). Returns once the daemon is gone. Use
     /// [`Containerd::restart`] to bring it back on the same socket and state.
     pub fn kill_hard(&mut self) -> Result<()> {
-        let pid = self.pid().ok_or_else(|| anyhow!("kill_hard: containerd in {} is not running", self.dir.display()))?;
-        let status = Command::new("kill").args(["-KILL", &pid.to_string()]).status().context("running kill")?;
+        let pid = self.pid().ok_or_else(|| {
+            anyhow!(
+                "kill_hard: containerd in {} is not running",
+                self.dir.display()
+            )
+        })?;
+        let status = Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status()
+            .context("running kill")?;
         if !status.success() {
             bail!("kill -KILL {pid} (containerd) failed: {status}");
         }
-        poll_until(Duration::from_secs(10), || !process_alive(pid)).with_context(|| format!("containerd pid {pid} still alive 10s after SIGKILL"))?;
+        poll_until(Duration::from_secs(10), || !process_alive(pid))
+            .with_context(|| format!("containerd pid {pid} still alive 10s after SIGKILL"))?;
         Ok(())
     }
 
@@ -221,7 +258,10 @@ impl Containerd {
     /// still running.
     pub fn restart(&mut self) -> Result<()> {
         if self.stopped {
-            bail!("restart: containerd in {} was stopped (its directory is gone)", self.dir.display());
+            bail!(
+                "restart: containerd in {} was stopped (its directory is gone)",
+                self.dir.display()
+            );
         }
         self.run_start()
     }
@@ -234,7 +274,10 @@ impl Containerd {
         }
         let script = hack_dir().join("containerd.sh");
         let out = run_script(Command::new(&script).arg("stop").arg(&self.dir))?;
-        check(&out, &format!("{} stop {}", script.display(), self.dir.display()))?;
+        check(
+            &out,
+            &format!("{} stop {}", script.display(), self.dir.display()),
+        )?;
         self.stopped = true;
         Ok(())
     }
@@ -242,7 +285,12 @@ impl Containerd {
     /// Gives image `src` a second name `dst` in the `k8s.io` namespace: with no registry, this
     /// is how an image that could not be pulled becomes present ("pullable") mid-test.
     pub fn tag_image(&self, src: &str, dst: &str) -> Result<()> {
-        let out = Command::new("ctr").arg("--address").arg(&self.socket).args(["-n", "k8s.io", "images", "tag", "--force", src, dst]).output().context("running ctr images tag")?;
+        let out = Command::new("ctr")
+            .arg("--address")
+            .arg(&self.socket)
+            .args(["-n", "k8s.io", "images", "tag", "--force", src, dst])
+            .output()
+            .context("running ctr images tag")?;
         check(&out, &format!("ctr images tag {src} {dst}"))
     }
 
@@ -255,29 +303,48 @@ impl Containerd {
         }
         cmd.arg("--owner-pid").arg(std::process::id().to_string());
         let out = run_script(&mut cmd)?;
-        if let Err(e) = check(&out, &format!("{} start {}", script.display(), self.dir.display())) {
+        if let Err(e) = check(
+            &out,
+            &format!("{} start {}", script.display(), self.dir.display()),
+        ) {
             return Err(e.context(format!("containerd log tail:\n{}", self.log_tail(40))));
         }
         let printed = String::from_utf8_lossy(&out.stdout).trim().to_string();
         if Path::new(&printed) != self.socket {
-            bail!("hack/containerd.sh start printed {printed:?}, expected the socket {}", self.socket.display());
+            bail!(
+                "hack/containerd.sh start printed {printed:?}, expected the socket {}",
+                self.socket.display()
+            );
         }
         let socket = self.socket.clone();
         let cni = self.opts.cni;
         // Own thread + runtime: works whether or not the caller is inside a tokio runtime.
         let ready = std::thread::spawn(move || -> Result<()> {
-            tokio::runtime::Builder::new_current_thread().enable_all().build().context("building a tokio runtime")?.block_on(wait_cri_ready(&socket, cni, READY_TIMEOUT))
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("building a tokio runtime")?
+                .block_on(wait_cri_ready(&socket, cni, READY_TIMEOUT))
         })
         .join()
         .map_err(|_| anyhow!("CRI readiness check panicked"))?;
-        ready.with_context(|| format!("containerd on {} not ready; containerd log tail:\n{}", self.socket.display(), self.log_tail(40)))
+        ready.with_context(|| {
+            format!(
+                "containerd on {} not ready; containerd log tail:\n{}",
+                self.socket.display(),
+                self.log_tail(40)
+            )
+        })
     }
 }
 
 impl Drop for Containerd {
     fn drop(&mut self) {
         if let Err(e) = self.stop() {
-            eprintln!("crisp-e2e harness: stopping containerd in {}: {e:#}", self.dir.display());
+            eprintln!(
+                "crisp-e2e harness: stopping containerd in {}: {e:#}",
+                self.dir.display()
+            );
         }
     }
 }
@@ -300,15 +367,32 @@ pub async fn cri_channel(socket: &Path) -> Result<Channel> {
 }
 
 /// CRI v1 runtime and image clients on one channel to `socket`.
-pub async fn cri_clients(socket: &Path) -> Result<(cri::runtime_service_client::RuntimeServiceClient<Channel>, cri::image_service_client::ImageServiceClient<Channel>)> {
+pub async fn cri_clients(
+    socket: &Path,
+) -> Result<(
+    cri::runtime_service_client::RuntimeServiceClient<Channel>,
+    cri::image_service_client::ImageServiceClient<Channel>,
+)> {
     let ch = cri_channel(socket).await?;
-    Ok((cri::runtime_service_client::RuntimeServiceClient::new(ch.clone()), cri::image_service_client::ImageServiceClient::new(ch)))
+    Ok((
+        cri::runtime_service_client::RuntimeServiceClient::new(ch.clone()),
+        cri::image_service_client::ImageServiceClient::new(ch),
+    ))
 }
 
 /// The id of `image` (its `image_ref` once a container runs it), from ImageStatus.
-pub async fn image_ref(img: &mut cri::image_service_client::ImageServiceClient<Channel>, image: &str) -> Result<String> {
+pub async fn image_ref(
+    img: &mut cri::image_service_client::ImageServiceClient<Channel>,
+    image: &str,
+) -> Result<String> {
     Ok(img
-        .image_status(cri::ImageStatusRequest { image: Some(cri::ImageSpec { image: image.into(), ..Default::default() }), verbose: false })
+        .image_status(cri::ImageStatusRequest {
+            image: Some(cri::ImageSpec {
+                image: image.into(),
+                ..Default::default()
+            }),
+            verbose: false,
+        })
         .await
         .with_context(|| format!("ImageStatus {image}"))?
         .into_inner()
@@ -318,13 +402,19 @@ pub async fn image_ref(img: &mut cri::image_service_client::ImageServiceClient<C
 }
 
 /// ContainerStatus of one container (not verbose).
-pub async fn container_status(rt: &mut cri::runtime_service_client::RuntimeServiceClient<Channel>, id: &str) -> Result<cri::ContainerStatus> {
-    rt.container_status(cri::ContainerStatusRequest { container_id: id.into(), verbose: false })
-        .await
-        .with_context(|| format!("ContainerStatus {id}"))?
-        .into_inner()
-        .status
-        .with_context(|| format!("ContainerStatus {id}: no status"))
+pub async fn container_status(
+    rt: &mut cri::runtime_service_client::RuntimeServiceClient<Channel>,
+    id: &str,
+) -> Result<cri::ContainerStatus> {
+    rt.container_status(cri::ContainerStatusRequest {
+        container_id: id.into(),
+        verbose: false,
+    })
+    .await
+    .with_context(|| format!("ContainerStatus {id}"))?
+    .into_inner()
+    .status
+    .with_context(|| format!("ContainerStatus {id}: no status"))
 }
 
 /// Polls ContainerStatus (20 ms) until `pred` holds, at most `timeout`: the runtime's answer is
@@ -353,12 +443,20 @@ pub async fn wait_container(
 /// `log_dir`, with kubelet's `kubernetes.io/config.source: api` annotation; no labels.
 pub fn host_network_sandbox(name: &str, namespace: &str, log_dir: &Path) -> cri::PodSandboxConfig {
     cri::PodSandboxConfig {
-        metadata: Some(cri::PodSandboxMetadata { name: name.into(), uid: format!("{name}-uid"), namespace: namespace.into(), attempt: 0 }),
+        metadata: Some(cri::PodSandboxMetadata {
+            name: name.into(),
+            uid: format!("{name}-uid"),
+            namespace: namespace.into(),
+            attempt: 0,
+        }),
         log_directory: log_dir.display().to_string(),
         annotations: [("kubernetes.io/config.source".to_string(), "api".to_string())].into(),
         linux: Some(cri::LinuxPodSandboxConfig {
             security_context: Some(cri::LinuxSandboxSecurityContext {
-                namespace_options: Some(cri::NamespaceOption { network: cri::NamespaceMode::Node as i32, ..Default::default() }),
+                namespace_options: Some(cri::NamespaceOption {
+                    network: cri::NamespaceMode::Node as i32,
+                    ..Default::default()
+                }),
                 ..Default::default()
             }),
             ..Default::default()
@@ -371,8 +469,14 @@ pub fn host_network_sandbox(name: &str, namespace: &str, log_dir: &Path) -> cri:
 /// `<name>.log`, labelled `io.kubernetes.container.name` as kubelet labels it.
 pub fn shell_container(name: &str, image: &str, cmd: &str) -> cri::ContainerConfig {
     cri::ContainerConfig {
-        metadata: Some(cri::ContainerMetadata { name: name.into(), attempt: 0 }),
-        image: Some(cri::ImageSpec { image: image.into(), ..Default::default() }),
+        metadata: Some(cri::ContainerMetadata {
+            name: name.into(),
+            attempt: 0,
+        }),
+        image: Some(cri::ImageSpec {
+            image: image.into(),
+            ..Default::default()
+        }),
         command: vec!["sh".into(), "-c".into(), cmd.into()],
         log_path: format!("{name}.log"),
         labels: [("io.kubernetes.container.name".to_string(), name.to_string())].into(),
@@ -388,14 +492,26 @@ pub async fn create_and_start(
     sandbox: &cri::PodSandboxConfig,
     container: cri::ContainerConfig,
 ) -> Result<String> {
-    let name = container.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default();
+    let name = container
+        .metadata
+        .as_ref()
+        .map(|m| m.name.clone())
+        .unwrap_or_default();
     let id = rt
-        .create_container(cri::CreateContainerRequest { pod_sandbox_id: pod.into(), config: Some(container), sandbox_config: Some(sandbox.clone()) })
+        .create_container(cri::CreateContainerRequest {
+            pod_sandbox_id: pod.into(),
+            config: Some(container),
+            sandbox_config: Some(sandbox.clone()),
+        })
         .await
         .with_context(|| format!("CreateContainer {name}"))?
         .into_inner()
         .container_id;
-    rt.start_container(cri::StartContainerRequest { container_id: id.clone() }).await.with_context(|| format!("StartContainer {name}"))?;
+    rt.start_container(cri::StartContainerRequest {
+        container_id: id.clone(),
+    })
+    .await
+    .with_context(|| format!("StartContainer {name}"))?;
     Ok(id)
 }
 
@@ -406,8 +522,15 @@ pub async fn run_pod_with(
     sandbox: &cri::PodSandboxConfig,
     container: cri::ContainerConfig,
 ) -> Result<(String, String)> {
-    let pod =
-        rt.run_pod_sandbox(cri::RunPodSandboxRequest { config: Some(sandbox.clone()), runtime_handler: String::new() }).await.context("RunPodSandbox")?.into_inner().pod_sandbox_id;
+    let pod = rt
+        .run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(sandbox.clone()),
+            runtime_handler: String::new(),
+        })
+        .await
+        .context("RunPodSandbox")?
+        .into_inner()
+        .pod_sandbox_id;
     let id = create_and_start(rt, &pod, sandbox, container).await?;
     Ok((pod, id))
 }
@@ -423,7 +546,11 @@ pub async fn wait_cri_ready(socket: &Path, cni: bool, timeout: Duration) -> Resu
             Err(e) => last_err = e,
         }
         if Instant::now() >= deadline {
-            return Err(last_err.context(format!("CRI on {} not ready within {:?}", socket.display(), timeout)));
+            return Err(last_err.context(format!(
+                "CRI on {} not ready within {:?}",
+                socket.display(),
+                timeout
+            )));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -431,9 +558,25 @@ pub async fn wait_cri_ready(socket: &Path, cni: bool, timeout: Duration) -> Resu
 
 async fn cri_ready_once(socket: &Path, cni: bool) -> Result<()> {
     let (mut rt, mut img) = cri_clients(socket).await?;
-    rt.version(cri::VersionRequest { version: "v1".into() }).await.context("CRI Version")?;
-    let status = rt.status(cri::StatusRequest { verbose: false }).await.context("CRI Status")?.into_inner().status.ok_or_else(|| anyhow!("CRI Status returned no status"))?;
-    let cond = |t: &str| status.conditions.iter().find(|c| c.r#type == t).map(|c| c.status);
+    rt.version(cri::VersionRequest {
+        version: "v1".into(),
+    })
+    .await
+    .context("CRI Version")?;
+    let status = rt
+        .status(cri::StatusRequest { verbose: false })
+        .await
+        .context("CRI Status")?
+        .into_inner()
+        .status
+        .ok_or_else(|| anyhow!("CRI Status returned no status"))?;
+    let cond = |t: &str| {
+        status
+            .conditions
+            .iter()
+            .find(|c| c.r#type == t)
+            .map(|c| c.status)
+    };
     if cond("RuntimeReady") != Some(true) {
         bail!("CRI RuntimeReady is not true: {:?}", status.conditions);
     }
@@ -442,7 +585,13 @@ async fn cri_ready_once(socket: &Path, cni: bool) -> Result<()> {
     }
     for image in [PAUSE_IMAGE, BUSYBOX_IMAGE] {
         let resp = img
-            .image_status(cri::ImageStatusRequest { image: Some(cri::ImageSpec { image: image.into(), ..Default::default() }), verbose: false })
+            .image_status(cri::ImageStatusRequest {
+                image: Some(cri::ImageSpec {
+                    image: image.into(),
+                    ..Default::default()
+                }),
+                verbose: false,
+            })
             .await
             .with_context(|| format!("CRI ImageStatus {image}"))?
             .into_inner();
@@ -457,14 +606,21 @@ async fn cri_ready_once(socket: &Path, cni: bool) -> Result<()> {
 
 fn run_script(cmd: &mut Command) -> Result<Output> {
     let desc = format!("{cmd:?}");
-    cmd.stdin(std::process::Stdio::null()).output().with_context(|| format!("running {desc}"))
+    cmd.stdin(std::process::Stdio::null())
+        .output()
+        .with_context(|| format!("running {desc}"))
 }
 
 fn check(out: &Output, what: &str) -> Result<()> {
     if out.status.success() {
         return Ok(());
     }
-    bail!("{what} failed ({}):\n--- stderr ---\n{}--- stdout ---\n{}", out.status, String::from_utf8_lossy(&out.stderr), String::from_utf8_lossy(&out.stdout))
+    bail!(
+        "{what} failed ({}):\n--- stderr ---\n{}--- stdout ---\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    )
 }
 
 fn log_tail(path: &Path, lines: usize) -> String {
@@ -481,7 +637,11 @@ fn log_tail(path: &Path, lines: usize) -> String {
 fn process_alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         // state is the first field after the ")" closing the command name
-        Ok(stat) => stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()).map(|state| state != "Z" && state != "X").unwrap_or(false),
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .map(|state| state != "Z" && state != "X")
+            .unwrap_or(false),
         Err(_) => false,
     }
 }

@@ -17,7 +17,11 @@ pub fn render_svg(svg: &Path) -> Result<PathBuf> {
         .output()
         .context("running rsvg-convert (Debian's librsvg2-bin; hack/setup.sh installs it)")?;
     if !out.status.success() {
-        bail!("rsvg-convert refused {}: {}", svg.display(), String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "rsvg-convert refused {}: {}",
+            svg.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     Ok(png)
 }
@@ -32,13 +36,26 @@ pub struct Picture {
 impl Picture {
     pub fn load(png: &Path) -> Result<Picture> {
         let mut dec = png::Decoder::new(std::fs::File::open(png)?);
-        dec.set_transformations(png::Transformations::normalize_to_color8() | png::Transformations::ALPHA);
+        dec.set_transformations(
+            png::Transformations::normalize_to_color8() | png::Transformations::ALPHA,
+        );
         let mut reader = dec.read_info()?;
         let mut buf = vec![0; reader.output_buffer_size()];
         let info = reader.next_frame(&mut buf)?;
-        ensure!(info.color_type == png::ColorType::Rgba, "{:?} after expanding to RGBA", info.color_type);
-        let pixels = buf[..info.buffer_size()].chunks_exact(4).map(|c| [c[0], c[1], c[2], c[3]]).collect();
-        Ok(Picture { width: info.width, height: info.height, pixels })
+        ensure!(
+            info.color_type == png::ColorType::Rgba,
+            "{:?} after expanding to RGBA",
+            info.color_type
+        );
+        let pixels = buf[..info.buffer_size()]
+            .chunks_exact(4)
+            .map(|c| [c[0], c[1], c[2], c[3]])
+            .collect();
+        Ok(Picture {
+            width: info.width,
+            height: info.height,
+            pixels,
+        })
     }
 
     /// Pixels of exactly the colour `#rrggbb`, opaque.

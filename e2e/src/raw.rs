@@ -22,7 +22,10 @@ pub struct RawResponse {
 impl RawResponse {
     /// grpc-status from trailers (or headers for a trailers-only answer).
     pub fn grpc_status(&self) -> Option<i32> {
-        self.trailers.get("grpc-status").or_else(|| self.headers.get("grpc-status")).and_then(|v| v.to_str().ok()?.parse().ok())
+        self.trailers
+            .get("grpc-status")
+            .or_else(|| self.headers.get("grpc-status"))
+            .and_then(|v| v.to_str().ok()?.parse().ok())
     }
 }
 
@@ -37,17 +40,27 @@ pub fn frame(msg: &[u8]) -> Bytes {
 
 /// One unary call on a fresh HTTP/2 connection to `socket`.
 pub async fn call(socket: &Path, path: &str, msg: &[u8]) -> Result<RawResponse> {
-    let stream = tokio::net::UnixStream::connect(socket).await.with_context(|| format!("connect {}", socket.display()))?;
-    let (mut sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await?;
+    let stream = tokio::net::UnixStream::connect(socket)
+        .await
+        .with_context(|| format!("connect {}", socket.display()))?;
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await?;
     tokio::spawn(conn);
     let req = Request::post(format!("http://localhost{path}"))
         .header("content-type", "application/grpc")
         .header("te", "trailers")
         .header("grpc-timeout", "30S")
         .body(Full::new(frame(msg)))?;
-    let resp = tokio::time::timeout(Duration::from_secs(60), sender.send_request(req)).await.map_err(|_| anyhow!("{path}: no answer"))??;
+    let resp = tokio::time::timeout(Duration::from_secs(60), sender.send_request(req))
+        .await
+        .map_err(|_| anyhow!("{path}: no answer"))??;
     let (parts, body) = resp.into_parts();
     let collected = body.collect().await?;
     let trailers = collected.trailers().cloned().unwrap_or_default();
-    Ok(RawResponse { status: parts.status.as_u16(), headers: parts.headers, body: collected.to_bytes(), trailers })
+    Ok(RawResponse {
+        status: parts.status.as_u16(),
+        headers: parts.headers,
+        body: collected.to_bytes(),
+        trailers,
+    })
 }

@@ -31,7 +31,12 @@ pub struct StackOpts {
 
 impl Default for StackOpts {
     fn default() -> Self {
-        StackOpts { cni: false, crisp_config: String::new(), via_grpcgo: crate::grpcgo::via_grpcgo_default(), grpcgo: GoBridgeOpts::default() }
+        StackOpts {
+            cni: false,
+            crisp_config: String::new(),
+            via_grpcgo: crate::grpcgo::via_grpcgo_default(),
+            grpcgo: GoBridgeOpts::default(),
+        }
     }
 }
 
@@ -49,22 +54,49 @@ impl Stack {
     /// Starts containerd (`cni`: pod networking, else host network only), crisp with
     /// `crisp_config` appended to its config, and a kubelet (fast test periods, tuned by `tune`)
     /// that reaches crisp through grpc-go (see [`StackOpts::via_grpcgo`]).
-    pub async fn start(cni: bool, crisp_config: &str, tune: impl FnOnce(&mut KubeletConfig)) -> Result<Stack> {
-        Stack::start_with(StackOpts { cni, crisp_config: crisp_config.to_string(), ..Default::default() }, tune).await
+    pub async fn start(
+        cni: bool,
+        crisp_config: &str,
+        tune: impl FnOnce(&mut KubeletConfig),
+    ) -> Result<Stack> {
+        Stack::start_with(
+            StackOpts {
+                cni,
+                crisp_config: crisp_config.to_string(),
+                ..Default::default()
+            },
+            tune,
+        )
+        .await
     }
 
     /// [`Stack::start`] with every option.
-    pub async fn start_with(opts: StackOpts, tune: impl FnOnce(&mut KubeletConfig)) -> Result<Stack> {
+    pub async fn start_with(
+        opts: StackOpts,
+        tune: impl FnOnce(&mut KubeletConfig),
+    ) -> Result<Stack> {
         crate::harness::require_root();
-        let containerd = Containerd::start_async(ContainerdOpts { cni: opts.cni }).await.context("starting containerd")?;
-        let crisp = Crisp::start(containerd.socket(), CrispOpts { extra_config: opts.crisp_config.clone(), log_level: None })?;
+        let containerd = Containerd::start_async(ContainerdOpts { cni: opts.cni })
+            .await
+            .context("starting containerd")?;
+        let crisp = Crisp::start(
+            containerd.socket(),
+            CrispOpts {
+                extra_config: opts.crisp_config.clone(),
+                log_level: None,
+            },
+        )?;
         let dir = tempfile::Builder::new().prefix("crisp-stack-").tempdir()?;
         let mut cfg = KubeletConfig::fast(crisp.socket(), dir.path().join("pods"));
         cfg.root_dir = Some(dir.path().join("kubelet"));
         // Keep a deleted pod's dead containers: the assertions read their finished_at.
         cfg.container_deletor = false;
         tune(&mut cfg);
-        let bridges = if opts.via_grpcgo { crate::grpcgo::bridge_kubelet(&mut cfg, dir.path(), opts.grpcgo.clone())? } else { Vec::new() };
+        let bridges = if opts.via_grpcgo {
+            crate::grpcgo::bridge_kubelet(&mut cfg, dir.path(), opts.grpcgo.clone())?
+        } else {
+            Vec::new()
+        };
         let kubelet = match Kubelet::new(cfg).await {
             Ok(k) => k,
             Err(e) => {
@@ -74,41 +106,80 @@ impl Stack {
                 return Err(e.context("starting the kubelet emulator"));
             }
         };
-        Ok(Stack { kubelet, bridges, crisp, containerd, dir })
+        Ok(Stack {
+            kubelet,
+            bridges,
+            crisp,
+            containerd,
+            dir,
+        })
     }
 
     /// The socket the emulator's runtime service talks to: the grpc-go bridge, or crisp.
     pub fn kubelet_endpoint(&self) -> &std::path::Path {
-        self.bridges.first().map(|b| b.socket()).unwrap_or_else(|| self.crisp.socket())
+        self.bridges
+            .first()
+            .map(|b| b.socket())
+            .unwrap_or_else(|| self.crisp.socket())
     }
 
     /// A CRI client straight to containerd (not through crisp): the runtime's own view.
-    pub async fn direct(&self) -> Result<cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>> {
-        Ok(cri::runtime_service_client::RuntimeServiceClient::new(connect_uds(self.containerd.socket()).await?))
+    pub async fn direct(
+        &self,
+    ) -> Result<cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>> {
+        Ok(cri::runtime_service_client::RuntimeServiceClient::new(
+            connect_uds(self.containerd.socket()).await?,
+        ))
     }
 
     /// A CRI client through crisp (tonic, straight to crisp's socket; see [`Stack::via_grpcgo`]).
-    pub async fn via_crisp(&self) -> Result<cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>> {
-        Ok(cri::runtime_service_client::RuntimeServiceClient::new(connect_uds(self.crisp.socket()).await?))
+    pub async fn via_crisp(
+        &self,
+    ) -> Result<cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>> {
+        Ok(cri::runtime_service_client::RuntimeServiceClient::new(
+            connect_uds(self.crisp.socket()).await?,
+        ))
     }
 
     /// A CRI client through the emulator's grpc-go bridge to crisp (crisp directly when the
     /// stack has no bridge): crisp sees a grpc-go client.
-    pub async fn via_grpcgo(&self) -> Result<cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>> {
-        Ok(cri::runtime_service_client::RuntimeServiceClient::new(connect_uds(self.kubelet_endpoint()).await?))
+    pub async fn via_grpcgo(
+        &self,
+    ) -> Result<cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>> {
+        Ok(cri::runtime_service_client::RuntimeServiceClient::new(
+            connect_uds(self.kubelet_endpoint()).await?,
+        ))
     }
 
     /// Every instance of container `name` of pod `uid`, straight from containerd, oldest first.
     pub async fn instances(&self, uid: &str, name: &str) -> Result<Vec<cri::ContainerStatus>> {
         let mut rt = self.direct().await?;
         let filter = cri::ContainerFilter {
-            label_selector: [("io.kubernetes.pod.uid".to_string(), uid.to_string()), ("io.kubernetes.container.name".to_string(), name.to_string())].into(),
+            label_selector: [
+                ("io.kubernetes.pod.uid".to_string(), uid.to_string()),
+                ("io.kubernetes.container.name".to_string(), name.to_string()),
+            ]
+            .into(),
             ..Default::default()
         };
-        let list = rt.list_containers(cri::ListContainersRequest { filter: Some(filter) }).await?.into_inner().containers;
+        let list = rt
+            .list_containers(cri::ListContainersRequest {
+                filter: Some(filter),
+            })
+            .await?
+            .into_inner()
+            .containers;
         let mut out = Vec::new();
         for c in list {
-            let st = rt.container_status(cri::ContainerStatusRequest { container_id: c.id.clone(), verbose: false }).await?.into_inner().status.context("empty status")?;
+            let st = rt
+                .container_status(cri::ContainerStatusRequest {
+                    container_id: c.id.clone(),
+                    verbose: false,
+                })
+                .await?
+                .into_inner()
+                .status
+                .context("empty status")?;
             out.push(st);
         }
         out.sort_by_key(|s| s.created_at);
@@ -117,7 +188,10 @@ impl Stack {
 
     /// The newest instance of container `name`, straight from containerd.
     pub async fn status(&self, uid: &str, name: &str) -> Result<cri::ContainerStatus> {
-        self.instances(uid, name).await?.pop().with_context(|| format!("no container {name} in pod {uid}"))
+        self.instances(uid, name)
+            .await?
+            .pop()
+            .with_context(|| format!("no container {name} in pod {uid}"))
     }
 
     /// How long after container `first` container `then` started (ns), by containerd's own
@@ -127,7 +201,12 @@ impl Stack {
     }
 
     /// Waits until containerd reports container `name` EXITED.
-    pub async fn wait_exited(&self, uid: &str, name: &str, timeout: Duration) -> Result<cri::ContainerStatus> {
+    pub async fn wait_exited(
+        &self,
+        uid: &str,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<cri::ContainerStatus> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             if let Ok(st) = self.status(uid, name).await {
@@ -164,7 +243,12 @@ impl Stack {
 
     /// Deletes pod `uid` ([`Kubelet::delete_pod`], `grace` overriding its grace period) and
     /// waits until it has terminated ([`Stack::wait_terminated`]).
-    pub async fn delete_pod(&self, uid: &str, grace: Option<i64>, timeout: Duration) -> Result<PodView> {
+    pub async fn delete_pod(
+        &self,
+        uid: &str,
+        grace: Option<i64>,
+        timeout: Duration,
+    ) -> Result<PodView> {
         self.kubelet.delete_pod(uid, grace)?;
         self.wait_terminated(uid, timeout).await
     }
@@ -184,7 +268,11 @@ impl Stack {
         }
         eprintln!("--- crisp log ---\n{}", self.crisp.log_text());
         for b in &self.bridges {
-            eprintln!("--- grpc-go bridge log ({}) ---\n{}", b.socket().display(), b.log_text());
+            eprintln!(
+                "--- grpc-go bridge log ({}) ---\n{}",
+                b.socket().display(),
+                b.log_text()
+            );
         }
     }
 }

@@ -21,7 +21,14 @@ pub struct TapCli {
 impl TapCli {
     pub fn start(st: &Stack, args: &[&str]) -> Result<TapCli> {
         let admin = st.crisp.dir().join("admin.sock");
-        let mut child = Command::new(crisp_binary()?).arg("tap").arg("--admin-socket").arg(&admin).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+        let mut child = Command::new(crisp_binary()?)
+            .arg("tap")
+            .arg("--admin-socket")
+            .arg(&admin)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
         let (tx, lines) = mpsc::channel();
         let out = child.stdout.take().context("stdout")?;
         std::thread::spawn(move || {
@@ -42,20 +49,29 @@ impl TapCli {
     }
 
     /// The first JSON line `pred` accepts, within `timeout`.
-    pub fn wait_for(&self, timeout: Duration, what: &str, pred: impl Fn(&Value) -> bool) -> Result<Value> {
+    pub fn wait_for(
+        &self,
+        timeout: Duration,
+        what: &str,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Result<Value> {
         let deadline = Instant::now() + timeout;
         let mut seen = Vec::new();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
                 Ok(l) => {
-                    let v: Value = serde_json::from_str(&l).with_context(|| format!("not JSON: {l}"))?;
+                    let v: Value =
+                        serde_json::from_str(&l).with_context(|| format!("not JSON: {l}"))?;
                     if pred(&v) {
                         return Ok(v);
                     }
                     seen.push(l);
                 }
-                Err(_) => bail!("crisp tap printed no {what} within {timeout:?}; it printed:\n{}", seen.join("\n")),
+                Err(_) => bail!(
+                    "crisp tap printed no {what} within {timeout:?}; it printed:\n{}",
+                    seen.join("\n")
+                ),
             }
         }
     }
@@ -73,7 +89,10 @@ impl TapCli {
     pub fn drain(&self, quiet: Duration, max: Duration) -> Vec<String> {
         let end = Instant::now() + max;
         let mut out = Vec::new();
-        while let Ok(l) = self.lines.recv_timeout(quiet.min(end.saturating_duration_since(Instant::now()))) {
+        while let Ok(l) = self
+            .lines
+            .recv_timeout(quiet.min(end.saturating_duration_since(Instant::now())))
+        {
             out.push(l);
         }
         out

@@ -61,7 +61,11 @@ fn node_is_healthy(st: &Stack, what: &str, before: Usage) -> Result<Usage> {
         log.longest
     );
     assert!(log.panics.is_empty(), "crisp panicked: {:?}", log.panics);
-    assert!(log.longest <= MAX_LOG_LINE, "a log line of {} B (cap {MAX_LOG_LINE})", log.longest);
+    assert!(
+        log.longest <= MAX_LOG_LINE,
+        "a log line of {} B (cap {MAX_LOG_LINE})",
+        log.longest
+    );
     Ok(now)
 }
 
@@ -75,9 +79,18 @@ async fn oversized_injector_status_beside_an_ordinary_pod() -> Result<()> {
     let quiet_stop = timed_stop(&st, &quiet_uid).await?;
     let before = st.crisp.usage()?;
 
-    let names: Vec<String> = (0..40_000u32).map(|i| format!("\"{}\"", base26(i))).collect();
-    let status = format!("{{\"initContainers\":[],\"containers\":[{}]}}", names.join(","));
-    assert!(status.len() > 200_000 && status.len() < 256 * 1024, "{} B", status.len());
+    let names: Vec<String> = (0..40_000u32)
+        .map(|i| format!("\"{}\"", base26(i)))
+        .collect();
+    let status = format!(
+        "{{\"initContainers\":[],\"containers\":[{}]}}",
+        names.join(",")
+    );
+    assert!(
+        status.len() > 200_000 && status.len() < 256 * 1024,
+        "{} B",
+        status.len()
+    );
     let mut hostile = Vec::new();
     for i in 0..3 {
         let yaml =
@@ -96,11 +109,20 @@ async fn oversized_injector_status_beside_an_ordinary_pod() -> Result<()> {
         quiet_stop.as_secs_f64(),
         busy_stop.as_secs_f64()
     );
-    assert!(busy <= quiet * 3 + Duration::from_secs(1), "start {busy:?} beside the hostile pods, {quiet:?} on a quiet node");
-    assert!(busy_stop <= quiet_stop * 3 + Duration::from_secs(1), "stop {busy_stop:?} beside the hostile pods, {quiet_stop:?} quiet");
+    assert!(
+        busy <= quiet * 3 + Duration::from_secs(1),
+        "start {busy:?} beside the hostile pods, {quiet:?} on a quiet node"
+    );
+    assert!(
+        busy_stop <= quiet_stop * 3 + Duration::from_secs(1),
+        "stop {busy_stop:?} beside the hostile pods, {quiet_stop:?} quiet"
+    );
     let after = node_is_healthy(&st, "oversized injector status", before)?;
     let cpu = after.cpu.saturating_sub(before.cpu);
-    assert!(cpu < Duration::from_secs(2), "crisp spent {cpu:?} of CPU on three pods");
+    assert!(
+        cpu < Duration::from_secs(2),
+        "crisp spent {cpu:?} of CPU on three pods"
+    );
     // The hostile pods are not treated as injected, and still stop.
     for uid in &hostile {
         st.delete_pod(uid, None, STEP).await?;
@@ -131,15 +153,32 @@ async fn extreme_grace_period_pod_still_stops_in_order() -> Result<()> {
     let st = Stack::start(false, "", |_| {}).await?;
     let before = st.crisp.usage()?;
     let app = "  - name: app\n    command: [sh, -c, \"trap 'sleep 1; exit 0' TERM; while true; do sleep 0.1; done\"]\n";
-    for (name, grace) in [("max", i64::MAX), ("near", i64::MAX - 1), ("wraps-low", 9_223_372_036)] {
+    for (name, grace) in [
+        ("max", i64::MAX),
+        ("near", i64::MAX - 1),
+        ("wraps-low", 9_223_372_036),
+    ] {
         let yaml =
             format!("name: {name}\nhostNetwork: true\nterminationGracePeriodSeconds: {grace}\nannotations:\n  crisp.dev/sidecars: proxy\ncontainers:\n{}{app}", sleeper("proxy"));
         let (uid, _) = timed_start(&st, &yaml).await?;
         let took = timed_stop(&st, &uid).await?;
-        let (proxy, app) = (st.status(&uid, "proxy").await?, st.status(&uid, "app").await?);
-        eprintln!("grace {grace}: pod stopped in {:.3} s; app finished {:.3} s before its sidecar", took.as_secs_f64(), secs(proxy.finished_at - app.finished_at));
-        assert!(took < Duration::from_secs(30), "grace {grace}: the pod took {took:?} to stop");
-        assert!(app.finished_at <= proxy.finished_at, "grace {grace}: the sidecar finished before the app");
+        let (proxy, app) = (
+            st.status(&uid, "proxy").await?,
+            st.status(&uid, "app").await?,
+        );
+        eprintln!(
+            "grace {grace}: pod stopped in {:.3} s; app finished {:.3} s before its sidecar",
+            took.as_secs_f64(),
+            secs(proxy.finished_at - app.finished_at)
+        );
+        assert!(
+            took < Duration::from_secs(30),
+            "grace {grace}: the pod took {took:?} to stop"
+        );
+        assert!(
+            app.finished_at <= proxy.finished_at,
+            "grace {grace}: the sidecar finished before the app"
+        );
     }
     node_is_healthy(&st, "extreme grace periods", before)?;
     Ok(())
@@ -165,7 +204,10 @@ async fn exec_probes_with_huge_output_do_not_grow_crisp() -> Result<()> {
     }
     let after = node_is_healthy(&st, "exec probes printing 16 MB", before)?;
     let grew = after.peak_rss_kib.saturating_sub(before.peak_rss_kib);
-    assert!(grew < 32 * 1024, "crisp's peak RSS grew {grew} KiB while probes printed 16 MB each");
+    assert!(
+        grew < 32 * 1024,
+        "crisp's peak RSS grew {grew} KiB while probes printed 16 MB each"
+    );
     for uid in &uids {
         st.delete_pod(uid, None, STEP).await?;
     }
@@ -210,7 +252,12 @@ async fn never_ready_sidecars_do_not_delay_a_ready_pod() -> Result<()> {
     eprintln!("ready pod: app started {:.3} s after its sidecar on a quiet node, {:.3} s beside 12 never-ready pods", secs(quiet_gap), secs(busy_gap));
     // The issue's target: released within about one probe interval of a quiet node's
     // release, not after every never-ready pod's turn (1.2 s before the limiter was fair).
-    assert!(busy_gap <= quiet_gap + 500_000_000, "the ready pod waited {:.3} s beside never-ready pods ({:.3} s quiet)", secs(busy_gap), secs(quiet_gap));
+    assert!(
+        busy_gap <= quiet_gap + 500_000_000,
+        "the ready pod waited {:.3} s beside never-ready pods ({:.3} s quiet)",
+        secs(busy_gap),
+        secs(quiet_gap)
+    );
     node_is_healthy(&st, "12 never-ready pods", before)?;
     for uid in hostile.iter().chain([&busy_uid, &quiet_uid]) {
         st.delete_pod(uid, None, STEP).await?;
@@ -226,21 +273,34 @@ async fn tap_full_shows_no_env_value_kubelet_copied() -> Result<()> {
     const SECRET: &str = "hunter2-s3cr3t-token";
     let st = Stack::start(false, "", |_| {}).await?;
     let tap = TapCli::start(&st, &["--full", "--json", "--all"])?;
-    let applied = format!(r#"{{"apiVersion":"v1","kind":"Pod","spec":{{"containers":[{{"name":"app","env":[{{"name":"TOKEN","value":"{SECRET}"}}]}}]}}}}"#);
+    let applied = format!(
+        r#"{{"apiVersion":"v1","kind":"Pod","spec":{{"containers":[{{"name":"app","env":[{{"name":"TOKEN","value":"{SECRET}"}}]}}]}}}}"#
+    );
     let yaml = format!(
         "name: leaky\nhostNetwork: true\nterminationGracePeriodSeconds: 2\nannotations:\n  kubectl.kubernetes.io/last-applied-configuration: '{applied}'\ncontainers:\n  - name: app\n    command: [sh, -c]\n    args: [\"trap 'exit 0' TERM; echo --token=$(TOKEN) >/dev/null; sleep 3600 & wait\"]\n    env:\n      - name: TOKEN\n        value: {SECRET}\n"
     );
     let uid = st.run_pod(pod(&yaml), STEP).await?;
     st.delete_pod(&uid, None, STEP).await?;
     let lines = tap.drain(Duration::from_secs(2), Duration::from_secs(5));
-    let methods: std::collections::BTreeSet<String> =
-        lines.iter().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).filter_map(|v| v["method"].as_str().map(str::to_string)).collect();
+    let methods: std::collections::BTreeSet<String> = lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["method"].as_str().map(str::to_string))
+        .collect();
     eprintln!("tap: {} records, methods {methods:?}", lines.len());
     // The image is present, so kubelet sends ImageStatus (with the ImageSpec) and no PullImage.
     for m in ["ImageStatus", "CreateContainer", "RunPodSandbox"] {
-        assert!(methods.iter().any(|x| x.ends_with(m)), "the tap recorded no {m}: {methods:?}");
+        assert!(
+            methods.iter().any(|x| x.ends_with(m)),
+            "the tap recorded no {m}: {methods:?}"
+        );
     }
     let leaks: Vec<&String> = lines.iter().filter(|l| l.contains(SECRET)).collect();
-    assert!(leaks.is_empty(), "the env value is in {} tap record(s), e.g. {}", leaks.len(), leaks[0].chars().take(400).collect::<String>());
+    assert!(
+        leaks.is_empty(),
+        "the env value is in {} tap record(s), e.g. {}",
+        leaks.len(),
+        leaks[0].chars().take(400).collect::<String>()
+    );
     Ok(())
 }

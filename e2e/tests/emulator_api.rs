@@ -12,7 +12,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use crisp_e2e::emulator::testing::{sleeper_pod, Env, STEP};
-use crisp_e2e::emulator::{connect_uds, ApiVersion, CallMeta, CriClient, Journal, Kubelet, KubeletConfig, KubeletVersion, Package, PodPhase, ProstCodec, Service};
+use crisp_e2e::emulator::{
+    connect_uds, ApiVersion, CallMeta, CriClient, Journal, Kubelet, KubeletConfig, KubeletVersion,
+    Package, PodPhase, ProstCodec, Service,
+};
 use k8s_cri::v1 as cri;
 use tonic::body::Body;
 use tonic::codegen::http;
@@ -36,13 +39,31 @@ async fn v1alpha2_mode_runs_a_pod_on_containerd_1_6() -> Result<()> {
     k.delete_and_wait(&uid, Some(3), STEP).await?;
 
     let calls = k.journal().calls();
-    assert!(calls.iter().all(|r| r.path.starts_with("/runtime.v1alpha2.")), "every call on v1alpha2");
     assert!(
-        calls.iter().all(|r| r.is_ok() || r.method == "ContainerStatus"),
-        "failures: {:?}",
-        calls.iter().filter(|r| !r.is_ok()).map(|r| (&r.path, &r.message)).collect::<Vec<_>>()
+        calls
+            .iter()
+            .all(|r| r.path.starts_with("/runtime.v1alpha2.")),
+        "every call on v1alpha2"
     );
-    for m in ["RunPodSandbox", "CreateContainer", "StartContainer", "StopContainer", "StopPodSandbox", "ImageStatus"] {
+    assert!(
+        calls
+            .iter()
+            .all(|r| r.is_ok() || r.method == "ContainerStatus"),
+        "failures: {:?}",
+        calls
+            .iter()
+            .filter(|r| !r.is_ok())
+            .map(|r| (&r.path, &r.message))
+            .collect::<Vec<_>>()
+    );
+    for m in [
+        "RunPodSandbox",
+        "CreateContainer",
+        "StartContainer",
+        "StopContainer",
+        "StopPodSandbox",
+        "ImageStatus",
+    ] {
         assert!(calls.iter().any(|r| r.method == m), "no {m}");
     }
     Ok(())
@@ -55,8 +76,21 @@ async fn negotiation_picks_v1_on_containerd_1_6() -> Result<()> {
     assert_eq!(k.cri().runtime_package(), Package::V1);
     assert_eq!(k.cri().image_package(), Package::V1);
     // The handshake: Version probe, ImageFsInfo probe, typed Version (§7.5).
-    let first: Vec<_> = k.journal().calls().into_iter().take(3).map(|r| r.path).collect();
-    assert_eq!(first, ["/runtime.v1.RuntimeService/Version", "/runtime.v1.ImageService/ImageFsInfo", "/runtime.v1.RuntimeService/Version"]);
+    let first: Vec<_> = k
+        .journal()
+        .calls()
+        .into_iter()
+        .take(3)
+        .map(|r| r.path)
+        .collect();
+    assert_eq!(
+        first,
+        [
+            "/runtime.v1.RuntimeService/Version",
+            "/runtime.v1.ImageService/ImageFsInfo",
+            "/runtime.v1.RuntimeService/Version"
+        ]
+    );
     Ok(())
 }
 
@@ -69,24 +103,49 @@ async fn negotiation_falls_back_to_v1alpha2_on_unimplemented() -> Result<()> {
     let k = Kubelet::new(cfg).await?;
     assert_eq!(k.cri().runtime_package(), Package::V1alpha2);
     assert_eq!(k.cri().image_package(), Package::V1alpha2);
-    let calls: Vec<_> = k.journal().calls().into_iter().take(3).map(|r| (r.path, r.code)).collect();
+    let calls: Vec<_> = k
+        .journal()
+        .calls()
+        .into_iter()
+        .take(3)
+        .map(|r| (r.path, r.code))
+        .collect();
     assert_eq!(
         calls,
         [
-            ("/runtime.v1.RuntimeService/Version".to_string(), tonic::Code::Unimplemented),
-            ("/runtime.v1.ImageService/ImageFsInfo".to_string(), tonic::Code::Unimplemented),
-            ("/runtime.v1alpha2.RuntimeService/Version".to_string(), tonic::Code::Ok),
+            (
+                "/runtime.v1.RuntimeService/Version".to_string(),
+                tonic::Code::Unimplemented
+            ),
+            (
+                "/runtime.v1.ImageService/ImageFsInfo".to_string(),
+                tonic::Code::Unimplemented
+            ),
+            (
+                "/runtime.v1alpha2.RuntimeService/Version".to_string(),
+                tonic::Code::Ok
+            ),
         ]
     );
     // The PLEG and status loops keep using v1alpha2.
-    k.journal().wait_for(STEP, |r| r.path == "/runtime.v1alpha2.RuntimeService/ListContainers" && r.is_ok()).await?;
+    k.journal()
+        .wait_for(STEP, |r| {
+            r.path == "/runtime.v1alpha2.RuntimeService/ListContainers" && r.is_ok()
+        })
+        .await?;
     k.shutdown().await;
 
     // kubelet 1.26 treats Unimplemented on v1 as fatal.
     let mut cfg = KubeletConfig::fast(&sock, dir.path().join("pods"));
     cfg.version = KubeletVersion::V1_26;
-    let err = Kubelet::new(cfg).await.err().expect("v1-only kubelet must refuse a v1alpha2-only runtime");
-    assert!(format!("{err:#}").contains("validate CRI v1 runtime API"), "{err:#}");
+    let err = Kubelet::new(cfg)
+        .await
+        .err()
+        .expect("v1-only kubelet must refuse a v1alpha2-only runtime");
+    assert!(
+        format!("{err:#}").contains("validate CRI v1 runtime API"),
+        "{err:#}"
+    );
     server.abort();
     Ok(())
 }
@@ -96,7 +155,14 @@ async fn deadline_is_sent_as_grpc_timeout_and_enforced() -> Result<()> {
     let (_dir, sock, server) = alpha_only_runtime()?;
     let ch = connect_uds(&sock).await?;
     let journal = Journal::new();
-    let cri = CriClient::connect(ch.clone(), ch, ApiVersion::Negotiate, Duration::from_millis(400), journal.clone()).await?;
+    let cri = CriClient::connect(
+        ch.clone(),
+        ch,
+        ApiVersion::Negotiate,
+        Duration::from_millis(400),
+        journal.clone(),
+    )
+    .await?;
 
     // A call the runtime never answers fails with kubelet's DeadlineExceeded after r.timeout.
     let t0 = Instant::now();
@@ -104,7 +170,9 @@ async fn deadline_is_sent_as_grpc_timeout_and_enforced() -> Result<()> {
         .unary::<_, cri::StartContainerResponse>(
             Service::Runtime,
             "Hang",
-            cri::StartContainerRequest { container_id: "x".into() },
+            cri::StartContainerRequest {
+                container_id: "x".into(),
+            },
             Some(cri.request_timeout()),
             CallMeta::default(),
             |_, _| {},
@@ -114,13 +182,22 @@ async fn deadline_is_sent_as_grpc_timeout_and_enforced() -> Result<()> {
     let err = res.expect_err("must time out");
     assert_eq!(err.code(), tonic::Code::DeadlineExceeded);
     assert_eq!(err.message(), "context deadline exceeded");
-    assert!(took >= Duration::from_millis(400) && took < Duration::from_secs(3), "{took:?}");
+    assert!(
+        took >= Duration::from_millis(400) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
     let rec = journal.method("Hang").pop().expect("journaled");
     assert_eq!(rec.code, tonic::Code::DeadlineExceeded);
     // The runtime saw kubelet's deadline in grpc-timeout.
     let seen = HANG_TIMEOUTS.lock().map(|v| v.clone()).unwrap_or_default();
-    let ms: Vec<u64> = seen.iter().filter_map(|h| parse_grpc_timeout_ms(h)).collect();
-    assert!(ms.iter().any(|&m| (350..=400).contains(&m)), "grpc-timeout headers: {seen:?}");
+    let ms: Vec<u64> = seen
+        .iter()
+        .filter_map(|h| parse_grpc_timeout_ms(h))
+        .collect();
+    assert!(
+        ms.iter().any(|&m| (350..=400).contains(&m)),
+        "grpc-timeout headers: {seen:?}"
+    );
     server.abort();
     Ok(())
 }
@@ -184,25 +261,53 @@ where
         let resp = resp.clone();
         async move { Ok::<_, tonic::Status>(tonic::Response::new(resp)) }
     });
-    tonic::server::Grpc::new(ProstCodec::<Resp, Req>::default()).unary(svc, req).await
+    tonic::server::Grpc::new(ProstCodec::<Resp, Req>::default())
+        .unary(svc, req)
+        .await
 }
 
 async fn handle(req: http::Request<Body>) -> http::Response<Body> {
-    let ready = |t: &str| cri::RuntimeCondition { r#type: t.into(), status: true, ..Default::default() };
+    let ready = |t: &str| cri::RuntimeCondition {
+        r#type: t.into(),
+        status: true,
+        ..Default::default()
+    };
     match req.uri().path().rsplit('/').next().unwrap_or_default() {
         "Version" => {
-            let v = cri::VersionResponse { version: "0.1.0".into(), runtime_name: "alpha-only".into(), runtime_version: "0".into(), runtime_api_version: "v1alpha2".into() };
+            let v = cri::VersionResponse {
+                version: "0.1.0".into(),
+                runtime_name: "alpha-only".into(),
+                runtime_version: "0".into(),
+                runtime_api_version: "v1alpha2".into(),
+            };
             unary::<cri::VersionRequest, _>(req, v).await
         }
         "Status" => {
-            let s = cri::StatusResponse { status: Some(cri::RuntimeStatus { conditions: vec![ready("RuntimeReady"), ready("NetworkReady")] }), ..Default::default() };
+            let s = cri::StatusResponse {
+                status: Some(cri::RuntimeStatus {
+                    conditions: vec![ready("RuntimeReady"), ready("NetworkReady")],
+                }),
+                ..Default::default()
+            };
             unary::<cri::StatusRequest, _>(req, s).await
         }
-        "ListPodSandbox" => unary::<cri::ListPodSandboxRequest, _>(req, cri::ListPodSandboxResponse::default()).await,
-        "ListContainers" => unary::<cri::ListContainersRequest, _>(req, cri::ListContainersResponse::default()).await,
-        "ImageFsInfo" => unary::<cri::ImageFsInfoRequest, _>(req, cri::ImageFsInfoResponse::default()).await,
+        "ListPodSandbox" => {
+            unary::<cri::ListPodSandboxRequest, _>(req, cri::ListPodSandboxResponse::default())
+                .await
+        }
+        "ListContainers" => {
+            unary::<cri::ListContainersRequest, _>(req, cri::ListContainersResponse::default())
+                .await
+        }
+        "ImageFsInfo" => {
+            unary::<cri::ImageFsInfoRequest, _>(req, cri::ImageFsInfoResponse::default()).await
+        }
         "Hang" => {
-            let t = req.headers().get("grpc-timeout").and_then(|v| v.to_str().ok()).unwrap_or_default();
+            let t = req
+                .headers()
+                .get("grpc-timeout")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
             if let Ok(mut v) = HANG_TIMEOUTS.lock() {
                 v.push(t.to_string());
             }
@@ -230,7 +335,11 @@ fn serve_v1alpha2_only(sock: &Path) -> Result<tokio::task::JoinHandle<()>> {
     });
     let path: PathBuf = sock.to_path_buf();
     Ok(tokio::spawn(async move {
-        let res = tonic::transport::Server::builder().add_service(AlphaRuntime).add_service(AlphaImage).serve_with_incoming(incoming).await;
+        let res = tonic::transport::Server::builder()
+            .add_service(AlphaRuntime)
+            .add_service(AlphaImage)
+            .serve_with_incoming(incoming)
+            .await;
         if let Err(e) = res {
             eprintln!("fake runtime on {} failed: {e}", path.display());
         }

@@ -20,11 +20,16 @@ async fn network_not_ready_requeues_fast_and_sends_nothing() -> Result<()> {
     pod.host_network = false;
     let uid = k.add_pod(pod)?;
     // With a 30 s error back-off only the fast network back-off can give several attempts.
-    let view = k.wait_for(&uid, Duration::from_secs(10), |v| v.syncs >= 4).await?;
+    let view = k
+        .wait_for(&uid, Duration::from_secs(10), |v| v.syncs >= 4)
+        .await?;
     let err = view.last_error.clone().unwrap_or_default();
     assert!(err.starts_with(NETWORK_NOT_READY), "{err}");
     assert!(err.contains("NetworkReady=false"), "{err}");
-    assert!(k.journal().method("RunPodSandbox").is_empty(), "kubelet does not even try the sandbox");
+    assert!(
+        k.journal().method("RunPodSandbox").is_empty(),
+        "kubelet does not even try the sandbox"
+    );
     Ok(())
 }
 
@@ -41,16 +46,28 @@ async fn sync_error_is_retried_after_the_error_backoff() -> Result<()> {
     pod.containers[0].image = "crisp.test/absent:latest".into();
     pod.containers[0].image_pull_policy = PullPolicy::Never;
     let uid = k.add_pod(pod)?;
-    let view = k.wait_for(&uid, STEP, |v| v.container("app").and_then(|c| c.state.reason()) == Some("ErrImageNeverPull")).await?;
-    assert!(view.last_error.as_deref().unwrap_or_default().contains("ErrImageNeverPull"));
+    let view = k
+        .wait_for(&uid, STEP, |v| {
+            v.container("app").and_then(|c| c.state.reason()) == Some("ErrImageNeverPull")
+        })
+        .await?;
+    assert!(view
+        .last_error
+        .as_deref()
+        .unwrap_or_default()
+        .contains("ErrImageNeverPull"));
     // Attempts: the first sync, one right after the sandbox's PLEG event, then one per back-off.
     let j = k.journal();
-    j.wait_for(STEP, |_| j.container_calls("ImageStatus", "app").len() >= 4).await?;
+    j.wait_for(STEP, |_| j.container_calls("ImageStatus", "app").len() >= 4)
+        .await?;
     let calls = j.container_calls("ImageStatus", "app");
     for w in calls[1..].windows(2) {
         let gap = w[1].sent.duration_since(w[0].sent);
         assert!(gap >= backoff, "retry after {gap:?} < back-off {backoff:?}");
-        assert!(gap < backoff * 3, "retry after {gap:?}, expected ≈ back-off (+50% jitter, +tick, +relist)");
+        assert!(
+            gap < backoff * 3,
+            "retry after {gap:?}, expected ≈ back-off (+50% jitter, +tick, +relist)"
+        );
     }
     assert!(j.method("CreateContainer").is_empty());
     Ok(())

@@ -13,10 +13,19 @@ async fn crash_under_always_is_recreated_with_attempt_1() -> Result<()> {
     let env = Env::start(|c| c.container_deletor = false).await?;
     let k = &env.kubelet;
     let t0 = Instant::now();
-    let mut pod = PodSpec::new("crash", vec![ContainerSpec::sh("crasher", "sleep 0.2; exit 3")]);
+    let mut pod = PodSpec::new(
+        "crash",
+        vec![ContainerSpec::sh("crasher", "sleep 0.2; exit 3")],
+    );
     pod.host_network = true;
     let uid = k.add_pod(pod)?;
-    let view = env.dump_if_failed(&uid, k.wait_for(&uid, STEP, |v| v.container("crasher").is_some_and(|c| c.restart_count >= 1)).await)?;
+    let view = env.dump_if_failed(
+        &uid,
+        k.wait_for(&uid, STEP, |v| {
+            v.container("crasher").is_some_and(|c| c.restart_count >= 1)
+        })
+        .await,
+    )?;
     eprintln!("restarted after {:?}", t0.elapsed());
 
     let j = k.journal();
@@ -31,15 +40,30 @@ async fn crash_under_always_is_recreated_with_attempt_1() -> Result<()> {
 
     // containerd's view: the old instance exited 3, the new one carries attempt 1 and the annotation.
     let statuses = env.containerd_statuses(&uid).await?;
-    let old = statuses.iter().find(|s| Some(&s.id) == creates[0].meta.container_id.as_ref()).expect("old instance");
+    let old = statuses
+        .iter()
+        .find(|s| Some(&s.id) == creates[0].meta.container_id.as_ref())
+        .expect("old instance");
     assert_eq!(CriState::from_cri(old.state), CriState::Exited);
     assert_eq!(old.exit_code, 3);
-    let new = statuses.iter().find(|s| Some(&s.id) == creates[1].meta.container_id.as_ref()).expect("new instance");
+    let new = statuses
+        .iter()
+        .find(|s| Some(&s.id) == creates[1].meta.container_id.as_ref())
+        .expect("new instance");
     assert_eq!(new.metadata.as_ref().map(|m| m.attempt), Some(1));
-    assert_eq!(new.annotations.get("io.kubernetes.container.restartCount").map(String::as_str), Some("1"));
+    assert_eq!(
+        new.annotations
+            .get("io.kubernetes.container.restartCount")
+            .map(String::as_str),
+        Some("1")
+    );
     assert_eq!(new.log_path.rsplit('/').next(), Some("1.log"));
     let c = view.container("crasher").expect("status");
-    assert!(c.last_state.as_ref().and_then(|s| s.exit_code()) == Some(3) || c.state.exit_code() == Some(3), "{c:?}");
+    assert!(
+        c.last_state.as_ref().and_then(|s| s.exit_code()) == Some(3)
+            || c.state.exit_code() == Some(3),
+        "{c:?}"
+    );
     assert_eq!(view.phase(), PodPhase::Running);
 
     k.delete_and_wait(&uid, Some(2), STEP).await?;
@@ -51,7 +75,13 @@ async fn never_pod_exiting_zero_succeeds_and_is_torn_down() -> Result<()> {
     let env = Env::start(|_| {}).await?;
     let k = &env.kubelet;
     let t0 = Instant::now();
-    let mut pod = PodSpec::new("job", vec![ContainerSpec::sh("a", "sleep 0.2"), ContainerSpec::sh("b", "sleep 0.5")]);
+    let mut pod = PodSpec::new(
+        "job",
+        vec![
+            ContainerSpec::sh("a", "sleep 0.2"),
+            ContainerSpec::sh("b", "sleep 0.5"),
+        ],
+    );
     pod.host_network = true;
     pod.restart_policy = RestartPolicy::Never;
     let uid = k.add_pod(pod)?;

@@ -19,10 +19,20 @@ fn pod(yaml: &str) -> PodSpec {
 }
 
 /// A sidecar that never ends by itself and exits 143 on SIGTERM (like most proxies).
-const SIDECAR: &str = "  - name: proxy\n    command: [sh, -c, \"trap 'exit 143' TERM; sleep 3600 & wait\"]\n";
+const SIDECAR: &str =
+    "  - name: proxy\n    command: [sh, -c, \"trap 'exit 143' TERM; sleep 3600 & wait\"]\n";
 
 async fn via_crisp_status(st: &Stack, id: &str) -> Result<cri::ContainerStatus> {
-    st.via_crisp().await?.container_status(cri::ContainerStatusRequest { container_id: id.to_string(), verbose: false }).await?.into_inner().status.context("empty status")
+    st.via_crisp()
+        .await?
+        .container_status(cri::ContainerStatusRequest {
+            container_id: id.to_string(),
+            verbose: false,
+        })
+        .await?
+        .into_inner()
+        .status
+        .context("empty status")
 }
 
 /// Starts a stack with job mode on ([`CRISP`]), adds the pod written in `yaml` and waits until it
@@ -48,13 +58,21 @@ fn job_yaml(name: &str, restart: &str, label: &str, app: &str) -> String {
 /// containerd says 143 — and a restarted crisp still says 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn never_job_succeeds_and_sidecar_reports_completed() -> Result<()> {
-    let (mut st, uid) = run_to_phase(&job_yaml("job-ok", "Never", "job-name", "sleep 2; exit 0"), PodPhase::Succeeded).await?;
+    let (mut st, uid) = run_to_phase(
+        &job_yaml("job-ok", "Never", "job-name", "sleep 2; exit 0"),
+        PodPhase::Succeeded,
+    )
+    .await?;
     let app = st.status(&uid, "app").await?;
     let proxy = st.status(&uid, "proxy").await?;
     assert_eq!(app.exit_code, 0);
     let lag = proxy.finished_at - app.finished_at;
     eprintln!("sidecar finished {:.3} s after the app", secs(lag));
-    assert!((0..S).contains(&lag), "sidecar finished {:.3} s after the app (want < 1 s)", secs(lag));
+    assert!(
+        (0..S).contains(&lag),
+        "sidecar finished {:.3} s after the app (want < 1 s)",
+        secs(lag)
+    );
     assert_eq!(proxy.exit_code, 143, "containerd keeps the real exit code");
     let seen = via_crisp_status(&st, &proxy.id).await?;
     assert_eq!((seen.exit_code, seen.reason.as_str()), (0, "Completed"));
@@ -77,13 +95,31 @@ async fn never_job_succeeds_and_sidecar_reports_completed() -> Result<()> {
 /// pod fails because of the app, not the sidecar.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn never_job_fails_because_of_the_app() -> Result<()> {
-    let (st, uid) = run_to_phase(&job_yaml("job-bad", "Never", "batch.kubernetes.io/job-name", "sleep 1; exit 1"), PodPhase::Failed).await?;
+    let (st, uid) = run_to_phase(
+        &job_yaml(
+            "job-bad",
+            "Never",
+            "batch.kubernetes.io/job-name",
+            "sleep 1; exit 1",
+        ),
+        PodPhase::Failed,
+    )
+    .await?;
     let proxy = st.status(&uid, "proxy").await?;
     assert_eq!(proxy.state, cri::ContainerState::ContainerExited as i32);
     assert_eq!(via_crisp_status(&st, &proxy.id).await?.exit_code, 0);
     let app = st.kubelet.pod(&uid).context("pod")?;
-    let app = app.status.container_statuses.iter().find(|c| c.name == "app").context("app status")?.clone();
-    assert!(format!("{:?}", app.state).contains("exit_code: 1"), "{app:?}");
+    let app = app
+        .status
+        .container_statuses
+        .iter()
+        .find(|c| c.name == "app")
+        .context("app status")?
+        .clone();
+    assert!(
+        format!("{:?}", app.state).contains("exit_code: 1"),
+        "{app:?}"
+    );
     Ok(())
 }
 
@@ -92,14 +128,26 @@ async fn never_job_fails_because_of_the_app() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_failure_job_keeps_sidecar_through_the_restart() -> Result<()> {
     // /dev/shm is the sandbox's (IPC namespace POD), so it survives the app's re-creation.
-    let yaml = job_yaml("job-retry", "OnFailure", "job-name", "if [ -f /dev/shm/once ]; then sleep 1; exit 0; fi; touch /dev/shm/once; sleep 1; exit 1");
+    let yaml = job_yaml(
+        "job-retry",
+        "OnFailure",
+        "job-name",
+        "if [ -f /dev/shm/once ]; then sleep 1; exit 0; fi; touch /dev/shm/once; sleep 1; exit 1",
+    );
     let (st, uid) = run_to_phase(&yaml, PodPhase::Succeeded).await?;
     let apps = st.instances(&uid, "app").await?;
-    assert_eq!(apps.iter().map(|a| a.exit_code).collect::<Vec<_>>(), vec![1, 0], "one failure, then success");
+    assert_eq!(
+        apps.iter().map(|a| a.exit_code).collect::<Vec<_>>(),
+        vec![1, 0],
+        "one failure, then success"
+    );
     let proxies = st.instances(&uid, "proxy").await?;
     assert_eq!(proxies.len(), 1, "the sidecar was never restarted");
     let proxy = &proxies[0];
-    assert!(proxy.finished_at > apps[1].finished_at, "sidecar stopped before the retry succeeded");
+    assert!(
+        proxy.finished_at > apps[1].finished_at,
+        "sidecar stopped before the retry succeeded"
+    );
     assert!(proxy.finished_at - apps[1].finished_at < S);
     assert_eq!(via_crisp_status(&st, &proxy.id).await?.reason, "Completed");
     Ok(())
@@ -111,9 +159,19 @@ async fn on_failure_job_keeps_sidecar_through_the_restart() -> Result<()> {
 async fn job_sidecars_stop_in_reverse_after_their_prestop() -> Result<()> {
     let yaml = "name: job-two\nhostNetwork: true\nrestartPolicy: Never\nterminationGracePeriodSeconds: 10\nlabels:\n  job-name: job-two\nannotations:\n  crisp.dev/sidecars: s1, s2\ncontainers:\n  - name: s1\n    command: [sh, -c, \"trap 'test -f /dev/shm/prestop-s1 && exit 0; exit 42' TERM; sleep 3600 & wait\"]\n    lifecycle:\n      preStop: {exec: {command: [sh, -c, \"touch /dev/shm/prestop-s1\"]}}\n  - name: s2\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 3600 & wait\"]\n  - name: app\n    command: [sh, -c, \"sleep 1; exit 0\"]\n";
     let (st, uid) = run_to_phase(yaml, PodPhase::Succeeded).await?;
-    let (s1, s2, app) = (st.status(&uid, "s1").await?, st.status(&uid, "s2").await?, st.status(&uid, "app").await?);
-    assert!(app.finished_at < s2.finished_at && s2.finished_at < s1.finished_at, "stop order app, s2, s1");
-    assert_eq!(s1.exit_code, 0, "s1's preStop hook ran before its SIGTERM (containerd's own exit code)");
+    let (s1, s2, app) = (
+        st.status(&uid, "s1").await?,
+        st.status(&uid, "s2").await?,
+        st.status(&uid, "app").await?,
+    );
+    assert!(
+        app.finished_at < s2.finished_at && s2.finished_at < s1.finished_at,
+        "stop order app, s2, s1"
+    );
+    assert_eq!(
+        s1.exit_code, 0,
+        "s1's preStop hook ran before its SIGTERM (containerd's own exit code)"
+    );
     Ok(())
 }
 
@@ -129,7 +187,11 @@ async fn non_job_pod_is_left_alone() -> Result<()> {
     // Job mode would have acted within poll_interval (100 ms) of an exit-0: give it 30× that.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let proxy = st.status(&uid, "proxy").await?;
-    assert_eq!(proxy.state, cri::ContainerState::ContainerRunning as i32, "the sidecar of a non-Job pod was stopped");
+    assert_eq!(
+        proxy.state,
+        cri::ContainerState::ContainerRunning as i32,
+        "the sidecar of a non-Job pod was stopped"
+    );
     assert!(!st.crisp.log_text().contains("stopping its sidecars"));
     assert_eq!(st.kubelet.pod_phase(&uid), Some(PodPhase::Running));
     st.kubelet.delete_pod(&uid, Some(2))?;

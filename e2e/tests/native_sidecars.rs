@@ -20,8 +20,8 @@ use anyhow::{ensure, Context, Result};
 use crisp_e2e::crisp::{Crisp, CrispOpts};
 use crisp_e2e::grpcgo::{GoBridge, GoBridgeOpts};
 use crisp_e2e::harness::{
-    container_status, cri_clients, host_network_sandbox, image_ref, require_root, shell_container, wait_container, wait_log_line, Containerd, ContainerdOpts, BUSYBOX_IMAGE,
-    TRAPPED_LOOP,
+    container_status, cri_clients, host_network_sandbox, image_ref, require_root, shell_container,
+    wait_container, wait_log_line, Containerd, ContainerdOpts, BUSYBOX_IMAGE, TRAPPED_LOOP,
 };
 use k8s_cri::v1 as cri;
 
@@ -41,7 +41,12 @@ struct Shape {
 
 fn sandbox_config(shape: &Shape, log_dir: &Path) -> cri::PodSandboxConfig {
     let mut sb = host_network_sandbox(shape.name, "native", log_dir);
-    sb.annotations.extend(shape.annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    sb.annotations.extend(
+        shape
+            .annotations
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string())),
+    );
     sb
 }
 
@@ -58,19 +63,35 @@ impl Timed<'_> {
         }
     }
 
-    async fn create_start(&mut self, pod: &str, sb: &cri::PodSandboxConfig, image: &str, name: &str, cmd: &str) -> Result<String> {
+    async fn create_start(
+        &mut self,
+        pod: &str,
+        sb: &cri::PodSandboxConfig,
+        image: &str,
+        name: &str,
+        cmd: &str,
+    ) -> Result<String> {
         let config = shell_container(name, image, cmd);
         let t = Instant::now();
         let id = self
             .rt
-            .create_container(cri::CreateContainerRequest { pod_sandbox_id: pod.into(), config: Some(config), sandbox_config: Some(sb.clone()) })
+            .create_container(cri::CreateContainerRequest {
+                pod_sandbox_id: pod.into(),
+                config: Some(config),
+                sandbox_config: Some(sb.clone()),
+            })
             .await
             .with_context(|| format!("CreateContainer {name}"))?
             .into_inner()
             .container_id;
         self.note(format!("CreateContainer {name}"), t);
         let t = Instant::now();
-        self.rt.start_container(cri::StartContainerRequest { container_id: id.clone() }).await.with_context(|| format!("StartContainer {name}"))?;
+        self.rt
+            .start_container(cri::StartContainerRequest {
+                container_id: id.clone(),
+            })
+            .await
+            .with_context(|| format!("StartContainer {name}"))?;
         self.note(format!("StartContainer {name}"), t);
         Ok(id)
     }
@@ -81,7 +102,13 @@ impl Timed<'_> {
 
     async fn stop(&mut self, name: &str, id: &str) -> Result<()> {
         let t = Instant::now();
-        self.rt.stop_container(cri::StopContainerRequest { container_id: id.into(), timeout: 10 }).await.with_context(|| format!("StopContainer {name}"))?;
+        self.rt
+            .stop_container(cri::StopContainerRequest {
+                container_id: id.into(),
+                timeout: 10,
+            })
+            .await
+            .with_context(|| format!("StopContainer {name}"))?;
         self.note(format!("StopContainer {name}"), t);
         Ok(())
     }
@@ -94,15 +121,29 @@ async fn native_pod(shape: Shape) -> Result<()> {
     let ctrd = Containerd::start_async(ContainerdOpts { cni: false }).await?;
     let crisp = Crisp::start(ctrd.socket(), CrispOpts::default())?;
     let dir = tempfile::Builder::new().prefix("crisp-native-").tempdir()?;
-    let bridge = GoBridge::start(&dir.path().join("kubelet.sock"), crisp.socket(), GoBridgeOpts::default())?;
+    let bridge = GoBridge::start(
+        &dir.path().join("kubelet.sock"),
+        crisp.socket(),
+        GoBridgeOpts::default(),
+    )?;
     let r = replay(&ctrd, bridge.socket(), &shape).await;
     let log = crisp.log_text();
     if r.is_err() {
         eprintln!("--- crisp log ---\n{log}");
     }
     r?;
-    let touched: Vec<&str> = log.lines().filter(|l| l.contains("holding") || l.contains("refusing") || l.contains("stopping sidecar")).collect();
-    ensure!(touched.is_empty(), "crisp acted on a native-sidecar pod ({}):\n{}", shape.name, touched.join("\n"));
+    let touched: Vec<&str> = log
+        .lines()
+        .filter(|l| {
+            l.contains("holding") || l.contains("refusing") || l.contains("stopping sidecar")
+        })
+        .collect();
+    ensure!(
+        touched.is_empty(),
+        "crisp acted on a native-sidecar pod ({}):\n{}",
+        shape.name,
+        touched.join("\n")
+    );
     Ok(())
 }
 
@@ -112,26 +153,54 @@ async fn replay(ctrd: &Containerd, via: &Path, shape: &Shape) -> Result<()> {
     let log_dir = ctrd.dir().join("pods").join(shape.name);
     std::fs::create_dir_all(&log_dir)?;
     let sb = sandbox_config(shape, &log_dir);
-    let pod = rt.run_pod_sandbox(cri::RunPodSandboxRequest { config: Some(sb.clone()), runtime_handler: String::new() }).await?.into_inner().pod_sandbox_id;
-    let mut t = Timed { rt: &mut rt, slowest: (Duration::ZERO, String::new()) };
+    let pod = rt
+        .run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(sb.clone()),
+            runtime_handler: String::new(),
+        })
+        .await?
+        .into_inner()
+        .pod_sandbox_id;
+    let mut t = Timed {
+        rt: &mut rt,
+        slowest: (Duration::ZERO, String::new()),
+    };
 
     // Init containers one at a time; a restartable one is done once it runs (kubelet 1.29).
     let mut sidecars = Vec::new();
     for (name, restartable, cmd) in shape.init {
         let id = t.create_start(&pod, &sb, &image, name, cmd).await?;
         if *restartable {
-            wait_container(t.rt, &id, "running", Duration::from_secs(20), |s| s.state == cri::ContainerState::ContainerRunning as i32).await?;
-            wait_log_line(&log_dir.join(format!("{name}.log")), "trap-set", Duration::from_secs(20)).await?;
+            wait_container(t.rt, &id, "running", Duration::from_secs(20), |s| {
+                s.state == cri::ContainerState::ContainerRunning as i32
+            })
+            .await?;
+            wait_log_line(
+                &log_dir.join(format!("{name}.log")),
+                "trap-set",
+                Duration::from_secs(20),
+            )
+            .await?;
             sidecars.push((*name, id));
         } else {
-            let st = wait_container(t.rt, &id, "exited", Duration::from_secs(20), |s| s.state == cri::ContainerState::ContainerExited as i32).await?;
+            let st = wait_container(t.rt, &id, "exited", Duration::from_secs(20), |s| {
+                s.state == cri::ContainerState::ContainerExited as i32
+            })
+            .await?;
             ensure!(st.exit_code == 0, "init container {name} failed: {st:?}");
         }
     }
     let mut apps = Vec::new();
     for name in shape.containers {
-        let id = t.create_start(&pod, &sb, &image, name, TRAPPED_LOOP).await?;
-        wait_log_line(&log_dir.join(format!("{name}.log")), "trap-set", Duration::from_secs(20)).await?;
+        let id = t
+            .create_start(&pod, &sb, &image, name, TRAPPED_LOOP)
+            .await?;
+        wait_log_line(
+            &log_dir.join(format!("{name}.log")),
+            "trap-set",
+            Duration::from_secs(20),
+        )
+        .await?;
         apps.push((*name, id));
     }
 
@@ -143,27 +212,42 @@ async fn replay(ctrd: &Containerd, via: &Path, shape: &Shape) -> Result<()> {
         t.stop(name, id).await?;
     }
     let t0 = Instant::now();
-    t.rt.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: pod.clone() }).await?;
+    t.rt.stop_pod_sandbox(cri::StopPodSandboxRequest {
+        pod_sandbox_id: pod.clone(),
+    })
+    .await?;
     t.note("StopPodSandbox".into(), t0);
 
     // The runtime's own timestamps: every sidecar started before and finished after every app.
     let mut app_times = Vec::new();
     for (name, id) in &apps {
         let st = t.status(id).await?;
-        ensure!(st.exit_code == 0, "{name} did not exit on its TERM trap: {st:?}");
+        ensure!(
+            st.exit_code == 0,
+            "{name} did not exit on its TERM trap: {st:?}"
+        );
         app_times.push((st.started_at, st.finished_at));
     }
     for (name, id) in &sidecars {
         let st = t.status(id).await?;
         ensure!(st.exit_code == 0, "sidecar {name}: {st:?}");
         for (started, finished) in &app_times {
-            ensure!(st.started_at < *started && st.finished_at > *finished, "sidecar {name} does not wrap the apps: {st:?}");
+            ensure!(
+                st.started_at < *started && st.finished_at > *finished,
+                "sidecar {name} does not wrap the apps: {st:?}"
+            );
         }
     }
     let (slowest, what) = t.slowest.clone();
-    eprintln!("{}: slowest call through crisp: {what} in {slowest:?}", shape.name);
+    eprintln!(
+        "{}: slowest call through crisp: {what} in {slowest:?}",
+        shape.name
+    );
     ensure!(slowest < UNHELD, "{what} took {slowest:?}: crisp held it");
-    rt.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: pod }).await?;
+    rt.remove_pod_sandbox(cri::RemovePodSandboxRequest {
+        pod_sandbox_id: pod,
+    })
+    .await?;
     Ok(())
 }
 

@@ -39,9 +39,19 @@ fn free_port() -> Result<u16> {
 /// `crisp pods --json` (the real binary).
 fn crisp_pods(st: &Stack, pod: &str) -> Result<Value> {
     let admin = st.crisp.dir().join("admin.sock");
-    let out = Command::new(crisp_binary()?).arg("pods").arg("--json").arg("--admin-socket").arg(&admin).arg(pod).output()?;
+    let out = Command::new(crisp_binary()?)
+        .arg("pods")
+        .arg("--json")
+        .arg("--admin-socket")
+        .arg(&admin)
+        .arg(pod)
+        .output()?;
     if !out.status.success() {
-        bail!("crisp pods failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "crisp pods failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     Ok(serde_json::from_slice(&out.stdout)?)
 }
@@ -64,7 +74,10 @@ async fn a_held_pod_is_visible_in_tap_and_pods_while_it_is_held() -> Result<()> 
     // (a) The tap shows the hold while it lasts, with what it waits for and why.
     let refused = format!("127.0.0.1:{port}");
     let hold = tap.wait_for(Duration::from_secs(30), "hold event for the app", |v| {
-        v["hold"].is_string() && v["container_name"] == "app" && v["method"] == "CreateContainer" && (v["hold"] == "start" || v["hold"] == "update")
+        v["hold"].is_string()
+            && v["container_name"] == "app"
+            && v["method"] == "CreateContainer"
+            && (v["hold"] == "start" || v["hold"] == "update")
     });
     let hold = match hold {
         Ok(h) => h,
@@ -79,7 +92,10 @@ async fn a_held_pod_is_visible_in_tap_and_pods_while_it_is_held() -> Result<()> 
     assert_eq!(hold["waiting_on"], "proxy");
     assert_eq!(hold["reason"], "not ready");
     assert_eq!(hold["probe"], format!("tcp://:{port}"));
-    assert!(contains(&hold, "probe_result", &refused) && contains(&hold, "probe_result", "refused"), "the probe's last error: {hold}");
+    assert!(
+        contains(&hold, "probe_result", &refused) && contains(&hold, "probe_result", "refused"),
+        "the probe's last error: {hold}"
+    );
     assert_eq!(hold["policy"], "proceed");
 
     // (b) `crisp pods` shows it held now: the probe error, and the time left before the timeout.
@@ -89,7 +105,10 @@ async fn a_held_pod_is_visible_in_tap_and_pods_while_it_is_held() -> Result<()> 
     assert_eq!(p["name"], "held");
     assert_eq!(p["start_timeout_ms"], 60_000);
     let side = &p["sidecars"][0];
-    assert_eq!((side["name"].as_str(), side["state"].as_str()), (Some("proxy"), Some("running")));
+    assert_eq!(
+        (side["name"].as_str(), side["state"].as_str()),
+        (Some("proxy"), Some("running"))
+    );
     assert!(contains(side, "last_probe_result", "refused"), "{side}");
     assert!(side["last_probe_time"].is_string(), "{side}");
     let held = &p["held"][0];
@@ -97,14 +116,24 @@ async fn a_held_pod_is_visible_in_tap_and_pods_while_it_is_held() -> Result<()> 
     assert_eq!(held["waiting_on"], "proxy");
     assert!(contains(held, "probe_result", &refused), "{held}");
     let left = held["time_left_ms"].as_u64().context("time_left_ms")?;
-    assert!(left > 0 && left < 60_000, "time left {left} ms, expected within the 60 s start timeout");
+    assert!(
+        left > 0 && left < 60_000,
+        "time left {left} ms, expected within the 60 s start timeout"
+    );
 
     // The sidecar turns ready: the hold ends, forwarded, and the app runs.
     let _listener = TcpListener::bind(("127.0.0.1", port))?;
-    let end = tap.wait_for(Duration::from_secs(30), "end of the hold", |v| v["hold"] == "end" && v["container_name"] == "app")?;
+    let end = tap.wait_for(Duration::from_secs(30), "end of the hold", |v| {
+        v["hold"] == "end" && v["container_name"] == "app"
+    })?;
     assert_eq!(end["outcome"], "forwarded", "{end}");
     st.wait_all_running(&uid, STEP).await?;
-    assert!(crisp_pods(&st, "default/held")?["pods"][0]["held"].as_array().is_some_and(|h| h.is_empty()), "nothing held any more");
+    assert!(
+        crisp_pods(&st, "default/held")?["pods"][0]["held"]
+            .as_array()
+            .is_some_and(|h| h.is_empty()),
+        "nothing held any more"
+    );
     Ok(())
 }
 
@@ -113,10 +142,17 @@ async fn a_held_pod_is_visible_in_tap_and_pods_while_it_is_held() -> Result<()> 
 fn crisp_pods_without_an_admin_socket_says_where_and_what_to_do() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("admin.sock");
-    let out = Command::new(crisp_binary()?).arg("pods").arg("--admin-socket").arg(&path).output()?;
+    let out = Command::new(crisp_binary()?)
+        .arg("pods")
+        .arg("--admin-socket")
+        .arg(&path)
+        .output()?;
     assert_eq!(out.status.code(), Some(69), "EX_UNAVAILABLE");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains(&path.display().to_string()) && err.contains("is crisp running"), "{err}");
+    assert!(
+        err.contains(&path.display().to_string()) && err.contains("is crisp running"),
+        "{err}"
+    );
     Ok(())
 }
 
@@ -130,7 +166,12 @@ async fn a_long_hold_shows_its_reason_where_kubectl_looks() -> Result<()> {
     let uid = st.kubelet.add_pod(pod(&tcp_pod("why", port, "60s")))?;
     let deadline = Instant::now() + Duration::from_secs(30);
     let message = loop {
-        let app = st.kubelet.container_statuses(&uid).unwrap_or_default().into_iter().find(|c| c.name == "app");
+        let app = st
+            .kubelet
+            .container_statuses(&uid)
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| c.name == "app");
         if let Some(ContainerState::Waiting { reason, message }) = app.map(|a| a.state) {
             if reason == "CreateContainerError" {
                 break message;
@@ -143,21 +184,43 @@ async fn a_long_hold_shows_its_reason_where_kubectl_looks() -> Result<()> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     eprintln!("kubectl would show: CreateContainerError: {message}");
-    assert!(message.contains(&format!("crisp: waiting for sidecar proxy of default/why: not ready: connect 127.0.0.1:{port}")), "{message}");
+    assert!(
+        message.contains(&format!(
+            "crisp: waiting for sidecar proxy of default/why: not ready: connect 127.0.0.1:{port}"
+        )),
+        "{message}"
+    );
     assert!(message.contains("held 2 s of 60 s"), "{message}");
 
     let _listener = TcpListener::bind(("127.0.0.1", port))?;
     st.wait_all_running(&uid, STEP).await?;
-    let creates = st.kubelet.journal().container_calls("CreateContainer", "app");
+    let creates = st
+        .kubelet
+        .journal()
+        .container_calls("CreateContainer", "app");
     assert!(creates.len() >= 2, "{creates:?}");
     // kubelet came back fast: "network is not ready" in the message (KUBELET-CRI §1.3).
     for w in creates.windows(2) {
         let gap = w[1].sent.duration_since(w[0].done.context("done")?);
-        assert!(gap < Duration::from_millis(2500), "kubelet retried {gap:?} after a refusal");
+        assert!(
+            gap < Duration::from_millis(2500),
+            "kubelet retried {gap:?} after a refusal"
+        );
     }
-    assert_eq!(st.instances(&uid, "app").await?.len(), 1, "no orphaned app container");
+    assert_eq!(
+        st.instances(&uid, "app").await?.len(),
+        1,
+        "no orphaned app container"
+    );
     let view = st.kubelet.pod(&uid).context("pod")?;
-    assert_eq!(view.status.container_statuses.iter().find(|c| c.name == "app").map(|c| c.restart_count), Some(0));
+    assert_eq!(
+        view.status
+            .container_statuses
+            .iter()
+            .find(|c| c.name == "app")
+            .map(|c| c.restart_count),
+        Some(0)
+    );
     Ok(())
 }
 
@@ -171,8 +234,16 @@ async fn measure_refusal_cost() -> Result<()> {
     // Sidecar ready this long (ms) after it starts: across the first refusal (~2 s after the
     // hold began) and kubelet's 1–1.5 s retry pause after it.
     const READY_MS: [i64; 10] = [1500, 2300, 3100, 4100, 4400, 4700, 5000, 5300, 5600, 6500];
-    for (label, cfg) in [("hold only (refuse_held_after = 0s)", "0s"), ("refusal after 2 s (refuse_held_after = 2s)", "2s")] {
-        let st = Stack::start(false, &format!("[ordering]\nrefuse_held_after = \"{cfg}\"\n"), |_| {}).await?;
+    for (label, cfg) in [
+        ("hold only (refuse_held_after = 0s)", "0s"),
+        ("refusal after 2 s (refuse_held_after = 2s)", "2s"),
+    ] {
+        let st = Stack::start(
+            false,
+            &format!("[ordering]\nrefuse_held_after = \"{cfg}\"\n"),
+            |_| {},
+        )
+        .await?;
         let mut delays = Vec::new();
         for (i, ready_ms) in READY_MS.iter().enumerate() {
             let sleep = format!("{}.{:03}", ready_ms / 1000, ready_ms % 1000);
@@ -181,10 +252,19 @@ async fn measure_refusal_cost() -> Result<()> {
             );
             let uid = st.kubelet.add_pod(pod(&yaml))?;
             st.wait_all_running(&uid, STEP).await?;
-            let (proxy, app) = (st.status(&uid, "proxy").await?, st.status(&uid, "app").await?);
+            let (proxy, app) = (
+                st.status(&uid, "proxy").await?,
+                st.status(&uid, "app").await?,
+            );
             let ready = proxy.started_at + ready_ms * (S / 1000);
             let delay = app.created_at - ready;
-            let creates: Vec<_> = st.kubelet.journal().pod_calls(&uid).into_iter().filter(|r| r.is("CreateContainer", "app")).collect();
+            let creates: Vec<_> = st
+                .kubelet
+                .journal()
+                .pod_calls(&uid)
+                .into_iter()
+                .filter(|r| r.is("CreateContainer", "app"))
+                .collect();
             eprintln!("{label}: sidecar ready after {sleep} s: app created {:.3} s after ({} CreateContainer calls)", secs(delay), creates.len());
             delays.push(secs(delay));
             st.delete_pod(&uid, Some(2), STEP).await?;

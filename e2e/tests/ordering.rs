@@ -45,8 +45,16 @@ async fn app_waits_for_http_ready_sidecar() -> Result<()> {
     let gap = st.start_gap(&uid, "proxy", "app").await?;
     eprintln!("app started {:.3} s after the sidecar", secs(gap));
     // Ready = sidecar start + 3 s of sleep (+ httpd start-up).
-    assert!(gap >= 3 * S, "app started {:.3} s after the sidecar, before it was ready", secs(gap));
-    assert!(gap <= 4 * S + S / 2, "app started {:.3} s after the sidecar: more than ~1 s after readiness", secs(gap));
+    assert!(
+        gap >= 3 * S,
+        "app started {:.3} s after the sidecar, before it was ready",
+        secs(gap)
+    );
+    assert!(
+        gap <= 4 * S + S / 2,
+        "app started {:.3} s after the sidecar: more than ~1 s after readiness",
+        secs(gap)
+    );
     assert_eq!(st.instances(&uid, "app").await?.len(), 1);
     st.delete_pod(&uid, Some(10), STEP).await?;
     Ok(())
@@ -58,21 +66,53 @@ async fn app_waits_for_http_ready_sidecar() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sidecar_listed_after_app_still_starts_first() -> Result<()> {
     let st = Stack::start(false, "", |_| {}).await?;
-    let yaml = format!("name: late\nhostNetwork: true\n{FILE_READY}containers:\n{APP}{}", file_ready_sidecar("proxy", 2));
+    let yaml = format!(
+        "name: late\nhostNetwork: true\n{FILE_READY}containers:\n{APP}{}",
+        file_ready_sidecar("proxy", 2)
+    );
     let uid = st.run_pod(pod(&yaml), STEP).await?;
     let proxy = st.status(&uid, "proxy").await?;
     let apps = st.instances(&uid, "app").await?;
-    assert_eq!(apps.len(), 1, "exactly one app container, no orphaned CREATED one: {apps:?}");
+    assert_eq!(
+        apps.len(),
+        1,
+        "exactly one app container, no orphaned CREATED one: {apps:?}"
+    );
     let app = &apps[0];
-    assert_eq!(app.metadata.as_ref().map(|m| m.attempt), Some(0), "restartCount stays 0");
+    assert_eq!(
+        app.metadata.as_ref().map(|m| m.attempt),
+        Some(0),
+        "restartCount stays 0"
+    );
     let gap = app.started_at - proxy.started_at;
-    assert!(gap >= 2 * S, "app started {:.3} s after the sidecar, before it was ready", secs(gap));
+    assert!(
+        gap >= 2 * S,
+        "app started {:.3} s after the sidecar, before it was ready",
+        secs(gap)
+    );
     let view = st.kubelet.pod(&uid).expect("pod");
-    assert_eq!(view.status.container_statuses.iter().find(|c| c.name == "app").map(|c| c.restart_count), Some(0));
+    assert_eq!(
+        view.status
+            .container_statuses
+            .iter()
+            .find(|c| c.name == "app")
+            .map(|c| c.restart_count),
+        Some(0)
+    );
     // kubelet saw the fail-fast refusal, then a successful retry.
-    let creates = st.kubelet.journal().container_calls("CreateContainer", "app");
-    assert!(creates.len() >= 2, "expected a refused then a retried CreateContainer: {creates:?}");
-    assert!(creates[0].message.contains("not created yet"), "{}", creates[0].message);
+    let creates = st
+        .kubelet
+        .journal()
+        .container_calls("CreateContainer", "app");
+    assert!(
+        creates.len() >= 2,
+        "expected a refused then a retried CreateContainer: {creates:?}"
+    );
+    assert!(
+        creates[0].message.contains("not created yet"),
+        "{}",
+        creates[0].message
+    );
     assert!(creates.last().is_some_and(|c| c.is_ok()));
     st.delete_pod(&uid, Some(10), STEP).await?;
     Ok(())
@@ -104,18 +144,45 @@ async fn two_sidecars(api: Option<ApiVersion>) -> Result<()> {
         file_ready_sidecar("s2", 1)
     );
     let uid = st.run_pod(pod(&yaml), STEP).await?;
-    let (s1, s2, app) = (st.status(&uid, "s1").await?, st.status(&uid, "s2").await?, st.status(&uid, "app").await?);
-    assert!(s2.started_at - s1.started_at >= S, "s2 started before s1 was ready");
-    assert!(app.started_at - s2.started_at >= S, "app started before s2 was ready");
+    let (s1, s2, app) = (
+        st.status(&uid, "s1").await?,
+        st.status(&uid, "s2").await?,
+        st.status(&uid, "app").await?,
+    );
+    assert!(
+        s2.started_at - s1.started_at >= S,
+        "s2 started before s1 was ready"
+    );
+    assert!(
+        app.started_at - s2.started_at >= S,
+        "app started before s2 was ready"
+    );
 
     st.delete_pod(&uid, Some(10), STEP).await?;
-    let (s1, s2, app) = (st.status(&uid, "s1").await?, st.status(&uid, "s2").await?, st.status(&uid, "app").await?);
-    eprintln!("finished: app {:.3} s2 {:.3} s1 {:.3}", secs(app.finished_at), secs(s2.finished_at), secs(s1.finished_at));
-    assert!(app.finished_at < s2.finished_at, "s2 finished before the app");
+    let (s1, s2, app) = (
+        st.status(&uid, "s1").await?,
+        st.status(&uid, "s2").await?,
+        st.status(&uid, "app").await?,
+    );
+    eprintln!(
+        "finished: app {:.3} s2 {:.3} s1 {:.3}",
+        secs(app.finished_at),
+        secs(s2.finished_at),
+        secs(s1.finished_at)
+    );
+    assert!(
+        app.finished_at < s2.finished_at,
+        "s2 finished before the app"
+    );
     assert!(s2.finished_at < s1.finished_at, "s1 finished before s2");
     // All three exited on their own TERM handlers (0), none was SIGKILLed by the 2 s tail.
     for c in [&s1, &s2, &app] {
-        assert_eq!(c.exit_code, 0, "{}", c.metadata.as_ref().map(|m| m.name.as_str()).unwrap_or("?"));
+        assert_eq!(
+            c.exit_code,
+            0,
+            "{}",
+            c.metadata.as_ref().map(|m| m.name.as_str()).unwrap_or("?")
+        );
     }
     Ok(())
 }
@@ -130,7 +197,11 @@ async fn never_ready_sidecar_proceeds_after_timeout() -> Result<()> {
     );
     let uid = st.run_pod(pod(&yaml), STEP).await?;
     let gap = st.start_gap(&uid, "proxy", "app").await?;
-    assert!((2 * S..4 * S).contains(&gap), "app started {:.3} s after the sidecar; expected after the 2 s timeout", secs(gap));
+    assert!(
+        (2 * S..4 * S).contains(&gap),
+        "app started {:.3} s after the sidecar; expected after the 2 s timeout",
+        secs(gap)
+    );
     assert_no_call_outlived_deadline(&st);
     st.delete_pod(&uid, Some(5), STEP).await?;
     Ok(())
@@ -141,30 +212,68 @@ async fn never_ready_sidecar_proceeds_after_timeout() -> Result<()> {
 /// shortened) deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn never_ready_sidecar_fails_and_kubelet_retries() -> Result<()> {
-    let st = Stack::start(false, "[ordering]\ntimeout_policy = \"fail\"\nstart_timeout = \"60s\"\n", |c| {
-        c.runtime_request_timeout = Duration::from_secs(6);
-    })
+    let st = Stack::start(
+        false,
+        "[ordering]\ntimeout_policy = \"fail\"\nstart_timeout = \"60s\"\n",
+        |c| {
+            c.runtime_request_timeout = Duration::from_secs(6);
+        },
+    )
     .await?;
-    let yaml = format!("name: failing\nhostNetwork: true\n{FILE_READY}containers:\n{}{APP}", file_ready_sidecar("proxy", 8));
+    let yaml = format!(
+        "name: failing\nhostNetwork: true\n{FILE_READY}containers:\n{}{APP}",
+        file_ready_sidecar("proxy", 8)
+    );
     let uid = st.run_pod(pod(&yaml), STEP).await?;
-    let creates = st.kubelet.journal().container_calls("CreateContainer", "app");
-    assert!(creates.len() >= 2, "expected a failed hold and a retry: {creates:?}");
+    let creates = st
+        .kubelet
+        .journal()
+        .container_calls("CreateContainer", "app");
+    assert!(
+        creates.len() >= 2,
+        "expected a failed hold and a retry: {creates:?}"
+    );
     assert!(!creates[0].is_ok());
-    assert_ne!(creates[0].code, tonic::Code::DeadlineExceeded, "crisp must answer before kubelet's deadline");
+    assert_ne!(
+        creates[0].code,
+        tonic::Code::DeadlineExceeded,
+        "crisp must answer before kubelet's deadline"
+    );
     assert!(creates.last().is_some_and(|c| c.is_ok()));
     assert_no_call_outlived_deadline(&st);
-    assert!(st.start_gap(&uid, "proxy", "app").await? >= 8 * S, "app started before the sidecar was ready");
+    assert!(
+        st.start_gap(&uid, "proxy", "app").await? >= 8 * S,
+        "app started before the sidecar was ready"
+    );
     assert_eq!(st.instances(&uid, "app").await?.len(), 1);
     st.delete_pod(&uid, Some(5), STEP).await?;
     Ok(())
 }
 
 fn assert_no_call_outlived_deadline(st: &Stack) {
-    for r in st.kubelet.journal().method("CreateContainer").iter().chain(st.kubelet.journal().method("StopContainer").iter()) {
+    for r in st
+        .kubelet
+        .journal()
+        .method("CreateContainer")
+        .iter()
+        .chain(st.kubelet.journal().method("StopContainer").iter())
+    {
         if let (Some(d), Some(done)) = (r.deadline, r.done) {
-            assert!(done.duration_since(r.sent) < d, "{} took {:?}, beyond its {:?} deadline", r.method, done.duration_since(r.sent), d);
+            assert!(
+                done.duration_since(r.sent) < d,
+                "{} took {:?}, beyond its {:?} deadline",
+                r.method,
+                done.duration_since(r.sent),
+                d
+            );
         }
-        assert_ne!(r.code, tonic::Code::DeadlineExceeded, "{} hit kubelet's deadline: {}", r.method, r.message);
+        assert_ne!(
+            r.code,
+            tonic::Code::DeadlineExceeded,
+            "{} hit kubelet's deadline: {}",
+            r.method,
+            r.message
+        );
     }
 }
 
@@ -181,7 +290,10 @@ async fn init_containers_are_not_deadlocked() -> Result<()> {
     let init = st.instances(&uid, "init").await?;
     assert_eq!(init.len(), 1);
     assert_eq!(init[0].exit_code, 0);
-    let (proxy, app) = (st.status(&uid, "proxy").await?, st.status(&uid, "app").await?);
+    let (proxy, app) = (
+        st.status(&uid, "proxy").await?,
+        st.status(&uid, "app").await?,
+    );
     assert!(init[0].finished_at <= proxy.started_at);
     assert!(app.started_at - proxy.started_at >= S);
     st.delete_pod(&uid, Some(5), STEP).await?;
@@ -194,19 +306,33 @@ async fn init_containers_are_not_deadlocked() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crisp_restart_mid_start_keeps_the_order() -> Result<()> {
     let mut st = Stack::start(false, "", |_| {}).await?;
-    let yaml = format!("name: restart\nhostNetwork: true\n{FILE_READY}containers:\n{}{APP}", file_ready_sidecar("proxy", 4));
+    let yaml = format!(
+        "name: restart\nhostNetwork: true\n{FILE_READY}containers:\n{}{APP}",
+        file_ready_sidecar("proxy", 4)
+    );
     let uid = st.kubelet.add_pod(pod(&yaml))?;
     // Wait until crisp holds the app's CreateContainer.
     let deadline = tokio::time::Instant::now() + STEP;
     while !st.crisp.log_text().contains("holding CreateContainer") {
-        assert!(tokio::time::Instant::now() < deadline, "crisp never held the app");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "crisp never held the app"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     st.crisp.restart()?;
     st.wait_all_running(&uid, STEP).await?;
     let gap = st.start_gap(&uid, "proxy", "app").await?;
-    assert!(gap >= 4 * S, "app started {:.3} s after the sidecar, before it was ready", secs(gap));
-    assert_eq!(st.instances(&uid, "app").await?.len(), 1, "no duplicate app container");
+    assert!(
+        gap >= 4 * S,
+        "app started {:.3} s after the sidecar, before it was ready",
+        secs(gap)
+    );
+    assert_eq!(
+        st.instances(&uid, "app").await?.len(),
+        1,
+        "no duplicate app container"
+    );
     st.delete_pod(&uid, Some(5), STEP).await?;
     Ok(())
 }
@@ -216,13 +342,25 @@ async fn crisp_restart_mid_start_keeps_the_order() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_without_sidecars_are_untouched() -> Result<()> {
     let st = Stack::start(false, "", |_| {}).await?;
-    let yaml = format!("name: plain\nhostNetwork: true\ncontainers:\n{}{APP}", sleeper("first"));
+    let yaml = format!(
+        "name: plain\nhostNetwork: true\ncontainers:\n{}{APP}",
+        sleeper("first")
+    );
     let uid = st.run_pod(pod(&yaml), STEP).await?;
-    assert!(st.start_gap(&uid, "first", "app").await? < S, "no hold for a plain pod");
+    assert!(
+        st.start_gap(&uid, "first", "app").await? < S,
+        "no hold for a plain pod"
+    );
     st.delete_pod(&uid, Some(10), STEP).await?;
-    let (first, app) = (st.status(&uid, "first").await?, st.status(&uid, "app").await?);
+    let (first, app) = (
+        st.status(&uid, "first").await?,
+        st.status(&uid, "app").await?,
+    );
     // Parallel kill: `first` exits at once, the app 1 s later.
     assert!(first.finished_at < app.finished_at);
-    assert!(!st.crisp.log_text().contains("holding"), "crisp held a call of a pod without sidecars");
+    assert!(
+        !st.crisp.log_text().contains("holding"),
+        "crisp held a call of a pod without sidecars"
+    );
     Ok(())
 }

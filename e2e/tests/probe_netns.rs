@@ -34,10 +34,24 @@ async fn sidecar_on_pod_loopback_orders_the_pod() -> Result<()> {
     let gap = st.start_gap(&uid, "proxy", "app").await?;
     eprintln!("app started {:.3} s after the sidecar", secs(gap));
     let log = st.crisp.log_text();
-    assert!(gap >= 2 * S, "app started {:.3} s after the sidecar, before it served", secs(gap));
-    assert!(!log.contains("starting the app anyway"), "the app was released by the start timeout, not by readiness:\n{log}");
-    assert!(gap < 6 * S, "app started {:.3} s after the sidecar: not released by readiness", secs(gap));
-    assert!(log.contains("probing from the pod's network namespace"), "{log}");
+    assert!(
+        gap >= 2 * S,
+        "app started {:.3} s after the sidecar, before it served",
+        secs(gap)
+    );
+    assert!(
+        !log.contains("starting the app anyway"),
+        "the app was released by the start timeout, not by readiness:\n{log}"
+    );
+    assert!(
+        gap < 6 * S,
+        "app started {:.3} s after the sidecar: not released by readiness",
+        secs(gap)
+    );
+    assert!(
+        log.contains("probing from the pod's network namespace"),
+        "{log}"
+    );
     st.delete_pod(&uid, Some(5), STEP).await?;
     Ok(())
 }
@@ -51,7 +65,12 @@ async fn sidecar_on_pod_loopback_orders_the_pod() -> Result<()> {
 async fn annotations_aimed_at_the_node_reach_nothing() -> Result<()> {
     let st = Stack::start(true, "", |_| {}).await?;
     let subnet = st.containerd.cni_subnet().context("no CNI subnet")?;
-    let net: std::net::Ipv4Addr = subnet.split('/').next().unwrap_or_default().parse().context("CNI subnet")?;
+    let net: std::net::Ipv4Addr = subnet
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .parse()
+        .context("CNI subnet")?;
     let gateway = std::net::Ipv4Addr::from(u32::from(net) + 1);
 
     let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await?;
@@ -69,23 +88,58 @@ async fn annotations_aimed_at_the_node_reach_nothing() -> Result<()> {
         "name: aimed\nnamespace: tenant\nannotations:\n  crisp.dev/sidecars: elsewhere, loop\n  crisp.dev/ready.elsewhere: \"tcp://{gateway}:{port}\"\n  crisp.dev/ready.loop: \"http://127.0.0.1:{port}/pods\"\n  crisp.dev/start-timeout: 3s\ncontainers:\n  - name: elsewhere\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 3600 & wait\"]\n  - name: loop\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 3600 & wait\"]\n{APP}"
     );
     let uid = st.run_pod(pod(&yaml), STEP).await?;
-    let (elsewhere, loop_, app) = (st.status(&uid, "elsewhere").await?, st.status(&uid, "loop").await?, st.status(&uid, "app").await?);
+    let (elsewhere, loop_, app) = (
+        st.status(&uid, "elsewhere").await?,
+        st.status(&uid, "loop").await?,
+        st.status(&uid, "app").await?,
+    );
     let log = st.crisp.log_text();
-    assert_eq!(accepts.load(Ordering::SeqCst), 0, "crisp connected to the node's listener on behalf of the pod:\n{log}");
+    assert_eq!(
+        accepts.load(Ordering::SeqCst),
+        0,
+        "crisp connected to the node's listener on behalf of the pod:\n{log}"
+    );
     // The node really answers at both addresses (the bridge's gateway exists once a pod runs):
     // crisp would have been let in.
-    tokio::net::TcpStream::connect((gateway, port)).await.context("the node's listener at the gateway")?;
-    tokio::net::TcpStream::connect(("127.0.0.1", port)).await.context("the node's listener at loopback")?;
+    tokio::net::TcpStream::connect((gateway, port))
+        .await
+        .context("the node's listener at the gateway")?;
+    tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .context("the node's listener at loopback")?;
     assert_eq!(wait_accepts(&accepts, 2).await, 2);
     // `elsewhere` counted as `running`: `loop` was created right after it.
-    assert!(loop_.started_at - elsewhere.started_at < 2 * S, "the bad annotation held the pod");
+    assert!(
+        loop_.started_at - elsewhere.started_at < 2 * S,
+        "the bad annotation held the pod"
+    );
     // `loop` never got ready in its pod: the app waited out the 3 s start timeout.
     let gap = app.started_at - loop_.started_at;
-    assert!(gap >= 3 * S, "app started {:.3} s after `loop`: something answered crisp's probe", secs(gap));
-    let warnings: Vec<&str> = log.lines().filter(|l| l.contains("annotation crisp.dev/ready.elsewhere=")).collect();
-    assert_eq!(warnings.len(), 1, "one warning per pod, not per probe:\n{log}");
-    assert!(warnings[0].contains("aimed") && warnings[0].contains("tenant") && warnings[0].contains("not one of the pod's own addresses"), "{}", warnings[0]);
-    assert!(!log.contains("annotation crisp.dev/ready.loop="), "loopback is the pod's own address:\n{log}");
+    assert!(
+        gap >= 3 * S,
+        "app started {:.3} s after `loop`: something answered crisp's probe",
+        secs(gap)
+    );
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("annotation crisp.dev/ready.elsewhere="))
+        .collect();
+    assert_eq!(
+        warnings.len(),
+        1,
+        "one warning per pod, not per probe:\n{log}"
+    );
+    assert!(
+        warnings[0].contains("aimed")
+            && warnings[0].contains("tenant")
+            && warnings[0].contains("not one of the pod's own addresses"),
+        "{}",
+        warnings[0]
+    );
+    assert!(
+        !log.contains("annotation crisp.dev/ready.loop="),
+        "loopback is the pod's own address:\n{log}"
+    );
     st.delete_pod(&uid, Some(5), STEP).await?;
     server.abort();
     Ok(())

@@ -58,7 +58,8 @@ struct Chaos<'a> {
 
 impl Chaos<'_> {
     fn kill(&mut self, when: &str, kills: &mut Vec<String>) -> Result<()> {
-        tokio::task::block_in_place(|| self.crisp.restart()).with_context(|| format!("restarting crisp ({when})"))?;
+        tokio::task::block_in_place(|| self.crisp.restart())
+            .with_context(|| format!("restarting crisp ({when})"))?;
         kills.push(when.to_string());
         eprintln!("crisp SIGKILLed and restarted: {when}");
         Ok(())
@@ -69,11 +70,19 @@ impl Chaos<'_> {
         let log = self.crisp.log_text();
         for (uid, p) in pods {
             let name = &p.spec.name;
-            if violations.iter().any(|v| v.starts_with(&format!("{name}:")) || v.contains(&format!(" {name} "))) {
+            if violations
+                .iter()
+                .any(|v| v.starts_with(&format!("{name}:")) || v.contains(&format!(" {name} ")))
+            {
                 eprintln!("=== {name} ({uid}): kubelet's calls ===");
                 dump_pod(self.kubelet, uid);
                 eprintln!("=== {name}: crisp's log ===");
-                for l in log.lines().filter(|l| l.contains(&format!("/{name}")) || l.contains("SIGKILL") || l.starts_with("--- crisp #") || l.contains("crisp listening")) {
+                for l in log.lines().filter(|l| {
+                    l.contains(&format!("/{name}"))
+                        || l.contains("SIGKILL")
+                        || l.starts_with("--- crisp #")
+                        || l.contains("crisp listening")
+                }) {
                     eprintln!("{l}");
                 }
             }
@@ -90,15 +99,25 @@ impl Chaos<'_> {
         let t0 = Instant::now();
         // While a CreateContainer is held (crisp polls its probes).
         let deadline = Instant::now() + UP;
-        while gauge(&self.admin, "crisp_holds_in_flight").await.unwrap_or(0.0) < 1.0 {
+        while gauge(&self.admin, "crisp_holds_in_flight")
+            .await
+            .unwrap_or(0.0)
+            < 1.0
+        {
             ensure!(Instant::now() < deadline, "crisp never held a call");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        self.kill(&format!("holding, start +{:.2}s", t0.elapsed().as_secs_f64()), &mut kills)?;
+        self.kill(
+            &format!("holding, start +{:.2}s", t0.elapsed().as_secs_f64()),
+            &mut kills,
+        )?;
         // Random points of the start (the sleeps *are* the random kill points).
         for _ in 0..2 {
             tokio::time::sleep(rng.millis(100, 1500)).await;
-            self.kill(&format!("start +{:.2}s", t0.elapsed().as_secs_f64()), &mut kills)?;
+            self.kill(
+                &format!("start +{:.2}s", t0.elapsed().as_secs_f64()),
+                &mut kills,
+            )?;
         }
         let failed = match wait_settled(self.kubelet, &pods, UP).await {
             Ok(f) => f,
@@ -116,20 +135,45 @@ impl Chaos<'_> {
         for uid in &failed {
             let all = instances(self.containerd, uid).await?;
             let p = &pods.iter().find(|(u, _)| u == uid).expect("planned").1;
-            if !p.sidecars.iter().map(|(n, _)| n).chain([&p.app]).any(|n| start_aborted(&all, n).is_some()) {
-                violations.push(format!("Job {} Failed without an aborted container start", p.spec.name));
+            if !p
+                .sidecars
+                .iter()
+                .map(|(n, _)| n)
+                .chain([&p.app])
+                .any(|n| start_aborted(&all, n).is_some())
+            {
+                violations.push(format!(
+                    "Job {} Failed without an aborted container start",
+                    p.spec.name
+                ));
             }
         }
         for (uid, p) in &pods {
             violations.extend(
-                start_violations(self.containerd, uid, p, Allow { aborted: Some(AbortedOk { timeout: START_TIMEOUT, kubelet: self.kubelet }), ..Default::default() }).await?,
+                start_violations(
+                    self.containerd,
+                    uid,
+                    p,
+                    Allow {
+                        aborted: Some(AbortedOk {
+                            timeout: START_TIMEOUT,
+                            kubelet: self.kubelet,
+                        }),
+                        ..Default::default()
+                    },
+                )
+                .await?,
             );
             violations.extend(duplicate_running(self.containerd, uid, p).await?);
         }
         if !violations.is_empty() {
             self.dump_violating(&pods, &violations);
         }
-        ensure!(violations.is_empty(), "start with crisp kills {kills:?}:\n{}", violations.join("\n"));
+        ensure!(
+            violations.is_empty(),
+            "start with crisp kills {kills:?}:\n{}",
+            violations.join("\n")
+        );
 
         let t1 = Instant::now();
         for (uid, _) in &pods {
@@ -137,7 +181,10 @@ impl Chaos<'_> {
         }
         for _ in 0..2 {
             tokio::time::sleep(rng.millis(50, 900)).await;
-            self.kill(&format!("stop +{:.2}s", t1.elapsed().as_secs_f64()), &mut kills)?;
+            self.kill(
+                &format!("stop +{:.2}s", t1.elapsed().as_secs_f64()),
+                &mut kills,
+            )?;
         }
         if let Err(e) = wait_terminated(self.kubelet, &pods, UP).await {
             for (uid, _) in &pods {
@@ -152,23 +199,44 @@ impl Chaos<'_> {
         if !violations.is_empty() {
             self.dump_violating(&pods, &violations);
         }
-        ensure!(violations.is_empty(), "stop with crisp kills {kills:?}:\n{}", violations.join("\n"));
+        ensure!(
+            violations.is_empty(),
+            "stop with crisp kills {kills:?}:\n{}",
+            violations.join("\n")
+        );
 
         let uids: Vec<String> = pods.iter().map(|(u, _)| u.clone()).collect();
         remove_pods(self.containerd, self.kubelet, &uids).await?;
         wait_no_holds(&self.admin, Duration::from_secs(10)).await?;
         let text = metrics(&self.admin).await?;
-        ensure!(sample(&text, "crisp_tracked_pods") == Some(0.0) && sample(&text, "crisp_tracked_containers") == Some(0.0), "crisp still tracks pods/containers");
-        ensure!(terminated_marks(&self.state_dir) == 0, "job-mode marks left behind");
+        ensure!(
+            sample(&text, "crisp_tracked_pods") == Some(0.0)
+                && sample(&text, "crisp_tracked_containers") == Some(0.0),
+            "crisp still tracks pods/containers"
+        );
+        ensure!(
+            terminated_marks(&self.state_dir) == 0,
+            "job-mode marks left behind"
+        );
         let j = self.kubelet.journal();
         let late = deadline_violations(j);
         if !late.is_empty() {
             eprintln!("--- crisp log ---\n{}", self.crisp.log_text());
         }
-        ensure!(late.is_empty(), "calls outlived kubelet's deadline:\n{}", late.join("\n"));
+        ensure!(
+            late.is_empty(),
+            "calls outlived kubelet's deadline:\n{}",
+            late.join("\n")
+        );
         let stuck = stuck_calls(j, Duration::from_secs(5));
-        ensure!(stuck.is_empty(), "calls still in flight:\n{}", stuck.join("\n"));
-        let unavailable = count(j, |r| r.done.is_some() && r.code == tonic::Code::Unavailable);
+        ensure!(
+            stuck.is_empty(),
+            "calls still in flight:\n{}",
+            stuck.join("\n")
+        );
+        let unavailable = count(j, |r| {
+            r.done.is_some() && r.code == tonic::Code::Unavailable
+        });
         eprintln!(
             "chaos: {} pods, {} crisp kills {kills:?}, {unavailable} kubelet calls failed UNAVAILABLE, {} Job(s) Failed by an aborted container start, 0 violations",
             pods.len(),
@@ -189,10 +257,21 @@ async fn crisp_sigkilled_at_random_points_of_a_wave() -> Result<()> {
     let _one = ONE_AT_A_TIME.lock().await;
     let mut rng = Rng::from_env("chaos");
     let mut st = Stack::start(false, CRISP_CONFIG, |_| {}).await?;
-    let Stack { kubelet, crisp, containerd, .. } = &mut st;
+    let Stack {
+        kubelet,
+        crisp,
+        containerd,
+        ..
+    } = &mut st;
     let admin = crisp.dir().join("admin.sock");
     let state_dir = crisp.dir().join("state");
-    let mut chaos = Chaos { containerd: containerd.socket(), kubelet, admin, state_dir, crisp };
+    let mut chaos = Chaos {
+        containerd: containerd.socket(),
+        kubelet,
+        admin,
+        state_dir,
+        crisp,
+    };
     chaos.run(&mut rng).await
 }
 
@@ -216,7 +295,13 @@ impl Activated {
             &config,
             format!("listen = {:?}\nupstream = {:?}\nstate_dir = {:?}\n[log]\nlevel = \"info,crisp=debug\"\n{CRISP_CONFIG}", sock, upstream, dir.path().join("state")),
         )?;
-        let mut a = Activated { dir, listener, config, child: None, spawned: 0 };
+        let mut a = Activated {
+            dir,
+            listener,
+            config,
+            child: None,
+            spawned: 0,
+        };
         a.spawn()?;
         Ok(a)
     }
@@ -236,8 +321,15 @@ impl Activated {
         let log = std::fs::File::create(self.log_path(n))?;
         let fd = self.listener.as_raw_fd();
         let mut c = Command::new("/bin/sh");
-        c.arg("-c").arg(r#"LISTEN_PID=$$; export LISTEN_PID; exec "$0" "$@""#).arg(&bin).arg("--config").arg(&self.config);
-        c.env("LISTEN_FDS", "1").env("LISTEN_FDNAMES", "crisp").env_remove("RUST_LOG").env_remove("NOTIFY_SOCKET");
+        c.arg("-c")
+            .arg(r#"LISTEN_PID=$$; export LISTEN_PID; exec "$0" "$@""#)
+            .arg(&bin)
+            .arg("--config")
+            .arg(&self.config);
+        c.env("LISTEN_FDS", "1")
+            .env("LISTEN_FDNAMES", "crisp")
+            .env_remove("RUST_LOG")
+            .env_remove("NOTIFY_SOCKET");
         c.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
         // SAFETY: only async-signal-safe calls (dup2, fcntl) between fork and exec.
         unsafe {
@@ -259,10 +351,16 @@ impl Activated {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let text = std::fs::read_to_string(self.log_path(n)).unwrap_or_default();
-            if text.contains("serving on the socket inherited from systemd") && text.contains("admin socket listening") {
+            if text.contains("serving on the socket inherited from systemd")
+                && text.contains("admin socket listening")
+            {
                 return Ok(());
             }
-            if let Some(st) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(st) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 bail!("crisp exited with {st}:\n{text}");
             }
             if Instant::now() > deadline {
@@ -283,7 +381,14 @@ impl Restartable for Activated {
     }
 
     fn log_text(&self) -> String {
-        (0..self.spawned).map(|n| format!("--- crisp #{n} ---\n{}", std::fs::read_to_string(self.log_path(n)).unwrap_or_default())).collect()
+        (0..self.spawned)
+            .map(|n| {
+                format!(
+                    "--- crisp #{n} ---\n{}",
+                    std::fs::read_to_string(self.log_path(n)).unwrap_or_default()
+                )
+            })
+            .collect()
     }
 }
 
@@ -319,11 +424,21 @@ async fn socket_activated_crisp_sigkilled_at_random_points_of_a_wave() -> Result
     cfg.root_dir = Some(dir.path().join("kubelet"));
     cfg.container_deletor = false;
     // kubelet's grpc-go transport, as in `Stack::start`.
-    let _bridges = if crisp_e2e::grpcgo::via_grpcgo_default() { crisp_e2e::grpcgo::bridge_kubelet(&mut cfg, dir.path(), Default::default())? } else { Vec::new() };
+    let _bridges = if crisp_e2e::grpcgo::via_grpcgo_default() {
+        crisp_e2e::grpcgo::bridge_kubelet(&mut cfg, dir.path(), Default::default())?
+    } else {
+        Vec::new()
+    };
     let kubelet = Kubelet::new(cfg).await?;
     let admin = crisp.dir.path().join("admin.sock");
     let state_dir = crisp.dir.path().join("state");
-    let mut chaos = Chaos { containerd: containerd.socket(), kubelet: &kubelet, admin, state_dir, crisp: &mut crisp };
+    let mut chaos = Chaos {
+        containerd: containerd.socket(),
+        kubelet: &kubelet,
+        admin,
+        state_dir,
+        crisp: &mut crisp,
+    };
     let r = chaos.run(&mut rng).await;
     drop(chaos);
     kubelet.shutdown().await;

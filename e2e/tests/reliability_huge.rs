@@ -54,8 +54,16 @@ async fn huge_pod_gets_clear_warnings_bounded_memory_and_stalls_nobody() -> Resu
     let rss0 = rss_kib(pid).unwrap_or(0);
 
     let sidecars: Vec<String> = (0..n / 2).map(|i| format!("side-{i:03}")).collect();
-    let mut containers: Vec<ContainerSpec> = sidecars.iter().map(|s| ContainerSpec::sh(s, "trap 'exit 0' TERM; sleep 3600 & wait")).collect();
-    containers.extend((0..n - n / 2).map(|i| ContainerSpec::sh(&format!("app-{i:03}"), "trap 'exit 0' TERM; sleep 3600 & wait")));
+    let mut containers: Vec<ContainerSpec> = sidecars
+        .iter()
+        .map(|s| ContainerSpec::sh(s, "trap 'exit 0' TERM; sleep 3600 & wait"))
+        .collect();
+    containers.extend((0..n - n / 2).map(|i| {
+        ContainerSpec::sh(
+            &format!("app-{i:03}"),
+            "trap 'exit 0' TERM; sleep 3600 & wait",
+        )
+    }));
     let mut big = PodSpec::new("huge", containers);
     big.host_network = true;
     big.termination_grace_period_seconds = 5;
@@ -63,11 +71,19 @@ async fn huge_pod_gets_clear_warnings_bounded_memory_and_stalls_nobody() -> Resu
     // The list always names more than crisp's 64 sidecars, whatever `CRISP_HUGE_CONTAINERS`
     // says: below 130 containers it is padded with names of containers the pod does not have
     // (the whole list is rejected either way, so they are never looked for).
-    let listed: Vec<String> = (0..(n / 2).max(100)).map(|i| format!("side-{i:03}")).collect();
+    let listed: Vec<String> = (0..(n / 2).max(100))
+        .map(|i| format!("side-{i:03}"))
+        .collect();
     ann.insert("crisp.dev/sidecars".to_string(), listed.join(","));
     ann.insert("crisp.dev/start-timeout".to_string(), "9999h".to_string());
-    ann.insert("crisp.dev/timeout-policy".to_string(), "maybe".repeat(10_000));
-    ann.insert("crisp.dev/ready.side-001".to_string(), format!("exec:[\"{}\"]", "x".repeat(1 << 20)));
+    ann.insert(
+        "crisp.dev/timeout-policy".to_string(),
+        "maybe".repeat(10_000),
+    );
+    ann.insert(
+        "crisp.dev/ready.side-001".to_string(),
+        format!("exec:[\"{}\"]", "x".repeat(1 << 20)),
+    );
     ann.insert("example.com/blob".to_string(), "y".repeat(2 << 20));
     big.annotations = ann;
 
@@ -89,47 +105,111 @@ async fn huge_pod_gets_clear_warnings_bounded_memory_and_stalls_nobody() -> Resu
     let t0 = Instant::now();
     let big_uid = st.kubelet.add_pod(big)?;
     // Once the big pod is creating containers, a normal pod arrives.
-    st.kubelet.journal().wait_for(Duration::from_secs(120), |r| r.meta.pod_uid.as_deref() == Some(&big_uid) && r.is("StartContainer", "side-005")).await?;
+    st.kubelet
+        .journal()
+        .wait_for(Duration::from_secs(120), |r| {
+            r.meta.pod_uid.as_deref() == Some(&big_uid) && r.is("StartContainer", "side-005")
+        })
+        .await?;
     let mut rng = Rng::from_env("huge");
     let normal = plan(0, &mut rng, false, "unused");
     let t1 = Instant::now();
     let normal_uid = st.kubelet.add_pod(normal.spec.clone())?;
-    st.kubelet.wait_all_running(&normal_uid, Duration::from_secs(60)).await?;
+    st.kubelet
+        .wait_all_running(&normal_uid, Duration::from_secs(60))
+        .await?;
     let normal_up = t1.elapsed();
-    let big_started = st.kubelet.journal().filter(|r| r.meta.pod_uid.as_deref() == Some(&big_uid) && r.method == "StartContainer" && r.is_ok()).len();
-    let violations = start_violations(st.containerd.socket(), &normal_uid, &normal, Allow::default()).await?;
-    ensure!(direct || violations.is_empty(), "the normal pod's order: {violations:?}");
+    let big_started = st
+        .kubelet
+        .journal()
+        .filter(|r| {
+            r.meta.pod_uid.as_deref() == Some(&big_uid) && r.method == "StartContainer" && r.is_ok()
+        })
+        .len();
+    let violations = start_violations(
+        st.containerd.socket(),
+        &normal_uid,
+        &normal,
+        Allow::default(),
+    )
+    .await?;
+    ensure!(
+        direct || violations.is_empty(),
+        "the normal pod's order: {violations:?}"
+    );
     eprintln!("normal pod running {:.1} s after it was added, while the big pod had started {big_started}/{n} containers", normal_up.as_secs_f64());
-    ensure!(big_started < n, "the big pod finished first: the normal pod did not start *meanwhile*");
-    ensure!(normal_up < Duration::from_secs(20), "the normal pod took {normal_up:?} to start next to the big one");
+    ensure!(
+        big_started < n,
+        "the big pod finished first: the normal pod did not start *meanwhile*"
+    );
+    ensure!(
+        normal_up < Duration::from_secs(20),
+        "the normal pod took {normal_up:?} to start next to the big one"
+    );
 
-    st.kubelet.wait_all_running(&big_uid, Duration::from_secs(600)).await?;
+    st.kubelet
+        .wait_all_running(&big_uid, Duration::from_secs(600))
+        .await?;
     let big_up = t0.elapsed();
     let rss_up = rss_kib(pid).unwrap_or(0);
 
     // Warnings: once per bad key, short lines naming pod, key and reason.
-    let log = if direct { String::new() } else { st.crisp.log_text() };
-    let warnings: Vec<&str> = log.lines().filter(|l| l.contains("WARN") && l.contains("annotation crisp.dev/")).collect();
+    let log = if direct {
+        String::new()
+    } else {
+        st.crisp.log_text()
+    };
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("annotation crisp.dev/"))
+        .collect();
     for w in &warnings {
         eprintln!("{}", &w[..w.len().min(300)]);
     }
     for (key, why) in [
         ("crisp.dev/sidecars", "more than 64 sidecars"),
-        ("crisp.dev/start-timeout", "holds must end before kubelet's 2 min deadline"),
+        (
+            "crisp.dev/start-timeout",
+            "holds must end before kubelet's 2 min deadline",
+        ),
         ("crisp.dev/timeout-policy", "expected `proceed` or `fail`"),
     ] {
-        let hits: Vec<&&str> = warnings.iter().filter(|l| l.contains(&format!("annotation {key}="))).collect();
+        let hits: Vec<&&str> = warnings
+            .iter()
+            .filter(|l| l.contains(&format!("annotation {key}=")))
+            .collect();
         if direct {
             break;
         }
-        ensure!(hits.len() == 1, "{} warning line(s) for {key} (want exactly 1)", hits.len());
-        ensure!(hits[0].contains(why), "the warning for {key} does not say why ({why}): {}", &hits[0][..hits[0].len().min(400)]);
-        ensure!(hits[0].contains("pod_name=huge") || hits[0].contains("pod_name=\"huge\""), "the warning does not name the pod: {}", &hits[0][..hits[0].len().min(400)]);
+        ensure!(
+            hits.len() == 1,
+            "{} warning line(s) for {key} (want exactly 1)",
+            hits.len()
+        );
+        ensure!(
+            hits[0].contains(why),
+            "the warning for {key} does not say why ({why}): {}",
+            &hits[0][..hits[0].len().min(400)]
+        );
+        ensure!(
+            hits[0].contains("pod_name=huge") || hits[0].contains("pod_name=\"huge\""),
+            "the warning does not name the pod: {}",
+            &hits[0][..hits[0].len().min(400)]
+        );
     }
     let longest = log.lines().map(str::len).max().unwrap_or(0);
-    ensure!(longest < 4096, "a {longest}-byte line in crisp's log: huge values echoed");
-    ensure!(!log.lines().any(|l| l.contains("holding CreateContainer") && l.contains("pod_name=\"huge\"")), "the pod with a rejected sidecar list was held");
-    let bad = gauge(&admin_socket(&st), "crisp_bad_annotations_total").await.unwrap_or(0.0);
+    ensure!(
+        longest < 4096,
+        "a {longest}-byte line in crisp's log: huge values echoed"
+    );
+    ensure!(
+        !log.lines()
+            .any(|l| l.contains("holding CreateContainer") && l.contains("pod_name=\"huge\"")),
+        "the pod with a rejected sidecar list was held"
+    );
+    let bad = gauge(&admin_socket(&st), "crisp_bad_annotations_total")
+        .await
+        .unwrap_or(0.0);
 
     // Only the normal pod is deleted. Deleting the big one means 200 concurrent StopContainers
     // in one pod, which this containerd does not finish within kubelet's deadline even without
@@ -138,19 +218,31 @@ async fn huge_pod_gets_clear_warnings_bounded_memory_and_stalls_nobody() -> Resu
     // answered, each cut at 65 s, then StopPodSandbox at 60 s) — a runtime limit, not crisp's;
     // the harness tears the pod down with containerd.
     st.kubelet.delete_pod(&normal_uid, Some(5))?;
-    st.kubelet.wait_terminated(&normal_uid, Duration::from_secs(60)).await?;
+    st.kubelet
+        .wait_terminated(&normal_uid, Duration::from_secs(60))
+        .await?;
     let violations = stop_violations(st.containerd.socket(), &normal_uid, &normal, false).await?;
-    ensure!(direct || violations.is_empty(), "the normal pod's stop order: {violations:?}");
+    ensure!(
+        direct || violations.is_empty(),
+        "the normal pod's stop order: {violations:?}"
+    );
     stop.store(true, Ordering::Relaxed);
     let _ = sampler.await;
     let peak = peak.load(Ordering::Relaxed);
     let late = deadline_violations(st.kubelet.journal());
-    ensure!(late.is_empty(), "calls outlived kubelet's deadline:\n{}", late.join("\n"));
+    ensure!(
+        late.is_empty(),
+        "calls outlived kubelet's deadline:\n{}",
+        late.join("\n")
+    );
     eprintln!(
         "huge pod: {n} containers up in {:.1} s; {} warnings ({bad} bad annotations counted); crisp RSS {rss0} KiB before, {rss_up} KiB with it running, peak {peak} KiB; longest log line {longest} B",
         big_up.as_secs_f64(),
         warnings.len()
     );
-    ensure!(peak < RSS_LIMIT_MIB << 10, "crisp's RSS peaked at {peak} KiB (limit {RSS_LIMIT_MIB} MiB)");
+    ensure!(
+        peak < RSS_LIMIT_MIB << 10,
+        "crisp's RSS peaked at {peak} KiB (limit {RSS_LIMIT_MIB} MiB)"
+    );
     Ok(())
 }

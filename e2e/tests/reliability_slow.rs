@@ -68,40 +68,82 @@ async fn holds_respect_kubelets_deadline_when_the_runtime_is_slow() -> Result<()
             return Err(e);
         }
     }
-    eprintln!("both pods running after {:.1} s", t0.elapsed().as_secs_f64());
+    eprintln!(
+        "both pods running after {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
     let j = st.kubelet.journal();
     for uid in [&stuck_uid, &ok_uid] {
-        for r in j.pod_calls(uid).iter().filter(|r| r.method == "CreateContainer" && r.meta.container.as_deref() == Some("app")) {
+        for r in j
+            .pod_calls(uid)
+            .iter()
+            .filter(|r| r.method == "CreateContainer" && r.meta.container.as_deref() == Some("app"))
+        {
             eprintln!("{}", j.format_record(r));
         }
     }
     // The never-ready pod's app went through on its first CreateContainer, held and released
     // before the deadline.
-    let creates = j.filter(|r| r.meta.pod_uid.as_deref() == Some(&stuck_uid) && r.is("CreateContainer", "app"));
-    ensure!(creates.first().is_some_and(|c| c.is_ok()), "the held app's first CreateContainer failed: {:?}", creates.first().map(|c| j.format_record(c)));
+    let creates = j.filter(|r| {
+        r.meta.pod_uid.as_deref() == Some(&stuck_uid) && r.is("CreateContainer", "app")
+    });
+    ensure!(
+        creates.first().is_some_and(|c| c.is_ok()),
+        "the held app's first CreateContainer failed: {:?}",
+        creates.first().map(|c| j.format_record(c))
+    );
     let held = creates[0].elapsed();
-    ensure!(held >= TIMEOUT / 2, "the app's CreateContainer took {held:?}: it was not held");
-    ensure!(log_lines(&st, "starting the app anyway (policy proceed)").len() == 1, "no proceed after the hold");
+    ensure!(
+        held >= TIMEOUT / 2,
+        "the app's CreateContainer took {held:?}: it was not held"
+    );
+    ensure!(
+        log_lines(&st, "starting the app anyway (policy proceed)").len() == 1,
+        "no proceed after the hold"
+    );
 
     let mut violations = Vec::new();
-    let (stuck_plan, ok_plan) = (planned(&st, &stuck_uid, "never-ready"), planned(&st, &ok_uid, "slow-ready"));
-    violations.extend(start_violations(st.containerd.socket(), &ok_uid, &ok_plan, Allow::default()).await?);
+    let (stuck_plan, ok_plan) = (
+        planned(&st, &stuck_uid, "never-ready"),
+        planned(&st, &ok_uid, "slow-ready"),
+    );
+    violations.extend(
+        start_violations(st.containerd.socket(), &ok_uid, &ok_plan, Allow::default()).await?,
+    );
     for uid in [&stuck_uid, &ok_uid] {
         st.kubelet.delete_pod(uid, Some(10))?;
     }
     for uid in [&stuck_uid, &ok_uid] {
         st.kubelet.wait_terminated(uid, UP).await?;
     }
-    violations.extend(stop_violations(st.containerd.socket(), &stuck_uid, &stuck_plan, false).await?);
+    violations
+        .extend(stop_violations(st.containerd.socket(), &stuck_uid, &stuck_plan, false).await?);
     violations.extend(stop_violations(st.containerd.socket(), &ok_uid, &ok_plan, false).await?);
-    ensure!(violations.is_empty(), "ordering:\n{}", violations.join("\n"));
+    ensure!(
+        violations.is_empty(),
+        "ordering:\n{}",
+        violations.join("\n")
+    );
 
     let late = deadline_violations(j);
-    ensure!(late.is_empty(), "calls outlived kubelet's deadline:\n{}", late.join("\n"));
+    ensure!(
+        late.is_empty(),
+        "calls outlived kubelet's deadline:\n{}",
+        late.join("\n")
+    );
     let stuck_calls = stuck_calls(j, Duration::from_secs(10));
-    ensure!(stuck_calls.is_empty(), "calls still in flight:\n{}", stuck_calls.join("\n"));
+    ensure!(
+        stuck_calls.is_empty(),
+        "calls still in flight:\n{}",
+        stuck_calls.join("\n")
+    );
     wait_no_holds(&admin, Duration::from_secs(10)).await?;
-    let slowest = j.filter(|r| r.done.is_some()).iter().map(|r| r.elapsed()).max().unwrap_or_default();
+    let slowest = j
+        .filter(|r| r.done.is_some())
+        .iter()
+        .map(|r| r.elapsed())
+        .max()
+        .unwrap_or_default();
     eprintln!("slow runtime ({:?} per answer): {} calls, slowest {slowest:?} (kubelet deadline {TIMEOUT:?}), app held {held:?}, 0 late, 0 violations", delay(), j.calls().len());
     drop(splice);
     Ok(())
@@ -109,8 +151,17 @@ async fn holds_respect_kubelets_deadline_when_the_runtime_is_slow() -> Result<()
 
 /// The shape the ordering checks need, for a pod with one sidecar `proxy` and an `app`.
 fn planned(st: &crisp_e2e::stack::Stack, uid: &str, name: &str) -> Planned {
-    let spec = PodSpec::new(name, vec![crisp_e2e::emulator::ContainerSpec::sh("app", "true")]);
+    let spec = PodSpec::new(
+        name,
+        vec![crisp_e2e::emulator::ContainerSpec::sh("app", "true")],
+    );
     let _ = (st, uid);
     let delay = if name == "slow-ready" { 2.0 } else { 0.0 };
-    Planned { spec, probe: Probe::Exec, job: false, sidecars: vec![("proxy".into(), delay)], app: "app".into() }
+    Planned {
+        spec,
+        probe: Probe::Exec,
+        job: false,
+        sidecars: vec![("proxy".into(), delay)],
+        app: "app".into(),
+    }
 }

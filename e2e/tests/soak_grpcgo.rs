@@ -103,10 +103,23 @@ fn classify(r: &CallRecord) -> Kind {
     }
     match r.code {
         tonic::Code::Ok => Kind::Ok,
-        tonic::Code::FailedPrecondition if r.method == "CreateContainer" && r.message.starts_with("crisp: ") && r.message.contains(REFUSAL) => Kind::Refusal,
+        tonic::Code::FailedPrecondition
+            if r.method == "CreateContainer"
+                && r.message.starts_with("crisp: ")
+                && r.message.contains(REFUSAL) =>
+        {
+            Kind::Refusal
+        }
         // kubeGenericRuntimeManager: killContainer and killPodWithSyncResult treat NotFound as
         // done; GetPodStatus skips a sandbox or container that vanished between List and Status.
-        tonic::Code::NotFound if matches!(r.method, "StopContainer" | "StopPodSandbox" | "ContainerStatus" | "PodSandboxStatus") => Kind::ExpectedNotFound,
+        tonic::Code::NotFound
+            if matches!(
+                r.method,
+                "StopContainer" | "StopPodSandbox" | "ContainerStatus" | "PodSandboxStatus"
+            ) =>
+        {
+            Kind::ExpectedNotFound
+        }
         _ => Kind::Failed,
     }
 }
@@ -119,7 +132,9 @@ struct Sample {
 }
 
 fn fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
 }
 
 /// utime + stime of a process, seconds.
@@ -134,7 +149,12 @@ fn cpu_secs(pid: u32) -> f64 {
 /// Plans pod `i`: the reliability workload's shapes (probe kind by `i % 3`, a Job every 4th),
 /// and every 5th with its app listed before its sidecars.
 fn soak_plan(i: usize, rng: &Mutex<Rng>, secret: &str) -> (Planned, bool) {
-    let mut p = plan(i, &mut rng.lock().unwrap_or_else(|e| e.into_inner()), true, secret);
+    let mut p = plan(
+        i,
+        &mut rng.lock().unwrap_or_else(|e| e.into_inner()),
+        true,
+        secret,
+    );
     p.spec.name = format!("soak-{i}");
     if p.job {
         p.spec.labels.insert("job-name".into(), format!("soak-{i}"));
@@ -149,7 +169,15 @@ fn soak_plan(i: usize, rng: &Mutex<Rng>, secret: &str) -> (Planned, bool) {
 
 /// One slot: pods one after another until `end`. Ordering violations are collected; a pod that
 /// does not come up or go away fails the run.
-async fn slot(st: &Stack, next: &Mutex<usize>, rng: &Mutex<Rng>, secret: &str, end: Instant, counts: &Mutex<PodCounts>, violations: &Mutex<Vec<String>>) -> Result<()> {
+async fn slot(
+    st: &Stack,
+    next: &Mutex<usize>,
+    rng: &Mutex<Rng>,
+    secret: &str,
+    end: Instant,
+    counts: &Mutex<PodCounts>,
+    violations: &Mutex<Vec<String>>,
+) -> Result<()> {
     while Instant::now() < end {
         let i = {
             let mut n = next.lock().unwrap_or_else(|e| e.into_inner());
@@ -157,7 +185,10 @@ async fn slot(st: &Stack, next: &Mutex<usize>, rng: &Mutex<Rng>, secret: &str, e
             *n - 1
         };
         let (p, app_first) = soak_plan(i, rng, secret);
-        let dwell = rng.lock().unwrap_or_else(|e| e.into_inner()).millis(500, 3000);
+        let dwell = rng
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .millis(500, 3000);
         let uid = st.kubelet.add_pod(p.spec.clone())?;
         {
             let mut c = counts.lock().unwrap_or_else(|e| e.into_inner());
@@ -172,7 +203,11 @@ async fn slot(st: &Stack, next: &Mutex<usize>, rng: &Mutex<Rng>, secret: &str, e
             Ok(failed) if failed.is_empty() => {}
             Ok(_) => {
                 dump_pod(&st.kubelet, &uid);
-                bail!("Job pod {} ({uid}) Failed: {:#?}", p.spec.name, st.kubelet.pod(&uid));
+                bail!(
+                    "Job pod {} ({uid}) Failed: {:#?}",
+                    p.spec.name,
+                    st.kubelet.pod(&uid)
+                );
             }
             Err(e) => {
                 dump_pod(&st.kubelet, &uid);
@@ -187,30 +222,55 @@ async fn slot(st: &Stack, next: &Mutex<usize>, rng: &Mutex<Rng>, secret: &str, e
             tokio::time::sleep(dwell).await;
         }
         st.kubelet.delete_pod(&uid, None)?;
-        st.kubelet.wait_terminated(&uid, UP).await.with_context(|| format!("pod {} ({uid}) did not terminate", p.spec.name))?;
+        st.kubelet
+            .wait_terminated(&uid, UP)
+            .await
+            .with_context(|| format!("pod {} ({uid}) did not terminate", p.spec.name))?;
         v.extend(stop_violations(st.containerd.socket(), &uid, p, false).await?);
         if !v.is_empty() {
             dump_pod(&st.kubelet, &uid);
-            violations.lock().unwrap_or_else(|e| e.into_inner()).extend(v);
+            violations
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(v);
         }
-        remove_pods(st.containerd.socket(), &st.kubelet, std::slice::from_ref(&uid)).await?;
+        remove_pods(
+            st.containerd.socket(),
+            &st.kubelet,
+            std::slice::from_ref(&uid),
+        )
+        .await?;
     }
     Ok(())
 }
 
 /// A `crisp-grpcgo call` loop: `method` once per [`LOOP_INTERVAL`] for `secs`, on one grpc-go
 /// connection to `socket` (crisp's, or containerd's for the control), every failed call printed.
-async fn call_loop(socket: &std::path::Path, method: &'static str, req: Vec<u8>, secs: Duration) -> Result<(&'static str, CallOutput, i64)> {
+async fn call_loop(
+    socket: &std::path::Path,
+    method: &'static str,
+    req: Vec<u8>,
+    secs: Duration,
+) -> Result<(&'static str, CallOutput, i64)> {
     let out = grpcgo::call(
         socket,
         &format!("/runtime.v1.RuntimeService/{method}"),
         &req,
-        CallOpts { interval: Some(LOOP_INTERVAL), duration: Some(secs), errors: true, timeout: Duration::from_secs(120), ..Default::default() },
+        CallOpts {
+            interval: Some(LOOP_INTERVAL),
+            duration: Some(secs),
+            errors: true,
+            timeout: Duration::from_secs(120),
+            ..Default::default()
+        },
     )
     .await
     .with_context(|| format!("the {method} loop"))?;
     let exited = std::time::SystemTime::now();
-    eprintln!("soak: the {method} loop's client exited at {}", crisp_e2e::emulator::rfc3339_nano(exited));
+    eprintln!(
+        "soak: the {method} loop's client exited at {}",
+        crisp_e2e::emulator::rfc3339_nano(exited)
+    );
     Ok((method, out, wall_ns(exited).unwrap_or(0)))
 }
 
@@ -218,8 +278,19 @@ async fn soak(secs: Duration) -> Result<()> {
     let slots = env_usize("CRISP_SOAK_PODS", 5);
     let rng = Mutex::new(Rng::from_env("soak"));
     let secret = secret(&mut rng.lock().unwrap_or_else(|e| e.into_inner()));
-    let st = Stack::start_with(StackOpts { cni: true, via_grpcgo: true, ..Default::default() }, ten_times_kubelet).await?;
-    ensure!(!st.bridges.is_empty(), "the kubelet must reach crisp through grpc-go");
+    let st = Stack::start_with(
+        StackOpts {
+            cni: true,
+            via_grpcgo: true,
+            ..Default::default()
+        },
+        ten_times_kubelet,
+    )
+    .await?;
+    ensure!(
+        !st.bridges.is_empty(),
+        "the kubelet must reach crisp through grpc-go"
+    );
     let admin = admin_socket(&st);
     let pid = st.crisp.pid().context("crisp runs")?;
     let cpu0 = cpu_secs(pid);
@@ -236,10 +307,25 @@ async fn soak(secs: Duration) -> Result<()> {
     let loops = {
         let sock = st.crisp.socket().to_path_buf();
         let reqs: [(&'static str, Vec<u8>); 4] = [
-            ("ListPodSandbox", cri::ListPodSandboxRequest::default().encode_to_vec()),
-            ("ListContainers", cri::ListContainersRequest::default().encode_to_vec()),
-            ("Version", cri::VersionRequest { version: "0.1.0".into() }.encode_to_vec()),
-            ("Status", cri::StatusRequest { verbose: false }.encode_to_vec()),
+            (
+                "ListPodSandbox",
+                cri::ListPodSandboxRequest::default().encode_to_vec(),
+            ),
+            (
+                "ListContainers",
+                cri::ListContainersRequest::default().encode_to_vec(),
+            ),
+            (
+                "Version",
+                cri::VersionRequest {
+                    version: "0.1.0".into(),
+                }
+                .encode_to_vec(),
+            ),
+            (
+                "Status",
+                cri::StatusRequest { verbose: false }.encode_to_vec(),
+            ),
         ];
         reqs.map(|(m, r)| {
             let sock = sock.clone();
@@ -275,7 +361,10 @@ async fn soak(secs: Duration) -> Result<()> {
         }
     };
     let churn = async {
-        let r = futures_util::future::try_join_all((0..slots).map(|_| slot(&st, &next, &rng, &secret, end, &counts, &violations))).await;
+        let r = futures_util::future::try_join_all(
+            (0..slots).map(|_| slot(&st, &next, &rng, &secret, end, &counts, &violations)),
+        )
+        .await;
         let _ = done_tx.send(true);
         r
     };
@@ -289,7 +378,11 @@ async fn soak(secs: Duration) -> Result<()> {
     let (_, control, _) = control.await.context("the control loop panicked")??;
     let exits: Vec<i64> = outs.iter().map(|o| o.2).collect();
     let elapsed = started.elapsed();
-    let final_sample = Sample { at: elapsed, rss_kib: rss_kib(pid).unwrap_or(0), fds: fds(pid) };
+    let final_sample = Sample {
+        at: elapsed,
+        rss_kib: rss_kib(pid).unwrap_or(0),
+        fds: fds(pid),
+    };
     let cpu = cpu_secs(pid) - cpu0;
 
     // Everything is gone: crisp holds and tracks nothing, kept no job-mode mark.
@@ -297,7 +390,8 @@ async fn soak(secs: Duration) -> Result<()> {
     let text = metrics(&admin).await?;
     let tracked_pods = sample(&text, "crisp_tracked_pods");
     let tracked_containers = sample(&text, "crisp_tracked_containers");
-    let start_holds = sample(&text, "crisp_hold_seconds_count{gate=\"start\"}").unwrap_or(0.0) as u64;
+    let start_holds =
+        sample(&text, "crisp_hold_seconds_count{gate=\"start\"}").unwrap_or(0.0) as u64;
     let marks = terminated_marks(&st.crisp.dir().join("state"));
 
     // The calls.
@@ -319,30 +413,56 @@ async fn soak(secs: Duration) -> Result<()> {
         match k {
             Kind::Failed => failed.push(format!("emulator: {}", j.format_record(r))),
             // A periodic call may be on its way at the end; an ordering call may not.
-            Kind::InFlight if !r.is_polling() || r.elapsed() > Duration::from_secs(5) => failed.push(format!("emulator, still in flight: {}", j.format_record(r))),
+            Kind::InFlight if !r.is_polling() || r.elapsed() > Duration::from_secs(5) => {
+                failed.push(format!("emulator, still in flight: {}", j.format_record(r)))
+            }
             _ => {}
         }
     }
-    failed.extend(deadline_violations(j).into_iter().map(|l| format!("emulator, past kubelet's deadline: {l}")));
+    failed.extend(
+        deadline_violations(j)
+            .into_iter()
+            .map(|l| format!("emulator, past kubelet's deadline: {l}")),
+    );
     let mut loop_calls = 0;
     let mut loop_goaways = Vec::new();
     for (m, o, _) in &outs {
         loop_calls += o.summary.ok + o.summary.failed;
         for c in &o.calls {
-            failed.push(format!("{m} loop: {} {}: {} ({} ms)", c.at, c.code, c.message, c.ms));
+            failed.push(format!(
+                "{m} loop: {} {}: {} ({} ms)",
+                c.at, c.code, c.message, c.ms
+            ));
         }
         if o.summary.failed as usize > o.calls.len() {
-            failed.push(format!("{m} loop: {} failed calls in all ({:?}), first: {:?}", o.summary.failed, o.summary.codes, o.summary.first_error));
+            failed.push(format!(
+                "{m} loop: {} failed calls in all ({:?}), first: {:?}",
+                o.summary.failed, o.summary.codes, o.summary.first_error
+            ));
         }
-        loop_goaways.extend(o.summary.wire.goaways.iter().map(|g| format!("{m} loop: {g}")));
-        loop_goaways.extend(o.stderr.lines().filter(|l| l.contains("GOAWAY")).map(|l| format!("{m} loop: {l}")));
+        loop_goaways.extend(
+            o.summary
+                .wire
+                .goaways
+                .iter()
+                .map(|g| format!("{m} loop: {g}")),
+        );
+        loop_goaways.extend(
+            o.stderr
+                .lines()
+                .filter(|l| l.contains("GOAWAY"))
+                .map(|l| format!("{m} loop: {l}")),
+        );
     }
     loop_goaways.dedup();
 
     // GOAWAYs and broken pipes.
     let log = st.crisp.log_text();
     let crisp_goaways: Vec<&str> = log.lines().filter(|l| l.contains("GOAWAY")).collect();
-    let (client_exits, broken_pipes): (Vec<&str>, Vec<&str>) = log.lines().filter(|l| l.contains("Broken pipe")).partition(|l| at_a_client_exit(l, &exits));
+    let (client_exits, broken_pipes): (Vec<&str>, Vec<&str>) = log
+        .lines()
+        .filter(|l| l.contains("Broken pipe"))
+        .partition(|l| at_a_client_exit(l, &exits));
     let mut bridge_goaways = Vec::new();
     let mut bridge_counts = Vec::new();
     for b in &st.bridges {
@@ -362,7 +482,10 @@ async fn soak(secs: Duration) -> Result<()> {
         ));
     }
     let b64 = base64(secret.as_bytes());
-    let leaks = log.lines().filter(|l| l.contains(&secret) || l.contains(&b64)).count();
+    let leaks = log
+        .lines()
+        .filter(|l| l.contains(&secret) || l.contains(&b64))
+        .count();
 
     // The report.
     let c = std::mem::take(&mut *counts.lock().unwrap_or_else(|e| e.into_inner()));
@@ -383,11 +506,19 @@ async fn soak(secs: Duration) -> Result<()> {
         "calls: {} in all — emulator {} ({}), call loops {loop_calls} ({})",
         calls.len() as u64 + loop_calls,
         calls.len(),
-        by_kind.iter().map(|(k, n)| format!("{k} {n}")).collect::<Vec<_>>().join(", "),
+        by_kind
+            .iter()
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect::<Vec<_>>()
+            .join(", "),
         outs.iter()
             .map(|(m, o, _)| format!(
                 "{m} {} ok / {} failed, p50 {:.2} ms, p99 {:.2} ms, max {:.1} ms",
-                o.summary.ok, o.summary.failed, o.summary.p50_ms, o.summary.p99_ms, o.summary.max_ms
+                o.summary.ok,
+                o.summary.failed,
+                o.summary.p50_ms,
+                o.summary.p99_ms,
+                o.summary.max_ms
             ))
             .collect::<Vec<_>>()
             .join("; ")
@@ -400,7 +531,12 @@ async fn soak(secs: Duration) -> Result<()> {
     for f in failed.iter().take(50) {
         eprintln!("  {f}");
     }
-    eprintln!("GOAWAYs: crisp's log {}, the bridge {}, the call loops {}", crisp_goaways.len(), bridge_goaways.len(), loop_goaways.len());
+    eprintln!(
+        "GOAWAYs: crisp's log {}, the bridge {}, the call loops {}",
+        crisp_goaways.len(),
+        bridge_goaways.len(),
+        loop_goaways.len()
+    );
     for g in crisp_goaways.iter().take(20) {
         eprintln!("  crisp: {g}");
     }
@@ -412,14 +548,34 @@ async fn soak(secs: Duration) -> Result<()> {
     }
     eprintln!("Broken pipe lines in crisp's log: {} ({} more as a call loop's client exited, not counted)", broken_pipes.len(), client_exits.len());
     let all: Vec<&str> = log.lines().collect();
-    for (i, l) in all.iter().enumerate().filter(|(_, l)| l.contains("Broken pipe")).take(20) {
+    for (i, l) in all
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.contains("Broken pipe"))
+        .take(20)
+    {
         for before in &all[i.saturating_sub(3)..i] {
             eprintln!("    {before}");
         }
         eprintln!("  {l}");
     }
-    eprintln!("crisp RSS (KiB) every {} s: {}", SAMPLE.as_secs(), samples.iter().map(|s| format!("{:.0}s {}", s.at.as_secs_f64(), s.rss_kib)).collect::<Vec<_>>().join(", "));
-    eprintln!("crisp fds: {}", samples.iter().map(|s| s.fds.to_string()).collect::<Vec<_>>().join(", "));
+    eprintln!(
+        "crisp RSS (KiB) every {} s: {}",
+        SAMPLE.as_secs(),
+        samples
+            .iter()
+            .map(|s| format!("{:.0}s {}", s.at.as_secs_f64(), s.rss_kib))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    eprintln!(
+        "crisp fds: {}",
+        samples
+            .iter()
+            .map(|s| s.fds.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     eprintln!(
         "crisp CPU: {:.1} s in {:.0} s ({:.1} %); log {} lines, {} KiB; at the end: tracked pods {tracked_pods:?}, containers {tracked_containers:?}, job-mode marks {marks}",
         cpu,
@@ -431,23 +587,58 @@ async fn soak(secs: Duration) -> Result<()> {
 
     // The verdicts.
     let violations = std::mem::take(&mut *violations.lock().unwrap_or_else(|e| e.into_inner()));
-    ensure!(violations.is_empty(), "ordering violations:\n{}", violations.join("\n"));
-    ensure!(c.pods >= slots, "only {} pods started: the run proves little", c.pods);
-    ensure!(failed.is_empty(), "{} failed calls (listed above)", failed.len());
-    ensure!(crisp_goaways.is_empty() && bridge_goaways.is_empty() && loop_goaways.is_empty(), "GOAWAYs seen (listed above)");
-    ensure!(broken_pipes.is_empty(), "{} Broken pipe lines in crisp's log", broken_pipes.len());
+    ensure!(
+        violations.is_empty(),
+        "ordering violations:\n{}",
+        violations.join("\n")
+    );
+    ensure!(
+        c.pods >= slots,
+        "only {} pods started: the run proves little",
+        c.pods
+    );
+    ensure!(
+        failed.is_empty(),
+        "{} failed calls (listed above)",
+        failed.len()
+    );
+    ensure!(
+        crisp_goaways.is_empty() && bridge_goaways.is_empty() && loop_goaways.is_empty(),
+        "GOAWAYs seen (listed above)"
+    );
+    ensure!(
+        broken_pipes.is_empty(),
+        "{} Broken pipe lines in crisp's log",
+        broken_pipes.len()
+    );
     ensure!(leaks == 0, "the secret is in {leaks} lines of crisp's log");
     ensure!(
         tracked_pods == Some(0.0) && tracked_containers == Some(0.0),
         "crisp still tracks pods {tracked_pods:?} / containers {tracked_containers:?}: {:?}",
         tracked_pods_list(&admin).await
     );
-    ensure!(marks == 0, "{marks} job-mode marks left in crisp's state dir");
-    let under_load: Vec<u64> = samples.iter().filter(|s| s.at >= SAMPLE - Duration::from_millis(500)).map(|s| s.rss_kib).collect();
-    ensure!(under_load.len() >= 3, "only {} RSS samples under load: run longer than {} s", under_load.len(), 3 * SAMPLE.as_secs());
+    ensure!(
+        marks == 0,
+        "{marks} job-mode marks left in crisp's state dir"
+    );
+    let under_load: Vec<u64> = samples
+        .iter()
+        .filter(|s| s.at >= SAMPLE - Duration::from_millis(500))
+        .map(|s| s.rss_kib)
+        .collect();
+    ensure!(
+        under_load.len() >= 3,
+        "only {} RSS samples under load: run longer than {} s",
+        under_load.len(),
+        3 * SAMPLE.as_secs()
+    );
     let third = under_load.len() / 3;
     let first = under_load[..third].iter().max().copied().unwrap_or(0);
-    let last = under_load[under_load.len() - third..].iter().max().copied().unwrap_or(0);
+    let last = under_load[under_load.len() - third..]
+        .iter()
+        .max()
+        .copied()
+        .unwrap_or(0);
     eprintln!("RSS: peak of the first third {first} KiB, of the last third {last} KiB ({:+} KiB; allowed +{RSS_SLACK_KIB})", last as i64 - first as i64);
     ensure!(last <= first + RSS_SLACK_KIB, "crisp's RSS grew: last third's peak {last} KiB > first third's {first} KiB + {RSS_SLACK_KIB} KiB");
     Ok(())
@@ -463,8 +654,10 @@ async fn soak(secs: Duration) -> Result<()> {
 /// any other Broken pipe line fails the soak.
 fn at_a_client_exit(line: &str, exits: &[i64]) -> bool {
     const WINDOW_NS: i64 = 1_000_000_000;
-    let relay_client = line.contains("DEBUG crisp::proxy::relay: client connection closed error=Broken pipe");
-    relay_client && log_time_ns(line).is_some_and(|t| exits.iter().any(|&e| (t - e).abs() <= WINDOW_NS))
+    let relay_client =
+        line.contains("DEBUG crisp::proxy::relay: client connection closed error=Broken pipe");
+    relay_client
+        && log_time_ns(line).is_some_and(|t| exits.iter().any(|&e| (t - e).abs() <= WINDOW_NS))
 }
 
 /// The time at the start of one of crisp's log lines (`2026-11-24T14:32:09.135020Z …`), ns since
@@ -489,22 +682,38 @@ fn log_time_ns(line: &str) -> Option<i64> {
 }
 
 async fn tracked_pods_list(admin: &std::path::Path) -> Vec<String> {
-    tracked_pods(admin).await.map(|v| v.iter().map(|p| format!("{p:?}")).collect()).unwrap_or_default()
+    tracked_pods(admin)
+        .await
+        .map(|v| v.iter().map(|p| format!("{p:?}")).collect())
+        .unwrap_or_default()
 }
 
 #[test]
 fn broken_pipes_are_excused_only_at_a_client_exit() {
-    let t = |s: &str| crisp_e2e::emulator::rfc3339_nano(std::time::UNIX_EPOCH + Duration::from_nanos(log_time_ns(s).expect("parses") as u64));
-    assert_eq!(t("2026-11-24T14:32:09.135020Z x"), "2026-11-24T14:32:09.13502Z");
+    let t = |s: &str| {
+        crisp_e2e::emulator::rfc3339_nano(
+            std::time::UNIX_EPOCH + Duration::from_nanos(log_time_ns(s).expect("parses") as u64),
+        )
+    };
+    assert_eq!(
+        t("2026-11-24T14:32:09.135020Z x"),
+        "2026-11-24T14:32:09.13502Z"
+    );
     assert_eq!(t("2024-02-29T00:00:00Z x"), "2024-02-29T00:00:00Z");
     assert_eq!(t("1970-01-01T00:00:01.5Z x"), "1970-01-01T00:00:01.5Z");
     let exit = log_time_ns("2026-11-24T14:32:09.900000Z").unwrap();
     let line = "2026-11-24T14:32:09.135020Z DEBUG crisp::proxy::relay: client connection closed error=Broken pipe (os error 32)";
     assert!(at_a_client_exit(line, &[exit]));
-    assert!(!at_a_client_exit(line, &[exit + 2_000_000_000]), "too far from the exit");
+    assert!(
+        !at_a_client_exit(line, &[exit + 2_000_000_000]),
+        "too far from the exit"
+    );
     assert!(!at_a_client_exit(line, &[]));
     let upstream = "2026-11-24T14:32:09.135020Z WARN crisp::proxy::relay: writing to the upstream connection failed error=Broken pipe (os error 32)";
-    assert!(!at_a_client_exit(upstream, &[exit]), "the runtime side is never excused");
+    assert!(
+        !at_a_client_exit(upstream, &[exit]),
+        "the runtime side is never excused"
+    );
 }
 
 #[test]
@@ -533,11 +742,41 @@ fn only_crisps_refusal_and_tolerated_not_founds_are_not_failures() {
         message: message.to_string(),
     };
     let refusal = format!("crisp: sidecar \"side0\" of pod default/soak-1 is not created yet (is it listed after this container?); kubelet will retry \"app\" ({REFUSAL})");
-    assert_eq!(classify(&rec("CreateContainer", tonic::Code::FailedPrecondition, &refusal)), Kind::Refusal);
-    assert_eq!(classify(&rec("StartContainer", tonic::Code::FailedPrecondition, &refusal)), Kind::Failed);
-    assert_eq!(classify(&rec("CreateContainer", tonic::Code::FailedPrecondition, "no such image")), Kind::Failed);
-    assert_eq!(classify(&rec("StopContainer", tonic::Code::NotFound, "gone")), Kind::ExpectedNotFound);
-    assert_eq!(classify(&rec("RemoveContainer", tonic::Code::NotFound, "gone")), Kind::Failed);
-    assert_eq!(classify(&rec("ListContainers", tonic::Code::Unavailable, "GOAWAY")), Kind::Failed);
+    assert_eq!(
+        classify(&rec(
+            "CreateContainer",
+            tonic::Code::FailedPrecondition,
+            &refusal
+        )),
+        Kind::Refusal
+    );
+    assert_eq!(
+        classify(&rec(
+            "StartContainer",
+            tonic::Code::FailedPrecondition,
+            &refusal
+        )),
+        Kind::Failed
+    );
+    assert_eq!(
+        classify(&rec(
+            "CreateContainer",
+            tonic::Code::FailedPrecondition,
+            "no such image"
+        )),
+        Kind::Failed
+    );
+    assert_eq!(
+        classify(&rec("StopContainer", tonic::Code::NotFound, "gone")),
+        Kind::ExpectedNotFound
+    );
+    assert_eq!(
+        classify(&rec("RemoveContainer", tonic::Code::NotFound, "gone")),
+        Kind::Failed
+    );
+    assert_eq!(
+        classify(&rec("ListContainers", tonic::Code::Unavailable, "GOAWAY")),
+        Kind::Failed
+    );
     assert_eq!(classify(&rec("Version", tonic::Code::Ok, "")), Kind::Ok);
 }

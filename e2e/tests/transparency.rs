@@ -9,14 +9,18 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use crisp_e2e::crisp::{Crisp, CrispOpts};
 use crisp_e2e::harness::{
-    create_and_start, cri_clients, host_network_sandbox, image_ref, require_root, shell_container, wait_log_line, Containerd, ContainerdOpts, BUSYBOX_IMAGE, TRAPPED_LOOP,
+    create_and_start, cri_clients, host_network_sandbox, image_ref, require_root, shell_container,
+    wait_log_line, Containerd, ContainerdOpts, BUSYBOX_IMAGE, TRAPPED_LOOP,
 };
 use crisp_e2e::raw;
 use k8s_cri::v1 as cri;
 use prost::Message;
 
 fn sandbox_config(name: &str, log_dir: &Path) -> cri::PodSandboxConfig {
-    cri::PodSandboxConfig { labels: [("app".to_string(), name.to_string())].into(), ..host_network_sandbox(name, "e2e", log_dir) }
+    cri::PodSandboxConfig {
+        labels: [("app".to_string(), name.to_string())].into(),
+        ..host_network_sandbox(name, "e2e", log_dir)
+    }
 }
 
 /// Calls `path` directly, through crisp, and directly again; the answer through crisp must be
@@ -51,47 +55,121 @@ async fn pod_lifecycle_through_crisp_is_byte_identical() -> Result<()> {
     let log_dir = ctrd.dir().join("pods/transparency");
     std::fs::create_dir_all(&log_dir)?;
     let sb = sandbox_config("transparency", &log_dir);
-    let pod = rt.run_pod_sandbox(cri::RunPodSandboxRequest { config: Some(sb.clone()), runtime_handler: String::new() }).await?.into_inner().pod_sandbox_id;
+    let pod = rt
+        .run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(sb.clone()),
+            runtime_handler: String::new(),
+        })
+        .await?
+        .into_inner()
+        .pod_sandbox_id;
     let busybox = image_ref(&mut img, BUSYBOX_IMAGE).await?;
 
     let mut ids = Vec::new();
     for name in ["first", "second"] {
         let cfg = shell_container(name, &busybox, TRAPPED_LOOP);
         ids.push(create_and_start(&mut rt, &pod, &sb, cfg).await?);
-        wait_log_line(&log_dir.join(format!("{name}.log")), "trap-set", Duration::from_secs(10)).await?;
+        wait_log_line(
+            &log_dir.join(format!("{name}.log")),
+            "trap-set",
+            Duration::from_secs(10),
+        )
+        .await?;
     }
     // Both running, seen through crisp.
-    let listed = rt.list_containers(cri::ListContainersRequest { filter: None }).await?.into_inner().containers;
+    let listed = rt
+        .list_containers(cri::ListContainersRequest { filter: None })
+        .await?
+        .into_inner()
+        .containers;
     assert_eq!(listed.len(), 2);
-    assert!(listed.iter().all(|c| c.state == cri::ContainerState::ContainerRunning as i32), "{listed:?}");
+    assert!(
+        listed
+            .iter()
+            .all(|c| c.state == cri::ContainerState::ContainerRunning as i32),
+        "{listed:?}"
+    );
 
     // Every List/Status call, both CRI versions, byte for byte.
     for v in ["v1", "v1alpha2"] {
         let rs = format!("/runtime.{v}.RuntimeService");
         let is = format!("/runtime.{v}.ImageService");
         let calls: Vec<(String, Vec<u8>)> = vec![
-            (format!("{rs}/Version"), cri::VersionRequest { version: v.into() }.encode_to_vec()),
-            (format!("{rs}/Status"), cri::StatusRequest { verbose: false }.encode_to_vec()),
-            (format!("{rs}/ListPodSandbox"), cri::ListPodSandboxRequest { filter: None }.encode_to_vec()),
-            (format!("{rs}/PodSandboxStatus"), cri::PodSandboxStatusRequest { pod_sandbox_id: pod.clone(), verbose: false }.encode_to_vec()),
-            (format!("{rs}/ListContainers"), cri::ListContainersRequest { filter: None }.encode_to_vec()),
+            (
+                format!("{rs}/Version"),
+                cri::VersionRequest { version: v.into() }.encode_to_vec(),
+            ),
+            (
+                format!("{rs}/Status"),
+                cri::StatusRequest { verbose: false }.encode_to_vec(),
+            ),
+            (
+                format!("{rs}/ListPodSandbox"),
+                cri::ListPodSandboxRequest { filter: None }.encode_to_vec(),
+            ),
+            (
+                format!("{rs}/PodSandboxStatus"),
+                cri::PodSandboxStatusRequest {
+                    pod_sandbox_id: pod.clone(),
+                    verbose: false,
+                }
+                .encode_to_vec(),
+            ),
             (
                 format!("{rs}/ListContainers"),
-                cri::ListContainersRequest { filter: Some(cri::ContainerFilter { pod_sandbox_id: pod.clone(), ..Default::default() }) }.encode_to_vec(),
+                cri::ListContainersRequest { filter: None }.encode_to_vec(),
             ),
-            (format!("{rs}/ContainerStatus"), cri::ContainerStatusRequest { container_id: ids[0].clone(), verbose: false }.encode_to_vec()),
-            (format!("{rs}/ContainerStatus"), cri::ContainerStatusRequest { container_id: ids[1].clone(), verbose: true }.encode_to_vec()),
-            (format!("{is}/ListImages"), cri::ListImagesRequest { filter: None }.encode_to_vec()),
+            (
+                format!("{rs}/ListContainers"),
+                cri::ListContainersRequest {
+                    filter: Some(cri::ContainerFilter {
+                        pod_sandbox_id: pod.clone(),
+                        ..Default::default()
+                    }),
+                }
+                .encode_to_vec(),
+            ),
+            (
+                format!("{rs}/ContainerStatus"),
+                cri::ContainerStatusRequest {
+                    container_id: ids[0].clone(),
+                    verbose: false,
+                }
+                .encode_to_vec(),
+            ),
+            (
+                format!("{rs}/ContainerStatus"),
+                cri::ContainerStatusRequest {
+                    container_id: ids[1].clone(),
+                    verbose: true,
+                }
+                .encode_to_vec(),
+            ),
+            (
+                format!("{is}/ListImages"),
+                cri::ListImagesRequest { filter: None }.encode_to_vec(),
+            ),
             (
                 format!("{is}/ImageStatus"),
-                cri::ImageStatusRequest { image: Some(cri::ImageSpec { image: BUSYBOX_IMAGE.into(), ..Default::default() }), verbose: false }.encode_to_vec(),
+                cri::ImageStatusRequest {
+                    image: Some(cri::ImageSpec {
+                        image: BUSYBOX_IMAGE.into(),
+                        ..Default::default()
+                    }),
+                    verbose: false,
+                }
+                .encode_to_vec(),
             ),
         ];
         for (path, msg) in calls {
             assert_identical(ctrd.socket(), crisp.socket(), &path, &msg).await?;
         }
         // An error status from the runtime passes through verbatim too.
-        let missing = cri::ContainerStatusRequest { container_id: "does-not-exist".into(), verbose: false }.encode_to_vec();
+        let missing = cri::ContainerStatusRequest {
+            container_id: "does-not-exist".into(),
+            verbose: false,
+        }
+        .encode_to_vec();
         let d = raw::call(ctrd.socket(), &format!("{rs}/ContainerStatus"), &missing).await?;
         let via = raw::call(crisp.socket(), &format!("{rs}/ContainerStatus"), &missing).await?;
         assert_eq!(via, d);
@@ -100,18 +178,47 @@ async fn pod_lifecycle_through_crisp_is_byte_identical() -> Result<()> {
 
     // Stop and remove through crisp.
     for id in &ids {
-        rt.stop_container(cri::StopContainerRequest { container_id: id.clone(), timeout: 5 }).await?;
-        let st = rt.container_status(cri::ContainerStatusRequest { container_id: id.clone(), verbose: false }).await?.into_inner().status.context("status")?;
+        rt.stop_container(cri::StopContainerRequest {
+            container_id: id.clone(),
+            timeout: 5,
+        })
+        .await?;
+        let st = rt
+            .container_status(cri::ContainerStatusRequest {
+                container_id: id.clone(),
+                verbose: false,
+            })
+            .await?
+            .into_inner()
+            .status
+            .context("status")?;
         assert_eq!(st.state, cri::ContainerState::ContainerExited as i32);
         assert_eq!(st.exit_code, 0, "the container's TERM trap exits 0");
-        rt.remove_container(cri::RemoveContainerRequest { container_id: id.clone() }).await?;
+        rt.remove_container(cri::RemoveContainerRequest {
+            container_id: id.clone(),
+        })
+        .await?;
     }
-    rt.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: pod.clone() }).await?;
-    rt.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: pod.clone() }).await?;
+    rt.stop_pod_sandbox(cri::StopPodSandboxRequest {
+        pod_sandbox_id: pod.clone(),
+    })
+    .await?;
+    rt.remove_pod_sandbox(cri::RemovePodSandboxRequest {
+        pod_sandbox_id: pod.clone(),
+    })
+    .await?;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let left = rt.list_containers(cri::ListContainersRequest { filter: None }).await?.into_inner().containers;
-        let pods = rt.list_pod_sandbox(cri::ListPodSandboxRequest { filter: None }).await?.into_inner().items;
+        let left = rt
+            .list_containers(cri::ListContainersRequest { filter: None })
+            .await?
+            .into_inner()
+            .containers;
+        let pods = rt
+            .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+            .await?
+            .into_inner()
+            .items;
         if left.is_empty() && pods.is_empty() {
             break;
         }

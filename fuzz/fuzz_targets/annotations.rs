@@ -17,9 +17,11 @@
 use std::collections::HashMap;
 
 use arbitrary::Arbitrary;
-use crisp::config::{SidecarRule, MAX_START_TIMEOUT};
 use crisp::config::injectors::builtin;
-use crisp::ordering::annotations::{PodPolicy, Source, MAX_SIDECARS, MAX_WARNINGS_KEPT, READY_PREFIX, SIDECARS};
+use crisp::config::{SidecarRule, MAX_START_TIMEOUT};
+use crisp::ordering::annotations::{
+    PodPolicy, Source, MAX_SIDECARS, MAX_WARNINGS_KEPT, READY_PREFIX, SIDECARS,
+};
 use crisp::tenant::{is_dns1123_label, MAX_LOG_LINE, MAX_VALUE};
 use libfuzzer_sys::fuzz_target;
 
@@ -72,7 +74,13 @@ fuzz_target!(|input: Input| {
             Key::IstioStatus => ISTIO_STATUS.into(),
             Key::IstioNames(names) => {
                 let list: Vec<String> = names.iter().map(|n| format!("{n:?}")).collect();
-                ann.insert(ISTIO_STATUS.into(), format!(r#"{{"initContainers":["istio-init"],"containers":[{}]}}"#, list.join(",")));
+                ann.insert(
+                    ISTIO_STATUS.into(),
+                    format!(
+                        r#"{{"initContainers":["istio-init"],"containers":[{}]}}"#,
+                        list.join(",")
+                    ),
+                );
                 continue;
             }
             Key::IstioPort => "status.sidecar.istio.io/port".into(),
@@ -80,38 +88,70 @@ fuzz_target!(|input: Input| {
             Key::VaultStatus => "vault.hashicorp.com/agent-inject-status".into(),
             Key::Other(s) => s,
         };
-        let v = if i == 0 && input.blow_up > 0 { v.repeat(input.blow_up as usize % 2048 + 1) } else { v };
+        let v = if i == 0 && input.blow_up > 0 {
+            v.repeat(input.blow_up as usize % 2048 + 1)
+        } else {
+            v
+        };
         ann.insert(key, v);
     }
-    let rules: Vec<SidecarRule> = input.rules.into_iter().map(|(name, ready)| SidecarRule { name, ready }).collect();
+    let rules: Vec<SidecarRule> = input
+        .rules
+        .into_iter()
+        .map(|(name, ready)| SidecarRule { name, ready })
+        .collect();
 
     let table = builtin();
     let (policy, warnings) = PodPolicy::parse_with(&ann, &rules, &table);
 
     if policy.source == Source::Annotation {
-        let listed = ann.get(SIDECARS).expect("annotation source without the annotation");
-        assert!(policy.sidecars.len() <= MAX_SIDECARS, "{} sidecars", policy.sidecars.len());
+        let listed = ann
+            .get(SIDECARS)
+            .expect("annotation source without the annotation");
+        assert!(
+            policy.sidecars.len() <= MAX_SIDECARS,
+            "{} sidecars",
+            policy.sidecars.len()
+        );
         assert!(!policy.sidecars.is_empty());
         let mut seen = std::collections::HashSet::new();
         for s in &policy.sidecars {
             let n = s.name.as_str();
             assert!(!n.is_empty() && n.len() <= 63, "bad name {n:?}");
-            assert!(n.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'), "bad name {n:?}");
+            assert!(
+                n.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'),
+                "bad name {n:?}"
+            );
             assert!(!n.starts_with('-') && !n.ends_with('-'), "bad name {n:?}");
             assert!(seen.insert(n), "duplicate sidecar {n:?}");
             assert!(listed.contains(n), "{n:?} not in the annotation");
-            assert_eq!(policy.sidecar_index(n), policy.sidecars.iter().position(|x| x.name == n));
+            assert_eq!(
+                policy.sidecar_index(n),
+                policy.sidecars.iter().position(|x| x.name == n)
+            );
         }
     } else if policy.source == Source::Injector {
         let table_sidecars: usize = table.iter().map(|r| r.sidecars.len()).sum();
-        assert!(policy.sidecars.len() <= MAX_SIDECARS + table_sidecars, "{} injected sidecars", policy.sidecars.len());
+        assert!(
+            policy.sidecars.len() <= MAX_SIDECARS + table_sidecars,
+            "{} injected sidecars",
+            policy.sidecars.len()
+        );
         let mut seen = std::collections::HashSet::new();
         for s in &policy.sidecars {
             assert!(is_dns1123_label(&s.name), "bad injected name {:?}", s.name);
-            assert!(seen.insert(s.name.as_str()), "duplicate injected sidecar {:?}", s.name);
+            assert!(
+                seen.insert(s.name.as_str()),
+                "duplicate injected sidecar {:?}",
+                s.name
+            );
         }
         if ann.get(ISTIO_STATUS).is_some_and(|v| v.len() > MAX_VALUE) {
-            assert!(!policy.injectors.iter().any(|i| i == "istio"), "an oversized status was recognised");
+            assert!(
+                !policy.injectors.iter().any(|i| i == "istio"),
+                "an oversized status was recognised"
+            );
         }
     } else if policy.source == Source::OptOut {
         // `crisp.dev/sidecars: ""`: the pod opted out, whatever the node's rules say.
@@ -119,21 +159,52 @@ fuzz_target!(|input: Input| {
     } else {
         assert_eq!(policy.sidecars.len(), rules.len());
     }
-    assert!(policy.init_containers.iter().all(|n| n.len() <= 253), "an init container name past any bound");
+    assert!(
+        policy.init_containers.iter().all(|n| n.len() <= 253),
+        "an init container name past any bound"
+    );
     if let Some(d) = policy.start_timeout {
-        assert!(!d.is_zero() && d <= MAX_START_TIMEOUT, "accepted start timeout {d:?}");
+        assert!(
+            !d.is_zero() && d <= MAX_START_TIMEOUT,
+            "accepted start timeout {d:?}"
+        );
     }
     for w in warnings.windows(2) {
         assert!(w[0].key <= w[1].key, "warnings not sorted");
     }
-    assert!(warnings.len() <= MAX_WARNINGS_KEPT && warnings.len() <= warnings.total(), "{} kept of {}", warnings.len(), warnings.total());
+    assert!(
+        warnings.len() <= MAX_WARNINGS_KEPT && warnings.len() <= warnings.total(),
+        "{} kept of {}",
+        warnings.len(),
+        warnings.total()
+    );
     let summary = warnings.summary();
-    assert!(summary.len() <= MAX_LOG_LINE, "a {}-byte summary line", summary.len());
-    assert!(!summary.chars().any(char::is_control), "control characters in the summary line");
+    assert!(
+        summary.len() <= MAX_LOG_LINE,
+        "a {}-byte summary line",
+        summary.len()
+    );
+    assert!(
+        !summary.chars().any(char::is_control),
+        "control characters in the summary line"
+    );
     for w in &warnings {
-        assert!(ann.contains_key(&w.key), "warning for a key the pod does not have: {:?}", w.key);
+        assert!(
+            ann.contains_key(&w.key),
+            "warning for a key the pod does not have: {:?}",
+            w.key
+        );
         let line = w.to_string();
-        assert!(!line.chars().any(char::is_control), "control characters in a warning");
-        assert!(line.len() <= MAX_WARNING_LINE, "a {}-byte warning line (key {} bytes, value {} bytes)", line.len(), w.key.len(), w.value.len());
+        assert!(
+            !line.chars().any(char::is_control),
+            "control characters in a warning"
+        );
+        assert!(
+            line.len() <= MAX_WARNING_LINE,
+            "a {}-byte warning line (key {} bytes, value {} bytes)",
+            line.len(),
+            w.key.len(),
+            w.value.len()
+        );
     }
 });

@@ -12,8 +12,8 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use crisp::proxy::h2::{self as f, Flags, Head, Kind};
 use crisp::proxy::h2::hpack::Decoder;
+use crisp::proxy::h2::{self as f, Flags, Head, Kind};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]
@@ -35,12 +35,19 @@ fn walk(buf: &[u8]) -> (Vec<(Head, std::ops::Range<usize>)>, usize) {
         assert!(head.len < 1 << 24);
         assert_eq!(head.stream & 0x8000_0000, 0, "the reserved bit is masked");
         let len = f::HEADER_LEN + head.len;
-        assert!(buf.len() - pos >= len, "complete_at returned an incomplete frame");
+        assert!(
+            buf.len() - pos >= len,
+            "complete_at returned an incomplete frame"
+        );
         frames.push((head, pos + f::HEADER_LEN..pos + len));
         pos += len;
     }
     match Head::parse(&buf[pos..]) {
-        Some(h) => assert_eq!(missing, f::HEADER_LEN + h.len - (buf.len() - pos), "missing bytes miscounted"),
+        Some(h) => assert_eq!(
+            missing,
+            f::HEADER_LEN + h.len - (buf.len() - pos),
+            "missing bytes miscounted"
+        ),
         None => assert_eq!(missing, 0),
     }
     (frames, pos)
@@ -52,7 +59,10 @@ fuzz_target!(|input: Input| {
     assert!(used <= input.wire.len());
     let rest = input.wire.len() - used;
     if let Some(h) = Head::parse(&input.wire[used..]) {
-        assert!(rest < f::HEADER_LEN + h.len, "a complete frame was left unwalked");
+        assert!(
+            rest < f::HEADER_LEN + h.len,
+            "a complete frame was left unwalked"
+        );
     } else {
         assert!(rest < f::HEADER_LEN);
     }
@@ -61,17 +71,31 @@ fuzz_target!(|input: Input| {
         // RFC 9113 §6.1/§6.2, computed independently: an optional pad-length byte first, then
         // (HEADERS with PRIORITY) 5 bytes of priority, the fragment, and the padding last.
         let padded = head.has(Flags::PADDED);
-        let pad = if padded { payload.first().map(|&p| p as usize) } else { Some(0) };
+        let pad = if padded {
+            payload.first().map(|&p| p as usize)
+        } else {
+            Some(0)
+        };
         match head.kind {
             Kind::Headers | Kind::Continuation => {
-                let prio = if head.kind == Kind::Headers && head.has(Flags::PRIORITY) { 5 } else { 0 };
+                let prio = if head.kind == Kind::Headers && head.has(Flags::PRIORITY) {
+                    5
+                } else {
+                    0
+                };
                 let start = usize::from(padded) + prio;
-                let expected = pad.and_then(|p| payload.len().checked_sub(p)).filter(|&end| start <= end).map(|end| start..end);
+                let expected = pad
+                    .and_then(|p| payload.len().checked_sub(p))
+                    .filter(|&end| start <= end)
+                    .map(|end| start..end);
                 assert_eq!(f::header_fragment(head, payload), expected);
             }
             Kind::Data => {
                 let start = usize::from(padded);
-                let expected = pad.and_then(|p| payload.len().checked_sub(p)).filter(|&end| start <= end && (!padded || end >= 1)).map(|end| start..end);
+                let expected = pad
+                    .and_then(|p| payload.len().checked_sub(p))
+                    .filter(|&end| start <= end && (!padded || end >= 1))
+                    .map(|end| start..end);
                 assert_eq!(f::data_payload(head, payload), expected);
             }
             _ => {}
@@ -91,7 +115,14 @@ fuzz_target!(|input: Input| {
     let mut again = Vec::new();
     for (i, (head, r)) in frames.iter().enumerate() {
         let last = i + 1 == frames.len();
-        assert_eq!(head.kind, if i == 0 { Kind::Headers } else { Kind::Continuation });
+        assert_eq!(
+            head.kind,
+            if i == 0 {
+                Kind::Headers
+            } else {
+                Kind::Continuation
+            }
+        );
         assert_eq!(head.stream, stream);
         assert!(head.len <= f::MAX_FRAME);
         assert_eq!(head.has(Flags::END_HEADERS), last);
@@ -110,7 +141,10 @@ fuzz_target!(|input: Input| {
     for (i, (head, r)) in frames.iter().enumerate() {
         assert_eq!(head.kind, Kind::Data);
         assert!(head.len <= f::MAX_FRAME);
-        assert_eq!(head.has(Flags::END_STREAM), input.end_stream && i + 1 == frames.len());
+        assert_eq!(
+            head.has(Flags::END_STREAM),
+            input.end_stream && i + 1 == frames.len()
+        );
         again.extend_from_slice(&out[r.clone()]);
     }
     assert_eq!(again, block);
@@ -135,7 +169,9 @@ fuzz_target!(|input: Input| {
             joined.extend_from_slice(&out[r.clone()][frag]);
         }
         let mut seen = Vec::new();
-        Decoder::default().decode(&joined, |n, v| seen.push((n.to_vec(), v.to_vec()))).expect("crisp's own encoding decodes");
+        Decoder::default()
+            .decode(&joined, |n, v| seen.push((n.to_vec(), v.to_vec())))
+            .expect("crisp's own encoding decodes");
         assert_eq!(seen, fields);
     }
 });

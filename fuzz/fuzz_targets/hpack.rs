@@ -32,7 +32,9 @@ fuzz_target!(|input: (u16, Vec<Vec<u8>>)| {
             .is_ok();
         if ok {
             let mut again = Vec::new();
-            Decoder::default().decode(&reencoded, |n, v| again.push((n.to_vec(), v.to_vec()))).expect("crisp's own encoding must decode");
+            Decoder::default()
+                .decode(&reencoded, |n, v| again.push((n.to_vec(), v.to_vec())))
+                .expect("crisp's own encoding must decode");
             assert_eq!(again, fields, "re-encoding changed the fields");
             let mut indexed = Vec::new();
             indexer.begin(&mut indexed);
@@ -40,7 +42,9 @@ fuzz_target!(|input: (u16, Vec<Vec<u8>>)| {
                 indexer.field(&mut indexed, n, v);
             }
             let mut seen = Vec::new();
-            runtime.decode(&indexed, |n, v| seen.push((n.to_vec(), v.to_vec()))).expect("the runtime must decode crisp's indexed block");
+            runtime
+                .decode(&indexed, |n, v| seen.push((n.to_vec(), v.to_vec())))
+                .expect("the runtime must decode crisp's indexed block");
             assert_eq!(seen, fields, "the indexed block decodes to other fields");
         }
     }

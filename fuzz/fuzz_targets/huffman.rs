@@ -22,11 +22,16 @@ fuzz_target!(|data: &[u8]| {
             // encoding of `text`, which pads with ones: `data` has a 0 where it has a 1.
             let mut canonical = Vec::new();
             httlib_huffman::encode(&text, &mut canonical).expect("every byte has a code");
-            let (Some((&last, body)), Some((&want_last, want_body))) = (data.split_last(), canonical.split_last()) else {
+            let (Some((&last, body)), Some((&want_last, want_body))) =
+                (data.split_last(), canonical.split_last())
+            else {
                 panic!("httlib-huffman accepted an empty string crisp rejects");
             };
             assert_eq!(body, want_body, "crisp rejected more than bad padding");
-            assert!(last != want_last && last | want_last == want_last, "crisp rejected more than bad padding");
+            assert!(
+                last != want_last && last | want_last == want_last,
+                "crisp rejected more than bad padding"
+            );
         }
         (ours, theirs) => panic!("crisp {ours:?} vs httlib-huffman {theirs:?}"),
     }

@@ -16,8 +16,12 @@ use crisp::readiness::{is_local, Cidr, Readiness};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&which, rest)) = data.split_first() else { return };
-    let Ok(s) = std::str::from_utf8(rest) else { return };
+    let Some((&which, rest)) = data.split_first() else {
+        return;
+    };
+    let Ok(s) = std::str::from_utf8(rest) else {
+        return;
+    };
     match which % 3 {
         0 => {
             let list: Vec<String> = s.lines().map(str::to_string).collect();
@@ -43,9 +47,14 @@ fuzz_target!(|data: &[u8]| {
             let allow = [Cidr::parse("192.168.0.0/16").unwrap()];
             let Ok(r) = Readiness::parse(s) else { return };
             if tenant_may_aim(&r, &pod, &allow).is_ok() {
-                if let Readiness::Tcp { host: Some(h), .. } | Readiness::Http { host: Some(h), .. } = r {
+                if let Readiness::Tcp { host: Some(h), .. }
+                | Readiness::Http { host: Some(h), .. } = r
+                {
                     let h = h.to_canonical();
-                    assert!(is_local(h) || pod.contains(&h) || allow[0].contains(h), "{s:?} passed");
+                    assert!(
+                        is_local(h) || pod.contains(&h) || allow[0].contains(h),
+                        "{s:?} passed"
+                    );
                 }
             }
         }

@@ -27,8 +27,12 @@ fuzz_target!(|i: Input| {
     let grace = decide::grace_from_secs(i.timeout);
     assert!(grace <= decide::MAX_GRACE, "{i:?}");
     let raw = Duration::new(i.raw_secs, i.raw_nanos % 1_000_000_000);
-    let deadline = i.deadline_ms.and_then(|ms| t.checked_add(Duration::from_millis(ms)));
-    let now = t.checked_add(Duration::from_millis(i.elapsed_ms)).unwrap_or(t);
+    let deadline = i
+        .deadline_ms
+        .and_then(|ms| t.checked_add(Duration::from_millis(ms)));
+    let now = t
+        .checked_add(Duration::from_millis(i.elapsed_ms))
+        .unwrap_or(t);
     for g in [grace, raw] {
         let hold = decide::stop_hold_end(t, g, deadline);
         if let Some(d) = deadline {

@@ -71,8 +71,18 @@ fn running() -> String {
     "running".into()
 }
 
-pub(crate) fn sidecar(name: &str, ready: &str, port_annotation: Option<&str>, always: bool) -> InjectedSidecar {
-    InjectedSidecar { name: name.into(), ready: ready.into(), port_annotation: port_annotation.map(Into::into), always }
+pub(crate) fn sidecar(
+    name: &str,
+    ready: &str,
+    port_annotation: Option<&str>,
+    always: bool,
+) -> InjectedSidecar {
+    InjectedSidecar {
+        name: name.into(),
+        ready: ready.into(),
+        port_annotation: port_annotation.map(Into::into),
+        always,
+    }
 }
 
 fn strings(v: &[&str]) -> Vec<String> {
@@ -96,7 +106,12 @@ pub fn builtin() -> Vec<InjectorRule> {
             unless: BTreeMap::new(),
             status: Some("sidecar.istio.io/status".into()),
             init_containers: strings(&["istio-init", "istio-validation"]),
-            sidecars: vec![sidecar("istio-proxy", "http://:15021/healthz/ready", Some("status.sidecar.istio.io/port"), true)],
+            sidecars: vec![sidecar(
+                "istio-proxy",
+                "http://:15021/healthz/ready",
+                Some("status.sidecar.istio.io/port"),
+                true,
+            )],
         },
         // Linkerd: the injector writes linkerd.io/proxy-version (also `linkerd inject --manual`).
         // linkerd-network-validator replaces linkerd-init with the CNI plugin. With native
@@ -106,13 +121,24 @@ pub fn builtin() -> Vec<InjectorRule> {
             enabled: true,
             when: strings(&["linkerd.io/proxy-version"]),
             unless: [
-                ("config.beta.linkerd.io/proxy-enable-native-sidecar".to_string(), "true".to_string()),
-                ("config.alpha.linkerd.io/proxy-enable-native-sidecar".to_string(), "true".to_string()),
+                (
+                    "config.beta.linkerd.io/proxy-enable-native-sidecar".to_string(),
+                    "true".to_string(),
+                ),
+                (
+                    "config.alpha.linkerd.io/proxy-enable-native-sidecar".to_string(),
+                    "true".to_string(),
+                ),
             ]
             .into(),
             status: None,
             init_containers: strings(&["linkerd-init", "linkerd-network-validator"]),
-            sidecars: vec![sidecar("linkerd-proxy", "http://:4191/ready", Some("config.linkerd.io/admin-port"), true)],
+            sidecars: vec![sidecar(
+                "linkerd-proxy",
+                "http://:4191/ready",
+                Some("config.linkerd.io/admin-port"),
+                true,
+            )],
         },
         // Vault Agent injector (vault-k8s): writes agent-inject-status after injecting
         // vault-agent-init and, unless agent-pre-populate-only, the vault-agent sidecar — which
@@ -123,7 +149,11 @@ pub fn builtin() -> Vec<InjectorRule> {
             name: "vault-agent".into(),
             enabled: true,
             when: strings(&["vault.hashicorp.com/agent-inject-status"]),
-            unless: [("vault.hashicorp.com/agent-pre-populate-only".to_string(), "true".to_string())].into(),
+            unless: [(
+                "vault.hashicorp.com/agent-pre-populate-only".to_string(),
+                "true".to_string(),
+            )]
+            .into(),
             status: None,
             init_containers: strings(&["vault-agent-init"]),
             sidecars: vec![sidecar("vault-agent", "running", None, false)],
@@ -134,7 +164,11 @@ pub fn builtin() -> Vec<InjectorRule> {
 /// The node's table: the built-ins (unless `known_injectors = false`), then the config's
 /// entries, each replacing a built-in of the same name.
 pub fn table(known_injectors: bool, configured: &[InjectorRule]) -> Vec<InjectorRule> {
-    let mut out: Vec<InjectorRule> = if known_injectors { builtin() } else { Vec::new() };
+    let mut out: Vec<InjectorRule> = if known_injectors {
+        builtin()
+    } else {
+        Vec::new()
+    };
     for rule in configured {
         out.retain(|r| r.name != rule.name);
         if rule.enabled {
@@ -150,7 +184,10 @@ pub fn validate(rule: &InjectorRule) -> Result<(), (String, String)> {
         return Err(("name".into(), "must not be empty".into()));
     }
     if rule.enabled && rule.when.iter().all(|w| w.is_empty()) {
-        return Err(("when".into(), "needs at least one annotation that the injector writes on the pods it mutated".into()));
+        return Err((
+            "when".into(),
+            "needs at least one annotation that the injector writes on the pods it mutated".into(),
+        ));
     }
     // A name that no container can have would never match one: a typo, said at load.
     let not_a_name = "must be a container name (a DNS-1123 label: a-z, 0-9 and '-', at most 63)";
@@ -163,7 +200,11 @@ pub fn validate(rule: &InjectorRule) -> Result<(), (String, String)> {
         }
         Readiness::parse(&s.ready).map_err(|m| (format!("sidecars[{i}].ready"), m))?;
     }
-    if let Some(i) = rule.init_containers.iter().position(|n| !crate::tenant::is_dns1123_label(n)) {
+    if let Some(i) = rule
+        .init_containers
+        .iter()
+        .position(|n| !crate::tenant::is_dns1123_label(n))
+    {
         return Err((format!("init_containers[{i}]"), not_a_name.into()));
     }
     Ok(())

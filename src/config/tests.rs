@@ -113,7 +113,12 @@ fn admin_section_parses() {
     assert_eq!(c.admin.mode, 0o660);
     assert_eq!(c.admin.metrics_tcp, Some("127.0.0.1:9478".parse().unwrap()));
     assert_eq!(c.admin.tap_queue, 10);
-    assert!(!Config::from_toml("[admin]\nenabled = false\n", "t").unwrap().admin.enabled);
+    assert!(
+        !Config::from_toml("[admin]\nenabled = false\n", "t")
+            .unwrap()
+            .admin
+            .enabled
+    );
 }
 
 #[test]
@@ -132,40 +137,97 @@ fn injectors_extend_the_builtin_table_and_are_validated() {
 #[test]
 fn runtime_reads_are_bounded_by_default() {
     let c = Config::from_toml("", "t").unwrap();
-    assert_eq!((c.ordering.runtime_reads_per_second, c.ordering.max_runtime_reads_in_flight), (100, 16));
-    let c = Config::from_toml("[ordering]\nruntime_reads_per_second = 20\nmax_runtime_reads_in_flight = 4\n", "t").unwrap();
-    assert_eq!((c.ordering.runtime_reads_per_second, c.ordering.max_runtime_reads_in_flight), (20, 4));
+    assert_eq!(
+        (
+            c.ordering.runtime_reads_per_second,
+            c.ordering.max_runtime_reads_in_flight
+        ),
+        (100, 16)
+    );
+    let c = Config::from_toml(
+        "[ordering]\nruntime_reads_per_second = 20\nmax_runtime_reads_in_flight = 4\n",
+        "t",
+    )
+    .unwrap();
+    assert_eq!(
+        (
+            c.ordering.runtime_reads_per_second,
+            c.ordering.max_runtime_reads_in_flight
+        ),
+        (20, 4)
+    );
 }
 
 #[test]
 fn probe_allow_and_probe_bounds() {
     let c = Config::from_toml("", "t").unwrap();
-    assert!(c.ordering.probe_allow.is_empty(), "pods may aim only at themselves by default");
-    assert_eq!((c.ordering.max_probes_in_flight, c.ordering.probe_connects_per_second), (64, 200));
+    assert!(
+        c.ordering.probe_allow.is_empty(),
+        "pods may aim only at themselves by default"
+    );
+    assert_eq!(
+        (
+            c.ordering.max_probes_in_flight,
+            c.ordering.probe_connects_per_second
+        ),
+        (64, 200)
+    );
     let c = Config::from_toml("[ordering]\nprobe_allow = [\"10.0.0.0/8\", \"fd00::/8\", \"192.0.2.7\"]\nmax_probes_in_flight = 8\nprobe_connects_per_second = 50\n", "t").unwrap();
-    let shown: Vec<String> = c.ordering.probe_allow.iter().map(|c| c.to_string()).collect();
+    let shown: Vec<String> = c
+        .ordering
+        .probe_allow
+        .iter()
+        .map(|c| c.to_string())
+        .collect();
     assert_eq!(shown, ["10.0.0.0/8", "fd00::/8", "192.0.2.7/32"]);
     assert!(c.ordering.probe_allow[0].contains("10.3.4.5".parse().unwrap()));
-    assert_eq!((c.ordering.max_probes_in_flight, c.ordering.probe_connects_per_second), (8, 50));
-    let many: Vec<String> = (0..=MAX_PROBE_ALLOW).map(|i| format!("\"10.{}.{}.0/24\"", i / 256, i % 256)).collect();
+    assert_eq!(
+        (
+            c.ordering.max_probes_in_flight,
+            c.ordering.probe_connects_per_second
+        ),
+        (8, 50)
+    );
+    let many: Vec<String> = (0..=MAX_PROBE_ALLOW)
+        .map(|i| format!("\"10.{}.{}.0/24\"", i / 256, i % 256))
+        .collect();
     let e = err(&format!("[ordering]\nprobe_allow = [{}]\n", many.join(",")));
-    assert!(e.contains("ordering.probe_allow") && e.contains("more than"), "{e}");
+    assert!(
+        e.contains("ordering.probe_allow") && e.contains("more than"),
+        "{e}"
+    );
 }
 
 #[test]
 fn refuse_held_after_parses_turns_off_and_is_bounded() {
-    assert_eq!(Config::default().ordering.refuse_held_after, Duration::from_secs(30));
+    assert_eq!(
+        Config::default().ordering.refuse_held_after,
+        Duration::from_secs(30)
+    );
     let c = Config::from_toml("[ordering]\nrefuse_held_after = \"45s\"\n", "t").unwrap();
     assert_eq!(c.ordering.refuse_held_after, Duration::from_secs(45));
     let c = Config::from_toml("[ordering]\nrefuse_held_after = \"0s\"\n", "t").unwrap();
-    assert!(c.ordering.refuse_held_after.is_zero(), "0s: never refuse a hold");
+    assert!(
+        c.ordering.refuse_held_after.is_zero(),
+        "0s: never refuse a hold"
+    );
 }
 
 /// Issue #26: an operator's injector rule names containers as Kubernetes does.
 #[test]
 fn injector_rules_name_containers_as_kubernetes_does() {
-    let e = err("[[injectors]]\nname = \"x\"\nwhen = [\"a\"]\n[[injectors.sidecars]]\nname = \"Proxy_1\"\n");
-    assert!(e.contains("injectors[0].sidecars[0].name") && e.contains("DNS-1123"), "{e}");
-    let e = err("[[injectors]]\nname = \"x\"\nwhen = [\"a\"]\ninit_containers = [\"ok\", \"not ok\"]\n");
-    assert!(e.contains("injectors[0].init_containers[1]") && e.contains("DNS-1123"), "{e}");
+    let e = err(
+        "[[injectors]]\nname = \"x\"\nwhen = [\"a\"]\n[[injectors.sidecars]]\nname = \"Proxy_1\"\n",
+    );
+    assert!(
+        e.contains("injectors[0].sidecars[0].name") && e.contains("DNS-1123"),
+        "{e}"
+    );
+    let e = err(
+        "[[injectors]]\nname = \"x\"\nwhen = [\"a\"]\ninit_containers = [\"ok\", \"not ok\"]\n",
+    );
+    assert!(
+        e.contains("injectors[0].init_containers[1]") && e.contains("DNS-1123"),
+        "{e}"
+    );
 }

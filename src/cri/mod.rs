@@ -128,12 +128,17 @@ pub struct Route {
 }
 
 impl Route {
-    pub const UNKNOWN: Route = Route { version: None, rpc: None };
+    pub const UNKNOWN: Route = Route {
+        version: None,
+        rpc: None,
+    };
 
     /// Routes a request path such as `/runtime.v1.RuntimeService/CreateContainer`.
     /// Allocation-free: this runs for every call.
     pub fn from_path(path: &str) -> Route {
-        let Some(rest) = path.strip_prefix("/runtime.") else { return Route::UNKNOWN };
+        let Some(rest) = path.strip_prefix("/runtime.") else {
+            return Route::UNKNOWN;
+        };
         let (version, rest) = if let Some(r) = rest.strip_prefix("v1alpha2.") {
             (ApiVersion::V1alpha2, r)
         } else if let Some(r) = rest.strip_prefix("v1.") {
@@ -146,9 +151,15 @@ impl Route {
         } else if let Some(n) = rest.strip_prefix("ImageService/") {
             (Service::Image, n)
         } else {
-            return Route { version: Some(version), rpc: None };
+            return Route {
+                version: Some(version),
+                rpc: None,
+            };
         };
-        Route { version: Some(version), rpc: Rpc::from_name(service, name) }
+        Route {
+            version: Some(version),
+            rpc: Rpc::from_name(service, name),
+        }
     }
 
     pub fn is_polling(&self) -> bool {
@@ -172,21 +183,53 @@ mod tests {
     #[test]
     fn routes_both_versions_and_unknowns() {
         let r = Route::from_path("/runtime.v1.RuntimeService/CreateContainer");
-        assert_eq!(r, Route { version: Some(ApiVersion::V1), rpc: Some(Rpc::CreateContainer) });
+        assert_eq!(
+            r,
+            Route {
+                version: Some(ApiVersion::V1),
+                rpc: Some(Rpc::CreateContainer)
+            }
+        );
         let r = Route::from_path("/runtime.v1alpha2.ImageService/PullImage");
-        assert_eq!(r, Route { version: Some(ApiVersion::V1alpha2), rpc: Some(Rpc::PullImage) });
+        assert_eq!(
+            r,
+            Route {
+                version: Some(ApiVersion::V1alpha2),
+                rpc: Some(Rpc::PullImage)
+            }
+        );
         // An image RPC on the runtime service is not a CRI method.
-        assert_eq!(Route::from_path("/runtime.v1.RuntimeService/PullImage").rpc, None);
-        assert_eq!(Route::from_path("/runtime.v1.RuntimeService/FutureThing").rpc, None);
-        assert_eq!(Route::from_path("/grpc.health.v1.Health/Check"), Route::UNKNOWN);
-        assert_eq!(Route::from_path("/runtime.v2.RuntimeService/Version"), Route::UNKNOWN);
+        assert_eq!(
+            Route::from_path("/runtime.v1.RuntimeService/PullImage").rpc,
+            None
+        );
+        assert_eq!(
+            Route::from_path("/runtime.v1.RuntimeService/FutureThing").rpc,
+            None
+        );
+        assert_eq!(
+            Route::from_path("/grpc.health.v1.Health/Check"),
+            Route::UNKNOWN
+        );
+        assert_eq!(
+            Route::from_path("/runtime.v2.RuntimeService/Version"),
+            Route::UNKNOWN
+        );
         assert!(Route::from_path("/runtime.v1.RuntimeService/ListContainers").is_polling());
     }
 
     #[test]
     fn every_rpc_routes_to_itself() {
         for rpc in Rpc::ALL {
-            let svc = if matches!(rpc, Rpc::ListImages | Rpc::ImageStatus | Rpc::PullImage | Rpc::RemoveImage | Rpc::ImageFsInfo | Rpc::StreamImages) {
+            let svc = if matches!(
+                rpc,
+                Rpc::ListImages
+                    | Rpc::ImageStatus
+                    | Rpc::PullImage
+                    | Rpc::RemoveImage
+                    | Rpc::ImageFsInfo
+                    | Rpc::StreamImages
+            ) {
                 "ImageService"
             } else {
                 "RuntimeService"

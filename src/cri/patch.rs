@@ -74,14 +74,23 @@ pub fn fields(buf: &[u8]) -> impl Iterator<Item = Result<Field, WireError>> + '_
                 }
                 2 => {
                     let len = varint(buf, &mut pos)? as usize;
-                    let end = pos.checked_add(len).filter(|e| *e <= buf.len()).ok_or(WireError::Truncated)?;
+                    let end = pos
+                        .checked_add(len)
+                        .filter(|e| *e <= buf.len())
+                        .ok_or(WireError::Truncated)?;
                     let s = pos;
                     pos = end;
                     (s, end)
                 }
                 t => return Err(WireError::WireType(t)),
             };
-            Ok(Field { number, wire_type, start, end: pos, payload })
+            Ok(Field {
+                number,
+                wire_type,
+                start,
+                end: pos,
+                payload,
+            })
         })();
         if r.is_err() {
             failed = true;
@@ -127,7 +136,12 @@ pub fn completed_fragment() -> Vec<u8> {
 /// Rewrites every embedded message in top-level field `field` (a ContainerStatus, or a
 /// repeated list of them) whose `id` satisfies `matches`, by appending
 /// `fragment` to it. Returns `None` when nothing matched (the caller forwards the original).
-pub fn patch_embedded(msg: &[u8], field: u32, fragment: &[u8], matches: impl Fn(&str) -> bool) -> Result<Option<Bytes>, WireError> {
+pub fn patch_embedded(
+    msg: &[u8],
+    field: u32,
+    fragment: &[u8],
+    matches: impl Fn(&str) -> bool,
+) -> Result<Option<Bytes>, WireError> {
     let mut out: Option<Vec<u8>> = None;
     let mut copied = 0usize;
     for f in fields(msg) {
@@ -136,7 +150,9 @@ pub fn patch_embedded(msg: &[u8], field: u32, fragment: &[u8], matches: impl Fn(
             continue;
         }
         let inner = &msg[f.payload.0..f.payload.1];
-        let Some(id) = string_field(inner, container_status::ID) else { continue };
+        let Some(id) = string_field(inner, container_status::ID) else {
+            continue;
+        };
         if !matches(id) {
             continue;
         }
@@ -170,9 +186,18 @@ mod tests {
 
     #[test]
     fn appended_field_wins_and_keeps_the_rest() {
-        let orig = crate::cri::views::ContainerIdRequest { container_id: "abc".into(), timeout: 30 }.encode_to_vec();
-        let patched = append_varint_field(&orig, crate::cri::tags::stop_container_request::TIMEOUT, 7);
-        assert_eq!(&patched[..orig.len()], &orig[..], "original bytes are kept as a prefix");
+        let orig = crate::cri::views::ContainerIdRequest {
+            container_id: "abc".into(),
+            timeout: 30,
+        }
+        .encode_to_vec();
+        let patched =
+            append_varint_field(&orig, crate::cri::tags::stop_container_request::TIMEOUT, 7);
+        assert_eq!(
+            &patched[..orig.len()],
+            &orig[..],
+            "original bytes are kept as a prefix"
+        );
         let v = crate::cri::views::ContainerIdRequest::decode(&patched[..]).unwrap();
         assert_eq!(v.container_id, "abc");
         assert_eq!(v.timeout, 7);
@@ -185,19 +210,35 @@ mod tests {
         m.extend_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8]);
         m.extend_from_slice(&[0x1a, 2, b'h', b'i', 0x25, 9, 9, 9, 9]);
         let fs: Vec<_> = fields(&m).collect::<Result<_, _>>().unwrap();
-        assert_eq!(fs.iter().map(|f| f.number).collect::<Vec<_>>(), vec![1, 2, 3, 4]);
+        assert_eq!(
+            fs.iter().map(|f| f.number).collect::<Vec<_>>(),
+            vec![1, 2, 3, 4]
+        );
         assert_eq!(string_field(&m, 3), Some("hi"));
-        assert_eq!(fields(&m[..m.len() - 1]).last(), Some(Err(WireError::Truncated)));
+        assert_eq!(
+            fields(&m[..m.len() - 1]).last(),
+            Some(Err(WireError::Truncated))
+        );
         assert_eq!(fields(&[0x0b]).next(), Some(Err(WireError::WireType(3))));
-        assert_eq!(fields(&[0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]).next(), Some(Err(WireError::Varint)));
+        assert_eq!(
+            fields(&[0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01])
+                .next(),
+            Some(Err(WireError::Varint))
+        );
         // A length that runs past the end is an error, not a panic.
-        assert_eq!(fields(&[0x1a, 0xff, 0x7f]).next(), Some(Err(WireError::Truncated)));
+        assert_eq!(
+            fields(&[0x1a, 0xff, 0x7f]).next(),
+            Some(Err(WireError::Truncated))
+        );
     }
 
     #[test]
     fn nothing_to_patch_returns_none() {
         let m = vec![0x0a, 3, 0x0a, 1, b'x'];
-        assert_eq!(patch_embedded(&m, 1, &completed_fragment(), |id| id == "y"), Ok(None));
+        assert_eq!(
+            patch_embedded(&m, 1, &completed_fragment(), |id| id == "y"),
+            Ok(None)
+        );
     }
 
     use k8s_cri::v1 as cri;
@@ -206,7 +247,10 @@ mod tests {
     fn status(id: &str, code: i32, reason: &str) -> cri::ContainerStatus {
         cri::ContainerStatus {
             id: id.into(),
-            metadata: Some(cri::ContainerMetadata { name: format!("n-{id}"), attempt: 2 }),
+            metadata: Some(cri::ContainerMetadata {
+                name: format!("n-{id}"),
+                attempt: 2,
+            }),
             state: cri::ContainerState::ContainerExited as i32,
             created_at: 1,
             started_at: 2,
@@ -229,11 +273,21 @@ mod tests {
 
     #[test]
     fn patches_container_status_response_and_keeps_unknown_fields() {
-        let resp = cri::ContainerStatusResponse { status: Some(status("c1", 143, "Error")), info: [("k".to_string(), "v".to_string())].into() };
+        let resp = cri::ContainerStatusResponse {
+            status: Some(status("c1", 143, "Error")),
+            info: [("k".to_string(), "v".to_string())].into(),
+        };
         let mut bytes = resp.encode_to_vec();
         // An unknown top-level field from a future CRI must survive untouched.
         bytes.extend_from_slice(&[0xba, 0x3e, 3, b'n', b'e', b'w']); // field 999, "new"
-        let patched = patch_embedded(&bytes, crate::cri::tags::container_status_response::STATUS, &completed_fragment(), |id| id == "c1").unwrap().unwrap();
+        let patched = patch_embedded(
+            &bytes,
+            crate::cri::tags::container_status_response::STATUS,
+            &completed_fragment(),
+            |id| id == "c1",
+        )
+        .unwrap()
+        .unwrap();
         assert!(patched.ends_with(&[0xba, 0x3e, 3, b'n', b'e', b'w']));
         let got = cri::ContainerStatusResponse::decode(&patched[..]).unwrap();
         let mut want = resp.clone();
@@ -245,13 +299,27 @@ mod tests {
     #[test]
     fn patches_only_matching_elements_of_a_repeated_field() {
         let resp = cri::PodSandboxStatusResponse {
-            status: Some(cri::PodSandboxStatus { id: "sb".into(), ..Default::default() }),
-            containers_statuses: vec![status("app", 0, "Completed"), status("side", 137, "Error"), status("other", 1, "Error")],
+            status: Some(cri::PodSandboxStatus {
+                id: "sb".into(),
+                ..Default::default()
+            }),
+            containers_statuses: vec![
+                status("app", 0, "Completed"),
+                status("side", 137, "Error"),
+                status("other", 1, "Error"),
+            ],
             timestamp: 42,
             ..Default::default()
         };
         let bytes = resp.encode_to_vec();
-        let patched = patch_embedded(&bytes, crate::cri::tags::pod_sandbox_status_response::CONTAINERS_STATUSES, &completed_fragment(), |id| id == "side").unwrap().unwrap();
+        let patched = patch_embedded(
+            &bytes,
+            crate::cri::tags::pod_sandbox_status_response::CONTAINERS_STATUSES,
+            &completed_fragment(),
+            |id| id == "side",
+        )
+        .unwrap()
+        .unwrap();
         let got = cri::PodSandboxStatusResponse::decode(&patched[..]).unwrap();
         let mut want = resp.clone();
         want.containers_statuses[1].exit_code = 0;

@@ -88,7 +88,12 @@ mod tests {
     fn number(m: &impl Message) -> u32 {
         let bytes = m.encode_to_vec();
         let fs: Vec<_> = fields(&bytes).collect::<Result<_, _>>().unwrap();
-        assert_eq!(fs.len(), 1, "the message sets {} fields, not one: {fs:?}", fs.len());
+        assert_eq!(
+            fs.len(),
+            1,
+            "the message sets {} fields, not one: {fs:?}",
+            fs.len()
+        );
         fs[0].number
     }
 

@@ -18,7 +18,11 @@ const NAMESPACE_NODE: i32 = 2;
 
 impl PodSandboxConfig {
     pub fn host_network(&self) -> bool {
-        self.linux.as_ref().and_then(|l| l.security_context.as_ref()).and_then(|s| s.namespace_options.as_ref()).is_some_and(|n| n.network == NAMESPACE_NODE)
+        self.linux
+            .as_ref()
+            .and_then(|l| l.security_context.as_ref())
+            .and_then(|s| s.namespace_options.as_ref())
+            .is_some_and(|n| n.network == NAMESPACE_NODE)
     }
 }
 
@@ -32,7 +36,11 @@ pub mod state {
 
 impl PodSandboxStatus {
     pub fn host_network(&self) -> bool {
-        self.linux.as_ref().and_then(|l| l.namespaces.as_ref()).and_then(|n| n.options.as_ref()).is_some_and(|o| o.network == NAMESPACE_NODE)
+        self.linux
+            .as_ref()
+            .and_then(|l| l.namespaces.as_ref())
+            .and_then(|n| n.options.as_ref())
+            .is_some_and(|o| o.network == NAMESPACE_NODE)
     }
 }
 

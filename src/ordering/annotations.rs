@@ -68,7 +68,11 @@ pub struct TenantReady {
 impl TenantReady {
     /// The warning for an annotation that named someone else's address.
     pub fn warning(&self, reason: String) -> Warning {
-        Warning::new(&self.key, &self.value, format!("{reason}; using `{}`", self.fallback))
+        Warning::new(
+            &self.key,
+            &self.value,
+            format!("{reason}; using `{}`", self.fallback),
+        )
     }
 }
 
@@ -77,10 +81,15 @@ impl TenantReady {
 /// pod's IPs (`pod_ips`, from the runtime), or inside a network the operator allowed.
 pub fn tenant_may_aim(ready: &Readiness, pod_ips: &[IpAddr], allow: &[Cidr]) -> Result<(), String> {
     let host = match ready {
-        Readiness::Tcp { host: Some(h), .. } | Readiness::Http { host: Some(h), .. } => h.to_canonical(),
+        Readiness::Tcp { host: Some(h), .. } | Readiness::Http { host: Some(h), .. } => {
+            h.to_canonical()
+        }
         _ => return Ok(()),
     };
-    if readiness::is_local(host) || pod_ips.iter().any(|ip| ip.to_canonical() == host) || allow.iter().any(|c| c.contains(host)) {
+    if readiness::is_local(host)
+        || pod_ips.iter().any(|ip| ip.to_canonical() == host)
+        || allow.iter().any(|c| c.contains(host))
+    {
         return Ok(());
     }
     Err(format!("host {host} is not one of the pod's own addresses (its IPs or loopback) nor in the node's [ordering] probe_allow"))
@@ -88,10 +97,21 @@ pub fn tenant_may_aim(ready: &Readiness, pod_ips: &[IpAddr], allow: &[Cidr]) -> 
 
 /// The [`TenantReady`] for a readiness parsed from annotation `key`, when its host needs the
 /// check at all (a local host passes whatever the pod's IPs are).
-pub fn tenant_ready(key: &str, value: &str, ready: &Readiness, fallback: impl FnOnce() -> Readiness) -> Option<Box<TenantReady>> {
+pub fn tenant_ready(
+    key: &str,
+    value: &str,
+    ready: &Readiness,
+    fallback: impl FnOnce() -> Readiness,
+) -> Option<Box<TenantReady>> {
     match ready {
-        Readiness::Tcp { host: Some(h), .. } | Readiness::Http { host: Some(h), .. } if !readiness::is_local(*h) => {
-            Some(Box::new(TenantReady { key: key.to_string(), value: value.to_string(), fallback: fallback() }))
+        Readiness::Tcp { host: Some(h), .. } | Readiness::Http { host: Some(h), .. }
+            if !readiness::is_local(*h) =>
+        {
+            Some(Box::new(TenantReady {
+                key: key.to_string(),
+                value: value.to_string(),
+                fallback: fallback(),
+            }))
         }
         _ => None,
     }
@@ -147,7 +167,11 @@ pub struct Warning {
 
 impl Warning {
     pub fn new(key: &str, value: &str, reason: String) -> Warning {
-        Warning { key: key.to_string(), value: tenant::cut(value, VALUE_SHOWN), reason }
+        Warning {
+            key: key.to_string(),
+            value: tenant::cut(value, VALUE_SHOWN),
+            reason,
+        }
     }
 }
 
@@ -156,7 +180,12 @@ impl std::fmt::Display for Warning {
         // Everything is shown cut and escaped: annotations can be huge (and the reason may quote
         // the value), and the log line must stay one short line.
         let key = tenant::text(&self.key, tenant::MAX_FIELD);
-        write!(f, "annotation {key}=\"{}\" ignored: {}", tenant::text(&self.value, VALUE_SHOWN), tenant::text(&self.reason, REASON_SHOWN))
+        write!(
+            f,
+            "annotation {key}=\"{}\" ignored: {}",
+            tenant::text(&self.value, VALUE_SHOWN),
+            tenant::text(&self.reason, REASON_SHOWN)
+        )
     }
 }
 
@@ -181,7 +210,12 @@ impl Warnings {
         self.total = self.total.saturating_add(1);
         if self.kept.len() < MAX_WARNINGS_KEPT {
             self.kept.push(make());
-        } else if let Some(last) = self.kept.iter_mut().max_by(|a, b| a.key.cmp(&b.key)).filter(|last| key < last.key.as_str()) {
+        } else if let Some(last) = self
+            .kept
+            .iter_mut()
+            .max_by(|a, b| a.key.cmp(&b.key))
+            .filter(|last| key < last.key.as_str())
+        {
             *last = make();
         }
     }
@@ -202,10 +236,22 @@ impl Warnings {
             [] => String::new(),
             [w] if self.total == 1 => w.to_string(),
             kept => {
-                let shown: Vec<String> = kept.iter().take(WARNINGS_SHOWN).map(Warning::to_string).collect();
+                let shown: Vec<String> = kept
+                    .iter()
+                    .take(WARNINGS_SHOWN)
+                    .map(Warning::to_string)
+                    .collect();
                 let more = self.total.saturating_sub(shown.len());
-                let tail = if more > 0 { format!("; and {more} more") } else { String::new() };
-                format!("{} malformed annotations ignored (each as if absent): {}{tail}", self.total, shown.join("; "))
+                let tail = if more > 0 {
+                    format!("; and {more} more")
+                } else {
+                    String::new()
+                };
+                format!(
+                    "{} malformed annotations ignored (each as if absent): {}{tail}",
+                    self.total,
+                    shown.join("; ")
+                )
             }
         };
         tenant::cut(&line, tenant::MAX_LOG_LINE)
@@ -229,14 +275,21 @@ impl<'a> IntoIterator for &'a Warnings {
 
 impl PodPolicy {
     /// Parses a pod's annotations against the node's rules (no known injectors).
-    pub fn parse(annotations: &HashMap<String, String>, rules: &[SidecarRule]) -> (PodPolicy, Warnings) {
+    pub fn parse(
+        annotations: &HashMap<String, String>,
+        rules: &[SidecarRule],
+    ) -> (PodPolicy, Warnings) {
         PodPolicy::parse_with(annotations, rules, &[])
     }
 
     /// Parses a pod's annotations against the node's rules and known injectors. Precedence:
     /// `crisp.dev/sidecars` (`""` opts out), then the injectors recognised on the pod, then
     /// the node rules.
-    pub fn parse_with(annotations: &HashMap<String, String>, rules: &[SidecarRule], injectors: &[InjectorRule]) -> (PodPolicy, Warnings) {
+    pub fn parse_with(
+        annotations: &HashMap<String, String>,
+        rules: &[SidecarRule],
+        injectors: &[InjectorRule],
+    ) -> (PodPolicy, Warnings) {
         let mut warnings = Warnings::default();
         let names = read(annotations, SIDECARS, &mut warnings, parse_name_list);
         let injected = match names {
@@ -247,14 +300,22 @@ impl PodPolicy {
             Some(names) if names.is_empty() => (Vec::new(), Source::OptOut),
             None if !injected.injectors.is_empty() => (injected.sidecars, Source::Injector),
             Some(names) => {
-                let list = names.into_iter().map(|name| listed_sidecar(name, annotations, rules, &mut warnings)).collect();
+                let list = names
+                    .into_iter()
+                    .map(|name| listed_sidecar(name, annotations, rules, &mut warnings))
+                    .collect();
                 (list, Source::Annotation)
             }
             // Node rules; invalid rule readiness was rejected at config load.
             None => {
                 let list = rules
                     .iter()
-                    .map(|r| Sidecar { name: r.name.clone(), ready: Readiness::parse(&r.ready).unwrap_or(Readiness::Running), required: false, tenant: None })
+                    .map(|r| Sidecar {
+                        name: r.name.clone(),
+                        ready: Readiness::parse(&r.ready).unwrap_or(Readiness::Running),
+                        required: false,
+                        tenant: None,
+                    })
                     .collect();
                 (list, Source::NodeRules)
             }
@@ -263,12 +324,35 @@ impl PodPolicy {
             warn_unlisted_ready(annotations, &sidecars, &mut warnings);
         }
 
-        let start_timeout = read(annotations, START_TIMEOUT, &mut warnings, parse_start_timeout);
-        let timeout_policy =
-            read(annotations, TIMEOUT_POLICY, &mut warnings, |v| one_of(v, &[("proceed", TimeoutPolicy::Proceed), ("fail", TimeoutPolicy::Fail)], "expected `proceed` or `fail`"));
-        let job = read(annotations, JOB, &mut warnings, |v| one_of(v, &[("true", true), ("false", false)], "expected \"true\" or \"false\""));
+        let start_timeout = read(
+            annotations,
+            START_TIMEOUT,
+            &mut warnings,
+            parse_start_timeout,
+        );
+        let timeout_policy = read(annotations, TIMEOUT_POLICY, &mut warnings, |v| {
+            one_of(
+                v,
+                &[
+                    ("proceed", TimeoutPolicy::Proceed),
+                    ("fail", TimeoutPolicy::Fail),
+                ],
+                "expected `proceed` or `fail`",
+            )
+        });
+        let job = read(annotations, JOB, &mut warnings, |v| {
+            one_of(
+                v,
+                &[("true", true), ("false", false)],
+                "expected \"true\" or \"false\"",
+            )
+        });
         let restart_policy = read(annotations, RESTART_POLICY, &mut warnings, |v| {
-            let choices = [("Always", RestartPolicy::Always), ("OnFailure", RestartPolicy::OnFailure), ("Never", RestartPolicy::Never)];
+            let choices = [
+                ("Always", RestartPolicy::Always),
+                ("OnFailure", RestartPolicy::OnFailure),
+                ("Never", RestartPolicy::Never),
+            ];
             one_of(v, &choices, "expected Always, OnFailure or Never")
         });
         let mut init_containers = injected.init_containers;
@@ -285,7 +369,20 @@ impl PodPolicy {
         init_containers.retain(|n| !sidecar_names.contains(n.as_str()));
         warnings.sort();
         let injectors = injected.injectors;
-        (PodPolicy { sidecars, source, start_timeout, timeout_policy, job, restart_policy, init_containers, init_complete, injectors }, warnings)
+        (
+            PodPolicy {
+                sidecars,
+                source,
+                start_timeout,
+                timeout_policy,
+                job,
+                restart_policy,
+                init_containers,
+                init_complete,
+                injectors,
+            },
+            warnings,
+        )
     }
 
     pub fn has_sidecars(&self) -> bool {
@@ -310,9 +407,17 @@ impl PodPolicy {
 /// The value of annotation `key` as `parse` reads it; a value longer than
 /// [`tenant::MAX_VALUE`] (unread) or one `parse` refuses is a [`Warning`] and the key counts as
 /// absent.
-fn read<T>(annotations: &HashMap<String, String>, key: &str, warnings: &mut Warnings, parse: impl FnOnce(&str) -> Result<T, String>) -> Option<T> {
+fn read<T>(
+    annotations: &HashMap<String, String>,
+    key: &str,
+    warnings: &mut Warnings,
+    parse: impl FnOnce(&str) -> Result<T, String>,
+) -> Option<T> {
     let value = annotations.get(key)?;
-    match tenant::value(value).map_err(|e| e.to_string()).and_then(parse) {
+    match tenant::value(value)
+        .map_err(|e| e.to_string())
+        .and_then(parse)
+    {
         Ok(t) => Some(t),
         Err(reason) => {
             warnings.push(Warning::new(key, value, reason));
@@ -323,21 +428,31 @@ fn read<T>(annotations: &HashMap<String, String>, key: &str, warnings: &mut Warn
 
 /// The choice whose name is `v` (trimmed), else `expected` as the reason.
 fn one_of<T: Copy>(v: &str, choices: &[(&str, T)], expected: &str) -> Result<T, String> {
-    choices.iter().find(|(name, _)| *name == v.trim()).map(|&(_, t)| t).ok_or_else(|| expected.to_string())
+    choices
+        .iter()
+        .find(|(name, _)| *name == v.trim())
+        .map(|&(_, t)| t)
+        .ok_or_else(|| expected.to_string())
 }
 
 /// `crisp.dev/start-timeout`: a duration in (0, MAX_START_TIMEOUT].
 fn parse_start_timeout(v: &str) -> Result<Duration, String> {
     match parse_duration(v)? {
         d if d.is_zero() => Err("must be greater than 0".into()),
-        d if d > MAX_START_TIMEOUT => Err(format!("longer than {MAX_START_TIMEOUT:?}: holds must end before kubelet's 2 min deadline")),
+        d if d > MAX_START_TIMEOUT => Err(format!(
+            "longer than {MAX_START_TIMEOUT:?}: holds must end before kubelet's 2 min deadline"
+        )),
         d => Ok(d),
     }
 }
 
 /// The known injectors recognised on the pod; `crisp.dev/ready.<name>` wins over an injector's
 /// readiness, and a bad one is warned about once and read as `running`.
-fn recognise_injectors(annotations: &HashMap<String, String>, injectors: &[InjectorRule], warnings: &mut Warnings) -> Injected {
+fn recognise_injectors(
+    annotations: &HashMap<String, String>,
+    injectors: &[InjectorRule],
+    warnings: &mut Warnings,
+) -> Injected {
     let bad_ready = RefCell::new(Vec::new());
     let ready_override = |name: &str| -> Option<Readiness> {
         let key = format!("{READY_PREFIX}{name}");
@@ -345,7 +460,11 @@ fn recognise_injectors(annotations: &HashMap<String, String>, injectors: &[Injec
         match Readiness::parse(spec) {
             Ok(r) => Some(r),
             Err(reason) => {
-                bad_ready.borrow_mut().push(Warning::new(&key, spec, format!("{reason}; using `running`")));
+                bad_ready.borrow_mut().push(Warning::new(
+                    &key,
+                    spec,
+                    format!("{reason}; using `running`"),
+                ));
                 Some(Readiness::Running)
             }
         }
@@ -359,9 +478,20 @@ fn recognise_injectors(annotations: &HashMap<String, String>, injectors: &[Injec
 
 /// A sidecar named in `crisp.dev/sidecars`: its readiness from `crisp.dev/ready.<name>`, else
 /// from the node rule of that name, else `running`.
-fn listed_sidecar(name: String, annotations: &HashMap<String, String>, rules: &[SidecarRule], warnings: &mut Warnings) -> Sidecar {
+fn listed_sidecar(
+    name: String,
+    annotations: &HashMap<String, String>,
+    rules: &[SidecarRule],
+    warnings: &mut Warnings,
+) -> Sidecar {
     let key = format!("{READY_PREFIX}{name}");
-    let from_rule = || rules.iter().find(|r| r.name == name).and_then(|r| Readiness::parse(&r.ready).ok()).unwrap_or(Readiness::Running);
+    let from_rule = || {
+        rules
+            .iter()
+            .find(|r| r.name == name)
+            .and_then(|r| Readiness::parse(&r.ready).ok())
+            .unwrap_or(Readiness::Running)
+    };
     let (ready, tenant) = match annotations.get(&key) {
         None => (from_rule(), None),
         Some(spec) => match Readiness::parse(spec) {
@@ -370,22 +500,44 @@ fn listed_sidecar(name: String, annotations: &HashMap<String, String>, rules: &[
                 (r, tenant)
             }
             Err(reason) => {
-                warnings.push(Warning::new(&key, spec, format!("{reason}; using `running`")));
+                warnings.push(Warning::new(
+                    &key,
+                    spec,
+                    format!("{reason}; using `running`"),
+                ));
                 (Readiness::Running, None)
             }
         },
     };
-    Sidecar { name, ready, required: true, tenant }
+    Sidecar {
+        name,
+        ready,
+        required: true,
+        tenant,
+    }
 }
 
 /// A `crisp.dev/ready.<name>` for a container the pod's own list does not name is a typo.
 /// One look per key (a set of at most 64 names), however many keys the pod has.
-fn warn_unlisted_ready(annotations: &HashMap<String, String>, sidecars: &[Sidecar], warnings: &mut Warnings) {
+fn warn_unlisted_ready(
+    annotations: &HashMap<String, String>,
+    sidecars: &[Sidecar],
+    warnings: &mut Warnings,
+) {
     let listed: HashSet<&str> = sidecars.iter().map(|s| s.name.as_str()).collect();
     for (k, v) in annotations {
         if let Some(name) = k.strip_prefix(READY_PREFIX) {
             if !listed.contains(name) {
-                warnings.push_with(k, || Warning::new(k, v, format!("`{}` is not listed in {SIDECARS}", tenant::text(name, tenant::MAX_NAME + 1))));
+                warnings.push_with(k, || {
+                    Warning::new(
+                        k,
+                        v,
+                        format!(
+                            "`{}` is not listed in {SIDECARS}",
+                            tenant::text(name, tenant::MAX_NAME + 1)
+                        ),
+                    )
+                });
             }
         }
     }

@@ -84,7 +84,12 @@ impl<'a> Snapshot<'a> {
 
     /// Running containers that are not sidecars of `policy`, by name.
     pub fn running_apps(&self, policy: &PodPolicy) -> Vec<&'a str> {
-        let mut apps: Vec<&str> = self.latest.iter().filter(|(n, c)| c.state == state::RUNNING && policy.sidecar_index(n).is_none()).map(|(n, _)| *n).collect();
+        let mut apps: Vec<&str> = self
+            .latest
+            .iter()
+            .filter(|(n, c)| c.state == state::RUNNING && policy.sidecar_index(n).is_none())
+            .map(|(n, _)| *n)
+            .collect();
         apps.sort_unstable();
         apps
     }
@@ -133,8 +138,14 @@ pub fn create_hold_end(received: Instant, timeout: Duration, deadline: Option<In
 /// forever. Refusals are bounded by the start timeout like holds, counted from the container's
 /// first refusal; past it, under `proceed`, sidecars that do not run are no longer waited for
 /// (running ones still are).
-pub fn skip_dead(policy: TimeoutPolicy, refused_since: Option<Instant>, now: Instant, timeout: Duration) -> bool {
-    policy == TimeoutPolicy::Proceed && refused_since.is_some_and(|t| now.saturating_duration_since(t) >= timeout)
+pub fn skip_dead(
+    policy: TimeoutPolicy,
+    refused_since: Option<Instant>,
+    now: Instant,
+    timeout: Duration,
+) -> bool {
+    policy == TimeoutPolicy::Proceed
+        && refused_since.is_some_and(|t| now.saturating_duration_since(t) >= timeout)
 }
 
 /// No sidecar exists at all and no annotation says what the container is: a regular container
@@ -151,7 +162,10 @@ pub enum Check<'p> {
     /// Every required sidecar runs and is ready (§3.1).
     Ready,
     /// Probe this running sidecar's readiness, then check again with the answer.
-    Probe { sidecar: &'p Sidecar, container_id: String },
+    Probe {
+        sidecar: &'p Sidecar,
+        container_id: String,
+    },
     /// A sidecar runs but is not ready: hold (§3.2).
     Waiting(String),
     /// A sidecar is not created, or created but not running: refuse now (§3.3). kubelet can only
@@ -163,7 +177,14 @@ pub enum Check<'p> {
 /// The start check: the required sidecars in declared order, the first that is not ready
 /// decides. `probed`: readiness answers of this round, by sidecar name. `refused`: whether
 /// crisp is refusing that container's own creation (it waits for an earlier sidecar).
-pub fn check_start<'p>(pod: &str, required: &'p [Sidecar], snap: &Snapshot, skip_dead: bool, refused: impl Fn(&str) -> bool, probed: &HashMap<String, bool>) -> Check<'p> {
+pub fn check_start<'p>(
+    pod: &str,
+    required: &'p [Sidecar],
+    snap: &Snapshot,
+    skip_dead: bool,
+    refused: impl Fn(&str) -> bool,
+    probed: &HashMap<String, bool>,
+) -> Check<'p> {
     for s in required {
         let found = snap.get(&s.name);
         if skip_dead && !snap.running(&s.name) {
@@ -199,7 +220,12 @@ pub enum WaitStep {
     TimedOut(TimeoutPolicy),
 }
 
-pub fn after_waiting(now: Instant, hold_until: Instant, probe_interval: Duration, policy: TimeoutPolicy) -> WaitStep {
+pub fn after_waiting(
+    now: Instant,
+    hold_until: Instant,
+    probe_interval: Duration,
+    policy: TimeoutPolicy,
+) -> WaitStep {
     if now >= hold_until {
         WaitStep::TimedOut(policy)
     } else {
@@ -225,7 +251,13 @@ pub fn refusal(reason: &str, container: &str) -> String {
 
 /// The message of a CreateContainer failed at the start timeout under policy `fail`.
 pub fn timed_out(pod: &str, sidecar: &str, timeout: Duration, container: &str) -> String {
-    refusal(&format!("sidecar \"{}\" of pod {pod} not ready within {timeout:?}", name(sidecar)), container)
+    refusal(
+        &format!(
+            "sidecar \"{}\" of pod {pod} not ready within {timeout:?}",
+            name(sidecar)
+        ),
+        container,
+    )
 }
 
 pub fn state_name(s: i32) -> &'static str {
@@ -244,7 +276,9 @@ pub fn state_name(s: i32) -> &'static str {
 /// forwarded stop's tail to complete (§4.3), or grace + kubelet's 2 min without a deadline.
 pub fn stop_hold_end(arrived: Instant, grace: Duration, deadline: Option<Instant>) -> Instant {
     match deadline {
-        Some(d) => d.checked_sub(DEADLINE_MARGIN + STOP_TAIL).unwrap_or(arrived),
+        Some(d) => d
+            .checked_sub(DEADLINE_MARGIN + STOP_TAIL)
+            .unwrap_or(arrived),
         None => later(arrived, grace.saturating_add(STOP_SLACK)),
     }
 }
@@ -264,14 +298,32 @@ pub enum StopStep<'a> {
     /// No app is being stopped and the sidecar's own grace has passed: a single-container kill.
     SingleKill,
     /// Still running at the hold's end: stop the sidecar anyway, before kubelet's deadline.
-    Deadline { apps: Vec<&'a str>, sidecars: Vec<&'a str> },
+    Deadline {
+        apps: Vec<&'a str>,
+        sidecars: Vec<&'a str>,
+    },
     /// Hold while these run: the pod's apps, and the sidecars declared after this one.
-    Hold { apps: Vec<&'a str>, sidecars: Vec<&'a str> },
+    Hold {
+        apps: Vec<&'a str>,
+        sidecars: Vec<&'a str>,
+    },
 }
 
-pub fn stop_step<'a>(policy: &'a PodPolicy, idx: usize, snap: &Snapshot<'a>, now: Instant, hold_until: Instant, single_kill_after: Instant, apps_stopping: bool) -> StopStep<'a> {
+pub fn stop_step<'a>(
+    policy: &'a PodPolicy,
+    idx: usize,
+    snap: &Snapshot<'a>,
+    now: Instant,
+    hold_until: Instant,
+    single_kill_after: Instant,
+    apps_stopping: bool,
+) -> StopStep<'a> {
     let apps = snap.running_apps(policy);
-    let sidecars: Vec<&str> = policy.sidecars[idx + 1..].iter().filter(|s| snap.running(&s.name)).map(|s| s.name.as_str()).collect();
+    let sidecars: Vec<&str> = policy.sidecars[idx + 1..]
+        .iter()
+        .filter(|s| snap.running(&s.name))
+        .map(|s| s.name.as_str())
+        .collect();
     if apps.is_empty() && sidecars.is_empty() {
         StopStep::Forward
     } else if sidecars.is_empty() && !apps_stopping && now >= single_kill_after {
@@ -286,7 +338,10 @@ pub fn stop_step<'a>(policy: &'a PodPolicy, idx: usize, snap: &Snapshot<'a>, now
 /// Whole seconds left of the pod's grace budget, rounded up; the KEP's 2 s tail once fewer
 /// are left (§4.3). Never more than [`MAX_GRACE`]: the runtime is never asked to wait longer.
 pub fn budget_secs(budget_end: Option<Instant>, now: Instant) -> i64 {
-    let left = budget_end.map(|e| e.saturating_duration_since(now)).unwrap_or_default().min(MAX_GRACE);
+    let left = budget_end
+        .map(|e| e.saturating_duration_since(now))
+        .unwrap_or_default()
+        .min(MAX_GRACE);
     if left >= STOP_TAIL {
         left.as_secs_f64().ceil() as i64
     } else {
@@ -304,30 +359,50 @@ pub fn stop_timeout(budget_end: Instant, now: Instant, requested: i64) -> Option
 /// When a held StopPodSandbox stops waiting for apps: room for the sidecars' stops before
 /// kubelet's deadline.
 pub fn sandbox_hold_end(arrived: Instant, deadline: Option<Instant>) -> Instant {
-    deadline.and_then(|d| d.checked_sub(DEADLINE_MARGIN + SANDBOX_STOP_ROOM)).unwrap_or(later(arrived, SANDBOX_HOLD_WITHOUT_DEADLINE))
+    deadline
+        .and_then(|d| d.checked_sub(DEADLINE_MARGIN + SANDBOX_STOP_ROOM))
+        .unwrap_or(later(arrived, SANDBOX_HOLD_WITHOUT_DEADLINE))
 }
 
 /// The apps still running when a held StopPodSandbox is let go: kubelet's own StopContainer
 /// for them failed or never reached crisp (its deadline arithmetic wraps for a grace period
 /// near 2^63 seconds, KUBELET-CRI §3.3, and the call expires before it is sent). crisp stops
 /// them first, with [`STOP_TAIL`], so the sidecars still stop last.
-pub fn sandbox_stop_apps<'a>(policy: &'a PodPolicy, running: &'a [views::Container]) -> Vec<(&'a str, &'a str)> {
+pub fn sandbox_stop_apps<'a>(
+    policy: &'a PodPolicy,
+    running: &'a [views::Container],
+) -> Vec<(&'a str, &'a str)> {
     running
         .iter()
         .filter(|c| c.state == state::RUNNING)
-        .filter_map(|c| c.metadata.as_ref().map(|m| (m.name.as_str(), c.id.as_str())))
+        .filter_map(|c| {
+            c.metadata
+                .as_ref()
+                .map(|m| (m.name.as_str(), c.id.as_str()))
+        })
         .filter(|(name, _)| policy.sidecar_index(name).is_none())
         .collect()
 }
 
 /// The running sidecars a StopPodSandbox stops first, in reverse declared order (§4.2), with
 /// their container ids. StopPodSandbox force-kills whatever still runs (CRI contract).
-pub fn sandbox_stop_order<'a>(policy: &'a PodPolicy, running: &'a [views::Container]) -> Vec<(&'a str, &'a str)> {
+pub fn sandbox_stop_order<'a>(
+    policy: &'a PodPolicy,
+    running: &'a [views::Container],
+) -> Vec<(&'a str, &'a str)> {
     policy
         .sidecars
         .iter()
         .rev()
-        .filter_map(|s| running.iter().find(|c| c.state == state::RUNNING && c.metadata.as_ref().is_some_and(|m| m.name == s.name)).map(|c| (s.name.as_str(), c.id.as_str())))
+        .filter_map(|s| {
+            running
+                .iter()
+                .find(|c| {
+                    c.state == state::RUNNING
+                        && c.metadata.as_ref().is_some_and(|m| m.name == s.name)
+                })
+                .map(|c| (s.name.as_str(), c.id.as_str()))
+        })
         .collect()
 }
 

@@ -70,7 +70,14 @@ impl Fake {
         let mut s = self.script();
         let n = s.containers.len();
         let id = format!("{name}-{n}");
-        s.containers.push(FakeContainer { id: id.clone(), name: name.into(), created: n as i64 + 1, started, exited: None, ready: started });
+        s.containers.push(FakeContainer {
+            id: id.clone(),
+            name: name.into(),
+            created: n as i64 + 1,
+            started,
+            exited: None,
+            ready: started,
+        });
         id
     }
 
@@ -84,7 +91,12 @@ impl Fake {
 
     fn set(&self, name: &str, f: impl FnOnce(&mut FakeContainer)) {
         let mut s = self.script();
-        let c = s.containers.iter_mut().rev().find(|c| c.name == name).expect("no such container");
+        let c = s
+            .containers
+            .iter_mut()
+            .rev()
+            .find(|c| c.name == name)
+            .expect("no such container");
         f(c);
     }
 
@@ -92,7 +104,10 @@ impl Fake {
         views::Container {
             id: c.id.clone(),
             pod_sandbox_id: SANDBOX.into(),
-            metadata: Some(views::ContainerMetadata { name: c.name.clone(), attempt: 0 }),
+            metadata: Some(views::ContainerMetadata {
+                name: c.name.clone(),
+                attempt: 0,
+            }),
             state: c.state(now()),
             created_at: c.created,
             ..Default::default()
@@ -105,7 +120,11 @@ fn ready<T: Send + 'static>(v: Result<T, ClientError>) -> Answer<'static, T> {
 }
 
 impl Runtime for Fake {
-    fn list_containers<'a>(&'a self, _: ApiVersion, _: &'a str) -> Answer<'a, Vec<views::Container>> {
+    fn list_containers<'a>(
+        &'a self,
+        _: ApiVersion,
+        _: &'a str,
+    ) -> Answer<'a, Vec<views::Container>> {
         let delay = {
             let mut s = self.script();
             s.lists += 1;
@@ -113,48 +132,100 @@ impl Runtime for Fake {
         };
         Box::pin(async move {
             tokio::time::sleep(delay).await;
-            Ok(self.script().containers.iter().map(|c| self.view(c)).collect())
+            Ok(self
+                .script()
+                .containers
+                .iter()
+                .map(|c| self.view(c))
+                .collect())
         })
     }
 
     fn container<'a>(&'a self, _: ApiVersion, id: &'a str) -> Answer<'a, Option<views::Container>> {
-        ready(Ok(self.script().containers.iter().find(|c| c.id == id).map(|c| self.view(c))))
+        ready(Ok(self
+            .script()
+            .containers
+            .iter()
+            .find(|c| c.id == id)
+            .map(|c| self.view(c))))
     }
 
     fn list_pod_sandboxes(&self, _: ApiVersion) -> Answer<'_, Vec<views::PodSandbox>> {
         ready(Ok(Vec::new()))
     }
 
-    fn pod_sandbox_status<'a>(&'a self, _: ApiVersion, id: &'a str) -> Answer<'a, views::PodSandboxStatusResponse> {
+    fn pod_sandbox_status<'a>(
+        &'a self,
+        _: ApiVersion,
+        id: &'a str,
+    ) -> Answer<'a, views::PodSandboxStatusResponse> {
         let (annotations, ip) = {
             let s = self.script();
             (s.annotations.clone(), s.ip.clone())
         };
         let status = views::PodSandboxStatus {
             id: id.into(),
-            metadata: Some(views::PodSandboxMetadata { name: "pod".into(), namespace: "ns".into(), uid: "uid".into(), attempt: 0 }),
+            metadata: Some(views::PodSandboxMetadata {
+                name: "pod".into(),
+                namespace: "ns".into(),
+                uid: "uid".into(),
+                attempt: 0,
+            }),
             annotations,
-            network: ip.map(|ip| views::PodSandboxNetworkStatus { ip, additional_ips: Vec::new() }),
+            network: ip.map(|ip| views::PodSandboxNetworkStatus {
+                ip,
+                additional_ips: Vec::new(),
+            }),
             ..Default::default()
         };
-        ready(Ok(views::PodSandboxStatusResponse { status: Some(status), ..Default::default() }))
+        ready(Ok(views::PodSandboxStatusResponse {
+            status: Some(status),
+            ..Default::default()
+        }))
     }
 
-    fn container_status<'a>(&'a self, _: ApiVersion, _: &'a str) -> Answer<'a, views::ContainerStatusResponse> {
+    fn container_status<'a>(
+        &'a self,
+        _: ApiVersion,
+        _: &'a str,
+    ) -> Answer<'a, views::ContainerStatusResponse> {
         let annotations = self.script().status_annotations.clone();
-        ready(Ok(views::ContainerStatusResponse { status: Some(views::ContainerStatus { annotations, ..Default::default() }) }))
+        ready(Ok(views::ContainerStatusResponse {
+            status: Some(views::ContainerStatus {
+                annotations,
+                ..Default::default()
+            }),
+        }))
     }
 
-    fn exec_sync<'a>(&'a self, _: ApiVersion, id: &'a str, _: &'a [String], _: Duration) -> Answer<'a, i32> {
+    fn exec_sync<'a>(
+        &'a self,
+        _: ApiVersion,
+        id: &'a str,
+        _: &'a [String],
+        _: Duration,
+    ) -> Answer<'a, i32> {
         let s = self.script();
-        let c = s.containers.iter().find(|c| c.id == id).expect("exec in an unknown container");
-        ready(Ok(if c.ready.is_some_and(|r| now() >= r) { 0 } else { 1 }))
+        let c = s
+            .containers
+            .iter()
+            .find(|c| c.id == id)
+            .expect("exec in an unknown container");
+        ready(Ok(if c.ready.is_some_and(|r| now() >= r) {
+            0
+        } else {
+            1
+        }))
     }
 
     fn stop_container<'a>(&'a self, _: ApiVersion, id: &'a str, secs: i64) -> Answer<'a, ()> {
         let mut s = self.script();
         let t = now();
-        let c = s.containers.iter_mut().find(|c| c.id == id).expect("stop of an unknown container");
+        let c = s
+            .containers
+            .iter_mut()
+            .find(|c| c.id == id)
+            .expect("stop of an unknown container");
         c.exited.get_or_insert(t);
         let name = c.name.clone();
         s.stops.push((name, secs, t));
@@ -172,52 +243,101 @@ fn fake_pod(sidecars: &[&str], extra: &[(&str, &str)]) -> (Fake, Arc<Engine>) {
 
 fn pod(fake: &Fake, sidecars: &[&str], extra: &[(&str, &str)]) -> Arc<Engine> {
     // The rules' tests hold silently; `refuse_held_after` has its own tests below.
-    pod_with(fake, sidecars, extra, |c| c.ordering.refuse_held_after = Duration::ZERO)
+    pod_with(fake, sidecars, extra, |c| {
+        c.ordering.refuse_held_after = Duration::ZERO
+    })
 }
 
 /// [`pod`] with the node's config tuned.
-fn pod_with(fake: &Fake, sidecars: &[&str], extra: &[(&str, &str)], tune: impl FnOnce(&mut Config)) -> Arc<Engine> {
-    let mut a: HashMap<String, String> = extra.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+fn pod_with(
+    fake: &Fake,
+    sidecars: &[&str],
+    extra: &[(&str, &str)],
+    tune: impl FnOnce(&mut Config),
+) -> Arc<Engine> {
+    let mut a: HashMap<String, String> = extra
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
     if !sidecars.is_empty() {
         a.insert(annotations::SIDECARS.into(), sidecars.join(","));
     }
     for s in sidecars {
-        a.insert(format!("{}{s}", annotations::READY_PREFIX), r#"exec:["true"]"#.into());
+        a.insert(
+            format!("{}{s}", annotations::READY_PREFIX),
+            r#"exec:["true"]"#.into(),
+        );
     }
     fake.script().annotations = a;
     let mut cfg = Config::default();
     cfg.ordering.probe_interval = 100 * MS;
     cfg.ordering.known_injectors = false;
     tune(&mut cfg);
-    Engine::new(&cfg, fake.clone(), Arc::new(OrderingMetrics::default()), Arc::new(job::Terminated::open(None)))
+    Engine::new(
+        &cfg,
+        fake.clone(),
+        Arc::new(OrderingMetrics::default()),
+        Arc::new(job::Terminated::open(None)),
+    )
 }
 
 fn call(rpc: &str, deadline: Option<Duration>) -> Call {
     let path = format!("/runtime.v1.RuntimeService/{rpc}");
     let received = now();
-    Call { route: Route::from_path(&path), path: path.parse().unwrap(), received, deadline: deadline.map(|d| received + d), id: 1 }
+    Call {
+        route: Route::from_path(&path),
+        path: path.parse().unwrap(),
+        received,
+        deadline: deadline.map(|d| received + d),
+        id: 1,
+    }
 }
 
 /// kubelet's CreateContainer: it carries the sandbox config with the pod's annotations.
 fn create(fake: &Fake, name: &str) -> Vec<u8> {
     let sandbox = views::PodSandboxConfig {
-        metadata: Some(views::PodSandboxMetadata { name: "pod".into(), namespace: "ns".into(), uid: "uid".into(), attempt: 0 }),
+        metadata: Some(views::PodSandboxMetadata {
+            name: "pod".into(),
+            namespace: "ns".into(),
+            uid: "uid".into(),
+            attempt: 0,
+        }),
         annotations: fake.script().annotations.clone(),
         ..Default::default()
     };
-    let config = views::ContainerConfig { metadata: Some(views::ContainerMetadata { name: name.into(), attempt: 0 }), ..Default::default() };
-    views::CreateContainerRequest { pod_sandbox_id: SANDBOX.into(), config: Some(config), sandbox_config: Some(sandbox) }.encode_to_vec()
+    let config = views::ContainerConfig {
+        metadata: Some(views::ContainerMetadata {
+            name: name.into(),
+            attempt: 0,
+        }),
+        ..Default::default()
+    };
+    views::CreateContainerRequest {
+        pod_sandbox_id: SANDBOX.into(),
+        config: Some(config),
+        sandbox_config: Some(sandbox),
+    }
+    .encode_to_vec()
 }
 
 fn stop(id: &str, timeout: i64) -> Vec<u8> {
-    views::ContainerIdRequest { container_id: id.into(), timeout }.encode_to_vec()
+    views::ContainerIdRequest {
+        container_id: id.into(),
+        timeout,
+    }
+    .encode_to_vec()
 }
 
 /// Runs one call through the engine: its verdict and how long (virtual) it was held.
 /// kubelet's CreateContainer of `name` (with its usual deadline) through the engine: the
 /// verdict and how long it was held.
 async fn create_container(engine: &Engine, fake: &Fake, name: &str) -> (Verdict, Duration) {
-    run(engine, &call("CreateContainer", KUBELET_DEADLINE), &create(fake, name)).await
+    run(
+        engine,
+        &call("CreateContainer", KUBELET_DEADLINE),
+        &create(fake, name),
+    )
+    .await
 }
 
 /// Forwarded without any hold.
@@ -240,7 +360,11 @@ fn holds(engine: &Engine, gate: &str) -> u64 {
     engine.metrics.register(&mut reg);
     let text = crate::metrics::encode(&reg);
     let key = format!("crisp_hold_seconds_count{{gate=\"{gate}\"}} ");
-    text.lines().find_map(|l| l.strip_prefix(&key)).unwrap_or_else(|| panic!("no {key} in\n{text}")).parse().unwrap()
+    text.lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .unwrap_or_else(|| panic!("no {key} in\n{text}"))
+        .parse()
+        .unwrap()
 }
 
 fn assert_forward(v: &Verdict) {
@@ -258,7 +382,10 @@ fn refusal(v: &Verdict) -> &str {
 }
 
 fn assert_held(held: Duration, expected: Duration, probe_interval: Duration) {
-    assert!(held >= expected && held <= expected + probe_interval, "held {held:?}, expected {expected:?} (+ one probe interval)");
+    assert!(
+        held >= expected && held <= expected + probe_interval,
+        "held {held:?}, expected {expected:?} (+ one probe interval)"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -269,14 +396,31 @@ async fn pod_without_sidecars_is_never_held_nor_looked_up() {
     let (fake, engine) = fake_pod(&[], &[]);
     let (v, held) = create_container(&engine, &fake, "app").await;
     assert_forwarded_at_once(&v, held);
-    assert_eq!(fake.script().lists, 0, "no runtime call for a pod without sidecars");
+    assert_eq!(
+        fake.script().lists,
+        0,
+        "no runtime call for a pod without sidecars"
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn list_and_status_calls_are_never_observed() {
     let (_fake, engine) = fake_pod(&["proxy"], &[]);
-    for rpc in ["ListContainers", "ListPodSandbox", "ContainerStatus", "PodSandboxStatus", "ListContainerStats", "Status", "Version", "ImageStatus", "ListImages"] {
-        assert!(engine.interest(&call(rpc, None)).is_none(), "{rpc} must take the fast path");
+    for rpc in [
+        "ListContainers",
+        "ListPodSandbox",
+        "ContainerStatus",
+        "PodSandboxStatus",
+        "ListContainerStats",
+        "Status",
+        "Version",
+        "ImageStatus",
+        "ListImages",
+    ] {
+        assert!(
+            engine.interest(&call(rpc, None)).is_none(),
+            "{rpc} must take the fast path"
+        );
     }
 }
 
@@ -317,14 +461,26 @@ async fn app_listed_before_its_sidecar_is_refused_at_once() {
     let (fake, engine) = fake_pod(&["proxy"], &[]);
     let (v, held) = create_container(&engine, &fake, "app").await;
     let msg = refusal(&v);
-    assert!(msg.contains("\"proxy\"") && msg.contains("not created yet") && msg.contains("network is not ready"), "{msg}");
-    assert_eq!(held, Duration::ZERO, "refused, not held: holding would deadlock kubelet's sync loop");
+    assert!(
+        msg.contains("\"proxy\"")
+            && msg.contains("not created yet")
+            && msg.contains("network is not ready"),
+        "{msg}"
+    );
+    assert_eq!(
+        held,
+        Duration::ZERO,
+        "refused, not held: holding would deadlock kubelet's sync loop"
+    );
     assert_eq!(engine.metrics.fail_fast.get(), 1);
 }
 
 #[tokio::test(start_paused = true)]
 async fn app_is_refused_while_its_sidecar_is_created_but_not_running() {
-    for (what, started, exited) in [("created but not started", None, None), ("exited", Some(Duration::ZERO), Some(Duration::ZERO))] {
+    for (what, started, exited) in [
+        ("created but not started", None, None),
+        ("exited", Some(Duration::ZERO), Some(Duration::ZERO)),
+    ] {
         let (fake, engine) = fake_pod(&["proxy"], &[]);
         let t0 = now();
         fake.add("proxy", started.map(|d| at(t0, d)));
@@ -349,7 +505,13 @@ async fn hold_ends_at_the_start_timeout_under_proceed() {
 
 #[tokio::test(start_paused = true)]
 async fn hold_ends_at_the_start_timeout_under_fail() {
-    let (fake, engine) = fake_pod(&["proxy"], &[(annotations::START_TIMEOUT, "10s"), (annotations::TIMEOUT_POLICY, "fail")]);
+    let (fake, engine) = fake_pod(
+        &["proxy"],
+        &[
+            (annotations::START_TIMEOUT, "10s"),
+            (annotations::TIMEOUT_POLICY, "fail"),
+        ],
+    );
     fake.add("proxy", Some(now()));
     fake.set("proxy", |c| c.ready = None);
     let (v, held) = create_container(&engine, &fake, "app").await;
@@ -364,7 +526,12 @@ async fn hold_never_outlives_kubelets_deadline() {
     fake.add("proxy", Some(now()));
     fake.set("proxy", |c| c.ready = None);
     // Start timeout 90 s (default); kubelet's deadline 8 s: the hold ends 3 s before it.
-    let (v, held) = run(&engine, &call("CreateContainer", Some(8 * S)), &create(&fake, "app")).await;
+    let (v, held) = run(
+        &engine,
+        &call("CreateContainer", Some(8 * S)),
+        &create(&fake, "app"),
+    )
+    .await;
     assert_forward(&v);
     assert_eq!(held, 8 * S - decide::DEADLINE_MARGIN);
 }
@@ -379,7 +546,11 @@ async fn an_abandoned_hold_forwards_nothing_and_leaves_no_gauge() {
     let msg = create(&fake, "app");
     let r = tokio::time::timeout(2 * S, engine.on_request(&c, &msg)).await;
     assert!(r.is_err(), "still held when kubelet gave up");
-    assert_eq!(engine.metrics.holds_in_flight.get(), 0, "the held-calls gauge counts the abandoned hold out");
+    assert_eq!(
+        engine.metrics.holds_in_flight.get(),
+        0,
+        "the held-calls gauge counts the abandoned hold out"
+    );
 }
 
 /// A pod whose sidecar `proxy` was created and has exited.
@@ -405,7 +576,10 @@ async fn refusals_for_a_dead_sidecar_end_at_the_start_timeout_under_proceed() {
 
 #[tokio::test(start_paused = true)]
 async fn refusals_for_a_dead_sidecar_go_on_under_fail() {
-    let (fake, engine) = dead_proxy_pod(&[(annotations::START_TIMEOUT, "10s"), (annotations::TIMEOUT_POLICY, "fail")]);
+    let (fake, engine) = dead_proxy_pod(&[
+        (annotations::START_TIMEOUT, "10s"),
+        (annotations::TIMEOUT_POLICY, "fail"),
+    ]);
     refusal(&create_container(&engine, &fake, "app").await.0);
     tokio::time::sleep(20 * S).await;
     refusal(&create_container(&engine, &fake, "app").await.0);
@@ -464,18 +638,40 @@ fn running_pod(fake: &Fake, sidecars: &[&str]) -> (Arc<Engine>, Instant) {
 
 /// kubelet's StopContainer of `name` with `grace` seconds and `deadline` through the engine: the
 /// verdict and how long it was held.
-async fn stop_container(engine: &Engine, fake: &Fake, name: &str, grace: i64, deadline: Option<Duration>) -> (Verdict, Duration) {
-    run(engine, &call("StopContainer", deadline), &stop(&id_of(fake, name), grace)).await
+async fn stop_container(
+    engine: &Engine,
+    fake: &Fake,
+    name: &str,
+    grace: i64,
+    deadline: Option<Duration>,
+) -> (Verdict, Duration) {
+    run(
+        engine,
+        &call("StopContainer", deadline),
+        &stop(&id_of(fake, name), grace),
+    )
+    .await
 }
 
 fn id_of(fake: &Fake, name: &str) -> String {
-    fake.script().containers.iter().rev().find(|c| c.name == name).unwrap().id.clone()
+    fake.script()
+        .containers
+        .iter()
+        .rev()
+        .find(|c| c.name == name)
+        .unwrap()
+        .id
+        .clone()
 }
 
 fn forwarded_timeout(v: &Verdict, requested: i64) -> i64 {
     match v {
         Verdict::Forward => requested,
-        Verdict::ForwardPatched(b) => views::decode::<views::ContainerIdRequest>(b).unwrap().timeout,
+        Verdict::ForwardPatched(b) => {
+            views::decode::<views::ContainerIdRequest>(b)
+                .unwrap()
+                .timeout
+        }
         other => panic!("expected the stop to be forwarded, got {other:?}"),
     }
 }
@@ -491,19 +687,30 @@ async fn app_stop_is_forwarded_at_once() {
 async fn sidecar_stop_is_held_until_the_apps_exit_and_gets_what_is_left_of_the_budget() {
     let (fake, engine, t0) = fake_running_pod(&["proxy"]);
     // kubelet kills in parallel: the app's stop, then the sidecar's, same grace.
-    assert_forward(&stop_container(&engine, &fake, "app", 30, KUBELET_DEADLINE).await.0);
+    assert_forward(
+        &stop_container(&engine, &fake, "app", 30, KUBELET_DEADLINE)
+            .await
+            .0,
+    );
     fake.set("app", |c| c.exited = Some(at(t0, 3 * S)));
     let (v, held) = stop_container(&engine, &fake, "proxy", 30, KUBELET_DEADLINE).await;
     assert_held(held, 3 * S, 100 * MS);
     let secs = forwarded_timeout(&v, 30);
-    assert_eq!(secs, 27, "one budget for the pod: 30 s from the first stop, 3 s of it spent");
+    assert_eq!(
+        secs, 27,
+        "one budget for the pod: 30 s from the first stop, 3 s of it spent"
+    );
     assert_eq!(holds(&engine, "stop"), 1);
 }
 
 #[tokio::test(start_paused = true)]
 async fn sidecar_stop_gets_the_2s_tail_once_the_budget_is_spent() {
     let (fake, engine, t0) = fake_running_pod(&["proxy"]);
-    assert_forward(&stop_container(&engine, &fake, "app", 5, KUBELET_DEADLINE).await.0);
+    assert_forward(
+        &stop_container(&engine, &fake, "app", 5, KUBELET_DEADLINE)
+            .await
+            .0,
+    );
     fake.set("app", |c| c.exited = Some(at(t0, 9 * S)));
     let (v, held) = stop_container(&engine, &fake, "proxy", 5, Some(5 * S + 120 * S)).await;
     assert_held(held, 9 * S, 100 * MS);
@@ -527,7 +734,11 @@ async fn a_single_sidecar_kill_is_forwarded_after_its_grace() {
     // Liveness kill of the sidecar alone: no app is being stopped; the app keeps running.
     let (v, held) = stop_container(&engine, &fake, "proxy", 5, KUBELET_DEADLINE).await;
     assert_held(held, 5 * S, 100 * MS);
-    assert_eq!(forwarded_timeout(&v, 5), 2, "its grace is spent: the KEP's 2 s tail");
+    assert_eq!(
+        forwarded_timeout(&v, 5),
+        2,
+        "its grace is spent: the KEP's 2 s tail"
+    );
 }
 
 /// The app's stop is forwarded and the app never exits; kubelet's deadline for the sidecar's
@@ -535,11 +746,23 @@ async fn a_single_sidecar_kill_is_forwarded_after_its_grace() {
 /// still held only until just before that deadline, with 15 s of its budget left.
 async fn assert_sidecar_stop_ends_before_kubelets_deadline(list_delay: Duration) {
     let (fake, engine, _) = fake_running_pod(&["proxy"]);
-    assert_forward(&stop_container(&engine, &fake, "app", 30, KUBELET_DEADLINE).await.0);
+    assert_forward(
+        &stop_container(&engine, &fake, "app", 30, KUBELET_DEADLINE)
+            .await
+            .0,
+    );
     fake.script().list_delay = list_delay;
     let (v, held) = stop_container(&engine, &fake, "proxy", 30, Some(20 * S)).await;
-    assert_eq!(held, 20 * S - decide::DEADLINE_MARGIN - decide::STOP_TAIL, "list delay {list_delay:?}");
-    assert_eq!(forwarded_timeout(&v, 30), 15, "15 s of the 30 s budget left");
+    assert_eq!(
+        held,
+        20 * S - decide::DEADLINE_MARGIN - decide::STOP_TAIL,
+        "list delay {list_delay:?}"
+    );
+    assert_eq!(
+        forwarded_timeout(&v, 30),
+        15,
+        "15 s of the 30 s budget left"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -556,27 +779,51 @@ async fn a_slow_runtime_never_stretches_a_sidecar_stop_past_kubelets_deadline() 
 #[tokio::test(start_paused = true)]
 async fn a_repeated_sidecar_stop_shares_the_budget() {
     let (fake, engine, t0) = fake_running_pod(&["proxy"]);
-    assert_forward(&stop_container(&engine, &fake, "app", 30, KUBELET_DEADLINE).await.0);
+    assert_forward(
+        &stop_container(&engine, &fake, "app", 30, KUBELET_DEADLINE)
+            .await
+            .0,
+    );
     fake.set("app", |c| c.exited = Some(at(t0, 4 * S)));
     let first = stop_container(&engine, &fake, "proxy", 30, KUBELET_DEADLINE).await;
     tokio::time::sleep(S).await;
     let again = stop_container(&engine, &fake, "proxy", 30, KUBELET_DEADLINE).await;
     assert_eq!(forwarded_timeout(&first.0, 30), 26);
     assert_eq!(again.1, Duration::ZERO, "nothing left to wait for");
-    assert_eq!(forwarded_timeout(&again.0, 30), 25, "the same window, one second later");
+    assert_eq!(
+        forwarded_timeout(&again.0, 30),
+        25,
+        "the same window, one second later"
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn stop_pod_sandbox_waits_for_the_apps_then_stops_sidecars_in_reverse() {
     let (fake, engine, t0) = fake_running_pod(&["first", "second"]);
-    assert_forward(&stop_container(&engine, &fake, "app", 30, KUBELET_DEADLINE).await.0);
+    assert_forward(
+        &stop_container(&engine, &fake, "app", 30, KUBELET_DEADLINE)
+            .await
+            .0,
+    );
     fake.set("app", |c| c.exited = Some(at(t0, 2 * S)));
-    let msg = views::PodSandboxIdRequest { pod_sandbox_id: SANDBOX.into() }.encode_to_vec();
+    let msg = views::PodSandboxIdRequest {
+        pod_sandbox_id: SANDBOX.into(),
+    }
+    .encode_to_vec();
     let (v, held) = run(&engine, &call("StopPodSandbox", KUBELET_DEADLINE), &msg).await;
     assert_forward(&v);
     assert_held(held, 2 * S, 100 * MS);
-    let stops: Vec<(String, i64)> = fake.script().stops.iter().map(|(n, s, _)| (n.clone(), *s)).collect();
-    assert_eq!(stops, vec![("second".to_string(), 28), ("first".to_string(), 28)], "reverse order, with what is left of the budget");
+    let stops: Vec<(String, i64)> = fake
+        .script()
+        .stops
+        .iter()
+        .map(|(n, s, _)| (n.clone(), *s))
+        .collect();
+    assert_eq!(
+        stops,
+        vec![("second".to_string(), 28), ("first".to_string(), 28)],
+        "reverse order, with what is left of the budget"
+    );
 }
 
 /// kubelet's StopContainer for the app never came (its own deadline for a grace period near
@@ -585,11 +832,23 @@ async fn stop_pod_sandbox_waits_for_the_apps_then_stops_sidecars_in_reverse() {
 #[tokio::test(start_paused = true)]
 async fn stop_pod_sandbox_stops_an_app_kubelet_never_stopped_before_the_sidecars() {
     let (fake, engine, _) = fake_running_pod(&["first", "second"]);
-    let msg = views::PodSandboxIdRequest { pod_sandbox_id: SANDBOX.into() }.encode_to_vec();
+    let msg = views::PodSandboxIdRequest {
+        pod_sandbox_id: SANDBOX.into(),
+    }
+    .encode_to_vec();
     let (v, _) = run(&engine, &call("StopPodSandbox", KUBELET_DEADLINE), &msg).await;
     assert_forward(&v);
-    let stops: Vec<String> = fake.script().stops.iter().map(|(n, _, _)| n.clone()).collect();
-    assert_eq!(stops, ["app", "second", "first"], "the app before the sidecars, which stop in reverse");
+    let stops: Vec<String> = fake
+        .script()
+        .stops
+        .iter()
+        .map(|(n, _, _)| n.clone())
+        .collect();
+    assert_eq!(
+        stops,
+        ["app", "second", "first"],
+        "the app before the sidecars, which stop in reverse"
+    );
     assert_eq!(fake.script().stops[0].1, decide::STOP_TAIL.as_secs() as i64);
 }
 
@@ -601,14 +860,22 @@ async fn stop_pod_sandbox_stops_an_app_kubelet_never_stopped_before_the_sidecars
 /// stop is still held only while the app runs, then forwarded with at most a day's budget.
 #[tokio::test(start_paused = true)]
 async fn a_stop_with_an_extreme_grace_period_completes_in_order() {
-    for (grace, deadline) in [(i64::MAX, Some(60 * S)), (i64::MAX, None), (i64::MAX - 1, KUBELET_DEADLINE)] {
+    for (grace, deadline) in [
+        (i64::MAX, Some(60 * S)),
+        (i64::MAX, None),
+        (i64::MAX - 1, KUBELET_DEADLINE),
+    ] {
         let (fake, engine, t0) = fake_running_pod(&["proxy"]);
         let (v, held) = stop_container(&engine, &fake, "app", grace, deadline).await;
         assert_forwarded_at_once(&v, held);
         fake.set("app", |c| c.exited = Some(at(t0, 3 * S)));
         let (v, held) = stop_container(&engine, &fake, "proxy", grace, deadline).await;
         assert_held(held, 3 * S, 100 * MS);
-        assert_eq!(forwarded_timeout(&v, grace), 86_397, "{grace} {deadline:?}: a day's budget, 3 s of it spent");
+        assert_eq!(
+            forwarded_timeout(&v, grace),
+            86_397,
+            "{grace} {deadline:?}: a day's budget, 3 s of it spent"
+        );
     }
 }
 
@@ -616,7 +883,11 @@ async fn a_stop_with_an_extreme_grace_period_completes_in_order() {
 #[tokio::test(start_paused = true)]
 async fn a_stop_with_an_extreme_grace_period_still_ends_before_kubelets_deadline() {
     let (fake, engine, _) = fake_running_pod(&["proxy"]);
-    assert_forward(&stop_container(&engine, &fake, "app", i64::MAX, Some(60 * S)).await.0);
+    assert_forward(
+        &stop_container(&engine, &fake, "app", i64::MAX, Some(60 * S))
+            .await
+            .0,
+    );
     let (v, held) = stop_container(&engine, &fake, "proxy", i64::MAX, Some(60 * S)).await;
     assert_eq!(held, 60 * S - decide::DEADLINE_MARGIN - decide::STOP_TAIL);
     assert_eq!(forwarded_timeout(&v, i64::MAX), 86_400 - 55);
@@ -629,12 +900,25 @@ async fn a_stop_with_an_extreme_grace_period_still_ends_before_kubelets_deadline
 /// any int64 (or more) stops the sidecar with at most a day's timeout, no panic.
 #[tokio::test(start_paused = true)]
 async fn a_job_sidecar_with_an_extreme_grace_annotation_is_stopped() {
-    for grace in ["9223372036854775807", "9223372036854775806", "18446744073709551615"] {
+    for grace in [
+        "9223372036854775807",
+        "9223372036854775806",
+        "18446744073709551615",
+    ] {
         let (fake, engine, _) = fake_running_pod(&["proxy"]);
-        fake.script().status_annotations = [("io.kubernetes.pod.terminationGracePeriod".to_string(), grace.to_string())].into();
+        fake.script().status_annotations = [(
+            "io.kubernetes.pod.terminationGracePeriod".to_string(),
+            grace.to_string(),
+        )]
+        .into();
         let pod = engine.pod_by_id(ApiVersion::V1, SANDBOX).await.unwrap();
         engine.terminate_sidecars(ApiVersion::V1, &pod).await;
-        let stops: Vec<(String, i64)> = fake.script().stops.iter().map(|(n, s, _)| (n.clone(), *s)).collect();
+        let stops: Vec<(String, i64)> = fake
+            .script()
+            .stops
+            .iter()
+            .map(|(n, s, _)| (n.clone(), *s))
+            .collect();
         assert_eq!(stops, vec![("proxy".to_string(), 86_400)], "{grace}");
     }
 }
@@ -657,18 +941,47 @@ async fn held_calls_read_the_runtime_within_the_node_wide_bound() {
     let (create, stop_msg) = (create(&fake, "app"), stop(&id_of(&fake, "proxy"), 30));
     let mut held = Vec::new();
     for i in 0..80u64 {
-        let (engine, msg) = (engine.clone(), if i % 2 == 0 { create.clone() } else { stop_msg.clone() });
-        let call = Call { id: i + 1, ..call(if i % 2 == 0 { "CreateContainer" } else { "StopContainer" }, KUBELET_DEADLINE) };
+        let (engine, msg) = (
+            engine.clone(),
+            if i % 2 == 0 {
+                create.clone()
+            } else {
+                stop_msg.clone()
+            },
+        );
+        let call = Call {
+            id: i + 1,
+            ..call(
+                if i % 2 == 0 {
+                    "CreateContainer"
+                } else {
+                    "StopContainer"
+                },
+                KUBELET_DEADLINE,
+            )
+        };
         held.push(tokio::spawn(async move { run(&engine, &call, &msg).await }));
     }
     tokio::time::sleep(10 * S).await;
     let lists = fake.script().lists;
-    assert!(lists <= 80 + 2 + 20 * 10, "{lists} ListContainers in 10 s: 80 first reads, the burst and 20 a second at most");
-    assert!(lists >= 80 + 20 * 9, "{lists}: the held calls still read at the bound");
+    assert!(
+        lists <= 80 + 2 + 20 * 10,
+        "{lists} ListContainers in 10 s: 80 first reads, the burst and 20 a second at most"
+    );
+    assert!(
+        lists >= 80 + 20 * 9,
+        "{lists}: the held calls still read at the bound"
+    );
     for h in held {
         let (v, held) = h.await.unwrap();
-        assert!(held <= 90 * S + 100 * MS, "held {held:?}: within the start timeout, before kubelet's deadline");
-        assert!(matches!(v, Verdict::Forward | Verdict::ForwardPatched(_)), "{v:?}");
+        assert!(
+            held <= 90 * S + 100 * MS,
+            "held {held:?}: within the start timeout, before kubelet's deadline"
+        );
+        assert!(
+            matches!(v, Verdict::Forward | Verdict::ForwardPatched(_)),
+            "{v:?}"
+        );
     }
 }
 
@@ -687,7 +1000,10 @@ async fn a_calls_first_read_never_waits_behind_held_calls() {
     let mut held = Vec::new();
     for i in 0..40u64 {
         let (engine, msg) = (engine.clone(), msg.clone());
-        let call = Call { id: i + 1, ..call("CreateContainer", KUBELET_DEADLINE) };
+        let call = Call {
+            id: i + 1,
+            ..call("CreateContainer", KUBELET_DEADLINE)
+        };
         held.push(tokio::spawn(async move { run(&engine, &call, &msg).await }));
     }
     tokio::time::sleep(5 * S).await;
@@ -711,12 +1027,18 @@ async fn job_watchers_read_the_runtime_within_the_node_wide_bound() {
     fake.add("proxy", Some(now()));
     fake.add("app", Some(now()));
     for i in 0..40 {
-        assert!(engine.pod_by_id(ApiVersion::V1, &format!("sb-{i}")).await.is_some());
+        assert!(engine
+            .pod_by_id(ApiVersion::V1, &format!("sb-{i}"))
+            .await
+            .is_some());
     }
     assert_eq!(engine.pods().len(), 40);
     tokio::time::sleep(10 * S).await;
     let lists = fake.script().lists;
-    assert!((20 * 9..=2 + 20 * 10).contains(&lists), "{lists} ListContainers in 10 s by 40 watchers: 20 a second");
+    assert!(
+        (20 * 9..=2 + 20 * 10).contains(&lists),
+        "{lists} ListContainers in 10 s by 40 watchers: 20 a second"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -728,17 +1050,31 @@ async fn job_watchers_read_the_runtime_within_the_node_wide_bound() {
 #[tokio::test(start_paused = true)]
 async fn an_annotation_aimed_elsewhere_is_bad_once_and_treated_as_absent() {
     let (fake, engine) = fake_pod(&["proxy"], &[]);
-    fake.script().annotations.insert("crisp.dev/ready.proxy".into(), "http://192.0.2.1:10255/pods".into());
+    fake.script().annotations.insert(
+        "crisp.dev/ready.proxy".into(),
+        "http://192.0.2.1:10255/pods".into(),
+    );
     fake.script().ip = Some("10.1.2.3".into());
     fake.add("proxy", Some(now()));
     for _ in 0..3 {
         let (v, held) = create_container(&engine, &fake, "app").await;
         assert_forwarded_at_once(&v, held);
     }
-    assert_eq!(engine.metrics.bad_annotations.get(), 1, "once per pod, not per probe");
-    assert_eq!(engine.metrics.probe_connects.get(), 0, "nothing connected to");
+    assert_eq!(
+        engine.metrics.bad_annotations.get(),
+        1,
+        "once per pod, not per probe"
+    );
+    assert_eq!(
+        engine.metrics.probe_connects.get(),
+        0,
+        "nothing connected to"
+    );
     let (p, _) = engine.lookup(Some(SANDBOX), None);
-    assert_eq!(p.and_then(|p| p.last_probe("proxy")).map(|l| l.result), Some(Ok(())));
+    assert_eq!(
+        p.and_then(|p| p.last_probe("proxy")).map(|l| l.result),
+        Some(Ok(()))
+    );
 }
 
 /// The same spec naming the pod's own IP, or a network the operator allowed, is probed.
@@ -746,19 +1082,33 @@ async fn an_annotation_aimed_elsewhere_is_bad_once_and_treated_as_absent() {
 async fn an_annotation_naming_the_pods_ip_or_an_allowed_network_is_probed() {
     for (ip, allow) in [("192.0.2.1", vec![]), ("10.1.2.3", vec!["192.0.2.0/24"])] {
         let fake = Fake::default();
-        fake.script().annotations = [(annotations::SIDECARS, "proxy"), ("crisp.dev/ready.proxy", "tcp://192.0.2.1:1"), (annotations::START_TIMEOUT, "1s")]
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        fake.script().annotations = [
+            (annotations::SIDECARS, "proxy"),
+            ("crisp.dev/ready.proxy", "tcp://192.0.2.1:1"),
+            (annotations::START_TIMEOUT, "1s"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
         fake.script().ip = Some(ip.into());
         let mut cfg = Config::default();
-        cfg.ordering.probe_allow = crate::config::parse_cidrs(&allow.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+        cfg.ordering.probe_allow =
+            crate::config::parse_cidrs(&allow.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .unwrap();
         cfg.ordering.probe_timeout = 10 * MS;
-        let engine = Engine::new(&cfg, fake.clone(), Arc::new(OrderingMetrics::default()), Arc::new(job::Terminated::open(None)));
+        let engine = Engine::new(
+            &cfg,
+            fake.clone(),
+            Arc::new(OrderingMetrics::default()),
+            Arc::new(job::Terminated::open(None)),
+        );
         fake.add("proxy", Some(now()));
         let _ = create_container(&engine, &fake, "app").await;
         assert_eq!(engine.metrics.bad_annotations.get(), 0, "{ip} {allow:?}");
-        assert!(engine.metrics.probe_connects.get() > 0, "{ip} {allow:?}: not probed");
+        assert!(
+            engine.metrics.probe_connects.get() > 0,
+            "{ip} {allow:?}: not probed"
+        );
     }
 }
 
@@ -770,18 +1120,40 @@ async fn loopback_of_a_pod_whose_namespace_is_unknown_is_never_the_nodes() {
     l.set_nonblocking(true).unwrap();
     let port = l.local_addr().unwrap().port();
     let (fake, engine) = fake_pod(&["proxy"], &[(annotations::START_TIMEOUT, "1s")]);
-    fake.script().annotations.insert("crisp.dev/ready.proxy".into(), format!("tcp://127.0.0.1:{port}"));
+    fake.script().annotations.insert(
+        "crisp.dev/ready.proxy".into(),
+        format!("tcp://127.0.0.1:{port}"),
+    );
     fake.script().ip = Some("10.1.2.3".into());
     fake.add("proxy", Some(now()));
     let (v, held) = create_container(&engine, &fake, "app").await;
     assert_forward(&v);
     assert_held(held, S, 100 * MS);
-    assert_eq!(l.accept().map_err(|e| e.kind()).err(), Some(std::io::ErrorKind::WouldBlock), "crisp connected to the node's loopback");
+    assert_eq!(
+        l.accept().map_err(|e| e.kind()).err(),
+        Some(std::io::ErrorKind::WouldBlock),
+        "crisp connected to the node's loopback"
+    );
     let (p, _) = engine.lookup(Some(SANDBOX), None);
-    let why = p.and_then(|p| p.last_probe("proxy")).map(|l| l.result).unwrap().unwrap_err();
-    assert!(why.starts_with("cannot enter the pod's network namespace: "), "{why}");
-    assert_eq!(engine.metrics.probe_netns_failures.get(), 1, "found (and logged) once per pod");
-    assert_eq!(engine.metrics.bad_annotations.get(), 0, "loopback is the pod's own");
+    let why = p
+        .and_then(|p| p.last_probe("proxy"))
+        .map(|l| l.result)
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        why.starts_with("cannot enter the pod's network namespace: "),
+        "{why}"
+    );
+    assert_eq!(
+        engine.metrics.probe_netns_failures.get(),
+        1,
+        "found (and logged) once per pod"
+    );
+    assert_eq!(
+        engine.metrics.bad_annotations.get(),
+        0,
+        "loopback is the pod's own"
+    );
 }
 
 /// Exec probes are paced like connects (issue #26): at one per second node-wide, a sidecar
@@ -801,7 +1173,10 @@ async fn exec_probes_take_the_node_wide_rate() {
     assert!(held >= 5 * S && held <= 7 * S, "held {held:?}");
     // ~50 rounds, ~6 tokens.
     let limited = engine.metrics.probe_limited.get();
-    assert!(limited >= 35, "only {limited} of ~50 exec rounds waited for the rate");
+    assert!(
+        limited >= 35,
+        "only {limited} of ~50 exec rounds waited for the rate"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -839,24 +1214,56 @@ async fn a_hold_is_reported_live_with_its_reason_at_a_bounded_rate() {
     let rec = recorded(&engine);
     fake.add_ready_after("proxy", 12 * S);
     let eng = engine.clone();
-    let held = tokio::spawn(async move { run(&eng, &call("CreateContainer", KUBELET_DEADLINE), &create(&Fake(Arc::clone(&fake.0)), "app")).await });
+    let held = tokio::spawn(async move {
+        run(
+            &eng,
+            &call("CreateContainer", KUBELET_DEADLINE),
+            &create(&Fake(Arc::clone(&fake.0)), "app"),
+        )
+        .await
+    });
     // While it is held: the start event says what it waits for, and `crisp pods` sees it.
     tokio::time::sleep(3 * S).await;
     {
         let evs = rec.0.lock().unwrap();
         let start = &evs[0];
         assert_eq!(start.phase, Start);
-        assert_eq!((start.waiting_on.as_str(), start.reason.as_str(), start.probe.as_str()), ("proxy", "not ready", r#"exec:["true"]"#));
-        assert_eq!(start.probe_result, "exec exited 1", "the probe's last result");
-        assert_eq!((start.pod_namespace.as_str(), start.pod_name.as_str(), start.container_name.as_str()), ("ns", "pod", "app"));
+        assert_eq!(
+            (
+                start.waiting_on.as_str(),
+                start.reason.as_str(),
+                start.probe.as_str()
+            ),
+            ("proxy", "not ready", r#"exec:["true"]"#)
+        );
+        assert_eq!(
+            start.probe_result, "exec exited 1",
+            "the probe's last result"
+        );
+        assert_eq!(
+            (
+                start.pod_namespace.as_str(),
+                start.pod_name.as_str(),
+                start.container_name.as_str()
+            ),
+            ("ns", "pod", "app")
+        );
         assert_eq!(start.policy, "proceed");
-        assert!(start.time_left > 89 * S && start.time_left <= 90 * S, "{:?}", start.time_left);
+        assert!(
+            start.time_left > 89 * S && start.time_left <= 90 * S,
+            "{:?}",
+            start.time_left
+        );
     }
     let (p, _) = engine.lookup(Some(SANDBOX), None);
     let now_held = p.expect("pod").held_calls();
     assert_eq!(now_held.len(), 1);
     assert_eq!(now_held[0].waiting.on, "proxy");
-    assert!(now_held[0].time_left() <= 87 * S && now_held[0].time_left() > 86 * S, "{:?}", now_held[0].time_left());
+    assert!(
+        now_held[0].time_left() <= 87 * S && now_held[0].time_left() > 86 * S,
+        "{:?}",
+        now_held[0].time_left()
+    );
     let (v, held_for) = held.await.unwrap();
     assert_forward(&v);
     assert_held(held_for, 12 * S, 100 * MS);
@@ -865,7 +1272,15 @@ async fn a_hold_is_reported_live_with_its_reason_at_a_bounded_rate() {
     let end = rec.0.lock().unwrap().last().cloned().unwrap();
     assert_eq!(end.outcome, "forwarded");
     assert!(end.held >= 12 * S);
-    assert!(engine.lookup(Some(SANDBOX), None).0.unwrap().held_calls().is_empty(), "no longer held");
+    assert!(
+        engine
+            .lookup(Some(SANDBOX), None)
+            .0
+            .unwrap()
+            .held_calls()
+            .is_empty(),
+        "no longer held"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -882,8 +1297,14 @@ async fn a_changing_reason_is_reported_at_most_once_a_second() {
     let (v, _) = create_container(&engine, &fake, "app").await;
     assert_forward(&v);
     let evs = rec.0.lock().unwrap();
-    assert_eq!(evs.iter().map(|e| e.phase).collect::<Vec<_>>(), vec![Start, Update, End]);
-    assert_eq!((evs[0].waiting_on.as_str(), evs[1].waiting_on.as_str()), ("first", "second"));
+    assert_eq!(
+        evs.iter().map(|e| e.phase).collect::<Vec<_>>(),
+        vec![Start, Update, End]
+    );
+    assert_eq!(
+        (evs[0].waiting_on.as_str(), evs[1].waiting_on.as_str()),
+        ("first", "second")
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -895,9 +1316,20 @@ async fn a_refusal_is_reported_and_counted() {
     let evs = rec.0.lock().unwrap();
     assert_eq!(evs.len(), 1);
     assert_eq!(evs[0].phase, crate::intercept::HoldPhase::Refused);
-    assert_eq!((evs[0].waiting_on.as_str(), evs[0].reason.as_str()), ("proxy", "not created"));
+    assert_eq!(
+        (evs[0].waiting_on.as_str(), evs[0].reason.as_str()),
+        ("proxy", "not created")
+    );
     assert_eq!(evs[0].message, msg);
-    assert_eq!(engine.lookup(Some(SANDBOX), None).0.unwrap().refusals.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(
+        engine
+            .lookup(Some(SANDBOX), None)
+            .0
+            .unwrap()
+            .refusals
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -911,17 +1343,32 @@ async fn a_cancelled_hold_reports_that_kubelet_gave_up() {
     // kubelet cancels after 2 s: the proxy drops the held future.
     let _ = tokio::time::timeout(2 * S, engine.on_request(&c, &msg)).await;
     let evs = rec.0.lock().unwrap();
-    assert_eq!(evs.last().map(|e| (e.phase, e.outcome.as_str())), Some((crate::intercept::HoldPhase::End, "kubelet gave up")));
-    assert!(engine.lookup(Some(SANDBOX), None).0.unwrap().held_calls().is_empty());
+    assert_eq!(
+        evs.last().map(|e| (e.phase, e.outcome.as_str())),
+        Some((crate::intercept::HoldPhase::End, "kubelet gave up"))
+    );
+    assert!(engine
+        .lookup(Some(SANDBOX), None)
+        .0
+        .unwrap()
+        .held_calls()
+        .is_empty());
     assert_eq!(engine.metrics.holds_in_flight.get(), 0);
 }
 
 #[test]
 fn refuse_held_after_is_on_by_default_and_bounded() {
-    assert_eq!(Config::default().ordering.refuse_held_after, crate::config::DEFAULT_REFUSE_HELD_AFTER);
+    assert_eq!(
+        Config::default().ordering.refuse_held_after,
+        crate::config::DEFAULT_REFUSE_HELD_AFTER
+    );
     let mut cfg = Config::default();
     cfg.ordering.refuse_held_after = 500 * MS;
-    assert!(cfg.validate("test").unwrap_err().to_string().contains("ordering.refuse_held_after"));
+    assert!(cfg
+        .validate("test")
+        .unwrap_err()
+        .to_string()
+        .contains("ordering.refuse_held_after"));
     cfg.ordering.refuse_held_after = Duration::ZERO;
     assert!(cfg.validate("test").is_ok(), "0s turns it off");
 }
@@ -929,7 +1376,9 @@ fn refuse_held_after_is_on_by_default_and_bounded() {
 #[tokio::test(start_paused = true)]
 async fn a_long_hold_ends_as_an_informative_refusal_and_the_timeout_still_counts_from_the_first() {
     let fake = Fake::default();
-    let engine = pod_with(&fake, &["proxy"], &[], |c| c.ordering.refuse_held_after = 30 * S);
+    let engine = pod_with(&fake, &["proxy"], &[], |c| {
+        c.ordering.refuse_held_after = 30 * S
+    });
     let rec = recorded(&engine);
     let t0 = now();
     fake.add("proxy", Some(t0));
@@ -952,18 +1401,46 @@ async fn a_long_hold_ends_as_an_informative_refusal_and_the_timeout_still_counts
         refusals[0].1,
         r#"crisp: waiting for sidecar proxy of ns/pod: not ready: exec exited 1; held 30 s of 90 s; kubelet will retry "app" (network is not ready until the pod's sidecars run)"#
     );
-    assert!(refusals[1].1.contains("held 61 s of 90 s"), "{}", refusals[1].1);
+    assert!(
+        refusals[1].1.contains("held 61 s of 90 s"),
+        "{}",
+        refusals[1].1
+    );
     // Policy proceed at the start timeout, counted from the first hold, not from the retry.
     assert_held(forwarded_at, 90 * S, 200 * MS);
-    let outcomes: Vec<String> = rec.0.lock().unwrap().iter().filter(|e| e.phase == crate::intercept::HoldPhase::End).map(|e| e.outcome.clone()).collect();
-    assert_eq!(outcomes, vec!["refused (still waiting)", "refused (still waiting)", "timed out (proceed)"]);
-    assert_eq!(engine.lookup(Some(SANDBOX), None).0.unwrap().refusals.load(std::sync::atomic::Ordering::Relaxed), 2);
+    let outcomes: Vec<String> = rec
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| e.phase == crate::intercept::HoldPhase::End)
+        .map(|e| e.outcome.clone())
+        .collect();
+    assert_eq!(
+        outcomes,
+        vec![
+            "refused (still waiting)",
+            "refused (still waiting)",
+            "timed out (proceed)"
+        ]
+    );
+    assert_eq!(
+        engine
+            .lookup(Some(SANDBOX), None)
+            .0
+            .unwrap()
+            .refusals
+            .load(std::sync::atomic::Ordering::Relaxed),
+        2
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_short_hold_is_never_refused() {
     let fake = Fake::default();
-    let engine = pod_with(&fake, &["proxy"], &[], |c| c.ordering.refuse_held_after = 30 * S);
+    let engine = pod_with(&fake, &["proxy"], &[], |c| {
+        c.ordering.refuse_held_after = 30 * S
+    });
     fake.add_ready_after("proxy", 29 * S);
     let (v, held) = create_container(&engine, &fake, "app").await;
     assert_forward(&v);

@@ -39,13 +39,22 @@ pub struct Waiting {
 impl Waiting {
     /// Waiting on sidecar `name` of `pod` for `reason`, with its probe and last result.
     pub fn sidecar(pod: &Pod, name: &str, reason: &str) -> Waiting {
-        let probe = pod.policy.sidecars.iter().find(|s| s.name == name).map(|s| bounded(s.ready.to_string())).unwrap_or_default();
+        let probe = pod
+            .policy
+            .sidecars
+            .iter()
+            .find(|s| s.name == name)
+            .map(|s| bounded(s.ready.to_string()))
+            .unwrap_or_default();
         let last = pod.last_probe(name);
         Waiting {
             on: name.to_string(),
             reason: reason.to_string(),
             probe,
-            probe_result: last.as_ref().map(|l| bounded(probe_text(&l.result))).unwrap_or_default(),
+            probe_result: last
+                .as_ref()
+                .map(|l| bounded(probe_text(&l.result)))
+                .unwrap_or_default(),
             probe_at: last.map(|l| l.at),
         }
     }
@@ -55,17 +64,33 @@ impl Waiting {
         if pod.policy.sidecar_index(who).is_some() {
             Waiting::sidecar(pod, who, "not ready")
         } else {
-            Waiting { on: "runtime".into(), reason: bounded(who.to_string()), ..Default::default() }
+            Waiting {
+                on: "runtime".into(),
+                reason: bounded(who.to_string()),
+                ..Default::default()
+            }
         }
     }
 
     /// From a fail-fast refusal's reason (`sidecar "proxy" of pod ns/p is not created yet …`).
     pub fn from_refusal(pod: &Pod, reason: &str) -> Waiting {
-        let named = pod.policy.sidecars.iter().find(|s| reason.contains(&format!("{:?}", s.name)));
-        let kind = if reason.contains("not created") { "not created" } else { "not running" };
+        let named = pod
+            .policy
+            .sidecars
+            .iter()
+            .find(|s| reason.contains(&format!("{:?}", s.name)));
+        let kind = if reason.contains("not created") {
+            "not created"
+        } else {
+            "not running"
+        };
         match named {
             Some(s) => Waiting::sidecar(pod, &s.name, kind),
-            None => Waiting { on: "runtime".into(), reason: bounded(reason.to_string()), ..Default::default() },
+            None => Waiting {
+                on: "runtime".into(),
+                reason: bounded(reason.to_string()),
+                ..Default::default()
+            },
         }
     }
 
@@ -97,17 +122,32 @@ pub fn update_due(last: Option<&(Instant, Waiting)>, now: Instant, w: &Waiting) 
     let Some((at, sent)) = last else { return true };
     let since = now.saturating_duration_since(*at);
     // The probe's time changes every round; only what it found counts as a change.
-    let changed = (&sent.on, &sent.reason, &sent.probe_result) != (&w.on, &w.reason, &w.probe_result);
+    let changed =
+        (&sent.on, &sent.reason, &sent.probe_result) != (&w.on, &w.reason, &w.probe_result);
     (changed && since >= UPDATE_MIN) || since >= UPDATE_EVERY
 }
 
 /// The message of a long hold ended as a refusal (`[ordering] refuse_held_after`): what the
 /// container waits for, for how long, and the "network is not ready" tail that makes kubelet
 /// retry within 1–1.5 s (KUBELET-CRI §1.3). Bounded: at most [`crate::status::MAX_MESSAGE`].
-pub fn held_refusal(pod: &str, container: &str, w: &Waiting, held: Duration, timeout: Duration) -> String {
-    let what = if w.on == "runtime" { format!("waiting for the runtime ({})", w.reason) } else { format!("waiting for sidecar {} of {pod}: {}", w.on, w.describe()) };
+pub fn held_refusal(
+    pod: &str,
+    container: &str,
+    w: &Waiting,
+    held: Duration,
+    timeout: Duration,
+) -> String {
+    let what = if w.on == "runtime" {
+        format!("waiting for the runtime ({})", w.reason)
+    } else {
+        format!("waiting for sidecar {} of {pod}: {}", w.on, w.describe())
+    };
     // Cut (to decide::MAX_REFUSAL_REASON) and escaped by `refusal`.
-    let reason = format!("{what}; held {} s of {} s", held.as_secs(), timeout.as_secs());
+    let reason = format!(
+        "{what}; held {} s of {} s",
+        held.as_secs(),
+        timeout.as_secs()
+    );
     super::decide::refusal(&reason, container)
 }
 
@@ -151,7 +191,17 @@ pub struct Hold<'a> {
 
 impl<'a> Hold<'a> {
     #[allow(clippy::too_many_arguments)]
-    pub fn start(engine: &'a Engine, pod: &'a Pod, call: &'a Call, container: &str, container_id: &str, held_from: Instant, ends: Instant, policy: &str, w: Waiting) -> Hold<'a> {
+    pub fn start(
+        engine: &'a Engine,
+        pod: &'a Pod,
+        call: &'a Call,
+        container: &str,
+        container_id: &str,
+        held_from: Instant,
+        ends: Instant,
+        policy: &str,
+        w: Waiting,
+    ) -> Hold<'a> {
         let since = now();
         let info = HeldCall {
             call_id: call.id,
@@ -181,7 +231,12 @@ impl<'a> Hold<'a> {
 
     /// What the hold waits for now: kept for `crisp pods`; an event when one is due.
     pub fn update(&mut self, w: Waiting) {
-        if w == self.info.waiting && self.last_sent.as_ref().is_some_and(|(at, _)| now().saturating_duration_since(*at) < UPDATE_EVERY) {
+        if w == self.info.waiting
+            && self
+                .last_sent
+                .as_ref()
+                .is_some_and(|(at, _)| now().saturating_duration_since(*at) < UPDATE_EVERY)
+        {
             return;
         }
         if let Some(h) = self.pod.holds().get_mut(&self.call.id) {
@@ -209,7 +264,9 @@ impl<'a> Hold<'a> {
         if phase != HoldPhase::End {
             self.last_sent = Some((t, self.info.waiting.clone()));
         }
-        let Some(sink) = self.engine.hold_sink() else { return };
+        let Some(sink) = self.engine.hold_sink() else {
+            return;
+        };
         if !sink.wanted() {
             return;
         }
@@ -251,7 +308,14 @@ impl Drop for Hold<'_> {
 impl Engine {
     /// A call refused without a hold (a sidecar not created or not running): counted on the
     /// pod, and reported to the sink.
-    pub(super) fn note_refusal(&self, pod: &Pod, call: &Call, container: &str, w: &Waiting, message: &str) {
+    pub(super) fn note_refusal(
+        &self,
+        pod: &Pod,
+        call: &Call,
+        container: &str,
+        w: &Waiting,
+        message: &str,
+    ) {
         pod.refusals.fetch_add(1, Relaxed);
         let Some(sink) = self.hold_sink() else { return };
         if !sink.wanted() {
@@ -286,7 +350,13 @@ mod tests {
     use super::*;
 
     fn w(reason: &str, result: &str) -> Waiting {
-        Waiting { on: "proxy".into(), reason: reason.into(), probe: "tcp://:9".into(), probe_result: result.into(), probe_at: None }
+        Waiting {
+            on: "proxy".into(),
+            reason: reason.into(),
+            probe: "tcp://:9".into(),
+            probe_result: result.into(),
+            probe_at: None,
+        }
     }
 
     #[test]
@@ -298,11 +368,18 @@ mod tests {
         let last = (t0, a.clone());
         // The same state, probed every 50 ms: nothing until UPDATE_EVERY.
         for ms in (50..5000).step_by(50) {
-            assert!(!update_due(Some(&last), t0 + Duration::from_millis(ms), &a), "{ms} ms");
+            assert!(
+                !update_due(Some(&last), t0 + Duration::from_millis(ms), &a),
+                "{ms} ms"
+            );
         }
         assert!(update_due(Some(&last), t0 + UPDATE_EVERY, &a));
         // A change: not before UPDATE_MIN, then at once.
-        assert!(!update_due(Some(&last), t0 + Duration::from_millis(999), &b));
+        assert!(!update_due(
+            Some(&last),
+            t0 + Duration::from_millis(999),
+            &b
+        ));
         assert!(update_due(Some(&last), t0 + UPDATE_MIN, &b));
         // A changing probe time alone is no change.
         let mut a2 = a.clone();
@@ -312,14 +389,29 @@ mod tests {
 
     #[test]
     fn held_refusal_is_informative_and_bounded() {
-        let msg = held_refusal("default/web", "app", &w("not ready", "connect 10.1.2.3:15021: Connection refused"), Duration::from_millis(30_400), Duration::from_secs(90));
+        let msg = held_refusal(
+            "default/web",
+            "app",
+            &w("not ready", "connect 10.1.2.3:15021: Connection refused"),
+            Duration::from_millis(30_400),
+            Duration::from_secs(90),
+        );
         assert_eq!(
             msg,
             "crisp: waiting for sidecar proxy of default/web: not ready: connect 10.1.2.3:15021: Connection refused; held 30 s of 90 s; kubelet will retry \"app\" (network is not ready until the pod's sidecars run)"
         );
         let huge = w("not ready", &"x".repeat(10_000));
-        let msg = held_refusal(&"n".repeat(300), &"c".repeat(300), &huge, Duration::from_secs(1), Duration::from_secs(90));
+        let msg = held_refusal(
+            &"n".repeat(300),
+            &"c".repeat(300),
+            &huge,
+            Duration::from_secs(1),
+            Duration::from_secs(90),
+        );
         assert!(msg.len() <= crate::status::MAX_MESSAGE, "{}", msg.len());
-        assert!(msg.contains("network is not ready"), "kubelet's fast retry needs the tail: {msg}");
+        assert!(
+            msg.contains("network is not ready"),
+            "kubelet's fast retry needs the tail: {msg}"
+        );
     }
 }

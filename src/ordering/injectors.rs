@@ -48,25 +48,48 @@ struct Listed {
 /// decoded), then the shape, then the lists.
 fn read_status(v: &str) -> Result<Listed, String> {
     let v = tenant::value(v).map_err(|e| e.to_string())?;
-    let s: Status = serde_json::from_str(v).map_err(|e| format!("not JSON of the expected shape: {}", tenant::text(&e.to_string(), tenant::MAX_FIELD)))?;
-    let list = |l: Option<Vec<String>>, what: &str| tenant::names(l.iter().flatten().map(String::as_str)).map_err(|e| format!("{what}: {e}"));
-    Ok(Listed { init_containers: list(s.init_containers, "initContainers")?, containers: list(s.containers, "containers")? })
+    let s: Status = serde_json::from_str(v).map_err(|e| {
+        format!(
+            "not JSON of the expected shape: {}",
+            tenant::text(&e.to_string(), tenant::MAX_FIELD)
+        )
+    })?;
+    let list = |l: Option<Vec<String>>, what: &str| {
+        tenant::names(l.iter().flatten().map(String::as_str)).map_err(|e| format!("{what}: {e}"))
+    };
+    Ok(Listed {
+        init_containers: list(s.init_containers, "initContainers")?,
+        containers: list(s.containers, "containers")?,
+    })
 }
 
 /// Applies the table to a pod's annotations. `crisp.dev/ready.<name>` (in `ready_override`)
 /// wins over the table's readiness; malformed injector annotations yield warnings and are
 /// treated as absent.
-pub fn recognise(table: &[InjectorRule], annotations: &HashMap<String, String>, ready_override: &dyn Fn(&str) -> Option<Readiness>, warnings: &mut Warnings) -> Injected {
+pub fn recognise(
+    table: &[InjectorRule],
+    annotations: &HashMap<String, String>,
+    ready_override: &dyn Fn(&str) -> Option<Readiness>,
+    warnings: &mut Warnings,
+) -> Injected {
     let mut out = Injected::default();
     // Names already added, so each is added once in one look (the table's lists are the
     // operator's, the status lists at most 64 names each).
     let mut init_seen: HashSet<String> = HashSet::new();
     let mut sidecar_seen: HashSet<String> = HashSet::new();
     for rule in table {
-        if !rule.when.iter().any(|k| annotations.get(k).is_some_and(|v| !v.trim().is_empty())) {
+        if !rule
+            .when
+            .iter()
+            .any(|k| annotations.get(k).is_some_and(|v| !v.trim().is_empty()))
+        {
             continue;
         }
-        if rule.unless.iter().any(|(k, v)| annotations.get(k).is_some_and(|a| a.trim() == v)) {
+        if rule
+            .unless
+            .iter()
+            .any(|(k, v)| annotations.get(k).is_some_and(|a| a.trim() == v))
+        {
             continue;
         }
         let mut status: Option<Listed> = None;
@@ -75,7 +98,14 @@ pub fn recognise(table: &[InjectorRule], annotations: &HashMap<String, String>, 
                 match read_status(v) {
                     Ok(s) => status = Some(s),
                     Err(e) => {
-                        warnings.push(Warning::new(key, v, format!("not the {} injector's status ({e}); pod not treated as injected", rule.name)));
+                        warnings.push(Warning::new(
+                            key,
+                            v,
+                            format!(
+                                "not the {} injector's status ({e}); pod not treated as injected",
+                                rule.name
+                            ),
+                        ));
                         continue;
                     }
                 }
@@ -94,15 +124,23 @@ pub fn recognise(table: &[InjectorRule], annotations: &HashMap<String, String>, 
                 out.init_containers.push(name.clone());
             }
         }
-        let mut add = |name: &str, ready: Readiness, required: bool, base: &dyn Fn() -> Readiness| {
-            if sidecar_seen.insert(name.to_string()) {
-                // An overriding `crisp.dev/ready.<name>` is the pod author's: checked at probe
-                // time, falling back to the table's own readiness.
-                let key = format!("{}{name}", super::annotations::READY_PREFIX);
-                let tenant = annotations.get(&key).and_then(|v| super::annotations::tenant_ready(&key, v, &ready, base));
-                out.sidecars.push(Sidecar { name: name.to_string(), ready, required, tenant });
-            }
-        };
+        let mut add =
+            |name: &str, ready: Readiness, required: bool, base: &dyn Fn() -> Readiness| {
+                if sidecar_seen.insert(name.to_string()) {
+                    // An overriding `crisp.dev/ready.<name>` is the pod author's: checked at probe
+                    // time, falling back to the table's own readiness.
+                    let key = format!("{}{name}", super::annotations::READY_PREFIX);
+                    let tenant = annotations
+                        .get(&key)
+                        .and_then(|v| super::annotations::tenant_ready(&key, v, &ready, base));
+                    out.sidecars.push(Sidecar {
+                        name: name.to_string(),
+                        ready,
+                        required,
+                        tenant,
+                    });
+                }
+            };
         for s in &rule.sidecars {
             if has_status && !listed_set.contains(s.name.as_str()) {
                 continue; // Not injected (or injected as an init container: native sidecar).
@@ -113,7 +151,9 @@ pub fn recognise(table: &[InjectorRule], annotations: &HashMap<String, String>, 
             };
             // Without the override: the table's readiness (its warnings were given above or
             // are not wanted twice).
-            add(&s.name, ready, s.always, &|| with_port(&rule.name, s, annotations, &mut Warnings::default()));
+            add(&s.name, ready, s.always, &|| {
+                with_port(&rule.name, s, annotations, &mut Warnings::default())
+            });
         }
         // Containers the injector says it added that the table does not describe: sidecars,
         // judged by `running`.
@@ -127,20 +167,44 @@ pub fn recognise(table: &[InjectorRule], annotations: &HashMap<String, String>, 
     out
 }
 
-fn with_port(injector: &str, s: &InjectedSidecar, annotations: &HashMap<String, String>, warnings: &mut Warnings) -> Readiness {
+fn with_port(
+    injector: &str,
+    s: &InjectedSidecar,
+    annotations: &HashMap<String, String>,
+    warnings: &mut Warnings,
+) -> Readiness {
     // Validated at config load (built-ins by a test).
     let ready = Readiness::parse(&s.ready).unwrap_or(Readiness::Running);
-    let Some(key) = &s.port_annotation else { return ready };
-    let Some(v) = annotations.get(key) else { return ready };
-    match tenant::value(v).ok().and_then(|v| v.trim().parse::<u16>().ok()).ok_or(()) {
+    let Some(key) = &s.port_annotation else {
+        return ready;
+    };
+    let Some(v) = annotations.get(key) else {
+        return ready;
+    };
+    match tenant::value(v)
+        .ok()
+        .and_then(|v| v.trim().parse::<u16>().ok())
+        .ok_or(())
+    {
         Ok(0) => Readiness::Running,
         Ok(p) => match ready {
-            Readiness::Http { host, path, .. } => Readiness::Http { host, port: p, path },
+            Readiness::Http { host, path, .. } => Readiness::Http {
+                host,
+                port: p,
+                path,
+            },
             Readiness::Tcp { host, .. } => Readiness::Tcp { host, port: p },
             other => other,
         },
         Err(_) => {
-            warnings.push(Warning::new(key, v, format!("not a port number; using the {injector} default for {}", s.name)));
+            warnings.push(Warning::new(
+                key,
+                v,
+                format!(
+                    "not a port number; using the {injector} default for {}",
+                    s.name
+                ),
+            ));
             ready
         }
     }

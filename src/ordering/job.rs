@@ -54,7 +54,11 @@ impl Terminated {
             }
         }
         let any = std::sync::atomic::AtomicBool::new(!ids.is_empty());
-        Terminated { dir, ids: RwLock::new(ids), any }
+        Terminated {
+            dir,
+            ids: RwLock::new(ids),
+            any,
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -62,7 +66,12 @@ impl Terminated {
     }
 
     pub fn contains(&self, id: &str) -> bool {
-        !self.is_empty() && self.ids.read().unwrap_or_else(|e| e.into_inner()).contains(id)
+        !self.is_empty()
+            && self
+                .ids
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(id)
     }
 
     pub fn insert(&self, id: &str) {
@@ -74,7 +83,10 @@ impl Terminated {
                 tracing::warn!(container_id = id, error = %e, "cannot persist the terminated-sidecar mark");
             }
         }
-        self.ids.write().unwrap_or_else(|e| e.into_inner()).insert(id.to_string());
+        self.ids
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.to_string());
         self.any.store(true, Relaxed);
     }
 
@@ -94,7 +106,10 @@ impl Terminated {
 
 /// Container ids are hex in containerd and CRI-O; anything else is not used as a file name.
 fn is_container_id(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    !s.is_empty()
+        && s.len() <= 128
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 impl Pod {
@@ -111,7 +126,10 @@ impl Pod {
 /// `terminationGracePeriodSeconds`, any int64 (30 s when absent or not a number), bounded
 /// where it enters like a StopContainer's (`decide::grace_from_secs`).
 fn grace_of(annotations: &std::collections::HashMap<String, String>) -> Duration {
-    match annotations.get(GRACE_ANNOTATION).map(|v| v.trim().parse::<i64>()) {
+    match annotations
+        .get(GRACE_ANNOTATION)
+        .map(|v| v.trim().parse::<i64>())
+    {
         Some(Ok(secs)) => decide::grace_from_secs(secs),
         Some(Err(e)) if *e.kind() == std::num::IntErrorKind::PosOverflow => decide::MAX_GRACE,
         _ => Duration::from_secs(30),
@@ -125,7 +143,10 @@ pub fn prestop_command(annotation: &str) -> Option<Vec<String>> {
     let annotation = crate::tenant::value(annotation).ok()?;
     let v: serde_json::Value = serde_json::from_str(annotation).ok()?;
     let cmd = v.get("exec")?.get("command")?.as_array()?;
-    let cmd: Vec<String> = cmd.iter().filter_map(|c| c.as_str().map(str::to_string)).collect();
+    let cmd: Vec<String> = cmd
+        .iter()
+        .filter_map(|c| c.as_str().map(str::to_string))
+        .collect();
     (!cmd.is_empty()).then_some(cmd)
 }
 
@@ -146,7 +167,9 @@ impl Engine {
         if pod.job_watched.swap(true, Relaxed) {
             return;
         }
-        let Some(engine) = self.me.upgrade() else { return };
+        let Some(engine) = self.me.upgrade() else {
+            return;
+        };
         let pod = pod.clone();
         tracing::info!(pod_namespace = %pod.namespace, pod_name = %pod.name, "Job pod with sidecars: watching its app containers");
         tokio::spawn(async move { engine.watch_job(pod, version).await });
@@ -163,7 +186,9 @@ impl Engine {
             match self.job_apps_state(version, &pod).await {
                 Ok(AppsState::Done) => break,
                 Ok(_) => {}
-                Err(e) => tracing::debug!(pod_name = %pod.name, error = %e, "job watcher: cannot read the pod's containers"),
+                Err(e) => {
+                    tracing::debug!(pod_name = %pod.name, error = %e, "job watcher: cannot read the pod's containers")
+                }
             }
         }
         self.terminate_sidecars(version, &pod).await;
@@ -171,16 +196,26 @@ impl Engine {
 
     /// Every runtime read of a watcher waits for the node-wide bound ([`super::reads`]): a
     /// watcher lives as long as its pod, and a node can run many Job pods.
-    async fn job_apps_state(&self, version: ApiVersion, pod: &Pod) -> Result<AppsState, crate::proxy::client::ClientError> {
+    async fn job_apps_state(
+        &self,
+        version: ApiVersion,
+        pod: &Pod,
+    ) -> Result<AppsState, crate::proxy::client::ClientError> {
         let containers = {
             let _read = self.reads.read(None).await;
-            self.runtime.list_containers(version, &pod.sandbox_id).await?
+            self.runtime
+                .list_containers(version, &pod.sandbox_id)
+                .await?
         };
         if containers.is_empty() {
             // The sandbox may be gone with no RemovePodSandbox seen (e.g. removed while crisp was
             // down): stop watching.
             let _read = self.reads.read(None).await;
-            if let Err(e) = self.runtime.pod_sandbox_status(version, &pod.sandbox_id).await {
+            if let Err(e) = self
+                .runtime
+                .pod_sandbox_status(version, &pod.sandbox_id)
+                .await
+            {
                 if e.is_not_found() {
                     self.pods.remove(&pod.sandbox_id);
                 }
@@ -192,8 +227,18 @@ impl Engine {
         // Besides those named by annotations or let through as such, a container that finished
         // before the first sidecar was even created is one: kubelet creates regular containers
         // back to back, init containers only once the previous one has exited (KUBELET-CRI §1.1).
-        let name_of = |c: &crate::cri::views::Container| c.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default();
-        let Some(first_sidecar) = containers.iter().filter(|c| pod.policy.sidecar_index(&name_of(c)).is_some()).map(|c| c.created_at).min() else {
+        let name_of = |c: &crate::cri::views::Container| {
+            c.metadata
+                .as_ref()
+                .map(|m| m.name.clone())
+                .unwrap_or_default()
+        };
+        let Some(first_sidecar) = containers
+            .iter()
+            .filter(|c| pod.policy.sidecar_index(&name_of(c)).is_some())
+            .map(|c| c.created_at)
+            .min()
+        else {
             return Ok(AppsState::NotStarted);
         };
         let mut apps = Vec::new();
@@ -203,7 +248,12 @@ impl Engine {
             }
             if c.created_at < first_sidecar && c.state == state::EXITED {
                 let _read = self.reads.read(None).await;
-                let st = self.runtime.container_status(version, &c.id).await?.status.unwrap_or_default();
+                let st = self
+                    .runtime
+                    .container_status(version, &c.id)
+                    .await?
+                    .status
+                    .unwrap_or_default();
                 if st.finished_at <= first_sidecar {
                     pod.note_init(n);
                     continue;
@@ -220,7 +270,11 @@ impl Engine {
         for app in apps {
             let st = {
                 let _read = self.reads.read(None).await;
-                self.runtime.container_status(version, &app.id).await?.status.unwrap_or_default()
+                self.runtime
+                    .container_status(version, &app.id)
+                    .await?
+                    .status
+                    .unwrap_or_default()
             };
             if st.exit_code == 0 {
                 continue; // Final under Never and OnFailure.
@@ -228,8 +282,15 @@ impl Engine {
             // Restarted after it *ran*: kubelet also re-creates (restartCount + 1) an instance
             // that never started, whatever the policy (a start cut short, KUBELET-CRI §1.4),
             // which says nothing about OnFailure.
-            let restart_count = st.annotations.get(RESTART_COUNT_ANNOTATION).and_then(|v| v.parse::<u32>().ok()).unwrap_or(0);
-            let restarted_before = restart_count > 0 && self.ran_before(version, &containers, app, restart_count).await;
+            let restart_count = st
+                .annotations
+                .get(RESTART_COUNT_ANNOTATION)
+                .and_then(|v| v.parse::<u32>().ok())
+                .unwrap_or(0);
+            let restarted_before = restart_count > 0
+                && self
+                    .ran_before(version, &containers, app, restart_count)
+                    .await;
             let final_ = match pod.policy.restart_policy {
                 Some(RestartPolicy::Never) => true,
                 Some(_) => false,
@@ -237,8 +298,12 @@ impl Engine {
                 // been restarted before is OnFailure, and its back-off may be minutes long.
                 None if restarted_before => false,
                 None => {
-                    let finished = SystemTime::UNIX_EPOCH + Duration::from_nanos(st.finished_at.max(0) as u64);
-                    SystemTime::now().duration_since(finished).unwrap_or_default() >= self.job.restart_grace
+                    let finished =
+                        SystemTime::UNIX_EPOCH + Duration::from_nanos(st.finished_at.max(0) as u64);
+                    SystemTime::now()
+                        .duration_since(finished)
+                        .unwrap_or_default()
+                        >= self.job.restart_grace
                 }
             };
             if !final_ {
@@ -251,9 +316,23 @@ impl Engine {
     /// Whether an older instance of `app`'s container actually ran (was started). Unless all
     /// `restart_count` older instances are still there to look at (kubelet's GC removes dead
     /// ones) and none of them ran, the answer is yes: the conservative one keeps the sidecars.
-    async fn ran_before(&self, version: ApiVersion, containers: &[crate::cri::views::Container], app: &crate::cri::views::Container, restart_count: u32) -> bool {
-        let name = |c: &crate::cri::views::Container| c.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default();
-        let older: Vec<_> = containers.iter().filter(|c| c.id != app.id && c.created_at < app.created_at && name(c) == name(app)).collect();
+    async fn ran_before(
+        &self,
+        version: ApiVersion,
+        containers: &[crate::cri::views::Container],
+        app: &crate::cri::views::Container,
+        restart_count: u32,
+    ) -> bool {
+        let name = |c: &crate::cri::views::Container| {
+            c.metadata
+                .as_ref()
+                .map(|m| m.name.clone())
+                .unwrap_or_default()
+        };
+        let older: Vec<_> = containers
+            .iter()
+            .filter(|c| c.id != app.id && c.created_at < app.created_at && name(c) == name(app))
+            .collect();
         if older.len() < restart_count as usize {
             return true;
         }
@@ -269,7 +348,9 @@ impl Engine {
     }
 
     pub(super) async fn terminate_sidecars(&self, version: ApiVersion, pod: &Pod) {
-        let Ok(containers) = self.runtime.list_containers(version, &pod.sandbox_id).await else { return };
+        let Ok(containers) = self.runtime.list_containers(version, &pod.sandbox_id).await else {
+            return;
+        };
         let snap = Snapshot::new(&containers);
         let started = now();
         let mut budget: Option<Duration> = None;
@@ -288,11 +369,23 @@ impl Engine {
             };
             let grace = *budget.get_or_insert_with(|| grace_of(&st.annotations));
             let left = grace.saturating_sub(now().saturating_duration_since(started));
-            if let Some(cmd) = st.annotations.get(PRESTOP_ANNOTATION).and_then(|a| prestop_command(a)) {
+            if let Some(cmd) = st
+                .annotations
+                .get(PRESTOP_ANNOTATION)
+                .and_then(|a| prestop_command(a))
+            {
                 tracing::info!(container_name = %s.name, "running the sidecar's preStop hook");
-                match self.runtime.exec_sync(version, &c.id, &cmd, left.max(Duration::from_secs(1))).await {
-                    Ok(code) if code != 0 => tracing::warn!(container_name = %s.name, exit_code = code, "preStop hook failed; stopping anyway"),
-                    Err(e) => tracing::warn!(container_name = %s.name, error = %e, "preStop hook could not run; stopping anyway"),
+                match self
+                    .runtime
+                    .exec_sync(version, &c.id, &cmd, left.max(Duration::from_secs(1)))
+                    .await
+                {
+                    Ok(code) if code != 0 => {
+                        tracing::warn!(container_name = %s.name, exit_code = code, "preStop hook failed; stopping anyway")
+                    }
+                    Err(e) => {
+                        tracing::warn!(container_name = %s.name, error = %e, "preStop hook could not run; stopping anyway")
+                    }
                     Ok(_) => {}
                 }
             }
@@ -338,8 +431,14 @@ mod tests {
 
     #[test]
     fn prestop_exec_is_parsed_and_others_ignored() {
-        assert_eq!(prestop_command(r#"{"exec":{"command":["sh","-c","sleep 1"]}}"#), Some(vec!["sh".into(), "-c".into(), "sleep 1".into()]));
-        assert_eq!(prestop_command(r#"{"httpGet":{"path":"/q","port":80}}"#), None);
+        assert_eq!(
+            prestop_command(r#"{"exec":{"command":["sh","-c","sleep 1"]}}"#),
+            Some(vec!["sh".into(), "-c".into(), "sleep 1".into()])
+        );
+        assert_eq!(
+            prestop_command(r#"{"httpGet":{"path":"/q","port":80}}"#),
+            None
+        );
         assert_eq!(prestop_command("not json"), None);
         assert_eq!(prestop_command(r#"{"exec":{"command":[]}}"#), None);
     }
@@ -359,7 +458,11 @@ mod tests {
         let grace = |v: &str| grace_of(&[(GRACE_ANNOTATION.to_string(), v.to_string())].into());
         assert_eq!(grace("45"), Duration::from_secs(45));
         assert_eq!(grace("9223372036854775807"), decide::MAX_GRACE);
-        assert_eq!(grace("18446744073709551615"), decide::MAX_GRACE, "beyond int64: as long as crisp allows");
+        assert_eq!(
+            grace("18446744073709551615"),
+            decide::MAX_GRACE,
+            "beyond int64: as long as crisp allows"
+        );
         assert_eq!(grace("-5"), Duration::ZERO);
         assert_eq!(grace("soon"), Duration::from_secs(30));
         assert_eq!(grace_of(&Default::default()), Duration::from_secs(30));

@@ -257,13 +257,25 @@ impl Pod {
     }
 
     /// Records a StopContainer and returns when the pod's grace budget ends.
-    fn note_stop(&self, now: Instant, grace: Duration, container_id: &str, is_app: bool) -> Instant {
+    fn note_stop(
+        &self,
+        now: Instant,
+        grace: Duration,
+        container_id: &str,
+        is_app: bool,
+    ) -> Instant {
         let mut w = self.stop.lock().unwrap_or_else(|e| e.into_inner());
         // A window older than any kill could last (grace + kubelet's 2 min) belongs to an earlier
         // single-container kill, not to this termination.
-        let stale = w.first.is_some_and(|f| now.saturating_duration_since(f) > w.grace.saturating_add(Duration::from_secs(150)));
+        let stale = w.first.is_some_and(|f| {
+            now.saturating_duration_since(f) > w.grace.saturating_add(Duration::from_secs(150))
+        });
         if w.first.is_none() || stale {
-            *w = StopWindow { first: Some(now), grace, apps_stopping: HashSet::new() };
+            *w = StopWindow {
+                first: Some(now),
+                grace,
+                apps_stopping: HashSet::new(),
+            };
         }
         if is_app {
             w.apps_stopping.insert(container_id.to_string());
@@ -272,17 +284,32 @@ impl Pod {
     }
 
     fn apps_stopping(&self) -> bool {
-        !self.stop.lock().unwrap_or_else(|e| e.into_inner()).apps_stopping.is_empty()
+        !self
+            .stop
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .apps_stopping
+            .is_empty()
     }
 
     /// The last probe of `sidecar`, if crisp probed it.
     pub fn last_probe(&self, sidecar: &str) -> Option<LastProbe> {
-        self.last_probe.lock().unwrap_or_else(|e| e.into_inner()).get(sidecar).cloned()
+        self.last_probe
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(sidecar)
+            .cloned()
     }
 
     fn note_probe(&self, sidecar: &str, result: readiness::ProbeResult) {
-        let last = LastProbe { at: std::time::SystemTime::now(), result };
-        self.last_probe.lock().unwrap_or_else(|e| e.into_inner()).insert(sidecar.to_string(), last);
+        let last = LastProbe {
+            at: std::time::SystemTime::now(),
+            result,
+        };
+        self.last_probe
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(sidecar.to_string(), last);
     }
 
     fn holds(&self) -> std::sync::MutexGuard<'_, HashMap<u64, holds::HeldCall>> {
@@ -298,7 +325,11 @@ impl Pod {
 
     /// `namespace/name` for messages: each cut and escaped (tenant text).
     fn display(&self) -> String {
-        format!("{}/{}", crate::tenant::text(&self.namespace, crate::tenant::MAX_FIELD), crate::tenant::text(&self.name, crate::tenant::MAX_FIELD))
+        format!(
+            "{}/{}",
+            crate::tenant::text(&self.namespace, crate::tenant::MAX_FIELD),
+            crate::tenant::text(&self.name, crate::tenant::MAX_FIELD)
+        )
     }
 
     fn guess(&self) -> std::sync::MutexGuard<'_, InitGuess> {
@@ -369,7 +400,12 @@ pub struct Engine {
 }
 
 impl Engine {
-    pub fn new(cfg: &Config, runtime: impl Runtime + 'static, metrics: Arc<OrderingMetrics>, terminated: Arc<job::Terminated>) -> Arc<Self> {
+    pub fn new(
+        cfg: &Config,
+        runtime: impl Runtime + 'static,
+        metrics: Arc<OrderingMetrics>,
+        terminated: Arc<job::Terminated>,
+    ) -> Arc<Self> {
         Arc::new_cyclic(|me| Engine {
             cfg: cfg.ordering.clone(),
             job: cfg.job.clone(),
@@ -381,8 +417,14 @@ impl Engine {
             guessing: DashMap::new(),
             pods: DashMap::new(),
             containers: DashMap::new(),
-            limiter: ProbeLimiter::new(cfg.ordering.max_probes_in_flight, cfg.ordering.probe_connects_per_second),
-            reads: reads::ReadLimiter::new(cfg.ordering.runtime_reads_per_second, cfg.ordering.max_runtime_reads_in_flight),
+            limiter: ProbeLimiter::new(
+                cfg.ordering.max_probes_in_flight,
+                cfg.ordering.probe_connects_per_second,
+            ),
+            reads: reads::ReadLimiter::new(
+                cfg.ordering.runtime_reads_per_second,
+                cfg.ordering.max_runtime_reads_in_flight,
+            ),
             metrics,
             hold_sink: OnceLock::new(),
         })
@@ -399,18 +441,27 @@ impl Engine {
 
     /// The effective start timeout and policy of a pod (its annotations, else the node's).
     pub fn start_policy(&self, pod: &Pod) -> (Duration, TimeoutPolicy) {
-        (pod.policy.start_timeout.unwrap_or(self.cfg.start_timeout), pod.policy.timeout_policy.unwrap_or(self.cfg.timeout_policy))
+        (
+            pod.policy.start_timeout.unwrap_or(self.cfg.start_timeout),
+            pod.policy.timeout_policy.unwrap_or(self.cfg.timeout_policy),
+        )
     }
 
     /// The containers of a pod as the runtime lists them now (`crisp pods`; never on a CRI
     /// call's path).
     pub async fn list_pod_containers(&self, pod: &Pod) -> Result<Vec<views::Container>, String> {
-        self.runtime.list_containers(ApiVersion::V1, &pod.sandbox_id).await.map_err(|e| e.to_string())
+        self.runtime
+            .list_containers(ApiVersion::V1, &pod.sandbox_id)
+            .await
+            .map_err(|e| e.to_string())
     }
 
     /// Job mode's state of a pod: whether it is a Job pod, whether crisp watches its apps.
     pub fn job_state(&self, pod: &Pod) -> (bool, bool) {
-        (pod.is_job(), pod.job_watched.load(std::sync::atomic::Ordering::Relaxed))
+        (
+            pod.is_job(),
+            pod.job_watched.load(std::sync::atomic::Ordering::Relaxed),
+        )
     }
 
     /// Whether crisp terminated this container in job mode.
@@ -426,8 +477,16 @@ impl Engine {
     /// Names from the caches, for the tap and the admin API: a container id gives its sandbox
     /// and name, a sandbox id its pod. Never asks the runtime and never waits (the tap calls it
     /// as each call ends); what crisp has not seen yet is simply `None`.
-    pub fn lookup(&self, sandbox_id: Option<&str>, container_id: Option<&str>) -> (Option<Arc<Pod>>, Option<(String, String)>) {
-        let container = container_id.and_then(|id| self.containers.get(id).map(|c| (c.sandbox_id.clone(), c.name.clone())));
+    pub fn lookup(
+        &self,
+        sandbox_id: Option<&str>,
+        container_id: Option<&str>,
+    ) -> (Option<Arc<Pod>>, Option<(String, String)>) {
+        let container = container_id.and_then(|id| {
+            self.containers
+                .get(id)
+                .map(|c| (c.sandbox_id.clone(), c.name.clone()))
+        });
         let sandbox = sandbox_id.or(container.as_ref().map(|c| c.0.as_str()));
         let pod = sandbox.and_then(|id| self.pods.get(id).map(|p| p.clone()));
         (pod, container)
@@ -437,7 +496,10 @@ impl Engine {
     pub fn pods(&self) -> Vec<(Arc<Pod>, HashMap<String, String>)> {
         let mut by_sandbox: HashMap<String, HashMap<String, String>> = HashMap::new();
         for c in self.containers.iter() {
-            by_sandbox.entry(c.sandbox_id.clone()).or_default().insert(c.key().clone(), c.name.clone());
+            by_sandbox
+                .entry(c.sandbox_id.clone())
+                .or_default()
+                .insert(c.key().clone(), c.name.clone());
         }
         let pods: Vec<Arc<Pod>> = self.pods.iter().map(|p| p.value().clone()).collect();
         pods.into_iter()
@@ -448,7 +510,12 @@ impl Engine {
             .collect()
     }
 
-    fn insert_pod(&self, version: ApiVersion, pod: Pod, warnings: annotations::Warnings) -> Arc<Pod> {
+    fn insert_pod(
+        &self,
+        version: ApiVersion,
+        pod: Pod,
+        warnings: annotations::Warnings,
+    ) -> Arc<Pod> {
         // One line per pod however many keys are bad (each is counted).
         if warnings.total() > 0 {
             tracing::warn!(pod_namespace = %pod.namespace, pod_name = %pod.name, "{}", warnings.summary());
@@ -456,16 +523,33 @@ impl Engine {
         self.metrics.bad_annotations.inc_by(warnings.total() as u64);
         let pod = Arc::new(pod);
         // Another call may have raced us; keep the first so warnings and budgets stay single.
-        let pod = self.pods.entry(pod.sandbox_id.clone()).or_insert(pod).clone();
+        let pod = self
+            .pods
+            .entry(pod.sandbox_id.clone())
+            .or_insert(pod)
+            .clone();
         self.maybe_watch_job(&pod, version);
         pod
     }
 
-    fn pod_from_config(&self, version: ApiVersion, sandbox_id: &str, cfg: &views::PodSandboxConfig) -> Arc<Pod> {
+    fn pod_from_config(
+        &self,
+        version: ApiVersion,
+        sandbox_id: &str,
+        cfg: &views::PodSandboxConfig,
+    ) -> Arc<Pod> {
         if let Some(p) = self.pods.get(sandbox_id) {
             return p.clone();
         }
-        let (pod, w) = Pod::new(sandbox_id, cfg.metadata.as_ref(), &cfg.annotations, cfg.labels.clone(), cfg.host_network(), &self.rules, &self.injectors);
+        let (pod, w) = Pod::new(
+            sandbox_id,
+            cfg.metadata.as_ref(),
+            &cfg.annotations,
+            cfg.labels.clone(),
+            cfg.host_network(),
+            &self.rules,
+            &self.injectors,
+        );
         self.insert_pod(version, pod, w)
     }
 
@@ -477,7 +561,15 @@ impl Engine {
         match self.runtime.pod_sandbox_status(version, sandbox_id).await {
             Ok(resp) => {
                 let st = resp.status?;
-                let (pod, w) = Pod::new(sandbox_id, st.metadata.as_ref(), &st.annotations, st.labels.clone(), st.host_network(), &self.rules, &self.injectors);
+                let (pod, w) = Pod::new(
+                    sandbox_id,
+                    st.metadata.as_ref(),
+                    &st.annotations,
+                    st.labels.clone(),
+                    st.host_network(),
+                    &self.rules,
+                    &self.injectors,
+                );
                 Some(self.insert_pod(version, pod, w))
             }
             // A sandbox the runtime does not know (already removed; critest stops one on
@@ -499,7 +591,10 @@ impl Engine {
         }
         match self.runtime.container(version, id).await {
             Ok(Some(c)) => {
-                let r = ContainerRef { sandbox_id: c.pod_sandbox_id, name: container_name(c.metadata.map(|m| m.name)) };
+                let r = ContainerRef {
+                    sandbox_id: c.pod_sandbox_id,
+                    name: container_name(c.metadata.map(|m| m.name)),
+                };
                 self.containers.insert(id.to_string(), r.clone());
                 Some(r)
             }
@@ -521,10 +616,20 @@ impl Engine {
     /// The pod's addresses and network namespace: cached on the pod, read from the runtime's
     /// verbose PodSandboxStatus on a miss (and again when the namespace's path moved).
     async fn pod_net(&self, version: ApiVersion, pod: &Pod) -> Option<Arc<PodNet>> {
-        if let Some(n) = pod.net.lock().unwrap_or_else(|e| e.into_inner()).as_ref().filter(|n| !n.stale()) {
+        if let Some(n) = pod
+            .net
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .filter(|n| !n.stale())
+        {
             return Some(n.clone());
         }
-        let resp = match self.runtime.pod_sandbox_status_verbose(version, &pod.sandbox_id).await {
+        let resp = match self
+            .runtime
+            .pod_sandbox_status_verbose(version, &pod.sandbox_id)
+            .await
+        {
             Ok(r) => r,
             Err(e) => {
                 tracing::debug!(pod_namespace = %pod.namespace, pod_name = %pod.name, error = %e, "cannot read the sandbox's status for its addresses");
@@ -532,7 +637,10 @@ impl Engine {
             }
         };
         let network = resp.status.and_then(|s| s.network).unwrap_or_default();
-        let ips: Vec<IpAddr> = std::iter::once(network.ip.as_str()).chain(network.additional_ips.iter().map(|i| i.ip.as_str())).filter_map(|ip| ip.parse().ok()).collect();
+        let ips: Vec<IpAddr> = std::iter::once(network.ip.as_str())
+            .chain(network.additional_ips.iter().map(|i| i.ip.as_str()))
+            .filter_map(|ip| ip.parse().ok())
+            .collect();
         if ips.is_empty() && !pod.host_network {
             return None; // Not networked yet: ask again next time.
         }
@@ -544,7 +652,11 @@ impl Engine {
                     tracing::debug!(pod_namespace = %pod.namespace, pod_name = %pod.name, netns = %ns.path().display(), inode = ns.inode(), "probing from the pod's network namespace");
                     PodNs::Pod(ns)
                 }
-                Err(why) if !pod.netns_warned.swap(true, std::sync::atomic::Ordering::Relaxed) => {
+                Err(why)
+                    if !pod
+                        .netns_warned
+                        .swap(true, std::sync::atomic::Ordering::Relaxed) =>
+                {
                     self.metrics.probe_netns_failures.inc();
                     tracing::warn!(pod_namespace = %pod.namespace, pod_name = %pod.name, "cannot find the pod's network namespace ({why}): probes of its IP go from the node's, probes of loopback fail");
                     PodNs::Unknown(why)
@@ -559,13 +671,28 @@ impl Engine {
 
     /// The readiness to probe for sidecar `s`: its own, unless the pod's annotation named an
     /// address that is not the pod's (then: warned once, counted, and as if the key were absent).
-    async fn checked_ready<'s>(&self, version: ApiVersion, pod: &Pod, s: &'s annotations::Sidecar) -> Result<&'s Readiness, String> {
-        let Some(t) = &s.tenant else { return Ok(&s.ready) };
-        let net = self.pod_net(version, pod).await.ok_or("the pod's addresses are not known yet")?;
+    async fn checked_ready<'s>(
+        &self,
+        version: ApiVersion,
+        pod: &Pod,
+        s: &'s annotations::Sidecar,
+    ) -> Result<&'s Readiness, String> {
+        let Some(t) = &s.tenant else {
+            return Ok(&s.ready);
+        };
+        let net = self
+            .pod_net(version, pod)
+            .await
+            .ok_or("the pod's addresses are not known yet")?;
         match annotations::tenant_may_aim(&s.ready, &net.ips, &self.cfg.probe_allow) {
             Ok(()) => Ok(&s.ready),
             Err(reason) => {
-                if pod.tenant_warned.lock().unwrap_or_else(|e| e.into_inner()).insert(t.key.clone()) {
+                if pod
+                    .tenant_warned
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(t.key.clone())
+                {
                     tracing::warn!(pod_namespace = %pod.namespace, pod_name = %pod.name, "{}", t.warning(reason));
                     self.metrics.bad_annotations.inc();
                 }
@@ -584,12 +711,28 @@ impl Engine {
             if *ready == Readiness::Running {
                 return Ok(());
             }
-            let _slot = self.limiter.slot(&pod.sandbox_id, deadline).await.inspect_err(|_| {
-                self.metrics.probe_limited.inc();
-            })?;
+            let _slot = self
+                .limiter
+                .slot(&pod.sandbox_id, deadline)
+                .await
+                .inspect_err(|_| {
+                    self.metrics.probe_limited.inc();
+                })?;
             let _counted = GaugeGuard::new(&self.metrics.probe_in_flight);
-            let env = ProbeTarget { engine: self, version, pod, sidecar: &s.name, container_id, deadline };
-            ready.probe(&env, deadline.saturating_duration_since(tokio::time::Instant::now())).await
+            let env = ProbeTarget {
+                engine: self,
+                version,
+                pod,
+                sidecar: &s.name,
+                container_id,
+                deadline,
+            };
+            ready
+                .probe(
+                    &env,
+                    deadline.saturating_duration_since(tokio::time::Instant::now()),
+                )
+                .await
         }
         .await;
         let ready = result.is_ok();
@@ -599,7 +742,10 @@ impl Engine {
 
     /// Leave for a held call's repeated runtime read (`again`: waited for until the hold's
     /// end), under the node-wide bound ([`reads`]); `None`: the call's first read, at once.
-    async fn read_again(&self, again: Option<Instant>) -> Result<Option<tokio::sync::SemaphorePermit<'_>>, reads::ReadLimited> {
+    async fn read_again(
+        &self,
+        again: Option<Instant>,
+    ) -> Result<Option<tokio::sync::SemaphorePermit<'_>>, reads::ReadLimited> {
         match again {
             Some(until) => self.reads.read(Some(until.into())).await.map(Some),
             None => Ok(None),
@@ -609,7 +755,15 @@ impl Engine {
     /// One round of the start check (DESIGN.md §3): list the pod's containers, judge a
     /// container nothing names (see [`InitGuess`]), and ask [`decide::check_start`] — probing
     /// the sidecars it asks for, in declared order, until it has an answer.
-    async fn check_start(&self, version: ApiVersion, pod: &Pod, container: &str, required: &[Sidecar], skip_dead: bool, again: Option<Instant>) -> Check<'static> {
+    async fn check_start(
+        &self,
+        version: ApiVersion,
+        pod: &Pod,
+        container: &str,
+        required: &[Sidecar],
+        skip_dead: bool,
+        again: Option<Instant>,
+    ) -> Check<'static> {
         let _read = match self.read_again(again).await {
             Ok(r) => r,
             Err(e) => return Check::Waiting(format!("the runtime ({e})")),
@@ -630,7 +784,8 @@ impl Engine {
                     return Check::Ready;
                 }
                 Judgement::Unknown => {
-                    self.guessing.insert(pod.annotations_fp, pod.sandbox_id.clone());
+                    self.guessing
+                        .insert(pod.annotations_fp, pod.sandbox_id.clone());
                 }
                 Judgement::Regular => {}
             }
@@ -638,11 +793,20 @@ impl Engine {
                 self.guessing.remove(&pod.annotations_fp);
             }
         }
-        let refused = |name: &str| pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).contains_key(name);
+        let refused = |name: &str| {
+            pod.refused_since
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains_key(name)
+        };
         let mut probed = HashMap::new();
         loop {
-            match decide::check_start(&pod.display(), required, &snap, skip_dead, refused, &probed) {
-                Check::Probe { sidecar, container_id } => {
+            match decide::check_start(&pod.display(), required, &snap, skip_dead, refused, &probed)
+            {
+                Check::Probe {
+                    sidecar,
+                    container_id,
+                } => {
                     let ready = self.probe(version, pod, sidecar, &container_id).await;
                     probed.insert(sidecar.name.clone(), ready);
                 }
@@ -667,7 +831,8 @@ impl Engine {
             CreatePlan::Gate(required) => required,
         };
         let window = self.create_window(call, &pod, &name);
-        self.hold_create(call, version, &pod, &name, required, window).await
+        self.hold_create(call, version, &pod, &name, required, window)
+            .await
     }
 
     /// How long a CreateContainer may be held and whether dead sidecars are still waited for.
@@ -675,22 +840,55 @@ impl Engine {
         let (timeout, policy) = self.start_policy(pod);
         // A hold ended as a refusal (`refuse_held_after`) carries on in kubelet's retry: the
         // start timeout counts from the first hold, so refusals never extend it.
-        let held_from = pod.held_since.lock().unwrap_or_else(|e| e.into_inner()).get(name).copied().unwrap_or(call.received);
+        let held_from = pod
+            .held_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .copied()
+            .unwrap_or(call.received);
         let hold_until = decide::create_hold_end(held_from, timeout, call.deadline);
-        let refused_since = pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).get(name).copied();
+        let refused_since = pod
+            .refused_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .copied();
         let skip_dead = decide::skip_dead(policy, refused_since, now(), timeout);
         if skip_dead {
             self.metrics.start_hold_timeouts.inc();
-            let refused_for = refused_since.map(|t| now().saturating_duration_since(t)).unwrap_or_default();
+            let refused_for = refused_since
+                .map(|t| now().saturating_duration_since(t))
+                .unwrap_or_default();
             tracing::warn!(container_name = %name, refused_for_ms = refused_for.as_millis() as u64, "sidecars still not running after the start timeout; no longer waiting for them (policy proceed)");
         }
-        CreateWindow { timeout, policy, held_from, hold_until, skip_dead }
+        CreateWindow {
+            timeout,
+            policy,
+            held_from,
+            hold_until,
+            skip_dead,
+        }
     }
 
     /// Checks the `required` sidecars until they are ready (forward), one is missing (refuse),
     /// or the window ends (the timeout policy), showing the hold in the tap meanwhile.
-    async fn hold_create(&self, call: &Call, version: ApiVersion, pod: &Pod, name: &str, required: &[Sidecar], window: CreateWindow) -> Verdict {
-        let CreateWindow { timeout, policy, held_from, hold_until, skip_dead } = window;
+    async fn hold_create(
+        &self,
+        call: &Call,
+        version: ApiVersion,
+        pod: &Pod,
+        name: &str,
+        required: &[Sidecar],
+        window: CreateWindow,
+    ) -> Verdict {
+        let CreateWindow {
+            timeout,
+            policy,
+            held_from,
+            hold_until,
+            skip_dead,
+        } = window;
         let policy_name = match policy {
             TimeoutPolicy::Proceed => "proceed",
             TimeoutPolicy::Fail => "fail",
@@ -699,13 +897,24 @@ impl Engine {
         // The first round reads the runtime at once; the next ones under the node-wide bound.
         let mut again = None;
         let forget_refusal = || {
-            pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).remove(name);
-            pod.held_since.lock().unwrap_or_else(|e| e.into_inner()).remove(name);
+            pod.refused_since
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(name);
+            pod.held_since
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(name);
         };
         loop {
             // A slow runtime must not stretch the hold past its end (nor the forwarded call past
             // kubelet's deadline): a probe round still running then counts as "not ready".
-            let check = match tokio::time::timeout_at(hold_until.into(), self.check_start(version, pod, name, required, skip_dead, again)).await {
+            let check = match tokio::time::timeout_at(
+                hold_until.into(),
+                self.check_start(version, pod, name, required, skip_dead, again),
+            )
+            .await
+            {
                 Ok(c) => c,
                 Err(_) => Check::Waiting("the runtime (no answer before the hold's end)".into()),
             };
@@ -724,10 +933,22 @@ impl Engine {
                 Some(h) => h.update(waiting),
                 None => {
                     tracing::info!(container_name = %name, waiting_for = %who, timeout_ms = timeout.as_millis() as u64, "holding CreateContainer until sidecars are ready");
-                    held = Some(holds::Hold::start(self, pod, call, name, "", held_from, hold_until, policy_name, waiting));
+                    held = Some(holds::Hold::start(
+                        self,
+                        pod,
+                        call,
+                        name,
+                        "",
+                        held_from,
+                        hold_until,
+                        policy_name,
+                        waiting,
+                    ));
                 }
             }
-            if let Some(v) = self.refuse_long_hold(pod, name, &mut held, held_from, hold_until, timeout) {
+            if let Some(v) =
+                self.refuse_long_hold(pod, name, &mut held, held_from, hold_until, timeout)
+            {
                 return v;
             }
             match decide::after_waiting(now(), hold_until, self.cfg.probe_interval, policy) {
@@ -757,7 +978,12 @@ impl Engine {
                 return None;
             }
         };
-        let name = req.config.as_ref().and_then(|c| c.metadata.as_ref()).map(|m| m.name.clone()).unwrap_or_default();
+        let name = req
+            .config
+            .as_ref()
+            .and_then(|c| c.metadata.as_ref())
+            .map(|m| m.name.clone())
+            .unwrap_or_default();
         if !crate::tenant::is_dns1123_label(&name) {
             // Not a name Kubernetes gives a container (only another CRI client could send it).
             tracing::debug!(container_name = %crate::tenant::text(&name, crate::tenant::MAX_FIELD), "container name is not a DNS-1123 label; forwarding it unordered");
@@ -772,24 +998,51 @@ impl Engine {
 
     /// A required sidecar is not there (or not running): refuse the create now, kubelet retries
     /// (§3.3); the start timeout counts from this first refusal.
-    fn refuse_fast(&self, pod: &Pod, call: &Call, name: &str, reason: &str, held: Option<holds::Hold<'_>>) -> Verdict {
-        pod.refused_since.lock().unwrap_or_else(|e| e.into_inner()).entry(name.to_string()).or_insert(call.received);
+    fn refuse_fast(
+        &self,
+        pod: &Pod,
+        call: &Call,
+        name: &str,
+        reason: &str,
+        held: Option<holds::Hold<'_>>,
+    ) -> Verdict {
+        pod.refused_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(name.to_string())
+            .or_insert(call.received);
         self.metrics.fail_fast.inc();
         tracing::info!(container_name = %name, "refusing CreateContainer for now: {reason}");
         let message = decide::refusal(reason, name);
         if let Some(h) = held {
             h.end("refused", &message);
         }
-        self.note_refusal(pod, call, name, &holds::Waiting::from_refusal(pod, reason), &message);
+        self.note_refusal(
+            pod,
+            call,
+            name,
+            &holds::Waiting::from_refusal(pod, reason),
+            &message,
+        );
         Verdict::Reject(Status::new(code::FAILED_PRECONDITION, message))
     }
 
     /// The hold reached the start timeout still waiting for `who`: start the app anyway or
     /// fail the create, as `policy` says (§3.4).
-    fn start_timed_out(&self, pod: &Pod, name: &str, who: &str, timeout: Duration, policy: TimeoutPolicy, held: Option<holds::Hold<'_>>) -> Verdict {
+    fn start_timed_out(
+        &self,
+        pod: &Pod,
+        name: &str,
+        who: &str,
+        timeout: Duration,
+        policy: TimeoutPolicy,
+        held: Option<holds::Hold<'_>>,
+    ) -> Verdict {
         self.metrics.start_hold_timeouts.inc();
         if let Some(h) = &held {
-            self.metrics.start_holds.observe(now().saturating_duration_since(h.since).as_secs_f64());
+            self.metrics
+                .start_holds
+                .observe(now().saturating_duration_since(h.since).as_secs_f64());
         }
         match policy {
             TimeoutPolicy::Proceed => {
@@ -801,7 +1054,8 @@ impl Engine {
             }
             TimeoutPolicy::Fail => {
                 tracing::warn!(container_name = %name, waiting_for = %who, "sidecar not ready within the start timeout; failing CreateContainer (policy fail)");
-                pod.refusals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                pod.refusals
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 // Not DEADLINE_EXCEEDED: that would read as kubelet's own deadline.
                 let message = decide::timed_out(&pod.display(), who, timeout, name);
                 if let Some(h) = held {
@@ -816,23 +1070,45 @@ impl Engine {
     /// waits for, so kubelet shows it as the container's waiting reason (CreateContainerError)
     /// and a Warning event; "network is not ready" in the message brings its retry within
     /// 1–1.5 s (KUBELET-CRI §1.3), and the retry's hold carries on from `held_from`.
-    fn refuse_long_hold(&self, pod: &Pod, name: &str, held: &mut Option<holds::Hold<'_>>, held_from: Instant, hold_until: Instant, timeout: Duration) -> Option<Verdict> {
+    fn refuse_long_hold(
+        &self,
+        pod: &Pod,
+        name: &str,
+        held: &mut Option<holds::Hold<'_>>,
+        held_from: Instant,
+        hold_until: Instant,
+        timeout: Duration,
+    ) -> Option<Verdict> {
         let after = self.cfg.refuse_held_after;
         let t = now();
         let h = held.as_ref()?;
         if after.is_zero() || t.saturating_duration_since(h.since) < after || t >= hold_until {
             return None;
         }
-        let message = holds::held_refusal(&pod.display(), name, h.waiting(), t.saturating_duration_since(held_from), timeout);
-        pod.held_since.lock().unwrap_or_else(|e| e.into_inner()).entry(name.to_string()).or_insert(held_from);
-        pod.refusals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let message = holds::held_refusal(
+            &pod.display(),
+            name,
+            h.waiting(),
+            t.saturating_duration_since(held_from),
+            timeout,
+        );
+        pod.held_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(name.to_string())
+            .or_insert(held_from);
+        pod.refusals
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let d = t.saturating_duration_since(h.since);
         self.metrics.start_holds.observe(d.as_secs_f64());
         tracing::info!(container_name = %name, held_ms = d.as_millis() as u64, "held long: refusing CreateContainer with the reason, for kubelet to show; it retries within 1.5 s");
         if let Some(h) = held.take() {
             h.end("refused (still waiting)", &message);
         }
-        Some(Verdict::Reject(Status::new(code::FAILED_PRECONDITION, message)))
+        Some(Verdict::Reject(Status::new(
+            code::FAILED_PRECONDITION,
+            message,
+        )))
     }
 
     async fn gate_stop(&self, call: &Call, msg: &[u8]) -> Verdict {
@@ -841,8 +1117,12 @@ impl Engine {
             tracing::warn!("cannot decode a copy of StopContainerRequest; forwarding it unordered");
             return Verdict::Forward;
         };
-        let Some(cref) = self.container_ref(version, &req.container_id).await else { return Verdict::Forward };
-        let Some(pod) = self.pod_by_id(version, &cref.sandbox_id).await else { return Verdict::Forward };
+        let Some(cref) = self.container_ref(version, &req.container_id).await else {
+            return Verdict::Forward;
+        };
+        let Some(pod) = self.pod_by_id(version, &cref.sandbox_id).await else {
+            return Verdict::Forward;
+        };
         record_span(&pod, &cref.name, Some(&req.container_id));
         if !pod.policy.has_sidecars() {
             return Verdict::Forward;
@@ -853,31 +1133,69 @@ impl Engine {
         let idx = pod.policy.sidecar_index(&cref.name);
         let budget_end = pod.note_stop(arrived, grace, &req.container_id, idx.is_none());
         // An app's stop is forwarded at once (§4.1).
-        let Some(idx) = idx else { return Verdict::Forward };
+        let Some(idx) = idx else {
+            return Verdict::Forward;
+        };
         let hold_until = decide::stop_hold_end(arrived, grace, call.deadline);
-        let window = SidecarStop { sidecar: idx, arrived, hold_until, single_kill_after: decide::single_kill_after(arrived, grace) };
-        self.hold_sidecar_stop(call, version, &pod, &cref.name, &req.container_id, window).await;
+        let window = SidecarStop {
+            sidecar: idx,
+            arrived,
+            hold_until,
+            single_kill_after: decide::single_kill_after(arrived, grace),
+        };
+        self.hold_sidecar_stop(call, version, &pod, &cref.name, &req.container_id, window)
+            .await;
         // Forward with what is left of the pod's budget; the KEP's 2 s tail once it is spent.
         match decide::stop_timeout(budget_end, now(), req.timeout) {
-            Some(secs) => Verdict::ForwardPatched(append_varint_field(msg, tags::stop_container_request::TIMEOUT, secs)),
+            Some(secs) => Verdict::ForwardPatched(append_varint_field(
+                msg,
+                tags::stop_container_request::TIMEOUT,
+                secs,
+            )),
             None => Verdict::Forward,
         }
     }
 
     /// Holds a sidecar's StopContainer while apps of the pod still run (§4.2), within `window`;
     /// returns when it is to be forwarded.
-    async fn hold_sidecar_stop(&self, call: &Call, version: ApiVersion, pod: &Pod, name: &str, container_id: &str, window: SidecarStop) {
-        let SidecarStop { sidecar: idx, arrived, hold_until, single_kill_after } = window;
+    async fn hold_sidecar_stop(
+        &self,
+        call: &Call,
+        version: ApiVersion,
+        pod: &Pod,
+        name: &str,
+        container_id: &str,
+        window: SidecarStop,
+    ) {
+        let SidecarStop {
+            sidecar: idx,
+            arrived,
+            hold_until,
+            single_kill_after,
+        } = window;
         let mut held: Option<holds::Hold<'_>> = None;
         let mut again = false;
         loop {
             // A slow runtime must not stretch the hold past its end (kubelet's deadline less the
             // forwarded stop's tail): an answer not in by then counts as "stop it now".
-            let Some(containers) = self.list_for_stop(version, pod, name, hold_until, again).await else { break };
+            let Some(containers) = self
+                .list_for_stop(version, pod, name, hold_until, again)
+                .await
+            else {
+                break;
+            };
             again = true;
             let snap = Snapshot::new(&containers);
             let t = now();
-            match decide::stop_step(&pod.policy, idx, &snap, t, hold_until, single_kill_after, pod.apps_stopping()) {
+            match decide::stop_step(
+                &pod.policy,
+                idx,
+                &snap,
+                t,
+                hold_until,
+                single_kill_after,
+                pod.apps_stopping(),
+            ) {
                 StopStep::Forward => break,
                 StopStep::SingleKill => {
                     tracing::info!(container_name = %name, "no app container of the pod is being stopped: a single-container kill; forwarding");
@@ -890,14 +1208,31 @@ impl Engine {
                 StopStep::Hold { apps, sidecars } => {
                     let waiting = holds::Waiting {
                         on: "apps".into(),
-                        reason: format!("running: {}", apps.iter().chain(sidecars.iter()).copied().collect::<Vec<_>>().join(", ")),
+                        reason: format!(
+                            "running: {}",
+                            apps.iter()
+                                .chain(sidecars.iter())
+                                .copied()
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
                         ..Default::default()
                     };
                     match held.as_mut() {
                         Some(h) => h.update(waiting),
                         None => {
                             tracing::info!(container_name = %name, ?apps, ?sidecars, "holding sidecar StopContainer until these exit");
-                            held = Some(holds::Hold::start(self, pod, call, name, container_id, arrived, hold_until, "", waiting));
+                            held = Some(holds::Hold::start(
+                                self,
+                                pod,
+                                call,
+                                name,
+                                container_id,
+                                arrived,
+                                hold_until,
+                                "",
+                                waiting,
+                            ));
                         }
                     }
                 }
@@ -915,7 +1250,14 @@ impl Engine {
     /// The pod's containers, for a held stop (`again`: a repeated read, under the node-wide
     /// bound); `None` (forward now) when the runtime fails or does not answer before
     /// `hold_until`.
-    async fn list_for_stop(&self, version: ApiVersion, pod: &Pod, name: &str, hold_until: Instant, again: bool) -> Option<Vec<views::Container>> {
+    async fn list_for_stop(
+        &self,
+        version: ApiVersion,
+        pod: &Pod,
+        name: &str,
+        hold_until: Instant,
+        again: bool,
+    ) -> Option<Vec<views::Container>> {
         let list = async {
             match self.read_again(again.then_some(hold_until)).await {
                 Ok(_read) => Some(self.runtime.list_containers(version, &pod.sandbox_id).await),
@@ -942,9 +1284,13 @@ impl Engine {
     /// before it is forwarded: the order survives kubelet's error path.
     async fn gate_stop_sandbox(&self, call: &Call, msg: &[u8]) -> Verdict {
         let version = call.route.version.unwrap_or(ApiVersion::V1);
-        let Ok(req) = views::decode::<views::PodSandboxIdRequest>(msg) else { return Verdict::Forward };
+        let Ok(req) = views::decode::<views::PodSandboxIdRequest>(msg) else {
+            return Verdict::Forward;
+        };
         // Unknown pods are looked up only if they may matter: a cheap runtime read.
-        let Some(pod) = self.pod_by_id(version, &req.pod_sandbox_id).await else { return Verdict::Forward };
+        let Some(pod) = self.pod_by_id(version, &req.pod_sandbox_id).await else {
+            return Verdict::Forward;
+        };
         if !pod.policy.has_sidecars() {
             return Verdict::Forward;
         }
@@ -963,7 +1309,10 @@ impl Engine {
         let running = loop {
             let list = async {
                 let _read = self.read_again(again).await.ok()?;
-                self.runtime.list_containers(version, &pod.sandbox_id).await.ok()
+                self.runtime
+                    .list_containers(version, &pod.sandbox_id)
+                    .await
+                    .ok()
             };
             let containers = match tokio::time::timeout_at(hold_until.into(), list).await {
                 Ok(Some(c)) => c,
@@ -975,29 +1324,47 @@ impl Engine {
                 },
             };
             again = Some(hold_until);
-            let running: Vec<views::Container> = containers.into_iter().filter(|c| c.state == state::RUNNING).collect();
+            let running: Vec<views::Container> = containers
+                .into_iter()
+                .filter(|c| c.state == state::RUNNING)
+                .collect();
             let t = now();
             if Snapshot::new(&running).running_apps(&pod.policy).is_empty() || t >= hold_until {
                 break running;
             }
-            let waiting = holds::Waiting { on: "apps".into(), reason: format!("running: {}", Snapshot::new(&running).running_apps(&pod.policy).join(", ")), ..Default::default() };
+            let waiting = holds::Waiting {
+                on: "apps".into(),
+                reason: format!(
+                    "running: {}",
+                    Snapshot::new(&running).running_apps(&pod.policy).join(", ")
+                ),
+                ..Default::default()
+            };
             match held.as_mut() {
                 Some(h) => h.update(waiting),
                 None => {
                     tracing::info!("holding StopPodSandbox until the pod's app containers exit");
-                    held = Some(holds::Hold::start(self, &pod, call, "", "", arrived, hold_until, "", waiting));
+                    held = Some(holds::Hold::start(
+                        self, &pod, call, "", "", arrived, hold_until, "", waiting,
+                    ));
                 }
             }
             last = Some(running);
             tokio::time::sleep_until((t + self.cfg.probe_interval).min(hold_until).into()).await;
         };
         if let Some(h) = held {
-            self.metrics.stop_holds.observe(now().saturating_duration_since(h.since).as_secs_f64());
+            self.metrics
+                .stop_holds
+                .observe(now().saturating_duration_since(h.since).as_secs_f64());
             h.end("forwarded", "");
         }
         for (name, id) in decide::sandbox_stop_apps(&pod.policy, &running) {
             tracing::info!(container_name = %name, "stopping app before the sidecars and StopPodSandbox (kubelet's StopContainer never came)");
-            if let Err(e) = self.runtime.stop_container(version, id, decide::STOP_TAIL.as_secs() as i64).await {
+            if let Err(e) = self
+                .runtime
+                .stop_container(version, id, decide::STOP_TAIL.as_secs() as i64)
+                .await
+            {
                 tracing::warn!(container_name = %name, error = %e, "could not stop app; StopPodSandbox will");
             }
         }
@@ -1016,8 +1383,16 @@ impl Engine {
         if annotations.is_empty() {
             return; // getImageUser's ImageStatus: no pod named.
         }
-        let Some(sandbox) = self.guessing.get(&annotations_fingerprint(&annotations)).map(|s| s.clone()) else { return };
-        let Some(pod) = self.pods.get(&sandbox).map(|p| p.clone()) else { return };
+        let Some(sandbox) = self
+            .guessing
+            .get(&annotations_fingerprint(&annotations))
+            .map(|s| s.clone())
+        else {
+            return;
+        };
+        let Some(pod) = self.pods.get(&sandbox).map(|p| p.clone()) else {
+            return;
+        };
         let mut g = pod.guess();
         g.note_image_call(pull);
         if g.open.is_empty() {
@@ -1030,7 +1405,8 @@ impl Engine {
             if let Some((_, p)) = self.pods.remove(&req.pod_sandbox_id) {
                 self.guessing.remove(&p.annotations_fp);
             }
-            self.containers.retain(|_, c| c.sandbox_id != req.pod_sandbox_id);
+            self.containers
+                .retain(|_, c| c.sandbox_id != req.pod_sandbox_id);
         }
     }
 }
@@ -1070,16 +1446,43 @@ fn record_span(pod: &Pod, container: &str, container_id: Option<&str>) {
 impl Interceptor for Engine {
     fn interest(&self, call: &Call) -> Interest {
         match call.route.rpc {
-            Some(Rpc::CreateContainer) | Some(Rpc::RunPodSandbox) => Interest { request: true, response: true, complete: false },
-            Some(Rpc::StopContainer) | Some(Rpc::StopPodSandbox) | Some(Rpc::RemovePodSandbox) | Some(Rpc::RemoveContainer) => {
-                Interest { request: true, response: false, complete: false }
-            }
+            Some(Rpc::CreateContainer) | Some(Rpc::RunPodSandbox) => Interest {
+                request: true,
+                response: true,
+                complete: false,
+            },
+            Some(Rpc::StopContainer)
+            | Some(Rpc::StopPodSandbox)
+            | Some(Rpc::RemovePodSandbox)
+            | Some(Rpc::RemoveContainer) => Interest {
+                request: true,
+                response: false,
+                complete: false,
+            },
             // Job mode's exit-code patch: only while crisp has terminated some sidecar.
-            Some(Rpc::ContainerStatus) | Some(Rpc::PodSandboxStatus) if !self.terminated.is_empty() => Interest { request: false, response: true, complete: false },
+            Some(Rpc::ContainerStatus) | Some(Rpc::PodSandboxStatus)
+                if !self.terminated.is_empty() =>
+            {
+                Interest {
+                    request: false,
+                    response: true,
+                    complete: false,
+                }
+            }
             // Judging a refused container (see `InitGuess`): only while one waits for judgement.
-            Some(Rpc::ImageStatus) | Some(Rpc::PullImage) if !self.guessing.is_empty() => Interest { request: true, response: false, complete: false },
+            Some(Rpc::ImageStatus) | Some(Rpc::PullImage) if !self.guessing.is_empty() => {
+                Interest {
+                    request: true,
+                    response: false,
+                    complete: false,
+                }
+            }
             // Events are rare and a stream lives long: watch every message while job mode is on.
-            Some(Rpc::GetContainerEvents) if self.job.enabled => Interest { request: false, response: true, complete: false },
+            Some(Rpc::GetContainerEvents) if self.job.enabled => Interest {
+                request: false,
+                response: true,
+                complete: false,
+            },
             _ => Interest::NONE,
         }
     }
@@ -1096,13 +1499,19 @@ impl Interceptor for Engine {
                 }
                 Some(Rpc::ImageStatus) => {
                     if let Ok(r) = views::decode::<views::ImageStatusRequest>(msg) {
-                        self.note_image_call(r.image.map(|i| i.annotations).unwrap_or_default(), false);
+                        self.note_image_call(
+                            r.image.map(|i| i.annotations).unwrap_or_default(),
+                            false,
+                        );
                     }
                     Verdict::Forward
                 }
                 Some(Rpc::PullImage) => {
                     if let Ok(r) = views::decode::<views::PullImageRequest>(msg) {
-                        self.note_image_call(r.sandbox_config.map(|c| c.annotations).unwrap_or_default(), true);
+                        self.note_image_call(
+                            r.sandbox_config.map(|c| c.annotations).unwrap_or_default(),
+                            true,
+                        );
                     }
                     Verdict::Forward
                 }
@@ -1127,7 +1536,9 @@ impl Interceptor for Engine {
             if self.terminated.is_empty() {
                 return None;
             }
-            match patch::patch_embedded(msg, field, &patch::completed_fragment(), |id| self.terminated.contains(id)) {
+            match patch::patch_embedded(msg, field, &patch::completed_fragment(), |id| {
+                self.terminated.contains(id)
+            }) {
                 Ok(p) => p,
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot walk a status response to patch it; forwarding it unchanged");
@@ -1138,21 +1549,47 @@ impl Interceptor for Engine {
         match call.route.rpc {
             // A sidecar crisp terminated reports exit 0 / Completed (DESIGN.md §5).
             // The embedded status carries its id, so the request need not be read.
-            Some(Rpc::ContainerStatus) => return patch_statuses(tags::container_status_response::STATUS),
-            Some(Rpc::PodSandboxStatus) => return patch_statuses(tags::pod_sandbox_status_response::CONTAINERS_STATUSES),
-            Some(Rpc::GetContainerEvents) => return patch_statuses(tags::container_event_response::CONTAINERS_STATUSES),
+            Some(Rpc::ContainerStatus) => {
+                return patch_statuses(tags::container_status_response::STATUS)
+            }
+            Some(Rpc::PodSandboxStatus) => {
+                return patch_statuses(tags::pod_sandbox_status_response::CONTAINERS_STATUSES)
+            }
+            Some(Rpc::GetContainerEvents) => {
+                return patch_statuses(tags::container_event_response::CONTAINERS_STATUSES)
+            }
             // The pod's policy is parsed once per sandbox, here, on this worker: a bounded amount
             // per annotation key (ordering/annotations.rs says why).
             Some(Rpc::RunPodSandbox) => {
-                let (Ok(r), Ok(resp)) = (views::decode::<views::RunPodSandboxRequest>(req), views::decode::<views::RunPodSandboxResponse>(msg)) else { return None };
+                let (Ok(r), Ok(resp)) = (
+                    views::decode::<views::RunPodSandboxRequest>(req),
+                    views::decode::<views::RunPodSandboxResponse>(msg),
+                ) else {
+                    return None;
+                };
                 if let Some(cfg) = r.config.as_ref() {
-                    self.pod_from_config(call.route.version.unwrap_or(ApiVersion::V1), &resp.pod_sandbox_id, cfg);
+                    self.pod_from_config(
+                        call.route.version.unwrap_or(ApiVersion::V1),
+                        &resp.pod_sandbox_id,
+                        cfg,
+                    );
                 }
             }
             Some(Rpc::CreateContainer) => {
-                let (Ok(r), Ok(resp)) = (views::decode::<views::CreateContainerRequest>(req), views::decode::<views::CreateContainerResponse>(msg)) else { return None };
+                let (Ok(r), Ok(resp)) = (
+                    views::decode::<views::CreateContainerRequest>(req),
+                    views::decode::<views::CreateContainerResponse>(msg),
+                ) else {
+                    return None;
+                };
                 let name = container_name(r.config.and_then(|c| c.metadata).map(|m| m.name));
-                self.containers.insert(resp.container_id, ContainerRef { sandbox_id: r.pod_sandbox_id, name });
+                self.containers.insert(
+                    resp.container_id,
+                    ContainerRef {
+                        sandbox_id: r.pod_sandbox_id,
+                        name,
+                    },
+                );
             }
             _ => {}
         }
@@ -1185,7 +1622,11 @@ impl readiness::ProbeEnv for ProbeTarget<'_> {
         e.limiter.connect(self.deadline).await.inspect_err(|_| {
             e.metrics.probe_limited.inc();
         })?;
-        let net = if self.pod.host_network { None } else { e.pod_net(self.version, self.pod).await };
+        let net = if self.pod.host_network {
+            None
+        } else {
+            e.pod_net(self.version, self.pod).await
+        };
         let local = readiness::is_local(addr.ip());
         let socket = match net.as_deref().map(|n| &n.ns) {
             Some(PodNs::Pod(ns)) => Some(ns.socket(addr.is_ipv6()).await.map_err(|err| format!("cannot enter the pod's network namespace: {err}"))?),
@@ -1195,7 +1636,10 @@ impl readiness::ProbeEnv for ProbeTarget<'_> {
         };
         e.metrics.probe_connects.inc();
         match socket {
-            Some(s) => s.connect(addr).await.map_err(|err| format!("connect {addr}: {err}")),
+            Some(s) => s
+                .connect(addr)
+                .await
+                .map_err(|err| format!("connect {addr}: {err}")),
             None => readiness::connect_here(addr).await,
         }
     }
@@ -1203,10 +1647,17 @@ impl readiness::ProbeEnv for ProbeTarget<'_> {
     /// Paced as a connect (each ExecSync is a process started in a container), and over by the
     /// probe's end whatever the wait for its turn took.
     async fn exec(&self, cmd: &[String], timeout: Duration) -> Result<i32, String> {
-        self.engine.limiter.connect(self.deadline).await.inspect_err(|_| {
-            self.engine.metrics.probe_limited.inc();
-        })?;
-        let timeout = timeout.min(self.deadline.saturating_duration_since(tokio::time::Instant::now()));
+        self.engine
+            .limiter
+            .connect(self.deadline)
+            .await
+            .inspect_err(|_| {
+                self.engine.metrics.probe_limited.inc();
+            })?;
+        let timeout = timeout.min(
+            self.deadline
+                .saturating_duration_since(tokio::time::Instant::now()),
+        );
         self.engine.runtime.exec_sync(self.version, self.container_id, cmd, timeout).await.map_err(|e| {
             self.engine.metrics.probe_errors.inc();
             tracing::debug!(container_name = %self.sidecar, error = %e, "exec readiness probe failed to run");
@@ -1259,8 +1710,16 @@ mod tests {
 
     #[test]
     fn a_pod_is_recognised_by_its_whole_annotation_set() {
-        let a: HashMap<String, String> =
-            [("kubernetes.io/config.seen", "2026-11-24T10:00:00.123456789Z"), ("crisp.dev/sidecars", "proxy")].iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let a: HashMap<String, String> = [
+            (
+                "kubernetes.io/config.seen",
+                "2026-11-24T10:00:00.123456789Z",
+            ),
+            ("crisp.dev/sidecars", "proxy"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
         let mut pairs: Vec<(&String, &String)> = a.iter().collect();
         pairs.sort();
         pairs.reverse();
@@ -1268,9 +1727,20 @@ mod tests {
         for (k, v) in pairs {
             b.insert(k.clone(), v.clone());
         }
-        assert_eq!(annotations_fingerprint(&a), annotations_fingerprint(&b), "map order does not matter");
-        b.insert("kubernetes.io/config.seen".into(), "2026-11-24T10:00:00.123456790Z".into());
-        assert_ne!(annotations_fingerprint(&a), annotations_fingerprint(&b), "another pod, seen 1 ns later");
+        assert_eq!(
+            annotations_fingerprint(&a),
+            annotations_fingerprint(&b),
+            "map order does not matter"
+        );
+        b.insert(
+            "kubernetes.io/config.seen".into(),
+            "2026-11-24T10:00:00.123456790Z".into(),
+        );
+        assert_ne!(
+            annotations_fingerprint(&a),
+            annotations_fingerprint(&b),
+            "another pod, seen 1 ns later"
+        );
     }
 
     #[test]
@@ -1281,12 +1751,20 @@ mod tests {
         let end = pod.note_stop(t0, Duration::from_secs(30), "app", true);
         assert_eq!(end, t0 + Duration::from_secs(30));
         // A later StopContainer of the same termination shares the budget.
-        let end2 = pod.note_stop(t0 + Duration::from_secs(5), Duration::from_secs(30), "side", false);
+        let end2 = pod.note_stop(
+            t0 + Duration::from_secs(5),
+            Duration::from_secs(30),
+            "side",
+            false,
+        );
         assert_eq!(end2, end);
         assert!(pod.apps_stopping());
         // Long after, a new window starts.
         let t1 = t0 + Duration::from_secs(400);
-        assert_eq!(pod.note_stop(t1, Duration::from_secs(10), "side", false), t1 + Duration::from_secs(10));
+        assert_eq!(
+            pod.note_stop(t1, Duration::from_secs(10), "side", false),
+            t1 + Duration::from_secs(10)
+        );
         assert!(!pod.apps_stopping());
     }
 
@@ -1294,12 +1772,23 @@ mod tests {
     /// a later stop of the same pod still shares its window.
     #[test]
     fn an_extreme_grace_period_never_panics_the_stop_budget() {
-        for grace in [Duration::from_secs(i64::MAX as u64), Duration::from_secs(i64::MAX as u64 - 1), Duration::MAX] {
+        for grace in [
+            Duration::from_secs(i64::MAX as u64),
+            Duration::from_secs(i64::MAX as u64 - 1),
+            Duration::MAX,
+        ] {
             let (pod, _) = Pod::new("sb", None, &HashMap::new(), HashMap::new(), false, &[], &[]);
             let t0 = Instant::now();
             let end = pod.note_stop(t0, grace, "app", true);
-            assert!(end > t0 && end <= t0 + Duration::from_secs(86_400 + 120), "{grace:?}");
-            assert_eq!(pod.note_stop(t0 + Duration::from_secs(400), grace, "side", false), end, "{grace:?}: still one window");
+            assert!(
+                end > t0 && end <= t0 + Duration::from_secs(86_400 + 120),
+                "{grace:?}"
+            );
+            assert_eq!(
+                pod.note_stop(t0 + Duration::from_secs(400), grace, "side", false),
+                end,
+                "{grace:?}: still one window"
+            );
         }
     }
 }

@@ -38,7 +38,15 @@ impl ReadLimiter {
     pub fn new(reads_per_second: u32, max_in_flight: usize) -> ReadLimiter {
         let rate = f64::from(reads_per_second.max(1));
         let burst = (rate / 10.0).max(1.0);
-        ReadLimiter { in_flight: Semaphore::new(max_in_flight.max(1)), rate, burst, bucket: Mutex::new(Bucket { tokens: burst, at: Instant::now() }) }
+        ReadLimiter {
+            in_flight: Semaphore::new(max_in_flight.max(1)),
+            rate,
+            burst,
+            bucket: Mutex::new(Bucket {
+                tokens: burst,
+                at: Instant::now(),
+            }),
+        }
     }
 
     /// Leave for one read, held while it runs. Waited for until `until` at most (`None`: as
@@ -48,9 +56,14 @@ impl ReadLimiter {
         let wait = {
             let mut b = self.bucket.lock().unwrap_or_else(|e| e.into_inner());
             let now = Instant::now();
-            b.tokens = (b.tokens + now.saturating_duration_since(b.at).as_secs_f64() * self.rate).min(self.burst);
+            b.tokens = (b.tokens + now.saturating_duration_since(b.at).as_secs_f64() * self.rate)
+                .min(self.burst);
             b.at = now;
-            let wait = if b.tokens >= 1.0 { Duration::ZERO } else { Duration::from_secs_f64((1.0 - b.tokens) / self.rate) };
+            let wait = if b.tokens >= 1.0 {
+                Duration::ZERO
+            } else {
+                Duration::from_secs_f64((1.0 - b.tokens) / self.rate)
+            };
             if until.is_some_and(|u| now + wait > u) {
                 return Err(ReadLimited);
             }
@@ -61,7 +74,10 @@ impl ReadLimiter {
             tokio::time::sleep(wait).await;
         }
         match until {
-            Some(u) => tokio::time::timeout_at(u, self.in_flight.acquire()).await.map_err(|_| ReadLimited)?.map_err(|_| ReadLimited),
+            Some(u) => tokio::time::timeout_at(u, self.in_flight.acquire())
+                .await
+                .map_err(|_| ReadLimited)?
+                .map_err(|_| ReadLimited),
             None => self.in_flight.acquire().await.map_err(|_| ReadLimited),
         }
     }
@@ -98,7 +114,11 @@ mod tests {
             total += reads;
         }
         assert_eq!(total, 5 + 50 * 10, "the burst, then 50 a second");
-        assert_eq!(Instant::now(), t + 10 * S, "gave up at the deadline, with no debt beyond it");
+        assert_eq!(
+            Instant::now(),
+            t + 10 * S,
+            "gave up at the deadline, with no debt beyond it"
+        );
     }
 
     /// Reads in flight are bounded too, and a read that cannot start before its deadline is

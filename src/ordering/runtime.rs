@@ -13,28 +13,67 @@ pub type Answer<'a, T> = BoxFuture<'a, Result<T, ClientError>>;
 
 pub trait Runtime: Send + Sync {
     /// ListContainers filtered to one sandbox.
-    fn list_containers<'a>(&'a self, version: ApiVersion, sandbox_id: &'a str) -> Answer<'a, Vec<views::Container>>;
+    fn list_containers<'a>(
+        &'a self,
+        version: ApiVersion,
+        sandbox_id: &'a str,
+    ) -> Answer<'a, Vec<views::Container>>;
     /// One container by id (ListContainers filtered by id); `None` when the runtime has none.
-    fn container<'a>(&'a self, version: ApiVersion, id: &'a str) -> Answer<'a, Option<views::Container>>;
+    fn container<'a>(
+        &'a self,
+        version: ApiVersion,
+        id: &'a str,
+    ) -> Answer<'a, Option<views::Container>>;
     fn list_pod_sandboxes(&self, version: ApiVersion) -> Answer<'_, Vec<views::PodSandbox>>;
-    fn pod_sandbox_status<'a>(&'a self, version: ApiVersion, sandbox_id: &'a str) -> Answer<'a, views::PodSandboxStatusResponse>;
+    fn pod_sandbox_status<'a>(
+        &'a self,
+        version: ApiVersion,
+        sandbox_id: &'a str,
+    ) -> Answer<'a, views::PodSandboxStatusResponse>;
     /// PodSandboxStatus with `verbose`: with the runtime's `info` (where the sandbox's network
     /// namespace is). A runtime that has no verbose form answers the plain status.
-    fn pod_sandbox_status_verbose<'a>(&'a self, version: ApiVersion, sandbox_id: &'a str) -> Answer<'a, views::PodSandboxStatusResponse> {
+    fn pod_sandbox_status_verbose<'a>(
+        &'a self,
+        version: ApiVersion,
+        sandbox_id: &'a str,
+    ) -> Answer<'a, views::PodSandboxStatusResponse> {
         self.pod_sandbox_status(version, sandbox_id)
     }
-    fn container_status<'a>(&'a self, version: ApiVersion, id: &'a str) -> Answer<'a, views::ContainerStatusResponse>;
+    fn container_status<'a>(
+        &'a self,
+        version: ApiVersion,
+        id: &'a str,
+    ) -> Answer<'a, views::ContainerStatusResponse>;
     /// ExecSync; the command's exit code.
-    fn exec_sync<'a>(&'a self, version: ApiVersion, id: &'a str, cmd: &'a [String], timeout: Duration) -> Answer<'a, i32>;
-    fn stop_container<'a>(&'a self, version: ApiVersion, id: &'a str, timeout_secs: i64) -> Answer<'a, ()>;
+    fn exec_sync<'a>(
+        &'a self,
+        version: ApiVersion,
+        id: &'a str,
+        cmd: &'a [String],
+        timeout: Duration,
+    ) -> Answer<'a, i32>;
+    fn stop_container<'a>(
+        &'a self,
+        version: ApiVersion,
+        id: &'a str,
+        timeout_secs: i64,
+    ) -> Answer<'a, ()>;
 }
 
 impl Runtime for RuntimeClient {
-    fn list_containers<'a>(&'a self, version: ApiVersion, sandbox_id: &'a str) -> Answer<'a, Vec<views::Container>> {
+    fn list_containers<'a>(
+        &'a self,
+        version: ApiVersion,
+        sandbox_id: &'a str,
+    ) -> Answer<'a, Vec<views::Container>> {
         Box::pin(RuntimeClient::list_containers(self, version, sandbox_id))
     }
 
-    fn container<'a>(&'a self, version: ApiVersion, id: &'a str) -> Answer<'a, Option<views::Container>> {
+    fn container<'a>(
+        &'a self,
+        version: ApiVersion,
+        id: &'a str,
+    ) -> Answer<'a, Option<views::Container>> {
         Box::pin(RuntimeClient::container(self, version, id))
     }
 
@@ -42,23 +81,53 @@ impl Runtime for RuntimeClient {
         Box::pin(RuntimeClient::list_pod_sandboxes(self, version))
     }
 
-    fn pod_sandbox_status<'a>(&'a self, version: ApiVersion, sandbox_id: &'a str) -> Answer<'a, views::PodSandboxStatusResponse> {
+    fn pod_sandbox_status<'a>(
+        &'a self,
+        version: ApiVersion,
+        sandbox_id: &'a str,
+    ) -> Answer<'a, views::PodSandboxStatusResponse> {
         Box::pin(RuntimeClient::pod_sandbox_status(self, version, sandbox_id))
     }
 
-    fn pod_sandbox_status_verbose<'a>(&'a self, version: ApiVersion, sandbox_id: &'a str) -> Answer<'a, views::PodSandboxStatusResponse> {
-        Box::pin(RuntimeClient::pod_sandbox_status_verbose(self, version, sandbox_id))
+    fn pod_sandbox_status_verbose<'a>(
+        &'a self,
+        version: ApiVersion,
+        sandbox_id: &'a str,
+    ) -> Answer<'a, views::PodSandboxStatusResponse> {
+        Box::pin(RuntimeClient::pod_sandbox_status_verbose(
+            self, version, sandbox_id,
+        ))
     }
 
-    fn container_status<'a>(&'a self, version: ApiVersion, id: &'a str) -> Answer<'a, views::ContainerStatusResponse> {
+    fn container_status<'a>(
+        &'a self,
+        version: ApiVersion,
+        id: &'a str,
+    ) -> Answer<'a, views::ContainerStatusResponse> {
         Box::pin(RuntimeClient::container_status(self, version, id))
     }
 
-    fn exec_sync<'a>(&'a self, version: ApiVersion, id: &'a str, cmd: &'a [String], timeout: Duration) -> Answer<'a, i32> {
+    fn exec_sync<'a>(
+        &'a self,
+        version: ApiVersion,
+        id: &'a str,
+        cmd: &'a [String],
+        timeout: Duration,
+    ) -> Answer<'a, i32> {
         Box::pin(RuntimeClient::exec_sync(self, version, id, cmd, timeout))
     }
 
-    fn stop_container<'a>(&'a self, version: ApiVersion, id: &'a str, timeout_secs: i64) -> Answer<'a, ()> {
-        Box::pin(RuntimeClient::stop_container(self, version, id, timeout_secs))
+    fn stop_container<'a>(
+        &'a self,
+        version: ApiVersion,
+        id: &'a str,
+        timeout_secs: i64,
+    ) -> Answer<'a, ()> {
+        Box::pin(RuntimeClient::stop_container(
+            self,
+            version,
+            id,
+            timeout_secs,
+        ))
     }
 }

@@ -21,7 +21,10 @@ pub enum ProxyBody {
     /// [`super::relay`]).
     Channel(ChannelBody),
     /// Buffered data (one or more frames) followed by optional trailers.
-    Buffered { data: Option<Bytes>, trailers: Option<HeaderMap> },
+    Buffered {
+        data: Option<Bytes>,
+        trailers: Option<HeaderMap>,
+    },
 }
 
 impl Default for ProxyBody {
@@ -32,7 +35,10 @@ impl Default for ProxyBody {
 
 impl ProxyBody {
     pub fn empty() -> Self {
-        ProxyBody::Buffered { data: None, trailers: None }
+        ProxyBody::Buffered {
+            data: None,
+            trailers: None,
+        }
     }
 
     pub fn buffered(data: Bytes, trailers: Option<HeaderMap>) -> Self {
@@ -45,7 +51,10 @@ impl Body for ProxyBody {
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match &mut *self {
             ProxyBody::Upstream(inner) => Pin::new(inner).poll_frame(cx).map_err(BoxError::from),
             ProxyBody::Channel(inner) => Pin::new(inner).poll_frame(cx),
@@ -92,14 +101,23 @@ pub struct ChannelBody {
 }
 
 impl ChannelBody {
-    pub fn new(rx: tokio::sync::mpsc::UnboundedReceiver<BodyPart>, consumed: Box<dyn Fn(usize) + Send + Sync>) -> ChannelBody {
-        ChannelBody { rx, consumed, done: false }
+    pub fn new(
+        rx: tokio::sync::mpsc::UnboundedReceiver<BodyPart>,
+        consumed: Box<dyn Fn(usize) + Send + Sync>,
+    ) -> ChannelBody {
+        ChannelBody {
+            rx,
+            consumed,
+            done: false,
+        }
     }
 }
 
 impl std::fmt::Debug for ChannelBody {
     fn fmt(&self, fmt: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        fmt.debug_struct("ChannelBody").field("done", &self.done).finish()
+        fmt.debug_struct("ChannelBody")
+            .field("done", &self.done)
+            .finish()
     }
 }
 
@@ -107,7 +125,10 @@ impl Body for ChannelBody {
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         if self.done {
             return Poll::Ready(None);
         }
@@ -136,7 +157,10 @@ impl Body for ChannelBody {
 }
 
 /// Collects a body into (data, trailers), refusing more than `limit` bytes of data.
-pub async fn collect(mut body: ProxyBody, limit: usize) -> Result<(Bytes, Option<HeaderMap>), CollectError> {
+pub async fn collect(
+    mut body: ProxyBody,
+    limit: usize,
+) -> Result<(Bytes, Option<HeaderMap>), CollectError> {
     use http_body_util::BodyExt;
     let mut first: Option<Bytes> = None;
     let mut rest: Option<bytes::BytesMut> = None;

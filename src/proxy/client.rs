@@ -21,11 +21,20 @@ pub enum ClientError {
     #[error(transparent)]
     Upstream(#[from] super::upstream::UpstreamError),
     #[error("runtime answered {method} with {status}")]
-    Status { method: &'static str, status: Status },
+    Status {
+        method: &'static str,
+        status: Status,
+    },
     #[error("{method}: malformed response: {detail}")]
-    Malformed { method: &'static str, detail: String },
+    Malformed {
+        method: &'static str,
+        detail: String,
+    },
     #[error("{method}: no answer within {timeout:?}")]
-    Timeout { method: &'static str, timeout: Duration },
+    Timeout {
+        method: &'static str,
+        timeout: Duration,
+    },
 }
 
 impl ClientError {
@@ -46,21 +55,46 @@ impl RuntimeClient {
     }
 
     /// A unary request to the runtime carrying `req`, with the runtime told of `timeout`.
-    fn request<Req: Message>(&self, version: ApiVersion, method: &'static str, req: &Req, timeout: Duration) -> Result<Request<ProxyBody>, ClientError> {
-        let uri = format!("http://localhost/runtime.{}.RuntimeService/{method}", version.as_str());
+    fn request<Req: Message>(
+        &self,
+        version: ApiVersion,
+        method: &'static str,
+        req: &Req,
+        timeout: Duration,
+    ) -> Result<Request<ProxyBody>, ClientError> {
+        let uri = format!(
+            "http://localhost/runtime.{}.RuntimeService/{method}",
+            version.as_str()
+        );
         let mut r = Request::builder().method(Method::POST).uri(uri);
         let h = r.headers_mut().expect("builder has no error yet");
-        h.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        h.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc"),
+        );
         h.insert(http::header::TE, HeaderValue::from_static("trailers"));
-        h.insert(http::header::USER_AGENT, HeaderValue::from_static(concat!("crisp/", env!("CARGO_PKG_VERSION"))));
+        h.insert(
+            http::header::USER_AGENT,
+            HeaderValue::from_static(concat!("crisp/", env!("CARGO_PKG_VERSION"))),
+        );
         let ms = timeout.as_millis().clamp(1, 99_999_999);
         if let Ok(v) = HeaderValue::from_str(&format!("{ms}m")) {
             h.insert("grpc-timeout", v);
         }
-        r.body(ProxyBody::buffered(wire::frame(&req.encode_to_vec()), None)).map_err(|e| ClientError::Malformed { method, detail: e.to_string() })
+        r.body(ProxyBody::buffered(wire::frame(&req.encode_to_vec()), None))
+            .map_err(|e| ClientError::Malformed {
+                method,
+                detail: e.to_string(),
+            })
     }
 
-    async fn call<Req: Message, Resp: Message + Default>(&self, version: ApiVersion, method: &'static str, req: &Req, timeout: Duration) -> Result<Resp, ClientError> {
+    async fn call<Req: Message, Resp: Message + Default>(
+        &self,
+        version: ApiVersion,
+        method: &'static str,
+        req: &Req,
+        timeout: Duration,
+    ) -> Result<Resp, ClientError> {
         let request = self.request(version, method, req, timeout)?;
         let fut = async {
             let resp = self.upstream.send(request).await?;
@@ -68,56 +102,129 @@ impl RuntimeClient {
             if let Some(c) = code_of(&parts.headers) {
                 return Err(status_error(method, c, &parts.headers));
             }
-            let (data, trailers) = body::collect(ProxyBody::Upstream(body), 64 << 20).await.map_err(|e| ClientError::Malformed { method, detail: e.to_string() })?;
+            let (data, trailers) = body::collect(ProxyBody::Upstream(body), 64 << 20)
+                .await
+                .map_err(|e| ClientError::Malformed {
+                    method,
+                    detail: e.to_string(),
+                })?;
             let trailers = trailers.unwrap_or_default();
             match code_of(&trailers) {
                 Some(0) => {}
                 Some(c) => return Err(status_error(method, c, &trailers)),
-                None => return Err(ClientError::Malformed { method, detail: "no grpc-status".into() }),
+                None => {
+                    return Err(ClientError::Malformed {
+                        method,
+                        detail: "no grpc-status".into(),
+                    })
+                }
             }
             match wire::single_message(&data) {
-                Some(Frame::Message(m)) => Resp::decode(m).map_err(|e| ClientError::Malformed { method, detail: e.to_string() }),
+                Some(Frame::Message(m)) => Resp::decode(m).map_err(|e| ClientError::Malformed {
+                    method,
+                    detail: e.to_string(),
+                }),
                 _ if data.is_empty() => Ok(Resp::default()),
-                _ => Err(ClientError::Malformed { method, detail: "not one uncompressed message".into() }),
+                _ => Err(ClientError::Malformed {
+                    method,
+                    detail: "not one uncompressed message".into(),
+                }),
             }
         };
-        tokio::time::timeout(timeout, fut).await.map_err(|_| ClientError::Timeout { method, timeout })?
+        tokio::time::timeout(timeout, fut)
+            .await
+            .map_err(|_| ClientError::Timeout { method, timeout })?
     }
 
     /// Containers of one sandbox (all states).
-    pub async fn list_containers(&self, version: ApiVersion, sandbox_id: &str) -> Result<Vec<views::Container>, ClientError> {
-        let req = views::ListContainersRequest { filter: Some(views::ContainerFilter { pod_sandbox_id: sandbox_id.to_string(), ..Default::default() }) };
-        let resp: views::ListContainersResponse = self.call(version, "ListContainers", &req, self.timeout).await?;
+    pub async fn list_containers(
+        &self,
+        version: ApiVersion,
+        sandbox_id: &str,
+    ) -> Result<Vec<views::Container>, ClientError> {
+        let req = views::ListContainersRequest {
+            filter: Some(views::ContainerFilter {
+                pod_sandbox_id: sandbox_id.to_string(),
+                ..Default::default()
+            }),
+        };
+        let resp: views::ListContainersResponse = self
+            .call(version, "ListContainers", &req, self.timeout)
+            .await?;
         Ok(resp.containers)
     }
 
     /// One container by id, with its sandbox id (ContainerStatus has none, KUBELET-CRI §2.3).
-    pub async fn container(&self, version: ApiVersion, id: &str) -> Result<Option<views::Container>, ClientError> {
-        let req = views::ListContainersRequest { filter: Some(views::ContainerFilter { id: id.to_string(), ..Default::default() }) };
-        let resp: views::ListContainersResponse = self.call(version, "ListContainers", &req, self.timeout).await?;
+    pub async fn container(
+        &self,
+        version: ApiVersion,
+        id: &str,
+    ) -> Result<Option<views::Container>, ClientError> {
+        let req = views::ListContainersRequest {
+            filter: Some(views::ContainerFilter {
+                id: id.to_string(),
+                ..Default::default()
+            }),
+        };
+        let resp: views::ListContainersResponse = self
+            .call(version, "ListContainers", &req, self.timeout)
+            .await?;
         Ok(resp.containers.into_iter().find(|c| c.id == id))
     }
 
-    pub async fn list_pod_sandboxes(&self, version: ApiVersion) -> Result<Vec<views::PodSandbox>, ClientError> {
-        let resp: views::ListPodSandboxResponse = self.call(version, "ListPodSandbox", &views::ListPodSandboxRequest {}, self.timeout).await?;
+    pub async fn list_pod_sandboxes(
+        &self,
+        version: ApiVersion,
+    ) -> Result<Vec<views::PodSandbox>, ClientError> {
+        let resp: views::ListPodSandboxResponse = self
+            .call(
+                version,
+                "ListPodSandbox",
+                &views::ListPodSandboxRequest {},
+                self.timeout,
+            )
+            .await?;
         Ok(resp.items)
     }
 
-    pub async fn pod_sandbox_status(&self, version: ApiVersion, sandbox_id: &str) -> Result<views::PodSandboxStatusResponse, ClientError> {
-        let req = views::PodSandboxIdRequest { pod_sandbox_id: sandbox_id.to_string() };
-        self.call(version, "PodSandboxStatus", &req, self.timeout).await
+    pub async fn pod_sandbox_status(
+        &self,
+        version: ApiVersion,
+        sandbox_id: &str,
+    ) -> Result<views::PodSandboxStatusResponse, ClientError> {
+        let req = views::PodSandboxIdRequest {
+            pod_sandbox_id: sandbox_id.to_string(),
+        };
+        self.call(version, "PodSandboxStatus", &req, self.timeout)
+            .await
     }
 
     /// PodSandboxStatus with `verbose: true`: the runtime's own `info` too (the sandbox's
     /// network namespace, for probes).
-    pub async fn pod_sandbox_status_verbose(&self, version: ApiVersion, sandbox_id: &str) -> Result<views::PodSandboxStatusResponse, ClientError> {
-        let req = views::PodSandboxStatusRequest { pod_sandbox_id: sandbox_id.to_string(), verbose: true };
-        self.call(version, "PodSandboxStatus", &req, self.timeout).await
+    pub async fn pod_sandbox_status_verbose(
+        &self,
+        version: ApiVersion,
+        sandbox_id: &str,
+    ) -> Result<views::PodSandboxStatusResponse, ClientError> {
+        let req = views::PodSandboxStatusRequest {
+            pod_sandbox_id: sandbox_id.to_string(),
+            verbose: true,
+        };
+        self.call(version, "PodSandboxStatus", &req, self.timeout)
+            .await
     }
 
-    pub async fn container_status(&self, version: ApiVersion, id: &str) -> Result<views::ContainerStatusResponse, ClientError> {
-        let req = views::ContainerIdRequest { container_id: id.to_string(), timeout: 0 };
-        self.call(version, "ContainerStatus", &req, self.timeout).await
+    pub async fn container_status(
+        &self,
+        version: ApiVersion,
+        id: &str,
+    ) -> Result<views::ContainerStatusResponse, ClientError> {
+        let req = views::ContainerIdRequest {
+            container_id: id.to_string(),
+            timeout: 0,
+        };
+        self.call(version, "ContainerStatus", &req, self.timeout)
+            .await
     }
 
     /// Runs `cmd` in a container; returns its exit code. Everything happens within `timeout`:
@@ -126,10 +233,20 @@ impl RuntimeClient {
     /// and crisp stops waiting — cancelling the call — when it runs out. The answer is read as
     /// it arrives and only its exit code kept ([`ExitCodeReader`]): the command's output (up to
     /// 16 MiB per stream from containerd) streams past and is never held.
-    pub async fn exec_sync(&self, version: ApiVersion, id: &str, cmd: &[String], timeout: Duration) -> Result<i32, ClientError> {
+    pub async fn exec_sync(
+        &self,
+        version: ApiVersion,
+        id: &str,
+        cmd: &[String],
+        timeout: Duration,
+    ) -> Result<i32, ClientError> {
         const METHOD: &str = "ExecSync";
         let secs = i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX).max(1);
-        let req = views::ExecSyncRequest { container_id: id.to_string(), cmd: cmd.to_vec(), timeout: secs };
+        let req = views::ExecSyncRequest {
+            container_id: id.to_string(),
+            cmd: cmd.to_vec(),
+            timeout: secs,
+        };
         let request = self.request(version, METHOD, &req, timeout)?;
         let fut = async {
             let resp = self.upstream.send(request).await?;
@@ -142,14 +259,23 @@ impl RuntimeClient {
             let mut trailers = None;
             let mut total = 0usize;
             while let Some(frame) = body.frame().await {
-                let frame = frame.map_err(|e| ClientError::Malformed { method: METHOD, detail: e.to_string() })?;
+                let frame = frame.map_err(|e| ClientError::Malformed {
+                    method: METHOD,
+                    detail: e.to_string(),
+                })?;
                 match frame.into_data() {
                     Ok(d) => {
                         total = total.saturating_add(d.len());
                         if total > EXEC_MAX_READ {
-                            return Err(ClientError::Malformed { method: METHOD, detail: format!("answer larger than {EXEC_MAX_READ} bytes") });
+                            return Err(ClientError::Malformed {
+                                method: METHOD,
+                                detail: format!("answer larger than {EXEC_MAX_READ} bytes"),
+                            });
                         }
-                        reader.feed(&d).map_err(|e| ClientError::Malformed { method: METHOD, detail: e.to_string() })?;
+                        reader.feed(&d).map_err(|e| ClientError::Malformed {
+                            method: METHOD,
+                            detail: e.to_string(),
+                        })?;
                     }
                     Err(frame) => trailers = frame.into_trailers().ok(),
                 }
@@ -158,17 +284,39 @@ impl RuntimeClient {
             match code_of(&trailers) {
                 Some(0) => {}
                 Some(c) => return Err(status_error(METHOD, c, &trailers)),
-                None => return Err(ClientError::Malformed { method: METHOD, detail: "no grpc-status".into() }),
+                None => {
+                    return Err(ClientError::Malformed {
+                        method: METHOD,
+                        detail: "no grpc-status".into(),
+                    })
+                }
             }
-            reader.finish().map_err(|e| ClientError::Malformed { method: METHOD, detail: e.to_string() })
+            reader.finish().map_err(|e| ClientError::Malformed {
+                method: METHOD,
+                detail: e.to_string(),
+            })
         };
-        tokio::time::timeout(timeout, fut).await.map_err(|_| ClientError::Timeout { method: METHOD, timeout })?
+        tokio::time::timeout(timeout, fut)
+            .await
+            .map_err(|_| ClientError::Timeout {
+                method: METHOD,
+                timeout,
+            })?
     }
 
-    pub async fn stop_container(&self, version: ApiVersion, id: &str, timeout_secs: i64) -> Result<(), ClientError> {
-        let req = views::ContainerIdRequest { container_id: id.to_string(), timeout: timeout_secs };
+    pub async fn stop_container(
+        &self,
+        version: ApiVersion,
+        id: &str,
+        timeout_secs: i64,
+    ) -> Result<(), ClientError> {
+        let req = views::ContainerIdRequest {
+            container_id: id.to_string(),
+            timeout: timeout_secs,
+        };
         let wait = self.timeout + Duration::from_secs(timeout_secs.max(0) as u64);
-        let _: views::ListPodSandboxRequest = self.call(version, "StopContainer", &req, wait).await?;
+        let _: views::ListPodSandboxRequest =
+            self.call(version, "StopContainer", &req, wait).await?;
         Ok(())
     }
 }
@@ -197,7 +345,9 @@ pub struct VersionResponse {
 impl RuntimeClient {
     /// RuntimeService/Version in the given CRI API version (`crisp doctor`).
     pub async fn version(&self, version: ApiVersion) -> Result<VersionResponse, ClientError> {
-        let req = VersionRequest { version: version.as_str().to_string() };
+        let req = VersionRequest {
+            version: version.as_str().to_string(),
+        };
         self.call(version, "Version", &req, self.timeout).await
     }
 }
@@ -248,9 +398,16 @@ pub struct ExitCodeReader {
 #[derive(Debug, Clone, Copy)]
 enum ReadState {
     /// The message prefix, `got` bytes of it so far.
-    Prefix { buf: [u8; wire::PREFIX_LEN], got: usize },
+    Prefix {
+        buf: [u8; wire::PREFIX_LEN],
+        got: usize,
+    },
     /// A varint being read.
-    Varint { of: VarintOf, value: u64, shift: u32 },
+    Varint {
+        of: VarintOf,
+        value: u64,
+        shift: u32,
+    },
     /// Bytes of a field to pass over.
     Skip(u64),
     /// The message is complete.
@@ -266,7 +423,10 @@ enum VarintOf {
 
 impl Default for ReadState {
     fn default() -> Self {
-        ReadState::Prefix { buf: [0; wire::PREFIX_LEN], got: 0 }
+        ReadState::Prefix {
+            buf: [0; wire::PREFIX_LEN],
+            got: 0,
+        }
     }
 }
 
@@ -333,7 +493,9 @@ impl ExitCodeReader {
         match self.state {
             ReadState::Done => Ok(self.exit_code),
             ReadState::Prefix { got: 0, .. } => Err(ExecAnswerError::Empty),
-            ReadState::Varint { .. } | ReadState::Skip(_) if self.left == 0 => Err(ExecAnswerError::Overrun),
+            ReadState::Varint { .. } | ReadState::Skip(_) if self.left == 0 => {
+                Err(ExecAnswerError::Overrun)
+            }
             _ => Err(ExecAnswerError::Truncated),
         }
     }
@@ -347,9 +509,21 @@ impl ExitCodeReader {
             return Err(ExecAnswerError::ExitCodeType(wire_type));
         }
         match wire_type {
-            0 => self.state = ReadState::Varint { of: VarintOf::Value(field), value: 0, shift: 0 },
+            0 => {
+                self.state = ReadState::Varint {
+                    of: VarintOf::Value(field),
+                    value: 0,
+                    shift: 0,
+                }
+            }
             1 => self.skip(8)?,
-            2 => self.state = ReadState::Varint { of: VarintOf::Len, value: 0, shift: 0 },
+            2 => {
+                self.state = ReadState::Varint {
+                    of: VarintOf::Len,
+                    value: 0,
+                    shift: 0,
+                }
+            }
             5 => self.skip(4)?,
             t => return Err(ExecAnswerError::WireType(t)),
         }
@@ -369,13 +543,32 @@ impl ExitCodeReader {
     }
 
     fn next_field(&mut self) {
-        self.state = if self.left == 0 { ReadState::Done } else { ReadState::Varint { of: VarintOf::Key, value: 0, shift: 0 } };
+        self.state = if self.left == 0 {
+            ReadState::Done
+        } else {
+            ReadState::Varint {
+                of: VarintOf::Key,
+                value: 0,
+                shift: 0,
+            }
+        };
     }
 }
 
 fn status_error(method: &'static str, code: i32, h: &http::HeaderMap) -> ClientError {
-    let message = h.get("grpc-message").and_then(|v| v.to_str().ok()).map(|m| percent_encoding::percent_decode_str(m).decode_utf8_lossy().into_owned()).unwrap_or_default();
-    ClientError::Status { method, status: Status::new(code, message) }
+    let message = h
+        .get("grpc-message")
+        .and_then(|v| v.to_str().ok())
+        .map(|m| {
+            percent_encoding::percent_decode_str(m)
+                .decode_utf8_lossy()
+                .into_owned()
+        })
+        .unwrap_or_default();
+    ClientError::Status {
+        method,
+        status: Status::new(code, message),
+    }
 }
 
 #[cfg(test)]
@@ -404,14 +597,40 @@ mod tests {
     #[test]
     fn exit_code_survives_every_cut_of_the_body() {
         for exit_code in [0, 1, 137, -1, i32::MIN, i32::MAX] {
-            let msg = FullExecSyncResponse { stdout: b"ready\n".repeat(40), stderr: b"warn".to_vec(), exit_code };
+            let msg = FullExecSyncResponse {
+                stdout: b"ready\n".repeat(40),
+                stderr: b"warn".to_vec(),
+                exit_code,
+            };
             let mut msg = msg.encode_to_vec();
             // Fields the view does not know are passed over too: fixed64 9, fixed32 10, varint 11.
-            msg.extend_from_slice(&[(9 << 3) | 1, 1, 2, 3, 4, 5, 6, 7, 8, (10 << 3) | 5, 1, 2, 3, 4, 11 << 3, 0xff, 0x01]);
+            msg.extend_from_slice(&[
+                (9 << 3) | 1,
+                1,
+                2,
+                3,
+                4,
+                5,
+                6,
+                7,
+                8,
+                (10 << 3) | 5,
+                1,
+                2,
+                3,
+                4,
+                11 << 3,
+                0xff,
+                0x01,
+            ]);
             let body = wire::frame(&msg);
             assert_eq!(read(&[&body]), Ok(exit_code));
             for cut in 0..=body.len() {
-                assert_eq!(read(&[&body[..cut], &body[cut..]]), Ok(exit_code), "cut at {cut}");
+                assert_eq!(
+                    read(&[&body[..cut], &body[cut..]]),
+                    Ok(exit_code),
+                    "cut at {cut}"
+                );
             }
             // One byte per chunk: the smallest chunks a body can come in.
             let bytes: Vec<&[u8]> = body.chunks(1).collect();
@@ -423,34 +642,75 @@ mod tests {
     /// nothing but its fixed-size state.
     #[test]
     fn large_output_is_passed_over_not_held() {
-        let msg = FullExecSyncResponse { stdout: vec![b'x'; 16 << 20], stderr: vec![b'y'; 1 << 20], exit_code: 3 }.encode_to_vec();
+        let msg = FullExecSyncResponse {
+            stdout: vec![b'x'; 16 << 20],
+            stderr: vec![b'y'; 1 << 20],
+            exit_code: 3,
+        }
+        .encode_to_vec();
         let body = wire::frame(&msg);
         let mut r = ExitCodeReader::default();
         for c in body.chunks(16 << 10) {
             r.feed(c).unwrap();
         }
         assert_eq!(r.finish(), Ok(3));
-        assert!(std::mem::size_of::<ExitCodeReader>() <= 64, "{}", std::mem::size_of::<ExitCodeReader>());
+        assert!(
+            std::mem::size_of::<ExitCodeReader>() <= 64,
+            "{}",
+            std::mem::size_of::<ExitCodeReader>()
+        );
     }
 
     #[test]
     fn malformed_answers_are_refused() {
-        let ok = wire::frame(&FullExecSyncResponse { exit_code: 2, ..Default::default() }.encode_to_vec());
+        let ok = wire::frame(
+            &FullExecSyncResponse {
+                exit_code: 2,
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        );
         assert_eq!(read(&[]), Err(ExecAnswerError::Empty));
-        assert_eq!(read(&[&ok[..ok.len() - 1]]), Err(ExecAnswerError::Truncated));
+        assert_eq!(
+            read(&[&ok[..ok.len() - 1]]),
+            Err(ExecAnswerError::Truncated)
+        );
         assert_eq!(read(&[&ok[..3]]), Err(ExecAnswerError::Truncated));
         assert_eq!(read(&[&ok, &ok]), Err(ExecAnswerError::Trailing));
         let mut compressed = ok.to_vec();
         compressed[0] = 1;
         assert_eq!(read(&[&compressed]), Err(ExecAnswerError::Compressed));
         // A length past the message's end, however large (no allocation follows it).
-        assert_eq!(read(&[&wire::frame(&[0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f])]), Err(ExecAnswerError::Overrun));
-        assert_eq!(read(&[&wire::frame(&[0x0a, 5, 1])]), Err(ExecAnswerError::Overrun));
-        assert_eq!(read(&[&wire::frame(&[0x18])]), Err(ExecAnswerError::Overrun));
-        assert_eq!(read(&[&wire::frame(&[0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01])]), Err(ExecAnswerError::LongVarint));
-        assert_eq!(read(&[&wire::frame(&[0x00, 0x01])]), Err(ExecAnswerError::FieldZero));
-        assert_eq!(read(&[&wire::frame(&[0x0b])]), Err(ExecAnswerError::WireType(3)));
-        assert_eq!(read(&[&wire::frame(&[0x1a, 0x00])]), Err(ExecAnswerError::ExitCodeType(2)));
+        assert_eq!(
+            read(&[&wire::frame(&[0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f])]),
+            Err(ExecAnswerError::Overrun)
+        );
+        assert_eq!(
+            read(&[&wire::frame(&[0x0a, 5, 1])]),
+            Err(ExecAnswerError::Overrun)
+        );
+        assert_eq!(
+            read(&[&wire::frame(&[0x18])]),
+            Err(ExecAnswerError::Overrun)
+        );
+        assert_eq!(
+            read(&[&wire::frame(&[
+                0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01
+            ])]),
+            Err(ExecAnswerError::LongVarint)
+        );
+        assert_eq!(
+            read(&[&wire::frame(&[0x00, 0x01])]),
+            Err(ExecAnswerError::FieldZero)
+        );
+        assert_eq!(
+            read(&[&wire::frame(&[0x0b])]),
+            Err(ExecAnswerError::WireType(3))
+        );
+        assert_eq!(
+            read(&[&wire::frame(&[0x1a, 0x00])]),
+            Err(ExecAnswerError::ExitCodeType(2))
+        );
         // An empty message is the default answer: exit code 0.
         assert_eq!(read(&[&wire::frame(&[])]), Ok(0));
     }

@@ -43,8 +43,14 @@ fn remove_if_ours(path: &Path, ino: Option<u64>) {
 }
 
 /// Binds and listens on `path` with `mode`, creating the parent directory (0755) if needed.
-pub async fn bind(path: &Path, mode: u32) -> Result<(tokio::net::UnixListener, SocketFileGuard), BindError> {
-    let err = |source| BindError::Io { path: path.to_path_buf(), source };
+pub async fn bind(
+    path: &Path,
+    mode: u32,
+) -> Result<(tokio::net::UnixListener, SocketFileGuard), BindError> {
+    let err = |source| BindError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
     if let Some(parent) = path.parent() {
         if !parent.as_os_str().is_empty() {
             std::fs::create_dir_all(parent).map_err(err)?;
@@ -67,7 +73,13 @@ pub async fn bind(path: &Path, mode: u32) -> Result<(tokio::net::UnixListener, S
     let listener = tokio::net::UnixListener::from_std(std_listener).map_err(err)?;
     use std::os::unix::fs::MetadataExt;
     let ino = std::fs::symlink_metadata(path).ok().map(|m| m.ino());
-    Ok((listener, SocketFileGuard { path: path.to_path_buf(), ino }))
+    Ok((
+        listener,
+        SocketFileGuard {
+            path: path.to_path_buf(),
+            ino,
+        },
+    ))
 }
 
 /// Serialises the umask change in [`bind_listen`] (the umask is process-wide).
@@ -97,7 +109,10 @@ fn bind_listen(path: &Path, mode: u32) -> io::Result<i32> {
         let mut addr: libc::sockaddr_un = std::mem::zeroed();
         addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
         if bytes.len() >= addr.sun_path.len() {
-            return Err(close_on_err(io::Error::new(io::ErrorKind::InvalidInput, "socket path too long")));
+            return Err(close_on_err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "socket path too long",
+            )));
         }
         for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
             *d = *s as libc::c_char;
@@ -147,12 +162,20 @@ const PREFACE_BYTES: usize = 33;
 
 impl PrefaceTimeout {
     pub fn new(inner: UnixStream, timeout: Duration) -> Self {
-        PrefaceTimeout { inner, deadline: Some(Box::pin(tokio::time::sleep(timeout))), read: 0 }
+        PrefaceTimeout {
+            inner,
+            deadline: Some(Box::pin(tokio::time::sleep(timeout))),
+            read: 0,
+        }
     }
 }
 
 impl AsyncRead for PrefaceTimeout {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         let res = Pin::new(&mut self.inner).poll_read(cx, buf);
         if self.deadline.is_some() {
@@ -165,7 +188,10 @@ impl AsyncRead for PrefaceTimeout {
             }
             if let Some(d) = self.deadline.as_mut() {
                 if d.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, "no HTTP/2 preface from client")));
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "no HTTP/2 preface from client",
+                    )));
                 }
             }
         }
@@ -176,7 +202,11 @@ impl AsyncRead for PrefaceTimeout {
 use std::future::Future;
 
 impl AsyncWrite for PrefaceTimeout {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -185,7 +215,11 @@ impl AsyncWrite for PrefaceTimeout {
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
-    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
     }
     fn is_write_vectored(&self) -> bool {

@@ -82,7 +82,11 @@ impl From<&crate::config::Config> for ProxyOptions {
 
 impl From<&crate::config::Config> for UpstreamOptions {
     fn from(cfg: &crate::config::Config) -> Self {
-        UpstreamOptions { connect_timeout: cfg.proxy.upstream_connect_timeout, connections: cfg.proxy.upstream_connections, ..Default::default() }
+        UpstreamOptions {
+            connect_timeout: cfg.proxy.upstream_connect_timeout,
+            connections: cfg.proxy.upstream_connections,
+            ..Default::default()
+        }
     }
 }
 
@@ -95,15 +99,27 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    pub fn new(upstream: Arc<Upstream>, interceptors: Interceptors, opts: ProxyOptions) -> Arc<Self> {
-        Arc::new(Proxy { upstream, interceptors, opts, next_id: AtomicU64::new(1) })
+    pub fn new(
+        upstream: Arc<Upstream>,
+        interceptors: Interceptors,
+        opts: ProxyOptions,
+    ) -> Arc<Self> {
+        Arc::new(Proxy {
+            upstream,
+            interceptors,
+            opts,
+            next_id: AtomicU64::new(1),
+        })
     }
 
     pub fn upstream(&self) -> &Upstream {
         &self.upstream
     }
 
-    async fn handle(self: Arc<Self>, mut req: Request<ProxyBody>) -> Result<Response<ResponseBody>, Infallible> {
+    async fn handle(
+        self: Arc<Self>,
+        mut req: Request<ProxyBody>,
+    ) -> Result<Response<ResponseBody>, Infallible> {
         // A diverted stream brings the call the relay already numbered (one id per call: the
         // tap's in-flight gauge counts ids against completions).
         let call = match req.extensions_mut().remove::<Call>() {
@@ -111,9 +127,23 @@ impl Proxy {
             None => {
                 let received = Instant::now();
                 let route = Route::from_path(req.uri().path());
-                let path = req.uri().path_and_query().cloned().unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
-                let deadline = req.headers().get("grpc-timeout").and_then(|v| parse_grpc_timeout(v.as_bytes())).map(|d| received + d);
-                Call { route, path, received, deadline, id: self.next_id.fetch_add(1, Ordering::Relaxed) }
+                let path = req
+                    .uri()
+                    .path_and_query()
+                    .cloned()
+                    .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+                let deadline = req
+                    .headers()
+                    .get("grpc-timeout")
+                    .and_then(|v| parse_grpc_timeout(v.as_bytes()))
+                    .map(|d| received + d);
+                Call {
+                    route,
+                    path,
+                    received,
+                    deadline,
+                    id: self.next_id.fetch_add(1, Ordering::Relaxed),
+                }
             }
         };
         let route = call.route;
@@ -129,7 +159,12 @@ impl Proxy {
             }
         };
         if route.rpc.is_none() {
-            span.in_scope(|| tracing::debug!(path = call.path.as_str(), "forwarding a path crisp does not know"));
+            span.in_scope(|| {
+                tracing::debug!(
+                    path = call.path.as_str(),
+                    "forwarding a path crisp does not know"
+                )
+            });
         }
 
         let this = self.clone();
@@ -149,21 +184,33 @@ impl Proxy {
     async fn forward_degraded(&self, req: Request<ProxyBody>) -> Response<ResponseBody> {
         let (parts, body) = req.into_parts();
         match self.upstream.send(Request::from_parts(parts, body)).await {
-            Ok(resp) => resp.map(|b| ResponseBody::new(ProxyBody::Upstream(b), None).with_upstream(&self.upstream)),
+            Ok(resp) => resp.map(|b| {
+                ResponseBody::new(ProxyBody::Upstream(b), None).with_upstream(&self.upstream)
+            }),
             Err(e) => self.unavailable(e),
         }
     }
 
     fn unavailable(&self, e: upstream::UpstreamError) -> Response<ResponseBody> {
         tracing::warn!(error = %e, "call failed: upstream unavailable");
-        Status::new(code::UNAVAILABLE, format!("crisp: {e}")).to_response().map(|b| ResponseBody::new(b, None))
+        Status::new(code::UNAVAILABLE, format!("crisp: {e}"))
+            .to_response()
+            .map(|b| ResponseBody::new(b, None))
     }
 
     /// A call some interceptor looks at: its request (unless streaming) is shown to them before it
     /// is forwarded, and its response as they asked; the completion reports the outcome once the
     /// response has gone out.
-    async fn forward_observed(self: Arc<Self>, req: Request<ProxyBody>, call: Call, interest: crate::intercept::Interest) -> Response<ResponseBody> {
-        let streaming = matches!(call.route.rpc.map(|r| r.kind()), Some(RpcKind::Streaming) | None);
+    async fn forward_observed(
+        self: Arc<Self>,
+        req: Request<ProxyBody>,
+        call: Call,
+        interest: crate::intercept::Interest,
+    ) -> Response<ResponseBody> {
+        let streaming = matches!(
+            call.route.rpc.map(|r| r.kind()),
+            Some(RpcKind::Streaming) | None
+        );
         let (mut parts, body) = req.into_parts();
         let (upstream_body, held, req_bytes) = if interest.request && !streaming {
             match self.observe_request(&call, &mut parts, body).await {
@@ -174,37 +221,67 @@ impl Proxy {
             (body, Duration::ZERO, None)
         };
 
-        let resp = match self.upstream.send(Request::from_parts(parts, upstream_body)).await {
+        let resp = match self
+            .upstream
+            .send(Request::from_parts(parts, upstream_body))
+            .await
+        {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(error = %e, "call failed: upstream unavailable");
                 let s = Status::new(code::UNAVAILABLE, format!("crisp: {e}"));
-                self.complete(&call, Some(s.code), Some(s.message.clone()), held, req_bytes, None);
+                self.complete(
+                    &call,
+                    Some(s.code),
+                    Some(s.message.clone()),
+                    held,
+                    req_bytes,
+                    None,
+                );
                 return s.to_response().map(|b| ResponseBody::new(b, None));
             }
         };
 
-        let completion =
-            interest.complete.then(|| Completion { proxy: self.clone(), call: call.clone(), held, request: req_bytes.clone(), response: None, code: None, message: None });
+        let completion = interest.complete.then(|| Completion {
+            proxy: self.clone(),
+            call: call.clone(),
+            held,
+            request: req_bytes.clone(),
+            response: None,
+            code: None,
+            message: None,
+        });
         if !interest.response || streaming {
             return self.pass_response(resp, call, completion, interest.response);
         }
-        self.observe_unary_response(resp, &call, req_bytes.as_deref(), completion).await
+        self.observe_unary_response(resp, &call, req_bytes.as_deref(), completion)
+            .await
     }
 
     /// Collects a unary request (up to `max_observed_message`), shows it to the interceptors within
     /// the client's deadline and makes it what they decide: forwarded as sent or patched (`Ok`),
     /// or answered by crisp (`Err`, the answer).
-    async fn observe_request(self: &Arc<Self>, call: &Call, parts: &mut http::request::Parts, body: ProxyBody) -> Result<Observed, Response<ResponseBody>> {
+    async fn observe_request(
+        self: &Arc<Self>,
+        call: &Call,
+        parts: &mut http::request::Parts,
+        body: ProxyBody,
+    ) -> Result<Observed, Response<ResponseBody>> {
         let (data, trailers) = match body::collect(body, self.opts.max_observed_message).await {
             Ok(x) => x,
             Err(body::CollectError::TooLarge(n)) => {
-                let s = Status::new(code::RESOURCE_EXHAUSTED, format!("crisp: request message larger than {n} bytes"));
+                let s = Status::new(
+                    code::RESOURCE_EXHAUSTED,
+                    format!("crisp: request message larger than {n} bytes"),
+                );
                 return Err(self.finish_early(call, s, Duration::ZERO));
             }
             // The client went away while sending; nothing to answer.
             Err(body::CollectError::Peer(e)) => {
-                let s = Status::new(code::CANCELLED, format!("crisp: client request body failed: {e}"));
+                let s = Status::new(
+                    code::CANCELLED,
+                    format!("crisp: client request body failed: {e}"),
+                );
                 return Err(self.finish_early(call, s, Duration::ZERO));
             }
         };
@@ -218,29 +295,48 @@ impl Proxy {
             // KUBELET-CRI §7.3: once kubelet's deadline is gone the call must never reach
             // the runtime, or a stale container would be created.
             Some(Err(_)) => {
-                let s = Status::new(code::DEADLINE_EXCEEDED, "crisp: deadline exceeded while the call was held; not forwarded");
-                tracing::warn!(held_ms = held.as_millis() as u64, "held call reached the client's deadline; dropped");
+                let s = Status::new(
+                    code::DEADLINE_EXCEEDED,
+                    "crisp: deadline exceeded while the call was held; not forwarded",
+                );
+                tracing::warn!(
+                    held_ms = held.as_millis() as u64,
+                    "held call reached the client's deadline; dropped"
+                );
                 return Err(self.finish_early(call, s, held));
             }
         };
         // A call held for a while reaches the runtime with the time the client has left, as
         // a gRPC proxy must (the client's own grpc-timeout counted from when it sent it).
-        if let (Some(d), Some(raw)) = (call.deadline, parts.extensions.get_mut::<upstream::RawFields>()) {
+        if let (Some(d), Some(raw)) = (
+            call.deadline,
+            parts.extensions.get_mut::<upstream::RawFields>(),
+        ) {
             if held >= Duration::from_millis(1) {
                 raw.set_timeout(d.saturating_duration_since(Instant::now()));
             }
         }
-        Ok(Observed { body: ProxyBody::buffered(data.clone(), trailers), held, bytes: data })
+        Ok(Observed {
+            body: ProxyBody::buffered(data.clone(), trailers),
+            held,
+            bytes: data,
+        })
     }
 
     /// The interceptors' verdict on a collected request; `Err` when the client's deadline passed
     /// first, `None` for a compressed or malformed message (nothing to look at: forwarded as is).
-    async fn verdict(&self, call: &Call, data: &[u8]) -> Option<Result<Verdict, tokio::time::error::Elapsed>> {
+    async fn verdict(
+        &self,
+        call: &Call,
+        data: &[u8],
+    ) -> Option<Result<Verdict, tokio::time::error::Elapsed>> {
         let Some(GrpcFrame::Message(msg)) = wire::single_message(data) else {
             return None;
         };
         Some(match call.deadline {
-            Some(d) => tokio::time::timeout_at(d.into(), self.interceptors.on_request(call, msg)).await,
+            Some(d) => {
+                tokio::time::timeout_at(d.into(), self.interceptors.on_request(call, msg)).await
+            }
             None => Ok(self.interceptors.on_request(call, msg).await),
         })
     }
@@ -248,12 +344,24 @@ impl Proxy {
     /// A response nobody waits for (or a stream): forwarded as it arrives, its status noted for
     /// the completion. With `watch`, each message of a server stream is shown to the
     /// interceptors as it completes.
-    fn pass_response(self: &Arc<Self>, resp: Response<Incoming>, call: Call, completion: Option<Completion>, watch: bool) -> Response<ResponseBody> {
+    fn pass_response(
+        self: &Arc<Self>,
+        resp: Response<Incoming>,
+        call: Call,
+        completion: Option<Completion>,
+        watch: bool,
+    ) -> Response<ResponseBody> {
         let (parts, body) = resp.into_parts();
         let completion = completion.map(|c| c.with_status(&parts.headers));
-        let mut rb = ResponseBody::new(ProxyBody::Upstream(body), completion).with_upstream(&self.upstream);
+        let mut rb =
+            ResponseBody::new(ProxyBody::Upstream(body), completion).with_upstream(&self.upstream);
         if watch && call.route.rpc.is_some() {
-            rb.patcher = Some(Box::new(StreamPatcher { proxy: self.clone(), call, buf: bytes::BytesMut::new(), pending_trailers: None }));
+            rb.patcher = Some(Box::new(StreamPatcher {
+                proxy: self.clone(),
+                call,
+                buf: bytes::BytesMut::new(),
+                pending_trailers: None,
+            }));
         }
         Response::from_parts(parts, rb)
     }
@@ -261,7 +369,13 @@ impl Proxy {
     /// A unary response the interceptors look at: collected, shown to them with the request, and
     /// sent on as they return it. A trailers-only answer (the usual gRPC error form) carries its
     /// status in the headers and no message.
-    async fn observe_unary_response(&self, resp: Response<Incoming>, call: &Call, req_bytes: Option<&[u8]>, completion: Option<Completion>) -> Response<ResponseBody> {
+    async fn observe_unary_response(
+        &self,
+        resp: Response<Incoming>,
+        call: &Call,
+        req_bytes: Option<&[u8]>,
+        completion: Option<Completion>,
+    ) -> Response<ResponseBody> {
         let (parts, body) = resp.into_parts();
         let req_msg: &[u8] = match req_bytes.and_then(wire::single_message) {
             Some(GrpcFrame::Message(m)) => m,
@@ -270,20 +384,38 @@ impl Proxy {
         if let Some(c) = code_of(&parts.headers) {
             self.interceptors.on_response(call, req_msg, None, c);
             let completion = completion.map(|comp| comp.with_status(&parts.headers));
-            return Response::from_parts(parts, ResponseBody::new(ProxyBody::Upstream(body), completion));
+            return Response::from_parts(
+                parts,
+                ResponseBody::new(ProxyBody::Upstream(body), completion),
+            );
         }
         let (data, trailers) = match body::collect(ProxyBody::Upstream(body), usize::MAX).await {
             Ok(x) => x,
             Err(e) => {
                 tracing::warn!(error = %e, "upstream response body failed");
-                let s = Status::new(code::UNAVAILABLE, format!("crisp: upstream unix://{} failed mid-response: {e}", self.upstream.path().display()));
-                return Response::from_parts(parts, ResponseBody::new(ProxyBody::buffered(Bytes::new(), Some(s.to_header_map())), completion));
+                let s = Status::new(
+                    code::UNAVAILABLE,
+                    format!(
+                        "crisp: upstream unix://{} failed mid-response: {e}",
+                        self.upstream.path().display()
+                    ),
+                );
+                return Response::from_parts(
+                    parts,
+                    ResponseBody::new(
+                        ProxyBody::buffered(Bytes::new(), Some(s.to_header_map())),
+                        completion,
+                    ),
+                );
             }
         };
         let status = trailers.as_ref().and_then(code_of).unwrap_or(code::UNKNOWN);
         let mut out = data.clone();
         if let Some(GrpcFrame::Message(msg)) = wire::single_message(&data) {
-            if let Some(replacement) = self.interceptors.on_response(call, req_msg, Some(msg), status) {
+            if let Some(replacement) =
+                self.interceptors
+                    .on_response(call, req_msg, Some(msg), status)
+            {
                 out = wire::frame(&replacement);
             }
         }
@@ -291,16 +423,46 @@ impl Proxy {
         if let Some(c) = completion.as_mut() {
             c.response = Some(out.clone());
         }
-        Response::from_parts(parts, ResponseBody::new(ProxyBody::buffered(out, trailers), completion))
+        Response::from_parts(
+            parts,
+            ResponseBody::new(ProxyBody::buffered(out, trailers), completion),
+        )
     }
 
-    fn finish_early(self: &Arc<Self>, call: &Call, s: Status, held: Duration) -> Response<ResponseBody> {
-        self.complete(call, Some(s.code), Some(s.message.clone()), held, None, None);
+    fn finish_early(
+        self: &Arc<Self>,
+        call: &Call,
+        s: Status,
+        held: Duration,
+    ) -> Response<ResponseBody> {
+        self.complete(
+            call,
+            Some(s.code),
+            Some(s.message.clone()),
+            held,
+            None,
+            None,
+        );
         s.to_response().map(|b| ResponseBody::new(b, None))
     }
 
-    fn complete(&self, call: &Call, code: Option<i32>, message: Option<String>, held: Duration, request: Option<Bytes>, response: Option<Bytes>) {
-        let outcome = Outcome { code, duration: call.received.elapsed(), held, request, response, message };
+    fn complete(
+        &self,
+        call: &Call,
+        code: Option<i32>,
+        message: Option<String>,
+        held: Duration,
+        request: Option<Bytes>,
+        response: Option<Bytes>,
+    ) {
+        let outcome = Outcome {
+            code,
+            duration: call.received.elapsed(),
+            held,
+            request,
+            response,
+            message,
+        };
         self.interceptors.on_complete(call, &outcome);
     }
 }
@@ -335,7 +497,14 @@ struct Observed {
 
 impl Drop for Completion {
     fn drop(&mut self) {
-        self.proxy.complete(&self.call, self.code, self.message.take(), self.held, self.request.take(), self.response.take());
+        self.proxy.complete(
+            &self.call,
+            self.code,
+            self.message.take(),
+            self.held,
+            self.request.take(),
+            self.response.take(),
+        );
     }
 }
 
@@ -354,7 +523,13 @@ pub struct ResponseBody {
 
 impl ResponseBody {
     fn new(inner: ProxyBody, completion: Option<Completion>) -> Self {
-        ResponseBody { inner, completion, patcher: None, upstream: None, done: false }
+        ResponseBody {
+            inner,
+            completion,
+            patcher: None,
+            upstream: None,
+            done: false,
+        }
     }
 
     fn with_upstream(mut self, upstream: &Arc<Upstream>) -> Self {
@@ -381,10 +556,16 @@ impl StreamPatcher {
             let consumed = self.buf.len() - rest.len();
             let chunk = self.buf.split_to(consumed);
             match wire::single_message(&chunk) {
-                Some(GrpcFrame::Message(m)) => match self.proxy.interceptors.on_response(&self.call, &[], Some(m), code::OK) {
-                    Some(new) => out.extend_from_slice(&wire::frame(&new)),
-                    None => out.extend_from_slice(&chunk),
-                },
+                Some(GrpcFrame::Message(m)) => {
+                    match self
+                        .proxy
+                        .interceptors
+                        .on_response(&self.call, &[], Some(m), code::OK)
+                    {
+                        Some(new) => out.extend_from_slice(&wire::frame(&new)),
+                        None => out.extend_from_slice(&chunk),
+                    }
+                }
                 _ => out.extend_from_slice(&chunk),
             }
         }
@@ -400,16 +581,25 @@ impl Body for ResponseBody {
     type Data = Bytes;
     type Error = body::BoxError;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, body::BoxError>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, body::BoxError>>> {
         if self.done {
             return Poll::Ready(None);
         }
-        if let Some(t) = self.patcher.as_mut().and_then(|p| p.pending_trailers.take()) {
+        if let Some(t) = self
+            .patcher
+            .as_mut()
+            .and_then(|p| p.pending_trailers.take())
+        {
             return Poll::Ready(Some(Ok(Frame::trailers(t))));
         }
         let polled = loop {
             let polled = Pin::new(&mut self.inner).poll_frame(cx);
-            let Some(p) = self.patcher.as_mut() else { break polled };
+            let Some(p) = self.patcher.as_mut() else {
+                break polled;
+            };
             match polled {
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
                     Ok(d) => match p.push(&d) {
@@ -428,7 +618,9 @@ impl Body for ResponseBody {
                     }
                 },
                 // Upstream ended without trailers: flush a partial message first, as above.
-                Poll::Ready(None) if !p.buf.is_empty() => break Poll::Ready(Some(Ok(Frame::data(p.buf.split().freeze())))),
+                Poll::Ready(None) if !p.buf.is_empty() => {
+                    break Poll::Ready(Some(Ok(Frame::data(p.buf.split().freeze()))))
+                }
                 other => break other,
             }
         };
@@ -446,8 +638,17 @@ impl Body for ResponseBody {
                 self.done = true;
                 tracing::warn!(error = %e, "upstream failed mid-response; ending the call with UNAVAILABLE");
                 let s = match &self.upstream {
-                    Some(u) => Status::new(code::UNAVAILABLE, format!("crisp: upstream unix://{} failed mid-response: {e}", u.path().display())),
-                    None => Status::new(code::UNAVAILABLE, format!("crisp: upstream failed mid-response: {e}")),
+                    Some(u) => Status::new(
+                        code::UNAVAILABLE,
+                        format!(
+                            "crisp: upstream unix://{} failed mid-response: {e}",
+                            u.path().display()
+                        ),
+                    ),
+                    None => Status::new(
+                        code::UNAVAILABLE,
+                        format!("crisp: upstream failed mid-response: {e}"),
+                    ),
                 };
                 if let Some(comp) = self.completion.as_mut() {
                     comp.code = Some(s.code);
@@ -465,7 +666,10 @@ impl Body for ResponseBody {
 
     fn is_end_stream(&self) -> bool {
         // Trailers or bytes the patcher still holds are not sent yet, even if upstream is done.
-        let holding = self.patcher.as_ref().is_some_and(|p| p.pending_trailers.is_some() || !p.buf.is_empty());
+        let holding = self
+            .patcher
+            .as_ref()
+            .is_some_and(|p| p.pending_trailers.is_some() || !p.buf.is_empty());
         self.done || (!holding && self.inner.is_end_stream())
     }
 
@@ -478,8 +682,16 @@ impl Proxy {
     /// What the relay gets to see of crisp.
     fn relay_handle(self: &Arc<Self>) -> relay::Handle {
         let o = &self.opts;
-        let options = relay::Options { handshake_timeout: o.handshake_timeout, keepalive_interval: o.keepalive_interval, keepalive_timeout: o.keepalive_timeout };
-        relay::Handle { options, runtime: self.upstream.clone(), service: self.clone() }
+        let options = relay::Options {
+            handshake_timeout: o.handshake_timeout,
+            keepalive_interval: o.keepalive_interval,
+            keepalive_timeout: o.keepalive_timeout,
+        };
+        relay::Handle {
+            options,
+            runtime: self.upstream.clone(),
+            service: self.clone(),
+        }
     }
 }
 
@@ -498,7 +710,10 @@ impl relay::Service for Proxy {
         self.interceptors.on_complete(call, outcome);
     }
 
-    fn divert(self: Arc<Self>, req: Request<ProxyBody>) -> Pin<Box<dyn Future<Output = Response<relay::DivertedBody>> + Send>> {
+    fn divert(
+        self: Arc<Self>,
+        req: Request<ProxyBody>,
+    ) -> Pin<Box<dyn Future<Output = Response<relay::DivertedBody>> + Send>> {
         Box::pin(async move {
             let resp = match self.handle(req).await {
                 Ok(r) => r,
@@ -533,11 +748,18 @@ pub async fn serve(listener: UnixListener, proxy: Arc<Proxy>, shutdown: impl Fut
             },
         };
         while conns.try_join_next().is_some() {}
-        conns.spawn(relay::serve_connection(stream, handle.clone(), stop_rx.clone()));
+        conns.spawn(relay::serve_connection(
+            stream,
+            handle.clone(),
+            stop_rx.clone(),
+        ));
     }
     drop(listener);
     let grace = proxy.opts.shutdown_grace;
-    tracing::info!(grace_ms = grace.as_millis() as u64, "shutting down: no longer accepting, draining in-flight calls");
+    tracing::info!(
+        grace_ms = grace.as_millis() as u64,
+        "shutting down: no longer accepting, draining in-flight calls"
+    );
     let _ = stop_tx.send(true);
     let drain = async { while conns.join_next().await.is_some() {} };
     if tokio::time::timeout(grace, drain).await.is_err() {

@@ -24,7 +24,11 @@ impl Sock {
     /// Takes a connected stream and makes it non-blocking.
     pub fn new(s: UnixStream) -> io::Result<Self> {
         s.set_nonblocking(true)?;
-        Ok(Sock { s, queued: Vec::new(), sent: 0 })
+        Ok(Sock {
+            s,
+            queued: Vec::new(),
+            sent: 0,
+        })
     }
 
     pub fn fd(&self) -> RawFd {
@@ -105,7 +109,8 @@ impl Sock {
     fn send(&self, b: &[u8]) -> io::Result<usize> {
         loop {
             // SAFETY: `b` is a valid slice of `b.len()` bytes for the duration of the call.
-            let n = unsafe { libc::send(self.fd(), b.as_ptr().cast(), b.len(), libc::MSG_NOSIGNAL) };
+            let n =
+                unsafe { libc::send(self.fd(), b.as_ptr().cast(), b.len(), libc::MSG_NOSIGNAL) };
             if n >= 0 {
                 return Ok(n as usize);
             }
@@ -203,13 +208,27 @@ mod tests {
         let (a, b) = UnixStream::pair().unwrap();
         let mut w = Sock::new(a).unwrap();
         let wake = Wake::new().unwrap();
-        let mut fds = [libc::pollfd { fd: b.as_raw_fd(), events: libc::POLLIN, revents: 0 }, libc::pollfd { fd: wake.fd(), events: libc::POLLIN, revents: 0 }];
+        let mut fds = [
+            libc::pollfd {
+                fd: b.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: wake.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
         poll(&mut fds, Duration::from_millis(1)).unwrap();
         assert_eq!((fds[0].revents, fds[1].revents), (0, 0));
         wake.notify();
         w.write(b"x").unwrap();
         poll(&mut fds, Duration::from_secs(5)).unwrap();
-        assert_eq!((fds[0].revents, fds[1].revents), (libc::POLLIN, libc::POLLIN));
+        assert_eq!(
+            (fds[0].revents, fds[1].revents),
+            (libc::POLLIN, libc::POLLIN)
+        );
         wake.drain();
         poll(&mut fds, Duration::ZERO).unwrap();
         assert_eq!(fds[1].revents, 0);

@@ -31,7 +31,10 @@ use super::body::ProxyBody;
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
     #[error("upstream unix://{path} unavailable: {source}")]
-    Connect { path: String, source: std::io::Error },
+    Connect {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("upstream unix://{path} did not accept a connection within {timeout:?}")]
     ConnectTimeout { path: String, timeout: Duration },
     #[error("upstream unix://{path} HTTP/2 handshake failed: {source}")]
@@ -58,7 +61,12 @@ pub struct UpstreamOptions {
 
 impl Default for UpstreamOptions {
     fn default() -> Self {
-        UpstreamOptions { connect_timeout: Duration::from_secs(2), connections: 2, stream_window: 2 << 20, connection_window: 16 << 20 }
+        UpstreamOptions {
+            connect_timeout: Duration::from_secs(2),
+            connections: 2,
+            stream_window: 2 << 20,
+            connection_window: 16 << 20,
+        }
     }
 }
 
@@ -84,7 +92,12 @@ impl RawFields {
 pub fn grpc_timeout(d: Duration) -> String {
     const MAX: u128 = 99_999_999;
     let ns = d.as_nanos().max(1);
-    for (div, unit) in [(1u128, 'n'), (1_000, 'u'), (1_000_000, 'm'), (1_000_000_000, 'S')] {
+    for (div, unit) in [
+        (1u128, 'n'),
+        (1_000, 'u'),
+        (1_000_000, 'm'),
+        (1_000_000_000, 'S'),
+    ] {
         let v = ns.div_ceil(div);
         if v <= MAX {
             return format!("{v}{unit}");
@@ -124,8 +137,20 @@ impl Upstream {
     pub fn new(path: impl Into<PathBuf>, opts: UpstreamOptions) -> Self {
         let path = path.into();
         let display: Arc<str> = path.display().to_string().into();
-        let slots = (0..opts.connections.max(1)).map(|_| Slot { current: RwLock::new(None), dialing: tokio::sync::Mutex::new(()) }).collect();
-        Upstream { path, display, opts, slots, next: std::sync::atomic::AtomicUsize::new(0), dials: std::sync::atomic::AtomicU64::new(0) }
+        let slots = (0..opts.connections.max(1))
+            .map(|_| Slot {
+                current: RwLock::new(None),
+                dialing: tokio::sync::Mutex::new(()),
+            })
+            .collect();
+        Upstream {
+            path,
+            display,
+            opts,
+            slots,
+            next: std::sync::atomic::AtomicUsize::new(0),
+            dials: std::sync::atomic::AtomicU64::new(0),
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -164,16 +189,23 @@ impl Upstream {
             .max_header_list_size(MAX_HEADER_LIST)
             .handshake(TokioIo::new(stream))
             .await
-            .map_err(|source| UpstreamError::Handshake { path: self.display.to_string(), source })?;
+            .map_err(|source| UpstreamError::Handshake {
+                path: self.display.to_string(),
+                source,
+            })?;
         let name = self.display.clone();
         tokio::spawn(async move {
             match conn.await {
                 Ok(()) => tracing::debug!(upstream = %name, "upstream connection closed"),
-                Err(e) => tracing::debug!(upstream = %name, error = %e, "upstream connection failed"),
+                Err(e) => {
+                    tracing::debug!(upstream = %name, error = %e, "upstream connection failed")
+                }
             }
         });
         tracing::debug!(upstream = %self.display, "connected to upstream");
-        let dial = self.dials.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dial = self
+            .dials
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         *slot.current.write().unwrap_or_else(|e| e.into_inner()) = Some((dial, tx.clone()));
         Ok((dial, tx))
     }
@@ -181,9 +213,16 @@ impl Upstream {
     /// A new raw connection to the runtime's socket (the relay speaks HTTP/2 on it itself).
     pub async fn connect(&self) -> Result<UnixStream, UpstreamError> {
         let path = || self.display.to_string();
-        match tokio::time::timeout(self.opts.connect_timeout, UnixStream::connect(&self.path)).await {
-            Err(_) => Err(UpstreamError::ConnectTimeout { path: path(), timeout: self.opts.connect_timeout }),
-            Ok(Err(source)) => Err(UpstreamError::Connect { path: path(), source }),
+        match tokio::time::timeout(self.opts.connect_timeout, UnixStream::connect(&self.path)).await
+        {
+            Err(_) => Err(UpstreamError::ConnectTimeout {
+                path: path(),
+                timeout: self.opts.connect_timeout,
+            }),
+            Ok(Err(source)) => Err(UpstreamError::Connect {
+                path: path(),
+                source,
+            }),
             Ok(Ok(s)) => Ok(s),
         }
     }
@@ -195,10 +234,18 @@ impl Upstream {
     pub async fn send(&self, req: Request<ProxyBody>) -> Result<Response<Incoming>, UpstreamError> {
         let (mut parts, body) = req.into_parts();
         let head = match parts.extensions.remove::<RawFields>() {
-            Some(RawFields(f)) => head_from_fields(&f).map_err(|why| UpstreamError::Request { path: self.display.to_string(), why })?,
+            Some(RawFields(f)) => head_from_fields(&f).map_err(|why| UpstreamError::Request {
+                path: self.display.to_string(),
+                why,
+            })?,
             None => {
                 if parts.uri.authority().is_none() {
-                    parts.uri = with_authority(&parts.uri, "localhost").map_err(|why| UpstreamError::Request { path: self.display.to_string(), why })?;
+                    parts.uri = with_authority(&parts.uri, "localhost").map_err(|why| {
+                        UpstreamError::Request {
+                            path: self.display.to_string(),
+                            why,
+                        }
+                    })?;
                 }
                 parts
             }
@@ -206,7 +253,9 @@ impl Upstream {
         // A unary body complete up front can be sent again after the runtime refused it
         // unprocessed; any body can be sent again when hyper hands the request back unsent.
         let full = match &body {
-            ProxyBody::Buffered { data, trailers } => Some((data.clone().unwrap_or_default(), trailers.clone())),
+            ProxyBody::Buffered { data, trailers } => {
+                Some((data.clone().unwrap_or_default(), trailers.clone()))
+            }
             _ => None,
         };
         let mut req = Request::from_parts(clone_head(&head), body);
@@ -222,7 +271,10 @@ impl Upstream {
                 // Never sent (the connection was closing, e.g. after the runtime's GOAWAY).
                 (Some(unsent), _) => Some(unsent),
                 (None, Some((data, trailers))) if refused_unprocessed(err.error()) => {
-                    Some(Request::from_parts(clone_head(&head), ProxyBody::buffered(data.clone(), trailers.clone())))
+                    Some(Request::from_parts(
+                        clone_head(&head),
+                        ProxyBody::buffered(data.clone(), trailers.clone()),
+                    ))
                 }
                 _ => None,
             };
@@ -239,7 +291,10 @@ impl Upstream {
     }
 
     fn call_error(&self, source: hyper::Error) -> UpstreamError {
-        UpstreamError::Call { path: self.display.to_string(), source }
+        UpstreamError::Call {
+            path: self.display.to_string(),
+            source,
+        }
     }
 }
 
@@ -258,7 +313,8 @@ fn refused_unprocessed(e: &hyper::Error) -> bool {
     let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
     while let Some(s) = source {
         if let Some(h2e) = s.downcast_ref::<h2::Error>() {
-            return h2e.reason() == Some(h2::Reason::REFUSED_STREAM) || (h2e.is_go_away() && h2e.is_remote());
+            return h2e.reason() == Some(h2::Reason::REFUSED_STREAM)
+                || (h2e.is_go_away() && h2e.is_remote());
         }
         source = s.source();
     }
@@ -272,14 +328,26 @@ fn head_from_fields(fields: &Fields) -> Result<http::request::Parts, String> {
     let mut headers = http::HeaderMap::with_capacity(fields.0.len());
     for (n, v) in &fields.0 {
         match n.as_ref() {
-            b":method" => method = Some(http::Method::from_bytes(v).map_err(|_| format!("invalid :method {:?}", String::from_utf8_lossy(v)))?),
+            b":method" => {
+                method = Some(
+                    http::Method::from_bytes(v)
+                        .map_err(|_| format!("invalid :method {:?}", String::from_utf8_lossy(v)))?,
+                )
+            }
             b":path" => path = Some(v.clone()),
             b":authority" => authority = http::uri::Authority::from_maybe_shared(v.clone()).ok(),
             b":scheme" => scheme = http::uri::Scheme::try_from(v.as_ref()).ok(),
-            n if n.starts_with(b":") => return Err(format!("unknown pseudo-header {:?}", String::from_utf8_lossy(n))),
+            n if n.starts_with(b":") => {
+                return Err(format!(
+                    "unknown pseudo-header {:?}",
+                    String::from_utf8_lossy(n)
+                ))
+            }
             n => {
-                let name = HeaderName::from_bytes(n).map_err(|_| format!("invalid header name {:?}", String::from_utf8_lossy(n)))?;
-                let value = HeaderValue::from_maybe_shared(v.clone()).map_err(|_| format!("invalid value of header {name}"))?;
+                let name = HeaderName::from_bytes(n)
+                    .map_err(|_| format!("invalid header name {:?}", String::from_utf8_lossy(n)))?;
+                let value = HeaderValue::from_maybe_shared(v.clone())
+                    .map_err(|_| format!("invalid value of header {name}"))?;
                 headers.append(name, value);
             }
         }
@@ -288,7 +356,10 @@ fn head_from_fields(fields: &Fields) -> Result<http::request::Parts, String> {
     let uri = http::Uri::builder()
         .scheme(scheme.unwrap_or(http::uri::Scheme::HTTP))
         .authority(authority.unwrap_or_else(|| http::uri::Authority::from_static("localhost")))
-        .path_and_query(http::uri::PathAndQuery::from_maybe_shared(path).map_err(|e| format!("invalid :path ({e})"))?)
+        .path_and_query(
+            http::uri::PathAndQuery::from_maybe_shared(path)
+                .map_err(|e| format!("invalid :path ({e})"))?,
+        )
         .build()
         .map_err(|e| e.to_string())?;
     let (mut parts, ()) = Request::new(()).into_parts();
@@ -325,7 +396,12 @@ mod tests {
     use super::*;
 
     fn fields(authority: &str) -> Fields {
-        let f = |n: &'static str, v: &str| (Bytes::from_static(n.as_bytes()), Bytes::copy_from_slice(v.as_bytes()));
+        let f = |n: &'static str, v: &str| {
+            (
+                Bytes::from_static(n.as_bytes()),
+                Bytes::copy_from_slice(v.as_bytes()),
+            )
+        };
         Fields(vec![
             f(":method", "POST"),
             f(":scheme", "http"),
@@ -343,10 +419,21 @@ mod tests {
     fn a_diverted_call_keeps_its_fields_in_order_and_a_valid_authority() {
         let head = head_from_fields(&fields("localhost:10250")).unwrap();
         assert_eq!(head.method, http::Method::POST);
-        assert_eq!(head.uri, "http://localhost:10250/runtime.v1.RuntimeService/CreateContainer");
+        assert_eq!(
+            head.uri,
+            "http://localhost:10250/runtime.v1.RuntimeService/CreateContainer"
+        );
         let names: Vec<&str> = head.headers.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(names, ["content-type", "user-agent", "te", "x-meta", "x-meta"]);
-        let values: Vec<&[u8]> = head.headers.get_all("x-meta").iter().map(|v| v.as_bytes()).collect();
+        assert_eq!(
+            names,
+            ["content-type", "user-agent", "te", "x-meta", "x-meta"]
+        );
+        let values: Vec<&[u8]> = head
+            .headers
+            .get_all("x-meta")
+            .iter()
+            .map(|v| v.as_bytes())
+            .collect();
         assert_eq!(values, [b"1", b"2"]);
     }
 
@@ -354,8 +441,15 @@ mod tests {
     fn a_socket_path_authority_becomes_localhost() {
         for authority in ["/run/crisp/crisp.sock", ""] {
             let head = head_from_fields(&fields(authority)).unwrap();
-            assert_eq!(head.uri.authority().map(|a| a.as_str()), Some("localhost"), "{authority:?}");
-            assert_eq!(head.uri.path(), "/runtime.v1.RuntimeService/CreateContainer");
+            assert_eq!(
+                head.uri.authority().map(|a| a.as_str()),
+                Some("localhost"),
+                "{authority:?}"
+            );
+            assert_eq!(
+                head.uri.path(),
+                "/runtime.v1.RuntimeService/CreateContainer"
+            );
         }
     }
 
@@ -363,7 +457,9 @@ mod tests {
     fn fields_http_cannot_carry_are_refused_with_the_reason() {
         let mut f = fields("localhost");
         f.0.push((Bytes::from_static(b"Bad Name"), Bytes::from_static(b"x")));
-        assert!(head_from_fields(&f).unwrap_err().contains("invalid header name"));
+        assert!(head_from_fields(&f)
+            .unwrap_err()
+            .contains("invalid header name"));
         let mut f = fields("localhost");
         f.0.retain(|(n, _)| n.as_ref() != b":path");
         assert_eq!(head_from_fields(&f).unwrap_err(), ":path missing");
@@ -371,10 +467,18 @@ mod tests {
 
     #[test]
     fn grpc_timeout_values_round_trip_through_the_parser() {
-        for d in [Duration::from_nanos(1), Duration::from_micros(1500), Duration::from_secs(119), Duration::from_secs(400_000)] {
+        for d in [
+            Duration::from_nanos(1),
+            Duration::from_micros(1500),
+            Duration::from_secs(119),
+            Duration::from_secs(400_000),
+        ] {
             let v = grpc_timeout(d);
             let back = crate::status::parse_grpc_timeout(v.as_bytes()).unwrap();
-            assert!(back >= d && back <= d + d / 1000 + Duration::from_nanos(1), "{d:?} -> {v} -> {back:?}");
+            assert!(
+                back >= d && back <= d + d / 1000 + Duration::from_nanos(1),
+                "{d:?} -> {v} -> {back:?}"
+            );
         }
         assert_eq!(grpc_timeout(Duration::from_secs(115)), "115000m");
         assert_eq!(grpc_timeout(Duration::from_millis(1999)), "1999000u");

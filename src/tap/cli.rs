@@ -98,7 +98,9 @@ impl AdminSocketArgs {
     pub fn path(&self) -> Result<PathBuf, String> {
         match &self.admin_socket {
             Some(p) => Ok(p.clone()),
-            None => Ok(crate::config::Config::load(self.config.as_deref()).map_err(|e| e.to_string())?.admin_socket()),
+            None => Ok(crate::config::Config::load(self.config.as_deref())
+                .map_err(|e| e.to_string())?
+                .admin_socket()),
         }
     }
 }
@@ -110,7 +112,8 @@ struct UdsConnector(PathBuf);
 impl tonic::codegen::Service<http::Uri> for UdsConnector {
     type Response = TokioIo<UnixStream>;
     type Error = io::Error;
-    type Future = Pin<Box<dyn std::future::Future<Output = io::Result<TokioIo<UnixStream>>> + Send>>;
+    type Future =
+        Pin<Box<dyn std::future::Future<Output = io::Result<TokioIo<UnixStream>>> + Send>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Poll::Ready(Ok(()))
@@ -123,9 +126,13 @@ impl tonic::codegen::Service<http::Uri> for UdsConnector {
 }
 
 /// An admin API client on `socket`.
-pub async fn connect(socket: &Path) -> Result<AdminClient<tonic::transport::Channel>, tonic::transport::Error> {
+pub async fn connect(
+    socket: &Path,
+) -> Result<AdminClient<tonic::transport::Channel>, tonic::transport::Error> {
     // The URI is required by tonic but unused: the connector always dials the socket.
-    let channel = tonic::transport::Endpoint::from_static("http://crisp-admin").connect_with_connector(UdsConnector(socket.to_path_buf())).await?;
+    let channel = tonic::transport::Endpoint::from_static("http://crisp-admin")
+        .connect_with_connector(UdsConnector(socket.to_path_buf()))
+        .await?;
     Ok(AdminClient::new(channel).max_decoding_message_size(256 << 20))
 }
 
@@ -137,7 +144,10 @@ pub fn run(args: TapArgs) -> ExitCode {
 /// Runs a client command's future on a current-thread runtime; `None`, said on stderr as
 /// `crisp <command>: …`, when the runtime cannot start.
 pub fn block_on<F: std::future::Future>(command: &str, fut: F) -> Option<F::Output> {
-    match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => Some(rt.block_on(fut)),
         Err(e) => {
             eprintln!("crisp {command}: cannot start the async runtime: {e}");
@@ -165,7 +175,11 @@ async fn tap(args: TapArgs) -> ExitCode {
         Ok(r) => r.into_inner(),
         Err(s) => {
             eprintln!("crisp tap: {}: {}", s.code(), s.message());
-            return ExitCode::from(if s.code() == tonic::Code::PermissionDenied { EX_NOPERM } else { EX_UNAVAILABLE });
+            return ExitCode::from(if s.code() == tonic::Code::PermissionDenied {
+                EX_NOPERM
+            } else {
+                EX_UNAVAILABLE
+            });
         }
     };
     let mut file = match args.output.as_deref().map(create_output).transpose() {
@@ -197,7 +211,11 @@ async fn tap(args: TapArgs) -> ExitCode {
                 return ExitCode::from(EX_UNAVAILABLE);
             }
         };
-        let line = if args.json { json_line(&event).to_string() } else { human(&event) };
+        let line = if args.json {
+            json_line(&event).to_string()
+        } else {
+            human(&event)
+        };
         let written = writeln!(out, "{line}").and_then(|_| out.flush());
         if let Some(f) = file.as_mut() {
             if let Err(e) = writeln!(f, "{}", json_line(&event)).and_then(|_| f.flush()) {
@@ -265,7 +283,10 @@ pub fn json_line(event: &Event) -> Value {
         "response_bytes": ev.response_bytes,
         "redacted": ev.redacted,
     });
-    for (key, text) in [("request", &ev.request_json), ("response", &ev.response_json)] {
+    for (key, text) in [
+        ("request", &ev.request_json),
+        ("response", &ev.response_json),
+    ] {
         if !text.is_empty() {
             // crisp sends valid JSON; keep it as text rather than lose it if it ever is not.
             v[key] = serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.clone()));
@@ -284,10 +305,22 @@ pub fn human(event: &Event) -> String {
         Event::Call(c) => c,
     };
     let mut parts: Vec<String> = vec![local_time(ev.start_unix_nanos)];
-    parts.push(if ev.cri_version.is_empty() { "-".into() } else { ev.cri_version.clone() });
-    parts.push(if ev.cri_version.is_empty() { ev.path.clone() } else { ev.method.clone() });
+    parts.push(if ev.cri_version.is_empty() {
+        "-".into()
+    } else {
+        ev.cri_version.clone()
+    });
+    parts.push(if ev.cri_version.is_empty() {
+        ev.path.clone()
+    } else {
+        ev.method.clone()
+    });
     if !ev.pod_name.is_empty() {
-        parts.push(format!("{}/{}", name(&ev.pod_namespace), name(&ev.pod_name)));
+        parts.push(format!(
+            "{}/{}",
+            name(&ev.pod_namespace),
+            name(&ev.pod_name)
+        ));
     } else if !ev.pod_sandbox_id.is_empty() && ev.container_id.is_empty() {
         parts.push(format!("sandbox={}", short(&ev.pod_sandbox_id)));
     }
@@ -311,11 +344,17 @@ pub fn human(event: &Event) -> String {
     }
     parts.push(status);
     let mut line = parts.join(" ");
-    for (arrow, text) in [("request", &ev.request_json), ("response", &ev.response_json)] {
+    for (arrow, text) in [
+        ("request", &ev.request_json),
+        ("response", &ev.response_json),
+    ] {
         if text.is_empty() {
             continue;
         }
-        let pretty = serde_json::from_str::<Value>(text).ok().and_then(|v| serde_json::to_string_pretty(&v).ok()).unwrap_or_else(|| text.clone());
+        let pretty = serde_json::from_str::<Value>(text)
+            .ok()
+            .and_then(|v| serde_json::to_string_pretty(&v).ok())
+            .unwrap_or_else(|| text.clone());
         line.push_str(&format!("\n  {arrow}: {}", pretty.replace('\n', "\n  ")));
     }
     line
@@ -363,7 +402,15 @@ pub fn hold_json(h: &pb::HoldEvent) -> Value {
 /// The readable view of a hold:
 /// `12:00:01.234 v1 CreateContainer default/web app HOLD waiting for proxy: not ready (tcp://:9: connect …: refused) held=2.0s left=88.0s proceed`.
 pub fn hold_line(h: &pb::HoldEvent) -> String {
-    let mut parts: Vec<String> = vec![local_time(h.unix_nanos), if h.cri_version.is_empty() { "-".into() } else { h.cri_version.clone() }, h.method.clone()];
+    let mut parts: Vec<String> = vec![
+        local_time(h.unix_nanos),
+        if h.cri_version.is_empty() {
+            "-".into()
+        } else {
+            h.cri_version.clone()
+        },
+        h.method.clone(),
+    ];
     if !h.pod_name.is_empty() {
         parts.push(format!("{}/{}", name(&h.pod_namespace), name(&h.pod_name)));
     }
@@ -380,7 +427,11 @@ pub fn hold_line(h: &pb::HoldEvent) -> String {
     if !h.waiting_on.is_empty() {
         let mut why = format!("waiting for {}: {}", name(&h.waiting_on), name(&h.reason));
         if !h.probe.is_empty() {
-            let result = if h.probe_result.is_empty() { "not probed yet" } else { &h.probe_result };
+            let result = if h.probe_result.is_empty() {
+                "not probed yet"
+            } else {
+                &h.probe_result
+            };
             why.push_str(&format!(" ({} → {})", name(&h.probe), name(result)));
         }
         parts.push(why);
@@ -405,7 +456,9 @@ fn name(s: &str) -> crate::tenant::Text<'_> {
 /// `sha256:` + 64 hex digits (an image id) shortened to 12 digits, like `crictl images`.
 fn short_digest(image: &str) -> String {
     match image.split_once("sha256:") {
-        Some((name, hex)) if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) => format!("{name}sha256:{}", &hex[..12]),
+        Some((name, hex)) if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            format!("{name}sha256:{}", &hex[..12])
+        }
         _ => image.to_string(),
     }
 }
@@ -436,7 +489,11 @@ fn local_time(nanos: i64) -> String {
             let d = secs.rem_euclid(86_400);
             (d / 3600, d / 60 % 60, d % 60)
         } else {
-            (i64::from(tm.tm_hour), i64::from(tm.tm_min), i64::from(tm.tm_sec))
+            (
+                i64::from(tm.tm_hour),
+                i64::from(tm.tm_min),
+                i64::from(tm.tm_sec),
+            )
         }
     };
     format!("{h:02}:{m:02}:{s:02}.{millis:03}")
@@ -482,18 +539,39 @@ mod tests {
         c.request_json.clear();
         let line = human(&Event::Call(c));
         // The time is local; the rest is fixed.
-        assert!(line.ends_with(" v1 CreateContainer default/web app 5.2ms held=3.10s OK"), "{line}");
+        assert!(
+            line.ends_with(" v1 CreateContainer default/web app 5.2ms held=3.10s OK"),
+            "{line}"
+        );
         assert_eq!(line.as_bytes()[2], b':');
         let mut c = call();
         c.request_json.clear();
-        (c.pod_name, c.container_name, c.held_micros, c.code, c.code_name) = (String::new(), String::new(), 0, Some(5), "NotFound".into());
+        (
+            c.pod_name,
+            c.container_name,
+            c.held_micros,
+            c.code,
+            c.code_name,
+        ) = (String::new(), String::new(), 0, Some(5), "NotFound".into());
         let line = human(&Event::Call(c));
-        assert!(line.ends_with(" v1 CreateContainer id=fedcba987654 5.2ms NotFound"), "{line}");
-        let line = human(&Event::Dropped(pb::Dropped { count: 3, total: 10 }));
-        assert!(line.contains("3 events dropped") && line.contains("10 missed"), "{line}");
+        assert!(
+            line.ends_with(" v1 CreateContainer id=fedcba987654 5.2ms NotFound"),
+            "{line}"
+        );
+        let line = human(&Event::Dropped(pb::Dropped {
+            count: 3,
+            total: 10,
+        }));
+        assert!(
+            line.contains("3 events dropped") && line.contains("10 missed"),
+            "{line}"
+        );
         // --full: the decoded messages follow, indented.
         let line = human(&Event::Call(call()));
-        assert!(line.contains("\n  request: {\n    \"pod_sandbox_id\""), "{line}");
+        assert!(
+            line.contains("\n  request: {\n    \"pod_sandbox_id\""),
+            "{line}"
+        );
     }
 
     #[test]
@@ -508,21 +586,33 @@ mod tests {
         let mut c = call();
         c.code = None;
         assert_eq!(json_line(&Event::Call(c))["code"], Value::Null);
-        assert_eq!(json_line(&Event::Dropped(pb::Dropped { count: 2, total: 5 })), json!({"dropped": 2, "dropped_total": 5}));
+        assert_eq!(
+            json_line(&Event::Dropped(pb::Dropped { count: 2, total: 5 })),
+            json!({"dropped": 2, "dropped_total": 5})
+        );
     }
 
     #[test]
     fn dates() {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000000Z");
-        assert_eq!(rfc3339(951_782_400_000_000_000), "2000-02-29T00:00:00.000000Z");
-        assert_eq!(rfc3339(1_700_000_000_123_456_789), "2023-11-14T22:13:20.123456Z");
+        assert_eq!(
+            rfc3339(951_782_400_000_000_000),
+            "2000-02-29T00:00:00.000000Z"
+        );
+        assert_eq!(
+            rfc3339(1_700_000_000_123_456_789),
+            "2023-11-14T22:13:20.123456Z"
+        );
         assert_eq!(rfc3339(-1_000), "1970-01-01T00:00:00.000000Z");
         assert_eq!(duration(420), "0.42ms");
         assert_eq!(duration(123_400), "123ms");
         assert_eq!(duration(61_000_000), "61.00s");
         let id = format!("sha256:{}", "ab".repeat(32));
         assert_eq!(short_digest(&id), "sha256:abababababab");
-        assert_eq!(short_digest(&format!("nginx@{id}")), "nginx@sha256:abababababab");
+        assert_eq!(
+            short_digest(&format!("nginx@{id}")),
+            "nginx@sha256:abababababab"
+        );
         assert_eq!(short_digest("nginx:1.25"), "nginx:1.25");
     }
 
@@ -553,23 +643,43 @@ mod tests {
             ),
             "{line}"
         );
-        let end = pb::HoldEvent { phase: "end".into(), outcome: "timed out (proceed)".into(), held_ms: 90_000, ..h.clone() };
-        assert!(human(&Event::Hold(end)).contains(" HOLD END timed out (proceed) waiting for istio-proxy"));
+        let end = pb::HoldEvent {
+            phase: "end".into(),
+            outcome: "timed out (proceed)".into(),
+            held_ms: 90_000,
+            ..h.clone()
+        };
+        assert!(human(&Event::Hold(end))
+            .contains(" HOLD END timed out (proceed) waiting for istio-proxy"));
         let v = json_line(&Event::Hold(h));
         assert_eq!(v["hold"], "start");
         assert_eq!(v["time"], "2023-11-14T22:13:20.123456Z");
         assert_eq!(v["time_left_ms"], 87_000);
-        assert_eq!(v["probe_result"], "connect 10.1.2.3:15021: Connection refused");
-        assert!(json_line(&Event::Call(call())).get("hold").is_none(), "call lines have no hold key");
+        assert_eq!(
+            v["probe_result"],
+            "connect 10.1.2.3:15021: Connection refused"
+        );
+        assert!(
+            json_line(&Event::Call(call())).get("hold").is_none(),
+            "call lines have no hold key"
+        );
     }
 
     /// Issue #26: pod and container names with escape sequences, newlines or bidi overrides
     /// stay one escaped line in the readable view.
     #[test]
     fn hostile_names_stay_one_escaped_line() {
-        let hostile = format!("x\u{1b}[2J\u{1b}]0;owned\u{7}\n\u{202e}{}", "y".repeat(10_000));
+        let hostile = format!(
+            "x\u{1b}[2J\u{1b}]0;owned\u{7}\n\u{202e}{}",
+            "y".repeat(10_000)
+        );
         let mut c = call();
-        (c.pod_name, c.container_name, c.message, c.request_json) = (hostile.clone(), hostile.clone(), hostile.clone(), String::new());
+        (c.pod_name, c.container_name, c.message, c.request_json) = (
+            hostile.clone(),
+            hostile.clone(),
+            hostile.clone(),
+            String::new(),
+        );
         let h = pb::HoldEvent {
             pod_name: hostile.clone(),
             container_name: hostile.clone(),
@@ -579,15 +689,33 @@ mod tests {
             ..Default::default()
         };
         for line in [human(&Event::Call(c)), human(&Event::Hold(h))] {
-            assert!(!line.chars().any(|c| c.is_control() || c == '\u{202e}'), "{line}");
-            assert!(line.contains(r"x\u{1b}[2J\u{1b}]0;owned\u{7}\n\u{202e}yy"), "{line}");
-            assert!(line.len() <= 8 * crate::tenant::MAX_FIELD, "{} bytes", line.len());
+            assert!(
+                !line.chars().any(|c| c.is_control() || c == '\u{202e}'),
+                "{line}"
+            );
+            assert!(
+                line.contains(r"x\u{1b}[2J\u{1b}]0;owned\u{7}\n\u{202e}yy"),
+                "{line}"
+            );
+            assert!(
+                line.len() <= 8 * crate::tenant::MAX_FIELD,
+                "{} bytes",
+                line.len()
+            );
         }
     }
 
     #[test]
     fn flags_to_request() {
-        let a = TapArgs { methods: vec!["Create*".into()], pod: Some("ns/p".into()), errors: true, slower_than: Some(9), all: true, full: true, ..Default::default() };
+        let a = TapArgs {
+            methods: vec!["Create*".into()],
+            pod: Some("ns/p".into()),
+            errors: true,
+            slower_than: Some(9),
+            all: true,
+            full: true,
+            ..Default::default()
+        };
         let r = a.request();
         assert_eq!(r.methods, vec!["Create*"]);
         assert_eq!(r.pod, "ns/p");

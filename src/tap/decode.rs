@@ -87,13 +87,21 @@ pub fn decode(rpc: Option<Rpc>, dir: Dir, msg: &[u8], redact: bool) -> Value {
         Some(v) => v,
         None => {
             let mut v = wire_dump(msg, redact);
-            v.insert("_note".into(), Value::String("no CRI type known for this method: wire structure only".into()));
+            v.insert(
+                "_note".into(),
+                Value::String("no CRI type known for this method: wire structure only".into()),
+            );
             Value::Object(v)
         }
     }
 }
 
-fn with_type<T: Message + Default + Serialize>(rpc: Rpc, dir: Dir, msg: &[u8], redact: bool) -> Value {
+fn with_type<T: Message + Default + Serialize>(
+    rpc: Rpc,
+    dir: Dir,
+    msg: &[u8],
+    redact: bool,
+) -> Value {
     let t = match T::decode(msg) {
         Ok(t) => t,
         Err(e) => {
@@ -107,7 +115,11 @@ fn with_type<T: Message + Default + Serialize>(rpc: Rpc, dir: Dir, msg: &[u8], r
         Err(e) => json!({ "_unserializable": e.to_string() }),
     };
     redact::apply(rpc, dir, &mut v, redact);
-    let skip: Vec<&[u32]> = if redact { redact::redacted_wire_paths(rpc, dir).collect() } else { Vec::new() };
+    let skip: Vec<&[u32]> = if redact {
+        redact::redacted_wire_paths(rpc, dir).collect()
+    } else {
+        Vec::new()
+    };
     let unknown = unknown_fields::<T>(msg, &skip, redact);
     if !unknown.is_empty() {
         if let Value::Object(m) = &mut v {
@@ -126,7 +138,11 @@ enum Class {
 }
 
 /// Every field of `msg` (at any depth) that `T` does not know, as JSON.
-fn unknown_fields<T: Message + Default>(msg: &[u8], skip: &[&[u32]], with_values: bool) -> Vec<Value> {
+fn unknown_fields<T: Message + Default>(
+    msg: &[u8],
+    skip: &[&[u32]],
+    with_values: bool,
+) -> Vec<Value> {
     let mut cache: HashMap<Vec<u32>, HashMap<(u32, u8), Class>> = HashMap::new();
     let mut out = Vec::new();
     let mut path = Vec::new();
@@ -134,7 +150,14 @@ fn unknown_fields<T: Message + Default>(msg: &[u8], skip: &[&[u32]], with_values
     out
 }
 
-fn walk<T: Message + Default>(buf: &[u8], path: &mut Vec<u32>, skip: &[&[u32]], redact: bool, cache: &mut HashMap<Vec<u32>, HashMap<(u32, u8), Class>>, out: &mut Vec<Value>) {
+fn walk<T: Message + Default>(
+    buf: &[u8],
+    path: &mut Vec<u32>,
+    skip: &[&[u32]],
+    redact: bool,
+    cache: &mut HashMap<Vec<u32>, HashMap<(u32, u8), Class>>,
+    out: &mut Vec<Value>,
+) {
     for f in fields(buf) {
         // The typed decode succeeded, so the structure is valid at every level it knows; a
         // failure here is a group (wire types 3/4) crisp's walker does not follow.
@@ -142,11 +165,17 @@ fn walk<T: Message + Default>(buf: &[u8], path: &mut Vec<u32>, skip: &[&[u32]], 
             out.push(json!({ "at": path_string(path), "_unwalkable": "wire structure not followed further (groups?)" }));
             return;
         };
-        let class = match cache.get(path.as_slice()).and_then(|m| m.get(&(f.number, f.wire_type))) {
+        let class = match cache
+            .get(path.as_slice())
+            .and_then(|m| m.get(&(f.number, f.wire_type)))
+        {
             Some(c) => *c,
             None => {
                 let c = classify::<T>(path, f.number, f.wire_type);
-                cache.entry(path.clone()).or_default().insert((f.number, f.wire_type), c);
+                cache
+                    .entry(path.clone())
+                    .or_default()
+                    .insert((f.number, f.wire_type), c);
                 c
             }
         };
@@ -156,7 +185,14 @@ fn walk<T: Message + Default>(buf: &[u8], path: &mut Vec<u32>, skip: &[&[u32]], 
             Class::Message => {
                 path.push(f.number);
                 if path.len() <= MAX_DEPTH && !skip.contains(&path.as_slice()) {
-                    walk::<T>(&buf[f.payload.0..f.payload.1], path, skip, redact, cache, out);
+                    walk::<T>(
+                        &buf[f.payload.0..f.payload.1],
+                        path,
+                        skip,
+                        redact,
+                        cache,
+                        out,
+                    );
                 }
                 path.pop();
             }
@@ -212,13 +248,17 @@ fn wrap(path: &[u32], leaf: Vec<u8>) -> Vec<u8> {
 fn present_at(buf: &[u8], path: &[u32], number: u32) -> bool {
     let mut cur = buf;
     for p in path {
-        let next = fields(cur).filter_map(Result::ok).find(|f| f.number == *p && f.wire_type == 2);
+        let next = fields(cur)
+            .filter_map(Result::ok)
+            .find(|f| f.number == *p && f.wire_type == 2);
         match next {
             Some(f) => cur = &cur[f.payload.0..f.payload.1],
             None => return false,
         }
     }
-    fields(cur).filter_map(Result::ok).any(|f| f.number == number)
+    fields(cur)
+        .filter_map(Result::ok)
+        .any(|f| f.number == number)
 }
 
 fn put_varint(out: &mut Vec<u8>, mut v: u64) {
@@ -230,7 +270,10 @@ fn put_varint(out: &mut Vec<u8>, mut v: u64) {
 }
 
 fn path_string(path: &[u32]) -> String {
-    path.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(".")
+    path.iter()
+        .map(|n| n.to_string())
+        .collect::<Vec<_>>()
+        .join(".")
 }
 
 fn wire_type_name(t: u8) -> &'static str {
@@ -262,12 +305,18 @@ fn describe(buf: &[u8], f: &Field, path: &[u32], redact: bool) -> Value {
 fn raw_value(wire_type: u8, payload: &[u8]) -> Value {
     match wire_type {
         0 => {
-            let v = payload.iter().rev().fold(0u64, |acc, b| acc << 7 | u64::from(b & 0x7f));
+            let v = payload
+                .iter()
+                .rev()
+                .fold(0u64, |acc, b| acc << 7 | u64::from(b & 0x7f));
             json!(v)
         }
         2 => match std::str::from_utf8(payload) {
             Ok(s) if s.len() <= MAX_VALUE_BYTES => json!(s),
-            _ => json!(format!("0x{}", hex(&payload[..payload.len().min(MAX_VALUE_BYTES)]))),
+            _ => json!(format!(
+                "0x{}",
+                hex(&payload[..payload.len().min(MAX_VALUE_BYTES)])
+            )),
         },
         _ => json!(format!("0x{}", hex(payload))),
     }
@@ -315,9 +364,18 @@ mod tests {
         c::CreateContainerRequest {
             pod_sandbox_id: "sb1".into(),
             config: Some(c::ContainerConfig {
-                metadata: Some(c::ContainerMetadata { name: "app".into(), attempt: 0 }),
-                image: Some(c::ImageSpec { image: "busybox".into(), ..Default::default() }),
-                envs: vec![c::KeyValue { key: "DB_PASSWORD".into(), value: "hunter2".into() }],
+                metadata: Some(c::ContainerMetadata {
+                    name: "app".into(),
+                    attempt: 0,
+                }),
+                image: Some(c::ImageSpec {
+                    image: "busybox".into(),
+                    ..Default::default()
+                }),
+                envs: vec![c::KeyValue {
+                    key: "DB_PASSWORD".into(),
+                    value: "hunter2".into(),
+                }],
                 labels: [("l".to_string(), "v".to_string())].into(),
                 ..Default::default()
             }),
@@ -352,8 +410,14 @@ mod tests {
         let u = v["_unknown_fields"].as_array().unwrap();
         assert_eq!(u.len(), 3, "{v}");
         assert_eq!(u[0], json!({"field": 999, "wire_type": "len", "bytes": 14}));
-        assert_eq!(u[1], json!({"field": 77, "wire_type": "varint", "bytes": 1}));
-        assert_eq!(u[2], json!({"at": "2.1", "field": 50, "wire_type": "len", "bytes": 4}));
+        assert_eq!(
+            u[1],
+            json!({"field": 77, "wire_type": "varint", "bytes": 1})
+        );
+        assert_eq!(
+            u[2],
+            json!({"at": "2.1", "field": 50, "wire_type": "len", "bytes": 4})
+        );
         // Known fields still decode (the nested merge keeps the name).
         assert_eq!(v["config"]["metadata"]["name"], "app");
         // Redacted: no values. Unredacted: values.
@@ -370,14 +434,21 @@ mod tests {
         let mut msg = Vec::new();
         put_varint(&mut msg, 3 << 3);
         put_varint(&mut msg, 0);
-        let v = decode(Some(Rpc::ContainerStatus), Dir::Response, &field_bytes(1, &msg), true);
+        let v = decode(
+            Some(Rpc::ContainerStatus),
+            Dir::Response,
+            &field_bytes(1, &msg),
+            true,
+        );
         assert!(v.get("_unknown_fields").is_none(), "{v}");
     }
 
     #[test]
     fn strings_that_look_like_protobuf_are_not_walked() {
         // "\x08\x01" is a valid string and also a valid message (field 1 = 1).
-        let req = c::VersionRequest { version: "\u{8}\u{1}".into() };
+        let req = c::VersionRequest {
+            version: "\u{8}\u{1}".into(),
+        };
         let v = decode(Some(Rpc::Version), Dir::Request, &req.encode_to_vec(), true);
         assert!(v.get("_unknown_fields").is_none(), "{v}");
     }
@@ -385,12 +456,19 @@ mod tests {
     #[test]
     fn redacted_subtrees_report_nothing_not_even_unknowns() {
         let auth = [field_bytes(2, b"pw"), field_bytes(900, b"future-secret")].concat();
-        let msg = [field_bytes(1, &field_bytes(1, b"img")), field_bytes(2, &auth)].concat();
+        let msg = [
+            field_bytes(1, &field_bytes(1, b"img")),
+            field_bytes(2, &auth),
+        ]
+        .concat();
         let v = decode(Some(Rpc::PullImage), Dir::Request, &msg, true);
         assert_eq!(v["auth"], redact::REDACTED);
         assert!(v.get("_unknown_fields").is_none(), "{v}");
         let v = decode(Some(Rpc::PullImage), Dir::Request, &msg, false);
-        assert_eq!(v["_unknown_fields"][0], json!({"at": "2", "field": 900, "wire_type": "len", "bytes": 13, "value": "future-secret"}));
+        assert_eq!(
+            v["_unknown_fields"][0],
+            json!({"at": "2", "field": 900, "wire_type": "len", "bytes": 13, "value": "future-secret"})
+        );
     }
 
     #[test]
@@ -402,7 +480,10 @@ mod tests {
         bad.extend_from_slice(&field_bytes(2, b"s3cret"));
         let v = decode(Some(Rpc::Version), Dir::Request, &bad, true);
         assert!(v["_undecodable"].is_string());
-        assert_eq!(v["_fields"][1], json!({"field": 2, "wire_type": "len", "bytes": 6}));
+        assert_eq!(
+            v["_fields"][1],
+            json!({"field": 2, "wire_type": "len", "bytes": 6})
+        );
         assert!(!v.to_string().contains("s3cret"));
         let v = decode(None, Dir::Request, &bad, true);
         assert!(v["_note"].is_string());
@@ -416,12 +497,20 @@ mod tests {
         // Each AuthConfig field the CRI marks debug_redact, set to a marker, never shows.
         for (_, name, number) in redact::DEBUG_REDACT {
             let auth = field_bytes(*number, format!("marker-{name}").as_bytes());
-            let msg = [field_bytes(1, &field_bytes(1, b"img")), field_bytes(2, &auth)].concat();
+            let msg = [
+                field_bytes(1, &field_bytes(1, b"img")),
+                field_bytes(2, &auth),
+            ]
+            .concat();
             let v = decode(Some(Rpc::PullImage), Dir::Request, &msg, true);
             assert!(!v.to_string().contains("marker-"), "{name}: {v}");
             let typed = c::PullImageRequest::decode(msg.as_slice()).unwrap();
             let json = serde_json::to_value(&typed).unwrap();
-            assert_eq!(json["auth"][name], format!("marker-{name}"), "field {name} is number {number} in k8s-cri");
+            assert_eq!(
+                json["auth"][name],
+                format!("marker-{name}"),
+                "field {name} is number {number} in k8s-cri"
+            );
         }
     }
 }

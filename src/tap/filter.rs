@@ -26,7 +26,10 @@ impl Eq for Glob {}
 impl Glob {
     /// `*` matches any run of characters, `?` any one; everything else itself.
     pub fn new(pattern: &str) -> Glob {
-        Glob { pattern: pattern.to_string(), matcher: wildmatch::WildMatch::new(pattern) }
+        Glob {
+            pattern: pattern.to_string(),
+            matcher: wildmatch::WildMatch::new(pattern),
+        }
     }
 
     pub fn matches(&self, text: &str) -> bool {
@@ -71,7 +74,10 @@ impl Filter {
     pub fn wants_route(&self, route: &Route, path: &str) -> bool {
         if !self.methods.is_empty() {
             let name = method_name(route, path);
-            return self.methods.iter().any(|g| g.matches(name) || g.matches(path));
+            return self
+                .methods
+                .iter()
+                .any(|g| g.matches(name) || g.matches(path));
         }
         self.include_polling || !route.is_polling()
     }
@@ -81,7 +87,10 @@ impl Filter {
     pub fn may_want_rpc(&self, rpc: Option<Rpc>) -> bool {
         if !self.methods.is_empty() {
             return match rpc {
-                Some(r) => self.methods.iter().any(|g| g.is_path() || g.matches(r.name())),
+                Some(r) => self
+                    .methods
+                    .iter()
+                    .any(|g| g.is_path() || g.matches(r.name())),
                 None => true,
             };
         }
@@ -133,8 +142,16 @@ mod tests {
             ("", "x", false),
             ("a*b*c", "aXXbYYc", true),
             ("a*b*c", "aXXbYY", false),
-            ("/runtime.v1alpha2.*", "/runtime.v1alpha2.ImageService/PullImage", true),
-            ("/runtime.v1alpha2.*", "/runtime.v1.ImageService/PullImage", false),
+            (
+                "/runtime.v1alpha2.*",
+                "/runtime.v1alpha2.ImageService/PullImage",
+                true,
+            ),
+            (
+                "/runtime.v1alpha2.*",
+                "/runtime.v1.ImageService/PullImage",
+                false,
+            ),
             ("List*", "ListContainers", true),
             ("list*", "ListContainers", false),
         ];
@@ -155,10 +172,16 @@ mod tests {
         assert!(!f.wants_route(&route(list), list));
         assert!(f.wants_route(&route(create), create));
         assert!(!f.may_want_rpc(Some(Rpc::ListContainers)));
-        let f = Filter { include_polling: true, ..Default::default() };
+        let f = Filter {
+            include_polling: true,
+            ..Default::default()
+        };
         assert!(f.wants_route(&route(list), list));
         // Naming a polling method shows it: filters select exactly what they say.
-        let f = Filter { methods: vec![Glob::new("List*")], ..Default::default() };
+        let f = Filter {
+            methods: vec![Glob::new("List*")],
+            ..Default::default()
+        };
         assert!(f.wants_route(&route(list), list));
         assert!(!f.wants_route(&route(create), create));
         assert!(f.may_want_rpc(Some(Rpc::ListContainers)));
@@ -166,23 +189,36 @@ mod tests {
         // Unknown paths match by their last segment or their full path.
         let odd = "/runtime.v1.RuntimeService/FutureThing";
         assert!(Filter::default().wants_route(&route(odd), odd));
-        let f = Filter { methods: vec![Glob::new("Future*")], ..Default::default() };
+        let f = Filter {
+            methods: vec![Glob::new("Future*")],
+            ..Default::default()
+        };
         assert!(f.wants_route(&route(odd), odd));
         assert!(f.may_want_rpc(None));
     }
 
     #[test]
     fn outcome_and_names() {
-        let f = Filter { errors_only: true, slower_than: Duration::from_millis(10), ..Default::default() };
+        let f = Filter {
+            errors_only: true,
+            slower_than: Duration::from_millis(10),
+            ..Default::default()
+        };
         assert!(!f.wants_outcome(Some(0), Duration::from_secs(1)));
         assert!(f.wants_outcome(Some(5), Duration::from_millis(10)));
         assert!(f.wants_outcome(None, Duration::from_secs(1)));
         assert!(!f.wants_outcome(Some(5), Duration::from_millis(9)));
-        let f = Filter { namespace: Some("default".into()), ..Default::default() };
+        let f = Filter {
+            namespace: Some("default".into()),
+            ..Default::default()
+        };
         assert!(f.wants_names("default", "web"));
         assert!(!f.wants_names("kube-system", "web"));
         assert!(!f.wants_names("", ""));
-        let f = Filter { pod: Some("web".into()), ..Default::default() };
+        let f = Filter {
+            pod: Some("web".into()),
+            ..Default::default()
+        };
         assert!(f.wants_names("any", "web"));
         assert!(!f.wants_names("any", "db"));
     }

@@ -4,9 +4,11 @@
 
 use crate::cri::patch::fields;
 use crate::cri::tags::{
-    container_config, container_filter, container_id_request, container_metadata, container_status, container_status_response, create_container_request, create_container_response,
-    image_request, image_spec, list_containers_request, pod_sandbox_config, pod_sandbox_id_request, pod_sandbox_metadata, pod_sandbox_status, pod_sandbox_status_response,
-    pull_image_request, run_pod_sandbox_request, run_pod_sandbox_response,
+    container_config, container_filter, container_id_request, container_metadata, container_status,
+    container_status_response, create_container_request, create_container_response, image_request,
+    image_spec, list_containers_request, pod_sandbox_config, pod_sandbox_id_request,
+    pod_sandbox_metadata, pod_sandbox_status, pod_sandbox_status_response, pull_image_request,
+    run_pod_sandbox_request, run_pod_sandbox_response,
 };
 use crate::cri::Rpc;
 use crate::intercept::PodNames;
@@ -43,14 +45,19 @@ impl Ids {
 fn sub<'a>(buf: &'a [u8], path: &[u32]) -> Option<&'a [u8]> {
     let mut cur = buf;
     for n in path {
-        let f = fields(cur).filter_map(Result::ok).find(|f| f.number == *n && f.wire_type == 2)?;
+        let f = fields(cur)
+            .filter_map(Result::ok)
+            .find(|f| f.number == *n && f.wire_type == 2)?;
         cur = &cur[f.payload.0..f.payload.1];
     }
     Some(cur)
 }
 
 fn string_at(buf: &[u8], path: &[u32]) -> String {
-    sub(buf, path).and_then(|b| std::str::from_utf8(b).ok()).unwrap_or_default().to_string()
+    sub(buf, path)
+        .and_then(|b| std::str::from_utf8(b).ok())
+        .unwrap_or_default()
+        .to_string()
 }
 
 /// Pod namespace and name from a PodSandboxMetadata.
@@ -65,10 +72,21 @@ fn pod_metadata(ids: &mut Ids, md: Option<&[u8]>) {
 /// same in runtime.v1 and runtime.v1alpha2 ([`crate::cri::tags`]).
 pub fn from_messages(rpc: Option<Rpc>, req: Option<&[u8]>, resp: Option<&[u8]>) -> Ids {
     let mut ids = Ids::default();
-    let (Some(rpc), Some(req)) = (rpc, req) else { return ids };
+    let (Some(rpc), Some(req)) = (rpc, req) else {
+        return ids;
+    };
     match rpc {
         Rpc::RunPodSandbox => {
-            pod_metadata(&mut ids, sub(req, &[run_pod_sandbox_request::CONFIG, pod_sandbox_config::METADATA]));
+            pod_metadata(
+                &mut ids,
+                sub(
+                    req,
+                    &[
+                        run_pod_sandbox_request::CONFIG,
+                        pod_sandbox_config::METADATA,
+                    ],
+                ),
+            );
             if let Some(r) = resp {
                 ids.pod_sandbox_id = string_at(r, &[run_pod_sandbox_response::POD_SANDBOX_ID]);
             }
@@ -76,27 +94,67 @@ pub fn from_messages(rpc: Option<Rpc>, req: Option<&[u8]>, resp: Option<&[u8]>) 
         Rpc::CreateContainer => {
             use create_container_request::{CONFIG, POD_SANDBOX_ID, SANDBOX_CONFIG};
             ids.pod_sandbox_id = string_at(req, &[POD_SANDBOX_ID]);
-            ids.container_name = string_at(req, &[CONFIG, container_config::METADATA, container_metadata::NAME]);
+            ids.container_name = string_at(
+                req,
+                &[CONFIG, container_config::METADATA, container_metadata::NAME],
+            );
             // ImageSpec.user_specified_image (kubelet ≥ 1.30) is what the pod spec says;
             // `image` is usually the resolved image id.
-            ids.image = string_at(req, &[CONFIG, container_config::IMAGE, image_spec::USER_SPECIFIED_IMAGE]);
+            ids.image = string_at(
+                req,
+                &[
+                    CONFIG,
+                    container_config::IMAGE,
+                    image_spec::USER_SPECIFIED_IMAGE,
+                ],
+            );
             if ids.image.is_empty() {
                 ids.image = string_at(req, &[CONFIG, container_config::IMAGE, image_spec::IMAGE]);
             }
-            pod_metadata(&mut ids, sub(req, &[SANDBOX_CONFIG, pod_sandbox_config::METADATA]));
+            pod_metadata(
+                &mut ids,
+                sub(req, &[SANDBOX_CONFIG, pod_sandbox_config::METADATA]),
+            );
             if let Some(r) = resp {
                 ids.container_id = string_at(r, &[create_container_response::CONTAINER_ID]);
             }
         }
         Rpc::PullImage => {
             ids.image = string_at(req, &[pull_image_request::IMAGE, image_spec::IMAGE]);
-            pod_metadata(&mut ids, sub(req, &[pull_image_request::SANDBOX_CONFIG, pod_sandbox_config::METADATA]));
+            pod_metadata(
+                &mut ids,
+                sub(
+                    req,
+                    &[
+                        pull_image_request::SANDBOX_CONFIG,
+                        pod_sandbox_config::METADATA,
+                    ],
+                ),
+            );
         }
-        Rpc::ImageStatus | Rpc::RemoveImage => ids.image = string_at(req, &[image_request::IMAGE, image_spec::IMAGE]),
-        Rpc::StopPodSandbox | Rpc::RemovePodSandbox | Rpc::PodSandboxStatus | Rpc::PodSandboxStats | Rpc::PortForward | Rpc::UpdatePodSandboxResources => {
+        Rpc::ImageStatus | Rpc::RemoveImage => {
+            ids.image = string_at(req, &[image_request::IMAGE, image_spec::IMAGE])
+        }
+        Rpc::StopPodSandbox
+        | Rpc::RemovePodSandbox
+        | Rpc::PodSandboxStatus
+        | Rpc::PodSandboxStats
+        | Rpc::PortForward
+        | Rpc::UpdatePodSandboxResources => {
             ids.pod_sandbox_id = string_at(req, &[pod_sandbox_id_request::POD_SANDBOX_ID]);
             if rpc == Rpc::PodSandboxStatus {
-                pod_metadata(&mut ids, resp.and_then(|r| sub(r, &[pod_sandbox_status_response::STATUS, pod_sandbox_status::METADATA])));
+                pod_metadata(
+                    &mut ids,
+                    resp.and_then(|r| {
+                        sub(
+                            r,
+                            &[
+                                pod_sandbox_status_response::STATUS,
+                                pod_sandbox_status::METADATA,
+                            ],
+                        )
+                    }),
+                );
             }
         }
         Rpc::StartContainer
@@ -113,12 +171,27 @@ pub fn from_messages(rpc: Option<Rpc>, req: Option<&[u8]>, resp: Option<&[u8]>) 
             ids.container_id = string_at(req, &[container_id_request::CONTAINER_ID]);
             if rpc == Rpc::ContainerStatus {
                 if let Some(r) = resp {
-                    ids.container_name = string_at(r, &[container_status_response::STATUS, container_status::METADATA, container_metadata::NAME]);
+                    ids.container_name = string_at(
+                        r,
+                        &[
+                            container_status_response::STATUS,
+                            container_status::METADATA,
+                            container_metadata::NAME,
+                        ],
+                    );
                 }
             }
         }
         // ContainerFilter.pod_sandbox_id: a List scoped to one pod (the ordering engine's own).
-        Rpc::ListContainers => ids.pod_sandbox_id = string_at(req, &[list_containers_request::FILTER, container_filter::POD_SANDBOX_ID]),
+        Rpc::ListContainers => {
+            ids.pod_sandbox_id = string_at(
+                req,
+                &[
+                    list_containers_request::FILTER,
+                    container_filter::POD_SANDBOX_ID,
+                ],
+            )
+        }
         _ => {}
     }
     ids
@@ -159,18 +232,38 @@ mod tests {
 
     #[test]
     fn reads_ids_and_names_off_the_wire() {
-        let md = c::PodSandboxMetadata { name: "web".into(), namespace: "shop".into(), uid: "u".into(), attempt: 0 };
+        let md = c::PodSandboxMetadata {
+            name: "web".into(),
+            namespace: "shop".into(),
+            uid: "u".into(),
+            attempt: 0,
+        };
         let req = c::CreateContainerRequest {
             pod_sandbox_id: "sb1".into(),
             config: Some(c::ContainerConfig {
-                metadata: Some(c::ContainerMetadata { name: "app".into(), attempt: 1 }),
-                image: Some(c::ImageSpec { image: "nginx:1".into(), ..Default::default() }),
+                metadata: Some(c::ContainerMetadata {
+                    name: "app".into(),
+                    attempt: 1,
+                }),
+                image: Some(c::ImageSpec {
+                    image: "nginx:1".into(),
+                    ..Default::default()
+                }),
                 ..Default::default()
             }),
-            sandbox_config: Some(c::PodSandboxConfig { metadata: Some(md.clone()), ..Default::default() }),
+            sandbox_config: Some(c::PodSandboxConfig {
+                metadata: Some(md.clone()),
+                ..Default::default()
+            }),
         };
-        let resp = c::CreateContainerResponse { container_id: "ctr1".into() };
-        let ids = from_messages(Some(Rpc::CreateContainer), Some(&req.encode_to_vec()), Some(&resp.encode_to_vec()));
+        let resp = c::CreateContainerResponse {
+            container_id: "ctr1".into(),
+        };
+        let ids = from_messages(
+            Some(Rpc::CreateContainer),
+            Some(&req.encode_to_vec()),
+            Some(&resp.encode_to_vec()),
+        );
         assert_eq!(
             ids,
             Ids {
@@ -182,13 +275,34 @@ mod tests {
                 image: "nginx:1".into()
             }
         );
-        let run = c::RunPodSandboxRequest { config: Some(c::PodSandboxConfig { metadata: Some(md), ..Default::default() }), ..Default::default() };
+        let run = c::RunPodSandboxRequest {
+            config: Some(c::PodSandboxConfig {
+                metadata: Some(md),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
         let ids = from_messages(Some(Rpc::RunPodSandbox), Some(&run.encode_to_vec()), None);
-        assert_eq!((ids.pod_namespace.as_str(), ids.pod_name.as_str()), ("shop", "web"));
-        let stop = c::StopContainerRequest { container_id: "ctr1".into(), timeout: 30 };
-        assert_eq!(from_messages(Some(Rpc::StopContainer), Some(&stop.encode_to_vec()), None).container_id, "ctr1");
-        assert_eq!(from_messages(None, Some(&stop.encode_to_vec()), None), Ids::default());
+        assert_eq!(
+            (ids.pod_namespace.as_str(), ids.pod_name.as_str()),
+            ("shop", "web")
+        );
+        let stop = c::StopContainerRequest {
+            container_id: "ctr1".into(),
+            timeout: 30,
+        };
+        assert_eq!(
+            from_messages(Some(Rpc::StopContainer), Some(&stop.encode_to_vec()), None).container_id,
+            "ctr1"
+        );
+        assert_eq!(
+            from_messages(None, Some(&stop.encode_to_vec()), None),
+            Ids::default()
+        );
         // Garbage never panics.
-        assert_eq!(from_messages(Some(Rpc::CreateContainer), Some(&[0x0a, 0xff]), None), Ids::default());
+        assert_eq!(
+            from_messages(Some(Rpc::CreateContainer), Some(&[0x0a, 0xff]), None),
+            Ids::default()
+        );
     }
 }

@@ -42,7 +42,9 @@ use tokio::sync::mpsc;
 use crate::cri::wire::{self, Frame};
 use crate::cri::{Route, Rpc, RpcKind};
 use crate::intercept::PodNames;
-use crate::intercept::{BoxFuture, Call, HoldEvent, HoldPhase, HoldSink, Interceptor, Interest, Outcome, Verdict};
+use crate::intercept::{
+    BoxFuture, Call, HoldEvent, HoldPhase, HoldSink, Interceptor, Interest, Outcome, Verdict,
+};
 use crate::metrics::{code_name, CallMetrics};
 pub use filter::{Filter, Glob};
 pub use ids::Ids;
@@ -93,7 +95,8 @@ pub struct RawEvent {
 impl RawEvent {
     /// Bytes this event pins in memory while queued.
     fn weight(&self) -> usize {
-        256 + self.request.as_ref().map_or(0, Bytes::len) + self.response.as_ref().map_or(0, Bytes::len)
+        256 + self.request.as_ref().map_or(0, Bytes::len)
+            + self.response.as_ref().map_or(0, Bytes::len)
     }
 
     pub fn method(&self) -> &str {
@@ -101,8 +104,15 @@ impl RawEvent {
     }
 
     fn json(&self, redact: bool) -> (String, String) {
-        let one = |dir: Dir, m: &Option<Bytes>| m.as_ref().map(|b| decode::decode(self.route.rpc, dir, b, redact).to_string()).unwrap_or_default();
-        (one(Dir::Request, &self.request), one(Dir::Response, &self.response))
+        let one = |dir: Dir, m: &Option<Bytes>| {
+            m.as_ref()
+                .map(|b| decode::decode(self.route.rpc, dir, b, redact).to_string())
+                .unwrap_or_default()
+        };
+        (
+            one(Dir::Request, &self.request),
+            one(Dir::Response, &self.response),
+        )
     }
 
     /// The event as the admin API sends it. Decoding (`full`) happens here, in the
@@ -121,10 +131,19 @@ impl RawEvent {
         };
         pb::CallEvent {
             call_id: self.call_id,
-            start_unix_nanos: self.start.duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0),
+            start_unix_nanos: self
+                .start
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_nanos() as i64)
+                .unwrap_or(0),
             method: self.method().to_string(),
             path: self.path.clone(),
-            cri_version: self.route.version.map(|v| v.as_str()).unwrap_or("").to_string(),
+            cri_version: self
+                .route
+                .version
+                .map(|v| v.as_str())
+                .unwrap_or("")
+                .to_string(),
             kind: kind.to_string(),
             pod_namespace: self.ids.pod_namespace.clone(),
             pod_name: self.ids.pod_name.clone(),
@@ -151,9 +170,18 @@ pub fn hold_to_proto(ev: &HoldEvent) -> pb::HoldEvent {
     pb::HoldEvent {
         call_id: ev.call_id,
         phase: ev.phase.as_str().to_string(),
-        unix_nanos: ev.at.duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0),
+        unix_nanos: ev
+            .at
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as i64)
+            .unwrap_or(0),
         method: filter::method_name(&ev.route, &ev.path).to_string(),
-        cri_version: ev.route.version.map(|v| v.as_str()).unwrap_or("").to_string(),
+        cri_version: ev
+            .route
+            .version
+            .map(|v| v.as_str())
+            .unwrap_or("")
+            .to_string(),
         pod_namespace: ev.pod_namespace.clone(),
         pod_name: ev.pod_name.clone(),
         pod_sandbox_id: ev.pod_sandbox_id.clone(),
@@ -278,7 +306,12 @@ impl Hub {
         f(&mut v);
         let (mut want, mut full) = (0u64, 0u64);
         for s in &v {
-            for rpc in Rpc::ALL.iter().copied().map(Some).chain(std::iter::once(None)) {
+            for rpc in Rpc::ALL
+                .iter()
+                .copied()
+                .map(Some)
+                .chain(std::iter::once(None))
+            {
                 if s.filter.may_want_rpc(rpc) {
                     want |= bit(rpc);
                     if s.filter.full {
@@ -313,7 +346,10 @@ impl Subscription {
 
     fn dropped(&mut self, count: u64) -> Item {
         self.total_dropped += count;
-        Item::Dropped { count, total: self.total_dropped }
+        Item::Dropped {
+            count,
+            total: self.total_dropped,
+        }
     }
 
     fn take(&mut self, q: Queued) -> Item {
@@ -352,7 +388,9 @@ impl Drop for Subscription {
     fn drop(&mut self) {
         let id = self.id;
         self.hub.update(|v| v.retain(|s| s.id != id));
-        self.metrics.tap_subscribers.set(self.hub.count.load(Relaxed) as i64);
+        self.metrics
+            .tap_subscribers
+            .set(self.hub.count.load(Relaxed) as i64);
     }
 }
 
@@ -377,7 +415,13 @@ const MAX_STASH: usize = 4096;
 impl Tap {
     /// `names`: what names the pods and containers of a call's ids (the ordering engine).
     pub fn new(metrics: Arc<CallMetrics>, names: Option<Arc<dyn PodNames>>) -> Arc<Tap> {
-        Arc::new(Tap { hub: Arc::default(), metrics, names, stash: DashMap::new(), stashed: AtomicUsize::new(0) })
+        Arc::new(Tap {
+            hub: Arc::default(),
+            metrics,
+            names,
+            stash: DashMap::new(),
+            stashed: AtomicUsize::new(0),
+        })
     }
 
     pub fn metrics(&self) -> &Arc<CallMetrics> {
@@ -393,12 +437,28 @@ impl Tap {
         let (tx, rx) = mpsc::channel(queue.max(1));
         let counters = Arc::new(Counters::default());
         let id = self.hub.next_id.fetch_add(1, Relaxed);
-        let sub = Arc::new(Sub { id, filter: filter.clone(), tx, counters: counters.clone() });
+        let sub = Arc::new(Sub {
+            id,
+            filter: filter.clone(),
+            tx,
+            counters: counters.clone(),
+        });
         if !self.hub.closed.load(Relaxed) {
             self.hub.update(|v| v.push(sub));
         }
-        self.metrics.tap_subscribers.set(self.hub.count.load(Relaxed) as i64);
-        Subscription { id, rx, counters, hub: self.hub.clone(), metrics: self.metrics.clone(), filter, pending: None, total_dropped: 0 }
+        self.metrics
+            .tap_subscribers
+            .set(self.hub.count.load(Relaxed) as i64);
+        Subscription {
+            id,
+            rx,
+            counters,
+            hub: self.hub.clone(),
+            metrics: self.metrics.clone(),
+            filter,
+            pending: None,
+            total_dropped: 0,
+        }
     }
 
     /// Ends every subscription (their queued events are still delivered) and refuses new ones.
@@ -411,7 +471,9 @@ impl Tap {
     fn unstash(&self, call_id: u64) -> Option<Ids> {
         let (_, ids) = self.stash.remove(&call_id)?;
         // Saturating: a concurrent clear() may have reset the count already.
-        let _ = self.stashed.fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_sub(1)));
+        let _ = self
+            .stashed
+            .fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_sub(1)));
         Some(ids)
     }
 
@@ -430,8 +492,17 @@ impl Tap {
         ids
     }
 
-    fn log_messages(&self, call: &Call, req: Option<&[u8]>, resp: Option<&[u8]>, outcome: &Outcome) {
-        let show = |dir, m: Option<&[u8]>| m.map(|m| redact::for_log(call.route.rpc, dir, m, MAX_LOG_MESSAGE)).unwrap_or_default();
+    fn log_messages(
+        &self,
+        call: &Call,
+        req: Option<&[u8]>,
+        resp: Option<&[u8]>,
+        outcome: &Outcome,
+    ) {
+        let show = |dir, m: Option<&[u8]>| {
+            m.map(|m| redact::for_log(call.route.rpc, dir, m, MAX_LOG_MESSAGE))
+                .unwrap_or_default()
+        };
         tracing::trace!(
             target: MESSAGES_TARGET,
             call = call.id,
@@ -460,9 +531,16 @@ impl Interceptor for Tap {
         let b = bit(call.route.rpc);
         let logged = Tap::messages_logged();
         let want = self.hub.want.load(Relaxed) & b != 0 || logged;
-        let unary = matches!(call.route.rpc.map(Rpc::kind), Some(RpcKind::Mutating | RpcKind::Polling));
+        let unary = matches!(
+            call.route.rpc.map(Rpc::kind),
+            Some(RpcKind::Mutating | RpcKind::Polling)
+        );
         let full = want && unary && (self.hub.want_full.load(Relaxed) & b != 0 || logged);
-        Interest { request: want, response: full, complete: true }
+        Interest {
+            request: want,
+            response: full,
+            complete: true,
+        }
     }
 
     fn on_request<'a>(&'a self, call: &'a Call, msg: &'a [u8]) -> BoxFuture<'a, Verdict> {
@@ -485,7 +563,8 @@ impl Interceptor for Tap {
     }
 
     fn on_complete(&self, call: &Call, outcome: &Outcome) {
-        self.metrics.observe(call.route.rpc, outcome.code, outcome.duration);
+        self.metrics
+            .observe(call.route.rpc, outcome.code, outcome.duration);
         let logged = Tap::messages_logged();
         if self.hub.count.load(Relaxed) == 0 && !logged {
             // Somebody may have tapped when this call started.
@@ -501,7 +580,10 @@ impl Interceptor for Tap {
         }
         let subs = self.hub.snapshot();
         let path = call.path.path();
-        let early = |s: &Sub| s.filter.wants_route(&call.route, path) && s.filter.wants_outcome(outcome.code, outcome.duration);
+        let early = |s: &Sub| {
+            s.filter.wants_route(&call.route, path)
+                && s.filter.wants_outcome(outcome.code, outcome.duration)
+        };
         if !subs.iter().any(|s| early(s)) {
             self.unstash(call.id);
             return;
@@ -509,7 +591,9 @@ impl Interceptor for Tap {
         let full = subs.iter().any(|s| s.filter.full && early(s));
         let ev = Arc::new(RawEvent {
             call_id: call.id,
-            start: SystemTime::now().checked_sub(call.received.elapsed()).unwrap_or(UNIX_EPOCH),
+            start: SystemTime::now()
+                .checked_sub(call.received.elapsed())
+                .unwrap_or(UNIX_EPOCH),
             route: call.route,
             path: path.to_string(),
             duration: outcome.duration,
@@ -524,7 +608,10 @@ impl Interceptor for Tap {
             redacted_json: OnceLock::new(),
         });
         for s in subs.iter() {
-            if early(s) && s.filter.wants_names(&ev.ids.pod_namespace, &ev.ids.pod_name) {
+            if early(s)
+                && s.filter
+                    .wants_names(&ev.ids.pod_namespace, &ev.ids.pod_name)
+            {
                 s.offer(Ev::Call(ev.clone()), &self.metrics);
             }
         }
@@ -540,8 +627,13 @@ impl HoldSink for Tap {
 
     fn publish(&self, ev: HoldEvent) {
         let subs = self.hub.snapshot();
-        let failed = ev.phase == HoldPhase::Refused || (ev.phase == HoldPhase::End && ev.outcome != "forwarded");
-        let wants = |s: &Sub| s.filter.wants_route(&ev.route, &ev.path) && (!s.filter.errors_only || failed) && s.filter.wants_names(&ev.pod_namespace, &ev.pod_name);
+        let failed = ev.phase == HoldPhase::Refused
+            || (ev.phase == HoldPhase::End && ev.outcome != "forwarded");
+        let wants = |s: &Sub| {
+            s.filter.wants_route(&ev.route, &ev.path)
+                && (!s.filter.errors_only || failed)
+                && s.filter.wants_names(&ev.pod_namespace, &ev.pod_name)
+        };
         let to: Vec<&Arc<Sub>> = subs.iter().filter(|s| wants(s)).collect();
         if to.is_empty() {
             return;

@@ -49,7 +49,11 @@ pub struct FileFacts {
 
 impl From<&Metadata> for FileFacts {
     fn from(m: &Metadata) -> Self {
-        FileFacts { regular: m.file_type().is_file(), owner: m.uid(), links: m.nlink() }
+        FileFacts {
+            regular: m.file_type().is_file(),
+            owner: m.uid(),
+            links: m.nlink(),
+        }
     }
 }
 
@@ -59,7 +63,10 @@ pub fn check(f: FileFacts, user: u32) -> Result<(), Refusal> {
         return Err(Refusal::NotRegular);
     }
     if f.owner != user {
-        return Err(Refusal::NotOwned { owner: f.owner, user });
+        return Err(Refusal::NotOwned {
+            owner: f.owner,
+            user,
+        });
     }
     if f.links != 1 {
         return Err(Refusal::Linked(f.links));
@@ -69,20 +76,33 @@ pub fn check(f: FileFacts, user: u32) -> Result<(), Refusal> {
 
 /// Opens (creating if need be) `path` to record to, as the module doc says.
 pub fn open(path: &Path) -> Result<File, OutputError> {
-    let io_err = |source: io::Error| OutputError::Io { path: path.to_path_buf(), source };
-    let file = OpenOptions::new().write(true).create(true).mode(0o600).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK).open(path).map_err(|e| {
-        if e.raw_os_error() == Some(libc::ELOOP) {
-            OutputError::Symlink(path.to_path_buf())
-        } else {
-            io_err(e)
-        }
-    })?;
+    let io_err = |source: io::Error| OutputError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                OutputError::Symlink(path.to_path_buf())
+            } else {
+                io_err(e)
+            }
+        })?;
     let meta = file.metadata().map_err(io_err)?;
     // SAFETY: geteuid has no preconditions and cannot fail.
     let user = unsafe { libc::geteuid() };
-    check(FileFacts::from(&meta), user).map_err(|why| OutputError::Refused { path: path.to_path_buf(), why })?;
+    check(FileFacts::from(&meta), user).map_err(|why| OutputError::Refused {
+        path: path.to_path_buf(),
+        why,
+    })?;
     if meta.permissions().mode() & 0o7777 != 0o600 {
-        file.set_permissions(std::fs::Permissions::from_mode(0o600)).map_err(io_err)?;
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(io_err)?;
     }
     file.set_len(0).map_err(io_err)?;
     Ok(file)
@@ -94,12 +114,40 @@ mod tests {
 
     #[test]
     fn only_a_private_regular_file_of_ones_own_is_written() {
-        let me = FileFacts { regular: true, owner: 1000, links: 1 };
+        let me = FileFacts {
+            regular: true,
+            owner: 1000,
+            links: 1,
+        };
         assert_eq!(check(me, 1000), Ok(()));
-        assert_eq!(check(FileFacts { owner: 0, ..me }, 1000), Err(Refusal::NotOwned { owner: 0, user: 1000 }));
-        assert_eq!(check(FileFacts { owner: 1000, ..me }, 0), Err(Refusal::NotOwned { owner: 1000, user: 0 }));
-        assert_eq!(check(FileFacts { links: 2, ..me }, 1000), Err(Refusal::Linked(2)));
-        assert_eq!(check(FileFacts { regular: false, ..me }, 1000), Err(Refusal::NotRegular));
+        assert_eq!(
+            check(FileFacts { owner: 0, ..me }, 1000),
+            Err(Refusal::NotOwned {
+                owner: 0,
+                user: 1000
+            })
+        );
+        assert_eq!(
+            check(FileFacts { owner: 1000, ..me }, 0),
+            Err(Refusal::NotOwned {
+                owner: 1000,
+                user: 0
+            })
+        );
+        assert_eq!(
+            check(FileFacts { links: 2, ..me }, 1000),
+            Err(Refusal::Linked(2))
+        );
+        assert_eq!(
+            check(
+                FileFacts {
+                    regular: false,
+                    ..me
+                },
+                1000
+            ),
+            Err(Refusal::NotRegular)
+        );
     }
 
     #[test]
@@ -131,7 +179,10 @@ mod tests {
         assert_eq!((m.permissions().mode() & 0o7777, m.len()), (0o600, 0));
         let new = dir.path().join("new.jsonl");
         drop(open(&new).unwrap());
-        assert_eq!(std::fs::metadata(&new).unwrap().permissions().mode() & 0o7777, 0o600);
+        assert_eq!(
+            std::fs::metadata(&new).unwrap().permissions().mode() & 0o7777,
+            0o600
+        );
     }
 
     #[test]
@@ -142,7 +193,16 @@ mod tests {
         let link = dir.path().join("calls.jsonl");
         std::fs::hard_link(&other, &link).unwrap();
         let e = open(&link).unwrap_err();
-        assert!(matches!(e, OutputError::Refused { why: Refusal::Linked(2), .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                OutputError::Refused {
+                    why: Refusal::Linked(2),
+                    ..
+                }
+            ),
+            "{e}"
+        );
         assert_eq!(std::fs::read_to_string(&other).unwrap(), "keep me");
     }
 

@@ -52,9 +52,27 @@ pub fn run(args: PodsArgs) -> ExitCode {
 async fn pods(args: &PodsArgs) -> Result<String, (u8, String)> {
     let socket = args.admin.path().map_err(|e| (EX_USAGE, e))?;
     reachable(&socket)?;
-    let mut client = super::cli::connect(&socket).await.map_err(|e| (EX_UNAVAILABLE, format!("cannot connect to {}: {e}", socket.display())))?;
-    let resp = client.list_pods(pb::ListPodsRequest {}).await.map_err(|s| (EX_UNAVAILABLE, format!("ListPods: {}: {}", s.code(), s.message())))?.into_inner();
-    let pods: Vec<pb::Pod> = resp.pods.into_iter().filter(|p| selected(args.pod.as_deref(), p)).collect();
+    let mut client = super::cli::connect(&socket).await.map_err(|e| {
+        (
+            EX_UNAVAILABLE,
+            format!("cannot connect to {}: {e}", socket.display()),
+        )
+    })?;
+    let resp = client
+        .list_pods(pb::ListPodsRequest {})
+        .await
+        .map_err(|s| {
+            (
+                EX_UNAVAILABLE,
+                format!("ListPods: {}: {}", s.code(), s.message()),
+            )
+        })?
+        .into_inner();
+    let pods: Vec<pb::Pod> = resp
+        .pods
+        .into_iter()
+        .filter(|p| selected(args.pod.as_deref(), p))
+        .collect();
     if let Some(want) = &args.pod {
         if pods.is_empty() {
             return Err((1, format!("crisp knows no pod {want} (it tracks pods from their RunPodSandbox or first gated call)")));
@@ -66,7 +84,11 @@ async fn pods(args: &PodsArgs) -> Result<String, (u8, String)> {
     if pods.is_empty() {
         return Ok("crisp tracks no pods.".into());
     }
-    Ok(pods.iter().map(|p| human(p, SystemTime::now())).collect::<Vec<_>>().join("\n"))
+    Ok(pods
+        .iter()
+        .map(|p| human(p, SystemTime::now()))
+        .collect::<Vec<_>>()
+        .join("\n"))
 }
 
 /// The admin socket exists and this user may open it; else a message naming the path and the fix.
@@ -121,45 +143,94 @@ fn t(s: &str) -> tenant::Text<'_> {
 pub fn human(p: &pb::Pod, now: SystemTime) -> String {
     let mut out = Vec::new();
     let short = t(p.pod_sandbox_id.get(..12).unwrap_or(&p.pod_sandbox_id));
-    let mut head = format!("{}/{}  sandbox {short}  sidecars from {}", t(&p.namespace), t(&p.name), t(&p.policy_source));
-    head.push_str(&format!("  start timeout {} ({})", ms(p.effective_start_timeout_ms), p.effective_timeout_policy));
+    let mut head = format!(
+        "{}/{}  sandbox {short}  sidecars from {}",
+        t(&p.namespace),
+        t(&p.name),
+        t(&p.policy_source)
+    );
+    head.push_str(&format!(
+        "  start timeout {} ({})",
+        ms(p.effective_start_timeout_ms),
+        p.effective_timeout_policy
+    ));
     if p.refusals > 0 {
         head.push_str(&format!("  refusals {}", p.refusals));
     }
     out.push(head);
     for h in &p.held {
-        let mut why =
-            format!("  HELD {} {}: waiting for {}: {}", t(&h.method), t(if h.container_name.is_empty() { "(sandbox)" } else { &h.container_name }), t(&h.waiting_on), t(&h.reason));
+        let mut why = format!(
+            "  HELD {} {}: waiting for {}: {}",
+            t(&h.method),
+            t(if h.container_name.is_empty() {
+                "(sandbox)"
+            } else {
+                &h.container_name
+            }),
+            t(&h.waiting_on),
+            t(&h.reason)
+        );
         if !h.probe_result.is_empty() && h.probe_result != "ok" {
             why.push_str(&format!(" ({})", t(&h.probe_result)));
         }
-        why.push_str(&format!(" — held {}, {} left", ms(h.held_ms), ms(h.time_left_ms)));
+        why.push_str(&format!(
+            " — held {}, {} left",
+            ms(h.held_ms),
+            ms(h.time_left_ms)
+        ));
         if !h.policy.is_empty() {
             why.push_str(&format!(", then {}", t(&h.policy)));
         }
         out.push(why);
     }
     if !p.runtime_error.is_empty() {
-        out.push(format!("  (sidecar states unknown: the runtime did not list the pod's containers: {})", t(&p.runtime_error)));
+        out.push(format!(
+            "  (sidecar states unknown: the runtime did not list the pod's containers: {})",
+            t(&p.runtime_error)
+        ));
     }
     if p.sidecars.is_empty() {
         out.push("  no sidecars: crisp does not order this pod".into());
     }
     for (i, s) in p.sidecars.iter().enumerate() {
-        let mut line = format!("  {}. {}  ready: {}  state: {}", i + 1, t(&s.name), t(&s.ready), t(if s.state.is_empty() { "?" } else { &s.state }));
+        let mut line = format!(
+            "  {}. {}  ready: {}  state: {}",
+            i + 1,
+            t(&s.name),
+            t(&s.ready),
+            t(if s.state.is_empty() { "?" } else { &s.state })
+        );
         if !s.required {
             line.push_str(" (optional)");
         }
         if s.last_probe_unix_nanos > 0 {
-            line.push_str(&format!("  last probe {}: {}", ago(s.last_probe_unix_nanos, now), t(&s.last_probe_result)));
+            line.push_str(&format!(
+                "  last probe {}: {}",
+                ago(s.last_probe_unix_nanos, now),
+                t(&s.last_probe_result)
+            ));
         }
         out.push(line);
     }
     if let Some(j) = &p.job_state {
         if j.is_job {
-            let mut line = format!("  job: {}", if j.watched { "crisp watches the apps" } else { "not watched (job mode off?)" });
+            let mut line = format!(
+                "  job: {}",
+                if j.watched {
+                    "crisp watches the apps"
+                } else {
+                    "not watched (job mode off?)"
+                }
+            );
             if !j.terminated.is_empty() {
-                line.push_str(&format!("; sidecars terminated: {}", j.terminated.iter().map(|n| t(n).to_string()).collect::<Vec<_>>().join(", ")));
+                line.push_str(&format!(
+                    "; sidecars terminated: {}",
+                    j.terminated
+                        .iter()
+                        .map(|n| t(n).to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
             }
             out.push(line);
         }
@@ -169,7 +240,13 @@ pub fn human(p: &pb::Pod, now: SystemTime) -> String {
 
 /// One pod as `crisp pods --json` prints it: fixed keys, times in RFC 3339.
 pub fn pod_json(p: &pb::Pod) -> Value {
-    let time = |n: i64| if n > 0 { Value::String(rfc3339(n)) } else { Value::Null };
+    let time = |n: i64| {
+        if n > 0 {
+            Value::String(rfc3339(n))
+        } else {
+            Value::Null
+        }
+    };
     json!({
         "namespace": p.namespace,
         "name": p.name,
@@ -219,7 +296,8 @@ mod tests {
                 ready: "tcp://:9999".into(),
                 required: true,
                 state: "running".into(),
-                last_probe_result: "connect 10.0.0.5:9999: Connection refused (os error 111)".into(),
+                last_probe_result: "connect 10.0.0.5:9999: Connection refused (os error 111)"
+                    .into(),
                 last_probe_unix_nanos: 1_700_000_000_000_000_000,
                 ..Default::default()
             }],
@@ -258,7 +336,10 @@ mod tests {
         let v = pod_json(&pod());
         assert_eq!(v["held"][0]["time_left_ms"], 77_700);
         assert_eq!(v["held"][0]["since"], Value::Null);
-        assert_eq!(v["sidecars"][0]["last_probe_time"], "2023-11-14T22:13:20.000000Z");
+        assert_eq!(
+            v["sidecars"][0]["last_probe_time"],
+            "2023-11-14T22:13:20.000000Z"
+        );
         assert_eq!(v["start_timeout_ms"], 90_000);
         assert_eq!(v["refusals"], 2);
     }
@@ -268,16 +349,31 @@ mod tests {
     #[test]
     fn hostile_names_are_escaped_and_cut() {
         let mut p = pod();
-        let hostile = format!("x\u{1b}[2J\u{1b}]0;owned\u{7}\n  1. fake  ready: running\u{202e}{}", "y".repeat(10_000));
+        let hostile = format!(
+            "x\u{1b}[2J\u{1b}]0;owned\u{7}\n  1. fake  ready: running\u{202e}{}",
+            "y".repeat(10_000)
+        );
         p.name = hostile.clone();
         p.sidecars[0].name = hostile.clone();
         p.sidecars[0].last_probe_result = hostile.clone();
         p.held[0].container_name = hostile.clone();
         p.held[0].reason = hostile.clone();
         let text = human(&p, UNIX_EPOCH + Duration::from_millis(1_700_000_002_500));
-        assert_eq!(text.lines().count(), human(&pod(), SystemTime::now()).lines().count(), "no forged line: {text}");
-        assert!(!text.chars().any(|c| (c.is_control() && c != '\n') || c == '\u{202e}'), "{text}");
-        assert!(text.contains(r"x\u{1b}[2J\u{1b}]0;owned\u{7}\n  1. fake"), "{text}");
+        assert_eq!(
+            text.lines().count(),
+            human(&pod(), SystemTime::now()).lines().count(),
+            "no forged line: {text}"
+        );
+        assert!(
+            !text
+                .chars()
+                .any(|c| (c.is_control() && c != '\n') || c == '\u{202e}'),
+            "{text}"
+        );
+        assert!(
+            text.contains(r"x\u{1b}[2J\u{1b}]0;owned\u{7}\n  1. fake"),
+            "{text}"
+        );
         assert!(text.lines().all(|l| l.len() <= 8 * MAX_FIELD), "{text}");
     }
 
@@ -297,6 +393,9 @@ mod tests {
         let path = dir.path().join("admin.sock");
         let (code, msg) = reachable(&path).unwrap_err();
         assert_eq!(code, EX_UNAVAILABLE);
-        assert!(msg.contains(&path.display().to_string()) && msg.contains("is crisp running"), "{msg}");
+        assert!(
+            msg.contains(&path.display().to_string()) && msg.contains("is crisp running"),
+            "{msg}"
+        );
     }
 }

@@ -45,8 +45,12 @@ pub enum Dir {
 /// newest kubernetes cri-api. All sit in AuthConfig, which is only carried by
 /// `PullImageRequest.auth` — redacted whole, so these are covered with room to spare; the list
 /// is kept so a test can prove it.
-pub const DEBUG_REDACT: &[(&str, &str, u32)] =
-    &[("AuthConfig", "password", 2), ("AuthConfig", "auth", 3), ("AuthConfig", "identity_token", 5), ("AuthConfig", "registry_token", 6)];
+pub const DEBUG_REDACT: &[(&str, &str, u32)] = &[
+    ("AuthConfig", "password", 2),
+    ("AuthConfig", "auth", 3),
+    ("AuthConfig", "identity_token", 5),
+    ("AuthConfig", "registry_token", 6),
+];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum How {
@@ -72,17 +76,83 @@ struct Rule {
 }
 
 const RULES: &[Rule] = &[
-    Rule { rpc: Rpc::PullImage, dir: Dir::Request, path: &["auth"], wire: &[2], how: How::Whole },
-    Rule { rpc: Rpc::CreateContainer, dir: Dir::Request, path: &["config", "envs", "*", "value"], wire: &[2, 6, 2], how: How::Whole },
-    Rule { rpc: Rpc::ContainerStatus, dir: Dir::Response, path: &["info"], wire: &[2], how: How::MapValues },
-    Rule { rpc: Rpc::PodSandboxStatus, dir: Dir::Response, path: &["info"], wire: &[2], how: How::MapValues },
-    Rule { rpc: Rpc::ImageStatus, dir: Dir::Response, path: &["info"], wire: &[2], how: How::MapValues },
-    Rule { rpc: Rpc::Status, dir: Dir::Response, path: &["info"], wire: &[2], how: How::MapValues },
-    Rule { rpc: Rpc::ExecSync, dir: Dir::Response, path: &["stdout"], wire: &[1], how: How::Size },
-    Rule { rpc: Rpc::ExecSync, dir: Dir::Response, path: &["stderr"], wire: &[2], how: How::Size },
-    Rule { rpc: Rpc::Exec, dir: Dir::Response, path: &["url"], wire: &[1], how: How::UrlToken },
-    Rule { rpc: Rpc::Attach, dir: Dir::Response, path: &["url"], wire: &[1], how: How::UrlToken },
-    Rule { rpc: Rpc::PortForward, dir: Dir::Response, path: &["url"], wire: &[1], how: How::UrlToken },
+    Rule {
+        rpc: Rpc::PullImage,
+        dir: Dir::Request,
+        path: &["auth"],
+        wire: &[2],
+        how: How::Whole,
+    },
+    Rule {
+        rpc: Rpc::CreateContainer,
+        dir: Dir::Request,
+        path: &["config", "envs", "*", "value"],
+        wire: &[2, 6, 2],
+        how: How::Whole,
+    },
+    Rule {
+        rpc: Rpc::ContainerStatus,
+        dir: Dir::Response,
+        path: &["info"],
+        wire: &[2],
+        how: How::MapValues,
+    },
+    Rule {
+        rpc: Rpc::PodSandboxStatus,
+        dir: Dir::Response,
+        path: &["info"],
+        wire: &[2],
+        how: How::MapValues,
+    },
+    Rule {
+        rpc: Rpc::ImageStatus,
+        dir: Dir::Response,
+        path: &["info"],
+        wire: &[2],
+        how: How::MapValues,
+    },
+    Rule {
+        rpc: Rpc::Status,
+        dir: Dir::Response,
+        path: &["info"],
+        wire: &[2],
+        how: How::MapValues,
+    },
+    Rule {
+        rpc: Rpc::ExecSync,
+        dir: Dir::Response,
+        path: &["stdout"],
+        wire: &[1],
+        how: How::Size,
+    },
+    Rule {
+        rpc: Rpc::ExecSync,
+        dir: Dir::Response,
+        path: &["stderr"],
+        wire: &[2],
+        how: How::Size,
+    },
+    Rule {
+        rpc: Rpc::Exec,
+        dir: Dir::Response,
+        path: &["url"],
+        wire: &[1],
+        how: How::UrlToken,
+    },
+    Rule {
+        rpc: Rpc::Attach,
+        dir: Dir::Response,
+        path: &["url"],
+        wire: &[1],
+        how: How::UrlToken,
+    },
+    Rule {
+        rpc: Rpc::PortForward,
+        dir: Dir::Response,
+        path: &["url"],
+        wire: &[1],
+        how: How::UrlToken,
+    },
 ];
 
 /// Annotation keys whose values crisp shows: keys crisp knows carry no secret. Every other
@@ -127,22 +197,32 @@ const COMMAND_FIELDS: &[&str] = &["command", "args", "cmd"];
 /// Whether an annotation's value is shown: a key crisp knows (crisp's own `crisp.dev/*` or one
 /// of [`SHOWN_ANNOTATIONS`]) whose value does not embed a manifest.
 pub fn annotation_shown(key: &str, value: &str) -> bool {
-    (key.starts_with("crisp.dev/") || SHOWN_ANNOTATIONS.contains(&key)) && !carries_manifest(key, value)
+    (key.starts_with("crisp.dev/") || SHOWN_ANNOTATIONS.contains(&key))
+        && !carries_manifest(key, value)
 }
 
 /// Annotations that tools fill with a whole object as applied (env values included).
-const MANIFEST_ANNOTATIONS: &[&str] = &["kubectl.kubernetes.io/last-applied-configuration", "kapp.k14s.io/original"];
+const MANIFEST_ANNOTATIONS: &[&str] = &[
+    "kubectl.kubernetes.io/last-applied-configuration",
+    "kapp.k14s.io/original",
+];
 
 /// Whether an annotation's value may embed a manifest: one of the annotations tools keep a copy
 /// of the applied object in, or any value shaped like a serialised Kubernetes object (a JSON
 /// object naming its `apiVersion` and `kind`), whoever put it there.
 pub fn carries_manifest(key: &str, value: &str) -> bool {
-    MANIFEST_ANNOTATIONS.contains(&key) || (value.trim_start().starts_with('{') && value.contains("\"apiVersion\"") && value.contains("\"kind\""))
+    MANIFEST_ANNOTATIONS.contains(&key)
+        || (value.trim_start().starts_with('{')
+            && value.contains("\"apiVersion\"")
+            && value.contains("\"kind\""))
 }
 
 /// Wire paths under which nothing may be shown when redacting (not even unknown-field sizes).
 pub fn redacted_wire_paths(rpc: Rpc, dir: Dir) -> impl Iterator<Item = &'static [u32]> {
-    RULES.iter().filter(move |r| r.rpc == rpc && r.dir == dir && r.how == How::Whole).map(|r| r.wire)
+    RULES
+        .iter()
+        .filter(move |r| r.rpc == rpc && r.dir == dir && r.how == How::Whole)
+        .map(|r| r.wire)
 }
 
 /// Redacts a decoded message in place (`redact`), or only makes bytes fields readable
@@ -180,8 +260,14 @@ fn by_name(v: &mut Value, depth: usize) {
                         }
                     }
                     (name, Value::Array(items)) if COMMAND_FIELDS.contains(&name) => {
-                        let bytes: usize = items.iter().map(|i| i.as_str().map(str::len).unwrap_or(0)).sum();
-                        *x = Value::String(format!("<redacted: {} items, {bytes} bytes>", items.len()));
+                        let bytes: usize = items
+                            .iter()
+                            .map(|i| i.as_str().map(str::len).unwrap_or(0))
+                            .sum();
+                        *x = Value::String(format!(
+                            "<redacted: {} items, {bytes} bytes>",
+                            items.len()
+                        ));
                     }
                     _ => by_name(x, depth + 1),
                 }
@@ -246,7 +332,10 @@ fn transform(v: &mut Value, how: How, redact: bool) {
 
 /// A serde-serialised `Vec<u8>` (a list of numbers) back as bytes.
 fn bytes_of(v: &Value) -> Option<Vec<u8>> {
-    v.as_array()?.iter().map(|x| x.as_u64().and_then(|n| u8::try_from(n).ok())).collect()
+    v.as_array()?
+        .iter()
+        .map(|x| x.as_u64().and_then(|n| u8::try_from(n).ok()))
+        .collect()
 }
 
 /// A message as one redacted JSON line for a log, cut at `max` bytes: the only way crisp puts a
@@ -265,16 +354,21 @@ mod tests {
 
     #[test]
     fn whole_and_nested_list_paths() {
-        let mut v = json!({"auth": {"username": "u", "password": "p"}, "image": {"image": "busybox"}});
+        let mut v =
+            json!({"auth": {"username": "u", "password": "p"}, "image": {"image": "busybox"}});
         apply(Rpc::PullImage, Dir::Request, &mut v, true);
         assert_eq!(v, json!({"auth": REDACTED, "image": {"image": "busybox"}}));
         // An absent auth stays visibly absent.
         let mut v = json!({"auth": null});
         apply(Rpc::PullImage, Dir::Request, &mut v, true);
         assert_eq!(v, json!({"auth": null}));
-        let mut v = json!({"config": {"envs": [{"key": "A", "value": "s1"}, {"key": "B", "value": "s2"}]}});
+        let mut v =
+            json!({"config": {"envs": [{"key": "A", "value": "s1"}, {"key": "B", "value": "s2"}]}});
         apply(Rpc::CreateContainer, Dir::Request, &mut v, true);
-        assert_eq!(v, json!({"config": {"envs": [{"key": "A", "value": REDACTED}, {"key": "B", "value": REDACTED}]}}));
+        assert_eq!(
+            v,
+            json!({"config": {"envs": [{"key": "A", "value": REDACTED}, {"key": "B", "value": REDACTED}]}})
+        );
         // Rules are per direction: a response with the same shape is not touched.
         let mut v = json!({"auth": "x"});
         apply(Rpc::PullImage, Dir::Response, &mut v, true);
@@ -289,7 +383,10 @@ mod tests {
         let mut v = json!({"stdout": [104, 105], "stderr": [], "exit_code": 0});
         apply(Rpc::ExecSync, Dir::Response, &mut v.clone(), false);
         apply(Rpc::ExecSync, Dir::Response, &mut v, true);
-        assert_eq!(v, json!({"stdout": "<2 bytes>", "stderr": "<0 bytes>", "exit_code": 0}));
+        assert_eq!(
+            v,
+            json!({"stdout": "<2 bytes>", "stderr": "<0 bytes>", "exit_code": 0})
+        );
         let mut v = json!({"stdout": [104, 105]});
         apply(Rpc::ExecSync, Dir::Response, &mut v, false);
         assert_eq!(v, json!({"stdout": "hi"}));
@@ -334,10 +431,12 @@ mod tests {
         apply(Rpc::ListPodSandbox, Dir::Response, &mut v, true);
         assert_eq!(v["items"][0]["annotations"], want);
         assert_eq!(v["items"][1]["annotations"], json!({}));
-        let mut v = json!({"stats": {"attributes": {"id": "a", "annotations": annotations.clone()}}});
+        let mut v =
+            json!({"stats": {"attributes": {"id": "a", "annotations": annotations.clone()}}});
         apply(Rpc::PodSandboxStats, Dir::Response, &mut v, true);
         assert_eq!(v["stats"]["attributes"]["annotations"], want);
-        let mut v = json!({"stats": [{"attributes": {"id": "a", "annotations": annotations.clone()}}]});
+        let mut v =
+            json!({"stats": [{"attributes": {"id": "a", "annotations": annotations.clone()}}]});
         apply(Rpc::ListPodSandboxStats, Dir::Response, &mut v, true);
         assert_eq!(v["stats"][0]["attributes"]["annotations"], want);
     }
@@ -348,33 +447,91 @@ mod tests {
     fn manifest_rules_match_the_decoded_messages() {
         use k8s_cri::v1 as c;
         let applied = r#"{"apiVersion":"v1","kind":"Pod","spec":{"env":"S3cret"}}"#;
-        let ann: std::collections::HashMap<String, String> = [("kubectl.kubernetes.io/last-applied-configuration".to_string(), applied.to_string())].into();
-        let config = c::PodSandboxConfig { annotations: ann.clone(), ..Default::default() };
-        let attrs = c::PodSandboxAttributes { id: "a".into(), annotations: ann.clone(), ..Default::default() };
-        let stats = c::PodSandboxStats { attributes: Some(attrs), ..Default::default() };
+        let ann: std::collections::HashMap<String, String> = [(
+            "kubectl.kubernetes.io/last-applied-configuration".to_string(),
+            applied.to_string(),
+        )]
+        .into();
+        let config = c::PodSandboxConfig {
+            annotations: ann.clone(),
+            ..Default::default()
+        };
+        let attrs = c::PodSandboxAttributes {
+            id: "a".into(),
+            annotations: ann.clone(),
+            ..Default::default()
+        };
+        let stats = c::PodSandboxStats {
+            attributes: Some(attrs),
+            ..Default::default()
+        };
         let msgs: Vec<(Rpc, Dir, Vec<u8>)> = vec![
-            (Rpc::RunPodSandbox, Dir::Request, prost::Message::encode_to_vec(&c::RunPodSandboxRequest { config: Some(config.clone()), runtime_handler: String::new() })),
-            (Rpc::CreateContainer, Dir::Request, prost::Message::encode_to_vec(&c::CreateContainerRequest { sandbox_config: Some(config.clone()), ..Default::default() })),
-            (Rpc::PullImage, Dir::Request, prost::Message::encode_to_vec(&c::PullImageRequest { sandbox_config: Some(config), ..Default::default() })),
+            (
+                Rpc::RunPodSandbox,
+                Dir::Request,
+                prost::Message::encode_to_vec(&c::RunPodSandboxRequest {
+                    config: Some(config.clone()),
+                    runtime_handler: String::new(),
+                }),
+            ),
+            (
+                Rpc::CreateContainer,
+                Dir::Request,
+                prost::Message::encode_to_vec(&c::CreateContainerRequest {
+                    sandbox_config: Some(config.clone()),
+                    ..Default::default()
+                }),
+            ),
+            (
+                Rpc::PullImage,
+                Dir::Request,
+                prost::Message::encode_to_vec(&c::PullImageRequest {
+                    sandbox_config: Some(config),
+                    ..Default::default()
+                }),
+            ),
             (
                 Rpc::PodSandboxStatus,
                 Dir::Response,
                 prost::Message::encode_to_vec(&c::PodSandboxStatusResponse {
-                    status: Some(c::PodSandboxStatus { annotations: ann.clone(), ..Default::default() }),
+                    status: Some(c::PodSandboxStatus {
+                        annotations: ann.clone(),
+                        ..Default::default()
+                    }),
                     ..Default::default()
                 }),
             ),
             (
                 Rpc::ListPodSandbox,
                 Dir::Response,
-                prost::Message::encode_to_vec(&c::ListPodSandboxResponse { items: vec![c::PodSandbox { annotations: ann, ..Default::default() }] }),
+                prost::Message::encode_to_vec(&c::ListPodSandboxResponse {
+                    items: vec![c::PodSandbox {
+                        annotations: ann,
+                        ..Default::default()
+                    }],
+                }),
             ),
-            (Rpc::PodSandboxStats, Dir::Response, prost::Message::encode_to_vec(&c::PodSandboxStatsResponse { stats: Some(stats.clone()) })),
-            (Rpc::ListPodSandboxStats, Dir::Response, prost::Message::encode_to_vec(&c::ListPodSandboxStatsResponse { stats: vec![stats] })),
+            (
+                Rpc::PodSandboxStats,
+                Dir::Response,
+                prost::Message::encode_to_vec(&c::PodSandboxStatsResponse {
+                    stats: Some(stats.clone()),
+                }),
+            ),
+            (
+                Rpc::ListPodSandboxStats,
+                Dir::Response,
+                prost::Message::encode_to_vec(&c::ListPodSandboxStatsResponse {
+                    stats: vec![stats],
+                }),
+            ),
         ];
         for (rpc, dir, msg) in msgs {
             let shown = super::super::decode::decode(Some(rpc), dir, &msg, true).to_string();
-            assert!(!shown.contains("S3cret") && shown.contains("<redacted: "), "{rpc:?}: {shown}");
+            assert!(
+                !shown.contains("S3cret") && shown.contains("<redacted: "),
+                "{rpc:?}: {shown}"
+            );
             let raw = super::super::decode::decode(Some(rpc), dir, &msg, false).to_string();
             assert!(raw.contains("S3cret"), "{rpc:?} unredacted: {raw}");
         }
@@ -389,25 +546,65 @@ mod tests {
     fn every_annotation_map_and_command_line_is_redacted_by_name() {
         use k8s_cri::v1 as c;
         const SECRET: &str = "S3cret-from-env";
-        let applied = format!(r#"{{"apiVersion":"v1","kind":"Pod","spec":{{"containers":[{{"env":[{{"name":"TOKEN","value":"{SECRET}"}}]}}]}}}}"#);
+        let applied = format!(
+            r#"{{"apiVersion":"v1","kind":"Pod","spec":{{"containers":[{{"env":[{{"name":"TOKEN","value":"{SECRET}"}}]}}]}}}}"#
+        );
         let ann: std::collections::HashMap<String, String> = [
-            ("kubectl.kubernetes.io/last-applied-configuration", applied.as_str()),
+            (
+                "kubectl.kubernetes.io/last-applied-configuration",
+                applied.as_str(),
+            ),
             ("example.com/note", SECRET),
-            ("io.kubernetes.container.preStopHandler", &format!(r#"{{"exec":{{"command":["sh","-c","curl -H {SECRET}"]}}}}"#)),
+            (
+                "io.kubernetes.container.preStopHandler",
+                &format!(r#"{{"exec":{{"command":["sh","-c","curl -H {SECRET}"]}}}}"#),
+            ),
             ("crisp.dev/sidecars", "proxy"),
             ("io.kubernetes.container.restartCount", "2"),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-        let image = || Some(c::ImageSpec { image: "registry.example/web:1".into(), annotations: ann.clone(), ..Default::default() });
-        let sandbox_config = || Some(c::PodSandboxConfig { annotations: ann.clone(), ..Default::default() });
-        let sandbox_status = || c::PodSandboxStatus { id: "sb".into(), annotations: ann.clone(), ..Default::default() };
-        let container_status = || c::ContainerStatus { id: "ctr".into(), image: image(), annotations: ann.clone(), ..Default::default() };
-        let container_stats =
-            || c::ContainerStats { attributes: Some(c::ContainerAttributes { id: "ctr".into(), annotations: ann.clone(), ..Default::default() }), ..Default::default() };
-        let sandbox_stats =
-            || c::PodSandboxStats { attributes: Some(c::PodSandboxAttributes { id: "sb".into(), annotations: ann.clone(), ..Default::default() }), ..Default::default() };
+        let image = || {
+            Some(c::ImageSpec {
+                image: "registry.example/web:1".into(),
+                annotations: ann.clone(),
+                ..Default::default()
+            })
+        };
+        let sandbox_config = || {
+            Some(c::PodSandboxConfig {
+                annotations: ann.clone(),
+                ..Default::default()
+            })
+        };
+        let sandbox_status = || c::PodSandboxStatus {
+            id: "sb".into(),
+            annotations: ann.clone(),
+            ..Default::default()
+        };
+        let container_status = || c::ContainerStatus {
+            id: "ctr".into(),
+            image: image(),
+            annotations: ann.clone(),
+            ..Default::default()
+        };
+        let container_stats = || c::ContainerStats {
+            attributes: Some(c::ContainerAttributes {
+                id: "ctr".into(),
+                annotations: ann.clone(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let sandbox_stats = || c::PodSandboxStats {
+            attributes: Some(c::PodSandboxAttributes {
+                id: "sb".into(),
+                annotations: ann.clone(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
         let config = c::ContainerConfig {
             image: image(),
             annotations: ann.clone(),
@@ -415,35 +612,151 @@ mod tests {
             args: vec![format!("--password={SECRET}")],
             ..Default::default()
         };
-        let cmd = vec!["sh".to_string(), "-c".to_string(), format!("test {SECRET} = x")];
+        let cmd = vec![
+            "sh".to_string(),
+            "-c".to_string(),
+            format!("test {SECRET} = x"),
+        ];
         fn e(m: &impl prost::Message) -> Vec<u8> {
             m.encode_to_vec()
         }
         let msgs: Vec<(Rpc, Dir, Vec<u8>)> = vec![
-            (Rpc::RunPodSandbox, Dir::Request, e(&c::RunPodSandboxRequest { config: sandbox_config(), runtime_handler: String::new() })),
-            (Rpc::CreateContainer, Dir::Request, e(&c::CreateContainerRequest { pod_sandbox_id: "sb".into(), config: Some(config), sandbox_config: sandbox_config() })),
-            (Rpc::PullImage, Dir::Request, e(&c::PullImageRequest { image: image(), auth: None, sandbox_config: sandbox_config() })),
-            (Rpc::ImageStatus, Dir::Request, e(&c::ImageStatusRequest { image: image(), verbose: false })),
+            (
+                Rpc::RunPodSandbox,
+                Dir::Request,
+                e(&c::RunPodSandboxRequest {
+                    config: sandbox_config(),
+                    runtime_handler: String::new(),
+                }),
+            ),
+            (
+                Rpc::CreateContainer,
+                Dir::Request,
+                e(&c::CreateContainerRequest {
+                    pod_sandbox_id: "sb".into(),
+                    config: Some(config),
+                    sandbox_config: sandbox_config(),
+                }),
+            ),
+            (
+                Rpc::PullImage,
+                Dir::Request,
+                e(&c::PullImageRequest {
+                    image: image(),
+                    auth: None,
+                    sandbox_config: sandbox_config(),
+                }),
+            ),
+            (
+                Rpc::ImageStatus,
+                Dir::Request,
+                e(&c::ImageStatusRequest {
+                    image: image(),
+                    verbose: false,
+                }),
+            ),
             (
                 Rpc::ImageStatus,
                 Dir::Response,
-                e(&c::ImageStatusResponse { image: Some(c::Image { id: "sha256:1".into(), spec: image(), ..Default::default() }), ..Default::default() }),
+                e(&c::ImageStatusResponse {
+                    image: Some(c::Image {
+                        id: "sha256:1".into(),
+                        spec: image(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
             ),
-            (Rpc::RemoveImage, Dir::Request, e(&c::RemoveImageRequest { image: image() })),
-            (Rpc::ListImages, Dir::Request, e(&c::ListImagesRequest { filter: Some(c::ImageFilter { image: image() }) })),
-            (Rpc::ListImages, Dir::Response, e(&c::ListImagesResponse { images: vec![c::Image { id: "sha256:1".into(), spec: image(), ..Default::default() }] })),
-            (Rpc::PodSandboxStatus, Dir::Response, e(&c::PodSandboxStatusResponse { status: Some(sandbox_status()), ..Default::default() })),
-            (Rpc::ListPodSandbox, Dir::Response, e(&c::ListPodSandboxResponse { items: vec![c::PodSandbox { id: "sb".into(), annotations: ann.clone(), ..Default::default() }] })),
-            (Rpc::ContainerStatus, Dir::Response, e(&c::ContainerStatusResponse { status: Some(container_status()), ..Default::default() })),
+            (
+                Rpc::RemoveImage,
+                Dir::Request,
+                e(&c::RemoveImageRequest { image: image() }),
+            ),
+            (
+                Rpc::ListImages,
+                Dir::Request,
+                e(&c::ListImagesRequest {
+                    filter: Some(c::ImageFilter { image: image() }),
+                }),
+            ),
+            (
+                Rpc::ListImages,
+                Dir::Response,
+                e(&c::ListImagesResponse {
+                    images: vec![c::Image {
+                        id: "sha256:1".into(),
+                        spec: image(),
+                        ..Default::default()
+                    }],
+                }),
+            ),
+            (
+                Rpc::PodSandboxStatus,
+                Dir::Response,
+                e(&c::PodSandboxStatusResponse {
+                    status: Some(sandbox_status()),
+                    ..Default::default()
+                }),
+            ),
+            (
+                Rpc::ListPodSandbox,
+                Dir::Response,
+                e(&c::ListPodSandboxResponse {
+                    items: vec![c::PodSandbox {
+                        id: "sb".into(),
+                        annotations: ann.clone(),
+                        ..Default::default()
+                    }],
+                }),
+            ),
+            (
+                Rpc::ContainerStatus,
+                Dir::Response,
+                e(&c::ContainerStatusResponse {
+                    status: Some(container_status()),
+                    ..Default::default()
+                }),
+            ),
             (
                 Rpc::ListContainers,
                 Dir::Response,
-                e(&c::ListContainersResponse { containers: vec![c::Container { id: "ctr".into(), image: image(), annotations: ann.clone(), ..Default::default() }] }),
+                e(&c::ListContainersResponse {
+                    containers: vec![c::Container {
+                        id: "ctr".into(),
+                        image: image(),
+                        annotations: ann.clone(),
+                        ..Default::default()
+                    }],
+                }),
             ),
-            (Rpc::ContainerStats, Dir::Response, e(&c::ContainerStatsResponse { stats: Some(container_stats()) })),
-            (Rpc::ListContainerStats, Dir::Response, e(&c::ListContainerStatsResponse { stats: vec![container_stats()] })),
-            (Rpc::PodSandboxStats, Dir::Response, e(&c::PodSandboxStatsResponse { stats: Some(sandbox_stats()) })),
-            (Rpc::ListPodSandboxStats, Dir::Response, e(&c::ListPodSandboxStatsResponse { stats: vec![sandbox_stats()] })),
+            (
+                Rpc::ContainerStats,
+                Dir::Response,
+                e(&c::ContainerStatsResponse {
+                    stats: Some(container_stats()),
+                }),
+            ),
+            (
+                Rpc::ListContainerStats,
+                Dir::Response,
+                e(&c::ListContainerStatsResponse {
+                    stats: vec![container_stats()],
+                }),
+            ),
+            (
+                Rpc::PodSandboxStats,
+                Dir::Response,
+                e(&c::PodSandboxStatsResponse {
+                    stats: Some(sandbox_stats()),
+                }),
+            ),
+            (
+                Rpc::ListPodSandboxStats,
+                Dir::Response,
+                e(&c::ListPodSandboxStatsResponse {
+                    stats: vec![sandbox_stats()],
+                }),
+            ),
             (
                 Rpc::GetContainerEvents,
                 Dir::Response,
@@ -454,8 +767,25 @@ mod tests {
                     ..Default::default()
                 }),
             ),
-            (Rpc::ExecSync, Dir::Request, e(&c::ExecSyncRequest { container_id: "ctr".into(), cmd: cmd.clone(), timeout: 1 })),
-            (Rpc::Exec, Dir::Request, e(&c::ExecRequest { container_id: "ctr".into(), cmd, stdout: true, ..Default::default() })),
+            (
+                Rpc::ExecSync,
+                Dir::Request,
+                e(&c::ExecSyncRequest {
+                    container_id: "ctr".into(),
+                    cmd: cmd.clone(),
+                    timeout: 1,
+                }),
+            ),
+            (
+                Rpc::Exec,
+                Dir::Request,
+                e(&c::ExecRequest {
+                    container_id: "ctr".into(),
+                    cmd,
+                    stdout: true,
+                    ..Default::default()
+                }),
+            ),
         ];
         for (rpc, dir, msg) in msgs {
             let shown = super::super::decode::decode(Some(rpc), dir, &msg, true).to_string();
@@ -463,7 +793,11 @@ mod tests {
             assert!(shown.contains("<redacted: "), "{rpc:?} {dir:?}: {shown}");
             if ![Rpc::ExecSync, Rpc::Exec].contains(&rpc) {
                 // Known keys stay readable.
-                assert!(shown.contains(r#""crisp.dev/sidecars":"proxy""#) && shown.contains(r#""io.kubernetes.container.restartCount":"2""#), "{rpc:?} {dir:?}: {shown}");
+                assert!(
+                    shown.contains(r#""crisp.dev/sidecars":"proxy""#)
+                        && shown.contains(r#""io.kubernetes.container.restartCount":"2""#),
+                    "{rpc:?} {dir:?}: {shown}"
+                );
             }
             let raw = super::super::decode::decode(Some(rpc), dir, &msg, false).to_string();
             assert!(raw.contains(SECRET), "{rpc:?} {dir:?} unredacted: {raw}");
@@ -474,17 +808,25 @@ mod tests {
     fn command_lines_show_their_count_and_size() {
         let mut v = json!({"config": {"command": ["/bin/app", "--token=abc"], "args": [], "working_dir": "/srv"}});
         apply(Rpc::CreateContainer, Dir::Request, &mut v, true);
-        assert_eq!(v, json!({"config": {"command": "<redacted: 2 items, 19 bytes>", "args": "<redacted: 0 items, 0 bytes>", "working_dir": "/srv"}}));
+        assert_eq!(
+            v,
+            json!({"config": {"command": "<redacted: 2 items, 19 bytes>", "args": "<redacted: 0 items, 0 bytes>", "working_dir": "/srv"}})
+        );
         // An allowed key whose value embeds a manifest is still redacted.
         let manifest = r#"{"apiVersion":"v1","kind":"Secret"}"#;
         let mut v = json!({"annotations": {"crisp.dev/sidecars": manifest}});
         apply(Rpc::RunPodSandbox, Dir::Request, &mut v, true);
-        assert_eq!(v, json!({"annotations": {"crisp.dev/sidecars": format!("<redacted: {} bytes>", manifest.len())}}));
+        assert_eq!(
+            v,
+            json!({"annotations": {"crisp.dev/sidecars": format!("<redacted: {} bytes>", manifest.len())}})
+        );
     }
 
     #[test]
     fn log_lines_are_cut_on_a_char_boundary() {
-        let msg = prost::Message::encode_to_vec(&k8s_cri::v1::VersionRequest { version: "ééééé".into() });
+        let msg = prost::Message::encode_to_vec(&k8s_cri::v1::VersionRequest {
+            version: "ééééé".into(),
+        });
         let s = for_log(Some(Rpc::Version), Dir::Request, &msg, 15);
         assert!(s.ends_with('…'), "{s}");
         assert!(s.len() <= 15 + '…'.len_utf8());

@@ -9,7 +9,13 @@ use super::*;
 use crate::cri::wire;
 
 fn call(id: u64, path: &'static str) -> Call {
-    Call { route: Route::from_path(path), path: http::uri::PathAndQuery::from_static(path), received: Instant::now(), deadline: None, id }
+    Call {
+        route: Route::from_path(path),
+        path: http::uri::PathAndQuery::from_static(path),
+        received: Instant::now(),
+        deadline: None,
+        id,
+    }
 }
 
 const CREATE: &str = "/runtime.v1.RuntimeService/CreateContainer";
@@ -17,7 +23,14 @@ const LIST: &str = "/runtime.v1.RuntimeService/ListContainers";
 const EVENTS: &str = "/runtime.v1.RuntimeService/GetContainerEvents";
 
 fn outcome(code: i32, req: Option<&[u8]>) -> Outcome {
-    Outcome { code: Some(code), duration: Duration::from_millis(2), held: Duration::ZERO, request: req.map(wire::frame), response: None, message: None }
+    Outcome {
+        code: Some(code),
+        duration: Duration::from_millis(2),
+        held: Duration::ZERO,
+        request: req.map(wire::frame),
+        response: None,
+        message: None,
+    }
 }
 
 fn tap() -> Arc<Tap> {
@@ -25,16 +38,29 @@ fn tap() -> Arc<Tap> {
 }
 
 async fn next_now(s: &mut Subscription) -> Option<Item> {
-    tokio::time::timeout(Duration::from_millis(200), s.next()).await.ok().flatten()
+    tokio::time::timeout(Duration::from_millis(200), s.next())
+        .await
+        .ok()
+        .flatten()
 }
 
 /// A CreateContainerRequest for container `app` of pod `shop/web` (sandbox `sb`), encoded.
 fn create_app_of_shop_web() -> Vec<u8> {
     k8s_cri::v1::CreateContainerRequest {
         pod_sandbox_id: "sb".into(),
-        config: Some(k8s_cri::v1::ContainerConfig { metadata: Some(k8s_cri::v1::ContainerMetadata { name: "app".into(), attempt: 0 }), ..Default::default() }),
+        config: Some(k8s_cri::v1::ContainerConfig {
+            metadata: Some(k8s_cri::v1::ContainerMetadata {
+                name: "app".into(),
+                attempt: 0,
+            }),
+            ..Default::default()
+        }),
         sandbox_config: Some(k8s_cri::v1::PodSandboxConfig {
-            metadata: Some(k8s_cri::v1::PodSandboxMetadata { name: "web".into(), namespace: "shop".into(), ..Default::default() }),
+            metadata: Some(k8s_cri::v1::PodSandboxMetadata {
+                name: "web".into(),
+                namespace: "shop".into(),
+                ..Default::default()
+            }),
             ..Default::default()
         }),
     }
@@ -44,14 +70,38 @@ fn create_app_of_shop_web() -> Vec<u8> {
 #[test]
 fn interest_follows_subscribers() {
     let t = tap();
-    let only_complete = Interest { request: false, response: false, complete: true };
+    let only_complete = Interest {
+        request: false,
+        response: false,
+        complete: true,
+    };
     assert_eq!(t.interest(&call(1, CREATE)), only_complete);
     let s = t.subscribe(Filter::default(), 8);
-    assert_eq!(t.interest(&call(2, CREATE)), Interest { request: true, response: false, complete: true });
+    assert_eq!(
+        t.interest(&call(2, CREATE)),
+        Interest {
+            request: true,
+            response: false,
+            complete: true
+        }
+    );
     // Polling calls are not even buffered while nobody wants them.
     assert_eq!(t.interest(&call(3, LIST)), only_complete);
-    let f = t.subscribe(Filter { full: true, ..Default::default() }, 8);
-    assert_eq!(t.interest(&call(4, CREATE)), Interest { request: true, response: true, complete: true });
+    let f = t.subscribe(
+        Filter {
+            full: true,
+            ..Default::default()
+        },
+        8,
+    );
+    assert_eq!(
+        t.interest(&call(4, CREATE)),
+        Interest {
+            request: true,
+            response: true,
+            complete: true
+        }
+    );
     // Streams are never buffered for the tap.
     assert!(!t.interest(&call(5, EVENTS)).response);
     drop(s);
@@ -65,26 +115,60 @@ fn interest_follows_subscribers() {
 async fn events_carry_ids_and_match_filters() {
     let t = tap();
     let mut all = t.subscribe(Filter::default(), 8);
-    let mut errors = t.subscribe(Filter { errors_only: true, ..Default::default() }, 8);
-    let mut shop = t.subscribe(Filter { namespace: Some("shop".into()), ..Default::default() }, 8);
+    let mut errors = t.subscribe(
+        Filter {
+            errors_only: true,
+            ..Default::default()
+        },
+        8,
+    );
+    let mut shop = t.subscribe(
+        Filter {
+            namespace: Some("shop".into()),
+            ..Default::default()
+        },
+        8,
+    );
     let req = create_app_of_shop_web();
     t.on_complete(&call(1, CREATE), &outcome(0, Some(&req)));
     t.on_complete(&call(2, CREATE), &outcome(5, None));
     t.on_complete(&call(3, LIST), &outcome(0, None));
-    let Some(Item::Call(e)) = next_now(&mut all).await else { panic!("no event") };
-    assert_eq!((e.call_id, e.ids.pod_namespace.as_str(), e.ids.pod_name.as_str(), e.ids.container_name.as_str()), (1, "shop", "web", "app"));
+    let Some(Item::Call(e)) = next_now(&mut all).await else {
+        panic!("no event")
+    };
+    assert_eq!(
+        (
+            e.call_id,
+            e.ids.pod_namespace.as_str(),
+            e.ids.pod_name.as_str(),
+            e.ids.container_name.as_str()
+        ),
+        (1, "shop", "web", "app")
+    );
     assert_eq!(e.request_bytes, req.len());
     // Not full: the message is not kept.
     assert!(e.request.is_none());
-    let Some(Item::Call(e)) = next_now(&mut all).await else { panic!("no event") };
+    let Some(Item::Call(e)) = next_now(&mut all).await else {
+        panic!("no event")
+    };
     assert_eq!(e.call_id, 2);
-    assert!(next_now(&mut all).await.is_none(), "polling call shown by default");
-    let Some(Item::Call(e)) = next_now(&mut errors).await else { panic!("no event") };
+    assert!(
+        next_now(&mut all).await.is_none(),
+        "polling call shown by default"
+    );
+    let Some(Item::Call(e)) = next_now(&mut errors).await else {
+        panic!("no event")
+    };
     assert_eq!(e.call_id, 2);
     assert!(next_now(&mut errors).await.is_none());
-    let Some(Item::Call(e)) = next_now(&mut shop).await else { panic!("no event") };
+    let Some(Item::Call(e)) = next_now(&mut shop).await else {
+        panic!("no event")
+    };
     assert_eq!(e.call_id, 1);
-    assert!(next_now(&mut shop).await.is_none(), "a call without a pod matched a namespace filter");
+    assert!(
+        next_now(&mut shop).await.is_none(),
+        "a call without a pod matched a namespace filter"
+    );
     let m = t.metrics();
     assert_eq!(m.count(Some(Rpc::CreateContainer), Some(0)), 1);
     assert_eq!(m.count(Some(Rpc::CreateContainer), Some(5)), 1);
@@ -105,7 +189,10 @@ async fn a_full_queue_drops_for_that_subscriber_only_and_says_how_many() {
     assert!(matches!(next_now(&mut slow).await, Some(Item::Call(e)) if e.call_id == 1));
     assert!(matches!(next_now(&mut slow).await, Some(Item::Call(e)) if e.call_id == 2));
     // Caught up: the 3 dropped events are reported even with nothing after them.
-    assert!(matches!(next_now(&mut slow).await, Some(Item::Dropped { count: 3, total: 3 })));
+    assert!(matches!(
+        next_now(&mut slow).await,
+        Some(Item::Dropped { count: 3, total: 3 })
+    ));
     assert!(next_now(&mut slow).await.is_none());
     assert_eq!(t.metrics().tap_dropped.get(), 3);
 
@@ -115,22 +202,43 @@ async fn a_full_queue_drops_for_that_subscriber_only_and_says_how_many() {
     t.on_complete(&call(11, CREATE), &outcome(0, None));
     assert!(matches!(next_now(&mut one).await, Some(Item::Call(e)) if e.call_id == 10));
     t.on_complete(&call(12, CREATE), &outcome(0, None));
-    assert!(matches!(next_now(&mut one).await, Some(Item::Dropped { count: 1, total: 1 })));
+    assert!(matches!(
+        next_now(&mut one).await,
+        Some(Item::Dropped { count: 1, total: 1 })
+    ));
     assert!(matches!(next_now(&mut one).await, Some(Item::Call(e)) if e.call_id == 12));
 }
 
 #[tokio::test]
 async fn full_keeps_messages_and_close_ends_streams() {
     let t = tap();
-    let mut s = t.subscribe(Filter { full: true, ..Default::default() }, 8);
+    let mut s = t.subscribe(
+        Filter {
+            full: true,
+            ..Default::default()
+        },
+        8,
+    );
     let req = k8s_cri::v1::PullImageRequest {
-        image: Some(k8s_cri::v1::ImageSpec { image: "registry.example/app:1".into(), ..Default::default() }),
-        auth: Some(k8s_cri::v1::AuthConfig { username: "u".into(), password: "pa55word".into(), ..Default::default() }),
+        image: Some(k8s_cri::v1::ImageSpec {
+            image: "registry.example/app:1".into(),
+            ..Default::default()
+        }),
+        auth: Some(k8s_cri::v1::AuthConfig {
+            username: "u".into(),
+            password: "pa55word".into(),
+            ..Default::default()
+        }),
         sandbox_config: None,
     }
     .encode_to_vec();
-    t.on_complete(&call(1, "/runtime.v1alpha2.ImageService/PullImage"), &outcome(0, Some(&req)));
-    let Some(Item::Call(e)) = next_now(&mut s).await else { panic!("no event") };
+    t.on_complete(
+        &call(1, "/runtime.v1alpha2.ImageService/PullImage"),
+        &outcome(0, Some(&req)),
+    );
+    let Some(Item::Call(e)) = next_now(&mut s).await else {
+        panic!("no event")
+    };
     assert_eq!(e.ids.image, "registry.example/app:1");
     let p = e.to_proto(true, true);
     assert_eq!(p.cri_version, "v1alpha2");
@@ -146,7 +254,13 @@ async fn full_keeps_messages_and_close_ends_streams() {
 #[test]
 fn byte_budget_bounds_memory() {
     let t = tap();
-    let s = t.subscribe(Filter { full: true, ..Default::default() }, 1_000_000);
+    let s = t.subscribe(
+        Filter {
+            full: true,
+            ..Default::default()
+        },
+        1_000_000,
+    );
     let big = vec![0u8; 8 << 20];
     // A VersionRequest-shaped message: field 1, 8 MiB.
     let mut msg = vec![0x0a];
@@ -158,7 +272,10 @@ fn byte_budget_bounds_memory() {
     msg.push(n as u8);
     msg.extend_from_slice(&big);
     for id in 0..20 {
-        t.on_complete(&call(id, "/runtime.v1.RuntimeService/FutureThing"), &outcome(0, Some(&msg)));
+        t.on_complete(
+            &call(id, "/runtime.v1.RuntimeService/FutureThing"),
+            &outcome(0, Some(&msg)),
+        );
     }
     let dropped = t.metrics().tap_dropped.get();
     // 64 MiB hold at most 7 events of 8 MiB each.
@@ -186,9 +303,21 @@ async fn a_rejected_call_keeps_the_names_read_from_its_request() {
             message: Some("crisp: sidecar \"proxy\" is not ready".into()),
         },
     );
-    let Some(Item::Call(e)) = next_now(&mut s).await else { panic!("no event") };
-    assert_eq!((e.ids.pod_namespace.as_str(), e.ids.pod_name.as_str(), e.ids.container_name.as_str()), ("shop", "web", "app"));
-    assert_eq!(e.message.as_deref(), Some("crisp: sidecar \"proxy\" is not ready"));
+    let Some(Item::Call(e)) = next_now(&mut s).await else {
+        panic!("no event")
+    };
+    assert_eq!(
+        (
+            e.ids.pod_namespace.as_str(),
+            e.ids.pod_name.as_str(),
+            e.ids.container_name.as_str()
+        ),
+        ("shop", "web", "app")
+    );
+    assert_eq!(
+        e.message.as_deref(),
+        Some("crisp: sidecar \"proxy\" is not ready")
+    );
     assert_eq!(t.stashed.load(Relaxed), 0);
     // With nobody tapping any more, a stashed entry is still cleaned up.
     let c = call(2, CREATE);
@@ -235,10 +364,34 @@ async fn hold_events_pass_the_subscribers_filters() {
     let t = tap();
     assert!(!t.wanted(), "nobody taps: the engine builds no event");
     let mut all = t.subscribe(Filter::default(), 8);
-    let mut shop = t.subscribe(Filter { namespace: Some("shop".into()), ..Default::default() }, 8);
-    let mut stops = t.subscribe(Filter { methods: vec![Glob::new("Stop*")], ..Default::default() }, 8);
-    let mut creates = t.subscribe(Filter { methods: vec![Glob::new("Create*")], ..Default::default() }, 8);
-    let mut errors = t.subscribe(Filter { errors_only: true, ..Default::default() }, 8);
+    let mut shop = t.subscribe(
+        Filter {
+            namespace: Some("shop".into()),
+            ..Default::default()
+        },
+        8,
+    );
+    let mut stops = t.subscribe(
+        Filter {
+            methods: vec![Glob::new("Stop*")],
+            ..Default::default()
+        },
+        8,
+    );
+    let mut creates = t.subscribe(
+        Filter {
+            methods: vec![Glob::new("Create*")],
+            ..Default::default()
+        },
+        8,
+    );
+    let mut errors = t.subscribe(
+        Filter {
+            errors_only: true,
+            ..Default::default()
+        },
+        8,
+    );
     assert!(t.wanted());
     t.publish(hold(HoldPhase::Start, "", "shop"));
     t.publish(hold(HoldPhase::End, "forwarded", "other"));
@@ -253,16 +406,29 @@ async fn hold_events_pass_the_subscribers_filters() {
             .collect()
     };
     assert_eq!(phases(drain(&mut all).await).len(), 3);
-    assert_eq!(phases(drain(&mut shop).await), vec![(HoldPhase::Start, "shop".to_string()), (HoldPhase::End, "shop".to_string())]);
+    assert_eq!(
+        phases(drain(&mut shop).await),
+        vec![
+            (HoldPhase::Start, "shop".to_string()),
+            (HoldPhase::End, "shop".to_string())
+        ]
+    );
     assert!(drain(&mut stops).await.is_empty(), "method globs apply");
     assert_eq!(phases(drain(&mut creates).await).len(), 3);
-    assert_eq!(phases(drain(&mut errors).await), vec![(HoldPhase::End, "shop".to_string())], "errors only: holds that did not end forwarded");
+    assert_eq!(
+        phases(drain(&mut errors).await),
+        vec![(HoldPhase::End, "shop".to_string())],
+        "errors only: holds that did not end forwarded"
+    );
 }
 
 #[test]
 fn hold_events_to_proto() {
     let p = hold_to_proto(&hold(HoldPhase::Update, "", "shop"));
-    assert_eq!((p.phase.as_str(), p.method.as_str(), p.cri_version.as_str()), ("update", "CreateContainer", "v1"));
+    assert_eq!(
+        (p.phase.as_str(), p.method.as_str(), p.cri_version.as_str()),
+        ("update", "CreateContainer", "v1")
+    );
     assert_eq!((p.held_ms, p.time_left_ms), (3000, 87_000));
     assert_eq!(p.probe_result, "connect 10.1.2.3:15021: Connection refused");
 }

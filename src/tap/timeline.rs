@@ -159,7 +159,11 @@ pub struct Parsed {
 
 /// `s` without control characters, cut to `max` characters (with `…` when cut).
 pub fn cut(s: &str, max: usize) -> String {
-    let mut out: String = s.chars().take(max).map(|c| if c.is_control() { '?' } else { c }).collect();
+    let mut out: String = s
+        .chars()
+        .take(max)
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect();
     if s.chars().nth(max).is_some() {
         out.pop();
         out.push('…');
@@ -175,7 +179,10 @@ fn clean(s: &str, max: usize) -> String {
 }
 
 fn text_field(v: &Value, key: &str, max: usize) -> String {
-    v.get(key).and_then(Value::as_str).map(|s| clean(s, max)).unwrap_or_default()
+    v.get(key)
+        .and_then(Value::as_str)
+        .map(|s| clean(s, max))
+        .unwrap_or_default()
 }
 
 fn micros(v: &Value, key: &str) -> Option<i64> {
@@ -188,7 +195,9 @@ fn micros(v: &Value, key: &str) -> Option<i64> {
 /// (drop markers, or events a newer crisp adds) is not mistaken for one.
 pub fn call_of(v: &Value) -> Option<Call> {
     let kind = v.get("kind")?.as_str()?;
-    if !matches!(kind, "mutating" | "polling" | "streaming" | "unknown") || v.get("event").is_some_and(|e| e != "call") {
+    if !matches!(kind, "mutating" | "polling" | "streaming" | "unknown")
+        || v.get("event").is_some_and(|e| e != "call")
+    {
         return None;
     }
     // Fields only a finished call has.
@@ -196,7 +205,12 @@ pub fn call_of(v: &Value) -> Option<Call> {
     v.get("code_name")?;
     let method = v.get("method")?.as_str()?;
     let time = humantime::parse_rfc3339(v.get("time")?.as_str()?).ok()?;
-    let start_us = time.duration_since(UNIX_EPOCH).ok()?.as_micros().try_into().ok()?;
+    let start_us = time
+        .duration_since(UNIX_EPOCH)
+        .ok()?
+        .as_micros()
+        .try_into()
+        .ok()?;
     let duration_us = micros(v, "duration_ms")?;
     Some(Call {
         start_us,
@@ -255,7 +269,11 @@ pub fn group(calls: Vec<Call>, all: bool) -> Vec<Pod> {
         }
         let key = (c.pod_namespace.clone(), c.pod_name.clone());
         let i = *index.entry(key).or_insert_with(|| {
-            pods.push(Pod { namespace: c.pod_namespace.clone(), name: c.pod_name.clone(), calls: Vec::new() });
+            pods.push(Pod {
+                namespace: c.pod_namespace.clone(),
+                name: c.pod_name.clone(),
+                calls: Vec::new(),
+            });
             pods.len() - 1
         });
         if !c.pod_sandbox_id.is_empty() {
@@ -307,7 +325,11 @@ fn image_user(pods: &[Pod], c: &Call) -> Option<(usize, String)> {
         u.start_us >= c.start_us
             && match u.method.as_str() {
                 "PullImage" => u.image == c.image,
-                "CreateContainer" => u.image == c.image || (u.image.starts_with("sha256:") && u.start_us - c.start_us <= IMAGE_TO_CREATE_US),
+                "CreateContainer" => {
+                    u.image == c.image
+                        || (u.image.starts_with("sha256:")
+                            && u.start_us - c.start_us <= IMAGE_TO_CREATE_US)
+                }
                 _ => false,
             }
     };
@@ -320,7 +342,11 @@ fn image_user(pods: &[Pod], c: &Call) -> Option<(usize, String)> {
         if let Some(u) = p.calls.iter().find(|u| uses(u)) {
             let gap = u.start_us - c.start_us;
             if best.as_ref().is_none_or(|b| gap < b.0) {
-                let name = p.calls.iter().find(|x| uses(x) && x.method == "CreateContainer").map(|x| x.container_name.clone());
+                let name = p
+                    .calls
+                    .iter()
+                    .find(|x| uses(x) && x.method == "CreateContainer")
+                    .map(|x| x.container_name.clone());
                 best = Some((gap, i, name.unwrap_or_default()));
             }
         }
@@ -331,13 +357,22 @@ fn image_user(pods: &[Pod], c: &Call) -> Option<(usize, String)> {
 /// Picks the pods `want` names (`namespace/name`, or a unique `name`).
 pub fn select<'a>(pods: &'a [Pod], want: &str) -> Result<&'a Pod, String> {
     let hits: Vec<&Pod> = match want.split_once('/') {
-        Some((ns, name)) => pods.iter().filter(|p| p.namespace == ns && p.name == name).collect(),
+        Some((ns, name)) => pods
+            .iter()
+            .filter(|p| p.namespace == ns && p.name == name)
+            .collect(),
         None => pods.iter().filter(|p| p.name == want).collect(),
     };
     match hits.as_slice() {
         [p] => Ok(p),
-        [] => Err(format!("no pod {want:?} in the recording; it has: {}", list(pods))),
-        _ => Err(format!("{want:?} names several pods ({}); use namespace/name", hits.iter().map(|p| p.id()).collect::<Vec<_>>().join(", "))),
+        [] => Err(format!(
+            "no pod {want:?} in the recording; it has: {}",
+            list(pods)
+        )),
+        _ => Err(format!(
+            "{want:?} names several pods ({}); use namespace/name",
+            hits.iter().map(|p| p.id()).collect::<Vec<_>>().join(", ")
+        )),
     }
 }
 
@@ -345,7 +380,10 @@ fn list(pods: &[Pod]) -> String {
     if pods.is_empty() {
         return "no pods".to_string();
     }
-    pods.iter().map(|p| format!("{} ({} calls)", p.id(), p.calls.len())).collect::<Vec<_>>().join(", ")
+    pods.iter()
+        .map(|p| format!("{} ({} calls)", p.id(), p.calls.len()))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// `420µs`, `5.2ms`, `123ms`, `3.21s`.
@@ -367,7 +405,15 @@ fn note(c: &Call) -> String {
         let _ = write!(s, " held {}", dur(c.held_us));
     }
     if !c.ok() {
-        let _ = write!(s, " {}", if c.code_name.is_empty() { "?" } else { &c.code_name });
+        let _ = write!(
+            s,
+            " {}",
+            if c.code_name.is_empty() {
+                "?"
+            } else {
+                &c.code_name
+            }
+        );
     }
     s
 }
@@ -400,15 +446,27 @@ pub fn text(pod: &Pod, width: usize) -> String {
     let cell = |t: i64| (t - t0) as f64 / span * bar as f64;
     let mut out = String::new();
     let _ = writeln!(out, "{}", fit(&header(pod), width));
-    let _ = writeln!(out, "{}", fit("█ forwarded   ░ held by crisp   × failed or refused", width));
+    let _ = writeln!(
+        out,
+        "{}",
+        fit("█ forwarded   ░ held by crisp   × failed or refused", width)
+    );
     let axis_pad = " ".repeat(METHOD + TARGET + 2);
     let end_label = dur(t1 - t0);
-    let _ = writeln!(out, "{axis_pad}0{}{end_label}", " ".repeat((bar + 2).saturating_sub(1 + end_label.chars().count())));
+    let _ = writeln!(
+        out,
+        "{axis_pad}0{}{end_label}",
+        " ".repeat((bar + 2).saturating_sub(1 + end_label.chars().count()))
+    );
     for c in &pod.calls {
         let first = (cell(c.start_us).floor() as usize).min(bar - 1);
         let last = (cell(c.end_us()).ceil() as usize).clamp(first + 1, bar);
         // The held share of the call's cells, rounded: a short hold in a long call may not show.
-        let mut held_cells = if c.duration_us > 0 { ((last - first) as f64 * c.held_us as f64 / c.duration_us as f64).round() as usize } else { 0 };
+        let mut held_cells = if c.duration_us > 0 {
+            ((last - first) as f64 * c.held_us as f64 / c.duration_us as f64).round() as usize
+        } else {
+            0
+        };
         if !c.ok() {
             // A failure always shows: its last cell is ×, however much of the call was held.
             held_cells = held_cells.min(last - first - 1);
@@ -426,7 +484,12 @@ pub fn text(pod: &Pod, width: usize) -> String {
                 }
             })
             .collect();
-        let row = format!("{:<METHOD$} {:<TARGET$} |{cells}| {}", cut(&c.method, METHOD), cut(&c.target(), TARGET), note(c));
+        let row = format!(
+            "{:<METHOD$} {:<TARGET$} |{cells}| {}",
+            cut(&c.method, METHOD),
+            cut(&c.target(), TARGET),
+            note(c)
+        );
         let _ = writeln!(out, "{}", fit(&row, width));
     }
     out
@@ -492,9 +555,20 @@ pub fn svg(pod: &Pod) -> String {
     let (t0, t1) = pod.span();
     let span = (t1 - t0) as f64;
     let x = |t: i64| BAR_X + (t - t0) as f64 / span * BAR_W;
-    let failures: Vec<&Call> = pod.calls.iter().filter(|c| !c.ok()).take(MAX_LISTED_FAILURES).collect();
+    let failures: Vec<&Call> = pod
+        .calls
+        .iter()
+        .filter(|c| !c.ok())
+        .take(MAX_LISTED_FAILURES)
+        .collect();
     let chart_bottom = TOP + pod.calls.len() as f64 * ROW_H;
-    let height = chart_bottom + 30.0 + if failures.is_empty() { 0.0 } else { 24.0 + failures.len() as f64 * 16.0 };
+    let height = chart_bottom
+        + 30.0
+        + if failures.is_empty() {
+            0.0
+        } else {
+            24.0 + failures.len() as f64 * 16.0
+        };
     let mut s = String::with_capacity(4096 + pod.calls.len() * 600);
     let _ = write!(
         s,
@@ -529,8 +603,18 @@ pub fn svg(pod: &Pod) -> String {
     for (i, c) in pod.calls.iter().enumerate() {
         let y = TOP + i as f64 * ROW_H;
         let (xs, xh, xe) = (x(c.start_us), x(c.start_us + c.held_us), x(c.end_us()));
-        let fill = if c.ok() { colour::FORWARDED } else { colour::FAILED };
-        let mut details = format!("{} {} at +{}: {}", c.method, c.target(), dur(c.start_us - t0), dur(c.duration_us));
+        let fill = if c.ok() {
+            colour::FORWARDED
+        } else {
+            colour::FAILED
+        };
+        let mut details = format!(
+            "{} {} at +{}: {}",
+            c.method,
+            c.target(),
+            dur(c.start_us - t0),
+            dur(c.duration_us)
+        );
         if c.held_us > 0 {
             let _ = write!(details, ", held {}", dur(c.held_us));
         }
@@ -540,7 +624,10 @@ pub fn svg(pod: &Pod) -> String {
         }
         let _ = writeln!(s, "<g><title>{}</title>", xml_escape(&details));
         if i % 2 == 1 {
-            let _ = writeln!(s, r##"<rect x="0" y="{y}" width="{SVG_WIDTH}" height="{ROW_H}" fill="#000000" fill-opacity="0.04"/>"##);
+            let _ = writeln!(
+                s,
+                r##"<rect x="0" y="{y}" width="{SVG_WIDTH}" height="{ROW_H}" fill="#000000" fill-opacity="0.04"/>"##
+            );
         }
         let _ = writeln!(
             s,
@@ -552,19 +639,49 @@ pub fn svg(pod: &Pod) -> String {
         // At least 2 px, so that a sub-millisecond call in a minute-long timeline still shows.
         let (bar_y, bar_h) = (y + 4.0, ROW_H - 8.0);
         if xh > xs {
-            let _ = writeln!(s, r#"<rect x="{xs:.2}" y="{bar_y}" width="{:.2}" height="{bar_h}" fill="{}"/>"#, xh - xs, colour::HELD);
+            let _ = writeln!(
+                s,
+                r#"<rect x="{xs:.2}" y="{bar_y}" width="{:.2}" height="{bar_h}" fill="{}"/>"#,
+                xh - xs,
+                colour::HELD
+            );
         }
         // The forwarded part (or a failure) is always at least 2 px wide.
         let w = (xe - xh).max(2.0);
-        let _ = writeln!(s, r#"<rect x="{xh:.2}" y="{bar_y}" width="{w:.2}" height="{bar_h}" fill="{fill}"/>"#);
-        let _ = writeln!(s, r##"<text x="{:.1}" y="{}" fill="#333333">{}</text></g>"##, (xe.max(xs + 2.0) + 6.0).min(BAR_X + BAR_W + 6.0), y + 14.0, xml_escape(&note(c)));
+        let _ = writeln!(
+            s,
+            r#"<rect x="{xh:.2}" y="{bar_y}" width="{w:.2}" height="{bar_h}" fill="{fill}"/>"#
+        );
+        let _ = writeln!(
+            s,
+            r##"<text x="{:.1}" y="{}" fill="#333333">{}</text></g>"##,
+            (xe.max(xs + 2.0) + 6.0).min(BAR_X + BAR_W + 6.0),
+            y + 14.0,
+            xml_escape(&note(c))
+        );
     }
     if !failures.is_empty() {
         let y = chart_bottom + 30.0;
-        let _ = writeln!(s, r#"<text x="{LABEL_X}" y="{y}" font-weight="bold">Failed or refused calls</text>"#);
+        let _ = writeln!(
+            s,
+            r#"<text x="{LABEL_X}" y="{y}" font-weight="bold">Failed or refused calls</text>"#
+        );
         for (i, c) in failures.iter().enumerate() {
-            let line = format!("+{} {} {}: {} {}", dur(c.start_us - t0), c.method, c.target(), c.code_name, c.message);
-            let _ = writeln!(s, r#"<text x="{LABEL_X}" y="{}" fill="{}">{}</text>"#, y + 16.0 * (i + 1) as f64, colour::FAILED, xml_escape(&cut(&line, 150)));
+            let line = format!(
+                "+{} {} {}: {} {}",
+                dur(c.start_us - t0),
+                c.method,
+                c.target(),
+                c.code_name,
+                c.message
+            );
+            let _ = writeln!(
+                s,
+                r#"<text x="{LABEL_X}" y="{}" fill="{}">{}</text>"#,
+                y + 16.0 * (i + 1) as f64,
+                colour::FAILED,
+                xml_escape(&cut(&line, 150))
+            );
         }
     }
     s.push_str("</svg>\n");
@@ -586,13 +703,21 @@ pub fn run(args: TimelineArgs) -> ExitCode {
         match read.and_then(|r| r) {
             Ok(p) => p,
             Err(e) => {
-                eprintln!("crisp timeline: {}: {e}", args.input.as_ref().map_or("stdin".into(), |p| p.display().to_string()));
+                eprintln!(
+                    "crisp timeline: {}: {e}",
+                    args.input
+                        .as_ref()
+                        .map_or("stdin".into(), |p| p.display().to_string())
+                );
                 return ExitCode::from(EX_NOINPUT);
             }
         }
     };
     if parsed.malformed > 0 {
-        eprintln!("crisp timeline: {} lines are not JSON (a recording cut short?); skipped", parsed.malformed);
+        eprintln!(
+            "crisp timeline: {} lines are not JSON (a recording cut short?); skipped",
+            parsed.malformed
+        );
     }
     let pods = group(parsed.calls, args.all);
     let chosen: Vec<&Pod> = match &args.pod {
@@ -606,12 +731,17 @@ pub fn run(args: TimelineArgs) -> ExitCode {
         None => pods.iter().collect(),
     };
     if chosen.is_empty() {
-        eprintln!("crisp timeline: no pod's calls in the recording (record with `crisp tap -o FILE`)");
+        eprintln!(
+            "crisp timeline: no pod's calls in the recording (record with `crisp tap -o FILE`)"
+        );
         return ExitCode::from(EX_NOINPUT);
     }
     if let Some(path) = &args.svg {
         let [pod] = chosen.as_slice() else {
-            eprintln!("crisp timeline: --svg draws one pod; choose one with --pod: {}", list(&pods));
+            eprintln!(
+                "crisp timeline: --svg draws one pod; choose one with --pod: {}",
+                list(&pods)
+            );
             return ExitCode::from(EX_USAGE);
         };
         if let Err(e) = std::fs::write(path, svg(pod)) {
@@ -638,11 +768,27 @@ fn live(args: &TimelineArgs) -> Result<Parsed, ExitCode> {
         eprintln!("crisp timeline: {msg}");
         ExitCode::from(code)
     };
-    let admin = super::cli::AdminSocketArgs { admin_socket: args.admin_socket.clone(), config: args.config.clone() };
+    let admin = super::cli::AdminSocketArgs {
+        admin_socket: args.admin_socket.clone(),
+        config: args.config.clone(),
+    };
     let socket = admin.path().map_err(|e| fail(EX_USAGE, e))?;
-    let methods = if args.all { Vec::new() } else { ["*PodSandbox", "*Container", "ImageStatus", "PullImage"].map(String::from).to_vec() };
-    let request = super::pb::TapRequest { methods, include_polling: args.all, ..Default::default() };
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| fail(1, format!("cannot start the async runtime: {e}")))?;
+    let methods = if args.all {
+        Vec::new()
+    } else {
+        ["*PodSandbox", "*Container", "ImageStatus", "PullImage"]
+            .map(String::from)
+            .to_vec()
+    };
+    let request = super::pb::TapRequest {
+        methods,
+        include_polling: args.all,
+        ..Default::default()
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| fail(1, format!("cannot start the async runtime: {e}")))?;
     rt.block_on(async {
         let mut client = super::cli::connect(&socket)
             .await

@@ -3,7 +3,14 @@
 
 use super::*;
 
-fn call(method: &str, container: &str, start_ms: i64, dur_ms: i64, held_ms: i64, code: &str) -> Call {
+fn call(
+    method: &str,
+    container: &str,
+    start_ms: i64,
+    dur_ms: i64,
+    held_ms: i64,
+    code: &str,
+) -> Call {
     Call {
         start_us: 1_700_000_000_000_000 + start_ms * 1000,
         duration_us: dur_ms * 1000,
@@ -28,7 +35,10 @@ fn cut_bounds_and_cleans() {
 
 #[test]
 fn escapes_markup_and_unrepresentable_characters() {
-    assert_eq!(xml_escape("<a href='x'>&\"\u{0}\u{7}\n"), "&lt;a href=&apos;x&apos;&gt;&amp;&quot;?? ");
+    assert_eq!(
+        xml_escape("<a href='x'>&\"\u{0}\u{7}\n"),
+        "&lt;a href=&apos;x&apos;&gt;&amp;&quot;?? "
+    );
 }
 
 #[test]
@@ -46,16 +56,31 @@ fn text_rows_show_holds_and_refusals_within_the_width() {
     let narrow = text(&pod, 0);
     assert!(narrow.lines().all(|l| l.chars().count() <= 80), "{narrow}");
     let out = text(&pod, TEXT_WIDTH);
-    assert!(out.lines().all(|l| l.chars().count() <= TEXT_WIDTH), "{out}");
+    assert!(
+        out.lines().all(|l| l.chars().count() <= TEXT_WIDTH),
+        "{out}"
+    );
     let rows: Vec<&str> = out.lines().skip(3).collect();
     assert_eq!(rows.len(), 4, "{out}");
-    assert!(rows[0].starts_with("RunPodSandbox     pod ") && rows[0].contains('█'), "{out}");
-    assert!(rows[1].contains('×') && rows[1].ends_with("FailedPrecondition"), "{out}");
-    assert!(rows[3].contains('░') && rows[3].contains('█') && rows[3].ends_with("3.00s held 2.90s"), "{out}");
+    assert!(
+        rows[0].starts_with("RunPodSandbox     pod ") && rows[0].contains('█'),
+        "{out}"
+    );
+    assert!(
+        rows[1].contains('×') && rows[1].ends_with("FailedPrecondition"),
+        "{out}"
+    );
+    assert!(
+        rows[3].contains('░') && rows[3].contains('█') && rows[3].ends_with("3.00s held 2.90s"),
+        "{out}"
+    );
     // The held part comes first, and takes most of that row's bar.
     let bar = rows[3].split('|').nth(1).unwrap_or_default();
     assert!(bar.find('░') < bar.find('█'), "{bar}");
-    assert!(bar.matches('░').count() > 5 * bar.matches('█').count(), "{bar}");
+    assert!(
+        bar.matches('░').count() > 5 * bar.matches('█').count(),
+        "{bar}"
+    );
 }
 
 #[test]
@@ -63,25 +88,47 @@ fn ids_only_calls_and_image_status_find_their_pod() {
     let mut run = call("RunPodSandbox", "", 0, 300, 0, "OK");
     run.pod_sandbox_id = "sb1".into();
     let mut img = call("ImageStatus", "", 305, 1, 0, "OK");
-    (img.pod_namespace, img.pod_name, img.kind, img.image) = (String::new(), String::new(), "polling".into(), "busybox".into());
+    (img.pod_namespace, img.pod_name, img.kind, img.image) = (
+        String::new(),
+        String::new(),
+        "polling".into(),
+        "busybox".into(),
+    );
     let mut create = call("CreateContainer", "proxy", 310, 20, 0, "OK");
     (create.container_id, create.image) = ("c1".into(), "busybox".into());
     let mut stop = call("StopContainer", "", 900, 20, 0, "OK");
-    (stop.pod_namespace, stop.pod_name, stop.container_id) = (String::new(), String::new(), "c1".into());
+    (stop.pod_namespace, stop.pod_name, stop.container_id) =
+        (String::new(), String::new(), "c1".into());
     let mut remove = call("RemovePodSandbox", "", 1000, 20, 0, "OK");
-    (remove.pod_namespace, remove.pod_name, remove.pod_sandbox_id) = (String::new(), String::new(), "sb1".into());
+    (remove.pod_namespace, remove.pod_name, remove.pod_sandbox_id) =
+        (String::new(), String::new(), "sb1".into());
     let mut status = call("ContainerStatus", "proxy", 500, 1, 0, "OK");
     status.kind = "polling".into();
     let mut other = call("CreateContainer", "x", 0, 1, 0, "OK");
     other.pod_name = "other".into();
-    let pods = group(vec![remove, stop, status.clone(), create, img, run, other], false);
+    let pods = group(
+        vec![remove, stop, status.clone(), create, img, run, other],
+        false,
+    );
     assert_eq!(pods.len(), 2);
     let web = select(&pods, "demo/web").expect("web");
-    let seen: Vec<(String, String)> = web.calls.iter().map(|c| (c.method.clone(), c.target())).collect();
-    let want = [("RunPodSandbox", "pod"), ("ImageStatus", "proxy"), ("CreateContainer", "proxy"), ("StopContainer", "proxy"), ("RemovePodSandbox", "pod")];
+    let seen: Vec<(String, String)> = web
+        .calls
+        .iter()
+        .map(|c| (c.method.clone(), c.target()))
+        .collect();
+    let want = [
+        ("RunPodSandbox", "pod"),
+        ("ImageStatus", "proxy"),
+        ("CreateContainer", "proxy"),
+        ("StopContainer", "proxy"),
+        ("RemovePodSandbox", "pod"),
+    ];
     assert_eq!(seen, want.map(|(a, b)| (a.to_string(), b.to_string())));
     assert!(select(&pods, "web").is_ok());
-    assert!(select(&pods, "nope").unwrap_err().contains("demo/web (5 calls)"));
+    assert!(select(&pods, "nope")
+        .unwrap_err()
+        .contains("demo/web (5 calls)"));
     let with_polling = group(vec![status], true);
     assert_eq!(with_polling[0].calls.len(), 1);
 }
@@ -118,8 +165,16 @@ fn hostile_recorded_names_are_drawn_escaped() {
         "response_bytes": 0, "code_name": "OK", "pod_namespace": "demo", "pod_name": hostile, "container_name": hostile,
     });
     let c = call_of(&line).expect("a call");
-    assert!(c.pod_name.starts_with(r"web\u{1b}[2J\u{202e}\u{2028}y"), "{}", c.pod_name);
+    assert!(
+        c.pod_name.starts_with(r"web\u{1b}[2J\u{202e}\u{2028}y"),
+        "{}",
+        c.pod_name
+    );
     let pods = group(vec![c], true);
     let out = text(&pods[0], TEXT_WIDTH);
-    assert!(!out.chars().any(|c| (c.is_control() && c != '\n') || matches!(c, '\u{202e}' | '\u{2028}')), "{out}");
+    assert!(
+        !out.chars()
+            .any(|c| (c.is_control() && c != '\n') || matches!(c, '\u{202e}' | '\u{2028}')),
+        "{out}"
+    );
 }

@@ -11,7 +11,12 @@ pub fn write_config(dir: &Path) -> PathBuf {
     let cfg = dir.join("config.toml");
     std::fs::write(
         &cfg,
-        format!("listen = {:?}\nupstream = {:?}\nstate_dir = {:?}\n[log]\nlevel = \"info\"\n", dir.join("crisp.sock"), dir.join("no-runtime.sock"), dir.join("state")),
+        format!(
+            "listen = {:?}\nupstream = {:?}\nstate_dir = {:?}\n[log]\nlevel = \"info\"\n",
+            dir.join("crisp.sock"),
+            dir.join("no-runtime.sock"),
+            dir.join("state")
+        ),
     )
     .unwrap();
     cfg
@@ -21,9 +26,17 @@ pub fn write_config(dir: &Path) -> PathBuf {
 pub fn crisp(cfg: &Path, log: &Path) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_crisp"));
     c.arg("--config").arg(cfg);
-    for k in ["NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", "RUST_LOG"] {
+    for k in [
+        "NOTIFY_SOCKET",
+        "LISTEN_FDS",
+        "LISTEN_PID",
+        "LISTEN_FDNAMES",
+        "RUST_LOG",
+    ] {
         c.env_remove(k);
     }
-    c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(std::fs::File::create(log).unwrap());
+    c.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap());
     c
 }

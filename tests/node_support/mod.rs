@@ -19,7 +19,9 @@ pub const REPO: &str = env!("CARGO_MANIFEST_DIR");
 
 /// Where hack/release.sh put the artifacts (hack/test.sh builds them into target/artifacts).
 pub fn dist() -> PathBuf {
-    let d = std::env::var_os("CRISP_DIST").map(PathBuf::from).unwrap_or_else(|| Path::new(REPO).join("target/artifacts"));
+    let d = std::env::var_os("CRISP_DIST")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(REPO).join("target/artifacts"));
     assert!(d.join("SHA256SUMS").exists(), "no release artifacts in {}: run `hack/release.sh --out target/artifacts` (hack/test.sh does)", d.display());
     d
 }
@@ -35,13 +37,22 @@ pub fn artifact(prefix: &str, suffix: &str) -> PathBuf {
             n.starts_with(prefix) && n.ends_with(suffix)
         })
         .collect();
-    assert_eq!(found.len(), 1, "one {prefix}*{suffix} in {}: {found:?}", d.display());
+    assert_eq!(
+        found.len(),
+        1,
+        "one {prefix}*{suffix} in {}: {found:?}",
+        d.display()
+    );
     found.pop().unwrap()
 }
 
 pub fn grpcgo() -> PathBuf {
     let p = Path::new(REPO).join("target/grpcgo/crisp-grpcgo");
-    assert!(p.exists(), "{} missing: run hack/build-grpcgo.sh (hack/test.sh does)", p.display());
+    assert!(
+        p.exists(),
+        "{} missing: run hack/build-grpcgo.sh (hack/test.sh does)",
+        p.display()
+    );
     p
 }
 
@@ -56,17 +67,27 @@ impl Out {
         self.code == 0
     }
     pub fn all(&self) -> String {
-        format!("exit {}\n--- stdout\n{}\n--- stderr\n{}", self.code, self.stdout, self.stderr)
+        format!(
+            "exit {}\n--- stdout\n{}\n--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        )
     }
 }
 
 fn output(c: &mut Command) -> Out {
     let o = c.output().unwrap_or_else(|e| panic!("run {c:?}: {e}"));
-    Out { code: o.status.code().unwrap_or(-1), stdout: String::from_utf8_lossy(&o.stdout).into(), stderr: String::from_utf8_lossy(&o.stderr).into() }
+    Out {
+        code: o.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&o.stdout).into(),
+        stderr: String::from_utf8_lossy(&o.stderr).into(),
+    }
 }
 
 /// Units whose failure does not concern the tests: they record the boot for `who`/`last`.
-const IRRELEVANT_UNITS: &[&str] = &["systemd-update-utmp.service", "systemd-update-utmp-runlevel.service"];
+const IRRELEVANT_UNITS: &[&str] = &[
+    "systemd-update-utmp.service",
+    "systemd-update-utmp-runlevel.service",
+];
 
 pub struct Node {
     dir: tempfile::TempDir,
@@ -78,7 +99,10 @@ pub struct Node {
 impl Node {
     /// Boots a fresh node and waits until systemd reports it up.
     pub fn boot() -> Node {
-        Node::boot_with(&["--capability=CAP_NET_ADMIN", "--system-call-filter=@keyring"])
+        Node::boot_with(&[
+            "--capability=CAP_NET_ADMIN",
+            "--system-call-filter=@keyring",
+        ])
     }
 
     /// Boots a node that can run a real kubelet and runc-started pods (the cluster lane,
@@ -86,7 +110,10 @@ impl Node {
     /// (mount, keyring, privileged ones). TESTBED facts: without them runc's container init or
     /// kubelet's container manager fails inside the node.
     pub fn boot_for_kubelet() -> Node {
-        Node::boot_with(&["--capability=all", "--system-call-filter=@keyring @mount @privileged"])
+        Node::boot_with(&[
+            "--capability=all",
+            "--system-call-filter=@keyring @mount @privileged",
+        ])
     }
 
     /// `boot` with these nspawn flags for capabilities and the system-call filter.
@@ -94,13 +121,24 @@ impl Node {
         let rootfs = output(Command::new("bash").arg(Path::new(REPO).join("hack/node-rootfs.sh")));
         assert!(rootfs.ok(), "hack/node-rootfs.sh: {}", rootfs.all());
         let lower = rootfs.stdout.trim().to_string();
-        let dir = tempfile::Builder::new().prefix("crisp-node").tempdir_in("/var/tmp").unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("crisp-node")
+            .tempdir_in("/var/tmp")
+            .unwrap();
         for d in ["upper", "work", "root", "containerd"] {
             std::fs::create_dir(dir.path().join(d)).unwrap();
         }
         let root = dir.path().join("root");
-        let opts = format!("lowerdir={lower},upperdir={},workdir={}", dir.path().join("upper").display(), dir.path().join("work").display());
-        let m = output(Command::new("mount").args(["-t", "overlay", "overlay", "-o", &opts]).arg(&root));
+        let opts = format!(
+            "lowerdir={lower},upperdir={},workdir={}",
+            dir.path().join("upper").display(),
+            dir.path().join("work").display()
+        );
+        let m = output(
+            Command::new("mount")
+                .args(["-t", "overlay", "overlay", "-o", &opts])
+                .arg(&root),
+        );
         assert!(m.ok(), "mount overlay: {}", m.all());
         let t0 = Instant::now();
         let console = std::fs::File::create(dir.path().join("console.log")).unwrap();
@@ -109,24 +147,48 @@ impl Node {
             .arg(&root)
             .args(["-b", "--register=no", "--keep-unit", "--console=pipe"])
             .args(security)
-            .arg(format!("--bind={}:/var/lib/containerd", dir.path().join("containerd").display()))
+            .arg(format!(
+                "--bind={}:/var/lib/containerd",
+                dir.path().join("containerd").display()
+            ))
             .stdin(Stdio::null())
             .stdout(console.try_clone().unwrap())
             .stderr(console)
             .spawn()
             .expect("systemd-nspawn (Debian systemd-container; hack/setup.sh installs it)");
-        let mut node = Node { dir, nspawn, init: 0, boot_time: Duration::ZERO };
+        let mut node = Node {
+            dir,
+            nspawn,
+            init: 0,
+            boot_time: Duration::ZERO,
+        };
         // The node's PID 1 is nspawn's child once it has exec'd systemd: nspawn's first children
         // are short-lived helpers (an nsenter into one of those fails once it has exited).
         let deadline = Instant::now() + Duration::from_secs(60);
         while node.init == 0 {
-            assert!(Instant::now() < deadline, "systemd-nspawn started no init: {}", node.console());
+            assert!(
+                Instant::now() < deadline,
+                "systemd-nspawn started no init: {}",
+                node.console()
+            );
             if let Ok(Some(st)) = node.nspawn.try_wait() {
                 panic!("systemd-nspawn exited ({st}): {}", node.console());
             }
-            let kids = output(Command::new("pgrep").arg("-P").arg(node.nspawn.id().to_string()));
-            let is_init = |pid: &u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "systemd");
-            node.init = kids.stdout.lines().filter_map(|l| l.trim().parse().ok()).find(is_init).unwrap_or(0);
+            let kids = output(
+                Command::new("pgrep")
+                    .arg("-P")
+                    .arg(node.nspawn.id().to_string()),
+            );
+            let is_init = |pid: &u32| {
+                std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .is_ok_and(|c| c.trim() == "systemd")
+            };
+            node.init = kids
+                .stdout
+                .lines()
+                .filter_map(|l| l.trim().parse().ok())
+                .find(is_init)
+                .unwrap_or(0);
             std::thread::sleep(Duration::from_millis(20));
         }
         // `is-system-running --wait` returns once boot is over: "running", or "degraded" if a
@@ -139,15 +201,34 @@ impl Node {
                     // A unit that only records the boot (utmp) fails now and then in a container
                     // on a loaded host; it has nothing to do with containerd, kubelet or crisp.
                     // Anything else failing is the node's or crisp's fault.
-                    let failed = node.nsenter(&["systemctl", "--failed", "--plain", "--no-legend", "--no-pager"]);
-                    let units: Vec<String> = failed.stdout.lines().filter_map(|l| l.split_whitespace().next().map(str::to_string)).collect();
-                    if units.is_empty() || units.iter().any(|u| !IRRELEVANT_UNITS.contains(&u.as_str())) {
-                        panic!("node degraded: {}", node.nsenter(&["systemctl", "--failed", "--no-pager"]).all());
+                    let failed = node.nsenter(&[
+                        "systemctl",
+                        "--failed",
+                        "--plain",
+                        "--no-legend",
+                        "--no-pager",
+                    ]);
+                    let units: Vec<String> = failed
+                        .stdout
+                        .lines()
+                        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+                        .collect();
+                    if units.is_empty()
+                        || units
+                            .iter()
+                            .any(|u| !IRRELEVANT_UNITS.contains(&u.as_str()))
+                    {
+                        panic!(
+                            "node degraded: {}",
+                            node.nsenter(&["systemctl", "--failed", "--no-pager"]).all()
+                        );
                     }
                     eprintln!("node: boot ended degraded by {units:?} only; carrying on");
                     break;
                 }
-                _ if Instant::now() > deadline => panic!("node did not boot: {} {}", s.all(), node.console()),
+                _ if Instant::now() > deadline => {
+                    panic!("node did not boot: {} {}", s.all(), node.console())
+                }
                 _ => std::thread::sleep(Duration::from_millis(100)),
             }
         }
@@ -192,7 +273,14 @@ impl Node {
     /// Plain nsenter into every namespace of the node (for systemctl; bypasses the node's
     /// seccomp and capabilities, so real work goes through `run`).
     pub fn nsenter(&self, args: &[&str]) -> Out {
-        output(Command::new("nsenter").arg("-t").arg(self.init.to_string()).arg("-a").arg("--").args(args))
+        output(
+            Command::new("nsenter")
+                .arg("-t")
+                .arg(self.init.to_string())
+                .arg("-a")
+                .arg("--")
+                .args(args),
+        )
     }
 
     /// Runs a command inside the node as a transient systemd service, waiting for it.
@@ -203,7 +291,14 @@ impl Node {
     pub fn run_env(&self, env: &[(&str, &str)], args: &[&str]) -> Out {
         let mut c = Command::new("nsenter");
         c.arg("-t").arg(self.init.to_string()).arg("-a").arg("--");
-        c.args(["systemd-run", "--wait", "--pipe", "--quiet", "--collect", "--service-type=exec"]);
+        c.args([
+            "systemd-run",
+            "--wait",
+            "--pipe",
+            "--quiet",
+            "--collect",
+            "--service-type=exec",
+        ]);
         for (k, v) in env {
             c.arg(format!("--setenv={k}={v}"));
         }
@@ -225,7 +320,10 @@ impl Node {
 
     /// A unit's property, e.g. `prop("kubelet.service", "InvocationID")`.
     pub fn prop(&self, unit: &str, key: &str) -> String {
-        self.nsenter(&["systemctl", "show", "-P", key, unit]).stdout.trim().to_string()
+        self.nsenter(&["systemctl", "show", "-P", key, unit])
+            .stdout
+            .trim()
+            .to_string()
     }
 
     /// Waits until `f` holds (checked every 100 ms) or panics with `what`.
@@ -258,10 +356,26 @@ impl Node {
         let grpcgo = std::fs::read(grpcgo()).unwrap();
         self.put("/opt/kubelet-standin/crisp-grpcgo", &grpcgo, 0o755);
         self.put("/usr/bin/kubelet", KUBELET_STANDIN.as_bytes(), 0o755);
-        self.put("/lib/systemd/system/kubelet.service", KUBELET_UNIT.as_bytes(), 0o644);
-        self.put("/etc/systemd/system/kubelet.service.d/10-kubeadm.conf", KUBEADM_DROPIN.as_bytes(), 0o644);
-        self.put("/var/lib/kubelet/kubeadm-flags.env", KUBEADM_FLAGS.as_bytes(), 0o644);
-        self.put("/var/lib/kubelet/config.yaml", KUBELET_CONFIG.as_bytes(), 0o644);
+        self.put(
+            "/lib/systemd/system/kubelet.service",
+            KUBELET_UNIT.as_bytes(),
+            0o644,
+        );
+        self.put(
+            "/etc/systemd/system/kubelet.service.d/10-kubeadm.conf",
+            KUBEADM_DROPIN.as_bytes(),
+            0o644,
+        );
+        self.put(
+            "/var/lib/kubelet/kubeadm-flags.env",
+            KUBEADM_FLAGS.as_bytes(),
+            0o644,
+        );
+        self.put(
+            "/var/lib/kubelet/config.yaml",
+            KUBELET_CONFIG.as_bytes(),
+            0o644,
+        );
         self.put("/etc/default/kubelet", b"KUBELET_EXTRA_ARGS=\n", 0o644);
         let o = self.nsenter(&["systemctl", "daemon-reload"]);
         assert!(o.ok(), "{}", o.all());

@@ -45,7 +45,10 @@ pub async fn within<T>(limit: Duration, what: &str, fut: impl Future<Output = T>
 /// Logs to the test output when `CRISP_TEST_LOG` is set (e.g. `CRISP_TEST_LOG=debug`).
 pub fn init_logging() {
     if let Ok(filter) = std::env::var("CRISP_TEST_LOG") {
-        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_test_writer()
+            .try_init();
     }
 }
 
@@ -63,7 +66,11 @@ pub fn grpc_frame(msg: &[u8]) -> Bytes {
 
 /// The message inside a body holding exactly one gRPC message.
 pub fn grpc_unframe(body: &[u8]) -> &[u8] {
-    assert!(body.len() >= 5, "body shorter than a gRPC prefix: {} bytes", body.len());
+    assert!(
+        body.len() >= 5,
+        "body shorter than a gRPC prefix: {} bytes",
+        body.len()
+    );
     let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
     assert_eq!(body.len(), 5 + len, "body is not exactly one gRPC message");
     &body[5..]
@@ -147,14 +154,35 @@ pub fn all_cri_paths() -> Vec<String> {
         "StreamPodSandboxStats",
         "StreamPodSandboxMetrics",
     ];
-    const V1ALPHA2_IMAGE: &[&str] = &["ListImages", "ImageStatus", "PullImage", "RemoveImage", "ImageFsInfo"];
+    const V1ALPHA2_IMAGE: &[&str] = &[
+        "ListImages",
+        "ImageStatus",
+        "PullImage",
+        "RemoveImage",
+        "ImageFsInfo",
+    ];
     const V1_ONLY_IMAGE: &[&str] = &["StreamImages"];
     let mut out = Vec::new();
     for (svc, list) in [
-        ("runtime.v1.RuntimeService", V1ALPHA2_RUNTIME.iter().chain(V1_ONLY_RUNTIME).collect::<Vec<_>>()),
-        ("runtime.v1.ImageService", V1ALPHA2_IMAGE.iter().chain(V1_ONLY_IMAGE).collect()),
-        ("runtime.v1alpha2.RuntimeService", V1ALPHA2_RUNTIME.iter().collect()),
-        ("runtime.v1alpha2.ImageService", V1ALPHA2_IMAGE.iter().collect()),
+        (
+            "runtime.v1.RuntimeService",
+            V1ALPHA2_RUNTIME
+                .iter()
+                .chain(V1_ONLY_RUNTIME)
+                .collect::<Vec<_>>(),
+        ),
+        (
+            "runtime.v1.ImageService",
+            V1ALPHA2_IMAGE.iter().chain(V1_ONLY_IMAGE).collect(),
+        ),
+        (
+            "runtime.v1alpha2.RuntimeService",
+            V1ALPHA2_RUNTIME.iter().collect(),
+        ),
+        (
+            "runtime.v1alpha2.ImageService",
+            V1ALPHA2_IMAGE.iter().collect(),
+        ),
     ] {
         for m in list {
             out.push(format!("/{svc}/{m}"));
@@ -165,13 +193,18 @@ pub fn all_cri_paths() -> Vec<String> {
 
 /// Headers as an ordered list of (name, value) pairs, for exact comparison.
 pub fn pairs(h: &HeaderMap) -> Vec<(String, Vec<u8>)> {
-    h.iter().map(|(k, v)| (k.as_str().to_string(), v.as_bytes().to_vec())).collect()
+    h.iter()
+        .map(|(k, v)| (k.as_str().to_string(), v.as_bytes().to_vec()))
+        .collect()
 }
 
 pub fn header_map(list: &[(&str, &[u8])]) -> HeaderMap {
     let mut h = HeaderMap::new();
     for (k, v) in list {
-        h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_bytes(v).unwrap());
+        h.append(
+            HeaderName::from_bytes(k.as_bytes()).unwrap(),
+            HeaderValue::from_bytes(v).unwrap(),
+        );
     }
     h
 }
@@ -231,8 +264,18 @@ impl Recorded {
 
     /// Asserts that the call gets cancelled within `limit`.
     pub async fn expect_cancelled(&self, limit: Duration) {
-        let end = within(limit, &format!("upstream to observe cancellation of {}", self.path()), self.ended()).await;
-        assert_eq!(end, End::Cancelled, "call {} ended, but was not cancelled", self.path());
+        let end = within(
+            limit,
+            &format!("upstream to observe cancellation of {}", self.path()),
+            self.ended(),
+        )
+        .await;
+        assert_eq!(
+            end,
+            End::Cancelled,
+            "call {} ended, but was not cancelled",
+            self.path()
+        );
     }
 
     /// The gRPC message the call carried.
@@ -247,12 +290,19 @@ pub enum Reply {
     Echo,
     /// Response headers, then each body chunk (after its delay), then the trailers (none: the
     /// body ends with an empty END_STREAM DATA frame).
-    Full { headers: HeaderMap, chunks: Vec<(Duration, Bytes)>, trailers: Option<HeaderMap> },
+    Full {
+        headers: HeaderMap,
+        chunks: Vec<(Duration, Bytes)>,
+        trailers: Option<HeaderMap>,
+    },
     /// One HEADERS frame with END_STREAM (the gRPC error form).
     TrailersOnly(HeaderMap),
     /// Response headers, then whatever the test pushes through the channel (data or trailers);
     /// the body ends when the sender is dropped.
-    Channel { headers: HeaderMap, frames: mpsc::UnboundedReceiver<Frame<Bytes>> },
+    Channel {
+        headers: HeaderMap,
+        frames: mpsc::UnboundedReceiver<Frame<Bytes>>,
+    },
     /// Never answers; the call stays open until the client or connection goes away.
     Hold,
     /// Holds until the test sends the reply (dropping the sender holds forever).
@@ -262,13 +312,23 @@ pub enum Reply {
 impl Reply {
     /// A successful unary answer carrying `msg`.
     pub fn unary(msg: &[u8]) -> Reply {
-        Reply::Full { headers: grpc_headers(), chunks: vec![(Duration::ZERO, grpc_frame(msg))], trailers: Some(ok_trailers()) }
+        Reply::Full {
+            headers: grpc_headers(),
+            chunks: vec![(Duration::ZERO, grpc_frame(msg))],
+            trailers: Some(ok_trailers()),
+        }
     }
 
     /// A channel-driven reply and the sender that drives it.
     pub fn channel(headers: HeaderMap) -> (Reply, mpsc::UnboundedSender<Frame<Bytes>>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        (Reply::Channel { headers, frames: rx }, tx)
+        (
+            Reply::Channel {
+                headers,
+                frames: rx,
+            },
+            tx,
+        )
     }
 
     /// A held reply and the sender that releases it.
@@ -299,7 +359,13 @@ impl FakeState {
     }
 
     fn reply_for(&self, rec: &Recorded) -> Reply {
-        if let Some(r) = self.once.lock().unwrap().get_mut(rec.path()).and_then(|q| q.pop_front()) {
+        if let Some(r) = self
+            .once
+            .lock()
+            .unwrap()
+            .get_mut(rec.path())
+            .and_then(|q| q.pop_front())
+        {
             return r;
         }
         let script = self.scripts.lock().unwrap().get(rec.path()).cloned();
@@ -310,7 +376,10 @@ impl FakeState {
     }
 
     async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<FakeBody> {
-        self.started.lock().unwrap().push(req.uri().path().to_string());
+        self.started
+            .lock()
+            .unwrap()
+            .push(req.uri().path().to_string());
         self.bump();
         let (parts, body) = req.into_parts();
         let (body, trailers) = match body.collect().await {
@@ -332,7 +401,10 @@ impl FakeState {
         });
         self.calls.lock().unwrap().push(rec.clone());
         self.bump();
-        let guard = CallGuard { rec: rec.clone(), done: false };
+        let guard = CallGuard {
+            rec: rec.clone(),
+            done: false,
+        };
         let mut reply = self.reply_for(&rec);
         loop {
             reply = match reply {
@@ -354,8 +426,26 @@ impl FakeState {
 
 fn build_response(reply: Reply, req_body: Bytes, mut guard: CallGuard) -> Response<FakeBody> {
     let (headers, kind) = match reply {
-        Reply::Echo => (grpc_headers(), BodyKind::Script { chunks: VecDeque::from([(Duration::ZERO, req_body)]), trailers: Some(ok_trailers()), sleep: None }),
-        Reply::Full { headers, chunks, trailers } => (headers, BodyKind::Script { chunks: chunks.into(), trailers, sleep: None }),
+        Reply::Echo => (
+            grpc_headers(),
+            BodyKind::Script {
+                chunks: VecDeque::from([(Duration::ZERO, req_body)]),
+                trailers: Some(ok_trailers()),
+                sleep: None,
+            },
+        ),
+        Reply::Full {
+            headers,
+            chunks,
+            trailers,
+        } => (
+            headers,
+            BodyKind::Script {
+                chunks: chunks.into(),
+                trailers,
+                sleep: None,
+            },
+        ),
         Reply::TrailersOnly(headers) => (headers, BodyKind::Empty),
         Reply::Channel { headers, frames } => (headers, BodyKind::Channel(frames)),
         Reply::Hold | Reply::After(_) => unreachable!(),
@@ -363,7 +453,10 @@ fn build_response(reply: Reply, req_body: Bytes, mut guard: CallGuard) -> Respon
     if matches!(kind, BodyKind::Empty) {
         guard.complete();
     }
-    let mut resp = Response::new(FakeBody { kind, guard: Some(guard) });
+    let mut resp = Response::new(FakeBody {
+        kind,
+        guard: Some(guard),
+    });
     *resp.headers_mut() = headers;
     resp
 }
@@ -391,7 +484,11 @@ impl Drop for CallGuard {
 
 enum BodyKind {
     Empty,
-    Script { chunks: VecDeque<(Duration, Bytes)>, trailers: Option<HeaderMap>, sleep: Option<Pin<Box<tokio::time::Sleep>>> },
+    Script {
+        chunks: VecDeque<(Duration, Bytes)>,
+        trailers: Option<HeaderMap>,
+        sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+    },
     Channel(mpsc::UnboundedReceiver<Frame<Bytes>>),
 }
 
@@ -404,11 +501,18 @@ impl Body for FakeBody {
     type Data = Bytes;
     type Error = Infallible;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         let this = self.get_mut();
         let out = match &mut this.kind {
             BodyKind::Empty => None,
-            BodyKind::Script { chunks, trailers, sleep } => {
+            BodyKind::Script {
+                chunks,
+                trailers,
+                sleep,
+            } => {
                 if let Some((delay, _)) = chunks.front() {
                     if !delay.is_zero() {
                         let s = sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep(*delay)));
@@ -438,7 +542,9 @@ impl Body for FakeBody {
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             BodyKind::Empty => true,
-            BodyKind::Script { chunks, trailers, .. } => chunks.is_empty() && trailers.is_none(),
+            BodyKind::Script {
+                chunks, trailers, ..
+            } => chunks.is_empty() && trailers.is_none(),
             BodyKind::Channel(_) => false,
         }
     }
@@ -471,7 +577,10 @@ pub struct Fake {
 impl Fake {
     /// Starts a fake on a socket in a fresh temp dir.
     pub async fn start() -> Fake {
-        let dir = tempfile::Builder::new().prefix("crisp-fake").tempdir().unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("crisp-fake")
+            .tempdir()
+            .unwrap();
         let mut f = Fake::start_at(&dir.path().join("containerd.sock")).await;
         f._dir = Some(dir);
         f
@@ -479,8 +588,17 @@ impl Fake {
 
     pub async fn start_at(path: &Path) -> Fake {
         let (tx, rx) = watch::channel(0u64);
-        let state = Arc::new(FakeState { events: Some(tx), ..Default::default() });
-        let f = Fake { path: path.to_path_buf(), state, events: rx, running: Mutex::new(None), _dir: None };
+        let state = Arc::new(FakeState {
+            events: Some(tx),
+            ..Default::default()
+        });
+        let f = Fake {
+            path: path.to_path_buf(),
+            state,
+            events: rx,
+            running: Mutex::new(None),
+            _dir: None,
+        };
         f.restart().await;
         f
     }
@@ -491,8 +609,12 @@ impl Fake {
 
     /// (Re)starts listening on the same path.
     pub async fn restart(&self) {
-        assert!(self.running.lock().unwrap().is_none(), "fake already running");
-        let listener = UnixListener::bind(&self.path).unwrap_or_else(|e| panic!("fake: bind {}: {e}", self.path.display()));
+        assert!(
+            self.running.lock().unwrap().is_none(),
+            "fake already running"
+        );
+        let listener = UnixListener::bind(&self.path)
+            .unwrap_or_else(|e| panic!("fake: bind {}: {e}", self.path.display()));
         let (kill, kill_rx) = watch::channel(false);
         let conns: Arc<Mutex<Vec<FakeConn>>> = Arc::default();
         let state = self.state.clone();
@@ -508,7 +630,9 @@ impl Fake {
                 .max_frame_size(1 << 20)
                 .max_header_list_size(1 << 20);
             loop {
-                let Ok((stream, _)) = listener.accept().await else { continue };
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
                 let state = state.clone();
                 let svc = hyper::service::service_fn(move |req| {
                     let state = state.clone();
@@ -534,13 +658,22 @@ impl Fake {
                 conns2.lock().unwrap().push(FakeConn { task, goaway });
             }
         });
-        *self.running.lock().unwrap() = Some(Running { accept, kill, conns });
+        *self.running.lock().unwrap() = Some(Running {
+            accept,
+            kill,
+            conns,
+        });
     }
 
     /// Stops abruptly, like a runtime that crashed: closes the listener and every connection
     /// (no GOAWAY) and removes the socket file.
     pub async fn stop(&self) {
-        let running = self.running.lock().unwrap().take().expect("fake not running");
+        let running = self
+            .running
+            .lock()
+            .unwrap()
+            .take()
+            .expect("fake not running");
         running.accept.abort();
         let _ = running.accept.await;
         let _ = running.kill.send(true);
@@ -558,7 +691,12 @@ impl Fake {
     pub async fn goaway(&self) {
         let acks: Vec<_> = {
             let running = self.running.lock().unwrap();
-            let conns = running.as_ref().expect("fake not running").conns.lock().unwrap();
+            let conns = running
+                .as_ref()
+                .expect("fake not running")
+                .conns
+                .lock()
+                .unwrap();
             conns
                 .iter()
                 .filter(|c| !c.task.is_finished())
@@ -576,12 +714,22 @@ impl Fake {
 
     /// Answers the next call to `path` with `reply` (FIFO, before any script).
     pub fn reply_once(&self, path: &str, reply: Reply) {
-        self.state.once.lock().unwrap().entry(path.to_string()).or_default().push_back(reply);
+        self.state
+            .once
+            .lock()
+            .unwrap()
+            .entry(path.to_string())
+            .or_default()
+            .push_back(reply);
     }
 
     /// Answers every call to `path` with what `f` returns.
     pub fn script(&self, path: &str, f: impl Fn(&Recorded) -> Reply + Send + Sync + 'static) {
-        self.state.scripts.lock().unwrap().insert(path.to_string(), Arc::new(f));
+        self.state
+            .scripts
+            .lock()
+            .unwrap()
+            .insert(path.to_string(), Arc::new(f));
     }
 
     pub fn calls(&self) -> Vec<Arc<Recorded>> {
@@ -589,28 +737,47 @@ impl Fake {
     }
 
     pub fn calls_to(&self, path: &str) -> Vec<Arc<Recorded>> {
-        self.calls().into_iter().filter(|c| c.path() == path).collect()
+        self.calls()
+            .into_iter()
+            .filter(|c| c.path() == path)
+            .collect()
     }
 
     /// The most recent call to `path`.
     pub fn last(&self, path: &str) -> Arc<Recorded> {
-        self.calls_to(path).pop().unwrap_or_else(|| panic!("fake never received {path}"))
+        self.calls_to(path)
+            .pop()
+            .unwrap_or_else(|| panic!("fake never received {path}"))
     }
 
     /// The most recent call to `path` whose body is `body` (crisp's own calls, e.g. the ordering
     /// engine's status reads, carry other bodies).
     pub fn last_with_body(&self, path: &str, body: &[u8]) -> Arc<Recorded> {
-        self.calls_to(path).into_iter().rev().find(|c| c.body == body).unwrap_or_else(|| panic!("fake never received {path} with the test's body"))
+        self.calls_to(path)
+            .into_iter()
+            .rev()
+            .find(|c| c.body == body)
+            .unwrap_or_else(|| panic!("fake never received {path} with the test's body"))
     }
 
     /// How many calls to `path` arrived (counted when their headers arrive).
     pub fn started(&self, path: &str) -> usize {
-        self.state.started.lock().unwrap().iter().filter(|p| *p == path).count()
+        self.state
+            .started
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|p| *p == path)
+            .count()
     }
 
     /// Connections the running fake has accepted since it (re)started.
     pub fn connections(&self) -> usize {
-        self.running.lock().unwrap().as_ref().map_or(0, |r| r.conns.lock().unwrap().len())
+        self.running
+            .lock()
+            .unwrap()
+            .as_ref()
+            .map_or(0, |r| r.conns.lock().unwrap().len())
     }
 
     pub fn started_total(&self) -> usize {
@@ -618,7 +785,12 @@ impl Fake {
     }
 
     /// Waits (up to `limit`) until `f` returns `Some` for the recorded calls.
-    pub async fn wait_until<T>(&self, limit: Duration, what: &str, f: impl Fn(&[Arc<Recorded>]) -> Option<T>) -> T {
+    pub async fn wait_until<T>(
+        &self,
+        limit: Duration,
+        what: &str,
+        f: impl Fn(&[Arc<Recorded>]) -> Option<T>,
+    ) -> T {
         let mut rx = self.events.clone();
         within(limit, what, async move {
             loop {
@@ -634,7 +806,10 @@ impl Fake {
     /// Waits for the `n`th (0-based) call to `path`.
     pub async fn wait_call(&self, path: &str, n: usize) -> Arc<Recorded> {
         let what = format!("call #{n} to {path} to reach the fake");
-        self.wait_until(PATIENCE, &what, |calls| calls.iter().filter(|c| c.path() == path).nth(n).cloned()).await
+        self.wait_until(PATIENCE, &what, |calls| {
+            calls.iter().filter(|c| c.path() == path).nth(n).cloned()
+        })
+        .await
     }
 }
 
@@ -672,7 +847,10 @@ pub struct Daemon {
 impl Daemon {
     pub async fn start(upstream: &Path, tweak: impl FnOnce(&mut crisp::config::Config)) -> Daemon {
         init_logging();
-        let dir = tempfile::Builder::new().prefix("crisp-daemon").tempdir().unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("crisp-daemon")
+            .tempdir()
+            .unwrap();
         let sock = dir.path().join("crisp.sock");
         let (listener, guard) = crisp::proxy::listener::bind(&sock, 0o660).await.unwrap();
         let mut cfg = test_config(&sock, upstream, dir.path());
@@ -688,8 +866,17 @@ impl Daemon {
             },
             ready_tx,
         ));
-        within(PATIENCE, "the admin socket to listen", ready).await.expect("the daemon ended before its admin socket was bound");
-        Daemon { sock, admin, dir, stop: Some(tx), task, _guard: guard }
+        within(PATIENCE, "the admin socket to listen", ready)
+            .await
+            .expect("the daemon ended before its admin socket was bound");
+        Daemon {
+            sock,
+            admin,
+            dir,
+            stop: Some(tx),
+            task,
+            _guard: guard,
+        }
     }
 
     /// Resolves the daemon's shutdown future and waits for it to finish.
@@ -697,17 +884,27 @@ impl Daemon {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }
-        within(PATIENCE, "crisp to stop", &mut self.task).await.unwrap();
+        within(PATIENCE, "crisp to stop", &mut self.task)
+            .await
+            .unwrap();
     }
 }
 
 /// The daemon's default configuration, with every path inside `dir`.
 pub fn test_config(listen: &Path, upstream: &Path, dir: &Path) -> crisp::config::Config {
-    crisp::config::Config { listen: listen.to_path_buf(), upstream: upstream.to_path_buf(), state_dir: dir.join("state"), ..Default::default() }
+    crisp::config::Config {
+        listen: listen.to_path_buf(),
+        upstream: upstream.to_path_buf(),
+        state_dir: dir.join("state"),
+        ..Default::default()
+    }
 }
 
 fn crisp_socket() -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::Builder::new().prefix("crisp-test").tempdir().unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("crisp-test")
+        .tempdir()
+        .unwrap();
     let path = dir.path().join("crisp.sock");
     (dir, path)
 }
@@ -724,11 +921,21 @@ impl Crisp {
         let task = tokio::spawn(crisp::daemon::serve_on(listener, cfg, async {
             let _ = rx.await;
         }));
-        Crisp { path, shutdown: Some(tx), task: Some(task), _guard: Some(guard), _dir: dir }
+        Crisp {
+            path,
+            shutdown: Some(tx),
+            task: Some(task),
+            _guard: Some(guard),
+            _dir: dir,
+        }
     }
 
     /// Runs crisp with the given interceptors and options.
-    pub async fn start_with(upstream: &Path, interceptors: Vec<Arc<dyn Interceptor>>, opts: ProxyOptions) -> Crisp {
+    pub async fn start_with(
+        upstream: &Path,
+        interceptors: Vec<Arc<dyn Interceptor>>,
+        opts: ProxyOptions,
+    ) -> Crisp {
         init_logging();
         let (dir, path) = crisp_socket();
         let (listener, guard) = crisp::proxy::listener::bind(&path, 0o660).await.unwrap();
@@ -738,7 +945,13 @@ impl Crisp {
         let task = tokio::spawn(crisp::proxy::serve(listener, proxy, async {
             let _ = rx.await;
         }));
-        Crisp { path, shutdown: Some(tx), task: Some(task), _guard: Some(guard), _dir: dir }
+        Crisp {
+            path,
+            shutdown: Some(tx),
+            task: Some(task),
+            _guard: Some(guard),
+            _dir: dir,
+        }
     }
 }
 
@@ -788,18 +1001,37 @@ pub async fn channel(path: &Path) -> tonic::transport::Channel {
         .unwrap_or_else(|e| panic!("connect {}: {e}", path.display()))
 }
 
-pub type RuntimeClient = k8s_cri::v1::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>;
-pub type ImageClient = k8s_cri::v1::image_service_client::ImageServiceClient<tonic::transport::Channel>;
+pub type RuntimeClient =
+    k8s_cri::v1::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>;
+pub type ImageClient =
+    k8s_cri::v1::image_service_client::ImageServiceClient<tonic::transport::Channel>;
 
 pub async fn runtime_client(path: &Path) -> RuntimeClient {
-    RuntimeClient::new(channel(path).await).max_decoding_message_size(usize::MAX).max_encoding_message_size(usize::MAX)
+    RuntimeClient::new(channel(path).await)
+        .max_decoding_message_size(usize::MAX)
+        .max_encoding_message_size(usize::MAX)
 }
 
 /// PullImage of `image` with registry credentials, as kubelet sends it for a private image.
-pub async fn pull_with_auth(path: &Path, image: &str, auth: k8s_cri::v1::AuthConfig, sandbox_config: Option<k8s_cri::v1::PodSandboxConfig>) {
-    let image = Some(k8s_cri::v1::ImageSpec { image: image.into(), ..Default::default() });
-    let req = k8s_cri::v1::PullImageRequest { image, auth: Some(auth), sandbox_config };
-    ImageClient::new(channel(path).await).pull_image(req).await.unwrap_or_else(|e| panic!("PullImage: {e}"));
+pub async fn pull_with_auth(
+    path: &Path,
+    image: &str,
+    auth: k8s_cri::v1::AuthConfig,
+    sandbox_config: Option<k8s_cri::v1::PodSandboxConfig>,
+) {
+    let image = Some(k8s_cri::v1::ImageSpec {
+        image: image.into(),
+        ..Default::default()
+    });
+    let req = k8s_cri::v1::PullImageRequest {
+        image,
+        auth: Some(auth),
+        sandbox_config,
+    };
+    ImageClient::new(channel(path).await)
+        .pull_image(req)
+        .await
+        .unwrap_or_else(|e| panic!("PullImage: {e}"));
 }
 
 /// A request as a raw HTTP/2 client sends it.
@@ -814,7 +1046,12 @@ pub struct RawRequest {
 impl RawRequest {
     /// A gRPC call with the headers grpc-go sends.
     pub fn grpc(path: &str, msg: &[u8]) -> RawRequest {
-        RawRequest { path: path.to_string(), headers: header_map(&[("content-type", b"application/grpc"), ("te", b"trailers")]), body: grpc_frame(msg), trailers: None }
+        RawRequest {
+            path: path.to_string(),
+            headers: header_map(&[("content-type", b"application/grpc"), ("te", b"trailers")]),
+            body: grpc_frame(msg),
+            trailers: None,
+        }
     }
 }
 
@@ -830,11 +1067,19 @@ pub struct RawResponse {
 impl RawResponse {
     /// The gRPC status, from the trailers or (trailers-only) the headers.
     pub fn grpc_status(&self) -> Option<&str> {
-        self.trailers.as_ref().and_then(|t| t.get("grpc-status")).or_else(|| self.headers.get("grpc-status")).map(|v| v.to_str().unwrap())
+        self.trailers
+            .as_ref()
+            .and_then(|t| t.get("grpc-status"))
+            .or_else(|| self.headers.get("grpc-status"))
+            .map(|v| v.to_str().unwrap())
     }
 
     pub fn grpc_message(&self) -> Option<String> {
-        let v = self.trailers.as_ref().and_then(|t| t.get("grpc-message")).or_else(|| self.headers.get("grpc-message"))?;
+        let v = self
+            .trailers
+            .as_ref()
+            .and_then(|t| t.get("grpc-message"))
+            .or_else(|| self.headers.get("grpc-message"))?;
         Some(percent_decode(v.as_bytes()))
     }
 }
@@ -844,7 +1089,9 @@ fn percent_decode(b: &[u8]) -> String {
     let mut i = 0;
     while i < b.len() {
         if b[i] == b'%' && i + 2 < b.len() {
-            if let Ok(v) = u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("zz"), 16) {
+            if let Ok(v) =
+                u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("zz"), 16)
+            {
                 out.push(v);
                 i += 3;
                 continue;
@@ -865,14 +1112,22 @@ pub struct Raw {
 
 pub fn h2_builder() -> h2::client::Builder {
     let mut b = h2::client::Builder::new();
-    b.initial_window_size(8 << 20).initial_connection_window_size(32 << 20).max_frame_size(1 << 20).max_header_list_size(1 << 20);
+    b.initial_window_size(8 << 20)
+        .initial_connection_window_size(32 << 20)
+        .max_frame_size(1 << 20)
+        .max_header_list_size(1 << 20);
     b
 }
 
 impl Raw {
     pub async fn connect(path: &Path) -> Raw {
-        let io = UnixStream::connect(path).await.unwrap_or_else(|e| panic!("connect {}: {e}", path.display()));
-        let (send, conn) = h2_builder().handshake::<_, Bytes>(io).await.expect("h2 handshake");
+        let io = UnixStream::connect(path)
+            .await
+            .unwrap_or_else(|e| panic!("connect {}: {e}", path.display()));
+        let (send, conn) = h2_builder()
+            .handshake::<_, Bytes>(io)
+            .await
+            .expect("h2 handshake");
         let conn = tokio::spawn(async move {
             let _ = conn.await;
         });
@@ -880,7 +1135,10 @@ impl Raw {
     }
 
     /// Opens a stream: sends the headers, body and trailers; returns the response future.
-    pub async fn start(&mut self, req: &RawRequest) -> Result<h2::client::ResponseFuture, h2::Error> {
+    pub async fn start(
+        &mut self,
+        req: &RawRequest,
+    ) -> Result<h2::client::ResponseFuture, h2::Error> {
         send_raw(&mut self.send, req).await
     }
 
@@ -891,9 +1149,16 @@ impl Raw {
 }
 
 /// Opens a stream on `send`: sends the headers, body and trailers; returns the response future.
-pub async fn send_raw(send: &mut h2::client::SendRequest<Bytes>, req: &RawRequest) -> Result<h2::client::ResponseFuture, h2::Error> {
+pub async fn send_raw(
+    send: &mut h2::client::SendRequest<Bytes>,
+    req: &RawRequest,
+) -> Result<h2::client::ResponseFuture, h2::Error> {
     *send = send.clone().ready().await?;
-    let mut r = Request::builder().method(Method::POST).uri(format!("http://localhost{}", req.path)).body(()).unwrap();
+    let mut r = Request::builder()
+        .method(Method::POST)
+        .uri(format!("http://localhost{}", req.path))
+        .body(())
+        .unwrap();
     *r.headers_mut() = req.headers.clone();
     let end = req.body.is_empty() && req.trailers.is_none();
     let (fut, mut stream) = send.send_request(r, end)?;
@@ -916,7 +1181,12 @@ pub async fn read_response(fut: h2::client::ResponseFuture) -> Result<RawRespons
         data.extend_from_slice(&chunk);
     }
     let trailers = body.trailers().await?;
-    Ok(RawResponse { status: parts.status, headers: parts.headers, body: data.freeze(), trailers })
+    Ok(RawResponse {
+        status: parts.status,
+        headers: parts.headers,
+        body: data.freeze(),
+        trailers,
+    })
 }
 
 impl Drop for Raw {
@@ -934,7 +1204,12 @@ pub async fn read_until_closed(sock: &mut UnixStream) -> Vec<u8> {
         match sock.read(&mut buf).await {
             Ok(0) => return seen,
             Ok(n) => seen.extend_from_slice(&buf[..n]),
-            Err(e) if e.kind() == io::ErrorKind::ConnectionReset || e.kind() == io::ErrorKind::BrokenPipe => return seen,
+            Err(e)
+                if e.kind() == io::ErrorKind::ConnectionReset
+                    || e.kind() == io::ErrorKind::BrokenPipe =>
+            {
+                return seen
+            }
             Err(e) => panic!("unexpected read error: {e}"),
         }
     }

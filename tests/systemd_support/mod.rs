@@ -53,11 +53,20 @@ fn grpc_response(status: u32, msg: Option<Vec<u8>>) -> Response<RespBody> {
     let mut trailers = http::HeaderMap::new();
     trailers.insert("grpc-status", status.to_string().parse().unwrap());
     if status != 0 {
-        trailers.insert("grpc-message", "not%20implemented%20by%20the%20fake%20runtime".parse().unwrap());
+        trailers.insert(
+            "grpc-message",
+            "not%20implemented%20by%20the%20fake%20runtime"
+                .parse()
+                .unwrap(),
+        );
     }
     frames.push(Ok(Frame::trailers(trailers)));
     let body = StreamBody::new(futures_util::stream::iter(frames)).boxed();
-    Response::builder().status(200).header("content-type", "application/grpc").body(body).unwrap()
+    Response::builder()
+        .status(200)
+        .header("content-type", "application/grpc")
+        .body(body)
+        .unwrap()
 }
 
 /// Serves runtime.v1 (and runtime.v1alpha2 if asked) on `path` (parent created) until dropped.
@@ -69,19 +78,27 @@ pub async fn fake_runtime(path: &Path, serve_v1alpha2: bool) -> FakeRuntime {
 pub async fn fake_runtime_apis(path: &Path, serve_v1: bool, serve_v1alpha2: bool) -> FakeRuntime {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     let _ = std::fs::remove_file(path);
-    let listener = UnixListener::bind(path).unwrap_or_else(|e| panic!("bind fake runtime {}: {e}", path.display()));
+    let listener = UnixListener::bind(path)
+        .unwrap_or_else(|e| panic!("bind fake runtime {}: {e}", path.display()));
     let calls = Arc::new(AtomicUsize::new(0));
     let c = calls.clone();
     let task = tokio::spawn(async move {
         loop {
-            let Ok((stream, _)) = listener.accept().await else { continue };
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
             let c = c.clone();
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
                     let c = c.clone();
                     async move {
                         let path = req.uri().path().to_string();
-                        let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                        let body = req
+                            .into_body()
+                            .collect()
+                            .await
+                            .map(|b| b.to_bytes())
+                            .unwrap_or_default();
                         let api = if path.starts_with("/runtime.v1.") && serve_v1 {
                             Some("v1")
                         } else if path.starts_with("/runtime.v1alpha2.") && serve_v1alpha2 {
@@ -92,9 +109,14 @@ pub async fn fake_runtime_apis(path: &Path, serve_v1: bool, serve_v1alpha2: bool
                         let resp = match api {
                             Some(api) if path.ends_with("RuntimeService/Version") => {
                                 c.fetch_add(1, Ordering::SeqCst);
-                                let req = VersionRequest::decode(body.get(5..).unwrap_or_default()).unwrap_or_default();
-                                let v =
-                                    VersionResponse { version: req.version, runtime_name: "fake-runtime".into(), runtime_version: "1.2.3".into(), runtime_api_version: api.into() };
+                                let req = VersionRequest::decode(body.get(5..).unwrap_or_default())
+                                    .unwrap_or_default();
+                                let v = VersionResponse {
+                                    version: req.version,
+                                    runtime_name: "fake-runtime".into(),
+                                    runtime_version: "1.2.3".into(),
+                                    runtime_api_version: api.into(),
+                                };
                                 grpc_response(0, Some(v.encode_to_vec()))
                             }
                             _ => grpc_response(12, None),
@@ -102,32 +124,52 @@ pub async fn fake_runtime_apis(path: &Path, serve_v1: bool, serve_v1alpha2: bool
                         Ok::<_, Infallible>(resp)
                     }
                 });
-                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(stream), svc).await;
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
             });
         }
     });
-    FakeRuntime { path: path.to_path_buf(), calls, task }
+    FakeRuntime {
+        path: path.to_path_buf(),
+        calls,
+        task,
+    }
 }
 
 // ---- client -------------------------------------------------------------------------------------
 
 /// One CRI Version call over an already-connected stream (one connection per call).
 pub async fn version_over(stream: UnixStream, api: &str) -> Result<VersionResponse, String> {
-    let (mut sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await.map_err(|e| format!("handshake: {e}"))?;
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .map_err(|e| format!("handshake: {e}"))?;
     tokio::spawn(conn);
-    let msg = VersionRequest { version: api.to_string() }.encode_to_vec();
-    let req = Request::post(format!("http://localhost/runtime.{api}.RuntimeService/Version"))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(Full::new(crisp::cri::wire::frame(&msg)))
-        .unwrap();
-    let resp = sender.send_request(req).await.map_err(|e| format!("call: {e}"))?;
+    let msg = VersionRequest {
+        version: api.to_string(),
+    }
+    .encode_to_vec();
+    let req = Request::post(format!(
+        "http://localhost/runtime.{api}.RuntimeService/Version"
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(Full::new(crisp::cri::wire::frame(&msg)))
+    .unwrap();
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(|e| format!("call: {e}"))?;
     let (parts, body) = resp.into_parts();
     if let Some(s) = parts.headers.get("grpc-status") {
         return Err(format!("grpc-status {s:?} (trailers-only)"));
     }
     let collected = body.collect().await.map_err(|e| format!("body: {e}"))?;
-    let status = collected.trailers().and_then(|t| t.get("grpc-status")).map(|v| v.to_str().unwrap_or("?").to_string());
+    let status = collected
+        .trailers()
+        .and_then(|t| t.get("grpc-status"))
+        .map(|v| v.to_str().unwrap_or("?").to_string());
     let data = collected.to_bytes();
     match status.as_deref() {
         Some("0") => {}
@@ -138,7 +180,9 @@ pub async fn version_over(stream: UnixStream, api: &str) -> Result<VersionRespon
 
 /// Connects and calls Version on `path`.
 pub async fn version(path: &Path) -> Result<VersionResponse, String> {
-    let s = UnixStream::connect(path).await.map_err(|e| format!("connect {}: {e}", path.display()))?;
+    let s = UnixStream::connect(path)
+        .await
+        .map_err(|e| format!("connect {}: {e}", path.display()))?;
     version_over(s, "v1").await
 }
 
@@ -156,7 +200,12 @@ impl Proc {
     }
     pub fn signal(&self, sig: i32) {
         // SAFETY: kill(2) on our own child.
-        assert_eq!(unsafe { libc::kill(self.pid(), sig) }, 0, "kill({}, {sig})", self.pid());
+        assert_eq!(
+            unsafe { libc::kill(self.pid(), sig) },
+            0,
+            "kill({}, {sig})",
+            self.pid()
+        );
     }
     /// Waits for the exit (bounded: a pidfd polled with a timeout), returning the status.
     pub fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
@@ -166,11 +215,24 @@ impl Proc {
         // SAFETY: pidfd_open/poll/close on our own child's pid and a local pollfd.
         unsafe {
             let pidfd = libc::syscall(libc::SYS_pidfd_open, self.pid(), 0) as i32;
-            assert!(pidfd >= 0, "pidfd_open: {}", std::io::Error::last_os_error());
-            let mut pfd = libc::pollfd { fd: pidfd, events: libc::POLLIN, revents: 0 };
+            assert!(
+                pidfd >= 0,
+                "pidfd_open: {}",
+                std::io::Error::last_os_error()
+            );
+            let mut pfd = libc::pollfd {
+                fd: pidfd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
             let n = libc::poll(&mut pfd, 1, within.as_millis() as i32);
             libc::close(pidfd);
-            assert!(n > 0, "crisp (pid {}) did not exit within {within:?}; log:\n{}", self.pid(), self.log_text());
+            assert!(
+                n > 0,
+                "crisp (pid {}) did not exit within {within:?}; log:\n{}",
+                self.pid(),
+                self.log_text()
+            );
         }
         self.child.wait().unwrap()
     }
@@ -191,7 +253,14 @@ impl Drop for Proc {
 pub fn test_config(dir: &Path) -> PathBuf {
     let cfg = dir.join("test-config.toml");
     if !cfg.exists() {
-        std::fs::write(&cfg, format!("state_dir = {:?}\n", dir.join("state").display().to_string())).unwrap();
+        std::fs::write(
+            &cfg,
+            format!(
+                "state_dir = {:?}\n",
+                dir.join("state").display().to_string()
+            ),
+        )
+        .unwrap();
     }
     cfg
 }
@@ -202,17 +271,27 @@ pub fn crisp_command(dir: &Path, args: &[&str], log: &Path) -> Command {
     let cfg = test_config(dir);
     let mut c = Command::new(CRISP);
     c.arg("--config").arg(&cfg).args(args);
-    for k in ["NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"] {
+    for k in [
+        "NOTIFY_SOCKET",
+        "LISTEN_FDS",
+        "LISTEN_PID",
+        "LISTEN_FDNAMES",
+    ] {
         c.env_remove(k);
     }
     c.env("RUST_LOG", "info");
-    c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(std::fs::File::create(log).unwrap());
+    c.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap());
     c
 }
 
 pub fn spawn(mut c: Command, log: &Path) -> Proc {
     let child = c.spawn().unwrap_or_else(|e| panic!("spawn {c:?}: {e}"));
-    Proc { child, log: log.to_path_buf() }
+    Proc {
+        child,
+        log: log.to_path_buf(),
+    }
 }
 
 /// Makes `cmd` (an exec of crisp) inherit `fd` as fd 3 with LISTEN_FDS=1 and LISTEN_PID set to
@@ -220,7 +299,8 @@ pub fn spawn(mut c: Command, log: &Path) -> Proc {
 /// execs crisp, which keeps it.
 pub fn with_listen_fd(crisp_cmd: Command, fd: RawFd, log: &Path) -> Command {
     let mut c = Command::new("/bin/sh");
-    c.arg("-c").arg(r#"LISTEN_PID=$$; export LISTEN_PID; exec "$0" "$@""#);
+    c.arg("-c")
+        .arg(r#"LISTEN_PID=$$; export LISTEN_PID; exec "$0" "$@""#);
     c.arg(crisp_cmd.get_program());
     c.args(crisp_cmd.get_args());
     for (k, v) in crisp_cmd.get_envs() {
@@ -230,7 +310,9 @@ pub fn with_listen_fd(crisp_cmd: Command, fd: RawFd, log: &Path) -> Command {
         };
     }
     c.env("LISTEN_FDS", "1").env("LISTEN_FDNAMES", "crisp");
-    c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(std::fs::File::create(log).unwrap());
+    c.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap());
     // SAFETY: only async-signal-safe calls (dup2, fcntl) between fork and exec.
     unsafe {
         c.pre_exec(move || {
@@ -260,19 +342,28 @@ pub struct Notify {
 impl Notify {
     pub fn at_path(path: &Path) -> Notify {
         let sock = tokio::net::UnixDatagram::bind(path).unwrap();
-        Notify { sock, env: path.display().to_string() }
+        Notify {
+            sock,
+            env: path.display().to_string(),
+        }
     }
     pub fn abstract_named(name: &str) -> Notify {
         use std::os::linux::net::SocketAddrExt;
         let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
         let std = std::os::unix::net::UnixDatagram::bind_addr(&addr).unwrap();
         std.set_nonblocking(true).unwrap();
-        Notify { sock: tokio::net::UnixDatagram::from_std(std).unwrap(), env: format!("@{name}") }
+        Notify {
+            sock: tokio::net::UnixDatagram::from_std(std).unwrap(),
+            env: format!("@{name}"),
+        }
     }
     /// Next datagram, as text.
     pub async fn recv(&self, within: Duration) -> String {
         let mut buf = vec![0u8; 4096];
-        let n = tokio::time::timeout(within, self.sock.recv(&mut buf)).await.expect("no sd_notify message in time").unwrap();
+        let n = tokio::time::timeout(within, self.sock.recv(&mut buf))
+            .await
+            .expect("no sd_notify message in time")
+            .unwrap();
         String::from_utf8_lossy(&buf[..n]).into_owned()
     }
     /// Waits for a message containing the line `assignment` (e.g. "READY=1"); returns it.
@@ -293,7 +384,13 @@ impl Notify {
 static APT: Mutex<()> = Mutex::new(());
 
 pub fn have(tool: &str) -> bool {
-    Command::new("sh").arg("-c").arg(format!("command -v {tool}")).stdout(Stdio::null()).status().map(|s| s.success()).unwrap_or(false)
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .stdout(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
 }
 
 /// Makes sure `tool` is on PATH, installing Debian `package` if it is not (tests run as root on
@@ -313,9 +410,15 @@ pub fn ensure_tool(tool: &str, package: &str) {
     };
     if !install() {
         let _ = Command::new("apt-get").args(["update", "-qq"]).status();
-        assert!(install(), "`{tool}` is missing and `apt-get install {package}` failed; run hack/setup.sh as root");
+        assert!(
+            install(),
+            "`{tool}` is missing and `apt-get install {package}` failed; run hack/setup.sh as root"
+        );
     }
-    assert!(have(tool), "`{tool}` still missing after installing {package}");
+    assert!(
+        have(tool),
+        "`{tool}` still missing after installing {package}"
+    );
 }
 
 // ---- node roots ---------------------------------------------------------------------------------
@@ -324,10 +427,24 @@ pub fn ensure_tool(tool: &str, package: &str) {
 /// modification time of regular files.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Node {
-    Dir { mode: u32, uid: u32, gid: u32 },
-    File { mode: u32, uid: u32, gid: u32, mtime_ns: i128, content: Vec<u8> },
-    Link { target: PathBuf },
-    Other { kind: String },
+    Dir {
+        mode: u32,
+        uid: u32,
+        gid: u32,
+    },
+    File {
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        mtime_ns: i128,
+        content: Vec<u8>,
+    },
+    Link {
+        target: PathBuf,
+    },
+    Other {
+        kind: String,
+    },
 }
 
 pub type Snapshot = BTreeMap<PathBuf, Node>;
@@ -340,10 +457,16 @@ pub fn snapshot(root: &Path) -> Snapshot {
             let rel = p.strip_prefix(root).unwrap().to_path_buf();
             let ft = md.file_type();
             let node = if ft.is_symlink() {
-                Node::Link { target: std::fs::read_link(&p).unwrap() }
+                Node::Link {
+                    target: std::fs::read_link(&p).unwrap(),
+                }
             } else if ft.is_dir() {
                 walk(root, &p, out);
-                Node::Dir { mode: md.mode(), uid: md.uid(), gid: md.gid() }
+                Node::Dir {
+                    mode: md.mode(),
+                    uid: md.uid(),
+                    gid: md.gid(),
+                }
             } else if ft.is_file() {
                 Node::File {
                     mode: md.mode(),
@@ -353,7 +476,13 @@ pub fn snapshot(root: &Path) -> Snapshot {
                     content: std::fs::read(&p).unwrap(),
                 }
             } else {
-                Node::Other { kind: if ft.is_socket() { "socket".into() } else { format!("{ft:?}") } }
+                Node::Other {
+                    kind: if ft.is_socket() {
+                        "socket".into()
+                    } else {
+                        format!("{ft:?}")
+                    },
+                }
             };
             out.insert(rel, node);
         }
@@ -371,12 +500,26 @@ pub fn assert_same_tree(before: &Snapshot, after: &Snapshot, what: &str) {
             None => diffs.push(format!("missing: {}", p.display())),
             Some(m) if m != n => {
                 let show = |x: &Node| match x {
-                    Node::File { mode, uid, gid, mtime_ns, content } => {
-                        format!("file mode {mode:o} {uid}:{gid} mtime {mtime_ns} content {:?}", String::from_utf8_lossy(&content[..content.len().min(300)]))
+                    Node::File {
+                        mode,
+                        uid,
+                        gid,
+                        mtime_ns,
+                        content,
+                    } => {
+                        format!(
+                            "file mode {mode:o} {uid}:{gid} mtime {mtime_ns} content {:?}",
+                            String::from_utf8_lossy(&content[..content.len().min(300)])
+                        )
                     }
                     other => format!("{other:?}"),
                 };
-                diffs.push(format!("changed: {}\n  before: {}\n  after:  {}", p.display(), show(n), show(m)))
+                diffs.push(format!(
+                    "changed: {}\n  before: {}\n  after:  {}",
+                    p.display(),
+                    show(n),
+                    show(m)
+                ))
             }
             _ => {}
         }
@@ -384,7 +527,11 @@ pub fn assert_same_tree(before: &Snapshot, after: &Snapshot, what: &str) {
     for p in after.keys().filter(|p| !before.contains_key(*p)) {
         diffs.push(format!("added: {}", p.display()));
     }
-    assert!(diffs.is_empty(), "{what}: the tree differs:\n{}", diffs.join("\n"));
+    assert!(
+        diffs.is_empty(),
+        "{what}: the tree differs:\n{}",
+        diffs.join("\n")
+    );
 }
 
 /// Output of a script run.
@@ -403,9 +550,17 @@ impl Run {
 
 /// Runs `hack/<script>` with `args`.
 pub fn hack(script: &str, args: &[&str]) -> Run {
-    let out =
-        Command::new("bash").arg(Path::new(REPO).join("hack").join(script)).args(args).env_remove("NOTIFY_SOCKET").output().unwrap_or_else(|e| panic!("run hack/{script}: {e}"));
-    Run { ok: out.status.success(), stdout: String::from_utf8_lossy(&out.stdout).into(), stderr: String::from_utf8_lossy(&out.stderr).into() }
+    let out = Command::new("bash")
+        .arg(Path::new(REPO).join("hack").join(script))
+        .args(args)
+        .env_remove("NOTIFY_SOCKET")
+        .output()
+        .unwrap_or_else(|e| panic!("run hack/{script}: {e}"));
+    Run {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into(),
+        stderr: String::from_utf8_lossy(&out.stderr).into(),
+    }
 }
 
 /// Writes `content` at node path `p` under `root` (parents created).

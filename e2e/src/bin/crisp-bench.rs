@@ -108,7 +108,9 @@ fn pct(sorted: &[Duration], p: f64) -> Duration {
 }
 
 async fn connect(socket: &Path) -> Result<SendRequest<Full<Bytes>>> {
-    let s = tokio::net::UnixStream::connect(socket).await.with_context(|| format!("connect {}", socket.display()))?;
+    let s = tokio::net::UnixStream::connect(socket)
+        .await
+        .with_context(|| format!("connect {}", socket.display()))?;
     let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
         .initial_stream_window_size(2 << 20)
         .initial_connection_window_size(16 << 20)
@@ -120,7 +122,11 @@ async fn connect(socket: &Path) -> Result<SendRequest<Full<Bytes>>> {
 }
 
 /// One unary call; returns (latency, response bytes).
-async fn call(sender: &mut SendRequest<Full<Bytes>>, path: &str, body: &Bytes) -> Result<(Duration, usize)> {
+async fn call(
+    sender: &mut SendRequest<Full<Bytes>>,
+    path: &str,
+    body: &Bytes,
+) -> Result<(Duration, usize)> {
     let req = Request::post(format!("http://localhost{path}"))
         .header("content-type", "application/grpc")
         .header("te", "trailers")
@@ -129,7 +135,10 @@ async fn call(sender: &mut SendRequest<Full<Bytes>>, path: &str, body: &Bytes) -
     let t = Instant::now();
     let resp = sender.send_request(req).await?;
     let collected = resp.into_body().collect().await?;
-    let ok = collected.trailers().and_then(|t| t.get("grpc-status")).is_some_and(|v| v == "0");
+    let ok = collected
+        .trailers()
+        .and_then(|t| t.get("grpc-status"))
+        .is_some_and(|v| v == "0");
     let n = collected.to_bytes().len();
     let d = t.elapsed();
     if !ok {
@@ -156,7 +165,13 @@ async fn latency(socket: &Path, path: &str, body: &Bytes, n: usize) -> Result<Ve
     Ok(v)
 }
 
-async fn throughput(socket: &Path, path: &str, body: &Bytes, conc: usize, secs: u64) -> Result<f64> {
+async fn throughput(
+    socket: &Path,
+    path: &str,
+    body: &Bytes,
+    conc: usize,
+    secs: u64,
+) -> Result<f64> {
     let s = connect(socket).await?;
     let stop = Instant::now() + Duration::from_secs(secs);
     let mut tasks = Vec::new();
@@ -184,8 +199,10 @@ async fn throughput(socket: &Path, path: &str, body: &Bytes, conc: usize, secs: 
 async fn stream_events(socket: &Path) -> Result<(Duration, usize)> {
     let mut s = connect(socket).await?;
     let body = frame(&[]);
-    let req =
-        Request::post("http://localhost/runtime.v1.RuntimeService/GetContainerEvents").header("content-type", "application/grpc").header("te", "trailers").body(Full::new(body))?;
+    let req = Request::post("http://localhost/runtime.v1.RuntimeService/GetContainerEvents")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(Full::new(body))?;
     let t = Instant::now();
     let resp = s.send_request(req).await?;
     let mut b = resp.into_body();
@@ -214,16 +231,44 @@ async fn kubelet_mix(socket: &Path, secs: u64) -> Result<[Vec<Duration>; 3]> {
             let (mut lists, mut statuses) = (Vec::new(), Vec::new());
             let list_s = frame(&cri::ListPodSandboxRequest::default().encode_to_vec());
             let list_c = frame(&cri::ListContainersRequest::default().encode_to_vec());
-            let sb = frame(&cri::PodSandboxStatusRequest { pod_sandbox_id: format!("{:064x}", 1_000_000), verbose: false }.encode_to_vec());
-            let cs = frame(&cri::ContainerStatusRequest { container_id: format!("{:064x}", 0), verbose: false }.encode_to_vec());
+            let sb = frame(
+                &cri::PodSandboxStatusRequest {
+                    pod_sandbox_id: format!("{:064x}", 1_000_000),
+                    verbose: false,
+                }
+                .encode_to_vec(),
+            );
+            let cs = frame(
+                &cri::ContainerStatusRequest {
+                    container_id: format!("{:064x}", 0),
+                    verbose: false,
+                }
+                .encode_to_vec(),
+            );
             let mut tick = tokio::time::interval(Duration::from_millis(100));
             while Instant::now() < stop {
                 tick.tick().await;
-                lists.push(call(&mut s, "/runtime.v1.RuntimeService/ListPodSandbox", &list_s).await?.0);
-                lists.push(call(&mut s, "/runtime.v1.RuntimeService/ListContainers", &list_c).await?.0);
-                statuses.push(call(&mut s, "/runtime.v1.RuntimeService/PodSandboxStatus", &sb).await?.0);
+                lists.push(
+                    call(&mut s, "/runtime.v1.RuntimeService/ListPodSandbox", &list_s)
+                        .await?
+                        .0,
+                );
+                lists.push(
+                    call(&mut s, "/runtime.v1.RuntimeService/ListContainers", &list_c)
+                        .await?
+                        .0,
+                );
+                statuses.push(
+                    call(&mut s, "/runtime.v1.RuntimeService/PodSandboxStatus", &sb)
+                        .await?
+                        .0,
+                );
                 for _ in 0..3 {
-                    statuses.push(call(&mut s, "/runtime.v1.RuntimeService/ContainerStatus", &cs).await?.0);
+                    statuses.push(
+                        call(&mut s, "/runtime.v1.RuntimeService/ContainerStatus", &cs)
+                            .await?
+                            .0,
+                    );
                 }
             }
             anyhow::Ok((lists, statuses))
@@ -238,29 +283,93 @@ async fn kubelet_mix(socket: &Path, secs: u64) -> Result<[Vec<Duration>; 3]> {
             while Instant::now() < stop {
                 tick.tick().await;
                 i += 1;
-                let meta = cri::PodSandboxMetadata { name: format!("mix-{i}"), uid: format!("{i:032x}"), namespace: "bench".into(), attempt: 0 };
-                let config = cri::PodSandboxConfig { metadata: Some(meta), ..Default::default() };
+                let meta = cri::PodSandboxMetadata {
+                    name: format!("mix-{i}"),
+                    uid: format!("{i:032x}"),
+                    namespace: "bench".into(),
+                    attempt: 0,
+                };
+                let config = cri::PodSandboxConfig {
+                    metadata: Some(meta),
+                    ..Default::default()
+                };
                 let sandbox = "0.1.0".to_string(); // what the fake answers as the id
-                let mut calls: Vec<(&str, Vec<u8>)> =
-                    vec![("RunPodSandbox", cri::RunPodSandboxRequest { config: Some(config.clone()), runtime_handler: String::new() }.encode_to_vec())];
+                let mut calls: Vec<(&str, Vec<u8>)> = vec![(
+                    "RunPodSandbox",
+                    cri::RunPodSandboxRequest {
+                        config: Some(config.clone()),
+                        runtime_handler: String::new(),
+                    }
+                    .encode_to_vec(),
+                )];
                 for c in ["sidecar", "app"] {
-                    let cc = cri::ContainerConfig { metadata: Some(cri::ContainerMetadata { name: c.into(), attempt: 0 }), ..Default::default() };
+                    let cc = cri::ContainerConfig {
+                        metadata: Some(cri::ContainerMetadata {
+                            name: c.into(),
+                            attempt: 0,
+                        }),
+                        ..Default::default()
+                    };
                     calls.push((
                         "CreateContainer",
-                        cri::CreateContainerRequest { pod_sandbox_id: sandbox.clone(), config: Some(cc), sandbox_config: Some(config.clone()) }.encode_to_vec(),
+                        cri::CreateContainerRequest {
+                            pod_sandbox_id: sandbox.clone(),
+                            config: Some(cc),
+                            sandbox_config: Some(config.clone()),
+                        }
+                        .encode_to_vec(),
                     ));
-                    calls.push(("StartContainer", cri::StartContainerRequest { container_id: format!("{c}-{i}") }.encode_to_vec()));
+                    calls.push((
+                        "StartContainer",
+                        cri::StartContainerRequest {
+                            container_id: format!("{c}-{i}"),
+                        }
+                        .encode_to_vec(),
+                    ));
                 }
                 for c in ["app", "sidecar"] {
-                    calls.push(("StopContainer", cri::StopContainerRequest { container_id: format!("{c}-{i}"), timeout: 30 }.encode_to_vec()));
+                    calls.push((
+                        "StopContainer",
+                        cri::StopContainerRequest {
+                            container_id: format!("{c}-{i}"),
+                            timeout: 30,
+                        }
+                        .encode_to_vec(),
+                    ));
                 }
-                calls.push(("StopPodSandbox", cri::StopPodSandboxRequest { pod_sandbox_id: sandbox.clone() }.encode_to_vec()));
+                calls.push((
+                    "StopPodSandbox",
+                    cri::StopPodSandboxRequest {
+                        pod_sandbox_id: sandbox.clone(),
+                    }
+                    .encode_to_vec(),
+                ));
                 for c in ["app", "sidecar"] {
-                    calls.push(("RemoveContainer", cri::RemoveContainerRequest { container_id: format!("{c}-{i}") }.encode_to_vec()));
+                    calls.push((
+                        "RemoveContainer",
+                        cri::RemoveContainerRequest {
+                            container_id: format!("{c}-{i}"),
+                        }
+                        .encode_to_vec(),
+                    ));
                 }
-                calls.push(("RemovePodSandbox", cri::RemovePodSandboxRequest { pod_sandbox_id: sandbox.clone() }.encode_to_vec()));
+                calls.push((
+                    "RemovePodSandbox",
+                    cri::RemovePodSandboxRequest {
+                        pod_sandbox_id: sandbox.clone(),
+                    }
+                    .encode_to_vec(),
+                ));
                 for (m, body) in calls {
-                    muts.push(call(&mut s, &format!("/runtime.v1.RuntimeService/{m}"), &frame(&body)).await?.0);
+                    muts.push(
+                        call(
+                            &mut s,
+                            &format!("/runtime.v1.RuntimeService/{m}"),
+                            &frame(&body),
+                        )
+                        .await?
+                        .0,
+                    );
                 }
             }
             anyhow::Ok(muts)
@@ -276,7 +385,11 @@ async fn kubelet_mix(socket: &Path, secs: u64) -> Result<[Vec<Duration>; 3]> {
 
 fn proc_status(pid: u32, key: &str) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    s.lines().find(|l| l.starts_with(key)).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0)
+    s.lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// utime+stime of a process, in clock ticks.
@@ -321,13 +434,32 @@ fn start_socat(listen: &Path, upstream: &Path) -> Result<Proc> {
 }
 
 fn start_crisp(dir: &Path, listen: &Path, upstream: &Path, extra: &str) -> Result<Proc> {
-    start_crisp_bin(&crisp_e2e::crisp::crisp_binary()?, "crisp", dir, listen, upstream, extra)
+    start_crisp_bin(
+        &crisp_e2e::crisp::crisp_binary()?,
+        "crisp",
+        dir,
+        listen,
+        upstream,
+        extra,
+    )
 }
 
-fn start_crisp_bin(bin: &Path, name: &str, dir: &Path, listen: &Path, upstream: &Path, extra: &str) -> Result<Proc> {
+fn start_crisp_bin(
+    bin: &Path,
+    name: &str,
+    dir: &Path,
+    listen: &Path,
+    upstream: &Path,
+    extra: &str,
+) -> Result<Proc> {
     let cfg = dir.join(format!("{name}.toml"));
     std::fs::write(&cfg, format!("listen = {listen:?}\nupstream = {upstream:?}\nstate_dir = {:?}\n[log]\nlevel = \"warn\"\n{extra}\n", dir.join(format!("{name}-state"))))?;
-    let child = Command::new(bin).arg("--config").arg(&cfg).stdout(Stdio::null()).stderr(Stdio::inherit()).spawn()?;
+    let child = Command::new(bin)
+        .arg("--config")
+        .arg(&cfg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()?;
     let p = Proc(child);
     wait_socket(listen)?;
     Ok(p)
@@ -345,8 +477,20 @@ struct Counted(Option<Child>);
 
 impl Counted {
     fn attach(pid: u32) -> Counted {
-        let child =
-            Command::new("perf").args(["stat", "-x", ",", "-e", "task-clock,context-switches", "-p", &pid.to_string()]).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().ok();
+        let child = Command::new("perf")
+            .args([
+                "stat",
+                "-x",
+                ",",
+                "-e",
+                "task-clock,context-switches",
+                "-p",
+                &pid.to_string(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .ok();
         // perf opens its counters on the threads it finds when it starts: give it that moment.
         std::thread::sleep(Duration::from_millis(300));
         Counted(child)
@@ -357,16 +501,23 @@ impl Counted {
     fn finish(mut self) -> Option<(u64, u64)> {
         let child = self.0.take()?;
         // perf prints its counts when interrupted.
-        let _ = Command::new("kill").args(["-INT", &child.id().to_string()]).status();
+        let _ = Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status();
         let out = child.wait_with_output().ok()?;
         let text = String::from_utf8_lossy(&out.stderr);
         let field = |event: &str| {
             text.lines().find_map(|l| {
                 let f: Vec<&str> = l.split(',').collect();
-                (f.get(2).is_some_and(|e| e.starts_with(event))).then(|| f[0].parse::<f64>().ok()).flatten()
+                (f.get(2).is_some_and(|e| e.starts_with(event)))
+                    .then(|| f[0].parse::<f64>().ok())
+                    .flatten()
             })
         };
-        Some(((field("task-clock")? * 1e6) as u64, field("context-switches")? as u64))
+        Some((
+            (field("task-clock")? * 1e6) as u64,
+            field("context-switches")? as u64,
+        ))
     }
 }
 
@@ -396,24 +547,40 @@ fn fmt_spread(v: &[f64], digits: usize) -> String {
 
 /// One `crisp-grpcgo bench` run set: every lane's figure per run (latency: (p50, p99) in µs;
 /// throughput: (calls/s, 0)).
-fn grpcgo_bench(lanes: &[Lane], method: &str, req: &[u8], authority: Option<&str>, extra: &[String]) -> Result<Vec<Vec<(f64, f64)>>> {
+fn grpcgo_bench(
+    lanes: &[Lane],
+    method: &str,
+    req: &[u8],
+    authority: Option<&str>,
+    extra: &[String],
+) -> Result<Vec<Vec<(f64, f64)>>> {
     let bin = crisp_e2e::grpcgo::grpcgo_binary()?;
     let mut cmd = Command::new(bin);
-    cmd.arg("bench").arg("--method").arg(format!("/runtime.v1.RuntimeService/{method}")).arg("--hex").arg(crisp_e2e::grpcgo::hex(req));
+    cmd.arg("bench")
+        .arg("--method")
+        .arg(format!("/runtime.v1.RuntimeService/{method}"))
+        .arg("--hex")
+        .arg(crisp_e2e::grpcgo::hex(req));
     for l in lanes {
-        cmd.arg("--lane").arg(format!("{}={}", l.name, l.socket.display()));
+        cmd.arg("--lane")
+            .arg(format!("{}={}", l.name, l.socket.display()));
     }
     if let Some(a) = authority {
         cmd.arg("--authority").arg(a);
     }
     cmd.args(extra);
-    let out = cmd.stdin(Stdio::null()).stderr(Stdio::inherit()).output().context("crisp-grpcgo bench")?;
+    let out = cmd
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .context("crisp-grpcgo bench")?;
     if !out.status.success() {
         bail!("crisp-grpcgo bench {method} failed ({})", out.status);
     }
     let mut runs = Vec::new();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let v: serde_json::Value = serde_json::from_str(line).with_context(|| format!("crisp-grpcgo bench printed {line:?}"))?;
+        let v: serde_json::Value = serde_json::from_str(line)
+            .with_context(|| format!("crisp-grpcgo bench printed {line:?}"))?;
         let mut per = Vec::new();
         for l in lanes {
             if let Some(lat) = v.get("latency") {
@@ -431,24 +598,49 @@ fn grpcgo_bench(lanes: &[Lane], method: &str, req: &[u8], authority: Option<&str
 /// kubelet's own client against direct / socat / crisp (/ crisp-before), interleaved call by
 /// call: added latency per run, and crisp's (and crisp-before's) ratio to socat's addition as
 /// min / median / max over the runs.
-fn kubelet_latency_table(out: &mut String, lanes: &[Lane], runs: &[Vec<(f64, f64)>], unit_ms: bool) -> Result<()> {
+fn kubelet_latency_table(
+    out: &mut String,
+    lanes: &[Lane],
+    runs: &[Vec<(f64, f64)>],
+    unit_ms: bool,
+) -> Result<()> {
     use std::fmt::Write;
     let scale = if unit_ms { 1e-3 } else { 1.0 };
     let u = if unit_ms { "ms" } else { "µs" };
     let d = if unit_ms { 2 } else { 1 };
-    writeln!(out, "| lane | p50 {u} | p99 {u} | added p50 {u} | added p99 {u} |\n|---|---|---|---|---|")?;
+    writeln!(
+        out,
+        "| lane | p50 {u} | p99 {u} | added p50 {u} | added p99 {u} |\n|---|---|---|---|---|"
+    )?;
     for (i, l) in lanes.iter().enumerate() {
         let p50: Vec<f64> = runs.iter().map(|r| r[i].0 * scale).collect();
         let p99: Vec<f64> = runs.iter().map(|r| r[i].1 * scale).collect();
         let a50: Vec<f64> = runs.iter().map(|r| (r[i].0 - r[0].0) * scale).collect();
         let a99: Vec<f64> = runs.iter().map(|r| (r[i].1 - r[0].1) * scale).collect();
         if i == 0 {
-            writeln!(out, "| {} | {} | {} | — | — |", l.name, fmt_spread(&p50, d), fmt_spread(&p99, d))?;
+            writeln!(
+                out,
+                "| {} | {} | {} | — | — |",
+                l.name,
+                fmt_spread(&p50, d),
+                fmt_spread(&p99, d)
+            )?;
         } else {
-            writeln!(out, "| {} | {} | {} | {} | {} |", l.name, fmt_spread(&p50, d), fmt_spread(&p99, d), fmt_spread(&a50, d), fmt_spread(&a99, d))?;
+            writeln!(
+                out,
+                "| {} | {} | {} | {} | {} |",
+                l.name,
+                fmt_spread(&p50, d),
+                fmt_spread(&p99, d),
+                fmt_spread(&a50, d),
+                fmt_spread(&a99, d)
+            )?;
         }
     }
-    writeln!(out, "\n| added / socat's added | p50 (min / median / max of runs) | p99 |\n|---|---|---|")?;
+    writeln!(
+        out,
+        "\n| added / socat's added | p50 (min / median / max of runs) | p99 |\n|---|---|---|"
+    )?;
     for (i, l) in lanes.iter().enumerate().skip(2) {
         let ratio = |k: usize| -> Vec<f64> {
             runs.iter()
@@ -458,33 +650,78 @@ fn kubelet_latency_table(out: &mut String, lanes: &[Lane], runs: &[Vec<(f64, f64
                 })
                 .collect()
         };
-        writeln!(out, "| {} | {} | {} |", l.name, fmt_spread(&ratio(0), 2), fmt_spread(&ratio(1), 2))?;
+        writeln!(
+            out,
+            "| {} | {} | {} |",
+            l.name,
+            fmt_spread(&ratio(0), 2),
+            fmt_spread(&ratio(1), 2)
+        )?;
     }
     Ok(())
 }
 
 /// The grpc-go (kubelet) lanes on one upstream: Version, ListContainers, throughput at
 /// `--concurrency`, and crisp's CPU and wakeups per call.
-async fn kubelet_report(args: &Args, title: &str, upstream: &Path, dir: &Path, big_list: bool) -> Result<String> {
+async fn kubelet_report(
+    args: &Args,
+    title: &str,
+    upstream: &Path,
+    dir: &Path,
+    big_list: bool,
+) -> Result<String> {
     use std::fmt::Write;
     let tag = if big_list { "kf" } else { "kc" };
     let socat_sock = dir.join(format!("{tag}-socat.sock"));
     // A directory per crisp: each puts its admin socket next to its listening one.
-    let (crisp_dir, before_dir) = (dir.join(format!("{tag}-crisp")), dir.join(format!("{tag}-before")));
+    let (crisp_dir, before_dir) = (
+        dir.join(format!("{tag}-crisp")),
+        dir.join(format!("{tag}-before")),
+    );
     std::fs::create_dir_all(&crisp_dir)?;
     std::fs::create_dir_all(&before_dir)?;
     let crisp_sock = crisp_dir.join("crisp.sock");
     let before_sock = before_dir.join("crisp.sock");
     let _socat = start_socat(&socat_sock, upstream)?;
-    let crisp = start_crisp_bin(&crisp_e2e::crisp::crisp_binary()?, &format!("{tag}-crisp"), dir, &crisp_sock, upstream, &args.crisp_config)?;
+    let crisp = start_crisp_bin(
+        &crisp_e2e::crisp::crisp_binary()?,
+        &format!("{tag}-crisp"),
+        dir,
+        &crisp_sock,
+        upstream,
+        &args.crisp_config,
+    )?;
     let before = match &args.before {
-        Some(b) => Some(start_crisp_bin(b, &format!("{tag}-before"), dir, &before_sock, upstream, &args.crisp_config)?),
+        Some(b) => Some(start_crisp_bin(
+            b,
+            &format!("{tag}-before"),
+            dir,
+            &before_sock,
+            upstream,
+            &args.crisp_config,
+        )?),
         None => None,
     };
-    let mut lanes = vec![Lane { name: "direct", socket: upstream.to_path_buf() }, Lane { name: "socat", socket: socat_sock }, Lane { name: "crisp", socket: crisp_sock }];
+    let mut lanes = vec![
+        Lane {
+            name: "direct",
+            socket: upstream.to_path_buf(),
+        },
+        Lane {
+            name: "socat",
+            socket: socat_sock,
+        },
+        Lane {
+            name: "crisp",
+            socket: crisp_sock,
+        },
+    ];
     let mut pids = vec![("crisp", crisp.0.id())];
     if let Some(b) = &before {
-        lanes.push(Lane { name: "crisp-before", socket: before_sock });
+        lanes.push(Lane {
+            name: "crisp-before",
+            socket: before_sock,
+        });
         pids.push(("crisp-before", b.0.id()));
     }
     // The fake is a hyper server, which rejects grpc-go's default `:authority` (the socket path,
@@ -493,15 +730,38 @@ async fn kubelet_report(args: &Args, title: &str, upstream: &Path, dir: &Path, b
     let mut out = String::new();
     writeln!(out, "\n### kubelet's client (grpc-go 1.33), {title}\n")?;
     if let Some(b) = &args.before {
-        writeln!(out, "crisp-before: `{}`; crisp: `{}`.\n", b.display(), crisp_e2e::crisp::crisp_binary()?.display())?;
+        writeln!(
+            out,
+            "crisp-before: `{}`; crisp: `{}`.\n",
+            b.display(),
+            crisp_e2e::crisp::crisp_binary()?.display()
+        )?;
     }
     let runs = args.grpcgo_runs.max(1);
-    let std_args = |count: usize, warmup: usize| vec!["--runs".to_string(), runs.to_string(), "--count".into(), count.to_string(), "--warmup".into(), warmup.to_string()];
+    let std_args = |count: usize, warmup: usize| {
+        vec![
+            "--runs".to_string(),
+            runs.to_string(),
+            "--count".into(),
+            count.to_string(),
+            "--warmup".into(),
+            warmup.to_string(),
+        ]
+    };
 
-    let version = cri::VersionRequest { version: "v1".into() }.encode_to_vec();
+    let version = cri::VersionRequest {
+        version: "v1".into(),
+    }
+    .encode_to_vec();
     let counters: Vec<Counted> = pids.iter().map(|(_, p)| Counted::attach(*p)).collect();
     let warm = (args.grpcgo_calls / 10).max(10);
-    let v = grpcgo_bench(&lanes, "Version", &version, authority, &std_args(args.grpcgo_calls, warm))?;
+    let v = grpcgo_bench(
+        &lanes,
+        "Version",
+        &version,
+        authority,
+        &std_args(args.grpcgo_calls, warm),
+    )?;
     let calls = (runs * (args.grpcgo_calls + warm)) as f64;
     writeln!(
         out,
@@ -523,8 +783,18 @@ async fn kubelet_report(args: &Args, title: &str, upstream: &Path, dir: &Path, b
     }
 
     let list = cri::ListContainersRequest { filter: None }.encode_to_vec();
-    let n = if big_list { args.grpcgo_list_calls } else { args.grpcgo_calls };
-    let l = grpcgo_bench(&lanes, "ListContainers", &list, authority, &std_args(n, (n / 10).max(3)))?;
+    let n = if big_list {
+        args.grpcgo_list_calls
+    } else {
+        args.grpcgo_calls
+    };
+    let l = grpcgo_bench(
+        &lanes,
+        "ListContainers",
+        &list,
+        authority,
+        &std_args(n, (n / 10).max(3)),
+    )?;
     if big_list {
         writeln!(out, "\nUnary `ListContainers` of {} containers (6.4 MiB; the fake runtime's canned answer), {runs} runs of {n} calls per lane, interleaved:\n", args.containers)?;
     } else {
@@ -559,28 +829,71 @@ async fn kubelet_report(args: &Args, title: &str, upstream: &Path, dir: &Path, b
     for (i, l) in lanes.iter().enumerate() {
         let rate: Vec<f64> = t.iter().map(|r| r[i].0).collect();
         let vs = |j: usize| -> Vec<f64> { t.iter().map(|r| r[i].0 / r[j].0).collect() };
-        writeln!(out, "| {} | {} | {:.2} | {:.2} |", l.name, fmt_spread(&rate, 0), spread(&vs(0)).1, spread(&vs(1)).1)?;
+        writeln!(
+            out,
+            "| {} | {} | {:.2} | {:.2} |",
+            l.name,
+            fmt_spread(&rate, 0),
+            spread(&vs(0)).1,
+            spread(&vs(1)).1
+        )?;
     }
     writeln!(out)?;
     for (k, ((name, _), c)) in pids.iter().zip(counters).enumerate() {
-        let relayed: f64 = t.iter().map(|r| r[2 + k].0 * args.seconds as f64).sum::<f64>() + (rounds * 50) as f64;
+        let relayed: f64 = t
+            .iter()
+            .map(|r| r[2 + k].0 * args.seconds as f64)
+            .sum::<f64>()
+            + (rounds * 50) as f64;
         match c.finish() {
-            Some((ns, _)) => writeln!(out, "{name}: {:.1} ms of CPU per 1,000 calls at concurrency {}", ns as f64 / 1e6 / (relayed / 1000.0), args.concurrency)?,
-            None => writeln!(out, "{name}: CPU not counted (`perf stat` is missing or failed)")?,
+            Some((ns, _)) => writeln!(
+                out,
+                "{name}: {:.1} ms of CPU per 1,000 calls at concurrency {}",
+                ns as f64 / 1e6 / (relayed / 1000.0),
+                args.concurrency
+            )?,
+            None => writeln!(
+                out,
+                "{name}: CPU not counted (`perf stat` is missing or failed)"
+            )?,
         }
     }
     Ok(out)
 }
 
-async fn run_lanes(args: &Args, title: &str, upstream: &Path, dir: &Path, big_list: bool) -> Result<String> {
+async fn run_lanes(
+    args: &Args,
+    title: &str,
+    upstream: &Path,
+    dir: &Path,
+    big_list: bool,
+) -> Result<String> {
     let socat_sock = dir.join(format!("{title}-socat.sock"));
     let crisp_sock = dir.join(format!("{title}-crisp.sock"));
     let _socat = start_socat(&socat_sock, upstream)?;
     let crisp = start_crisp(dir, &crisp_sock, upstream, &args.crisp_config)?;
     let pid = crisp.0.id();
     let idle_rss = proc_status(pid, "VmRSS:");
-    let lanes = [Lane { name: "direct", socket: upstream.to_path_buf() }, Lane { name: "socat", socket: socat_sock.clone() }, Lane { name: "crisp", socket: crisp_sock.clone() }];
-    let version = frame(&cri::VersionRequest { version: "v1".into() }.encode_to_vec());
+    let lanes = [
+        Lane {
+            name: "direct",
+            socket: upstream.to_path_buf(),
+        },
+        Lane {
+            name: "socat",
+            socket: socat_sock.clone(),
+        },
+        Lane {
+            name: "crisp",
+            socket: crisp_sock.clone(),
+        },
+    ];
+    let version = frame(
+        &cri::VersionRequest {
+            version: "v1".into(),
+        }
+        .encode_to_vec(),
+    );
     let vpath = "/runtime.v1.RuntimeService/Version";
     let mut out = String::new();
     use std::fmt::Write;
@@ -593,10 +906,19 @@ async fn run_lanes(args: &Args, title: &str, upstream: &Path, dir: &Path, big_li
         throughput_report(&mut out, args, &lanes, vpath, &version, pid).await?;
     }
     if args.runs(Workload::Grpcgo) {
-        let mut methods = vec![("Version", cri::VersionRequest { version: "v1".into() }.encode_to_vec())];
+        let mut methods = vec![(
+            "Version",
+            cri::VersionRequest {
+                version: "v1".into(),
+            }
+            .encode_to_vec(),
+        )];
         if !big_list {
             // The real runtime: a call that reaches its store too (the fake's list is 6 MiB).
-            methods.push(("ListContainers", cri::ListContainersRequest { filter: None }.encode_to_vec()));
+            methods.push((
+                "ListContainers",
+                cri::ListContainersRequest { filter: None }.encode_to_vec(),
+            ));
         }
         // The fake is a hyper server, which rejects grpc-go's default `:authority` (the socket
         // path, KUBELET-CRI §11): the client sends `localhost` there, as crictl-like clients do.
@@ -610,7 +932,11 @@ async fn run_lanes(args: &Args, title: &str, upstream: &Path, dir: &Path, big_li
     if big_list && args.runs(Workload::List) {
         let list = frame(&cri::ListContainersRequest { filter: None }.encode_to_vec());
         let lpath = "/runtime.v1.RuntimeService/ListContainers";
-        writeln!(out, "\n`ListContainers` of {} containers (20 calls each, in 4 turns of 5):\n", args.containers)?;
+        writeln!(
+            out,
+            "\n`ListContainers` of {} containers (20 calls each, in 4 turns of 5):\n",
+            args.containers
+        )?;
         writeln!(out, "| lane | p50 ms | response MiB |\n|---|---|---|")?;
         let hwm_before = proc_status(pid, "VmHWM:");
         let mut conns = Vec::new();
@@ -630,10 +956,22 @@ async fn run_lanes(args: &Args, title: &str, upstream: &Path, dir: &Path, big_li
         }
         for (l, v) in lanes.iter().zip(&mut times) {
             v.sort();
-            writeln!(out, "| {} | {:.2} | {:.2} |", l.name, pct(v, 0.5).as_secs_f64() * 1e3, size as f64 / (1 << 20) as f64)?;
+            writeln!(
+                out,
+                "| {} | {:.2} | {:.2} |",
+                l.name,
+                pct(v, 0.5).as_secs_f64() * 1e3,
+                size as f64 / (1 << 20) as f64
+            )?;
         }
         let hwm_after = proc_status(pid, "VmHWM:");
-        writeln!(out, "\ncrisp peak RSS (VmHWM) before the big lists: {} KiB, after: {} KiB (grew {} KiB)", hwm_before, hwm_after, hwm_after.saturating_sub(hwm_before))?;
+        writeln!(
+            out,
+            "\ncrisp peak RSS (VmHWM) before the big lists: {} KiB, after: {} KiB (grew {} KiB)",
+            hwm_before,
+            hwm_after,
+            hwm_after.saturating_sub(hwm_before)
+        )?;
     }
     if big_list && args.runs(Workload::Events) {
         writeln!(out, "\n`GetContainerEvents` stream of {} messages (median of 5 streams each, lanes taking turns):\n", 10_000)?;
@@ -641,22 +979,43 @@ async fn run_lanes(args: &Args, title: &str, upstream: &Path, dir: &Path, big_li
         let mut times: Vec<Vec<Duration>> = vec![Vec::new(); lanes.len()];
         for _ in 0..5 {
             for (l, v) in lanes.iter().zip(&mut times) {
-                v.push(stream_events(&l.socket).await.with_context(|| format!("GetContainerEvents on the {} lane", l.name))?.0);
+                v.push(
+                    stream_events(&l.socket)
+                        .await
+                        .with_context(|| format!("GetContainerEvents on the {} lane", l.name))?
+                        .0,
+                );
             }
         }
         for (l, v) in lanes.iter().zip(&mut times) {
             v.sort();
             let d = pct(v, 0.5);
-            writeln!(out, "| {} | {:.2} | {:.0} |", l.name, d.as_secs_f64() * 1e3, 10_000.0 / d.as_secs_f64())?;
+            writeln!(
+                out,
+                "| {} | {:.2} | {:.0} |",
+                l.name,
+                d.as_secs_f64() * 1e3,
+                10_000.0 / d.as_secs_f64()
+            )?;
         }
     }
-    writeln!(out, "\ncrisp RSS: idle {} KiB, after load {} KiB", idle_rss, load_rss)?;
+    writeln!(
+        out,
+        "\ncrisp RSS: idle {} KiB, after load {} KiB",
+        idle_rss, load_rss
+    )?;
     Ok(out)
 }
 
 /// Latency at concurrency 1: the lanes take turns (5 rounds), so that a change in the machine's
 /// load during the run falls on all three alike.
-async fn latency_report(out: &mut String, args: &Args, lanes: &[Lane], vpath: &str, version: &Bytes) -> Result<()> {
+async fn latency_report(
+    out: &mut String,
+    args: &Args,
+    lanes: &[Lane],
+    vpath: &str,
+    version: &Bytes,
+) -> Result<()> {
     use std::fmt::Write;
     let mut samples = vec![Vec::new(); lanes.len()];
     for _ in 0..5 {
@@ -668,13 +1027,31 @@ async fn latency_report(out: &mut String, args: &Args, lanes: &[Lane], vpath: &s
         .iter_mut()
         .map(|v| {
             v.sort();
-            Latency { p50: pct(v, 0.5), p99: pct(v, 0.99) }
+            Latency {
+                p50: pct(v, 0.5),
+                p99: pct(v, 0.99),
+            }
         })
         .collect();
-    writeln!(out, "Unary `Version`, concurrency 1, {} calls:\n", args.calls)?;
-    writeln!(out, "| lane | p50 µs | p99 µs | added p50 µs | added p99 µs |\n|---|---|---|---|---|")?;
+    writeln!(
+        out,
+        "Unary `Version`, concurrency 1, {} calls:\n",
+        args.calls
+    )?;
+    writeln!(
+        out,
+        "| lane | p50 µs | p99 µs | added p50 µs | added p99 µs |\n|---|---|---|---|---|"
+    )?;
     for (l, r) in lanes.iter().zip(&lat) {
-        writeln!(out, "| {} | {:.1} | {:.1} | {:.1} | {:.1} |", l.name, us(r.p50), us(r.p99), us(r.p50) - us(lat[0].p50), us(r.p99) - us(lat[0].p99))?;
+        writeln!(
+            out,
+            "| {} | {:.1} | {:.1} | {:.1} | {:.1} |",
+            l.name,
+            us(r.p50),
+            us(r.p99),
+            us(r.p50) - us(lat[0].p50),
+            us(r.p99) - us(lat[0].p99)
+        )?;
     }
     let socat_add50 = us(lat[1].p50) - us(lat[0].p50);
     let crisp_add50 = us(lat[2].p50) - us(lat[0].p50);
@@ -692,13 +1069,31 @@ async fn latency_report(out: &mut String, args: &Args, lanes: &[Lane], vpath: &s
 /// Latency at concurrency 1 from kubelet's own gRPC client: `crisp-grpcgo call` (grpc-go 1.33,
 /// dialing like kubelet) makes `--calls` sequential calls of `method` per lane, in 5 rounds in
 /// which the lanes take turns, each round on a fresh connection after a warm-up.
-async fn grpcgo_report(out: &mut String, args: &Args, lanes: &[Lane], method: &str, req: &[u8], authority: Option<String>) -> Result<()> {
+async fn grpcgo_report(
+    out: &mut String,
+    args: &Args,
+    lanes: &[Lane],
+    method: &str,
+    req: &[u8],
+    authority: Option<String>,
+) -> Result<()> {
     use crisp_e2e::grpcgo::{self, CallOpts};
     use std::fmt::Write;
     let path = format!("/runtime.v1.RuntimeService/{method}");
     let per_round = (args.calls / 5).max(1);
-    let size =
-        grpcgo::call(&lanes[0].socket, &path, req, CallOpts { authority: authority.clone(), ..Default::default() }).await?.calls.first().map_or(0, |c| c.response_hex.len() / 2);
+    let size = grpcgo::call(
+        &lanes[0].socket,
+        &path,
+        req,
+        CallOpts {
+            authority: authority.clone(),
+            ..Default::default()
+        },
+    )
+    .await?
+    .calls
+    .first()
+    .map_or(0, |c| c.response_hex.len() / 2);
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); lanes.len()];
     for _ in 0..5 {
         for (i, l) in lanes.iter().enumerate() {
@@ -706,11 +1101,22 @@ async fn grpcgo_report(out: &mut String, args: &Args, lanes: &[Lane], method: &s
                 &l.socket,
                 &path,
                 req,
-                CallOpts { authority: authority.clone(), count: per_round, warmup: (per_round / 10).max(10), latencies: true, ..Default::default() },
+                CallOpts {
+                    authority: authority.clone(),
+                    count: per_round,
+                    warmup: (per_round / 10).max(10),
+                    latencies: true,
+                    ..Default::default()
+                },
             )
             .await?;
             if o.summary.failed > 0 {
-                bail!("crisp-grpcgo call {method} on the {} lane: {} failed, first: {:?}", l.name, o.summary.failed, o.summary.first_error);
+                bail!(
+                    "crisp-grpcgo call {method} on the {} lane: {} failed, first: {:?}",
+                    l.name,
+                    o.summary.failed,
+                    o.summary.first_error
+                );
             }
             samples[i].extend(o.summary.latencies_us);
         }
@@ -719,19 +1125,36 @@ async fn grpcgo_report(out: &mut String, args: &Args, lanes: &[Lane], method: &s
         .iter_mut()
         .map(|v| {
             v.sort_by(f64::total_cmp);
-            let at = |p: f64| v.get(((v.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or(0.0);
+            let at = |p: f64| {
+                v.get(((v.len() as f64 - 1.0) * p).round() as usize)
+                    .copied()
+                    .unwrap_or(0.0)
+            };
             (at(0.5), at(0.99))
         })
         .collect();
-    let sends = authority.as_deref().map_or("the socket path".to_string(), |a| format!("`{a}`"));
+    let sends = authority
+        .as_deref()
+        .map_or("the socket path".to_string(), |a| format!("`{a}`"));
     writeln!(
         out,
         "\ngrpc-go client (`crisp-grpcgo call`: grpc-go 1.33 dialing like kubelet, `:authority` {sends}): unary `{method}` ({size} B response), concurrency 1, {} calls:\n",
         per_round * 5
     )?;
-    writeln!(out, "| lane | p50 µs | p99 µs | added p50 µs | added p99 µs |\n|---|---|---|---|---|")?;
+    writeln!(
+        out,
+        "| lane | p50 µs | p99 µs | added p50 µs | added p99 µs |\n|---|---|---|---|---|"
+    )?;
     for (l, (p50, p99)) in lanes.iter().zip(&q) {
-        writeln!(out, "| {} | {:.1} | {:.1} | {:.1} | {:.1} |", l.name, p50, p99, p50 - q[0].0, p99 - q[0].1)?;
+        writeln!(
+            out,
+            "| {} | {:.1} | {:.1} | {:.1} | {:.1} |",
+            l.name,
+            p50,
+            p99,
+            p50 - q[0].0,
+            p99 - q[0].1
+        )?;
     }
     writeln!(
         out,
@@ -756,14 +1179,22 @@ fn added_ratio(crisp: f64, socat: f64) -> String {
 
 /// Throughput at `--concurrency`: `--rounds` rounds in which the lanes take turns; each lane's
 /// figure is its calls over its time in all rounds, with the spread of its rounds.
-async fn throughput_report(out: &mut String, args: &Args, lanes: &[Lane], vpath: &str, version: &Bytes, pid: u32) -> Result<()> {
+async fn throughput_report(
+    out: &mut String,
+    args: &Args,
+    lanes: &[Lane],
+    vpath: &str,
+    version: &Bytes,
+    pid: u32,
+) -> Result<()> {
     use std::fmt::Write;
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); lanes.len()];
     let mut crisp_ticks = 0;
     for _ in 0..args.rounds.max(1) {
         for (i, l) in lanes.iter().enumerate() {
             let t0 = cpu_ticks(pid);
-            rates[i].push(throughput(&l.socket, vpath, version, args.concurrency, args.seconds).await?);
+            rates[i]
+                .push(throughput(&l.socket, vpath, version, args.concurrency, args.seconds).await?);
             if l.name == "crisp" {
                 crisp_ticks += cpu_ticks(pid) - t0;
             }
@@ -773,15 +1204,35 @@ async fn throughput_report(out: &mut String, args: &Args, lanes: &[Lane], vpath:
     let direct = mean(&rates[0]);
     let crisp_calls: f64 = rates[2].iter().map(|r| r * args.seconds as f64).sum();
     // USER_HZ = 100 on Linux: a tick is 10 ms.
-    writeln!(out, "crisp CPU during its throughput runs: {:.1} ms per 1,000 calls", crisp_ticks as f64 * 10.0 / (crisp_calls / 1000.0))?;
-    writeln!(out, "\nUnary `Version`, concurrency {}, {} rounds of {} s (lanes take turns):\n", args.concurrency, args.rounds, args.seconds)?;
+    writeln!(
+        out,
+        "crisp CPU during its throughput runs: {:.1} ms per 1,000 calls",
+        crisp_ticks as f64 * 10.0 / (crisp_calls / 1000.0)
+    )?;
+    writeln!(
+        out,
+        "\nUnary `Version`, concurrency {}, {} rounds of {} s (lanes take turns):\n",
+        args.concurrency, args.rounds, args.seconds
+    )?;
     writeln!(out, "| lane | calls/s | vs direct | vs direct, median of rounds | rounds (calls/s) |\n|---|---|---|---|---|")?;
     for (l, r) in lanes.iter().zip(&rates) {
         let each: Vec<String> = r.iter().map(|x| format!("{x:.0}")).collect();
         let paired = median_ratio(r, &rates[0]);
-        writeln!(out, "| {} | {:.0} | {:.1} % | {:.1} % | {} |", l.name, mean(r), 100.0 * mean(r) / direct, 100.0 * paired, each.join(", "))?;
+        writeln!(
+            out,
+            "| {} | {:.0} | {:.1} % | {:.1} % | {} |",
+            l.name,
+            mean(r),
+            100.0 * mean(r) / direct,
+            100.0 * paired,
+            each.join(", ")
+        )?;
     }
-    writeln!(out, "\ncrisp / socat, median of rounds: {:.1} %", 100.0 * median_ratio(&rates[2], &rates[1]))?;
+    writeln!(
+        out,
+        "\ncrisp / socat, median of rounds: {:.1} %",
+        100.0 * median_ratio(&rates[2], &rates[1])
+    )?;
     Ok(())
 }
 
@@ -807,7 +1258,20 @@ async fn run_mix(args: &Args, dir: &Path) -> Result<String> {
     let _socat = start_socat(&socat_sock, &upstream)?;
     let crisp = start_crisp(dir, &crisp_sock, &upstream, &args.crisp_config)?;
     let pid = crisp.0.id();
-    let lanes = [Lane { name: "direct", socket: upstream.clone() }, Lane { name: "socat", socket: socat_sock }, Lane { name: "crisp", socket: crisp_sock }];
+    let lanes = [
+        Lane {
+            name: "direct",
+            socket: upstream.clone(),
+        },
+        Lane {
+            name: "socat",
+            socket: socat_sock,
+        },
+        Lane {
+            name: "crisp",
+            socket: crisp_sock,
+        },
+    ];
     let mut out = String::new();
     writeln!(
         out,
@@ -831,7 +1295,12 @@ async fn run_mix(args: &Args, dir: &Path) -> Result<String> {
         )?;
         if l.name == "crisp" {
             let ms = (cpu_ticks(pid) - t0) as f64 * 10.0;
-            writeln!(out, "\ncrisp CPU during its mix run: {:.1} ms per second; RSS after: {} KiB", ms / args.mix_seconds as f64, proc_status(pid, "VmRSS:"))?;
+            writeln!(
+                out,
+                "\ncrisp CPU during its mix run: {:.1} ms per second; RSS after: {} KiB",
+                ms / args.mix_seconds as f64,
+                proc_status(pid, "VmRSS:")
+            )?;
         }
     }
     Ok(out)
@@ -841,16 +1310,29 @@ async fn run_mix(args: &Args, dir: &Path) -> Result<String> {
 async fn main() -> Result<()> {
     let args = Args::parse();
     if let Some(sock) = &args.drive {
-        let version = frame(&cri::VersionRequest { version: "v1".into() }.encode_to_vec());
+        let version = frame(
+            &cri::VersionRequest {
+                version: "v1".into(),
+            }
+            .encode_to_vec(),
+        );
         let vpath = "/runtime.v1.RuntimeService/Version";
         if args.runs(Workload::Latency) {
             let mut l = latency(sock, vpath, &version, args.calls).await?;
             l.sort();
-            println!("{} calls: p50 {:.1} µs p99 {:.1} µs", args.calls, us(pct(&l, 0.5)), us(pct(&l, 0.99)));
+            println!(
+                "{} calls: p50 {:.1} µs p99 {:.1} µs",
+                args.calls,
+                us(pct(&l, 0.5)),
+                us(pct(&l, 0.99))
+            );
         }
         if args.runs(Workload::Throughput) {
             let r = throughput(sock, vpath, &version, args.concurrency, args.seconds).await?;
-            println!("concurrency {}, {} s: {r:.0} calls/s", args.concurrency, args.seconds);
+            println!(
+                "concurrency {}, {} s: {r:.0} calls/s",
+                args.concurrency, args.seconds
+            );
         }
         return Ok(());
     }
@@ -866,22 +1348,42 @@ async fn main() -> Result<()> {
     let fake_sock = dir.path().join("fake.sock");
     let _fake = fakert::serve(&fake_sock, Arc::new(Canned::new(args.containers, 10_000)))?;
     let ctrd = match args.containerd {
-        true => Some(crisp_e2e::harness::Containerd::start_async(crisp_e2e::harness::ContainerdOpts { cni: false }).await?),
+        true => Some(
+            crisp_e2e::harness::Containerd::start_async(crisp_e2e::harness::ContainerdOpts {
+                cni: false,
+            })
+            .await?,
+        ),
         false => None,
     };
     // kubelet's own client first: the figures the targets are judged by.
     if args.runs(Workload::Kubelet) {
         if let Some(c) = &ctrd {
-            report += &kubelet_report(&args, "real containerd 1.6", c.socket(), dir.path(), false).await?;
+            report += &kubelet_report(&args, "real containerd 1.6", c.socket(), dir.path(), false)
+                .await?;
         }
-        report += &kubelet_report(&args, "fake runtime (in-process, canned answers)", &fake_sock, dir.path(), true).await?;
+        report += &kubelet_report(
+            &args,
+            "fake runtime (in-process, canned answers)",
+            &fake_sock,
+            dir.path(),
+            true,
+        )
+        .await?;
     }
     if !args.only.is_empty() && args.only.iter().all(|w| *w == Workload::Kubelet) {
         println!("{report}");
         return Ok(());
     }
     report += "\n### Secondary lanes (the hyper client; grpc-go per lane in turn)\n";
-    report += &run_lanes(&args, "fake runtime (in-process, canned answers)", &fake_sock, dir.path(), true).await?;
+    report += &run_lanes(
+        &args,
+        "fake runtime (in-process, canned answers)",
+        &fake_sock,
+        dir.path(),
+        true,
+    )
+    .await?;
     if args.runs(Workload::Mix) {
         report += &run_mix(&args, dir.path()).await?;
     }
@@ -899,7 +1401,10 @@ mod tests {
     #[test]
     fn added_ratio_says_noise_instead_of_a_meaningless_ratio() {
         assert_eq!(added_ratio(90.0, 100.0), "0.90×");
-        assert_eq!(added_ratio(-50.0, 100.0), "≤ 0× (crisp adds -50.0 µs: noise)");
+        assert_eq!(
+            added_ratio(-50.0, 100.0),
+            "≤ 0× (crisp adds -50.0 µs: noise)"
+        );
         assert_eq!(added_ratio(30.0, -5.0), "n/a (socat adds -5.0 µs: noise)");
     }
 

@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use crisp_e2e::emulator::{parse_duration, ApiVersion, ContainerState, Journal, JournalEvent, Kubelet, KubeletConfig, KubeletVersion, PodPhase, PodSpec};
+use crisp_e2e::emulator::{
+    parse_duration, ApiVersion, ContainerState, Journal, JournalEvent, Kubelet, KubeletConfig,
+    KubeletVersion, PodPhase, PodSpec,
+};
 use tokio::sync::broadcast;
 
 /// A kubelet 1.23–1.27 emulator for the CRI: runs pods from YAML against a CRI socket with
@@ -131,7 +134,10 @@ fn parse_version(s: &str) -> Result<KubeletVersion> {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
@@ -156,7 +162,9 @@ fn socket_path(s: &str) -> PathBuf {
 }
 
 async fn run(cli: Cli) -> Result<ExitCode> {
-    let Some(endpoint) = cli.endpoint.as_deref() else { bail!("--endpoint is required") };
+    let Some(endpoint) = cli.endpoint.as_deref() else {
+        bail!("--endpoint is required")
+    };
     let mut cfg = KubeletConfig::new(socket_path(endpoint));
     cfg.image_endpoint = cli.image_endpoint.as_deref().map(socket_path);
     cfg.version = cli.kubelet_version;
@@ -180,7 +188,10 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     };
     let _bridges = match binary {
         Some(bin) => {
-            let opts = crisp_e2e::grpcgo::GoBridgeOpts { binary: Some(bin), ..Default::default() };
+            let opts = crisp_e2e::grpcgo::GoBridgeOpts {
+                binary: Some(bin),
+                ..Default::default()
+            };
             let b = crisp_e2e::grpcgo::bridge_kubelet(&mut cfg, bridge_dir.path(), opts)?;
             println!("kubelet-emu: CRI calls go through grpc-go (crisp-grpcgo bridge, as kubelet's own client)");
             b
@@ -200,13 +211,25 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     // Subscribe before adding pods so no event is missed.
     let events = kubelet.journal().subscribe();
     let (stop_printer, stopped) = tokio::sync::oneshot::channel();
-    let printer = tokio::spawn(print_timeline(kubelet.journal().clone(), events, stopped, args.journal));
-    println!("kubelet-emu {:?}: runtime API {:?}, image API {:?}", kubelet.config().version, kubelet.cri().runtime_package(), kubelet.cri().image_package());
+    let printer = tokio::spawn(print_timeline(
+        kubelet.journal().clone(),
+        events,
+        stopped,
+        args.journal,
+    ));
+    println!(
+        "kubelet-emu {:?}: runtime API {:?}, image API {:?}",
+        kubelet.config().version,
+        kubelet.cri().runtime_package(),
+        kubelet.cri().image_package()
+    );
 
     let mut uids = Vec::new();
     for pod in pods {
         let key = pod.key();
-        let uid = kubelet.add_pod(pod).with_context(|| format!("adding pod {key}"))?;
+        let uid = kubelet
+            .add_pod(pod)
+            .with_context(|| format!("adding pod {key}"))?;
         uids.push(uid);
     }
 
@@ -227,7 +250,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     summary(&kubelet, &uids);
     kubelet.shutdown().await;
     result?;
-    if args.until_complete && uids.iter().any(|u| kubelet.pod_phase(u) == Some(PodPhase::Failed)) {
+    if args.until_complete
+        && uids
+            .iter()
+            .any(|u| kubelet.pod_phase(u) == Some(PodPhase::Failed))
+    {
         return Ok(ExitCode::from(3));
     }
     Ok(ExitCode::SUCCESS)
@@ -264,12 +291,19 @@ async fn teardown(kubelet: &Kubelet, uids: &[String], grace: Option<i64>) -> Res
         kubelet.delete_pod(uid, grace)?;
     }
     for uid in uids {
-        kubelet.wait_terminated(uid, Duration::from_secs(600)).await?;
+        kubelet
+            .wait_terminated(uid, Duration::from_secs(600))
+            .await?;
     }
     Ok(())
 }
 
-async fn print_timeline(journal: Journal, mut rx: broadcast::Receiver<JournalEvent>, mut stop: tokio::sync::oneshot::Receiver<()>, all: bool) {
+async fn print_timeline(
+    journal: Journal,
+    mut rx: broadcast::Receiver<JournalEvent>,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+    all: bool,
+) {
     loop {
         let ev = tokio::select! {
             ev = rx.recv() => ev,
@@ -297,10 +331,20 @@ fn print_event(journal: &Journal, ev: JournalEvent, all: bool) {
             println!("{}", journal.format_record(&r))
         }
         JournalEvent::Sent(r) if all && !r.is_polling() => {
-            println!("+{:>9.1}ms  {:<16} {:<24} {:<14} …sent", journal.rel_ms(r.sent), r.method, r.meta.pod.as_deref().unwrap_or("-"), r.meta.container.as_deref().unwrap_or("-"))
+            println!(
+                "+{:>9.1}ms  {:<16} {:<24} {:<14} …sent",
+                journal.rel_ms(r.sent),
+                r.method,
+                r.meta.pod.as_deref().unwrap_or("-"),
+                r.meta.container.as_deref().unwrap_or("-")
+            )
         }
         JournalEvent::Note { at, pod, text } => {
-            println!("+{:>9.1}ms  == {} {text}", journal.rel_ms(at), pod.as_deref().unwrap_or(""))
+            println!(
+                "+{:>9.1}ms  == {} {text}",
+                journal.rel_ms(at),
+                pod.as_deref().unwrap_or("")
+            )
         }
         _ => {}
     }
@@ -309,12 +353,22 @@ fn print_event(journal: &Journal, ev: JournalEvent, all: bool) {
 fn summary(kubelet: &Kubelet, uids: &[String]) {
     for uid in uids {
         let Some(v) = kubelet.pod(uid) else { continue };
-        println!("pod {}/{} ({uid}): {:?}", v.namespace, v.name, v.status.phase);
-        for c in v.status.init_container_statuses.iter().chain(&v.status.container_statuses) {
+        println!(
+            "pod {}/{} ({uid}): {:?}",
+            v.namespace, v.name, v.status.phase
+        );
+        for c in v
+            .status
+            .init_container_statuses
+            .iter()
+            .chain(&v.status.container_statuses)
+        {
             let state = match &c.state {
                 ContainerState::Waiting { reason, .. } => format!("Waiting({reason})"),
                 ContainerState::Running { .. } => "Running".to_string(),
-                ContainerState::Terminated { exit_code, reason, .. } => format!("Terminated({exit_code}, {reason})"),
+                ContainerState::Terminated {
+                    exit_code, reason, ..
+                } => format!("Terminated({exit_code}, {reason})"),
             };
             println!("  {:<16} {state:<32} restarts={}", c.name, c.restart_count);
         }

@@ -24,22 +24,37 @@ pub struct Backoff {
 impl Backoff {
     /// `flowcontrol.NewBackOff(initial, max)`.
     pub fn new(initial: Duration, max: Duration) -> Backoff {
-        Backoff { initial, max, entries: HashMap::new() }
+        Backoff {
+            initial,
+            max,
+            entries: HashMap::new(),
+        }
     }
 
     fn has_expired(&self, event_time: SystemTime, last_update: SystemTime) -> bool {
         // "consider stable if it's ok for twice the maxDuration"
-        event_time.duration_since(last_update).map(|d| d > self.max * 2).unwrap_or(false)
+        event_time
+            .duration_since(last_update)
+            .map(|d| d > self.max * 2)
+            .unwrap_or(false)
     }
 
     /// `Next(id, eventTime)`: first call (or after expiry) sets `initial`, later ones double up to `max`.
     pub fn next(&mut self, id: &str, event_time: SystemTime) {
         let now = SystemTime::now();
         let backoff = match self.entries.get(id) {
-            Some(e) if !self.has_expired(event_time, e.last_update) => (e.backoff * 2).min(self.max),
+            Some(e) if !self.has_expired(event_time, e.last_update) => {
+                (e.backoff * 2).min(self.max)
+            }
             _ => self.initial,
         };
-        self.entries.insert(id.to_string(), Entry { backoff, last_update: now });
+        self.entries.insert(
+            id.to_string(),
+            Entry {
+                backoff,
+                last_update: now,
+            },
+        );
     }
 
     /// The current back-off of `id` (0 if none).
@@ -55,7 +70,10 @@ impl Backoff {
         if self.has_expired(event_time, e.last_update) {
             return false;
         }
-        SystemTime::now().duration_since(event_time).map(|d| d < e.backoff).unwrap_or(true)
+        SystemTime::now()
+            .duration_since(event_time)
+            .map(|d| d < e.backoff)
+            .unwrap_or(true)
     }
 
     /// `IsInBackOffSinceUpdate(id, eventTime)`: `eventTime - lastUpdate < backoff`.
@@ -66,7 +84,10 @@ impl Backoff {
         if self.has_expired(event_time, e.last_update) {
             return false;
         }
-        event_time.duration_since(e.last_update).map(|d| d < e.backoff).unwrap_or(true)
+        event_time
+            .duration_since(e.last_update)
+            .map(|d| d < e.backoff)
+            .unwrap_or(true)
     }
 }
 
@@ -86,14 +107,20 @@ mod tests {
     fn first_restart_is_free_then_doubles() {
         let mut b = Backoff::new(Duration::from_secs(10), Duration::from_secs(300));
         let finished = SystemTime::now();
-        assert!(!b.is_in_backoff_since("k", finished), "no entry: restart at once");
+        assert!(
+            !b.is_in_backoff_since("k", finished),
+            "no entry: restart at once"
+        );
         b.next("k", finished);
         assert_eq!(b.get("k"), Duration::from_secs(10));
         assert!(b.is_in_backoff_since("k", SystemTime::now()));
         b.next("k", SystemTime::now());
         assert_eq!(b.get("k"), Duration::from_secs(20));
         let old = SystemTime::now() - Duration::from_secs(30);
-        assert!(!b.is_in_backoff_since("k", old), "30 s since finish > 20 s back-off");
+        assert!(
+            !b.is_in_backoff_since("k", old),
+            "30 s since finish > 20 s back-off"
+        );
     }
 
     #[test]

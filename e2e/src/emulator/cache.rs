@@ -37,7 +37,10 @@ pub struct PodCache {
 
 impl Default for PodCache {
     fn default() -> Self {
-        PodCache { state: Mutex::new(CacheState::default()), changed: watch::channel(0).0 }
+        PodCache {
+            state: Mutex::new(CacheState::default()),
+            changed: watch::channel(0).0,
+        }
     }
 }
 
@@ -51,8 +54,16 @@ impl PodCache {
     /// `Set(uid, status, err, timestamp)`.
     pub fn set(&self, uid: &str, status: Result<RuntimePodStatus, String>, modified: Instant) {
         let entry = match status {
-            Ok(s) => CacheEntry { status: Arc::new(s), err: None, modified },
-            Err(e) => CacheEntry { status: Arc::new(RuntimePodStatus::empty(uid)), err: Some(e), modified },
+            Ok(s) => CacheEntry {
+                status: Arc::new(s),
+                err: None,
+                modified,
+            },
+            Err(e) => CacheEntry {
+                status: Arc::new(RuntimePodStatus::empty(uid)),
+                err: Some(e),
+                modified,
+            },
         };
         self.lock().pods.insert(uid.to_string(), entry);
         self.changed.send_modify(|n| *n += 1);
@@ -72,7 +83,15 @@ impl PodCache {
 
     /// `Get(uid)`: a missing entry means the runtime has nothing for this pod.
     pub fn get(&self, uid: &str) -> CacheEntry {
-        self.lock().pods.get(uid).cloned().unwrap_or_else(|| CacheEntry { status: Arc::new(RuntimePodStatus::empty(uid)), err: None, modified: Instant::now() })
+        self.lock()
+            .pods
+            .get(uid)
+            .cloned()
+            .unwrap_or_else(|| CacheEntry {
+                status: Arc::new(RuntimePodStatus::empty(uid)),
+                err: None,
+                modified: Instant::now(),
+            })
     }
 
     /// Whether the runtime had anything for `uid` at the last inspection.
@@ -88,7 +107,11 @@ impl PodCache {
             (None, _) => false,
         };
         match st.pods.get(uid) {
-            None if global_newer => Some(CacheEntry { status: Arc::new(RuntimePodStatus::empty(uid)), err: None, modified: Instant::now() }),
+            None if global_newer => Some(CacheEntry {
+                status: Arc::new(RuntimePodStatus::empty(uid)),
+                err: None,
+                modified: Instant::now(),
+            }),
             Some(d) if global_newer || min.is_none_or(|m| d.modified > m) => Some(d.clone()),
             _ => None,
         }

@@ -152,7 +152,9 @@ pub fn parse_duration(s: &str) -> anyhow::Result<Duration> {
         Some(i) => s.split_at(i),
         None => (s, "s"),
     };
-    let n: f64 = num.parse().map_err(|_| anyhow::anyhow!("invalid duration {s:?}"))?;
+    let n: f64 = num
+        .parse()
+        .map_err(|_| anyhow::anyhow!("invalid duration {s:?}"))?;
     let secs = match unit {
         "ms" => n / 1e3,
         "s" => n,
@@ -172,7 +174,10 @@ mod tests {
 
     #[test]
     fn durations() {
-        assert_eq!(parse_duration("1500ms").ok(), Some(Duration::from_millis(1500)));
+        assert_eq!(
+            parse_duration("1500ms").ok(),
+            Some(Duration::from_millis(1500))
+        );
         assert_eq!(parse_duration("2").ok(), Some(Duration::from_secs(2)));
         assert_eq!(parse_duration("2m").ok(), Some(Duration::from_secs(120)));
         assert!(parse_duration("2 weeks").is_err());

@@ -11,7 +11,9 @@ use tokio::sync::mpsc;
 
 use super::journal::CallMeta;
 use super::kubelet::Inner;
-use super::status::{CriState, LABEL_CONTAINER_NAME, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID};
+use super::status::{
+    CriState, LABEL_CONTAINER_NAME, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID,
+};
 
 /// `--maximum-dead-containers-per-container` default.
 const MAX_PER_POD_CONTAINER: usize = 1;
@@ -35,12 +37,21 @@ impl Inner {
         let remove_all = self.should_pod_content_be_removed(uid);
         let keep = if remove_all { 0 } else { MAX_PER_POD_CONTAINER };
         // The died container must be one of the pod's containers (sandbox events match nothing).
-        let matched = if remove_all { None } else { status.containers.iter().find(|c| c.id == exited_id) };
+        let matched = if remove_all {
+            None
+        } else {
+            status.containers.iter().find(|c| c.id == exited_id)
+        };
         if !remove_all && matched.is_none() {
             return;
         }
         // Exited instances with that name (all names when removing everything), newest first.
-        let candidates: Vec<_> = status.containers.iter().filter(|c| c.state == CriState::Exited).filter(|c| matched.is_none_or(|m| m.name == c.name)).collect();
+        let candidates: Vec<_> = status
+            .containers
+            .iter()
+            .filter(|c| c.state == CriState::Exited)
+            .filter(|c| matched.is_none_or(|m| m.name == c.name))
+            .collect();
         if candidates.len() <= keep {
             return;
         }
@@ -54,7 +65,10 @@ impl Inner {
     }
 
     /// The `podContainerDeletor` worker.
-    pub(crate) async fn container_deletor_loop(self: Arc<Self>, mut rx: mpsc::Receiver<(String, CallMeta)>) {
+    pub(crate) async fn container_deletor_loop(
+        self: Arc<Self>,
+        mut rx: mpsc::Receiver<(String, CallMeta)>,
+    ) {
         let mut stop = self.shutdown.subscribe();
         loop {
             let (id, meta) = tokio::select! {
@@ -86,21 +100,38 @@ impl Inner {
     pub async fn garbage_collect(&self) -> anyhow::Result<()> {
         let cri = &self.rt.cri;
         // evictContainers: non-running containers grouped by (pod uid, name), newest first.
-        let containers = cri.list_containers(Some(Default::default()), CallMeta::default()).await?;
+        let containers = cri
+            .list_containers(Some(Default::default()), CallMeta::default())
+            .await?;
         let mut units: BTreeMap<(String, String), Vec<Evictable>> = BTreeMap::new();
         for c in &containers {
             if CriState::from_cri(c.state) == CriState::Running {
                 continue;
             }
             let uid = c.labels.get(LABEL_POD_UID).cloned().unwrap_or_default();
-            let name = c.labels.get(LABEL_CONTAINER_NAME).cloned().unwrap_or_default();
-            let meta =
-                CallMeta::pod(c.labels.get(LABEL_POD_NAMESPACE).map_or("", String::as_str), c.labels.get(LABEL_POD_NAME).map_or("", String::as_str), &uid).with_container(&name);
-            units.entry((uid, name)).or_default().push((c.created_at, c.id.clone(), meta));
+            let name = c
+                .labels
+                .get(LABEL_CONTAINER_NAME)
+                .cloned()
+                .unwrap_or_default();
+            let meta = CallMeta::pod(
+                c.labels.get(LABEL_POD_NAMESPACE).map_or("", String::as_str),
+                c.labels.get(LABEL_POD_NAME).map_or("", String::as_str),
+                &uid,
+            )
+            .with_container(&name);
+            units
+                .entry((uid, name))
+                .or_default()
+                .push((c.created_at, c.id.clone(), meta));
         }
         for ((uid, _), mut list) in units {
             list.sort_by_key(|e| std::cmp::Reverse(e.0));
-            let keep = if self.should_pod_content_be_removed(&uid) { 0 } else { MAX_PER_POD_CONTAINER };
+            let keep = if self.should_pod_content_be_removed(&uid) {
+                0
+            } else {
+                MAX_PER_POD_CONTAINER
+            };
             for (_, id, meta) in list.into_iter().skip(keep) {
                 if let Err(e) = self.rt.remove_container(&id, meta).await {
                     tracing::warn!(container = %id, "GC failed to remove container: {}", e.message());
@@ -110,18 +141,30 @@ impl Inner {
 
         // evictSandboxes: not-ready sandboxes without containers; all of them for removable pods,
         // all but the newest otherwise. Stop before remove, in case.
-        let containers = cri.list_containers(Some(Default::default()), CallMeta::default()).await?;
+        let containers = cri
+            .list_containers(Some(Default::default()), CallMeta::default())
+            .await?;
         let sandboxes = cri.list_pod_sandbox(None, CallMeta::default()).await?;
         let mut by_pod: BTreeMap<String, Vec<(i64, String, bool, CallMeta)>> = BTreeMap::new();
         for s in &sandboxes {
             let Some(md) = &s.metadata else { continue };
-            let active = s.state == k8s_cri::v1::PodSandboxState::SandboxReady as i32 || containers.iter().any(|c| c.pod_sandbox_id == s.id);
+            let active = s.state == k8s_cri::v1::PodSandboxState::SandboxReady as i32
+                || containers.iter().any(|c| c.pod_sandbox_id == s.id);
             let meta = CallMeta::pod(&md.namespace, &md.name, &md.uid);
-            by_pod.entry(md.uid.clone()).or_default().push((s.created_at, s.id.clone(), active, meta));
+            by_pod.entry(md.uid.clone()).or_default().push((
+                s.created_at,
+                s.id.clone(),
+                active,
+                meta,
+            ));
         }
         for (uid, mut list) in by_pod {
             list.sort_by_key(|e| std::cmp::Reverse(e.0));
-            let skip = if self.should_pod_content_be_removed(&uid) { 0 } else { 1 };
+            let skip = if self.should_pod_content_be_removed(&uid) {
+                0
+            } else {
+                1
+            };
             for (_, id, active, meta) in list.into_iter().skip(skip) {
                 if active {
                     continue;

@@ -30,7 +30,11 @@ pub struct CallMeta {
 impl CallMeta {
     /// Meta for a pod-level call.
     pub fn pod(namespace: &str, name: &str, uid: &str) -> CallMeta {
-        CallMeta { pod: Some(format!("{namespace}/{name}")), pod_uid: Some(uid.to_string()), ..CallMeta::default() }
+        CallMeta {
+            pod: Some(format!("{namespace}/{name}")),
+            pod_uid: Some(uid.to_string()),
+            ..CallMeta::default()
+        }
     }
 
     /// The same meta with a container name.
@@ -96,19 +100,32 @@ impl CallRecord {
 
     /// Wall-clock time the call returned (derived from the monotonic times).
     pub fn done_wall(&self) -> Option<SystemTime> {
-        self.done.map(|d| self.sent_wall + d.saturating_duration_since(self.sent))
+        self.done
+            .map(|d| self.sent_wall + d.saturating_duration_since(self.sent))
     }
 
     /// How long it took (so far, if still in flight).
     pub fn elapsed(&self) -> Duration {
-        self.done.unwrap_or_else(Instant::now).saturating_duration_since(self.sent)
+        self.done
+            .unwrap_or_else(Instant::now)
+            .saturating_duration_since(self.sent)
     }
 
     /// The periodic read-only calls kubelet makes (PLEG relist, GetPodStatus, runtime status,
     /// handshake): more than 95 % of the traffic, hidden from the default timeline. ImageStatus is
     /// not one of them: kubelet sends it only on the start path.
     pub fn is_polling(&self) -> bool {
-        matches!(self.method, "Version" | "Status" | "ListPodSandbox" | "ListContainers" | "PodSandboxStatus" | "ContainerStatus" | "ListImages" | "ImageFsInfo")
+        matches!(
+            self.method,
+            "Version"
+                | "Status"
+                | "ListPodSandbox"
+                | "ListContainers"
+                | "PodSandboxStatus"
+                | "ContainerStatus"
+                | "ListImages"
+                | "ImageFsInfo"
+        )
     }
 
     /// Whether this call is `method` for container `container`.
@@ -125,7 +142,11 @@ pub enum JournalEvent {
     /// A call returned.
     Done(CallRecord),
     /// A kubelet-level note (phase change, sync error, …) for the timeline.
-    Note { at: Instant, pod: Option<String>, text: String },
+    Note {
+        at: Instant,
+        pod: Option<String>,
+        text: String,
+    },
 }
 
 /// Shared, append-only journal. Cheap to clone.
@@ -152,7 +173,9 @@ struct JournalState {
 
 impl fmt::Debug for Journal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Journal").field("calls", &self.lock().calls.len()).finish()
+        f.debug_struct("Journal")
+            .field("calls", &self.lock().calls.len())
+            .finish()
     }
 }
 
@@ -169,7 +192,15 @@ impl Journal {
     pub fn new() -> Journal {
         let (events, _) = broadcast::channel(4096);
         let (changed, _) = watch::channel(0);
-        Journal { inner: Arc::new(JournalInner { start: Instant::now(), start_wall: SystemTime::now(), state: Mutex::new(JournalState::default()), events, changed }) }
+        Journal {
+            inner: Arc::new(JournalInner {
+                start: Instant::now(),
+                start_wall: SystemTime::now(),
+                state: Mutex::new(JournalState::default()),
+                events,
+                changed,
+            }),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, JournalState> {
@@ -197,13 +228,29 @@ impl Journal {
         self.inner.events.subscribe()
     }
 
-    pub(crate) fn begin(&self, method: &'static str, path: String, meta: CallMeta, deadline: Option<Duration>) -> u64 {
+    pub(crate) fn begin(
+        &self,
+        method: &'static str,
+        path: String,
+        meta: CallMeta,
+        deadline: Option<Duration>,
+    ) -> u64 {
         let rec = {
             let mut st = self.lock();
             let seq = st.next_seq;
             st.next_seq += 1;
-            let rec =
-                CallRecord { seq, method, path, meta, deadline, sent: Instant::now(), sent_wall: SystemTime::now(), done: None, code: tonic::Code::Ok, message: String::new() };
+            let rec = CallRecord {
+                seq,
+                method,
+                path,
+                meta,
+                deadline,
+                sent: Instant::now(),
+                sent_wall: SystemTime::now(),
+                done: None,
+                code: tonic::Code::Ok,
+                message: String::new(),
+            };
             st.calls.insert(seq, rec.clone());
             rec
         };
@@ -213,7 +260,13 @@ impl Journal {
         seq
     }
 
-    pub(crate) fn finish(&self, seq: u64, code: tonic::Code, message: String, update: impl FnOnce(&mut CallMeta)) {
+    pub(crate) fn finish(
+        &self,
+        seq: u64,
+        code: tonic::Code,
+        message: String,
+        update: impl FnOnce(&mut CallMeta),
+    ) {
         let rec = {
             let mut st = self.lock();
             let Some(rec) = st.calls.get_mut(&seq) else {
@@ -231,7 +284,11 @@ impl Journal {
 
     /// Adds a kubelet-level note to the live event stream (not to the call list).
     pub fn note(&self, pod: Option<String>, text: impl Into<String>) {
-        let _ = self.inner.events.send(JournalEvent::Note { at: Instant::now(), pod, text: text.into() });
+        let _ = self.inner.events.send(JournalEvent::Note {
+            at: Instant::now(),
+            pod,
+            text: text.into(),
+        });
     }
 
     /// All calls so far (in flight included), in send order.
@@ -261,7 +318,11 @@ impl Journal {
 
     /// Waits until some call satisfies `pred` (checked against every call, finished or not) and
     /// returns the first such call in send order.
-    pub async fn wait_for(&self, timeout: Duration, mut pred: impl FnMut(&CallRecord) -> bool) -> anyhow::Result<CallRecord> {
+    pub async fn wait_for(
+        &self,
+        timeout: Duration,
+        mut pred: impl FnMut(&CallRecord) -> bool,
+    ) -> anyhow::Result<CallRecord> {
         let mut rx = self.inner.changed.subscribe();
         let fut = async {
             loop {
@@ -271,15 +332,25 @@ impl Journal {
                     return Ok(r);
                 }
                 // The sender lives in `self`, so this only fails if the journal is gone.
-                rx.changed().await.map_err(|_| anyhow::anyhow!("journal closed"))?;
+                rx.changed()
+                    .await
+                    .map_err(|_| anyhow::anyhow!("journal closed"))?;
             }
         };
-        tokio::time::timeout(timeout, fut).await.map_err(|_| anyhow::anyhow!("no matching CRI call within {timeout:?}"))?
+        tokio::time::timeout(timeout, fut)
+            .await
+            .map_err(|_| anyhow::anyhow!("no matching CRI call within {timeout:?}"))?
     }
 
     /// One line per call: `+1234.5ms  CreateContainer  ns/pod  app  OK (3.1ms)`.
     pub fn format_record(&self, r: &CallRecord) -> String {
-        let mut s = format!("+{:>9.1}ms  {:<16} {:<24} {:<14}", self.rel_ms(r.sent), r.method, r.meta.pod.as_deref().unwrap_or("-"), r.meta.container.as_deref().unwrap_or("-"),);
+        let mut s = format!(
+            "+{:>9.1}ms  {:<16} {:<24} {:<14}",
+            self.rel_ms(r.sent),
+            r.method,
+            r.meta.pod.as_deref().unwrap_or("-"),
+            r.meta.container.as_deref().unwrap_or("-"),
+        );
         if let Some(d) = &r.meta.detail {
             s.push_str(&format!(" [{d}]"));
         }

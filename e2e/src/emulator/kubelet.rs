@@ -61,7 +61,12 @@ impl PodView {
 
     /// Every regular container is Running in the API status.
     pub fn all_containers_running(&self) -> bool {
-        !self.status.container_statuses.is_empty() && self.status.container_statuses.iter().all(|c| c.state.is_running())
+        !self.status.container_statuses.is_empty()
+            && self
+                .status
+                .container_statuses
+                .iter()
+                .all(|c| c.state.is_running())
     }
 }
 
@@ -166,15 +171,30 @@ impl Kubelet {
     /// the first runtime Status, and starts the PLEG, sync loop and status loops.
     pub async fn new(cfg: KubeletConfig) -> anyhow::Result<Kubelet> {
         let runtime = connect_uds(&cfg.endpoint).await?;
-        let image_path = cfg.image_endpoint.clone().unwrap_or_else(|| cfg.endpoint.clone());
+        let image_path = cfg
+            .image_endpoint
+            .clone()
+            .unwrap_or_else(|| cfg.endpoint.clone());
         let image = connect_uds(&image_path).await?;
         Kubelet::with_channels(cfg, runtime, image).await
     }
 
     /// Like [`Kubelet::new`] over existing channels (runtime service, image service).
-    pub async fn with_channels(cfg: KubeletConfig, runtime: Channel, image: Channel) -> anyhow::Result<Kubelet> {
+    pub async fn with_channels(
+        cfg: KubeletConfig,
+        runtime: Channel,
+        image: Channel,
+    ) -> anyhow::Result<Kubelet> {
         let journal = Journal::new();
-        let cri = CriClient::connect(runtime, image, cfg.api(), cfg.runtime_request_timeout, journal.clone()).await.context("CRI handshake")?;
+        let cri = CriClient::connect(
+            runtime,
+            image,
+            cfg.api(),
+            cfg.runtime_request_timeout,
+            journal.clone(),
+        )
+        .await
+        .context("CRI handshake")?;
         let cfg = Arc::new(cfg);
         let (shutdown, _) = watch::channel(false);
         let (pleg_tx, pleg_rx) = mpsc::unbounded_channel();
@@ -187,7 +207,10 @@ impl Kubelet {
             journal,
             pods: Mutex::new(HashMap::new()),
             work_queue: Mutex::new(HashMap::new()),
-            runtime_state: Mutex::new(RuntimeState { network_error: Some("network state unknown".into()), last_runtime_sync: None }),
+            runtime_state: Mutex::new(RuntimeState {
+                network_error: Some("network state unknown".into()),
+                last_runtime_sync: None,
+            }),
             shutdown: shutdown.clone(),
             pleg_tx,
             deletor_tx,
@@ -206,7 +229,10 @@ impl Kubelet {
             let t = tokio::spawn(inner.clone().gc_loop(period));
             lock(&inner.tasks).push(t);
         }
-        Ok(Kubelet { inner, _guard: Arc::new(ShutdownGuard(shutdown)) })
+        Ok(Kubelet {
+            inner,
+            _guard: Arc::new(ShutdownGuard(shutdown)),
+        })
     }
 
     /// The call journal.
@@ -229,8 +255,12 @@ impl Kubelet {
     pub fn add_pod(&self, mut spec: PodSpec) -> anyhow::Result<String> {
         spec.validate()?;
         if self.inner.cfg.config_annotations {
-            spec.annotations.entry("kubernetes.io/config.source".into()).or_insert_with(|| "api".into());
-            spec.annotations.entry("kubernetes.io/config.seen".into()).or_insert_with(|| rfc3339_nano(SystemTime::now()));
+            spec.annotations
+                .entry("kubernetes.io/config.source".into())
+                .or_insert_with(|| "api".into());
+            spec.annotations
+                .entry("kubernetes.io/config.seen".into())
+                .or_insert_with(|| rfc3339_nano(SystemTime::now()));
         }
         let uid = spec.uid.clone();
         let view = PodView {
@@ -271,7 +301,9 @@ impl Kubelet {
             }
             pods.insert(uid.clone(), entry.clone());
         }
-        self.inner.journal.note(Some(entry.lock().spec.key()), "pod added");
+        self.inner
+            .journal
+            .note(Some(entry.lock().spec.key()), "pod added");
         let t = tokio::spawn(self.inner.clone().pod_worker(entry));
         lock(&self.inner.tasks).push(t);
         self.inner.update_pod(&uid);
@@ -286,7 +318,9 @@ impl Kubelet {
         let entry = self.entry(uid)?;
         {
             let mut st = entry.lock();
-            let requested = grace_override.unwrap_or(st.spec.termination_grace_period_seconds).max(1);
+            let requested = grace_override
+                .unwrap_or(st.spec.termination_grace_period_seconds)
+                .max(1);
             let dg = st.deletion_grace.map_or(requested, |g| g.min(requested));
             st.deleted = true;
             st.deletion_grace = Some(dg);
@@ -294,7 +328,10 @@ impl Kubelet {
             st.grace = if st.grace == 0 { dg } else { st.grace.min(dg) }.max(1);
             st.terminating = true;
             entry.termination_requested.store(true, Ordering::SeqCst);
-            self.inner.journal.note(Some(st.spec.key()), format!("pod deleted (grace {}s)", st.grace));
+            self.inner.journal.note(
+                Some(st.spec.key()),
+                format!("pod deleted (grace {}s)", st.grace),
+            );
         }
         self.inner.publish(&entry);
         self.inner.update_pod(uid);
@@ -302,7 +339,10 @@ impl Kubelet {
     }
 
     fn entry(&self, uid: &str) -> anyhow::Result<Arc<PodEntry>> {
-        lock(&self.inner.pods).get(uid).cloned().ok_or_else(|| anyhow::anyhow!("no pod with UID {uid}"))
+        lock(&self.inner.pods)
+            .get(uid)
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("no pod with UID {uid}"))
     }
 
     /// UIDs of all pods added so far.
@@ -312,7 +352,9 @@ impl Kubelet {
 
     /// The current view of a pod.
     pub fn pod(&self, uid: &str) -> Option<PodView> {
-        lock(&self.inner.pods).get(uid).map(|e| e.view.borrow().clone())
+        lock(&self.inner.pods)
+            .get(uid)
+            .map(|e| e.view.borrow().clone())
     }
 
     /// The pod's phase as kubelet's status manager has it.
@@ -331,8 +373,15 @@ impl Kubelet {
     }
 
     /// Waits until `pred` holds for the pod's view, or fails after `timeout` with the last view.
-    pub async fn wait_for(&self, uid: &str, timeout: Duration, mut pred: impl FnMut(&PodView) -> bool) -> anyhow::Result<PodView> {
-        let mut rx = self.watch_pod(uid).ok_or_else(|| anyhow::anyhow!("no pod with UID {uid}"))?;
+    pub async fn wait_for(
+        &self,
+        uid: &str,
+        timeout: Duration,
+        mut pred: impl FnMut(&PodView) -> bool,
+    ) -> anyhow::Result<PodView> {
+        let mut rx = self
+            .watch_pod(uid)
+            .ok_or_else(|| anyhow::anyhow!("no pod with UID {uid}"))?;
         let res = tokio::time::timeout(timeout, async {
             loop {
                 // Clone out so `pred` runs without the watch's lock (it may query the kubelet).
@@ -356,13 +405,20 @@ impl Kubelet {
     }
 
     /// Waits for a phase.
-    pub async fn wait_phase(&self, uid: &str, phase: PodPhase, timeout: Duration) -> anyhow::Result<PodView> {
-        self.wait_for(uid, timeout, |v| v.status.phase == phase).await
+    pub async fn wait_phase(
+        &self,
+        uid: &str,
+        phase: PodPhase,
+        timeout: Duration,
+    ) -> anyhow::Result<PodView> {
+        self.wait_for(uid, timeout, |v| v.status.phase == phase)
+            .await
     }
 
     /// Waits until every regular container is Running in the API status.
     pub async fn wait_all_running(&self, uid: &str, timeout: Duration) -> anyhow::Result<PodView> {
-        self.wait_for(uid, timeout, PodView::all_containers_running).await
+        self.wait_for(uid, timeout, PodView::all_containers_running)
+            .await
     }
 
     /// Waits until the pod worker has finished the pod (`syncTerminatedPod` done).
@@ -371,7 +427,12 @@ impl Kubelet {
     }
 
     /// [`Kubelet::delete_pod`], then [`Kubelet::wait_terminated`].
-    pub async fn delete_and_wait(&self, uid: &str, grace_override: Option<i64>, timeout: Duration) -> anyhow::Result<PodView> {
+    pub async fn delete_and_wait(
+        &self,
+        uid: &str,
+        grace_override: Option<i64>,
+        timeout: Duration,
+    ) -> anyhow::Result<PodView> {
         self.delete_pod(uid, grace_override)?;
         self.wait_terminated(uid, timeout).await
     }
@@ -379,7 +440,11 @@ impl Kubelet {
     /// A fresh `GetPodStatus` through the kubelet's client (journaled like kubelet's own).
     pub async fn runtime_status(&self, uid: &str) -> anyhow::Result<RuntimePodStatus> {
         let spec = self.entry(uid)?.lock().spec.clone();
-        self.inner.rt.get_pod_status(uid, &spec.name, &spec.namespace).await.map_err(anyhow::Error::msg)
+        self.inner
+            .rt
+            .get_pod_status(uid, &spec.name, &spec.namespace)
+            .await
+            .map_err(anyhow::Error::msg)
     }
 
     /// Stops every background task (pods are left as they are in the runtime).
@@ -469,7 +534,10 @@ impl Inner {
         let mut st = lock(&self.runtime_state);
         st.network_error = match find("NetworkReady") {
             Some(c) if c.status => None,
-            Some(c) => Some(format!("container runtime network not ready: NetworkReady=false reason:{} message:{}", c.reason, c.message)),
+            Some(c) => Some(format!(
+                "container runtime network not ready: NetworkReady=false reason:{} message:{}",
+                c.reason, c.message
+            )),
             None => Some("container runtime network not ready: <nil>".into()),
         };
         if find("RuntimeReady").is_some_and(|c| c.status) {
@@ -531,7 +599,10 @@ impl Inner {
     /// `syncLoopIteration`'s PLEG branch: Started/Died sync the pod; Died also triggers the
     /// dead-container clean-up.
     fn handle_pleg_event(&self, ev: PlegEvent) {
-        if matches!(ev.kind, PlegEventType::ContainerStarted | PlegEventType::ContainerDied) {
+        if matches!(
+            ev.kind,
+            PlegEventType::ContainerStarted | PlegEventType::ContainerDied
+        ) {
             self.update_pod(&ev.uid);
         }
         if ev.kind == PlegEventType::ContainerDied && self.cfg.container_deletor {
@@ -624,7 +695,10 @@ pub fn rfc3339_nano(t: SystemTime) -> String {
     let t = t.max(SystemTime::UNIX_EPOCH);
     let full = humantime::format_rfc3339_nanos(t).to_string();
     // "…:SS.nnnnnnnnnZ": Go drops the fraction's trailing zeros, and the dot with them.
-    let body = full.trim_end_matches('Z').trim_end_matches('0').trim_end_matches('.');
+    let body = full
+        .trim_end_matches('Z')
+        .trim_end_matches('0')
+        .trim_end_matches('.');
     format!("{body}Z")
 }
 

@@ -52,14 +52,20 @@ mod worker;
 
 pub use backoff::Backoff;
 pub use config::{parse_duration, KubeletConfig, KubeletVersion};
-pub use cri::{connect_uds, go_error, ApiVersion, CriClient, Package, Service, KUBE_RUNTIME_API_VERSION};
+pub use cri::{
+    connect_uds, go_error, ApiVersion, CriClient, Package, Service, KUBE_RUNTIME_API_VERSION,
+};
 pub use journal::{CallMeta, CallRecord, Journal, JournalEvent};
 pub use kubelet::{rfc3339_nano, Kubelet, PodView};
 pub use pleg::{PlegEvent, PlegEventType};
-pub use pod::{ContainerSpec, EnvVar, ExecAction, Handler, Lifecycle, PodSpec, PullPolicy, RestartPolicy, DEFAULT_IMAGE};
+pub use pod::{
+    ContainerSpec, EnvVar, ExecAction, Handler, Lifecycle, PodSpec, PullPolicy, RestartPolicy,
+    DEFAULT_IMAGE,
+};
 pub use runtime::{go_duration, KillReason, PodSyncResult, RunningPod, SyncAction, SyncResult};
 pub use status::{
-    generate_api_pod_status, get_phase, should_container_be_restarted, terminate_pod_status, ApiPodStatus, ContainerState, ContainerStatusView, CriState, PodPhase, ReasonCache,
+    generate_api_pod_status, get_phase, should_container_be_restarted, terminate_pod_status,
+    ApiPodStatus, ContainerState, ContainerStatusView, CriState, PodPhase, ReasonCache,
     RuntimeContainerStatus, RuntimePodStatus, StatusInputs,
 };
 pub use tonic_prost::ProstCodec;

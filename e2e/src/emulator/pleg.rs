@@ -67,7 +67,14 @@ fn states(pod: Option<&RunningPod>) -> HashMap<String, PlegState> {
         m.insert(id.clone(), s);
     }
     for (id, ready) in &p.sandboxes {
-        m.insert(id.clone(), if *ready { PlegState::Running } else { PlegState::Exited });
+        m.insert(
+            id.clone(),
+            if *ready {
+                PlegState::Running
+            } else {
+                PlegState::Exited
+            },
+        );
     }
     m
 }
@@ -77,14 +84,21 @@ fn generate_events(uid: &str, id: &str, old: PlegState, new: PlegState) -> Vec<P
     if old == new {
         return Vec::new();
     }
-    let ev = |kind| PlegEvent { uid: uid.to_string(), kind, id: id.to_string() };
+    let ev = |kind| PlegEvent {
+        uid: uid.to_string(),
+        kind,
+        id: id.to_string(),
+    };
     match new {
         PlegState::Running => vec![ev(PlegEventType::ContainerStarted)],
         PlegState::Exited => vec![ev(PlegEventType::ContainerDied)],
         PlegState::Unknown => vec![ev(PlegEventType::ContainerChanged)],
         PlegState::NonExistent => match old {
             PlegState::Exited => vec![ev(PlegEventType::ContainerRemoved)],
-            _ => vec![ev(PlegEventType::ContainerDied), ev(PlegEventType::ContainerRemoved)],
+            _ => vec![
+                ev(PlegEventType::ContainerDied),
+                ev(PlegEventType::ContainerRemoved),
+            ],
         },
     }
 }
@@ -126,8 +140,17 @@ impl Pleg {
                 changed.push((uid.clone(), r.current.clone(), events));
             }
         }
-        let reinspect = self.to_reinspect.iter().filter(|(uid, _)| !changed.iter().any(|(u, _, _)| u == *uid)).map(|(u, p)| (u.clone(), p.clone())).collect();
-        RelistPlan { changed, reinspect, timestamp }
+        let reinspect = self
+            .to_reinspect
+            .iter()
+            .filter(|(uid, _)| !changed.iter().any(|(u, _, _)| u == *uid))
+            .map(|(u, p)| (u.clone(), p.clone()))
+            .collect();
+        RelistPlan {
+            changed,
+            reinspect,
+            timestamp,
+        }
     }
 
     /// `podRecords.update`: the pod was inspected; its current state becomes the old one.
@@ -165,13 +188,19 @@ mod tests {
             uid: "u".into(),
             name: "p".into(),
             namespace: "ns".into(),
-            containers: containers.iter().map(|(i, s)| (i.to_string(), "c".to_string(), *s)).collect(),
+            containers: containers
+                .iter()
+                .map(|(i, s)| (i.to_string(), "c".to_string(), *s))
+                .collect(),
             sandboxes: sandboxes.iter().map(|(i, r)| (i.to_string(), *r)).collect(),
         }
     }
 
     fn kinds(plan: &RelistPlan) -> Vec<(String, PlegEventType)> {
-        plan.changed.iter().flat_map(|(_, _, evs)| evs.iter().map(|e| (e.id.clone(), e.kind))).collect()
+        plan.changed
+            .iter()
+            .flat_map(|(_, _, evs)| evs.iter().map(|e| (e.id.clone(), e.kind)))
+            .collect()
     }
 
     #[test]
@@ -179,16 +208,35 @@ mod tests {
         let mut p = Pleg::default();
         let t = Instant::now();
         let plan = p.plan(vec![pod(&[("c1", CriState::Created)], &[("s", true)])], t);
-        assert_eq!(kinds(&plan), vec![("c1".into(), PlegEventType::ContainerChanged), ("s".into(), PlegEventType::ContainerStarted)]);
+        assert_eq!(
+            kinds(&plan),
+            vec![
+                ("c1".into(), PlegEventType::ContainerChanged),
+                ("s".into(), PlegEventType::ContainerStarted)
+            ]
+        );
         p.update("u");
         let plan = p.plan(vec![pod(&[("c1", CriState::Running)], &[("s", true)])], t);
-        assert_eq!(kinds(&plan), vec![("c1".into(), PlegEventType::ContainerStarted)]);
+        assert_eq!(
+            kinds(&plan),
+            vec![("c1".into(), PlegEventType::ContainerStarted)]
+        );
         p.update("u");
         let plan = p.plan(vec![pod(&[("c1", CriState::Exited)], &[("s", true)])], t);
-        assert_eq!(kinds(&plan), vec![("c1".into(), PlegEventType::ContainerDied)]);
+        assert_eq!(
+            kinds(&plan),
+            vec![("c1".into(), PlegEventType::ContainerDied)]
+        );
         p.update("u");
         let plan = p.plan(vec![], t);
-        assert_eq!(kinds(&plan), vec![("c1".into(), PlegEventType::ContainerRemoved), ("s".into(), PlegEventType::ContainerDied), ("s".into(), PlegEventType::ContainerRemoved)]);
+        assert_eq!(
+            kinds(&plan),
+            vec![
+                ("c1".into(), PlegEventType::ContainerRemoved),
+                ("s".into(), PlegEventType::ContainerDied),
+                ("s".into(), PlegEventType::ContainerRemoved)
+            ]
+        );
         assert!(plan.changed[0].1.is_none(), "pod gone → cache delete");
     }
 
@@ -200,6 +248,9 @@ mod tests {
         assert_eq!(plan.changed.len(), 1);
         p.inspection_failed("u", pod(&[("c1", CriState::Running)], &[]));
         let plan = p.plan(vec![pod(&[("c1", CriState::Running)], &[])], t);
-        assert_eq!(kinds(&plan), vec![("c1".into(), PlegEventType::ContainerStarted)]);
+        assert_eq!(
+            kinds(&plan),
+            vec![("c1".into(), PlegEventType::ContainerStarted)]
+        );
     }
 }

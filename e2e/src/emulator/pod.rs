@@ -197,8 +197,30 @@ fn default_termination_message_policy() -> String {
     "File".to_string()
 }
 
-const POD_KEYS: &[&str] = &["name", "namespace", "uid", "annotations", "labels", "restartPolicy", "terminationGracePeriodSeconds", "hostNetwork", "initContainers", "containers"];
-const CONTAINER_KEYS: &[&str] = &["name", "image", "imagePullPolicy", "command", "args", "workingDir", "env", "lifecycle", "terminationMessagePath", "terminationMessagePolicy"];
+const POD_KEYS: &[&str] = &[
+    "name",
+    "namespace",
+    "uid",
+    "annotations",
+    "labels",
+    "restartPolicy",
+    "terminationGracePeriodSeconds",
+    "hostNetwork",
+    "initContainers",
+    "containers",
+];
+const CONTAINER_KEYS: &[&str] = &[
+    "name",
+    "image",
+    "imagePullPolicy",
+    "command",
+    "args",
+    "workingDir",
+    "env",
+    "lifecycle",
+    "terminationMessagePath",
+    "terminationMessagePolicy",
+];
 
 // === impl ContainerSpec ===
 
@@ -221,15 +243,27 @@ impl ContainerSpec {
 
     /// Adds an exec postStart hook running `sh -c script`.
     pub fn post_start(mut self, script: &str) -> ContainerSpec {
-        let h = Handler { exec: ExecAction { command: vec!["sh".into(), "-c".into(), script.to_string()] } };
-        self.lifecycle.get_or_insert_with(Lifecycle::default).post_start = Some(h);
+        let h = Handler {
+            exec: ExecAction {
+                command: vec!["sh".into(), "-c".into(), script.to_string()],
+            },
+        };
+        self.lifecycle
+            .get_or_insert_with(Lifecycle::default)
+            .post_start = Some(h);
         self
     }
 
     /// Adds an exec preStop hook running `sh -c script`.
     pub fn pre_stop(mut self, script: &str) -> ContainerSpec {
-        let h = Handler { exec: ExecAction { command: vec!["sh".into(), "-c".into(), script.to_string()] } };
-        self.lifecycle.get_or_insert_with(Lifecycle::default).pre_stop = Some(h);
+        let h = Handler {
+            exec: ExecAction {
+                command: vec!["sh".into(), "-c".into(), script.to_string()],
+            },
+        };
+        self.lifecycle
+            .get_or_insert_with(Lifecycle::default)
+            .pre_stop = Some(h);
         self
     }
 
@@ -284,11 +318,13 @@ impl PodSpec {
     pub fn from_yaml(text: &str) -> anyhow::Result<Vec<PodSpec>> {
         let mut pods = Vec::new();
         for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
-            let value = serde_yaml_ng::Value::deserialize(doc).with_context(|| format!("YAML document {}", i + 1))?;
+            let value = serde_yaml_ng::Value::deserialize(doc)
+                .with_context(|| format!("YAML document {}", i + 1))?;
             if value.is_null() {
                 continue;
             }
-            let pod = PodSpec::from_value(value).with_context(|| format!("YAML document {}", i + 1))?;
+            let pod =
+                PodSpec::from_value(value).with_context(|| format!("YAML document {}", i + 1))?;
             pods.push(pod);
         }
         Ok(pods)
@@ -296,14 +332,18 @@ impl PodSpec {
 
     /// Reads and parses a YAML file.
     pub fn from_file(path: &std::path::Path) -> anyhow::Result<Vec<PodSpec>> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         PodSpec::from_yaml(&text).with_context(|| format!("parsing {}", path.display()))
     }
 
     fn from_value(value: serde_yaml_ng::Value) -> anyhow::Result<PodSpec> {
         use serde_yaml_ng::{Mapping, Value};
-        let Value::Mapping(map) = value else { bail!("a pod must be a YAML mapping") };
-        let is_manifest = map.contains_key("spec") || map.contains_key("metadata") || map.contains_key("kind");
+        let Value::Mapping(map) = value else {
+            bail!("a pod must be a YAML mapping")
+        };
+        let is_manifest =
+            map.contains_key("spec") || map.contains_key("metadata") || map.contains_key("kind");
         let flat = if is_manifest {
             if let Some(kind) = map.get("kind").and_then(Value::as_str) {
                 if kind != "Pod" {
@@ -325,9 +365,13 @@ impl PodSpec {
                 if let Some(Value::Sequence(cs)) = flat.get_mut(key) {
                     for c in cs.iter_mut() {
                         if let Value::Mapping(cm) = c {
-                            cm.retain(|k, _| k.as_str().is_some_and(|k| CONTAINER_KEYS.contains(&k)));
+                            cm.retain(|k, _| {
+                                k.as_str().is_some_and(|k| CONTAINER_KEYS.contains(&k))
+                            });
                             if let Some(Value::Mapping(lc)) = cm.get_mut("lifecycle") {
-                                lc.retain(|k, _| matches!(k.as_str(), Some("postStart" | "preStop")));
+                                lc.retain(|k, _| {
+                                    matches!(k.as_str(), Some("postStart" | "preStop"))
+                                });
                             }
                         }
                     }
@@ -370,10 +414,17 @@ impl PodSpec {
         }
         // API validation rejects hooks on init containers (KUBELET-CRI §7.5).
         if let Some(c) = self.init_containers.iter().find(|c| c.lifecycle.is_some()) {
-            bail!("pod {}: init container {:?} may not have lifecycle hooks", self.name, c.name);
+            bail!(
+                "pod {}: init container {:?} may not have lifecycle hooks",
+                self.name,
+                c.name
+            );
         }
         if self.termination_grace_period_seconds < 0 {
-            bail!("pod {}: terminationGracePeriodSeconds must be >= 0", self.name);
+            bail!(
+                "pod {}: terminationGracePeriodSeconds must be >= 0",
+                self.name
+            );
         }
         if self.uid.is_empty() {
             self.uid = super::rand::uuid_v4();
@@ -383,7 +434,10 @@ impl PodSpec {
 
     /// A container (init or regular) by name.
     pub fn container(&self, name: &str) -> Option<&ContainerSpec> {
-        self.containers.iter().chain(&self.init_containers).find(|c| c.name == name)
+        self.containers
+            .iter()
+            .chain(&self.init_containers)
+            .find(|c| c.name == name)
     }
 
     /// kubelet's `format.Pod`: `name_namespace(uid)`.
@@ -407,7 +461,11 @@ fn check_keys(map: &serde_yaml_ng::Mapping, allowed: &[&str], what: &str) -> any
     for k in map.keys() {
         match k.as_str() {
             Some(k) if allowed.contains(&k) => {}
-            other => bail!("unknown {what} field {:?} (known: {})", other.unwrap_or("<non-string>"), allowed.join(", ")),
+            other => bail!(
+                "unknown {what} field {:?} (known: {})",
+                other.unwrap_or("<non-string>"),
+                allowed.join(", ")
+            ),
         }
     }
     Ok(())
@@ -428,13 +486,15 @@ mod tests {
         assert_eq!(p.restart_policy, RestartPolicy::Always);
         assert_eq!(p.containers[0].image, DEFAULT_IMAGE);
         assert_eq!(p.containers[0].image_pull_policy, PullPolicy::IfNotPresent);
-        let json = serde_json::to_string(p.containers[0].pre_stop_hook().expect("hook")).expect("json");
+        let json =
+            serde_json::to_string(p.containers[0].pre_stop_hook().expect("hook")).expect("json");
         assert_eq!(json, r#"{"exec":{"command":["sleep","1"]}}"#);
     }
 
     #[test]
     fn rejects_unknown_flat_keys() {
-        let err = PodSpec::from_yaml("name: web\nrestartpolicy: Never\ncontainers: [{name: a}]\n").expect_err("typo must fail");
+        let err = PodSpec::from_yaml("name: web\nrestartpolicy: Never\ncontainers: [{name: a}]\n")
+            .expect_err("typo must fail");
         assert!(format!("{err:#}").contains("restartpolicy"), "{err:#}");
     }
 
@@ -459,7 +519,13 @@ mod tests {
         let mut p = PodSpec::new("p", vec![ContainerSpec::sh("a", "true")]);
         p.validate().expect("valid");
         assert_eq!(p.uid.len(), 36);
-        let mut d = PodSpec::new("p", vec![ContainerSpec::sh("a", "true"), ContainerSpec::sh("a", "true")]);
+        let mut d = PodSpec::new(
+            "p",
+            vec![
+                ContainerSpec::sh("a", "true"),
+                ContainerSpec::sh("a", "true"),
+            ],
+        );
         assert!(d.validate().is_err());
     }
 }

@@ -17,7 +17,10 @@ use super::config::{KubeletConfig, KubeletVersion};
 use super::cri::{go_error, CriClient};
 use super::journal::CallMeta;
 use super::pod::{ContainerSpec, Handler, PodSpec, PullPolicy, RestartPolicy};
-use super::status::{should_container_be_restarted, CriState, RuntimeContainerStatus, RuntimePodStatus, LABEL_CONTAINER_NAME, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID};
+use super::status::{
+    should_container_be_restarted, CriState, RuntimeContainerStatus, RuntimePodStatus,
+    LABEL_CONTAINER_NAME, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID,
+};
 
 /// `minimumGracePeriodInSeconds` (KUBELET-CRI §3.2).
 const MINIMUM_GRACE_PERIOD: i64 = 2;
@@ -78,7 +81,12 @@ pub struct SyncResult {
 
 impl SyncResult {
     fn new(action: SyncAction, target: impl Into<String>) -> SyncResult {
-        SyncResult { action, target: target.into(), error: None, message: String::new() }
+        SyncResult {
+            action,
+            target: target.into(),
+            error: None,
+            message: String::new(),
+        }
     }
     fn fail(&mut self, error: &'static str, message: impl Into<String>) {
         self.error = Some(error);
@@ -115,7 +123,13 @@ impl PodSyncResult {
         }
         for r in &self.results {
             if let Some(err) = r.error {
-                errs.push(format!("failed to {:?} for {:?} with {}: {:?}", r.action.to_string(), r.target, err, r.message));
+                errs.push(format!(
+                    "failed to {:?} for {:?} with {}: {:?}",
+                    r.action.to_string(),
+                    r.target,
+                    err,
+                    r.message
+                ));
             }
         }
         aggregate(errs)
@@ -190,8 +204,22 @@ impl RunningPod {
             uid: s.uid.clone(),
             name: s.name.clone(),
             namespace: s.namespace.clone(),
-            containers: s.containers.iter().filter(|c| c.state == CriState::Running).map(|c| (c.id.clone(), c.name.clone(), c.state)).collect(),
-            sandboxes: s.sandboxes.iter().map(|sb| (sb.id.clone(), sb.state == cri::PodSandboxState::SandboxReady as i32)).collect(),
+            containers: s
+                .containers
+                .iter()
+                .filter(|c| c.state == CriState::Running)
+                .map(|c| (c.id.clone(), c.name.clone(), c.state))
+                .collect(),
+            sandboxes: s
+                .sandboxes
+                .iter()
+                .map(|sb| {
+                    (
+                        sb.id.clone(),
+                        sb.state == cri::PodSandboxState::SandboxReady as i32,
+                    )
+                })
+                .collect(),
         }
     }
 }
@@ -238,12 +266,20 @@ fn network_mode(host_network: bool) -> i32 {
 impl Runtime {
     pub fn new(cri: CriClient, cfg: Arc<KubeletConfig>) -> Runtime {
         let backoff = || Backoff::new(cfg.crash_backoff_base, cfg.crash_backoff_max);
-        Runtime { crash_backoff: Mutex::new(backoff()), image_backoff: Mutex::new(backoff()), cri, cfg, pull_lock: tokio::sync::Mutex::new(()) }
+        Runtime {
+            crash_backoff: Mutex::new(backoff()),
+            image_backoff: Mutex::new(backoff()),
+            cri,
+            cfg,
+            pull_lock: tokio::sync::Mutex::new(()),
+        }
     }
 
     /// `/var/log/pods/<ns>_<name>_<uid>` under the configured root (KUBELET-CRI §2.1).
     pub fn pod_log_dir(&self, pod: &PodSpec) -> PathBuf {
-        self.cfg.pod_log_root.join(format!("{}_{}_{}", pod.namespace, pod.name, pod.uid))
+        self.cfg
+            .pod_log_root
+            .join(format!("{}_{}_{}", pod.namespace, pod.name, pod.uid))
     }
 
     // --- SyncPod ---
@@ -257,7 +293,9 @@ impl Runtime {
 
         // Step 2: kill the pod if the sandbox changed or nothing is left to run.
         if changes.kill_pod {
-            let kill = self.kill_pod_with_sync_result(pod, &RunningPod::from_status(status), None).await;
+            let kill = self
+                .kill_pod_with_sync_result(pod, &RunningPod::from_status(status), None)
+                .await;
             let failed = kill.error().is_some();
             result.add_pod(kill);
             if failed {
@@ -270,7 +308,9 @@ impl Runtime {
             // Step 3: kill containers that are not to be kept.
             for (id, name, reason, message) in &changes.containers_to_kill {
                 let mut r = SyncResult::new(SyncAction::KillContainer, name.clone());
-                let res = self.kill_container(pod, id, name, message, *reason, None).await;
+                let res = self
+                    .kill_container(pod, id, name, message, *reason, None)
+                    .await;
                 if let Err(e) = res {
                     r.fail(ERR_KILL_CONTAINER, e);
                     result.add(r);
@@ -321,14 +361,19 @@ impl Runtime {
         }
 
         // Step 5: the sandbox config is generated again and sent with every Create/Pull of this sync.
-        result.add(SyncResult::new(SyncAction::ConfigPodSandbox, sandbox_id.clone()));
+        result.add(SyncResult::new(
+            SyncAction::ConfigPodSandbox,
+            sandbox_id.clone(),
+        ));
         let sandbox_config = self.generate_pod_sandbox_config(spec, changes.attempt);
 
         // Step 6: at most one init container per sync; a failure ends the sync.
         if let Some(i) = changes.next_init_container {
             let c = &spec.init_containers[i];
             let mut r = SyncResult::new(SyncAction::StartContainer, c.name.clone());
-            let res = self.start(pod, c, &sandbox_id, &sandbox_config, status, &pod_ips).await;
+            let res = self
+                .start(pod, c, &sandbox_id, &sandbox_config, status, &pod_ips)
+                .await;
             if let Err((err, msg)) = res {
                 r.fail(err, msg);
                 result.add(r);
@@ -342,7 +387,10 @@ impl Runtime {
         for &i in &changes.containers_to_start {
             let c = &spec.containers[i];
             let mut r = SyncResult::new(SyncAction::StartContainer, c.name.clone());
-            if let Err((err, msg)) = self.start(pod, c, &sandbox_id, &sandbox_config, status, &pod_ips).await {
+            if let Err((err, msg)) = self
+                .start(pod, c, &sandbox_id, &sandbox_config, status, &pod_ips)
+                .await
+            {
                 r.fail(err, msg);
             }
             result.add(r);
@@ -351,13 +399,33 @@ impl Runtime {
     }
 
     /// `doBackOff`: only the newest EXITED instance counts, measured from its `finished_at` (§5).
-    fn do_backoff(&self, pod: &PodSpec, c: &ContainerSpec, status: &RuntimePodStatus) -> Option<String> {
-        let exited = status.containers.iter().find(|s| s.name == c.name && s.state == CriState::Exited)?;
+    fn do_backoff(
+        &self,
+        pod: &PodSpec,
+        c: &ContainerSpec,
+        status: &RuntimePodStatus,
+    ) -> Option<String> {
+        let exited = status
+            .containers
+            .iter()
+            .find(|s| s.name == c.name && s.state == CriState::Exited)?;
         let ts = from_unix_nanos(exited.finished_at);
-        let key = format!("{}_{}_{}_{}_{}", pod.name, pod.namespace, pod.uid, c.name, c.hash());
+        let key = format!(
+            "{}_{}_{}_{}_{}",
+            pod.name,
+            pod.namespace,
+            pod.uid,
+            c.name,
+            c.hash()
+        );
         let mut b = lock(&self.crash_backoff);
         if b.is_in_backoff_since(&key, ts) {
-            return Some(format!("back-off {} restarting failed container={} pod={}", go_duration(b.get(&key)), c.name, pod.format()));
+            return Some(format!(
+                "back-off {} restarting failed container={} pod={}",
+                go_duration(b.get(&key)),
+                c.name,
+                pod.format()
+            ));
         }
         b.next(&key, ts);
         None
@@ -380,7 +448,9 @@ impl Runtime {
         let meta = pod.meta().with_container(&c.name);
 
         // a. Ensure the image exists.
-        let image_ref = self.ensure_image_exists(spec, c, sandbox_config, &meta).await?;
+        let image_ref = self
+            .ensure_image_exists(spec, c, sandbox_config, &meta)
+            .await?;
 
         // b. Restart count: the newest instance's + 1, else from the log directory (§5).
         let restart_count = match status.find(&c.name) {
@@ -389,18 +459,37 @@ impl Runtime {
         };
 
         // c. Container config (second ImageStatus, log dir).
-        let config = self.generate_container_config(spec, c, &image_ref, restart_count, pod_ips, &meta).await.map_err(|m| (ERR_CREATE_CONTAINER_CONFIG, m))?;
+        let config = self
+            .generate_container_config(spec, c, &image_ref, restart_count, pod_ips, &meta)
+            .await
+            .map_err(|m| (ERR_CREATE_CONTAINER_CONFIG, m))?;
 
         // d. CreateContainer with the regenerated sandbox config.
-        let id = self.cri.create_container(sandbox_id, config, sandbox_config.clone(), meta.clone()).await.map_err(|s| (ERR_CREATE_CONTAINER, s.message().to_string()))?;
+        let id = self
+            .cri
+            .create_container(sandbox_id, config, sandbox_config.clone(), meta.clone())
+            .await
+            .map_err(|s| (ERR_CREATE_CONTAINER, s.message().to_string()))?;
 
         // e. StartContainer. On failure the CREATED container is left behind (§1.3).
-        self.cri.start_container(&id, meta.clone()).await.map_err(|s| (ERR_RUN_CONTAINER, s.message().to_string()))?;
+        self.cri
+            .start_container(&id, meta.clone())
+            .await
+            .map_err(|s| (ERR_RUN_CONTAINER, s.message().to_string()))?;
 
         // f. postStart blocks the start loop; failure kills the container (§1.1f).
         if let Some(hook) = c.post_start_hook() {
             if let Err(msg) = run_exec_hook(&self.cri, spec, c, &id, hook, meta.clone()).await {
-                let kill = self.kill_container(pod, &id, &c.name, "FailedPostStartHook", KillReason::FailedPostStartHook, None).await;
+                let kill = self
+                    .kill_container(
+                        pod,
+                        &id,
+                        &c.name,
+                        "FailedPostStartHook",
+                        KillReason::FailedPostStartHook,
+                        None,
+                    )
+                    .await;
                 if let Err(e) = kill {
                     tracing::warn!(pod = %spec, container = %c.name, "failed to kill container after postStart failure: {e}");
                 }
@@ -411,12 +500,38 @@ impl Runtime {
     }
 
     /// `EnsureImageExists`: ImageStatus, then PullImage only if the policy needs it (§1.1a).
-    async fn ensure_image_exists(&self, pod: &PodSpec, c: &ContainerSpec, sandbox_config: &cri::PodSandboxConfig, meta: &CallMeta) -> Result<String, (&'static str, String)> {
+    async fn ensure_image_exists(
+        &self,
+        pod: &PodSpec,
+        c: &ContainerSpec,
+        sandbox_config: &cri::PodSandboxConfig,
+        meta: &CallMeta,
+    ) -> Result<String, (&'static str, String)> {
         let image = apply_default_image_tag(&c.image);
-        let spec = cri::ImageSpec { image, annotations: pod.annotations.iter().map(|(k, v)| (k.clone(), v.clone())).collect(), ..Default::default() };
-        let resp = self.cri.image_status(spec.clone(), meta.clone()).await.map_err(|s| (ERR_IMAGE_INSPECT, format!("Failed to inspect image {:?}: {}", c.image, go_error(&s))))?;
+        let spec = cri::ImageSpec {
+            image,
+            annotations: pod
+                .annotations
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            ..Default::default()
+        };
+        let resp = self
+            .cri
+            .image_status(spec.clone(), meta.clone())
+            .await
+            .map_err(|s| {
+                (
+                    ERR_IMAGE_INSPECT,
+                    format!("Failed to inspect image {:?}: {}", c.image, go_error(&s)),
+                )
+            })?;
         // GetImageRef: the first repo digest, else the ID; empty = absent.
-        let image_ref = resp.image.map(|i| i.repo_digests.first().cloned().unwrap_or(i.id)).unwrap_or_default();
+        let image_ref = resp
+            .image
+            .map(|i| i.repo_digests.first().cloned().unwrap_or(i.id))
+            .unwrap_or_default();
         let present = !image_ref.is_empty();
         let should_pull = match c.image_pull_policy {
             PullPolicy::Never => false,
@@ -427,15 +542,26 @@ impl Runtime {
             if present {
                 return Ok(image_ref);
             }
-            return Err((ERR_IMAGE_NEVER_PULL, format!("Container image {:?} is not present with pull policy of Never", c.image)));
+            return Err((
+                ERR_IMAGE_NEVER_PULL,
+                format!(
+                    "Container image {:?} is not present with pull policy of Never",
+                    c.image
+                ),
+            ));
         }
         let key = format!("{}_{}", pod.uid, c.image);
         if lock(&self.image_backoff).is_in_backoff_since_update(&key, SystemTime::now()) {
-            return Err((ERR_IMAGE_PULL_BACK_OFF, format!("Back-off pulling image {:?}", c.image)));
+            return Err((
+                ERR_IMAGE_PULL_BACK_OFF,
+                format!("Back-off pulling image {:?}", c.image),
+            ));
         }
         let pulled = {
             let _serial = self.pull_lock.lock().await;
-            self.cri.pull_image(spec, Some(sandbox_config.clone()), meta.clone()).await
+            self.cri
+                .pull_image(spec, Some(sandbox_config.clone()), meta.clone())
+                .await
         };
         match pulled {
             Ok(r) => Ok(r),
@@ -450,20 +576,49 @@ impl Runtime {
     async fn create_pod_sandbox(&self, pod: &PodCtx, attempt: u32) -> Result<String, String> {
         let spec = &pod.spec;
         let config = self.generate_pod_sandbox_config(spec, attempt);
-        std::fs::create_dir_all(&config.log_directory).map_err(|e| format!("Failed to create log directory for pod {:?}: {e}", spec.format()))?;
-        self.cri.run_pod_sandbox(config, String::new(), pod.meta()).await.map_err(|s| format!("Failed to create sandbox for pod {:?}: {}", spec.format(), go_error(&s)))
+        std::fs::create_dir_all(&config.log_directory).map_err(|e| {
+            format!(
+                "Failed to create log directory for pod {:?}: {e}",
+                spec.format()
+            )
+        })?;
+        self.cri
+            .run_pod_sandbox(config, String::new(), pod.meta())
+            .await
+            .map_err(|s| {
+                format!(
+                    "Failed to create sandbox for pod {:?}: {}",
+                    spec.format(),
+                    go_error(&s)
+                )
+            })
     }
 
     /// `generatePodSandboxConfig` (KUBELET-CRI §2.1).
-    pub fn generate_pod_sandbox_config(&self, pod: &PodSpec, attempt: u32) -> cri::PodSandboxConfig {
-        let mut labels: HashMap<String, String> = pod.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    pub fn generate_pod_sandbox_config(
+        &self,
+        pod: &PodSpec,
+        attempt: u32,
+    ) -> cri::PodSandboxConfig {
+        let mut labels: HashMap<String, String> = pod
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         labels.insert(LABEL_POD_NAME.into(), pod.name.clone());
         labels.insert(LABEL_POD_NAMESPACE.into(), pod.namespace.clone());
         labels.insert(LABEL_POD_UID.into(), pod.uid.clone());
-        let mut security = cri::LinuxSandboxSecurityContext { namespace_options: Some(namespaces_for_pod(pod)), privileged: false, ..Default::default() };
+        let mut security = cri::LinuxSandboxSecurityContext {
+            namespace_options: Some(namespaces_for_pod(pod)),
+            privileged: false,
+            ..Default::default()
+        };
         // The sandbox always runs with the runtime's default seccomp profile (kubernetes#84623).
         if self.cfg.version >= KubeletVersion::V1_26 {
-            security.seccomp = Some(cri::SecurityProfile { profile_type: cri::security_profile::ProfileType::RuntimeDefault as i32, localhost_ref: String::new() });
+            security.seccomp = Some(cri::SecurityProfile {
+                profile_type: cri::security_profile::ProfileType::RuntimeDefault as i32,
+                localhost_ref: String::new(),
+            });
         } else {
             #[allow(deprecated)]
             {
@@ -471,15 +626,33 @@ impl Runtime {
             }
         }
         cri::PodSandboxConfig {
-            metadata: Some(cri::PodSandboxMetadata { name: pod.name.clone(), uid: pod.uid.clone(), namespace: pod.namespace.clone(), attempt }),
+            metadata: Some(cri::PodSandboxMetadata {
+                name: pod.name.clone(),
+                uid: pod.uid.clone(),
+                namespace: pod.namespace.clone(),
+                attempt,
+            }),
             // Host-network pods get no hostname: they keep the node's.
-            hostname: if pod.host_network { String::new() } else { pod.name.chars().take(63).collect() },
+            hostname: if pod.host_network {
+                String::new()
+            } else {
+                pod.name.chars().take(63).collect()
+            },
             log_directory: self.pod_log_dir(pod).display().to_string(),
             dns_config: Some(host_dns_config()),
             port_mappings: Vec::new(),
             labels,
-            annotations: pod.annotations.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-            linux: Some(cri::LinuxPodSandboxConfig { cgroup_parent: String::new(), security_context: Some(security), sysctls: HashMap::new(), ..Default::default() }),
+            annotations: pod
+                .annotations
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            linux: Some(cri::LinuxPodSandboxConfig {
+                cgroup_parent: String::new(),
+                security_context: Some(security),
+                sysctls: HashMap::new(),
+                ..Default::default()
+            }),
             windows: None,
         }
     }
@@ -495,11 +668,22 @@ impl Runtime {
         meta: &CallMeta,
     ) -> Result<cri::ContainerConfig, String> {
         // getImageUser: the second ImageStatus, with the image as written in the spec (§1.1c).
-        let spec = cri::ImageSpec { image: c.image.clone(), ..Default::default() };
-        self.cri.image_status(spec, meta.clone()).await.map_err(|s| s.message().to_string())?;
+        let spec = cri::ImageSpec {
+            image: c.image.clone(),
+            ..Default::default()
+        };
+        self.cri
+            .image_status(spec, meta.clone())
+            .await
+            .map_err(|s| s.message().to_string())?;
 
         let log_dir = self.pod_log_dir(pod).join(&c.name);
-        std::fs::create_dir_all(&log_dir).map_err(|e| format!("create container log directory for container {} failed: {e}", c.name))?;
+        std::fs::create_dir_all(&log_dir).map_err(|e| {
+            format!(
+                "create container log directory for container {} failed: {e}",
+                c.name
+            )
+        })?;
 
         let mut labels = HashMap::new();
         labels.insert(LABEL_POD_NAME.to_string(), pod.name.clone());
@@ -509,35 +693,70 @@ impl Runtime {
 
         let mut annotations = HashMap::new();
         annotations.insert("io.kubernetes.container.hash".to_string(), c.hash());
-        annotations.insert("io.kubernetes.container.restartCount".to_string(), restart_count.to_string());
-        annotations.insert("io.kubernetes.container.terminationMessagePath".to_string(), c.termination_message_path.clone());
-        annotations.insert("io.kubernetes.container.terminationMessagePolicy".to_string(), c.termination_message_policy.clone());
-        annotations.insert("io.kubernetes.pod.terminationGracePeriod".to_string(), pod.termination_grace_period_seconds.to_string());
+        annotations.insert(
+            "io.kubernetes.container.restartCount".to_string(),
+            restart_count.to_string(),
+        );
+        annotations.insert(
+            "io.kubernetes.container.terminationMessagePath".to_string(),
+            c.termination_message_path.clone(),
+        );
+        annotations.insert(
+            "io.kubernetes.container.terminationMessagePolicy".to_string(),
+            c.termination_message_policy.clone(),
+        );
+        annotations.insert(
+            "io.kubernetes.pod.terminationGracePeriod".to_string(),
+            pod.termination_grace_period_seconds.to_string(),
+        );
         if let Some(h) = c.pre_stop_hook() {
-            let json = serde_json::to_string(h).map_err(|e| format!("encoding preStop handler: {e}"))?;
+            let json =
+                serde_json::to_string(h).map_err(|e| format!("encoding preStop handler: {e}"))?;
             annotations.insert("io.kubernetes.container.preStopHandler".to_string(), json);
         }
 
         let mounts = self.make_mounts(pod, c, pod_ips)?;
         let ns = namespaces_for_pod(pod);
         Ok(cri::ContainerConfig {
-            metadata: Some(cri::ContainerMetadata { name: c.name.clone(), attempt: restart_count }),
-            image: Some(cri::ImageSpec { image: image_ref.to_string(), ..Default::default() }),
+            metadata: Some(cri::ContainerMetadata {
+                name: c.name.clone(),
+                attempt: restart_count,
+            }),
+            image: Some(cri::ImageSpec {
+                image: image_ref.to_string(),
+                ..Default::default()
+            }),
             command: c.command.iter().map(|a| expand_env(a, &c.env)).collect(),
             args: c.args.iter().map(|a| expand_env(a, &c.env)).collect(),
             working_dir: c.working_dir.clone().unwrap_or_default(),
-            envs: c.env.iter().map(|e| cri::KeyValue { key: e.name.clone(), value: e.value.clone() }).collect(),
+            envs: c
+                .env
+                .iter()
+                .map(|e| cri::KeyValue {
+                    key: e.name.clone(),
+                    value: e.value.clone(),
+                })
+                .collect(),
             mounts,
             labels,
             annotations,
             log_path: format!("{}/{}.log", c.name, restart_count),
             linux: Some(cri::LinuxContainerConfig {
                 // A BestEffort container: minimum CPU shares, CFS period, OOM score 1000.
-                resources: Some(cri::LinuxContainerResources { cpu_period: 100_000, cpu_quota: 0, cpu_shares: 2, oom_score_adj: 1000, ..Default::default() }),
+                resources: Some(cri::LinuxContainerResources {
+                    cpu_period: 100_000,
+                    cpu_quota: 0,
+                    cpu_shares: 2,
+                    oom_score_adj: 1000,
+                    ..Default::default()
+                }),
                 security_context: Some(cri::LinuxContainerSecurityContext {
                     namespace_options: Some(ns),
                     masked_paths: DEFAULT_MASKED_PATHS.iter().map(|s| s.to_string()).collect(),
-                    readonly_paths: DEFAULT_READONLY_PATHS.iter().map(|s| s.to_string()).collect(),
+                    readonly_paths: DEFAULT_READONLY_PATHS
+                        .iter()
+                        .map(|s| s.to_string())
+                        .collect(),
                     ..Default::default()
                 }),
             }),
@@ -546,7 +765,12 @@ impl Runtime {
     }
 
     /// kubelet's termination-log and `/etc/hosts` mounts (only with `root_dir` configured).
-    fn make_mounts(&self, pod: &PodSpec, c: &ContainerSpec, pod_ips: &[String]) -> Result<Vec<cri::Mount>, String> {
+    fn make_mounts(
+        &self,
+        pod: &PodSpec,
+        c: &ContainerSpec,
+        pod_ips: &[String],
+    ) -> Result<Vec<cri::Mount>, String> {
         let Some(root) = &self.cfg.root_dir else {
             return Ok(Vec::new());
         };
@@ -568,8 +792,13 @@ impl Runtime {
                 s
             };
             std::fs::create_dir_all(&pod_dir).map_err(|e| format!("create pod dir: {e}"))?;
-            std::fs::write(&hosts, content).map_err(|e| format!("write {}: {e}", hosts.display()))?;
-            mounts.push(cri::Mount { container_path: "/etc/hosts".into(), host_path: hosts.display().to_string(), ..Default::default() });
+            std::fs::write(&hosts, content)
+                .map_err(|e| format!("write {}: {e}", hosts.display()))?;
+            mounts.push(cri::Mount {
+                container_path: "/etc/hosts".into(),
+                host_path: hosts.display().to_string(),
+                ..Default::default()
+            });
         }
         if !c.termination_message_path.is_empty() {
             let dir = pod_dir.join("containers").join(&c.name);
@@ -577,7 +806,11 @@ impl Runtime {
             let file = dir.join(super::rand::hex8());
             std::fs::write(&file, b"").map_err(|e| format!("create {}: {e}", file.display()))?;
             set_mode_0666(&file);
-            mounts.push(cri::Mount { container_path: c.termination_message_path.clone(), host_path: file.display().to_string(), ..Default::default() });
+            mounts.push(cri::Mount {
+                container_path: c.termination_message_path.clone(),
+                host_path: file.display().to_string(),
+                ..Default::default()
+            });
         }
         Ok(mounts)
     }
@@ -587,17 +820,28 @@ impl Runtime {
     /// `killContainer` (KUBELET-CRI §3.1, §3.2): preStop (if grace > 0, waited at most grace
     /// seconds), grace reduced by the hook's whole seconds, minimum 2, replaced by the override if
     /// any; then StopContainer. NotFound counts as success.
-    pub async fn kill_container(&self, pod: &PodCtx, id: &str, name: &str, message: &str, reason: KillReason, grace_override: Option<i64>) -> Result<(), String> {
+    pub async fn kill_container(
+        &self,
+        pod: &PodCtx,
+        id: &str,
+        name: &str,
+        message: &str,
+        reason: KillReason,
+        grace_override: Option<i64>,
+    ) -> Result<(), String> {
         let spec = &pod.spec;
         let Some(c) = spec.container(name) else {
             return Err(format!("failed to get containerSpec {name:?} (id={id:?}) in pod {:?} when killing container for reason {message:?}", spec.format()));
         };
         tracing::debug!(pod = %spec, container = name, ?reason, "killing container");
         let meta = pod.meta().with_container(name);
-        let mut grace = pod.deletion_grace.unwrap_or(spec.termination_grace_period_seconds);
+        let mut grace = pod
+            .deletion_grace
+            .unwrap_or(spec.termination_grace_period_seconds);
         if let Some(hook) = c.pre_stop_hook() {
             if grace > 0 {
-                grace -= execute_pre_stop_hook(&self.cri, spec, c, id, hook, grace, meta.clone()).await;
+                grace -=
+                    execute_pre_stop_hook(&self.cri, spec, c, id, hook, grace, meta.clone()).await;
             }
         }
         if grace < MINIMUM_GRACE_PERIOD {
@@ -615,11 +859,19 @@ impl Runtime {
 
     /// `killPodWithSyncResult`: all RUNNING containers in parallel, wait for all, then
     /// StopPodSandbox for every sandbox even if a StopContainer failed (KUBELET-CRI §3.1, §7.4).
-    pub async fn kill_pod_with_sync_result(&self, pod: &PodCtx, running: &RunningPod, grace_override: Option<i64>) -> PodSyncResult {
+    pub async fn kill_pod_with_sync_result(
+        &self,
+        pod: &PodCtx,
+        running: &RunningPod,
+        grace_override: Option<i64>,
+    ) -> PodSyncResult {
         let mut result = PodSyncResult::default();
         let kills = running.containers.iter().map(|(id, name, _)| async move {
             let mut r = SyncResult::new(SyncAction::KillContainer, name.clone());
-            if let Err(e) = self.kill_container(pod, id, name, "", KillReason::None, grace_override).await {
+            if let Err(e) = self
+                .kill_container(pod, id, name, "", KillReason::None, grace_override)
+                .await
+            {
                 r.fail(ERR_KILL_CONTAINER, e);
             }
             r
@@ -654,7 +906,10 @@ impl Runtime {
     async fn purge_init_containers(&self, pod: &PodCtx, status: &RuntimePodStatus) {
         for c in &pod.spec.init_containers {
             for s in status.containers.iter().filter(|s| s.name == c.name) {
-                if let Err(e) = self.remove_container(&s.id, pod.meta().with_container(&c.name)).await {
+                if let Err(e) = self
+                    .remove_container(&s.id, pod.meta().with_container(&c.name))
+                    .await
+                {
                     tracing::warn!(pod = %pod.spec, container = %c.name, "failed to remove init container: {e}");
                 }
             }
@@ -673,7 +928,10 @@ impl Runtime {
                 if count == 1 && s.state == CriState::Exited {
                     continue;
                 }
-                if let Err(e) = self.remove_container(&s.id, pod.meta().with_container(&c.name)).await {
+                if let Err(e) = self
+                    .remove_container(&s.id, pod.meta().with_container(&c.name))
+                    .await
+                {
                     tracing::warn!(pod = %pod.spec, container = %c.name, "failed to remove init container: {e}");
                 }
             }
@@ -684,21 +942,43 @@ impl Runtime {
 
     /// `GetPodStatus` (KUBELET-CRI §4.1 step 3): ListPodSandbox(uid), PodSandboxStatus newest first,
     /// ListContainers(uid), ContainerStatus for each. Errors are kubelet's error strings.
-    pub async fn get_pod_status(&self, uid: &str, name: &str, namespace: &str) -> Result<RuntimePodStatus, String> {
+    pub async fn get_pod_status(
+        &self,
+        uid: &str,
+        name: &str,
+        namespace: &str,
+    ) -> Result<RuntimePodStatus, String> {
         let meta = CallMeta::pod(namespace, name, uid);
-        let selector: HashMap<String, String> = [(LABEL_POD_UID.to_string(), uid.to_string())].into();
-        let mut sandboxes =
-            self.cri.list_pod_sandbox(Some(cri::PodSandboxFilter { label_selector: selector.clone(), ..Default::default() }), meta.clone()).await.map_err(|s| go_error(&s))?;
+        let selector: HashMap<String, String> =
+            [(LABEL_POD_UID.to_string(), uid.to_string())].into();
+        let mut sandboxes = self
+            .cri
+            .list_pod_sandbox(
+                Some(cri::PodSandboxFilter {
+                    label_selector: selector.clone(),
+                    ..Default::default()
+                }),
+                meta.clone(),
+            )
+            .await
+            .map_err(|s| go_error(&s))?;
         sandboxes.sort_by_key(|s| std::cmp::Reverse(s.created_at));
 
-        let mut out = RuntimePodStatus { uid: uid.to_string(), name: name.to_string(), namespace: namespace.to_string(), ..RuntimePodStatus::default() };
+        let mut out = RuntimePodStatus {
+            uid: uid.to_string(),
+            name: name.to_string(),
+            namespace: namespace.to_string(),
+            ..RuntimePodStatus::default()
+        };
         for (idx, sb) in sandboxes.iter().enumerate() {
             let resp = match self.cri.pod_sandbox_status(&sb.id, meta.clone()).await {
                 Err(s) if s.code() == Code::NotFound => continue,
                 Err(s) => return Err(go_error(&s)),
                 Ok(r) => r,
             };
-            let st = resp.status.ok_or_else(|| "pod sandbox status is nil".to_string())?;
+            let st = resp
+                .status
+                .ok_or_else(|| "pod sandbox status is nil".to_string())?;
             verify_sandbox_status(&st)?;
             if idx == 0 && st.state == cri::PodSandboxState::SandboxReady as i32 {
                 out.ips = sandbox_ips(&st);
@@ -706,10 +986,28 @@ impl Runtime {
             out.sandboxes.push(st);
         }
 
-        let containers = self.cri.list_containers(Some(cri::ContainerFilter { label_selector: selector, ..Default::default() }), meta.clone()).await.map_err(|s| go_error(&s))?;
+        let containers = self
+            .cri
+            .list_containers(
+                Some(cri::ContainerFilter {
+                    label_selector: selector,
+                    ..Default::default()
+                }),
+                meta.clone(),
+            )
+            .await
+            .map_err(|s| go_error(&s))?;
         for c in &containers {
-            let cname = c.labels.get(LABEL_CONTAINER_NAME).cloned().unwrap_or_default();
-            let resp = match self.cri.container_status(&c.id, meta.clone().with_container(&cname)).await {
+            let cname = c
+                .labels
+                .get(LABEL_CONTAINER_NAME)
+                .cloned()
+                .unwrap_or_default();
+            let resp = match self
+                .cri
+                .container_status(&c.id, meta.clone().with_container(&cname))
+                .await
+            {
                 Err(s) if s.code() == Code::NotFound => continue,
                 Err(s) => return Err(go_error(&s)),
                 Ok(r) => r,
@@ -718,22 +1016,34 @@ impl Runtime {
             verify_container_status(&st)?;
             out.containers.push(RuntimeContainerStatus::from_cri(&st));
         }
-        out.containers.sort_by_key(|c| std::cmp::Reverse(c.created_at));
+        out.containers
+            .sort_by_key(|c| std::cmp::Reverse(c.created_at));
         Ok(out)
     }
 
     /// `GetPods(all=true)` for the PLEG relist: ListPodSandbox(no filter) and ListContainers(empty
     /// filter), grouped by pod UID (KUBELET-CRI §4.1 step 1).
     pub async fn get_pods(&self) -> Result<Vec<RunningPod>, Status> {
-        let mut pods: std::collections::BTreeMap<String, RunningPod> = std::collections::BTreeMap::new();
+        let mut pods: std::collections::BTreeMap<String, RunningPod> =
+            std::collections::BTreeMap::new();
         let sandboxes = self.cri.list_pod_sandbox(None, CallMeta::default()).await?;
         for s in sandboxes {
             let Some(md) = &s.metadata else { continue };
-            let p =
-                pods.entry(md.uid.clone()).or_insert_with(|| RunningPod { uid: md.uid.clone(), name: md.name.clone(), namespace: md.namespace.clone(), ..RunningPod::default() });
-            p.sandboxes.push((s.id.clone(), s.state == cri::PodSandboxState::SandboxReady as i32));
+            let p = pods.entry(md.uid.clone()).or_insert_with(|| RunningPod {
+                uid: md.uid.clone(),
+                name: md.name.clone(),
+                namespace: md.namespace.clone(),
+                ..RunningPod::default()
+            });
+            p.sandboxes.push((
+                s.id.clone(),
+                s.state == cri::PodSandboxState::SandboxReady as i32,
+            ));
         }
-        let containers = self.cri.list_containers(Some(cri::ContainerFilter::default()), CallMeta::default()).await?;
+        let containers = self
+            .cri
+            .list_containers(Some(cri::ContainerFilter::default()), CallMeta::default())
+            .await?;
         for c in containers {
             if c.metadata.is_none() {
                 continue;
@@ -742,11 +1052,20 @@ impl Runtime {
             let p = pods.entry(uid.clone()).or_insert_with(|| RunningPod {
                 uid,
                 name: c.labels.get(LABEL_POD_NAME).cloned().unwrap_or_default(),
-                namespace: c.labels.get(LABEL_POD_NAMESPACE).cloned().unwrap_or_default(),
+                namespace: c
+                    .labels
+                    .get(LABEL_POD_NAMESPACE)
+                    .cloned()
+                    .unwrap_or_default(),
                 ..RunningPod::default()
             });
-            let name = c.labels.get(LABEL_CONTAINER_NAME).cloned().unwrap_or_default();
-            p.containers.push((c.id.clone(), name, CriState::from_cri(c.state)));
+            let name = c
+                .labels
+                .get(LABEL_CONTAINER_NAME)
+                .cloned()
+                .unwrap_or_default();
+            p.containers
+                .push((c.id.clone(), name, CriState::from_cri(c.state)));
         }
         Ok(pods.into_values().collect())
     }
@@ -756,7 +1075,13 @@ impl Runtime {
 pub(crate) fn compute_pod_actions(pod: &PodCtx, status: &RuntimePodStatus) -> PodActions {
     let spec = &pod.spec;
     let (create_sandbox, attempt, sandbox_id) = pod_sandbox_changed(spec, status);
-    let mut changes = PodActions { kill_pod: create_sandbox, create_sandbox, sandbox_id, attempt, ..PodActions::default() };
+    let mut changes = PodActions {
+        kill_pod: create_sandbox,
+        create_sandbox,
+        sandbox_id,
+        attempt,
+        ..PodActions::default()
+    };
 
     // If the sandbox is (re-)created, everything is killed and re-created.
     if create_sandbox {
@@ -766,8 +1091,15 @@ pub(crate) fn compute_pod_actions(pod: &PodCtx, status: &RuntimePodStatus) -> Po
             changes.create_sandbox = false;
             return changes;
         }
-        let to_start: Vec<usize> =
-            spec.containers.iter().enumerate().filter(|(_, c)| !(spec.restart_policy == RestartPolicy::OnFailure && container_succeeded(c, status))).map(|(i, _)| i).collect();
+        let to_start: Vec<usize> = spec
+            .containers
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| {
+                !(spec.restart_policy == RestartPolicy::OnFailure && container_succeeded(c, status))
+            })
+            .map(|(i, _)| i)
+            .collect();
         if to_start.is_empty() && find_next_init_container_to_run(spec, status).2 {
             changes.create_sandbox = false;
             return changes;
@@ -794,7 +1126,10 @@ pub(crate) fn compute_pod_actions(pod: &PodCtx, status: &RuntimePodStatus) -> Po
                         last.id.clone(),
                         spec.init_containers[next].name.clone(),
                         KillReason::Unknown,
-                        format!("Init container is in {:?} state, try killing it before restart", "unknown"),
+                        format!(
+                            "Init container is in {:?} state, try killing it before restart",
+                            "unknown"
+                        ),
                     ));
                 }
                 changes.next_init_container = Some(next);
@@ -815,7 +1150,10 @@ pub(crate) fn compute_pod_actions(pod: &PodCtx, status: &RuntimePodStatus) -> Po
                         s.id.clone(),
                         s.name.clone(),
                         KillReason::Unknown,
-                        format!("Container is in {:?} state, try killing it before restart", "unknown"),
+                        format!(
+                            "Container is in {:?} state, try killing it before restart",
+                            "unknown"
+                        ),
                     ));
                 }
             }
@@ -824,7 +1162,12 @@ pub(crate) fn compute_pod_actions(pod: &PodCtx, status: &RuntimePodStatus) -> Po
         let Some(s) = cs else { continue };
         if s.hash != c.hash() {
             // Spec changed: restart regardless of the restart policy.
-            changes.containers_to_kill.push((s.id.clone(), s.name.clone(), KillReason::SpecChanged, format!("Container {} definition changed", c.name)));
+            changes.containers_to_kill.push((
+                s.id.clone(),
+                s.name.clone(),
+                KillReason::SpecChanged,
+                format!("Container {} definition changed", c.name),
+            ));
             changes.containers_to_start.push(idx);
             continue;
         }
@@ -847,7 +1190,13 @@ fn pod_sandbox_changed(pod: &PodSpec, status: &RuntimePodStatus) -> (bool, u32, 
     if status.sandboxes.iter().filter(|s| ready(s)).count() > 1 || !ready(newest) {
         return (true, attempt + 1, newest.id.clone());
     }
-    let net = newest.linux.as_ref().and_then(|l| l.namespaces.as_ref()).and_then(|n| n.options.as_ref()).map(|o| o.network).unwrap_or(0);
+    let net = newest
+        .linux
+        .as_ref()
+        .and_then(|l| l.namespaces.as_ref())
+        .and_then(|n| n.options.as_ref())
+        .map(|o| o.network)
+        .unwrap_or(0);
     if net != network_mode(pod.host_network) {
         return (true, attempt + 1, String::new());
     }
@@ -858,20 +1207,31 @@ fn pod_sandbox_changed(pod: &PodSpec, status: &RuntimePodStatus) -> (bool, u32, 
 }
 
 fn container_succeeded(c: &ContainerSpec, status: &RuntimePodStatus) -> bool {
-    status.find(&c.name).is_some_and(|s| s.state == CriState::Exited && s.exit_code == 0)
+    status
+        .find(&c.name)
+        .is_some_and(|s| s.state == CriState::Exited && s.exit_code == 0)
 }
 
 fn is_init_container_failed(s: &RuntimeContainerStatus) -> bool {
-    s.reason == "OOMKilled" || (s.state == CriState::Exited && s.exit_code != 0) || s.state == CriState::Unknown
+    s.reason == "OOMKilled"
+        || (s.state == CriState::Exited && s.exit_code != 0)
+        || s.state == CriState::Unknown
 }
 
 /// `findNextInitContainerToRun`: (last failed status, next index, done).
-fn find_next_init_container_to_run<'a>(pod: &PodSpec, status: &'a RuntimePodStatus) -> (Option<&'a RuntimeContainerStatus>, Option<usize>, bool) {
+fn find_next_init_container_to_run<'a>(
+    pod: &PodSpec,
+    status: &'a RuntimePodStatus,
+) -> (Option<&'a RuntimeContainerStatus>, Option<usize>, bool) {
     if pod.init_containers.is_empty() {
         return (None, None, true);
     }
     // A running regular container means initialization happened in the past.
-    if pod.containers.iter().any(|c| status.find(&c.name).is_some_and(|s| s.state == CriState::Running)) {
+    if pod.containers.iter().any(|c| {
+        status
+            .find(&c.name)
+            .is_some_and(|s| s.state == CriState::Running)
+    }) {
         return (None, None, true);
     }
     for (i, c) in pod.init_containers.iter().enumerate().rev() {
@@ -900,7 +1260,12 @@ fn find_next_init_container_to_run<'a>(pod: &PodSpec, status: &'a RuntimePodStat
 
 /// Namespace options: network NODE for host network else POD, PID per container, IPC per pod.
 fn namespaces_for_pod(pod: &PodSpec) -> cri::NamespaceOption {
-    cri::NamespaceOption { network: network_mode(pod.host_network), pid: cri::NamespaceMode::Container as i32, ipc: cri::NamespaceMode::Pod as i32, ..Default::default() }
+    cri::NamespaceOption {
+        network: network_mode(pod.host_network),
+        pid: cri::NamespaceMode::Container as i32,
+        ipc: cri::NamespaceMode::Pod as i32,
+        ..Default::default()
+    }
 }
 
 fn sandbox_ips(st: &cri::PodSandboxStatus) -> Vec<String> {
@@ -924,7 +1289,9 @@ fn verify_sandbox_status(s: &cri::PodSandboxStatus) -> Result<(), String> {
         return Err("status.Metadata is not set".into());
     };
     if m.name.is_empty() || m.namespace.is_empty() || m.uid.is_empty() {
-        return Err(format!("metadata.Name, metadata.Namespace or metadata.Uid is not in metadata {m:?}"));
+        return Err(format!(
+            "metadata.Name, metadata.Namespace or metadata.Uid is not in metadata {m:?}"
+        ));
     }
     if s.created_at == 0 {
         return Err("status.CreatedAt is not set".into());
@@ -1011,13 +1378,36 @@ fn set_mode_0666(path: &Path) {
     let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666));
 }
 
-const DEFAULT_MASKED_PATHS: &[&str] =
-    &["/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware"];
-const DEFAULT_READONLY_PATHS: &[&str] = &["/proc/asound", "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"];
+const DEFAULT_MASKED_PATHS: &[&str] = &[
+    "/proc/acpi",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+];
+const DEFAULT_READONLY_PATHS: &[&str] = &[
+    "/proc/asound",
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+];
 
 /// An exec hook: ExecSync with timeout 0 and no deadline (KUBELET-CRI §6). A non-zero exit is a
 /// failure. Returns kubelet's message on failure.
-async fn run_exec_hook(cri: &CriClient, pod: &PodSpec, c: &ContainerSpec, id: &str, hook: &Handler, meta: CallMeta) -> Result<(), String> {
+async fn run_exec_hook(
+    cri: &CriClient,
+    pod: &PodSpec,
+    c: &ContainerSpec,
+    id: &str,
+    hook: &Handler,
+    meta: CallMeta,
+) -> Result<(), String> {
     let cmd = hook.exec.command.clone();
     let meta = meta.with_detail(format!("hook {:?}", cmd.join(" ")));
     let (err, output) = match cri.exec_sync(id, cmd.clone(), 0, meta).await {
@@ -1026,7 +1416,15 @@ async fn run_exec_hook(cri: &CriClient, pod: &PodSpec, c: &ContainerSpec, id: &s
             let stderr = String::from_utf8_lossy(&r.stderr).to_string();
             let mut out = r.stdout;
             out.extend_from_slice(&r.stderr);
-            (format!("command '{}' exited with {}: {}", cmd.join(" "), r.exit_code, stderr), String::from_utf8_lossy(&out).to_string())
+            (
+                format!(
+                    "command '{}' exited with {}: {}",
+                    cmd.join(" "),
+                    r.exit_code,
+                    stderr
+                ),
+                String::from_utf8_lossy(&out).to_string(),
+            )
         }
         Err(s) => (go_error(&s), String::new()),
     };
@@ -1035,9 +1433,23 @@ async fn run_exec_hook(cri: &CriClient, pod: &PodSpec, c: &ContainerSpec, id: &s
 
 /// `executePreStopHook`: runs the hook in its own task (not cancelled at the deadline) and waits
 /// at most `grace` seconds. Returns the whole seconds elapsed.
-async fn execute_pre_stop_hook(cri: &CriClient, pod: &PodSpec, c: &ContainerSpec, id: &str, hook: &Handler, grace: i64, meta: CallMeta) -> i64 {
+async fn execute_pre_stop_hook(
+    cri: &CriClient,
+    pod: &PodSpec,
+    c: &ContainerSpec,
+    id: &str,
+    hook: &Handler,
+    grace: i64,
+    meta: CallMeta,
+) -> i64 {
     let start = Instant::now();
-    let (cri, pod, c, id, hook) = (cri.clone(), pod.clone(), c.clone(), id.to_string(), hook.clone());
+    let (cri, pod, c, id, hook) = (
+        cri.clone(),
+        pod.clone(),
+        c.clone(),
+        id.to_string(),
+        hook.clone(),
+    );
     let (pod_key, name) = (pod.key(), c.name.clone());
     let task = tokio::spawn(async move {
         if let Err(msg) = run_exec_hook(&cri, &pod, &c, &id, &hook, meta).await {
@@ -1060,7 +1472,11 @@ pub fn go_duration(d: Duration) -> String {
     let h = (total / 3600.0).floor() as u64;
     let m = ((total - h as f64 * 3600.0) / 60.0).floor() as u64;
     let s = total - h as f64 * 3600.0 - m as f64 * 60.0;
-    let secs = if (s - s.round()).abs() < 1e-9 { format!("{}s", s.round() as u64) } else { format!("{s}s") };
+    let secs = if (s - s.round()).abs() < 1e-9 {
+        format!("{}s", s.round() as u64)
+    } else {
+        format!("{s}s")
+    };
     match (h, m) {
         (0, 0) => secs,
         (0, m) => format!("{m}m{secs}"),
@@ -1109,8 +1525,14 @@ mod expand_env_tests {
 
     #[test]
     fn expands_as_kubelet_does() {
-        let env = vec![EnvVar { name: "TOKEN".into(), value: "s3cr3t".into() }];
+        let env = vec![EnvVar {
+            name: "TOKEN".into(),
+            value: "s3cr3t".into(),
+        }];
         assert_eq!(expand_env("--token=$(TOKEN)", &env), "--token=s3cr3t");
-        assert_eq!(expand_env("$$(TOKEN) $(NOPE) $x $", &env), "$(TOKEN) $(NOPE) $x $");
+        assert_eq!(
+            expand_env("$$(TOKEN) $(NOPE) $x $", &env),
+            "$(TOKEN) $(NOPE) $x $"
+        );
     }
 }

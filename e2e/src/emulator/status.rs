@@ -90,18 +90,46 @@ impl RuntimeContainerStatus {
         let exited = state == CriState::Exited;
         RuntimeContainerStatus {
             id: s.id.clone(),
-            name: s.labels.get(LABEL_CONTAINER_NAME).cloned().unwrap_or_default(),
+            name: s
+                .labels
+                .get(LABEL_CONTAINER_NAME)
+                .cloned()
+                .unwrap_or_default(),
             state,
             created_at: s.created_at,
-            started_at: if state != CriState::Created { s.started_at } else { 0 },
+            started_at: if state != CriState::Created {
+                s.started_at
+            } else {
+                0
+            },
             finished_at: if exited { s.finished_at } else { 0 },
             exit_code: if exited { s.exit_code } else { 0 },
-            reason: if exited { s.reason.clone() } else { String::new() },
-            message: if exited { s.message.clone() } else { String::new() },
-            image: s.image.as_ref().map(|i| i.image.clone()).unwrap_or_default(),
+            reason: if exited {
+                s.reason.clone()
+            } else {
+                String::new()
+            },
+            message: if exited {
+                s.message.clone()
+            } else {
+                String::new()
+            },
+            image: s
+                .image
+                .as_ref()
+                .map(|i| i.image.clone())
+                .unwrap_or_default(),
             image_ref: s.image_ref.clone(),
-            hash: s.annotations.get(ANNOTATION_HASH).cloned().unwrap_or_default(),
-            restart_count: s.annotations.get(ANNOTATION_RESTART_COUNT).and_then(|v| v.parse().ok()).unwrap_or(0),
+            hash: s
+                .annotations
+                .get(ANNOTATION_HASH)
+                .cloned()
+                .unwrap_or_default(),
+            restart_count: s
+                .annotations
+                .get(ANNOTATION_RESTART_COUNT)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
             annotations: s.annotations.clone(),
         }
     }
@@ -127,7 +155,10 @@ pub struct RuntimePodStatus {
 impl RuntimePodStatus {
     /// What the cache returns for a pod the runtime knows nothing about.
     pub fn empty(uid: &str) -> RuntimePodStatus {
-        RuntimePodStatus { uid: uid.to_string(), ..RuntimePodStatus::default() }
+        RuntimePodStatus {
+            uid: uid.to_string(),
+            ..RuntimePodStatus::default()
+        }
     }
 
     /// `FindContainerStatusByName`: the newest instance with that name.
@@ -198,7 +229,10 @@ pub enum ContainerState {
 
 impl ContainerState {
     fn waiting(reason: &str) -> ContainerState {
-        ContainerState::Waiting { reason: reason.to_string(), message: String::new() }
+        ContainerState::Waiting {
+            reason: reason.to_string(),
+            message: String::new(),
+        }
     }
 
     /// The state kubelet gives a container it can no longer find when the pod ends: it cannot
@@ -240,7 +274,9 @@ impl ContainerState {
     /// The reason of Waiting/Terminated.
     pub fn reason(&self) -> Option<&str> {
         match self {
-            ContainerState::Waiting { reason, .. } | ContainerState::Terminated { reason, .. } => Some(reason),
+            ContainerState::Waiting { reason, .. } | ContainerState::Terminated { reason, .. } => {
+                Some(reason)
+            }
             ContainerState::Running { .. } => None,
         }
     }
@@ -281,12 +317,20 @@ pub struct ApiPodStatus {
 impl ApiPodStatus {
     /// The status of a pod kubelet has not synced yet.
     pub fn pending() -> ApiPodStatus {
-        ApiPodStatus { phase: PodPhase::Pending, init_container_statuses: Vec::new(), container_statuses: Vec::new(), pod_ips: Vec::new() }
+        ApiPodStatus {
+            phase: PodPhase::Pending,
+            init_container_statuses: Vec::new(),
+            container_statuses: Vec::new(),
+            pod_ips: Vec::new(),
+        }
     }
 
     /// A regular or init container's status by name.
     pub fn container(&self, name: &str) -> Option<&ContainerStatusView> {
-        self.container_statuses.iter().chain(&self.init_container_statuses).find(|c| c.name == name)
+        self.container_statuses
+            .iter()
+            .chain(&self.init_container_statuses)
+            .find(|c| c.name == name)
     }
 }
 
@@ -294,7 +338,12 @@ impl ApiPodStatus {
 pub type ReasonCache = BTreeMap<String, (String, String)>;
 
 /// `ShouldContainerBeRestarted` (KUBELET-CRI §1.4, §4.3).
-pub fn should_container_be_restarted(container: &ContainerSpec, pod: &PodSpec, deletion_requested: bool, status: &RuntimePodStatus) -> bool {
+pub fn should_container_be_restarted(
+    container: &ContainerSpec,
+    pod: &PodSpec,
+    deletion_requested: bool,
+    status: &RuntimePodStatus,
+) -> bool {
     // Once a pod has been marked deleted, it should not be restarted.
     if deletion_requested {
         return false;
@@ -334,13 +383,37 @@ pub struct StatusInputs<'a> {
 /// three-way merge (a Succeeded/Failed phase is never left again).
 pub fn generate_api_pod_status(inp: &StatusInputs<'_>, status: &RuntimePodStatus) -> ApiPodStatus {
     let has_init = !inp.pod.init_containers.is_empty();
-    let container_statuses = convert_to_api_container_statuses(inp, status, &inp.old.container_statuses, &inp.pod.containers, has_init, false);
-    let init_container_statuses = convert_to_api_container_statuses(inp, status, &inp.old.init_container_statuses, &inp.pod.init_containers, has_init, true);
-    let mut phase = get_phase(inp.pod, &init_container_statuses, &container_statuses, inp.pod_is_terminal && inp.version >= KubeletVersion::V1_27);
+    let container_statuses = convert_to_api_container_statuses(
+        inp,
+        status,
+        &inp.old.container_statuses,
+        &inp.pod.containers,
+        has_init,
+        false,
+    );
+    let init_container_statuses = convert_to_api_container_statuses(
+        inp,
+        status,
+        &inp.old.init_container_statuses,
+        &inp.pod.init_containers,
+        has_init,
+        true,
+    );
+    let mut phase = get_phase(
+        inp.pod,
+        &init_container_statuses,
+        &container_statuses,
+        inp.pod_is_terminal && inp.version >= KubeletVersion::V1_27,
+    );
     if !phase.is_terminal() && inp.old.phase.is_terminal() {
         phase = inp.old.phase;
     }
-    ApiPodStatus { phase, init_container_statuses, container_statuses, pod_ips: status.ips.clone() }
+    ApiPodStatus {
+        phase,
+        init_container_statuses,
+        container_statuses,
+        pod_ips: status.ips.clone(),
+    }
 }
 
 /// `convertToAPIContainerStatuses` (kubelet_pods.go), for regular or init containers.
@@ -352,8 +425,13 @@ fn convert_to_api_container_statuses(
     has_init: bool,
     is_init: bool,
 ) -> Vec<ContainerStatusView> {
-    let old: HashMap<&str, &ContainerStatusView> = previous.iter().map(|s| (s.name.as_str(), s)).collect();
-    let default_reason = if has_init { "PodInitializing" } else { "ContainerCreating" };
+    let old: HashMap<&str, &ContainerStatusView> =
+        previous.iter().map(|s| (s.name.as_str(), s)).collect();
+    let default_reason = if has_init {
+        "PodInitializing"
+    } else {
+        "ContainerCreating"
+    };
 
     // Every container starts in the default waiting state, seeded from its old status.
     let mut statuses: BTreeMap<&str, ContainerStatusView> = BTreeMap::new();
@@ -392,7 +470,8 @@ fn convert_to_api_container_statuses(
         let Some(s) = statuses.get_mut(c.name.as_str()) else {
             continue;
         };
-        let is_default = matches!(&s.state, ContainerState::Waiting { reason, .. } if reason == default_reason);
+        let is_default =
+            matches!(&s.state, ContainerState::Waiting { reason, .. } if reason == default_reason);
         if !is_default || matches!(s.last_state, Some(ContainerState::Terminated { .. })) {
             continue;
         }
@@ -449,13 +528,22 @@ fn convert_to_api_container_statuses(
         if s.state.is_terminated() {
             s.last_state = Some(s.state.clone());
         }
-        s.state = ContainerState::Waiting { reason: reason.clone(), message: message.clone() };
+        s.state = ContainerState::Waiting {
+            reason: reason.clone(),
+            message: message.clone(),
+        };
     }
 
-    containers.iter().filter_map(|c| statuses.remove(c.name.as_str())).collect()
+    containers
+        .iter()
+        .filter_map(|c| statuses.remove(c.name.as_str()))
+        .collect()
 }
 
-fn convert_container_status(cs: &RuntimeContainerStatus, old: Option<&ContainerStatusView>) -> ContainerStatusView {
+fn convert_container_status(
+    cs: &RuntimeContainerStatus,
+    old: Option<&ContainerStatusView>,
+) -> ContainerStatusView {
     let mut s = ContainerStatusView {
         name: cs.name.clone(),
         state: ContainerState::waiting(""),
@@ -466,7 +554,9 @@ fn convert_container_status(cs: &RuntimeContainerStatus, old: Option<&ContainerS
         image_id: cs.image_ref.clone(),
     };
     s.state = match cs.state {
-        CriState::Running => ContainerState::Running { started_at: cs.started_at },
+        CriState::Running => ContainerState::Running {
+            started_at: cs.started_at,
+        },
         // Created but not running: "waiting to be running", no reason.
         CriState::Created => ContainerState::waiting(""),
         CriState::Exited => ContainerState::Terminated {
@@ -509,7 +599,9 @@ fn phase_input(list: &[ContainerStatusView], name: &str) -> Seen {
     match (&s.state, &s.last_state) {
         (ContainerState::Running { .. }, _) => Seen::Running,
         (ContainerState::Terminated { exit_code, .. }, _) => Seen::Terminated(*exit_code),
-        (ContainerState::Waiting { .. }, Some(ContainerState::Terminated { exit_code, .. })) => Seen::WaitingAfterExit(*exit_code),
+        (ContainerState::Waiting { .. }, Some(ContainerState::Terminated { exit_code, .. })) => {
+            Seen::WaitingAfterExit(*exit_code)
+        }
         (ContainerState::Waiting { .. }, _) => Seen::Waiting,
     }
 }
@@ -517,7 +609,12 @@ fn phase_input(list: &[ContainerStatusView], name: &str) -> Seen {
 /// `getPhase` (kubelet_pods.go; KUBELET-CRI §4.3). `pod_is_terminal` is 1.27's extra branch: after
 /// termination, all containers stopped → Succeeded if every exit code is 0, else Failed, whatever
 /// the restart policy. Pass `false` to get 1.23/1.26 behaviour.
-pub fn get_phase(pod: &PodSpec, init: &[ContainerStatusView], regular: &[ContainerStatusView], pod_is_terminal: bool) -> PodPhase {
+pub fn get_phase(
+    pod: &PodSpec,
+    init: &[ContainerStatusView],
+    regular: &[ContainerStatusView],
+    pod_is_terminal: bool,
+) -> PodPhase {
     let mut pending_initialization = 0;
     let mut failed_initialization = 0;
     for c in &pod.init_containers {
@@ -561,7 +658,11 @@ pub fn get_phase(pod: &PodSpec, init: &[ContainerStatusView], regular: &[Contain
     if running == 0 && stopped > 0 && unknown == 0 {
         // 1.27: the pod is terminal, so its containers won't be restarted regardless of policy.
         if pod_is_terminal {
-            return if stopped == succeeded { PodPhase::Succeeded } else { PodPhase::Failed };
+            return if stopped == succeeded {
+                PodPhase::Succeeded
+            } else {
+                PodPhase::Failed
+            };
         }
         if pod.restart_policy == RestartPolicy::Always {
             // All containers are in the process of restarting.
@@ -583,7 +684,11 @@ pub fn get_phase(pod: &PodSpec, init: &[ContainerStatusView], regular: &[Contain
 /// one (kubelet cannot know whether they succeeded), and from 1.27 a non-terminal phase becomes
 /// Failed.
 pub fn terminate_pod_status(status: &mut ApiPodStatus, version: KubeletVersion) {
-    for s in status.container_statuses.iter_mut().chain(status.init_container_statuses.iter_mut()) {
+    for s in status
+        .container_statuses
+        .iter_mut()
+        .chain(status.init_container_statuses.iter_mut())
+    {
         if !s.state.is_terminated() {
             s.state = ContainerState::unknown_at_termination();
         }

@@ -29,30 +29,65 @@ impl Env {
     }
 
     /// Like [`Env::start`] with harness options.
-    pub async fn start_with(opts: ContainerdOpts, tune: impl FnOnce(&mut KubeletConfig)) -> anyhow::Result<Env> {
-        let containerd = Containerd::start_async(opts).await.context("starting containerd")?;
-        let dir = tempfile::Builder::new().prefix("crisp-kubelet-").tempdir().context("temp dir")?;
+    pub async fn start_with(
+        opts: ContainerdOpts,
+        tune: impl FnOnce(&mut KubeletConfig),
+    ) -> anyhow::Result<Env> {
+        let containerd = Containerd::start_async(opts)
+            .await
+            .context("starting containerd")?;
+        let dir = tempfile::Builder::new()
+            .prefix("crisp-kubelet-")
+            .tempdir()
+            .context("temp dir")?;
         let mut cfg = KubeletConfig::fast(containerd.socket(), dir.path().join("pods"));
         cfg.root_dir = Some(dir.path().join("kubelet"));
         tune(&mut cfg);
-        let kubelet = Kubelet::new(cfg).await.context("starting the kubelet emulator")?;
-        Ok(Env { kubelet, containerd, dir })
+        let kubelet = Kubelet::new(cfg)
+            .await
+            .context("starting the kubelet emulator")?;
+        Ok(Env {
+            kubelet,
+            containerd,
+            dir,
+        })
     }
 
     /// A raw CRI v1 runtime client on the same containerd, for asserting from the runtime's side.
-    pub async fn runtime_client(&self) -> anyhow::Result<cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>> {
-        Ok(cri::runtime_service_client::RuntimeServiceClient::new(connect_uds(self.containerd.socket()).await?))
+    pub async fn runtime_client(
+        &self,
+    ) -> anyhow::Result<cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>>
+    {
+        Ok(cri::runtime_service_client::RuntimeServiceClient::new(
+            connect_uds(self.containerd.socket()).await?,
+        ))
     }
 
     /// containerd's own ContainerStatus for every container of pod `uid` (newest first).
-    pub async fn containerd_statuses(&self, uid: &str) -> anyhow::Result<Vec<cri::ContainerStatus>> {
+    pub async fn containerd_statuses(
+        &self,
+        uid: &str,
+    ) -> anyhow::Result<Vec<cri::ContainerStatus>> {
         let mut rt = self.runtime_client().await?;
-        let filter = cri::ContainerFilter { label_selector: [(super::status::LABEL_POD_UID.to_string(), uid.to_string())].into(), ..Default::default() };
-        let list = rt.list_containers(cri::ListContainersRequest { filter: Some(filter) }).await.context("ListContainers")?.into_inner().containers;
+        let filter = cri::ContainerFilter {
+            label_selector: [(super::status::LABEL_POD_UID.to_string(), uid.to_string())].into(),
+            ..Default::default()
+        };
+        let list = rt
+            .list_containers(cri::ListContainersRequest {
+                filter: Some(filter),
+            })
+            .await
+            .context("ListContainers")?
+            .into_inner()
+            .containers;
         let mut out = Vec::new();
         for c in list {
             let st = rt
-                .container_status(cri::ContainerStatusRequest { container_id: c.id.clone(), verbose: false })
+                .container_status(cri::ContainerStatusRequest {
+                    container_id: c.id.clone(),
+                    verbose: false,
+                })
                 .await
                 .with_context(|| format!("ContainerStatus {}", c.id))?
                 .into_inner()
@@ -65,8 +100,16 @@ impl Env {
     }
 
     /// containerd's newest status of the container named `name` in pod `uid`.
-    pub async fn containerd_status(&self, uid: &str, name: &str) -> anyhow::Result<cri::ContainerStatus> {
-        self.containerd_statuses(uid).await?.into_iter().find(|s| s.metadata.as_ref().is_some_and(|m| m.name == name)).with_context(|| format!("no container {name} in pod {uid}"))
+    pub async fn containerd_status(
+        &self,
+        uid: &str,
+        name: &str,
+    ) -> anyhow::Result<cri::ContainerStatus> {
+        self.containerd_statuses(uid)
+            .await?
+            .into_iter()
+            .find(|s| s.metadata.as_ref().is_some_and(|m| m.name == name))
+            .with_context(|| format!("no container {name} in pod {uid}"))
     }
 
     /// Prints the pod's journal (for failing tests) and containerd's log tail.
@@ -75,7 +118,10 @@ impl Env {
         for r in j.pod_calls(uid).iter().filter(|r| !r.is_polling()) {
             eprintln!("{}", j.format_record(r));
         }
-        eprintln!("--- containerd log tail ---\n{}", self.containerd.log_tail(30));
+        eprintln!(
+            "--- containerd log tail ---\n{}",
+            self.containerd.log_tail(30)
+        );
     }
 
     /// `waited`, the outcome of waiting on pod `uid`; prints [`Env::dump`] first when it failed.
@@ -89,7 +135,13 @@ impl Env {
 
 /// A host-network pod whose containers run `sleep` and exit 0 on SIGTERM.
 pub fn sleeper_pod(name: &str, containers: &[&str]) -> PodSpec {
-    let mut pod = PodSpec::new(name, containers.iter().map(|c| ContainerSpec::sh(c, TERM_EXITS_0)).collect());
+    let mut pod = PodSpec::new(
+        name,
+        containers
+            .iter()
+            .map(|c| ContainerSpec::sh(c, TERM_EXITS_0))
+            .collect(),
+    );
     pod.host_network = true;
     pod
 }

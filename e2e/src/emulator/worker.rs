@@ -10,7 +10,10 @@ use super::config::KubeletVersion;
 use super::kubelet::{Inner, PodEntry, WorkType};
 use super::rand::jitter;
 use super::runtime::{PodCtx, RunningPod, ERR_CRASH_LOOP_BACK_OFF, ERR_IMAGE_PULL_BACK_OFF};
-use super::status::{generate_api_pod_status, terminate_pod_status, ApiPodStatus, CriState, RuntimePodStatus, StatusInputs};
+use super::status::{
+    generate_api_pod_status, terminate_pod_status, ApiPodStatus, CriState, RuntimePodStatus,
+    StatusInputs,
+};
 
 /// `NetworkNotReadyErrorMsg` (KUBELET-CRI §1.3).
 pub const NETWORK_NOT_READY: &str = "network is not ready";
@@ -55,9 +58,18 @@ impl Inner {
             let outcome = match cached.err {
                 Some(e) => Err(format!("error determining status: {e}")),
                 None => match work {
-                    WorkType::Sync => self.sync_pod(&entry, &ctx, &cached.status).await.map(Outcome::Synced),
-                    WorkType::Terminating => self.sync_terminating_pod(&entry, &ctx, &cached.status).await.map(|_| Outcome::Terminating),
-                    WorkType::Terminated => self.sync_terminated_pod(&entry, &ctx, &cached.status).await.map(|_| Outcome::Terminated),
+                    WorkType::Sync => self
+                        .sync_pod(&entry, &ctx, &cached.status)
+                        .await
+                        .map(Outcome::Synced),
+                    WorkType::Terminating => self
+                        .sync_terminating_pod(&entry, &ctx, &cached.status)
+                        .await
+                        .map(|_| Outcome::Terminating),
+                    WorkType::Terminated => self
+                        .sync_terminated_pod(&entry, &ctx, &cached.status)
+                        .await
+                        .map(|_| Outcome::Terminated),
                 },
             };
             last_sync = Some(Instant::now());
@@ -100,7 +112,8 @@ impl Inner {
             let pod_key = entry.lock().spec.key();
             if let Some(e) = &err {
                 tracing::info!(pod = %pod_key, "error syncing pod, skipping: {e}");
-                self.journal.note(Some(pod_key.clone()), format!("sync error: {e}"));
+                self.journal
+                    .note(Some(pod_key.clone()), format!("sync error: {e}"));
             }
             self.publish(&entry);
             if matches!(outcome, Ok(Outcome::Terminated)) {
@@ -118,7 +131,9 @@ impl Inner {
         let delay = match err {
             _ if phase_transition => std::time::Duration::ZERO,
             None => jitter(self.cfg.resync_interval, f),
-            Some(e) if e.contains(NETWORK_NOT_READY) => jitter(self.cfg.network_not_ready_backoff, f),
+            Some(e) if e.contains(NETWORK_NOT_READY) => {
+                jitter(self.cfg.network_not_ready_backoff, f)
+            }
             Some(_) => jitter(self.cfg.error_backoff, f),
         };
         let mut q = self.work_queue.lock().unwrap_or_else(|p| p.into_inner());
@@ -127,19 +142,38 @@ impl Inner {
 
     fn pod_ctx(&self, entry: &PodEntry) -> PodCtx {
         let st = entry.lock();
-        PodCtx { spec: st.spec.clone(), deletion_requested: st.deleted, deletion_grace: st.deletion_grace, termination_requested: entry.termination_requested.clone() }
+        PodCtx {
+            spec: st.spec.clone(),
+            deletion_requested: st.deleted,
+            deletion_grace: st.deletion_grace,
+            termination_requested: entry.termination_requested.clone(),
+        }
     }
 
     /// `generateAPIPodStatus` + `statusManager.SetPodStatus`.
-    fn set_status(&self, entry: &PodEntry, ctx: &PodCtx, status: &RuntimePodStatus, pod_is_terminal: bool) -> ApiPodStatus {
+    fn set_status(
+        &self,
+        entry: &PodEntry,
+        ctx: &PodCtx,
+        status: &RuntimePodStatus,
+        pod_is_terminal: bool,
+    ) -> ApiPodStatus {
         let api = {
             let mut st = entry.lock();
             let api = generate_api_pod_status(
-                &StatusInputs { pod: &ctx.spec, deletion_requested: ctx.deletion_requested, old: &st.api_status, reasons: &st.reasons, pod_is_terminal, version: self.cfg.version },
+                &StatusInputs {
+                    pod: &ctx.spec,
+                    deletion_requested: ctx.deletion_requested,
+                    old: &st.api_status,
+                    reasons: &st.reasons,
+                    pod_is_terminal,
+                    version: self.cfg.version,
+                },
                 status,
             );
             if api.phase != st.api_status.phase {
-                self.journal.note(Some(st.spec.key()), format!("phase {:?}", api.phase));
+                self.journal
+                    .note(Some(st.spec.key()), format!("phase {:?}", api.phase));
             }
             st.api_status = api.clone();
             api
@@ -150,7 +184,12 @@ impl Inner {
 
     /// kubelet's `syncPod`: status, terminal check, network check, then the runtime's SyncPod.
     /// Returns whether the pod is terminal.
-    async fn sync_pod(&self, entry: &PodEntry, ctx: &PodCtx, status: &RuntimePodStatus) -> Result<bool, String> {
+    async fn sync_pod(
+        &self,
+        entry: &PodEntry,
+        ctx: &PodCtx,
+        status: &RuntimePodStatus,
+    ) -> Result<bool, String> {
         let api = self.set_status(entry, ctx, status, false);
         if api.phase.is_terminal() {
             return Ok(true);
@@ -165,10 +204,15 @@ impl Inner {
         {
             // reasonCache.Update: StartContainer results only.
             let mut st = entry.lock();
-            for r in result.results.iter().filter(|r| r.action == super::runtime::SyncAction::StartContainer) {
+            for r in result
+                .results
+                .iter()
+                .filter(|r| r.action == super::runtime::SyncAction::StartContainer)
+            {
                 match r.error {
                     Some(e) => {
-                        st.reasons.insert(r.target.clone(), (e.to_string(), r.message.clone()));
+                        st.reasons
+                            .insert(r.target.clone(), (e.to_string(), r.message.clone()));
                     }
                     None => {
                         st.reasons.remove(&r.target);
@@ -182,7 +226,12 @@ impl Inner {
         // "Do not return error if the only failures were pods in backoff" — but the loop runs over
         // *every* result, successful ones included, so in practice any sync that got as far as
         // ConfigPodSandbox returns the back-off error too (kubelet.go: syncPod).
-        let only_backoff = result.results.iter().all(|r| matches!(r.error, Some(ERR_CRASH_LOOP_BACK_OFF) | Some(ERR_IMAGE_PULL_BACK_OFF)));
+        let only_backoff = result.results.iter().all(|r| {
+            matches!(
+                r.error,
+                Some(ERR_CRASH_LOOP_BACK_OFF) | Some(ERR_IMAGE_PULL_BACK_OFF)
+            )
+        });
         if only_backoff {
             return Ok(false);
         }
@@ -191,7 +240,12 @@ impl Inner {
 
     /// `syncTerminatingPod` (KUBELET-CRI §3.1): kill from the cached status, then a fresh
     /// `GetPodStatus` must show nothing RUNNING.
-    async fn sync_terminating_pod(&self, entry: &PodEntry, ctx: &PodCtx, status: &RuntimePodStatus) -> Result<(), String> {
+    async fn sync_terminating_pod(
+        &self,
+        entry: &PodEntry,
+        ctx: &PodCtx,
+        status: &RuntimePodStatus,
+    ) -> Result<(), String> {
         self.set_status(entry, ctx, status, false);
         let grace_override = {
             let st = entry.lock();
@@ -204,14 +258,27 @@ impl Inner {
             }
         };
         let running = RunningPod::from_status(status);
-        let result = self.rt.kill_pod_with_sync_result(ctx, &running, grace_override).await;
+        let result = self
+            .rt
+            .kill_pod_with_sync_result(ctx, &running, grace_override)
+            .await;
         if let Some(e) = result.error() {
             return Err(e);
         }
-        let fresh = self.rt.get_pod_status(&ctx.spec.uid, &ctx.spec.name, &ctx.spec.namespace).await?;
-        let still: Vec<String> = fresh.containers.iter().filter(|c| c.state == CriState::Running).map(|c| format!("containerd://{}", c.id)).collect();
+        let fresh = self
+            .rt
+            .get_pod_status(&ctx.spec.uid, &ctx.spec.name, &ctx.spec.namespace)
+            .await?;
+        let still: Vec<String> = fresh
+            .containers
+            .iter()
+            .filter(|c| c.state == CriState::Running)
+            .map(|c| format!("containerd://{}", c.id))
+            .collect();
         if !still.is_empty() {
-            return Err(format!("detected running containers after a successful KillPod, CRI violation: {still:?}"));
+            return Err(format!(
+                "detected running containers after a successful KillPod, CRI violation: {still:?}"
+            ));
         }
         if self.cfg.version >= KubeletVersion::V1_27 {
             // 1.27: the status after the kill, with podIsTerminal (KUBELET-CRI §4.3).
@@ -221,7 +288,12 @@ impl Inner {
     }
 
     /// `syncTerminatedPod`: final status, then the status manager's `TerminatePod`.
-    async fn sync_terminated_pod(&self, entry: &PodEntry, ctx: &PodCtx, status: &RuntimePodStatus) -> Result<(), String> {
+    async fn sync_terminated_pod(
+        &self,
+        entry: &PodEntry,
+        ctx: &PodCtx,
+        status: &RuntimePodStatus,
+    ) -> Result<(), String> {
         let terminal = self.cfg.version >= KubeletVersion::V1_27;
         self.set_status(entry, ctx, status, terminal);
         {
@@ -229,7 +301,10 @@ impl Inner {
             let old_phase = st.api_status.phase;
             terminate_pod_status(&mut st.api_status, self.cfg.version);
             if st.api_status.phase != old_phase {
-                self.journal.note(Some(st.spec.key()), format!("phase {:?}", st.api_status.phase));
+                self.journal.note(
+                    Some(st.spec.key()),
+                    format!("phase {:?}", st.api_status.phase),
+                );
             }
         }
         Ok(())

@@ -29,7 +29,12 @@ impl Rng {
         let seed = std::env::var("CRISP_SEED")
             .ok()
             .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1));
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(1)
+            });
         eprintln!("{what}: CRISP_SEED={seed} (set it to replay this run)");
         Rng(seed.max(1))
     }
@@ -54,7 +59,10 @@ impl Rng {
 }
 
 pub fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -114,10 +122,16 @@ pub fn plan(i: usize, rng: &mut Rng, cni: bool, secret: &str) -> Planned {
         let name = format!("side{k}");
         let delay = rng.range(300, 1200) as f64 / 1000.0;
         let (ready, serve) = match probe {
-            Probe::Exec => (r#"exec:["test","-f","/tmp/ready"]"#.to_string(), "touch /tmp/ready; sleep 3600 & wait".to_string()),
+            Probe::Exec => (
+                r#"exec:["test","-f","/tmp/ready"]"#.to_string(),
+                "touch /tmp/ready; sleep 3600 & wait".to_string(),
+            ),
             Probe::Tcp => {
                 let port = free_port();
-                (format!("tcp://:{port}"), format!("mkdir -p /www; httpd -f -p 127.0.0.1:{port} -h /www & wait"))
+                (
+                    format!("tcp://:{port}"),
+                    format!("mkdir -p /www; httpd -f -p 127.0.0.1:{port} -h /www & wait"),
+                )
             }
             Probe::Http => {
                 let port = 8080 + k;
@@ -125,12 +139,27 @@ pub fn plan(i: usize, rng: &mut Rng, cni: bool, secret: &str) -> Planned {
             }
         };
         ann.insert(format!("crisp.dev/ready.{name}"), ready);
-        containers.push(container(&name, &format!("trap 'exit 0' TERM; sleep {delay}; {serve}"), secret));
+        containers.push(container(
+            &name,
+            &format!("trap 'exit 0' TERM; sleep {delay}; {serve}"),
+            secret,
+        ));
         sidecars.push((name, delay));
     }
-    ann.insert("crisp.dev/sidecars".into(), sidecars.iter().map(|s| s.0.clone()).collect::<Vec<_>>().join(", "));
+    ann.insert(
+        "crisp.dev/sidecars".into(),
+        sidecars
+            .iter()
+            .map(|s| s.0.clone())
+            .collect::<Vec<_>>()
+            .join(", "),
+    );
     let app = "app".to_string();
-    let script = if job { "sleep 1; exit 0" } else { "trap 'sleep 0.5; exit 0' TERM; while true; do sleep 0.2; done" };
+    let script = if job {
+        "sleep 1; exit 0"
+    } else {
+        "trap 'sleep 0.5; exit 0' TERM; while true; do sleep 0.2; done"
+    };
     containers.push(container(&app, script, secret));
     let mut spec = PodSpec::new(&format!("load-{i}"), containers);
     spec.annotations = ann;
@@ -140,12 +169,21 @@ pub fn plan(i: usize, rng: &mut Rng, cni: bool, secret: &str) -> Planned {
         spec.labels.insert("job-name".into(), format!("load-{i}"));
         spec.restart_policy = crisp_e2e::emulator::RestartPolicy::Never;
     }
-    Planned { spec, probe, job, sidecars, app }
+    Planned {
+        spec,
+        probe,
+        job,
+        sidecars,
+        app,
+    }
 }
 
 fn container(name: &str, script: &str, secret: &str) -> crisp_e2e::emulator::ContainerSpec {
     let mut c = crisp_e2e::emulator::ContainerSpec::sh(name, script);
-    c.env.push(EnvVar { name: "SECRET_TOKEN".into(), value: secret.to_string() });
+    c.env.push(EnvVar {
+        name: "SECRET_TOKEN".into(),
+        value: secret.to_string(),
+    });
     c
 }
 
@@ -159,7 +197,11 @@ pub fn base64(s: &[u8]) -> String {
     const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::new();
     for chunk in s.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
         let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
         for i in 0..4 {
             if i <= chunk.len() {
@@ -177,23 +219,40 @@ pub fn base64(s: &[u8]) -> String {
 
 /// Waits until every pod is where kubelet wants it after a start: all containers Running, or
 /// for a Job pod, Succeeded.
-pub async fn wait_up(kubelet: &Kubelet, pods: &[(String, Planned)], timeout: Duration) -> Result<()> {
-    if let Some(uid) = wait_settled(kubelet, pods, timeout).await?.into_iter().next() {
+pub async fn wait_up(
+    kubelet: &Kubelet,
+    pods: &[(String, Planned)],
+    timeout: Duration,
+) -> Result<()> {
+    if let Some(uid) = wait_settled(kubelet, pods, timeout)
+        .await?
+        .into_iter()
+        .next()
+    {
         bail!("Job pod {uid} Failed: {:#?}", kubelet.pod(&uid));
     }
     Ok(())
 }
 
 /// Like [`wait_up`], but a Job pod may also end Failed; returns those pods' uids.
-pub async fn wait_settled(kubelet: &Kubelet, pods: &[(String, Planned)], timeout: Duration) -> Result<Vec<String>> {
+pub async fn wait_settled(
+    kubelet: &Kubelet,
+    pods: &[(String, Planned)],
+    timeout: Duration,
+) -> Result<Vec<String>> {
     let mut failed = Vec::new();
     for (uid, p) in pods {
         let r = if p.job {
-            kubelet.wait_for(uid, timeout, |v| matches!(v.status.phase, PodPhase::Succeeded | PodPhase::Failed)).await.map(|v| {
-                if v.status.phase == PodPhase::Failed {
-                    failed.push(uid.clone());
-                }
-            })
+            kubelet
+                .wait_for(uid, timeout, |v| {
+                    matches!(v.status.phase, PodPhase::Succeeded | PodPhase::Failed)
+                })
+                .await
+                .map(|v| {
+                    if v.status.phase == PodPhase::Failed {
+                        failed.push(uid.clone());
+                    }
+                })
         } else {
             kubelet.wait_all_running(uid, timeout).await.map(|_| ())
         };
@@ -202,9 +261,16 @@ pub async fn wait_settled(kubelet: &Kubelet, pods: &[(String, Planned)], timeout
     Ok(failed)
 }
 
-pub async fn wait_terminated(kubelet: &Kubelet, pods: &[(String, Planned)], timeout: Duration) -> Result<()> {
+pub async fn wait_terminated(
+    kubelet: &Kubelet,
+    pods: &[(String, Planned)],
+    timeout: Duration,
+) -> Result<()> {
     for (uid, p) in pods {
-        kubelet.wait_terminated(uid, timeout).await.with_context(|| format!("pod {} ({uid}) did not terminate", p.spec.name))?;
+        kubelet
+            .wait_terminated(uid, timeout)
+            .await
+            .with_context(|| format!("pod {} ({uid}) did not terminate", p.spec.name))?;
     }
     Ok(())
 }
@@ -213,19 +279,47 @@ pub async fn wait_terminated(kubelet: &Kubelet, pods: &[(String, Planned)], time
 // Ordering, from containerd's own timestamps
 
 /// A CRI client straight to containerd (not through crisp): the runtime's own view.
-pub async fn direct(containerd: &Path) -> Result<cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>> {
-    Ok(cri::runtime_service_client::RuntimeServiceClient::new(crisp_e2e::emulator::connect_uds(containerd).await?))
+pub async fn direct(
+    containerd: &Path,
+) -> Result<cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>> {
+    Ok(cri::runtime_service_client::RuntimeServiceClient::new(
+        crisp_e2e::emulator::connect_uds(containerd).await?,
+    ))
 }
 
 /// Every instance of every container of pod `uid`, straight from containerd, by name.
-pub async fn instances(containerd: &Path, uid: &str) -> Result<HashMap<String, Vec<cri::ContainerStatus>>> {
+pub async fn instances(
+    containerd: &Path,
+    uid: &str,
+) -> Result<HashMap<String, Vec<cri::ContainerStatus>>> {
     let mut rt = direct(containerd).await?;
-    let filter = cri::ContainerFilter { label_selector: [("io.kubernetes.pod.uid".to_string(), uid.to_string())].into(), ..Default::default() };
-    let list = rt.list_containers(cri::ListContainersRequest { filter: Some(filter) }).await?.into_inner().containers;
+    let filter = cri::ContainerFilter {
+        label_selector: [("io.kubernetes.pod.uid".to_string(), uid.to_string())].into(),
+        ..Default::default()
+    };
+    let list = rt
+        .list_containers(cri::ListContainersRequest {
+            filter: Some(filter),
+        })
+        .await?
+        .into_inner()
+        .containers;
     let mut out: HashMap<String, Vec<cri::ContainerStatus>> = HashMap::new();
     for c in list {
-        let st = rt.container_status(cri::ContainerStatusRequest { container_id: c.id.clone(), verbose: false }).await?.into_inner().status.context("empty status")?;
-        let name = st.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default();
+        let st = rt
+            .container_status(cri::ContainerStatusRequest {
+                container_id: c.id.clone(),
+                verbose: false,
+            })
+            .await?
+            .into_inner()
+            .status
+            .context("empty status")?;
+        let name = st
+            .metadata
+            .as_ref()
+            .map(|m| m.name.clone())
+            .unwrap_or_default();
         out.entry(name).or_default().push(st);
     }
     for v in out.values_mut() {
@@ -236,21 +330,42 @@ pub async fn instances(containerd: &Path, uid: &str) -> Result<HashMap<String, V
 
 /// The instance of each container that ran (started_at ≠ 0); a name with more than one is a
 /// duplicate (two copies of a container ran), a name with none never ran.
-pub fn ran(all: &HashMap<String, Vec<cri::ContainerStatus>>, name: &str) -> Result<cri::ContainerStatus> {
-    let ran: Vec<&cri::ContainerStatus> = all.get(name).map(|v| v.iter().filter(|s| s.started_at != 0).collect()).unwrap_or_default();
+pub fn ran(
+    all: &HashMap<String, Vec<cri::ContainerStatus>>,
+    name: &str,
+) -> Result<cri::ContainerStatus> {
+    let ran: Vec<&cri::ContainerStatus> = all
+        .get(name)
+        .map(|v| v.iter().filter(|s| s.started_at != 0).collect())
+        .unwrap_or_default();
     match ran.len() {
         1 => Ok(ran[0].clone()),
         0 => bail!("container {name} never ran"),
         n => bail!(
             "container {name} ran {n} times (instances: {:?})",
-            ran.iter().map(|s| format!("{} exit {} {:?} {:?}", &s.id[..12.min(s.id.len())], s.exit_code, s.reason, s.message)).collect::<Vec<_>>()
+            ran.iter()
+                .map(|s| format!(
+                    "{} exit {} {:?} {:?}",
+                    &s.id[..12.min(s.id.len())],
+                    s.exit_code,
+                    s.reason,
+                    s.message
+                ))
+                .collect::<Vec<_>>()
         ),
     }
 }
 
 /// The one instance of `name` that ran, or a violation noted for the pod.
-fn ran_or_note(all: &HashMap<String, Vec<cri::ContainerStatus>>, name: &str, p: &Planned, v: &mut Vec<String>) -> Option<cri::ContainerStatus> {
-    ran(all, name).map_err(|e| v.push(format!("{}: {e}", p.spec.name))).ok()
+fn ran_or_note(
+    all: &HashMap<String, Vec<cri::ContainerStatus>>,
+    name: &str,
+    p: &Planned,
+    v: &mut Vec<String>,
+) -> Option<cri::ContainerStatus> {
+    ran(all, name)
+        .map_err(|e| v.push(format!("{}: {e}", p.spec.name)))
+        .ok()
 }
 
 /// Prints every pod's calls and the end of crisp's log (a failed wait).
@@ -279,7 +394,11 @@ pub async fn ensure_stop_order(st: &Stack, pods: &[(String, Planned)], what: &st
 
 /// kubelet's GC removes the pods (through crisp); then nothing may stay held. Returns crisp's
 /// metrics text for the caller's own checks.
-pub async fn remove_and_settle(st: &Stack, admin: &Path, pods: &[(String, Planned)]) -> Result<String> {
+pub async fn remove_and_settle(
+    st: &Stack,
+    admin: &Path,
+    pods: &[(String, Planned)],
+) -> Result<String> {
     let uids: Vec<String> = pods.iter().map(|(u, _)| u.clone()).collect();
     remove_pods(st.containerd.socket(), &st.kubelet, &uids).await?;
     wait_no_holds(admin, Duration::from_secs(10)).await?;
@@ -296,7 +415,10 @@ pub struct AbortedOk<'a> {
 impl AbortedOk<'_> {
     /// When kubelet first sent CreateContainer for `name` in pod `uid` (wall clock, ns).
     fn first_create(&self, uid: &str, name: &str) -> Option<i64> {
-        let calls = self.kubelet.journal().filter(|r| r.meta.pod_uid.as_deref() == Some(uid) && r.is("CreateContainer", name));
+        let calls = self
+            .kubelet
+            .journal()
+            .filter(|r| r.meta.pod_uid.as_deref() == Some(uid) && r.is("CreateContainer", name));
         calls.iter().filter_map(|r| wall_ns(r.sent_wall)).min()
     }
 }
@@ -329,10 +451,22 @@ impl Restamped<'_> {
         if started_at < killed || started_at > back {
             return started_at;
         }
-        let calls = self.kubelet.journal().filter(|r| r.meta.pod_uid.as_deref() == Some(uid) && r.is("StartContainer", name));
+        let calls = self
+            .kubelet
+            .journal()
+            .filter(|r| r.meta.pod_uid.as_deref() == Some(uid) && r.is("StartContainer", name));
         // The call the kill cut off: sent before it, not answered before it.
-        let cut_off = |r: &&CallRecord| r.done_wall().and_then(wall_ns).is_none_or(|done| done >= killed);
-        let sent = calls.iter().filter(cut_off).filter_map(|r| wall_ns(r.sent_wall)).filter(|&t| t < killed).min();
+        let cut_off = |r: &&CallRecord| {
+            r.done_wall()
+                .and_then(wall_ns)
+                .is_none_or(|done| done >= killed)
+        };
+        let sent = calls
+            .iter()
+            .filter(cut_off)
+            .filter_map(|r| wall_ns(r.sent_wall))
+            .filter(|&t| t < killed)
+            .min();
         match sent {
             Some(t) => {
                 eprintln!("{pod}: {name} was restamped by containerd's recovery; its readiness counts from StartContainer, {:.3} s earlier", secs(started_at - t));
@@ -345,7 +479,9 @@ impl Restamped<'_> {
 
 /// Wall-clock nanoseconds since the epoch.
 pub fn wall_ns(t: std::time::SystemTime) -> Option<i64> {
-    t.duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_nanos() as i64)
+    t.duration_since(std::time::UNIX_EPOCH)
+        .ok()
+        .map(|d| d.as_nanos() as i64)
 }
 
 /// A sidecar none of whose instances ever started, at least one because its start was aborted
@@ -357,7 +493,11 @@ pub fn wall_ns(t: std::time::SystemTime) -> Option<i64> {
 pub fn start_aborted(all: &HashMap<String, Vec<cri::ContainerStatus>>, name: &str) -> Option<i64> {
     let list = all.get(name)?;
     let never_started = list.iter().all(|s| s.started_at == 0);
-    let aborted = list.iter().filter(|s| s.reason == "StartError").map(|s| s.finished_at).max()?;
+    let aborted = list
+        .iter()
+        .filter(|s| s.reason == "StartError")
+        .map(|s| s.finished_at)
+        .max()?;
     never_started.then_some(aborted)
 }
 
@@ -366,8 +506,16 @@ pub fn start_aborted(all: &HashMap<String, Vec<cri::ContainerStatus>>, name: &st
 /// `allow.aborted`, a sidecar whose start was aborted is accepted if what follows it waited the
 /// start timeout; with `allow.restamped`, a start containerd's recovery restamped counts from
 /// kubelet's StartContainer. Returns the violations (empty = good).
-pub async fn start_violations(containerd: &Path, uid: &str, p: &Planned, allow: Allow<'_>) -> Result<Vec<String>> {
-    let Allow { aborted: aborted_ok, restamped } = allow;
+pub async fn start_violations(
+    containerd: &Path,
+    uid: &str,
+    p: &Planned,
+    allow: Allow<'_>,
+) -> Result<Vec<String>> {
+    let Allow {
+        aborted: aborted_ok,
+        restamped,
+    } = allow;
     // containerd stamps `started_at` when the shim's Start returns: the sidecar's process (and
     // its `sleep delay`) is already running by then, so it can be ready slightly *before*
     // started_at + delay. Seen: 42 ms on a loaded machine (chaos run with three crisp restarts).
@@ -381,7 +529,9 @@ pub async fn start_violations(containerd: &Path, uid: &str, p: &Planned, allow: 
     // own first CreateContainer (the first refusal).
     let mut dead: Option<String> = None;
     let waited = |name: &str, started_at: i64, dead: &Option<String>, v: &mut Vec<String>| {
-        let (Some(d), Some(ok)) = (dead, &aborted_ok) else { return };
+        let (Some(d), Some(ok)) = (dead, &aborted_ok) else {
+            return;
+        };
         if let Some(first) = ok.first_create(uid, name) {
             let at = first + ok.timeout.as_nanos() as i64;
             if started_at < at {
@@ -395,14 +545,22 @@ pub async fn start_violations(containerd: &Path, uid: &str, p: &Planned, allow: 
             dead = Some(name.clone());
             continue;
         }
-        let Some(s) = ran_or_note(&all, name, p, &mut v) else { continue };
+        let Some(s) = ran_or_note(&all, name, p, &mut v) else {
+            continue;
+        };
         waited(name, s.started_at, &dead, &mut v);
         if let Some((prev, at)) = &ready_at {
             if s.started_at < *at {
-                v.push(format!("{}: {name} started {:.3} s before {prev} was ready", p.spec.name, secs(at - s.started_at)));
+                v.push(format!(
+                    "{}: {name} started {:.3} s before {prev} was ready",
+                    p.spec.name,
+                    secs(at - s.started_at)
+                ));
             }
         }
-        let began = restamped.as_ref().map_or(s.started_at, |r| r.earliest_start(uid, &p.spec.name, name, s.started_at));
+        let began = restamped.as_ref().map_or(s.started_at, |r| {
+            r.earliest_start(uid, &p.spec.name, name, s.started_at)
+        });
         ready_at = Some((name.clone(), began + (*delay * 1e9) as i64 - STAMP_LAG_NS));
     }
     if aborted_ok.is_some() && start_aborted(&all, &p.app).is_some() {
@@ -414,7 +572,11 @@ pub async fn start_violations(containerd: &Path, uid: &str, p: &Planned, allow: 
             waited(&p.app, a.started_at, &dead, &mut v);
             if let Some((prev, at)) = &ready_at {
                 if a.started_at < *at {
-                    v.push(format!("{}: the app started {:.3} s before {prev} was ready", p.spec.name, secs(at - a.started_at)));
+                    v.push(format!(
+                        "{}: the app started {:.3} s before {prev} was ready",
+                        p.spec.name,
+                        secs(at - a.started_at)
+                    ));
                 }
             }
         }
@@ -426,7 +588,12 @@ pub async fn start_violations(containerd: &Path, uid: &str, p: &Planned, allow: 
 /// Stop order: the app finished before every sidecar, sidecars finished in reverse declared
 /// order (a sidecar whose start was aborted never ran and is skipped when `aborted_ok`).
 /// Returns the violations.
-pub async fn stop_violations(containerd: &Path, uid: &str, p: &Planned, aborted_ok: bool) -> Result<Vec<String>> {
+pub async fn stop_violations(
+    containerd: &Path,
+    uid: &str,
+    p: &Planned,
+    aborted_ok: bool,
+) -> Result<Vec<String>> {
     let all = instances(containerd, uid).await?;
     let mut v = Vec::new();
     let mut later: Option<(String, i64)> = match ran(&all, &p.app) {
@@ -438,14 +605,20 @@ pub async fn stop_violations(containerd: &Path, uid: &str, p: &Planned, aborted_
         if aborted_ok && start_aborted(&all, name).is_some() {
             continue;
         }
-        let Some(s) = ran_or_note(&all, name, p, &mut v) else { continue };
+        let Some(s) = ran_or_note(&all, name, p, &mut v) else {
+            continue;
+        };
         if s.finished_at == 0 {
             v.push(format!("{}: {name} still runs", p.spec.name));
             continue;
         }
         if let Some((prev, at)) = &later {
             if s.finished_at <= *at {
-                v.push(format!("{}: {name} finished {:.3} s before {prev}", p.spec.name, secs(at - s.finished_at)));
+                v.push(format!(
+                    "{}: {name} finished {:.3} s before {prev}",
+                    p.spec.name,
+                    secs(at - s.finished_at)
+                ));
             }
         }
         later = Some((name.clone(), s.finished_at));
@@ -458,10 +631,16 @@ pub async fn duplicate_running(containerd: &Path, uid: &str, p: &Planned) -> Res
     let all = instances(containerd, uid).await?;
     let mut v = Vec::new();
     for (name, list) in &all {
-        let running = list.iter().filter(|s| s.state == cri::ContainerState::ContainerRunning as i32).count();
+        let running = list
+            .iter()
+            .filter(|s| s.state == cri::ContainerState::ContainerRunning as i32)
+            .count();
         let want = if p.job { 0 } else { 1 };
         if running != want {
-            v.push(format!("{}: {running} running instance(s) of {name} (want {want})", p.spec.name));
+            v.push(format!(
+                "{}: {running} running instance(s) of {name} (want {want})",
+                p.spec.name
+            ));
         }
     }
     Ok(v)
@@ -473,7 +652,9 @@ pub async fn duplicate_running(containerd: &Path, uid: &str, p: &Planned) -> Res
 /// Calls that outlived the deadline kubelet gave them (or hit it).
 pub fn deadline_violations(j: &Journal) -> Vec<String> {
     j.filter(|r| match (r.deadline, r.done) {
-        (Some(d), Some(done)) => done.duration_since(r.sent) >= d || r.code == tonic::Code::DeadlineExceeded,
+        (Some(d), Some(done)) => {
+            done.duration_since(r.sent) >= d || r.code == tonic::Code::DeadlineExceeded
+        }
         _ => r.code == tonic::Code::DeadlineExceeded && r.done.is_some(),
     })
     .iter()
@@ -483,10 +664,17 @@ pub fn deadline_violations(j: &Journal) -> Vec<String> {
 
 /// Ordering calls (the ones crisp may hold) still in flight.
 pub fn stuck_calls(j: &Journal, older_than: Duration) -> Vec<String> {
-    j.filter(|r| r.done.is_none() && matches!(r.method, "CreateContainer" | "StopContainer" | "StopPodSandbox" | "StartContainer") && r.sent.elapsed() > older_than)
-        .iter()
-        .map(|r| j.format_record(r))
-        .collect()
+    j.filter(|r| {
+        r.done.is_none()
+            && matches!(
+                r.method,
+                "CreateContainer" | "StopContainer" | "StopPodSandbox" | "StartContainer"
+            )
+            && r.sent.elapsed() > older_than
+    })
+    .iter()
+    .map(|r| j.format_record(r))
+    .collect()
 }
 
 pub fn count(j: &Journal, pred: impl FnMut(&CallRecord) -> bool) -> usize {
@@ -504,9 +692,13 @@ pub fn admin_socket(st: &Stack) -> PathBuf {
 pub async fn metrics(admin: &Path) -> Result<String> {
     let admin = admin.to_path_buf();
     tokio::task::spawn_blocking(move || -> Result<String> {
-        let mut s = std::os::unix::net::UnixStream::connect(&admin).with_context(|| format!("connect {}", admin.display()))?;
+        let mut s = std::os::unix::net::UnixStream::connect(&admin)
+            .with_context(|| format!("connect {}", admin.display()))?;
         s.set_read_timeout(Some(Duration::from_secs(10)))?;
-        write!(s, "GET /metrics HTTP/1.1\r\nHost: crisp\r\nConnection: close\r\n\r\n")?;
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: crisp\r\nConnection: close\r\n\r\n"
+        )?;
         let mut out = String::new();
         s.read_to_string(&mut out)?;
         if !out.starts_with("HTTP/1.1 200") {
@@ -519,7 +711,11 @@ pub async fn metrics(admin: &Path) -> Result<String> {
 
 /// One unlabelled sample of `name` from the metrics text.
 pub fn sample(text: &str, name: &str) -> Option<f64> {
-    text.lines().find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+    text.lines().find_map(|l| {
+        l.strip_prefix(name)
+            .and_then(|r| r.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    })
 }
 
 pub async fn gauge(admin: &Path, name: &str) -> Result<f64> {
@@ -546,13 +742,19 @@ pub async fn wait_no_holds(admin: &Path, timeout: Duration) -> Result<()> {
 /// The pods crisp's engine tracks (admin ListPods).
 pub async fn tracked_pods(admin: &Path) -> Result<Vec<crisp::tap::pb::Pod>> {
     let mut c = crisp::tap::cli::connect(admin).await?;
-    Ok(c.list_pods(crisp::tap::pb::ListPodsRequest {}).await?.into_inner().pods)
+    Ok(c.list_pods(crisp::tap::pb::ListPodsRequest {})
+        .await?
+        .into_inner()
+        .pods)
 }
 
 /// crisp's resident memory, KiB.
 pub fn rss_kib(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    s.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse().ok())
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -563,14 +765,23 @@ pub fn rss_kib(pid: u32) -> Option<u64> {
 pub async fn remove_pods(containerd: &Path, kubelet: &Kubelet, uids: &[String]) -> Result<()> {
     let mut rt = direct(containerd).await?;
     for uid in uids {
-        let sel: HashMap<String, String> = [("io.kubernetes.pod.uid".to_string(), uid.clone())].into();
+        let sel: HashMap<String, String> =
+            [("io.kubernetes.pod.uid".to_string(), uid.clone())].into();
         let cs = rt
-            .list_containers(cri::ListContainersRequest { filter: Some(cri::ContainerFilter { label_selector: sel.clone(), ..Default::default() }) })
+            .list_containers(cri::ListContainersRequest {
+                filter: Some(cri::ContainerFilter {
+                    label_selector: sel.clone(),
+                    ..Default::default()
+                }),
+            })
             .await?
             .into_inner()
             .containers;
         for c in cs {
-            let meta = CallMeta { pod_uid: Some(uid.clone()), ..Default::default() };
+            let meta = CallMeta {
+                pod_uid: Some(uid.clone()),
+                ..Default::default()
+            };
             let mut r = kubelet.cri().remove_container(&c.id, meta.clone()).await;
             // A StartContainer cut off by crisp's death (containerd saw the call cancelled) can
             // leave containerd 1.6 with a container CRI reports exited (StartError) but whose
@@ -578,16 +789,40 @@ pub async fn remove_pods(containerd: &Path, kubelet: &Kubelet, uids: &[String]) 
             // measured). A kubelet dying mid-call leaves the same. Cleaned up as an operator
             // would, with ctr; any other refusal fails the test.
             if matches!(&r, Err(e) if e.message().contains("cannot delete running task")) {
-                let st = rt.container_status(cri::ContainerStatusRequest { container_id: c.id.clone(), verbose: false }).await?.into_inner().status.unwrap_or_default();
+                let st = rt
+                    .container_status(cri::ContainerStatusRequest {
+                        container_id: c.id.clone(),
+                        verbose: false,
+                    })
+                    .await?
+                    .into_inner()
+                    .status
+                    .unwrap_or_default();
                 if st.reason == "StartError" {
                     eprintln!(
                         "{}: containerd kept the task of {} whose start was aborted; killing it with ctr",
                         &c.id[..12],
                         st.metadata.as_ref().map_or("?", |m| m.name.as_str())
                     );
-                    let ctr = |args: &[&str]| std::process::Command::new("ctr").args(["--address", &containerd.display().to_string(), "-n", "k8s.io", "tasks"]).args(args).output();
+                    let ctr = |args: &[&str]| {
+                        std::process::Command::new("ctr")
+                            .args([
+                                "--address",
+                                &containerd.display().to_string(),
+                                "-n",
+                                "k8s.io",
+                                "tasks",
+                            ])
+                            .args(args)
+                            .output()
+                    };
                     let out = ctr(&["kill", "-s", "SIGKILL", &c.id])?;
-                    anyhow::ensure!(out.status.success(), "ctr tasks kill {}: {}", c.id, String::from_utf8_lossy(&out.stderr));
+                    anyhow::ensure!(
+                        out.status.success(),
+                        "ctr tasks kill {}: {}",
+                        c.id,
+                        String::from_utf8_lossy(&out.stderr)
+                    );
                     let t0 = Instant::now();
                     loop {
                         // The killed task is deleted once its process has exited.
@@ -602,15 +837,44 @@ pub async fn remove_pods(containerd: &Path, kubelet: &Kubelet, uids: &[String]) 
             }
             if let Err(e) = r {
                 dump_pod(kubelet, uid);
-                let name = c.metadata.as_ref().map(|m| format!("{} attempt {}", m.name, m.attempt)).unwrap_or_default();
-                bail!("RemoveContainer {} ({name}, state {}, created {}): {e}", c.id, c.state, c.created_at);
+                let name = c
+                    .metadata
+                    .as_ref()
+                    .map(|m| format!("{} attempt {}", m.name, m.attempt))
+                    .unwrap_or_default();
+                bail!(
+                    "RemoveContainer {} ({name}, state {}, created {}): {e}",
+                    c.id,
+                    c.state,
+                    c.created_at
+                );
             }
         }
-        let sbs = rt.list_pod_sandbox(cri::ListPodSandboxRequest { filter: Some(cri::PodSandboxFilter { label_selector: sel, ..Default::default() }) }).await?.into_inner().items;
+        let sbs = rt
+            .list_pod_sandbox(cri::ListPodSandboxRequest {
+                filter: Some(cri::PodSandboxFilter {
+                    label_selector: sel,
+                    ..Default::default()
+                }),
+            })
+            .await?
+            .into_inner()
+            .items;
         for sb in sbs {
-            let meta = CallMeta { pod_uid: Some(uid.clone()), ..Default::default() };
-            kubelet.cri().stop_pod_sandbox(&sb.id, meta.clone()).await.with_context(|| format!("StopPodSandbox {}", sb.id))?;
-            kubelet.cri().remove_pod_sandbox(&sb.id, meta).await.with_context(|| format!("RemovePodSandbox {}", sb.id))?;
+            let meta = CallMeta {
+                pod_uid: Some(uid.clone()),
+                ..Default::default()
+            };
+            kubelet
+                .cri()
+                .stop_pod_sandbox(&sb.id, meta.clone())
+                .await
+                .with_context(|| format!("StopPodSandbox {}", sb.id))?;
+            kubelet
+                .cri()
+                .remove_pod_sandbox(&sb.id, meta)
+                .await
+                .with_context(|| format!("RemovePodSandbox {}", sb.id))?;
         }
     }
     Ok(())
@@ -618,7 +882,9 @@ pub async fn remove_pods(containerd: &Path, kubelet: &Kubelet, uids: &[String]) 
 
 /// Job-mode marks left in crisp's state dir (one file per sidecar it terminated).
 pub fn terminated_marks(state_dir: &Path) -> usize {
-    std::fs::read_dir(state_dir.join("terminated")).map(|d| d.count()).unwrap_or(0)
+    std::fs::read_dir(state_dir.join("terminated"))
+        .map(|d| d.count())
+        .unwrap_or(0)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -645,21 +911,30 @@ impl SlowSplice {
             while let Ok((client, _)) = l.accept().await {
                 let upstream = upstream.clone();
                 tokio::spawn(async move {
-                    let Ok(server) = tokio::net::UnixStream::connect(&upstream).await else { return };
+                    let Ok(server) = tokio::net::UnixStream::connect(&upstream).await else {
+                        return;
+                    };
                     let (mut cr, mut cw) = client.into_split();
                     let (mut sr, mut sw) = server.into_split();
                     let up = tokio::spawn(async move {
                         let _ = tokio::io::copy(&mut cr, &mut sw).await;
                         let _ = tokio::io::AsyncWriteExt::shutdown(&mut sw).await;
                     });
-                    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+                    let (tx, mut rx) =
+                        tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
                     let reader = tokio::spawn(async move {
                         let mut buf = vec![0u8; 64 << 10];
                         loop {
                             match tokio::io::AsyncReadExt::read(&mut sr, &mut buf).await {
                                 Ok(0) | Err(_) => break,
                                 Ok(n) => {
-                                    if tx.send((tokio::time::Instant::now() + delay, buf[..n].to_vec())).is_err() {
+                                    if tx
+                                        .send((
+                                            tokio::time::Instant::now() + delay,
+                                            buf[..n].to_vec(),
+                                        ))
+                                        .is_err()
+                                    {
                                         break;
                                     }
                                 }
@@ -668,7 +943,10 @@ impl SlowSplice {
                     });
                     while let Some((due, chunk)) = rx.recv().await {
                         tokio::time::sleep_until(due).await;
-                        if tokio::io::AsyncWriteExt::write_all(&mut cw, &chunk).await.is_err() {
+                        if tokio::io::AsyncWriteExt::write_all(&mut cw, &chunk)
+                            .await
+                            .is_err()
+                        {
                             break;
                         }
                     }
@@ -678,7 +956,10 @@ impl SlowSplice {
                 });
             }
         });
-        Ok(SlowSplice { path: listen.to_path_buf(), task })
+        Ok(SlowSplice {
+            path: listen.to_path_buf(),
+            task,
+        })
     }
 }
 
@@ -698,23 +979,48 @@ pub async fn custom_stack(
     use crisp_e2e::crisp::{Crisp, CrispOpts};
     use crisp_e2e::harness::{Containerd, ContainerdOpts};
     crisp_e2e::harness::require_root();
-    let containerd = Containerd::start_async(ContainerdOpts { cni }).await.context("starting containerd")?;
+    let containerd = Containerd::start_async(ContainerdOpts { cni })
+        .await
+        .context("starting containerd")?;
     let up = upstream(containerd.socket())?.unwrap_or_else(|| containerd.socket().to_path_buf());
-    let crisp = Crisp::start(&up, CrispOpts { extra_config: crisp_config.to_string(), log_level: log_level.map(str::to_string) })?;
+    let crisp = Crisp::start(
+        &up,
+        CrispOpts {
+            extra_config: crisp_config.to_string(),
+            log_level: log_level.map(str::to_string),
+        },
+    )?;
     let dir = tempfile::Builder::new().prefix("crisp-stack-").tempdir()?;
     let mut cfg = crisp_e2e::emulator::KubeletConfig::fast(crisp.socket(), dir.path().join("pods"));
     cfg.root_dir = Some(dir.path().join("kubelet"));
     cfg.container_deletor = false;
     tune(&mut cfg);
     // kubelet's grpc-go transport in front of whatever endpoint the kubelet was given.
-    let bridges = if crisp_e2e::grpcgo::via_grpcgo_default() { crisp_e2e::grpcgo::bridge_kubelet(&mut cfg, dir.path(), Default::default())? } else { Vec::new() };
-    let kubelet = Kubelet::new(cfg).await.context("starting the kubelet emulator")?;
-    Ok(Stack { kubelet, bridges, crisp, containerd, dir })
+    let bridges = if crisp_e2e::grpcgo::via_grpcgo_default() {
+        crisp_e2e::grpcgo::bridge_kubelet(&mut cfg, dir.path(), Default::default())?
+    } else {
+        Vec::new()
+    };
+    let kubelet = Kubelet::new(cfg)
+        .await
+        .context("starting the kubelet emulator")?;
+    Ok(Stack {
+        kubelet,
+        bridges,
+        crisp,
+        containerd,
+        dir,
+    })
 }
 
 /// Lines of crisp's log containing `needle`.
 pub fn log_lines(st: &Stack, needle: &str) -> Vec<String> {
-    st.crisp.log_text().lines().filter(|l| l.contains(needle)).map(str::to_string).collect()
+    st.crisp
+        .log_text()
+        .lines()
+        .filter(|l| l.contains(needle))
+        .map(str::to_string)
+        .collect()
 }
 
 /// Prints a failing pod's calls.

@@ -1,7 +1,10 @@
 use super::*;
 
 fn ann(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
 
 #[test]
@@ -22,7 +25,13 @@ fn full_contract() {
     assert_eq!(p.source, Source::Annotation);
     assert_eq!(p.sidecars.len(), 2);
     assert_eq!(p.sidecars[0].name, "istio-proxy");
-    assert_eq!(p.sidecars[1].ready, Readiness::Tcp { host: None, port: 24224 });
+    assert_eq!(
+        p.sidecars[1].ready,
+        Readiness::Tcp {
+            host: None,
+            port: 24224
+        }
+    );
     assert_eq!(p.start_timeout, Some(Duration::from_secs(30)));
     assert_eq!(p.job, Some(true));
     assert_eq!(p.restart_policy, Some(RestartPolicy::OnFailure));
@@ -38,35 +47,65 @@ fn no_annotations_no_rules_means_no_sidecars() {
 
 #[test]
 fn node_rules_apply_without_annotation_and_annotation_wins() {
-    let rules = vec![SidecarRule { name: "istio-proxy".into(), ready: "tcp://:15021".into() }];
+    let rules = vec![SidecarRule {
+        name: "istio-proxy".into(),
+        ready: "tcp://:15021".into(),
+    }];
     let (p, _) = PodPolicy::parse(&ann(&[]), &rules);
     assert_eq!(p.source, Source::NodeRules);
-    assert_eq!(p.sidecars[0].ready, Readiness::Tcp { host: None, port: 15021 });
+    assert_eq!(
+        p.sidecars[0].ready,
+        Readiness::Tcp {
+            host: None,
+            port: 15021
+        }
+    );
     let (p, _) = PodPolicy::parse(&ann(&[(SIDECARS, "envoy")]), &rules);
     assert_eq!(p.source, Source::Annotation);
     assert_eq!(p.sidecars.len(), 1);
     assert_eq!(p.sidecars[0].name, "envoy");
     // A rule's readiness is used for a listed sidecar that has no ready annotation.
     let (p, _) = PodPolicy::parse(&ann(&[(SIDECARS, "istio-proxy")]), &rules);
-    assert_eq!(p.sidecars[0].ready, Readiness::Tcp { host: None, port: 15021 });
+    assert_eq!(
+        p.sidecars[0].ready,
+        Readiness::Tcp {
+            host: None,
+            port: 15021
+        }
+    );
 }
 
 #[test]
 fn malformed_values_warn_and_act_as_absent() {
-    let (p, w) = PodPolicy::parse(&ann(&[(SIDECARS, "Bad_Name, ok"), (START_TIMEOUT, "forever"), (JOB, "yes"), (TIMEOUT_POLICY, "explode"), (RESTART_POLICY, "Sometimes")]), &[]);
+    let (p, w) = PodPolicy::parse(
+        &ann(&[
+            (SIDECARS, "Bad_Name, ok"),
+            (START_TIMEOUT, "forever"),
+            (JOB, "yes"),
+            (TIMEOUT_POLICY, "explode"),
+            (RESTART_POLICY, "Sometimes"),
+        ]),
+        &[],
+    );
     assert!(!p.has_sidecars());
     assert_eq!(p.start_timeout, None);
     assert_eq!(p.job, None);
     assert_eq!(p.timeout_policy, None);
     assert_eq!(p.restart_policy, None);
     let keys: Vec<_> = w.iter().map(|w| w.key.as_str()).collect();
-    assert_eq!(keys, vec![JOB, RESTART_POLICY, SIDECARS, START_TIMEOUT, TIMEOUT_POLICY]);
+    assert_eq!(
+        keys,
+        vec![JOB, RESTART_POLICY, SIDECARS, START_TIMEOUT, TIMEOUT_POLICY]
+    );
     assert!(w.iter().all(|w| !w.reason.is_empty()));
 }
 
 #[test]
 fn bad_readiness_falls_back_to_running_with_a_warning() {
-    let (p, w) = PodPolicy::parse(&ann(&[(SIDECARS, "proxy"), ("crisp.dev/ready.proxy", "htp://:1")]), &[]);
+    let (p, w) = PodPolicy::parse(
+        &ann(&[(SIDECARS, "proxy"), ("crisp.dev/ready.proxy", "htp://:1")]),
+        &[],
+    );
     assert_eq!(p.sidecars[0].ready, Readiness::Running);
     assert_eq!(w.len(), 1);
     assert_eq!(w[0].key, "crisp.dev/ready.proxy");
@@ -92,7 +131,10 @@ fn absurd_values_are_bounded() {
 
 #[test]
 fn ready_annotation_for_unlisted_container_warns() {
-    let (_, w) = PodPolicy::parse(&ann(&[(SIDECARS, "a"), ("crisp.dev/ready.b", "running")]), &[]);
+    let (_, w) = PodPolicy::parse(
+        &ann(&[(SIDECARS, "a"), ("crisp.dev/ready.b", "running")]),
+        &[],
+    );
     assert_eq!(w.len(), 1);
     assert_eq!(w[0].key, "crisp.dev/ready.b");
 }
@@ -125,9 +167,18 @@ fn an_annotation_may_aim_only_at_the_pod_or_what_the_operator_allowed() {
     ] {
         assert_eq!(ok(spec), Ok(()), "{spec}");
     }
-    for spec in ["http://169.254.169.254:80/latest/meta-data", "tcp://10.1.2.4:80", "tcp://[fd00::4]:80", "tcp://[::ffff:169.254.169.254]:80", "tcp://172.17.0.1:10250"] {
+    for spec in [
+        "http://169.254.169.254:80/latest/meta-data",
+        "tcp://10.1.2.4:80",
+        "tcp://[fd00::4]:80",
+        "tcp://[::ffff:169.254.169.254]:80",
+        "tcp://172.17.0.1:10250",
+    ] {
         let e = ok(spec).unwrap_err();
-        assert!(e.contains("not one of the pod's own addresses"), "{spec}: {e}");
+        assert!(
+            e.contains("not one of the pod's own addresses"),
+            "{spec}: {e}"
+        );
     }
     // No pod IP known, nothing allowed: only local hosts pass.
     assert!(tenant_may_aim(&Readiness::parse("tcp://10.1.2.3:80").unwrap(), &[], &[]).is_err());
@@ -135,29 +186,78 @@ fn an_annotation_may_aim_only_at_the_pod_or_what_the_operator_allowed() {
 
 #[test]
 fn annotated_hosts_are_checked_at_probe_time_with_the_fallback_they_would_have_had() {
-    let rules = vec![SidecarRule { name: "proxy".into(), ready: "tcp://:15000".into() }];
-    let (p, w) = PodPolicy::parse(&ann(&[(SIDECARS, "proxy, agent"), ("crisp.dev/ready.proxy", "http://10.9.9.9:80/"), ("crisp.dev/ready.agent", "tcp://127.0.0.1:9")]), &rules);
+    let rules = vec![SidecarRule {
+        name: "proxy".into(),
+        ready: "tcp://:15000".into(),
+    }];
+    let (p, w) = PodPolicy::parse(
+        &ann(&[
+            (SIDECARS, "proxy, agent"),
+            ("crisp.dev/ready.proxy", "http://10.9.9.9:80/"),
+            ("crisp.dev/ready.agent", "tcp://127.0.0.1:9"),
+        ]),
+        &rules,
+    );
     assert!(w.is_empty(), "{w:?}");
     let t = p.sidecars[0].tenant.as_deref().expect("a host to check");
-    assert_eq!((t.key.as_str(), t.value.as_str()), ("crisp.dev/ready.proxy", "http://10.9.9.9:80/"));
-    assert_eq!(t.fallback, Readiness::Tcp { host: None, port: 15000 }, "the node rule's readiness, as if the key were absent");
-    assert_eq!(p.sidecars[1].tenant, None, "loopback is always the pod's own");
-    let w = t.warning("host 10.9.9.9 is not one of the pod's own addresses".into()).to_string();
-    assert!(w.contains("crisp.dev/ready.proxy") && w.contains("10.9.9.9") && w.contains("using `tcp://:15000`"), "{w}");
+    assert_eq!(
+        (t.key.as_str(), t.value.as_str()),
+        ("crisp.dev/ready.proxy", "http://10.9.9.9:80/")
+    );
+    assert_eq!(
+        t.fallback,
+        Readiness::Tcp {
+            host: None,
+            port: 15000
+        },
+        "the node rule's readiness, as if the key were absent"
+    );
+    assert_eq!(
+        p.sidecars[1].tenant, None,
+        "loopback is always the pod's own"
+    );
+    let w = t
+        .warning("host 10.9.9.9 is not one of the pod's own addresses".into())
+        .to_string();
+    assert!(
+        w.contains("crisp.dev/ready.proxy")
+            && w.contains("10.9.9.9")
+            && w.contains("using `tcp://:15000`"),
+        "{w}"
+    );
     // Node rules are the operator's: never checked.
-    let rules = vec![SidecarRule { name: "proxy".into(), ready: "tcp://10.9.9.9:80".into() }];
+    let rules = vec![SidecarRule {
+        name: "proxy".into(),
+        ready: "tcp://10.9.9.9:80".into(),
+    }];
     let (p, _) = PodPolicy::parse(&ann(&[]), &rules);
     assert_eq!(p.sidecars[0].tenant, None);
 }
 
 #[test]
 fn an_injected_sidecars_override_falls_back_to_the_injector_table() {
-    let istio = [("sidecar.istio.io/status", r#"{"containers":["istio-proxy"]}"#), ("crisp.dev/ready.istio-proxy", "tcp://10.9.9.9:15021")];
+    let istio = [
+        (
+            "sidecar.istio.io/status",
+            r#"{"containers":["istio-proxy"]}"#,
+        ),
+        ("crisp.dev/ready.istio-proxy", "tcp://10.9.9.9:15021"),
+    ];
     let (p, w) = PodPolicy::parse_with(&ann(&istio), &[], &crate::config::injectors::builtin());
     assert!(w.is_empty(), "{w:?}");
     assert_eq!(p.source, Source::Injector);
-    let t = p.sidecars[0].tenant.as_deref().expect("the override names a host");
-    assert_eq!(t.fallback, Readiness::Http { host: None, port: 15021, path: "/healthz/ready".into() });
+    let t = p.sidecars[0]
+        .tenant
+        .as_deref()
+        .expect("the override names a host");
+    assert_eq!(
+        t.fallback,
+        Readiness::Http {
+            host: None,
+            port: 15021,
+            path: "/healthz/ready".into()
+        }
+    );
 }
 
 // Issue #26: one rule for every value, one warning line per pod.
@@ -165,17 +265,34 @@ fn an_injected_sidecars_override_falls_back_to_the_injector_table() {
 #[test]
 fn every_value_past_the_cap_is_refused_before_it_is_parsed() {
     let huge = format!("{}proxy", " ".repeat(crate::tenant::MAX_VALUE));
-    for key in [SIDECARS, INIT_CONTAINERS, START_TIMEOUT, TIMEOUT_POLICY, JOB, RESTART_POLICY] {
+    for key in [
+        SIDECARS,
+        INIT_CONTAINERS,
+        START_TIMEOUT,
+        TIMEOUT_POLICY,
+        JOB,
+        RESTART_POLICY,
+    ] {
         let (p, w) = PodPolicy::parse(&ann(&[(key, &huge)]), &[]);
         assert_eq!(w.total(), 1, "{key}");
-        assert!(w[0].reason.ends_with("bytes, more than the 16384 crisp reads"), "{key}: {}", w[0].reason);
-        assert!(!p.has_sidecars() && !p.init_complete && p.job.is_none() && p.start_timeout.is_none(), "{key}");
+        assert!(
+            w[0].reason
+                .ends_with("bytes, more than the 16384 crisp reads"),
+            "{key}: {}",
+            w[0].reason
+        );
+        assert!(
+            !p.has_sidecars() && !p.init_complete && p.job.is_none() && p.start_timeout.is_none(),
+            "{key}"
+        );
     }
 }
 
 #[test]
 fn thousands_of_bad_keys_are_all_counted_and_few_kept() {
-    let mut pairs: Vec<(String, String)> = (0..5_000).map(|i| (format!("{READY_PREFIX}x{i:05}"), "running".to_string())).collect();
+    let mut pairs: Vec<(String, String)> = (0..5_000)
+        .map(|i| (format!("{READY_PREFIX}x{i:05}"), "running".to_string()))
+        .collect();
     pairs.push((SIDECARS.into(), "proxy".into()));
     let a: HashMap<String, String> = pairs.into_iter().collect();
     let (p, w) = PodPolicy::parse(&a, &[]);
@@ -184,21 +301,45 @@ fn thousands_of_bad_keys_are_all_counted_and_few_kept() {
     assert_eq!(w.len(), MAX_WARNINGS_KEPT);
     // The same ones whatever the map's order: the smallest keys, sorted.
     let keys: Vec<&str> = w.iter().map(|w| w.key.as_str()).collect();
-    assert_eq!(keys, (0..MAX_WARNINGS_KEPT).map(|i| format!("{READY_PREFIX}x{i:05}")).collect::<Vec<_>>());
+    assert_eq!(
+        keys,
+        (0..MAX_WARNINGS_KEPT)
+            .map(|i| format!("{READY_PREFIX}x{i:05}"))
+            .collect::<Vec<_>>()
+    );
     let line = w.summary();
-    assert!(line.starts_with("5000 malformed annotations ignored"), "{line}");
+    assert!(
+        line.starts_with("5000 malformed annotations ignored"),
+        "{line}"
+    );
     assert!(line.ends_with("; and 4997 more"), "{line}");
-    assert!(line.len() <= crate::tenant::MAX_LOG_LINE && !line.contains('\n'), "{line}");
+    assert!(
+        line.len() <= crate::tenant::MAX_LOG_LINE && !line.contains('\n'),
+        "{line}"
+    );
 }
 
 #[test]
 fn a_warning_line_is_escaped_and_bounded_whatever_the_key_and_value() {
-    let key = format!("{READY_PREFIX}\u{1b}[2J\u{202e}\u{1b}]0;owned\u{7}{}", "k".repeat(100_000));
+    let key = format!(
+        "{READY_PREFIX}\u{1b}[2J\u{202e}\u{1b}]0;owned\u{7}{}",
+        "k".repeat(100_000)
+    );
     let value = format!("\u{1b}[31m\n{}", "v".repeat(100_000));
-    let (_, w) = PodPolicy::parse(&ann(&[(SIDECARS, "proxy"), (&key, &value), (JOB, &"\u{202e}".repeat(50_000))]), &[]);
+    let (_, w) = PodPolicy::parse(
+        &ann(&[
+            (SIDECARS, "proxy"),
+            (&key, &value),
+            (JOB, &"\u{202e}".repeat(50_000)),
+        ]),
+        &[],
+    );
     assert_eq!(w.total(), 2);
     let line = w.summary();
-    assert!(!line.chars().any(|c| c.is_control() || c == '\u{202e}'), "{line}");
+    assert!(
+        !line.chars().any(|c| c.is_control() || c == '\u{202e}'),
+        "{line}"
+    );
     assert!(line.len() <= crate::tenant::MAX_LOG_LINE, "{}", line.len());
     assert!(line.contains(r"\u{1b}[2J"), "{line}");
 }

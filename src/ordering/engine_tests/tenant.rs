@@ -27,24 +27,48 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logged {
 impl Logged {
     fn start() -> (Logged, tracing::subscriber::DefaultGuard) {
         let logged = Logged::default();
-        let sub = tracing_subscriber::fmt().with_writer(logged.clone()).with_ansi(false).without_time().with_max_level(tracing::Level::DEBUG).finish();
+        let sub = tracing_subscriber::fmt()
+            .with_writer(logged.clone())
+            .with_ansi(false)
+            .without_time()
+            .with_max_level(tracing::Level::DEBUG)
+            .finish();
         (logged.clone(), tracing::subscriber::set_default(sub))
     }
 
     fn lines(&self) -> Vec<String> {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).lines().map(str::to_string).collect()
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .map(str::to_string)
+            .collect()
     }
 }
 
 /// kubelet's CreateContainer of `container` in a pod named `pod` with `annotations`.
 fn create_in(pod: &str, container: &str, annotations: &HashMap<String, String>) -> Vec<u8> {
     let sandbox = views::PodSandboxConfig {
-        metadata: Some(views::PodSandboxMetadata { name: pod.into(), namespace: "ns".into(), uid: "uid".into(), attempt: 0 }),
+        metadata: Some(views::PodSandboxMetadata {
+            name: pod.into(),
+            namespace: "ns".into(),
+            uid: "uid".into(),
+            attempt: 0,
+        }),
         annotations: annotations.clone(),
         ..Default::default()
     };
-    let config = views::ContainerConfig { metadata: Some(views::ContainerMetadata { name: container.into(), attempt: 0 }), ..Default::default() };
-    views::CreateContainerRequest { pod_sandbox_id: SANDBOX.into(), config: Some(config), sandbox_config: Some(sandbox) }.encode_to_vec()
+    let config = views::ContainerConfig {
+        metadata: Some(views::ContainerMetadata {
+            name: container.into(),
+            attempt: 0,
+        }),
+        ..Default::default()
+    };
+    views::CreateContainerRequest {
+        pod_sandbox_id: SANDBOX.into(),
+        config: Some(config),
+        sandbox_config: Some(sandbox),
+    }
+    .encode_to_vec()
 }
 
 #[tokio::test(start_paused = true)]
@@ -53,21 +77,41 @@ async fn thousands_of_bad_keys_are_one_bounded_log_line_and_all_counted() {
     fake.add("proxy", Some(now()));
     let mut a = fake.script().annotations.clone();
     for i in 0..3_000 {
-        a.insert(format!("{}x{i}\u{1b}[31m", annotations::READY_PREFIX), format!("\u{1b}]0;owned\u{7}{}", "v".repeat(1_000)));
+        a.insert(
+            format!("{}x{i}\u{1b}[31m", annotations::READY_PREFIX),
+            format!("\u{1b}]0;owned\u{7}{}", "v".repeat(1_000)),
+        );
     }
     let (logged, _guard) = Logged::start();
     for _ in 0..3 {
-        let (v, held) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create_in("pod", "app", &a)).await;
+        let (v, held) = run(
+            &engine,
+            &call("CreateContainer", KUBELET_DEADLINE),
+            &create_in("pod", "app", &a),
+        )
+        .await;
         assert_forwarded_at_once(&v, held);
     }
     let lines = logged.lines();
     let warnings: Vec<&String> = lines.iter().filter(|l| l.contains("WARN")).collect();
-    assert_eq!(warnings.len(), 1, "one line per pod: {} lines", warnings.len());
-    assert!(warnings[0].contains("3000 malformed annotations ignored"), "{}", warnings[0]);
+    assert_eq!(
+        warnings.len(),
+        1,
+        "one line per pod: {} lines",
+        warnings.len()
+    );
+    assert!(
+        warnings[0].contains("3000 malformed annotations ignored"),
+        "{}",
+        warnings[0]
+    );
     assert_eq!(engine.metrics.bad_annotations.get(), 3_000, "each counted");
     let longest = lines.iter().map(String::len).max().unwrap_or(0);
     assert!(longest <= MAX_LOG_LINE + 256, "a {longest}-byte log line");
-    assert!(!lines.iter().any(|l| l.chars().any(char::is_control)), "escaped");
+    assert!(
+        !lines.iter().any(|l| l.chars().any(char::is_control)),
+        "escaped"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -76,16 +120,27 @@ async fn a_refusal_names_a_hostile_pod_escaped_and_bounded() {
     let a = fake.script().annotations.clone();
     let pod = format!("\u{1b}[2J\u{1b}[31mpod\n{}", "p".repeat(5_000));
     let (logged, _guard) = Logged::start();
-    let (v, _) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create_in(&pod, "app", &a)).await;
+    let (v, _) = run(
+        &engine,
+        &call("CreateContainer", KUBELET_DEADLINE),
+        &create_in(&pod, "app", &a),
+    )
+    .await;
     let m = refusal(&v).to_string();
     assert!(m.len() <= MAX_MESSAGE, "{} bytes: {m}", m.len());
     assert!(!m.chars().any(char::is_control), "{m}");
     assert!(m.contains(r"of pod ns/\u{1b}[2J\u{1b}[31mpod\nppp"), "{m}");
-    assert!(m.ends_with(r#"retry "app" (network is not ready until the pod's sidecars run)"#), "{m}");
+    assert!(
+        m.ends_with(r#"retry "app" (network is not ready until the pod's sidecars run)"#),
+        "{m}"
+    );
     let lines = logged.lines();
     assert!(!lines.is_empty());
     for l in lines {
-        assert!(l.len() <= MAX_LOG_LINE && !l.chars().any(char::is_control), "{l}");
+        assert!(
+            l.len() <= MAX_LOG_LINE && !l.chars().any(char::is_control),
+            "{l}"
+        );
     }
 }
 
@@ -97,11 +152,22 @@ async fn a_container_name_that_is_no_dns_label_is_forwarded_unordered_and_logged
     let a = fake.script().annotations.clone();
     let container = format!("app\u{1b}]0;owned\u{7}\r{}", "c".repeat(5_000));
     let (logged, _guard) = Logged::start();
-    let (v, held) = run(&engine, &call("CreateContainer", KUBELET_DEADLINE), &create_in("pod", &container, &a)).await;
+    let (v, held) = run(
+        &engine,
+        &call("CreateContainer", KUBELET_DEADLINE),
+        &create_in("pod", &container, &a),
+    )
+    .await;
     assert_forwarded_at_once(&v, held);
     let lines = logged.lines();
-    assert!(lines.iter().any(|l| l.contains("not a DNS-1123 label")), "{lines:?}");
+    assert!(
+        lines.iter().any(|l| l.contains("not a DNS-1123 label")),
+        "{lines:?}"
+    );
     for l in lines {
-        assert!(l.len() <= MAX_LOG_LINE && !l.chars().any(char::is_control), "{l}");
+        assert!(
+            l.len() <= MAX_LOG_LINE && !l.chars().any(char::is_control),
+            "{l}"
+        );
     }
 }

@@ -11,7 +11,13 @@ pub fn data(out: &mut Vec<u8>, stream: u32, data: &[u8], end: bool) {
     }
     while let Some(c) = chunks.next() {
         let last = chunks.peek().is_none();
-        Head::new(Kind::Data, Flags::END_STREAM.when(end && last), stream, c.len()).encode(out);
+        Head::new(
+            Kind::Data,
+            Flags::END_STREAM.when(end && last),
+            stream,
+            c.len(),
+        )
+        .encode(out);
         out.extend_from_slice(c);
     }
 }
@@ -35,7 +41,10 @@ mod tests {
         let d = Head::new(Kind::Data, Flags::PADDED, 1, 4);
         assert_eq!(data_payload(&d, &[1, 5, 6, 0]), Some(1..3));
         assert_eq!(data_payload(&d, &[4, 5, 6, 0]), None);
-        assert_eq!(data_payload(&Head::new(Kind::Data, Flags::NONE, 1, 2), &[5, 6]), Some(0..2));
+        assert_eq!(
+            data_payload(&Head::new(Kind::Data, Flags::NONE, 1, 2), &[5, 6]),
+            Some(0..2)
+        );
     }
 
     #[test]
@@ -43,11 +52,17 @@ mod tests {
         let mut out = Vec::new();
         data(&mut out, 3, &vec![1u8; MAX_FRAME + 1], true);
         let h1 = Head::parse(&out).unwrap();
-        assert_eq!((h1.kind, h1.len, h1.flags), (Kind::Data, MAX_FRAME, Flags::NONE));
+        assert_eq!(
+            (h1.kind, h1.len, h1.flags),
+            (Kind::Data, MAX_FRAME, Flags::NONE)
+        );
         let h2 = Head::parse(&out[9 + MAX_FRAME..]).unwrap();
         assert_eq!((h2.len, h2.flags, h2.stream), (1, Flags::END_STREAM, 3));
         let mut empty = Vec::new();
         data(&mut empty, 3, &[], true);
-        assert_eq!(Head::parse(&empty), Some(Head::new(Kind::Data, Flags::END_STREAM, 3, 0)));
+        assert_eq!(
+            Head::parse(&empty),
+            Some(Head::new(Kind::Data, Flags::END_STREAM, 3, 0))
+        );
     }
 }

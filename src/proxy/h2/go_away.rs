@@ -13,14 +13,28 @@ pub struct GoAway<'a> {
 
 impl<'a> GoAway<'a> {
     pub fn new(last_stream: u32, reason: Reason, debug_data: &'a [u8]) -> GoAway<'a> {
-        GoAway { last_stream, reason, debug_data }
+        GoAway {
+            last_stream,
+            reason,
+            debug_data,
+        }
     }
 
     pub fn load(payload: &'a [u8]) -> Result<GoAway<'a>, FrameError> {
-        let Some((fixed, debug_data)) = payload.split_first_chunk::<8>() else { return Err(FrameError::BadLength { kind: Kind::GoAway, len: payload.len() }) };
-        let last_stream = u32::from_be_bytes([fixed[0], fixed[1], fixed[2], fixed[3]]) & 0x7fff_ffff;
+        let Some((fixed, debug_data)) = payload.split_first_chunk::<8>() else {
+            return Err(FrameError::BadLength {
+                kind: Kind::GoAway,
+                len: payload.len(),
+            });
+        };
+        let last_stream =
+            u32::from_be_bytes([fixed[0], fixed[1], fixed[2], fixed[3]]) & 0x7fff_ffff;
         let reason = Reason(u32::from_be_bytes([fixed[4], fixed[5], fixed[6], fixed[7]]));
-        Ok(GoAway { last_stream, reason, debug_data })
+        Ok(GoAway {
+            last_stream,
+            reason,
+            debug_data,
+        })
     }
 
     pub fn encode(&self, out: &mut Vec<u8>) {
@@ -42,12 +56,24 @@ mod tests {
         GoAway::new(7, Reason::ENHANCE_YOUR_CALM, b"too_many_pings").encode(&mut b);
         let head = Head::parse(&b).unwrap();
         assert_eq!((head.kind, head.stream, head.len), (Kind::GoAway, 0, 22));
-        assert_eq!(GoAway::load(&b[HEADER_LEN..]), Ok(GoAway::new(7, Reason::ENHANCE_YOUR_CALM, b"too_many_pings")));
-        assert_eq!(GoAway::load(&[0x80, 0, 0, 1, 0, 0, 0, 0]), Ok(GoAway::new(1, Reason::NO_ERROR, b"")));
+        assert_eq!(
+            GoAway::load(&b[HEADER_LEN..]),
+            Ok(GoAway::new(7, Reason::ENHANCE_YOUR_CALM, b"too_many_pings"))
+        );
+        assert_eq!(
+            GoAway::load(&[0x80, 0, 0, 1, 0, 0, 0, 0]),
+            Ok(GoAway::new(1, Reason::NO_ERROR, b""))
+        );
     }
 
     #[test]
     fn a_goaway_shorter_than_eight_bytes_is_an_error() {
-        assert_eq!(GoAway::load(&[0; 7]), Err(FrameError::BadLength { kind: Kind::GoAway, len: 7 }));
+        assert_eq!(
+            GoAway::load(&[0; 7]),
+            Err(FrameError::BadLength {
+                kind: Kind::GoAway,
+                len: 7
+            })
+        );
     }
 }

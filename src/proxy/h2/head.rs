@@ -105,7 +105,12 @@ pub struct Head {
 
 impl Head {
     pub fn new(kind: Kind, flags: Flags, stream: u32, len: usize) -> Head {
-        Head { len, kind, flags, stream }
+        Head {
+            len,
+            kind,
+            flags,
+            stream,
+        }
     }
 
     pub fn parse(b: &[u8]) -> Option<Head> {
@@ -127,7 +132,13 @@ impl Head {
     pub fn encode(&self, out: &mut Vec<u8>) {
         let len = self.len;
         debug_assert!(len < 1 << 24);
-        out.extend_from_slice(&[(len >> 16) as u8, (len >> 8) as u8, len as u8, self.kind.into(), self.flags.0]);
+        out.extend_from_slice(&[
+            (len >> 16) as u8,
+            (len >> 8) as u8,
+            len as u8,
+            self.kind.into(),
+            self.flags.0,
+        ]);
         out.extend_from_slice(&(self.stream & 0x7fff_ffff).to_be_bytes());
     }
 }
@@ -152,8 +163,14 @@ mod tests {
         Ping::new(*b"12345678").encode(&mut b);
         data(&mut b, 1, b"abc", true);
         let mut missing = 9;
-        assert_eq!(complete_at(&b, 3, &mut missing).map(|h| (h.kind, h.len, missing)), Some((Kind::Ping, 8, 0)));
-        assert_eq!(complete_at(&b, 20, &mut missing).map(|h| (h.kind, h.stream, h.len)), Some((Kind::Data, 1, 3)));
+        assert_eq!(
+            complete_at(&b, 3, &mut missing).map(|h| (h.kind, h.len, missing)),
+            Some((Kind::Ping, 8, 0))
+        );
+        assert_eq!(
+            complete_at(&b, 20, &mut missing).map(|h| (h.kind, h.stream, h.len)),
+            Some((Kind::Data, 1, 3))
+        );
         assert!(complete_at(&b[..b.len() - 2], 20, &mut missing).is_none());
         assert_eq!(missing, 2);
         assert!(complete_at(&b[..25], 20, &mut missing).is_none());

@@ -44,17 +44,31 @@ mod tests {
         let mut out = Vec::new();
         headers(&mut out, 3, &block, true);
         let h1 = Head::parse(&out).unwrap();
-        assert_eq!((h1.kind, h1.len, h1.flags), (Kind::Headers, MAX_FRAME, Flags::END_STREAM));
+        assert_eq!(
+            (h1.kind, h1.len, h1.flags),
+            (Kind::Headers, MAX_FRAME, Flags::END_STREAM)
+        );
         let h2 = Head::parse(&out[9 + MAX_FRAME..]).unwrap();
-        assert_eq!((h2.kind, h2.len, h2.flags), (Kind::Continuation, MAX_FRAME, Flags::NONE));
+        assert_eq!(
+            (h2.kind, h2.len, h2.flags),
+            (Kind::Continuation, MAX_FRAME, Flags::NONE)
+        );
         let h3 = Head::parse(&out[18 + 2 * MAX_FRAME..]).unwrap();
-        assert_eq!((h3.kind, h3.len, h3.flags, h3.stream), (Kind::Continuation, 5, Flags::END_HEADERS, 3));
+        assert_eq!(
+            (h3.kind, h3.len, h3.flags, h3.stream),
+            (Kind::Continuation, 5, Flags::END_HEADERS, 3)
+        );
         assert_eq!(out.len(), 27 + block.len());
     }
 
     #[test]
     fn padding_and_priority_are_stripped() {
-        let head = Head::new(Kind::Headers, Flags::PADDED | Flags::PRIORITY | Flags::END_HEADERS, 1, 10);
+        let head = Head::new(
+            Kind::Headers,
+            Flags::PADDED | Flags::PRIORITY | Flags::END_HEADERS,
+            1,
+            10,
+        );
         let payload = [2u8, 0, 0, 0, 0, 9, 0xaa, 0xbb, 0, 0];
         assert_eq!(header_fragment(&head, &payload), Some(6..8));
         let bad = Head::new(Kind::Headers, Flags::PADDED, 1, 1);

@@ -101,7 +101,14 @@ pub struct Decoder {
 
 impl Default for Decoder {
     fn default() -> Self {
-        Decoder { table: VecDeque::new(), size: 0, max_size: 4096, allowed: 1 << 20, scratch_name: Vec::new(), scratch_value: Vec::new() }
+        Decoder {
+            table: VecDeque::new(),
+            size: 0,
+            max_size: 4096,
+            allowed: 1 << 20,
+            scratch_name: Vec::new(),
+            scratch_value: Vec::new(),
+        }
     }
 }
 
@@ -129,10 +136,17 @@ fn int(b: &[u8], pos: &mut usize, prefix: u8) -> Result<usize, HpackError> {
 }
 
 /// A string literal at `pos`: its raw bytes, or (Huffman) decoded into `scratch`.
-fn string<'a>(b: &'a [u8], pos: &mut usize, scratch: &'a mut Vec<u8>) -> Result<&'a [u8], HpackError> {
+fn string<'a>(
+    b: &'a [u8],
+    pos: &mut usize,
+    scratch: &'a mut Vec<u8>,
+) -> Result<&'a [u8], HpackError> {
     let huffman = *b.get(*pos).ok_or(HpackError::Truncated)? & 0x80 != 0;
     let len = int(b, pos, 7)?;
-    let end = pos.checked_add(len).filter(|&e| e <= b.len()).ok_or(HpackError::Truncated)?;
+    let end = pos
+        .checked_add(len)
+        .filter(|&e| e <= b.len())
+        .ok_or(HpackError::Truncated)?;
     let raw = &b[*pos..end];
     *pos = end;
     if !huffman {
@@ -147,7 +161,11 @@ impl Decoder {
     fn get(&self, index: usize) -> Result<(&[u8], &[u8]), HpackError> {
         match index {
             1..=61 => Ok(STATIC[index - 1]),
-            i if i > 61 => self.table.get(i - 62).map(|(n, v)| (&n[..], &v[..])).ok_or(HpackError::BadIndex(i)),
+            i if i > 61 => self
+                .table
+                .get(i - 62)
+                .map(|(n, v)| (&n[..], &v[..]))
+                .ok_or(HpackError::BadIndex(i)),
             i => Err(HpackError::BadIndex(i)),
         }
     }
@@ -168,7 +186,11 @@ impl Decoder {
     }
 
     /// Decodes one complete header block, calling `field(name, value)` for each field in order.
-    pub fn decode(&mut self, block: &[u8], mut field: impl FnMut(&[u8], &[u8])) -> Result<(), HpackError> {
+    pub fn decode(
+        &mut self,
+        block: &[u8],
+        mut field: impl FnMut(&[u8], &[u8]),
+    ) -> Result<(), HpackError> {
         let mut pos = 0;
         while pos < block.len() {
             let b = block[pos];
@@ -220,7 +242,8 @@ mod tests {
 
     fn fields(dec: &mut Decoder, block: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
         let mut out = Vec::new();
-        dec.decode(block, |n, v| out.push((n.to_vec(), v.to_vec()))).unwrap();
+        dec.decode(block, |n, v| out.push((n.to_vec(), v.to_vec())))
+            .unwrap();
         out
     }
 
@@ -236,8 +259,16 @@ mod tests {
             .map(|i| {
                 vec![
                     (b":method".to_vec(), b"POST".to_vec(), 0x4 | 0x10),
-                    (b":path".to_vec(), format!("/runtime.v1.RuntimeService/M{}", i % 7).into_bytes(), 0x4 | 0x2 | 0x10),
-                    (b"grpc-timeout".to_vec(), format!("{}u", 1_999_000 + i).into_bytes(), 0x4 | 0x1),
+                    (
+                        b":path".to_vec(),
+                        format!("/runtime.v1.RuntimeService/M{}", i % 7).into_bytes(),
+                        0x4 | 0x2 | 0x10,
+                    ),
+                    (
+                        b"grpc-timeout".to_vec(),
+                        format!("{}u", 1_999_000 + i).into_bytes(),
+                        0x4 | 0x1,
+                    ),
                     (b"authorization".to_vec(), b"secret".to_vec(), 0x8 | 0x1),
                     (b"x-plain".to_vec(), vec![b'p'; i], 0x0),
                 ]
@@ -249,10 +280,12 @@ mod tests {
                 enc.update_max_dynamic_size(128, &mut block).unwrap();
             }
             for (n, v, flags) in req {
-                enc.encode((n.clone(), v.clone(), *flags), &mut block).unwrap();
+                enc.encode((n.clone(), v.clone(), *flags), &mut block)
+                    .unwrap();
             }
             let got = fields(&mut dec, &block);
-            let want: Vec<(Vec<u8>, Vec<u8>)> = req.iter().map(|(n, v, _)| (n.clone(), v.clone())).collect();
+            let want: Vec<(Vec<u8>, Vec<u8>)> =
+                req.iter().map(|(n, v, _)| (n.clone(), v.clone())).collect();
             assert_eq!(got, want, "block {i}");
         }
     }
@@ -260,14 +293,32 @@ mod tests {
     #[test]
     fn hostile_blocks_are_errors_not_panics() {
         let mut dec = Decoder::default();
-        assert_eq!(dec.decode(&[0x80 | 62], |_, _| {}), Err(HpackError::BadIndex(62)));
+        assert_eq!(
+            dec.decode(&[0x80 | 62], |_, _| {}),
+            Err(HpackError::BadIndex(62))
+        );
         assert_eq!(dec.decode(&[0x80], |_, _| {}), Err(HpackError::BadIndex(0)));
-        assert_eq!(dec.decode(&[0x40, 0x05, b'a'], |_, _| {}), Err(HpackError::Truncated));
-        assert_eq!(dec.decode(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff], |_, _| {}), Err(HpackError::Overflow));
-        assert_eq!(dec.decode(&[0x00, 0x81, 0xff, 0x00], |_, _| {}), Err(HpackError::Huffman));
+        assert_eq!(
+            dec.decode(&[0x40, 0x05, b'a'], |_, _| {}),
+            Err(HpackError::Truncated)
+        );
+        assert_eq!(
+            dec.decode(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff], |_, _| {}),
+            Err(HpackError::Overflow)
+        );
+        assert_eq!(
+            dec.decode(&[0x00, 0x81, 0xff, 0x00], |_, _| {}),
+            Err(HpackError::Huffman)
+        );
         // '0' (00000) padded with zeros: RFC 7541 §5.2 wants EOS's leading bits (ones).
-        assert_eq!(dec.decode(&[0x00, 0x81, 0x00, 0x00], |_, _| {}), Err(HpackError::Huffman));
-        assert_eq!(dec.decode(&[0x3f, 0xe1, 0xff, 0xff, 0x07], |_, _| {}), Err(HpackError::TableSize(16_777_216, 1 << 20)));
+        assert_eq!(
+            dec.decode(&[0x00, 0x81, 0x00, 0x00], |_, _| {}),
+            Err(HpackError::Huffman)
+        );
+        assert_eq!(
+            dec.decode(&[0x3f, 0xe1, 0xff, 0xff, 0x07], |_, _| {}),
+            Err(HpackError::TableSize(16_777_216, 1 << 20))
+        );
     }
 
     #[test]
@@ -283,40 +334,82 @@ mod tests {
         }
         fields(&mut dec, &block);
         // 46 bytes each: only the newest fits in 96... both fit (92). A third evicts "aaaa".
-        let third = [0x40, 4, b'c', b'c', b'c', b'c', 10, b'w', b'w', b'w', b'w', b'w', b'w', b'w', b'w', b'w', b'w'];
+        let third = [
+            0x40, 4, b'c', b'c', b'c', b'c', 10, b'w', b'w', b'w', b'w', b'w', b'w', b'w', b'w',
+            b'w', b'w',
+        ];
         fields(&mut dec, &third);
         assert_eq!(fields(&mut dec, &[0x80 | 62])[0].0, b"cccc");
         assert_eq!(fields(&mut dec, &[0x80 | 63])[0].0, b"bbbb");
-        assert_eq!(dec.decode(&[0x80 | 64], |_, _| {}), Err(HpackError::BadIndex(64)));
+        assert_eq!(
+            dec.decode(&[0x80 | 64], |_, _| {}),
+            Err(HpackError::BadIndex(64))
+        );
     }
 
     /// RFC 7541 Appendix C: the specification's own examples, independent of any crate. Each
     /// sequence is decoded with one table, as a connection's blocks are.
     fn hex(s: &str) -> Vec<u8> {
         let s: String = s.split_whitespace().collect();
-        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex")).collect()
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
+            .collect()
     }
 
     fn strs(fields: &[(&str, &str)]) -> Vec<(Vec<u8>, Vec<u8>)> {
-        fields.iter().map(|(n, v)| (n.as_bytes().to_vec(), v.as_bytes().to_vec())).collect()
+        fields
+            .iter()
+            .map(|(n, v)| (n.as_bytes().to_vec(), v.as_bytes().to_vec()))
+            .collect()
     }
 
     #[test]
     fn rfc7541_c2_single_representations() {
         let cases: [(&str, &[(&str, &str)]); 4] = [
-            ("400a 6375 7374 6f6d 2d6b 6579 0d63 7573 746f 6d2d 6865 6164 6572", &[("custom-key", "custom-header")]),
-            ("040c 2f73 616d 706c 652f 7061 7468", &[(":path", "/sample/path")]),
-            ("1008 7061 7373 776f 7264 0673 6563 7265 74", &[("password", "secret")]),
+            (
+                "400a 6375 7374 6f6d 2d6b 6579 0d63 7573 746f 6d2d 6865 6164 6572",
+                &[("custom-key", "custom-header")],
+            ),
+            (
+                "040c 2f73 616d 706c 652f 7061 7468",
+                &[(":path", "/sample/path")],
+            ),
+            (
+                "1008 7061 7373 776f 7264 0673 6563 7265 74",
+                &[("password", "secret")],
+            ),
             ("82", &[(":method", "GET")]),
         ];
         for (block, want) in cases {
-            assert_eq!(fields(&mut Decoder::default(), &hex(block)), strs(want), "{block}");
+            assert_eq!(
+                fields(&mut Decoder::default(), &hex(block)),
+                strs(want),
+                "{block}"
+            );
         }
     }
 
-    const REQ1: &[(&str, &str)] = &[(":method", "GET"), (":scheme", "http"), (":path", "/"), (":authority", "www.example.com")];
-    const REQ2: &[(&str, &str)] = &[(":method", "GET"), (":scheme", "http"), (":path", "/"), (":authority", "www.example.com"), ("cache-control", "no-cache")];
-    const REQ3: &[(&str, &str)] = &[(":method", "GET"), (":scheme", "https"), (":path", "/index.html"), (":authority", "www.example.com"), ("custom-key", "custom-value")];
+    const REQ1: &[(&str, &str)] = &[
+        (":method", "GET"),
+        (":scheme", "http"),
+        (":path", "/"),
+        (":authority", "www.example.com"),
+    ];
+    const REQ2: &[(&str, &str)] = &[
+        (":method", "GET"),
+        (":scheme", "http"),
+        (":path", "/"),
+        (":authority", "www.example.com"),
+        ("cache-control", "no-cache"),
+    ];
+    const REQ3: &[(&str, &str)] = &[
+        (":method", "GET"),
+        (":scheme", "https"),
+        (":path", "/index.html"),
+        (":authority", "www.example.com"),
+        ("custom-key", "custom-value"),
+    ];
 
     /// C.3 and C.4: three requests on one decoder, each indexing what the previous added.
     fn requests(blocks: [&str; 3]) {
@@ -337,18 +430,35 @@ mod tests {
 
     #[test]
     fn rfc7541_c4_requests_with_huffman() {
-        requests(["8286 8441 8cf1 e3c2 e5f2 3a6b a0ab 90f4 ff", "8286 84be 5886 a8eb 1064 9cbf", "8287 85bf 4088 25a8 49e9 5ba9 7d7f 8925 a849 e95b b8e8 b4bf"]);
+        requests([
+            "8286 8441 8cf1 e3c2 e5f2 3a6b a0ab 90f4 ff",
+            "8286 84be 5886 a8eb 1064 9cbf",
+            "8287 85bf 4088 25a8 49e9 5ba9 7d7f 8925 a849 e95b b8e8 b4bf",
+        ]);
     }
 
-    const RESP1: &[(&str, &str)] = &[(":status", "302"), ("cache-control", "private"), ("date", "Mon, 21 Oct 2013 20:13:21 GMT"), ("location", "https://www.example.com")];
-    const RESP2: &[(&str, &str)] = &[(":status", "307"), ("cache-control", "private"), ("date", "Mon, 21 Oct 2013 20:13:21 GMT"), ("location", "https://www.example.com")];
+    const RESP1: &[(&str, &str)] = &[
+        (":status", "302"),
+        ("cache-control", "private"),
+        ("date", "Mon, 21 Oct 2013 20:13:21 GMT"),
+        ("location", "https://www.example.com"),
+    ];
+    const RESP2: &[(&str, &str)] = &[
+        (":status", "307"),
+        ("cache-control", "private"),
+        ("date", "Mon, 21 Oct 2013 20:13:21 GMT"),
+        ("location", "https://www.example.com"),
+    ];
     const RESP3: &[(&str, &str)] = &[
         (":status", "200"),
         ("cache-control", "private"),
         ("date", "Mon, 21 Oct 2013 20:13:22 GMT"),
         ("location", "https://www.example.com"),
         ("content-encoding", "gzip"),
-        ("set-cookie", "foo=ASDJKHQKBZXOQWEOPIUAXQWEOIU; max-age=3600; version=1"),
+        (
+            "set-cookie",
+            "foo=ASDJKHQKBZXOQWEOPIUAXQWEOIU; max-age=3600; version=1",
+        ),
     ];
 
     /// C.5 and C.6 run with a 256-byte table, so entries are evicted between responses: the
@@ -361,12 +471,21 @@ mod tests {
         assert_eq!(fields(&mut dec, &first), strs(RESP1));
         assert_eq!(fields(&mut dec, &hex(blocks[1])), strs(RESP2));
         // After C.5.2/C.6.2 the table holds 4 entries (222 bytes): ":status: 302" was evicted.
-        assert_eq!(dec.decode(&[0x80 | 66], |_, _| {}), Err(HpackError::BadIndex(66)));
+        assert_eq!(
+            dec.decode(&[0x80 | 66], |_, _| {}),
+            Err(HpackError::BadIndex(66))
+        );
         assert_eq!(fields(&mut dec, &hex(blocks[2])), strs(RESP3));
         // After C.5.3/C.6.3: 3 entries (215 bytes): set-cookie, content-encoding, date.
-        assert_eq!(fields(&mut dec, &[0x80 | 63])[0], (b"content-encoding".to_vec(), b"gzip".to_vec()));
+        assert_eq!(
+            fields(&mut dec, &[0x80 | 63])[0],
+            (b"content-encoding".to_vec(), b"gzip".to_vec())
+        );
         assert_eq!(fields(&mut dec, &[0x80 | 64])[0].0, b"date");
-        assert_eq!(dec.decode(&[0x80 | 65], |_, _| {}), Err(HpackError::BadIndex(65)));
+        assert_eq!(
+            dec.decode(&[0x80 | 65], |_, _| {}),
+            Err(HpackError::BadIndex(65))
+        );
     }
 
     #[test]

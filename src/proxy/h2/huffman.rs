@@ -314,7 +314,10 @@ const fn build() -> [[Entry; 16]; 256] {
     let mut sym = 0usize;
     while sym < CODES.len() {
         let (code, len) = CODES[sym];
-        assert!(len >= 5 && len <= 30 && (code >> len) == 0, "bad code or length");
+        assert!(
+            len >= 5 && len <= 30 && (code >> len) == 0,
+            "bad code or length"
+        );
         let mut node = 0usize;
         let mut i = len;
         while i > 1 {
@@ -332,14 +335,20 @@ const fn build() -> [[Entry; 16]; 256] {
             }
         }
         let bit = (code & 1) as usize;
-        assert!(children[node][bit] == UNSET, "a code is a prefix of another");
+        assert!(
+            children[node][bit] == UNSET,
+            "a code is a prefix of another"
+        );
         children[node][bit] = LEAF | sym as u16;
         sym += 1;
     }
     assert!(nodes == 256, "the code tree must have 256 internal nodes");
     let mut node = 0;
     while node < 256 {
-        assert!(children[node][0] != UNSET && children[node][1] != UNSET, "the code is not complete");
+        assert!(
+            children[node][0] != UNSET && children[node][1] != UNSET,
+            "the code is not complete"
+        );
         node += 1;
     }
 
@@ -350,12 +359,19 @@ const fn build() -> [[Entry; 16]; 256] {
     while depth < 8 {
         accept[node] = true;
         let child = children[node][1];
-        assert!(child & LEAF == 0, "the all-ones path must stay inside the tree for 8 bits");
+        assert!(
+            child & LEAF == 0,
+            "the all-ones path must stay inside the tree for 8 bits"
+        );
         node = child as usize;
         depth += 1;
     }
 
-    let mut table = [[Entry { next: 0, sym: 0, flags: 0 }; 16]; 256];
+    let mut table = [[Entry {
+        next: 0,
+        sym: 0,
+        flags: 0,
+    }; 16]; 256];
     let mut state = 0;
     while state < 256 {
         let mut nibble = 0;
@@ -384,7 +400,11 @@ const fn build() -> [[Entry; 16]; 256] {
             if accept[node] {
                 flags |= ACCEPT;
             }
-            table[state][nibble] = Entry { next: node as u8, sym, flags };
+            table[state][nibble] = Entry {
+                next: node as u8,
+                sym,
+                flags,
+            };
             nibble += 1;
         }
         state += 1;
@@ -442,7 +462,10 @@ mod tests {
 
     fn hex(s: &str) -> Vec<u8> {
         let s: String = s.chars().filter(|c| !c.is_whitespace()).collect();
-        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
     }
 
     /// A small deterministic PRNG (xorshift64*), so failures reproduce.
@@ -480,7 +503,11 @@ mod tests {
         ];
         for (coded, text) in cases {
             assert_eq!(dec(&hex(coded)).as_deref(), Ok(text.as_bytes()), "{text}");
-            assert_eq!(enc(text.as_bytes()), hex(coded), "the RFC's bytes are what an encoder writes for {text:?}");
+            assert_eq!(
+                enc(text.as_bytes()),
+                hex(coded),
+                "the RFC's bytes are what an encoder writes for {text:?}"
+            );
         }
     }
 
@@ -499,10 +526,18 @@ mod tests {
         // Every pair of bytes: all code lengths meet all bit alignments.
         for a in 0..=255u8 {
             for b in 0..=255u8 {
-                assert_eq!(dec(&enc(&[a, b])), Ok(vec![a, b]), "bytes {a:#04x} {b:#04x}");
+                assert_eq!(
+                    dec(&enc(&[a, b])),
+                    Ok(vec![a, b]),
+                    "bytes {a:#04x} {b:#04x}"
+                );
             }
         }
-        for alphabet in [&b"abc/.-_"[..], b"0123456789munHMS", b"\x00\x7f\x80\xfe\xff\\<{"] {
+        for alphabet in [
+            &b"abc/.-_"[..],
+            b"0123456789munHMS",
+            b"\x00\x7f\x80\xfe\xff\\<{",
+        ] {
             for &a in alphabet {
                 for &b in alphabet {
                     for &c in alphabet {
@@ -562,7 +597,9 @@ mod tests {
 
     fn httlib(src: &[u8]) -> Result<Vec<u8>, ()> {
         let mut out = Vec::new();
-        httlib_huffman::decode(src, &mut out, httlib_huffman::DecoderSpeed::FourBits).map(|()| out).map_err(|_| ())
+        httlib_huffman::decode(src, &mut out, httlib_huffman::DecoderSpeed::FourBits)
+            .map(|()| out)
+            .map_err(|_| ())
     }
 
     /// Arbitrary bytes (mostly invalid): crisp's decoder gives exactly the RFC's answer, and
@@ -586,7 +623,10 @@ mod tests {
                 (Err(_), Err(())) => {}
                 (Err(HuffmanError::Padding), Ok(theirs)) => {
                     let (symbols, acc, n) = reference.symbols(src).unwrap();
-                    assert!(n < 8 && acc != (1 << n) - 1, "httlib accepts {src:02x?}: padding {acc:b} ({n} bits)");
+                    assert!(
+                        n < 8 && acc != (1 << n) - 1,
+                        "httlib accepts {src:02x?}: padding {acc:b} ({n} bits)"
+                    );
                     assert_eq!(theirs, symbols, "{src:02x?}");
                     zero_padding += 1;
                 }
@@ -615,7 +655,10 @@ mod tests {
             src.push(rng.next() as u8);
             check(&src);
         }
-        assert!(accepted > 10_000, "only {accepted} accepted: the test exercises little");
+        assert!(
+            accepted > 10_000,
+            "only {accepted} accepted: the test exercises little"
+        );
         assert!(zero_padding > 0, "the known difference should show up");
     }
 

@@ -33,7 +33,10 @@ fn entry_size(key: &[u8]) -> usize {
 
 /// Names whose values recur on every call of a gRPC client and carry no secret.
 fn indexable(name: &[u8]) -> bool {
-    matches!(name, b":path" | b":authority" | b"content-type" | b"user-agent" | b"te")
+    matches!(
+        name,
+        b":path" | b":authority" | b"content-type" | b"user-agent" | b"te"
+    )
 }
 
 pub struct Indexer {
@@ -53,7 +56,15 @@ pub struct Indexer {
 
 impl Default for Indexer {
     fn default() -> Self {
-        Indexer { entries: VecDeque::new(), index: HashMap::default(), inserted: 0, size: 0, max_size: MAX_TABLE, owed: None, key: Vec::with_capacity(128) }
+        Indexer {
+            entries: VecDeque::new(),
+            index: HashMap::default(),
+            inserted: 0,
+            size: 0,
+            max_size: MAX_TABLE,
+            owed: None,
+            key: Vec::with_capacity(128),
+        }
     }
 }
 
@@ -86,7 +97,8 @@ impl Indexer {
             return encode_field(out, name, value);
         }
         self.key.clear();
-        self.key.extend_from_slice(&(name.len() as u32).to_be_bytes());
+        self.key
+            .extend_from_slice(&(name.len() as u32).to_be_bytes());
         self.key.extend_from_slice(name);
         self.key.extend_from_slice(value);
         if let Some(&n) = self.index.get(&self.key[..]) {
@@ -119,7 +131,9 @@ impl Indexer {
     /// Drops the oldest entries until `room` more bytes fit, as the runtime's decoder will.
     fn evict(&mut self, room: usize) {
         while self.size + room > self.max_size {
-            let Some(key) = self.entries.pop_front() else { break };
+            let Some(key) = self.entries.pop_front() else {
+                break;
+            };
             let n = self.inserted - 1 - self.entries.len() as u64;
             if self.index.get(&key) == Some(&n) {
                 self.index.remove(&key);
@@ -164,7 +178,8 @@ mod tests {
     /// block, as the runtime does.
     fn decode(dec: &mut httlib_hpack::Decoder, block: &[u8]) -> Fields {
         let mut dst = Vec::new();
-        dec.decode(&mut block.to_vec(), &mut dst).expect("the runtime must decode crisp's block");
+        dec.decode(&mut block.to_vec(), &mut dst)
+            .expect("the runtime must decode crisp's block");
         dst.into_iter().map(|(n, v, _)| (n, v)).collect()
     }
 
@@ -183,13 +198,20 @@ mod tests {
             second.iter().for_each(|(n, v)| encode_field(&mut s, n, v));
             s.len()
         };
-        assert!(b2.len() <= 7 + 2 + "grpc-timeout".len() + 1 + "1998000u".len(), "{} bytes: {b2:02x?}", b2.len());
+        assert!(
+            b2.len() <= 7 + 2 + "grpc-timeout".len() + 1 + "1998000u".len(),
+            "{} bytes: {b2:02x?}",
+            b2.len()
+        );
         assert!(stateless > 100, "{stateless}");
     }
 
     #[test]
     fn eviction_and_table_size_changes_keep_the_runtime_in_step() {
-        let (mut enc, mut dec) = (Indexer::default(), httlib_hpack::Decoder::with_dynamic_size(4096));
+        let (mut enc, mut dec) = (
+            Indexer::default(),
+            httlib_hpack::Decoder::with_dynamic_size(4096),
+        );
         for i in 0..400u32 {
             // More distinct paths than the table holds: entries are evicted and re-added.
             let fields = call(&format!("/runtime.v1.RuntimeService/Method{}", i % 97), i);

@@ -15,12 +15,23 @@ impl Ping {
 
     /// The answer to this PING.
     pub fn pong(self) -> Ping {
-        Ping { ack: true, opaque: self.opaque }
+        Ping {
+            ack: true,
+            opaque: self.opaque,
+        }
     }
 
     pub fn load(head: &Head, payload: &[u8]) -> Result<Ping, FrameError> {
-        let Ok(opaque) = <[u8; 8]>::try_from(payload) else { return Err(FrameError::BadLength { kind: Kind::Ping, len: payload.len() }) };
-        Ok(Ping { ack: head.has(Flags::ACK), opaque })
+        let Ok(opaque) = <[u8; 8]>::try_from(payload) else {
+            return Err(FrameError::BadLength {
+                kind: Kind::Ping,
+                len: payload.len(),
+            });
+        };
+        Ok(Ping {
+            ack: head.has(Flags::ACK),
+            opaque,
+        })
     }
 
     pub fn encode(&self, out: &mut Vec<u8>) {
@@ -47,7 +58,13 @@ mod tests {
     #[test]
     fn a_ping_of_other_than_eight_bytes_is_an_error() {
         let head = Head::new(Kind::Ping, Flags::NONE, 0, 7);
-        assert_eq!(Ping::load(&head, &[0; 7]), Err(FrameError::BadLength { kind: Kind::Ping, len: 7 }));
+        assert_eq!(
+            Ping::load(&head, &[0; 7]),
+            Err(FrameError::BadLength {
+                kind: Kind::Ping,
+                len: 7
+            })
+        );
         assert!(Ping::load(&head, &[0; 9]).is_err());
     }
 }

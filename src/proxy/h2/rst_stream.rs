@@ -14,8 +14,16 @@ impl RstStream {
     }
 
     pub fn load(head: &Head, payload: &[u8]) -> Result<RstStream, FrameError> {
-        let [a, b, c, d] = *payload else { return Err(FrameError::BadLength { kind: Kind::RstStream, len: payload.len() }) };
-        Ok(RstStream { stream: head.stream, reason: Reason(u32::from_be_bytes([a, b, c, d])) })
+        let [a, b, c, d] = *payload else {
+            return Err(FrameError::BadLength {
+                kind: Kind::RstStream,
+                len: payload.len(),
+            });
+        };
+        Ok(RstStream {
+            stream: head.stream,
+            reason: Reason(u32::from_be_bytes([a, b, c, d])),
+        })
     }
 
     pub fn encode(&self, out: &mut Vec<u8>) {
@@ -34,7 +42,16 @@ mod tests {
         let mut b = Vec::new();
         RstStream::new(9, Reason::REFUSED_STREAM).encode(&mut b);
         let head = Head::parse(&b).unwrap();
-        assert_eq!(RstStream::load(&head, &b[HEADER_LEN..]), Ok(RstStream::new(9, Reason::REFUSED_STREAM)));
-        assert_eq!(RstStream::load(&head, &[0; 3]), Err(FrameError::BadLength { kind: Kind::RstStream, len: 3 }));
+        assert_eq!(
+            RstStream::load(&head, &b[HEADER_LEN..]),
+            Ok(RstStream::new(9, Reason::REFUSED_STREAM))
+        );
+        assert_eq!(
+            RstStream::load(&head, &[0; 3]),
+            Err(FrameError::BadLength {
+                kind: Kind::RstStream,
+                len: 3
+            })
+        );
     }
 }

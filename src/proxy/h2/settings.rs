@@ -28,7 +28,10 @@ impl Settings {
     pub fn load(head: &Head, payload: &[u8]) -> Result<Settings, FrameError> {
         debug_assert_eq!(head.kind, Kind::Settings);
         if !payload.len().is_multiple_of(6) {
-            return Err(FrameError::BadLength { kind: Kind::Settings, len: payload.len() });
+            return Err(FrameError::BadLength {
+                kind: Kind::Settings,
+                len: payload.len(),
+            });
         }
         let mut s = Settings::default();
         for p in payload.chunks_exact(6) {
@@ -97,7 +100,12 @@ mod tests {
 
     #[test]
     fn settings_round_trip() {
-        let s = Settings { header_table_size: Some(0), initial_window_size: Some(1 << 20), max_frame_size: Some(16_384), ..Default::default() };
+        let s = Settings {
+            header_table_size: Some(0),
+            initial_window_size: Some(1 << 20),
+            max_frame_size: Some(16_384),
+            ..Default::default()
+        };
         let mut b = Vec::new();
         s.encode(&mut b);
         assert_eq!(b.len(), HEADER_LEN + 18);
@@ -118,7 +126,13 @@ mod tests {
             b.extend_from_slice(&id.to_be_bytes());
             b.extend_from_slice(&v.to_be_bytes());
         }
-        assert_eq!(load(&b), Ok(Settings { initial_window_size: Some(20), ..Default::default() }));
+        assert_eq!(
+            load(&b),
+            Ok(Settings {
+                initial_window_size: Some(20),
+                ..Default::default()
+            })
+        );
     }
 
     #[test]
@@ -126,7 +140,13 @@ mod tests {
         let mut b = Vec::new();
         Head::new(Kind::Settings, Flags::NONE, 0, 7).encode(&mut b);
         b.extend_from_slice(&[0, 4, 0, 0, 0, 1, 9]);
-        assert_eq!(load(&b), Err(FrameError::BadLength { kind: Kind::Settings, len: 7 }));
+        assert_eq!(
+            load(&b),
+            Err(FrameError::BadLength {
+                kind: Kind::Settings,
+                len: 7
+            })
+        );
         assert_eq!(Settings::load_ack(&[0]), Err(FrameError::AckWithPayload));
         assert_eq!(Settings::load_ack(&[]), Ok(()));
     }

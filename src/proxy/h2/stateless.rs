@@ -92,7 +92,10 @@ mod tests {
         let fields: Vec<(&[u8], Vec<u8>)> = vec![
             (b":method", b"POST".to_vec()),
             (b":scheme", b"http".to_vec()),
-            (b":path", b"/runtime.v1.RuntimeService/ListContainers".to_vec()),
+            (
+                b":path",
+                b"/runtime.v1.RuntimeService/ListContainers".to_vec(),
+            ),
             (b":authority", b"localhost".to_vec()),
             (b"content-type", b"application/grpc".to_vec()),
             (b"user-agent", b"grpc-go/1.51.0".to_vec()),
@@ -107,7 +110,10 @@ mod tests {
         }
         let mut dec = httlib_hpack::Decoder::default();
         let got = decode_with(&mut dec, &block);
-        let want: Vec<(Vec<u8>, Vec<u8>)> = fields.iter().map(|(n, v)| (n.to_vec(), v.clone())).collect();
+        let want: Vec<(Vec<u8>, Vec<u8>)> = fields
+            .iter()
+            .map(|(n, v)| (n.to_vec(), v.clone()))
+            .collect();
         assert_eq!(got, want);
         // Nothing was added to the dynamic table: index 62 (its first entry) does not exist.
         assert!(dec.decode(&mut vec![0x80 | 62], &mut Vec::new()).is_err());

@@ -16,8 +16,16 @@ impl WindowUpdate {
     }
 
     pub fn load(head: &Head, payload: &[u8]) -> Result<WindowUpdate, FrameError> {
-        let [a, b, c, d] = *payload else { return Err(FrameError::BadLength { kind: Kind::WindowUpdate, len: payload.len() }) };
-        Ok(WindowUpdate { stream: head.stream, increment: u32::from_be_bytes([a, b, c, d]) & 0x7fff_ffff })
+        let [a, b, c, d] = *payload else {
+            return Err(FrameError::BadLength {
+                kind: Kind::WindowUpdate,
+                len: payload.len(),
+            });
+        };
+        Ok(WindowUpdate {
+            stream: head.stream,
+            increment: u32::from_be_bytes([a, b, c, d]) & 0x7fff_ffff,
+        })
     }
 
     pub fn encode(&self, out: &mut Vec<u8>) {
@@ -36,9 +44,21 @@ mod tests {
         let mut b = Vec::new();
         WindowUpdate::new(5, 70_000).encode(&mut b);
         let head = Head::parse(&b).unwrap();
-        assert_eq!(WindowUpdate::load(&head, &b[HEADER_LEN..]), Ok(WindowUpdate::new(5, 70_000)));
-        assert_eq!(WindowUpdate::load(&head, &[0xff, 0xff, 0xff, 0xff]), Ok(WindowUpdate::new(5, 0x7fff_ffff)));
-        assert_eq!(WindowUpdate::load(&head, &[0, 0, 1]), Err(FrameError::BadLength { kind: Kind::WindowUpdate, len: 3 }));
+        assert_eq!(
+            WindowUpdate::load(&head, &b[HEADER_LEN..]),
+            Ok(WindowUpdate::new(5, 70_000))
+        );
+        assert_eq!(
+            WindowUpdate::load(&head, &[0xff, 0xff, 0xff, 0xff]),
+            Ok(WindowUpdate::new(5, 0x7fff_ffff))
+        );
+        assert_eq!(
+            WindowUpdate::load(&head, &[0, 0, 1]),
+            Err(FrameError::BadLength {
+                kind: Kind::WindowUpdate,
+                len: 3
+            })
+        );
         assert!(WindowUpdate::load(&head, &[0; 5]).is_err());
     }
 }

@@ -29,7 +29,10 @@ pub type DivertedBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxErr
 pub trait Service: Calls {
     fn completed(&self, call: &Call, outcome: &Outcome);
     /// Serves a diverted stream's request (its [`Call`] in its extensions).
-    fn divert(self: Arc<Self>, req: Request<ProxyBody>) -> Pin<Box<dyn Future<Output = Response<DivertedBody>> + Send>>;
+    fn divert(
+        self: Arc<Self>,
+        req: Request<ProxyBody>,
+    ) -> Pin<Box<dyn Future<Output = Response<DivertedBody>> + Send>>;
 }
 
 /// Frames for the client that do not come from the runtime, from other threads (diverted
@@ -46,7 +49,12 @@ pub struct Outbox {
 
 impl Outbox {
     pub fn new(wake: Wake) -> Outbox {
-        Outbox { ctl: Mutex::new(Vec::new()), wake, stop: AtomicBool::new(false), kill: AtomicBool::new(false) }
+        Outbox {
+            ctl: Mutex::new(Vec::new()),
+            wake,
+            stop: AtomicBool::new(false),
+            kill: AtomicBool::new(false),
+        }
     }
 
     fn queue(&self) -> std::sync::MutexGuard<'_, Vec<u8>> {
@@ -93,12 +101,30 @@ pub struct Diverted {
 
 impl Diverted {
     /// `changed`: what `windows` notifies when the client's window grew.
-    pub fn new(service: Arc<dyn Service>, windows: Arc<Windows>, changed: Arc<Notify>, outbox: Arc<Outbox>) -> Diverted {
-        Diverted { service, windows, changed, outbox, tasks: Default::default(), bodies: IdMap::default() }
+    pub fn new(
+        service: Arc<dyn Service>,
+        windows: Arc<Windows>,
+        changed: Arc<Notify>,
+        outbox: Arc<Outbox>,
+    ) -> Diverted {
+        Diverted {
+            service,
+            windows,
+            changed,
+            outbox,
+            tasks: Default::default(),
+            bodies: IdMap::default(),
+        }
     }
 
     /// Hands a stream to the observed path (on crisp's runtime: the caller has entered it).
-    pub fn start(&mut self, stream: u32, call: Call, fields: Vec<(Bytes, Bytes)>, end_stream: bool) {
+    pub fn start(
+        &mut self,
+        stream: u32,
+        call: Call,
+        fields: Vec<(Bytes, Bytes)>,
+        end_stream: bool,
+    ) {
         let mut req = request_from_fields(fields);
         let body = if end_stream {
             ProxyBody::empty()
@@ -116,11 +142,20 @@ impl Diverted {
         };
         req.extensions_mut().insert(call);
         let req = req.map(|()| body);
-        let (service, windows, changed, outbox, tasks) = (self.service.clone(), self.windows.clone(), self.changed.clone(), self.outbox.clone(), self.tasks.clone());
+        let (service, windows, changed, outbox, tasks) = (
+            self.service.clone(),
+            self.windows.clone(),
+            self.changed.clone(),
+            self.outbox.clone(),
+            self.tasks.clone(),
+        );
         let mut map = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
         let h = tokio::spawn(async move {
             respond(service, (&windows, &changed), &outbox, stream, req).await;
-            tasks.lock().unwrap_or_else(|e| e.into_inner()).remove(&stream);
+            tasks
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&stream);
             windows.lock().close_diverted(stream);
             windows.notify();
         });
@@ -138,19 +173,28 @@ impl Diverted {
     }
 
     pub fn trailers(&mut self, stream: u32, fields: Vec<(Bytes, Bytes)>) {
-        let Some(tx) = self.bodies.remove(&stream) else { return };
+        let Some(tx) = self.bodies.remove(&stream) else {
+            return;
+        };
         match trailers_from_fields(fields) {
             Ok(t) => {
                 let _ = tx.send(BodyPart::Trailers(t));
             }
-            Err(why) => tracing::warn!(target: LOG, stream, %why, "client sent request trailers crisp cannot forward; dropped"),
+            Err(why) => {
+                tracing::warn!(target: LOG, stream, %why, "client sent request trailers crisp cannot forward; dropped")
+            }
         }
     }
 
     /// The client reset the stream.
     pub fn abort(&mut self, stream: u32) {
         self.bodies.remove(&stream);
-        if let Some(h) = self.tasks.lock().unwrap_or_else(|e| e.into_inner()).remove(&stream) {
+        if let Some(h) = self
+            .tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&stream)
+        {
             h.abort();
         }
     }
@@ -186,7 +230,10 @@ fn request_from_fields(fields: Vec<(Bytes, Bytes)>) -> Request<()> {
             n => {
                 // A field http cannot represent still reaches the runtime (RawFields); crisp
                 // only does not look at it.
-                if let (Ok(name), Ok(value)) = (http::HeaderName::from_bytes(n), http::HeaderValue::from_maybe_shared(v.clone())) {
+                if let (Ok(name), Ok(value)) = (
+                    http::HeaderName::from_bytes(n),
+                    http::HeaderValue::from_maybe_shared(v.clone()),
+                ) {
                     req.headers_mut().append(name, value);
                 }
             }
@@ -220,7 +267,13 @@ fn trailers_from_fields(fields: Vec<(Bytes, Bytes)>) -> Result<http::HeaderMap, 
 }
 
 /// Serves a diverted stream through the observed path and writes its response to the client.
-async fn respond(service: Arc<dyn Service>, windows: (&Windows, &Notify), outbox: &Outbox, stream: u32, req: Request<ProxyBody>) {
+async fn respond(
+    service: Arc<dyn Service>,
+    windows: (&Windows, &Notify),
+    outbox: &Outbox,
+    stream: u32,
+    req: Request<ProxyBody>,
+) {
     let resp = service.divert(req).await;
     let (parts, mut body) = resp.into_parts();
     let mut block = Vec::with_capacity(256);
@@ -276,7 +329,12 @@ async fn respond(service: Arc<dyn Service>, windows: (&Windows, &Notify), outbox
 }
 
 /// Sends a diverted stream's response data within the client's windows.
-async fn send_data((windows, changed): (&Windows, &Notify), outbox: &Outbox, stream: u32, mut data: Bytes) {
+async fn send_data(
+    (windows, changed): (&Windows, &Notify),
+    outbox: &Outbox,
+    stream: u32,
+    mut data: Bytes,
+) {
     while !data.is_empty() {
         let notified = changed.notified();
         tokio::pin!(notified);

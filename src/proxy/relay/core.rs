@@ -24,7 +24,9 @@ use super::flow::Windows;
 use super::ping::{KeepAlive, KeepAliveAction, PingGate, KEEPALIVE};
 use super::status::{Code, Ending};
 use crate::intercept::{Call, Interest};
-use crate::proxy::h2::{self, hpack, GoAway, IdHasher, IdMap, Indexer, Ping, Reason, RstStream, Settings};
+use crate::proxy::h2::{
+    self, hpack, GoAway, IdHasher, IdMap, Indexer, Ping, Reason, RstStream, Settings,
+};
 
 /// Largest header block crisp accepts (the runtime's limit is usually far lower).
 pub const MAX_HEADER_BLOCK: usize = 1 << 20;
@@ -47,18 +49,30 @@ pub trait Calls: Send + Sync {
 pub enum Event {
     /// A new stream goes to the observed path: its request's fields, decoded once, in the
     /// client's order. `end_stream`: the request has no body.
-    Divert { stream: u32, call: Call, fields: Vec<(Bytes, Bytes)>, end_stream: bool },
+    Divert {
+        stream: u32,
+        call: Call,
+        fields: Vec<(Bytes, Bytes)>,
+        end_stream: bool,
+    },
     /// Request body bytes (padding removed) of a diverted stream.
     Body { stream: u32, data: Bytes },
     /// Request trailers of a diverted stream; its body ends.
-    Trailers { stream: u32, fields: Vec<(Bytes, Bytes)> },
+    Trailers {
+        stream: u32,
+        fields: Vec<(Bytes, Bytes)>,
+    },
     /// The client ended a diverted stream's request body.
     BodyEnd { stream: u32 },
     /// The client reset a diverted stream: its task ends.
     Reset { stream: u32 },
     /// A relayed call ended, to be reported to the interceptors; `at`: when its last frame was
     /// read.
-    Completed { call: Call, ending: Ending, at: Instant },
+    Completed {
+        call: Call,
+        ending: Ending,
+        at: Instant,
+    },
 }
 
 /// Where the runtime's frames go as they are: the client's socket, or a test's buffer.
@@ -161,7 +175,13 @@ impl Core {
     /// A connection whose client has sent its preface; `runtime`: it has a runtime connection
     /// of its own (its preface sent), else crisp serves it on the observed path and is the
     /// client's server itself.
-    pub fn new(cfg: &Config, calls: Arc<dyn Calls>, windows: Arc<Windows>, runtime: bool, now: Instant) -> Core {
+    pub fn new(
+        cfg: &Config,
+        calls: Arc<dyn Calls>,
+        windows: Arc<Windows>,
+        runtime: bool,
+        now: Instant,
+    ) -> Core {
         let mut to_client = Vec::new();
         if !runtime {
             // crisp is the server now: its own (default) SETTINGS.
@@ -185,7 +205,11 @@ impl Core {
             runtime,
             degraded: !runtime,
             client,
-            from_runtime: FromRuntime { dec: hpack::Decoder::default(), pending: None, table_size: None },
+            from_runtime: FromRuntime {
+                dec: hpack::Decoder::default(),
+                pending: None,
+                table_size: None,
+            },
             relayed: IdMap::default(),
             max_stream: 0,
             goaway: None,
@@ -218,12 +242,20 @@ impl Core {
     /// The periodic work: crisp's keep-alive PING to an idle client (and the end of a client
     /// that stopped answering), and moving a degraded client back to a relay once
     /// `runtime_reachable` says the runtime accepts connections again.
-    pub fn tick(&mut self, now: Instant, runtime_reachable: &mut dyn FnMut() -> bool) -> Result<(), RelayError> {
+    pub fn tick(
+        &mut self,
+        now: Instant,
+        runtime_reachable: &mut dyn FnMut() -> bool,
+    ) -> Result<(), RelayError> {
         if self.keepalive.check(now, self.last_client_frame) == KeepAliveAction::Dead {
             return Err(RelayError::KeepAlive);
         }
         self.maybe_move_client(now, runtime_reachable);
-        if self.keepalive.ping(now, self.last_client_frame, !self.in_runtime_block()) == KeepAliveAction::Ping {
+        if self
+            .keepalive
+            .ping(now, self.last_client_frame, !self.in_runtime_block())
+            == KeepAliveAction::Ping
+        {
             Ping::new(KEEPALIVE).encode(&mut self.to_client);
         }
         Ok(())
@@ -236,7 +268,12 @@ impl Core {
     /// and retried); waiting for an idle moment spares clients that do not retry.
     fn maybe_move_client(&mut self, now: Instant, runtime_reachable: &mut dyn FnMut() -> bool) {
         let idle = |c: &Core| now.saturating_duration_since(c.last_stream_at) >= MOVE_IDLE;
-        if !self.degraded || self.goaway.is_some() || !self.relayed.is_empty() || self.windows.lock().any_diverted() || !idle(self) {
+        if !self.degraded
+            || self.goaway.is_some()
+            || !self.relayed.is_empty()
+            || self.windows.lock().any_diverted()
+            || !idle(self)
+        {
             return;
         }
         if runtime_reachable() && idle(self) {
@@ -256,7 +293,11 @@ impl Core {
     /// After crisp's GOAWAY, with nothing left in flight or unwritten by the core: the
     /// connection can close once its shell has written the rest.
     pub fn drained(&self) -> bool {
-        self.goaway.is_some() && self.relayed.is_empty() && !self.windows.lock().any_diverted() && self.to_client.is_empty() && self.from_runtime.pending.is_none()
+        self.goaway.is_some()
+            && self.relayed.is_empty()
+            && !self.windows.lock().any_diverted()
+            && self.to_client.is_empty()
+            && self.from_runtime.pending.is_none()
     }
 
     /// The runtime connection failed (or closed; `msg` says so to the calls on it): they end
@@ -278,7 +319,12 @@ impl Core {
     /// diverted. The client keeps its connection; see [`Core::maybe_move_client`].
     pub(super) fn runtime_gone(&mut self, msg: &str, last: Option<u32>) {
         self.degraded = true;
-        let ids: Vec<u32> = self.relayed.keys().copied().filter(|&id| last.is_none_or(|l| id > l)).collect();
+        let ids: Vec<u32> = self
+            .relayed
+            .keys()
+            .copied()
+            .filter(|&id| last.is_none_or(|l| id > l))
+            .collect();
         let at = self.now;
         for id in ids {
             let r = self.relayed.remove(&id).expect("listed");

@@ -46,14 +46,18 @@ impl FieldList {
 
     /// The fields, owned: what a diverted stream hands on.
     pub(super) fn to_owned(&self) -> Vec<(Bytes, Bytes)> {
-        self.iter().map(|(n, v)| (Bytes::copy_from_slice(n), Bytes::copy_from_slice(v))).collect()
+        self.iter()
+            .map(|(n, v)| (Bytes::copy_from_slice(n), Bytes::copy_from_slice(v)))
+            .collect()
     }
 }
 
 /// The paths one client connection used, with their routes. A kubelet uses a few dozen; a
 /// client that sends ever new paths only makes the cache start over.
 #[derive(Default)]
-pub(super) struct PathCache(HashMap<Box<[u8]>, (Route, http::uri::PathAndQuery), BuildHasherDefault<IdHasher>>);
+pub(super) struct PathCache(
+    HashMap<Box<[u8]>, (Route, http::uri::PathAndQuery), BuildHasherDefault<IdHasher>>,
+);
 
 impl PathCache {
     const MAX: usize = 128;
@@ -64,7 +68,8 @@ impl PathCache {
             return hit.clone();
         }
         let route = Route::from_path(std::str::from_utf8(raw).unwrap_or("/"));
-        let path = http::uri::PathAndQuery::from_maybe_shared(Bytes::copy_from_slice(raw)).unwrap_or_else(|_| http::uri::PathAndQuery::from_static("/"));
+        let path = http::uri::PathAndQuery::from_maybe_shared(Bytes::copy_from_slice(raw))
+            .unwrap_or_else(|_| http::uri::PathAndQuery::from_static("/"));
         if self.0.len() >= Self::MAX {
             self.0.clear();
         }

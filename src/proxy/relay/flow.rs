@@ -35,7 +35,13 @@ pub struct Flow {
 
 impl Default for Flow {
     fn default() -> Self {
-        Flow { client_window: DEFAULT_WINDOW, debt: 0, client_initial_window: DEFAULT_WINDOW, unacked_windows: VecDeque::new(), diverted: IdMap::default() }
+        Flow {
+            client_window: DEFAULT_WINDOW,
+            debt: 0,
+            client_initial_window: DEFAULT_WINDOW,
+            unacked_windows: VecDeque::new(),
+            diverted: IdMap::default(),
+        }
     }
 }
 
@@ -56,7 +62,11 @@ impl Flow {
     /// gone, 0 when there is no window now.
     pub fn take_for_diverted(&mut self, stream: u32, want: usize) -> Option<usize> {
         let sw = *self.diverted.get(&stream)?;
-        let n = self.client_window.min(sw).min(MAX_FRAME as i64).min(want as i64);
+        let n = self
+            .client_window
+            .min(sw)
+            .min(MAX_FRAME as i64)
+            .min(want as i64);
         if n <= 0 {
             return Some(0);
         }
@@ -99,9 +109,15 @@ impl Flow {
     /// The runtime acknowledged the client's oldest SETTINGS (the ACK is on its way to the
     /// client, ahead of any DATA of crisp's). True when the streams' windows changed.
     pub fn settings_acked(&mut self) -> bool {
-        let Some(Some(v)) = self.unacked_windows.pop_front() else { return false };
+        let Some(Some(v)) = self.unacked_windows.pop_front() else {
+            return false;
+        };
         // A smaller window still waiting for its ACK caps it.
-        let v = self.unacked_windows.iter().flatten().fold(v, |m, &w| m.min(w));
+        let v = self
+            .unacked_windows
+            .iter()
+            .flatten()
+            .fold(v, |m, &w| m.min(w));
         self.set_initial_window(v)
     }
 
@@ -136,7 +152,11 @@ impl Flow {
     /// For tests: (connection window, debt, a diverted stream's window).
     #[cfg(test)]
     pub fn windows(&self, stream: u32) -> (i64, u64, Option<i64>) {
-        (self.client_window, self.debt, self.diverted.get(&stream).copied())
+        (
+            self.client_window,
+            self.debt,
+            self.diverted.get(&stream).copied(),
+        )
     }
 }
 
@@ -149,7 +169,10 @@ pub struct Windows {
 
 impl Windows {
     pub fn new(changed: Box<dyn Fn() + Send + Sync>) -> Windows {
-        Windows { flow: Mutex::new(Flow::default()), changed }
+        Windows {
+            flow: Mutex::new(Flow::default()),
+            changed,
+        }
     }
 
     pub fn lock(&self) -> MutexGuard<'_, Flow> {

@@ -19,13 +19,19 @@ use super::ping::KEEPALIVE;
 use super::status::Ending;
 use crate::cri::Route;
 use crate::intercept::Call;
-use crate::proxy::h2::{self, Flags, GoAway, Head, Kind, Ping, Reason, RstStream, Settings, WindowUpdate};
+use crate::proxy::h2::{
+    self, Flags, GoAway, Head, Kind, Ping, Reason, RstStream, Settings, WindowUpdate,
+};
 use crate::status::parse_grpc_timeout;
 
 impl Core {
     /// The complete frames at the start of `buf`: what goes on to the runtime is appended to
     /// `to_runtime`, crisp's own answers to the client to `to_client`.
-    pub(super) fn client_frames(&mut self, buf: &mut BytesMut, now: Instant) -> Result<(), RelayError> {
+    pub(super) fn client_frames(
+        &mut self,
+        buf: &mut BytesMut,
+        now: Instant,
+    ) -> Result<(), RelayError> {
         let mut credit = 0u32;
         let mut got_frame = false;
         self.now = now;
@@ -59,7 +65,12 @@ impl Core {
 
     /// One complete frame from the client: relayed, kept, or answered by crisp; `credit`
     /// collects connection credit to give back for bytes kept.
-    fn client_frame(&mut self, head: Head, frame: &[u8], credit: &mut u32) -> Result<(), RelayError> {
+    fn client_frame(
+        &mut self,
+        head: Head,
+        frame: &[u8],
+        credit: &mut u32,
+    ) -> Result<(), RelayError> {
         let payload = &frame[h2::HEADER_LEN..];
         if self.client.pending.is_some() {
             return self.continuation(head, payload);
@@ -71,7 +82,11 @@ impl Core {
                 if head.has(Flags::END_HEADERS) {
                     self.header_block(head.stream, head.has(Flags::END_STREAM), &payload[r])?;
                 } else {
-                    self.client.pending = Some(PendingBlock { stream: head.stream, end_stream: head.has(Flags::END_STREAM), block: payload[r].to_vec() });
+                    self.client.pending = Some(PendingBlock {
+                        stream: head.stream,
+                        end_stream: head.has(Flags::END_STREAM),
+                        block: payload[r].to_vec(),
+                    });
                 }
             }
             Kind::Continuation => return Err(Violation::StrayContinuation.into()),
@@ -102,7 +117,11 @@ impl Core {
 
     /// A CONTINUATION of the header block in `client.pending`.
     fn continuation(&mut self, head: Head, payload: &[u8]) -> Result<(), RelayError> {
-        let p = self.client.pending.as_mut().expect("called with a pending block");
+        let p = self
+            .client
+            .pending
+            .as_mut()
+            .expect("called with a pending block");
         if head.kind != Kind::Continuation || head.stream != p.stream {
             return Err(Violation::InterruptedBlock.into());
         }
@@ -141,14 +160,22 @@ impl Core {
                 if !r.is_empty() {
                     // A diverted request's body (a few KiB at most for the calls crisp
                     // diverts): copied out of the read buffer.
-                    self.events.push(Event::Body { stream: head.stream, data: Bytes::copy_from_slice(&payload[r]) });
+                    self.events.push(Event::Body {
+                        stream: head.stream,
+                        data: Bytes::copy_from_slice(&payload[r]),
+                    });
                 }
             }
             if head.has(Flags::END_STREAM) {
                 self.client.bodies.remove(&head.stream);
-                self.events.push(Event::BodyEnd { stream: head.stream });
+                self.events.push(Event::BodyEnd {
+                    stream: head.stream,
+                });
             }
-        } else if self.runtime && head.stream <= self.client.max_relayed && !self.is_diverted(head.stream) {
+        } else if self.runtime
+            && head.stream <= self.client.max_relayed
+            && !self.is_diverted(head.stream)
+        {
             self.to_runtime.extend_from_slice(frame);
         } else {
             *credit = credit.saturating_add(head.len as u32);
@@ -212,14 +239,22 @@ impl Core {
     fn client_settings(&mut self, head: &Head, payload: &[u8]) {
         // A malformed frame (FRAME_SIZE_ERROR) changes no window: the runtime (or, degraded,
         // the client's next frames) ends the connection.
-        let window = Settings::load(head, payload).ok().and_then(|s| s.initial_window_size).map(i64::from);
+        let window = Settings::load(head, payload)
+            .ok()
+            .and_then(|s| s.initial_window_size)
+            .map(i64::from);
         if self.windows.lock().client_settings(window, self.runtime) {
             self.windows.notify();
         }
     }
 
     /// A complete request header block: relay it re-encoded, or divert its stream.
-    fn header_block(&mut self, stream: u32, end_stream: bool, raw: &[u8]) -> Result<(), RelayError> {
+    fn header_block(
+        &mut self,
+        stream: u32,
+        end_stream: bool,
+        raw: &[u8],
+    ) -> Result<(), RelayError> {
         let mut block = std::mem::take(&mut self.client.enc);
         block.clear();
         let r = self.header_block_into(stream, end_stream, raw, &mut block);
@@ -230,7 +265,13 @@ impl Core {
         r
     }
 
-    fn header_block_into(&mut self, stream: u32, end_stream: bool, raw: &[u8], block: &mut Vec<u8>) -> Result<(), RelayError> {
+    fn header_block_into(
+        &mut self,
+        stream: u32,
+        end_stream: bool,
+        raw: &[u8],
+        block: &mut Vec<u8>,
+    ) -> Result<(), RelayError> {
         let mut path: Option<(Route, http::uri::PathAndQuery)> = None;
         let mut timeout = None;
         let paths = &mut self.client.paths;
@@ -250,12 +291,22 @@ impl Core {
         });
         if too_large {
             tracing::warn!(target: LOG, max_bytes = MAX_HEADER_LIST, "client sent a header block that decodes to more than crisp accepts; closing its connection");
-            GoAway::new(self.max_stream, Reason::COMPRESSION_ERROR, b"crisp: header list too large").encode(&mut self.to_client);
+            GoAway::new(
+                self.max_stream,
+                Reason::COMPRESSION_ERROR,
+                b"crisp: header list too large",
+            )
+            .encode(&mut self.to_client);
             return Err(Violation::ListTooLarge.into());
         }
         if let Err(e) = decoded {
             tracing::warn!(target: LOG, error = %e, "client sent a header block crisp cannot decode; closing its connection");
-            GoAway::new(self.max_stream, Reason::COMPRESSION_ERROR, b"crisp: bad header block").encode(&mut self.to_client);
+            GoAway::new(
+                self.max_stream,
+                Reason::COMPRESSION_ERROR,
+                b"crisp: bad header block",
+            )
+            .encode(&mut self.to_client);
             return Err(Violation::UndecodableBlock.into());
         }
         if !(stream > self.max_stream && stream % 2 == 1) {
@@ -270,12 +321,26 @@ impl Core {
     /// relayed through crisp's [`Indexer`], or diverted.
     ///
     /// [`Indexer`]: crate::proxy::h2::Indexer
-    fn new_stream(&mut self, stream: u32, end_stream: bool, path: Option<(Route, http::uri::PathAndQuery)>, timeout: Option<std::time::Duration>, block: &mut Vec<u8>) {
+    fn new_stream(
+        &mut self,
+        stream: u32,
+        end_stream: bool,
+        path: Option<(Route, http::uri::PathAndQuery)>,
+        timeout: Option<std::time::Duration>,
+        block: &mut Vec<u8>,
+    ) {
         let now = self.now;
         self.max_stream = stream;
         self.last_stream_at = now;
-        let (route, path) = path.unwrap_or_else(|| (Route::UNKNOWN, http::uri::PathAndQuery::from_static("/")));
-        let call = Call { route, path, received: now, deadline: timeout.map(|d| now + d), id: self.calls.next_id() };
+        let (route, path) =
+            path.unwrap_or_else(|| (Route::UNKNOWN, http::uri::PathAndQuery::from_static("/")));
+        let call = Call {
+            route,
+            path,
+            received: now,
+            deadline: timeout.map(|d| now + d),
+            id: self.calls.next_id(),
+        };
         let interest = self.calls.interest(&call);
         let divert = interest.request || interest.response;
         if self.goaway.is_some_and(|last| stream > last) {
@@ -284,7 +349,13 @@ impl Core {
             return;
         }
         if !(divert || self.degraded) && self.runtime {
-            self.relayed.insert(stream, Relayed { call: interest.complete.then_some(call), answered: false });
+            self.relayed.insert(
+                stream,
+                Relayed {
+                    call: interest.complete.then_some(call),
+                    answered: false,
+                },
+            );
             self.client.max_relayed = stream;
             self.client.indexer.begin(block);
             for (n, v) in self.client.fields.iter() {
@@ -306,14 +377,22 @@ impl Core {
         }
         // One road: the fields as decoded above, handed on (with the call as the relay saw it:
         // one call id, the arrival time of its headers).
-        self.events.push(Event::Divert { stream, call, fields: self.client.fields.to_owned(), end_stream });
+        self.events.push(Event::Divert {
+            stream,
+            call,
+            fields: self.client.fields.to_owned(),
+            end_stream,
+        });
     }
 
     /// A header block on a stream that is not new: trailers (gRPC clients send none, but HTTP/2
     /// allows them), or a protocol error for the runtime to judge.
     fn trailers(&mut self, stream: u32, end_stream: bool, block: &mut Vec<u8>) {
         if self.client.bodies.remove(&stream) {
-            self.events.push(Event::Trailers { stream, fields: self.client.fields.to_owned() });
+            self.events.push(Event::Trailers {
+                stream,
+                fields: self.client.fields.to_owned(),
+            });
             return;
         }
         // Relayed streams only.

@@ -86,12 +86,19 @@ pub struct Handle {
 /// relayed hop costs a wakeup, a `recv` and a `send`, and no async runtime's scheduler,
 /// reactor and timers (BENCHMARKS.md: about a third of crisp's instructions per call on tokio).
 /// Diverted streams still run on tokio (`bridge.rs`).
-pub async fn serve_connection(mut client: UnixStream, handle: Handle, mut shutdown: watch::Receiver<bool>) {
+pub async fn serve_connection(
+    mut client: UnixStream,
+    handle: Handle,
+    mut shutdown: watch::Receiver<bool>,
+) {
     if !preface(&mut client, &handle.options).await {
         return;
     }
     let runtime = connect_runtime(&handle.runtime).await;
-    let parts = client.into_std().and_then(Sock::new).and_then(|c| Ok((c, Wake::new()?)));
+    let parts = client
+        .into_std()
+        .and_then(Sock::new)
+        .and_then(|c| Ok((c, Wake::new()?)));
     let (client, wake) = match parts {
         Ok(p) => p,
         Err(e) => {
@@ -142,7 +149,12 @@ pub async fn serve_connection(mut client: UnixStream, handle: Handle, mut shutdo
 
 /// A connection's core, its pump around it and the bridge to tokio, wired together; and the
 /// outbox through which the rest of crisp reaches the pump.
-fn assemble(handle: &Handle, client: Sock, wake: Wake, runtime: Option<Sock>) -> (pump::Pump, Arc<bridge::Outbox>) {
+fn assemble(
+    handle: &Handle,
+    client: Sock,
+    wake: Wake,
+    runtime: Option<Sock>,
+) -> (pump::Pump, Arc<bridge::Outbox>) {
     let outbox = Arc::new(bridge::Outbox::new(wake));
     let changed = Arc::new(tokio::sync::Notify::new());
     let windows = Arc::new(flow::Windows::new({
@@ -150,11 +162,29 @@ fn assemble(handle: &Handle, client: Sock, wake: Wake, runtime: Option<Sock>) ->
         Box::new(move || changed.notify_waiters())
     }));
     let opts = &handle.options;
-    let cfg = core::Config { keepalive_interval: opts.keepalive_interval, keepalive_timeout: opts.keepalive_timeout, runtime: handle.runtime.path().to_path_buf() };
+    let cfg = core::Config {
+        keepalive_interval: opts.keepalive_interval,
+        keepalive_timeout: opts.keepalive_timeout,
+        runtime: handle.runtime.path().to_path_buf(),
+    };
     let calls: Arc<dyn Calls> = handle.service.clone();
-    let core = core::Core::new(&cfg, calls, windows.clone(), runtime.is_some(), Instant::now());
+    let core = core::Core::new(
+        &cfg,
+        calls,
+        windows.clone(),
+        runtime.is_some(),
+        Instant::now(),
+    );
     let diverted = bridge::Diverted::new(handle.service.clone(), windows, changed, outbox.clone());
-    let pump = pump::Pump::new(core, handle.service.clone(), outbox.clone(), diverted, client, runtime, cfg.runtime);
+    let pump = pump::Pump::new(
+        core,
+        handle.service.clone(),
+        outbox.clone(),
+        diverted,
+        client,
+        runtime,
+        cfg.runtime,
+    );
     (pump, outbox)
 }
 
@@ -183,7 +213,12 @@ async fn preface(client: &mut UnixStream, opts: &Options) -> bool {
 /// served on the observed path.
 async fn connect_runtime(runtime: &Upstream) -> Option<Sock> {
     match runtime.connect().await {
-        Ok(mut s) => match s.write_all(h2::PREFACE).await.and_then(|()| s.into_std()).and_then(Sock::new) {
+        Ok(mut s) => match s
+            .write_all(h2::PREFACE)
+            .await
+            .and_then(|()| s.into_std())
+            .and_then(Sock::new)
+        {
             Ok(s) => Some(s),
             Err(e) => {
                 tracing::warn!(target: LOG, upstream = %runtime.path().display(), error = %e, "upstream connection failed at once; serving this client on the observed path");

@@ -19,7 +19,12 @@ impl Core {
     /// for the next call once the client's credit came. `now`: when the bytes were read. Calls
     /// that ended are reported ([`super::core::Event::Completed`]) once their last bytes went
     /// out: the metrics and the tap are not on the answer's way to the client.
-    pub fn runtime_bytes(&mut self, buf: &mut BytesMut, client: &mut impl Sink, now: Instant) -> Result<bool, RelayError> {
+    pub fn runtime_bytes(
+        &mut self,
+        buf: &mut BytesMut,
+        client: &mut impl Sink,
+        now: Instant,
+    ) -> Result<bool, RelayError> {
         self.now = now;
         // buf[..pos]: frames checked and due to the client, not yet written.
         let mut pos = 0;
@@ -35,7 +40,11 @@ impl Core {
                     flush(buf, &mut pos, client)?;
                     return Ok(true);
                 }
-                Next::GoAway { last, reason, debug } => {
+                Next::GoAway {
+                    last,
+                    reason,
+                    debug,
+                } => {
                     // Frames before it go first. The GOAWAY itself is not relayed: the client's
                     // connection is crisp's, and stays up (see `Core::maybe_move_client`).
                     flush(buf, &mut pos, client)?;
@@ -66,12 +75,17 @@ impl Core {
             }
             Kind::Headers => {
                 self.pings.runtime_wrote();
-                let r = h2::header_fragment(&head, payload).ok_or(Violation::MalformedRuntimeHeaders)?;
+                let r = h2::header_fragment(&head, payload)
+                    .ok_or(Violation::MalformedRuntimeHeaders)?;
                 let end_stream = head.has(Flags::END_STREAM);
                 if head.has(Flags::END_HEADERS) {
                     self.response_block(head.stream, end_stream, &payload[r]);
                 } else {
-                    self.from_runtime.pending = Some(PendingBlock { stream: head.stream, end_stream, block: payload[r].to_vec() });
+                    self.from_runtime.pending = Some(PendingBlock {
+                        stream: head.stream,
+                        end_stream,
+                        block: payload[r].to_vec(),
+                    });
                 }
             }
             Kind::Continuation => {
@@ -93,7 +107,10 @@ impl Core {
             // The runtime's own settings go on to the client unchanged; its header table size is
             // also the bound of crisp's table on this connection ([`h2::Indexer`]).
             Kind::Settings => {
-                if let Some(size) = Settings::load(&head, payload).ok().and_then(|s| s.header_table_size) {
+                if let Some(size) = Settings::load(&head, payload)
+                    .ok()
+                    .and_then(|s| s.header_table_size)
+                {
                     self.from_runtime.table_size = Some(size);
                 }
             }
@@ -101,7 +118,11 @@ impl Core {
             // does not read.
             Kind::GoAway => {
                 if let Ok(g) = GoAway::load(payload) {
-                    return Ok(Next::GoAway { last: g.last_stream, reason: g.reason, debug: String::from_utf8_lossy(g.debug_data).into_owned() });
+                    return Ok(Next::GoAway {
+                        last: g.last_stream,
+                        reason: g.reason,
+                        debug: String::from_utf8_lossy(g.debug_data).into_owned(),
+                    });
                 }
             }
             _ => {}
@@ -123,7 +144,10 @@ impl Core {
         } else {
             tracing::info!(target: LOG, upstream = %self.runtime_name, last_stream = last, error_code = reason.0, debug_data = %debug_data, "runtime sent GOAWAY; moving this client to a new connection");
         }
-        let msg = format!("crisp: upstream unix://{} closed the connection (GOAWAY)", self.runtime_name);
+        let msg = format!(
+            "crisp: upstream unix://{} closed the connection (GOAWAY)",
+            self.runtime_name
+        );
         self.runtime_gone(&msg, Some(last));
     }
 
@@ -161,7 +185,11 @@ enum Next {
     /// A DATA frame the client has no window for: it waits, and so does what follows it.
     WaitForWindow,
     /// The runtime's GOAWAY: crisp's to act on, not relayed.
-    GoAway { last: u32, reason: Reason, debug: String },
+    GoAway {
+        last: u32,
+        reason: Reason,
+        debug: String,
+    },
 }
 
 /// Writes `buf[..pos]` to the client and drops it from `buf`.

@@ -74,7 +74,11 @@ pub enum KeepAliveAction {
 
 impl KeepAlive {
     pub fn new(every: Duration, timeout: Duration) -> KeepAlive {
-        KeepAlive { every, timeout, ping_sent: None }
+        KeepAlive {
+            every,
+            timeout,
+            ping_sent: None,
+        }
     }
 
     /// How often the relay looks: half the shorter of the two periods, at least 10 ms.
@@ -98,7 +102,10 @@ impl KeepAlive {
     /// Whether to PING the client now (`can`: crisp may write a frame of its own now); if so,
     /// the PING counts as sent.
     pub fn ping(&mut self, now: Instant, last_client_frame: Instant, can: bool) -> KeepAliveAction {
-        if self.ping_sent.is_none() && now.saturating_duration_since(last_client_frame) >= self.every && can {
+        if self.ping_sent.is_none()
+            && now.saturating_duration_since(last_client_frame) >= self.every
+            && can
+        {
             self.ping_sent = Some(now);
             return KeepAliveAction::Ping;
         }
@@ -118,7 +125,10 @@ mod tests {
         assert!(g.try_forward());
         assert!(!g.try_forward(), "one outstanding at a time");
         g.runtime_wrote();
-        assert!(!g.try_forward(), "written before the ACK: counted with the outstanding one");
+        assert!(
+            !g.try_forward(),
+            "written before the ACK: counted with the outstanding one"
+        );
         g.acked();
         assert!(!g.try_forward());
         g.runtime_wrote();
@@ -132,14 +142,25 @@ mod tests {
         let mut ka = KeepAlive::new(s(10), s(5));
         assert_eq!(ka.tick(), Duration::from_millis(2500));
         assert_eq!(ka.ping(t0 + s(9), t0, true), KeepAliveAction::Nothing);
-        assert_eq!(ka.ping(t0 + s(10), t0, false), KeepAliveAction::Nothing, "not inside a header block");
+        assert_eq!(
+            ka.ping(t0 + s(10), t0, false),
+            KeepAliveAction::Nothing,
+            "not inside a header block"
+        );
         assert_eq!(ka.ping(t0 + s(10), t0, true), KeepAliveAction::Ping);
-        assert_eq!(ka.ping(t0 + s(11), t0, true), KeepAliveAction::Nothing, "one at a time");
+        assert_eq!(
+            ka.ping(t0 + s(11), t0, true),
+            KeepAliveAction::Nothing,
+            "one at a time"
+        );
         assert_eq!(ka.check(t0 + s(14), t0), KeepAliveAction::Nothing);
         assert_eq!(ka.check(t0 + s(15), t0), KeepAliveAction::Dead);
         // Any frame from the client answers it.
         assert_eq!(ka.check(t0 + s(15), t0 + s(12)), KeepAliveAction::Nothing);
-        assert_eq!(ka.ping(t0 + s(21), t0 + s(12), true), KeepAliveAction::Nothing);
+        assert_eq!(
+            ka.ping(t0 + s(21), t0 + s(12), true),
+            KeepAliveAction::Nothing
+        );
         assert_eq!(ka.ping(t0 + s(22), t0 + s(12), true), KeepAliveAction::Ping);
     }
 }

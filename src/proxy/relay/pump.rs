@@ -44,13 +44,37 @@ pub struct Pump {
 fn pollfd(fd: std::os::fd::RawFd, read: bool, write: bool) -> libc::pollfd {
     let events = if read { libc::POLLIN } else { 0 } | if write { libc::POLLOUT } else { 0 };
     // A negative descriptor is skipped by poll(2).
-    libc::pollfd { fd: if events == 0 { -1 } else { fd }, events, revents: 0 }
+    libc::pollfd {
+        fd: if events == 0 { -1 } else { fd },
+        events,
+        revents: 0,
+    }
 }
 
 impl Pump {
-    pub fn new(core: Core, service: Arc<dyn Service>, outbox: Arc<Outbox>, diverted: Diverted, client: Sock, runtime: Option<Sock>, runtime_path: std::path::PathBuf) -> Pump {
+    pub fn new(
+        core: Core,
+        service: Arc<dyn Service>,
+        outbox: Arc<Outbox>,
+        diverted: Diverted,
+        client: Sock,
+        runtime: Option<Sock>,
+        runtime_path: std::path::PathBuf,
+    ) -> Pump {
         let buf = || BytesMut::with_capacity(64 << 10);
-        Pump { core, service, outbox, diverted, client, runtime, runtime_path, cbuf: buf(), rbuf: buf(), blocked: false, now: Instant::now() }
+        Pump {
+            core,
+            service,
+            outbox,
+            diverted,
+            client,
+            runtime,
+            runtime_path,
+            cbuf: buf(),
+            rbuf: buf(),
+            blocked: false,
+            now: Instant::now(),
+        }
     }
 
     /// Relays until the client goes, or until crisp's GOAWAY has drained the connection.
@@ -72,7 +96,9 @@ impl Pump {
                 self.core.goaway(b"crisp: shutting down");
             }
             if self.blocked {
-                self.blocked = self.core.runtime_bytes(&mut self.rbuf, &mut self.client, self.now)?;
+                self.blocked =
+                    self.core
+                        .runtime_bytes(&mut self.rbuf, &mut self.client, self.now)?;
                 self.dispatch();
             }
             // crisp's own frames, never inside a header block the runtime is still sending.
@@ -110,14 +136,22 @@ impl Pump {
                 next_tick = self.now + tick;
                 let path = &self.runtime_path;
                 // A unix socket's connect does not wait for the runtime: it is accepted or refused.
-                self.core.tick(self.now, &mut || std::os::unix::net::UnixStream::connect(path).is_ok())?;
+                self.core.tick(self.now, &mut || {
+                    std::os::unix::net::UnixStream::connect(path).is_ok()
+                })?;
             }
         }
     }
 
     /// Handles what `poll` found on the client's (`c`) and the runtime's (`r`) socket; false
     /// when the client has gone.
-    fn ready(&mut self, c: i16, read_client: bool, r: i16, read_runtime: bool) -> Result<bool, RelayError> {
+    fn ready(
+        &mut self,
+        c: i16,
+        read_client: bool,
+        r: i16,
+        read_runtime: bool,
+    ) -> Result<bool, RelayError> {
         const GONE: i16 = libc::POLLHUP | libc::POLLERR;
         if c & libc::POLLOUT != 0 || (c & GONE != 0 && self.client.has_queued()) {
             self.client.flush()?;
@@ -139,7 +173,9 @@ impl Pump {
             match self.runtime.as_mut().expect("checked").recv(&mut self.rbuf) {
                 Ok(0) => self.runtime_failed(RuntimeFailure::Closed)?,
                 Ok(_) => {
-                    self.blocked = self.core.runtime_bytes(&mut self.rbuf, &mut self.client, self.now)?;
+                    self.blocked =
+                        self.core
+                            .runtime_bytes(&mut self.rbuf, &mut self.client, self.now)?;
                     self.dispatch();
                     if self.rbuf.capacity() > 1 << 20 && self.rbuf.is_empty() {
                         self.rbuf = BytesMut::with_capacity(64 << 10);
@@ -181,14 +217,26 @@ impl Pump {
     pub(super) fn dispatch(&mut self) {
         for ev in self.core.events() {
             match ev {
-                Event::Divert { stream, call, fields, end_stream } => self.diverted.start(stream, call, fields, end_stream),
+                Event::Divert {
+                    stream,
+                    call,
+                    fields,
+                    end_stream,
+                } => self.diverted.start(stream, call, fields, end_stream),
                 Event::Body { stream, data } => self.diverted.body(stream, data),
                 Event::BodyEnd { stream } => self.diverted.body_end(stream),
                 Event::Trailers { stream, fields } => self.diverted.trailers(stream, fields),
                 Event::Reset { stream } => self.diverted.abort(stream),
                 Event::Completed { call, ending, at } => {
                     let duration = at.saturating_duration_since(call.received);
-                    let outcome = Outcome { code: ending.code.map(|c| c.0), duration, held: Duration::ZERO, request: None, response: None, message: ending.message };
+                    let outcome = Outcome {
+                        code: ending.code.map(|c| c.0),
+                        duration,
+                        held: Duration::ZERO,
+                        request: None,
+                        response: None,
+                        message: ending.message,
+                    };
                     self.service.completed(&call, &outcome);
                 }
             }
@@ -210,7 +258,11 @@ impl Pump {
         } else {
             tracing::warn!(target: LOG, upstream = %path, error = %why, "upstream connection failed");
         }
-        let msg = if writing { format!("crisp: upstream unix://{path} failed: {why}") } else { format!("crisp: upstream unix://{path} failed mid-response: {why}") };
+        let msg = if writing {
+            format!("crisp: upstream unix://{path} failed: {why}")
+        } else {
+            format!("crisp: upstream unix://{path} failed mid-response: {why}")
+        };
         self.runtime = None;
         // What the runtime sent and crisp had not relayed belongs to calls that end now.
         self.rbuf.clear();

@@ -14,7 +14,10 @@ impl Code {
 
     /// A `grpc-status` value.
     pub fn parse(v: &[u8]) -> Option<Code> {
-        std::str::from_utf8(v).ok().and_then(|s| s.parse::<i32>().ok()).map(Code)
+        std::str::from_utf8(v)
+            .ok()
+            .and_then(|s| s.parse::<i32>().ok())
+            .map(Code)
     }
 }
 
@@ -28,28 +31,43 @@ pub struct Ending {
 impl Ending {
     /// The client reset the stream, or went away.
     pub fn cancelled() -> Ending {
-        Ending { code: Some(Code::CANCELLED), message: None }
+        Ending {
+            code: Some(Code::CANCELLED),
+            message: None,
+        }
     }
 
     /// The runtime answered: its `grpc-status` if it sent one that parses, else UNKNOWN. No
     /// grpc-message is decoded: a relayed call is one no interceptor asked to see in detail.
     pub fn answered(status: Option<Code>) -> Ending {
-        Ending { code: status.or(Some(Code::UNKNOWN)), message: None }
+        Ending {
+            code: status.or(Some(Code::UNKNOWN)),
+            message: None,
+        }
     }
 
     /// The runtime ended the stream with DATA, without trailers.
     pub fn without_status() -> Ending {
-        Ending { code: None, message: None }
+        Ending {
+            code: None,
+            message: None,
+        }
     }
 
     /// The runtime connection ended under the call: crisp answers UNAVAILABLE with `msg`.
     pub fn runtime_gone(msg: &str) -> Ending {
-        Ending { code: Some(Code::UNAVAILABLE), message: Some(msg.to_string()) }
+        Ending {
+            code: Some(Code::UNAVAILABLE),
+            message: Some(msg.to_string()),
+        }
     }
 
     /// The runtime's GOAWAY says it never processed the call: crisp refuses the stream, which
     /// gRPC clients retry transparently.
     pub fn refused(msg: &str) -> Ending {
-        Ending { code: Some(Code::UNAVAILABLE), message: Some(format!("{msg} (refused, unprocessed)")) }
+        Ending {
+            code: Some(Code::UNAVAILABLE),
+            message: Some(format!("{msg} (refused, unprocessed)")),
+        }
     }
 }

@@ -13,8 +13,14 @@ fn go_durations() {
 #[test]
 fn default_tag() {
     assert_eq!(apply_default_image_tag("busybox"), "busybox:latest");
-    assert_eq!(apply_default_image_tag("reg:5000/busybox"), "reg:5000/busybox:latest");
-    assert_eq!(apply_default_image_tag("crisp.test/busybox:latest"), "crisp.test/busybox:latest");
+    assert_eq!(
+        apply_default_image_tag("reg:5000/busybox"),
+        "reg:5000/busybox:latest"
+    );
+    assert_eq!(
+        apply_default_image_tag("crisp.test/busybox:latest"),
+        "crisp.test/busybox:latest"
+    );
     assert_eq!(apply_default_image_tag("a/b@sha256:00"), "a/b@sha256:00");
 }
 
@@ -22,7 +28,10 @@ fn default_tag() {
 fn aggregate_like_k8s() {
     assert_eq!(aggregate(vec![]), None);
     assert_eq!(aggregate(vec!["a".into()]).as_deref(), Some("a"));
-    assert_eq!(aggregate(vec!["a".into(), "b".into(), "a".into()]).as_deref(), Some("[a, b]"));
+    assert_eq!(
+        aggregate(vec!["a".into(), "b".into(), "a".into()]).as_deref(),
+        Some("[a, b]")
+    );
 }
 
 #[test]
@@ -32,7 +41,10 @@ fn sync_error_text() {
     let mut s = SyncResult::new(SyncAction::StartContainer, "app");
     s.fail(ERR_RUN_CONTAINER, "boom");
     r.add(s);
-    assert_eq!(r.error().as_deref(), Some(r#"failed to "StartContainer" for "app" with RunContainerError: "boom""#));
+    assert_eq!(
+        r.error().as_deref(),
+        Some(r#"failed to "StartContainer" for "app" with RunContainerError: "boom""#)
+    );
 }
 
 // --- computePodActions (KUBELET-CRI §1.1, §1.4, §4.3) ---
@@ -40,28 +52,56 @@ fn sync_error_text() {
 use crate::emulator::pod::ContainerSpec;
 
 fn ctx(policy: RestartPolicy, init: &[&str], containers: &[&str]) -> PodCtx {
-    let mut p = PodSpec::new("p", containers.iter().map(|n| ContainerSpec::sh(n, "true")).collect());
+    let mut p = PodSpec::new(
+        "p",
+        containers
+            .iter()
+            .map(|n| ContainerSpec::sh(n, "true"))
+            .collect(),
+    );
     p.init_containers = init.iter().map(|n| ContainerSpec::sh(n, "true")).collect();
     p.restart_policy = policy;
     p.host_network = true;
     p.uid = "uid".into();
-    PodCtx { spec: Arc::new(p), deletion_requested: false, deletion_grace: None, termination_requested: Arc::new(AtomicBool::new(false)) }
+    PodCtx {
+        spec: Arc::new(p),
+        deletion_requested: false,
+        deletion_grace: None,
+        termination_requested: Arc::new(AtomicBool::new(false)),
+    }
 }
 
 fn sandbox(id: &str, ready: bool, attempt: u32, created: i64) -> cri::PodSandboxStatus {
     cri::PodSandboxStatus {
         id: id.into(),
-        metadata: Some(cri::PodSandboxMetadata { name: "p".into(), uid: "uid".into(), namespace: "default".into(), attempt }),
+        metadata: Some(cri::PodSandboxMetadata {
+            name: "p".into(),
+            uid: "uid".into(),
+            namespace: "default".into(),
+            attempt,
+        }),
         state: if ready { 0 } else { 1 },
         created_at: created,
         linux: Some(cri::LinuxPodSandboxStatus {
-            namespaces: Some(cri::Namespace { options: Some(cri::NamespaceOption { network: cri::NamespaceMode::Node as i32, ..Default::default() }) }),
+            namespaces: Some(cri::Namespace {
+                options: Some(cri::NamespaceOption {
+                    network: cri::NamespaceMode::Node as i32,
+                    ..Default::default()
+                }),
+            }),
         }),
         ..Default::default()
     }
 }
 
-fn cs(pod: &PodCtx, name: &str, id: &str, state: CriState, created: i64, exit: i32) -> RuntimeContainerStatus {
+fn cs(
+    pod: &PodCtx,
+    name: &str,
+    id: &str,
+    state: CriState,
+    created: i64,
+    exit: i32,
+) -> RuntimeContainerStatus {
     RuntimeContainerStatus {
         id: id.into(),
         name: name.into(),
@@ -74,14 +114,26 @@ fn cs(pod: &PodCtx, name: &str, id: &str, state: CriState, created: i64, exit: i
         message: String::new(),
         image: "img".into(),
         image_ref: "ref".into(),
-        hash: pod.spec.container(name).map(|c| c.hash()).unwrap_or_default(),
+        hash: pod
+            .spec
+            .container(name)
+            .map(|c| c.hash())
+            .unwrap_or_default(),
         restart_count: 0,
         annotations: Default::default(),
     }
 }
 
-fn status(sandboxes: Vec<cri::PodSandboxStatus>, containers: Vec<RuntimeContainerStatus>) -> RuntimePodStatus {
-    RuntimePodStatus { uid: "uid".into(), sandboxes, containers, ..RuntimePodStatus::default() }
+fn status(
+    sandboxes: Vec<cri::PodSandboxStatus>,
+    containers: Vec<RuntimeContainerStatus>,
+) -> RuntimePodStatus {
+    RuntimePodStatus {
+        uid: "uid".into(),
+        sandboxes,
+        containers,
+        ..RuntimePodStatus::default()
+    }
 }
 
 #[test]
@@ -104,10 +156,25 @@ fn new_pod_with_init_containers_starts_only_the_first_init() {
     let sb = || vec![sandbox("s", true, 0, 1)];
     let s = status(sb(), vec![cs(&p, "i1", "x1", CriState::Exited, 2, 0)]);
     assert_eq!(compute_pod_actions(&p, &s).next_init_container, Some(1));
-    let s = status(sb(), vec![cs(&p, "i2", "x2", CriState::Running, 3, 0), cs(&p, "i1", "x1", CriState::Exited, 2, 0)]);
+    let s = status(
+        sb(),
+        vec![
+            cs(&p, "i2", "x2", CriState::Running, 3, 0),
+            cs(&p, "i1", "x1", CriState::Exited, 2, 0),
+        ],
+    );
     let a = compute_pod_actions(&p, &s);
-    assert_eq!((a.next_init_container, a.containers_to_start.len()), (None, 0));
-    let s = status(sb(), vec![cs(&p, "i2", "x2", CriState::Exited, 3, 0), cs(&p, "i1", "x1", CriState::Exited, 2, 0)]);
+    assert_eq!(
+        (a.next_init_container, a.containers_to_start.len()),
+        (None, 0)
+    );
+    let s = status(
+        sb(),
+        vec![
+            cs(&p, "i2", "x2", CriState::Exited, 3, 0),
+            cs(&p, "i1", "x1", CriState::Exited, 2, 0),
+        ],
+    );
     assert_eq!(compute_pod_actions(&p, &s).containers_to_start, vec![0]);
 }
 
@@ -127,44 +194,90 @@ fn failed_init_container_kills_a_never_pod_and_retries_otherwise() {
 #[test]
 fn created_container_is_restarted_without_kill_unknown_is_killed_first() {
     let p = ctx(RestartPolicy::Never, &[], &["a", "b"]);
-    let s = status(vec![sandbox("s", true, 0, 1)], vec![cs(&p, "a", "ca", CriState::Created, 2, 0), cs(&p, "b", "cb", CriState::Unknown, 3, 0)]);
+    let s = status(
+        vec![sandbox("s", true, 0, 1)],
+        vec![
+            cs(&p, "a", "ca", CriState::Created, 2, 0),
+            cs(&p, "b", "cb", CriState::Unknown, 3, 0),
+        ],
+    );
     let a = compute_pod_actions(&p, &s);
-    assert_eq!(a.containers_to_start, vec![0, 1], "CREATED and UNKNOWN restart even under Never");
+    assert_eq!(
+        a.containers_to_start,
+        vec![0, 1],
+        "CREATED and UNKNOWN restart even under Never"
+    );
     assert_eq!(a.containers_to_kill.len(), 1);
-    assert_eq!(a.containers_to_kill[0].0, "cb", "only the UNKNOWN one is killed");
+    assert_eq!(
+        a.containers_to_kill[0].0, "cb",
+        "only the UNKNOWN one is killed"
+    );
     assert!(!a.kill_pod);
 }
 
 #[test]
 fn not_ready_sandbox_is_recreated_with_next_attempt() {
     let p = ctx(RestartPolicy::Always, &[], &["a"]);
-    let s = status(vec![sandbox("s", false, 2, 1)], vec![cs(&p, "a", "ca", CriState::Exited, 2, 0)]);
+    let s = status(
+        vec![sandbox("s", false, 2, 1)],
+        vec![cs(&p, "a", "ca", CriState::Exited, 2, 0)],
+    );
     let a = compute_pod_actions(&p, &s);
     assert!(a.create_sandbox && a.kill_pod);
     assert_eq!((a.attempt, a.sandbox_id.as_str()), (3, "s"));
     assert_eq!(a.containers_to_start, vec![0]);
     // Never pod that already ran: no new sandbox.
     let n = ctx(RestartPolicy::Never, &[], &["a"]);
-    let a = compute_pod_actions(&n, &status(vec![sandbox("s", false, 0, 1)], vec![cs(&n, "a", "ca", CriState::Exited, 2, 0)]));
+    let a = compute_pod_actions(
+        &n,
+        &status(
+            vec![sandbox("s", false, 0, 1)],
+            vec![cs(&n, "a", "ca", CriState::Exited, 2, 0)],
+        ),
+    );
     assert!(!a.create_sandbox, "{a:?}");
 }
 
 #[test]
 fn everything_exited_under_never_kills_the_pod() {
     let p = ctx(RestartPolicy::Never, &[], &["a", "b"]);
-    let s = status(vec![sandbox("s", true, 0, 1)], vec![cs(&p, "a", "ca", CriState::Exited, 2, 0), cs(&p, "b", "cb", CriState::Exited, 3, 1)]);
+    let s = status(
+        vec![sandbox("s", true, 0, 1)],
+        vec![
+            cs(&p, "a", "ca", CriState::Exited, 2, 0),
+            cs(&p, "b", "cb", CriState::Exited, 3, 1),
+        ],
+    );
     let a = compute_pod_actions(&p, &s);
     assert!(a.kill_pod && !a.create_sandbox);
     assert!(a.containers_to_start.is_empty());
     // With one still running: keep it, nothing to do.
-    let s = status(vec![sandbox("s", true, 0, 1)], vec![cs(&p, "a", "ca", CriState::Exited, 2, 0), cs(&p, "b", "cb", CriState::Running, 3, 0)]);
-    assert_eq!(compute_pod_actions(&p, &s), PodActions { sandbox_id: "s".into(), ..PodActions::default() });
+    let s = status(
+        vec![sandbox("s", true, 0, 1)],
+        vec![
+            cs(&p, "a", "ca", CriState::Exited, 2, 0),
+            cs(&p, "b", "cb", CriState::Running, 3, 0),
+        ],
+    );
+    assert_eq!(
+        compute_pod_actions(&p, &s),
+        PodActions {
+            sandbox_id: "s".into(),
+            ..PodActions::default()
+        }
+    );
 }
 
 #[test]
 fn on_failure_restarts_only_failed_containers() {
     let p = ctx(RestartPolicy::OnFailure, &[], &["a", "b"]);
-    let s = status(vec![sandbox("s", true, 0, 1)], vec![cs(&p, "a", "ca", CriState::Exited, 2, 0), cs(&p, "b", "cb", CriState::Exited, 3, 2)]);
+    let s = status(
+        vec![sandbox("s", true, 0, 1)],
+        vec![
+            cs(&p, "a", "ca", CriState::Exited, 2, 0),
+            cs(&p, "b", "cb", CriState::Exited, 3, 2),
+        ],
+    );
     assert_eq!(compute_pod_actions(&p, &s).containers_to_start, vec![1]);
 }
 
@@ -172,7 +285,10 @@ fn on_failure_restarts_only_failed_containers() {
 fn deleted_pod_starts_nothing() {
     let mut p = ctx(RestartPolicy::Always, &[], &["a"]);
     p.deletion_requested = true;
-    let s = status(vec![sandbox("s", true, 0, 1)], vec![cs(&p, "a", "ca", CriState::Exited, 2, 0)]);
+    let s = status(
+        vec![sandbox("s", true, 0, 1)],
+        vec![cs(&p, "a", "ca", CriState::Exited, 2, 0)],
+    );
     let a = compute_pod_actions(&p, &s);
     assert!(a.containers_to_start.is_empty());
     assert!(a.kill_pod);

@@ -10,8 +10,17 @@ fn a_diverted_stream_between_relayed_ones_leaves_the_runtimes_table_in_step() {
     let mut enc = Encoder::default();
     let mut block = |path: &str| {
         let mut b = Vec::new();
-        for (n, v) in [(":method", "POST"), (":path", path), (":authority", "node"), ("x-token", "t0k")] {
-            enc.encode((n.as_bytes().to_vec(), v.as_bytes().to_vec(), 0x4 | 0x10), &mut b).unwrap();
+        for (n, v) in [
+            (":method", "POST"),
+            (":path", path),
+            (":authority", "node"),
+            ("x-token", "t0k"),
+        ] {
+            enc.encode(
+                (n.as_bytes().to_vec(), v.as_bytes().to_vec(), 0x4 | 0x10),
+                &mut b,
+            )
+            .unwrap();
         }
         let mut out = Vec::new();
         h2::headers(&mut out, 0, &b, true);
@@ -27,7 +36,10 @@ fn a_diverted_stream_between_relayed_ones_leaves_the_runtimes_table_in_step() {
     let mut dec = httlib_hpack::Decoder::default();
     let f1 = runtime_fields(&mut dec, &up[0]);
     let f5 = runtime_fields(&mut dec, &up[1]);
-    assert_eq!(f1, f5, "the same request, whatever the client's table held for stream 3");
+    assert_eq!(
+        f1, f5,
+        "the same request, whatever the client's table held for stream 3"
+    );
     assert_eq!(field(&f5, "x-token"), Some("t0k"));
     assert_eq!(diverted(&c.events()), [3]);
 }
@@ -37,22 +49,50 @@ fn a_diverted_call_hands_on_its_fields_decoded_once_in_the_clients_order() {
     let mut c = Conn::relayed();
     c.client(&[&request(1, "/s/Divert", true)]).unwrap();
     let ev = c.events();
-    let Some(Event::Divert { stream: 1, call, fields, end_stream: true }) = ev.first() else { panic!("{ev:?}") };
+    let Some(Event::Divert {
+        stream: 1,
+        call,
+        fields,
+        end_stream: true,
+    }) = ev.first()
+    else {
+        panic!("{ev:?}")
+    };
     assert_eq!(call.path.as_str(), "/s/Divert");
     let names: Vec<&[u8]> = fields.iter().map(|(n, _)| n.as_ref()).collect();
-    assert_eq!(names, [&b":method"[..], b":scheme", b":path", b":authority", b"content-type"]);
+    assert_eq!(
+        names,
+        [
+            &b":method"[..],
+            b":scheme",
+            b":path",
+            b":authority",
+            b"content-type"
+        ]
+    );
 }
 
 #[test]
 fn a_request_block_split_across_continuations_is_relayed_whole() {
     let mut c = Conn::relayed();
     let mut block = Vec::new();
-    for (n, v) in [(":method", "POST"), (":path", "/s/Relay"), ("x-big", &"v".repeat(40_000)[..])] {
+    for (n, v) in [
+        (":method", "POST"),
+        (":path", "/s/Relay"),
+        ("x-big", &"v".repeat(40_000)[..]),
+    ] {
         h2::encode_field(&mut block, n.as_bytes(), v.as_bytes());
     }
     let mut frames = Vec::new();
     h2::headers(&mut frames, 1, &block, true);
-    assert_eq!(kinds(&parse(&frames)), [(Kind::Headers, 1), (Kind::Continuation, 1), (Kind::Continuation, 1)]);
+    assert_eq!(
+        kinds(&parse(&frames)),
+        [
+            (Kind::Headers, 1),
+            (Kind::Continuation, 1),
+            (Kind::Continuation, 1)
+        ]
+    );
     // Frame by frame, as separate reads.
     for f in parse(&frames) {
         let mut b = Vec::new();
@@ -63,7 +103,15 @@ fn a_request_block_split_across_continuations_is_relayed_whole() {
     let up = c.at_runtime();
     let mut dec = httlib_hpack::Decoder::default();
     let whole: Vec<u8> = up.iter().flat_map(|f| f.payload.clone()).collect();
-    let fields = runtime_fields(&mut dec, &F { kind: Kind::Headers, flags: Flags::NONE, stream: 1, payload: whole });
+    let fields = runtime_fields(
+        &mut dec,
+        &F {
+            kind: Kind::Headers,
+            flags: Flags::NONE,
+            stream: 1,
+            payload: whole,
+        },
+    );
     assert_eq!(field(&fields, "x-big").map(str::len), Some(40_000));
     assert!(up.last().unwrap().has(Flags::END_HEADERS));
 }
@@ -74,11 +122,17 @@ fn a_header_block_interrupted_or_never_begun_is_a_protocol_error() {
     let mut head = request(1, "/s/Relay", true);
     head[4] &= !Flags::END_HEADERS.0;
     let err = c.client(&[&head, &ping(b"12345678")]).unwrap_err();
-    assert!(matches!(err, RelayError::Protocol(Violation::InterruptedBlock)));
+    assert!(matches!(
+        err,
+        RelayError::Protocol(Violation::InterruptedBlock)
+    ));
     let mut c = Conn::relayed();
     let mut cont = Vec::new();
     Head::new(Kind::Continuation, Flags::END_HEADERS, 1, 0).encode(&mut cont);
-    assert!(matches!(c.client(&[&cont]).unwrap_err(), RelayError::Protocol(Violation::StrayContinuation)));
+    assert!(matches!(
+        c.client(&[&cont]).unwrap_err(),
+        RelayError::Protocol(Violation::StrayContinuation)
+    ));
 }
 
 #[test]
@@ -86,10 +140,16 @@ fn an_undecodable_block_ends_the_connection_with_a_compression_error() {
     let mut c = Conn::relayed();
     let mut bad = Vec::new();
     h2::headers(&mut bad, 1, &[0x80 | 70], true);
-    assert!(matches!(c.client(&[&bad]).unwrap_err(), RelayError::Protocol(Violation::UndecodableBlock)));
+    assert!(matches!(
+        c.client(&[&bad]).unwrap_err(),
+        RelayError::Protocol(Violation::UndecodableBlock)
+    ));
     let to_client = c.at_client();
     assert_eq!(kinds(&to_client), [(Kind::GoAway, 0)]);
-    assert_eq!(GoAway::load(&to_client[0].payload).unwrap().reason, Reason::COMPRESSION_ERROR);
+    assert_eq!(
+        GoAway::load(&to_client[0].payload).unwrap().reason,
+        Reason::COMPRESSION_ERROR
+    );
 }
 
 #[test]
@@ -99,21 +159,39 @@ fn the_runtimes_table_size_bounds_crisps_encoder_from_the_next_block() {
     c.client(&[&request(1, "/s/Relay", true)]).unwrap();
     let first = c.at_runtime();
     assert_eq!(runtime_fields(&mut dec, &first[0]).len(), 5);
-    assert!(first[0].payload.len() > 40, "literals with indexing the first time");
+    assert!(
+        first[0].payload.len() > 40,
+        "literals with indexing the first time"
+    );
     // The runtime allows no table at all.
-    c.runtime_all(&[&settings(Settings { header_table_size: Some(0), ..Default::default() })]);
-    assert_eq!(kinds(&c.at_client()), [(Kind::Settings, 0)], "its settings reach the client unchanged");
-    c.client(&[&settings_ack(), &request(3, "/s/Relay", true)]).unwrap();
+    c.runtime_all(&[&settings(Settings {
+        header_table_size: Some(0),
+        ..Default::default()
+    })]);
+    assert_eq!(
+        kinds(&c.at_client()),
+        [(Kind::Settings, 0)],
+        "its settings reach the client unchanged"
+    );
+    c.client(&[&settings_ack(), &request(3, "/s/Relay", true)])
+        .unwrap();
     let up = c.at_runtime();
     assert_eq!(kinds(&up), [(Kind::Settings, 0), (Kind::Headers, 3)]);
-    assert_eq!(up[1].payload[0], 0x20, "a table size update to 0 opens the block");
+    assert_eq!(
+        up[1].payload[0], 0x20,
+        "a table size update to 0 opens the block"
+    );
     let mut dec0 = httlib_hpack::Decoder::with_dynamic_size(4096);
-    dec0.decode(&mut first[0].payload.clone(), &mut Vec::new()).unwrap();
+    dec0.decode(&mut first[0].payload.clone(), &mut Vec::new())
+        .unwrap();
     let fields = runtime_fields(&mut dec0, &up[1]);
     assert_eq!(field(&fields, ":path"), Some("/s/Relay"));
     // Nothing indexed afterwards: the next block is all literals again.
     c.client(&[&request(5, "/s/Relay", true)]).unwrap();
     let next = c.at_runtime();
     assert_ne!(next[0].payload[0], 0x20, "owed once");
-    assert_eq!(field(&runtime_fields(&mut dec0, &next[0]), ":path"), Some("/s/Relay"));
+    assert_eq!(
+        field(&runtime_fields(&mut dec0, &next[0]), ":path"),
+        Some("/s/Relay")
+    );
 }

@@ -10,13 +10,37 @@ fn runtime_data_waits_for_the_window_the_client_really_has() {
     let mut rest = BytesMut::new();
     c.runtime_all(&[&response(1, &[(":status", "200")], false)]);
     // 65,535 bytes of window: four frames of 16,384 do not fit.
-    let blocked = c.runtime(&[&data(1, 16_384, false), &data(1, 16_384, false), &data(1, 16_384, false), &data(1, 16_384, false)], &mut rest);
+    let blocked = c.runtime(
+        &[
+            &data(1, 16_384, false),
+            &data(1, 16_384, false),
+            &data(1, 16_384, false),
+            &data(1, 16_384, false),
+        ],
+        &mut rest,
+    );
     assert!(blocked);
-    assert_eq!(kinds(&c.at_client()), [(Kind::Headers, 1), (Kind::Data, 1), (Kind::Data, 1), (Kind::Data, 1)]);
-    assert_eq!(rest.len(), h2::HEADER_LEN + 16_384, "the fourth frame waits, unwritten");
+    assert_eq!(
+        kinds(&c.at_client()),
+        [
+            (Kind::Headers, 1),
+            (Kind::Data, 1),
+            (Kind::Data, 1),
+            (Kind::Data, 1)
+        ]
+    );
+    assert_eq!(
+        rest.len(),
+        h2::HEADER_LEN + 16_384,
+        "the fourth frame waits, unwritten"
+    );
     assert!(c.runtime(&[], &mut rest), "no credit yet");
     c.client(&[&wu(0, 16_384)]).unwrap();
-    assert_eq!(kinds(&c.at_runtime()), [(Kind::WindowUpdate, 0)], "no debt: the credit is the runtime's");
+    assert_eq!(
+        kinds(&c.at_runtime()),
+        [(Kind::WindowUpdate, 0)],
+        "no debt: the credit is the runtime's"
+    );
     assert!(!c.runtime(&[], &mut rest));
     assert_eq!(kinds(&c.at_client()), [(Kind::Data, 1)]);
 }
@@ -45,7 +69,12 @@ fn bytes_crisp_sent_on_its_own_are_kept_from_the_runtimes_credit() {
 #[test]
 fn a_diverted_request_body_is_credited_back_at_once_and_never_relayed() {
     let mut c = Conn::relayed();
-    c.client(&[&request(1, "/s/Divert", false), &data(1, 100, false), &data(1, 20, true)]).unwrap();
+    c.client(&[
+        &request(1, "/s/Divert", false),
+        &data(1, 100, false),
+        &data(1, 20, true),
+    ])
+    .unwrap();
     assert!(c.at_runtime().is_empty());
     let to_client = c.at_client();
     assert_eq!(kinds(&to_client), [(Kind::WindowUpdate, 0)]);
@@ -61,8 +90,16 @@ fn a_larger_client_window_counts_only_once_the_runtimes_ack_went_out() {
     let mut c = Conn::relayed();
     c.client(&[&request(1, "/s/Divert", true)]).unwrap();
     c.client(&[&settings(window(1 << 20))]).unwrap();
-    assert_eq!(kinds(&c.at_runtime()), [(Kind::Settings, 0)], "relayed, the runtime acknowledges");
-    assert_eq!(c.windows.lock().windows(1).2, Some(65_535), "not before the ACK");
+    assert_eq!(
+        kinds(&c.at_runtime()),
+        [(Kind::Settings, 0)],
+        "relayed, the runtime acknowledges"
+    );
+    assert_eq!(
+        c.windows.lock().windows(1).2,
+        Some(65_535),
+        "not before the ACK"
+    );
     c.runtime_all(&[&settings_ack()]);
     assert_eq!(kinds(&c.at_client()), [(Kind::Settings, 0)]);
     assert_eq!(c.windows.lock().windows(1).2, Some(1 << 20));
@@ -72,10 +109,19 @@ fn a_larger_client_window_counts_only_once_the_runtimes_ack_went_out() {
 fn a_smaller_client_window_applies_at_once_and_caps_a_larger_one_still_unacked() {
     let mut c = Conn::relayed();
     c.client(&[&request(1, "/s/Divert", true)]).unwrap();
-    c.client(&[&settings(window(1 << 20)), &settings(window(1_000))]).unwrap();
-    assert_eq!(c.windows.lock().windows(1).2, Some(1_000), "smaller: at once");
+    c.client(&[&settings(window(1 << 20)), &settings(window(1_000))])
+        .unwrap();
+    assert_eq!(
+        c.windows.lock().windows(1).2,
+        Some(1_000),
+        "smaller: at once"
+    );
     c.runtime_all(&[&settings_ack()]);
-    assert_eq!(c.windows.lock().windows(1).2, Some(1_000), "the smaller one, still unacked, caps the first");
+    assert_eq!(
+        c.windows.lock().windows(1).2,
+        Some(1_000),
+        "the smaller one, still unacked, caps the first"
+    );
     c.runtime_all(&[&settings_ack()]);
     assert_eq!(c.windows.lock().windows(1).2, Some(1_000));
 }
@@ -84,13 +130,25 @@ fn a_smaller_client_window_applies_at_once_and_caps_a_larger_one_still_unacked()
 fn without_a_runtime_crisp_is_the_server_and_acknowledges_settings_itself() {
     let mut c = Conn::degraded();
     let hello = c.at_client();
-    assert_eq!(hello, [F { kind: Kind::Settings, flags: Flags::NONE, stream: 0, payload: vec![] }]);
+    assert_eq!(
+        hello,
+        [F {
+            kind: Kind::Settings,
+            flags: Flags::NONE,
+            stream: 0,
+            payload: vec![]
+        }]
+    );
     c.client(&[&settings(window(1 << 20))]).unwrap();
     let to_client = c.at_client();
     assert_eq!(kinds(&to_client), [(Kind::Settings, 0)]);
     assert!(to_client[0].has(Flags::ACK));
     c.client(&[&request(1, "/s/Relay", true)]).unwrap();
-    assert_eq!(diverted(&c.events()), [1], "every stream goes to the observed path");
+    assert_eq!(
+        diverted(&c.events()),
+        [1],
+        "every stream goes to the observed path"
+    );
     assert_eq!(c.windows.lock().windows(1).2, Some(1 << 20));
     assert!(c.at_runtime().is_empty());
 }

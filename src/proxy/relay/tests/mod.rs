@@ -19,7 +19,9 @@ use super::flow::Windows;
 use super::ping::KEEPALIVE;
 use super::status::{Code, Ending};
 use crate::intercept::{Call, Interest};
-use crate::proxy::h2::{self, Flags, GoAway, Head, Kind, Ping, Reason, RstStream, Settings, WindowUpdate};
+use crate::proxy::h2::{
+    self, Flags, GoAway, Head, Kind, Ping, Reason, RstStream, Settings, WindowUpdate,
+};
 
 /// The rest of crisp: diverts calls whose path ends in `/Divert`, wants every call's end.
 struct Stub(AtomicU64);
@@ -31,7 +33,11 @@ impl Calls for Stub {
 
     fn interest(&self, call: &Call) -> Interest {
         let divert = call.path.as_str().ends_with("/Divert");
-        Interest { request: divert, response: false, complete: true }
+        Interest {
+            request: divert,
+            response: false,
+            complete: true,
+        }
     }
 }
 
@@ -54,7 +60,12 @@ fn parse(mut b: &[u8]) -> Vec<F> {
     let mut out = Vec::new();
     while let Some(h) = Head::parse(b) {
         let end = h2::HEADER_LEN + h.len;
-        out.push(F { kind: h.kind, flags: h.flags, stream: h.stream, payload: b[h2::HEADER_LEN..end].to_vec() });
+        out.push(F {
+            kind: h.kind,
+            flags: h.flags,
+            stream: h.stream,
+            payload: b[h2::HEADER_LEN..end].to_vec(),
+        });
         b = &b[end..];
     }
     assert!(b.is_empty(), "a partial frame");
@@ -66,7 +77,13 @@ fn parse(mut b: &[u8]) -> Vec<F> {
 /// A request's header block: literals, so each block stands alone.
 fn request(stream: u32, path: &str, end_stream: bool) -> Vec<u8> {
     let mut block = Vec::new();
-    for (n, v) in [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "localhost"), ("content-type", "application/grpc")] {
+    for (n, v) in [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", path),
+        (":authority", "localhost"),
+        ("content-type", "application/grpc"),
+    ] {
         h2::encode_field(&mut block, n.as_bytes(), v.as_bytes());
     }
     let mut out = Vec::new();
@@ -103,7 +120,10 @@ fn settings_ack() -> Vec<u8> {
 }
 
 fn window(stream: u32) -> Settings {
-    Settings { initial_window_size: Some(stream), ..Default::default() }
+    Settings {
+        initial_window_size: Some(stream),
+        ..Default::default()
+    }
 }
 
 fn ping(opaque: &[u8; 8]) -> Vec<u8> {
@@ -159,9 +179,24 @@ impl Conn {
     fn new(runtime: bool) -> Conn {
         let now = Instant::now();
         let windows = Arc::new(Windows::new(Box::new(|| {})));
-        let cfg = Config { keepalive_interval: Duration::from_secs(10), keepalive_timeout: Duration::from_secs(5), runtime: "/run/containerd.sock".into() };
-        let core = Core::new(&cfg, Arc::new(Stub(AtomicU64::new(1))), windows.clone(), runtime, now);
-        Conn { core, windows, now, from_runtime: Vec::new() }
+        let cfg = Config {
+            keepalive_interval: Duration::from_secs(10),
+            keepalive_timeout: Duration::from_secs(5),
+            runtime: "/run/containerd.sock".into(),
+        };
+        let core = Core::new(
+            &cfg,
+            Arc::new(Stub(AtomicU64::new(1))),
+            windows.clone(),
+            runtime,
+            now,
+        );
+        Conn {
+            core,
+            windows,
+            now,
+            from_runtime: Vec::new(),
+        }
     }
 
     /// The client sends `frames` (all at once: one read).
@@ -176,12 +211,17 @@ impl Conn {
     /// and what follows stay in `rest`).
     fn runtime(&mut self, frames: &[&[u8]], rest: &mut BytesMut) -> bool {
         rest.extend_from_slice(&frames.concat());
-        self.core.runtime_bytes(rest, &mut self.from_runtime, self.now).expect("writing to a Vec")
+        self.core
+            .runtime_bytes(rest, &mut self.from_runtime, self.now)
+            .expect("writing to a Vec")
     }
 
     fn runtime_all(&mut self, frames: &[&[u8]]) {
         let mut rest = BytesMut::new();
-        assert!(!self.runtime(frames, &mut rest), "blocked on the client's window");
+        assert!(
+            !self.runtime(frames, &mut rest),
+            "blocked on the client's window"
+        );
         assert!(rest.is_empty());
     }
 
@@ -207,21 +247,45 @@ fn kinds(frames: &[F]) -> Vec<(Kind, u32)> {
 }
 
 fn completed(events: &[Event]) -> Vec<(u64, Ending)> {
-    events.iter().filter_map(|e| if let Event::Completed { call, ending, .. } = e { Some((call.id, ending.clone())) } else { None }).collect()
+    events
+        .iter()
+        .filter_map(|e| {
+            if let Event::Completed { call, ending, .. } = e {
+                Some((call.id, ending.clone()))
+            } else {
+                None
+            }
+        })
+        .collect()
 }
 
 fn diverted(events: &[Event]) -> Vec<u32> {
-    events.iter().filter_map(|e| if let Event::Divert { stream, .. } = e { Some(*stream) } else { None }).collect()
+    events
+        .iter()
+        .filter_map(|e| {
+            if let Event::Divert { stream, .. } = e {
+                Some(*stream)
+            } else {
+                None
+            }
+        })
+        .collect()
 }
 
 /// Decodes blocks the way the runtime does: one decoder for the connection (httlib-hpack, not
 /// crisp's own).
 fn runtime_fields(dec: &mut httlib_hpack::Decoder, f: &F) -> Vec<(String, String)> {
     let mut out = Vec::new();
-    dec.decode(&mut f.payload.clone(), &mut out).expect("the runtime decodes crisp's block");
-    out.into_iter().map(|(n, v, _)| (String::from_utf8(n).unwrap(), String::from_utf8(v).unwrap())).collect()
+    dec.decode(&mut f.payload.clone(), &mut out)
+        .expect("the runtime decodes crisp's block");
+    out.into_iter()
+        .map(|(n, v, _)| (String::from_utf8(n).unwrap(), String::from_utf8(v).unwrap()))
+        .collect()
 }
 
 fn field<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    fields.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    fields
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
 }
