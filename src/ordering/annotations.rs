@@ -330,7 +330,7 @@ impl PodPolicy {
             &mut warnings,
             parse_start_timeout,
         );
-        let timeout_policy = read(annotations, TIMEOUT_POLICY, &mut warnings, |v| {
+        let timeout_policy = read_choice(annotations, TIMEOUT_POLICY, &mut warnings, |v| {
             one_of(
                 v,
                 &[
@@ -340,14 +340,14 @@ impl PodPolicy {
                 "expected `proceed` or `fail`",
             )
         });
-        let job = read(annotations, JOB, &mut warnings, |v| {
+        let job = read_choice(annotations, JOB, &mut warnings, |v| {
             one_of(
                 v,
                 &[("true", true), ("false", false)],
                 "expected \"true\" or \"false\"",
             )
         });
-        let restart_policy = read(annotations, RESTART_POLICY, &mut warnings, |v| {
+        let restart_policy = read_choice(annotations, RESTART_POLICY, &mut warnings, |v| {
             let choices = [
                 ("Always", RestartPolicy::Always),
                 ("OnFailure", RestartPolicy::OnFailure),
@@ -418,6 +418,25 @@ fn read<T>(
         .map_err(|e| e.to_string())
         .and_then(parse)
     {
+        Ok(t) => Some(t),
+        Err(reason) => {
+            warnings.push(Warning::new(key, value, reason));
+            None
+        }
+    }
+}
+
+/// [`read`] for a key whose value is one of a few names ([`one_of`]): no size cap first, since
+/// comparing with a short name costs the same whatever the value's length (lengths differ), and
+/// the warning then says what was expected rather than only that the value is long.
+fn read_choice<T>(
+    annotations: &HashMap<String, String>,
+    key: &str,
+    warnings: &mut Warnings,
+    parse: impl FnOnce(&str) -> Result<T, String>,
+) -> Option<T> {
+    let value = annotations.get(key)?;
+    match parse(value) {
         Ok(t) => Some(t),
         Err(reason) => {
             warnings.push(Warning::new(key, value, reason));
@@ -556,6 +575,8 @@ fn parse_sidecar_list(v: &str) -> Result<Vec<String>, String> {
     match tenant::names(v.split(',').map(str::trim).filter(|n| !n.is_empty())) {
         Ok(names) if names.is_empty() => Err(tenant::Refused::Empty.to_string()),
         Ok(names) => Ok(names),
+        // Said in the pod's terms: these are its sidecars.
+        Err(tenant::Refused::TooMany) => Err(format!("more than {MAX_SIDECARS} sidecars")),
         Err(e) => Err(e.to_string()),
     }
 }

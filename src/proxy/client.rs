@@ -247,7 +247,10 @@ impl RuntimeClient {
             cmd: cmd.to_vec(),
             timeout: secs,
         };
-        let request = self.request(version, METHOD, &req, timeout)?;
+        // The command has `timeout`; the call, that and the runtime's own time to start the
+        // command and report it (a busy or slow runtime takes seconds).
+        let deadline = timeout.saturating_add(EXEC_RUNTIME_SLACK);
+        let request = self.request(version, METHOD, &req, deadline)?;
         let fut = async {
             let resp = self.upstream.send(request).await?;
             let (parts, body) = resp.into_parts();
@@ -296,11 +299,11 @@ impl RuntimeClient {
                 detail: e.to_string(),
             })
         };
-        tokio::time::timeout(timeout, fut)
+        tokio::time::timeout(deadline, fut)
             .await
             .map_err(|_| ClientError::Timeout {
                 method: METHOD,
-                timeout,
+                timeout: deadline,
             })?
     }
 
@@ -355,6 +358,11 @@ impl RuntimeClient {
 /// Most bytes of an ExecSync answer crisp reads (all of them streamed past, none kept):
 /// containerd caps each of stdout and stderr at 16 MiB; a longer answer is not a runtime's.
 const EXEC_MAX_READ: usize = 64 << 20;
+/// How long an ExecSync call may outlast the command's own timeout: the runtime's time to start
+/// the command and report its exit (kubelet gives its own exec probes its 2 min request
+/// timeout; crisp, a bounded 2 s, as before issue #26). A probe's slot is held at most
+/// `probe_timeout` and this.
+pub const EXEC_RUNTIME_SLACK: Duration = Duration::from_secs(2);
 
 /// `ExecSyncResponse.exit_code` (api.proto: stdout = 1, stderr = 2, exit_code = 3).
 const EXIT_CODE_FIELD: u64 = 3;
