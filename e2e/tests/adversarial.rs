@@ -109,12 +109,14 @@ async fn oversized_injector_status_beside_an_ordinary_pod() -> Result<()> {
         quiet_stop.as_secs_f64(),
         busy_stop.as_secs_f64()
     );
+    // A small factor, with room for a loaded CI machine (3.4 s against 0.8 s was seen there,
+    // with four test threads): on 4b4ce37 it was 25.9 s against 0.35 s.
     assert!(
-        busy <= quiet * 3 + Duration::from_secs(1),
+        busy <= quiet * 5 + Duration::from_secs(2),
         "start {busy:?} beside the hostile pods, {quiet:?} on a quiet node"
     );
     assert!(
-        busy_stop <= quiet_stop * 3 + Duration::from_secs(1),
+        busy_stop <= quiet_stop * 5 + Duration::from_secs(2),
         "stop {busy_stop:?} beside the hostile pods, {quiet_stop:?} quiet"
     );
     let after = node_is_healthy(&st, "oversized injector status", before)?;
