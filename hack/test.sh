@@ -7,6 +7,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# A full build with the end-to-end images needs about 8 GB; say so up front instead of failing
+# mid-link with "No space left on device".
+avail_kb=$(df -Pk . | awk 'NR==2 {print $4}')
+echo "hack/test.sh: $((avail_kb / 1024 / 1024)) GiB free on $(df -P . | awk 'NR==2 {print $6}')" >&2
+if (( avail_kb < 6 * 1024 * 1024 )); then
+  echo "hack/test.sh: warning: less than 6 GiB free; the build may run out of space" >&2
+fi
 bash hack/setup.sh
 # Formatting and clippy (-D warnings) first: a lint failure fails the run in a minute.
 bash hack/lint.sh
