@@ -7,9 +7,10 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::{Mutex, MutexGuard};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
@@ -557,8 +558,8 @@ impl ProbeLimiter {
         self.per_pod
     }
 
-    fn lock_slots(&self) -> std::sync::MutexGuard<'_, Slots> {
-        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock_slots(&self) -> MutexGuard<'_, Slots> {
+        self.slots.lock()
     }
 
     /// A probe slot for a probe of `pod` (its sandbox id), waited for until `deadline` at most.
@@ -630,15 +631,16 @@ impl ProbeLimiter {
     /// when it will be there in time, so a probe that gives up leaves no debt behind.
     pub async fn connect(&self, deadline: Instant) -> Result<(), String> {
         let wait = {
-            let mut b = self.bucket.lock().unwrap_or_else(|e| e.into_inner());
+            let mut bucket = self.bucket.lock();
             let now = Instant::now();
-            b.tokens = (b.tokens + now.saturating_duration_since(b.at).as_secs_f64() * self.rate)
+            bucket.tokens = (bucket.tokens
+                + now.saturating_duration_since(bucket.at).as_secs_f64() * self.rate)
                 .min(self.burst);
-            b.at = now;
-            let wait = if b.tokens >= 1.0 {
+            bucket.at = now;
+            let wait = if bucket.tokens >= 1.0 {
                 Duration::ZERO
             } else {
-                Duration::from_secs_f64((1.0 - b.tokens) / self.rate)
+                Duration::from_secs_f64((1.0 - bucket.tokens) / self.rate)
             };
             if now + wait > deadline {
                 return Err(format!(
@@ -646,7 +648,7 @@ impl ProbeLimiter {
                     self.rate
                 ));
             }
-            b.tokens -= 1.0;
+            bucket.tokens -= 1.0;
             wait
         };
         if !wait.is_zero() {
@@ -659,6 +661,8 @@ impl ProbeLimiter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    // The tests' own shared state: a poisoned lock there is a failed test.
+    use std::sync::Mutex;
 
     #[test]
     fn readiness_is_shown_as_written() {

@@ -5,12 +5,16 @@
 //! end-to-end tests (`e2e/tests/ordering.rs`, `pods.rs`, `jobs.rs`) stay the proof on a real
 //! runtime.
 
+use std::sync::Mutex;
+
 use prost::Message;
 
 use super::*;
 use crate::config::Config;
+use crate::cri::views::state;
 use crate::cri::Route;
 use crate::proxy::client::ClientError;
+use crate::status::code;
 use runtime::Answer;
 
 const SANDBOX: &str = "sb";

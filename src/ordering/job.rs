@@ -2,8 +2,9 @@
 //! runs each sidecar's exec preStop hook and stops the sidecars in reverse order, then reports
 //! them as `exit 0, Completed` so the pod is judged by its apps alone.
 //!
-//! Cost: one watcher task per *Job pod with sidecars*, polling that sandbox's containers. No
-//! other pod, and no call, pays anything — except status responses while at least one
+//! Cost: one watcher task per *Job pod with sidecars*, polling that sandbox's containers; it runs
+//! in the engine's tracker and ends when its apps are done, when the pod is removed, or when
+//! the engine shuts down (`Engine::shutdown`). No other pod, and no call, pays anything — except status responses while at least one
 //! terminated sidecar exists, which are patched only if they carry one.
 //!
 //! The fact "crisp stopped this container" lives in a file per container under
@@ -12,8 +13,10 @@
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
+
+use parking_lot::RwLock;
 
 use super::annotations::RestartPolicy;
 use super::decide::{self, Snapshot};
@@ -66,12 +69,7 @@ impl Terminated {
     }
 
     pub fn contains(&self, id: &str) -> bool {
-        !self.is_empty()
-            && self
-                .ids
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .contains(id)
+        !self.is_empty() && self.ids.read().contains(id)
     }
 
     pub fn insert(&self, id: &str) {
@@ -83,10 +81,7 @@ impl Terminated {
                 tracing::warn!(container_id = id, error = %e, "cannot persist the terminated-sidecar mark");
             }
         }
-        self.ids
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id.to_string());
+        self.ids.write().insert(id.to_string());
         self.any.store(true, Relaxed);
     }
 
@@ -94,7 +89,7 @@ impl Terminated {
         if self.is_empty() {
             return;
         }
-        let mut ids = self.ids.write().unwrap_or_else(|e| e.into_inner());
+        let mut ids = self.ids.write();
         if ids.remove(id) {
             if let Some(d) = &self.dir {
                 let _ = std::fs::remove_file(d.join(id));
@@ -172,7 +167,7 @@ impl Engine {
         };
         let pod = pod.clone();
         tracing::info!(pod_namespace = %pod.namespace, pod_name = %pod.name, "Job pod with sidecars: watching its app containers");
-        tokio::spawn(async move { engine.watch_job(pod, version).await });
+        self.spawn(async move { engine.watch_job(pod, version).await });
     }
 
     async fn watch_job(self: Arc<Self>, pod: Arc<Pod>, version: ApiVersion) {

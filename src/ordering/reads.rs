@@ -11,9 +11,9 @@
 //! call and watcher gets its turn: with N of them polling, each reads about every
 //! N / `runtime_reads_per_second` seconds.
 
-use std::sync::Mutex;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
@@ -54,27 +54,28 @@ impl ReadLimiter {
     /// before `until`, so a caller that cannot have one leaves no debt behind.
     pub async fn read(&self, until: Option<Instant>) -> Result<SemaphorePermit<'_>, ReadLimited> {
         let wait = {
-            let mut b = self.bucket.lock().unwrap_or_else(|e| e.into_inner());
+            let mut bucket = self.bucket.lock();
             let now = Instant::now();
-            b.tokens = (b.tokens + now.saturating_duration_since(b.at).as_secs_f64() * self.rate)
+            bucket.tokens = (bucket.tokens
+                + now.saturating_duration_since(bucket.at).as_secs_f64() * self.rate)
                 .min(self.burst);
-            b.at = now;
-            let wait = if b.tokens >= 1.0 {
+            bucket.at = now;
+            let wait = if bucket.tokens >= 1.0 {
                 Duration::ZERO
             } else {
-                Duration::from_secs_f64((1.0 - b.tokens) / self.rate)
+                Duration::from_secs_f64((1.0 - bucket.tokens) / self.rate)
             };
-            if until.is_some_and(|u| now + wait > u) {
+            if until.is_some_and(|until| now + wait > until) {
                 return Err(ReadLimited);
             }
-            b.tokens -= 1.0;
+            bucket.tokens -= 1.0;
             wait
         };
         if !wait.is_zero() {
             tokio::time::sleep(wait).await;
         }
         match until {
-            Some(u) => tokio::time::timeout_at(u, self.in_flight.acquire())
+            Some(until) => tokio::time::timeout_at(until, self.in_flight.acquire())
                 .await
                 .map_err(|_| ReadLimited)?
                 .map_err(|_| ReadLimited),

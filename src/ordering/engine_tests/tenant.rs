@@ -1,5 +1,7 @@
 //! Issue #26 through the engine: a pod's hostile text reaches crisp's log and kubelet bounded.
 
+use std::sync::Mutex;
+
 use super::*;
 use crate::tenant::{MAX_LOG_LINE, MAX_MESSAGE};
 

@@ -1,0 +1,401 @@
+//! CreateContainer: sidecars first (DESIGN.md §3). An app's create is held until the sidecars
+//! it waits for run and are ready (§3.2), refused at once while one is missing or not running
+//! (§3.3), and released or failed at the start timeout by the pod's policy (§3.4); a hold that
+//! lasts `refuse_held_after` ends as a refusal that says why. A held call kubelet gives up on is
+//! dropped, never forwarded (§3.5). StartContainer is never held: a created app is started as
+//! kubelet asks.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::annotations::Sidecar;
+use super::decide::{self, Check, CreatePlan, Snapshot, WaitStep};
+use super::holds;
+use super::init_guess::Judgement;
+use super::pod::{container_name, ContainerRef};
+use super::{now, record_span, Engine, Pod};
+use crate::config::TimeoutPolicy;
+use crate::cri::views;
+use crate::cri::ApiVersion;
+use crate::intercept::{Call, Verdict};
+use crate::status::{code, Status};
+
+impl Engine {
+    /// One round of the start check (DESIGN.md §3): list the pod's containers, judge a
+    /// container nothing names (see [`super::init_guess::InitGuess`]), and ask [`decide::check_start`] — probing
+    /// the sidecars it asks for, in declared order, until it has an answer.
+    async fn check_start(
+        &self,
+        version: ApiVersion,
+        pod: &Pod,
+        container: &str,
+        required: &[Sidecar],
+        skip_dead: bool,
+        again: Option<Instant>,
+    ) -> Check<'static> {
+        let _read = match self.read_again(again).await {
+            Ok(read) => read,
+            Err(e) => return Check::Waiting(format!("the runtime ({e})")),
+        };
+        let containers = match self.runtime.list_containers(version, &pod.sandbox_id).await {
+            Ok(containers) => containers,
+            Err(e) => {
+                self.metrics.probe_errors.inc();
+                tracing::warn!(error = %e, "cannot list the pod's containers; still holding");
+                return Check::Waiting(format!("the runtime ({e})"));
+            }
+        };
+        let snapshot = Snapshot::new(&containers);
+        if decide::needs_init_judgement(&pod.policy, &snapshot) {
+            let judgement = pod.guess().judge(container);
+            match judgement {
+                Judgement::Init => {
+                    tracing::info!(container_name = %container, "kubelet came straight back to this container: treating it as an init container");
+                    return Check::Ready;
+                }
+                Judgement::Unknown => {
+                    self.guessing
+                        .insert(pod.annotations_fp, pod.sandbox_id.clone());
+                }
+                Judgement::Regular => {}
+            }
+            if !pod.guess().judging() {
+                self.guessing.remove(&pod.annotations_fp);
+            }
+        }
+        let refused = |name: &str| pod.refused_since.lock().contains_key(name);
+        let mut probed = HashMap::new();
+        loop {
+            match decide::check_start(
+                &pod.display(),
+                required,
+                &snapshot,
+                skip_dead,
+                refused,
+                &probed,
+            ) {
+                Check::Probe {
+                    sidecar,
+                    container_id,
+                } => {
+                    let ready = self.probe(version, pod, sidecar, &container_id).await;
+                    probed.insert(sidecar.name.clone(), ready);
+                }
+                Check::Ready => return Check::Ready,
+                Check::Waiting(who) => return Check::Waiting(who),
+                Check::FailFast(why) => return Check::FailFast(why),
+            }
+        }
+    }
+
+    /// The gate of CreateContainer: forwarded, held, or refused (see the module's rules).
+    pub(super) async fn gate_create(&self, call: &Call, msg: &[u8]) -> Verdict {
+        let version = call.route.version.unwrap_or(ApiVersion::V1);
+        let Some((pod, name)) = self.create_target(version, msg).await else {
+            return Verdict::Forward;
+        };
+        record_span(&pod, &name, None);
+        if pod.policy.has_sidecars() {
+            pod.guess().note_create(&name);
+        }
+        let required = match decide::plan_create(&pod.policy, &name) {
+            CreatePlan::Forward => return Verdict::Forward,
+            CreatePlan::Gate(required) => required,
+        };
+        let window = self.create_window(call, &pod, &name);
+        self.hold_create(call, version, &pod, &name, required, window)
+            .await
+    }
+
+    /// How long a CreateContainer may be held and whether dead sidecars are still waited for.
+    fn create_window(&self, call: &Call, pod: &Pod, name: &str) -> CreateWindow {
+        let (timeout, policy) = self.start_policy(pod);
+        // A hold ended as a refusal (`refuse_held_after`) carries on in kubelet's retry: the
+        // start timeout counts from the first hold, so refusals never extend it.
+        let held_from = pod
+            .held_since
+            .lock()
+            .get(name)
+            .copied()
+            .unwrap_or(call.received);
+        let hold_until = decide::create_hold_end(held_from, timeout, call.deadline);
+        let refused_since = pod.refused_since.lock().get(name).copied();
+        let skip_dead = decide::skip_dead(policy, refused_since, now(), timeout);
+        if skip_dead {
+            self.metrics.start_hold_timeouts.inc();
+            let refused_for = refused_since
+                .map(|since| now().saturating_duration_since(since))
+                .unwrap_or_default();
+            tracing::warn!(container_name = %name, refused_for_ms = refused_for.as_millis() as u64, "sidecars still not running after the start timeout; no longer waiting for them (policy proceed)");
+        }
+        CreateWindow {
+            timeout,
+            policy,
+            held_from,
+            hold_until,
+            skip_dead,
+        }
+    }
+
+    /// Checks the `required` sidecars until they are ready (forward), one is missing (refuse),
+    /// or the window ends (the timeout policy), showing the hold in the tap meanwhile.
+    async fn hold_create(
+        &self,
+        call: &Call,
+        version: ApiVersion,
+        pod: &Pod,
+        name: &str,
+        required: &[Sidecar],
+        window: CreateWindow,
+    ) -> Verdict {
+        let CreateWindow {
+            timeout,
+            policy,
+            held_from,
+            hold_until,
+            skip_dead,
+        } = window;
+        let policy_name = match policy {
+            TimeoutPolicy::Proceed => "proceed",
+            TimeoutPolicy::Fail => "fail",
+        };
+        let mut held: Option<holds::Hold<'_>> = None;
+        // The first round reads the runtime at once; the next ones under the node-wide bound.
+        let mut again = None;
+        let forget_refusal = || {
+            pod.refused_since.lock().remove(name);
+            pod.held_since.lock().remove(name);
+        };
+        loop {
+            // A slow runtime must not stretch the hold past its end (nor the forwarded call past
+            // kubelet's deadline): a probe round still running then counts as "not ready".
+            let check = match tokio::time::timeout_at(
+                hold_until.into(),
+                self.check_start(version, pod, name, required, skip_dead, again),
+            )
+            .await
+            {
+                Ok(check) => check,
+                Err(_) => Check::Waiting("the runtime (no answer before the hold's end)".into()),
+            };
+            again = Some(hold_until);
+            let who = match check {
+                Check::Ready => {
+                    forget_refusal();
+                    break;
+                }
+                Check::FailFast(reason) => return self.refuse_fast(pod, call, name, &reason, held),
+                Check::Waiting(who) => who,
+                Check::Probe { .. } => unreachable!("check_start answers its own probes"),
+            };
+            let waiting = holds::Waiting::from_check(pod, &who);
+            match held.as_mut() {
+                Some(hold) => hold.update(waiting),
+                None => {
+                    tracing::info!(container_name = %name, waiting_for = %who, timeout_ms = timeout.as_millis() as u64, "holding CreateContainer until sidecars are ready");
+                    held = Some(holds::Hold::start(
+                        self,
+                        pod,
+                        call,
+                        name,
+                        "",
+                        held_from,
+                        hold_until,
+                        policy_name,
+                        waiting,
+                    ));
+                }
+            }
+            if let Some(v) =
+                self.refuse_long_hold(pod, name, &mut held, held_from, hold_until, timeout)
+            {
+                return v;
+            }
+            match decide::after_waiting(now(), hold_until, self.cfg.probe_interval, policy) {
+                WaitStep::Until(next) => tokio::time::sleep_until(next.into()).await,
+                WaitStep::TimedOut(policy) => {
+                    forget_refusal();
+                    return self.start_timed_out(pod, name, &who, timeout, policy, held);
+                }
+            }
+        }
+        if let Some(hold) = held {
+            let held_for = now().saturating_duration_since(hold.since);
+            self.metrics.start_holds.observe(held_for.as_secs_f64());
+            tracing::info!(container_name = %name, held_ms = held_for.as_millis() as u64, "sidecars ready; forwarding CreateContainer");
+            hold.end("forwarded", "");
+        }
+        Verdict::Forward
+    }
+
+    /// The pod a CreateContainer is for and the container's name; `None`: forward it unordered
+    /// (a copy that does not decode, a sandbox the runtime does not know).
+    async fn create_target(&self, version: ApiVersion, msg: &[u8]) -> Option<(Arc<Pod>, String)> {
+        let req: views::CreateContainerRequest = match views::decode(msg) {
+            Ok(req) => req,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot decode a copy of CreateContainerRequest; forwarding it unordered");
+                return None;
+            }
+        };
+        let name = req
+            .config
+            .as_ref()
+            .and_then(|config| config.metadata.as_ref())
+            .map(|metadata| metadata.name.clone())
+            .unwrap_or_default();
+        if !crate::tenant::is_dns1123_label(&name) {
+            // Not a name Kubernetes gives a container (only another CRI client could send it).
+            tracing::debug!(container_name = %crate::tenant::text(&name, crate::tenant::MAX_FIELD), "container name is not a DNS-1123 label; forwarding it unordered");
+            return None;
+        }
+        let pod = match req.sandbox_config.as_ref() {
+            Some(sandbox) => self.pod_from_config(version, &req.pod_sandbox_id, sandbox),
+            None => self.pod_by_id(version, &req.pod_sandbox_id).await?,
+        };
+        Some((pod, name))
+    }
+
+    /// A required sidecar is not there (or not running): refuse the create now, kubelet retries
+    /// (§3.3); the start timeout counts from this first refusal.
+    fn refuse_fast(
+        &self,
+        pod: &Pod,
+        call: &Call,
+        name: &str,
+        reason: &str,
+        held: Option<holds::Hold<'_>>,
+    ) -> Verdict {
+        pod.refused_since
+            .lock()
+            .entry(name.to_string())
+            .or_insert(call.received);
+        self.metrics.fail_fast.inc();
+        tracing::info!(container_name = %name, "refusing CreateContainer for now: {reason}");
+        let message = decide::refusal(reason, name);
+        if let Some(hold) = held {
+            hold.end("refused", &message);
+        }
+        self.note_refusal(
+            pod,
+            call,
+            name,
+            &holds::Waiting::from_refusal(pod, reason),
+            &message,
+        );
+        Verdict::Reject(Status::new(code::FAILED_PRECONDITION, message))
+    }
+
+    /// The hold reached the start timeout still waiting for `who`: start the app anyway or
+    /// fail the create, as `policy` says (§3.4).
+    fn start_timed_out(
+        &self,
+        pod: &Pod,
+        name: &str,
+        who: &str,
+        timeout: Duration,
+        policy: TimeoutPolicy,
+        held: Option<holds::Hold<'_>>,
+    ) -> Verdict {
+        self.metrics.start_hold_timeouts.inc();
+        if let Some(hold) = &held {
+            self.metrics
+                .start_holds
+                .observe(now().saturating_duration_since(hold.since).as_secs_f64());
+        }
+        match policy {
+            TimeoutPolicy::Proceed => {
+                tracing::warn!(container_name = %name, waiting_for = %who, "sidecar not ready within the start timeout; starting the app anyway (policy proceed)");
+                if let Some(hold) = held {
+                    hold.end("timed out (proceed)", "");
+                }
+                Verdict::Forward
+            }
+            TimeoutPolicy::Fail => {
+                tracing::warn!(container_name = %name, waiting_for = %who, "sidecar not ready within the start timeout; failing CreateContainer (policy fail)");
+                pod.refusals.fetch_add(1, Relaxed);
+                // Not DEADLINE_EXCEEDED: that would read as kubelet's own deadline.
+                let message = decide::timed_out(&pod.display(), who, timeout, name);
+                if let Some(hold) = held {
+                    hold.end("timed out (fail)", &message);
+                }
+                Verdict::Reject(Status::new(code::FAILED_PRECONDITION, message))
+            }
+        }
+    }
+
+    /// `ordering.refuse_held_after`: a CreateContainer held that long is refused with what it
+    /// waits for, so kubelet shows it as the container's waiting reason (CreateContainerError)
+    /// and a Warning event; "network is not ready" in the message brings its retry within
+    /// 1–1.5 s (KUBELET-CRI §1.3), and the retry's hold carries on from `held_from`.
+    fn refuse_long_hold(
+        &self,
+        pod: &Pod,
+        name: &str,
+        held: &mut Option<holds::Hold<'_>>,
+        held_from: Instant,
+        hold_until: Instant,
+        timeout: Duration,
+    ) -> Option<Verdict> {
+        let after = self.cfg.refuse_held_after;
+        let at = now();
+        let hold = held.as_ref()?;
+        if after.is_zero() || at.saturating_duration_since(hold.since) < after || at >= hold_until {
+            return None;
+        }
+        let message = holds::held_refusal(
+            &pod.display(),
+            name,
+            hold.waiting(),
+            at.saturating_duration_since(held_from),
+            timeout,
+        );
+        pod.held_since
+            .lock()
+            .entry(name.to_string())
+            .or_insert(held_from);
+        pod.refusals.fetch_add(1, Relaxed);
+        let held_for = at.saturating_duration_since(hold.since);
+        self.metrics.start_holds.observe(held_for.as_secs_f64());
+        tracing::info!(container_name = %name, held_ms = held_for.as_millis() as u64, "held long: refusing CreateContainer with the reason, for kubelet to show; it retries within 1.5 s");
+        if let Some(hold) = held.take() {
+            hold.end("refused (still waiting)", &message);
+        }
+        Some(Verdict::Reject(Status::new(
+            code::FAILED_PRECONDITION,
+            message,
+        )))
+    }
+
+    /// A CreateContainer answered: the new container's sandbox and name are cached by its id.
+    pub(super) fn remember_created(&self, req: &[u8], msg: &[u8]) {
+        let (Ok(request), Ok(response)) = (
+            views::decode::<views::CreateContainerRequest>(req),
+            views::decode::<views::CreateContainerResponse>(msg),
+        ) else {
+            return;
+        };
+        let metadata = request.config.and_then(|config| config.metadata);
+        let name = container_name(metadata.map(|metadata| metadata.name));
+        self.containers.insert(
+            response.container_id,
+            ContainerRef {
+                sandbox_id: request.pod_sandbox_id,
+                name,
+            },
+        );
+    }
+}
+
+/// The time a CreateContainer may be held (see [`Engine::create_window`]).
+struct CreateWindow {
+    timeout: Duration,
+    policy: TimeoutPolicy,
+    /// When this container's first hold began (this call, or an earlier one refused).
+    held_from: Instant,
+    hold_until: Instant,
+    /// The start timeout passed while a sidecar was missing: stop waiting for it (proceed).
+    skip_dead: bool,
+}

@@ -1,0 +1,223 @@
+//! Readiness probes of sidecars (DESIGN.md §3.2), through the engine: from the pod's own
+//! network namespace, aimed only at the pod's own addresses unless the operator allowed more
+//! (DESIGN.md §6a), under the node-wide bounds on probing. [`ProbeTarget`] is what a
+//! [`Readiness`] probe reaches: the pod's IP, a socket in its namespace, ExecSync.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::annotations::{self, Sidecar};
+use super::pod::{PodNet, PodNs};
+use super::{Engine, Pod};
+use crate::cri::ApiVersion;
+use crate::metrics::GaugeGuard;
+use crate::netns;
+use crate::readiness::{self, Readiness};
+
+impl Engine {
+    pub(super) async fn pod_ip(&self, version: ApiVersion, pod: &Pod) -> Option<IpAddr> {
+        if pod.host_network {
+            return Some(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        }
+        self.pod_net(version, pod).await?.ips.first().copied()
+    }
+
+    /// The pod's addresses and network namespace: cached on the pod, read from the runtime's
+    /// verbose PodSandboxStatus on a miss (and again when the namespace's path moved).
+    pub(super) async fn pod_net(&self, version: ApiVersion, pod: &Pod) -> Option<Arc<PodNet>> {
+        let cached = pod.net.lock().as_ref().filter(|net| !net.stale()).cloned();
+        if cached.is_some() {
+            return cached;
+        }
+        let status = match self
+            .runtime
+            .pod_sandbox_status_verbose(version, &pod.sandbox_id)
+            .await
+        {
+            Ok(status) => status,
+            Err(e) => {
+                tracing::debug!(pod_namespace = %pod.namespace, pod_name = %pod.name, error = %e, "cannot read the sandbox's status for its addresses");
+                return None;
+            }
+        };
+        let network = status
+            .status
+            .and_then(|sandbox| sandbox.network)
+            .unwrap_or_default();
+        let ips: Vec<IpAddr> = std::iter::once(network.ip.as_str())
+            .chain(network.additional_ips.iter().map(|extra| extra.ip.as_str()))
+            .filter_map(|ip| ip.parse().ok())
+            .collect();
+        if ips.is_empty() && !pod.host_network {
+            return None; // Not networked yet: ask again next time.
+        }
+        let ns = if pod.host_network {
+            PodNs::Host
+        } else {
+            let info = status.info.get("info").map(String::as_str);
+            match netns::resolve(info, &pod.sandbox_id) {
+                Ok(ns) => {
+                    tracing::debug!(pod_namespace = %pod.namespace, pod_name = %pod.name, netns = %ns.path().display(), inode = ns.inode(), "probing from the pod's network namespace");
+                    PodNs::Pod(ns)
+                }
+                Err(why) if !pod.netns_warned.swap(true, Relaxed) => {
+                    self.metrics.probe_netns_failures.inc();
+                    tracing::warn!(pod_namespace = %pod.namespace, pod_name = %pod.name, "cannot find the pod's network namespace ({why}): probes of its IP go from the node's, probes of loopback fail");
+                    PodNs::Unknown(why)
+                }
+                Err(why) => PodNs::Unknown(why),
+            }
+        };
+        let net = Arc::new(PodNet { ips, ns });
+        *pod.net.lock() = Some(net.clone());
+        Some(net)
+    }
+
+    /// The readiness to probe for `sidecar`: its own, unless the pod's annotation named an
+    /// address that is not the pod's (then: warned once, counted, and as if the key were absent).
+    async fn checked_ready<'s>(
+        &self,
+        version: ApiVersion,
+        pod: &Pod,
+        sidecar: &'s Sidecar,
+    ) -> Result<&'s Readiness, String> {
+        let Some(tenant) = &sidecar.tenant else {
+            return Ok(&sidecar.ready);
+        };
+        let net = self
+            .pod_net(version, pod)
+            .await
+            .ok_or("the pod's addresses are not known yet")?;
+        match annotations::tenant_may_aim(&sidecar.ready, &net.ips, &self.cfg.probe_allow) {
+            Ok(()) => Ok(&sidecar.ready),
+            Err(reason) => {
+                let first_time = pod.tenant_warned.lock().insert(tenant.key.clone());
+                if first_time {
+                    tracing::warn!(pod_namespace = %pod.namespace, pod_name = %pod.name, "{}", tenant.warning(reason));
+                    self.metrics.bad_annotations.inc();
+                }
+                Ok(&tenant.fallback)
+            }
+        }
+    }
+
+    /// Probes one sidecar and keeps the result on the pod (why it is not ready, for operators).
+    /// Bounded: one probe slot of the node's (waited for within the probe timeout), the probe
+    /// itself within what is left of it.
+    pub(super) async fn probe(
+        &self,
+        version: ApiVersion,
+        pod: &Pod,
+        sidecar: &Sidecar,
+        container_id: &str,
+    ) -> bool {
+        let deadline = tokio::time::Instant::now() + self.cfg.probe_timeout;
+        let result = async {
+            let ready = self.checked_ready(version, pod, sidecar).await?;
+            if *ready == Readiness::Running {
+                return Ok(());
+            }
+            let _slot = self
+                .limiter
+                .slot(&pod.sandbox_id, deadline)
+                .await
+                .inspect_err(|_| {
+                    self.metrics.probe_limited.inc();
+                })?;
+            let _counted = GaugeGuard::new(&self.metrics.probe_in_flight);
+            let env = ProbeTarget {
+                engine: self,
+                version,
+                pod,
+                sidecar: &sidecar.name,
+                container_id,
+                deadline,
+            };
+            ready
+                .probe(
+                    &env,
+                    deadline.saturating_duration_since(tokio::time::Instant::now()),
+                )
+                .await
+        }
+        .await;
+        let ready = result.is_ok();
+        pod.note_probe(&sidecar.name, result);
+        ready
+    }
+}
+
+/// What a readiness probe of one sidecar reaches through the engine: the pod's IP (from the
+/// runtime, cached) and ExecSync in the sidecar's container.
+struct ProbeTarget<'a> {
+    engine: &'a Engine,
+    version: ApiVersion,
+    pod: &'a Pod,
+    sidecar: &'a str,
+    container_id: &'a str,
+    /// The probe's end: waits for the node-wide bounds never go past it.
+    deadline: tokio::time::Instant,
+}
+
+impl readiness::ProbeEnv for ProbeTarget<'_> {
+    async fn pod_ip(&self) -> Option<IpAddr> {
+        self.engine.pod_ip(self.version, self.pod).await
+    }
+
+    /// From inside the pod's network namespace (hostNetwork pods: the node's, which is theirs).
+    /// A CNI pod whose namespace is unknown is probed at its IP from the node's namespace, and
+    /// never at loopback: that would be the node's.
+    async fn connect(&self, addr: SocketAddr) -> Result<tokio::net::TcpStream, String> {
+        let engine = self.engine;
+        engine
+            .limiter
+            .connect(self.deadline)
+            .await
+            .inspect_err(|_| {
+                engine.metrics.probe_limited.inc();
+            })?;
+        let net = if self.pod.host_network {
+            None
+        } else {
+            engine.pod_net(self.version, self.pod).await
+        };
+        let local = readiness::is_local(addr.ip());
+        let socket = match net.as_deref().map(|net| &net.ns) {
+            Some(PodNs::Pod(ns)) => Some(ns.socket(addr.is_ipv6()).await.map_err(|err| format!("cannot enter the pod's network namespace: {err}"))?),
+            Some(PodNs::Unknown(why)) if local => return Err(format!("cannot enter the pod's network namespace: {why}")),
+            None if local && !self.pod.host_network => return Err("cannot enter the pod's network namespace: the runtime has not reported the sandbox's status".into()),
+            _ => None,
+        };
+        engine.metrics.probe_connects.inc();
+        match socket {
+            Some(socket) => socket
+                .connect(addr)
+                .await
+                .map_err(|err| format!("connect {addr}: {err}")),
+            None => readiness::connect_here(addr).await,
+        }
+    }
+
+    /// Paced as a connect (each ExecSync is a process started in a container), and over by the
+    /// probe's end whatever the wait for its turn took.
+    async fn exec(&self, cmd: &[String], timeout: Duration) -> Result<i32, String> {
+        self.engine
+            .limiter
+            .connect(self.deadline)
+            .await
+            .inspect_err(|_| {
+                self.engine.metrics.probe_limited.inc();
+            })?;
+        let timeout = timeout.min(
+            self.deadline
+                .saturating_duration_since(tokio::time::Instant::now()),
+        );
+        self.engine.runtime.exec_sync(self.version, self.container_id, cmd, timeout).await.map_err(|e| {
+            self.engine.metrics.probe_errors.inc();
+            tracing::debug!(container_name = %self.sidecar, error = %e, "exec readiness probe failed to run");
+            e.to_string()
+        })
+    }
+}

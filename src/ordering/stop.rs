@@ -1,0 +1,203 @@
+//! StopContainer: sidecars last (DESIGN.md §4). An app's stop is forwarded at once (§4.1); a
+//! sidecar's is held while an app of the pod, or a sidecar declared after it, still runs, so
+//! sidecars stop in reverse declared order (§4.2); each is forwarded with what is left of the
+//! pod's one grace budget (§4.3). preStop hooks stay kubelet's (§4.4): only the SIGTERM waits.
+//! A repeated stop is judged afresh (§4.5).
+
+use std::time::Instant;
+
+use super::decide::{self, Snapshot, StopStep};
+use super::holds;
+use super::{now, record_span, Engine, Pod};
+use crate::cri::patch::append_varint_field;
+use crate::cri::tags;
+use crate::cri::views;
+use crate::cri::ApiVersion;
+use crate::intercept::{Call, Verdict};
+
+impl Engine {
+    /// The gate of StopContainer: an app's forwarded at once, a sidecar's held (see the
+    /// module's rules), then forwarded with what is left of the pod's budget.
+    pub(super) async fn gate_stop(&self, call: &Call, msg: &[u8]) -> Verdict {
+        let version = call.route.version.unwrap_or(ApiVersion::V1);
+        let Ok(req) = views::decode::<views::ContainerIdRequest>(msg) else {
+            tracing::warn!("cannot decode a copy of StopContainerRequest; forwarding it unordered");
+            return Verdict::Forward;
+        };
+        let Some(container) = self.container_ref(version, &req.container_id).await else {
+            return Verdict::Forward;
+        };
+        let Some(pod) = self.pod_by_id(version, &container.sandbox_id).await else {
+            return Verdict::Forward;
+        };
+        record_span(&pod, &container.name, Some(&req.container_id));
+        if !pod.policy.has_sidecars() {
+            return Verdict::Forward;
+        }
+        let arrived = now();
+        // The pod's terminationGracePeriodSeconds: any int64, bounded here where it enters.
+        let grace = decide::grace_from_secs(req.timeout);
+        let sidecar = pod.policy.sidecar_index(&container.name);
+        let budget_end = pod.note_stop(arrived, grace, &req.container_id, sidecar.is_none());
+        // An app's stop is forwarded at once (§4.1).
+        let Some(sidecar) = sidecar else {
+            return Verdict::Forward;
+        };
+        let hold_until = decide::stop_hold_end(arrived, grace, call.deadline);
+        let window = SidecarStop {
+            sidecar,
+            arrived,
+            hold_until,
+            single_kill_after: decide::single_kill_after(arrived, grace),
+        };
+        self.hold_sidecar_stop(
+            call,
+            version,
+            &pod,
+            &container.name,
+            &req.container_id,
+            window,
+        )
+        .await;
+        // Forward with what is left of the pod's budget; the KEP's 2 s tail once it is spent.
+        match decide::stop_timeout(budget_end, now(), req.timeout) {
+            Some(secs) => Verdict::ForwardPatched(append_varint_field(
+                msg,
+                tags::stop_container_request::TIMEOUT,
+                secs,
+            )),
+            None => Verdict::Forward,
+        }
+    }
+
+    /// Holds a sidecar's StopContainer while apps of the pod still run (§4.2), within `window`;
+    /// returns when it is to be forwarded.
+    async fn hold_sidecar_stop(
+        &self,
+        call: &Call,
+        version: ApiVersion,
+        pod: &Pod,
+        name: &str,
+        container_id: &str,
+        window: SidecarStop,
+    ) {
+        let SidecarStop {
+            sidecar,
+            arrived,
+            hold_until,
+            single_kill_after,
+        } = window;
+        let mut held: Option<holds::Hold<'_>> = None;
+        let mut again = false;
+        loop {
+            // A slow runtime must not stretch the hold past its end (kubelet's deadline less the
+            // forwarded stop's tail): an answer not in by then counts as "stop it now".
+            let Some(containers) = self
+                .list_for_stop(version, pod, name, hold_until, again)
+                .await
+            else {
+                break;
+            };
+            again = true;
+            let snapshot = Snapshot::new(&containers);
+            let at = now();
+            match decide::stop_step(
+                &pod.policy,
+                sidecar,
+                &snapshot,
+                at,
+                hold_until,
+                single_kill_after,
+                pod.apps_stopping(),
+            ) {
+                StopStep::Forward => break,
+                StopStep::SingleKill => {
+                    tracing::info!(container_name = %name, "no app container of the pod is being stopped: a single-container kill; forwarding");
+                    break;
+                }
+                StopStep::Deadline { apps, sidecars } => {
+                    tracing::warn!(container_name = %name, ?apps, ?sidecars, "still running at kubelet's deadline; stopping the sidecar anyway");
+                    break;
+                }
+                StopStep::Hold { apps, sidecars } => {
+                    let waiting = holds::Waiting {
+                        on: "apps".into(),
+                        reason: format!(
+                            "running: {}",
+                            apps.iter()
+                                .chain(sidecars.iter())
+                                .copied()
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                        ..Default::default()
+                    };
+                    match held.as_mut() {
+                        Some(hold) => hold.update(waiting),
+                        None => {
+                            tracing::info!(container_name = %name, ?apps, ?sidecars, "holding sidecar StopContainer until these exit");
+                            held = Some(holds::Hold::start(
+                                self,
+                                pod,
+                                call,
+                                name,
+                                container_id,
+                                arrived,
+                                hold_until,
+                                "",
+                                waiting,
+                            ));
+                        }
+                    }
+                }
+            }
+            tokio::time::sleep_until((at + self.cfg.probe_interval).min(hold_until).into()).await;
+        }
+        if let Some(hold) = held {
+            let held_for = now().saturating_duration_since(hold.since);
+            self.metrics.stop_holds.observe(held_for.as_secs_f64());
+            tracing::info!(container_name = %name, held_ms = held_for.as_millis() as u64, "forwarding sidecar StopContainer");
+            hold.end("forwarded", "");
+        }
+    }
+
+    /// The pod's containers, for a held stop (`again`: a repeated read, under the node-wide
+    /// bound); `None` (forward now) when the runtime fails or does not answer before
+    /// `hold_until`.
+    async fn list_for_stop(
+        &self,
+        version: ApiVersion,
+        pod: &Pod,
+        name: &str,
+        hold_until: Instant,
+        again: bool,
+    ) -> Option<Vec<views::Container>> {
+        let list = async {
+            match self.read_again(again.then_some(hold_until)).await {
+                Ok(_read) => Some(self.runtime.list_containers(version, &pod.sandbox_id).await),
+                Err(_) => None,
+            }
+        };
+        match tokio::time::timeout_at(hold_until.into(), list).await {
+            Ok(Some(Ok(containers))) => Some(containers),
+            Ok(Some(Err(e))) => {
+                tracing::warn!(error = %e, "cannot list the pod's containers; forwarding StopContainer");
+                None
+            }
+            Ok(None) | Err(_) => {
+                tracing::warn!(container_name = %name, "the runtime did not list the pod's containers before kubelet's deadline; forwarding StopContainer");
+                None
+            }
+        }
+    }
+}
+
+/// The time a sidecar's StopContainer may be held (see [`Engine::hold_sidecar_stop`]).
+struct SidecarStop {
+    /// The sidecar's place in the pod's list.
+    sidecar: usize,
+    arrived: Instant,
+    hold_until: Instant,
+    /// No app is being stopped by then: a single-container kill (liveness), forwarded.
+    single_kill_after: Instant,
+}
