@@ -33,8 +33,7 @@ pub fn chain(
         terminated,
     );
     // Job pods whose sidecars crisp must end are found again after a restart.
-    let recovering = engine.clone();
-    tokio::spawn(async move { recovering.recover(crate::cri::ApiVersion::V1).await });
+    engine.recover_in_background(crate::cri::ApiVersion::V1);
     let tap = Tap::new(
         Arc::new(CallMetrics::default()),
         Some(engine.clone() as Arc<dyn crate::intercept::PodNames>),
@@ -119,6 +118,7 @@ pub async fn serve_on_notify(
         UpstreamOptions::from(&cfg),
     ));
     let (list, tap, engine) = chain(&cfg, &upstream);
+    let ordering = engine.clone();
     let proxy = Proxy::new(upstream, Interceptors::new(list), ProxyOptions::from(&cfg));
     // The admin socket (tap, metrics) stops with the CRI listener.
     let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -137,4 +137,7 @@ pub async fn serve_on_notify(
     };
     proxy::serve(listener, proxy, shutdown).await;
     let _ = admin.await;
+    // The engine's own tasks (Job watchers, recovery) end last, once the proxy has drained or
+    // closed every call.
+    ordering.shutdown().await;
 }

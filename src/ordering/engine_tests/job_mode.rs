@@ -1,0 +1,113 @@
+//! Job mode through the engine (DESIGN.md §5): the sidecars' stop, the watchers' runtime reads,
+//! and the watchers' end at shutdown.
+
+use super::*;
+
+/// Job mode reads the grace period from the sidecar's `io.kubernetes.pod.terminationGracePeriod`:
+/// any int64 (or more) stops the sidecar with at most a day's timeout, no panic.
+#[tokio::test(start_paused = true)]
+async fn a_job_sidecar_with_an_extreme_grace_annotation_is_stopped() {
+    for grace in [
+        "9223372036854775807",
+        "9223372036854775806",
+        "18446744073709551615",
+    ] {
+        let (fake, engine, _) = fake_running_pod(&["proxy"]);
+        fake.script().status_annotations = [(
+            "io.kubernetes.pod.terminationGracePeriod".to_string(),
+            grace.to_string(),
+        )]
+        .into();
+        let pod = engine.pod_by_id(ApiVersion::V1, SANDBOX).await.unwrap();
+        engine.terminate_sidecars(ApiVersion::V1, &pod).await;
+        let stops: Vec<(String, i64)> = fake
+            .script()
+            .stops
+            .iter()
+            .map(|(n, s, _)| (n.clone(), *s))
+            .collect();
+        assert_eq!(stops, vec![("proxy".to_string(), 86_400)], "{grace}");
+    }
+}
+
+/// Job watchers too: 40 Job pods whose apps run on, each watched at `job.poll_interval`
+/// (100 ms here: 400 reads a second unbounded), read at `runtime_reads_per_second` together.
+#[tokio::test(start_paused = true)]
+async fn job_watchers_read_the_runtime_within_the_node_wide_bound() {
+    let fake = Fake::default();
+    let engine = pod_with(&fake, &["proxy"], &[(annotations::JOB, "true")], |c| {
+        c.job.poll_interval = 100 * MS;
+        c.ordering.runtime_reads_per_second = 20;
+    });
+    fake.add("proxy", Some(now()));
+    fake.add("app", Some(now()));
+    for i in 0..40 {
+        assert!(engine
+            .pod_by_id(ApiVersion::V1, &format!("sb-{i}"))
+            .await
+            .is_some());
+    }
+    assert_eq!(engine.pods().len(), 40);
+    tokio::time::sleep(10 * S).await;
+    let lists = fake.script().lists;
+    assert!(
+        (20 * 9..=2 + 20 * 10).contains(&lists),
+        "{lists} ListContainers in 10 s by 40 watchers: 20 a second"
+    );
+}
+
+/// A Job watcher is the engine's own task: it polls while the pod's apps run, and when the
+/// engine shuts down it ends — no runtime read after that — and lets the engine go, instead of
+/// polling for as long as the process lives.
+#[tokio::test(start_paused = true)]
+async fn a_job_watcher_ends_when_the_engine_shuts_down() {
+    let fake = Fake::default();
+    let engine = pod_with(&fake, &["proxy"], &[(annotations::JOB, "true")], |c| {
+        c.job.poll_interval = 100 * MS;
+    });
+    fake.add("proxy", Some(now()));
+    fake.add("app", Some(now()));
+    assert!(engine.pod_by_id(ApiVersion::V1, SANDBOX).await.is_some());
+    tokio::time::sleep(S).await;
+    let polled = fake.script().lists;
+    assert!(
+        polled >= 5,
+        "the watcher polls while the app runs: {polled}"
+    );
+
+    tokio::time::timeout(S, engine.shutdown())
+        .await
+        .expect("shutdown ends the watcher at once");
+    let at_shutdown = fake.script().lists;
+    tokio::time::sleep(10 * S).await;
+    assert_eq!(
+        fake.script().lists,
+        at_shutdown,
+        "no runtime read after shutdown"
+    );
+    assert_eq!(engine.tasks_running(), 0);
+    assert_eq!(
+        Arc::strong_count(&engine),
+        1,
+        "the watcher let the engine go"
+    );
+}
+
+/// The recovery after a restart is the engine's task too, and so is every watcher it starts.
+#[tokio::test(start_paused = true)]
+async fn recovery_and_its_watchers_end_when_the_engine_shuts_down() {
+    let fake = Fake::default();
+    let engine = pod_with(&fake, &["proxy"], &[(annotations::JOB, "true")], |c| {
+        c.job.poll_interval = 100 * MS;
+    });
+    engine.recover_in_background(ApiVersion::V1);
+    engine.shutdown().await;
+    assert_eq!(engine.tasks_running(), 0);
+    assert_eq!(Arc::strong_count(&engine), 1);
+    // A watcher asked for after shutdown ends at once.
+    fake.add("proxy", Some(now()));
+    fake.add("app", Some(now()));
+    assert!(engine.pod_by_id(ApiVersion::V1, SANDBOX).await.is_some());
+    tokio::time::sleep(S).await;
+    assert_eq!(fake.script().lists, 0, "no watcher polls after shutdown");
+}

@@ -1,0 +1,139 @@
+//! Readiness probes through the engine (DESIGN.md §3.2, §6a): issue #19's rule on where a pod's
+//! annotation may aim a probe, the pod's network namespace, and the node-wide pace of exec probes.
+
+use super::*;
+
+/// A pod annotation aimed at an address that is not the pod's: one warning and one
+/// `crisp_bad_annotations_total` per pod however often it is probed, nothing connected to, and
+/// the sidecar judged as if the key were absent (`running`: the app goes at once).
+#[tokio::test(start_paused = true)]
+async fn an_annotation_aimed_elsewhere_is_bad_once_and_treated_as_absent() {
+    let (fake, engine) = fake_pod(&["proxy"], &[]);
+    fake.script().annotations.insert(
+        "crisp.dev/ready.proxy".into(),
+        "http://192.0.2.1:10255/pods".into(),
+    );
+    fake.script().ip = Some("10.1.2.3".into());
+    fake.add("proxy", Some(now()));
+    for _ in 0..3 {
+        let (v, held) = create_container(&engine, &fake, "app").await;
+        assert_forwarded_at_once(&v, held);
+    }
+    assert_eq!(
+        engine.metrics.bad_annotations.get(),
+        1,
+        "once per pod, not per probe"
+    );
+    assert_eq!(
+        engine.metrics.probe_connects.get(),
+        0,
+        "nothing connected to"
+    );
+    let (p, _) = engine.lookup(Some(SANDBOX), None);
+    assert_eq!(
+        p.and_then(|p| p.last_probe("proxy")).map(|l| l.result),
+        Some(Ok(()))
+    );
+}
+
+/// The same spec naming the pod's own IP, or a network the operator allowed, is probed.
+#[tokio::test(start_paused = true)]
+async fn an_annotation_naming_the_pods_ip_or_an_allowed_network_is_probed() {
+    for (ip, allow) in [("192.0.2.1", vec![]), ("10.1.2.3", vec!["192.0.2.0/24"])] {
+        let fake = Fake::default();
+        fake.script().annotations = [
+            (annotations::SIDECARS, "proxy"),
+            ("crisp.dev/ready.proxy", "tcp://192.0.2.1:1"),
+            (annotations::START_TIMEOUT, "1s"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        fake.script().ip = Some(ip.into());
+        let mut cfg = Config::default();
+        cfg.ordering.probe_allow =
+            crate::config::parse_cidrs(&allow.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        cfg.ordering.probe_timeout = 10 * MS;
+        let engine = Engine::new(
+            &cfg,
+            fake.clone(),
+            Arc::new(OrderingMetrics::default()),
+            Arc::new(job::Terminated::open(None)),
+        );
+        fake.add("proxy", Some(now()));
+        let _ = create_container(&engine, &fake, "app").await;
+        assert_eq!(engine.metrics.bad_annotations.get(), 0, "{ip} {allow:?}");
+        assert!(
+            engine.metrics.probe_connects.get() > 0,
+            "{ip} {allow:?}: not probed"
+        );
+    }
+}
+
+/// A CNI pod whose network namespace the runtime does not reveal: a probe of loopback fails
+/// with the reason and never reaches the node's loopback (a listener there accepts nothing).
+#[tokio::test(start_paused = true)]
+async fn loopback_of_a_pod_whose_namespace_is_unknown_is_never_the_nodes() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.set_nonblocking(true).unwrap();
+    let port = l.local_addr().unwrap().port();
+    let (fake, engine) = fake_pod(&["proxy"], &[(annotations::START_TIMEOUT, "1s")]);
+    fake.script().annotations.insert(
+        "crisp.dev/ready.proxy".into(),
+        format!("tcp://127.0.0.1:{port}"),
+    );
+    fake.script().ip = Some("10.1.2.3".into());
+    fake.add("proxy", Some(now()));
+    let (v, held) = create_container(&engine, &fake, "app").await;
+    assert_forward(&v);
+    assert_held(held, S, 100 * MS);
+    assert_eq!(
+        l.accept().map_err(|e| e.kind()).err(),
+        Some(std::io::ErrorKind::WouldBlock),
+        "crisp connected to the node's loopback"
+    );
+    let (p, _) = engine.lookup(Some(SANDBOX), None);
+    let why = p
+        .and_then(|p| p.last_probe("proxy"))
+        .map(|l| l.result)
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        why.starts_with("cannot enter the pod's network namespace: "),
+        "{why}"
+    );
+    assert_eq!(
+        engine.metrics.probe_netns_failures.get(),
+        1,
+        "found (and logged) once per pod"
+    );
+    assert_eq!(
+        engine.metrics.bad_annotations.get(),
+        0,
+        "loopback is the pod's own"
+    );
+}
+
+/// Exec probes are paced like connects (issue #26): at one per second node-wide, a sidecar
+/// probed every 100 ms gets about one ExecSync a second, and the rounds without a turn are
+/// counted as limited.
+#[tokio::test(start_paused = true)]
+async fn exec_probes_take_the_node_wide_rate() {
+    let fake = Fake::default();
+    let engine = pod_with(&fake, &["proxy"], &[], |c| {
+        c.ordering.refuse_held_after = Duration::ZERO;
+        c.ordering.probe_connects_per_second = 1;
+        c.ordering.probe_timeout = 10 * MS;
+    });
+    fake.add_ready_after("proxy", 5 * S);
+    let (v, held) = create_container(&engine, &fake, "app").await;
+    assert_forward(&v);
+    assert!(held >= 5 * S && held <= 7 * S, "held {held:?}");
+    // ~50 rounds, ~6 tokens.
+    let limited = engine.metrics.probe_limited.get();
+    assert!(
+        limited >= 35,
+        "only {limited} of ~50 exec rounds waited for the rate"
+    );
+}

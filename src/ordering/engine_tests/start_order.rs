@@ -1,0 +1,228 @@
+//! CreateContainer through the engine (DESIGN.md §3): sidecars first, refusals, the start
+//! timeout, init containers.
+
+use super::*;
+
+#[tokio::test(start_paused = true)]
+async fn pod_without_sidecars_is_never_held_nor_looked_up() {
+    let (fake, engine) = fake_pod(&[], &[]);
+    let (v, held) = create_container(&engine, &fake, "app").await;
+    assert_forwarded_at_once(&v, held);
+    assert_eq!(
+        fake.script().lists,
+        0,
+        "no runtime call for a pod without sidecars"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn list_and_status_calls_are_never_observed() {
+    let (_fake, engine) = fake_pod(&["proxy"], &[]);
+    for rpc in [
+        "ListContainers",
+        "ListPodSandbox",
+        "ContainerStatus",
+        "PodSandboxStatus",
+        "ListContainerStats",
+        "Status",
+        "Version",
+        "ImageStatus",
+        "ListImages",
+    ] {
+        assert!(
+            engine.interest(&call(rpc, None)).is_none(),
+            "{rpc} must take the fast path"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn app_is_forwarded_at_once_when_every_sidecar_is_ready() {
+    let (fake, engine) = fake_pod(&["proxy"], &[]);
+    fake.add("proxy", Some(now()));
+    let (v, held) = create_container(&engine, &fake, "app").await;
+    assert_forwarded_at_once(&v, held);
+}
+
+#[tokio::test(start_paused = true)]
+async fn app_is_held_until_its_sidecar_is_ready() {
+    let (fake, engine) = fake_pod(&["proxy"], &[]);
+    fake.add_ready_after("proxy", 4 * S);
+    let (v, held) = create_container(&engine, &fake, "app").await;
+    assert_forward(&v);
+    assert_held(held, 4 * S, 100 * MS);
+    assert_eq!(holds(&engine, "start"), 1);
+    assert_eq!(engine.metrics.holds_in_flight.get(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn sidecars_gate_each_other_in_declared_order() {
+    let (fake, engine) = fake_pod(&["first", "second"], &[]);
+    fake.add_ready_after("first", 3 * S);
+    // The first sidecar waits for nobody.
+    let (v, held) = create_container(&engine, &fake, "first").await;
+    assert_forwarded_at_once(&v, held);
+    // The second waits for the first.
+    let (v, held) = create_container(&engine, &fake, "second").await;
+    assert_forward(&v);
+    assert_held(held, 3 * S, 100 * MS);
+}
+
+#[tokio::test(start_paused = true)]
+async fn app_listed_before_its_sidecar_is_refused_at_once() {
+    let (fake, engine) = fake_pod(&["proxy"], &[]);
+    let (v, held) = create_container(&engine, &fake, "app").await;
+    let msg = refusal(&v);
+    assert!(
+        msg.contains("\"proxy\"")
+            && msg.contains("not created yet")
+            && msg.contains("network is not ready"),
+        "{msg}"
+    );
+    assert_eq!(
+        held,
+        Duration::ZERO,
+        "refused, not held: holding would deadlock kubelet's sync loop"
+    );
+    assert_eq!(engine.metrics.fail_fast.get(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn app_is_refused_while_its_sidecar_is_created_but_not_running() {
+    for (what, started, exited) in [
+        ("created but not started", None, None),
+        ("exited", Some(Duration::ZERO), Some(Duration::ZERO)),
+    ] {
+        let (fake, engine) = fake_pod(&["proxy"], &[]);
+        let t0 = now();
+        fake.add("proxy", started.map(|d| at(t0, d)));
+        fake.set("proxy", |c| c.exited = exited.map(|d| at(t0, d)));
+        let (v, held) = create_container(&engine, &fake, "app").await;
+        let msg = refusal(&v);
+        assert!(msg.contains(what), "{msg}");
+        assert_eq!(held, Duration::ZERO);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn hold_ends_at_the_start_timeout_under_proceed() {
+    let (fake, engine) = fake_pod(&["proxy"], &[(annotations::START_TIMEOUT, "10s")]);
+    fake.add("proxy", Some(now()));
+    fake.set("proxy", |c| c.ready = None);
+    let (v, held) = create_container(&engine, &fake, "app").await;
+    assert_forward(&v);
+    assert_eq!(held, 10 * S);
+    assert_eq!(engine.metrics.start_hold_timeouts.get(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn hold_ends_at_the_start_timeout_under_fail() {
+    let (fake, engine) = fake_pod(
+        &["proxy"],
+        &[
+            (annotations::START_TIMEOUT, "10s"),
+            (annotations::TIMEOUT_POLICY, "fail"),
+        ],
+    );
+    fake.add("proxy", Some(now()));
+    fake.set("proxy", |c| c.ready = None);
+    let (v, held) = create_container(&engine, &fake, "app").await;
+    let msg = refusal(&v);
+    assert!(msg.contains("not ready within 10s"), "{msg}");
+    assert_eq!(held, 10 * S);
+}
+
+#[tokio::test(start_paused = true)]
+async fn hold_never_outlives_kubelets_deadline() {
+    let (fake, engine) = fake_pod(&["proxy"], &[]);
+    fake.add("proxy", Some(now()));
+    fake.set("proxy", |c| c.ready = None);
+    // Start timeout 90 s (default); kubelet's deadline 8 s: the hold ends 3 s before it.
+    let (v, held) = run(
+        &engine,
+        &call("CreateContainer", Some(8 * S)),
+        &create(&fake, "app"),
+    )
+    .await;
+    assert_forward(&v);
+    assert_eq!(held, 8 * S - decide::DEADLINE_MARGIN);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_abandoned_hold_forwards_nothing_and_leaves_no_gauge() {
+    let (fake, engine) = fake_pod(&["proxy"], &[]);
+    fake.add("proxy", Some(now()));
+    fake.set("proxy", |c| c.ready = None);
+    // kubelet gives up after 2 s (the proxy drops the future: drop = cancel).
+    let c = call("CreateContainer", KUBELET_DEADLINE);
+    let msg = create(&fake, "app");
+    let r = tokio::time::timeout(2 * S, engine.on_request(&c, &msg)).await;
+    assert!(r.is_err(), "still held when kubelet gave up");
+    assert_eq!(
+        engine.metrics.holds_in_flight.get(),
+        0,
+        "the held-calls gauge counts the abandoned hold out"
+    );
+}
+
+/// A pod whose sidecar `proxy` was created and has exited.
+fn dead_proxy_pod(extra: &[(&str, &str)]) -> (Fake, Arc<Engine>) {
+    let (fake, engine) = fake_pod(&["proxy"], extra);
+    let t0 = now();
+    fake.add("proxy", Some(t0));
+    fake.set("proxy", |c| c.exited = Some(t0));
+    (fake, engine)
+}
+
+#[tokio::test(start_paused = true)]
+async fn refusals_for_a_dead_sidecar_end_at_the_start_timeout_under_proceed() {
+    let (fake, engine) = dead_proxy_pod(&[(annotations::START_TIMEOUT, "10s")]);
+    refusal(&create_container(&engine, &fake, "app").await.0);
+    // kubelet retries every ~1 s; refused until 10 s after the first refusal, then let through.
+    tokio::time::sleep(9 * S).await;
+    refusal(&create_container(&engine, &fake, "app").await.0);
+    tokio::time::sleep(S).await;
+    let (v, held) = create_container(&engine, &fake, "app").await;
+    assert_forwarded_at_once(&v, held);
+}
+
+#[tokio::test(start_paused = true)]
+async fn refusals_for_a_dead_sidecar_go_on_under_fail() {
+    let (fake, engine) = dead_proxy_pod(&[
+        (annotations::START_TIMEOUT, "10s"),
+        (annotations::TIMEOUT_POLICY, "fail"),
+    ]);
+    refusal(&create_container(&engine, &fake, "app").await.0);
+    tokio::time::sleep(20 * S).await;
+    refusal(&create_container(&engine, &fake, "app").await.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn known_init_container_is_never_held() {
+    let (fake, engine) = fake_pod(&["proxy"], &[(annotations::INIT_CONTAINERS, "setup")]);
+    let (v, held) = create_container(&engine, &fake, "setup").await;
+    assert_forwarded_at_once(&v, held);
+}
+
+#[tokio::test(start_paused = true)]
+async fn unnamed_init_container_is_let_through_when_kubelet_comes_straight_back() {
+    let (fake, engine) = fake_pod(&["proxy"], &[]);
+    // No sidecar exists and nothing names "setup": refused once...
+    refusal(&create_container(&engine, &fake, "setup").await.0);
+    // ...and kubelet's next call for the pod is the same container again, ~1 s later: init.
+    tokio::time::sleep(S).await;
+    let (v, _) = create_container(&engine, &fake, "setup").await;
+    assert_forward(&v);
+}
+
+#[tokio::test(start_paused = true)]
+async fn unnamed_regular_container_stays_refused_when_kubelet_moves_on() {
+    let (fake, engine) = fake_pod(&["proxy"], &[]);
+    refusal(&create_container(&engine, &fake, "app").await.0);
+    // kubelet goes on to the next container in the same loop: the sidecar's CreateContainer.
+    let (v, _) = create_container(&engine, &fake, "proxy").await;
+    assert_forward(&v);
+    // Its creation failed (nothing in the runtime); the app's retry is refused again.
+    tokio::time::sleep(S).await;
+    refusal(&create_container(&engine, &fake, "app").await.0);
+}
