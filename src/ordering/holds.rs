@@ -53,9 +53,9 @@ impl Waiting {
             probe,
             probe_result: last
                 .as_ref()
-                .map(|l| bounded(probe_text(&l.result)))
+                .map(|last| bounded(probe_text(&last.result)))
                 .unwrap_or_default(),
-            probe_at: last.map(|l| l.at),
+            probe_at: last.map(|last| last.at),
         }
     }
 
@@ -99,13 +99,13 @@ impl Waiting {
     pub fn describe(&self) -> String {
         match self.probe_result.as_str() {
             "" | "ok" => self.reason.clone(),
-            r => format!("{}: {r}", self.reason),
+            result => format!("{}: {result}", self.reason),
         }
     }
 }
 
-fn probe_text(r: &crate::readiness::ProbeResult) -> String {
-    match r {
+fn probe_text(result: &crate::readiness::ProbeResult) -> String {
+    match result {
         Ok(()) => "ok".into(),
         Err(e) => e.clone(),
     }
@@ -118,12 +118,12 @@ fn bounded(s: String) -> String {
 
 /// Whether a hold's update is due: what it waits for changed (and [`UPDATE_MIN`] passed since
 /// the last event), or [`UPDATE_EVERY`] passed.
-pub fn update_due(last: Option<&(Instant, Waiting)>, now: Instant, w: &Waiting) -> bool {
+pub fn update_due(last: Option<&(Instant, Waiting)>, now: Instant, waiting: &Waiting) -> bool {
     let Some((at, sent)) = last else { return true };
     let since = now.saturating_duration_since(*at);
     // The probe's time changes every round; only what it found counts as a change.
-    let changed =
-        (&sent.on, &sent.reason, &sent.probe_result) != (&w.on, &w.reason, &w.probe_result);
+    let changed = (&sent.on, &sent.reason, &sent.probe_result)
+        != (&waiting.on, &waiting.reason, &waiting.probe_result);
     (changed && since >= UPDATE_MIN) || since >= UPDATE_EVERY
 }
 
@@ -133,14 +133,18 @@ pub fn update_due(last: Option<&(Instant, Waiting)>, now: Instant, w: &Waiting) 
 pub fn held_refusal(
     pod: &str,
     container: &str,
-    w: &Waiting,
+    waiting: &Waiting,
     held: Duration,
     timeout: Duration,
 ) -> String {
-    let what = if w.on == "runtime" {
-        format!("waiting for the runtime ({})", w.reason)
+    let what = if waiting.on == "runtime" {
+        format!("waiting for the runtime ({})", waiting.reason)
     } else {
-        format!("waiting for sidecar {} of {pod}: {}", w.on, w.describe())
+        format!(
+            "waiting for sidecar {} of {pod}: {}",
+            waiting.on,
+            waiting.describe()
+        )
     };
     // Cut (to decide::MAX_REFUSAL_REASON) and escaped by `refusal`.
     let reason = format!(
@@ -200,21 +204,26 @@ impl<'a> Hold<'a> {
         held_from: Instant,
         ends: Instant,
         policy: &str,
-        w: Waiting,
+        waiting: Waiting,
     ) -> Hold<'a> {
         let since = now();
         let info = HeldCall {
             call_id: call.id,
-            method: call.route.rpc.map(|r| r.name()).unwrap_or("").to_string(),
+            method: call
+                .route
+                .rpc
+                .map(|rpc| rpc.name())
+                .unwrap_or("")
+                .to_string(),
             container: container.to_string(),
             since: SystemTime::now(),
             held_from,
-            waiting: w.clone(),
+            waiting: waiting.clone(),
             ends,
             policy: policy.to_string(),
         };
         pod.holds().insert(call.id, info.clone());
-        let mut h = Hold {
+        let mut hold = Hold {
             engine,
             pod,
             call,
@@ -225,13 +234,13 @@ impl<'a> Hold<'a> {
             ended: false,
             _gauge: GaugeGuard::new(&engine.metrics.holds_in_flight),
         };
-        h.send(HoldPhase::Start, "", "");
-        h
+        hold.send(HoldPhase::Start, "", "");
+        hold
     }
 
     /// What the hold waits for now: kept for `crisp pods`; an event when one is due.
-    pub fn update(&mut self, w: Waiting) {
-        if w == self.info.waiting
+    pub fn update(&mut self, waiting: Waiting) {
+        if waiting == self.info.waiting
             && self
                 .last_sent
                 .as_ref()
@@ -239,10 +248,10 @@ impl<'a> Hold<'a> {
         {
             return;
         }
-        if let Some(h) = self.pod.holds().get_mut(&self.call.id) {
-            h.waiting = w.clone();
+        if let Some(held) = self.pod.holds().get_mut(&self.call.id) {
+            held.waiting = waiting.clone();
         }
-        self.info.waiting = w;
+        self.info.waiting = waiting;
         if update_due(self.last_sent.as_ref(), now(), &self.info.waiting) {
             self.send(HoldPhase::Update, "", "");
         }
@@ -260,9 +269,9 @@ impl<'a> Hold<'a> {
     }
 
     fn send(&mut self, phase: HoldPhase, outcome: &str, message: &str) {
-        let t = now();
+        let at = now();
         if phase != HoldPhase::End {
-            self.last_sent = Some((t, self.info.waiting.clone()));
+            self.last_sent = Some((at, self.info.waiting.clone()));
         }
         let Some(sink) = self.engine.hold_sink() else {
             return;
@@ -270,7 +279,7 @@ impl<'a> Hold<'a> {
         if !sink.wanted() {
             return;
         }
-        let w = &self.info.waiting;
+        let waiting = &self.info.waiting;
         sink.publish(HoldEvent {
             call_id: self.call.id,
             route: self.call.route,
@@ -282,12 +291,12 @@ impl<'a> Hold<'a> {
             pod_sandbox_id: self.pod.sandbox_id.clone(),
             container_name: self.info.container.clone(),
             container_id: self.container_id.clone(),
-            waiting_on: w.on.clone(),
-            reason: w.reason.clone(),
-            probe: w.probe.clone(),
-            probe_result: w.probe_result.clone(),
-            held: t.saturating_duration_since(self.info.held_from),
-            time_left: self.info.ends.saturating_duration_since(t),
+            waiting_on: waiting.on.clone(),
+            reason: waiting.reason.clone(),
+            probe: waiting.probe.clone(),
+            probe_result: waiting.probe_result.clone(),
+            held: at.saturating_duration_since(self.info.held_from),
+            time_left: self.info.ends.saturating_duration_since(at),
             policy: self.info.policy.clone(),
             outcome: outcome.to_string(),
             message: message.to_string(),
@@ -313,7 +322,7 @@ impl Engine {
         pod: &Pod,
         call: &Call,
         container: &str,
-        w: &Waiting,
+        waiting: &Waiting,
         message: &str,
     ) {
         pod.refusals.fetch_add(1, Relaxed);
@@ -332,10 +341,10 @@ impl Engine {
             pod_sandbox_id: pod.sandbox_id.clone(),
             container_name: container.to_string(),
             container_id: String::new(),
-            waiting_on: w.on.clone(),
-            reason: w.reason.clone(),
-            probe: w.probe.clone(),
-            probe_result: w.probe_result.clone(),
+            waiting_on: waiting.on.clone(),
+            reason: waiting.reason.clone(),
+            probe: waiting.probe.clone(),
+            probe_result: waiting.probe_result.clone(),
             held: Duration::ZERO,
             time_left: Duration::ZERO,
             policy: String::new(),

@@ -40,15 +40,15 @@ pub struct Terminated {
 impl Terminated {
     /// Loads the set from `state_dir` (created if missing). A `None` dir keeps it in memory only.
     pub fn open(state_dir: Option<PathBuf>) -> Self {
-        let dir = state_dir.map(|d| d.join("terminated"));
+        let dir = state_dir.map(|state_dir| state_dir.join("terminated"));
         let mut ids = HashSet::new();
-        if let Some(d) = &dir {
-            if let Err(e) = std::fs::create_dir_all(d) {
-                tracing::warn!(dir = %d.display(), error = %e, "cannot create the state directory; job-mode exit codes will not survive a crisp restart");
+        if let Some(dir) = &dir {
+            if let Err(e) = std::fs::create_dir_all(dir) {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot create the state directory; job-mode exit codes will not survive a crisp restart");
             }
-            if let Ok(rd) = std::fs::read_dir(d) {
-                for e in rd.flatten() {
-                    if let Some(name) = e.file_name().to_str() {
+            if let Ok(entries) = std::fs::read_dir(dir) {
+                for entry in entries.flatten() {
+                    if let Some(name) = entry.file_name().to_str() {
                         if is_container_id(name) {
                             ids.insert(name.to_string());
                         }
@@ -76,8 +76,8 @@ impl Terminated {
         if !is_container_id(id) {
             return;
         }
-        if let Some(d) = &self.dir {
-            if let Err(e) = std::fs::write(d.join(id), b"") {
+        if let Some(dir) = &self.dir {
+            if let Err(e) = std::fs::write(dir.join(id), b"") {
                 tracing::warn!(container_id = id, error = %e, "cannot persist the terminated-sidecar mark");
             }
         }
@@ -91,8 +91,8 @@ impl Terminated {
         }
         let mut ids = self.ids.write();
         if ids.remove(id) {
-            if let Some(d) = &self.dir {
-                let _ = std::fs::remove_file(d.join(id));
+            if let Some(dir) = &self.dir {
+                let _ = std::fs::remove_file(dir.join(id));
             }
         }
         self.any.store(!ids.is_empty(), Relaxed);
@@ -217,53 +217,54 @@ impl Engine {
             }
             return Ok(AppsState::NotStarted);
         }
-        let snap = Snapshot::new(&containers);
+        let snapshot = Snapshot::new(&containers);
         // Init containers are never apps (an exited init container is not a finished Job).
         // Besides those named by annotations or let through as such, a container that finished
         // before the first sidecar was even created is one: kubelet creates regular containers
         // back to back, init containers only once the previous one has exited (KUBELET-CRI §1.1).
-        let name_of = |c: &crate::cri::views::Container| {
-            c.metadata
+        let name_of = |container: &crate::cri::views::Container| {
+            container
+                .metadata
                 .as_ref()
-                .map(|m| m.name.clone())
+                .map(|metadata| metadata.name.clone())
                 .unwrap_or_default()
         };
         let Some(first_sidecar) = containers
             .iter()
-            .filter(|c| pod.policy.sidecar_index(&name_of(c)).is_some())
-            .map(|c| c.created_at)
+            .filter(|container| pod.policy.sidecar_index(&name_of(container)).is_some())
+            .map(|container| container.created_at)
             .min()
         else {
             return Ok(AppsState::NotStarted);
         };
         let mut apps = Vec::new();
-        for (n, c) in snap.iter() {
-            if pod.policy.sidecar_index(n).is_some() || pod.is_init(n) {
+        for (name, container) in snapshot.iter() {
+            if pod.policy.sidecar_index(name).is_some() || pod.is_init(name) {
                 continue;
             }
-            if c.created_at < first_sidecar && c.state == state::EXITED {
+            if container.created_at < first_sidecar && container.state == state::EXITED {
                 let _read = self.reads.read(None).await;
-                let st = self
+                let status = self
                     .runtime
-                    .container_status(version, &c.id)
+                    .container_status(version, &container.id)
                     .await?
                     .status
                     .unwrap_or_default();
-                if st.finished_at <= first_sidecar {
-                    pod.note_init(n);
+                if status.finished_at <= first_sidecar {
+                    pod.note_init(name);
                     continue;
                 }
             }
-            apps.push(c);
+            apps.push(container);
         }
         if apps.is_empty() {
             return Ok(AppsState::NotStarted);
         }
-        if apps.iter().any(|c| c.state != state::EXITED) {
+        if apps.iter().any(|app| app.state != state::EXITED) {
             return Ok(AppsState::Running);
         }
         for app in apps {
-            let st = {
+            let status = {
                 let _read = self.reads.read(None).await;
                 self.runtime
                     .container_status(version, &app.id)
@@ -271,16 +272,16 @@ impl Engine {
                     .status
                     .unwrap_or_default()
             };
-            if st.exit_code == 0 {
+            if status.exit_code == 0 {
                 continue; // Final under Never and OnFailure.
             }
             // Restarted after it *ran*: kubelet also re-creates (restartCount + 1) an instance
             // that never started, whatever the policy (a start cut short, KUBELET-CRI §1.4),
             // which says nothing about OnFailure.
-            let restart_count = st
+            let restart_count = status
                 .annotations
                 .get(RESTART_COUNT_ANNOTATION)
-                .and_then(|v| v.parse::<u32>().ok())
+                .and_then(|count| count.parse::<u32>().ok())
                 .unwrap_or(0);
             let restarted_before = restart_count > 0
                 && self
@@ -293,8 +294,8 @@ impl Engine {
                 // been restarted before is OnFailure, and its back-off may be minutes long.
                 None if restarted_before => false,
                 None => {
-                    let finished =
-                        SystemTime::UNIX_EPOCH + Duration::from_nanos(st.finished_at.max(0) as u64);
+                    let finished = SystemTime::UNIX_EPOCH
+                        + Duration::from_nanos(status.finished_at.max(0) as u64);
                     SystemTime::now()
                         .duration_since(finished)
                         .unwrap_or_default()
@@ -318,23 +319,33 @@ impl Engine {
         app: &crate::cri::views::Container,
         restart_count: u32,
     ) -> bool {
-        let name = |c: &crate::cri::views::Container| {
-            c.metadata
+        let name = |container: &crate::cri::views::Container| {
+            container
+                .metadata
                 .as_ref()
-                .map(|m| m.name.clone())
+                .map(|metadata| metadata.name.clone())
                 .unwrap_or_default()
         };
         let older: Vec<_> = containers
             .iter()
-            .filter(|c| c.id != app.id && c.created_at < app.created_at && name(c) == name(app))
+            .filter(|older| {
+                older.id != app.id && older.created_at < app.created_at && name(older) == name(app)
+            })
             .collect();
         if older.len() < restart_count as usize {
             return true;
         }
-        for c in older {
+        for instance in older {
             let _read = self.reads.read(None).await;
-            match self.runtime.container_status(version, &c.id).await {
-                Ok(r) if r.status.as_ref().is_some_and(|s| s.started_at != 0) => return true,
+            match self.runtime.container_status(version, &instance.id).await {
+                Ok(answer)
+                    if answer
+                        .status
+                        .as_ref()
+                        .is_some_and(|status| status.started_at != 0) =>
+                {
+                    return true
+                }
                 Ok(_) => {}
                 Err(_) => return true,
             }
@@ -346,55 +357,66 @@ impl Engine {
         let Ok(containers) = self.runtime.list_containers(version, &pod.sandbox_id).await else {
             return;
         };
-        let snap = Snapshot::new(&containers);
+        let snapshot = Snapshot::new(&containers);
         let started = now();
         let mut budget: Option<Duration> = None;
         tracing::info!(pod_namespace = %pod.namespace, pod_name = %pod.name, "the Job's app containers have finished; stopping its sidecars in reverse order");
-        for s in pod.policy.sidecars.iter().rev() {
-            let Some(c) = snap.get(&s.name) else { continue };
-            if c.state != state::RUNNING {
+        for sidecar in pod.policy.sidecars.iter().rev() {
+            let Some(container) = snapshot.get(&sidecar.name) else {
+                continue;
+            };
+            if container.state != state::RUNNING {
                 continue;
             }
-            let st = match self.runtime.container_status(version, &c.id).await {
-                Ok(r) => r.status.unwrap_or_default(),
+            let status = match self.runtime.container_status(version, &container.id).await {
+                Ok(answer) => answer.status.unwrap_or_default(),
                 Err(e) => {
-                    tracing::warn!(container_name = %s.name, error = %e, "cannot read sidecar status; skipping it");
+                    tracing::warn!(container_name = %sidecar.name, error = %e, "cannot read sidecar status; skipping it");
                     continue;
                 }
             };
-            let grace = *budget.get_or_insert_with(|| grace_of(&st.annotations));
+            let grace = *budget.get_or_insert_with(|| grace_of(&status.annotations));
             let left = grace.saturating_sub(now().saturating_duration_since(started));
-            if let Some(cmd) = st
+            if let Some(cmd) = status
                 .annotations
                 .get(PRESTOP_ANNOTATION)
-                .and_then(|a| prestop_command(a))
+                .and_then(|hook| prestop_command(hook))
             {
-                tracing::info!(container_name = %s.name, "running the sidecar's preStop hook");
+                tracing::info!(container_name = %sidecar.name, "running the sidecar's preStop hook");
                 match self
                     .runtime
-                    .exec_sync(version, &c.id, &cmd, left.max(Duration::from_secs(1)))
+                    .exec_sync(
+                        version,
+                        &container.id,
+                        &cmd,
+                        left.max(Duration::from_secs(1)),
+                    )
                     .await
                 {
                     Ok(code) if code != 0 => {
-                        tracing::warn!(container_name = %s.name, exit_code = code, "preStop hook failed; stopping anyway")
+                        tracing::warn!(container_name = %sidecar.name, exit_code = code, "preStop hook failed; stopping anyway")
                     }
                     Err(e) => {
-                        tracing::warn!(container_name = %s.name, error = %e, "preStop hook could not run; stopping anyway")
+                        tracing::warn!(container_name = %sidecar.name, error = %e, "preStop hook could not run; stopping anyway")
                     }
                     Ok(_) => {}
                 }
             }
             let secs = decide::budget_secs(Some(decide::later(started, grace)), now());
             // Mark first: a status read racing the stop must already see `Completed`.
-            self.terminated.insert(&c.id);
-            match self.runtime.stop_container(version, &c.id, secs).await {
+            self.terminated.insert(&container.id);
+            match self
+                .runtime
+                .stop_container(version, &container.id, secs)
+                .await
+            {
                 Ok(()) => {
                     self.metrics.job_sidecars_stopped.inc();
-                    tracing::info!(container_name = %s.name, container_id = %c.id, "stopped Job sidecar; it will report exit 0 (Completed)");
+                    tracing::info!(container_name = %sidecar.name, container_id = %container.id, "stopped Job sidecar; it will report exit 0 (Completed)");
                 }
                 Err(e) => {
-                    self.terminated.remove(&c.id);
-                    tracing::warn!(container_name = %s.name, error = %e, "could not stop Job sidecar");
+                    self.terminated.remove(&container.id);
+                    tracing::warn!(container_name = %sidecar.name, error = %e, "could not stop Job sidecar");
                 }
             }
         }
@@ -406,14 +428,15 @@ impl Engine {
             return;
         }
         let sandboxes = match self.runtime.list_pod_sandboxes(version).await {
-            Ok(s) => s,
+            Ok(sandboxes) => sandboxes,
             Err(e) => {
                 tracing::info!(error = %e, "cannot list sandboxes at start; Job pods will be picked up on their next call");
                 return;
             }
         };
-        for sb in sandboxes.into_iter().filter(|s| s.state == 0) {
-            if let Some(pod) = self.pod_by_id(version, &sb.id).await {
+        let ready = sandboxes.into_iter().filter(|sandbox| sandbox.state == 0);
+        for sandbox in ready {
+            if let Some(pod) = self.pod_by_id(version, &sandbox.id).await {
                 self.maybe_watch_job(&pod, version);
             }
         }
