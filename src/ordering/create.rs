@@ -24,7 +24,7 @@ use crate::status::{code, Status};
 
 impl Engine {
     /// One round of the start check (DESIGN.md §3): list the pod's containers, judge a
-    /// container nothing names (see [`super::init_guess::InitGuess`]), and ask [`decide::check_start`] — probing
+    /// container nothing names (see `init_guess.rs`), and ask [`decide::check_start`] — probing
     /// the sidecars it asks for, in declared order, until it has an answer.
     async fn check_start(
         &self,

@@ -4,8 +4,9 @@
 //!
 //! Cost: one watcher task per *Job pod with sidecars*, polling that sandbox's containers; it runs
 //! in the engine's tracker and ends when its apps are done, when the pod is removed, or when
-//! the engine shuts down (`Engine::shutdown`). No other pod, and no call, pays anything — except status responses while at least one
-//! terminated sidecar exists, which are patched only if they carry one.
+//! the engine shuts down (`Engine::shutdown`). No other pod, and no call, pays anything —
+//! except status responses while at least one terminated sidecar exists, which are patched only
+//! if they carry one.
 //!
 //! The fact "crisp stopped this container" lives in a file per container under
 //! `<state_dir>/terminated/`, so a restarted crisp keeps reporting exit 0.

@@ -19,7 +19,7 @@
 //! | `create.rs` | CreateContainer | sidecars first, readiness wait (DESIGN.md §3) |
 //! | `stop.rs` | StopContainer | sidecars last, one grace budget (DESIGN.md §4) |
 //! | `stop_sandbox.rs` | StopPodSandbox | the order on kubelet's error path (DESIGN.md §4.2) |
-//! | `status.rs` | ContainerStatus, PodSandboxStatus, GetContainerEvents | Job mode's exit 0 (DESIGN.md §5) |
+//! | `status.rs` | ContainerStatus, PodSandboxStatus, events | Job mode's exit 0 (DESIGN.md §5) |
 //! | `init_guess.rs` | ImageStatus, PullImage | init or regular? (DESIGN.md §3.3) |
 //! | `probes.rs` | — | readiness probes from the pod's namespace (DESIGN.md §3.2) |
 //! | `job.rs` | — | Job mode's watchers (DESIGN.md §5) |

@@ -184,10 +184,21 @@ impl readiness::ProbeEnv for ProbeTarget<'_> {
             engine.pod_net(self.version, self.pod).await
         };
         let local = readiness::is_local(addr.ip());
+        let cannot_enter = |why: &dyn std::fmt::Display| {
+            format!("cannot enter the pod's network namespace: {why}")
+        };
         let socket = match net.as_deref().map(|net| &net.ns) {
-            Some(PodNs::Pod(ns)) => Some(ns.socket(addr.is_ipv6()).await.map_err(|err| format!("cannot enter the pod's network namespace: {err}"))?),
-            Some(PodNs::Unknown(why)) if local => return Err(format!("cannot enter the pod's network namespace: {why}")),
-            None if local && !self.pod.host_network => return Err("cannot enter the pod's network namespace: the runtime has not reported the sandbox's status".into()),
+            Some(PodNs::Pod(ns)) => Some(
+                ns.socket(addr.is_ipv6())
+                    .await
+                    .map_err(|err| cannot_enter(&err))?,
+            ),
+            Some(PodNs::Unknown(why)) if local => return Err(cannot_enter(why)),
+            None if local && !self.pod.host_network => {
+                return Err(cannot_enter(
+                    &"the runtime has not reported the sandbox's status",
+                ))
+            }
             _ => None,
         };
         engine.metrics.probe_connects.inc();
@@ -214,7 +225,9 @@ impl readiness::ProbeEnv for ProbeTarget<'_> {
             self.deadline
                 .saturating_duration_since(tokio::time::Instant::now()),
         );
-        self.engine.runtime.exec_sync(self.version, self.container_id, cmd, timeout).await.map_err(|e| {
+        let runtime = &self.engine.runtime;
+        let exec = runtime.exec_sync(self.version, self.container_id, cmd, timeout);
+        exec.await.map_err(|e| {
             self.engine.metrics.probe_errors.inc();
             tracing::debug!(container_name = %self.sidecar, error = %e, "exec readiness probe failed to run");
             e.to_string()
