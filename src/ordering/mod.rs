@@ -76,6 +76,9 @@ fn now() -> Instant {
     tokio::time::Instant::now().into_std()
 }
 
+/// The ordering engine: the caches its gates share, the node-wide bounds on probing and on its
+/// own runtime reads, and its own tasks. One per daemon, behind an `Arc` (its Job watchers hold
+/// one until [`Engine::shutdown`]).
 pub struct Engine {
     cfg: OrderingConfig,
     job: JobConfig,
