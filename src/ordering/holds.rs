@@ -1,6 +1,6 @@
 //! Holds as they happen: each held call is kept on its pod (`crisp pods` reads it) and reported
-//! to the [`HoldSink`] (the tap) when it starts, while it waits and when it ends — so a stuck
-//! pod is visible before its call returns (DESIGN.md §6).
+//! to the [`HoldSink`](crate::intercept::HoldSink) (the tap) when it starts, while it waits and
+//! when it ends — so a stuck pod is visible before its call returns (DESIGN.md §6).
 //!
 //! Nothing here runs for a call that is not held or refused. Events are built only while the
 //! sink wants them, and updates are rate-bounded ([`update_due`]): a hold probed every 50 ms
