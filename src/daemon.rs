@@ -14,6 +14,24 @@ use crate::proxy::client::RuntimeClient;
 use crate::proxy::{self, listener, Proxy, ProxyOptions, Upstream, UpstreamOptions};
 use crate::tap::Tap;
 
+/// Why [`run`] could not serve.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The sockets systemd passed (`LISTEN_FDS`) are not usable.
+    #[error(transparent)]
+    ListenFds(#[from] crate::systemd::ListenFdsError),
+    /// The socket systemd passed is not a listening unix socket crisp can serve on.
+    #[error("socket activation: cannot use the inherited socket {path}")]
+    Inherited {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// `listen` could not be bound.
+    #[error(transparent)]
+    Bind(#[from] listener::BindError),
+}
+
 /// Builds the interceptor chain for a configuration.
 pub fn interceptors(cfg: &Config, upstream: &Arc<Upstream>) -> Vec<Arc<dyn Interceptor>> {
     chain(cfg, upstream).0
@@ -48,7 +66,7 @@ pub fn chain(
 /// `systemd/crisp.socket`) or else on `cfg.listen`, bound here and removed on return. A socket
 /// systemd holds is left in place: connections queue in its backlog while crisp restarts.
 /// Tells systemd READY=1 once the socket listens and STOPPING=1 when shutdown starts.
-pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
     let mut listen = cfg.listen.display().to_string();
     let (listener, _guard) = match crate::systemd::take_listener()? {
         Some(inherited) => {
@@ -66,10 +84,9 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
             }
             tracing::info!(listen = %path, name = inherited.name.as_deref().unwrap_or(""), "serving on the socket inherited from systemd");
             let l = listener::from_fd(std::os::fd::IntoRawFd::into_raw_fd(inherited.fd)).map_err(
-                |e| {
-                    anyhow::anyhow!(
-                        "socket activation: cannot use the inherited socket {path}: {e}"
-                    )
+                |source| Error::Inherited {
+                    path: path.clone(),
+                    source,
                 },
             )?;
             (l, None)

@@ -40,6 +40,9 @@
 //! | 2 | [`config`] | TOML + flags, validated once; plain data (the known-injector table included) |
 //! | 1 | [`cri`], [`status`], [`readiness`], [`netns`], [`systemd`] | routing, decoded views, wire framing and patches; crisp's gRPC errors; readiness specs, probes and their node-wide bounds; sockets made in a pod's network namespace; sd_notify and socket activation |
 //! | 0 | [`tenant`] | the one rule for text a pod author wrote: bounded where it enters, cut and escaped wherever it is printed |
+//!
+//! Above them all, the `crisp` binary (`src/bin/crisp/`, one file per subcommand) parses the
+//! flags, prints and chooses the exit codes; the library returns values and typed errors.
 
 pub mod admin;
 pub mod config;

@@ -76,7 +76,7 @@ pub fn code_of(h: &HeaderMap) -> Option<i32> {
 /// Longest grpc-message crisp passes to its interceptors (the tap shows it).
 pub const MAX_MESSAGE: usize = 1024;
 
-/// Reads `grpc-message` from a header or trailer map (see [`decode_message`]).
+/// Reads `grpc-message` from a header or trailer map (see `decode_message`).
 pub fn message_of(h: &HeaderMap) -> Option<String> {
     h.get("grpc-message").map(|v| decode_message(v.as_bytes()))
 }

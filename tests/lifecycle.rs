@@ -33,7 +33,7 @@ fn run_daemon(
     cfg: crisp::config::Config,
 ) -> (
     tokio::sync::oneshot::Sender<()>,
-    tokio::task::JoinHandle<anyhow::Result<()>>,
+    tokio::task::JoinHandle<Result<(), crisp::daemon::Error>>,
 ) {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(crisp::daemon::run(cfg, async {

@@ -109,7 +109,7 @@ fn start_good_clients(
     {
         let (admin, stop, good) = (d.admin.clone(), stop.clone(), good.clone());
         tasks.push(tokio::spawn(async move {
-            let mut c = crisp::tap::cli::connect(&admin).await.unwrap();
+            let mut c = crisp::tap::client::connect(&admin).await.unwrap();
             while !stop.load(Ordering::Relaxed) {
                 let t = Instant::now();
                 let r = tokio::time::timeout(PROMPT * 2, async {
@@ -218,7 +218,7 @@ async fn hostile_admin_clients_do_not_affect_other_admin_or_cri_clients() {
     // events and must not slow anything for it.
     let mut stalled_taps = Vec::new();
     for _ in 0..20 {
-        let mut c = crisp::tap::cli::connect(&d.admin).await.unwrap();
+        let mut c = crisp::tap::client::connect(&d.admin).await.unwrap();
         let s = c
             .tap(pb::TapRequest {
                 full: true,

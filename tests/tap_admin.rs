@@ -112,7 +112,7 @@ async fn unredacted_is_refused_to_non_root_and_served_to_root() {
         .spawn()
         .unwrap();
     within(PATIENCE, "nobody's tap to attach", async {
-        let mut client = crisp::tap::cli::connect(&d.admin).await.unwrap();
+        let mut client = crisp::tap::client::connect(&d.admin).await.unwrap();
         while client
             .version(pb::VersionRequest {})
             .await
@@ -142,7 +142,7 @@ async fn unredacted_is_refused_to_non_root_and_served_to_root() {
     assert!(!stdout.contains("Pa55-for-root-only"));
 
     // Root asking explicitly gets the secrets (the control: redaction is what hid them).
-    let mut client = crisp::tap::cli::connect(&d.admin).await.unwrap();
+    let mut client = crisp::tap::client::connect(&d.admin).await.unwrap();
     let mut s = client
         .tap(pb::TapRequest {
             full: true,
@@ -317,7 +317,7 @@ async fn list_pods_and_version() {
     .await
     .unwrap();
 
-    let mut client = crisp::tap::cli::connect(&d.admin).await.unwrap();
+    let mut client = crisp::tap::client::connect(&d.admin).await.unwrap();
     let pods = client
         .list_pods(pb::ListPodsRequest {})
         .await

@@ -325,7 +325,7 @@ async fn filters_select_exactly_what_they_say() {
 
     let mut streams = Vec::new();
     for (_, r, _) in &cases {
-        let mut client = crisp::tap::cli::connect(&crisp.admin).await.unwrap();
+        let mut client = crisp::tap::client::connect(&crisp.admin).await.unwrap();
         streams.push(client.tap(r.clone()).await.unwrap().into_inner());
     }
     run_sequence(&crisp.sock).await;
@@ -352,7 +352,7 @@ async fn filters_select_exactly_what_they_say() {
     }
 
     // What the default subscriber saw, in detail: names resolved for every pod call.
-    let mut client = crisp::tap::cli::connect(&crisp.admin).await.unwrap();
+    let mut client = crisp::tap::client::connect(&crisp.admin).await.unwrap();
     let mut s = client
         .tap(req(|r| r.include_polling = true))
         .await

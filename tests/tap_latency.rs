@@ -80,7 +80,7 @@ async fn a_stalled_tap_client_does_not_slow_calls_and_is_told_what_it_missed() {
     let base = stats(&timed(&mut rt, N, ID).await);
 
     // A client that reads everything (and decodes, --full).
-    let mut client = crisp::tap::cli::connect(&crisp.admin).await.unwrap();
+    let mut client = crisp::tap::client::connect(&crisp.admin).await.unwrap();
     let mut reading = client
         .tap(pb::TapRequest {
             full: true,
@@ -101,7 +101,7 @@ async fn a_stalled_tap_client_does_not_slow_calls_and_is_told_what_it_missed() {
     reader.abort();
 
     // A client that attaches with --full and then stops reading.
-    let mut client = crisp::tap::cli::connect(&crisp.admin).await.unwrap();
+    let mut client = crisp::tap::client::connect(&crisp.admin).await.unwrap();
     let mut stalled_stream = client
         .tap(pb::TapRequest {
             full: true,

@@ -1,5 +1,5 @@
 //! `crisp timeline` (issue #21 item 3): the real binary reads a tap recording written in the
-//! tap's own JSON format (`crisp::tap::cli::json_line`), and its SVG is rendered by a real
+//! tap's own JSON format (`crisp::tap::view::json_line`), and its SVG is rendered by a real
 //! renderer, librsvg's `rsvg-convert` (Debian librsvg2-bin, installed by hack/setup.sh): the
 //! picture must have the size the SVG declares and the held call's bar in the held colour.
 
@@ -13,9 +13,9 @@ use std::process::{Command, Output};
 
 use picture::{render_svg, Picture};
 
-use crisp::tap::cli::json_line;
 use crisp::tap::pb::{tap_event::Event, CallEvent};
 use crisp::tap::timeline::{colour, TEXT_WIDTH};
+use crisp::tap::view::json_line;
 
 const T0: i64 = 1_764_000_000_000_000_000;
 

@@ -71,7 +71,7 @@ async fn load(n: usize, waves: usize) -> Result<()> {
 
     // A `crisp tap --full --all`-like subscriber; every event's JSON is searched for the secret
     // as it arrives (kept: counts and the first leak only).
-    let mut tap = crisp::tap::cli::connect(&admin).await?;
+    let mut tap = crisp::tap::client::connect(&admin).await?;
     let mut stream = tap
         .tap(crisp::tap::pb::TapRequest {
             full: true,

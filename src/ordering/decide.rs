@@ -42,7 +42,7 @@ pub fn grace_from_secs(secs: i64) -> Duration {
     Duration::from_secs(secs.clamp(0, MAX_GRACE.as_secs() as i64) as u64)
 }
 
-/// `t + d` that cannot panic: `d` is capped at [`MAX_AHEAD`], and an instant that still cannot
+/// `t + d` that cannot panic: `d` is capped at `MAX_AHEAD`, and an instant that still cannot
 /// be represented is `t` (the hold ends now: forwarding is always safe).
 pub fn later(t: Instant, d: Duration) -> Instant {
     t.checked_add(d.min(MAX_AHEAD)).unwrap_or(t)

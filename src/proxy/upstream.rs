@@ -13,7 +13,7 @@
 //! - no PING: hyper's keep-alive and adaptive window (BDP pings) stay off, so a grpc-go server
 //!   (containerd) never counts a ping strike against crisp's connections;
 //! - GOAWAY and REFUSED_STREAM: a call the runtime never processed is sent again on a new
-//!   connection (up to [`RETRIES`] times), as gRPC clients do transparently.
+//!   connection (up to `RETRIES` times), as gRPC clients do transparently.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};

@@ -9,13 +9,14 @@
 //!                         matching subscriber's bounded queue — full queue: drop and count
 //!                         ─────────────── call path ends here: no await, no decode ───────────
 //!  admin.rs: one task per subscriber ◀─ Subscription::next: events + "dropped N" markers
-//!            decode + redact (decode.rs, redact.rs) for --full, then gRPC to `crisp tap` (cli.rs)
+//!            decode + redact (decode.rs, redact.rs) for --full, then gRPC to `crisp tap`
+//!            (its client: client.rs; its lines: view.rs)
 //! ```
 //!
 //! A slow or vanished tap client never slows a CRI call: the call path only ever `try_send`s,
 //! and each subscriber's queue is bounded in events and bytes.
 
-pub mod cli;
+pub mod client;
 pub mod decode;
 pub mod filter;
 pub mod ids;
@@ -23,6 +24,7 @@ pub mod output;
 pub mod pods;
 pub mod redact;
 pub mod timeline;
+pub mod view;
 
 /// crisp's admin API, generated from `proto/crisp/admin/v1/admin.proto` by build.rs.
 pub mod pb {
@@ -32,11 +34,12 @@ pub mod pb {
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use dashmap::DashMap;
+use parking_lot::RwLock;
 use tokio::sync::mpsc;
 
 use crate::cri::wire::{self, Frame};
@@ -297,11 +300,11 @@ struct Hub {
 
 impl Hub {
     fn snapshot(&self) -> Arc<Vec<Arc<Sub>>> {
-        self.subs.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.subs.read().clone()
     }
 
     fn update(&self, f: impl FnOnce(&mut Vec<Arc<Sub>>)) {
-        let mut g = self.subs.write().unwrap_or_else(|e| e.into_inner());
+        let mut g = self.subs.write();
         let mut v: Vec<Arc<Sub>> = g.as_ref().clone();
         f(&mut v);
         let (mut want, mut full) = (0u64, 0u64);

@@ -1,118 +1,33 @@
-//! `crisp pods`: what the ordering engine knows and holds now, from the admin API's ListPods —
-//! one command on the node that answers "why is this pod not starting?".
+//! `crisp pods`' views of the admin API's ListPods: what the ordering engine knows and holds
+//! now — the answer to "why is this pod not starting?" — readable ([`human`]) or as JSON
+//! ([`pod_json`]).
 
-use std::io::{self, Write};
-use std::path::Path;
-use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
-use super::cli::{block_on, hold_object, rfc3339, AdminSocketArgs};
 use super::pb;
+use super::view::{hold_object, rfc3339};
 use crate::tenant::{self, MAX_FIELD};
 
-/// sysexits.h codes, as `crisp tap` uses them.
-const EX_USAGE: u8 = 64;
-const EX_UNAVAILABLE: u8 = 69;
-const EX_NOPERM: u8 = 77;
-
-/// Show the pods crisp orders: their sidecars in start order (readiness, state, last probe),
-/// the calls held now (waiting on what, time left) and refusals so far.
-#[derive(clap::Args, Debug, Clone, Default)]
-pub struct PodsArgs {
-    /// Only this pod: `namespace/name`, or `name` in any namespace.
-    #[arg(value_name = "NAMESPACE/POD")]
-    pub pod: Option<String>,
-    /// Print JSON (one object, `{"pods": [...]}`) instead of the readable view.
-    #[arg(long)]
-    pub json: bool,
-    #[command(flatten)]
-    pub admin: AdminSocketArgs,
-}
-
-/// Runs `crisp pods`.
-pub fn run(args: PodsArgs) -> ExitCode {
-    let Some(result) = block_on("pods", pods(&args)) else {
-        return ExitCode::FAILURE;
-    };
-    match result {
-        Ok(text) => {
-            let mut out = io::stdout().lock();
-            let _ = writeln!(out, "{text}");
-            ExitCode::SUCCESS
-        }
-        Err((code, msg)) => {
-            eprintln!("crisp pods: {msg}");
-            ExitCode::from(code)
-        }
-    }
-}
-
-async fn pods(args: &PodsArgs) -> Result<String, (u8, String)> {
-    let socket = args.admin.path().map_err(|e| (EX_USAGE, e))?;
-    reachable(&socket)?;
-    let mut client = super::cli::connect(&socket).await.map_err(|e| {
-        (
-            EX_UNAVAILABLE,
-            format!("cannot connect to {}: {e}", socket.display()),
-        )
-    })?;
-    let resp = client
-        .list_pods(pb::ListPodsRequest {})
-        .await
-        .map_err(|s| {
-            (
-                EX_UNAVAILABLE,
-                format!("ListPods: {}: {}", s.code(), s.message()),
-            )
-        })?
-        .into_inner();
-    let pods: Vec<pb::Pod> = resp
-        .pods
-        .into_iter()
-        .filter(|p| selected(args.pod.as_deref(), p))
-        .collect();
-    if let Some(want) = &args.pod {
-        if pods.is_empty() {
-            return Err((1, format!("crisp knows no pod {want} (it tracks pods from their RunPodSandbox or first gated call)")));
-        }
-    }
-    if args.json {
-        return Ok(json!({ "pods": pods.iter().map(pod_json).collect::<Vec<_>>() }).to_string());
+/// The output of `crisp pods` for `pods`: one JSON object (`{"pods": [...]}`) with `json`, else
+/// the readable view of each pod, or a line saying there are none.
+pub fn view(pods: &[pb::Pod], json: bool, now: SystemTime) -> String {
+    if json {
+        return json!({ "pods": pods.iter().map(pod_json).collect::<Vec<_>>() }).to_string();
     }
     if pods.is_empty() {
-        return Ok("crisp tracks no pods.".into());
+        return "crisp tracks no pods.".into();
     }
-    Ok(pods
-        .iter()
-        .map(|p| human(p, SystemTime::now()))
+    pods.iter()
+        .map(|p| human(p, now))
         .collect::<Vec<_>>()
-        .join("\n"))
+        .join("\n")
 }
 
-/// The admin socket exists and this user may open it; else a message naming the path and the fix.
-fn reachable(socket: &Path) -> Result<(), (u8, String)> {
-    match std::os::unix::net::UnixStream::connect(socket) {
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Err((
-            EX_UNAVAILABLE,
-            format!(
-                "no admin socket at {}: is crisp running on this node? (`systemctl status crisp`; or pass --admin-socket PATH / -c CONFIG if `admin.socket` is set elsewhere)",
-                socket.display()
-            ),
-        )),
-        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
-            Err((EX_NOPERM, format!("cannot open the admin socket {}: permission denied — it is root-only (mode 0600, `admin.mode`): run `sudo crisp pods`", socket.display())))
-        }
-        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
-            Err((EX_UNAVAILABLE, format!("nothing listens on the admin socket {}: crisp is not running (a stale socket file)", socket.display())))
-        }
-        Err(e) => Err((EX_UNAVAILABLE, format!("cannot connect to the admin socket {}: {e}", socket.display()))),
-    }
-}
-
-fn selected(want: Option<&str>, p: &pb::Pod) -> bool {
+/// Whether `p` is the pod `want` names (`namespace/name`, or `name` in any namespace); every
+/// pod when `want` is `None`.
+pub fn selected(want: Option<&str>, p: &pb::Pod) -> bool {
     match want {
         None => true,
         Some(w) => match w.split_once('/') {
@@ -385,17 +300,5 @@ mod tests {
         assert!(selected(Some("default/web"), &p));
         assert!(!selected(Some("other/web"), &p));
         assert!(!selected(Some("api"), &p));
-    }
-
-    #[test]
-    fn absent_socket_names_the_path_and_the_fix() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("admin.sock");
-        let (code, msg) = reachable(&path).unwrap_err();
-        assert_eq!(code, EX_UNAVAILABLE);
-        assert!(
-            msg.contains(&path.display().to_string()) && msg.contains("is crisp running"),
-            "{msg}"
-        );
     }
 }

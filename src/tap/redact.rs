@@ -12,7 +12,7 @@
 //!   (containerd's includes registry credentials);
 //! - ExecSync's stdout and stderr (replaced by their size): probes print what they like;
 //! - the token part of Exec/Attach/PortForward streaming URLs (each is a capability);
-//! - by field name, in every message at any depth ([`by_name`], issue #26): the values of every
+//! - by field name, in every message at any depth (`by_name`, issue #26): the values of every
 //!   `annotations` map (shown as their size) but those crisp knows carry no secret
 //!   ([`annotation_shown`]: `crisp.dev/*`, the known injectors' keys, kubelet's bookkeeping —
 //!   never one that embeds a manifest). kubelet hands every pod annotation to the runtime
@@ -195,7 +195,7 @@ const ANNOTATIONS_FIELD: &str = "annotations";
 const COMMAND_FIELDS: &[&str] = &["command", "args", "cmd"];
 
 /// Whether an annotation's value is shown: a key crisp knows (crisp's own `crisp.dev/*` or one
-/// of [`SHOWN_ANNOTATIONS`]) whose value does not embed a manifest.
+/// of `SHOWN_ANNOTATIONS`) whose value does not embed a manifest.
 pub fn annotation_shown(key: &str, value: &str) -> bool {
     (key.starts_with("crisp.dev/") || SHOWN_ANNOTATIONS.contains(&key))
         && !carries_manifest(key, value)

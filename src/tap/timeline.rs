@@ -16,18 +16,11 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::{self, BufRead};
-use std::path::PathBuf;
-use std::process::ExitCode;
 use std::time::UNIX_EPOCH;
 
 use serde_json::Value;
 
-/// sysexits.h: EX_USAGE (bad flags, or a pod that is not in the file), EX_NOINPUT,
-/// EX_UNAVAILABLE (no crisp to attach to), EX_CANTCREAT.
-const EX_USAGE: u8 = 64;
-const EX_NOINPUT: u8 = 66;
-const EX_UNAVAILABLE: u8 = 69;
-const EX_CANTCREAT: u8 = 73;
+use super::pb;
 
 /// Longest name (pod, namespace, container, method, image) kept, in characters.
 pub const MAX_NAME: usize = 96;
@@ -37,43 +30,6 @@ pub const MAX_MESSAGE: usize = 240;
 pub const TEXT_WIDTH: usize = 100;
 /// Most failed calls listed under the SVG chart.
 const MAX_LISTED_FAILURES: usize = 20;
-
-/// Draw one pod's CRI calls as a waterfall, from a recorded tap.
-///
-/// Reads JSON lines written by `crisp tap -o FILE` (or `crisp tap --json`), from INPUT or
-/// standard input; or, with --live, attaches to the running crisp and draws on Ctrl-C. Each row is one call: its forwarded time (█), the time crisp held it (░),
-/// and failed or refused calls (×) with their status. Polling calls are left out, except
-/// ImageStatus (record with `crisp tap --all -o FILE` to have those).
-#[derive(clap::Args, Debug, Clone, Default)]
-pub struct TimelineArgs {
-    /// The tap recording (JSON lines) [default: standard input].
-    #[arg(value_name = "INPUT.jsonl")]
-    pub input: Option<PathBuf>,
-    /// The pod to draw (`namespace/name`, or `name` if it is unique). Without it: every pod in
-    /// the file.
-    #[arg(long, value_name = "NS/NAME")]
-    pub pod: Option<String>,
-    /// Also write the timeline as a self-contained SVG file (needs one pod: --pod when the file
-    /// has several).
-    #[arg(long, value_name = "FILE")]
-    pub svg: Option<PathBuf>,
-    /// Include polling calls (ContainerStatus, PodSandboxStatus, ...).
-    #[arg(long)]
-    pub all: bool,
-    /// Attach to the running crisp's tap instead of reading a recording; draw on Ctrl-C (or
-    /// after --count calls).
-    #[arg(long, conflicts_with = "input")]
-    pub live: bool,
-    /// With --live: crisp's admin socket [default: `admin.socket` from the config].
-    #[arg(long, value_name = "PATH", requires = "live")]
-    pub admin_socket: Option<PathBuf>,
-    /// With --live: the config file to read the admin socket from.
-    #[arg(long, short = 'c', value_name = "FILE", requires = "live")]
-    pub config: Option<PathBuf>,
-    /// With --live: draw after this many calls.
-    #[arg(long, value_name = "N", requires = "live")]
-    pub count: Option<u64>,
-}
 
 /// One finished CRI call, as the tap recorded it.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -376,7 +332,8 @@ pub fn select<'a>(pods: &'a [Pod], want: &str) -> Result<&'a Pod, String> {
     }
 }
 
-fn list(pods: &[Pod]) -> String {
+/// The pods, as `namespace/name (N calls)`, for a message that asks to choose one.
+pub fn list(pods: &[Pod]) -> String {
     if pods.is_empty() {
         return "no pods".to_string();
     }
@@ -688,145 +645,22 @@ pub fn svg(pod: &Pod) -> String {
     s
 }
 
-/// Runs `crisp timeline`.
-pub fn run(args: TimelineArgs) -> ExitCode {
-    let parsed = if args.live {
-        match live(&args) {
-            Ok(p) => p,
-            Err(code) => return code,
-        }
-    } else {
-        let read = match &args.input {
-            Some(p) => std::fs::File::open(p).map(|f| parse(io::BufReader::new(f))),
-            None => Ok(parse(io::stdin().lock())),
-        };
-        match read.and_then(|r| r) {
-            Ok(p) => p,
-            Err(e) => {
-                eprintln!(
-                    "crisp timeline: {}: {e}",
-                    args.input
-                        .as_ref()
-                        .map_or("stdin".into(), |p| p.display().to_string())
-                );
-                return ExitCode::from(EX_NOINPUT);
-            }
-        }
-    };
-    if parsed.malformed > 0 {
-        eprintln!(
-            "crisp timeline: {} lines are not JSON (a recording cut short?); skipped",
-            parsed.malformed
-        );
-    }
-    let pods = group(parsed.calls, args.all);
-    let chosen: Vec<&Pod> = match &args.pod {
-        Some(want) => match select(&pods, want) {
-            Ok(p) => vec![p],
-            Err(e) => {
-                eprintln!("crisp timeline: {e}");
-                return ExitCode::from(EX_USAGE);
-            }
-        },
-        None => pods.iter().collect(),
-    };
-    if chosen.is_empty() {
-        eprintln!(
-            "crisp timeline: no pod's calls in the recording (record with `crisp tap -o FILE`)"
-        );
-        return ExitCode::from(EX_NOINPUT);
-    }
-    if let Some(path) = &args.svg {
-        let [pod] = chosen.as_slice() else {
-            eprintln!(
-                "crisp timeline: --svg draws one pod; choose one with --pod: {}",
-                list(&pods)
-            );
-            return ExitCode::from(EX_USAGE);
-        };
-        if let Err(e) = std::fs::write(path, svg(pod)) {
-            eprintln!("crisp timeline: {}: {e}", path.display());
-            return ExitCode::from(EX_CANTCREAT);
-        }
-    }
-    let mut out = String::new();
-    for (i, pod) in chosen.iter().enumerate() {
-        if i > 0 {
-            out.push('\n');
-        }
-        out.push_str(&text(pod, TEXT_WIDTH));
-    }
-    print!("{out}");
-    ExitCode::SUCCESS
-}
-
-/// The calls a live tap shows until Ctrl-C or `--count`: the sandbox, container and image calls
-/// (or every call with `--all`) of every pod — `--pod` is applied afterwards, since ImageStatus
-/// names no pod.
-fn live(args: &TimelineArgs) -> Result<Parsed, ExitCode> {
-    let fail = |code: u8, msg: String| {
-        eprintln!("crisp timeline: {msg}");
-        ExitCode::from(code)
-    };
-    let admin = super::cli::AdminSocketArgs {
-        admin_socket: args.admin_socket.clone(),
-        config: args.config.clone(),
-    };
-    let socket = admin.path().map_err(|e| fail(EX_USAGE, e))?;
-    let methods = if args.all {
+/// The tap request of `crisp timeline --live`: the sandbox, container and image calls of every
+/// pod (or every call with `all`). No pod filter: ImageStatus names no pod, so the pod is chosen
+/// afterwards, as from a recording.
+pub fn live_request(all: bool) -> pb::TapRequest {
+    let methods = if all {
         Vec::new()
     } else {
         ["*PodSandbox", "*Container", "ImageStatus", "PullImage"]
             .map(String::from)
             .to_vec()
     };
-    let request = super::pb::TapRequest {
+    pb::TapRequest {
         methods,
-        include_polling: args.all,
+        include_polling: all,
         ..Default::default()
-    };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| fail(1, format!("cannot start the async runtime: {e}")))?;
-    rt.block_on(async {
-        let mut client = super::cli::connect(&socket)
-            .await
-            .map_err(|e| fail(EX_UNAVAILABLE, format!("cannot connect to {}: {} (is crisp running? the admin socket is root-only by default)", socket.display(), chain(&e))))?;
-        let mut stream = client.tap(request).await.map_err(|s| fail(EX_UNAVAILABLE, format!("{}: {}", s.code(), s.message())))?.into_inner();
-        // Scripts (and tests) wait for this line before they start the pod.
-        eprintln!("crisp timeline: attached to {}; drawing on Ctrl-C", socket.display());
-        let ctrl_c = tokio::signal::ctrl_c();
-        tokio::pin!(ctrl_c);
-        let mut out = Parsed::default();
-        while args.count.is_none_or(|n| (out.calls.len() as u64) < n) {
-            let msg = tokio::select! {
-                _ = &mut ctrl_c => break,
-                m = stream.message() => m,
-            };
-            match msg {
-                Ok(Some(super::pb::TapEvent { event: Some(e) })) => match call_of(&super::cli::json_line(&e)) {
-                    Some(c) => out.calls.push(c),
-                    None => out.skipped += 1,
-                },
-                Ok(Some(_)) => {}
-                Ok(None) => break,
-                Err(s) => return Err(fail(EX_UNAVAILABLE, format!("stream failed: {}: {}", s.code(), s.message()))),
-            }
-        }
-        Ok(out)
-    })
-}
-
-/// An error and its sources, `: `-separated.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let _ = write!(s, ": {c}");
-        cur = c.source();
     }
-    s
 }
 
 #[cfg(test)]

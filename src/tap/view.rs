@@ -1,258 +1,9 @@
-//! `crisp tap`: attaches to a running crisp's admin socket and prints one line per CRI call
-//! (or JSON lines with `--json`), optionally recording JSON lines to a file.
+//! How `crisp tap` shows a tap event: the readable one-line view ([`human`]) and the JSON
+//! object of `--json` and `--output` ([`json_line`]), which `crisp timeline` reads back.
 
-use std::fs::File;
-use std::io::{self, BufWriter, Write};
-use std::path::{Path, PathBuf};
-use std::pin::Pin;
-use std::process::ExitCode;
-use std::task::{Context, Poll};
-
-use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
-use tokio::net::UnixStream;
 
-use super::pb::{self, admin_client::AdminClient, tap_event::Event};
-
-/// sysexits.h codes, so scripts can tell why `crisp tap` stopped.
-const EX_USAGE: u8 = 64;
-const EX_UNAVAILABLE: u8 = 69;
-const EX_NOPERM: u8 = 77;
-
-/// Watch the CRI calls crisp forwards, live.
-///
-/// One line per call as it ends: time, CRI version, method, pod, container, duration, time held
-/// by the ordering engine, gRPC status. Polling calls (List*, *Status, *Stats, Version) are hidden
-/// unless --all or a --method names them. Secrets are redacted.
-#[derive(clap::Args, Debug, Clone, Default)]
-pub struct TapArgs {
-    #[command(flatten)]
-    pub admin: AdminSocketArgs,
-    /// Print JSON lines instead of the readable view.
-    #[arg(long)]
-    pub json: bool,
-    /// Only methods matching this glob (`Create*`, `*Container`, or a gRPC path). Repeatable.
-    /// Selects exactly what it matches, polling calls included.
-    #[arg(long = "method", value_name = "GLOB")]
-    pub methods: Vec<String>,
-    /// Only calls of pods in this namespace.
-    #[arg(long, short = 'n', value_name = "NAMESPACE")]
-    pub namespace: Option<String>,
-    /// Only calls of this pod (`name` or `namespace/name`).
-    #[arg(long, value_name = "POD")]
-    pub pod: Option<String>,
-    /// Only calls that failed (non-OK status, or no status).
-    #[arg(long)]
-    pub errors: bool,
-    /// Only calls that took at least this many milliseconds.
-    #[arg(long, value_name = "MS")]
-    pub slower_than: Option<u64>,
-    /// Include the polling calls (List*, *Status, *Stats, Version), hidden by default.
-    #[arg(long)]
-    pub all: bool,
-    /// Decode requests and responses (unary calls) to JSON; unknown fields are listed.
-    #[arg(long)]
-    pub full: bool,
-    /// Also record every event as JSON lines to this file (mode 0600; never through a symlink,
-    /// only a file of one's own; see docs/TAP.md).
-    #[arg(long, short = 'o', value_name = "FILE")]
-    pub output: Option<PathBuf>,
-    /// Show secrets (registry credentials, env values, ...). Only served to root.
-    #[arg(long)]
-    pub unredacted: bool,
-    /// Exit after this many calls.
-    #[arg(long, value_name = "N")]
-    pub count: Option<u64>,
-}
-
-impl TapArgs {
-    /// The admin API request these flags ask for.
-    pub fn request(&self) -> pb::TapRequest {
-        pb::TapRequest {
-            methods: self.methods.clone(),
-            namespace: self.namespace.clone().unwrap_or_default(),
-            pod: self.pod.clone().unwrap_or_default(),
-            errors_only: self.errors,
-            slower_than_ms: self.slower_than.unwrap_or(0),
-            include_polling: self.all,
-            full: self.full,
-            unredacted: self.unredacted,
-        }
-    }
-}
-
-/// Where the client commands (`crisp tap`, `crisp pods`) find crisp's admin socket.
-#[derive(clap::Args, Debug, Clone, Default)]
-pub struct AdminSocketArgs {
-    /// crisp's admin socket [default: `admin.socket` from the config, /run/crisp/admin.sock].
-    #[arg(long, value_name = "PATH")]
-    pub admin_socket: Option<PathBuf>,
-    /// Config file to read the admin socket from. Default: /etc/crisp/config.toml if it exists.
-    #[arg(long, short = 'c', value_name = "FILE")]
-    pub config: Option<PathBuf>,
-}
-
-impl AdminSocketArgs {
-    /// The socket: `--admin-socket`, else `admin.socket` of the config; `Err` when the config
-    /// cannot be read.
-    pub fn path(&self) -> Result<PathBuf, String> {
-        match &self.admin_socket {
-            Some(p) => Ok(p.clone()),
-            None => Ok(crate::config::Config::load(self.config.as_deref())
-                .map_err(|e| e.to_string())?
-                .admin_socket()),
-        }
-    }
-}
-
-/// Connects tonic to a unix socket.
-#[derive(Clone)]
-struct UdsConnector(PathBuf);
-
-impl tonic::codegen::Service<http::Uri> for UdsConnector {
-    type Response = TokioIo<UnixStream>;
-    type Error = io::Error;
-    type Future =
-        Pin<Box<dyn std::future::Future<Output = io::Result<TokioIo<UnixStream>>> + Send>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _uri: http::Uri) -> Self::Future {
-        let path = self.0.clone();
-        Box::pin(async move { Ok(TokioIo::new(UnixStream::connect(path).await?)) })
-    }
-}
-
-/// An admin API client on `socket`.
-pub async fn connect(
-    socket: &Path,
-) -> Result<AdminClient<tonic::transport::Channel>, tonic::transport::Error> {
-    // The URI is required by tonic but unused: the connector always dials the socket.
-    let channel = tonic::transport::Endpoint::from_static("http://crisp-admin")
-        .connect_with_connector(UdsConnector(socket.to_path_buf()))
-        .await?;
-    Ok(AdminClient::new(channel).max_decoding_message_size(256 << 20))
-}
-
-/// Runs `crisp tap`.
-pub fn run(args: TapArgs) -> ExitCode {
-    block_on("tap", tap(args)).unwrap_or(ExitCode::FAILURE)
-}
-
-/// Runs a client command's future on a current-thread runtime; `None`, said on stderr as
-/// `crisp <command>: …`, when the runtime cannot start.
-pub fn block_on<F: std::future::Future>(command: &str, fut: F) -> Option<F::Output> {
-    match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => Some(rt.block_on(fut)),
-        Err(e) => {
-            eprintln!("crisp {command}: cannot start the async runtime: {e}");
-            None
-        }
-    }
-}
-
-async fn tap(args: TapArgs) -> ExitCode {
-    let socket = match args.admin.path() {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("crisp tap: {e}");
-            return ExitCode::from(EX_USAGE);
-        }
-    };
-    let mut client = match connect(&socket).await {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("crisp tap: cannot connect to {}: {} (is crisp running? the admin socket is root-only by default)", socket.display(), source_chain(&e));
-            return ExitCode::from(EX_UNAVAILABLE);
-        }
-    };
-    let mut stream = match client.tap(args.request()).await {
-        Ok(r) => r.into_inner(),
-        Err(s) => {
-            eprintln!("crisp tap: {}: {}", s.code(), s.message());
-            return ExitCode::from(if s.code() == tonic::Code::PermissionDenied {
-                EX_NOPERM
-            } else {
-                EX_UNAVAILABLE
-            });
-        }
-    };
-    let mut file = match args.output.as_deref().map(create_output).transpose() {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("crisp tap: --output: {e}");
-            return ExitCode::from(EX_USAGE);
-        }
-    };
-    // The subscription is live once crisp answered; scripts (and tests) wait for this line.
-    eprintln!("crisp tap: attached to {}", socket.display());
-    let mut out = BufWriter::new(io::stdout().lock());
-    let mut calls = 0u64;
-    loop {
-        let msg = tokio::select! {
-            _ = tokio::signal::ctrl_c() => break,
-            m = stream.message() => m,
-        };
-        let event = match msg {
-            Ok(Some(pb::TapEvent { event: Some(e) })) => e,
-            Ok(Some(_)) => continue,
-            Ok(None) => {
-                eprintln!("crisp tap: crisp ended the stream (shutting down?)");
-                break;
-            }
-            Err(s) => {
-                eprintln!("crisp tap: stream failed: {}: {}", s.code(), s.message());
-                let _ = out.flush();
-                return ExitCode::from(EX_UNAVAILABLE);
-            }
-        };
-        let line = if args.json {
-            json_line(&event).to_string()
-        } else {
-            human(&event)
-        };
-        let written = writeln!(out, "{line}").and_then(|_| out.flush());
-        if let Some(f) = file.as_mut() {
-            if let Err(e) = writeln!(f, "{}", json_line(&event)).and_then(|_| f.flush()) {
-                eprintln!("crisp tap: --output: {e}");
-                return ExitCode::FAILURE;
-            }
-        }
-        // A closed pipe (`crisp tap | head`) is a normal way to stop.
-        if written.is_err() {
-            break;
-        }
-        if matches!(event, Event::Call(_)) {
-            calls += 1;
-            if args.count.is_some_and(|n| calls >= n) {
-                break;
-            }
-        }
-    }
-    ExitCode::SUCCESS
-}
-
-fn source_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
-
-fn create_output(path: &Path) -> Result<BufWriter<File>, super::output::OutputError> {
-    // 0600, no symlink, only one's own file: with --unredacted the file holds secrets; even
-    // redacted, it is every pod's traffic (see tap/output.rs).
-    Ok(BufWriter::new(super::output::open(path)?))
-}
+use super::pb::{self, tap_event::Event};
 
 /// One event as a JSON object (the `--json` and `--output` format).
 pub fn json_line(event: &Event) -> Value {
@@ -477,23 +228,24 @@ fn duration(micros: u64) -> String {
     }
 }
 
-/// `HH:MM:SS.mmm` in the node's local time zone.
+/// `HH:MM:SS.mmm` in the node's local time zone: `TZ`, else /etc/localtime, as localtime(3)
+/// reads them.
 fn local_time(nanos: i64) -> String {
     let secs = nanos.div_euclid(1_000_000_000);
     let millis = nanos.rem_euclid(1_000_000_000) / 1_000_000;
-    let t = secs as libc::time_t;
-    // SAFETY: localtime_r only writes into the zeroed `tm` we own; it is the thread-safe variant.
-    let (h, m, s) = unsafe {
-        let mut tm: libc::tm = std::mem::zeroed();
-        if libc::localtime_r(&t, &mut tm).is_null() {
+    let (h, m, s) = match jiff::Timestamp::from_second(secs) {
+        Ok(t) => {
+            let local = t.to_zoned(jiff::tz::TimeZone::system()).time();
+            (
+                i64::from(local.hour()),
+                i64::from(local.minute()),
+                i64::from(local.second()),
+            )
+        }
+        // Beyond jiff's range (years -9999 to 9999), which no tap event reaches: UTC.
+        Err(_) => {
             let d = secs.rem_euclid(86_400);
             (d / 3600, d / 60 % 60, d % 60)
-        } else {
-            (
-                i64::from(tm.tm_hour),
-                i64::from(tm.tm_min),
-                i64::from(tm.tm_sec),
-            )
         }
     };
     format!("{h:02}:{m:02}:{s:02}.{millis:03}")
@@ -703,23 +455,5 @@ mod tests {
                 line.len()
             );
         }
-    }
-
-    #[test]
-    fn flags_to_request() {
-        let a = TapArgs {
-            methods: vec!["Create*".into()],
-            pod: Some("ns/p".into()),
-            errors: true,
-            slower_than: Some(9),
-            all: true,
-            full: true,
-            ..Default::default()
-        };
-        let r = a.request();
-        assert_eq!(r.methods, vec!["Create*"]);
-        assert_eq!(r.pod, "ns/p");
-        assert!(r.errors_only && r.include_polling && r.full && !r.unredacted);
-        assert_eq!(r.slower_than_ms, 9);
     }
 }

@@ -1,0 +1,214 @@
+//! `crisp tap`: attaches to a running crisp's admin socket and prints one line per CRI call
+//! (or JSON lines with `--json`), optionally recording JSON lines to a file. The lines are
+//! [`crisp::tap::view`]'s.
+
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use crisp::tap::pb::{self, tap_event::Event};
+use crisp::tap::{client, output, view};
+
+use super::exit;
+
+/// Watch the CRI calls crisp forwards, live.
+///
+/// One line per call as it ends: time, CRI version, method, pod, container, duration, time held
+/// by the ordering engine, gRPC status. Polling calls (List*, *Status, *Stats, Version) are hidden
+/// unless --all or a --method names them. Secrets are redacted.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct TapArgs {
+    #[command(flatten)]
+    pub admin: AdminSocketArgs,
+    /// Print JSON lines instead of the readable view.
+    #[arg(long)]
+    pub json: bool,
+    /// Only methods matching this glob (`Create*`, `*Container`, or a gRPC path). Repeatable.
+    /// Selects exactly what it matches, polling calls included.
+    #[arg(long = "method", value_name = "GLOB")]
+    pub methods: Vec<String>,
+    /// Only calls of pods in this namespace.
+    #[arg(long, short = 'n', value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Only calls of this pod (`name` or `namespace/name`).
+    #[arg(long, value_name = "POD")]
+    pub pod: Option<String>,
+    /// Only calls that failed (non-OK status, or no status).
+    #[arg(long)]
+    pub errors: bool,
+    /// Only calls that took at least this many milliseconds.
+    #[arg(long, value_name = "MS")]
+    pub slower_than: Option<u64>,
+    /// Include the polling calls (List*, *Status, *Stats, Version), hidden by default.
+    #[arg(long)]
+    pub all: bool,
+    /// Decode requests and responses (unary calls) to JSON; unknown fields are listed.
+    #[arg(long)]
+    pub full: bool,
+    /// Also record every event as JSON lines to this file (mode 0600; never through a symlink,
+    /// only a file of one's own; see docs/TAP.md).
+    #[arg(long, short = 'o', value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Show secrets (registry credentials, env values, ...). Only served to root.
+    #[arg(long)]
+    pub unredacted: bool,
+    /// Exit after this many calls.
+    #[arg(long, value_name = "N")]
+    pub count: Option<u64>,
+}
+
+impl TapArgs {
+    /// The admin API request these flags ask for.
+    pub fn request(&self) -> pb::TapRequest {
+        pb::TapRequest {
+            methods: self.methods.clone(),
+            namespace: self.namespace.clone().unwrap_or_default(),
+            pod: self.pod.clone().unwrap_or_default(),
+            errors_only: self.errors,
+            slower_than_ms: self.slower_than.unwrap_or(0),
+            include_polling: self.all,
+            full: self.full,
+            unredacted: self.unredacted,
+        }
+    }
+}
+
+/// Where the client commands (`crisp tap`, `crisp pods`) find crisp's admin socket.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct AdminSocketArgs {
+    /// crisp's admin socket [default: `admin.socket` from the config, /run/crisp/admin.sock].
+    #[arg(long, value_name = "PATH")]
+    pub admin_socket: Option<PathBuf>,
+    /// Config file to read the admin socket from. Default: /etc/crisp/config.toml if it exists.
+    #[arg(long, short = 'c', value_name = "FILE")]
+    pub config: Option<PathBuf>,
+}
+
+impl AdminSocketArgs {
+    /// The socket: `--admin-socket`, else `admin.socket` of the config; `Err`, said as the
+    /// command prints it, when the config cannot be read.
+    pub fn path(&self) -> Result<PathBuf, String> {
+        client::admin_socket(self.admin_socket.as_deref(), self.config.as_deref())
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// Runs `crisp tap`.
+pub fn run(args: TapArgs) -> ExitCode {
+    super::block_on("tap", tap(args)).unwrap_or(ExitCode::FAILURE)
+}
+
+async fn tap(args: TapArgs) -> ExitCode {
+    let socket = match args.admin.path() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("crisp tap: {e}");
+            return ExitCode::from(exit::USAGE);
+        }
+    };
+    let mut admin = match client::connect(&socket).await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!(
+                "crisp tap: cannot connect to {}: {} (is crisp running? the admin socket is root-only by default)",
+                socket.display(),
+                super::chain(e)
+            );
+            return ExitCode::from(exit::UNAVAILABLE);
+        }
+    };
+    let mut stream = match admin.tap(args.request()).await {
+        Ok(r) => r.into_inner(),
+        Err(s) => {
+            eprintln!("crisp tap: {}: {}", s.code(), s.message());
+            return ExitCode::from(if s.code() == tonic::Code::PermissionDenied {
+                exit::NOPERM
+            } else {
+                exit::UNAVAILABLE
+            });
+        }
+    };
+    let mut file = match args.output.as_deref().map(create_output).transpose() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("crisp tap: --output: {e}");
+            return ExitCode::from(exit::USAGE);
+        }
+    };
+    // The subscription is live once crisp answered; scripts (and tests) wait for this line.
+    eprintln!("crisp tap: attached to {}", socket.display());
+    let mut out = BufWriter::new(io::stdout().lock());
+    let mut calls = 0u64;
+    loop {
+        let msg = tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            m = stream.message() => m,
+        };
+        let event = match msg {
+            Ok(Some(pb::TapEvent { event: Some(e) })) => e,
+            Ok(Some(_)) => continue,
+            Ok(None) => {
+                eprintln!("crisp tap: crisp ended the stream (shutting down?)");
+                break;
+            }
+            Err(s) => {
+                eprintln!("crisp tap: stream failed: {}: {}", s.code(), s.message());
+                let _ = out.flush();
+                return ExitCode::from(exit::UNAVAILABLE);
+            }
+        };
+        let line = if args.json {
+            view::json_line(&event).to_string()
+        } else {
+            view::human(&event)
+        };
+        let written = writeln!(out, "{line}").and_then(|_| out.flush());
+        if let Some(f) = file.as_mut() {
+            if let Err(e) = writeln!(f, "{}", view::json_line(&event)).and_then(|_| f.flush()) {
+                eprintln!("crisp tap: --output: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+        // A closed pipe (`crisp tap | head`) is a normal way to stop.
+        if written.is_err() {
+            break;
+        }
+        if matches!(event, Event::Call(_)) {
+            calls += 1;
+            if args.count.is_some_and(|n| calls >= n) {
+                break;
+            }
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+fn create_output(path: &Path) -> Result<BufWriter<File>, output::OutputError> {
+    // 0600, no symlink, only one's own file: with --unredacted the file holds secrets; even
+    // redacted, it is every pod's traffic (see src/tap/output.rs).
+    Ok(BufWriter::new(output::open(path)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_to_request() {
+        let a = TapArgs {
+            methods: vec!["Create*".into()],
+            pod: Some("ns/p".into()),
+            errors: true,
+            slower_than: Some(9),
+            all: true,
+            full: true,
+            ..Default::default()
+        };
+        let r = a.request();
+        assert_eq!(r.methods, vec!["Create*"]);
+        assert_eq!(r.pod, "ns/p");
+        assert!(r.errors_only && r.include_polling && r.full && !r.unredacted);
+        assert_eq!(r.slower_than_ms, 9);
+    }
+}
