@@ -7,7 +7,6 @@
 //! signal in between killed it by the default action, and one that tokio's reactor handled
 //! between turning delivery on and subscribing reached no one, so crisp ran on until SIGKILL.)
 
-mod daemon_bin;
 
 use std::path::Path;
 use std::process::ExitStatus;
@@ -31,7 +30,7 @@ fn wait_exit(child: &mut std::process::Child, limit: Duration) -> Option<ExitSta
 }
 
 fn start(dir: &Path, log: &Path) -> std::process::Child {
-    daemon_bin::crisp(&daemon_bin::write_config(dir), log)
+    crate::daemon_bin::crisp(&crate::daemon_bin::write_config(dir), log)
         .spawn()
         .unwrap()
 }

@@ -1,7 +1,6 @@
 //! What happens when things go wrong: clients that give up, a runtime that dies and comes back,
 //! and garbage on crisp's socket.
 
-mod support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,7 +17,7 @@ use crisp::proxy::ProxyOptions;
 use k8s_cri::v1::{
     ContainerEventResponse, ExecSyncRequest, GetEventsRequest, VersionRequest, VersionResponse,
 };
-use support::*;
+use crate::support::*;
 
 const EXEC_SYNC: &str = "/runtime.v1.RuntimeService/ExecSync";
 const EVENTS: &str = "/runtime.v1.RuntimeService/GetContainerEvents";

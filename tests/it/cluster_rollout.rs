@@ -21,13 +21,12 @@
 //! needs: root, systemd-nspawn, debootstrap, the artifacts of hack/release.sh in
 //! target/artifacts (CRISP_DIST overrides). The two tests share the host's ports: one at a time.
 
-mod node_support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use node_support::*;
+use crate::node_support::*;
 
 /// The node's name: the nspawn root's hostname (hack/node-rootfs.sh), which kubelet registers.
 const NODE: &str = "crisp-node";

@@ -8,7 +8,6 @@
 //! every call of a well-behaved admin client (metrics over HTTP/1.1, gRPC Version and ListPods)
 //! and of a kubelet-like CRI client is answered, each within 1 s.
 
-mod support;
 
 use std::io::{Read, Write};
 use std::path::Path;
@@ -22,7 +21,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 
 use crisp::tap::pb;
-use support::*;
+use crate::support::*;
 
 const VERSION: &str = "/runtime.v1.RuntimeService/Version";
 /// Each good call must be answered within this, attack or not.

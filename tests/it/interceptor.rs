@@ -2,7 +2,6 @@
 //! CreateContainer) reaches the runtime only when released, with the client's exact bytes; a
 //! call whose client gave up while held never reaches it.
 
-mod support;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,7 +17,7 @@ use k8s_cri::v1::{
     ContainerConfig, ContainerMetadata, CreateContainerRequest, CreateContainerResponse, ImageSpec,
     KeyValue, PodSandboxConfig, PodSandboxMetadata, VersionRequest,
 };
-use support::*;
+use crate::support::*;
 
 const CREATE: &str = "/runtime.v1.RuntimeService/CreateContainer";
 

@@ -9,13 +9,12 @@
 //! - deletion: sidecars stop after the apps;
 //! - no call — of any method — outlives the deadline kubelet gave it, none is left in flight.
 
-mod reliability_support;
 
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Result};
 use crisp_e2e::emulator::PodSpec;
-use reliability_support::*;
+use crate::reliability_support::*;
 
 /// How late each chunk from the runtime arrives (`CRISP_SLOW_DELAY_MS`).
 fn delay() -> Duration {

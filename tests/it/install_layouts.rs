@@ -3,12 +3,11 @@
 //! that gives back every file byte for byte (content, mode, owner, mtime) and removes every
 //! file and directory the install created.
 
-mod systemd_support;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use systemd_support::*;
+use crate::systemd_support::*;
 
 const CRISP_EP: &str = "unix:///run/crisp/crisp.sock";
 const KUBEADM_FLAGS: &str = "/var/lib/kubelet/kubeadm-flags.env";

@@ -12,11 +12,10 @@
 //! Needs root, systemd-nspawn and debootstrap (hack/setup.sh), the artifacts of hack/release.sh
 //! in target/artifacts and target/grpcgo/crisp-grpcgo (hack/test.sh makes both).
 
-mod node_support;
 
 use std::time::{Duration, Instant};
 
-use node_support::*;
+use crate::node_support::*;
 
 /// What the package, the installer and kubelet's rewiring may touch, and what must come back.
 const TREES: &[&str] = &["/etc", "/usr", "/opt", "/var/lib", "/root"];

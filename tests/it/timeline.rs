@@ -5,7 +5,7 @@
 
 // The same renderer and PNG reader as the e2e picture tests (crisp's tests cannot depend on the
 // crisp-e2e crate, which depends on crisp): one file, compiled into both.
-#[path = "../e2e/src/picture.rs"]
+#[path = "../../e2e/src/picture.rs"]
 mod picture;
 
 use std::path::{Path, PathBuf};

@@ -14,7 +14,6 @@
 //! least 100 either way, so smaller runs still exceed the 64 limit); `CRISP_HUGE_DIRECT=1` points
 //! the kubelet at containerd directly (no crisp) for a baseline (the crisp checks are skipped).
 
-mod reliability_support;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -23,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Result};
 use crisp_e2e::emulator::{ContainerSpec, PodSpec};
-use reliability_support::*;
+use crate::reliability_support::*;
 
 /// crisp's RSS must stay under this while it forwards the big pod (MiB).
 const RSS_LIMIT_MIB: u64 = 96;

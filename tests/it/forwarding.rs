@@ -2,7 +2,6 @@
 //! and for paths crisp does not know; big messages; server streams; error statuses; deadlines;
 //! concurrency. Each test compares crisp against a direct connection to the same fake runtime.
 
-mod support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,7 +14,7 @@ use prost::Message;
 
 use crisp::intercept::{Call, Interceptor, Interest};
 use crisp::proxy::ProxyOptions;
-use support::*;
+use crate::support::*;
 
 const UNKNOWN_PATHS: &[&str] = &[
     "/runtime.v1.RuntimeService/NoSuchMethod",

@@ -11,7 +11,6 @@
 //! - variables leaked from a parent are ignored; malformed ones, or an inherited fd that is not a
 //!   listening socket, are a clear error and crisp does not bind a socket of its own.
 
-mod systemd_support;
 
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -21,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use systemd_support::*;
+use crate::systemd_support::*;
 
 const T: Duration = Duration::from_secs(20);
 

@@ -8,8 +8,8 @@
 //! What is proven, and how:
 //! 1. The syscall order, deterministically: crisp's start is traced with strace; for both
 //!    sockets, a umask that hides every bit outside the mode → `bind(path)` →
-//!    `chmod(path, mode)` → `listen(fd)`, and nothing changes the mode after `listen`. (Skipped
-//!    with a message if strace is not installed.)
+//!    `chmod(path, mode)` → `listen(fd)`, and nothing changes the mode after `listen`. (Fails,
+//!    naming hack/setup.sh, if strace is not installed.)
 //! 2. The effect, empirically: crisp is started with umask 000 (so a freshly bound socket file is
 //!    0777) while threads whose filesystem uid is `nobody` connect to both paths in a tight loop,
 //!    from before crisp starts until after it serves. Not one connect may succeed: before
@@ -18,7 +18,6 @@
 //!    that size. A window far shorter than one connect attempt (~µs) could escape (2) — which is
 //!    why (1) exists.
 
-mod daemon_bin;
 
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
@@ -28,13 +27,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use daemon_bin::{crisp, write_config};
+use crate::daemon_bin::{crisp, write_config};
+use crate::prerequisites::{require_root, require_tool};
 
 const NOBODY: u32 = 65534;
-
-fn is_root() -> bool {
-    unsafe { libc::geteuid() == 0 }
-}
 
 fn world_traversable_tempdir() -> tempfile::TempDir {
     let d = tempfile::Builder::new()
@@ -68,12 +64,9 @@ fn stop(child: &mut std::process::Child) {
 // 1. strace
 
 #[test]
-#[cfg_attr(
-    not(all(crisp_test_root, crisp_test_strace)),
-    ignore = "needs root and strace (hack/setup.sh installs it): sudo hack/test.sh"
-)]
 fn sockets_get_their_mode_between_bind_and_listen_strace() {
-    assert!(is_root(), "needs root: built as root, run as another user");
+    require_root("crisp's sockets are traced in /tmp as root");
+    require_tool("strace", "-V");
     let dir = world_traversable_tempdir();
     let cfg = write_config(dir.path());
     let trace = dir.path().join("strace.out");
@@ -249,9 +242,7 @@ fn wrong_order_is_caught(dir: &Path, window: Duration) -> u64 {
     while tally.refused.load(Ordering::Relaxed) == 0 && t0.elapsed() < Duration::from_secs(5) {
         std::thread::yield_now();
     }
-    let old = unsafe { libc::umask(0) };
-    let l = std::os::unix::net::UnixListener::bind(&path).unwrap();
-    unsafe { libc::umask(old) };
+    let l = bind_under_umask_000(&path);
     std::thread::sleep(window);
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o660)).unwrap();
     std::thread::sleep(Duration::from_millis(20));
@@ -263,13 +254,33 @@ fn wrong_order_is_caught(dir: &Path, window: Duration) -> u64 {
     tally.connected.load(Ordering::Relaxed)
 }
 
+/// Binds `path` with umask 000 (a 0777 socket file) on a thread of its own that first stops
+/// sharing its umask with the process (`unshare(CLONE_FS)`): the umask is process-wide, and
+/// the other tests of this binary create files and sockets meanwhile (crisp's own bind sets
+/// and restores it under a lock this test cannot take).
+fn bind_under_umask_000(path: &Path) -> std::os::unix::net::UnixListener {
+    let path = path.to_path_buf();
+    std::thread::spawn(move || {
+        // SAFETY: unshare(CLONE_FS) only gives this thread its own copy of the umask, cwd and
+        // root; umask cannot fail. The thread ends right after the bind.
+        unsafe {
+            assert_eq!(
+                libc::unshare(libc::CLONE_FS),
+                0,
+                "unshare(CLONE_FS): {}",
+                std::io::Error::last_os_error()
+            );
+            libc::umask(0);
+        }
+        std::os::unix::net::UnixListener::bind(&path).unwrap()
+    })
+    .join()
+    .unwrap()
+}
+
 #[test]
-#[cfg_attr(
-    not(crisp_test_root),
-    ignore = "needs root (connects as nobody): sudo hack/test.sh"
-)]
 fn no_non_root_connect_ever_succeeds_while_crisp_starts() {
-    assert!(is_root(), "needs root: built as root, run as another user");
+    require_root("connects as nobody");
     let dir = world_traversable_tempdir();
     // On a loaded machine the hammer's threads may be off-CPU for a whole 1 ms window: a few
     // tries, each a fresh socket and twice the window (1, 2, … 32 ms; seen: 1 ms missed 5 times

@@ -2,7 +2,6 @@
 //! `crisp tap` process running as `nobody`) and served to root; Prometheus metrics over the
 //! socket and, opt-in, over TCP (which never serves the tap); ListPods and Version.
 
-mod support;
 
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -15,7 +14,7 @@ use k8s_cri::v1 as cri;
 use prost::Message;
 
 use crisp::tap::pb;
-use support::*;
+use crate::support::*;
 
 const NOBODY: u32 = 65534;
 
@@ -65,16 +64,8 @@ async fn admin_socket_is_root_only_by_default_and_removed_on_shutdown() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(crisp_test_root),
-    ignore = "needs root (runs a client as nobody): sudo hack/test.sh"
-)]
 async fn unredacted_is_refused_to_non_root_and_served_to_root() {
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "needs root (runs a client as nobody): built as root, run as another user"
-    );
+    crate::prerequisites::require_root("runs a client as nobody");
     let fake = Fake::start().await;
     // A group-shared socket (an operator's choice): non-root may connect, but never unredacted.
     let d = daemon(fake.path(), |c| c.admin.mode = 0o666).await;

@@ -2,13 +2,12 @@
 //! and runs in an empty root filesystem; the .deb and the installer image hold what the
 //! install needs; the sums match; packaging twice gives identical bytes.
 
-mod node_support;
 
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use node_support::{artifact, dist, REPO};
+use crate::node_support::{artifact, dist, REPO};
 
 fn run(c: &mut Command) -> String {
     let o = c.output().unwrap_or_else(|e| panic!("{c:?}: {e}"));

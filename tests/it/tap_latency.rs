@@ -5,7 +5,6 @@
 //! These are measurements with generous bounds (a shared CI machine is noisy); run with
 //! `--nocapture` to see the numbers.
 
-mod support;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -17,7 +16,7 @@ use crisp::intercept::Interceptor;
 use crisp::metrics::CallMetrics;
 use crisp::proxy::ProxyOptions;
 use crisp::tap::pb;
-use support::*;
+use crate::support::*;
 
 async fn daemon(upstream: &Path, tap_queue: usize) -> Daemon {
     Daemon::start(upstream, |c| c.admin.tap_queue = tap_queue).await

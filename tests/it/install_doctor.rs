@@ -3,14 +3,13 @@
 //! OK and the exit code is 0; broken permissions, a bad config and a v1alpha2-only runtime are
 //! reported with a fix.
 
-mod systemd_support;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use systemd_support::*;
+use crate::systemd_support::*;
 
 const T: Duration = Duration::from_secs(20);
 

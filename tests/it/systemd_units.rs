@@ -2,12 +2,11 @@
 //! hack/install.sh installs them next to the binary it installs), their hardening stays scored
 //! "OK" by `systemd-analyze security`, and they say what DESIGN.md §7 asks for.
 
-mod systemd_support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use systemd_support::*;
+use crate::systemd_support::*;
 
 const INSTALLED_BIN: &str = "ExecStart=/usr/local/bin/crisp";
 
@@ -279,15 +278,8 @@ fn units_say_what_the_design_asks() {
 }
 
 #[test]
-#[cfg_attr(
-    not(crisp_test_shellcheck),
-    ignore = "shellcheck is not installed (hack/setup.sh installs it)"
-)]
 fn scripts_are_shellcheck_clean() {
-    assert!(
-        have("shellcheck"),
-        "shellcheck was there at build time and is gone"
-    );
+    crate::prerequisites::require_tool("shellcheck", "--version");
     for s in [
         "hack/install.sh",
         "hack/uninstall.sh",

@@ -12,7 +12,6 @@
 //! The real peers (grpc-go built from Debian's packages, containerd) are in the e2e suite; these
 //! tests pin the rules down where a real peer's timing would make a failure rare.
 
-mod support;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -32,7 +31,7 @@ use crisp::proxy::h2::{
     self as f, Flags, GoAway, Head, Kind, Ping, Reason, Settings, WindowUpdate,
 };
 use crisp::proxy::ProxyOptions;
-use support::{within, Crisp, PATIENCE};
+use crate::support::{within, Crisp, PATIENCE};
 
 const VERSION: &str = "/runtime.v1.RuntimeService/Version";
 const CREATE: &str = "/runtime.v1.RuntimeService/CreateContainer";
@@ -665,7 +664,7 @@ fn path_of(fields: &Fields) -> String {
 }
 
 async fn setup(opts: RuntimeOpts) -> (tempfile::TempDir, Runtime, Crisp) {
-    support::init_logging();
+    crate::support::init_logging();
     let dir = tempfile::tempdir().unwrap();
     let rt_path = dir.path().join("runtime.sock");
     let runtime = Runtime::start(&rt_path, opts).await;
@@ -956,7 +955,7 @@ impl Interceptor for HoldCreate {
 
 #[tokio::test]
 async fn a_held_call_reaches_the_runtime_with_the_time_its_client_has_left() {
-    support::init_logging();
+    crate::support::init_logging();
     let dir = tempfile::tempdir().unwrap();
     let rt_path = dir.path().join("runtime.sock");
     let runtime = Runtime::start(&rt_path, RuntimeOpts::default()).await;

@@ -11,7 +11,6 @@
 //! (last-applied-configuration with an env value among them), CreateContainer with `$(SECRET)`
 //! already expanded in `command` and `args`, an ExecSync whose `cmd` holds a secret.
 
-mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -22,7 +21,7 @@ use k8s_cri::v1alpha2 as alpha;
 use prost::Message;
 use serde_json::Value;
 
-use support::*;
+use crate::support::*;
 
 const SECRETS: &[&str] = &[
     "S3cret-registry-password",
