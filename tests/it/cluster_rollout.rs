@@ -1,7 +1,7 @@
 //! The cluster lane (issue #29, docs/DEPLOY.md "The cluster lane"): a real Kubernetes 1.26
 //! control plane on this host (hack/cluster.sh: etcd, kube-apiserver with Node,RBAC,
 //! controller-manager, scheduler, a local registry) and the nspawn systemd node of
-//! tests/node_support running containerd and an upstream kubelet 1.26 joined to it.
+//! tests/it/node_support running containerd and an upstream kubelet 1.26 joined to it.
 //!
 //! - `a_kubelet_joins_the_control_plane`: the node registers, turns Ready and runs a pod the
 //!   API server scheduled;
@@ -14,13 +14,12 @@
 //!   kubelet back on containerd with the same pods running. Every step is timed.
 //!
 //! Needs the binaries, so both are ignored by default:
-//!   CRISP_KUBE_BIN_DIR=DIR cargo test --test cluster_rollout -- --ignored --test-threads 1
+//!   CRISP_KUBE_BIN_DIR=DIR cargo test --test it -- cluster_rollout:: --ignored --test-threads 1
 //! DIR holds kube-apiserver, kube-controller-manager, kube-scheduler and kubelet
 //! (hack/kube-binaries.sh builds them offline); etcd, docker-registry and skopeo come from
-//! hack/setup.sh, kubectl from PATH (CRISP_KUBECTL overrides). Plus what tests/node_systemd.rs
+//! hack/setup.sh, kubectl from PATH (CRISP_KUBECTL overrides). Plus what tests/it/node_systemd.rs
 //! needs: root, systemd-nspawn, debootstrap, the artifacts of hack/release.sh in
 //! target/artifacts (CRISP_DIST overrides). The two tests share the host's ports: one at a time.
-
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -271,7 +270,7 @@ fn cni_conflist() -> String {
     )
 }
 
-/// kubeadm's layout (tests/node_support's drop-in, kubeadm-flags.env, config.yaml), so that
+/// kubeadm's layout (tests/it/node_support's drop-in, kubeadm-flags.env, config.yaml), so that
 /// hack/install.sh rewires it as it would on a kubeadm node. Ports off the defaults: the node
 /// shares the host's network.
 const KUBEADM_FLAGS: &str = "KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint=unix:///run/containerd/containerd.sock --pod-infra-container-image=crisp.test/pause:latest\"\n";
@@ -444,7 +443,7 @@ fn running(cluster: &Cluster, pod: &str) -> bool {
 }
 
 #[test]
-#[ignore = "needs Kubernetes binaries: CRISP_KUBE_BIN_DIR=... cargo test --test cluster_rollout -- --ignored"]
+#[ignore = "needs Kubernetes binaries: CRISP_KUBE_BIN_DIR=... cargo test --test it -- cluster_rollout:: --ignored"]
 fn a_kubelet_joins_the_control_plane() {
     let bins = kube_bin_dir();
     let _bridge = BridgeGuard;
@@ -568,7 +567,7 @@ fn installer_pod(cluster: &Cluster) -> String {
 }
 
 #[test]
-#[ignore = "needs Kubernetes binaries: CRISP_KUBE_BIN_DIR=... cargo test --test cluster_rollout -- --ignored"]
+#[ignore = "needs Kubernetes binaries: CRISP_KUBE_BIN_DIR=... cargo test --test it -- cluster_rollout:: --ignored"]
 fn the_installer_daemonset_rolls_out_and_back() {
     let bins = kube_bin_dir();
     let _bridge = BridgeGuard;

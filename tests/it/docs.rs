@@ -113,7 +113,7 @@ const CODE_EXTENSIONS: [&str; 11] = [
     "rs", "sh", "py", "go", "proto", "toml", "yaml", "json", "service", "socket", "conf",
 ];
 /// This file: its scanner tests hold citations that are meant not to resolve.
-const SELF: &str = "tests/docs.rs";
+const SELF: &str = "tests/it/docs.rs";
 /// Documents that may be cited as `NAME §N` without `.md`.
 const SECTIONED: [&str; 3] = ["DESIGN", "KUBELET-CRI", "PRIOR-ART"];
 

@@ -2,7 +2,6 @@
 //! and for paths crisp does not know; big messages; server streams; error statuses; deadlines;
 //! concurrency. Each test compares crisp against a direct connection to the same fake runtime.
 
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -12,9 +11,9 @@ use http::HeaderMap;
 use http_body::Frame;
 use prost::Message;
 
+use crate::support::*;
 use crisp::intercept::{Call, Interceptor, Interest};
 use crisp::proxy::ProxyOptions;
-use crate::support::*;
 
 const UNKNOWN_PATHS: &[&str] = &[
     "/runtime.v1.RuntimeService/NoSuchMethod",

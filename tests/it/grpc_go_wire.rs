@@ -12,7 +12,6 @@
 //! The real peers (grpc-go built from Debian's packages, containerd) are in the e2e suite; these
 //! tests pin the rules down where a real peer's timing would make a failure rare.
 
-
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -25,13 +24,13 @@ use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{oneshot, Mutex as AsyncMutex};
 
+use crate::support::{within, Crisp, PATIENCE};
 use crisp::intercept::{Call, Interceptor, Interest};
 use crisp::proxy::h2::hpack::Decoder;
 use crisp::proxy::h2::{
     self as f, Flags, GoAway, Head, Kind, Ping, Reason, Settings, WindowUpdate,
 };
 use crisp::proxy::ProxyOptions;
-use crate::support::{within, Crisp, PATIENCE};
 
 const VERSION: &str = "/runtime.v1.RuntimeService/Version";
 const CREATE: &str = "/runtime.v1.RuntimeService/CreateContainer";

@@ -3,7 +3,6 @@
 //! OK and the exit code is 0; broken permissions, a bad config and a v1alpha2-only runtime are
 //! reported with a fix.
 
-
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;

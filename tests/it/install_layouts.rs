@@ -3,7 +3,6 @@
 //! that gives back every file byte for byte (content, mode, owner, mtime) and removes every
 //! file and directory the install created.
 
-
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -24,7 +23,7 @@ struct FakeNode {
 
 impl FakeNode {
     /// A node root holding `files`, plus a small stand-in binary outside the root (these tests
-    /// are about files; tests/systemd_units.rs installs the real binary).
+    /// are about files; tests/it/systemd_units.rs installs the real binary).
     fn new(files: &[(&str, &str)]) -> FakeNode {
         let dir = tempfile::Builder::new()
             .prefix("crisp-node")

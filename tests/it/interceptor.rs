@@ -2,7 +2,6 @@
 //! CreateContainer) reaches the runtime only when released, with the client's exact bytes; a
 //! call whose client gave up while held never reaches it.
 
-
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,6 +9,7 @@ use std::time::Duration;
 use prost::Message;
 use tokio::sync::{mpsc, watch, Semaphore};
 
+use crate::support::*;
 use crisp::cri::{views, Rpc};
 use crisp::intercept::{BoxFuture, Call, Interceptor, Interest, Verdict};
 use crisp::proxy::ProxyOptions;
@@ -17,7 +17,6 @@ use k8s_cri::v1::{
     ContainerConfig, ContainerMetadata, CreateContainerRequest, CreateContainerResponse, ImageSpec,
     KeyValue, PodSandboxConfig, PodSandboxMetadata, VersionRequest,
 };
-use crate::support::*;
 
 const CREATE: &str = "/runtime.v1.RuntimeService/CreateContainer";
 

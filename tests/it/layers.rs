@@ -45,7 +45,7 @@ fn no_module_imports_one_above_it() {
         }
         let Some(own) = layer_of(&top) else {
             violations.push(format!(
-                "src/{rel}: module `{top}` has no layer in tests/layers.rs (and lib.rs)"
+                "src/{rel}: module `{top}` has no layer in tests/it/layers.rs (and lib.rs)"
             ));
             continue;
         };

@@ -1,7 +1,6 @@
 //! crisp's own socket over its life: graceful shutdown drains in-flight calls and removes the
 //! socket file; a stale socket file is replaced at start, a live one is refused.
 
-
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -9,8 +8,8 @@ use std::time::Duration;
 use prost::Message;
 use tokio::net::UnixStream;
 
-use k8s_cri::v1::{ExecSyncRequest, ExecSyncResponse, VersionRequest};
 use crate::support::*;
+use k8s_cri::v1::{ExecSyncRequest, ExecSyncResponse, VersionRequest};
 
 const EXEC_SYNC: &str = "/runtime.v1.RuntimeService/ExecSync";
 

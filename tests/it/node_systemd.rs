@@ -1,4 +1,4 @@
-//! crisp's release artifacts on a real systemd node (tests/node_support: Debian 12 booted by
+//! crisp's release artifacts on a real systemd node (tests/it/node_support: Debian 12 booted by
 //! systemd-nspawn, systemd as PID 1, containerd as a service, a stand-in kubelet that dials its
 //! runtime endpoint with grpc-go's client):
 //! - the .deb installs without touching kubelet; crisp-install points kubelet at crisp and
@@ -11,7 +11,6 @@
 //!
 //! Needs root, systemd-nspawn and debootstrap (hack/setup.sh), the artifacts of hack/release.sh
 //! in target/artifacts and target/grpcgo/crisp-grpcgo (hack/test.sh makes both).
-
 
 use std::time::{Duration, Instant};
 

@@ -26,5 +26,8 @@ pub fn require_tool(tool: &str, version_arg: &str) {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    assert!(runs, "this test needs `{tool}`: install it with hack/setup.sh");
+    assert!(
+        runs,
+        "this test needs `{tool}`: install it with hack/setup.sh"
+    );
 }

@@ -10,7 +10,7 @@
 //! - release latency: one more pod whose sidecar turns ready (200) at a known instant; the time
 //!   from then to its app's CreateContainer being forwarded, alone and inside the burst.
 //!
-//! Run by hand (numbers in SECURITY.md): `cargo test --release --test probe_burst -- --ignored --nocapture --test-threads=1`
+//! Run by hand (numbers in SECURITY.md): `cargo test --release --test it -- probe_burst:: --ignored --nocapture --test-threads=1`
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

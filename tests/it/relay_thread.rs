@@ -3,14 +3,13 @@
 //! crisp's tokio runtime is busy (a slow interceptor, a blocking bug, a flood of tap clients),
 //! kubelet's relayed calls on an open connection — PLEG's lists, status calls — still go through.
 
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use k8s_cri::v1::{VersionRequest, VersionResponse};
 use prost::Message;
-use crate::support::*;
 
 const VERSION: &str = "/runtime.v1.RuntimeService/Version";
 const WORKERS: usize = 2;

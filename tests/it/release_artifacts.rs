@@ -2,7 +2,6 @@
 //! and runs in an empty root filesystem; the .deb and the installer image hold what the
 //! install needs; the sums match; packaging twice gives identical bytes.
 
-
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -1,13 +1,12 @@
 //! Issue #8: hostile clients on crisp's ADMIN socket (`crisp tap`, ListPods, `GET /metrics`)
 //! do not affect other admin clients or CRI traffic. (The CRI socket's own hostile-client tests
-//! are in tests/resilience.rs.)
+//! are in tests/it/resilience.rs.)
 //!
 //! While 200 hostile connections are open — random bytes, connections that never send a byte
 //! (half-open), HTTP/1.1 requests whose headers trickle in one byte per second (slow-loris),
 //! HTTP/2 prefaces followed by half a frame, and tap subscribers that never read their stream —
 //! every call of a well-behaved admin client (metrics over HTTP/1.1, gRPC Version and ListPods)
 //! and of a kubelet-like CRI client is answered, each within 1 s.
-
 
 use std::io::{Read, Write};
 use std::path::Path;
@@ -20,8 +19,8 @@ use prost::Message;
 use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 
-use crisp::tap::pb;
 use crate::support::*;
+use crisp::tap::pb;
 
 const VERSION: &str = "/runtime.v1.RuntimeService/Version";
 /// Each good call must be answered within this, attack or not.

@@ -18,7 +18,6 @@
 //!    that size. A window far shorter than one connect attempt (~µs) could escape (2) — which is
 //!    why (1) exists.
 
-
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};

@@ -1,7 +1,6 @@
 //! What happens when things go wrong: clients that give up, a runtime that dies and comes back,
 //! and garbage on crisp's socket.
 
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,12 +11,12 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::support::*;
 use crisp::intercept::{Call, Interceptor, Interest};
 use crisp::proxy::ProxyOptions;
 use k8s_cri::v1::{
     ContainerEventResponse, ExecSyncRequest, GetEventsRequest, VersionRequest, VersionResponse,
 };
-use crate::support::*;
 
 const EXEC_SYNC: &str = "/runtime.v1.RuntimeService/ExecSync";
 const EVENTS: &str = "/runtime.v1.RuntimeService/GetContainerEvents";

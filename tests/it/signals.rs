@@ -7,7 +7,6 @@
 //! signal in between killed it by the default action, and one that tokio's reactor handled
 //! between turning delivery on and subscribing reached no one, so crisp ran on until SIGKILL.)
 
-
 use std::path::Path;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};

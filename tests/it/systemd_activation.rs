@@ -11,7 +11,6 @@
 //! - variables leaked from a parent are ignored; malformed ones, or an inherited fd that is not a
 //!   listening socket, are a clear error and crisp does not bind a socket of its own.
 
-
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;

@@ -2,7 +2,6 @@
 //! hack/install.sh installs them next to the binary it installs), their hardening stays scored
 //! "OK" by `systemd-analyze security`, and they say what DESIGN.md §7 asks for.
 
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

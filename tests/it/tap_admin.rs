@@ -2,7 +2,6 @@
 //! `crisp tap` process running as `nobody`) and served to root; Prometheus metrics over the
 //! socket and, opt-in, over TCP (which never serves the tap); ListPods and Version.
 
-
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
@@ -13,8 +12,8 @@ use std::time::Duration;
 use k8s_cri::v1 as cri;
 use prost::Message;
 
-use crisp::tap::pb;
 use crate::support::*;
+use crisp::tap::pb;
 
 const NOBODY: u32 = 65534;
 

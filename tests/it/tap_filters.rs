@@ -2,7 +2,6 @@
 //! v1 and v1alpha2, polling and mutating, an error, a slow call, an unknown method) through a
 //! running crisp, watched by one admin-API subscriber per filter at the same time.
 
-
 use std::path::Path;
 use std::time::Duration;
 
@@ -10,8 +9,8 @@ use k8s_cri::v1 as cri;
 use k8s_cri::v1alpha2 as alpha;
 use prost::Message;
 
-use crisp::tap::pb;
 use crate::support::*;
+use crisp::tap::pb;
 
 const RUN: &str = "/runtime.v1.RuntimeService/RunPodSandbox";
 const CREATE: &str = "/runtime.v1.RuntimeService/CreateContainer";

@@ -5,18 +5,17 @@
 //! These are measurements with generous bounds (a shared CI machine is noisy); run with
 //! `--nocapture` to see the numbers.
 
-
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_cri::v1 as cri;
 
+use crate::support::*;
 use crisp::intercept::Interceptor;
 use crisp::metrics::CallMetrics;
 use crisp::proxy::ProxyOptions;
 use crisp::tap::pb;
-use crate::support::*;
 
 async fn daemon(upstream: &Path, tap_queue: usize) -> Daemon {
     Daemon::start(upstream, |c| c.admin.tap_queue = tap_queue).await

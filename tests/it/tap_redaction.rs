@@ -11,7 +11,6 @@
 //! (last-applied-configuration with an env value among them), CreateContainer with `$(SECRET)`
 //! already expanded in `command` and `args`, an ExecSync whose `cmd` holds a secret.
 
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;

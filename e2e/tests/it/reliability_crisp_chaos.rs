@@ -12,18 +12,17 @@
 //! stays held, no call outlived kubelet's deadline, and the last crisp tracks nothing once the
 //! pods are removed.
 
-
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::reliability_support::*;
 use anyhow::{bail, ensure, Context, Result};
 use crisp_e2e::emulator::{Kubelet, KubeletConfig};
 use crisp_e2e::harness::{Containerd, ContainerdOpts};
 use crisp_e2e::stack::Stack;
-use crate::reliability_support::*;
 
 const UP: Duration = Duration::from_secs(120);
 /// crisp's start timeout here: also how long it refuses an app whose sidecar's start a kill

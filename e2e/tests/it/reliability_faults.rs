@@ -12,13 +12,12 @@
 //!   containerd's recovery and counts from kubelet's StartContainer instead), no held call is
 //!   stuck, no call outlived kubelet's deadline, crisp tracks nothing once the pods are removed.
 
-
 use std::time::{Duration, Instant};
 
+use crate::reliability_support::*;
 use anyhow::{ensure, Context, Result};
 use crisp_e2e::stack::Stack;
 use k8s_cri::v1 as cri;
-use crate::reliability_support::*;
 
 const UP: Duration = Duration::from_secs(120);
 /// How long containerd stays down each time.

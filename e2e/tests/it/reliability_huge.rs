@@ -14,15 +14,14 @@
 //! least 100 either way, so smaller runs still exceed the 64 limit); `CRISP_HUGE_DIRECT=1` points
 //! the kubelet at containerd directly (no crisp) for a baseline (the crisp checks are skipped).
 
-
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::reliability_support::*;
 use anyhow::{ensure, Result};
 use crisp_e2e::emulator::{ContainerSpec, PodSpec};
-use crate::reliability_support::*;
 
 /// crisp's RSS must stay under this while it forwards the big pod (MiB).
 const RSS_LIMIT_MIB: u64 = 96;

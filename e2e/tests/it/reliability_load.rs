@@ -14,13 +14,12 @@
 //! Default: 40 pods in 4 waves (`CRISP_LOAD_PODS`, `CRISP_LOAD_WAVES`); the 200-pod run is the
 //! ignored `load_200_pods`, run by hack/reliability.sh.
 
-
 use std::time::{Duration, Instant};
 
+use crate::reliability_support::*;
 use anyhow::{ensure, Result};
 use crisp_e2e::emulator::{CallMeta, Service};
 use k8s_cri::v1 as cri;
-use crate::reliability_support::*;
 
 const UP: Duration = Duration::from_secs(180);
 

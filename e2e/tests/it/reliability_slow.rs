@@ -9,12 +9,11 @@
 //! - deletion: sidecars stop after the apps;
 //! - no call — of any method — outlives the deadline kubelet gave it, none is left in flight.
 
-
 use std::time::{Duration, Instant};
 
+use crate::reliability_support::*;
 use anyhow::{ensure, Result};
 use crisp_e2e::emulator::PodSpec;
-use crate::reliability_support::*;
 
 /// How late each chunk from the runtime arrives (`CRISP_SLOW_DELAY_MS`).
 fn delay() -> Duration {

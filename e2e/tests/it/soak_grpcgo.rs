@@ -27,17 +27,16 @@
 //! `soak_short` (60 s) runs with the default suite; `soak_10_minutes` (600 s) is run by
 //! `hack/soak.sh`, whose numbers RELIABILITY.md records.
 
-
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::reliability_support::*;
 use anyhow::{bail, ensure, Context, Result};
 use crisp_e2e::emulator::{CallRecord, KubeletConfig};
 use crisp_e2e::grpcgo::{self, CallOpts, CallOutput};
 use crisp_e2e::stack::{Stack, StackOpts};
 use k8s_cri::v1 as cri;
 use prost::Message;
-use crate::reliability_support::*;
 
 /// How long a pod may take to come up (or a Job to finish), and to terminate.
 const UP: Duration = Duration::from_secs(180);
