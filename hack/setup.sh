@@ -15,7 +15,7 @@
 #   linux-perf shellcheck                         crisp's CPU and context switches per call (hack/bench.sh);
 #                                                 lint of the hack/ scripts (tests/it/systemd_units.rs)
 #   golang-go golang-google-grpc-dev              real grpc-go peers for the e2e tests (hack/build-grpcgo.sh)
-#   debootstrap systemd-container                 the systemd test node (hack/node-rootfs.sh, tests/node_*.rs)
+#   debootstrap systemd-container                 the systemd test node (hack/node-rootfs.sh, tests/it/node_*.rs)
 #   python3-kubernetes                            offline manifest validation (hack/check-manifests.py)
 #   etcd-server docker-registry skopeo            the cluster lane (hack/cluster.sh, tests/it/cluster_rollout.rs)
 #   prometheus librsvg2-bin                       a real Prometheus and promtool (e2e/tests/it/prometheus.rs,
@@ -35,7 +35,7 @@ PACKAGES=(
   strace
   linux-perf  # perf stat: crisp's CPU per call in hack/bench.sh, relay threads included
   shellcheck
-  systemd  # systemd-analyze verify, systemd-socket-activate (tests/systemd_*.rs)
+  systemd  # systemd-analyze verify, systemd-socket-activate (tests/it/systemd_*.rs)
   golang-go               # builds crisp-grpcgo offline (GOPATH mode, no module proxy)
   golang-google-grpc-dev  # grpc-go 1.33 sources for it (kubelet's and containerd's gRPC stack)
   debootstrap             # the Debian 12 root of the systemd test node (hack/node-rootfs.sh)

@@ -565,3 +565,93 @@ fn the_cri_revision_proto_readme_names_is_the_one_cargo_lock_pins() {
         "Cargo.lock's k8s-cri checksum {checksum} is not the one proto/README.md names"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Citations of test files
+
+/// The paths of crisp's own tests a line names (`tests/it/forwarding.rs`, `e2e/tests/it/`,
+/// `tests/it/node_*.rs`), up to the first character that cannot be in one (`::`, a space).
+fn cited_test_paths(line: &str) -> Vec<String> {
+    let mut paths = Vec::new();
+    let mut from = 0;
+    while let Some(i) = line[from..].find("tests/") {
+        let at = from + i;
+        from = at + "tests/".len();
+        let start = if line[..at].ends_with("e2e/") {
+            at - "e2e/".len()
+        } else {
+            at
+        };
+        // Part of a longer path (another project's `src/tests/...`, `benches/tests/`) or word.
+        if line[..start]
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || "_./-".contains(c))
+        {
+            continue;
+        }
+        let len = line[start..]
+            .find(|c: char| !(c.is_ascii_alphanumeric() || "_./*".contains(c)))
+            .unwrap_or(line.len() - start);
+        paths.push(
+            line[start..start + len]
+                .trim_end_matches(['.', '/'])
+                .to_string(),
+        );
+    }
+    paths
+}
+
+/// `path` exists; with a `*`, some entry of its directory starts with what comes before it.
+fn cited_path_exists(path: &str) -> bool {
+    let Some((before, _)) = path.split_once('*') else {
+        return root().join(path).exists();
+    };
+    let (dir, prefix) = before.rsplit_once('/').unwrap_or(("", before));
+    std::fs::read_dir(root().join(dir)).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with(prefix))
+    })
+}
+
+#[test]
+fn every_test_file_the_repo_cites_exists() {
+    let mut bad = Vec::new();
+    for f in doc_files().into_iter().chain(code_files()) {
+        let Ok(text) = std::fs::read_to_string(&f) else {
+            continue;
+        };
+        let rel = f.strip_prefix(root()).unwrap_or(&f).display().to_string();
+        for (n, line) in text.lines().enumerate() {
+            for p in cited_test_paths(line) {
+                if !cited_path_exists(&p) {
+                    bad.push(format!("{rel}:{}: {p}", n + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "{} cited test files are not in the repository (moved? tests/it/, e2e/tests/it/):\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn test_path_scanner_reads_paths_not_words() {
+    assert_eq!(
+        cited_test_paths("see `tests/it/forwarding.rs::big` and e2e/tests/it/observe.rs."),
+        ["tests/it/forwarding.rs", "e2e/tests/it/observe.rs"]
+    );
+    assert_eq!(
+        cited_test_paths("(tests/it/support/), tests/"),
+        ["tests/it/support", "tests"]
+    );
+    assert_eq!(
+        cited_test_paths("tests/it/node_*.rs boot"),
+        ["tests/it/node_*.rs"]
+    );
+    assert!(cited_test_paths("app/integration/src/tests/shutdown.rs, h2-tests/").is_empty());
+}

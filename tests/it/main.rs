@@ -1,6 +1,6 @@
-//! crisp's integration tests, in one test binary: each module below was a binary of its own
-//! (`tests/forwarding.rs`, ...), and each of those linked the whole crate and compiled the shared
-//! helpers again. One binary links once.
+//! crisp's integration tests, in one test binary: each module below was a test binary of its
+//! own (a file directly in `tests/`), and each of those linked the whole crate and compiled the
+//! shared helpers again. One binary links once.
 //!
 //! Modules of one binary run side by side under a plain `cargo test`; hack/test.sh runs the
 //! binary once per module (`cargo test -p crisp --test it -- forwarding::`), so the tests that

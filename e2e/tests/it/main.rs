@@ -1,6 +1,6 @@
 //! crisp's end-to-end tests (a private containerd + runc, driven by the kubelet emulator), in
-//! one test binary: each module below was a binary of its own (`e2e/tests/observe.rs`, ...),
-//! and each of those linked crisp and the harness again.
+//! one test binary: each module below was a test binary of its own (a file directly in
+//! `e2e/tests/`), and each of those linked crisp and the harness again.
 //!
 //! Modules of one binary run side by side under a plain `cargo test`; hack/test.sh runs the
 //! binary once per module (`cargo test -p crisp-e2e --test it -- observe::`), so the load and

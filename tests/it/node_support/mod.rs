@@ -1,4 +1,4 @@
-//! A real systemd node for tests/node_*.rs: Debian 12 booted by systemd-nspawn with systemd as
+//! A real systemd node for tests/it/node_*.rs: Debian 12 booted by systemd-nspawn with systemd as
 //! PID 1 and containerd as a systemd service, plus a stand-in kubelet unit.
 //!
 //! The root filesystem is built once by hack/node-rootfs.sh (debootstrap, cached under

@@ -1,4 +1,4 @@
-//! Shared helpers of tests/systemd_*.rs and tests/install_*.rs: a minimal fake CRI runtime, a
+//! Shared helpers of tests/it/systemd_*.rs and tests/it/install_*.rs: a minimal fake CRI runtime, a
 //! one-connection-per-call CRI client, crisp processes (optionally with an inherited listening
 //! socket), a fake NOTIFY_SOCKET, host tools, and node-root snapshots.
 #![allow(dead_code)]
