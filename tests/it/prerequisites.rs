@@ -10,6 +10,7 @@ pub fn is_root() -> bool {
 }
 
 /// Fails the calling test unless it runs as root; `why` says what it does that needs root.
+#[track_caller]
 pub fn require_root(why: &str) {
     assert!(
         is_root(),
@@ -18,6 +19,7 @@ pub fn require_root(why: &str) {
 }
 
 /// Fails the calling test unless `tool` runs (`tool version_arg` exits 0).
+#[track_caller]
 pub fn require_tool(tool: &str, version_arg: &str) {
     let runs = Command::new(tool)
         .arg(version_arg)

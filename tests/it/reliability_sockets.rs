@@ -64,7 +64,7 @@ fn stop(child: &mut std::process::Child) {
 
 #[test]
 fn sockets_get_their_mode_between_bind_and_listen_strace() {
-    require_root("crisp's sockets are traced in /tmp as root");
+    require_root("traces crisp's start as CI runs it");
     require_tool("strace", "-V");
     let dir = world_traversable_tempdir();
     let cfg = write_config(dir.path());
