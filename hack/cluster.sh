@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A real Kubernetes 1.26 control plane on this host, for the cluster lane of the end-to-end suite
-# (tests/cluster_rollout.rs, docs/DEPLOY.md "The cluster lane"): etcd, kube-apiserver,
+# (tests/it/cluster_rollout.rs, docs/DEPLOY.md "The cluster lane"): etcd, kube-apiserver,
 # kube-controller-manager, kube-scheduler and a local image registry, all on 127.0.0.1 with
 # ports no default install uses, everything under one state directory.
 #

@@ -10,7 +10,7 @@
 #   OUT  where to put it: OUT/src (the tag's tree), OUT/bin/containerd,
 #        OUT/bin/containerd-shim-runc-v2 and OUT/bin/ctr; prints OUT/bin/containerd
 #
-# Then: CRISP_CONTAINERD_BIN=OUT/bin/containerd cargo test -p crisp-e2e --test pods
+# Then: CRISP_CONTAINERD_BIN=OUT/bin/containerd cargo test -p crisp-e2e --test it -- pods::
 # (hack/containerd.sh puts OUT/bin first in PATH, so the shim and ctr match).
 #
 # Go: $GO, else `go` in PATH; it must be at least what the tag's go.mod `go` line

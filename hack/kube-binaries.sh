@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds a Kubernetes 1.26 control plane and kubelet offline, from a source tree given by path,
-# for the cluster lane of the end-to-end suite (tests/cluster_rollout.rs, docs/DEPLOY.md).
+# for the cluster lane of the end-to-end suite (tests/it/cluster_rollout.rs, docs/DEPLOY.md).
 # Nothing is downloaded: the tree must vendor its dependencies.
 #
 #   hack/kube-binaries.sh SRC OUT

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds (once) the root filesystem of the test node that tests/node_*.rs boot with
+# Builds (once) the root filesystem of the test node that tests/it/node_*.rs boot with
 # systemd-nspawn: Debian 12 with systemd as PID 1, containerd and runc as real systemd services.
 # Prints its path.
 #

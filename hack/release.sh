@@ -18,7 +18,7 @@
 #
 # Reproducible: every timestamp is SOURCE_DATE_EPOCH (default: the last commit's time), paths
 # of the build machine are remapped out of the binary, and it is built with one codegen unit,
-# so the same commit and toolchain give byte-identical artifacts (tests/release_artifacts.rs
+# so the same commit and toolchain give byte-identical artifacts (tests/it/release_artifacts.rs
 # builds twice and compares).
 #
 # --binary FILE packages an already-built static binary instead of building one (tests).

@@ -41,21 +41,21 @@ step() {
 
 step load "CRISP_SEED|^wave|^ +[0-9]+ +[0-9]+|== load|secrets:|^Error" \
     env CRISP_LOAD_PODS="${CRISP_LOAD_PODS:-200}" CRISP_LOAD_WAVES="${CRISP_LOAD_WAVES:-5}" \
-    cargo test -p crisp-e2e --test reliability_load load_200_pods -- --ignored --nocapture
+    cargo test -p crisp-e2e --test it reliability_load::load_200_pods -- --ignored --nocapture
 step faults "CRISP_SEED|containerd|faults:|^Error" \
-    env CRISP_FAULT_PODS="${CRISP_FAULT_PODS:-20}" cargo test -p crisp-e2e --test reliability_faults -- --nocapture
+    env CRISP_FAULT_PODS="${CRISP_FAULT_PODS:-20}" cargo test -p crisp-e2e --test it -- reliability_faults:: --nocapture
 for i in $(seq 1 "$CHAOS_RUNS"); do
     step "chaos-$i" "CRISP_SEED|chaos: [0-9]|^Error|before|never ran" \
-        env CRISP_CHAOS_PODS="${CRISP_CHAOS_PODS:-12}" cargo test -p crisp-e2e --test reliability_crisp_chaos -- --nocapture
+        env CRISP_CHAOS_PODS="${CRISP_CHAOS_PODS:-12}" cargo test -p crisp-e2e --test it -- reliability_crisp_chaos:: --nocapture
 done
 step slow "slow runtime|running after|^Error" \
-    env CRISP_SLOW_DELAY_MS="${CRISP_SLOW_DELAY_MS:-2000}" cargo test -p crisp-e2e --test reliability_slow -- --nocapture
+    env CRISP_SLOW_DELAY_MS="${CRISP_SLOW_DELAY_MS:-2000}" cargo test -p crisp-e2e --test it -- reliability_slow:: --nocapture
 step huge "normal pod|huge pod|^Error" \
-    cargo test -p crisp-e2e --test reliability_huge -- --nocapture
+    cargo test -p crisp-e2e --test it -- reliability_huge:: --nocapture
 step admin "admin attack|panicked" \
-    cargo test -p crisp --test reliability_admin -- --nocapture
+    cargo test -p crisp --test it -- reliability_admin:: --nocapture
 step sockets "control:|bind →|skipped|panicked" \
-    cargo test -p crisp --test reliability_sockets -- --nocapture
+    cargo test -p crisp --test it -- reliability_sockets:: --nocapture
 if [ "${FUZZ:-0}" = 1 ]; then
     step fuzz "^[a-z]+ +[0-9]+|REGRESSION|panicked" hack/fuzz.sh 600
 fi

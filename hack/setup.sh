@@ -11,15 +11,15 @@
 #   busybox-static umoci                          hermetic images (hack/images.sh)
 #   socat iproute2 iptables                       demo / CNI bridge cleanup
 #   protobuf-compiler                             protoc for tonic/prost build scripts
-#   strace                                        socket-mode syscall order (tests/reliability_sockets.rs)
+#   strace                                        socket-mode syscall order (tests/it/reliability_sockets.rs)
 #   linux-perf shellcheck                         crisp's CPU and context switches per call (hack/bench.sh);
-#                                                 lint of the hack/ scripts (tests/systemd_units.rs)
+#                                                 lint of the hack/ scripts (tests/it/systemd_units.rs)
 #   golang-go golang-google-grpc-dev              real grpc-go peers for the e2e tests (hack/build-grpcgo.sh)
-#   debootstrap systemd-container                 the systemd test node (hack/node-rootfs.sh, tests/node_*.rs)
+#   debootstrap systemd-container                 the systemd test node (hack/node-rootfs.sh, tests/it/node_*.rs)
 #   python3-kubernetes                            offline manifest validation (hack/check-manifests.py)
-#   etcd-server docker-registry skopeo            the cluster lane (hack/cluster.sh, tests/cluster_rollout.rs)
-#   prometheus librsvg2-bin                       a real Prometheus and promtool (e2e/tests/prometheus.rs,
-#                                                 hack/lint.sh); rsvg-convert (tests/timeline.rs)
+#   etcd-server docker-registry skopeo            the cluster lane (hack/cluster.sh, tests/it/cluster_rollout.rs)
+#   prometheus librsvg2-bin                       a real Prometheus and promtool (e2e/tests/it/prometheus.rs,
+#                                                 hack/lint.sh); rsvg-convert (tests/it/timeline.rs)
 set -euo pipefail
 
 PACKAGES=(
@@ -35,15 +35,15 @@ PACKAGES=(
   strace
   linux-perf  # perf stat: crisp's CPU per call in hack/bench.sh, relay threads included
   shellcheck
-  systemd  # systemd-analyze verify, systemd-socket-activate (tests/systemd_*.rs)
+  systemd  # systemd-analyze verify, systemd-socket-activate (tests/it/systemd_*.rs)
   golang-go               # builds crisp-grpcgo offline (GOPATH mode, no module proxy)
   golang-google-grpc-dev  # grpc-go 1.33 sources for it (kubelet's and containerd's gRPC stack)
   debootstrap             # the Debian 12 root of the systemd test node (hack/node-rootfs.sh)
-  systemd-container       # systemd-nspawn boots it with systemd as PID 1 (tests/node_systemd.rs)
+  systemd-container       # systemd-nspawn boots it with systemd as PID 1 (tests/it/node_systemd.rs)
   python3-kubernetes      # the API models deploy/ is validated against (hack/check-manifests.py)
-  prometheus              # a real Prometheus scraping crisp (e2e/tests/prometheus.rs); promtool checks and
+  prometheus              # a real Prometheus scraping crisp (e2e/tests/it/prometheus.rs); promtool checks and
                           # unit-tests deploy/monitoring's alert rules (hack/lint.sh)
-  librsvg2-bin            # rsvg-convert renders `crisp timeline --svg` in tests/timeline.rs
+  librsvg2-bin            # rsvg-convert renders `crisp timeline --svg` in tests/it/timeline.rs
   etcd-server             # etcd 3.4 under the cluster lane's kube-apiserver (hack/cluster.sh)
   docker-registry         # a local registry that serves the installer image to the lane's node
   skopeo                  # pushes dist/crisp-installer-*.oci.tar into that registry

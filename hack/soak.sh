@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The 10-minute soak (e2e/tests/soak_grpcgo.rs::soak_10_minutes): the kubelet emulator at 10x
+# The 10-minute soak (e2e/tests/it/soak_grpcgo.rs::soak_10_minutes): the kubelet emulator at 10x
 # kubelet's pace reaching crisp through grpc-go (relist every 100 ms, status calls, pods with
 # sidecars started and deleted through the ordering engine) plus grpc-go call loops of
 # List*/Version/Status, against a private real containerd. Asserts 0 failed calls, 0 GOAWAYs,
@@ -28,11 +28,11 @@ bash hack/build-grpcgo.sh >/dev/null || exit 1
 # Only what the test runs: crisp's binary and the test (a --workspace build unifies features
 # differently from `cargo test -p crisp-e2e` and would compile crisp-e2e twice).
 cargo build --locked -p crisp --bin crisp >/dev/null || exit 1
-cargo test --locked -p crisp-e2e --test soak_grpcgo --no-run >/dev/null || exit 1
+cargo test --locked -p crisp-e2e --test it --no-run >/dev/null || exit 1
 
 echo "soak: ${CRISP_SOAK_SECS:-600} s at $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo ' (uncommitted changes)'), log in $log"
 t0=$SECONDS
-RUST_TEST_THREADS=1 cargo test -p crisp-e2e --locked --test soak_grpcgo soak_10_minutes -- --ignored --nocapture >"$log" 2>&1
+RUST_TEST_THREADS=1 cargo test -p crisp-e2e --locked --test it soak_grpcgo::soak_10_minutes -- --ignored --nocapture >"$log" 2>&1
 rc=$?
 # The numbers: the report block the test prints, and the verdict.
 # (The test harness's own "ok" for the test lands after them on a line of its own.)

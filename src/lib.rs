@@ -27,7 +27,7 @@
 //!
 //! ## Layers
 //!
-//! Imports point down only (`tests/layers.rs` fails on one that runs back up); modules of one
+//! Imports point down only (`tests/it/layers.rs` fails on one that runs back up); modules of one
 //! layer do not import each other.
 //!
 //! | layer | modules | what |

@@ -21,8 +21,8 @@
 //!   the variables were meant for another process (`LISTEN_PID` differs) or announce no fd, yet
 //!   `LISTEN_FDNAMES` is set, which is how a socket-activated parent leaks all three; there
 //!   sd_listen_fds_with_names(3) returns no fd, and crisp must start and bind its own socket
-//!   (tests/systemd_activation.rs, `listen_fds_meant_for_another_process_are_ignored`). Names are
-//!   paired here, and only with the fds sd-notify's `listen_fds` returned.
+//!   (tests/it/systemd_activation.rs, `listen_fds_meant_for_another_process_are_ignored`).
+//!   Names are paired here, and only with the fds sd-notify's `listen_fds` returned.
 //! - Which inherited fd is crisp's (the only one, or the one named [`FD_NAME`]), the check that
 //!   it is a listening unix stream socket, and its path: nothing generic does that.
 //!

@@ -5,6 +5,7 @@
 //! The heap is measured with a counting global allocator (this test binary's own), so the
 //! bound is on what the process holds, not on what a helper reports about itself.
 
+#[path = "it/support/mod.rs"]
 mod support;
 
 use std::alloc::{GlobalAlloc, Layout, System};

@@ -1,6 +1,6 @@
 //! A fast in-process fake CRI runtime for benchmarks: answers every call from canned bytes, so
 //! what is measured is the proxy hop, not the runtime. (Integration tests of the forwarder use
-//! the scriptable fake in tests/support; end-to-end tests use real containerd.)
+//! the scriptable fake in tests/it/support; end-to-end tests use real containerd.)
 //!
 //! [`serve_via_grpcgo`] puts a grpc-go server (a [`GoBridge`]) in front of it, so a proxy
 //! talking to the fake meets containerd's transport: BDP PINGs, PING policing, grpc-go HPACK.

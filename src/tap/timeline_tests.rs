@@ -1,5 +1,5 @@
 //! Unit tests of `crisp timeline`: parsing, grouping, the text view; the SVG is rendered by a
-//! real renderer in `tests/timeline.rs`.
+//! real renderer in `tests/it/timeline.rs`.
 
 use super::*;
 

@@ -2,7 +2,7 @@
 //! scripted runtime whose containers start, become ready and exit at virtual instants, and the
 //! engine's `on_request` called as kubelet calls it. Hold durations are virtual, so they are
 //! asserted exactly (within one probe interval) and a 90 s timeout costs no wall time. The
-//! end-to-end tests (`e2e/tests/ordering.rs`, `pods.rs`, `jobs.rs`) stay the proof on a real
+//! end-to-end tests (`e2e/tests/it/ordering.rs`, `pods.rs`, `jobs.rs`) stay the proof on a real
 //! runtime.
 //!
 //! This file is the harness (the scripted runtime, kubelet's calls, assertions); the tests are

@@ -1,0 +1,444 @@
+//! Issue #8, crisp faults: crisp SIGKILLed and restarted at random points of a wave (a seeded
+//! RNG picks the points; the seed is printed, `CRISP_SEED` replays it) — once while it holds a
+//! call, then at random times during the start and during the stop.
+//!
+//! - as a plain process binding its own socket (kubelet's calls fail while it is down, kubelet
+//!   retries), and
+//! - socket-activated: the test holds the listening socket as systemd does for crisp.socket, so
+//!   calls queue in the backlog while crisp restarts.
+//!
+//! Either way: the ordering holds for every pod (containerd's timestamps), exactly one running
+//! instance per container per pod (no duplicate from a call forwarded twice or late), nothing
+//! stays held, no call outlived kubelet's deadline, and the last crisp tracks nothing once the
+//! pods are removed.
+
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::reliability_support::*;
+use anyhow::{bail, ensure, Context, Result};
+use crisp_e2e::emulator::{Kubelet, KubeletConfig};
+use crisp_e2e::harness::{Containerd, ContainerdOpts};
+use crisp_e2e::stack::Stack;
+
+const UP: Duration = Duration::from_secs(120);
+/// crisp's start timeout here: also how long it refuses an app whose sidecar's start a kill
+/// aborted (containerd sees the StartContainer cancelled; kubelet never retries it under
+/// restartPolicy Never) before letting it through.
+const START_TIMEOUT: Duration = Duration::from_secs(5);
+const CRISP_CONFIG: &str = "[ordering]\nstart_timeout = \"5s\"\n";
+
+/// A crisp process the test can SIGKILL and start again.
+trait Restartable: Send {
+    fn restart(&mut self) -> Result<()>;
+    fn log_text(&self) -> String;
+}
+
+impl Restartable for crisp_e2e::crisp::Crisp {
+    fn restart(&mut self) -> Result<()> {
+        crisp_e2e::crisp::Crisp::restart(self)
+    }
+    fn log_text(&self) -> String {
+        crisp_e2e::crisp::Crisp::log_text(self)
+    }
+}
+
+struct Chaos<'a> {
+    containerd: &'a Path,
+    kubelet: &'a Kubelet,
+    admin: PathBuf,
+    state_dir: PathBuf,
+    crisp: &'a mut dyn Restartable,
+}
+
+impl Chaos<'_> {
+    fn kill(&mut self, when: &str, kills: &mut Vec<String>) -> Result<()> {
+        tokio::task::block_in_place(|| self.crisp.restart())
+            .with_context(|| format!("restarting crisp ({when})"))?;
+        kills.push(when.to_string());
+        eprintln!("crisp SIGKILLed and restarted: {when}");
+        Ok(())
+    }
+
+    /// The kubelet's calls and crisp's log lines of each pod named in a violation.
+    fn dump_violating(&self, pods: &[(String, Planned)], violations: &[String]) {
+        let log = self.crisp.log_text();
+        for (uid, p) in pods {
+            let name = &p.spec.name;
+            if violations
+                .iter()
+                .any(|v| v.starts_with(&format!("{name}:")) || v.contains(&format!(" {name} ")))
+            {
+                eprintln!("=== {name} ({uid}): kubelet's calls ===");
+                dump_pod(self.kubelet, uid);
+                eprintln!("=== {name}: crisp's log ===");
+                for l in log.lines().filter(|l| {
+                    l.contains(&format!("/{name}"))
+                        || l.contains("SIGKILL")
+                        || l.starts_with("--- crisp #")
+                        || l.contains("crisp listening")
+                }) {
+                    eprintln!("{l}");
+                }
+            }
+        }
+    }
+
+    async fn run(&mut self, rng: &mut Rng) -> Result<()> {
+        let mut pods = Vec::new();
+        for i in 0..env_usize("CRISP_CHAOS_PODS", 8) {
+            let p = plan(i, rng, false, "not-checked-here");
+            pods.push((self.kubelet.add_pod(p.spec.clone())?, p));
+        }
+        let mut kills = Vec::new();
+        let t0 = Instant::now();
+        // While a CreateContainer is held (crisp polls its probes).
+        let deadline = Instant::now() + UP;
+        while gauge(&self.admin, "crisp_holds_in_flight")
+            .await
+            .unwrap_or(0.0)
+            < 1.0
+        {
+            ensure!(Instant::now() < deadline, "crisp never held a call");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.kill(
+            &format!("holding, start +{:.2}s", t0.elapsed().as_secs_f64()),
+            &mut kills,
+        )?;
+        // Random points of the start (the sleeps *are* the random kill points).
+        for _ in 0..2 {
+            tokio::time::sleep(rng.millis(100, 1500)).await;
+            self.kill(
+                &format!("start +{:.2}s", t0.elapsed().as_secs_f64()),
+                &mut kills,
+            )?;
+        }
+        let failed = match wait_settled(self.kubelet, &pods, UP).await {
+            Ok(f) => f,
+            Err(e) => {
+                for (uid, _) in &pods {
+                    dump_pod(self.kubelet, uid);
+                }
+                eprintln!("--- crisp log ---\n{}", self.crisp.log_text());
+                return Err(e);
+            }
+        };
+        let mut violations = Vec::new();
+        // A Job may fail only because a kill aborted a container's start (its exit code 128 is
+        // the pod's, as it would be without crisp; kubelet never retries it under Never).
+        for uid in &failed {
+            let all = instances(self.containerd, uid).await?;
+            let p = &pods.iter().find(|(u, _)| u == uid).expect("planned").1;
+            if !p
+                .sidecars
+                .iter()
+                .map(|(n, _)| n)
+                .chain([&p.app])
+                .any(|n| start_aborted(&all, n).is_some())
+            {
+                violations.push(format!(
+                    "Job {} Failed without an aborted container start",
+                    p.spec.name
+                ));
+            }
+        }
+        for (uid, p) in &pods {
+            violations.extend(
+                start_violations(
+                    self.containerd,
+                    uid,
+                    p,
+                    Allow {
+                        aborted: Some(AbortedOk {
+                            timeout: START_TIMEOUT,
+                            kubelet: self.kubelet,
+                        }),
+                        ..Default::default()
+                    },
+                )
+                .await?,
+            );
+            violations.extend(duplicate_running(self.containerd, uid, p).await?);
+        }
+        if !violations.is_empty() {
+            self.dump_violating(&pods, &violations);
+        }
+        ensure!(
+            violations.is_empty(),
+            "start with crisp kills {kills:?}:\n{}",
+            violations.join("\n")
+        );
+
+        let t1 = Instant::now();
+        for (uid, _) in &pods {
+            self.kubelet.delete_pod(uid, Some(10))?;
+        }
+        for _ in 0..2 {
+            tokio::time::sleep(rng.millis(50, 900)).await;
+            self.kill(
+                &format!("stop +{:.2}s", t1.elapsed().as_secs_f64()),
+                &mut kills,
+            )?;
+        }
+        if let Err(e) = wait_terminated(self.kubelet, &pods, UP).await {
+            for (uid, _) in &pods {
+                dump_pod(self.kubelet, uid);
+            }
+            eprintln!("--- crisp log ---\n{}", self.crisp.log_text());
+            return Err(e);
+        }
+        for (uid, p) in &pods {
+            violations.extend(stop_violations(self.containerd, uid, p, true).await?);
+        }
+        if !violations.is_empty() {
+            self.dump_violating(&pods, &violations);
+        }
+        ensure!(
+            violations.is_empty(),
+            "stop with crisp kills {kills:?}:\n{}",
+            violations.join("\n")
+        );
+
+        let uids: Vec<String> = pods.iter().map(|(u, _)| u.clone()).collect();
+        remove_pods(self.containerd, self.kubelet, &uids).await?;
+        wait_no_holds(&self.admin, Duration::from_secs(10)).await?;
+        let text = metrics(&self.admin).await?;
+        ensure!(
+            sample(&text, "crisp_tracked_pods") == Some(0.0)
+                && sample(&text, "crisp_tracked_containers") == Some(0.0),
+            "crisp still tracks pods/containers"
+        );
+        ensure!(
+            terminated_marks(&self.state_dir) == 0,
+            "job-mode marks left behind"
+        );
+        let j = self.kubelet.journal();
+        let late = deadline_violations(j);
+        if !late.is_empty() {
+            eprintln!("--- crisp log ---\n{}", self.crisp.log_text());
+        }
+        ensure!(
+            late.is_empty(),
+            "calls outlived kubelet's deadline:\n{}",
+            late.join("\n")
+        );
+        let stuck = stuck_calls(j, Duration::from_secs(5));
+        ensure!(
+            stuck.is_empty(),
+            "calls still in flight:\n{}",
+            stuck.join("\n")
+        );
+        let unavailable = count(j, |r| {
+            r.done.is_some() && r.code == tonic::Code::Unavailable
+        });
+        eprintln!(
+            "chaos: {} pods, {} crisp kills {kills:?}, {unavailable} kubelet calls failed UNAVAILABLE, {} Job(s) Failed by an aborted container start, 0 violations",
+            pods.len(),
+            kills.len(),
+            failed.len()
+        );
+        Ok(())
+    }
+}
+
+/// The two chaos tests run one at a time: each SIGKILLs crisp at moments its seed picks, and
+/// on two cores the other's kills and restarts would move those moments (serial runs: 0 failed
+/// of 8; concurrent: the open grpc-go failure in RELIABILITY.md, 2 of ~17).
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crisp_sigkilled_at_random_points_of_a_wave() -> Result<()> {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut rng = Rng::from_env("chaos");
+    let mut st = Stack::start(false, CRISP_CONFIG, |_| {}).await?;
+    let Stack {
+        kubelet,
+        crisp,
+        containerd,
+        ..
+    } = &mut st;
+    let admin = crisp.dir().join("admin.sock");
+    let state_dir = crisp.dir().join("state");
+    let mut chaos = Chaos {
+        containerd: containerd.socket(),
+        kubelet,
+        admin,
+        state_dir,
+        crisp,
+    };
+    chaos.run(&mut rng).await
+}
+
+/// crisp started the way systemd starts a socket-activated service: fd 3 is the listening
+/// socket the test holds (crisp.socket), LISTEN_FDS=1, LISTEN_PID = crisp's pid.
+struct Activated {
+    dir: tempfile::TempDir,
+    listener: std::os::unix::net::UnixListener,
+    config: PathBuf,
+    child: Option<Child>,
+    spawned: usize,
+}
+
+impl Activated {
+    fn start(upstream: &Path) -> Result<Activated> {
+        let dir = tempfile::Builder::new().prefix("crisp-sa-").tempdir()?;
+        let sock = dir.path().join("crisp.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&sock)?;
+        let config = dir.path().join("config.toml");
+        std::fs::write(
+            &config,
+            format!("listen = {:?}\nupstream = {:?}\nstate_dir = {:?}\n[log]\nlevel = \"info,crisp=debug\"\n{CRISP_CONFIG}", sock, upstream, dir.path().join("state")),
+        )?;
+        let mut a = Activated {
+            dir,
+            listener,
+            config,
+            child: None,
+            spawned: 0,
+        };
+        a.spawn()?;
+        Ok(a)
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.path().join("crisp.sock")
+    }
+
+    fn log_path(&self, n: usize) -> PathBuf {
+        self.dir.path().join(format!("crisp-{n}.log"))
+    }
+
+    fn spawn(&mut self) -> Result<()> {
+        let bin = crisp_e2e::crisp::crisp_binary()?;
+        let n = self.spawned;
+        self.spawned += 1;
+        let log = std::fs::File::create(self.log_path(n))?;
+        let fd = self.listener.as_raw_fd();
+        let mut c = Command::new("/bin/sh");
+        c.arg("-c")
+            .arg(r#"LISTEN_PID=$$; export LISTEN_PID; exec "$0" "$@""#)
+            .arg(&bin)
+            .arg("--config")
+            .arg(&self.config);
+        c.env("LISTEN_FDS", "1")
+            .env("LISTEN_FDNAMES", "crisp")
+            .env_remove("RUST_LOG")
+            .env_remove("NOTIFY_SOCKET");
+        c.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
+        // SAFETY: only async-signal-safe calls (dup2, fcntl) between fork and exec.
+        unsafe {
+            c.pre_exec(move || {
+                if fd == 3 {
+                    let flags = libc_fcntl(3, F_GETFD, 0);
+                    if flags < 0 || libc_fcntl(3, F_SETFD, flags & !FD_CLOEXEC) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                } else if libc_dup2(fd, 3) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        self.child = Some(c.spawn().context("spawning crisp")?);
+        // Ready once this instance says it serves (its socket is the test's and always
+        // accepts, so a connect would prove nothing).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = std::fs::read_to_string(self.log_path(n)).unwrap_or_default();
+            if text.contains("serving on the socket inherited from systemd")
+                && text.contains("admin socket listening")
+            {
+                return Ok(());
+            }
+            if let Some(st) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                bail!("crisp exited with {st}:\n{text}");
+            }
+            if Instant::now() > deadline {
+                bail!("socket-activated crisp not serving within 10 s:\n{text}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Restartable for Activated {
+    fn restart(&mut self) -> Result<()> {
+        if let Some(mut c) = self.child.take() {
+            c.kill()?;
+            c.wait()?;
+        }
+        self.spawn()
+    }
+
+    fn log_text(&self) -> String {
+        (0..self.spawned)
+            .map(|n| {
+                format!(
+                    "--- crisp #{n} ---\n{}",
+                    std::fs::read_to_string(self.log_path(n)).unwrap_or_default()
+                )
+            })
+            .collect()
+    }
+}
+
+impl Drop for Activated {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+// libc without the crate (e2e does not depend on it).
+const F_GETFD: i32 = 1;
+const F_SETFD: i32 = 2;
+const FD_CLOEXEC: i32 = 1;
+extern "C" {
+    #[link_name = "fcntl"]
+    fn libc_fcntl(fd: i32, cmd: i32, arg: i32) -> i32;
+    #[link_name = "dup2"]
+    fn libc_dup2(old: i32, new: i32) -> i32;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn socket_activated_crisp_sigkilled_at_random_points_of_a_wave() -> Result<()> {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut rng = Rng::from_env("chaos (socket activation)");
+    crisp_e2e::harness::require_root();
+    let containerd = Containerd::start_async(ContainerdOpts { cni: false }).await?;
+    let mut crisp = Activated::start(containerd.socket())?;
+    let dir = tempfile::Builder::new().prefix("crisp-stack-").tempdir()?;
+    let mut cfg = KubeletConfig::fast(crisp.socket(), dir.path().join("pods"));
+    cfg.root_dir = Some(dir.path().join("kubelet"));
+    cfg.container_deletor = false;
+    // kubelet's grpc-go transport, as in `Stack::start`.
+    let _bridges = if crisp_e2e::grpcgo::via_grpcgo_default() {
+        crisp_e2e::grpcgo::bridge_kubelet(&mut cfg, dir.path(), Default::default())?
+    } else {
+        Vec::new()
+    };
+    let kubelet = Kubelet::new(cfg).await?;
+    let admin = crisp.dir.path().join("admin.sock");
+    let state_dir = crisp.dir.path().join("state");
+    let mut chaos = Chaos {
+        containerd: containerd.socket(),
+        kubelet: &kubelet,
+        admin,
+        state_dir,
+        crisp: &mut crisp,
+    };
+    let r = chaos.run(&mut rng).await;
+    drop(chaos);
+    kubelet.shutdown().await;
+    r
+}

@@ -1,0 +1,906 @@
+//! The cluster lane (issue #29, docs/DEPLOY.md "The cluster lane"): a real Kubernetes 1.26
+//! control plane on this host (hack/cluster.sh: etcd, kube-apiserver with Node,RBAC,
+//! controller-manager, scheduler, a local registry) and the nspawn systemd node of
+//! tests/it/node_support running containerd and an upstream kubelet 1.26 joined to it.
+//!
+//! - `a_kubelet_joins_the_control_plane`: the node registers, turns Ready and runs a pod the
+//!   API server scheduled;
+//! - `the_installer_daemonset_rolls_out_and_back`: a config crisp refuses stops the installer
+//!   (kubelet untouched, not Ready, the reason in its log); then `kubectl apply -k` of the
+//!   installer with the image from the local registry and the node label: the pod is Ready only
+//!   once `crisp doctor` passed, kubelet restarted onto crisp's socket, a pod that ran before
+//!   keeps its container ids and restartCount 0, a sidecar pod created afterwards is ordered
+//!   with its hold's reason in `kubectl get pod` and Events; then `deploy/uninstall/` puts
+//!   kubelet back on containerd with the same pods running. Every step is timed.
+//!
+//! Needs the binaries, so both are ignored by default:
+//!   CRISP_KUBE_BIN_DIR=DIR cargo test --test it -- cluster_rollout:: --ignored --test-threads 1
+//! DIR holds kube-apiserver, kube-controller-manager, kube-scheduler and kubelet
+//! (hack/kube-binaries.sh builds them offline); etcd, docker-registry and skopeo come from
+//! hack/setup.sh, kubectl from PATH (CRISP_KUBECTL overrides). Plus what tests/it/node_systemd.rs
+//! needs: root, systemd-nspawn, debootstrap, the artifacts of hack/release.sh in
+//! target/artifacts (CRISP_DIST overrides). The two tests share the host's ports: one at a time.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::node_support::*;
+
+/// The node's name: the nspawn root's hostname (hack/node-rootfs.sh), which kubelet registers.
+const NODE: &str = "crisp-node";
+/// The CNI bridge the node's pods use. The node shares the host's network namespace, so the
+/// bridge is the host's: a name and subnet no other lane uses, removed at the end.
+const BRIDGE: &str = "crisplane0";
+const POD_SUBNET: &str = "10.244.77.0/24";
+
+fn secs(d: Duration) -> String {
+    format!("{:.1} s", d.as_secs_f64())
+}
+
+fn kube_bin_dir() -> PathBuf {
+    let d = std::env::var_os("CRISP_KUBE_BIN_DIR")
+        .map(PathBuf::from)
+        .expect("CRISP_KUBE_BIN_DIR: a directory with kube-apiserver, kube-controller-manager, kube-scheduler and kubelet (hack/kube-binaries.sh)");
+    for b in [
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "kubelet",
+    ] {
+        assert!(
+            d.join(b).exists(),
+            "{} missing: hack/kube-binaries.sh SRC {}",
+            d.join(b).display(),
+            d.display()
+        );
+    }
+    d
+}
+
+fn run(c: &mut Command) -> Out {
+    let o = c.output().unwrap_or_else(|e| panic!("run {c:?}: {e}"));
+    Out {
+        code: o.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&o.stdout).into(),
+        stderr: String::from_utf8_lossy(&o.stderr).into(),
+    }
+}
+
+/// The control plane of hack/cluster.sh, stopped (and its state removed) when dropped.
+struct Cluster {
+    state: tempfile::TempDir,
+    registry_port: u16,
+}
+
+impl Cluster {
+    fn up(bins: &Path) -> Cluster {
+        let state = tempfile::Builder::new()
+            .prefix("crisp-cluster")
+            .tempdir_in("/var/tmp")
+            .unwrap();
+        let t = Instant::now();
+        let o = run(Command::new("bash")
+            .arg(Path::new(REPO).join("hack/cluster.sh"))
+            .arg("up")
+            .arg(state.path())
+            .env("KUBE_BIN_DIR", bins)
+            .env("CLUSTER_NODE_NAME", NODE));
+        let mut c = Cluster {
+            state,
+            registry_port: 0,
+        };
+        assert!(o.ok(), "hack/cluster.sh up: {}\n{}", o.all(), c.logs());
+        let ports = std::fs::read_to_string(c.state.path().join("ports")).unwrap();
+        let registry_port = ports
+            .lines()
+            .find_map(|l| l.strip_prefix("REGISTRY_PORT="))
+            .and_then(|p| p.parse().ok())
+            .expect("REGISTRY_PORT in ports");
+        eprintln!(
+            "control plane up in {} ({})",
+            secs(t.elapsed()),
+            c.kubectl(&["version", "-o", "json"])
+                .stdout
+                .lines()
+                .filter(|l| l.contains("gitVersion"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        c.registry_port = registry_port;
+        c
+    }
+
+    fn logs(&self) -> String {
+        let mut s = String::new();
+        for c in [
+            "etcd",
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+            "registry",
+        ] {
+            let log = std::fs::read_to_string(self.state.path().join(format!("log/{c}.log")))
+                .unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(15).collect();
+            s += &format!(
+                "--- {c} (last lines)\n{}\n",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+        s
+    }
+
+    fn kubectl_in(&self, stdin: Option<&str>, args: &[&str]) -> Out {
+        let kubectl = std::env::var("CRISP_KUBECTL").unwrap_or_else(|_| "kubectl".into());
+        let mut c = Command::new(kubectl);
+        c.arg("--kubeconfig")
+            .arg(self.state.path().join("admin.kubeconfig"))
+            .args(args);
+        match stdin {
+            None => run(&mut c),
+            Some(input) => {
+                use std::io::Write;
+                use std::process::Stdio;
+                let mut child = c
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .expect("kubectl");
+                child
+                    .stdin
+                    .take()
+                    .unwrap()
+                    .write_all(input.as_bytes())
+                    .unwrap();
+                let o = child.wait_with_output().unwrap();
+                Out {
+                    code: o.status.code().unwrap_or(-1),
+                    stdout: String::from_utf8_lossy(&o.stdout).into(),
+                    stderr: String::from_utf8_lossy(&o.stderr).into(),
+                }
+            }
+        }
+    }
+
+    fn kubectl(&self, args: &[&str]) -> Out {
+        self.kubectl_in(None, args)
+    }
+
+    fn must(&self, args: &[&str]) -> String {
+        let o = self.kubectl(args);
+        assert!(o.ok(), "kubectl {args:?}: {}", o.all());
+        o.stdout
+    }
+
+    fn apply(&self, yaml: &str) {
+        let o = self.kubectl_in(Some(yaml), &["apply", "-f", "-"]);
+        assert!(o.ok(), "kubectl apply: {}\n{yaml}", o.all());
+    }
+
+    /// `kubectl get ... -o jsonpath=PATH`, "" when the object is missing.
+    fn jsonpath(&self, what: &[&str], path: &str) -> String {
+        let mut args = vec!["get"];
+        args.extend(what);
+        let jp = format!("jsonpath={path}");
+        args.extend(["-o", &jp]);
+        self.kubectl(&args).stdout
+    }
+
+    fn node_ready(&self) -> String {
+        self.jsonpath(
+            &["node", NODE],
+            "{.status.conditions[?(@.type==\"Ready\")].status}",
+        )
+    }
+
+    fn pod_ready(&self, ns: &str, pod: &str) -> bool {
+        self.jsonpath(
+            &["-n", ns, "pod", pod],
+            "{.status.conditions[?(@.type==\"Ready\")].status}",
+        ) == "True"
+    }
+
+    /// Waits until `f` holds, checked every 200 ms; panics with `what` and the control plane's
+    /// logs on timeout. Returns how long it took.
+    fn wait(&self, what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Duration {
+        let t = Instant::now();
+        while !f() {
+            assert!(
+                t.elapsed() < timeout,
+                "timed out after {} waiting for {what}\n{}",
+                secs(timeout),
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        t.elapsed()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = run(Command::new("bash")
+            .arg(Path::new(REPO).join("hack/cluster.sh"))
+            .arg("down")
+            .arg(self.state.path()));
+    }
+}
+
+/// Removes the host-side leftovers of the node's pod network when the test ends.
+struct BridgeGuard;
+impl Drop for BridgeGuard {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["link", "del", BRIDGE]).status();
+    }
+}
+
+/// containerd in the node, as a nested runc needs it on these VMs (docs/DEPLOY.md), with the lane's registry
+/// over plain HTTP.
+fn containerd_config(registry_port: u16) -> String {
+    format!(
+        r#"version = 2
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "crisp.test/pause:latest"
+  # No CAP_SYS_RESOURCE on these VMs: runc cannot lower oom_score_adj (docs/DEPLOY.md).
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "/etc/cni/net.d"
+  [plugins."io.containerd.grpc.v1.cri".registry.mirrors."127.0.0.1:{registry_port}"]
+    endpoint = ["http://127.0.0.1:{registry_port}"]
+"#
+    )
+}
+
+const NODE_PREP: &str = "[ -e /dev/kmsg ] || mknod /dev/kmsg c 1 11
+for d in /sys/fs/cgroup/*/; do mkdir -p \"$d/kubelet\"; done
+mkdir -p /run/lane-sysctl
+for kv in vm/overcommit_memory=1 kernel/panic=10 kernel/panic_on_oops=1; do
+  k=${kv%=*}; f=/run/lane-sysctl/$(echo $k | tr / _); echo ${kv#*=} >$f; mount --bind $f /proc/sys/$k
+done";
+
+/// bridge + host-local without ipMasq, portmap or a gateway: no iptables in the node, and no
+/// write to the host's net.ipv4.ip_forward (nspawn's /proc/sys is read-only). The lane's pods
+/// need no traffic beyond their own.
+fn cni_conflist() -> String {
+    format!(
+        r#"{{"cniVersion":"1.0.0","name":"crisp-lane","plugins":[{{"type":"bridge","bridge":"{BRIDGE}","isGateway":false,"ipMasq":false,"ipam":{{"type":"host-local","ranges":[[{{"subnet":"{POD_SUBNET}"}}]],"dataDir":"/var/lib/cni/crisp-lane"}}}}]}}"#
+    )
+}
+
+/// kubeadm's layout (tests/it/node_support's drop-in, kubeadm-flags.env, config.yaml), so that
+/// hack/install.sh rewires it as it would on a kubeadm node. Ports off the defaults: the node
+/// shares the host's network.
+const KUBEADM_FLAGS: &str = "KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint=unix:///run/containerd/containerd.sock --pod-infra-container-image=crisp.test/pause:latest\"\n";
+const KUBELET_CONFIG: &str = r#"apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+cgroupDriver: cgroupfs
+# created in every cgroup v1 hierarchy before kubelet starts (docs/DEPLOY.md)
+cgroupRoot: /kubelet
+failSwapOn: false
+port: 20250
+healthzPort: 20248
+readOnlyPort: 0
+authentication:
+  anonymous:
+    enabled: false
+  webhook:
+    enabled: true
+  x509:
+    clientCAFile: /etc/kubernetes/pki/ca.crt
+authorization:
+  mode: Webhook
+# a loaded shared disk must not evict the lane's pods or taint the node
+evictionHard:
+  memory.available: 1Mi
+  nodefs.available: 1%
+  nodefs.inodesFree: 1%
+  imagefs.available: 1%
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+nodeStatusUpdateFrequency: 4s
+"#;
+const KUBELET_UNIT: &str = "[Unit]\nDescription=kubelet (upstream 1.26, the cluster lane)\nWants=containerd.service\nAfter=containerd.service\nStartLimitIntervalSec=0\n\n[Service]\nExecStart=/usr/bin/kubelet\nRestart=always\nRestartSec=1\n\n[Install]\nWantedBy=multi-user.target\n";
+
+/// Boots the node, gives it containerd configured for pods, the test images and kubelet, and
+/// waits until the API server has it Ready. Returns the node and how long the join took.
+fn join(cluster: &Cluster, bins: &Path) -> (Node, Duration) {
+    let node = Node::boot_for_kubelet();
+    eprintln!("node booted in {}", secs(node.boot_time));
+    let t = Instant::now();
+    // kubelet's OOM watcher reads /dev/kmsg; nspawn gives the node none. kubelet's cgroupRoot
+    // exists in every hierarchy. kubelet's container manager sets vm.overcommit_memory,
+    // kernel.panic and kernel.panic_on_oops, which nspawn's read-only /proc/sys refuses (and
+    // which are the host's, not the node's): the node sees files with kubelet's values there.
+    let o = node.nsenter(&["sh", "-c", NODE_PREP]);
+    assert!(o.ok(), "/dev/kmsg, cgroupRoot, sysctls: {}", o.all());
+    for p in ["bridge", "host-local", "loopback"] {
+        node.put(
+            &format!("/usr/lib/cni/{p}"),
+            &std::fs::read(format!("/usr/lib/cni/{p}"))
+                .expect("host CNI plugins (containernetworking-plugins)"),
+            0o755,
+        );
+    }
+    node.put(
+        "/etc/cni/net.d/10-crisp-lane.conflist",
+        cni_conflist().as_bytes(),
+        0o644,
+    );
+    node.put(
+        "/etc/containerd/config.toml",
+        containerd_config(cluster.registry_port).as_bytes(),
+        0o644,
+    );
+    let o = node.nsenter(&["systemctl", "restart", "containerd.service"]);
+    assert!(o.ok(), "restart containerd: {}", o.all());
+    // The pause and busybox images (hack/images.sh): no registry needed for those.
+    let images = Path::new(REPO).join("target/cluster-images");
+    let o = run(Command::new("bash")
+        .arg(Path::new(REPO).join("hack/images.sh"))
+        .arg(&images));
+    assert!(o.ok(), "hack/images.sh: {}", o.all());
+    node.put(
+        "/var/tmp/images.tar",
+        &std::fs::read(images.join("images.tar")).unwrap(),
+        0o644,
+    );
+    node.must(&[
+        "ctr",
+        "-n",
+        "k8s.io",
+        "images",
+        "import",
+        "/var/tmp/images.tar",
+    ]);
+    node.must(&["rm", "/var/tmp/images.tar"]);
+
+    node.put(
+        "/usr/bin/kubelet",
+        &std::fs::read(bins.join("kubelet")).unwrap(),
+        0o755,
+    );
+    node.put(
+        "/lib/systemd/system/kubelet.service",
+        KUBELET_UNIT.as_bytes(),
+        0o644,
+    );
+    // kubeadm's drop-in, minus the bootstrap kubeconfig: the node's kubeconfig holds a static token.
+    let dropin = KUBEADM_DROPIN.replace(
+        "--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf ",
+        "",
+    );
+    node.put(
+        "/etc/systemd/system/kubelet.service.d/10-kubeadm.conf",
+        dropin.as_bytes(),
+        0o644,
+    );
+    node.put(
+        "/var/lib/kubelet/kubeadm-flags.env",
+        KUBEADM_FLAGS.as_bytes(),
+        0o644,
+    );
+    node.put(
+        "/var/lib/kubelet/config.yaml",
+        KUBELET_CONFIG.as_bytes(),
+        0o644,
+    );
+    node.put("/etc/default/kubelet", b"KUBELET_EXTRA_ARGS=\n", 0o644);
+    node.put(
+        "/etc/kubernetes/pki/ca.crt",
+        &std::fs::read(cluster.state.path().join("pki/ca.crt")).unwrap(),
+        0o644,
+    );
+    node.put(
+        "/etc/kubernetes/kubelet.conf",
+        &std::fs::read(cluster.state.path().join(format!("node/{NODE}.kubeconfig"))).unwrap(),
+        0o600,
+    );
+    let o = node.nsenter(&["systemctl", "daemon-reload"]);
+    assert!(o.ok(), "{}", o.all());
+    let o = node.nsenter(&["systemctl", "enable", "--now", "kubelet.service"]);
+    assert!(o.ok(), "{}", o.all());
+    let kubelet_log = || {
+        node.nsenter(&["journalctl", "-u", "kubelet", "-n", "40", "--no-pager"])
+            .stdout
+    };
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while cluster.node_ready() != "True" {
+        assert!(
+            Instant::now() < deadline,
+            "node {NODE} never Ready: {}\n--- kubelet\n{}",
+            cluster.kubectl(&["describe", "node", NODE]).all(),
+            kubelet_log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    (node, t.elapsed())
+}
+
+fn busybox_pod(name: &str, annotations: &str, containers: &[(&str, &str)]) -> String {
+    let mut y = format!("apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\n  annotations:\n{annotations}spec:\n  automountServiceAccountToken: false\n  terminationGracePeriodSeconds: 1\n  containers:\n");
+    for (c, script) in containers {
+        y += &format!("  - name: {c}\n    image: crisp.test/busybox:latest\n    imagePullPolicy: IfNotPresent\n    command: [\"sh\", \"-c\", {script:?}]\n");
+    }
+    y
+}
+
+/// Container ids and restart counts of a pod, "name=id/restarts" sorted.
+fn container_ids(cluster: &Cluster, pod: &str) -> String {
+    let s = cluster.jsonpath(
+        &["pod", pod],
+        "{range .status.containerStatuses[*]}{.name}={.containerID}/{.restartCount} {end}",
+    );
+    let mut v: Vec<&str> = s.split_whitespace().collect();
+    v.sort();
+    v.join(" ")
+}
+
+fn running(cluster: &Cluster, pod: &str) -> bool {
+    cluster.jsonpath(&["pod", pod], "{.status.phase}") == "Running"
+}
+
+#[test]
+#[ignore = "needs Kubernetes binaries: CRISP_KUBE_BIN_DIR=... cargo test --test it -- cluster_rollout:: --ignored"]
+fn a_kubelet_joins_the_control_plane() {
+    let bins = kube_bin_dir();
+    let _bridge = BridgeGuard;
+    let cluster = Cluster::up(&bins);
+    let (node, joined) = join(&cluster, &bins);
+    eprintln!("kubelet joined, node Ready in {}", secs(joined));
+    let version = cluster.jsonpath(
+        &["node", NODE],
+        "{.status.nodeInfo.kubeletVersion} {.status.nodeInfo.containerRuntimeVersion}",
+    );
+    assert!(version.starts_with("v1.26."), "{version}");
+    cluster.apply(&busybox_pod(
+        "hello",
+        "    lane.crisp.dev/step: \"before\"\n",
+        &[("hello", "echo hello from the lane; exec sleep 3600")],
+    ));
+    let t = cluster.wait("pod hello Running", Duration::from_secs(120), || {
+        running(&cluster, "hello")
+    });
+    cluster.wait("hello's log", Duration::from_secs(30), || {
+        cluster
+            .kubectl(&["logs", "hello"])
+            .stdout
+            .contains("hello from the lane")
+    });
+    eprintln!(
+        "{version}: a pod from the API ran in {} ({})",
+        secs(t),
+        container_ids(&cluster, "hello")
+    );
+    drop(node);
+}
+
+/// The installer's kustomize overlay: the base with the image from the lane's registry, and
+/// extra `hack/install.sh` arguments (a config crisp refuses, for the failed install).
+fn overlay(
+    dir: &Path,
+    name: &str,
+    base: &str,
+    registry_port: u16,
+    install_args: Option<&str>,
+) -> PathBuf {
+    let d = dir.join(name);
+    std::fs::create_dir_all(&d).unwrap();
+    // kustomize takes a base only by a relative path: the overlay lives inside the checkout.
+    let depth = d
+        .strip_prefix(REPO)
+        .expect("overlay inside the checkout")
+        .components()
+        .count();
+    let base = format!("{}{base}", "../".repeat(depth));
+    let mut k = format!(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- {base}\nimages:\n- name: crisp-installer\n  newName: 127.0.0.1:{registry_port}/crisp-installer\n"
+    );
+    if let Some(args) = install_args {
+        k += "patches:\n- path: args.yaml\n";
+        std::fs::write(
+            d.join("args.yaml"),
+            format!(
+                "apiVersion: apps/v1\nkind: DaemonSet\nmetadata:\n  name: crisp-installer\n  namespace: crisp-system\nspec:\n  template:\n    spec:\n      containers:\n      - name: installer\n        env:\n        - name: CRISP_INSTALL_ARGS\n          value: {args:?}\n"
+            ),
+        )
+        .unwrap();
+    }
+    std::fs::write(d.join("kustomization.yaml"), k).unwrap();
+    d
+}
+
+/// kubelet's last restart, from its journal: systemd's "Stopping" to the new kubelet's server
+/// listening again (waited for: the new kubelet may still be starting).
+fn kubelet_restart(node: &Node) -> Duration {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let j = node
+            .nsenter(&[
+                "journalctl",
+                "-u",
+                "kubelet",
+                "-o",
+                "short-unix",
+                "--no-pager",
+            ])
+            .stdout;
+        let lines: Vec<&str> = j.lines().collect();
+        let at = |l: &str| {
+            l.split_whitespace()
+                .next()
+                .and_then(|t| t.parse::<f64>().ok())
+        };
+        if let Some(stop) = lines.iter().rposition(|l| l.contains("Stopping kubelet")) {
+            if let Some(listen) = lines[stop..]
+                .iter()
+                .find(|l| l.contains("Starting to listen"))
+            {
+                if let (Some(a), Some(b)) = (at(lines[stop]), at(listen)) {
+                    return Duration::from_secs_f64((b - a).max(0.0));
+                }
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no kubelet restart in its journal: {j}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn installer_pod(cluster: &Cluster) -> String {
+    cluster.jsonpath(
+        &[
+            "-n",
+            "crisp-system",
+            "pods",
+            "-l",
+            "app.kubernetes.io/component=installer",
+            "--field-selector",
+            "status.phase!=Failed",
+        ],
+        "{.items[0].metadata.name}",
+    )
+}
+
+#[test]
+#[ignore = "needs Kubernetes binaries: CRISP_KUBE_BIN_DIR=... cargo test --test it -- cluster_rollout:: --ignored"]
+fn the_installer_daemonset_rolls_out_and_back() {
+    let bins = kube_bin_dir();
+    let _bridge = BridgeGuard;
+    let cluster = Cluster::up(&bins);
+    let (node, joined) = join(&cluster, &bins);
+    eprintln!("kubelet joined, node Ready in {}", secs(joined));
+
+    // The installer image, from hack/release.sh, served by the lane's registry.
+    let image = artifact("crisp-installer-", ".oci.tar");
+    let version = image
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .trim_start_matches("crisp-installer-")
+        .trim_end_matches(".oci.tar")
+        .to_string();
+    let o = run(Command::new("skopeo")
+        .arg("copy")
+        .arg("--dest-tls-verify=false")
+        .arg(format!("oci-archive:{}", image.display()))
+        .arg(format!(
+            "docker://127.0.0.1:{}/crisp-installer:{version}",
+            cluster.registry_port
+        )));
+    assert!(o.ok(), "skopeo copy into the lane's registry: {}", o.all());
+
+    // A pod running before anything is installed.
+    cluster.apply(&busybox_pod(
+        "before",
+        "    lane.crisp.dev/step: \"before\"\n",
+        &[("one", "exec sleep 3600"), ("two", "exec sleep 3600")],
+    ));
+    cluster.wait("pod before Running", Duration::from_secs(120), || {
+        running(&cluster, "before")
+    });
+    let before_ids = container_ids(&cluster, "before");
+    eprintln!("before the install: {before_ids}");
+    let flags = node.read("/var/lib/kubelet/kubeadm-flags.env");
+    let inv = node.prop("kubelet.service", "InvocationID");
+
+    let work = tempfile::Builder::new()
+        .prefix("cluster-overlays")
+        .tempdir_in(Path::new(REPO).join("target"))
+        .unwrap();
+    let (base, uninstall) = ("deploy/base", "deploy/uninstall");
+
+    // 1. A config crisp refuses: the installer stops before kubelet, is never Ready and says why.
+    node.put(
+        "/var/tmp/crisp-refused.toml",
+        b"[ordering]\nrefuse_held_after = \"forever\"\n",
+        0o644,
+    );
+    let bad = overlay(
+        work.path(),
+        "bad",
+        base,
+        cluster.registry_port,
+        Some("--config /var/tmp/crisp-refused.toml"),
+    );
+    cluster.must(&["apply", "-k", &bad.display().to_string()]);
+    let t = Instant::now();
+    cluster.must(&["label", "node", NODE, "crisp.dev/install=true"]);
+    let mut pod = String::new();
+    cluster.wait(
+        "the failed installer's log",
+        Duration::from_secs(180),
+        || {
+            pod = installer_pod(&cluster);
+            !pod.is_empty()
+                && cluster
+                    .kubectl(&["-n", "crisp-system", "logs", &pod])
+                    .stdout
+                    .contains("install failed")
+        },
+    );
+    let failed_after = t.elapsed();
+    let log = cluster.must(&["-n", "crisp-system", "logs", &pod]);
+    assert!(
+        log.contains("is not a valid crisp config"),
+        "the installer's log says why: {log}"
+    );
+    // Its readiness probe keeps failing: watched over three probe periods (30 s).
+    let watch = Instant::now();
+    while watch.elapsed() < Duration::from_secs(30) {
+        assert!(
+            !cluster.pod_ready("crisp-system", &pod),
+            "a failed installer turned Ready: {log}"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let ds =
+        cluster.jsonpath(&["-n", "crisp-system", "daemonset", "crisp-installer"], "{.status.numberReady}/{.status.desiredNumberScheduled} unavailable={.status.numberUnavailable}");
+    assert!(ds.starts_with("0/1"), "the DaemonSet went no further: {ds}");
+    assert_eq!(
+        node.read("/var/lib/kubelet/kubeadm-flags.env"),
+        flags,
+        "a refused install changed kubelet's flags"
+    );
+    assert_eq!(
+        node.prop("kubelet.service", "InvocationID"),
+        inv,
+        "a refused install restarted kubelet"
+    );
+    let rollout = cluster.kubectl(&[
+        "-n",
+        "crisp-system",
+        "rollout",
+        "status",
+        "daemonset/crisp-installer",
+        "--timeout=5s",
+    ]);
+    assert!(
+        !rollout.ok(),
+        "rollout status calls a stopped rollout done: {}",
+        rollout.all()
+    );
+    eprintln!("refused config: installer failed in {}, not Ready for 30 s, DaemonSet {ds}, kubelet untouched", secs(failed_after));
+
+    // 2. The real install: the DaemonSet's rolling update replaces the failed pod.
+    let good = overlay(work.path(), "good", base, cluster.registry_port, None);
+    // Node Ready watched every 200 ms across the install.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (install_time, not_ready) = std::thread::scope(|s| {
+        let watcher = s.spawn(|| {
+            let mut not_ready = Duration::ZERO;
+            let mut last = Instant::now();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let r = cluster.node_ready();
+                let now = Instant::now();
+                if r != "True" {
+                    not_ready += now - last;
+                }
+                last = now;
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            not_ready
+        });
+        let t = Instant::now();
+        cluster.must(&["apply", "-k", &good.display().to_string()]);
+        cluster.wait("the installer Ready", Duration::from_secs(240), || {
+            pod = installer_pod(&cluster);
+            !pod.is_empty() && cluster.pod_ready("crisp-system", &pod)
+        });
+        let install_time = t.elapsed();
+        // The node's status after kubelet's restart: a few status updates.
+        cluster.wait("kubelet on crisp's socket", Duration::from_secs(60), || {
+            node.read("/var/lib/kubelet/kubeadm-flags.env")
+                .contains("unix:///run/crisp/crisp.sock")
+        });
+        cluster.wait(
+            "node Ready after the install",
+            Duration::from_secs(120),
+            || cluster.node_ready() == "True",
+        );
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        (install_time, watcher.join().unwrap())
+    });
+    let log = cluster.must(&["-n", "crisp-system", "logs", "--timestamps", &pod]);
+    assert!(log.contains("install: exit 0"), "{log}");
+    assert_ne!(
+        node.prop("kubelet.service", "InvocationID"),
+        inv,
+        "kubelet was restarted"
+    );
+    let cmdline = node
+        .nsenter(&[
+            "sh",
+            "-c",
+            "tr '\\0' ' ' </proc/$(systemctl show -P MainPID kubelet)/cmdline",
+        ])
+        .stdout;
+    assert!(
+        cmdline.contains("--container-runtime-endpoint=unix:///run/crisp/crisp.sock"),
+        "kubelet runs on crisp: {cmdline}"
+    );
+    let doctor = node.run(&["/usr/local/bin/crisp", "doctor"]);
+    assert!(doctor.ok(), "crisp doctor on the node: {}", doctor.all());
+    // Ready only after doctor passed: the pod turned Ready after the log line of its doctor run.
+    let ready_at = cluster.jsonpath(
+        &["-n", "crisp-system", "pod", &pod],
+        "{.status.conditions[?(@.type==\"Ready\")].lastTransitionTime}",
+    );
+    let doctor_line = log
+        .lines()
+        .find(|l| l.contains("0 FAIL"))
+        .unwrap_or_else(|| panic!("doctor's verdict in the installer's log: {log}"));
+    let doctor_at = doctor_line.split_whitespace().next().unwrap_or("");
+    assert!(
+        doctor_at.get(..19) <= ready_at.get(..19),
+        "Ready at {ready_at}, before doctor passed at {doctor_at}"
+    );
+    let kubelet_pid = node.prop("kubelet.service", "MainPID");
+    let restart = kubelet_restart(&node);
+    let after_ids = container_ids(&cluster, "before");
+    assert_eq!(
+        after_ids, before_ids,
+        "the pod that ran before the install kept its containers"
+    );
+    assert!(running(&cluster, "before"));
+    eprintln!(
+        "install: installer Ready {} after apply -k (kubelet {kubelet_pid} on crisp, its restart {}); node not Ready for {} in all; before: {after_ids}",
+        secs(install_time),
+        secs(restart),
+        secs(not_ready)
+    );
+
+    // 3. A sidecar pod created now is ordered: the app waits for the sidecar's readiness, and the
+    // hold's reason shows in kubectl get pod and Events once refuse_held_after (30 s) passed.
+    let ann = "    crisp.dev/sidecars: \"proxy\"\n    crisp.dev/ready.proxy: 'exec:[\"test\",\"-e\",\"/tmp/ready\"]'\n";
+    cluster.apply(&busybox_pod(
+        "ordered",
+        ann,
+        &[
+            ("proxy", "sleep 40; touch /tmp/ready; exec sleep 3600"),
+            ("app", "echo app up; exec sleep 3600"),
+        ],
+    ));
+    let t = Instant::now();
+    let mut reason = String::new();
+    cluster.wait(
+        "the hold's reason on the app",
+        Duration::from_secs(60),
+        || {
+            reason = cluster.jsonpath(
+                &["pod", "ordered"],
+                "{.status.containerStatuses[?(@.name==\"app\")].state.waiting.message}",
+            );
+            reason.contains("waiting for sidecar proxy")
+        },
+    );
+    eprintln!("hold reason after {}: {reason}", secs(t.elapsed()));
+    let wide = cluster.must(&["get", "pod", "ordered"]);
+    assert!(
+        wide.contains("CreateContainerError"),
+        "kubectl get pod: {wide}"
+    );
+    let events = cluster.must(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=ordered",
+    ]);
+    assert!(
+        events.contains("waiting for sidecar proxy"),
+        "Events: {events}"
+    );
+    cluster.wait("pod ordered Running", Duration::from_secs(120), || {
+        running(&cluster, "ordered")
+            && !cluster
+                .jsonpath(
+                    &["pod", "ordered"],
+                    "{.status.containerStatuses[?(@.name==\"app\")].state.running.startedAt}",
+                )
+                .is_empty()
+    });
+    let started = |c: &str| {
+        cluster.jsonpath(
+            &["pod", "ordered"],
+            &format!("{{.status.containerStatuses[?(@.name==\"{c}\")].state.running.startedAt}}"),
+        )
+    };
+    let (proxy_at, app_at) = (started("proxy"), started("app"));
+    let parse = |s: &str| {
+        run(Command::new("date").args(["-u", "-d", s, "+%s"]))
+            .stdout
+            .trim()
+            .parse::<i64>()
+            .unwrap()
+    };
+    assert!(
+        parse(&app_at) >= parse(&proxy_at) + 40,
+        "the app started at {app_at}, before the proxy (started {proxy_at}) was ready 40 s later"
+    );
+    eprintln!("ordered: proxy started {proxy_at}, app {app_at}");
+
+    // 4. Uninstall: kubelet back on containerd, the same pods still running.
+    let inv = node.prop("kubelet.service", "InvocationID");
+    let un = overlay(
+        work.path(),
+        "uninstall",
+        uninstall,
+        cluster.registry_port,
+        None,
+    );
+    let t = Instant::now();
+    cluster.must(&["apply", "-k", &un.display().to_string()]);
+    cluster.wait("the uninstaller Ready", Duration::from_secs(240), || {
+        pod = installer_pod(&cluster);
+        !pod.is_empty()
+            && cluster.jsonpath(
+                &["-n", "crisp-system", "pod", &pod],
+                "{.spec.containers[0].env[?(@.name==\"CRISP_MODE\")].value}",
+            ) == "uninstall"
+            && cluster.pod_ready("crisp-system", &pod)
+    });
+    let uninstall_time = t.elapsed();
+    cluster.wait(
+        "the uninstaller's kubelet serving",
+        Duration::from_secs(60),
+        || node.prop("kubelet.service", "InvocationID") != inv,
+    );
+    let restart = kubelet_restart(&node);
+    assert_ne!(
+        node.prop("kubelet.service", "InvocationID"),
+        inv,
+        "kubelet was restarted"
+    );
+    assert_eq!(
+        node.read("/var/lib/kubelet/kubeadm-flags.env"),
+        flags,
+        "kubelet's flags are back byte for byte"
+    );
+    cluster.wait(
+        "node Ready after the uninstall",
+        Duration::from_secs(120),
+        || cluster.node_ready() == "True",
+    );
+    assert_eq!(
+        container_ids(&cluster, "before"),
+        before_ids,
+        "the pod from before kept its containers through install and uninstall"
+    );
+    let ordered_ids = container_ids(&cluster, "ordered");
+    assert!(
+        ordered_ids.contains("/0") && running(&cluster, "ordered"),
+        "{ordered_ids}"
+    );
+    eprintln!(
+        "uninstall: Ready {} after apply -k (kubelet's restart {}); before: {}; ordered: {ordered_ids}",
+        secs(uninstall_time),
+        secs(restart),
+        container_ids(&cluster, "before")
+    );
+    cluster.must(&["delete", "-k", &un.display().to_string(), "--wait=false"]);
+    drop(node);
+}

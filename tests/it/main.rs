@@ -1,0 +1,45 @@
+//! crisp's integration tests, in one test binary: each module below was a test binary of its
+//! own (a file directly in `tests/`), and each of those linked the whole crate and compiled the
+//! shared helpers again. One binary links once.
+//!
+//! Modules of one binary run side by side under a plain `cargo test`; hack/test.sh runs the
+//! binary once per module (`cargo test -p crisp --test it -- forwarding::`), so the tests that
+//! bound times or load share the machine only with the tests of their own module, as before.
+//! The tests that must be alone in their process stay binaries of their own: tests/relay_sigpipe.rs
+//! (restores SIGPIPE's default action, which would kill this process on any peer's hang-up) and
+//! tests/exec_probe_memory.rs (its global allocator counts the heap of the whole process).
+//! docs/TESTING.md has the test policy.
+
+// Shared helpers.
+mod daemon_bin;
+mod node_support;
+mod prerequisites;
+mod support;
+mod systemd_support;
+
+// One module per former test binary.
+mod cluster_rollout;
+mod deploy_manifests;
+mod docs;
+mod forwarding;
+mod grpc_go_wire;
+mod install_doctor;
+mod install_layouts;
+mod interceptor;
+mod layers;
+mod lifecycle;
+mod node_systemd;
+mod probe_burst;
+mod relay_thread;
+mod release_artifacts;
+mod reliability_admin;
+mod reliability_sockets;
+mod resilience;
+mod signals;
+mod systemd_activation;
+mod systemd_units;
+mod tap_admin;
+mod tap_filters;
+mod tap_latency;
+mod tap_redaction;
+mod timeline;
