@@ -40,4 +40,6 @@ if ! cargo machete >/tmp/crisp-machete.$$ 2>&1; then
   exit 1
 fi
 rm -f /tmp/crisp-machete.$$
-echo "hack/lint.sh: fmt, clippy and unused dependencies clean"
+# The reference: no broken doc link, for the library and the binary alike.
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --document-private-items --locked -q
+echo "hack/lint.sh: fmt, clippy, unused dependencies and docs clean"

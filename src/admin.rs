@@ -39,29 +39,29 @@ const STREAM_BUFFER: usize = 16;
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 
 /// What the admin API reports on.
-pub struct AdminState {
-    pub tap: Arc<Tap>,
+pub(crate) struct AdminState {
+    pub(crate) tap: Arc<Tap>,
     /// The ordering engine, when it runs: ListPods.
-    pub engine: Option<Arc<Engine>>,
+    pub(crate) engine: Option<Arc<Engine>>,
     /// What `GET /metrics` shows ([`registry`]).
-    pub metrics: Registry,
-    pub listen: PathBuf,
-    pub upstream: PathBuf,
-    pub started: Instant,
+    pub(crate) metrics: Registry,
+    pub(crate) listen: PathBuf,
+    pub(crate) upstream: PathBuf,
+    pub(crate) started: Instant,
     /// Events queued per tap subscriber.
-    pub tap_queue: usize,
+    pub(crate) tap_queue: usize,
 }
 
 /// The peer of an admin connection (SO_PEERCRED), attached to each request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Peer {
-    pub uid: Option<u32>,
-    pub pid: Option<i32>,
+pub(crate) struct Peer {
+    pub(crate) uid: Option<u32>,
+    pub(crate) pid: Option<i32>,
 }
 
 /// Only root may see secrets: `unredacted` from anyone else, or from a peer whose credentials
 /// are unknown, is refused.
-pub fn authorize(req: &pb::TapRequest, peer: Option<Peer>) -> Result<(), tonic::Status> {
+pub(crate) fn authorize(req: &pb::TapRequest, peer: Option<Peer>) -> Result<(), tonic::Status> {
     if !req.unredacted {
         return Ok(());
     }
@@ -77,7 +77,7 @@ pub fn authorize(req: &pb::TapRequest, peer: Option<Peer>) -> Result<(), tonic::
 }
 
 /// The subscriber filter a request asks for. `pod` may be `namespace/name`.
-pub fn filter_from(req: &pb::TapRequest) -> Filter {
+pub(crate) fn filter_from(req: &pb::TapRequest) -> Filter {
     let (mut namespace, mut pod) = (none_if_empty(&req.namespace), none_if_empty(&req.pod));
     if let Some((ns, name)) = req.pod.split_once('/') {
         namespace = Some(ns.to_string());
@@ -327,7 +327,7 @@ fn container_state(s: i32) -> &'static str {
 
 /// Everything `GET /metrics` shows: the build, the tap's call metrics and, when the ordering
 /// engine runs, its metrics and what its caches hold.
-pub fn registry(tap: &Tap, engine: Option<&Arc<Engine>>) -> Registry {
+pub(crate) fn registry(tap: &Tap, engine: Option<&Arc<Engine>>) -> Registry {
     let mut reg = Registry::default();
     reg.register(
         "crisp_build",
@@ -354,7 +354,7 @@ pub fn registry(tap: &Tap, engine: Option<&Arc<Engine>>) -> Registry {
 }
 
 /// `GET /metrics`, in the Prometheus text format ([`crate::metrics::CONTENT_TYPE`]).
-pub fn render_metrics(state: &AdminState) -> String {
+pub(crate) fn render_metrics(state: &AdminState) -> String {
     crate::metrics::encode(&state.metrics)
 }
 
@@ -480,7 +480,7 @@ async fn drain(mut tasks: JoinSet<()>) {
 }
 
 /// Serves the admin API on `listener` until `shutdown` resolves; then ends every tap stream.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: tokio::net::UnixListener,
     state: Arc<AdminState>,
     shutdown: impl Future<Output = ()>,
@@ -514,7 +514,7 @@ pub async fn serve(
 }
 
 /// Serves only `GET /metrics` over TCP (the opt-in `admin.metrics_tcp`): never the tap.
-pub async fn serve_metrics_tcp(
+pub(crate) async fn serve_metrics_tcp(
     listener: tokio::net::TcpListener,
     state: Arc<AdminState>,
     shutdown: impl Future<Output = ()>,
@@ -542,7 +542,7 @@ pub async fn serve_metrics_tcp(
 /// Binds the admin socket (and the optional metrics TCP address) of `cfg` and serves them until
 /// `stop` turns true. Failing to bind is logged, not fatal: CRI traffic matters more than the
 /// tap. The returned task ends (and has removed the socket file) once both servers are done.
-pub async fn start(
+pub(crate) async fn start(
     cfg: &crate::config::Config,
     tap: Arc<Tap>,
     engine: Option<Arc<Engine>>,

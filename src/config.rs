@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/crisp/config.toml";
 pub const DEFAULT_LISTEN: &str = "/run/crisp/crisp.sock";
-pub const DEFAULT_UPSTREAM: &str = "/run/containerd/containerd.sock";
+pub(crate) const DEFAULT_UPSTREAM: &str = "/run/containerd/containerd.sock";
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/crisp";
 
 #[derive(Debug, thiserror::Error)]
@@ -81,10 +81,10 @@ impl Default for Config {
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdminConfig {
-    pub enabled: bool,
+    pub(crate) enabled: bool,
     /// Default: `admin.sock` next to `listen` (`/run/crisp/admin.sock` with the default
     /// `listen`), so that two crisps with different sockets never fight over one admin socket.
-    pub socket: Option<PathBuf>,
+    pub(crate) socket: Option<PathBuf>,
     /// File mode of the admin socket, octal. The tap shows every pod's CRI traffic: root only.
     #[serde(deserialize_with = "de_mode")]
     pub mode: u32,
@@ -145,27 +145,27 @@ impl Default for LogConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct ProxyConfig {
     #[serde(deserialize_with = "de_duration")]
-    pub shutdown_grace: Duration,
+    pub(crate) shutdown_grace: Duration,
     #[serde(deserialize_with = "de_duration")]
-    pub upstream_connect_timeout: Duration,
+    pub(crate) upstream_connect_timeout: Duration,
     /// HTTP/2 connections to the runtime, used round-robin (more spread calls over cores).
-    pub upstream_connections: usize,
+    pub(crate) upstream_connections: usize,
     #[serde(deserialize_with = "de_duration")]
-    pub keepalive_interval: Duration,
+    pub(crate) keepalive_interval: Duration,
     #[serde(deserialize_with = "de_duration")]
-    pub keepalive_timeout: Duration,
+    pub(crate) keepalive_timeout: Duration,
     #[serde(deserialize_with = "de_duration")]
-    pub handshake_timeout: Duration,
+    pub(crate) handshake_timeout: Duration,
     /// No longer used (it limited crisp's own HTTP/2 server, which is gone: every connection is
     /// relayed, and the runtime's own limit applies). Accepted so that old config files still
     /// start; crisp logs that it is ignored.
-    pub max_concurrent_streams: u32,
+    pub(crate) max_concurrent_streams: u32,
     /// Largest message crisp buffers to look at (observed calls only; others are unlimited).
-    pub max_observed_message_bytes: usize,
+    pub(crate) max_observed_message_bytes: usize,
     /// No longer used: `false` selected crisp's own HTTP/2 server, which rejected the
     /// `:authority` grpc-go clients send (a socket path) and is gone. Accepted so that old config
     /// files still start; crisp logs that it is ignored.
-    pub relay: bool,
+    pub(crate) relay: bool,
 }
 
 impl Default for ProxyConfig {
@@ -201,21 +201,21 @@ pub struct OrderingConfig {
     /// Longest an app's CreateContainer is held waiting for sidecars. Must stay below kubelet's
     /// runtime-request-timeout (2 min, KUBELET-CRI.md §3.3).
     #[serde(deserialize_with = "de_duration")]
-    pub start_timeout: Duration,
-    pub timeout_policy: TimeoutPolicy,
+    pub(crate) start_timeout: Duration,
+    pub(crate) timeout_policy: TimeoutPolicy,
     /// How often readiness probes run while a call is held.
     #[serde(deserialize_with = "de_duration")]
-    pub probe_interval: Duration,
+    pub(crate) probe_interval: Duration,
     /// Per-attempt timeout of one readiness probe.
     #[serde(deserialize_with = "de_duration")]
-    pub probe_timeout: Duration,
+    pub(crate) probe_timeout: Duration,
     /// Recognise the built-in known injectors (Istio, Linkerd, Vault agent) from their own pod
     /// annotations. `false` opts the node out; `[[injectors]]` entries still apply.
     pub known_injectors: bool,
     /// Networks (CIDRs, or bare addresses) that a pod's own `crisp.dev/ready.*` annotation may
     /// name besides the pod's addresses. Empty: a pod may aim probes only at itself.
     #[serde(deserialize_with = "de_cidrs")]
-    pub probe_allow: Vec<crate::readiness::Cidr>,
+    pub(crate) probe_allow: Vec<crate::readiness::Cidr>,
     /// Most readiness probes running at once on the node (TCP, HTTP and exec).
     pub max_probes_in_flight: usize,
     /// Most TCP connections per second that tcp:// and http:// probes may open, node-wide.
@@ -223,16 +223,16 @@ pub struct OrderingConfig {
     /// Most runtime reads per second crisp makes for its held calls' repeated checks and its
     /// Job watchers, node-wide (a held call's first read and kubelet's own calls are never
     /// paced). With N calls held, each re-checks about every N / this many seconds.
-    pub runtime_reads_per_second: u32,
+    pub(crate) runtime_reads_per_second: u32,
     /// Most of those reads waiting for the runtime at once, node-wide.
-    pub max_runtime_reads_in_flight: usize,
+    pub(crate) max_runtime_reads_in_flight: usize,
     /// A CreateContainer held this long ends as an informative refusal ("crisp: waiting for
     /// sidecar … not ready: …; held 30 s of 90 s"), which kubelet shows as the container's
     /// waiting reason and a Warning event, and retries 1–1.5 s later (KUBELET-CRI §1.3); the
     /// start timeout keeps counting from the first hold. `0s`: never (hold silently until the
     /// sidecar is ready or the start timeout). docs/CALLS.md has the measurements.
     #[serde(deserialize_with = "de_duration")]
-    pub refuse_held_after: Duration,
+    pub(crate) refuse_held_after: Duration,
 }
 
 /// Upper bounds of the probe limits: more would not be a bound.
@@ -267,15 +267,15 @@ impl Default for OrderingConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct JobConfig {
     /// Turn job mode off node-wide.
-    pub enabled: bool,
+    pub(crate) enabled: bool,
     /// How often crisp looks at the app containers of Job pods that have sidecars.
     #[serde(deserialize_with = "de_duration")]
-    pub poll_interval: Duration,
+    pub(crate) poll_interval: Duration,
     /// With no `crisp.dev/restart-policy`, how long after an app's first non-zero exit crisp
     /// waits for kubelet to re-create it (OnFailure restarts the first crash at once) before
     /// treating the exit as final (Never).
     #[serde(deserialize_with = "de_duration")]
-    pub restart_grace: Duration,
+    pub(crate) restart_grace: Duration,
 }
 
 impl Default for JobConfig {
@@ -292,7 +292,7 @@ impl Default for JobConfig {
 pub const MAX_START_TIMEOUT: Duration = Duration::from_secs(115);
 /// `ordering.refuse_held_after` by default: healthy sidecars are ready long before, so only a
 /// stuck pod pays the 1–1.5 s retry; its operator sees why within 30 s (docs/CALLS.md).
-pub const DEFAULT_REFUSE_HELD_AFTER: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_REFUSE_HELD_AFTER: Duration = Duration::from_secs(30);
 /// Shortest `ordering.refuse_held_after`: below it a pod spends more time in kubelet's retry
 /// pause than held.
 pub const MIN_REFUSE_HELD_AFTER: Duration = Duration::from_secs(1);
@@ -476,13 +476,13 @@ impl Config {
     }
 
     /// The known-injector table this node uses.
-    pub fn injector_table(&self) -> Vec<injectors::InjectorRule> {
+    pub(crate) fn injector_table(&self) -> Vec<injectors::InjectorRule> {
         injectors::table(self.ordering.known_injectors, &self.injectors)
     }
 }
 
 /// Parses `90s`, `100ms`, `2m`, `1h`, `1m30s`, `250us`. A bare number is rejected: units matter.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     if s.is_empty() {
         return Err("empty duration".into());

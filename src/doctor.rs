@@ -72,16 +72,16 @@ impl fmt::Display for Level {
 pub struct Check {
     /// Short stable name: `config`, `upstream`, `crisp-socket`, `kubelet`, `kubelet-version`,
     /// `units`.
-    pub name: &'static str,
-    pub level: Level,
-    pub detail: String,
+    pub(crate) name: &'static str,
+    pub(crate) level: Level,
+    pub(crate) detail: String,
     /// What to do about a WARN or FAIL.
-    pub fix: Option<String>,
+    pub(crate) fix: Option<String>,
 }
 
 #[derive(Debug, Default)]
 pub struct Report {
-    pub checks: Vec<Check>,
+    pub(crate) checks: Vec<Check>,
 }
 
 impl Report {
@@ -371,18 +371,18 @@ pub const EXTRA_ARGS_FILES: [&str; 2] = ["/etc/sysconfig/kubelet", "/etc/default
 /// A setting and the file that set it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Setting {
-    pub value: String,
-    pub file: PathBuf,
+    pub(crate) value: String,
+    pub(crate) file: PathBuf,
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct KubeletSettings {
-    pub runtime_endpoint: Option<Setting>,
-    pub image_endpoint: Option<Setting>,
+    pub(crate) runtime_endpoint: Option<Setting>,
+    pub(crate) image_endpoint: Option<Setting>,
     /// `--container-runtime=...` (removed in kubelet 1.27).
-    pub container_runtime: Option<Setting>,
+    pub(crate) container_runtime: Option<Setting>,
     /// Files that exist, as node paths.
-    pub files: Vec<PathBuf>,
+    pub(crate) files: Vec<PathBuf>,
 }
 
 /// The value of the last `name=...` assignment in an EnvironmentFile, unquoted.

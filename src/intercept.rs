@@ -50,11 +50,11 @@ impl Interest {
         complete: false,
     };
 
-    pub fn is_none(&self) -> bool {
+    pub(crate) fn is_none(&self) -> bool {
         *self == Interest::NONE
     }
 
-    pub fn union(self, other: Interest) -> Interest {
+    pub(crate) fn union(self, other: Interest) -> Interest {
         Interest {
             request: self.request || other.request,
             response: self.response || other.response,
@@ -128,13 +128,13 @@ impl Interceptors {
         Interceptors { list }
     }
 
-    pub fn interest(&self, call: &Call) -> Interest {
+    pub(crate) fn interest(&self, call: &Call) -> Interest {
         self.list
             .iter()
             .fold(Interest::NONE, |acc, i| acc.union(i.interest(call)))
     }
 
-    pub async fn on_request(&self, call: &Call, msg: &[u8]) -> Verdict {
+    pub(crate) async fn on_request(&self, call: &Call, msg: &[u8]) -> Verdict {
         let mut patched: Option<Bytes> = None;
         for i in &self.list {
             if i.interest(call).request {
@@ -152,7 +152,7 @@ impl Interceptors {
         }
     }
 
-    pub fn on_response(
+    pub(crate) fn on_response(
         &self,
         call: &Call,
         req: &[u8],
@@ -171,7 +171,7 @@ impl Interceptors {
         replaced
     }
 
-    pub fn on_complete(&self, call: &Call, outcome: &Outcome) {
+    pub(crate) fn on_complete(&self, call: &Call, outcome: &Outcome) {
         for i in &self.list {
             if i.interest(call).complete {
                 i.on_complete(call, outcome);
@@ -195,7 +195,7 @@ pub trait PodNames: Send + Sync {
 
 /// Where a hold stands, in a [`HoldEvent`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HoldPhase {
+pub(crate) enum HoldPhase {
     /// crisp started holding the call.
     Start,
     /// Still held; what it waits for changed, or a few seconds passed.
@@ -208,7 +208,7 @@ pub enum HoldPhase {
 }
 
 impl HoldPhase {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             HoldPhase::Start => "start",
             HoldPhase::Update => "update",
@@ -222,43 +222,43 @@ impl HoldPhase {
 /// so a stuck pod is visible before its call ends. Built only while [`HoldSink::wanted`] is true
 /// and only for calls the engine holds or refuses; an unheld call never makes one.
 #[derive(Debug, Clone)]
-pub struct HoldEvent {
-    pub call_id: u64,
-    pub route: Route,
+pub(crate) struct HoldEvent {
+    pub(crate) call_id: u64,
+    pub(crate) route: Route,
     /// The gRPC path as sent (tap filters match it).
-    pub path: String,
-    pub phase: HoldPhase,
+    pub(crate) path: String,
+    pub(crate) phase: HoldPhase,
     /// When the event happened.
-    pub at: std::time::SystemTime,
-    pub pod_namespace: String,
-    pub pod_name: String,
-    pub pod_sandbox_id: String,
+    pub(crate) at: std::time::SystemTime,
+    pub(crate) pod_namespace: String,
+    pub(crate) pod_name: String,
+    pub(crate) pod_sandbox_id: String,
     /// The held container (CreateContainer, StopContainer); empty for StopPodSandbox.
-    pub container_name: String,
-    pub container_id: String,
+    pub(crate) container_name: String,
+    pub(crate) container_id: String,
     /// What the call waits on: a sidecar's name, `apps` (a stop), or `runtime`.
-    pub waiting_on: String,
+    pub(crate) waiting_on: String,
     /// Why: `not created`, `not running`, `not ready`, `apps running`, or what went wrong.
-    pub reason: String,
+    pub(crate) reason: String,
     /// The readiness probe of `waiting_on` (`tcp://:15021`), and its last result (`ok`, or the
     /// error; an exec probe's exit code, never its output).
-    pub probe: String,
-    pub probe_result: String,
+    pub(crate) probe: String,
+    pub(crate) probe_result: String,
     /// Held so far (for `Start`: zero; counted from the container's first hold).
-    pub held: Duration,
+    pub(crate) held: Duration,
     /// Until the hold ends by the timeout policy; zero when unknown.
-    pub time_left: Duration,
+    pub(crate) time_left: Duration,
     /// `proceed` or `fail` for CreateContainer; empty for stops.
-    pub policy: String,
+    pub(crate) policy: String,
     /// For `End`: `forwarded`, `timed out (proceed)`, `timed out (fail)`, `kubelet gave up`,
     /// `refused (still waiting)`.
-    pub outcome: String,
+    pub(crate) outcome: String,
     /// For `Refused`: the gRPC message kubelet got.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 /// Receives the engine's hold events (the tap), without the engine depending on the tap.
-pub trait HoldSink: Send + Sync {
+pub(crate) trait HoldSink: Send + Sync {
     /// Whether anyone may want hold events now; must be cheap (an atomic load). The engine
     /// builds no event while it is false.
     fn wanted(&self) -> bool;

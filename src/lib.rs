@@ -43,6 +43,14 @@
 //!
 //! Above them all, the `crisp` binary (`src/bin/crisp/`, one file per subcommand) parses the
 //! flags, prints and chooses the exit codes; the library returns values and typed errors.
+//!
+//! ## Visibility
+//!
+//! What the binary, the tests (`tests/it/`, `e2e/`), the benchmarks and the fuzz targets use is
+//! `pub`; everything else is `pub(crate)`. The reference is built for maintainers, private items
+//! included (`hack/lint.sh` runs `cargo doc --document-private-items` with warnings denied), so a
+//! doc link may name a private item.
+#![allow(rustdoc::private_intra_doc_links)]
 
 pub mod admin;
 pub mod config;

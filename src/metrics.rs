@@ -23,7 +23,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 /// The `Content-Type` of what [`encode`] writes.
-pub use prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+pub(crate) use prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
 /// Bucket upper bounds (seconds) for hold durations.
 pub const HOLD_BUCKETS: [f64; 10] = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 90.0];
@@ -47,21 +47,21 @@ struct GateLabel {
 pub struct OrderingMetrics {
     holds: Histograms<GateLabel>,
     pub start_holds: Histogram,
-    pub stop_holds: Histogram,
+    pub(crate) stop_holds: Histogram,
     pub holds_in_flight: Gauge,
-    pub start_hold_timeouts: Counter,
-    pub fail_fast: Counter,
-    pub bad_annotations: Counter,
-    pub probe_errors: Counter,
-    pub job_sidecars_stopped: Counter,
+    pub(crate) start_hold_timeouts: Counter,
+    pub(crate) fail_fast: Counter,
+    pub(crate) bad_annotations: Counter,
+    pub(crate) probe_errors: Counter,
+    pub(crate) job_sidecars_stopped: Counter,
     /// Readiness probes running now (bounded by `[ordering] max_probes_in_flight`).
-    pub probe_in_flight: Gauge,
+    pub(crate) probe_in_flight: Gauge,
     /// TCP connections opened by tcp:// and http:// probes.
-    pub probe_connects: Counter,
+    pub(crate) probe_connects: Counter,
     /// Probes not run (reported "not ready" this round) because a node-wide bound was reached.
     pub probe_limited: Counter,
     /// CNI pods whose network namespace could not be found or entered.
-    pub probe_netns_failures: Counter,
+    pub(crate) probe_netns_failures: Counter,
 }
 
 impl Default for OrderingMetrics {
@@ -89,7 +89,7 @@ impl Default for OrderingMetrics {
 
 impl OrderingMetrics {
     /// Adds these metrics to `reg` (the registry shares their values).
-    pub fn register(&self, reg: &mut Registry) {
+    pub(crate) fn register(&self, reg: &mut Registry) {
         reg.register(
             "crisp_hold_seconds",
             "Time calls were held by the ordering engine",
@@ -249,11 +249,11 @@ pub struct CallMetrics {
     unknown: MethodSlot,
     /// Highest call id seen starting. Call ids are handed out in order as calls arrive, so this
     /// minus `completed` is the number of calls in flight, without a hook at call start.
-    pub highest_call_id: AtomicU64,
-    pub completed: AtomicU64,
-    pub tap_subscribers: Gauge,
-    pub tap_events: Counter,
-    pub tap_dropped: Counter,
+    pub(crate) highest_call_id: AtomicU64,
+    pub(crate) completed: AtomicU64,
+    pub(crate) tap_subscribers: Gauge,
+    pub(crate) tap_events: Counter,
+    pub(crate) tap_dropped: Counter,
 }
 
 impl Default for CallMetrics {
@@ -320,7 +320,7 @@ impl CallMetrics {
     }
 
     /// Adds these metrics to `reg` (the registry shares their values).
-    pub fn register(self: &Arc<Self>, reg: &mut Registry) {
+    pub(crate) fn register(self: &Arc<Self>, reg: &mut Registry) {
         reg.register(
             "crisp_cri_call_duration_seconds",
             "Latency of CRI calls through crisp, from request headers to the end of the response (holds included)",
@@ -349,14 +349,14 @@ impl CallMetrics {
 
 /// A gauge whose value is read when scraped, from state crisp keeps anyway (prometheus-client's
 /// [`Collector`]): calls in flight, pods tracked. `help` is served as given.
-pub struct ScrapedGauge<F> {
+pub(crate) struct ScrapedGauge<F> {
     name: &'static str,
     help: &'static str,
     read: F,
 }
 
 impl<F: Fn() -> u64 + Send + Sync + 'static> ScrapedGauge<F> {
-    pub fn new(name: &'static str, help: &'static str, read: F) -> Self {
+    pub(crate) fn new(name: &'static str, help: &'static str, read: F) -> Self {
         ScrapedGauge { name, help, read }
     }
 }
@@ -377,7 +377,7 @@ impl<F: Fn() -> u64 + Send + Sync + 'static> Collector for ScrapedGauge<F> {
 }
 
 /// Everything in `reg`, in the Prometheus text format ([`CONTENT_TYPE`]).
-pub fn encode(reg: &Registry) -> String {
+pub(crate) fn encode(reg: &Registry) -> String {
     let mut out = String::with_capacity(16 << 10);
     // Only the writer can fail, and a String never does.
     let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, reg);

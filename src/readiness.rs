@@ -131,7 +131,7 @@ fn host_port(s: &str) -> Result<(Option<IpAddr>, u16), String> {
 /// What a probe needs from whoever runs it (the ordering engine): the pod's address, a TCP
 /// connection from the right place (the pod's network namespace, under the node-wide bounds),
 /// and a way to run a command in the sidecar's container (the runtime's ExecSync).
-pub trait ProbeEnv {
+pub(crate) trait ProbeEnv {
     /// The pod IP (loopback for hostNetwork pods); `None` while it cannot be known.
     fn pod_ip(&self) -> impl std::future::Future<Output = Option<IpAddr>> + Send;
     /// A TCP connection to `addr`, or why not. [`HostEnv`] connects from crisp's own namespace.
@@ -149,7 +149,7 @@ pub trait ProbeEnv {
 }
 
 /// Connects from crisp's own network namespace (tests, and probes of the node itself).
-pub async fn connect_here(addr: SocketAddr) -> Result<TcpStream, String> {
+pub(crate) async fn connect_here(addr: SocketAddr) -> Result<TcpStream, String> {
     TcpStream::connect(addr)
         .await
         .map_err(|e| format!("connect {addr}: {e}"))
@@ -157,11 +157,11 @@ pub async fn connect_here(addr: SocketAddr) -> Result<TcpStream, String> {
 
 /// What one probe found: `Ok` when the sidecar is ready, else why not, in words an operator
 /// reads in `crisp pods` and the tap ("connect 10.1.2.3:15021: connection refused").
-pub type ProbeResult = Result<(), String>;
+pub(crate) type ProbeResult = Result<(), String>;
 
 impl Readiness {
     /// One probe, bounded by `timeout`: whether the sidecar is ready now, and if not, why.
-    pub async fn probe(&self, env: &impl ProbeEnv, timeout: Duration) -> ProbeResult {
+    pub(crate) async fn probe(&self, env: &impl ProbeEnv, timeout: Duration) -> ProbeResult {
         let addr = |host: Option<IpAddr>, port: u16| async move {
             let ip = match host {
                 Some(h) => Some(h),
@@ -193,7 +193,7 @@ pub async fn probe_tcp(addr: SocketAddr, timeout: Duration) -> ProbeResult {
 }
 
 /// TCP connect probe through `env`'s connector.
-pub async fn probe_tcp_with(
+pub(crate) async fn probe_tcp_with(
     env: &impl ProbeEnv,
     addr: SocketAddr,
     timeout: Duration,
@@ -230,7 +230,7 @@ pub async fn probe_http(addr: SocketAddr, path: &str, timeout: Duration) -> Prob
 /// HTTP/1.0 GET probe: ready on a 2xx or 3xx status line. Kept minimal on purpose — a probe
 /// needs the status line only, and HTTP/1.0 makes the server close the connection. Nothing of
 /// the answer but its status code is kept.
-pub async fn probe_http_with(
+pub(crate) async fn probe_http_with(
     env: &impl ProbeEnv,
     addr: SocketAddr,
     path: &str,
@@ -364,12 +364,12 @@ impl std::fmt::Display for Cidr {
 /// never queued beyond it, so the wait is bounded and no debt piles up.
 ///
 /// Slots are shared fairly between pods (issue #26): one pod holds at most
-/// [`ProbeLimiter::per_pod`] of them (all but a quarter, at least one), and a freed slot goes to the
+/// `per_pod` of them (all but a quarter, at least one), and a freed slot goes to the
 /// pods waiting in turn, each pod's own probes first come first served. So a pod whose
 /// sidecars never get ready, however many probes it queues, cannot keep another pod's probe
 /// waiting: that one takes a slot left free for others, or the next one freed. Connects need
 /// no queue of their own: a probe connects only while it holds its slot.
-pub struct ProbeLimiter {
+pub(crate) struct ProbeLimiter {
     max_in_flight: usize,
     per_pod: usize,
     slots: Mutex<Slots>,
@@ -491,7 +491,7 @@ impl Slots {
 }
 
 /// A probe slot, given back when dropped.
-pub struct ProbeSlot<'a> {
+pub(crate) struct ProbeSlot<'a> {
     limiter: &'a ProbeLimiter,
     pod: String,
 }
@@ -535,7 +535,7 @@ struct Bucket {
 }
 
 impl ProbeLimiter {
-    pub fn new(max_in_flight: usize, connects_per_second: u32) -> ProbeLimiter {
+    pub(crate) fn new(max_in_flight: usize, connects_per_second: u32) -> ProbeLimiter {
         let rate = f64::from(connects_per_second.max(1));
         let burst = (rate / 10.0).max(1.0);
         let max_in_flight = max_in_flight.max(1);
@@ -552,18 +552,12 @@ impl ProbeLimiter {
         }
     }
 
-    /// Most slots one pod holds at once: all but a quarter of them (kept for other pods), at
-    /// least one.
-    pub fn per_pod(&self) -> usize {
-        self.per_pod
-    }
-
     fn lock_slots(&self) -> MutexGuard<'_, Slots> {
         self.slots.lock()
     }
 
     /// A probe slot for a probe of `pod` (its sandbox id), waited for until `deadline` at most.
-    pub async fn slot(&self, pod: &str, deadline: Instant) -> Result<ProbeSlot<'_>, String> {
+    pub(crate) async fn slot(&self, pod: &str, deadline: Instant) -> Result<ProbeSlot<'_>, String> {
         let waiter = {
             let mut s = self.lock_slots();
             // Nobody of this pod is queued before it, and any other pod's queued probe waits
@@ -623,13 +617,14 @@ impl ProbeLimiter {
     }
 
     /// Probes running now.
-    pub fn in_flight(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn in_flight(&self) -> usize {
         self.lock_slots().in_flight
     }
 
     /// Leave to open one connection, waited for until `deadline` at most. A token is taken only
     /// when it will be there in time, so a probe that gives up leaves no debt behind.
-    pub async fn connect(&self, deadline: Instant) -> Result<(), String> {
+    pub(crate) async fn connect(&self, deadline: Instant) -> Result<(), String> {
         let wait = {
             let mut bucket = self.bucket.lock();
             let now = Instant::now();

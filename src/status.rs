@@ -5,29 +5,26 @@ use http::{HeaderMap, HeaderValue, Response};
 use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
 
 /// gRPC status codes used by crisp.
-pub mod code {
-    pub const OK: i32 = 0;
-    pub const CANCELLED: i32 = 1;
-    pub const UNKNOWN: i32 = 2;
-    pub const INVALID_ARGUMENT: i32 = 3;
-    pub const DEADLINE_EXCEEDED: i32 = 4;
-    pub const NOT_FOUND: i32 = 5;
-    pub const FAILED_PRECONDITION: i32 = 9;
-    pub const RESOURCE_EXHAUSTED: i32 = 8;
-    pub const UNIMPLEMENTED: i32 = 12;
-    pub const INTERNAL: i32 = 13;
-    pub const UNAVAILABLE: i32 = 14;
+pub(crate) mod code {
+    pub(crate) const OK: i32 = 0;
+    pub(crate) const CANCELLED: i32 = 1;
+    pub(crate) const UNKNOWN: i32 = 2;
+    pub(crate) const DEADLINE_EXCEEDED: i32 = 4;
+    pub(crate) const NOT_FOUND: i32 = 5;
+    pub(crate) const FAILED_PRECONDITION: i32 = 9;
+    pub(crate) const RESOURCE_EXHAUSTED: i32 = 8;
+    pub(crate) const UNAVAILABLE: i32 = 14;
 }
 
 /// A status crisp answers with on its own behalf.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Status {
-    pub code: i32,
-    pub message: String,
+    pub(crate) code: i32,
+    pub(crate) message: String,
 }
 
 impl Status {
-    pub fn new(code: i32, message: impl Into<String>) -> Self {
+    pub(crate) fn new(code: i32, message: impl Into<String>) -> Self {
         Status {
             code,
             message: message.into(),
@@ -35,7 +32,7 @@ impl Status {
     }
 
     /// Headers (or trailers) carrying this status.
-    pub fn to_header_map(&self) -> HeaderMap {
+    pub(crate) fn to_header_map(&self) -> HeaderMap {
         let mut h = HeaderMap::with_capacity(3);
         h.insert("grpc-status", HeaderValue::from(self.code));
         let msg = utf8_percent_encode(&self.message, GRPC_MESSAGE).to_string();
@@ -47,7 +44,7 @@ impl Status {
 
     /// A trailers-only gRPC response (a single HEADERS frame with END_STREAM), the form grpc-go
     /// uses for errors.
-    pub fn to_response<B: Default>(&self) -> Response<B> {
+    pub(crate) fn to_response<B: Default>(&self) -> Response<B> {
         let mut resp = Response::new(B::default());
         let h = resp.headers_mut();
         h.insert(
@@ -69,15 +66,15 @@ impl std::fmt::Display for Status {
 const GRPC_MESSAGE: &AsciiSet = &CONTROLS.add(b'%');
 
 /// Reads `grpc-status` from a header or trailer map.
-pub fn code_of(h: &HeaderMap) -> Option<i32> {
+pub(crate) fn code_of(h: &HeaderMap) -> Option<i32> {
     h.get("grpc-status")?.to_str().ok()?.parse().ok()
 }
 
 /// Longest grpc-message crisp passes to its interceptors (the tap shows it).
-pub const MAX_MESSAGE: usize = 1024;
+pub(crate) const MAX_MESSAGE: usize = 1024;
 
 /// Reads `grpc-message` from a header or trailer map (see `decode_message`).
-pub fn message_of(h: &HeaderMap) -> Option<String> {
+pub(crate) fn message_of(h: &HeaderMap) -> Option<String> {
     h.get("grpc-message").map(|v| decode_message(v.as_bytes()))
 }
 
@@ -92,7 +89,7 @@ fn decode_message(raw: &[u8]) -> String {
 }
 
 /// Cuts `s` to at most `max` bytes on a character boundary, marking the cut with '…'.
-pub fn cut_text(s: &mut String, max: usize) {
+pub(crate) fn cut_text(s: &mut String, max: usize) {
     if s.len() > max {
         let mut cut = max;
         while !s.is_char_boundary(cut) {

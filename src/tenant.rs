@@ -16,9 +16,9 @@ use std::fmt;
 
 /// Most names one list may hold (`crisp.dev/sidecars`, `crisp.dev/init-containers`, a known
 /// injector's status lists): more is a typo or an attack, not a pod.
-pub const MAX_NAMES: usize = 64;
+pub(crate) const MAX_NAMES: usize = 64;
 /// Longest container name: a DNS-1123 label, which Kubernetes requires of container names.
-pub const MAX_NAME: usize = 63;
+pub(crate) const MAX_NAME: usize = 63;
 /// Longest annotation value crisp parses, in bytes; a longer one is refused unread. The largest
 /// legitimate ones are a known injector's status (Istio's is about 300 bytes) and a list of 64
 /// names of 63 bytes (about 4 KiB).
@@ -29,12 +29,12 @@ pub const MAX_MESSAGE: usize = 1024;
 /// Longest log line crisp writes about one pod's annotations, in bytes.
 pub const MAX_LOG_LINE: usize = 4 << 10;
 /// Longest single tenant field (a name, a key, a value) inside a message, line or view, in bytes.
-pub const MAX_FIELD: usize = 256;
+pub(crate) const MAX_FIELD: usize = 256;
 /// Smallest cap [`text`] honours: room for the cut marker.
 const MIN_CAP: usize = 32;
 
 /// `s` for printing: at most `max` bytes (at least 32), escaped. See [`Text`].
-pub fn text(s: &str, max: usize) -> Text<'_> {
+pub(crate) fn text(s: &str, max: usize) -> Text<'_> {
     Text {
         s,
         max: max.max(MIN_CAP),
@@ -42,7 +42,7 @@ pub fn text(s: &str, max: usize) -> Text<'_> {
 }
 
 /// [`text`] as a `String`.
-pub fn cut(s: &str, max: usize) -> String {
+pub(crate) fn cut(s: &str, max: usize) -> String {
     text(s, max).to_string()
 }
 
@@ -54,7 +54,7 @@ pub fn cut(s: &str, max: usize) -> String {
 /// with `…(+N bytes)`, N the bytes of `s` not shown; the whole is at most the cap. The work is
 /// bounded by the cap, not by `s`.
 #[derive(Clone, Copy)]
-pub struct Text<'a> {
+pub(crate) struct Text<'a> {
     s: &'a str,
     max: usize,
 }
@@ -125,7 +125,7 @@ fn marker_len(len: usize) -> usize {
 
 /// Why a tenant value or list was refused. The offending name is kept cut and escaped.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Refused {
+pub(crate) enum Refused {
     #[error("{len} bytes, more than the {max} crisp reads")]
     TooLong { len: usize, max: usize },
     #[error("more than {MAX_NAMES} names")]
@@ -139,7 +139,7 @@ pub enum Refused {
 }
 
 /// `v` if it is at most [`MAX_VALUE`] bytes: checked before any parse looks at it.
-pub fn value(v: &str) -> Result<&str, Refused> {
+pub(crate) fn value(v: &str) -> Result<&str, Refused> {
     if v.len() > MAX_VALUE {
         return Err(Refused::TooLong {
             len: v.len(),
@@ -162,7 +162,7 @@ pub fn is_dns1123_label(s: &str) -> bool {
 /// A list of container names as crisp accepts it from a pod: at most [`MAX_NAMES`], each a
 /// DNS-1123 label, no name twice; in the order given. One pass, and it stops at the first name
 /// past the cap: the work is bounded by [`MAX_NAMES`] whatever the list's length.
-pub fn names<'a>(items: impl IntoIterator<Item = &'a str>) -> Result<Vec<String>, Refused> {
+pub(crate) fn names<'a>(items: impl IntoIterator<Item = &'a str>) -> Result<Vec<String>, Refused> {
     let mut seen: HashSet<&str> = HashSet::new();
     let mut out = Vec::new();
     for name in items {

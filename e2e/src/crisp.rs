@@ -24,7 +24,7 @@ pub struct Crisp {
     child: Option<Child>,
 }
 
-/// The crisp binary built next to the running test binary (target/<profile>/crisp).
+/// The crisp binary built next to the running test binary (`target/<profile>/crisp`).
 pub fn crisp_binary() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("CRISP_BIN") {
         return Ok(PathBuf::from(p));

@@ -21,27 +21,27 @@ use crate::readiness::Readiness;
 pub struct InjectorRule {
     /// A short name for logs and the admin API (`istio`); a config entry with the name of a
     /// built-in one replaces it.
-    pub name: String,
+    pub(crate) name: String,
     /// `false` removes the built-in entry of this name.
     #[serde(default = "yes")]
-    pub enabled: bool,
+    pub(crate) enabled: bool,
     /// The pod was injected when any of these annotations is present and not empty. They must
     /// be annotations the injector itself writes, not the user's request (`linkerd.io/inject:
     /// enabled` stays on a pod the webhook failed to mutate).
-    pub when: Vec<String>,
+    pub(crate) when: Vec<String>,
     /// ... unless one of these annotations has exactly this value (the injector then added no
     /// legacy sidecar: native-sidecar mode, an init-only mode).
     #[serde(default)]
-    pub unless: BTreeMap<String, String>,
+    pub(crate) unless: BTreeMap<String, String>,
     /// An annotation holding the injector's JSON record of what it added:
     /// `{"initContainers": [...], "containers": [...]}` (Istio's `sidecar.istio.io/status`).
     /// When present it decides: a listed container is a sidecar if it is in `containers`, and
     /// an init container (left alone: native sidecars) if it is in `initContainers`.
     #[serde(default)]
-    pub status: Option<String>,
+    pub(crate) status: Option<String>,
     /// Init containers the injector adds.
     #[serde(default)]
-    pub init_containers: Vec<String>,
+    pub(crate) init_containers: Vec<String>,
     /// Sidecars the injector adds, in start order.
     #[serde(default)]
     pub sidecars: Vec<InjectedSidecar>,
@@ -50,18 +50,18 @@ pub struct InjectorRule {
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct InjectedSidecar {
-    pub name: String,
+    pub(crate) name: String,
     /// Readiness spec, the forms of `crisp.dev/ready.<name>` (which wins when set).
     #[serde(default = "running")]
-    pub ready: String,
+    pub(crate) ready: String,
     /// A pod annotation whose value, when set, replaces the port of `ready` ("0": no probe,
     /// `running` is used).
     #[serde(default)]
-    pub port_annotation: Option<String>,
+    pub(crate) port_annotation: Option<String>,
     /// The injector always adds this container, so the app waits for it even when it is listed
     /// after the app (crisp refuses the app until it exists). `false`: ordered once it exists.
     #[serde(default = "yes")]
-    pub always: bool,
+    pub(crate) always: bool,
 }
 
 fn yes() -> bool {
@@ -163,7 +163,7 @@ pub fn builtin() -> Vec<InjectorRule> {
 
 /// The node's table: the built-ins (unless `known_injectors = false`), then the config's
 /// entries, each replacing a built-in of the same name.
-pub fn table(known_injectors: bool, configured: &[InjectorRule]) -> Vec<InjectorRule> {
+pub(crate) fn table(known_injectors: bool, configured: &[InjectorRule]) -> Vec<InjectorRule> {
     let mut out: Vec<InjectorRule> = if known_injectors {
         builtin()
     } else {

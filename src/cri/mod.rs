@@ -21,7 +21,7 @@ pub enum ApiVersion {
 }
 
 impl ApiVersion {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ApiVersion::V1 => "v1",
             ApiVersion::V1alpha2 => "v1alpha2",
@@ -36,9 +36,9 @@ macro_rules! rpcs {
         pub enum Rpc { $($name,)* }
 
         impl Rpc {
-            pub const ALL: &'static [Rpc] = &[$(Rpc::$name,)*];
+            pub(crate) const ALL: &'static [Rpc] = &[$(Rpc::$name,)*];
 
-            pub fn name(self) -> &'static str {
+            pub(crate) fn name(self) -> &'static str {
                 match self { $(Rpc::$name => stringify!($name),)* }
             }
 
@@ -123,12 +123,12 @@ rpcs! {
 /// untouched like everything else (DESIGN.md §1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Route {
-    pub version: Option<ApiVersion>,
+    pub(crate) version: Option<ApiVersion>,
     pub rpc: Option<Rpc>,
 }
 
 impl Route {
-    pub const UNKNOWN: Route = Route {
+    pub(crate) const UNKNOWN: Route = Route {
         version: None,
         rpc: None,
     };
@@ -162,7 +162,7 @@ impl Route {
         }
     }
 
-    pub fn is_polling(&self) -> bool {
+    pub(crate) fn is_polling(&self) -> bool {
         matches!(self.rpc.map(Rpc::kind), Some(RpcKind::Polling))
     }
 }

@@ -172,7 +172,7 @@ pub fn patch_embedded(
 
 /// Appends `field = value` (varint) to a message: protobuf's "last value wins" makes this the
 /// smallest possible patch of a scalar without re-encoding (used for StopContainer's timeout).
-pub fn append_varint_field(msg: &[u8], field: u32, value: i64) -> Bytes {
+pub(crate) fn append_varint_field(msg: &[u8], field: u32, value: i64) -> Bytes {
     let mut out = Vec::with_capacity(msg.len() + 11);
     out.extend_from_slice(msg);
     prost::encoding::encode_key(field, prost::encoding::WireType::Varint, &mut out);

@@ -28,9 +28,9 @@ impl PodSandboxConfig {
 
 /// ContainerState enum values.
 pub mod state {
-    pub const CREATED: i32 = 0;
+    pub(crate) const CREATED: i32 = 0;
     pub const RUNNING: i32 = 1;
-    pub const EXITED: i32 = 2;
+    pub(crate) const EXITED: i32 = 2;
     pub const UNKNOWN: i32 = 3;
 }
 

@@ -25,11 +25,11 @@ use crate::tenant;
 
 pub const SIDECARS: &str = "crisp.dev/sidecars";
 pub const READY_PREFIX: &str = "crisp.dev/ready.";
-pub const START_TIMEOUT: &str = "crisp.dev/start-timeout";
-pub const TIMEOUT_POLICY: &str = "crisp.dev/timeout-policy";
-pub const JOB: &str = "crisp.dev/job";
-pub const RESTART_POLICY: &str = "crisp.dev/restart-policy";
-pub const INIT_CONTAINERS: &str = "crisp.dev/init-containers";
+pub(crate) const START_TIMEOUT: &str = "crisp.dev/start-timeout";
+pub(crate) const TIMEOUT_POLICY: &str = "crisp.dev/timeout-policy";
+pub(crate) const JOB: &str = "crisp.dev/job";
+pub(crate) const RESTART_POLICY: &str = "crisp.dev/restart-policy";
+pub(crate) const INIT_CONTAINERS: &str = "crisp.dev/init-containers";
 
 /// Most sidecars one pod may declare; more is a typo or an attack, not a pod.
 pub const MAX_SIDECARS: usize = tenant::MAX_NAMES;
@@ -45,13 +45,13 @@ const REASON_SHOWN: usize = 512;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sidecar {
     pub name: String,
-    pub ready: Readiness,
+    pub(crate) ready: Readiness,
     /// The sidecar will exist: when it is not created yet (listed after the app) the app is
     /// refused until it is. `false` (node rules, some injectors): waited for once it exists.
-    pub required: bool,
+    pub(crate) required: bool,
     /// `ready` came from the pod's own `crisp.dev/ready.<name>` and names a host that only the
     /// pod's addresses may be (see [`tenant_may_aim`]): checked before the first probe.
-    pub tenant: Option<Box<TenantReady>>,
+    pub(crate) tenant: Option<Box<TenantReady>>,
 }
 
 /// A readiness the pod's author wrote naming a host (not the pod IP, not loopback): it may be
@@ -59,15 +59,15 @@ pub struct Sidecar {
 /// runs) or in the operator's `[ordering] probe_allow`. Else the annotation is malformed:
 /// warned about once, and `fallback` (what the sidecar's readiness is without the key) is used.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TenantReady {
-    pub key: String,
-    pub value: String,
-    pub fallback: Readiness,
+pub(crate) struct TenantReady {
+    pub(crate) key: String,
+    pub(crate) value: String,
+    pub(crate) fallback: Readiness,
 }
 
 impl TenantReady {
     /// The warning for an annotation that named someone else's address.
-    pub fn warning(&self, reason: String) -> Warning {
+    pub(crate) fn warning(&self, reason: String) -> Warning {
         Warning::new(
             &self.key,
             &self.value,
@@ -97,7 +97,7 @@ pub fn tenant_may_aim(ready: &Readiness, pod_ips: &[IpAddr], allow: &[Cidr]) -> 
 
 /// The [`TenantReady`] for a readiness parsed from annotation `key`, when its host needs the
 /// check at all (a local host passes whatever the pod's IPs are).
-pub fn tenant_ready(
+pub(crate) fn tenant_ready(
     key: &str,
     value: &str,
     ready: &Readiness,
@@ -118,7 +118,7 @@ pub fn tenant_ready(
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RestartPolicy {
+pub(crate) enum RestartPolicy {
     Always,
     OnFailure,
     Never,
@@ -144,14 +144,14 @@ pub struct PodPolicy {
     pub sidecars: Vec<Sidecar>,
     pub source: Source,
     pub start_timeout: Option<Duration>,
-    pub timeout_policy: Option<TimeoutPolicy>,
-    pub job: Option<bool>,
-    pub restart_policy: Option<RestartPolicy>,
+    pub(crate) timeout_policy: Option<TimeoutPolicy>,
+    pub(crate) job: Option<bool>,
+    pub(crate) restart_policy: Option<RestartPolicy>,
     /// Containers known to be init containers (`crisp.dev/init-containers`, injectors).
     pub init_containers: Vec<String>,
     /// `crisp.dev/init-containers` was given: it is the complete list, so every other
     /// container is a regular one and nothing is inferred.
-    pub init_complete: bool,
+    pub(crate) init_complete: bool,
     /// The known injectors recognised on the pod.
     pub injectors: Vec<String>,
 }
@@ -162,11 +162,11 @@ pub struct Warning {
     pub key: String,
     /// The value as shown: cut and escaped ([`tenant::text`]), never the whole of a huge one.
     pub value: String,
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 impl Warning {
-    pub fn new(key: &str, value: &str, reason: String) -> Warning {
+    pub(crate) fn new(key: &str, value: &str, reason: String) -> Warning {
         Warning {
             key: key.to_string(),
             value: tenant::cut(value, VALUE_SHOWN),
@@ -199,14 +199,14 @@ pub struct Warnings {
 }
 
 impl Warnings {
-    pub fn push(&mut self, w: Warning) {
+    pub(crate) fn push(&mut self, w: Warning) {
         let key = w.key.clone();
         self.push_with(&key, || w);
     }
 
     /// Counts a warning about `key`, built by `make` only if it is kept: a pod's thousands of
     /// bad keys cost a count and a comparison each.
-    pub fn push_with(&mut self, key: &str, make: impl FnOnce() -> Warning) {
+    pub(crate) fn push_with(&mut self, key: &str, make: impl FnOnce() -> Warning) {
         self.total = self.total.saturating_add(1);
         if self.kept.len() < MAX_WARNINGS_KEPT {
             self.kept.push(make());
@@ -275,7 +275,8 @@ impl<'a> IntoIterator for &'a Warnings {
 
 impl PodPolicy {
     /// Parses a pod's annotations against the node's rules (no known injectors).
-    pub fn parse(
+    #[cfg(test)]
+    pub(crate) fn parse(
         annotations: &HashMap<String, String>,
         rules: &[SidecarRule],
     ) -> (PodPolicy, Warnings) {
@@ -385,7 +386,7 @@ impl PodPolicy {
         )
     }
 
-    pub fn has_sidecars(&self) -> bool {
+    pub(crate) fn has_sidecars(&self) -> bool {
         !self.sidecars.is_empty()
     }
 
@@ -394,12 +395,12 @@ impl PodPolicy {
     }
 
     /// Named an init container by an annotation (never by inference).
-    pub fn is_known_init(&self, container: &str) -> bool {
+    pub(crate) fn is_known_init(&self, container: &str) -> bool {
         self.init_containers.iter().any(|n| n == container)
     }
 
     /// Some sidecar will exist whether or not it does yet (see [`Sidecar::required`]).
-    pub fn any_required(&self) -> bool {
+    pub(crate) fn any_required(&self) -> bool {
         self.sidecars.iter().any(|s| s.required)
     }
 }

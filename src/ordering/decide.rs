@@ -14,12 +14,12 @@ use crate::cri::views::{self, state};
 use crate::tenant;
 
 /// Kept free before kubelet's deadline when a hold ends, so the forwarded call still completes.
-pub const DEADLINE_MARGIN: Duration = Duration::from_secs(3);
+pub(crate) const DEADLINE_MARGIN: Duration = Duration::from_secs(3);
 /// Longest reason in a refusal's message, in bytes; kubelet's retry tail comes after it, so the
 /// whole message stays within [`tenant::MAX_MESSAGE`].
-pub const MAX_REFUSAL_REASON: usize = 600;
+pub(crate) const MAX_REFUSAL_REASON: usize = 600;
 /// KEP-753's tail: sidecars left when the grace budget is spent get SIGTERM and this long.
-pub const STOP_TAIL: Duration = Duration::from_secs(2);
+pub(crate) const STOP_TAIL: Duration = Duration::from_secs(2);
 /// How long a StopPodSandbox waits for apps when kubelet sent no deadline.
 const SANDBOX_HOLD_WITHOUT_DEADLINE: Duration = Duration::from_secs(60);
 /// Room a held StopPodSandbox leaves for stopping the sidecars before kubelet's deadline.
@@ -50,12 +50,12 @@ pub fn later(t: Instant, d: Duration) -> Instant {
 
 /// A pod's containers as one ListContainers showed them: the newest instance of each name
 /// (kubelet's view, KUBELET-CRI §1.4).
-pub struct Snapshot<'a> {
+pub(crate) struct Snapshot<'a> {
     latest: HashMap<&'a str, &'a views::Container>,
 }
 
 impl<'a> Snapshot<'a> {
-    pub fn new(containers: &'a [views::Container]) -> Self {
+    pub(crate) fn new(containers: &'a [views::Container]) -> Self {
         let mut latest: HashMap<&str, &views::Container> = HashMap::new();
         for c in containers {
             let name = c.metadata.as_ref().map(|m| m.name.as_str()).unwrap_or("");
@@ -69,12 +69,12 @@ impl<'a> Snapshot<'a> {
         Snapshot { latest }
     }
 
-    pub fn get(&self, name: &str) -> Option<&'a views::Container> {
+    pub(crate) fn get(&self, name: &str) -> Option<&'a views::Container> {
         self.latest.get(name).copied()
     }
 
     /// Each name with its newest instance.
-    pub fn iter(&self) -> impl Iterator<Item = (&'a str, &'a views::Container)> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&'a str, &'a views::Container)> + '_ {
         self.latest.iter().map(|(n, c)| (*n, *c))
     }
 
@@ -83,7 +83,7 @@ impl<'a> Snapshot<'a> {
     }
 
     /// Running containers that are not sidecars of `policy`, by name.
-    pub fn running_apps(&self, policy: &PodPolicy) -> Vec<&'a str> {
+    pub(crate) fn running_apps(&self, policy: &PodPolicy) -> Vec<&'a str> {
         let mut apps: Vec<&str> = self
             .latest
             .iter()
@@ -100,7 +100,7 @@ impl<'a> Snapshot<'a> {
 
 /// What the pod's policy alone says of a CreateContainer.
 #[derive(Debug, PartialEq, Eq)]
-pub enum CreatePlan<'p> {
+pub(crate) enum CreatePlan<'p> {
     /// Not gated: the pod has no sidecars, the container is a known init container (they run
     /// before any sidecar can exist, KUBELET-CRI §1.1), or nothing is declared before it.
     Forward,
@@ -108,7 +108,7 @@ pub enum CreatePlan<'p> {
     Gate(&'p [Sidecar]),
 }
 
-pub fn plan_create<'p>(policy: &'p PodPolicy, container: &str) -> CreatePlan<'p> {
+pub(crate) fn plan_create<'p>(policy: &'p PodPolicy, container: &str) -> CreatePlan<'p> {
     if !policy.has_sidecars() || policy.is_known_init(container) {
         return CreatePlan::Forward;
     }
@@ -138,7 +138,7 @@ pub fn create_hold_end(received: Instant, timeout: Duration, deadline: Option<In
 /// forever. Refusals are bounded by the start timeout like holds, counted from the container's
 /// first refusal; past it, under `proceed`, sidecars that do not run are no longer waited for
 /// (running ones still are).
-pub fn skip_dead(
+pub(crate) fn skip_dead(
     policy: TimeoutPolicy,
     refused_since: Option<Instant>,
     now: Instant,
@@ -151,14 +151,14 @@ pub fn skip_dead(
 /// No sidecar exists at all and no annotation says what the container is: a regular container
 /// listed before the sidecars, or an init container. The engine refuses it once and judges by
 /// what kubelet does next (`InitGuess`).
-pub fn needs_init_judgement(policy: &PodPolicy, snap: &Snapshot) -> bool {
+pub(crate) fn needs_init_judgement(policy: &PodPolicy, snap: &Snapshot) -> bool {
     let any_sidecar = policy.sidecars.iter().any(|s| snap.get(&s.name).is_some());
     !any_sidecar && policy.any_required() && !policy.init_complete
 }
 
 /// One round of the start check.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Check<'p> {
+pub(crate) enum Check<'p> {
     /// Every required sidecar runs and is ready (§3.1).
     Ready,
     /// Probe this running sidecar's readiness, then check again with the answer.
@@ -177,7 +177,7 @@ pub enum Check<'p> {
 /// The start check: the required sidecars in declared order, the first that is not ready
 /// decides. `probed`: readiness answers of this round, by sidecar name. `refused`: whether
 /// crisp is refusing that container's own creation (it waits for an earlier sidecar).
-pub fn check_start<'p>(
+pub(crate) fn check_start<'p>(
     pod: &str,
     required: &'p [Sidecar],
     snap: &Snapshot,
@@ -244,13 +244,13 @@ fn name(n: &str) -> tenant::Text<'_> {
 /// succeed. kubelet copies it into the pod's status and an Event, and under `timeout-policy:
 /// fail` sends it about once a second: the reason is cut to [`MAX_REFUSAL_REASON`] and every
 /// part escaped, so it is at most [`tenant::MAX_MESSAGE`] bytes on one line.
-pub fn refusal(reason: &str, container: &str) -> String {
+pub(crate) fn refusal(reason: &str, container: &str) -> String {
     let reason = tenant::text(reason, MAX_REFUSAL_REASON);
     format!("crisp: {reason}; kubelet will retry \"{}\" (network is not ready until the pod's sidecars run)", name(container))
 }
 
 /// The message of a CreateContainer failed at the start timeout under policy `fail`.
-pub fn timed_out(pod: &str, sidecar: &str, timeout: Duration, container: &str) -> String {
+pub(crate) fn timed_out(pod: &str, sidecar: &str, timeout: Duration, container: &str) -> String {
     refusal(
         &format!(
             "sidecar \"{}\" of pod {pod} not ready within {timeout:?}",
@@ -260,7 +260,7 @@ pub fn timed_out(pod: &str, sidecar: &str, timeout: Duration, container: &str) -
     )
 }
 
-pub fn state_name(s: i32) -> &'static str {
+pub(crate) fn state_name(s: i32) -> &'static str {
     match s {
         state::CREATED => "created but not started",
         state::RUNNING => "running",
@@ -292,7 +292,7 @@ pub fn single_kill_after(arrived: Instant, grace: Duration) -> Instant {
 
 /// One round of a sidecar's StopContainer (§4.2).
 #[derive(Debug, PartialEq, Eq)]
-pub enum StopStep<'a> {
+pub(crate) enum StopStep<'a> {
     /// Nothing the sidecar must outlive runs any more.
     Forward,
     /// No app is being stopped and the sidecar's own grace has passed: a single-container kill.
@@ -309,7 +309,7 @@ pub enum StopStep<'a> {
     },
 }
 
-pub fn stop_step<'a>(
+pub(crate) fn stop_step<'a>(
     policy: &'a PodPolicy,
     idx: usize,
     snap: &Snapshot<'a>,
@@ -358,7 +358,7 @@ pub fn stop_timeout(budget_end: Instant, now: Instant, requested: i64) -> Option
 
 /// When a held StopPodSandbox stops waiting for apps: room for the sidecars' stops before
 /// kubelet's deadline.
-pub fn sandbox_hold_end(arrived: Instant, deadline: Option<Instant>) -> Instant {
+pub(crate) fn sandbox_hold_end(arrived: Instant, deadline: Option<Instant>) -> Instant {
     deadline
         .and_then(|d| d.checked_sub(DEADLINE_MARGIN + SANDBOX_STOP_ROOM))
         .unwrap_or(later(arrived, SANDBOX_HOLD_WITHOUT_DEADLINE))
@@ -368,7 +368,7 @@ pub fn sandbox_hold_end(arrived: Instant, deadline: Option<Instant>) -> Instant 
 /// for them failed or never reached crisp (its deadline arithmetic wraps for a grace period
 /// near 2^63 seconds, KUBELET-CRI §3.3, and the call expires before it is sent). crisp stops
 /// them first, with [`STOP_TAIL`], so the sidecars still stop last.
-pub fn sandbox_stop_apps<'a>(
+pub(crate) fn sandbox_stop_apps<'a>(
     policy: &'a PodPolicy,
     running: &'a [views::Container],
 ) -> Vec<(&'a str, &'a str)> {
@@ -386,7 +386,7 @@ pub fn sandbox_stop_apps<'a>(
 
 /// The running sidecars a StopPodSandbox stops first, in reverse declared order (§4.2), with
 /// their container ids. StopPodSandbox force-kills whatever still runs (CRI contract).
-pub fn sandbox_stop_order<'a>(
+pub(crate) fn sandbox_stop_order<'a>(
     policy: &'a PodPolicy,
     running: &'a [views::Container],
 ) -> Vec<(&'a str, &'a str)> {

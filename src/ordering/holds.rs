@@ -15,30 +15,30 @@ use crate::intercept::{Call, HoldEvent, HoldPhase};
 use crate::metrics::GaugeGuard;
 
 /// Never two update events of one hold closer than this.
-pub const UPDATE_MIN: Duration = Duration::from_secs(1);
+pub(crate) const UPDATE_MIN: Duration = Duration::from_secs(1);
 /// An update at least this often while a hold lasts, even when nothing changed.
-pub const UPDATE_EVERY: Duration = Duration::from_secs(5);
+pub(crate) const UPDATE_EVERY: Duration = Duration::from_secs(5);
 /// Longest probe spec or probe result in an event or in `crisp pods` (an exec spec may be 4 KiB).
 const MAX_FIELD: usize = 256;
 
 /// What a held call waits for now.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Waiting {
+pub(crate) struct Waiting {
     /// A sidecar's name, `apps`, or `runtime`.
-    pub on: String,
+    pub(crate) on: String,
     /// `not created`, `not running`, `not ready`, `apps running: a, b`, or the runtime's trouble.
-    pub reason: String,
+    pub(crate) reason: String,
     /// The readiness probe of the sidecar waited on.
-    pub probe: String,
+    pub(crate) probe: String,
     /// Its last result: `ok`, or why not (bounded; an exec probe's exit code, never its output).
-    pub probe_result: String,
+    pub(crate) probe_result: String,
     /// When that result was found.
-    pub probe_at: Option<SystemTime>,
+    pub(crate) probe_at: Option<SystemTime>,
 }
 
 impl Waiting {
     /// Waiting on sidecar `name` of `pod` for `reason`, with its probe and last result.
-    pub fn sidecar(pod: &Pod, name: &str, reason: &str) -> Waiting {
+    pub(crate) fn sidecar(pod: &Pod, name: &str, reason: &str) -> Waiting {
         let probe = pod
             .policy
             .sidecars
@@ -60,7 +60,7 @@ impl Waiting {
     }
 
     /// From the engine's "waiting for" text: a sidecar's name, or the runtime's trouble.
-    pub fn from_check(pod: &Pod, who: &str) -> Waiting {
+    pub(crate) fn from_check(pod: &Pod, who: &str) -> Waiting {
         if pod.policy.sidecar_index(who).is_some() {
             Waiting::sidecar(pod, who, "not ready")
         } else {
@@ -73,7 +73,7 @@ impl Waiting {
     }
 
     /// From a fail-fast refusal's reason (`sidecar "proxy" of pod ns/p is not created yet …`).
-    pub fn from_refusal(pod: &Pod, reason: &str) -> Waiting {
+    pub(crate) fn from_refusal(pod: &Pod, reason: &str) -> Waiting {
         let named = pod
             .policy
             .sidecars
@@ -96,7 +96,7 @@ impl Waiting {
 
     /// `not ready: connect 10.1.2.3:15021: Connection refused` — the reason with the probe's
     /// last error, when it has one.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self.probe_result.as_str() {
             "" | "ok" => self.reason.clone(),
             result => format!("{}: {result}", self.reason),
@@ -118,7 +118,11 @@ fn bounded(s: String) -> String {
 
 /// Whether a hold's update is due: what it waits for changed (and [`UPDATE_MIN`] passed since
 /// the last event), or [`UPDATE_EVERY`] passed.
-pub fn update_due(last: Option<&(Instant, Waiting)>, now: Instant, waiting: &Waiting) -> bool {
+pub(crate) fn update_due(
+    last: Option<&(Instant, Waiting)>,
+    now: Instant,
+    waiting: &Waiting,
+) -> bool {
     let Some((at, sent)) = last else { return true };
     let since = now.saturating_duration_since(*at);
     // The probe's time changes every round; only what it found counts as a change.
@@ -130,7 +134,7 @@ pub fn update_due(last: Option<&(Instant, Waiting)>, now: Instant, waiting: &Wai
 /// The message of a long hold ended as a refusal (`[ordering] refuse_held_after`): what the
 /// container waits for, for how long, and the "network is not ready" tail that makes kubelet
 /// retry within 1–1.5 s (KUBELET-CRI §1.3). Bounded: at most [`crate::status::MAX_MESSAGE`].
-pub fn held_refusal(
+pub(crate) fn held_refusal(
     pod: &str,
     container: &str,
     waiting: &Waiting,
@@ -157,22 +161,22 @@ pub fn held_refusal(
 
 /// One call held now, as `crisp pods` shows it.
 #[derive(Debug, Clone)]
-pub struct HeldCall {
-    pub call_id: u64,
-    pub method: String,
-    pub container: String,
-    pub since: SystemTime,
+pub(crate) struct HeldCall {
+    pub(crate) call_id: u64,
+    pub(crate) method: String,
+    pub(crate) container: String,
+    pub(crate) since: SystemTime,
     /// Counted from the container's first hold (a refused hold's retry carries on).
-    pub held_from: Instant,
-    pub waiting: Waiting,
+    pub(crate) held_from: Instant,
+    pub(crate) waiting: Waiting,
     /// When the hold ends by the timeout (engine clock).
-    pub ends: Instant,
+    pub(crate) ends: Instant,
     /// `proceed` or `fail` (CreateContainer); empty for stops.
-    pub policy: String,
+    pub(crate) policy: String,
 }
 
 impl HeldCall {
-    pub fn time_left(&self) -> Duration {
+    pub(crate) fn time_left(&self) -> Duration {
         self.ends.saturating_duration_since(now())
     }
 }
@@ -180,13 +184,13 @@ impl HeldCall {
 /// A hold in progress: registered on the pod while it lasts, reported to the sink, counted in
 /// `crisp_holds_in_flight`. Dropped without [`Hold::end`] — kubelet cancelled the call or its
 /// deadline passed — it reports "kubelet gave up".
-pub struct Hold<'a> {
+pub(crate) struct Hold<'a> {
     engine: &'a Engine,
     pod: &'a Pod,
     call: &'a Call,
     container_id: String,
     /// When this call's hold started (engine clock).
-    pub since: Instant,
+    pub(crate) since: Instant,
     info: HeldCall,
     last_sent: Option<(Instant, Waiting)>,
     ended: bool,
@@ -195,7 +199,7 @@ pub struct Hold<'a> {
 
 impl<'a> Hold<'a> {
     #[allow(clippy::too_many_arguments)]
-    pub fn start(
+    pub(crate) fn start(
         engine: &'a Engine,
         pod: &'a Pod,
         call: &'a Call,
@@ -239,7 +243,7 @@ impl<'a> Hold<'a> {
     }
 
     /// What the hold waits for now: kept for `crisp pods`; an event when one is due.
-    pub fn update(&mut self, waiting: Waiting) {
+    pub(crate) fn update(&mut self, waiting: Waiting) {
         if waiting == self.info.waiting
             && self
                 .last_sent
@@ -257,13 +261,13 @@ impl<'a> Hold<'a> {
         }
     }
 
-    pub fn waiting(&self) -> &Waiting {
+    pub(crate) fn waiting(&self) -> &Waiting {
         &self.info.waiting
     }
 
     /// The hold is over: `outcome` (`forwarded`, `timed out (proceed)`, …), with the message of
     /// a refusal.
-    pub fn end(mut self, outcome: &str, message: &str) {
+    pub(crate) fn end(mut self, outcome: &str, message: &str) {
         self.ended = true;
         self.send(HoldPhase::End, outcome, message);
     }

@@ -16,17 +16,17 @@ use serde::Deserialize;
 use super::annotations::{Sidecar, Warning, Warnings};
 #[cfg(test)]
 use crate::config::injectors::{builtin, table, validate};
-pub use crate::config::injectors::{InjectedSidecar, InjectorRule};
+pub(crate) use crate::config::injectors::{InjectedSidecar, InjectorRule};
 use crate::readiness::Readiness;
 use crate::tenant;
 
 /// What the injectors that mutated one pod added to it.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Injected {
+pub(crate) struct Injected {
     /// Names of the injectors recognised on the pod.
-    pub injectors: Vec<String>,
-    pub sidecars: Vec<Sidecar>,
-    pub init_containers: Vec<String>,
+    pub(crate) injectors: Vec<String>,
+    pub(crate) sidecars: Vec<Sidecar>,
+    pub(crate) init_containers: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -66,7 +66,7 @@ fn read_status(v: &str) -> Result<Listed, String> {
 /// Applies the table to a pod's annotations. `crisp.dev/ready.<name>` (in `ready_override`)
 /// wins over the table's readiness; malformed injector annotations yield warnings and are
 /// treated as absent.
-pub fn recognise(
+pub(crate) fn recognise(
     table: &[InjectorRule],
     annotations: &HashMap<String, String>,
     ready_override: &dyn Fn(&str) -> Option<Readiness>,

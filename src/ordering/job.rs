@@ -25,7 +25,7 @@ use super::{now, Engine, Pod};
 use crate::cri::views::state;
 use crate::cri::ApiVersion;
 
-pub const JOB_NAME_LABELS: [&str; 2] = ["batch.kubernetes.io/job-name", "job-name"];
+pub(crate) const JOB_NAME_LABELS: [&str; 2] = ["batch.kubernetes.io/job-name", "job-name"];
 const PRESTOP_ANNOTATION: &str = "io.kubernetes.container.preStopHandler";
 const GRACE_ANNOTATION: &str = "io.kubernetes.pod.terminationGracePeriod";
 const RESTART_COUNT_ANNOTATION: &str = "io.kubernetes.container.restartCount";
@@ -65,15 +65,15 @@ impl Terminated {
         }
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         !self.any.load(Relaxed)
     }
 
-    pub fn contains(&self, id: &str) -> bool {
+    pub(crate) fn contains(&self, id: &str) -> bool {
         !self.is_empty() && self.ids.read().contains(id)
     }
 
-    pub fn insert(&self, id: &str) {
+    pub(crate) fn insert(&self, id: &str) {
         if !is_container_id(id) {
             return;
         }
@@ -86,7 +86,7 @@ impl Terminated {
         self.any.store(true, Relaxed);
     }
 
-    pub fn remove(&self, id: &str) {
+    pub(crate) fn remove(&self, id: &str) {
         if self.is_empty() {
             return;
         }
@@ -110,7 +110,7 @@ fn is_container_id(s: &str) -> bool {
 
 impl Pod {
     /// A Job pod, by its labels or `crisp.dev/job`.
-    pub fn is_job(&self) -> bool {
+    pub(crate) fn is_job(&self) -> bool {
         match self.policy.job {
             Some(j) => j,
             None => JOB_NAME_LABELS.iter().any(|l| self.labels.contains_key(*l)),
@@ -135,7 +135,7 @@ fn grace_of(annotations: &std::collections::HashMap<String, String>) -> Duration
 /// Parses kubelet's preStop annotation (JSON of the LifecycleHandler); only exec hooks run here.
 /// The annotation is the pod author's hook, copied by kubelet: past the tenant value cap it is
 /// not parsed at all (no hook is run; the sidecar is still stopped).
-pub fn prestop_command(annotation: &str) -> Option<Vec<String>> {
+pub(crate) fn prestop_command(annotation: &str) -> Option<Vec<String>> {
     let annotation = crate::tenant::value(annotation).ok()?;
     let v: serde_json::Value = serde_json::from_str(annotation).ok()?;
     let cmd = v.get("exec")?.get("command")?.as_array()?;
@@ -424,7 +424,7 @@ impl Engine {
     }
 
     /// Rebuilds Job watchers after a crisp restart: every ready sandbox with sidecars.
-    pub async fn recover(&self, version: ApiVersion) {
+    pub(crate) async fn recover(&self, version: ApiVersion) {
         if !self.job.enabled {
             return;
         }

@@ -35,14 +35,14 @@ mod create;
 pub mod decide;
 #[cfg(test)]
 mod engine_tests;
-pub mod holds;
+pub(crate) mod holds;
 mod init_guess;
-pub mod injectors;
+pub(crate) mod injectors;
 pub mod job;
 mod names;
 mod pod;
 mod probes;
-pub mod reads;
+pub(crate) mod reads;
 pub mod runtime;
 mod status;
 mod stop;
@@ -150,7 +150,7 @@ impl Engine {
     }
 
     /// Rebuilds Job watchers after a crisp restart ([`Engine::recover`]), in the background.
-    pub fn recover_in_background(&self, version: ApiVersion) {
+    pub(crate) fn recover_in_background(&self, version: ApiVersion) {
         let Some(engine) = self.me.upgrade() else {
             return;
         };
@@ -161,7 +161,7 @@ impl Engine {
     /// stops at its next `.await` (as when the runtime that ran it is dropped) and releases the
     /// engine. The daemon calls it once the proxy has drained; calls still held then are not
     /// tasks of the engine but the proxy's, and have ended with it.
-    pub async fn shutdown(&self) {
+    pub(crate) async fn shutdown(&self) {
         self.shutdown.cancel();
         self.tasks.close();
         self.tasks.wait().await;
@@ -173,7 +173,7 @@ impl Engine {
     }
 
     /// Sends hold events to `sink` from now on (set once; the tap is built after the engine).
-    pub fn set_hold_sink(&self, sink: Arc<dyn HoldSink>) {
+    pub(crate) fn set_hold_sink(&self, sink: Arc<dyn HoldSink>) {
         let _ = self.hold_sink.set(sink);
     }
 
@@ -182,7 +182,7 @@ impl Engine {
     }
 
     /// The effective start timeout and policy of a pod (its annotations, else the node's).
-    pub fn start_policy(&self, pod: &Pod) -> (Duration, TimeoutPolicy) {
+    pub(crate) fn start_policy(&self, pod: &Pod) -> (Duration, TimeoutPolicy) {
         (
             pod.policy.start_timeout.unwrap_or(self.cfg.start_timeout),
             pod.policy.timeout_policy.unwrap_or(self.cfg.timeout_policy),
@@ -191,7 +191,10 @@ impl Engine {
 
     /// The containers of a pod as the runtime lists them now (`crisp pods`; never on a CRI
     /// call's path).
-    pub async fn list_pod_containers(&self, pod: &Pod) -> Result<Vec<views::Container>, String> {
+    pub(crate) async fn list_pod_containers(
+        &self,
+        pod: &Pod,
+    ) -> Result<Vec<views::Container>, String> {
         self.runtime
             .list_containers(ApiVersion::V1, &pod.sandbox_id)
             .await
@@ -199,7 +202,7 @@ impl Engine {
     }
 
     /// Job mode's state of a pod: whether it is a Job pod, whether crisp watches its apps.
-    pub fn job_state(&self, pod: &Pod) -> (bool, bool) {
+    pub(crate) fn job_state(&self, pod: &Pod) -> (bool, bool) {
         (
             pod.is_job(),
             pod.job_watched.load(std::sync::atomic::Ordering::Relaxed),
@@ -207,19 +210,19 @@ impl Engine {
     }
 
     /// Whether crisp terminated this container in job mode.
-    pub fn terminated(&self, container_id: &str) -> bool {
+    pub(crate) fn terminated(&self, container_id: &str) -> bool {
         self.terminated.contains(container_id)
     }
 
     /// Number of pods and containers tracked (for the admin API and leak tests).
-    pub fn tracked(&self) -> (usize, usize) {
+    pub(crate) fn tracked(&self) -> (usize, usize) {
         (self.pods.len(), self.containers.len())
     }
 
     /// Names from the caches, for the tap and the admin API: a container id gives its sandbox
     /// and name, a sandbox id its pod. Never asks the runtime and never waits (the tap calls it
     /// as each call ends); what crisp has not seen yet is simply `None`.
-    pub fn lookup(
+    pub(crate) fn lookup(
         &self,
         sandbox_id: Option<&str>,
         container_id: Option<&str>,
@@ -235,7 +238,7 @@ impl Engine {
     }
 
     /// Every pod in the cache with the containers crisp has seen in it (id → name).
-    pub fn pods(&self) -> Vec<(Arc<Pod>, HashMap<String, String>)> {
+    pub(crate) fn pods(&self) -> Vec<(Arc<Pod>, HashMap<String, String>)> {
         let mut by_sandbox: HashMap<String, HashMap<String, String>> = HashMap::new();
         for container in self.containers.iter() {
             by_sandbox
@@ -296,7 +299,11 @@ impl Engine {
     }
 
     /// The pod of a sandbox, from the cache or else from the runtime (after a crisp restart).
-    pub async fn pod_by_id(&self, version: ApiVersion, sandbox_id: &str) -> Option<Arc<Pod>> {
+    pub(crate) async fn pod_by_id(
+        &self,
+        version: ApiVersion,
+        sandbox_id: &str,
+    ) -> Option<Arc<Pod>> {
         if let Some(pod) = self.pods.get(sandbox_id) {
             return Some(pod.clone());
         }

@@ -24,13 +24,13 @@ use crate::readiness;
 
 /// What crisp knows about one pod sandbox.
 pub struct Pod {
-    pub sandbox_id: String,
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
-    pub host_network: bool,
-    pub labels: HashMap<String, String>,
-    pub policy: PodPolicy,
+    pub(crate) sandbox_id: String,
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    pub(crate) uid: String,
+    pub(crate) host_network: bool,
+    pub(crate) labels: HashMap<String, String>,
+    pub(crate) policy: PodPolicy,
     pub(super) annotations_fp: u64,
     /// The pod's addresses and network namespace, once the runtime told (see `pod_net`).
     pub(super) net: Mutex<Option<Arc<PodNet>>>,
@@ -50,7 +50,7 @@ pub struct Pod {
     /// Calls held now, by call id (`crisp pods`). Touched only by held calls.
     holds: Mutex<HashMap<u64, holds::HeldCall>>,
     /// CreateContainer calls refused so far (fail-fast, policy `fail`, long holds).
-    pub refusals: AtomicU64,
+    pub(crate) refusals: AtomicU64,
     /// When each app container's hold began, for holds ended as refusals
     /// (`ordering.refuse_held_after`): kubelet's retry carries on, so the start timeout still
     /// counts from the first hold.
@@ -84,8 +84,8 @@ impl PodNet {
 /// A sidecar's last readiness probe, as `crisp pods` and the tap's hold events show it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LastProbe {
-    pub at: std::time::SystemTime,
-    pub result: readiness::ProbeResult,
+    pub(crate) at: std::time::SystemTime,
+    pub(crate) result: readiness::ProbeResult,
 }
 
 /// The pod's termination grace budget: one budget per pod, counted from its first StopContainer
@@ -174,7 +174,7 @@ impl Pod {
     }
 
     /// The last probe of `sidecar`, if crisp probed it.
-    pub fn last_probe(&self, sidecar: &str) -> Option<LastProbe> {
+    pub(crate) fn last_probe(&self, sidecar: &str) -> Option<LastProbe> {
         self.last_probe.lock().get(sidecar).cloned()
     }
 
@@ -191,7 +191,7 @@ impl Pod {
     }
 
     /// The calls of this pod held now, oldest first.
-    pub fn held_calls(&self) -> Vec<holds::HeldCall> {
+    pub(crate) fn held_calls(&self) -> Vec<holds::HeldCall> {
         let mut held: Vec<holds::HeldCall> = self.holds().values().cloned().collect();
         held.sort_by_key(|call| (call.since, call.call_id));
         held
@@ -216,7 +216,7 @@ impl Pod {
     }
 
     /// An init container: named by an annotation, or let through as one.
-    pub fn is_init(&self, container: &str) -> bool {
+    pub(crate) fn is_init(&self, container: &str) -> bool {
         self.policy.is_known_init(container) || self.guess().is_init(container)
     }
 }

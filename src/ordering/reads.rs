@@ -20,9 +20,9 @@ use tokio::time::Instant;
 /// No read before the caller's deadline: its hold ends as if the runtime had not answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("node-wide runtime read limit: no read possible before the hold's end")]
-pub struct ReadLimited;
+pub(crate) struct ReadLimited;
 
-pub struct ReadLimiter {
+pub(crate) struct ReadLimiter {
     in_flight: Semaphore,
     rate: f64,
     burst: f64,
@@ -35,7 +35,7 @@ struct Bucket {
 }
 
 impl ReadLimiter {
-    pub fn new(reads_per_second: u32, max_in_flight: usize) -> ReadLimiter {
+    pub(crate) fn new(reads_per_second: u32, max_in_flight: usize) -> ReadLimiter {
         let rate = f64::from(reads_per_second.max(1));
         let burst = (rate / 10.0).max(1.0);
         ReadLimiter {
@@ -52,7 +52,10 @@ impl ReadLimiter {
     /// Leave for one read, held while it runs. Waited for until `until` at most (`None`: as
     /// long as it takes — a watcher has no deadline). A token is reserved only when it comes
     /// before `until`, so a caller that cannot have one leaves no debt behind.
-    pub async fn read(&self, until: Option<Instant>) -> Result<SemaphorePermit<'_>, ReadLimited> {
+    pub(crate) async fn read(
+        &self,
+        until: Option<Instant>,
+    ) -> Result<SemaphorePermit<'_>, ReadLimited> {
         let wait = {
             let mut bucket = self.bucket.lock();
             let now = Instant::now();

@@ -9,7 +9,7 @@ use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 
 /// What a body fails with: the runtime connection's error, or the relay's reason.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A forwarded body.
 #[derive(Debug)]
@@ -34,14 +34,14 @@ impl Default for ProxyBody {
 }
 
 impl ProxyBody {
-    pub fn empty() -> Self {
+    pub(crate) fn empty() -> Self {
         ProxyBody::Buffered {
             data: None,
             trailers: None,
         }
     }
 
-    pub fn buffered(data: Bytes, trailers: Option<HeaderMap>) -> Self {
+    pub(crate) fn buffered(data: Bytes, trailers: Option<HeaderMap>) -> Self {
         let data = (!data.is_empty()).then_some(data);
         ProxyBody::Buffered { data, trailers }
     }
@@ -87,7 +87,7 @@ impl Body for ProxyBody {
 }
 
 /// What a body fed through a channel receives: data, or trailers (which end it).
-pub enum BodyPart {
+pub(crate) enum BodyPart {
     Data(Bytes),
     Trailers(HeaderMap),
 }
@@ -101,7 +101,7 @@ pub struct ChannelBody {
 }
 
 impl ChannelBody {
-    pub fn new(
+    pub(crate) fn new(
         rx: tokio::sync::mpsc::UnboundedReceiver<BodyPart>,
         consumed: Box<dyn Fn(usize) + Send + Sync>,
     ) -> ChannelBody {
@@ -157,7 +157,7 @@ impl Body for ChannelBody {
 }
 
 /// Collects a body into (data, trailers), refusing more than `limit` bytes of data.
-pub async fn collect(
+pub(crate) async fn collect(
     mut body: ProxyBody,
     limit: usize,
 ) -> Result<(Bytes, Option<HeaderMap>), CollectError> {
@@ -201,7 +201,7 @@ pub async fn collect(
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum CollectError {
+pub(crate) enum CollectError {
     #[error("peer body error: {0}")]
     Peer(BoxError),
     #[error("message larger than {0} bytes")]

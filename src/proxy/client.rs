@@ -38,7 +38,7 @@ pub enum ClientError {
 }
 
 impl ClientError {
-    pub fn is_not_found(&self) -> bool {
+    pub(crate) fn is_not_found(&self) -> bool {
         matches!(self, ClientError::Status { status, .. } if status.code == crate::status::code::NOT_FOUND)
     }
 }
@@ -137,7 +137,7 @@ impl RuntimeClient {
     }
 
     /// Containers of one sandbox (all states).
-    pub async fn list_containers(
+    pub(crate) async fn list_containers(
         &self,
         version: ApiVersion,
         sandbox_id: &str,
@@ -155,7 +155,7 @@ impl RuntimeClient {
     }
 
     /// One container by id, with its sandbox id (ContainerStatus has none, KUBELET-CRI §2.3).
-    pub async fn container(
+    pub(crate) async fn container(
         &self,
         version: ApiVersion,
         id: &str,
@@ -172,7 +172,7 @@ impl RuntimeClient {
         Ok(resp.containers.into_iter().find(|c| c.id == id))
     }
 
-    pub async fn list_pod_sandboxes(
+    pub(crate) async fn list_pod_sandboxes(
         &self,
         version: ApiVersion,
     ) -> Result<Vec<views::PodSandbox>, ClientError> {
@@ -187,7 +187,7 @@ impl RuntimeClient {
         Ok(resp.items)
     }
 
-    pub async fn pod_sandbox_status(
+    pub(crate) async fn pod_sandbox_status(
         &self,
         version: ApiVersion,
         sandbox_id: &str,
@@ -201,7 +201,7 @@ impl RuntimeClient {
 
     /// PodSandboxStatus with `verbose: true`: the runtime's own `info` too (the sandbox's
     /// network namespace, for probes).
-    pub async fn pod_sandbox_status_verbose(
+    pub(crate) async fn pod_sandbox_status_verbose(
         &self,
         version: ApiVersion,
         sandbox_id: &str,
@@ -214,7 +214,7 @@ impl RuntimeClient {
             .await
     }
 
-    pub async fn container_status(
+    pub(crate) async fn container_status(
         &self,
         version: ApiVersion,
         id: &str,
@@ -307,7 +307,7 @@ impl RuntimeClient {
             })?
     }
 
-    pub async fn stop_container(
+    pub(crate) async fn stop_container(
         &self,
         version: ApiVersion,
         id: &str,
@@ -369,7 +369,7 @@ const EXIT_CODE_FIELD: u64 = 3;
 
 /// Why an ExecSync answer could not be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum ExecAnswerError {
+pub(crate) enum ExecAnswerError {
     #[error("compressed message (crisp accepts none)")]
     Compressed,
     #[error("more than one message")]
@@ -396,7 +396,7 @@ pub enum ExecAnswerError {
 /// without a byte of it being stored. Between chunks it holds a fixed-size state — at most a
 /// partial prefix or varint (10 bytes) — however the body is cut.
 #[derive(Debug, Default)]
-pub struct ExitCodeReader {
+pub(crate) struct ExitCodeReader {
     state: ReadState,
     /// Bytes of the message not read yet (once its prefix is in).
     left: u64,
@@ -440,7 +440,7 @@ impl Default for ReadState {
 
 impl ExitCodeReader {
     /// Reads the next chunk of the body.
-    pub fn feed(&mut self, mut data: &[u8]) -> Result<(), ExecAnswerError> {
+    pub(crate) fn feed(&mut self, mut data: &[u8]) -> Result<(), ExecAnswerError> {
         while let Some((&first, _)) = data.split_first() {
             match &mut self.state {
                 ReadState::Done => return Err(ExecAnswerError::Trailing),
@@ -497,7 +497,7 @@ impl ExitCodeReader {
     }
 
     /// The exit code, once the whole body has been fed.
-    pub fn finish(self) -> Result<i32, ExecAnswerError> {
+    pub(crate) fn finish(self) -> Result<i32, ExecAnswerError> {
         match self.state {
             ReadState::Done => Ok(self.exit_code),
             ReadState::Prefix { got: 0, .. } => Err(ExecAnswerError::Empty),

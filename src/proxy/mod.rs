@@ -17,13 +17,13 @@
 //! proxy) ← [`sock`], [`body`], [`upstream`] ← [`relay`] ← this module (which serves diverted
 //! calls); [`client`] is crisp's own runtime client, [`listener`] the socket.
 
-pub mod body;
+pub(crate) mod body;
 pub mod client;
 pub mod h2;
 pub mod listener;
-pub mod relay;
+pub(crate) mod relay;
 pub mod sock;
-pub mod upstream;
+pub(crate) mod upstream;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -512,7 +512,7 @@ impl Drop for Completion {
 /// - conversion of an upstream failure mid-stream into an UNAVAILABLE trailer, so the client sees
 ///   a clean gRPC error instead of a reset stream;
 /// - the completion report, when someone wants it.
-pub struct ResponseBody {
+pub(crate) struct ResponseBody {
     inner: ProxyBody,
     completion: Option<Completion>,
     patcher: Option<Box<StreamPatcher>>,

@@ -82,7 +82,7 @@ cri_types! {
 
 /// Decodes one message to JSON, redacted unless `redact` is false. Never fails: what cannot be
 /// decoded is shown as its wire structure (sizes only when redacting).
-pub fn decode(rpc: Option<Rpc>, dir: Dir, msg: &[u8], redact: bool) -> Value {
+pub(crate) fn decode(rpc: Option<Rpc>, dir: Dir, msg: &[u8], redact: bool) -> Value {
     match rpc.and_then(|r| typed(r, dir, msg, redact)) {
         Some(v) => v,
         None => {

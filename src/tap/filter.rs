@@ -10,7 +10,7 @@ use crate::cri::{Route, Rpc, RpcKind};
 /// A shell-style glob: `*` matches any run of characters, `?` exactly one. Nothing else is
 /// special, so method names and gRPC paths match literally.
 #[derive(Debug, Clone)]
-pub struct Glob {
+pub(crate) struct Glob {
     pattern: String,
     matcher: wildmatch::WildMatch,
 }
@@ -25,14 +25,14 @@ impl Eq for Glob {}
 
 impl Glob {
     /// `*` matches any run of characters, `?` any one; everything else itself.
-    pub fn new(pattern: &str) -> Glob {
+    pub(crate) fn new(pattern: &str) -> Glob {
         Glob {
             pattern: pattern.to_string(),
             matcher: wildmatch::WildMatch::new(pattern),
         }
     }
 
-    pub fn matches(&self, text: &str) -> bool {
+    pub(crate) fn matches(&self, text: &str) -> bool {
         self.matcher.matches(text)
     }
 
@@ -44,7 +44,7 @@ impl Glob {
 
 /// The method name shown for a path: the RPC name, or the last path segment of a path crisp
 /// does not know.
-pub fn method_name<'a>(route: &Route, path: &'a str) -> &'a str {
+pub(crate) fn method_name<'a>(route: &Route, path: &'a str) -> &'a str {
     match route.rpc {
         Some(r) => r.name(),
         None => path.rsplit('/').next().unwrap_or(path),
@@ -55,23 +55,23 @@ pub fn method_name<'a>(route: &Route, path: &'a str) -> &'a str {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Filter {
     /// When non-empty, exactly the methods matching one of these are shown, polling included.
-    pub methods: Vec<Glob>,
-    pub namespace: Option<String>,
-    pub pod: Option<String>,
-    pub errors_only: bool,
-    pub slower_than: Duration,
+    pub(crate) methods: Vec<Glob>,
+    pub(crate) namespace: Option<String>,
+    pub(crate) pod: Option<String>,
+    pub(crate) errors_only: bool,
+    pub(crate) slower_than: Duration,
     /// Show List*/​*Status/​*Stats/Version (hidden by default: >95 % of kubelet's traffic).
-    pub include_polling: bool,
+    pub(crate) include_polling: bool,
     /// Decode request and response messages to JSON.
-    pub full: bool,
+    pub(crate) full: bool,
     /// Show secrets. Only ever set for a root caller (checked by the admin server).
-    pub unredacted: bool,
+    pub(crate) unredacted: bool,
 }
 
 impl Filter {
     /// Whether calls to this route may be shown: decided before the call runs, so the proxy only
     /// buffers messages somebody can see.
-    pub fn wants_route(&self, route: &Route, path: &str) -> bool {
+    pub(crate) fn wants_route(&self, route: &Route, path: &str) -> bool {
         if !self.methods.is_empty() {
             let name = method_name(route, path);
             return self
@@ -84,7 +84,7 @@ impl Filter {
 
     /// Conservative per-RPC version of [`Filter::wants_route`] (`None`: paths crisp does not
     /// know), for the tap's interest bitmap: true whenever some path of this RPC could match.
-    pub fn may_want_rpc(&self, rpc: Option<Rpc>) -> bool {
+    pub(crate) fn may_want_rpc(&self, rpc: Option<Rpc>) -> bool {
         if !self.methods.is_empty() {
             return match rpc {
                 Some(r) => self
@@ -97,7 +97,7 @@ impl Filter {
         self.include_polling || !matches!(rpc.map(Rpc::kind), Some(RpcKind::Polling))
     }
 
-    pub fn wants_outcome(&self, code: Option<i32>, duration: Duration) -> bool {
+    pub(crate) fn wants_outcome(&self, code: Option<i32>, duration: Duration) -> bool {
         if self.errors_only && code == Some(0) {
             return false;
         }
@@ -105,7 +105,7 @@ impl Filter {
     }
 
     /// Pod filters: a call crisp cannot attribute to a pod never matches one.
-    pub fn wants_names(&self, namespace: &str, pod: &str) -> bool {
+    pub(crate) fn wants_names(&self, namespace: &str, pod: &str) -> bool {
         if let Some(ns) = &self.namespace {
             if ns != namespace {
                 return false;

@@ -15,18 +15,18 @@ use crate::intercept::PodNames;
 
 /// The names and ids shown for one call. Empty when unknown.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Ids {
-    pub pod_sandbox_id: String,
-    pub container_id: String,
-    pub pod_namespace: String,
-    pub pod_name: String,
-    pub container_name: String,
-    pub image: String,
+pub(crate) struct Ids {
+    pub(crate) pod_sandbox_id: String,
+    pub(crate) container_id: String,
+    pub(crate) pod_namespace: String,
+    pub(crate) pod_name: String,
+    pub(crate) container_name: String,
+    pub(crate) image: String,
 }
 
 impl Ids {
     /// Fills the fields still empty from `other` (what was known earlier in the call).
-    pub fn fill_from(&mut self, other: Ids) {
+    pub(crate) fn fill_from(&mut self, other: Ids) {
         let fill = |mine: &mut String, theirs: String| {
             if mine.is_empty() {
                 *mine = theirs;
@@ -70,7 +70,7 @@ fn pod_metadata(ids: &mut Ids, md: Option<&[u8]>) {
 
 /// What the request (and, when it was read, the response) of `rpc` says. Field numbers are the
 /// same in runtime.v1 and runtime.v1alpha2 ([`crate::cri::tags`]).
-pub fn from_messages(rpc: Option<Rpc>, req: Option<&[u8]>, resp: Option<&[u8]>) -> Ids {
+pub(crate) fn from_messages(rpc: Option<Rpc>, req: Option<&[u8]>, resp: Option<&[u8]>) -> Ids {
     let mut ids = Ids::default();
     let (Some(rpc), Some(req)) = (rpc, req) else {
         return ids;
@@ -199,7 +199,7 @@ pub fn from_messages(rpc: Option<Rpc>, req: Option<&[u8]>, resp: Option<&[u8]>) 
 
 /// Fills what the messages did not say from what tracks pods (the ordering engine's caches,
 /// never the runtime).
-pub fn complete(ids: &mut Ids, names: &dyn PodNames) {
+pub(crate) fn complete(ids: &mut Ids, names: &dyn PodNames) {
     let have_pod = !ids.pod_name.is_empty();
     let have_container = ids.container_id.is_empty() || !ids.container_name.is_empty();
     if have_pod && have_container {

@@ -17,12 +17,12 @@
 //! and each subscriber's queue is bounded in events and bytes.
 
 pub mod client;
-pub mod decode;
-pub mod filter;
-pub mod ids;
+pub(crate) mod decode;
+pub(crate) mod filter;
+pub(crate) mod ids;
 pub mod output;
 pub mod pods;
-pub mod redact;
+pub(crate) mod redact;
 pub mod timeline;
 pub mod view;
 
@@ -49,17 +49,17 @@ use crate::intercept::{
     BoxFuture, Call, HoldEvent, HoldPhase, HoldSink, Interceptor, Interest, Outcome, Verdict,
 };
 use crate::metrics::{code_name, CallMetrics};
-pub use filter::{Filter, Glob};
-pub use ids::Ids;
+pub(crate) use filter::{Filter, Glob};
+pub(crate) use ids::Ids;
 use redact::Dir;
 
 /// Most bytes of messages queued for one subscriber; beyond it events are dropped (and counted)
 /// even if the queue has room: `--full --all` on a node with big List responses must not grow
 /// crisp's memory without bound.
-pub const MAX_QUEUED_BYTES: usize = 64 << 20;
+pub(crate) const MAX_QUEUED_BYTES: usize = 64 << 20;
 
 /// Target of the trace-level log of every call's (redacted) messages.
-pub const MESSAGES_TARGET: &str = "crisp::tap::messages";
+pub(crate) const MESSAGES_TARGET: &str = "crisp::tap::messages";
 /// Longest message JSON put in one log line.
 const MAX_LOG_MESSAGE: usize = 16 << 10;
 
@@ -75,22 +75,22 @@ fn bit(rpc: Option<Rpc>) -> u64 {
 
 /// One finished call, shared by every subscriber that gets it.
 #[derive(Debug)]
-pub struct RawEvent {
-    pub call_id: u64,
-    pub start: SystemTime,
-    pub route: Route,
-    pub path: String,
-    pub duration: Duration,
-    pub held: Duration,
-    pub code: Option<i32>,
+pub(crate) struct RawEvent {
+    pub(crate) call_id: u64,
+    pub(crate) start: SystemTime,
+    pub(crate) route: Route,
+    pub(crate) path: String,
+    pub(crate) duration: Duration,
+    pub(crate) held: Duration,
+    pub(crate) code: Option<i32>,
     /// grpc-message, when the call ended with one.
-    pub message: Option<String>,
-    pub ids: Ids,
-    pub request_bytes: usize,
-    pub response_bytes: usize,
+    pub(crate) message: Option<String>,
+    pub(crate) ids: Ids,
+    pub(crate) request_bytes: usize,
+    pub(crate) response_bytes: usize,
     /// The messages (without the gRPC prefix), kept only when a `full` subscriber gets the event.
-    pub request: Option<Bytes>,
-    pub response: Option<Bytes>,
+    pub(crate) request: Option<Bytes>,
+    pub(crate) response: Option<Bytes>,
     /// The redacted JSON of both messages, decoded once for all redacted subscribers.
     redacted_json: OnceLock<(String, String)>,
 }
@@ -102,7 +102,7 @@ impl RawEvent {
             + self.response.as_ref().map_or(0, Bytes::len)
     }
 
-    pub fn method(&self) -> &str {
+    pub(crate) fn method(&self) -> &str {
         filter::method_name(&self.route, &self.path)
     }
 
@@ -120,7 +120,7 @@ impl RawEvent {
 
     /// The event as the admin API sends it. Decoding (`full`) happens here, in the
     /// subscriber's task, never on the call path.
-    pub fn to_proto(&self, full: bool, redact: bool) -> pb::CallEvent {
+    pub(crate) fn to_proto(&self, full: bool, redact: bool) -> pb::CallEvent {
         let (request_json, response_json) = match (full, redact) {
             (false, _) => (String::new(), String::new()),
             (true, true) => self.redacted_json.get_or_init(|| self.json(true)).clone(),
@@ -169,7 +169,7 @@ impl RawEvent {
 }
 
 /// A hold event as the admin API sends it.
-pub fn hold_to_proto(ev: &HoldEvent) -> pb::HoldEvent {
+pub(crate) fn hold_to_proto(ev: &HoldEvent) -> pb::HoldEvent {
     pb::HoldEvent {
         call_id: ev.call_id,
         phase: ev.phase.as_str().to_string(),
@@ -204,7 +204,7 @@ pub fn hold_to_proto(ev: &HoldEvent) -> pb::HoldEvent {
 
 /// What a subscription yields.
 #[derive(Debug, Clone)]
-pub enum Item {
+pub(crate) enum Item {
     Call(Arc<RawEvent>),
     /// A call held or refused, while it happens.
     Hold(Arc<HoldEvent>),
@@ -365,7 +365,7 @@ impl Subscription {
     }
 
     /// The next event; `None` once the tap is closed (crisp shutting down).
-    pub async fn next(&mut self) -> Option<Item> {
+    pub(crate) async fn next(&mut self) -> Option<Item> {
         if let Some(ev) = self.pending.take() {
             return Some(ev.item());
         }
@@ -431,12 +431,12 @@ impl Tap {
         &self.metrics
     }
 
-    pub fn subscribers(&self) -> usize {
+    pub(crate) fn subscribers(&self) -> usize {
         self.hub.count.load(Relaxed)
     }
 
     /// Attaches a subscriber with a queue of `queue` events.
-    pub fn subscribe(&self, filter: Filter, queue: usize) -> Subscription {
+    pub(crate) fn subscribe(&self, filter: Filter, queue: usize) -> Subscription {
         let (tx, rx) = mpsc::channel(queue.max(1));
         let counters = Arc::new(Counters::default());
         let id = self.hub.next_id.fetch_add(1, Relaxed);
@@ -465,7 +465,7 @@ impl Tap {
     }
 
     /// Ends every subscription (their queued events are still delivered) and refuses new ones.
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         self.hub.closed.store(true, Relaxed);
         self.hub.update(Vec::clear);
         self.metrics.tap_subscribers.set(0);

@@ -4,7 +4,7 @@
 //!
 //! Redacted by default (DESIGN.md §6, PRIOR-ART.md §5 "secrets in logs"):
 //! - all of `PullImageRequest.auth` — which covers every field the CRI marks `debug_redact`
-//!   ([`DEBUG_REDACT`]: AuthConfig's password, auth, identity_token, registry_token; kubernetes
+//!   (`DEBUG_REDACT`, compiled for tests: AuthConfig's password, auth, identity_token, registry_token; kubernetes
 //!   PR #133135). AuthConfig appears nowhere else in the CRI;
 //! - env *values* of `CreateContainerRequest.config.envs` (keys stay: they say what is set);
 //! - the verbose `info` maps of ContainerStatus, PodSandboxStatus, ImageStatus and Status
@@ -32,11 +32,11 @@ use serde_json::Value;
 use crate::cri::Rpc;
 
 /// What replaces a redacted value.
-pub const REDACTED: &str = "<redacted>";
+pub(crate) const REDACTED: &str = "<redacted>";
 
 /// Request or response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Dir {
+pub(crate) enum Dir {
     Request,
     Response,
 }
@@ -45,7 +45,8 @@ pub enum Dir {
 /// newest kubernetes cri-api. All sit in AuthConfig, which is only carried by
 /// `PullImageRequest.auth` — redacted whole, so these are covered with room to spare; the list
 /// is kept so a test can prove it.
-pub const DEBUG_REDACT: &[(&str, &str, u32)] = &[
+#[cfg(test)]
+pub(crate) const DEBUG_REDACT: &[(&str, &str, u32)] = &[
     ("AuthConfig", "password", 2),
     ("AuthConfig", "auth", 3),
     ("AuthConfig", "identity_token", 5),
@@ -196,7 +197,7 @@ const COMMAND_FIELDS: &[&str] = &["command", "args", "cmd"];
 
 /// Whether an annotation's value is shown: a key crisp knows (crisp's own `crisp.dev/*` or one
 /// of `SHOWN_ANNOTATIONS`) whose value does not embed a manifest.
-pub fn annotation_shown(key: &str, value: &str) -> bool {
+pub(crate) fn annotation_shown(key: &str, value: &str) -> bool {
     (key.starts_with("crisp.dev/") || SHOWN_ANNOTATIONS.contains(&key))
         && !carries_manifest(key, value)
 }
@@ -210,7 +211,7 @@ const MANIFEST_ANNOTATIONS: &[&str] = &[
 /// Whether an annotation's value may embed a manifest: one of the annotations tools keep a copy
 /// of the applied object in, or any value shaped like a serialised Kubernetes object (a JSON
 /// object naming its `apiVersion` and `kind`), whoever put it there.
-pub fn carries_manifest(key: &str, value: &str) -> bool {
+pub(crate) fn carries_manifest(key: &str, value: &str) -> bool {
     MANIFEST_ANNOTATIONS.contains(&key)
         || (value.trim_start().starts_with('{')
             && value.contains("\"apiVersion\"")
@@ -218,7 +219,7 @@ pub fn carries_manifest(key: &str, value: &str) -> bool {
 }
 
 /// Wire paths under which nothing may be shown when redacting (not even unknown-field sizes).
-pub fn redacted_wire_paths(rpc: Rpc, dir: Dir) -> impl Iterator<Item = &'static [u32]> {
+pub(crate) fn redacted_wire_paths(rpc: Rpc, dir: Dir) -> impl Iterator<Item = &'static [u32]> {
     RULES
         .iter()
         .filter(move |r| r.rpc == rpc && r.dir == dir && r.how == How::Whole)
@@ -227,7 +228,7 @@ pub fn redacted_wire_paths(rpc: Rpc, dir: Dir) -> impl Iterator<Item = &'static 
 
 /// Redacts a decoded message in place (`redact`), or only makes bytes fields readable
 /// (`!redact`: an `--unredacted` root subscriber).
-pub fn apply(rpc: Rpc, dir: Dir, v: &mut Value, redact: bool) {
+pub(crate) fn apply(rpc: Rpc, dir: Dir, v: &mut Value, redact: bool) {
     for r in RULES.iter().filter(|r| r.rpc == rpc && r.dir == dir) {
         visit(v, r.path, &mut |x| transform(x, r.how, redact));
     }
@@ -340,7 +341,7 @@ fn bytes_of(v: &Value) -> Option<Vec<u8>> {
 
 /// A message as one redacted JSON line for a log, cut at `max` bytes: the only way crisp puts a
 /// message in its log (DESIGN.md §6: never Debug-print a CRI message).
-pub fn for_log(rpc: Option<Rpc>, dir: Dir, msg: &[u8], max: usize) -> String {
+pub(crate) fn for_log(rpc: Option<Rpc>, dir: Dir, msg: &[u8], max: usize) -> String {
     let v = super::decode::decode(rpc, dir, msg, true);
     let mut s = v.to_string();
     crate::status::cut_text(&mut s, max);

@@ -35,22 +35,22 @@ const MAX_LISTED_FAILURES: usize = 20;
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Call {
     /// Start, in microseconds since the Unix epoch.
-    pub start_us: i64,
-    pub duration_us: i64,
+    pub(crate) start_us: i64,
+    pub(crate) duration_us: i64,
     /// The part of `duration_us`, from its start, that crisp held the call.
-    pub held_us: i64,
-    pub method: String,
+    pub(crate) held_us: i64,
+    pub(crate) method: String,
     /// `mutating`, `polling`, `streaming` or `unknown`.
-    pub kind: String,
-    pub pod_namespace: String,
-    pub pod_name: String,
-    pub pod_sandbox_id: String,
-    pub container_name: String,
-    pub container_id: String,
-    pub image: String,
+    pub(crate) kind: String,
+    pub(crate) pod_namespace: String,
+    pub(crate) pod_name: String,
+    pub(crate) pod_sandbox_id: String,
+    pub(crate) container_name: String,
+    pub(crate) container_id: String,
+    pub(crate) image: String,
     /// `OK`, `FailedPrecondition`, ... (`None`: the client went away first).
-    pub code_name: String,
-    pub message: String,
+    pub(crate) code_name: String,
+    pub(crate) message: String,
 }
 
 impl Call {
@@ -85,9 +85,9 @@ impl Call {
 /// A pod and its calls, in start order.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Pod {
-    pub namespace: String,
-    pub name: String,
-    pub calls: Vec<Call>,
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    pub(crate) calls: Vec<Call>,
 }
 
 impl Pod {

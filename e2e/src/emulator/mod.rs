@@ -5,7 +5,7 @@
 //! Where a call enters and in what order:
 //! - [`Kubelet::add_pod`] → a pod worker (`worker.rs`, one task per pod, serial) runs `syncPod`:
 //!   status, then the runtime's `SyncPod` (`runtime.rs`): RunPodSandbox → PodSandboxStatus → one
-//!   init container per sync → regular containers one by one (ImageStatus → [PullImage] →
+//!   init container per sync → regular containers one by one (ImageStatus → \[PullImage\] →
 //!   ImageStatus → CreateContainer → StartContainer → postStart ExecSync).
 //! - The PLEG (`pleg.rs`, in `kubelet.rs`'s loop) relists every second, refreshes the pod cache
 //!   (`cache.rs`) with `GetPodStatus`, and turns Started/Died into new syncs. Every sync waits for a

@@ -5,10 +5,10 @@ use super::{Flags, FrameError, Head, Kind, Reason};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GoAway<'a> {
     /// The highest stream the sender may have processed.
-    pub last_stream: u32,
-    pub reason: Reason,
+    pub(crate) last_stream: u32,
+    pub(crate) reason: Reason,
     /// Free text for diagnostics (the peer's, so hostile: print it lossily and cut).
-    pub debug_data: &'a [u8],
+    pub(crate) debug_data: &'a [u8],
 }
 
 impl<'a> GoAway<'a> {
@@ -20,7 +20,7 @@ impl<'a> GoAway<'a> {
         }
     }
 
-    pub fn load(payload: &'a [u8]) -> Result<GoAway<'a>, FrameError> {
+    pub(crate) fn load(payload: &'a [u8]) -> Result<GoAway<'a>, FrameError> {
         let Some((fixed, debug_data)) = payload.split_first_chunk::<8>() else {
             return Err(FrameError::BadLength {
                 kind: Kind::GoAway,

@@ -8,7 +8,7 @@ use std::hash::BuildHasherDefault;
 /// client's own and bounded by its concurrency, and the maps of byte strings are bounded in
 /// size; but it costs on every call.
 #[derive(Default, Clone, Copy)]
-pub struct IdHasher(u64);
+pub(crate) struct IdHasher(u64);
 
 impl std::hash::Hasher for IdHasher {
     fn finish(&self) -> u64 {
@@ -33,4 +33,4 @@ impl std::hash::Hasher for IdHasher {
 }
 
 /// A map keyed by stream id.
-pub type IdMap<V> = HashMap<u32, V, BuildHasherDefault<IdHasher>>;
+pub(crate) type IdMap<V> = HashMap<u32, V, BuildHasherDefault<IdHasher>>;

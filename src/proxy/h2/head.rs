@@ -78,7 +78,7 @@ impl Flags {
     pub const PRIORITY: Flags = Flags(0x20);
 
     /// `self` if `on`, else no flag.
-    pub const fn when(self, on: bool) -> Flags {
+    pub(crate) const fn when(self, on: bool) -> Flags {
         if on {
             self
         } else {
@@ -99,7 +99,7 @@ impl std::ops::BitOr for Flags {
 pub struct Head {
     pub len: usize,
     pub kind: Kind,
-    pub flags: Flags,
+    pub(crate) flags: Flags,
     pub stream: u32,
 }
 

@@ -23,15 +23,15 @@ mod stateless;
 mod window_update;
 
 pub use data::{data, data_payload};
-pub use error::FrameError;
+pub(crate) use error::FrameError;
 pub use go_away::GoAway;
-pub use hasher::{IdHasher, IdMap};
+pub(crate) use hasher::{IdHasher, IdMap};
 pub use head::{complete_at, Flags, Head, Kind, DEFAULT_WINDOW, HEADER_LEN, MAX_FRAME, PREFACE};
 pub use headers::{header_fragment, headers};
 pub use indexer::Indexer;
 pub use ping::Ping;
 pub use reason::Reason;
-pub use rst_stream::RstStream;
+pub(crate) use rst_stream::RstStream;
 pub use settings::Settings;
 pub use stateless::{encode_field, put_int};
 pub use window_update::WindowUpdate;

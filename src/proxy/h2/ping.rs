@@ -4,8 +4,8 @@ use super::{Flags, FrameError, Head, Kind};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ping {
-    pub ack: bool,
-    pub opaque: [u8; 8],
+    pub(crate) ack: bool,
+    pub(crate) opaque: [u8; 8],
 }
 
 impl Ping {
@@ -14,14 +14,14 @@ impl Ping {
     }
 
     /// The answer to this PING.
-    pub fn pong(self) -> Ping {
+    pub(crate) fn pong(self) -> Ping {
         Ping {
             ack: true,
             opaque: self.opaque,
         }
     }
 
-    pub fn load(head: &Head, payload: &[u8]) -> Result<Ping, FrameError> {
+    pub(crate) fn load(head: &Head, payload: &[u8]) -> Result<Ping, FrameError> {
         let Ok(opaque) = <[u8; 8]>::try_from(payload) else {
             return Err(FrameError::BadLength {
                 kind: Kind::Ping,

@@ -13,15 +13,15 @@ impl Reason {
     pub const STREAM_CLOSED: Reason = Reason(0x5);
     pub const FRAME_SIZE_ERROR: Reason = Reason(0x6);
     pub const REFUSED_STREAM: Reason = Reason(0x7);
-    pub const CANCEL: Reason = Reason(0x8);
-    pub const COMPRESSION_ERROR: Reason = Reason(0x9);
+    pub(crate) const CANCEL: Reason = Reason(0x8);
+    pub(crate) const COMPRESSION_ERROR: Reason = Reason(0x9);
     pub const CONNECT_ERROR: Reason = Reason(0xa);
     pub const ENHANCE_YOUR_CALM: Reason = Reason(0xb);
     pub const INADEQUATE_SECURITY: Reason = Reason(0xc);
     pub const HTTP_1_1_REQUIRED: Reason = Reason(0xd);
 
     /// The code's name in RFC 9113 §7, if it has one.
-    pub fn name(self) -> Option<&'static str> {
+    pub(crate) fn name(self) -> Option<&'static str> {
         const NAMES: [&str; 14] = [
             "NO_ERROR",
             "PROTOCOL_ERROR",

@@ -1,19 +1,22 @@
 //! RST_STREAM (RFC 9113 §6.4).
 
-use super::{Flags, FrameError, Head, Kind, Reason};
+#[cfg(test)]
+use super::FrameError;
+use super::{Flags, Head, Kind, Reason};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RstStream {
-    pub stream: u32,
-    pub reason: Reason,
+pub(crate) struct RstStream {
+    pub(crate) stream: u32,
+    pub(crate) reason: Reason,
 }
 
 impl RstStream {
-    pub fn new(stream: u32, reason: Reason) -> RstStream {
+    pub(crate) fn new(stream: u32, reason: Reason) -> RstStream {
         RstStream { stream, reason }
     }
 
-    pub fn load(head: &Head, payload: &[u8]) -> Result<RstStream, FrameError> {
+    #[cfg(test)]
+    pub(crate) fn load(head: &Head, payload: &[u8]) -> Result<RstStream, FrameError> {
         let [a, b, c, d] = *payload else {
             return Err(FrameError::BadLength {
                 kind: Kind::RstStream,
@@ -26,7 +29,7 @@ impl RstStream {
         })
     }
 
-    pub fn encode(&self, out: &mut Vec<u8>) {
+    pub(crate) fn encode(&self, out: &mut Vec<u8>) {
         Head::new(Kind::RstStream, Flags::NONE, self.stream, 4).encode(out);
         out.extend_from_slice(&self.reason.0.to_be_bytes());
     }

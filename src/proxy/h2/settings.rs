@@ -7,25 +7,25 @@ use super::{Flags, FrameError, Head, Kind};
 /// unchanged anyway, and reads only what crisp's own bookkeeping needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Settings {
-    pub header_table_size: Option<u32>,
-    pub enable_push: Option<u32>,
-    pub max_concurrent_streams: Option<u32>,
-    pub initial_window_size: Option<u32>,
-    pub max_frame_size: Option<u32>,
-    pub max_header_list_size: Option<u32>,
+    pub(crate) header_table_size: Option<u32>,
+    pub(crate) enable_push: Option<u32>,
+    pub(crate) max_concurrent_streams: Option<u32>,
+    pub(crate) initial_window_size: Option<u32>,
+    pub(crate) max_frame_size: Option<u32>,
+    pub(crate) max_header_list_size: Option<u32>,
 }
 
 impl Settings {
     pub const HEADER_TABLE_SIZE: u16 = 0x1;
-    pub const ENABLE_PUSH: u16 = 0x2;
-    pub const MAX_CONCURRENT_STREAMS: u16 = 0x3;
+    pub(crate) const ENABLE_PUSH: u16 = 0x2;
+    pub(crate) const MAX_CONCURRENT_STREAMS: u16 = 0x3;
     pub const INITIAL_WINDOW_SIZE: u16 = 0x4;
-    pub const MAX_FRAME_SIZE: u16 = 0x5;
-    pub const MAX_HEADER_LIST_SIZE: u16 = 0x6;
+    pub(crate) const MAX_FRAME_SIZE: u16 = 0x5;
+    pub(crate) const MAX_HEADER_LIST_SIZE: u16 = 0x6;
 
     /// The parameters of a SETTINGS frame that is not an ACK (an ACK carries none: see
     /// [`Settings::load_ack`]).
-    pub fn load(head: &Head, payload: &[u8]) -> Result<Settings, FrameError> {
+    pub(crate) fn load(head: &Head, payload: &[u8]) -> Result<Settings, FrameError> {
         debug_assert_eq!(head.kind, Kind::Settings);
         if !payload.len().is_multiple_of(6) {
             return Err(FrameError::BadLength {
@@ -70,7 +70,7 @@ impl Settings {
     }
 
     /// A SETTINGS frame with the parameters that are set, in their numeric order.
-    pub fn encode(&self, out: &mut Vec<u8>) {
+    pub(crate) fn encode(&self, out: &mut Vec<u8>) {
         let fields = self.fields();
         let n = fields.iter().filter(|(_, v)| v.is_some()).count();
         Head::new(Kind::Settings, Flags::NONE, 0, 6 * n).encode(out);
@@ -83,7 +83,7 @@ impl Settings {
     }
 
     /// A SETTINGS ACK.
-    pub fn encode_ack(out: &mut Vec<u8>) {
+    pub(crate) fn encode_ack(out: &mut Vec<u8>) {
         Head::new(Kind::Settings, Flags::ACK, 0, 0).encode(out);
     }
 }

@@ -5,9 +5,9 @@ use super::{Flags, FrameError, Head, Kind};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WindowUpdate {
     /// 0: the connection's window.
-    pub stream: u32,
+    pub(crate) stream: u32,
     /// 31 bits; 0 is a protocol error the receiver judges (the relay passes it on).
-    pub increment: u32,
+    pub(crate) increment: u32,
 }
 
 impl WindowUpdate {
@@ -15,7 +15,7 @@ impl WindowUpdate {
         WindowUpdate { stream, increment }
     }
 
-    pub fn load(head: &Head, payload: &[u8]) -> Result<WindowUpdate, FrameError> {
+    pub(crate) fn load(head: &Head, payload: &[u8]) -> Result<WindowUpdate, FrameError> {
         let [a, b, c, d] = *payload else {
             return Err(FrameError::BadLength {
                 kind: Kind::WindowUpdate,

@@ -29,10 +29,10 @@ use crate::proxy::h2::{
 };
 
 /// Largest header block crisp accepts (the runtime's limit is usually far lower).
-pub const MAX_HEADER_BLOCK: usize = 1 << 20;
+pub(crate) const MAX_HEADER_BLOCK: usize = 1 << 20;
 /// Largest header list (names and values, decoded) crisp accepts: grpc-go's server default. A
 /// block of 1 MiB that refers again and again to one large table entry decodes to gigabytes.
-pub const MAX_HEADER_LIST: usize = 16 << 20;
+pub(crate) const MAX_HEADER_LIST: usize = 16 << 20;
 /// A degraded client idle this long is moved back to a relay (see [`Core::tick`]).
 const MOVE_IDLE: Duration = Duration::from_millis(200);
 
@@ -76,7 +76,7 @@ pub enum Event {
 }
 
 /// Where the runtime's frames go as they are: the client's socket, or a test's buffer.
-pub trait Sink {
+pub(crate) trait Sink {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<()>;
 }
 
@@ -88,11 +88,11 @@ impl Sink for Vec<u8> {
 }
 
 /// The core's settings.
-pub struct Config {
-    pub keepalive_interval: Duration,
-    pub keepalive_timeout: Duration,
+pub(crate) struct Config {
+    pub(crate) keepalive_interval: Duration,
+    pub(crate) keepalive_timeout: Duration,
     /// The runtime's socket, as logs and crisp's own error messages name it.
-    pub runtime: std::path::PathBuf,
+    pub(crate) runtime: std::path::PathBuf,
 }
 
 /// A stream relayed to the runtime.
@@ -141,7 +141,7 @@ pub(super) struct FromRuntime {
 }
 
 /// One client connection's rules.
-pub struct Core {
+pub(crate) struct Core {
     pub(super) calls: Arc<dyn Calls>,
     /// The runtime's socket path, for logs and messages.
     pub(super) runtime_name: String,
@@ -165,9 +165,9 @@ pub struct Core {
     /// When the frames being handled were read (one clock read per read, not per call).
     pub(super) now: Instant,
     /// The client's frames for the runtime.
-    pub to_runtime: Vec<u8>,
+    pub(crate) to_runtime: Vec<u8>,
     /// crisp's own frames for the client.
-    pub to_client: Vec<u8>,
+    pub(crate) to_client: Vec<u8>,
     pub(super) events: Vec<Event>,
 }
 
@@ -175,7 +175,7 @@ impl Core {
     /// A connection whose client has sent its preface; `runtime`: it has a runtime connection
     /// of its own (its preface sent), else crisp serves it on the observed path and is the
     /// client's server itself.
-    pub fn new(
+    pub(crate) fn new(
         cfg: &Config,
         calls: Arc<dyn Calls>,
         windows: Arc<Windows>,
@@ -225,24 +225,24 @@ impl Core {
     }
 
     /// How often [`Core::tick`] wants to run.
-    pub fn tick_every(&self) -> Duration {
+    pub(crate) fn tick_every(&self) -> Duration {
         self.keepalive.tick()
     }
 
     /// The events left since the last call, oldest first.
-    pub fn events(&mut self) -> std::vec::Drain<'_, Event> {
+    pub(crate) fn events(&mut self) -> std::vec::Drain<'_, Event> {
         self.events.drain(..)
     }
 
     /// The runtime is in the middle of a header block: crisp's own frames must wait.
-    pub fn in_runtime_block(&self) -> bool {
+    pub(crate) fn in_runtime_block(&self) -> bool {
         self.from_runtime.pending.is_some()
     }
 
     /// The periodic work: crisp's keep-alive PING to an idle client (and the end of a client
     /// that stopped answering), and moving a degraded client back to a relay once
     /// `runtime_reachable` says the runtime accepts connections again.
-    pub fn tick(
+    pub(crate) fn tick(
         &mut self,
         now: Instant,
         runtime_reachable: &mut dyn FnMut() -> bool,
@@ -283,7 +283,7 @@ impl Core {
     }
 
     /// Sends the client GOAWAY (once): it finishes what it started and opens a new connection.
-    pub fn goaway(&mut self, why: &[u8]) {
+    pub(crate) fn goaway(&mut self, why: &[u8]) {
         if self.goaway.is_none() {
             self.goaway = Some(self.max_stream);
             GoAway::new(self.max_stream, Reason::NO_ERROR, why).encode(&mut self.to_client);
@@ -292,7 +292,7 @@ impl Core {
 
     /// After crisp's GOAWAY, with nothing left in flight or unwritten by the core: the
     /// connection can close once its shell has written the rest.
-    pub fn drained(&self) -> bool {
+    pub(crate) fn drained(&self) -> bool {
         self.goaway.is_some()
             && self.relayed.is_empty()
             && !self.windows.lock().any_diverted()
@@ -303,7 +303,7 @@ impl Core {
     /// The runtime connection failed (or closed; `msg` says so to the calls on it): they end
     /// with UNAVAILABLE and new streams are diverted, until the client moves to a new
     /// connection.
-    pub fn runtime_failed(&mut self, msg: &str) -> Result<(), RelayError> {
+    pub(crate) fn runtime_failed(&mut self, msg: &str) -> Result<(), RelayError> {
         self.runtime = false;
         if self.from_runtime.pending.take().is_some() {
             // The client holds part of a header block that will never end: its connection is
@@ -351,7 +351,7 @@ impl Core {
     }
 
     /// The client's connection ended: relayed calls still in flight are cancelled.
-    pub fn client_gone(&mut self, at: Instant) {
+    pub(crate) fn client_gone(&mut self, at: Instant) {
         let relayed: Vec<Relayed> = self.relayed.drain().map(|(_, r)| r).collect();
         for r in relayed {
             self.completed(r.call, Ending::cancelled(), at);
@@ -366,7 +366,11 @@ impl Core {
 
     /// Handles the complete frames at the start of `buf` (just read from the client, at
     /// `now`); consumed bytes are dropped from it.
-    pub fn client_bytes(&mut self, buf: &mut BytesMut, now: Instant) -> Result<(), RelayError> {
+    pub(crate) fn client_bytes(
+        &mut self,
+        buf: &mut BytesMut,
+        now: Instant,
+    ) -> Result<(), RelayError> {
         // Settings the runtime sent apply to the blocks crisp writes from now on.
         if let Some(size) = self.from_runtime.table_size.take() {
             self.client.indexer.peer_table_size(size);

@@ -55,7 +55,7 @@ pub enum RuntimeFailure {
 }
 
 impl RuntimeFailure {
-    pub fn writing(&self) -> bool {
+    pub(crate) fn writing(&self) -> bool {
         matches!(self, RuntimeFailure::Write(_))
     }
 }

@@ -1,7 +1,7 @@
 //! The relay: crisp's fast path, a frame-level HTTP/2 relay between one client connection and a
 //! runtime connection of its own.
 //!
-//! - `core.rs`: the connection's rules, without I/O — frames and time in, frames and [`Event`]s
+//! - `core.rs`: the connection's rules, without I/O — frames and time in, frames and [`Event`](core::Event)s
 //!   out (`inbound.rs`: the client's frames, `outbound.rs`: the runtime's, `flow.rs`: windows and
 //!   debt, `ping.rs`: the PING gate and keep-alive, `fields.rs`: decoded header blocks and routes).
 //! - `pump.rs`: the thread that runs a core, blocked in `poll(2)` on the two sockets.
@@ -24,7 +24,7 @@
 //! the whole connection is served by the observed path (UNAVAILABLE until the runtime returns).
 
 mod bridge;
-pub mod core;
+pub(crate) mod core;
 mod error;
 mod fields;
 mod flow;
@@ -44,10 +44,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::sync::watch;
 
-pub use self::bridge::{DivertedBody, Service};
-pub use self::core::{Calls, Event};
-pub use self::error::{RelayError, RuntimeFailure, Violation};
-pub use self::status::{Code, Ending};
+pub(crate) use self::bridge::{DivertedBody, Service};
+pub(crate) use self::core::Calls;
 use super::h2;
 use super::sock::{Sock, Wake};
 use super::upstream::Upstream;
@@ -61,21 +59,21 @@ const RELAY_STACK: usize = 512 << 10;
 
 /// The relay's settings.
 #[derive(Debug, Clone)]
-pub struct Options {
+pub(crate) struct Options {
     /// A connection that has not sent the HTTP/2 preface within this time is closed.
-    pub handshake_timeout: Duration,
+    pub(crate) handshake_timeout: Duration,
     /// PING a client idle this long; close one that has not answered for `keepalive_timeout`.
-    pub keepalive_interval: Duration,
-    pub keepalive_timeout: Duration,
+    pub(crate) keepalive_interval: Duration,
+    pub(crate) keepalive_timeout: Duration,
 }
 
 /// What the relay needs of the rest of crisp: its settings, the runtime, and the service that
 /// routes calls, hears of their ends and serves diverted ones.
 #[derive(Clone)]
-pub struct Handle {
-    pub options: Options,
-    pub runtime: Arc<Upstream>,
-    pub service: Arc<dyn Service>,
+pub(crate) struct Handle {
+    pub(crate) options: Options,
+    pub(crate) runtime: Arc<Upstream>,
+    pub(crate) service: Arc<dyn Service>,
 }
 
 /// Serves one client connection, relaying to a runtime connection of its own when the runtime
@@ -86,7 +84,7 @@ pub struct Handle {
 /// relayed hop costs a wakeup, a `recv` and a `send`, and no async runtime's scheduler,
 /// reactor and timers (BENCHMARKS.md: about a third of crisp's instructions per call on tokio).
 /// Diverted streams still run on tokio (`bridge.rs`).
-pub async fn serve_connection(
+pub(crate) async fn serve_connection(
     mut client: UnixStream,
     handle: Handle,
     mut shutdown: watch::Receiver<bool>,

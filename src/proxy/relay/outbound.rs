@@ -19,7 +19,7 @@ impl Core {
     /// for the next call once the client's credit came. `now`: when the bytes were read. Calls
     /// that ended are reported ([`super::core::Event::Completed`]) once their last bytes went
     /// out: the metrics and the tap are not on the answer's way to the client.
-    pub fn runtime_bytes(
+    pub(crate) fn runtime_bytes(
         &mut self,
         buf: &mut BytesMut,
         client: &mut impl Sink,

@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 /// Opaque data of crisp's own keep-alive PINGs; their ACKs are not relayed.
-pub const KEEPALIVE: [u8; 8] = *b"crisp-ka";
+pub(crate) const KEEPALIVE: [u8; 8] = *b"crisp-ka";
 
 /// Decides which of the client's PINGs go on to the runtime.
 ///
@@ -18,7 +18,7 @@ pub const KEEPALIVE: [u8; 8] = *b"crisp-ka";
 /// and answers the others itself. The runtime never sees a PING it would count; BDP estimation
 /// still measures the runtime's round trip whenever the data came from the runtime.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub enum PingGate {
+pub(crate) enum PingGate {
     /// No HEADERS/DATA from the runtime since the last forwarded PING was answered.
     #[default]
     Stale,
@@ -30,21 +30,21 @@ pub enum PingGate {
 
 impl PingGate {
     /// The runtime sent HEADERS or DATA (runtime → client direction, in wire order).
-    pub fn runtime_wrote(&mut self) {
+    pub(crate) fn runtime_wrote(&mut self) {
         if *self == PingGate::Stale {
             *self = PingGate::Fresh;
         }
     }
 
     /// The runtime answered a PING.
-    pub fn acked(&mut self) {
+    pub(crate) fn acked(&mut self) {
         if *self == PingGate::Outstanding {
             *self = PingGate::Stale;
         }
     }
 
     /// Whether a client PING may go to the runtime now (and if so, it is outstanding).
-    pub fn try_forward(&mut self) -> bool {
+    pub(crate) fn try_forward(&mut self) -> bool {
         let fresh = *self == PingGate::Fresh;
         if fresh {
             *self = PingGate::Outstanding;
@@ -54,7 +54,7 @@ impl PingGate {
 }
 
 /// crisp's keep-alive of one client connection.
-pub struct KeepAlive {
+pub(crate) struct KeepAlive {
     /// PING a client idle this long.
     every: Duration,
     /// Close a client that has not answered a PING for this long.
@@ -64,7 +64,7 @@ pub struct KeepAlive {
 
 /// What the keep-alive wants done now.
 #[derive(Debug, PartialEq, Eq)]
-pub enum KeepAliveAction {
+pub(crate) enum KeepAliveAction {
     Nothing,
     /// Send the client a PING.
     Ping,
@@ -73,7 +73,7 @@ pub enum KeepAliveAction {
 }
 
 impl KeepAlive {
-    pub fn new(every: Duration, timeout: Duration) -> KeepAlive {
+    pub(crate) fn new(every: Duration, timeout: Duration) -> KeepAlive {
         KeepAlive {
             every,
             timeout,
@@ -82,13 +82,13 @@ impl KeepAlive {
     }
 
     /// How often the relay looks: half the shorter of the two periods, at least 10 ms.
-    pub fn tick(&self) -> Duration {
+    pub(crate) fn tick(&self) -> Duration {
         (self.every.min(self.timeout) / 2).max(Duration::from_millis(10))
     }
 
     /// Whether an earlier PING went unanswered: any frame from the client since it was sent
     /// counts as an answer.
-    pub fn check(&mut self, now: Instant, last_client_frame: Instant) -> KeepAliveAction {
+    pub(crate) fn check(&mut self, now: Instant, last_client_frame: Instant) -> KeepAliveAction {
         if let Some(t) = self.ping_sent {
             if last_client_frame >= t {
                 self.ping_sent = None;
@@ -101,7 +101,12 @@ impl KeepAlive {
 
     /// Whether to PING the client now (`can`: crisp may write a frame of its own now); if so,
     /// the PING counts as sent.
-    pub fn ping(&mut self, now: Instant, last_client_frame: Instant, can: bool) -> KeepAliveAction {
+    pub(crate) fn ping(
+        &mut self,
+        now: Instant,
+        last_client_frame: Instant,
+        can: bool,
+    ) -> KeepAliveAction {
         if self.ping_sent.is_none()
             && now.saturating_duration_since(last_client_frame) >= self.every
             && can

@@ -20,7 +20,7 @@ impl Sink for Sock {
 }
 
 /// One connection on its relay thread: the core, the sockets and their buffers.
-pub struct Pump {
+pub(crate) struct Pump {
     pub(super) core: Core,
     service: Arc<dyn Service>,
     outbox: Arc<Outbox>,
@@ -52,7 +52,7 @@ fn pollfd(fd: std::os::fd::RawFd, read: bool, write: bool) -> libc::pollfd {
 }
 
 impl Pump {
-    pub fn new(
+    pub(crate) fn new(
         core: Core,
         service: Arc<dyn Service>,
         outbox: Arc<Outbox>,
@@ -82,7 +82,7 @@ impl Pump {
     /// Backpressure as in a splice: the client is not read while the runtime has bytes of it
     /// queued, nor the runtime while the client has; a socket neither read nor written is left
     /// out of the `poll` (a hung-up peer would otherwise make it return at once, forever).
-    pub fn run(&mut self) -> Result<(), RelayError> {
+    pub(crate) fn run(&mut self) -> Result<(), RelayError> {
         let outbox = self.outbox.clone();
         let tick = self.core.tick_every();
         let mut next_tick = Instant::now() + tick;

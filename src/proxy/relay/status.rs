@@ -8,12 +8,12 @@ use crate::status::code;
 pub struct Code(pub i32);
 
 impl Code {
-    pub const CANCELLED: Code = Code(code::CANCELLED);
-    pub const UNKNOWN: Code = Code(code::UNKNOWN);
-    pub const UNAVAILABLE: Code = Code(code::UNAVAILABLE);
+    pub(crate) const CANCELLED: Code = Code(code::CANCELLED);
+    pub(crate) const UNKNOWN: Code = Code(code::UNKNOWN);
+    pub(crate) const UNAVAILABLE: Code = Code(code::UNAVAILABLE);
 
     /// A `grpc-status` value.
-    pub fn parse(v: &[u8]) -> Option<Code> {
+    pub(crate) fn parse(v: &[u8]) -> Option<Code> {
         std::str::from_utf8(v)
             .ok()
             .and_then(|s| s.parse::<i32>().ok())
@@ -24,13 +24,13 @@ impl Code {
 /// How a call ended, as the interceptors hear of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ending {
-    pub code: Option<Code>,
-    pub message: Option<String>,
+    pub(crate) code: Option<Code>,
+    pub(crate) message: Option<String>,
 }
 
 impl Ending {
     /// The client reset the stream, or went away.
-    pub fn cancelled() -> Ending {
+    pub(crate) fn cancelled() -> Ending {
         Ending {
             code: Some(Code::CANCELLED),
             message: None,
@@ -39,7 +39,7 @@ impl Ending {
 
     /// The runtime answered: its `grpc-status` if it sent one that parses, else UNKNOWN. No
     /// grpc-message is decoded: a relayed call is one no interceptor asked to see in detail.
-    pub fn answered(status: Option<Code>) -> Ending {
+    pub(crate) fn answered(status: Option<Code>) -> Ending {
         Ending {
             code: status.or(Some(Code::UNKNOWN)),
             message: None,
@@ -47,7 +47,7 @@ impl Ending {
     }
 
     /// The runtime ended the stream with DATA, without trailers.
-    pub fn without_status() -> Ending {
+    pub(crate) fn without_status() -> Ending {
         Ending {
             code: None,
             message: None,
@@ -55,7 +55,7 @@ impl Ending {
     }
 
     /// The runtime connection ended under the call: crisp answers UNAVAILABLE with `msg`.
-    pub fn runtime_gone(msg: &str) -> Ending {
+    pub(crate) fn runtime_gone(msg: &str) -> Ending {
         Ending {
             code: Some(Code::UNAVAILABLE),
             message: Some(msg.to_string()),
@@ -64,7 +64,7 @@ impl Ending {
 
     /// The runtime's GOAWAY says it never processed the call: crisp refuses the stream, which
     /// gRPC clients retry transparently.
-    pub fn refused(msg: &str) -> Ending {
+    pub(crate) fn refused(msg: &str) -> Ending {
         Ending {
             code: Some(Code::UNAVAILABLE),
             message: Some(format!("{msg} (refused, unprocessed)")),
