@@ -66,13 +66,9 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
                 );
             }
             tracing::info!(listen = %path, name = inherited.name.as_deref().unwrap_or(""), "serving on the socket inherited from systemd");
-            let l = listener::from_fd(std::os::fd::IntoRawFd::into_raw_fd(inherited.fd)).map_err(
-                |e| {
-                    anyhow::anyhow!(
-                        "socket activation: cannot use the inherited socket {path}: {e}"
-                    )
-                },
-            )?;
+            let l = listener::from_fd(inherited.fd).map_err(|e| {
+                anyhow::anyhow!("socket activation: cannot use the inherited socket {path}: {e}")
+            })?;
             (l, None)
         }
         None => {
