@@ -31,3 +31,20 @@ pub fn enter_network(ns: impl AsFd) -> io::Result<()> {
         Some(LinkNameSpaceType::Network),
     )?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn namespace_files_have_a_kind_and_other_files_none() {
+        let net = std::fs::File::open("/proc/self/ns/net").unwrap();
+        assert_eq!(kind(&net).unwrap(), libc::CLONE_NEWNET);
+        let uts = std::fs::File::open("/proc/self/ns/uts").unwrap();
+        assert_eq!(kind(&uts).unwrap(), libc::CLONE_NEWUTS);
+        let status = std::fs::File::open("/proc/self/status").unwrap();
+        assert!(kind(&status).is_err());
+        // setns(2) refuses a namespace of another kind than the one asked for.
+        assert!(enter_network(&uts).is_err());
+    }
+}

@@ -162,3 +162,63 @@ pub fn local_path(fd: impl AsFd) -> Option<PathBuf> {
     let bytes = unix.path_bytes()?;
     Some(PathBuf::from(std::ffi::OsStr::from_bytes(bytes)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileTypeExt;
+
+    #[test]
+    fn a_listening_socket_is_made_with_its_mode_and_examined() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("l.sock");
+        let fd = bind_listen_unix(&path, 0o640).unwrap();
+        let md = std::fs::symlink_metadata(&path).unwrap();
+        assert!(md.file_type().is_socket());
+        assert_eq!(md.permissions().mode() & 0o7777, 0o640);
+        assert_eq!(
+            (is_socket(&fd).unwrap(), domain(&fd).unwrap()),
+            (true, libc::AF_UNIX)
+        );
+        assert_eq!(socket_type(&fd).unwrap(), libc::SOCK_STREAM);
+        assert!(is_listening(&fd).unwrap());
+        assert_eq!(local_path(&fd), Some(path.clone()));
+        // A second bind on the same path fails and leaves the first one's file alone.
+        assert!(bind_listen_unix(&path, 0o600).is_err());
+        assert!(std::os::unix::net::UnixStream::connect(&path).is_ok());
+    }
+
+    #[test]
+    fn a_path_longer_than_sun_path_is_refused() {
+        let long = Path::new("/tmp").join("x".repeat(200));
+        let e = bind_listen_unix(&long, 0o600).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(e.to_string().contains("socket path too long"), "{e}");
+    }
+
+    #[test]
+    fn unnamed_sockets_have_no_path() {
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        assert_eq!(local_path(&a), None);
+        assert!(!is_listening(&a).unwrap());
+    }
+
+    #[test]
+    fn an_eventfd_is_readable_until_reset() {
+        let fd = eventfd().unwrap();
+        let mut fds = [libc::pollfd {
+            fd: std::os::fd::AsRawFd::as_raw_fd(&fd),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        poll(&mut fds, Duration::ZERO).unwrap();
+        assert_eq!(fds[0].revents, 0);
+        eventfd_add_one(fd.as_fd());
+        eventfd_add_one(fd.as_fd());
+        poll(&mut fds, Duration::ZERO).unwrap();
+        assert_eq!(fds[0].revents, libc::POLLIN);
+        eventfd_reset(fd.as_fd());
+        poll(&mut fds, Duration::ZERO).unwrap();
+        assert_eq!(fds[0].revents, 0);
+    }
+}
