@@ -24,15 +24,27 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use tokio::net::TcpSocket;
 
-/// `NS_GET_NSTYPE` (linux/nsfs.h: `_IO(0xb7, 0x3)`): the type of namespace a file refers to.
-const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
+/// Why a file could not be used as a pod's network namespace.
+#[derive(Debug, thiserror::Error)]
+pub enum NetNsError {
+    #[error("{} is not a namespace file ({source})", path.display())]
+    NotANamespace { path: PathBuf, source: io::Error },
+    #[error("{} is not a network namespace", path.display())]
+    NotNetwork { path: PathBuf },
+    /// Found through a sandbox's pid, and not the sandbox's ([`pid_namespace_ok`]).
+    #[error(transparent)]
+    Refused(#[from] PidRefusal),
+    /// Opening or examining the file (or, through a pid, `/proc/self/ns/net` and the pid's
+    /// cgroup file).
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
 
 /// One network namespace, held open.
 #[derive(Debug)]
@@ -45,25 +57,16 @@ pub struct NetNs {
 
 impl NetNs {
     /// Opens `path` and checks that it is a network namespace.
-    pub fn open(path: &Path) -> io::Result<NetNs> {
+    pub fn open(path: &Path) -> Result<NetNs, NetNsError> {
         let file = File::open(path)?;
-        // SAFETY: ioctl on a descriptor we own, no argument.
-        let kind = unsafe { libc::ioctl(file.as_raw_fd(), NS_GET_NSTYPE as _) };
-        if kind < 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "{} is not a namespace file ({})",
-                    path.display(),
-                    io::Error::last_os_error()
-                ),
-            ));
-        }
+        let kind = crate::sys::ns::kind(&file).map_err(|source| NetNsError::NotANamespace {
+            path: path.to_path_buf(),
+            source,
+        })?;
         if kind != libc::CLONE_NEWNET {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{} is not a network namespace", path.display()),
-            ));
+            return Err(NetNsError::NotNetwork {
+                path: path.to_path_buf(),
+            });
         }
         let ino = file.metadata()?.ino();
         Ok(NetNs {
@@ -98,7 +101,7 @@ impl NetNs {
         std::thread::Builder::new()
             .name("crisp-netns".into())
             .spawn(move || {
-                let r = enter(&ns).and_then(|()| {
+                let r = crate::sys::ns::enter_network(&ns).and_then(|()| {
                     if v6 {
                         TcpSocket::new_v6()
                     } else {
@@ -111,16 +114,6 @@ impl NetNs {
         rx.await
             .map_err(|_| io::Error::other("the namespace thread ended without an answer"))?
     }
-}
-
-/// Moves the calling thread into the namespace `ns`.
-fn enter(ns: &File) -> io::Result<()> {
-    // SAFETY: setns on a descriptor we own; it affects the calling thread only (net namespaces
-    // may be entered by one thread of a multi-threaded process).
-    if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 #[derive(Deserialize)]
@@ -228,7 +221,7 @@ pub fn pid_namespace_ok(
 }
 
 /// Opens the namespace of sandbox `sandbox_id`'s pid, checked as [`pid_namespace_ok`] says.
-fn open_pid_namespace(path: &Path, pid: u32, sandbox_id: &str) -> io::Result<NetNs> {
+fn open_pid_namespace(path: &Path, pid: u32, sandbox_id: &str) -> Result<NetNs, NetNsError> {
     let ns = NetNs::open(path)?;
     let id = |m: std::fs::Metadata| (m.dev(), m.ino());
     let own = id(std::fs::metadata("/proc/self/ns/net")?);
@@ -236,8 +229,7 @@ fn open_pid_namespace(path: &Path, pid: u32, sandbox_id: &str) -> io::Result<Net
     // Read after the open: the cgroup of whoever has the pid now, which is who the namespace
     // held open came from, or a later process (then refused, which is safe).
     let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
-    pid_namespace_ok(own, target, &cgroup, sandbox_id)
-        .map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, e))?;
+    pid_namespace_ok(own, target, &cgroup, sandbox_id)?;
     Ok(ns)
 }
 

@@ -32,9 +32,8 @@
 //! say which value was wrong, so [`ListenFdsError::Env`] shows both.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use sd_notify::NotifyState;
 
@@ -71,7 +70,8 @@ pub enum ListenFdsError {
     },
 }
 
-/// One fd announced by the environment (not yet checked or owned).
+/// One fd announced by the environment, with its name (not yet checked). The number only:
+/// [`take_listener`] keeps the owned descriptors.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListenFd {
     pub fd: RawFd,
@@ -110,12 +110,17 @@ pub fn name_fds(
 
 /// Which of the inherited fds crisp serves on: the only one, or the one named [`FD_NAME`].
 pub fn select(fds: &[ListenFd]) -> Result<Option<&ListenFd>, ListenFdsError> {
+    Ok(select_index(fds)?.map(|i| &fds[i]))
+}
+
+/// [`select`], as an index into `fds`.
+fn select_index(fds: &[ListenFd]) -> Result<Option<usize>, ListenFdsError> {
     match fds {
         [] => Ok(None),
-        [one] => Ok(Some(one)),
+        [_] => Ok(Some(0)),
         many => many
             .iter()
-            .find(|f| f.name.as_deref() == Some(FD_NAME))
+            .position(|f| f.name.as_deref() == Some(FD_NAME))
             .map(Some)
             .ok_or(ListenFdsError::Ambiguous(many.len())),
     }
@@ -130,117 +135,67 @@ pub struct Inherited {
     pub path: Option<PathBuf>,
 }
 
-static TAKEN: AtomicBool = AtomicBool::new(false);
-
 /// Takes the listening socket systemd passed (if any), once per process: checks that it is a
 /// listening unix stream socket, has every inherited fd marked close-on-exec, and removes
 /// `LISTEN_PID`, `LISTEN_FDS` and `LISTEN_FDNAMES` from the environment so that nothing crisp
-/// spawns believes the sockets are meant for it.
+/// spawns believes the sockets are meant for it. The inherited fds crisp does not serve on are
+/// closed (systemd keeps its own).
 pub fn take_listener() -> Result<Option<Inherited>, ListenFdsError> {
-    if TAKEN.swap(true, Ordering::SeqCst) {
-        return Ok(None);
-    }
     let var = |k: &str| std::env::var(k).ok();
     let (pid, count, names) = (var("LISTEN_PID"), var("LISTEN_FDS"), var("LISTEN_FDNAMES"));
-    // Checks LISTEN_PID against this process and marks every announced fd close-on-exec.
-    let fds = sd_notify::listen_fds().map(|fds| fds.collect::<Vec<RawFd>>());
+    // Checks LISTEN_PID against this process and marks every announced fd close-on-exec; None
+    // when they were taken before.
+    let Some(fds) = crate::sys::inherit::take_listen_fds() else {
+        return Ok(None);
+    };
     for k in ["LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"] {
         std::env::remove_var(k);
     }
-    let fds = fds.map_err(|e| ListenFdsError::Env {
+    let mut owned = fds.map_err(|e| ListenFdsError::Env {
         pid: pid.unwrap_or_default(),
         count: count.unwrap_or_default(),
         reason: e.to_string(),
     })?;
-    let fds = name_fds(fds, names.as_deref())?;
-    let Some(chosen) = select(&fds)? else {
+    let numbers = owned.iter().map(AsRawFd::as_raw_fd).collect();
+    let fds = name_fds(numbers, names.as_deref())?;
+    let Some(i) = select_index(&fds)? else {
         return Ok(None);
     };
-    let name = chosen.name.clone().unwrap_or_else(|| "unnamed".into());
-    check_listening_unix_stream(chosen.fd).map_err(|reason| ListenFdsError::NotAListener {
-        fd: chosen.fd,
-        name,
+    let ListenFd { fd: number, name } = fds[i].clone();
+    let fd = owned.swap_remove(i);
+    check_listening_unix_stream(&fd).map_err(|reason| ListenFdsError::NotAListener {
+        fd: number,
+        name: name.clone().unwrap_or_else(|| "unnamed".into()),
         reason,
     })?;
-    // SAFETY: the fd was passed to this process (LISTEN_PID matched), is open (checked above),
-    // and nothing else in crisp owns it; TAKEN guarantees it is wrapped at most once.
-    let fd = unsafe { OwnedFd::from_raw_fd(chosen.fd) };
-    let path = socket_path(fd.as_raw_fd());
-    Ok(Some(Inherited {
-        fd,
-        name: chosen.name.clone(),
-        path,
-    }))
+    let path = crate::sys::socket::local_path(&fd);
+    Ok(Some(Inherited { fd, name, path }))
 }
 
-fn getsockopt_int(fd: RawFd, opt: libc::c_int) -> io::Result<libc::c_int> {
-    let mut v: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: v and len are valid for writes of the sizes given.
-    let r = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            opt,
-            &mut v as *mut _ as *mut libc::c_void,
-            &mut len,
-        )
-    };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(v)
-}
-
-/// `Err(reason)` unless `fd` is an open, listening, AF_UNIX, SOCK_STREAM socket.
-pub fn check_listening_unix_stream(fd: RawFd) -> Result<(), String> {
-    // SAFETY: fstat into a zeroed stat buffer.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    if unsafe { libc::fstat(fd, &mut st) } != 0 {
-        return Err(format!("is not open: {}", io::Error::last_os_error()));
-    }
-    if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+/// `Err(reason)` unless `fd` is a listening, AF_UNIX, SOCK_STREAM socket.
+pub fn check_listening_unix_stream(fd: impl AsFd) -> Result<(), String> {
+    use crate::sys::socket as os;
+    let fd = fd.as_fd();
+    if !os::is_socket(fd).map_err(|e| format!("cannot be examined (fstat): {e}"))? {
         return Err("is not a socket (the socket unit must use ListenStream=)".into());
     }
-    let domain = getsockopt_int(fd, libc::SO_DOMAIN).map_err(|e| format!("SO_DOMAIN: {e}"))?;
+    let domain = os::domain(fd).map_err(|e| format!("SO_DOMAIN: {e}"))?;
     if domain != libc::AF_UNIX {
         return Err(format!(
             "is not a unix socket (domain {domain}); ListenStream= must be a path"
         ));
     }
-    let ty = getsockopt_int(fd, libc::SO_TYPE).map_err(|e| format!("SO_TYPE: {e}"))?;
+    let ty = os::socket_type(fd).map_err(|e| format!("SO_TYPE: {e}"))?;
     if ty != libc::SOCK_STREAM {
         return Err(format!("is not a stream socket (type {ty}); use ListenStream=, not ListenDatagram=/ListenSequentialPacket="));
     }
-    let acc = getsockopt_int(fd, libc::SO_ACCEPTCONN).map_err(|e| format!("SO_ACCEPTCONN: {e}"))?;
-    if acc == 0 {
+    if !os::is_listening(fd).map_err(|e| format!("SO_ACCEPTCONN: {e}"))? {
         return Err(
             "is not listening (Accept=yes is not supported: crisp serves all connections itself)"
                 .into(),
         );
     }
     Ok(())
-}
-
-fn socket_path(fd: RawFd) -> Option<PathBuf> {
-    use std::os::unix::ffi::OsStrExt;
-    // SAFETY: getsockname into a zeroed sockaddr_un with its size.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
-    if unsafe { libc::getsockname(fd, &mut addr as *mut _ as *mut libc::sockaddr, &mut len) } != 0 {
-        return None;
-    }
-    let off = std::mem::size_of::<libc::sa_family_t>();
-    let n = (len as usize).saturating_sub(off).min(addr.sun_path.len());
-    let bytes: Vec<u8> = addr.sun_path[..n]
-        .iter()
-        .map(|c| *c as u8)
-        .take_while(|b| *b != 0)
-        .collect();
-    if bytes.is_empty() {
-        return None; // unnamed or abstract
-    }
-    Some(PathBuf::from(std::ffi::OsStr::from_bytes(&bytes)))
 }
 
 /// Sends `states` to the service manager. `Ok(false)` when not running under a manager that
@@ -369,22 +324,25 @@ mod tests {
     fn checks_the_inherited_socket_kind() {
         let dir = tempfile::tempdir().unwrap();
         let l = std::os::unix::net::UnixListener::bind(dir.path().join("l.sock")).unwrap();
-        assert_eq!(check_listening_unix_stream(l.as_raw_fd()), Ok(()));
-        assert_eq!(socket_path(l.as_raw_fd()), Some(dir.path().join("l.sock")));
+        assert_eq!(check_listening_unix_stream(&l), Ok(()));
+        assert_eq!(
+            crate::sys::socket::local_path(&l),
+            Some(dir.path().join("l.sock"))
+        );
         let d = std::os::unix::net::UnixDatagram::unbound().unwrap();
-        assert!(check_listening_unix_stream(d.as_raw_fd())
+        assert!(check_listening_unix_stream(&d)
             .unwrap_err()
             .contains("not a stream socket"));
         let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
-        assert!(check_listening_unix_stream(a.as_raw_fd())
+        assert!(check_listening_unix_stream(&a)
             .unwrap_err()
             .contains("not listening"));
         let f = std::fs::File::open("/dev/null").unwrap();
-        assert!(check_listening_unix_stream(f.as_raw_fd())
+        assert!(check_listening_unix_stream(&f)
             .unwrap_err()
             .contains("not a socket"));
         let t = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        assert!(check_listening_unix_stream(t.as_raw_fd())
+        assert!(check_listening_unix_stream(&t)
             .unwrap_err()
             .contains("not a unix socket"));
     }

@@ -2,8 +2,7 @@
 //! which a looser mode is reachable), a stale file from a dead crisp replaced, a live one refused.
 
 use std::io;
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::io::FromRawFd;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -66,11 +65,9 @@ pub async fn bind(
             }
         }
     }
-    let fd = bind_listen(path, mode).map_err(err)?;
-    // SAFETY: `bind_listen` returns a fresh, owned, listening socket fd.
-    let std_listener = unsafe { std::os::unix::net::UnixListener::from_raw_fd(fd) };
-    std_listener.set_nonblocking(true).map_err(err)?;
-    let listener = tokio::net::UnixListener::from_std(std_listener).map_err(err)?;
+    // Created with its final mode: crate::sys::socket::bind_listen_unix says why and how.
+    let fd = crate::sys::socket::bind_listen_unix(path, mode).map_err(err)?;
+    let listener = from_fd(fd).map_err(err)?;
     use std::os::unix::fs::MetadataExt;
     let ino = std::fs::symlink_metadata(path).ok().map(|m| m.ino());
     Ok((
@@ -82,68 +79,9 @@ pub async fn bind(
     ))
 }
 
-/// Serialises the umask change in [`bind_listen`] (the umask is process-wide).
-static UMASK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// socket → umask → bind → chmod → listen. The file is created with its final mode (the umask
-/// masks everything else), so no looser mode ever exists: ordering chmod before listen alone is
-/// not enough, because the kernel checks a connecting client's write permission on the file
-/// before it looks at whether the socket listens — a client that passed the check while the
-/// file still had the umask's mode could complete its connect right after `listen` (seen once
-/// in thousands of non-root connects racing a start on a loaded machine). chmod then sets the
-/// exact mode whatever the umask was.
-fn bind_listen(path: &Path, mode: u32) -> io::Result<i32> {
-    use std::os::unix::ffi::OsStrExt;
-    let bytes = path.as_os_str().as_bytes();
-    // SAFETY: plain libc calls on a fd we own; sockaddr_un is zero-initialised and the path
-    // length is checked against sun_path.
-    unsafe {
-        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let close_on_err = |e: io::Error| {
-            libc::close(fd);
-            e
-        };
-        let mut addr: libc::sockaddr_un = std::mem::zeroed();
-        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-        if bytes.len() >= addr.sun_path.len() {
-            return Err(close_on_err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "socket path too long",
-            )));
-        }
-        for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
-            *d = *s as libc::c_char;
-        }
-        let len = (std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1) as libc::socklen_t;
-        let bound = {
-            let _one = UMASK.lock().unwrap_or_else(|e| e.into_inner());
-            let old = libc::umask(!(mode as libc::mode_t) & 0o777);
-            let r = libc::bind(fd, &addr as *const _ as *const libc::sockaddr, len);
-            libc::umask(old);
-            r
-        };
-        if bound != 0 {
-            return Err(close_on_err(io::Error::last_os_error()));
-        }
-        if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)) {
-            let _ = std::fs::remove_file(path);
-            return Err(close_on_err(e));
-        }
-        if libc::listen(fd, 1024) != 0 {
-            let _ = std::fs::remove_file(path);
-            return Err(close_on_err(io::Error::last_os_error()));
-        }
-        Ok(fd)
-    }
-}
-
-/// Takes over an already-listening socket (e.g. handed over by systemd), as an owned listener.
-pub fn from_fd(fd: i32) -> io::Result<tokio::net::UnixListener> {
-    // SAFETY: the caller passes a listening unix socket fd it owns.
-    let l = unsafe { std::os::unix::net::UnixListener::from_raw_fd(fd) };
+/// Takes over a listening unix stream socket (e.g. handed over by systemd) for tokio.
+pub fn from_fd(fd: OwnedFd) -> io::Result<tokio::net::UnixListener> {
+    let l = std::os::unix::net::UnixListener::from(fd);
     l.set_nonblocking(true)?;
     tokio::net::UnixListener::from_std(l)
 }

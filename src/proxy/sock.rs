@@ -6,11 +6,13 @@
 
 use std::io;
 use std::net::Shutdown;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use bytes::{BufMut, BytesMut};
+use bytes::BytesMut;
+
+use crate::sys::socket as os;
 
 /// One end of a relayed connection.
 pub struct Sock {
@@ -41,21 +43,7 @@ impl Sock {
         if buf.capacity() == buf.len() {
             buf.reserve(64 << 10);
         }
-        let dst = buf.chunk_mut();
-        loop {
-            // SAFETY: `dst` is `buf`'s spare capacity, valid for `dst.len()` bytes and aliased by
-            // nothing while this runs; recv writes at most that many bytes there.
-            let n = unsafe { libc::recv(self.fd(), dst.as_mut_ptr().cast(), dst.len(), 0) };
-            if n >= 0 {
-                // SAFETY: recv initialised the first `n` bytes of the spare capacity.
-                unsafe { buf.advance_mut(n as usize) };
-                return Ok(n as usize);
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
+        os::recv(self.s.as_fd(), buf)
     }
 
     /// Writes `b` after whatever is queued: as much as the socket takes now, the rest queued for
@@ -107,20 +95,13 @@ impl Sock {
 
     /// One `send`: how many bytes the socket took (0 when it has no room).
     fn send(&self, b: &[u8]) -> io::Result<usize> {
-        loop {
-            // SAFETY: `b` is a valid slice of `b.len()` bytes for the duration of the call.
-            let n =
-                unsafe { libc::send(self.fd(), b.as_ptr().cast(), b.len(), libc::MSG_NOSIGNAL) };
-            if n >= 0 {
-                return Ok(n as usize);
-            }
-            let e = io::Error::last_os_error();
-            match e.kind() {
-                io::ErrorKind::Interrupted => continue,
-                io::ErrorKind::WouldBlock => return Ok(0),
-                _ => return Err(e),
-            }
-        }
+        os::send(self.s.as_fd(), b)
+    }
+}
+
+impl AsFd for Sock {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.s.as_fd()
     }
 }
 
@@ -129,13 +110,7 @@ pub struct Wake(OwnedFd);
 
 impl Wake {
     pub fn new() -> io::Result<Self> {
-        // SAFETY: eventfd takes no pointers; a non-negative result is a new descriptor we own.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` was just created and is owned by nothing else.
-        Ok(Wake(unsafe { OwnedFd::from_raw_fd(fd) }))
+        Ok(Wake(os::eventfd()?))
     }
 
     pub fn fd(&self) -> RawFd {
@@ -144,35 +119,19 @@ impl Wake {
 
     /// Makes the descriptor readable (the counter saturates long before it could block).
     pub fn notify(&self) {
-        let one = 1u64.to_ne_bytes();
-        // SAFETY: writes 8 bytes from a live local array.
-        let _ = unsafe { libc::write(self.fd(), one.as_ptr().cast(), 8) };
+        os::eventfd_add_one(self.0.as_fd());
     }
 
     /// Resets the descriptor to not readable.
     pub fn drain(&self) {
-        let mut v = [0u8; 8];
-        // SAFETY: reads at most 8 bytes into a live local array.
-        let _ = unsafe { libc::read(self.fd(), v.as_mut_ptr().cast(), 8) };
+        os::eventfd_reset(self.0.as_fd());
     }
 }
 
 /// `poll(2)` on `fds`, for at most `timeout` (rounded up to whole milliseconds); EINTR counts as
 /// a return with nothing ready.
 pub fn poll(fds: &mut [libc::pollfd], timeout: Duration) -> io::Result<()> {
-    let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int;
-    // SAFETY: `fds` is a valid, exclusively borrowed array of `fds.len()` pollfd structs.
-    let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
-    if n < 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-        for p in fds.iter_mut() {
-            p.revents = 0;
-        }
-    }
-    Ok(())
+    os::poll(fds, timeout)
 }
 
 #[cfg(test)]

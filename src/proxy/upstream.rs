@@ -16,7 +16,7 @@
 //!   connection (up to `RETRIES` times), as gRPC clients do transparently.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -24,6 +24,7 @@ use http::{HeaderName, HeaderValue, Request, Response};
 use hyper::body::Incoming;
 use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use parking_lot::RwLock;
 use tokio::net::UnixStream;
 
 use super::body::ProxyBody;
@@ -158,7 +159,7 @@ impl Upstream {
     }
 
     fn live(slot: &Slot) -> Option<(u64, Conn)> {
-        let guard = slot.current.read().unwrap_or_else(|e| e.into_inner());
+        let guard = slot.current.read();
         guard.as_ref().filter(|(_, c)| !c.is_closed()).cloned()
     }
 
@@ -166,7 +167,7 @@ impl Upstream {
     /// or refused a stream), so that the next call there dials anew.
     fn retire(&self, idx: usize, dial: u64) {
         let slot = &self.slots[idx % self.slots.len()];
-        let mut guard = slot.current.write().unwrap_or_else(|e| e.into_inner());
+        let mut guard = slot.current.write();
         if guard.as_ref().is_some_and(|(d, _)| *d == dial) {
             *guard = None;
         }
@@ -206,7 +207,7 @@ impl Upstream {
         let dial = self
             .dials
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        *slot.current.write().unwrap_or_else(|e| e.into_inner()) = Some((dial, tx.clone()));
+        *slot.current.write() = Some((dial, tx.clone()));
         Ok((dial, tx))
     }
 

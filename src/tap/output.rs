@@ -94,8 +94,7 @@ pub fn open(path: &Path) -> Result<File, OutputError> {
             }
         })?;
     let meta = file.metadata().map_err(io_err)?;
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let user = unsafe { libc::geteuid() };
+    let user = crate::sys::effective_uid();
     check(FileFacts::from(&meta), user).map_err(|why| OutputError::Refused {
         path: path.to_path_buf(),
         why,
@@ -211,9 +210,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         assert!(open(dir.path()).is_err());
         let fifo = dir.path().join("fifo");
-        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // mkfifo(3) is mknod(2) of a FIFO.
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
         // Refused without blocking on the missing reader (O_NONBLOCK: ENXIO, or not regular).
         assert!(open(&fifo).is_err());
     }

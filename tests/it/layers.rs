@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 /// Bottom first. Modules of one layer do not import each other.
 const LAYERS: &[&[&str]] = &[
-    &["tenant"],
+    &["tenant", "sys"],
     &["readiness", "netns", "status", "cri", "systemd"],
     &["config"],
     &["intercept", "metrics", "telemetry"],

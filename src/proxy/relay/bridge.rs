@@ -5,12 +5,13 @@ use super::LOG;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
 use http_body_util::BodyExt;
+use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::{mpsc, Notify};
 
 use super::core::Calls;
@@ -57,8 +58,8 @@ impl Outbox {
         }
     }
 
-    fn queue(&self) -> std::sync::MutexGuard<'_, Vec<u8>> {
-        self.ctl.lock().unwrap_or_else(|e| e.into_inner())
+    fn queue(&self) -> MutexGuard<'_, Vec<u8>> {
+        self.ctl.lock()
     }
 
     pub fn send(&self, frame: &[u8]) {
@@ -149,13 +150,10 @@ impl Diverted {
             self.outbox.clone(),
             self.tasks.clone(),
         );
-        let mut map = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.tasks.lock();
         let h = tokio::spawn(async move {
             respond(service, (&windows, &changed), &outbox, stream, req).await;
-            tasks
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&stream);
+            tasks.lock().remove(&stream);
             windows.lock().close_diverted(stream);
             windows.notify();
         });
@@ -189,12 +187,7 @@ impl Diverted {
     /// The client reset the stream.
     pub fn abort(&mut self, stream: u32) {
         self.bodies.remove(&stream);
-        if let Some(h) = self
-            .tasks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&stream)
-        {
+        if let Some(h) = self.tasks.lock().remove(&stream) {
             h.abort();
         }
     }
@@ -202,7 +195,7 @@ impl Diverted {
     /// The client is gone (or was closed): nothing may stay behind.
     pub fn abort_all(&mut self) {
         self.bodies.clear();
-        for (_, h) in self.tasks.lock().unwrap_or_else(|e| e.into_inner()).drain() {
+        for (_, h) in self.tasks.lock().drain() {
             h.abort();
         }
     }

@@ -9,7 +9,8 @@
 //! consumes them.
 
 use std::collections::VecDeque;
-use std::sync::{Mutex, MutexGuard};
+
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::proxy::h2::{IdMap, DEFAULT_WINDOW, MAX_FRAME};
 
@@ -176,7 +177,7 @@ impl Windows {
     }
 
     pub fn lock(&self) -> MutexGuard<'_, Flow> {
-        self.flow.lock().unwrap_or_else(|e| e.into_inner())
+        self.flow.lock()
     }
 
     pub fn notify(&self) {
