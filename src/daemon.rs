@@ -83,12 +83,10 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
                 );
             }
             tracing::info!(listen = %path, name = inherited.name.as_deref().unwrap_or(""), "serving on the socket inherited from systemd");
-            let l = listener::from_fd(inherited.fd).map_err(
-                |source| Error::Inherited {
-                    path: path.clone(),
-                    source,
-                },
-            )?;
+            let l = listener::from_fd(inherited.fd).map_err(|source| Error::Inherited {
+                path: path.clone(),
+                source,
+            })?;
             (l, None)
         }
         None => {

@@ -51,7 +51,6 @@
 //! included (`hack/lint.sh` runs `cargo doc --document-private-items` with warnings denied), so a
 //! doc link may name a private item.
 #![allow(rustdoc::private_intra_doc_links)]
-
 // `unsafe` lives in `sys` only, each block with the proof of its conditions (sys/mod.rs lists
 // them); everything else is safe code over owned and borrowed descriptors.
 #![deny(unsafe_code)]
