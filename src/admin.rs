@@ -39,12 +39,12 @@ const STREAM_BUFFER: usize = 16;
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 
 /// What the admin API reports on.
-pub(crate) struct AdminState {
+pub struct AdminState {
     pub(crate) tap: Arc<Tap>,
     /// The ordering engine, when it runs: ListPods.
     pub(crate) engine: Option<Arc<Engine>>,
     /// What `GET /metrics` shows ([`registry`]).
-    pub(crate) metrics: Registry,
+    pub metrics: Registry,
     pub(crate) listen: PathBuf,
     pub(crate) upstream: PathBuf,
     pub(crate) started: Instant,
@@ -327,7 +327,7 @@ fn container_state(s: i32) -> &'static str {
 
 /// Everything `GET /metrics` shows: the build, the tap's call metrics and, when the ordering
 /// engine runs, its metrics and what its caches hold.
-pub(crate) fn registry(tap: &Tap, engine: Option<&Arc<Engine>>) -> Registry {
+pub fn registry(tap: &Tap, engine: Option<&Arc<Engine>>) -> Registry {
     let mut reg = Registry::default();
     reg.register(
         "crisp_build",
@@ -354,7 +354,7 @@ pub(crate) fn registry(tap: &Tap, engine: Option<&Arc<Engine>>) -> Registry {
 }
 
 /// `GET /metrics`, in the Prometheus text format ([`crate::metrics::CONTENT_TYPE`]).
-pub(crate) fn render_metrics(state: &AdminState) -> String {
+pub fn render_metrics(state: &AdminState) -> String {
     crate::metrics::encode(&state.metrics)
 }
 
@@ -480,7 +480,7 @@ async fn drain(mut tasks: JoinSet<()>) {
 }
 
 /// Serves the admin API on `listener` until `shutdown` resolves; then ends every tap stream.
-pub(crate) async fn serve(
+pub async fn serve(
     listener: tokio::net::UnixListener,
     state: Arc<AdminState>,
     shutdown: impl Future<Output = ()>,
@@ -514,7 +514,7 @@ pub(crate) async fn serve(
 }
 
 /// Serves only `GET /metrics` over TCP (the opt-in `admin.metrics_tcp`): never the tap.
-pub(crate) async fn serve_metrics_tcp(
+pub async fn serve_metrics_tcp(
     listener: tokio::net::TcpListener,
     state: Arc<AdminState>,
     shutdown: impl Future<Output = ()>,
@@ -542,7 +542,7 @@ pub(crate) async fn serve_metrics_tcp(
 /// Binds the admin socket (and the optional metrics TCP address) of `cfg` and serves them until
 /// `stop` turns true. Failing to bind is logged, not fatal: CRI traffic matters more than the
 /// tap. The returned task ends (and has removed the socket file) once both servers are done.
-pub(crate) async fn start(
+pub async fn start(
     cfg: &crate::config::Config,
     tap: Arc<Tap>,
     engine: Option<Arc<Engine>>,

@@ -222,7 +222,7 @@ impl HoldPhase {
 /// so a stuck pod is visible before its call ends. Built only while [`HoldSink::wanted`] is true
 /// and only for calls the engine holds or refuses; an unheld call never makes one.
 #[derive(Debug, Clone)]
-pub(crate) struct HoldEvent {
+pub struct HoldEvent {
     pub(crate) call_id: u64,
     pub(crate) route: Route,
     /// The gRPC path as sent (tap filters match it).
@@ -258,7 +258,7 @@ pub(crate) struct HoldEvent {
 }
 
 /// Receives the engine's hold events (the tap), without the engine depending on the tap.
-pub(crate) trait HoldSink: Send + Sync {
+pub trait HoldSink: Send + Sync {
     /// Whether anyone may want hold events now; must be cheap (an atomic load). The engine
     /// builds no event while it is false.
     fn wanted(&self) -> bool;

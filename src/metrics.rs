@@ -89,7 +89,7 @@ impl Default for OrderingMetrics {
 
 impl OrderingMetrics {
     /// Adds these metrics to `reg` (the registry shares their values).
-    pub(crate) fn register(&self, reg: &mut Registry) {
+    pub fn register(&self, reg: &mut Registry) {
         reg.register(
             "crisp_hold_seconds",
             "Time calls were held by the ordering engine",
@@ -320,7 +320,7 @@ impl CallMetrics {
     }
 
     /// Adds these metrics to `reg` (the registry shares their values).
-    pub(crate) fn register(self: &Arc<Self>, reg: &mut Registry) {
+    pub fn register(self: &Arc<Self>, reg: &mut Registry) {
         reg.register(
             "crisp_cri_call_duration_seconds",
             "Latency of CRI calls through crisp, from request headers to the end of the response (holds included)",
@@ -349,14 +349,14 @@ impl CallMetrics {
 
 /// A gauge whose value is read when scraped, from state crisp keeps anyway (prometheus-client's
 /// [`Collector`]): calls in flight, pods tracked. `help` is served as given.
-pub(crate) struct ScrapedGauge<F> {
+pub struct ScrapedGauge<F> {
     name: &'static str,
     help: &'static str,
     read: F,
 }
 
 impl<F: Fn() -> u64 + Send + Sync + 'static> ScrapedGauge<F> {
-    pub(crate) fn new(name: &'static str, help: &'static str, read: F) -> Self {
+    pub fn new(name: &'static str, help: &'static str, read: F) -> Self {
         ScrapedGauge { name, help, read }
     }
 }
@@ -377,7 +377,7 @@ impl<F: Fn() -> u64 + Send + Sync + 'static> Collector for ScrapedGauge<F> {
 }
 
 /// Everything in `reg`, in the Prometheus text format ([`CONTENT_TYPE`]).
-pub(crate) fn encode(reg: &Registry) -> String {
+pub fn encode(reg: &Registry) -> String {
     let mut out = String::with_capacity(16 << 10);
     // Only the writer can fail, and a String never does.
     let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, reg);

@@ -32,7 +32,7 @@ use tokio::net::TcpSocket;
 
 /// Why a file could not be used as a pod's network namespace.
 #[derive(Debug, thiserror::Error)]
-pub enum NetNsError {
+pub(crate) enum NetNsError {
     #[error("{} is not a namespace file ({source})", path.display())]
     NotANamespace { path: PathBuf, source: io::Error },
     #[error("{} is not a network namespace", path.display())]
@@ -48,7 +48,7 @@ pub enum NetNsError {
 
 /// One network namespace, held open.
 #[derive(Debug)]
-pub struct NetNs {
+pub(crate) struct NetNs {
     file: File,
     ino: u64,
     /// Where it was found (for log lines and for [`NetNs::moved`]).
@@ -57,7 +57,7 @@ pub struct NetNs {
 
 impl NetNs {
     /// Opens `path` and checks that it is a network namespace.
-    pub fn open(path: &Path) -> Result<NetNs, NetNsError> {
+    pub(crate) fn open(path: &Path) -> Result<NetNs, NetNsError> {
         let file = File::open(path)?;
         let kind = crate::sys::ns::kind(&file).map_err(|source| NetNsError::NotANamespace {
             path: path.to_path_buf(),
@@ -77,17 +77,17 @@ impl NetNs {
     }
 
     /// The namespace's inode number (its identity, as `ls -l /proc/PID/ns/net` shows it).
-    pub fn inode(&self) -> u64 {
+    pub(crate) fn inode(&self) -> u64 {
         self.ino
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// The path it was found at no longer names this namespace (the sandbox is gone, its pid
     /// reused): whoever caches it should look again.
-    pub fn moved(&self) -> bool {
+    pub(crate) fn moved(&self) -> bool {
         std::fs::metadata(&self.path)
             .map(|m| m.ino() != self.ino)
             .unwrap_or(true)
@@ -95,7 +95,7 @@ impl NetNs {
 
     /// A non-blocking TCP socket created inside this namespace, for an IPv6 or IPv4 peer.
     /// Made on a thread of its own that ends right after (never a pooled thread).
-    pub async fn socket(&self, v6: bool) -> io::Result<TcpSocket> {
+    pub(crate) async fn socket(&self, v6: bool) -> io::Result<TcpSocket> {
         let ns = self.file.try_clone()?;
         let (tx, rx) = tokio::sync::oneshot::channel();
         std::thread::Builder::new()
@@ -182,7 +182,7 @@ fn found(info: &str) -> Result<Vec<(PathBuf, Option<u32>)>, String> {
 
 /// Why a namespace found through a sandbox's pid is not used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PidRefusal {
+pub(crate) enum PidRefusal {
     #[error("it is crisp's own network namespace (the pid was reused, or the sandbox has no namespace of its own)")]
     OwnNamespace,
     #[error("the pid no longer belongs to the sandbox (its cgroup does not name it)")]
@@ -192,12 +192,12 @@ pub enum PidRefusal {
 }
 
 /// Identity of a namespace file: (device, inode).
-pub type NsId = (u64, u64);
+pub(crate) type NsId = (u64, u64);
 
 /// Whether a namespace opened through a sandbox's pid may be used (see the module doc): it is
 /// not crisp's own (`own`, from `/proc/self/ns/net`), and the pid's cgroup file, read after the
 /// namespace was opened, names the sandbox.
-pub fn pid_namespace_ok(
+pub(crate) fn pid_namespace_ok(
     own: NsId,
     target: NsId,
     cgroup: &str,
@@ -236,7 +236,7 @@ fn open_pid_namespace(path: &Path, pid: u32, sandbox_id: &str) -> Result<NetNs, 
 /// The sandbox's network namespace from its verbose `info` JSON: the first candidate that opens
 /// as a network namespace (through the pid: only the sandbox's, see the module doc), or why
 /// none did (one sentence, for one log line).
-pub fn resolve(info: Option<&str>, sandbox_id: &str) -> Result<NetNs, String> {
+pub(crate) fn resolve(info: Option<&str>, sandbox_id: &str) -> Result<NetNs, String> {
     let info = info.ok_or("the runtime's sandbox status has no `info` (not a verbose answer)")?;
     let paths = found(info)?;
     if paths.is_empty() {

@@ -74,9 +74,9 @@ pub enum ListenFdsError {
 /// [`take_listener`] keeps the owned descriptors.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListenFd {
-    pub fd: RawFd,
+    pub(crate) fd: RawFd,
     /// From `LISTEN_FDNAMES` (systemd's `FileDescriptorName=`, default the socket unit's name).
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
 }
 
 /// Pairs the fds sd-notify's `listen_fds` returned with `LISTEN_FDNAMES`, as
@@ -129,10 +129,10 @@ fn select_index(fds: &[ListenFd]) -> Result<Option<usize>, ListenFdsError> {
 /// A listening unix stream socket handed over by systemd.
 #[derive(Debug)]
 pub struct Inherited {
-    pub fd: OwnedFd,
-    pub name: Option<String>,
+    pub(crate) fd: OwnedFd,
+    pub(crate) name: Option<String>,
     /// The address it is bound to (None for an unnamed or abstract socket).
-    pub path: Option<PathBuf>,
+    pub(crate) path: Option<PathBuf>,
 }
 
 /// Takes the listening socket systemd passed (if any), once per process: checks that it is a

@@ -424,7 +424,7 @@ impl Engine {
     }
 
     /// Rebuilds Job watchers after a crisp restart: every ready sandbox with sidecars.
-    pub(crate) async fn recover(&self, version: ApiVersion) {
+    pub async fn recover(&self, version: ApiVersion) {
         if !self.job.enabled {
             return;
         }

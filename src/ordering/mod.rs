@@ -150,7 +150,7 @@ impl Engine {
     }
 
     /// Rebuilds Job watchers after a crisp restart ([`Engine::recover`]), in the background.
-    pub(crate) fn recover_in_background(&self, version: ApiVersion) {
+    pub fn recover_in_background(&self, version: ApiVersion) {
         let Some(engine) = self.me.upgrade() else {
             return;
         };
@@ -161,7 +161,7 @@ impl Engine {
     /// stops at its next `.await` (as when the runtime that ran it is dropped) and releases the
     /// engine. The daemon calls it once the proxy has drained; calls still held then are not
     /// tasks of the engine but the proxy's, and have ended with it.
-    pub(crate) async fn shutdown(&self) {
+    pub async fn shutdown(&self) {
         self.shutdown.cancel();
         self.tasks.close();
         self.tasks.wait().await;
@@ -173,7 +173,7 @@ impl Engine {
     }
 
     /// Sends hold events to `sink` from now on (set once; the tap is built after the engine).
-    pub(crate) fn set_hold_sink(&self, sink: Arc<dyn HoldSink>) {
+    pub fn set_hold_sink(&self, sink: Arc<dyn HoldSink>) {
         let _ = self.hold_sink.set(sink);
     }
 
@@ -215,7 +215,7 @@ impl Engine {
     }
 
     /// Number of pods and containers tracked (for the admin API and leak tests).
-    pub(crate) fn tracked(&self) -> (usize, usize) {
+    pub fn tracked(&self) -> (usize, usize) {
         (self.pods.len(), self.containers.len())
     }
 

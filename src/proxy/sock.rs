@@ -33,13 +33,13 @@ impl Sock {
         })
     }
 
-    pub fn fd(&self) -> RawFd {
+    pub(crate) fn fd(&self) -> RawFd {
         self.s.as_raw_fd()
     }
 
     /// Reads what the socket has into `buf`'s spare capacity (growing it if it has none); 0 at
     /// end of stream, `WouldBlock` when there is nothing to read.
-    pub fn recv(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+    pub(crate) fn recv(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
         if buf.capacity() == buf.len() {
             buf.reserve(64 << 10);
         }
@@ -84,12 +84,12 @@ impl Sock {
     }
 
     /// Bytes accepted by [`Self::write`] are still waiting for room at the peer.
-    pub fn has_queued(&self) -> bool {
+    pub(crate) fn has_queued(&self) -> bool {
         self.sent < self.queued.len()
     }
 
     /// Half-closes the connection (no more writes).
-    pub fn shutdown_write(&self) {
+    pub(crate) fn shutdown_write(&self) {
         let _ = self.s.shutdown(Shutdown::Write);
     }
 
@@ -106,31 +106,31 @@ impl AsFd for Sock {
 }
 
 /// Wakes a relay thread blocked in `poll` from any thread (an eventfd).
-pub struct Wake(OwnedFd);
+pub(crate) struct Wake(OwnedFd);
 
 impl Wake {
-    pub fn new() -> io::Result<Self> {
+    pub(crate) fn new() -> io::Result<Self> {
         Ok(Wake(os::eventfd()?))
     }
 
-    pub fn fd(&self) -> RawFd {
+    pub(crate) fn fd(&self) -> RawFd {
         self.0.as_raw_fd()
     }
 
     /// Makes the descriptor readable (the counter saturates long before it could block).
-    pub fn notify(&self) {
+    pub(crate) fn notify(&self) {
         os::eventfd_add_one(self.0.as_fd());
     }
 
     /// Resets the descriptor to not readable.
-    pub fn drain(&self) {
+    pub(crate) fn drain(&self) {
         os::eventfd_reset(self.0.as_fd());
     }
 }
 
 /// `poll(2)` on `fds`, for at most `timeout` (rounded up to whole milliseconds); EINTR counts as
 /// a return with nothing ready.
-pub fn poll(fds: &mut [libc::pollfd], timeout: Duration) -> io::Result<()> {
+pub(crate) fn poll(fds: &mut [libc::pollfd], timeout: Duration) -> io::Result<()> {
     os::poll(fds, timeout)
 }
 

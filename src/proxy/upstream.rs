@@ -48,16 +48,16 @@ pub enum UpstreamError {
 
 /// A request's header fields, in order (pseudo-headers first), as its client sent them.
 #[derive(Debug, Clone, Default)]
-pub struct Fields(pub Vec<(Bytes, Bytes)>);
+pub(crate) struct Fields(pub Vec<(Bytes, Bytes)>);
 
 /// Tunables of the runtime-side connections.
 #[derive(Debug, Clone)]
 pub struct UpstreamOptions {
-    pub connect_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
     /// HTTP/2 connections to the runtime, used round-robin.
-    pub connections: usize,
-    pub stream_window: u32,
-    pub connection_window: u32,
+    pub(crate) connections: usize,
+    pub(crate) stream_window: u32,
+    pub(crate) connection_window: u32,
 }
 
 impl Default for UpstreamOptions {
@@ -74,12 +74,12 @@ impl Default for UpstreamOptions {
 /// The header fields of a request exactly as its client sent them (set by the relay on a diverted
 /// call). Without it, the fields are built from the `http::Request`.
 #[derive(Debug, Clone)]
-pub struct RawFields(pub Fields);
+pub(crate) struct RawFields(pub Fields);
 
 impl RawFields {
     /// Replaces the value of `grpc-timeout` (if the client sent one) with `left`, in the unit
     /// grpc-go uses for it (at most 8 digits).
-    pub fn set_timeout(&mut self, left: Duration) {
+    pub(crate) fn set_timeout(&mut self, left: Duration) {
         let value = grpc_timeout(left);
         for (n, v) in self.0 .0.iter_mut() {
             if n.as_ref() == b"grpc-timeout" {
@@ -90,7 +90,7 @@ impl RawFields {
 }
 
 /// A `grpc-timeout` value: the finest unit whose count fits in 8 digits.
-pub fn grpc_timeout(d: Duration) -> String {
+pub(crate) fn grpc_timeout(d: Duration) -> String {
     const MAX: u128 = 99_999_999;
     let ns = d.as_nanos().max(1);
     for (div, unit) in [
@@ -154,7 +154,7 @@ impl Upstream {
         }
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
@@ -212,7 +212,7 @@ impl Upstream {
     }
 
     /// A new raw connection to the runtime's socket (the relay speaks HTTP/2 on it itself).
-    pub async fn connect(&self) -> Result<UnixStream, UpstreamError> {
+    pub(crate) async fn connect(&self) -> Result<UnixStream, UpstreamError> {
         let path = || self.display.to_string();
         match tokio::time::timeout(self.opts.connect_timeout, UnixStream::connect(&self.path)).await
         {
@@ -232,7 +232,10 @@ impl Upstream {
     /// body streams. Dropping the future (client cancelled) resets the upstream stream. A call
     /// the runtime refused unprocessed is sent again on a new connection when its request body
     /// was complete up front (every unary call crisp diverts).
-    pub async fn send(&self, req: Request<ProxyBody>) -> Result<Response<Incoming>, UpstreamError> {
+    pub(crate) async fn send(
+        &self,
+        req: Request<ProxyBody>,
+    ) -> Result<Response<Incoming>, UpstreamError> {
         let (mut parts, body) = req.into_parts();
         let head = match parts.extensions.remove::<RawFields>() {
             Some(RawFields(f)) => head_from_fields(&f).map_err(|why| UpstreamError::Request {

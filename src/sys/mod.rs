@@ -17,9 +17,9 @@
 //! - [`ns::kind`]: the `NS_GET_NSTYPE` ioctl, which has no safe wrapper;
 //! - [`inherit::take_listen_fds`]: taking ownership of the descriptors systemd passed.
 
-pub mod inherit;
-pub mod ns;
-pub mod socket;
+pub(crate) mod inherit;
+pub(crate) mod ns;
+pub(crate) mod socket;
 
 /// The process's effective user id.
 pub fn effective_uid() -> u32 {

@@ -10,7 +10,7 @@ const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
 
 /// The kind of namespace `file` refers to, as a `CLONE_NEW*` value (`libc::CLONE_NEWNET` for a
 /// network namespace); an error (ENOTTY, EINVAL) for a file that is no namespace.
-pub fn kind(file: impl AsFd) -> io::Result<i32> {
+pub(crate) fn kind(file: impl AsFd) -> io::Result<i32> {
     let fd = file.as_fd();
     // SAFETY: NS_GET_NSTYPE takes no argument and only reads the descriptor's namespace; `fd` is
     // borrowed, so it stays open for the duration of the call. On any other file the kernel
@@ -25,7 +25,7 @@ pub fn kind(file: impl AsFd) -> io::Result<i32> {
 /// Moves the calling thread into the network namespace `ns` refers to (setns(2) checks that it
 /// is one). Only this thread moves: network namespaces may be entered by one thread of a
 /// multi-threaded process.
-pub fn enter_network(ns: impl AsFd) -> io::Result<()> {
+pub(crate) fn enter_network(ns: impl AsFd) -> io::Result<()> {
     Ok(rustix::thread::move_into_link_name_space(
         ns.as_fd(),
         Some(LinkNameSpaceType::Network),

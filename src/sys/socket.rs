@@ -18,7 +18,7 @@ use rustix::net::{AddressFamily, RecvFlags, SendFlags, SocketAddrUnix, SocketFla
 /// One `recv(2)` into `buf`'s spare capacity, the bytes read then counted in `buf`: how many
 /// (0 at end of stream, and when `buf` has no spare capacity). EINTR is retried; nothing to
 /// read is `WouldBlock`.
-pub fn recv(fd: BorrowedFd<'_>, buf: &mut BytesMut) -> io::Result<usize> {
+pub(crate) fn recv(fd: BorrowedFd<'_>, buf: &mut BytesMut) -> io::Result<usize> {
     // SAFETY: `as_uninit_slice_mut` asks that no uninitialised byte be written into the slice;
     // it is only passed to recv(2), which writes bytes it received (initialised ones) and
     // nothing else.
@@ -39,7 +39,7 @@ pub fn recv(fd: BorrowedFd<'_>, buf: &mut BytesMut) -> io::Result<usize> {
 /// One `send(2)` with `MSG_NOSIGNAL`: how many bytes the socket took (0 when it has no room).
 /// A peer that has gone is an error (EPIPE), never a SIGPIPE, whatever the process does with
 /// that signal. EINTR is retried.
-pub fn send(fd: BorrowedFd<'_>, bytes: &[u8]) -> io::Result<usize> {
+pub(crate) fn send(fd: BorrowedFd<'_>, bytes: &[u8]) -> io::Result<usize> {
     loop {
         match rustix::net::send(fd, bytes, SendFlags::NOSIGNAL) {
             Ok(n) => return Ok(n),
@@ -51,7 +51,7 @@ pub fn send(fd: BorrowedFd<'_>, bytes: &[u8]) -> io::Result<usize> {
 }
 
 /// A new non-blocking, close-on-exec eventfd with its counter at 0.
-pub fn eventfd() -> io::Result<OwnedFd> {
+pub(crate) fn eventfd() -> io::Result<OwnedFd> {
     Ok(rustix::event::eventfd(
         0,
         EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC,
@@ -60,19 +60,19 @@ pub fn eventfd() -> io::Result<OwnedFd> {
 
 /// Adds one to an eventfd's counter (makes it readable). A full counter (EAGAIN) is already
 /// readable, so failures are of no consequence.
-pub fn eventfd_add_one(fd: BorrowedFd<'_>) {
+pub(crate) fn eventfd_add_one(fd: BorrowedFd<'_>) {
     let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
 }
 
 /// Resets an eventfd's counter to 0 (not readable). Already 0 (EAGAIN) is what was wanted.
-pub fn eventfd_reset(fd: BorrowedFd<'_>) {
+pub(crate) fn eventfd_reset(fd: BorrowedFd<'_>) {
     let mut counter = [0u8; 8];
     let _ = rustix::io::read(fd, &mut counter);
 }
 
 /// `poll(2)` on `fds`, for at most `timeout` (rounded up to whole milliseconds); EINTR counts as
 /// a return with nothing ready. An entry with a negative descriptor is skipped, as poll(2) says.
-pub fn poll(fds: &mut [libc::pollfd], timeout: Duration) -> io::Result<()> {
+pub(crate) fn poll(fds: &mut [libc::pollfd], timeout: Duration) -> io::Result<()> {
     let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int;
     // SAFETY: `fds` is an exclusively borrowed array of `fds.len()` initialised pollfd structs,
     // and poll(2) writes nothing but their `revents` fields. The descriptors in them are numbers

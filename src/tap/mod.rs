@@ -465,7 +465,7 @@ impl Tap {
     }
 
     /// Ends every subscription (their queued events are still delivered) and refuses new ones.
-    pub(crate) fn close(&self) {
+    pub fn close(&self) {
         self.hub.closed.store(true, Relaxed);
         self.hub.update(Vec::clear);
         self.metrics.tap_subscribers.set(0);

@@ -42,9 +42,9 @@ pub enum Refusal {
 /// The file's state as the checks see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FileFacts {
-    pub regular: bool,
-    pub owner: u32,
-    pub links: u64,
+    pub(crate) regular: bool,
+    pub(crate) owner: u32,
+    pub(crate) links: u64,
 }
 
 impl From<&Metadata> for FileFacts {

@@ -253,7 +253,7 @@ fn local_time(nanos: i64) -> String {
 
 /// RFC 3339 UTC with microseconds, from Unix nanoseconds (times before 1970, which no tap
 /// event has, show as the epoch).
-pub fn rfc3339(nanos: i64) -> String {
+pub(crate) fn rfc3339(nanos: i64) -> String {
     let t = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(nanos.max(0) as u64);
     humantime::format_rfc3339_micros(t).to_string()
 }

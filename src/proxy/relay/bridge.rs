@@ -23,11 +23,11 @@ use crate::proxy::sock::Wake;
 use crate::proxy::upstream::{Fields, RawFields};
 
 /// A diverted call's response body, as the observed path gives it.
-pub type DivertedBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
+pub(crate) type DivertedBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
 
 /// What the relay needs of the rest of crisp: the route decision ([`Calls`]), where ended calls
 /// are reported, and the observed path that serves diverted streams.
-pub trait Service: Calls {
+pub(crate) trait Service: Calls {
     fn completed(&self, call: &Call, outcome: &Outcome);
     /// Serves a diverted stream's request (its [`Call`] in its extensions).
     fn divert(
@@ -38,18 +38,18 @@ pub trait Service: Calls {
 
 /// Frames for the client that do not come from the runtime, from other threads (diverted
 /// streams' tasks); the relay thread writes them between the runtime's frames.
-pub struct Outbox {
+pub(crate) struct Outbox {
     ctl: Mutex<Vec<u8>>,
     /// Wakes the relay thread: `ctl` has frames, or `stop` / `kill` was set.
-    pub wake: Wake,
+    pub(crate) wake: Wake,
     /// crisp is shutting down: GOAWAY, then finish what is in flight.
-    pub stop: AtomicBool,
+    pub(crate) stop: AtomicBool,
     /// The connection's task was dropped (the shutdown grace ended): close now.
-    pub kill: AtomicBool,
+    pub(crate) kill: AtomicBool,
 }
 
 impl Outbox {
-    pub fn new(wake: Wake) -> Outbox {
+    pub(crate) fn new(wake: Wake) -> Outbox {
         Outbox {
             ctl: Mutex::new(Vec::new()),
             wake,
@@ -62,7 +62,7 @@ impl Outbox {
         self.ctl.lock()
     }
 
-    pub fn send(&self, frame: &[u8]) {
+    pub(crate) fn send(&self, frame: &[u8]) {
         let was_empty = {
             let mut q = self.queue();
             let was_empty = q.is_empty();
@@ -75,7 +75,7 @@ impl Outbox {
     }
 
     /// Moves the frames other threads queued for the client into `into`.
-    pub fn take(&self, into: &mut Vec<u8>) {
+    pub(crate) fn take(&self, into: &mut Vec<u8>) {
         let mut q = self.queue();
         if !q.is_empty() {
             into.extend_from_slice(&q);
@@ -83,14 +83,14 @@ impl Outbox {
         }
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.queue().is_empty()
     }
 }
 
 /// Diverted streams of one connection: their tasks (aborted when the client resets the stream
 /// or goes away) and their request bodies' senders.
-pub struct Diverted {
+pub(crate) struct Diverted {
     service: Arc<dyn Service>,
     windows: Arc<Windows>,
     /// Notified by `windows` when the client's window grew.
@@ -102,7 +102,7 @@ pub struct Diverted {
 
 impl Diverted {
     /// `changed`: what `windows` notifies when the client's window grew.
-    pub fn new(
+    pub(crate) fn new(
         service: Arc<dyn Service>,
         windows: Arc<Windows>,
         changed: Arc<Notify>,
@@ -119,7 +119,7 @@ impl Diverted {
     }
 
     /// Hands a stream to the observed path (on crisp's runtime: the caller has entered it).
-    pub fn start(
+    pub(crate) fn start(
         &mut self,
         stream: u32,
         call: Call,
@@ -160,17 +160,17 @@ impl Diverted {
         map.insert(stream, h.abort_handle());
     }
 
-    pub fn body(&mut self, stream: u32, data: Bytes) {
+    pub(crate) fn body(&mut self, stream: u32, data: Bytes) {
         if let Some(tx) = self.bodies.get(&stream) {
             let _ = tx.send(BodyPart::Data(data));
         }
     }
 
-    pub fn body_end(&mut self, stream: u32) {
+    pub(crate) fn body_end(&mut self, stream: u32) {
         self.bodies.remove(&stream);
     }
 
-    pub fn trailers(&mut self, stream: u32, fields: Vec<(Bytes, Bytes)>) {
+    pub(crate) fn trailers(&mut self, stream: u32, fields: Vec<(Bytes, Bytes)>) {
         let Some(tx) = self.bodies.remove(&stream) else {
             return;
         };
@@ -185,7 +185,7 @@ impl Diverted {
     }
 
     /// The client reset the stream.
-    pub fn abort(&mut self, stream: u32) {
+    pub(crate) fn abort(&mut self, stream: u32) {
         self.bodies.remove(&stream);
         if let Some(h) = self.tasks.lock().remove(&stream) {
             h.abort();
@@ -193,7 +193,7 @@ impl Diverted {
     }
 
     /// The client is gone (or was closed): nothing may stay behind.
-    pub fn abort_all(&mut self) {
+    pub(crate) fn abort_all(&mut self) {
         self.bodies.clear();
         for (_, h) in self.tasks.lock().drain() {
             h.abort();

@@ -15,7 +15,7 @@ use parking_lot::{Mutex, MutexGuard};
 use crate::proxy::h2::{IdMap, DEFAULT_WINDOW, MAX_FRAME};
 
 /// The client's windows as crisp may count on them.
-pub struct Flow {
+pub(crate) struct Flow {
     /// How many DATA bytes the client will still accept on the connection.
     client_window: i64,
     /// Connection credits to keep from the runtime: bytes crisp sent the client on its own.
@@ -49,7 +49,7 @@ impl Default for Flow {
 impl Flow {
     /// Takes `n` bytes of the client's connection window for a runtime DATA frame; false (and
     /// nothing taken) if the client has not that much left.
-    pub fn take_for_runtime(&mut self, n: i64) -> bool {
+    pub(crate) fn take_for_runtime(&mut self, n: i64) -> bool {
         if self.client_window >= n {
             self.client_window -= n;
             true
@@ -61,7 +61,7 @@ impl Flow {
     /// Takes up to `want` bytes (at most a frame) of both the connection's and `stream`'s window
     /// for crisp's own DATA on a diverted stream, counting them as debt; None when the stream is
     /// gone, 0 when there is no window now.
-    pub fn take_for_diverted(&mut self, stream: u32, want: usize) -> Option<usize> {
+    pub(crate) fn take_for_diverted(&mut self, stream: u32, want: usize) -> Option<usize> {
         let sw = *self.diverted.get(&stream)?;
         let n = self
             .client_window
@@ -79,7 +79,7 @@ impl Flow {
 
     /// The client's connection WINDOW_UPDATE: pays crisp's debt first; returns what goes on to
     /// the runtime.
-    pub fn connection_credit(&mut self, inc: u32) -> u32 {
+    pub(crate) fn connection_credit(&mut self, inc: u32) -> u32 {
         self.client_window += inc as i64;
         let keep = self.debt.min(inc as u64);
         self.debt -= keep;
@@ -87,7 +87,7 @@ impl Flow {
     }
 
     /// The client's WINDOW_UPDATE on a diverted stream.
-    pub fn stream_credit(&mut self, stream: u32, inc: u32) {
+    pub(crate) fn stream_credit(&mut self, stream: u32, inc: u32) {
         if let Some(w) = self.diverted.get_mut(&stream) {
             *w += inc as i64;
         }
@@ -97,7 +97,7 @@ impl Flow {
     /// goes on to the runtime, whose ACK reaches the client through crisp, so a larger window
     /// waits for [`Flow::settings_acked`]; otherwise crisp acknowledges it itself, at once.
     /// True when the streams' windows changed.
-    pub fn client_settings(&mut self, window: Option<i64>, relayed: bool) -> bool {
+    pub(crate) fn client_settings(&mut self, window: Option<i64>, relayed: bool) -> bool {
         if relayed {
             self.unacked_windows.push_back(window);
         }
@@ -109,7 +109,7 @@ impl Flow {
 
     /// The runtime acknowledged the client's oldest SETTINGS (the ACK is on its way to the
     /// client, ahead of any DATA of crisp's). True when the streams' windows changed.
-    pub fn settings_acked(&mut self) -> bool {
+    pub(crate) fn settings_acked(&mut self) -> bool {
         let Some(Some(v)) = self.unacked_windows.pop_front() else {
             return false;
         };
@@ -133,26 +133,26 @@ impl Flow {
     }
 
     /// crisp starts answering `stream` itself.
-    pub fn open_diverted(&mut self, stream: u32) {
+    pub(crate) fn open_diverted(&mut self, stream: u32) {
         self.diverted.insert(stream, self.client_initial_window);
     }
 
     /// The diverted stream ended (answered, or reset by the client).
-    pub fn close_diverted(&mut self, stream: u32) {
+    pub(crate) fn close_diverted(&mut self, stream: u32) {
         self.diverted.remove(&stream);
     }
 
-    pub fn is_diverted(&self, stream: u32) -> bool {
+    pub(crate) fn is_diverted(&self, stream: u32) -> bool {
         self.diverted.contains_key(&stream)
     }
 
-    pub fn any_diverted(&self) -> bool {
+    pub(crate) fn any_diverted(&self) -> bool {
         !self.diverted.is_empty()
     }
 
     /// For tests: (connection window, debt, a diverted stream's window).
     #[cfg(test)]
-    pub fn windows(&self, stream: u32) -> (i64, u64, Option<i64>) {
+    pub(crate) fn windows(&self, stream: u32) -> (i64, u64, Option<i64>) {
         (
             self.client_window,
             self.debt,
@@ -162,25 +162,25 @@ impl Flow {
 }
 
 /// The flow-control state, shared by the relay thread and diverted streams' tasks.
-pub struct Windows {
+pub(crate) struct Windows {
     flow: Mutex<Flow>,
     /// Called when the client's window grew (or a stream ended): waiting senders re-check.
     changed: Box<dyn Fn() + Send + Sync>,
 }
 
 impl Windows {
-    pub fn new(changed: Box<dyn Fn() + Send + Sync>) -> Windows {
+    pub(crate) fn new(changed: Box<dyn Fn() + Send + Sync>) -> Windows {
         Windows {
             flow: Mutex::new(Flow::default()),
             changed,
         }
     }
 
-    pub fn lock(&self) -> MutexGuard<'_, Flow> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Flow> {
         self.flow.lock()
     }
 
-    pub fn notify(&self) {
+    pub(crate) fn notify(&self) {
         (self.changed)();
     }
 }
