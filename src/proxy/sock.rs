@@ -6,7 +6,7 @@
 
 use std::io;
 use std::net::Shutdown;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
@@ -31,10 +31,6 @@ impl Sock {
             queued: Vec::new(),
             sent: 0,
         })
-    }
-
-    pub(crate) fn fd(&self) -> RawFd {
-        self.s.as_raw_fd()
     }
 
     /// Reads what the socket has into `buf`'s spare capacity (growing it if it has none); 0 at
@@ -99,6 +95,12 @@ impl Sock {
     }
 }
 
+impl AsFd for Wake {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
 impl AsFd for Sock {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.s.as_fd()
@@ -113,10 +115,6 @@ impl Wake {
         Ok(Wake(os::eventfd()?))
     }
 
-    pub(crate) fn fd(&self) -> RawFd {
-        self.0.as_raw_fd()
-    }
-
     /// Makes the descriptor readable (the counter saturates long before it could block).
     pub(crate) fn notify(&self) {
         os::eventfd_add_one(self.0.as_fd());
@@ -127,6 +125,8 @@ impl Wake {
         os::eventfd_reset(self.0.as_fd());
     }
 }
+
+pub(crate) use os::poll_entry;
 
 /// `poll(2)` on `fds`, for at most `timeout` (rounded up to whole milliseconds); EINTR counts as
 /// a return with nothing ready.
@@ -168,16 +168,8 @@ mod tests {
         let mut w = Sock::new(a).unwrap();
         let wake = Wake::new().unwrap();
         let mut fds = [
-            libc::pollfd {
-                fd: b.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: wake.fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
+            poll_entry(Some(b.as_fd()), true, false),
+            poll_entry(Some(wake.as_fd()), true, false),
         ];
         poll(&mut fds, Duration::from_millis(1)).unwrap();
         assert_eq!((fds[0].revents, fds[1].revents), (0, 0));

@@ -3,7 +3,7 @@
 
 use std::io;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -68,6 +68,21 @@ pub(crate) fn eventfd_add_one(fd: BorrowedFd<'_>) {
 pub(crate) fn eventfd_reset(fd: BorrowedFd<'_>) {
     let mut counter = [0u8; 8];
     let _ = rustix::io::read(fd, &mut counter);
+}
+
+/// A `poll(2)` entry for `fd`, asking for readable and/or writable; an entry that asks for
+/// nothing (or has no descriptor) is skipped by poll(2). The entry holds the descriptor's number
+/// only for the length of one `poll` call, while the borrow it was made from is alive.
+pub(crate) fn poll_entry(fd: Option<BorrowedFd<'_>>, read: bool, write: bool) -> libc::pollfd {
+    let events = if read { libc::POLLIN } else { 0 } | if write { libc::POLLOUT } else { 0 };
+    libc::pollfd {
+        fd: match fd {
+            Some(fd) if events != 0 => fd.as_raw_fd(),
+            _ => -1,
+        },
+        events,
+        revents: 0,
+    }
 }
 
 /// `poll(2)` on `fds`, for at most `timeout` (rounded up to whole milliseconds); EINTR counts as

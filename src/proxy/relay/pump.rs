@@ -1,5 +1,6 @@
 //! The relay thread: a `poll(2)` loop around one connection's [`Core`] and its two sockets.
 
+use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,16 +40,6 @@ pub(crate) struct Pump {
     blocked: bool,
     /// When `poll` last returned: the time of what was read then.
     now: Instant,
-}
-
-fn pollfd(fd: std::os::fd::RawFd, read: bool, write: bool) -> libc::pollfd {
-    let events = if read { libc::POLLIN } else { 0 } | if write { libc::POLLOUT } else { 0 };
-    // A negative descriptor is skipped by poll(2).
-    libc::pollfd {
-        fd: if events == 0 { -1 } else { fd },
-        events,
-        revents: 0,
-    }
 }
 
 impl Pump {
@@ -114,11 +105,15 @@ impl Pump {
             let read_client = !self.runtime.as_ref().is_some_and(Sock::has_queued);
             let read_runtime = !self.client.has_queued() && !self.blocked;
             let mut fds = [
-                pollfd(self.client.fd(), read_client, self.client.has_queued()),
-                pollfd(outbox.wake.fd(), true, false),
+                sock::poll_entry(
+                    Some(self.client.as_fd()),
+                    read_client,
+                    self.client.has_queued(),
+                ),
+                sock::poll_entry(Some(outbox.wake.as_fd()), true, false),
                 match &self.runtime {
-                    Some(r) => pollfd(r.fd(), read_runtime, r.has_queued()),
-                    None => pollfd(-1, false, false),
+                    Some(r) => sock::poll_entry(Some(r.as_fd()), read_runtime, r.has_queued()),
+                    None => sock::poll_entry(None, false, false),
                 },
             ];
             // From the clock read after the last poll: a tick is at least 10 ms, the work since
