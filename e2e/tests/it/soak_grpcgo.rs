@@ -46,7 +46,7 @@ const SAMPLE: Duration = Duration::from_secs(10);
 const RSS_SLACK_KIB: u64 = 8 << 10;
 /// The call loops' pace: one call of each method per 100 ms.
 const LOOP_INTERVAL: Duration = Duration::from_millis(100);
-/// The message crisp's ordering engine refuses a CreateContainer with (src/ordering/mod.rs).
+/// The message crisp's ordering engine refuses a CreateContainer with (src/ordering/decide.rs).
 const REFUSAL: &str = "network is not ready until the pod's sidecars run";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
