@@ -693,7 +693,10 @@ cmd_stop() {
   if [[ ${#shim_socks[@]} -gt 0 ]]; then
     rm -f "${shim_socks[@]}"
   fi
-  rmdir /run/containerd/s /run/containerd 2>/dev/null || true
+  # /run/containerd/s is shared by every instance's shims (containerd 1.6 puts shim sockets
+  # there whatever its state dir): it is left in place, even when empty. Removing it here raced
+  # another instance's shim between its MkdirAll and its bind ("mkdir /run/containerd/s: no
+  # such file or directory" failed a RunPodSandbox in a CI run).
 
   # 4. mounts (rootfs overlays, sandbox shm, netns bind mounts) under DIR
   unmount_all "$dir" || {
