@@ -736,6 +736,12 @@ pub async fn serve(listener: UnixListener, proxy: Arc<Proxy>, shutdown: impl Fut
     tokio::pin!(shutdown);
     loop {
         let stream = tokio::select! {
+            // Shutdown first: select! otherwise picks a ready branch at random, and a
+            // connection still queued when the signal came could be accepted here only to be
+            // sent GOAWAY before its first call (a grpc-go client then fails every call it had
+            // queued). Left in the queue, it is the next instance's: under socket activation
+            // systemd keeps the listening socket across a restart.
+            biased;
             _ = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
                 Ok((s, _)) => s,
