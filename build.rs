@@ -12,6 +12,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         // protoc 3.12–3.14 need this for `optional` in proto3; newer ones ignore it.
         .protoc_arg("--experimental_allow_proto3_optional")
+        // Views that only the tests and fuzz targets decode (crisp reads an ExecSync answer's exit
+        // code as it streams, and a container event's statuses by field number): compiled where
+        // those are, so a release build has no dead message types.
+        .message_attribute(
+            "crisp.cri.views.ExecSyncResponse",
+            "#[cfg(any(test, feature = \"test-util\"))]",
+        )
+        .message_attribute(
+            "crisp.cri.views.ContainerEventResponse",
+            "#[cfg(any(test, feature = \"test-util\"))]",
+        )
         .compile_protos(
             &[
                 "proto/crisp/admin/v1/admin.proto",

@@ -32,13 +32,8 @@ pub enum Error {
     Bind(#[from] listener::BindError),
 }
 
-/// Builds the interceptor chain for a configuration.
-pub fn interceptors(cfg: &Config, upstream: &Arc<Upstream>) -> Vec<Arc<dyn Interceptor>> {
-    chain(cfg, upstream).0
-}
-
 /// The interceptor chain and the tap in it (the admin socket serves the tap's subscribers).
-pub fn chain(
+pub(crate) fn chain(
     cfg: &Config,
     upstream: &Arc<Upstream>,
 ) -> (Vec<Arc<dyn Interceptor>>, Arc<Tap>, Arc<Engine>) {
@@ -111,7 +106,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
 }
 
 /// Serves on an already-bound listener (tests, socket activation).
-pub async fn serve_on(
+#[cfg_attr(feature = "test-util", visibility::make(pub))]
+pub(crate) async fn serve_on(
     listener: tokio::net::UnixListener,
     cfg: Config,
     shutdown: impl Future<Output = ()>,
@@ -122,7 +118,8 @@ pub async fn serve_on(
 /// [`serve_on`], telling `admin_ready` once the admin socket listens (or will not: disabled, or
 /// failed to bind, which crisp logs and survives). CRI calls are served from the start either
 /// way; this is for whoever waits to tap (tests, instead of polling connect()).
-pub async fn serve_on_notify(
+#[cfg_attr(feature = "test-util", visibility::make(pub))]
+pub(crate) async fn serve_on_notify(
     listener: tokio::net::UnixListener,
     cfg: Config,
     shutdown: impl Future<Output = ()>,

@@ -52,7 +52,7 @@ impl Default for Options {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Level {
+pub(crate) enum Level {
     Ok,
     Warn,
     Fail,
@@ -69,7 +69,7 @@ impl fmt::Display for Level {
 }
 
 #[derive(Debug, Clone)]
-pub struct Check {
+pub(crate) struct Check {
     /// Short stable name: `config`, `upstream`, `crisp-socket`, `kubelet`, `kubelet-version`,
     /// `units`.
     pub(crate) name: &'static str,
@@ -114,17 +114,8 @@ impl Report {
         self.checks.iter().all(|c| c.level != Level::Fail)
     }
 
-    pub fn count(&self, level: Level) -> usize {
+    pub(crate) fn count(&self, level: Level) -> usize {
         self.checks.iter().filter(|c| c.level == level).count()
-    }
-
-    /// The worst level of the checks named `name`.
-    pub fn level_of(&self, name: &str) -> Option<Level> {
-        self.checks
-            .iter()
-            .filter(|c| c.name == name)
-            .map(|c| c.level)
-            .max()
     }
 }
 
@@ -161,7 +152,7 @@ impl fmt::Display for Report {
 }
 
 /// `path` (a node path) as seen from here.
-pub fn under_root(root: &Path, path: &Path) -> PathBuf {
+pub(crate) fn under_root(root: &Path, path: &Path) -> PathBuf {
     if root == Path::new("/") {
         return path.to_path_buf();
     }
@@ -364,19 +355,19 @@ async fn check_crisp_socket(opts: &Options, listen: &Path, r: &mut Report) {
 /// Where kubelet reads its flags and config on a kubeadm-style node, lowest precedence first
 /// (10-kubeadm.conf: `$KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS`; on the
 /// command line the last flag wins, and flags win over the config file).
-pub const KUBELET_CONFIG: &str = "/var/lib/kubelet/config.yaml";
-pub const KUBEADM_FLAGS: &str = "/var/lib/kubelet/kubeadm-flags.env";
-pub const EXTRA_ARGS_FILES: [&str; 2] = ["/etc/sysconfig/kubelet", "/etc/default/kubelet"];
+pub(crate) const KUBELET_CONFIG: &str = "/var/lib/kubelet/config.yaml";
+pub(crate) const KUBEADM_FLAGS: &str = "/var/lib/kubelet/kubeadm-flags.env";
+pub(crate) const EXTRA_ARGS_FILES: [&str; 2] = ["/etc/sysconfig/kubelet", "/etc/default/kubelet"];
 
 /// A setting and the file that set it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Setting {
+pub(crate) struct Setting {
     pub(crate) value: String,
     pub(crate) file: PathBuf,
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct KubeletSettings {
+pub(crate) struct KubeletSettings {
     pub(crate) runtime_endpoint: Option<Setting>,
     pub(crate) image_endpoint: Option<Setting>,
     /// `--container-runtime=...` (removed in kubelet 1.27).
@@ -386,7 +377,7 @@ pub struct KubeletSettings {
 }
 
 /// The value of the last `name=...` assignment in an EnvironmentFile, unquoted.
-pub fn env_file_var(text: &str, name: &str) -> Option<String> {
+pub(crate) fn env_file_var(text: &str, name: &str) -> Option<String> {
     let mut found = None;
     for line in text.lines() {
         let l = line.trim_start();
@@ -409,7 +400,7 @@ pub fn env_file_var(text: &str, name: &str) -> Option<String> {
 }
 
 /// The last value of `--flag=v` / `--flag v` in a kubelet argument string.
-pub fn flag_value(args: &str, flag: &str) -> Option<String> {
+pub(crate) fn flag_value(args: &str, flag: &str) -> Option<String> {
     let toks: Vec<&str> = args.split_whitespace().collect();
     let mut found = None;
     let mut i = 0;
@@ -427,7 +418,7 @@ pub fn flag_value(args: &str, flag: &str) -> Option<String> {
 }
 
 /// A top-level `key: value` of a (kubeadm-written, block-style) YAML file, unquoted.
-pub fn yaml_top_level(text: &str, key: &str) -> Option<String> {
+pub(crate) fn yaml_top_level(text: &str, key: &str) -> Option<String> {
     let mut found = None;
     for line in text.lines() {
         let Some(rest) = line.strip_prefix(key).and_then(|r| r.strip_prefix(':')) else {
@@ -446,7 +437,7 @@ pub fn yaml_top_level(text: &str, key: &str) -> Option<String> {
 }
 
 /// Reads kubelet's endpoint settings from the files `hack/install.sh` edits.
-pub fn kubelet_settings(root: &Path) -> KubeletSettings {
+pub(crate) fn kubelet_settings(root: &Path) -> KubeletSettings {
     let mut s = KubeletSettings::default();
     let read = |p: &str| std::fs::read_to_string(under_root(root, Path::new(p))).ok();
     if let Some(text) = read(KUBELET_CONFIG) {
@@ -484,13 +475,13 @@ pub fn kubelet_settings(root: &Path) -> KubeletSettings {
 }
 
 /// `unix:///a/b` and `/a/b` → the path; anything else (tcp://, npipe://) → None.
-pub fn endpoint_path(endpoint: &str) -> Option<PathBuf> {
+pub(crate) fn endpoint_path(endpoint: &str) -> Option<PathBuf> {
     let p = endpoint.strip_prefix("unix://").unwrap_or(endpoint);
     p.starts_with('/').then(|| PathBuf::from(p))
 }
 
 /// kubelet's version as (major, minor), from `kubelet --version` ("Kubernetes v1.27.3").
-pub fn parse_kubelet_version(s: &str) -> Option<(u32, u32)> {
+pub(crate) fn parse_kubelet_version(s: &str) -> Option<(u32, u32)> {
     let v = s.split_whitespace().last()?.trim_start_matches('v');
     let mut it = v.split('.');
     let major = it.next()?.parse().ok()?;
@@ -499,7 +490,7 @@ pub fn parse_kubelet_version(s: &str) -> Option<(u32, u32)> {
 }
 
 /// Where kubelet's binary is looked for under `--root` (on `/`, `kubelet` on PATH first).
-pub const KUBELET_BINS: [&str; 3] = [
+pub(crate) const KUBELET_BINS: [&str; 3] = [
     "/usr/bin/kubelet",
     "/usr/local/bin/kubelet",
     "/opt/bin/kubelet",
@@ -592,10 +583,10 @@ fn check_kubelet(opts: &Options, listen: &Path, upstream: &Path, r: &mut Report)
 
 // ---- systemd units ----
 
-pub const UNIT_DIR: &str = "/etc/systemd/system";
-pub const KUBELET_DROPIN: &str = "/etc/systemd/system/kubelet.service.d/90-crisp.conf";
+pub(crate) const UNIT_DIR: &str = "/etc/systemd/system";
+pub(crate) const KUBELET_DROPIN: &str = "/etc/systemd/system/kubelet.service.d/90-crisp.conf";
 /// Where the crisp .deb installs the units.
-pub const PACKAGE_UNIT_DIR: &str = "/lib/systemd/system";
+pub(crate) const PACKAGE_UNIT_DIR: &str = "/lib/systemd/system";
 
 fn systemctl_available() -> bool {
     Command::new("systemctl")
@@ -606,7 +597,7 @@ fn systemctl_available() -> bool {
 }
 
 /// `ListenStream=` of a socket unit.
-pub fn unit_listen_stream(text: &str) -> Option<String> {
+pub(crate) fn unit_listen_stream(text: &str) -> Option<String> {
     text.lines()
         .rev()
         .find_map(|l| l.trim().strip_prefix("ListenStream="))

@@ -46,31 +46,57 @@
 //!
 //! ## Visibility
 //!
-//! What the binary, the tests (`tests/it/`, `e2e/`), the benchmarks and the fuzz targets use is
-//! `pub`; everything else is `pub(crate)`. The reference is built for maintainers, private items
-//! included (`hack/lint.sh` runs `cargo doc --document-private-items` with warnings denied), so a
-//! doc link may name a private item.
+//! What the binary uses is `pub`: [`config`], [`daemon`], [`doctor`], [`tap`] and [`telemetry`].
+//! What only crisp's own tests (`tests/it/`, `e2e/`), the benchmark and the fuzz targets reach
+//! is public only with the `test-util` feature, which those turn on through their dependency on
+//! this crate (Cargo.toml): the other modules through `test_util_mod!` below, single items of
+//! the binary's modules through `#[cfg_attr(feature = "test-util", visibility::make(pub))]`,
+//! and items nothing but a test calls through `#[cfg(any(test, feature = "test-util"))]`.
+//! Without the feature (the binary, the release artifacts) all of it is `pub(crate)`, and
+//! `hack/lint.sh` denies the dead code that would hide behind the gate. Everything else is
+//! `pub(crate)` or private. The reference is built for maintainers, private items included
+//! (`hack/lint.sh` runs `cargo doc --document-private-items` with warnings denied), so a doc link
+//! may name a private item.
 #![allow(rustdoc::private_intra_doc_links)]
 // `unsafe` lives in `sys` only, each block with the proof of its conditions (sys/mod.rs lists
 // them); everything else is safe code over owned and borrowed descriptors.
 #![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
-pub mod admin;
+/// Declares a module that only crisp's own tests, benchmarks and fuzz targets reach from outside
+/// the crate: `pub` with the `test-util` feature, `pub(crate)` without it (the binary and the
+/// release artifacts). The items inside keep their `pub`; without the feature nothing outside
+/// the crate can name them.
+macro_rules! test_util_mod {
+    ($($(#[$attr:meta])* mod $name:ident;)*) => {$(
+        #[cfg(feature = "test-util")]
+        $(#[$attr])*
+        pub mod $name;
+        #[cfg(not(feature = "test-util"))]
+        $(#[$attr])*
+        pub(crate) mod $name;
+    )*};
+}
+
+// What the binary (`src/bin/crisp/`) uses.
 pub mod config;
-pub mod cri;
 pub mod daemon;
 pub mod doctor;
-pub mod intercept;
-pub mod metrics;
-pub mod netns;
-pub mod ordering;
-pub mod proxy;
-pub mod readiness;
-pub mod status;
-#[allow(unsafe_code)]
-pub mod sys;
-pub mod systemd;
 pub mod tap;
 pub mod telemetry;
-pub mod tenant;
+
+test_util_mod! {
+    mod admin;
+    mod cri;
+    mod intercept;
+    mod metrics;
+    mod netns;
+    mod ordering;
+    mod proxy;
+    mod readiness;
+    mod status;
+    #[allow(unsafe_code)]
+    mod sys;
+    mod systemd;
+    mod tenant;
+}

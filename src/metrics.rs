@@ -309,7 +309,8 @@ impl CallMetrics {
             .saturating_sub(self.completed.load(Relaxed))
     }
 
-    /// Number of calls of `rpc` that ended with `code` (tests and the admin API).
+    /// Number of calls of `rpc` that ended with `code` (for tests).
+    #[cfg(any(test, feature = "test-util"))]
     pub fn count(&self, rpc: Option<crate::cri::Rpc>, code: Option<i32>) -> u64 {
         if code.is_some_and(|c| !(0..17).contains(&c)) {
             return 0;

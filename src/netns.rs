@@ -4,7 +4,7 @@
 //! Where the namespace is comes from what the runtime reports, not from runtime internals:
 //! the verbose PodSandboxStatus `info` JSON (containerd's and CRI-O's shape) names the sandbox's
 //! network namespace path in its OCI spec and the sandbox's pid (`/proc/PID/ns/net`); both are
-//! tried ([`candidates`]).
+//! tried ([`found`]).
 //!
 //! A pid is the weaker of the two: between the runtime's answer and crisp's open, the sandbox
 //! may have ended and its pid been reused by any process on the node — one in the node's own
@@ -144,15 +144,17 @@ struct Namespace {
     path: Option<String>,
 }
 
-/// Where a sandbox's network namespace may be, from the `info` JSON of a verbose
-/// PodSandboxStatus (`info["info"]`): the OCI spec's network namespace path first (a bind mount
-/// that lives as long as the sandbox), then `/proc/PID/ns/net` of the sandbox's pid. Nothing
-/// when the JSON names neither; an error when it is not JSON at all.
+/// [`found`] without the pids: the fuzz target's entry.
+#[cfg(any(test, feature = "test-util"))]
 pub fn candidates(info: &str) -> Result<Vec<PathBuf>, String> {
     Ok(found(info)?.into_iter().map(|(p, _)| p).collect())
 }
 
-/// [`candidates`], each with the pid it was derived from (the `/proc/PID/ns/net` fallback).
+/// Where a sandbox's network namespace may be, from the `info` JSON of a verbose
+/// PodSandboxStatus (`info["info"]`), each path with the pid it was derived from: the OCI spec's
+/// network namespace path first (a bind mount that lives as long as the sandbox), then
+/// `/proc/PID/ns/net` of the sandbox's pid. Nothing when the JSON names neither; an error when it
+/// is not JSON at all.
 fn found(info: &str) -> Result<Vec<(PathBuf, Option<u32>)>, String> {
     let info: Info = serde_json::from_str(info).map_err(|e| {
         format!(

@@ -134,7 +134,7 @@ fn host_port(s: &str) -> Result<(Option<IpAddr>, u16), String> {
 pub(crate) trait ProbeEnv {
     /// The pod IP (loopback for hostNetwork pods); `None` while it cannot be known.
     fn pod_ip(&self) -> impl std::future::Future<Output = Option<IpAddr>> + Send;
-    /// A TCP connection to `addr`, or why not. [`HostEnv`] connects from crisp's own namespace.
+    /// A TCP connection to `addr`, or why not.
     fn connect(
         &self,
         addr: SocketAddr,
@@ -188,7 +188,8 @@ impl Readiness {
 }
 
 /// TCP connect probe from crisp's own network namespace.
-pub async fn probe_tcp(addr: SocketAddr, timeout: Duration) -> ProbeResult {
+#[cfg(test)]
+async fn probe_tcp(addr: SocketAddr, timeout: Duration) -> ProbeResult {
     probe_tcp_with(&HostEnv, addr, timeout).await
 }
 
@@ -206,8 +207,10 @@ pub(crate) async fn probe_tcp_with(
 }
 
 /// Probes from crisp's own network namespace with no pod behind them: no pod IP, no exec.
-pub struct HostEnv;
+#[cfg(test)]
+struct HostEnv;
 
+#[cfg(test)]
 impl ProbeEnv for HostEnv {
     async fn pod_ip(&self) -> Option<IpAddr> {
         None
@@ -223,7 +226,8 @@ impl ProbeEnv for HostEnv {
 }
 
 /// HTTP/1.0 GET probe from crisp's own network namespace.
-pub async fn probe_http(addr: SocketAddr, path: &str, timeout: Duration) -> ProbeResult {
+#[cfg(test)]
+async fn probe_http(addr: SocketAddr, path: &str, timeout: Duration) -> ProbeResult {
     probe_http_with(&HostEnv, addr, path, timeout).await
 }
 

@@ -108,12 +108,8 @@ pub fn name_fds(
         .collect())
 }
 
-/// Which of the inherited fds crisp serves on: the only one, or the one named [`FD_NAME`].
-pub fn select(fds: &[ListenFd]) -> Result<Option<&ListenFd>, ListenFdsError> {
-    Ok(select_index(fds)?.map(|i| &fds[i]))
-}
-
-/// [`select`], as an index into `fds`.
+/// Which of the inherited fds crisp serves on (its index in `fds`): the only one, or the one
+/// named [`FD_NAME`].
 fn select_index(fds: &[ListenFd]) -> Result<Option<usize>, ListenFdsError> {
     match fds {
         [] => Ok(None),
@@ -294,10 +290,10 @@ mod tests {
     fn several_fds_with_names() {
         let v = name_fds(vec![3, 4, 5], Some("a:crisp:c")).unwrap();
         assert_eq!(v.iter().map(|f| f.fd).collect::<Vec<_>>(), vec![3, 4, 5]);
-        assert_eq!(select(&v).unwrap().unwrap().fd, 4);
+        assert_eq!(v[select_index(&v).unwrap().unwrap()].fd, 4);
         let v = name_fds(vec![3, 4], None).unwrap();
-        assert_eq!(select(&v), Err(ListenFdsError::Ambiguous(2)));
-        assert_eq!(select(&[]), Ok(None));
+        assert_eq!(select_index(&v), Err(ListenFdsError::Ambiguous(2)));
+        assert_eq!(select_index(&[]), Ok(None));
     }
 
     #[test]

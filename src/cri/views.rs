@@ -31,7 +31,8 @@ pub mod state {
     pub(crate) const CREATED: i32 = 0;
     pub const RUNNING: i32 = 1;
     pub(crate) const EXITED: i32 = 2;
-    pub const UNKNOWN: i32 = 3;
+    #[cfg(test)]
+    pub(crate) const UNKNOWN: i32 = 3;
 }
 
 impl PodSandboxStatus {

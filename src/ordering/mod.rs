@@ -67,7 +67,7 @@ use crate::metrics::OrderingMetrics;
 use crate::readiness::ProbeLimiter;
 use injectors::InjectorRule;
 use pod::{container_name, ContainerRef};
-pub use pod::{LastProbe, Pod};
+pub use pod::Pod;
 use runtime::Runtime;
 
 /// The engine's clock: tokio's, so unit tests can run the rules on paused time. Outside a
@@ -168,7 +168,8 @@ impl Engine {
     }
 
     /// The engine's tasks still running (a watcher per Job pod, the recovery).
-    pub fn tasks_running(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn tasks_running(&self) -> usize {
         self.tasks.len()
     }
 

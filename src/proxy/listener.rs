@@ -4,13 +4,9 @@
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::UnixStream;
-use tokio::time::Sleep;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BindError {
@@ -84,83 +80,4 @@ pub fn from_fd(fd: OwnedFd) -> io::Result<tokio::net::UnixListener> {
     let l = std::os::unix::net::UnixListener::from(fd);
     l.set_nonblocking(true)?;
     tokio::net::UnixListener::from_std(l)
-}
-
-/// Closes a client connection that has not sent the HTTP/2 preface and first frame header within
-/// the timeout (random bytes, an HTTP/1 client that waits for us, a stalled connect). After the
-/// handshake, HTTP/2 keep-alive pings take over.
-pub struct PrefaceTimeout {
-    inner: UnixStream,
-    deadline: Option<Pin<Box<Sleep>>>,
-    read: usize,
-}
-
-/// 24-byte client preface + 9-byte SETTINGS frame header.
-const PREFACE_BYTES: usize = 33;
-
-impl PrefaceTimeout {
-    pub fn new(inner: UnixStream, timeout: Duration) -> Self {
-        PrefaceTimeout {
-            inner,
-            deadline: Some(Box::pin(tokio::time::sleep(timeout))),
-            read: 0,
-        }
-    }
-}
-
-impl AsyncRead for PrefaceTimeout {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        let res = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if self.deadline.is_some() {
-            if let Poll::Ready(Ok(())) = res {
-                self.read += buf.filled().len() - before;
-                if self.read >= PREFACE_BYTES {
-                    self.deadline = None;
-                }
-                return res;
-            }
-            if let Some(d) = self.deadline.as_mut() {
-                if d.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "no HTTP/2 preface from client",
-                    )));
-                }
-            }
-        }
-        res
-    }
-}
-
-use std::future::Future;
-
-impl AsyncWrite for PrefaceTimeout {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
 }

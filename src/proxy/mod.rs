@@ -112,10 +112,6 @@ impl Proxy {
         })
     }
 
-    pub fn upstream(&self) -> &Upstream {
-        &self.upstream
-    }
-
     async fn handle(
         self: Arc<Self>,
         mut req: Request<ProxyBody>,

@@ -53,7 +53,7 @@ pub(crate) fn method_name<'a>(route: &Route, path: &'a str) -> &'a str {
 
 /// One subscriber's filter.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Filter {
+pub(crate) struct Filter {
     /// When non-empty, exactly the methods matching one of these are shown, polling included.
     pub(crate) methods: Vec<Glob>,
     pub(crate) namespace: Option<String>,
@@ -117,10 +117,6 @@ impl Filter {
             }
         }
         true
-    }
-
-    pub fn needs_names(&self) -> bool {
-        self.namespace.is_some() || self.pod.is_some()
     }
 }
 

@@ -331,22 +331,17 @@ impl Hub {
 }
 
 /// A subscriber's end: events in the order calls ended, with drop markers.
-pub struct Subscription {
+pub(crate) struct Subscription {
     id: u64,
     rx: mpsc::Receiver<Queued>,
     counters: Arc<Counters>,
     hub: Arc<Hub>,
     metrics: Arc<CallMetrics>,
-    filter: Filter,
     pending: Option<Ev>,
     total_dropped: u64,
 }
 
 impl Subscription {
-    pub fn filter(&self) -> &Filter {
-        &self.filter
-    }
-
     fn dropped(&mut self, count: u64) -> Item {
         self.total_dropped += count;
         Item::Dropped {
@@ -399,7 +394,8 @@ impl Drop for Subscription {
 
 /// The tap interceptor. Put it first in the chain: it reads names before the ordering engine
 /// forgets a removed sandbox or container.
-pub struct Tap {
+#[cfg_attr(feature = "test-util", visibility::make(pub))]
+pub(crate) struct Tap {
     hub: Arc<Hub>,
     metrics: Arc<CallMetrics>,
     names: Option<Arc<dyn PodNames>>,
@@ -417,7 +413,8 @@ const MAX_STASH: usize = 4096;
 
 impl Tap {
     /// `names`: what names the pods and containers of a call's ids (the ordering engine).
-    pub fn new(metrics: Arc<CallMetrics>, names: Option<Arc<dyn PodNames>>) -> Arc<Tap> {
+    #[cfg_attr(feature = "test-util", visibility::make(pub))]
+    pub(crate) fn new(metrics: Arc<CallMetrics>, names: Option<Arc<dyn PodNames>>) -> Arc<Tap> {
         Arc::new(Tap {
             hub: Arc::default(),
             metrics,
@@ -427,7 +424,8 @@ impl Tap {
         })
     }
 
-    pub fn metrics(&self) -> &Arc<CallMetrics> {
+    #[cfg_attr(feature = "test-util", visibility::make(pub))]
+    pub(crate) fn metrics(&self) -> &Arc<CallMetrics> {
         &self.metrics
     }
 
@@ -442,7 +440,7 @@ impl Tap {
         let id = self.hub.next_id.fetch_add(1, Relaxed);
         let sub = Arc::new(Sub {
             id,
-            filter: filter.clone(),
+            filter,
             tx,
             counters: counters.clone(),
         });
@@ -458,14 +456,13 @@ impl Tap {
             counters,
             hub: self.hub.clone(),
             metrics: self.metrics.clone(),
-            filter,
             pending: None,
             total_dropped: 0,
         }
     }
 
     /// Ends every subscription (their queued events are still delivered) and refuses new ones.
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         self.hub.closed.store(true, Relaxed);
         self.hub.update(Vec::clear);
         self.metrics.tap_subscribers.set(0);

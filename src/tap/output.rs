@@ -41,7 +41,7 @@ pub enum Refusal {
 
 /// The file's state as the checks see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FileFacts {
+pub(crate) struct FileFacts {
     pub(crate) regular: bool,
     pub(crate) owner: u32,
     pub(crate) links: u64,
@@ -58,7 +58,7 @@ impl From<&Metadata> for FileFacts {
 }
 
 /// Whether a file with these facts may be recorded to by `user`.
-pub fn check(f: FileFacts, user: u32) -> Result<(), Refusal> {
+pub(crate) fn check(f: FileFacts, user: u32) -> Result<(), Refusal> {
     if !f.regular {
         return Err(Refusal::NotRegular);
     }

@@ -55,7 +55,7 @@ fn t(s: &str) -> tenant::Text<'_> {
 }
 
 /// The readable view of one pod: the "why is it not starting" line first.
-pub fn human(p: &pb::Pod, now: SystemTime) -> String {
+pub(crate) fn human(p: &pb::Pod, now: SystemTime) -> String {
     let mut out = Vec::new();
     let short = t(p.pod_sandbox_id.get(..12).unwrap_or(&p.pod_sandbox_id));
     let mut head = format!(
@@ -154,7 +154,7 @@ pub fn human(p: &pb::Pod, now: SystemTime) -> String {
 }
 
 /// One pod as `crisp pods --json` prints it: fixed keys, times in RFC 3339.
-pub fn pod_json(p: &pb::Pod) -> Value {
+pub(crate) fn pod_json(p: &pb::Pod) -> Value {
     let time = |n: i64| {
         if n > 0 {
             Value::String(rfc3339(n))

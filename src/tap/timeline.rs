@@ -23,9 +23,9 @@ use serde_json::Value;
 use super::pb;
 
 /// Longest name (pod, namespace, container, method, image) kept, in characters.
-pub const MAX_NAME: usize = 96;
+pub(crate) const MAX_NAME: usize = 96;
 /// Longest grpc-message kept, in characters.
-pub const MAX_MESSAGE: usize = 240;
+pub(crate) const MAX_MESSAGE: usize = 240;
 /// Width of the terminal view.
 pub const TEXT_WIDTH: usize = 100;
 /// Most failed calls listed under the SVG chart.
@@ -54,7 +54,7 @@ pub struct Call {
 }
 
 impl Call {
-    pub fn ok(&self) -> bool {
+    pub(crate) fn ok(&self) -> bool {
         self.code_name == "OK"
     }
 
@@ -67,7 +67,7 @@ impl Call {
     }
 
     /// What the call acts on: `pod` for sandbox calls, else the container (name, or short id).
-    pub fn target(&self) -> String {
+    pub(crate) fn target(&self) -> String {
         if self.sandbox_call() {
             "pod".to_string()
         } else if !self.container_name.is_empty() {
@@ -87,12 +87,12 @@ impl Call {
 pub struct Pod {
     pub(crate) namespace: String,
     pub(crate) name: String,
-    pub(crate) calls: Vec<Call>,
+    pub calls: Vec<Call>,
 }
 
 impl Pod {
     /// `namespace/name`.
-    pub fn id(&self) -> String {
+    pub(crate) fn id(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }
 
@@ -114,7 +114,7 @@ pub struct Parsed {
 }
 
 /// `s` without control characters, cut to `max` characters (with `…` when cut).
-pub fn cut(s: &str, max: usize) -> String {
+pub(crate) fn cut(s: &str, max: usize) -> String {
     let mut out: String = s
         .chars()
         .take(max)
@@ -344,7 +344,7 @@ pub fn list(pods: &[Pod]) -> String {
 }
 
 /// `420µs`, `5.2ms`, `123ms`, `3.21s`.
-pub fn dur(us: i64) -> String {
+pub(crate) fn dur(us: i64) -> String {
     match us {
         ..=999 => format!("{us}µs"),
         1_000..=9_999 => format!("{:.1}ms", us as f64 / 1e3),
@@ -458,7 +458,7 @@ fn fit(s: &str, width: usize) -> String {
 }
 
 /// Text for XML: `&<>"'` escaped; characters XML 1.0 cannot carry at all replaced.
-pub fn xml_escape(s: &str) -> String {
+pub(crate) fn xml_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for ch in s.chars() {
         match ch {
@@ -478,11 +478,14 @@ pub fn xml_escape(s: &str) -> String {
 /// Colours of the SVG (tests look for them in the rendered picture).
 pub mod colour {
     /// The forwarded part of a call that succeeded.
-    pub const FORWARDED: &str = "#3b78c4";
+    #[cfg_attr(feature = "test-util", visibility::make(pub))]
+    pub(crate) const FORWARDED: &str = "#3b78c4";
     /// The part of a call crisp held.
-    pub const HELD: &str = "#f0a030";
+    #[cfg_attr(feature = "test-util", visibility::make(pub))]
+    pub(crate) const HELD: &str = "#f0a030";
     /// The forwarded part of a call that failed or that crisp refused.
-    pub const FAILED: &str = "#d0342c";
+    #[cfg_attr(feature = "test-util", visibility::make(pub))]
+    pub(crate) const FAILED: &str = "#d0342c";
 }
 
 const SVG_WIDTH: f64 = 1100.0;

@@ -7,7 +7,4 @@ pub enum FrameError {
     /// RFC 9113 gives this frame type a fixed (or minimum, or multiple-of) payload length.
     #[error("{kind:?} frame with a payload of {len} bytes")]
     BadLength { kind: Kind, len: usize },
-    /// A SETTINGS ACK, which must be empty, carried settings.
-    #[error("SETTINGS ACK with a payload")]
-    AckWithPayload,
 }

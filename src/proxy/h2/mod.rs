@@ -33,5 +33,8 @@ pub use ping::Ping;
 pub use reason::Reason;
 pub(crate) use rst_stream::RstStream;
 pub use settings::Settings;
-pub use stateless::{encode_field, put_int};
+pub use stateless::encode_field;
+// The prefix-integer encoder, for tests that write HPACK blocks by hand.
+#[cfg(feature = "test-util")]
+pub use stateless::put_int;
 pub use window_update::WindowUpdate;
