@@ -252,10 +252,13 @@ async fn never_ready_sidecars_do_not_delay_a_ready_pod() -> Result<()> {
     let (busy_uid, _) = timed_start(&st, &ready_pod("busy", 18_082)).await?;
     let busy_gap = st.start_gap(&busy_uid, "proxy", "app").await?;
     eprintln!("ready pod: app started {:.3} s after its sidecar on a quiet node, {:.3} s beside 12 never-ready pods", secs(quiet_gap), secs(busy_gap));
-    // The target: released within about one probe interval of a quiet node's
-    // release, not after every never-ready pod's turn (1.2 s before the limiter was fair).
+    // The target: released within a few probe rounds of a quiet node's release, not
+    // after every never-ready pod's turn. Before the limiter was fair the ready pod waited
+    // 1.23 s (0.10 s quiet): 12 pods' probes at 10 connects/s. Fair, busy − quiet measured
+    // 0.22–0.28 s alone and 0.51 s once beside other heavy work on the machine; 0.7 s keeps
+    // both clear of the unfair 1.1 s.
     assert!(
-        busy_gap <= quiet_gap + 500_000_000,
+        busy_gap <= quiet_gap + 700_000_000,
         "the ready pod waited {:.3} s beside never-ready pods ({:.3} s quiet)",
         secs(busy_gap),
         secs(quiet_gap)
