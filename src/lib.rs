@@ -15,8 +15,9 @@
 //!          nobody interested? ──yes──▶ relayed frame by frame to the runtime
 //!                        │no
 //!                        ▼
-//!   diverted (fields decoded once): Proxy::handle ── buffer unary request ──▶ Interceptors::on_request (intercept.rs)
-//!                        │              may decode a copy (cri/views.rs), HOLD, or reject
+//!   diverted (fields decoded once): Proxy::handle ── buffer unary request ──▶
+//!                        │              Interceptors::on_request (intercept.rs): may decode
+//!                        │              a copy (cri/views.rs), HOLD, or reject
 //!                        ▼              (the ordering engine waits here; never List/Status)
 //!                 Upstream::send (proxy/upstream.rs) ──h2/UDS──▶ containerd
 //!                        │
@@ -30,16 +31,22 @@
 //! Imports point down only (`tests/it/layers.rs` fails on one that runs back up); modules of one
 //! layer do not import each other.
 //!
-//! | layer | modules | what |
-//! |---|---|---|
-//! | 7 | [`daemon`] | wires it together: interceptor chain, proxy, admin socket, systemd |
-//! | 6 | [`admin`], [`doctor`] | crisp's admin API (tap, ListPods, metrics); node checks |
-//! | 5 | [`ordering`], [`tap`] | the features: the ordering engine; the debug tap (it names calls through [`intercept::PodNames`] and receives the engine's live holds through [`intercept::HoldSink`], never importing the engine) |
-//! | 4 | [`proxy`] | the forwarder: relay, crisp's HTTP/2 client to the runtime, its runtime client |
-//! | 3 | [`intercept`], [`metrics`], [`telemetry`] | the plug-in seam; call metrics; logging |
-//! | 2 | [`config`] | TOML + flags, validated once; plain data (the known-injector table included) |
-//! | 1 | [`cri`], [`status`], [`readiness`], [`netns`], [`systemd`] | routing, decoded views, wire framing and patches; crisp's gRPC errors; readiness specs, probes and their node-wide bounds; sockets made in a pod's network namespace; sd_notify and socket activation |
-//! | 0 | [`tenant`], [`sys`] | the one rule for text a pod author wrote: bounded where it enters, cut and escaped wherever it is printed; every OS call the standard library does not make, descriptors passed as `OwnedFd`/`BorrowedFd` (the crate's only `unsafe`) |
+//! - **7** [`daemon`]: wires it together: interceptor chain, proxy, admin socket, systemd.
+//! - **6** [`admin`], [`doctor`]: crisp's admin API (tap, ListPods, metrics); node checks.
+//! - **5** [`ordering`], [`tap`]: the features: the ordering engine; the debug tap (it names
+//!   calls through [`intercept::PodNames`] and receives the engine's live holds through
+//!   [`intercept::HoldSink`], never importing the engine).
+//! - **4** [`proxy`]: the forwarder: relay, crisp's HTTP/2 client to the runtime, its runtime
+//!   client.
+//! - **3** [`intercept`], [`metrics`], [`telemetry`]: the plug-in seam; call metrics; logging.
+//! - **2** [`config`]: TOML + flags, validated once; plain data (the known-injector table
+//!   included).
+//! - **1** [`cri`], [`status`], [`readiness`], [`netns`], [`systemd`]: routing, decoded views,
+//!   wire framing and patches; crisp's gRPC errors; readiness specs, probes and their node-wide
+//!   bounds; sockets made in a pod's network namespace; sd_notify and socket activation.
+//! - **0** [`tenant`], [`sys`]: the one rule for text a pod author wrote (bounded where it
+//!   enters, cut and escaped wherever it is printed); every OS call the standard library does
+//!   not make, descriptors passed as `OwnedFd`/`BorrowedFd` (the crate's only `unsafe`).
 //!
 //! Above them all, the `crisp` binary (`src/bin/crisp/`, one file per subcommand) parses the
 //! flags, prints and chooses the exit codes; the library returns values and typed errors.

@@ -145,7 +145,8 @@ impl Proxy {
         let route = call.route;
         let interest = self.interceptors.interest(&call);
 
-        // One span per RPC (docs/ARCHITECTURE.md, Conventions): mutating calls at info, polling calls at debug.
+        // One span per RPC (docs/ARCHITECTURE.md, Conventions): mutating calls at info, polling
+        // calls at debug.
         let span = match route.rpc.map(|r| r.kind()) {
             Some(RpcKind::Polling) => {
                 tracing::debug_span!("rpc", rpc = %route, call = call.id, pod_namespace = tracing::field::Empty, pod_name = tracing::field::Empty, pod_sandbox_id = tracing::field::Empty, container_name = tracing::field::Empty, container_id = tracing::field::Empty)

@@ -4,8 +4,8 @@
 //!
 //! Redacted by default (DESIGN.md §6, PRIOR-ART.md §5 "secrets in logs"):
 //! - all of `PullImageRequest.auth` — which covers every field the CRI marks `debug_redact`
-//!   (`DEBUG_REDACT`, compiled for tests: AuthConfig's password, auth, identity_token, registry_token; kubernetes
-//!   PR #133135). AuthConfig appears nowhere else in the CRI;
+//!   (`DEBUG_REDACT`, compiled for tests: AuthConfig's password, auth, identity_token,
+//!   registry_token; kubernetes PR #133135). AuthConfig appears nowhere else in the CRI;
 //! - env *values* of `CreateContainerRequest.config.envs` (keys stay: they say what is set);
 //! - the verbose `info` maps of ContainerStatus, PodSandboxStatus, ImageStatus and Status
 //!   responses: they embed the OCI spec (with env), image configs and the runtime's own config

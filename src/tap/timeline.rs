@@ -4,8 +4,10 @@
 //! ```text
 //!  calls.jsonl ─ parse(): call events only (drop markers and event kinds crisp does not know
 //!                are skipped) ─ group(): calls to pods by name, then by sandbox / container id,
-//!                ImageStatus by image ─ Pod ─┬─ text(): one row per call, █ forwarded ░ held × failed
-//!                                             └─ svg(): the same rows; hover shows each call's details
+//!                ImageStatus by image ─ Pod ─┬─ text(): one row per call,
+//!                                            │          █ forwarded ░ held × failed
+//!                                            └─ svg(): the same rows; hover shows each call's
+//!                                                      details
 //! ```
 //!
 //! A call's held part is drawn first: crisp holds a call before it forwards it (DESIGN.md §4),

@@ -150,8 +150,12 @@ pub(crate) fn hold_json(h: &pb::HoldEvent) -> Value {
     })
 }
 
-/// The readable view of a hold:
-/// `12:00:01.234 v1 CreateContainer default/web app HOLD waiting for proxy: not ready (tcp://:9: connect …: refused) held=2.0s left=88.0s proceed`.
+/// The readable view of a hold, for example (one line):
+///
+/// ```text
+/// 12:00:01.234 v1 CreateContainer default/web app HOLD waiting for proxy:
+///   not ready (tcp://:9: connect …: refused) held=2.0s left=88.0s proceed
+/// ```
 pub(crate) fn hold_line(h: &pb::HoldEvent) -> String {
     let mut parts: Vec<String> = vec![
         local_time(h.unix_nanos),

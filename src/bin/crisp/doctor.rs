@@ -14,7 +14,8 @@ pub struct DoctorArgs {
     /// The runtime's socket, a node path [default: `upstream` from the config].
     #[arg(long, value_name = "PATH")]
     upstream: Option<PathBuf>,
-    /// The node's filesystem root: node paths (sockets, kubelet files, units) are looked up under it.
+    /// The node's filesystem root: node paths (sockets, kubelet files, units) are looked up
+    /// under it.
     #[arg(long, value_name = "DIR", default_value = "/")]
     root: PathBuf,
 }

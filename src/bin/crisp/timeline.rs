@@ -14,7 +14,8 @@ use super::tap::AdminSocketArgs;
 /// Draw one pod's CRI calls as a waterfall, from a recorded tap.
 ///
 /// Reads JSON lines written by `crisp tap -o FILE` (or `crisp tap --json`), from INPUT or
-/// standard input; or, with --live, attaches to the running crisp and draws on Ctrl-C. Each row is one call: its forwarded time (█), the time crisp held it (░),
+/// standard input; or, with --live, attaches to the running crisp and draws on Ctrl-C. Each row
+/// is one call: its forwarded time (█), the time crisp held it (░),
 /// and failed or refused calls (×) with their status. Polling calls are left out, except
 /// ImageStatus (record with `crisp tap --all -o FILE` to have those).
 #[derive(clap::Args, Debug, Clone, Default)]

@@ -467,7 +467,8 @@ fn extreme_grace_periods_never_panic_and_hold_at_most_a_day() {
             "{g:?}: hold until {:?}",
             end - t
         );
-        // kubelet's own deadline wraps to an ordinary one for such values; it still bounds the hold.
+        // kubelet's own deadline wraps to an ordinary one for such values; it still bounds the
+        // hold.
         assert_eq!(stop_hold_end(t, g, Some(t + 60 * S)), t + 55 * S, "{g:?}");
         let kill = single_kill_after(t, g);
         assert!(kill > t && kill <= t + day_and_slack, "{g:?}");

@@ -1,9 +1,10 @@
 //! The relay: crisp's fast path, a frame-level HTTP/2 relay between one client connection and a
 //! runtime connection of its own.
 //!
-//! - `core.rs`: the connection's rules, without I/O — frames and time in, frames and [`Event`](core::Event)s
-//!   out (`inbound.rs`: the client's frames, `outbound.rs`: the runtime's, `flow.rs`: windows and
-//!   debt, `ping.rs`: the PING gate and keep-alive, `fields.rs`: decoded header blocks and routes).
+//! - `core.rs`: the connection's rules, without I/O — frames and time in, frames and
+//!   [`Event`](core::Event)s out (`inbound.rs`: the client's frames, `outbound.rs`: the
+//!   runtime's, `flow.rs`: windows and debt, `ping.rs`: the PING gate and keep-alive,
+//!   `fields.rs`: decoded header blocks and routes).
 //! - `pump.rs`: the thread that runs a core, blocked in `poll(2)` on the two sockets.
 //! - `bridge.rs`: the tokio side — diverted streams, served by the observed path, and the queue
 //!   through which their frames reach the thread.
