@@ -114,7 +114,11 @@ impl pb::admin_server::Admin for AdminService {
         let peer = req.extensions().get::<Peer>().copied();
         let req = req.into_inner();
         if let Err(s) = authorize(&req, peer) {
-            tracing::warn!(uid = ?peer.and_then(|p| p.uid), pid = ?peer.and_then(|p| p.pid), "refused an unredacted tap to a non-root client");
+            tracing::warn!(
+                uid = ?peer.and_then(|p| p.uid),
+                pid = ?peer.and_then(|p| p.pid),
+                "refused an unredacted tap to a non-root client"
+            );
             return Err(s);
         }
         let filter = filter_from(&req);
@@ -123,7 +127,11 @@ impl pb::admin_server::Admin for AdminService {
         if redact {
             tracing::info!(uid = ?uid, full, "tap client attached");
         } else {
-            tracing::warn!(uid = ?uid, full, "tap client attached WITHOUT redaction: it sees registry credentials and env values");
+            tracing::warn!(
+                uid = ?uid,
+                full,
+                "tap client attached WITHOUT redaction: it sees registry credentials and env values"
+            );
         }
         let mut sub = self.state.tap.subscribe(filter, self.state.tap_queue);
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
@@ -566,7 +574,10 @@ pub async fn start(
     let path = cfg.admin_socket();
     let unix = match crate::proxy::listener::bind(&path, cfg.admin.mode).await {
         Ok((l, guard)) => {
-            tracing::info!(admin = %path.display(), "admin socket listening (crisp tap, GET /metrics)");
+            tracing::info!(
+                admin = %path.display(),
+                "admin socket listening (crisp tap, GET /metrics)"
+            );
             let state = state.clone();
             let stop = stop.clone();
             Some(tokio::spawn(async move {
@@ -575,7 +586,10 @@ pub async fn start(
             }))
         }
         Err(e) => {
-            tracing::error!(error = %e, "cannot listen on the admin socket; crisp runs without tap and metrics");
+            tracing::error!(
+                error = %e,
+                "cannot listen on the admin socket; crisp runs without tap and metrics"
+            );
             None
         }
     };

@@ -362,7 +362,11 @@ impl Config {
         {
             return Err(bad(
                 "ordering.refuse_held_after",
-                format!("{:?} is too short: each refusal costs kubelet a 1–1.5 s retry (min {:?}; \"0s\" turns it off)", self.ordering.refuse_held_after, MIN_REFUSE_HELD_AFTER),
+                format!(
+                    "{:?} is too short: each refusal costs kubelet a 1–1.5 s retry (min {:?}; \"0s\" turns it off)",
+                    self.ordering.refuse_held_after,
+                    MIN_REFUSE_HELD_AFTER
+                ),
             ));
         }
         if self.ordering.probe_interval.is_zero() {

@@ -77,7 +77,11 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
                     "the socket systemd passed is not `listen` from the config; kubelet must point at the inherited one"
                 );
             }
-            tracing::info!(listen = %path, name = inherited.name.as_deref().unwrap_or(""), "serving on the socket inherited from systemd");
+            tracing::info!(
+                listen = %path,
+                name = inherited.name.as_deref().unwrap_or(""),
+                "serving on the socket inherited from systemd"
+            );
             let l = listener::from_fd(inherited.fd).map_err(|source| Error::Inherited {
                 path: path.clone(),
                 source,
@@ -91,7 +95,9 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     };
     tracing::info!(listen = %listen, upstream = %cfg.upstream.display(), "crisp listening");
     if !cfg.proxy.relay {
-        tracing::warn!("config: proxy.relay = false is no longer supported and is ignored; every connection is relayed (crisp's own HTTP/2 server rejected the :authority that kubelet and crictl send)");
+        tracing::warn!(
+            "config: proxy.relay = false is no longer supported and is ignored; every connection is relayed (crisp's own HTTP/2 server rejected the :authority that kubelet and crictl send)"
+        );
     }
     crate::systemd::notify_ready(&format!(
         "serving, forwarding to {}",

@@ -266,7 +266,10 @@ fn socket_exists(
 
 async fn check_upstream(opts: &Options, upstream: &Path, r: &mut Report) {
     let path = under_root(&opts.root, upstream);
-    let fix_missing = format!("start the runtime (systemctl start containerd), or set `upstream` in {} to the runtime's socket", DEFAULT_CONFIG_PATH);
+    let fix_missing = format!(
+        "start the runtime (systemctl start containerd), or set `upstream` in {} to the runtime's socket",
+        DEFAULT_CONFIG_PATH
+    );
     if let Err((detail, fix)) = socket_exists(&path, "upstream, the runtime's socket", &fix_missing)
     {
         r.fail("upstream", detail, fix);
@@ -328,8 +331,14 @@ async fn check_crisp_socket(opts: &Options, listen: &Path, r: &mut Report) {
     } else if gid != 0 {
         r.warn(
             "crisp-socket",
-            format!("{} has {perm}: members of group {gid} can drive the container runtime", path.display()),
-            format!("unless that is intended, set SocketGroup=root in crisp.socket (by hand: chgrp root {})", path.display()),
+            format!(
+                "{} has {perm}: members of group {gid} can drive the container runtime",
+                path.display()
+            ),
+            format!(
+                "unless that is intended, set SocketGroup=root in crisp.socket (by hand: chgrp root {})",
+                path.display()
+            ),
         );
     } else {
         r.ok("crisp-socket", format!("{} has {perm}", path.display()));
@@ -339,7 +348,10 @@ async fn check_crisp_socket(opts: &Options, listen: &Path, r: &mut Report) {
         Ok(v) => r.ok("crisp-socket", format!("crisp answers on {}, forwarding to {}", path.display(), describe(&v))),
         Err(ClientError::Status { status, .. }) => r.warn(
             "crisp-socket",
-            format!("crisp answers on {} but the forwarded Version call failed: {status}", path.display()),
+            format!(
+                "crisp answers on {} but the forwarded Version call failed: {status}",
+                path.display()
+            ),
             "see the `upstream` check above; journalctl -u crisp",
         ),
         Err(e) => r.fail(
@@ -531,11 +543,15 @@ fn check_kubelet_version(opts: &Options, r: &mut Report) {
         (1, m) if m <= 27 => r.ok("kubelet-version", format!("kubelet {v} has no native sidecars: crisp orders sidecars, stops them last and ends Job sidecars")),
         (1, 28) => r.ok(
             "kubelet-version",
-            format!("kubelet {v}: native sidecars are alpha (feature gate SidecarContainers, off by default); crisp orders legacy sidecars and leaves native ones (init containers with restartPolicy: Always) to kubelet"),
+            format!(
+                "kubelet {v}: native sidecars are alpha (feature gate SidecarContainers, off by default); crisp orders legacy sidecars and leaves native ones (init containers with restartPolicy: Always) to kubelet"
+            ),
         ),
         _ => r.warn(
             "kubelet-version",
-            format!("kubelet {v} has native sidecars (KEP-753, on by default since 1.29): a pod that declares its sidecars as init containers with restartPolicy: Always needs no crisp"),
+            format!(
+                "kubelet {v} has native sidecars (KEP-753, on by default since 1.29): a pod that declares its sidecars as init containers with restartPolicy: Always needs no crisp"
+            ),
             "move sidecars to native ones (Istio and Linkerd have a native-sidecar mode) and uninstall crisp with hack/uninstall.sh — or keep it for pods you cannot change, and for `crisp tap`",
         ),
     }
@@ -548,8 +564,14 @@ fn check_kubelet(opts: &Options, listen: &Path, upstream: &Path, r: &mut Report)
     if s.files.is_empty() {
         r.warn(
             "kubelet",
-            format!("no kubelet configuration found under {} (looked for {KUBELET_CONFIG}, {KUBEADM_FLAGS}, {})", opts.root.display(), EXTRA_ARGS_FILES.join(", ")),
-            format!("not a kubeadm-style node? start kubelet with --container-runtime-endpoint={crisp} (or containerRuntimeEndpoint: {crisp} in its config file)"),
+            format!(
+                "no kubelet configuration found under {} (looked for {KUBELET_CONFIG}, {KUBEADM_FLAGS}, {})",
+                opts.root.display(),
+                EXTRA_ARGS_FILES.join(", ")
+            ),
+            format!(
+                "not a kubeadm-style node? start kubelet with --container-runtime-endpoint={crisp} (or containerRuntimeEndpoint: {crisp} in its config file)"
+            ),
         );
         return;
     }
@@ -565,8 +587,14 @@ fn check_kubelet(opts: &Options, listen: &Path, upstream: &Path, r: &mut Report)
         if endpoint_path(&set.value).as_deref() != Some(listen) {
             r.warn(
                 "kubelet",
-                format!("image endpoint {} (set in {}) is not crisp: image calls bypass crisp and are not tapped", set.value, set.file.display()),
-                format!("set it to {crisp} or remove it (it defaults to the runtime endpoint): {install}"),
+                format!(
+                    "image endpoint {} (set in {}) is not crisp: image calls bypass crisp and are not tapped",
+                    set.value,
+                    set.file.display()
+                ),
+                format!(
+                    "set it to {crisp} or remove it (it defaults to the runtime endpoint): {install}"
+                ),
             );
         }
     }
@@ -574,7 +602,13 @@ fn check_kubelet(opts: &Options, listen: &Path, upstream: &Path, r: &mut Report)
         if let Some(v) = kubelet_version(&opts.root).filter(|v| *v >= (1, 27)) {
             r.fail(
                 "kubelet",
-                format!("--container-runtime={} (in {}) was removed in kubelet 1.27; this kubelet is {}.{} and will not start", set.value, set.file.display(), v.0, v.1),
+                format!(
+                    "--container-runtime={} (in {}) was removed in kubelet 1.27; this kubelet is {}.{} and will not start",
+                    set.value,
+                    set.file.display(),
+                    v.0,
+                    v.1
+                ),
                 format!("remove the flag from {}: hack/install.sh does it", set.file.display()),
             );
         }
@@ -645,7 +679,10 @@ fn check_units(opts: &Options, listen: &Path, r: &mut Report) {
         if Path::new(&ls) != listen {
             r.fail(
                 "units",
-                format!("crisp.socket listens on {ls} but crisp's `listen` is {}", listen.display()),
+                format!(
+                    "crisp.socket listens on {ls} but crisp's `listen` is {}",
+                    listen.display()
+                ),
                 "make ListenStream= in crisp.socket and `listen` in the config the same path (kubelet points at it)",
             );
         }

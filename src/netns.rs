@@ -291,7 +291,9 @@ mod tests {
     #[test]
     fn a_namespace_through_a_pid_must_be_the_sandboxes() {
         let id = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
-        let systemd = format!("0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/cri-containerd-{id}.scope\n");
+        let systemd = format!(
+            "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/cri-containerd-{id}.scope\n"
+        );
         let cgroupfs = format!(
             "12:pids:/kubepods/besteffort/pod1/{id}\n11:memory:/kubepods/besteffort/pod1/{id}\n"
         );

@@ -242,7 +242,9 @@ pub(crate) async fn probe_http_with(
 ) -> ProbeResult {
     let fut = async {
         let mut s = env.connect(addr).await?;
-        let req = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nUser-Agent: crisp-probe\r\nConnection: close\r\n\r\n");
+        let req = format!(
+            "GET {path} HTTP/1.0\r\nHost: {addr}\r\nUser-Agent: crisp-probe\r\nConnection: close\r\n\r\n"
+        );
         s.write_all(req.as_bytes())
             .await
             .map_err(|e| format!("GET http://{addr}{path}: {e}"))?;

@@ -52,7 +52,10 @@ impl Engine {
             let judgement = pod.guess().judge(container);
             match judgement {
                 Judgement::Init => {
-                    tracing::info!(container_name = %container, "kubelet came straight back to this container: treating it as an init container");
+                    tracing::info!(
+                        container_name = %container,
+                        "kubelet came straight back to this container: treating it as an init container"
+                    );
                     return Check::Ready;
                 }
                 Judgement::Unknown => {
@@ -128,7 +131,11 @@ impl Engine {
             let refused_for = refused_since
                 .map(|since| now().saturating_duration_since(since))
                 .unwrap_or_default();
-            tracing::warn!(container_name = %name, refused_for_ms = refused_for.as_millis() as u64, "sidecars still not running after the start timeout; no longer waiting for them (policy proceed)");
+            tracing::warn!(
+                container_name = %name,
+                refused_for_ms = refused_for.as_millis() as u64,
+                "sidecars still not running after the start timeout; no longer waiting for them (policy proceed)"
+            );
         }
         CreateWindow {
             timeout,
@@ -194,7 +201,12 @@ impl Engine {
             match held.as_mut() {
                 Some(hold) => hold.update(waiting),
                 None => {
-                    tracing::info!(container_name = %name, waiting_for = %who, timeout_ms = timeout.as_millis() as u64, "holding CreateContainer until sidecars are ready");
+                    tracing::info!(
+                        container_name = %name,
+                        waiting_for = %who,
+                        timeout_ms = timeout.as_millis() as u64,
+                        "holding CreateContainer until sidecars are ready"
+                    );
                     held = Some(holds::Hold::start(
                         self,
                         pod,
@@ -224,7 +236,11 @@ impl Engine {
         if let Some(hold) = held {
             let held_for = now().saturating_duration_since(hold.since);
             self.metrics.start_holds.observe(held_for.as_secs_f64());
-            tracing::info!(container_name = %name, held_ms = held_for.as_millis() as u64, "sidecars ready; forwarding CreateContainer");
+            tracing::info!(
+                container_name = %name,
+                held_ms = held_for.as_millis() as u64,
+                "sidecars ready; forwarding CreateContainer"
+            );
             hold.end("forwarded", "");
         }
         Verdict::Forward
@@ -236,7 +252,10 @@ impl Engine {
         let req: views::CreateContainerRequest = match views::decode(msg) {
             Ok(req) => req,
             Err(e) => {
-                tracing::warn!(error = %e, "cannot decode a copy of CreateContainerRequest; forwarding it unordered");
+                tracing::warn!(
+                    error = %e,
+                    "cannot decode a copy of CreateContainerRequest; forwarding it unordered"
+                );
                 return None;
             }
         };
@@ -248,7 +267,10 @@ impl Engine {
             .unwrap_or_default();
         if !crate::tenant::is_dns1123_label(&name) {
             // Not a name Kubernetes gives a container (only another CRI client could send it).
-            tracing::debug!(container_name = %crate::tenant::text(&name, crate::tenant::MAX_FIELD), "container name is not a DNS-1123 label; forwarding it unordered");
+            tracing::debug!(
+                container_name = %crate::tenant::text(&name, crate::tenant::MAX_FIELD),
+                "container name is not a DNS-1123 label; forwarding it unordered"
+            );
             return None;
         }
         let pod = match req.sandbox_config.as_ref() {
@@ -307,14 +329,22 @@ impl Engine {
         }
         match policy {
             TimeoutPolicy::Proceed => {
-                tracing::warn!(container_name = %name, waiting_for = %who, "sidecar not ready within the start timeout; starting the app anyway (policy proceed)");
+                tracing::warn!(
+                    container_name = %name,
+                    waiting_for = %who,
+                    "sidecar not ready within the start timeout; starting the app anyway (policy proceed)"
+                );
                 if let Some(hold) = held {
                     hold.end("timed out (proceed)", "");
                 }
                 Verdict::Forward
             }
             TimeoutPolicy::Fail => {
-                tracing::warn!(container_name = %name, waiting_for = %who, "sidecar not ready within the start timeout; failing CreateContainer (policy fail)");
+                tracing::warn!(
+                    container_name = %name,
+                    waiting_for = %who,
+                    "sidecar not ready within the start timeout; failing CreateContainer (policy fail)"
+                );
                 pod.refusals.fetch_add(1, Relaxed);
                 // Not DEADLINE_EXCEEDED: that would read as kubelet's own deadline.
                 let message = decide::timed_out(&pod.display(), who, timeout, name);
@@ -359,7 +389,11 @@ impl Engine {
         pod.refusals.fetch_add(1, Relaxed);
         let held_for = at.saturating_duration_since(hold.since);
         self.metrics.start_holds.observe(held_for.as_secs_f64());
-        tracing::info!(container_name = %name, held_ms = held_for.as_millis() as u64, "held long: refusing CreateContainer with the reason, for kubelet to show; it retries within 1.5 s");
+        tracing::info!(
+            container_name = %name,
+            held_ms = held_for.as_millis() as u64,
+            "held long: refusing CreateContainer with the reason, for kubelet to show; it retries within 1.5 s"
+        );
         if let Some(hold) = held.take() {
             hold.end("refused (still waiting)", &message);
         }

@@ -246,7 +246,10 @@ fn name(n: &str) -> tenant::Text<'_> {
 /// part escaped, so it is at most [`tenant::MAX_MESSAGE`] bytes on one line.
 pub(crate) fn refusal(reason: &str, container: &str) -> String {
     let reason = tenant::text(reason, MAX_REFUSAL_REASON);
-    format!("crisp: {reason}; kubelet will retry \"{}\" (network is not ready until the pod's sidecars run)", name(container))
+    format!(
+        "crisp: {reason}; kubelet will retry \"{}\" (network is not ready until the pod's sidecars run)",
+        name(container)
+    )
 }
 
 /// The message of a CreateContainer failed at the start timeout under policy `fail`.

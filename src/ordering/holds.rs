@@ -312,7 +312,10 @@ impl Drop for Hold<'_> {
     fn drop(&mut self) {
         self.pod.holds().remove(&self.call.id);
         if !self.ended {
-            tracing::info!(container_name = %self.info.container, "kubelet gave up on a held call (cancelled, or its deadline passed)");
+            tracing::info!(
+                container_name = %self.info.container,
+                "kubelet gave up on a held call (cancelled, or its deadline passed)"
+            );
             self.send(HoldPhase::End, "kubelet gave up", "");
         }
     }

@@ -45,7 +45,11 @@ impl Terminated {
         let mut ids = HashSet::new();
         if let Some(dir) = &dir {
             if let Err(e) = std::fs::create_dir_all(dir) {
-                tracing::warn!(dir = %dir.display(), error = %e, "cannot create the state directory; job-mode exit codes will not survive a crisp restart");
+                tracing::warn!(
+                    dir = %dir.display(),
+                    error = %e,
+                    "cannot create the state directory; job-mode exit codes will not survive a crisp restart"
+                );
             }
             if let Ok(entries) = std::fs::read_dir(dir) {
                 for entry in entries.flatten() {
@@ -79,7 +83,11 @@ impl Terminated {
         }
         if let Some(dir) = &self.dir {
             if let Err(e) = std::fs::write(dir.join(id), b"") {
-                tracing::warn!(container_id = id, error = %e, "cannot persist the terminated-sidecar mark");
+                tracing::warn!(
+                    container_id = id,
+                    error = %e,
+                    "cannot persist the terminated-sidecar mark"
+                );
             }
         }
         self.ids.write().insert(id.to_string());
@@ -167,7 +175,11 @@ impl Engine {
             return;
         };
         let pod = pod.clone();
-        tracing::info!(pod_namespace = %pod.namespace, pod_name = %pod.name, "Job pod with sidecars: watching its app containers");
+        tracing::info!(
+            pod_namespace = %pod.namespace,
+            pod_name = %pod.name,
+            "Job pod with sidecars: watching its app containers"
+        );
         self.spawn(async move { engine.watch_job(pod, version).await });
     }
 
@@ -183,7 +195,11 @@ impl Engine {
                 Ok(AppsState::Done) => break,
                 Ok(_) => {}
                 Err(e) => {
-                    tracing::debug!(pod_name = %pod.name, error = %e, "job watcher: cannot read the pod's containers")
+                    tracing::debug!(
+                        pod_name = %pod.name,
+                        error = %e,
+                        "job watcher: cannot read the pod's containers"
+                    )
                 }
             }
         }
@@ -361,7 +377,11 @@ impl Engine {
         let snapshot = Snapshot::new(&containers);
         let started = now();
         let mut budget: Option<Duration> = None;
-        tracing::info!(pod_namespace = %pod.namespace, pod_name = %pod.name, "the Job's app containers have finished; stopping its sidecars in reverse order");
+        tracing::info!(
+            pod_namespace = %pod.namespace,
+            pod_name = %pod.name,
+            "the Job's app containers have finished; stopping its sidecars in reverse order"
+        );
         for sidecar in pod.policy.sidecars.iter().rev() {
             let Some(container) = snapshot.get(&sidecar.name) else {
                 continue;
@@ -372,7 +392,11 @@ impl Engine {
             let status = match self.runtime.container_status(version, &container.id).await {
                 Ok(answer) => answer.status.unwrap_or_default(),
                 Err(e) => {
-                    tracing::warn!(container_name = %sidecar.name, error = %e, "cannot read sidecar status; skipping it");
+                    tracing::warn!(
+                        container_name = %sidecar.name,
+                        error = %e,
+                        "cannot read sidecar status; skipping it"
+                    );
                     continue;
                 }
             };
@@ -383,7 +407,10 @@ impl Engine {
                 .get(PRESTOP_ANNOTATION)
                 .and_then(|hook| prestop_command(hook))
             {
-                tracing::info!(container_name = %sidecar.name, "running the sidecar's preStop hook");
+                tracing::info!(
+                    container_name = %sidecar.name,
+                    "running the sidecar's preStop hook"
+                );
                 match self
                     .runtime
                     .exec_sync(
@@ -395,10 +422,18 @@ impl Engine {
                     .await
                 {
                     Ok(code) if code != 0 => {
-                        tracing::warn!(container_name = %sidecar.name, exit_code = code, "preStop hook failed; stopping anyway")
+                        tracing::warn!(
+                            container_name = %sidecar.name,
+                            exit_code = code,
+                            "preStop hook failed; stopping anyway"
+                        )
                     }
                     Err(e) => {
-                        tracing::warn!(container_name = %sidecar.name, error = %e, "preStop hook could not run; stopping anyway")
+                        tracing::warn!(
+                            container_name = %sidecar.name,
+                            error = %e,
+                            "preStop hook could not run; stopping anyway"
+                        )
                     }
                     Ok(_) => {}
                 }
@@ -413,11 +448,19 @@ impl Engine {
             {
                 Ok(()) => {
                     self.metrics.job_sidecars_stopped.inc();
-                    tracing::info!(container_name = %sidecar.name, container_id = %container.id, "stopped Job sidecar; it will report exit 0 (Completed)");
+                    tracing::info!(
+                        container_name = %sidecar.name,
+                        container_id = %container.id,
+                        "stopped Job sidecar; it will report exit 0 (Completed)"
+                    );
                 }
                 Err(e) => {
                     self.terminated.remove(&container.id);
-                    tracing::warn!(container_name = %sidecar.name, error = %e, "could not stop Job sidecar");
+                    tracing::warn!(
+                        container_name = %sidecar.name,
+                        error = %e,
+                        "could not stop Job sidecar"
+                    );
                 }
             }
         }
@@ -431,7 +474,10 @@ impl Engine {
         let sandboxes = match self.runtime.list_pod_sandboxes(version).await {
             Ok(sandboxes) => sandboxes,
             Err(e) => {
-                tracing::info!(error = %e, "cannot list sandboxes at start; Job pods will be picked up on their next call");
+                tracing::info!(
+                    error = %e,
+                    "cannot list sandboxes at start; Job pods will be picked up on their next call"
+                );
                 return;
             }
         };

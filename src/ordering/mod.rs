@@ -264,7 +264,12 @@ impl Engine {
     ) -> Arc<Pod> {
         // One line per pod however many keys are bad (each is counted).
         if warnings.total() > 0 {
-            tracing::warn!(pod_namespace = %pod.namespace, pod_name = %pod.name, "{}", warnings.summary());
+            tracing::warn!(
+                pod_namespace = %pod.namespace,
+                pod_name = %pod.name,
+                "{}",
+                warnings.summary()
+            );
         }
         self.metrics.bad_annotations.inc_by(warnings.total() as u64);
         let pod = Arc::new(pod);
@@ -325,11 +330,19 @@ impl Engine {
             // A sandbox the runtime does not know (already removed; critest stops one on
             // purpose): nothing to order, and the runtime answers the call itself.
             Err(e) if e.is_not_found() => {
-                tracing::debug!(pod_sandbox_id = sandbox_id, error = %e, "sandbox unknown to the runtime; not ordering this call");
+                tracing::debug!(
+                    pod_sandbox_id = sandbox_id,
+                    error = %e,
+                    "sandbox unknown to the runtime; not ordering this call"
+                );
                 None
             }
             Err(e) => {
-                tracing::warn!(pod_sandbox_id = sandbox_id, error = %e, "cannot read sandbox status; not ordering this call");
+                tracing::warn!(
+                    pod_sandbox_id = sandbox_id,
+                    error = %e,
+                    "cannot read sandbox status; not ordering this call"
+                );
                 None
             }
         }
@@ -351,7 +364,11 @@ impl Engine {
             }
             Ok(None) => None,
             Err(e) => {
-                tracing::warn!(container_id = id, error = %e, "cannot look the container up; not ordering this call");
+                tracing::warn!(
+                    container_id = id,
+                    error = %e,
+                    "cannot look the container up; not ordering this call"
+                );
                 None
             }
         }

@@ -38,7 +38,12 @@ impl Engine {
         {
             Ok(status) => status,
             Err(e) => {
-                tracing::debug!(pod_namespace = %pod.namespace, pod_name = %pod.name, error = %e, "cannot read the sandbox's status for its addresses");
+                tracing::debug!(
+                    pod_namespace = %pod.namespace,
+                    pod_name = %pod.name,
+                    error = %e,
+                    "cannot read the sandbox's status for its addresses"
+                );
                 return None;
             }
         };
@@ -59,12 +64,22 @@ impl Engine {
             let info = status.info.get("info").map(String::as_str);
             match netns::resolve(info, &pod.sandbox_id) {
                 Ok(ns) => {
-                    tracing::debug!(pod_namespace = %pod.namespace, pod_name = %pod.name, netns = %ns.path().display(), inode = ns.inode(), "probing from the pod's network namespace");
+                    tracing::debug!(
+                        pod_namespace = %pod.namespace,
+                        pod_name = %pod.name,
+                        netns = %ns.path().display(),
+                        inode = ns.inode(),
+                        "probing from the pod's network namespace"
+                    );
                     PodNs::Pod(ns)
                 }
                 Err(why) if !pod.netns_warned.swap(true, Relaxed) => {
                     self.metrics.probe_netns_failures.inc();
-                    tracing::warn!(pod_namespace = %pod.namespace, pod_name = %pod.name, "cannot find the pod's network namespace ({why}): probes of its IP go from the node's, probes of loopback fail");
+                    tracing::warn!(
+                        pod_namespace = %pod.namespace,
+                        pod_name = %pod.name,
+                        "cannot find the pod's network namespace ({why}): probes of its IP go from the node's, probes of loopback fail"
+                    );
                     PodNs::Unknown(why)
                 }
                 Err(why) => PodNs::Unknown(why),
@@ -95,7 +110,12 @@ impl Engine {
             Err(reason) => {
                 let first_time = pod.tenant_warned.lock().insert(tenant.key.clone());
                 if first_time {
-                    tracing::warn!(pod_namespace = %pod.namespace, pod_name = %pod.name, "{}", tenant.warning(reason));
+                    tracing::warn!(
+                        pod_namespace = %pod.namespace,
+                        pod_name = %pod.name,
+                        "{}",
+                        tenant.warning(reason)
+                    );
                     self.metrics.bad_annotations.inc();
                 }
                 Ok(&tenant.fallback)
@@ -229,7 +249,11 @@ impl readiness::ProbeEnv for ProbeTarget<'_> {
         let exec = runtime.exec_sync(self.version, self.container_id, cmd, timeout);
         exec.await.map_err(|e| {
             self.engine.metrics.probe_errors.inc();
-            tracing::debug!(container_name = %self.sidecar, error = %e, "exec readiness probe failed to run");
+            tracing::debug!(
+                container_name = %self.sidecar,
+                error = %e,
+                "exec readiness probe failed to run"
+            );
             e.to_string()
         })
     }

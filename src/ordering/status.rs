@@ -19,7 +19,10 @@ impl Engine {
         match patch::patch_embedded(msg, field, &completed, |id| self.terminated.contains(id)) {
             Ok(patched) => patched,
             Err(e) => {
-                tracing::warn!(error = %e, "cannot walk a status response to patch it; forwarding it unchanged");
+                tracing::warn!(
+                    error = %e,
+                    "cannot walk a status response to patch it; forwarding it unchanged"
+                );
                 None
             }
         }

@@ -112,11 +112,19 @@ impl Engine {
             ) {
                 StopStep::Forward => break,
                 StopStep::SingleKill => {
-                    tracing::info!(container_name = %name, "no app container of the pod is being stopped: a single-container kill; forwarding");
+                    tracing::info!(
+                        container_name = %name,
+                        "no app container of the pod is being stopped: a single-container kill; forwarding"
+                    );
                     break;
                 }
                 StopStep::Deadline { apps, sidecars } => {
-                    tracing::warn!(container_name = %name, ?apps, ?sidecars, "still running at kubelet's deadline; stopping the sidecar anyway");
+                    tracing::warn!(
+                        container_name = %name,
+                        ?apps,
+                        ?sidecars,
+                        "still running at kubelet's deadline; stopping the sidecar anyway"
+                    );
                     break;
                 }
                 StopStep::Hold { apps, sidecars } => {
@@ -135,7 +143,12 @@ impl Engine {
                     match held.as_mut() {
                         Some(hold) => hold.update(waiting),
                         None => {
-                            tracing::info!(container_name = %name, ?apps, ?sidecars, "holding sidecar StopContainer until these exit");
+                            tracing::info!(
+                                container_name = %name,
+                                ?apps,
+                                ?sidecars,
+                                "holding sidecar StopContainer until these exit"
+                            );
                             held = Some(holds::Hold::start(
                                 self,
                                 pod,
@@ -156,7 +169,11 @@ impl Engine {
         if let Some(hold) = held {
             let held_for = now().saturating_duration_since(hold.since);
             self.metrics.stop_holds.observe(held_for.as_secs_f64());
-            tracing::info!(container_name = %name, held_ms = held_for.as_millis() as u64, "forwarding sidecar StopContainer");
+            tracing::info!(
+                container_name = %name,
+                held_ms = held_for.as_millis() as u64,
+                "forwarding sidecar StopContainer"
+            );
             hold.end("forwarded", "");
         }
     }
@@ -181,11 +198,17 @@ impl Engine {
         match tokio::time::timeout_at(hold_until.into(), list).await {
             Ok(Some(Ok(containers))) => Some(containers),
             Ok(Some(Err(e))) => {
-                tracing::warn!(error = %e, "cannot list the pod's containers; forwarding StopContainer");
+                tracing::warn!(
+                    error = %e,
+                    "cannot list the pod's containers; forwarding StopContainer"
+                );
                 None
             }
             Ok(None) | Err(_) => {
-                tracing::warn!(container_name = %name, "the runtime did not list the pod's containers before kubelet's deadline; forwarding StopContainer");
+                tracing::warn!(
+                    container_name = %name,
+                    "the runtime did not list the pod's containers before kubelet's deadline; forwarding StopContainer"
+                );
                 None
             }
         }

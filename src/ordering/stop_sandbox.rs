@@ -90,20 +90,34 @@ impl Engine {
             hold.end("forwarded", "");
         }
         for (name, id) in decide::sandbox_stop_apps(&pod.policy, &running) {
-            tracing::info!(container_name = %name, "stopping app before the sidecars and StopPodSandbox (kubelet's StopContainer never came)");
+            tracing::info!(
+                container_name = %name,
+                "stopping app before the sidecars and StopPodSandbox (kubelet's StopContainer never came)"
+            );
             if let Err(e) = self
                 .runtime
                 .stop_container(version, id, decide::STOP_TAIL.as_secs() as i64)
                 .await
             {
-                tracing::warn!(container_name = %name, error = %e, "could not stop app; StopPodSandbox will");
+                tracing::warn!(
+                    container_name = %name,
+                    error = %e,
+                    "could not stop app; StopPodSandbox will"
+                );
             }
         }
         for (name, id) in decide::sandbox_stop_order(&pod.policy, &running) {
             let secs = decide::budget_secs(budget_end, now());
-            tracing::info!(container_name = %name, "stopping sidecar before StopPodSandbox (reverse order)");
+            tracing::info!(
+                container_name = %name,
+                "stopping sidecar before StopPodSandbox (reverse order)"
+            );
             if let Err(e) = self.runtime.stop_container(version, id, secs).await {
-                tracing::warn!(container_name = %name, error = %e, "could not stop sidecar; StopPodSandbox will");
+                tracing::warn!(
+                    container_name = %name,
+                    error = %e,
+                    "could not stop sidecar; StopPodSandbox will"
+                );
             }
         }
         Verdict::Forward

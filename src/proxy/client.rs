@@ -39,7 +39,10 @@ pub enum ClientError {
 
 impl ClientError {
     pub(crate) fn is_not_found(&self) -> bool {
-        matches!(self, ClientError::Status { status, .. } if status.code == crate::status::code::NOT_FOUND)
+        matches!(
+            self,
+            ClientError::Status { status, .. } if status.code == crate::status::code::NOT_FOUND
+        )
     }
 }
 

@@ -149,10 +149,28 @@ impl Proxy {
         // calls at debug.
         let span = match route.rpc.map(|r| r.kind()) {
             Some(RpcKind::Polling) => {
-                tracing::debug_span!("rpc", rpc = %route, call = call.id, pod_namespace = tracing::field::Empty, pod_name = tracing::field::Empty, pod_sandbox_id = tracing::field::Empty, container_name = tracing::field::Empty, container_id = tracing::field::Empty)
+                tracing::debug_span!(
+                    "rpc",
+                    rpc = %route,
+                    call = call.id,
+                    pod_namespace = tracing::field::Empty,
+                    pod_name = tracing::field::Empty,
+                    pod_sandbox_id = tracing::field::Empty,
+                    container_name = tracing::field::Empty,
+                    container_id = tracing::field::Empty
+                )
             }
             _ => {
-                tracing::info_span!("rpc", rpc = %route, call = call.id, pod_namespace = tracing::field::Empty, pod_name = tracing::field::Empty, pod_sandbox_id = tracing::field::Empty, container_name = tracing::field::Empty, container_id = tracing::field::Empty)
+                tracing::info_span!(
+                    "rpc",
+                    rpc = %route,
+                    call = call.id,
+                    pod_namespace = tracing::field::Empty,
+                    pod_name = tracing::field::Empty,
+                    pod_sandbox_id = tracing::field::Empty,
+                    container_name = tracing::field::Empty,
+                    container_id = tracing::field::Empty
+                )
             }
         };
         if route.rpc.is_none() {
@@ -633,7 +651,10 @@ impl Body for ResponseBody {
             }
             Poll::Ready(Some(Err(e))) => {
                 self.done = true;
-                tracing::warn!(error = %e, "upstream failed mid-response; ending the call with UNAVAILABLE");
+                tracing::warn!(
+                    error = %e,
+                    "upstream failed mid-response; ending the call with UNAVAILABLE"
+                );
                 let s = match &self.upstream {
                     Some(u) => Status::new(
                         code::UNAVAILABLE,

@@ -286,7 +286,12 @@ impl Upstream {
                 Some(r) if attempt < RETRIES => {
                     attempt += 1;
                     self.retire(idx, dial);
-                    tracing::debug!(upstream = %self.display, error = %err.error(), attempt, "the runtime did not process the call; sending it on a new connection");
+                    tracing::debug!(
+                        upstream = %self.display,
+                        error = %err.error(),
+                        attempt,
+                        "the runtime did not process the call; sending it on a new connection"
+                    );
                     req = r;
                 }
                 _ => return Err(self.call_error(err.into_error())),

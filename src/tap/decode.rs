@@ -467,7 +467,9 @@ mod tests {
         let v = decode(Some(Rpc::PullImage), Dir::Request, &msg, false);
         assert_eq!(
             v["_unknown_fields"][0],
-            json!({"at": "2", "field": 900, "wire_type": "len", "bytes": 13, "value": "future-secret"})
+            json!(
+                {"at": "2", "field": 900, "wire_type": "len", "bytes": 13, "value": "future-secret"}
+            )
         );
     }
 

@@ -238,12 +238,18 @@ mod tests {
         let now = UNIX_EPOCH + Duration::from_millis(1_700_000_002_500);
         let text = human(&pod(), now);
         let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines[0], "default/web  sandbox 0123456789ab  sidecars from annotation  start timeout 90.0s (proceed)  refusals 2");
+        assert_eq!(
+            lines[0],
+            "default/web  sandbox 0123456789ab  sidecars from annotation  start timeout 90.0s (proceed)  refusals 2"
+        );
         assert_eq!(
             lines[1],
             "  HELD CreateContainer app: waiting for proxy: not ready (connect 10.0.0.5:9999: Connection refused (os error 111)) — held 12.3s, 77.7s left, then proceed"
         );
-        assert_eq!(lines[2], "  1. proxy  ready: tcp://:9999  state: running  last probe 2.5s ago: connect 10.0.0.5:9999: Connection refused (os error 111)");
+        assert_eq!(
+            lines[2],
+            "  1. proxy  ready: tcp://:9999  state: running  last probe 2.5s ago: connect 10.0.0.5:9999: Connection refused (os error 111)"
+        );
     }
 
     #[test]

@@ -368,7 +368,9 @@ mod tests {
         apply(Rpc::CreateContainer, Dir::Request, &mut v, true);
         assert_eq!(
             v,
-            json!({"config": {"envs": [{"key": "A", "value": REDACTED}, {"key": "B", "value": REDACTED}]}})
+            json!(
+                {"config": {"envs": [{"key": "A", "value": REDACTED}, {"key": "B", "value": REDACTED}]}}
+            )
         );
         // Rules are per direction: a response with the same shape is not touched.
         let mut v = json!({"auth": "x"});
@@ -428,7 +430,9 @@ mod tests {
             apply(rpc, dir, &mut v, false);
             assert_eq!(v[path[0]]["annotations"], annotations, "{rpc:?}");
         }
-        let mut v = json!({"items": [{"id": "a", "annotations": annotations.clone()}, {"id": "b", "annotations": {}}]});
+        let mut v = json!(
+            {"items": [{"id": "a", "annotations": annotations.clone()}, {"id": "b", "annotations": {}}]}
+        );
         apply(Rpc::ListPodSandbox, Dir::Response, &mut v, true);
         assert_eq!(v["items"][0]["annotations"], want);
         assert_eq!(v["items"][1]["annotations"], json!({}));
@@ -807,11 +811,15 @@ mod tests {
 
     #[test]
     fn command_lines_show_their_count_and_size() {
-        let mut v = json!({"config": {"command": ["/bin/app", "--token=abc"], "args": [], "working_dir": "/srv"}});
+        let mut v = json!(
+            {"config": {"command": ["/bin/app", "--token=abc"], "args": [], "working_dir": "/srv"}}
+        );
         apply(Rpc::CreateContainer, Dir::Request, &mut v, true);
         assert_eq!(
             v,
-            json!({"config": {"command": "<redacted: 2 items, 19 bytes>", "args": "<redacted: 0 items, 0 bytes>", "working_dir": "/srv"}})
+            json!(
+                {"config": {"command": "<redacted: 2 items, 19 bytes>", "args": "<redacted: 0 items, 0 bytes>", "working_dir": "/srv"}}
+            )
         );
         // An allowed key whose value embeds a manifest is still redacted.
         let manifest = r#"{"apiVersion":"v1","kind":"Secret"}"#;
@@ -819,7 +827,9 @@ mod tests {
         apply(Rpc::RunPodSandbox, Dir::Request, &mut v, true);
         assert_eq!(
             v,
-            json!({"annotations": {"crisp.dev/sidecars": format!("<redacted: {} bytes>", manifest.len())}})
+            json!(
+                {"annotations": {"crisp.dev/sidecars": format!("<redacted: {} bytes>", manifest.len())}}
+            )
         );
     }
 

@@ -140,7 +140,9 @@ fn other_event_kinds_and_broken_lines_are_skipped() {
     let hold = r#"{"time":"2023-11-14T22:13:20.123456Z","kind":"hold","method":"CreateContainer","pod_namespace":"a","pod_name":"b","duration_ms":1.5}"#;
     let hold2 = r#"{"time":"2023-11-14T22:13:20.123456Z","kind":"mutating","method":"CreateContainer","pod_namespace":"a","pod_name":"b","duration_ms":1.5,"held_ms":1.0}"#;
     let hold3 = good.replace("{\"time\"", "{\"event\":\"hold_started\",\"time\"");
-    let input = format!("{good}\n{{\"dropped\":3,\"dropped_total\":3}}\n{hold}\n{hold2}\n{hold3}\n\n{{\"time\":\"2023-11-14T22:1");
+    let input = format!(
+        "{good}\n{{\"dropped\":3,\"dropped_total\":3}}\n{hold}\n{hold2}\n{hold3}\n\n{{\"time\":\"2023-11-14T22:1"
+    );
     let p = parse(input.as_bytes()).expect("parse");
     assert_eq!((p.calls.len(), p.skipped, p.malformed), (1, 4, 1));
     assert_eq!(p.calls[0].duration_us, 1500);

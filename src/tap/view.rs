@@ -50,7 +50,11 @@ pub fn json_line(event: &Event) -> Value {
 pub fn human(event: &Event) -> String {
     let ev = match event {
         Event::Dropped(d) => {
-            return format!("--- {} events dropped: this client read too slowly ({} missed since attaching) ---", d.count, d.total);
+            return format!(
+                "--- {} events dropped: this client read too slowly ({} missed since attaching) ---",
+                d.count,
+                d.total
+            );
         }
         Event::Hold(h) => return hold_line(h),
         Event::Call(c) => c,

@@ -131,7 +131,10 @@ impl Signals {
         ) {
             (Ok(term), Ok(int)) => Signals(Some((term, int))),
             (Err(e), _) | (_, Err(e)) => {
-                tracing::error!(error = %e, "cannot install signal handlers; only SIGKILL will stop crisp");
+                tracing::error!(
+                    error = %e,
+                    "cannot install signal handlers; only SIGKILL will stop crisp"
+                );
                 Signals(None)
             }
         }

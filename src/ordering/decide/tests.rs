@@ -295,7 +295,10 @@ fn refusal_messages_make_kubelet_retry_soon() {
         "sidecar \"proxy\" of pod ns/pod is exited, not running",
         "app",
     );
-    assert_eq!(m, "crisp: sidecar \"proxy\" of pod ns/pod is exited, not running; kubelet will retry \"app\" (network is not ready until the pod's sidecars run)");
+    assert_eq!(
+        m,
+        "crisp: sidecar \"proxy\" of pod ns/pod is exited, not running; kubelet will retry \"app\" (network is not ready until the pod's sidecars run)"
+    );
     assert!(timed_out("ns/pod", "proxy", 90 * S, "app")
         .contains("sidecar \"proxy\" of pod ns/pod not ready within 90s"));
 }

@@ -179,7 +179,12 @@ impl Diverted {
                 let _ = tx.send(BodyPart::Trailers(t));
             }
             Err(why) => {
-                tracing::warn!(target: LOG, stream, %why, "client sent request trailers crisp cannot forward; dropped")
+                tracing::warn!(
+                    target: LOG,
+                    stream,
+                    %why,
+                    "client sent request trailers crisp cannot forward; dropped"
+                )
             }
         }
     }
@@ -304,7 +309,12 @@ async fn respond(
                 }
             },
             Some(Err(e)) => {
-                tracing::warn!(target: LOG, stream, error = %e, "response body failed; resetting the stream");
+                tracing::warn!(
+                    target: LOG,
+                    stream,
+                    error = %e,
+                    "response body failed; resetting the stream"
+                );
                 let mut out = Vec::new();
                 RstStream::new(stream, Reason::CANCEL).encode(&mut out);
                 outbox.send(&out);

@@ -277,7 +277,10 @@ impl Core {
             return;
         }
         if runtime_reachable() && idle(self) {
-            tracing::info!(target: LOG, "runtime reachable again: moving a client connection back to the relay");
+            tracing::info!(
+                target: LOG,
+                "runtime reachable again: moving a client connection back to the relay"
+            );
             self.goaway(b"crisp: reconnect");
         }
     }

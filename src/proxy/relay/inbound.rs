@@ -290,7 +290,11 @@ impl Core {
             }
         });
         if too_large {
-            tracing::warn!(target: LOG, max_bytes = MAX_HEADER_LIST, "client sent a header block that decodes to more than crisp accepts; closing its connection");
+            tracing::warn!(
+                target: LOG,
+                max_bytes = MAX_HEADER_LIST,
+                "client sent a header block that decodes to more than crisp accepts; closing its connection"
+            );
             GoAway::new(
                 self.max_stream,
                 Reason::COMPRESSION_ERROR,
@@ -300,7 +304,11 @@ impl Core {
             return Err(Violation::ListTooLarge.into());
         }
         if let Err(e) = decoded {
-            tracing::warn!(target: LOG, error = %e, "client sent a header block crisp cannot decode; closing its connection");
+            tracing::warn!(
+                target: LOG,
+                error = %e,
+                "client sent a header block crisp cannot decode; closing its connection"
+            );
             GoAway::new(
                 self.max_stream,
                 Reason::COMPRESSION_ERROR,

@@ -101,7 +101,11 @@ pub(crate) async fn serve_connection(
     let (client, wake) = match parts {
         Ok(p) => p,
         Err(e) => {
-            tracing::warn!(target: LOG, error = %e, "cannot set up a client connection for relaying; closing it");
+            tracing::warn!(
+                target: LOG,
+                error = %e,
+                "cannot set up a client connection for relaying; closing it"
+            );
             return;
         }
     };
@@ -116,7 +120,10 @@ pub(crate) async fn serve_connection(
             Ok(Ok(())) => tracing::debug!(target: LOG, "client connection closed"),
             Ok(Err(e)) => tracing::debug!(target: LOG, error = %e, "client connection ended"),
             Err(_) => {
-                tracing::error!(target: LOG, "the relay thread of a client connection panicked (a bug: please report it with the log above); its connection is closed and kubelet reconnects")
+                tracing::error!(
+                    target: LOG,
+                    "the relay thread of a client connection panicked (a bug: please report it with the log above); its connection is closed and kubelet reconnects"
+                )
             }
         }
         // The client is gone (or was closed): nothing may stay behind.
@@ -126,7 +133,11 @@ pub(crate) async fn serve_connection(
         let _ = done_tx.send(());
     });
     if let Err(e) = spawned {
-        tracing::warn!(target: LOG, error = %e, "cannot start a relay thread; closing the client connection (it will reconnect)");
+        tracing::warn!(
+            target: LOG,
+            error = %e,
+            "cannot start a relay thread; closing the client connection (it will reconnect)"
+        );
         return;
     }
     // Dropped before the thread ends (crisp's shutdown grace ran out): the thread closes the
@@ -194,15 +205,26 @@ async fn preface(client: &mut UnixStream, opts: &Options) -> bool {
     match tokio::time::timeout(opts.handshake_timeout, client.read_exact(&mut preface)).await {
         Ok(Ok(_)) if &preface == h2::PREFACE => true,
         Ok(Ok(_)) => {
-            tracing::debug!(target: LOG, "client connection closed: not HTTP/2 (no connection preface)");
+            tracing::debug!(
+                target: LOG,
+                "client connection closed: not HTTP/2 (no connection preface)"
+            );
             false
         }
         Ok(Err(e)) => {
-            tracing::debug!(target: LOG, error = %e, "client connection closed during the HTTP/2 preface");
+            tracing::debug!(
+                target: LOG,
+                error = %e,
+                "client connection closed during the HTTP/2 preface"
+            );
             false
         }
         Err(_) => {
-            tracing::debug!(target: LOG, timeout_ms = opts.handshake_timeout.as_millis() as u64, "client connection closed: no HTTP/2 preface in time");
+            tracing::debug!(
+                target: LOG,
+                timeout_ms = opts.handshake_timeout.as_millis() as u64,
+                "client connection closed: no HTTP/2 preface in time"
+            );
             false
         }
     }
@@ -220,12 +242,21 @@ async fn connect_runtime(runtime: &Upstream) -> Option<Sock> {
         {
             Ok(s) => Some(s),
             Err(e) => {
-                tracing::warn!(target: LOG, upstream = %runtime.path().display(), error = %e, "upstream connection failed at once; serving this client on the observed path");
+                tracing::warn!(
+                    target: LOG,
+                    upstream = %runtime.path().display(),
+                    error = %e,
+                    "upstream connection failed at once; serving this client on the observed path"
+                );
                 None
             }
         },
         Err(e) => {
-            tracing::warn!(target: LOG, error = %e, "serving this client connection on the observed path until the runtime is back");
+            tracing::warn!(
+                target: LOG,
+                error = %e,
+                "serving this client connection on the observed path until the runtime is back"
+            );
             None
         }
     }

@@ -140,9 +140,23 @@ impl Core {
     /// until the client moves to a new connection.
     fn runtime_goaway(&mut self, last: u32, reason: Reason, debug_data: &str) {
         if reason == Reason::ENHANCE_YOUR_CALM {
-            tracing::warn!(target: LOG, upstream = %self.runtime_name, last_stream = last, error_code = reason.0, debug_data = %debug_data, "runtime sent GOAWAY ENHANCE_YOUR_CALM (it judged this connection's PINGs too frequent); moving this client to a new connection");
+            tracing::warn!(
+                target: LOG,
+                upstream = %self.runtime_name,
+                last_stream = last,
+                error_code = reason.0,
+                debug_data = %debug_data,
+                "runtime sent GOAWAY ENHANCE_YOUR_CALM (it judged this connection's PINGs too frequent); moving this client to a new connection"
+            );
         } else {
-            tracing::info!(target: LOG, upstream = %self.runtime_name, last_stream = last, error_code = reason.0, debug_data = %debug_data, "runtime sent GOAWAY; moving this client to a new connection");
+            tracing::info!(
+                target: LOG,
+                upstream = %self.runtime_name,
+                last_stream = last,
+                error_code = reason.0,
+                debug_data = %debug_data,
+                "runtime sent GOAWAY; moving this client to a new connection"
+            );
         }
         let msg = format!(
             "crisp: upstream unix://{} closed the connection (GOAWAY)",
@@ -160,7 +174,11 @@ impl Core {
         });
         if let Err(e) = decoded {
             // The client will fail the same way on these bytes; crisp only loses the code.
-            tracing::warn!(target: LOG, error = %e, "runtime sent a header block crisp cannot decode");
+            tracing::warn!(
+                target: LOG,
+                error = %e,
+                "runtime sent a header block crisp cannot decode"
+            );
         }
         if end_stream {
             self.end_relayed(stream, Ending::answered(status));

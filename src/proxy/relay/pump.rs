@@ -245,13 +245,28 @@ impl Pump {
         let writing = why.writing();
         if writing && self.core.degraded {
             // The runtime sent GOAWAY or closed: frames crossing its close fail.
-            tracing::debug!(target: LOG, upstream = %path, error = %why, "writing to a closing upstream connection failed");
+            tracing::debug!(
+                target: LOG,
+                upstream = %path,
+                error = %why,
+                "writing to a closing upstream connection failed"
+            );
         } else if writing {
-            tracing::warn!(target: LOG, upstream = %path, error = %why, "writing to the upstream connection failed");
+            tracing::warn!(
+                target: LOG,
+                upstream = %path,
+                error = %why,
+                "writing to the upstream connection failed"
+            );
         } else if matches!(why, RuntimeFailure::Closed) {
             tracing::info!(target: LOG, upstream = %path, "upstream connection closed");
         } else {
-            tracing::warn!(target: LOG, upstream = %path, error = %why, "upstream connection failed");
+            tracing::warn!(
+                target: LOG,
+                upstream = %path,
+                error = %why,
+                "upstream connection failed"
+            );
         }
         let msg = if writing {
             format!("crisp: upstream unix://{path} failed: {why}")

@@ -81,7 +81,10 @@ fn a_diverted_request_body_is_credited_back_at_once_and_never_relayed() {
     assert_eq!(to_client[0].payload, 120u32.to_be_bytes());
     let ev = c.events();
     assert!(
-        matches!(&ev[..], [Event::Divert { stream: 1, end_stream: false, .. }, Event::Body { stream: 1, data: a }, Event::Body { stream: 1, data: b }, Event::BodyEnd { stream: 1 }] if a.len() == 100 && b.len() == 20)
+        matches!(
+            &ev[..],
+            [Event::Divert { stream: 1, end_stream: false, .. }, Event::Body { stream: 1, data: a }, Event::Body { stream: 1, data: b }, Event::BodyEnd { stream: 1 }] if a.len() == 100 && b.len() == 20
+        )
     );
 }
 
