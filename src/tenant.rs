@@ -30,6 +30,8 @@ pub const MAX_MESSAGE: usize = 1024;
 pub const MAX_LOG_LINE: usize = 4 << 10;
 /// Longest single tenant field (a name, a key, a value) inside a message, line or view, in bytes.
 pub(crate) const MAX_FIELD: usize = 256;
+/// Most names [`name_list`] shows before it says how many more there are.
+pub(crate) const MAX_LISTED: usize = 8;
 /// Smallest cap [`text`] honours: room for the cut marker.
 const MIN_CAP: usize = 32;
 
@@ -149,6 +151,30 @@ pub(crate) fn value(v: &str) -> Result<&str, Refused> {
     Ok(v)
 }
 
+/// Container names for a message or a log line (`app, web and 298 more`): the first
+/// [`MAX_LISTED`], each through [`text`] at most one byte longer than a valid name, then how many
+/// were left out. At most about 550 bytes however many containers a pod has; the names past the
+/// first few are counted, not read.
+pub(crate) fn name_list<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
+    use fmt::Write as _;
+    let mut out = String::new();
+    let mut more = 0usize;
+    for (i, name) in names.into_iter().enumerate() {
+        if i >= MAX_LISTED {
+            more += 1;
+            continue;
+        }
+        if i > 0 {
+            out.push_str(", ");
+        }
+        let _ = write!(out, "{}", text(name, MAX_NAME + 1));
+    }
+    if more > 0 {
+        let _ = write!(out, " and {more} more");
+    }
+    out
+}
+
 /// A DNS-1123 label: 1–63 lowercase letters, digits and `-`, not starting or ending with `-`.
 pub fn is_dns1123_label(s: &str) -> bool {
     !s.is_empty()
@@ -183,6 +209,25 @@ pub(crate) fn names<'a>(items: impl IntoIterator<Item = &'a str>) -> Result<Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_name_list_shows_the_first_names_and_counts_the_rest() {
+        assert_eq!(name_list([]), "");
+        assert_eq!(name_list(["app"]), "app");
+        assert_eq!(name_list(["app", "web"]), "app, web");
+        let many: Vec<String> = (0..300).map(|i| format!("{}-{i:03}", "a".repeat(59))).collect();
+        let list = name_list(many.iter().map(String::as_str));
+        assert!(list.starts_with(&many[0]), "{list}");
+        assert!(list.contains(&many[7]), "{list}");
+        assert!(!list.contains(&many[8]), "{list}");
+        assert!(list.ends_with(" and 292 more"), "{list}");
+        assert!(list.len() <= 600, "{} bytes", list.len());
+        // Not names Kubernetes would accept: still one line, cut and escaped.
+        let odd = ["x".repeat(10_000), "a\nb\u{1b}[2J".to_string()];
+        let list = name_list(odd.iter().map(String::as_str));
+        assert!(list.len() <= 2 * 64 + 2, "{} bytes: {list}", list.len());
+        assert!(!list.contains('\n') && !list.contains('\u{1b}'), "{list}");
+    }
 
     #[test]
     fn short_printable_text_is_unchanged() {

@@ -14,6 +14,7 @@ use crate::cri::tags;
 use crate::cri::views;
 use crate::cri::ApiVersion;
 use crate::intercept::{Call, Verdict};
+use crate::tenant;
 
 impl Engine {
     /// The gate of StopContainer: an app's forwarded at once, a sidecar's held (see the
@@ -121,8 +122,8 @@ impl Engine {
                 StopStep::Deadline { apps, sidecars } => {
                     tracing::warn!(
                         container_name = %name,
-                        ?apps,
-                        ?sidecars,
+                        apps = %tenant::name_list(apps.iter().copied()),
+                        sidecars = %tenant::name_list(sidecars.iter().copied()),
                         "still running at kubelet's deadline; stopping the sidecar anyway"
                     );
                     break;
@@ -132,11 +133,7 @@ impl Engine {
                         on: "apps".into(),
                         reason: format!(
                             "running: {}",
-                            apps.iter()
-                                .chain(sidecars.iter())
-                                .copied()
-                                .collect::<Vec<_>>()
-                                .join(", ")
+                            tenant::name_list(apps.iter().chain(&sidecars).copied())
                         ),
                         ..Default::default()
                     };
@@ -145,8 +142,8 @@ impl Engine {
                         None => {
                             tracing::info!(
                                 container_name = %name,
-                                ?apps,
-                                ?sidecars,
+                                apps = %tenant::name_list(apps.iter().copied()),
+                                sidecars = %tenant::name_list(sidecars.iter().copied()),
                                 "holding sidecar StopContainer until these exit"
                             );
                             held = Some(holds::Hold::start(

@@ -9,6 +9,7 @@ use super::{now, record_span, Engine};
 use crate::cri::views::{self, state};
 use crate::cri::ApiVersion;
 use crate::intercept::{Call, Verdict};
+use crate::tenant;
 
 impl Engine {
     /// StopPodSandbox force-kills whatever still runs (CRI contract). kubelet sends it after
@@ -67,7 +68,7 @@ impl Engine {
                 on: "apps".into(),
                 reason: format!(
                     "running: {}",
-                    Snapshot::new(&running).running_apps(&pod.policy).join(", ")
+                    tenant::name_list(Snapshot::new(&running).running_apps(&pod.policy))
                 ),
                 ..Default::default()
             };

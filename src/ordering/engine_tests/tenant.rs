@@ -173,3 +173,44 @@ async fn a_container_name_that_is_no_dns_label_is_forwarded_unordered_and_logged
         );
     }
 }
+
+/// A pod with hundreds of app containers: a held sidecar stop names the first few and counts
+/// the rest, in its hold (the tap, `crisp pods`, kubelet's events) and in crisp's log alike.
+#[tokio::test(start_paused = true)]
+async fn a_held_stop_names_a_few_of_many_running_apps_and_counts_the_rest() {
+    let (fake, engine, t0) = fake_running_pod(&["proxy"]);
+    for i in 0..300 {
+        fake.add(&format!("{}-{i:03}", "a".repeat(59)), Some(t0));
+    }
+    let (logged, _guard) = Logged::start();
+    let eng = engine.clone();
+    let id = id_of(&fake, "proxy");
+    let stopping = tokio::spawn(async move {
+        run(
+            &eng,
+            &call("StopContainer", KUBELET_DEADLINE),
+            &stop(&id, 30),
+        )
+        .await
+    });
+    tokio::time::sleep(S).await;
+    let (pod, _) = engine.lookup(Some(SANDBOX), None);
+    let held = pod.expect("pod").held_calls();
+    assert_eq!(held.len(), 1, "the sidecar's stop is held");
+    let reason = &held[0].waiting.reason;
+    assert!(
+        reason.ends_with(" and 293 more"),
+        "301 apps run: {reason}"
+    );
+    assert!(reason.len() <= 600, "a {}-byte reason", reason.len());
+    for name in std::iter::once("app".to_string())
+        .chain((0..300).map(|i| format!("{}-{i:03}", "a".repeat(59))))
+    {
+        fake.set(&name, |c| c.exited = Some(at(t0, 2 * S)));
+    }
+    let (v, held_for) = stopping.await.unwrap();
+    assert_held(held_for, 2 * S, 100 * MS);
+    assert_eq!(forwarded_timeout(&v, 30), 28, "what is left of the pod's grace");
+    let longest = logged.lines().iter().map(String::len).max().unwrap_or(0);
+    assert!(longest <= 1024, "a {longest}-byte log line");
+}
