@@ -580,6 +580,20 @@ func (b *bridge) handle(_ interface{}, ss grpc.ServerStream) error {
 	}
 }
 
+// logStates writes each connectivity state of a bridge's client connection to stderr, with the
+// time: a call that hangs can then be placed in the connection's life (reconnecting, or ready
+// and waiting for an answer).
+func logStates(name string, cc *grpc.ClientConn) {
+	s := cc.GetState()
+	for {
+		fmt.Fprintf(os.Stderr, "%s crisp-grpcgo: %s client connection %v\n", time.Now().Format("15:04:05.000000"), name, s)
+		if !cc.WaitForStateChange(context.Background(), s) {
+			return
+		}
+		s = cc.GetState()
+	}
+}
+
 func runBridge(args []string) error {
 	fs := flag.NewFlagSet("bridge", flag.ExitOnError)
 	listen := fs.String("listen", "", "unix socket to serve on")
@@ -602,6 +616,8 @@ func runBridge(args []string) error {
 		return fmt.Errorf("dial %s: %v", *target, err)
 	}
 	defer icc.Close()
+	go logStates("runtime", cc)
+	go logStates("image", icc)
 
 	sopts := []grpc.ServerOption{
 		grpc.CustomCodec(rawCodec{}),

@@ -259,6 +259,7 @@ async fn crisp_sigkilled_at_random_points_of_a_wave() -> Result<()> {
         kubelet,
         crisp,
         containerd,
+        bridges,
         ..
     } = &mut st;
     let admin = crisp.dir().join("admin.sock");
@@ -270,7 +271,13 @@ async fn crisp_sigkilled_at_random_points_of_a_wave() -> Result<()> {
         state_dir,
         crisp,
     };
-    chaos.run(&mut rng).await
+    let r = chaos.run(&mut rng).await;
+    if r.is_err() {
+        for b in bridges.iter() {
+            eprintln!("--- grpc-go bridge log ---\n{}", b.log_text());
+        }
+    }
+    r
 }
 
 /// crisp started the way systemd starts a socket-activated service: fd 3 is the listening
@@ -422,7 +429,7 @@ async fn socket_activated_crisp_sigkilled_at_random_points_of_a_wave() -> Result
     cfg.root_dir = Some(dir.path().join("kubelet"));
     cfg.container_deletor = false;
     // kubelet's grpc-go transport, as in `Stack::start`.
-    let _bridges = if crisp_e2e::grpcgo::via_grpcgo_default() {
+    let bridges = if crisp_e2e::grpcgo::via_grpcgo_default() {
         crisp_e2e::grpcgo::bridge_kubelet(&mut cfg, dir.path(), Default::default())?
     } else {
         Vec::new()
@@ -438,6 +445,13 @@ async fn socket_activated_crisp_sigkilled_at_random_points_of_a_wave() -> Result
         crisp: &mut crisp,
     };
     let r = chaos.run(&mut rng).await;
+    if r.is_err() {
+        // The grpc-go client's side: its connection's states and warnings, with their times
+        // (RELIABILITY.md: the open hang after a kill).
+        for b in &bridges {
+            eprintln!("--- grpc-go bridge log ---\n{}", b.log_text());
+        }
+    }
     drop(chaos);
     kubelet.shutdown().await;
     r
