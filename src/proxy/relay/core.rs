@@ -21,7 +21,7 @@ use bytes::{Bytes, BytesMut};
 use super::error::{RelayError, Violation};
 use super::fields::{FieldList, PathCache};
 use super::flow::Windows;
-use super::ping::{KeepAlive, KeepAliveAction, PingGate, KEEPALIVE};
+use super::ping::{KeepAlive, KeepAliveAction, PingGate, GOAWAY_PING, KEEPALIVE};
 use super::status::{Code, Ending};
 use crate::intercept::{Call, Interest};
 use crate::proxy::h2::{
@@ -35,6 +35,11 @@ pub(crate) const MAX_HEADER_BLOCK: usize = 1 << 20;
 pub(crate) const MAX_HEADER_LIST: usize = 16 << 20;
 /// A degraded client idle this long is moved back to a relay (see [`Core::tick`]).
 const MOVE_IDLE: Duration = Duration::from_millis(200);
+/// How long crisp waits for the ACK of the PING after its first GOAWAY before it sends the
+/// final one anyway (a client that stopped reading).
+pub(crate) const GOAWAY_ACK_WAIT: Duration = Duration::from_secs(1);
+/// The highest stream id: the last stream of crisp's first GOAWAY, which refuses nothing.
+const MAX_STREAM_ID: u32 = (1 << 31) - 1;
 
 /// What the core needs of the rest of crisp to route a new stream.
 pub trait Calls: Send + Sync {
@@ -155,8 +160,15 @@ pub(crate) struct Core {
     pub(super) relayed: IdMap<Relayed>,
     /// Highest stream id the client opened.
     pub(super) max_stream: u32,
-    /// Last stream id crisp told the client it would process (after its GOAWAY).
+    /// Last stream id crisp told the client it would process (after its final GOAWAY).
     pub(super) goaway: Option<u32>,
+    /// crisp's first GOAWAY is out and the final one waits for its PING's ACK.
+    draining: Option<Draining>,
+    /// The client has its server preface, the SETTINGS frame that must come first (RFC 9113
+    /// §3.4): the runtime's, relayed, or crisp's own when crisp is the server. Until then crisp
+    /// writes no frame of its own: grpc-go closes a connection whose first frame is anything
+    /// else, and fails the calls it queued on it (a GOAWAY at shutdown did that).
+    pub(super) preface_sent: bool,
     pub(super) last_client_frame: Instant,
     /// When the client last opened a stream.
     pub(super) last_stream_at: Instant,
@@ -169,6 +181,14 @@ pub(crate) struct Core {
     /// crisp's own frames for the client.
     pub(crate) to_client: Vec<u8>,
     pub(super) events: Vec<Event>,
+}
+
+/// Between crisp's two GOAWAYs ([`Core::goaway`]).
+struct Draining {
+    /// The debug data of both GOAWAYs.
+    why: Vec<u8>,
+    /// The first tick after the first GOAWAY: the ACK's wait counts from here.
+    since: Option<Instant>,
 }
 
 impl Core {
@@ -213,6 +233,8 @@ impl Core {
             relayed: IdMap::default(),
             max_stream: 0,
             goaway: None,
+            draining: None,
+            preface_sent: !runtime,
             last_client_frame: now,
             last_stream_at: now,
             pings: PingGate::default(),
@@ -239,6 +261,12 @@ impl Core {
         self.from_runtime.pending.is_some()
     }
 
+    /// Whether crisp may write its own frames to the client now: after the server preface, and
+    /// never inside a header block the runtime is still sending.
+    pub(crate) fn may_write_own(&self) -> bool {
+        self.preface_sent && !self.in_runtime_block()
+    }
+
     /// The periodic work: crisp's keep-alive PING to an idle client (and the end of a client
     /// that stopped answering), and moving a degraded client back to a relay once
     /// `runtime_reachable` says the runtime accepts connections again.
@@ -250,10 +278,16 @@ impl Core {
         if self.keepalive.check(now, self.last_client_frame) == KeepAliveAction::Dead {
             return Err(RelayError::KeepAlive);
         }
+        if let Some(draining) = self.draining.as_mut() {
+            let since = *draining.since.get_or_insert(now);
+            if now.saturating_duration_since(since) >= GOAWAY_ACK_WAIT {
+                self.final_goaway();
+            }
+        }
         self.maybe_move_client(now, runtime_reachable);
         if self
             .keepalive
-            .ping(now, self.last_client_frame, !self.in_runtime_block())
+            .ping(now, self.last_client_frame, self.may_write_own())
             == KeepAliveAction::Ping
         {
             Ping::new(KEEPALIVE).encode(&mut self.to_client);
@@ -270,6 +304,7 @@ impl Core {
         let idle = |c: &Core| now.saturating_duration_since(c.last_stream_at) >= MOVE_IDLE;
         if !self.degraded
             || self.goaway.is_some()
+            || self.draining.is_some()
             || !self.relayed.is_empty()
             || self.windows.lock().any_diverted()
             || !idle(self)
@@ -286,10 +321,30 @@ impl Core {
     }
 
     /// Sends the client GOAWAY (once): it finishes what it started and opens a new connection.
+    ///
+    /// In two steps, as RFC 9113 §6.8 advises for a graceful shutdown: first a GOAWAY that
+    /// refuses no stream and a PING; once the client ACKs that PING (or [`GOAWAY_ACK_WAIT`]
+    /// passed), the final GOAWAY names the last stream the client opened. A single GOAWAY naming
+    /// the last stream loses the calls a client starts as it arrives: with nothing in flight the
+    /// connection closes at once, and grpc-go fails the calls it had just queued on it ("connection
+    /// closed") instead of retrying them (`tests/it/node_systemd.rs`).
     pub(crate) fn goaway(&mut self, why: &[u8]) {
-        if self.goaway.is_none() {
+        if self.goaway.is_none() && self.draining.is_none() {
+            GoAway::new(MAX_STREAM_ID, Reason::NO_ERROR, why).encode(&mut self.to_client);
+            Ping::new(GOAWAY_PING).encode(&mut self.to_client);
+            self.draining = Some(Draining {
+                why: why.to_vec(),
+                since: None,
+            });
+        }
+    }
+
+    /// The second step of [`Core::goaway`]: the client has seen the first (its PING's ACK).
+    pub(super) fn final_goaway(&mut self) {
+        if let Some(draining) = self.draining.take() {
             self.goaway = Some(self.max_stream);
-            GoAway::new(self.max_stream, Reason::NO_ERROR, why).encode(&mut self.to_client);
+            GoAway::new(self.max_stream, Reason::NO_ERROR, &draining.why)
+                .encode(&mut self.to_client);
         }
     }
 
@@ -322,6 +377,15 @@ impl Core {
     /// diverted. The client keeps its connection; see [`Core::maybe_move_client`].
     pub(super) fn runtime_gone(&mut self, msg: &str, last: Option<u32>) {
         self.degraded = true;
+        if !self.preface_sent {
+            // The runtime went before its SETTINGS reached the client: crisp is the server now,
+            // and its own SETTINGS go first.
+            let mut first = Vec::new();
+            Settings::default().encode(&mut first);
+            first.append(&mut self.to_client);
+            self.to_client = first;
+            self.preface_sent = true;
+        }
         let ids: Vec<u32> = self
             .relayed
             .keys()

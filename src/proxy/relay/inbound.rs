@@ -15,7 +15,7 @@ use bytes::{Buf, Bytes, BytesMut};
 
 use super::core::{Core, Event, PendingBlock, Relayed, MAX_HEADER_BLOCK, MAX_HEADER_LIST};
 use super::error::{RelayError, Violation};
-use super::ping::KEEPALIVE;
+use super::ping::{GOAWAY_PING, KEEPALIVE};
 use super::status::Ending;
 use crate::cri::Route;
 use crate::intercept::Call;
@@ -188,8 +188,11 @@ impl Core {
     fn client_ping(&mut self, head: Head, frame: &[u8]) {
         let payload = &frame[h2::HEADER_LEN..];
         if head.has(Flags::ACK) {
-            // crisp's own keep-alive's ACKs end here.
-            if payload != KEEPALIVE {
+            // crisp's own PINGs' ACKs end here; the one after its first GOAWAY lets the final
+            // one go.
+            if payload == GOAWAY_PING {
+                self.final_goaway();
+            } else if payload != KEEPALIVE {
                 self.relay(frame);
             }
         } else if self.runtime && !self.degraded && self.pings.try_forward() {

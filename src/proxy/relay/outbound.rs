@@ -107,6 +107,8 @@ impl Core {
             // The runtime's own settings go on to the client unchanged; its header table size is
             // also the bound of crisp's table on this connection ([`h2::Indexer`]).
             Kind::Settings => {
+                // Relayed, it is the client's server preface: crisp's own frames may follow it.
+                self.preface_sent = true;
                 if let Some(size) = Settings::load(&head, payload)
                     .ok()
                     .and_then(|s| s.header_table_size)

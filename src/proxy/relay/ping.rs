@@ -5,6 +5,11 @@ use std::time::{Duration, Instant};
 /// Opaque data of crisp's own keep-alive PINGs; their ACKs are not relayed.
 pub(crate) const KEEPALIVE: [u8; 8] = *b"crisp-ka";
 
+/// Opaque data of the PING that follows crisp's first GOAWAY (a graceful shutdown in two
+/// steps, RFC 9113 §6.8): its ACK proves the client has read that GOAWAY, so every stream it
+/// opened before has arrived. Not relayed.
+pub(crate) const GOAWAY_PING: [u8; 8] = *b"crisp-gw";
+
 /// Decides which of the client's PINGs go on to the runtime.
 ///
 /// grpc-go clients (kubelet, crictl) send a PING whenever DATA arrives and none is outstanding

@@ -93,7 +93,7 @@ impl Pump {
                 self.dispatch();
             }
             // crisp's own frames, never inside a header block the runtime is still sending.
-            if !self.core.in_runtime_block() {
+            if self.core.may_write_own() {
                 outbox.take(&mut self.core.to_client);
                 self.client.write(&self.core.to_client)?;
                 self.core.to_client.clear();

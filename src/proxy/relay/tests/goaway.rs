@@ -45,30 +45,100 @@ fn a_runtime_goaway_refuses_the_calls_it_never_saw_and_diverts_new_ones() {
 }
 
 #[test]
-fn crisps_goaway_refuses_later_streams_and_drains() {
+fn crisps_goaway_comes_in_two_steps_and_refuses_only_streams_after_the_second() {
     let mut c = Conn::relayed();
     c.client(&[&request(1, "/s/Relay", true)]).unwrap();
     c.core.goaway(b"crisp: shutting down");
     let to_client = c.at_client();
+    assert_eq!(kinds(&to_client), [(Kind::GoAway, 0), (Kind::Ping, 0)]);
+    assert_eq!(
+        GoAway::load(&to_client[0].payload).unwrap(),
+        GoAway::new((1 << 31) - 1, Reason::NO_ERROR, b"crisp: shutting down"),
+        "the first refuses nothing"
+    );
+    assert_eq!(to_client[1].payload, GOAWAY_PING);
+    assert!(!to_client[1].has(Flags::ACK));
+    // A stream the client opened before it read the GOAWAY is served, not refused: this is
+    // what a single GOAWAY naming stream 1 lost.
+    c.client(&[&request(3, "/s/Relay", true)]).unwrap();
+    assert!(c.at_client().is_empty());
+    assert_eq!(kinds(&c.at_runtime()), [(Kind::Headers, 1), (Kind::Headers, 3)]);
+    assert!(!c.core.drained(), "the final GOAWAY is not out yet");
+    // The PING's ACK: the client has read the GOAWAY. The final one names stream 3; the ACK
+    // is crisp's, not the runtime's.
+    c.client(&[&pong(&GOAWAY_PING)]).unwrap();
+    let to_client = c.at_client();
     assert_eq!(kinds(&to_client), [(Kind::GoAway, 0)]);
     assert_eq!(
         GoAway::load(&to_client[0].payload).unwrap(),
-        GoAway::new(1, Reason::NO_ERROR, b"crisp: shutting down")
+        GoAway::new(3, Reason::NO_ERROR, b"crisp: shutting down")
     );
-    c.client(&[&request(3, "/s/Relay", true)]).unwrap();
+    assert!(c.at_runtime().is_empty());
+    c.client(&[&request(5, "/s/Relay", true)]).unwrap();
     let to_client = c.at_client();
-    assert_eq!(kinds(&to_client), [(Kind::RstStream, 3)]);
+    assert_eq!(kinds(&to_client), [(Kind::RstStream, 5)]);
     assert_eq!(to_client[0].payload, Reason::REFUSED_STREAM.0.to_be_bytes());
-    assert!(!c.core.drained(), "stream 1 is in flight");
-    c.runtime_all(&[&response(
-        1,
-        &[(":status", "200"), ("grpc-status", "0")],
-        true,
-    )]);
+    assert!(!c.core.drained(), "streams 1 and 3 are in flight");
+    for id in [1, 3] {
+        c.runtime_all(&[&response(
+            id,
+            &[(":status", "200"), ("grpc-status", "0")],
+            true,
+        )]);
+    }
     c.at_client();
     assert!(c.core.drained());
     c.core.goaway(b"again");
     assert!(c.at_client().is_empty(), "once");
+}
+
+#[test]
+fn crisp_writes_no_frame_of_its_own_before_the_clients_server_preface() {
+    // SIGTERM right after the accept: the runtime's SETTINGS have not reached the client yet.
+    let mut c = Conn::before_runtime_settings();
+    c.core.goaway(b"crisp: shutting down");
+    assert!(
+        c.at_client().is_empty(),
+        "a GOAWAY before SETTINGS: grpc-go closes the connection and fails its queued calls"
+    );
+    assert!(!c.core.drained());
+    c.runtime_all(&[&settings(Settings::default())]);
+    assert_eq!(
+        kinds(&c.at_client()),
+        [(Kind::Settings, 0), (Kind::GoAway, 0), (Kind::Ping, 0)],
+        "the runtime's SETTINGS first, then crisp's frames"
+    );
+    // A runtime that fails before its SETTINGS: crisp is the server, its own SETTINGS first.
+    let mut c = Conn::before_runtime_settings();
+    c.client(&[&request(1, "/s/Relay", true)]).unwrap();
+    c.core.runtime_failed("crisp: upstream closed the connection").unwrap();
+    let to_client = c.at_client();
+    assert_eq!(to_client[0].kind, Kind::Settings);
+    assert!(!to_client[0].has(Flags::ACK));
+    assert_eq!(
+        kinds(&to_client[1..]),
+        [(Kind::Headers, 1)],
+        "stream 1 ends UNAVAILABLE after them"
+    );
+}
+
+#[test]
+fn a_client_that_never_acks_gets_the_final_goaway_after_the_wait() {
+    let mut c = Conn::relayed();
+    let t0 = c.now;
+    let mut reachable = || panic!("not degraded: nothing to probe");
+    c.core.goaway(b"crisp: shutting down");
+    c.at_client();
+    c.core.tick(t0, &mut reachable).unwrap();
+    assert!(c.at_client().is_empty());
+    assert!(!c.core.drained());
+    c.core
+        .tick(t0 + GOAWAY_ACK_WAIT, &mut reachable)
+        .unwrap();
+    let to_client = c.at_client();
+    assert_eq!(kinds(&to_client), [(Kind::GoAway, 0)]);
+    assert_eq!(GoAway::load(&to_client[0].payload).unwrap().last_stream, 0);
+    assert!(c.core.drained(), "nothing was in flight");
 }
 
 #[test]

@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 
-use super::core::{Calls, Config, Core, Event};
+use super::core::{Calls, Config, Core, Event, GOAWAY_ACK_WAIT};
 use super::error::{RelayError, Violation};
 use super::flow::Windows;
-use super::ping::KEEPALIVE;
+use super::ping::{GOAWAY_PING, KEEPALIVE};
 use super::status::{Code, Ending};
 use crate::intercept::{Call, Interest};
 use crate::proxy::h2::{
@@ -166,8 +166,17 @@ struct Conn {
 }
 
 impl Conn {
-    /// A relayed connection (a runtime connection of its own).
+    /// A relayed connection (a runtime connection of its own) whose runtime has sent its
+    /// SETTINGS, the client's server preface.
     fn relayed() -> Conn {
+        let mut c = Conn::new(true);
+        c.runtime_all(&[&settings(Settings::default())]);
+        assert_eq!(kinds(&c.at_client()), [(Kind::Settings, 0)]);
+        c
+    }
+
+    /// A relayed connection whose runtime has not sent anything yet.
+    fn before_runtime_settings() -> Conn {
         Conn::new(true)
     }
 
@@ -230,10 +239,13 @@ impl Conn {
         parse(&std::mem::take(&mut self.core.to_runtime))
     }
 
-    /// What the client received since the last look: the runtime's frames, then crisp's own.
+    /// What the client received since the last look: the runtime's frames, then crisp's own
+    /// if it may write them now (as the pump does; else they wait).
     fn at_client(&mut self) -> Vec<F> {
         let mut b = std::mem::take(&mut self.from_runtime);
-        b.extend_from_slice(&std::mem::take(&mut self.core.to_client));
+        if self.core.may_write_own() {
+            b.extend_from_slice(&std::mem::take(&mut self.core.to_client));
+        }
         parse(&b)
     }
 
