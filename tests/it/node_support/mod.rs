@@ -200,7 +200,11 @@ impl Node {
                 "degraded" => {
                     // A unit that only records the boot (utmp) fails now and then in a container
                     // on a loaded host; it has nothing to do with containerd, kubelet or crisp.
-                    // Anything else failing is the node's or crisp's fault.
+                    // So does any other boot unit whose process systemd could not put in its
+                    // cgroup (status 219/CGROUP: two nodes booting side by side on this host,
+                    // seen for systemd-tmpfiles-setup and systemd-user-sessions). Anything else
+                    // failing, or the node's containerd, kubelet or crisp failing at all, is the
+                    // node's or crisp's fault.
                     let failed = node.nsenter(&[
                         "systemctl",
                         "--failed",
@@ -213,14 +217,44 @@ impl Node {
                         .lines()
                         .filter_map(|l| l.split_whitespace().next().map(str::to_string))
                         .collect();
-                    if units.is_empty()
-                        || units
+                    let tolerated = |u: &str| {
+                        IRRELEVANT_UNITS.contains(&u)
+                            || (!["containerd", "kubelet", "crisp"]
+                                .iter()
+                                .any(|ours| u.starts_with(ours))
+                                && node
+                                    .nsenter(&[
+                                        "systemctl",
+                                        "show",
+                                        "-p",
+                                        "ExecMainStatus",
+                                        "--value",
+                                        u,
+                                    ])
+                                    .stdout
+                                    .trim()
+                                    == "219")
+                    };
+                    if units.is_empty() || units.iter().any(|u| !tolerated(u)) {
+                        let journals: Vec<String> = units
                             .iter()
-                            .any(|u| !IRRELEVANT_UNITS.contains(&u.as_str()))
-                    {
+                            .map(|u| {
+                                let j = node.nsenter(&[
+                                    "journalctl",
+                                    "-b",
+                                    "-u",
+                                    u,
+                                    "--no-pager",
+                                    "-n",
+                                    "30",
+                                ]);
+                                format!("--- journalctl -u {u}\n{}", j.all())
+                            })
+                            .collect();
                         panic!(
-                            "node degraded: {}",
-                            node.nsenter(&["systemctl", "--failed", "--no-pager"]).all()
+                            "node degraded: {}\n{}",
+                            node.nsenter(&["systemctl", "--failed", "--no-pager"]).all(),
+                            journals.join("\n")
                         );
                     }
                     eprintln!("node: boot ended degraded by {units:?} only; carrying on");
