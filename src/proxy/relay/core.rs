@@ -187,8 +187,8 @@ pub(crate) struct Core {
 struct Draining {
     /// The debug data of both GOAWAYs.
     why: Vec<u8>,
-    /// The first tick after the first GOAWAY: the ACK's wait counts from here.
-    since: Option<Instant>,
+    /// When the final GOAWAY goes without the ACK.
+    until: Instant,
 }
 
 impl Core {
@@ -278,12 +278,7 @@ impl Core {
         if self.keepalive.check(now, self.last_client_frame) == KeepAliveAction::Dead {
             return Err(RelayError::KeepAlive);
         }
-        if let Some(draining) = self.draining.as_mut() {
-            let since = *draining.since.get_or_insert(now);
-            if now.saturating_duration_since(since) >= GOAWAY_ACK_WAIT {
-                self.final_goaway();
-            }
-        }
+        self.check_goaway(now);
         self.maybe_move_client(now, runtime_reachable);
         if self
             .keepalive
@@ -316,7 +311,7 @@ impl Core {
                 target: LOG,
                 "runtime reachable again: moving a client connection back to the relay"
             );
-            self.goaway(b"crisp: reconnect");
+            self.goaway(b"crisp: reconnect", now);
         }
     }
 
@@ -328,14 +323,26 @@ impl Core {
     /// the last stream loses the calls a client starts as it arrives: with nothing in flight the
     /// connection closes at once, and grpc-go fails the calls it had just queued on it ("connection
     /// closed") instead of retrying them (`tests/it/node_systemd.rs`).
-    pub(crate) fn goaway(&mut self, why: &[u8]) {
+    pub(crate) fn goaway(&mut self, why: &[u8], now: Instant) {
         if self.goaway.is_none() && self.draining.is_none() {
             GoAway::new(MAX_STREAM_ID, Reason::NO_ERROR, why).encode(&mut self.to_client);
             Ping::new(GOAWAY_PING).encode(&mut self.to_client);
             self.draining = Some(Draining {
                 why: why.to_vec(),
-                since: None,
+                until: now + GOAWAY_ACK_WAIT,
             });
+        }
+    }
+
+    /// When the final GOAWAY is due if the client does not ACK first: the pump wakes for it.
+    pub(crate) fn goaway_due(&self) -> Option<Instant> {
+        self.draining.as_ref().map(|d| d.until)
+    }
+
+    /// Sends the final GOAWAY if its wait for the ACK is over.
+    pub(crate) fn check_goaway(&mut self, now: Instant) {
+        if self.goaway_due().is_some_and(|until| now >= until) {
+            self.final_goaway();
         }
     }
 

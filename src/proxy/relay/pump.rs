@@ -84,7 +84,7 @@ impl Pump {
             }
             if !stopping && outbox.stop.load(Ordering::Acquire) {
                 stopping = true;
-                self.core.goaway(b"crisp: shutting down");
+                self.core.goaway(b"crisp: shutting down", Instant::now());
             }
             if self.blocked {
                 self.blocked =
@@ -118,7 +118,8 @@ impl Pump {
             ];
             // From the clock read after the last poll: a tick is at least 10 ms, the work since
             // then a few µs, and the clock is read once per wakeup.
-            sock::poll(&mut fds, next_tick.saturating_duration_since(self.now))?;
+            let wake = self.core.goaway_due().map_or(next_tick, |due| due.min(next_tick));
+            sock::poll(&mut fds, wake.saturating_duration_since(self.now))?;
             self.now = Instant::now();
             let [c, w, r] = fds.map(|p| p.revents);
             if w != 0 {
@@ -127,6 +128,7 @@ impl Pump {
             if !self.ready(c, read_client, r, read_runtime)? {
                 return Ok(());
             }
+            self.core.check_goaway(self.now);
             if self.now >= next_tick {
                 next_tick = self.now + tick;
                 let path = &self.runtime_path;

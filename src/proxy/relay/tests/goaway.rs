@@ -48,7 +48,7 @@ fn a_runtime_goaway_refuses_the_calls_it_never_saw_and_diverts_new_ones() {
 fn crisps_goaway_comes_in_two_steps_and_refuses_only_streams_after_the_second() {
     let mut c = Conn::relayed();
     c.client(&[&request(1, "/s/Relay", true)]).unwrap();
-    c.core.goaway(b"crisp: shutting down");
+    c.core.goaway(b"crisp: shutting down", c.now);
     let to_client = c.at_client();
     assert_eq!(kinds(&to_client), [(Kind::GoAway, 0), (Kind::Ping, 0)]);
     assert_eq!(
@@ -88,7 +88,7 @@ fn crisps_goaway_comes_in_two_steps_and_refuses_only_streams_after_the_second() 
     }
     c.at_client();
     assert!(c.core.drained());
-    c.core.goaway(b"again");
+    c.core.goaway(b"again", c.now);
     assert!(c.at_client().is_empty(), "once");
 }
 
@@ -96,7 +96,7 @@ fn crisps_goaway_comes_in_two_steps_and_refuses_only_streams_after_the_second() 
 fn crisp_writes_no_frame_of_its_own_before_the_clients_server_preface() {
     // SIGTERM right after the accept: the runtime's SETTINGS have not reached the client yet.
     let mut c = Conn::before_runtime_settings();
-    c.core.goaway(b"crisp: shutting down");
+    c.core.goaway(b"crisp: shutting down", c.now);
     assert!(
         c.at_client().is_empty(),
         "a GOAWAY before SETTINGS: grpc-go closes the connection and fails its queued calls"
@@ -127,14 +127,14 @@ fn a_client_that_never_acks_gets_the_final_goaway_after_the_wait() {
     let mut c = Conn::relayed();
     let t0 = c.now;
     let mut reachable = || panic!("not degraded: nothing to probe");
-    c.core.goaway(b"crisp: shutting down");
+    c.core.goaway(b"crisp: shutting down", c.now);
     c.at_client();
+    assert_eq!(c.core.goaway_due(), Some(t0 + GOAWAY_ACK_WAIT), "the pump wakes then");
     c.core.tick(t0, &mut reachable).unwrap();
+    c.core.check_goaway(t0 + GOAWAY_ACK_WAIT - Duration::from_millis(1));
     assert!(c.at_client().is_empty());
     assert!(!c.core.drained());
-    c.core
-        .tick(t0 + GOAWAY_ACK_WAIT, &mut reachable)
-        .unwrap();
+    c.core.check_goaway(t0 + GOAWAY_ACK_WAIT);
     let to_client = c.at_client();
     assert_eq!(kinds(&to_client), [(Kind::GoAway, 0)]);
     assert_eq!(GoAway::load(&to_client[0].payload).unwrap().last_stream, 0);
