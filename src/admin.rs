@@ -24,7 +24,9 @@ use tokio::task::JoinSet;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::Service;
 
-use crate::metrics::ScrapedGauge;
+use crate::intercept::Faults;
+use crate::metrics::{ScrapedCounter, ScrapedGauge};
+use crate::watchdog::Watchdog;
 use crate::ordering::annotations::{Sidecar, Source};
 use crate::ordering::decide::Snapshot;
 use crate::ordering::holds::HeldCall;
@@ -50,6 +52,16 @@ pub struct AdminState {
     pub(crate) started: Instant,
     /// Events queued per tap subscriber.
     pub(crate) tap_queue: usize,
+    /// The relay threads' and the runtime's progress: `/healthz`, `/debug/connections`.
+    pub(crate) watchdog: Option<Arc<Watchdog>>,
+}
+
+/// What crisp knows of its own faults, for the admin socket: the watchdog and the interceptors'
+/// panics.
+#[derive(Clone)]
+pub struct Liveness {
+    pub watchdog: Arc<Watchdog>,
+    pub faults: Arc<Faults>,
 }
 
 /// The peer of an admin connection (SO_PEERCRED), attached to each request.
@@ -361,6 +373,108 @@ pub fn registry(tap: &Tap, engine: Option<&Arc<Engine>>) -> Registry {
     reg
 }
 
+/// The watchdog's and the interceptors' fault metrics (docs/METRICS.md, RELIABILITY.md).
+pub(crate) fn register_liveness(reg: &mut Registry, l: &Liveness) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let w = l.watchdog.clone();
+    reg.register_collector(Box::new(ScrapedCounter::new(
+        "crisp_relay_stalls",
+        "Relay threads found stuck past watchdog.relay_stall; their connections were closed so \
+         that kubelet reconnects.",
+        move || w.counters.relay_stalls.load(Relaxed),
+    )));
+    let w = l.watchdog.clone();
+    reg.register_collector(Box::new(ScrapedCounter::new(
+        "crisp_runtime_stalls",
+        "Times the async runtime missed its heartbeat for watchdog.runtime_stall.",
+        move || w.counters.runtime_stalls.load(Relaxed),
+    )));
+    let w = l.watchdog.clone();
+    reg.register_collector(Box::new(ScrapedGauge::new(
+        "crisp_runtime_lag_max_microseconds",
+        "Worst scheduling latency of the async runtime's heartbeat since the last scrape.",
+        move || w.take_runtime_lag().as_micros() as u64,
+    )));
+    let w = l.watchdog.clone();
+    reg.register_collector(Box::new(ScrapedGauge::new(
+        "crisp_healthy",
+        "1 while every relay thread and the async runtime make progress (crisp sends systemd \
+         WATCHDOG=1 only then).",
+        move || u64::from(w.healthy()),
+    )));
+    let w = l.watchdog.clone();
+    reg.register_collector(Box::new(ScrapedCounter::new(
+        "crisp_watchdog_notifications",
+        "WATCHDOG=1 notifications sent to systemd.",
+        move || w.counters.notifications.load(Relaxed),
+    )));
+    let f = l.faults.clone();
+    reg.register_collector(Box::new(ScrapedCounter::new(
+        "crisp_interceptor_panics",
+        "Panics in an interceptor hook; each ended that hook's part in one call only.",
+        move || f.panics(),
+    )));
+    let f = l.faults.clone();
+    reg.register_collector(Box::new(ScrapedGauge::new(
+        "crisp_routes_bypassed",
+        "RPCs whose calls skip every interceptor (relayed unobserved) after repeated panics.",
+        move || f.bypassed_routes(),
+    )));
+}
+
+/// `GET /healthz`: `ok`, or 503 with why crisp is not making progress.
+async fn healthz(state: &AdminState) -> Response<Body> {
+    match &state.watchdog {
+        None => plain(StatusCode::OK, "ok (no watchdog)\n".into()),
+        Some(w) => match w.verdict() {
+            Ok(()) => plain(StatusCode::OK, "ok\n".into()),
+            Err(why) => plain(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+        },
+    }
+}
+
+/// `GET /debug/connections`: every kubelet connection crisp relays, one line each, then its
+/// streams in flight — what its relay thread answered within 200 ms, or that it did not.
+async fn connections(state: &AdminState) -> Response<Body> {
+    use std::fmt::Write;
+    let Some(w) = &state.watchdog else {
+        return plain(StatusCode::NOT_FOUND, "no watchdog\n".into());
+    };
+    let mut out = String::new();
+    for c in w.connections(Duration::from_millis(200)).await {
+        let _ = write!(
+            out,
+            "connection {} age {:.3}s {} for {:.3}s{}",
+            c.id,
+            c.age.as_secs_f64(),
+            if c.waiting { "waiting" } else { "working" },
+            c.for_.as_secs_f64(),
+            if c.closed { " CLOSED-BY-WATCHDOG" } else { "" },
+        );
+        match c.report {
+            None => out.push_str(" (its thread did not answer within 200 ms)\n"),
+            Some(r) => {
+                let _ = writeln!(
+                    out,
+                    " streams {} queued-to-client {} B queued-to-runtime {} B{}{}",
+                    r.streams.len(),
+                    r.queued_to_client,
+                    r.queued_to_runtime,
+                    if r.degraded { " degraded" } else { "" },
+                    if r.going_away { " going-away" } else { "" },
+                );
+                for (id, route, age) in r.streams {
+                    let _ = writeln!(out, "  stream {id} {route} age {:.3}s", age.as_secs_f64());
+                }
+            }
+        }
+    }
+    if out.is_empty() {
+        out.push_str("no connections\n");
+    }
+    plain(StatusCode::OK, out)
+}
+
 /// `GET /metrics`, in the Prometheus text format ([`crate::metrics::CONTENT_TYPE`]).
 pub fn render_metrics(state: &AdminState) -> String {
     crate::metrics::encode(&state.metrics)
@@ -398,6 +512,13 @@ async fn handle(
         );
         return Ok(r);
     }
+    match (req.method(), req.uri().path()) {
+        (&Method::GET, "/healthz") => return Ok(healthz(&state).await),
+        (&Method::GET, "/debug/connections") if grpc.is_some() => {
+            return Ok(connections(&state).await)
+        }
+        _ => {}
+    }
     let is_grpc = req
         .headers()
         .get(header::CONTENT_TYPE)
@@ -427,7 +548,8 @@ async fn handle(
         }
         _ => Ok(plain(
             StatusCode::NOT_FOUND,
-            "crisp admin: GET /metrics, or the gRPC service crisp.admin.v1.Admin\n".into(),
+            "crisp admin: GET /metrics, /healthz, /debug/connections, or the gRPC service \
+             crisp.admin.v1.Admin\n".into(),
         )),
     }
 }
@@ -554,19 +676,25 @@ pub async fn start(
     cfg: &crate::config::Config,
     tap: Arc<Tap>,
     engine: Option<Arc<Engine>>,
+    liveness: Option<Liveness>,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> Option<tokio::task::JoinHandle<()>> {
     if !cfg.admin.enabled {
         return None;
     }
+    let mut metrics = registry(&tap, engine.as_ref());
+    if let Some(l) = &liveness {
+        register_liveness(&mut metrics, l);
+    }
     let state = Arc::new(AdminState {
-        metrics: registry(&tap, engine.as_ref()),
+        metrics,
         tap,
         engine,
         listen: cfg.listen.clone(),
         upstream: cfg.upstream.clone(),
         started: Instant::now(),
         tap_queue: cfg.admin.tap_queue,
+        watchdog: liveness.map(|l| l.watchdog),
     });
     let until_stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;

@@ -56,6 +56,8 @@ pub struct Config {
     pub injectors: Vec<injectors::InjectorRule>,
     /// crisp's own admin socket: the debug tap, the pods it tracks, Prometheus metrics.
     pub admin: AdminConfig,
+    /// When crisp counts itself as stuck (`src/watchdog.rs`).
+    pub watchdog: WatchdogConfig,
 }
 
 impl Default for Config {
@@ -72,6 +74,31 @@ impl Default for Config {
             sidecars: Vec::new(),
             injectors: Vec::new(),
             admin: AdminConfig::default(),
+            watchdog: WatchdogConfig::default(),
+        }
+    }
+}
+
+/// The watchdog's bounds (RELIABILITY.md, "crisp's own faults"). systemd's own interval is
+/// `WatchdogSec=` in crisp.service; crisp reads it from the environment systemd sets.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WatchdogConfig {
+    /// A relay thread working this long without waiting for its sockets is stuck: its
+    /// connection is closed (kubelet reconnects); still stuck twice as long, crisp stops
+    /// telling systemd it is alive.
+    #[serde(deserialize_with = "de_duration")]
+    pub(crate) relay_stall: Duration,
+    /// The async runtime's heartbeat missing this long: crisp stops telling systemd it is alive.
+    #[serde(deserialize_with = "de_duration")]
+    pub(crate) runtime_stall: Duration,
+}
+
+impl Default for WatchdogConfig {
+    fn default() -> Self {
+        WatchdogConfig {
+            relay_stall: Duration::from_secs(5),
+            runtime_stall: Duration::from_secs(10),
         }
     }
 }
@@ -288,6 +315,10 @@ impl Default for JobConfig {
     }
 }
 
+/// Bounds of `watchdog.relay_stall` and `watchdog.runtime_stall`.
+pub const MIN_WATCHDOG_STALL: Duration = Duration::from_millis(100);
+pub const MAX_WATCHDOG_STALL: Duration = Duration::from_secs(60);
+
 /// Longest hold crisp accepts from config or annotation: kubelet's deadline is 2 min.
 pub const MAX_START_TIMEOUT: Duration = Duration::from_secs(115);
 /// `ordering.refuse_held_after` by default: healthy sidecars are ready long before, so only a
@@ -368,6 +399,21 @@ impl Config {
                     MIN_REFUSE_HELD_AFTER
                 ),
             ));
+        }
+        for (key, d) in [
+            ("watchdog.relay_stall", self.watchdog.relay_stall),
+            ("watchdog.runtime_stall", self.watchdog.runtime_stall),
+        ] {
+            if d < MIN_WATCHDOG_STALL || d > MAX_WATCHDOG_STALL {
+                return Err(bad(
+                    key,
+                    format!(
+                        "{d:?} is out of range ({MIN_WATCHDOG_STALL:?}..={MAX_WATCHDOG_STALL:?}): \
+                         shorter misjudges a busy node, longer lets kubelet's calls wait for \
+                         their 2 min deadline"
+                    ),
+                ));
+            }
         }
         if self.ordering.probe_interval.is_zero() {
             return Err(bad(

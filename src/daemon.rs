@@ -137,13 +137,21 @@ pub(crate) async fn serve_on_notify(
     ));
     let (list, tap, engine) = chain(&cfg, &upstream);
     let ordering = engine.clone();
-    let proxy = Proxy::new(upstream, Interceptors::new(list), ProxyOptions::from(&cfg));
+    let interceptors = Interceptors::new(list);
+    let faults = interceptors.faults().clone();
+    let proxy = Proxy::new(upstream, interceptors, ProxyOptions::from(&cfg));
+    // The admin socket shows crisp's own faults: stuck threads, hook panics.
+    let liveness = crate::admin::Liveness {
+        watchdog: proxy.watchdog().clone(),
+        faults,
+    };
     // The admin socket (tap, metrics) stops with the CRI listener.
     let (stop, stopped) = tokio::sync::watch::channel(false);
     // Bound in its own task: CRI calls are served at once, whatever the admin socket does.
     let admin_cfg = cfg.clone();
     let admin = tokio::spawn(async move {
-        let task = crate::admin::start(&admin_cfg, tap, Some(engine), stopped).await;
+        let task =
+            crate::admin::start(&admin_cfg, tap, Some(engine), Some(liveness), stopped).await;
         let _ = admin_ready.send(());
         if let Some(t) = task {
             let _ = t.await;

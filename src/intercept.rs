@@ -10,6 +10,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -118,31 +119,164 @@ pub trait Interceptor: Send + Sync + 'static {
 }
 
 /// The set of interceptors a proxy runs, in order.
+///
+/// **A panic in a hook ends that hook's part in that call only** (RELIABILITY.md, "crisp's own
+/// faults"): the call goes on as if the interceptor had no interest — `interest` counts as
+/// none, `on_request` as [`Verdict::Forward`] (the client's bytes, unpatched: fail open, what
+/// kubelet would get without crisp), `on_response` as no replacement — and the connection and
+/// its other calls never notice. Each panic is counted and logged with the route; once a route
+/// has panicked [`BYPASS_AFTER`] times, every interceptor is skipped for it until crisp
+/// restarts, so a request that panics deterministically is relayed unobserved on kubelet's
+/// retries instead of panicking on each.
 #[derive(Default, Clone)]
 pub struct Interceptors {
     list: Vec<std::sync::Arc<dyn Interceptor>>,
+    faults: std::sync::Arc<Faults>,
+}
+
+/// Panics of a route after which its calls skip the interceptors.
+pub const BYPASS_AFTER: u32 = 3;
+
+/// Hook panics, by route (`Rpc as usize`; the last slot: paths crisp does not know).
+pub struct Faults {
+    panics: [AtomicU32; ROUTE_SLOTS],
+    bypassed: [AtomicBool; ROUTE_SLOTS],
+    total: AtomicU64,
+}
+
+const ROUTE_SLOTS: usize = 64;
+// Every RPC has a slot of its own, and unknown paths the last one.
+const _: () = assert!(crate::cri::Rpc::ALL.len() < ROUTE_SLOTS - 1);
+
+impl Default for Faults {
+    fn default() -> Self {
+        Faults {
+            panics: std::array::from_fn(|_| AtomicU32::new(0)),
+            bypassed: std::array::from_fn(|_| AtomicBool::new(false)),
+            total: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Faults {
+    fn slot(route: Route) -> usize {
+        route
+            .rpc
+            .map_or(ROUTE_SLOTS - 1, |r| (r as usize).min(ROUTE_SLOTS - 2))
+    }
+
+    #[inline]
+    fn bypassed(&self, route: Route) -> bool {
+        self.bypassed[Self::slot(route)].load(Relaxed)
+    }
+
+    /// A hook panicked on a call of `route`.
+    #[cold]
+    fn panicked(&self, route: Route, call: u64, hook: &str) {
+        let slot = Self::slot(route);
+        self.total.fetch_add(1, Relaxed);
+        let n = self.panics[slot].fetch_add(1, Relaxed) + 1;
+        if n < BYPASS_AFTER {
+            tracing::error!(
+                rpc = %route,
+                call,
+                hook,
+                "an interceptor panicked (a bug: please report it with the panic message above); \
+                 this call goes on as if unobserved"
+            );
+        } else if !self.bypassed[slot].swap(true, Relaxed) {
+            tracing::error!(
+                rpc = %route,
+                call,
+                hook,
+                panics = n,
+                "interceptors panicked {n} times on this route: its calls are relayed \
+                 unobserved (no ordering, tap or metrics for them) until crisp restarts"
+            );
+        }
+    }
+
+    /// Hook panics so far.
+    pub fn panics(&self) -> u64 {
+        self.total.load(Relaxed)
+    }
+
+    /// Routes whose calls skip the interceptors now.
+    pub fn bypassed_routes(&self) -> u64 {
+        self.bypassed.iter().filter(|b| b.load(Relaxed)).count() as u64
+    }
+}
+
+/// Runs `f`, catching a panic (the hook's fault, counted by the caller).
+#[inline]
+fn guarded<T>(f: impl FnOnce() -> T) -> Option<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok()
+}
+
+/// A future whose panics are caught: `Err(())` when polling it panicked.
+pub(crate) struct CatchUnwind<F>(pub(crate) F);
+
+impl<F: Future + Unpin> Future for CatchUnwind<F> {
+    type Output = Result<F::Output, ()>;
+
+    fn poll(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let inner = &mut self.0;
+        match guarded(|| Pin::new(inner).poll(cx)) {
+            Some(std::task::Poll::Ready(v)) => std::task::Poll::Ready(Ok(v)),
+            Some(std::task::Poll::Pending) => std::task::Poll::Pending,
+            None => std::task::Poll::Ready(Err(())),
+        }
+    }
 }
 
 impl Interceptors {
     pub fn new(list: Vec<std::sync::Arc<dyn Interceptor>>) -> Self {
-        Interceptors { list }
+        Interceptors {
+            list,
+            faults: Default::default(),
+        }
+    }
+
+    /// Hook panics and bypassed routes (the admin socket's metrics).
+    pub fn faults(&self) -> &std::sync::Arc<Faults> {
+        &self.faults
+    }
+
+    /// One interceptor's interest, a panic counting as none.
+    #[inline]
+    fn interest_of(&self, i: &dyn Interceptor, call: &Call) -> Interest {
+        guarded(|| i.interest(call)).unwrap_or_else(|| {
+            self.faults.panicked(call.route, call.id, "interest");
+            Interest::NONE
+        })
     }
 
     pub(crate) fn interest(&self, call: &Call) -> Interest {
-        self.list
-            .iter()
-            .fold(Interest::NONE, |acc, i| acc.union(i.interest(call)))
+        if self.faults.bypassed(call.route) {
+            return Interest::NONE;
+        }
+        self.list.iter().fold(Interest::NONE, |acc, i| {
+            acc.union(self.interest_of(i.as_ref(), call))
+        })
     }
 
     pub(crate) async fn on_request(&self, call: &Call, msg: &[u8]) -> Verdict {
         let mut patched: Option<Bytes> = None;
         for i in &self.list {
-            if i.interest(call).request {
+            if self.interest_of(i.as_ref(), call).request {
                 let current = patched.as_deref().unwrap_or(msg);
-                match i.on_request(call, current).await {
-                    Verdict::Forward => {}
-                    Verdict::ForwardPatched(b) => patched = Some(b),
-                    Verdict::Reject(s) => return Verdict::Reject(s),
+                let Some(fut) = guarded(|| i.on_request(call, current)) else {
+                    self.faults.panicked(call.route, call.id, "on_request");
+                    continue;
+                };
+                match CatchUnwind(fut).await {
+                    Ok(Verdict::Forward) => {}
+                    Ok(Verdict::ForwardPatched(b)) => patched = Some(b),
+                    Ok(Verdict::Reject(s)) => return Verdict::Reject(s),
+                    Err(()) => self.faults.panicked(call.route, call.id, "on_request"),
                 }
             }
         }
@@ -161,10 +295,12 @@ impl Interceptors {
     ) -> Option<Bytes> {
         let mut replaced: Option<Bytes> = None;
         for i in &self.list {
-            if i.interest(call).response {
+            if self.interest_of(i.as_ref(), call).response {
                 let current = replaced.as_deref().or(msg);
-                if let Some(new) = i.on_response(call, req, current, code) {
-                    replaced = Some(new);
+                match guarded(|| i.on_response(call, req, current, code)) {
+                    Some(Some(new)) => replaced = Some(new),
+                    Some(None) => {}
+                    None => self.faults.panicked(call.route, call.id, "on_response"),
                 }
             }
         }
@@ -173,8 +309,10 @@ impl Interceptors {
 
     pub(crate) fn on_complete(&self, call: &Call, outcome: &Outcome) {
         for i in &self.list {
-            if i.interest(call).complete {
-                i.on_complete(call, outcome);
+            if self.interest_of(i.as_ref(), call).complete
+                && guarded(|| i.on_complete(call, outcome)).is_none()
+            {
+                self.faults.panicked(call.route, call.id, "on_complete");
             }
         }
     }

@@ -38,7 +38,9 @@
 //!   [`intercept::HoldSink`], never importing the engine).
 //! - **4** [`proxy`]: the forwarder: relay, crisp's HTTP/2 client to the runtime, its runtime
 //!   client.
-//! - **3** [`intercept`], [`metrics`], [`telemetry`]: the plug-in seam; call metrics; logging.
+//! - **3** [`intercept`], [`metrics`], [`telemetry`], [`watchdog`]: the plug-in seam (a panic
+//!   in a hook ends that call only); call metrics; logging; liveness (relay threads' and the
+//!   async runtime's progress, systemd's `WATCHDOG=1`).
 //! - **2** [`config`]: TOML + flags, validated once; plain data (the known-injector table
 //!   included).
 //! - **1** [`cri`], [`status`], [`readiness`], [`netns`], [`systemd`]: routing, decoded views,
@@ -106,4 +108,5 @@ test_util_mod! {
     mod sys;
     mod systemd;
     mod tenant;
+    mod watchdog;
 }

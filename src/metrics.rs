@@ -377,6 +377,35 @@ impl<F: Fn() -> u64 + Send + Sync + 'static> Collector for ScrapedGauge<F> {
     }
 }
 
+/// A counter whose value is read when scraped, from an atomic another module keeps (the
+/// watchdog's, the interceptors' panics). `name` without `_total`: it is added when served.
+pub struct ScrapedCounter<F> {
+    name: &'static str,
+    help: &'static str,
+    read: F,
+}
+
+impl<F: Fn() -> u64 + Send + Sync + 'static> ScrapedCounter<F> {
+    pub fn new(name: &'static str, help: &'static str, read: F) -> Self {
+        ScrapedCounter { name, help, read }
+    }
+}
+
+impl<F> std::fmt::Debug for ScrapedCounter<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScrapedCounter")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F: Fn() -> u64 + Send + Sync + 'static> Collector for ScrapedCounter<F> {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let c = prometheus_client::metrics::counter::ConstCounter::new((self.read)());
+        c.encode(encoder.encode_descriptor(self.name, self.help, None, c.metric_type())?)
+    }
+}
+
 /// Everything in `reg`, in the Prometheus text format ([`CONTENT_TYPE`]).
 pub fn encode(reg: &Registry) -> String {
     let mut out = String::with_capacity(16 << 10);

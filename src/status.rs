@@ -13,6 +13,7 @@ pub(crate) mod code {
     pub(crate) const NOT_FOUND: i32 = 5;
     pub(crate) const FAILED_PRECONDITION: i32 = 9;
     pub(crate) const RESOURCE_EXHAUSTED: i32 = 8;
+    pub(crate) const INTERNAL: i32 = 13;
     pub(crate) const UNAVAILABLE: i32 = 14;
 }
 

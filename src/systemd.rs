@@ -245,6 +245,20 @@ pub fn notify_stopping(status: &str) {
     ]);
 }
 
+/// systemd's watchdog interval for crisp (`WatchdogSec=` in the unit: `WATCHDOG_USEC`, and
+/// `WATCHDOG_PID` naming this process when set); None when systemd does not watch crisp.
+pub fn watchdog_interval() -> Option<std::time::Duration> {
+    sd_notify::watchdog_enabled().filter(|d| !d.is_zero())
+}
+
+/// `WATCHDOG=1`: crisp is making progress ([`crate::watchdog`] sends it only then). Failures
+/// are logged at debug (a missed one is harmless; many make systemd restart crisp, as meant).
+pub fn notify_watchdog() {
+    if let Err(e) = notify(&[NotifyState::Watchdog]) {
+        tracing::debug!(error = %e, "cannot send WATCHDOG=1 to the service manager");
+    }
+}
+
 fn send_logged(states: &[NotifyState]) {
     match notify(states) {
         Ok(true) => tracing::debug!(message = ?states, "sent to the service manager"),

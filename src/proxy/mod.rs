@@ -60,6 +60,8 @@ pub struct ProxyOptions {
     pub handshake_timeout: Duration,
     /// On shutdown, in-flight calls get this long to finish.
     pub shutdown_grace: Duration,
+    /// When a relay thread or the async runtime counts as stuck ([`crate::watchdog`]).
+    pub watchdog: crate::watchdog::Options,
 }
 
 impl Default for ProxyOptions {
@@ -76,6 +78,10 @@ impl From<&crate::config::Config> for ProxyOptions {
             keepalive_timeout: cfg.proxy.keepalive_timeout,
             handshake_timeout: cfg.proxy.handshake_timeout,
             shutdown_grace: cfg.proxy.shutdown_grace,
+            watchdog: crate::watchdog::Options {
+                relay_stall: cfg.watchdog.relay_stall,
+                runtime_stall: cfg.watchdog.runtime_stall,
+            },
         }
     }
 }
@@ -96,6 +102,7 @@ pub struct Proxy {
     interceptors: Interceptors,
     opts: ProxyOptions,
     next_id: AtomicU64,
+    watchdog: Arc<crate::watchdog::Watchdog>,
 }
 
 impl Proxy {
@@ -107,9 +114,15 @@ impl Proxy {
         Arc::new(Proxy {
             upstream,
             interceptors,
+            watchdog: crate::watchdog::Watchdog::new(opts.watchdog),
             opts,
             next_id: AtomicU64::new(1),
         })
+    }
+
+    /// The watchdog of this proxy's relay threads; [`serve`] runs its supervisor.
+    pub fn watchdog(&self) -> &Arc<crate::watchdog::Watchdog> {
+        &self.watchdog
     }
 
     async fn handle(
@@ -470,6 +483,16 @@ impl Proxy {
         request: Option<Bytes>,
         response: Option<Bytes>,
     ) {
+        tracing::debug!(
+            target: relay::CALLS,
+            call = call.id,
+            rpc = %call.route,
+            path = call.path.as_str(),
+            code = ?code,
+            duration_us = call.received.elapsed().as_micros() as u64,
+            held_ms = held.as_millis() as u64,
+            "observed call ended"
+        );
         let outcome = Outcome {
             code,
             duration: call.received.elapsed(),
@@ -709,6 +732,7 @@ impl Proxy {
             options,
             runtime: self.upstream.clone(),
             service: self.clone(),
+            watchdog: self.watchdog.clone(),
         }
     }
 }
@@ -751,6 +775,17 @@ pub async fn serve(listener: UnixListener, proxy: Arc<Proxy>, shutdown: impl Fut
     // Tells relayed connections to send GOAWAY and finish.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let handle = proxy.relay_handle();
+    // Liveness: the supervisor thread and the async runtime's heartbeat, for as long as crisp
+    // serves. Without them crisp still serves; it only cannot notice being stuck.
+    let watchdog = proxy.watchdog.clone();
+    let supervisor = match watchdog.start() {
+        Ok(t) => Some(t),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the watchdog thread; serving without it");
+            None
+        }
+    };
+    tokio::spawn(watchdog.clone().runtime_heartbeat());
     tokio::pin!(shutdown);
     loop {
         let stream = tokio::select! {
@@ -790,5 +825,9 @@ pub async fn serve(listener: UnixListener, proxy: Arc<Proxy>, shutdown: impl Fut
         tracing::warn!("shutdown grace elapsed with calls still in flight; closing them");
         conns.abort_all();
         while conns.join_next().await.is_some() {}
+    }
+    watchdog.stop();
+    if let Some(t) = supervisor {
+        t.thread().unpark();
     }
 }

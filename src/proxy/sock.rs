@@ -84,6 +84,17 @@ impl Sock {
         self.sent < self.queued.len()
     }
 
+    /// How many bytes [`Self::write`] accepted that the peer had no room for yet.
+    pub(crate) fn queued_len(&self) -> usize {
+        self.queued.len() - self.sent
+    }
+
+    /// Another handle on the same socket: the watchdog shuts a stuck connection down through
+    /// it ([`crate::watchdog`]).
+    pub(crate) fn handle(&self) -> io::Result<UnixStream> {
+        self.s.try_clone()
+    }
+
     /// Half-closes the connection (no more writes).
     pub(crate) fn shutdown_write(&self) {
         let _ = self.s.shutdown(Shutdown::Write);

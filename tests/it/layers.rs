@@ -9,7 +9,7 @@ const LAYERS: &[&[&str]] = &[
     &["tenant", "sys"],
     &["readiness", "netns", "status", "cri", "systemd"],
     &["config"],
-    &["intercept", "metrics", "telemetry"],
+    &["intercept", "metrics", "telemetry", "watchdog"],
     &["proxy"],
     &["ordering", "tap"],
     &["admin", "doctor"],

@@ -4,7 +4,7 @@
 use super::LOG;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, Notify};
 
 use super::core::Calls;
 use super::flow::Windows;
-use crate::intercept::{Call, Outcome};
+use crate::intercept::{Call, CatchUnwind, Outcome};
 use crate::proxy::body::{BodyPart, BoxError, ChannelBody, ProxyBody};
 use crate::proxy::h2::{self, IdMap, Reason, RstStream, WindowUpdate};
 use crate::proxy::sock::Wake;
@@ -152,7 +152,21 @@ impl Diverted {
         );
         let mut map = self.tasks.lock();
         let h = tokio::spawn(async move {
-            respond(service, (&windows, &changed), &outbox, stream, req).await;
+            // A panic while serving this call ends this call only: it is answered INTERNAL and
+            // its stream closed below, so the connection can still drain or move on.
+            let answered = AtomicBool::new(false);
+            let served = CatchUnwind(Box::pin(respond(
+                service,
+                (&windows, &changed),
+                &outbox,
+                stream,
+                req,
+                &answered,
+            )))
+            .await;
+            if served.is_err() {
+                answer_after_panic(&outbox, stream, answered.load(Ordering::Relaxed));
+            }
             tasks.lock().remove(&stream);
             windows.lock().close_diverted(stream);
             windows.notify();
@@ -264,13 +278,45 @@ fn trailers_from_fields(fields: Vec<(Bytes, Bytes)>) -> Result<http::HeaderMap, 
     Ok(headers)
 }
 
-/// Serves a diverted stream through the observed path and writes its response to the client.
+/// What a diverted call gets when serving it panicked (a bug in crisp): INTERNAL, as trailers
+/// after the response headers if those went out (`answered`), else as a trailers-only answer.
+/// Whether the call reached the runtime is unknown, and the message says so.
+fn answer_after_panic(outbox: &Outbox, stream: u32, answered: bool) {
+    tracing::error!(
+        target: LOG,
+        stream,
+        "serving a call panicked (a bug: please report it with the panic message above); the \
+         call is answered INTERNAL, the connection's other calls go on"
+    );
+    let status = crate::status::Status::new(
+        crate::status::code::INTERNAL,
+        "crisp: internal error while serving this call (a bug, logged by crisp); it may or may \
+         not have reached the runtime",
+    );
+    let mut block = Vec::with_capacity(192);
+    if !answered {
+        h2::encode_field(&mut block, b":status", b"200");
+    }
+    for (n, v) in &status.to_header_map() {
+        if answered && n == http::header::CONTENT_TYPE {
+            continue;
+        }
+        h2::encode_field(&mut block, n.as_str().as_bytes(), v.as_bytes());
+    }
+    let mut out = Vec::with_capacity(block.len() + 16);
+    h2::headers(&mut out, stream, &block, true);
+    outbox.send(&out);
+}
+
+/// Serves a diverted stream through the observed path and writes its response to the client;
+/// `answered` is set once its response headers are queued.
 async fn respond(
     service: Arc<dyn Service>,
     windows: (&Windows, &Notify),
     outbox: &Outbox,
     stream: u32,
     req: Request<ProxyBody>,
+    answered: &AtomicBool,
 ) {
     let resp = service.divert(req).await;
     let (parts, mut body) = resp.into_parts();
@@ -282,6 +328,7 @@ async fn respond(
     let end = body.is_end_stream();
     let mut out = Vec::with_capacity(block.len() + 16);
     h2::headers(&mut out, stream, &block, end);
+    answered.store(true, Ordering::Relaxed);
     if end {
         // The call's completion is reported when its body drops: before the client can see
         // the end of the call (and, say, read the metrics).

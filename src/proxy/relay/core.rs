@@ -71,12 +71,13 @@ pub enum Event {
     BodyEnd { stream: u32 },
     /// The client reset a diverted stream: its task ends.
     Reset { stream: u32 },
-    /// A relayed call ended, to be reported to the interceptors; `at`: when its last frame was
-    /// read.
+    /// A relayed call ended; `at`: when its last frame was read. `report`: the interceptors
+    /// asked to hear of it (else it is only logged, [`CALLS`]).
     Completed {
         call: Call,
         ending: Ending,
         at: Instant,
+        report: bool,
     },
 }
 
@@ -102,10 +103,15 @@ pub(crate) struct Config {
 
 /// A stream relayed to the runtime.
 pub(super) struct Relayed {
-    /// Reported to the interceptors when the stream ends (when they asked for it).
+    /// Kept when the interceptors asked to hear of the call's end (`report`), or when every
+    /// call's end is logged (`crisp::calls=debug`, [`Core::record_calls`]).
     pub(super) call: Option<Call>,
+    pub(super) report: bool,
     /// The runtime has sent the response headers.
     pub(super) answered: bool,
+    /// Its route and when its headers were read: the admin socket's connection dump.
+    pub(super) route: crate::cri::Route,
+    pub(super) opened: Instant,
 }
 
 /// A header block still waiting for its CONTINUATION frames.
@@ -181,14 +187,23 @@ pub(crate) struct Core {
     /// crisp's own frames for the client.
     pub(crate) to_client: Vec<u8>,
     pub(super) events: Vec<Event>,
+    /// Every relayed call's end is logged at debug (target [`CALLS`]): when that log level was
+    /// on as the connection opened.
+    pub(super) record_calls: bool,
 }
+
+/// The log target of the one debug line each call leaves when it ends: "did crisp see this
+/// call, and how did it end?" (RELIABILITY.md).
+pub(crate) const CALLS: &str = "crisp::calls";
 
 /// Between crisp's two GOAWAYs ([`Core::goaway`]).
 struct Draining {
     /// The debug data of both GOAWAYs.
     why: Vec<u8>,
-    /// When the final GOAWAY goes without the ACK.
-    until: Instant,
+    /// When the final GOAWAY goes without the ACK: [`GOAWAY_ACK_WAIT`] after the first one was
+    /// written ([`Core::own_written`]); None while it waits in `to_client` (before the client's
+    /// server preface), so a slow runtime SETTINGS never makes the two steps one.
+    until: Option<Instant>,
 }
 
 impl Core {
@@ -243,6 +258,38 @@ impl Core {
             to_runtime: Vec::with_capacity(64 << 10),
             to_client,
             events: Vec::new(),
+            record_calls: tracing::enabled!(target: CALLS, tracing::Level::DEBUG),
+        }
+    }
+
+    /// What the admin socket's connection dump shows of this connection at `now`: the streams
+    /// in flight (relayed ones with their route and age; diverted ones by id).
+    pub(crate) fn report(&self, now: Instant) -> crate::watchdog::ConnReport {
+        let mut streams: Vec<(u32, String, Duration)> = self
+            .relayed
+            .iter()
+            .map(|(&id, r)| {
+                (
+                    id,
+                    r.route.to_string(),
+                    now.saturating_duration_since(r.opened),
+                )
+            })
+            .collect();
+        streams.extend(
+            self.client
+                .diverted_ids
+                .iter()
+                .filter(|&&id| self.windows.lock().is_diverted(id))
+                .map(|&id| (id, "(diverted)".to_string(), Duration::ZERO)),
+        );
+        streams.sort_by_key(|s| s.0);
+        crate::watchdog::ConnReport {
+            streams,
+            queued_to_client: 0,
+            queued_to_runtime: 0,
+            degraded: self.degraded,
+            going_away: self.goaway.is_some() || self.draining.is_some(),
         }
     }
 
@@ -311,7 +358,7 @@ impl Core {
                 target: LOG,
                 "runtime reachable again: moving a client connection back to the relay"
             );
-            self.goaway(b"crisp: reconnect", now);
+            self.goaway(b"crisp: reconnect");
         }
     }
 
@@ -323,20 +370,29 @@ impl Core {
     /// the last stream loses the calls a client starts as it arrives: with nothing in flight the
     /// connection closes at once, and grpc-go fails the calls it had just queued on it ("connection
     /// closed") instead of retrying them (`tests/it/node_systemd.rs`).
-    pub(crate) fn goaway(&mut self, why: &[u8], now: Instant) {
+    pub(crate) fn goaway(&mut self, why: &[u8]) {
         if self.goaway.is_none() && self.draining.is_none() {
             GoAway::new(MAX_STREAM_ID, Reason::NO_ERROR, why).encode(&mut self.to_client);
             Ping::new(GOAWAY_PING).encode(&mut self.to_client);
             self.draining = Some(Draining {
                 why: why.to_vec(),
-                until: now + GOAWAY_ACK_WAIT,
+                until: None,
             });
         }
     }
 
+    /// The shell wrote `to_client` to the client at `now`: if crisp's first GOAWAY was in it,
+    /// the wait for its PING's ACK starts now.
+    pub(crate) fn own_written(&mut self, now: Instant) {
+        if let Some(d) = self.draining.as_mut() {
+            d.until.get_or_insert(now + GOAWAY_ACK_WAIT);
+        }
+    }
+
     /// When the final GOAWAY is due if the client does not ACK first: the pump wakes for it.
+    /// None until the first GOAWAY has been written.
     pub(crate) fn goaway_due(&self) -> Option<Instant> {
-        self.draining.as_ref().map(|d| d.until)
+        self.draining.as_ref().and_then(|d| d.until)
     }
 
     /// Sends the final GOAWAY if its wait for the ACK is over.
@@ -404,7 +460,7 @@ impl Core {
             let r = self.relayed.remove(&id).expect("listed");
             if last.is_some() {
                 RstStream::new(id, Reason::REFUSED_STREAM).encode(&mut self.to_client);
-                self.completed(r.call, Ending::refused(msg), at);
+                self.completed(r, Ending::refused(msg), at);
                 continue;
             }
             // A clean gRPC error: trailers (or a trailers-only response) with UNAVAILABLE.
@@ -419,7 +475,7 @@ impl Core {
                 }
             }
             h2::headers(&mut self.to_client, id, &block, true);
-            self.completed(r.call, Ending::runtime_gone(msg), at);
+            self.completed(r, Ending::runtime_gone(msg), at);
         }
         self.windows.notify();
     }
@@ -428,13 +484,18 @@ impl Core {
     pub(crate) fn client_gone(&mut self, at: Instant) {
         let relayed: Vec<Relayed> = self.relayed.drain().map(|(_, r)| r).collect();
         for r in relayed {
-            self.completed(r.call, Ending::cancelled(), at);
+            self.completed(r, Ending::cancelled(), at);
         }
     }
 
-    pub(super) fn completed(&mut self, call: Option<Call>, ending: Ending, at: Instant) {
-        if let Some(call) = call {
-            self.events.push(Event::Completed { call, ending, at });
+    pub(super) fn completed(&mut self, r: Relayed, ending: Ending, at: Instant) {
+        if let Some(call) = r.call {
+            self.events.push(Event::Completed {
+                call,
+                ending,
+                at,
+                report: r.report,
+            });
         }
     }
 

@@ -144,7 +144,7 @@ impl Core {
             self.windows.notify();
         } else {
             if let Some(r) = self.relayed.remove(&stream) {
-                self.completed(r.call, Ending::cancelled(), self.now);
+                self.completed(r, Ending::cancelled(), self.now);
             }
             self.relay(frame);
         }
@@ -363,8 +363,11 @@ impl Core {
             self.relayed.insert(
                 stream,
                 Relayed {
-                    call: interest.complete.then_some(call),
+                    call: (interest.complete || self.record_calls).then_some(call),
+                    report: interest.complete,
                     answered: false,
+                    route,
+                    opened: now,
                 },
             );
             self.client.max_relayed = stream;

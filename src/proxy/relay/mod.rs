@@ -46,7 +46,7 @@ use tokio::net::UnixStream;
 use tokio::sync::watch;
 
 pub(crate) use self::bridge::{DivertedBody, Service};
-pub(crate) use self::core::Calls;
+pub(crate) use self::core::{Calls, CALLS};
 use super::h2;
 use super::sock::{Sock, Wake};
 use super::upstream::Upstream;
@@ -75,6 +75,8 @@ pub(crate) struct Handle {
     pub(crate) options: Options,
     pub(crate) runtime: Arc<Upstream>,
     pub(crate) service: Arc<dyn Service>,
+    /// Where relay threads report their progress ([`crate::watchdog`]).
+    pub(crate) watchdog: Arc<crate::watchdog::Watchdog>,
 }
 
 /// Serves one client connection, relaying to a runtime connection of its own when the runtime
@@ -109,12 +111,24 @@ pub(crate) async fn serve_connection(
             return;
         }
     };
-    let (mut pump, outbox) = assemble(&handle, client, wake, runtime);
+    // The watchdog shuts these copies down if the thread gets stuck (kubelet reconnects).
+    let handles: Vec<std::os::unix::net::UnixStream> = std::iter::once(&client)
+        .chain(runtime.as_ref())
+        .filter_map(|s| s.handle().ok())
+        .collect();
+    let registered = handle.watchdog.register(handles);
+    let (mut pump, outbox) = assemble(&handle, client, wake, runtime, registered.beat.clone());
+    registered.beat.set_waker({
+        let outbox = outbox.clone();
+        Box::new(move || outbox.wake.notify())
+    });
     let (done_tx, mut done) = tokio::sync::oneshot::channel::<()>();
     let rt = tokio::runtime::Handle::current();
     let spawned = std::thread::Builder::new().name("crisp-relay".into()).stack_size(RELAY_STACK).spawn(move || {
         // Diverted streams are spawned on crisp's runtime from here.
         let _rt = rt.enter();
+        // Unregistered from the watchdog when the thread ends, however it ends.
+        let _registered = registered;
         // A bug in here must cost this connection only, and still end its calls below.
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pump.run())) {
             Ok(Ok(())) => tracing::debug!(target: LOG, "client connection closed"),
@@ -164,6 +178,7 @@ fn assemble(
     client: Sock,
     wake: Wake,
     runtime: Option<Sock>,
+    beat: Arc<crate::watchdog::Beat>,
 ) -> (pump::Pump, Arc<bridge::Outbox>) {
     let outbox = Arc::new(bridge::Outbox::new(wake));
     let changed = Arc::new(tokio::sync::Notify::new());
@@ -191,9 +206,12 @@ fn assemble(
         handle.service.clone(),
         outbox.clone(),
         diverted,
-        client,
-        runtime,
-        cfg.runtime,
+        pump::Peers {
+            client,
+            runtime,
+            runtime_path: cfg.runtime,
+        },
+        beat,
     );
     (pump, outbox)
 }

@@ -193,7 +193,7 @@ impl Core {
     fn end_relayed(&mut self, stream: u32, ending: Ending) {
         if let Some(r) = self.relayed.remove(&stream) {
             let at = self.now;
-            self.completed(r.call, ending, at);
+            self.completed(r, ending, at);
         }
     }
 }

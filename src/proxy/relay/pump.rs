@@ -8,10 +8,11 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 
 use super::bridge::{Diverted, Outbox, Service};
-use super::core::{Core, Event, Sink};
+use super::core::{Core, Event, Sink, CALLS};
 use super::error::{RelayError, RuntimeFailure};
 use super::LOG;
 use crate::intercept::Outcome;
+use crate::watchdog::Beat;
 use crate::proxy::sock::{self, Sock};
 
 impl Sink for Sock {
@@ -40,6 +41,15 @@ pub(crate) struct Pump {
     blocked: bool,
     /// When `poll` last returned: the time of what was read then.
     now: Instant,
+    /// Where this thread tells the watchdog that it turns.
+    beat: Arc<Beat>,
+}
+
+/// A connection's two sockets (the runtime's, when it has one) and the runtime's path.
+pub(crate) struct Peers {
+    pub(crate) client: Sock,
+    pub(crate) runtime: Option<Sock>,
+    pub(crate) runtime_path: std::path::PathBuf,
 }
 
 impl Pump {
@@ -48,11 +58,15 @@ impl Pump {
         service: Arc<dyn Service>,
         outbox: Arc<Outbox>,
         diverted: Diverted,
-        client: Sock,
-        runtime: Option<Sock>,
-        runtime_path: std::path::PathBuf,
+        peers: Peers,
+        beat: Arc<Beat>,
     ) -> Pump {
         let buf = || BytesMut::with_capacity(64 << 10);
+        let Peers {
+            client,
+            runtime,
+            runtime_path,
+        } = peers;
         Pump {
             core,
             service,
@@ -65,6 +79,7 @@ impl Pump {
             rbuf: buf(),
             blocked: false,
             now: Instant::now(),
+            beat,
         }
     }
 
@@ -84,7 +99,7 @@ impl Pump {
             }
             if !stopping && outbox.stop.load(Ordering::Acquire) {
                 stopping = true;
-                self.core.goaway(b"crisp: shutting down", Instant::now());
+                self.core.goaway(b"crisp: shutting down");
             }
             if self.blocked {
                 self.blocked =
@@ -95,8 +110,11 @@ impl Pump {
             // crisp's own frames, never inside a header block the runtime is still sending.
             if self.core.may_write_own() {
                 outbox.take(&mut self.core.to_client);
-                self.client.write(&self.core.to_client)?;
-                self.core.to_client.clear();
+                if !self.core.to_client.is_empty() {
+                    self.client.write(&self.core.to_client)?;
+                    self.core.to_client.clear();
+                    self.core.own_written(self.now);
+                }
             }
             if self.core.drained() && !self.client.has_queued() && outbox.is_empty() {
                 self.client.shutdown_write();
@@ -119,8 +137,13 @@ impl Pump {
             // From the clock read after the last poll: a tick is at least 10 ms, the work since
             // then a few µs, and the clock is read once per wakeup.
             let wake = self.core.goaway_due().map_or(next_tick, |due| due.min(next_tick));
+            self.beat.waiting(self.now);
             sock::poll(&mut fds, wake.saturating_duration_since(self.now))?;
             self.now = Instant::now();
+            self.beat.working(self.now);
+            if self.beat.report_wanted() {
+                self.report();
+            }
             let [c, w, r] = fds.map(|p| p.revents);
             if w != 0 {
                 outbox.wake.drain();
@@ -138,6 +161,14 @@ impl Pump {
                 })?;
             }
         }
+    }
+
+    /// Answers the admin socket's question about this connection ([`crate::watchdog`]).
+    fn report(&self) {
+        let mut r = self.core.report(self.now);
+        r.queued_to_client = self.client.queued_len();
+        r.queued_to_runtime = self.runtime.as_ref().map_or(0, Sock::queued_len);
+        self.beat.report(r);
     }
 
     /// Handles what `poll` found on the client's (`c`) and the runtime's (`r`) socket; false
@@ -224,8 +255,25 @@ impl Pump {
                 Event::BodyEnd { stream } => self.diverted.body_end(stream),
                 Event::Trailers { stream, fields } => self.diverted.trailers(stream, fields),
                 Event::Reset { stream } => self.diverted.abort(stream),
-                Event::Completed { call, ending, at } => {
+                Event::Completed {
+                    call,
+                    ending,
+                    at,
+                    report,
+                } => {
                     let duration = at.saturating_duration_since(call.received);
+                    tracing::debug!(
+                        target: CALLS,
+                        call = call.id,
+                        rpc = %call.route,
+                        path = call.path.as_str(),
+                        code = ?ending.code.map(|c| c.0),
+                        duration_us = duration.as_micros() as u64,
+                        "relayed call ended"
+                    );
+                    if !report {
+                        continue;
+                    }
                     let outcome = Outcome {
                         code: ending.code.map(|c| c.0),
                         duration,

@@ -48,7 +48,7 @@ fn a_runtime_goaway_refuses_the_calls_it_never_saw_and_diverts_new_ones() {
 fn crisps_goaway_comes_in_two_steps_and_refuses_only_streams_after_the_second() {
     let mut c = Conn::relayed();
     c.client(&[&request(1, "/s/Relay", true)]).unwrap();
-    c.core.goaway(b"crisp: shutting down", c.now);
+    c.core.goaway(b"crisp: shutting down");
     let to_client = c.at_client();
     assert_eq!(kinds(&to_client), [(Kind::GoAway, 0), (Kind::Ping, 0)]);
     assert_eq!(
@@ -88,7 +88,7 @@ fn crisps_goaway_comes_in_two_steps_and_refuses_only_streams_after_the_second() 
     }
     c.at_client();
     assert!(c.core.drained());
-    c.core.goaway(b"again", c.now);
+    c.core.goaway(b"again");
     assert!(c.at_client().is_empty(), "once");
 }
 
@@ -96,7 +96,7 @@ fn crisps_goaway_comes_in_two_steps_and_refuses_only_streams_after_the_second() 
 fn crisp_writes_no_frame_of_its_own_before_the_clients_server_preface() {
     // SIGTERM right after the accept: the runtime's SETTINGS have not reached the client yet.
     let mut c = Conn::before_runtime_settings();
-    c.core.goaway(b"crisp: shutting down", c.now);
+    c.core.goaway(b"crisp: shutting down");
     assert!(
         c.at_client().is_empty(),
         "a GOAWAY before SETTINGS: grpc-go closes the connection and fails its queued calls"
@@ -127,7 +127,7 @@ fn a_client_that_never_acks_gets_the_final_goaway_after_the_wait() {
     let mut c = Conn::relayed();
     let t0 = c.now;
     let mut reachable = || panic!("not degraded: nothing to probe");
-    c.core.goaway(b"crisp: shutting down", c.now);
+    c.core.goaway(b"crisp: shutting down");
     c.at_client();
     assert_eq!(c.core.goaway_due(), Some(t0 + GOAWAY_ACK_WAIT), "the pump wakes then");
     c.core.tick(t0, &mut reachable).unwrap();
@@ -226,4 +226,34 @@ fn a_reset_from_the_runtime_reaches_the_client_and_ends_the_call() {
         kinds(&c.at_runtime()),
         [(Kind::Headers, 1), (Kind::Data, 1)]
     );
+}
+
+#[test]
+fn the_wait_for_the_goaway_ack_starts_when_the_goaway_is_written_not_queued() {
+    // SIGTERM right after the accept, and a runtime whose SETTINGS take 2 s: the first GOAWAY
+    // waits for them in crisp's queue. Counted from the queueing, the final GOAWAY would be due
+    // at once and the client would get SETTINGS, both GOAWAYs and the PING back to back: the
+    // one-step shutdown that loses the calls a grpc-go client queued.
+    let mut c = Conn::before_runtime_settings();
+    let t0 = c.now;
+    c.core.goaway(b"crisp: shutting down");
+    assert!(c.at_client().is_empty());
+    assert_eq!(c.core.goaway_due(), None, "nothing written: no wait yet");
+    c.now = t0 + Duration::from_secs(2);
+    c.runtime_all(&[&settings(Settings::default())]);
+    assert_eq!(
+        kinds(&c.at_client()),
+        [(Kind::Settings, 0), (Kind::GoAway, 0), (Kind::Ping, 0)]
+    );
+    assert_eq!(c.core.goaway_due(), Some(c.now + GOAWAY_ACK_WAIT));
+    c.core.check_goaway(c.now);
+    assert!(
+        c.at_client().is_empty(),
+        "the final GOAWAY waits for the ACK of a PING just written"
+    );
+    c.core
+        .check_goaway(c.now + GOAWAY_ACK_WAIT - Duration::from_millis(1));
+    assert!(c.at_client().is_empty());
+    c.core.check_goaway(c.now + GOAWAY_ACK_WAIT);
+    assert_eq!(kinds(&c.at_client()), [(Kind::GoAway, 0)]);
 }

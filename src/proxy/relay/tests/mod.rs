@@ -243,8 +243,9 @@ impl Conn {
     /// if it may write them now (as the pump does; else they wait).
     fn at_client(&mut self) -> Vec<F> {
         let mut b = std::mem::take(&mut self.from_runtime);
-        if self.core.may_write_own() {
+        if self.core.may_write_own() && !self.core.to_client.is_empty() {
             b.extend_from_slice(&std::mem::take(&mut self.core.to_client));
+            self.core.own_written(self.now);
         }
         parse(&b)
     }
