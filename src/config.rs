@@ -94,6 +94,13 @@ pub struct WatchdogConfig {
     pub(crate) runtime_stall: Duration,
 }
 
+impl Config {
+    /// `watchdog.relay_stall` (crisp.service's `WatchdogSec=` is checked against it).
+    pub fn watchdog_relay_stall(&self) -> Duration {
+        self.watchdog.relay_stall
+    }
+}
+
 impl Default for WatchdogConfig {
     fn default() -> Self {
         WatchdogConfig {

@@ -21,6 +21,7 @@ mod systemd_support;
 mod cluster_rollout;
 mod deploy_manifests;
 mod docs;
+mod faults;
 mod forwarding;
 mod grpc_go_wire;
 mod install_doctor;

@@ -112,6 +112,86 @@ fn restart_under_load(node: &Node, restarts: usize) {
     eprintln!("{restarts} restarts of crisp under grpc-go load: {ok} calls ok, 0 failed, {goaways} connections drained by GOAWAY");
 }
 
+/// crisp frozen (SIGSTOP: alive to systemd, serving nothing) under a paced grpc-go client, as
+/// a wedged crisp would be: it stops sending WATCHDOG=1, systemd aborts and restarts it after
+/// `WatchdogSec=`, and crisp.socket keeps the listening socket meanwhile. The one call in flight
+/// on the frozen connection fails when the process dies (UNAVAILABLE, not its deadline); every
+/// call after it succeeds on the new crisp.
+fn freeze_under_load(node: &Node) {
+    let pid = node.prop("crisp.service", "MainPID");
+    let restarts = node.prop("crisp.service", "NRestarts");
+    let script = format!(
+        "rm -f /run/crisp-freeze-started; touch /run/crisp-freeze-started; /opt/kubelet-standin/crisp-grpcgo call --target /run/crisp/crisp.sock --method /runtime.v1.RuntimeService/Version --hex {VERSION_REQ_HEX} --timeout 60s --interval 5ms --duration 25s --errors 2>&1"
+    );
+    let (out, frozen_for) = std::thread::scope(|s| {
+        let h = s.spawn(|| node.sh(&script));
+        node.wait_for("the paced grpc-go client", Duration::from_secs(20), |n| {
+            n.exists("/run/crisp-freeze-started")
+        });
+        // Calls flow through crisp before the freeze.
+        std::thread::sleep(Duration::from_secs(1));
+        let o = node.nsenter(&["kill", "-STOP", &pid]);
+        assert!(o.ok(), "kill -STOP crisp: {}", o.all());
+        let t = Instant::now();
+        node.wait_for(
+            "systemd's watchdog to restart the frozen crisp",
+            Duration::from_secs(40),
+            |n| {
+                let now = n.prop("crisp.service", "MainPID");
+                now != pid && now != "0" && n.prop("crisp.service", "ActiveState") == "active"
+            },
+        );
+        let frozen_for = t.elapsed();
+        (h.join().unwrap(), frozen_for)
+    });
+    assert_ne!(
+        node.prop("crisp.service", "NRestarts"),
+        restarts,
+        "restarted by systemd, not by the test"
+    );
+    let journal = node.nsenter(&["journalctl", "-u", "crisp.service", "--no-pager"]);
+    assert!(
+        journal.stdout.contains("Watchdog timeout"),
+        "systemd's watchdog fired: {}",
+        journal.all()
+    );
+    let summary = out
+        .stdout
+        .lines()
+        .find(|l| l.contains("\"summary\":true"))
+        .unwrap_or_else(|| panic!("no summary from the client: {}", out.all()));
+    let num = |k: &str| -> u64 {
+        summary
+            .split(&format!("\"{k}\":"))
+            .nth(1)
+            .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    let errors: Vec<&str> = out
+        .stdout
+        .lines()
+        .filter(|l| l.contains("\"code\":") && !l.contains("\"summary\""))
+        .collect();
+    assert!(
+        num("failed") <= 1 && errors.iter().all(|e| !e.contains("DeadlineExceeded")),
+        "at most the call in flight on the frozen connection fails, and not by its deadline: {}",
+        out.all()
+    );
+    assert!(
+        num("ok") >= 500,
+        "calls before and after the freeze: {summary}"
+    );
+    eprintln!(
+        "crisp frozen with SIGSTOP: restarted by systemd's watchdog after {}; grpc-go client: \
+         {} ok, {} failed {:?}",
+        secs(frozen_for),
+        num("ok"),
+        num("failed"),
+        errors
+    );
+}
+
 #[test]
 fn deb_on_a_systemd_node() {
     let t0 = Instant::now();
@@ -197,6 +277,7 @@ fn deb_on_a_systemd_node() {
     );
 
     restart_under_load(&node, 3);
+    freeze_under_load(&node);
     // kubelet stayed on crisp throughout and still is.
     assert_eq!(
         node.prop("kubelet.service", "InvocationID"),

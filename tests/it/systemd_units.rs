@@ -208,6 +208,20 @@ fn units_say_what_the_design_asks() {
         .parse()
         .unwrap();
     assert!(restart_sec <= 2.0, "short restart delay");
+    // A frozen or wedged crisp is restarted: it sends WATCHDOG=1 only while it makes progress
+    // (src/watchdog.rs), within systemd's interval, and the interval leaves room for its bounds
+    // (a stuck relay thread counts as stuck for good after twice watchdog.relay_stall).
+    let watchdog_sec: f64 = values(&service, "WatchdogSec")
+        .first()
+        .expect("WatchdogSec= in crisp.service")
+        .trim_end_matches('s')
+        .parse()
+        .unwrap();
+    let relay_stall = crisp::config::Config::default().watchdog_relay_stall();
+    assert!(
+        watchdog_sec >= 2.0 * relay_stall.as_secs_f64() && watchdog_sec <= 30.0,
+        "WatchdogSec={watchdog_sec}s: at least twice relay_stall ({relay_stall:?}), and short"
+    );
     assert_eq!(
         values(&service, "StartLimitIntervalSec"),
         ["0"],

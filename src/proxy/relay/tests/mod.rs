@@ -5,6 +5,7 @@
 mod blocks;
 mod flow;
 mod goaway;
+mod panics;
 mod ping;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,0 +1,73 @@
+//! A panic while serving a diverted call (a bug in crisp's observed path) ends that call only.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use http::{Request, Response};
+
+use super::*;
+use crate::intercept::Outcome;
+use crate::proxy::body::ProxyBody;
+use crate::proxy::relay::bridge::{Diverted, DivertedBody, Outbox, Service};
+use crate::proxy::sock::Wake;
+
+/// Serves every diverted call by panicking.
+struct Panics;
+
+impl Calls for Panics {
+    fn next_id(&self) -> u64 {
+        1
+    }
+    fn interest(&self, _: &Call) -> Interest {
+        Interest::NONE
+    }
+}
+
+impl Service for Panics {
+    fn completed(&self, _: &Call, _: &Outcome) {}
+    fn divert(
+        self: Arc<Self>,
+        _: Request<ProxyBody>,
+    ) -> Pin<Box<dyn Future<Output = Response<DivertedBody>> + Send>> {
+        // Unwinds without the panic hook: the test output stays clean.
+        Box::pin(async { std::panic::resume_unwind(Box::new("a bug (injected)")) })
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_panic_serving_a_diverted_call_answers_it_internal_and_ends_its_stream() {
+    let outbox = Arc::new(Outbox::new(Wake::new().unwrap()));
+    let windows = Arc::new(Windows::new(Box::new(|| {})));
+    windows.lock().open_diverted(1);
+    let mut diverted = Diverted::new(
+        Arc::new(Panics),
+        windows.clone(),
+        Arc::new(tokio::sync::Notify::new()),
+        outbox.clone(),
+    );
+    let call = Call {
+        route: crate::cri::Route::from_path("/runtime.v1.RuntimeService/CreateContainer"),
+        path: http::uri::PathAndQuery::from_static("/runtime.v1.RuntimeService/CreateContainer"),
+        received: Instant::now(),
+        deadline: None,
+        id: 1,
+    };
+    let fields = vec![
+        (":method".into(), "POST".into()),
+        (":path".into(), "/runtime.v1.RuntimeService/CreateContainer".into()),
+    ];
+    diverted.start(1, call, fields, true);
+    // The task ends (it closes its stream in the windows) once it has answered.
+    while windows.lock().is_diverted(1) {
+        tokio::task::yield_now().await;
+    }
+    let mut out = Vec::new();
+    outbox.take(&mut out);
+    let frames = parse(&out);
+    assert_eq!(kinds(&frames), [(Kind::Headers, 1)]);
+    assert!(frames[0].has(Flags::END_STREAM), "the stream ends");
+    let fields = runtime_fields(&mut httlib_hpack::Decoder::default(), &frames[0]);
+    assert_eq!(field(&fields, ":status"), Some("200"), "trailers-only");
+    assert_eq!(field(&fields, "grpc-status"), Some("13"), "INTERNAL");
+    assert!(field(&fields, "grpc-message").is_some_and(|m| m.contains("internal error")));
+}

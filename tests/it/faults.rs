@@ -1,0 +1,279 @@
+//! crisp's own faults (issue #37, RELIABILITY.md "crisp's own faults"): a relay thread that
+//! stops turning has its connection closed and the client goes on over a new one; a panic in an
+//! interceptor ends that call's observation only, while the connection's other calls go on; a
+//! route that keeps panicking is relayed unobserved.
+//!
+//! The faults are injected by interceptors written to misbehave, through crisp's real relay and
+//! observed path, with a tonic client holding one HTTP/2 connection as kubelet does.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::support::*;
+use crisp::cri::Rpc;
+use crisp::intercept::{BoxFuture, Call, Interceptor, Interceptors, Interest, Verdict};
+use crisp::proxy::{Proxy, ProxyOptions, Upstream, UpstreamOptions};
+use k8s_cri::v1::{VersionRequest, VersionResponse};
+
+/// Blocks the relay thread in `interest` on the first Status call, until the test ends (a
+/// deadlocked lock, a bug): the thread stops turning.
+struct Stall {
+    armed: AtomicBool,
+    release: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+}
+
+impl Interceptor for Stall {
+    fn interest(&self, call: &Call) -> Interest {
+        if call.route.rpc == Some(Rpc::Status) && self.armed.swap(false, SeqCst) {
+            if let Some(rx) = self.release.lock().unwrap().take() {
+                let _ = rx.recv_timeout(Duration::from_secs(60));
+            }
+        }
+        Interest::NONE
+    }
+}
+
+/// crisp with `interceptors` in front of `fake`, its watchdog judging a relay thread stuck after
+/// `relay_stall`; the proxy, to read the watchdog's counters.
+async fn crisp_with(
+    fake: &Fake,
+    interceptors: Vec<Arc<dyn Interceptor>>,
+    relay_stall: Duration,
+) -> (Arc<Proxy>, std::path::PathBuf, tempfile::TempDir) {
+    init_logging();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("crisp.sock");
+    let (listener, guard) = crisp::proxy::listener::bind(&path, 0o600).await.unwrap();
+    let upstream = Arc::new(Upstream::new(fake.path(), UpstreamOptions::default()));
+    let mut opts = ProxyOptions::default();
+    opts.watchdog.relay_stall = relay_stall;
+    let proxy = Proxy::new(upstream, Interceptors::new(interceptors), opts);
+    let p = proxy.clone();
+    tokio::spawn(async move {
+        crisp::proxy::serve(listener, p, std::future::pending()).await;
+        drop(guard);
+    });
+    (proxy, path, dir)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_thread_that_stops_turning_is_closed_and_the_client_goes_on_over_a_new_one() {
+    let fake = Fake::start().await;
+    let (release_tx, release_rx) = std::sync::mpsc::channel();
+    let stall = Arc::new(Stall {
+        armed: AtomicBool::new(true),
+        release: Mutex::new(Some(release_rx)),
+    });
+    let (proxy, path, _dir) = crisp_with(&fake, vec![stall], Duration::from_millis(300)).await;
+    let mut client = runtime_client(&path).await;
+    // Proves the connection works before the stall.
+    within(
+        PATIENCE,
+        "Version before the stall",
+        client.version(VersionRequest::default()),
+    )
+    .await
+    .expect("Version before the stall");
+    let start = Instant::now();
+    let stuck = within(
+        PATIENCE,
+        "the call on the stuck thread to end",
+        client.status(k8s_cri::v1::StatusRequest::default()),
+    )
+    .await;
+    let ended_after = start.elapsed();
+    let status = stuck.expect_err("its connection was closed under it");
+    // grpc-go (kubelet) reports a connection closed under a call as UNAVAILABLE; tonic as
+    // UNKNOWN "transport error". Either way the client learns at once and reconnects.
+    assert!(
+        lost_connection(&status),
+        "the call ends because its connection closed: {status:?}"
+    );
+    assert!(
+        ended_after < Duration::from_secs(3),
+        "ended by the watchdog (bound 300 ms), not by a deadline: {ended_after:?}"
+    );
+    // The client reconnects, to a new relay thread; the old one is still stuck.
+    let ok = within(
+        Duration::from_secs(5),
+        "a call on a new connection",
+        async {
+            loop {
+                match client.version(VersionRequest::default()).await {
+                    Ok(r) => break r.into_inner(),
+                    Err(e) if lost_connection(&e) => {
+                        tokio::time::sleep(Duration::from_millis(20)).await
+                    }
+                    Err(e) => panic!("Version after the stall: {e:?}"),
+                }
+            }
+        },
+    )
+    .await;
+    assert_eq!(ok, VersionResponse::default());
+    let w = proxy.watchdog();
+    assert_eq!(w.counters.relay_stalls.load(SeqCst), 1);
+    assert!(
+        fake.connections() >= 2,
+        "the new client connection has a runtime connection"
+    );
+    // Freed, the stuck thread finds its sockets shut and ends; crisp is healthy again.
+    release_tx.send(()).unwrap();
+    within(PATIENCE, "the stuck thread to end", async {
+        while w.connections(Duration::from_millis(100)).await.len() != 1 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
+/// A call ended because its connection closed (or could not be made yet).
+fn lost_connection(s: &tonic::Status) -> bool {
+    s.code() == tonic::Code::Unavailable
+        || (s.code() == tonic::Code::Unknown && s.message().contains("transport error"))
+}
+
+/// Panics in `on_request` of every CreateContainer; holds every ExecSync until released.
+struct Panics {
+    /// Unwind without running the panic hook (see `on_request`).
+    quiet: bool,
+    interest_calls: AtomicUsize,
+    gate: tokio::sync::Semaphore,
+}
+
+impl Interceptor for Panics {
+    fn interest(&self, call: &Call) -> Interest {
+        match call.route.rpc {
+            Some(Rpc::CreateContainer | Rpc::ExecSync) => {
+                self.interest_calls.fetch_add(1, SeqCst);
+                Interest {
+                    request: true,
+                    ..Interest::NONE
+                }
+            }
+            _ => Interest::NONE,
+        }
+    }
+
+    fn on_request<'a>(&'a self, call: &'a Call, _msg: &'a [u8]) -> BoxFuture<'a, Verdict> {
+        Box::pin(async move {
+            if call.route.rpc == Some(Rpc::CreateContainer) {
+                if self.quiet {
+                    // Unwinds as a panic does, without the panic hook: with RUST_BACKTRACE=1
+                    // (set in some test environments, not by crisp.service) the default hook
+                    // symbolizes a debug binary's backtrace for about a second, which is the
+                    // environment's time, not crisp's.
+                    std::panic::resume_unwind(Box::new("a bug in an interceptor (injected)"));
+                }
+                panic!("a bug in an interceptor (injected by the test)");
+            }
+            let _permit = self.gate.acquire().await.expect("open");
+            Verdict::Forward
+        })
+    }
+}
+
+fn create_request(name: &str) -> k8s_cri::v1::CreateContainerRequest {
+    k8s_cri::v1::CreateContainerRequest {
+        pod_sandbox_id: format!("sandbox-{name}"),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_interceptor_ends_its_part_in_one_call_and_the_connection_goes_on() {
+    let fake = Fake::start().await;
+    let panics = Arc::new(Panics {
+        quiet: true,
+        interest_calls: AtomicUsize::new(0),
+        gate: tokio::sync::Semaphore::new(0),
+    });
+    let (proxy, path, _dir) = crisp_with(&fake, vec![panics.clone()], Duration::from_secs(5)).await;
+    let mut client = runtime_client(&path).await;
+    // A call on the same connection, held by the interceptor while the other one panics.
+    let mut other = client.clone();
+    let exec = tokio::spawn(async move {
+        other
+            .exec_sync(k8s_cri::v1::ExecSyncRequest {
+                container_id: "c1".into(),
+                ..Default::default()
+            })
+            .await
+    });
+    let start = Instant::now();
+    let created = within(
+        PATIENCE,
+        "the CreateContainer whose interceptor panicked",
+        client.create_container(create_request("boom")),
+    )
+    .await;
+    let answered_after = start.elapsed();
+    created.expect("forwarded as sent (fail open): the runtime's answer");
+    assert!(
+        answered_after < Duration::from_secs(1),
+        "{answered_after:?}"
+    );
+    assert_eq!(
+        fake.calls_to("/runtime.v1.RuntimeService/CreateContainer")
+            .len(),
+        1,
+        "forwarded once, as the client sent it"
+    );
+    assert!(!exec.is_finished(), "still held by the interceptor");
+    panics.gate.add_permits(1);
+    within(PATIENCE, "the concurrent ExecSync", exec)
+        .await
+        .unwrap()
+        .expect("the other call on the connection completes");
+    assert_eq!(proxy.watchdog().counters.relay_stalls.load(SeqCst), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_that_keeps_panicking_is_relayed_unobserved() {
+    let fake = Fake::start().await;
+    let panics = Arc::new(Panics {
+        quiet: false,
+        interest_calls: AtomicUsize::new(0),
+        gate: tokio::sync::Semaphore::new(0),
+    });
+    let interceptors = Interceptors::new(vec![panics.clone()]);
+    let faults = interceptors.faults().clone();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("crisp.sock");
+    let (listener, _guard) = crisp::proxy::listener::bind(&path, 0o600).await.unwrap();
+    let upstream = Arc::new(Upstream::new(fake.path(), UpstreamOptions::default()));
+    let proxy = Proxy::new(upstream, interceptors, ProxyOptions::default());
+    tokio::spawn(crisp::proxy::serve(listener, proxy, std::future::pending()));
+    let mut client = runtime_client(&path).await;
+    for i in 0..crisp::intercept::BYPASS_AFTER {
+        within(
+            PATIENCE,
+            "a CreateContainer that panics",
+            client.create_container(create_request(&format!("retry-{i}"))),
+        )
+        .await
+        .expect("forwarded as sent");
+    }
+    assert_eq!(faults.panics(), u64::from(crisp::intercept::BYPASS_AFTER));
+    assert_eq!(faults.bypassed_routes(), 1);
+    let asked = panics.interest_calls.load(SeqCst);
+    within(
+        PATIENCE,
+        "a CreateContainer on the bypassed route",
+        client.create_container(create_request("after")),
+    )
+    .await
+    .expect("relayed");
+    assert_eq!(
+        panics.interest_calls.load(SeqCst),
+        asked,
+        "the interceptors are no longer asked about this route"
+    );
+    assert_eq!(faults.panics(), u64::from(crisp::intercept::BYPASS_AFTER));
+    assert_eq!(
+        fake.calls_to("/runtime.v1.RuntimeService/CreateContainer")
+            .len(),
+        crisp::intercept::BYPASS_AFTER as usize + 1
+    );
+}
