@@ -137,3 +137,19 @@ async fn exec_probes_take_the_node_wide_rate() {
         "only {limited} of ~50 exec rounds waited for the rate"
     );
 }
+
+/// Issue #33: a sidecar judged ready is not exec'd again for the same hold. `fast` is ready at
+/// once, `slow` after 2 s of rounds every 100 ms: `fast` gets one ExecSync, not one a round.
+#[tokio::test(start_paused = true)]
+async fn a_sidecar_judged_ready_is_not_execd_again_in_the_same_hold() {
+    let fake = Fake::default();
+    let engine = pod(&fake, &["fast", "slow"], &[]);
+    fake.add_ready_after("fast", Duration::ZERO);
+    fake.add_ready_after("slow", 2 * S);
+    let (v, held) = create_container(&engine, &fake, "app").await;
+    assert_forward(&v);
+    assert!(held >= 2 * S, "held {held:?}");
+    let execs = fake.script().execs.clone();
+    assert_eq!(execs.get("fast"), Some(&1), "{execs:?}");
+    assert!(execs["slow"] >= 15, "{execs:?}");
+}
