@@ -222,7 +222,7 @@ impl Runtime for Fake {
             .iter()
             .find(|c| c.id == id)
             .expect("exec in an unknown container");
-        let (name, code) = (c.name.clone(), i32::from(!c.ready.is_some_and(|r| now() >= r)));
+        let (name, code) = (c.name.clone(), i32::from(c.ready.is_none_or(|r| now() < r)));
         *s.execs.entry(name).or_default() += 1;
         ready(Ok(code))
     }
