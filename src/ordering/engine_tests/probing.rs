@@ -115,7 +115,7 @@ async fn loopback_of_a_pod_whose_namespace_is_unknown_is_never_the_nodes() {
     );
 }
 
-/// Exec probes are paced like connects (issue #26): at one per second node-wide, a sidecar
+/// Exec probes are paced by their own budget (issues #26, #33): at one per second node-wide, a sidecar
 /// probed every 100 ms gets about one ExecSync a second, and the rounds without a turn are
 /// counted as limited.
 #[tokio::test(start_paused = true)]
@@ -123,7 +123,7 @@ async fn exec_probes_take_the_node_wide_rate() {
     let fake = Fake::default();
     let engine = pod_with(&fake, &["proxy"], &[], |c| {
         c.ordering.refuse_held_after = Duration::ZERO;
-        c.ordering.probe_connects_per_second = 1;
+        c.ordering.exec_probes_per_second = 1;
         c.ordering.probe_timeout = 10 * MS;
     });
     fake.add_ready_after("proxy", 5 * S);
