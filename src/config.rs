@@ -254,6 +254,12 @@ pub struct OrderingConfig {
     pub max_probes_in_flight: usize,
     /// Most TCP connections per second that tcp:// and http:// probes may open, node-wide.
     pub probe_connects_per_second: u32,
+    /// Most exec readiness probes (ExecSync: a process started in a container) running at once
+    /// on the node; one pod holds at most all but a quarter of them. Separate from the TCP
+    /// budget (issue #33).
+    pub max_exec_probes_in_flight: usize,
+    /// Most exec readiness probes started per second, node-wide.
+    pub exec_probes_per_second: u32,
     /// Most runtime reads per second crisp makes for its held calls' repeated checks and its
     /// Job watchers, node-wide (a held call's first read and kubelet's own calls are never
     /// paced). With N calls held, each re-checks about every N / this many seconds.
@@ -289,6 +295,8 @@ impl Default for OrderingConfig {
             probe_allow: Vec::new(),
             max_probes_in_flight: 64,
             probe_connects_per_second: 200,
+            max_exec_probes_in_flight: 4,
+            exec_probes_per_second: 50,
             runtime_reads_per_second: 100,
             max_runtime_reads_in_flight: 16,
             refuse_held_after: DEFAULT_REFUSE_HELD_AFTER,
@@ -443,6 +451,18 @@ impl Config {
         if !(1..=MAX_PROBE_CONNECTS_PER_SECOND).contains(&self.ordering.probe_connects_per_second) {
             return Err(bad(
                 "ordering.probe_connects_per_second",
+                format!("must be between 1 and {MAX_PROBE_CONNECTS_PER_SECOND}"),
+            ));
+        }
+        if !(1..=MAX_PROBES_IN_FLIGHT).contains(&self.ordering.max_exec_probes_in_flight) {
+            return Err(bad(
+                "ordering.max_exec_probes_in_flight",
+                format!("must be between 1 and {MAX_PROBES_IN_FLIGHT}"),
+            ));
+        }
+        if !(1..=MAX_PROBE_CONNECTS_PER_SECOND).contains(&self.ordering.exec_probes_per_second) {
+            return Err(bad(
+                "ordering.exec_probes_per_second",
                 format!("must be between 1 and {MAX_PROBE_CONNECTS_PER_SECOND}"),
             ));
         }

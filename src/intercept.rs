@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use crate::cri::skim::{Skim, SkimSpec};
 use crate::cri::Route;
 use crate::status::Status;
 
@@ -83,9 +84,11 @@ pub struct Outcome {
     pub duration: Duration,
     /// Time the call spent held in `on_request`.
     pub held: Duration,
-    /// Request/response messages when they were buffered for someone.
+    /// The request (framed) when it was buffered for someone.
     pub request: Option<Bytes>,
-    pub response: Option<Bytes>,
+    /// A bounded view of the response, built as it passed, when someone asked for one
+    /// ([`Interceptor::response_view`]); never the whole response.
+    pub response: Option<Skim>,
     /// The call's grpc-message (decoded, at most [`crate::status::MAX_MESSAGE`] bytes), when it
     /// ended with one (gRPC servers send it with errors only) and crisp observed the call, or
     /// crisp ended it itself. A relayed call — one no interceptor asked to see — reports `None`.
@@ -116,6 +119,12 @@ pub trait Interceptor: Send + Sync + 'static {
     }
 
     fn on_complete(&self, _call: &Call, _outcome: &Outcome) {}
+
+    /// Asks for a bounded view of a unary response in `on_complete` ([`Outcome::response`]),
+    /// built as the response streams on to the client: nothing is held or delayed for it.
+    fn response_view(&self, _call: &Call) -> Option<SkimSpec> {
+        None
+    }
 }
 
 /// The set of interceptors a proxy runs, in order.
@@ -305,6 +314,11 @@ impl Interceptors {
             }
         }
         replaced
+    }
+
+    /// The first view asked for.
+    pub(crate) fn response_view(&self, call: &Call) -> Option<SkimSpec> {
+        self.list.iter().find_map(|i| i.response_view(call))
     }
 
     pub(crate) fn on_complete(&self, call: &Call, outcome: &Outcome) {

@@ -6,6 +6,7 @@
 //! unknown fields, which is fine for a copy and fatal for a forwarded message — DESIGN.md §1).
 
 pub mod patch;
+pub mod skim;
 pub mod tags;
 pub mod views;
 pub mod wire;

@@ -25,7 +25,11 @@ use crate::status::{code, Status};
 impl Engine {
     /// One round of the start check (DESIGN.md §3): list the pod's containers, judge a
     /// container nothing names (see `init_guess.rs`), and ask [`decide::check_start`] — probing
-    /// the sidecars it asks for, in declared order, until it has an answer.
+    /// the sidecars it asks for, in declared order, until it has an answer. A sidecar in
+    /// `judged_ready` (by name, with its container id) was found ready earlier in the same hold
+    /// and is not probed again (issue #33: each round used to exec every ready sidecar again);
+    /// a sidecar found ready now joins it.
+    #[allow(clippy::too_many_arguments)]
     async fn check_start(
         &self,
         version: ApiVersion,
@@ -34,6 +38,7 @@ impl Engine {
         required: &[Sidecar],
         skip_dead: bool,
         again: Option<Instant>,
+        judged_ready: &mut HashMap<String, String>,
     ) -> Check<'static> {
         let _read = match self.read_again(again).await {
             Ok(read) => read,
@@ -83,7 +88,11 @@ impl Engine {
                     sidecar,
                     container_id,
                 } => {
-                    let ready = self.probe(version, pod, sidecar, &container_id).await;
+                    let known = judged_ready.get(&sidecar.name) == Some(&container_id);
+                    let ready = known || self.probe(version, pod, sidecar, &container_id).await;
+                    if ready && !known {
+                        judged_ready.insert(sidecar.name.clone(), container_id);
+                    }
                     probed.insert(sidecar.name.clone(), ready);
                 }
                 Check::Ready => return Check::Ready,
@@ -171,6 +180,7 @@ impl Engine {
         let mut held: Option<holds::Hold<'_>> = None;
         // The first round reads the runtime at once; the next ones under the node-wide bound.
         let mut again = None;
+        let mut judged_ready = HashMap::new();
         let forget_refusal = || {
             pod.refused_since.lock().remove(name);
             pod.held_since.lock().remove(name);
@@ -180,7 +190,15 @@ impl Engine {
             // kubelet's deadline): a probe round still running then counts as "not ready".
             let check = match tokio::time::timeout_at(
                 hold_until.into(),
-                self.check_start(version, pod, name, required, skip_dead, again),
+                self.check_start(
+                    version,
+                    pod,
+                    name,
+                    required,
+                    skip_dead,
+                    again,
+                    &mut judged_ready,
+                ),
             )
             .await
             {

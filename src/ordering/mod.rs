@@ -96,6 +96,8 @@ pub struct Engine {
     containers: DashMap<String, ContainerRef>,
     /// The node-wide bounds on probing (in flight, connects per second).
     limiter: ProbeLimiter,
+    /// The node-wide bounds on exec probes (in flight, a pod's share, per second): their own.
+    exec_limiter: ProbeLimiter,
     /// The node-wide bound on crisp's repeated runtime reads (held calls, Job watchers).
     reads: reads::ReadLimiter,
     pub metrics: Arc<OrderingMetrics>,
@@ -128,6 +130,10 @@ impl Engine {
             limiter: ProbeLimiter::new(
                 cfg.ordering.max_probes_in_flight,
                 cfg.ordering.probe_connects_per_second,
+            ),
+            exec_limiter: ProbeLimiter::new(
+                cfg.ordering.max_exec_probes_in_flight,
+                cfg.ordering.exec_probes_per_second,
             ),
             reads: reads::ReadLimiter::new(
                 cfg.ordering.runtime_reads_per_second,

@@ -231,16 +231,21 @@ impl readiness::ProbeEnv for ProbeTarget<'_> {
         }
     }
 
-    /// Paced as a connect (each ExecSync is a process started in a container), and over by the
-    /// probe's end whatever the wait for its turn took.
+    /// Under the exec probes' own budget, not the connects' (issue #33: each ExecSync is a
+    /// process started in a container): an exec slot of the node's, a pod holding at most its
+    /// share, and a turn of the node's exec rate; over by the probe's end whatever the waits
+    /// took.
     async fn exec(&self, cmd: &[String], timeout: Duration) -> Result<i32, String> {
-        self.engine
-            .limiter
-            .connect(self.deadline)
+        let limiter = &self.engine.exec_limiter;
+        let limited = |e: String| {
+            self.engine.metrics.probe_limited.inc();
+            format!("exec {e}")
+        };
+        let _slot = limiter
+            .slot(&self.pod.sandbox_id, self.deadline)
             .await
-            .inspect_err(|_| {
-                self.engine.metrics.probe_limited.inc();
-            })?;
+            .map_err(limited)?;
+        limiter.connect(self.deadline).await.map_err(limited)?;
         let timeout = timeout.min(
             self.deadline
                 .saturating_duration_since(tokio::time::Instant::now()),

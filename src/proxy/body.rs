@@ -200,6 +200,52 @@ pub(crate) async fn collect(
     Ok((data, trailers))
 }
 
+/// What [`collect_within`] found: the whole body, or the part read when it went past the limit
+/// and the rest of it, unread.
+pub(crate) enum Collected {
+    Whole(Bytes, Option<HeaderMap>),
+    Over { head: Bytes, rest: ProxyBody },
+}
+
+/// Collects a body while it stays within `limit` bytes of data; past it, stops reading and hands
+/// back what it read and the body, so that the rest streams on unheld.
+pub(crate) async fn collect_within(
+    mut body: ProxyBody,
+    limit: usize,
+) -> Result<Collected, BoxError> {
+    use http_body_util::BodyExt;
+    let mut data = bytes::BytesMut::new();
+    let mut first: Option<Bytes> = None;
+    let mut trailers = None;
+    while let Some(frame) = body.frame().await {
+        match frame?.into_data() {
+            Ok(d) => {
+                let total = first.as_ref().map_or(0, Bytes::len) + data.len() + d.len();
+                // The common unary case is a single DATA frame: keep it without copying.
+                if first.is_none() && data.is_empty() {
+                    first = Some(d);
+                } else {
+                    if let Some(f) = first.take() {
+                        data.extend_from_slice(&f);
+                    }
+                    data.extend_from_slice(&d);
+                }
+                if total > limit {
+                    let head = first.take().unwrap_or_else(|| data.split().freeze());
+                    return Ok(Collected::Over { head, rest: body });
+                }
+            }
+            Err(frame) => {
+                if let Ok(t) = frame.into_trailers() {
+                    trailers = Some(t);
+                }
+            }
+        }
+    }
+    let data = first.unwrap_or_else(|| data.freeze());
+    Ok(Collected::Whole(data, trailers))
+}
+
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum CollectError {
     #[error("peer body error: {0}")]

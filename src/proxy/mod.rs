@@ -40,6 +40,7 @@ use hyper::body::Incoming;
 use tokio::net::UnixListener;
 use tracing::Instrument;
 
+use crate::cri::skim::Skimmer;
 use crate::cri::wire::{self, Frame as GrpcFrame};
 use crate::cri::{Route, RpcKind};
 use crate::intercept::{Call, Interceptors, Outcome, Verdict};
@@ -270,12 +271,16 @@ impl Proxy {
             }
         };
 
+        // A view of the response (the tap's) is built as it streams on; never from a whole copy.
+        let view = (!streaming)
+            .then(|| self.interceptors.response_view(&call))
+            .flatten();
         let completion = interest.complete.then(|| Completion {
             proxy: self.clone(),
             call: call.clone(),
             held,
             request: req_bytes.clone(),
-            response: None,
+            response: view.map(Skimmer::new),
             code: None,
             message: None,
         });
@@ -394,9 +399,11 @@ impl Proxy {
         Response::from_parts(parts, rb)
     }
 
-    /// A unary response the interceptors look at: collected, shown to them with the request, and
-    /// sent on as they return it. A trailers-only answer (the usual gRPC error form) carries its
-    /// status in the headers and no message.
+    /// A unary response the interceptors look at (the ordering engine: ids it learns, job mode's
+    /// patch): collected up to `max_observed_message`, shown to them with the request, and sent
+    /// on as they return it. A larger one is not held: what was read and the rest stream on
+    /// unchanged, unseen. A trailers-only answer (the usual gRPC error form) carries its status
+    /// in the headers and no message.
     async fn observe_unary_response(
         &self,
         resp: Response<Incoming>,
@@ -417,8 +424,18 @@ impl Proxy {
                 ResponseBody::new(ProxyBody::Upstream(body), completion),
             );
         }
-        let (data, trailers) = match body::collect(ProxyBody::Upstream(body), usize::MAX).await {
-            Ok(x) => x,
+        let limit = self.opts.max_observed_message.saturating_add(wire::PREFIX_LEN);
+        let (data, trailers) = match body::collect_within(ProxyBody::Upstream(body), limit).await {
+            Ok(body::Collected::Whole(data, trailers)) => (data, trailers),
+            Ok(body::Collected::Over { head, rest }) => {
+                tracing::debug!(
+                    limit = self.opts.max_observed_message,
+                    "response larger than max_observed_message: forwarded unobserved"
+                );
+                let mut rb = ResponseBody::new(rest, completion).with_upstream(&self.upstream);
+                rb.head = Some(head);
+                return Response::from_parts(parts, rb);
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "upstream response body failed");
                 let s = Status::new(
@@ -446,10 +463,6 @@ impl Proxy {
             {
                 out = wire::frame(&replacement);
             }
-        }
-        let mut completion = completion;
-        if let Some(c) = completion.as_mut() {
-            c.response = Some(out.clone());
         }
         Response::from_parts(
             parts,
@@ -481,7 +494,7 @@ impl Proxy {
         message: Option<String>,
         held: Duration,
         request: Option<Bytes>,
-        response: Option<Bytes>,
+        response: Option<crate::cri::skim::Skim>,
     ) {
         tracing::debug!(
             target: relay::CALLS,
@@ -511,7 +524,8 @@ struct Completion {
     call: Call,
     held: Duration,
     request: Option<Bytes>,
-    response: Option<Bytes>,
+    /// Builds the view of the response asked for, from the bytes sent to the client.
+    response: Option<Skimmer>,
     code: Option<i32>,
     message: Option<String>,
 }
@@ -541,7 +555,7 @@ impl Drop for Completion {
             self.message.take(),
             self.held,
             self.request.take(),
-            self.response.take(),
+            self.response.take().and_then(Skimmer::finish),
         );
     }
 }
@@ -551,6 +565,8 @@ impl Drop for Completion {
 ///   a clean gRPC error instead of a reset stream;
 /// - the completion report, when someone wants it.
 pub(crate) struct ResponseBody {
+    /// Bytes already read from `inner`, sent first.
+    head: Option<Bytes>,
     inner: ProxyBody,
     completion: Option<Completion>,
     patcher: Option<Box<StreamPatcher>>,
@@ -562,6 +578,7 @@ pub(crate) struct ResponseBody {
 impl ResponseBody {
     fn new(inner: ProxyBody, completion: Option<Completion>) -> Self {
         ResponseBody {
+            head: None,
             inner,
             completion,
             patcher: None,
@@ -573,6 +590,13 @@ impl ResponseBody {
     fn with_upstream(mut self, upstream: &Arc<Upstream>) -> Self {
         self.upstream = Some(upstream.clone());
         self
+    }
+
+    /// Shows bytes sent to the client to the view being built, if one is.
+    fn view(&mut self, data: &[u8]) {
+        if let Some(v) = self.completion.as_mut().and_then(|c| c.response.as_mut()) {
+            v.push(data);
+        }
     }
 }
 
@@ -626,6 +650,10 @@ impl Body for ResponseBody {
         if self.done {
             return Poll::Ready(None);
         }
+        if let Some(head) = self.head.take() {
+            self.view(&head);
+            return Poll::Ready(Some(Ok(Frame::data(head))));
+        }
         if let Some(t) = self
             .patcher
             .as_mut()
@@ -664,6 +692,9 @@ impl Body for ResponseBody {
         };
         match polled {
             Poll::Ready(Some(Ok(frame))) => {
+                if let Some(d) = frame.data_ref() {
+                    self.view(d);
+                }
                 if let Some(t) = frame.trailers_ref() {
                     if let Some(comp) = self.completion.as_mut() {
                         comp.code = code_of(t);
@@ -711,7 +742,7 @@ impl Body for ResponseBody {
             .patcher
             .as_ref()
             .is_some_and(|p| p.pending_trailers.is_some() || !p.buf.is_empty());
-        self.done || (!holding && self.inner.is_end_stream())
+        self.done || (self.head.is_none() && !holding && self.inner.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {

@@ -18,6 +18,7 @@ use serde_json::{json, Map, Value};
 
 use super::redact::{self, Dir};
 use crate::cri::patch::{fields, Field};
+use crate::cri::skim::Skim;
 use crate::cri::Rpc;
 
 /// Deepest nesting walked for unknown fields (CRI messages nest about 6 deep).
@@ -94,6 +95,52 @@ pub(crate) fn decode(rpc: Option<Rpc>, dir: Dir, msg: &[u8], redact: bool) -> Va
             Value::Object(v)
         }
     }
+}
+
+/// Decodes the view of a message ([`Skim`]): its kept fields as [`decode`] does, and what was
+/// cut shown by its size from the wire — under its name where a redaction rule names the field
+/// (ExecSync's `"stdout": "<16777216 bytes>"`), else listed under `"_truncated"` with what
+/// the view holds of the message.
+pub(crate) fn decode_skim(rpc: Option<Rpc>, dir: Dir, skim: &Skim, redact: bool) -> Value {
+    let mut v = decode(rpc, dir, &skim.kept, redact);
+    let mut unnamed = Vec::new();
+    for c in &skim.cut {
+        match rpc.and_then(|r| redact::cut_field(r, dir, c.number, c.len)) {
+            Some((name, shown)) => {
+                if let Value::Object(m) = &mut v {
+                    m.insert(name.into(), shown);
+                }
+            }
+            None => unnamed.push(json!({
+                "field": c.number,
+                "wire_type": wire_type_name(c.wire_type),
+                "bytes": c.len,
+            })),
+        }
+    }
+    let more = skim.cut_more > 0;
+    if !unnamed.is_empty() || more || skim.stopped.is_some() || skim.compressed {
+        let mut t = Map::new();
+        t.insert("message_bytes".into(), json!(skim.len));
+        t.insert("shown_bytes".into(), json!(skim.kept.len()));
+        if !unnamed.is_empty() {
+            t.insert("fields".into(), Value::Array(unnamed));
+        }
+        if more {
+            t.insert("more_fields".into(), json!(skim.cut_more));
+            t.insert("more_bytes".into(), json!(skim.cut_more_bytes));
+        }
+        if let Some(why) = skim.stopped {
+            t.insert("stopped".into(), json!(why));
+        }
+        if skim.compressed {
+            t.insert("compressed".into(), json!(true));
+        }
+        if let Value::Object(m) = &mut v {
+            m.insert("_truncated".into(), Value::Object(t));
+        }
+    }
+    v
 }
 
 fn with_type<T: Message + Default + Serialize>(

@@ -37,11 +37,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
 use dashmap::DashMap;
 use parking_lot::RwLock;
 use tokio::sync::mpsc;
 
+use crate::cri::skim::{Skim, SkimSpec};
 use crate::cri::wire::{self, Frame};
 use crate::cri::{Route, Rpc, RpcKind};
 use crate::intercept::PodNames;
@@ -57,6 +57,21 @@ use redact::Dir;
 /// even if the queue has room: `--full --all` on a node with big List responses must not grow
 /// crisp's memory without bound.
 pub(crate) const MAX_QUEUED_BYTES: usize = 64 << 20;
+
+/// Most bytes of a message the tap (and the trace log) shows: of each message, the top-level
+/// fields that fit are decoded and shown, the others by their size on the wire (issue #33).
+pub(crate) const MAX_SHOWN_MESSAGE: usize = 64 << 10;
+
+/// What the tap keeps of a response nobody sees whole: enough for the ids at its start.
+const IDS_VIEW: usize = 1 << 10;
+
+/// What the tap keeps of a message of `rpc` going `dir`.
+fn spec(rpc: Option<Rpc>, dir: Dir) -> SkimSpec {
+    SkimSpec {
+        budget: MAX_SHOWN_MESSAGE,
+        size_only: rpc.map_or(&[], |r| redact::size_only(r, dir)),
+    }
+}
 
 /// Target of the trace-level log of every call's (redacted) messages.
 pub(crate) const MESSAGES_TARGET: &str = "crisp::tap::messages";
@@ -88,9 +103,9 @@ pub(crate) struct RawEvent {
     pub(crate) ids: Ids,
     pub(crate) request_bytes: usize,
     pub(crate) response_bytes: usize,
-    /// The messages (without the gRPC prefix), kept only when a `full` subscriber gets the event.
-    pub(crate) request: Option<Bytes>,
-    pub(crate) response: Option<Bytes>,
+    /// Bounded views of the messages, kept only when a `full` subscriber gets the event.
+    pub(crate) request: Option<Skim>,
+    pub(crate) response: Option<Skim>,
     /// The redacted JSON of both messages, decoded once for all redacted subscribers.
     redacted_json: OnceLock<(String, String)>,
 }
@@ -98,8 +113,8 @@ pub(crate) struct RawEvent {
 impl RawEvent {
     /// Bytes this event pins in memory while queued.
     fn weight(&self) -> usize {
-        256 + self.request.as_ref().map_or(0, Bytes::len)
-            + self.response.as_ref().map_or(0, Bytes::len)
+        256 + self.request.as_ref().map_or(0, Skim::weight)
+            + self.response.as_ref().map_or(0, Skim::weight)
     }
 
     pub(crate) fn method(&self) -> &str {
@@ -107,9 +122,9 @@ impl RawEvent {
     }
 
     fn json(&self, redact: bool) -> (String, String) {
-        let one = |dir: Dir, m: &Option<Bytes>| {
+        let one = |dir: Dir, m: &Option<Skim>| {
             m.as_ref()
-                .map(|b| decode::decode(self.route.rpc, dir, b, redact).to_string())
+                .map(|s| decode::decode_skim(self.route.rpc, dir, s, redact).to_string())
                 .unwrap_or_default()
         };
         (
@@ -495,11 +510,11 @@ impl Tap {
     fn log_messages(
         &self,
         call: &Call,
-        req: Option<&[u8]>,
-        resp: Option<&[u8]>,
+        req: Option<&Skim>,
+        resp: Option<&Skim>,
         outcome: &Outcome,
     ) {
-        let show = |dir, m: Option<&[u8]>| {
+        let show = |dir, m: Option<&Skim>| {
             m.map(|m| redact::for_log(call.route.rpc, dir, m, MAX_LOG_MESSAGE))
                 .unwrap_or_default()
         };
@@ -516,18 +531,10 @@ impl Tap {
     }
 }
 
-/// The message inside a buffered (framed) body, sharing its memory.
-fn unframe(body: &Option<Bytes>) -> Option<Bytes> {
-    let b = body.as_ref()?;
-    match wire::single_message(b)? {
-        Frame::Message(m) => Some(b.slice(wire::PREFIX_LEN..wire::PREFIX_LEN + m.len())),
-        Frame::Compressed => None,
-    }
-}
-
-impl Interceptor for Tap {
-    fn interest(&self, call: &Call) -> Interest {
-        self.metrics.highest_call_id.fetch_max(call.id, Relaxed);
+/// Whether the tap wants to see the messages of `call`, and whether whole (`full`): one
+/// atomic load of the subscribers' bitmaps, and whether the message log is on.
+impl Tap {
+    fn wants(&self, call: &Call) -> (bool, bool) {
         let b = bit(call.route.rpc);
         let logged = Tap::messages_logged();
         let want = self.hub.want.load(Relaxed) & b != 0 || logged;
@@ -536,10 +543,37 @@ impl Interceptor for Tap {
             Some(RpcKind::Mutating | RpcKind::Polling)
         );
         let full = want && unary && (self.hub.want_full.load(Relaxed) & b != 0 || logged);
+        (want, full)
+    }
+}
+
+impl Interceptor for Tap {
+    fn interest(&self, call: &Call) -> Interest {
+        self.metrics.highest_call_id.fetch_max(call.id, Relaxed);
+        let (want, _) = self.wants(call);
+        // The response is never held for the tap: it asks for a view ([`Tap::response_view`]).
         Interest {
             request: want,
-            response: full,
+            response: false,
             complete: true,
+        }
+    }
+
+    /// `full`: what the tap shows of the response; else just enough to read its ids (the
+    /// container id of a CreateContainer answer).
+    fn response_view(&self, call: &Call) -> Option<SkimSpec> {
+        let (want, full) = self.wants(call);
+        let unary = matches!(
+            call.route.rpc.map(Rpc::kind),
+            Some(RpcKind::Mutating | RpcKind::Polling)
+        );
+        match (want && unary, full) {
+            (_, true) => Some(spec(call.route.rpc, Dir::Response)),
+            (true, false) => Some(SkimSpec {
+                budget: IDS_VIEW,
+                ..spec(call.route.rpc, Dir::Response)
+            }),
+            (false, _) => None,
         }
     }
 
@@ -573,10 +607,19 @@ impl Interceptor for Tap {
             }
             return;
         }
-        let req = unframe(&outcome.request);
-        let resp = unframe(&outcome.response);
+        // The request was buffered (bounded by max_observed_message) and its ids are read from
+        // it whole; what is shown of it is a view, as of the response: never the whole message.
+        let raw_req = match outcome.request.as_deref().and_then(wire::single_message) {
+            Some(Frame::Message(m)) => Some(m),
+            _ => None,
+        };
+        let req_view = || {
+            let b = outcome.request.as_ref()?;
+            Skim::of_framed(spec(call.route.rpc, Dir::Request), b)
+        };
+        let resp = outcome.response.as_ref();
         if logged {
-            self.log_messages(call, req.as_deref(), resp.as_deref(), outcome);
+            self.log_messages(call, req_view().as_ref(), resp, outcome);
         }
         let subs = self.hub.snapshot();
         let path = call.path.path();
@@ -600,11 +643,11 @@ impl Interceptor for Tap {
             held: outcome.held,
             code: outcome.code,
             message: outcome.message.clone(),
-            ids: self.ids_for(call, req.as_deref(), resp.as_deref()),
-            request_bytes: req.as_ref().map_or(0, Bytes::len),
-            response_bytes: resp.as_ref().map_or(0, Bytes::len),
-            request: if full { req } else { None },
-            response: if full { resp } else { None },
+            ids: self.ids_for(call, raw_req, resp.map(|s| &s.kept[..])),
+            request_bytes: raw_req.map_or(0, <[u8]>::len),
+            response_bytes: resp.map_or(0, |s| s.len as usize),
+            request: if full { req_view() } else { None },
+            response: if full { resp.cloned() } else { None },
             redacted_json: OnceLock::new(),
         });
         for s in subs.iter() {

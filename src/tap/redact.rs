@@ -226,6 +226,35 @@ pub(crate) fn redacted_wire_paths(rpc: Rpc, dir: Dir) -> impl Iterator<Item = &'
         .map(|r| r.wire)
 }
 
+/// Top-level fields of `rpc`'s message going `dir` that are only ever shown by their size: the
+/// tap never keeps their content (ExecSync's output, issue #33), so not even `--unredacted`
+/// shows it. The same fields as the [`How::Size`] rules (a test checks).
+pub(crate) fn size_only(rpc: Rpc, dir: Dir) -> &'static [u32] {
+    match (rpc, dir) {
+        (Rpc::ExecSync, Dir::Response) => &[1, 2],
+        _ => &[],
+    }
+}
+
+/// How a top-level field cut from a view (shown by its size only) is shown under its own name:
+/// the name and the value, when a rule names it; `None`, when it is only listed by number.
+pub(crate) fn cut_field(
+    rpc: Rpc,
+    dir: Dir,
+    number: u32,
+    len: u64,
+) -> Option<(&'static str, Value)> {
+    let r = RULES
+        .iter()
+        .find(|r| r.rpc == rpc && r.dir == dir && r.wire == [number] && r.path.len() == 1)?;
+    let shown = match r.how {
+        How::Size => format!("<{len} bytes>"),
+        How::Whole | How::UrlToken => REDACTED.to_string(),
+        How::MapValues => return None,
+    };
+    Some((r.path[0], Value::String(shown)))
+}
+
 /// Redacts a decoded message in place (`redact`), or only makes bytes fields readable
 /// (`!redact`: an `--unredacted` root subscriber).
 pub(crate) fn apply(rpc: Rpc, dir: Dir, v: &mut Value, redact: bool) {
@@ -341,8 +370,13 @@ fn bytes_of(v: &Value) -> Option<Vec<u8>> {
 
 /// A message as one redacted JSON line for a log, cut at `max` bytes: the only way crisp puts a
 /// message in its log (DESIGN.md §6: never Debug-print a CRI message).
-pub(crate) fn for_log(rpc: Option<Rpc>, dir: Dir, msg: &[u8], max: usize) -> String {
-    let v = super::decode::decode(rpc, dir, msg, true);
+pub(crate) fn for_log(
+    rpc: Option<Rpc>,
+    dir: Dir,
+    msg: &crate::cri::skim::Skim,
+    max: usize,
+) -> String {
+    let v = super::decode::decode_skim(rpc, dir, msg, true);
     let mut s = v.to_string();
     crate::status::cut_text(&mut s, max);
     s
@@ -376,6 +410,20 @@ mod tests {
         let mut v = json!({"auth": "x"});
         apply(Rpc::PullImage, Dir::Response, &mut v, true);
         assert_eq!(v, json!({"auth": "x"}));
+    }
+
+    #[test]
+    fn size_only_fields_are_the_size_rules() {
+        for r in RULES {
+            let single = r.wire.len() == 1;
+            assert_eq!(
+                r.how == How::Size && single,
+                size_only(r.rpc, r.dir).contains(&r.wire[0]),
+                "{:?} {:?}",
+                r.rpc,
+                r.path
+            );
+        }
     }
 
     #[test]
@@ -838,7 +886,12 @@ mod tests {
         let msg = prost::Message::encode_to_vec(&k8s_cri::v1::VersionRequest {
             version: "ééééé".into(),
         });
-        let s = for_log(Some(Rpc::Version), Dir::Request, &msg, 15);
+        let spec = crate::cri::skim::SkimSpec {
+            budget: 1 << 10,
+            size_only: &[],
+        };
+        let view = crate::cri::skim::Skim::of_framed(spec, &crate::cri::wire::frame(&msg)).unwrap();
+        let s = for_log(Some(Rpc::Version), Dir::Request, &view, 15);
         assert!(s.ends_with('…'), "{s}");
         assert!(s.len() <= 15 + '…'.len_utf8());
     }

@@ -58,6 +58,8 @@ struct Script {
     /// StopContainer calls crisp made itself: (container name, timeout, when).
     stops: Vec<(String, i64, Instant)>,
     lists: usize,
+    /// ExecSync calls crisp made, by container name.
+    execs: HashMap<String, usize>,
     /// Every ListContainers answers this late (a runtime under load).
     list_delay: Duration,
     /// The pod IP PodSandboxStatus reports (none: not networked).
@@ -214,17 +216,15 @@ impl Runtime for Fake {
         _: &'a [String],
         _: Duration,
     ) -> Answer<'a, i32> {
-        let s = self.script();
+        let mut s = self.script();
         let c = s
             .containers
             .iter()
             .find(|c| c.id == id)
             .expect("exec in an unknown container");
-        ready(Ok(if c.ready.is_some_and(|r| now() >= r) {
-            0
-        } else {
-            1
-        }))
+        let (name, code) = (c.name.clone(), i32::from(c.ready.is_none_or(|r| now() < r)));
+        *s.execs.entry(name).or_default() += 1;
+        ready(Ok(code))
     }
 
     fn stop_container<'a>(&'a self, _: ApiVersion, id: &'a str, secs: i64) -> Answer<'a, ()> {

@@ -115,7 +115,7 @@ async fn loopback_of_a_pod_whose_namespace_is_unknown_is_never_the_nodes() {
     );
 }
 
-/// Exec probes are paced like connects (issue #26): at one per second node-wide, a sidecar
+/// Exec probes are paced by their own budget (issues #26, #33): at one per second node-wide, a sidecar
 /// probed every 100 ms gets about one ExecSync a second, and the rounds without a turn are
 /// counted as limited.
 #[tokio::test(start_paused = true)]
@@ -123,7 +123,7 @@ async fn exec_probes_take_the_node_wide_rate() {
     let fake = Fake::default();
     let engine = pod_with(&fake, &["proxy"], &[], |c| {
         c.ordering.refuse_held_after = Duration::ZERO;
-        c.ordering.probe_connects_per_second = 1;
+        c.ordering.exec_probes_per_second = 1;
         c.ordering.probe_timeout = 10 * MS;
     });
     fake.add_ready_after("proxy", 5 * S);
@@ -136,4 +136,20 @@ async fn exec_probes_take_the_node_wide_rate() {
         limited >= 35,
         "only {limited} of ~50 exec rounds waited for the rate"
     );
+}
+
+/// Issue #33: a sidecar judged ready is not exec'd again for the same hold. `fast` is ready at
+/// once, `slow` after 2 s of rounds every 100 ms: `fast` gets one ExecSync, not one a round.
+#[tokio::test(start_paused = true)]
+async fn a_sidecar_judged_ready_is_not_execd_again_in_the_same_hold() {
+    let fake = Fake::default();
+    let engine = pod(&fake, &["fast", "slow"], &[]);
+    fake.add_ready_after("fast", Duration::ZERO);
+    fake.add_ready_after("slow", 2 * S);
+    let (v, held) = create_container(&engine, &fake, "app").await;
+    assert_forward(&v);
+    assert!(held >= 2 * S, "held {held:?}");
+    let execs = fake.script().execs.clone();
+    assert_eq!(execs.get("fast"), Some(&1), "{execs:?}");
+    assert!(execs["slow"] >= 15, "{execs:?}");
 }
