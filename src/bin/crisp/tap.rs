@@ -159,13 +159,13 @@ async fn tap(args: TapArgs) -> ExitCode {
             }
         };
         let line = if args.json {
-            view::json_line(&event).to_string()
+            view::json_text(&event)
         } else {
             view::human(&event)
         };
         let written = writeln!(out, "{line}").and_then(|_| out.flush());
         if let Some(f) = file.as_mut() {
-            if let Err(e) = writeln!(f, "{}", view::json_line(&event)).and_then(|_| f.flush()) {
+            if let Err(e) = writeln!(f, "{}", view::json_text(&event)).and_then(|_| f.flush()) {
                 eprintln!("crisp tap: --output: {e}");
                 return ExitCode::FAILURE;
             }
