@@ -2,15 +2,22 @@
 """Validates crisp's Kubernetes manifests offline (no API server):
 
     hack/check-manifests.py [--patch] [FILE...]   default: deploy/ (base, overlay, renderings)
+    hack/check-manifests.py --deploy DIR          a release's deploy/ tree (hack/release.sh
+                                                  writes DIST/deploy): images pinned by digest
 
 1. Schema: every field of every object, at every depth, is checked against the Kubernetes API
    models of Debian's python3-kubernetes (API 1.22): a misspelt or misplaced key, a wrong type
    or a missing required field fails. Fields added after 1.22 would be reported as unknown.
    A strategic-merge patch (a file whose objects lack required fields) is checked for names and
    types only (--patch FILE).
-2. The installer DaemonSet's rules (docs/DEPLOY.md "Install on a cluster"): privileged, hostPID, the
-   node's / with HostToContainer propagation, node-label opt-in, one node at a time, a
-   readiness probe, CRISP_MODE.
+2. The installer DaemonSet's rules (docs/DEPLOY.md "Install on a cluster", SECURITY.md "The
+   installer DaemonSet"): no hostNetwork; the install runs once, as the privileged init
+   container `installer` (hostPID, the node's / with HostToContainer propagation, CRISP_MODE);
+   the container that stays is unprivileged (no privilege escalation, every capability dropped,
+   non-root, read-only root, no host path) and carries the readiness probe; node-label opt-in,
+   one node at a time. Every image is pinned by digest (NAME[:TAG]@sha256:64 hex digits) in a
+   manifest given as FILE and in a release's tree (--deploy); the source tree's base names the
+   image by tag (hack/release.sh pins it), which is reported.
 3. When kubectl is on PATH, `kubectl kustomize` renders deploy/base and deploy/uninstall, each
    rendering passes 1 and 2, and they differ only in CRISP_MODE. Without kubectl that step is
    reported as not run.
@@ -111,15 +118,18 @@ def check_object(obj, where, partial=False):
     check(obj, KINDS[key], f"{where} {key[1]}/{obj.get('metadata', {}).get('name')}", partial)
 
 
-def installer_rules(objs, where, mode):
+PINNED = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
+
+
+def installer_rules(objs, where, mode, pinned=True):
     try:
-        _installer_rules(objs, where, mode)
+        _installer_rules(objs, where, mode, pinned)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         # Malformed beyond what the rules can read: the schema errors say why.
         err(where, f"the installer rules cannot read this DaemonSet ({type(e).__name__}: {e})")
 
 
-def _installer_rules(objs, where, mode):
+def _installer_rules(objs, where, mode, pinned):
     ds = [o for o in objs if o.get("kind") == "DaemonSet"]
     if len(ds) != 1:
         return err(where, f"expected one DaemonSet, got {len(ds)}")
@@ -143,18 +153,47 @@ def _installer_rules(objs, where, mode):
         err(where, "nodeSelector must be the opt-in label crisp.dev/install: \"true\"")
     if pod.get("hostPID") is not True:
         err(where, "hostPID: true is required (the installer enters PID 1's namespaces)")
-    (c,) = pod["containers"]
+    if pod.get("hostNetwork"):
+        err(where, "hostNetwork must not be set: nothing in the installer uses the node's network (SECURITY.md)")
+    inits = pod.get("initContainers", [])
+    containers = pod.get("containers", [])
+    for k in inits + containers:
+        image = k.get("image", "")
+        if pinned and not PINNED.match(image):
+            err(where, f"container {k.get('name')}: image {image!r} is not pinned by digest (NAME@sha256:<64 hex>; hack/release.sh writes the pinned overlay)")
+    if [k.get("name") for k in inits] != ["installer"]:
+        return err(where, "the install must run as one init container named installer")
+    (c,) = inits
+    if c.get("args") != ["once"]:
+        err(where, f"the installer init container must run the entrypoint's `once` (record and exit), got args {c.get('args')}")
     if c.get("securityContext", {}).get("privileged") is not True:
-        err(where, "the installer container must be privileged")
+        err(where, "the installer init container must be privileged")
     vols = {v["name"]: v for v in pod.get("volumes", [])}
+    for k in containers:
+        sc = k.get("securityContext", {})
+        name = k.get("name")
+        if sc.get("privileged") is not False or sc.get("allowPrivilegeEscalation") is not False:
+            err(where, f"container {name} stays running: it must not be privileged (privileged: false, allowPrivilegeEscalation: false)")
+        if sc.get("capabilities", {}).get("drop") != ["ALL"] or sc.get("capabilities", {}).get("add"):
+            err(where, f"container {name} stays running: it must drop every capability (capabilities: drop: [ALL])")
+        if sc.get("runAsNonRoot") is not True or not sc.get("runAsUser"):
+            err(where, f"container {name} stays running: it must run as a non-root user (runAsNonRoot, runAsUser)")
+        if sc.get("readOnlyRootFilesystem") is not True:
+            err(where, f"container {name} stays running: readOnlyRootFilesystem: true")
+        for m in k.get("volumeMounts", []):
+            if "hostPath" in vols.get(m["name"], {}):
+                err(where, f"container {name} stays running: it must mount no host path, got {m['mountPath']}")
+    if len(containers) != 1:
+        return err(where, f"expected one container that stays (the reporter), got {len(containers)}")
+    (r,) = containers
     mounts = [m for m in c.get("volumeMounts", []) if m["mountPath"] == "/host"]
     if len(mounts) != 1 or vols.get(mounts[0]["name"], {}).get("hostPath", {}).get("path") != "/":
         err(where, "the node's / must be mounted at /host (hostPath /)")
     elif mounts[0].get("mountPropagation") != "HostToContainer":
         err(where, "/host needs mountPropagation: HostToContainer (the node's /run is a submount)")
-    probe = c.get("readinessProbe", {}).get("exec", {}).get("command")
-    if probe != ["/opt/crisp/entrypoint.sh", "ready"]:
-        err(where, f"readinessProbe must run the entrypoint's ready check, got {probe}")
+    probe = r.get("readinessProbe", {}).get("exec", {}).get("command")
+    if probe != ["/opt/crisp/entrypoint.sh", "reported"]:
+        err(where, f"the reporter's readinessProbe must run the entrypoint's reported check, got {probe}")
     env = {e["name"]: e.get("value") for e in c.get("env", [])}
     if env.get("CRISP_MODE") != mode:
         err(where, f"CRISP_MODE is {env.get('CRISP_MODE')!r}, expected {mode!r}")
@@ -171,16 +210,29 @@ def load(path):
 
 def main(argv):
     checked = []
+    deploy = None
+    if "--deploy" in argv:
+        i = argv.index("--deploy")
+        if i + 1 >= len(argv):
+            print("check-manifests: error: --deploy needs a directory", file=sys.stderr)
+            return 2
+        deploy = os.path.abspath(argv[i + 1])
+        argv = argv[:i] + argv[i + 2:]
     files = [a for a in argv if a != "--patch"]
     patch = "--patch" in argv
     if not files:
-        base = os.path.join(REPO, "deploy/base/crisp-installer.yaml")
+        # The source tree names the image by tag; a release's tree must pin it.
+        pinned = deploy is not None
+        root = deploy or os.path.join(REPO, "deploy")
+        base = os.path.join(root, "base/crisp-installer.yaml")
         objs = load(base)
         for i, o in enumerate(objs):
             check_object(o, f"{base}#{i}")
-        installer_rules(objs, base, "install")
+        installer_rules(objs, base, "install", pinned)
         checked.append(base)
-        p = os.path.join(REPO, "deploy/uninstall/uninstall-mode.yaml")
+        if not pinned:
+            print("check-manifests: image pins not required of the source tree (hack/release.sh pins them in DIST/deploy: check it with --deploy DIR)")
+        p = os.path.join(root, "uninstall/uninstall-mode.yaml")
         for i, o in enumerate(load(p)):
             check_object(o, f"{p}#{i}", partial=True)
         checked.append(p + " (patch)")
@@ -188,14 +240,14 @@ def main(argv):
         if kubectl:
             rendered = {}
             for d, mode in (("deploy/base", "install"), ("deploy/uninstall", "uninstall")):
-                r = subprocess.run([kubectl, "kustomize", os.path.join(REPO, d)], capture_output=True, text=True)
+                r = subprocess.run([kubectl, "kustomize", os.path.join(root, d.split("/", 1)[1])], capture_output=True, text=True)
                 if r.returncode != 0:
                     err(d, f"kubectl kustomize failed: {r.stderr.strip()}")
                     continue
                 objs = [o for o in yaml.safe_load_all(r.stdout) if o]
                 for i, o in enumerate(objs):
                     check_object(o, f"kustomize {d}#{i}")
-                installer_rules(objs, f"kustomize {d}", mode)
+                installer_rules(objs, f"kustomize {d}", mode, pinned)
                 rendered[d] = r.stdout
                 checked.append(f"kubectl kustomize {d}")
             if len(rendered) == 2:

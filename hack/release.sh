@@ -14,6 +14,10 @@
 #                                                installer (busybox + the binary +
 #                                                hack/install.sh), named
 #                                                crisp-installer:VERSION for `ctr images import`
+#   dist/crisp-installer-VERSION.digest          that image's manifest digest (sha256:...)
+#   dist/deploy/                                 the DaemonSet (kustomize base and uninstall
+#                                                overlay) with the installer image pinned:
+#                                                crisp-installer:VERSION@sha256:DIGEST
 #   dist/SHA256SUMS                              sha256sum -c format
 #
 # Reproducible: every timestamp is SOURCE_DATE_EPOCH (default: the last commit's time), paths
@@ -170,10 +174,33 @@ tar -C "$layout" --sort=name --mtime="@$SOURCE_DATE_EPOCH" --owner=0 --group=0 -
   -cf "$IMG_OUT" oci-layout index.json blobs
 touch -d "@$SOURCE_DATE_EPOCH" "$DEB_OUT" "$IMG_OUT"
 
+# ---- the pinned overlay --------------------------------------------------------------------------
+
+# deploy/ as released: the kustomize base and the uninstall overlay with every reference to the
+# installer image pinned to the digest just built (apply this, not the source tree's tag).
+DEPLOY_OUT="$OUT/deploy"
+IMAGE_REF="crisp-installer:$VERSION@$digest"
+rm -rf "$DEPLOY_OUT"
+mkdir -p "$DEPLOY_OUT"
+cp -r deploy/base deploy/uninstall "$DEPLOY_OUT/"
+sed -i "s|^\( *image:\) crisp-installer:[^@[:space:]]*\$|\1 $IMAGE_REF|" "$DEPLOY_OUT/base/crisp-installer.yaml"
+pins="$(grep -c "^ *image: $IMAGE_REF\$" "$DEPLOY_OUT/base/crisp-installer.yaml" || true)"
+images="$(grep -c '^ *image:' "$DEPLOY_OUT/base/crisp-installer.yaml" || true)"
+[[ "$pins" -ge 1 && "$pins" == "$images" ]] || die "deploy/base/crisp-installer.yaml: $pins of $images images pinned to $IMAGE_REF"
+printf '%s\n' "$digest" >"$OUT/crisp-installer-$VERSION.digest"
+find "$DEPLOY_OUT" -type d -exec chmod 0755 {} +
+find "$DEPLOY_OUT" -type f -exec chmod 0644 {} +
+normalize "$DEPLOY_OUT"
+touch -d "@$SOURCE_DATE_EPOCH" "$OUT/crisp-installer-$VERSION.digest"
+
 # ---- sums -----------------------------------------------------------------------------------------
 
 (cd "$OUT" && sha256sum "$(basename "$BIN_OUT")" "$(basename "$DEB_OUT")" "$(basename "$IMG_OUT")" >SHA256SUMS)
-echo "hack/release.sh: crisp $VERSION in $OUT (image digest $digest):"
+echo "hack/release.sh: crisp $VERSION in $OUT (installer image $IMAGE_REF):"
 for f in "$BIN_OUT" "$DEB_OUT" "$IMG_OUT" "$OUT/SHA256SUMS"; do
   printf '  %s\t%s\n' "$(stat -c %s "$f")" "$(basename "$f")"
 done
+echo "  deploy/ (the DaemonSet pinned to $IMAGE_REF): push the image keeping its digest"
+echo "    (skopeo copy --preserve-digests oci-archive:$IMG_OUT docker://REGISTRY/crisp-installer:$VERSION),"
+echo "    name your registry in an overlay (images: [{name: crisp-installer, newName: REGISTRY/crisp-installer}]),"
+echo "    then kubectl apply -k of it (docs/DEPLOY.md)"

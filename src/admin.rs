@@ -669,6 +669,23 @@ pub async fn serve_metrics_tcp(
     drain(tasks).await;
 }
 
+/// The warning crisp logs at start for an admin socket its group or everyone may connect to
+/// (`admin.allow_shared_mode`); `None` for a root-only one.
+pub(crate) fn shared_mode_warning(admin: &crate::config::AdminConfig) -> Option<String> {
+    admin.shared().then(|| {
+        format!(
+            "the admin socket is mode {:04o} (admin.allow_shared_mode): its group{} can connect \
+             and see every pod's CRI calls (redacted) and every pod crisp tracks",
+            admin.mode,
+            if admin.mode & 0o007 != 0 {
+                " and every user on the node"
+            } else {
+                ""
+            }
+        )
+    })
+}
+
 /// Binds the admin socket (and the optional metrics TCP address) of `cfg` and serves them until
 /// `stop` turns true. Failing to bind is logged, not fatal: CRI traffic matters more than the
 /// tap. The returned task ends (and has removed the socket file) once both servers are done.
@@ -700,6 +717,9 @@ pub async fn start(
         let _ = rx.wait_for(|s| *s).await;
     };
     let path = cfg.admin_socket();
+    if let Some(warning) = shared_mode_warning(&cfg.admin) {
+        tracing::warn!(admin = %path.display(), "{warning}");
+    }
     let unix = match crate::proxy::listener::bind(&path, cfg.admin.mode).await {
         Ok((l, guard)) => {
             tracing::info!(
@@ -810,5 +830,18 @@ mod tests {
             (Some("a"), Some("b"))
         );
         assert_eq!(filter_from(&pb::TapRequest::default()), Filter::default());
+    }
+
+    /// Issue #33: a shared admin socket is warned about at start, a root-only one is not.
+    #[test]
+    fn a_shared_admin_socket_is_warned_about() {
+        let mut admin = crate::config::AdminConfig::default();
+        assert_eq!(shared_mode_warning(&admin), None);
+        admin.mode = 0o660;
+        let w = shared_mode_warning(&admin).unwrap();
+        assert!(w.contains("0660") && w.contains("group can connect"), "{w}");
+        admin.mode = 0o666;
+        let w = shared_mode_warning(&admin).unwrap();
+        assert!(w.contains("every user on the node"), "{w}");
     }
 }

@@ -120,8 +120,13 @@ pub struct AdminConfig {
     /// `listen`), so that two crisps with different sockets never fight over one admin socket.
     pub(crate) socket: Option<PathBuf>,
     /// File mode of the admin socket, octal. The tap shows every pod's CRI traffic: root only.
+    /// A mode with group or other bits is refused unless `allow_shared_mode` is set.
     #[serde(deserialize_with = "de_mode")]
     pub mode: u32,
+    /// Opt-in to a group- or world-accessible `mode` (e.g. "0660" for a monitoring group):
+    /// whoever can connect sees every pod's CRI calls (redacted) and every pod crisp tracks.
+    /// crisp warns about it at start, and `crisp doctor` reports it.
+    pub allow_shared_mode: bool,
     /// Also serve `GET /metrics` (only that) over TCP on this address, e.g. "127.0.0.1:9478".
     pub metrics_tcp: Option<std::net::SocketAddr>,
     /// Events queued per tap client before crisp drops (and counts) events for that client.
@@ -134,9 +139,17 @@ impl Default for AdminConfig {
             enabled: true,
             socket: None,
             mode: 0o600,
+            allow_shared_mode: false,
             metrics_tcp: None,
             tap_queue: 4096,
         }
+    }
+}
+
+impl AdminConfig {
+    /// Whether `mode` gives the socket's group or others any permission.
+    pub fn shared(&self) -> bool {
+        self.mode & 0o077 != 0
     }
 }
 
@@ -541,6 +554,17 @@ impl Config {
                     format!(
                         "{} is already `listen` or `upstream`; the admin socket needs its own path",
                         admin.display()
+                    ),
+                ));
+            }
+            if self.admin.shared() && !self.admin.allow_shared_mode {
+                return Err(bad(
+                    "admin.mode",
+                    format!(
+                        "{:04o} lets the socket's group or everyone connect, and whoever connects \
+                         sees every pod's CRI calls and the pods crisp tracks; use \"0600\", or \
+                         set admin.allow_shared_mode = true to allow it",
+                        self.admin.mode
                     ),
                 ));
             }

@@ -6,6 +6,8 @@
 //! 2. the runtime's socket (`upstream`) exists and answers CRI `Version`, in runtime.v1 and/or
 //!    runtime.v1alpha2;
 //! 3. crisp's socket (`listen`) exists, is mode 0660 and owned by root, and a live crisp answers;
+//!    the admin socket (tap, `crisp pods`, metrics) is root's and not group- or world-accessible
+//!    unless `admin.allow_shared_mode` says so;
 //! 4. kubelet's configured runtime (and image) endpoint, read from the same files
 //!    `hack/install.sh` edits, points at crisp; kubelet's version, and whether its native
 //!    sidecars (1.29+) make crisp unnecessary;
@@ -170,7 +172,18 @@ pub async fn run(opts: &Options) -> Report {
         .unwrap_or_else(|| cfg.upstream.clone());
     check_upstream(opts, &upstream, &mut r).await;
     check_crisp_socket(opts, &listen, &mut r).await;
+<<<<<<< HEAD
     check_progress(opts, &cfg, &listen, &mut r).await;
+=======
+    check_admin_socket(
+        opts,
+        &Config {
+            listen: listen.clone(),
+            ..cfg.clone()
+        },
+        &mut r,
+    );
+>>>>>>> opsafe
     check_kubelet(opts, &listen, &upstream, &mut r);
     check_kubelet_version(opts, &mut r);
     check_units(opts, &listen, &mut r);
@@ -439,6 +452,65 @@ async fn check_crisp_socket(opts: &Options, listen: &Path, r: &mut Report) {
             format!("nothing answers on {}: {e}", path.display()),
             "start crisp (systemctl start crisp.service) and read why it is not serving: journalctl -u crisp",
         ),
+    }
+}
+
+/// The admin socket shows every pod's CRI calls (`crisp tap`) and every pod crisp tracks
+/// (`crisp pods`): it must be root's, and only root's unless the config opted in.
+fn check_admin_socket(opts: &Options, cfg: &Config, r: &mut Report) {
+    const NAME: &str = "admin-socket";
+    if !cfg.admin.enabled {
+        return r.ok(NAME, "the admin socket is off (admin.enabled = false)");
+    }
+    let path = under_root(&opts.root, &cfg.admin_socket());
+    let md = match socket_exists(
+        &path,
+        "admin.socket, crisp's admin socket",
+        "start crisp (systemctl start crisp.service); if it runs, `journalctl -u crisp` says why it could not bind the admin socket",
+    ) {
+        Ok(md) => md,
+        Err((detail, fix)) => return r.warn(NAME, format!("{detail}: crisp tap, crisp pods and GET /metrics are unavailable"), fix),
+    };
+    let mode = md.mode() & 0o7777;
+    let (uid, gid) = (md.uid(), md.gid());
+    let perm = format!("mode {mode:04o}, owner {uid}:{gid}");
+    let sees = "can connect and see every pod's CRI calls (crisp tap) and every pod crisp tracks (crisp pods)";
+    let fix_mode = format!(
+        "set admin.mode = \"0600\" in the config ({DEFAULT_CONFIG_PATH}) and restart crisp: systemctl restart crisp.service; by hand: chmod 0600 {}",
+        path.display()
+    );
+    let opted = cfg.admin.allow_shared_mode;
+    if uid != 0 {
+        r.fail(NAME, format!("{} has {perm}: uid {uid} {sees}", path.display()), format!("crisp creates it root's: restart crisp (systemctl restart crisp.service); by hand: chown root {}", path.display()));
+    } else if mode & 0o007 != 0 {
+        let detail = format!(
+            "{} has {perm}: every user on this node {sees}",
+            path.display()
+        );
+        if opted {
+            r.warn(
+                NAME,
+                format!("{detail} (admin.allow_shared_mode = true)"),
+                fix_mode,
+            );
+        } else {
+            r.fail(NAME, detail, fix_mode);
+        }
+    } else if mode & 0o070 != 0 {
+        let detail = format!(
+            "{} has {perm}: members of group {gid} {sees}",
+            path.display()
+        );
+        if opted {
+            r.ok(
+                NAME,
+                format!("{detail}, as admin.allow_shared_mode = true allows"),
+            );
+        } else {
+            r.warn(NAME, detail, fix_mode);
+        }
+    } else {
+        r.ok(NAME, format!("{} has {perm}", path.display()));
     }
 }
 
@@ -914,6 +986,71 @@ mod tests {
         assert_eq!(
             under_root(Path::new("/tmp/r"), Path::new("/etc/x")),
             PathBuf::from("/tmp/r/etc/x")
+        );
+    }
+
+    /// Issue #33: `crisp doctor` checks the admin socket's mode and owner.
+    #[test]
+    fn the_admin_socket_is_checked_for_mode_and_owner() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().unwrap();
+        let opts = Options {
+            root: root.path().to_path_buf(),
+            ..Default::default()
+        };
+        let cfg = Config::default();
+        let sock = under_root(root.path(), &cfg.admin_socket());
+        let check = |cfg: &Config| {
+            let mut r = Report::default();
+            check_admin_socket(&opts, cfg, &mut r);
+            assert_eq!(r.checks.len(), 1, "{r}");
+            let c = r.checks.remove(0);
+            assert_eq!(c.name, "admin-socket");
+            (
+                c.level,
+                format!("{} {}", c.detail, c.fix.unwrap_or_default()),
+            )
+        };
+        let (level, text) = check(&cfg);
+        assert!(
+            level == Level::Warn && text.contains("unavailable"),
+            "{text}"
+        );
+        std::fs::create_dir_all(sock.parent().unwrap()).unwrap();
+        let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let chmod = |m: u32| {
+            std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(m)).unwrap();
+        };
+        let mut opted = cfg.clone();
+        opted.admin.allow_shared_mode = true;
+        let me = crate::sys::effective_uid();
+        if me == 0 {
+            chmod(0o600);
+            assert_eq!(check(&cfg).0, Level::Ok);
+            for (mode, plain, with_opt_in) in [
+                (0o660, Level::Warn, Level::Ok),
+                (0o666, Level::Fail, Level::Warn),
+                (0o602, Level::Fail, Level::Warn),
+            ] {
+                chmod(mode);
+                let (level, text) = check(&cfg);
+                assert_eq!(level, plain, "{mode:o}: {text}");
+                assert!(
+                    text.contains(&sock.display().to_string())
+                        && text.contains(&format!("mode {mode:04o}"))
+                        && text.contains("admin.mode = \"0600\""),
+                    "{text}"
+                );
+                assert_eq!(check(&opted).0, with_opt_in, "{mode:o}");
+            }
+            chmod(0o600);
+            std::os::unix::fs::chown(&sock, Some(1000), None).unwrap();
+        }
+        // Not root's (whoever runs the test but root): FAIL whatever the mode.
+        let (level, text) = check(&opted);
+        assert!(
+            level == Level::Fail && text.contains("chown root"),
+            "{text}"
         );
     }
 }

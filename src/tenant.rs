@@ -99,24 +99,87 @@ fn fits(s: &str, max: usize) -> bool {
     true
 }
 
-fn shown_as_is(c: char) -> bool {
-    matches!(c, '"' | '\'' | '\\')
+/// Whether `c` is never shown raw, in any view: the one escape of every line view ([`text`])
+/// and every JSON output ([`json`], [`json_pretty`]). These are the C0 controls, DEL and the C1
+/// controls (U+009B is CSI: an escape sequence without ESC), the line and paragraph separators
+/// U+2028/U+2029, the bidirectional controls (U+061C, U+200E/F, U+202A–U+202E, U+2066–U+2069),
+/// and every other character `char::escape_debug` escapes (zero-width and other format
+/// characters, unassigned code points, combining marks). Printable ASCII is never escaped here
+/// (quotes and backslashes are JSON's to escape, and shown as they are in line views).
+pub(crate) fn escaped(c: char) -> bool {
+    match c {
+        ' '..='~' => false,
+        '\0'..='\x1f' | '\x7f'..='\u{9f}' => true,
+        '\u{2028}' | '\u{2029}' => true,
+        '\u{61c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' => {
+            true
+        }
+        c => c.escape_debug().len() > 1,
+    }
 }
 
 fn escaped_len(c: char) -> usize {
-    let e = c.escape_debug();
-    if shown_as_is(c) || e.len() == 1 {
-        c.len_utf8()
+    if escaped(c) {
+        c.escape_debug().len()
     } else {
-        e.len()
+        c.len_utf8()
     }
 }
 
 fn write_char(f: &mut fmt::Formatter<'_>, c: char) -> fmt::Result {
-    if shown_as_is(c) {
-        fmt::Write::write_char(f, c)
-    } else {
+    if escaped(c) {
         write!(f, "{}", c.escape_debug())
+    } else {
+        fmt::Write::write_char(f, c)
+    }
+}
+
+/// `v` as one line of JSON in which every character [`escaped`] says is never shown raw is a
+/// `\uXXXX` escape (serde_json escapes only U+0000–U+001F, `"` and `\`): the `--json` views and
+/// `--output` files. The same value parses back.
+pub fn json(v: &serde_json::Value) -> String {
+    json_escape(v.to_string())
+}
+
+/// [`json`], pretty-printed (`crisp tap --full`'s readable view).
+pub(crate) fn json_pretty(v: &serde_json::Value) -> String {
+    json_escape(serde_json::to_string_pretty(v).unwrap_or_default())
+}
+
+/// Rewrites serialized JSON: outside strings, serialized JSON is ASCII, and inside them serde
+/// has escaped the C0 controls already, so every other character [`escaped`] says is never shown
+/// raw can only be string content, and is written as `\uXXXX` (a UTF-16 pair past U+FFFF).
+/// Text without a byte of 0x7F or above (most lines) is returned as it is, after two fast scans.
+fn json_escape(s: String) -> String {
+    use fmt::Write as _;
+    if s.is_ascii() && !s.contains('\x7f') {
+        return s;
+    }
+    let bytes = s.as_bytes();
+    let (mut at, mut copied) = (0, 0);
+    let mut out: Option<String> = None;
+    // Only bytes of 0x7F and above can begin such a character: ASCII runs are skipped.
+    while let Some(off) = bytes[at..].iter().position(|&b| b >= 0x7f) {
+        let start = at + off;
+        let Some(c) = s[start..].chars().next() else {
+            break;
+        };
+        at = start + c.len_utf8();
+        if escaped(c) {
+            let o = out.get_or_insert_with(|| String::with_capacity(s.len() + 16));
+            o.push_str(&s[copied..start]);
+            for unit in c.encode_utf16(&mut [0; 2]) {
+                let _ = write!(o, "\\u{unit:04x}");
+            }
+            copied = at;
+        }
+    }
+    match out {
+        None => s,
+        Some(mut o) => {
+            o.push_str(&s[copied..]);
+            o
+        }
     }
 }
 
@@ -353,5 +416,32 @@ mod tests {
             Err(Refused::TooMany)
         );
         assert_eq!(looked, MAX_NAMES + 1);
+    }
+
+    /// Issue #33: one escape for every view. Each character a terminal obeys is escaped by the
+    /// line views' `text` and, as `\uXXXX`, by `json`; both round-trip what they do not escape.
+    #[test]
+    fn line_views_and_json_escape_the_same_characters() {
+        let obeyed = [
+            '\0', '\u{1b}', '\n', '\u{7f}', '\u{80}', '\u{85}', '\u{9b}', '\u{9f}', '\u{2028}',
+            '\u{2029}', '\u{61c}', '\u{200e}', '\u{200f}', '\u{202a}', '\u{202e}', '\u{2066}',
+            '\u{2069}', '\u{200b}', '\u{feff}', '\u{e0001}',
+        ];
+        for c in obeyed {
+            assert!(escaped(c), "{c:?}");
+            let s = format!("a{c}b");
+            let line = text(&s, 256).to_string();
+            assert!(!line.contains(c) && line.is_ascii(), "{c:?}: {line}");
+            let j = json(&serde_json::Value::String(s.clone()));
+            assert!(!j.contains(c) && j.is_ascii(), "{c:?}: {j}");
+            assert_eq!(serde_json::from_str::<String>(&j).unwrap(), s);
+        }
+        for c in ['a', ' ', '~', '"', '\\', '\'', 'é', '中', '🙂'] {
+            assert!(!escaped(c), "{c:?}");
+        }
+        let plain = serde_json::json!({"k": "é 中 🙂 \" \\", "n": [1, 2]});
+        assert_eq!(json(&plain), plain.to_string());
+        let pretty = json_pretty(&serde_json::json!({"k": "\u{9b}", "l": [1]}));
+        assert_eq!(pretty, "{\n  \"k\": \"\\u009b\",\n  \"l\": [\n    1\n  ]\n}");
     }
 }

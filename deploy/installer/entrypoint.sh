@@ -5,10 +5,19 @@
 #
 #   entrypoint.sh            CRISP_MODE=install (default) or uninstall, then stay running
 #   entrypoint.sh ready      readiness probe: exit 0 once the node is in the state asked for
+#   entrypoint.sh once       the DaemonSet's init container: install or uninstall, record the
+#                            result (done | failed) in $CRISP_STATUS_DIR and exit 0, so that the
+#                            pod goes on to its reporter whatever the result (a failed install
+#                            is rolled back, not retried: the pod stays un-Ready)
+#   entrypoint.sh report     the DaemonSet's unprivileged container: say what was recorded, then
+#                            idle until SIGTERM
+#   entrypoint.sh reported   its readiness probe: exit 0 when the recorded result is done
 #
-# Needs what the DaemonSet gives it: privileged, hostPID (PID 1 is the node's systemd) and the
-# node's / mounted at $CRISP_HOST_ROOT (/host) with its submounts (/run). The image holds busybox
-# and /opt/crisp: the static crisp binary, hack/install.sh, hack/uninstall.sh, systemd/.
+# The install needs what the DaemonSet gives its init container: privileged, hostPID (PID 1 is
+# the node's systemd) and the node's / mounted at $CRISP_HOST_ROOT (/host) with its submounts
+# (/run). `report` and `reported` need nothing but $CRISP_STATUS_DIR (they run as nobody, no
+# capabilities, read-only root). The image holds busybox and /opt/crisp: the static crisp
+# binary, hack/install.sh, hack/uninstall.sh, systemd/.
 #
 # How: the bundle is copied to the node's /run/crisp-installer (tmpfs: gone at reboot, and
 # removed again below) and hack/install.sh runs there *in the node's namespaces* (nsenter -t 1),
@@ -32,6 +41,7 @@
 #   CRISP_UNINSTALL_ARGS    extra hack/uninstall.sh arguments (--force)
 #   CRISP_HOST_ROOT         where the node's / is mounted (/host)
 #   CRISP_ONESHOT=1         exit after the install/uninstall instead of staying (tests, Jobs)
+#   CRISP_STATUS_DIR        where the result is recorded (/tmp; the DaemonSet: its emptyDir)
 set -eu
 
 MODE="${CRISP_MODE:-install}"
@@ -39,7 +49,7 @@ HOST="${CRISP_HOST_ROOT:-/host}"
 BUNDLE=/opt/crisp
 NODE_STAGE=/run/crisp-installer
 MANIFEST=/var/lib/crisp/install/manifest
-STATUS=/tmp/crisp-installer.status
+STATUS="${CRISP_STATUS_DIR:-/tmp}/crisp-installer.status"
 
 log() {
   echo "crisp-installer: $*"
@@ -66,10 +76,27 @@ stay() {
   done
 }
 
-if [ "${1:-}" = ready ]; then
-  ready
-  exit $?
-fi
+ONCE=0
+case "${1:-}" in
+  ready)
+    ready
+    exit $?
+    ;;
+  reported)
+    [ "$(cat "$STATUS" 2>/dev/null)" = "done" ]
+    exit $?
+    ;;
+  report)
+    log "$MODE: $(cat "$STATUS" 2>/dev/null || echo 'nothing recorded') (the installer's log: kubectl -n crisp-system logs $(hostname) -c installer)"
+    stay
+    ;;
+  once) ONCE=1 ;;
+  "") ;;
+  *)
+    log "error: unknown argument '$1' (ready, once, report, reported, or none)"
+    exit 2
+    ;;
+esac
 
 case "$MODE" in
   install | uninstall) ;;
@@ -138,6 +165,10 @@ if [ "$rc" -eq 0 ]; then
   echo "done" >"$STATUS"
 else
   echo failed >"$STATUS"
+fi
+if [ "$ONCE" = 1 ]; then
+  # The result is recorded; the reporter says it and is Ready only if it is done.
+  exit 0
 fi
 if [ "${CRISP_ONESHOT:-0}" = 1 ] || [ "$term" -eq 1 ]; then
   exit "$rc"

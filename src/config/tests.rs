@@ -95,6 +95,27 @@ fn durations() {
     assert!(parse_duration("1e400s").is_err());
 }
 
+/// Issue #33: a group- or world-accessible admin socket needs an explicit opt-in.
+#[test]
+fn a_shared_admin_mode_needs_the_opt_in() {
+    for mode in ["0660", "0666", "0606", "0640"] {
+        let text = format!("[admin]\nmode = \"{mode}\"\n");
+        let e = err(&text);
+        assert!(
+            e.contains("admin.mode") && e.contains("admin.allow_shared_mode = true"),
+            "{text}: {e}"
+        );
+        let c = Config::from_toml(&format!("{text}allow_shared_mode = true\n"), "t").unwrap();
+        assert!(c.admin.shared() && c.admin.allow_shared_mode, "{text}");
+    }
+    for mode in ["0600", "0700"] {
+        let c = Config::from_toml(&format!("[admin]\nmode = \"{mode}\"\n"), "t").unwrap();
+        assert!(!c.admin.shared(), "{mode}");
+    }
+    // A disabled admin socket has no mode to refuse.
+    assert!(Config::from_toml("[admin]\nenabled = false\nmode = \"0666\"\n", "t").is_ok());
+}
+
 #[test]
 fn admin_defaults_next_to_listen() {
     let c = Config::from_toml("", "t").unwrap();
@@ -108,7 +129,7 @@ fn admin_defaults_next_to_listen() {
 
 #[test]
 fn admin_section_parses() {
-    let c = Config::from_toml("[admin]\nsocket = \"/run/x/a.sock\"\nmode = \"0660\"\nmetrics_tcp = \"127.0.0.1:9478\"\ntap_queue = 10\n", "t").unwrap();
+    let c = Config::from_toml("[admin]\nsocket = \"/run/x/a.sock\"\nmode = \"0660\"\nallow_shared_mode = true\nmetrics_tcp = \"127.0.0.1:9478\"\ntap_queue = 10\n", "t").unwrap();
     assert_eq!(c.admin_socket(), PathBuf::from("/run/x/a.sock"));
     assert_eq!(c.admin.mode, 0o660);
     assert_eq!(c.admin.metrics_tcp, Some("127.0.0.1:9478".parse().unwrap()));

@@ -1,27 +1,38 @@
 //! `crisp tap --output FILE`: the file the tap records to. It holds every pod's traffic (and
 //! secrets, with `--unredacted`), and `crisp tap` usually runs as root, so the file is opened
 //! the safe way (docs/TAP.md "Recording to a file"):
-//! - never through a symlink (`O_NOFOLLOW` on the last component): a link planted where the
-//!   operator records cannot point the write at another file;
-//! - only a regular file owned by the user running the tap, with no other hard link: a file
-//!   someone else prepared (or a hard link to one crisp's user owns elsewhere) is refused, not
-//!   truncated;
+//! - never through a symlink anywhere on the path: `openat2(2)` with `RESOLVE_NO_SYMLINKS`, or,
+//!   where the kernel has no `openat2` (before Linux 5.6: `ENOSYS`), the same rule by a walk
+//!   that opens each directory with `O_NOFOLLOW` relative to the one before. A link planted in
+//!   any directory of the path (`~user/dir` → `/etc`) cannot point the write at another file;
+//! - an existing file is never truncated unless asked (`--force`); even then, only a regular
+//!   file owned by the user running the tap, with no other hard link: a file someone else
+//!   prepared (or a hard link to one crisp's user owns elsewhere) is refused, not truncated;
 //! - mode 0600 whether created or reused (an existing file's mode is set to 0600 before a byte
 //!   is written), then truncated.
 //!
 //! Every check is made on the opened descriptor (`fstat`, `fchmod`, `ftruncate`), never again by
 //! name, so the file checked is the file written.
 
-use std::fs::{File, Metadata, OpenOptions};
+use std::ffi::OsStr;
+use std::fs::{File, Metadata};
 use std::io;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+
+use rustix::fs::{Mode, OFlags, ResolveFlags, CWD};
 
 /// Why `--output` was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum OutputError {
-    #[error("{0}: is a symbolic link; refusing to follow it (give the real path)")]
+    #[error(
+        "{0}: the path goes through a symbolic link; refusing to follow any (give the real \
+         path, e.g. from `realpath`)"
+    )]
     Symlink(PathBuf),
+    #[error("{0}: the file exists; refusing to overwrite it (pass --force to replace it)")]
+    Exists(PathBuf),
     #[error("{path}: {why}; refusing to write to it")]
     Refused { path: PathBuf, why: Refusal },
     #[error("{path}: {source}")]
@@ -74,25 +85,31 @@ pub(crate) fn check(f: FileFacts, user: u32) -> Result<(), Refusal> {
     Ok(())
 }
 
-/// Opens (creating if need be) `path` to record to, as the module doc says.
-pub fn open(path: &Path) -> Result<File, OutputError> {
+/// Opens (creating if need be) `path` to record to, as the module doc says; an existing file
+/// only with `force`.
+pub fn open(path: &Path, force: bool) -> Result<File, OutputError> {
+    open_with(path, force, open_beneath_no_symlinks)
+}
+
+/// How a path is opened without following a symlink: `openat2`, or the walk.
+type Opener = fn(&Path, OFlags) -> io::Result<OwnedFd>;
+
+fn open_with(path: &Path, force: bool, opener: Opener) -> Result<File, OutputError> {
     let io_err = |source: io::Error| OutputError::Io {
         path: path.to_path_buf(),
         source,
     };
-    let file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| {
-            if e.raw_os_error() == Some(libc::ELOOP) {
-                OutputError::Symlink(path.to_path_buf())
-            } else {
-                io_err(e)
-            }
-        })?;
+    let mut flags = OFlags::WRONLY | OFlags::CREATE | OFlags::CLOEXEC | OFlags::NONBLOCK;
+    if !force {
+        flags |= OFlags::EXCL;
+    }
+    let file = File::from(opener(path, flags).map_err(|e| match e.raw_os_error() {
+        Some(libc::ELOOP) => OutputError::Symlink(path.to_path_buf()),
+        // O_EXCL does not follow a symlink in the last place either: say which it is.
+        Some(libc::EEXIST) if is_symlink(path) => OutputError::Symlink(path.to_path_buf()),
+        Some(libc::EEXIST) => OutputError::Exists(path.to_path_buf()),
+        _ => io_err(e),
+    })?);
     let meta = file.metadata().map_err(io_err)?;
     let user = crate::sys::effective_uid();
     check(FileFacts::from(&meta), user).map_err(|why| OutputError::Refused {
@@ -105,6 +122,65 @@ pub fn open(path: &Path) -> Result<File, OutputError> {
     }
     file.set_len(0).map_err(io_err)?;
     Ok(file)
+}
+
+/// For the error message only: the file's own checks are made on its descriptor.
+fn is_symlink(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
+}
+
+/// `openat2(path, flags | O_NOFOLLOW, 0600, RESOLVE_NO_SYMLINKS)`: `ELOOP` if any component of
+/// the path is a symlink. Kernels without `openat2` (`ENOSYS`) get [`open_by_walk`].
+fn open_beneath_no_symlinks(path: &Path, flags: OFlags) -> io::Result<OwnedFd> {
+    match rustix::fs::openat2(
+        CWD,
+        path,
+        flags | OFlags::NOFOLLOW,
+        Mode::from_raw_mode(0o600),
+        ResolveFlags::NO_SYMLINKS,
+    ) {
+        Err(rustix::io::Errno::NOSYS) => open_by_walk(path, flags),
+        r => r.map_err(io::Error::from),
+    }
+}
+
+/// The walk `openat2` stands for: from `/` (or the working directory), each directory of the
+/// path opened `O_PATH | O_NOFOLLOW` relative to the one before and refused (`ELOOP`) if it is
+/// a symlink; the file itself opened `O_NOFOLLOW` in the last directory. `..` is walked as the
+/// kernel walks it (it is never a link).
+fn open_by_walk(path: &Path, flags: OFlags) -> io::Result<OwnedFd> {
+    let dir_flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let mut parts: Vec<Component<'_>> = path.components().collect();
+    let Some(Component::Normal(name)) = parts.pop() else {
+        // "/", "." or "..": a directory, which the checks refuse anyway.
+        return Err(io::Error::from_raw_os_error(libc::EISDIR));
+    };
+    let mut dir: OwnedFd =
+        rustix::fs::openat(CWD, ".", dir_flags | OFlags::DIRECTORY, Mode::empty())?;
+    for part in parts {
+        let step: &OsStr = match part {
+            Component::RootDir => {
+                dir = rustix::fs::openat(CWD, "/", dir_flags | OFlags::DIRECTORY, Mode::empty())?;
+                continue;
+            }
+            Component::CurDir | Component::Prefix(_) => continue,
+            Component::ParentDir => OsStr::new(".."),
+            Component::Normal(n) => n,
+        };
+        let next = rustix::fs::openat(&dir, step, dir_flags, Mode::empty())?;
+        let kind = rustix::fs::FileType::from_raw_mode(rustix::fs::fstat(&next)?.st_mode);
+        match kind {
+            rustix::fs::FileType::Directory => dir = next,
+            rustix::fs::FileType::Symlink => return Err(io::Error::from_raw_os_error(libc::ELOOP)),
+            _ => return Err(io::Error::from_raw_os_error(libc::ENOTDIR)),
+        }
+    }
+    Ok(rustix::fs::openat(
+        &dir,
+        name,
+        flags | OFlags::NOFOLLOW,
+        Mode::from_raw_mode(0o600),
+    )?)
 }
 
 #[cfg(test)]
@@ -156,14 +232,22 @@ mod tests {
         std::fs::write(&target, "keep me").unwrap();
         let link = dir.path().join("calls.jsonl");
         std::os::unix::fs::symlink(&target, &link).unwrap();
-        let e = open(&link).unwrap_err();
-        assert!(matches!(e, OutputError::Symlink(_)), "{e}");
+        for force in [false, true] {
+            let e = open(&link, force).unwrap_err();
+            assert!(matches!(e, OutputError::Symlink(_)), "{e}");
+        }
+        let e = open(&link, true).unwrap_err();
         assert!(e.to_string().contains("symbolic link"), "{e}");
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep me");
         // A dangling link is not followed to create its target either.
         let dangling = dir.path().join("dangling.jsonl");
         std::os::unix::fs::symlink(dir.path().join("created-elsewhere"), &dangling).unwrap();
-        assert!(matches!(open(&dangling), Err(OutputError::Symlink(_))));
+        for force in [false, true] {
+            assert!(matches!(
+                open(&dangling, force),
+                Err(OutputError::Symlink(_))
+            ));
+        }
         assert!(!dir.path().join("created-elsewhere").exists());
     }
 
@@ -173,11 +257,11 @@ mod tests {
         let old = dir.path().join("old.jsonl");
         std::fs::write(&old, "previous recording").unwrap();
         std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o644)).unwrap();
-        drop(open(&old).unwrap());
+        drop(open(&old, true).unwrap());
         let m = std::fs::metadata(&old).unwrap();
         assert_eq!((m.permissions().mode() & 0o7777, m.len()), (0o600, 0));
         let new = dir.path().join("new.jsonl");
-        drop(open(&new).unwrap());
+        drop(open(&new, false).unwrap());
         assert_eq!(
             std::fs::metadata(&new).unwrap().permissions().mode() & 0o7777,
             0o600
@@ -191,7 +275,7 @@ mod tests {
         std::fs::write(&other, "keep me").unwrap();
         let link = dir.path().join("calls.jsonl");
         std::fs::hard_link(&other, &link).unwrap();
-        let e = open(&link).unwrap_err();
+        let e = open(&link, true).unwrap_err();
         assert!(
             matches!(
                 e,
@@ -208,7 +292,7 @@ mod tests {
     #[test]
     fn a_directory_or_a_fifo_is_refused_without_blocking() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(open(dir.path()).is_err());
+        assert!(open(dir.path(), true).is_err());
         let fifo = dir.path().join("fifo");
         // mkfifo(3) is mknod(2) of a FIFO.
         rustix::fs::mknodat(
@@ -220,6 +304,70 @@ mod tests {
         )
         .unwrap();
         // Refused without blocking on the missing reader (O_NONBLOCK: ENXIO, or not regular).
-        assert!(open(&fifo).is_err());
+        assert!(open(&fifo, true).is_err());
+    }
+
+    /// Both ways of opening: `openat2`, and the walk kernels without it get.
+    const OPENERS: [(&str, Opener); 2] = [
+        ("openat2", open_beneath_no_symlinks),
+        ("walk", open_by_walk),
+    ];
+
+    /// Issue #33: a symlinked *directory* on the path (`~user/dir` → a root-owned directory)
+    /// is refused like a symlinked file: nothing is created or truncated behind it.
+    #[test]
+    fn a_symlink_anywhere_on_the_path_is_refused() {
+        for (how, opener) in OPENERS {
+            let dir = tempfile::tempdir().unwrap();
+            let real = dir.path().join("real");
+            std::fs::create_dir(&real).unwrap();
+            std::fs::write(real.join("precious"), "keep me").unwrap();
+            let link = dir.path().join("link");
+            std::os::unix::fs::symlink(&real, &link).unwrap();
+            for (path, force) in [
+                (link.join("calls.jsonl"), false),
+                (link.join("precious"), true),
+                (link.join("..").join("real").join("precious"), true),
+                (link.join("sub").join("calls.jsonl"), true),
+            ] {
+                let e = open_with(&path, force, opener).unwrap_err();
+                assert!(matches!(e, OutputError::Symlink(_)), "{how}: {e}");
+                assert!(
+                    e.to_string().contains(&path.display().to_string())
+                        && e.to_string().contains("symbolic link"),
+                    "{how}: {e}"
+                );
+            }
+            assert!(!real.join("calls.jsonl").exists(), "{how}");
+            let kept = std::fs::read_to_string(real.join("precious")).unwrap();
+            assert_eq!(kept, "keep me", "{how}");
+            // The real path is fine, relative ones too.
+            drop(open_with(&real.join("calls.jsonl"), false, opener).unwrap());
+            let rel = real.strip_prefix("/").unwrap();
+            let up = "../".repeat(std::env::current_dir().unwrap().components().count());
+            let relative = Path::new(&up).join(rel).join("rel.jsonl");
+            drop(open_with(&relative, false, opener).unwrap());
+            assert!(real.join("rel.jsonl").exists(), "{how}");
+        }
+    }
+
+    /// Issue #33: an existing file is never truncated without `--force`.
+    #[test]
+    fn an_existing_file_is_refused_without_force_and_left_as_it_was() {
+        for (how, opener) in OPENERS {
+            let dir = tempfile::tempdir().unwrap();
+            let old = dir.path().join("old.jsonl");
+            std::fs::write(&old, "previous recording").unwrap();
+            let e = open_with(&old, false, opener).unwrap_err();
+            assert!(matches!(e, OutputError::Exists(_)), "{how}: {e}");
+            assert!(
+                e.to_string().contains(&old.display().to_string())
+                    && e.to_string().contains("--force"),
+                "{how}: {e}"
+            );
+            assert_eq!(std::fs::read_to_string(&old).unwrap(), "previous recording");
+            drop(open_with(&old, true, opener).unwrap());
+            assert_eq!(std::fs::metadata(&old).unwrap().len(), 0, "{how}");
+        }
     }
 }

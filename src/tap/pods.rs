@@ -14,7 +14,7 @@ use crate::tenant::{self, MAX_FIELD};
 /// the readable view of each pod, or a line saying there are none.
 pub fn view(pods: &[pb::Pod], json: bool, now: SystemTime) -> String {
     if json {
-        return json!({ "pods": pods.iter().map(pod_json).collect::<Vec<_>>() }).to_string();
+        return tenant::json(&json!({ "pods": pods.iter().map(pod_json).collect::<Vec<_>>() }));
     }
     if pods.is_empty() {
         return "crisp tracks no pods.".into();
@@ -153,7 +153,10 @@ pub(crate) fn human(p: &pb::Pod, now: SystemTime) -> String {
     out.join("\n")
 }
 
-/// One pod as `crisp pods --json` prints it: fixed keys, times in RFC 3339.
+/// One pod as `crisp pods --json` prints it: fixed keys, times in RFC 3339. Every string is cut
+/// and escaped as in the readable view (`tenant::cut`, [`MAX_FIELD`] bytes each: the pod's
+/// names, its readiness specs, probe results and the runtime's errors are the pod author's
+/// text); [`view`] prints it with the one JSON escape (`tenant::json`).
 pub(crate) fn pod_json(p: &pb::Pod) -> Value {
     let time = |n: i64| {
         if n > 0 {
@@ -162,34 +165,51 @@ pub(crate) fn pod_json(p: &pb::Pod) -> Value {
             Value::Null
         }
     };
+    let c = |s: &str| tenant::cut(s, MAX_FIELD);
+    let held = |h: &pb::HeldCall| pb::HeldCall {
+        method: c(&h.method),
+        container_name: c(&h.container_name),
+        waiting_on: c(&h.waiting_on),
+        reason: c(&h.reason),
+        probe: c(&h.probe),
+        probe_result: c(&h.probe_result),
+        policy: c(&h.policy),
+        ..h.clone()
+    };
     json!({
-        "namespace": p.namespace,
-        "name": p.name,
-        "uid": p.uid,
-        "pod_sandbox_id": p.pod_sandbox_id,
+        "namespace": c(&p.namespace),
+        "name": c(&p.name),
+        "uid": c(&p.uid),
+        "pod_sandbox_id": c(&p.pod_sandbox_id),
         "host_network": p.host_network,
-        "policy_source": p.policy_source,
+        "policy_source": c(&p.policy_source),
         "start_timeout_ms": p.effective_start_timeout_ms,
-        "timeout_policy": p.effective_timeout_policy,
+        "timeout_policy": c(&p.effective_timeout_policy),
         "refusals": p.refusals,
         "sidecars": p.sidecars.iter().map(|s| json!({
-            "name": s.name,
-            "ready": s.ready,
+            "name": c(&s.name),
+            "ready": c(&s.ready),
             "required": s.required,
-            "state": s.state,
-            "container_id": s.container_id,
-            "last_probe_result": s.last_probe_result,
+            "state": c(&s.state),
+            "container_id": c(&s.container_id),
+            "last_probe_result": c(&s.last_probe_result),
             "last_probe_time": time(s.last_probe_unix_nanos),
         })).collect::<Vec<_>>(),
-        "held": p.held.iter().map(|h| hold_object!(h, {
+        "held": p.held.iter().map(held).map(|h| hold_object!(h, {
             "call_id": h.call_id,
             "method": h.method,
             "container_name": h.container_name,
             "since": time(h.since_unix_nanos),
         }, {})).collect::<Vec<_>>(),
-        "job": p.job_state.as_ref().map(|j| json!({ "is_job": j.is_job, "watched": j.watched, "terminated": j.terminated })),
-        "containers": p.containers.iter().map(|c| json!({ "id": c.id, "name": c.name })).collect::<Vec<_>>(),
-        "runtime_error": p.runtime_error,
+        "job": p.job_state.as_ref().map(|j| json!({
+            "is_job": j.is_job,
+            "watched": j.watched,
+            "terminated": j.terminated.iter().map(|n| c(n)).collect::<Vec<_>>(),
+        })),
+        "containers": p.containers.iter()
+            .map(|k| json!({ "id": c(&k.id), "name": c(&k.name) }))
+            .collect::<Vec<_>>(),
+        "runtime_error": c(&p.runtime_error),
     })
 }
 
@@ -306,5 +326,59 @@ mod tests {
         assert!(selected(Some("default/web"), &p));
         assert!(!selected(Some("other/web"), &p));
         assert!(!selected(Some("api"), &p));
+    }
+
+    /// Issue #33: `crisp pods --json` cuts every string of the pod's text like the readable
+    /// view (256 bytes) and escapes every character a terminal obeys as `\uXXXX`.
+    #[test]
+    fn json_cuts_and_escapes_every_tenant_string() {
+        let hostile = format!(
+            "x\u{9b}31m\u{7f}\u{2028}\u{202e}\u{2066}\u{200f}\u{61c}{}",
+            "y".repeat(10_000)
+        );
+        let mut p = pod();
+        p.name = hostile.clone();
+        p.uid = hostile.clone();
+        p.runtime_error = hostile.clone();
+        p.sidecars[0].ready = hostile.clone();
+        p.sidecars[0].last_probe_result = hostile.clone();
+        p.held[0].probe = hostile.clone();
+        p.held[0].probe_result = hostile.clone();
+        p.held[0].reason = hostile.clone();
+        p.containers = vec![pb::Container {
+            id: "c1".into(),
+            name: hostile.clone(),
+        }];
+        let out = view(&[p], true, SystemTime::now());
+        assert!(
+            !out.chars().any(|c| c.is_control()
+                || matches!(
+                    c,
+                    '\u{2028}' | '\u{202e}' | '\u{2066}' | '\u{200f}' | '\u{61c}'
+                )),
+            "{}",
+            out.chars().take(400).collect::<String>()
+        );
+        assert!(out.len() < 16 * 1024, "{} bytes", out.len());
+        let v: Value = serde_json::from_str(&out).unwrap();
+        fn strings(v: &Value, out: &mut Vec<String>) {
+            match v {
+                Value::String(s) => out.push(s.clone()),
+                Value::Array(a) => a.iter().for_each(|v| strings(v, out)),
+                Value::Object(o) => o.values().for_each(|v| strings(v, out)),
+                _ => {}
+            }
+        }
+        let mut all = Vec::new();
+        strings(&v, &mut all);
+        assert!(
+            all.iter().all(|s| s.len() <= MAX_FIELD),
+            "{:?}",
+            all.iter().map(|s| s.len()).collect::<Vec<_>>()
+        );
+        assert!(
+            all.iter().filter(|s| s.starts_with(r"x\u{9b}31m")).count() >= 9,
+            "{all:?}"
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! How `crisp tap` shows a tap event: the readable one-line view ([`human`]) and the JSON
-//! object of `--json` and `--output` ([`json_line`]), which `crisp timeline` reads back.
+//! object of `--json` and `--output` ([`json_line`], printed by [`json_text`]), which
+//! `crisp timeline` reads back. Both escape tenant text with `crate::tenant`'s one escape.
 
 use serde_json::{json, Value};
 
@@ -46,6 +47,12 @@ pub fn json_line(event: &Event) -> Value {
     v
 }
 
+/// One event as the line `--json` prints and `--output` records: [`json_line`] with every
+/// character a terminal would obey escaped as `\uXXXX` (`crate::tenant::json`).
+pub fn json_text(event: &Event) -> String {
+    crate::tenant::json(&json_line(event))
+}
+
 /// The readable view: `12:00:01.234 v1 CreateContainer default/web app 5.2ms held=3.1s OK`.
 pub fn human(event: &Event) -> String {
     let ev = match event {
@@ -66,9 +73,9 @@ pub fn human(event: &Event) -> String {
         ev.cri_version.clone()
     });
     parts.push(if ev.cri_version.is_empty() {
-        ev.path.clone()
+        name(&ev.path).to_string()
     } else {
-        ev.method.clone()
+        name(&ev.method).to_string()
     });
     if !ev.pod_name.is_empty() {
         parts.push(format!(
@@ -85,7 +92,7 @@ pub fn human(event: &Event) -> String {
         parts.push(format!("id={}", short(&ev.container_id)));
     }
     if !ev.image.is_empty() {
-        parts.push(short_digest(&ev.image));
+        parts.push(name(&short_digest(&ev.image)).to_string());
     }
     parts.push(duration(ev.duration_micros));
     // Every observed call spends a few µs "held" in the interceptors; only real holds matter.
@@ -106,10 +113,12 @@ pub fn human(event: &Event) -> String {
         if text.is_empty() {
             continue;
         }
-        let pretty = serde_json::from_str::<Value>(text)
-            .ok()
-            .and_then(|v| serde_json::to_string_pretty(&v).ok())
-            .unwrap_or_else(|| text.clone());
+        // The decoded message holds the pod's text (annotation values, workingDir, probe
+        // paths): pretty JSON with the one escape, or, were it ever not JSON, escaped text.
+        let pretty = match serde_json::from_str::<Value>(text) {
+            Ok(v) => crate::tenant::json_pretty(&v),
+            Err(_) => crate::tenant::cut(text, UNPARSED_SHOWN),
+        };
         line.push_str(&format!("\n  {arrow}: {}", pretty.replace('\n', "\n  ")));
     }
     line
@@ -206,6 +215,9 @@ pub(crate) fn hold_line(h: &pb::HoldEvent) -> String {
     }
     parts.join(" ")
 }
+
+/// Most bytes of a decoded message shown when it is not JSON (crisp sends JSON; never seen).
+const UNPARSED_SHOWN: usize = 64 << 10;
 
 /// A pod's text in a one-line view: cut and escaped (`crate::tenant`).
 fn name(s: &str) -> crate::tenant::Text<'_> {
@@ -463,5 +475,81 @@ mod tests {
                 line.len()
             );
         }
+    }
+
+    /// Every character a terminal obeys that `crate::tenant::escaped` names, as a pod author can
+    /// put it in an annotation value, a workingDir or a readiness path.
+    pub(crate) const OBEYED: &[char] = &[
+        '\u{1b}', '\n', '\u{7f}', '\u{85}', '\u{9b}', '\u{9d}', '\u{2028}', '\u{2029}', '\u{61c}',
+        '\u{200e}', '\u{200f}', '\u{202a}', '\u{202b}', '\u{202c}', '\u{202d}', '\u{202e}',
+        '\u{2066}', '\u{2067}', '\u{2068}', '\u{2069}',
+    ];
+
+    fn obeyed_text() -> String {
+        OBEYED.iter().map(|c| format!("{c}x")).collect()
+    }
+
+    fn raw(out: &str) -> Vec<char> {
+        out.chars()
+            .filter(|c| *c != '\n' && OBEYED.contains(c))
+            .collect()
+    }
+
+    /// Issue #33: `--json` and `--output` escape C1 (U+009B is CSI), DEL, U+2028/U+2029 and the
+    /// bidi controls as `\uXXXX`, in call and hold events alike, and the line parses back to
+    /// the same value.
+    #[test]
+    fn json_lines_escape_every_character_a_terminal_obeys() {
+        let hostile = obeyed_text();
+        let mut c = call();
+        c.pod_name = hostile.clone();
+        c.message = hostile.clone();
+        c.request_json = json!({
+            "config": {
+                "working_dir": hostile,
+                "annotations": { "crisp.dev/ready.proxy": hostile },
+            }
+        })
+        .to_string();
+        let h = pb::HoldEvent {
+            pod_name: hostile.clone(),
+            probe: hostile.clone(),
+            probe_result: hostile.clone(),
+            ..Default::default()
+        };
+        for event in [Event::Call(c), Event::Hold(h)] {
+            let line = json_text(&event);
+            assert_eq!(raw(&line), Vec::<char>::new(), "{line}");
+            assert!(!line.contains('\n'), "{line}");
+            assert!(
+                line.contains(r"\u009b") && line.contains(r"\u202e"),
+                "{line}"
+            );
+            let back: Value = serde_json::from_str(&line).unwrap();
+            assert_eq!(back, json_line(&event));
+        }
+    }
+
+    /// Issue #33: `tap --full`'s readable view prints the decoded messages (workingDir,
+    /// `crisp.dev/*` values) with the same escape, and the image name is cut and escaped.
+    #[test]
+    fn the_full_view_escapes_decoded_messages_and_the_image() {
+        let hostile = obeyed_text();
+        let mut c = call();
+        c.image = format!("{hostile}{}", "i".repeat(10_000));
+        c.request_json = json!({
+            "config": {
+                "working_dir": hostile,
+                "annotations": { "crisp.dev/ready.proxy": hostile },
+            }
+        })
+        .to_string();
+        let line = human(&Event::Call(c));
+        assert_eq!(raw(&line), Vec::<char>::new(), "{line}");
+        assert!(
+            line.contains(r"\u009b") && line.contains(r"\u{9b}"),
+            "{line}"
+        );
+        assert!(line.len() < 4 * 1024, "{} bytes", line.len());
     }
 }

@@ -503,7 +503,7 @@ fn overlay(
         std::fs::write(
             d.join("args.yaml"),
             format!(
-                "apiVersion: apps/v1\nkind: DaemonSet\nmetadata:\n  name: crisp-installer\n  namespace: crisp-system\nspec:\n  template:\n    spec:\n      containers:\n      - name: installer\n        env:\n        - name: CRISP_INSTALL_ARGS\n          value: {args:?}\n"
+                "apiVersion: apps/v1\nkind: DaemonSet\nmetadata:\n  name: crisp-installer\n  namespace: crisp-system\nspec:\n  template:\n    spec:\n      initContainers:\n      - name: installer\n        env:\n        - name: CRISP_INSTALL_ARGS\n          value: {args:?}\n"
             ),
         )
         .unwrap();
@@ -638,13 +638,13 @@ fn the_installer_daemonset_rolls_out_and_back() {
             pod = installer_pod(&cluster);
             !pod.is_empty()
                 && cluster
-                    .kubectl(&["-n", "crisp-system", "logs", &pod])
+                    .kubectl(&["-n", "crisp-system", "logs", "-c", "installer", &pod])
                     .stdout
                     .contains("install failed")
         },
     );
     let failed_after = t.elapsed();
-    let log = cluster.must(&["-n", "crisp-system", "logs", &pod]);
+    let log = cluster.must(&["-n", "crisp-system", "logs", "-c", "installer", &pod]);
     assert!(
         log.contains("is not a valid crisp config"),
         "the installer's log says why: {log}"
@@ -725,7 +725,15 @@ fn the_installer_daemonset_rolls_out_and_back() {
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         (install_time, watcher.join().unwrap())
     });
-    let log = cluster.must(&["-n", "crisp-system", "logs", "--timestamps", &pod]);
+    let log = cluster.must(&[
+        "-n",
+        "crisp-system",
+        "logs",
+        "-c",
+        "installer",
+        "--timestamps",
+        &pod,
+    ]);
     assert!(log.contains("install: exit 0"), "{log}");
     assert_ne!(
         node.prop("kubelet.service", "InvocationID"),

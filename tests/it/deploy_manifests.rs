@@ -1,7 +1,9 @@
 //! deploy/: the installer DaemonSet (plain manifest, kustomize base and uninstall overlay)
 //! validates offline against the Kubernetes API models and follows the fleet rules
-//! (hack/check-manifests.py: privileged + hostPID + the node's / at /host, opt-in label, one
-//! node at a time, readiness through `crisp doctor`); a broken manifest is refused.
+//! (hack/check-manifests.py: a privileged init container with hostPID and the node's / at
+//! /host, an unprivileged reporter that stays, no hostNetwork, images pinned by digest where
+//! applied, opt-in label, one node at a time, readiness once `crisp doctor` passed); a broken
+//! manifest is refused.
 
 use std::path::Path;
 use std::process::Command;
@@ -36,10 +38,22 @@ fn the_installer_manifests_validate() {
     eprintln!("{out}");
 }
 
+/// The base manifest with its images pinned as hack/release.sh pins them.
+fn pinned() -> String {
+    let base =
+        std::fs::read_to_string(Path::new(REPO).join("deploy/base/crisp-installer.yaml")).unwrap();
+    let digest = format!("@sha256:{}", "ab".repeat(32));
+    let pinned = base.replace(
+        "image: crisp-installer:0.1.0\n",
+        &format!("image: crisp-installer:0.1.0{digest}\n"),
+    );
+    assert_eq!(pinned.matches(&digest).count(), 2, "{pinned}");
+    pinned
+}
+
 #[test]
 fn a_broken_manifest_is_refused() {
-    let good =
-        std::fs::read_to_string(Path::new(REPO).join("deploy/base/crisp-installer.yaml")).unwrap();
+    let good = pinned();
     let tmp = tempfile::tempdir().unwrap();
     for (from, to, expect) in [
         ("hostPID: true", "hostPid: true", "unknown field 'hostPid'"),
@@ -78,4 +92,73 @@ fn a_broken_manifest_is_refused() {
             "{from} -> {to}: expected '{expect}':\n{out}"
         );
     }
+}
+
+/// Issue #33: the installer holds no more than it needs. A manifest with hostNetwork, an image
+/// not pinned by digest, or a container that stays running with privileges, capabilities, root
+/// or a host path is refused; the pinned base passes.
+#[test]
+fn the_installer_holds_no_more_than_it_needs() {
+    let good = pinned();
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("pinned.yaml");
+    std::fs::write(&p, &good).unwrap();
+    let (ok, out) = check(&[p.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    let digest = format!("@sha256:{}", "ab".repeat(32));
+    for (from, to, expect) in [
+        (
+            "      hostPID: true\n",
+            "      hostPID: true\n      hostNetwork: true\n",
+            "hostNetwork must not be set",
+        ),
+        (digest.as_str(), "", "is not pinned by digest"),
+        (digest.as_str(), ":latest", "is not pinned by digest"),
+        (
+            "          privileged: false\n",
+            "          privileged: true\n",
+            "container report stays running: it must not be privileged",
+        ),
+        (
+            "            drop: [\"ALL\"]\n",
+            "            drop: [\"NET_RAW\"]\n",
+            "must drop every capability",
+        ),
+        (
+            "          runAsNonRoot: true\n",
+            "          runAsNonRoot: false\n",
+            "non-root user",
+        ),
+        (
+            "          readOnly: true\n",
+            "          readOnly: true\n        - name: host\n          mountPath: /host\n",
+            "it must mount no host path",
+        ),
+        ("args: [\"once\"]", "args: []", "`once`"),
+    ] {
+        assert!(good.contains(from), "{from}");
+        std::fs::write(&p, good.replacen(from, to, 1)).unwrap();
+        let (ok, out) = check(&[p.to_str().unwrap()]);
+        assert!(
+            !ok && out.contains(expect),
+            "{from} -> {to}: expected '{expect}':\n{out}"
+        );
+    }
+    // A deploy/ tree as released must be pinned: the source tree (by tag) is refused there.
+    let (ok, out) = check(&[
+        "--deploy",
+        &Path::new(REPO).join("deploy").display().to_string(),
+    ]);
+    assert!(!ok && out.contains("is not pinned by digest"), "{out}");
+    let tree = tmp.path().join("deploy");
+    for d in ["base", "uninstall"] {
+        std::fs::create_dir_all(tree.join(d)).unwrap();
+        for f in std::fs::read_dir(Path::new(REPO).join("deploy").join(d)).unwrap() {
+            let f = f.unwrap().path();
+            std::fs::copy(&f, tree.join(d).join(f.file_name().unwrap())).unwrap();
+        }
+    }
+    std::fs::write(tree.join("base/crisp-installer.yaml"), &good).unwrap();
+    let (ok, out) = check(&["--deploy", tree.to_str().unwrap()]);
+    assert!(ok, "{out}");
 }

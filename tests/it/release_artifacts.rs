@@ -1,6 +1,7 @@
 //! hack/release.sh's artifacts (built into target/artifacts by hack/test.sh): the binary is static
 //! and runs in an empty root filesystem; the .deb and the installer image hold what the
-//! install needs; the sums match; packaging twice gives identical bytes.
+//! install needs; the DaemonSet in dist/deploy is pinned to the image built; the sums match;
+//! packaging twice gives identical bytes.
 
 use std::path::Path;
 use std::process::Command;
@@ -203,6 +204,41 @@ fn sums_deb_and_image_hold_what_the_install_needs() {
     for applet in ["sh", "nsenter", "cp"] {
         assert!(rootfs.join("bin").join(applet).exists(), "busybox {applet}");
     }
+}
+
+/// Issue #33: dist/deploy, the DaemonSet as released, names the installer image by the digest of
+/// the image in dist/ (its index.json), for every container, and passes the manifest rules with
+/// pins required.
+#[test]
+fn the_released_daemonset_is_pinned_to_the_image_built() {
+    let image = artifact("crisp-installer-", ".oci.tar");
+    let index = run(Command::new("tar")
+        .arg("-xOf")
+        .arg(&image)
+        .arg("index.json"));
+    let digest = std::fs::read_to_string(artifact("crisp-installer-", ".digest")).unwrap();
+    let digest = digest.trim();
+    assert!(
+        digest.len() == 71 && index.contains(&format!("\"digest\":\"{digest}\"")),
+        "{digest} is not the image's manifest: {index}"
+    );
+    let tree = dist().join("deploy");
+    let yaml = std::fs::read_to_string(tree.join("base/crisp-installer.yaml")).unwrap();
+    let images: Vec<&str> = yaml
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("image: "))
+        .collect();
+    assert_eq!(images.len(), 2, "{yaml}");
+    for i in images {
+        assert!(
+            i.starts_with("crisp-installer:") && i.ends_with(&format!("@{digest}")),
+            "{i}"
+        );
+    }
+    run(Command::new("/usr/bin/python3")
+        .arg(Path::new(REPO).join("hack/check-manifests.py"))
+        .arg("--deploy")
+        .arg(&tree));
 }
 
 #[test]

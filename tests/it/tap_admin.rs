@@ -67,7 +67,11 @@ async fn unredacted_is_refused_to_non_root_and_served_to_root() {
     crate::prerequisites::require_root("runs a client as nobody");
     let fake = Fake::start().await;
     // A group-shared socket (an operator's choice): non-root may connect, but never unredacted.
-    let d = daemon(fake.path(), |c| c.admin.mode = 0o666).await;
+    let d = daemon(fake.path(), |c| {
+        c.admin.mode = 0o666;
+        c.admin.allow_shared_mode = true;
+    })
+    .await;
     std::fs::set_permissions(d.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let tap_as_nobody = |extra: &[&str]| {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_crisp"));

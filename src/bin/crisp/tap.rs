@@ -46,10 +46,14 @@ pub struct TapArgs {
     /// Decode requests and responses (unary calls) to JSON; unknown fields are listed.
     #[arg(long)]
     pub full: bool,
-    /// Also record every event as JSON lines to this file (mode 0600; never through a symlink,
-    /// only a file of one's own; see docs/TAP.md).
+    /// Also record every event as JSON lines to this file (mode 0600; no symlink anywhere on
+    /// the path; an existing file only with --force; see docs/TAP.md).
     #[arg(long, short = 'o', value_name = "FILE")]
     pub output: Option<PathBuf>,
+    /// With --output: replace FILE if it exists (only a regular file of one's own with one
+    /// link; never through a symlink). Without it an existing FILE is refused, never truncated.
+    #[arg(long, requires = "output")]
+    pub force: bool,
     /// Show secrets (registry credentials, env values, ...). Only served to root.
     #[arg(long)]
     pub unredacted: bool,
@@ -129,7 +133,12 @@ async fn tap(args: TapArgs) -> ExitCode {
             });
         }
     };
-    let mut file = match args.output.as_deref().map(create_output).transpose() {
+    let mut file = match args
+        .output
+        .as_deref()
+        .map(|p| create_output(p, args.force))
+        .transpose()
+    {
         Ok(f) => f,
         Err(e) => {
             eprintln!("crisp tap: --output: {e}");
@@ -159,13 +168,13 @@ async fn tap(args: TapArgs) -> ExitCode {
             }
         };
         let line = if args.json {
-            view::json_line(&event).to_string()
+            view::json_text(&event)
         } else {
             view::human(&event)
         };
         let written = writeln!(out, "{line}").and_then(|_| out.flush());
         if let Some(f) = file.as_mut() {
-            if let Err(e) = writeln!(f, "{}", view::json_line(&event)).and_then(|_| f.flush()) {
+            if let Err(e) = writeln!(f, "{}", view::json_text(&event)).and_then(|_| f.flush()) {
                 eprintln!("crisp tap: --output: {e}");
                 return ExitCode::FAILURE;
             }
@@ -184,10 +193,11 @@ async fn tap(args: TapArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn create_output(path: &Path) -> Result<BufWriter<File>, output::OutputError> {
-    // 0600, no symlink, only one's own file: with --unredacted the file holds secrets; even
-    // redacted, it is every pod's traffic (see src/tap/output.rs).
-    Ok(BufWriter::new(output::open(path)?))
+fn create_output(path: &Path, force: bool) -> Result<BufWriter<File>, output::OutputError> {
+    // 0600, no symlink on the path, an existing file only with --force and only one's own: with
+    // --unredacted the file holds secrets; even redacted, it is every pod's traffic (see
+    // src/tap/output.rs).
+    Ok(BufWriter::new(output::open(path, force)?))
 }
 
 #[cfg(test)]
