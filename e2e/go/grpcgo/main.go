@@ -55,6 +55,7 @@ import (
 	"math/rand"
 	"net"
 	"os"
+	"os/exec"
 	"os/signal"
 	"sort"
 	"strings"
@@ -208,10 +209,20 @@ type frameParser struct {
 	stream    uint32
 	keep      int
 	payload   []byte
+
+	// onFrame (the kill matrix's trap) is called with each completed frame's type, flags and
+	// stream, and the offset just past it in the chunk being fed; it returns whether the rest
+	// of that chunk is to be cut off.
+	onFrame func(typ, flags byte, stream uint32, end int) bool
+	fed     int // bytes of the current chunk consumed so far
+	cutAt   int // >= 0: onFrame asked to cut the chunk here
 }
 
 func (p *frameParser) feed(b []byte) {
+	total := len(b)
+	p.cutAt = -1
 	for len(b) > 0 {
+		p.fed = total - len(b)
 		if p.preface > 0 {
 			n := p.preface
 			if n > len(b) {
@@ -241,6 +252,7 @@ func (p *frameParser) feed(b []byte) {
 					p.keep = 0
 				}
 				if p.remaining == 0 {
+					p.fed = total - len(b)
 					p.done()
 				}
 			}
@@ -260,6 +272,7 @@ func (p *frameParser) feed(b []byte) {
 		p.remaining -= n
 		b = b[n:]
 		if p.remaining == 0 {
+			p.fed = total - len(b)
 			p.done()
 		}
 	}
@@ -267,6 +280,9 @@ func (p *frameParser) feed(b []byte) {
 
 func (p *frameParser) done() {
 	p.hn = 0
+	if p.onFrame != nil && p.cutAt < 0 && p.onFrame(p.typ, p.flags, p.stream, p.fed) {
+		p.cutAt = p.fed
+	}
 	s := p.stats
 	pick := func(sent, recv *int64) {
 		if p.sent {
@@ -323,14 +339,32 @@ type sniffConn struct {
 	rd, wr *frameParser
 	rmu    sync.Mutex
 	wmu    sync.Mutex
+	// After a trap cut the stream of frames from the server: reads end as if the server had
+	// died right after the frame the trap fired on.
+	cut bool
+	// Run after a Read's or Write's frames were fed (the trap's kill), before the bytes go on.
+	afterRead, afterWrite func()
 }
 
 func (c *sniffConn) Read(b []byte) (int, error) {
+	c.rmu.Lock()
+	cut := c.cut
+	c.rmu.Unlock()
+	if cut {
+		return 0, io.EOF
+	}
 	n, err := c.Conn.Read(b)
 	if n > 0 {
 		c.rmu.Lock()
 		c.rd.feed(b[:n])
+		if c.rd.cutAt >= 0 {
+			n = c.rd.cutAt
+			c.cut = true
+		}
 		c.rmu.Unlock()
+		if c.afterRead != nil {
+			c.afterRead()
+		}
 	}
 	return n, err
 }
@@ -341,6 +375,9 @@ func (c *sniffConn) Write(b []byte) (int, error) {
 		c.wmu.Lock()
 		c.wr.feed(b[:n])
 		c.wmu.Unlock()
+		if c.afterWrite != nil {
+			c.afterWrite()
+		}
 	}
 	return n, err
 }
@@ -380,9 +417,12 @@ func (l *sniffListener) Accept() (net.Conn, error) {
 // socket path as the gRPC target (passthrough resolver), insecure, a unix context dialer, 16 MiB
 // message limits, no keep-alive. `authority` overrides :authority (kubelet 1.29 sends the path
 // percent-encoded; other clients `localhost`).
-func dialKubelet(target, authority string, st *wireStats, sh stats.Handler) (*grpc.ClientConn, error) {
+func dialKubelet(target, authority string, st *wireStats, sh stats.Handler, tr *trap) (*grpc.ClientConn, error) {
 	path := strings.TrimPrefix(target, "unix://")
 	dialer := func(ctx context.Context, addr string) (net.Conn, error) {
+		if tr != nil {
+			tr.waitStarted()
+		}
 		var d net.Dialer
 		c, err := d.DialContext(ctx, "unix", path)
 		if err != nil {
@@ -392,7 +432,11 @@ func dialKubelet(target, authority string, st *wireStats, sh stats.Handler) (*gr
 			// bench: the connection as kubelet has it, with no frame counting on it.
 			return c, nil
 		}
-		return sniff(c, "upstream", true, st), nil
+		sc := sniff(c, "upstream", true, st).(*sniffConn)
+		if tr != nil {
+			tr.connected(sc, path)
+		}
+		return sc, nil
 	}
 	opts := []grpc.DialOption{
 		grpc.WithInsecure(),
@@ -600,18 +644,35 @@ func runBridge(args []string) error {
 	target := fs.String("target", "", "gRPC target to forward to (a socket path, as kubelet dials)")
 	authority := fs.String("authority", "", "override :authority (e.g. %2Frun%2Fx.sock or localhost)")
 	policy := fs.String("server-keepalive-policy", "default", "default (grpc-go/containerd: MinTime 5m, PermitWithoutStream false) or permissive")
+	trapPoint := fs.String("trap", "", "kill matrix: SIGKILL --trap-pid at this point of the runtime connection: connect|accepted|settings|request|response")
+	trapPid := fs.Int("trap-pid", 0, "the process the trap kills")
+	trapAfter := fs.Duration("trap-after", 0, "the trap's calls go this long after the kill")
+	trapTimeout := fs.Duration("trap-timeout", 30*time.Second, "deadline of the trap's calls")
+	trapMethod := fs.String("trap-method", "/runtime.v1.RuntimeService/ListPodSandbox", "the trap's call on the runtime connection")
+	trapImageMethod := fs.String("trap-image-method", "/runtime.v1.ImageService/ImageFsInfo", "the trap's call on the image connection (empty: none)")
 	_ = fs.Parse(args)
 	if *listen == "" || *target == "" {
 		return errors.New("--listen and --target are required")
 	}
 	up := &wireStats{}
 	down := &wireStats{}
-	cc, err := dialKubelet(*target, *authority, up, watchHandler{})
+	var outMu sync.Mutex
+	tr, err := newTrap(*trapPoint, *trapPid, *trapAfter, *trapTimeout, *trapMethod, *trapImageMethod, func(v interface{}) {
+		b, _ := json.Marshal(v)
+		outMu.Lock()
+		fmt.Fprintf(os.Stdout, "%s\n", b)
+		outMu.Unlock()
+		fmt.Fprintf(os.Stderr, "%s crisp-grpcgo: trap %s\n", time.Now().Format("15:04:05.000000"), b)
+	})
+	if err != nil {
+		return err
+	}
+	cc, err := dialKubelet(*target, *authority, up, watchHandler{}, tr)
 	if err != nil {
 		return fmt.Errorf("dial %s: %v", *target, err)
 	}
 	defer cc.Close()
-	icc, err := dialKubelet(*target, *authority, up, watchHandler{})
+	icc, err := dialKubelet(*target, *authority, up, watchHandler{}, nil)
 	if err != nil {
 		return fmt.Errorf("dial %s: %v", *target, err)
 	}
@@ -650,7 +711,6 @@ func runBridge(args []string) error {
 		b, _ := json.Marshal(map[string]interface{}{"stats": map[string]interface{}{"upstream": up.snapshot(), "downstream": down.snapshot()}})
 		fmt.Fprintf(w, "%s\n", b)
 	}
-	var outMu sync.Mutex
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGTERM, syscall.SIGINT)
 	go func() {
@@ -672,7 +732,194 @@ func runBridge(args []string) error {
 	fmt.Fprintln(os.Stdout, "ready")
 	outMu.Unlock()
 	fmt.Fprintf(os.Stderr, "%s crisp-grpcgo: bridge %s -> %s (grpc-go %s, authority %q)\n", time.Now().Format("15:04:05.000000"), *listen, *target, grpc.Version, *authority)
+	if tr != nil {
+		tr.start(cc, icc)
+	}
 	return srv.Serve(&sniffListener{Listener: l, role: "downstream", stats: down})
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kill matrix's trap (e2e/tests/it/reliability_crisp_chaos.rs): SIGKILL a process (crisp) at
+// a protocol point of the bridge's first runtime connection, then make a call on each client
+// connection a set time later, exactly as the bridge forwards kubelet's calls. Events are JSON
+// lines on stdout (and stderr, with the time, beside the connection states):
+//
+//	{"trap":"killed","point":P,"at":T}
+//	{"trap":"call","conn":"trigger|runtime|image","method":M,"code":C,"message":S,"ms":F,"sent_after_kill_ms":F}
+//
+// Points: connect (the socket connected, the client's preface not written: the connection may
+// still wait in the listener's backlog), accepted (the same once the listener's backlog is empty,
+// i.e. crisp accepted it: `ss`), settings (the server's SETTINGS read by the client), request
+// (a request's HEADERS written; the bridge makes a trigger call for it), response (the trigger
+// call's response HEADERS read, and the connection cut right after that frame, as if crisp had
+// died between writing it and the rest).
+
+type trap struct {
+	point       string
+	pid         int
+	after       time.Duration
+	timeout     time.Duration
+	method      string
+	imageMethod string
+	out         func(interface{})
+	startedCh   chan struct{}
+	fired       int32
+	conns       int32
+	runtime     *grpc.ClientConn
+	image       *grpc.ClientConn
+	killedAt    time.Time
+}
+
+func newTrap(point string, pid int, after, timeout time.Duration, method, imageMethod string, out func(interface{})) (*trap, error) {
+	switch point {
+	case "":
+		return nil, nil
+	case "connect", "accepted", "settings", "request", "response":
+	default:
+		return nil, fmt.Errorf("unknown --trap %q", point)
+	}
+	if pid <= 0 {
+		return nil, errors.New("--trap needs --trap-pid")
+	}
+	return &trap{point: point, pid: pid, after: after, timeout: timeout, method: method, imageMethod: imageMethod, out: out, startedCh: make(chan struct{})}, nil
+}
+
+func (t *trap) waitStarted() { <-t.startedCh }
+
+// start: the bridge printed `ready`; the runtime connection may dial now.
+func (t *trap) start(runtime, image *grpc.ClientConn) {
+	t.runtime, t.image = runtime, image
+	close(t.startedCh)
+	if t.point == "request" || t.point == "response" {
+		go func() {
+			// The trigger call, on the connection's first stream.
+			t.call("trigger", runtime, t.method, time.Time{})
+		}()
+	}
+}
+
+// connected: the runtime connection's dial returned (only the first one is trapped).
+func (t *trap) connected(c *sniffConn, path string) {
+	if atomic.AddInt32(&t.conns, 1) != 1 {
+		return
+	}
+	var pending int32
+	fireIfPending := func() {
+		if atomic.CompareAndSwapInt32(&pending, 1, 2) {
+			t.fire()
+		}
+	}
+	switch t.point {
+	case "connect":
+		t.fire()
+	case "accepted":
+		deadline := time.Now().Add(2 * time.Second)
+		for backlog(path) != 0 && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		t.fire()
+	case "settings":
+		c.rd.onFrame = func(typ, flags byte, stream uint32, end int) bool {
+			if typ == 0x4 && flags&0x1 == 0 {
+				atomic.CompareAndSwapInt32(&pending, 0, 1)
+			}
+			return false
+		}
+		c.afterRead = fireIfPending
+	case "request":
+		c.wr.onFrame = func(typ, flags byte, stream uint32, end int) bool {
+			if typ == 0x1 && stream != 0 {
+				atomic.CompareAndSwapInt32(&pending, 0, 1)
+			}
+			return false
+		}
+		c.afterWrite = fireIfPending
+	case "response":
+		c.rd.onFrame = func(typ, flags byte, stream uint32, end int) bool {
+			if typ == 0x1 && stream != 0 && flags&0x1 == 0 {
+				return atomic.CompareAndSwapInt32(&pending, 0, 1)
+			}
+			return false
+		}
+		c.afterRead = fireIfPending
+	}
+}
+
+// backlog: connections waiting in the backlog of the listening unix socket at path (`ss`'s
+// Recv-Q of a listener), or -1 if unknown.
+func backlog(path string) int {
+	out, err := exec.Command("ss", "-xlnH").Output()
+	if err != nil {
+		return -1
+	}
+	for _, l := range strings.Split(string(out), "\n") {
+		f := strings.Fields(l)
+		if len(f) >= 5 && f[4] == path {
+			n := 0
+			fmt.Sscanf(f[2], "%d", &n)
+			return n
+		}
+	}
+	return -1
+}
+
+func (t *trap) fire() {
+	if !atomic.CompareAndSwapInt32(&t.fired, 0, 1) {
+		return
+	}
+	err := syscall.Kill(t.pid, syscall.SIGKILL)
+	at := time.Now()
+	t.killedAt = at
+	ev := map[string]interface{}{"trap": "killed", "point": t.point, "at": at.UTC().Format(time.RFC3339Nano)}
+	if err != nil {
+		ev["error"] = err.Error()
+	}
+	t.out(ev)
+	go func() {
+		if t.after > 0 {
+			time.Sleep(time.Until(at.Add(t.after)))
+		}
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() { defer wg.Done(); t.call("runtime", t.runtime, t.method, at) }()
+		if t.imageMethod != "" {
+			wg.Add(1)
+			go func() { defer wg.Done(); t.call("image", t.image, t.imageMethod, at) }()
+		}
+		wg.Wait()
+	}()
+}
+
+// call makes one call on cc as the bridge forwards a unary CRI call (empty request message).
+func (t *trap) call(conn string, cc *grpc.ClientConn, method string, killed time.Time) {
+	ctx, cancel := context.WithTimeout(context.Background(), t.timeout)
+	defer cancel()
+	t0 := time.Now()
+	err := func() error {
+		desc := &grpc.StreamDesc{StreamName: method, ServerStreams: true}
+		cs, err := cc.NewStream(ctx, desc, method, grpc.ForceCodec(rawCodec{}))
+		if err != nil {
+			return err
+		}
+		if err := cs.SendMsg([]byte{}); err != nil && err != io.EOF {
+			return err
+		}
+		for {
+			var m []byte
+			if err := cs.RecvMsg(&m); err == io.EOF {
+				return nil
+			} else if err != nil {
+				return err
+			}
+		}
+	}()
+	took := time.Since(t0)
+	st := status.Convert(err)
+	ev := map[string]interface{}{"trap": "call", "conn": conn, "method": method, "code": st.Code().String(), "message": st.Message(), "ms": float64(took.Microseconds()) / 1000, "at": t0.UTC().Format(time.RFC3339Nano)}
+	if !killed.IsZero() {
+		ev["sent_after_kill_ms"] = float64(t0.Sub(killed).Microseconds()) / 1000
+	}
+	t.out(ev)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -721,7 +968,7 @@ func runCall(args []string) error {
 		*concurrency = 1
 	}
 	wire := &wireStats{}
-	cc, err := dialKubelet(*target, *authority, wire, nil)
+	cc, err := dialKubelet(*target, *authority, wire, nil, nil)
 	if err != nil {
 		return err
 	}
@@ -1011,7 +1258,7 @@ func runBench(args []string) error {
 	for r := 0; r < *runs; r++ {
 		conns := make([]*grpc.ClientConn, len(lanes))
 		for i := range lanes {
-			cc, err := dialKubelet(targets[i], *authority, nil, nil)
+			cc, err := dialKubelet(targets[i], *authority, nil, nil, nil)
 			if err != nil {
 				return err
 			}
