@@ -78,6 +78,9 @@ import (
 // kubelet's remote.maxMsgSize.
 const maxMsgSize = 16 << 20
 
+// A forwarded call unanswered this long is logged with its connection's last frames.
+const slowCall = 10 * time.Second
+
 // The payload of grpc-go's BDP estimator PING (internal/transport/bdp_estimator.go).
 var bdpPingData = [8]byte{2, 4, 16, 16, 9, 14, 7, 7}
 
@@ -216,6 +219,75 @@ type frameParser struct {
 	onFrame func(typ, flags byte, stream uint32, end int) bool
 	fed     int // bytes of the current chunk consumed so far
 	cutAt   int // >= 0: onFrame asked to cut the chunk here
+	// The connection's recent frames (upstream connections of a bridge), for a slow call's dump.
+	ring *frameRing
+}
+
+// frameRing keeps the last frames of one connection, both directions, with their times.
+type frameRing struct {
+	mu       sync.Mutex
+	name     string
+	opened   time.Time
+	closed   time.Time
+	closeErr string
+	buf      []string
+	next     int
+}
+
+const ringSize = 64
+
+var frameNames = map[byte]string{0: "DATA", 1: "HEADERS", 2: "PRIORITY", 3: "RST_STREAM", 4: "SETTINGS", 5: "PUSH_PROMISE", 6: "PING", 7: "GOAWAY", 8: "WINDOW_UPDATE", 9: "CONTINUATION"}
+
+func (r *frameRing) add(line string) {
+	r.mu.Lock()
+	if len(r.buf) < ringSize {
+		r.buf = append(r.buf, line)
+	} else {
+		r.buf[r.next] = line
+		r.next = (r.next + 1) % ringSize
+	}
+	r.mu.Unlock()
+}
+
+func (r *frameRing) dump() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var b strings.Builder
+	closed := "open"
+	if !r.closed.IsZero() {
+		closed = "closed " + r.closed.Format("15:04:05.000000") + " (" + r.closeErr + ")"
+	}
+	fmt.Fprintf(&b, "  %s connection opened %s, %s; its last %d frames:\n", r.name, r.opened.Format("15:04:05.000000"), closed, len(r.buf))
+	for i := 0; i < len(r.buf); i++ {
+		b.WriteString("    " + r.buf[(r.next+i)%len(r.buf)] + "\n")
+	}
+	return b.String()
+}
+
+// upstreamRings: the rings of a bridge's upstream connections, newest last (at most 8 kept).
+var upstreamRings struct {
+	sync.Mutex
+	all []*frameRing
+}
+
+func addRing(r *frameRing) {
+	upstreamRings.Lock()
+	upstreamRings.all = append(upstreamRings.all, r)
+	if len(upstreamRings.all) > 8 {
+		upstreamRings.all = upstreamRings.all[len(upstreamRings.all)-8:]
+	}
+	upstreamRings.Unlock()
+}
+
+func dumpRings() string {
+	upstreamRings.Lock()
+	rs := append([]*frameRing(nil), upstreamRings.all...)
+	upstreamRings.Unlock()
+	var b strings.Builder
+	for _, r := range rs {
+		b.WriteString(r.dump())
+	}
+	return b.String()
 }
 
 func (p *frameParser) feed(b []byte) {
@@ -280,6 +352,14 @@ func (p *frameParser) feed(b []byte) {
 
 func (p *frameParser) done() {
 	p.hn = 0
+	if p.ring != nil {
+		dir := "<-"
+		if p.sent {
+			dir = "->"
+		}
+		n := uint32(p.hdr[0])<<16 | uint32(p.hdr[1])<<8 | uint32(p.hdr[2])
+		p.ring.add(fmt.Sprintf("%s %s %s stream=%d flags=0x%x len=%d", time.Now().Format("15:04:05.000000"), dir, frameNames[p.typ], p.stream, p.flags, n))
+	}
 	if p.onFrame != nil && p.cutAt < 0 && p.onFrame(p.typ, p.flags, p.stream, p.fed) {
 		p.cutAt = p.fed
 	}
@@ -354,6 +434,14 @@ func (c *sniffConn) Read(b []byte) (int, error) {
 		return 0, io.EOF
 	}
 	n, err := c.Conn.Read(b)
+	if err != nil && c.rd.ring != nil {
+		c.rd.ring.mu.Lock()
+		if c.rd.ring.closed.IsZero() {
+			c.rd.ring.closed = time.Now()
+			c.rd.ring.closeErr = err.Error()
+		}
+		c.rd.ring.mu.Unlock()
+	}
 	if n > 0 {
 		c.rmu.Lock()
 		c.rd.feed(b[:n])
@@ -417,7 +505,7 @@ func (l *sniffListener) Accept() (net.Conn, error) {
 // socket path as the gRPC target (passthrough resolver), insecure, a unix context dialer, 16 MiB
 // message limits, no keep-alive. `authority` overrides :authority (kubelet 1.29 sends the path
 // percent-encoded; other clients `localhost`).
-func dialKubelet(target, authority string, st *wireStats, sh stats.Handler, tr *trap) (*grpc.ClientConn, error) {
+func dialKubelet(name, target, authority string, st *wireStats, sh stats.Handler, tr *trap) (*grpc.ClientConn, error) {
 	path := strings.TrimPrefix(target, "unix://")
 	dialer := func(ctx context.Context, addr string) (net.Conn, error) {
 		if tr != nil {
@@ -433,6 +521,11 @@ func dialKubelet(target, authority string, st *wireStats, sh stats.Handler, tr *
 			return c, nil
 		}
 		sc := sniff(c, "upstream", true, st).(*sniffConn)
+		if name != "" {
+			r := &frameRing{name: name, opened: time.Now()}
+			sc.rd.ring, sc.wr.ring = r, r
+			addRing(r)
+		}
 		if tr != nil {
 			tr.connected(sc, path)
 		}
@@ -529,6 +622,16 @@ func (b *bridge) handle(_ interface{}, ss grpc.ServerStream) error {
 		return status.Error(codes.Internal, "crisp-grpcgo: no method")
 	}
 	in := ss.Context()
+	// A call still unanswered after slowCall: its method, the client connection's state and the
+	// upstream connections' last frames go to the log (the open chaos hang, RELIABILITY.md).
+	conn := b.conn(method)
+	started := time.Now()
+	stateAtStart := conn.GetState()
+	slow := time.AfterFunc(slowCall, func() {
+		fmt.Fprintf(os.Stderr, "%s crisp-grpcgo: SLOW CALL %s started %s (client connection %v then, %v now), unanswered after %v\n%s",
+			time.Now().Format("15:04:05.000000"), method, started.Format("15:04:05.000000"), stateAtStart, conn.GetState(), slowCall, dumpRings())
+	})
+	defer slow.Stop()
 	// Read the request first: a call whose client sends one message and half-closes (every
 	// unary and server-streaming CRI call) goes out as kubelet sends it, DATA with END_STREAM.
 	var first []byte
@@ -667,12 +770,12 @@ func runBridge(args []string) error {
 	if err != nil {
 		return err
 	}
-	cc, err := dialKubelet(*target, *authority, up, watchHandler{}, tr)
+	cc, err := dialKubelet("runtime", *target, *authority, up, watchHandler{}, tr)
 	if err != nil {
 		return fmt.Errorf("dial %s: %v", *target, err)
 	}
 	defer cc.Close()
-	icc, err := dialKubelet(*target, *authority, up, watchHandler{}, nil)
+	icc, err := dialKubelet("image", *target, *authority, up, watchHandler{}, nil)
 	if err != nil {
 		return fmt.Errorf("dial %s: %v", *target, err)
 	}
@@ -968,7 +1071,7 @@ func runCall(args []string) error {
 		*concurrency = 1
 	}
 	wire := &wireStats{}
-	cc, err := dialKubelet(*target, *authority, wire, nil, nil)
+	cc, err := dialKubelet("", *target, *authority, wire, nil, nil)
 	if err != nil {
 		return err
 	}
@@ -1258,7 +1361,7 @@ func runBench(args []string) error {
 	for r := 0; r < *runs; r++ {
 		conns := make([]*grpc.ClientConn, len(lanes))
 		for i := range lanes {
-			cc, err := dialKubelet(targets[i], *authority, nil, nil, nil)
+			cc, err := dialKubelet("", targets[i], *authority, nil, nil, nil)
 			if err != nil {
 				return err
 			}
