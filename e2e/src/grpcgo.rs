@@ -91,13 +91,17 @@ pub struct GoBridgeOpts {
     pub binary: Option<PathBuf>,
     /// The kill matrix's trap ([`Trap`]).
     pub trap: Option<Trap>,
+    /// How unary calls are forwarded: `invoke` (the default: as kubelet makes them) or `stream`
+    /// (the old forwarder, which can wait for a call's whole deadline after its connection
+    /// closed under it; RELIABILITY.md, the chaos hang).
+    pub forward: Option<String>,
 }
 
 /// The kill matrix (`reliability_crisp_chaos`): the bridge SIGKILLs `pid` at `point` of its
 /// first runtime connection to the target, then makes a call on each of its two client
 /// connections `after` later, as it forwards kubelet's calls; events come as JSON lines
-/// ([`GoBridge::next_event`]). Points: `connect`, `accepted`, `settings`, `request`, `response`
-/// (e2e/go/grpcgo/main.go says what each is).
+/// ([`GoBridge::next_event`]). Points: `connect`, `accepted`, `settings`, `request`, `response`,
+/// `queued` (e2e/go/grpcgo/main.go says what each is).
 #[derive(Debug, Clone)]
 pub struct Trap {
     pub point: String,
@@ -190,6 +194,9 @@ impl GoBridge {
         }
         if let Some(p) = &opts.server_keepalive_policy {
             cmd.arg("--server-keepalive-policy").arg(p);
+        }
+        if let Some(f) = &opts.forward {
+            cmd.arg("--forward").arg(f);
         }
         if let Some(t) = &opts.trap {
             cmd.arg("--trap")

@@ -81,6 +81,15 @@ const maxMsgSize = 16 << 20
 // A forwarded call unanswered this long is logged with its connection's last frames.
 const slowCall = 10 * time.Second
 
+// How the bridge forwards calls: "invoke" (unary calls as kubelet makes them) or "stream" (the
+// old forwarder: every call through NewStream + Header(), which can hang; see handle).
+var forwardMode = "invoke"
+
+// The bridge's trap, if any (the kill matrix).
+var activeTrap *trap
+
+type trapQueuedKey struct{}
+
 // The payload of grpc-go's BDP estimator PING (internal/transport/bdp_estimator.go).
 var bdpPingData = [8]byte{2, 4, 16, 16, 9, 14, 7, 7}
 
@@ -424,6 +433,25 @@ type sniffConn struct {
 	cut bool
 	// Run after a Read's or Write's frames were fed (the trap's kill), before the bytes go on.
 	afterRead, afterWrite func()
+	// The trap's hold: while gate is set, a Write waits for it (held is closed at the first).
+	hmu      sync.Mutex
+	gate     chan struct{}
+	held     chan struct{}
+	heldOnce sync.Once
+}
+
+// hold makes the next Writes wait until the returned release is called.
+func (c *sniffConn) hold() (release func()) {
+	g := make(chan struct{})
+	c.hmu.Lock()
+	c.gate = g
+	c.hmu.Unlock()
+	return func() {
+		c.hmu.Lock()
+		c.gate = nil
+		c.hmu.Unlock()
+		close(g)
+	}
 }
 
 func (c *sniffConn) Read(b []byte) (int, error) {
@@ -458,6 +486,13 @@ func (c *sniffConn) Read(b []byte) (int, error) {
 }
 
 func (c *sniffConn) Write(b []byte) (int, error) {
+	c.hmu.Lock()
+	g := c.gate
+	c.hmu.Unlock()
+	if g != nil {
+		c.heldOnce.Do(func() { close(c.held) })
+		<-g
+	}
 	n, err := c.Conn.Write(b)
 	if n > 0 {
 		c.wmu.Lock()
@@ -481,7 +516,7 @@ func sniff(c net.Conn, role string, client bool, st *wireStats) net.Conn {
 	} else {
 		rd.preface = len(http2.ClientPreface)
 	}
-	return &sniffConn{Conn: c, rd: rd, wr: wr}
+	return &sniffConn{Conn: c, rd: rd, wr: wr, held: make(chan struct{})}
 }
 
 type sniffListener struct {
@@ -574,6 +609,11 @@ func (watchHandler) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.C
 }
 func (watchHandler) HandleConn(context.Context, stats.ConnStats) {}
 func (watchHandler) HandleRPC(ctx context.Context, s stats.RPCStats) {
+	if q, _ := ctx.Value(trapQueuedKey{}).(func()); q != nil {
+		if _, ok := s.(*stats.OutPayload); ok {
+			q()
+		}
+	}
 	w, _ := ctx.Value(watchKey{}).(*headerWatch)
 	if w == nil {
 		return
@@ -658,6 +698,35 @@ func (b *bridge) handle(_ interface{}, ss grpc.ServerStream) error {
 	ctx = metadata.NewOutgoingContext(ctx, outgoingMD(md))
 	watch := &headerWatch{ch: make(chan struct{})}
 	ctx = context.WithValue(ctx, watchKey{}, watch)
+	if activeTrap != nil && len(md.Get("x-crisp-trap")) > 0 && md.Get("x-crisp-trap")[0] == "queued" {
+		ctx = context.WithValue(ctx, trapQueuedKey{}, activeTrap.signalQueued)
+	}
+
+	// A unary call goes out as kubelet makes it: the generated client's Invoke (a stream,
+	// SendMsg, RecvMsg — with grpc-go's transparent retry of a stream the server never saw).
+	// Not through NewStream + Header(): when the transport closes after a stream was queued
+	// but before its HEADERS were written, grpc-go 1.33 ends that stream "unprocessed" without
+	// a status, Header() returns no header and no error, and no stats event follows until
+	// RecvMsg — the old forwarder waited for one until the call's deadline (RELIABILITY.md,
+	// the chaos hang). `--forward stream` keeps the old forwarder, to show it.
+	if single && forwardMode == "invoke" && !strings.HasSuffix(method, "/GetContainerEvents") {
+		var resp []byte
+		var hdr, trl metadata.MD
+		err := b.conn(method).Invoke(ctx, method, msgs[0], &resp, grpc.ForceCodec(rawCodec{}), grpc.Header(&hdr), grpc.Trailer(&trl))
+		ss.SetTrailer(trl)
+		if err != nil {
+			if len(hdr) > 0 {
+				_ = ss.SendHeader(hdr)
+			}
+			return status.Convert(err).Err()
+		}
+		if len(hdr) > 0 {
+			if err := ss.SendHeader(hdr); err != nil {
+				return err
+			}
+		}
+		return ss.SendMsg(resp)
+	}
 
 	desc := &grpc.StreamDesc{StreamName: method, ServerStreams: true, ClientStreams: !single}
 	cs, err := b.conn(method).NewStream(ctx, desc, method, grpc.ForceCodec(rawCodec{}))
@@ -698,10 +767,17 @@ func (b *bridge) handle(_ interface{}, ss grpc.ServerStream) error {
 	if hdr, err := cs.Header(); err == nil {
 		real := len(hdr) > 0
 		if !real {
+			// The event comes with the same frame; a stream that ends before any frame (see
+			// above) raises none, so the wait is bounded (the old forwarder's was not).
+			var bound <-chan time.Time
+			if forwardMode == "invoke" {
+				bound = time.After(time.Second)
+			}
 			select {
 			case <-watch.ch:
 				real = watch.real
 			case <-ctx.Done():
+			case <-bound:
 			}
 		}
 		if real {
@@ -753,7 +829,14 @@ func runBridge(args []string) error {
 	trapTimeout := fs.Duration("trap-timeout", 30*time.Second, "deadline of the trap's calls")
 	trapMethod := fs.String("trap-method", "/runtime.v1.RuntimeService/ListPodSandbox", "the trap's call on the runtime connection")
 	trapImageMethod := fs.String("trap-image-method", "/runtime.v1.ImageService/ImageFsInfo", "the trap's call on the image connection (empty: none)")
+	forward := fs.String("forward", "invoke", "invoke (unary calls as kubelet makes them) or stream (the old forwarder, which can hang after a kill)")
 	_ = fs.Parse(args)
+	switch *forward {
+	case "invoke", "stream":
+		forwardMode = *forward
+	default:
+		return fmt.Errorf("unknown --forward %q", *forward)
+	}
 	if *listen == "" || *target == "" {
 		return errors.New("--listen and --target are required")
 	}
@@ -836,16 +919,18 @@ func runBridge(args []string) error {
 	outMu.Unlock()
 	fmt.Fprintf(os.Stderr, "%s crisp-grpcgo: bridge %s -> %s (grpc-go %s, authority %q)\n", time.Now().Format("15:04:05.000000"), *listen, *target, grpc.Version, *authority)
 	if tr != nil {
-		tr.start(cc, icc)
+		activeTrap = tr
+		tr.start(*listen)
 	}
 	return srv.Serve(&sniffListener{Listener: l, role: "downstream", stats: down})
 }
 
 // ---------------------------------------------------------------------------------------------
 // The kill matrix's trap (e2e/tests/it/reliability_crisp_chaos.rs): SIGKILL a process (crisp) at
-// a protocol point of the bridge's first runtime connection, then make a call on each client
-// connection a set time later, exactly as the bridge forwards kubelet's calls. Events are JSON
-// lines on stdout (and stderr, with the time, beside the connection states):
+// a protocol point of the bridge's first runtime connection, then make a call on each of the
+// bridge's client connections a set time later. The calls go through the bridge's own server,
+// as the kubelet emulator's do, so they take the bridge's real forwarding path (`--forward`).
+// Events are JSON lines on stdout (and stderr, with the time, beside the connection states):
 //
 //	{"trap":"killed","point":P,"at":T}
 //	{"trap":"call","conn":"trigger|runtime|image","method":M,"code":C,"message":S,"ms":F,"sent_after_kill_ms":F}
@@ -855,7 +940,9 @@ func runBridge(args []string) error {
 // i.e. crisp accepted it: `ss`), settings (the server's SETTINGS read by the client), request
 // (a request's HEADERS written; the bridge makes a trigger call for it), response (the trigger
 // call's response HEADERS read, and the connection cut right after that frame, as if crisp had
-// died between writing it and the rest).
+// died between writing it and the rest), queued (the connection's writer held inside a write of
+// the trigger call, the runtime call queued behind it, then the kill, then the writer let go:
+// the call is queued on a transport that closes before writing it — the chaos hang's moment).
 
 type trap struct {
 	point       string
@@ -868,37 +955,92 @@ type trap struct {
 	startedCh   chan struct{}
 	fired       int32
 	conns       int32
-	runtime     *grpc.ClientConn
-	image       *grpc.ClientConn
-	killedAt    time.Time
+	down        *grpc.ClientConn
+	rconn       chan *sniffConn
+	queuedCh    chan struct{}
+	queuedOnce  sync.Once
 }
 
 func newTrap(point string, pid int, after, timeout time.Duration, method, imageMethod string, out func(interface{})) (*trap, error) {
 	switch point {
 	case "":
 		return nil, nil
-	case "connect", "accepted", "settings", "request", "response":
+	case "connect", "accepted", "settings", "request", "response", "queued":
 	default:
 		return nil, fmt.Errorf("unknown --trap %q", point)
 	}
 	if pid <= 0 {
 		return nil, errors.New("--trap needs --trap-pid")
 	}
-	return &trap{point: point, pid: pid, after: after, timeout: timeout, method: method, imageMethod: imageMethod, out: out, startedCh: make(chan struct{})}, nil
+	return &trap{point: point, pid: pid, after: after, timeout: timeout, method: method, imageMethod: imageMethod, out: out,
+		startedCh: make(chan struct{}), rconn: make(chan *sniffConn, 1), queuedCh: make(chan struct{})}, nil
 }
 
 func (t *trap) waitStarted() { <-t.startedCh }
 
-// start: the bridge printed `ready`; the runtime connection may dial now.
-func (t *trap) start(runtime, image *grpc.ClientConn) {
-	t.runtime, t.image = runtime, image
-	close(t.startedCh)
-	if t.point == "request" || t.point == "response" {
-		go func() {
-			// The trigger call, on the connection's first stream.
-			t.call("trigger", runtime, t.method, time.Time{})
-		}()
+func (t *trap) signalQueued() { t.queuedOnce.Do(func() { close(t.queuedCh) }) }
+
+// start: the bridge listens on `listen` and printed `ready`; the runtime connection may dial.
+func (t *trap) start(listen string) {
+	down, err := grpc.Dial(listen, grpc.WithInsecure(), grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", listen)
+	}))
+	if err != nil {
+		t.out(map[string]interface{}{"trap": "error", "error": err.Error()})
+		return
 	}
+	t.down = down
+	close(t.startedCh)
+	switch t.point {
+	case "request", "response":
+		// The trigger call, on the connection's first stream.
+		go t.call("trigger", t.method, "", time.Time{})
+	case "queued":
+		go t.queued()
+	}
+}
+
+func (t *trap) queued() {
+	c := <-t.rconn
+	for t.down != nil {
+		// The runtime connection is up (its SETTINGS exchanged) before the writer is held.
+		c.rmu.Lock()
+		up := c.rd.ring == nil || len(c.rd.ring.buf) >= 2
+		c.rmu.Unlock()
+		if up {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(20 * time.Millisecond)
+	release := c.hold()
+	go t.call("trigger", t.method, "", time.Time{})
+	select {
+	case <-c.held:
+	case <-time.After(5 * time.Second):
+		t.out(map[string]interface{}{"trap": "error", "error": "the trigger call was never written"})
+	}
+	go t.call("runtime", t.method, "queued", time.Now())
+	select {
+	case <-t.queuedCh:
+	case <-time.After(5 * time.Second):
+		t.out(map[string]interface{}{"trap": "error", "error": "the runtime call was never queued"})
+	}
+	t.kill()
+	// The reader sees the end of the connection and closes the transport; then the writer goes on.
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		c.rd.ring.mu.Lock()
+		closed := !c.rd.ring.closed.IsZero()
+		c.rd.ring.mu.Unlock()
+		if closed {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(10 * time.Millisecond)
+	release()
 }
 
 // connected: the runtime connection's dial returned (only the first one is trapped).
@@ -945,6 +1087,8 @@ func (t *trap) connected(c *sniffConn, path string) {
 			return false
 		}
 		c.afterRead = fireIfPending
+	case "queued":
+		t.rconn <- c
 	}
 }
 
@@ -966,56 +1110,48 @@ func backlog(path string) int {
 	return -1
 }
 
-func (t *trap) fire() {
+// kill: SIGKILL the process, once; reports it. Returns when, or the zero time if already done.
+func (t *trap) kill() time.Time {
 	if !atomic.CompareAndSwapInt32(&t.fired, 0, 1) {
-		return
+		return time.Time{}
 	}
 	err := syscall.Kill(t.pid, syscall.SIGKILL)
 	at := time.Now()
-	t.killedAt = at
 	ev := map[string]interface{}{"trap": "killed", "point": t.point, "at": at.UTC().Format(time.RFC3339Nano)}
 	if err != nil {
 		ev["error"] = err.Error()
 	}
 	t.out(ev)
+	return at
+}
+
+// fire: the kill, then the runtime and image calls `after` later.
+func (t *trap) fire() {
+	at := t.kill()
+	if at.IsZero() {
+		return
+	}
 	go func() {
 		if t.after > 0 {
 			time.Sleep(time.Until(at.Add(t.after)))
 		}
-		var wg sync.WaitGroup
-		wg.Add(1)
-		go func() { defer wg.Done(); t.call("runtime", t.runtime, t.method, at) }()
+		go t.call("runtime", t.method, "", at)
 		if t.imageMethod != "" {
-			wg.Add(1)
-			go func() { defer wg.Done(); t.call("image", t.image, t.imageMethod, at) }()
+			go t.call("image", t.imageMethod, "", at)
 		}
-		wg.Wait()
 	}()
 }
 
-// call makes one call on cc as the bridge forwards a unary CRI call (empty request message).
-func (t *trap) call(conn string, cc *grpc.ClientConn, method string, killed time.Time) {
+// call makes one unary call through the bridge's own server (empty request message).
+func (t *trap) call(conn, method, mark string, killed time.Time) {
 	ctx, cancel := context.WithTimeout(context.Background(), t.timeout)
 	defer cancel()
+	if mark != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, "x-crisp-trap", mark)
+	}
 	t0 := time.Now()
-	err := func() error {
-		desc := &grpc.StreamDesc{StreamName: method, ServerStreams: true}
-		cs, err := cc.NewStream(ctx, desc, method, grpc.ForceCodec(rawCodec{}))
-		if err != nil {
-			return err
-		}
-		if err := cs.SendMsg([]byte{}); err != nil && err != io.EOF {
-			return err
-		}
-		for {
-			var m []byte
-			if err := cs.RecvMsg(&m); err == io.EOF {
-				return nil
-			} else if err != nil {
-				return err
-			}
-		}
-	}()
+	var resp []byte
+	err := t.down.Invoke(ctx, method, []byte{}, &resp, grpc.ForceCodec(rawCodec{}))
 	took := time.Since(t0)
 	st := status.Convert(err)
 	ev := map[string]interface{}{"trap": "call", "conn": conn, "method": method, "code": st.Code().String(), "message": st.Message(), "ms": float64(took.Microseconds()) / 1000, "at": t0.UTC().Format(time.RFC3339Nano)}

@@ -475,7 +475,9 @@ async fn socket_activated_crisp_sigkilled_at_random_points_of_a_wave() -> Result
 
 /// crisp's log filter in the chaos tests (`crisp::calls=debug`, the per-call record, is in it).
 const CHAOS_LOG: &str = "info,crisp=debug";
-const POINTS: [&str; 5] = ["connect", "accepted", "settings", "request", "response"];
+const POINTS: [&str; 6] = [
+    "connect", "accepted", "settings", "request", "response", "queued",
+];
 const AFTER_MS: [u64; 4] = [0, 1, 10, 50];
 /// The trap's calls' deadline, as in the failures seen (the emulator's 30 s).
 const MATRIX_DEADLINE: Duration = Duration::from_secs(30);
@@ -486,6 +488,7 @@ const MATRIX_BOUND: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone, serde::Serialize)]
 struct Cell {
     mode: &'static str,
+    forward: String,
     point: String,
     after_ms: u64,
     killed: bool,
@@ -497,10 +500,9 @@ struct Cell {
 
 fn env_list<T: std::str::FromStr + Clone>(name: &str, default: &[T]) -> Vec<T> {
     match std::env::var(name) {
-        Ok(v) if !v.trim().is_empty() => v
-            .split(',')
-            .filter_map(|x| x.trim().parse().ok())
-            .collect(),
+        Ok(v) if !v.trim().is_empty() => {
+            v.split(',').filter_map(|x| x.trim().parse().ok()).collect()
+        }
         _ => default.to_vec(),
     }
 }
@@ -568,6 +570,7 @@ impl Matrixable for Activated {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run_cell(
     mode: &'static str,
     crisp: &mut dyn Matrixable,
@@ -575,6 +578,8 @@ async fn run_cell(
     n: usize,
     point: &str,
     after_ms: u64,
+    forward: &str,
+    deadline: Duration,
 ) -> Result<Cell> {
     let pid = crisp.pid().context("crisp not running")?;
     let bridge = crisp_e2e::grpcgo::GoBridge::start(
@@ -585,13 +590,15 @@ async fn run_cell(
                 point: point.to_string(),
                 pid,
                 after: Duration::from_millis(after_ms),
-                timeout: MATRIX_DEADLINE,
+                timeout: deadline,
             }),
+            forward: Some(forward.to_string()),
             ..Default::default()
         },
     )?;
     let mut cell = Cell {
         mode,
+        forward: forward.to_string(),
         point: point.to_string(),
         after_ms,
         killed: false,
@@ -599,14 +606,16 @@ async fn run_cell(
         calls: Vec::new(),
         hang: false,
     };
+    // request, response: a trigger call, then the runtime and image calls; queued: the trigger
+    // and the queued runtime call; the others: the runtime and image calls.
     let want = if matches!(point, "request" | "response") {
         3
     } else {
         2
     };
-    let deadline = Instant::now() + MATRIX_DEADLINE + Duration::from_secs(15);
+    let wait_until = Instant::now() + deadline + Duration::from_secs(15);
     while cell.calls.len() < want {
-        let left = deadline.saturating_duration_since(Instant::now());
+        let left = wait_until.saturating_duration_since(Instant::now());
         let ev = tokio::task::block_in_place(|| bridge.next_event(left));
         let Some(ev) = ev else {
             cell.hang = true;
@@ -620,6 +629,7 @@ async fn run_cell(
                 tokio::task::block_in_place(|| crisp.restart()).context("restarting crisp")?;
                 cell.restart_ms = t.elapsed().as_secs_f64() * 1000.0;
             }
+            Some("error") => bail!("kill matrix {point}: the trap failed: {ev}"),
             Some("call") => {
                 let code = ev["code"].as_str().unwrap_or("?").to_string();
                 let ms = ev["ms"].as_f64().unwrap_or(f64::NAN);
@@ -658,11 +668,9 @@ async fn run_cell(
 
 async fn run_matrix(mode: &'static str, crisp: &mut dyn Matrixable) -> Result<()> {
     let passes = env_usize("CRISP_MATRIX_PASSES", 1);
-    let points: Vec<String> = env_list(
-        "CRISP_MATRIX_POINTS",
-        &POINTS.map(String::from),
-    );
+    let points: Vec<String> = env_list("CRISP_MATRIX_POINTS", &POINTS.map(String::from));
     let afters: Vec<u64> = env_list("CRISP_MATRIX_AFTER_MS", &AFTER_MS);
+    let forward = std::env::var("CRISP_MATRIX_FORWARD").unwrap_or_else(|_| "invoke".into());
     let dir = tempfile::Builder::new().prefix("crisp-matrix-").tempdir()?;
     let out = std::env::var_os("CRISP_MATRIX_OUT");
     let mut cells = Vec::new();
@@ -670,11 +678,19 @@ async fn run_matrix(mode: &'static str, crisp: &mut dyn Matrixable) -> Result<()
     for _ in 0..passes {
         for p in &points {
             for &a in &afters {
+                if p == "queued" && a != afters[0] {
+                    // Its call is queued before the kill: no "later".
+                    continue;
+                }
                 n += 1;
-                let c = run_cell(mode, crisp, dir.path(), n, p, a).await?;
+                let c =
+                    run_cell(mode, crisp, dir.path(), n, p, a, &forward, MATRIX_DEADLINE).await?;
                 if let Some(o) = &out {
                     use std::io::Write;
-                    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(o)?;
+                    let mut f = std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(o)?;
                     writeln!(f, "{}", serde_json::to_string(&c)?)?;
                 }
                 cells.push(c);
@@ -688,6 +704,9 @@ async fn run_matrix(mode: &'static str, crisp: &mut dyn Matrixable) -> Result<()
                 .iter()
                 .filter(|c| &c.point == p && c.after_ms == a)
                 .collect();
+            if these.is_empty() {
+                continue;
+            }
             let max = these
                 .iter()
                 .flat_map(|c| c.calls.iter().map(|x| x.2))
@@ -698,7 +717,7 @@ async fn run_matrix(mode: &'static str, crisp: &mut dyn Matrixable) -> Result<()
                 .filter(|x| x.1 == "Unavailable")
                 .count();
             eprintln!(
-                "kill matrix {mode} {p:>8} +{a:>2} ms: {} runs, {} hangs, {unavailable} UNAVAILABLE, slowest call {max:.1} ms",
+                "kill matrix {mode} ({forward}) {p:>8} +{a:>2} ms: {} runs, {} hangs, {unavailable} UNAVAILABLE, slowest call {max:.1} ms",
                 these.len(),
                 these.iter().filter(|c| c.hang).count()
             );
@@ -733,4 +752,66 @@ async fn kill_matrix_socket_activated() -> Result<()> {
     let containerd = Containerd::start_async(ContainerdOpts { cni: false }).await?;
     let mut crisp = Activated::start(containerd.socket())?;
     run_matrix("socket-activated", &mut crisp).await
+}
+
+/// The chaos hang, reproduced deterministically: the bridge's runtime connection's writer is
+/// held inside a write, a ListPodSandbox is queued behind it, crisp is SIGKILLed, the writer
+/// let go. grpc-go 1.33 ends the queued stream "unprocessed" without a status; the old
+/// forwarder (`--forward stream`: NewStream, SendMsg, Header(), then a wait for a stats event)
+/// got no header and no error and waited for the call's deadline; kubelet's own call path
+/// (`Invoke`, the default forwarder) retries the stream transparently and is answered at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_queued_as_its_connection_closes_is_answered() -> Result<()> {
+    crisp_e2e::harness::require_root();
+    let containerd = Containerd::start_async(ContainerdOpts { cni: false }).await?;
+    let mut crisp = crisp_e2e::crisp::Crisp::start(
+        containerd.socket(),
+        crisp_e2e::crisp::CrispOpts {
+            extra_config: CRISP_CONFIG.to_string(),
+            log_level: Some(CHAOS_LOG.to_string()),
+        },
+    )?;
+    let dir = tempfile::Builder::new().prefix("crisp-queued-").tempdir()?;
+    let deadline = Duration::from_secs(4);
+    let invoke = run_cell(
+        "plain",
+        &mut crisp,
+        dir.path(),
+        1,
+        "queued",
+        0,
+        "invoke",
+        deadline,
+    )
+    .await?;
+    eprintln!("kubelet's call path (Invoke): {:?}", invoke.calls);
+    ensure!(
+        !invoke.hang,
+        "a call queued as its connection closed was not answered within {MATRIX_BOUND:?}: {invoke:?}"
+    );
+    let stream = run_cell(
+        "plain",
+        &mut crisp,
+        dir.path(),
+        2,
+        "queued",
+        0,
+        "stream",
+        deadline,
+    )
+    .await?;
+    eprintln!(
+        "the old forwarder (NewStream + Header()): {:?}",
+        stream.calls
+    );
+    // The mechanism, shown: with grpc-go 1.33 (Debian's) the old forwarder waits for the whole
+    // deadline. If this starts failing, grpc-go changed, not crisp: see RELIABILITY.md.
+    ensure!(
+        stream
+            .calls
+            .iter()
+            .any(|c| c.0 == "runtime" && c.1 == "DeadlineExceeded" && c.2 >= deadline.as_millis() as f64 - 50.0),
+        "the old forwarder no longer waits for the deadline of a call queued as its connection closed: {stream:?}"
+    );
+    Ok(())
 }
