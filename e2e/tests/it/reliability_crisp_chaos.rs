@@ -11,6 +11,10 @@
 //! instance per container per pod (no duplicate from a call forwarded twice or late), nothing
 //! stays held, no call outlived kubelet's deadline, and the last crisp tracks nothing once the
 //! pods are removed.
+//!
+//! The kill matrix (issue #37, below) kills crisp instead at exact protocol points of kubelet's
+//! grpc-go connection and asks whether a call made then is answered before its deadline.
+//! Nothing here runs one at a time: all of it runs side by side.
 
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
@@ -466,14 +470,18 @@ async fn socket_activated_crisp_sigkilled_at_random_points_of_a_wave() -> Result
 // exact and needs no hook in crisp; the test restarts crisp the moment the bridge reports the
 // kill (readiness: the socket accepts, or the socket-activated instance says it serves).
 //
-// Each cell: a fresh bridge against the running crisp; the kill at the point; a call on the
-// bridge's runtime connection (ListPodSandbox) and one on its image connection (ImageFsInfo)
-// `after` later, deadline 30 s. A cell passes when both are answered — OK or UNAVAILABLE —
-// within MATRIX_BOUND. `CRISP_MATRIX_PASSES` repeats the whole matrix; `CRISP_MATRIX_POINTS` /
-// `CRISP_MATRIX_AFTER_MS` (comma-separated) narrow it; `CRISP_MATRIX_OUT` appends one JSON line
-// per cell to a file.
+// Each cell: a fresh bridge against the running crisp; the kill at the point; `after` later a
+// ListPodSandbox (the bridge's runtime connection) and an ImageFsInfo (its image connection),
+// sent through the bridge's own server as the emulator's calls are, so they take the bridge's
+// real forwarding path; deadline 30 s. The `queued` point has no "later": its call is queued
+// on the connection before the kill (the chaos hang's moment, RELIABILITY.md). A cell passes
+// when every call is answered — OK or UNAVAILABLE — within MATRIX_BOUND.
+// `CRISP_MATRIX_PASSES` repeats the whole matrix; `CRISP_MATRIX_POINTS` /
+// `CRISP_MATRIX_AFTER_MS` (comma-separated) narrow it; `CRISP_MATRIX_FORWARD=stream` runs it
+// with the bridge's old forwarder; `CRISP_MATRIX_OUT` appends one JSON line per cell to a file.
 
-/// crisp's log filter in the chaos tests (`crisp::calls=debug`, the per-call record, is in it).
+/// crisp's log filter in the chaos tests: `crisp=debug` covers every `crisp::*` target, the
+/// per-call record `crisp::calls` included (the wave test's `Stack` crisp has the same default).
 const CHAOS_LOG: &str = "info,crisp=debug";
 const POINTS: [&str; 6] = [
     "connect", "accepted", "settings", "request", "response", "queued",
