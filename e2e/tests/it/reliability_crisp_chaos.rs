@@ -475,7 +475,7 @@ async fn socket_activated_crisp_sigkilled_at_random_points_of_a_wave() -> Result
 // sent through the bridge's own server as the emulator's calls are, so they take the bridge's
 // real forwarding path; deadline 30 s. The `queued` point has no "later": its call is queued
 // on the connection before the kill (the chaos hang's moment, RELIABILITY.md). A cell passes
-// when every call is answered — OK or UNAVAILABLE — within MATRIX_BOUND.
+// when every call is answered — OK or UNAVAILABLE — within MATRIX_BOUND (at most half its deadline).
 // `CRISP_MATRIX_PASSES` repeats the whole matrix; `CRISP_MATRIX_POINTS` /
 // `CRISP_MATRIX_AFTER_MS` (comma-separated) narrow it; `CRISP_MATRIX_FORWARD=stream` runs it
 // with the bridge's old forwarder; `CRISP_MATRIX_OUT` appends one JSON line per cell to a file.
@@ -622,7 +622,9 @@ async fn run_cell(
         2
     };
     let wait_until = Instant::now() + deadline + Duration::from_secs(15);
-    while cell.calls.len() < want {
+    // The kill is reported by the goroutine that made it, which a loaded machine can preempt
+    // before it prints: the calls it failed may be reported first.
+    while cell.calls.len() < want || !cell.killed {
         let left = wait_until.saturating_duration_since(Instant::now());
         let ev = tokio::task::block_in_place(|| bridge.next_event(left));
         let Some(ev) = ev else {
@@ -642,7 +644,7 @@ async fn run_cell(
                 let code = ev["code"].as_str().unwrap_or("?").to_string();
                 let ms = ev["ms"].as_f64().unwrap_or(f64::NAN);
                 if !matches!(code.as_str(), "OK" | "Unavailable")
-                    || ms > MATRIX_BOUND.as_secs_f64() * 1000.0
+                    || ms > MATRIX_BOUND.min(deadline / 2).as_secs_f64() * 1000.0
                 {
                     cell.hang = true;
                 }
@@ -795,7 +797,7 @@ async fn a_call_queued_as_its_connection_closes_is_answered() -> Result<()> {
     eprintln!("kubelet's call path (Invoke): {:?}", invoke.calls);
     ensure!(
         !invoke.hang,
-        "a call queued as its connection closed was not answered within {MATRIX_BOUND:?}: {invoke:?}"
+        "a call queued as its connection closed was not answered within half its deadline: {invoke:?}"
     );
     let stream = run_cell(
         "plain",
@@ -813,12 +815,15 @@ async fn a_call_queued_as_its_connection_closes_is_answered() -> Result<()> {
         stream.calls
     );
     // The mechanism, shown: with grpc-go 1.33 (Debian's) the old forwarder waits for the whole
-    // deadline. If this starts failing, grpc-go changed, not crisp: see RELIABILITY.md.
+    // deadline (then answers DeadlineExceeded, or UNAVAILABLE when its RecvMsg wins the race
+    // with the caller's own deadline). If this starts failing, grpc-go changed, not crisp: see
+    // RELIABILITY.md.
     ensure!(
-        stream
-            .calls
-            .iter()
-            .any(|c| c.0 == "runtime" && c.1 == "DeadlineExceeded" && c.2 >= deadline.as_millis() as f64 - 50.0),
+        stream.hang
+            && stream
+                .calls
+                .iter()
+                .any(|c| c.0 == "runtime" && c.2 >= deadline.as_millis() as f64 - 50.0),
         "the old forwarder no longer waits for the deadline of a call queued as its connection closed: {stream:?}"
     );
     Ok(())
