@@ -89,6 +89,26 @@ pub struct GoBridgeOpts {
     pub env: Vec<(String, String)>,
     /// Use this binary instead of [`grpcgo_binary`].
     pub binary: Option<PathBuf>,
+    /// The kill matrix's trap ([`Trap`]).
+    pub trap: Option<Trap>,
+    /// How unary calls are forwarded: `invoke` (the default: as kubelet makes them) or `stream`
+    /// (the old forwarder, which can wait for a call's whole deadline after its connection
+    /// closed under it; RELIABILITY.md, the chaos hang).
+    pub forward: Option<String>,
+}
+
+/// The kill matrix (`reliability_crisp_chaos`): the bridge SIGKILLs `pid` at `point` of its
+/// first runtime connection to the target, then makes a call on each of its two client
+/// connections `after` later, as it forwards kubelet's calls; events come as JSON lines
+/// ([`GoBridge::next_event`]). Points: `connect`, `accepted`, `settings`, `request`, `response`,
+/// `queued` (e2e/go/grpcgo/main.go says what each is).
+#[derive(Debug, Clone)]
+pub struct Trap {
+    pub point: String,
+    pub pid: u32,
+    pub after: Duration,
+    /// Deadline of the trap's calls.
+    pub timeout: Duration,
 }
 
 /// `/run/x.sock` → `%2Frun%2Fx.sock`: what a kubelet 1.29 sends as `:authority` (KUBELET-CRI §11).
@@ -174,6 +194,19 @@ impl GoBridge {
         }
         if let Some(p) = &opts.server_keepalive_policy {
             cmd.arg("--server-keepalive-policy").arg(p);
+        }
+        if let Some(f) = &opts.forward {
+            cmd.arg("--forward").arg(f);
+        }
+        if let Some(t) = &opts.trap {
+            cmd.arg("--trap")
+                .arg(&t.point)
+                .arg("--trap-pid")
+                .arg(t.pid.to_string())
+                .arg("--trap-after")
+                .arg(format!("{}us", t.after.as_micros()))
+                .arg("--trap-timeout")
+                .arg(format!("{}ms", t.timeout.as_millis()));
         }
         for (k, v) in &opts.env {
             cmd.env(k, v);
@@ -271,6 +304,21 @@ impl GoBridge {
             }
             if let Ok(l) = serde_json::from_str::<Line>(&line) {
                 return Ok(l.stats);
+            }
+        }
+    }
+
+    /// The next JSON line the bridge prints on stdout (the trap's events), within `timeout`.
+    pub fn next_event(&self, timeout: Duration) -> Option<serde_json::Value> {
+        let rx = self.lines.lock().unwrap();
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = rx.recv_timeout(left).ok()?;
+            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
+                if v.get("trap").is_some() {
+                    return Some(v);
+                }
             }
         }
     }

@@ -55,6 +55,7 @@ import (
 	"math/rand"
 	"net"
 	"os"
+	"os/exec"
 	"os/signal"
 	"sort"
 	"strings"
@@ -76,6 +77,18 @@ import (
 
 // kubelet's remote.maxMsgSize.
 const maxMsgSize = 16 << 20
+
+// A forwarded call unanswered this long is logged with its connection's last frames.
+const slowCall = 10 * time.Second
+
+// How the bridge forwards calls: "invoke" (unary calls as kubelet makes them) or "stream" (the
+// old forwarder: every call through NewStream + Header(), which can hang; see handle).
+var forwardMode = "invoke"
+
+// The bridge's trap, if any (the kill matrix).
+var activeTrap *trap
+
+type trapQueuedKey struct{}
 
 // The payload of grpc-go's BDP estimator PING (internal/transport/bdp_estimator.go).
 var bdpPingData = [8]byte{2, 4, 16, 16, 9, 14, 7, 7}
@@ -208,10 +221,89 @@ type frameParser struct {
 	stream    uint32
 	keep      int
 	payload   []byte
+
+	// onFrame (the kill matrix's trap) is called with each completed frame's type, flags and
+	// stream, and the offset just past it in the chunk being fed; it returns whether the rest
+	// of that chunk is to be cut off.
+	onFrame func(typ, flags byte, stream uint32, end int) bool
+	fed     int // bytes of the current chunk consumed so far
+	cutAt   int // >= 0: onFrame asked to cut the chunk here
+	// The connection's recent frames (upstream connections of a bridge), for a slow call's dump.
+	ring *frameRing
+}
+
+// frameRing keeps the last frames of one connection, both directions, with their times.
+type frameRing struct {
+	mu       sync.Mutex
+	name     string
+	opened   time.Time
+	closed   time.Time
+	closeErr string
+	buf      []string
+	next     int
+}
+
+const ringSize = 64
+
+var frameNames = map[byte]string{0: "DATA", 1: "HEADERS", 2: "PRIORITY", 3: "RST_STREAM", 4: "SETTINGS", 5: "PUSH_PROMISE", 6: "PING", 7: "GOAWAY", 8: "WINDOW_UPDATE", 9: "CONTINUATION"}
+
+func (r *frameRing) add(line string) {
+	r.mu.Lock()
+	if len(r.buf) < ringSize {
+		r.buf = append(r.buf, line)
+	} else {
+		r.buf[r.next] = line
+		r.next = (r.next + 1) % ringSize
+	}
+	r.mu.Unlock()
+}
+
+func (r *frameRing) dump() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var b strings.Builder
+	closed := "open"
+	if !r.closed.IsZero() {
+		closed = "closed " + r.closed.Format("15:04:05.000000") + " (" + r.closeErr + ")"
+	}
+	fmt.Fprintf(&b, "  %s connection opened %s, %s; its last %d frames:\n", r.name, r.opened.Format("15:04:05.000000"), closed, len(r.buf))
+	for i := 0; i < len(r.buf); i++ {
+		b.WriteString("    " + r.buf[(r.next+i)%len(r.buf)] + "\n")
+	}
+	return b.String()
+}
+
+// upstreamRings: the rings of a bridge's upstream connections, newest last (at most 8 kept).
+var upstreamRings struct {
+	sync.Mutex
+	all []*frameRing
+}
+
+func addRing(r *frameRing) {
+	upstreamRings.Lock()
+	upstreamRings.all = append(upstreamRings.all, r)
+	if len(upstreamRings.all) > 8 {
+		upstreamRings.all = upstreamRings.all[len(upstreamRings.all)-8:]
+	}
+	upstreamRings.Unlock()
+}
+
+func dumpRings() string {
+	upstreamRings.Lock()
+	rs := append([]*frameRing(nil), upstreamRings.all...)
+	upstreamRings.Unlock()
+	var b strings.Builder
+	for _, r := range rs {
+		b.WriteString(r.dump())
+	}
+	return b.String()
 }
 
 func (p *frameParser) feed(b []byte) {
+	total := len(b)
+	p.cutAt = -1
 	for len(b) > 0 {
+		p.fed = total - len(b)
 		if p.preface > 0 {
 			n := p.preface
 			if n > len(b) {
@@ -241,6 +333,7 @@ func (p *frameParser) feed(b []byte) {
 					p.keep = 0
 				}
 				if p.remaining == 0 {
+					p.fed = total - len(b)
 					p.done()
 				}
 			}
@@ -260,6 +353,7 @@ func (p *frameParser) feed(b []byte) {
 		p.remaining -= n
 		b = b[n:]
 		if p.remaining == 0 {
+			p.fed = total - len(b)
 			p.done()
 		}
 	}
@@ -267,6 +361,17 @@ func (p *frameParser) feed(b []byte) {
 
 func (p *frameParser) done() {
 	p.hn = 0
+	if p.ring != nil {
+		dir := "<-"
+		if p.sent {
+			dir = "->"
+		}
+		n := uint32(p.hdr[0])<<16 | uint32(p.hdr[1])<<8 | uint32(p.hdr[2])
+		p.ring.add(fmt.Sprintf("%s %s %s stream=%d flags=0x%x len=%d", time.Now().Format("15:04:05.000000"), dir, frameNames[p.typ], p.stream, p.flags, n))
+	}
+	if p.onFrame != nil && p.cutAt < 0 && p.onFrame(p.typ, p.flags, p.stream, p.fed) {
+		p.cutAt = p.fed
+	}
 	s := p.stats
 	pick := func(sent, recv *int64) {
 		if p.sent {
@@ -323,24 +428,79 @@ type sniffConn struct {
 	rd, wr *frameParser
 	rmu    sync.Mutex
 	wmu    sync.Mutex
+	// After a trap cut the stream of frames from the server: reads end as if the server had
+	// died right after the frame the trap fired on.
+	cut bool
+	// Run after a Read's or Write's frames were fed (the trap's kill), before the bytes go on.
+	afterRead, afterWrite func()
+	// The trap's hold: while gate is set, a Write waits for it (held is closed at the first).
+	hmu      sync.Mutex
+	gate     chan struct{}
+	held     chan struct{}
+	heldOnce sync.Once
+}
+
+// hold makes the next Writes wait until the returned release is called.
+func (c *sniffConn) hold() (release func()) {
+	g := make(chan struct{})
+	c.hmu.Lock()
+	c.gate = g
+	c.hmu.Unlock()
+	return func() {
+		c.hmu.Lock()
+		c.gate = nil
+		c.hmu.Unlock()
+		close(g)
+	}
 }
 
 func (c *sniffConn) Read(b []byte) (int, error) {
+	c.rmu.Lock()
+	cut := c.cut
+	c.rmu.Unlock()
+	if cut {
+		return 0, io.EOF
+	}
 	n, err := c.Conn.Read(b)
+	if err != nil && c.rd.ring != nil {
+		c.rd.ring.mu.Lock()
+		if c.rd.ring.closed.IsZero() {
+			c.rd.ring.closed = time.Now()
+			c.rd.ring.closeErr = err.Error()
+		}
+		c.rd.ring.mu.Unlock()
+	}
 	if n > 0 {
 		c.rmu.Lock()
 		c.rd.feed(b[:n])
+		if c.rd.cutAt >= 0 {
+			n = c.rd.cutAt
+			c.cut = true
+		}
 		c.rmu.Unlock()
+		if c.afterRead != nil {
+			c.afterRead()
+		}
 	}
 	return n, err
 }
 
 func (c *sniffConn) Write(b []byte) (int, error) {
+	c.hmu.Lock()
+	g := c.gate
+	c.hmu.Unlock()
+	if g != nil {
+		c.heldOnce.Do(func() { close(c.held) })
+		<-g
+	}
 	n, err := c.Conn.Write(b)
 	if n > 0 {
 		c.wmu.Lock()
 		c.wr.feed(b[:n])
 		c.wmu.Unlock()
+		if c.afterWrite != nil {
+			c.afterWrite()
+		}
 	}
 	return n, err
 }
@@ -356,7 +516,7 @@ func sniff(c net.Conn, role string, client bool, st *wireStats) net.Conn {
 	} else {
 		rd.preface = len(http2.ClientPreface)
 	}
-	return &sniffConn{Conn: c, rd: rd, wr: wr}
+	return &sniffConn{Conn: c, rd: rd, wr: wr, held: make(chan struct{})}
 }
 
 type sniffListener struct {
@@ -380,9 +540,12 @@ func (l *sniffListener) Accept() (net.Conn, error) {
 // socket path as the gRPC target (passthrough resolver), insecure, a unix context dialer, 16 MiB
 // message limits, no keep-alive. `authority` overrides :authority (kubelet 1.29 sends the path
 // percent-encoded; other clients `localhost`).
-func dialKubelet(target, authority string, st *wireStats, sh stats.Handler) (*grpc.ClientConn, error) {
+func dialKubelet(name, target, authority string, st *wireStats, sh stats.Handler, tr *trap) (*grpc.ClientConn, error) {
 	path := strings.TrimPrefix(target, "unix://")
 	dialer := func(ctx context.Context, addr string) (net.Conn, error) {
+		if tr != nil {
+			tr.waitStarted()
+		}
 		var d net.Dialer
 		c, err := d.DialContext(ctx, "unix", path)
 		if err != nil {
@@ -392,7 +555,16 @@ func dialKubelet(target, authority string, st *wireStats, sh stats.Handler) (*gr
 			// bench: the connection as kubelet has it, with no frame counting on it.
 			return c, nil
 		}
-		return sniff(c, "upstream", true, st), nil
+		sc := sniff(c, "upstream", true, st).(*sniffConn)
+		if name != "" {
+			r := &frameRing{name: name, opened: time.Now()}
+			sc.rd.ring, sc.wr.ring = r, r
+			addRing(r)
+		}
+		if tr != nil {
+			tr.connected(sc, path)
+		}
+		return sc, nil
 	}
 	opts := []grpc.DialOption{
 		grpc.WithInsecure(),
@@ -437,6 +609,11 @@ func (watchHandler) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.C
 }
 func (watchHandler) HandleConn(context.Context, stats.ConnStats) {}
 func (watchHandler) HandleRPC(ctx context.Context, s stats.RPCStats) {
+	if q, _ := ctx.Value(trapQueuedKey{}).(func()); q != nil {
+		if _, ok := s.(*stats.OutPayload); ok {
+			q()
+		}
+	}
 	w, _ := ctx.Value(watchKey{}).(*headerWatch)
 	if w == nil {
 		return
@@ -485,6 +662,16 @@ func (b *bridge) handle(_ interface{}, ss grpc.ServerStream) error {
 		return status.Error(codes.Internal, "crisp-grpcgo: no method")
 	}
 	in := ss.Context()
+	// A call still unanswered after slowCall: its method, the client connection's state and the
+	// upstream connections' last frames go to the log (the open chaos hang, RELIABILITY.md).
+	conn := b.conn(method)
+	started := time.Now()
+	stateAtStart := conn.GetState()
+	slow := time.AfterFunc(slowCall, func() {
+		fmt.Fprintf(os.Stderr, "%s crisp-grpcgo: SLOW CALL %s started %s (client connection %v then, %v now), unanswered after %v\n%s",
+			time.Now().Format("15:04:05.000000"), method, started.Format("15:04:05.000000"), stateAtStart, conn.GetState(), slowCall, dumpRings())
+	})
+	defer slow.Stop()
 	// Read the request first: a call whose client sends one message and half-closes (every
 	// unary and server-streaming CRI call) goes out as kubelet sends it, DATA with END_STREAM.
 	var first []byte
@@ -511,6 +698,35 @@ func (b *bridge) handle(_ interface{}, ss grpc.ServerStream) error {
 	ctx = metadata.NewOutgoingContext(ctx, outgoingMD(md))
 	watch := &headerWatch{ch: make(chan struct{})}
 	ctx = context.WithValue(ctx, watchKey{}, watch)
+	if activeTrap != nil && len(md.Get("x-crisp-trap")) > 0 && md.Get("x-crisp-trap")[0] == "queued" {
+		ctx = context.WithValue(ctx, trapQueuedKey{}, activeTrap.signalQueued)
+	}
+
+	// A unary call goes out as kubelet makes it: the generated client's Invoke (a stream,
+	// SendMsg, RecvMsg — with grpc-go's transparent retry of a stream the server never saw).
+	// Not through NewStream + Header(): when the transport closes after a stream was queued
+	// but before its HEADERS were written, grpc-go 1.33 ends that stream "unprocessed" without
+	// a status, Header() returns no header and no error, and no stats event follows until
+	// RecvMsg — the old forwarder waited for one until the call's deadline (RELIABILITY.md,
+	// the chaos hang). `--forward stream` keeps the old forwarder, to show it.
+	if single && forwardMode == "invoke" && !strings.HasSuffix(method, "/GetContainerEvents") {
+		var resp []byte
+		var hdr, trl metadata.MD
+		err := b.conn(method).Invoke(ctx, method, msgs[0], &resp, grpc.ForceCodec(rawCodec{}), grpc.Header(&hdr), grpc.Trailer(&trl))
+		ss.SetTrailer(trl)
+		if err != nil {
+			if len(hdr) > 0 {
+				_ = ss.SendHeader(hdr)
+			}
+			return status.Convert(err).Err()
+		}
+		if len(hdr) > 0 {
+			if err := ss.SendHeader(hdr); err != nil {
+				return err
+			}
+		}
+		return ss.SendMsg(resp)
+	}
 
 	desc := &grpc.StreamDesc{StreamName: method, ServerStreams: true, ClientStreams: !single}
 	cs, err := b.conn(method).NewStream(ctx, desc, method, grpc.ForceCodec(rawCodec{}))
@@ -551,10 +767,17 @@ func (b *bridge) handle(_ interface{}, ss grpc.ServerStream) error {
 	if hdr, err := cs.Header(); err == nil {
 		real := len(hdr) > 0
 		if !real {
+			// The event comes with the same frame; a stream that ends before any frame (see
+			// above) raises none, so the wait is bounded (the old forwarder's was not).
+			var bound <-chan time.Time
+			if forwardMode == "invoke" {
+				bound = time.After(time.Second)
+			}
 			select {
 			case <-watch.ch:
 				real = watch.real
 			case <-ctx.Done():
+			case <-bound:
 			}
 		}
 		if real {
@@ -600,18 +823,42 @@ func runBridge(args []string) error {
 	target := fs.String("target", "", "gRPC target to forward to (a socket path, as kubelet dials)")
 	authority := fs.String("authority", "", "override :authority (e.g. %2Frun%2Fx.sock or localhost)")
 	policy := fs.String("server-keepalive-policy", "default", "default (grpc-go/containerd: MinTime 5m, PermitWithoutStream false) or permissive")
+	trapPoint := fs.String("trap", "", "kill matrix: SIGKILL --trap-pid at this point of the runtime connection: connect|accepted|settings|request|response")
+	trapPid := fs.Int("trap-pid", 0, "the process the trap kills")
+	trapAfter := fs.Duration("trap-after", 0, "the trap's calls go this long after the kill")
+	trapTimeout := fs.Duration("trap-timeout", 30*time.Second, "deadline of the trap's calls")
+	trapMethod := fs.String("trap-method", "/runtime.v1.RuntimeService/ListPodSandbox", "the trap's call on the runtime connection")
+	trapImageMethod := fs.String("trap-image-method", "/runtime.v1.ImageService/ImageFsInfo", "the trap's call on the image connection (empty: none)")
+	forward := fs.String("forward", "invoke", "invoke (unary calls as kubelet makes them) or stream (the old forwarder, which can hang after a kill)")
 	_ = fs.Parse(args)
+	switch *forward {
+	case "invoke", "stream":
+		forwardMode = *forward
+	default:
+		return fmt.Errorf("unknown --forward %q", *forward)
+	}
 	if *listen == "" || *target == "" {
 		return errors.New("--listen and --target are required")
 	}
 	up := &wireStats{}
 	down := &wireStats{}
-	cc, err := dialKubelet(*target, *authority, up, watchHandler{})
+	var outMu sync.Mutex
+	tr, err := newTrap(*trapPoint, *trapPid, *trapAfter, *trapTimeout, *trapMethod, *trapImageMethod, func(v interface{}) {
+		b, _ := json.Marshal(v)
+		outMu.Lock()
+		fmt.Fprintf(os.Stdout, "%s\n", b)
+		outMu.Unlock()
+		fmt.Fprintf(os.Stderr, "%s crisp-grpcgo: trap %s\n", time.Now().Format("15:04:05.000000"), b)
+	})
+	if err != nil {
+		return err
+	}
+	cc, err := dialKubelet("runtime", *target, *authority, up, watchHandler{}, tr)
 	if err != nil {
 		return fmt.Errorf("dial %s: %v", *target, err)
 	}
 	defer cc.Close()
-	icc, err := dialKubelet(*target, *authority, up, watchHandler{})
+	icc, err := dialKubelet("image", *target, *authority, up, watchHandler{}, nil)
 	if err != nil {
 		return fmt.Errorf("dial %s: %v", *target, err)
 	}
@@ -650,7 +897,6 @@ func runBridge(args []string) error {
 		b, _ := json.Marshal(map[string]interface{}{"stats": map[string]interface{}{"upstream": up.snapshot(), "downstream": down.snapshot()}})
 		fmt.Fprintf(w, "%s\n", b)
 	}
-	var outMu sync.Mutex
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGTERM, syscall.SIGINT)
 	go func() {
@@ -672,7 +918,247 @@ func runBridge(args []string) error {
 	fmt.Fprintln(os.Stdout, "ready")
 	outMu.Unlock()
 	fmt.Fprintf(os.Stderr, "%s crisp-grpcgo: bridge %s -> %s (grpc-go %s, authority %q)\n", time.Now().Format("15:04:05.000000"), *listen, *target, grpc.Version, *authority)
+	if tr != nil {
+		activeTrap = tr
+		tr.start(*listen)
+	}
 	return srv.Serve(&sniffListener{Listener: l, role: "downstream", stats: down})
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kill matrix's trap (e2e/tests/it/reliability_crisp_chaos.rs): SIGKILL a process (crisp) at
+// a protocol point of the bridge's first runtime connection, then make a call on each of the
+// bridge's client connections a set time later. The calls go through the bridge's own server,
+// as the kubelet emulator's do, so they take the bridge's real forwarding path (`--forward`).
+// Events are JSON lines on stdout (and stderr, with the time, beside the connection states):
+//
+//	{"trap":"killed","point":P,"at":T}
+//	{"trap":"call","conn":"trigger|runtime|image","method":M,"code":C,"message":S,"ms":F,"sent_after_kill_ms":F}
+//
+// Points: connect (the socket connected, the client's preface not written: the connection may
+// still wait in the listener's backlog), accepted (the same once the listener's backlog is empty,
+// i.e. crisp accepted it: `ss`), settings (the server's SETTINGS read by the client), request
+// (a request's HEADERS written; the bridge makes a trigger call for it), response (the trigger
+// call's response HEADERS read, and the connection cut right after that frame, as if crisp had
+// died between writing it and the rest), queued (the connection's writer held inside a write of
+// the trigger call, the runtime call queued behind it, then the kill, then the writer let go:
+// the call is queued on a transport that closes before writing it — the chaos hang's moment).
+
+type trap struct {
+	point       string
+	pid         int
+	after       time.Duration
+	timeout     time.Duration
+	method      string
+	imageMethod string
+	out         func(interface{})
+	startedCh   chan struct{}
+	fired       int32
+	conns       int32
+	down        *grpc.ClientConn
+	rconn       chan *sniffConn
+	queuedCh    chan struct{}
+	queuedOnce  sync.Once
+}
+
+func newTrap(point string, pid int, after, timeout time.Duration, method, imageMethod string, out func(interface{})) (*trap, error) {
+	switch point {
+	case "":
+		return nil, nil
+	case "connect", "accepted", "settings", "request", "response", "queued":
+	default:
+		return nil, fmt.Errorf("unknown --trap %q", point)
+	}
+	if pid <= 0 {
+		return nil, errors.New("--trap needs --trap-pid")
+	}
+	return &trap{point: point, pid: pid, after: after, timeout: timeout, method: method, imageMethod: imageMethod, out: out,
+		startedCh: make(chan struct{}), rconn: make(chan *sniffConn, 1), queuedCh: make(chan struct{})}, nil
+}
+
+func (t *trap) waitStarted() { <-t.startedCh }
+
+func (t *trap) signalQueued() { t.queuedOnce.Do(func() { close(t.queuedCh) }) }
+
+// start: the bridge listens on `listen` and printed `ready`; the runtime connection may dial.
+func (t *trap) start(listen string) {
+	down, err := grpc.Dial(listen, grpc.WithInsecure(), grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", listen)
+	}))
+	if err != nil {
+		t.out(map[string]interface{}{"trap": "error", "error": err.Error()})
+		return
+	}
+	t.down = down
+	close(t.startedCh)
+	switch t.point {
+	case "request", "response":
+		// The trigger call, on the connection's first stream.
+		go t.call("trigger", t.method, "", time.Time{})
+	case "queued":
+		go t.queued()
+	}
+}
+
+func (t *trap) queued() {
+	c := <-t.rconn
+	for t.down != nil {
+		// The runtime connection is up (its SETTINGS exchanged) before the writer is held.
+		c.rmu.Lock()
+		up := c.rd.ring == nil || len(c.rd.ring.buf) >= 2
+		c.rmu.Unlock()
+		if up {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(20 * time.Millisecond)
+	release := c.hold()
+	go t.call("trigger", t.method, "", time.Time{})
+	select {
+	case <-c.held:
+	case <-time.After(5 * time.Second):
+		t.out(map[string]interface{}{"trap": "error", "error": "the trigger call was never written"})
+	}
+	go t.call("runtime", t.method, "queued", time.Now())
+	select {
+	case <-t.queuedCh:
+	case <-time.After(5 * time.Second):
+		t.out(map[string]interface{}{"trap": "error", "error": "the runtime call was never queued"})
+	}
+	t.kill()
+	// The reader sees the end of the connection and closes the transport; then the writer goes on.
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		c.rd.ring.mu.Lock()
+		closed := !c.rd.ring.closed.IsZero()
+		c.rd.ring.mu.Unlock()
+		if closed {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(10 * time.Millisecond)
+	release()
+}
+
+// connected: the runtime connection's dial returned (only the first one is trapped).
+func (t *trap) connected(c *sniffConn, path string) {
+	if atomic.AddInt32(&t.conns, 1) != 1 {
+		return
+	}
+	var pending int32
+	fireIfPending := func() {
+		if atomic.CompareAndSwapInt32(&pending, 1, 2) {
+			t.fire()
+		}
+	}
+	switch t.point {
+	case "connect":
+		t.fire()
+	case "accepted":
+		deadline := time.Now().Add(2 * time.Second)
+		for backlog(path) != 0 && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		t.fire()
+	case "settings":
+		c.rd.onFrame = func(typ, flags byte, stream uint32, end int) bool {
+			if typ == 0x4 && flags&0x1 == 0 {
+				atomic.CompareAndSwapInt32(&pending, 0, 1)
+			}
+			return false
+		}
+		c.afterRead = fireIfPending
+	case "request":
+		c.wr.onFrame = func(typ, flags byte, stream uint32, end int) bool {
+			if typ == 0x1 && stream != 0 {
+				atomic.CompareAndSwapInt32(&pending, 0, 1)
+			}
+			return false
+		}
+		c.afterWrite = fireIfPending
+	case "response":
+		c.rd.onFrame = func(typ, flags byte, stream uint32, end int) bool {
+			if typ == 0x1 && stream != 0 && flags&0x1 == 0 {
+				return atomic.CompareAndSwapInt32(&pending, 0, 1)
+			}
+			return false
+		}
+		c.afterRead = fireIfPending
+	case "queued":
+		t.rconn <- c
+	}
+}
+
+// backlog: connections waiting in the backlog of the listening unix socket at path (`ss`'s
+// Recv-Q of a listener), or -1 if unknown.
+func backlog(path string) int {
+	out, err := exec.Command("ss", "-xlnH").Output()
+	if err != nil {
+		return -1
+	}
+	for _, l := range strings.Split(string(out), "\n") {
+		f := strings.Fields(l)
+		if len(f) >= 5 && f[4] == path {
+			n := 0
+			fmt.Sscanf(f[2], "%d", &n)
+			return n
+		}
+	}
+	return -1
+}
+
+// kill: SIGKILL the process, once; reports it. Returns when, or the zero time if already done.
+func (t *trap) kill() time.Time {
+	if !atomic.CompareAndSwapInt32(&t.fired, 0, 1) {
+		return time.Time{}
+	}
+	err := syscall.Kill(t.pid, syscall.SIGKILL)
+	at := time.Now()
+	ev := map[string]interface{}{"trap": "killed", "point": t.point, "at": at.UTC().Format(time.RFC3339Nano)}
+	if err != nil {
+		ev["error"] = err.Error()
+	}
+	t.out(ev)
+	return at
+}
+
+// fire: the kill, then the runtime and image calls `after` later.
+func (t *trap) fire() {
+	at := t.kill()
+	if at.IsZero() {
+		return
+	}
+	go func() {
+		if t.after > 0 {
+			time.Sleep(time.Until(at.Add(t.after)))
+		}
+		go t.call("runtime", t.method, "", at)
+		if t.imageMethod != "" {
+			go t.call("image", t.imageMethod, "", at)
+		}
+	}()
+}
+
+// call makes one unary call through the bridge's own server (empty request message).
+func (t *trap) call(conn, method, mark string, killed time.Time) {
+	ctx, cancel := context.WithTimeout(context.Background(), t.timeout)
+	defer cancel()
+	if mark != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, "x-crisp-trap", mark)
+	}
+	t0 := time.Now()
+	var resp []byte
+	err := t.down.Invoke(ctx, method, []byte{}, &resp, grpc.ForceCodec(rawCodec{}))
+	took := time.Since(t0)
+	st := status.Convert(err)
+	ev := map[string]interface{}{"trap": "call", "conn": conn, "method": method, "code": st.Code().String(), "message": st.Message(), "ms": float64(took.Microseconds()) / 1000, "at": t0.UTC().Format(time.RFC3339Nano)}
+	if !killed.IsZero() {
+		ev["sent_after_kill_ms"] = float64(t0.Sub(killed).Microseconds()) / 1000
+	}
+	t.out(ev)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -721,7 +1207,7 @@ func runCall(args []string) error {
 		*concurrency = 1
 	}
 	wire := &wireStats{}
-	cc, err := dialKubelet(*target, *authority, wire, nil)
+	cc, err := dialKubelet("", *target, *authority, wire, nil, nil)
 	if err != nil {
 		return err
 	}
@@ -1011,7 +1497,7 @@ func runBench(args []string) error {
 	for r := 0; r < *runs; r++ {
 		conns := make([]*grpc.ClientConn, len(lanes))
 		for i := range lanes {
-			cc, err := dialKubelet(targets[i], *authority, nil, nil)
+			cc, err := dialKubelet("", targets[i], *authority, nil, nil, nil)
 			if err != nil {
 				return err
 			}

@@ -230,8 +230,17 @@ async fn never_ready_sidecars_do_not_delay_a_ready_pod() -> Result<()> {
             sleeper("app")
         )
     };
-    let (quiet_uid, _) = timed_start(&st, &ready_pod("quiet", 18_081)).await?;
-    let quiet_gap = st.start_gap(&quiet_uid, "proxy", "app").await?;
+    // Min-of-N: each bound compares the best of SAMPLES starts, so one start slowed by the
+    // machine (a 0.652 s sample against a 0.638 s bound once failed CI) does not decide it, while
+    // an unfair limiter, which delays every start beside the hostile pods, still fails.
+    const SAMPLES: u16 = 3;
+    let mut ready = Vec::new();
+    let mut quiet = Vec::new();
+    for i in 0..SAMPLES {
+        let (uid, _) = timed_start(&st, &ready_pod(&format!("quiet-{i}"), 18_081 + i)).await?;
+        quiet.push(st.start_gap(&uid, "proxy", "app").await?);
+        ready.push(uid);
+    }
     let before = st.crisp.usage()?;
 
     let mut hostile = Vec::new();
@@ -249,9 +258,29 @@ async fn never_ready_sidecars_do_not_delay_a_ready_pod() -> Result<()> {
         }
         held.iter().filter(|p| p.starts_with("never-")).count() >= 12
     })?;
-    let (busy_uid, _) = timed_start(&st, &ready_pod("busy", 18_082)).await?;
-    let busy_gap = st.start_gap(&busy_uid, "proxy", "app").await?;
-    eprintln!("ready pod: app started {:.3} s after its sidecar on a quiet node, {:.3} s beside 12 never-ready pods", secs(quiet_gap), secs(busy_gap));
+    let mut busy = Vec::new();
+    for i in 0..SAMPLES {
+        let (uid, _) = timed_start(&st, &ready_pod(&format!("busy-{i}"), 18_091 + i)).await?;
+        busy.push(st.start_gap(&uid, "proxy", "app").await?);
+        ready.push(uid);
+    }
+    let (quiet_gap, busy_gap) = (
+        *quiet.iter().min().expect("samples"),
+        *busy.iter().min().expect("samples"),
+    );
+    let show = |v: &[i64]| {
+        v.iter()
+            .map(|g| format!("{:.3}", secs(*g)))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    eprintln!(
+        "ready pods: app started after its sidecar, on a quiet node {} s (min {:.3}), beside 12 never-ready pods {} s (min {:.3})",
+        show(&quiet),
+        secs(quiet_gap),
+        show(&busy),
+        secs(busy_gap)
+    );
     // The target: released within a few probe rounds of a quiet node's release, not
     // after every never-ready pod's turn. Before the limiter was fair the ready pod waited
     // 1.23 s (0.10 s quiet): 12 pods' probes at 10 connects/s. Fair, busy − quiet measured
@@ -259,12 +288,12 @@ async fn never_ready_sidecars_do_not_delay_a_ready_pod() -> Result<()> {
     // both clear of the unfair 1.1 s.
     assert!(
         busy_gap <= quiet_gap + 700_000_000,
-        "the ready pod waited {:.3} s beside never-ready pods ({:.3} s quiet)",
+        "the ready pods waited at best {:.3} s beside never-ready pods ({:.3} s at best quiet)",
         secs(busy_gap),
         secs(quiet_gap)
     );
     node_is_healthy(&st, "12 never-ready pods", before)?;
-    for uid in hostile.iter().chain([&busy_uid, &quiet_uid]) {
+    for uid in hostile.iter().chain(ready.iter()) {
         st.delete_pod(uid, None, STEP).await?;
     }
     Ok(())
