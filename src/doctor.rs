@@ -172,9 +172,6 @@ pub async fn run(opts: &Options) -> Report {
         .unwrap_or_else(|| cfg.upstream.clone());
     check_upstream(opts, &upstream, &mut r).await;
     check_crisp_socket(opts, &listen, &mut r).await;
-<<<<<<< HEAD
-    check_progress(opts, &cfg, &listen, &mut r).await;
-=======
     check_admin_socket(
         opts,
         &Config {
@@ -183,7 +180,7 @@ pub async fn run(opts: &Options) -> Report {
         },
         &mut r,
     );
->>>>>>> opsafe
+    check_progress(opts, &cfg, &listen, &mut r).await;
     check_kubelet(opts, &listen, &upstream, &mut r);
     check_kubelet_version(opts, &mut r);
     check_units(opts, &listen, &mut r);
@@ -337,6 +334,10 @@ async fn check_progress(opts: &Options, cfg: &Config, listen: &Path, r: &mut Rep
             "progress",
             "not checked: the admin socket is disabled ([admin] enabled = false)",
         );
+    }
+    if !path.exists() {
+        // The admin-socket check has said so already.
+        return;
     }
     match tokio::time::timeout(Duration::from_secs(3), healthz(&path)).await {
         Ok(Ok((200, body))) => r.ok(
