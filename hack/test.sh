@@ -49,7 +49,7 @@ run() {
 # alone in their process (tests/it/main.rs says why).
 run --workspace --lib --bins
 run --workspace --doc
-run -p crisp --test relay_sigpipe --test exec_probe_memory
+run -p crisp --test relay_sigpipe --test exec_probe_memory --test tap_memory
 # The `it` binaries, one module at a time. The modules come from the binary's own listing, so
 # none is left out; a test outside any module, or a filter that would also match another
 # module's tests, is an error here rather than a test run twice or never.

@@ -175,7 +175,7 @@ pub struct Counters {
     pub healthy: AtomicBool,
 }
 
-/// Why crisp is not healthy ([`Watchdog::health`]).
+/// Why crisp is not healthy ([`Watchdog::verdict`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Unhealthy {
     #[error("the async runtime has not run its heartbeat for {0:?} (every worker blocked?)")]
