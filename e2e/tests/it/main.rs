@@ -17,6 +17,7 @@ mod emulator_requeue;
 mod emulator_restart;
 mod emulator_start;
 mod emulator_stop;
+mod exec_flood;
 mod grpcgo_peers;
 mod harness_smoke;
 mod jobs;
