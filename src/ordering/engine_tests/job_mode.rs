@@ -111,3 +111,46 @@ async fn recovery_and_its_watchers_end_when_the_engine_shuts_down() {
     tokio::time::sleep(S).await;
     assert_eq!(fake.script().lists, 0, "no watcher polls after shutdown");
 }
+
+/// Issue #37: a container removed while crisp was down (no RemoveContainer came through it)
+/// leaves no mark for ever: the engine prunes it at start, once the runtime answers — a runtime
+/// that is down delays the prune, never the start.
+#[tokio::test(start_paused = true)]
+async fn the_mark_of_a_container_removed_while_crisp_was_down_is_pruned_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::default();
+    let kept = fake.add("proxy", None);
+    {
+        let before = job::Terminated::open(Some(dir.path().to_path_buf()));
+        before.insert(&kept, SANDBOX).await;
+        before.insert("removed-meanwhile", SANDBOX).await;
+    }
+    fake.script().down = true;
+    let terminated = Arc::new(job::Terminated::open(Some(dir.path().to_path_buf())));
+    let engine = Engine::new(
+        &Config::default(),
+        fake.clone(),
+        Arc::new(OrderingMetrics::default()),
+        terminated.clone(),
+    );
+    engine.recover_in_background(ApiVersion::V1);
+    tokio::time::sleep(10 * S).await;
+    assert!(
+        terminated.contains("removed-meanwhile"),
+        "nothing is pruned while the runtime does not answer"
+    );
+    assert!(engine.tasks_running() > 0, "the prune waits for it");
+
+    fake.script().down = false;
+    tokio::time::timeout(60 * S, async {
+        while engine.tasks_running() > 0 {
+            tokio::time::sleep(S).await;
+        }
+    })
+    .await
+    .expect("the prune ends once the runtime answers");
+    assert!(!terminated.contains("removed-meanwhile"));
+    assert!(!dir.path().join("terminated/removed-meanwhile").exists());
+    assert!(terminated.contains(&kept), "a container the runtime has keeps its mark");
+    assert!(terminated.may_have_sandbox(SANDBOX));
+}

@@ -64,6 +64,8 @@ struct Script {
     ip: Option<String>,
     /// The annotations every ContainerStatus reports (kubelet's `io.kubernetes.*` stamps).
     status_annotations: HashMap<String, String>,
+    /// The node-wide ListContainers fails (the runtime is down).
+    down: bool,
 }
 
 #[derive(Default, Clone)]
@@ -148,6 +150,17 @@ impl Runtime for Fake {
                 .map(|c| self.view(c))
                 .collect())
         })
+    }
+
+    fn list_all_containers(&self, _: ApiVersion) -> Answer<'_, Vec<views::Container>> {
+        let s = self.script();
+        if s.down {
+            return ready(Err(ClientError::Timeout {
+                method: "ListContainers",
+                timeout: 5 * S,
+            }));
+        }
+        ready(Ok(s.containers.iter().map(|c| self.view(c)).collect()))
     }
 
     fn container<'a>(&'a self, _: ApiVersion, id: &'a str) -> Answer<'a, Option<views::Container>> {
