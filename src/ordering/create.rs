@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::annotations::Sidecar;
 use super::decide::{self, Check, CreatePlan, Snapshot, WaitStep};
@@ -88,9 +88,75 @@ impl Engine {
                 }
                 Check::Ready => return Check::Ready,
                 Check::Waiting(who) => return Check::Waiting(who),
-                Check::FailFast(why) => return Check::FailFast(why),
+                Check::FailFast(why) => {
+                    self.start_refusal_clock(version, pod, container, required, &snapshot)
+                        .await;
+                    return Check::FailFast(why);
+                }
             }
         }
+    }
+
+    /// Starts the refusal clock of `container` (`Pod::refused_since`), unless it runs already.
+    ///
+    /// The clock must not restart with crisp (a crash-looping crisp would otherwise refuse the
+    /// app for ever), so it is not only "the first refusal this process saw": it starts at the
+    /// runtime's own creation time of what the app waits for, when that is earlier — the
+    /// newest instance of the first required sidecar that does not run (it cannot have been
+    /// refused for that sidecar before the sidecar existed), or, for a sidecar never created,
+    /// the sandbox's creation. Both are the runtime's record, the same for every crisp that
+    /// asks; a sidecar instance rather than the sandbox because the sandbox can be hours older
+    /// than the sidecar's death (image pulls, a long life before a crash), and a sidecar that
+    /// kubelet re-creates moves the clock to its new instance, as a hold would wait for it.
+    async fn start_refusal_clock(
+        &self,
+        version: ApiVersion,
+        pod: &Pod,
+        container: &str,
+        required: &[Sidecar],
+        snapshot: &Snapshot<'_>,
+    ) {
+        if pod.refused_since.lock().contains_key(container) {
+            return;
+        }
+        let created_at = match decide::refusal_anchor(required, snapshot) {
+            decide::RefusalAnchor::Created(created_at) => Some(created_at),
+            decide::RefusalAnchor::Sandbox => self.sandbox_created_at(version, pod).await,
+        };
+        let at = now();
+        let since = created_at
+            .and_then(|created_at| decide::instant_of_wall(created_at, at, SystemTime::now()))
+            .map_or(at, |created| created.min(at));
+        pod.refused_since
+            .lock()
+            .entry(container.to_string())
+            .or_insert(since);
+    }
+
+    /// The sandbox's creation time as the runtime records it (read once, then kept).
+    async fn sandbox_created_at(&self, version: ApiVersion, pod: &Pod) -> Option<i64> {
+        let known = pod.created_at.load(Relaxed);
+        if known > 0 {
+            return Some(known);
+        }
+        let status = match self
+            .runtime
+            .pod_sandbox_status(version, &pod.sandbox_id)
+            .await
+        {
+            Ok(answer) => answer.status?,
+            Err(e) => {
+                tracing::debug!(
+                    error = %e,
+                    "cannot read the sandbox's creation time; the refusal clock starts now"
+                );
+                return None;
+            }
+        };
+        (status.created_at > 0).then(|| {
+            pod.created_at.store(status.created_at, Relaxed);
+            status.created_at
+        })
     }
 
     /// The gate of CreateContainer: forwarded, held, or refused (see the module's rules).

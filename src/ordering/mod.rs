@@ -330,6 +330,8 @@ impl Engine {
                     &self.rules,
                     &self.injectors,
                 );
+                pod.created_at
+                    .store(status.created_at, std::sync::atomic::Ordering::Relaxed);
                 Some(self.insert_pod(version, pod, warnings))
             }
             // A sandbox the runtime does not know (already removed; critest stops one on

@@ -30,6 +30,13 @@ fn at(t0: Instant, d: Duration) -> Instant {
     t0 + d
 }
 
+/// A wall-clock time as the runtime reports it (`created_at`: ns since the epoch).
+fn wall_ns(t: std::time::SystemTime) -> i64 {
+    t.duration_since(std::time::SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i64
+}
+
 /// One container of the scripted pod: created, started and exited at virtual instants.
 struct FakeContainer {
     id: String,
@@ -84,7 +91,7 @@ impl Fake {
         s.containers.push(FakeContainer {
             id: id.clone(),
             name: name.into(),
-            created: n as i64 + 1,
+            created: wall_ns(std::time::SystemTime::now()) + n as i64,
             started,
             exited: None,
             ready: started,
