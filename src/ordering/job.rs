@@ -5,11 +5,13 @@
 //! Cost: one watcher task per *Job pod with sidecars*, polling that sandbox's containers; it runs
 //! in the engine's tracker and ends when its apps are done, when the pod is removed, or when
 //! the engine shuts down (`Engine::shutdown`). No other pod, and no call, pays anything —
-//! except status responses while at least one terminated sidecar exists, which are patched only
-//! if they carry one.
+//! except status calls while at least one terminated sidecar exists: they are diverted, and
+//! their response collected only if the request names a marked container or its sandbox
+//! (DESIGN.md §5.2).
 //!
 //! The fact "crisp stopped this container" lives in a file per container under
-//! `<state_dir>/terminated/`, so a restarted crisp keeps reporting exit 0.
+//! `<state_dir>/terminated/`, written durably and pruned at start (DESIGN.md §5.1), so a
+//! restarted crisp keeps reporting exit 0.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -464,7 +464,7 @@ impl Interceptor for Engine {
             // Job mode's exit-code patch: only while crisp has terminated some sidecar, and then
             // the response is collected only for a call about a marked container or sandbox
             // (`wants_response`; the id is in the request, which the relay has not read when it
-            // asks: docs/DESIGN.md §5.3). Every other status call streams through.
+            // asks: DESIGN.md §5.2). Every other status call streams through.
             Some(Rpc::ContainerStatus) | Some(Rpc::PodSandboxStatus)
                 if !self.terminated.is_empty() =>
             {

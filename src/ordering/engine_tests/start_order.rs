@@ -255,7 +255,7 @@ async fn the_refusal_clock_survives_restarts_of_crisp() {
         // kubelet retries a second later; crisp restarts every 3 s.
         tokio::time::sleep(S).await;
         age(&fake, S);
-        if (now() - t0).as_secs() % 3 == 0 {
+        if (now() - t0).as_secs().is_multiple_of(3) {
             engine = pod(&fake, &["proxy"], &timeout);
         }
     };
