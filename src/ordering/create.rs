@@ -99,15 +99,16 @@ impl Engine {
 
     /// Starts the refusal clock of `container` (`Pod::refused_since`), unless it runs already.
     ///
-    /// The clock must not restart with crisp (a crash-looping crisp would otherwise refuse the
-    /// app for ever), so it is not only "the first refusal this process saw": it starts at the
-    /// runtime's own creation time of what the app waits for, when that is earlier — the
-    /// newest instance of the first required sidecar that does not run (it cannot have been
-    /// refused for that sidecar before the sidecar existed), or, for a sidecar never created,
-    /// the sandbox's creation. Both are the runtime's record, the same for every crisp that
-    /// asks; a sidecar instance rather than the sandbox because the sandbox can be hours older
-    /// than the sidecar's death (image pulls, a long life before a crash), and a sidecar that
-    /// kubelet re-creates moves the clock to its new instance, as a hold would wait for it.
+    /// The clock counts from the first refusal, and must not restart with crisp (a crash-looping
+    /// crisp would otherwise refuse the app for ever). When what the app waits for went wrong
+    /// after this crisp started, this crisp saw every refusal: the clock starts now. When it
+    /// went wrong before, an earlier crisp may have been refusing since: the clock starts when
+    /// it went wrong, by the runtime's own record — the same for every crisp that asks — of the
+    /// first required sidecar that does not run: when its newest instance exited (or was
+    /// created, if it never started), or, for a sidecar never created, when the sandbox was.
+    /// Its death rather than the sandbox's creation when there is one: the sandbox can be hours
+    /// older (image pulls, a long life before a crash), and a sidecar kubelet re-creates moves
+    /// the clock to its new instance, as a hold would wait for it (DESIGN.md §3.4).
     async fn start_refusal_clock(
         &self,
         version: ApiVersion,
@@ -119,18 +120,50 @@ impl Engine {
         if pod.refused_since.lock().contains_key(container) {
             return;
         }
-        let created_at = match decide::refusal_anchor(required, snapshot) {
-            decide::RefusalAnchor::Created(created_at) => Some(created_at),
+        let went_wrong = match decide::refusal_anchor(required, snapshot) {
+            decide::RefusalAnchor::Sidecar { id, created_at } if self.before_start(created_at) => {
+                self.sidecar_stopped_at(version, id).await
+            }
+            // Created since this crisp started: it saw all of it.
+            decide::RefusalAnchor::Sidecar { .. } => None,
             decide::RefusalAnchor::Sandbox => self.sandbox_created_at(version, pod).await,
         };
         let at = now();
-        let since = created_at
-            .and_then(|created_at| decide::instant_of_wall(created_at, at, SystemTime::now()))
-            .map_or(at, |created| created.min(at));
+        let since = went_wrong
+            .filter(|ns| self.before_start(*ns))
+            .and_then(|ns| decide::instant_of_wall(ns, at, SystemTime::now()))
+            .map_or(at, |went_wrong| went_wrong.min(at));
         pod.refused_since
             .lock()
             .entry(container.to_string())
             .or_insert(since);
+    }
+
+    /// Whether the runtime's timestamp `ns` is from before this crisp started.
+    fn before_start(&self, ns: i64) -> bool {
+        ns > 0 && SystemTime::UNIX_EPOCH + Duration::from_nanos(ns as u64) < self.started_wall
+    }
+
+    /// When a sidecar that does not run stopped running, as the runtime records it: its exit,
+    /// or its creation if it never started.
+    async fn sidecar_stopped_at(&self, version: ApiVersion, id: &str) -> Option<i64> {
+        match self.runtime.container_status(version, id).await {
+            Ok(answer) => {
+                let status = answer.status?;
+                Some(if status.finished_at > 0 {
+                    status.finished_at
+                } else {
+                    status.created_at
+                })
+            }
+            Err(e) => {
+                tracing::debug!(
+                    error = %e,
+                    "cannot read when the sidecar stopped; the refusal clock starts now"
+                );
+                None
+            }
+        }
     }
 
     /// The sandbox's creation time as the runtime records it (read once, then kept).

@@ -148,25 +148,28 @@ pub(crate) fn skip_dead(
         && refused_since.is_some_and(|t| now.saturating_duration_since(t) >= timeout)
 }
 
-/// What a refused container's clock starts from, by the runtime's own record (see
+/// What a refused container waits for, as the runtime can date it (see
 /// `Engine::start_refusal_clock`).
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum RefusalAnchor {
-    /// The creation time (ns since the epoch) of the newest instance of the first required
-    /// sidecar that does not run.
-    Created(i64),
+pub(crate) enum RefusalAnchor<'a> {
+    /// The newest instance of the first required sidecar that does not run, created at
+    /// `created_at` (ns since the epoch).
+    Sidecar { id: &'a str, created_at: i64 },
     /// No such sidecar was created: the sandbox's creation.
     Sandbox,
 }
 
-pub(crate) fn refusal_anchor(required: &[Sidecar], snap: &Snapshot) -> RefusalAnchor {
+pub(crate) fn refusal_anchor<'a>(required: &[Sidecar], snap: &Snapshot<'a>) -> RefusalAnchor<'a> {
     match required
         .iter()
         .find(|s| !snap.running(&s.name))
         .and_then(|s| snap.get(&s.name))
     {
-        Some(c) if c.created_at > 0 => RefusalAnchor::Created(c.created_at),
-        _ => RefusalAnchor::Sandbox,
+        Some(c) => RefusalAnchor::Sidecar {
+            id: &c.id,
+            created_at: c.created_at,
+        },
+        None => RefusalAnchor::Sandbox,
     }
 }
 

@@ -105,6 +105,8 @@ pub struct Engine {
     tasks: TaskTracker,
     /// Cancelled by [`Engine::shutdown`]: every task in `tasks` ends at its next `.await`.
     shutdown: CancellationToken,
+    /// When this engine (this crisp) started, by the wall clock the runtime dates things with.
+    started_wall: std::time::SystemTime,
 }
 
 impl Engine {
@@ -137,6 +139,7 @@ impl Engine {
             hold_sink: OnceLock::new(),
             tasks: TaskTracker::new(),
             shutdown: CancellationToken::new(),
+            started_wall: std::time::SystemTime::now(),
         })
     }
 

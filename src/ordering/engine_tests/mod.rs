@@ -216,12 +216,25 @@ impl Runtime for Fake {
     fn container_status<'a>(
         &'a self,
         _: ApiVersion,
-        _: &'a str,
+        id: &'a str,
     ) -> Answer<'a, views::ContainerStatusResponse> {
-        let annotations = self.script().status_annotations.clone();
+        let s = self.script();
+        let annotations = s.status_annotations.clone();
+        // Its exit, on the runtime's wall clock: as long after its creation as it ran.
+        let finished_at = s
+            .containers
+            .iter()
+            .find(|c| c.id == id)
+            .and_then(|c| {
+                let exited = c.exited.filter(|e| now() >= *e)?;
+                let ran = exited.saturating_duration_since(c.started.unwrap_or(exited));
+                Some(c.created + ran.as_nanos() as i64)
+            })
+            .unwrap_or(0);
         ready(Ok(views::ContainerStatusResponse {
             status: Some(views::ContainerStatus {
                 annotations,
+                finished_at,
                 ..Default::default()
             }),
         }))

@@ -283,3 +283,25 @@ async fn a_restarted_crisp_refuses_until_the_sidecars_clock_runs_out() {
     }
     assert_eq!(now() - t0, 6 * S);
 }
+
+/// The clock counts from the sidecar's death, not its creation: a sidecar that ran for 97 s
+/// and died 3 s ago keeps its app refused for 7 s more after a restart.
+#[tokio::test(start_paused = true)]
+async fn a_restarted_crisp_counts_from_the_sidecars_death_not_its_creation() {
+    let timeout = [(annotations::START_TIMEOUT, "10s")];
+    let (fake, _before) = fake_pod(&["proxy"], &timeout);
+    fake.add("proxy", Some(now()));
+    tokio::time::sleep(97 * S).await;
+    fake.set("proxy", |c| c.exited = Some(now()));
+    age(&fake, 100 * S);
+    let engine = pod(&fake, &["proxy"], &timeout);
+    let t0 = now();
+    loop {
+        let (v, _) = create_container(&engine, &fake, "app").await;
+        if matches!(v, Verdict::Forward) {
+            break;
+        }
+        tokio::time::sleep(S).await;
+    }
+    assert_eq!(now() - t0, 7 * S);
+}
