@@ -154,3 +154,40 @@ async fn the_mark_of_a_container_removed_while_crisp_was_down_is_pruned_at_start
     assert!(terminated.contains(&kept), "a container the runtime has keeps its mark");
     assert!(terminated.may_have_sandbox(SANDBOX));
 }
+
+/// Issue #33: a Job pod's marks divert status calls, but only a call about a marked container
+/// or its sandbox keeps its response for the patch; any other pod's streams through.
+#[tokio::test(start_paused = true)]
+async fn only_status_calls_about_a_marked_sidecar_keep_their_response() {
+    let (fake, engine, _) = fake_running_pod(&["proxy"]);
+    let status = |rpc: &str, id: &str| {
+        let call = call(rpc, None);
+        let req = views::ContainerIdRequest {
+            container_id: id.into(),
+            timeout: 0,
+        }
+        .encode_to_vec();
+        (engine.interest(&call), engine.wants_response(&call, &req))
+    };
+    assert!(
+        status("ContainerStatus", "other").0.is_none(),
+        "no mark: relayed"
+    );
+    let proxy = id_of(&fake, "proxy");
+    engine.terminated.insert(&proxy, SANDBOX).await;
+    let kept = Interest {
+        request: true,
+        response: true,
+        complete: false,
+    };
+    assert_eq!(status("ContainerStatus", &proxy), (kept, true));
+    assert_eq!(status("PodSandboxStatus", SANDBOX), (kept, true));
+    assert_eq!(status("ContainerStatus", "other"), (kept, false));
+    assert_eq!(status("PodSandboxStatus", "another-pod"), (kept, false));
+    assert!(
+        engine.wants_response(&call("PodSandboxStatus", None), b"\xff"),
+        "a request that shows no id keeps its response"
+    );
+    engine.terminated.remove(&proxy);
+    assert!(status("PodSandboxStatus", SANDBOX).0.is_none());
+}
