@@ -527,10 +527,12 @@ impl Interceptor for Engine {
     /// one. The id is read in place (no allocation); a request that does not show one keeps
     /// the response (it is patched as before, or forwarded as is).
     fn wants_response(&self, call: &Call, req: &[u8]) -> bool {
-        let id = crate::cri::patch::string_field(req, 1);
-        match (call.route.rpc, id) {
-            (Some(Rpc::ContainerStatus), Some(id)) => self.terminated.contains(id),
-            (Some(Rpc::PodSandboxStatus), Some(id)) => self.terminated.may_have_sandbox(id),
+        let id = || crate::cri::patch::string_field(req, 1);
+        match call.route.rpc {
+            Some(Rpc::ContainerStatus) => id().is_none_or(|id| self.terminated.contains(id)),
+            Some(Rpc::PodSandboxStatus) => {
+                id().is_none_or(|id| self.terminated.may_have_sandbox(id))
+            }
             _ => true,
         }
     }
