@@ -106,6 +106,14 @@ pub trait Interceptor: Send + Sync + 'static {
         Box::pin(async { Verdict::Forward })
     }
 
+    /// With the request seen (`req`, the message without the gRPC prefix), whether the response
+    /// this interceptor asked for ([`Interest::response`]) is still wanted. `false` lets the
+    /// response stream through as it arrives, never collected. Asked only for unary calls
+    /// whose request was observed (a `request` interest, any interceptor's); must be cheap.
+    fn wants_response(&self, _call: &Call, _req: &[u8]) -> bool {
+        true
+    }
+
     /// Sees the response. `msg` is `None` for a status-only answer. Returning `Some` replaces the
     /// message that goes back to the client.
     fn on_response(
@@ -293,6 +301,13 @@ impl Interceptors {
             Some(b) => Verdict::ForwardPatched(b),
             None => Verdict::Forward,
         }
+    }
+
+    /// Whether any interceptor that asked for the response still wants it, the request seen.
+    pub(crate) fn wants_response(&self, call: &Call, req: &[u8]) -> bool {
+        self.list
+            .iter()
+            .any(|i| i.interest(call).response && i.wants_response(call, req))
     }
 
     pub(crate) fn on_response(

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::annotations::Sidecar;
 use super::decide::{self, Check, CreatePlan, Snapshot, WaitStep};
@@ -97,9 +97,108 @@ impl Engine {
                 }
                 Check::Ready => return Check::Ready,
                 Check::Waiting(who) => return Check::Waiting(who),
-                Check::FailFast(why) => return Check::FailFast(why),
+                Check::FailFast(why) => {
+                    self.start_refusal_clock(version, pod, container, required, &snapshot)
+                        .await;
+                    return Check::FailFast(why);
+                }
             }
         }
+    }
+
+    /// Starts the refusal clock of `container` (`Pod::refused_since`), unless it runs already.
+    ///
+    /// The clock counts from the first refusal, and must not restart with crisp (a crash-looping
+    /// crisp would otherwise refuse the app for ever). When what the app waits for went wrong
+    /// after this crisp started, this crisp saw every refusal: the clock starts now. When it
+    /// went wrong before, an earlier crisp may have been refusing since: the clock starts when
+    /// it went wrong, by the runtime's own record — the same for every crisp that asks — of the
+    /// first required sidecar that does not run: when its newest instance exited (or was
+    /// created, if it never started), or, for a sidecar never created, when the sandbox was.
+    /// Its death rather than the sandbox's creation when there is one: the sandbox can be hours
+    /// older (image pulls, a long life before a crash), and a sidecar kubelet re-creates moves
+    /// the clock to its new instance, as a hold would wait for it (DESIGN.md §3.4).
+    async fn start_refusal_clock(
+        &self,
+        version: ApiVersion,
+        pod: &Pod,
+        container: &str,
+        required: &[Sidecar],
+        snapshot: &Snapshot<'_>,
+    ) {
+        if pod.refused_since.lock().contains_key(container) {
+            return;
+        }
+        let went_wrong = match decide::refusal_anchor(required, snapshot) {
+            decide::RefusalAnchor::Sidecar { id, created_at } if self.before_start(created_at) => {
+                self.sidecar_stopped_at(version, id).await
+            }
+            // Created since this crisp started: it saw all of it.
+            decide::RefusalAnchor::Sidecar { .. } => None,
+            decide::RefusalAnchor::Sandbox => self.sandbox_created_at(version, pod).await,
+        };
+        let at = now();
+        let since = went_wrong
+            .filter(|ns| self.before_start(*ns))
+            .and_then(|ns| decide::instant_of_wall(ns, at, SystemTime::now()))
+            .map_or(at, |went_wrong| went_wrong.min(at));
+        pod.refused_since
+            .lock()
+            .entry(container.to_string())
+            .or_insert(since);
+    }
+
+    /// Whether the runtime's timestamp `ns` is from before this crisp started.
+    fn before_start(&self, ns: i64) -> bool {
+        ns > 0 && SystemTime::UNIX_EPOCH + Duration::from_nanos(ns as u64) < self.started_wall
+    }
+
+    /// When a sidecar that does not run stopped running, as the runtime records it: its exit,
+    /// or its creation if it never started.
+    async fn sidecar_stopped_at(&self, version: ApiVersion, id: &str) -> Option<i64> {
+        match self.runtime.container_status(version, id).await {
+            Ok(answer) => {
+                let status = answer.status?;
+                Some(if status.finished_at > 0 {
+                    status.finished_at
+                } else {
+                    status.created_at
+                })
+            }
+            Err(e) => {
+                tracing::debug!(
+                    error = %e,
+                    "cannot read when the sidecar stopped; the refusal clock starts now"
+                );
+                None
+            }
+        }
+    }
+
+    /// The sandbox's creation time as the runtime records it (read once, then kept).
+    async fn sandbox_created_at(&self, version: ApiVersion, pod: &Pod) -> Option<i64> {
+        let known = pod.created_at.load(Relaxed);
+        if known > 0 {
+            return Some(known);
+        }
+        let status = match self
+            .runtime
+            .pod_sandbox_status(version, &pod.sandbox_id)
+            .await
+        {
+            Ok(answer) => answer.status?,
+            Err(e) => {
+                tracing::debug!(
+                    error = %e,
+                    "cannot read the sandbox's creation time; the refusal clock starts now"
+                );
+                return None;
+            }
+        };
+        (status.created_at > 0).then(|| {
+            pod.created_at.store(status.created_at, Relaxed);
+            status.created_at
+        })
     }
 
     /// The gate of CreateContainer: forwarded, held, or refused (see the module's rules).

@@ -6,7 +6,7 @@
 //! drives the whole engine through a scripted runtime on paused time.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::annotations::{PodPolicy, Sidecar};
 use crate::config::TimeoutPolicy;
@@ -147,6 +147,49 @@ pub(crate) fn skip_dead(
     policy == TimeoutPolicy::Proceed
         && refused_since.is_some_and(|t| now.saturating_duration_since(t) >= timeout)
 }
+
+/// What a refused container waits for, as the runtime can date it (see
+/// `Engine::start_refusal_clock`).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum RefusalAnchor<'a> {
+    /// The newest instance of the first required sidecar that does not run, created at
+    /// `created_at` (ns since the epoch).
+    Sidecar { id: &'a str, created_at: i64 },
+    /// No such sidecar was created: the sandbox's creation.
+    Sandbox,
+}
+
+pub(crate) fn refusal_anchor<'a>(required: &[Sidecar], snap: &Snapshot<'a>) -> RefusalAnchor<'a> {
+    match required
+        .iter()
+        .find(|s| !snap.running(&s.name))
+        .and_then(|s| snap.get(&s.name))
+    {
+        Some(c) => RefusalAnchor::Sidecar {
+            id: &c.id,
+            created_at: c.created_at,
+        },
+        None => RefusalAnchor::Sandbox,
+    }
+}
+
+/// The engine's instant of a runtime timestamp (`ns` since the epoch), given the instant and the
+/// wall-clock time of now. Only ages up to [`MAX_ANCHOR_AGE`] matter (the longest start
+/// timeout), so older ones are that old (an `Instant` cannot go back past the boot); a time in the future is now; none for 0 (unset).
+pub(crate) fn instant_of_wall(ns: i64, now: Instant, wall_now: SystemTime) -> Option<Instant> {
+    if ns <= 0 {
+        return None;
+    }
+    let at = SystemTime::UNIX_EPOCH + Duration::from_nanos(ns as u64);
+    let age = wall_now
+        .duration_since(at)
+        .unwrap_or_default()
+        .min(MAX_ANCHOR_AGE);
+    Some(now.checked_sub(age).unwrap_or(now))
+}
+
+/// Past the longest start timeout, a refusal clock's start no longer matters.
+const MAX_ANCHOR_AGE: Duration = crate::config::MAX_START_TIMEOUT;
 
 /// No sidecar exists at all and no annotation says what the container is: a regular container
 /// listed before the sidecars, or an init container. The engine refuses it once and judges by

@@ -5,14 +5,17 @@
 //! Cost: one watcher task per *Job pod with sidecars*, polling that sandbox's containers; it runs
 //! in the engine's tracker and ends when its apps are done, when the pod is removed, or when
 //! the engine shuts down (`Engine::shutdown`). No other pod, and no call, pays anything —
-//! except status responses while at least one terminated sidecar exists, which are patched only
-//! if they carry one.
+//! except status calls while at least one terminated sidecar exists: they are diverted, and
+//! their response collected only if the request names a marked container or its sandbox
+//! (DESIGN.md §5.2).
 //!
 //! The fact "crisp stopped this container" lives in a file per container under
-//! `<state_dir>/terminated/`, so a restarted crisp keeps reporting exit 0.
+//! `<state_dir>/terminated/`, written durably and pruned at start (DESIGN.md §5.1), so a
+//! restarted crisp keeps reporting exit 0.
 
-use std::collections::HashSet;
-use std::path::PathBuf;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -29,20 +32,120 @@ pub(crate) const JOB_NAME_LABELS: [&str; 2] = ["batch.kubernetes.io/job-name", "
 const PRESTOP_ANNOTATION: &str = "io.kubernetes.container.preStopHandler";
 const GRACE_ANNOTATION: &str = "io.kubernetes.pod.terminationGracePeriod";
 const RESTART_COUNT_ANNOTATION: &str = "io.kubernetes.container.restartCount";
+/// The prune at start asks a runtime that does not answer again after this, then twice as late
+/// each time, up to [`PRUNE_RETRY_MAX`].
+const PRUNE_RETRY_MIN: Duration = Duration::from_secs(1);
+const PRUNE_RETRY_MAX: Duration = Duration::from_secs(30);
 
-/// The containers crisp terminated, persisted one empty file per id.
+/// The containers crisp terminated, by sandbox, persisted one file per container id whose
+/// content is its sandbox id (`<state_dir>/terminated/<container_id>`).
+///
+/// A mark is written like kubelet writes its checkpoints: to a temporary file that is fsynced,
+/// renamed over the mark, and the directory fsynced, so a mark that was reported to kubelet
+/// (the sidecar is stopped right after) survives a power loss. Removal is not fsynced: a mark
+/// that comes back after a crash names a container the runtime no longer has, and
+/// [`Engine::prune_marks`] drops it at the next start.
 pub struct Terminated {
     dir: Option<PathBuf>,
-    ids: RwLock<HashSet<String>>,
-    /// Mirror of `ids.len() > 0`, read on the hot path without locking.
-    any: std::sync::atomic::AtomicBool,
+    marks: RwLock<Marks>,
+    /// Mirror of "some mark exists", read on the hot path (`interest`) without locking.
+    any: AtomicBool,
+    /// The marks found on disk at open: the only ones the prune at start may drop (a mark made
+    /// since is for a container that existed when it was made).
+    loaded: parking_lot::Mutex<Vec<String>>,
 }
+
+#[derive(Default)]
+struct Marks {
+    /// Container id → its sandbox id; empty for a mark written before crisp kept the sandbox,
+    /// until the prune at start learns it from the runtime.
+    sandbox_of: HashMap<String, String>,
+    /// Sandbox id → how many of its containers are marked.
+    by_sandbox: HashMap<String, usize>,
+    /// Marks whose sandbox is not known (yet): any sandbox may be theirs.
+    unknown: usize,
+}
+
+impl Marks {
+    fn insert(&mut self, id: &str, sandbox: &str) {
+        self.remove(id);
+        if sandbox.is_empty() {
+            self.unknown += 1;
+        } else {
+            *self.by_sandbox.entry(sandbox.to_string()).or_default() += 1;
+        }
+        self.sandbox_of.insert(id.to_string(), sandbox.to_string());
+    }
+
+    fn remove(&mut self, id: &str) -> bool {
+        let Some(sandbox) = self.sandbox_of.remove(id) else {
+            return false;
+        };
+        if sandbox.is_empty() {
+            self.unknown -= 1;
+        } else if let Some(n) = self.by_sandbox.get_mut(&sandbox) {
+            *n -= 1;
+            if *n == 0 {
+                self.by_sandbox.remove(&sandbox);
+            }
+        }
+        true
+    }
+}
+
+/// Why a mark could not be written durably.
+#[derive(Debug, thiserror::Error)]
+pub enum MarkError {
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot sync the directory {path}: {source}")]
+    SyncDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Writes `content` to `dir/name` durably: a temporary file, fsynced, renamed over `name`, and
+/// the directory fsynced (the rename itself is then on disk). Blocking: called off the async
+/// workers.
+pub(crate) fn write_durably(dir: &Path, name: &str, content: &[u8]) -> Result<(), MarkError> {
+    use std::io::Write;
+    let tmp = dir.join(format!("{name}{TMP_SUFFIX}"));
+    let path = dir.join(name);
+    let write = || -> std::io::Result<()> {
+        let mut file = std::fs::File::create(&tmp)?;
+        file.write_all(content)?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, &path)
+    };
+    if let Err(source) = write() {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(MarkError::Write { path, source });
+    }
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|source| MarkError::SyncDir {
+            path: dir.to_path_buf(),
+            source,
+        })
+}
+
+/// A mark being written; one left by a crash before its rename is removed at open.
+const TMP_SUFFIX: &str = ".tmp";
+/// A mark file holds a sandbox id: read no more than this of it.
+const MAX_MARK_FILE: u64 = 256;
 
 impl Terminated {
     /// Loads the set from `state_dir` (created if missing). A `None` dir keeps it in memory only.
     pub fn open(state_dir: Option<PathBuf>) -> Self {
         let dir = state_dir.map(|state_dir| state_dir.join("terminated"));
-        let mut ids = HashSet::new();
+        let mut marks = Marks::default();
+        let mut loaded = Vec::new();
         if let Some(dir) = &dir {
             if let Err(e) = std::fs::create_dir_all(dir) {
                 tracing::warn!(
@@ -53,19 +156,26 @@ impl Terminated {
             }
             if let Ok(entries) = std::fs::read_dir(dir) {
                 for entry in entries.flatten() {
-                    if let Some(name) = entry.file_name().to_str() {
-                        if is_container_id(name) {
-                            ids.insert(name.to_string());
-                        }
+                    let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+                        continue;
+                    };
+                    if name.ends_with(TMP_SUFFIX) {
+                        let _ = std::fs::remove_file(entry.path());
+                        continue;
+                    }
+                    if is_container_id(&name) {
+                        let sandbox = read_sandbox(&entry.path());
+                        marks.insert(&name, &sandbox);
+                        loaded.push(name);
                     }
                 }
             }
         }
-        let any = std::sync::atomic::AtomicBool::new(!ids.is_empty());
         Terminated {
             dir,
-            ids: RwLock::new(ids),
-            any,
+            any: AtomicBool::new(!marks.sandbox_of.is_empty()),
+            marks: RwLock::new(marks),
+            loaded: parking_lot::Mutex::new(loaded),
         }
     }
 
@@ -74,37 +184,145 @@ impl Terminated {
     }
 
     pub(crate) fn contains(&self, id: &str) -> bool {
-        !self.is_empty() && self.ids.read().contains(id)
+        !self.is_empty() && self.marks.read().sandbox_of.contains_key(id)
     }
 
-    pub(crate) fn insert(&self, id: &str) {
-        if !is_container_id(id) {
+    /// Whether a container of `sandbox` may be marked (a mark whose sandbox is not known yet
+    /// may be of any).
+    pub(crate) fn may_have_sandbox(&self, sandbox: &str) -> bool {
+        if self.is_empty() {
+            return false;
+        }
+        let marks = self.marks.read();
+        marks.unknown > 0 || marks.by_sandbox.contains_key(sandbox)
+    }
+
+    /// Marks container `id` of `sandbox`: at once in memory, then durably on disk (off the async
+    /// workers) before this returns.
+    pub(crate) async fn insert(&self, id: &str, sandbox: &str) {
+        if !is_container_id(id) || !is_container_id(sandbox) {
             return;
         }
-        if let Some(dir) = &self.dir {
-            if let Err(e) = std::fs::write(dir.join(id), b"") {
-                tracing::warn!(
-                    container_id = id,
-                    error = %e,
-                    "cannot persist the terminated-sidecar mark"
-                );
-            }
+        {
+            let mut marks = self.marks.write();
+            marks.insert(id, sandbox);
+            self.any.store(true, Relaxed);
         }
-        self.ids.write().insert(id.to_string());
-        self.any.store(true, Relaxed);
+        let Some(dir) = self.dir.clone() else {
+            return;
+        };
+        let (name, content) = (id.to_string(), sandbox.to_string());
+        let written =
+            tokio::task::spawn_blocking(move || write_durably(&dir, &name, content.as_bytes()))
+                .await;
+        match written {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(
+                container_id = id,
+                error = %e,
+                "cannot persist the terminated-sidecar mark"
+            ),
+            Err(e) => tracing::warn!(
+                container_id = id,
+                error = %e,
+                "cannot persist the terminated-sidecar mark"
+            ),
+        }
     }
 
     pub(crate) fn remove(&self, id: &str) {
         if self.is_empty() {
             return;
         }
-        let mut ids = self.ids.write();
-        if ids.remove(id) {
-            if let Some(dir) = &self.dir {
-                let _ = std::fs::remove_file(dir.join(id));
+        let mut marks = self.marks.write();
+        if marks.remove(id) {
+            self.unlink(id);
+        }
+        self.any.store(!marks.sandbox_of.is_empty(), Relaxed);
+    }
+
+    /// Drops the marks of `sandbox`'s containers (RemovePodSandbox removes them with it).
+    pub(crate) fn remove_sandbox(&self, sandbox: &str) {
+        if self.is_empty() {
+            return;
+        }
+        let mut marks = self.marks.write();
+        if !marks.by_sandbox.contains_key(sandbox) {
+            return;
+        }
+        let ids: Vec<String> = marks
+            .sandbox_of
+            .iter()
+            .filter(|(_, s)| s.as_str() == sandbox)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in ids {
+            marks.remove(&id);
+            self.unlink(&id);
+        }
+        self.any.store(!marks.sandbox_of.is_empty(), Relaxed);
+    }
+
+    fn unlink(&self, id: &str) {
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_file(dir.join(id));
+        }
+    }
+
+    /// Whether marks found at open still wait for [`Terminated::prune`].
+    pub(crate) fn prune_pending(&self) -> bool {
+        !self.loaded.lock().is_empty()
+    }
+
+    /// Reconciles the marks found at open with the containers the runtime has now (`sandbox_of`:
+    /// a container's sandbox, `None` when the runtime does not have it): drops the marks of
+    /// containers it no longer has and learns the sandbox of the others. Returns how many were
+    /// dropped. Blocking (file removals and rewrites): called off the async workers.
+    pub(crate) fn prune(&self, sandbox_of: impl Fn(&str) -> Option<String>) -> usize {
+        let loaded = std::mem::take(&mut *self.loaded.lock());
+        let mut pruned = 0;
+        for id in loaded {
+            let known = self.marks.read().sandbox_of.get(&id).cloned();
+            let Some(known) = known else {
+                continue; // removed since (RemoveContainer)
+            };
+            match sandbox_of(&id) {
+                None => {
+                    let mut marks = self.marks.write();
+                    if marks.remove(&id) {
+                        self.unlink(&id);
+                        pruned += 1;
+                    }
+                    self.any.store(!marks.sandbox_of.is_empty(), Relaxed);
+                }
+                Some(sandbox) if known.is_empty() && is_container_id(&sandbox) => {
+                    self.marks.write().insert(&id, &sandbox);
+                    if let Some(dir) = &self.dir {
+                        if let Err(e) = write_durably(dir, &id, sandbox.as_bytes()) {
+                            tracing::warn!(
+                                container_id = %id,
+                                error = %e,
+                                "cannot persist the terminated-sidecar mark"
+                            );
+                        }
+                    }
+                }
+                Some(_) => {}
             }
         }
-        self.any.store(!ids.is_empty(), Relaxed);
+        pruned
+    }
+}
+
+/// The sandbox id a mark file holds; empty for an empty (older) or unreadable one.
+fn read_sandbox(path: &Path) -> String {
+    use std::io::Read;
+    let mut content = String::new();
+    let read = std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_MARK_FILE).read_to_string(&mut content));
+    match read {
+        Ok(_) if is_container_id(content.trim()) => content.trim().to_string(),
+        _ => String::new(),
     }
 }
 
@@ -439,8 +657,9 @@ impl Engine {
                 }
             }
             let secs = decide::budget_secs(Some(decide::later(started, grace)), now());
-            // Mark first: a status read racing the stop must already see `Completed`.
-            self.terminated.insert(&container.id);
+            // Mark first (durably: the stop is final): a status read racing the stop must
+            // already see `Completed`.
+            self.terminated.insert(&container.id, &pod.sandbox_id).await;
             match self
                 .runtime
                 .stop_container(version, &container.id, secs)
@@ -463,6 +682,52 @@ impl Engine {
                     );
                 }
             }
+        }
+    }
+
+    /// Drops the marks whose container the runtime no longer has (removed while crisp was
+    /// down: no RemoveContainer came through crisp) and learns the sandbox of marks written
+    /// before crisp kept it. One ListContainers of the node, off every call's path; while the
+    /// runtime does not answer it is asked again, less and less often (up to every
+    /// [`PRUNE_RETRY_MAX`]), and start is never waited on. Ends once done or at shutdown.
+    pub(super) async fn prune_marks(&self, version: ApiVersion) {
+        let mut wait = PRUNE_RETRY_MIN;
+        let mut said = false;
+        while self.terminated.prune_pending() {
+            let listed = {
+                let _read = self.reads.read(None).await;
+                self.runtime.list_all_containers(version).await
+            };
+            let containers = match listed {
+                Ok(containers) => containers,
+                Err(e) => {
+                    if !said {
+                        tracing::info!(
+                            error = %e,
+                            "cannot list the runtime's containers; terminated-sidecar marks will be pruned once it answers"
+                        );
+                        said = true;
+                    }
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(PRUNE_RETRY_MAX);
+                    continue;
+                }
+            };
+            let present: HashMap<String, String> = containers
+                .into_iter()
+                .map(|container| (container.id, container.pod_sandbox_id))
+                .collect();
+            let terminated = self.terminated.clone();
+            let pruned = tokio::task::spawn_blocking(move || {
+                terminated.prune(|id| present.get(id).cloned())
+            })
+            .await
+            .unwrap_or_default();
+            tracing::info!(
+                pruned,
+                "pruned the terminated-sidecar marks of containers the runtime no longer has"
+            );
+            return;
         }
     }
 
@@ -533,19 +798,90 @@ mod tests {
         assert_eq!(grace_of(&Default::default()), Duration::from_secs(30));
     }
 
-    #[test]
-    fn terminated_marks_survive_a_reopen() {
+    #[tokio::test]
+    async fn terminated_marks_survive_a_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let t = Terminated::open(Some(dir.path().to_path_buf()));
         assert!(t.is_empty());
-        t.insert("abc123");
-        t.insert("../evil"); // not a container id: never becomes a path
+        t.insert("abc123", "sb1").await;
+        t.insert("../evil", "sb1").await; // not a container id: never becomes a path
+        t.insert("def456", "../evil").await; // nor a sandbox id
         assert!(t.contains("abc123"));
+        assert!(!t.contains("def456"));
         let t2 = Terminated::open(Some(dir.path().to_path_buf()));
         assert!(t2.contains("abc123"));
+        assert!(t2.may_have_sandbox("sb1"), "the sandbox is read back");
+        assert!(!t2.may_have_sandbox("sb2"));
         assert!(!t2.contains("../evil"));
         t2.remove("abc123");
         assert!(t2.is_empty());
         assert!(Terminated::open(Some(dir.path().to_path_buf())).is_empty());
+    }
+
+    /// Issue #37: a mark is written like kubelet's checkpoints — a temporary file, fsynced,
+    /// renamed, the directory fsynced — so no reader ever sees half a mark, and one a crash
+    /// left half-written (the temporary file) is neither loaded nor kept.
+    #[tokio::test]
+    async fn a_mark_is_written_durably_through_a_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = Terminated::open(Some(dir.path().to_path_buf()));
+        t.insert("abc123", "sb1").await;
+        let marks = dir.path().join("terminated");
+        assert_eq!(std::fs::read(marks.join("abc123")).unwrap(), b"sb1");
+        let names: Vec<String> = std::fs::read_dir(&marks)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names, vec!["abc123".to_string()], "no temporary file left");
+
+        // A crash between the write and the rename.
+        std::fs::write(marks.join(format!("fed987{TMP_SUFFIX}")), b"sb").unwrap();
+        let t2 = Terminated::open(Some(dir.path().to_path_buf()));
+        assert!(!t2.contains("fed987"));
+        assert!(!marks.join(format!("fed987{TMP_SUFFIX}")).exists());
+
+        // A write that fails says where, and leaves nothing behind.
+        let gone = dir.path().join("gone");
+        let e = write_durably(&gone, "abc123", b"sb1").unwrap_err();
+        assert!(matches!(e, MarkError::Write { .. }), "{e}");
+        assert!(e.to_string().contains("gone/abc123"), "{e}");
+        // The mark still holds in memory when the disk refuses it.
+        let other = tempfile::tempdir().unwrap();
+        let t3 = Terminated::open(Some(other.path().to_path_buf()));
+        std::fs::remove_dir(other.path().join("terminated")).unwrap();
+        t3.insert("abc123", "sb1").await;
+        assert!(t3.contains("abc123"));
+    }
+
+    /// Marks are kept by sandbox: RemovePodSandbox drops them with it; a mark from before crisp
+    /// kept sandboxes may be any sandbox's until the prune learns its own.
+    #[tokio::test]
+    async fn marks_are_kept_by_sandbox() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = Terminated::open(Some(dir.path().to_path_buf()));
+        t.insert("a1", "sba").await;
+        t.insert("a2", "sba").await;
+        t.insert("b1", "sbb").await;
+        t.remove_sandbox("sba");
+        assert!(!t.contains("a1") && !t.contains("a2") && t.contains("b1"));
+        assert!(!t.may_have_sandbox("sba"));
+        assert!(!dir.path().join("terminated/a1").exists());
+
+        std::fs::write(dir.path().join("terminated/old1"), b"").unwrap();
+        let t = Terminated::open(Some(dir.path().to_path_buf()));
+        assert!(t.may_have_sandbox("any"), "an older mark may be any sandbox's");
+        let pruned = t.prune(|id| match id {
+            "old1" => Some("sbo".to_string()),
+            _ => None,
+        });
+        assert_eq!(pruned, 1, "b1's container is gone");
+        assert!(!t.may_have_sandbox("any"));
+        assert!(t.may_have_sandbox("sbo"));
+        assert_eq!(
+            std::fs::read(dir.path().join("terminated/old1")).unwrap(),
+            b"sbo",
+            "learnt, and written back"
+        );
+        assert!(!t.prune_pending(), "pruned once");
     }
 }

@@ -107,6 +107,8 @@ pub struct Engine {
     tasks: TaskTracker,
     /// Cancelled by [`Engine::shutdown`]: every task in `tasks` ends at its next `.await`.
     shutdown: CancellationToken,
+    /// When this engine (this crisp) started, by the wall clock the runtime dates things with.
+    started_wall: std::time::SystemTime,
 }
 
 impl Engine {
@@ -143,6 +145,7 @@ impl Engine {
             hold_sink: OnceLock::new(),
             tasks: TaskTracker::new(),
             shutdown: CancellationToken::new(),
+            started_wall: std::time::SystemTime::now(),
         })
     }
 
@@ -155,11 +158,16 @@ impl Engine {
         });
     }
 
-    /// Rebuilds Job watchers after a crisp restart ([`Engine::recover`]), in the background.
+    /// After a crisp restart, in the background: rebuilds Job watchers ([`Engine::recover`])
+    /// and prunes the Job-mode marks of containers removed meanwhile ([`Engine::prune_marks`]).
     pub fn recover_in_background(&self, version: ApiVersion) {
         let Some(engine) = self.me.upgrade() else {
             return;
         };
+        if self.terminated.prune_pending() {
+            let engine = engine.clone();
+            self.spawn(async move { engine.prune_marks(version).await });
+        }
         self.spawn(async move { engine.recover(version).await });
     }
 
@@ -331,6 +339,8 @@ impl Engine {
                     &self.rules,
                     &self.injectors,
                 );
+                pod.created_at
+                    .store(status.created_at, std::sync::atomic::Ordering::Relaxed);
                 Some(self.insert_pod(version, pod, warnings))
             }
             // A sandbox the runtime does not know (already removed; critest stops one on
@@ -416,6 +426,8 @@ impl Engine {
             if let Some((_, pod)) = self.pods.remove(&req.pod_sandbox_id) {
                 self.guessing.remove(&pod.annotations_fp);
             }
+            // The runtime removes the sandbox's containers with it, with no RemoveContainer.
+            self.terminated.remove_sandbox(&req.pod_sandbox_id);
             self.containers
                 .retain(|_, c| c.sandbox_id != req.pod_sandbox_id);
         }
@@ -458,12 +470,15 @@ impl Interceptor for Engine {
                 response: false,
                 complete: false,
             },
-            // Job mode's exit-code patch: only while crisp has terminated some sidecar.
+            // Job mode's exit-code patch: only while crisp has terminated some sidecar, and then
+            // the response is collected only for a call about a marked container or sandbox
+            // (`wants_response`; the id is in the request, which the relay has not read when it
+            // asks: DESIGN.md §5.2). Every other status call streams through.
             Some(Rpc::ContainerStatus) | Some(Rpc::PodSandboxStatus)
                 if !self.terminated.is_empty() =>
             {
                 Interest {
-                    request: false,
+                    request: true,
                     response: true,
                     complete: false,
                 }
@@ -511,6 +526,21 @@ impl Interceptor for Engine {
                 _ => Verdict::Forward,
             }
         })
+    }
+
+    /// A status call's response is collected and walked only when it can carry a terminated
+    /// sidecar: a ContainerStatus of a marked container, a PodSandboxStatus of a sandbox with
+    /// one. The id is read in place (no allocation); a request that does not show one keeps
+    /// the response (it is patched as before, or forwarded as is).
+    fn wants_response(&self, call: &Call, req: &[u8]) -> bool {
+        let id = || crate::cri::patch::string_field(req, 1);
+        match call.route.rpc {
+            Some(Rpc::ContainerStatus) => id().is_none_or(|id| self.terminated.contains(id)),
+            Some(Rpc::PodSandboxStatus) => {
+                id().is_none_or(|id| self.terminated.may_have_sandbox(id))
+            }
+            _ => true,
+        }
     }
 
     fn on_response(&self, call: &Call, req: &[u8], msg: Option<&[u8]>, code: i32) -> Option<Bytes> {

@@ -6,7 +6,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -42,9 +42,14 @@ pub struct Pod {
     pub(super) job_watched: AtomicBool,
     /// Init or regular? For containers no annotation names (see [`InitGuess`]).
     init_guess: Mutex<InitGuess>,
-    /// When each app container was first refused because a sidecar was not created or not
-    /// running: refusals are bounded by the start timeout like holds (see `gate_create`).
+    /// When each app container's refusals began because a sidecar was not created or not
+    /// running: refusals are bounded by the start timeout like holds (see `gate_create`). Not
+    /// only the first refusal this crisp saw: `Engine::start_refusal_clock` starts it at the
+    /// runtime's creation time of what the app waits for, so a restart does not restart it.
     pub(super) refused_since: Mutex<HashMap<String, Instant>>,
+    /// The sandbox's creation time (ns since the epoch) as the runtime records it; 0 until
+    /// known.
+    pub(super) created_at: AtomicI64,
     /// Each probed sidecar's last probe: when, and what it found (`crisp pods`, the tap).
     last_probe: Mutex<HashMap<String, LastProbe>>,
     /// Calls held now, by call id (`crisp pods`). Touched only by held calls.
@@ -127,6 +132,7 @@ impl Pod {
             job_watched: AtomicBool::new(false),
             init_guess: Mutex::new(InitGuess::default()),
             refused_since: Mutex::new(HashMap::new()),
+            created_at: AtomicI64::new(0),
             last_probe: Mutex::new(HashMap::new()),
             holds: Mutex::new(HashMap::new()),
             refusals: AtomicU64::new(0),

@@ -18,6 +18,8 @@ pub trait Runtime: Send + Sync {
         version: ApiVersion,
         sandbox_id: &'a str,
     ) -> Answer<'a, Vec<views::Container>>;
+    /// ListContainers of the whole node (the prune of Job-mode marks at start).
+    fn list_all_containers(&self, version: ApiVersion) -> Answer<'_, Vec<views::Container>>;
     /// One container by id (ListContainers filtered by id); `None` when the runtime has none.
     fn container<'a>(
         &'a self,
@@ -67,6 +69,10 @@ impl Runtime for RuntimeClient {
         sandbox_id: &'a str,
     ) -> Answer<'a, Vec<views::Container>> {
         Box::pin(RuntimeClient::list_containers(self, version, sandbox_id))
+    }
+
+    fn list_all_containers(&self, version: ApiVersion) -> Answer<'_, Vec<views::Container>> {
+        Box::pin(RuntimeClient::list_all_containers(self, version))
     }
 
     fn container<'a>(

@@ -1,7 +1,9 @@
 //! Job mode's status patch (DESIGN.md §5): a sidecar crisp terminated reports exit code 0 and
 //! reason `Completed` in ContainerStatus, PodSandboxStatus and GetContainerEvents answers, so the
-//! pod is judged by its apps alone. The embedded status carries the container's id, so the
-//! request is never read; nothing is decoded while crisp has terminated no sidecar.
+//! pod is judged by its apps alone. The embedded status carries the container's id; the request
+//! is read only for its id, to let the response of any other pod stream through uncollected
+//! (`Engine::wants_response`, DESIGN.md §5.2); nothing is decoded while crisp has terminated no
+//! sidecar.
 
 use bytes::Bytes;
 

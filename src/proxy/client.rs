@@ -157,6 +157,18 @@ impl RuntimeClient {
         Ok(resp.containers)
     }
 
+    /// Every container of the node (all states).
+    pub(crate) async fn list_all_containers(
+        &self,
+        version: ApiVersion,
+    ) -> Result<Vec<views::Container>, ClientError> {
+        let req = views::ListContainersRequest { filter: None };
+        let resp: views::ListContainersResponse = self
+            .call(version, "ListContainers", &req, self.timeout)
+            .await?;
+        Ok(resp.containers)
+    }
+
     /// One container by id, with its sandbox id (ContainerStatus has none, KUBELET-CRI §2.3).
     pub(crate) async fn container(
         &self,

@@ -284,8 +284,17 @@ impl Proxy {
             code: None,
             message: None,
         });
-        if !interest.response || streaming {
-            return self.pass_response(resp, call, completion, interest.response);
+        // The request seen, an interceptor may no longer want the response (job mode: a status
+        // call of a pod without a terminated sidecar): it streams through, never collected.
+        let wanted = interest.response
+            && match req_bytes.as_deref().map(wire::single_message) {
+                Some(Some(GrpcFrame::Message(msg))) if !streaming => {
+                    self.interceptors.wants_response(&call, msg)
+                }
+                _ => true,
+            };
+        if !wanted || streaming {
+            return self.pass_response(resp, call, completion, interest.response && wanted);
         }
         self.observe_unary_response(resp, &call, req_bytes.as_deref(), completion)
             .await

@@ -27,6 +27,7 @@ mod grpc_go_wire;
 mod install_doctor;
 mod install_layouts;
 mod interceptor;
+mod job_marks;
 mod layers;
 mod lifecycle;
 mod node_systemd;

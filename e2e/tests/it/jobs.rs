@@ -198,3 +198,62 @@ async fn non_job_pod_is_left_alone() -> Result<()> {
     st.kubelet.wait_terminated(&uid, STEP).await?;
     Ok(())
 }
+
+/// Issue #37: a terminated sidecar's mark names its sandbox, and when its container is removed
+/// while crisp is down (no RemoveContainer through crisp: here straight on containerd), the
+/// restarted crisp prunes the mark against containerd's ListContainers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mark_whose_container_was_removed_while_crisp_was_down_is_pruned_at_start() -> Result<()>
+{
+    let (mut st, uid) = run_to_phase(
+        &job_yaml("job-prune", "Never", "job-name", "sleep 1; exit 0"),
+        PodPhase::Succeeded,
+    )
+    .await?;
+    let proxy = st.status(&uid, "proxy").await?;
+    let sandbox = st
+        .direct()
+        .await?
+        .list_containers(cri::ListContainersRequest {
+            filter: Some(cri::ContainerFilter {
+                id: proxy.id.clone(),
+                ..Default::default()
+            }),
+        })
+        .await?
+        .into_inner()
+        .containers
+        .remove(0)
+        .pod_sandbox_id;
+    let mark = st.crisp.dir().join("state/terminated").join(&proxy.id);
+    assert_eq!(
+        std::fs::read_to_string(&mark)?,
+        sandbox,
+        "the mark names its sandbox"
+    );
+
+    st.crisp.stop()?;
+    st.direct()
+        .await?
+        .remove_container(cri::RemoveContainerRequest {
+            container_id: proxy.id.clone(),
+        })
+        .await?;
+    st.crisp.restart()?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !st
+        .crisp
+        .log_text()
+        .contains("pruned the terminated-sidecar marks")
+    {
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "no prune within 20 s:\n{}",
+            st.crisp.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!mark.exists(), "the mark of the removed sidecar is gone");
+    assert!(st.crisp.log_text().contains("pruned=1"));
+    Ok(())
+}

@@ -547,3 +547,21 @@ fn refusals_are_one_escaped_line_within_the_message_cap() {
     );
     assert!(m.contains(r#"kubelet will retry "app\u{1b}[2J\ncc"#), "{m}");
 }
+
+/// A runtime's timestamp becomes an instant of the engine's clock without panicking, whatever
+/// it is: unset is none, the future is now, the far past is as old as the longest timeout.
+#[test]
+fn runtime_timestamps_become_bounded_instants() {
+    let t = Instant::now();
+    let wall = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let ns = |secs: u64| (secs * 1_000_000_000) as i64;
+    assert_eq!(instant_of_wall(0, t, wall), None);
+    assert_eq!(instant_of_wall(-5, t, wall), None);
+    assert_eq!(instant_of_wall(ns(1_800_000_000 - 4), t, wall), Some(t - 4 * S));
+    assert_eq!(instant_of_wall(i64::MAX, t, wall), Some(t), "the future is now");
+    assert_eq!(
+        instant_of_wall(1, t, wall),
+        Some(t - crate::config::MAX_START_TIMEOUT),
+        "1970 is as old as the longest timeout"
+    );
+}

@@ -111,3 +111,83 @@ async fn recovery_and_its_watchers_end_when_the_engine_shuts_down() {
     tokio::time::sleep(S).await;
     assert_eq!(fake.script().lists, 0, "no watcher polls after shutdown");
 }
+
+/// Issue #37: a container removed while crisp was down (no RemoveContainer came through it)
+/// leaves no mark for ever: the engine prunes it at start, once the runtime answers — a runtime
+/// that is down delays the prune, never the start.
+#[tokio::test(start_paused = true)]
+async fn the_mark_of_a_container_removed_while_crisp_was_down_is_pruned_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::default();
+    let kept = fake.add("proxy", None);
+    {
+        let before = job::Terminated::open(Some(dir.path().to_path_buf()));
+        before.insert(&kept, SANDBOX).await;
+        before.insert("removed-meanwhile", SANDBOX).await;
+    }
+    fake.script().down = true;
+    let terminated = Arc::new(job::Terminated::open(Some(dir.path().to_path_buf())));
+    let engine = Engine::new(
+        &Config::default(),
+        fake.clone(),
+        Arc::new(OrderingMetrics::default()),
+        terminated.clone(),
+    );
+    engine.recover_in_background(ApiVersion::V1);
+    tokio::time::sleep(10 * S).await;
+    assert!(
+        terminated.contains("removed-meanwhile"),
+        "nothing is pruned while the runtime does not answer"
+    );
+    assert!(engine.tasks_running() > 0, "the prune waits for it");
+
+    fake.script().down = false;
+    tokio::time::timeout(60 * S, async {
+        while engine.tasks_running() > 0 {
+            tokio::time::sleep(S).await;
+        }
+    })
+    .await
+    .expect("the prune ends once the runtime answers");
+    assert!(!terminated.contains("removed-meanwhile"));
+    assert!(!dir.path().join("terminated/removed-meanwhile").exists());
+    assert!(terminated.contains(&kept), "a container the runtime has keeps its mark");
+    assert!(terminated.may_have_sandbox(SANDBOX));
+}
+
+/// Issue #33: a Job pod's marks divert status calls, but only a call about a marked container
+/// or its sandbox keeps its response for the patch; any other pod's streams through.
+#[tokio::test(start_paused = true)]
+async fn only_status_calls_about_a_marked_sidecar_keep_their_response() {
+    let (fake, engine, _) = fake_running_pod(&["proxy"]);
+    let status = |rpc: &str, id: &str| {
+        let call = call(rpc, None);
+        let req = views::ContainerIdRequest {
+            container_id: id.into(),
+            timeout: 0,
+        }
+        .encode_to_vec();
+        (engine.interest(&call), engine.wants_response(&call, &req))
+    };
+    assert!(
+        status("ContainerStatus", "other").0.is_none(),
+        "no mark: relayed"
+    );
+    let proxy = id_of(&fake, "proxy");
+    engine.terminated.insert(&proxy, SANDBOX).await;
+    let kept = Interest {
+        request: true,
+        response: true,
+        complete: false,
+    };
+    assert_eq!(status("ContainerStatus", &proxy), (kept, true));
+    assert_eq!(status("PodSandboxStatus", SANDBOX), (kept, true));
+    assert_eq!(status("ContainerStatus", "other"), (kept, false));
+    assert_eq!(status("PodSandboxStatus", "another-pod"), (kept, false));
+    assert!(
+        engine.wants_response(&call("PodSandboxStatus", None), b"\xff"),
+        "a request that shows no id keeps its response"
+    );
+    engine.terminated.remove(&proxy);
+    assert!(status("PodSandboxStatus", SANDBOX).0.is_none());
+}

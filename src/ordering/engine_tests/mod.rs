@@ -30,6 +30,13 @@ fn at(t0: Instant, d: Duration) -> Instant {
     t0 + d
 }
 
+/// A wall-clock time as the runtime reports it (`created_at`: ns since the epoch).
+fn wall_ns(t: std::time::SystemTime) -> i64 {
+    t.duration_since(std::time::SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i64
+}
+
 /// One container of the scripted pod: created, started and exited at virtual instants.
 struct FakeContainer {
     id: String,
@@ -66,6 +73,8 @@ struct Script {
     ip: Option<String>,
     /// The annotations every ContainerStatus reports (kubelet's `io.kubernetes.*` stamps).
     status_annotations: HashMap<String, String>,
+    /// The node-wide ListContainers fails (the runtime is down).
+    down: bool,
 }
 
 #[derive(Default, Clone)]
@@ -84,7 +93,7 @@ impl Fake {
         s.containers.push(FakeContainer {
             id: id.clone(),
             name: name.into(),
-            created: n as i64 + 1,
+            created: wall_ns(std::time::SystemTime::now()) + n as i64,
             started,
             exited: None,
             ready: started,
@@ -152,6 +161,17 @@ impl Runtime for Fake {
         })
     }
 
+    fn list_all_containers(&self, _: ApiVersion) -> Answer<'_, Vec<views::Container>> {
+        let s = self.script();
+        if s.down {
+            return ready(Err(ClientError::Timeout {
+                method: "ListContainers",
+                timeout: 5 * S,
+            }));
+        }
+        ready(Ok(s.containers.iter().map(|c| self.view(c)).collect()))
+    }
+
     fn container<'a>(&'a self, _: ApiVersion, id: &'a str) -> Answer<'a, Option<views::Container>> {
         ready(Ok(self
             .script()
@@ -198,12 +218,25 @@ impl Runtime for Fake {
     fn container_status<'a>(
         &'a self,
         _: ApiVersion,
-        _: &'a str,
+        id: &'a str,
     ) -> Answer<'a, views::ContainerStatusResponse> {
-        let annotations = self.script().status_annotations.clone();
+        let s = self.script();
+        let annotations = s.status_annotations.clone();
+        // Its exit, on the runtime's wall clock: as long after its creation as it ran.
+        let finished_at = s
+            .containers
+            .iter()
+            .find(|c| c.id == id)
+            .and_then(|c| {
+                let exited = c.exited.filter(|e| now() >= *e)?;
+                let ran = exited.saturating_duration_since(c.started.unwrap_or(exited));
+                Some(c.created + ran.as_nanos() as i64)
+            })
+            .unwrap_or(0);
         ready(Ok(views::ContainerStatusResponse {
             status: Some(views::ContainerStatus {
                 annotations,
+                finished_at,
                 ..Default::default()
             }),
         }))

@@ -226,3 +226,82 @@ async fn unnamed_regular_container_stays_refused_when_kubelet_moves_on() {
     tokio::time::sleep(S).await;
     refusal(&create_container(&engine, &fake, "app").await.0);
 }
+
+/// The runtime's clock moves on by `d`: every container it has was created `d` earlier. (The
+/// engine reads wall time only through the runtime's records; its own clock is tokio's.)
+fn age(fake: &Fake, d: Duration) {
+    for c in fake.script().containers.iter_mut() {
+        c.created -= d.as_nanos() as i64;
+    }
+}
+
+/// Issue #37: the refusal clock is the runtime's record, not the process's memory. crisp in a
+/// crash loop (a new engine every 3 s, the same runtime) still lets the app of a dead sidecar
+/// go at the start timeout under `proceed`, instead of refusing it for as long as it restarts.
+#[tokio::test(start_paused = true)]
+async fn the_refusal_clock_survives_restarts_of_crisp() {
+    let timeout = [(annotations::START_TIMEOUT, "10s")];
+    let (fake, mut engine) = dead_proxy_pod(&timeout);
+    let t0 = now();
+    let let_through = loop {
+        let since = now() - t0;
+        assert!(since <= 30 * S, "still refused 30 s in");
+        let (v, held) = create_container(&engine, &fake, "app").await;
+        if matches!(v, Verdict::Forward) {
+            assert_eq!(held, Duration::ZERO);
+            break since;
+        }
+        refusal(&v);
+        // kubelet retries a second later; crisp restarts every 3 s.
+        tokio::time::sleep(S).await;
+        age(&fake, S);
+        if (now() - t0).as_secs().is_multiple_of(3) {
+            engine = pod(&fake, &["proxy"], &timeout);
+        }
+    };
+    assert!(
+        (10 * S..=11 * S).contains(&let_through),
+        "let through {let_through:?} after the first refusal"
+    );
+}
+
+/// A restarted crisp does not end the refusals early either: the sidecar died 4 s ago, so the
+/// app is still refused for 6 s more.
+#[tokio::test(start_paused = true)]
+async fn a_restarted_crisp_refuses_until_the_sidecars_clock_runs_out() {
+    let timeout = [(annotations::START_TIMEOUT, "10s")];
+    let (fake, _before) = dead_proxy_pod(&timeout);
+    age(&fake, 4 * S);
+    let engine = pod(&fake, &["proxy"], &timeout);
+    let t0 = now();
+    loop {
+        let (v, _) = create_container(&engine, &fake, "app").await;
+        if matches!(v, Verdict::Forward) {
+            break;
+        }
+        tokio::time::sleep(S).await;
+    }
+    assert_eq!(now() - t0, 6 * S);
+}
+
+/// The clock counts from the sidecar's death, not its creation: a sidecar that ran for 97 s
+/// and died 3 s ago keeps its app refused for 7 s more after a restart.
+#[tokio::test(start_paused = true)]
+async fn a_restarted_crisp_counts_from_the_sidecars_death_not_its_creation() {
+    let timeout = [(annotations::START_TIMEOUT, "10s")];
+    let (fake, _before) = fake_pod(&["proxy"], &timeout);
+    fake.add("proxy", Some(now()));
+    tokio::time::sleep(97 * S).await;
+    fake.set("proxy", |c| c.exited = Some(now()));
+    age(&fake, 100 * S);
+    let engine = pod(&fake, &["proxy"], &timeout);
+    let t0 = now();
+    loop {
+        let (v, _) = create_container(&engine, &fake, "app").await;
+        if matches!(v, Verdict::Forward) {
+            break;
+        }
+        tokio::time::sleep(S).await;
+    }
+    assert_eq!(now() - t0, 7 * S);
+}
