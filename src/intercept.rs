@@ -305,9 +305,13 @@ impl Interceptors {
 
     /// Whether any interceptor that asked for the response still wants it, the request seen.
     pub(crate) fn wants_response(&self, call: &Call, req: &[u8]) -> bool {
-        self.list
-            .iter()
-            .any(|i| i.interest(call).response && i.wants_response(call, req))
+        self.list.iter().any(|i| {
+            self.interest_of(i.as_ref(), call).response
+                && guarded(|| i.wants_response(call, req)).unwrap_or_else(|| {
+                    self.faults.panicked(call.route, call.id, "wants_response");
+                    false
+                })
+        })
     }
 
     pub(crate) fn on_response(
@@ -333,7 +337,12 @@ impl Interceptors {
 
     /// The first view asked for.
     pub(crate) fn response_view(&self, call: &Call) -> Option<SkimSpec> {
-        self.list.iter().find_map(|i| i.response_view(call))
+        self.list.iter().find_map(|i| {
+            guarded(|| i.response_view(call)).unwrap_or_else(|| {
+                self.faults.panicked(call.route, call.id, "response_view");
+                None
+            })
+        })
     }
 
     pub(crate) fn on_complete(&self, call: &Call, outcome: &Outcome) {

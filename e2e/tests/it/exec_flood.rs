@@ -21,7 +21,8 @@ use crisp_e2e::tapcli::TapCli;
 /// crisp's peak RSS may grow by at most this much over the flood (MiB): a quarter of one answer.
 const RSS_GROWTH_LIMIT_MIB: u64 = 8;
 /// One answer: 8 MiB of stdout and 8 MiB of stderr.
-const FLOOD: &str = "head -c 8388608 /dev/zero | tr '\\0' o; head -c 8388608 /dev/zero | tr '\\0' e >&2";
+const FLOOD: &str =
+    "head -c 8388608 /dev/zero | tr '\\0' o; head -c 8388608 /dev/zero | tr '\\0' e >&2";
 
 fn ordinary_pod(i: usize) -> PodSpec {
     let mut p = PodSpec::new(
@@ -43,9 +44,12 @@ async fn best_start(st: &Stack, base: usize) -> Result<Duration> {
     let mut best = Duration::MAX;
     for i in 0..3 {
         let t = Instant::now();
-        let uid = st.run_pod(ordinary_pod(base + i), Duration::from_secs(60)).await?;
+        let uid = st
+            .run_pod(ordinary_pod(base + i), Duration::from_secs(60))
+            .await?;
         best = best.min(t.elapsed());
-        st.delete_pod(&uid, Some(2), Duration::from_secs(60)).await?;
+        st.delete_pod(&uid, Some(2), Duration::from_secs(60))
+            .await?;
     }
     Ok(best)
 }
@@ -59,7 +63,10 @@ async fn an_exec_flood_with_a_full_tap_attached_costs_what_the_tap_shows() -> Re
 
     let mut target = PodSpec::new(
         "flood",
-        vec![ContainerSpec::sh("app", "trap 'exit 0' TERM; sleep 3600 & wait")],
+        vec![ContainerSpec::sh(
+            "app",
+            "trap 'exit 0' TERM; sleep 3600 & wait",
+        )],
     );
     target.host_network = true;
     target.termination_grace_period_seconds = 2;
@@ -122,6 +129,7 @@ async fn an_exec_flood_with_a_full_tap_attached_costs_what_the_tap_shows() -> Re
         growth_mib <= RSS_GROWTH_LIMIT_MIB,
         "crisp's peak RSS grew by {growth_mib} MiB (bound {RSS_GROWTH_LIMIT_MIB} MiB)"
     );
-    st.delete_pod(&uid, Some(2), Duration::from_secs(60)).await?;
+    st.delete_pod(&uid, Some(2), Duration::from_secs(60))
+        .await?;
     Ok(())
 }
