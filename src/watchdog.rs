@@ -244,19 +244,26 @@ impl Watchdog {
         }
     }
 
-    /// The async runtime's heartbeat: runs until [`Watchdog::stop`]. Spawn it on the runtime.
-    pub async fn runtime_heartbeat(self: Arc<Self>) {
-        let mut every = tokio::time::interval(TICK);
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        while !self.stop.load(Relaxed) {
-            let due = every.tick().await;
-            let now = Instant::now();
-            let lag = now.saturating_duration_since(due.into_std());
-            self.counters
-                .runtime_lag_max_us
-                .fetch_max(lag.as_micros() as u64, Relaxed);
-            // 0 means "never ran".
-            self.runtime_tick.store(nanos(now).max(1), Relaxed);
+    /// The async runtime's heartbeat: runs until [`Watchdog::stop`] (or until the watchdog is
+    /// dropped). Spawn it on the runtime.
+    pub fn runtime_heartbeat(self: &Arc<Self>) -> impl std::future::Future<Output = ()> {
+        let me = Arc::downgrade(self);
+        async move {
+            let mut every = tokio::time::interval(TICK);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                let due = every.tick().await;
+                let Some(w) = me.upgrade().filter(|w| !w.stop.load(Relaxed)) else {
+                    return;
+                };
+                let now = Instant::now();
+                let lag = now.saturating_duration_since(due.into_std());
+                w.counters
+                    .runtime_lag_max_us
+                    .fetch_max(lag.as_micros() as u64, Relaxed);
+                // 0 means "never ran".
+                w.runtime_tick.store(nanos(now).max(1), Relaxed);
+            }
         }
     }
 
@@ -319,7 +326,9 @@ impl Watchdog {
     /// one, else a second) and notifies systemd while healthy, until [`Watchdog::stop`]. Runs on
     /// a thread of its own.
     pub fn start(self: &Arc<Self>) -> std::io::Result<std::thread::JoinHandle<()>> {
-        let me = self.clone();
+        // A weak reference: the thread ends with the proxy that owns the watchdog, even when
+        // nobody called stop (a test that drops a running crisp).
+        let me = Arc::downgrade(self);
         let systemd = crate::systemd::watchdog_interval();
         let every = systemd
             .map(|d| (d / 3).min(Duration::from_secs(1)))
@@ -337,12 +346,13 @@ impl Watchdog {
         std::thread::Builder::new()
             .name("crisp-watchdog".into())
             .spawn(move || {
-                while !me.stop.load(Relaxed) {
+                while let Some(me) = me.upgrade().filter(|w| !w.stop.load(Relaxed)) {
                     let healthy = me.check(Instant::now()).is_ok();
                     if healthy && systemd.is_some() {
                         crate::systemd::notify_watchdog();
                         me.counters.notifications.fetch_add(1, Relaxed);
                     }
+                    drop(me);
                     std::thread::park_timeout(every);
                 }
             })
@@ -472,7 +482,7 @@ mod tests {
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn the_heartbeat_measures_how_late_the_runtime_runs_it() {
         let w = Watchdog::new(Options::default());
-        let hb = tokio::spawn(w.clone().runtime_heartbeat());
+        let hb = tokio::spawn(w.runtime_heartbeat());
         tokio::time::sleep(TICK * 2).await;
         assert_ne!(w.runtime_tick.load(Relaxed), 0);
         w.stop();

@@ -825,7 +825,7 @@ pub async fn serve(listener: UnixListener, proxy: Arc<Proxy>, shutdown: impl Fut
             None
         }
     };
-    tokio::spawn(watchdog.clone().runtime_heartbeat());
+    tokio::spawn(watchdog.runtime_heartbeat());
     tokio::pin!(shutdown);
     loop {
         let stream = tokio::select! {
