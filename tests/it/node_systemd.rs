@@ -130,8 +130,14 @@ fn freeze_under_load(node: &Node) {
         });
         // Calls flow through crisp before the freeze.
         std::thread::sleep(Duration::from_secs(1));
-        let o = node.nsenter(&["kill", "-STOP", &pid]);
-        assert!(o.ok(), "kill -STOP crisp: {}", o.all());
+        let o = node.nsenter(&[
+            "systemctl",
+            "kill",
+            "--signal=SIGSTOP",
+            "--kill-whom=main",
+            "crisp.service",
+        ]);
+        assert!(o.ok(), "SIGSTOP to crisp: {}", o.all());
         let t = Instant::now();
         node.wait_for(
             "systemd's watchdog to restart the frozen crisp",
