@@ -29,6 +29,7 @@ mod install_layouts;
 mod interceptor;
 mod layers;
 mod lifecycle;
+mod newer_kubelets;
 mod node_systemd;
 mod probe_burst;
 mod relay_thread;
