@@ -1186,7 +1186,7 @@ type mdFlags []string
 func (m *mdFlags) String() string     { return strings.Join(*m, ",") }
 func (m *mdFlags) Set(v string) error { *m = append(*m, v); return nil }
 
-func (m mdFlags) md() (metadata.MD, error) {
+func (m mdFlags) parse() (metadata.MD, error) {
 	out := metadata.MD{}
 	for _, kv := range m {
 		i := strings.IndexByte(kv, '=')
@@ -1247,10 +1247,10 @@ func runCall(args []string) error {
 	warmup := fs.Int("warmup", 0, "calls made first, one at a time, and not measured")
 	latencies := fs.Bool("latencies", false, "every measured call's latency (µs) in the summary")
 	stream := fs.Bool("stream", false, "a server-streaming call: one line with every response message (--count 1 only)")
-	var mds mdFlags
-	fs.Var(&mds, "md", "request metadata key=value (repeatable)")
+	var mdArgs mdFlags
+	fs.Var(&mdArgs, "md", "request metadata key=value (repeatable)")
 	_ = fs.Parse(args)
-	outMD, err := mds.md()
+	outMD, err := mdArgs.parse()
 	if err != nil {
 		return err
 	}
