@@ -362,6 +362,11 @@ pub struct CallOpts {
     pub latencies: bool,
     /// A [`CallResult`] line for every failed call (with `count > 1`).
     pub errors: bool,
+    /// One server-streaming call (kubelet's GetContainerEvents, 1.36's `Stream*` calls): every
+    /// response message in [`CallResult::responses_hex`]. `count` must be 1.
+    pub stream: bool,
+    /// Request metadata sent with every call (e.g. kubelet's `traceparent`).
+    pub metadata: Vec<(String, String)>,
 }
 
 impl Default for CallOpts {
@@ -376,6 +381,8 @@ impl Default for CallOpts {
             warmup: 0,
             latencies: false,
             errors: false,
+            stream: false,
+            metadata: Vec::new(),
         }
     }
 }
@@ -408,6 +415,11 @@ pub struct CallResult {
     pub message: String,
     pub response_hex: String,
     pub ms: f64,
+    /// The response's header and trailer metadata, as grpc-go hands them to the caller.
+    pub header: std::collections::BTreeMap<String, Vec<String>>,
+    pub trailer: std::collections::BTreeMap<String, Vec<String>>,
+    /// [`CallOpts::stream`]: every response message, in order.
+    pub responses_hex: Vec<String>,
 }
 
 /// Output of [`call`]: per-call results (only when `count == 1`) and the summary.
@@ -453,6 +465,12 @@ pub async fn call(target: &Path, method: &str, req: &[u8], opts: CallOpts) -> Re
     }
     if opts.errors {
         cmd.arg("--errors");
+    }
+    if opts.stream {
+        cmd.arg("--stream");
+    }
+    for (k, v) in &opts.metadata {
+        cmd.arg("--md").arg(format!("{k}={v}"));
     }
     cmd.stdin(Stdio::null()).kill_on_drop(true);
     let out = cmd

@@ -30,6 +30,7 @@ mod interceptor;
 mod job_marks;
 mod layers;
 mod lifecycle;
+mod newer_kubelets;
 mod node_systemd;
 mod probe_burst;
 mod relay_thread;

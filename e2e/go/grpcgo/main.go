@@ -128,6 +128,7 @@ func usage() {
   crisp-grpcgo call --target TARGET --method /pkg.Service/Method [--hex HEX | request hex on stdin]
                     [--authority A] [--timeout 10s] [--count N] [--concurrency C] [--each]
                     [--errors] [--interval D] [--duration D] [--warmup N] [--latencies]
+                    [--md key=value]... [--stream]
   crisp-grpcgo headers --listen SOCK
   crisp-grpcgo bench --lane NAME=TARGET... --method M [--hex HEX] [--authority A] [--count N]
                      [--warmup N] [--runs R] [--concurrency C --seconds S]
@@ -1170,6 +1171,64 @@ type callResult struct {
 	Message     string  `json:"message"`
 	ResponseHex string  `json:"response_hex"`
 	Ms          float64 `json:"ms"`
+	// The response's header and trailer metadata as grpc-go hands them to its caller (lines
+	// printed per call only).
+	Header  metadata.MD `json:"header,omitempty"`
+	Trailer metadata.MD `json:"trailer,omitempty"`
+	// --stream: every response message, in order.
+	ResponsesHex []string `json:"responses_hex,omitempty"`
+}
+
+// mdFlags: repeated `--md key=value`, request metadata sent with every call (kubelet's tracing
+// sends traceparent, tracestate and baggage this way).
+type mdFlags []string
+
+func (m *mdFlags) String() string     { return strings.Join(*m, ",") }
+func (m *mdFlags) Set(v string) error { *m = append(*m, v); return nil }
+
+func (m mdFlags) parse() (metadata.MD, error) {
+	out := metadata.MD{}
+	for _, kv := range m {
+		i := strings.IndexByte(kv, '=')
+		if i <= 0 {
+			return nil, fmt.Errorf("--md %q: want key=value", kv)
+		}
+		out.Append(kv[:i], kv[i+1:])
+	}
+	return out, nil
+}
+
+// streamCall makes one server-streaming call as kubelet's generated client does for the CRI's
+// streaming methods (GetContainerEvents, 1.36's Stream* list calls): NewStream, SendMsg,
+// CloseSend, RecvMsg until the status; every message, the header and the trailer are kept.
+func streamCall(ctx context.Context, cc *grpc.ClientConn, method string, req []byte) callResult {
+	t0 := time.Now()
+	r := callResult{At: t0.UTC().Format(time.RFC3339Nano), ResponsesHex: []string{}}
+	desc := &grpc.StreamDesc{StreamName: method, ServerStreams: true}
+	cs, err := cc.NewStream(ctx, desc, method, grpc.ForceCodec(rawCodec{}))
+	if err == nil {
+		if err = cs.SendMsg(req); err == nil || err == io.EOF {
+			err = cs.CloseSend()
+		}
+		if err == nil || err == io.EOF {
+			for {
+				var m []byte
+				if err = cs.RecvMsg(&m); err != nil {
+					break
+				}
+				r.ResponsesHex = append(r.ResponsesHex, hex.EncodeToString(m))
+			}
+			if err == io.EOF {
+				err = nil
+			}
+		}
+		r.Header, _ = cs.Header()
+		r.Trailer = cs.Trailer()
+	}
+	st := status.Convert(err)
+	r.Code, r.Message = st.Code().String(), st.Message()
+	r.Ms = float64(time.Since(t0).Microseconds()) / 1000
+	return r
 }
 
 func runCall(args []string) error {
@@ -1187,7 +1246,17 @@ func runCall(args []string) error {
 	duration := fs.Duration("duration", 0, "keep calling until this has passed (instead of --count calls)")
 	warmup := fs.Int("warmup", 0, "calls made first, one at a time, and not measured")
 	latencies := fs.Bool("latencies", false, "every measured call's latency (µs) in the summary")
+	stream := fs.Bool("stream", false, "a server-streaming call: one line with every response message (--count 1 only)")
+	var mdArgs mdFlags
+	fs.Var(&mdArgs, "md", "request metadata key=value (repeatable)")
 	_ = fs.Parse(args)
+	outMD, err := mdArgs.parse()
+	if err != nil {
+		return err
+	}
+	if *stream && (*count != 1 || *duration != 0 || *concurrency > 1) {
+		return errors.New("--stream makes one call: no --count, --duration or --concurrency")
+	}
 	if *target == "" || *method == "" {
 		return errors.New("--target and --method are required")
 	}
@@ -1212,6 +1281,33 @@ func runCall(args []string) error {
 		return err
 	}
 	defer cc.Close()
+	withMD := func(ctx context.Context) context.Context {
+		if len(outMD) == 0 {
+			return ctx
+		}
+		return metadata.NewOutgoingContext(ctx, outMD)
+	}
+	if *stream {
+		ctx, cancel := context.WithTimeout(withMD(context.Background()), *timeout)
+		r := streamCall(ctx, cc, *method, req)
+		cancel()
+		b, _ := json.Marshal(r)
+		fmt.Println(string(b))
+		ok, failed := 1, 0
+		if r.Code != codes.OK.String() {
+			ok, failed = 0, 1
+		}
+		summary := map[string]interface{}{"summary": true, "ok": ok, "failed": failed, "codes": map[string]int{r.Code: 1}, "max_ms": r.Ms, "elapsed_ms": r.Ms, "wire": wire.snapshot()}
+		if failed > 0 {
+			summary["first_error"] = r.Code + ": " + r.Message
+		}
+		b, _ = json.Marshal(summary)
+		fmt.Println(string(b))
+		if failed > 0 {
+			os.Exit(1)
+		}
+		return nil
+	}
 
 	for i := 0; i < *warmup; i++ {
 		ctx, cancel := context.WithTimeout(context.Background(), *timeout)
@@ -1257,15 +1353,16 @@ func runCall(args []string) error {
 						due = now
 					}
 				}
-				ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+				ctx, cancel := context.WithTimeout(withMD(context.Background()), *timeout)
 				var resp []byte
+				var hdr, trl metadata.MD
 				t0 := time.Now()
-				err := cc.Invoke(ctx, *method, req, &resp, grpc.ForceCodec(rawCodec{}))
+				err := cc.Invoke(ctx, *method, req, &resp, grpc.ForceCodec(rawCodec{}), grpc.Header(&hdr), grpc.Trailer(&trl))
 				took := time.Since(t0)
 				ms := float64(took.Microseconds()) / 1000
 				cancel()
 				st := status.Convert(err)
-				r := callResult{At: t0.UTC().Format(time.RFC3339Nano), Code: st.Code().String(), Message: st.Message(), ResponseHex: hex.EncodeToString(resp), Ms: ms}
+				r := callResult{At: t0.UTC().Format(time.RFC3339Nano), Code: st.Code().String(), Message: st.Message(), ResponseHex: hex.EncodeToString(resp), Ms: ms, Header: hdr, Trailer: trl}
 				mu.Lock()
 				lat = append(lat, ms)
 				if *latencies {

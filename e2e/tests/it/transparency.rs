@@ -229,3 +229,140 @@ async fn pod_lifecycle_through_crisp_is_byte_identical() -> Result<()> {
     }
     Ok(())
 }
+
+/// Issue #34: calls of kubelets 1.28–1.36 that containerd 1.6 does not serve — RuntimeConfig
+/// (1.28+: kubelet falls back to its own `cgroupDriver` only on Unimplemented, so crisp must
+/// never answer it), UpdatePodSandboxResources (1.32+), 1.36's server-streaming
+/// StreamPodSandboxes and a method of no CRI revision — made by a grpc-go client (kubelet's
+/// stack) with kubelet's tracing metadata, directly and through crisp with a `--full --all` tap
+/// attached (the observed path): the client gets containerd's own status, message, metadata
+/// and messages through crisp exactly as directly (raw HTTP/2 too: headers, body and trailers
+/// byte for byte), and the tap shows containerd's message, not one of crisp's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn newer_kubelet_calls_get_containerds_own_answers() -> Result<()> {
+    use crisp_e2e::grpcgo::{self, CallOpts};
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    require_root();
+    let ctrd = Containerd::start_async(ContainerdOpts { cni: false }).await?;
+    let crisp = Crisp::start(ctrd.socket(), CrispOpts::default())?;
+    let mut tap = Command::new(crisp_e2e::crisp::crisp_binary()?)
+        .args(["tap", "--json", "--full", "--all", "--admin-socket"])
+        .arg(crisp.dir().join("admin.sock"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let mut err = BufReader::new(tap.stderr.take().context("stderr")?);
+    let mut first = String::new();
+    err.read_line(&mut first)?;
+    if !first.contains("attached") {
+        bail!("crisp tap did not attach: {first}");
+    }
+    let (tx, lines) = std::sync::mpsc::channel::<serde_json::Value>();
+    let out = tap.stdout.take().context("stdout")?;
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            if let Ok(v) = serde_json::from_str(&l) {
+                if tx.send(v).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+
+    let tracing: Vec<(String, String)> = [
+        (
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ),
+        ("tracestate", "rojo=00f067aa0ba902b7"),
+        ("baggage", "k8s.node=node-1"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    // UpdatePodSandboxResourcesRequest (cri-api v0.33): pod_sandbox_id 1, resources 3.
+    let resize = {
+        let res = cri::LinuxContainerResources {
+            cpu_quota: 250_000,
+            cpu_period: 100_000,
+            memory_limit_in_bytes: 512 << 20,
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let mut m = vec![0x0a, 9];
+        m.extend_from_slice(b"sb-resize");
+        m.push(0x1a);
+        m.push(res.len() as u8);
+        m.extend_from_slice(&res);
+        m
+    };
+    let rs = "/runtime.v1.RuntimeService";
+    let calls: Vec<(String, bool, Vec<u8>)> = vec![
+        (
+            format!("{rs}/RuntimeConfig"),
+            false,
+            cri::RuntimeConfigRequest {}.encode_to_vec(),
+        ),
+        (format!("{rs}/UpdatePodSandboxResources"), false, resize),
+        (format!("{rs}/StreamPodSandboxes"), true, Vec::new()),
+        (format!("{rs}/StreamFutureThings"), true, Vec::new()),
+    ];
+    for (path, stream, req) in &calls {
+        let opts = CallOpts {
+            stream: *stream,
+            metadata: tracing.clone(),
+            ..Default::default()
+        };
+        let d = grpcgo::call(ctrd.socket(), path, req, opts.clone()).await?;
+        let v = grpcgo::call(crisp.socket(), path, req, opts).await?;
+        let (d, v) = (
+            d.calls.first().context("direct: no call line")?,
+            v.calls.first().context("through crisp: no call line")?,
+        );
+        if d.code != "Unimplemented" || d.message.is_empty() {
+            bail!("{path}: containerd 1.6 was expected to answer Unimplemented: {d:?}");
+        }
+        let key = |c: &grpcgo::CallResult| {
+            (
+                c.code.clone(),
+                c.message.clone(),
+                c.response_hex.clone(),
+                c.responses_hex.clone(),
+                c.header.clone(),
+                c.trailer.clone(),
+            )
+        };
+        if key(v) != key(d) {
+            bail!("{path}: through crisp {v:?}\ndirect {d:?}");
+        }
+        let rd = raw::call(ctrd.socket(), path, req).await?;
+        let rv = raw::call(crisp.socket(), path, req).await?;
+        if rv != rd {
+            bail!("{path}: raw HTTP/2 answer differs\n via: {rv:?}\n direct: {rd:?}");
+        }
+        // The tap's events (the grpc-go call's, then the raw one's): containerd's message.
+        for n in 0..2 {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let ev = loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let ev = lines
+                    .recv_timeout(left)
+                    .with_context(|| format!("no tap event {n} for {path}"))?;
+                if ev["path"] == path.as_str() {
+                    break ev;
+                }
+            };
+            if ev["code"] != 12 || ev["message"] != d.message.as_str() {
+                bail!(
+                    "{path}: the tap shows {ev}, not containerd's {:?}",
+                    d.message
+                );
+            }
+        }
+    }
+    let _ = tap.kill();
+    let _ = tap.wait();
+    Ok(())
+}
