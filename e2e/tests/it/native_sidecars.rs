@@ -1,7 +1,9 @@
 //! Native sidecars (KEP-753: init containers with `restartPolicy: Always`, on by default from
 //! kubelet 1.29) through crisp: kubelet already starts them first and stops them last, and the
 //! CRI does not say a container is one. What crisp does to such pods is defined as: **nothing**
-//! — no call held, none refused, the runtime's order is kubelet's.
+//! — no call held, none refused, the runtime's order is kubelet's — unless the pod names the
+//! native sidecar in `crisp.dev/ready.<name>` (issue #35, DESIGN.md §3.7): then the apps'
+//! CreateContainer waits until it is ready (the tests at the end of this file).
 //! - Istio's and Linkerd's native-sidecar modes are recognised from their own annotations and
 //!   left to kubelet (the injector table's `unless`).
 //! - A pod that still names its (now native) sidecar in `crisp.dev/sidecars` is gated, but every
