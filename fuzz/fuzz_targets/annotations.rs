@@ -164,8 +164,16 @@ fuzz_target!(|input: Input| {
     let mut natives = std::collections::HashSet::new();
     for s in &policy.native {
         assert!(is_dns1123_label(&s.name), "bad native name {:?}", s.name);
-        assert!(natives.insert(s.name.as_str()), "duplicate native {:?}", s.name);
-        assert!(policy.sidecar_index(&s.name).is_none(), "{:?} is both", s.name);
+        assert!(
+            natives.insert(s.name.as_str()),
+            "duplicate native {:?}",
+            s.name
+        );
+        assert!(
+            policy.sidecar_index(&s.name).is_none(),
+            "{:?} is both",
+            s.name
+        );
     }
     assert!(
         policy.native.is_empty() || policy.sidecars.len() + policy.native.len() <= MAX_SIDECARS,
