@@ -233,7 +233,7 @@ async fn pod_to_proto(
     let snapshot = listed.as_ref().ok().map(|c| Snapshot::new(c));
     let sidecars = p
         .policy
-        .sidecars
+        .gated()
         .iter()
         .map(|s| sidecar_to_proto(p, s, snapshot.as_ref()))
         .collect();

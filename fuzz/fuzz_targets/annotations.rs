@@ -159,6 +159,29 @@ fuzz_target!(|input: Input| {
     } else {
         assert_eq!(policy.sidecars.len(), rules.len());
     }
+    // Native sidecars (`crisp.dev/ready.<name>` naming no sidecar): container names, none
+    // listed twice nor also a sidecar, within the pod's 64, none for an opted-out pod.
+    let mut natives = std::collections::HashSet::new();
+    for s in &policy.native {
+        assert!(is_dns1123_label(&s.name), "bad native name {:?}", s.name);
+        assert!(
+            natives.insert(s.name.as_str()),
+            "duplicate native {:?}",
+            s.name
+        );
+        assert!(
+            policy.sidecar_index(&s.name).is_none(),
+            "{:?} is both",
+            s.name
+        );
+    }
+    assert!(
+        policy.native.is_empty() || policy.sidecars.len() + policy.native.len() <= MAX_SIDECARS,
+        "{} + {} sidecars",
+        policy.sidecars.len(),
+        policy.native.len()
+    );
+    assert!(policy.source != Source::OptOut || policy.native.is_empty());
     assert!(
         policy.init_containers.iter().all(|n| n.len() <= 253),
         "an init container name past any bound"

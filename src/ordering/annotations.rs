@@ -154,6 +154,15 @@ pub struct PodPolicy {
     pub(crate) init_complete: bool,
     /// The known injectors recognised on the pod.
     pub injectors: Vec<String>,
+    /// Native sidecars (kubelet 1.29+: init containers with `restartPolicy: Always`) the pod
+    /// names only in `crisp.dev/ready.<name>`: a name no sidecar list of the pod holds. Never
+    /// required (waited for only once they exist: kubelet creates and starts them before any
+    /// regular container, KUBELET-CRI §1.5), never gated themselves, never stop-ordered nor
+    /// ended by Job mode (kubelet stops them), by name.
+    pub native: Vec<Sidecar>,
+    /// What a regular container waits for: [`PodPolicy::native`], then [`PodPolicy::sidecars`]
+    /// (kubelet starts native sidecars before every regular container).
+    pub(crate) gate: Vec<Sidecar>,
 }
 
 /// A malformed annotation of a pod.
@@ -321,9 +330,14 @@ impl PodPolicy {
                 (list, Source::NodeRules)
             }
         };
-        if matches!(source, Source::Annotation | Source::OptOut) {
-            warn_unlisted_ready(annotations, &sidecars, &mut warnings);
-        }
+        let native = match source {
+            // Opted out: every `crisp.dev/ready.*` key is ignored, and said to be.
+            Source::OptOut => {
+                warn_unlisted_ready(annotations, &sidecars, &mut warnings);
+                Vec::new()
+            }
+            _ => native_sidecars(annotations, &sidecars, &mut warnings),
+        };
 
         let start_timeout = read(
             annotations,
@@ -370,8 +384,11 @@ impl PodPolicy {
         init_containers.retain(|n| !sidecar_names.contains(n.as_str()));
         warnings.sort();
         let injectors = injected.injectors;
+        let gate = native.iter().chain(&sidecars).cloned().collect();
         (
             PodPolicy {
+                native,
+                gate,
                 sidecars,
                 source,
                 start_timeout,
@@ -388,6 +405,22 @@ impl PodPolicy {
 
     pub(crate) fn has_sidecars(&self) -> bool {
         !self.sidecars.is_empty()
+    }
+
+    /// A native sidecar the pod names in `crisp.dev/ready.<name>` (see [`PodPolicy::native`]).
+    pub(crate) fn is_native(&self, container: &str) -> bool {
+        self.native.iter().any(|s| s.name == container)
+    }
+
+    /// Every sidecar a regular container may wait for: native ones first, then the pod's
+    /// (legacy) sidecars in declared order.
+    pub(crate) fn gated(&self) -> &[Sidecar] {
+        &self.gate
+    }
+
+    /// A sidecar, native or not, by name.
+    pub(crate) fn find_sidecar(&self, container: &str) -> Option<&Sidecar> {
+        self.gate.iter().find(|s| s.name == container)
     }
 
     pub fn sidecar_index(&self, container: &str) -> Option<usize> {
@@ -537,8 +570,57 @@ fn listed_sidecar(
     }
 }
 
-/// A `crisp.dev/ready.<name>` for a container the pod's own list does not name is a typo.
-/// One look per key (a set of at most 64 names), however many keys the pod has.
+/// The native sidecars of a pod: each `crisp.dev/ready.<name>` whose name is none of the pod's
+/// `sidecars` (listed, injected or a node rule's) names a native sidecar, the only way the CRI
+/// can learn of one (restartPolicy is on no CRI call, KUBELET-CRI §2.4). A key whose name is
+/// not a DNS-1123 label or whose readiness does not parse is a warning and counts as absent;
+/// at most [`MAX_SIDECARS`] sidecars in all (the rest warned about). Sorted by name: kubelet
+/// starts them in spec order before any app, and each gates only the apps, so their order
+/// does not matter. One look per key, however many keys the pod has.
+fn native_sidecars(
+    annotations: &HashMap<String, String>,
+    sidecars: &[Sidecar],
+    warnings: &mut Warnings,
+) -> Vec<Sidecar> {
+    let listed: HashSet<&str> = sidecars.iter().map(|s| s.name.as_str()).collect();
+    let mut keys: Vec<(&str, &String, &String)> = annotations
+        .iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix(READY_PREFIX)?, k, v)))
+        .filter(|(name, _, _)| !listed.contains(name))
+        .collect();
+    keys.sort_unstable_by_key(|(name, _, _)| *name);
+    let mut native = Vec::new();
+    for (name, key, value) in keys {
+        if !tenant::is_dns1123_label(name) {
+            warnings.push_with(key, || {
+                Warning::new(key, value, "not a container name (a DNS-1123 label)".into())
+            });
+            continue;
+        }
+        if sidecars.len() + native.len() >= MAX_SIDECARS {
+            warnings.push_with(key, || {
+                Warning::new(key, value, format!("more than {MAX_SIDECARS} sidecars"))
+            });
+            continue;
+        }
+        let ready = tenant::value(value)
+            .map_err(|e| e.to_string())
+            .and_then(Readiness::parse);
+        match ready {
+            Ok(ready) => native.push(Sidecar {
+                name: name.to_string(),
+                tenant: tenant_ready(key, value, &ready, || Readiness::Running),
+                ready,
+                required: false,
+            }),
+            Err(reason) => warnings.push_with(key, || Warning::new(key, value, reason)),
+        }
+    }
+    native
+}
+
+/// A pod that opted out (`crisp.dev/sidecars: ""`) has its `crisp.dev/ready.*` keys ignored:
+/// said once each. One look per key (a set of at most 64 names), however many keys the pod has.
 fn warn_unlisted_ready(
     annotations: &HashMap<String, String>,
     sidecars: &[Sidecar],

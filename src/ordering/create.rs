@@ -53,7 +53,11 @@ impl Engine {
             }
         };
         let snapshot = Snapshot::new(&containers);
-        if decide::needs_init_judgement(&pod.policy, &snapshot) {
+        // A sidecar by name needs no judgement (it can wait for a native sidecar before any of
+        // the pod's own sidecars exists).
+        if pod.policy.sidecar_index(container).is_none()
+            && decide::needs_init_judgement(&pod.policy, &snapshot)
+        {
             let judgement = pod.guess().judge(container);
             match judgement {
                 Judgement::Init => {

@@ -82,12 +82,17 @@ impl<'a> Snapshot<'a> {
         self.get(name).is_some_and(|c| c.state == state::RUNNING)
     }
 
-    /// Running containers that are not sidecars of `policy`, by name.
+    /// Running containers that are not sidecars of `policy` (native ones included: kubelet stops
+    /// those after the apps), by name.
     pub(crate) fn running_apps(&self, policy: &PodPolicy) -> Vec<&'a str> {
         let mut apps: Vec<&str> = self
             .latest
             .iter()
-            .filter(|(n, c)| c.state == state::RUNNING && policy.sidecar_index(n).is_none())
+            .filter(|(n, c)| {
+                c.state == state::RUNNING
+                    && policy.sidecar_index(n).is_none()
+                    && !policy.is_native(n)
+            })
             .map(|(n, _)| *n)
             .collect();
         apps.sort_unstable();
@@ -102,19 +107,24 @@ impl<'a> Snapshot<'a> {
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum CreatePlan<'p> {
     /// Not gated: the pod has no sidecars, the container is a known init container (they run
-    /// before any sidecar can exist, KUBELET-CRI §1.1), or nothing is declared before it.
+    /// before any sidecar can exist, KUBELET-CRI §1.1), a native sidecar (kubelet orders those
+    /// among themselves), or nothing is declared before it.
     Forward,
-    /// Gated on these sidecars: those declared before it (a sidecar), or all of them (an app).
+    /// Gated on these sidecars: the native ones and those declared before it (a sidecar), or
+    /// all of them (an app).
     Gate(&'p [Sidecar]),
 }
 
 pub(crate) fn plan_create<'p>(policy: &'p PodPolicy, container: &str) -> CreatePlan<'p> {
-    if !policy.has_sidecars() || policy.is_known_init(container) {
+    let gate = policy.gated();
+    if gate.is_empty() || policy.is_known_init(container) || policy.is_native(container) {
         return CreatePlan::Forward;
     }
+    // Native sidecars come first (kubelet starts them before any regular container), then the
+    // pod's own sidecars in declared order.
     let required = match policy.sidecar_index(container) {
-        Some(i) => &policy.sidecars[..i],
-        None => &policy.sidecars[..],
+        Some(i) => &gate[..policy.native.len() + i],
+        None => gate,
     };
     if required.is_empty() {
         CreatePlan::Forward
@@ -426,7 +436,7 @@ pub(crate) fn sandbox_stop_apps<'a>(
                 .as_ref()
                 .map(|m| (m.name.as_str(), c.id.as_str()))
         })
-        .filter(|(name, _)| policy.sidecar_index(name).is_none())
+        .filter(|(name, _)| policy.sidecar_index(name).is_none() && !policy.is_native(name))
         .collect()
 }
 

@@ -41,9 +41,7 @@ impl Waiting {
     pub(crate) fn sidecar(pod: &Pod, name: &str, reason: &str) -> Waiting {
         let probe = pod
             .policy
-            .sidecars
-            .iter()
-            .find(|s| s.name == name)
+            .find_sidecar(name)
             .map(|s| bounded(s.ready.to_string()))
             .unwrap_or_default();
         let last = pod.last_probe(name);
@@ -61,7 +59,7 @@ impl Waiting {
 
     /// From the engine's "waiting for" text: a sidecar's name, or the runtime's trouble.
     pub(crate) fn from_check(pod: &Pod, who: &str) -> Waiting {
-        if pod.policy.sidecar_index(who).is_some() {
+        if pod.policy.find_sidecar(who).is_some() {
             Waiting::sidecar(pod, who, "not ready")
         } else {
             Waiting {
@@ -76,7 +74,7 @@ impl Waiting {
     pub(crate) fn from_refusal(pod: &Pod, reason: &str) -> Waiting {
         let named = pod
             .policy
-            .sidecars
+            .gated()
             .iter()
             .find(|s| reason.contains(&format!("{:?}", s.name)));
         let kind = if reason.contains("not created") {

@@ -474,7 +474,11 @@ impl Engine {
         };
         let mut apps = Vec::new();
         for (name, container) in snapshot.iter() {
-            if pod.policy.sidecar_index(name).is_some() || pod.is_init(name) {
+            // Native sidecars are kubelet's to end (KEP-753), never a Job's apps.
+            if pod.policy.sidecar_index(name).is_some()
+                || pod.policy.is_native(name)
+                || pod.is_init(name)
+            {
                 continue;
             }
             if container.created_at < first_sidecar && container.state == state::EXITED {

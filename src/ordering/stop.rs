@@ -39,8 +39,10 @@ impl Engine {
         // The pod's terminationGracePeriodSeconds: any int64, bounded here where it enters.
         let grace = decide::grace_from_secs(req.timeout);
         let sidecar = pod.policy.sidecar_index(&container.name);
-        let budget_end = pod.note_stop(arrived, grace, &req.container_id, sidecar.is_none());
-        // An app's stop is forwarded at once (§4.1).
+        let is_app = sidecar.is_none() && !pod.policy.is_native(&container.name);
+        let budget_end = pod.note_stop(arrived, grace, &req.container_id, is_app);
+        // An app's stop is forwarded at once (§4.1), and so is a native sidecar's: kubelet
+        // stops those after the apps by itself.
         let Some(sidecar) = sidecar else {
             return Verdict::Forward;
         };

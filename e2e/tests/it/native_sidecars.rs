@@ -1,7 +1,9 @@
 //! Native sidecars (KEP-753: init containers with `restartPolicy: Always`, on by default from
 //! kubelet 1.29) through crisp: kubelet already starts them first and stops them last, and the
 //! CRI does not say a container is one. What crisp does to such pods is defined as: **nothing**
-//! — no call held, none refused, the runtime's order is kubelet's.
+//! — no call held, none refused, the runtime's order is kubelet's — unless the pod names the
+//! native sidecar in `crisp.dev/ready.<name>` (issue #35, DESIGN.md §3.7): then the apps'
+//! CreateContainer waits until it is ready (the tests at the end of this file).
 //! - Istio's and Linkerd's native-sidecar modes are recognised from their own annotations and
 //!   left to kubelet (the injector table's `unless`).
 //! - A pod that still names its (now native) sidecar in `crisp.dev/sidecars` is gated, but every
@@ -285,4 +287,199 @@ native_tests! {
         init: &[("setup", false, "true"), ("proxy", true, TRAPPED_LOOP)],
         containers: &["app"],
     };
+}
+
+// Issue #35: readiness on native sidecars, opt-in. kubelet 1.29 waits only for a native
+// sidecar's "started" (no startupProbe here), so its next sync creates the apps as soon as the
+// sidecar runs. A pod that names the sidecar in `crisp.dev/ready.<name>` gets the apps'
+// CreateContainer held until crisp's probe finds it ready; a pod that does not is untouched.
+
+/// The native sidecar turns ready this long after its process starts.
+const READY_AFTER: Duration = Duration::from_secs(2);
+/// How the pod names its readiness: a file the sidecar writes `READY_AFTER` after it starts.
+const READY_FILE_PROBE: &str = r#"exec:["test","-f","/tmp/ready"]"#;
+
+/// What the runtime recorded of one replay: its own timestamps (ns).
+struct LateReady {
+    sidecar_started: i64,
+    app_created: i64,
+    /// The app's CreateContainer as kubelet saw it.
+    app_create_took: Duration,
+}
+
+impl LateReady {
+    /// How long after the sidecar started the app was created, by the runtime's clock.
+    fn gap(&self) -> Duration {
+        Duration::from_nanos((self.app_created - self.sidecar_started).max(0) as u64)
+    }
+}
+
+/// kubelet 1.29's calls for a pod with one native sidecar `proxy` (ready `READY_AFTER` after it
+/// starts) and one app, sent to `via`: RunPodSandbox, the sidecar's Create and Start, then —
+/// once the sidecar runs, which is all kubelet waits for — the app's Create and Start; then
+/// termination in kubelet's order (app, then sidecar).
+async fn replay_late_ready(
+    ctrd: &Containerd,
+    via: &Path,
+    name: &str,
+    named: bool,
+) -> Result<LateReady> {
+    let (mut rt, mut img) = cri_clients(via).await?;
+    let image = image_ref(&mut img, BUSYBOX_IMAGE).await?;
+    let log_dir = ctrd.dir().join("pods").join(name);
+    std::fs::create_dir_all(&log_dir)?;
+    let mut sb = host_network_sandbox(name, "native", &log_dir);
+    if named {
+        sb.annotations
+            .insert("crisp.dev/ready.proxy".into(), READY_FILE_PROBE.into());
+    }
+    let pod = rt
+        .run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(sb.clone()),
+            runtime_handler: String::new(),
+        })
+        .await?
+        .into_inner()
+        .pod_sandbox_id;
+    let mut t = Timed {
+        rt: &mut rt,
+        slowest: (Duration::ZERO, String::new()),
+    };
+    let sidecar_cmd = format!(
+        "(sleep {}; touch /tmp/ready) & {TRAPPED_LOOP}",
+        READY_AFTER.as_secs()
+    );
+    let proxy = t
+        .create_start(&pod, &sb, &image, "proxy", &sidecar_cmd)
+        .await?;
+    wait_container(t.rt, &proxy, "running", Duration::from_secs(20), |s| {
+        s.state == cri::ContainerState::ContainerRunning as i32
+    })
+    .await?;
+    let started = Instant::now();
+    let app = t
+        .create_start(&pod, &sb, &image, "app", TRAPPED_LOOP)
+        .await?;
+    let app_create_took = started.elapsed();
+    wait_log_line(
+        &log_dir.join("app.log"),
+        "trap-set",
+        Duration::from_secs(20),
+    )
+    .await?;
+    t.stop("app", &app).await?;
+    t.stop("proxy", &proxy).await?;
+    let sidecar = t.status(&proxy).await?;
+    let app_status = t.status(&app).await?;
+    t.rt.stop_pod_sandbox(cri::StopPodSandboxRequest {
+        pod_sandbox_id: pod.clone(),
+    })
+    .await?;
+    t.rt.remove_pod_sandbox(cri::RemovePodSandboxRequest {
+        pod_sandbox_id: pod,
+    })
+    .await?;
+    ensure!(
+        sidecar.started_at > 0 && app_status.created_at > 0,
+        "no timestamps: {sidecar:?} {app_status:?}"
+    );
+    Ok(LateReady {
+        sidecar_started: sidecar.started_at,
+        app_created: app_status.created_at,
+        app_create_took,
+    })
+}
+
+/// crisp (behind kubelet's grpc-go client) on a private containerd.
+struct NativeStack {
+    ctrd: Containerd,
+    crisp: Crisp,
+    bridge: GoBridge,
+    _dir: tempfile::TempDir,
+}
+
+async fn native_stack() -> Result<NativeStack> {
+    require_root();
+    let ctrd = Containerd::start_async(ContainerdOpts { cni: false }).await?;
+    let crisp = Crisp::start(ctrd.socket(), CrispOpts::default())?;
+    let dir = tempfile::Builder::new().prefix("crisp-native-").tempdir()?;
+    let bridge = GoBridge::start(
+        &dir.path().join("kubelet.sock"),
+        crisp.socket(),
+        GoBridgeOpts::default(),
+    )?;
+    Ok(NativeStack {
+        ctrd,
+        crisp,
+        bridge,
+        _dir: dir,
+    })
+}
+
+/// Named in `crisp.dev/ready.proxy`: the app is created only once the sidecar is ready — by
+/// containerd's own clock, at least `READY_AFTER` after the sidecar started — and promptly then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_native_sidecar_holds_the_app_until_ready() -> Result<()> {
+    let s = native_stack().await?;
+    let r = replay_late_ready(&s.ctrd, s.bridge.socket(), "native-named", true).await;
+    let log = s.crisp.log_text();
+    let r = r.inspect_err(|_| eprintln!("--- crisp log ---\n{log}"))?;
+    eprintln!(
+        "named: app created {:?} after the sidecar started (ready after {READY_AFTER:?}); its CreateContainer took {:?}",
+        r.gap(),
+        r.app_create_took
+    );
+    // The sidecar's `sleep` starts after containerd records its start: ready no earlier than
+    // READY_AFTER after started_at, less the few ms between exec and the record.
+    ensure!(
+        r.gap() >= READY_AFTER - Duration::from_millis(100),
+        "the app was created {:?} after the sidecar started, before it was ready ({READY_AFTER:?})\n{log}",
+        r.gap()
+    );
+    ensure!(
+        r.gap() < READY_AFTER + Duration::from_secs(2),
+        "the app was released late: {:?} after the sidecar started",
+        r.gap()
+    );
+    ensure!(
+        log.contains("holding CreateContainer") && log.contains("sidecars ready; forwarding"),
+        "crisp did not hold the app:\n{log}"
+    );
+    Ok(())
+}
+
+/// Not named: crisp does nothing — the app is created as soon as kubelet asks, before the
+/// sidecar is ready, as it is with no crisp at all (the same replay straight to containerd).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_native_sidecar_not_named_is_untouched_like_direct() -> Result<()> {
+    let s = native_stack().await?;
+    let via = replay_late_ready(&s.ctrd, s.bridge.socket(), "native-unnamed", false).await;
+    let log = s.crisp.log_text();
+    let via = via.inspect_err(|_| eprintln!("--- crisp log ---\n{log}"))?;
+    let direct = replay_late_ready(&s.ctrd, s.ctrd.socket(), "native-direct", false).await?;
+    eprintln!(
+        "unnamed: app created {:?} after the sidecar started through crisp, {:?} direct",
+        via.gap(),
+        direct.gap()
+    );
+    for (how, r) in [("through crisp", &via), ("direct", &direct)] {
+        ensure!(
+            r.gap() < READY_AFTER && r.app_create_took < UNHELD,
+            "{how}: the app was created {:?} after the sidecar started (CreateContainer took {:?}): held",
+            r.gap(),
+            r.app_create_took
+        );
+    }
+    ensure!(
+        via.gap().abs_diff(direct.gap()) < Duration::from_secs(1),
+        "through crisp {:?}, direct {:?}",
+        via.gap(),
+        direct.gap()
+    );
+    let touched: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("holding") || l.contains("refusing"))
+        .collect();
+    ensure!(touched.is_empty(), "crisp acted:\n{}", touched.join("\n"));
+    Ok(())
 }

@@ -129,14 +129,71 @@ fn absurd_values_are_bounded() {
     assert!(w[0].to_string().len() < 400);
 }
 
+/// Issue #35: a `crisp.dev/ready.<name>` for a container no sidecar list names declares a
+/// native sidecar (kubelet 1.29+), waited for once it exists, never stop-ordered.
 #[test]
-fn ready_annotation_for_unlisted_container_warns() {
-    let (_, w) = PodPolicy::parse(
-        &ann(&[(SIDECARS, "a"), ("crisp.dev/ready.b", "running")]),
+fn ready_annotation_for_an_unlisted_container_names_a_native_sidecar() {
+    let (p, w) = PodPolicy::parse(
+        &ann(&[(SIDECARS, "a"), ("crisp.dev/ready.b", "tcp://:80")]),
         &[],
     );
+    assert!(w.is_empty(), "{w:?}");
+    assert_eq!(p.sidecars.len(), 1, "b is not a legacy sidecar");
+    assert_eq!(p.native.len(), 1);
+    let b = &p.native[0];
+    assert_eq!((b.name.as_str(), b.required), ("b", false));
+    assert_eq!(b.ready, Readiness::parse("tcp://:80").unwrap());
+    assert!(p.is_native("b") && !p.is_native("a"));
+    let gated: Vec<&str> = p.gated().iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(gated, ["b", "a"], "native sidecars come first");
+    // Alone: no legacy sidecar at all, and no warning.
+    let (p, w) = PodPolicy::parse(&ann(&[("crisp.dev/ready.proxy", "running")]), &[]);
+    assert!(w.is_empty() && !p.has_sidecars(), "{w:?}");
+    assert_eq!(p.native.len(), 1);
+}
+
+#[test]
+fn a_native_sidecar_with_a_bad_readiness_or_name_is_absent() {
+    let (p, w) = PodPolicy::parse(
+        &ann(&[
+            ("crisp.dev/ready.b", "carrier-pigeon://"),
+            ("crisp.dev/ready.Not_A_Name", "running"),
+        ]),
+        &[],
+    );
+    assert!(p.native.is_empty(), "{:?}", p.native);
+    assert_eq!(w.total(), 2, "{w:?}");
+}
+
+#[test]
+fn an_opted_out_pod_has_no_native_sidecars_and_is_told() {
+    let (p, w) = PodPolicy::parse(
+        &ann(&[(SIDECARS, ""), ("crisp.dev/ready.b", "running")]),
+        &[],
+    );
+    assert!(p.native.is_empty() && p.gated().is_empty());
     assert_eq!(w.len(), 1);
     assert_eq!(w[0].key, "crisp.dev/ready.b");
+}
+
+#[test]
+fn native_sidecars_are_bounded_like_sidecars() {
+    let keys: Vec<(String, String)> = (0..200)
+        .map(|i| (format!("crisp.dev/ready.s{i:03}"), "running".to_string()))
+        .collect();
+    let a: HashMap<String, String> = keys.into_iter().collect();
+    let (p, w) = PodPolicy::parse(&a, &[]);
+    assert_eq!(p.native.len(), MAX_SIDECARS);
+    assert_eq!(w.total(), 200 - MAX_SIDECARS);
+}
+
+/// A named native sidecar's readiness aimed at another's address is checked like a listed
+/// sidecar's, falling back to `running`.
+#[test]
+fn a_native_sidecars_readiness_is_tenant_checked() {
+    let (p, _) = PodPolicy::parse(&ann(&[("crisp.dev/ready.b", "tcp://10.9.9.9:80")]), &[]);
+    let t = p.native[0].tenant.as_ref().expect("checked before the first probe");
+    assert_eq!(t.fallback, Readiness::Running);
 }
 
 // Issue #19: a pod annotation may name only the pod's own addresses.
@@ -303,22 +360,28 @@ fn thousands_of_bad_keys_are_all_counted_and_few_kept() {
     let a: HashMap<String, String> = pairs.into_iter().collect();
     let (p, w) = PodPolicy::parse(&a, &[]);
     assert_eq!(p.sidecars.len(), 1);
-    assert_eq!(w.total(), 5_000);
+    // Unlisted names are native sidecars (issue #35): the first 63 by name fill the pod's 64.
+    let native = MAX_SIDECARS - 1;
+    assert_eq!(p.native.len(), native);
+    assert_eq!(w.total(), 5_000 - native);
     assert_eq!(w.len(), MAX_WARNINGS_KEPT);
     // The same ones whatever the map's order: the smallest keys, sorted.
     let keys: Vec<&str> = w.iter().map(|w| w.key.as_str()).collect();
     assert_eq!(
         keys,
-        (0..MAX_WARNINGS_KEPT)
+        (native..native + MAX_WARNINGS_KEPT)
             .map(|i| format!("{READY_PREFIX}x{i:05}"))
             .collect::<Vec<_>>()
     );
     let line = w.summary();
     assert!(
-        line.starts_with("5000 malformed annotations ignored"),
+        line.starts_with(&format!("{} malformed annotations ignored", 5_000 - native)),
         "{line}"
     );
-    assert!(line.ends_with("; and 4997 more"), "{line}");
+    assert!(
+        line.ends_with(&format!("; and {} more", 5_000 - native - 3)),
+        "{line}"
+    );
     assert!(
         line.len() <= crate::tenant::MAX_LOG_LINE && !line.contains('\n'),
         "{line}"

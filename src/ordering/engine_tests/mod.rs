@@ -492,6 +492,7 @@ fn forwarded_timeout(v: &Verdict, requested: i64) -> i64 {
 
 mod job_mode;
 mod live_holds;
+mod native;
 mod probing;
 mod read_bound;
 mod start_order;
