@@ -867,7 +867,8 @@ fn the_installer_daemonset_rolls_out_and_back() {
         !pod.is_empty()
             && cluster.jsonpath(
                 &["-n", "crisp-system", "pod", &pod],
-                "{.spec.containers[0].env[?(@.name==\"CRISP_MODE\")].value}",
+                // CRISP_MODE is the installer init container's (the reporter has none).
+                "{.spec.initContainers[?(@.name==\"installer\")].env[?(@.name==\"CRISP_MODE\")].value}",
             ) == "uninstall"
             && cluster.pod_ready("crisp-system", &pod)
     });
