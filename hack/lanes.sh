@@ -285,7 +285,9 @@ done
   for lane in "${lanes[@]}"; do
     echo "-- $lane: ${result[$lane]} (${took[$lane]})"
     [[ ${result[$lane]} != SKIPPED ]] || continue
-    grep -E "$(pattern "$lane")" "$OUT/$lane.log" | grep -vE '^test |^running ' | sed 's/^/   /' | head -60
+    # (--nocapture output may begin on the harness's "test NAME ... " line)
+    sed -E 's/^test [^ ]+ \.\.\. //' "$OUT/$lane.log" | grep -E "$(pattern "$lane")" |
+      grep -vE '^test |^running ' | sed 's/^/   /' | head -60
     if [[ ${result[$lane]} != ok ]]; then
       echo "   the end of $OUT/$lane.log:"
       tail -15 "$OUT/$lane.log" | sed 's/^/   | /'
