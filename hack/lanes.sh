@@ -126,7 +126,10 @@ ensure_kube_bins() {
   local src=${CRISP_KUBE_SRC:-}
   if [[ -z $src && -n ${CRISP_MICROSHIFT_GIT:-} ]]; then
     src=$KUBE_CACHE.src
-    if [[ ! -f $src/vendor/modules.txt ]]; then
+    if [[ ! -f $src/vendor/modules.txt && $check_only -eq 1 ]]; then
+      echo "kube binaries: would export release-4.13 of $CRISP_MICROSHIFT_GIT to $src and build it into $KUBE_CACHE"
+      return 0
+    elif [[ ! -f $src/vendor/modules.txt ]]; then
       echo "kube binaries: exporting release-4.13 of $CRISP_MICROSHIFT_GIT to $src"
       if ! export_microshift "$CRISP_MICROSHIFT_GIT" "$src"; then
         need "microshift's release-4.13 in $CRISP_MICROSHIFT_GIT" "a clone of github.com/openshift/microshift with that branch"
