@@ -477,24 +477,25 @@ fn a_kubelet_joins_the_control_plane() {
     drop(node);
 }
 
-/// The installer's kustomize overlay: the base with the image from the lane's registry, and
-/// extra `hack/install.sh` arguments (a config crisp refuses, for the failed install).
+/// The installer's kustomize overlay: `base` (an absolute path: the released, digest-pinned
+/// `deploy/` of hack/release.sh) with the image from the lane's registry, and extra
+/// `hack/install.sh` arguments (a config crisp refuses, for the failed install).
 fn overlay(
     dir: &Path,
     name: &str,
-    base: &str,
+    base: &Path,
     registry_port: u16,
     install_args: Option<&str>,
 ) -> PathBuf {
     let d = dir.join(name);
     std::fs::create_dir_all(&d).unwrap();
-    // kustomize takes a base only by a relative path: the overlay lives inside the checkout.
-    let depth = d
-        .strip_prefix(REPO)
-        .expect("overlay inside the checkout")
-        .components()
-        .count();
-    let base = format!("{}{base}", "../".repeat(depth));
+    // kustomize takes a base only by a relative path: up to / from the overlay, then down.
+    let depth = d.components().count() - 1;
+    let base = format!(
+        "{}{}",
+        "../".repeat(depth),
+        base.strip_prefix("/").expect("an absolute base").display()
+    );
     let mut k = format!(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- {base}\nimages:\n- name: crisp-installer\n  newName: 127.0.0.1:{registry_port}/crisp-installer\n"
     );
@@ -584,8 +585,10 @@ fn the_installer_daemonset_rolls_out_and_back() {
         .trim_start_matches("crisp-installer-")
         .trim_end_matches(".oci.tar")
         .to_string();
+    // --preserve-digests: the released deploy/ names the image by its digest.
     let o = run(Command::new("skopeo")
         .arg("copy")
+        .arg("--preserve-digests")
         .arg("--dest-tls-verify=false")
         .arg(format!("oci-archive:{}", image.display()))
         .arg(format!(
@@ -612,7 +615,14 @@ fn the_installer_daemonset_rolls_out_and_back() {
         .prefix("cluster-overlays")
         .tempdir_in(Path::new(REPO).join("target"))
         .unwrap();
-    let (base, uninstall) = ("deploy/base", "deploy/uninstall");
+    // What an operator applies: the deploy/ tree hack/release.sh wrote beside the image, every
+    // image reference pinned to the image's digest (not the source tree's tag).
+    let released = dist().join("deploy");
+    let digest = std::fs::read_to_string(artifact("crisp-installer-", ".digest"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let (base, uninstall) = (released.join("base"), released.join("uninstall"));
 
     // 1. A config crisp refuses: the installer stops before kubelet, is never Ready and says why.
     node.put(
@@ -623,7 +633,7 @@ fn the_installer_daemonset_rolls_out_and_back() {
     let bad = overlay(
         work.path(),
         "bad",
-        base,
+        &base,
         cluster.registry_port,
         Some("--config /var/tmp/crisp-refused.toml"),
     );
@@ -687,7 +697,7 @@ fn the_installer_daemonset_rolls_out_and_back() {
     eprintln!("refused config: installer failed in {}, not Ready for 30 s, DaemonSet {ds}, kubelet untouched", secs(failed_after));
 
     // 2. The real install: the DaemonSet's rolling update replaces the failed pod.
-    let good = overlay(work.path(), "good", base, cluster.registry_port, None);
+    let good = overlay(work.path(), "good", &base, cluster.registry_port, None);
     // Node Ready watched every 200 ms across the install.
     let stop = std::sync::atomic::AtomicBool::new(false);
     let (install_time, not_ready) = std::thread::scope(|s| {
@@ -735,6 +745,18 @@ fn the_installer_daemonset_rolls_out_and_back() {
         &pod,
     ]);
     assert!(log.contains("install: exit 0"), "{log}");
+    // Both containers ran the image by its digest, as pinned, from the lane's registry.
+    let images = cluster.jsonpath(
+        &["-n", "crisp-system", "pod", &pod],
+        "{.spec.initContainers[*].image} {.spec.containers[*].image} {.status.initContainerStatuses[*].imageID} {.status.containerStatuses[*].imageID}",
+    );
+    assert_eq!(images.split_whitespace().count(), 4, "{images}");
+    for i in images.split_whitespace() {
+        assert!(
+            i.ends_with(&format!("@{digest}")),
+            "not pinned to {digest}: {images}"
+        );
+    }
     assert_ne!(
         node.prop("kubelet.service", "InvocationID"),
         inv,
@@ -856,7 +878,7 @@ fn the_installer_daemonset_rolls_out_and_back() {
     let un = overlay(
         work.path(),
         "uninstall",
-        uninstall,
+        &uninstall,
         cluster.registry_port,
         None,
     );
@@ -867,7 +889,8 @@ fn the_installer_daemonset_rolls_out_and_back() {
         !pod.is_empty()
             && cluster.jsonpath(
                 &["-n", "crisp-system", "pod", &pod],
-                "{.spec.containers[0].env[?(@.name==\"CRISP_MODE\")].value}",
+                // CRISP_MODE is the installer init container's (the reporter has none).
+                "{.spec.initContainers[?(@.name==\"installer\")].env[?(@.name==\"CRISP_MODE\")].value}",
             ) == "uninstall"
             && cluster.pod_ready("crisp-system", &pod)
     });

@@ -184,7 +184,24 @@ async fn load(n: usize, waves: usize) -> Result<()> {
         for (uid, _) in &pods {
             st.kubelet.delete_pod(uid, Some(10))?;
         }
-        wait_terminated(&st.kubelet, &pods, UP).await?;
+        if let Err(e) = wait_terminated(&st.kubelet, &pods, UP).await {
+            // A pod that never terminates though containerd stopped it (2026-11-27, RELIABILITY.md
+            // "The ignored lanes"): its calls, every call still in flight and crisp's log, to tell
+            // a lost answer from a worker waiting on something else.
+            let j = st.kubelet.journal();
+            for (uid, _) in &pods {
+                if st.kubelet.pod(uid).is_some_and(|v| !v.terminated) {
+                    eprintln!("--- calls of {uid} (not terminated)");
+                    dump_pod(&st.kubelet, uid);
+                }
+            }
+            eprintln!("--- calls in flight");
+            for r in j.filter(|r| !r.is_done()) {
+                eprintln!("{}", j.format_record(&r));
+            }
+            eprintln!("--- crisp log tail ---\n{}", crisp_log_tail(&st, 200));
+            return Err(e);
+        }
         let down_s = t1.elapsed().as_secs_f64();
         ensure_stop_order(&st, &pods, &format!("wave {w}: ordering violations")).await?;
 

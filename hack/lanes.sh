@@ -1,0 +1,305 @@
+#!/usr/bin/env bash
+# Runs every #[ignore]d lane of crisp's tests (issue #37 item 6), each only if what it needs is
+# here: a lane whose prerequisite is missing is skipped with a line naming what is missing and
+# how to get it (never counted as passed). Logs in $OUT/<lane>.log, the numbers of every lane
+# printed at the end (and kept in $OUT/summary.txt). RELIABILITY.md records the last results.
+#
+#   sudo hack/lanes.sh                     # every lane, in the order below
+#   sudo hack/lanes.sh probe-burst load    # some lanes
+#   hack/lanes.sh --check                  # only say which lanes could run here, and why not
+#   hack/lanes.sh --list | --help
+#
+# Lanes (the test, its time on 2 shared cores):
+#   probe-burst      tests/it/probe_burst.rs, 300 never-ready pods against the probe bounds (~1 min)
+#   refusal-cost     e2e observe::measure_refusal_cost, hold vs refusal delay (~3 min)
+#   load             e2e reliability_load::load_200_pods, 200 pods in 5 waves (~2–3 min)
+#   cluster-join     cluster_rollout::a_kubelet_joins_the_control_plane (~1–2 min)
+#   cluster-rollout  cluster_rollout::the_installer_daemonset_rolls_out_and_back (~3–4 min)
+#   soak             e2e soak_grpcgo::soak_10_minutes through hack/soak.sh (10 min)
+#
+# Environment:
+#   OUT                  logs (default target/lanes)
+#   CRISP_KUBE_BIN_DIR   kube-apiserver, kube-controller-manager, kube-scheduler, kubelet 1.26
+#                        for the cluster lanes; default: the cache, $CRISP_KUBE_CACHE
+#                        (default ${XDG_CACHE_HOME:-$HOME/.cache}/crisp/kube-1.26)
+#   CRISP_KUBE_SRC       a source tree vendoring Kubernetes 1.26 (microshift release-4.13): when
+#                        the cache is empty, hack/kube-binaries.sh builds it from there (11–27 min
+#                        once; a rerun finds the cache)
+#   CRISP_MICROSHIFT_GIT a clone (or bare git dir) of openshift/microshift: its release-4.13 is
+#                        exported to $CRISP_KUBE_CACHE.src and built, as with CRISP_KUBE_SRC
+#   CRISP_DIST           release artifacts for the cluster lanes (default target/artifacts,
+#                        from `hack/release.sh --out target/artifacts`)
+#   CRISP_SOAK_SECS, CRISP_LOAD_PODS, CRISP_LOAD_WAVES, CRISP_SEED   passed to the tests
+#   LANES_STRICT=1       a skipped lane fails the run (exit 1) instead of exit 0
+#
+# Exit: 1 if a lane failed (or, with LANES_STRICT=1, was skipped), else 0.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+
+PROG=hack/lanes.sh
+ALL=(probe-burst refusal-cost load cluster-join cluster-rollout soak)
+OUT="${OUT:-target/lanes}"
+KUBE_CACHE="${CRISP_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/crisp/kube-1.26}"
+KUBE_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
+
+usage() {
+  sed -n '2,/^set -uo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
+}
+
+check_only=0
+lanes=()
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    -h | --help)
+      usage
+      exit 0
+      ;;
+    --list)
+      printf '%s\n' "${ALL[@]}"
+      exit 0
+      ;;
+    --check) check_only=1 ;;
+    -*)
+      echo "$PROG: unknown option $1 (--help)" >&2
+      exit 2
+      ;;
+    *)
+      if [[ " ${ALL[*]} " != *" $1 "* ]]; then
+        echo "$PROG: unknown lane '$1' (lanes: ${ALL[*]})" >&2
+        exit 2
+      fi
+      lanes+=("$1")
+      ;;
+  esac
+  shift
+done
+[[ ${#lanes[@]} -gt 0 ]] || lanes=("${ALL[@]}")
+mkdir -p "$OUT"
+
+# --- prerequisites: each check prints "what is missing — how to get it" and fails ---------------
+
+missing=""
+need() { # need WHAT HOW: records a missing prerequisite
+  missing+="${missing:+; }$1 — $2"
+}
+need_root() {
+  [[ $EUID -eq 0 ]] || need "root" "run it with sudo (it starts containerd, containers, mounts)"
+}
+need_tool() { # need_tool CMD PACKAGE
+  command -v "$1" >/dev/null 2>&1 || need "$1" "install ${2:-$1} (sudo hack/setup.sh)"
+}
+need_runtime() {
+  need_root
+  need_tool containerd
+  need_tool runc
+  [[ -x /usr/lib/cni/bridge ]] || need "CNI plugins in /usr/lib/cni" "install containernetworking-plugins (sudo hack/setup.sh)"
+  need_tool go golang-go
+}
+
+kube_bin_dir() {
+  printf '%s' "${CRISP_KUBE_BIN_DIR:-$KUBE_CACHE}"
+}
+kube_bins_ok() {
+  local d b
+  d=$(kube_bin_dir)
+  for b in "${KUBE_BINS[@]}"; do
+    [[ -x $d/$b ]] || return 1
+  done
+  "$d/kube-apiserver" --version 2>/dev/null | grep -q 'v1\.26\.'
+}
+
+# The kube binaries: the cache if it holds all four (1.26), else built into it from
+# CRISP_KUBE_SRC or CRISP_MICROSHIFT_GIT, once for both cluster lanes.
+kube_built=""
+ensure_kube_bins() {
+  [[ -z $kube_built ]] || return "$kube_built"
+  kube_built=0
+  if kube_bins_ok; then
+    echo "kube binaries: $(kube_bin_dir) (cached: $("$(kube_bin_dir)/kube-apiserver" --version))"
+    return 0
+  fi
+  if [[ -n ${CRISP_KUBE_BIN_DIR:-} ]]; then
+    need "Kubernetes 1.26 binaries in CRISP_KUBE_BIN_DIR=$CRISP_KUBE_BIN_DIR" "hack/kube-binaries.sh SRC $CRISP_KUBE_BIN_DIR (docs/TESTING.md, \"The cluster lane\")"
+    kube_built=1
+    return 1
+  fi
+  local src=${CRISP_KUBE_SRC:-}
+  if [[ -z $src && -n ${CRISP_MICROSHIFT_GIT:-} ]]; then
+    src=$KUBE_CACHE.src
+    if [[ ! -f $src/vendor/modules.txt && $check_only -eq 1 ]]; then
+      echo "kube binaries: would export release-4.13 of $CRISP_MICROSHIFT_GIT to $src and build it into $KUBE_CACHE"
+      return 0
+    elif [[ ! -f $src/vendor/modules.txt ]]; then
+      echo "kube binaries: exporting release-4.13 of $CRISP_MICROSHIFT_GIT to $src"
+      if ! export_microshift "$CRISP_MICROSHIFT_GIT" "$src"; then
+        need "microshift's release-4.13 in $CRISP_MICROSHIFT_GIT" "a clone of github.com/openshift/microshift with that branch"
+        kube_built=1
+        return 1
+      fi
+    fi
+  fi
+  if [[ -z $src ]]; then
+    need "Kubernetes 1.26 binaries (none cached in $KUBE_CACHE)" "set CRISP_KUBE_SRC=<microshift release-4.13 tree> or CRISP_MICROSHIFT_GIT=<its clone> to build them into the cache once (hack/kube-binaries.sh, 11–27 min), or CRISP_KUBE_BIN_DIR=<dir with the four>"
+    kube_built=1
+    return 1
+  fi
+  [[ $check_only -eq 0 ]] || {
+    echo "kube binaries: would build from $src into $KUBE_CACHE"
+    return 0
+  }
+  echo "kube binaries: building from $src into $KUBE_CACHE (log $OUT/kube-binaries.log; 11–27 min once)"
+  local t0=$SECONDS
+  if bash hack/kube-binaries.sh "$src" "$KUBE_CACHE" >"$OUT/kube-binaries.log" 2>&1 && kube_bins_ok; then
+    echo "kube binaries: built in $((SECONDS - t0)) s"
+    return 0
+  fi
+  need "Kubernetes 1.26 binaries" "hack/kube-binaries.sh failed from $src: $OUT/kube-binaries.log"
+  kube_built=1
+  return 1
+}
+
+# export_microshift GIT DIR: its release-4.13 tree into DIR. A partial clone or mirror may lack
+# a few large blobs (cloud-provider SDKs that the providerless build never compiles): those
+# paths are left out rather than failing the export.
+export_microshift() {
+  local git=$1 dir=$2 ref=release-4.13 gd
+  gd=$(git -C "$git" rev-parse --git-dir 2>/dev/null) || gd=$git
+  [[ $gd == /* ]] || gd=$git/$gd
+  git --git-dir="$gd" rev-parse --verify -q "$ref^{tree}" >/dev/null || return 1
+  local excludes=() absent path
+  absent=$(git --git-dir="$gd" ls-tree -r "$ref" | awk '$2 == "blob" { print $3 }' |
+    git --git-dir="$gd" cat-file --batch-check 2>/dev/null | awk '$2 == "missing" { print $1 }')
+  while IFS= read -r path; do
+    [[ -z $path ]] || excludes+=(":(exclude)$path")
+  done < <(git --git-dir="$gd" ls-tree -r "$ref" |
+    awk -v absent="$absent" 'BEGIN { n = split(absent, a, "\n"); for (i = 1; i <= n; i++) m[a[i]] = 1 }
+      $3 in m { sub(/^[^\t]*\t/, ""); print }')
+  [[ ${#excludes[@]} -eq 0 ]] || echo "kube binaries: ${#excludes[@]} blob(s) absent from the clone, left out of the export (git archive may still name them: \"invalid object\")" >&2
+  mkdir -p "$dir"
+  git --git-dir="$gd" archive "$ref" -- . "${excludes[@]}" | tar -x -C "$dir"
+}
+
+prereq() { # prereq LANE: sets $missing
+  missing=""
+  case $1 in
+    probe-burst) ;;
+    refusal-cost | load) need_runtime ;;
+    soak) need_runtime ;;
+    cluster-join | cluster-rollout)
+      need_root
+      need_tool systemd-nspawn systemd-container
+      need_tool debootstrap
+      need_tool etcd etcd-server
+      need_tool docker-registry
+      need_tool kubectl "kubectl (any recent client; CRISP_KUBECTL names another)"
+      [[ -x /usr/lib/cni/bridge ]] || need "CNI plugins in /usr/lib/cni" "install containernetworking-plugins (sudo hack/setup.sh)"
+      if [[ $1 == cluster-rollout ]]; then
+        need_tool skopeo
+        local dist=${CRISP_DIST:-target/artifacts}
+        compgen -G "$dist/crisp-installer-*.oci.tar" >/dev/null ||
+          need "the installer image in $dist" "hack/release.sh --out target/artifacts (or CRISP_DIST=<dir>)"
+      fi
+      [[ -n $missing ]] || ensure_kube_bins || true
+      ;;
+  esac
+  [[ -z $missing ]]
+}
+
+# --- the lanes --------------------------------------------------------------------------------
+
+# Lines of each lane's log that carry its numbers.
+pattern() {
+  case $1 in
+    probe-burst) echo '^\|' ;;
+    refusal-cost) echo '^RESULT|panicked' ;;
+    load) echo 'CRISP_SEED|^wave|^ +[0-9]+ +[0-9]+ |== load|secrets:|panicked' ;;
+    cluster-join) echo 'control plane up|kubelet joined|a pod from the API|panicked|timed out' ;;
+    cluster-rollout) echo 'control plane up|kubelet joined|before the install|refused config|^install:|hold reason|^ordered:|^uninstall:|panicked|timed out' ;;
+    soak) echo '^== soak|CRISP_SEED|pods|calls|failed|GOAWAY|Broken pipe|RSS|CPU|panicked' ;;
+  esac
+}
+
+run_lane() {
+  local kube
+  kube=$(kube_bin_dir)
+  case $1 in
+    probe-burst)
+      cargo test -p crisp --locked --test it -- probe_burst:: --ignored --nocapture --test-threads 1
+      ;;
+    refusal-cost)
+      cargo test -p crisp-e2e --locked --test it -- observe::measure_refusal_cost --exact --ignored --nocapture
+      ;;
+    load)
+      RUST_TEST_THREADS=1 CRISP_LOAD_PODS="${CRISP_LOAD_PODS:-200}" CRISP_LOAD_WAVES="${CRISP_LOAD_WAVES:-5}" \
+        cargo test -p crisp-e2e --locked --test it -- reliability_load::load_200_pods --exact --ignored --nocapture
+      ;;
+    cluster-join)
+      CRISP_KUBE_BIN_DIR=$kube cargo test -p crisp --locked --test it -- \
+        cluster_rollout::a_kubelet_joins_the_control_plane --exact --ignored --nocapture --test-threads 1
+      ;;
+    cluster-rollout)
+      CRISP_KUBE_BIN_DIR=$kube cargo test -p crisp --locked --test it -- \
+        cluster_rollout::the_installer_daemonset_rolls_out_and_back --exact --ignored --nocapture --test-threads 1
+      ;;
+    soak)
+      OUT="$OUT/soak" bash hack/soak.sh
+      ;;
+  esac
+}
+
+commit="$(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (uncommitted changes)')"
+summary="$OUT/summary.txt"
+[[ $check_only -eq 1 ]] || {
+  echo "lanes at $commit, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); logs in $OUT/"
+} | tee "$summary"
+
+declare -A result took
+failed=0
+skipped=0
+for lane in "${lanes[@]}"; do
+  if ! prereq "$lane"; then
+    result[$lane]="SKIPPED"
+    took[$lane]="missing: $missing"
+    echo "== $lane: SKIPPED, missing: $missing"
+    skipped=$((skipped + 1))
+    continue
+  fi
+  if [[ $check_only -eq 1 ]]; then
+    echo "== $lane: can run"
+    continue
+  fi
+  log="$OUT/$lane.log"
+  echo "== $lane: running (log $log)"
+  t0=$SECONDS
+  if run_lane "$lane" >"$log" 2>&1; then
+    result[$lane]="ok"
+  else
+    result[$lane]="FAILED"
+    failed=$((failed + 1))
+  fi
+  took[$lane]="$((SECONDS - t0)) s"
+  echo "== $lane: ${result[$lane]} (${took[$lane]})"
+done
+[[ $check_only -eq 0 ]] || exit 0
+
+{
+  echo
+  echo "== numbers ($commit)"
+  for lane in "${lanes[@]}"; do
+    echo "-- $lane: ${result[$lane]} (${took[$lane]})"
+    [[ ${result[$lane]} != SKIPPED ]] || continue
+    # (--nocapture output may begin on the harness's "test NAME ... " line)
+    sed -E 's/^test [^ ]+ \.\.\. //' "$OUT/$lane.log" | grep -E "$(pattern "$lane")" |
+      grep -vE '^test |^running ' | sed 's/^/   /' | head -60
+    if [[ ${result[$lane]} != ok ]]; then
+      echo "   the end of $OUT/$lane.log:"
+      tail -15 "$OUT/$lane.log" | sed 's/^/   | /'
+    fi
+  done
+} | tee -a "$summary"
+
+if [[ $failed -gt 0 ]] || { [[ ${LANES_STRICT:-0} == 1 ]] && [[ $skipped -gt 0 ]]; }; then
+  echo "lanes: $failed failed, $skipped skipped"
+  exit 1
+fi
+echo "lanes: $((${#lanes[@]} - skipped)) passed, $skipped skipped, 0 failed"
