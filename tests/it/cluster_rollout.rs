@@ -1069,6 +1069,17 @@ fn a_kill_storm_under_a_real_kubelet() {
     cluster.wait("node Ready on crisp", Duration::from_secs(120), || {
         cluster.node_ready() == "True"
     });
+    let cmdline = node
+        .nsenter(&[
+            "sh",
+            "-c",
+            "tr '\\0' ' ' </proc/$(systemctl show -P MainPID kubelet)/cmdline",
+        ])
+        .stdout;
+    assert!(
+        cmdline.contains("--container-runtime-endpoint=unix:///run/crisp/crisp.sock"),
+        "kubelet runs on crisp: {cmdline}"
+    );
     let since = node
         .nsenter(&["date", "+%Y-%m-%d %H:%M:%S"])
         .stdout
@@ -1078,9 +1089,9 @@ fn a_kill_storm_under_a_real_kubelet() {
 
     let stop = std::sync::atomic::AtomicBool::new(false);
     let storm_t = Instant::now();
-    let (created, mut restarts) = std::thread::scope(|s| {
+    let ((created, ran), mut restarts) = std::thread::scope(|s| {
         let churn = s.spawn(|| {
-            let mut n = 0usize;
+            let (mut n, mut ran) = (0usize, 0usize);
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let name = format!("storm-{n}");
                 let y = busybox_pod(
@@ -1098,11 +1109,22 @@ fn a_kill_storm_under_a_real_kubelet() {
                 n += 1;
                 if n > 4 {
                     let old = format!("storm-{}", n - 5);
-                    let _ = cluster.kubectl(&["delete", "pod", &old, "--wait=false"]);
+                    // Both containers running when it is deleted: the storm's pods really ran.
+                    let states = cluster.jsonpath(
+                        &["pod", &old],
+                        "{range .status.containerStatuses[*]}{.state.running.startedAt},{end}",
+                    );
+                    if states.split(',').filter(|s| !s.is_empty()).count() == 2 {
+                        ran += 1;
+                    }
+                    let o = cluster.kubectl(&["delete", "pod", &old, "--wait=false"]);
+                    if !o.ok() {
+                        eprintln!("delete {old}: {}", o.all());
+                    }
                 }
                 std::thread::sleep(Duration::from_millis(1500));
             }
-            n
+            (n, ran)
         });
         let mut restarts = Vec::new();
         for i in 0..kills {
@@ -1171,11 +1193,15 @@ fn a_kill_storm_under_a_real_kubelet() {
         .nsenter(&["journalctl", "-u", STORM_UNIT, "--no-pager"])
         .stdout;
     eprintln!(
-        "storm: {kills} kills in {} (restart to accepting: min {} median {} max {}), {created} pods created and deleted, {} containers running after 60 s, {} pods still in the API ({} terminating)",
+        "storm: {kills} kills in {} (restart to accepting: min {:?} median {:?} max {:?}), {created} pods created and deleted ({ran} seen with both containers running when deleted), kubelet logged {} refused/unavailable runtime connections, {} containers running after 60 s, {} pods still in the API ({} terminating)",
         secs(storm_time),
-        secs(restarts[0]),
-        secs(restarts[restarts.len() / 2]),
-        secs(restarts[restarts.len() - 1]),
+        restarts[0],
+        restarts[restarts.len() / 2],
+        restarts[restarts.len() - 1],
+        journal
+            .lines()
+            .filter(|l| l.contains("crisp.sock") && (l.contains("connection refused") || l.contains("Unavailable") || l.contains("no such file")))
+            .count(),
         running.len(),
         live.len(),
         terminating.len(),
@@ -1205,6 +1231,7 @@ fn a_kill_storm_under_a_real_kubelet() {
             tail.into_iter().rev().collect::<Vec<_>>().join("\n")
         );
     }
+    assert!(ran > 0, "no storm pod ever ran: the storm proved nothing");
     assert!(
         runtime_deadline.is_empty(),
         "CRI calls reached their deadline: {runtime_deadline:#?}"
