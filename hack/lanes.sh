@@ -16,7 +16,7 @@
 #   cluster-join     cluster_rollout::a_kubelet_joins_the_control_plane (~1–2 min)
 #   cluster-rollout  cluster_rollout::the_installer_daemonset_rolls_out_and_back (~3–4 min)
 #   cluster-storm    cluster_rollout::a_kill_storm_under_a_real_kubelet, crisp SIGKILLed ~30 times
-#                    under pod churn, then no deadline and no leftover container (~4–5 min)
+#                    under pod churn, then no deadline and no leftover container (~5 min)
 #   soak             e2e soak_grpcgo::soak_10_minutes through hack/soak.sh (10 min)
 #
 # Environment:

@@ -1151,6 +1151,30 @@ fn a_kill_storm_under_a_real_kubelet() {
     std::thread::sleep(Duration::from_secs(60));
     restarts.sort();
 
+    // (b) containers still running whose pod the API server no longer has.
+    let api_pods = cluster.jsonpath(
+        &["pods", "-A"],
+        "{range .items[*]}{.metadata.uid} {.metadata.name} {.metadata.deletionTimestamp}\n{end}",
+    );
+    let live: std::collections::HashSet<&str> = api_pods
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    let terminating: Vec<&str> = api_pods
+        .lines()
+        .filter(|l| l.split_whitespace().count() > 2)
+        .collect();
+    let running = running_containers(&node);
+    let leftover: Vec<_> = running
+        .iter()
+        .filter(|c| !live.contains(c.2.as_str()))
+        .collect();
+    // kubelet's runtime calls have a 2-minute deadline (runtimeRequestTimeout): a call caught
+    // by the last kill would reach it 120 s after that kill, so kubelet's journal is read then.
+    let storm_end = storm_t + storm_time;
+    while storm_end.elapsed() < Duration::from_secs(125) {
+        std::thread::sleep(Duration::from_secs(1));
+    }
     // (a) calls to their deadline, in kubelet's journal since the storm began.
     let journal = node
         .nsenter(&[
@@ -1171,24 +1195,6 @@ fn a_kill_storm_under_a_real_kubelet() {
         .filter(|l| l.contains("rpc error") || l.contains("runtime") || l.contains("Runtime"))
         .collect();
 
-    // (b) containers still running whose pod the API server no longer has.
-    let api_pods = cluster.jsonpath(
-        &["pods", "-A"],
-        "{range .items[*]}{.metadata.uid} {.metadata.name} {.metadata.deletionTimestamp}\n{end}",
-    );
-    let live: std::collections::HashSet<&str> = api_pods
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .collect();
-    let terminating: Vec<&str> = api_pods
-        .lines()
-        .filter(|l| l.split_whitespace().count() > 2)
-        .collect();
-    let running = running_containers(&node);
-    let leftover: Vec<_> = running
-        .iter()
-        .filter(|c| !live.contains(c.2.as_str()))
-        .collect();
     let crisp_log = node
         .nsenter(&["journalctl", "-u", STORM_UNIT, "--no-pager"])
         .stdout;
