@@ -15,6 +15,8 @@
 #   load             e2e reliability_load::load_200_pods, 200 pods in 5 waves (~2–3 min)
 #   cluster-join     cluster_rollout::a_kubelet_joins_the_control_plane (~1–2 min)
 #   cluster-rollout  cluster_rollout::the_installer_daemonset_rolls_out_and_back (~3–4 min)
+#   cluster-storm    cluster_rollout::a_kill_storm_under_a_real_kubelet, crisp SIGKILLed ~30 times
+#                    under pod churn, then no deadline and no leftover container (~5 min)
 #   soak             e2e soak_grpcgo::soak_10_minutes through hack/soak.sh (10 min)
 #
 # Environment:
@@ -29,7 +31,8 @@
 #                        exported to $CRISP_KUBE_CACHE.src and built, as with CRISP_KUBE_SRC
 #   CRISP_DIST           release artifacts for the cluster lanes (default target/artifacts,
 #                        from `hack/release.sh --out target/artifacts`)
-#   CRISP_SOAK_SECS, CRISP_LOAD_PODS, CRISP_LOAD_WAVES, CRISP_SEED   passed to the tests
+#   CRISP_SOAK_SECS, CRISP_LOAD_PODS, CRISP_LOAD_WAVES, CRISP_SEED, CRISP_STORM_KILLS   passed to
+#                        the tests
 #   LANES_STRICT=1       a skipped lane fails the run (exit 1) instead of exit 0
 #
 # Exit: 1 if a lane failed (or, with LANES_STRICT=1, was skipped), else 0.
@@ -37,7 +40,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
 PROG=hack/lanes.sh
-ALL=(probe-burst refusal-cost load cluster-join cluster-rollout soak)
+ALL=(probe-burst refusal-cost load cluster-join cluster-rollout cluster-storm soak)
 OUT="${OUT:-target/lanes}"
 KUBE_CACHE="${CRISP_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/crisp/kube-1.26}"
 KUBE_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
@@ -185,7 +188,7 @@ prereq() { # prereq LANE: sets $missing
     probe-burst) ;;
     refusal-cost | load) need_runtime ;;
     soak) need_runtime ;;
-    cluster-join | cluster-rollout)
+    cluster-join | cluster-rollout | cluster-storm)
       need_root
       need_tool systemd-nspawn systemd-container
       need_tool debootstrap
@@ -215,6 +218,7 @@ pattern() {
     load) echo 'CRISP_SEED|^wave|^ +[0-9]+ +[0-9]+ |== load|secrets:|panicked' ;;
     cluster-join) echo 'control plane up|kubelet joined|a pod from the API|panicked|timed out' ;;
     cluster-rollout) echo 'control plane up|kubelet joined|before the install|refused config|^install:|hold reason|^ordered:|^uninstall:|panicked|timed out' ;;
+    cluster-storm) echo 'control plane up|kubelet joined|^storm:|^deadline:|^leftover:|leftover\||terminating\||panicked|timed out' ;;
     soak) echo '^== soak|CRISP_SEED|pods|calls|failed|GOAWAY|Broken pipe|RSS|CPU|panicked' ;;
   esac
 }
@@ -240,6 +244,10 @@ run_lane() {
     cluster-rollout)
       CRISP_KUBE_BIN_DIR=$kube cargo test -p crisp --locked --test it -- \
         cluster_rollout::the_installer_daemonset_rolls_out_and_back --exact --ignored --nocapture --test-threads 1
+      ;;
+    cluster-storm)
+      CRISP_KUBE_BIN_DIR=$kube cargo test -p crisp --locked --test it -- \
+        cluster_rollout::a_kill_storm_under_a_real_kubelet --exact --ignored --nocapture --test-threads 1
       ;;
     soak)
       OUT="$OUT/soak" bash hack/soak.sh
