@@ -302,6 +302,10 @@ impl PodPolicy {
     ) -> (PodPolicy, Warnings) {
         let mut warnings = Warnings::default();
         let names = read(annotations, SIDECARS, &mut warnings, parse_name_list);
+        // A `crisp.dev/sidecars` that was there but rejected (warned about): the pod's
+        // `crisp.dev/ready.*` keys were for the sidecars it tried to list, not native ones, and
+        // are ignored with it, as before native sidecars were read.
+        let rejected_list = names.is_none() && annotations.contains_key(SIDECARS);
         let injected = match names {
             None => recognise_injectors(annotations, injectors, &mut warnings),
             Some(_) => Injected::default(),
@@ -336,6 +340,7 @@ impl PodPolicy {
                 warn_unlisted_ready(annotations, &sidecars, &mut warnings);
                 Vec::new()
             }
+            _ if rejected_list => Vec::new(),
             _ => native_sidecars(annotations, &sidecars, &mut warnings),
         };
 

@@ -412,3 +412,20 @@ fn a_warning_line_is_escaped_and_bounded_whatever_the_key_and_value() {
     assert!(line.len() <= crate::tenant::MAX_LOG_LINE, "{}", line.len());
     assert!(line.contains(r"\u{1b}[2J"), "{line}");
 }
+
+#[test]
+fn ready_keys_of_a_rejected_sidecar_list_declare_no_native_sidecar() {
+    // The huge pod of e2e reliability_huge: a list over the limit, readiness for its names.
+    let list: Vec<String> = (0..100).map(|i| format!("side-{i:03}")).collect();
+    let ready_key = format!("{READY_PREFIX}side-001");
+    let (p, w) = PodPolicy::parse(
+        &ann(&[
+            (SIDECARS, &list.join(",")),
+            (&ready_key, "not a readiness spec"),
+        ]),
+        &[],
+    );
+    assert!(p.native.is_empty(), "{:?}", p.native);
+    assert_eq!(w.total(), 1, "only the list itself is warned about: {}", w.summary());
+    assert!(w.summary().contains("crisp.dev/sidecars"), "{}", w.summary());
+}
