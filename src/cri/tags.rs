@@ -79,22 +79,20 @@ messages! {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cri::patch::fields;
     use crate::cri::views as v;
     use k8s_cri::v1 as c;
     use prost::Message;
 
-    /// The number of the one field `m` puts on the wire (the test sets exactly one).
+    /// The number of the one field `m` puts on the wire (the test sets exactly one), read by
+    /// prost's own decoder rather than crisp's (`cri::patch`), which these numbers serve.
     fn number(m: &impl Message) -> u32 {
+        use prost::encoding::{decode_key, skip_field, DecodeContext};
         let bytes = m.encode_to_vec();
-        let fs: Vec<_> = fields(&bytes).collect::<Result<_, _>>().unwrap();
-        assert_eq!(
-            fs.len(),
-            1,
-            "the message sets {} fields, not one: {fs:?}",
-            fs.len()
-        );
-        fs[0].number
+        let mut buf = bytes.as_slice();
+        let (number, wire_type) = decode_key(&mut buf).unwrap();
+        skip_field(wire_type, number, &mut buf, DecodeContext::default()).unwrap();
+        assert!(buf.is_empty(), "the message sets more than one field: {bytes:?}");
+        number
     }
 
     fn s() -> String {

@@ -14,17 +14,19 @@
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
-use std::net::IpAddr;
-use std::ops::Deref;
 use std::time::Duration;
 
 use super::injectors::{self, Injected, InjectorRule};
+pub use super::sidecar::{Sidecar, READY_PREFIX};
+use super::sidecar::tenant_ready;
+#[cfg(test)]
+use super::warnings::MAX_WARNINGS_KEPT;
+pub use super::warnings::{Warning, Warnings};
 use crate::config::{parse_duration, SidecarRule, TimeoutPolicy, MAX_START_TIMEOUT};
-use crate::readiness::{self, Cidr, Readiness};
+use crate::readiness::Readiness;
 use crate::tenant;
 
 pub const SIDECARS: &str = "crisp.dev/sidecars";
-pub const READY_PREFIX: &str = "crisp.dev/ready.";
 pub(crate) const START_TIMEOUT: &str = "crisp.dev/start-timeout";
 pub(crate) const TIMEOUT_POLICY: &str = "crisp.dev/timeout-policy";
 pub(crate) const JOB: &str = "crisp.dev/job";
@@ -33,89 +35,6 @@ pub(crate) const INIT_CONTAINERS: &str = "crisp.dev/init-containers";
 
 /// Most sidecars one pod may declare; more is a typo or an attack, not a pod.
 pub const MAX_SIDECARS: usize = tenant::MAX_NAMES;
-/// Warnings of one pod kept to be shown (those with the smallest keys); all are counted.
-pub const MAX_WARNINGS_KEPT: usize = 8;
-/// Warnings named in the pod's one log line; the others are counted in it.
-const WARNINGS_SHOWN: usize = 3;
-/// Longest annotation value shown in a warning, in bytes.
-const VALUE_SHOWN: usize = 128;
-/// Longest reason shown in a warning, in bytes.
-const REASON_SHOWN: usize = 512;
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Sidecar {
-    pub name: String,
-    pub(crate) ready: Readiness,
-    /// The sidecar will exist: when it is not created yet (listed after the app) the app is
-    /// refused until it is. `false` (node rules, some injectors): waited for once it exists.
-    pub(crate) required: bool,
-    /// `ready` came from the pod's own `crisp.dev/ready.<name>` and names a host that only the
-    /// pod's addresses may be (see [`tenant_may_aim`]): checked before the first probe.
-    pub(crate) tenant: Option<Box<TenantReady>>,
-}
-
-/// A readiness the pod's author wrote naming a host (not the pod IP, not loopback): it may be
-/// probed only if that host turns out to be one of the pod's own IPs (known once the sandbox
-/// runs) or in the operator's `[ordering] probe_allow`. Else the annotation is malformed:
-/// warned about once, and `fallback` (what the sidecar's readiness is without the key) is used.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct TenantReady {
-    pub(crate) key: String,
-    pub(crate) value: String,
-    pub(crate) fallback: Readiness,
-}
-
-impl TenantReady {
-    /// The warning for an annotation that named someone else's address.
-    pub(crate) fn warning(&self, reason: String) -> Warning {
-        Warning::new(
-            &self.key,
-            &self.value,
-            format!("{reason}; using `{}`", self.fallback),
-        )
-    }
-}
-
-/// The check a readiness from a pod annotation must pass before crisp connects anywhere: its
-/// host is the pod IP (empty), loopback or unspecified (the pod's own namespace), one of the
-/// pod's IPs (`pod_ips`, from the runtime), or inside a network the operator allowed.
-pub fn tenant_may_aim(ready: &Readiness, pod_ips: &[IpAddr], allow: &[Cidr]) -> Result<(), String> {
-    let host = match ready {
-        Readiness::Tcp { host: Some(h), .. } | Readiness::Http { host: Some(h), .. } => {
-            h.to_canonical()
-        }
-        _ => return Ok(()),
-    };
-    if readiness::is_local(host)
-        || pod_ips.iter().any(|ip| ip.to_canonical() == host)
-        || allow.iter().any(|c| c.contains(host))
-    {
-        return Ok(());
-    }
-    Err(format!("host {host} is not one of the pod's own addresses (its IPs or loopback) nor in the node's [ordering] probe_allow"))
-}
-
-/// The [`TenantReady`] for a readiness parsed from annotation `key`, when its host needs the
-/// check at all (a local host passes whatever the pod's IPs are).
-pub(crate) fn tenant_ready(
-    key: &str,
-    value: &str,
-    ready: &Readiness,
-    fallback: impl FnOnce() -> Readiness,
-) -> Option<Box<TenantReady>> {
-    match ready {
-        Readiness::Tcp { host: Some(h), .. } | Readiness::Http { host: Some(h), .. }
-            if !readiness::is_local(*h) =>
-        {
-            Some(Box::new(TenantReady {
-                key: key.to_string(),
-                value: value.to_string(),
-                fallback: fallback(),
-            }))
-        }
-        _ => None,
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RestartPolicy {
@@ -163,123 +82,6 @@ pub struct PodPolicy {
     /// What a regular container waits for: [`PodPolicy::native`], then [`PodPolicy::sidecars`]
     /// (kubelet starts native sidecars before every regular container).
     pub(crate) gate: Vec<Sidecar>,
-}
-
-/// A malformed annotation of a pod.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Warning {
-    pub key: String,
-    /// The value as shown: cut and escaped ([`tenant::text`]), never the whole of a huge one.
-    pub value: String,
-    pub(crate) reason: String,
-}
-
-impl Warning {
-    pub(crate) fn new(key: &str, value: &str, reason: String) -> Warning {
-        Warning {
-            key: key.to_string(),
-            value: tenant::cut(value, VALUE_SHOWN),
-            reason,
-        }
-    }
-}
-
-impl std::fmt::Display for Warning {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Everything is shown cut and escaped: annotations can be huge (and the reason may quote
-        // the value), and the log line must stay one short line.
-        let key = tenant::text(&self.key, tenant::MAX_FIELD);
-        write!(
-            f,
-            "annotation {key}=\"{}\" ignored: {}",
-            tenant::text(&self.value, VALUE_SHOWN),
-            tenant::text(&self.reason, REASON_SHOWN)
-        )
-    }
-}
-
-/// A pod's malformed annotations: every one counted, the [`MAX_WARNINGS_KEPT`] with the
-/// smallest keys kept (sorted by key), so thousands of bad keys cost neither memory nor log
-/// lines. Reads as the slice of those kept.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Warnings {
-    kept: Vec<Warning>,
-    total: usize,
-}
-
-impl Warnings {
-    pub(crate) fn push(&mut self, w: Warning) {
-        let key = w.key.clone();
-        self.push_with(&key, || w);
-    }
-
-    /// Counts a warning about `key`, built by `make` only if it is kept: a pod's thousands of
-    /// bad keys cost a count and a comparison each.
-    pub(crate) fn push_with(&mut self, key: &str, make: impl FnOnce() -> Warning) {
-        self.total = self.total.saturating_add(1);
-        if self.kept.len() < MAX_WARNINGS_KEPT {
-            self.kept.push(make());
-        } else if let Some(last) = self
-            .kept
-            .iter_mut()
-            .max_by(|a, b| a.key.cmp(&b.key))
-            .filter(|last| key < last.key.as_str())
-        {
-            *last = make();
-        }
-    }
-
-    /// All the pod's warnings, kept or not (what `crisp_bad_annotations_total` counts).
-    pub fn total(&self) -> usize {
-        self.total
-    }
-
-    fn sort(&mut self) {
-        self.kept.sort_by(|a, b| a.key.cmp(&b.key));
-    }
-
-    /// The pod's one log line: the warning, or how many there are and the first few; at most
-    /// [`tenant::MAX_LOG_LINE`] bytes.
-    pub fn summary(&self) -> String {
-        let line = match self.kept.as_slice() {
-            [] => String::new(),
-            [w] if self.total == 1 => w.to_string(),
-            kept => {
-                let shown: Vec<String> = kept
-                    .iter()
-                    .take(WARNINGS_SHOWN)
-                    .map(Warning::to_string)
-                    .collect();
-                let more = self.total.saturating_sub(shown.len());
-                let tail = if more > 0 {
-                    format!("; and {more} more")
-                } else {
-                    String::new()
-                };
-                format!(
-                    "{} malformed annotations ignored (each as if absent): {}{tail}",
-                    self.total,
-                    shown.join("; ")
-                )
-            }
-        };
-        tenant::cut(&line, tenant::MAX_LOG_LINE)
-    }
-}
-
-impl Deref for Warnings {
-    type Target = [Warning];
-    fn deref(&self) -> &[Warning] {
-        &self.kept
-    }
-}
-
-impl<'a> IntoIterator for &'a Warnings {
-    type Item = &'a Warning;
-    type IntoIter = std::slice::Iter<'a, Warning>;
-    fn into_iter(self) -> Self::IntoIter {
-        self.kept.iter()
-    }
 }
 
 impl PodPolicy {
@@ -669,5 +471,7 @@ fn parse_sidecar_list(v: &str) -> Result<Vec<String>, String> {
     }
 }
 
+#[cfg(test)]
+mod injected;
 #[cfg(test)]
 mod tests;

@@ -4,7 +4,6 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::pod::annotations_fingerprint;
 use super::Engine;
 use crate::cri::views;
 
@@ -152,6 +151,17 @@ impl Engine {
             self.guessing.remove(&pod.annotations_fp);
         }
     }
+}
+
+/// A pod's identity as ImageStatus and PullImage show it: its full annotation set (which
+/// kubelet stamps per pod with `kubernetes.io/config.seen`).
+pub(super) fn annotations_fingerprint(annotations: &HashMap<String, String>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut pairs: Vec<(&String, &String)> = annotations.iter().collect();
+    pairs.sort();
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    pairs.hash(&mut hasher);
+    hasher.finish()
 }
 
 #[cfg(test)]

@@ -13,9 +13,8 @@ use std::collections::{HashMap, HashSet};
 
 use serde::Deserialize;
 
-use super::annotations::{Sidecar, Warning, Warnings};
-#[cfg(test)]
-use crate::config::injectors::{builtin, table, validate};
+use super::sidecar::{tenant_ready, Sidecar, READY_PREFIX};
+use super::warnings::{Warning, Warnings};
 pub(crate) use crate::config::injectors::{InjectedSidecar, InjectorRule};
 use crate::readiness::Readiness;
 use crate::tenant;
@@ -129,10 +128,10 @@ pub(crate) fn recognise(
                 if sidecar_seen.insert(name.to_string()) {
                     // An overriding `crisp.dev/ready.<name>` is the pod author's: checked at probe
                     // time, falling back to the table's own readiness.
-                    let key = format!("{}{name}", super::annotations::READY_PREFIX);
+                    let key = format!("{READY_PREFIX}{name}");
                     let tenant = annotations
                         .get(&key)
-                        .and_then(|v| super::annotations::tenant_ready(&key, v, &ready, base));
+                        .and_then(|v| tenant_ready(&key, v, &ready, base));
                     out.sidecars.push(Sidecar {
                         name: name.to_string(),
                         ready,
@@ -209,6 +208,3 @@ fn with_port(
         }
     }
 }
-
-#[cfg(test)]
-mod tests;

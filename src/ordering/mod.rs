@@ -44,9 +44,11 @@ mod pod;
 mod probes;
 pub(crate) mod reads;
 pub mod runtime;
+mod sidecar;
 mod status;
 mod stop;
 mod stop_sandbox;
+mod warnings;
 
 use std::collections::HashMap;
 use std::future::Future;

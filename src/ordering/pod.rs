@@ -15,7 +15,7 @@ use parking_lot::{Mutex, MutexGuard};
 use super::annotations::{self, PodPolicy};
 use super::decide;
 use super::holds;
-use super::init_guess::InitGuess;
+use super::init_guess::{annotations_fingerprint, InitGuess};
 use super::injectors::InjectorRule;
 use crate::config::SidecarRule;
 use crate::cri::views;
@@ -225,17 +225,6 @@ impl Pod {
     pub(crate) fn is_init(&self, container: &str) -> bool {
         self.policy.is_known_init(container) || self.guess().is_init(container)
     }
-}
-
-/// A pod's identity as ImageStatus and PullImage show it: its full annotation set (which
-/// kubelet stamps per pod with `kubernetes.io/config.seen`).
-pub(super) fn annotations_fingerprint(annotations: &HashMap<String, String>) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut pairs: Vec<(&String, &String)> = annotations.iter().collect();
-    pairs.sort();
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    pairs.hash(&mut hasher);
-    hasher.finish()
 }
 
 /// A container's name as the caches keep it (logs and views show it): a DNS-1123 label as it is,

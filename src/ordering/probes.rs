@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::annotations::{self, Sidecar};
+use super::annotations::Sidecar;
 use super::pod::{PodNet, PodNs};
 use super::{Engine, Pod};
 use crate::cri::ApiVersion;
@@ -105,7 +105,7 @@ impl Engine {
             .pod_net(version, pod)
             .await
             .ok_or("the pod's addresses are not known yet")?;
-        match annotations::tenant_may_aim(&sidecar.ready, &net.ips, &self.cfg.probe_allow) {
+        match super::sidecar::tenant_may_aim(&sidecar.ready, &net.ips, &self.cfg.probe_allow) {
             Ok(()) => Ok(&sidecar.ready),
             Err(reason) => {
                 let first_time = pod.tenant_warned.lock().insert(tenant.key.clone());

@@ -515,7 +515,7 @@ impl Tap {
         outcome: &Outcome,
     ) {
         let show = |dir, m: Option<&Skim>| {
-            m.map(|m| redact::for_log(call.route.rpc, dir, m, MAX_LOG_MESSAGE))
+            m.map(|m| decode::for_log(call.route.rpc, dir, m, MAX_LOG_MESSAGE))
                 .unwrap_or_default()
         };
         tracing::trace!(

@@ -1,4 +1,6 @@
 use super::*;
+use crate::ordering::sidecar::tenant_may_aim;
+use crate::readiness::Cidr;
 
 fn ann(pairs: &[(&str, &str)]) -> HashMap<String, String> {
     pairs

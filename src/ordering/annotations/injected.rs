@@ -1,6 +1,8 @@
+//! A pod's policy from the annotations of the injectors that mutated it (`injectors.rs`, the
+//! table in `config/injectors.rs`), read through [`PodPolicy::parse_with`] as crisp reads pods.
+
 use super::*;
-use crate::config::injectors::sidecar;
-use crate::ordering::annotations::{PodPolicy, Source, SIDECARS};
+use crate::config::injectors::{builtin, sidecar, table, validate};
 use std::collections::BTreeMap;
 
 fn ann(pairs: &[(&str, &str)]) -> HashMap<String, String> {
