@@ -1,0 +1,155 @@
+use super::kubelet::*;
+use super::sockets::*;
+use super::*;
+
+#[test]
+fn env_files() {
+    let t = "# comment\nKUBELET_KUBEADM_ARGS=\"--a=1 --container-runtime-endpoint=unix:///run/containerd/containerd.sock\"\n";
+    let v = env_file_var(t, "KUBELET_KUBEADM_ARGS").unwrap();
+    assert_eq!(
+        flag_value(&v, "--container-runtime-endpoint").as_deref(),
+        Some("unix:///run/containerd/containerd.sock")
+    );
+    assert_eq!(
+        env_file_var("KUBELET_EXTRA_ARGS=\n", "KUBELET_EXTRA_ARGS").as_deref(),
+        Some("")
+    );
+    assert_eq!(
+        env_file_var(
+            "KUBELET_EXTRA_ARGS='--x y'\nKUBELET_EXTRA_ARGS=--z\n",
+            "KUBELET_EXTRA_ARGS"
+        )
+        .as_deref(),
+        Some("--z")
+    );
+    assert_eq!(
+        env_file_var("#KUBELET_EXTRA_ARGS=--z\n", "KUBELET_EXTRA_ARGS"),
+        None
+    );
+}
+
+#[test]
+fn flags_last_wins_and_space_form() {
+    assert_eq!(
+        flag_value(
+            "--container-runtime-endpoint /a --container-runtime-endpoint=/b",
+            "--container-runtime-endpoint"
+        )
+        .as_deref(),
+        Some("/b")
+    );
+    assert_eq!(
+        flag_value(
+            "--container-runtime-endpoint=/b --container-runtime remote",
+            "--container-runtime"
+        )
+        .as_deref(),
+        Some("remote")
+    );
+    assert_eq!(
+        flag_value("--container-runtime-endpoint=/b", "--container-runtime"),
+        None
+    );
+}
+
+#[test]
+fn yaml() {
+    let t = "apiVersion: kubelet.config.k8s.io/v1beta1\ncontainerRuntimeEndpoint: \"unix:///run/crisp/crisp.sock\" # crisp\n  containerRuntimeEndpoint: nested\n";
+    assert_eq!(
+        yaml_top_level(t, "containerRuntimeEndpoint").as_deref(),
+        Some("unix:///run/crisp/crisp.sock")
+    );
+    assert_eq!(yaml_top_level(t, "imageServiceEndpoint"), None);
+}
+
+#[test]
+fn endpoints_and_versions() {
+    assert_eq!(
+        endpoint_path("unix:///run/crisp/crisp.sock"),
+        Some(PathBuf::from("/run/crisp/crisp.sock"))
+    );
+    assert_eq!(
+        endpoint_path("/run/x.sock"),
+        Some(PathBuf::from("/run/x.sock"))
+    );
+    assert_eq!(endpoint_path("tcp://1.2.3.4:5"), None);
+    assert_eq!(parse_kubelet_version("Kubernetes v1.27.3\n"), Some((1, 27)));
+    assert_eq!(
+        parse_kubelet_version("Kubernetes v1.30.0-rc.1"),
+        Some((1, 30))
+    );
+    assert_eq!(parse_kubelet_version("garbage"), None);
+    assert_eq!(
+        under_root(Path::new("/"), Path::new("/etc/x")),
+        PathBuf::from("/etc/x")
+    );
+    assert_eq!(
+        under_root(Path::new("/tmp/r"), Path::new("/etc/x")),
+        PathBuf::from("/tmp/r/etc/x")
+    );
+}
+
+/// Issue #33: `crisp doctor` checks the admin socket's mode and owner.
+#[test]
+fn the_admin_socket_is_checked_for_mode_and_owner() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = tempfile::tempdir().unwrap();
+    let opts = Options {
+        root: root.path().to_path_buf(),
+        ..Default::default()
+    };
+    let cfg = Config::default();
+    let sock = under_root(root.path(), &cfg.admin_socket());
+    let check = |cfg: &Config| {
+        let mut r = Report::default();
+        check_admin_socket(&opts, cfg, &mut r);
+        assert_eq!(r.checks.len(), 1, "{r}");
+        let c = r.checks.remove(0);
+        assert_eq!(c.name, "admin-socket");
+        (
+            c.level,
+            format!("{} {}", c.detail, c.fix.unwrap_or_default()),
+        )
+    };
+    let (level, text) = check(&cfg);
+    assert!(
+        level == Level::Warn && text.contains("unavailable"),
+        "{text}"
+    );
+    std::fs::create_dir_all(sock.parent().unwrap()).unwrap();
+    let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let chmod = |m: u32| {
+        std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(m)).unwrap();
+    };
+    let mut opted = cfg.clone();
+    opted.admin.allow_shared_mode = true;
+    let me = crate::sys::effective_uid();
+    if me == 0 {
+        chmod(0o600);
+        assert_eq!(check(&cfg).0, Level::Ok);
+        for (mode, plain, with_opt_in) in [
+            (0o660, Level::Warn, Level::Ok),
+            (0o666, Level::Fail, Level::Warn),
+            (0o602, Level::Fail, Level::Warn),
+        ] {
+            chmod(mode);
+            let (level, text) = check(&cfg);
+            assert_eq!(level, plain, "{mode:o}: {text}");
+            assert!(
+                text.contains(&sock.display().to_string())
+                    && text.contains(&format!("mode {mode:04o}"))
+                    && text.contains("admin.mode = \"0600\""),
+                "{text}"
+            );
+            assert_eq!(check(&opted).0, with_opt_in, "{mode:o}");
+        }
+        chmod(0o600);
+        std::os::unix::fs::chown(&sock, Some(1000), None).unwrap();
+    }
+    // Not root's (whoever runs the test but root): FAIL whatever the mode.
+    let (level, text) = check(&opted);
+    assert!(
+        level == Level::Fail && text.contains("chown root"),
+        "{text}"
+    );
+}
