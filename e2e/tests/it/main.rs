@@ -12,11 +12,8 @@ mod reliability_support;
 
 // One module per former test binary.
 mod adversarial;
-mod emulator_api;
-mod emulator_requeue;
-mod emulator_restart;
-mod emulator_start;
-mod emulator_stop;
+// The emulator's own tests (no crisp in the path).
+mod emulator;
 mod exec_flood;
 mod grpcgo_peers;
 mod harness_smoke;
