@@ -89,7 +89,7 @@ pub struct Outcome {
     /// A bounded view of the response, built as it passed, when someone asked for one
     /// ([`Interceptor::response_view`]); never the whole response.
     pub response: Option<Skim>,
-    /// The call's grpc-message (decoded, at most [`crate::status::MAX_MESSAGE`] bytes), when it
+    /// The call's grpc-message (decoded, at most [`crate::status::MAX_SEEN_MESSAGE`] bytes), when it
     /// ended with one (gRPC servers send it with errors only) and crisp observed the call, or
     /// crisp ended it itself. A relayed call — one no interceptor asked to see — reports `None`.
     pub message: Option<String>,

@@ -72,7 +72,7 @@ pub(crate) fn code_of(h: &HeaderMap) -> Option<i32> {
 }
 
 /// Longest grpc-message crisp passes to its interceptors (the tap shows it).
-pub(crate) const MAX_MESSAGE: usize = 1024;
+pub(crate) const MAX_SEEN_MESSAGE: usize = 1024;
 
 /// Reads `grpc-message` from a header or trailer map (see `decode_message`).
 pub(crate) fn message_of(h: &HeaderMap) -> Option<String> {
@@ -80,17 +80,17 @@ pub(crate) fn message_of(h: &HeaderMap) -> Option<String> {
 }
 
 /// A grpc-message as sent (percent-encoded) to text: invalid UTF-8 replaced, cut to
-/// [`MAX_MESSAGE`] bytes on a character boundary.
+/// [`MAX_SEEN_MESSAGE`] bytes on a character boundary.
 fn decode_message(raw: &[u8]) -> String {
     let mut s = percent_encoding::percent_decode(raw)
         .decode_utf8_lossy()
         .into_owned();
-    cut_text(&mut s, MAX_MESSAGE);
+    truncate_text(&mut s, MAX_SEEN_MESSAGE);
     s
 }
 
 /// Cuts `s` to at most `max` bytes on a character boundary, marking the cut with '…'.
-pub(crate) fn cut_text(s: &mut String, max: usize) {
+pub(crate) fn truncate_text(s: &mut String, max: usize) {
     if s.len() > max {
         let mut cut = max;
         while !s.is_char_boundary(cut) {
@@ -152,10 +152,10 @@ mod tests {
     #[test]
     fn messages_are_decoded_leniently_and_cut() {
         assert_eq!(decode_message(b"bad %ZZ and %FF"), "bad %ZZ and \u{FFFD}");
-        let long = "é".repeat(MAX_MESSAGE);
+        let long = "é".repeat(MAX_SEEN_MESSAGE);
         let cut = decode_message(long.as_bytes());
         assert!(
-            cut.ends_with('…') && cut.len() <= MAX_MESSAGE + '…'.len_utf8(),
+            cut.ends_with('…') && cut.len() <= MAX_SEEN_MESSAGE + '…'.len_utf8(),
             "{}",
             cut.len()
         );

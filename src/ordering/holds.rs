@@ -131,7 +131,7 @@ pub(crate) fn update_due(
 
 /// The message of a long hold ended as a refusal (`[ordering] refuse_held_after`): what the
 /// container waits for, for how long, and the "network is not ready" tail that makes kubelet
-/// retry within 1–1.5 s (KUBELET-CRI §1.3). Bounded: at most [`crate::status::MAX_MESSAGE`].
+/// retry within 1–1.5 s (KUBELET-CRI §1.3). Bounded: at most [`crate::status::MAX_SEEN_MESSAGE`].
 pub(crate) fn held_refusal(
     pod: &str,
     container: &str,
@@ -422,7 +422,7 @@ mod tests {
             Duration::from_secs(1),
             Duration::from_secs(90),
         );
-        assert!(msg.len() <= crate::status::MAX_MESSAGE, "{}", msg.len());
+        assert!(msg.len() <= crate::status::MAX_SEEN_MESSAGE, "{}", msg.len());
         assert!(
             msg.contains("network is not ready"),
             "kubelet's fast retry needs the tail: {msg}"

@@ -404,7 +404,7 @@ pub(crate) fn for_log(
 ) -> String {
     let v = decode_skim(rpc, dir, msg, true);
     let mut s = v.to_string();
-    crate::status::cut_text(&mut s, max);
+    crate::status::truncate_text(&mut s, max);
     s
 }
 

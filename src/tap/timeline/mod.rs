@@ -35,7 +35,7 @@ pub use text::text;
 /// Longest name (pod, namespace, container, method, image) kept, in characters.
 pub(crate) const MAX_NAME: usize = 96;
 /// Longest grpc-message kept, in characters.
-pub(crate) const MAX_MESSAGE: usize = 240;
+pub(crate) const MAX_SHOWN_MESSAGE: usize = 240;
 /// Width of the terminal view.
 pub const TEXT_WIDTH: usize = 100;
 /// Most failed calls listed under the SVG chart.
@@ -83,7 +83,7 @@ impl Call {
         } else if !self.container_name.is_empty() {
             self.container_name.clone()
         } else if !self.container_id.is_empty() {
-            format!("id={}", cut(&self.container_id, 12))
+            format!("id={}", fit(&self.container_id, 12))
         } else if !self.image.is_empty() {
             self.image.clone()
         } else {
@@ -123,8 +123,9 @@ pub struct Parsed {
     pub malformed: usize,
 }
 
-/// `s` without control characters, cut to `max` characters (with `…` when cut).
-pub(crate) fn cut(s: &str, max: usize) -> String {
+/// `s` fitted to `max` characters for the layout: control characters removed, cut with `…`
+/// (the tenant rule, `tenant::cut`, has escaped it already where the text came from a pod).
+pub(crate) fn fit(s: &str, max: usize) -> String {
     let mut out: String = s
         .chars()
         .take(max)
@@ -141,7 +142,7 @@ pub(crate) fn cut(s: &str, max: usize) -> String {
 /// (`crate::tenant`: control, bidi and other format characters as `\u{..}`, the work bounded by
 /// the cap), then cut to `max` characters for the layout.
 fn clean(s: &str, max: usize) -> String {
-    cut(&crate::tenant::cut(s, 4 * max), max)
+    fit(&crate::tenant::cut(s, 4 * max), max)
 }
 
 fn text_field(v: &Value, key: &str, max: usize) -> String {
@@ -191,7 +192,7 @@ pub fn call_of(v: &Value) -> Option<Call> {
         container_id: text_field(v, "container_id", MAX_NAME),
         image: text_field(v, "image", MAX_NAME),
         code_name: text_field(v, "code_name", MAX_NAME),
-        message: text_field(v, "message", MAX_MESSAGE),
+        message: text_field(v, "message", MAX_SHOWN_MESSAGE),
     })
 }
 
@@ -392,7 +393,7 @@ fn header(pod: &Pod) -> String {
     let failed = pod.calls.iter().filter(|c| !c.ok()).count();
     format!(
         "{} — {} calls over {} from {} · {held} held · {failed} failed or refused",
-        cut(&pod.id(), 2 * MAX_NAME),
+        fit(&pod.id(), 2 * MAX_NAME),
         pod.calls.len(),
         dur(t1 - t0),
         humantime::format_rfc3339_millis(start)

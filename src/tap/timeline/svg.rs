@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use super::{cut, dur, header, note, Call, Pod, MAX_LISTED_FAILURES};
+use super::{dur, fit, header, note, Call, Pod, MAX_LISTED_FAILURES};
 
 /// Text for XML: `&<>"'` escaped; characters XML 1.0 cannot carry at all replaced.
 pub(crate) fn xml_escape(s: &str) -> String {
@@ -141,8 +141,8 @@ pub fn svg(pod: &Pod) -> String {
             s,
             r##"<text x="{LABEL_X}" y="{ty}">{method}</text><text x="150" y="{ty}" fill="#333333">{target}</text>"##,
             ty = y + 14.0,
-            method = xml_escape(&cut(&c.method, 18)),
-            target = xml_escape(&cut(&c.target(), 24)),
+            method = xml_escape(&fit(&c.method, 18)),
+            target = xml_escape(&fit(&c.target(), 24)),
         );
         // At least 2 px, so that a sub-millisecond call in a minute-long timeline still shows.
         let (bar_y, bar_h) = (y + 4.0, ROW_H - 8.0);
@@ -188,7 +188,7 @@ pub fn svg(pod: &Pod) -> String {
                 r#"<text x="{LABEL_X}" y="{}" fill="{}">{}</text>"#,
                 y + 16.0 * (i + 1) as f64,
                 colour::FAILED,
-                xml_escape(&cut(&line, 150))
+                xml_escape(&fit(&line, 150))
             );
         }
     }

@@ -27,10 +27,10 @@ fn call(
 
 #[test]
 fn cut_bounds_and_cleans() {
-    assert_eq!(cut("abc", 5), "abc");
-    assert_eq!(cut("abcdef", 4), "abc…");
-    assert_eq!(cut("a\u{1b}[31mb", 10), "a?[31mb");
-    assert_eq!(cut(&"é".repeat(1000), 8).chars().count(), 8);
+    assert_eq!(fit("abc", 5), "abc");
+    assert_eq!(fit("abcdef", 4), "abc…");
+    assert_eq!(fit("a\u{1b}[31mb", 10), "a?[31mb");
+    assert_eq!(fit(&"é".repeat(1000), 8).chars().count(), 8);
 }
 
 #[test]

@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use super::{cut, dur, header, note, Pod};
+use super::{dur, fit, header, note, Pod};
 
 /// The terminal view: a header, a time axis, one row per call; never wider than `width`
 /// characters (at least 80).
@@ -58,16 +58,11 @@ pub fn text(pod: &Pod, width: usize) -> String {
             .collect();
         let row = format!(
             "{:<METHOD$} {:<TARGET$} |{cells}| {}",
-            cut(&c.method, METHOD),
-            cut(&c.target(), TARGET),
+            fit(&c.method, METHOD),
+            fit(&c.target(), TARGET),
             note(c)
         );
         let _ = writeln!(out, "{}", fit(&row, width));
     }
     out
-}
-
-/// `s` cut to `width` characters.
-fn fit(s: &str, width: usize) -> String {
-    cut(s, width)
 }
