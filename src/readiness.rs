@@ -377,7 +377,7 @@ impl std::fmt::Display for Cidr {
 /// no queue of their own: a probe connects only while it holds its slot.
 ///
 /// The exec probes' limiter also paces each pod on its own ([`ProbeLimiter::per_pod_rate`],
-/// issue #33): a pod takes at most that many turns a second (a tenth of a second's worth at
+/// issue #33): a pod takes at most that many turns a second (a quarter of a second's worth at
 /// once), waited for before its probe asks for a slot, so one pod with many exec-probed
 /// sidecars cannot spend the node's whole per-second budget and keeps no slot idle meanwhile.
 pub(crate) struct ProbeLimiter {
@@ -394,7 +394,7 @@ pub(crate) struct ProbeLimiter {
 
 /// The pods' own token buckets. A full bucket carries nothing a new one would not (it starts
 /// full), so full ones are dropped when the map grows: its size is bounded by the pods that
-/// probed within the last tenth of a second or so, not by every pod the node ever ran.
+/// probed within the last quarter of a second or so, not by every pod the node ever ran.
 struct PodBuckets {
     by_pod: HashMap<String, Bucket>,
     /// The map is swept of full buckets when it reaches this size (then twice what is left, at
@@ -611,12 +611,14 @@ impl ProbeLimiter {
         }
     }
 
-    /// Paces each pod to `per_second` turns (see [`ProbeLimiter::pod_turn`]), a tenth of a
-    /// second's worth at once. A pod's rate at or above the node's would add nothing: it is
+    /// Paces each pod to `per_second` turns (see [`ProbeLimiter::pod_turn`]), a quarter of a
+    /// second's worth at once (kubelet creating a pod's few app containers one after the other
+    /// probes its sidecars once per CreateContainer: five at the default rate wait for
+    /// nothing). A pod's rate at or above the node's would add nothing: it is
     /// not kept, and pods are paced by the node's rate alone.
     pub(crate) fn per_pod_rate(mut self, per_second: u32) -> ProbeLimiter {
         let rate = f64::from(per_second.max(1));
-        self.pod_rate = (rate < self.rate).then_some((rate, (rate / 10.0).max(1.0)));
+        self.pod_rate = (rate < self.rate).then_some((rate, (rate / 4.0).max(1.0)));
         self
     }
 
@@ -1073,8 +1075,8 @@ mod tests {
         assert!(Instant::now() <= t + Duration::from_secs(1));
     }
 
-    /// Issue #33: a pod's own turns (the exec probes' per-pod rate): a tenth of a second's worth
-    /// at once, then `rate` a second in the order asked; one that cannot come before its deadline
+    /// Issue #33: a pod's own turns (the exec probes' per-pod rate): a quarter of a second's
+    /// worth at once, then `rate` a second in the order asked; one that cannot come before its deadline
     /// is refused at once and leaves no debt; another pod's turns are its own. Kept buckets stay
     /// bounded by the pods probing lately, not by every pod ever probed.
     #[tokio::test(start_paused = true)]
@@ -1082,8 +1084,9 @@ mod tests {
         let l = ProbeLimiter::new(4, 50).per_pod_rate(20);
         let t = Instant::now();
         let far = t + Duration::from_secs(60);
-        assert_eq!(l.pod_turn("a", far).await, Ok(Duration::ZERO));
-        assert_eq!(l.pod_turn("a", far).await, Ok(Duration::ZERO));
+        for _ in 0..5 {
+            assert_eq!(l.pod_turn("a", far).await, Ok(Duration::ZERO));
+        }
         let e = l
             .pod_turn("a", Instant::now() + Duration::from_millis(10))
             .await
