@@ -273,6 +273,10 @@ pub struct OrderingConfig {
     pub max_exec_probes_in_flight: usize,
     /// Most exec readiness probes started per second, node-wide.
     pub exec_probes_per_second: u32,
+    /// Most exec readiness probes started per second for one pod (all its sidecars together;
+    /// above `exec_probes_per_second` it is that). A pod with many exec-probed sidecars waits
+    /// for its own turns instead of spending the node's (issue #33).
+    pub exec_probes_per_pod_per_second: u32,
     /// Most runtime reads per second crisp makes for its held calls' repeated checks and its
     /// Job watchers, node-wide (a held call's first read and kubelet's own calls are never
     /// paced). With N calls held, each re-checks about every N / this many seconds.
@@ -310,6 +314,7 @@ impl Default for OrderingConfig {
             probe_connects_per_second: 200,
             max_exec_probes_in_flight: 4,
             exec_probes_per_second: 50,
+            exec_probes_per_pod_per_second: 20,
             runtime_reads_per_second: 100,
             max_runtime_reads_in_flight: 16,
             refuse_held_after: DEFAULT_REFUSE_HELD_AFTER,
@@ -476,6 +481,14 @@ impl Config {
         if !(1..=MAX_PROBE_CONNECTS_PER_SECOND).contains(&self.ordering.exec_probes_per_second) {
             return Err(bad(
                 "ordering.exec_probes_per_second",
+                format!("must be between 1 and {MAX_PROBE_CONNECTS_PER_SECOND}"),
+            ));
+        }
+        if !(1..=MAX_PROBE_CONNECTS_PER_SECOND)
+            .contains(&self.ordering.exec_probes_per_pod_per_second)
+        {
+            return Err(bad(
+                "ordering.exec_probes_per_pod_per_second",
                 format!("must be between 1 and {MAX_PROBE_CONNECTS_PER_SECOND}"),
             ));
         }

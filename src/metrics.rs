@@ -62,6 +62,11 @@ pub struct OrderingMetrics {
     pub probe_limited: Counter,
     /// CNI pods whose network namespace could not be found or entered.
     pub(crate) probe_netns_failures: Counter,
+    /// Exec probes that waited for a turn of their pod's own exec rate, then ran.
+    pub(crate) exec_probe_pod_paced: Counter,
+    /// Exec probes not run this round because their pod's own exec rate had no turn before
+    /// the probe's end.
+    pub(crate) exec_probe_pod_limited: Counter,
 }
 
 impl Default for OrderingMetrics {
@@ -83,6 +88,8 @@ impl Default for OrderingMetrics {
             probe_connects: Counter::default(),
             probe_limited: Counter::default(),
             probe_netns_failures: Counter::default(),
+            exec_probe_pod_paced: Counter::default(),
+            exec_probe_pod_limited: Counter::default(),
         }
     }
 }
@@ -144,6 +151,16 @@ impl OrderingMetrics {
             "crisp_probe_netns_failures",
             "CNI pods whose network namespace crisp could not find or enter (probes of their loopback fail)",
             self.probe_netns_failures.clone(),
+        );
+        reg.register(
+            "crisp_exec_probe_pod_paced",
+            "Exec readiness probes that waited for a turn of their pod's own rate (ordering.exec_probes_per_pod_per_second)",
+            self.exec_probe_pod_paced.clone(),
+        );
+        reg.register(
+            "crisp_exec_probe_pod_limited",
+            "Exec readiness probes not run this round because their pod's own rate had no turn before the probe timeout",
+            self.exec_probe_pod_limited.clone(),
         );
     }
 }
@@ -504,6 +521,8 @@ mod tests {
             ("crisp_probe_connects_total", "counter", "TCP connections opened by readiness probes."),
             ("crisp_probe_limited_total", "counter", "Readiness probes not run this round because a node-wide probe bound was reached."),
             ("crisp_probe_netns_failures_total", "counter", "CNI pods whose network namespace crisp could not find or enter (probes of their loopback fail)."),
+            ("crisp_exec_probe_pod_paced_total", "counter", "Exec readiness probes that waited for a turn of their pod's own rate (ordering.exec_probes_per_pod_per_second)."),
+            ("crisp_exec_probe_pod_limited_total", "counter", "Exec readiness probes not run this round because their pod's own rate had no turn before the probe timeout."),
         ] {
             let want = format!("# HELP {name} {help}\n# TYPE {name} {kind}\n");
             assert!(out.contains(&want), "missing {want:?} in\n{out}");

@@ -375,6 +375,11 @@ impl std::fmt::Display for Cidr {
 /// sidecars never get ready, however many probes it queues, cannot keep another pod's probe
 /// waiting: that one takes a slot left free for others, or the next one freed. Connects need
 /// no queue of their own: a probe connects only while it holds its slot.
+///
+/// The exec probes' limiter also paces each pod on its own ([`ProbeLimiter::per_pod_rate`],
+/// issue #33): a pod takes at most that many turns a second (a quarter of a second's worth at
+/// once), waited for before its probe asks for a slot, so one pod with many exec-probed
+/// sidecars cannot spend the node's whole per-second budget and keeps no slot idle meanwhile.
 pub(crate) struct ProbeLimiter {
     max_in_flight: usize,
     per_pod: usize,
@@ -382,7 +387,23 @@ pub(crate) struct ProbeLimiter {
     rate: f64,
     burst: f64,
     bucket: Mutex<Bucket>,
+    /// Each pod's own rate and burst; `None`: pods are paced only by the node's rate.
+    pod_rate: Option<(f64, f64)>,
+    pod_buckets: Mutex<PodBuckets>,
 }
+
+/// The pods' own token buckets. A full bucket carries nothing a new one would not (it starts
+/// full), so full ones are dropped when the map grows: its size is bounded by the pods that
+/// probed within the last quarter of a second or so, not by every pod the node ever ran.
+struct PodBuckets {
+    by_pod: HashMap<String, Bucket>,
+    /// The map is swept of full buckets when it reaches this size (then twice what is left, at
+    /// least [`POD_BUCKETS_SWEEP`]), so the sweeps cost O(1) a probe amortised.
+    sweep_at: usize,
+}
+
+/// Fewest pods' buckets kept before the full ones are swept.
+const POD_BUCKETS_SWEEP: usize = 256;
 
 /// Who holds and who waits for the probe slots.
 #[derive(Default)]
@@ -540,6 +561,33 @@ struct Bucket {
     at: Instant,
 }
 
+impl Bucket {
+    /// Refills the bucket to `now` at `rate` (capped at `burst`).
+    fn refill(&mut self, now: Instant, rate: f64, burst: f64) {
+        self.tokens = (self.tokens + now.saturating_duration_since(self.at).as_secs_f64() * rate)
+            .min(burst);
+        self.at = now;
+    }
+
+    /// Takes a token that is there, or will be by `deadline`, and says how long until it is;
+    /// `None` (nothing taken) when it would come too late. Tokens go below zero for the turns
+    /// already promised, so turns are handed out in the order they were asked for.
+    fn reserve(&mut self, rate: f64, burst: f64, deadline: Instant) -> Option<Duration> {
+        let now = Instant::now();
+        self.refill(now, rate, burst);
+        let wait = if self.tokens >= 1.0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64((1.0 - self.tokens) / rate)
+        };
+        if now + wait > deadline {
+            return None;
+        }
+        self.tokens -= 1.0;
+        Some(wait)
+    }
+}
+
 impl ProbeLimiter {
     pub(crate) fn new(max_in_flight: usize, connects_per_second: u32) -> ProbeLimiter {
         let rate = f64::from(connects_per_second.max(1));
@@ -555,7 +603,61 @@ impl ProbeLimiter {
                 tokens: burst,
                 at: Instant::now(),
             }),
+            pod_rate: None,
+            pod_buckets: Mutex::new(PodBuckets {
+                by_pod: HashMap::new(),
+                sweep_at: POD_BUCKETS_SWEEP,
+            }),
         }
+    }
+
+    /// Paces each pod to `per_second` turns (see [`ProbeLimiter::pod_turn`]), a quarter of a
+    /// second's worth at once (kubelet creating a pod's few app containers one after the other
+    /// probes its sidecars once per CreateContainer: five at the default rate wait for
+    /// nothing). A pod's rate at or above the node's would add nothing: it is
+    /// not kept, and pods are paced by the node's rate alone.
+    pub(crate) fn per_pod_rate(mut self, per_second: u32) -> ProbeLimiter {
+        let rate = f64::from(per_second.max(1));
+        self.pod_rate = (rate < self.rate).then_some((rate, (rate / 4.0).max(1.0)));
+        self
+    }
+
+    /// A turn of `pod`'s own rate, waited for until `deadline` at most: `Ok` with how long it
+    /// waited (zero for a pod within its burst), or why not, at once, when the turn would come
+    /// after the deadline (nothing is taken then, so a probe that gives up leaves no debt). A
+    /// limiter without a per-pod rate always answers `Ok(0)`.
+    pub(crate) async fn pod_turn(&self, pod: &str, deadline: Instant) -> Result<Duration, String> {
+        let Some((rate, burst)) = self.pod_rate else {
+            return Ok(Duration::ZERO);
+        };
+        let wait = {
+            let mut buckets = self.pod_buckets.lock();
+            let now = Instant::now();
+            if !buckets.by_pod.contains_key(pod) && buckets.by_pod.len() >= buckets.sweep_at {
+                buckets.by_pod.retain(|_, b| {
+                    b.refill(now, rate, burst);
+                    b.tokens < burst
+                });
+                buckets.sweep_at = (2 * buckets.by_pod.len()).max(POD_BUCKETS_SWEEP);
+            }
+            let bucket = buckets.by_pod.entry(pod.to_string()).or_insert(Bucket {
+                tokens: burst,
+                at: now,
+            });
+            bucket.reserve(rate, burst, deadline).ok_or_else(|| {
+                format!("per-pod probe limit: {rate} a second")
+            })?
+        };
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+        Ok(wait)
+    }
+
+    /// Pods with a bucket kept (full ones are swept as the map grows).
+    #[cfg(test)]
+    pub(crate) fn pod_buckets(&self) -> usize {
+        self.pod_buckets.lock().by_pod.len()
     }
 
     fn lock_slots(&self) -> MutexGuard<'_, Slots> {
@@ -631,27 +733,16 @@ impl ProbeLimiter {
     /// Leave to open one connection, waited for until `deadline` at most. A token is taken only
     /// when it will be there in time, so a probe that gives up leaves no debt behind.
     pub(crate) async fn connect(&self, deadline: Instant) -> Result<(), String> {
-        let wait = {
-            let mut bucket = self.bucket.lock();
-            let now = Instant::now();
-            bucket.tokens = (bucket.tokens
-                + now.saturating_duration_since(bucket.at).as_secs_f64() * self.rate)
-                .min(self.burst);
-            bucket.at = now;
-            let wait = if bucket.tokens >= 1.0 {
-                Duration::ZERO
-            } else {
-                Duration::from_secs_f64((1.0 - bucket.tokens) / self.rate)
-            };
-            if now + wait > deadline {
-                return Err(format!(
+        let wait = self
+            .bucket
+            .lock()
+            .reserve(self.rate, self.burst, deadline)
+            .ok_or_else(|| {
+                format!(
                     "node-wide probe limit: {} connects per second",
                     self.rate
-                ));
-            }
-            bucket.tokens -= 1.0;
-            wait
-        };
+                )
+            })?;
         if !wait.is_zero() {
             tokio::time::sleep(wait).await;
         }
@@ -982,6 +1073,44 @@ mod tests {
         }
         assert_eq!(n, 100, "connects in the first second after the burst");
         assert!(Instant::now() <= t + Duration::from_secs(1));
+    }
+
+    /// Issue #33: a pod's own turns (the exec probes' per-pod rate): a quarter of a second's
+    /// worth at once, then `rate` a second in the order asked; one that cannot come before its deadline
+    /// is refused at once and leaves no debt; another pod's turns are its own. Kept buckets stay
+    /// bounded by the pods probing lately, not by every pod ever probed.
+    #[tokio::test(start_paused = true)]
+    async fn a_pods_own_turns_are_paced_and_bounded() {
+        let l = ProbeLimiter::new(4, 50).per_pod_rate(20);
+        let t = Instant::now();
+        let far = t + Duration::from_secs(60);
+        for _ in 0..5 {
+            assert_eq!(l.pod_turn("a", far).await, Ok(Duration::ZERO));
+        }
+        let e = l
+            .pod_turn("a", Instant::now() + Duration::from_millis(10))
+            .await
+            .unwrap_err();
+        assert!(e.contains("per-pod probe limit: 20 a second"), "{e}");
+        assert_eq!(l.pod_turn("b", far).await, Ok(Duration::ZERO), "b's own");
+        assert_eq!(Instant::now(), t);
+        let mut n = 0;
+        while l.pod_turn("a", t + Duration::from_secs(1)).await.is_ok() {
+            n += 1;
+        }
+        assert_eq!(n, 20, "a's turns in the first second after its burst");
+        // 10,000 pods probing once each, 100 a second: only the last ones' buckets are kept.
+        for i in 0..10_000 {
+            l.pod_turn(&format!("pod-{i}"), Instant::now() + Duration::from_secs(1)).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            assert!(l.pod_buckets() <= 2 * POD_BUCKETS_SWEEP, "{}", l.pod_buckets());
+        }
+        // At or above the node's rate a pod's rate adds nothing: not kept.
+        let l = ProbeLimiter::new(4, 50).per_pod_rate(50);
+        for _ in 0..100 {
+            assert_eq!(l.pod_turn("a", far).await, Ok(Duration::ZERO));
+        }
+        assert_eq!(l.pod_buckets(), 0);
     }
 
     /// A probe connects through its environment (the pod's namespace in the engine), never

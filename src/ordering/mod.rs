@@ -98,7 +98,7 @@ pub struct Engine {
     containers: DashMap<String, ContainerRef>,
     /// The node-wide bounds on probing (in flight, connects per second).
     limiter: ProbeLimiter,
-    /// The node-wide bounds on exec probes (in flight, a pod's share, per second): their own.
+    /// The bounds on exec probes (in flight and per second, node-wide and per pod): their own.
     exec_limiter: ProbeLimiter,
     /// The node-wide bound on crisp's repeated runtime reads (held calls, Job watchers).
     reads: reads::ReadLimiter,
@@ -138,7 +138,8 @@ impl Engine {
             exec_limiter: ProbeLimiter::new(
                 cfg.ordering.max_exec_probes_in_flight,
                 cfg.ordering.exec_probes_per_second,
-            ),
+            )
+            .per_pod_rate(cfg.ordering.exec_probes_per_pod_per_second),
             reads: reads::ReadLimiter::new(
                 cfg.ordering.runtime_reads_per_second,
                 cfg.ordering.max_runtime_reads_in_flight,

@@ -232,13 +232,25 @@ impl readiness::ProbeEnv for ProbeTarget<'_> {
     }
 
     /// Under the exec probes' own budget, not the connects' (issue #33: each ExecSync is a
-    /// process started in a container): an exec slot of the node's, a pod holding at most its
+    /// process started in a container): a turn of the pod's own exec rate (waited for before
+    /// anything of the node's is taken), an exec slot of the node's, a pod holding at most its
     /// share, and a turn of the node's exec rate; over by the probe's end whatever the waits
     /// took.
     async fn exec(&self, cmd: &[String], timeout: Duration) -> Result<i32, String> {
         let limiter = &self.engine.exec_limiter;
+        let metrics = &self.engine.metrics;
+        match limiter.pod_turn(&self.pod.sandbox_id, self.deadline).await {
+            Ok(waited) if !waited.is_zero() => {
+                metrics.exec_probe_pod_paced.inc();
+            }
+            Ok(_) => {}
+            Err(e) => {
+                metrics.exec_probe_pod_limited.inc();
+                return Err(format!("exec {e}"));
+            }
+        }
         let limited = |e: String| {
-            self.engine.metrics.probe_limited.inc();
+            metrics.probe_limited.inc();
             format!("exec {e}")
         };
         let _slot = limiter

@@ -2,6 +2,7 @@
 //! annotation may aim a probe, the pod's network namespace, and the node-wide pace of exec probes.
 
 use super::*;
+use crate::readiness::Readiness;
 
 /// A pod annotation aimed at an address that is not the pod's: one warning and one
 /// `crisp_bad_annotations_total` per pod however often it is probed, nothing connected to, and
@@ -152,4 +153,83 @@ async fn a_sidecar_judged_ready_is_not_execd_again_in_the_same_hold() {
     let execs = fake.script().execs.clone();
     assert_eq!(execs.get("fast"), Some(&1), "{execs:?}");
     assert!(execs["slow"] >= 15, "{execs:?}");
+}
+
+/// Issue #33: exec probes have a per-pod per-second budget besides the node's. Pod A has 20
+/// exec-probed sidecars that never get ready, pod B one; each sidecar is probed again 50 ms
+/// after its last probe ended (the default interval) for 10 s, on the node's default budget
+/// (50 execs a second, 4 at once, 20 a second for one pod). Counted each second: A runs at
+/// most its own 20 (+ its burst of 5 in the first second) and leaves the rest of the node's
+/// rate to B, whose probes run every round.
+#[tokio::test(start_paused = true)]
+async fn one_pod_cannot_spend_the_nodes_exec_rate() {
+    let fake = Fake::default();
+    let engine = pod_with(&fake, &[], &[], |c| {
+        c.ordering.probe_interval = 50 * MS;
+    });
+    let cfg = &engine.cfg;
+    let (interval, node_rate) = (cfg.probe_interval, cfg.exec_probes_per_second);
+    let pod_rate = cfg.exec_probes_per_pod_per_second;
+    assert_eq!((node_rate, pod_rate), (50, 20), "the defaults this test is about");
+    let stop = tokio::time::Instant::now() + 10 * S;
+    let mut probers = Vec::new();
+    for (sandbox, sidecars) in [("pod-a", 20), ("pod-b", 1)] {
+        let pod = engine.pod_by_id(ApiVersion::V1, sandbox).await.unwrap();
+        for i in 0..sidecars {
+            let name = format!("{sandbox}-{i}");
+            let id = fake.add(&name, Some(now()));
+            fake.set(&name, |c| c.ready = None);
+            let sidecar = annotations::Sidecar {
+                name,
+                ready: Readiness::Exec {
+                    cmd: vec!["true".into()],
+                },
+                required: true,
+                tenant: None,
+            };
+            let (engine, pod) = (engine.clone(), pod.clone());
+            probers.push(tokio::spawn(async move {
+                while tokio::time::Instant::now() < stop {
+                    engine.probe(ApiVersion::V1, &pod, &sidecar, &id).await;
+                    tokio::time::sleep(interval).await;
+                }
+            }));
+        }
+    }
+    let execs_of = |fake: &Fake, pod: &str| -> usize {
+        let s = fake.script();
+        s.execs
+            .iter()
+            .filter(|(name, _)| name.starts_with(pod))
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let (mut a0, mut b0) = (0, 0);
+    let mut per_second = Vec::new();
+    for second in 0..10 {
+        tokio::time::sleep(S).await;
+        let (a, b) = (execs_of(&fake, "pod-a"), execs_of(&fake, "pod-b"));
+        per_second.push((a - a0, b - b0));
+        let burst = if second == 0 { pod_rate as usize / 4 } else { 0 };
+        assert!(
+            a - a0 <= pod_rate as usize + burst,
+            "second {second}: pod A ran {} execs (B {}); per second so far {per_second:?}",
+            a - a0,
+            b - b0
+        );
+        (a0, b0) = (a, b);
+    }
+    for p in probers {
+        p.await.unwrap();
+    }
+    // B asks every 50 ms after its probe: about 20 rounds a second, each of which runs.
+    for (second, (_, b)) in per_second.iter().enumerate() {
+        assert!(*b >= 15, "second {second}: pod B ran {b} execs: {per_second:?}");
+    }
+    assert!(
+        engine.metrics.exec_probe_pod_limited.get() + engine.metrics.exec_probe_pod_paced.get()
+            > 0,
+        "A's waits and refusals are counted"
+    );
+    println!("execs per second (A, B): {per_second:?}");
 }
