@@ -73,6 +73,12 @@ pub(crate) fn human(p: &pb::Pod, now: SystemTime) -> String {
         head.push_str(&format!("  refusals {}", p.refusals));
     }
     out.push(head);
+    if p.isolation.starts_with("isolated") {
+        out.push(format!(
+            "  {}: probed at the pod IP from crisp's namespace or by exec, never at its loopback",
+            t(&p.isolation)
+        ));
+    }
     for h in &p.held {
         let mut why = format!(
             "  HELD {} {}: waiting for {}: {}",
@@ -186,6 +192,7 @@ pub(crate) fn pod_json(p: &pb::Pod) -> Value {
         "start_timeout_ms": p.effective_start_timeout_ms,
         "timeout_policy": c(&p.effective_timeout_policy),
         "refusals": p.refusals,
+        "isolation": c(&p.isolation),
         "sidecars": p.sidecars.iter().map(|s| json!({
             "name": c(&s.name),
             "ready": c(&s.ready),
