@@ -49,8 +49,9 @@ fn wall_ns() -> i64 {
         .unwrap_or(0)
 }
 
-/// The pod IP of pod `uid` as containerd reports it, once it has one.
-async fn pod_ip(st: &Stack, uid: &str) -> Result<IpAddr> {
+/// The pod IP of pod `uid` and its runtime handler, as containerd reports them, once it has an
+/// IP. (The handler is how crisp classifies a pod it learns of after a restart.)
+async fn pod_ip(st: &Stack, uid: &str) -> Result<(IpAddr, String)> {
     let mut rt = st.direct().await?;
     let deadline = tokio::time::Instant::now() + STEP;
     while tokio::time::Instant::now() < deadline {
@@ -74,11 +75,15 @@ async fn pod_ip(st: &Stack, uid: &str) -> Result<IpAddr> {
                 .await?
                 .into_inner()
                 .status;
+            let handler = status
+                .as_ref()
+                .map(|s| s.runtime_handler.clone())
+                .unwrap_or_default();
             if let Some(ip) = status
                 .and_then(|s| s.network)
                 .and_then(|n| n.ip.parse().ok())
             {
-                return Ok(ip);
+                return Ok((ip, handler));
             }
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -116,7 +121,8 @@ async fn isolated_sidecar_is_judged_ready_through_the_pod_ip() -> Result<()> {
         "name: isolated\nnamespace: tenant\nruntimeClassName: isolated\nannotations:\n  crisp.dev/sidecars: proxy\n  crisp.dev/ready.proxy: \"http://:18082/\"\n  crisp.dev/start-timeout: 20s\ncontainers:\n  - name: proxy\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 3; mkdir -p /www; echo ok > /www/index.html; httpd -f -p 18082 -h /www & wait\"]\n{APP}"
     );
     let uid = st.kubelet.add_pod(pod(&yaml))?;
-    let ip = pod_ip(&st, &uid).await?;
+    let (ip, handler) = pod_ip(&st, &uid).await?;
+    assert_eq!(handler, "isolated", "the runtime reports the pod's handler");
     let ready_at = first_accept(SocketAddr::new(ip, 18082)).await?;
     st.wait_all_running(&uid, STEP).await?;
     let (proxy, app) = (
