@@ -152,7 +152,7 @@ mod tests {
     #[test]
     fn a_hostile_handler_is_cut_and_escaped() {
         let long = format!("runc{}", "x".repeat(10_000));
-        let i = Isolation::classify(&long, &[long.clone()]);
+        let i = Isolation::classify(&long, std::slice::from_ref(&long));
         assert!(i.is_isolated(), "too long to be any configured handler");
         assert!(i.handler().len() <= MAX_HANDLER + 32, "{}", i.handler().len());
         let evil = Isolation::classify("kata\n\u{1b}[31mfake log line", &shared());
