@@ -279,6 +279,29 @@ mod tests {
         );
     }
 
+    /// Issue #35: an isolated pod says so under its first line (and in the JSON); a
+    /// shared-kernel pod's view is unchanged.
+    #[test]
+    fn an_isolated_pod_says_how_it_is_probed() {
+        let now = UNIX_EPOCH + Duration::from_millis(1_700_000_002_500);
+        let mut p = pod();
+        p.isolation = "isolated (handler kata\u{1b}[2J)".into();
+        let text = human(&p, now);
+        let line = text.lines().nth(1).unwrap();
+        assert_eq!(
+            line,
+            "  isolated (handler kata\\u{1b}[2J): probed at the pod IP from crisp's namespace or by exec, never at its loopback"
+        );
+        assert_eq!(
+            pod_json(&p)["isolation"],
+            "isolated (handler kata\\u{1b}[2J)",
+            "cut and escaped like every tenant string"
+        );
+        p.isolation = "shared kernel (handler runc)".into();
+        assert_eq!(human(&p, now), human(&pod(), now));
+        assert_eq!(pod_json(&p)["isolation"], "shared kernel (handler runc)");
+    }
+
     #[test]
     fn json_has_stable_keys() {
         let v = pod_json(&pod());
