@@ -8,6 +8,7 @@
 #
 # Packages:
 #   containerd runc containernetworking-plugins   the real runtime under test
+#   jq                                            hack/isolated-runc (the e2e "isolated" handler)
 #   busybox-static umoci                          hermetic images (hack/images.sh)
 #   socat iproute2 iptables                       demo / CNI bridge cleanup
 #   protobuf-compiler                             protoc for tonic/prost build scripts
@@ -25,6 +26,7 @@ set -euo pipefail
 PACKAGES=(
   containerd
   runc
+  jq
   containernetworking-plugins
   busybox-static
   umoci
@@ -103,7 +105,7 @@ apt-get install -y -qq --no-install-recommends "${missing[@]}" \
   || die "apt-get install ${missing[*]} failed"
 
 # Check the binaries the harness relies on really are there now.
-for bin in containerd ctr runc umoci busybox socat protoc ip iptables go debootstrap systemd-nspawn; do
+for bin in containerd ctr runc jq umoci busybox socat protoc ip iptables go debootstrap systemd-nspawn; do
   command -v "$bin" >/dev/null 2>&1 || die "'$bin' still not on PATH after install"
 done
 [[ -x /usr/lib/cni/bridge ]] || die "/usr/lib/cni/bridge missing after installing containernetworking-plugins"

@@ -289,6 +289,7 @@ async fn pod_to_proto(
             terminated,
         }),
         runtime_error: listed.err().unwrap_or_default(),
+        isolation: p.isolation().map(ToString::to_string).unwrap_or_default(),
     }
 }
 

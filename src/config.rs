@@ -58,6 +58,8 @@ pub struct Config {
     pub admin: AdminConfig,
     /// When crisp counts itself as stuck (`src/watchdog.rs`).
     pub watchdog: WatchdogConfig,
+    /// Where readiness probes run, by the pod's runtime handler (isolated pods).
+    pub readiness: ReadinessConfig,
 }
 
 impl Default for Config {
@@ -75,6 +77,7 @@ impl Default for Config {
             injectors: Vec::new(),
             admin: AdminConfig::default(),
             watchdog: WatchdogConfig::default(),
+            readiness: ReadinessConfig::default(),
         }
     }
 }
@@ -322,6 +325,53 @@ impl Default for OrderingConfig {
     }
 }
 
+// --- [readiness]: isolation-aware probing (issue #35; DESIGN.md §3.2, "Isolated pods") ---
+
+/// `[readiness]`: how crisp reaches a pod's sidecars, by the pod's runtime handler.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReadinessConfig {
+    /// Runtime handlers (RunPodSandbox's `runtime_handler`, a RuntimeClass's `handler`) whose
+    /// containers share the node's kernel and the sandbox's network namespace: their probes run
+    /// inside that namespace. `""` is the runtime's default handler (runc on containerd and
+    /// CRI-O unless configured otherwise): listed by default; a node whose default runtime is
+    /// Kata or gVisor removes it. Any handler not listed is isolated: probed at the pod IP from
+    /// crisp's own namespace, never at its loopback.
+    pub shared_kernel_handlers: Vec<String>,
+}
+
+/// Most entries of `[readiness] shared_kernel_handlers`.
+pub const MAX_SHARED_KERNEL_HANDLERS: usize = 64;
+
+impl Default for ReadinessConfig {
+    fn default() -> Self {
+        ReadinessConfig {
+            shared_kernel_handlers: ["", "runc", "crun"].map(String::from).to_vec(),
+        }
+    }
+}
+
+impl ReadinessConfig {
+    /// Each handler `""` or a DNS-1123 label (what Kubernetes accepts as a RuntimeClass
+    /// handler), at most [`MAX_SHARED_KERNEL_HANDLERS`] of them.
+    fn validate(&self) -> Result<(), String> {
+        if self.shared_kernel_handlers.len() > MAX_SHARED_KERNEL_HANDLERS {
+            return Err(format!("more than {MAX_SHARED_KERNEL_HANDLERS} handlers"));
+        }
+        match self
+            .shared_kernel_handlers
+            .iter()
+            .find(|h| !h.is_empty() && !crate::tenant::is_dns1123_label(h))
+        {
+            Some(bad) => Err(format!(
+                "{} is not a runtime handler name (a DNS-1123 label, or \"\" for the runtime's default)",
+                crate::tenant::text(bad, 64)
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Job mode (DESIGN.md §5).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -510,6 +560,9 @@ impl Config {
                 format!("more than {MAX_PROBE_ALLOW} networks"),
             ));
         }
+        self.readiness
+            .validate()
+            .map_err(|m| bad("readiness.shared_kernel_handlers", m))?;
         if self.job.poll_interval.is_zero() {
             return Err(bad("job.poll_interval", "must be greater than 0".into()));
         }

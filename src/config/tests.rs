@@ -252,3 +252,34 @@ fn injector_rules_name_containers_as_kubernetes_does() {
         "{e}"
     );
 }
+
+/// `[readiness] shared_kernel_handlers` (issue #35): the default lists the runtime's default
+/// handler, runc and crun; each entry must be `""` or a DNS-1123 label, at most 64 of them.
+#[test]
+fn readiness_handlers_are_validated() {
+    let c = Config::from_toml("", "t").unwrap();
+    assert_eq!(c.readiness.shared_kernel_handlers, ["", "runc", "crun"]);
+    let c = Config::from_toml("[readiness]\nshared_kernel_handlers = [\"runc\"]\n", "t").unwrap();
+    assert_eq!(c.readiness.shared_kernel_handlers, ["runc"]);
+    for bad in [
+        "\"Kata\"",
+        "\"runc \"",
+        "\"a\\nb\"",
+        &format!("\"{}\"", "a".repeat(64)),
+    ] {
+        let e = err(&format!("[readiness]\nshared_kernel_handlers = [{bad}]\n"));
+        assert!(
+            e.contains("readiness.shared_kernel_handlers") && e.contains("not a runtime handler"),
+            "{bad}: {e}"
+        );
+        assert!(!e.contains('\n'), "escaped: {e:?}");
+    }
+    let many: Vec<String> = (0..=MAX_SHARED_KERNEL_HANDLERS)
+        .map(|i| format!("\"h{i}\""))
+        .collect();
+    let e = err(&format!(
+        "[readiness]\nshared_kernel_handlers = [{}]\n",
+        many.join(",")
+    ));
+    assert!(e.contains("more than 64 handlers"), "{e}");
+}

@@ -15,6 +15,7 @@ use super::decide::{self, Check, CreatePlan, Snapshot, WaitStep};
 use super::holds;
 use super::init_guess::Judgement;
 use super::pod::{container_name, ContainerRef};
+use super::probes::Probed;
 use super::{now, record_span, Engine, Pod};
 use crate::config::TimeoutPolicy;
 use crate::cri::views;
@@ -93,7 +94,22 @@ impl Engine {
                     container_id,
                 } => {
                     let known = judged_ready.get(&sidecar.name) == Some(&container_id);
-                    let ready = known || self.probe(version, pod, sidecar, &container_id).await;
+                    let probed_now = if known {
+                        Probed::Ready
+                    } else {
+                        self.probe(version, pod, sidecar, &container_id).await
+                    };
+                    let ready = match probed_now {
+                        Probed::Ready => true,
+                        Probed::NotReady => false,
+                        // Never probeable (an isolated pod's loopback): the pod's timeout
+                        // policy now rather than at its start timeout — proceed counts the
+                        // running sidecar as ready, fail refuses the create with the reason.
+                        Probed::Unreachable(why) => match self.start_policy(pod).1 {
+                            TimeoutPolicy::Proceed => true,
+                            TimeoutPolicy::Fail => return Check::FailFast(why),
+                        },
+                    };
                     if ready && !known {
                         judged_ready.insert(sidecar.name.clone(), container_id);
                     }

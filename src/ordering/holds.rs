@@ -79,6 +79,8 @@ impl Waiting {
             .find(|s| reason.contains(&format!("{:?}", s.name)));
         let kind = if reason.contains("not created") {
             "not created"
+        } else if reason.contains("cannot be probed in an isolated pod") {
+            "cannot be probed"
         } else {
             "not running"
         };

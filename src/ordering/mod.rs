@@ -38,6 +38,7 @@ mod engine_tests;
 pub(crate) mod holds;
 mod init_guess;
 pub(crate) mod injectors;
+mod isolation;
 pub mod job;
 mod names;
 mod pod;
@@ -111,6 +112,8 @@ pub struct Engine {
     shutdown: CancellationToken,
     /// When this engine (this crisp) started, by the wall clock the runtime dates things with.
     started_wall: std::time::SystemTime,
+    /// `[readiness] shared_kernel_handlers`: the runtime handlers whose pods are not isolated.
+    shared_kernel: Vec<String>,
 }
 
 impl Engine {
@@ -149,6 +152,7 @@ impl Engine {
             tasks: TaskTracker::new(),
             shutdown: CancellationToken::new(),
             started_wall: std::time::SystemTime::now(),
+            shared_kernel: cfg.readiness.shared_kernel_handlers.clone(),
         })
     }
 
@@ -344,7 +348,9 @@ impl Engine {
                 );
                 pod.created_at
                     .store(status.created_at, std::sync::atomic::Ordering::Relaxed);
-                Some(self.insert_pod(version, pod, warnings))
+                let pod = self.insert_pod(version, pod, warnings);
+                self.classify(&pod, &status.runtime_handler);
+                Some(pod)
             }
             // A sandbox the runtime does not know (already removed; critest stops one on
             // purpose): nothing to order, and the runtime answers the call itself.
@@ -415,10 +421,26 @@ impl Engine {
             return;
         };
         if let Some(config) = request.config.as_ref() {
-            self.pod_from_config(
+            let pod = self.pod_from_config(
                 call.route.version.unwrap_or(ApiVersion::V1),
                 &response.pod_sandbox_id,
                 config,
+            );
+            self.classify(&pod, &request.runtime_handler);
+        }
+    }
+
+    /// Classifies `pod` by its runtime `handler` (`isolation.rs`), unless it already is: the
+    /// first answer stands (the handler of a sandbox never changes).
+    fn classify(&self, pod: &Pod, handler: &str) {
+        let isolation = isolation::Isolation::classify(handler, &self.shared_kernel);
+        let isolated = isolation.is_isolated();
+        if pod.isolation.set(isolation).is_ok() && isolated && pod.policy.has_sidecars() {
+            tracing::info!(
+                pod_namespace = %pod.namespace,
+                pod_name = %pod.name,
+                isolation = %pod.isolation().map(ToString::to_string).unwrap_or_default(),
+                "isolated runtime handler: probing the pod's sidecars at the pod IP from crisp's own network namespace, never at its loopback"
             );
         }
     }

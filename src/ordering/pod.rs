@@ -7,7 +7,7 @@
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, MutexGuard};
@@ -17,6 +17,7 @@ use super::decide;
 use super::holds;
 use super::init_guess::{annotations_fingerprint, InitGuess};
 use super::injectors::InjectorRule;
+use super::isolation::Isolation;
 use crate::config::SidecarRule;
 use crate::cri::views;
 use crate::netns::NetNs;
@@ -38,6 +39,11 @@ pub struct Pod {
     pub(super) tenant_warned: Mutex<HashSet<String>>,
     /// Said that its network namespace cannot be found: once a pod, whoever probes first.
     pub(super) netns_warned: AtomicBool,
+    /// Shared-kernel or isolated, by its runtime handler: set at RunPodSandbox, or from the
+    /// runtime's PodSandboxStatus when crisp learnt of the pod later (a restart).
+    pub(super) isolation: OnceLock<Isolation>,
+    /// Said that a sidecar's readiness target cannot be probed in it (isolated): once a pod.
+    pub(super) isolation_warned: AtomicBool,
     stop: Mutex<StopWindow>,
     pub(super) job_watched: AtomicBool,
     /// Init or regular? For containers no annotation names (see [`InitGuess`]).
@@ -77,6 +83,9 @@ pub(super) enum PodNs {
     /// A CNI pod whose namespace could not be found: probes of its IP go from the node's
     /// namespace, probes of loopback fail with this reason.
     Unknown(String),
+    /// An isolated pod (`isolation.rs`): its IP is probed from crisp's own namespace, as kubelet
+    /// does; the sandbox's host-side namespace is never entered, its loopback never probed.
+    Isolated,
 }
 
 impl PodNet {
@@ -128,6 +137,8 @@ impl Pod {
             net: Mutex::new(None),
             tenant_warned: Mutex::new(HashSet::new()),
             netns_warned: AtomicBool::new(false),
+            isolation: OnceLock::new(),
+            isolation_warned: AtomicBool::new(false),
             stop: Mutex::new(StopWindow::default()),
             job_watched: AtomicBool::new(false),
             init_guess: Mutex::new(InitGuess::default()),
@@ -177,6 +188,11 @@ impl Pod {
     pub(super) fn budget_end(&self) -> Option<Instant> {
         let window = self.stop.lock();
         window.first.map(|first| decide::later(first, window.grace))
+    }
+
+    /// How crisp probes this pod, once it knows the pod's runtime handler.
+    pub(crate) fn isolation(&self) -> Option<&Isolation> {
+        self.isolation.get()
     }
 
     /// The last probe of `sidecar`, if crisp probed it.

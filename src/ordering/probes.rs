@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::annotations::Sidecar;
+use super::isolation;
 use super::pod::{PodNet, PodNs};
 use super::{Engine, Pod};
 use crate::cri::ApiVersion;
@@ -47,6 +48,10 @@ impl Engine {
                 return None;
             }
         };
+        let handler = status
+            .status
+            .as_ref()
+            .map(|sandbox| sandbox.runtime_handler.clone());
         let network = status
             .status
             .and_then(|sandbox| sandbox.network)
@@ -58,8 +63,16 @@ impl Engine {
         if ips.is_empty() && !pod.host_network {
             return None; // Not networked yet: ask again next time.
         }
+        // A pod crisp learnt of after its RunPodSandbox (a restart): the runtime says which
+        // handler it runs with.
+        if let Some(handler) = handler {
+            self.classify(pod, &handler);
+        }
+        let isolated = pod.isolation().is_some_and(|i| i.is_isolated());
         let ns = if pod.host_network {
             PodNs::Host
+        } else if isolated {
+            PodNs::Isolated
         } else {
             let info = status.info.get("info").map(String::as_str);
             match netns::resolve(info, &pod.sandbox_id) {
@@ -125,19 +138,25 @@ impl Engine {
 
     /// Probes one sidecar and keeps the result on the pod (why it is not ready, for operators).
     /// Bounded: one probe slot of the node's (waited for within the probe timeout), the probe
-    /// itself within what is left of it.
+    /// itself within what is left of it. A readiness target an isolated pod keeps out of
+    /// crisp's reach is not probed at all ([`Probed::Unreachable`]).
     pub(super) async fn probe(
         &self,
         version: ApiVersion,
         pod: &Pod,
         sidecar: &Sidecar,
         container_id: &str,
-    ) -> bool {
+    ) -> Probed {
         let deadline = tokio::time::Instant::now() + self.cfg.probe_timeout;
+        let mut unreachable = None;
         let result = async {
             let ready = self.checked_ready(version, pod, sidecar).await?;
             if *ready == Readiness::Running {
                 return Ok(());
+            }
+            if let Some(why) = self.unreachable(version, pod, &sidecar.name, ready).await {
+                unreachable = Some(why.clone());
+                return Err(why);
             }
             let _slot = self
                 .limiter
@@ -165,8 +184,53 @@ impl Engine {
         .await;
         let ready = result.is_ok();
         pod.note_probe(&sidecar.name, result);
-        ready
+        match unreachable {
+            Some(why) => Probed::Unreachable(why),
+            None if ready => Probed::Ready,
+            None => Probed::NotReady,
+        }
     }
+
+    /// Why `ready` (the readiness crisp would probe for sidecar `name`) cannot be probed in
+    /// `pod`, if the pod is isolated and the target is its loopback. Said once per pod: a log
+    /// line naming the pod and the handler; each probe's result carries it for `crisp pods`.
+    async fn unreachable(
+        &self,
+        version: ApiVersion,
+        pod: &Pod,
+        name: &str,
+        ready: &Readiness,
+    ) -> Option<String> {
+        let target = isolation::unreachable_target(ready)?;
+        if pod.host_network {
+            return None;
+        }
+        if pod.isolation().is_none() {
+            // Not classified yet (crisp restarted): the runtime's status says the handler.
+            self.pod_net(version, pod).await;
+        }
+        let isolation = pod.isolation().filter(|i| i.is_isolated())?;
+        let why = isolation::unreachable_reason(name, target, isolation);
+        if !pod.isolation_warned.swap(true, Relaxed) {
+            tracing::warn!(
+                pod_namespace = %pod.namespace,
+                pod_name = %pod.name,
+                "pod {}: {why}; falling back to the pod's timeout policy now, not at its start timeout",
+                pod.display()
+            );
+        }
+        Some(why)
+    }
+}
+
+/// What one probe of a sidecar found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Probed {
+    Ready,
+    NotReady,
+    /// It cannot be probed at all (an isolated pod's loopback): the hold falls back to the
+    /// pod's timeout policy at once. The reason, said once per pod.
+    Unreachable(String),
 }
 
 /// What a readiness probe of one sidecar reaches through the engine: the pod's IP (from the
@@ -208,6 +272,22 @@ impl readiness::ProbeEnv for ProbeTarget<'_> {
             format!("cannot enter the pod's network namespace: {why}")
         };
         let socket = match net.as_deref().map(|net| &net.ns) {
+            // Caught before the probe (`Engine::unreachable`); never the node's loopback.
+            Some(PodNs::Isolated) if local => {
+                return Err(format!(
+                    "connect {addr}: an isolated pod's loopback cannot be probed"
+                ))
+            }
+            Some(PodNs::Isolated) => {
+                engine.metrics.probe_connects.inc();
+                return readiness::connect_here(addr).await.map_err(|e| {
+                    if e.contains("refused") {
+                        e + isolation::REFUSED_HINT
+                    } else {
+                        e
+                    }
+                });
+            }
             Some(PodNs::Pod(ns)) => Some(
                 ns.socket(addr.is_ipv6())
                     .await

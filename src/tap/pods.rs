@@ -73,6 +73,12 @@ pub(crate) fn human(p: &pb::Pod, now: SystemTime) -> String {
         head.push_str(&format!("  refusals {}", p.refusals));
     }
     out.push(head);
+    if p.isolation.starts_with("isolated") {
+        out.push(format!(
+            "  {}: probed at the pod IP from crisp's namespace or by exec, never at its loopback",
+            t(&p.isolation)
+        ));
+    }
     for h in &p.held {
         let mut why = format!(
             "  HELD {} {}: waiting for {}: {}",
@@ -186,6 +192,7 @@ pub(crate) fn pod_json(p: &pb::Pod) -> Value {
         "start_timeout_ms": p.effective_start_timeout_ms,
         "timeout_policy": c(&p.effective_timeout_policy),
         "refusals": p.refusals,
+        "isolation": c(&p.isolation),
         "sidecars": p.sidecars.iter().map(|s| json!({
             "name": c(&s.name),
             "ready": c(&s.ready),
@@ -270,6 +277,29 @@ mod tests {
             lines[2],
             "  1. proxy  ready: tcp://:9999  state: running  last probe 2.5s ago: connect 10.0.0.5:9999: Connection refused (os error 111)"
         );
+    }
+
+    /// Issue #35: an isolated pod says so under its first line (and in the JSON); a
+    /// shared-kernel pod's view is unchanged.
+    #[test]
+    fn an_isolated_pod_says_how_it_is_probed() {
+        let now = UNIX_EPOCH + Duration::from_millis(1_700_000_002_500);
+        let mut p = pod();
+        p.isolation = "isolated (handler kata\u{1b}[2J)".into();
+        let text = human(&p, now);
+        let line = text.lines().nth(1).unwrap();
+        assert_eq!(
+            line,
+            "  isolated (handler kata\\u{1b}[2J): probed at the pod IP from crisp's namespace or by exec, never at its loopback"
+        );
+        assert_eq!(
+            pod_json(&p)["isolation"],
+            "isolated (handler kata\\u{1b}[2J)",
+            "cut and escaped like every tenant string"
+        );
+        p.isolation = "shared kernel (handler runc)".into();
+        assert_eq!(human(&p, now), human(&pod(), now));
+        assert_eq!(pod_json(&p)["isolation"], "shared kernel (handler runc)");
     }
 
     #[test]

@@ -174,6 +174,11 @@ pub struct PodSpec {
     /// spec.hostNetwork
     #[serde(default)]
     pub host_network: bool,
+    /// spec.runtimeClassName, sent as RunPodSandbox's `runtime_handler` as is (the emulator
+    /// has no RuntimeClass objects: each class's handler is its name). Empty: the runtime's
+    /// default handler.
+    #[serde(default)]
+    pub runtime_class_name: String,
     /// spec.initContainers
     #[serde(default)]
     pub init_containers: Vec<ContainerSpec>,
@@ -206,6 +211,7 @@ const POD_KEYS: &[&str] = &[
     "restartPolicy",
     "terminationGracePeriodSeconds",
     "hostNetwork",
+    "runtimeClassName",
     "initContainers",
     "containers",
 ];
@@ -309,6 +315,7 @@ impl PodSpec {
             restart_policy: RestartPolicy::Always,
             termination_grace_period_seconds: default_grace(),
             host_network: false,
+            runtime_class_name: String::new(),
             init_containers: Vec::new(),
             containers,
         }

@@ -22,6 +22,7 @@ mod native_sidecars;
 mod observe;
 mod ordering;
 mod pods;
+mod probe_isolated;
 mod probe_netns;
 mod prometheus;
 mod reliability_crisp_chaos;

@@ -75,6 +75,8 @@ struct Script {
     status_annotations: HashMap<String, String>,
     /// The node-wide ListContainers fails (the runtime is down).
     down: bool,
+    /// The runtime handler PodSandboxStatus reports (`""`: the runtime's default).
+    handler: String,
 }
 
 #[derive(Default, Clone)]
@@ -190,9 +192,9 @@ impl Runtime for Fake {
         _: ApiVersion,
         id: &'a str,
     ) -> Answer<'a, views::PodSandboxStatusResponse> {
-        let (annotations, ip) = {
+        let (annotations, ip, runtime_handler) = {
             let s = self.script();
-            (s.annotations.clone(), s.ip.clone())
+            (s.annotations.clone(), s.ip.clone(), s.handler.clone())
         };
         let status = views::PodSandboxStatus {
             id: id.into(),
@@ -207,6 +209,7 @@ impl Runtime for Fake {
                 ip,
                 additional_ips: Vec::new(),
             }),
+            runtime_handler,
             ..Default::default()
         };
         ready(Ok(views::PodSandboxStatusResponse {
@@ -494,6 +497,7 @@ mod job_mode;
 mod live_holds;
 mod native;
 mod probing;
+mod isolated;
 mod read_bound;
 mod start_order;
 mod stop_order;

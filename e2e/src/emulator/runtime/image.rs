@@ -1,5 +1,5 @@
 //! kubelet's `kuberuntime_image.go` and `images.EnsureImageExists`: the image a container needs,
-//! pulled by its pull policy.
+//! pulled by its pull policy (KUBELET-CRI §1.1a).
 
 use super::*;
 

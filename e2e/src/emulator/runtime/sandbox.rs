@@ -19,7 +19,7 @@ impl Runtime {
             )
         })?;
         self.cri
-            .run_pod_sandbox(config, String::new(), pod.meta())
+            .run_pod_sandbox(config, spec.runtime_class_name.clone(), pod.meta())
             .await
             .map_err(|s| {
                 format!(
