@@ -478,3 +478,151 @@ fn a_malformed_listen_fds_is_a_clear_error() {
         "{text}"
     );
 }
+
+/// A grpc-go client's calls (`crisp-grpcgo call`, kubelet's client library): `method` with
+/// `hex`, four in flight at a time on one connection, for `secs`; its JSON summary line.
+fn grpcgo_calls(sock: &Path, method: &str, hex: &str, secs: u32) -> (String, serde_json::Value) {
+    let out = Command::new(crate::node_support::grpcgo())
+        .args(["call", "--target"])
+        .arg(sock)
+        .args(["--method", method, "--hex", hex, "--timeout", "60s"])
+        // kubelet's socket-path :authority is relayed as is (grpc_go_wire::), and the fake
+        // runtime's h2 server refuses it (containerd does not): the authority other clients send.
+        .args(["--authority", "localhost"])
+        .args([
+            "--concurrency",
+            "4",
+            "--duration",
+            &format!("{secs}s"),
+            "--errors",
+        ])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["summary"] == true)
+        .unwrap_or_else(|| panic!("no summary from crisp-grpcgo: {text}"));
+    (text, summary)
+}
+
+/// kubernetes#126440 (docs/SUPPORT.md): kubelets 1.29.0–1.29.8, 1.30.0–1.30.4 and 1.31.0 can leave
+/// an init container stuck for good after one StartContainer fails with "error reading from
+/// server: EOF", what a proxy dying under a call produces. A crisp upgrade the way crisp.service
+/// does it (SIGTERM, then the new binary on the socket systemd kept) must fail no such call:
+/// grpc-go clients keep StartContainer and CreateContainer calls (800 ms each at the runtime) in
+/// flight across the restart; the calls in flight at SIGTERM finish on the old crisp, the client
+/// moves to the new one after GOAWAY, and not one call fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_on_the_kept_socket_fails_no_start_or_create_container_in_flight() {
+    let dir = tempdir();
+    let rt = slow_start_runtime(&dir.path().join("runtime.sock"), Duration::from_millis(800)).await;
+    let sock = dir.path().join("crisp.sock");
+    // The test plays PID 1 with crisp.socket: it owns the listening socket for the whole test.
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let notify = Notify::at_path(&dir.path().join("notify.sock"));
+    let sock_s = sock.display().to_string();
+    let rt_s = rt.path.display().to_string();
+    let start = |n: usize| {
+        let log = dir.path().join(format!("crisp-{n}.log"));
+        let mut c = crisp_command(
+            dir.path(),
+            &["--listen", &sock_s, "--upstream", &rt_s],
+            &log,
+        );
+        c.env("NOTIFY_SOCKET", &notify.env);
+        spawn(with_listen_fd(c, listener.as_raw_fd(), &log), &log)
+    };
+    let mut old = start(0);
+    notify.wait_for("READY=1", T).await;
+
+    let s = sock.clone();
+    let starts = tokio::task::spawn_blocking(move || {
+        grpcgo_calls(
+            &s,
+            "/runtime.v1.RuntimeService/StartContainer",
+            "0a026331",
+            6,
+        )
+    });
+    let s = sock.clone();
+    // CreateContainerRequest { pod_sandbox_id: "sb" }
+    let creates = tokio::task::spawn_blocking(move || {
+        grpcgo_calls(
+            &s,
+            "/runtime.v1.RuntimeService/CreateContainer",
+            "0a027362",
+            6,
+        )
+    });
+    // Both clients' calls are flowing: eight answered.
+    let t = std::time::Instant::now();
+    while rt.calls.lock().unwrap().len() < 8 {
+        assert!(
+            t.elapsed() < T,
+            "the grpc-go calls never reached the runtime"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let term_at = std::time::Instant::now();
+    old.signal(libc::SIGTERM);
+    let status = tokio::task::block_in_place(|| old.wait_exit(T));
+    assert!(status.success(), "{status}: {}", old.log_text());
+    let mut new = start(1);
+    notify.wait_for("READY=1", T).await;
+    let up_at = std::time::Instant::now();
+
+    let mut failures = Vec::new();
+    let mut lines = Vec::new();
+    for (what, h) in [("StartContainer", starts), ("CreateContainer", creates)] {
+        let (text, summary) = h.await.unwrap();
+        let (ok, failed, goaways) = (
+            summary["ok"].as_u64().unwrap_or(0),
+            summary["failed"].as_u64().unwrap_or(0),
+            summary["wire"]["goaway_recv"].as_u64().unwrap_or(0),
+        );
+        if failed > 0 || text.contains("EOF") || text.contains("Unavailable") {
+            failures.push(format!("{what}: {text}"));
+        }
+        assert!(
+            goaways >= 1,
+            "{what}: the client's connection was never drained by GOAWAY: {text}"
+        );
+        lines.push(format!(
+            "{what}: {ok} ok, {failed} failed, {goaways} GOAWAY"
+        ));
+    }
+    let calls = rt.calls.lock().unwrap().clone();
+    let in_flight = calls
+        .iter()
+        .filter(|(a, b)| *a < term_at && *b > term_at)
+        .count();
+    let after = calls.iter().filter(|(a, _)| *a > up_at).count();
+    assert!(
+        failures.is_empty(),
+        "calls failed across the upgrade:\n{}\n--- old crisp\n{}\n--- new crisp\n{}",
+        failures.join("\n"),
+        old.log_text(),
+        new.log_text()
+    );
+    assert!(
+        in_flight >= 1,
+        "no call was in flight at SIGTERM: the test proved nothing"
+    );
+    assert!(
+        after >= 1,
+        "no call reached the runtime through the new crisp"
+    );
+    eprintln!(
+        "upgrade on the kept socket: {}; {in_flight} calls in flight at the runtime at SIGTERM, {after} through the new crisp",
+        lines.join("; ")
+    );
+    new.signal(libc::SIGTERM);
+    assert!(tokio::task::block_in_place(|| new.wait_exit(T)).success());
+    drop(listener);
+}
