@@ -1681,8 +1681,10 @@ fn unit_stopped(journal: &str, unit: &str) -> Option<f64> {
 #[ignore = "needs Kubernetes binaries: CRISP_KUBE_BIN_DIR=... cargo test --test it -- cluster_rollout:: --ignored"]
 fn graceful_node_shutdown_stops_legacy_sidecars_after_their_apps() {
     let bins = kube_bin_dir();
-    let _bridge = BridgeGuard;
+    // The bridge guard only once this lane holds the host's ports: a failed `up` (another
+    // cluster lane running) must not delete that lane's bridge.
     let cluster = Cluster::up(&bins);
+    let _bridge = BridgeGuard;
 
     let (direct, direct_stops) = shutdown_run(&cluster, &bins, false);
     for p in &direct {
