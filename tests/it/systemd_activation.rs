@@ -479,10 +479,33 @@ fn a_malformed_listen_fds_is_a_clear_error() {
     );
 }
 
+/// `crisp-grpcgo`: hack/build-grpcgo.sh builds it once (cached in target/grpcgo) and prints its
+/// path.
+fn grpcgo_client() -> std::path::PathBuf {
+    let built = Command::new("bash")
+        .arg(Path::new(REPO).join("hack/build-grpcgo.sh"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("running hack/build-grpcgo.sh");
+    assert!(
+        built.status.success(),
+        "hack/build-grpcgo.sh (needs golang-go and golang-google-grpc-dev): {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    std::path::PathBuf::from(String::from_utf8_lossy(&built.stdout).trim())
+}
+
 /// A grpc-go client's calls (`crisp-grpcgo call`, kubelet's client library): `method` with
-/// `hex`, four in flight at a time on one connection, for `secs`; its JSON summary line.
-fn grpcgo_calls(sock: &Path, method: &str, hex: &str, secs: u32) -> (String, serde_json::Value) {
-    let out = Command::new(crate::node_support::grpcgo())
+/// `hex`, `count` calls four at a time on one connection (each worker starts its next call as
+/// the last one is answered); its JSON summary line.
+fn grpcgo_calls(
+    bin: &Path,
+    sock: &Path,
+    method: &str,
+    hex: &str,
+    count: u32,
+) -> (String, serde_json::Value) {
+    let out = Command::new(bin)
         .args(["call", "--target"])
         .arg(sock)
         .args(["--method", method, "--hex", hex, "--timeout", "60s"])
@@ -492,8 +515,8 @@ fn grpcgo_calls(sock: &Path, method: &str, hex: &str, secs: u32) -> (String, ser
         .args([
             "--concurrency",
             "4",
-            "--duration",
-            &format!("{secs}s"),
+            "--count",
+            &count.to_string(),
             "--errors",
         ])
         .output()
@@ -515,9 +538,10 @@ fn grpcgo_calls(sock: &Path, method: &str, hex: &str, secs: u32) -> (String, ser
 /// an init container stuck for good after one StartContainer fails with "error reading from
 /// server: EOF", what a proxy dying under a call produces. A crisp upgrade the way crisp.service
 /// does it (SIGTERM, then the new binary on the socket systemd kept) must fail no such call:
-/// grpc-go clients keep StartContainer and CreateContainer calls (800 ms each at the runtime) in
-/// flight across the restart; the calls in flight at SIGTERM finish on the old crisp, the client
-/// moves to the new one after GOAWAY, and not one call fails.
+/// grpc-go clients keep StartContainer and CreateContainer calls (800 ms each at the runtime, 40
+/// each, four at a time: 8 s of calls) in flight across the restart; the calls in flight at
+/// SIGTERM finish on the old crisp, the client moves to the new one after GOAWAY, and not one
+/// call fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upgrade_on_the_kept_socket_fails_no_start_or_create_container_in_flight() {
     let dir = tempdir();
@@ -541,23 +565,26 @@ async fn an_upgrade_on_the_kept_socket_fails_no_start_or_create_container_in_fli
     let mut old = start(0);
     notify.wait_for("READY=1", T).await;
 
-    let s = sock.clone();
+    let bin = grpcgo_client();
+    let (s, b) = (sock.clone(), bin.clone());
     let starts = tokio::task::spawn_blocking(move || {
         grpcgo_calls(
+            &b,
             &s,
             "/runtime.v1.RuntimeService/StartContainer",
             "0a026331",
-            6,
+            40,
         )
     });
     let s = sock.clone();
     // CreateContainerRequest { pod_sandbox_id: "sb" }
     let creates = tokio::task::spawn_blocking(move || {
         grpcgo_calls(
+            &bin,
             &s,
             "/runtime.v1.RuntimeService/CreateContainer",
             "0a027362",
-            6,
+            40,
         )
     });
     // Both clients' calls are flowing: eight answered.
@@ -612,7 +639,16 @@ async fn an_upgrade_on_the_kept_socket_fails_no_start_or_create_container_in_fli
     );
     assert!(
         in_flight >= 1,
-        "no call was in flight at SIGTERM: the test proved nothing"
+        "no call was in flight at SIGTERM: the test proved nothing ({}; {} calls: {:?}; SIGTERM at {:?}, new crisp up at {:?})\n--- old crisp\n{}",
+        lines.join("; "),
+        calls.len(),
+        calls
+            .iter()
+            .map(|(a, b)| (a.duration_since(t), b.duration_since(t)))
+            .collect::<Vec<_>>(),
+        term_at.duration_since(t),
+        up_at.duration_since(t),
+        old.log_text()
     );
     assert!(
         after >= 1,
