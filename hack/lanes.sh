@@ -17,6 +17,8 @@
 #   cluster-rollout  cluster_rollout::the_installer_daemonset_rolls_out_and_back (~3–4 min)
 #   cluster-storm    cluster_rollout::a_kill_storm_under_a_real_kubelet, crisp SIGKILLed ~30 times
 #                    under pod churn, then no deadline and no leftover container (~5 min)
+#   node-shutdown    cluster_rollout::graceful_node_shutdown_stops_legacy_sidecars_after_their_apps,
+#                    kubelet's shutdown manager on `systemctl poweroff`, direct and via crisp (~2 min)
 #   soak             e2e soak_grpcgo::soak_10_minutes through hack/soak.sh (10 min)
 #
 # Environment:
@@ -40,7 +42,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
 PROG=hack/lanes.sh
-ALL=(probe-burst refusal-cost load cluster-join cluster-rollout cluster-storm soak)
+ALL=(probe-burst refusal-cost load cluster-join cluster-rollout cluster-storm node-shutdown soak)
 OUT="${OUT:-target/lanes}"
 KUBE_CACHE="${CRISP_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/crisp/kube-1.26}"
 KUBE_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
@@ -188,7 +190,7 @@ prereq() { # prereq LANE: sets $missing
     probe-burst) ;;
     refusal-cost | load) need_runtime ;;
     soak) need_runtime ;;
-    cluster-join | cluster-rollout | cluster-storm)
+    cluster-join | cluster-rollout | cluster-storm | node-shutdown)
       need_root
       need_tool systemd-nspawn systemd-container
       need_tool debootstrap
@@ -196,6 +198,8 @@ prereq() { # prereq LANE: sets $missing
       need_tool docker-registry
       need_tool kubectl "kubectl (any recent client; CRISP_KUBECTL names another)"
       [[ -x /usr/lib/cni/bridge ]] || need "CNI plugins in /usr/lib/cni" "install containernetworking-plugins (sudo hack/setup.sh)"
+      [[ $1 != node-shutdown || -x ${CRICTL:-$(command -v crictl)} ]] ||
+        need "crictl (cri-tools v1.26.1)" "CRICTL=PATH (see hack/conformance.sh)"
       if [[ $1 == cluster-rollout ]]; then
         need_tool skopeo
         local dist=${CRISP_DIST:-target/artifacts}
@@ -219,6 +223,7 @@ pattern() {
     cluster-join) echo 'control plane up|kubelet joined|a pod from the API|panicked|timed out' ;;
     cluster-rollout) echo 'control plane up|kubelet joined|before the install|refused config|^install:|hold reason|^ordered:|^uninstall:|panicked|timed out' ;;
     cluster-storm) echo 'control plane up|kubelet joined|^storm:|^deadline:|^leftover:|leftover\||terminating\||panicked|timed out' ;;
+    node-shutdown) echo 'control plane up|kubelet joined|^shutdown |powered off|panicked|timed out' ;;
     soak) echo '^== soak|CRISP_SEED|pods|calls|failed|GOAWAY|Broken pipe|RSS|CPU|panicked' ;;
   esac
 }
@@ -248,6 +253,10 @@ run_lane() {
     cluster-storm)
       CRISP_KUBE_BIN_DIR=$kube cargo test -p crisp --locked --test it -- \
         cluster_rollout::a_kill_storm_under_a_real_kubelet --exact --ignored --nocapture --test-threads 1
+      ;;
+    node-shutdown)
+      CRISP_KUBE_BIN_DIR=$kube cargo test -p crisp --locked --test it -- \
+        cluster_rollout::graceful_node_shutdown_stops_legacy_sidecars_after_their_apps --exact --ignored --nocapture --test-threads 1
       ;;
     soak)
       OUT="$OUT/soak" bash hack/soak.sh

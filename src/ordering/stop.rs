@@ -46,7 +46,14 @@ impl Engine {
         let Some(sidecar) = sidecar else {
             return Verdict::Forward;
         };
-        let hold_until = decide::stop_hold_end(arrived, grace, call.deadline);
+        // The hold ends before kubelet's deadline, and never past kubelet's own bound for the
+        // pod's termination (KUBELET-CRI §3.2): an app's preStop is waited for at most the grace
+        // period, then its StopContainer carries the whole grace again, so no app kubelet stops
+        // outlives twice the grace from the first stop. An app still running then is not being
+        // stopped by kubelet: holding on would only spend time kubelet never gave, at node
+        // shutdown beyond its shutdown manager's shortened period.
+        let hold_until = decide::stop_hold_end(arrived, grace, call.deadline)
+            .min(decide::later(budget_end, grace));
         let window = SidecarStop {
             sidecar,
             arrived,
@@ -126,7 +133,7 @@ impl Engine {
                         container_name = %name,
                         apps = %tenant::name_list(apps.iter().copied()),
                         sidecars = %tenant::name_list(sidecars.iter().copied()),
-                        "still running at kubelet's deadline; stopping the sidecar anyway"
+                        "still running at kubelet's deadline or twice the grace period; stopping the sidecar anyway"
                     );
                     break;
                 }

@@ -13,7 +13,13 @@
 //!   with its hold's reason in `kubectl get pod` and Events; then `deploy/uninstall/` puts
 //!   kubelet back on containerd with the same pods running. Every step is timed.
 //!
-//! Needs the binaries, so both are ignored by default:
+//! - `graceful_node_shutdown_stops_legacy_sidecars_after_their_apps` (issue #34): kubelet's
+//!   shutdown manager (logind's PrepareForShutdown on `systemctl poweroff`) stops pods with
+//!   legacy sidecars, direct and through crisp's systemd units; the runtime's exit times give the
+//!   order and the budget used, the node's journal the order systemd stopped the units in.
+//!   Needs crictl too (`CRICTL`, or on PATH).
+//!
+//! Needs the binaries, so all are ignored by default:
 //!   CRISP_KUBE_BIN_DIR=DIR cargo test --test it -- cluster_rollout:: --ignored --test-threads 1
 //! DIR holds kube-apiserver, kube-controller-manager, kube-scheduler and kubelet
 //! (hack/kube-binaries.sh builds them offline); etcd, docker-registry and skopeo come from
@@ -1247,4 +1253,513 @@ fn a_kill_storm_under_a_real_kubelet() {
         "containers of deleted pods still run: {leftover:#?}"
     );
     drop(node);
+}
+
+// ---- graceful node shutdown (issue #34) --------------------------------------------------------
+
+/// kubelet's shutdown manager: 20 s in all, the last 5 s for critical pods, so ordinary pods get
+/// a 15 s grace override (their own terminationGracePeriodSeconds is 60).
+const SHUTDOWN_CONFIG: &str = "shutdownGracePeriod: 20s\nshutdownGracePeriodCriticalPods: 5s\n";
+const SHUTDOWN_OVERRIDE: f64 = 15.0;
+/// A legacy sidecar: declared first (as Istio injects it), exits at once on SIGTERM.
+const SIDECAR: &str = "trap 'exit 0' TERM; sleep 3600 & wait";
+/// An app that takes 4 s to exit after SIGTERM.
+const SLOW_APP: &str = "trap 'sleep 4; exit 0' TERM; sleep 3600 & wait";
+/// An app that ignores SIGTERM (PID 1 without a handler): the runtime SIGKILLs it when the
+/// shortened grace is spent.
+const STUBBORN_APP: &str = "exec sleep 3600";
+
+fn shutdown_pod(name: &str, app: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\n  annotations:\n    crisp.dev/sidecars: \"proxy\"\nspec:\n  automountServiceAccountToken: false\n  terminationGracePeriodSeconds: 60\n  containers:\n  - name: proxy\n    image: crisp.test/busybox:latest\n    imagePullPolicy: IfNotPresent\n    command: [\"sh\", \"-c\", {SIDECAR:?}]\n  - name: app\n    image: crisp.test/busybox:latest\n    imagePullPolicy: IfNotPresent\n    command: [\"sh\", \"-c\", {app:?}]\n"
+    )
+}
+
+/// crictl (cri-tools 1.26, as hack/conformance.sh takes it): `CRICTL`, else the one on PATH.
+fn crictl() -> PathBuf {
+    let p = std::env::var_os("CRICTL")
+        .map(PathBuf::from)
+        .or_else(|| {
+            let o = run(Command::new("sh").args(["-c", "command -v crictl"]));
+            o.ok().then(|| PathBuf::from(o.stdout.trim()))
+        })
+        .expect("crictl: CRICTL=PATH (cri-tools v1.26.1, see hack/conformance.sh) or on PATH");
+    assert!(p.exists(), "CRICTL={} does not exist", p.display());
+    p
+}
+
+/// RFC 3339 (containerd's and kubectl's timestamps) to seconds since the epoch.
+fn epoch(ts: &str) -> f64 {
+    let o = run(Command::new("date").args(["-u", "-d", ts, "+%s.%N"]));
+    o.stdout
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("date -d {ts:?}: {}", o.all()))
+}
+
+/// One container as containerd recorded it.
+#[derive(Debug)]
+struct Exited {
+    pod: String,
+    name: String,
+    finished: f64,
+    exit_code: i64,
+}
+
+/// Every container of the default namespace's pods, from containerd's own records (crictl
+/// against containerd's socket, crisp or not), once none of `pods` runs any more.
+fn runtime_exits(node: &Node, pods: &[&str], within: Duration) -> Vec<Exited> {
+    let crictl = [
+        "/usr/local/bin/crictl",
+        "-r",
+        "unix:///run/containerd/containerd.sock",
+    ];
+    let t = Instant::now();
+    loop {
+        let mut args = crictl.to_vec();
+        args.extend(["ps", "-a", "-o", "json"]);
+        let o = node.nsenter(&args);
+        let j: serde_json::Value = serde_json::from_str(&o.stdout).unwrap_or_default();
+        let ours: Vec<&serde_json::Value> = j["containers"]
+            .as_array()
+            .map(|a| a.iter().collect())
+            .unwrap_or_default();
+        let ours: Vec<&serde_json::Value> = ours
+            .into_iter()
+            .filter(|c| {
+                pods.contains(&c["labels"]["io.kubernetes.pod.name"].as_str().unwrap_or(""))
+            })
+            .collect();
+        let done = ours.len() == 2 * pods.len()
+            && ours
+                .iter()
+                .all(|c| c["state"].as_str() == Some("CONTAINER_EXITED"));
+        if done {
+            return ours
+                .iter()
+                .map(|c| {
+                    let id = c["id"].as_str().unwrap();
+                    let mut args = crictl.to_vec();
+                    args.extend(["inspect", "-o", "json", id]);
+                    let i = node.nsenter(&args);
+                    let s: serde_json::Value = serde_json::from_str(&i.stdout)
+                        .unwrap_or_else(|e| panic!("crictl inspect {id}: {e}: {}", i.all()));
+                    Exited {
+                        pod: c["labels"]["io.kubernetes.pod.name"]
+                            .as_str()
+                            .unwrap()
+                            .to_string(),
+                        name: c["metadata"]["name"].as_str().unwrap().to_string(),
+                        finished: epoch(s["status"]["finishedAt"].as_str().unwrap()),
+                        exit_code: s["status"]["exitCode"].as_i64().unwrap_or(-1),
+                    }
+                })
+                .collect();
+        }
+        assert!(
+            t.elapsed() < within,
+            "the pods' containers never all exited: {}\n--- kubelet\n{}",
+            o.stdout,
+            node.nsenter(&["journalctl", "-u", "kubelet", "-n", "60", "--no-pager"])
+                .stdout
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// What one node-shutdown run measured, per pod: kubelet's first StopContainer for the pod
+/// (its journal), the timeouts it sent, and the runtime's exit times.
+struct ShutdownPod {
+    pod: String,
+    stop_start: f64,
+    timeouts: Vec<String>,
+    app: f64,
+    proxy: f64,
+    app_code: i64,
+    proxy_code: i64,
+}
+
+impl ShutdownPod {
+    fn line(&self) -> String {
+        format!(
+            "{}: kubelet's StopContainer timeouts {:?}; app exited +{:.2} s (code {}), sidecar +{:.2} s (code {}) after kubelet's first stop; sidecar {} the app ({:+.2} s)",
+            self.pod,
+            self.timeouts,
+            self.app - self.stop_start,
+            self.app_code,
+            self.proxy - self.stop_start,
+            self.proxy_code,
+            if self.proxy >= self.app { "after" } else { "BEFORE" },
+            self.proxy - self.app
+        )
+    }
+}
+
+/// Joins a node, configures kubelet's graceful node shutdown (and, `via_crisp`, installs crisp's
+/// units from systemd/ with this build's binary and points kubelet at crisp.sock), runs the
+/// slow-app and stubborn-app pods, then `systemctl poweroff` in the node: logind sends
+/// PrepareForShutdown, kubelet's shutdown manager stops the pods. A delay inhibitor of the
+/// test's own keeps the node up until containerd's exit times are read; then the node powers
+/// off and its journal gives the order in which systemd stopped the units.
+fn shutdown_run(cluster: &Cluster, bins: &Path, via_crisp: bool) -> (Vec<ShutdownPod>, String) {
+    let tag = if via_crisp { "crisp" } else { "direct" };
+    let (node, joined) = join(cluster, bins);
+    eprintln!("{tag}: kubelet joined, node Ready in {}", secs(joined));
+    // The test reads the runtime before the node goes: logind may wait up to 3 min for it.
+    node.put(
+        "/etc/systemd/logind.conf.d/50-lane.conf",
+        b"[Login]\nInhibitDelayMaxSec=180\n",
+        0o644,
+    );
+    let o = node.nsenter(&["systemctl", "restart", "systemd-logind.service"]);
+    assert!(o.ok(), "restart logind: {}", o.all());
+    node.put(
+        "/usr/local/bin/crictl",
+        &std::fs::read(crictl()).unwrap(),
+        0o755,
+    );
+    node.put(
+        "/var/lib/kubelet/config.yaml",
+        format!("{KUBELET_CONFIG}{SHUTDOWN_CONFIG}").as_bytes(),
+        0o644,
+    );
+    // V(2) logs each StopContainer's grace ("Killing container with a grace period").
+    node.put("/etc/default/kubelet", b"KUBELET_EXTRA_ARGS=--v=2\n", 0o644);
+    if via_crisp {
+        node.put(
+            "/usr/local/bin/crisp",
+            &std::fs::read(env!("CARGO_BIN_EXE_crisp")).unwrap(),
+            0o755,
+        );
+        for (from, to) in [
+            ("systemd/crisp.service", "/etc/systemd/system/crisp.service"),
+            ("systemd/crisp.socket", "/etc/systemd/system/crisp.socket"),
+            (
+                "systemd/kubelet.service.d/90-crisp.conf",
+                "/etc/systemd/system/kubelet.service.d/90-crisp.conf",
+            ),
+        ] {
+            node.put(
+                to,
+                &std::fs::read(Path::new(REPO).join(from)).unwrap(),
+                0o644,
+            );
+        }
+        node.put(
+            "/var/lib/kubelet/kubeadm-flags.env",
+            KUBEADM_FLAGS
+                .replace(
+                    "unix:///run/containerd/containerd.sock",
+                    "unix:///run/crisp/crisp.sock",
+                )
+                .as_bytes(),
+            0o644,
+        );
+        let o = node.nsenter(&["systemctl", "daemon-reload"]);
+        assert!(o.ok(), "{}", o.all());
+        let o = node.nsenter(&[
+            "systemctl",
+            "enable",
+            "--now",
+            "crisp.socket",
+            "crisp.service",
+        ]);
+        assert!(
+            o.ok(),
+            "start crisp: {}\n{}",
+            o.all(),
+            node.nsenter(&["journalctl", "-u", "crisp", "-n", "30", "--no-pager"])
+                .stdout
+        );
+    }
+    let o = node.nsenter(&["systemctl", "daemon-reload"]);
+    assert!(o.ok(), "{}", o.all());
+    let o = node.nsenter(&["systemctl", "restart", "kubelet.service"]);
+    assert!(o.ok(), "{}", o.all());
+    // kubelet's shutdown manager holds logind's delay inhibitor once it runs.
+    node.wait_for("kubelet's delay inhibitor", Duration::from_secs(90), |n| {
+        n.nsenter(&["systemd-inhibit", "--list", "--no-pager"])
+            .stdout
+            .lines()
+            .any(|l| l.contains("kubelet") && l.contains("delay"))
+    });
+    cluster.wait("node Ready", Duration::from_secs(120), || {
+        cluster.node_ready() == "True"
+    });
+    let cmdline = node
+        .nsenter(&[
+            "sh",
+            "-c",
+            "tr '\\0' ' ' </proc/$(systemctl show -P MainPID kubelet)/cmdline",
+        ])
+        .stdout;
+    let endpoint = if via_crisp {
+        "unix:///run/crisp/crisp.sock"
+    } else {
+        "unix:///run/containerd/containerd.sock"
+    };
+    assert!(
+        cmdline.contains(&format!("--container-runtime-endpoint={endpoint}")),
+        "{cmdline}"
+    );
+
+    let pods = [format!("{tag}-slow"), format!("{tag}-stubborn")];
+    cluster.apply(&shutdown_pod(&pods[0], SLOW_APP));
+    cluster.apply(&shutdown_pod(&pods[1], STUBBORN_APP));
+    for p in &pods {
+        cluster.wait(
+            &format!("pod {p} running"),
+            Duration::from_secs(120),
+            || {
+                cluster
+                    .jsonpath(
+                        &["pod", p],
+                        "{range .status.containerStatuses[*]}{.state.running.startedAt},{end}",
+                    )
+                    .split(',')
+                    .filter(|s| !s.is_empty())
+                    .count()
+                    == 2
+            },
+        );
+    }
+    let since = node
+        .nsenter(&["date", "+%Y-%m-%d %H:%M:%S"])
+        .stdout
+        .trim()
+        .to_string();
+    // The test's own delay inhibitor: logind waits for it too.
+    let o = node.nsenter(&[
+        "systemd-run",
+        "--unit",
+        "lane-inhibit",
+        "--",
+        "systemd-inhibit",
+        "--what=shutdown",
+        "--mode=delay",
+        "--who=crisp-lane",
+        "--why=reading the runtime's exit times",
+        "sleep",
+        "600",
+    ]);
+    assert!(o.ok(), "{}", o.all());
+    node.wait_for("the lane's inhibitor", Duration::from_secs(20), |n| {
+        n.nsenter(&["systemd-inhibit", "--list", "--no-pager"])
+            .stdout
+            .contains("crisp-lane")
+    });
+    let o = node.nsenter(&["systemctl", "poweroff"]);
+    assert!(o.ok(), "systemctl poweroff: {}", o.all());
+    let names: Vec<&str> = pods.iter().map(String::as_str).collect();
+    let exits = runtime_exits(&node, &names, Duration::from_secs(90));
+    let journal = node
+        .nsenter(&[
+            "journalctl",
+            "-u",
+            "kubelet",
+            "--since",
+            &since,
+            "-o",
+            "short-unix",
+            "--no-pager",
+        ])
+        .stdout;
+    let shutdown_lines: Vec<&str> = journal
+        .lines()
+        .filter(|l| l.contains("Shutdown manager") || l.contains("shutdown event"))
+        .collect();
+    assert!(
+        shutdown_lines.iter().any(|l| l.contains("shutdown event")),
+        "kubelet's shutdown manager never saw the shutdown: {journal}"
+    );
+    let mut measured = Vec::new();
+    for p in &pods {
+        let kills: Vec<&str> = journal
+            .lines()
+            .filter(|l| {
+                l.contains("Killing container with a grace period")
+                    && l.contains(&format!("pod=\"default/{p}\""))
+            })
+            .collect();
+        let stop_start = kills
+            .iter()
+            .filter_map(|l| l.split_whitespace().next()?.parse::<f64>().ok())
+            .fold(f64::MAX, f64::min);
+        assert!(
+            stop_start < f64::MAX,
+            "no StopContainer for {p} in kubelet's journal: {journal}"
+        );
+        let timeouts: Vec<String> = kills
+            .iter()
+            .filter_map(|l| l.split("gracePeriod=").nth(1))
+            .map(|v| v.split_whitespace().next().unwrap_or("").to_string())
+            .collect();
+        let of = |c: &str| {
+            exits
+                .iter()
+                .find(|e| &e.pod == p && e.name == c)
+                .unwrap_or_else(|| panic!("{p}/{c} in {exits:?}"))
+        };
+        measured.push(ShutdownPod {
+            pod: p.clone(),
+            stop_start,
+            timeouts,
+            app: of("app").finished,
+            proxy: of("proxy").finished,
+            app_code: of("app").exit_code,
+            proxy_code: of("proxy").exit_code,
+        });
+    }
+    let crisp_log = if via_crisp {
+        node.nsenter(&["journalctl", "-u", "crisp", "--since", &since, "--no-pager"])
+            .stdout
+    } else {
+        String::new()
+    };
+    for l in &shutdown_lines {
+        eprintln!("  kubelet| {l}");
+    }
+    for l in crisp_log
+        .lines()
+        .filter(|l| l.contains("sidecar StopContainer") || l.contains("stopping the sidecar"))
+    {
+        eprintln!("  crisp| {l}");
+    }
+
+    // The node goes once the lane's inhibitor is gone: systemd stops every unit.
+    let o = node.nsenter(&["systemctl", "stop", "lane-inhibit.service"]);
+    assert!(o.ok(), "{}", o.all());
+    let t = Instant::now();
+    while Path::new(&format!("/proc/{}", node.init)).exists() {
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "the node never powered off: {}",
+            node.console()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!(
+        "{tag}: node powered off {} after the inhibitor went",
+        secs(t.elapsed())
+    );
+    // Its persistent journal, read from the host: when systemd stopped kubelet, crisp and
+    // containerd.
+    let jdir = std::fs::read_dir(node.path("/var/log/journal"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.is_dir())
+        .expect("the node's persistent journal");
+    let stops = run(Command::new("journalctl")
+        .arg("-D")
+        .arg(&jdir)
+        .args(["-o", "short-unix", "--no-pager", "--since", &since])
+        .args(["_PID=1"]))
+    .stdout;
+    drop(node);
+    (measured, stops)
+}
+
+/// When systemd (PID 1 in the node) stopped `unit`, from its journal: the first line saying so.
+fn unit_stopped(journal: &str, unit: &str) -> Option<f64> {
+    journal
+        .lines()
+        .find(|l| {
+            l.contains(&format!("Stopped {unit}"))
+                || l.contains(&format!("{unit}: Deactivated successfully"))
+                || l.contains(&format!("{unit}: Failed with result"))
+        })
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+}
+
+/// Issue #34: graceful node shutdown (KEP-2000) on a systemd node with logind and D-Bus, a real
+/// kubelet 1.26 whose shutdown manager stops pods with legacy sidecars, triggered by
+/// `systemctl poweroff` in the node. Direct, kubelet stops sidecar and app together and the
+/// sidecar exits first; through crisp (its units from systemd/), the sidecar exits after its
+/// app, within the shortened grace plus the 2 s tail. At the poweroff systemd stops kubelet,
+/// then crisp, then containerd.
+#[test]
+#[ignore = "needs Kubernetes binaries: CRISP_KUBE_BIN_DIR=... cargo test --test it -- cluster_rollout:: --ignored"]
+fn graceful_node_shutdown_stops_legacy_sidecars_after_their_apps() {
+    let bins = kube_bin_dir();
+    // The bridge guard only once this lane holds the host's ports: a failed `up` (another
+    // cluster lane running) must not delete that lane's bridge.
+    let cluster = Cluster::up(&bins);
+    let _bridge = BridgeGuard;
+
+    let (direct, direct_stops) = shutdown_run(&cluster, &bins, false);
+    for p in &direct {
+        eprintln!("shutdown direct: {}", p.line());
+    }
+    let _ = cluster.kubectl(&[
+        "delete",
+        "pod",
+        "direct-slow",
+        "direct-stubborn",
+        "--force",
+        "--grace-period=0",
+    ]);
+    let (crisp, crisp_stops) = shutdown_run(&cluster, &bins, true);
+    for p in &crisp {
+        eprintln!("shutdown crisp: {}", p.line());
+    }
+    let order = |j: &str| {
+        ["kubelet.service", "crisp.service", "containerd.service"]
+            .iter()
+            .map(|u| (*u, unit_stopped(j, u)))
+            .collect::<Vec<_>>()
+    };
+    eprintln!("shutdown direct: units stopped {:?}", order(&direct_stops));
+    eprintln!("shutdown crisp: units stopped {:?}", order(&crisp_stops));
+
+    // kubelet's shutdown manager really drove both runs: its override (15 s), not the pods'
+    // own 60 s, on every StopContainer.
+    for p in direct.iter().chain(&crisp) {
+        assert!(
+            !p.timeouts.is_empty()
+                && p.timeouts
+                    .iter()
+                    .all(|t| t.parse::<f64>() == Ok(SHUTDOWN_OVERRIDE)),
+            "{}",
+            p.line()
+        );
+    }
+    // Direct: the legacy order is violated (the sidecar goes with or before its app).
+    let slow = &direct[0];
+    assert!(
+        slow.proxy < slow.app,
+        "direct, the sidecar should exit before the slow app: {}",
+        slow.line()
+    );
+    // Through crisp: the sidecar after its app, and within the shortened grace + the 2 s tail.
+    for p in &crisp {
+        assert!(p.proxy >= p.app, "{}", p.line());
+        assert!(
+            p.proxy - p.stop_start <= SHUTDOWN_OVERRIDE + 2.0 + 1.0,
+            "the sidecar outlived the shortened grace and its tail: {}",
+            p.line()
+        );
+    }
+    // crisp outlived the pods' stops: systemd stopped kubelet first, then crisp, then
+    // containerd (crisp.service: After=containerd, Before=kubelet).
+    let o = order(&crisp_stops);
+    let at = |u: &str| {
+        o.iter()
+            .find(|(n, _)| *n == u)
+            .and_then(|(_, t)| *t)
+            .unwrap_or_else(|| panic!("no stop of {u} in the node's journal:\n{crisp_stops}"))
+    };
+    let (k, c, d) = (
+        at("kubelet.service"),
+        at("crisp.service"),
+        at("containerd.service"),
+    );
+    assert!(
+        k <= c && c <= d,
+        "stop order kubelet {k}, crisp {c}, containerd {d}"
+    );
+    let last_exit = crisp.iter().map(|p| p.proxy).fold(f64::MIN, f64::max);
+    assert!(
+        c > last_exit,
+        "crisp stopped at {c}, before the pods' last exit {last_exit}"
+    );
 }

@@ -478,3 +478,187 @@ fn a_malformed_listen_fds_is_a_clear_error() {
         "{text}"
     );
 }
+
+/// `crisp-grpcgo`: hack/build-grpcgo.sh builds it once (cached in target/grpcgo) and prints its
+/// path.
+fn grpcgo_client() -> std::path::PathBuf {
+    let built = Command::new("bash")
+        .arg(Path::new(REPO).join("hack/build-grpcgo.sh"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("running hack/build-grpcgo.sh");
+    assert!(
+        built.status.success(),
+        "hack/build-grpcgo.sh (needs golang-go and golang-google-grpc-dev): {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    std::path::PathBuf::from(String::from_utf8_lossy(&built.stdout).trim())
+}
+
+/// A grpc-go client's calls (`crisp-grpcgo call`, kubelet's client library): `method` with
+/// `hex`, `count` calls four at a time on one connection (each worker starts its next call as
+/// the last one is answered); its JSON summary line.
+fn grpcgo_calls(
+    bin: &Path,
+    sock: &Path,
+    method: &str,
+    hex: &str,
+    count: u32,
+) -> (String, serde_json::Value) {
+    let out = Command::new(bin)
+        .args(["call", "--target"])
+        .arg(sock)
+        .args(["--method", method, "--hex", hex, "--timeout", "60s"])
+        // kubelet's socket-path :authority is relayed as is (grpc_go_wire::), and the fake
+        // runtime's h2 server refuses it (containerd does not): the authority other clients send.
+        .args(["--authority", "localhost"])
+        .args([
+            "--concurrency",
+            "4",
+            "--count",
+            &count.to_string(),
+            "--errors",
+        ])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["summary"] == true)
+        .unwrap_or_else(|| panic!("no summary from crisp-grpcgo: {text}"));
+    (text, summary)
+}
+
+/// kubernetes#126440 (docs/SUPPORT.md): kubelets 1.29.0–1.29.8, 1.30.0–1.30.4 and 1.31.0 can leave
+/// an init container stuck for good after one StartContainer fails with "error reading from
+/// server: EOF", what a proxy dying under a call produces. A crisp upgrade the way crisp.service
+/// does it (SIGTERM, then the new binary on the socket systemd kept) must fail no such call:
+/// grpc-go clients keep StartContainer and CreateContainer calls (800 ms each at the runtime, 40
+/// each, four at a time: 8 s of calls) in flight across the restart; the calls in flight at
+/// SIGTERM finish on the old crisp, the client moves to the new one after GOAWAY, and not one
+/// call fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_on_the_kept_socket_fails_no_start_or_create_container_in_flight() {
+    let dir = tempdir();
+    let rt = slow_start_runtime(&dir.path().join("runtime.sock"), Duration::from_millis(800)).await;
+    let sock = dir.path().join("crisp.sock");
+    // The test plays PID 1 with crisp.socket: it owns the listening socket for the whole test.
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let notify = Notify::at_path(&dir.path().join("notify.sock"));
+    let sock_s = sock.display().to_string();
+    let rt_s = rt.path.display().to_string();
+    let start = |n: usize| {
+        let log = dir.path().join(format!("crisp-{n}.log"));
+        let mut c = crisp_command(
+            dir.path(),
+            &["--listen", &sock_s, "--upstream", &rt_s],
+            &log,
+        );
+        c.env("NOTIFY_SOCKET", &notify.env);
+        spawn(with_listen_fd(c, listener.as_raw_fd(), &log), &log)
+    };
+    let mut old = start(0);
+    notify.wait_for("READY=1", T).await;
+
+    let bin = grpcgo_client();
+    let (s, b) = (sock.clone(), bin.clone());
+    let starts = tokio::task::spawn_blocking(move || {
+        grpcgo_calls(
+            &b,
+            &s,
+            "/runtime.v1.RuntimeService/StartContainer",
+            "0a026331",
+            40,
+        )
+    });
+    let s = sock.clone();
+    // CreateContainerRequest { pod_sandbox_id: "sb" }
+    let creates = tokio::task::spawn_blocking(move || {
+        grpcgo_calls(
+            &bin,
+            &s,
+            "/runtime.v1.RuntimeService/CreateContainer",
+            "0a027362",
+            40,
+        )
+    });
+    // Both clients' calls are flowing: eight answered.
+    let t = std::time::Instant::now();
+    while rt.calls.lock().unwrap().len() < 8 {
+        assert!(
+            t.elapsed() < T,
+            "the grpc-go calls never reached the runtime"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let term_at = std::time::Instant::now();
+    old.signal(libc::SIGTERM);
+    let status = tokio::task::block_in_place(|| old.wait_exit(T));
+    assert!(status.success(), "{status}: {}", old.log_text());
+    let mut new = start(1);
+    notify.wait_for("READY=1", T).await;
+    let up_at = std::time::Instant::now();
+
+    let mut failures = Vec::new();
+    let mut lines = Vec::new();
+    for (what, h) in [("StartContainer", starts), ("CreateContainer", creates)] {
+        let (text, summary) = h.await.unwrap();
+        let (ok, failed, goaways) = (
+            summary["ok"].as_u64().unwrap_or(0),
+            summary["failed"].as_u64().unwrap_or(0),
+            summary["wire"]["goaway_recv"].as_u64().unwrap_or(0),
+        );
+        if failed > 0 || text.contains("EOF") || text.contains("Unavailable") {
+            failures.push(format!("{what}: {text}"));
+        }
+        assert!(
+            goaways >= 1,
+            "{what}: the client's connection was never drained by GOAWAY: {text}"
+        );
+        lines.push(format!(
+            "{what}: {ok} ok, {failed} failed, {goaways} GOAWAY"
+        ));
+    }
+    let calls = rt.calls.lock().unwrap().clone();
+    let in_flight = calls
+        .iter()
+        .filter(|(a, b)| *a < term_at && *b > term_at)
+        .count();
+    let after = calls.iter().filter(|(a, _)| *a > up_at).count();
+    assert!(
+        failures.is_empty(),
+        "calls failed across the upgrade:\n{}\n--- old crisp\n{}\n--- new crisp\n{}",
+        failures.join("\n"),
+        old.log_text(),
+        new.log_text()
+    );
+    assert!(
+        in_flight >= 1,
+        "no call was in flight at SIGTERM: the test proved nothing ({}; {} calls: {:?}; SIGTERM at {:?}, new crisp up at {:?})\n--- old crisp\n{}",
+        lines.join("; "),
+        calls.len(),
+        calls
+            .iter()
+            .map(|(a, b)| (a.duration_since(t), b.duration_since(t)))
+            .collect::<Vec<_>>(),
+        term_at.duration_since(t),
+        up_at.duration_since(t),
+        old.log_text()
+    );
+    assert!(
+        after >= 1,
+        "no call reached the runtime through the new crisp"
+    );
+    eprintln!(
+        "upgrade on the kept socket: {}; {in_flight} calls in flight at the runtime at SIGTERM, {after} through the new crisp",
+        lines.join("; ")
+    );
+    new.signal(libc::SIGTERM);
+    assert!(tokio::task::block_in_place(|| new.wait_exit(T)).success());
+    drop(listener);
+}

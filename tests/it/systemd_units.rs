@@ -338,3 +338,100 @@ fn scripts_are_shellcheck_clean() {
         );
     }
 }
+
+/// What breaks "crisp outlives the pods' stops" in a set of units. At a shutdown systemd stops
+/// units in the reverse of their start order, so crisp must start after the runtime and before
+/// kubelet: then kubelet (whose shutdown manager stops the pods, and whose calls are in flight
+/// through crisp) stops first, crisp next, containerd last. DefaultDependencies=no would drop
+/// the implicit Conflicts=/Before=shutdown.target and leave crisp's stop unordered.
+fn shutdown_order_problems(service: &str, socket: &str, dropin: &str) -> Vec<String> {
+    let has = |unit: &str, key: &str, v: &str| words(unit, key).iter().any(|w| w == v);
+    let mut p = Vec::new();
+    if !has(service, "After", "containerd.service") {
+        p.push(
+            "crisp.service: no After=containerd.service (crisp would stop after the runtime)"
+                .into(),
+        );
+    }
+    if !has(service, "Before", "kubelet.service") {
+        p.push(
+            "crisp.service: no Before=kubelet.service (crisp could stop while kubelet stops pods)"
+                .into(),
+        );
+    }
+    if !has(dropin, "After", "crisp.service") {
+        p.push("kubelet drop-in: no After=crisp.service".into());
+    }
+    if !has(socket, "Before", "kubelet.service") {
+        p.push(
+            "crisp.socket: no Before=kubelet.service (kubelet's endpoint could go first)".into(),
+        );
+    }
+    for (name, unit) in [("crisp.service", service), ("crisp.socket", socket)] {
+        if values(unit, "DefaultDependencies")
+            .iter()
+            .any(|v| v == "no")
+        {
+            p.push(format!(
+                "{name}: DefaultDependencies=no (unordered against shutdown.target)"
+            ));
+        }
+        for target in ["shutdown.target", "final.target", "umount.target"] {
+            if has(unit, "After", target) {
+                p.push(format!(
+                    "{name}: After={target} (stopped before what it must outlive)"
+                ));
+            }
+        }
+    }
+    p
+}
+
+/// Issue #34: crisp's units order it between the runtime and kubelet, so that at a node shutdown
+/// systemd stops kubelet, then crisp, then containerd (the graceful-shutdown lane sees that order
+/// in the node's journal: cluster_rollout::graceful_node_shutdown_…). The check has teeth: each
+/// ordering removed from the shipped units is reported.
+#[test]
+fn units_stop_crisp_after_kubelet_and_before_the_runtime() {
+    let service = repo_file("systemd/crisp.service");
+    let socket = repo_file("systemd/crisp.socket");
+    let dropin = repo_file("systemd/kubelet.service.d/90-crisp.conf");
+    assert_eq!(
+        shutdown_order_problems(&service, &socket, &dropin),
+        Vec::<String>::new()
+    );
+    let broken = [
+        (
+            service.replace("After=containerd.service ", "After="),
+            socket.clone(),
+            dropin.clone(),
+        ),
+        (
+            service.replace("Before=kubelet.service", ""),
+            socket.clone(),
+            dropin.clone(),
+        ),
+        (
+            service.replace("[Unit]\n", "[Unit]\nDefaultDependencies=no\n"),
+            socket.clone(),
+            dropin.clone(),
+        ),
+        (
+            service.clone(),
+            socket.replace("Before=kubelet.service", ""),
+            dropin.clone(),
+        ),
+        (
+            service.clone(),
+            socket.clone(),
+            dropin.replace("After=crisp.socket crisp.service", "After=crisp.socket"),
+        ),
+    ];
+    for (i, (s, so, d)) in broken.iter().enumerate() {
+        assert_eq!(
+            shutdown_order_problems(s, so, d).len(),
+            1,
+            "mutation {i} must be reported"
+        );
+    }
+}

@@ -44,6 +44,26 @@ async fn sidecar_stop_gets_the_2s_tail_once_the_budget_is_spent() {
     assert_eq!(forwarded_timeout(&v, 5), 2);
 }
 
+/// Graceful node shutdown (KEP-2000): kubelet's shutdown manager shortens the pod's grace (to
+/// 15 s here). The app's stop is forwarded and the app never exits (a runtime that failed to
+/// kill it). kubelet's deadline for the sidecar's stop is still the grace plus 2 min, but no app
+/// kubelet stops outlives twice the grace (a preStop of at most the grace, then the grace
+/// again): the sidecar's stop is held 30 s, not the 128 s the deadline would allow, then
+/// forwarded with the 2 s tail.
+#[tokio::test(start_paused = true)]
+async fn a_shortened_grace_bounds_the_sidecar_hold_while_an_app_still_runs() {
+    let (fake, engine, _) = fake_running_pod(&["proxy"]);
+    let deadline = Some(15 * S + 120 * S);
+    assert_forward(&stop_container(&engine, &fake, "app", 15, deadline).await.0);
+    let (v, held) = stop_container(&engine, &fake, "proxy", 15, deadline).await;
+    assert_held(held, 30 * S, 100 * MS);
+    assert_eq!(
+        forwarded_timeout(&v, 15),
+        2,
+        "the budget is spent: the KEP's 2 s tail"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn sidecars_stop_in_reverse_declared_order() {
     let (fake, engine, t0) = fake_running_pod(&["first", "second"]);

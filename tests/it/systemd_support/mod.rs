@@ -137,6 +137,73 @@ pub async fn fake_runtime_apis(path: &Path, serve_v1: bool, serve_v1alpha2: bool
     }
 }
 
+/// A runtime whose StartContainer and CreateContainer take `delay` (then succeed; CreateContainer
+/// answers container id "c1"), the calls kubelet treats as fatal when they fail. Each call's
+/// (arrival, answer) instants are recorded in `calls`. Everything else is UNIMPLEMENTED.
+pub struct SlowRuntime {
+    pub path: PathBuf,
+    pub calls: Arc<Mutex<Vec<(std::time::Instant, std::time::Instant)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for SlowRuntime {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+pub async fn slow_start_runtime(path: &Path, delay: Duration) -> SlowRuntime {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let _ = std::fs::remove_file(path);
+    let listener = UnixListener::bind(path)
+        .unwrap_or_else(|e| panic!("bind fake runtime {}: {e}", path.display()));
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let c = calls.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let c = c.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                    let c = c.clone();
+                    async move {
+                        let path = req.uri().path().to_string();
+                        let _ = req.into_body().collect().await;
+                        let answer = match path.as_str() {
+                            "/runtime.v1.RuntimeService/StartContainer" => Some(Vec::new()),
+                            // CreateContainerResponse { container_id: "c1" }
+                            "/runtime.v1.RuntimeService/CreateContainer" => {
+                                Some(vec![0x0a, 0x02, b'c', b'1'])
+                            }
+                            _ => None,
+                        };
+                        let resp = match answer {
+                            Some(msg) => {
+                                let t = std::time::Instant::now();
+                                tokio::time::sleep(delay).await;
+                                c.lock().unwrap().push((t, std::time::Instant::now()));
+                                grpc_response(0, Some(msg))
+                            }
+                            None => grpc_response(12, None),
+                        };
+                        Ok::<_, Infallible>(resp)
+                    }
+                });
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    SlowRuntime {
+        path: path.to_path_buf(),
+        calls,
+        task,
+    }
+}
+
 // ---- client -------------------------------------------------------------------------------------
 
 /// One CRI Version call over an already-connected stream (one connection per call).
