@@ -58,6 +58,8 @@ pub struct Config {
     pub admin: AdminConfig,
     /// When crisp counts itself as stuck (`src/watchdog.rs`).
     pub watchdog: WatchdogConfig,
+    /// Held calls as spans in kubelet's trace, over OTLP (`src/otel.rs`); off by default.
+    pub tracing: TracingConfig,
 }
 
 impl Default for Config {
@@ -75,6 +77,33 @@ impl Default for Config {
             injectors: Vec::new(),
             admin: AdminConfig::default(),
             watchdog: WatchdogConfig::default(),
+            tracing: TracingConfig::default(),
+        }
+    }
+}
+
+/// `[tracing]`: a held (or refused) call that carries kubelet's W3C `traceparent` becomes a span,
+/// a child of kubelet's, exported over OTLP/gRPC (DESIGN.md §6.3). Off unless an endpoint is
+/// named here or in `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` / `OTEL_EXPORTER_OTLP_ENDPOINT`.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TracingConfig {
+    /// The collector's OTLP/gRPC endpoint, `http://HOST:PORT` (e.g. `http://127.0.0.1:4317`).
+    pub otlp_endpoint: Option<String>,
+    /// How often queued spans are sent.
+    #[serde(deserialize_with = "de_duration")]
+    pub export_delay: Duration,
+}
+
+/// Bounds of `tracing.export_delay`.
+pub(crate) const MIN_EXPORT_DELAY: Duration = Duration::from_millis(10);
+pub(crate) const MAX_EXPORT_DELAY: Duration = Duration::from_secs(60);
+
+impl Default for TracingConfig {
+    fn default() -> Self {
+        TracingConfig {
+            otlp_endpoint: None,
+            export_delay: Duration::from_secs(5),
         }
     }
 }
@@ -442,6 +471,16 @@ impl Config {
                     ),
                 ));
             }
+        }
+        if let Some(e) = &self.tracing.otlp_endpoint {
+            crate::otel::check_endpoint(e).map_err(|why| bad("tracing.otlp_endpoint", why))?;
+        }
+        let delay = self.tracing.export_delay;
+        if !(MIN_EXPORT_DELAY..=MAX_EXPORT_DELAY).contains(&delay) {
+            return Err(bad(
+                "tracing.export_delay",
+                format!("{delay:?} is out of range ({MIN_EXPORT_DELAY:?}..={MAX_EXPORT_DELAY:?})"),
+            ));
         }
         if self.ordering.probe_interval.is_zero() {
             return Err(bad(

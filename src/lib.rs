@@ -55,7 +55,8 @@
 //!
 //! ## Visibility
 //!
-//! What the binary uses is `pub`: [`config`], [`daemon`], [`doctor`], [`tap`] and [`telemetry`].
+//! What the binary uses is `pub`: [`config`], [`daemon`], [`doctor`], [`otel`], [`tap`] and
+//! [`telemetry`].
 //! What only crisp's own tests (`tests/it/`, `e2e/`), the benchmark and the fuzz targets reach
 //! is public only with the `test-util` feature, which those turn on through their dependency on
 //! this crate (Cargo.toml): the other modules through `test_util_mod!` below, single items of
@@ -91,6 +92,7 @@ macro_rules! test_util_mod {
 pub mod config;
 pub mod daemon;
 pub mod doctor;
+pub mod otel;
 pub mod tap;
 pub mod telemetry;
 

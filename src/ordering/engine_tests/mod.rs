@@ -332,6 +332,7 @@ fn call(rpc: &str, deadline: Option<Duration>) -> Call {
         received,
         deadline: deadline.map(|d| received + d),
         id: 1,
+        trace: None,
     }
 }
 
