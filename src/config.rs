@@ -83,7 +83,7 @@ impl Default for Config {
 }
 
 /// `[tracing]`: a held (or refused) call that carries kubelet's W3C `traceparent` becomes a span,
-/// a child of kubelet's, exported over OTLP/gRPC (DESIGN.md §6.3). Off unless an endpoint is
+/// a child of kubelet's, exported over OTLP/gRPC (DESIGN.md §6.1). Off unless an endpoint is
 /// named here or in `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` / `OTEL_EXPORTER_OTLP_ENDPOINT`.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]

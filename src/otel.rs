@@ -1,4 +1,4 @@
-//! crisp's holds in kubelet's trace (DESIGN.md §6.3): a call crisp holds or refuses becomes one
+//! crisp's holds in kubelet's trace (DESIGN.md §6.1): a call crisp holds or refuses becomes one
 //! span, a child of the span kubelet sent in its W3C `traceparent`, exported over OTLP/gRPC
 //! when `[tracing] otlp_endpoint` (or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` /
 //! `OTEL_EXPORTER_OTLP_ENDPOINT`) names a collector. Off otherwise: no exporter, no thread.

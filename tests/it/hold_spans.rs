@@ -315,6 +315,10 @@ async fn a_held_create_is_a_child_span_of_kubelets() {
         "the hold lies within the call: {before:?}..{after:?}, span {start}..{end}"
     );
     let held = Duration::from_nanos(end - start);
+    let call = after.duration_since(before).unwrap();
+    eprintln!(
+        "hold span {held:?}; sidecar unready {unready:?} after the first probe; call {call:?}"
+    );
     assert!(
         held >= unready,
         "the span lasts the hold ({held:?}), at least the {unready:?} the sidecar was unready"
