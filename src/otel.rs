@@ -313,7 +313,7 @@ impl HoldSpans {
 
     /// Sends the spans queued so far (tests; the daemon's [`HoldSpans::shutdown`] does it too).
     /// Blocks the calling thread until the exporter answered or gave up.
-    #[cfg_attr(not(any(test, feature = "test-util")), allow(dead_code))]
+    #[cfg(any(test, feature = "test-util"))]
     pub fn flush(&self) {
         if let Err(e) = self.provider.force_flush() {
             tracing::warn!(error = %e, "exporting held calls' spans failed");

@@ -147,11 +147,22 @@ async fn readiness(ready: Arc<AtomicBool>) -> (u16, mpsc::UnboundedReceiver<()>)
 /// CreateContainer of `app` in pod `namespace/name`: with a sidecar `proxy` probed at
 /// `http://:PORT/` when `port` is given, else with no sidecar at all.
 fn create(sandbox: &str, namespace: &str, name: &str, port: Option<u16>) -> Vec<u8> {
+    create_with(sandbox, namespace, name, "proxy", port)
+}
+
+/// [`create`] with the sidecar named `sidecar` (the scripted runtime only runs `proxy`).
+fn create_with(
+    sandbox: &str,
+    namespace: &str,
+    name: &str,
+    sidecar: &str,
+    port: Option<u16>,
+) -> Vec<u8> {
     let mut annotations = HashMap::new();
     if let Some(port) = port {
-        annotations.insert("crisp.dev/sidecars".to_string(), "proxy".to_string());
+        annotations.insert("crisp.dev/sidecars".to_string(), sidecar.to_string());
         annotations.insert(
-            "crisp.dev/ready.proxy".to_string(),
+            format!("crisp.dev/ready.{sidecar}"),
             format!("http://:{port}/"),
         );
         annotations.insert("crisp.dev/start-timeout".to_string(), "30s".to_string());
@@ -414,4 +425,30 @@ async fn only_sampled_holds_give_spans() {
     if let Ok(extra) = t.received.try_recv() {
         panic!("a call crisp did not hold (or kubelet did not sample) has a span: {extra:?}");
     }
+}
+
+/// A CreateContainer refused at once (its sidecar `mesh` was never created) is a span too: the
+/// verdict `refused`, the sidecar it needed, and an Error status with the message kubelet got.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_create_is_an_error_span_with_kubelets_message() {
+    let mut t = Traced::start().await;
+    let trace = "5bf92f3577b34da6a3ce929d0e0e4736";
+    let tp = traceparent(trace, "10f067aa0ba902b7", true);
+    let req = create_with("sb-refused", "team-a", "web", "mesh", Some(9));
+    let got = grpcgo(&t.crisp.path, CREATE, &req, false, &[("traceparent", &tp)]).await;
+    assert_eq!(got.code, "FailedPrecondition", "{got:?}");
+    assert!(
+        t.fake.calls_to(CREATE).is_empty(),
+        "a refused call never reaches the runtime"
+    );
+
+    let span = t.next_span().await;
+    assert_eq!(hex(&span.trace_id), trace);
+    assert_eq!(hex(&span.parent_span_id), "10f067aa0ba902b7");
+    assert_eq!(attr_str(&span, "crisp.hold.verdict"), "refused");
+    assert_eq!(attr_str(&span, "crisp.hold.waited_for"), "mesh");
+    assert_eq!(attr_str(&span, "crisp.hold.reason"), "not created");
+    let status = span.status.clone().expect("a status");
+    assert_eq!(status.code, 2, "Error: {status:?}");
+    assert_eq!(status.message, got.message, "the message kubelet got");
 }

@@ -86,7 +86,7 @@ fn grpcgo_binary() -> PathBuf {
 #[serde(default)]
 pub(crate) struct GoCall {
     pub(crate) code: String,
-    message: String,
+    pub(crate) message: String,
     response_hex: String,
     responses_hex: Vec<String>,
     header: HashMap<String, Vec<String>>,
