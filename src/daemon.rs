@@ -184,7 +184,7 @@ fn hold_spans(cfg: &Config, engine: &Engine) -> Option<Arc<crate::otel::HoldSpan
         }
         Ok(None) => None,
         Err(e) => {
-            tracing::error!(error = %e, "tracing is off: {e}");
+            tracing::error!(error = %e, "tracing is off; serving without it");
             None
         }
     }
