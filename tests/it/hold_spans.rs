@@ -452,3 +452,36 @@ async fn a_refused_create_is_an_error_span_with_kubelets_message() {
     assert_eq!(status.code, 2, "Error: {status:?}");
     assert_eq!(status.message, got.message, "the message kubelet got");
 }
+
+/// The daemon wires `[tracing]` into its engine: crisp as it runs on a node (tap + ordering
+/// engine, its own runtime client) with `otlp_endpoint` set exports the span of a
+/// CreateContainer it refuses (the runtime lists no sidecar `mesh`), in kubelet's trace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_exports_spans_when_an_endpoint_is_configured() {
+    let (endpoint, mut received) = receiver().await;
+    let fake = Fake::start().await;
+    fake.script("/runtime.v1.RuntimeService/ListContainers", |_| {
+        Reply::unary(&cri::ListContainersResponse::default().encode_to_vec())
+    });
+    let mut daemon = Daemon::start(fake.path(), |cfg| {
+        cfg.tracing.otlp_endpoint = Some(endpoint.clone());
+        cfg.tracing.export_delay = Duration::from_millis(50);
+    })
+    .await;
+    let trace = "6bf92f3577b34da6a3ce929d0e0e4736";
+    let tp = traceparent(trace, "20f067aa0ba902b7", true);
+    let req = create_with("sb-daemon", "team-a", "web", "mesh", Some(9));
+    let got = grpcgo(&daemon.sock, CREATE, &req, false, &[("traceparent", &tp)]).await;
+    assert_eq!(got.code, "FailedPrecondition", "{got:?}");
+    let span = within(
+        PATIENCE,
+        "the daemon's span at the OTLP receiver",
+        received.recv(),
+    )
+    .await
+    .expect("the receiver stopped");
+    assert_eq!(hex(&span.trace_id), trace);
+    assert_eq!(hex(&span.parent_span_id), "20f067aa0ba902b7");
+    assert_eq!(attr_str(&span, "crisp.hold.verdict"), "refused");
+    daemon.stop().await;
+}
