@@ -294,6 +294,7 @@ fn bench(c: &mut Criterion) {
         received: Instant::now(),
         deadline: None,
         id: 1,
+        trace: None,
     };
     let outcome = Outcome {
         code: Some(0),

@@ -60,6 +60,8 @@ pub struct Config {
     pub watchdog: WatchdogConfig,
     /// Where readiness probes run, by the pod's runtime handler (isolated pods).
     pub readiness: ReadinessConfig,
+    /// Held calls as spans in kubelet's trace, over OTLP (`src/otel.rs`); off by default.
+    pub tracing: TracingConfig,
 }
 
 impl Default for Config {
@@ -78,6 +80,33 @@ impl Default for Config {
             admin: AdminConfig::default(),
             watchdog: WatchdogConfig::default(),
             readiness: ReadinessConfig::default(),
+            tracing: TracingConfig::default(),
+        }
+    }
+}
+
+/// `[tracing]`: a held (or refused) call that carries kubelet's W3C `traceparent` becomes a span,
+/// a child of kubelet's, exported over OTLP/gRPC (DESIGN.md §6.1). Off unless an endpoint is
+/// named here or in `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` / `OTEL_EXPORTER_OTLP_ENDPOINT`.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TracingConfig {
+    /// The collector's OTLP/gRPC endpoint, `http://HOST:PORT` (e.g. `http://127.0.0.1:4317`).
+    pub otlp_endpoint: Option<String>,
+    /// How often queued spans are sent.
+    #[serde(deserialize_with = "de_duration")]
+    pub export_delay: Duration,
+}
+
+/// Bounds of `tracing.export_delay`.
+pub(crate) const MIN_EXPORT_DELAY: Duration = Duration::from_millis(10);
+pub(crate) const MAX_EXPORT_DELAY: Duration = Duration::from_secs(60);
+
+impl Default for TracingConfig {
+    fn default() -> Self {
+        TracingConfig {
+            otlp_endpoint: None,
+            export_delay: Duration::from_secs(5),
         }
     }
 }
@@ -498,6 +527,16 @@ impl Config {
                 ));
             }
         }
+        if let Some(e) = &self.tracing.otlp_endpoint {
+            check_otlp_endpoint(e).map_err(|why| bad("tracing.otlp_endpoint", why))?;
+        }
+        let delay = self.tracing.export_delay;
+        if !(MIN_EXPORT_DELAY..=MAX_EXPORT_DELAY).contains(&delay) {
+            return Err(bad(
+                "tracing.export_delay",
+                format!("{delay:?} is out of range ({MIN_EXPORT_DELAY:?}..={MAX_EXPORT_DELAY:?})"),
+            ));
+        }
         if self.ordering.probe_interval.is_zero() {
             return Err(bad(
                 "ordering.probe_interval",
@@ -730,6 +769,34 @@ pub fn parse_mode(s: &str) -> Result<u32, String> {
         return Err(format!("mode {s:?} out of range"));
     }
     Ok(m)
+}
+
+/// Whether `endpoint` is an OTLP/gRPC endpoint crisp can export to: `http://HOST[:PORT][/]`,
+/// at most 2 KiB. `https` is refused: crisp's exporter is built without TLS (a node-local
+/// collector or agent forwards further).
+pub(crate) fn check_otlp_endpoint(endpoint: &str) -> Result<(), String> {
+    if endpoint.len() > 2048 {
+        return Err(format!("{} bytes long (at most 2048)", endpoint.len()));
+    }
+    let uri: http::Uri = endpoint.parse().map_err(|e| format!("not a URL: {e}"))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => {
+            return Err(
+                "https is not supported: crisp exports without TLS; point it at a node-local \
+                 collector (http://127.0.0.1:4317)"
+                    .into(),
+            )
+        }
+        _ => return Err("must start with http://".into()),
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err("no host".into());
+    }
+    if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+        return Err("an OTLP/gRPC endpoint has no path (http://HOST:4317)".into());
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -136,6 +136,7 @@ pub(crate) async fn serve_on_notify(
         UpstreamOptions::from(&cfg),
     ));
     let (list, tap, engine) = chain(&cfg, &upstream);
+    let spans = hold_spans(&cfg, &engine);
     let ordering = engine.clone();
     let interceptors = Interceptors::new(list);
     let faults = interceptors.faults().clone();
@@ -166,4 +167,25 @@ pub(crate) async fn serve_on_notify(
     // The engine's own tasks (Job watchers, recovery) end last, once the proxy has drained or
     // closed every call.
     ordering.shutdown().await;
+    // The spans still queued go out (the exporter waits at most its timeout, 5 s).
+    if let Some(spans) = spans {
+        let _ = tokio::task::spawn_blocking(move || spans.shutdown()).await;
+    }
+}
+
+/// Held calls' spans, when `[tracing]` (or the OTLP environment) names a collector: wired into
+/// the engine. A collector crisp cannot export to is logged, and crisp serves without tracing.
+fn hold_spans(cfg: &Config, engine: &Engine) -> Option<Arc<crate::otel::HoldSpans>> {
+    match crate::otel::HoldSpans::from_config(&cfg.tracing) {
+        Ok(Some(spans)) => {
+            let spans = Arc::new(spans);
+            engine.set_hold_spans(spans.clone());
+            Some(spans)
+        }
+        Ok(None) => None,
+        Err(e) => {
+            tracing::error!(error = %e, "tracing is off; serving without it");
+            None
+        }
+    }
 }

@@ -32,6 +32,10 @@ pub struct Call {
     pub deadline: Option<Instant>,
     /// Process-unique call number, for correlating log lines and tap events.
     pub id: u64,
+    /// kubelet's span, from the call's W3C `traceparent`: read on the observed path only
+    /// ([`crate::otel::parent`]), so always `None` for a relayed call. A hold of a call that
+    /// has one becomes a child span of it ([`crate::otel`]).
+    pub trace: Option<opentelemetry::trace::SpanContext>,
 }
 
 /// Which parts of a call an interceptor wants to see.

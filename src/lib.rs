@@ -38,9 +38,10 @@
 //!   [`intercept::HoldSink`], never importing the engine).
 //! - **4** [`proxy`]: the forwarder: relay, crisp's HTTP/2 client to the runtime, its runtime
 //!   client.
-//! - **3** [`intercept`], [`metrics`], [`telemetry`], [`watchdog`]: the plug-in seam (a panic
-//!   in a hook ends that call only); call metrics; logging; liveness (relay threads' and the
-//!   async runtime's progress, systemd's `WATCHDOG=1`).
+//! - **3** [`intercept`], [`metrics`], [`otel`], [`telemetry`], [`watchdog`]: the plug-in seam
+//!   (a panic in a hook ends that call only); call metrics; held calls as spans in kubelet's
+//!   trace; logging; liveness (relay threads' and the async runtime's progress, systemd's
+//!   `WATCHDOG=1`).
 //! - **2** [`config`]: TOML + flags, validated once; plain data (the known-injector table
 //!   included).
 //! - **1** [`cri`], [`status`], [`readiness`], [`netns`], [`systemd`]: routing, decoded views,
@@ -55,7 +56,8 @@
 //!
 //! ## Visibility
 //!
-//! What the binary uses is `pub`: [`config`], [`daemon`], [`doctor`], [`tap`] and [`telemetry`].
+//! What the binary uses is `pub`: [`config`], [`daemon`], [`doctor`], [`otel`], [`tap`] and
+//! [`telemetry`].
 //! What only crisp's own tests (`tests/it/`, `e2e/`), the benchmark and the fuzz targets reach
 //! is public only with the `test-util` feature, which those turn on through their dependency on
 //! this crate (Cargo.toml): the other modules through `test_util_mod!` below, single items of
@@ -91,6 +93,7 @@ macro_rules! test_util_mod {
 pub mod config;
 pub mod daemon;
 pub mod doctor;
+pub mod otel;
 pub mod tap;
 pub mod telemetry;
 

@@ -283,3 +283,42 @@ fn readiness_handlers_are_validated() {
     ));
     assert!(e.contains("more than 64 handlers"), "{e}");
 }
+
+#[test]
+fn tracing_is_off_by_default_and_its_endpoint_is_checked() {
+    let c = Config::from_toml("", "t").unwrap();
+    assert_eq!(c.tracing, TracingConfig::default());
+    assert_eq!(c.tracing.otlp_endpoint, None);
+    let c = Config::from_toml(
+        "[tracing]\notlp_endpoint = \"http://127.0.0.1:4317\"\nexport_delay = \"1s\"\n",
+        "t",
+    )
+    .unwrap();
+    assert_eq!(
+        c.tracing.otlp_endpoint.as_deref(),
+        Some("http://127.0.0.1:4317")
+    );
+    assert_eq!(c.tracing.export_delay, Duration::from_secs(1));
+    for (toml, key) in [
+        (
+            "otlp_endpoint = \"https://collector:4317\"",
+            "tracing.otlp_endpoint",
+        ),
+        (
+            "otlp_endpoint = \"collector:4317\"",
+            "tracing.otlp_endpoint",
+        ),
+        (
+            "otlp_endpoint = \"http://c:4318/v1/traces\"",
+            "tracing.otlp_endpoint",
+        ),
+        ("export_delay = \"0s\"", "tracing.export_delay"),
+        ("export_delay = \"2m\"", "tracing.export_delay"),
+        ("sample = true", "tracing.sample"),
+    ] {
+        match Config::from_toml(&format!("[tracing]\n{toml}\n"), "t") {
+            Err(ConfigError::Invalid { key: k, .. }) => assert_eq!(k, key, "{toml}"),
+            other => panic!("{toml}: {other:?}"),
+        }
+    }
+}

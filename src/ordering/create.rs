@@ -434,16 +434,12 @@ impl Engine {
         self.metrics.fail_fast.inc();
         tracing::info!(container_name = %name, "refusing CreateContainer for now: {reason}");
         let message = decide::refusal(reason, name);
-        if let Some(hold) = held {
-            hold.end("refused", &message);
+        let waiting = holds::Waiting::from_refusal(pod, reason);
+        match held {
+            Some(hold) => hold.end("refused", &message),
+            None => self.refusal_span(pod, call, name, &waiting, &message),
         }
-        self.note_refusal(
-            pod,
-            call,
-            name,
-            &holds::Waiting::from_refusal(pod, reason),
-            &message,
-        );
+        self.note_refusal(pod, call, name, &waiting, &message);
         Verdict::Reject(Status::new(code::FAILED_PRECONDITION, message))
     }
 

@@ -193,9 +193,15 @@ pub(crate) struct Hold<'a> {
     pub(crate) since: Instant,
     info: HeldCall,
     last_sent: Option<(Instant, Waiting)>,
+    /// What the call waited for, in order (at most [`MAX_WAITED`]), for its span; kept only
+    /// when the call carries kubelet's `traceparent`.
+    waited: Vec<String>,
     ended: bool,
     _gauge: GaugeGuard<'a>,
 }
+
+/// Most distinct things a hold's span names as waited for.
+const MAX_WAITED: usize = 16;
 
 impl<'a> Hold<'a> {
     #[allow(clippy::too_many_arguments)]
@@ -235,11 +241,50 @@ impl<'a> Hold<'a> {
             since,
             info,
             last_sent: None,
+            waited: Vec::new(),
             ended: false,
             _gauge: GaugeGuard::new(&engine.metrics.holds_in_flight),
         };
+        hold.note_waited();
         hold.send(HoldPhase::Start, "", "");
         hold
+    }
+
+    /// Adds what the hold waits for now to its span's list (only for a traced call).
+    fn note_waited(&mut self) {
+        let on = &self.info.waiting.on;
+        if self.call.trace.is_some()
+            && self.waited.len() < MAX_WAITED
+            && !self.waited.iter().any(|w| w == on)
+        {
+            self.waited.push(on.clone());
+        }
+    }
+
+    /// The hold's span, when the call carries kubelet's `traceparent` and tracing is on.
+    fn span(&self, outcome: &str, message: &str) {
+        let (Some(parent), Some(spans)) = (self.call.trace.as_ref(), self.engine.hold_spans())
+        else {
+            return;
+        };
+        spans.record(
+            parent,
+            &crate::otel::HoldSpan {
+                rpc: &self.info.method,
+                call_id: self.call.id,
+                pod_namespace: &self.pod.namespace,
+                pod_name: &self.pod.name,
+                pod_sandbox_id: &self.pod.sandbox_id,
+                container: &self.info.container,
+                waited_for: &self.waited,
+                reason: &self.info.waiting.describe(),
+                outcome,
+                message,
+                policy: &self.info.policy,
+                start: self.info.since,
+                end: SystemTime::now(),
+            },
+        );
     }
 
     /// What the hold waits for now: kept for `crisp pods`; an event when one is due.
@@ -256,6 +301,7 @@ impl<'a> Hold<'a> {
             held.waiting = waiting.clone();
         }
         self.info.waiting = waiting;
+        self.note_waited();
         if update_due(self.last_sent.as_ref(), now(), &self.info.waiting) {
             self.send(HoldPhase::Update, "", "");
         }
@@ -269,6 +315,7 @@ impl<'a> Hold<'a> {
     /// a refusal.
     pub(crate) fn end(mut self, outcome: &str, message: &str) {
         self.ended = true;
+        self.span(outcome, message);
         self.send(HoldPhase::End, outcome, message);
     }
 
@@ -316,12 +363,48 @@ impl Drop for Hold<'_> {
                 container_name = %self.info.container,
                 "kubelet gave up on a held call (cancelled, or its deadline passed)"
             );
+            self.span("kubelet gave up", "");
             self.send(HoldPhase::End, "kubelet gave up", "");
         }
     }
 }
 
 impl Engine {
+    /// The span of a call refused before any hold (a sidecar not created or not running): as
+    /// long as crisp took to refuse it, when the call carries kubelet's `traceparent`.
+    pub(super) fn refusal_span(
+        &self,
+        pod: &Pod,
+        call: &Call,
+        container: &str,
+        waiting: &Waiting,
+        message: &str,
+    ) {
+        let (Some(parent), Some(spans)) = (call.trace.as_ref(), self.hold_spans()) else {
+            return;
+        };
+        let end = SystemTime::now();
+        let took = Instant::now().saturating_duration_since(call.received);
+        spans.record(
+            parent,
+            &crate::otel::HoldSpan {
+                rpc: call.route.rpc.map(|rpc| rpc.name()).unwrap_or(""),
+                call_id: call.id,
+                pod_namespace: &pod.namespace,
+                pod_name: &pod.name,
+                pod_sandbox_id: &pod.sandbox_id,
+                container,
+                waited_for: std::slice::from_ref(&waiting.on),
+                reason: &waiting.describe(),
+                outcome: "refused",
+                message,
+                policy: "",
+                start: end.checked_sub(took).unwrap_or(end),
+                end,
+            },
+        );
+    }
+
     /// A call refused without a hold (a sidecar not created or not running): counted on the
     /// pod, and reported to the sink.
     pub(super) fn note_refusal(

@@ -106,6 +106,8 @@ pub struct Engine {
     pub metrics: Arc<OrderingMetrics>,
     /// Where hold events go (the tap), once the daemon has wired it.
     hold_sink: OnceLock<Arc<dyn HoldSink>>,
+    /// Where held calls' spans go (`[tracing]`), once the daemon has wired it.
+    hold_spans: OnceLock<Arc<crate::otel::HoldSpans>>,
     /// The engine's own tasks (Job watchers, recovery): [`Engine::shutdown`] waits for them.
     tasks: TaskTracker,
     /// Cancelled by [`Engine::shutdown`]: every task in `tasks` ends at its next `.await`.
@@ -149,6 +151,7 @@ impl Engine {
             ),
             metrics,
             hold_sink: OnceLock::new(),
+            hold_spans: OnceLock::new(),
             tasks: TaskTracker::new(),
             shutdown: CancellationToken::new(),
             started_wall: std::time::SystemTime::now(),
@@ -201,6 +204,16 @@ impl Engine {
 
     fn hold_sink(&self) -> Option<&Arc<dyn HoldSink>> {
         self.hold_sink.get()
+    }
+
+    /// Records a span for each hold (and refusal) of a call that carries kubelet's
+    /// `traceparent`, from now on (set once; `[tracing]`, src/otel.rs).
+    pub fn set_hold_spans(&self, spans: Arc<crate::otel::HoldSpans>) {
+        let _ = self.hold_spans.set(spans);
+    }
+
+    fn hold_spans(&self) -> Option<&Arc<crate::otel::HoldSpans>> {
+        self.hold_spans.get()
     }
 
     /// The effective start timeout and policy of a pod (its annotations, else the node's).

@@ -132,7 +132,7 @@ impl Proxy {
     ) -> Result<Response<ResponseBody>, Infallible> {
         // A diverted stream brings the call the relay already numbered (one id per call: the
         // tap's in-flight gauge counts ids against completions).
-        let call = match req.extensions_mut().remove::<Call>() {
+        let mut call = match req.extensions_mut().remove::<Call>() {
             Some(call) => call,
             None => {
                 let received = Instant::now();
@@ -153,11 +153,17 @@ impl Proxy {
                     received,
                     deadline,
                     id: self.next_id.fetch_add(1, Ordering::Relaxed),
+                    trace: None,
                 }
             }
         };
         let route = call.route;
         let interest = self.interceptors.interest(&call);
+        // kubelet's span, for a hold's own (src/otel.rs): read only here, on a call someone
+        // buffers and so may hold; the header itself goes on to the runtime unchanged.
+        if interest.request {
+            call.trace = crate::otel::parent(req.headers());
+        }
 
         // One span per RPC (docs/ARCHITECTURE.md, Conventions): mutating calls at info, polling
         // calls at debug.

@@ -15,6 +15,7 @@ fn call(id: u64, path: &'static str) -> Call {
         received: Instant::now(),
         deadline: None,
         id,
+        trace: None,
     }
 }
 

@@ -10,7 +10,7 @@ const LAYERS: &[&[&str]] = &[
     &["tenant", "sys"],
     &["readiness", "netns", "status", "cri", "systemd"],
     &["config"],
-    &["intercept", "metrics", "telemetry", "watchdog"],
+    &["intercept", "metrics", "otel", "telemetry", "watchdog"],
     &["proxy"],
     &["ordering", "tap"],
     &["admin", "doctor"],

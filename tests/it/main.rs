@@ -24,6 +24,7 @@ mod docs;
 mod faults;
 mod forwarding;
 mod grpc_go_wire;
+mod hold_spans;
 mod install_doctor;
 mod install_layouts;
 mod interceptor;

@@ -84,9 +84,9 @@ fn grpcgo_binary() -> PathBuf {
 /// One call as `crisp-grpcgo call` reports it.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-struct GoCall {
-    code: String,
-    message: String,
+pub(crate) struct GoCall {
+    pub(crate) code: String,
+    pub(crate) message: String,
     response_hex: String,
     responses_hex: Vec<String>,
     header: HashMap<String, Vec<String>>,
@@ -99,7 +99,7 @@ fn hex(b: &[u8]) -> String {
 
 /// One call of `method` from a kubelet-style grpc-go client: unary, or (`stream`) server
 /// streaming; `md` is sent as request metadata.
-async fn grpcgo(
+pub(crate) async fn grpcgo(
     target: &Path,
     method: &str,
     req: &[u8],
@@ -262,7 +262,7 @@ fn received(fake: &Fake, path: &str, body: &[u8]) -> Vec<Arc<Recorded>> {
         .collect()
 }
 
-fn header_str(h: &HeaderMap, name: &str) -> Vec<String> {
+pub(crate) fn header_str(h: &HeaderMap, name: &str) -> Vec<String> {
     h.get_all(name)
         .iter()
         .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())

@@ -32,7 +32,7 @@ const PODS: usize = 300;
 
 /// Every sandbox has one running sidecar `proxy`; its IP is 127.0.0.1 and its network
 /// namespace is this process's (found through the pid in the verbose info, like containerd's).
-struct Burst;
+pub(crate) struct Burst;
 
 fn ready<T: Send + 'static>(v: Result<T, ClientError>) -> Answer<'static, T> {
     Box::pin(async move { v })
@@ -186,6 +186,7 @@ fn call() -> Call {
         received,
         deadline: Some(received + Duration::from_secs(120)),
         id: 1,
+        trace: None,
     }
 }
 

@@ -335,6 +335,7 @@ fn call(rpc: &str, deadline: Option<Duration>) -> Call {
         received,
         deadline: deadline.map(|d| received + d),
         id: 1,
+        trace: None,
     }
 }
 

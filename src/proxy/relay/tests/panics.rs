@@ -51,6 +51,7 @@ async fn a_panic_serving_a_diverted_call_answers_it_internal_and_ends_its_stream
         received: Instant::now(),
         deadline: None,
         id: 1,
+        trace: None,
     };
     let fields = vec![
         (":method".into(), "POST".into()),
