@@ -785,6 +785,14 @@ impl relay::Calls for Proxy {
     fn interest(&self, call: &Call) -> crate::intercept::Interest {
         self.interceptors.interest(call)
     }
+
+    fn conditional(&self, call: &Call) -> bool {
+        self.interceptors.conditional(call)
+    }
+
+    fn wants(&self, call: &Call, req: &[u8]) -> bool {
+        self.interceptors.wants_call(call, req)
+    }
 }
 
 impl relay::Service for Proxy {

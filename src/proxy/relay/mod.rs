@@ -29,6 +29,7 @@ pub(crate) mod core;
 mod error;
 mod fields;
 mod flow;
+mod held;
 mod inbound;
 mod outbound;
 mod ping;
