@@ -35,7 +35,7 @@ pub(crate) const MAX_HEADER_BLOCK: usize = 1 << 20;
 /// block of 1 MiB that refers again and again to one large table entry decodes to gigabytes.
 pub(crate) const MAX_HEADER_LIST: usize = 16 << 20;
 /// A degraded client idle this long is moved back to a relay (see [`Core::tick`]).
-const MOVE_IDLE: Duration = Duration::from_millis(200);
+pub(super) const MOVE_IDLE: Duration = Duration::from_millis(200);
 /// How long crisp waits for the ACK of the PING after its first GOAWAY before it sends the
 /// final one anyway (a client that stopped reading).
 pub(crate) const GOAWAY_ACK_WAIT: Duration = Duration::from_secs(1);

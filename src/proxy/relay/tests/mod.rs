@@ -3,6 +3,7 @@
 //! the test moves.
 
 mod blocks;
+mod degraded;
 mod flow;
 mod goaway;
 mod held;
