@@ -22,6 +22,9 @@ pub mod client;
 pub mod h2;
 pub mod listener;
 pub(crate) mod relay;
+/// The relay core's fuzz driver (`fuzz/fuzz_targets/core.rs`).
+#[cfg(feature = "test-util")]
+pub use self::relay::fuzzing as relay_fuzzing;
 pub mod sock;
 pub(crate) mod upstream;
 
