@@ -203,3 +203,56 @@ async fn status_calls_of_other_pods_stay_on_the_relay_while_a_job_sidecar_is_mar
     );
     crisp.stop().await;
 }
+
+/// The cost the hold saves: on one connection, alternating, ContainerStatus calls of another
+/// pod's container (held, then relayed) and of the marked container (diverted and patched).
+/// A measurement for RELIABILITY.md, not a pass/fail bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement (RELIABILITY.md): prints the latency of relayed and diverted status calls while a mark exists"]
+async fn measure_status_calls_relayed_and_diverted_while_a_job_sidecar_is_marked() {
+    let fake = Fake::start().await;
+    let (mut crisp, _state) = daemon_with_a_mark(&fake).await;
+    fake.script(CONTAINER_STATUS, |call| {
+        let req = ContainerStatusRequest::decode(call.message()).unwrap();
+        Reply::unary(&status_of(&req.container_id, 137).encode_to_vec())
+    });
+    let mut client = runtime_client(&crisp.sock).await;
+    let (mut relayed, mut diverted) = (Vec::new(), Vec::new());
+    for i in 0..2_000 {
+        let id = if i % 2 == 0 {
+            "another-container"
+        } else {
+            MARKED
+        };
+        let started = std::time::Instant::now();
+        let status = client
+            .container_status(ContainerStatusRequest {
+                container_id: id.into(),
+                verbose: false,
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status
+            .unwrap();
+        let took = started.elapsed();
+        if id == MARKED {
+            assert_eq!(status.exit_code, 0);
+            diverted.push(took);
+        } else {
+            assert_eq!(status.exit_code, 137);
+            relayed.push(took);
+        }
+    }
+    for (what, v) in [("relayed", &mut relayed), ("diverted", &mut diverted)] {
+        v.sort();
+        eprintln!(
+            "{what}: {} calls, min {:?} p50 {:?} p90 {:?}",
+            v.len(),
+            v[0],
+            v[v.len() / 2],
+            v[v.len() * 9 / 10]
+        );
+    }
+    crisp.stop().await;
+}
