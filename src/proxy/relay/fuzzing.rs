@@ -333,7 +333,7 @@ pub fn run(data: &[u8]) {
                     1 => frame(|o| Ping::new(*b"client01").encode(o)),
                     2 => frame(|o| Ping::new(GOAWAY_PING).pong().encode(o)),
                     3 => frame(|o| Ping::new(KEEPALIVE).pong().encode(o)),
-                    _ => frame(|o| Settings::encode_ack(o)),
+                    _ => frame(Settings::encode_ack),
                 };
                 h.client(&f);
             }
@@ -354,7 +354,7 @@ pub fn run(data: &[u8]) {
             11 => {
                 let f = match input.u8() % 5 {
                     0 => frame(|o| Settings::default().encode(o)),
-                    1 => frame(|o| Settings::encode_ack(o)),
+                    1 => frame(Settings::encode_ack),
                     2 => frame(|o| GoAway::new(s, Reason::NO_ERROR, b"bye").encode(o)),
                     3 => frame(|o| RstStream::new(s, Reason::CANCEL).encode(o)),
                     _ => {
