@@ -21,7 +21,7 @@ SECS="${1:-600}"
 shift || true
 TARGETS=("$@")
 if [ ${#TARGETS[@]} -eq 0 ]; then
-    TARGETS=(annotations readiness views patch wire hpack huffman probe_input frames stop_numbers)
+    TARGETS=(annotations readiness views patch wire hpack huffman probe_input frames stop_numbers core)
 fi
 JOBS="${FUZZ_JOBS:-2}"
 SAN="${FUZZ_SANITIZER:-none}"

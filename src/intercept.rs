@@ -118,6 +118,16 @@ pub trait Interceptor: Send + Sync + 'static {
         true
     }
 
+    /// Whether the `request`/`response` interest this interceptor just reported for `call`
+    /// holds only for some requests: those for which [`Interceptor::wants_response`] is true.
+    /// When every interceptor interested in a unary call says so, the relay reads its (small)
+    /// request before routing it, and relays it untouched unless one of them wants it
+    /// (DESIGN.md §5.2: job mode's status calls). Asked on the relay thread: must be cheap, and
+    /// `wants_response` then must not block or allocate either.
+    fn conditional(&self, _call: &Call) -> bool {
+        false
+    }
+
     /// Sees the response. `msg` is `None` for a status-only answer. Returning `Some` replaces the
     /// message that goes back to the client.
     fn on_response(
@@ -307,6 +317,46 @@ impl Interceptors {
         }
     }
 
+    /// Whether the request/response interest in `call` is conditional on its request: some
+    /// interceptor wants the request or the response, and each that does says
+    /// [`Interceptor::conditional`] (a panic counts as unconditional: the call is observed, as
+    /// without the question).
+    pub(crate) fn conditional(&self, call: &Call) -> bool {
+        if self.faults.bypassed(call.route) {
+            return false;
+        }
+        let mut any = false;
+        for i in &self.list {
+            let interest = self.interest_of(i.as_ref(), call);
+            if !(interest.request || interest.response) {
+                continue;
+            }
+            let conditional = guarded(|| i.conditional(call)).unwrap_or_else(|| {
+                self.faults.panicked(call.route, call.id, "conditional");
+                false
+            });
+            if !conditional {
+                return false;
+            }
+            any = true;
+        }
+        any
+    }
+
+    /// For a call whose interest is [`Interceptors::conditional`]: whether an interceptor wants
+    /// it, its request message `req` seen (a panic counts as not wanted, as in
+    /// [`Interceptors::wants_response`]).
+    pub(crate) fn wants_call(&self, call: &Call, req: &[u8]) -> bool {
+        self.list.iter().any(|i| {
+            let interest = self.interest_of(i.as_ref(), call);
+            (interest.request || interest.response)
+                && guarded(|| i.wants_response(call, req)).unwrap_or_else(|| {
+                    self.faults.panicked(call.route, call.id, "wants_response");
+                    false
+                })
+        })
+    }
+
     /// Whether any interceptor that asked for the response still wants it, the request seen.
     pub(crate) fn wants_response(&self, call: &Call, req: &[u8]) -> bool {
         self.list.iter().any(|i| {
@@ -444,4 +494,95 @@ pub trait HoldSink: Send + Sync {
     fn wanted(&self) -> bool;
     /// Must not wait: called on the held call's path.
     fn publish(&self, ev: HoldEvent);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    /// Wants status calls' requests and responses, for the request `marked` only.
+    struct Conditional;
+
+    impl Interceptor for Conditional {
+        fn interest(&self, _: &Call) -> Interest {
+            Interest {
+                request: true,
+                response: true,
+                complete: false,
+            }
+        }
+        fn conditional(&self, _: &Call) -> bool {
+            true
+        }
+        fn wants_response(&self, _: &Call, req: &[u8]) -> bool {
+            req == b"marked"
+        }
+    }
+
+    /// Wants to see every request (the tap with a subscriber), or only every end (metrics).
+    struct Plain(Interest);
+
+    impl Interceptor for Plain {
+        fn interest(&self, _: &Call) -> Interest {
+            self.0
+        }
+    }
+
+    struct PanicsWhenAsked;
+
+    impl Interceptor for PanicsWhenAsked {
+        fn interest(&self, _: &Call) -> Interest {
+            Interest {
+                request: true,
+                ..Interest::NONE
+            }
+        }
+        fn conditional(&self, _: &Call) -> bool {
+            std::panic::resume_unwind(Box::new("a bug (injected)"))
+        }
+    }
+
+    fn call() -> Call {
+        let path = "/runtime.v1.RuntimeService/ContainerStatus";
+        Call {
+            route: Route::from_path(path),
+            path: http::uri::PathAndQuery::from_static(path),
+            received: Instant::now(),
+            deadline: None,
+            id: 1,
+        }
+    }
+
+    fn chain(list: Vec<Arc<dyn Interceptor>>) -> Interceptors {
+        Interceptors::new(list)
+    }
+
+    #[test]
+    fn an_interest_is_conditional_only_when_every_interested_interceptor_says_so() {
+        let ends = Plain(Interest {
+            complete: true,
+            ..Interest::NONE
+        });
+        let c = chain(vec![Arc::new(Conditional), Arc::new(ends)]);
+        assert!(c.conditional(&call()), "an interest in the end alone does not count");
+        assert!(c.wants_call(&call(), b"marked"));
+        assert!(!c.wants_call(&call(), b"another"));
+
+        let requests = Plain(Interest {
+            request: true,
+            ..Interest::NONE
+        });
+        let c = chain(vec![Arc::new(Conditional), Arc::new(requests)]);
+        assert!(!c.conditional(&call()), "the tap watching: every call is observed");
+        assert!(!chain(vec![]).conditional(&call()), "no interest: nothing to hold");
+    }
+
+    #[test]
+    fn a_panic_asking_whether_an_interest_is_conditional_counts_as_unconditional() {
+        let c = chain(vec![Arc::new(PanicsWhenAsked)]);
+        assert!(!c.conditional(&call()));
+        assert_eq!(c.faults().panics(), 1);
+    }
 }

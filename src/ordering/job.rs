@@ -234,11 +234,17 @@ impl Terminated {
         if self.is_empty() {
             return;
         }
-        let mut marks = self.marks.write();
-        if marks.remove(id) {
+        let removed = {
+            let mut marks = self.marks.write();
+            let removed = marks.remove(id);
+            self.any.store(!marks.sandbox_of.is_empty(), Relaxed);
+            removed
+        };
+        // Outside the lock: relay threads read the marks (`contains`) and must not wait for a
+        // file system.
+        if removed {
             self.unlink(id);
         }
-        self.any.store(!marks.sandbox_of.is_empty(), Relaxed);
     }
 
     /// Drops the marks of `sandbox`'s containers (RemovePodSandbox removes them with it).
@@ -246,21 +252,27 @@ impl Terminated {
         if self.is_empty() {
             return;
         }
-        let mut marks = self.marks.write();
-        if !marks.by_sandbox.contains_key(sandbox) {
-            return;
-        }
-        let ids: Vec<String> = marks
-            .sandbox_of
-            .iter()
-            .filter(|(_, s)| s.as_str() == sandbox)
-            .map(|(id, _)| id.clone())
-            .collect();
+        let ids: Vec<String> = {
+            let mut marks = self.marks.write();
+            if !marks.by_sandbox.contains_key(sandbox) {
+                return;
+            }
+            let ids: Vec<String> = marks
+                .sandbox_of
+                .iter()
+                .filter(|(_, s)| s.as_str() == sandbox)
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in &ids {
+                marks.remove(id);
+            }
+            self.any.store(!marks.sandbox_of.is_empty(), Relaxed);
+            ids
+        };
+        // Outside the lock, as in `remove`.
         for id in ids {
-            marks.remove(&id);
             self.unlink(&id);
         }
-        self.any.store(!marks.sandbox_of.is_empty(), Relaxed);
     }
 
     fn unlink(&self, id: &str) {
@@ -288,12 +300,16 @@ impl Terminated {
             };
             match sandbox_of(&id) {
                 None => {
-                    let mut marks = self.marks.write();
-                    if marks.remove(&id) {
+                    let removed = {
+                        let mut marks = self.marks.write();
+                        let removed = marks.remove(&id);
+                        self.any.store(!marks.sandbox_of.is_empty(), Relaxed);
+                        removed
+                    };
+                    if removed {
                         self.unlink(&id);
                         pruned += 1;
                     }
-                    self.any.store(!marks.sandbox_of.is_empty(), Relaxed);
                 }
                 Some(sandbox) if known.is_empty() && is_container_id(&sandbox) => {
                     self.marks.write().insert(&id, &sandbox);

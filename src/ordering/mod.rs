@@ -509,9 +509,9 @@ impl Interceptor for Engine {
                 complete: false,
             },
             // Job mode's exit-code patch: only while crisp has terminated some sidecar, and then
-            // the response is collected only for a call about a marked container or sandbox
-            // (`wants_response`; the id is in the request, which the relay has not read when it
-            // asks: DESIGN.md §5.2). Every other status call streams through.
+            // only for a call about a marked container or sandbox (`conditional`: the relay
+            // reads the request and asks `wants_response`, DESIGN.md §5.2). Every other status
+            // call stays on the relay.
             Some(Rpc::ContainerStatus) | Some(Rpc::PodSandboxStatus)
                 if !self.terminated.is_empty() =>
             {
@@ -579,6 +579,14 @@ impl Interceptor for Engine {
             }
             _ => true,
         }
+    }
+
+    /// The status calls' interest is for the marked containers' and sandboxes' only.
+    fn conditional(&self, call: &Call) -> bool {
+        matches!(
+            call.route.rpc,
+            Some(Rpc::ContainerStatus) | Some(Rpc::PodSandboxStatus)
+        )
     }
 
     fn on_response(&self, call: &Call, req: &[u8], msg: Option<&[u8]>, code: i32) -> Option<Bytes> {

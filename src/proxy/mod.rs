@@ -22,6 +22,9 @@ pub mod client;
 pub mod h2;
 pub mod listener;
 pub(crate) mod relay;
+/// The relay core's fuzz driver (`fuzz/fuzz_targets/core.rs`).
+#[cfg(feature = "test-util")]
+pub use self::relay::fuzzing as relay_fuzzing;
 pub mod sock;
 pub(crate) mod upstream;
 
@@ -790,6 +793,14 @@ impl relay::Calls for Proxy {
 
     fn interest(&self, call: &Call) -> crate::intercept::Interest {
         self.interceptors.interest(call)
+    }
+
+    fn conditional(&self, call: &Call) -> bool {
+        self.interceptors.conditional(call)
+    }
+
+    fn wants(&self, call: &Call, req: &[u8]) -> bool {
+        self.interceptors.wants_call(call, req)
     }
 }
 

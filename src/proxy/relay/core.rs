@@ -21,6 +21,7 @@ use bytes::{Bytes, BytesMut};
 use super::error::{RelayError, Violation};
 use super::fields::{FieldList, PathCache};
 use super::flow::Windows;
+use super::held::{Peek, Why};
 use super::ping::{KeepAlive, KeepAliveAction, PingGate, GOAWAY_PING, KEEPALIVE};
 use super::status::{Code, Ending};
 use crate::intercept::{Call, Interest};
@@ -34,7 +35,7 @@ pub(crate) const MAX_HEADER_BLOCK: usize = 1 << 20;
 /// block of 1 MiB that refers again and again to one large table entry decodes to gigabytes.
 pub(crate) const MAX_HEADER_LIST: usize = 16 << 20;
 /// A degraded client idle this long is moved back to a relay (see [`Core::tick`]).
-const MOVE_IDLE: Duration = Duration::from_millis(200);
+pub(super) const MOVE_IDLE: Duration = Duration::from_millis(200);
 /// How long crisp waits for the ACK of the PING after its first GOAWAY before it sends the
 /// final one anyway (a client that stopped reading).
 pub(crate) const GOAWAY_ACK_WAIT: Duration = Duration::from_secs(1);
@@ -45,8 +46,20 @@ const MAX_STREAM_ID: u32 = (1 << 31) - 1;
 pub trait Calls: Send + Sync {
     /// A new call's id (one per call: the tap's in-flight gauge counts ids against completions).
     fn next_id(&self) -> u64;
-    /// What the interceptors want of a call: any interest in its request or response diverts it.
+    /// What the interceptors want of a call: any interest in its request or response diverts it
+    /// (unless [`Calls::conditional`]).
     fn interest(&self, call: &Call) -> Interest;
+    /// Whether the request/response interest just reported for a unary call holds only for
+    /// some requests ([`crate::intercept::Interceptor::conditional`]): the call is held until
+    /// its request is read, and [`Calls::wants`] decides (`held.rs`).
+    fn conditional(&self, _call: &Call) -> bool {
+        false
+    }
+    /// For a held call: whether it is diverted, its request message `req` seen. Runs on the
+    /// relay thread: no blocking, no I/O.
+    fn wants(&self, _call: &Call, _req: &[u8]) -> bool {
+        true
+    }
 }
 
 /// What the core leaves for its shell.
@@ -139,6 +152,8 @@ pub(super) struct FromClient {
     pub(super) indexer: Indexer,
     /// Paths this client used, with their routes: no copy or re-validation per call.
     pub(super) paths: PathCache,
+    /// A new stream held until its request is read (`held.rs`).
+    pub(super) peek: Peek,
 }
 
 /// Runtime → client: what the core keeps to read the runtime's frames.
@@ -232,6 +247,7 @@ impl Core {
             fields: FieldList::default(),
             indexer: Indexer::default(),
             paths: PathCache::default(),
+            peek: Peek::default(),
         };
         Core {
             calls,
@@ -283,6 +299,9 @@ impl Core {
                 .filter(|&&id| self.windows.lock().is_diverted(id))
                 .map(|&id| (id, "(diverted)".to_string(), Duration::ZERO)),
         );
+        if let Some(id) = self.held_id() {
+            streams.push((id, "(held)".to_string(), Duration::ZERO));
+        }
         streams.sort_by_key(|s| s.0);
         crate::watchdog::ConnReport {
             streams,
@@ -416,6 +435,7 @@ impl Core {
     pub(crate) fn drained(&self) -> bool {
         self.goaway.is_some()
             && self.relayed.is_empty()
+            && self.held_id().is_none()
             && !self.windows.lock().any_diverted()
             && self.to_client.is_empty()
             && self.from_runtime.pending.is_none()
@@ -449,6 +469,8 @@ impl Core {
             self.to_client = first;
             self.preface_sent = true;
         }
+        // The runtime never saw it: the observed path serves it, as every new stream now.
+        self.divert_held(Why::RuntimeGone);
         let ids: Vec<u32> = self
             .relayed
             .keys()
@@ -482,6 +504,8 @@ impl Core {
 
     /// The client's connection ended: relayed calls still in flight are cancelled.
     pub(crate) fn client_gone(&mut self, at: Instant) {
+        self.now = at;
+        self.drop_held(true);
         let relayed: Vec<Relayed> = self.relayed.drain().map(|(_, r)| r).collect();
         for r in relayed {
             self.completed(r, Ending::cancelled(), at);

@@ -151,7 +151,7 @@ impl Flow {
     }
 
     /// For tests: (connection window, debt, a diverted stream's window).
-    #[cfg(test)]
+    #[cfg(any(test, feature = "test-util"))]
     pub(crate) fn windows(&self, stream: u32) -> (i64, u64, Option<i64>) {
         (
             self.client_window,

@@ -15,6 +15,7 @@ use bytes::{Buf, Bytes, BytesMut};
 
 use super::core::{Core, Event, PendingBlock, Relayed, MAX_HEADER_BLOCK, MAX_HEADER_LIST};
 use super::error::{RelayError, Violation};
+use super::held::Why;
 use super::ping::{GOAWAY_PING, KEEPALIVE};
 use super::status::Ending;
 use crate::cri::Route;
@@ -138,7 +139,10 @@ impl Core {
 
     /// RST_STREAM: a diverted stream's task ends; a relayed stream's reset goes on.
     fn client_reset(&mut self, stream: u32, frame: &[u8]) {
-        if self.client.bodies.remove(&stream) || self.is_diverted(stream) {
+        if self.held_id() == Some(stream) {
+            // Never reached the runtime: nothing to relay.
+            self.drop_held(false);
+        } else if self.client.bodies.remove(&stream) || self.is_diverted(stream) {
             self.events.push(Event::Reset { stream });
             self.windows.lock().close_diverted(stream);
             self.windows.notify();
@@ -151,9 +155,11 @@ impl Core {
     }
 
     /// DATA: relayed on a relayed stream; a diverted stream's request body otherwise.
-    fn client_data(&mut self, head: Head, frame: &[u8], credit: &mut u32) {
+    pub(super) fn client_data(&mut self, head: Head, frame: &[u8], credit: &mut u32) {
         let payload = &frame[h2::HEADER_LEN..];
-        if self.client.bodies.contains(&head.stream) {
+        if self.held_id() == Some(head.stream) {
+            self.held_data(head, frame, credit);
+        } else if self.client.bodies.contains(&head.stream) {
             // Never reaches the runtime: the client gets its connection credit back now.
             *credit = credit.saturating_add(head.len as u32);
             if let Some(r) = h2::data_payload(&head, payload) {
@@ -210,6 +216,10 @@ impl Core {
     fn client_window_update(&mut self, head: Head, frame: &[u8]) {
         // Malformed (FRAME_SIZE_ERROR): the runtime's to judge; crisp counts no credit.
         let inc = WindowUpdate::load(&head, &frame[h2::HEADER_LEN..]).map_or(0, |w| w.increment);
+        if head.stream != 0 && self.held_id() == Some(head.stream) {
+            // Credit for a response no one serves yet: the observed path takes the stream.
+            self.divert_held(Why::OtherFrame);
+        }
         if head.stream == 0 {
             let (forward, waiters) = {
                 let mut flow = self.windows.lock();
@@ -320,7 +330,15 @@ impl Core {
             .encode(&mut self.to_client);
             return Err(Violation::UndecodableBlock.into());
         }
-        if !(stream > self.max_stream && stream % 2 == 1) {
+        let new = stream > self.max_stream && stream % 2 == 1;
+        if new && self.held_id().is_some() {
+            // Streams reach the runtime in the order of their ids: the held one cannot wait.
+            self.divert_held(Why::NewStream);
+        }
+        if !new {
+            if self.held_id() == Some(stream) {
+                self.divert_held(Why::OtherFrame);
+            }
             self.trailers(stream, end_stream, block);
             return Ok(());
         }
@@ -361,7 +379,13 @@ impl Core {
             RstStream::new(stream, Reason::REFUSED_STREAM).encode(&mut self.to_client);
             return;
         }
-        if !(divert || self.degraded) && self.runtime {
+        let on_relay = !self.degraded && self.runtime;
+        if divert && on_relay && is_unary(route) && self.calls.conditional(&call) {
+            // Routed once its request is read (`held.rs`).
+            self.hold(stream, call, interest.complete, end_stream);
+            return;
+        }
+        if !divert && on_relay {
             self.relayed.insert(
                 stream,
                 Relayed {
@@ -380,14 +404,7 @@ impl Core {
             h2::headers(&mut self.to_runtime, stream, block, end_stream);
             return;
         }
-        {
-            let mut flow = self.windows.lock();
-            flow.open_diverted(stream);
-            self.client.diverted_ids.insert(stream);
-            if self.client.diverted_ids.len() > 64 {
-                self.client.diverted_ids.retain(|id| flow.is_diverted(*id));
-            }
-        }
+        self.open_diverted(stream);
         if !end_stream {
             self.client.bodies.insert(stream);
         }
@@ -399,6 +416,16 @@ impl Core {
             fields: self.client.fields.to_owned(),
             end_stream,
         });
+    }
+
+    /// crisp serves `stream` itself from now on (the observed path).
+    pub(super) fn open_diverted(&mut self, stream: u32) {
+        let mut flow = self.windows.lock();
+        flow.open_diverted(stream);
+        self.client.diverted_ids.insert(stream);
+        if self.client.diverted_ids.len() > 64 {
+            self.client.diverted_ids.retain(|id| flow.is_diverted(*id));
+        }
     }
 
     /// A header block on a stream that is not new: trailers (gRPC clients send none, but HTTP/2
@@ -421,4 +448,11 @@ impl Core {
             h2::headers(&mut self.to_runtime, stream, block, end_stream);
         }
     }
+}
+
+/// A unary call: one request message, whole before the answer (what a held stream waits for).
+fn is_unary(route: Route) -> bool {
+    route
+        .rpc
+        .is_some_and(|r| r.kind() != crate::cri::RpcKind::Streaming)
 }

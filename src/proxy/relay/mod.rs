@@ -29,6 +29,9 @@ pub(crate) mod core;
 mod error;
 mod fields;
 mod flow;
+#[cfg(any(test, feature = "test-util"))]
+pub mod fuzzing;
+mod held;
 mod inbound;
 mod outbound;
 mod ping;

@@ -136,7 +136,10 @@ impl Pump {
             ];
             // From the clock read after the last poll: a tick is at least 10 ms, the work since
             // then a few µs, and the clock is read once per wakeup.
-            let wake = self.core.goaway_due().map_or(next_tick, |due| due.min(next_tick));
+            let wake = [self.core.goaway_due(), self.core.held_due()]
+                .into_iter()
+                .flatten()
+                .fold(next_tick, Instant::min);
             self.beat.waiting(self.now);
             sock::poll(&mut fds, wake.saturating_duration_since(self.now))?;
             self.now = Instant::now();
@@ -152,6 +155,11 @@ impl Pump {
                 return Ok(());
             }
             self.core.check_goaway(self.now);
+            if self.core.held_due().is_some() {
+                // A held stream whose request did not end in time goes to the observed path.
+                self.core.check_held(self.now);
+                self.dispatch();
+            }
             if self.now >= next_tick {
                 next_tick = self.now + tick;
                 let path = &self.runtime_path;

@@ -3,8 +3,10 @@
 //! the test moves.
 
 mod blocks;
+mod degraded;
 mod flow;
 mod goaway;
+mod held;
 mod panics;
 mod ping;
 
@@ -24,8 +26,14 @@ use crate::proxy::h2::{
     self, Flags, GoAway, Head, Kind, Ping, Reason, RstStream, Settings, WindowUpdate,
 };
 
-/// The rest of crisp: diverts calls whose path ends in `/Divert`, wants every call's end.
+/// The rest of crisp: diverts calls whose path ends in `/Divert`, wants every call's end; is
+/// interested in ContainerStatus calls only for the request [`MARKED`] (job mode's interest).
 struct Stub(AtomicU64);
+
+/// The ContainerStatus path, a unary route.
+const STATUS: &str = "/runtime.v1.RuntimeService/ContainerStatus";
+/// The one ContainerStatus request message the stub wants to see.
+const MARKED: &[u8] = b"marked";
 
 impl Calls for Stub {
     fn next_id(&self) -> u64 {
@@ -33,12 +41,20 @@ impl Calls for Stub {
     }
 
     fn interest(&self, call: &Call) -> Interest {
-        let divert = call.path.as_str().ends_with("/Divert");
+        let path = call.path.as_str();
         Interest {
-            request: divert,
+            request: path.ends_with("/Divert") || path == STATUS,
             response: false,
             complete: true,
         }
+    }
+
+    fn conditional(&self, call: &Call) -> bool {
+        call.path.as_str() == STATUS
+    }
+
+    fn wants(&self, _: &Call, req: &[u8]) -> bool {
+        req == MARKED
     }
 }
 
@@ -99,6 +115,16 @@ fn response(stream: u32, fields: &[(&str, &str)], end_stream: bool) -> Vec<u8> {
     }
     let mut out = Vec::new();
     h2::headers(&mut out, stream, &block, end_stream);
+    out
+}
+
+/// One gRPC message, framed, in one DATA frame.
+fn grpc(stream: u32, msg: &[u8], end: bool) -> Vec<u8> {
+    let mut body = vec![0u8];
+    body.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+    body.extend_from_slice(msg);
+    let mut out = Vec::new();
+    h2::data(&mut out, stream, &body, end);
     out
 }
 
