@@ -552,6 +552,7 @@ mod tests {
             received: Instant::now(),
             deadline: None,
             id: 1,
+            trace: None,
         }
     }
 
