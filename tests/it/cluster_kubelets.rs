@@ -970,3 +970,44 @@ fn epoch_secs() -> u64 {
         .unwrap()
         .as_secs()
 }
+
+/// The lane's trace recorder itself, without a cluster: a call with trace metadata crosses it to
+/// a recording fake runtime with every header, and the recorder keeps the three values.
+#[test]
+fn the_trace_recorder_relays_calls_and_keeps_their_trace_headers() {
+    use crate::support::{Fake, Reply};
+    let fake_rt = tokio::runtime::Runtime::new().unwrap();
+    let fake = fake_rt.block_on(Fake::start());
+    fake.script("/runtime.v1.RuntimeService/Version", |_| {
+        Reply::unary(b"\x0a\x02v1")
+    });
+    let relay_rt = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("rec.sock");
+    let seen = recorder(&relay_rt, sock.clone(), fake.path().to_path_buf());
+    let tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let got = fake_rt.block_on(async {
+        let mut c = crate::support::runtime_client(&sock).await;
+        let mut req = tonic::Request::new(cri::VersionRequest::default());
+        req.metadata_mut()
+            .insert("traceparent", tp.parse().unwrap());
+        req.metadata_mut().insert("baggage", "k=v".parse().unwrap());
+        c.version(req)
+            .await
+            .expect("Version through the recorder")
+            .into_inner()
+    });
+    assert_eq!(got.version, "v1");
+    let at_fake = fake.last("/runtime.v1.RuntimeService/Version");
+    assert_eq!(at_fake.headers.get("traceparent").unwrap(), tp);
+    assert_eq!(at_fake.headers.get("baggage").unwrap(), "k=v");
+    assert_eq!(
+        seen.lock().unwrap().clone(),
+        vec![(
+            "/runtime.v1.RuntimeService/Version".to_string(),
+            tp.to_string(),
+            String::new(),
+            "k=v".to_string()
+        )]
+    );
+}
