@@ -473,6 +473,28 @@ struct Gaps {
     stop_ms: f64,
 }
 
+/// "created after ready, stopped last" and the like, for the log.
+fn verdict(s: &Shape, g: &Gaps) -> String {
+    let create = if g.create_ms >= READY_AFTER.as_millis() as f64 - 100.0 {
+        "app created after the sidecar was ready"
+    } else if g.create_ms >= 0.0 {
+        "app created before the sidecar was ready"
+    } else {
+        "app created before the sidecar started"
+    };
+    let stop = if g.stop_ms >= 0.0 {
+        "sidecar finished last"
+    } else {
+        "sidecar finished first"
+    };
+    let kind = match (s.ordered_create, s.ordered_stop) {
+        (true, _) => "legacy",
+        (false, true) => "legacy, stop only",
+        _ => "native",
+    };
+    format!("{kind}: {create}, {stop}")
+}
+
 fn ms(a: i64, b: i64) -> f64 {
     (b - a) as f64 / 1e6
 }
@@ -658,8 +680,8 @@ fn a_newer_kubelet_through_crisp() {
     for s in shapes(minor) {
         let (g, _) = run_shape(&cluster, &rt, &s);
         eprintln!(
-            "gaps| 1.{minor} direct {:8} sidecar {:13} started→app created {:8.0} ms, app finished→sidecar finished {:8.0} ms",
-            s.name, s.sidecar, g.create_ms, g.stop_ms
+            "gaps| 1.{minor} direct {:8} sidecar {:13} started→app created {:8.0} ms, app finished→sidecar finished {:8.0} ms ({})",
+            s.name, s.sidecar, g.create_ms, g.stop_ms, verdict(&s, &g)
         );
         direct.insert(s.name, g);
     }
@@ -732,8 +754,8 @@ fn a_newer_kubelet_through_crisp() {
     for s in shapes(minor) {
         let (g, t) = run_shape(&cluster, &rt, &s);
         eprintln!(
-            "gaps| 1.{minor} crisp  {:8} sidecar {:13} started→app created {:8.0} ms, app finished→sidecar finished {:8.0} ms",
-            s.name, s.sidecar, g.create_ms, g.stop_ms
+            "gaps| 1.{minor} crisp  {:8} sidecar {:13} started→app created {:8.0} ms, app finished→sidecar finished {:8.0} ms ({})",
+            s.name, s.sidecar, g.create_ms, g.stop_ms, verdict(&s, &g)
         );
         if s.ordered_create {
             assert!(
