@@ -843,7 +843,7 @@ fn a_newer_kubelet_through_crisp() {
     // A Job whose legacy sidecar never exits completes.
     let job = "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: lane-job\n  namespace: default\nspec:\n  backoffLimit: 0\n  template:\n    metadata:\n      annotations:\n        crisp.dev/sidecars: \"proxy\"\n    spec:\n      automountServiceAccountToken: false\n      terminationGracePeriodSeconds: 5\n      restartPolicy: Never\n      containers:\n      - name: proxy\n        image: crisp.test/busybox:latest\n        imagePullPolicy: IfNotPresent\n        command: [\"sh\", \"-c\", \"exec sleep 3600\"]\n      - name: app\n        image: crisp.test/busybox:latest\n        imagePullPolicy: IfNotPresent\n        command: [\"sh\", \"-c\", \"sleep 2; echo job done\"]\n";
     let t = Instant::now();
-    cluster.apply(&job);
+    cluster.apply(job);
     let took = cluster.wait("the Job complete", Duration::from_secs(180), || {
         cluster.jsonpath(&["job", "lane-job"], "{.status.succeeded}") == "1"
     });
