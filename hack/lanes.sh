@@ -20,6 +20,9 @@
 #   node-shutdown    cluster_rollout::graceful_node_shutdown_stops_legacy_sidecars_after_their_apps,
 #                    kubelet's shutdown manager on `systemctl poweroff`, direct and via crisp (~2 min)
 #   soak             e2e soak_grpcgo::soak_10_minutes through hack/soak.sh (10 min)
+#   kubelet-1.30     cluster_kubelets::a_newer_kubelet_through_crisp with Kubernetes 1.30: native,
+#   kubelet-1.32     Istio-, Linkerd-, Vault-shaped and mixed pods direct and through crisp, a Job,
+#   kubelet-1.34     crisp killed mid-hold, RuntimeConfig, a pull secret, tracing (~4 min each)
 #
 # Environment:
 #   OUT                  logs (default target/lanes)
@@ -30,7 +33,12 @@
 #                        the cache is empty, hack/kube-binaries.sh builds it from there (11–27 min
 #                        once; a rerun finds the cache)
 #   CRISP_MICROSHIFT_GIT a clone (or bare git dir) of openshift/microshift: its release-4.13 is
-#                        exported to $CRISP_KUBE_CACHE.src and built, as with CRISP_KUBE_SRC
+#                        exported to $CRISP_KUBE_CACHE.src and built, as with CRISP_KUBE_SRC; for
+#                        the kubelet-1.X lanes release-4.17 (1.30), release-4.19 (1.32) or
+#                        release-4.21 (1.34), exported to $CRISP_KUBE_CACHE_ROOT/kube-1.X.src
+#   CRISP_KUBE_CACHE_ROOT  where the kubelet-1.X lanes cache their binaries, one directory per
+#                        version (kube-1.30, ...; default ${XDG_CACHE_HOME:-$HOME/.cache}/crisp);
+#                        CRISP_KUBE_BIN_DIR_1_30 (_1_32, _1_34) names one version's directly
 #   CRISP_DIST           release artifacts for the cluster lanes (default target/artifacts,
 #                        from `hack/release.sh --out target/artifacts`)
 #   CRISP_SOAK_SECS, CRISP_LOAD_PODS, CRISP_LOAD_WAVES, CRISP_SEED, CRISP_STORM_KILLS   passed to
@@ -42,9 +50,12 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
 PROG=hack/lanes.sh
-ALL=(probe-burst refusal-cost load cluster-join cluster-rollout cluster-storm node-shutdown soak)
+ALL=(probe-burst refusal-cost load cluster-join cluster-rollout cluster-storm node-shutdown soak kubelet-1.30 kubelet-1.32 kubelet-1.34)
 OUT="${OUT:-target/lanes}"
-KUBE_CACHE="${CRISP_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/crisp/kube-1.26}"
+KUBE_CACHE_ROOT="${CRISP_KUBE_CACHE_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/crisp}"
+KUBE_CACHE="${CRISP_KUBE_CACHE:-$KUBE_CACHE_ROOT/kube-1.26}"
+# The microshift branch that vendors each Kubernetes minor (hack/kube-binaries.sh).
+declare -A KUBE_BRANCH=([1.26]=release-4.13 [1.30]=release-4.17 [1.32]=release-4.19 [1.34]=release-4.21)
 KUBE_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
 
 usage() {
@@ -101,73 +112,95 @@ need_runtime() {
   need_tool go golang-go
 }
 
-kube_bin_dir() {
-  printf '%s' "${CRISP_KUBE_BIN_DIR:-$KUBE_CACHE}"
+# kube_cache V: where version V's four binaries are cached.
+kube_cache() {
+  if [[ $1 == 1.26 ]]; then
+    printf '%s' "$KUBE_CACHE"
+  else
+    printf '%s' "$KUBE_CACHE_ROOT/kube-$1"
+  fi
 }
-kube_bins_ok() {
+# kube_bin_dir [V]: the binaries the lanes of version V (default 1.26) use.
+kube_bin_dir() {
+  local v=${1:-1.26} var
+  if [[ $v == 1.26 ]]; then
+    printf '%s' "${CRISP_KUBE_BIN_DIR:-$KUBE_CACHE}"
+  else
+    var=CRISP_KUBE_BIN_DIR_${v//./_}
+    printf '%s' "${!var:-$(kube_cache "$v")}"
+  fi
+}
+kube_bins_ok() { # kube_bins_ok V
   local d b
-  d=$(kube_bin_dir)
+  d=$(kube_bin_dir "$1")
   for b in "${KUBE_BINS[@]}"; do
     [[ -x $d/$b ]] || return 1
   done
-  "$d/kube-apiserver" --version 2>/dev/null | grep -q 'v1\.26\.'
+  "$d/kube-apiserver" --version 2>/dev/null | grep -q "v${1//./\\.}\\."
 }
 
-# The kube binaries: the cache if it holds all four (1.26), else built into it from
-# CRISP_KUBE_SRC or CRISP_MICROSHIFT_GIT, once for both cluster lanes.
-kube_built=""
+# The kube binaries of version V (default 1.26): the cache if it holds all four, else built
+# into it from CRISP_KUBE_SRC (1.26) or CRISP_MICROSHIFT_GIT, once for all of V's lanes.
+declare -A kube_built
 ensure_kube_bins() {
-  [[ -z $kube_built ]] || return "$kube_built"
-  kube_built=0
-  if kube_bins_ok; then
-    echo "kube binaries: $(kube_bin_dir) (cached: $("$(kube_bin_dir)/kube-apiserver" --version))"
+  local v=${1:-1.26}
+  [[ -z ${kube_built[$v]:-} ]] || return "${kube_built[$v]}"
+  kube_built[$v]=0
+  local dir cache branch=${KUBE_BRANCH[$v]}
+  dir=$(kube_bin_dir "$v")
+  cache=$(kube_cache "$v")
+  if kube_bins_ok "$v"; then
+    echo "kube binaries $v: $dir (cached: $("$dir/kube-apiserver" --version))"
     return 0
   fi
-  if [[ -n ${CRISP_KUBE_BIN_DIR:-} ]]; then
-    need "Kubernetes 1.26 binaries in CRISP_KUBE_BIN_DIR=$CRISP_KUBE_BIN_DIR" "hack/kube-binaries.sh SRC $CRISP_KUBE_BIN_DIR (docs/TESTING.md, \"The cluster lane\")"
-    kube_built=1
+  if [[ $dir != "$cache" ]]; then
+    need "Kubernetes $v binaries in $dir" "CRISP_KUBE_VERSION=$v hack/kube-binaries.sh SRC $dir (docs/TESTING.md, \"The cluster lane\")"
+    kube_built[$v]=1
     return 1
   fi
-  local src=${CRISP_KUBE_SRC:-}
+  local src=""
+  [[ $v != 1.26 ]] || src=${CRISP_KUBE_SRC:-}
   if [[ -z $src && -n ${CRISP_MICROSHIFT_GIT:-} ]]; then
-    src=$KUBE_CACHE.src
+    src=$cache.src
     if [[ ! -f $src/vendor/modules.txt && $check_only -eq 1 ]]; then
-      echo "kube binaries: would export release-4.13 of $CRISP_MICROSHIFT_GIT to $src and build it into $KUBE_CACHE"
+      echo "kube binaries $v: would export $branch of $CRISP_MICROSHIFT_GIT to $src and build it into $cache"
       return 0
     elif [[ ! -f $src/vendor/modules.txt ]]; then
-      echo "kube binaries: exporting release-4.13 of $CRISP_MICROSHIFT_GIT to $src"
-      if ! export_microshift "$CRISP_MICROSHIFT_GIT" "$src"; then
-        need "microshift's release-4.13 in $CRISP_MICROSHIFT_GIT" "a clone of github.com/openshift/microshift with that branch"
-        kube_built=1
+      echo "kube binaries $v: exporting $branch of $CRISP_MICROSHIFT_GIT to $src"
+      if ! export_microshift "$CRISP_MICROSHIFT_GIT" "$src" "$branch"; then
+        need "microshift's $branch in $CRISP_MICROSHIFT_GIT" "a clone of github.com/openshift/microshift with that branch"
+        kube_built[$v]=1
         return 1
       fi
     fi
   fi
   if [[ -z $src ]]; then
-    need "Kubernetes 1.26 binaries (none cached in $KUBE_CACHE)" "set CRISP_KUBE_SRC=<microshift release-4.13 tree> or CRISP_MICROSHIFT_GIT=<its clone> to build them into the cache once (hack/kube-binaries.sh, 11–27 min), or CRISP_KUBE_BIN_DIR=<dir with the four>"
-    kube_built=1
+    local how="CRISP_MICROSHIFT_GIT=<a clone of openshift/microshift> to build them into the cache once (hack/kube-binaries.sh exports $branch; 11–27 min for 1.26, longer for newer trees)"
+    [[ $v != 1.26 ]] || how="set CRISP_KUBE_SRC=<microshift release-4.13 tree> or $how, or CRISP_KUBE_BIN_DIR=<dir with the four>"
+    need "Kubernetes $v binaries (none cached in $cache)" "$how"
+    kube_built[$v]=1
     return 1
   fi
   [[ $check_only -eq 0 ]] || {
-    echo "kube binaries: would build from $src into $KUBE_CACHE"
+    echo "kube binaries $v: would build from $src into $cache"
     return 0
   }
-  echo "kube binaries: building from $src into $KUBE_CACHE (log $OUT/kube-binaries.log; 11–27 min once)"
+  echo "kube binaries $v: building from $src into $cache (log $OUT/kube-binaries-$v.log)"
   local t0=$SECONDS
-  if bash hack/kube-binaries.sh "$src" "$KUBE_CACHE" >"$OUT/kube-binaries.log" 2>&1 && kube_bins_ok; then
-    echo "kube binaries: built in $((SECONDS - t0)) s"
+  if CRISP_KUBE_VERSION=$v nice bash hack/kube-binaries.sh "$src" "$cache" >"$OUT/kube-binaries-$v.log" 2>&1 && kube_bins_ok "$v"; then
+    echo "kube binaries $v: built in $((SECONDS - t0)) s"
     return 0
   fi
-  need "Kubernetes 1.26 binaries" "hack/kube-binaries.sh failed from $src: $OUT/kube-binaries.log"
-  kube_built=1
+  need "Kubernetes $v binaries" "hack/kube-binaries.sh failed from $src: $OUT/kube-binaries-$v.log"
+  kube_built[$v]=1
   return 1
 }
 
-# export_microshift GIT DIR: its release-4.13 tree into DIR. A partial clone or mirror may lack
+# export_microshift GIT DIR [BRANCH]: its BRANCH (default release-4.13) tree into DIR. A partial clone or mirror may lack
 # a few large blobs (cloud-provider SDKs that the providerless build never compiles): those
 # paths are left out rather than failing the export.
 export_microshift() {
-  local git=$1 dir=$2 ref=release-4.13 gd
+  local git=$1 dir=$2 ref=${3:-release-4.13} gd
   gd=$(git -C "$git" rev-parse --git-dir 2>/dev/null) || gd=$git
   [[ $gd == /* ]] || gd=$git/$gd
   git --git-dir="$gd" rev-parse --verify -q "$ref^{tree}" >/dev/null || return 1
@@ -206,7 +239,18 @@ prereq() { # prereq LANE: sets $missing
         compgen -G "$dist/crisp-installer-*.oci.tar" >/dev/null ||
           need "the installer image in $dist" "hack/release.sh --out target/artifacts (or CRISP_DIST=<dir>)"
       fi
-      [[ -n $missing ]] || ensure_kube_bins || true
+      [[ -n $missing ]] || ensure_kube_bins 1.26 || true
+      ;;
+    kubelet-1.*)
+      need_root
+      need_tool systemd-nspawn systemd-container
+      need_tool debootstrap
+      need_tool etcd etcd-server
+      need_tool docker-registry
+      need_tool skopeo
+      need_tool kubectl "kubectl (any recent client; CRISP_KUBECTL names another)"
+      [[ -x /usr/lib/cni/bridge ]] || need "CNI plugins in /usr/lib/cni" "install containernetworking-plugins (sudo hack/setup.sh)"
+      [[ -n $missing ]] || ensure_kube_bins "${1#kubelet-}" || true
       ;;
   esac
   [[ -z $missing ]]
@@ -225,6 +269,7 @@ pattern() {
     cluster-storm) echo 'control plane up|kubelet joined|^storm:|^deadline:|^leftover:|leftover\||terminating\||panicked|timed out' ;;
     node-shutdown) echo 'control plane up|kubelet joined|^shutdown |powered off|panicked|timed out' ;;
     soak) echo '^== soak|CRISP_SEED|pods|calls|failed|GOAWAY|Broken pipe|RSS|CPU|panicked' ;;
+    kubelet-1.*) echo 'control plane up|kubelet joined|^direct:|^gaps\||^runtime-config\||^native\||^stops\||^job\||^restart\||^pull\||^tracing\||panicked|timed out' ;;
   esac
 }
 
@@ -260,6 +305,11 @@ run_lane() {
       ;;
     soak)
       OUT="$OUT/soak" bash hack/soak.sh
+      ;;
+    kubelet-1.*)
+      local v=${1#kubelet-}
+      CRISP_KUBE_VERSION=$v CRISP_KUBE_BIN_DIR=$(kube_bin_dir "$v") cargo test -p crisp --locked --test it -- \
+        cluster_kubelets::a_newer_kubelet_through_crisp --exact --ignored --nocapture --test-threads 1
       ;;
   esac
 }

@@ -34,17 +34,17 @@ use std::time::{Duration, Instant};
 use crate::node_support::*;
 
 /// The node's name: the nspawn root's hostname (hack/node-rootfs.sh), which kubelet registers.
-const NODE: &str = "crisp-node";
+pub(crate) const NODE: &str = "crisp-node";
 /// The CNI bridge the node's pods use. The node shares the host's network namespace, so the
 /// bridge is the host's: a name and subnet no other lane uses, removed at the end.
 const BRIDGE: &str = "crisplane0";
 const POD_SUBNET: &str = "10.244.77.0/24";
 
-fn secs(d: Duration) -> String {
+pub(crate) fn secs(d: Duration) -> String {
     format!("{:.1} s", d.as_secs_f64())
 }
 
-fn kube_bin_dir() -> PathBuf {
+pub(crate) fn kube_bin_dir() -> PathBuf {
     let d = std::env::var_os("CRISP_KUBE_BIN_DIR")
         .map(PathBuf::from)
         .expect("CRISP_KUBE_BIN_DIR: a directory with kube-apiserver, kube-controller-manager, kube-scheduler and kubelet (hack/kube-binaries.sh)");
@@ -64,7 +64,7 @@ fn kube_bin_dir() -> PathBuf {
     d
 }
 
-fn run(c: &mut Command) -> Out {
+pub(crate) fn run(c: &mut Command) -> Out {
     let o = c.output().unwrap_or_else(|e| panic!("run {c:?}: {e}"));
     Out {
         code: o.status.code().unwrap_or(-1),
@@ -74,13 +74,13 @@ fn run(c: &mut Command) -> Out {
 }
 
 /// The control plane of hack/cluster.sh, stopped (and its state removed) when dropped.
-struct Cluster {
-    state: tempfile::TempDir,
-    registry_port: u16,
+pub(crate) struct Cluster {
+    pub(crate) state: tempfile::TempDir,
+    pub(crate) registry_port: u16,
 }
 
 impl Cluster {
-    fn up(bins: &Path) -> Cluster {
+    pub(crate) fn up(bins: &Path) -> Cluster {
         let state = tempfile::Builder::new()
             .prefix("crisp-cluster")
             .tempdir_in("/var/tmp")
@@ -117,7 +117,7 @@ impl Cluster {
         c
     }
 
-    fn logs(&self) -> String {
+    pub(crate) fn logs(&self) -> String {
         let mut s = String::new();
         for c in [
             "etcd",
@@ -137,7 +137,7 @@ impl Cluster {
         s
     }
 
-    fn kubectl_in(&self, stdin: Option<&str>, args: &[&str]) -> Out {
+    pub(crate) fn kubectl_in(&self, stdin: Option<&str>, args: &[&str]) -> Out {
         let kubectl = std::env::var("CRISP_KUBECTL").unwrap_or_else(|_| "kubectl".into());
         let mut c = Command::new(kubectl);
         c.arg("--kubeconfig")
@@ -170,23 +170,23 @@ impl Cluster {
         }
     }
 
-    fn kubectl(&self, args: &[&str]) -> Out {
+    pub(crate) fn kubectl(&self, args: &[&str]) -> Out {
         self.kubectl_in(None, args)
     }
 
-    fn must(&self, args: &[&str]) -> String {
+    pub(crate) fn must(&self, args: &[&str]) -> String {
         let o = self.kubectl(args);
         assert!(o.ok(), "kubectl {args:?}: {}", o.all());
         o.stdout
     }
 
-    fn apply(&self, yaml: &str) {
+    pub(crate) fn apply(&self, yaml: &str) {
         let o = self.kubectl_in(Some(yaml), &["apply", "-f", "-"]);
         assert!(o.ok(), "kubectl apply: {}\n{yaml}", o.all());
     }
 
     /// `kubectl get ... -o jsonpath=PATH`, "" when the object is missing.
-    fn jsonpath(&self, what: &[&str], path: &str) -> String {
+    pub(crate) fn jsonpath(&self, what: &[&str], path: &str) -> String {
         let mut args = vec!["get"];
         args.extend(what);
         let jp = format!("jsonpath={path}");
@@ -194,14 +194,14 @@ impl Cluster {
         self.kubectl(&args).stdout
     }
 
-    fn node_ready(&self) -> String {
+    pub(crate) fn node_ready(&self) -> String {
         self.jsonpath(
             &["node", NODE],
             "{.status.conditions[?(@.type==\"Ready\")].status}",
         )
     }
 
-    fn pod_ready(&self, ns: &str, pod: &str) -> bool {
+    pub(crate) fn pod_ready(&self, ns: &str, pod: &str) -> bool {
         self.jsonpath(
             &["-n", ns, "pod", pod],
             "{.status.conditions[?(@.type==\"Ready\")].status}",
@@ -210,7 +210,12 @@ impl Cluster {
 
     /// Waits until `f` holds, checked every 200 ms; panics with `what` and the control plane's
     /// logs on timeout. Returns how long it took.
-    fn wait(&self, what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Duration {
+    pub(crate) fn wait(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut f: impl FnMut() -> bool,
+    ) -> Duration {
         let t = Instant::now();
         while !f() {
             assert!(
@@ -235,7 +240,7 @@ impl Drop for Cluster {
 }
 
 /// Removes the host-side leftovers of the node's pod network when the test ends.
-struct BridgeGuard;
+pub(crate) struct BridgeGuard;
 impl Drop for BridgeGuard {
     fn drop(&mut self) {
         let _ = Command::new("ip").args(["link", "del", BRIDGE]).status();
@@ -279,8 +284,8 @@ fn cni_conflist() -> String {
 /// kubeadm's layout (tests/it/node_support's drop-in, kubeadm-flags.env, config.yaml), so that
 /// hack/install.sh rewires it as it would on a kubeadm node. Ports off the defaults: the node
 /// shares the host's network.
-const KUBEADM_FLAGS: &str = "KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint=unix:///run/containerd/containerd.sock --pod-infra-container-image=crisp.test/pause:latest\"\n";
-const KUBELET_CONFIG: &str = r#"apiVersion: kubelet.config.k8s.io/v1beta1
+pub(crate) const KUBEADM_FLAGS: &str = "KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint=unix:///run/containerd/containerd.sock --pod-infra-container-image=crisp.test/pause:latest\"\n";
+pub(crate) const KUBELET_CONFIG: &str = r#"apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 cgroupDriver: cgroupfs
 # created in every cgroup v1 hierarchy before kubelet starts (docs/DEPLOY.md)
@@ -313,6 +318,12 @@ const KUBELET_UNIT: &str = "[Unit]\nDescription=kubelet (upstream 1.26, the clus
 /// Boots the node, gives it containerd configured for pods, the test images and kubelet, and
 /// waits until the API server has it Ready. Returns the node and how long the join took.
 fn join(cluster: &Cluster, bins: &Path) -> (Node, Duration) {
+    join_with(cluster, bins, KUBELET_CONFIG)
+}
+
+/// `join` with another kubelet config file (tests/it/cluster_kubelets.rs: feature gates, a
+/// `tracing:` block).
+pub(crate) fn join_with(cluster: &Cluster, bins: &Path, kubelet_config: &str) -> (Node, Duration) {
     let node = Node::boot_for_kubelet();
     eprintln!("node booted in {}", secs(node.boot_time));
     let t = Instant::now();
@@ -390,7 +401,7 @@ fn join(cluster: &Cluster, bins: &Path) -> (Node, Duration) {
     );
     node.put(
         "/var/lib/kubelet/config.yaml",
-        KUBELET_CONFIG.as_bytes(),
+        kubelet_config.as_bytes(),
         0o644,
     );
     node.put("/etc/default/kubelet", b"KUBELET_EXTRA_ARGS=\n", 0o644);
@@ -444,7 +455,7 @@ fn container_ids(cluster: &Cluster, pod: &str) -> String {
     v.join(" ")
 }
 
-fn running(cluster: &Cluster, pod: &str) -> bool {
+pub(crate) fn running(cluster: &Cluster, pod: &str) -> bool {
     cluster.jsonpath(&["pod", pod], "{.status.phase}") == "Running"
 }
 

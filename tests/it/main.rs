@@ -18,6 +18,7 @@ mod support;
 mod systemd_support;
 
 // One module per former test binary.
+mod cluster_kubelets;
 mod cluster_rollout;
 mod deploy_manifests;
 mod docs;
