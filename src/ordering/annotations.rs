@@ -18,9 +18,12 @@ use std::time::Duration;
 
 use super::injectors::{self, Injected, InjectorRule};
 pub use super::sidecar::{Sidecar, READY_PREFIX};
+// The annotation contract's public surface (the fuzz targets and tests name these here).
+#[allow(unused_imports)]
+pub use super::sidecar::tenant_may_aim;
 use super::sidecar::tenant_ready;
-#[cfg(test)]
-use super::warnings::MAX_WARNINGS_KEPT;
+#[allow(unused_imports)]
+pub use super::warnings::MAX_WARNINGS_KEPT;
 pub use super::warnings::{Warning, Warnings};
 use crate::config::{parse_duration, SidecarRule, TimeoutPolicy, MAX_START_TIMEOUT};
 use crate::readiness::Readiness;

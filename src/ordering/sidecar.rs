@@ -48,7 +48,7 @@ impl TenantReady {
 /// The check a readiness from a pod annotation must pass before crisp connects anywhere: its
 /// host is the pod IP (empty), loopback or unspecified (the pod's own namespace), one of the
 /// pod's IPs (`pod_ips`, from the runtime), or inside a network the operator allowed.
-pub(crate) fn tenant_may_aim(ready: &Readiness, pod_ips: &[IpAddr], allow: &[Cidr]) -> Result<(), String> {
+pub fn tenant_may_aim(ready: &Readiness, pod_ips: &[IpAddr], allow: &[Cidr]) -> Result<(), String> {
     let host = match ready {
         Readiness::Tcp { host: Some(h), .. } | Readiness::Http { host: Some(h), .. } => {
             h.to_canonical()
