@@ -165,14 +165,14 @@ fn bench(c: &mut Criterion) {
     for f in fields("1998977u") {
         enc.encode(f, &mut steady).unwrap();
     }
-    let mut dec = crisp::proxy::h2::hpack::Decoder::default();
+    let mut dec = crisp::proxy::http2::hpack::Decoder::default();
     dec.decode(&first, |_, _| {}).unwrap();
     let mut out = Vec::with_capacity(512);
     c.bench_function("relay_request_headers_decode_and_reencode", |b| {
         b.iter(|| {
             out.clear();
             dec.decode(black_box(&steady), |n, v| {
-                crisp::proxy::h2::encode_field(&mut out, n, v)
+                crisp::proxy::http2::encode_field(&mut out, n, v)
             })
             .unwrap();
             out.len()
@@ -190,7 +190,7 @@ fn bench(c: &mut Criterion) {
                 out.clear();
                 loona
                     .decode_with_cb(black_box(&steady), |n, v| {
-                        crisp::proxy::h2::encode_field(&mut out, &n, &v)
+                        crisp::proxy::http2::encode_field(&mut out, &n, &v)
                     })
                     .unwrap();
                 out.len()
@@ -213,7 +213,7 @@ fn bench(c: &mut Criterion) {
                     .decode(&mut black_box(&steady).clone(), &mut decoded)
                     .unwrap();
                 for (n, v, _) in &decoded {
-                    crisp::proxy::h2::encode_field(&mut out, n, v);
+                    crisp::proxy::http2::encode_field(&mut out, n, v);
                 }
                 out.len()
             })
@@ -223,10 +223,10 @@ fn bench(c: &mut Criterion) {
     // encoder), each added to the table; a fresh decoder per iteration for both.
     c.bench_function("first_request_headers_decode_crisp", |b| {
         b.iter(|| {
-            let mut d = crisp::proxy::h2::hpack::Decoder::default();
+            let mut d = crisp::proxy::http2::hpack::Decoder::default();
             out.clear();
             d.decode(black_box(&first), |n, v| {
-                crisp::proxy::h2::encode_field(&mut out, n, v)
+                crisp::proxy::http2::encode_field(&mut out, n, v)
             })
             .unwrap();
             out.len()
@@ -240,7 +240,7 @@ fn bench(c: &mut Criterion) {
             d.decode(&mut black_box(&first).clone(), &mut fields)
                 .unwrap();
             for (n, v, _) in &fields {
-                crisp::proxy::h2::encode_field(&mut out, n, v);
+                crisp::proxy::http2::encode_field(&mut out, n, v);
             }
             out.len()
         })
@@ -250,7 +250,7 @@ fn bench(c: &mut Criterion) {
             let mut d = loona_hpack::Decoder::new();
             out.clear();
             d.decode_with_cb(black_box(&first), |n, v| {
-                crisp::proxy::h2::encode_field(&mut out, &n, &v)
+                crisp::proxy::http2::encode_field(&mut out, &n, &v)
             })
             .unwrap();
             out.len()
@@ -265,7 +265,7 @@ fn bench(c: &mut Criterion) {
     c.bench_function("huffman_decode_path_crisp", |b| {
         b.iter(|| {
             text.clear();
-            crisp::proxy::h2::huffman::decode(black_box(&path), &mut text).unwrap();
+            crisp::proxy::http2::huffman::decode(black_box(&path), &mut text).unwrap();
             text.len()
         })
     });

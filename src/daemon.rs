@@ -11,7 +11,7 @@ use crate::metrics::{CallMetrics, OrderingMetrics};
 use crate::ordering::job::Terminated;
 use crate::ordering::Engine;
 use crate::proxy::client::RuntimeClient;
-use crate::proxy::{self, listener, Proxy, ProxyOptions, Upstream, UpstreamOptions};
+use crate::proxy::{self, listener, Proxy, ProxyOptions, RuntimePool, RuntimePoolOptions};
 use crate::tap::Tap;
 
 /// Why [`run`] could not serve.
@@ -35,7 +35,7 @@ pub enum Error {
 /// The interceptor chain and the tap in it (the admin socket serves the tap's subscribers).
 pub(crate) fn chain(
     cfg: &Config,
-    upstream: &Arc<Upstream>,
+    upstream: &Arc<RuntimePool>,
 ) -> (Vec<Arc<dyn Interceptor>>, Arc<Tap>, Arc<Engine>) {
     let client = RuntimeClient::new(upstream.clone(), Duration::from_secs(5));
     let terminated = Arc::new(Terminated::open(Some(cfg.state_dir.clone())));
@@ -131,9 +131,9 @@ pub(crate) async fn serve_on_notify(
     shutdown: impl Future<Output = ()>,
     admin_ready: tokio::sync::oneshot::Sender<()>,
 ) {
-    let upstream = std::sync::Arc::new(Upstream::new(
+    let upstream = std::sync::Arc::new(RuntimePool::new(
         cfg.upstream.clone(),
-        UpstreamOptions::from(&cfg),
+        RuntimePoolOptions::from(&cfg),
     ));
     let (list, tap, engine) = chain(&cfg, &upstream);
     let spans = hold_spans(&cfg, &engine);

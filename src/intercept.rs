@@ -77,7 +77,7 @@ pub enum Verdict {
     /// (e.g. StopContainer's timeout, by appending the field: protobuf's last value wins).
     ForwardPatched(Bytes),
     /// Answer the client with this status; the call never reaches the runtime.
-    Reject(Status),
+    Refuse(Status),
 }
 
 /// How a call ended, for metrics and the tap.
@@ -306,7 +306,7 @@ impl Interceptors {
                 match CatchUnwind(fut).await {
                     Ok(Verdict::Forward) => {}
                     Ok(Verdict::ForwardPatched(b)) => patched = Some(b),
-                    Ok(Verdict::Reject(s)) => return Verdict::Reject(s),
+                    Ok(Verdict::Refuse(s)) => return Verdict::Refuse(s),
                     Err(()) => self.faults.panicked(call.route, call.id, "on_request"),
                 }
             }

@@ -10,7 +10,7 @@
 //!                        ▼
 //!                   proxy::relay ── own runtime connection; frames copied through; request
 //!                        │           header blocks decoded for Route::from_path (cri/mod.rs)
-//!                        │           and written anew by crisp's HPACK encoder (proxy/h2);
+//!                        │           and written anew by crisp's HPACK encoder (proxy/http2);
 //!                        │           the rules in a sans-I/O core (proxy/relay/core.rs)
 //!          nobody interested? ──yes──▶ relayed frame by frame to the runtime
 //!                        │no
@@ -19,7 +19,7 @@
 //!                        │              Interceptors::on_request (intercept.rs): may decode
 //!                        │              a copy (cri/views.rs), HOLD, or reject
 //!                        ▼              (the ordering engine waits here; never List/Status)
-//!                 Upstream::send (proxy/upstream.rs) ──h2/UDS──▶ containerd
+//!                 RuntimePool::send (proxy/runtime_pool.rs) ──h2/UDS──▶ containerd
 //!                        │
 //!             response: spliced, or buffered ▶ on_response (may patch one field)
 //!                        ▼

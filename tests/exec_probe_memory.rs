@@ -16,7 +16,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use crisp::cri::ApiVersion;
 use crisp::proxy::client::{ClientError, RuntimeClient};
-use crisp::proxy::{Upstream, UpstreamOptions};
+use crisp::proxy::{RuntimePool, RuntimePoolOptions};
 use prost::Message;
 use support::*;
 
@@ -71,7 +71,7 @@ const HEAP_GROWTH_MAX: usize = 4 << 20;
 
 fn client(fake: &Fake) -> RuntimeClient {
     RuntimeClient::new(
-        Arc::new(Upstream::new(fake.path(), UpstreamOptions::default())),
+        Arc::new(RuntimePool::new(fake.path(), RuntimePoolOptions::default())),
         Duration::from_secs(5),
     )
 }

@@ -19,7 +19,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use crisp::cri::ApiVersion;
 use crisp::proxy::client::RuntimeClient;
-use crisp::proxy::{Upstream, UpstreamOptions};
+use crisp::proxy::{RuntimePool, RuntimePoolOptions};
 use crisp::tap::pb;
 use prost::Message;
 use support::*;
@@ -126,7 +126,7 @@ async fn a_32_mib_exec_answer_through_a_full_tap_costs_what_the_tap_shows() {
     // kubelet's side: crisp's own streaming client, which keeps only the exit code of the answer
     // (exec_probe_memory.rs), so that what grows is crisp's.
     let rc = RuntimeClient::new(
-        Arc::new(Upstream::new(&d.sock, UpstreamOptions::default())),
+        Arc::new(RuntimePool::new(&d.sock, RuntimePoolOptions::default())),
         Duration::from_secs(10),
     );
     let mut tap = crisp::tap::client::connect(&d.admin).await.unwrap();

@@ -12,8 +12,8 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use crisp::proxy::h2::hpack::Decoder;
-use crisp::proxy::h2::{self as f, Flags, Head, Kind};
+use crisp::proxy::http2::hpack::Decoder;
+use crisp::proxy::http2::{self as f, Flags, Head, Kind};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]

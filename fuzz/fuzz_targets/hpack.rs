@@ -6,9 +6,9 @@
 //! runtime allows (the first input byte) and however it changes (a block's first byte).
 #![no_main]
 
-use crisp::proxy::h2::encode_field;
-use crisp::proxy::h2::hpack::Decoder;
-use crisp::proxy::h2::Indexer;
+use crisp::proxy::http2::encode_field;
+use crisp::proxy::http2::hpack::Decoder;
+use crisp::proxy::http2::Indexer;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|input: (u16, Vec<Vec<u8>>)| {

@@ -1,11 +1,11 @@
-//! crisp's HPACK Huffman decoder (`crisp::proxy::h2::huffman`, what the relay runs on every Huffman
+//! crisp's HPACK Huffman decoder (`crisp::proxy::http2::huffman`, what the relay runs on every Huffman
 //! literal a client sends) against httlib-huffman on the same bytes: never a panic; both accept
 //! with the same output or both reject, except for padding that contains a 0 bit, which crisp
 //! rejects (RFC 7541 §5.2) and httlib-huffman accepts; and the input read as text round-trips
 //! through httlib-huffman's encoder and crisp's decoder.
 #![no_main]
 
-use crisp::proxy::h2::huffman::{decode, HuffmanError};
+use crisp::proxy::http2::huffman::{decode, HuffmanError};
 use httlib_huffman::DecoderSpeed;
 use libfuzzer_sys::fuzz_target;
 

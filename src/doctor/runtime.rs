@@ -10,14 +10,17 @@ use super::*;
 use crate::config::DEFAULT_CONFIG_PATH;
 use crate::cri::ApiVersion;
 use crate::proxy::client::{ClientError, RuntimeClient, VersionResponse};
-use crate::proxy::{Upstream, UpstreamOptions};
+use crate::proxy::{RuntimePool, RuntimePoolOptions};
 
 pub(super) fn client_for(path: &Path, timeout: Duration) -> RuntimeClient {
-    let opts = UpstreamOptions {
+    let opts = RuntimePoolOptions {
         connect_timeout: timeout.min(Duration::from_secs(2)),
         ..Default::default()
     };
-    RuntimeClient::new(Arc::new(Upstream::new(path.to_path_buf(), opts)), timeout)
+    RuntimeClient::new(
+        Arc::new(RuntimePool::new(path.to_path_buf(), opts)),
+        timeout,
+    )
 }
 
 pub(super) fn describe(v: &VersionResponse) -> String {

@@ -107,7 +107,7 @@ impl Engine {
                         // running sidecar as ready, fail refuses the create with the reason.
                         Probed::Unreachable(why) => match self.start_policy(pod).1 {
                             TimeoutPolicy::Proceed => true,
-                            TimeoutPolicy::Fail => return Check::FailFast(why),
+                            TimeoutPolicy::Fail => return Check::Refuse(why),
                         },
                     };
                     if ready && !known {
@@ -117,10 +117,10 @@ impl Engine {
                 }
                 Check::Ready => return Check::Ready,
                 Check::Waiting(who) => return Check::Waiting(who),
-                Check::FailFast(why) => {
+                Check::Refuse(why) => {
                     self.start_refusal_clock(version, pod, container, required, &snapshot)
                         .await;
-                    return Check::FailFast(why);
+                    return Check::Refuse(why);
                 }
             }
         }
@@ -330,7 +330,7 @@ impl Engine {
                     forget_refusal();
                     break;
                 }
-                Check::FailFast(reason) => return self.refuse_fast(pod, call, name, &reason, held),
+                Check::Refuse(reason) => return self.refuse_fast(pod, call, name, &reason, held),
                 Check::Waiting(who) => who,
                 Check::Probe { .. } => unreachable!("check_start answers its own probes"),
             };
@@ -440,7 +440,7 @@ impl Engine {
             None => self.refusal_span(pod, call, name, &waiting, &message),
         }
         self.note_refusal(pod, call, name, &waiting, &message);
-        Verdict::Reject(Status::new(code::FAILED_PRECONDITION, message))
+        Verdict::Refuse(Status::new(code::FAILED_PRECONDITION, message))
     }
 
     /// The hold reached the start timeout still waiting for `who`: start the app anyway or
@@ -484,7 +484,7 @@ impl Engine {
                 if let Some(hold) = held {
                     hold.end("timed out (fail)", &message);
                 }
-                Verdict::Reject(Status::new(code::FAILED_PRECONDITION, message))
+                Verdict::Refuse(Status::new(code::FAILED_PRECONDITION, message))
             }
         }
     }
@@ -530,7 +530,7 @@ impl Engine {
         if let Some(hold) = held.take() {
             hold.end("refused (still waiting)", &message);
         }
-        Some(Verdict::Reject(Status::new(
+        Some(Verdict::Refuse(Status::new(
             code::FAILED_PRECONDITION,
             message,
         )))

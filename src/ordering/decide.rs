@@ -224,7 +224,7 @@ pub(crate) enum Check<'p> {
     /// A sidecar is not created, or created but not running: refuse now (§3.3). kubelet can only
     /// fix it in a later sync of this very pod, which waits for this call — holding would
     /// deadlock (KUBELET-CRI §7.1).
-    FailFast(String),
+    Refuse(String),
 }
 
 /// The start check: the required sidecars in declared order, the first that is not ready
@@ -245,12 +245,12 @@ pub(crate) fn check_start<'p>(
             // alive, not dead. It passes on its own timeout, and this container waits for it —
             // otherwise the app could win the race and start first.
             if found.is_none() && refused(&s.name) {
-                return Check::FailFast(format!("sidecar \"{}\" of pod {pod} is not created yet (it waits for an earlier sidecar)", name(&s.name)));
+                return Check::Refuse(format!("sidecar \"{}\" of pod {pod} is not created yet (it waits for an earlier sidecar)", name(&s.name)));
             }
             continue;
         }
         match found {
-            None if s.required => return Check::FailFast(format!("sidecar \"{}\" of pod {pod} is not created yet (is it listed after this container?)", name(&s.name))),
+            None if s.required => return Check::Refuse(format!("sidecar \"{}\" of pod {pod} is not created yet (is it listed after this container?)", name(&s.name))),
             // Node rules name sidecars a pod may not have.
             None => continue,
             Some(c) if c.state == state::RUNNING => match probed.get(&s.name) {
@@ -258,7 +258,7 @@ pub(crate) fn check_start<'p>(
                 Some(false) => return Check::Waiting(s.name.clone()),
                 None => return Check::Probe { sidecar: s, container_id: c.id.clone() },
             },
-            Some(c) => return Check::FailFast(format!("sidecar \"{}\" of pod {pod} is {}, not running", name(&s.name), state_name(c.state))),
+            Some(c) => return Check::Refuse(format!("sidecar \"{}\" of pod {pod} is {}, not running", name(&s.name), state_name(c.state))),
         }
     }
     Check::Ready

@@ -16,7 +16,7 @@ pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub enum ProxyBody {
     /// The runtime's response body, forwarded as it arrives (back-pressure comes from HTTP/2
     /// flow control).
-    Upstream(hyper::body::Incoming),
+    RuntimePool(hyper::body::Incoming),
     /// A request body arriving on a relayed connection, a diverted stream's (see
     /// [`super::relay`]).
     Channel(ChannelBody),
@@ -56,7 +56,7 @@ impl Body for ProxyBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match &mut *self {
-            ProxyBody::Upstream(inner) => Pin::new(inner).poll_frame(cx).map_err(BoxError::from),
+            ProxyBody::RuntimePool(inner) => Pin::new(inner).poll_frame(cx).map_err(BoxError::from),
             ProxyBody::Channel(inner) => Pin::new(inner).poll_frame(cx),
             ProxyBody::Buffered { data, trailers } => {
                 if let Some(d) = data.take() {
@@ -69,7 +69,7 @@ impl Body for ProxyBody {
 
     fn is_end_stream(&self) -> bool {
         match self {
-            ProxyBody::Upstream(inner) => inner.is_end_stream(),
+            ProxyBody::RuntimePool(inner) => inner.is_end_stream(),
             ProxyBody::Channel(inner) => inner.is_end_stream(),
             ProxyBody::Buffered { data, trailers } => data.is_none() && trailers.is_none(),
         }
@@ -77,7 +77,7 @@ impl Body for ProxyBody {
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            ProxyBody::Upstream(inner) => inner.size_hint(),
+            ProxyBody::RuntimePool(inner) => inner.size_hint(),
             ProxyBody::Channel(_) => SizeHint::default(),
             // Deliberately inexact: an exact hint makes hyper add a content-length header the
             // client never sent, and crisp forwards headers byte-exact.

@@ -10,7 +10,7 @@ use http_body_util::BodyExt;
 use prost::Message;
 
 use super::body::{self, ProxyBody};
-use super::Upstream;
+use super::RuntimePool;
 use crate::cri::views;
 use crate::cri::wire::{self, Frame};
 use crate::cri::ApiVersion;
@@ -19,7 +19,7 @@ use crate::status::{code_of, Status};
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error(transparent)]
-    Upstream(#[from] super::upstream::UpstreamError),
+    RuntimePool(#[from] super::runtime_pool::UpstreamError),
     #[error("runtime answered {method} with {status}")]
     Status {
         method: &'static str,
@@ -48,12 +48,12 @@ impl ClientError {
 
 #[derive(Clone)]
 pub struct RuntimeClient {
-    upstream: Arc<Upstream>,
+    upstream: Arc<RuntimePool>,
     timeout: Duration,
 }
 
 impl RuntimeClient {
-    pub fn new(upstream: Arc<Upstream>, timeout: Duration) -> Self {
+    pub fn new(upstream: Arc<RuntimePool>, timeout: Duration) -> Self {
         RuntimeClient { upstream, timeout }
     }
 
@@ -105,7 +105,7 @@ impl RuntimeClient {
             if let Some(c) = code_of(&parts.headers) {
                 return Err(status_error(method, c, &parts.headers));
             }
-            let (data, trailers) = body::collect(ProxyBody::Upstream(body), 64 << 20)
+            let (data, trailers) = body::collect(ProxyBody::RuntimePool(body), 64 << 20)
                 .await
                 .map_err(|e| ClientError::Malformed {
                     method,
@@ -272,7 +272,7 @@ impl RuntimeClient {
             if let Some(c) = code_of(&parts.headers) {
                 return Err(status_error(METHOD, c, &parts.headers));
             }
-            let mut body = ProxyBody::Upstream(body);
+            let mut body = ProxyBody::RuntimePool(body);
             let mut reader = ExitCodeReader::default();
             let mut trailers = None;
             let mut total = 0usize;

@@ -8,25 +8,25 @@
 //! - **observed** (an interceptor wants to see it): the relay diverts the stream here
 //!   ([`Proxy`] as the relay's [`relay::Service`]); the unary request is buffered, shown to the
 //!   interceptors (which may hold or reject it), and the same bytes are forwarded through pooled
-//!   runtime connections ([`upstream`]); the response may be buffered and shown too.
+//!   runtime connections ([`runtime_pool`]); the response may be buffered and shown too.
 //! - **degraded**: a connection whose runtime connection is gone (or never came up) has every
 //!   new stream diverted; those nobody is interested in are forwarded as they are
 //!   (`forward_degraded`) until the client moves back to a relay.
 //!
 //! Modules, imports pointing one way: [`h2`] (frames and HPACK; imports nothing else of the
-//! proxy) ← [`sock`], [`body`], [`upstream`] ← [`relay`] ← this module (which serves diverted
+//! proxy) ← [`sock`], [`body`], [`runtime_pool`] ← [`relay`] ← this module (which serves diverted
 //! calls); [`client`] is crisp's own runtime client, [`listener`] the socket.
 
 pub(crate) mod body;
 pub mod client;
-pub mod h2;
+pub mod http2;
 pub mod listener;
 pub(crate) mod relay;
 /// The relay core's fuzz driver (`fuzz/fuzz_targets/core.rs`).
 #[cfg(feature = "test-util")]
 pub use self::relay::fuzzing as relay_fuzzing;
 pub mod sock;
-pub(crate) mod upstream;
+pub(crate) mod runtime_pool;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -49,7 +49,7 @@ use crate::cri::{Route, RpcKind};
 use crate::intercept::{Call, Interceptors, Outcome, Verdict};
 use crate::status::{code, code_of, message_of, parse_grpc_timeout, Status};
 use body::ProxyBody;
-pub use upstream::{Upstream, UpstreamOptions};
+pub use runtime_pool::{RuntimePool, RuntimePoolOptions};
 
 /// Tunables of the kubelet-facing side.
 #[derive(Debug, Clone)]
@@ -90,9 +90,9 @@ impl From<&crate::config::Config> for ProxyOptions {
     }
 }
 
-impl From<&crate::config::Config> for UpstreamOptions {
+impl From<&crate::config::Config> for RuntimePoolOptions {
     fn from(cfg: &crate::config::Config) -> Self {
-        UpstreamOptions {
+        RuntimePoolOptions {
             connect_timeout: cfg.proxy.upstream_connect_timeout,
             connections: cfg.proxy.upstream_connections,
             ..Default::default()
@@ -102,7 +102,7 @@ impl From<&crate::config::Config> for UpstreamOptions {
 
 /// Everything a connection handler needs; shared by all connections.
 pub struct Proxy {
-    upstream: Arc<Upstream>,
+    upstream: Arc<RuntimePool>,
     interceptors: Interceptors,
     opts: ProxyOptions,
     next_id: AtomicU64,
@@ -111,7 +111,7 @@ pub struct Proxy {
 
 impl Proxy {
     pub fn new(
-        upstream: Arc<Upstream>,
+        upstream: Arc<RuntimePool>,
         interceptors: Interceptors,
         opts: ProxyOptions,
     ) -> Arc<Self> {
@@ -223,13 +223,13 @@ impl Proxy {
         let (parts, body) = req.into_parts();
         match self.upstream.send(Request::from_parts(parts, body)).await {
             Ok(resp) => resp.map(|b| {
-                ResponseBody::new(ProxyBody::Upstream(b), None).with_upstream(&self.upstream)
+                ResponseBody::new(ProxyBody::RuntimePool(b), None).with_upstream(&self.upstream)
             }),
             Err(e) => self.unavailable(e),
         }
     }
 
-    fn unavailable(&self, e: upstream::UpstreamError) -> Response<ResponseBody> {
+    fn unavailable(&self, e: runtime_pool::UpstreamError) -> Response<ResponseBody> {
         tracing::warn!(error = %e, "call failed: upstream unavailable");
         Status::new(code::UNAVAILABLE, format!("crisp: {e}"))
             .to_response()
@@ -284,7 +284,7 @@ impl Proxy {
         let view = (!streaming)
             .then(|| self.interceptors.response_view(&call))
             .flatten();
-        let completion = interest.complete.then(|| Completion {
+        let completion = interest.complete.then(|| OutcomeReport {
             proxy: self.clone(),
             call: call.clone(),
             held,
@@ -342,7 +342,7 @@ impl Proxy {
         let data = match verdict {
             None | Some(Ok(Verdict::Forward)) => data,
             Some(Ok(Verdict::ForwardPatched(msg))) => wire::frame(&msg),
-            Some(Ok(Verdict::Reject(s))) => return Err(self.finish_early(call, s, held)),
+            Some(Ok(Verdict::Refuse(s))) => return Err(self.finish_early(call, s, held)),
             // KUBELET-CRI §7.3: once kubelet's deadline is gone the call must never reach
             // the runtime, or a stale container would be created.
             Some(Err(_)) => {
@@ -361,7 +361,7 @@ impl Proxy {
         // a gRPC proxy must (the client's own grpc-timeout counted from when it sent it).
         if let (Some(d), Some(raw)) = (
             call.deadline,
-            parts.extensions.get_mut::<upstream::RawFields>(),
+            parts.extensions.get_mut::<runtime_pool::RawFields>(),
         ) {
             if held >= Duration::from_millis(1) {
                 raw.set_timeout(d.saturating_duration_since(Instant::now()));
@@ -399,13 +399,13 @@ impl Proxy {
         self: &Arc<Self>,
         resp: Response<Incoming>,
         call: Call,
-        completion: Option<Completion>,
+        completion: Option<OutcomeReport>,
         watch: bool,
     ) -> Response<ResponseBody> {
         let (parts, body) = resp.into_parts();
         let completion = completion.map(|c| c.with_status(&parts.headers));
         let mut rb =
-            ResponseBody::new(ProxyBody::Upstream(body), completion).with_upstream(&self.upstream);
+            ResponseBody::new(ProxyBody::RuntimePool(body), completion).with_upstream(&self.upstream);
         if watch && call.route.rpc.is_some() {
             rb.patcher = Some(Box::new(StreamPatcher {
                 proxy: self.clone(),
@@ -427,7 +427,7 @@ impl Proxy {
         resp: Response<Incoming>,
         call: &Call,
         req_bytes: Option<&[u8]>,
-        completion: Option<Completion>,
+        completion: Option<OutcomeReport>,
     ) -> Response<ResponseBody> {
         let (parts, body) = resp.into_parts();
         let req_msg: &[u8] = match req_bytes.and_then(wire::single_message) {
@@ -439,11 +439,11 @@ impl Proxy {
             let completion = completion.map(|comp| comp.with_status(&parts.headers));
             return Response::from_parts(
                 parts,
-                ResponseBody::new(ProxyBody::Upstream(body), completion),
+                ResponseBody::new(ProxyBody::RuntimePool(body), completion),
             );
         }
         let limit = self.opts.max_observed_message.saturating_add(wire::PREFIX_LEN);
-        let (data, trailers) = match body::collect_within(ProxyBody::Upstream(body), limit).await {
+        let (data, trailers) = match body::collect_within(ProxyBody::RuntimePool(body), limit).await {
             Ok(body::Collected::Whole(data, trailers)) => (data, trailers),
             Ok(body::Collected::Over { head, rest }) => {
                 tracing::debug!(
@@ -537,7 +537,7 @@ impl Proxy {
 }
 
 /// Reports a call's outcome once its response has fully gone out (or was abandoned).
-struct Completion {
+struct OutcomeReport {
     proxy: Arc<Proxy>,
     call: Call,
     held: Duration,
@@ -548,9 +548,9 @@ struct Completion {
     message: Option<String>,
 }
 
-impl Completion {
+impl OutcomeReport {
     /// With the gRPC status (and message) an answer carries in its headers, if any.
-    fn with_status(mut self, headers: &http::HeaderMap) -> Completion {
+    fn with_status(mut self, headers: &http::HeaderMap) -> OutcomeReport {
         self.code = code_of(headers);
         self.message = message_of(headers);
         self
@@ -565,7 +565,7 @@ struct Observed {
     bytes: Bytes,
 }
 
-impl Drop for Completion {
+impl Drop for OutcomeReport {
     fn drop(&mut self) {
         self.proxy.complete(
             &self.call,
@@ -586,15 +586,15 @@ pub(crate) struct ResponseBody {
     /// Bytes already read from `inner`, sent first.
     head: Option<Bytes>,
     inner: ProxyBody,
-    completion: Option<Completion>,
+    completion: Option<OutcomeReport>,
     patcher: Option<Box<StreamPatcher>>,
     /// Where a streamed body comes from, to name it when it fails mid-response.
-    upstream: Option<Arc<Upstream>>,
+    upstream: Option<Arc<RuntimePool>>,
     done: bool,
 }
 
 impl ResponseBody {
-    fn new(inner: ProxyBody, completion: Option<Completion>) -> Self {
+    fn new(inner: ProxyBody, completion: Option<OutcomeReport>) -> Self {
         ResponseBody {
             head: None,
             inner,
@@ -605,7 +605,7 @@ impl ResponseBody {
         }
     }
 
-    fn with_upstream(mut self, upstream: &Arc<Upstream>) -> Self {
+    fn with_upstream(mut self, upstream: &Arc<RuntimePool>) -> Self {
         self.upstream = Some(upstream.clone());
         self
     }
@@ -701,7 +701,7 @@ impl Body for ResponseBody {
                         break Poll::Ready(Some(Ok(frame)));
                     }
                 },
-                // Upstream ended without trailers: flush a partial message first, as above.
+                // RuntimePool ended without trailers: flush a partial message first, as above.
                 Poll::Ready(None) if !p.buf.is_empty() => {
                     break Poll::Ready(Some(Ok(Frame::data(p.buf.split().freeze()))))
                 }

@@ -52,7 +52,7 @@ pub(crate) struct Fields(pub Vec<(Bytes, Bytes)>);
 
 /// Tunables of the runtime-side connections.
 #[derive(Debug, Clone)]
-pub struct UpstreamOptions {
+pub struct RuntimePoolOptions {
     pub(crate) connect_timeout: Duration,
     /// HTTP/2 connections to the runtime, used round-robin.
     pub(crate) connections: usize,
@@ -60,9 +60,9 @@ pub struct UpstreamOptions {
     pub(crate) connection_window: u32,
 }
 
-impl Default for UpstreamOptions {
+impl Default for RuntimePoolOptions {
     fn default() -> Self {
-        UpstreamOptions {
+        RuntimePoolOptions {
             connect_timeout: Duration::from_secs(2),
             connections: 2,
             stream_window: 2 << 20,
@@ -116,10 +116,10 @@ const MAX_HEADER_LIST: u32 = 1 << 20;
 
 type Conn = SendRequest<ProxyBody>;
 
-pub struct Upstream {
+pub struct RuntimePool {
     path: PathBuf,
     display: Arc<str>,
-    opts: UpstreamOptions,
+    opts: RuntimePoolOptions,
     /// A few multiplexed connections, used round-robin: one connection is driven by one task.
     slots: Vec<Slot>,
     next: std::sync::atomic::AtomicUsize,
@@ -134,8 +134,8 @@ struct Slot {
     dialing: tokio::sync::Mutex<()>,
 }
 
-impl Upstream {
-    pub fn new(path: impl Into<PathBuf>, opts: UpstreamOptions) -> Self {
+impl RuntimePool {
+    pub fn new(path: impl Into<PathBuf>, opts: RuntimePoolOptions) -> Self {
         let path = path.into();
         let display: Arc<str> = path.display().to_string().into();
         let slots = (0..opts.connections.max(1))
@@ -144,7 +144,7 @@ impl Upstream {
                 dialing: tokio::sync::Mutex::new(()),
             })
             .collect();
-        Upstream {
+        RuntimePool {
             path,
             display,
             opts,

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use crate::support::*;
 use crisp::cri::Rpc;
 use crisp::intercept::{BoxFuture, Call, Interceptor, Interceptors, Interest, Verdict};
-use crisp::proxy::{Proxy, ProxyOptions, Upstream, UpstreamOptions};
+use crisp::proxy::{Proxy, ProxyOptions, RuntimePool, RuntimePoolOptions};
 use k8s_cri::v1::{VersionRequest, VersionResponse};
 
 /// Blocks the relay thread in `interest` on the first Status call, until the test ends (a
@@ -45,7 +45,7 @@ async fn crisp_with(
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("crisp.sock");
     let (listener, guard) = crisp::proxy::listener::bind(&path, 0o600).await.unwrap();
-    let upstream = Arc::new(Upstream::new(fake.path(), UpstreamOptions::default()));
+    let upstream = Arc::new(RuntimePool::new(fake.path(), RuntimePoolOptions::default()));
     let mut opts = ProxyOptions::default();
     opts.watchdog.relay_stall = relay_stall;
     let proxy = Proxy::new(upstream, Interceptors::new(interceptors), opts);
@@ -242,7 +242,7 @@ async fn a_route_that_keeps_panicking_is_relayed_unobserved() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("crisp.sock");
     let (listener, _guard) = crisp::proxy::listener::bind(&path, 0o600).await.unwrap();
-    let upstream = Arc::new(Upstream::new(fake.path(), UpstreamOptions::default()));
+    let upstream = Arc::new(RuntimePool::new(fake.path(), RuntimePoolOptions::default()));
     let proxy = Proxy::new(upstream, interceptors, ProxyOptions::default());
     tokio::spawn(crisp::proxy::serve(listener, proxy, std::future::pending()));
     let mut client = runtime_client(&path).await;

@@ -26,8 +26,8 @@ use tokio::sync::{oneshot, Mutex as AsyncMutex};
 
 use crate::support::{within, Crisp, PATIENCE};
 use crisp::intercept::{Call, Interceptor, Interest};
-use crisp::proxy::h2::hpack::Decoder;
-use crisp::proxy::h2::{
+use crisp::proxy::http2::hpack::Decoder;
+use crisp::proxy::http2::{
     self as f, Flags, GoAway, Head, Kind, Ping, Reason, Settings, WindowUpdate,
 };
 use crisp::proxy::ProxyOptions;
@@ -702,7 +702,7 @@ async fn any_authority_a_grpc_client_sends_is_accepted_and_relayed_calls_keep_it
                 assert_eq!(path_of(last), path);
                 // Relayed calls go through frame for frame; diverted ones (CreateContainer here)
                 // are sent by hyper's client, which keeps a valid URI authority and uses
-                // `localhost` for the rest (docs/ARCHITECTURE.md, proxy/upstream.rs).
+                // `localhost` for the rest (docs/ARCHITECTURE.md, proxy/runtime_pool.rs).
                 let expected =
                     if path == CREATE && http::uri::Authority::try_from(&authority[..]).is_err() {
                         b"localhost".to_vec()

@@ -22,7 +22,7 @@ use crisp_e2e::tapcli::TapCli;
 /// crisp's peak RSS may grow by at most this much over the flood (MiB), however many answers
 /// pass: an observed answer streams within HTTP/2 flow control, so what crisp holds is at most
 /// kubelet's grpc-go window for it (BDP-grown, up to 16 MiB) plus crisp's own stream window
-/// towards the runtime (2 MiB, `proxy/upstream.rs`) and read buffers. Collected and decoded
+/// towards the runtime (2 MiB, `proxy/runtime_pool.rs`) and read buffers. Collected and decoded
 /// whole (fdbfd10), 20 answers grew it by hundreds of MiB.
 const RSS_GROWTH_LIMIT_MIB: u64 = 24;
 /// One answer: 8 MB of stdout and 8 MB of stderr (16 MB: under kubelet's 16 MiB message limit,

@@ -185,7 +185,7 @@ fn start_check_walks_the_sidecars_in_order_and_asks_for_probes() {
 fn start_check_fails_fast_for_a_sidecar_not_created_or_not_running() {
     let p = policy(&["proxy"], &[]);
     let none = HashMap::new();
-    let Check::FailFast(why) = check_start(
+    let Check::Refuse(why) = check_start(
         "ns/pod",
         &p.sidecars,
         &Snapshot::new(&[]),
@@ -205,7 +205,7 @@ fn start_check_fails_fast_for_a_sidecar_not_created_or_not_running() {
         (state::UNKNOWN, "in an unknown state"),
     ] {
         let list = [c("proxy", 1, st)];
-        let Check::FailFast(why) = check_start(
+        let Check::Refuse(why) = check_start(
             "ns/pod",
             &p.sidecars,
             &Snapshot::new(&list),
@@ -250,7 +250,7 @@ fn start_check_past_the_timeout_skips_dead_sidecars_but_not_refused_ones_nor_run
     let list = [c("a", 1, state::EXITED), c("c", 2, state::RUNNING)];
     let snap = Snapshot::new(&list);
     let probed = HashMap::from([("c".to_string(), false)]);
-    let Check::FailFast(why) =
+    let Check::Refuse(why) =
         check_start("ns/pod", &p.sidecars, &snap, true, |n| n == "b", &probed)
     else {
         panic!()

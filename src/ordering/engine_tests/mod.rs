@@ -419,7 +419,7 @@ fn assert_forward(v: &Verdict) {
 
 fn refusal(v: &Verdict) -> &str {
     match v {
-        Verdict::Reject(s) => {
+        Verdict::Refuse(s) => {
             assert_eq!(s.code, code::FAILED_PRECONDITION, "{s:?}");
             &s.message
         }

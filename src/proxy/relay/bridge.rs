@@ -18,9 +18,9 @@ use super::core::Calls;
 use super::flow::Windows;
 use crate::intercept::{Call, CatchUnwind, Outcome};
 use crate::proxy::body::{BodyPart, BoxError, ChannelBody, ProxyBody};
-use crate::proxy::h2::{self, IdMap, Reason, RstStream, WindowUpdate};
+use crate::proxy::http2::{self, IdMap, Reason, RstStream, WindowUpdate};
 use crate::proxy::sock::Wake;
-use crate::proxy::upstream::{Fields, RawFields};
+use crate::proxy::runtime_pool::{Fields, RawFields};
 
 /// A diverted call's response body, as the observed path gives it.
 pub(crate) type DivertedBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
@@ -295,16 +295,16 @@ fn answer_after_panic(outbox: &Outbox, stream: u32, answered: bool) {
     );
     let mut block = Vec::with_capacity(192);
     if !answered {
-        h2::encode_field(&mut block, b":status", b"200");
+        http2::encode_field(&mut block, b":status", b"200");
     }
     for (n, v) in &status.to_header_map() {
         if answered && n == http::header::CONTENT_TYPE {
             continue;
         }
-        h2::encode_field(&mut block, n.as_str().as_bytes(), v.as_bytes());
+        http2::encode_field(&mut block, n.as_str().as_bytes(), v.as_bytes());
     }
     let mut out = Vec::with_capacity(block.len() + 16);
-    h2::headers(&mut out, stream, &block, true);
+    http2::headers(&mut out, stream, &block, true);
     outbox.send(&out);
 }
 
@@ -321,13 +321,13 @@ async fn respond(
     let resp = service.divert(req).await;
     let (parts, mut body) = resp.into_parts();
     let mut block = Vec::with_capacity(256);
-    h2::encode_field(&mut block, b":status", parts.status.as_str().as_bytes());
+    http2::encode_field(&mut block, b":status", parts.status.as_str().as_bytes());
     for (n, v) in &parts.headers {
-        h2::encode_field(&mut block, n.as_str().as_bytes(), v.as_bytes());
+        http2::encode_field(&mut block, n.as_str().as_bytes(), v.as_bytes());
     }
     let end = body.is_end_stream();
     let mut out = Vec::with_capacity(block.len() + 16);
-    h2::headers(&mut out, stream, &block, end);
+    http2::headers(&mut out, stream, &block, end);
     answered.store(true, Ordering::Relaxed);
     if end {
         // The call's completion is reported when its body drops: before the client can see
@@ -345,11 +345,11 @@ async fn respond(
                     let mut block = Vec::with_capacity(128);
                     if let Ok(t) = frame.into_trailers() {
                         for (n, v) in &t {
-                            h2::encode_field(&mut block, n.as_str().as_bytes(), v.as_bytes());
+                            http2::encode_field(&mut block, n.as_str().as_bytes(), v.as_bytes());
                         }
                     }
                     let mut out = Vec::with_capacity(block.len() + 16);
-                    h2::headers(&mut out, stream, &block, true);
+                    http2::headers(&mut out, stream, &block, true);
                     drop(body);
                     outbox.send(&out);
                     return;
@@ -369,7 +369,7 @@ async fn respond(
             }
             None => {
                 let mut out = Vec::new();
-                h2::data(&mut out, stream, &[], true);
+                http2::data(&mut out, stream, &[], true);
                 drop(body);
                 outbox.send(&out);
                 return;
@@ -398,8 +398,8 @@ async fn send_data(
             continue;
         }
         let chunk = data.split_to(n);
-        let mut out = Vec::with_capacity(h2::HEADER_LEN + chunk.len());
-        h2::data(&mut out, stream, &chunk, false);
+        let mut out = Vec::with_capacity(http2::HEADER_LEN + chunk.len());
+        http2::data(&mut out, stream, &chunk, false);
         outbox.send(&out);
     }
 }

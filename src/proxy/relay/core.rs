@@ -23,9 +23,9 @@ use super::fields::{FieldList, PathCache};
 use super::flow::Windows;
 use super::held::{Peek, Why};
 use super::ping::{KeepAlive, KeepAliveAction, PingGate, GOAWAY_PING, KEEPALIVE};
-use super::status::{Code, Ending};
+use super::status::{Code, EndStatus};
 use crate::intercept::{Call, Interest};
-use crate::proxy::h2::{
+use crate::proxy::http2::{
     self, hpack, GoAway, IdHasher, IdMap, Indexer, Ping, Reason, RstStream, Settings,
 };
 
@@ -86,9 +86,9 @@ pub enum Event {
     Reset { stream: u32 },
     /// A relayed call ended; `at`: when its last frame was read. `report`: the interceptors
     /// asked to hear of it (else it is only logged, [`CALLS`]).
-    Completed {
+    Ended {
         call: Call,
-        ending: Ending,
+        ending: EndStatus,
         at: Instant,
         report: bool,
     },
@@ -482,22 +482,22 @@ impl Core {
             let r = self.relayed.remove(&id).expect("listed");
             if last.is_some() {
                 RstStream::new(id, Reason::REFUSED_STREAM).encode(&mut self.to_client);
-                self.completed(r, Ending::refused(msg), at);
+                self.completed(r, EndStatus::refused(msg), at);
                 continue;
             }
             // A clean gRPC error: trailers (or a trailers-only response) with UNAVAILABLE.
             let mut block = Vec::with_capacity(128 + msg.len());
             if !r.answered {
-                h2::encode_field(&mut block, b":status", b"200");
-                h2::encode_field(&mut block, b"content-type", b"application/grpc");
+                http2::encode_field(&mut block, b":status", b"200");
+                http2::encode_field(&mut block, b"content-type", b"application/grpc");
             }
             for (n, v) in &crate::status::Status::new(Code::UNAVAILABLE.0, msg).to_header_map() {
                 if n != http::header::CONTENT_TYPE {
-                    h2::encode_field(&mut block, n.as_str().as_bytes(), v.as_bytes());
+                    http2::encode_field(&mut block, n.as_str().as_bytes(), v.as_bytes());
                 }
             }
-            h2::headers(&mut self.to_client, id, &block, true);
-            self.completed(r, Ending::runtime_gone(msg), at);
+            http2::headers(&mut self.to_client, id, &block, true);
+            self.completed(r, EndStatus::runtime_gone(msg), at);
         }
         self.windows.notify();
     }
@@ -508,13 +508,13 @@ impl Core {
         self.drop_held(true);
         let relayed: Vec<Relayed> = self.relayed.drain().map(|(_, r)| r).collect();
         for r in relayed {
-            self.completed(r, Ending::cancelled(), at);
+            self.completed(r, EndStatus::cancelled(), at);
         }
     }
 
-    pub(super) fn completed(&mut self, r: Relayed, ending: Ending, at: Instant) {
+    pub(super) fn completed(&mut self, r: Relayed, ending: EndStatus, at: Instant) {
         if let Some(call) = r.call {
-            self.events.push(Event::Completed {
+            self.events.push(Event::Ended {
                 call,
                 ending,
                 at,

@@ -7,10 +7,10 @@ use std::hash::BuildHasherDefault;
 use bytes::Bytes;
 
 use crate::cri::Route;
-use crate::proxy::h2::IdHasher;
+use crate::proxy::http2::IdHasher;
 
 /// A header block's fields as decoded, kept until the relay knows where the block goes: to the
-/// runtime (through its [`crate::proxy::h2::Indexer`]) or, as owned fields, to the observed path.
+/// runtime (through its [`crate::proxy::http2::Indexer`]) or, as owned fields, to the observed path.
 #[derive(Default)]
 pub(super) struct FieldList {
     bytes: Vec<u8>,

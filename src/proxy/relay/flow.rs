@@ -12,7 +12,7 @@ use std::collections::VecDeque;
 
 use parking_lot::{Mutex, MutexGuard};
 
-use crate::proxy::h2::{IdMap, DEFAULT_WINDOW, MAX_FRAME};
+use crate::proxy::http2::{IdMap, DEFAULT_WINDOW, MAX_FRAME};
 
 /// The client's windows as crisp may count on them.
 pub(crate) struct Flow {

@@ -23,8 +23,8 @@ use super::core::{Calls, Config, Core, Event};
 use super::flow::Windows;
 use super::ping::{GOAWAY_PING, KEEPALIVE};
 use crate::intercept::{Call, Interest};
-use crate::proxy::h2::{self, hpack, Flags, GoAway, Head, Kind, Ping, Reason, RstStream};
-use crate::proxy::h2::{Settings, WindowUpdate};
+use crate::proxy::http2::{self, hpack, Flags, GoAway, Head, Kind, Ping, Reason, RstStream};
+use crate::proxy::http2::{Settings, WindowUpdate};
 
 const STATUS: &str = "/runtime.v1.RuntimeService/ContainerStatus";
 const PATHS: [&str; 4] = [STATUS, "/runtime.v1.RuntimeService/Version", "/s/Divert", "/x"];
@@ -178,7 +178,7 @@ impl Harness {
                         "stream {stream} diverted and relayed"
                     );
                 }
-                Event::Completed { call, .. } => {
+                Event::Ended { call, .. } => {
                     assert!(self.ended.insert(call.id), "call {} ended twice", call.id);
                 }
                 _ => {}
@@ -196,9 +196,9 @@ impl Harness {
     fn runtime_saw(&mut self, mut b: &[u8]) {
         while !b.is_empty() {
             let head = Head::parse(b).expect("a whole frame header");
-            let end = h2::HEADER_LEN + head.len;
+            let end = http2::HEADER_LEN + head.len;
             assert!(b.len() >= end, "a partial frame to the runtime");
-            let payload = &b[h2::HEADER_LEN..end];
+            let payload = &b[http2::HEADER_LEN..end];
             let s = head.stream;
             match head.kind {
                 Kind::Headers => {
@@ -214,7 +214,7 @@ impl Harness {
                             "stream {s} opened out of order"
                         );
                     }
-                    let frag = h2::header_fragment(&head, payload).expect("crisp's own frame");
+                    let frag = http2::header_fragment(&head, payload).expect("crisp's own frame");
                     self.block(payload[frag].to_vec(), head.has(Flags::END_HEADERS));
                 }
                 Kind::Continuation => {
@@ -256,10 +256,10 @@ fn request(stream: u32, path: &str, end: bool) -> Vec<u8> {
         (":path", path),
         ("content-type", "application/grpc"),
     ] {
-        h2::encode_field(&mut block, n.as_bytes(), v.as_bytes());
+        http2::encode_field(&mut block, n.as_bytes(), v.as_bytes());
     }
     let mut out = Vec::new();
-    h2::headers(&mut out, stream, &block, end);
+    http2::headers(&mut out, stream, &block, end);
     out
 }
 
@@ -268,7 +268,7 @@ fn grpc(stream: u32, msg: &[u8], end: bool) -> Vec<u8> {
     body.extend_from_slice(&(msg.len() as u32).to_be_bytes());
     body.extend_from_slice(msg);
     let mut out = Vec::new();
-    h2::data(&mut out, stream, &body, end);
+    http2::data(&mut out, stream, &body, end);
     out
 }
 
@@ -307,7 +307,7 @@ pub fn run(data: &[u8]) {
             4 => {
                 let n = usize::from(input.u16()) % 9_000;
                 let end = input.bool();
-                h.client(&frame(|o| h2::data(o, s, &vec![7; n], end)));
+                h.client(&frame(|o| http2::data(o, s, &vec![7; n], end)));
             }
             5 => {
                 // Raw bytes: partial frames, padding, unknown kinds, protocol errors.
@@ -339,17 +339,17 @@ pub fn run(data: &[u8]) {
             }
             9 => {
                 let mut block = Vec::new();
-                h2::encode_field(&mut block, b":status", b"200");
+                http2::encode_field(&mut block, b":status", b"200");
                 let end = input.bool();
                 if end {
-                    h2::encode_field(&mut block, b"grpc-status", b"0");
+                    http2::encode_field(&mut block, b"grpc-status", b"0");
                 }
-                h.runtime(&frame(|o| h2::headers(o, s, &block, end)));
+                h.runtime(&frame(|o| http2::headers(o, s, &block, end)));
             }
             10 => {
                 let n = usize::from(input.u16()) % 20_000;
                 let end = input.bool();
-                h.runtime(&frame(|o| h2::data(o, s, &vec![1; n], end)));
+                h.runtime(&frame(|o| http2::data(o, s, &vec![1; n], end)));
             }
             11 => {
                 let f = match input.u8() % 5 {

@@ -21,10 +21,10 @@ use bytes::Bytes;
 
 use super::core::{Core, Event, Relayed};
 use super::fields::FieldList;
-use super::status::Ending;
+use super::status::EndStatus;
 use crate::cri::Route;
 use crate::intercept::Call;
-use crate::proxy::h2::{self, Flags, Head, WindowUpdate};
+use crate::proxy::http2::{self, Flags, Head, WindowUpdate};
 
 /// The most bytes of DATA frames (headers and padding included) a held stream may send before
 /// crisp decides: a status request is about 80 bytes.
@@ -127,8 +127,8 @@ impl Core {
         let h = peek.stream.as_mut().expect("called for the held stream");
         h.credit += head.len as u32;
         peek.frames.extend_from_slice(frame);
-        let payload = &frame[h2::HEADER_LEN..];
-        if let Some(r) = h2::data_payload(&head, payload) {
+        let payload = &frame[http2::HEADER_LEN..];
+        if let Some(r) = http2::data_payload(&head, payload) {
             peek.body.extend_from_slice(&payload[r]);
         }
         if head.has(Flags::END_STREAM) {
@@ -178,7 +178,7 @@ impl Core {
         for (n, v) in client.peek.fields.iter() {
             client.indexer.field(&mut block, n, v);
         }
-        h2::headers(&mut self.to_runtime, h.id, &block, h.headers_end);
+        http2::headers(&mut self.to_runtime, h.id, &block, h.headers_end);
         self.to_runtime.extend_from_slice(&client.peek.frames);
         if block.capacity() <= 64 << 10 {
             client.enc = block;
@@ -238,7 +238,7 @@ impl Core {
             route: h.route,
             opened: h.opened,
         };
-        self.completed(r, Ending::cancelled(), self.now);
+        self.completed(r, EndStatus::cancelled(), self.now);
     }
 }
 

@@ -6,7 +6,7 @@
 //! an interceptor wants to see is diverted ([`Event::Divert`]) and never reaches the runtime;
 //! PINGs pass the [`super::ping::PingGate`]; connection credit pays crisp's flow-control debt.
 //!
-//! [`Indexer`]: crate::proxy::h2::Indexer
+//! [`Indexer`]: crate::proxy::http2::Indexer
 
 use super::LOG;
 use std::time::Instant;
@@ -17,10 +17,10 @@ use super::core::{Core, Event, PendingBlock, Relayed, MAX_HEADER_BLOCK, MAX_HEAD
 use super::error::{RelayError, Violation};
 use super::held::Why;
 use super::ping::{GOAWAY_PING, KEEPALIVE};
-use super::status::Ending;
+use super::status::EndStatus;
 use crate::cri::Route;
 use crate::intercept::Call;
-use crate::proxy::h2::{
+use crate::proxy::http2::{
     self, Flags, GoAway, Head, Kind, Ping, Reason, RstStream, Settings, WindowUpdate,
 };
 use crate::status::parse_grpc_timeout;
@@ -41,8 +41,8 @@ impl Core {
         // `buf` at the end.
         let (mut pos, mut missing) = (0, 0);
         let mut r = Ok(());
-        while let Some(head) = h2::complete_at(buf, pos, &mut missing) {
-            let len = h2::HEADER_LEN + head.len;
+        while let Some(head) = http2::complete_at(buf, pos, &mut missing) {
+            let len = http2::HEADER_LEN + head.len;
             got_frame = true;
             r = self.client_frame(head, &buf[pos..pos + len], &mut credit);
             if r.is_err() {
@@ -72,14 +72,14 @@ impl Core {
         frame: &[u8],
         credit: &mut u32,
     ) -> Result<(), RelayError> {
-        let payload = &frame[h2::HEADER_LEN..];
+        let payload = &frame[http2::HEADER_LEN..];
         if self.client.pending.is_some() {
             return self.continuation(head, payload);
         }
         match head.kind {
             Kind::Data => self.client_data(head, frame, credit),
             Kind::Headers => {
-                let r = h2::header_fragment(&head, payload).ok_or(Violation::MalformedHeaders)?;
+                let r = http2::header_fragment(&head, payload).ok_or(Violation::MalformedHeaders)?;
                 if head.has(Flags::END_HEADERS) {
                     self.header_block(head.stream, head.has(Flags::END_STREAM), &payload[r])?;
                 } else {
@@ -148,7 +148,7 @@ impl Core {
             self.windows.notify();
         } else {
             if let Some(r) = self.relayed.remove(&stream) {
-                self.completed(r, Ending::cancelled(), self.now);
+                self.completed(r, EndStatus::cancelled(), self.now);
             }
             self.relay(frame);
         }
@@ -156,13 +156,13 @@ impl Core {
 
     /// DATA: relayed on a relayed stream; a diverted stream's request body otherwise.
     pub(super) fn client_data(&mut self, head: Head, frame: &[u8], credit: &mut u32) {
-        let payload = &frame[h2::HEADER_LEN..];
+        let payload = &frame[http2::HEADER_LEN..];
         if self.held_id() == Some(head.stream) {
             self.held_data(head, frame, credit);
         } else if self.client.bodies.contains(&head.stream) {
             // Never reaches the runtime: the client gets its connection credit back now.
             *credit = credit.saturating_add(head.len as u32);
-            if let Some(r) = h2::data_payload(&head, payload) {
+            if let Some(r) = http2::data_payload(&head, payload) {
                 if !r.is_empty() {
                     // A diverted request's body (a few KiB at most for the calls crisp
                     // diverts): copied out of the read buffer.
@@ -192,7 +192,7 @@ impl Core {
     /// the runtime would not count them as strikes (see [`super::ping::PingGate`]), else crisp
     /// answers.
     fn client_ping(&mut self, head: Head, frame: &[u8]) {
-        let payload = &frame[h2::HEADER_LEN..];
+        let payload = &frame[http2::HEADER_LEN..];
         if head.has(Flags::ACK) {
             // crisp's own PINGs' ACKs end here; the one after its first GOAWAY lets the final
             // one go.
@@ -215,7 +215,7 @@ impl Core {
     /// diverted streams), a diverted stream's is crisp's, a relayed stream's the runtime's.
     fn client_window_update(&mut self, head: Head, frame: &[u8]) {
         // Malformed (FRAME_SIZE_ERROR): the runtime's to judge; crisp counts no credit.
-        let inc = WindowUpdate::load(&head, &frame[h2::HEADER_LEN..]).map_or(0, |w| w.increment);
+        let inc = WindowUpdate::load(&head, &frame[http2::HEADER_LEN..]).map_or(0, |w| w.increment);
         if head.stream != 0 && self.held_id() == Some(head.stream) {
             // Credit for a response no one serves yet: the observed path takes the stream.
             self.divert_held(Why::OtherFrame);
@@ -349,7 +349,7 @@ impl Core {
     /// A new stream's request, its fields in `client.fields`: refused after crisp's GOAWAY,
     /// relayed through crisp's [`Indexer`], or diverted.
     ///
-    /// [`Indexer`]: crate::proxy::h2::Indexer
+    /// [`Indexer`]: crate::proxy::http2::Indexer
     fn new_stream(
         &mut self,
         stream: u32,
@@ -401,7 +401,7 @@ impl Core {
             for (n, v) in self.client.fields.iter() {
                 self.client.indexer.field(block, n, v);
             }
-            h2::headers(&mut self.to_runtime, stream, block, end_stream);
+            http2::headers(&mut self.to_runtime, stream, block, end_stream);
             return;
         }
         self.open_diverted(stream);
@@ -443,9 +443,9 @@ impl Core {
             // Literals that leave the runtime's table alone; owed size updates go first.
             self.client.indexer.begin(block);
             for (n, v) in self.client.fields.iter() {
-                h2::encode_field(block, n, v);
+                http2::encode_field(block, n, v);
             }
-            h2::headers(&mut self.to_runtime, stream, block, end_stream);
+            http2::headers(&mut self.to_runtime, stream, block, end_stream);
         }
     }
 }

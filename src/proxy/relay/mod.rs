@@ -11,7 +11,7 @@
 //!
 //! Every frame is copied through as it is, with three exceptions:
 //! - request header blocks are decoded (for the route) and written anew by crisp's own HPACK
-//!   encoder for the runtime connection ([`crate::proxy::h2::Indexer`]), so crisp may keep some
+//!   encoder for the runtime connection ([`crate::proxy::http2::Indexer`]), so crisp may keep some
 //!   streams from the runtime without desynchronising the HPACK tables;
 //! - a new stream that an interceptor wants to see (or hold) is **diverted**: it never reaches
 //!   this runtime connection; its fields, decoded once, go to the observed path ([`Service`])
@@ -50,9 +50,9 @@ use tokio::sync::watch;
 
 pub(crate) use self::bridge::{DivertedBody, Service};
 pub(crate) use self::core::{Calls, CALLS};
-use super::h2;
+use super::http2;
 use super::sock::{Sock, Wake};
-use super::upstream::Upstream;
+use super::runtime_pool::RuntimePool;
 
 /// The target of the relay's log lines, whichever file they are in (log filters name it).
 const LOG: &str = "crisp::proxy::relay";
@@ -76,7 +76,7 @@ pub(crate) struct Options {
 #[derive(Clone)]
 pub(crate) struct Handle {
     pub(crate) options: Options,
-    pub(crate) runtime: Arc<Upstream>,
+    pub(crate) runtime: Arc<RuntimePool>,
     pub(crate) service: Arc<dyn Service>,
     /// Where relay threads report their progress ([`crate::watchdog`]).
     pub(crate) watchdog: Arc<crate::watchdog::Watchdog>,
@@ -224,7 +224,7 @@ fn assemble(
 async fn preface(client: &mut UnixStream, opts: &Options) -> bool {
     let mut preface = [0u8; 24];
     match tokio::time::timeout(opts.handshake_timeout, client.read_exact(&mut preface)).await {
-        Ok(Ok(_)) if &preface == h2::PREFACE => true,
+        Ok(Ok(_)) if &preface == http2::PREFACE => true,
         Ok(Ok(_)) => {
             tracing::debug!(
                 target: LOG,
@@ -253,10 +253,10 @@ async fn preface(client: &mut UnixStream, opts: &Options) -> bool {
 
 /// This client connection's own runtime connection, its preface written; None: the client is
 /// served on the observed path.
-async fn connect_runtime(runtime: &Upstream) -> Option<Sock> {
+async fn connect_runtime(runtime: &RuntimePool) -> Option<Sock> {
     match runtime.connect().await {
         Ok(mut s) => match s
-            .write_all(h2::PREFACE)
+            .write_all(http2::PREFACE)
             .await
             .and_then(|()| s.into_std())
             .and_then(Sock::new)

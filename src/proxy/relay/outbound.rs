@@ -8,8 +8,8 @@ use bytes::{Buf, BytesMut};
 
 use super::core::{Core, PendingBlock, Sink};
 use super::error::{RelayError, Violation};
-use super::status::{Code, Ending};
-use crate::proxy::h2::{self, Flags, GoAway, Head, Kind, Reason, Settings};
+use super::status::{Code, EndStatus};
+use crate::proxy::http2::{self, Flags, GoAway, Head, Kind, Reason, Settings};
 
 impl Core {
     /// Relays the complete frames at the start of `buf` (just read from the runtime), written to
@@ -17,7 +17,7 @@ impl Core {
     /// copied in user space (unless the client's socket is full). Returns true when it stopped
     /// at a DATA frame the client has no window for: that frame stays at the start of `buf`,
     /// for the next call once the client's credit came. `now`: when the bytes were read. Calls
-    /// that ended are reported ([`super::core::Event::Completed`]) once their last bytes went
+    /// that ended are reported ([`super::core::Event::Ended`]) once their last bytes went
     /// out: the metrics and the tap are not on the answer's way to the client.
     pub(crate) fn runtime_bytes(
         &mut self,
@@ -30,9 +30,9 @@ impl Core {
         let mut pos = 0;
         // Room still missing for a frame that has only partly arrived.
         let mut missing = 0;
-        while let Some(head) = h2::complete_at(buf, pos, &mut missing) {
-            let len = h2::HEADER_LEN + head.len;
-            match self.runtime_frame(head, &buf[pos + h2::HEADER_LEN..pos + len])? {
+        while let Some(head) = http2::complete_at(buf, pos, &mut missing) {
+            let len = http2::HEADER_LEN + head.len;
+            match self.runtime_frame(head, &buf[pos + http2::HEADER_LEN..pos + len])? {
                 Next::Relay => pos += len,
                 Next::WaitForWindow => {
                     // Not within what the client has left: send what is before it and wait for
@@ -70,12 +70,12 @@ impl Core {
                     return Ok(Next::WaitForWindow);
                 }
                 if head.has(Flags::END_STREAM) {
-                    self.end_relayed(head.stream, Ending::without_status());
+                    self.end_relayed(head.stream, EndStatus::without_status());
                 }
             }
             Kind::Headers => {
                 self.pings.runtime_wrote();
-                let r = h2::header_fragment(&head, payload)
+                let r = http2::header_fragment(&head, payload)
                     .ok_or(Violation::MalformedRuntimeHeaders)?;
                 let end_stream = head.has(Flags::END_STREAM);
                 if head.has(Flags::END_HEADERS) {
@@ -98,14 +98,14 @@ impl Core {
                     }
                 }
             }
-            Kind::RstStream => self.end_relayed(head.stream, Ending::cancelled()),
+            Kind::RstStream => self.end_relayed(head.stream, EndStatus::cancelled()),
             Kind::Ping if head.has(Flags::ACK) => self.pings.acked(),
             // The client's oldest unacknowledged SETTINGS now apply on its side too: the ACK is
             // written (with the frames before it) before any DATA of crisp's own that counts on
             // them (crisp's frames go out after this batch).
             Kind::Settings if head.has(Flags::ACK) => self.runtime_acked_settings(),
             // The runtime's own settings go on to the client unchanged; its header table size is
-            // also the bound of crisp's table on this connection ([`h2::Indexer`]).
+            // also the bound of crisp's table on this connection ([`http2::Indexer`]).
             Kind::Settings => {
                 // Relayed, it is the client's server preface: crisp's own frames may follow it.
                 self.preface_sent = true;
@@ -183,14 +183,14 @@ impl Core {
             );
         }
         if end_stream {
-            self.end_relayed(stream, Ending::answered(status));
+            self.end_relayed(stream, EndStatus::answered(status));
         } else if let Some(r) = self.relayed.get_mut(&stream) {
             r.answered = true;
         }
     }
 
     /// Ends a relayed call.
-    fn end_relayed(&mut self, stream: u32, ending: Ending) {
+    fn end_relayed(&mut self, stream: u32, ending: EndStatus) {
         if let Some(r) = self.relayed.remove(&stream) {
             let at = self.now;
             self.completed(r, ending, at);

@@ -263,7 +263,7 @@ impl Pump {
                 Event::BodyEnd { stream } => self.diverted.body_end(stream),
                 Event::Trailers { stream, fields } => self.diverted.trailers(stream, fields),
                 Event::Reset { stream } => self.diverted.abort(stream),
-                Event::Completed {
+                Event::Ended {
                     call,
                     ending,
                     at,

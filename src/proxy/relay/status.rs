@@ -23,15 +23,15 @@ impl Code {
 
 /// How a call ended, as the interceptors hear of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Ending {
+pub struct EndStatus {
     pub(crate) code: Option<Code>,
     pub(crate) message: Option<String>,
 }
 
-impl Ending {
+impl EndStatus {
     /// The client reset the stream, or went away.
-    pub(crate) fn cancelled() -> Ending {
-        Ending {
+    pub(crate) fn cancelled() -> EndStatus {
+        EndStatus {
             code: Some(Code::CANCELLED),
             message: None,
         }
@@ -39,24 +39,24 @@ impl Ending {
 
     /// The runtime answered: its `grpc-status` if it sent one that parses, else UNKNOWN. No
     /// grpc-message is decoded: a relayed call is one no interceptor asked to see in detail.
-    pub(crate) fn answered(status: Option<Code>) -> Ending {
-        Ending {
+    pub(crate) fn answered(status: Option<Code>) -> EndStatus {
+        EndStatus {
             code: status.or(Some(Code::UNKNOWN)),
             message: None,
         }
     }
 
     /// The runtime ended the stream with DATA, without trailers.
-    pub(crate) fn without_status() -> Ending {
-        Ending {
+    pub(crate) fn without_status() -> EndStatus {
+        EndStatus {
             code: None,
             message: None,
         }
     }
 
     /// The runtime connection ended under the call: crisp answers UNAVAILABLE with `msg`.
-    pub(crate) fn runtime_gone(msg: &str) -> Ending {
-        Ending {
+    pub(crate) fn runtime_gone(msg: &str) -> EndStatus {
+        EndStatus {
             code: Some(Code::UNAVAILABLE),
             message: Some(msg.to_string()),
         }
@@ -64,8 +64,8 @@ impl Ending {
 
     /// The runtime's GOAWAY says it never processed the call: crisp refuses the stream, which
     /// gRPC clients retry transparently.
-    pub(crate) fn refused(msg: &str) -> Ending {
-        Ending {
+    pub(crate) fn refused(msg: &str) -> EndStatus {
+        EndStatus {
             code: Some(Code::UNAVAILABLE),
             message: Some(format!("{msg} (refused, unprocessed)")),
         }

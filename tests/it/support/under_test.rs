@@ -7,7 +7,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crisp::intercept::{Interceptor, Interceptors};
-use crisp::proxy::{Proxy, ProxyOptions, Upstream, UpstreamOptions};
+use crisp::proxy::{Proxy, ProxyOptions, RuntimePool, RuntimePoolOptions};
 
 use super::*;
 
@@ -125,7 +125,7 @@ impl Crisp {
         init_logging();
         let (dir, path) = crisp_socket();
         let (listener, guard) = crisp::proxy::listener::bind(&path, 0o660).await.unwrap();
-        let upstream = Arc::new(Upstream::new(upstream, UpstreamOptions::default()));
+        let upstream = Arc::new(RuntimePool::new(upstream, RuntimePoolOptions::default()));
         let proxy = Proxy::new(upstream, Interceptors::new(interceptors), opts);
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(crisp::proxy::serve(listener, proxy, async {

@@ -23,7 +23,7 @@ fn a_diverted_stream_between_relayed_ones_leaves_the_runtimes_table_in_step() {
             .unwrap();
         }
         let mut out = Vec::new();
-        h2::headers(&mut out, 0, &b, true);
+        http2::headers(&mut out, 0, &b, true);
         out
     };
     let (mut b1, mut b3, mut b5) = (block("/s/Relay"), block("/s/Divert"), block("/s/Relay"));
@@ -81,10 +81,10 @@ fn a_request_block_split_across_continuations_is_relayed_whole() {
         (":path", "/s/Relay"),
         ("x-big", &"v".repeat(40_000)[..]),
     ] {
-        h2::encode_field(&mut block, n.as_bytes(), v.as_bytes());
+        http2::encode_field(&mut block, n.as_bytes(), v.as_bytes());
     }
     let mut frames = Vec::new();
-    h2::headers(&mut frames, 1, &block, true);
+    http2::headers(&mut frames, 1, &block, true);
     assert_eq!(
         kinds(&parse(&frames)),
         [
@@ -139,7 +139,7 @@ fn a_header_block_interrupted_or_never_begun_is_a_protocol_error() {
 fn an_undecodable_block_ends_the_connection_with_a_compression_error() {
     let mut c = Conn::relayed();
     let mut bad = Vec::new();
-    h2::headers(&mut bad, 1, &[0x80 | 70], true);
+    http2::headers(&mut bad, 1, &[0x80 | 70], true);
     assert!(matches!(
         c.client(&[&bad]).unwrap_err(),
         RelayError::Protocol(Violation::UndecodableBlock)

@@ -31,7 +31,7 @@ fn runtime_data_waits_for_the_window_the_client_really_has() {
     );
     assert_eq!(
         rest.len(),
-        h2::HEADER_LEN + 16_384,
+        http2::HEADER_LEN + 16_384,
         "the fourth frame waits, unwritten"
     );
     assert!(c.runtime(&[], &mut rest), "no credit yet");

@@ -27,7 +27,7 @@ fn a_runtime_goaway_refuses_the_calls_it_never_saw_and_diverts_new_ones() {
         completed(&ev),
         [(
             2,
-            Ending::refused(
+            EndStatus::refused(
                 "crisp: upstream unix:///run/containerd.sock closed the connection (GOAWAY)"
             )
         )]
@@ -36,7 +36,7 @@ fn a_runtime_goaway_refuses_the_calls_it_never_saw_and_diverts_new_ones() {
     c.runtime_all(&[&response(1, &[("grpc-status", "0")], true)]);
     assert_eq!(
         completed(&c.events()),
-        [(1, Ending::answered(Some(Code(0))))]
+        [(1, EndStatus::answered(Some(Code(0))))]
     );
     // New streams go to the observed path.
     c.client(&[&request(5, "/s/Relay", true)]).unwrap();
@@ -204,7 +204,7 @@ fn resets_from_the_client_go_on_for_relayed_streams_and_end_diverted_ones() {
         "the diverted stream's reset is crisp's"
     );
     let ev = c.events();
-    assert_eq!(completed(&ev), [(1, Ending::cancelled())]);
+    assert_eq!(completed(&ev), [(1, EndStatus::cancelled())]);
     assert!(ev.iter().any(|e| matches!(e, Event::Reset { stream: 3 })));
     assert!(!c.windows.lock().is_diverted(3));
     // Late frames of the reset diverted stream are dropped, credited back.
@@ -219,7 +219,7 @@ fn a_reset_from_the_runtime_reaches_the_client_and_ends_the_call() {
     c.client(&[&request(1, "/s/Relay", false)]).unwrap();
     c.runtime_all(&[&rst(1, Reason::INTERNAL_ERROR)]);
     assert_eq!(c.at_client(), parse(&rst(1, Reason::INTERNAL_ERROR)));
-    assert_eq!(completed(&c.events()), [(1, Ending::cancelled())]);
+    assert_eq!(completed(&c.events()), [(1, EndStatus::cancelled())]);
     // The client's frames on it still go on (the runtime judges them).
     c.client(&[&data(1, 5, true)]).unwrap();
     assert_eq!(

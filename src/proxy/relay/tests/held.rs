@@ -50,7 +50,7 @@ fn a_status_call_of_another_container_is_relayed_byte_for_byte() {
     assert_eq!(kinds(&c.at_client()), [(Kind::Headers, 1)]);
     assert_eq!(
         completed(&c.events()),
-        [(1, Ending::answered(Some(Code(0))))]
+        [(1, EndStatus::answered(Some(Code(0))))]
     );
 }
 
@@ -72,7 +72,7 @@ fn only_the_marked_containers_status_call_is_diverted_with_its_request() {
                 Event::Divert { stream: 3, end_stream: false, fields, .. },
                 Event::Body { stream: 3, data },
                 Event::BodyEnd { stream: 3 },
-            ] if fields.len() == 5 && data[..] == body[h2::HEADER_LEN..]
+            ] if fields.len() == 5 && data[..] == body[http2::HEADER_LEN..]
         ),
         "{ev:?}"
     );
@@ -82,7 +82,7 @@ fn only_the_marked_containers_status_call_is_diverted_with_its_request() {
     assert_eq!(kinds(&to_client), [(Kind::WindowUpdate, 0)]);
     assert_eq!(
         window_update(&to_client[0]),
-        (0, (body.len() - h2::HEADER_LEN) as u32)
+        (0, (body.len() - http2::HEADER_LEN) as u32)
     );
     assert_eq!(c.windows.lock().windows(3), (65_535, 0, Some(65_535)));
     // No message to read: the observed path judges it, as before.
@@ -148,7 +148,7 @@ fn a_request_not_ended_in_time_is_diverted_with_what_it_sent() {
 fn a_request_larger_than_the_bound_is_diverted_and_not_copied_twice() {
     let mut c = Conn::relayed();
     // Up to the bound, held and relayed.
-    let within = MAX_HELD - h2::HEADER_LEN - 5;
+    let within = MAX_HELD - http2::HEADER_LEN - 5;
     c.client(&[&request(1, STATUS, false), &grpc(1, &vec![1u8; within], true)])
         .unwrap();
     assert_eq!(kinds(&c.at_runtime()), [(Kind::Headers, 1), (Kind::Data, 1)]);
@@ -199,7 +199,7 @@ fn a_held_stream_reset_before_its_request_ended_never_reaches_anyone() {
     );
     let ev = c.events();
     assert!(diverted(&ev).is_empty());
-    assert_eq!(completed(&ev), [(1, Ending::cancelled())]);
+    assert_eq!(completed(&ev), [(1, EndStatus::cancelled())]);
     let to_client = c.at_client();
     assert_eq!(kinds(&to_client), [(Kind::WindowUpdate, 0)]);
     assert_eq!(

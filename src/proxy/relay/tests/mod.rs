@@ -20,9 +20,9 @@ use super::core::{Calls, Config, Core, Event, GOAWAY_ACK_WAIT};
 use super::error::{RelayError, Violation};
 use super::flow::Windows;
 use super::ping::{GOAWAY_PING, KEEPALIVE};
-use super::status::{Code, Ending};
+use super::status::{Code, EndStatus};
 use crate::intercept::{Call, Interest};
-use crate::proxy::h2::{
+use crate::proxy::http2::{
     self, Flags, GoAway, Head, Kind, Ping, Reason, RstStream, Settings, WindowUpdate,
 };
 
@@ -76,12 +76,12 @@ impl F {
 fn parse(mut b: &[u8]) -> Vec<F> {
     let mut out = Vec::new();
     while let Some(h) = Head::parse(b) {
-        let end = h2::HEADER_LEN + h.len;
+        let end = http2::HEADER_LEN + h.len;
         out.push(F {
             kind: h.kind,
             flags: h.flags,
             stream: h.stream,
-            payload: b[h2::HEADER_LEN..end].to_vec(),
+            payload: b[http2::HEADER_LEN..end].to_vec(),
         });
         b = &b[end..];
     }
@@ -101,20 +101,20 @@ fn request(stream: u32, path: &str, end_stream: bool) -> Vec<u8> {
         (":authority", "localhost"),
         ("content-type", "application/grpc"),
     ] {
-        h2::encode_field(&mut block, n.as_bytes(), v.as_bytes());
+        http2::encode_field(&mut block, n.as_bytes(), v.as_bytes());
     }
     let mut out = Vec::new();
-    h2::headers(&mut out, stream, &block, end_stream);
+    http2::headers(&mut out, stream, &block, end_stream);
     out
 }
 
 fn response(stream: u32, fields: &[(&str, &str)], end_stream: bool) -> Vec<u8> {
     let mut block = Vec::new();
     for (n, v) in fields {
-        h2::encode_field(&mut block, n.as_bytes(), v.as_bytes());
+        http2::encode_field(&mut block, n.as_bytes(), v.as_bytes());
     }
     let mut out = Vec::new();
-    h2::headers(&mut out, stream, &block, end_stream);
+    http2::headers(&mut out, stream, &block, end_stream);
     out
 }
 
@@ -124,13 +124,13 @@ fn grpc(stream: u32, msg: &[u8], end: bool) -> Vec<u8> {
     body.extend_from_slice(&(msg.len() as u32).to_be_bytes());
     body.extend_from_slice(msg);
     let mut out = Vec::new();
-    h2::data(&mut out, stream, &body, end);
+    http2::data(&mut out, stream, &body, end);
     out
 }
 
 fn data(stream: u32, n: usize, end: bool) -> Vec<u8> {
     let mut out = Vec::new();
-    h2::data(&mut out, stream, &vec![7u8; n], end);
+    http2::data(&mut out, stream, &vec![7u8; n], end);
     out
 }
 
@@ -286,11 +286,11 @@ fn kinds(frames: &[F]) -> Vec<(Kind, u32)> {
     frames.iter().map(|f| (f.kind, f.stream)).collect()
 }
 
-fn completed(events: &[Event]) -> Vec<(u64, Ending)> {
+fn completed(events: &[Event]) -> Vec<(u64, EndStatus)> {
     events
         .iter()
         .filter_map(|e| {
-            if let Event::Completed { call, ending, .. } = e {
+            if let Event::Ended { call, ending, .. } = e {
                 Some((call.id, ending.clone()))
             } else {
                 None
