@@ -28,7 +28,6 @@ pub use self::relay::fuzzing as relay_fuzzing;
 pub mod sock;
 pub(crate) mod runtime_pool;
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,9 +44,9 @@ use tracing::Instrument;
 
 use crate::cri::skim::Skimmer;
 use crate::cri::wire::{self, Frame as GrpcFrame};
-use crate::cri::{Route, RpcKind};
+use crate::cri::RpcKind;
 use crate::intercept::{Call, Interceptors, Outcome, Verdict};
-use crate::status::{code, code_of, message_of, parse_grpc_timeout, Status};
+use crate::status::{code, code_of, message_of, Status};
 use body::ProxyBody;
 pub use runtime_pool::{RuntimePool, RuntimePoolOptions};
 
@@ -129,37 +128,9 @@ impl Proxy {
         &self.watchdog
     }
 
-    async fn handle(
-        self: Arc<Self>,
-        mut req: Request<ProxyBody>,
-    ) -> Result<Response<ResponseBody>, Infallible> {
-        // A diverted stream brings the call the relay already numbered (one id per call: the
-        // tap's in-flight gauge counts ids against completions).
-        let mut call = match req.extensions_mut().remove::<Call>() {
-            Some(call) => call,
-            None => {
-                let received = Instant::now();
-                let route = Route::from_path(req.uri().path());
-                let path = req
-                    .uri()
-                    .path_and_query()
-                    .cloned()
-                    .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
-                let deadline = req
-                    .headers()
-                    .get("grpc-timeout")
-                    .and_then(|v| parse_grpc_timeout(v.as_bytes()))
-                    .map(|d| received + d);
-                Call {
-                    route,
-                    path,
-                    received,
-                    deadline,
-                    id: self.next_id.fetch_add(1, Ordering::Relaxed),
-                    trace: None,
-                }
-            }
-        };
+    /// Serves a diverted call (the relay numbered it: one id per call, which the tap's in-flight
+    /// gauge counts against completions).
+    async fn handle(self: Arc<Self>, mut call: Call, req: Request<ProxyBody>) -> Response<ResponseBody> {
         let route = call.route;
         let interest = self.interceptors.interest(&call);
         // kubelet's span, for a hold's own (src/otel.rs): read only here, on a call someone
@@ -214,7 +185,7 @@ impl Proxy {
         }
         .instrument(span)
         .await;
-        Ok(resp)
+        resp
     }
 
     /// A call nobody is interested in reaches this module only from a degraded relay (one without
@@ -811,13 +782,11 @@ impl relay::Service for Proxy {
 
     fn divert(
         self: Arc<Self>,
+        call: Call,
         req: Request<ProxyBody>,
     ) -> Pin<Box<dyn Future<Output = Response<relay::DivertedBody>> + Send>> {
         Box::pin(async move {
-            let resp = match self.handle(req).await {
-                Ok(r) => r,
-                Err(never) => match never {},
-            };
+            let resp = self.handle(call, req).await;
             resp.map(http_body_util::BodyExt::boxed_unsync)
         })
     }

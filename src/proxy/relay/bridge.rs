@@ -29,9 +29,10 @@ pub(crate) type DivertedBody = http_body_util::combinators::UnsyncBoxBody<Bytes,
 /// are reported, and the observed path that serves diverted streams.
 pub(crate) trait Service: Calls {
     fn completed(&self, call: &Call, outcome: &Outcome);
-    /// Serves a diverted stream's request (its [`Call`] in its extensions).
+    /// Serves a diverted stream's request, the call the relay numbered for it.
     fn divert(
         self: Arc<Self>,
+        call: Call,
         req: Request<ProxyBody>,
     ) -> Pin<Box<dyn Future<Output = Response<DivertedBody>> + Send>>;
 }
@@ -126,7 +127,7 @@ impl Diverted {
         fields: Vec<(Bytes, Bytes)>,
         end_stream: bool,
     ) {
-        let mut req = request_from_fields(fields);
+        let req = request_from_fields(fields);
         let body = if end_stream {
             ProxyBody::empty()
         } else {
@@ -141,7 +142,6 @@ impl Diverted {
             };
             ProxyBody::Channel(ChannelBody::new(rx, Box::new(consumed)))
         };
-        req.extensions_mut().insert(call);
         let req = req.map(|()| body);
         let (service, windows, changed, outbox, tasks) = (
             self.service.clone(),
@@ -160,6 +160,7 @@ impl Diverted {
                 (&windows, &changed),
                 &outbox,
                 stream,
+                call,
                 req,
                 &answered,
             )))
@@ -315,10 +316,11 @@ async fn respond(
     windows: (&Windows, &Notify),
     outbox: &Outbox,
     stream: u32,
+    call: Call,
     req: Request<ProxyBody>,
     answered: &AtomicBool,
 ) {
-    let resp = service.divert(req).await;
+    let resp = service.divert(call, req).await;
     let (parts, mut body) = resp.into_parts();
     let mut block = Vec::with_capacity(256);
     http2::encode_field(&mut block, b":status", parts.status.as_str().as_bytes());

@@ -27,6 +27,7 @@ impl Service for Panics {
     fn completed(&self, _: &Call, _: &Outcome) {}
     fn divert(
         self: Arc<Self>,
+        _: Call,
         _: Request<ProxyBody>,
     ) -> Pin<Box<dyn Future<Output = Response<DivertedBody>> + Send>> {
         // Unwinds without the panic hook: the test output stays clean.
