@@ -63,6 +63,46 @@ impl std::fmt::Display for Status {
     }
 }
 
+/// How the runtime failed a call that crisp then answers UNAVAILABLE. [`runtime_lost`] writes
+/// the message: the one place its words are chosen (DESIGN.md §1). `upstream` in them is the
+/// config key that names the runtime's socket, so an operator finds it in their config.
+#[derive(Clone, Copy)]
+pub(crate) enum RuntimeLoss<'a> {
+    /// The connection to the runtime failed while the call was being written.
+    Failed(&'a dyn std::fmt::Display),
+    /// The connection failed while the runtime was answering.
+    FailedMidResponse(&'a dyn std::fmt::Display),
+    /// The runtime sent GOAWAY and closed the connection.
+    Closed,
+}
+
+/// The grpc-message of an UNAVAILABLE crisp answers when the runtime at `socket` (a path, or
+/// `None` when it is not known here) failed a call the way `how` says.
+pub(crate) fn runtime_lost(socket: Option<&dyn std::fmt::Display>, how: RuntimeLoss<'_>) -> String {
+    let at = match socket {
+        Some(path) => format!("upstream unix://{path}"),
+        None => "upstream".to_string(),
+    };
+    match how {
+        RuntimeLoss::Failed(why) => format!("crisp: {at} failed: {why}"),
+        RuntimeLoss::FailedMidResponse(why) => format!("crisp: {at} failed mid-response: {why}"),
+        RuntimeLoss::Closed => format!("crisp: {at} closed the connection (GOAWAY)"),
+    }
+}
+
+impl Status {
+    /// UNAVAILABLE for a call crisp could not hand to the runtime at all (connecting, the
+    /// handshake, sending): `e` names the socket ([`crate::proxy::runtime_pool`]'s errors do).
+    pub(crate) fn runtime_unavailable(e: &dyn std::fmt::Display) -> Status {
+        Status::new(code::UNAVAILABLE, format!("crisp: {e}"))
+    }
+
+    /// UNAVAILABLE for a call whose runtime failed as `how` says ([`runtime_lost`]).
+    pub(crate) fn runtime_lost(socket: Option<&dyn std::fmt::Display>, how: RuntimeLoss<'_>) -> Status {
+        Status::new(code::UNAVAILABLE, runtime_lost(socket, how))
+    }
+}
+
 /// grpc-message is percent-encoded: everything outside printable ASCII, and '%' itself.
 const GRPC_MESSAGE: &AsciiSet = &CONTROLS.add(b'%');
 

@@ -46,7 +46,7 @@ use crate::cri::skim::Skimmer;
 use crate::cri::wire::{self, Frame as GrpcFrame};
 use crate::cri::RpcKind;
 use crate::intercept::{Call, Interceptors, Outcome, Verdict};
-use crate::status::{code, code_of, message_of, Status};
+use crate::status::{code, code_of, message_of, RuntimeLoss, Status};
 use body::ProxyBody;
 pub use runtime_pool::{RuntimePool, RuntimePoolOptions};
 
@@ -202,7 +202,7 @@ impl Proxy {
 
     fn unavailable(&self, e: runtime_pool::UpstreamError) -> Response<ResponseBody> {
         tracing::warn!(error = %e, "call failed: upstream unavailable");
-        Status::new(code::UNAVAILABLE, format!("crisp: {e}"))
+        Status::runtime_unavailable(&e)
             .to_response()
             .map(|b| ResponseBody::new(b, None))
     }
@@ -238,7 +238,7 @@ impl Proxy {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(error = %e, "call failed: upstream unavailable");
-                let s = Status::new(code::UNAVAILABLE, format!("crisp: {e}"));
+                let s = Status::runtime_unavailable(&e);
                 self.complete(
                     &call,
                     Some(s.code),
@@ -427,13 +427,8 @@ impl Proxy {
             }
             Err(e) => {
                 tracing::warn!(error = %e, "upstream response body failed");
-                let s = Status::new(
-                    code::UNAVAILABLE,
-                    format!(
-                        "crisp: upstream unix://{} failed mid-response: {e}",
-                        self.upstream.path().display()
-                    ),
-                );
+                let path = self.upstream.path().display();
+                let s = Status::runtime_lost(Some(&path), RuntimeLoss::FailedMidResponse(&e));
                 return Response::from_parts(
                     parts,
                     ResponseBody::new(
@@ -698,19 +693,9 @@ impl Body for ResponseBody {
                     error = %e,
                     "upstream failed mid-response; ending the call with UNAVAILABLE"
                 );
-                let s = match &self.upstream {
-                    Some(u) => Status::new(
-                        code::UNAVAILABLE,
-                        format!(
-                            "crisp: upstream unix://{} failed mid-response: {e}",
-                            u.path().display()
-                        ),
-                    ),
-                    None => Status::new(
-                        code::UNAVAILABLE,
-                        format!("crisp: upstream failed mid-response: {e}"),
-                    ),
-                };
+                let path = self.upstream.as_ref().map(|u| u.path().display());
+                let socket = path.as_ref().map(|p| p as &dyn std::fmt::Display);
+                let s = Status::runtime_lost(socket, RuntimeLoss::FailedMidResponse(&e));
                 if let Some(comp) = self.completion.as_mut() {
                     comp.code = Some(s.code);
                     comp.message = Some(s.message.clone());

@@ -9,6 +9,7 @@ use bytes::{Buf, BytesMut};
 use super::core::{Core, PendingBlock, Sink};
 use super::error::{RelayError, Violation};
 use super::status::{Code, EndStatus};
+use crate::status::{runtime_lost, RuntimeLoss};
 use crate::proxy::http2::{self, Flags, GoAway, Head, Kind, Reason, Settings};
 
 impl Core {
@@ -160,10 +161,7 @@ impl Core {
                 "runtime sent GOAWAY; moving this client to a new connection"
             );
         }
-        let msg = format!(
-            "crisp: upstream unix://{} closed the connection (GOAWAY)",
-            self.runtime_name
-        );
+        let msg = runtime_lost(Some(&self.runtime_name), RuntimeLoss::Closed);
         self.runtime_gone(&msg, Some(last));
     }
 

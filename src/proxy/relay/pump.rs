@@ -1,5 +1,6 @@
 //! The relay thread: a `poll(2)` loop around one connection's [`Core`] and its two sockets.
 
+use crate::status::{runtime_lost, RuntimeLoss};
 use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -326,11 +327,12 @@ impl Pump {
                 "upstream connection failed"
             );
         }
-        let msg = if writing {
-            format!("crisp: upstream unix://{path} failed: {why}")
+        let how = if writing {
+            RuntimeLoss::Failed(&why)
         } else {
-            format!("crisp: upstream unix://{path} failed mid-response: {why}")
+            RuntimeLoss::FailedMidResponse(&why)
         };
+        let msg = runtime_lost(Some(&path), how);
         self.runtime = None;
         // What the runtime sent and crisp had not relayed belongs to calls that end now.
         self.rbuf.clear();
