@@ -8,7 +8,7 @@
 //!                         names from the engine, filters (filter.rs), try_send into each
 //!                         matching subscriber's bounded queue — full queue: drop and count
 //!                         ─────────────── call path ends here: no await, no decode ───────────
-//!  admin.rs: one task per subscriber ◀─ Subscription::next: events + "dropped N" markers
+//!  admin/service.rs: one task per subscriber ◀─ Subscription::next: events + "dropped N" markers
 //!            decode + redact (decode.rs, redact.rs) for --full, then gRPC to `crisp tap`
 //!            (its client: client.rs; its lines: view.rs)
 //! ```
