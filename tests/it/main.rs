@@ -10,11 +10,16 @@
 //! tests/exec_probe_memory.rs (its global allocator counts the heap of the whole process).
 //! docs/TESTING.md has the test policy.
 
-// Shared helpers.
+// Shared helpers, all in tests/it/support/: `support` itself (its mod.rs is compiled into
+// tests/tap_memory.rs and tests/exec_probe_memory.rs too) and the parts only this binary uses.
+#[path = "support/daemon_bin.rs"]
 mod daemon_bin;
+#[path = "support/node.rs"]
 mod node_support;
+#[path = "support/prerequisites.rs"]
 mod prerequisites;
 mod support;
+#[path = "support/systemd.rs"]
 mod systemd_support;
 
 // One module per former test binary.
