@@ -1,7 +1,7 @@
 //! The cluster lane (issue #29, docs/DEPLOY.md "The cluster lane"): a real Kubernetes 1.26
 //! control plane on this host (hack/cluster.sh: etcd, kube-apiserver with Node,RBAC,
 //! controller-manager, scheduler, a local registry) and the nspawn systemd node of
-//! tests/it/node_support running containerd and an upstream kubelet 1.26 joined to it.
+//! tests/it/support/node.rs running containerd and an upstream kubelet 1.26 joined to it.
 //!
 //! - `a_kubelet_joins_the_control_plane`: the node registers, turns Ready and runs a pod the
 //!   API server scheduled;
@@ -281,7 +281,7 @@ fn cni_conflist() -> String {
     )
 }
 
-/// kubeadm's layout (tests/it/node_support's drop-in, kubeadm-flags.env, config.yaml), so that
+/// kubeadm's layout (tests/it/support/node.rs's drop-in, kubeadm-flags.env, config.yaml), so that
 /// hack/install.sh rewires it as it would on a kubeadm node. Ports off the defaults: the node
 /// shares the host's network.
 pub(crate) const KUBEADM_FLAGS: &str = "KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint=unix:///run/containerd/containerd.sock --pod-infra-container-image=crisp.test/pause:latest\"\n";

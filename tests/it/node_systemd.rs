@@ -1,4 +1,4 @@
-//! crisp's release artifacts on a real systemd node (tests/it/node_support: Debian 12 booted by
+//! crisp's release artifacts on a real systemd node (tests/it/support/node.rs: Debian 12 booted by
 //! systemd-nspawn, systemd as PID 1, containerd as a service, a stand-in kubelet that dials its
 //! runtime endpoint with grpc-go's client):
 //! - the .deb installs without touching kubelet; crisp-install points kubelet at crisp and

@@ -463,7 +463,7 @@ pub const VERSION_REQ_HEX: &str = "0a027631";
 pub const CONTAINERD_HEX: &str = "636f6e7461696e657264";
 
 const KUBELET_STANDIN: &str = r#"#!/bin/bash
-# kubelet stand-in (tests/it/node_support): answers --version like kubelet 1.26, records its command
+# kubelet stand-in (tests/it/support/node.rs): answers --version like kubelet 1.26, records its command
 # line, and dials its --container-runtime-endpoint with grpc-go's client (RuntimeService/Version)
 # every 200 ms, writing each result to /run/kubelet-standin/last.
 if [[ "${1:-}" == --version ]]; then echo "Kubernetes v1.26.15"; exit 0; fi
