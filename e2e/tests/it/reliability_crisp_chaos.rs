@@ -56,12 +56,16 @@ struct Chaos<'a> {
     admin: PathBuf,
     state_dir: PathBuf,
     crisp: &'a mut dyn Restartable,
+    /// When each restarted crisp came up (wall clock, ns).
+    crisp_started: Vec<i64>,
 }
 
 impl Chaos<'_> {
     fn kill(&mut self, when: &str, kills: &mut Vec<String>) -> Result<()> {
         tokio::task::block_in_place(|| self.crisp.restart())
             .with_context(|| format!("restarting crisp ({when})"))?;
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+        self.crisp_started.push(now.as_nanos() as i64);
         kills.push(when.to_string());
         eprintln!("crisp SIGKILLed and restarted: {when}");
         Ok(())
@@ -160,6 +164,7 @@ impl Chaos<'_> {
                         aborted: Some(AbortedOk {
                             timeout: START_TIMEOUT,
                             kubelet: self.kubelet,
+                            crisp_started: &self.crisp_started,
                         }),
                         ..Default::default()
                     },
@@ -268,6 +273,7 @@ async fn crisp_sigkilled_at_random_points_of_a_wave() -> Result<()> {
         admin,
         state_dir,
         crisp,
+        crisp_started: Vec::new(),
     };
     let r = chaos.run(&mut rng).await;
     if r.is_err() {
@@ -444,6 +450,7 @@ async fn socket_activated_crisp_sigkilled_at_random_points_of_a_wave() -> Result
         admin,
         state_dir,
         crisp: &mut crisp,
+        crisp_started: Vec::new(),
     };
     let r = chaos.run(&mut rng).await;
     if r.is_err() {

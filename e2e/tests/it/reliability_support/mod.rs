@@ -410,6 +410,11 @@ pub async fn remove_and_settle(
 pub struct AbortedOk<'a> {
     pub timeout: Duration,
     pub kubelet: &'a Kubelet,
+    /// When each restarted crisp came up (wall clock, ns). A crisp that starts after a sidecar
+    /// died cannot know whether an earlier crisp was refusing the apps already, so it counts
+    /// their clock from that death by the runtime's record (DESIGN.md §3.4), which may be
+    /// before their first CreateContainer.
+    pub crisp_started: &'a [i64],
 }
 
 impl AbortedOk<'_> {
@@ -526,23 +531,50 @@ pub async fn start_violations(
     let mut ready_at: Option<(String, i64)> = None;
     // After a sidecar whose start was aborted (dead), the containers behind it may go on only
     // once crisp's start timeout has run out for them: counted, as crisp counts it, from their
-    // own first CreateContainer (the first refusal).
-    let mut dead: Option<String> = None;
-    let waited = |name: &str, started_at: i64, dead: &Option<String>, v: &mut Vec<String>| {
-        let (Some(d), Some(ok)) = (dead, &aborted_ok) else {
+    // own first CreateContainer (the first refusal) — or from the sidecar's death, when a crisp
+    // that started after it let them go (DESIGN.md §3.4: it cannot see an earlier crisp's
+    // refusals).
+    let mut dead: Option<(String, i64)> = None;
+    let waited = |name: &str,
+                  started_at: i64,
+                  dead: &Option<(String, i64)>,
+                  v: &mut Vec<String>| {
+        let (Some((d, died)), Some(ok)) = (dead, &aborted_ok) else {
             return;
         };
         if let Some(first) = ok.first_create(uid, name) {
-            let at = first + ok.timeout.as_nanos() as i64;
+            let restarted_since = ok
+                .crisp_started
+                .iter()
+                .any(|&t| t > *died && t < started_at);
+            let from = if restarted_since {
+                first.min(*died)
+            } else {
+                first
+            };
+            let at = from + ok.timeout.as_nanos() as i64;
             if started_at < at {
-                v.push(format!("{}: {name} started {:.3} s before its start timeout (from its first create) ran out, with {d} dead", p.spec.name, secs(at - started_at)));
+                v.push(format!("{}: {name} started {:.3} s before its start timeout ran out (counted from its first create, or from its sidecar's death for a crisp started since), with {d} dead", p.spec.name, secs(at - started_at)));
             }
         }
     };
     for (name, delay) in &p.sidecars {
         if let (Some(ok), Some(_)) = (&aborted_ok, start_aborted(&all, name)) {
             eprintln!("{}: {name}'s start was aborted; what follows may start {:?} after its first create", p.spec.name, ok.timeout);
-            dead = Some(name.clone());
+            // When it died by the runtime's record, as crisp reads it: its newest instance's
+            // exit, or its creation if it has none.
+            let died = all[name]
+                .iter()
+                .max_by_key(|c| c.created_at)
+                .map(|c| {
+                    if c.finished_at > 0 {
+                        c.finished_at
+                    } else {
+                        c.created_at
+                    }
+                })
+                .unwrap_or(i64::MAX);
+            dead = Some((name.clone(), died));
             continue;
         }
         let Some(s) = ran_or_note(&all, name, p, &mut v) else {
