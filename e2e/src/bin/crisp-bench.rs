@@ -94,7 +94,6 @@ impl Args {
     }
 }
 
-#[derive(Clone)]
 struct Lane {
     name: &'static str,
     socket: PathBuf,
@@ -596,50 +595,6 @@ fn grpcgo_bench(
     Ok(runs)
 }
 
-/// `grpcgo_bench` with crisp and crisp-before taking turns at the two crisp positions: the first
-/// half of the runs in `lanes`' order, the rest with the two swapped, every run's figures given
-/// back in `lanes`' order. The position itself costs: with one binary in both lanes, the one
-/// passed third read 3–17 % more CPU (BENCHMARKS.md, "the lane effect"), so a before/after
-/// from fixed positions measures the lanes as much as the binaries. Without a crisp-before
-/// lane (or with one run), the same as `grpcgo_bench`.
-fn grpcgo_bench_balanced(
-    lanes: &[Lane],
-    method: &str,
-    req: &[u8],
-    authority: Option<&str>,
-    extra: &[String],
-) -> Result<Vec<Vec<(f64, f64)>>> {
-    let at = extra.iter().position(|a| a == "--runs");
-    let runs: usize = at
-        .and_then(|i| extra.get(i + 1))
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(1);
-    let (Some(at), 4) = (at, lanes.len()) else {
-        return grpcgo_bench(lanes, method, req, authority, extra);
-    };
-    if runs < 2 {
-        return grpcgo_bench(lanes, method, req, authority, extra);
-    }
-    let with_runs = |n: usize| {
-        let mut e = extra.to_vec();
-        e[at + 1] = n.to_string();
-        e
-    };
-    let first = runs.div_ceil(2);
-    let mut all = grpcgo_bench(lanes, method, req, authority, &with_runs(first))?;
-    let swapped = [
-        lanes[0].clone(),
-        lanes[1].clone(),
-        lanes[3].clone(),
-        lanes[2].clone(),
-    ];
-    for mut r in grpcgo_bench(&swapped, method, req, authority, &with_runs(runs - first))? {
-        r.swap(2, 3);
-        all.push(r);
-    }
-    Ok(all)
-}
-
 /// kubelet's own client against direct / socat / crisp (/ crisp-before), interleaved call by
 /// call: added latency per run, and crisp's (and crisp-before's) ratio to socat's addition as
 /// min / median / max over the runs.
@@ -777,8 +732,7 @@ async fn kubelet_report(
     if let Some(b) = &args.before {
         writeln!(
             out,
-            "crisp-before: `{}`; crisp: `{}`. The two take turns at the third and fourth places of \
-             the lane order (half of the runs each way): the place alone costs some CPU.\n",
+            "crisp-before: `{}`; crisp: `{}`.\n",
             b.display(),
             crisp_e2e::crisp::crisp_binary()?.display()
         )?;
@@ -801,7 +755,7 @@ async fn kubelet_report(
     .encode_to_vec();
     let counters: Vec<Counted> = pids.iter().map(|(_, p)| Counted::attach(*p)).collect();
     let warm = (args.grpcgo_calls / 10).max(10);
-    let v = grpcgo_bench_balanced(
+    let v = grpcgo_bench(
         &lanes,
         "Version",
         &version,
@@ -834,7 +788,7 @@ async fn kubelet_report(
     } else {
         args.grpcgo_calls
     };
-    let l = grpcgo_bench_balanced(
+    let l = grpcgo_bench(
         &lanes,
         "ListContainers",
         &list,
@@ -850,7 +804,7 @@ async fn kubelet_report(
 
     let counters: Vec<Counted> = pids.iter().map(|(_, p)| Counted::attach(*p)).collect();
     let rounds = args.rounds.max(1) as usize;
-    let t = grpcgo_bench_balanced(
+    let t = grpcgo_bench(
         &lanes,
         "Version",
         &version,
