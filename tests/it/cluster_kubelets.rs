@@ -51,8 +51,8 @@ fn minor() -> u32 {
 }
 
 /// The lane's kubelet config: the 1.26 lane's, plus the cgroup-driver gate where it is not GA
-/// yet, and tracing of every call (an OTLP endpoint nobody listens on: kubelet still creates
-/// and propagates the spans, the export fails quietly).
+/// yet, and tracing of every call to the lane's OTLP receiver ([`OTLP_ADDR`]; KubeletTracing is
+/// beta and on by default from 1.27, GA in 1.34).
 fn kubelet_config(minor: u32) -> String {
     let mut c = KUBELET_CONFIG.to_string();
     let mut gates = String::new();
@@ -66,8 +66,68 @@ fn kubelet_config(minor: u32) -> String {
     if !gates.is_empty() {
         c += &format!("featureGates:\n{gates}");
     }
-    c += "tracing:\n  endpoint: 127.0.0.1:14317\n  samplingRatePerMillion: 1000000\n";
+    c += &format!("tracing:\n  endpoint: {OTLP_ADDR}\n  samplingRatePerMillion: 1000000\n");
     c
+}
+
+/// Where the lane's OTLP/gRPC receiver listens, for kubelet and crisp alike. The node shares the
+/// host's network namespace (cluster_rollout.rs, `BRIDGE`), so the node's loopback is this
+/// process's: no setns and no bridge address needed.
+const OTLP_ADDR: &str = "127.0.0.1:14317";
+
+/// crisp's config in the node: its hold spans to the lane's receiver, sent every 200 ms.
+fn crisp_config() -> String {
+    format!("[tracing]\notlp_endpoint = \"http://{OTLP_ADDR}\"\nexport_delay = \"200ms\"\n")
+}
+
+/// Every span kubelet and crisp exported to [`OTLP_ADDR`] (`tests/it/support/otlp.rs`).
+struct Spans {
+    _rt: tokio::runtime::Runtime,
+    all: Arc<Mutex<Vec<crate::support::Exported>>>,
+}
+
+impl Spans {
+    fn start() -> Spans {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let l = rt
+            .block_on(tokio::net::TcpListener::bind(OTLP_ADDR))
+            .unwrap_or_else(|e| panic!("the lane's OTLP receiver on {OTLP_ADDR}: {e}"));
+        let all: Arc<Mutex<Vec<crate::support::Exported>>> = Arc::default();
+        let keep = all.clone();
+        rt.spawn(async move {
+            let mut rx = crate::support::otlp_receiver(l);
+            while let Some(e) = rx.recv().await {
+                keep.lock().unwrap().push(e);
+            }
+        });
+        Spans { _rt: rt, all }
+    }
+
+    /// Waits until `f` finds something among the spans so far (kubelet's exporter sends every
+    /// 5 s).
+    fn wait<T>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        f: impl Fn(&[crate::support::Exported]) -> Option<T>,
+    ) -> T {
+        let t = Instant::now();
+        loop {
+            if let Some(v) = f(&self.all.lock().unwrap()) {
+                return v;
+            }
+            assert!(
+                t.elapsed() < timeout,
+                "no {what} at the OTLP receiver in {timeout:?} ({} spans there)",
+                self.all.lock().unwrap().len()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
 }
 
 /// A socket inside the node, as the host reaches it (the node's /run is its own tmpfs).
@@ -356,6 +416,8 @@ const EXIT0: &str = "exit 0";
 /// them that crisp orders at create, and at stop).
 struct Shape {
     name: &'static str,
+    /// "native", "legacy", "legacy, stop only", "native named in crisp.dev/ready": for the log.
+    kind: &'static str,
     yaml: String,
     sidecar: &'static str,
     /// crisp holds the app until the sidecar is ready (the create order is crisp's).
@@ -392,6 +454,7 @@ fn shapes(minor: u32) -> Vec<Shape> {
     let mut v = vec![
         Shape {
             name: "native",
+            kind: "native",
             yaml: pod(
                 "native",
                 "",
@@ -406,6 +469,7 @@ fn shapes(minor: u32) -> Vec<Shape> {
         // readiness on :15021/healthz/ready (crisp's injector table).
         Shape {
             name: "istio",
+            kind: "legacy",
             yaml: pod(
                 "istio",
                 "    sidecar.istio.io/status: '{\"initContainers\":[\"istio-init\"],\"containers\":[\"istio-proxy\"],\"volumes\":[\"istio-envoy\"],\"imagePullSecrets\":null}'\n",
@@ -422,6 +486,7 @@ fn shapes(minor: u32) -> Vec<Shape> {
         // Linkerd: linkerd-init, linkerd-proxy first, readiness on :4191/ready.
         Shape {
             name: "linkerd",
+            kind: "legacy",
             yaml: pod(
                 "linkerd",
                 "    linkerd.io/proxy-version: \"stable-2.14.10\"\n",
@@ -439,6 +504,7 @@ fn shapes(minor: u32) -> Vec<Shape> {
         // ordered once it exists: only its stop is crisp's).
         Shape {
             name: "vault",
+            kind: "legacy, stop only",
             yaml: pod(
                 "vault",
                 "    vault.hashicorp.com/agent-inject-status: injected\n",
@@ -452,9 +518,30 @@ fn shapes(minor: u32) -> Vec<Shape> {
             ordered_create: false,
             ordered_stop: true,
         },
+        // Issue #35: a native sidecar without a startupProbe, so kubelet starts the app as soon
+        // as the sidecar's process runs; named in crisp.dev/ready.proxy, crisp holds the app's
+        // CreateContainer until it is ready. Stops stay kubelet's.
+        Shape {
+            name: "native-ready",
+            kind: "native named in crisp.dev/ready",
+            yaml: pod(
+                "native-ready",
+                "    crisp.dev/ready.proxy: 'exec:[\"test\",\"-e\",\"/tmp/ready\"]'\n",
+                &[container(
+                    "proxy",
+                    &sidecar(None),
+                    "    restartPolicy: Always\n",
+                )],
+                &[container("app", APP, "")],
+            ),
+            sidecar: "proxy",
+            ordered_create: true,
+            ordered_stop: false,
+        },
         // A native sidecar beside an annotated legacy one listed after the app.
         Shape {
             name: "mixed",
+            kind: "native + legacy",
             yaml: pod(
                 "mixed",
                 "    crisp.dev/sidecars: \"legacy-proxy\"\n    crisp.dev/ready.legacy-proxy: 'exec:[\"test\",\"-e\",\"/tmp/ready\"]'\n",
@@ -470,7 +557,7 @@ fn shapes(minor: u32) -> Vec<Shape> {
         },
     ];
     if minor < 29 {
-        v.retain(|s| s.name != "native" && s.name != "mixed");
+        v.retain(|s| !s.kind.starts_with("native"));
     }
     v
 }
@@ -497,12 +584,7 @@ fn verdict(s: &Shape, g: &Gaps) -> String {
     } else {
         "sidecar finished first"
     };
-    let kind = match (s.ordered_create, s.ordered_stop) {
-        (true, _) => "legacy",
-        (false, true) => "legacy, stop only",
-        _ => "native",
-    };
-    format!("{kind}: {create}, {stop}")
+    format!("{}: {create}, {stop}", s.kind)
 }
 
 fn ms(a: i64, b: i64) -> f64 {
@@ -661,6 +743,7 @@ fn a_newer_kubelet_through_crisp() {
     let minor = minor();
     let bins = kube_bin_dir();
     let _bridge = BridgeGuard;
+    let spans = Spans::start();
     let cluster = Cluster::up(&bins);
     let (node, joined) = join_with(&cluster, &bins, &kubelet_config(minor));
     let version = cluster.jsonpath(
@@ -685,6 +768,7 @@ fn a_newer_kubelet_through_crisp() {
             &std::fs::read(env!("CARGO_BIN_EXE_crisp")).unwrap(),
             0o755,
         );
+        node.put("/etc/crisp/config.toml", crisp_config().as_bytes(), 0o644);
         crisp_start(&node, "/run/containerd/containerd.sock");
         tracing_through_crisp(&cluster, &node, minor);
         return;
@@ -705,6 +789,14 @@ fn a_newer_kubelet_through_crisp() {
             "gaps| 1.{minor} direct {:8} sidecar {:13} started→app created {:8.0} ms, app finished→sidecar finished {:8.0} ms ({})",
             s.name, s.sidecar, g.create_ms, g.stop_ms, verdict(&s, &g)
         );
+        if s.name == "native-ready" {
+            // kubelet alone waits only for the sidecar's start (there is no startupProbe).
+            assert!(
+                g.create_ms < READY_AFTER.as_millis() as f64 - 100.0,
+                "direct, kubelet created the app {:.0} ms after the native sidecar started: not the premise",
+                g.create_ms
+            );
+        }
         direct.insert(s.name, g);
     }
 
@@ -714,6 +806,7 @@ fn a_newer_kubelet_through_crisp() {
         &std::fs::read(env!("CARGO_BIN_EXE_crisp")).unwrap(),
         0o755,
     );
+    node.put("/etc/crisp/config.toml", crisp_config().as_bytes(), 0o644);
     crisp_start(&node, "/run/containerd/containerd.sock");
     let mut tap = Tap::new(&node, work.path());
     tap.attach();
@@ -802,6 +895,15 @@ fn a_newer_kubelet_through_crisp() {
                 -g.stop_ms
             );
         }
+        if s.name == "mixed" {
+            // The native sidecar is no app the legacy one's stop waits for (kubelet stops it
+            // only after every regular container): the app's 2 s SIGTERM trap, not the budget.
+            assert!(
+                g.stop_ms < 5000.0,
+                "mixed: the legacy sidecar finished {:.0} ms after the app (its stop waited for the native sidecar?): {t:?}",
+                g.stop_ms
+            );
+        }
         // Each container's finish, ms after the app's: who waited for whom at the stop.
         let app_end = t["app"].finished;
         eprintln!(
@@ -859,6 +961,9 @@ fn a_newer_kubelet_through_crisp() {
         "--wait=false",
         "--cascade=background",
     ]);
+
+    // kubelet's span of a held CreateContainer and crisp's hold span, in one trace.
+    held_in_kubelets_trace(&cluster, &spans, minor);
 
     // crisp killed and restarted while it holds an app's CreateContainer.
     let hold_secs = 20;
@@ -969,6 +1074,92 @@ fn a_newer_kubelet_through_crisp() {
     );
     let _ = std::io::stderr().flush();
     drop(node);
+}
+
+/// Issue #35: a legacy-sidecar pod whose app crisp holds until the sidecar is ready; at the
+/// lane's OTLP receiver, kubelet's span of that CreateContainer (service `kubelet`) and crisp's
+/// `crisp hold CreateContainer` span with kubelet's trace id and kubelet's span as its parent,
+/// inside kubelet's span in time.
+fn held_in_kubelets_trace(cluster: &Cluster, spans: &Spans, minor: u32) {
+    use crate::support::{hex, span_attr, Exported};
+    use opentelemetry_proto::tonic::common::v1::any_value::Value;
+    let s = |e: &Exported, k: &str| match span_attr(&e.span, k) {
+        Some(Value::StringValue(v)) => v,
+        Some(other) => format!("{other:?}"),
+        None => String::new(),
+    };
+    cluster.apply(&pod(
+        "traced-hold",
+        "    crisp.dev/sidecars: \"proxy\"\n    crisp.dev/ready.proxy: 'exec:[\"test\",\"-e\",\"/tmp/ready\"]'\n",
+        &[],
+        &[container("proxy", &sidecar(None), ""), container("app", APP, "")],
+    ));
+    cluster.wait("traced-hold Ready", Duration::from_secs(120), || {
+        cluster.pod_ready("default", "traced-hold")
+    });
+    let hold = spans.wait(
+        "crisp's hold span of traced-hold's app",
+        Duration::from_secs(30),
+        |all| {
+            all.iter()
+                .find(|e| {
+                    e.service == "crisp"
+                        && e.span.name == "crisp hold CreateContainer"
+                        && s(e, "k8s.pod.name") == "traced-hold"
+                        && s(e, "k8s.container.name") == "app"
+                        && s(e, "crisp.hold.verdict") == "forwarded"
+                })
+                .cloned()
+        },
+    );
+    let kubelet = spans.wait(
+        "kubelet's span of the held CreateContainer",
+        Duration::from_secs(30),
+        |all| {
+            all.iter()
+                .find(|e| e.span.span_id == hold.span.parent_span_id)
+                .cloned()
+        },
+    );
+    let ms = |a: u64, b: u64| (b as f64 - a as f64) / 1e6;
+    let (k, c) = (&kubelet.span, &hold.span);
+    eprintln!(
+        "trace| 1.{minor}: trace {}; kubelet (service {:?}) span {} {:?} {:.1} ms; crisp (service {:?}) span {} {:?} parent {} {:.1} ms, waited for {:?}, {}; crisp's hold began {:.1} ms after kubelet's span and ended {:.1} ms before it",
+        hex(&c.trace_id),
+        kubelet.service,
+        hex(&k.span_id),
+        k.name,
+        ms(k.start_time_unix_nano, k.end_time_unix_nano),
+        hold.service,
+        hex(&c.span_id),
+        c.name,
+        hex(&c.parent_span_id),
+        ms(c.start_time_unix_nano, c.end_time_unix_nano),
+        s(&hold, "crisp.hold.waited_for"),
+        s(&hold, "crisp.hold.outcome"),
+        ms(k.start_time_unix_nano, c.start_time_unix_nano),
+        ms(c.end_time_unix_nano, k.end_time_unix_nano),
+    );
+    assert_eq!(kubelet.service, "kubelet", "{kubelet:?}");
+    assert!(k.name.ends_with("CreateContainer"), "kubelet's span: {k:?}");
+    assert_eq!(k.trace_id, c.trace_id, "one trace");
+    assert_eq!(
+        c.parent_span_id, k.span_id,
+        "crisp's span is a child of kubelet's"
+    );
+    let held = ms(c.start_time_unix_nano, c.end_time_unix_nano);
+    // The sidecar turns ready READY_AFTER after it starts; kubelet asks for the app a few
+    // tens of ms after that start.
+    assert!(
+        held >= READY_AFTER.as_millis() as f64 - 1000.0,
+        "crisp's hold span lasts {held:.1} ms: the app was not held for its sidecar ({READY_AFTER:?})"
+    );
+    assert!(
+        k.start_time_unix_nano <= c.start_time_unix_nano
+            && c.end_time_unix_nano <= k.end_time_unix_nano,
+        "crisp's hold lies outside kubelet's span: kubelet {k:?}, crisp {c:?}"
+    );
+    let _ = cluster.kubectl(&["delete", "pod", "traced-hold", "--wait=false"]);
 }
 
 /// Tracing: kubelet → recorder A → crisp → recorder B → containerd; every call's trace headers
