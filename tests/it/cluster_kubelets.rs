@@ -657,15 +657,18 @@ fn run_shape(cluster: &Cluster, rt: &Runtime, s: &Shape) -> (Gaps, BTreeMap<Stri
 /// (path, traceparent, tracestate, baggage) of one call.
 type Seen = (String, String, String, String);
 
-/// An HTTP/2 relay on `listen` to `upstream` (one upstream connection per downstream one, as
-/// crisp and kubelet use them) that keeps each request's trace headers. Frames, trailers and
-/// every header are passed on as they came.
+/// A relay on `listen` to `upstream` (one upstream connection per downstream one, as crisp and
+/// kubelet use them) that copies every byte both ways as it came, and reads the client's HTTP/2
+/// header blocks with its own HPACK decoder to keep each request's trace headers. Being no
+/// HTTP/2 endpoint itself, it takes any `:authority` — kubelet 1.30.1's socket path too, which
+/// an HTTP/2 server library refuses (RST_STREAM PROTOCOL_ERROR: the lane's earlier hyper
+/// recorders could not run on 1.30).
 fn recorder(
     rt: &tokio::runtime::Runtime,
     listen: PathBuf,
     upstream: PathBuf,
 ) -> Arc<Mutex<Vec<Seen>>> {
-    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
     let _ = std::fs::remove_file(&listen);
     std::fs::create_dir_all(listen.parent().unwrap()).unwrap();
@@ -681,38 +684,121 @@ fn recorder(
                 let Ok(us) = tokio::net::UnixStream::connect(&up).await else {
                     return;
                 };
-                let Ok((sender, conn)) =
-                    hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(us))
-                        .await
-                else {
-                    return;
-                };
-                tokio::spawn(conn);
-                let svc = hyper::service::service_fn(
-                    move |req: hyper::Request<hyper::body::Incoming>| {
-                        let h = |k: &str| {
-                            req.headers()
-                                .get(k)
-                                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-                                .unwrap_or_default()
-                        };
-                        log.lock().unwrap().push((
-                            req.uri().path().to_string(),
-                            h("traceparent"),
-                            h("tracestate"),
-                            h("baggage"),
-                        ));
-                        let mut sender = sender.clone();
-                        async move { sender.send_request(req).await }
-                    },
-                );
-                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(s), svc)
-                    .await;
+                let (mut from_client, mut to_client) = s.into_split();
+                let (mut from_up, mut to_up) = us.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut from_up, &mut to_client).await;
+                    let _ = to_client.shutdown().await;
+                });
+                let mut reader = H2Requests::default();
+                let mut buf = vec![0u8; 64 * 1024];
+                while let Ok(n) = from_client.read(&mut buf).await {
+                    if n == 0 || to_up.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                    reader.feed(&buf[..n], &log);
+                }
+                let _ = to_up.shutdown().await;
             });
         }
     });
     seen
+}
+
+/// The client side of one HTTP/2 connection, read passively: frames as they arrive, header
+/// blocks (HEADERS and CONTINUATION) decoded with the connection's HPACK table.
+struct H2Requests {
+    buf: Vec<u8>,
+    preface: bool,
+    block: Vec<u8>,
+    hpack: httlib_hpack::Decoder<'static>,
+    /// A block did not decode: nothing after it can be read (the table is lost).
+    broken: bool,
+}
+
+impl Default for H2Requests {
+    fn default() -> Self {
+        H2Requests {
+            buf: Vec::new(),
+            preface: false,
+            block: Vec::new(),
+            hpack: httlib_hpack::Decoder::with_dynamic_size(4096),
+            broken: false,
+        }
+    }
+}
+
+impl H2Requests {
+    const PREFACE: &'static [u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+    fn feed(&mut self, data: &[u8], log: &Mutex<Vec<Seen>>) {
+        if self.broken {
+            return;
+        }
+        self.buf.extend_from_slice(data);
+        if !self.preface {
+            if self.buf.len() < Self::PREFACE.len() {
+                return;
+            }
+            assert_eq!(
+                &self.buf[..Self::PREFACE.len()],
+                Self::PREFACE,
+                "not HTTP/2"
+            );
+            self.buf.drain(..Self::PREFACE.len());
+            self.preface = true;
+        }
+        while self.buf.len() >= 9 {
+            let len = u32::from_be_bytes([0, self.buf[0], self.buf[1], self.buf[2]]) as usize;
+            if self.buf.len() < 9 + len {
+                return;
+            }
+            let (kind, flags) = (self.buf[3], self.buf[4]);
+            let payload: Vec<u8> = self.buf[9..9 + len].to_vec();
+            self.buf.drain(..9 + len);
+            let fragment = match kind {
+                // HEADERS: less its padding (PADDED) and priority fields (PRIORITY).
+                0x1 => {
+                    let pad = if flags & 0x8 != 0 {
+                        payload[0] as usize
+                    } else {
+                        0
+                    };
+                    let start =
+                        usize::from(flags & 0x8 != 0) + if flags & 0x20 != 0 { 5 } else { 0 };
+                    payload[start..payload.len() - pad].to_vec()
+                }
+                0x9 => payload,
+                _ => continue,
+            };
+            self.block.extend_from_slice(&fragment);
+            if flags & 0x4 != 0 {
+                let mut block = std::mem::take(&mut self.block);
+                let mut fields = Vec::new();
+                if let Err(e) = self.hpack.decode(&mut block, &mut fields) {
+                    eprintln!("recorder: a header block did not decode ({e:?}); no more calls read on this connection");
+                    self.broken = true;
+                    return;
+                }
+                let h = |k: &str| {
+                    fields
+                        .iter()
+                        .find(|(n, _, _)| n.as_slice() == k.as_bytes())
+                        .map(|(_, v, _)| String::from_utf8_lossy(v).into_owned())
+                        .unwrap_or_default()
+                };
+                // Trailers carry no :path.
+                if !h(":path").is_empty() {
+                    log.lock().unwrap().push((
+                        h(":path"),
+                        h("traceparent"),
+                        h("tracestate"),
+                        h("baggage"),
+                    ));
+                }
+            }
+        }
+    }
 }
 
 // --- the lane ---------------------------------------------------------------------------------
@@ -1058,15 +1144,10 @@ fn a_newer_kubelet_through_crisp() {
     eprintln!("pull| 1.{minor}: PullImage with an imagePullSecret: {} call(s), redacted, no credential in {} tap bytes; auth {}", pull.len(), raw.len(), pull[0]["request"]["auth"]);
     let _ = cluster.kubectl(&["delete", "pod", "pull-secret", "--wait=false"]);
 
-    // 3. Tracing. The recorders are hyper servers, which refuse a request whose `:authority` is
-    // not a valid URI authority: kubelets up to 1.30 send the socket path there (1.30.1 did here;
-    // later ones dial with `localhost`, kubernetes/kubernetes#123463; docs/ARCHITECTURE.md).
+    // 3. Tracing: the recorders around crisp, for every kubelet (1.30.1 sends its socket path as
+    // `:authority`; the recorders only copy bytes, so they take it).
     tap.detach();
-    if minor >= 31 {
-        tracing_through_crisp(&cluster, &node, minor);
-    } else {
-        eprintln!("tracing| 1.{minor}: not run: kubelet sends its socket path as :authority, which the test's HTTP/2 recorders cannot take (kubelet 1.30.1 through them: RST_STREAM PROTOCOL_ERROR on its first call)");
-    }
+    tracing_through_crisp(&cluster, &node, minor);
     crisp_kill(&node);
     eprintln!(
         "summary| 1.{minor} ({version}): direct {:?} / through crisp {:?}",
