@@ -21,8 +21,9 @@
 #                    kubelet's shutdown manager on `systemctl poweroff`, direct and via crisp (~2 min)
 #   soak             e2e soak_grpcgo::soak_10_minutes through hack/soak.sh (10 min)
 #   kubelet-1.30     cluster_kubelets::a_newer_kubelet_through_crisp with Kubernetes 1.30: native,
-#   kubelet-1.32     Istio-, Linkerd-, Vault-shaped and mixed pods direct and through crisp, a Job,
-#   kubelet-1.34     crisp killed mid-hold, RuntimeConfig, a pull secret, tracing (~4 min each)
+#   kubelet-1.32     Istio-, Linkerd-, Vault-shaped, named-native and mixed pods direct and through
+#   kubelet-1.34     crisp, a Job, kubelet's and crisp's spans in one trace, crisp killed mid-hold,
+#                    RuntimeConfig, a pull secret, traceparent unchanged (~4 min each)
 #
 # Environment:
 #   OUT                  logs (default target/lanes)

@@ -1,27 +1,34 @@
 //! The newer-kubelet lanes (issue #34): the cluster lane of tests/it/cluster_rollout.rs (a real
 //! control plane from hack/cluster.sh, the nspawn systemd node with containerd) with a kubelet
 //! 1.30, 1.32 or 1.34 built by hack/kube-binaries.sh, joined with the KubeletCgroupDriverFromCRI
-//! gate on (1.30–1.33; GA in 1.34) and a `tracing:` block.
+//! gate on (1.30–1.33; GA in 1.34) and a `tracing:` block to the lane's OTLP receiver
+//! (tests/it/support/otlp.rs, on the node's loopback, which is this process's), where crisp's
+//! `[tracing] otlp_endpoint` points too.
 //!
 //! `a_newer_kubelet_through_crisp`, from the API server, first with kubelet on containerd's
 //! socket (direct), then on crisp's:
 //! - a pod with a native sidecar (an init container with `restartPolicy: Always` and a
 //!   startupProbe), Istio-, Linkerd- and Vault-shaped legacy pods (the injectors' own
-//!   annotations and container names, readiness from crisp's injector table) and a pod mixing a
-//!   native sidecar with an annotated legacy one. The numbers come from the runtime's own
-//!   timestamps (containerd's ContainerStatus: created, started, finished, in ns): sidecar
-//!   started → app created, and app finished → sidecar finished after `kubectl delete`. Through
-//!   crisp the legacy sidecars are ready before their app is created and finish after it; the
-//!   native sidecar is never held (no hold in the tap).
-//! - through crisp only: a Job whose legacy sidecar never exits completes; crisp SIGKILLed and
-//!   restarted while it holds an app's CreateContainer, the pod still ordered; RuntimeConfig in
-//!   the tap with the runtime's answer (containerd 1.6: its own Unimplemented, which kubelet's
-//!   journal shows it fell back on, exactly as direct); a PullImage with an imagePullSecret, the
-//!   credentials absent from the tap.
-//! - tracing: kubelet → recorder A → crisp → recorder B → containerd. The recorders (HTTP/2
-//!   relays in this process, on sockets inside the node) keep each call's `traceparent`,
-//!   `tracestate` and `baggage`; every call A saw reaches B with the same three values, so the
-//!   runtime receives kubelet's trace context unchanged.
+//!   annotations and container names, readiness from crisp's injector table), a native sidecar
+//!   without a startupProbe named in `crisp.dev/ready.proxy` (issue #35: direct, kubelet creates
+//!   the app before it is ready) and a pod mixing a native sidecar with an annotated legacy one.
+//!   The numbers come from the runtime's own timestamps (containerd's ContainerStatus: created,
+//!   started, finished, in ns): sidecar started → app created, and app finished → sidecar
+//!   finished after `kubectl delete`. Through crisp the legacy sidecars and the named native one
+//!   are ready before their app is created, the legacy ones finish after it (the mixed pod's
+//!   without waiting for its native sidecar, which kubelet stops last); the unnamed native
+//!   sidecar is never held (no hold in the tap).
+//! - through crisp only: a Job whose legacy sidecar never exits completes; a held
+//!   CreateContainer as kubelet's span and crisp's hold span, its child, in one trace at the
+//!   receiver; crisp SIGKILLed and restarted while it holds an app's CreateContainer, the pod
+//!   still ordered; RuntimeConfig in the tap with the runtime's answer (containerd 1.6: its own
+//!   Unimplemented, which kubelet's journal shows it fell back on, exactly as direct); a
+//!   PullImage with an imagePullSecret, the credentials absent from the tap.
+//! - tracing: kubelet → recorder A → crisp → recorder B → containerd. The recorders (byte relays
+//!   in this process, on sockets inside the node, reading the client's header blocks with their
+//!   own HPACK decoder) keep each call's `traceparent`, `tracestate` and `baggage`; every call A
+//!   saw reaches B with the same three values, so the runtime receives kubelet's trace context
+//!   unchanged.
 //!
 //! Needs the binaries, so ignored by default; hack/lanes.sh runs it per version (lanes
 //! kubelet-1.30, kubelet-1.32, kubelet-1.34):
