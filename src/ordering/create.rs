@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::annotations::Sidecar;
-use super::decide::{self, Check, CreatePlan, Snapshot, WaitStep};
+use super::decide::{self, Check, CreatePlan, Refusal, Snapshot, WaitStep};
 use super::holds;
 use super::init_guess::Judgement;
 use super::pod::{container_name, ContainerRef};
@@ -107,7 +107,12 @@ impl Engine {
                         // running sidecar as ready, fail refuses the create with the reason.
                         Probed::Unreachable(why) => match self.start_policy(pod).1 {
                             TimeoutPolicy::Proceed => true,
-                            TimeoutPolicy::Fail => return Check::Refuse(why),
+                            TimeoutPolicy::Fail => {
+                                return Check::Refuse(Refusal::Unprobeable {
+                                    sidecar: sidecar.name.clone(),
+                                    why,
+                                })
+                            }
                         },
                     };
                     if ready && !known {
@@ -330,7 +335,7 @@ impl Engine {
                     forget_refusal();
                     break;
                 }
-                Check::Refuse(reason) => return self.refuse_fast(pod, call, name, &reason, held),
+                Check::Refuse(refusal) => return self.refuse_fast(pod, call, name, &refusal, held),
                 Check::Waiting(who) => who,
                 Check::Probe { .. } => unreachable!("check_start answers its own probes"),
             };
@@ -424,7 +429,7 @@ impl Engine {
         pod: &Pod,
         call: &Call,
         name: &str,
-        reason: &str,
+        refusal: &Refusal,
         held: Option<holds::Hold<'_>>,
     ) -> Verdict {
         pod.refused_since
@@ -432,9 +437,9 @@ impl Engine {
             .entry(name.to_string())
             .or_insert(call.received);
         self.metrics.fail_fast.inc();
-        tracing::info!(container_name = %name, "refusing CreateContainer for now: {reason}");
-        let message = decide::refusal(reason, name);
-        let waiting = holds::Waiting::from_refusal(pod, reason);
+        tracing::info!(container_name = %name, "refusing CreateContainer for now: {refusal}");
+        let message = refusal.message(name);
+        let waiting = holds::Waiting::from_refusal(pod, refusal);
         match held {
             Some(hold) => hold.end("refused", &message),
             None => self.refusal_span(pod, call, name, &waiting, &message),

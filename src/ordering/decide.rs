@@ -224,7 +224,132 @@ pub(crate) enum Check<'p> {
     /// A sidecar is not created, or created but not running: refuse now (§3.3). kubelet can only
     /// fix it in a later sync of this very pod, which waits for this call — holding would
     /// deadlock (KUBELET-CRI §7.1).
-    Refuse(String),
+    Refuse(Refusal),
+}
+
+/// Why crisp refuses a CreateContainer, decided once (here and by the engine) and rendered by
+/// every view from this value, never from another view's text: the gRPC message kubelet shows
+/// ([`Refusal::message`]), the reason in logs ([`Refusal`]'s `Display`), and what the refused
+/// call waited for in the tap, `crisp pods` and its span (`holds::Waiting::from_refusal`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// A required sidecar is not created (§3.3). `behind_refused`: crisp refuses its creation
+    /// too, for it waits for an earlier sidecar.
+    NotCreated {
+        pod: String,
+        sidecar: String,
+        behind_refused: bool,
+    },
+    /// A required sidecar is created but not running: `state` as the runtime lists it.
+    NotRunning {
+        pod: String,
+        sidecar: String,
+        state: i32,
+    },
+    /// A running sidecar's readiness can never be probed (an isolated pod's loopback) and the
+    /// pod's policy is `fail`: `why` is the one sentence `isolation::unreachable_reason` says.
+    Unprobeable { sidecar: String, why: String },
+    /// The start timeout passed under policy `fail`, the hold still waiting for `sidecar`
+    /// (or the runtime's trouble).
+    TimedOut {
+        pod: String,
+        sidecar: String,
+        timeout: Duration,
+    },
+    /// A hold lasted `[ordering] refuse_held_after`: what it waits for, for how long.
+    HeldLong {
+        pod: String,
+        waiting: HeldFor,
+        held: Duration,
+        timeout: Duration,
+    },
+}
+
+/// What a hold ended by [`Refusal::HeldLong`] was waiting for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum HeldFor {
+    /// The runtime, for this reason (it did not answer, or failed).
+    Runtime(String),
+    /// A sidecar, with why it is not ready yet (the probe's last error, when it has one).
+    Sidecar { name: String, why: String },
+}
+
+impl Refusal {
+    /// The sidecar the refused call waits for, if it waits for one.
+    pub(crate) fn sidecar(&self) -> Option<&str> {
+        match self {
+            Refusal::NotCreated { sidecar, .. }
+            | Refusal::NotRunning { sidecar, .. }
+            | Refusal::Unprobeable { sidecar, .. }
+            | Refusal::TimedOut { sidecar, .. } => Some(sidecar),
+            Refusal::HeldLong {
+                waiting: HeldFor::Sidecar { name, .. },
+                ..
+            } => Some(name),
+            Refusal::HeldLong { .. } => None,
+        }
+    }
+
+    /// The grpc-message of the refused CreateContainer of `container` ([`refusal`]).
+    pub(crate) fn message(&self, container: &str) -> String {
+        refusal(&self.to_string(), container)
+    }
+}
+
+/// The reason, as logs and the refusal's message say it. Names are cut and escaped.
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::NotCreated {
+                pod,
+                sidecar,
+                behind_refused: true,
+            } => write!(
+                f,
+                "sidecar \"{}\" of pod {pod} is not created yet (it waits for an earlier sidecar)",
+                name(sidecar)
+            ),
+            Refusal::NotCreated { pod, sidecar, .. } => write!(
+                f,
+                "sidecar \"{}\" of pod {pod} is not created yet (is it listed after this container?)",
+                name(sidecar)
+            ),
+            Refusal::NotRunning {
+                pod,
+                sidecar,
+                state,
+            } => write!(
+                f,
+                "sidecar \"{}\" of pod {pod} is {}, not running",
+                name(sidecar),
+                state_name(*state)
+            ),
+            Refusal::Unprobeable { why, .. } => f.write_str(why),
+            Refusal::TimedOut {
+                pod,
+                sidecar,
+                timeout,
+            } => write!(
+                f,
+                "sidecar \"{}\" of pod {pod} not ready within {timeout:?}",
+                name(sidecar)
+            ),
+            Refusal::HeldLong {
+                pod,
+                waiting,
+                held,
+                timeout,
+            } => {
+                match waiting {
+                    HeldFor::Runtime(why) => write!(f, "waiting for the runtime ({why})")?,
+                    HeldFor::Sidecar { name, why } => {
+                        write!(f, "waiting for sidecar {name} of {pod}: {why}")?
+                    }
+                }
+                write!(f, "; held {} s of {} s", held.as_secs(), timeout.as_secs())
+            }
+        }
+    }
 }
 
 /// The start check: the required sidecars in declared order, the first that is not ready
@@ -245,12 +370,22 @@ pub(crate) fn check_start<'p>(
             // alive, not dead. It passes on its own timeout, and this container waits for it —
             // otherwise the app could win the race and start first.
             if found.is_none() && refused(&s.name) {
-                return Check::Refuse(format!("sidecar \"{}\" of pod {pod} is not created yet (it waits for an earlier sidecar)", name(&s.name)));
+                return Check::Refuse(Refusal::NotCreated {
+                    pod: pod.to_string(),
+                    sidecar: s.name.clone(),
+                    behind_refused: true,
+                });
             }
             continue;
         }
         match found {
-            None if s.required => return Check::Refuse(format!("sidecar \"{}\" of pod {pod} is not created yet (is it listed after this container?)", name(&s.name))),
+            None if s.required => {
+                return Check::Refuse(Refusal::NotCreated {
+                    pod: pod.to_string(),
+                    sidecar: s.name.clone(),
+                    behind_refused: false,
+                })
+            }
             // Node rules name sidecars a pod may not have.
             None => continue,
             Some(c) if c.state == state::RUNNING => match probed.get(&s.name) {
@@ -258,7 +393,13 @@ pub(crate) fn check_start<'p>(
                 Some(false) => return Check::Waiting(s.name.clone()),
                 None => return Check::Probe { sidecar: s, container_id: c.id.clone() },
             },
-            Some(c) => return Check::Refuse(format!("sidecar \"{}\" of pod {pod} is {}, not running", name(&s.name), state_name(c.state))),
+            Some(c) => {
+                return Check::Refuse(Refusal::NotRunning {
+                    pod: pod.to_string(),
+                    sidecar: s.name.clone(),
+                    state: c.state,
+                })
+            }
         }
     }
     Check::Ready
@@ -307,16 +448,15 @@ pub(crate) fn refusal(reason: &str, container: &str) -> String {
 
 /// The message of a CreateContainer failed at the start timeout under policy `fail`.
 pub(crate) fn timed_out(pod: &str, sidecar: &str, timeout: Duration, container: &str) -> String {
-    refusal(
-        &format!(
-            "sidecar \"{}\" of pod {pod} not ready within {timeout:?}",
-            name(sidecar)
-        ),
-        container,
-    )
+    Refusal::TimedOut {
+        pod: pod.to_string(),
+        sidecar: sidecar.to_string(),
+        timeout,
+    }
+    .message(container)
 }
 
-pub(crate) fn state_name(s: i32) -> &'static str {
+fn state_name(s: i32) -> &'static str {
     match s {
         state::CREATED => "created but not started",
         state::RUNNING => "running",

@@ -10,6 +10,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant, SystemTime};
 
+use super::decide::{HeldFor, Refusal};
 use super::{now, Engine, Pod};
 use crate::intercept::{Call, HoldEvent, HoldPhase};
 use crate::metrics::GaugeGuard;
@@ -70,25 +71,19 @@ impl Waiting {
         }
     }
 
-    /// From a fail-fast refusal's reason (`sidecar "proxy" of pod ns/p is not created yet …`).
-    pub(crate) fn from_refusal(pod: &Pod, reason: &str) -> Waiting {
-        let named = pod
-            .policy
-            .gated()
-            .iter()
-            .find(|s| reason.contains(&format!("{:?}", s.name)));
-        let kind = if reason.contains("not created") {
-            "not created"
-        } else if reason.contains("cannot be probed in an isolated pod") {
-            "cannot be probed"
-        } else {
-            "not running"
+    /// What a refused call waited for, from the refusal itself.
+    pub(crate) fn from_refusal(pod: &Pod, refusal: &Refusal) -> Waiting {
+        let kind = match refusal {
+            Refusal::NotCreated { .. } => "not created",
+            Refusal::NotRunning { .. } => "not running",
+            Refusal::Unprobeable { .. } => "cannot be probed",
+            Refusal::TimedOut { .. } | Refusal::HeldLong { .. } => "not ready",
         };
-        match named {
-            Some(s) => Waiting::sidecar(pod, &s.name, kind),
+        match refusal.sidecar() {
+            Some(name) => Waiting::sidecar(pod, name, kind),
             None => Waiting {
                 on: "runtime".into(),
-                reason: bounded(reason.to_string()),
+                reason: bounded(refusal.to_string()),
                 ..Default::default()
             },
         }
@@ -141,22 +136,22 @@ pub(crate) fn held_refusal(
     held: Duration,
     timeout: Duration,
 ) -> String {
-    let what = if waiting.on == "runtime" {
-        format!("waiting for the runtime ({})", waiting.reason)
+    let waiting = if waiting.on == "runtime" {
+        HeldFor::Runtime(waiting.reason.clone())
     } else {
-        format!(
-            "waiting for sidecar {} of {pod}: {}",
-            waiting.on,
-            waiting.describe()
-        )
+        HeldFor::Sidecar {
+            name: waiting.on.clone(),
+            why: waiting.describe(),
+        }
     };
-    // Cut (to decide::MAX_REFUSAL_REASON) and escaped by `refusal`.
-    let reason = format!(
-        "{what}; held {} s of {} s",
-        held.as_secs(),
-        timeout.as_secs()
-    );
-    super::decide::refusal(&reason, container)
+    // Cut (to decide::MAX_REFUSAL_REASON) and escaped by `Refusal::message`.
+    Refusal::HeldLong {
+        pod: pod.to_string(),
+        waiting,
+        held,
+        timeout,
+    }
+    .message(container)
 }
 
 /// One call held now, as `crisp pods` shows it.

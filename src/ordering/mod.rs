@@ -144,6 +144,7 @@ impl Engine {
                 cfg.ordering.max_exec_probes_in_flight,
                 cfg.ordering.exec_probes_per_second,
             )
+            .for_execs()
             .per_pod_rate(cfg.ordering.exec_probes_per_pod_per_second),
             reads: reads::ReadLimiter::new(
                 cfg.ordering.runtime_reads_per_second,
