@@ -101,6 +101,38 @@ impl Status {
     pub(crate) fn runtime_lost(socket: Option<&dyn std::fmt::Display>, how: RuntimeLoss<'_>) -> Status {
         Status::new(code::UNAVAILABLE, runtime_lost(socket, how))
     }
+    /// FAILED_PRECONDITION for a call crisp refuses (an app's CreateContainer before its
+    /// sidecars run): kubelet shows `message` and retries. Not DEADLINE_EXCEEDED even when a
+    /// hold timed out: that would read as kubelet's own deadline.
+    pub(crate) fn refused(message: String) -> Status {
+        Status::new(code::FAILED_PRECONDITION, message)
+    }
+
+    /// RESOURCE_EXHAUSTED for an observed request larger than `limit` bytes
+    /// (`max_observed_message_bytes`): crisp would have to buffer it to look at it.
+    pub(crate) fn request_too_large(limit: usize) -> Status {
+        Status::new(
+            code::RESOURCE_EXHAUSTED,
+            format!("crisp: request message larger than {limit} bytes"),
+        )
+    }
+
+    /// CANCELLED for a call whose client failed while sending its request body (it went away).
+    pub(crate) fn request_body_failed(e: &dyn std::fmt::Display) -> Status {
+        Status::new(
+            code::CANCELLED,
+            format!("crisp: client request body failed: {e}"),
+        )
+    }
+
+    /// DEADLINE_EXCEEDED for a held call whose client's deadline passed while crisp held it:
+    /// it is never forwarded (KUBELET-CRI §7.3).
+    pub(crate) fn held_past_deadline() -> Status {
+        Status::new(
+            code::DEADLINE_EXCEEDED,
+            "crisp: deadline exceeded while the call was held; not forwarded",
+        )
+    }
 }
 
 /// grpc-message is percent-encoded: everything outside printable ASCII, and '%' itself.

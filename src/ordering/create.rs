@@ -21,7 +21,7 @@ use crate::config::TimeoutPolicy;
 use crate::cri::views;
 use crate::cri::ApiVersion;
 use crate::intercept::{Call, Verdict};
-use crate::status::{code, Status};
+use crate::status::Status;
 
 impl Engine {
     /// One round of the start check (DESIGN.md §3): list the pod's containers, judge a
@@ -445,7 +445,7 @@ impl Engine {
             None => self.refusal_span(pod, call, name, &waiting, &message),
         }
         self.note_refusal(pod, call, name, &waiting, &message);
-        Verdict::Refuse(Status::new(code::FAILED_PRECONDITION, message))
+        Verdict::Refuse(Status::refused(message))
     }
 
     /// The hold reached the start timeout still waiting for `who`: start the app anyway or
@@ -489,7 +489,7 @@ impl Engine {
                 if let Some(hold) = held {
                     hold.end("timed out (fail)", &message);
                 }
-                Verdict::Refuse(Status::new(code::FAILED_PRECONDITION, message))
+                Verdict::Refuse(Status::refused(message))
             }
         }
     }
@@ -535,10 +535,7 @@ impl Engine {
         if let Some(hold) = held.take() {
             hold.end("refused (still waiting)", &message);
         }
-        Some(Verdict::Refuse(Status::new(
-            code::FAILED_PRECONDITION,
-            message,
-        )))
+Some(Verdict::Refuse(Status::refused(message)))
     }
 
     /// A CreateContainer answered: the new container's sandbox and name are cached by its id.
