@@ -16,9 +16,9 @@ use crate::intercept::{Call, HoldEvent, HoldPhase};
 use crate::metrics::GaugeGuard;
 
 /// Never two update events of one hold closer than this.
-pub(crate) const UPDATE_MIN: Duration = Duration::from_secs(1);
+const UPDATE_MIN: Duration = Duration::from_secs(1);
 /// An update at least this often while a hold lasts, even when nothing changed.
-pub(crate) const UPDATE_EVERY: Duration = Duration::from_secs(5);
+const UPDATE_EVERY: Duration = Duration::from_secs(5);
 /// Longest probe spec or probe result in an event or in `crisp pods` (an exec spec may be 4 KiB).
 const MAX_FIELD: usize = 256;
 
@@ -113,7 +113,7 @@ fn bounded(s: String) -> String {
 
 /// Whether a hold's update is due: what it waits for changed (and [`UPDATE_MIN`] passed since
 /// the last event), or [`UPDATE_EVERY`] passed.
-pub(crate) fn update_due(
+fn update_due(
     last: Option<&(Instant, Waiting)>,
     now: Instant,
     waiting: &Waiting,

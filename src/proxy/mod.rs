@@ -96,7 +96,7 @@ impl From<&crate::config::Config> for RuntimePoolOptions {
 
 /// Everything a connection handler needs; shared by all connections.
 pub struct Proxy {
-    upstream: Arc<RuntimePool>,
+    runtime: Arc<RuntimePool>,
     interceptors: Interceptors,
     opts: ProxyOptions,
     next_id: AtomicU64,
@@ -105,12 +105,12 @@ pub struct Proxy {
 
 impl Proxy {
     pub fn new(
-        upstream: Arc<RuntimePool>,
+        runtime: Arc<RuntimePool>,
         interceptors: Interceptors,
         opts: ProxyOptions,
     ) -> Arc<Self> {
         Arc::new(Proxy {
-            upstream,
+            runtime,
             interceptors,
             watchdog: crate::watchdog::Watchdog::new(opts.watchdog),
             opts,
@@ -135,7 +135,7 @@ impl Proxy {
         };
         relay::Handle {
             options,
-            runtime: self.upstream.clone(),
+            runtime: self.runtime.clone(),
             service: self.clone(),
             watchdog: self.watchdog.clone(),
         }

@@ -28,7 +28,7 @@ use response::StreamPatcher;
 
 impl Proxy {
     /// Serves a diverted call (the relay numbered it: one id per call, which the tap's in-flight
-    /// gauge counts against completions).
+    /// gauge counts against ended calls).
     pub(super) async fn handle(self: Arc<Self>, mut call: Call, req: Request<ProxyBody>) -> Response<ResponseBody> {
         let route = call.route;
         let interest = self.interceptors.interest(&call);
@@ -91,23 +91,23 @@ impl Proxy {
     /// a runtime connection of its own): forwarded as it is, through the pooled connections.
     async fn forward_degraded(&self, req: Request<ProxyBody>) -> Response<ResponseBody> {
         let (parts, body) = req.into_parts();
-        match self.upstream.send(Request::from_parts(parts, body)).await {
+        match self.runtime.send(Request::from_parts(parts, body)).await {
             Ok(resp) => resp.map(|b| {
-                ResponseBody::new(ProxyBody::RuntimePool(b), None).with_upstream(&self.upstream)
+                ResponseBody::new(ProxyBody::RuntimePool(b), None).with_runtime(&self.runtime)
             }),
             Err(e) => self.unavailable(e),
         }
     }
 
-    fn unavailable(&self, e: runtime_pool::UpstreamError) -> Response<ResponseBody> {
-        tracing::warn!(error = %e, "call failed: upstream unavailable");
+    fn unavailable(&self, e: runtime_pool::RuntimePoolError) -> Response<ResponseBody> {
+        tracing::warn!(error = %e, "call failed: runtime unavailable");
         Status::runtime_unavailable(&e)
             .to_response()
             .map(|b| ResponseBody::new(b, None))
     }
 
     /// A call some interceptor looks at: its request (unless streaming) is shown to them before it
-    /// is forwarded, and its response as they asked; the completion reports the outcome once the
+    /// is forwarded, and its response as they asked; the report gives the outcome once the
     /// response has gone out.
     async fn forward_observed(
         self: Arc<Self>,
@@ -120,7 +120,7 @@ impl Proxy {
             Some(RpcKind::Streaming) | None
         );
         let (mut parts, body) = req.into_parts();
-        let (upstream_body, held, req_bytes) = if interest.request && !streaming {
+        let (runtime_body, held, req_bytes) = if interest.request && !streaming {
             match self.observe_request(&call, &mut parts, body).await {
                 Ok(Observed { body, held, bytes }) => (body, held, Some(bytes)),
                 Err(answered) => return answered,
@@ -130,13 +130,13 @@ impl Proxy {
         };
 
         let resp = match self
-            .upstream
-            .send(Request::from_parts(parts, upstream_body))
+            .runtime
+            .send(Request::from_parts(parts, runtime_body))
             .await
         {
             Ok(r) => r,
             Err(e) => {
-                tracing::warn!(error = %e, "call failed: upstream unavailable");
+                tracing::warn!(error = %e, "call failed: runtime unavailable");
                 let s = Status::runtime_unavailable(&e);
                 self.complete(
                     &call,
@@ -154,7 +154,7 @@ impl Proxy {
         let view = (!streaming)
             .then(|| self.interceptors.response_view(&call))
             .flatten();
-        let completion = interest.complete.then(|| OutcomeReport {
+        let report = interest.complete.then(|| OutcomeReport {
             proxy: self.clone(),
             call: call.clone(),
             held,
@@ -173,9 +173,9 @@ impl Proxy {
                 _ => true,
             };
         if !wanted || streaming {
-            return self.pass_response(resp, call, completion, interest.response && wanted);
+            return self.pass_response(resp, call, report, interest.response && wanted);
         }
-        self.observe_unary_response(resp, &call, req_bytes.as_deref(), completion)
+        self.observe_unary_response(resp, &call, req_bytes.as_deref(), report)
             .await
     }
 
@@ -253,19 +253,19 @@ impl Proxy {
     }
 
     /// A response nobody waits for (or a stream): forwarded as it arrives, its status noted for
-    /// the completion. With `watch`, each message of a server stream is shown to the
+    /// the report. With `watch`, each message of a server stream is shown to the
     /// interceptors as it completes.
     fn pass_response(
         self: &Arc<Self>,
         resp: Response<Incoming>,
         call: Call,
-        completion: Option<OutcomeReport>,
+        report: Option<OutcomeReport>,
         watch: bool,
     ) -> Response<ResponseBody> {
         let (parts, body) = resp.into_parts();
-        let completion = completion.map(|c| c.with_status(&parts.headers));
+        let report = report.map(|c| c.with_status(&parts.headers));
         let mut rb =
-            ResponseBody::new(ProxyBody::RuntimePool(body), completion).with_upstream(&self.upstream);
+            ResponseBody::new(ProxyBody::RuntimePool(body), report).with_runtime(&self.runtime);
         if watch && call.route.rpc.is_some() {
             rb.patcher = Some(Box::new(StreamPatcher {
                 proxy: self.clone(),
@@ -287,7 +287,7 @@ impl Proxy {
         resp: Response<Incoming>,
         call: &Call,
         req_bytes: Option<&[u8]>,
-        completion: Option<OutcomeReport>,
+        report: Option<OutcomeReport>,
     ) -> Response<ResponseBody> {
         let (parts, body) = resp.into_parts();
         let req_msg: &[u8] = match req_bytes.and_then(wire::single_message) {
@@ -296,10 +296,10 @@ impl Proxy {
         };
         if let Some(c) = code_of(&parts.headers) {
             self.interceptors.on_response(call, req_msg, None, c);
-            let completion = completion.map(|comp| comp.with_status(&parts.headers));
+            let report = report.map(|report| report.with_status(&parts.headers));
             return Response::from_parts(
                 parts,
-                ResponseBody::new(ProxyBody::RuntimePool(body), completion),
+                ResponseBody::new(ProxyBody::RuntimePool(body), report),
             );
         }
         let limit = self.opts.max_observed_message.saturating_add(wire::PREFIX_LEN);
@@ -310,19 +310,19 @@ impl Proxy {
                     limit = self.opts.max_observed_message,
                     "response larger than max_observed_message: forwarded unobserved"
                 );
-                let mut rb = ResponseBody::new(rest, completion).with_upstream(&self.upstream);
+                let mut rb = ResponseBody::new(rest, report).with_runtime(&self.runtime);
                 rb.head = Some(head);
                 return Response::from_parts(parts, rb);
             }
             Err(e) => {
-                tracing::warn!(error = %e, "upstream response body failed");
-                let path = self.upstream.path().display();
+                tracing::warn!(error = %e, "runtime response body failed");
+                let path = self.runtime.path().display();
                 let s = Status::runtime_lost(Some(&path), RuntimeLoss::FailedMidResponse(&e));
                 return Response::from_parts(
                     parts,
                     ResponseBody::new(
                         ProxyBody::buffered(Bytes::new(), Some(s.to_header_map())),
-                        completion,
+                        report,
                     ),
                 );
             }
@@ -339,7 +339,7 @@ impl Proxy {
         }
         Response::from_parts(
             parts,
-            ResponseBody::new(ProxyBody::buffered(out, trailers), completion),
+            ResponseBody::new(ProxyBody::buffered(out, trailers), report),
         )
     }
 
@@ -413,7 +413,7 @@ impl OutcomeReport {
 }
 
 /// A request the interceptors let through: the body to forward, how long they held it, and the
-/// bytes as forwarded (for the completion).
+/// bytes as forwarded (for the report).
 struct Observed {
     body: ProxyBody,
     held: Duration,

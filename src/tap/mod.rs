@@ -72,7 +72,7 @@ fn spec(rpc: Option<Rpc>, dir: Dir) -> SkimSpec {
 }
 
 /// Target of the trace-level log of every call's (redacted) messages.
-pub(crate) const MESSAGES_TARGET: &str = "crisp::tap::messages";
+const MESSAGES_TARGET: &str = "crisp::tap::messages";
 /// Longest message JSON put in one log line.
 const MAX_LOG_MESSAGE: usize = 16 << 10;
 

@@ -18,40 +18,40 @@ use crate::intercept::Call;
 use crate::status::{code, code_of, message_of, RuntimeLoss, Status};
 
 /// The response body sent to the client: the forwarded body, plus
-/// - conversion of an upstream failure mid-stream into an UNAVAILABLE trailer, so the client sees
+/// - conversion of a runtime failure mid-stream into an UNAVAILABLE trailer, so the client sees
 ///   a clean gRPC error instead of a reset stream;
-/// - the completion report, when someone wants it.
+/// - the outcome report, when someone wants it.
 pub(crate) struct ResponseBody {
     /// Bytes already read from `inner`, sent first.
     pub(super) head: Option<Bytes>,
     inner: ProxyBody,
-    completion: Option<OutcomeReport>,
+    report: Option<OutcomeReport>,
     pub(super) patcher: Option<Box<StreamPatcher>>,
     /// Where a streamed body comes from, to name it when it fails mid-response.
-    upstream: Option<Arc<RuntimePool>>,
+    runtime: Option<Arc<RuntimePool>>,
     done: bool,
 }
 
 impl ResponseBody {
-    pub(super) fn new(inner: ProxyBody, completion: Option<OutcomeReport>) -> Self {
+    pub(super) fn new(inner: ProxyBody, report: Option<OutcomeReport>) -> Self {
         ResponseBody {
             head: None,
             inner,
-            completion,
+            report,
             patcher: None,
-            upstream: None,
+            runtime: None,
             done: false,
         }
     }
 
-    pub(super) fn with_upstream(mut self, upstream: &Arc<RuntimePool>) -> Self {
-        self.upstream = Some(upstream.clone());
+    pub(super) fn with_runtime(mut self, runtime: &Arc<RuntimePool>) -> Self {
+        self.runtime = Some(runtime.clone());
         self
     }
 
     /// Shows bytes sent to the client to the view being built, if one is.
     fn view(&mut self, data: &[u8]) {
-        if let Some(v) = self.completion.as_mut().and_then(|c| c.response.as_mut()) {
+        if let Some(v) = self.report.as_mut().and_then(|c| c.response.as_mut()) {
             v.push(data);
         }
     }
@@ -153,9 +153,9 @@ impl Body for ResponseBody {
                     self.view(d);
                 }
                 if let Some(t) = frame.trailers_ref() {
-                    if let Some(comp) = self.completion.as_mut() {
-                        comp.code = code_of(t);
-                        comp.message = message_of(t);
+                    if let Some(report) = self.report.as_mut() {
+                        report.code = code_of(t);
+                        report.message = message_of(t);
                     }
                 }
                 Poll::Ready(Some(Ok(frame)))
@@ -164,14 +164,14 @@ impl Body for ResponseBody {
                 self.done = true;
                 tracing::warn!(
                     error = %e,
-                    "upstream failed mid-response; ending the call with UNAVAILABLE"
+                    "the runtime failed mid-response; ending the call with UNAVAILABLE"
                 );
-                let path = self.upstream.as_ref().map(|u| u.path().display());
+                let path = self.runtime.as_ref().map(|u| u.path().display());
                 let socket = path.as_ref().map(|p| p as &dyn std::fmt::Display);
                 let s = Status::runtime_lost(socket, RuntimeLoss::FailedMidResponse(&e));
-                if let Some(comp) = self.completion.as_mut() {
-                    comp.code = Some(s.code);
-                    comp.message = Some(s.message.clone());
+                if let Some(report) = self.report.as_mut() {
+                    report.code = Some(s.code);
+                    report.message = Some(s.message.clone());
                 }
                 Poll::Ready(Some(Ok(Frame::trailers(s.to_header_map()))))
             }
@@ -184,7 +184,7 @@ impl Body for ResponseBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        // Trailers or bytes the patcher still holds are not sent yet, even if upstream is done.
+        // Trailers or bytes the patcher still holds are not sent yet, even if the runtime is done.
         let holding = self
             .patcher
             .as_ref()
