@@ -11,11 +11,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::annotations::Sidecar;
-use super::decide::{self, Check, CreatePlan, Refusal, Snapshot, WaitStep};
+use super::decide::{self, Check, CreatePlan, Snapshot, WaitStep};
 use super::holds;
 use super::init_guess::Judgement;
 use super::pod::{container_name, ContainerRef};
 use super::probes::Probed;
+use super::refusal::{self, Refusal};
 use super::{now, record_span, Engine, Pod};
 use crate::config::TimeoutPolicy;
 use crate::cri::views;
@@ -485,7 +486,7 @@ impl Engine {
                 );
                 pod.refusals.fetch_add(1, Relaxed);
                 // Not DEADLINE_EXCEEDED: that would read as kubelet's own deadline.
-                let message = decide::timed_out(&pod.display(), who, timeout, name);
+                let message = refusal::timed_out(&pod.display(), who, timeout, name);
                 if let Some(hold) = held {
                     hold.end("timed out (fail)", &message);
                 }

@@ -10,7 +10,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant, SystemTime};
 
-use super::decide::{HeldFor, Refusal};
+use super::refusal::{HeldFor, Refusal};
 use super::{now, Engine, Pod};
 use crate::intercept::{Call, HoldEvent, HoldPhase};
 use crate::metrics::GaugeGuard;
@@ -144,7 +144,7 @@ pub(crate) fn held_refusal(
             why: waiting.describe(),
         }
     };
-    // Cut (to decide::MAX_REFUSAL_REASON) and escaped by `Refusal::message`.
+    // Cut (to refusal::MAX_REFUSAL_REASON) and escaped by `Refusal::message`.
     Refusal::HeldLong {
         pod: pod.to_string(),
         waiting,
