@@ -14,7 +14,7 @@ use super::RuntimePool;
 use crate::cri::views;
 use crate::cri::wire::{self, Frame};
 use crate::cri::ApiVersion;
-use crate::status::{code_of, Status};
+use crate::status::{code_of, message_of, Status};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -577,19 +577,12 @@ impl ExitCodeReader {
     }
 }
 
+/// The runtime's non-OK status, its message read as every grpc-message crisp reads
+/// ([`crate::status::message_of`]: percent-decoded, bounded).
 fn status_error(method: &'static str, code: i32, h: &http::HeaderMap) -> ClientError {
-    let message = h
-        .get("grpc-message")
-        .and_then(|v| v.to_str().ok())
-        .map(|m| {
-            percent_encoding::percent_decode_str(m)
-                .decode_utf8_lossy()
-                .into_owned()
-        })
-        .unwrap_or_default();
     ClientError::Status {
         method,
-        status: Status::new(code, message),
+        status: Status::new(code, message_of(h).unwrap_or_default()),
     }
 }
 
