@@ -60,7 +60,7 @@ impl Interest {
         *self == Interest::NONE
     }
 
-    pub(crate) fn union(self, other: Interest) -> Interest {
+    fn union(self, other: Interest) -> Interest {
         Interest {
             request: self.request || other.request,
             response: self.response || other.response,

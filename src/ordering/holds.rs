@@ -10,14 +10,15 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant, SystemTime};
 
+use super::refusal::{HeldFor, Refusal};
 use super::{now, Engine, Pod};
 use crate::intercept::{Call, HoldEvent, HoldPhase};
 use crate::metrics::GaugeGuard;
 
 /// Never two update events of one hold closer than this.
-pub(crate) const UPDATE_MIN: Duration = Duration::from_secs(1);
+const UPDATE_MIN: Duration = Duration::from_secs(1);
 /// An update at least this often while a hold lasts, even when nothing changed.
-pub(crate) const UPDATE_EVERY: Duration = Duration::from_secs(5);
+const UPDATE_EVERY: Duration = Duration::from_secs(5);
 /// Longest probe spec or probe result in an event or in `crisp pods` (an exec spec may be 4 KiB).
 const MAX_FIELD: usize = 256;
 
@@ -70,25 +71,19 @@ impl Waiting {
         }
     }
 
-    /// From a fail-fast refusal's reason (`sidecar "proxy" of pod ns/p is not created yet …`).
-    pub(crate) fn from_refusal(pod: &Pod, reason: &str) -> Waiting {
-        let named = pod
-            .policy
-            .gated()
-            .iter()
-            .find(|s| reason.contains(&format!("{:?}", s.name)));
-        let kind = if reason.contains("not created") {
-            "not created"
-        } else if reason.contains("cannot be probed in an isolated pod") {
-            "cannot be probed"
-        } else {
-            "not running"
+    /// What a refused call waited for, from the refusal itself.
+    pub(crate) fn from_refusal(pod: &Pod, refusal: &Refusal) -> Waiting {
+        let kind = match refusal {
+            Refusal::NotCreated { .. } => "not created",
+            Refusal::NotRunning { .. } => "not running",
+            Refusal::Unprobeable { .. } => "cannot be probed",
+            Refusal::TimedOut { .. } | Refusal::HeldLong { .. } => "not ready",
         };
-        match named {
-            Some(s) => Waiting::sidecar(pod, &s.name, kind),
+        match refusal.sidecar() {
+            Some(name) => Waiting::sidecar(pod, name, kind),
             None => Waiting {
                 on: "runtime".into(),
-                reason: bounded(reason.to_string()),
+                reason: bounded(refusal.to_string()),
                 ..Default::default()
             },
         }
@@ -118,7 +113,7 @@ fn bounded(s: String) -> String {
 
 /// Whether a hold's update is due: what it waits for changed (and [`UPDATE_MIN`] passed since
 /// the last event), or [`UPDATE_EVERY`] passed.
-pub(crate) fn update_due(
+fn update_due(
     last: Option<&(Instant, Waiting)>,
     now: Instant,
     waiting: &Waiting,
@@ -141,22 +136,22 @@ pub(crate) fn held_refusal(
     held: Duration,
     timeout: Duration,
 ) -> String {
-    let what = if waiting.on == "runtime" {
-        format!("waiting for the runtime ({})", waiting.reason)
+    let waiting = if waiting.on == "runtime" {
+        HeldFor::Runtime(waiting.reason.clone())
     } else {
-        format!(
-            "waiting for sidecar {} of {pod}: {}",
-            waiting.on,
-            waiting.describe()
-        )
+        HeldFor::Sidecar {
+            name: waiting.on.clone(),
+            why: waiting.describe(),
+        }
     };
-    // Cut (to decide::MAX_REFUSAL_REASON) and escaped by `refusal`.
-    let reason = format!(
-        "{what}; held {} s of {} s",
-        held.as_secs(),
-        timeout.as_secs()
-    );
-    super::decide::refusal(&reason, container)
+    // Cut (to refusal::MAX_REFUSAL_REASON) and escaped by `Refusal::message`.
+    Refusal::HeldLong {
+        pod: pod.to_string(),
+        waiting,
+        held,
+        timeout,
+    }
+    .message(container)
 }
 
 /// One call held now, as `crisp pods` shows it.
