@@ -21,7 +21,7 @@ use super::{now, record_span, Engine, Pod};
 use crate::config::TimeoutPolicy;
 use crate::cri::views;
 use crate::cri::ApiVersion;
-use crate::intercept::{Call, Verdict};
+use crate::intercept::{Call, HoldOutcome, Verdict};
 use crate::status::Status;
 
 impl Engine {
@@ -384,7 +384,7 @@ impl Engine {
                 held_ms = held_for.as_millis() as u64,
                 "sidecars ready; forwarding CreateContainer"
             );
-            hold.end("forwarded", "");
+            hold.end(HoldOutcome::Forwarded, "");
         }
         Verdict::Forward
     }
@@ -442,7 +442,7 @@ impl Engine {
         let message = refusal.message(name);
         let waiting = holds::Waiting::from_refusal(pod, refusal);
         match held {
-            Some(hold) => hold.end("refused", &message),
+            Some(hold) => hold.end(HoldOutcome::Refused, &message),
             None => self.refusal_span(pod, call, name, &waiting, &message),
         }
         self.note_refusal(pod, call, name, &waiting, &message);
@@ -474,7 +474,7 @@ impl Engine {
                     "sidecar not ready within the start timeout; starting the app anyway (policy proceed)"
                 );
                 if let Some(hold) = held {
-                    hold.end("timed out (proceed)", "");
+                    hold.end(HoldOutcome::TimedOutProceed, "");
                 }
                 Verdict::Forward
             }
@@ -488,7 +488,7 @@ impl Engine {
                 // Not DEADLINE_EXCEEDED: that would read as kubelet's own deadline.
                 let message = refusal::timed_out(&pod.display(), who, timeout, name);
                 if let Some(hold) = held {
-                    hold.end("timed out (fail)", &message);
+                    hold.end(HoldOutcome::TimedOutFail, &message);
                 }
                 Verdict::Refuse(Status::refused(message))
             }
@@ -534,7 +534,7 @@ impl Engine {
             "held long: refusing CreateContainer with the reason, for kubelet to show; it retries within 1.5 s"
         );
         if let Some(hold) = held.take() {
-            hold.end("refused (still waiting)", &message);
+            hold.end(HoldOutcome::RefusedStillWaiting, &message);
         }
 Some(Verdict::Refuse(Status::refused(message)))
     }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::refusal::{HeldFor, Refusal};
 use super::{now, Engine, Pod};
-use crate::intercept::{Call, HoldEvent, HoldPhase};
+use crate::intercept::{Call, HoldEvent, HoldOutcome, HoldPhase};
 use crate::metrics::GaugeGuard;
 
 /// Never two update events of one hold closer than this.
@@ -241,7 +241,7 @@ impl<'a> Hold<'a> {
             _gauge: GaugeGuard::new(&engine.metrics.holds_in_flight),
         };
         hold.note_waited();
-        hold.send(HoldPhase::Start, "", "");
+        hold.send(HoldPhase::Start, None, "");
         hold
     }
 
@@ -257,7 +257,7 @@ impl<'a> Hold<'a> {
     }
 
     /// The hold's span, when the call carries kubelet's `traceparent` and tracing is on.
-    fn span(&self, outcome: &str, message: &str) {
+    fn span(&self, outcome: HoldOutcome, message: &str) {
         let (Some(parent), Some(spans)) = (self.call.trace.as_ref(), self.engine.hold_spans())
         else {
             return;
@@ -273,7 +273,9 @@ impl<'a> Hold<'a> {
                 container: &self.info.container,
                 waited_for: &self.waited,
                 reason: &self.info.waiting.describe(),
-                outcome,
+                outcome: outcome.as_str(),
+                verdict: outcome.verdict(),
+                failed: outcome.failed(),
                 message,
                 policy: &self.info.policy,
                 start: self.info.since,
@@ -298,7 +300,7 @@ impl<'a> Hold<'a> {
         self.info.waiting = waiting;
         self.note_waited();
         if update_due(self.last_sent.as_ref(), now(), &self.info.waiting) {
-            self.send(HoldPhase::Update, "", "");
+            self.send(HoldPhase::Update, None, "");
         }
     }
 
@@ -306,15 +308,14 @@ impl<'a> Hold<'a> {
         &self.info.waiting
     }
 
-    /// The hold is over: `outcome` (`forwarded`, `timed out (proceed)`, …), with the message of
-    /// a refusal.
-    pub(crate) fn end(mut self, outcome: &str, message: &str) {
+    /// The hold is over: how, with the message of a refusal.
+    pub(crate) fn end(mut self, outcome: HoldOutcome, message: &str) {
         self.ended = true;
         self.span(outcome, message);
-        self.send(HoldPhase::End, outcome, message);
+        self.send(HoldPhase::End, Some(outcome), message);
     }
 
-    fn send(&mut self, phase: HoldPhase, outcome: &str, message: &str) {
+    fn send(&mut self, phase: HoldPhase, outcome: Option<HoldOutcome>, message: &str) {
         let at = now();
         if phase != HoldPhase::End {
             self.last_sent = Some((at, self.info.waiting.clone()));
@@ -344,7 +345,7 @@ impl<'a> Hold<'a> {
             held: at.saturating_duration_since(self.info.held_from),
             time_left: self.info.ends.saturating_duration_since(at),
             policy: self.info.policy.clone(),
-            outcome: outcome.to_string(),
+            outcome,
             message: message.to_string(),
         });
     }
@@ -358,8 +359,8 @@ impl Drop for Hold<'_> {
                 container_name = %self.info.container,
                 "kubelet gave up on a held call (cancelled, or its deadline passed)"
             );
-            self.span("kubelet gave up", "");
-            self.send(HoldPhase::End, "kubelet gave up", "");
+            self.span(HoldOutcome::KubeletGaveUp, "");
+            self.send(HoldPhase::End, Some(HoldOutcome::KubeletGaveUp), "");
         }
     }
 }
@@ -391,7 +392,9 @@ impl Engine {
                 container,
                 waited_for: std::slice::from_ref(&waiting.on),
                 reason: &waiting.describe(),
-                outcome: "refused",
+                outcome: HoldOutcome::Refused.as_str(),
+                verdict: HoldOutcome::Refused.verdict(),
+                failed: true,
                 message,
                 policy: "",
                 start: end.checked_sub(took).unwrap_or(end),
@@ -433,7 +436,7 @@ impl Engine {
             held: Duration::ZERO,
             time_left: Duration::ZERO,
             policy: String::new(),
-            outcome: String::new(),
+            outcome: None,
             message: message.to_string(),
         });
     }

@@ -13,7 +13,7 @@ use crate::cri::patch::append_varint_field;
 use crate::cri::tags;
 use crate::cri::views;
 use crate::cri::ApiVersion;
-use crate::intercept::{Call, Verdict};
+use crate::intercept::{Call, HoldOutcome, Verdict};
 use crate::tenant;
 
 impl Engine {
@@ -181,7 +181,7 @@ impl Engine {
                 held_ms = held_for.as_millis() as u64,
                 "forwarding sidecar StopContainer"
             );
-            hold.end("forwarded", "");
+            hold.end(HoldOutcome::Forwarded, "");
         }
     }
 

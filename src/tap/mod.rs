@@ -45,7 +45,8 @@ use crate::cri::wire::{self, Frame};
 use crate::cri::{Route, Rpc, RpcKind};
 use crate::intercept::PodNames;
 use crate::intercept::{
-    BoxFuture, Call, HoldEvent, HoldPhase, HoldSink, Interceptor, Interest, Outcome, Verdict,
+    BoxFuture, Call, HoldEvent, HoldOutcome, HoldPhase, HoldSink, Interceptor, Interest, Outcome,
+    Verdict,
 };
 use crate::metrics::{code_name, CallMetrics};
 pub(crate) use filter::{Filter, Glob};
@@ -200,7 +201,7 @@ pub(crate) fn hold_to_proto(ev: &HoldEvent) -> pb::HoldEvent {
         held_ms: ev.held.as_millis() as u64,
         time_left_ms: ev.time_left.as_millis() as u64,
         policy: ev.policy.clone(),
-        outcome: ev.outcome.clone(),
+        outcome: ev.outcome_str().to_string(),
         message: ev.message.clone(),
     }
 }
@@ -444,7 +445,7 @@ impl HoldSink for Tap {
     fn publish(&self, ev: HoldEvent) {
         let subs = self.hub.snapshot();
         let failed = ev.phase == HoldPhase::Refused
-            || (ev.phase == HoldPhase::End && ev.outcome != "forwarded");
+            || (ev.phase == HoldPhase::End && ev.outcome != Some(HoldOutcome::Forwarded));
         let wants = |s: &Sub| {
             s.filter.wants_route(&ev.route, &ev.path)
                 && (!s.filter.errors_only || failed)
