@@ -389,10 +389,10 @@ impl ProbeLimiter {
         self.lock_slots().in_flight
     }
 
-    /// Leave to open one connection (to start one ExecSync, for the exec probes' limiter),
-    /// waited for until `deadline` at most. A token is taken only
-    /// when it will be there in time, so a probe that gives up leaves no debt behind.
-    pub(crate) async fn connect(&self, deadline: Instant) -> Result<(), String> {
+    /// One turn of the node-wide rate: leave to open one connection (to start one ExecSync,
+    /// for the exec probes' limiter), waited for until `deadline` at most. A token is taken
+    /// only when it will be there in time, so a probe that gives up leaves no debt behind.
+    pub(crate) async fn rate_turn(&self, deadline: Instant) -> Result<(), String> {
         let wait = self
             .bucket
             .lock()
