@@ -11,7 +11,7 @@
 //! it frame by frame (`tests/`).
 
 use super::LOG;
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,7 +34,7 @@ pub(crate) const MAX_HEADER_BLOCK: usize = 1 << 20;
 /// Largest header list (names and values, decoded) crisp accepts: grpc-go's server default. A
 /// block of 1 MiB that refers again and again to one large table entry decodes to gigabytes.
 pub(crate) const MAX_HEADER_LIST: usize = 16 << 20;
-/// A degraded client idle this long is moved back to a relay (see [`Core::tick`]).
+/// A degraded client idle this long is moved back to a relay (see [`Core::handle_runtime_probe`]).
 pub(super) const MOVE_IDLE: Duration = Duration::from_millis(200);
 /// How long crisp waits for the ACK of the PING after its first GOAWAY before it sends the
 /// final one anyway (a client that stopped reading).
@@ -84,6 +84,11 @@ pub enum Event {
     BodyEnd { stream: u32 },
     /// The client reset a diverted stream: its task ends.
     Reset { stream: u32 },
+    /// Time to ask whether the runtime accepts connections again (a degraded client, idle):
+    /// the shell tries to connect to the runtime's socket and answers with
+    /// [`Core::handle_runtime_probe`]. A unix socket's connect does not wait for the runtime:
+    /// it is accepted or refused.
+    ProbeRuntime,
     /// A relayed call ended; `at`: when its last frame was read. `report`: the interceptors
     /// asked to hear of it (else it is only logged, [`CALLS`]).
     Ended {
@@ -172,19 +177,15 @@ pub(crate) struct Core {
     /// The runtime's socket path, for logs and messages.
     pub(super) runtime_name: String,
     pub(super) windows: Arc<Windows>,
-    /// The connection has a runtime connection to relay to.
-    pub(super) runtime: bool,
-    /// No runtime connection (gone, closing, or never made): new streams are diverted.
-    pub(super) degraded: bool,
+    /// The runtime connection: relayed to, closing, or gone.
+    pub(super) runtime: RuntimeState,
     pub(super) client: FromClient,
     pub(super) from_runtime: FromRuntime,
     pub(super) relayed: IdMap<Relayed>,
     /// Highest stream id the client opened.
     pub(super) max_stream: u32,
-    /// Last stream id crisp told the client it would process (after its final GOAWAY).
-    pub(super) goaway: Option<u32>,
-    /// crisp's first GOAWAY is out and the final one waits for its PING's ACK.
-    draining: Option<Draining>,
+    /// crisp's own GOAWAY to the client: not sent, half-way, or final.
+    pub(super) goaway: GoAwayState,
     /// The client has its server preface, the SETTINGS frame that must come first (RFC 9113
     /// §3.4): the runtime's, relayed, or crisp's own when crisp is the server. Until then crisp
     /// writes no frame of its own: grpc-go closes a connection whose first frame is anything
@@ -195,13 +196,16 @@ pub(crate) struct Core {
     pub(super) last_stream_at: Instant,
     pub(super) pings: PingGate,
     keepalive: KeepAlive,
+    /// When the core last asked its shell whether the runtime accepts connections again
+    /// ([`Event::ProbeRuntime`]).
+    last_probe: Option<Instant>,
     /// When the frames being handled were read (one clock read per read, not per call).
     pub(super) now: Instant,
     /// The client's frames for the runtime.
     pub(crate) to_runtime: Vec<u8>,
     /// crisp's own frames for the client.
     pub(crate) to_client: Vec<u8>,
-    pub(super) events: Vec<Event>,
+    pub(super) events: VecDeque<Event>,
     /// Every relayed call's end is logged at debug (target [`CALLS`]): when that log level was
     /// on as the connection opened.
     pub(super) record_calls: bool,
@@ -211,14 +215,65 @@ pub(crate) struct Core {
 /// call, and how did it end?" (RELIABILITY.md).
 pub(crate) const CALLS: &str = "crisp::calls";
 
-/// Between crisp's two GOAWAYs ([`Core::goaway`]).
-struct Draining {
-    /// The debug data of both GOAWAYs.
-    why: Vec<u8>,
-    /// When the final GOAWAY goes without the ACK: [`GOAWAY_ACK_WAIT`] after the first one was
-    /// written ([`Core::own_written`]); None while it waits in `to_client` (before the client's
-    /// server preface), so a slow runtime SETTINGS never makes the two steps one.
-    until: Option<Instant>,
+/// The connection's runtime side, one state at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RuntimeState {
+    /// A runtime connection of its own, open: new streams are relayed (or diverted, when an
+    /// interceptor wants them).
+    Relaying,
+    /// The runtime sent GOAWAY: the streams it kept finish on its connection, which stays open;
+    /// new streams are diverted.
+    Closing,
+    /// No runtime connection (never made, or failed): crisp is the client's server, and every
+    /// stream is diverted. Left only by moving the client to a new connection
+    /// ([`Core::handle_runtime_probe`]).
+    Gone,
+}
+
+impl RuntimeState {
+    /// The runtime connection is open: the client's frames may go on to it.
+    pub(crate) fn connected(self) -> bool {
+        self != RuntimeState::Gone
+    }
+
+    /// New streams are diverted: the runtime connection is gone or closing.
+    pub(crate) fn degraded(self) -> bool {
+        self != RuntimeState::Relaying
+    }
+}
+
+/// crisp's GOAWAY to the client ([`Core::goaway`]), one state at a time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum GoAwayState {
+    /// None sent: the client may open streams.
+    Open,
+    /// Between crisp's two GOAWAYs: the first is queued or out, the final one waits for the
+    /// ACK of the PING that followed it.
+    Draining {
+        /// The debug data of both GOAWAYs.
+        why: Vec<u8>,
+        /// When the final GOAWAY goes without the ACK: [`GOAWAY_ACK_WAIT`] after the first one
+        /// was written ([`Core::own_written`]); None while it waits in `to_client` (before the
+        /// client's server preface), so a slow runtime SETTINGS never makes the two steps one.
+        until: Option<Instant>,
+    },
+    /// The final GOAWAY is out: streams above `last` are refused.
+    Sent { last: u32 },
+}
+
+impl GoAwayState {
+    /// Either GOAWAY is queued or out.
+    pub(crate) fn going_away(&self) -> bool {
+        *self != GoAwayState::Open
+    }
+
+    /// The last stream crisp processes, once its final GOAWAY said so.
+    pub(crate) fn last(&self) -> Option<u32> {
+        match self {
+            GoAwayState::Sent { last } => Some(*last),
+            _ => None,
+        }
+    }
 }
 
 impl Core {
@@ -253,8 +308,11 @@ impl Core {
             calls,
             runtime_name: cfg.runtime.display().to_string(),
             windows,
-            runtime,
-            degraded: !runtime,
+            runtime: if runtime {
+                RuntimeState::Relaying
+            } else {
+                RuntimeState::Gone
+            },
             client,
             from_runtime: FromRuntime {
                 dec: hpack::Decoder::default(),
@@ -263,17 +321,17 @@ impl Core {
             },
             relayed: IdMap::default(),
             max_stream: 0,
-            goaway: None,
-            draining: None,
+            goaway: GoAwayState::Open,
             preface_sent: !runtime,
             last_client_frame: now,
             last_stream_at: now,
             pings: PingGate::default(),
             keepalive: KeepAlive::new(cfg.keepalive_interval, cfg.keepalive_timeout),
+            last_probe: None,
             now,
             to_runtime: Vec::with_capacity(64 << 10),
             to_client,
-            events: Vec::new(),
+            events: VecDeque::new(),
             record_calls: tracing::enabled!(target: CALLS, tracing::Level::DEBUG),
         }
     }
@@ -307,19 +365,19 @@ impl Core {
             streams,
             queued_to_client: 0,
             queued_to_runtime: 0,
-            degraded: self.degraded,
-            going_away: self.goaway.is_some() || self.draining.is_some(),
+            degraded: self.runtime.degraded(),
+            going_away: self.goaway.going_away(),
         }
     }
 
-    /// How often [`Core::tick`] wants to run.
-    pub(crate) fn tick_every(&self) -> Duration {
-        self.keepalive.tick()
+    /// The events left since the last call, oldest first.
+    pub(crate) fn events(&mut self) -> std::collections::vec_deque::Drain<'_, Event> {
+        self.events.drain(..)
     }
 
-    /// The events left since the last call, oldest first.
-    pub(crate) fn events(&mut self) -> std::vec::Drain<'_, Event> {
-        self.events.drain(..)
+    /// The next event left for the shell, oldest first.
+    pub(crate) fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
     }
 
     /// The runtime is in the middle of a header block: crisp's own frames must wait.
@@ -333,19 +391,52 @@ impl Core {
         self.preface_sent && !self.in_runtime_block()
     }
 
-    /// The periodic work: crisp's keep-alive PING to an idle client (and the end of a client
-    /// that stopped answering), and moving a degraded client back to a relay once
-    /// `runtime_reachable` says the runtime accepts connections again.
-    pub(crate) fn tick(
-        &mut self,
-        now: Instant,
-        runtime_reachable: &mut dyn FnMut() -> bool,
-    ) -> Result<(), RelayError> {
+    /// The connection is degraded: its runtime connection is gone or closing, and new streams
+    /// go to the observed path.
+    pub(crate) fn degraded(&self) -> bool {
+        self.runtime.degraded()
+    }
+
+    /// When the core next wants [`Core::handle_timeout`]: the earliest of the keep-alive's PING
+    /// (only while crisp may write it) and its deadline, the final GOAWAY's wait, the held
+    /// stream's wait, and the next question whether the runtime is back. None: no timer.
+    ///
+    /// Every deadline it returns is cleared or moved on by `handle_timeout` at that time, so a
+    /// shell that sleeps until it never spins.
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        let keepalive = self
+            .keepalive
+            .next(self.last_client_frame, self.may_write_own());
+        let goaway = match &self.goaway {
+            GoAwayState::Draining { until, .. } => *until,
+            _ => None,
+        };
+        [keepalive, goaway, self.held_due(), self.next_probe()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// The timers' work at `now`: the keep-alive (a PING to an idle client, the end of one
+    /// that stopped answering), the final GOAWAY if its wait is over, the held stream if its
+    /// wait is, and, for a degraded client idle long enough, the question whether the runtime
+    /// accepts connections again ([`Event::ProbeRuntime`], answered by
+    /// [`Core::handle_runtime_probe`]).
+    pub(crate) fn handle_timeout(&mut self, now: Instant) -> Result<(), RelayError> {
         if self.keepalive.check(now, self.last_client_frame) == KeepAliveAction::Dead {
             return Err(RelayError::KeepAlive);
         }
-        self.check_goaway(now);
-        self.maybe_move_client(now, runtime_reachable);
+        if matches!(self.goaway, GoAwayState::Draining { until: Some(u), .. } if now >= u) {
+            self.final_goaway();
+        }
+        if self.held_due().is_some_and(|until| now >= until) {
+            // A held stream whose request did not end in time goes to the observed path.
+            self.divert_held(Why::Slow);
+        }
+        if self.may_move_client(now) {
+            self.last_probe = Some(now);
+            self.events.push_back(Event::ProbeRuntime);
+        }
         if self
             .keepalive
             .ping(now, self.last_client_frame, self.may_write_own())
@@ -356,23 +447,44 @@ impl Core {
         Ok(())
     }
 
+    /// When a degraded client next is to be moved, if the runtime is back: once it has been
+    /// idle for [`MOVE_IDLE`], and at most once per keep-alive period.
+    fn next_probe(&self) -> Option<Instant> {
+        if !self.may_move_client_at_all() {
+            return None;
+        }
+        let idle = self.last_stream_at + MOVE_IDLE;
+        Some(match self.last_probe {
+            Some(at) => idle.max(at + self.keepalive.tick()),
+            None => idle,
+        })
+    }
+
+    /// A degraded client with nothing in flight.
+    fn may_move_client_at_all(&self) -> bool {
+        self.runtime.degraded()
+            && !self.goaway.going_away()
+            && self.relayed.is_empty()
+            && self.held_id().is_none()
+            && !self.windows.lock().any_diverted()
+    }
+
+    /// A degraded client idle for [`MOVE_IDLE`] at `now`.
+    fn may_move_client(&self, now: Instant) -> bool {
+        self.may_move_client_at_all()
+            && now.saturating_duration_since(self.last_stream_at) >= MOVE_IDLE
+    }
+
+    /// The shell's answer to [`Event::ProbeRuntime`]: whether the runtime accepted a connection
+    /// at `now`.
+    ///
     /// A degraded connection (its runtime connection is gone) is served by the observed path,
     /// which is slower. Once the runtime accepts connections again and the client is idle, the
     /// client is sent GOAWAY so that its next connection is relayed again. gRPC clients move to
     /// a new connection transparently (a stream that crosses the GOAWAY is refused, unprocessed,
     /// and retried); waiting for an idle moment spares clients that do not retry.
-    fn maybe_move_client(&mut self, now: Instant, runtime_reachable: &mut dyn FnMut() -> bool) {
-        let idle = |c: &Core| now.saturating_duration_since(c.last_stream_at) >= MOVE_IDLE;
-        if !self.degraded
-            || self.goaway.is_some()
-            || self.draining.is_some()
-            || !self.relayed.is_empty()
-            || self.windows.lock().any_diverted()
-            || !idle(self)
-        {
-            return;
-        }
-        if runtime_reachable() && idle(self) {
+    pub(crate) fn handle_runtime_probe(&mut self, now: Instant, reachable: bool) {
+        if reachable && self.may_move_client(now) {
             tracing::info!(
                 target: LOG,
                 "runtime reachable again: moving a client connection back to the relay"
@@ -390,50 +502,38 @@ impl Core {
     /// connection closes at once, and grpc-go fails the calls it had just queued on it ("connection
     /// closed") instead of retrying them (`tests/it/node_systemd.rs`).
     pub(crate) fn goaway(&mut self, why: &[u8]) {
-        if self.goaway.is_none() && self.draining.is_none() {
+        if self.goaway == GoAwayState::Open {
             GoAway::new(MAX_STREAM_ID, Reason::NO_ERROR, why).encode(&mut self.to_client);
             Ping::new(GOAWAY_PING).encode(&mut self.to_client);
-            self.draining = Some(Draining {
+            self.goaway = GoAwayState::Draining {
                 why: why.to_vec(),
                 until: None,
-            });
+            };
         }
     }
 
     /// The shell wrote `to_client` to the client at `now`: if crisp's first GOAWAY was in it,
     /// the wait for its PING's ACK starts now.
     pub(crate) fn own_written(&mut self, now: Instant) {
-        if let Some(d) = self.draining.as_mut() {
-            d.until.get_or_insert(now + GOAWAY_ACK_WAIT);
-        }
-    }
-
-    /// When the final GOAWAY is due if the client does not ACK first: the pump wakes for it.
-    /// None until the first GOAWAY has been written.
-    pub(crate) fn goaway_due(&self) -> Option<Instant> {
-        self.draining.as_ref().and_then(|d| d.until)
-    }
-
-    /// Sends the final GOAWAY if its wait for the ACK is over.
-    pub(crate) fn check_goaway(&mut self, now: Instant) {
-        if self.goaway_due().is_some_and(|until| now >= until) {
-            self.final_goaway();
+        if let GoAwayState::Draining { until, .. } = &mut self.goaway {
+            until.get_or_insert(now + GOAWAY_ACK_WAIT);
         }
     }
 
     /// The second step of [`Core::goaway`]: the client has seen the first (its PING's ACK).
     pub(super) fn final_goaway(&mut self) {
-        if let Some(draining) = self.draining.take() {
-            self.goaway = Some(self.max_stream);
-            GoAway::new(self.max_stream, Reason::NO_ERROR, &draining.why)
-                .encode(&mut self.to_client);
+        if let GoAwayState::Draining { why, .. } = &self.goaway {
+            GoAway::new(self.max_stream, Reason::NO_ERROR, why).encode(&mut self.to_client);
+            self.goaway = GoAwayState::Sent {
+                last: self.max_stream,
+            };
         }
     }
 
     /// After crisp's GOAWAY, with nothing left in flight or unwritten by the core: the
     /// connection can close once its shell has written the rest.
     pub(crate) fn drained(&self) -> bool {
-        self.goaway.is_some()
+        self.goaway.last().is_some()
             && self.relayed.is_empty()
             && self.held_id().is_none()
             && !self.windows.lock().any_diverted()
@@ -445,7 +545,7 @@ impl Core {
     /// with UNAVAILABLE and new streams are diverted, until the client moves to a new
     /// connection.
     pub(crate) fn runtime_failed(&mut self, msg: &str) -> Result<(), RelayError> {
-        self.runtime = false;
+        self.runtime = RuntimeState::Gone;
         if self.from_runtime.pending.take().is_some() {
             // The client holds part of a header block that will never end: its connection is
             // unusable.
@@ -457,9 +557,11 @@ impl Core {
 
     /// The runtime connection is gone or going: calls on it end (UNAVAILABLE, or REFUSED_STREAM
     /// for those above `last`, which the runtime says it never processed) and new streams are
-    /// diverted. The client keeps its connection; see [`Core::maybe_move_client`].
+    /// diverted. The client keeps its connection; see [`Core::handle_runtime_probe`].
     pub(super) fn runtime_gone(&mut self, msg: &str, last: Option<u32>) {
-        self.degraded = true;
+        if self.runtime == RuntimeState::Relaying {
+            self.runtime = RuntimeState::Closing;
+        }
         if !self.preface_sent {
             // The runtime went before its SETTINGS reached the client: crisp is the server now,
             // and its own SETTINGS go first.
@@ -514,7 +616,7 @@ impl Core {
 
     pub(super) fn completed(&mut self, r: Relayed, ending: EndStatus, at: Instant) {
         if let Some(call) = r.call {
-            self.events.push(Event::Ended {
+            self.events.push_back(Event::Ended {
                 call,
                 ending,
                 at,

@@ -142,7 +142,7 @@ impl Harness {
     }
 
     fn runtime(&mut self, bytes: &[u8]) {
-        if !self.core.runtime {
+        if !self.core.runtime.connected() {
             return;
         }
         self.rbuf.extend_from_slice(bytes);
@@ -153,6 +153,31 @@ impl Harness {
         {
             self.client_gone();
         }
+    }
+
+    /// What the pump does after each wakeup: if [`Core::poll_timeout`] is due, the timers'
+    /// work, and each [`Event::ProbeRuntime`] answered with `reachable`. After it no timer may
+    /// be due still (the pump would spin).
+    fn timers(&mut self, reachable: bool) {
+        if self.core.poll_timeout().is_none_or(|at| self.now < at) {
+            return;
+        }
+        if self.core.handle_timeout(self.now).is_err() {
+            self.client_gone();
+            return;
+        }
+        let events: Vec<Event> = self.core.events().collect();
+        for ev in events {
+            match ev {
+                Event::ProbeRuntime => self.core.handle_runtime_probe(self.now, reachable),
+                ev => self.core.events.push_back(ev),
+            }
+        }
+        let next = self.core.poll_timeout();
+        assert!(
+            next.is_none_or(|at| at > self.now),
+            "a timer still due after handle_timeout: the pump would spin"
+        );
     }
 
     fn client_gone(&mut self) {
@@ -283,7 +308,7 @@ fn frame(f: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
 pub fn run(data: &[u8]) {
     let mut input = Input(data);
     let mut h = Harness::new(input.u8() % 8 != 0);
-    if input.bool() && h.core.runtime {
+    if input.bool() && h.core.runtime.connected() {
         // The runtime's server preface, usually first.
         h.runtime(&frame(|o| Settings::default().encode(o)));
     }
@@ -365,14 +390,13 @@ pub fn run(data: &[u8]) {
                 h.runtime(&f);
             }
             12 => {
-                // Time passes: the pump's timers.
-                h.now += Duration::from_millis(u64::from(input.u8()));
-                let reachable = input.bool();
-                h.core.check_goaway(h.now);
-                h.core.check_held(h.now);
-                if h.core.tick(h.now, &mut || reachable).is_err() {
-                    h.client_gone();
+                // Time passes (a few ms, or to the core's next timer): the pump's timers.
+                match input.u8() {
+                    255 => h.now = h.core.poll_timeout().unwrap_or(h.now).max(h.now),
+                    ms => h.now += Duration::from_millis(u64::from(ms)),
                 }
+                let reachable = input.bool();
+                h.timers(reachable);
             }
             13 => {
                 // A diverted stream's task sends, or ends.

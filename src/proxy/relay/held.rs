@@ -103,16 +103,10 @@ impl Core {
         self.client.peek.stream.as_ref().map(|h| h.id)
     }
 
-    /// When the held stream is diverted if its request has not ended: the pump wakes for it.
-    pub(crate) fn held_due(&self) -> Option<Instant> {
+    /// When the held stream is diverted if its request has not ended
+    /// ([`Core::poll_timeout`]).
+    pub(super) fn held_due(&self) -> Option<Instant> {
         self.client.peek.stream.as_ref().map(|h| h.until)
-    }
-
-    /// Diverts the held stream if its time is up.
-    pub(crate) fn check_held(&mut self, now: Instant) {
-        if self.held_due().is_some_and(|until| now >= until) {
-            self.divert_held(Why::Slow);
-        }
     }
 
     /// A DATA frame of the held stream.
@@ -196,20 +190,20 @@ impl Core {
         tracing::trace!(target: super::LOG, stream = h.id, ?why, "held stream diverted");
         self.open_diverted(h.id);
         let peek = &mut self.client.peek;
-        self.events.push(Event::Divert {
+        self.events.push_back(Event::Divert {
             stream: h.id,
             call: h.call,
             fields: peek.fields.to_owned(),
             end_stream: h.headers_end,
         });
         if !peek.body.is_empty() {
-            self.events.push(Event::Body {
+            self.events.push_back(Event::Body {
                 stream: h.id,
                 data: Bytes::copy_from_slice(&peek.body),
             });
         }
         if h.ended && !h.headers_end {
-            self.events.push(Event::BodyEnd { stream: h.id });
+            self.events.push_back(Event::BodyEnd { stream: h.id });
         } else if !h.ended {
             self.client.bodies.insert(h.id);
         }

@@ -95,7 +95,7 @@ impl Core {
             Kind::Settings => {
                 if !head.has(Flags::ACK) {
                     self.client_settings(&head, payload);
-                    if !self.runtime {
+                    if !self.runtime.connected() {
                         Settings::encode_ack(&mut self.to_client);
                     }
                 }
@@ -111,7 +111,7 @@ impl Core {
 
     /// Passes a frame on to the runtime, if there is one.
     fn relay(&mut self, frame: &[u8]) {
-        if self.runtime {
+        if self.runtime.connected() {
             self.to_runtime.extend_from_slice(frame);
         }
     }
@@ -143,7 +143,7 @@ impl Core {
             // Never reached the runtime: nothing to relay.
             self.drop_held(false);
         } else if self.client.bodies.remove(&stream) || self.is_diverted(stream) {
-            self.events.push(Event::Reset { stream });
+            self.events.push_back(Event::Reset { stream });
             self.windows.lock().close_diverted(stream);
             self.windows.notify();
         } else {
@@ -166,7 +166,7 @@ impl Core {
                 if !r.is_empty() {
                     // A diverted request's body (a few KiB at most for the calls crisp
                     // diverts): copied out of the read buffer.
-                    self.events.push(Event::Body {
+                    self.events.push_back(Event::Body {
                         stream: head.stream,
                         data: Bytes::copy_from_slice(&payload[r]),
                     });
@@ -174,11 +174,11 @@ impl Core {
             }
             if head.has(Flags::END_STREAM) {
                 self.client.bodies.remove(&head.stream);
-                self.events.push(Event::BodyEnd {
+                self.events.push_back(Event::BodyEnd {
                     stream: head.stream,
                 });
             }
-        } else if self.runtime
+        } else if self.runtime.connected()
             && head.stream <= self.client.max_relayed
             && !self.is_diverted(head.stream)
         {
@@ -201,7 +201,7 @@ impl Core {
             } else if payload != KEEPALIVE {
                 self.relay(frame);
             }
-        } else if self.runtime && !self.degraded && self.pings.try_forward() {
+        } else if !self.runtime.degraded() && self.pings.try_forward() {
             self.to_runtime.extend_from_slice(frame);
         } else if let Ok(ping) = Ping::load(&head, payload) {
             ping.pong().encode(&mut self.to_client);
@@ -229,7 +229,7 @@ impl Core {
             if waiters {
                 self.windows.notify();
             }
-            if self.runtime && forward > 0 {
+            if self.runtime.connected() && forward > 0 {
                 WindowUpdate::new(0, forward).encode(&mut self.to_runtime);
             }
         } else if self.is_diverted(head.stream) {
@@ -256,7 +256,7 @@ impl Core {
             .ok()
             .and_then(|s| s.initial_window_size)
             .map(i64::from);
-        if self.windows.lock().client_settings(window, self.runtime) {
+        if self.windows.lock().client_settings(window, self.runtime.connected()) {
             self.windows.notify();
         }
     }
@@ -374,12 +374,12 @@ impl Core {
         };
         let interest = self.calls.interest(&call);
         let divert = interest.request || interest.response;
-        if self.goaway.is_some_and(|last| stream > last) {
+        if self.goaway.last().is_some_and(|last| stream > last) {
             // After crisp's GOAWAY: unprocessed, the client retries it elsewhere.
             RstStream::new(stream, Reason::REFUSED_STREAM).encode(&mut self.to_client);
             return;
         }
-        let on_relay = !self.degraded && self.runtime;
+        let on_relay = !self.runtime.degraded();
         if divert && on_relay && is_unary(route) && self.calls.conditional(&call) {
             // Routed once its request is read (`held.rs`).
             self.hold(stream, call, interest.complete, end_stream);
@@ -410,7 +410,7 @@ impl Core {
         }
         // One road: the fields as decoded above, handed on (with the call as the relay saw it:
         // one call id, the arrival time of its headers).
-        self.events.push(Event::Divert {
+        self.events.push_back(Event::Divert {
             stream,
             call,
             fields: self.client.fields.to_owned(),
@@ -432,14 +432,14 @@ impl Core {
     /// allows them), or a protocol error for the runtime to judge.
     fn trailers(&mut self, stream: u32, end_stream: bool, block: &mut Vec<u8>) {
         if self.client.bodies.remove(&stream) {
-            self.events.push(Event::Trailers {
+            self.events.push_back(Event::Trailers {
                 stream,
                 fields: self.client.fields.to_owned(),
             });
             return;
         }
         // Relayed streams only.
-        if self.runtime && stream <= self.client.max_relayed && !self.is_diverted(stream) {
+        if self.runtime.connected() && stream <= self.client.max_relayed && !self.is_diverted(stream) {
             // Literals that leave the runtime's table alone; owed size updates go first.
             self.client.indexer.begin(block);
             for (n, v) in self.client.fields.iter() {

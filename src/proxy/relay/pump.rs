@@ -22,6 +22,9 @@ impl Sink for Sock {
     }
 }
 
+/// How long `poll` waits when the core has no timer: a wakeup a day, for nothing.
+const NO_TIMER: Duration = Duration::from_secs(24 * 3600);
+
 /// One connection on its relay thread: the core, the sockets and their buffers.
 pub(crate) struct Pump {
     pub(super) core: Core,
@@ -91,8 +94,6 @@ impl Pump {
     /// out of the `poll` (a hung-up peer would otherwise make it return at once, forever).
     pub(crate) fn run(&mut self) -> Result<(), RelayError> {
         let outbox = self.outbox.clone();
-        let tick = self.core.tick_every();
-        let mut next_tick = Instant::now() + tick;
         let mut stopping = false;
         loop {
             if outbox.kill.load(Ordering::Acquire) {
@@ -135,14 +136,14 @@ impl Pump {
                     None => sock::poll_entry(None, false, false),
                 },
             ];
-            // From the clock read after the last poll: a tick is at least 10 ms, the work since
-            // then a few µs, and the clock is read once per wakeup.
-            let wake = [self.core.goaway_due(), self.core.held_due()]
-                .into_iter()
-                .flatten()
-                .fold(next_tick, Instant::min);
+            // From the clock read after the last poll: the work since then is a few µs, and the
+            // clock is read once per wakeup.
+            let timeout = self
+                .core
+                .poll_timeout()
+                .map_or(NO_TIMER, |at| at.saturating_duration_since(self.now));
             self.beat.waiting(self.now);
-            sock::poll(&mut fds, wake.saturating_duration_since(self.now))?;
+            sock::poll(&mut fds, timeout)?;
             self.now = Instant::now();
             self.beat.working(self.now);
             if self.beat.report_wanted() {
@@ -155,19 +156,9 @@ impl Pump {
             if !self.ready(c, read_client, r, read_runtime)? {
                 return Ok(());
             }
-            self.core.check_goaway(self.now);
-            if self.core.held_due().is_some() {
-                // A held stream whose request did not end in time goes to the observed path.
-                self.core.check_held(self.now);
+            if self.core.poll_timeout().is_some_and(|at| self.now >= at) {
+                self.core.handle_timeout(self.now)?;
                 self.dispatch();
-            }
-            if self.now >= next_tick {
-                next_tick = self.now + tick;
-                let path = &self.runtime_path;
-                // A unix socket's connect does not wait for the runtime: it is accepted or refused.
-                self.core.tick(self.now, &mut || {
-                    std::os::unix::net::UnixStream::connect(path).is_ok()
-                })?;
             }
         }
     }
@@ -252,8 +243,13 @@ impl Pump {
     /// Acts on what the core decided: diverted streams start (on crisp's runtime), their bodies
     /// move on, ended calls are reported.
     pub(super) fn dispatch(&mut self) {
-        for ev in self.core.events() {
+        while let Some(ev) = self.core.poll_event() {
             match ev {
+                Event::ProbeRuntime => {
+                    let reachable =
+                        std::os::unix::net::UnixStream::connect(&self.runtime_path).is_ok();
+                    self.core.handle_runtime_probe(self.now, reachable);
+                }
                 Event::Divert {
                     stream,
                     call,
@@ -302,7 +298,7 @@ impl Pump {
     fn runtime_failed(&mut self, why: RuntimeFailure) -> Result<(), RelayError> {
         let path = self.runtime_path.display();
         let writing = why.writing();
-        if writing && self.core.degraded {
+        if writing && self.core.degraded() {
             // The runtime sent GOAWAY or closed: frames crossing its close fail.
             tracing::debug!(
                 target: LOG,
