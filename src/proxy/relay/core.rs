@@ -159,6 +159,10 @@ pub(super) struct FromClient {
     pub(super) paths: PathCache,
     /// A new stream held until its request is read (`held.rs`).
     pub(super) peek: Peek,
+    /// The SETTINGS_MAX_FRAME_SIZE the client was told: the runtime's, relayed (the largest it
+    /// advertised), or the default when crisp is the server. A longer frame closes the
+    /// connection with FRAME_SIZE_ERROR (RFC 9113 §4.2).
+    pub(super) max_frame: u32,
 }
 
 /// Runtime → client: what the core keeps to read the runtime's frames.
@@ -303,6 +307,7 @@ impl Core {
             indexer: Indexer::default(),
             paths: PathCache::default(),
             peek: Peek::default(),
+            max_frame: http2::MAX_FRAME as u32,
         };
         Core {
             calls,
@@ -370,7 +375,9 @@ impl Core {
         }
     }
 
-    /// The events left since the last call, oldest first.
+    /// The events left since the last call, oldest first (tests and the fuzz driver; the pump
+    /// takes them one at a time, [`Core::poll_event`]).
+    #[cfg(any(test, feature = "test-util"))]
     pub(crate) fn events(&mut self) -> std::collections::vec_deque::Drain<'_, Event> {
         self.events.drain(..)
     }
@@ -493,6 +500,23 @@ impl Core {
         }
     }
 
+    /// The connection ends for `v`: the one place where a protocol error becomes the GOAWAY
+    /// that closes the client's connection (its code from [`Violation::reason`]). The GOAWAY is
+    /// queued unless crisp may not write now (inside a header block the runtime is still
+    /// sending, or before the client's server preface): then the connection just closes.
+    pub(super) fn protocol_error(&mut self, v: Violation) -> RelayError {
+        tracing::warn!(
+            target: LOG,
+            error = %v,
+            code = ?v.reason(),
+            "protocol error: closing the client's connection"
+        );
+        if self.may_write_own() {
+            GoAway::new(self.max_stream, v.reason(), v.debug_data()).encode(&mut self.to_client);
+        }
+        v.into()
+    }
+
     /// Sends the client GOAWAY (once): it finishes what it started and opens a new connection.
     ///
     /// In two steps, as RFC 9113 §6.8 advises for a graceful shutdown: first a GOAWAY that
@@ -546,10 +570,12 @@ impl Core {
     /// connection.
     pub(crate) fn runtime_failed(&mut self, msg: &str) -> Result<(), RelayError> {
         self.runtime = RuntimeState::Gone;
-        if self.from_runtime.pending.take().is_some() {
+        if self.from_runtime.pending.is_some() {
             // The client holds part of a header block that will never end: its connection is
-            // unusable.
-            return Err(Violation::RuntimeGoneInBlock.into());
+            // unusable (and no GOAWAY can be written inside the block).
+            let e = self.protocol_error(Violation::RuntimeGoneInBlock);
+            self.from_runtime.pending = None;
+            return Err(e);
         }
         self.runtime_gone(msg, None);
         Ok(())

@@ -122,7 +122,7 @@ impl Core {
         h.credit += head.len as u32;
         peek.frames.extend_from_slice(frame);
         let payload = &frame[http2::HEADER_LEN..];
-        if let Some(r) = http2::data_payload(&head, payload) {
+        if let Ok(r) = http2::data_payload(&head, payload) {
             peek.body.extend_from_slice(&payload[r]);
         }
         if head.has(Flags::END_STREAM) {

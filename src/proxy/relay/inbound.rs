@@ -21,7 +21,7 @@ use super::status::EndStatus;
 use crate::cri::Route;
 use crate::intercept::Call;
 use crate::proxy::http2::{
-    self, Flags, GoAway, Head, Kind, Ping, Reason, RstStream, Settings, WindowUpdate,
+    self, Flags, Head, Kind, Ping, Reason, RstStream, Settings, WindowUpdate,
 };
 use crate::status::parse_grpc_timeout;
 
@@ -44,13 +44,24 @@ impl Core {
         while let Some(head) = http2::complete_at(buf, pos, &mut missing) {
             let len = http2::HEADER_LEN + head.len;
             got_frame = true;
-            r = self.client_frame(head, &buf[pos..pos + len], &mut credit);
+            r = head
+                .within(self.client.max_frame)
+                .map_err(Violation::Frame)
+                .and_then(|()| self.client_frame(head, &buf[pos..pos + len], &mut credit));
             if r.is_err() {
                 break;
             }
             pos += len;
         }
-        r?;
+        if r.is_ok() && missing > 0 {
+            // A frame over the bound is refused from its header: nothing of it is buffered.
+            if let Some(head) = Head::parse(&buf[pos..]) {
+                r = head.within(self.client.max_frame).map_err(Violation::Frame);
+            }
+        }
+        if let Err(v) = r {
+            return Err(self.protocol_error(v));
+        }
         buf.advance(pos);
         if missing > 0 {
             buf.reserve(missing);
@@ -71,7 +82,7 @@ impl Core {
         head: Head,
         frame: &[u8],
         credit: &mut u32,
-    ) -> Result<(), RelayError> {
+    ) -> Result<(), Violation> {
         let payload = &frame[http2::HEADER_LEN..];
         if self.client.pending.is_some() {
             return self.continuation(head, payload);
@@ -79,7 +90,12 @@ impl Core {
         match head.kind {
             Kind::Data => self.client_data(head, frame, credit),
             Kind::Headers => {
-                let r = http2::header_fragment(&head, payload).ok_or(Violation::MalformedHeaders)?;
+                let r = http2::header_fragment(&head, payload).map_err(Violation::Frame)?;
+                if r.len() > MAX_HEADER_BLOCK {
+                    // One HEADERS frame can carry that much when the runtime advertised frames
+                    // over 1 MiB: the bound is the block's, however it is framed.
+                    return Err(Violation::BlockTooLarge);
+                }
                 if head.has(Flags::END_HEADERS) {
                     self.header_block(head.stream, head.has(Flags::END_STREAM), &payload[r])?;
                 } else {
@@ -90,7 +106,7 @@ impl Core {
                     });
                 }
             }
-            Kind::Continuation => return Err(Violation::StrayContinuation.into()),
+            Kind::Continuation => return Err(Violation::StrayContinuation),
             Kind::RstStream => self.client_reset(head.stream, frame),
             Kind::Settings => {
                 if !head.has(Flags::ACK) {
@@ -117,18 +133,18 @@ impl Core {
     }
 
     /// A CONTINUATION of the header block in `client.pending`.
-    fn continuation(&mut self, head: Head, payload: &[u8]) -> Result<(), RelayError> {
+    fn continuation(&mut self, head: Head, payload: &[u8]) -> Result<(), Violation> {
         let p = self
             .client
             .pending
             .as_mut()
             .expect("called with a pending block");
         if head.kind != Kind::Continuation || head.stream != p.stream {
-            return Err(Violation::InterruptedBlock.into());
+            return Err(Violation::InterruptedBlock);
         }
         p.block.extend_from_slice(payload);
         if p.block.len() > MAX_HEADER_BLOCK {
-            return Err(Violation::BlockTooLarge.into());
+            return Err(Violation::BlockTooLarge);
         }
         if head.has(Flags::END_HEADERS) {
             let p = self.client.pending.take().expect("checked");
@@ -162,7 +178,7 @@ impl Core {
         } else if self.client.bodies.contains(&head.stream) {
             // Never reaches the runtime: the client gets its connection credit back now.
             *credit = credit.saturating_add(head.len as u32);
-            if let Some(r) = http2::data_payload(&head, payload) {
+            if let Ok(r) = http2::data_payload(&head, payload) {
                 if !r.is_empty() {
                     // A diverted request's body (a few KiB at most for the calls crisp
                     // diverts): copied out of the read buffer.
@@ -267,7 +283,7 @@ impl Core {
         stream: u32,
         end_stream: bool,
         raw: &[u8],
-    ) -> Result<(), RelayError> {
+    ) -> Result<(), Violation> {
         let mut block = std::mem::take(&mut self.client.enc);
         block.clear();
         let r = self.header_block_into(stream, end_stream, raw, &mut block);
@@ -284,7 +300,7 @@ impl Core {
         end_stream: bool,
         raw: &[u8],
         block: &mut Vec<u8>,
-    ) -> Result<(), RelayError> {
+    ) -> Result<(), Violation> {
         let mut path: Option<(Route, http::uri::PathAndQuery)> = None;
         let mut timeout = None;
         let paths = &mut self.client.paths;
@@ -303,32 +319,20 @@ impl Core {
             }
         });
         if too_large {
-            tracing::warn!(
+            tracing::debug!(
                 target: LOG,
                 max_bytes = MAX_HEADER_LIST,
-                "client sent a header block that decodes to more than crisp accepts; closing its connection"
+                "client sent a header block that decodes to more than crisp accepts"
             );
-            GoAway::new(
-                self.max_stream,
-                Reason::COMPRESSION_ERROR,
-                b"crisp: header list too large",
-            )
-            .encode(&mut self.to_client);
-            return Err(Violation::ListTooLarge.into());
+            return Err(Violation::ListTooLarge);
         }
         if let Err(e) = decoded {
-            tracing::warn!(
+            tracing::debug!(
                 target: LOG,
                 error = %e,
-                "client sent a header block crisp cannot decode; closing its connection"
+                "client sent a header block crisp cannot decode"
             );
-            GoAway::new(
-                self.max_stream,
-                Reason::COMPRESSION_ERROR,
-                b"crisp: bad header block",
-            )
-            .encode(&mut self.to_client);
-            return Err(Violation::UndecodableBlock.into());
+            return Err(Violation::UndecodableBlock);
         }
         let new = stream > self.max_stream && stream % 2 == 1;
         if new && self.held_id().is_some() {

@@ -5,6 +5,7 @@
 mod blocks;
 mod degraded;
 mod flow;
+mod frames;
 mod goaway;
 mod held;
 mod panics;
