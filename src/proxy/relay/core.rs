@@ -536,9 +536,41 @@ impl Core {
         }
     }
 
-    /// The shell wrote `to_client` to the client at `now`: if crisp's first GOAWAY was in it,
-    /// the wait for its PING's ACK starts now.
+    /// crisp's own frames for the client, if there are any and crisp may write them now
+    /// ([`Core::may_write_own`]); the shell writes them all and calls [`Core::own_written`].
+    pub(crate) fn poll_transmit_client(&self) -> Option<&[u8]> {
+        (self.may_write_own() && !self.to_client.is_empty()).then_some(&self.to_client[..])
+    }
+
+    /// Frames for the client from the diverted streams' tasks (the bridge's outbox), queued
+    /// after crisp's own.
+    pub(crate) fn queue_diverted_frames(&mut self, frames: &[u8]) {
+        self.to_client.extend_from_slice(frames);
+    }
+
+    /// What goes on to the runtime, in order; the shell writes it all and calls
+    /// [`Core::runtime_written`].
+    pub(crate) fn poll_transmit_runtime(&self) -> Option<&[u8]> {
+        (!self.to_runtime.is_empty()).then_some(&self.to_runtime[..])
+    }
+
+    /// The shell wrote (or, the runtime connection gone, dropped) what
+    /// [`Core::poll_transmit_runtime`] gave.
+    pub(crate) fn runtime_written(&mut self) {
+        self.to_runtime.clear();
+    }
+
+    /// What the client still gets if its connection is closed for an error now: crisp's own
+    /// frames (the GOAWAY [`Core::protocol_error`] queued), whether or not they may be written
+    /// in order.
+    pub(crate) fn last_words(&self) -> &[u8] {
+        &self.to_client
+    }
+
+    /// The shell wrote [`Core::poll_transmit_client`]'s frames to the client at `now`: if
+    /// crisp's first GOAWAY was in them, the wait for its PING's ACK starts now.
     pub(crate) fn own_written(&mut self, now: Instant) {
+        self.to_client.clear();
         if let GoAwayState::Draining { until, .. } = &mut self.goaway {
             until.get_or_insert(now + GOAWAY_ACK_WAIT);
         }

@@ -22,6 +22,32 @@ impl Sink for Sock {
     }
 }
 
+/// What the pump asks `poll` for on its two sockets. Backpressure as in a splice: a peer is
+/// not read while the other has bytes of it queued (nor the runtime while its next DATA frame
+/// waits for the client's window), and a socket is watched for writing only while bytes wait
+/// for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Interest {
+    pub(super) read_client: bool,
+    pub(super) write_client: bool,
+    pub(super) read_runtime: bool,
+    pub(super) write_runtime: bool,
+}
+
+impl Interest {
+    /// From what the pump's state says: bytes queued for the client; the runtime connection
+    /// (None: there is none) and whether bytes are queued for it; `blocked`: the runtime's
+    /// next DATA frame waits for the client's window.
+    pub(super) fn of(client_queued: bool, runtime: Option<bool>, blocked: bool) -> Interest {
+        Interest {
+            read_client: runtime != Some(true),
+            write_client: client_queued,
+            read_runtime: runtime.is_some() && !client_queued && !blocked,
+            write_runtime: runtime == Some(true),
+        }
+    }
+}
+
 /// How long `poll` waits when the core has no timer: a wakeup a day, for nothing.
 const NO_TIMER: Duration = Duration::from_secs(24 * 3600);
 
@@ -45,6 +71,8 @@ pub(crate) struct Pump {
     blocked: bool,
     /// When `poll` last returned: the time of what was read then.
     now: Instant,
+    /// The diverted streams' frames, moved from the outbox into the core (reused).
+    diverted_frames: Vec<u8>,
     /// Where this thread tells the watchdog that it turns.
     beat: Arc<Beat>,
 }
@@ -83,6 +111,7 @@ impl Pump {
             rbuf: buf(),
             blocked: false,
             now: Instant::now(),
+            diverted_frames: Vec::new(),
             beat,
         }
     }
@@ -111,28 +140,31 @@ impl Pump {
             }
             // crisp's own frames, never inside a header block the runtime is still sending.
             if self.core.may_write_own() {
-                outbox.take(&mut self.core.to_client);
-                if !self.core.to_client.is_empty() {
-                    self.client.write(&self.core.to_client)?;
-                    self.core.to_client.clear();
-                    self.core.own_written(self.now);
+                outbox.take(&mut self.diverted_frames);
+                if !self.diverted_frames.is_empty() {
+                    self.core.queue_diverted_frames(&self.diverted_frames);
+                    self.diverted_frames.clear();
                 }
+            }
+            if let Some(frames) = self.core.poll_transmit_client() {
+                self.client.write(frames)?;
+                self.core.own_written(self.now);
             }
             if self.core.drained() && !self.client.has_queued() && outbox.is_empty() {
                 self.client.shutdown_write();
                 return Ok(());
             }
-            let read_client = !self.runtime.as_ref().is_some_and(Sock::has_queued);
-            let read_runtime = !self.client.has_queued() && !self.blocked;
+            let want = Interest::of(
+                self.client.has_queued(),
+                self.runtime.as_ref().map(Sock::has_queued),
+                self.blocked,
+            );
+            let (read_client, read_runtime) = (want.read_client, want.read_runtime);
             let mut fds = [
-                sock::poll_entry(
-                    Some(self.client.as_fd()),
-                    read_client,
-                    self.client.has_queued(),
-                ),
+                sock::poll_entry(Some(self.client.as_fd()), read_client, want.write_client),
                 sock::poll_entry(Some(outbox.wake.as_fd()), true, false),
                 match &self.runtime {
-                    Some(r) => sock::poll_entry(Some(r.as_fd()), read_runtime, r.has_queued()),
+                    Some(r) => sock::poll_entry(Some(r.as_fd()), read_runtime, want.write_runtime),
                     None => sock::poll_entry(None, false, false),
                 },
             ];
@@ -222,17 +254,18 @@ impl Pump {
         self.dispatch();
         if let Err(e) = r {
             // A GOAWAY crisp wrote for the client's error goes out if it can.
-            let _ = self.client.write(&self.core.to_client);
+            let _ = self.client.write(self.core.last_words());
             return Err(e);
         }
-        if !self.core.to_runtime.is_empty() {
-            if let Some(rt) = self.runtime.as_mut() {
-                if let Err(e) = rt.write(&self.core.to_runtime) {
-                    self.core.to_runtime.clear();
-                    self.runtime_failed(RuntimeFailure::Write(e))?;
-                }
+        if let Some(frames) = self.core.poll_transmit_runtime() {
+            let written = match self.runtime.as_mut() {
+                Some(rt) => rt.write(frames),
+                None => Ok(()),
+            };
+            self.core.runtime_written();
+            if let Err(e) = written {
+                self.runtime_failed(RuntimeFailure::Write(e))?;
             }
-            self.core.to_runtime.clear();
         }
         if self.cbuf.capacity() > 1 << 20 && self.cbuf.is_empty() {
             self.cbuf = BytesMut::with_capacity(64 << 10);
@@ -336,5 +369,46 @@ impl Pump {
         let r = self.core.runtime_failed(&msg);
         self.dispatch();
         r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Interest;
+
+    /// Every state the poll interest depends on: bytes queued for either peer, a runtime
+    /// connection or none, the runtime's DATA waiting for the client's window.
+    #[test]
+    fn the_poll_interest_follows_backpressure_in_every_state() {
+        let i = |rc, wc, rr, wr| Interest {
+            read_client: rc,
+            write_client: wc,
+            read_runtime: rr,
+            write_runtime: wr,
+        };
+        // (client queued, runtime (queued), blocked) -> interest
+        let cases = [
+            ((false, Some(false), false), i(true, false, true, false)),
+            // Bytes wait for the client: the runtime is not read.
+            ((true, Some(false), false), i(true, true, false, false)),
+            // Bytes wait for the runtime: the client is not read.
+            ((false, Some(true), false), i(false, false, true, true)),
+            ((true, Some(true), false), i(false, true, false, true)),
+            // The runtime's DATA waits for the client's window: the runtime is not read, the
+            // client is (its WINDOW_UPDATE unblocks it).
+            ((false, Some(false), true), i(true, false, false, false)),
+            ((true, Some(true), true), i(false, true, false, true)),
+            // No runtime connection: the client alone.
+            ((false, None, false), i(true, false, false, false)),
+            ((true, None, false), i(true, true, false, false)),
+            ((false, None, true), i(true, false, false, false)),
+        ];
+        for ((client_queued, runtime, blocked), want) in cases {
+            assert_eq!(
+                Interest::of(client_queued, runtime, blocked),
+                want,
+                "client queued {client_queued}, runtime {runtime:?}, blocked {blocked}"
+            );
+        }
     }
 }

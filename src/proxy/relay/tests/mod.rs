@@ -10,6 +10,7 @@ mod goaway;
 mod held;
 mod panics;
 mod ping;
+mod timers;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
