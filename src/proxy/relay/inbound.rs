@@ -158,10 +158,20 @@ impl Core {
         if self.held_id() == Some(stream) {
             // Never reached the runtime: nothing to relay.
             self.drop_held(false);
-        } else if self.client.bodies.remove(&stream) || self.is_diverted(stream) {
-            self.events.push_back(Event::Reset { stream });
-            self.windows.lock().close_diverted(stream);
-            self.windows.notify();
+        } else if self.client.bodies.contains(&stream) || self.is_diverted(stream) {
+            // Its task (or its request body's sender) ends, once: a second reset finds
+            // nothing left to end, and never reaches the runtime either.
+            let body_open = self.client.bodies.remove(&stream);
+            let live = {
+                let mut flow = self.windows.lock();
+                let live = body_open || flow.is_diverted(stream);
+                flow.close_diverted(stream);
+                live
+            };
+            if live {
+                self.events.push_back(Event::Reset { stream });
+                self.windows.notify();
+            }
         } else {
             if let Some(r) = self.relayed.remove(&stream) {
                 self.completed(r, EndStatus::cancelled(), self.now);

@@ -256,3 +256,20 @@ fn the_wait_for_the_goaway_ack_starts_when_the_goaway_is_written_not_queued() {
     c.core.handle_timeout(c.now + GOAWAY_ACK_WAIT).unwrap();
     assert_eq!(kinds(&c.at_client()), [(Kind::GoAway, 0)]);
 }
+
+#[test]
+fn a_diverted_stream_reset_twice_ends_once_and_its_resets_never_reach_the_runtime() {
+    // Found by the core fuzz target: the second RST_STREAM reported a second end.
+    let mut c = Conn::relayed();
+    c.client(&[&request(1, "/s/Divert", false)]).unwrap();
+    assert_eq!(diverted(&c.events()), [1]);
+    c.client(&[&rst(1, Reason::CANCEL), &rst(1, Reason::CANCEL)])
+        .unwrap();
+    let resets = c
+        .events()
+        .into_iter()
+        .filter(|e| matches!(e, Event::Reset { stream: 1 }))
+        .count();
+    assert_eq!(resets, 1);
+    assert!(c.at_runtime().is_empty());
+}
