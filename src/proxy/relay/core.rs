@@ -411,17 +411,24 @@ impl Core {
     /// Every deadline it returns is cleared or moved on by `handle_timeout` at that time, so a
     /// shell that sleeps until it never spins.
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
-        let keepalive = self
+        // Run on every wakeup of the pump: plain comparisons, the usual case first (a relaying
+        // connection has the keep-alive's timer alone).
+        let mut at = self
             .keepalive
             .next(self.last_client_frame, self.may_write_own());
-        let goaway = match &self.goaway {
-            GoAwayState::Draining { until, .. } => *until,
-            _ => None,
+        let mut earlier = |t: Option<Instant>| {
+            if let Some(t) = t {
+                at = Some(at.map_or(t, |a| a.min(t)));
+            }
         };
-        [keepalive, goaway, self.held_due(), self.next_probe()]
-            .into_iter()
-            .flatten()
-            .min()
+        if let GoAwayState::Draining { until, .. } = &self.goaway {
+            earlier(*until);
+        }
+        earlier(self.held_due());
+        if self.runtime.degraded() {
+            earlier(self.next_probe());
+        }
+        at
     }
 
     /// The timers' work at `now`: the keep-alive (a PING to an idle client, the end of one

@@ -170,10 +170,11 @@ impl Pump {
             ];
             // From the clock read after the last poll: the work since then is a few µs, and the
             // clock is read once per wakeup.
-            let timeout = self
-                .core
-                .poll_timeout()
-                .map_or(NO_TIMER, |at| at.saturating_duration_since(self.now));
+            // Read once per wakeup: a deadline the reads below set is never due at once (the
+            // held stream's is 10 ms away), and one that is (the keep-alive, once crisp may
+            // write again) makes the next poll return at once.
+            let deadline = self.core.poll_timeout();
+            let timeout = deadline.map_or(NO_TIMER, |at| at.saturating_duration_since(self.now));
             self.beat.waiting(self.now);
             sock::poll(&mut fds, timeout)?;
             self.now = Instant::now();
@@ -188,7 +189,7 @@ impl Pump {
             if !self.ready(c, read_client, r, read_runtime)? {
                 return Ok(());
             }
-            if self.core.poll_timeout().is_some_and(|at| self.now >= at) {
+            if deadline.is_some_and(|at| self.now >= at) {
                 self.core.handle_timeout(self.now)?;
                 self.dispatch();
             }
