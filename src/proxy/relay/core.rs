@@ -509,8 +509,9 @@ impl Core {
 
     /// The connection ends for `v`: the one place where a protocol error becomes the GOAWAY
     /// that closes the client's connection (its code from [`Violation::reason`]). The GOAWAY is
-    /// queued unless crisp may not write now (inside a header block the runtime is still
-    /// sending, or before the client's server preface): then the connection just closes.
+    /// queued (the pump writes it as the connection closes, even before the client's server
+    /// preface) unless the runtime is inside a header block, which no other frame may
+    /// interrupt: then the connection just closes.
     pub(super) fn protocol_error(&mut self, v: Violation) -> RelayError {
         tracing::warn!(
             target: LOG,
@@ -518,7 +519,7 @@ impl Core {
             code = ?v.reason(),
             "protocol error: closing the client's connection"
         );
-        if self.may_write_own() {
+        if !self.in_runtime_block() {
             GoAway::new(self.max_stream, v.reason(), v.debug_data()).encode(&mut self.to_client);
         }
         v.into()
