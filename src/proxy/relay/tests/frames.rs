@@ -184,3 +184,27 @@ fn a_headers_frame_with_padding_longer_than_itself_is_a_protocol_error() {
     ));
     assert_eq!(the_goaway(&mut c).1, Reason::PROTOCOL_ERROR);
 }
+
+#[test]
+fn a_protocol_error_before_the_clients_server_preface_still_leaves_its_goaway() {
+    // The pump writes `last_words` as it closes the connection (grpc_go_wire's gigabytes test).
+    let mut c = Conn::before_runtime_settings();
+    let mut bad = Vec::new();
+    Head::new(Kind::Continuation, Flags::END_HEADERS, 1, 0).encode(&mut bad);
+    assert!(c.client(&[&bad]).is_err());
+    let words = parse(c.core.last_words());
+    assert_eq!(kinds(&words), [(Kind::GoAway, 0)]);
+    assert_eq!(
+        GoAway::load(&words[0].payload).unwrap().reason,
+        Reason::PROTOCOL_ERROR
+    );
+    // Inside a runtime header block nothing may interrupt it: no GOAWAY.
+    let mut c = Conn::relayed();
+    c.client(&[&request(1, "/s/Relay", true)]).unwrap();
+    let mut head = response(1, &[(":status", "200")], false);
+    head[4] = 0;
+    c.runtime_all(&[&head]);
+    c.at_client();
+    assert!(c.client(&[&bad]).is_err());
+    assert!(c.core.last_words().is_empty());
+}
