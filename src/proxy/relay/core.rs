@@ -461,8 +461,9 @@ impl Core {
         Ok(())
     }
 
-    /// When a degraded client next is to be moved, if the runtime is back: once it has been
-    /// idle for [`MOVE_IDLE`], and at most once per keep-alive period.
+    /// When a degraded client next asks whether the runtime is back: once it has been idle for
+    /// [`MOVE_IDLE`], then a keep-alive period after the last question (or sooner, when another
+    /// timer brings the pump to [`Core::handle_timeout`] while the client is idle).
     fn next_probe(&self) -> Option<Instant> {
         if !self.may_move_client_at_all() {
             return None;

@@ -86,7 +86,8 @@ impl KeepAlive {
         }
     }
 
-    /// How often the relay looks: half the shorter of the two periods, at least 10 ms.
+    /// Half the shorter of the two periods, at least 10 ms: how often a degraded, idle client
+    /// asks whether the runtime is back (`Core::poll_timeout`).
     pub(crate) fn tick(&self) -> Duration {
         (self.every.min(self.timeout) / 2).max(Duration::from_millis(10))
     }

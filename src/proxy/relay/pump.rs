@@ -168,11 +168,10 @@ impl Pump {
                     None => sock::poll_entry(None, false, false),
                 },
             ];
-            // From the clock read after the last poll: the work since then is a few µs, and the
-            // clock is read once per wakeup.
-            // Read once per wakeup: a deadline the reads below set is never due at once (the
-            // held stream's is 10 ms away), and one that is (the keep-alive, once crisp may
-            // write again) makes the next poll return at once.
+            // The core's timer, read once per wakeup and measured from the clock read after the
+            // last poll (the work since then is a few µs). A deadline the reads below set is
+            // never due at once (the held stream's is 10 ms away); one that is due (the
+            // keep-alive's, once crisp may write again) makes the next poll return at once.
             let deadline = self.core.poll_timeout();
             let timeout = deadline.map_or(NO_TIMER, |at| at.saturating_duration_since(self.now));
             self.beat.waiting(self.now);
