@@ -1,6 +1,6 @@
 //! DATA (RFC 9113 §6.1).
 
-use super::{Flags, Head, Kind, MAX_FRAME};
+use super::{Flags, FrameError, Head, Kind, MAX_FRAME};
 
 /// DATA frames for `data`, at most [`MAX_FRAME`] each; `end` sets END_STREAM on the last one.
 pub fn data(out: &mut Vec<u8>, stream: u32, data: &[u8], end: bool) {
@@ -22,14 +22,19 @@ pub fn data(out: &mut Vec<u8>, stream: u32, data: &[u8], end: bool) {
     }
 }
 
-/// The data of a DATA frame without its padding.
-pub fn data_payload(head: &Head, payload: &[u8]) -> Option<std::ops::Range<usize>> {
+/// The data of a DATA frame without its padding; an error if the padding does not fit.
+pub fn data_payload(head: &Head, payload: &[u8]) -> Result<std::ops::Range<usize>, FrameError> {
     if !head.has(Flags::PADDED) {
-        return Some(0..payload.len());
+        return Ok(0..payload.len());
     }
-    let pad = *payload.first()? as usize;
-    let end = payload.len().checked_sub(pad)?;
-    (1 <= end).then_some(1..end)
+    let bad = FrameError::BadPadding { kind: Kind::Data };
+    let pad = *payload.first().ok_or(bad)? as usize;
+    let end = payload.len().checked_sub(pad).ok_or(bad)?;
+    if 1 <= end {
+        Ok(1..end)
+    } else {
+        Err(bad)
+    }
 }
 
 #[cfg(test)]
@@ -39,10 +44,10 @@ mod tests {
     #[test]
     fn padding_is_stripped() {
         let d = Head::new(Kind::Data, Flags::PADDED, 1, 4);
-        assert_eq!(data_payload(&d, &[1, 5, 6, 0]), Some(1..3));
-        assert_eq!(data_payload(&d, &[4, 5, 6, 0]), None);
+        assert_eq!(data_payload(&d, &[1, 5, 6, 0]).ok(), Some(1..3));
+        assert_eq!(data_payload(&d, &[4, 5, 6, 0]).ok(), None);
         assert_eq!(
-            data_payload(&Head::new(Kind::Data, Flags::NONE, 1, 2), &[5, 6]),
+            data_payload(&Head::new(Kind::Data, Flags::NONE, 1, 2), &[5, 6]).ok(),
             Some(0..2)
         );
     }

@@ -1,10 +1,15 @@
 //! The frame header (RFC 9113 §4.1): length, type, flags, stream.
 
+use super::FrameError;
+
 /// The client connection preface (RFC 9113 §3.4).
 pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 pub const HEADER_LEN: usize = 9;
-/// The frame size every HTTP/2 peer must accept; crisp's own frames never exceed it.
+/// The frame size every HTTP/2 peer must accept (the initial SETTINGS_MAX_FRAME_SIZE); crisp's
+/// own frames never exceed it.
 pub const MAX_FRAME: usize = 16_384;
+/// The largest SETTINGS_MAX_FRAME_SIZE a peer may advertise (RFC 9113 §6.5.2).
+pub const MAX_FRAME_LIMIT: u32 = (1 << 24) - 1;
 /// The initial flow-control window of a connection and of a stream (RFC 9113 §6.9.2).
 pub const DEFAULT_WINDOW: i64 = 65_535;
 
@@ -125,6 +130,19 @@ impl Head {
         })
     }
 
+    /// Whether the frame fits the SETTINGS_MAX_FRAME_SIZE its receiver advertised, `max`
+    /// (RFC 9113 §4.2: a longer frame is a FRAME_SIZE_ERROR).
+    pub fn within(&self, max: u32) -> Result<(), FrameError> {
+        if self.len > max as usize {
+            return Err(FrameError::TooLarge {
+                kind: self.kind,
+                len: self.len,
+                max,
+            });
+        }
+        Ok(())
+    }
+
     pub fn has(&self, flag: Flags) -> bool {
         self.flags.0 & flag.0 != 0
     }
@@ -194,6 +212,24 @@ mod tests {
         let h = Head::parse(&[0, 0, 0, 0, 0, 0x80, 0, 0, 3]).unwrap();
         assert_eq!(h.stream, 3);
         assert!(Head::parse(&[0; 8]).is_none());
+    }
+
+    #[test]
+    fn a_frame_over_the_advertised_max_frame_size_is_a_frame_size_error() {
+        let h = Head::new(Kind::Data, Flags::NONE, 1, MAX_FRAME);
+        assert_eq!(h.within(MAX_FRAME as u32), Ok(()), "exactly the bound fits");
+        let over = Head::new(Kind::Headers, Flags::NONE, 1, MAX_FRAME + 1);
+        let err = over.within(MAX_FRAME as u32).unwrap_err();
+        assert_eq!(
+            err,
+            FrameError::TooLarge {
+                kind: Kind::Headers,
+                len: MAX_FRAME + 1,
+                max: MAX_FRAME as u32
+            }
+        );
+        assert_eq!(err.reason(), super::super::Reason::FRAME_SIZE_ERROR);
+        assert_eq!(over.within(MAX_FRAME_LIMIT), Ok(()));
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! HEADERS and CONTINUATION (RFC 9113 §6.2, §6.10).
 
-use super::{Flags, Head, Kind, MAX_FRAME};
+use super::{Flags, FrameError, Head, Kind, MAX_FRAME};
 
 /// A HEADERS frame (and CONTINUATIONs, if the block is larger than [`MAX_FRAME`]) carrying
 /// `block`.
@@ -19,19 +19,24 @@ pub fn headers(out: &mut Vec<u8>, stream: u32, block: &[u8], end_stream: bool) {
 }
 
 /// The payload of a HEADERS frame without its padding and priority fields: the header block
-/// fragment. `None` if the frame is malformed.
-pub fn header_fragment(head: &Head, payload: &[u8]) -> Option<std::ops::Range<usize>> {
+/// fragment; an error if its padding and priority fields do not fit in it.
+pub fn header_fragment(head: &Head, payload: &[u8]) -> Result<std::ops::Range<usize>, FrameError> {
+    let bad = FrameError::BadPadding { kind: head.kind };
     let mut start = 0;
     let mut end = payload.len();
     if head.has(Flags::PADDED) {
-        let pad = *payload.first()? as usize;
+        let pad = *payload.first().ok_or(bad)? as usize;
         start += 1;
-        end = end.checked_sub(pad)?;
+        end = end.checked_sub(pad).ok_or(bad)?;
     }
     if head.kind == Kind::Headers && head.has(Flags::PRIORITY) {
         start += 5;
     }
-    (start <= end).then_some(start..end)
+    if start <= end {
+        Ok(start..end)
+    } else {
+        Err(bad)
+    }
 }
 
 #[cfg(test)]
@@ -70,8 +75,12 @@ mod tests {
             10,
         );
         let payload = [2u8, 0, 0, 0, 0, 9, 0xaa, 0xbb, 0, 0];
-        assert_eq!(header_fragment(&head, &payload), Some(6..8));
+        assert_eq!(header_fragment(&head, &payload).ok(), Some(6..8));
         let bad = Head::new(Kind::Headers, Flags::PADDED, 1, 1);
-        assert_eq!(header_fragment(&bad, &[9]), None);
+        assert_eq!(header_fragment(&bad, &[9]).ok(), None);
+        assert_eq!(
+            header_fragment(&bad, &[9]),
+            Err(FrameError::BadPadding { kind: Kind::Headers })
+        );
     }
 }

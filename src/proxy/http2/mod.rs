@@ -23,10 +23,12 @@ mod stateless;
 mod window_update;
 
 pub use data::{data, data_payload};
-pub(crate) use error::FrameError;
+pub use error::FrameError;
 pub use go_away::GoAway;
 pub(crate) use hasher::{IdHasher, IdMap};
-pub use head::{complete_at, Flags, Head, Kind, DEFAULT_WINDOW, HEADER_LEN, MAX_FRAME, PREFACE};
+pub use head::{
+    complete_at, Flags, Head, Kind, DEFAULT_WINDOW, HEADER_LEN, MAX_FRAME, MAX_FRAME_LIMIT, PREFACE,
+};
 pub use headers::{header_fragment, headers};
 pub use indexer::Indexer;
 pub use ping::Ping;

@@ -11,7 +11,7 @@
 //! it frame by frame (`tests/`).
 
 use super::LOG;
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,7 +34,7 @@ pub(crate) const MAX_HEADER_BLOCK: usize = 1 << 20;
 /// Largest header list (names and values, decoded) crisp accepts: grpc-go's server default. A
 /// block of 1 MiB that refers again and again to one large table entry decodes to gigabytes.
 pub(crate) const MAX_HEADER_LIST: usize = 16 << 20;
-/// A degraded client idle this long is moved back to a relay (see [`Core::tick`]).
+/// A degraded client idle this long is moved back to a relay (see [`Core::handle_runtime_probe`]).
 pub(super) const MOVE_IDLE: Duration = Duration::from_millis(200);
 /// How long crisp waits for the ACK of the PING after its first GOAWAY before it sends the
 /// final one anyway (a client that stopped reading).
@@ -84,6 +84,11 @@ pub enum Event {
     BodyEnd { stream: u32 },
     /// The client reset a diverted stream: its task ends.
     Reset { stream: u32 },
+    /// Time to ask whether the runtime accepts connections again (a degraded client, idle):
+    /// the shell tries to connect to the runtime's socket and answers with
+    /// [`Core::handle_runtime_probe`]. A unix socket's connect does not wait for the runtime:
+    /// it is accepted or refused.
+    ProbeRuntime,
     /// A relayed call ended; `at`: when its last frame was read. `report`: the interceptors
     /// asked to hear of it (else it is only logged, [`CALLS`]).
     Ended {
@@ -154,6 +159,10 @@ pub(super) struct FromClient {
     pub(super) paths: PathCache,
     /// A new stream held until its request is read (`held.rs`).
     pub(super) peek: Peek,
+    /// The SETTINGS_MAX_FRAME_SIZE the client was told: the runtime's, relayed (the largest it
+    /// advertised), or the default when crisp is the server. A longer frame closes the
+    /// connection with FRAME_SIZE_ERROR (RFC 9113 §4.2).
+    pub(super) max_frame: u32,
 }
 
 /// Runtime → client: what the core keeps to read the runtime's frames.
@@ -172,19 +181,15 @@ pub(crate) struct Core {
     /// The runtime's socket path, for logs and messages.
     pub(super) runtime_name: String,
     pub(super) windows: Arc<Windows>,
-    /// The connection has a runtime connection to relay to.
-    pub(super) runtime: bool,
-    /// No runtime connection (gone, closing, or never made): new streams are diverted.
-    pub(super) degraded: bool,
+    /// The runtime connection: relayed to, closing, or gone.
+    pub(super) runtime: RuntimeState,
     pub(super) client: FromClient,
     pub(super) from_runtime: FromRuntime,
     pub(super) relayed: IdMap<Relayed>,
     /// Highest stream id the client opened.
     pub(super) max_stream: u32,
-    /// Last stream id crisp told the client it would process (after its final GOAWAY).
-    pub(super) goaway: Option<u32>,
-    /// crisp's first GOAWAY is out and the final one waits for its PING's ACK.
-    draining: Option<Draining>,
+    /// crisp's own GOAWAY to the client: not sent, half-way, or final.
+    pub(super) goaway: GoAwayState,
     /// The client has its server preface, the SETTINGS frame that must come first (RFC 9113
     /// §3.4): the runtime's, relayed, or crisp's own when crisp is the server. Until then crisp
     /// writes no frame of its own: grpc-go closes a connection whose first frame is anything
@@ -195,13 +200,16 @@ pub(crate) struct Core {
     pub(super) last_stream_at: Instant,
     pub(super) pings: PingGate,
     keepalive: KeepAlive,
+    /// When the core last asked its shell whether the runtime accepts connections again
+    /// ([`Event::ProbeRuntime`]).
+    last_probe: Option<Instant>,
     /// When the frames being handled were read (one clock read per read, not per call).
     pub(super) now: Instant,
     /// The client's frames for the runtime.
     pub(crate) to_runtime: Vec<u8>,
     /// crisp's own frames for the client.
     pub(crate) to_client: Vec<u8>,
-    pub(super) events: Vec<Event>,
+    pub(super) events: VecDeque<Event>,
     /// Every relayed call's end is logged at debug (target [`CALLS`]): when that log level was
     /// on as the connection opened.
     pub(super) record_calls: bool,
@@ -211,14 +219,65 @@ pub(crate) struct Core {
 /// call, and how did it end?" (RELIABILITY.md).
 pub(crate) const CALLS: &str = "crisp::calls";
 
-/// Between crisp's two GOAWAYs ([`Core::goaway`]).
-struct Draining {
-    /// The debug data of both GOAWAYs.
-    why: Vec<u8>,
-    /// When the final GOAWAY goes without the ACK: [`GOAWAY_ACK_WAIT`] after the first one was
-    /// written ([`Core::own_written`]); None while it waits in `to_client` (before the client's
-    /// server preface), so a slow runtime SETTINGS never makes the two steps one.
-    until: Option<Instant>,
+/// The connection's runtime side, one state at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RuntimeState {
+    /// A runtime connection of its own, open: new streams are relayed (or diverted, when an
+    /// interceptor wants them).
+    Relaying,
+    /// The runtime sent GOAWAY: the streams it kept finish on its connection, which stays open;
+    /// new streams are diverted.
+    Closing,
+    /// No runtime connection (never made, or failed): crisp is the client's server, and every
+    /// stream is diverted. Left only by moving the client to a new connection
+    /// ([`Core::handle_runtime_probe`]).
+    Gone,
+}
+
+impl RuntimeState {
+    /// The runtime connection is open: the client's frames may go on to it.
+    pub(crate) fn connected(self) -> bool {
+        self != RuntimeState::Gone
+    }
+
+    /// New streams are diverted: the runtime connection is gone or closing.
+    pub(crate) fn degraded(self) -> bool {
+        self != RuntimeState::Relaying
+    }
+}
+
+/// crisp's GOAWAY to the client ([`Core::goaway`]), one state at a time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum GoAwayState {
+    /// None sent: the client may open streams.
+    Open,
+    /// Between crisp's two GOAWAYs: the first is queued or out, the final one waits for the
+    /// ACK of the PING that followed it.
+    Draining {
+        /// The debug data of both GOAWAYs.
+        why: Vec<u8>,
+        /// When the final GOAWAY goes without the ACK: [`GOAWAY_ACK_WAIT`] after the first one
+        /// was written ([`Core::own_written`]); None while it waits in `to_client` (before the
+        /// client's server preface), so a slow runtime SETTINGS never makes the two steps one.
+        until: Option<Instant>,
+    },
+    /// The final GOAWAY is out: streams above `last` are refused.
+    Sent { last: u32 },
+}
+
+impl GoAwayState {
+    /// Either GOAWAY is queued or out.
+    pub(crate) fn going_away(&self) -> bool {
+        *self != GoAwayState::Open
+    }
+
+    /// The last stream crisp processes, once its final GOAWAY said so.
+    pub(crate) fn last(&self) -> Option<u32> {
+        match self {
+            GoAwayState::Sent { last } => Some(*last),
+            _ => None,
+        }
+    }
 }
 
 impl Core {
@@ -248,13 +307,17 @@ impl Core {
             indexer: Indexer::default(),
             paths: PathCache::default(),
             peek: Peek::default(),
+            max_frame: http2::MAX_FRAME as u32,
         };
         Core {
             calls,
             runtime_name: cfg.runtime.display().to_string(),
             windows,
-            runtime,
-            degraded: !runtime,
+            runtime: if runtime {
+                RuntimeState::Relaying
+            } else {
+                RuntimeState::Gone
+            },
             client,
             from_runtime: FromRuntime {
                 dec: hpack::Decoder::default(),
@@ -263,17 +326,17 @@ impl Core {
             },
             relayed: IdMap::default(),
             max_stream: 0,
-            goaway: None,
-            draining: None,
+            goaway: GoAwayState::Open,
             preface_sent: !runtime,
             last_client_frame: now,
             last_stream_at: now,
             pings: PingGate::default(),
             keepalive: KeepAlive::new(cfg.keepalive_interval, cfg.keepalive_timeout),
+            last_probe: None,
             now,
             to_runtime: Vec::with_capacity(64 << 10),
             to_client,
-            events: Vec::new(),
+            events: VecDeque::new(),
             record_calls: tracing::enabled!(target: CALLS, tracing::Level::DEBUG),
         }
     }
@@ -307,19 +370,21 @@ impl Core {
             streams,
             queued_to_client: 0,
             queued_to_runtime: 0,
-            degraded: self.degraded,
-            going_away: self.goaway.is_some() || self.draining.is_some(),
+            degraded: self.runtime.degraded(),
+            going_away: self.goaway.going_away(),
         }
     }
 
-    /// How often [`Core::tick`] wants to run.
-    pub(crate) fn tick_every(&self) -> Duration {
-        self.keepalive.tick()
+    /// The events left since the last call, oldest first (tests and the fuzz driver; the pump
+    /// takes them one at a time, [`Core::poll_event`]).
+    #[cfg(any(test, feature = "test-util"))]
+    pub(crate) fn events(&mut self) -> std::collections::vec_deque::Drain<'_, Event> {
+        self.events.drain(..)
     }
 
-    /// The events left since the last call, oldest first.
-    pub(crate) fn events(&mut self) -> std::vec::Drain<'_, Event> {
-        self.events.drain(..)
+    /// The next event left for the shell, oldest first.
+    pub(crate) fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
     }
 
     /// The runtime is in the middle of a header block: crisp's own frames must wait.
@@ -333,19 +398,59 @@ impl Core {
         self.preface_sent && !self.in_runtime_block()
     }
 
-    /// The periodic work: crisp's keep-alive PING to an idle client (and the end of a client
-    /// that stopped answering), and moving a degraded client back to a relay once
-    /// `runtime_reachable` says the runtime accepts connections again.
-    pub(crate) fn tick(
-        &mut self,
-        now: Instant,
-        runtime_reachable: &mut dyn FnMut() -> bool,
-    ) -> Result<(), RelayError> {
+    /// The connection is degraded: its runtime connection is gone or closing, and new streams
+    /// go to the observed path.
+    pub(crate) fn degraded(&self) -> bool {
+        self.runtime.degraded()
+    }
+
+    /// When the core next wants [`Core::handle_timeout`]: the earliest of the keep-alive's PING
+    /// (only while crisp may write it) and its deadline, the final GOAWAY's wait, the held
+    /// stream's wait, and the next question whether the runtime is back. None: no timer.
+    ///
+    /// Every deadline it returns is cleared or moved on by `handle_timeout` at that time, so a
+    /// shell that sleeps until it never spins.
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        // Run on every wakeup of the pump: plain comparisons, the usual case first (a relaying
+        // connection has the keep-alive's timer alone).
+        let mut at = self
+            .keepalive
+            .next(self.last_client_frame, self.may_write_own());
+        let mut earlier = |t: Option<Instant>| {
+            if let Some(t) = t {
+                at = Some(at.map_or(t, |a| a.min(t)));
+            }
+        };
+        if let GoAwayState::Draining { until, .. } = &self.goaway {
+            earlier(*until);
+        }
+        earlier(self.held_due());
+        if self.runtime.degraded() {
+            earlier(self.next_probe());
+        }
+        at
+    }
+
+    /// The timers' work at `now`: the keep-alive (a PING to an idle client, the end of one
+    /// that stopped answering), the final GOAWAY if its wait is over, the held stream if its
+    /// wait is, and, for a degraded client idle long enough, the question whether the runtime
+    /// accepts connections again ([`Event::ProbeRuntime`], answered by
+    /// [`Core::handle_runtime_probe`]).
+    pub(crate) fn handle_timeout(&mut self, now: Instant) -> Result<(), RelayError> {
         if self.keepalive.check(now, self.last_client_frame) == KeepAliveAction::Dead {
             return Err(RelayError::KeepAlive);
         }
-        self.check_goaway(now);
-        self.maybe_move_client(now, runtime_reachable);
+        if matches!(self.goaway, GoAwayState::Draining { until: Some(u), .. } if now >= u) {
+            self.final_goaway();
+        }
+        if self.held_due().is_some_and(|until| now >= until) {
+            // A held stream whose request did not end in time goes to the observed path.
+            self.divert_held(Why::Slow);
+        }
+        if self.may_move_client(now) {
+            self.last_probe = Some(now);
+            self.events.push_back(Event::ProbeRuntime);
+        }
         if self
             .keepalive
             .ping(now, self.last_client_frame, self.may_write_own())
@@ -356,29 +461,69 @@ impl Core {
         Ok(())
     }
 
+    /// When a degraded client next asks whether the runtime is back: once it has been idle for
+    /// [`MOVE_IDLE`], then a keep-alive period after the last question (or sooner, when another
+    /// timer brings the pump to [`Core::handle_timeout`] while the client is idle).
+    fn next_probe(&self) -> Option<Instant> {
+        if !self.may_move_client_at_all() {
+            return None;
+        }
+        let idle = self.last_stream_at + MOVE_IDLE;
+        Some(match self.last_probe {
+            Some(at) => idle.max(at + self.keepalive.tick()),
+            None => idle,
+        })
+    }
+
+    /// A degraded client with nothing in flight.
+    fn may_move_client_at_all(&self) -> bool {
+        self.runtime.degraded()
+            && !self.goaway.going_away()
+            && self.relayed.is_empty()
+            && self.held_id().is_none()
+            && !self.windows.lock().any_diverted()
+    }
+
+    /// A degraded client idle for [`MOVE_IDLE`] at `now`.
+    fn may_move_client(&self, now: Instant) -> bool {
+        self.may_move_client_at_all()
+            && now.saturating_duration_since(self.last_stream_at) >= MOVE_IDLE
+    }
+
+    /// The shell's answer to [`Event::ProbeRuntime`]: whether the runtime accepted a connection
+    /// at `now`.
+    ///
     /// A degraded connection (its runtime connection is gone) is served by the observed path,
     /// which is slower. Once the runtime accepts connections again and the client is idle, the
     /// client is sent GOAWAY so that its next connection is relayed again. gRPC clients move to
     /// a new connection transparently (a stream that crosses the GOAWAY is refused, unprocessed,
     /// and retried); waiting for an idle moment spares clients that do not retry.
-    fn maybe_move_client(&mut self, now: Instant, runtime_reachable: &mut dyn FnMut() -> bool) {
-        let idle = |c: &Core| now.saturating_duration_since(c.last_stream_at) >= MOVE_IDLE;
-        if !self.degraded
-            || self.goaway.is_some()
-            || self.draining.is_some()
-            || !self.relayed.is_empty()
-            || self.windows.lock().any_diverted()
-            || !idle(self)
-        {
-            return;
-        }
-        if runtime_reachable() && idle(self) {
+    pub(crate) fn handle_runtime_probe(&mut self, now: Instant, reachable: bool) {
+        if reachable && self.may_move_client(now) {
             tracing::info!(
                 target: LOG,
                 "runtime reachable again: moving a client connection back to the relay"
             );
             self.goaway(b"crisp: reconnect");
         }
+    }
+
+    /// The connection ends for `v`: the one place where a protocol error becomes the GOAWAY
+    /// that closes the client's connection (its code from [`Violation::reason`]). The GOAWAY is
+    /// queued (the pump writes it as the connection closes, even before the client's server
+    /// preface) unless the runtime is inside a header block, which no other frame may
+    /// interrupt: then the connection just closes.
+    pub(super) fn protocol_error(&mut self, v: Violation) -> RelayError {
+        tracing::warn!(
+            target: LOG,
+            error = %v,
+            code = ?v.reason(),
+            "protocol error: closing the client's connection"
+        );
+        if !self.in_runtime_block() {
+            GoAway::new(self.max_stream, v.reason(), v.debug_data()).encode(&mut self.to_client);
+        }
+        v.into()
     }
 
     /// Sends the client GOAWAY (once): it finishes what it started and opens a new connection.
@@ -390,50 +535,70 @@ impl Core {
     /// connection closes at once, and grpc-go fails the calls it had just queued on it ("connection
     /// closed") instead of retrying them (`tests/it/node_systemd.rs`).
     pub(crate) fn goaway(&mut self, why: &[u8]) {
-        if self.goaway.is_none() && self.draining.is_none() {
+        if self.goaway == GoAwayState::Open {
             GoAway::new(MAX_STREAM_ID, Reason::NO_ERROR, why).encode(&mut self.to_client);
             Ping::new(GOAWAY_PING).encode(&mut self.to_client);
-            self.draining = Some(Draining {
+            self.goaway = GoAwayState::Draining {
                 why: why.to_vec(),
                 until: None,
-            });
+            };
         }
     }
 
-    /// The shell wrote `to_client` to the client at `now`: if crisp's first GOAWAY was in it,
-    /// the wait for its PING's ACK starts now.
+    /// crisp's own frames for the client, if there are any and crisp may write them now
+    /// ([`Core::may_write_own`]); the shell writes them all and calls [`Core::own_written`].
+    pub(crate) fn poll_transmit_client(&self) -> Option<&[u8]> {
+        (self.may_write_own() && !self.to_client.is_empty()).then_some(&self.to_client[..])
+    }
+
+    /// Frames for the client from the diverted streams' tasks (the bridge's outbox), queued
+    /// after crisp's own.
+    pub(crate) fn queue_diverted_frames(&mut self, frames: &[u8]) {
+        self.to_client.extend_from_slice(frames);
+    }
+
+    /// What goes on to the runtime, in order; the shell writes it all and calls
+    /// [`Core::runtime_written`].
+    pub(crate) fn poll_transmit_runtime(&self) -> Option<&[u8]> {
+        (!self.to_runtime.is_empty()).then_some(&self.to_runtime[..])
+    }
+
+    /// The shell wrote (or, the runtime connection gone, dropped) what
+    /// [`Core::poll_transmit_runtime`] gave.
+    pub(crate) fn runtime_written(&mut self) {
+        self.to_runtime.clear();
+    }
+
+    /// What the client still gets if its connection is closed for an error now: crisp's own
+    /// frames (the GOAWAY [`Core::protocol_error`] queued), whether or not they may be written
+    /// in order.
+    pub(crate) fn last_words(&self) -> &[u8] {
+        &self.to_client
+    }
+
+    /// The shell wrote [`Core::poll_transmit_client`]'s frames to the client at `now`: if
+    /// crisp's first GOAWAY was in them, the wait for its PING's ACK starts now.
     pub(crate) fn own_written(&mut self, now: Instant) {
-        if let Some(d) = self.draining.as_mut() {
-            d.until.get_or_insert(now + GOAWAY_ACK_WAIT);
-        }
-    }
-
-    /// When the final GOAWAY is due if the client does not ACK first: the pump wakes for it.
-    /// None until the first GOAWAY has been written.
-    pub(crate) fn goaway_due(&self) -> Option<Instant> {
-        self.draining.as_ref().and_then(|d| d.until)
-    }
-
-    /// Sends the final GOAWAY if its wait for the ACK is over.
-    pub(crate) fn check_goaway(&mut self, now: Instant) {
-        if self.goaway_due().is_some_and(|until| now >= until) {
-            self.final_goaway();
+        self.to_client.clear();
+        if let GoAwayState::Draining { until, .. } = &mut self.goaway {
+            until.get_or_insert(now + GOAWAY_ACK_WAIT);
         }
     }
 
     /// The second step of [`Core::goaway`]: the client has seen the first (its PING's ACK).
     pub(super) fn final_goaway(&mut self) {
-        if let Some(draining) = self.draining.take() {
-            self.goaway = Some(self.max_stream);
-            GoAway::new(self.max_stream, Reason::NO_ERROR, &draining.why)
-                .encode(&mut self.to_client);
+        if let GoAwayState::Draining { why, .. } = &self.goaway {
+            GoAway::new(self.max_stream, Reason::NO_ERROR, why).encode(&mut self.to_client);
+            self.goaway = GoAwayState::Sent {
+                last: self.max_stream,
+            };
         }
     }
 
     /// After crisp's GOAWAY, with nothing left in flight or unwritten by the core: the
     /// connection can close once its shell has written the rest.
     pub(crate) fn drained(&self) -> bool {
-        self.goaway.is_some()
+        self.goaway.last().is_some()
             && self.relayed.is_empty()
             && self.held_id().is_none()
             && !self.windows.lock().any_diverted()
@@ -445,11 +610,13 @@ impl Core {
     /// with UNAVAILABLE and new streams are diverted, until the client moves to a new
     /// connection.
     pub(crate) fn runtime_failed(&mut self, msg: &str) -> Result<(), RelayError> {
-        self.runtime = false;
-        if self.from_runtime.pending.take().is_some() {
+        self.runtime = RuntimeState::Gone;
+        if self.from_runtime.pending.is_some() {
             // The client holds part of a header block that will never end: its connection is
-            // unusable.
-            return Err(Violation::RuntimeGoneInBlock.into());
+            // unusable (and no GOAWAY can be written inside the block).
+            let e = self.protocol_error(Violation::RuntimeGoneInBlock);
+            self.from_runtime.pending = None;
+            return Err(e);
         }
         self.runtime_gone(msg, None);
         Ok(())
@@ -457,9 +624,11 @@ impl Core {
 
     /// The runtime connection is gone or going: calls on it end (UNAVAILABLE, or REFUSED_STREAM
     /// for those above `last`, which the runtime says it never processed) and new streams are
-    /// diverted. The client keeps its connection; see [`Core::maybe_move_client`].
+    /// diverted. The client keeps its connection; see [`Core::handle_runtime_probe`].
     pub(super) fn runtime_gone(&mut self, msg: &str, last: Option<u32>) {
-        self.degraded = true;
+        if self.runtime == RuntimeState::Relaying {
+            self.runtime = RuntimeState::Closing;
+        }
         if !self.preface_sent {
             // The runtime went before its SETTINGS reached the client: crisp is the server now,
             // and its own SETTINGS go first.
@@ -514,7 +683,7 @@ impl Core {
 
     pub(super) fn completed(&mut self, r: Relayed, ending: EndStatus, at: Instant) {
         if let Some(call) = r.call {
-            self.events.push(Event::Ended {
+            self.events.push_back(Event::Ended {
                 call,
                 ending,
                 at,

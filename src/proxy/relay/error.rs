@@ -1,5 +1,7 @@
 //! How a relayed connection ends, and why its runtime connection did.
 
+use crate::proxy::http2::{FrameError, Reason};
+
 /// Why the relay closes a client connection.
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
@@ -12,13 +14,18 @@ pub enum RelayError {
     KeepAlive,
 }
 
-/// What a peer did that leaves the client connection unusable.
+/// What a peer did that leaves the client connection unusable. [`Violation::reason`] is the
+/// one mapping to the error code of the GOAWAY that closes it ([`super::core::Core`]'s
+/// `protocol_error` writes it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Violation {
-    #[error("malformed HEADERS")]
-    MalformedHeaders,
-    #[error("malformed HEADERS from the runtime")]
-    MalformedRuntimeHeaders,
+    /// A frame of the client's that cannot be read: over the advertised frame size, or padding
+    /// that does not fit.
+    #[error("{0}")]
+    Frame(FrameError),
+    /// A frame of the runtime's that crisp cannot read (the client would fail on it too).
+    #[error("from the runtime: {0}")]
+    RuntimeFrame(FrameError),
     #[error("CONTINUATION without HEADERS")]
     StrayContinuation,
     #[error("header block interrupted")]
@@ -32,6 +39,42 @@ pub enum Violation {
     /// The client holds part of a header block that will never end.
     #[error("runtime connection failed inside a header block")]
     RuntimeGoneInBlock,
+}
+
+impl Violation {
+    /// The error code of the GOAWAY that closes the client's connection for this violation
+    /// (RFC 9113 §4.2, §5.4.1, §6.2, §6.10, §4.3).
+    pub(crate) fn reason(self) -> Reason {
+        match self {
+            Violation::Frame(e) => e.reason(),
+            // A header block crisp could not decode, or dropped undecoded, leaves the
+            // connection's HPACK decoding context unknown (RFC 9113 §4.3).
+            Violation::BlockTooLarge | Violation::ListTooLarge | Violation::UndecodableBlock => {
+                Reason::COMPRESSION_ERROR
+            }
+            Violation::StrayContinuation | Violation::InterruptedBlock => Reason::PROTOCOL_ERROR,
+            // The runtime's side failed: not the client's doing.
+            Violation::RuntimeFrame(_) | Violation::RuntimeGoneInBlock => Reason::INTERNAL_ERROR,
+        }
+    }
+
+    /// The GOAWAY's debug data: what crisp tells the client, no tenant text.
+    pub(crate) fn debug_data(self) -> &'static [u8] {
+        match self {
+            Violation::Frame(FrameError::TooLarge { .. }) => {
+                b"crisp: frame larger than SETTINGS_MAX_FRAME_SIZE"
+            }
+            Violation::Frame(_) => b"crisp: malformed frame",
+            Violation::StrayContinuation => b"crisp: CONTINUATION without HEADERS",
+            Violation::InterruptedBlock => b"crisp: header block interrupted",
+            Violation::BlockTooLarge => b"crisp: header block too large",
+            Violation::ListTooLarge => b"crisp: header list too large",
+            Violation::UndecodableBlock => b"crisp: bad header block",
+            Violation::RuntimeFrame(_) | Violation::RuntimeGoneInBlock => {
+                b"crisp: runtime connection failed"
+            }
+        }
+    }
 }
 
 impl From<Violation> for RelayError {

@@ -1,14 +1,20 @@
-//! A driver for [`Core`] on arbitrary input: both peers' bytes, the diverted streams' sends, the
-//! runtime's failure, crisp's GOAWAY and time steps, decoded from a byte string
-//! (`fuzz/fuzz_targets/core.rs`, issue #36). After every step it checks the core's invariants:
+//! A driver for [`Core`] on arbitrary input: both peers' bytes (frames over the frame size
+//! included), the diverted streams' answers (response headers, DATA taken from the windows,
+//! trailers, resets, their ends), the runtime's failure and its return (the answer to
+//! [`Event::ProbeRuntime`]), crisp's GOAWAY and time steps, decoded from a byte string
+//! (`fuzz/fuzz_targets/core.rs`, issue #36). The timers fire as in the pump: when
+//! [`Core::poll_timeout`] is due. After every step it checks the core's invariants:
 //!
 //! - the client's connection window as crisp counts it is never negative;
+//! - no timer is still due after `handle_timeout` (the pump would spin); crisp's own frames
+//!   are handed out only when it may write them;
 //! - what goes to the runtime is whole frames; its header blocks decode in order with one
 //!   decoder (the runtime's HPACK table stays in step); new streams reach it in the order of
 //!   their ids; no DATA of a stream reaches it before the stream's HEADERS, nor ever for a
 //!   stream that was diverted;
-//! - a stream is diverted at most once and never also relayed; every call ends at most once,
-//!   and when the client goes, every relayed or held call has ended.
+//! - a stream is diverted at most once and never also relayed; a reset is reported only for a
+//!   diverted stream, and once; every call ends at most once, and when the client goes, every
+//!   relayed or held call has ended (exactly once).
 //!
 //! Public with the `test-util` feature only (as `crisp::proxy::relay_fuzzing`).
 
@@ -102,6 +108,8 @@ struct Harness {
     opened: HashSet<u32>,
     max_opened: u32,
     diverted: HashSet<u32>,
+    /// Diverted streams the client reset (their task is aborted once).
+    reset: HashSet<u32>,
     ended: HashSet<u64>,
     closed: bool,
 }
@@ -128,6 +136,7 @@ impl Harness {
             opened: HashSet::new(),
             max_opened: 0,
             diverted: HashSet::new(),
+            reset: HashSet::new(),
             ended: HashSet::new(),
             closed: false,
         }
@@ -142,7 +151,7 @@ impl Harness {
     }
 
     fn runtime(&mut self, bytes: &[u8]) {
-        if !self.core.runtime {
+        if !self.core.runtime.connected() {
             return;
         }
         self.rbuf.extend_from_slice(bytes);
@@ -153,6 +162,31 @@ impl Harness {
         {
             self.client_gone();
         }
+    }
+
+    /// What the pump does after each wakeup: if [`Core::poll_timeout`] is due, the timers'
+    /// work, and each [`Event::ProbeRuntime`] answered with `reachable`. After it no timer may
+    /// be due still (the pump would spin).
+    fn timers(&mut self, reachable: bool) {
+        if self.core.poll_timeout().is_none_or(|at| self.now < at) {
+            return;
+        }
+        if self.core.handle_timeout(self.now).is_err() {
+            self.client_gone();
+            return;
+        }
+        let events: Vec<Event> = self.core.events().collect();
+        for ev in events {
+            match ev {
+                Event::ProbeRuntime => self.core.handle_runtime_probe(self.now, reachable),
+                ev => self.core.events.push_back(ev),
+            }
+        }
+        let next = self.core.poll_timeout();
+        assert!(
+            next.is_none_or(|at| at > self.now),
+            "a timer still due after handle_timeout: the pump would spin"
+        );
     }
 
     fn client_gone(&mut self) {
@@ -167,7 +201,8 @@ impl Harness {
     fn check(&mut self) {
         let (window, _, _) = self.windows.lock().windows(0);
         assert!(window >= 0, "the client's connection window is negative: {window}");
-        let to_runtime = std::mem::take(&mut self.core.to_runtime);
+        let to_runtime = self.core.poll_transmit_runtime().unwrap_or_default().to_vec();
+        self.core.runtime_written();
         self.runtime_saw(&to_runtime);
         for ev in self.core.events() {
             match ev {
@@ -181,14 +216,19 @@ impl Harness {
                 Event::Ended { call, .. } => {
                     assert!(self.ended.insert(call.id), "call {} ended twice", call.id);
                 }
+                Event::Reset { stream } => {
+                    assert!(self.diverted.contains(&stream), "reset of a stream never diverted");
+                    assert!(self.reset.insert(stream), "diverted stream {stream} reset twice");
+                }
                 _ => {}
             }
         }
-        // The pump writes crisp's own frames when it may.
-        if self.core.may_write_own() && !self.core.to_client.is_empty() {
-            self.core.to_client.clear();
+        // The pump writes crisp's own frames when it may, and only then.
+        if self.core.poll_transmit_client().is_some() {
+            assert!(self.core.may_write_own());
             self.core.own_written(self.now);
         }
+
         self.to_client.clear();
     }
 
@@ -283,7 +323,7 @@ fn frame(f: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
 pub fn run(data: &[u8]) {
     let mut input = Input(data);
     let mut h = Harness::new(input.u8() % 8 != 0);
-    if input.bool() && h.core.runtime {
+    if input.bool() && h.core.runtime.connected() {
         // The runtime's server preface, usually first.
         h.runtime(&frame(|o| Settings::default().encode(o)));
     }
@@ -305,9 +345,18 @@ pub fn run(data: &[u8]) {
                 h.client(&grpc(s, msg, end));
             }
             4 => {
+                // Within the frame size, or (one in eight) a single frame over it.
                 let n = usize::from(input.u16()) % 9_000;
                 let end = input.bool();
-                h.client(&frame(|o| http2::data(o, s, &vec![7; n], end)));
+                if input.u8() % 8 == 0 {
+                    let n = http2::MAX_FRAME + n;
+                    let mut f = Vec::new();
+                    Head::new(Kind::Data, Flags::END_STREAM.when(end), s, n).encode(&mut f);
+                    f.resize(f.len() + n, 7);
+                    h.client(&f);
+                } else {
+                    h.client(&frame(|o| http2::data(o, s, &vec![7; n], end)));
+                }
             }
             5 => {
                 // Raw bytes: partial frames, padding, unknown kinds, protocol errors.
@@ -365,23 +414,44 @@ pub fn run(data: &[u8]) {
                 h.runtime(&f);
             }
             12 => {
-                // Time passes: the pump's timers.
-                h.now += Duration::from_millis(u64::from(input.u8()));
-                let reachable = input.bool();
-                h.core.check_goaway(h.now);
-                h.core.check_held(h.now);
-                if h.core.tick(h.now, &mut || reachable).is_err() {
-                    h.client_gone();
+                // Time passes (a few ms, or to the core's next timer): the pump's timers.
+                match input.u8() {
+                    255 => h.now = h.core.poll_timeout().unwrap_or(h.now).max(h.now),
+                    ms => h.now += Duration::from_millis(u64::from(ms)),
                 }
+                let reachable = input.bool();
+                h.timers(reachable);
             }
             13 => {
-                // A diverted stream's task sends, or ends.
+                // A diverted stream's task answers: response headers, DATA within the windows,
+                // trailers, a reset; or it ends.
                 let n = usize::from(input.u16());
-                if input.bool() {
-                    let _ = h.windows.lock().take_for_diverted(s, n);
-                } else {
-                    h.windows.lock().close_diverted(s);
+                let mut out = Vec::new();
+                match input.u8() % 5 {
+                    0 => {
+                        let mut block = Vec::new();
+                        http2::encode_field(&mut block, b":status", b"200");
+                        http2::headers(&mut out, s, &block, false);
+                    }
+                    1 => {
+                        let taken = h.windows.lock().take_for_diverted(s, n);
+                        if let Some(n) = taken.filter(|&n| n > 0) {
+                            http2::data(&mut out, s, &vec![3; n], false);
+                        }
+                    }
+                    2 => {
+                        let mut block = Vec::new();
+                        http2::encode_field(&mut block, b"grpc-status", b"0");
+                        http2::headers(&mut out, s, &block, true);
+                        h.windows.lock().close_diverted(s);
+                    }
+                    3 => {
+                        RstStream::new(s, Reason::CANCEL).encode(&mut out);
+                        h.windows.lock().close_diverted(s);
+                    }
+                    _ => h.windows.lock().close_diverted(s),
                 }
+                h.core.queue_diverted_frames(&out);
             }
             14 => {
                 if h.core.runtime_failed("crisp: gone").is_err() {

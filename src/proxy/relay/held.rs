@@ -103,16 +103,10 @@ impl Core {
         self.client.peek.stream.as_ref().map(|h| h.id)
     }
 
-    /// When the held stream is diverted if its request has not ended: the pump wakes for it.
-    pub(crate) fn held_due(&self) -> Option<Instant> {
+    /// When the held stream is diverted if its request has not ended
+    /// ([`Core::poll_timeout`]).
+    pub(super) fn held_due(&self) -> Option<Instant> {
         self.client.peek.stream.as_ref().map(|h| h.until)
-    }
-
-    /// Diverts the held stream if its time is up.
-    pub(crate) fn check_held(&mut self, now: Instant) {
-        if self.held_due().is_some_and(|until| now >= until) {
-            self.divert_held(Why::Slow);
-        }
     }
 
     /// A DATA frame of the held stream.
@@ -128,7 +122,7 @@ impl Core {
         h.credit += head.len as u32;
         peek.frames.extend_from_slice(frame);
         let payload = &frame[http2::HEADER_LEN..];
-        if let Some(r) = http2::data_payload(&head, payload) {
+        if let Ok(r) = http2::data_payload(&head, payload) {
             peek.body.extend_from_slice(&payload[r]);
         }
         if head.has(Flags::END_STREAM) {
@@ -196,20 +190,20 @@ impl Core {
         tracing::trace!(target: super::LOG, stream = h.id, ?why, "held stream diverted");
         self.open_diverted(h.id);
         let peek = &mut self.client.peek;
-        self.events.push(Event::Divert {
+        self.events.push_back(Event::Divert {
             stream: h.id,
             call: h.call,
             fields: peek.fields.to_owned(),
             end_stream: h.headers_end,
         });
         if !peek.body.is_empty() {
-            self.events.push(Event::Body {
+            self.events.push_back(Event::Body {
                 stream: h.id,
                 data: Bytes::copy_from_slice(&peek.body),
             });
         }
         if h.ended && !h.headers_end {
-            self.events.push(Event::BodyEnd { stream: h.id });
+            self.events.push_back(Event::BodyEnd { stream: h.id });
         } else if !h.ended {
             self.client.bodies.insert(h.id);
         }

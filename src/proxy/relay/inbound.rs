@@ -21,7 +21,7 @@ use super::status::EndStatus;
 use crate::cri::Route;
 use crate::intercept::Call;
 use crate::proxy::http2::{
-    self, Flags, GoAway, Head, Kind, Ping, Reason, RstStream, Settings, WindowUpdate,
+    self, Flags, Head, Kind, Ping, Reason, RstStream, Settings, WindowUpdate,
 };
 use crate::status::parse_grpc_timeout;
 
@@ -44,13 +44,24 @@ impl Core {
         while let Some(head) = http2::complete_at(buf, pos, &mut missing) {
             let len = http2::HEADER_LEN + head.len;
             got_frame = true;
-            r = self.client_frame(head, &buf[pos..pos + len], &mut credit);
+            r = head
+                .within(self.client.max_frame)
+                .map_err(Violation::Frame)
+                .and_then(|()| self.client_frame(head, &buf[pos..pos + len], &mut credit));
             if r.is_err() {
                 break;
             }
             pos += len;
         }
-        r?;
+        if r.is_ok() && missing > 0 {
+            // A frame over the bound is refused from its header: nothing of it is buffered.
+            if let Some(head) = Head::parse(&buf[pos..]) {
+                r = head.within(self.client.max_frame).map_err(Violation::Frame);
+            }
+        }
+        if let Err(v) = r {
+            return Err(self.protocol_error(v));
+        }
         buf.advance(pos);
         if missing > 0 {
             buf.reserve(missing);
@@ -71,7 +82,7 @@ impl Core {
         head: Head,
         frame: &[u8],
         credit: &mut u32,
-    ) -> Result<(), RelayError> {
+    ) -> Result<(), Violation> {
         let payload = &frame[http2::HEADER_LEN..];
         if self.client.pending.is_some() {
             return self.continuation(head, payload);
@@ -79,7 +90,12 @@ impl Core {
         match head.kind {
             Kind::Data => self.client_data(head, frame, credit),
             Kind::Headers => {
-                let r = http2::header_fragment(&head, payload).ok_or(Violation::MalformedHeaders)?;
+                let r = http2::header_fragment(&head, payload).map_err(Violation::Frame)?;
+                if r.len() > MAX_HEADER_BLOCK {
+                    // One HEADERS frame can carry that much when the runtime advertised frames
+                    // over 1 MiB: the bound is the block's, however it is framed.
+                    return Err(Violation::BlockTooLarge);
+                }
                 if head.has(Flags::END_HEADERS) {
                     self.header_block(head.stream, head.has(Flags::END_STREAM), &payload[r])?;
                 } else {
@@ -90,12 +106,12 @@ impl Core {
                     });
                 }
             }
-            Kind::Continuation => return Err(Violation::StrayContinuation.into()),
+            Kind::Continuation => return Err(Violation::StrayContinuation),
             Kind::RstStream => self.client_reset(head.stream, frame),
             Kind::Settings => {
                 if !head.has(Flags::ACK) {
                     self.client_settings(&head, payload);
-                    if !self.runtime {
+                    if !self.runtime.connected() {
                         Settings::encode_ack(&mut self.to_client);
                     }
                 }
@@ -111,24 +127,24 @@ impl Core {
 
     /// Passes a frame on to the runtime, if there is one.
     fn relay(&mut self, frame: &[u8]) {
-        if self.runtime {
+        if self.runtime.connected() {
             self.to_runtime.extend_from_slice(frame);
         }
     }
 
     /// A CONTINUATION of the header block in `client.pending`.
-    fn continuation(&mut self, head: Head, payload: &[u8]) -> Result<(), RelayError> {
+    fn continuation(&mut self, head: Head, payload: &[u8]) -> Result<(), Violation> {
         let p = self
             .client
             .pending
             .as_mut()
             .expect("called with a pending block");
         if head.kind != Kind::Continuation || head.stream != p.stream {
-            return Err(Violation::InterruptedBlock.into());
+            return Err(Violation::InterruptedBlock);
         }
         p.block.extend_from_slice(payload);
         if p.block.len() > MAX_HEADER_BLOCK {
-            return Err(Violation::BlockTooLarge.into());
+            return Err(Violation::BlockTooLarge);
         }
         if head.has(Flags::END_HEADERS) {
             let p = self.client.pending.take().expect("checked");
@@ -142,10 +158,20 @@ impl Core {
         if self.held_id() == Some(stream) {
             // Never reached the runtime: nothing to relay.
             self.drop_held(false);
-        } else if self.client.bodies.remove(&stream) || self.is_diverted(stream) {
-            self.events.push(Event::Reset { stream });
-            self.windows.lock().close_diverted(stream);
-            self.windows.notify();
+        } else if self.client.bodies.contains(&stream) || self.is_diverted(stream) {
+            // Its task (or its request body's sender) ends, once: a second reset finds
+            // nothing left to end, and never reaches the runtime either.
+            let body_open = self.client.bodies.remove(&stream);
+            let live = {
+                let mut flow = self.windows.lock();
+                let live = body_open || flow.is_diverted(stream);
+                flow.close_diverted(stream);
+                live
+            };
+            if live {
+                self.events.push_back(Event::Reset { stream });
+                self.windows.notify();
+            }
         } else {
             if let Some(r) = self.relayed.remove(&stream) {
                 self.completed(r, EndStatus::cancelled(), self.now);
@@ -162,11 +188,11 @@ impl Core {
         } else if self.client.bodies.contains(&head.stream) {
             // Never reaches the runtime: the client gets its connection credit back now.
             *credit = credit.saturating_add(head.len as u32);
-            if let Some(r) = http2::data_payload(&head, payload) {
+            if let Ok(r) = http2::data_payload(&head, payload) {
                 if !r.is_empty() {
                     // A diverted request's body (a few KiB at most for the calls crisp
                     // diverts): copied out of the read buffer.
-                    self.events.push(Event::Body {
+                    self.events.push_back(Event::Body {
                         stream: head.stream,
                         data: Bytes::copy_from_slice(&payload[r]),
                     });
@@ -174,11 +200,11 @@ impl Core {
             }
             if head.has(Flags::END_STREAM) {
                 self.client.bodies.remove(&head.stream);
-                self.events.push(Event::BodyEnd {
+                self.events.push_back(Event::BodyEnd {
                     stream: head.stream,
                 });
             }
-        } else if self.runtime
+        } else if self.runtime.connected()
             && head.stream <= self.client.max_relayed
             && !self.is_diverted(head.stream)
         {
@@ -201,7 +227,7 @@ impl Core {
             } else if payload != KEEPALIVE {
                 self.relay(frame);
             }
-        } else if self.runtime && !self.degraded && self.pings.try_forward() {
+        } else if !self.runtime.degraded() && self.pings.try_forward() {
             self.to_runtime.extend_from_slice(frame);
         } else if let Ok(ping) = Ping::load(&head, payload) {
             ping.pong().encode(&mut self.to_client);
@@ -229,7 +255,7 @@ impl Core {
             if waiters {
                 self.windows.notify();
             }
-            if self.runtime && forward > 0 {
+            if self.runtime.connected() && forward > 0 {
                 WindowUpdate::new(0, forward).encode(&mut self.to_runtime);
             }
         } else if self.is_diverted(head.stream) {
@@ -256,7 +282,7 @@ impl Core {
             .ok()
             .and_then(|s| s.initial_window_size)
             .map(i64::from);
-        if self.windows.lock().client_settings(window, self.runtime) {
+        if self.windows.lock().client_settings(window, self.runtime.connected()) {
             self.windows.notify();
         }
     }
@@ -267,7 +293,7 @@ impl Core {
         stream: u32,
         end_stream: bool,
         raw: &[u8],
-    ) -> Result<(), RelayError> {
+    ) -> Result<(), Violation> {
         let mut block = std::mem::take(&mut self.client.enc);
         block.clear();
         let r = self.header_block_into(stream, end_stream, raw, &mut block);
@@ -284,7 +310,7 @@ impl Core {
         end_stream: bool,
         raw: &[u8],
         block: &mut Vec<u8>,
-    ) -> Result<(), RelayError> {
+    ) -> Result<(), Violation> {
         let mut path: Option<(Route, http::uri::PathAndQuery)> = None;
         let mut timeout = None;
         let paths = &mut self.client.paths;
@@ -303,32 +329,20 @@ impl Core {
             }
         });
         if too_large {
-            tracing::warn!(
+            tracing::debug!(
                 target: LOG,
                 max_bytes = MAX_HEADER_LIST,
-                "client sent a header block that decodes to more than crisp accepts; closing its connection"
+                "client sent a header block that decodes to more than crisp accepts"
             );
-            GoAway::new(
-                self.max_stream,
-                Reason::COMPRESSION_ERROR,
-                b"crisp: header list too large",
-            )
-            .encode(&mut self.to_client);
-            return Err(Violation::ListTooLarge.into());
+            return Err(Violation::ListTooLarge);
         }
         if let Err(e) = decoded {
-            tracing::warn!(
+            tracing::debug!(
                 target: LOG,
                 error = %e,
-                "client sent a header block crisp cannot decode; closing its connection"
+                "client sent a header block crisp cannot decode"
             );
-            GoAway::new(
-                self.max_stream,
-                Reason::COMPRESSION_ERROR,
-                b"crisp: bad header block",
-            )
-            .encode(&mut self.to_client);
-            return Err(Violation::UndecodableBlock.into());
+            return Err(Violation::UndecodableBlock);
         }
         let new = stream > self.max_stream && stream % 2 == 1;
         if new && self.held_id().is_some() {
@@ -374,12 +388,12 @@ impl Core {
         };
         let interest = self.calls.interest(&call);
         let divert = interest.request || interest.response;
-        if self.goaway.is_some_and(|last| stream > last) {
+        if self.goaway.last().is_some_and(|last| stream > last) {
             // After crisp's GOAWAY: unprocessed, the client retries it elsewhere.
             RstStream::new(stream, Reason::REFUSED_STREAM).encode(&mut self.to_client);
             return;
         }
-        let on_relay = !self.degraded && self.runtime;
+        let on_relay = !self.runtime.degraded();
         if divert && on_relay && is_unary(route) && self.calls.conditional(&call) {
             // Routed once its request is read (`held.rs`).
             self.hold(stream, call, interest.complete, end_stream);
@@ -410,7 +424,7 @@ impl Core {
         }
         // One road: the fields as decoded above, handed on (with the call as the relay saw it:
         // one call id, the arrival time of its headers).
-        self.events.push(Event::Divert {
+        self.events.push_back(Event::Divert {
             stream,
             call,
             fields: self.client.fields.to_owned(),
@@ -432,14 +446,14 @@ impl Core {
     /// allows them), or a protocol error for the runtime to judge.
     fn trailers(&mut self, stream: u32, end_stream: bool, block: &mut Vec<u8>) {
         if self.client.bodies.remove(&stream) {
-            self.events.push(Event::Trailers {
+            self.events.push_back(Event::Trailers {
                 stream,
                 fields: self.client.fields.to_owned(),
             });
             return;
         }
         // Relayed streams only.
-        if self.runtime && stream <= self.client.max_relayed && !self.is_diverted(stream) {
+        if self.runtime.connected() && stream <= self.client.max_relayed && !self.is_diverted(stream) {
             // Literals that leave the runtime's table alone; owed size updates go first.
             self.client.indexer.begin(block);
             for (n, v) in self.client.fields.iter() {

@@ -33,7 +33,10 @@ impl Core {
         let mut missing = 0;
         while let Some(head) = http2::complete_at(buf, pos, &mut missing) {
             let len = http2::HEADER_LEN + head.len;
-            match self.runtime_frame(head, &buf[pos + http2::HEADER_LEN..pos + len])? {
+            let next = self
+                .runtime_frame(head, &buf[pos + http2::HEADER_LEN..pos + len])
+                .map_err(|v| self.protocol_error(v))?;
+            match next {
                 Next::Relay => pos += len,
                 Next::WaitForWindow => {
                     // Not within what the client has left: send what is before it and wait for
@@ -62,7 +65,7 @@ impl Core {
 
     /// One complete frame from the runtime (`payload`: its payload): what the core learns from
     /// it, and what becomes of it.
-    fn runtime_frame(&mut self, head: Head, payload: &[u8]) -> Result<Next, RelayError> {
+    fn runtime_frame(&mut self, head: Head, payload: &[u8]) -> Result<Next, Violation> {
         match head.kind {
             Kind::Data => {
                 self.pings.runtime_wrote();
@@ -76,8 +79,7 @@ impl Core {
             }
             Kind::Headers => {
                 self.pings.runtime_wrote();
-                let r = http2::header_fragment(&head, payload)
-                    .ok_or(Violation::MalformedRuntimeHeaders)?;
+                let r = http2::header_fragment(&head, payload).map_err(Violation::RuntimeFrame)?;
                 let end_stream = head.has(Flags::END_STREAM);
                 if head.has(Flags::END_HEADERS) {
                     self.response_block(head.stream, end_stream, &payload[r]);
@@ -110,11 +112,17 @@ impl Core {
             Kind::Settings => {
                 // Relayed, it is the client's server preface: crisp's own frames may follow it.
                 self.preface_sent = true;
-                if let Some(size) = Settings::load(&head, payload)
-                    .ok()
-                    .and_then(|s| s.header_table_size)
-                {
-                    self.from_runtime.table_size = Some(size);
+                if let Ok(s) = Settings::load(&head, payload) {
+                    if let Some(size) = s.header_table_size {
+                        self.from_runtime.table_size = Some(size);
+                    }
+                    // The client may send frames as large as the runtime says it accepts (an
+                    // invalid value is the client's to reject: it changes nothing here).
+                    if let Some(max) = s.max_frame_size.filter(|m| {
+                        (http2::MAX_FRAME as u32..=http2::MAX_FRAME_LIMIT).contains(m)
+                    }) {
+                        self.client.max_frame = self.client.max_frame.max(max);
+                    }
                 }
             }
             // A malformed GOAWAY (shorter than 8 bytes) goes on to the client, as any frame crisp

@@ -86,9 +86,22 @@ impl KeepAlive {
         }
     }
 
-    /// How often the relay looks: half the shorter of the two periods, at least 10 ms.
+    /// Half the shorter of the two periods, at least 10 ms: how often a degraded, idle client
+    /// asks whether the runtime is back (`Core::poll_timeout`).
     pub(crate) fn tick(&self) -> Duration {
         (self.every.min(self.timeout) / 2).max(Duration::from_millis(10))
+    }
+
+    /// When [`KeepAlive::check`] or [`KeepAlive::ping`] next has something to do: the
+    /// unanswered PING's deadline, or the moment the client has been idle for the period (only
+    /// when crisp `can` write a PING then; otherwise the shell wakes when it can, for other
+    /// reasons, and asks again).
+    pub(crate) fn next(&self, last_client_frame: Instant, can: bool) -> Option<Instant> {
+        match self.ping_sent {
+            Some(t) => Some(t + self.timeout),
+            None if can => Some(last_client_frame + self.every),
+            None => None,
+        }
     }
 
     /// Whether an earlier PING went unanswered: any frame from the client since it was sent

@@ -22,6 +22,35 @@ impl Sink for Sock {
     }
 }
 
+/// What the pump asks `poll` for on its two sockets. Backpressure as in a splice: a peer is
+/// not read while the other has bytes of it queued (nor the runtime while its next DATA frame
+/// waits for the client's window), and a socket is watched for writing only while bytes wait
+/// for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Interest {
+    pub(super) read_client: bool,
+    pub(super) write_client: bool,
+    pub(super) read_runtime: bool,
+    pub(super) write_runtime: bool,
+}
+
+impl Interest {
+    /// From what the pump's state says: bytes queued for the client; the runtime connection
+    /// (None: there is none) and whether bytes are queued for it; `blocked`: the runtime's
+    /// next DATA frame waits for the client's window.
+    pub(super) fn of(client_queued: bool, runtime: Option<bool>, blocked: bool) -> Interest {
+        Interest {
+            read_client: runtime != Some(true),
+            write_client: client_queued,
+            read_runtime: runtime.is_some() && !client_queued && !blocked,
+            write_runtime: runtime == Some(true),
+        }
+    }
+}
+
+/// How long `poll` waits when the core has no timer: a wakeup a day, for nothing.
+const NO_TIMER: Duration = Duration::from_secs(24 * 3600);
+
 /// One connection on its relay thread: the core, the sockets and their buffers.
 pub(crate) struct Pump {
     pub(super) core: Core,
@@ -42,6 +71,8 @@ pub(crate) struct Pump {
     blocked: bool,
     /// When `poll` last returned: the time of what was read then.
     now: Instant,
+    /// The diverted streams' frames, moved from the outbox into the core (reused).
+    diverted_frames: Vec<u8>,
     /// Where this thread tells the watchdog that it turns.
     beat: Arc<Beat>,
 }
@@ -80,6 +111,7 @@ impl Pump {
             rbuf: buf(),
             blocked: false,
             now: Instant::now(),
+            diverted_frames: Vec::new(),
             beat,
         }
     }
@@ -91,8 +123,6 @@ impl Pump {
     /// out of the `poll` (a hung-up peer would otherwise make it return at once, forever).
     pub(crate) fn run(&mut self) -> Result<(), RelayError> {
         let outbox = self.outbox.clone();
-        let tick = self.core.tick_every();
-        let mut next_tick = Instant::now() + tick;
         let mut stopping = false;
         loop {
             if outbox.kill.load(Ordering::Acquire) {
@@ -110,39 +140,42 @@ impl Pump {
             }
             // crisp's own frames, never inside a header block the runtime is still sending.
             if self.core.may_write_own() {
-                outbox.take(&mut self.core.to_client);
-                if !self.core.to_client.is_empty() {
-                    self.client.write(&self.core.to_client)?;
-                    self.core.to_client.clear();
-                    self.core.own_written(self.now);
+                outbox.take(&mut self.diverted_frames);
+                if !self.diverted_frames.is_empty() {
+                    self.core.queue_diverted_frames(&self.diverted_frames);
+                    self.diverted_frames.clear();
                 }
+            }
+            if let Some(frames) = self.core.poll_transmit_client() {
+                self.client.write(frames)?;
+                self.core.own_written(self.now);
             }
             if self.core.drained() && !self.client.has_queued() && outbox.is_empty() {
                 self.client.shutdown_write();
                 return Ok(());
             }
-            let read_client = !self.runtime.as_ref().is_some_and(Sock::has_queued);
-            let read_runtime = !self.client.has_queued() && !self.blocked;
+            let want = Interest::of(
+                self.client.has_queued(),
+                self.runtime.as_ref().map(Sock::has_queued),
+                self.blocked,
+            );
+            let (read_client, read_runtime) = (want.read_client, want.read_runtime);
             let mut fds = [
-                sock::poll_entry(
-                    Some(self.client.as_fd()),
-                    read_client,
-                    self.client.has_queued(),
-                ),
+                sock::poll_entry(Some(self.client.as_fd()), read_client, want.write_client),
                 sock::poll_entry(Some(outbox.wake.as_fd()), true, false),
                 match &self.runtime {
-                    Some(r) => sock::poll_entry(Some(r.as_fd()), read_runtime, r.has_queued()),
+                    Some(r) => sock::poll_entry(Some(r.as_fd()), read_runtime, want.write_runtime),
                     None => sock::poll_entry(None, false, false),
                 },
             ];
-            // From the clock read after the last poll: a tick is at least 10 ms, the work since
-            // then a few µs, and the clock is read once per wakeup.
-            let wake = [self.core.goaway_due(), self.core.held_due()]
-                .into_iter()
-                .flatten()
-                .fold(next_tick, Instant::min);
+            // The core's timer, read once per wakeup and measured from the clock read after the
+            // last poll (the work since then is a few µs). A deadline the reads below set is
+            // never due at once (the held stream's is 10 ms away); one that is due (the
+            // keep-alive's, once crisp may write again) makes the next poll return at once.
+            let deadline = self.core.poll_timeout();
+            let timeout = deadline.map_or(NO_TIMER, |at| at.saturating_duration_since(self.now));
             self.beat.waiting(self.now);
-            sock::poll(&mut fds, wake.saturating_duration_since(self.now))?;
+            sock::poll(&mut fds, timeout)?;
             self.now = Instant::now();
             self.beat.working(self.now);
             if self.beat.report_wanted() {
@@ -155,19 +188,9 @@ impl Pump {
             if !self.ready(c, read_client, r, read_runtime)? {
                 return Ok(());
             }
-            self.core.check_goaway(self.now);
-            if self.core.held_due().is_some() {
-                // A held stream whose request did not end in time goes to the observed path.
-                self.core.check_held(self.now);
+            if deadline.is_some_and(|at| self.now >= at) {
+                self.core.handle_timeout(self.now)?;
                 self.dispatch();
-            }
-            if self.now >= next_tick {
-                next_tick = self.now + tick;
-                let path = &self.runtime_path;
-                // A unix socket's connect does not wait for the runtime: it is accepted or refused.
-                self.core.tick(self.now, &mut || {
-                    std::os::unix::net::UnixStream::connect(path).is_ok()
-                })?;
             }
         }
     }
@@ -231,17 +254,18 @@ impl Pump {
         self.dispatch();
         if let Err(e) = r {
             // A GOAWAY crisp wrote for the client's error goes out if it can.
-            let _ = self.client.write(&self.core.to_client);
+            let _ = self.client.write(self.core.last_words());
             return Err(e);
         }
-        if !self.core.to_runtime.is_empty() {
-            if let Some(rt) = self.runtime.as_mut() {
-                if let Err(e) = rt.write(&self.core.to_runtime) {
-                    self.core.to_runtime.clear();
-                    self.runtime_failed(RuntimeFailure::Write(e))?;
-                }
+        if let Some(frames) = self.core.poll_transmit_runtime() {
+            let written = match self.runtime.as_mut() {
+                Some(rt) => rt.write(frames),
+                None => Ok(()),
+            };
+            self.core.runtime_written();
+            if let Err(e) = written {
+                self.runtime_failed(RuntimeFailure::Write(e))?;
             }
-            self.core.to_runtime.clear();
         }
         if self.cbuf.capacity() > 1 << 20 && self.cbuf.is_empty() {
             self.cbuf = BytesMut::with_capacity(64 << 10);
@@ -252,8 +276,13 @@ impl Pump {
     /// Acts on what the core decided: diverted streams start (on crisp's runtime), their bodies
     /// move on, ended calls are reported.
     pub(super) fn dispatch(&mut self) {
-        for ev in self.core.events() {
+        while let Some(ev) = self.core.poll_event() {
             match ev {
+                Event::ProbeRuntime => {
+                    let reachable =
+                        std::os::unix::net::UnixStream::connect(&self.runtime_path).is_ok();
+                    self.core.handle_runtime_probe(self.now, reachable);
+                }
                 Event::Divert {
                     stream,
                     call,
@@ -302,7 +331,7 @@ impl Pump {
     fn runtime_failed(&mut self, why: RuntimeFailure) -> Result<(), RelayError> {
         let path = self.runtime_path.display();
         let writing = why.writing();
-        if writing && self.core.degraded {
+        if writing && self.core.degraded() {
             // The runtime sent GOAWAY or closed: frames crossing its close fail.
             tracing::debug!(
                 target: LOG,
@@ -340,5 +369,46 @@ impl Pump {
         let r = self.core.runtime_failed(&msg);
         self.dispatch();
         r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Interest;
+
+    /// Every state the poll interest depends on: bytes queued for either peer, a runtime
+    /// connection or none, the runtime's DATA waiting for the client's window.
+    #[test]
+    fn the_poll_interest_follows_backpressure_in_every_state() {
+        let i = |rc, wc, rr, wr| Interest {
+            read_client: rc,
+            write_client: wc,
+            read_runtime: rr,
+            write_runtime: wr,
+        };
+        // (client queued, runtime (queued), blocked) -> interest
+        let cases = [
+            ((false, Some(false), false), i(true, false, true, false)),
+            // Bytes wait for the client: the runtime is not read.
+            ((true, Some(false), false), i(true, true, false, false)),
+            // Bytes wait for the runtime: the client is not read.
+            ((false, Some(true), false), i(false, false, true, true)),
+            ((true, Some(true), false), i(false, true, false, true)),
+            // The runtime's DATA waits for the client's window: the runtime is not read, the
+            // client is (its WINDOW_UPDATE unblocks it).
+            ((false, Some(false), true), i(true, false, false, false)),
+            ((true, Some(true), true), i(false, true, false, true)),
+            // No runtime connection: the client alone.
+            ((false, None, false), i(true, false, false, false)),
+            ((true, None, false), i(true, true, false, false)),
+            ((false, None, true), i(true, false, false, false)),
+        ];
+        for ((client_queued, runtime, blocked), want) in cases {
+            assert_eq!(
+                Interest::of(client_queued, runtime, blocked),
+                want,
+                "client queued {client_queued}, runtime {runtime:?}, blocked {blocked}"
+            );
+        }
     }
 }

@@ -14,12 +14,11 @@ struct Reachable {
 impl Reachable {
     fn tick(&mut self, c: &mut Conn) {
         let (up, asked) = (self.up, &mut self.asked);
-        c.core
-            .tick(c.now, &mut || {
-                *asked += 1;
-                up
-            })
-            .unwrap();
+        c.timers(c.now, &mut || {
+            *asked += 1;
+            up
+        })
+        .unwrap();
     }
 }
 

@@ -129,12 +129,12 @@ fn a_client_that_never_acks_gets_the_final_goaway_after_the_wait() {
     let mut reachable = || panic!("not degraded: nothing to probe");
     c.core.goaway(b"crisp: shutting down");
     c.at_client();
-    assert_eq!(c.core.goaway_due(), Some(t0 + GOAWAY_ACK_WAIT), "the pump wakes then");
-    c.core.tick(t0, &mut reachable).unwrap();
-    c.core.check_goaway(t0 + GOAWAY_ACK_WAIT - Duration::from_millis(1));
+    assert_eq!(c.core.poll_timeout(), Some(t0 + GOAWAY_ACK_WAIT), "the pump wakes then");
+    c.timers(t0, &mut reachable).unwrap();
+    c.core.handle_timeout(t0 + GOAWAY_ACK_WAIT - Duration::from_millis(1)).unwrap();
     assert!(c.at_client().is_empty());
     assert!(!c.core.drained());
-    c.core.check_goaway(t0 + GOAWAY_ACK_WAIT);
+    c.core.handle_timeout(t0 + GOAWAY_ACK_WAIT).unwrap();
     let to_client = c.at_client();
     assert_eq!(kinds(&to_client), [(Kind::GoAway, 0)]);
     assert_eq!(GoAway::load(&to_client[0].payload).unwrap().last_stream, 0);
@@ -238,22 +238,38 @@ fn the_wait_for_the_goaway_ack_starts_when_the_goaway_is_written_not_queued() {
     let t0 = c.now;
     c.core.goaway(b"crisp: shutting down");
     assert!(c.at_client().is_empty());
-    assert_eq!(c.core.goaway_due(), None, "nothing written: no wait yet");
+    assert_eq!(c.core.poll_timeout(), None, "nothing written: no wait yet");
     c.now = t0 + Duration::from_secs(2);
     c.runtime_all(&[&settings(Settings::default())]);
     assert_eq!(
         kinds(&c.at_client()),
         [(Kind::Settings, 0), (Kind::GoAway, 0), (Kind::Ping, 0)]
     );
-    assert_eq!(c.core.goaway_due(), Some(c.now + GOAWAY_ACK_WAIT));
-    c.core.check_goaway(c.now);
+    assert_eq!(c.core.poll_timeout(), Some(c.now + GOAWAY_ACK_WAIT));
+    c.core.handle_timeout(c.now).unwrap();
     assert!(
         c.at_client().is_empty(),
         "the final GOAWAY waits for the ACK of a PING just written"
     );
-    c.core
-        .check_goaway(c.now + GOAWAY_ACK_WAIT - Duration::from_millis(1));
+    c.core.handle_timeout(c.now + GOAWAY_ACK_WAIT - Duration::from_millis(1)).unwrap();
     assert!(c.at_client().is_empty());
-    c.core.check_goaway(c.now + GOAWAY_ACK_WAIT);
+    c.core.handle_timeout(c.now + GOAWAY_ACK_WAIT).unwrap();
     assert_eq!(kinds(&c.at_client()), [(Kind::GoAway, 0)]);
+}
+
+#[test]
+fn a_diverted_stream_reset_twice_ends_once_and_its_resets_never_reach_the_runtime() {
+    // Found by the core fuzz target: the second RST_STREAM reported a second end.
+    let mut c = Conn::relayed();
+    c.client(&[&request(1, "/s/Divert", false)]).unwrap();
+    assert_eq!(diverted(&c.events()), [1]);
+    c.client(&[&rst(1, Reason::CANCEL), &rst(1, Reason::CANCEL)])
+        .unwrap();
+    let resets = c
+        .events()
+        .into_iter()
+        .filter(|e| matches!(e, Event::Reset { stream: 1 }))
+        .count();
+    assert_eq!(resets, 1);
+    assert!(c.at_runtime().is_empty());
 }

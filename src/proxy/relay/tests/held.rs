@@ -102,7 +102,7 @@ fn a_request_that_ends_in_a_later_read_within_the_bound_is_still_relayed() {
     assert!(c.at_runtime().is_empty(), "held");
     assert_eq!(c.core.held_due(), Some(c.now + HOLD_MAX));
     c.now += HOLD_MAX / 2;
-    c.core.check_held(c.now);
+    c.core.handle_timeout(c.now).unwrap();
     c.client(&[&grpc(1, b"another", true)]).unwrap();
     assert_eq!(
         kinds(&c.at_runtime()),
@@ -118,10 +118,10 @@ fn a_request_not_ended_in_time_is_diverted_with_what_it_sent() {
     c.client(&[&request(1, STATUS, false), &data(1, 10, false)])
         .unwrap();
     c.now += HOLD_MAX - Duration::from_micros(1);
-    c.core.check_held(c.now);
+    c.core.handle_timeout(c.now).unwrap();
     assert!(diverted(&c.events()).is_empty(), "not yet");
     c.now += Duration::from_micros(1);
-    c.core.check_held(c.now);
+    c.core.handle_timeout(c.now).unwrap();
     let ev = c.events();
     assert!(
         matches!(

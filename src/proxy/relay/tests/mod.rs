@@ -5,10 +5,12 @@
 mod blocks;
 mod degraded;
 mod flow;
+mod frames;
 mod goaway;
 mod held;
 mod panics;
 mod ping;
+mod timers;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -279,6 +281,28 @@ impl Conn {
 
     fn events(&mut self) -> Vec<Event> {
         self.core.events().collect()
+    }
+
+    /// The pump's timer at `now`: [`Core::handle_timeout`], then the answer to each
+    /// [`Event::ProbeRuntime`] it left (`reachable`: the runtime's socket accepts a connection);
+    /// the other events stay for [`Conn::events`].
+    fn timers(
+        &mut self,
+        now: Instant,
+        reachable: &mut dyn FnMut() -> bool,
+    ) -> Result<(), RelayError> {
+        self.core.handle_timeout(now)?;
+        let events: Vec<Event> = self.core.events().collect();
+        for ev in events {
+            match ev {
+                Event::ProbeRuntime => {
+                    let up = reachable();
+                    self.core.handle_runtime_probe(now, up);
+                }
+                ev => self.core.events.push_back(ev),
+            }
+        }
+        Ok(())
     }
 }
 

@@ -49,27 +49,21 @@ fn keep_alive_pings_an_idle_client_and_closes_one_that_does_not_answer() {
     let mut c = Conn::relayed();
     let t0 = c.now;
     let mut reachable = || panic!("not degraded: nothing to probe");
-    c.core
-        .tick(t0 + Duration::from_secs(9), &mut reachable)
+    c.timers(t0 + Duration::from_secs(9), &mut reachable)
         .unwrap();
     assert!(c.at_client().is_empty());
-    c.core
-        .tick(t0 + Duration::from_secs(10), &mut reachable)
+    c.timers(t0 + Duration::from_secs(10), &mut reachable)
         .unwrap();
     assert_eq!(c.at_client(), parse(&ping(&KEEPALIVE)));
     // Any frame answers it.
     c.now = t0 + Duration::from_secs(12);
     c.client(&[&wu(0, 1)]).unwrap();
-    c.core
-        .tick(t0 + Duration::from_secs(16), &mut reachable)
+    c.timers(t0 + Duration::from_secs(16), &mut reachable)
         .unwrap();
-    c.core
-        .tick(t0 + Duration::from_secs(22), &mut reachable)
+    c.timers(t0 + Duration::from_secs(22), &mut reachable)
         .unwrap();
     assert_eq!(c.at_client(), parse(&ping(&KEEPALIVE)));
-    let err = c
-        .core
-        .tick(t0 + Duration::from_secs(27), &mut reachable)
+    let err = c.timers(t0 + Duration::from_secs(27), &mut reachable)
         .unwrap_err();
     assert!(matches!(err, RelayError::KeepAlive));
 }
@@ -82,8 +76,7 @@ fn no_ping_of_crisps_own_inside_a_header_block_of_the_runtime() {
     head[4] = 0; // no END_HEADERS: a CONTINUATION follows
     c.runtime_all(&[&head]);
     assert!(c.core.in_runtime_block());
-    c.core
-        .tick(c.now + Duration::from_secs(10), &mut || false)
+    c.timers(c.now + Duration::from_secs(10), &mut || false)
         .unwrap();
     assert!(
         c.core.to_client.is_empty(),
