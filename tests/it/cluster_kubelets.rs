@@ -53,7 +53,7 @@ fn minor() -> u32 {
 /// The lane's kubelet config: the 1.26 lane's, plus the cgroup-driver gate where it is not GA
 /// yet, and tracing of every call (an OTLP endpoint nobody listens on: kubelet still creates
 /// and propagates the spans, the export fails quietly).
-fn kubelet_config(minor: u32) -> String {
+pub(crate) fn kubelet_config(minor: u32) -> String {
     let mut c = KUBELET_CONFIG.to_string();
     let mut gates = String::new();
     if (28..34).contains(&minor) {
@@ -71,13 +71,13 @@ fn kubelet_config(minor: u32) -> String {
 }
 
 /// A socket inside the node, as the host reaches it (the node's /run is its own tmpfs).
-fn in_node(node: &Node, p: &str) -> PathBuf {
+pub(crate) fn in_node(node: &Node, p: &str) -> PathBuf {
     PathBuf::from(format!("/proc/{}/root{p}", node.init))
 }
 
 /// Moves kubelet onto `endpoint` (a unix socket path inside the node) and waits until the node
 /// is Ready again on it.
-fn kubelet_on(cluster: &Cluster, node: &Node, endpoint: &str) {
+pub(crate) fn kubelet_on(cluster: &Cluster, node: &Node, endpoint: &str) {
     let inv = node.prop("kubelet.service", "InvocationID");
     node.put(
         "/var/lib/kubelet/kubeadm-flags.env",
@@ -133,7 +133,7 @@ fn kubelet_on(cluster: &Cluster, node: &Node, endpoint: &str) {
 
 const CRISP_UNIT: &str = "crisp-lane";
 
-fn crisp_start(node: &Node, upstream: &str) {
+pub(crate) fn crisp_start(node: &Node, upstream: &str) {
     let _ = node.nsenter(&["systemctl", "reset-failed", CRISP_UNIT]);
     let o = node.nsenter(&[
         "systemd-run",
@@ -166,7 +166,7 @@ fn crisp_start(node: &Node, upstream: &str) {
     }
 }
 
-fn crisp_kill(node: &Node) {
+pub(crate) fn crisp_kill(node: &Node) {
     let o = node.nsenter(&["systemctl", "kill", "--signal=KILL", CRISP_UNIT]);
     assert!(o.ok(), "kill crisp: {}", o.all());
     node.wait_for("crisp gone", Duration::from_secs(10), |n| {
@@ -177,14 +177,14 @@ fn crisp_kill(node: &Node) {
 
 /// `crisp tap --json --full --all` from the host on the node's admin socket, appending every
 /// line to one file across crisp restarts (`attach` again after a restart).
-struct Tap {
-    file: PathBuf,
+pub(crate) struct Tap {
+    pub(crate) file: PathBuf,
     child: Option<Child>,
     admin: PathBuf,
 }
 
 impl Tap {
-    fn new(node: &Node, dir: &Path) -> Tap {
+    pub(crate) fn new(node: &Node, dir: &Path) -> Tap {
         Tap {
             file: dir.join("tap.jsonl"),
             child: None,
@@ -192,7 +192,7 @@ impl Tap {
         }
     }
 
-    fn attach(&mut self) {
+    pub(crate) fn attach(&mut self) {
         self.detach();
         let out = std::fs::OpenOptions::new()
             .create(true)
@@ -209,14 +209,14 @@ impl Tap {
         self.child = Some(child);
     }
 
-    fn detach(&mut self) {
+    pub(crate) fn detach(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
         }
     }
 
-    fn lines(&self) -> Vec<serde_json::Value> {
+    pub(crate) fn lines(&self) -> Vec<serde_json::Value> {
         std::fs::read_to_string(&self.file)
             .unwrap_or_default()
             .lines()
@@ -225,7 +225,7 @@ impl Tap {
     }
 
     /// Waits until a line satisfies `f` (the tap's subscriber is attached asynchronously).
-    fn wait_line(&self, what: &str, timeout: Duration, f: impl Fn(&serde_json::Value) -> bool) {
+    pub(crate) fn wait_line(&self, what: &str, timeout: Duration, f: impl Fn(&serde_json::Value) -> bool) {
         let t = Instant::now();
         while !self.lines().iter().any(&f) {
             assert!(t.elapsed() < timeout, "no tap line for {what}");
@@ -244,20 +244,20 @@ impl Drop for Tap {
 
 /// containerd's timestamps of one container (ns since the epoch; 0: not yet).
 #[derive(Clone, Copy, Debug, Default)]
-struct Times {
-    created: i64,
-    started: i64,
-    finished: i64,
+pub(crate) struct Times {
+    pub(crate) created: i64,
+    pub(crate) started: i64,
+    pub(crate) finished: i64,
 }
 
 /// ContainerStatus from containerd itself, on its socket in the node (never through crisp).
-struct Runtime {
-    rt: tokio::runtime::Runtime,
-    sock: PathBuf,
+pub(crate) struct Runtime {
+    pub(crate) rt: tokio::runtime::Runtime,
+    pub(crate) sock: PathBuf,
 }
 
 impl Runtime {
-    fn new(node: &Node) -> Runtime {
+    pub(crate) fn new(node: &Node) -> Runtime {
         Runtime {
             rt: tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -268,7 +268,7 @@ impl Runtime {
     }
 
     /// The pod's containers, name → (id, attempt), the latest attempt of each.
-    fn containers(&self, pod: &str) -> BTreeMap<String, (String, u32)> {
+    pub(crate) fn containers(&self, pod: &str) -> BTreeMap<String, (String, u32)> {
         self.rt.block_on(async {
             let mut c = crate::support::runtime_client(&self.sock).await;
             let filter = cri::ContainerFilter {
@@ -296,7 +296,7 @@ impl Runtime {
         })
     }
 
-    fn times(&self, id: &str) -> Option<Times> {
+    pub(crate) fn times(&self, id: &str) -> Option<Times> {
         self.rt.block_on(async {
             let mut c = crate::support::runtime_client(&self.sock).await;
             let s = c
@@ -316,7 +316,7 @@ impl Runtime {
         })
     }
 
-    fn pod_times(&self, pod: &str) -> BTreeMap<String, Times> {
+    pub(crate) fn pod_times(&self, pod: &str) -> BTreeMap<String, Times> {
         self.containers(pod)
             .into_iter()
             .filter_map(|(n, (id, _))| Some((n, self.times(&id)?)))
@@ -326,10 +326,10 @@ impl Runtime {
 
 // --- pods ------------------------------------------------------------------------------------
 
-const APP: &str =
+pub(crate) const APP: &str =
     "trap 'sleep 2; exit 0' TERM; echo app up; while true; do sleep 1 & wait $!; done";
 /// How long a sidecar takes to turn ready after it started.
-const READY_AFTER: Duration = Duration::from_secs(3);
+pub(crate) const READY_AFTER: Duration = Duration::from_secs(3);
 
 /// A sidecar that turns ready READY_AFTER after it starts (a file, or an HTTP path served by
 /// busybox httpd) and exits at once on SIGTERM.
@@ -346,7 +346,7 @@ fn sidecar(http: Option<(u16, &str)>) -> String {
     )
 }
 
-fn container(name: &str, script: &str, extra: &str) -> String {
+pub(crate) fn container(name: &str, script: &str, extra: &str) -> String {
     format!("  - name: {name}\n    image: crisp.test/busybox:latest\n    imagePullPolicy: IfNotPresent\n    command: [\"sh\", \"-c\", {script:?}]\n{extra}")
 }
 
@@ -354,17 +354,17 @@ const EXIT0: &str = "exit 0";
 
 /// The pods of the lane: (name, YAML, the sidecars whose order is checked, the legacy ones of
 /// them that crisp orders at create, and at stop).
-struct Shape {
-    name: &'static str,
-    yaml: String,
-    sidecar: &'static str,
+pub(crate) struct Shape {
+    pub(crate) name: &'static str,
+    pub(crate) yaml: String,
+    pub(crate) sidecar: &'static str,
     /// crisp holds the app until the sidecar is ready (the create order is crisp's).
-    ordered_create: bool,
+    pub(crate) ordered_create: bool,
     /// crisp holds the sidecar's stop until the app exited.
-    ordered_stop: bool,
+    pub(crate) ordered_stop: bool,
 }
 
-fn pod(name: &str, annotations: &str, init: &[String], containers: &[String]) -> String {
+pub(crate) fn pod(name: &str, annotations: &str, init: &[String], containers: &[String]) -> String {
     let mut y = format!("apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\n  annotations:\n    lane.crisp.dev/shape: {name:?}\n{annotations}spec:\n  automountServiceAccountToken: false\n  terminationGracePeriodSeconds: 15\n");
     if !init.is_empty() {
         y += "  initContainers:\n";
@@ -388,7 +388,7 @@ fn native_sidecar(name: &str) -> String {
 }
 
 /// The lane's pods; without native sidecars (before 1.29) the ones that have one are left out.
-fn shapes(minor: u32) -> Vec<Shape> {
+pub(crate) fn shapes(minor: u32) -> Vec<Shape> {
     let mut v = vec![
         Shape {
             name: "native",
@@ -478,13 +478,13 @@ fn shapes(minor: u32) -> Vec<Shape> {
 /// What one pod showed: sidecar started → app created, and app finished → sidecar finished
 /// (ms, from containerd's timestamps).
 #[derive(Debug, Clone, Copy)]
-struct Gaps {
-    create_ms: f64,
-    stop_ms: f64,
+pub(crate) struct Gaps {
+    pub(crate) create_ms: f64,
+    pub(crate) stop_ms: f64,
 }
 
 /// "created after ready, stopped last" and the like, for the log.
-fn verdict(s: &Shape, g: &Gaps) -> String {
+pub(crate) fn verdict(s: &Shape, g: &Gaps) -> String {
     let create = if g.create_ms >= READY_AFTER.as_millis() as f64 - 100.0 {
         "app created after the sidecar was ready"
     } else if g.create_ms >= 0.0 {
@@ -505,13 +505,13 @@ fn verdict(s: &Shape, g: &Gaps) -> String {
     format!("{kind}: {create}, {stop}")
 }
 
-fn ms(a: i64, b: i64) -> f64 {
+pub(crate) fn ms(a: i64, b: i64) -> f64 {
     (b - a) as f64 / 1e6
 }
 
 /// Creates the pod, waits until every container runs, deletes it and follows the stops in
 /// containerd until each container finished.
-fn run_shape(cluster: &Cluster, rt: &Runtime, s: &Shape) -> (Gaps, BTreeMap<String, Times>) {
+pub(crate) fn run_shape(cluster: &Cluster, rt: &Runtime, s: &Shape) -> (Gaps, BTreeMap<String, Times>) {
     cluster.apply(&s.yaml);
     let want = if s.name == "mixed" { 3 } else { 2 };
     cluster.wait(
@@ -635,12 +635,12 @@ fn recorder(
 
 // --- the lane ---------------------------------------------------------------------------------
 
-fn journal_since(node: &Node, unit: &str, since: &str) -> String {
+pub(crate) fn journal_since(node: &Node, unit: &str, since: &str) -> String {
     node.nsenter(&["journalctl", "-u", unit, "--since", since, "--no-pager"])
         .stdout
 }
 
-fn node_now(node: &Node) -> String {
+pub(crate) fn node_now(node: &Node) -> String {
     node.nsenter(&["date", "+%Y-%m-%d %H:%M:%S"])
         .stdout
         .trim()
@@ -1029,7 +1029,7 @@ fn tracing_through_crisp(cluster: &Cluster, node: &Node, minor: u32) {
     );
 }
 
-fn epoch_secs() -> u64 {
+pub(crate) fn epoch_secs() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
