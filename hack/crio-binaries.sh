@@ -12,7 +12,8 @@
 # Build tags leave out what needs a C library this host may lack: containers_image_openpgp
 # (no gpgme), exclude_graphdriver_btrfs and btrfs_noversion (no libbtrfs), containers_image_ostree_stub;
 # seccomp and selinux only when pkg-config finds libseccomp / libselinux (as CRI-O's Makefile
-# decides). pinns (CRI-O's C helper for namespaces) is built with the host's cc. conmon and
+# decides); libsqlite3 (the host's SQLite, libsqlite3-dev) when the tree lacks go-sqlite3's
+# amalgamation (sqlite3-binding.c, one of the blobs a partial mirror may not hold). pinns (CRI-O's C helper for namespaces) is built with the host's cc. conmon and
 # runc are not built here: the node takes Debian's `conmon` and `runc` packages.
 #
 # Go: $GO, else `go` in PATH, at least the tag's go.mod `go` line (1.24.6 for v1.34.11):
@@ -70,10 +71,12 @@ export GOFLAGS=-mod=vendor GOPROXY=off GOTOOLCHAIN=local CGO_ENABLED=1
 tags="containers_image_ostree_stub containers_image_openpgp exclude_graphdriver_btrfs btrfs_noversion"
 ! pkg-config libseccomp 2>/dev/null || tags+=" seccomp"
 ! pkg-config libselinux 2>/dev/null || tags+=" selinux"
-commit=$(git --git-dir="$(git -C "$src" rev-parse --git-dir 2>/dev/null || echo "$src")" rev-parse "$tag^{commit}" 2>/dev/null || echo unknown)
-ldflags="-X github.com/cri-o/cri-o/internal/version.gitCommit=$commit"
+if [[ ! -f $out/src/vendor/github.com/mattn/go-sqlite3/sqlite3-binding.c ]]; then
+  pkg-config sqlite3 2>/dev/null || die "the tree has no sqlite3-binding.c and the host no SQLite to link instead (apt-get install libsqlite3-dev)"
+  tags+=" libsqlite3"
+fi
 mkdir -p "$out/bin"
-(cd "$out/src" && nice -n 10 "$go" build -trimpath -ldflags "$ldflags" -tags "$tags" -o "$out/bin/crio" ./cmd/crio) \
+(cd "$out/src" && nice -n 10 "$go" build -trimpath -tags "$tags" -o "$out/bin/crio" ./cmd/crio) \
   || die "building ./cmd/crio of $tag failed (tags: $tags)"
 (cd "$out/src" && nice -n 10 make -s bin/pinns >/dev/null && cp bin/pinns "$out/bin/pinns") \
   || die "building pinns of $tag failed (cc and make from build-essential)"

@@ -156,8 +156,9 @@ fn resize(cluster: &Cluster, rt: &Runtime) -> Resize {
         "resize",
         "--subresource",
         "resize",
+        // strategic: merges `containers` by name (a merge patch would replace the list)
         "--type",
-        "merge",
+        "strategic",
         "--patch",
         r#"{"spec":{"containers":[{"name":"app","resources":{"requests":{"cpu":"150m","memory":"32Mi"},"limits":{"cpu":"400m","memory":"64Mi"}}}]}}"#,
     ]);
