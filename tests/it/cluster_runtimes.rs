@@ -21,8 +21,13 @@
 //! - (c) an image volume (`volumes[].image`, containerd 2.1+): the pod's container sees the
 //!   image's files at its mount; through crisp its CreateContainer carries `Mount.image` (tap).
 //!
-//! Needs the binaries, so ignored by default; hack/lanes.sh runs it (lane
-//! kubelet-1.34-containerd2):
+//! `kubelet_on_crio_through_crisp`: the same node joined on containerd, then CRI-O installed in it
+//! (`CRISP_LANE_CRIO_BIN`, hack/crio-binaries.sh; Debian's conmon from this host) and kubelet
+//! moved onto CRI-O's socket: the five pods direct and through crisp, the legacy ones ordered,
+//! and RuntimeConfig answered by CRI-O with kubelet's driver the same both ways.
+//!
+//! Needs the binaries, so ignored by default; hack/lanes.sh runs them (lanes
+//! kubelet-1.34-containerd2, kubelet-1.34-crio):
 //!   CRISP_KUBE_VERSION=1.34 CRISP_KUBE_BIN_DIR=DIR CRISP_LANE_CONTAINERD_BIN=OUT/bin/containerd \
 //!     cargo test -p crisp --test it -- cluster_runtimes:: --ignored --nocapture --test-threads 1
 
@@ -247,11 +252,59 @@ fn has_image_mount(v: &serde_json::Value, path: &str) -> bool {
 
 // --- the lane ---------------------------------------------------------------------------------
 
+/// crisp in the node in front of `upstream`, with `crisp tap --json --full --all` attached (a
+/// call of ours seen in it) before kubelet moves onto it.
+fn crisp_with_tap(node: &Node, rt: &Runtime, upstream: &str, dir: &Path) -> Tap {
+    node.put(
+        "/usr/local/bin/crisp",
+        &std::fs::read(env!("CARGO_BIN_EXE_crisp")).unwrap(),
+        0o755,
+    );
+    crisp_start(node, upstream);
+    let mut tap = Tap::new(node, dir);
+    tap.attach();
+    let crisp_sock = in_node(node, "/run/crisp/crisp.sock");
+    let t = Instant::now();
+    while !tap.lines().iter().any(|l| l["method"] == "Version") {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the tap never showed a call"
+        );
+        rt.rt.block_on(async {
+            let mut c = crate::support::runtime_client(&crisp_sock).await;
+            c.version(cri::VersionRequest::default())
+                .await
+                .expect("Version through crisp");
+        });
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    tap
+}
+
+/// The RuntimeConfig lines of the tap, each asserted answered OK by the runtime (no hold, a
+/// response relayed).
+fn runtime_config_lines(tap: &Tap) -> Vec<serde_json::Value> {
+    let rc: Vec<serde_json::Value> = tap
+        .lines()
+        .into_iter()
+        .filter(|l| l["method"] == "RuntimeConfig")
+        .collect();
+    assert!(!rc.is_empty(), "no RuntimeConfig call through crisp");
+    for l in &rc {
+        assert!(
+            l["code"] == 0 && l.get("hold").is_none() && l.get("response").is_some(),
+            "RuntimeConfig not answered OK by the runtime through crisp: {l}"
+        );
+    }
+    rc
+}
+
 /// One phase's shapes: their gaps, with the legacy ones' order checked when `via_crisp`.
 fn run_shapes(
     cluster: &Cluster,
     rt: &Runtime,
     minor: u32,
+    runtime: &str,
     via_crisp: bool,
 ) -> BTreeMap<&'static str, Gaps> {
     let mode = if via_crisp { "crisp " } else { "direct" };
@@ -259,12 +312,12 @@ fn run_shapes(
     for s in shapes(minor) {
         let (g, t) = run_shape(cluster, rt, &s);
         eprintln!(
-            "gaps| 1.{minor}+containerd2 {mode} {:8} sidecar {:13} started→app created {:8.0} ms, app finished→sidecar finished {:8.0} ms ({})",
+            "gaps| 1.{minor}+{runtime} {mode} {:8} sidecar {:13} started→app created {:8.0} ms, app finished→sidecar finished {:8.0} ms ({})",
             s.name, s.sidecar, g.create_ms, g.stop_ms, verdict(&s, &g)
         );
         let app_end = t["app"].finished;
         eprintln!(
-            "stops| 1.{minor}+containerd2 {mode} {:8} {}",
+            "stops| 1.{minor}+{runtime} {mode} {:8} {}",
             s.name,
             t.iter()
                 .map(|(n, x)| format!("{n} {:+.0} ms", ms(app_end, x.finished)))
@@ -345,7 +398,7 @@ fn kubelet_on_containerd_2_through_crisp() {
         direct_driver.is_some(),
         "direct: kubelet did not take its cgroup driver from containerd 2.x's RuntimeConfig"
     );
-    let direct = run_shapes(&cluster, &rt, minor, false);
+    let direct = run_shapes(&cluster, &rt, minor, "containerd2", false);
     let direct_resize = resize(&cluster, &rt);
     eprintln!(
         "resize| 1.{minor}+containerd2 direct: CPU limit 200m→400m, containerd's quota {}→{} in {} ms, same container {}, restartCount {}, status limit {}",
@@ -363,45 +416,12 @@ fn kubelet_on_containerd_2_through_crisp() {
     );
 
     // 2. Through crisp, its tap attached before kubelet's first call.
-    node.put(
-        "/usr/local/bin/crisp",
-        &std::fs::read(env!("CARGO_BIN_EXE_crisp")).unwrap(),
-        0o755,
-    );
-    crisp_start(&node, "/run/containerd/containerd.sock");
-    let mut tap = Tap::new(&node, work.path());
-    tap.attach();
-    let crisp_sock = in_node(&node, "/run/crisp/crisp.sock");
-    let t = Instant::now();
-    while !tap.lines().iter().any(|l| l["method"] == "Version") {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "the tap never showed a call"
-        );
-        rt.rt.block_on(async {
-            let mut c = crate::support::runtime_client(&crisp_sock).await;
-            c.version(cri::VersionRequest::default())
-                .await
-                .expect("Version through crisp");
-        });
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let mut tap = crisp_with_tap(&node, &rt, "/run/containerd/containerd.sock", work.path());
     let since = node_now(&node);
     kubelet_on(&cluster, &node, "/run/crisp/crisp.sock");
     let journal = journal_since(&node, "kubelet", &since);
     let crisp_driver = driver_from_cri(&journal);
-    let rc: Vec<serde_json::Value> = tap
-        .lines()
-        .into_iter()
-        .filter(|l| l["method"] == "RuntimeConfig")
-        .collect();
-    assert!(!rc.is_empty(), "no RuntimeConfig call through crisp");
-    for l in &rc {
-        assert!(
-            l["code"] == 0 && l.get("hold").is_none() && l.get("response").is_some(),
-            "RuntimeConfig not answered OK by containerd through crisp: {l}"
-        );
-    }
+    let rc = runtime_config_lines(&tap);
     assert_eq!(
         crisp_driver, direct_driver,
         "kubelet's cgroup driver from the runtime differs through crisp"
@@ -415,7 +435,7 @@ fn kubelet_on_containerd_2_through_crisp() {
         crisp_driver
     );
 
-    let through = run_shapes(&cluster, &rt, minor, true);
+    let through = run_shapes(&cluster, &rt, minor, "containerd2", true);
     let native_holds = tap
         .lines()
         .into_iter()
@@ -508,6 +528,190 @@ fn kubelet_on_containerd_2_through_crisp() {
     crisp_kill(&node);
     eprintln!(
         "summary| 1.{minor}+containerd2 ({version}): direct {:?} / through crisp {:?}",
+        direct, through
+    );
+    let _ = std::io::stderr().flush();
+    drop(node);
+}
+
+// --- CRI-O -------------------------------------------------------------------------------------
+
+/// CRI-O's socket in the node.
+const CRIO_SOCK: &str = "/run/crio/crio.sock";
+
+/// CRI-O in the node: vfs storage (the node's root is an overlay), cgroupfs as kubelet, runc
+/// through hack/crio-runc (no CAP_SYS_RESOURCE here), the lane's CNI network and pause image
+/// (its entrypoint, `pause_command = ""`), NRI on.
+const CRIO_CONF: &str = r#"[crio]
+storage_driver = "vfs"
+[crio.runtime]
+cgroup_manager = "cgroupfs"
+conmon_cgroup = "pod"
+default_runtime = "runc"
+pinns_path = "/usr/local/bin/pinns"
+[crio.runtime.runtimes.runc]
+runtime_path = "/usr/local/bin/crio-runc"
+monitor_path = "/usr/bin/conmon"
+[crio.image]
+pause_image = "crisp.test/pause:latest"
+pause_command = ""
+[crio.network]
+network_dir = "/etc/cni/net.d/"
+plugin_dirs = ["/usr/lib/cni"]
+[crio.nri]
+enable_nri = true
+"#;
+
+const CRIO_UNIT: &str = "[Unit]\nDescription=CRI-O (the kubelet-1.34-crio lane)\nAfter=cgroup-rw.service network.target\n\n[Service]\nExecStart=/usr/local/bin/crio --config /etc/crio/crio.conf\nRestart=on-failure\nDelegate=yes\nKillMode=process\nLimitNOFILE=1048576\n";
+
+/// The CRI-O binary of the lane (`CRISP_LANE_CRIO_BIN`, `pinns` beside it).
+fn lane_crio() -> std::path::PathBuf {
+    let bin = std::path::PathBuf::from(std::env::var_os("CRISP_LANE_CRIO_BIN").expect(
+        "CRISP_LANE_CRIO_BIN: a CRI-O binary with pinns beside it (hack/crio-binaries.sh SRC v1.34.11 OUT)",
+    ));
+    for p in [bin.clone(), bin.with_file_name("pinns")] {
+        assert!(p.is_file(), "{} missing: hack/crio-binaries.sh SRC v1.34.11 OUT", p.display());
+    }
+    bin
+}
+
+/// Installs CRI-O into the joined node (its binaries, Debian's conmon and the two libraries the
+/// node's rootfs lacks, both from this host; the lane's images copied into its storage by
+/// skopeo), starts it and moves kubelet onto it. Returns the time until kubelet is Ready on it.
+fn node_on_crio(cluster: &Cluster, node: &Node, crio: &Path) -> Duration {
+    let t = Instant::now();
+    let host = |p: &str| std::fs::read(p).unwrap_or_else(|e| panic!("{p} on this host: {e}"));
+    node.put("/usr/local/bin/crio", &std::fs::read(crio).unwrap(), 0o755);
+    node.put(
+        "/usr/local/bin/pinns",
+        &std::fs::read(crio.with_file_name("pinns")).unwrap(),
+        0o755,
+    );
+    node.put(
+        "/usr/local/bin/crio-runc",
+        &std::fs::read(Path::new(REPO).join("hack/crio-runc")).unwrap(),
+        0o755,
+    );
+    node.put("/usr/bin/conmon", &host("/usr/bin/conmon"), 0o755);
+    for lib in ["libglib-2.0.so.0", "libsqlite3.so.0"] {
+        node.put(
+            &format!("/usr/lib/x86_64-linux-gnu/{lib}"),
+            &host(&format!("/usr/lib/x86_64-linux-gnu/{lib}")),
+            0o644,
+        );
+    }
+    node.put("/etc/crio/crio.conf", CRIO_CONF.as_bytes(), 0o644);
+    node.put(
+        "/etc/containers/policy.json",
+        br#"{"default":[{"type":"insecureAcceptAnything"}]}"#,
+        0o644,
+    );
+    let store = format!(
+        "vfs@{}+{}",
+        in_node(node, "/var/lib/containers/storage").display(),
+        in_node(node, "/run/containers/storage").display()
+    );
+    let images = Path::new(REPO).join("target/cluster-images");
+    for i in ["pause", "busybox"] {
+        let o = crate::cluster_rollout::run(
+            std::process::Command::new("skopeo")
+                .args(["--policy"])
+                .arg(node.path("/etc/containers/policy.json"))
+                .args(["copy", "-q"])
+                .arg(format!("oci-archive:{}", images.join(format!("{i}.tar")).display()))
+                .arg(format!("containers-storage:[{store}]crisp.test/{i}:latest")),
+        );
+        assert!(o.ok(), "skopeo copy {i} into the node's CRI-O storage: {}", o.all());
+    }
+    node.put(
+        "/etc/systemd/system/crio.service",
+        CRIO_UNIT.as_bytes(),
+        0o644,
+    );
+    let o = node.nsenter(&["systemctl", "daemon-reload"]);
+    assert!(o.ok(), "{}", o.all());
+    let o = node.nsenter(&["systemctl", "start", "crio.service"]);
+    assert!(o.ok(), "start crio: {}", o.all());
+    let sock = in_node(node, CRIO_SOCK);
+    let up = Instant::now();
+    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+        assert!(
+            up.elapsed() < Duration::from_secs(60),
+            "CRI-O never listened: {}",
+            node.nsenter(&["journalctl", "-u", "crio", "-n", "40", "--no-pager"])
+                .stdout
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    kubelet_on(cluster, node, CRIO_SOCK);
+    t.elapsed()
+}
+
+#[test]
+#[ignore = "needs Kubernetes 1.33+ and CRI-O binaries: CRISP_KUBE_VERSION=1.34 CRISP_KUBE_BIN_DIR=... CRISP_LANE_CRIO_BIN=... cargo test --test it -- cluster_runtimes:: --ignored (hack/lanes.sh kubelet-1.34-crio)"]
+fn kubelet_on_crio_through_crisp() {
+    let minor = minor();
+    let crio = lane_crio();
+    let bins = kube_bin_dir();
+    let _bridge = BridgeGuard;
+    let cluster = Cluster::up(&bins);
+    let (node, joined) = join_with(&cluster, &bins, &kubelet_config(minor));
+    let since = node_now(&node);
+    let moved = node_on_crio(&cluster, &node, &crio);
+    let version = cluster.jsonpath(
+        &["node", NODE],
+        "{.status.nodeInfo.kubeletVersion} {.status.nodeInfo.containerRuntimeVersion}",
+    );
+    assert!(
+        version.starts_with(&format!("v1.{minor}.")) && version.contains(" cri-o://"),
+        "kubelet {version}: not 1.{minor} on CRI-O ({})",
+        crio.display()
+    );
+    eprintln!(
+        "kubelet joined in {}, on CRI-O and Ready {} later: {version}",
+        secs(joined),
+        secs(moved)
+    );
+    let direct_driver = driver_from_cri(&journal_since(&node, "kubelet", &since));
+    let rt = Runtime {
+        rt: tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap(),
+        sock: in_node(&node, CRIO_SOCK),
+    };
+    let work = tempfile::Builder::new()
+        .prefix("cluster-runtimes-crio")
+        .tempdir_in(Path::new(REPO).join("target"))
+        .unwrap();
+    let direct = run_shapes(&cluster, &rt, minor, "crio", false);
+
+    let mut tap = crisp_with_tap(&node, &rt, CRIO_SOCK, work.path());
+    let since = node_now(&node);
+    kubelet_on(&cluster, &node, "/run/crisp/crisp.sock");
+    let crisp_driver = driver_from_cri(&journal_since(&node, "kubelet", &since));
+    let rc = runtime_config_lines(&tap);
+    assert_eq!(
+        crisp_driver, direct_driver,
+        "kubelet's cgroup driver from the runtime differs through crisp"
+    );
+    eprintln!(
+        "runtime-config| 1.{minor}+crio: {} RuntimeConfig call(s) in the tap, code {}, CRI-O's answer {}; kubelet's driver from the runtime: direct {direct_driver:?}, through crisp {crisp_driver:?}",
+        rc.len(),
+        rc[0]["code"],
+        rc[0]["response"]
+    );
+    let through = run_shapes(&cluster, &rt, minor, "crio", true);
+    let native_holds = tap
+        .lines()
+        .into_iter()
+        .filter(|l| l["pod_name"] == "native" && l.get("hold").is_some())
+        .count();
+    assert_eq!(native_holds, 0, "crisp held the native-sidecar pod");
+    tap.detach();
+    crisp_kill(&node);
+    eprintln!(
+        "summary| 1.{minor}+crio ({version}): direct {:?} / through crisp {:?}",
         direct, through
     );
     let _ = std::io::stderr().flush();
