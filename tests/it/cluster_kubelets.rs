@@ -225,7 +225,12 @@ impl Tap {
     }
 
     /// Waits until a line satisfies `f` (the tap's subscriber is attached asynchronously).
-    pub(crate) fn wait_line(&self, what: &str, timeout: Duration, f: impl Fn(&serde_json::Value) -> bool) {
+    pub(crate) fn wait_line(
+        &self,
+        what: &str,
+        timeout: Duration,
+        f: impl Fn(&serde_json::Value) -> bool,
+    ) {
         let t = Instant::now();
         while !self.lines().iter().any(&f) {
             assert!(t.elapsed() < timeout, "no tap line for {what}");
@@ -511,7 +516,11 @@ pub(crate) fn ms(a: i64, b: i64) -> f64 {
 
 /// Creates the pod, waits until every container runs, deletes it and follows the stops in
 /// containerd until each container finished.
-pub(crate) fn run_shape(cluster: &Cluster, rt: &Runtime, s: &Shape) -> (Gaps, BTreeMap<String, Times>) {
+pub(crate) fn run_shape(
+    cluster: &Cluster,
+    rt: &Runtime,
+    s: &Shape,
+) -> (Gaps, BTreeMap<String, Times>) {
     cluster.apply(&s.yaml);
     let want = if s.name == "mixed" { 3 } else { 2 };
     cluster.wait(

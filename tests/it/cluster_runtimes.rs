@@ -74,10 +74,11 @@ fn config(minor: u32) -> String {
 fn driver_from_cri(journal: &str) -> Option<String> {
     journal
         .lines()
+        .rev()
         .filter(|l| l.contains("received from the CRI runtime"))
         .filter_map(|l| l.split("cgroupDriver=").nth(1))
         .map(|d| d.trim().trim_matches('"').to_string())
-        .last()
+        .next()
 }
 
 /// The pod's sandbox id in containerd (the newest, if kubelet made several).
@@ -378,7 +379,10 @@ fn kubelet_on_containerd_2_through_crisp() {
         .find(|l| l.starts_with("io.containerd.nri.v1"))
         .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
         .unwrap_or_default();
-    assert!(nri.ends_with(" ok"), "containerd's NRI plugin not loaded: {plugins}");
+    assert!(
+        nri.ends_with(" ok"),
+        "containerd's NRI plugin not loaded: {plugins}"
+    );
     let nri_sock = node.exists("/var/run/nri/nri.sock");
     assert!(nri_sock, "no NRI socket /var/run/nri/nri.sock");
     eprintln!("nri| containerd's plugin `{nri}`, socket /var/run/nri/nri.sock present");
@@ -493,7 +497,10 @@ fn kubelet_on_containerd_2_through_crisp() {
         .lines()
         .filter(|l| l.contains("Failed to notify runtime for UpdatePodSandboxResources"))
         .count();
-    assert_eq!(failed_notify, 0, "kubelet logged a failed UpdatePodSandboxResources");
+    assert_eq!(
+        failed_notify, 0,
+        "kubelet logged a failed UpdatePodSandboxResources"
+    );
     eprintln!(
         "resize| 1.{minor}+containerd2 tap: {} UpdatePodSandboxResources (code {}, {} request bytes), {} UpdateContainerResources (code {}), answered by containerd in {:.1}/{:.1} ms",
         sandbox_updates.len(),
@@ -570,7 +577,11 @@ fn lane_crio() -> std::path::PathBuf {
         "CRISP_LANE_CRIO_BIN: a CRI-O binary with pinns beside it (hack/crio-binaries.sh SRC v1.34.11 OUT)",
     ));
     for p in [bin.clone(), bin.with_file_name("pinns")] {
-        assert!(p.is_file(), "{} missing: hack/crio-binaries.sh SRC v1.34.11 OUT", p.display());
+        assert!(
+            p.is_file(),
+            "{} missing: hack/crio-binaries.sh SRC v1.34.11 OUT",
+            p.display()
+        );
     }
     bin
 }
@@ -618,10 +629,17 @@ fn node_on_crio(cluster: &Cluster, node: &Node, crio: &Path) -> Duration {
                 .args(["--policy"])
                 .arg(node.path("/etc/containers/policy.json"))
                 .args(["copy", "-q"])
-                .arg(format!("oci-archive:{}", images.join(format!("{i}.tar")).display()))
+                .arg(format!(
+                    "oci-archive:{}",
+                    images.join(format!("{i}.tar")).display()
+                ))
                 .arg(format!("containers-storage:[{store}]crisp.test/{i}:latest")),
         );
-        assert!(o.ok(), "skopeo copy {i} into the node's CRI-O storage: {}", o.all());
+        assert!(
+            o.ok(),
+            "skopeo copy {i} into the node's CRI-O storage: {}",
+            o.all()
+        );
     }
     node.put(
         "/etc/systemd/system/crio.service",
@@ -643,7 +661,46 @@ fn node_on_crio(cluster: &Cluster, node: &Node, crio: &Path) -> Duration {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    kubelet_on(cluster, node, CRIO_SOCK);
+    // CRI-O answers on its socket (not just listens), and says how its start went.
+    let version = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let mut c = crate::support::runtime_client(&sock).await;
+            c.version(cri::VersionRequest::default()).await
+        });
+    let journal = node
+        .nsenter(&["journalctl", "-u", "crio", "-n", "60", "--no-pager"])
+        .stdout;
+    assert!(
+        version.is_ok(),
+        "CRI-O's Version: {version:?}; its journal:\n{journal}"
+    );
+    eprintln!(
+        "crio| {} up on {CRIO_SOCK}; its journal's warnings and errors:\n{}",
+        version.unwrap().into_inner().runtime_version,
+        journal
+            .lines()
+            .filter(|l| l.contains("level=warn")
+                || l.contains("level=error")
+                || l.contains("level=fatal"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // On failure, CRI-O's side of it too (kubelet_on shows kubelet's journal).
+    if let Err(e) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        kubelet_on(cluster, node, CRIO_SOCK)
+    })) {
+        eprintln!(
+            "crio| kubelet not Ready on CRI-O; crio.service {} (restarts {}), its journal:\n{}",
+            node.prop("crio.service", "ActiveState"),
+            node.prop("crio.service", "NRestarts"),
+            node.nsenter(&["journalctl", "-u", "crio", "-n", "80", "--no-pager"])
+                .stdout
+        );
+        std::panic::resume_unwind(e);
+    }
     t.elapsed()
 }
 
