@@ -548,7 +548,9 @@ const CRIO_SOCK: &str = "/run/crio/crio.sock";
 
 /// CRI-O in the node: vfs storage (the node's root is an overlay), cgroupfs as kubelet, runc
 /// through hack/crio-runc (no CAP_SYS_RESOURCE here), the lane's CNI network and pause image
-/// (its entrypoint, `pause_command = ""`), NRI on.
+/// (its entrypoint, `pause_command = ""`), NRI on. The unit starts it with
+/// `--disable-hostport-mapping`: the node has neither iptables nor nft, and CRI-O refuses to
+/// start without one otherwise ("can't create HostPortManager"); no pod of the lane maps a port.
 const CRIO_CONF: &str = r#"[crio]
 storage_driver = "vfs"
 [crio.runtime]
@@ -569,7 +571,7 @@ plugin_dirs = ["/usr/lib/cni"]
 enable_nri = true
 "#;
 
-const CRIO_UNIT: &str = "[Unit]\nDescription=CRI-O (the kubelet-1.34-crio lane)\nAfter=cgroup-rw.service network.target\n\n[Service]\nExecStart=/usr/local/bin/crio --config /etc/crio/crio.conf\nRestart=on-failure\nDelegate=yes\nKillMode=process\nLimitNOFILE=1048576\n";
+const CRIO_UNIT: &str = "[Unit]\nDescription=CRI-O (the kubelet-1.34-crio lane)\nAfter=cgroup-rw.service network.target\n\n[Service]\nExecStart=/usr/local/bin/crio --config /etc/crio/crio.conf --disable-hostport-mapping\nRestart=on-failure\nDelegate=yes\nKillMode=process\nLimitNOFILE=1048576\n";
 
 /// The CRI-O binary of the lane (`CRISP_LANE_CRIO_BIN`, `pinns` beside it).
 fn lane_crio() -> std::path::PathBuf {
