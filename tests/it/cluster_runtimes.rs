@@ -743,7 +743,25 @@ fn kubelet_on_crio_through_crisp() {
         .prefix("cluster-runtimes-crio")
         .tempdir_in(Path::new(REPO).join("target"))
         .unwrap();
-    let direct = run_shapes(&cluster, &rt, minor, "crio", false);
+    let direct = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run_shapes(&cluster, &rt, minor, "crio", false)
+    })) {
+        Ok(d) => d,
+        Err(e) => {
+            // What kept the pod from running: its events, CRI-O's and kubelet's last words.
+            eprintln!(
+                "crio| a pod did not run on CRI-O:\n{}\n--- crio\n{}\n--- kubelet\n{}",
+                cluster
+                    .kubectl(&["describe", "pods", "-n", "default"])
+                    .stdout,
+                node.nsenter(&["journalctl", "-u", "crio", "-n", "40", "--no-pager"])
+                    .stdout,
+                node.nsenter(&["journalctl", "-u", "kubelet", "-n", "40", "--no-pager"])
+                    .stdout
+            );
+            std::panic::resume_unwind(e);
+        }
+    };
 
     let mut tap = crisp_with_tap(&node, &rt, CRIO_SOCK, work.path());
     let since = node_now(&node);
