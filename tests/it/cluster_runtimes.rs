@@ -559,7 +559,7 @@ conmon_cgroup = "pod"
 default_runtime = "runc"
 pinns_path = "/usr/local/bin/pinns"
 [crio.runtime.runtimes.runc]
-runtime_path = "/usr/local/bin/crio-runc"
+runtime_path = "/usr/local/bin/crio-runc-node"
 monitor_path = "/usr/bin/conmon"
 [crio.image]
 pause_image = "crisp.test/pause:latest"
@@ -603,6 +603,12 @@ fn node_on_crio(cluster: &Cluster, node: &Node, crio: &Path) -> Duration {
     node.put(
         "/usr/local/bin/crio-runc",
         &std::fs::read(Path::new(REPO).join("hack/crio-runc")).unwrap(),
+        0o755,
+    );
+    // (and without the hugetlb limits runc cannot set in the node: hack/crio-runc)
+    node.put(
+        "/usr/local/bin/crio-runc-node",
+        b"#!/bin/sh\nCRIO_RUNC_NO_HUGETLB=1 exec /usr/local/bin/crio-runc \"$@\"\n",
         0o755,
     );
     node.put("/usr/bin/conmon", &host("/usr/bin/conmon"), 0o755);
