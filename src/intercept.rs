@@ -60,7 +60,7 @@ impl Interest {
         *self == Interest::NONE
     }
 
-    pub(crate) fn union(self, other: Interest) -> Interest {
+    fn union(self, other: Interest) -> Interest {
         Interest {
             request: self.request || other.request,
             response: self.response || other.response,
@@ -448,6 +448,55 @@ impl HoldPhase {
     }
 }
 
+/// How a hold ended: what kubelet got (the call forwarded, or refused by crisp) and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HoldOutcome {
+    /// The call went on to the runtime: what it waited for came.
+    Forwarded,
+    /// The start timeout passed under policy `proceed`: forwarded anyway.
+    TimedOutProceed,
+    /// The start timeout passed under policy `fail`: refused.
+    TimedOutFail,
+    /// Refused without a hold (a sidecar not created, not running, or unprobeable).
+    Refused,
+    /// A long hold ended as an informative refusal (`[ordering] refuse_held_after`); kubelet
+    /// retries and crisp goes on waiting.
+    RefusedStillWaiting,
+    /// kubelet cancelled the call or its deadline passed while crisp held it.
+    KubeletGaveUp,
+}
+
+impl HoldOutcome {
+    /// The words the tap, logs and spans show (`crisp.hold.outcome`).
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            HoldOutcome::Forwarded => "forwarded",
+            HoldOutcome::TimedOutProceed => "timed out (proceed)",
+            HoldOutcome::TimedOutFail => "timed out (fail)",
+            HoldOutcome::Refused => "refused",
+            HoldOutcome::RefusedStillWaiting => "refused (still waiting)",
+            HoldOutcome::KubeletGaveUp => "kubelet gave up",
+        }
+    }
+
+    /// The outcome in three words (`crisp.hold.verdict`): `forwarded`, `refused`, `timed out`,
+    /// or `cancelled`.
+    pub(crate) fn verdict(self) -> &'static str {
+        match self {
+            HoldOutcome::Forwarded => "forwarded",
+            HoldOutcome::TimedOutProceed | HoldOutcome::TimedOutFail => "timed out",
+            HoldOutcome::Refused | HoldOutcome::RefusedStillWaiting => "refused",
+            HoldOutcome::KubeletGaveUp => "cancelled",
+        }
+    }
+
+    /// Whether kubelet got an error from crisp (or none at all) rather than the runtime's
+    /// answer.
+    pub(crate) fn failed(self) -> bool {
+        !matches!(self, HoldOutcome::Forwarded | HoldOutcome::TimedOutProceed)
+    }
+}
+
 /// A held (or refused) call, as the engine reports it while it happens: the tap streams these
 /// so a stuck pod is visible before its call ends. Built only while [`HoldSink::wanted`] is true
 /// and only for calls the engine holds or refuses; an unheld call never makes one.
@@ -480,11 +529,17 @@ pub struct HoldEvent {
     pub(crate) time_left: Duration,
     /// `proceed` or `fail` for CreateContainer; empty for stops.
     pub(crate) policy: String,
-    /// For `End`: `forwarded`, `timed out (proceed)`, `timed out (fail)`, `kubelet gave up`,
-    /// `refused (still waiting)`.
-    pub(crate) outcome: String,
+    /// For `End`: how the hold ended; `None` for the other phases.
+    pub(crate) outcome: Option<HoldOutcome>,
     /// For `Refused`: the gRPC message kubelet got.
     pub(crate) message: String,
+}
+
+impl HoldEvent {
+    /// The outcome's words, empty before the hold ends.
+    pub(crate) fn outcome_str(&self) -> &'static str {
+        self.outcome.map_or("", HoldOutcome::as_str)
+    }
 }
 
 /// Receives the engine's hold events (the tap), without the engine depending on the tap.
@@ -498,6 +553,28 @@ pub trait HoldSink: Send + Sync {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn hold_outcomes_in_words() {
+        use HoldOutcome::*;
+        for (outcome, words, verdict, failed) in [
+            (Forwarded, "forwarded", "forwarded", false),
+            (TimedOutProceed, "timed out (proceed)", "timed out", false),
+            (TimedOutFail, "timed out (fail)", "timed out", true),
+            (Refused, "refused", "refused", true),
+            (
+                RefusedStillWaiting,
+                "refused (still waiting)",
+                "refused",
+                true,
+            ),
+            (KubeletGaveUp, "kubelet gave up", "cancelled", true),
+        ] {
+            assert_eq!(outcome.as_str(), words);
+            assert_eq!(outcome.verdict(), verdict, "{words}");
+            assert_eq!(outcome.failed(), failed, "{words}");
+        }
+    }
+
     use std::sync::Arc;
 
     use super::*;

@@ -128,29 +128,18 @@ pub(crate) struct HoldSpan<'a> {
     pub(crate) waited_for: &'a [String],
     /// Why it waited last (`not ready: connect …: refused`), bounded by the engine.
     pub(crate) reason: &'a str,
-    /// The engine's words: `forwarded`, `timed out (proceed)`, `timed out (fail)`, `refused`,
-    /// `refused (still waiting)`, `kubelet gave up`.
+    /// How the hold ended (`crisp.hold.outcome`), in three words (`crisp.hold.verdict`), and
+    /// whether kubelet got an error from crisp (the span's status); the engine's
+    /// `intercept::HoldOutcome` gives all three.
     pub(crate) outcome: &'a str,
+    pub(crate) verdict: &'a str,
+    pub(crate) failed: bool,
     /// The gRPC message kubelet got, for a refusal.
     pub(crate) message: &'a str,
     /// `proceed` or `fail` (CreateContainer); empty for stops.
     pub(crate) policy: &'a str,
     pub(crate) start: SystemTime,
     pub(crate) end: SystemTime,
-}
-
-/// The outcome in three words (`crisp.hold.verdict`): `forwarded`, `refused`, `timed out`, or
-/// `cancelled` (kubelet gave up on the call).
-pub(crate) fn verdict(outcome: &str) -> &'static str {
-    if outcome == "forwarded" {
-        "forwarded"
-    } else if outcome.starts_with("timed out") {
-        "timed out"
-    } else if outcome.starts_with("refused") {
-        "refused"
-    } else {
-        "cancelled"
-    }
 }
 
 /// Exports hold spans: the SDK's tracer provider with a batch processor and the OTLP/gRPC
@@ -233,7 +222,6 @@ impl HoldSpans {
     pub(crate) fn record(&self, parent: &SpanContext, hold: &HoldSpan<'_>) {
         let cx = Context::new().with_remote_span_context(parent.clone());
         let field = |s: &str| tenant::cut(s, tenant::MAX_FIELD);
-        let verdict = verdict(hold.outcome);
         let mut attrs = vec![
             KeyValue::new("rpc.system", "grpc"),
             KeyValue::new("rpc.method", hold.rpc.to_string()),
@@ -246,7 +234,7 @@ impl HoldSpans {
                 tenant::name_list(hold.waited_for.iter().map(String::as_str)),
             ),
             KeyValue::new("crisp.hold.reason", field(hold.reason)),
-            KeyValue::new("crisp.hold.verdict", verdict),
+            KeyValue::new("crisp.hold.verdict", hold.verdict.to_string()),
             KeyValue::new("crisp.hold.outcome", hold.outcome.to_string()),
             KeyValue::new(
                 "crisp.hold.ms",
@@ -270,7 +258,7 @@ impl HoldSpans {
             .with_attributes(attrs)
             .start_with_context(&self.tracer, &cx);
         // kubelet got an error from crisp: the span says so, with the message it got.
-        if hold.outcome != "forwarded" && hold.outcome != "timed out (proceed)" {
+        if hold.failed {
             span.set_status(Status::error(tenant::cut(
                 if hold.message.is_empty() {
                     hold.outcome
@@ -395,15 +383,5 @@ mod tests {
             assert!(check_otlp_endpoint(bad).is_err(), "{bad}");
         }
         assert!(check_otlp_endpoint(&format!("http://{}", "a".repeat(3000))).is_err());
-    }
-
-    #[test]
-    fn verdicts() {
-        assert_eq!(verdict("forwarded"), "forwarded");
-        assert_eq!(verdict("timed out (proceed)"), "timed out");
-        assert_eq!(verdict("timed out (fail)"), "timed out");
-        assert_eq!(verdict("refused"), "refused");
-        assert_eq!(verdict("refused (still waiting)"), "refused");
-        assert_eq!(verdict("kubelet gave up"), "cancelled");
     }
 }

@@ -76,13 +76,32 @@ pub(crate) enum RuntimeLoss<'a> {
     Closed,
 }
 
+/// The runtime as crisp's messages name it: `upstream unix:///run/containerd/containerd.sock`,
+/// or `upstream` where its socket is not known. The one place these words are written: the
+/// runtime pool's errors and [`runtime_lost`] both say them.
+#[derive(Clone, Copy)]
+pub(crate) struct RuntimeAt<'a>(Option<&'a dyn std::fmt::Display>);
+
+impl<'a> RuntimeAt<'a> {
+    /// The runtime listening at `path`.
+    pub(crate) fn path(path: &'a dyn std::fmt::Display) -> RuntimeAt<'a> {
+        RuntimeAt(Some(path))
+    }
+}
+
+impl std::fmt::Display for RuntimeAt<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(path) => write!(f, "upstream unix://{path}"),
+            None => f.write_str("upstream"),
+        }
+    }
+}
+
 /// The grpc-message of an UNAVAILABLE crisp answers when the runtime at `socket` (a path, or
 /// `None` when it is not known here) failed a call the way `how` says.
 pub(crate) fn runtime_lost(socket: Option<&dyn std::fmt::Display>, how: RuntimeLoss<'_>) -> String {
-    let at = match socket {
-        Some(path) => format!("upstream unix://{path}"),
-        None => "upstream".to_string(),
-    };
+    let at = RuntimeAt(socket);
     match how {
         RuntimeLoss::Failed(why) => format!("crisp: {at} failed: {why}"),
         RuntimeLoss::FailedMidResponse(why) => format!("crisp: {at} failed mid-response: {why}"),
@@ -100,6 +119,38 @@ impl Status {
     /// UNAVAILABLE for a call whose runtime failed as `how` says ([`runtime_lost`]).
     pub(crate) fn runtime_lost(socket: Option<&dyn std::fmt::Display>, how: RuntimeLoss<'_>) -> Status {
         Status::new(code::UNAVAILABLE, runtime_lost(socket, how))
+    }
+    /// FAILED_PRECONDITION for a call crisp refuses (an app's CreateContainer before its
+    /// sidecars run): kubelet shows `message` and retries. Not DEADLINE_EXCEEDED even when a
+    /// hold timed out: that would read as kubelet's own deadline.
+    pub(crate) fn refused(message: String) -> Status {
+        Status::new(code::FAILED_PRECONDITION, message)
+    }
+
+    /// RESOURCE_EXHAUSTED for an observed request larger than `limit` bytes
+    /// (`max_observed_message_bytes`): crisp would have to buffer it to look at it.
+    pub(crate) fn request_too_large(limit: usize) -> Status {
+        Status::new(
+            code::RESOURCE_EXHAUSTED,
+            format!("crisp: request message larger than {limit} bytes"),
+        )
+    }
+
+    /// CANCELLED for a call whose client failed while sending its request body (it went away).
+    pub(crate) fn request_body_failed(e: &dyn std::fmt::Display) -> Status {
+        Status::new(
+            code::CANCELLED,
+            format!("crisp: client request body failed: {e}"),
+        )
+    }
+
+    /// DEADLINE_EXCEEDED for a held call whose client's deadline passed while crisp held it:
+    /// it is never forwarded (KUBELET-CRI §7.3).
+    pub(crate) fn held_past_deadline() -> Status {
+        Status::new(
+            code::DEADLINE_EXCEEDED,
+            "crisp: deadline exceeded while the call was held; not forwarded",
+        )
     }
 }
 
@@ -141,6 +192,39 @@ pub(crate) fn truncate_text(s: &mut String, max: usize) {
     }
 }
 
+/// A `grpc-timeout` value telling what is left of a call's deadline (a held call forwarded):
+/// the finest unit whose count fits in 8 digits, as grpc-go writes it.
+pub(crate) fn grpc_timeout(d: std::time::Duration) -> String {
+    encode_grpc_timeout(d, 0)
+}
+
+/// A `grpc-timeout` value for a deadline crisp sets on its own calls: to the millisecond
+/// (`4500m`), in a coarser unit only when 8 digits of milliseconds cannot hold it.
+pub(crate) fn grpc_timeout_ms(d: std::time::Duration) -> String {
+    encode_grpc_timeout(d, 2)
+}
+
+/// The one `grpc-timeout` encoder: `d` in the finest unit, from `UNITS[finest]` on, whose count
+/// fits in 8 digits, rounded up (the deadline told is never shorter than the one kept); past
+/// them all, minutes (at most 8 digits of them).
+fn encode_grpc_timeout(d: std::time::Duration, finest: usize) -> String {
+    const MAX: u128 = 99_999_999;
+    const UNITS: [(u128, char); 4] = [
+        (1, 'n'),
+        (1_000, 'u'),
+        (1_000_000, 'm'),
+        (1_000_000_000, 'S'),
+    ];
+    let ns = d.as_nanos().max(1);
+    for (div, unit) in &UNITS[finest.min(UNITS.len())..] {
+        let v = ns.div_ceil(*div);
+        if v <= MAX {
+            return format!("{v}{unit}");
+        }
+    }
+    format!("{}M", (ns / 60_000_000_000).clamp(1, MAX))
+}
+
 /// Parses a `grpc-timeout` header value: 1–8 ASCII digits and a unit (H, M, S, m, u, n).
 pub fn parse_grpc_timeout(v: &[u8]) -> Option<std::time::Duration> {
     use std::time::Duration;
@@ -179,6 +263,23 @@ mod tests {
         assert_eq!(parse_grpc_timeout(b"123456789S"), None);
         assert_eq!(parse_grpc_timeout(b"12x"), None);
         assert_eq!(parse_grpc_timeout(b"-1S"), None);
+    }
+
+    /// Both encoders are the one encoder: what crisp tells the runtime of its own calls' deadline
+    /// is in milliseconds, what is left of a held call's in the finest unit; both read back as
+    /// at least what was meant.
+    #[test]
+    fn grpc_timeout_encodings() {
+        assert_eq!(grpc_timeout_ms(Duration::from_millis(4500)), "4500m");
+        assert_eq!(grpc_timeout_ms(Duration::from_micros(1)), "1m", "rounded up");
+        assert_eq!(grpc_timeout_ms(Duration::from_secs(200_000)), "200000S");
+        assert_eq!(grpc_timeout(Duration::from_millis(4500)), "4500000u");
+        for d in [Duration::from_nanos(1), Duration::from_millis(1999), Duration::MAX] {
+            for v in [grpc_timeout(d), grpc_timeout_ms(d)] {
+                let back = parse_grpc_timeout(v.as_bytes()).unwrap();
+                assert!(back >= d.min(Duration::from_secs(99_999_999 * 60)), "{d:?} -> {v}");
+            }
+        }
     }
 
     #[test]

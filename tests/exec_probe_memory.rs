@@ -5,60 +5,21 @@
 //! The heap is measured with a counting global allocator (this test binary's own), so the
 //! bound is on what the process holds, not on what a helper reports about itself.
 
+#[path = "counting_alloc/mod.rs"]
+mod counting_alloc;
 #[path = "it/support/mod.rs"]
 mod support;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use counting_alloc::Counting;
 use crisp::cri::ApiVersion;
 use crisp::proxy::client::{ClientError, RuntimeClient};
 use crisp::proxy::{RuntimePool, RuntimePoolOptions};
 use prost::Message;
 use support::*;
-
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-fn grew(by: usize) {
-    let now = LIVE.fetch_add(by, Ordering::Relaxed) + by;
-    PEAK.fetch_max(now, Ordering::Relaxed);
-}
-
-// SAFETY: every call is passed to the system allocator unchanged; only sizes are counted.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc(l) };
-        if !p.is_null() {
-            grew(l.size());
-        }
-        p
-    }
-    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc_zeroed(l) };
-        if !p.is_null() {
-            grew(l.size());
-        }
-        p
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        unsafe { System.dealloc(p, l) };
-        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        let q = unsafe { System.realloc(p, l, new) };
-        if !q.is_null() {
-            LIVE.fetch_sub(l.size(), Ordering::Relaxed);
-            grew(new);
-        }
-        q
-    }
-}
 
 #[global_allocator]
 static ALLOC: Counting = Counting;
@@ -119,8 +80,7 @@ async fn a_16_mib_exec_answer_is_not_held() {
     );
 
     fake.reply_once(EXEC_SYNC, answer(16 << 20, 1 << 20, 7));
-    let base = LIVE.load(Ordering::Relaxed);
-    PEAK.store(base, Ordering::Relaxed);
+    let mark = counting_alloc::mark();
     let code = within(
         PATIENCE,
         "a 17 MiB exec answer",
@@ -128,7 +88,7 @@ async fn a_16_mib_exec_answer_is_not_held() {
     )
     .await
     .unwrap();
-    let growth = PEAK.load(Ordering::Relaxed).saturating_sub(base);
+    let growth = mark.peak_growth();
     println!("heap growth while reading a 17 MiB ExecSync answer: {growth} bytes");
     assert_eq!(code, 7);
     assert!(

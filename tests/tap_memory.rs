@@ -8,63 +8,22 @@
 //! The heap is measured with a counting global allocator (this test binary's own, in its own
 //! process), as in `exec_probe_memory.rs`.
 
+#[path = "counting_alloc/mod.rs"]
+mod counting_alloc;
 #[path = "it/support/mod.rs"]
 mod support;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use counting_alloc::Counting;
 use crisp::cri::ApiVersion;
 use crisp::proxy::client::RuntimeClient;
 use crisp::proxy::{RuntimePool, RuntimePoolOptions};
 use crisp::tap::pb;
 use prost::Message;
 use support::*;
-
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-fn grew(by: usize) {
-    ALLOCS.fetch_add(1, Ordering::Relaxed);
-    let now = LIVE.fetch_add(by, Ordering::Relaxed) + by;
-    PEAK.fetch_max(now, Ordering::Relaxed);
-}
-
-// SAFETY: every call is passed to the system allocator unchanged; only sizes are counted.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc(l) };
-        if !p.is_null() {
-            grew(l.size());
-        }
-        p
-    }
-    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc_zeroed(l) };
-        if !p.is_null() {
-            grew(l.size());
-        }
-        p
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        unsafe { System.dealloc(p, l) };
-        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        let q = unsafe { System.realloc(p, l, new) };
-        if !q.is_null() {
-            LIVE.fetch_sub(l.size(), Ordering::Relaxed);
-            grew(new);
-        }
-        q
-    }
-}
 
 #[global_allocator]
 static ALLOC: Counting = Counting;
@@ -154,9 +113,7 @@ async fn a_32_mib_exec_answer_through_a_full_tap_costs_what_the_tap_shows() {
     assert_eq!(small.method, "ExecSync");
 
     fake.reply_once(EXEC_SYNC, answer(16 * MIB, 16 * MIB, 7));
-    let base = LIVE.load(Ordering::Relaxed);
-    PEAK.store(base, Ordering::Relaxed);
-    let allocs = ALLOCS.load(Ordering::Relaxed);
+    let mark = counting_alloc::mark();
     let code = within(
         Duration::from_secs(60),
         "a 32 MiB exec answer",
@@ -167,8 +124,8 @@ async fn a_32_mib_exec_answer_through_a_full_tap_costs_what_the_tap_shows() {
     assert_eq!(code, 7, "the client got the whole answer");
     // Long enough for today's decode to finish, and be measured.
     let ev = next_call(&mut events, Duration::from_secs(300)).await;
-    let growth = PEAK.load(Ordering::Relaxed).saturating_sub(base);
-    let allocs = ALLOCS.load(Ordering::Relaxed) - allocs;
+    let growth = mark.peak_growth();
+    let allocs = mark.allocs();
     println!(
         "a 16 MiB + 16 MiB ExecSync answer through crisp with a --full tap: heap grew by {growth} \
          bytes ({:.1} MiB), {allocs} allocations",

@@ -181,7 +181,7 @@ pub async fn serve_metrics_tcp(
 
 /// The warning crisp logs at start for an admin socket its group or everyone may connect to
 /// (`admin.allow_shared_mode`); `None` for a root-only one.
-pub(crate) fn shared_mode_warning(admin: &crate::config::AdminConfig) -> Option<String> {
+fn shared_mode_warning(admin: &crate::config::AdminConfig) -> Option<String> {
     admin.shared().then(|| {
         format!(
             "the admin socket is mode {:04o} (admin.allow_shared_mode): its group{} can connect \

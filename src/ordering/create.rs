@@ -16,12 +16,13 @@ use super::holds;
 use super::init_guess::Judgement;
 use super::pod::{container_name, ContainerRef};
 use super::probes::Probed;
+use super::refusal::{self, Refusal};
 use super::{now, record_span, Engine, Pod};
 use crate::config::TimeoutPolicy;
 use crate::cri::views;
 use crate::cri::ApiVersion;
-use crate::intercept::{Call, Verdict};
-use crate::status::{code, Status};
+use crate::intercept::{Call, HoldOutcome, Verdict};
+use crate::status::Status;
 
 impl Engine {
     /// One round of the start check (DESIGN.md §3): list the pod's containers, judge a
@@ -107,7 +108,12 @@ impl Engine {
                         // running sidecar as ready, fail refuses the create with the reason.
                         Probed::Unreachable(why) => match self.start_policy(pod).1 {
                             TimeoutPolicy::Proceed => true,
-                            TimeoutPolicy::Fail => return Check::Refuse(why),
+                            TimeoutPolicy::Fail => {
+                                return Check::Refuse(Refusal::Unprobeable {
+                                    sidecar: sidecar.name.clone(),
+                                    why,
+                                })
+                            }
                         },
                     };
                     if ready && !known {
@@ -330,7 +336,7 @@ impl Engine {
                     forget_refusal();
                     break;
                 }
-                Check::Refuse(reason) => return self.refuse_fast(pod, call, name, &reason, held),
+                Check::Refuse(refusal) => return self.refuse_fast(pod, call, name, &refusal, held),
                 Check::Waiting(who) => who,
                 Check::Probe { .. } => unreachable!("check_start answers its own probes"),
             };
@@ -378,7 +384,7 @@ impl Engine {
                 held_ms = held_for.as_millis() as u64,
                 "sidecars ready; forwarding CreateContainer"
             );
-            hold.end("forwarded", "");
+            hold.end(HoldOutcome::Forwarded, "");
         }
         Verdict::Forward
     }
@@ -424,7 +430,7 @@ impl Engine {
         pod: &Pod,
         call: &Call,
         name: &str,
-        reason: &str,
+        refusal: &Refusal,
         held: Option<holds::Hold<'_>>,
     ) -> Verdict {
         pod.refused_since
@@ -432,15 +438,15 @@ impl Engine {
             .entry(name.to_string())
             .or_insert(call.received);
         self.metrics.fail_fast.inc();
-        tracing::info!(container_name = %name, "refusing CreateContainer for now: {reason}");
-        let message = decide::refusal(reason, name);
-        let waiting = holds::Waiting::from_refusal(pod, reason);
+        tracing::info!(container_name = %name, "refusing CreateContainer for now: {refusal}");
+        let message = refusal.message(name);
+        let waiting = holds::Waiting::from_refusal(pod, refusal);
         match held {
-            Some(hold) => hold.end("refused", &message),
+            Some(hold) => hold.end(HoldOutcome::Refused, &message),
             None => self.refusal_span(pod, call, name, &waiting, &message),
         }
         self.note_refusal(pod, call, name, &waiting, &message);
-        Verdict::Refuse(Status::new(code::FAILED_PRECONDITION, message))
+        Verdict::Refuse(Status::refused(message))
     }
 
     /// The hold reached the start timeout still waiting for `who`: start the app anyway or
@@ -468,7 +474,7 @@ impl Engine {
                     "sidecar not ready within the start timeout; starting the app anyway (policy proceed)"
                 );
                 if let Some(hold) = held {
-                    hold.end("timed out (proceed)", "");
+                    hold.end(HoldOutcome::TimedOutProceed, "");
                 }
                 Verdict::Forward
             }
@@ -480,11 +486,11 @@ impl Engine {
                 );
                 pod.refusals.fetch_add(1, Relaxed);
                 // Not DEADLINE_EXCEEDED: that would read as kubelet's own deadline.
-                let message = decide::timed_out(&pod.display(), who, timeout, name);
+                let message = refusal::timed_out(&pod.display(), who, timeout, name);
                 if let Some(hold) = held {
-                    hold.end("timed out (fail)", &message);
+                    hold.end(HoldOutcome::TimedOutFail, &message);
                 }
-                Verdict::Refuse(Status::new(code::FAILED_PRECONDITION, message))
+                Verdict::Refuse(Status::refused(message))
             }
         }
     }
@@ -528,12 +534,9 @@ impl Engine {
             "held long: refusing CreateContainer with the reason, for kubelet to show; it retries within 1.5 s"
         );
         if let Some(hold) = held.take() {
-            hold.end("refused (still waiting)", &message);
+            hold.end(HoldOutcome::RefusedStillWaiting, &message);
         }
-        Some(Verdict::Refuse(Status::new(
-            code::FAILED_PRECONDITION,
-            message,
-        )))
+Some(Verdict::Refuse(Status::refused(message)))
     }
 
     /// A CreateContainer answered: the new container's sandbox and name are cached by its id.

@@ -11,13 +11,12 @@ use std::time::{Duration, Instant, SystemTime};
 use super::annotations::{PodPolicy, Sidecar};
 use crate::config::TimeoutPolicy;
 use crate::cri::views::{self, state};
-use crate::tenant;
+use super::refusal::Refusal;
+#[cfg(test)]
+use super::refusal::{refusal, timed_out};
 
 /// Kept free before kubelet's deadline when a hold ends, so the forwarded call still completes.
 pub(crate) const DEADLINE_MARGIN: Duration = Duration::from_secs(3);
-/// Longest reason in a refusal's message, in bytes; kubelet's retry tail comes after it, so the
-/// whole message stays within [`tenant::MAX_MESSAGE`].
-pub(crate) const MAX_REFUSAL_REASON: usize = 600;
 /// KEP-753's tail: sidecars left when the grace budget is spent get SIGTERM and this long.
 pub(crate) const STOP_TAIL: Duration = Duration::from_secs(2);
 /// How long a StopPodSandbox waits for apps when kubelet sent no deadline.
@@ -224,7 +223,7 @@ pub(crate) enum Check<'p> {
     /// A sidecar is not created, or created but not running: refuse now (§3.3). kubelet can only
     /// fix it in a later sync of this very pod, which waits for this call — holding would
     /// deadlock (KUBELET-CRI §7.1).
-    Refuse(String),
+    Refuse(Refusal),
 }
 
 /// The start check: the required sidecars in declared order, the first that is not ready
@@ -245,12 +244,22 @@ pub(crate) fn check_start<'p>(
             // alive, not dead. It passes on its own timeout, and this container waits for it —
             // otherwise the app could win the race and start first.
             if found.is_none() && refused(&s.name) {
-                return Check::Refuse(format!("sidecar \"{}\" of pod {pod} is not created yet (it waits for an earlier sidecar)", name(&s.name)));
+                return Check::Refuse(Refusal::NotCreated {
+                    pod: pod.to_string(),
+                    sidecar: s.name.clone(),
+                    behind_refused: true,
+                });
             }
             continue;
         }
         match found {
-            None if s.required => return Check::Refuse(format!("sidecar \"{}\" of pod {pod} is not created yet (is it listed after this container?)", name(&s.name))),
+            None if s.required => {
+                return Check::Refuse(Refusal::NotCreated {
+                    pod: pod.to_string(),
+                    sidecar: s.name.clone(),
+                    behind_refused: false,
+                })
+            }
             // Node rules name sidecars a pod may not have.
             None => continue,
             Some(c) if c.state == state::RUNNING => match probed.get(&s.name) {
@@ -258,7 +267,13 @@ pub(crate) fn check_start<'p>(
                 Some(false) => return Check::Waiting(s.name.clone()),
                 None => return Check::Probe { sidecar: s, container_id: c.id.clone() },
             },
-            Some(c) => return Check::Refuse(format!("sidecar \"{}\" of pod {pod} is {}, not running", name(&s.name), state_name(c.state))),
+            Some(c) => {
+                return Check::Refuse(Refusal::NotRunning {
+                    pod: pod.to_string(),
+                    sidecar: s.name.clone(),
+                    state: c.state,
+                })
+            }
         }
     }
     Check::Ready
@@ -283,45 +298,6 @@ pub fn after_waiting(
         WaitStep::TimedOut(policy)
     } else {
         WaitStep::Until(later(now, probe_interval).min(hold_until))
-    }
-}
-
-/// A container's name in a message: cut and escaped ([`tenant::text`]); a DNS-1123 label
-/// shows as it is.
-fn name(n: &str) -> tenant::Text<'_> {
-    tenant::text(n, tenant::MAX_NAME + 1)
-}
-
-/// The message of a refused CreateContainer. "network is not ready" makes kubelet requeue the
-/// pod after ~1 s instead of 10–15 s (KUBELET-CRI §1.3): the retry comes as soon as it can
-/// succeed. kubelet copies it into the pod's status and an Event, and under `timeout-policy:
-/// fail` sends it about once a second: the reason is cut to [`MAX_REFUSAL_REASON`] and every
-/// part escaped, so it is at most [`tenant::MAX_MESSAGE`] bytes on one line.
-pub(crate) fn refusal(reason: &str, container: &str) -> String {
-    let reason = tenant::text(reason, MAX_REFUSAL_REASON);
-    format!(
-        "crisp: {reason}; kubelet will retry \"{}\" (network is not ready until the pod's sidecars run)",
-        name(container)
-    )
-}
-
-/// The message of a CreateContainer failed at the start timeout under policy `fail`.
-pub(crate) fn timed_out(pod: &str, sidecar: &str, timeout: Duration, container: &str) -> String {
-    refusal(
-        &format!(
-            "sidecar \"{}\" of pod {pod} not ready within {timeout:?}",
-            name(sidecar)
-        ),
-        container,
-    )
-}
-
-pub(crate) fn state_name(s: i32) -> &'static str {
-    match s {
-        state::CREATED => "created but not started",
-        state::RUNNING => "running",
-        state::EXITED => "exited",
-        _ => "in an unknown state",
     }
 }
 

@@ -10,14 +10,15 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant, SystemTime};
 
+use super::refusal::{HeldFor, Refusal};
 use super::{now, Engine, Pod};
-use crate::intercept::{Call, HoldEvent, HoldPhase};
+use crate::intercept::{Call, HoldEvent, HoldOutcome, HoldPhase};
 use crate::metrics::GaugeGuard;
 
 /// Never two update events of one hold closer than this.
-pub(crate) const UPDATE_MIN: Duration = Duration::from_secs(1);
+const UPDATE_MIN: Duration = Duration::from_secs(1);
 /// An update at least this often while a hold lasts, even when nothing changed.
-pub(crate) const UPDATE_EVERY: Duration = Duration::from_secs(5);
+const UPDATE_EVERY: Duration = Duration::from_secs(5);
 /// Longest probe spec or probe result in an event or in `crisp pods` (an exec spec may be 4 KiB).
 const MAX_FIELD: usize = 256;
 
@@ -70,25 +71,19 @@ impl Waiting {
         }
     }
 
-    /// From a fail-fast refusal's reason (`sidecar "proxy" of pod ns/p is not created yet …`).
-    pub(crate) fn from_refusal(pod: &Pod, reason: &str) -> Waiting {
-        let named = pod
-            .policy
-            .gated()
-            .iter()
-            .find(|s| reason.contains(&format!("{:?}", s.name)));
-        let kind = if reason.contains("not created") {
-            "not created"
-        } else if reason.contains("cannot be probed in an isolated pod") {
-            "cannot be probed"
-        } else {
-            "not running"
+    /// What a refused call waited for, from the refusal itself.
+    pub(crate) fn from_refusal(pod: &Pod, refusal: &Refusal) -> Waiting {
+        let kind = match refusal {
+            Refusal::NotCreated { .. } => "not created",
+            Refusal::NotRunning { .. } => "not running",
+            Refusal::Unprobeable { .. } => "cannot be probed",
+            Refusal::TimedOut { .. } | Refusal::HeldLong { .. } => "not ready",
         };
-        match named {
-            Some(s) => Waiting::sidecar(pod, &s.name, kind),
+        match refusal.sidecar() {
+            Some(name) => Waiting::sidecar(pod, name, kind),
             None => Waiting {
                 on: "runtime".into(),
-                reason: bounded(reason.to_string()),
+                reason: bounded(refusal.to_string()),
                 ..Default::default()
             },
         }
@@ -118,7 +113,7 @@ fn bounded(s: String) -> String {
 
 /// Whether a hold's update is due: what it waits for changed (and [`UPDATE_MIN`] passed since
 /// the last event), or [`UPDATE_EVERY`] passed.
-pub(crate) fn update_due(
+fn update_due(
     last: Option<&(Instant, Waiting)>,
     now: Instant,
     waiting: &Waiting,
@@ -141,22 +136,22 @@ pub(crate) fn held_refusal(
     held: Duration,
     timeout: Duration,
 ) -> String {
-    let what = if waiting.on == "runtime" {
-        format!("waiting for the runtime ({})", waiting.reason)
+    let waiting = if waiting.on == "runtime" {
+        HeldFor::Runtime(waiting.reason.clone())
     } else {
-        format!(
-            "waiting for sidecar {} of {pod}: {}",
-            waiting.on,
-            waiting.describe()
-        )
+        HeldFor::Sidecar {
+            name: waiting.on.clone(),
+            why: waiting.describe(),
+        }
     };
-    // Cut (to decide::MAX_REFUSAL_REASON) and escaped by `refusal`.
-    let reason = format!(
-        "{what}; held {} s of {} s",
-        held.as_secs(),
-        timeout.as_secs()
-    );
-    super::decide::refusal(&reason, container)
+    // Cut (to refusal::MAX_REFUSAL_REASON) and escaped by `Refusal::message`.
+    Refusal::HeldLong {
+        pod: pod.to_string(),
+        waiting,
+        held,
+        timeout,
+    }
+    .message(container)
 }
 
 /// One call held now, as `crisp pods` shows it.
@@ -246,7 +241,7 @@ impl<'a> Hold<'a> {
             _gauge: GaugeGuard::new(&engine.metrics.holds_in_flight),
         };
         hold.note_waited();
-        hold.send(HoldPhase::Start, "", "");
+        hold.send(HoldPhase::Start, None, "");
         hold
     }
 
@@ -262,7 +257,7 @@ impl<'a> Hold<'a> {
     }
 
     /// The hold's span, when the call carries kubelet's `traceparent` and tracing is on.
-    fn span(&self, outcome: &str, message: &str) {
+    fn span(&self, outcome: HoldOutcome, message: &str) {
         let (Some(parent), Some(spans)) = (self.call.trace.as_ref(), self.engine.hold_spans())
         else {
             return;
@@ -278,7 +273,9 @@ impl<'a> Hold<'a> {
                 container: &self.info.container,
                 waited_for: &self.waited,
                 reason: &self.info.waiting.describe(),
-                outcome,
+                outcome: outcome.as_str(),
+                verdict: outcome.verdict(),
+                failed: outcome.failed(),
                 message,
                 policy: &self.info.policy,
                 start: self.info.since,
@@ -303,7 +300,7 @@ impl<'a> Hold<'a> {
         self.info.waiting = waiting;
         self.note_waited();
         if update_due(self.last_sent.as_ref(), now(), &self.info.waiting) {
-            self.send(HoldPhase::Update, "", "");
+            self.send(HoldPhase::Update, None, "");
         }
     }
 
@@ -311,15 +308,14 @@ impl<'a> Hold<'a> {
         &self.info.waiting
     }
 
-    /// The hold is over: `outcome` (`forwarded`, `timed out (proceed)`, …), with the message of
-    /// a refusal.
-    pub(crate) fn end(mut self, outcome: &str, message: &str) {
+    /// The hold is over: how, with the message of a refusal.
+    pub(crate) fn end(mut self, outcome: HoldOutcome, message: &str) {
         self.ended = true;
         self.span(outcome, message);
-        self.send(HoldPhase::End, outcome, message);
+        self.send(HoldPhase::End, Some(outcome), message);
     }
 
-    fn send(&mut self, phase: HoldPhase, outcome: &str, message: &str) {
+    fn send(&mut self, phase: HoldPhase, outcome: Option<HoldOutcome>, message: &str) {
         let at = now();
         if phase != HoldPhase::End {
             self.last_sent = Some((at, self.info.waiting.clone()));
@@ -349,7 +345,7 @@ impl<'a> Hold<'a> {
             held: at.saturating_duration_since(self.info.held_from),
             time_left: self.info.ends.saturating_duration_since(at),
             policy: self.info.policy.clone(),
-            outcome: outcome.to_string(),
+            outcome,
             message: message.to_string(),
         });
     }
@@ -363,8 +359,8 @@ impl Drop for Hold<'_> {
                 container_name = %self.info.container,
                 "kubelet gave up on a held call (cancelled, or its deadline passed)"
             );
-            self.span("kubelet gave up", "");
-            self.send(HoldPhase::End, "kubelet gave up", "");
+            self.span(HoldOutcome::KubeletGaveUp, "");
+            self.send(HoldPhase::End, Some(HoldOutcome::KubeletGaveUp), "");
         }
     }
 }
@@ -396,7 +392,9 @@ impl Engine {
                 container,
                 waited_for: std::slice::from_ref(&waiting.on),
                 reason: &waiting.describe(),
-                outcome: "refused",
+                outcome: HoldOutcome::Refused.as_str(),
+                verdict: HoldOutcome::Refused.verdict(),
+                failed: true,
                 message,
                 policy: "",
                 start: end.checked_sub(took).unwrap_or(end),
@@ -438,7 +436,7 @@ impl Engine {
             held: Duration::ZERO,
             time_left: Duration::ZERO,
             policy: String::new(),
-            outcome: String::new(),
+            outcome: None,
             message: message.to_string(),
         });
     }

@@ -23,6 +23,7 @@
 //! | `init_guess.rs` | ImageStatus, PullImage | init or regular? (DESIGN.md §3.3) |
 //! | `probes.rs` | — | readiness probes from the pod's namespace (DESIGN.md §3.2) |
 //! | `job.rs` | — | Job mode's watchers (DESIGN.md §5) |
+//! | `refusal.rs` | — | why a create is refused, and every text of it (DESIGN.md §3.3) |
 //!
 //! Those gates gather their inputs through the [`runtime::Runtime`] seam. Their clock is
 //! tokio's, so `engine_tests/` runs the whole engine on paused time against a scripted runtime.
@@ -44,6 +45,7 @@ mod names;
 mod pod;
 mod probes;
 pub(crate) mod reads;
+mod refusal;
 pub mod runtime;
 mod sidecar;
 mod status;
@@ -144,6 +146,7 @@ impl Engine {
                 cfg.ordering.max_exec_probes_in_flight,
                 cfg.ordering.exec_probes_per_second,
             )
+            .for_execs()
             .per_pod_rate(cfg.ordering.exec_probes_per_pod_per_second),
             reads: reads::ReadLimiter::new(
                 cfg.ordering.runtime_reads_per_second,

@@ -257,7 +257,7 @@ impl readiness::ProbeEnv for ProbeTarget<'_> {
         let engine = self.engine;
         engine
             .limiter
-            .connect(self.deadline)
+            .rate_turn(self.deadline)
             .await
             .inspect_err(|_| {
                 engine.metrics.probe_limited.inc();
@@ -337,7 +337,7 @@ impl readiness::ProbeEnv for ProbeTarget<'_> {
             .slot(&self.pod.sandbox_id, self.deadline)
             .await
             .map_err(limited)?;
-        limiter.connect(self.deadline).await.map_err(limited)?;
+        limiter.rate_turn(self.deadline).await.map_err(limited)?;
         let timeout = timeout.min(
             self.deadline
                 .saturating_duration_since(tokio::time::Instant::now()),

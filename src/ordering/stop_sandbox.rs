@@ -8,7 +8,7 @@ use super::holds;
 use super::{now, record_span, Engine};
 use crate::cri::views::{self, state};
 use crate::cri::ApiVersion;
-use crate::intercept::{Call, Verdict};
+use crate::intercept::{Call, HoldOutcome, Verdict};
 use crate::tenant;
 
 impl Engine {
@@ -88,7 +88,7 @@ impl Engine {
             self.metrics
                 .stop_holds
                 .observe(now().saturating_duration_since(hold.since).as_secs_f64());
-            hold.end("forwarded", "");
+            hold.end(HoldOutcome::Forwarded, "");
         }
         for (name, id) in decide::sandbox_stop_apps(&pod.policy, &running) {
             tracing::info!(

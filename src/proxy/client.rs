@@ -1,5 +1,5 @@
 //! crisp's own calls to the runtime (readiness probes, status reads, job-mode stops), sent over
-//! the same multiplexed upstream connection as kubelet's. These are the only messages crisp
+//! the runtime pool's multiplexed connections ([`super::runtime_pool`]), as diverted calls are. These are the only messages crisp
 //! encodes itself; they are built from views, never from a forwarded message.
 
 use std::sync::Arc;
@@ -14,12 +14,12 @@ use super::RuntimePool;
 use crate::cri::views;
 use crate::cri::wire::{self, Frame};
 use crate::cri::ApiVersion;
-use crate::status::{code_of, Status};
+use crate::status::{code_of, message_of, Status};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error(transparent)]
-    RuntimePool(#[from] super::runtime_pool::UpstreamError),
+    RuntimePool(#[from] super::runtime_pool::RuntimePoolError),
     #[error("runtime answered {method} with {status}")]
     Status {
         method: &'static str,
@@ -48,13 +48,13 @@ impl ClientError {
 
 #[derive(Clone)]
 pub struct RuntimeClient {
-    upstream: Arc<RuntimePool>,
+    pool: Arc<RuntimePool>,
     timeout: Duration,
 }
 
 impl RuntimeClient {
-    pub fn new(upstream: Arc<RuntimePool>, timeout: Duration) -> Self {
-        RuntimeClient { upstream, timeout }
+    pub fn new(pool: Arc<RuntimePool>, timeout: Duration) -> Self {
+        RuntimeClient { pool, timeout }
     }
 
     /// A unary request to the runtime carrying `req`, with the runtime told of `timeout`.
@@ -80,8 +80,7 @@ impl RuntimeClient {
             http::header::USER_AGENT,
             HeaderValue::from_static(concat!("crisp/", env!("CARGO_PKG_VERSION"))),
         );
-        let ms = timeout.as_millis().clamp(1, 99_999_999);
-        if let Ok(v) = HeaderValue::from_str(&format!("{ms}m")) {
+        if let Ok(v) = HeaderValue::from_str(&crate::status::grpc_timeout_ms(timeout)) {
             h.insert("grpc-timeout", v);
         }
         r.body(ProxyBody::buffered(wire::frame(&req.encode_to_vec()), None))
@@ -100,7 +99,7 @@ impl RuntimeClient {
     ) -> Result<Resp, ClientError> {
         let request = self.request(version, method, req, timeout)?;
         let fut = async {
-            let resp = self.upstream.send(request).await?;
+            let resp = self.pool.send(request).await?;
             let (parts, body) = resp.into_parts();
             if let Some(c) = code_of(&parts.headers) {
                 return Err(status_error(method, c, &parts.headers));
@@ -267,7 +266,7 @@ impl RuntimeClient {
         let deadline = timeout.saturating_add(EXEC_RUNTIME_SLACK);
         let request = self.request(version, METHOD, &req, deadline)?;
         let fut = async {
-            let resp = self.upstream.send(request).await?;
+            let resp = self.pool.send(request).await?;
             let (parts, body) = resp.into_parts();
             if let Some(c) = code_of(&parts.headers) {
                 return Err(status_error(METHOD, c, &parts.headers));
@@ -384,7 +383,7 @@ const EXIT_CODE_FIELD: u64 = 3;
 
 /// Why an ExecSync answer could not be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum ExecAnswerError {
+enum ExecAnswerError {
     #[error("compressed message (crisp accepts none)")]
     Compressed,
     #[error("more than one message")]
@@ -411,7 +410,7 @@ pub(crate) enum ExecAnswerError {
 /// without a byte of it being stored. Between chunks it holds a fixed-size state — at most a
 /// partial prefix or varint (10 bytes) — however the body is cut.
 #[derive(Debug, Default)]
-pub(crate) struct ExitCodeReader {
+struct ExitCodeReader {
     state: ReadState,
     /// Bytes of the message not read yet (once its prefix is in).
     left: u64,
@@ -455,7 +454,7 @@ impl Default for ReadState {
 
 impl ExitCodeReader {
     /// Reads the next chunk of the body.
-    pub(crate) fn feed(&mut self, mut data: &[u8]) -> Result<(), ExecAnswerError> {
+    fn feed(&mut self, mut data: &[u8]) -> Result<(), ExecAnswerError> {
         while let Some((&first, _)) = data.split_first() {
             match &mut self.state {
                 ReadState::Done => return Err(ExecAnswerError::Trailing),
@@ -512,7 +511,7 @@ impl ExitCodeReader {
     }
 
     /// The exit code, once the whole body has been fed.
-    pub(crate) fn finish(self) -> Result<i32, ExecAnswerError> {
+    fn finish(self) -> Result<i32, ExecAnswerError> {
         match self.state {
             ReadState::Done => Ok(self.exit_code),
             ReadState::Prefix { got: 0, .. } => Err(ExecAnswerError::Empty),
@@ -578,19 +577,12 @@ impl ExitCodeReader {
     }
 }
 
+/// The runtime's non-OK status, its message read as every grpc-message crisp reads
+/// ([`crate::status::message_of`]: percent-decoded, bounded).
 fn status_error(method: &'static str, code: i32, h: &http::HeaderMap) -> ClientError {
-    let message = h
-        .get("grpc-message")
-        .and_then(|v| v.to_str().ok())
-        .map(|m| {
-            percent_encoding::percent_decode_str(m)
-                .decode_utf8_lossy()
-                .into_owned()
-        })
-        .unwrap_or_default();
     ClientError::Status {
         method,
-        status: Status::new(code, message),
+        status: Status::new(code, message_of(h).unwrap_or_default()),
     }
 }
 

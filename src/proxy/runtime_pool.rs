@@ -28,21 +28,24 @@ use parking_lot::RwLock;
 use tokio::net::UnixStream;
 
 use super::body::ProxyBody;
+use crate::status::{grpc_timeout, RuntimeAt};
 
+/// Why the runtime pool could not hand a call to the runtime. Each names the runtime's socket
+/// as every message crisp writes about the runtime does ([`RuntimeAt`]).
 #[derive(Debug, thiserror::Error)]
-pub enum UpstreamError {
-    #[error("upstream unix://{path} unavailable: {source}")]
+pub enum RuntimePoolError {
+    #[error("{} unavailable: {source}", RuntimeAt::path(path))]
     Connect {
         path: String,
         source: std::io::Error,
     },
-    #[error("upstream unix://{path} did not accept a connection within {timeout:?}")]
+    #[error("{} did not accept a connection within {timeout:?}", RuntimeAt::path(path))]
     ConnectTimeout { path: String, timeout: Duration },
-    #[error("upstream unix://{path} HTTP/2 handshake failed: {source}")]
+    #[error("{} HTTP/2 handshake failed: {source}", RuntimeAt::path(path))]
     Handshake { path: String, source: hyper::Error },
-    #[error("upstream unix://{path} failed the call: {source}")]
+    #[error("{} failed the call: {source}", RuntimeAt::path(path))]
     Call { path: String, source: hyper::Error },
-    #[error("upstream unix://{path}: the request cannot be sent: {why}")]
+    #[error("{}: the request cannot be sent: {why}", RuntimeAt::path(path))]
     Request { path: String, why: String },
 }
 
@@ -87,24 +90,6 @@ impl RawFields {
             }
         }
     }
-}
-
-/// A `grpc-timeout` value: the finest unit whose count fits in 8 digits.
-pub(crate) fn grpc_timeout(d: Duration) -> String {
-    const MAX: u128 = 99_999_999;
-    let ns = d.as_nanos().max(1);
-    for (div, unit) in [
-        (1u128, 'n'),
-        (1_000, 'u'),
-        (1_000_000, 'm'),
-        (1_000_000_000, 'S'),
-    ] {
-        let v = ns.div_ceil(div);
-        if v <= MAX {
-            return format!("{v}{unit}");
-        }
-    }
-    format!("{}M", (ns / 60_000_000_000).clamp(1, MAX))
 }
 
 /// How often a call the runtime refused unprocessed (GOAWAY, REFUSED_STREAM) is sent again on a
@@ -173,7 +158,7 @@ impl RuntimePool {
         }
     }
 
-    async fn conn(&self, idx: usize) -> Result<(u64, Conn), UpstreamError> {
+    async fn conn(&self, idx: usize) -> Result<(u64, Conn), RuntimePoolError> {
         let slot = &self.slots[idx % self.slots.len()];
         if let Some(c) = Self::live(slot) {
             return Ok(c);
@@ -190,7 +175,7 @@ impl RuntimePool {
             .max_header_list_size(MAX_HEADER_LIST)
             .handshake(TokioIo::new(stream))
             .await
-            .map_err(|source| UpstreamError::Handshake {
+            .map_err(|source| RuntimePoolError::Handshake {
                 path: self.display.to_string(),
                 source,
             })?;
@@ -212,15 +197,15 @@ impl RuntimePool {
     }
 
     /// A new raw connection to the runtime's socket (the relay speaks HTTP/2 on it itself).
-    pub(crate) async fn connect(&self) -> Result<UnixStream, UpstreamError> {
+    pub(crate) async fn connect(&self) -> Result<UnixStream, RuntimePoolError> {
         let path = || self.display.to_string();
         match tokio::time::timeout(self.opts.connect_timeout, UnixStream::connect(&self.path)).await
         {
-            Err(_) => Err(UpstreamError::ConnectTimeout {
+            Err(_) => Err(RuntimePoolError::ConnectTimeout {
                 path: path(),
                 timeout: self.opts.connect_timeout,
             }),
-            Ok(Err(source)) => Err(UpstreamError::Connect {
+            Ok(Err(source)) => Err(RuntimePoolError::Connect {
                 path: path(),
                 source,
             }),
@@ -235,17 +220,17 @@ impl RuntimePool {
     pub(crate) async fn send(
         &self,
         req: Request<ProxyBody>,
-    ) -> Result<Response<Incoming>, UpstreamError> {
+    ) -> Result<Response<Incoming>, RuntimePoolError> {
         let (mut parts, body) = req.into_parts();
         let head = match parts.extensions.remove::<RawFields>() {
-            Some(RawFields(f)) => head_from_fields(&f).map_err(|why| UpstreamError::Request {
+            Some(RawFields(f)) => head_from_fields(&f).map_err(|why| RuntimePoolError::Request {
                 path: self.display.to_string(),
                 why,
             })?,
             None => {
                 if parts.uri.authority().is_none() {
                     parts.uri = with_authority(&parts.uri, "localhost").map_err(|why| {
-                        UpstreamError::Request {
+                        RuntimePoolError::Request {
                             path: self.display.to_string(),
                             why,
                         }
@@ -299,8 +284,8 @@ impl RuntimePool {
         }
     }
 
-    fn call_error(&self, source: hyper::Error) -> UpstreamError {
-        UpstreamError::Call {
+    fn call_error(&self, source: hyper::Error) -> RuntimePoolError {
+        RuntimePoolError::Call {
             path: self.display.to_string(),
             source,
         }

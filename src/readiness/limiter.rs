@@ -38,6 +38,9 @@ pub(crate) struct ProbeLimiter {
     /// Each pod's own rate and burst; `None`: pods are paced only by the node's rate.
     pod_rate: Option<(f64, f64)>,
     pod_buckets: Mutex<PodBuckets>,
+    /// What a turn of the node's rate starts, as the rate's limit says it: `connects`, or
+    /// `execs` for the exec probes' limiter ([`ProbeLimiter::for_execs`]).
+    turns: &'static str,
 }
 
 /// The pods' own token buckets. A full bucket carries nothing a new one would not (it starts
@@ -256,7 +259,15 @@ impl ProbeLimiter {
                 by_pod: HashMap::new(),
                 sweep_at: POD_BUCKETS_SWEEP,
             }),
+            turns: "connects",
         }
+    }
+
+    /// The exec probes' limiter: a turn of its node-wide rate starts an ExecSync, not a
+    /// connect, and its limit says so (`exec node-wide probe limit: 50 execs per second`).
+    pub(crate) fn for_execs(mut self) -> ProbeLimiter {
+        self.turns = "execs";
+        self
     }
 
     /// Paces each pod to `per_second` turns (see [`ProbeLimiter::pod_turn`]), a quarter of a
@@ -378,17 +389,18 @@ impl ProbeLimiter {
         self.lock_slots().in_flight
     }
 
-    /// Leave to open one connection, waited for until `deadline` at most. A token is taken only
-    /// when it will be there in time, so a probe that gives up leaves no debt behind.
-    pub(crate) async fn connect(&self, deadline: Instant) -> Result<(), String> {
+    /// One turn of the node-wide rate: leave to open one connection (to start one ExecSync,
+    /// for the exec probes' limiter), waited for until `deadline` at most. A token is taken
+    /// only when it will be there in time, so a probe that gives up leaves no debt behind.
+    pub(crate) async fn rate_turn(&self, deadline: Instant) -> Result<(), String> {
         let wait = self
             .bucket
             .lock()
             .reserve(self.rate, self.burst, deadline)
             .ok_or_else(|| {
                 format!(
-                    "node-wide probe limit: {} connects per second",
-                    self.rate
+                    "node-wide probe limit: {} {} per second",
+                    self.rate, self.turns
                 )
             })?;
         if !wait.is_zero() {

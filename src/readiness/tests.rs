@@ -310,19 +310,19 @@ async fn connects_per_second_are_bounded() {
     let t = Instant::now();
     let far = t + Duration::from_secs(60);
     for _ in 0..10 {
-        l.connect(far).await.unwrap();
+        l.rate_turn(far).await.unwrap();
     }
     assert_eq!(Instant::now(), t, "the burst is free");
     // Too soon for a token: refused at once.
     let e = l
-        .connect(Instant::now() + Duration::from_millis(1))
+        .rate_turn(Instant::now() + Duration::from_millis(1))
         .await
         .unwrap_err();
     assert!(e.contains("100 connects per second"), "{e}");
     assert_eq!(Instant::now(), t);
     // One second of connects: 100 more, not one beyond.
     let mut n = 0;
-    while l.connect(t + Duration::from_secs(1)).await.is_ok() {
+    while l.rate_turn(t + Duration::from_secs(1)).await.is_ok() {
         n += 1;
     }
     assert_eq!(n, 100, "connects in the first second after the burst");

@@ -6,7 +6,7 @@
 //!                         subscriber may want this RPC (one atomic load of a bitmap)
 //!        ─ on_complete ─▶ metrics; then, if anyone subscribes: ids off the wire (ids.rs),
 //!                         names from the engine, filters (filter.rs), try_send into each
-//!                         matching subscriber's bounded queue — full queue: drop and count
+//!                         matching subscriber's bounded queue (hub.rs) — full: drop, count
 //!                         ─────────────── call path ends here: no await, no decode ───────────
 //!  admin/service.rs: one task per subscriber ◀─ Subscription::next: events + "dropped N" markers
 //!            decode + redact (decode.rs, redact.rs) for --full, then gRPC to `crisp tap`
@@ -19,6 +19,7 @@
 pub mod client;
 pub(crate) mod decode;
 pub(crate) mod filter;
+mod hub;
 pub(crate) mod ids;
 pub mod output;
 pub mod pods;
@@ -32,31 +33,29 @@ pub mod pb {
     tonic::include_proto!("crisp.admin.v1");
 }
 
+use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use dashmap::DashMap;
-use parking_lot::RwLock;
-use tokio::sync::mpsc;
 
 use crate::cri::skim::{Skim, SkimSpec};
 use crate::cri::wire::{self, Frame};
 use crate::cri::{Route, Rpc, RpcKind};
 use crate::intercept::PodNames;
 use crate::intercept::{
-    BoxFuture, Call, HoldEvent, HoldPhase, HoldSink, Interceptor, Interest, Outcome, Verdict,
+    BoxFuture, Call, HoldEvent, HoldOutcome, HoldPhase, HoldSink, Interceptor, Interest, Outcome,
+    Verdict,
 };
 use crate::metrics::{code_name, CallMetrics};
 pub(crate) use filter::{Filter, Glob};
+#[cfg(test)]
+use hub::MAX_QUEUED_BYTES;
+use hub::{Ev, Hub, Sub};
+pub(crate) use hub::{Item, Subscription};
 pub(crate) use ids::Ids;
 use redact::Dir;
-
-/// Most bytes of messages queued for one subscriber; beyond it events are dropped (and counted)
-/// even if the queue has room: `--full --all` on a node with big List responses must not grow
-/// crisp's memory without bound.
-pub(crate) const MAX_QUEUED_BYTES: usize = 64 << 20;
 
 /// Most bytes of a message the tap (and the trace log) shows: of each message, the top-level
 /// fields that fit are decoded and shown, the others by their size on the wire (issue #33).
@@ -74,19 +73,9 @@ fn spec(rpc: Option<Rpc>, dir: Dir) -> SkimSpec {
 }
 
 /// Target of the trace-level log of every call's (redacted) messages.
-pub(crate) const MESSAGES_TARGET: &str = "crisp::tap::messages";
+const MESSAGES_TARGET: &str = "crisp::tap::messages";
 /// Longest message JSON put in one log line.
 const MAX_LOG_MESSAGE: usize = 16 << 10;
-
-// One interest bit per RPC plus bit 63 for unknown paths.
-const _: () = assert!(Rpc::ALL.len() < 63);
-
-fn bit(rpc: Option<Rpc>) -> u64 {
-    match rpc {
-        Some(r) => 1u64 << (r as u32),
-        None => 1u64 << 63,
-    }
-}
 
 /// One finished call, shared by every subscriber that gets it.
 #[derive(Debug)]
@@ -212,198 +201,8 @@ pub(crate) fn hold_to_proto(ev: &HoldEvent) -> pb::HoldEvent {
         held_ms: ev.held.as_millis() as u64,
         time_left_ms: ev.time_left.as_millis() as u64,
         policy: ev.policy.clone(),
-        outcome: ev.outcome.clone(),
+        outcome: ev.outcome_str().to_string(),
         message: ev.message.clone(),
-    }
-}
-
-/// What a subscription yields.
-#[derive(Debug, Clone)]
-pub(crate) enum Item {
-    Call(Arc<RawEvent>),
-    /// A call held or refused, while it happens.
-    Hold(Arc<HoldEvent>),
-    /// `count` events were dropped for this subscriber just before the next one (`total` since
-    /// it subscribed).
-    Dropped {
-        count: u64,
-        total: u64,
-    },
-}
-
-/// One queued event: a finished call, or a hold.
-#[derive(Debug, Clone)]
-enum Ev {
-    Call(Arc<RawEvent>),
-    Hold(Arc<HoldEvent>),
-}
-
-impl Ev {
-    fn weight(&self) -> usize {
-        match self {
-            Ev::Call(e) => e.weight(),
-            Ev::Hold(_) => 512,
-        }
-    }
-
-    fn item(self) -> Item {
-        match self {
-            Ev::Call(e) => Item::Call(e),
-            Ev::Hold(h) => Item::Hold(h),
-        }
-    }
-}
-
-struct Queued {
-    ev: Ev,
-    /// Events dropped for this subscriber just before this one.
-    missed: u64,
-}
-
-#[derive(Default)]
-struct Counters {
-    dropped: AtomicU64,
-    queued_bytes: AtomicUsize,
-}
-
-/// The hub's side of one subscriber.
-struct Sub {
-    id: u64,
-    filter: Filter,
-    tx: mpsc::Sender<Queued>,
-    counters: Arc<Counters>,
-}
-
-impl Sub {
-    /// Never waits: a full queue drops the event for this subscriber only, and counts it.
-    fn offer(&self, ev: Ev, metrics: &CallMetrics) {
-        let w = ev.weight();
-        let queued = self.counters.queued_bytes.fetch_add(w, Relaxed);
-        let missed = self.counters.dropped.swap(0, Relaxed);
-        let fail = |missed: u64, lost: u64| {
-            self.counters.queued_bytes.fetch_sub(w, Relaxed);
-            self.counters.dropped.fetch_add(missed + lost, Relaxed);
-            metrics.tap_dropped.inc_by(lost);
-        };
-        if queued + w > MAX_QUEUED_BYTES {
-            return fail(missed, 1);
-        }
-        match self.tx.try_send(Queued { ev, missed }) {
-            Ok(()) => {
-                metrics.tap_events.inc();
-            }
-            Err(mpsc::error::TrySendError::Full(q)) => fail(q.missed, 1),
-            // The subscriber is going away; it is being removed from the hub.
-            Err(mpsc::error::TrySendError::Closed(q)) => fail(q.missed, 0),
-        }
-    }
-}
-
-/// The set of subscribers, and the interest bitmaps derived from their filters.
-#[derive(Default)]
-struct Hub {
-    subs: RwLock<Arc<Vec<Arc<Sub>>>>,
-    count: AtomicUsize,
-    /// RPCs (bit per `Rpc`, bit 63 unknown paths) some subscriber may want: their requests are
-    /// read for ids.
-    want: AtomicU64,
-    /// ... and with `full`: their responses are read too.
-    want_full: AtomicU64,
-    next_id: AtomicU64,
-    closed: AtomicBool,
-}
-
-impl Hub {
-    fn snapshot(&self) -> Arc<Vec<Arc<Sub>>> {
-        self.subs.read().clone()
-    }
-
-    fn update(&self, f: impl FnOnce(&mut Vec<Arc<Sub>>)) {
-        let mut g = self.subs.write();
-        let mut v: Vec<Arc<Sub>> = g.as_ref().clone();
-        f(&mut v);
-        let (mut want, mut full) = (0u64, 0u64);
-        for s in &v {
-            for rpc in Rpc::ALL
-                .iter()
-                .copied()
-                .map(Some)
-                .chain(std::iter::once(None))
-            {
-                if s.filter.may_want_rpc(rpc) {
-                    want |= bit(rpc);
-                    if s.filter.full {
-                        full |= bit(rpc);
-                    }
-                }
-            }
-        }
-        self.want.store(want, Relaxed);
-        self.want_full.store(full, Relaxed);
-        self.count.store(v.len(), Relaxed);
-        *g = Arc::new(v);
-    }
-}
-
-/// A subscriber's end: events in the order calls ended, with drop markers.
-pub(crate) struct Subscription {
-    id: u64,
-    rx: mpsc::Receiver<Queued>,
-    counters: Arc<Counters>,
-    hub: Arc<Hub>,
-    metrics: Arc<CallMetrics>,
-    pending: Option<Ev>,
-    total_dropped: u64,
-}
-
-impl Subscription {
-    fn dropped(&mut self, count: u64) -> Item {
-        self.total_dropped += count;
-        Item::Dropped {
-            count,
-            total: self.total_dropped,
-        }
-    }
-
-    fn take(&mut self, q: Queued) -> Item {
-        self.counters.queued_bytes.fetch_sub(q.ev.weight(), Relaxed);
-        if q.missed > 0 {
-            self.pending = Some(q.ev);
-            return self.dropped(q.missed);
-        }
-        q.ev.item()
-    }
-
-    /// The next event; `None` once the tap is closed (crisp shutting down).
-    pub(crate) async fn next(&mut self) -> Option<Item> {
-        if let Some(ev) = self.pending.take() {
-            return Some(ev.item());
-        }
-        let q = match self.rx.try_recv() {
-            Ok(q) => q,
-            Err(e) => {
-                // Caught up: report drops no later event has carried yet.
-                let d = self.counters.dropped.swap(0, Relaxed);
-                if d > 0 {
-                    return Some(self.dropped(d));
-                }
-                if e == mpsc::error::TryRecvError::Disconnected {
-                    return None;
-                }
-                self.rx.recv().await?
-            }
-        };
-        Some(self.take(q))
-    }
-}
-
-impl Drop for Subscription {
-    fn drop(&mut self) {
-        let id = self.id;
-        self.hub.update(|v| v.retain(|s| s.id != id));
-        self.metrics
-            .tap_subscribers
-            .set(self.hub.count.load(Relaxed) as i64);
     }
 }
 
@@ -450,37 +249,12 @@ impl Tap {
 
     /// Attaches a subscriber with a queue of `queue` events.
     pub(crate) fn subscribe(&self, filter: Filter, queue: usize) -> Subscription {
-        let (tx, rx) = mpsc::channel(queue.max(1));
-        let counters = Arc::new(Counters::default());
-        let id = self.hub.next_id.fetch_add(1, Relaxed);
-        let sub = Arc::new(Sub {
-            id,
-            filter,
-            tx,
-            counters: counters.clone(),
-        });
-        if !self.hub.closed.load(Relaxed) {
-            self.hub.update(|v| v.push(sub));
-        }
-        self.metrics
-            .tap_subscribers
-            .set(self.hub.count.load(Relaxed) as i64);
-        Subscription {
-            id,
-            rx,
-            counters,
-            hub: self.hub.clone(),
-            metrics: self.metrics.clone(),
-            pending: None,
-            total_dropped: 0,
-        }
+        self.hub.subscribe(filter, queue, &self.metrics)
     }
 
     /// Ends every subscription (their queued events are still delivered) and refuses new ones.
     pub(crate) fn close(&self) {
-        self.hub.closed.store(true, Relaxed);
-        self.hub.update(Vec::clear);
-        self.metrics.tap_subscribers.set(0);
+        self.hub.close(&self.metrics);
     }
 
     fn unstash(&self, call_id: u64) -> Option<Ids> {
@@ -535,7 +309,7 @@ impl Tap {
 /// atomic load of the subscribers' bitmaps, and whether the message log is on.
 impl Tap {
     fn wants(&self, call: &Call) -> (bool, bool) {
-        let b = bit(call.route.rpc);
+        let b = hub::bit(call.route.rpc);
         let logged = Tap::messages_logged();
         let want = self.hub.want.load(Relaxed) & b != 0 || logged;
         let unary = matches!(
@@ -671,7 +445,7 @@ impl HoldSink for Tap {
     fn publish(&self, ev: HoldEvent) {
         let subs = self.hub.snapshot();
         let failed = ev.phase == HoldPhase::Refused
-            || (ev.phase == HoldPhase::End && ev.outcome != "forwarded");
+            || (ev.phase == HoldPhase::End && ev.outcome != Some(HoldOutcome::Forwarded));
         let wants = |s: &Sub| {
             s.filter.wants_route(&ev.route, &ev.path)
                 && (!s.filter.errors_only || failed)

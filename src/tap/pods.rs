@@ -163,7 +163,7 @@ pub(crate) fn human(p: &pb::Pod, now: SystemTime) -> String {
 /// and escaped as in the readable view (`tenant::cut`, [`MAX_FIELD`] bytes each: the pod's
 /// names, its readiness specs, probe results and the runtime's errors are the pod author's
 /// text); [`view`] prints it with the one JSON escape (`tenant::json`).
-pub(crate) fn pod_json(p: &pb::Pod) -> Value {
+fn pod_json(p: &pb::Pod) -> Value {
     let time = |n: i64| {
         if n > 0 {
             Value::String(rfc3339(n))

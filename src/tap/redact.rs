@@ -197,7 +197,7 @@ const COMMAND_FIELDS: &[&str] = &["command", "args", "cmd"];
 
 /// Whether an annotation's value is shown: a key crisp knows (crisp's own `crisp.dev/*` or one
 /// of `SHOWN_ANNOTATIONS`) whose value does not embed a manifest.
-pub(crate) fn annotation_shown(key: &str, value: &str) -> bool {
+fn annotation_shown(key: &str, value: &str) -> bool {
     (key.starts_with("crisp.dev/") || SHOWN_ANNOTATIONS.contains(&key))
         && !carries_manifest(key, value)
 }
@@ -211,7 +211,7 @@ const MANIFEST_ANNOTATIONS: &[&str] = &[
 /// Whether an annotation's value may embed a manifest: one of the annotations tools keep a copy
 /// of the applied object in, or any value shaped like a serialised Kubernetes object (a JSON
 /// object naming its `apiVersion` and `kind`), whoever put it there.
-pub(crate) fn carries_manifest(key: &str, value: &str) -> bool {
+fn carries_manifest(key: &str, value: &str) -> bool {
     MANIFEST_ANNOTATIONS.contains(&key)
         || (value.trim_start().starts_with('{')
             && value.contains("\"apiVersion\"")

@@ -355,7 +355,7 @@ async fn a_rejected_call_keeps_the_names_read_from_its_request() {
     assert_eq!((t.stashed.load(Relaxed), t.stash.len()), (0, 0));
 }
 
-fn hold(phase: HoldPhase, outcome: &str, namespace: &str) -> HoldEvent {
+fn hold(phase: HoldPhase, outcome: Option<HoldOutcome>, namespace: &str) -> HoldEvent {
     HoldEvent {
         call_id: 7,
         route: Route::from_path(CREATE),
@@ -374,7 +374,7 @@ fn hold(phase: HoldPhase, outcome: &str, namespace: &str) -> HoldEvent {
         held: Duration::from_secs(3),
         time_left: Duration::from_secs(87),
         policy: "proceed".into(),
-        outcome: outcome.into(),
+        outcome,
         message: String::new(),
     }
 }
@@ -421,9 +421,13 @@ async fn hold_events_pass_the_subscribers_filters() {
         8,
     );
     assert!(t.wanted());
-    t.publish(hold(HoldPhase::Start, "", "shop"));
-    t.publish(hold(HoldPhase::End, "forwarded", "other"));
-    t.publish(hold(HoldPhase::End, "timed out (proceed)", "shop"));
+    t.publish(hold(HoldPhase::Start, None, "shop"));
+    t.publish(hold(HoldPhase::End, Some(HoldOutcome::Forwarded), "other"));
+    t.publish(hold(
+        HoldPhase::End,
+        Some(HoldOutcome::TimedOutProceed),
+        "shop",
+    ));
     let phases = |items: Vec<Item>| -> Vec<(HoldPhase, String)> {
         items
             .into_iter()
@@ -452,7 +456,7 @@ async fn hold_events_pass_the_subscribers_filters() {
 
 #[test]
 fn hold_events_to_proto() {
-    let p = hold_to_proto(&hold(HoldPhase::Update, "", "shop"));
+    let p = hold_to_proto(&hold(HoldPhase::Update, None, "shop"));
     assert_eq!(
         (p.phase.as_str(), p.method.as_str(), p.cri_version.as_str()),
         ("update", "CreateContainer", "v1")

@@ -145,7 +145,7 @@ macro_rules! hold_object {
 pub(super) use hold_object;
 
 /// A hold event as a JSON object: `"hold"` names its phase (call events have no such key).
-pub(crate) fn hold_json(h: &pb::HoldEvent) -> Value {
+fn hold_json(h: &pb::HoldEvent) -> Value {
     hold_object!(h, {
         "hold": h.phase,
         "time": rfc3339(h.unix_nanos),
@@ -169,7 +169,7 @@ pub(crate) fn hold_json(h: &pb::HoldEvent) -> Value {
 /// 12:00:01.234 v1 CreateContainer default/web app HOLD waiting for proxy:
 ///   not ready (tcp://:9: connect …: refused) held=2.0s left=88.0s proceed
 /// ```
-pub(crate) fn hold_line(h: &pb::HoldEvent) -> String {
+fn hold_line(h: &pb::HoldEvent) -> String {
     let mut parts: Vec<String> = vec![
         local_time(h.unix_nanos),
         if h.cri_version.is_empty() {

@@ -1,27 +1,34 @@
 //! The newer-kubelet lanes (issue #34): the cluster lane of tests/it/cluster_rollout.rs (a real
 //! control plane from hack/cluster.sh, the nspawn systemd node with containerd) with a kubelet
 //! 1.30, 1.32 or 1.34 built by hack/kube-binaries.sh, joined with the KubeletCgroupDriverFromCRI
-//! gate on (1.30–1.33; GA in 1.34) and a `tracing:` block.
+//! gate on (1.30–1.33; GA in 1.34) and a `tracing:` block to the lane's OTLP receiver
+//! (tests/it/support/otlp.rs, on the node's loopback, which is this process's), where crisp's
+//! `[tracing] otlp_endpoint` points too.
 //!
 //! `a_newer_kubelet_through_crisp`, from the API server, first with kubelet on containerd's
 //! socket (direct), then on crisp's:
 //! - a pod with a native sidecar (an init container with `restartPolicy: Always` and a
 //!   startupProbe), Istio-, Linkerd- and Vault-shaped legacy pods (the injectors' own
-//!   annotations and container names, readiness from crisp's injector table) and a pod mixing a
-//!   native sidecar with an annotated legacy one. The numbers come from the runtime's own
-//!   timestamps (containerd's ContainerStatus: created, started, finished, in ns): sidecar
-//!   started → app created, and app finished → sidecar finished after `kubectl delete`. Through
-//!   crisp the legacy sidecars are ready before their app is created and finish after it; the
-//!   native sidecar is never held (no hold in the tap).
-//! - through crisp only: a Job whose legacy sidecar never exits completes; crisp SIGKILLed and
-//!   restarted while it holds an app's CreateContainer, the pod still ordered; RuntimeConfig in
-//!   the tap with the runtime's answer (containerd 1.6: its own Unimplemented, which kubelet's
-//!   journal shows it fell back on, exactly as direct); a PullImage with an imagePullSecret, the
-//!   credentials absent from the tap.
-//! - tracing: kubelet → recorder A → crisp → recorder B → containerd. The recorders (HTTP/2
-//!   relays in this process, on sockets inside the node) keep each call's `traceparent`,
-//!   `tracestate` and `baggage`; every call A saw reaches B with the same three values, so the
-//!   runtime receives kubelet's trace context unchanged.
+//!   annotations and container names, readiness from crisp's injector table), a native sidecar
+//!   without a startupProbe named in `crisp.dev/ready.proxy` (issue #35: direct, kubelet creates
+//!   the app before it is ready) and a pod mixing a native sidecar with an annotated legacy one.
+//!   The numbers come from the runtime's own timestamps (containerd's ContainerStatus: created,
+//!   started, finished, in ns): sidecar started → app created, and app finished → sidecar
+//!   finished after `kubectl delete`. Through crisp the legacy sidecars and the named native one
+//!   are ready before their app is created, the legacy ones finish after it (the mixed pod's
+//!   without waiting for its native sidecar, which kubelet stops last); the unnamed native
+//!   sidecar is never held (no hold in the tap).
+//! - through crisp only: a Job whose legacy sidecar never exits completes; a held
+//!   CreateContainer as kubelet's span and crisp's hold span, its child, in one trace at the
+//!   receiver; crisp SIGKILLed and restarted while it holds an app's CreateContainer, the pod
+//!   still ordered; RuntimeConfig in the tap with the runtime's answer (containerd 1.6: its own
+//!   Unimplemented, which kubelet's journal shows it fell back on, exactly as direct); a
+//!   PullImage with an imagePullSecret, the credentials absent from the tap.
+//! - tracing: kubelet → recorder A → crisp → recorder B → containerd. The recorders (byte relays
+//!   in this process, on sockets inside the node, reading the client's header blocks with their
+//!   own HPACK decoder) keep each call's `traceparent`, `tracestate` and `baggage`; every call A
+//!   saw reaches B with the same three values, so the runtime receives kubelet's trace context
+//!   unchanged.
 //!
 //! Needs the binaries, so ignored by default; hack/lanes.sh runs it per version (lanes
 //! kubelet-1.30, kubelet-1.32, kubelet-1.34):
@@ -51,8 +58,8 @@ fn minor() -> u32 {
 }
 
 /// The lane's kubelet config: the 1.26 lane's, plus the cgroup-driver gate where it is not GA
-/// yet, and tracing of every call (an OTLP endpoint nobody listens on: kubelet still creates
-/// and propagates the spans, the export fails quietly).
+/// yet, and tracing of every call to the lane's OTLP receiver ([`OTLP_ADDR`]; KubeletTracing is
+/// beta and on by default from 1.27, GA in 1.34).
 pub(crate) fn kubelet_config(minor: u32) -> String {
     let mut c = KUBELET_CONFIG.to_string();
     let mut gates = String::new();
@@ -66,8 +73,68 @@ pub(crate) fn kubelet_config(minor: u32) -> String {
     if !gates.is_empty() {
         c += &format!("featureGates:\n{gates}");
     }
-    c += "tracing:\n  endpoint: 127.0.0.1:14317\n  samplingRatePerMillion: 1000000\n";
+    c += &format!("tracing:\n  endpoint: {OTLP_ADDR}\n  samplingRatePerMillion: 1000000\n");
     c
+}
+
+/// Where the lane's OTLP/gRPC receiver listens, for kubelet and crisp alike. The node shares the
+/// host's network namespace (cluster_rollout.rs, `BRIDGE`), so the node's loopback is this
+/// process's: no setns and no bridge address needed.
+const OTLP_ADDR: &str = "127.0.0.1:14317";
+
+/// crisp's config in the node: its hold spans to the lane's receiver, sent every 200 ms.
+fn crisp_config() -> String {
+    format!("[tracing]\notlp_endpoint = \"http://{OTLP_ADDR}\"\nexport_delay = \"200ms\"\n")
+}
+
+/// Every span kubelet and crisp exported to [`OTLP_ADDR`] (`tests/it/support/otlp.rs`).
+struct Spans {
+    _rt: tokio::runtime::Runtime,
+    all: Arc<Mutex<Vec<crate::support::Exported>>>,
+}
+
+impl Spans {
+    fn start() -> Spans {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let l = rt
+            .block_on(tokio::net::TcpListener::bind(OTLP_ADDR))
+            .unwrap_or_else(|e| panic!("the lane's OTLP receiver on {OTLP_ADDR}: {e}"));
+        let all: Arc<Mutex<Vec<crate::support::Exported>>> = Arc::default();
+        let keep = all.clone();
+        rt.spawn(async move {
+            let mut rx = crate::support::otlp_receiver(l);
+            while let Some(e) = rx.recv().await {
+                keep.lock().unwrap().push(e);
+            }
+        });
+        Spans { _rt: rt, all }
+    }
+
+    /// Waits until `f` finds something among the spans so far (kubelet's exporter sends every
+    /// 5 s).
+    fn wait<T>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        f: impl Fn(&[crate::support::Exported]) -> Option<T>,
+    ) -> T {
+        let t = Instant::now();
+        loop {
+            if let Some(v) = f(&self.all.lock().unwrap()) {
+                return v;
+            }
+            assert!(
+                t.elapsed() < timeout,
+                "no {what} at the OTLP receiver in {timeout:?} ({} spans there)",
+                self.all.lock().unwrap().len()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
 }
 
 /// A socket inside the node, as the host reaches it (the node's /run is its own tmpfs).
@@ -225,12 +292,7 @@ impl Tap {
     }
 
     /// Waits until a line satisfies `f` (the tap's subscriber is attached asynchronously).
-    pub(crate) fn wait_line(
-        &self,
-        what: &str,
-        timeout: Duration,
-        f: impl Fn(&serde_json::Value) -> bool,
-    ) {
+    fn wait_line(&self, what: &str, timeout: Duration, f: impl Fn(&serde_json::Value) -> bool) {
         let t = Instant::now();
         while !self.lines().iter().any(&f) {
             assert!(t.elapsed() < timeout, "no tap line for {what}");
@@ -331,7 +393,7 @@ impl Runtime {
 
 // --- pods ------------------------------------------------------------------------------------
 
-pub(crate) const APP: &str =
+const APP: &str =
     "trap 'sleep 2; exit 0' TERM; echo app up; while true; do sleep 1 & wait $!; done";
 /// How long a sidecar takes to turn ready after it started.
 pub(crate) const READY_AFTER: Duration = Duration::from_secs(3);
@@ -351,7 +413,7 @@ fn sidecar(http: Option<(u16, &str)>) -> String {
     )
 }
 
-pub(crate) fn container(name: &str, script: &str, extra: &str) -> String {
+fn container(name: &str, script: &str, extra: &str) -> String {
     format!("  - name: {name}\n    image: crisp.test/busybox:latest\n    imagePullPolicy: IfNotPresent\n    command: [\"sh\", \"-c\", {script:?}]\n{extra}")
 }
 
@@ -361,7 +423,9 @@ const EXIT0: &str = "exit 0";
 /// them that crisp orders at create, and at stop).
 pub(crate) struct Shape {
     pub(crate) name: &'static str,
-    pub(crate) yaml: String,
+    /// "native", "legacy", "legacy, stop only", "native named in crisp.dev/ready": for the log.
+    kind: &'static str,
+    yaml: String,
     pub(crate) sidecar: &'static str,
     /// crisp holds the app until the sidecar is ready (the create order is crisp's).
     pub(crate) ordered_create: bool,
@@ -369,7 +433,7 @@ pub(crate) struct Shape {
     pub(crate) ordered_stop: bool,
 }
 
-pub(crate) fn pod(name: &str, annotations: &str, init: &[String], containers: &[String]) -> String {
+fn pod(name: &str, annotations: &str, init: &[String], containers: &[String]) -> String {
     let mut y = format!("apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\n  annotations:\n    lane.crisp.dev/shape: {name:?}\n{annotations}spec:\n  automountServiceAccountToken: false\n  terminationGracePeriodSeconds: 15\n");
     if !init.is_empty() {
         y += "  initContainers:\n";
@@ -397,6 +461,7 @@ pub(crate) fn shapes(minor: u32) -> Vec<Shape> {
     let mut v = vec![
         Shape {
             name: "native",
+            kind: "native",
             yaml: pod(
                 "native",
                 "",
@@ -411,6 +476,7 @@ pub(crate) fn shapes(minor: u32) -> Vec<Shape> {
         // readiness on :15021/healthz/ready (crisp's injector table).
         Shape {
             name: "istio",
+            kind: "legacy",
             yaml: pod(
                 "istio",
                 "    sidecar.istio.io/status: '{\"initContainers\":[\"istio-init\"],\"containers\":[\"istio-proxy\"],\"volumes\":[\"istio-envoy\"],\"imagePullSecrets\":null}'\n",
@@ -427,6 +493,7 @@ pub(crate) fn shapes(minor: u32) -> Vec<Shape> {
         // Linkerd: linkerd-init, linkerd-proxy first, readiness on :4191/ready.
         Shape {
             name: "linkerd",
+            kind: "legacy",
             yaml: pod(
                 "linkerd",
                 "    linkerd.io/proxy-version: \"stable-2.14.10\"\n",
@@ -444,6 +511,7 @@ pub(crate) fn shapes(minor: u32) -> Vec<Shape> {
         // ordered once it exists: only its stop is crisp's).
         Shape {
             name: "vault",
+            kind: "legacy, stop only",
             yaml: pod(
                 "vault",
                 "    vault.hashicorp.com/agent-inject-status: injected\n",
@@ -457,9 +525,30 @@ pub(crate) fn shapes(minor: u32) -> Vec<Shape> {
             ordered_create: false,
             ordered_stop: true,
         },
+        // Issue #35: a native sidecar without a startupProbe, so kubelet starts the app as soon
+        // as the sidecar's process runs; named in crisp.dev/ready.proxy, crisp holds the app's
+        // CreateContainer until it is ready. Stops stay kubelet's.
+        Shape {
+            name: "native-ready",
+            kind: "native named in crisp.dev/ready",
+            yaml: pod(
+                "native-ready",
+                "    crisp.dev/ready.proxy: 'exec:[\"test\",\"-e\",\"/tmp/ready\"]'\n",
+                &[container(
+                    "proxy",
+                    &sidecar(None),
+                    "    restartPolicy: Always\n",
+                )],
+                &[container("app", APP, "")],
+            ),
+            sidecar: "proxy",
+            ordered_create: true,
+            ordered_stop: false,
+        },
         // A native sidecar beside an annotated legacy one listed after the app.
         Shape {
             name: "mixed",
+            kind: "native + legacy",
             yaml: pod(
                 "mixed",
                 "    crisp.dev/sidecars: \"legacy-proxy\"\n    crisp.dev/ready.legacy-proxy: 'exec:[\"test\",\"-e\",\"/tmp/ready\"]'\n",
@@ -475,7 +564,7 @@ pub(crate) fn shapes(minor: u32) -> Vec<Shape> {
         },
     ];
     if minor < 29 {
-        v.retain(|s| s.name != "native" && s.name != "mixed");
+        v.retain(|s| !s.kind.starts_with("native"));
     }
     v
 }
@@ -502,12 +591,7 @@ pub(crate) fn verdict(s: &Shape, g: &Gaps) -> String {
     } else {
         "sidecar finished first"
     };
-    let kind = match (s.ordered_create, s.ordered_stop) {
-        (true, _) => "legacy",
-        (false, true) => "legacy, stop only",
-        _ => "native",
-    };
-    format!("{kind}: {create}, {stop}")
+    format!("{}: {create}, {stop}", s.kind)
 }
 
 pub(crate) fn ms(a: i64, b: i64) -> f64 {
@@ -584,15 +668,18 @@ pub(crate) fn run_shape(
 /// (path, traceparent, tracestate, baggage) of one call.
 type Seen = (String, String, String, String);
 
-/// An HTTP/2 relay on `listen` to `upstream` (one upstream connection per downstream one, as
-/// crisp and kubelet use them) that keeps each request's trace headers. Frames, trailers and
-/// every header are passed on as they came.
+/// A relay on `listen` to `upstream` (one upstream connection per downstream one, as crisp and
+/// kubelet use them) that copies every byte both ways as it came, and reads the client's HTTP/2
+/// header blocks with its own HPACK decoder to keep each request's trace headers. Being no
+/// HTTP/2 endpoint itself, it takes any `:authority` — kubelet 1.30.1's socket path too, which
+/// an HTTP/2 server library refuses (RST_STREAM PROTOCOL_ERROR: the lane's earlier hyper
+/// recorders could not run on 1.30).
 fn recorder(
     rt: &tokio::runtime::Runtime,
     listen: PathBuf,
     upstream: PathBuf,
 ) -> Arc<Mutex<Vec<Seen>>> {
-    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
     let _ = std::fs::remove_file(&listen);
     std::fs::create_dir_all(listen.parent().unwrap()).unwrap();
@@ -608,38 +695,121 @@ fn recorder(
                 let Ok(us) = tokio::net::UnixStream::connect(&up).await else {
                     return;
                 };
-                let Ok((sender, conn)) =
-                    hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(us))
-                        .await
-                else {
-                    return;
-                };
-                tokio::spawn(conn);
-                let svc = hyper::service::service_fn(
-                    move |req: hyper::Request<hyper::body::Incoming>| {
-                        let h = |k: &str| {
-                            req.headers()
-                                .get(k)
-                                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-                                .unwrap_or_default()
-                        };
-                        log.lock().unwrap().push((
-                            req.uri().path().to_string(),
-                            h("traceparent"),
-                            h("tracestate"),
-                            h("baggage"),
-                        ));
-                        let mut sender = sender.clone();
-                        async move { sender.send_request(req).await }
-                    },
-                );
-                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(s), svc)
-                    .await;
+                let (mut from_client, mut to_client) = s.into_split();
+                let (mut from_up, mut to_up) = us.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut from_up, &mut to_client).await;
+                    let _ = to_client.shutdown().await;
+                });
+                let mut reader = H2Requests::default();
+                let mut buf = vec![0u8; 64 * 1024];
+                while let Ok(n) = from_client.read(&mut buf).await {
+                    if n == 0 || to_up.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                    reader.feed(&buf[..n], &log);
+                }
+                let _ = to_up.shutdown().await;
             });
         }
     });
     seen
+}
+
+/// The client side of one HTTP/2 connection, read passively: frames as they arrive, header
+/// blocks (HEADERS and CONTINUATION) decoded with the connection's HPACK table.
+struct H2Requests {
+    buf: Vec<u8>,
+    preface: bool,
+    block: Vec<u8>,
+    hpack: httlib_hpack::Decoder<'static>,
+    /// A block did not decode: nothing after it can be read (the table is lost).
+    broken: bool,
+}
+
+impl Default for H2Requests {
+    fn default() -> Self {
+        H2Requests {
+            buf: Vec::new(),
+            preface: false,
+            block: Vec::new(),
+            hpack: httlib_hpack::Decoder::with_dynamic_size(4096),
+            broken: false,
+        }
+    }
+}
+
+impl H2Requests {
+    const PREFACE: &'static [u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+    fn feed(&mut self, data: &[u8], log: &Mutex<Vec<Seen>>) {
+        if self.broken {
+            return;
+        }
+        self.buf.extend_from_slice(data);
+        if !self.preface {
+            if self.buf.len() < Self::PREFACE.len() {
+                return;
+            }
+            assert_eq!(
+                &self.buf[..Self::PREFACE.len()],
+                Self::PREFACE,
+                "not HTTP/2"
+            );
+            self.buf.drain(..Self::PREFACE.len());
+            self.preface = true;
+        }
+        while self.buf.len() >= 9 {
+            let len = u32::from_be_bytes([0, self.buf[0], self.buf[1], self.buf[2]]) as usize;
+            if self.buf.len() < 9 + len {
+                return;
+            }
+            let (kind, flags) = (self.buf[3], self.buf[4]);
+            let payload: Vec<u8> = self.buf[9..9 + len].to_vec();
+            self.buf.drain(..9 + len);
+            let fragment = match kind {
+                // HEADERS: less its padding (PADDED) and priority fields (PRIORITY).
+                0x1 => {
+                    let pad = if flags & 0x8 != 0 {
+                        payload[0] as usize
+                    } else {
+                        0
+                    };
+                    let start =
+                        usize::from(flags & 0x8 != 0) + if flags & 0x20 != 0 { 5 } else { 0 };
+                    payload[start..payload.len() - pad].to_vec()
+                }
+                0x9 => payload,
+                _ => continue,
+            };
+            self.block.extend_from_slice(&fragment);
+            if flags & 0x4 != 0 {
+                let mut block = std::mem::take(&mut self.block);
+                let mut fields = Vec::new();
+                if let Err(e) = self.hpack.decode(&mut block, &mut fields) {
+                    eprintln!("recorder: a header block did not decode ({e:?}); no more calls read on this connection");
+                    self.broken = true;
+                    return;
+                }
+                let h = |k: &str| {
+                    fields
+                        .iter()
+                        .find(|(n, _, _)| n.as_slice() == k.as_bytes())
+                        .map(|(_, v, _)| String::from_utf8_lossy(v).into_owned())
+                        .unwrap_or_default()
+                };
+                // Trailers carry no :path.
+                if !h(":path").is_empty() {
+                    log.lock().unwrap().push((
+                        h(":path"),
+                        h("traceparent"),
+                        h("tracestate"),
+                        h("baggage"),
+                    ));
+                }
+            }
+        }
+    }
 }
 
 // --- the lane ---------------------------------------------------------------------------------
@@ -670,6 +840,7 @@ fn a_newer_kubelet_through_crisp() {
     let minor = minor();
     let bins = kube_bin_dir();
     let _bridge = BridgeGuard;
+    let spans = Spans::start();
     let cluster = Cluster::up(&bins);
     let (node, joined) = join_with(&cluster, &bins, &kubelet_config(minor));
     let version = cluster.jsonpath(
@@ -694,6 +865,7 @@ fn a_newer_kubelet_through_crisp() {
             &std::fs::read(env!("CARGO_BIN_EXE_crisp")).unwrap(),
             0o755,
         );
+        node.put("/etc/crisp/config.toml", crisp_config().as_bytes(), 0o644);
         crisp_start(&node, "/run/containerd/containerd.sock");
         tracing_through_crisp(&cluster, &node, minor);
         return;
@@ -714,6 +886,14 @@ fn a_newer_kubelet_through_crisp() {
             "gaps| 1.{minor} direct {:8} sidecar {:13} started→app created {:8.0} ms, app finished→sidecar finished {:8.0} ms ({})",
             s.name, s.sidecar, g.create_ms, g.stop_ms, verdict(&s, &g)
         );
+        if s.name == "native-ready" {
+            // kubelet alone waits only for the sidecar's start (there is no startupProbe).
+            assert!(
+                g.create_ms < READY_AFTER.as_millis() as f64 - 100.0,
+                "direct, kubelet created the app {:.0} ms after the native sidecar started: not the premise",
+                g.create_ms
+            );
+        }
         direct.insert(s.name, g);
     }
 
@@ -723,6 +903,7 @@ fn a_newer_kubelet_through_crisp() {
         &std::fs::read(env!("CARGO_BIN_EXE_crisp")).unwrap(),
         0o755,
     );
+    node.put("/etc/crisp/config.toml", crisp_config().as_bytes(), 0o644);
     crisp_start(&node, "/run/containerd/containerd.sock");
     let mut tap = Tap::new(&node, work.path());
     tap.attach();
@@ -811,6 +992,15 @@ fn a_newer_kubelet_through_crisp() {
                 -g.stop_ms
             );
         }
+        if s.name == "mixed" {
+            // The native sidecar is no app the legacy one's stop waits for (kubelet stops it
+            // only after every regular container): the app's 2 s SIGTERM trap, not the budget.
+            assert!(
+                g.stop_ms < 5000.0,
+                "mixed: the legacy sidecar finished {:.0} ms after the app (its stop waited for the native sidecar?): {t:?}",
+                g.stop_ms
+            );
+        }
         // Each container's finish, ms after the app's: who waited for whom at the stop.
         let app_end = t["app"].finished;
         eprintln!(
@@ -868,6 +1058,9 @@ fn a_newer_kubelet_through_crisp() {
         "--wait=false",
         "--cascade=background",
     ]);
+
+    // kubelet's span of a held CreateContainer and crisp's hold span, in one trace.
+    held_in_kubelets_trace(&cluster, &spans, minor);
 
     // crisp killed and restarted while it holds an app's CreateContainer.
     let hold_secs = 20;
@@ -962,15 +1155,10 @@ fn a_newer_kubelet_through_crisp() {
     eprintln!("pull| 1.{minor}: PullImage with an imagePullSecret: {} call(s), redacted, no credential in {} tap bytes; auth {}", pull.len(), raw.len(), pull[0]["request"]["auth"]);
     let _ = cluster.kubectl(&["delete", "pod", "pull-secret", "--wait=false"]);
 
-    // 3. Tracing. The recorders are hyper servers, which refuse a request whose `:authority` is
-    // not a valid URI authority: kubelets up to 1.30 send the socket path there (1.30.1 did here;
-    // later ones dial with `localhost`, kubernetes/kubernetes#123463; docs/ARCHITECTURE.md).
+    // 3. Tracing: the recorders around crisp, for every kubelet (1.30.1 sends its socket path as
+    // `:authority`; the recorders only copy bytes, so they take it).
     tap.detach();
-    if minor >= 31 {
-        tracing_through_crisp(&cluster, &node, minor);
-    } else {
-        eprintln!("tracing| 1.{minor}: not run: kubelet sends its socket path as :authority, which the test's HTTP/2 recorders cannot take (kubelet 1.30.1 through them: RST_STREAM PROTOCOL_ERROR on its first call)");
-    }
+    tracing_through_crisp(&cluster, &node, minor);
     crisp_kill(&node);
     eprintln!(
         "summary| 1.{minor} ({version}): direct {:?} / through crisp {:?}",
@@ -978,6 +1166,92 @@ fn a_newer_kubelet_through_crisp() {
     );
     let _ = std::io::stderr().flush();
     drop(node);
+}
+
+/// Issue #35: a legacy-sidecar pod whose app crisp holds until the sidecar is ready; at the
+/// lane's OTLP receiver, kubelet's span of that CreateContainer (service `kubelet`) and crisp's
+/// `crisp hold CreateContainer` span with kubelet's trace id and kubelet's span as its parent,
+/// inside kubelet's span in time.
+fn held_in_kubelets_trace(cluster: &Cluster, spans: &Spans, minor: u32) {
+    use crate::support::{hex, span_attr, Exported};
+    use opentelemetry_proto::tonic::common::v1::any_value::Value;
+    let s = |e: &Exported, k: &str| match span_attr(&e.span, k) {
+        Some(Value::StringValue(v)) => v,
+        Some(other) => format!("{other:?}"),
+        None => String::new(),
+    };
+    cluster.apply(&pod(
+        "traced-hold",
+        "    crisp.dev/sidecars: \"proxy\"\n    crisp.dev/ready.proxy: 'exec:[\"test\",\"-e\",\"/tmp/ready\"]'\n",
+        &[],
+        &[container("proxy", &sidecar(None), ""), container("app", APP, "")],
+    ));
+    cluster.wait("traced-hold Ready", Duration::from_secs(120), || {
+        cluster.pod_ready("default", "traced-hold")
+    });
+    let hold = spans.wait(
+        "crisp's hold span of traced-hold's app",
+        Duration::from_secs(30),
+        |all| {
+            all.iter()
+                .find(|e| {
+                    e.service == "crisp"
+                        && e.span.name == "crisp hold CreateContainer"
+                        && s(e, "k8s.pod.name") == "traced-hold"
+                        && s(e, "k8s.container.name") == "app"
+                        && s(e, "crisp.hold.verdict") == "forwarded"
+                })
+                .cloned()
+        },
+    );
+    let kubelet = spans.wait(
+        "kubelet's span of the held CreateContainer",
+        Duration::from_secs(30),
+        |all| {
+            all.iter()
+                .find(|e| e.span.span_id == hold.span.parent_span_id)
+                .cloned()
+        },
+    );
+    let ms = |a: u64, b: u64| (b as f64 - a as f64) / 1e6;
+    let (k, c) = (&kubelet.span, &hold.span);
+    eprintln!(
+        "trace| 1.{minor}: trace {}; kubelet (service {:?}) span {} {:?} {:.1} ms; crisp (service {:?}) span {} {:?} parent {} {:.1} ms, waited for {:?}, {}; crisp's hold began {:.1} ms after kubelet's span and ended {:.1} ms before it",
+        hex(&c.trace_id),
+        kubelet.service,
+        hex(&k.span_id),
+        k.name,
+        ms(k.start_time_unix_nano, k.end_time_unix_nano),
+        hold.service,
+        hex(&c.span_id),
+        c.name,
+        hex(&c.parent_span_id),
+        ms(c.start_time_unix_nano, c.end_time_unix_nano),
+        s(&hold, "crisp.hold.waited_for"),
+        s(&hold, "crisp.hold.outcome"),
+        ms(k.start_time_unix_nano, c.start_time_unix_nano),
+        ms(c.end_time_unix_nano, k.end_time_unix_nano),
+    );
+    assert_eq!(kubelet.service, "kubelet", "{kubelet:?}");
+    assert!(k.name.ends_with("CreateContainer"), "kubelet's span: {k:?}");
+    assert_eq!(k.trace_id, c.trace_id, "one trace");
+    assert_eq!(
+        c.parent_span_id, k.span_id,
+        "crisp's span is a child of kubelet's"
+    );
+    let held = ms(c.start_time_unix_nano, c.end_time_unix_nano);
+    // The sidecar turns ready READY_AFTER after it starts; kubelet asks for the app a few
+    // tens of ms after that start.
+    assert!(
+        held >= READY_AFTER.as_millis() as f64 - 1000.0,
+        "crisp's hold span lasts {held:.1} ms: the app was not held for its sidecar ({READY_AFTER:?})"
+    );
+    assert!(
+        k.start_time_unix_nano <= c.start_time_unix_nano
+            && c.end_time_unix_nano <= k.end_time_unix_nano,
+        "crisp's hold lies outside kubelet's span: kubelet {k:?}, crisp {c:?}"
+    );
+    let _ = cluster.kubectl(&["delete", "pod", "traced-hold", "--wait=false"]);
 }
 
 /// Tracing: kubelet → recorder A → crisp → recorder B → containerd; every call's trace headers
@@ -1038,7 +1312,7 @@ fn tracing_through_crisp(cluster: &Cluster, node: &Node, minor: u32) {
     );
 }
 
-pub(crate) fn epoch_secs() -> u64 {
+fn epoch_secs() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()

@@ -3,9 +3,9 @@
 //! sends it) makes CreateContainer through crisp; crisp's ordering engine holds it until the
 //! pod's sidecar answers its readiness probe, and exports the hold as a span over OTLP/gRPC to an
 //! in-process receiver built from the collector's own service definition (`opentelemetry-proto`,
-//! `TraceService`). The span must be a child of kubelet's (its trace id, kubelet's span as
-//! parent), last as long as the hold, and say why and how it ended; the runtime must get
-//! kubelet's `traceparent`/`tracestate` unchanged. A relayed call, a call crisp observes but does
+//! `TraceService`, `tests/it/support/otlp.rs`). The span must be a child of kubelet's (its trace
+//! id, kubelet's span as parent), last as long as the hold, and say why and how it ended; the
+//! runtime must get kubelet's `traceparent`/`tracestate` unchanged. A relayed call, a call crisp observes but does
 //! not hold, and a held call kubelet did not sample give no span.
 //!
 //! The engine reads the pod from a scripted runtime (`probe_burst::Burst`: one running sidecar
@@ -18,12 +18,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use k8s_cri::v1 as cri;
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
-    TraceService, TraceServiceServer,
-};
-use opentelemetry_proto::tonic::collector::trace::v1::{
-    ExportTraceServiceRequest, ExportTraceServiceResponse,
-};
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
@@ -50,55 +44,24 @@ fn traceparent(trace: &str, span: &str, sampled: bool) -> String {
 // ---------------------------------------------------------------------------------------------
 // The OTLP receiver
 
-/// The collector's TraceService: every exported span, as it arrives.
-struct Receiver(mpsc::UnboundedSender<Span>);
-
-#[tonic::async_trait]
-impl TraceService for Receiver {
-    async fn export(
-        &self,
-        req: tonic::Request<ExportTraceServiceRequest>,
-    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        for rs in req.into_inner().resource_spans {
-            let service = rs
-                .resource
-                .iter()
-                .flat_map(|r| &r.attributes)
-                .find(|kv| kv.key == "service.name")
-                .and_then(|kv| kv.value.as_ref()?.value.clone());
-            assert_eq!(service, Some(Value::StringValue("crisp".into())));
-            for ss in rs.scope_spans {
-                for span in ss.spans {
-                    let _ = self.0.send(span);
-                }
-            }
-        }
-        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
-    }
-}
-
-/// An OTLP/gRPC receiver on 127.0.0.1: its endpoint and the spans it receives.
+/// An OTLP/gRPC receiver on 127.0.0.1 (`tests/it/support/otlp.rs`): its endpoint and the spans it
+/// receives, every one of them from crisp (`service.name`).
 async fn receiver() -> (String, mpsc::UnboundedReceiver<Span>) {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("http://{}", l.local_addr().unwrap());
+    let mut all = otlp_receiver(l);
     let (tx, rx) = mpsc::unbounded_channel();
-    let incoming = futures_util::stream::unfold(l, |l| async move {
-        let conn = l.accept().await.map(|(s, _)| s);
-        Some((conn, l))
+    tokio::spawn(async move {
+        while let Some(e) = all.recv().await {
+            assert_eq!(e.service, "crisp", "a span from another service: {e:?}");
+            let _ = tx.send(e.span);
+        }
     });
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(TraceServiceServer::new(Receiver(tx)))
-            .serve_with_incoming(incoming),
-    );
     (endpoint, rx)
 }
 
 fn attr(span: &Span, key: &str) -> Option<Value> {
-    span.attributes
-        .iter()
-        .find(|kv| kv.key == key)
-        .and_then(|kv| kv.value.as_ref()?.value.clone())
+    span_attr(span, key)
 }
 
 fn attr_str(span: &Span, key: &str) -> String {
@@ -106,10 +69,6 @@ fn attr_str(span: &Span, key: &str) -> String {
         Some(Value::StringValue(s)) => s,
         other => panic!("span attribute {key}: {other:?} in {span:?}"),
     }
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 fn unix_nanos(t: SystemTime) -> u64 {

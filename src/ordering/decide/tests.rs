@@ -196,7 +196,7 @@ fn start_check_fails_fast_for_a_sidecar_not_created_or_not_running() {
         panic!()
     };
     assert_eq!(
-        why,
+        why.to_string(),
         "sidecar \"proxy\" of pod ns/pod is not created yet (is it listed after this container?)"
     );
     for (st, words) in [
@@ -216,7 +216,7 @@ fn start_check_fails_fast_for_a_sidecar_not_created_or_not_running() {
             panic!()
         };
         assert_eq!(
-            why,
+            why.to_string(),
             format!("sidecar \"proxy\" of pod ns/pod is {words}, not running")
         );
     }
@@ -255,6 +255,7 @@ fn start_check_past_the_timeout_skips_dead_sidecars_but_not_refused_ones_nor_run
     else {
         panic!()
     };
+    let why = why.to_string();
     assert!(
         why.contains("\"b\"") && why.contains("waits for an earlier sidecar"),
         "{why}"

@@ -90,7 +90,7 @@ async fn a_hold_is_reported_live_with_its_reason_at_a_bounded_rate() {
     // ~120 probe rounds, nothing changed but time: an update every 5 s, no more.
     assert_eq!(rec.phases(), vec![Start, Update, Update, End]);
     let end = rec.0.lock().unwrap().last().cloned().unwrap();
-    assert_eq!(end.outcome, "forwarded");
+    assert_eq!(end.outcome_str(), "forwarded");
     assert!(end.held >= 12 * S);
     assert!(
         engine
@@ -164,7 +164,7 @@ async fn a_cancelled_hold_reports_that_kubelet_gave_up() {
     let _ = tokio::time::timeout(2 * S, engine.on_request(&c, &msg)).await;
     let evs = rec.0.lock().unwrap();
     assert_eq!(
-        evs.last().map(|e| (e.phase, e.outcome.as_str())),
+        evs.last().map(|e| (e.phase, e.outcome_str())),
         Some((crate::intercept::HoldPhase::End, "kubelet gave up"))
     );
     assert!(engine
@@ -228,13 +228,13 @@ async fn a_long_hold_ends_as_an_informative_refusal_and_the_timeout_still_counts
     );
     // Policy proceed at the start timeout, counted from the first hold, not from the retry.
     assert_held(forwarded_at, 90 * S, 200 * MS);
-    let outcomes: Vec<String> = rec
+    let outcomes: Vec<&str> = rec
         .0
         .lock()
         .unwrap()
         .iter()
         .filter(|e| e.phase == crate::intercept::HoldPhase::End)
-        .map(|e| e.outcome.clone())
+        .map(|e| e.outcome_str())
         .collect();
     assert_eq!(
         outcomes,

@@ -123,6 +123,38 @@ async fn a_native_sidecars_stop_is_never_held_nor_waited_for() {
     assert_forwarded_at_once(&v, held);
 }
 
+/// Issue #34's mixed pod: a native sidecar nothing names, beside a legacy one. kubelet stops the
+/// native sidecar only once every regular container has stopped, the legacy sidecar included,
+/// so a legacy sidecar's stop that waited for it as for an app waited out the pod's budget
+/// (the 1.30 and 1.34 lanes: 13.2 s of a 15 s grace). crisp let it through as an init container
+/// (kubelet came straight back to it); running at the stop, it is a native sidecar: not waited for.
+#[tokio::test(start_paused = true)]
+async fn a_legacy_sidecars_stop_does_not_wait_for_an_unnamed_native_sidecar() {
+    let (fake, engine) = fake_pod(&["mesh"], &[]);
+    // kubelet 1.29+: the native sidecar first, refused once (no sidecar exists yet), then again
+    // a second later: an init container.
+    refusal(&create_container(&engine, &fake, "proxy").await.0);
+    tokio::time::sleep(S).await;
+    assert_forward(&create_container(&engine, &fake, "proxy").await.0);
+    let t0 = now();
+    for name in ["proxy", "mesh", "app"] {
+        fake.add(name, Some(t0));
+    }
+    assert_forward(
+        &stop_container(&engine, &fake, "app", 15, KUBELET_DEADLINE)
+            .await
+            .0,
+    );
+    fake.set("app", |c| c.exited = Some(at(t0, 2 * S)));
+    let (v, held) = stop_container(&engine, &fake, "mesh", 15, KUBELET_DEADLINE).await;
+    assert_held(held, 2 * S, 100 * MS);
+    assert_eq!(forwarded_timeout(&v, 15), 13, "the pod's one budget");
+    // kubelet stops the native sidecar once the legacy one has: forwarded at once.
+    fake.set("mesh", |c| c.exited = Some(now()));
+    let (v, held) = stop_container(&engine, &fake, "proxy", 13, KUBELET_DEADLINE).await;
+    assert_forwarded_at_once(&v, held);
+}
+
 /// The views show the hold as waiting on the native sidecar, with its probe.
 #[tokio::test(start_paused = true)]
 async fn a_hold_on_a_native_sidecar_names_it_in_the_views() {

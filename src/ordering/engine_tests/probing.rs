@@ -233,3 +233,34 @@ async fn one_pod_cannot_spend_the_nodes_exec_rate() {
     );
     println!("execs per second (A, B): {per_second:?}");
 }
+
+/// An exec probe refused by the node's exec rate says what that rate counts: execs, which is
+/// what `exec_probes_per_second` limits (it said "connects per second", the tcp:// and
+/// http:// probes' limit, until issue #36). Read where operators read it: the sidecar's last
+/// probe result (`crisp pods`, the tap's hold events).
+#[tokio::test(start_paused = true)]
+async fn an_exec_probe_over_the_node_rate_names_execs() {
+    let fake = Fake::default();
+    let engine = pod_with(&fake, &[], &[], |c| {
+        c.ordering.exec_probes_per_second = 1;
+        c.ordering.probe_timeout = 10 * MS;
+    });
+    let pod = engine.pod_by_id(ApiVersion::V1, "pod-a").await.unwrap();
+    let id = fake.add("proxy", Some(now()));
+    fake.set("proxy", |c| c.ready = None);
+    let sidecar = annotations::Sidecar {
+        name: "proxy".into(),
+        ready: Readiness::Exec {
+            cmd: vec!["true".into()],
+        },
+        required: true,
+        tenant: None,
+    };
+    // The first takes the one token a second's rate holds; the second finds none in time.
+    engine.probe(ApiVersion::V1, &pod, &sidecar, &id).await;
+    engine.probe(ApiVersion::V1, &pod, &sidecar, &id).await;
+    assert_eq!(
+        pod.last_probe("proxy").map(|l| l.result),
+        Some(Err("exec failed: exec node-wide probe limit: 1 execs per second".to_string()))
+    );
+}

@@ -3,7 +3,8 @@
 //! HTTP/2 and tonic clients.
 //!
 //! One file per part: `grpc.rs` (framing and protobuf by hand), `fake_runtime.rs`,
-//! `under_test.rs` (crisp in this process, or its daemon), `clients.rs` (tonic and raw h2).
+//! `under_test.rs` (crisp in this process, or its daemon), `clients.rs` (tonic and raw h2),
+//! `otlp.rs` (an OTLP/gRPC trace receiver).
 //!
 //! The fake is a raw hyper HTTP/2 server (not tonic): it never parses, normalises or adds anything
 //! (no `date`, no `content-length`), so a test can compare what a client sends/gets through crisp
@@ -17,6 +18,7 @@ use std::time::Duration;
 mod clients;
 mod fake_runtime;
 mod grpc;
+mod otlp;
 mod under_test;
 
 // Each test binary that includes this module uses a part of it.
@@ -24,6 +26,8 @@ mod under_test;
 pub use clients::*;
 pub use fake_runtime::*;
 pub use grpc::*;
+#[allow(unused_imports)]
+pub use otlp::*;
 #[allow(unused_imports)]
 pub use under_test::*;
 

@@ -69,28 +69,26 @@ fn grpc_response(status: u32, msg: Option<Vec<u8>>) -> Response<RespBody> {
         .unwrap()
 }
 
-/// Serves runtime.v1 (and runtime.v1alpha2 if asked) on `path` (parent created) until dropped.
-pub async fn fake_runtime(path: &Path, serve_v1alpha2: bool) -> FakeRuntime {
-    fake_runtime_apis(path, true, serve_v1alpha2).await
-}
-
-/// Serves the CRI API versions asked for on `path` until dropped.
-pub async fn fake_runtime_apis(path: &Path, serve_v1: bool, serve_v1alpha2: bool) -> FakeRuntime {
+/// Binds `path` (parent created, a stale socket removed) and answers every HTTP/2 request on it
+/// with `answer(path of the call, its whole request body)` until the returned task is aborted.
+fn serve_unix<H, F>(path: &Path, answer: H) -> tokio::task::JoinHandle<()>
+where
+    H: Fn(String, Bytes) -> F + Clone + Send + Sync + 'static,
+    F: std::future::Future<Output = Response<RespBody>> + Send + 'static,
+{
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     let _ = std::fs::remove_file(path);
     let listener = UnixListener::bind(path)
         .unwrap_or_else(|e| panic!("bind fake runtime {}: {e}", path.display()));
-    let calls = Arc::new(AtomicUsize::new(0));
-    let c = calls.clone();
-    let task = tokio::spawn(async move {
+    tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 continue;
             };
-            let c = c.clone();
+            let answer = answer.clone();
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                    let c = c.clone();
+                    let answer = answer.clone();
                     async move {
                         let path = req.uri().path().to_string();
                         let body = req
@@ -99,35 +97,51 @@ pub async fn fake_runtime_apis(path: &Path, serve_v1: bool, serve_v1alpha2: bool
                             .await
                             .map(|b| b.to_bytes())
                             .unwrap_or_default();
-                        let api = if path.starts_with("/runtime.v1.") && serve_v1 {
-                            Some("v1")
-                        } else if path.starts_with("/runtime.v1alpha2.") && serve_v1alpha2 {
-                            Some("v1alpha2")
-                        } else {
-                            None
-                        };
-                        let resp = match api {
-                            Some(api) if path.ends_with("RuntimeService/Version") => {
-                                c.fetch_add(1, Ordering::SeqCst);
-                                let req = VersionRequest::decode(body.get(5..).unwrap_or_default())
-                                    .unwrap_or_default();
-                                let v = VersionResponse {
-                                    version: req.version,
-                                    runtime_name: "fake-runtime".into(),
-                                    runtime_version: "1.2.3".into(),
-                                    runtime_api_version: api.into(),
-                                };
-                                grpc_response(0, Some(v.encode_to_vec()))
-                            }
-                            _ => grpc_response(12, None),
-                        };
-                        Ok::<_, Infallible>(resp)
+                        Ok::<_, Infallible>(answer(path, body).await)
                     }
                 });
                 let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
                     .serve_connection(TokioIo::new(stream), svc)
                     .await;
             });
+        }
+    })
+}
+
+/// Serves runtime.v1 (and runtime.v1alpha2 if asked) on `path` (parent created) until dropped.
+pub async fn fake_runtime(path: &Path, serve_v1alpha2: bool) -> FakeRuntime {
+    fake_runtime_apis(path, true, serve_v1alpha2).await
+}
+
+/// Serves the CRI API versions asked for on `path` until dropped.
+pub async fn fake_runtime_apis(path: &Path, serve_v1: bool, serve_v1alpha2: bool) -> FakeRuntime {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let task = serve_unix(path, move |path, body| {
+        let c = c.clone();
+        async move {
+            let api = if path.starts_with("/runtime.v1.") && serve_v1 {
+                Some("v1")
+            } else if path.starts_with("/runtime.v1alpha2.") && serve_v1alpha2 {
+                Some("v1alpha2")
+            } else {
+                None
+            };
+            match api {
+                Some(api) if path.ends_with("RuntimeService/Version") => {
+                    c.fetch_add(1, Ordering::SeqCst);
+                    let req = VersionRequest::decode(body.get(5..).unwrap_or_default())
+                        .unwrap_or_default();
+                    let v = VersionResponse {
+                        version: req.version,
+                        runtime_name: "fake-runtime".into(),
+                        runtime_version: "1.2.3".into(),
+                        runtime_api_version: api.into(),
+                    };
+                    grpc_response(0, Some(v.encode_to_vec()))
+                }
+                _ => grpc_response(12, None),
+            }
         }
     });
     FakeRuntime {
@@ -153,48 +167,26 @@ impl Drop for SlowRuntime {
 }
 
 pub async fn slow_start_runtime(path: &Path, delay: Duration) -> SlowRuntime {
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    let _ = std::fs::remove_file(path);
-    let listener = UnixListener::bind(path)
-        .unwrap_or_else(|e| panic!("bind fake runtime {}: {e}", path.display()));
     let calls = Arc::new(Mutex::new(Vec::new()));
     let c = calls.clone();
-    let task = tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
+    let task = serve_unix(path, move |path, _body| {
+        let c = c.clone();
+        async move {
+            let answer = match path.as_str() {
+                "/runtime.v1.RuntimeService/StartContainer" => Some(Vec::new()),
+                // CreateContainerResponse { container_id: "c1" }
+                "/runtime.v1.RuntimeService/CreateContainer" => Some(vec![0x0a, 0x02, b'c', b'1']),
+                _ => None,
             };
-            let c = c.clone();
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                    let c = c.clone();
-                    async move {
-                        let path = req.uri().path().to_string();
-                        let _ = req.into_body().collect().await;
-                        let answer = match path.as_str() {
-                            "/runtime.v1.RuntimeService/StartContainer" => Some(Vec::new()),
-                            // CreateContainerResponse { container_id: "c1" }
-                            "/runtime.v1.RuntimeService/CreateContainer" => {
-                                Some(vec![0x0a, 0x02, b'c', b'1'])
-                            }
-                            _ => None,
-                        };
-                        let resp = match answer {
-                            Some(msg) => {
-                                let t = std::time::Instant::now();
-                                tokio::time::sleep(delay).await;
-                                c.lock().unwrap().push((t, std::time::Instant::now()));
-                                grpc_response(0, Some(msg))
-                            }
-                            None => grpc_response(12, None),
-                        };
-                        Ok::<_, Infallible>(resp)
-                    }
-                });
-                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-            });
+            match answer {
+                Some(msg) => {
+                    let t = std::time::Instant::now();
+                    tokio::time::sleep(delay).await;
+                    c.lock().unwrap().push((t, std::time::Instant::now()));
+                    grpc_response(0, Some(msg))
+                }
+                None => grpc_response(12, None),
+            }
         }
     });
     SlowRuntime {

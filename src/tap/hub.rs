@@ -1,0 +1,261 @@
+//! The tap's subscription hub: who subscribes with which filter, each subscriber's bounded
+//! queue, and the interest bitmaps the call path reads (one atomic load) to know whether anyone
+//! may want a call. The call path only ever `try_send`s into a queue ([`Sub::offer`]): a full
+//! queue drops the event for that subscriber and counts it, and the subscriber learns how many
+//! it missed ([`Item::Dropped`]).
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use tokio::sync::mpsc;
+
+use super::{Filter, RawEvent};
+use crate::cri::Rpc;
+use crate::intercept::HoldEvent;
+use crate::metrics::CallMetrics;
+
+/// Most bytes of messages queued for one subscriber; beyond it events are dropped (and counted)
+/// even if the queue has room: `--full --all` on a node with big List responses must not grow
+/// crisp's memory without bound.
+pub(crate) const MAX_QUEUED_BYTES: usize = 64 << 20;
+
+// One interest bit per RPC plus bit 63 for unknown paths.
+const _: () = assert!(Rpc::ALL.len() < 63);
+
+pub(super) fn bit(rpc: Option<Rpc>) -> u64 {
+    match rpc {
+        Some(r) => 1u64 << (r as u32),
+        None => 1u64 << 63,
+    }
+}
+
+/// What a subscription yields.
+#[derive(Debug, Clone)]
+pub(crate) enum Item {
+    Call(Arc<RawEvent>),
+    /// A call held or refused, while it happens.
+    Hold(Arc<HoldEvent>),
+    /// `count` events were dropped for this subscriber just before the next one (`total` since
+    /// it subscribed).
+    Dropped {
+        count: u64,
+        total: u64,
+    },
+}
+
+/// One queued event: a finished call, or a hold.
+#[derive(Debug, Clone)]
+pub(super) enum Ev {
+    Call(Arc<RawEvent>),
+    Hold(Arc<HoldEvent>),
+}
+
+impl Ev {
+    fn weight(&self) -> usize {
+        match self {
+            Ev::Call(e) => e.weight(),
+            Ev::Hold(_) => 512,
+        }
+    }
+
+    fn item(self) -> Item {
+        match self {
+            Ev::Call(e) => Item::Call(e),
+            Ev::Hold(h) => Item::Hold(h),
+        }
+    }
+}
+
+struct Queued {
+    ev: Ev,
+    /// Events dropped for this subscriber just before this one.
+    missed: u64,
+}
+
+#[derive(Default)]
+pub(super) struct Counters {
+    dropped: AtomicU64,
+    pub(super) queued_bytes: AtomicUsize,
+}
+
+/// The hub's side of one subscriber.
+pub(super) struct Sub {
+    id: u64,
+    pub(super) filter: Filter,
+    tx: mpsc::Sender<Queued>,
+    pub(super) counters: Arc<Counters>,
+}
+
+impl Sub {
+    /// Never waits: a full queue drops the event for this subscriber only, and counts it.
+    pub(super) fn offer(&self, ev: Ev, metrics: &CallMetrics) {
+        let w = ev.weight();
+        let queued = self.counters.queued_bytes.fetch_add(w, Relaxed);
+        let missed = self.counters.dropped.swap(0, Relaxed);
+        let fail = |missed: u64, lost: u64| {
+            self.counters.queued_bytes.fetch_sub(w, Relaxed);
+            self.counters.dropped.fetch_add(missed + lost, Relaxed);
+            metrics.tap_dropped.inc_by(lost);
+        };
+        if queued + w > MAX_QUEUED_BYTES {
+            return fail(missed, 1);
+        }
+        match self.tx.try_send(Queued { ev, missed }) {
+            Ok(()) => {
+                metrics.tap_events.inc();
+            }
+            Err(mpsc::error::TrySendError::Full(q)) => fail(q.missed, 1),
+            // The subscriber is going away; it is being removed from the hub.
+            Err(mpsc::error::TrySendError::Closed(q)) => fail(q.missed, 0),
+        }
+    }
+}
+
+/// The set of subscribers, and the interest bitmaps derived from their filters.
+#[derive(Default)]
+pub(super) struct Hub {
+    subs: RwLock<Arc<Vec<Arc<Sub>>>>,
+    pub(super) count: AtomicUsize,
+    /// RPCs (bit per `Rpc`, bit 63 unknown paths) some subscriber may want: their requests are
+    /// read for ids.
+    pub(super) want: AtomicU64,
+    /// ... and with `full`: their responses are read too.
+    pub(super) want_full: AtomicU64,
+    next_id: AtomicU64,
+    closed: AtomicBool,
+}
+
+impl Hub {
+    pub(super) fn snapshot(&self) -> Arc<Vec<Arc<Sub>>> {
+        self.subs.read().clone()
+    }
+
+    fn update(&self, f: impl FnOnce(&mut Vec<Arc<Sub>>)) {
+        let mut g = self.subs.write();
+        let mut v: Vec<Arc<Sub>> = g.as_ref().clone();
+        f(&mut v);
+        let (mut want, mut full) = (0u64, 0u64);
+        for s in &v {
+            for rpc in Rpc::ALL
+                .iter()
+                .copied()
+                .map(Some)
+                .chain(std::iter::once(None))
+            {
+                if s.filter.may_want_rpc(rpc) {
+                    want |= bit(rpc);
+                    if s.filter.full {
+                        full |= bit(rpc);
+                    }
+                }
+            }
+        }
+        self.want.store(want, Relaxed);
+        self.want_full.store(full, Relaxed);
+        self.count.store(v.len(), Relaxed);
+        *g = Arc::new(v);
+    }
+
+    /// Attaches a subscriber with a queue of `queue` events (none once the hub is closed: its
+    /// subscription ends at once).
+    pub(super) fn subscribe(
+        self: &Arc<Self>,
+        filter: Filter,
+        queue: usize,
+        metrics: &Arc<CallMetrics>,
+    ) -> Subscription {
+        let (tx, rx) = mpsc::channel(queue.max(1));
+        let counters = Arc::new(Counters::default());
+        let id = self.next_id.fetch_add(1, Relaxed);
+        let sub = Arc::new(Sub {
+            id,
+            filter,
+            tx,
+            counters: counters.clone(),
+        });
+        if !self.closed.load(Relaxed) {
+            self.update(|v| v.push(sub));
+        }
+        metrics.tap_subscribers.set(self.count.load(Relaxed) as i64);
+        Subscription {
+            id,
+            rx,
+            counters,
+            hub: self.clone(),
+            metrics: metrics.clone(),
+            pending: None,
+            total_dropped: 0,
+        }
+    }
+
+    /// Ends every subscription (their queued events are still delivered) and refuses new ones.
+    pub(super) fn close(&self, metrics: &CallMetrics) {
+        self.closed.store(true, Relaxed);
+        self.update(Vec::clear);
+        metrics.tap_subscribers.set(0);
+    }
+}
+
+/// A subscriber's end: events in the order calls ended, with drop markers.
+pub(crate) struct Subscription {
+    id: u64,
+    rx: mpsc::Receiver<Queued>,
+    counters: Arc<Counters>,
+    hub: Arc<Hub>,
+    metrics: Arc<CallMetrics>,
+    pending: Option<Ev>,
+    total_dropped: u64,
+}
+
+impl Subscription {
+    fn dropped(&mut self, count: u64) -> Item {
+        self.total_dropped += count;
+        Item::Dropped {
+            count,
+            total: self.total_dropped,
+        }
+    }
+
+    fn take(&mut self, q: Queued) -> Item {
+        self.counters.queued_bytes.fetch_sub(q.ev.weight(), Relaxed);
+        if q.missed > 0 {
+            self.pending = Some(q.ev);
+            return self.dropped(q.missed);
+        }
+        q.ev.item()
+    }
+
+    /// The next event; `None` once the tap is closed (crisp shutting down).
+    pub(crate) async fn next(&mut self) -> Option<Item> {
+        if let Some(ev) = self.pending.take() {
+            return Some(ev.item());
+        }
+        let q = match self.rx.try_recv() {
+            Ok(q) => q,
+            Err(e) => {
+                // Caught up: report drops no later event has carried yet.
+                let d = self.counters.dropped.swap(0, Relaxed);
+                if d > 0 {
+                    return Some(self.dropped(d));
+                }
+                if e == mpsc::error::TryRecvError::Disconnected {
+                    return None;
+                }
+                self.rx.recv().await?
+            }
+        };
+        Some(self.take(q))
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let id = self.id;
+        self.hub.update(|v| v.retain(|s| s.id != id));
+        self.metrics
+            .tap_subscribers
+            .set(self.hub.count.load(Relaxed) as i64);
+    }
+}
