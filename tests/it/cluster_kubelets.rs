@@ -60,7 +60,7 @@ fn minor() -> u32 {
 /// The lane's kubelet config: the 1.26 lane's, plus the cgroup-driver gate where it is not GA
 /// yet, and tracing of every call to the lane's OTLP receiver ([`OTLP_ADDR`]; KubeletTracing is
 /// beta and on by default from 1.27, GA in 1.34).
-fn kubelet_config(minor: u32) -> String {
+pub(crate) fn kubelet_config(minor: u32) -> String {
     let mut c = KUBELET_CONFIG.to_string();
     let mut gates = String::new();
     if (28..34).contains(&minor) {
@@ -138,13 +138,13 @@ impl Spans {
 }
 
 /// A socket inside the node, as the host reaches it (the node's /run is its own tmpfs).
-fn in_node(node: &Node, p: &str) -> PathBuf {
+pub(crate) fn in_node(node: &Node, p: &str) -> PathBuf {
     PathBuf::from(format!("/proc/{}/root{p}", node.init))
 }
 
 /// Moves kubelet onto `endpoint` (a unix socket path inside the node) and waits until the node
 /// is Ready again on it.
-fn kubelet_on(cluster: &Cluster, node: &Node, endpoint: &str) {
+pub(crate) fn kubelet_on(cluster: &Cluster, node: &Node, endpoint: &str) {
     let inv = node.prop("kubelet.service", "InvocationID");
     node.put(
         "/var/lib/kubelet/kubeadm-flags.env",
@@ -200,7 +200,7 @@ fn kubelet_on(cluster: &Cluster, node: &Node, endpoint: &str) {
 
 const CRISP_UNIT: &str = "crisp-lane";
 
-fn crisp_start(node: &Node, upstream: &str) {
+pub(crate) fn crisp_start(node: &Node, upstream: &str) {
     let _ = node.nsenter(&["systemctl", "reset-failed", CRISP_UNIT]);
     let o = node.nsenter(&[
         "systemd-run",
@@ -233,7 +233,7 @@ fn crisp_start(node: &Node, upstream: &str) {
     }
 }
 
-fn crisp_kill(node: &Node) {
+pub(crate) fn crisp_kill(node: &Node) {
     let o = node.nsenter(&["systemctl", "kill", "--signal=KILL", CRISP_UNIT]);
     assert!(o.ok(), "kill crisp: {}", o.all());
     node.wait_for("crisp gone", Duration::from_secs(10), |n| {
@@ -244,14 +244,14 @@ fn crisp_kill(node: &Node) {
 
 /// `crisp tap --json --full --all` from the host on the node's admin socket, appending every
 /// line to one file across crisp restarts (`attach` again after a restart).
-struct Tap {
-    file: PathBuf,
+pub(crate) struct Tap {
+    pub(crate) file: PathBuf,
     child: Option<Child>,
     admin: PathBuf,
 }
 
 impl Tap {
-    fn new(node: &Node, dir: &Path) -> Tap {
+    pub(crate) fn new(node: &Node, dir: &Path) -> Tap {
         Tap {
             file: dir.join("tap.jsonl"),
             child: None,
@@ -259,7 +259,7 @@ impl Tap {
         }
     }
 
-    fn attach(&mut self) {
+    pub(crate) fn attach(&mut self) {
         self.detach();
         let out = std::fs::OpenOptions::new()
             .create(true)
@@ -276,14 +276,14 @@ impl Tap {
         self.child = Some(child);
     }
 
-    fn detach(&mut self) {
+    pub(crate) fn detach(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
         }
     }
 
-    fn lines(&self) -> Vec<serde_json::Value> {
+    pub(crate) fn lines(&self) -> Vec<serde_json::Value> {
         std::fs::read_to_string(&self.file)
             .unwrap_or_default()
             .lines()
@@ -311,20 +311,20 @@ impl Drop for Tap {
 
 /// containerd's timestamps of one container (ns since the epoch; 0: not yet).
 #[derive(Clone, Copy, Debug, Default)]
-struct Times {
-    created: i64,
-    started: i64,
-    finished: i64,
+pub(crate) struct Times {
+    pub(crate) created: i64,
+    pub(crate) started: i64,
+    pub(crate) finished: i64,
 }
 
 /// ContainerStatus from containerd itself, on its socket in the node (never through crisp).
-struct Runtime {
-    rt: tokio::runtime::Runtime,
-    sock: PathBuf,
+pub(crate) struct Runtime {
+    pub(crate) rt: tokio::runtime::Runtime,
+    pub(crate) sock: PathBuf,
 }
 
 impl Runtime {
-    fn new(node: &Node) -> Runtime {
+    pub(crate) fn new(node: &Node) -> Runtime {
         Runtime {
             rt: tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -335,7 +335,7 @@ impl Runtime {
     }
 
     /// The pod's containers, name → (id, attempt), the latest attempt of each.
-    fn containers(&self, pod: &str) -> BTreeMap<String, (String, u32)> {
+    pub(crate) fn containers(&self, pod: &str) -> BTreeMap<String, (String, u32)> {
         self.rt.block_on(async {
             let mut c = crate::support::runtime_client(&self.sock).await;
             let filter = cri::ContainerFilter {
@@ -363,7 +363,7 @@ impl Runtime {
         })
     }
 
-    fn times(&self, id: &str) -> Option<Times> {
+    pub(crate) fn times(&self, id: &str) -> Option<Times> {
         self.rt.block_on(async {
             let mut c = crate::support::runtime_client(&self.sock).await;
             let s = c
@@ -383,7 +383,7 @@ impl Runtime {
         })
     }
 
-    fn pod_times(&self, pod: &str) -> BTreeMap<String, Times> {
+    pub(crate) fn pod_times(&self, pod: &str) -> BTreeMap<String, Times> {
         self.containers(pod)
             .into_iter()
             .filter_map(|(n, (id, _))| Some((n, self.times(&id)?)))
@@ -396,7 +396,7 @@ impl Runtime {
 const APP: &str =
     "trap 'sleep 2; exit 0' TERM; echo app up; while true; do sleep 1 & wait $!; done";
 /// How long a sidecar takes to turn ready after it started.
-const READY_AFTER: Duration = Duration::from_secs(3);
+pub(crate) const READY_AFTER: Duration = Duration::from_secs(3);
 
 /// A sidecar that turns ready READY_AFTER after it starts (a file, or an HTTP path served by
 /// busybox httpd) and exits at once on SIGTERM.
@@ -421,16 +421,16 @@ const EXIT0: &str = "exit 0";
 
 /// The pods of the lane: (name, YAML, the sidecars whose order is checked, the legacy ones of
 /// them that crisp orders at create, and at stop).
-struct Shape {
-    name: &'static str,
+pub(crate) struct Shape {
+    pub(crate) name: &'static str,
     /// "native", "legacy", "legacy, stop only", "native named in crisp.dev/ready": for the log.
     kind: &'static str,
     yaml: String,
-    sidecar: &'static str,
+    pub(crate) sidecar: &'static str,
     /// crisp holds the app until the sidecar is ready (the create order is crisp's).
-    ordered_create: bool,
+    pub(crate) ordered_create: bool,
     /// crisp holds the sidecar's stop until the app exited.
-    ordered_stop: bool,
+    pub(crate) ordered_stop: bool,
 }
 
 fn pod(name: &str, annotations: &str, init: &[String], containers: &[String]) -> String {
@@ -457,7 +457,7 @@ fn native_sidecar(name: &str) -> String {
 }
 
 /// The lane's pods; without native sidecars (before 1.29) the ones that have one are left out.
-fn shapes(minor: u32) -> Vec<Shape> {
+pub(crate) fn shapes(minor: u32) -> Vec<Shape> {
     let mut v = vec![
         Shape {
             name: "native",
@@ -572,13 +572,13 @@ fn shapes(minor: u32) -> Vec<Shape> {
 /// What one pod showed: sidecar started → app created, and app finished → sidecar finished
 /// (ms, from containerd's timestamps).
 #[derive(Debug, Clone, Copy)]
-struct Gaps {
-    create_ms: f64,
-    stop_ms: f64,
+pub(crate) struct Gaps {
+    pub(crate) create_ms: f64,
+    pub(crate) stop_ms: f64,
 }
 
 /// "created after ready, stopped last" and the like, for the log.
-fn verdict(s: &Shape, g: &Gaps) -> String {
+pub(crate) fn verdict(s: &Shape, g: &Gaps) -> String {
     let create = if g.create_ms >= READY_AFTER.as_millis() as f64 - 100.0 {
         "app created after the sidecar was ready"
     } else if g.create_ms >= 0.0 {
@@ -594,13 +594,17 @@ fn verdict(s: &Shape, g: &Gaps) -> String {
     format!("{}: {create}, {stop}", s.kind)
 }
 
-fn ms(a: i64, b: i64) -> f64 {
+pub(crate) fn ms(a: i64, b: i64) -> f64 {
     (b - a) as f64 / 1e6
 }
 
 /// Creates the pod, waits until every container runs, deletes it and follows the stops in
 /// containerd until each container finished.
-fn run_shape(cluster: &Cluster, rt: &Runtime, s: &Shape) -> (Gaps, BTreeMap<String, Times>) {
+pub(crate) fn run_shape(
+    cluster: &Cluster,
+    rt: &Runtime,
+    s: &Shape,
+) -> (Gaps, BTreeMap<String, Times>) {
     cluster.apply(&s.yaml);
     let want = if s.name == "mixed" { 3 } else { 2 };
     cluster.wait(
@@ -810,12 +814,12 @@ impl H2Requests {
 
 // --- the lane ---------------------------------------------------------------------------------
 
-fn journal_since(node: &Node, unit: &str, since: &str) -> String {
+pub(crate) fn journal_since(node: &Node, unit: &str, since: &str) -> String {
     node.nsenter(&["journalctl", "-u", unit, "--since", since, "--no-pager"])
         .stdout
 }
 
-fn node_now(node: &Node) -> String {
+pub(crate) fn node_now(node: &Node) -> String {
     node.nsenter(&["date", "+%Y-%m-%d %H:%M:%S"])
         .stdout
         .trim()

@@ -9,6 +9,12 @@
 //! machinectl: the host has no systemd; no --volatile=overlay). Commands run inside through
 //! `nsenter -t <node init> -a systemd-run --wait --pipe`, so they get the node's own seccomp
 //! filter, capabilities and cgroup, like a unit would.
+//!
+//! The node's containerd is Debian's (1.6.20) unless `CRISP_LANE_CONTAINERD_BIN` names another
+//! containerd binary (hack/containerd-versions.sh builds one): that binary and the
+//! `containerd-shim-runc-v2` and `ctr` beside it are bound read-only over the rootfs's
+//! /usr/bin ones, so Debian's containerd.service, the shim it starts and `ctr` all are that
+//! build ([`containerd_binds`]).
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -147,6 +153,7 @@ impl Node {
             .arg(&root)
             .args(["-b", "--register=no", "--keep-unit", "--console=pipe"])
             .args(security)
+            .args(containerd_binds())
             .arg(format!(
                 "--bind={}:/var/lib/containerd",
                 dir.path().join("containerd").display()
@@ -436,6 +443,36 @@ impl Node {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+}
+
+/// The containerd binary the node runs instead of Debian's, from `CRISP_LANE_CONTAINERD_BIN`
+/// (None: Debian's). Panics naming what is missing when the variable is set but the binary or
+/// its shim and `ctr` are not beside it.
+pub fn lane_containerd() -> Option<PathBuf> {
+    let bin = PathBuf::from(std::env::var_os("CRISP_LANE_CONTAINERD_BIN")?);
+    for b in ["containerd", "containerd-shim-runc-v2", "ctr"] {
+        let p = bin.with_file_name(b);
+        assert!(
+            p.is_file(),
+            "CRISP_LANE_CONTAINERD_BIN={}: no {} (hack/containerd-versions.sh SRC TAG OUT builds \
+             OUT/bin/containerd with its shim and ctr)",
+            bin.display(),
+            p.display()
+        );
+    }
+    Some(bin)
+}
+
+/// nspawn's `--bind-ro` flags that put [`lane_containerd`]'s three binaries over the rootfs's
+/// /usr/bin ones (none without it).
+pub fn containerd_binds() -> Vec<String> {
+    let Some(bin) = lane_containerd() else {
+        return Vec::new();
+    };
+    ["containerd", "containerd-shim-runc-v2", "ctr"]
+        .iter()
+        .map(|b| format!("--bind-ro={}:/usr/bin/{b}", bin.with_file_name(b).display()))
+        .collect()
 }
 
 impl Drop for Node {
