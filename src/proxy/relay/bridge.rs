@@ -289,11 +289,7 @@ fn answer_after_panic(outbox: &Outbox, stream: u32, answered: bool) {
         "serving a call panicked (a bug: please report it with the panic message above); the \
          call is answered INTERNAL, the connection's other calls go on"
     );
-    let status = crate::status::Status::new(
-        crate::status::code::INTERNAL,
-        "crisp: internal error while serving this call (a bug, logged by crisp); it may or may \
-         not have reached the runtime",
-    );
+    let status = crate::status::Status::panicked();
     let mut block = Vec::with_capacity(192);
     if !answered {
         http2::encode_field(&mut block, b":status", b"200");

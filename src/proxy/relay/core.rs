@@ -23,7 +23,7 @@ use super::fields::{FieldList, PathCache};
 use super::flow::Windows;
 use super::held::{Peek, Why};
 use super::ping::{KeepAlive, KeepAliveAction, PingGate, GOAWAY_PING, KEEPALIVE};
-use super::status::{Code, EndStatus};
+use super::status::EndStatus;
 use crate::intercept::{Call, Interest};
 use crate::proxy::http2::{
     self, hpack, GoAway, IdHasher, IdMap, Indexer, Ping, Reason, RstStream, Settings,
@@ -660,7 +660,7 @@ impl Core {
                 http2::encode_field(&mut block, b":status", b"200");
                 http2::encode_field(&mut block, b"content-type", b"application/grpc");
             }
-            for (n, v) in &crate::status::Status::new(Code::UNAVAILABLE.0, msg).to_header_map() {
+            for (n, v) in &crate::status::Status::runtime_gone(msg).to_header_map() {
                 if n != http::header::CONTENT_TYPE {
                     http2::encode_field(&mut block, n.as_str().as_bytes(), v.as_bytes());
                 }
