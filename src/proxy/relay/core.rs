@@ -93,7 +93,7 @@ pub enum Event {
     /// asked to hear of it (else it is only logged, [`CALLS`]).
     Ended {
         call: Call,
-        ending: EndStatus,
+        status: EndStatus,
         at: Instant,
         report: bool,
     },
@@ -681,11 +681,11 @@ impl Core {
         }
     }
 
-    pub(super) fn completed(&mut self, r: Relayed, ending: EndStatus, at: Instant) {
+    pub(super) fn completed(&mut self, r: Relayed, status: EndStatus, at: Instant) {
         if let Some(call) = r.call {
             self.events.push_back(Event::Ended {
                 call,
-                ending,
+                status,
                 at,
                 report: r.report,
             });

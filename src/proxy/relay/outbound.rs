@@ -196,10 +196,10 @@ impl Core {
     }
 
     /// Ends a relayed call.
-    fn end_relayed(&mut self, stream: u32, ending: EndStatus) {
+    fn end_relayed(&mut self, stream: u32, status: EndStatus) {
         if let Some(r) = self.relayed.remove(&stream) {
             let at = self.now;
-            self.completed(r, ending, at);
+            self.completed(r, status, at);
         }
     }
 }

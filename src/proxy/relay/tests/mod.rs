@@ -314,8 +314,8 @@ fn completed(events: &[Event]) -> Vec<(u64, EndStatus)> {
     events
         .iter()
         .filter_map(|e| {
-            if let Event::Ended { call, ending, .. } = e {
-                Some((call.id, ending.clone()))
+            if let Event::Ended { call, status, .. } = e {
+                Some((call.id, status.clone()))
             } else {
                 None
             }
