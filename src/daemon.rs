@@ -1,4 +1,4 @@
-//! Wires configuration, the listener, the upstream and the interceptors into a running proxy.
+//! Wires configuration, the listener, the runtime pool and the interceptors into a running proxy.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -35,9 +35,9 @@ pub enum Error {
 /// The interceptor chain and the tap in it (the admin socket serves the tap's subscribers).
 pub(crate) fn chain(
     cfg: &Config,
-    upstream: &Arc<RuntimePool>,
+    pool: &Arc<RuntimePool>,
 ) -> (Vec<Arc<dyn Interceptor>>, Arc<Tap>, Arc<Engine>) {
-    let client = RuntimeClient::new(upstream.clone(), Duration::from_secs(5));
+    let client = RuntimeClient::new(pool.clone(), Duration::from_secs(5));
     let terminated = Arc::new(Terminated::open(Some(cfg.state_dir.clone())));
     let engine = Engine::new(
         cfg,
@@ -131,16 +131,16 @@ pub(crate) async fn serve_on_notify(
     shutdown: impl Future<Output = ()>,
     admin_ready: tokio::sync::oneshot::Sender<()>,
 ) {
-    let upstream = std::sync::Arc::new(RuntimePool::new(
+    let pool = std::sync::Arc::new(RuntimePool::new(
         cfg.upstream.clone(),
         RuntimePoolOptions::from(&cfg),
     ));
-    let (list, tap, engine) = chain(&cfg, &upstream);
+    let (list, tap, engine) = chain(&cfg, &pool);
     let spans = hold_spans(&cfg, &engine);
     let ordering = engine.clone();
     let interceptors = Interceptors::new(list);
     let faults = interceptors.faults().clone();
-    let proxy = Proxy::new(upstream, interceptors, ProxyOptions::from(&cfg));
+    let proxy = Proxy::new(pool, interceptors, ProxyOptions::from(&cfg));
     // The admin socket shows crisp's own faults: stuck threads, hook panics.
     let liveness = crate::admin::Liveness {
         watchdog: proxy.watchdog().clone(),

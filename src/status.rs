@@ -152,6 +152,22 @@ impl Status {
             "crisp: deadline exceeded while the call was held; not forwarded",
         )
     }
+
+    /// UNAVAILABLE for a relayed call whose runtime connection went before the call ended:
+    /// `message` already says how ([`runtime_lost`]'s texts).
+    pub(crate) fn runtime_gone(message: &str) -> Status {
+        Status::new(code::UNAVAILABLE, message)
+    }
+
+    /// INTERNAL for a diverted call whose serving panicked (a bug in crisp): whether it reached
+    /// the runtime is unknown, and the message says so.
+    pub(crate) fn panicked() -> Status {
+        Status::new(
+            code::INTERNAL,
+            "crisp: internal error while serving this call (a bug, logged by crisp); it may or may \
+             not have reached the runtime",
+        )
+    }
 }
 
 /// grpc-message is percent-encoded: everything outside printable ASCII, and '%' itself.

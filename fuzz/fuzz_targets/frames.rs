@@ -13,7 +13,7 @@
 
 use arbitrary::Arbitrary;
 use crisp::proxy::http2::hpack::Decoder;
-use crisp::proxy::http2::{self as f, Flags, Head, Kind};
+use crisp::proxy::http2::{self as f, Flags, Head, Kind, StreamId};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]
@@ -33,7 +33,11 @@ fn walk(buf: &[u8]) -> (Vec<(Head, std::ops::Range<usize>)>, usize) {
     let mut frames = Vec::new();
     while let Some(head) = f::complete_at(buf, pos, &mut missing) {
         assert!(head.len < 1 << 24);
-        assert_eq!(head.stream & 0x8000_0000, 0, "the reserved bit is masked");
+        assert_eq!(
+            head.stream.get() & 0x8000_0000,
+            0,
+            "the reserved bit is masked"
+        );
         let len = f::HEADER_LEN + head.len;
         assert!(
             buf.len() - pos >= len,
@@ -107,7 +111,7 @@ fuzz_target!(|input: Input| {
     for _ in 0..=(input.repeat % 8) {
         block.extend_from_slice(&input.block);
     }
-    let stream = input.stream & 0x7fff_ffff;
+    let stream = StreamId::new(input.stream);
     let mut out = Vec::new();
     f::headers(&mut out, stream, &block, input.end_stream);
     let (frames, used) = walk(&out);

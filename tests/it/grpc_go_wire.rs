@@ -28,7 +28,7 @@ use crate::support::{within, Crisp, PATIENCE};
 use crisp::intercept::{Call, Interceptor, Interest};
 use crisp::proxy::http2::hpack::Decoder;
 use crisp::proxy::http2::{
-    self as f, Flags, GoAway, Head, Kind, Ping, Reason, Settings, WindowUpdate,
+    self as f, Flags, GoAway, Head, Kind, Ping, Reason, Settings, StreamId, WindowUpdate,
 };
 use crisp::proxy::ProxyOptions;
 
@@ -145,21 +145,21 @@ async fn serve_runtime_conn(s: UnixStream, log: Arc<RuntimeLog>, opts: RuntimeOp
     let mut hello = Vec::new();
     match opts.header_table_size {
         Some(size) => {
-            Head::new(Kind::Settings, Flags::NONE, 0, 6).encode(&mut hello);
+            Head::new(Kind::Settings, Flags::NONE, StreamId::CONNECTION, 6).encode(&mut hello);
             hello.extend_from_slice(&Settings::HEADER_TABLE_SIZE.to_be_bytes());
             hello.extend_from_slice(&size.to_be_bytes());
         }
-        None => Head::new(Kind::Settings, Flags::NONE, 0, 0).encode(&mut hello),
+        None => Head::new(Kind::Settings, Flags::NONE, StreamId::CONNECTION, 0).encode(&mut hello),
     }
     conn.write(&hello).await;
     let mut dec = Decoder::default();
     let mut buf = BytesMut::new();
-    let mut streams: HashMap<u32, (Fields, BytesMut)> = HashMap::new();
-    let mut block: Option<(u32, bool, Vec<u8>)> = None;
+    let mut streams: HashMap<StreamId, (Fields, BytesMut)> = HashMap::new();
+    let mut block: Option<(StreamId, bool, Vec<u8>)> = None;
     let mut last_ping: Option<Instant> = None;
     let mut strikes = 0usize;
     let mut requests = 0usize;
-    let mut goaway_last: Option<u32> = None;
+    let mut goaway_last: Option<StreamId> = None;
     loop {
         if conn.closing.load(Ordering::SeqCst) && conn.active.load(Ordering::SeqCst) == 0 {
             return;
@@ -177,7 +177,7 @@ async fn serve_runtime_conn(s: UnixStream, log: Arc<RuntimeLog>, opts: RuntimeOp
             }
             let frame = buf.split_to(f::HEADER_LEN + head.len).freeze();
             let payload = frame.slice(f::HEADER_LEN..);
-            let mut complete: Option<(u32, bool, Vec<u8>)> = None;
+            let mut complete: Option<(StreamId, bool, Vec<u8>)> = None;
             match head.kind {
                 Kind::Headers => {
                     let r = f::header_fragment(&head, &payload).unwrap();
@@ -204,7 +204,7 @@ async fn serve_runtime_conn(s: UnixStream, log: Arc<RuntimeLog>, opts: RuntimeOp
                 Kind::Data => {
                     let mut out = Vec::new();
                     if head.len > 0 {
-                        WindowUpdate::new(0, head.len as u32).encode(&mut out);
+                        WindowUpdate::new(StreamId::CONNECTION, head.len as u32).encode(&mut out);
                     }
                     if let Some((_, body)) = streams.get_mut(&head.stream) {
                         let r = f::data_payload(&head, &payload).expect("malformed DATA");
@@ -227,7 +227,7 @@ async fn serve_runtime_conn(s: UnixStream, log: Arc<RuntimeLog>, opts: RuntimeOp
                 }
                 Kind::Settings if !head.has(Flags::ACK) => {
                     let mut out = Vec::new();
-                    Head::new(Kind::Settings, Flags::ACK, 0, 0).encode(&mut out);
+                    Head::new(Kind::Settings, Flags::ACK, StreamId::CONNECTION, 0).encode(&mut out);
                     if opts.settings_ack_delay.is_zero() {
                         conn.write(&out).await;
                     } else {
@@ -241,7 +241,7 @@ async fn serve_runtime_conn(s: UnixStream, log: Arc<RuntimeLog>, opts: RuntimeOp
                 Kind::Ping if !head.has(Flags::ACK) => {
                     log.pings.fetch_add(1, Ordering::SeqCst);
                     let mut out = Vec::new();
-                    Head::new(Kind::Ping, Flags::ACK, 0, 8).encode(&mut out);
+                    Head::new(Kind::Ping, Flags::ACK, StreamId::CONNECTION, 8).encode(&mut out);
                     out.extend_from_slice(&payload);
                     conn.write(&out).await;
                     // grpc-go's http2Server.handlePing with MinTime 5 min, PermitWithoutStream false.
@@ -263,7 +263,7 @@ async fn serve_runtime_conn(s: UnixStream, log: Arc<RuntimeLog>, opts: RuntimeOp
                     if strikes > 2 {
                         log.too_many_pings.fetch_add(1, Ordering::SeqCst);
                         let mut g = Vec::new();
-                        GoAway::new(0x7fff_ffff, Reason::ENHANCE_YOUR_CALM, b"too_many_pings")
+                        GoAway::new(StreamId::MAX, Reason::ENHANCE_YOUR_CALM, b"too_many_pings")
                             .encode(&mut g);
                         conn.write(&g).await;
                         return;
@@ -286,7 +286,7 @@ async fn serve_runtime_conn(s: UnixStream, log: Arc<RuntimeLog>, opts: RuntimeOp
                         continue;
                     }
                     if opts.goaway_at == Some(requests) {
-                        let last = stream.saturating_sub(2);
+                        let last = StreamId::new(stream.get().saturating_sub(2));
                         goaway_last = Some(last);
                         log.goaways.fetch_add(1, Ordering::SeqCst);
                         log.ignored.fetch_add(1, Ordering::SeqCst);
@@ -313,11 +313,11 @@ async fn serve_runtime_conn(s: UnixStream, log: Arc<RuntimeLog>, opts: RuntimeOp
 fn respond(
     conn: &Arc<RtConn>,
     _log: &Arc<RuntimeLog>,
-    stream: u32,
+    stream: StreamId,
     _fields: Fields,
     body: Bytes,
     opts: RuntimeOpts,
-    _goaway: Option<u32>,
+    _goaway: Option<StreamId>,
 ) {
     let conn = conn.clone();
     tokio::spawn(async move {
@@ -389,7 +389,7 @@ enum Outcome {
 
 #[derive(Default)]
 struct ClientState {
-    waiting: HashMap<u32, (oneshot::Sender<Outcome>, BytesMut, bool)>,
+    waiting: HashMap<StreamId, (oneshot::Sender<Outcome>, BytesMut, bool)>,
     ping_outstanding: bool,
     pings_sent: usize,
     /// The peer acknowledged this client's SETTINGS.
@@ -397,7 +397,7 @@ struct ClientState {
     /// Withhold stream WINDOW_UPDATEs until then (so a stream's window is exactly the 65,535
     /// bytes the peer may count on before the ACK), and count each stream's DATA meanwhile.
     strict_until_ack: bool,
-    before_ack: HashMap<u32, usize>,
+    before_ack: HashMap<StreamId, usize>,
 }
 
 struct Client {
@@ -422,11 +422,13 @@ impl Client {
         let mut hello = f::PREFACE.to_vec();
         match window {
             Some(v) => {
-                Head::new(Kind::Settings, Flags::NONE, 0, 6).encode(&mut hello);
+                Head::new(Kind::Settings, Flags::NONE, StreamId::CONNECTION, 6).encode(&mut hello);
                 hello.extend_from_slice(&Settings::INITIAL_WINDOW_SIZE.to_be_bytes());
                 hello.extend_from_slice(&v.to_be_bytes());
             }
-            None => Head::new(Kind::Settings, Flags::NONE, 0, 0).encode(&mut hello),
+            None => {
+                Head::new(Kind::Settings, Flags::NONE, StreamId::CONNECTION, 0).encode(&mut hello)
+            }
         }
         w.lock().await.write_all(&hello).await.unwrap();
         let st = Arc::new(Mutex::new(ClientState {
@@ -463,7 +465,8 @@ impl Client {
                                 *st.before_ack.entry(head.stream).or_default() += head.len;
                             }
                             if head.len > 0 {
-                                WindowUpdate::new(0, head.len as u32).encode(&mut out);
+                                WindowUpdate::new(StreamId::CONNECTION, head.len as u32)
+                                    .encode(&mut out);
                                 if !strict {
                                     WindowUpdate::new(head.stream, head.len as u32)
                                         .encode(&mut out);
@@ -514,12 +517,14 @@ impl Client {
                             if head.has(Flags::ACK) {
                                 st.ping_outstanding = false;
                             } else {
-                                Head::new(Kind::Ping, Flags::ACK, 0, 8).encode(&mut out);
+                                Head::new(Kind::Ping, Flags::ACK, StreamId::CONNECTION, 8)
+                                    .encode(&mut out);
                                 out.extend_from_slice(&payload);
                             }
                         }
                         Kind::Settings if !head.has(Flags::ACK) => {
-                            Head::new(Kind::Settings, Flags::ACK, 0, 0).encode(&mut out)
+                            Head::new(Kind::Settings, Flags::ACK, StreamId::CONNECTION, 0)
+                                .encode(&mut out)
                         }
                         Kind::Settings => st.settings_acked = true,
                         _ => {}
@@ -565,7 +570,7 @@ impl Client {
         let (tx, rx) = oneshot::channel();
         {
             let mut enc = self.enc.lock().await;
-            let id = enc.1;
+            let id = StreamId::new(enc.1);
             enc.1 += 2;
             let mut block = Vec::new();
             let e = &mut enc.0;
@@ -778,8 +783,8 @@ async fn a_header_block_that_decodes_to_gigabytes_closes_only_its_connection() {
     block.extend_from_slice(&[b'a'; 4000]);
     block.extend_from_slice(&[0xbe; 5000]);
     let mut out = f::PREFACE.to_vec();
-    Head::new(Kind::Settings, Flags::NONE, 0, 0).encode(&mut out);
-    f::headers(&mut out, 1, &block, true);
+    Head::new(Kind::Settings, Flags::NONE, StreamId::CONNECTION, 0).encode(&mut out);
+    f::headers(&mut out, StreamId::new(1), &block, true);
     let mut s = UnixStream::connect(&crisp.path).await.unwrap();
     s.write_all(&out).await.unwrap();
     // crisp answers with GOAWAY COMPRESSION_ERROR and closes the connection.

@@ -1,18 +1,18 @@
 //! GOAWAY (RFC 9113 §6.8).
 
-use super::{Flags, FrameError, Head, Kind, Reason};
+use super::{Flags, FrameError, Head, Kind, Reason, StreamId};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GoAway<'a> {
     /// The highest stream the sender may have processed.
-    pub(crate) last_stream: u32,
+    pub(crate) last_stream: StreamId,
     pub(crate) reason: Reason,
     /// Free text for diagnostics (the peer's, so hostile: print it lossily and cut).
     pub(crate) debug_data: &'a [u8],
 }
 
 impl<'a> GoAway<'a> {
-    pub fn new(last_stream: u32, reason: Reason, debug_data: &'a [u8]) -> GoAway<'a> {
+    pub fn new(last_stream: StreamId, reason: Reason, debug_data: &'a [u8]) -> GoAway<'a> {
         GoAway {
             last_stream,
             reason,
@@ -28,7 +28,7 @@ impl<'a> GoAway<'a> {
             });
         };
         let last_stream =
-            u32::from_be_bytes([fixed[0], fixed[1], fixed[2], fixed[3]]) & 0x7fff_ffff;
+            StreamId::new(u32::from_be_bytes([fixed[0], fixed[1], fixed[2], fixed[3]]));
         let reason = Reason(u32::from_be_bytes([fixed[4], fixed[5], fixed[6], fixed[7]]));
         Ok(GoAway {
             last_stream,
@@ -38,8 +38,8 @@ impl<'a> GoAway<'a> {
     }
 
     pub fn encode(&self, out: &mut Vec<u8>) {
-        Head::new(Kind::GoAway, Flags::NONE, 0, 8 + self.debug_data.len()).encode(out);
-        out.extend_from_slice(&(self.last_stream & 0x7fff_ffff).to_be_bytes());
+        Head::new(Kind::GoAway, Flags::NONE, StreamId::CONNECTION, 8 + self.debug_data.len()).encode(out);
+        out.extend_from_slice(&self.last_stream.get().to_be_bytes());
         out.extend_from_slice(&self.reason.0.to_be_bytes());
         out.extend_from_slice(self.debug_data);
     }
@@ -53,16 +53,16 @@ mod tests {
     #[test]
     fn goaways_round_trip() {
         let mut b = Vec::new();
-        GoAway::new(7, Reason::ENHANCE_YOUR_CALM, b"too_many_pings").encode(&mut b);
+        GoAway::new(StreamId::new(7), Reason::ENHANCE_YOUR_CALM, b"too_many_pings").encode(&mut b);
         let head = Head::parse(&b).unwrap();
-        assert_eq!((head.kind, head.stream, head.len), (Kind::GoAway, 0, 22));
+        assert_eq!((head.kind, head.stream, head.len), (Kind::GoAway, StreamId::new(0), 22));
         assert_eq!(
             GoAway::load(&b[HEADER_LEN..]),
-            Ok(GoAway::new(7, Reason::ENHANCE_YOUR_CALM, b"too_many_pings"))
+            Ok(GoAway::new(StreamId::new(7), Reason::ENHANCE_YOUR_CALM, b"too_many_pings"))
         );
         assert_eq!(
             GoAway::load(&[0x80, 0, 0, 1, 0, 0, 0, 0]),
-            Ok(GoAway::new(1, Reason::NO_ERROR, b""))
+            Ok(GoAway::new(StreamId::new(1), Reason::NO_ERROR, b""))
         );
     }
 

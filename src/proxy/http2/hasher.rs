@@ -33,4 +33,4 @@ impl std::hash::Hasher for IdHasher {
 }
 
 /// A map keyed by stream id.
-pub(crate) type IdMap<V> = HashMap<u32, V, BuildHasherDefault<IdHasher>>;
+pub(crate) type IdMap<V> = HashMap<super::StreamId, V, BuildHasherDefault<IdHasher>>;

@@ -1,6 +1,6 @@
 //! The frame header (RFC 9113 §4.1): length, type, flags, stream.
 
-use super::FrameError;
+use super::{FrameError, StreamId};
 
 /// The client connection preface (RFC 9113 §3.4).
 pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -105,11 +105,11 @@ pub struct Head {
     pub len: usize,
     pub kind: Kind,
     pub(crate) flags: Flags,
-    pub stream: u32,
+    pub stream: StreamId,
 }
 
 impl Head {
-    pub fn new(kind: Kind, flags: Flags, stream: u32, len: usize) -> Head {
+    pub fn new(kind: Kind, flags: Flags, stream: StreamId, len: usize) -> Head {
         Head {
             len,
             kind,
@@ -126,7 +126,7 @@ impl Head {
             len: (b[0] as usize) << 16 | (b[1] as usize) << 8 | b[2] as usize,
             kind: Kind::from(b[3]),
             flags: Flags(b[4]),
-            stream: u32::from_be_bytes([b[5], b[6], b[7], b[8]]) & 0x7fff_ffff,
+            stream: StreamId::new(u32::from_be_bytes([b[5], b[6], b[7], b[8]])),
         })
     }
 
@@ -157,7 +157,7 @@ impl Head {
             self.kind.into(),
             self.flags.0,
         ]);
-        out.extend_from_slice(&(self.stream & 0x7fff_ffff).to_be_bytes());
+        out.extend_from_slice(&self.stream.get().to_be_bytes());
     }
 }
 
@@ -179,7 +179,7 @@ mod tests {
     fn complete_at_says_how_much_of_a_frame_is_missing() {
         let mut b = vec![0xff; 3];
         Ping::new(*b"12345678").encode(&mut b);
-        data(&mut b, 1, b"abc", true);
+        data(&mut b, StreamId::new(1), b"abc", true);
         let mut missing = 9;
         assert_eq!(
             complete_at(&b, 3, &mut missing).map(|h| (h.kind, h.len, missing)),
@@ -187,7 +187,7 @@ mod tests {
         );
         assert_eq!(
             complete_at(&b, 20, &mut missing).map(|h| (h.kind, h.stream, h.len)),
-            Some((Kind::Data, 1, 3))
+            Some((Kind::Data, StreamId::new(1), 3))
         );
         assert!(complete_at(&b[..b.len() - 2], 20, &mut missing).is_none());
         assert_eq!(missing, 2);
@@ -200,7 +200,7 @@ mod tests {
     #[test]
     fn heads_round_trip_and_keep_unknown_kinds() {
         for kind in 0..=255u8 {
-            let head = Head::new(Kind::from(kind), Flags(0x25), 0x7fff_fffe, 0x12_3456);
+            let head = Head::new(Kind::from(kind), Flags(0x25), StreamId::new(0x7fff_fffe), 0x12_3456);
             assert_eq!(u8::from(head.kind), kind);
             let mut b = Vec::new();
             head.encode(&mut b);
@@ -210,15 +210,15 @@ mod tests {
         assert!(matches!(Kind::from(0xa), Kind::Unknown(0xa)));
         // The reserved bit is not part of the stream id.
         let h = Head::parse(&[0, 0, 0, 0, 0, 0x80, 0, 0, 3]).unwrap();
-        assert_eq!(h.stream, 3);
+        assert_eq!(h.stream, StreamId::new(3));
         assert!(Head::parse(&[0; 8]).is_none());
     }
 
     #[test]
     fn a_frame_over_the_advertised_max_frame_size_is_a_frame_size_error() {
-        let h = Head::new(Kind::Data, Flags::NONE, 1, MAX_FRAME);
+        let h = Head::new(Kind::Data, Flags::NONE, StreamId::new(1), MAX_FRAME);
         assert_eq!(h.within(MAX_FRAME as u32), Ok(()), "exactly the bound fits");
-        let over = Head::new(Kind::Headers, Flags::NONE, 1, MAX_FRAME + 1);
+        let over = Head::new(Kind::Headers, Flags::NONE, StreamId::new(1), MAX_FRAME + 1);
         let err = over.within(MAX_FRAME as u32).unwrap_err();
         assert_eq!(
             err,
@@ -235,7 +235,7 @@ mod tests {
     #[test]
     fn flags_share_bits_as_rfc_9113_says() {
         assert_eq!(Flags::ACK, Flags::END_STREAM);
-        let h = Head::new(Kind::Headers, Flags::END_STREAM | Flags::END_HEADERS, 1, 0);
+        let h = Head::new(Kind::Headers, Flags::END_STREAM | Flags::END_HEADERS, StreamId::new(1), 0);
         assert!(h.has(Flags::END_HEADERS) && h.has(Flags::END_STREAM) && !h.has(Flags::PADDED));
         assert_eq!(Flags::PADDED.when(false), Flags::NONE);
     }

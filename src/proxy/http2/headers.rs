@@ -1,10 +1,10 @@
 //! HEADERS and CONTINUATION (RFC 9113 §6.2, §6.10).
 
-use super::{Flags, FrameError, Head, Kind, MAX_FRAME};
+use super::{Flags, FrameError, Head, Kind, StreamId, MAX_FRAME};
 
 /// A HEADERS frame (and CONTINUATIONs, if the block is larger than [`MAX_FRAME`]) carrying
 /// `block`.
-pub fn headers(out: &mut Vec<u8>, stream: u32, block: &[u8], end_stream: bool) {
+pub fn headers(out: &mut Vec<u8>, stream: StreamId, block: &[u8], end_stream: bool) {
     let es = Flags::END_STREAM.when(end_stream);
     let mut chunks = block.chunks(MAX_FRAME).peekable();
     let first = chunks.next().unwrap_or(&[]);
@@ -47,7 +47,7 @@ mod tests {
     fn big_blocks_are_split_into_continuations() {
         let block = vec![7u8; MAX_FRAME * 2 + 5];
         let mut out = Vec::new();
-        headers(&mut out, 3, &block, true);
+        headers(&mut out, StreamId::new(3), &block, true);
         let h1 = Head::parse(&out).unwrap();
         assert_eq!(
             (h1.kind, h1.len, h1.flags),
@@ -61,7 +61,7 @@ mod tests {
         let h3 = Head::parse(&out[18 + 2 * MAX_FRAME..]).unwrap();
         assert_eq!(
             (h3.kind, h3.len, h3.flags, h3.stream),
-            (Kind::Continuation, 5, Flags::END_HEADERS, 3)
+            (Kind::Continuation, 5, Flags::END_HEADERS, StreamId::new(3))
         );
         assert_eq!(out.len(), 27 + block.len());
     }
@@ -71,12 +71,12 @@ mod tests {
         let head = Head::new(
             Kind::Headers,
             Flags::PADDED | Flags::PRIORITY | Flags::END_HEADERS,
-            1,
+            StreamId::new(1),
             10,
         );
         let payload = [2u8, 0, 0, 0, 0, 9, 0xaa, 0xbb, 0, 0];
         assert_eq!(header_fragment(&head, &payload).ok(), Some(6..8));
-        let bad = Head::new(Kind::Headers, Flags::PADDED, 1, 1);
+        let bad = Head::new(Kind::Headers, Flags::PADDED, StreamId::new(1), 1);
         assert_eq!(header_fragment(&bad, &[9]).ok(), None);
         assert_eq!(
             header_fragment(&bad, &[9]),

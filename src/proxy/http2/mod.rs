@@ -20,6 +20,7 @@ mod reason;
 mod rst_stream;
 mod settings;
 mod stateless;
+mod stream_id;
 mod window_update;
 
 pub use data::{data, data_payload};
@@ -36,6 +37,7 @@ pub use reason::Reason;
 pub(crate) use rst_stream::RstStream;
 pub use settings::Settings;
 pub use stateless::encode_field;
+pub use stream_id::StreamId;
 // The prefix-integer encoder, for tests that write HPACK blocks by hand.
 #[cfg(feature = "test-util")]
 pub use stateless::put_int;

@@ -1,6 +1,6 @@
 //! PING (RFC 9113 §6.7).
 
-use super::{Flags, FrameError, Head, Kind};
+use super::{Flags, FrameError, Head, Kind, StreamId};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ping {
@@ -35,7 +35,7 @@ impl Ping {
     }
 
     pub fn encode(&self, out: &mut Vec<u8>) {
-        Head::new(Kind::Ping, Flags::ACK.when(self.ack), 0, 8).encode(out);
+        Head::new(Kind::Ping, Flags::ACK.when(self.ack), StreamId::CONNECTION, 8).encode(out);
         out.extend_from_slice(&self.opaque);
     }
 }
@@ -57,7 +57,7 @@ mod tests {
 
     #[test]
     fn a_ping_of_other_than_eight_bytes_is_an_error() {
-        let head = Head::new(Kind::Ping, Flags::NONE, 0, 7);
+        let head = Head::new(Kind::Ping, Flags::NONE, StreamId::new(0), 7);
         assert_eq!(
             Ping::load(&head, &[0; 7]),
             Err(FrameError::BadLength {

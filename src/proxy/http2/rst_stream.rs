@@ -2,16 +2,16 @@
 
 #[cfg(test)]
 use super::FrameError;
-use super::{Flags, Head, Kind, Reason};
+use super::{Flags, Head, Kind, Reason, StreamId};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RstStream {
-    pub(crate) stream: u32,
+    pub(crate) stream: StreamId,
     pub(crate) reason: Reason,
 }
 
 impl RstStream {
-    pub(crate) fn new(stream: u32, reason: Reason) -> RstStream {
+    pub(crate) fn new(stream: StreamId, reason: Reason) -> RstStream {
         RstStream { stream, reason }
     }
 
@@ -43,11 +43,11 @@ mod tests {
     #[test]
     fn resets_round_trip() {
         let mut b = Vec::new();
-        RstStream::new(9, Reason::REFUSED_STREAM).encode(&mut b);
+        RstStream::new(StreamId::new(9), Reason::REFUSED_STREAM).encode(&mut b);
         let head = Head::parse(&b).unwrap();
         assert_eq!(
             RstStream::load(&head, &b[HEADER_LEN..]),
-            Ok(RstStream::new(9, Reason::REFUSED_STREAM))
+            Ok(RstStream::new(StreamId::new(9), Reason::REFUSED_STREAM))
         );
         assert_eq!(
             RstStream::load(&head, &[0; 3]),

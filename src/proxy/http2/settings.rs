@@ -1,6 +1,6 @@
 //! SETTINGS (RFC 9113 §6.5).
 
-use super::{Flags, FrameError, Head, Kind};
+use super::{Flags, FrameError, Head, Kind, StreamId};
 
 /// The parameters one SETTINGS frame carries (the last value wins when one repeats, RFC 9113
 /// §6.5.3). Unknown parameters are ignored, as the RFC requires; the relay passes the frame on
@@ -64,7 +64,7 @@ impl Settings {
     pub(crate) fn encode(&self, out: &mut Vec<u8>) {
         let fields = self.fields();
         let n = fields.iter().filter(|(_, v)| v.is_some()).count();
-        Head::new(Kind::Settings, Flags::NONE, 0, 6 * n).encode(out);
+        Head::new(Kind::Settings, Flags::NONE, StreamId::CONNECTION, 6 * n).encode(out);
         for (id, v) in fields {
             if let Some(v) = v {
                 out.extend_from_slice(&id.to_be_bytes());
@@ -75,7 +75,7 @@ impl Settings {
 
     /// A SETTINGS ACK.
     pub(crate) fn encode_ack(out: &mut Vec<u8>) {
-        Head::new(Kind::Settings, Flags::ACK, 0, 0).encode(out);
+        Head::new(Kind::Settings, Flags::ACK, StreamId::CONNECTION, 0).encode(out);
     }
 }
 
@@ -112,7 +112,7 @@ mod tests {
     #[test]
     fn the_last_value_wins_and_unknown_ids_are_ignored() {
         let mut b = Vec::new();
-        Head::new(Kind::Settings, Flags::NONE, 0, 18).encode(&mut b);
+        Head::new(Kind::Settings, Flags::NONE, StreamId::new(0), 18).encode(&mut b);
         for (id, v) in [(4u16, 10u32), (0x99, 7), (4, 20)] {
             b.extend_from_slice(&id.to_be_bytes());
             b.extend_from_slice(&v.to_be_bytes());
@@ -129,7 +129,7 @@ mod tests {
     #[test]
     fn a_length_not_a_multiple_of_six_is_an_error() {
         let mut b = Vec::new();
-        Head::new(Kind::Settings, Flags::NONE, 0, 7).encode(&mut b);
+        Head::new(Kind::Settings, Flags::NONE, StreamId::new(0), 7).encode(&mut b);
         b.extend_from_slice(&[0, 4, 0, 0, 0, 1, 9]);
         assert_eq!(
             load(&b),

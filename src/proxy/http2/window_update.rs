@@ -1,17 +1,17 @@
 //! WINDOW_UPDATE (RFC 9113 §6.9).
 
-use super::{Flags, FrameError, Head, Kind};
+use super::{Flags, FrameError, Head, Kind, StreamId};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WindowUpdate {
     /// 0: the connection's window.
-    pub(crate) stream: u32,
+    pub(crate) stream: StreamId,
     /// 31 bits; 0 is a protocol error the receiver judges (the relay passes it on).
     pub(crate) increment: u32,
 }
 
 impl WindowUpdate {
-    pub fn new(stream: u32, increment: u32) -> WindowUpdate {
+    pub fn new(stream: StreamId, increment: u32) -> WindowUpdate {
         WindowUpdate { stream, increment }
     }
 
@@ -42,15 +42,15 @@ mod tests {
     #[test]
     fn window_updates_round_trip_and_drop_the_reserved_bit() {
         let mut b = Vec::new();
-        WindowUpdate::new(5, 70_000).encode(&mut b);
+        WindowUpdate::new(StreamId::new(5), 70_000).encode(&mut b);
         let head = Head::parse(&b).unwrap();
         assert_eq!(
             WindowUpdate::load(&head, &b[HEADER_LEN..]),
-            Ok(WindowUpdate::new(5, 70_000))
+            Ok(WindowUpdate::new(StreamId::new(5), 70_000))
         );
         assert_eq!(
             WindowUpdate::load(&head, &[0xff, 0xff, 0xff, 0xff]),
-            Ok(WindowUpdate::new(5, 0x7fff_ffff))
+            Ok(WindowUpdate::new(StreamId::new(5), 0x7fff_ffff))
         );
         assert_eq!(
             WindowUpdate::load(&head, &[0, 0, 1]),

@@ -18,7 +18,7 @@ use super::core::Calls;
 use super::flow::Windows;
 use crate::intercept::{Call, CatchUnwind, Outcome};
 use crate::proxy::body::{BodyPart, BoxError, ChannelBody, ProxyBody};
-use crate::proxy::http2::{self, IdMap, Reason, RstStream, WindowUpdate};
+use crate::proxy::http2::{self, IdMap, Reason, RstStream, StreamId, WindowUpdate};
 use crate::proxy::sock::Wake;
 use crate::proxy::runtime_pool::{Fields, RawFields};
 
@@ -122,7 +122,7 @@ impl Diverted {
     /// Hands a stream to the observed path (on crisp's runtime: the caller has entered it).
     pub(crate) fn start(
         &mut self,
-        stream: u32,
+        stream: StreamId,
         call: Call,
         fields: Vec<(Bytes, Bytes)>,
         end_stream: bool,
@@ -175,17 +175,17 @@ impl Diverted {
         map.insert(stream, h.abort_handle());
     }
 
-    pub(crate) fn body(&mut self, stream: u32, data: Bytes) {
+    pub(crate) fn body(&mut self, stream: StreamId, data: Bytes) {
         if let Some(tx) = self.bodies.get(&stream) {
             let _ = tx.send(BodyPart::Data(data));
         }
     }
 
-    pub(crate) fn body_end(&mut self, stream: u32) {
+    pub(crate) fn body_end(&mut self, stream: StreamId) {
         self.bodies.remove(&stream);
     }
 
-    pub(crate) fn trailers(&mut self, stream: u32, fields: Vec<(Bytes, Bytes)>) {
+    pub(crate) fn trailers(&mut self, stream: StreamId, fields: Vec<(Bytes, Bytes)>) {
         let Some(tx) = self.bodies.remove(&stream) else {
             return;
         };
@@ -196,7 +196,7 @@ impl Diverted {
             Err(why) => {
                 tracing::warn!(
                     target: LOG,
-                    stream,
+                    stream = stream.get(),
                     %why,
                     "client sent request trailers crisp cannot forward; dropped"
                 )
@@ -205,7 +205,7 @@ impl Diverted {
     }
 
     /// The client reset the stream.
-    pub(crate) fn abort(&mut self, stream: u32) {
+    pub(crate) fn abort(&mut self, stream: StreamId) {
         self.bodies.remove(&stream);
         if let Some(h) = self.tasks.lock().remove(&stream) {
             h.abort();
@@ -282,18 +282,14 @@ fn trailers_from_fields(fields: Vec<(Bytes, Bytes)>) -> Result<http::HeaderMap, 
 /// What a diverted call gets when serving it panicked (a bug in crisp): INTERNAL, as trailers
 /// after the response headers if those went out (`answered`), else as a trailers-only answer.
 /// Whether the call reached the runtime is unknown, and the message says so.
-fn answer_after_panic(outbox: &Outbox, stream: u32, answered: bool) {
+fn answer_after_panic(outbox: &Outbox, stream: StreamId, answered: bool) {
     tracing::error!(
         target: LOG,
-        stream,
+        stream = stream.get(),
         "serving a call panicked (a bug: please report it with the panic message above); the \
          call is answered INTERNAL, the connection's other calls go on"
     );
-    let status = crate::status::Status::new(
-        crate::status::code::INTERNAL,
-        "crisp: internal error while serving this call (a bug, logged by crisp); it may or may \
-         not have reached the runtime",
-    );
+    let status = crate::status::Status::panicked();
     let mut block = Vec::with_capacity(192);
     if !answered {
         http2::encode_field(&mut block, b":status", b"200");
@@ -315,7 +311,7 @@ async fn respond(
     service: Arc<dyn Service>,
     windows: (&Windows, &Notify),
     outbox: &Outbox,
-    stream: u32,
+    stream: StreamId,
     call: Call,
     req: Request<ProxyBody>,
     answered: &AtomicBool,
@@ -360,7 +356,7 @@ async fn respond(
             Some(Err(e)) => {
                 tracing::warn!(
                     target: LOG,
-                    stream,
+                    stream = stream.get(),
                     error = %e,
                     "response body failed; resetting the stream"
                 );
@@ -384,7 +380,7 @@ async fn respond(
 async fn send_data(
     (windows, changed): (&Windows, &Notify),
     outbox: &Outbox,
-    stream: u32,
+    stream: StreamId,
     mut data: Bytes,
 ) {
     while !data.is_empty() {

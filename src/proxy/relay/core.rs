@@ -23,10 +23,10 @@ use super::fields::{FieldList, PathCache};
 use super::flow::Windows;
 use super::held::{Peek, Why};
 use super::ping::{KeepAlive, KeepAliveAction, PingGate, GOAWAY_PING, KEEPALIVE};
-use super::status::{Code, EndStatus};
+use super::status::EndStatus;
 use crate::intercept::{Call, Interest};
 use crate::proxy::http2::{
-    self, hpack, GoAway, IdHasher, IdMap, Indexer, Ping, Reason, RstStream, Settings,
+    self, hpack, GoAway, IdHasher, IdMap, Indexer, Ping, Reason, RstStream, Settings, StreamId,
 };
 
 /// Largest header block crisp accepts (the runtime's limit is usually far lower).
@@ -39,8 +39,6 @@ pub(super) const MOVE_IDLE: Duration = Duration::from_millis(200);
 /// How long crisp waits for the ACK of the PING after its first GOAWAY before it sends the
 /// final one anyway (a client that stopped reading).
 pub(crate) const GOAWAY_ACK_WAIT: Duration = Duration::from_secs(1);
-/// The highest stream id: the last stream of crisp's first GOAWAY, which refuses nothing.
-const MAX_STREAM_ID: u32 = (1 << 31) - 1;
 
 /// What the core needs of the rest of crisp to route a new stream.
 pub trait Calls: Send + Sync {
@@ -68,22 +66,22 @@ pub enum Event {
     /// A new stream goes to the observed path: its request's fields, decoded once, in the
     /// client's order. `end_stream`: the request has no body.
     Divert {
-        stream: u32,
+        stream: StreamId,
         call: Call,
         fields: Vec<(Bytes, Bytes)>,
         end_stream: bool,
     },
     /// Request body bytes (padding removed) of a diverted stream.
-    Body { stream: u32, data: Bytes },
+    Body { stream: StreamId, data: Bytes },
     /// Request trailers of a diverted stream; its body ends.
     Trailers {
-        stream: u32,
+        stream: StreamId,
         fields: Vec<(Bytes, Bytes)>,
     },
     /// The client ended a diverted stream's request body.
-    BodyEnd { stream: u32 },
+    BodyEnd { stream: StreamId },
     /// The client reset a diverted stream: its task ends.
-    Reset { stream: u32 },
+    Reset { stream: StreamId },
     /// Time to ask whether the runtime accepts connections again (a degraded client, idle):
     /// the shell tries to connect to the runtime's socket and answers with
     /// [`Core::handle_runtime_probe`]. A unix socket's connect does not wait for the runtime:
@@ -93,7 +91,7 @@ pub enum Event {
     /// asked to hear of it (else it is only logged, [`CALLS`]).
     Ended {
         call: Call,
-        ending: EndStatus,
+        status: EndStatus,
         at: Instant,
         report: bool,
     },
@@ -134,7 +132,7 @@ pub(super) struct Relayed {
 
 /// A header block still waiting for its CONTINUATION frames.
 pub(super) struct PendingBlock {
-    pub(super) stream: u32,
+    pub(super) stream: StreamId,
     pub(super) end_stream: bool,
     pub(super) block: Vec<u8>,
 }
@@ -144,11 +142,11 @@ pub(super) struct FromClient {
     pub(super) dec: hpack::Decoder,
     pub(super) pending: Option<PendingBlock>,
     /// Highest stream id sent to the runtime.
-    pub(super) max_relayed: u32,
+    pub(super) max_relayed: StreamId,
     /// Streams this connection diverted (see [`Core::is_diverted`]).
-    pub(super) diverted_ids: HashSet<u32, BuildHasherDefault<IdHasher>>,
+    pub(super) diverted_ids: HashSet<StreamId, BuildHasherDefault<IdHasher>>,
     /// Diverted streams whose request body is still open.
-    pub(super) bodies: HashSet<u32, BuildHasherDefault<IdHasher>>,
+    pub(super) bodies: HashSet<StreamId, BuildHasherDefault<IdHasher>>,
     /// The re-encoded request header block, reused from call to call.
     pub(super) enc: Vec<u8>,
     /// The fields of the request header block being handled.
@@ -187,7 +185,7 @@ pub(crate) struct Core {
     pub(super) from_runtime: FromRuntime,
     pub(super) relayed: IdMap<Relayed>,
     /// Highest stream id the client opened.
-    pub(super) max_stream: u32,
+    pub(super) max_stream: StreamId,
     /// crisp's own GOAWAY to the client: not sent, half-way, or final.
     pub(super) goaway: GoAwayState,
     /// The client has its server preface, the SETTINGS frame that must come first (RFC 9113
@@ -262,7 +260,7 @@ pub(crate) enum GoAwayState {
         until: Option<Instant>,
     },
     /// The final GOAWAY is out: streams above `last` are refused.
-    Sent { last: u32 },
+    Sent { last: StreamId },
 }
 
 impl GoAwayState {
@@ -272,7 +270,7 @@ impl GoAwayState {
     }
 
     /// The last stream crisp processes, once its final GOAWAY said so.
-    pub(crate) fn last(&self) -> Option<u32> {
+    pub(crate) fn last(&self) -> Option<StreamId> {
         match self {
             GoAwayState::Sent { last } => Some(*last),
             _ => None,
@@ -299,7 +297,7 @@ impl Core {
         let client = FromClient {
             dec: hpack::Decoder::default(),
             pending: None,
-            max_relayed: 0,
+            max_relayed: StreamId::CONNECTION,
             diverted_ids: Default::default(),
             bodies: Default::default(),
             enc: Vec::with_capacity(512),
@@ -325,7 +323,7 @@ impl Core {
                 table_size: None,
             },
             relayed: IdMap::default(),
-            max_stream: 0,
+            max_stream: StreamId::CONNECTION,
             goaway: GoAwayState::Open,
             preface_sent: !runtime,
             last_client_frame: now,
@@ -349,7 +347,7 @@ impl Core {
             .iter()
             .map(|(&id, r)| {
                 (
-                    id,
+                    id.get(),
                     r.route.to_string(),
                     now.saturating_duration_since(r.opened),
                 )
@@ -360,10 +358,10 @@ impl Core {
                 .diverted_ids
                 .iter()
                 .filter(|&&id| self.windows.lock().is_diverted(id))
-                .map(|&id| (id, "(diverted)".to_string(), Duration::ZERO)),
+                .map(|&id| (id.get(), "(diverted)".to_string(), Duration::ZERO)),
         );
         if let Some(id) = self.held_id() {
-            streams.push((id, "(held)".to_string(), Duration::ZERO));
+            streams.push((id.get(), "(held)".to_string(), Duration::ZERO));
         }
         streams.sort_by_key(|s| s.0);
         crate::watchdog::ConnReport {
@@ -536,7 +534,7 @@ impl Core {
     /// closed") instead of retrying them (`tests/it/node_systemd.rs`).
     pub(crate) fn goaway(&mut self, why: &[u8]) {
         if self.goaway == GoAwayState::Open {
-            GoAway::new(MAX_STREAM_ID, Reason::NO_ERROR, why).encode(&mut self.to_client);
+            GoAway::new(StreamId::MAX, Reason::NO_ERROR, why).encode(&mut self.to_client);
             Ping::new(GOAWAY_PING).encode(&mut self.to_client);
             self.goaway = GoAwayState::Draining {
                 why: why.to_vec(),
@@ -625,7 +623,7 @@ impl Core {
     /// The runtime connection is gone or going: calls on it end (UNAVAILABLE, or REFUSED_STREAM
     /// for those above `last`, which the runtime says it never processed) and new streams are
     /// diverted. The client keeps its connection; see [`Core::handle_runtime_probe`].
-    pub(super) fn runtime_gone(&mut self, msg: &str, last: Option<u32>) {
+    pub(super) fn runtime_gone(&mut self, msg: &str, last: Option<StreamId>) {
         if self.runtime == RuntimeState::Relaying {
             self.runtime = RuntimeState::Closing;
         }
@@ -640,7 +638,7 @@ impl Core {
         }
         // The runtime never saw it: the observed path serves it, as every new stream now.
         self.divert_held(Why::RuntimeGone);
-        let ids: Vec<u32> = self
+        let ids: Vec<StreamId> = self
             .relayed
             .keys()
             .copied()
@@ -660,7 +658,7 @@ impl Core {
                 http2::encode_field(&mut block, b":status", b"200");
                 http2::encode_field(&mut block, b"content-type", b"application/grpc");
             }
-            for (n, v) in &crate::status::Status::new(Code::UNAVAILABLE.0, msg).to_header_map() {
+            for (n, v) in &crate::status::Status::runtime_gone(msg).to_header_map() {
                 if n != http::header::CONTENT_TYPE {
                     http2::encode_field(&mut block, n.as_str().as_bytes(), v.as_bytes());
                 }
@@ -681,11 +679,11 @@ impl Core {
         }
     }
 
-    pub(super) fn completed(&mut self, r: Relayed, ending: EndStatus, at: Instant) {
+    pub(super) fn completed(&mut self, r: Relayed, status: EndStatus, at: Instant) {
         if let Some(call) = r.call {
             self.events.push_back(Event::Ended {
                 call,
-                ending,
+                status,
                 at,
                 report: r.report,
             });

@@ -12,7 +12,7 @@ use std::collections::VecDeque;
 
 use parking_lot::{Mutex, MutexGuard};
 
-use crate::proxy::http2::{IdMap, DEFAULT_WINDOW, MAX_FRAME};
+use crate::proxy::http2::{IdMap, StreamId, DEFAULT_WINDOW, MAX_FRAME};
 
 /// The client's windows as crisp may count on them.
 pub(crate) struct Flow {
@@ -61,7 +61,7 @@ impl Flow {
     /// Takes up to `want` bytes (at most a frame) of both the connection's and `stream`'s window
     /// for crisp's own DATA on a diverted stream, counting them as debt; None when the stream is
     /// gone, 0 when there is no window now.
-    pub(crate) fn take_for_diverted(&mut self, stream: u32, want: usize) -> Option<usize> {
+    pub(crate) fn take_for_diverted(&mut self, stream: StreamId, want: usize) -> Option<usize> {
         let sw = *self.diverted.get(&stream)?;
         let n = self
             .client_window
@@ -87,7 +87,7 @@ impl Flow {
     }
 
     /// The client's WINDOW_UPDATE on a diverted stream.
-    pub(crate) fn stream_credit(&mut self, stream: u32, inc: u32) {
+    pub(crate) fn stream_credit(&mut self, stream: StreamId, inc: u32) {
         if let Some(w) = self.diverted.get_mut(&stream) {
             *w += inc as i64;
         }
@@ -133,16 +133,16 @@ impl Flow {
     }
 
     /// crisp starts answering `stream` itself.
-    pub(crate) fn open_diverted(&mut self, stream: u32) {
+    pub(crate) fn open_diverted(&mut self, stream: StreamId) {
         self.diverted.insert(stream, self.client_initial_window);
     }
 
     /// The diverted stream ended (answered, or reset by the client).
-    pub(crate) fn close_diverted(&mut self, stream: u32) {
+    pub(crate) fn close_diverted(&mut self, stream: StreamId) {
         self.diverted.remove(&stream);
     }
 
-    pub(crate) fn is_diverted(&self, stream: u32) -> bool {
+    pub(crate) fn is_diverted(&self, stream: StreamId) -> bool {
         self.diverted.contains_key(&stream)
     }
 
@@ -152,7 +152,7 @@ impl Flow {
 
     /// For tests: (connection window, debt, a diverted stream's window).
     #[cfg(any(test, feature = "test-util"))]
-    pub(crate) fn windows(&self, stream: u32) -> (i64, u64, Option<i64>) {
+    pub(crate) fn windows(&self, stream: StreamId) -> (i64, u64, Option<i64>) {
         (
             self.client_window,
             self.debt,

@@ -30,7 +30,7 @@ use super::flow::Windows;
 use super::ping::{GOAWAY_PING, KEEPALIVE};
 use crate::intercept::{Call, Interest};
 use crate::proxy::http2::{self, hpack, Flags, GoAway, Head, Kind, Ping, Reason, RstStream};
-use crate::proxy::http2::{Settings, WindowUpdate};
+use crate::proxy::http2::{Settings, StreamId, WindowUpdate};
 
 const STATUS: &str = "/runtime.v1.RuntimeService/ContainerStatus";
 const PATHS: [&str; 4] = [STATUS, "/runtime.v1.RuntimeService/Version", "/s/Divert", "/x"];
@@ -78,12 +78,12 @@ impl Input<'_> {
     fn bool(&mut self) -> bool {
         self.u8() & 1 == 1
     }
-    fn stream(&mut self) -> u32 {
+    fn stream(&mut self) -> StreamId {
         // Mostly client (odd) ids, small enough to collide; sometimes 0 or even.
-        match self.u8() {
+        StreamId::new(match self.u8() {
             b @ 0..=239 => 1 + 2 * u32::from(b % 24),
             b => u32::from(b % 4) * 2,
-        }
+        })
     }
     fn bytes(&mut self, n: usize) -> &[u8] {
         let n = n.min(self.0.len());
@@ -105,11 +105,11 @@ struct Harness {
     /// The runtime's side: its decoder, the streams it saw opened, and bytes of a partial frame.
     runtime_dec: hpack::Decoder,
     runtime_block: Option<Vec<u8>>,
-    opened: HashSet<u32>,
-    max_opened: u32,
-    diverted: HashSet<u32>,
+    opened: HashSet<StreamId>,
+    max_opened: StreamId,
+    diverted: HashSet<StreamId>,
     /// Diverted streams the client reset (their task is aborted once).
-    reset: HashSet<u32>,
+    reset: HashSet<StreamId>,
     ended: HashSet<u64>,
     closed: bool,
 }
@@ -134,7 +134,7 @@ impl Harness {
             runtime_dec: hpack::Decoder::default(),
             runtime_block: None,
             opened: HashSet::new(),
-            max_opened: 0,
+            max_opened: StreamId::CONNECTION,
             diverted: HashSet::new(),
             reset: HashSet::new(),
             ended: HashSet::new(),
@@ -199,7 +199,7 @@ impl Harness {
 
     /// The invariants, on everything the core produced since the last check.
     fn check(&mut self) {
-        let (window, _, _) = self.windows.lock().windows(0);
+        let (window, _, _) = self.windows.lock().windows(StreamId::CONNECTION);
         assert!(window >= 0, "the client's connection window is negative: {window}");
         let to_runtime = self.core.poll_transmit_runtime().unwrap_or_default().to_vec();
         self.core.runtime_written();
@@ -288,7 +288,7 @@ impl Harness {
     }
 }
 
-fn request(stream: u32, path: &str, end: bool) -> Vec<u8> {
+fn request(stream: StreamId, path: &str, end: bool) -> Vec<u8> {
     let mut block = Vec::new();
     for (n, v) in [
         (":method", "POST"),
@@ -303,7 +303,7 @@ fn request(stream: u32, path: &str, end: bool) -> Vec<u8> {
     out
 }
 
-fn grpc(stream: u32, msg: &[u8], end: bool) -> Vec<u8> {
+fn grpc(stream: StreamId, msg: &[u8], end: bool) -> Vec<u8> {
     let mut body = vec![0u8];
     body.extend_from_slice(&(msg.len() as u32).to_be_bytes());
     body.extend_from_slice(msg);
@@ -366,7 +366,7 @@ pub fn run(data: &[u8]) {
             }
             6 => {
                 let inc = u32::from(input.u16()) + 1;
-                let stream = if input.bool() { 0 } else { s };
+                let stream = if input.bool() { StreamId::CONNECTION } else { s };
                 h.client(&frame(|o| WindowUpdate::new(stream, inc).encode(o)));
             }
             7 => h.client(&frame(|o| RstStream::new(s, Reason::CANCEL).encode(o))),

@@ -24,7 +24,7 @@ use super::fields::FieldList;
 use super::status::EndStatus;
 use crate::cri::Route;
 use crate::intercept::Call;
-use crate::proxy::http2::{self, Flags, Head, WindowUpdate};
+use crate::proxy::http2::{self, Flags, Head, StreamId, WindowUpdate};
 
 /// The most bytes of DATA frames (headers and padding included) a held stream may send before
 /// crisp decides: a status request is about 80 bytes.
@@ -47,7 +47,7 @@ pub(super) struct Peek {
 
 /// A new stream kept from the runtime until its request is read.
 pub(super) struct HeldStream {
-    pub(super) id: u32,
+    pub(super) id: StreamId,
     call: Call,
     /// The interceptors want to hear of its end.
     report: bool,
@@ -77,7 +77,7 @@ pub(super) enum Why {
 impl Core {
     /// Holds new stream `stream`, its fields in `client.fields`; decides at once when its
     /// HEADERS ended it.
-    pub(super) fn hold(&mut self, stream: u32, call: Call, report: bool, end_stream: bool) {
+    pub(super) fn hold(&mut self, stream: StreamId, call: Call, report: bool, end_stream: bool) {
         let peek = &mut self.client.peek;
         std::mem::swap(&mut self.client.fields, &mut peek.fields);
         peek.frames.clear();
@@ -99,7 +99,7 @@ impl Core {
     }
 
     /// The id of the held stream, if any.
-    pub(super) fn held_id(&self) -> Option<u32> {
+    pub(super) fn held_id(&self) -> Option<StreamId> {
         self.client.peek.stream.as_ref().map(|h| h.id)
     }
 
@@ -187,7 +187,7 @@ impl Core {
         let Some(h) = self.client.peek.stream.take() else {
             return;
         };
-        tracing::trace!(target: super::LOG, stream = h.id, ?why, "held stream diverted");
+        tracing::trace!(target: super::LOG, stream = h.id.get(), ?why, "held stream diverted");
         self.open_diverted(h.id);
         let peek = &mut self.client.peek;
         self.events.push_back(Event::Divert {
@@ -210,7 +210,7 @@ impl Core {
         peek.frames.clear();
         peek.body.clear();
         if h.credit > 0 {
-            WindowUpdate::new(0, h.credit).encode(&mut self.to_client);
+            WindowUpdate::new(StreamId::CONNECTION, h.credit).encode(&mut self.to_client);
         }
     }
 
@@ -223,7 +223,7 @@ impl Core {
         self.client.peek.frames.clear();
         self.client.peek.body.clear();
         if h.credit > 0 && !client_gone {
-            WindowUpdate::new(0, h.credit).encode(&mut self.to_client);
+            WindowUpdate::new(StreamId::CONNECTION, h.credit).encode(&mut self.to_client);
         }
         let r = Relayed {
             call: (h.report || self.record_calls).then_some(h.call),

@@ -21,7 +21,7 @@ use super::status::EndStatus;
 use crate::cri::Route;
 use crate::intercept::Call;
 use crate::proxy::http2::{
-    self, Flags, Head, Kind, Ping, Reason, RstStream, Settings, WindowUpdate,
+    self, Flags, Head, Kind, Ping, Reason, RstStream, Settings, StreamId, WindowUpdate,
 };
 use crate::status::parse_grpc_timeout;
 
@@ -70,7 +70,7 @@ impl Core {
             self.last_client_frame = self.now;
         }
         if credit > 0 {
-            WindowUpdate::new(0, credit).encode(&mut self.to_client);
+            WindowUpdate::new(StreamId::CONNECTION, credit).encode(&mut self.to_client);
         }
         Ok(())
     }
@@ -154,7 +154,7 @@ impl Core {
     }
 
     /// RST_STREAM: a diverted stream's task ends; a relayed stream's reset goes on.
-    fn client_reset(&mut self, stream: u32, frame: &[u8]) {
+    fn client_reset(&mut self, stream: StreamId, frame: &[u8]) {
         if self.held_id() == Some(stream) {
             // Never reached the runtime: nothing to relay.
             self.drop_held(false);
@@ -242,11 +242,11 @@ impl Core {
     fn client_window_update(&mut self, head: Head, frame: &[u8]) {
         // Malformed (FRAME_SIZE_ERROR): the runtime's to judge; crisp counts no credit.
         let inc = WindowUpdate::load(&head, &frame[http2::HEADER_LEN..]).map_or(0, |w| w.increment);
-        if head.stream != 0 && self.held_id() == Some(head.stream) {
+        if !head.stream.is_zero() && self.held_id() == Some(head.stream) {
             // Credit for a response no one serves yet: the observed path takes the stream.
             self.divert_held(Why::OtherFrame);
         }
-        if head.stream == 0 {
+        if head.stream.is_zero() {
             let (forward, waiters) = {
                 let mut flow = self.windows.lock();
                 // Only diverted streams' tasks wait for the client's window.
@@ -256,7 +256,7 @@ impl Core {
                 self.windows.notify();
             }
             if self.runtime.connected() && forward > 0 {
-                WindowUpdate::new(0, forward).encode(&mut self.to_runtime);
+                WindowUpdate::new(StreamId::CONNECTION, forward).encode(&mut self.to_runtime);
             }
         } else if self.is_diverted(head.stream) {
             self.windows.lock().stream_credit(head.stream, inc);
@@ -269,7 +269,7 @@ impl Core {
     /// `diverted_ids` is this direction's own record, without a lock. A finished diverted
     /// stream may linger in it (pruned in batches): its late frames are dropped, which is right,
     /// as the runtime never saw the stream.
-    pub(super) fn is_diverted(&self, stream: u32) -> bool {
+    pub(super) fn is_diverted(&self, stream: StreamId) -> bool {
         self.client.diverted_ids.contains(&stream)
     }
 
@@ -290,7 +290,7 @@ impl Core {
     /// A complete request header block: relay it re-encoded, or divert its stream.
     fn header_block(
         &mut self,
-        stream: u32,
+        stream: StreamId,
         end_stream: bool,
         raw: &[u8],
     ) -> Result<(), Violation> {
@@ -306,7 +306,7 @@ impl Core {
 
     fn header_block_into(
         &mut self,
-        stream: u32,
+        stream: StreamId,
         end_stream: bool,
         raw: &[u8],
         block: &mut Vec<u8>,
@@ -344,7 +344,7 @@ impl Core {
             );
             return Err(Violation::UndecodableBlock);
         }
-        let new = stream > self.max_stream && stream % 2 == 1;
+        let new = stream > self.max_stream && stream.is_client();
         if new && self.held_id().is_some() {
             // Streams reach the runtime in the order of their ids: the held one cannot wait.
             self.divert_held(Why::NewStream);
@@ -366,7 +366,7 @@ impl Core {
     /// [`Indexer`]: crate::proxy::http2::Indexer
     fn new_stream(
         &mut self,
-        stream: u32,
+        stream: StreamId,
         end_stream: bool,
         path: Option<(Route, http::uri::PathAndQuery)>,
         timeout: Option<std::time::Duration>,
@@ -433,7 +433,7 @@ impl Core {
     }
 
     /// crisp serves `stream` itself from now on (the observed path).
-    pub(super) fn open_diverted(&mut self, stream: u32) {
+    pub(super) fn open_diverted(&mut self, stream: StreamId) {
         let mut flow = self.windows.lock();
         flow.open_diverted(stream);
         self.client.diverted_ids.insert(stream);
@@ -444,7 +444,7 @@ impl Core {
 
     /// A header block on a stream that is not new: trailers (gRPC clients send none, but HTTP/2
     /// allows them), or a protocol error for the runtime to judge.
-    fn trailers(&mut self, stream: u32, end_stream: bool, block: &mut Vec<u8>) {
+    fn trailers(&mut self, stream: StreamId, end_stream: bool, block: &mut Vec<u8>) {
         if self.client.bodies.remove(&stream) {
             self.events.push_back(Event::Trailers {
                 stream,

@@ -10,7 +10,7 @@ use super::core::{Core, PendingBlock, Sink};
 use super::error::{RelayError, Violation};
 use super::status::{Code, EndStatus};
 use crate::status::{runtime_lost, RuntimeLoss};
-use crate::proxy::http2::{self, Flags, GoAway, Head, Kind, Reason, Settings};
+use crate::proxy::http2::{self, Flags, GoAway, Head, Kind, Reason, Settings, StreamId};
 
 impl Core {
     /// Relays the complete frames at the start of `buf` (just read from the runtime), written to
@@ -149,12 +149,12 @@ impl Core {
 
     /// The runtime's GOAWAY: calls it will not process end (refused), new streams are diverted
     /// until the client moves to a new connection.
-    fn runtime_goaway(&mut self, last: u32, reason: Reason, debug_data: &str) {
+    fn runtime_goaway(&mut self, last: StreamId, reason: Reason, debug_data: &str) {
         if reason == Reason::ENHANCE_YOUR_CALM {
             tracing::warn!(
                 target: LOG,
                 upstream = %self.runtime_name,
-                last_stream = last,
+                last_stream = last.get(),
                 error_code = reason.0,
                 debug_data = %debug_data,
                 "runtime sent GOAWAY ENHANCE_YOUR_CALM (it judged this connection's PINGs too frequent); moving this client to a new connection"
@@ -163,7 +163,7 @@ impl Core {
             tracing::info!(
                 target: LOG,
                 upstream = %self.runtime_name,
-                last_stream = last,
+                last_stream = last.get(),
                 error_code = reason.0,
                 debug_data = %debug_data,
                 "runtime sent GOAWAY; moving this client to a new connection"
@@ -173,7 +173,7 @@ impl Core {
         self.runtime_gone(&msg, Some(last));
     }
 
-    fn response_block(&mut self, stream: u32, end_stream: bool, block: &[u8]) {
+    fn response_block(&mut self, stream: StreamId, end_stream: bool, block: &[u8]) {
         let mut status = None;
         let decoded = self.from_runtime.dec.decode(block, |n, v| {
             if n == b"grpc-status" {
@@ -196,10 +196,10 @@ impl Core {
     }
 
     /// Ends a relayed call.
-    fn end_relayed(&mut self, stream: u32, ending: EndStatus) {
+    fn end_relayed(&mut self, stream: StreamId, status: EndStatus) {
         if let Some(r) = self.relayed.remove(&stream) {
             let at = self.now;
-            self.completed(r, ending, at);
+            self.completed(r, status, at);
         }
     }
 }
@@ -212,7 +212,7 @@ enum Next {
     WaitForWindow,
     /// The runtime's GOAWAY: crisp's to act on, not relayed.
     GoAway {
-        last: u32,
+        last: StreamId,
         reason: Reason,
         debug: String,
     },

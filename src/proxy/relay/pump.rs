@@ -295,7 +295,7 @@ impl Pump {
                 Event::Reset { stream } => self.diverted.abort(stream),
                 Event::Ended {
                     call,
-                    ending,
+                    status,
                     at,
                     report,
                 } => {
@@ -305,7 +305,7 @@ impl Pump {
                         call = call.id,
                         rpc = %call.route,
                         path = call.path.as_str(),
-                        code = ?ending.code.map(|c| c.0),
+                        code = ?status.code.map(|c| c.0),
                         duration_us = duration.as_micros() as u64,
                         "relayed call ended"
                     );
@@ -313,12 +313,12 @@ impl Pump {
                         continue;
                     }
                     let outcome = Outcome {
-                        code: ending.code.map(|c| c.0),
+                        code: status.code.map(|c| c.0),
                         duration,
                         held: Duration::ZERO,
                         request: None,
                         response: None,
-                        message: ending.message,
+                        message: status.message,
                     };
                     self.service.completed(&call, &outcome);
                 }

@@ -23,7 +23,7 @@ fn a_diverted_stream_between_relayed_ones_leaves_the_runtimes_table_in_step() {
             .unwrap();
         }
         let mut out = Vec::new();
-        http2::headers(&mut out, 0, &b, true);
+        http2::headers(&mut out, StreamId::new(0), &b, true);
         out
     };
     let (mut b1, mut b3, mut b5) = (block("/s/Relay"), block("/s/Divert"), block("/s/Relay"));
@@ -50,7 +50,7 @@ fn a_diverted_call_hands_on_its_fields_decoded_once_in_the_clients_order() {
     c.client(&[&request(1, "/s/Divert", true)]).unwrap();
     let ev = c.events();
     let Some(Event::Divert {
-        stream: 1,
+        stream: S1,
         call,
         fields,
         end_stream: true,
@@ -84,7 +84,7 @@ fn a_request_block_split_across_continuations_is_relayed_whole() {
         http2::encode_field(&mut block, n.as_bytes(), v.as_bytes());
     }
     let mut frames = Vec::new();
-    http2::headers(&mut frames, 1, &block, true);
+    http2::headers(&mut frames, S1, &block, true);
     assert_eq!(
         kinds(&parse(&frames)),
         [
@@ -96,7 +96,7 @@ fn a_request_block_split_across_continuations_is_relayed_whole() {
     // Frame by frame, as separate reads.
     for f in parse(&frames) {
         let mut b = Vec::new();
-        Head::new(f.kind, f.flags, f.stream, f.payload.len()).encode(&mut b);
+        Head::new(f.kind, f.flags, StreamId::new(f.stream), f.payload.len()).encode(&mut b);
         b.extend_from_slice(&f.payload);
         c.client(&[&b]).unwrap();
     }
@@ -128,7 +128,7 @@ fn a_header_block_interrupted_or_never_begun_is_a_protocol_error() {
     ));
     let mut c = Conn::relayed();
     let mut cont = Vec::new();
-    Head::new(Kind::Continuation, Flags::END_HEADERS, 1, 0).encode(&mut cont);
+    Head::new(Kind::Continuation, Flags::END_HEADERS, S1, 0).encode(&mut cont);
     assert!(matches!(
         c.client(&[&cont]).unwrap_err(),
         RelayError::Protocol(Violation::StrayContinuation)
@@ -139,7 +139,7 @@ fn a_header_block_interrupted_or_never_begun_is_a_protocol_error() {
 fn an_undecodable_block_ends_the_connection_with_a_compression_error() {
     let mut c = Conn::relayed();
     let mut bad = Vec::new();
-    http2::headers(&mut bad, 1, &[0x80 | 70], true);
+    http2::headers(&mut bad, S1, &[0x80 | 70], true);
     assert!(matches!(
         c.client(&[&bad]).unwrap_err(),
         RelayError::Protocol(Violation::UndecodableBlock)

@@ -54,7 +54,7 @@ fn a_degraded_connection_moves_back_to_the_relay_once_the_runtime_is_back_and_it
     rt.tick(&mut c);
     assert!(c.at_client().is_empty(), "not while a call is served");
     assert_eq!(rt.asked, 0, "the runtime is not even asked");
-    c.windows.lock().close_diverted(3);
+    c.windows.lock().close_diverted(S3);
 
     // Idle, but the runtime still refuses connections: the client stays.
     rt.up = false;
@@ -66,7 +66,7 @@ fn a_degraded_connection_moves_back_to_the_relay_once_the_runtime_is_back_and_it
     rt.up = true;
     c.client(&[&request(5, "/s/Relay", true)]).unwrap();
     assert_eq!(diverted(&c.events()), [5]);
-    c.windows.lock().close_diverted(5);
+    c.windows.lock().close_diverted(S5);
     c.now += MOVE_IDLE - Duration::from_millis(1);
     rt.tick(&mut c);
     assert_eq!(rt.asked, 1);
@@ -80,14 +80,14 @@ fn a_degraded_connection_moves_back_to_the_relay_once_the_runtime_is_back_and_it
     assert_eq!(kinds(&to_client), [(Kind::GoAway, 0), (Kind::Ping, 0)]);
     assert_eq!(
         GoAway::load(&to_client[0].payload).unwrap(),
-        GoAway::new((1 << 31) - 1, Reason::NO_ERROR, b"crisp: reconnect")
+        GoAway::new(StreamId::MAX, Reason::NO_ERROR, b"crisp: reconnect")
     );
     rt.tick(&mut c);
     assert!(c.at_client().is_empty(), "one GOAWAY");
     c.client(&[&pong(&GOAWAY_PING)]).unwrap();
     let to_client = c.at_client();
     assert_eq!(kinds(&to_client), [(Kind::GoAway, 0)]);
-    assert_eq!(GoAway::load(&to_client[0].payload).unwrap().last_stream, 5);
+    assert_eq!(GoAway::load(&to_client[0].payload).unwrap().last_stream, S5);
     // A stream that crossed it is refused (the client retries it on its new connection).
     c.client(&[&request(7, "/s/Relay", true)]).unwrap();
     let to_client = c.at_client();

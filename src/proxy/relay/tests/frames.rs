@@ -11,7 +11,7 @@ fn the_goaway(c: &mut Conn) -> (u32, Reason, Vec<u8>) {
     let to_client = c.at_client();
     assert_eq!(kinds(&to_client), [(Kind::GoAway, 0)]);
     let g = GoAway::load(&to_client[0].payload).unwrap();
-    (g.last_stream, g.reason, g.debug_data.to_vec())
+    (g.last_stream.get(), g.reason, g.debug_data.to_vec())
 }
 
 #[test]
@@ -23,7 +23,7 @@ fn a_frame_over_the_advertised_max_frame_size_is_a_frame_size_error() {
     c.client(&[&data(1, MAX_FRAME, false)]).unwrap();
     assert_eq!(kinds(&c.at_runtime()), [(Kind::Data, 1)]);
     let mut big = Vec::new();
-    Head::new(Kind::Data, Flags::NONE, 1, MAX_FRAME + 1).encode(&mut big);
+    Head::new(Kind::Data, Flags::NONE, S1, MAX_FRAME + 1).encode(&mut big);
     big.extend_from_slice(&vec![0; MAX_FRAME + 1]);
     let err = c.client(&[&big]).unwrap_err();
     assert!(matches!(
@@ -46,7 +46,7 @@ fn an_oversized_frame_is_refused_from_its_header_before_its_payload_arrives() {
     c.at_client();
     // 16 MiB announced, 9 bytes sent: crisp reserves nothing for it.
     let mut head = Vec::new();
-    Head::new(Kind::Headers, Flags::END_HEADERS, 1, (1 << 24) - 1).encode(&mut head);
+    Head::new(Kind::Headers, Flags::END_HEADERS, S1, (1 << 24) - 1).encode(&mut head);
     let mut buf = BytesMut::from(&head[..]);
     let err = c.core.client_bytes(&mut buf, c.now).unwrap_err();
     assert!(matches!(
@@ -67,7 +67,7 @@ fn the_runtimes_larger_max_frame_size_is_the_clients_bound() {
     assert_eq!(kinds(&c.at_client()), [(Kind::Settings, 0)], "relayed unchanged");
     c.client(&[&request(1, "/s/Relay", false)]).unwrap();
     let mut big = Vec::new();
-    Head::new(Kind::Data, Flags::END_STREAM, 1, 100_000).encode(&mut big);
+    Head::new(Kind::Data, Flags::END_STREAM, S1, 100_000).encode(&mut big);
     big.extend_from_slice(&vec![0; 100_000]);
     c.client(&[&big]).unwrap();
     assert_eq!(kinds(&c.at_runtime()), [(Kind::Headers, 1), (Kind::Data, 1)]);
@@ -91,7 +91,7 @@ fn one_headers_frame_over_the_header_block_bound_closes_the_connection() {
     })]);
     c.at_client();
     let mut huge = Vec::new();
-    Head::new(Kind::Headers, Flags::END_HEADERS, 1, MAX_HEADER_BLOCK + 1).encode(&mut huge);
+    Head::new(Kind::Headers, Flags::END_HEADERS, S1, MAX_HEADER_BLOCK + 1).encode(&mut huge);
     huge.extend_from_slice(&vec![0x40; MAX_HEADER_BLOCK + 1]);
     assert!(matches!(
         c.client(&[&huge]).unwrap_err(),
@@ -107,11 +107,11 @@ fn one_headers_frame_over_the_header_block_bound_closes_the_connection() {
 fn a_header_block_over_the_bound_in_continuations_closes_with_goaway_too() {
     let mut c = Conn::relayed();
     let mut first = Vec::new();
-    Head::new(Kind::Headers, Flags::NONE, 1, MAX_FRAME).encode(&mut first);
+    Head::new(Kind::Headers, Flags::NONE, S1, MAX_FRAME).encode(&mut first);
     first.extend_from_slice(&vec![0x40; MAX_FRAME]);
     c.client(&[&first]).unwrap();
     let mut cont = Vec::new();
-    Head::new(Kind::Continuation, Flags::NONE, 1, MAX_FRAME).encode(&mut cont);
+    Head::new(Kind::Continuation, Flags::NONE, S1, MAX_FRAME).encode(&mut cont);
     cont.extend_from_slice(&vec![0x40; MAX_FRAME]);
     let mut r = Ok(());
     for _ in 0..MAX_HEADER_BLOCK / MAX_FRAME {
@@ -174,7 +174,7 @@ fn every_protocol_error_maps_to_one_code() {
 fn a_headers_frame_with_padding_longer_than_itself_is_a_protocol_error() {
     let mut c = Conn::relayed();
     let mut bad = Vec::new();
-    Head::new(Kind::Headers, Flags::END_HEADERS | Flags::PADDED, 1, 2).encode(&mut bad);
+    Head::new(Kind::Headers, Flags::END_HEADERS | Flags::PADDED, S1, 2).encode(&mut bad);
     bad.extend_from_slice(&[9, 0]);
     assert!(matches!(
         c.client(&[&bad]).unwrap_err(),
@@ -190,7 +190,7 @@ fn a_protocol_error_before_the_clients_server_preface_still_leaves_its_goaway() 
     // The pump writes `last_words` as it closes the connection (grpc_go_wire's gigabytes test).
     let mut c = Conn::before_runtime_settings();
     let mut bad = Vec::new();
-    Head::new(Kind::Continuation, Flags::END_HEADERS, 1, 0).encode(&mut bad);
+    Head::new(Kind::Continuation, Flags::END_HEADERS, S1, 0).encode(&mut bad);
     assert!(c.client(&[&bad]).is_err());
     let words = parse(c.core.last_words());
     assert_eq!(kinds(&words), [(Kind::GoAway, 0)]);

@@ -53,7 +53,7 @@ fn crisps_goaway_comes_in_two_steps_and_refuses_only_streams_after_the_second() 
     assert_eq!(kinds(&to_client), [(Kind::GoAway, 0), (Kind::Ping, 0)]);
     assert_eq!(
         GoAway::load(&to_client[0].payload).unwrap(),
-        GoAway::new((1 << 31) - 1, Reason::NO_ERROR, b"crisp: shutting down"),
+        GoAway::new(StreamId::MAX, Reason::NO_ERROR, b"crisp: shutting down"),
         "the first refuses nothing"
     );
     assert_eq!(to_client[1].payload, GOAWAY_PING);
@@ -71,7 +71,7 @@ fn crisps_goaway_comes_in_two_steps_and_refuses_only_streams_after_the_second() 
     assert_eq!(kinds(&to_client), [(Kind::GoAway, 0)]);
     assert_eq!(
         GoAway::load(&to_client[0].payload).unwrap(),
-        GoAway::new(3, Reason::NO_ERROR, b"crisp: shutting down")
+        GoAway::new(S3, Reason::NO_ERROR, b"crisp: shutting down")
     );
     assert!(c.at_runtime().is_empty());
     c.client(&[&request(5, "/s/Relay", true)]).unwrap();
@@ -137,7 +137,7 @@ fn a_client_that_never_acks_gets_the_final_goaway_after_the_wait() {
     c.core.handle_timeout(t0 + GOAWAY_ACK_WAIT).unwrap();
     let to_client = c.at_client();
     assert_eq!(kinds(&to_client), [(Kind::GoAway, 0)]);
-    assert_eq!(GoAway::load(&to_client[0].payload).unwrap().last_stream, 0);
+    assert_eq!(GoAway::load(&to_client[0].payload).unwrap().last_stream, StreamId::new(0));
     assert!(c.core.drained(), "nothing was in flight");
 }
 
@@ -205,8 +205,8 @@ fn resets_from_the_client_go_on_for_relayed_streams_and_end_diverted_ones() {
     );
     let ev = c.events();
     assert_eq!(completed(&ev), [(1, EndStatus::cancelled())]);
-    assert!(ev.iter().any(|e| matches!(e, Event::Reset { stream: 3 })));
-    assert!(!c.windows.lock().is_diverted(3));
+    assert!(ev.iter().any(|e| matches!(e, Event::Reset { stream: S3 })));
+    assert!(!c.windows.lock().is_diverted(S3));
     // Late frames of the reset diverted stream are dropped, credited back.
     c.client(&[&data(3, 10, false)]).unwrap();
     assert!(c.at_runtime().is_empty());
@@ -268,7 +268,7 @@ fn a_diverted_stream_reset_twice_ends_once_and_its_resets_never_reach_the_runtim
     let resets = c
         .events()
         .into_iter()
-        .filter(|e| matches!(e, Event::Reset { stream: 1 }))
+        .filter(|e| matches!(e, Event::Reset { stream: S1 }))
         .count();
     assert_eq!(resets, 1);
     assert!(c.at_runtime().is_empty());

@@ -35,12 +35,12 @@ fn a_status_call_of_another_container_is_relayed_byte_for_byte() {
     assert_eq!(runtime_fields(&mut dec, &up[0]), sent_fields(STATUS));
     assert!(!up[0].has(Flags::END_STREAM));
     let mut relayed_data = Vec::new();
-    Head::new(Kind::Data, up[1].flags, 1, up[1].payload.len()).encode(&mut relayed_data);
+    Head::new(Kind::Data, up[1].flags, S1, up[1].payload.len()).encode(&mut relayed_data);
     relayed_data.extend_from_slice(&up[1].payload);
     assert_eq!(relayed_data, body, "the DATA frame as the client sent it");
     // Flow control: the runtime got the bytes and gives the credit; crisp gives none.
     assert!(c.at_client().is_empty(), "no WINDOW_UPDATE of crisp's");
-    assert_eq!(c.windows.lock().windows(1), (65_535, 0, None));
+    assert_eq!(c.windows.lock().windows(S1), (65_535, 0, None));
     // The call is the runtime's from here: answered and completed as any relayed one.
     c.runtime_all(&[&response(
         1,
@@ -69,9 +69,9 @@ fn only_the_marked_containers_status_call_is_diverted_with_its_request() {
         matches!(
             &ev[..],
             [
-                Event::Divert { stream: 3, end_stream: false, fields, .. },
-                Event::Body { stream: 3, data },
-                Event::BodyEnd { stream: 3 },
+                Event::Divert { stream: S3, end_stream: false, fields, .. },
+                Event::Body { stream: S3, data },
+                Event::BodyEnd { stream: S3 },
             ] if fields.len() == 5 && data[..] == body[http2::HEADER_LEN..]
         ),
         "{ev:?}"
@@ -84,12 +84,12 @@ fn only_the_marked_containers_status_call_is_diverted_with_its_request() {
         window_update(&to_client[0]),
         (0, (body.len() - http2::HEADER_LEN) as u32)
     );
-    assert_eq!(c.windows.lock().windows(3), (65_535, 0, Some(65_535)));
+    assert_eq!(c.windows.lock().windows(S3), (65_535, 0, Some(65_535)));
     // No message to read: the observed path judges it, as before.
     c.client(&[&request(5, STATUS, true)]).unwrap();
     let ev = c.events();
     assert!(
-        matches!(&ev[..], [Event::Divert { stream: 5, end_stream: true, .. }]),
+        matches!(&ev[..], [Event::Divert { stream: S5, end_stream: true, .. }]),
         "{ev:?}"
     );
     assert_eq!(c.core.held_due(), None);
@@ -126,7 +126,7 @@ fn a_request_not_ended_in_time_is_diverted_with_what_it_sent() {
     assert!(
         matches!(
             &ev[..],
-            [Event::Divert { stream: 1, end_stream: false, .. }, Event::Body { stream: 1, data }]
+            [Event::Divert { stream: S1, end_stream: false, .. }, Event::Body { stream: S1, data }]
                 if data.len() == 10
         ),
         "{ev:?}"
@@ -138,7 +138,7 @@ fn a_request_not_ended_in_time_is_diverted_with_what_it_sent() {
     let ev = c.events();
     assert!(matches!(
         &ev[..],
-        [Event::Body { stream: 1, data }, Event::BodyEnd { stream: 1 }] if data.len() == 5
+        [Event::Body { stream: S1, data }, Event::BodyEnd { stream: S1 }] if data.len() == 5
     ));
     assert_eq!(window_update(&c.at_client()[0]), (0, 5));
     assert!(c.at_runtime().is_empty());
@@ -166,10 +166,10 @@ fn a_request_larger_than_the_bound_is_diverted_and_not_copied_twice() {
         matches!(
             &ev[..],
             [
-                Event::Divert { stream: 3, .. },
-                Event::Body { stream: 3, data: a },
-                Event::Body { stream: 3, data: b },
-                Event::BodyEnd { stream: 3 },
+                Event::Divert { stream: S3, .. },
+                Event::Body { stream: S3, data: a },
+                Event::Body { stream: S3, data: b },
+                Event::BodyEnd { stream: S3 },
             ] if a.len() == half && b.len() == half
         ),
         "{ev:?}"
@@ -184,7 +184,7 @@ fn a_request_larger_than_the_bound_is_diverted_and_not_copied_twice() {
         })
         .sum();
     assert_eq!(credit, 2 * half as u32);
-    assert_eq!(c.windows.lock().windows(3).2, Some(65_535));
+    assert_eq!(c.windows.lock().windows(S3).2, Some(65_535));
 }
 
 #[test]
@@ -229,7 +229,7 @@ fn a_new_stream_diverts_the_held_one_so_streams_reach_the_runtime_in_order() {
     let ev = c.events();
     assert_eq!(diverted(&ev), [1]);
     assert!(
-        matches!(ev.last(), Some(Event::BodyEnd { stream: 1 })),
+        matches!(ev.last(), Some(Event::BodyEnd { stream: S1 })),
         "{ev:?}"
     );
 }
@@ -273,7 +273,7 @@ fn a_window_update_or_trailers_on_a_held_stream_divert_it_first() {
     c.client(&[&wu(1, 1_000)]).unwrap();
     assert_eq!(diverted(&c.events()), [1]);
     assert_eq!(
-        c.windows.lock().windows(1).2,
+        c.windows.lock().windows(S1).2,
         Some(66_535),
         "the credit is crisp's"
     );
@@ -289,7 +289,7 @@ fn a_window_update_or_trailers_on_a_held_stream_divert_it_first() {
     assert!(
         matches!(
             &ev[..],
-            [Event::Divert { stream: 1, .. }, Event::Body { .. }, Event::Trailers { stream: 1, .. }]
+            [Event::Divert { stream: S1, .. }, Event::Body { .. }, Event::Trailers { stream: S1, .. }]
         ),
         "{ev:?}"
     );

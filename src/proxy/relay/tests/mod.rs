@@ -25,7 +25,7 @@ use super::ping::{GOAWAY_PING, KEEPALIVE};
 use super::status::{Code, EndStatus};
 use crate::intercept::{Call, Interest};
 use crate::proxy::http2::{
-    self, Flags, GoAway, Head, Kind, Ping, Reason, RstStream, Settings, WindowUpdate,
+    self, Flags, GoAway, Head, Kind, Ping, Reason, RstStream, Settings, StreamId, WindowUpdate,
 };
 
 /// The rest of crisp: diverts calls whose path ends in `/Divert`, wants every call's end; is
@@ -60,7 +60,12 @@ impl Calls for Stub {
     }
 }
 
-/// A frame as a peer sees it.
+/// The client streams the tests open, for the core's own calls and its events.
+const S1: StreamId = StreamId::new(1);
+const S3: StreamId = StreamId::new(3);
+const S5: StreamId = StreamId::new(5);
+
+/// A frame as a peer sees it (its stream id as the number on the wire).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct F {
     kind: Kind,
@@ -82,7 +87,7 @@ fn parse(mut b: &[u8]) -> Vec<F> {
         out.push(F {
             kind: h.kind,
             flags: h.flags,
-            stream: h.stream,
+            stream: h.stream.get(),
             payload: b[http2::HEADER_LEN..end].to_vec(),
         });
         b = &b[end..];
@@ -91,7 +96,7 @@ fn parse(mut b: &[u8]) -> Vec<F> {
     out
 }
 
-// ---- The DSL: frames as bytes.
+// ---- The DSL: frames as bytes, streams by their number on the wire.
 
 /// A request's header block: literals, so each block stands alone.
 fn request(stream: u32, path: &str, end_stream: bool) -> Vec<u8> {
@@ -106,7 +111,7 @@ fn request(stream: u32, path: &str, end_stream: bool) -> Vec<u8> {
         http2::encode_field(&mut block, n.as_bytes(), v.as_bytes());
     }
     let mut out = Vec::new();
-    http2::headers(&mut out, stream, &block, end_stream);
+    http2::headers(&mut out, StreamId::new(stream), &block, end_stream);
     out
 }
 
@@ -116,7 +121,7 @@ fn response(stream: u32, fields: &[(&str, &str)], end_stream: bool) -> Vec<u8> {
         http2::encode_field(&mut block, n.as_bytes(), v.as_bytes());
     }
     let mut out = Vec::new();
-    http2::headers(&mut out, stream, &block, end_stream);
+    http2::headers(&mut out, StreamId::new(stream), &block, end_stream);
     out
 }
 
@@ -126,13 +131,13 @@ fn grpc(stream: u32, msg: &[u8], end: bool) -> Vec<u8> {
     body.extend_from_slice(&(msg.len() as u32).to_be_bytes());
     body.extend_from_slice(msg);
     let mut out = Vec::new();
-    http2::data(&mut out, stream, &body, end);
+    http2::data(&mut out, StreamId::new(stream), &body, end);
     out
 }
 
 fn data(stream: u32, n: usize, end: bool) -> Vec<u8> {
     let mut out = Vec::new();
-    http2::data(&mut out, stream, &vec![7u8; n], end);
+    http2::data(&mut out, StreamId::new(stream), &vec![7u8; n], end);
     out
 }
 
@@ -169,19 +174,19 @@ fn pong(opaque: &[u8; 8]) -> Vec<u8> {
 
 fn wu(stream: u32, inc: u32) -> Vec<u8> {
     let mut out = Vec::new();
-    WindowUpdate::new(stream, inc).encode(&mut out);
+    WindowUpdate::new(StreamId::new(stream), inc).encode(&mut out);
     out
 }
 
 fn rst(stream: u32, reason: Reason) -> Vec<u8> {
     let mut out = Vec::new();
-    RstStream::new(stream, reason).encode(&mut out);
+    RstStream::new(StreamId::new(stream), reason).encode(&mut out);
     out
 }
 
 fn goaway(last: u32, reason: Reason) -> Vec<u8> {
     let mut out = Vec::new();
-    GoAway::new(last, reason, b"bye").encode(&mut out);
+    GoAway::new(StreamId::new(last), reason, b"bye").encode(&mut out);
     out
 }
 
@@ -314,8 +319,8 @@ fn completed(events: &[Event]) -> Vec<(u64, EndStatus)> {
     events
         .iter()
         .filter_map(|e| {
-            if let Event::Ended { call, ending, .. } = e {
-                Some((call.id, ending.clone()))
+            if let Event::Ended { call, status, .. } = e {
+                Some((call.id, status.clone()))
             } else {
                 None
             }
@@ -328,7 +333,7 @@ fn diverted(events: &[Event]) -> Vec<u32> {
         .iter()
         .filter_map(|e| {
             if let Event::Divert { stream, .. } = e {
-                Some(*stream)
+                Some(stream.get())
             } else {
                 None
             }

@@ -39,7 +39,7 @@ impl Service for Panics {
 async fn a_panic_serving_a_diverted_call_answers_it_internal_and_ends_its_stream() {
     let outbox = Arc::new(Outbox::new(Wake::new().unwrap()));
     let windows = Arc::new(Windows::new(Box::new(|| {})));
-    windows.lock().open_diverted(1);
+    windows.lock().open_diverted(S1);
     let mut diverted = Diverted::new(
         Arc::new(Panics),
         windows.clone(),
@@ -58,9 +58,9 @@ async fn a_panic_serving_a_diverted_call_answers_it_internal_and_ends_its_stream
         (":method".into(), "POST".into()),
         (":path".into(), "/runtime.v1.RuntimeService/CreateContainer".into()),
     ];
-    diverted.start(1, call, fields, true);
+    diverted.start(S1, call, fields, true);
     // The task ends (it closes its stream in the windows) once it has answered.
-    while windows.lock().is_diverted(1) {
+    while windows.lock().is_diverted(S1) {
         tokio::task::yield_now().await;
     }
     let mut out = Vec::new();

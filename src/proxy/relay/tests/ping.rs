@@ -83,7 +83,7 @@ fn no_ping_of_crisps_own_inside_a_header_block_of_the_runtime() {
         "crisp's frames wait for the block's end"
     );
     let mut cont = Vec::new();
-    Head::new(Kind::Continuation, Flags::END_HEADERS, 1, 0).encode(&mut cont);
+    Head::new(Kind::Continuation, Flags::END_HEADERS, S1, 0).encode(&mut cont);
     c.runtime_all(&[&cont]);
     assert!(!c.core.in_runtime_block());
 }

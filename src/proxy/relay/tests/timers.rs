@@ -38,7 +38,7 @@ fn the_keep_alive_sets_the_timer_only_while_crisp_may_write_its_ping() {
     assert!(!c.core.may_write_own());
     assert_eq!(c.core.poll_timeout(), None);
     let mut cont = Vec::new();
-    Head::new(Kind::Continuation, Flags::END_HEADERS, 1, 0).encode(&mut cont);
+    Head::new(Kind::Continuation, Flags::END_HEADERS, S1, 0).encode(&mut cont);
     c.runtime_all(&[&cont]);
     c.at_client();
     // The client's last frame (the request, at t0) sets when it is idle.
@@ -116,7 +116,7 @@ fn a_degraded_connection_asks_whether_the_runtime_is_back_once_idle_then_once_a_
         Some(c.now + EVERY),
         "the keep-alive alone"
     );
-    c.windows.lock().close_diverted(1);
+    c.windows.lock().close_diverted(S1);
     assert_eq!(
         c.core.poll_timeout(),
         Some(t0 + MOVE_IDLE + period),
@@ -185,7 +185,7 @@ fn drained_waits_for_every_stream_and_every_frame_of_crisps() {
     c.runtime_all(&[&response(1, &[(":status", "200"), ("grpc-status", "0")], true)]);
     c.at_client();
     assert!(!c.core.drained(), "a diverted and a held stream");
-    c.windows.lock().close_diverted(3);
+    c.windows.lock().close_diverted(S3);
     assert!(!c.core.drained(), "the held stream");
     c.client(&[&rst(5, Reason::CANCEL)]).unwrap();
     assert!(c.core.drained());
