@@ -313,7 +313,14 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 nodeStatusUpdateFrequency: 4s
 "#;
-const KUBELET_UNIT: &str = "[Unit]\nDescription=kubelet (upstream 1.26, the cluster lane)\nWants=containerd.service\nAfter=containerd.service\nStartLimitIntervalSec=0\n\n[Service]\nExecStart=/usr/bin/kubelet\nRestart=always\nRestartSec=1\n\n[Install]\nWantedBy=multi-user.target\n";
+
+/// The lane's kubelet unit. kubelet refuses to start when its cgroupRoot is missing from a
+/// cgroup v1 hierarchy ("cgroup [\"kubelet\"] has some missing paths:
+/// /sys/fs/cgroup/systemd/kubelet"), and the one NODE_PREP made in the node's name=systemd
+/// hierarchy does not always outlive a kubelet restart (seen twice on 2026-11-27, a kubelet 1.30
+/// and a 1.34 lane: 90+ restarts, never Ready): each start makes it again (`$$` is systemd's
+/// `$`; `-`: a failure there is kubelet's to report).
+const KUBELET_UNIT: &str = "[Unit]\nDescription=kubelet (upstream 1.26, the cluster lane)\nWants=containerd.service\nAfter=containerd.service\nStartLimitIntervalSec=0\n\n[Service]\nExecStartPre=-/bin/sh -c 'for d in /sys/fs/cgroup/*/; do mkdir -p \"$$d/kubelet\"; done'\nExecStart=/usr/bin/kubelet\nRestart=always\nRestartSec=1\n\n[Install]\nWantedBy=multi-user.target\n";
 
 /// Boots the node, gives it containerd configured for pods, the test images and kubelet, and
 /// waits until the API server has it Ready. Returns the node and how long the join took.
