@@ -210,11 +210,21 @@ async fn never_ready_sidecar_proceeds_after_timeout() -> Result<()> {
         .collect();
     let creates = j.container_calls("CreateContainer", "app");
     let first = creates.first().expect("the app was created");
-    let held = first.done.expect("answered") - first.sent;
+    let took = first.done.expect("answered") - first.sent;
     assert!(
-        (2 * S..4 * S).contains(&(held.as_nanos() as i64)),
-        "the app's first CreateContainer took {held:?}; expected the 2 s timeout. The app's \
+        took >= 2 * Duration::from_secs(1),
+        "the app's first CreateContainer took {took:?}, less than the 2 s timeout. The app's \
          calls:\n{}",
+        calls.join("\n")
+    );
+    // The upper bound is on crisp's own hold, from its log: kubelet's clock adds containerd's
+    // create, which a loaded CI host once stretched to 2.08 s (4.03 s in all, crisp's release
+    // on time at 1.95 s).
+    let held = first_app_create_hold_ms(&st.crisp.log_text());
+    assert!(
+        (1_900..3_000).contains(&held),
+        "crisp held the app's first CreateContainer {held} ms; expected the 2 s timeout. The \
+         app's calls:\n{}",
         calls.join("\n")
     );
     let (sidecar, app) = (
@@ -273,6 +283,26 @@ async fn never_ready_sidecar_fails_and_kubelet_retries() -> Result<()> {
     assert_eq!(st.instances(&uid, "app").await?.len(), 1);
     st.delete_pod(&uid, Some(5), STEP).await?;
     Ok(())
+}
+
+/// How long crisp held the first CreateContainer of container `app`, from its log: the call id
+/// of its "holding CreateContainer" line (the span names the container), then that call's
+/// `held_ms` in its "observed call ended" line.
+fn first_app_create_hold_ms(log: &str) -> u64 {
+    let field = |line: &str, key: &str| -> Option<String> {
+        let at = line.find(key)? + key.len();
+        Some(line[at..].split([' ', '}']).next()?.to_string())
+    };
+    let call = log
+        .lines()
+        .find(|l| l.contains("holding CreateContainer") && l.contains("container_name=\"app\""))
+        .and_then(|l| field(l, " call="))
+        .unwrap_or_else(|| panic!("no hold of the app's CreateContainer in crisp's log:\n{log}"));
+    log.lines()
+        .find(|l| l.contains("observed call ended") && l.contains(&format!(" call={call} ")))
+        .and_then(|l| field(l, " held_ms="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("call {call}'s end (held_ms) not in crisp's log:\n{log}"))
 }
 
 fn assert_no_call_outlived_deadline(st: &Stack) {
