@@ -30,6 +30,7 @@ mod deploy_manifests;
 mod docs;
 mod faults;
 mod forwarding;
+mod glossary;
 mod grpc_go_wire;
 mod hold_spans;
 mod install_doctor;
