@@ -113,7 +113,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
 
 /// Serves on an already-bound listener (tests, socket activation).
 #[cfg_attr(feature = "test-util", visibility::make(pub))]
-pub(crate) async fn serve_on(
+async fn serve_on(
     listener: tokio::net::UnixListener,
     cfg: Config,
     shutdown: impl Future<Output = ()>,
@@ -125,7 +125,7 @@ pub(crate) async fn serve_on(
 /// failed to bind, which crisp logs and survives). CRI calls are served from the start either
 /// way; this is for whoever waits to tap (tests, instead of polling connect()).
 #[cfg_attr(feature = "test-util", visibility::make(pub))]
-pub(crate) async fn serve_on_notify(
+async fn serve_on_notify(
     listener: tokio::net::UnixListener,
     cfg: Config,
     shutdown: impl Future<Output = ()>,

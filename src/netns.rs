@@ -194,12 +194,12 @@ pub(crate) enum PidRefusal {
 }
 
 /// Identity of a namespace file: (device, inode).
-pub(crate) type NsId = (u64, u64);
+type NsId = (u64, u64);
 
 /// Whether a namespace opened through a sandbox's pid may be used (see the module doc): it is
 /// not crisp's own (`own`, from `/proc/self/ns/net`), and the pid's cgroup file, read after the
 /// namespace was opened, names the sandbox.
-pub(crate) fn pid_namespace_ok(
+fn pid_namespace_ok(
     own: NsId,
     target: NsId,
     cgroup: &str,

@@ -31,14 +31,14 @@ use crate::tenant;
 
 /// The environment variables that name the collector when the config does not (the OTLP
 /// exporter's standard ones, the traces-only one first).
-pub(crate) const ENDPOINT_ENV: [&str; 2] = [
+const ENDPOINT_ENV: [&str; 2] = [
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
     "OTEL_EXPORTER_OTLP_ENDPOINT",
 ];
 
 /// Longest `tracestate` crisp reads; a longer one is not read (the span's parent keeps its ids
 /// and flags, without the vendors' state). W3C asks every vendor to pass on at least 512.
-pub(crate) const MAX_TRACESTATE: usize = 512;
+const MAX_TRACESTATE: usize = 512;
 
 /// Longest refusal message in a span's status.
 const MAX_STATUS: usize = 512;

@@ -31,7 +31,7 @@ pub const MAX_LOG_LINE: usize = 4 << 10;
 /// Longest single tenant field (a name, a key, a value) inside a message, line or view, in bytes.
 pub(crate) const MAX_FIELD: usize = 256;
 /// Most names [`name_list`] shows before it says how many more there are.
-pub(crate) const MAX_LISTED: usize = 8;
+const MAX_LISTED: usize = 8;
 /// Smallest cap [`text`] honours: room for the cut marker.
 const MIN_CAP: usize = 32;
 

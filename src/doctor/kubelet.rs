@@ -9,19 +9,19 @@ use super::*;
 /// Where kubelet reads its flags and config on a kubeadm-style node, lowest precedence first
 /// (10-kubeadm.conf: `$KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS`; on the
 /// command line the last flag wins, and flags win over the config file).
-pub(crate) const KUBELET_CONFIG: &str = "/var/lib/kubelet/config.yaml";
-pub(crate) const KUBEADM_FLAGS: &str = "/var/lib/kubelet/kubeadm-flags.env";
-pub(crate) const EXTRA_ARGS_FILES: [&str; 2] = ["/etc/sysconfig/kubelet", "/etc/default/kubelet"];
+const KUBELET_CONFIG: &str = "/var/lib/kubelet/config.yaml";
+const KUBEADM_FLAGS: &str = "/var/lib/kubelet/kubeadm-flags.env";
+const EXTRA_ARGS_FILES: [&str; 2] = ["/etc/sysconfig/kubelet", "/etc/default/kubelet"];
 
 /// A setting and the file that set it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Setting {
+struct Setting {
     pub(crate) value: String,
     pub(crate) file: PathBuf,
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub(crate) struct KubeletSettings {
+struct KubeletSettings {
     pub(crate) runtime_endpoint: Option<Setting>,
     pub(crate) image_endpoint: Option<Setting>,
     /// `--container-runtime=...` (removed in kubelet 1.27).
@@ -91,7 +91,7 @@ pub(crate) fn yaml_top_level(text: &str, key: &str) -> Option<String> {
 }
 
 /// Reads kubelet's endpoint settings from the files `hack/install.sh` edits.
-pub(crate) fn kubelet_settings(root: &Path) -> KubeletSettings {
+fn kubelet_settings(root: &Path) -> KubeletSettings {
     let mut s = KubeletSettings::default();
     let read = |p: &str| std::fs::read_to_string(under_root(root, Path::new(p))).ok();
     if let Some(text) = read(KUBELET_CONFIG) {
@@ -144,7 +144,7 @@ pub(crate) fn parse_kubelet_version(s: &str) -> Option<(u32, u32)> {
 }
 
 /// Where kubelet's binary is looked for under `--root` (on `/`, `kubelet` on PATH first).
-pub(crate) const KUBELET_BINS: [&str; 3] = [
+const KUBELET_BINS: [&str; 3] = [
     "/usr/bin/kubelet",
     "/usr/local/bin/kubelet",
     "/opt/bin/kubelet",

@@ -5,10 +5,10 @@ use std::process::Command;
 
 use super::*;
 
-pub(crate) const UNIT_DIR: &str = "/etc/systemd/system";
-pub(crate) const KUBELET_DROPIN: &str = "/etc/systemd/system/kubelet.service.d/90-crisp.conf";
+const UNIT_DIR: &str = "/etc/systemd/system";
+const KUBELET_DROPIN: &str = "/etc/systemd/system/kubelet.service.d/90-crisp.conf";
 /// Where the crisp .deb installs the units.
-pub(crate) const PACKAGE_UNIT_DIR: &str = "/lib/systemd/system";
+const PACKAGE_UNIT_DIR: &str = "/lib/systemd/system";
 
 pub(super) fn systemctl_available() -> bool {
     Command::new("systemctl")
@@ -19,7 +19,7 @@ pub(super) fn systemctl_available() -> bool {
 }
 
 /// `ListenStream=` of a socket unit.
-pub(crate) fn unit_listen_stream(text: &str) -> Option<String> {
+fn unit_listen_stream(text: &str) -> Option<String> {
     text.lines()
         .rev()
         .find_map(|l| l.trim().strip_prefix("ListenStream="))

@@ -75,7 +75,7 @@ pub(super) async fn probe_tcp(addr: SocketAddr, timeout: Duration) -> ProbeResul
 }
 
 /// TCP connect probe through `env`'s connector.
-pub(crate) async fn probe_tcp_with(
+async fn probe_tcp_with(
     env: &impl ProbeEnv,
     addr: SocketAddr,
     timeout: Duration,
@@ -115,7 +115,7 @@ pub(super) async fn probe_http(addr: SocketAddr, path: &str, timeout: Duration) 
 /// HTTP/1.0 GET probe: ready on a 2xx or 3xx status line. Kept minimal on purpose — a probe
 /// needs the status line only, and HTTP/1.0 makes the server close the connection. Nothing of
 /// the answer but its status code is kept.
-pub(crate) async fn probe_http_with(
+async fn probe_http_with(
     env: &impl ProbeEnv,
     addr: SocketAddr,
     path: &str,
