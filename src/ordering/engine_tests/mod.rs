@@ -75,6 +75,8 @@ struct Script {
     status_annotations: HashMap<String, String>,
     /// The node-wide ListContainers fails (the runtime is down).
     down: bool,
+    /// The pod's ListContainers fails (no answer within its timeout).
+    list_fails: bool,
     /// The runtime handler PodSandboxStatus reports (`""`: the runtime's default).
     handler: String,
 }
@@ -147,13 +149,19 @@ impl Runtime for Fake {
         _: ApiVersion,
         _: &'a str,
     ) -> Answer<'a, Vec<views::Container>> {
-        let delay = {
+        let (delay, fails) = {
             let mut s = self.script();
             s.lists += 1;
-            s.list_delay
+            (s.list_delay, s.list_fails)
         };
         Box::pin(async move {
             tokio::time::sleep(delay).await;
+            if fails {
+                return Err(ClientError::Timeout {
+                    method: "ListContainers",
+                    timeout: 5 * S,
+                });
+            }
             Ok(self
                 .script()
                 .containers

@@ -132,6 +132,27 @@ async fn hold_ends_at_the_start_timeout_under_fail() {
     assert_eq!(held, 10 * S);
 }
 
+/// A hold that reaches the start timeout because the runtime never answered the start check
+/// names the runtime, not a sidecar called "the runtime (…)".
+#[tokio::test(start_paused = true)]
+async fn start_timeout_waiting_on_the_runtime_names_the_runtime() {
+    let (fake, engine) = fake_pod(
+        &["proxy"],
+        &[
+            (annotations::START_TIMEOUT, "10s"),
+            (annotations::TIMEOUT_POLICY, "fail"),
+        ],
+    );
+    fake.add("proxy", Some(now()));
+    fake.script().list_delay = 60 * S;
+    let (v, held) = create_container(&engine, &fake, "app").await;
+    assert_eq!(
+        refusal(&v),
+        r#"crisp: the start check of pod ns/pod still waits for the runtime after 10s (no answer before the hold's end); kubelet will retry "app" (network is not ready until the pod's sidecars run)"#
+    );
+    assert_eq!(held, 10 * S);
+}
+
 #[tokio::test(start_paused = true)]
 async fn hold_never_outlives_kubelets_deadline() {
     let (fake, engine) = fake_pod(&["proxy"], &[]);
