@@ -298,7 +298,7 @@ prereq() { # prereq LANE: sets $missing
       need_tool kubectl "kubectl (any recent client; CRISP_KUBECTL names another)"
       [[ -x /usr/lib/cni/bridge ]] || need "CNI plugins in /usr/lib/cni" "install containernetworking-plugins (sudo hack/setup.sh)"
       [[ -f /usr/lib/x86_64-linux-gnu/libglib-2.0.so.0 && -f /usr/lib/x86_64-linux-gnu/libsqlite3.so.0 ]] ||
-        need "libglib-2.0.so.0 and libsqlite3.so.0 (copied into the node for conmon and crio)" "apt-get install libglib2.0-0 libsqlite3-0"
+        need "libglib-2.0.so.0 and libsqlite3.so.0 (copied into the node for conmon and crio)" "apt-get install libglib2.0-0 libsqlite3-0 (sudo hack/setup.sh installs both, with conmon and skopeo)"
       [[ -x $CRIO_BIN && -x $(dirname "$CRIO_BIN")/pinns ]] ||
         need "CRI-O in $(dirname "$CRIO_BIN") (crio, pinns)" "hack/crio-binaries.sh <a cri-o clone> v1.34.11 $(dirname "$(dirname "$CRIO_BIN")") (or CRISP_LANE_CRIO_BIN=)"
       [[ -n $missing ]] || ensure_kube_bins 1.34 || true
