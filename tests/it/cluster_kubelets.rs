@@ -183,13 +183,7 @@ pub(crate) fn kubelet_on(cluster: &Cluster, node: &Node, endpoint: &str) {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    let cmdline = node
-        .nsenter(&[
-            "sh",
-            "-c",
-            "tr '\\0' ' ' </proc/$(systemctl show -P MainPID kubelet)/cmdline",
-        ])
-        .stdout;
+    let cmdline = node.kubelet_cmdline();
     assert!(
         cmdline.contains(&format!("--container-runtime-endpoint=unix://{endpoint}")),
         "kubelet runs on {endpoint}: {cmdline}"
@@ -200,46 +194,18 @@ pub(crate) fn kubelet_on(cluster: &Cluster, node: &Node, endpoint: &str) {
 
 const CRISP_UNIT: &str = "crisp-lane";
 
+/// Starts the lane's crisp in front of `upstream` and waits until its CRI and admin sockets
+/// accept.
 pub(crate) fn crisp_start(node: &Node, upstream: &str) {
-    let _ = node.nsenter(&["systemctl", "reset-failed", CRISP_UNIT]);
-    let o = node.nsenter(&[
-        "systemd-run",
-        "--unit",
+    node.start_crisp(CRISP_UNIT, upstream);
+    node.wait_accepting(
         CRISP_UNIT,
-        "--service-type=exec",
-        "--",
-        "/usr/local/bin/crisp",
-        "--listen",
-        "/run/crisp/crisp.sock",
-        "--upstream",
-        upstream,
-        "--log-level",
-        "info",
-    ]);
-    assert!(o.ok(), "start crisp: {}", o.all());
-    let sock = in_node(node, "/run/crisp/crisp.sock");
-    let admin = in_node(node, "/run/crisp/admin.sock");
-    let t = Instant::now();
-    while std::os::unix::net::UnixStream::connect(&sock).is_err()
-        || std::os::unix::net::UnixStream::connect(&admin).is_err()
-    {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "crisp's sockets never accepted: {}",
-            node.nsenter(&["journalctl", "-u", CRISP_UNIT, "-n", "30", "--no-pager"])
-                .stdout
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+        &["/run/crisp/crisp.sock", "/run/crisp/admin.sock"],
+    );
 }
 
 pub(crate) fn crisp_kill(node: &Node) {
-    let o = node.nsenter(&["systemctl", "kill", "--signal=KILL", CRISP_UNIT]);
-    assert!(o.ok(), "kill crisp: {}", o.all());
-    node.wait_for("crisp gone", Duration::from_secs(10), |n| {
-        let s = n.prop(&format!("{CRISP_UNIT}.service"), "ActiveState");
-        s != "active" && s != "deactivating"
-    });
+    node.kill_crisp(CRISP_UNIT);
 }
 
 /// `crisp tap --json --full --all` from the host on the node's admin socket, appending every
@@ -317,20 +283,33 @@ pub(crate) struct Times {
     pub(crate) finished: i64,
 }
 
-/// ContainerStatus from containerd itself, on its socket in the node (never through crisp).
+/// ContainerStatus from the runtime itself, on its socket in the node (never through crisp).
 pub(crate) struct Runtime {
     pub(crate) rt: tokio::runtime::Runtime,
     pub(crate) sock: PathBuf,
 }
 
+/// kubelet's label on a pod's sandbox and containers, as a CRI list filter's selector.
+fn pod_labels(pod: &str) -> std::collections::HashMap<String, String> {
+    [("io.kubernetes.pod.name".to_string(), pod.to_string())]
+        .into_iter()
+        .collect()
+}
+
 impl Runtime {
+    /// containerd in the node.
     pub(crate) fn new(node: &Node) -> Runtime {
+        Runtime::at(node, "/run/containerd/containerd.sock")
+    }
+
+    /// The runtime on `sock`, a path inside the node.
+    pub(crate) fn at(node: &Node, sock: &str) -> Runtime {
         Runtime {
             rt: tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .unwrap(),
-            sock: in_node(node, "/run/containerd/containerd.sock"),
+            sock: in_node(node, sock),
         }
     }
 
@@ -339,9 +318,7 @@ impl Runtime {
         self.rt.block_on(async {
             let mut c = crate::support::runtime_client(&self.sock).await;
             let filter = cri::ContainerFilter {
-                label_selector: [("io.kubernetes.pod.name".to_string(), pod.to_string())]
-                    .into_iter()
-                    .collect(),
+                label_selector: pod_labels(pod),
                 ..Default::default()
             };
             let list = c
@@ -363,24 +340,60 @@ impl Runtime {
         })
     }
 
-    pub(crate) fn times(&self, id: &str) -> Option<Times> {
+    /// The pod's sandbox id (the newest, if kubelet made several).
+    pub(crate) fn sandbox_id(&self, pod: &str) -> String {
         self.rt.block_on(async {
             let mut c = crate::support::runtime_client(&self.sock).await;
-            let s = c
-                .container_status(cri::ContainerStatusRequest {
-                    container_id: id.into(),
-                    verbose: false,
+            let filter = cri::PodSandboxFilter {
+                label_selector: pod_labels(pod),
+                ..Default::default()
+            };
+            let list = c
+                .list_pod_sandbox(cri::ListPodSandboxRequest {
+                    filter: Some(filter),
                 })
                 .await
-                .ok()?
-                .into_inner()
-                .status?;
-            Some(Times {
-                created: s.created_at,
-                started: s.started_at,
-                finished: s.finished_at,
-            })
+                .expect("ListPodSandbox")
+                .into_inner();
+            list.items
+                .into_iter()
+                .max_by_key(|s| s.created_at)
+                .map(|s| s.id)
+                .unwrap_or_default()
         })
+    }
+
+    /// The container's status (not verbose); None when the runtime does not answer it.
+    pub(crate) fn status(&self, id: &str) -> Option<cri::ContainerStatus> {
+        self.rt.block_on(async {
+            let mut c = crate::support::runtime_client(&self.sock).await;
+            c.container_status(cri::ContainerStatusRequest {
+                container_id: id.into(),
+                verbose: false,
+            })
+            .await
+            .ok()?
+            .into_inner()
+            .status
+        })
+    }
+
+    pub(crate) fn times(&self, id: &str) -> Option<Times> {
+        let s = self.status(id)?;
+        Some(Times {
+            created: s.created_at,
+            started: s.started_at,
+            finished: s.finished_at,
+        })
+    }
+
+    /// The container's CPU quota as the runtime reports it (ContainerStatus.resources; 0: none).
+    pub(crate) fn cpu_quota(&self, id: &str) -> i64 {
+        self.status(id)
+            .and_then(|s| s.resources)
+            .and_then(|r| r.linux)
+            .map(|l| l.cpu_quota)
+            .unwrap_or(0)
     }
 
     pub(crate) fn pod_times(&self, pod: &str) -> BTreeMap<String, Times> {

@@ -786,13 +786,7 @@ fn the_installer_daemonset_rolls_out_and_back() {
         inv,
         "kubelet was restarted"
     );
-    let cmdline = node
-        .nsenter(&[
-            "sh",
-            "-c",
-            "tr '\\0' ' ' </proc/$(systemctl show -P MainPID kubelet)/cmdline",
-        ])
-        .stdout;
+    let cmdline = node.kubelet_cmdline();
     assert!(
         cmdline.contains("--container-runtime-endpoint=unix:///run/crisp/crisp.sock"),
         "kubelet runs on crisp: {cmdline}"
@@ -965,48 +959,12 @@ fn the_installer_daemonset_rolls_out_and_back() {
 const STORM_UNIT: &str = "crisp-storm";
 
 fn storm_start(node: &Node) {
-    let _ = node.nsenter(&["systemctl", "reset-failed", STORM_UNIT]);
-    let o = node.nsenter(&[
-        "systemd-run",
-        "--unit",
-        STORM_UNIT,
-        "--service-type=exec",
-        "--",
-        "/usr/local/bin/crisp",
-        "--listen",
-        "/run/crisp/crisp.sock",
-        "--upstream",
-        "/run/containerd/containerd.sock",
-        "--log-level",
-        "info",
-    ]);
-    assert!(o.ok(), "start crisp: {}", o.all());
+    node.start_crisp(STORM_UNIT, "/run/containerd/containerd.sock");
 }
 
 /// Waits until crisp's socket accepts a connection (through the node's root from the host).
 fn storm_accepting(node: &Node) -> Duration {
-    let sock = format!("/proc/{}/root/run/crisp/crisp.sock", node.init);
-    let t = Instant::now();
-    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "crisp's socket never accepted: {}",
-            node.nsenter(&["journalctl", "-u", STORM_UNIT, "-n", "30", "--no-pager"])
-                .stdout
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    t.elapsed()
-}
-
-/// SIGKILLs crisp and waits until its unit has no process left.
-fn storm_kill(node: &Node) {
-    let o = node.nsenter(&["systemctl", "kill", "--signal=KILL", STORM_UNIT]);
-    assert!(o.ok(), "kill crisp: {}", o.all());
-    node.wait_for("crisp gone", Duration::from_secs(10), |n| {
-        let s = n.prop(&format!("{STORM_UNIT}.service"), "ActiveState");
-        s != "active" && s != "deactivating"
-    });
+    node.wait_accepting(STORM_UNIT, &["/run/crisp/crisp.sock"])
 }
 
 /// Running tasks in containerd's k8s.io namespace: (container id, pod name, pod uid,
@@ -1093,13 +1051,7 @@ fn a_kill_storm_under_a_real_kubelet() {
     cluster.wait("node Ready on crisp", Duration::from_secs(120), || {
         cluster.node_ready() == "True"
     });
-    let cmdline = node
-        .nsenter(&[
-            "sh",
-            "-c",
-            "tr '\\0' ' ' </proc/$(systemctl show -P MainPID kubelet)/cmdline",
-        ])
-        .stdout;
+    let cmdline = node.kubelet_cmdline();
     assert!(
         cmdline.contains("--container-runtime-endpoint=unix:///run/crisp/crisp.sock"),
         "kubelet runs on crisp: {cmdline}"
@@ -1154,7 +1106,7 @@ fn a_kill_storm_under_a_real_kubelet() {
         for i in 0..kills {
             // 2–5 s between kills, varied but deterministic.
             std::thread::sleep(Duration::from_millis(2000 + (i as u64 * 7919) % 3000));
-            storm_kill(&node);
+            node.kill_crisp(STORM_UNIT);
             storm_start(&node);
             restarts.push(storm_accepting(&node));
         }
@@ -1504,13 +1456,7 @@ fn shutdown_run(cluster: &Cluster, bins: &Path, via_crisp: bool) -> (Vec<Shutdow
     cluster.wait("node Ready", Duration::from_secs(120), || {
         cluster.node_ready() == "True"
     });
-    let cmdline = node
-        .nsenter(&[
-            "sh",
-            "-c",
-            "tr '\\0' ' ' </proc/$(systemctl show -P MainPID kubelet)/cmdline",
-        ])
-        .stdout;
+    let cmdline = node.kubelet_cmdline();
     let endpoint = if via_crisp {
         "unix:///run/crisp/crisp.sock"
     } else {

@@ -81,47 +81,12 @@ fn driver_from_cri(journal: &str) -> Option<String> {
         .next()
 }
 
-/// The pod's sandbox id in containerd (the newest, if kubelet made several).
-fn sandbox_id(rt: &Runtime, pod_name: &str) -> String {
-    rt.rt.block_on(async {
-        let mut c = crate::support::runtime_client(&rt.sock).await;
-        let filter = cri::PodSandboxFilter {
-            label_selector: [("io.kubernetes.pod.name".to_string(), pod_name.to_string())]
-                .into_iter()
-                .collect(),
-            ..Default::default()
-        };
-        let list = c
-            .list_pod_sandbox(cri::ListPodSandboxRequest {
-                filter: Some(filter),
-            })
-            .await
-            .expect("ListPodSandbox")
-            .into_inner();
-        list.items
-            .into_iter()
-            .max_by_key(|s| s.created_at)
-            .map(|s| s.id)
-            .unwrap_or_default()
-    })
-}
-
-/// The container's CPU quota as containerd reports it (ContainerStatus.resources; 0: none).
-fn cpu_quota(rt: &Runtime, id: &str) -> i64 {
-    rt.rt.block_on(async {
-        let mut c = crate::support::runtime_client(&rt.sock).await;
-        c.container_status(cri::ContainerStatusRequest {
-            container_id: id.into(),
-            verbose: false,
-        })
-        .await
-        .ok()
-        .and_then(|r| r.into_inner().status)
-        .and_then(|s| s.resources)
-        .and_then(|r| r.linux)
-        .map(|l| l.cpu_quota)
-        .unwrap_or(0)
-    })
+/// The node's kubelet and runtime versions: `v1.34.9 containerd://2.3.4`.
+fn versions(cluster: &Cluster) -> String {
+    cluster.jsonpath(
+        &["node", NODE],
+        "{.status.nodeInfo.kubeletVersion} {.status.nodeInfo.containerRuntimeVersion}",
+    )
 }
 
 // --- (b) in-place resize -----------------------------------------------------------------------
@@ -153,8 +118,8 @@ fn resize(cluster: &Cluster, rt: &Runtime) -> Resize {
         cluster.pod_ready("default", "resize")
     });
     let (id, _) = rt.containers("resize")["app"].clone();
-    let sandbox = sandbox_id(rt, "resize");
-    let before = cpu_quota(rt, &id);
+    let sandbox = rt.sandbox_id("resize");
+    let before = rt.cpu_quota(&id);
     let t = Instant::now();
     let o = cluster.kubectl(&[
         "patch",
@@ -169,11 +134,11 @@ fn resize(cluster: &Cluster, rt: &Runtime) -> Resize {
         r#"{"spec":{"containers":[{"name":"app","resources":{"requests":{"cpu":"150m","memory":"32Mi"},"limits":{"cpu":"400m","memory":"64Mi"}}}]}}"#,
     ]);
     assert!(o.ok(), "kubectl patch --subresource resize: {}", o.all());
-    while cpu_quota(rt, &id) != QUOTA_400M {
+    while rt.cpu_quota(&id) != QUOTA_400M {
         assert!(
             t.elapsed() < Duration::from_secs(120),
             "containerd's CPU quota of the resized container is {} after 120 s, not {QUOTA_400M}; pod status: {}",
-            cpu_quota(rt, &id),
+            rt.cpu_quota(&id),
             cluster.jsonpath(&["pod", "resize"], "{.status}")
         );
         std::thread::sleep(Duration::from_millis(100));
@@ -361,10 +326,7 @@ fn kubelet_on_containerd_2_through_crisp() {
     let _bridge = BridgeGuard;
     let cluster = Cluster::up(&bins);
     let (node, joined) = join_with(&cluster, &bins, &config(minor));
-    let version = cluster.jsonpath(
-        &["node", NODE],
-        "{.status.nodeInfo.kubeletVersion} {.status.nodeInfo.containerRuntimeVersion}",
-    );
+    let version = versions(&cluster);
     assert!(
         version.starts_with(&format!("v1.{minor}.")) && version.contains(" containerd://2."),
         "kubelet {version}: not 1.{minor} on containerd 2.x ({})",
@@ -723,10 +685,7 @@ fn kubelet_on_crio_through_crisp() {
     let (node, joined) = join_with(&cluster, &bins, &kubelet_config(minor));
     let since = node_now(&node);
     let moved = node_on_crio(&cluster, &node, &crio);
-    let version = cluster.jsonpath(
-        &["node", NODE],
-        "{.status.nodeInfo.kubeletVersion} {.status.nodeInfo.containerRuntimeVersion}",
-    );
+    let version = versions(&cluster);
     assert!(
         version.starts_with(&format!("v1.{minor}.")) && version.contains(" cri-o://"),
         "kubelet {version}: not 1.{minor} on CRI-O ({})",
@@ -738,13 +697,7 @@ fn kubelet_on_crio_through_crisp() {
         secs(moved)
     );
     let direct_driver = driver_from_cri(&journal_since(&node, "kubelet", &since));
-    let rt = Runtime {
-        rt: tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap(),
-        sock: in_node(&node, CRIO_SOCK),
-    };
+    let rt = Runtime::at(&node, CRIO_SOCK);
     let work = tempfile::Builder::new()
         .prefix("cluster-runtimes-crio")
         .tempdir_in(Path::new(REPO).join("target"))
