@@ -326,28 +326,55 @@ impl<'a> Hold<'a> {
         if !sink.wanted() {
             return;
         }
-        let waiting = &self.info.waiting;
         sink.publish(HoldEvent {
-            call_id: self.call.id,
-            route: self.call.route,
-            path: self.call.path.path().to_string(),
-            phase,
-            at: SystemTime::now(),
-            pod_namespace: self.pod.namespace.clone(),
-            pod_name: self.pod.name.clone(),
-            pod_sandbox_id: self.pod.sandbox_id.clone(),
-            container_name: self.info.container.clone(),
             container_id: self.container_id.clone(),
-            waiting_on: waiting.on.clone(),
-            reason: waiting.reason.clone(),
-            probe: waiting.probe.clone(),
-            probe_result: waiting.probe_result.clone(),
             held: at.saturating_duration_since(self.info.held_from),
             time_left: self.info.ends.saturating_duration_since(at),
             policy: self.info.policy.clone(),
             outcome,
-            message: message.to_string(),
+            ..event(
+                self.call,
+                self.pod,
+                &self.info.container,
+                phase,
+                &self.info.waiting,
+                message,
+            )
         });
+    }
+}
+
+/// The event of `call` for `pod`'s `container` in `phase`, waiting as `waiting` says, with
+/// `message`; what only a hold knows (the container's id, its times, policy and outcome) is
+/// left empty.
+fn event(
+    call: &Call,
+    pod: &Pod,
+    container: &str,
+    phase: HoldPhase,
+    waiting: &Waiting,
+    message: &str,
+) -> HoldEvent {
+    HoldEvent {
+        call_id: call.id,
+        route: call.route,
+        path: call.path.path().to_string(),
+        phase,
+        at: SystemTime::now(),
+        pod_namespace: pod.namespace.clone(),
+        pod_name: pod.name.clone(),
+        pod_sandbox_id: pod.sandbox_id.clone(),
+        container_name: container.to_string(),
+        container_id: String::new(),
+        waiting_on: waiting.on.clone(),
+        reason: waiting.reason.clone(),
+        probe: waiting.probe.clone(),
+        probe_result: waiting.probe_result.clone(),
+        held: Duration::ZERO,
+        time_left: Duration::ZERO,
+        policy: String::new(),
+        outcome: None,
+        message: message.to_string(),
     }
 }
 
@@ -418,27 +445,14 @@ impl Engine {
         if !sink.wanted() {
             return;
         }
-        sink.publish(HoldEvent {
-            call_id: call.id,
-            route: call.route,
-            path: call.path.path().to_string(),
-            phase: HoldPhase::Refused,
-            at: SystemTime::now(),
-            pod_namespace: pod.namespace.clone(),
-            pod_name: pod.name.clone(),
-            pod_sandbox_id: pod.sandbox_id.clone(),
-            container_name: container.to_string(),
-            container_id: String::new(),
-            waiting_on: waiting.on.clone(),
-            reason: waiting.reason.clone(),
-            probe: waiting.probe.clone(),
-            probe_result: waiting.probe_result.clone(),
-            held: Duration::ZERO,
-            time_left: Duration::ZERO,
-            policy: String::new(),
-            outcome: None,
-            message: message.to_string(),
-        });
+        sink.publish(event(
+            call,
+            pod,
+            container,
+            HoldPhase::Refused,
+            waiting,
+            message,
+        ));
     }
 }
 

@@ -141,15 +141,7 @@ async fn a_refusal_is_reported_and_counted() {
         ("proxy", "not created")
     );
     assert_eq!(evs[0].message, msg);
-    assert_eq!(
-        engine
-            .lookup(Some(SANDBOX), None)
-            .0
-            .unwrap()
-            .refusals
-            .load(std::sync::atomic::Ordering::Relaxed),
-        1
-    );
+    assert_eq!(pod_refusals(&engine), 1);
 }
 
 #[tokio::test(start_paused = true)]
@@ -244,15 +236,7 @@ async fn a_long_hold_ends_as_an_informative_refusal_and_the_timeout_still_counts
             "timed out (proceed)"
         ]
     );
-    assert_eq!(
-        engine
-            .lookup(Some(SANDBOX), None)
-            .0
-            .unwrap()
-            .refusals
-            .load(std::sync::atomic::Ordering::Relaxed),
-        2
-    );
+    assert_eq!(pod_refusals(&engine), 2);
 }
 
 /// A long hold on a runtime that fails the start check's read says so once, and the tap's event

@@ -113,6 +113,15 @@ impl Fake {
         t0
     }
 
+    /// The StopContainer calls crisp made: (container name, timeout), in order.
+    fn stops(&self) -> Vec<(String, i64)> {
+        self.script()
+            .stops
+            .iter()
+            .map(|(n, s, _)| (n.clone(), *s))
+            .collect()
+    }
+
     fn set(&self, name: &str, f: impl FnOnce(&mut FakeContainer)) {
         let mut s = self.script();
         let c = s
@@ -349,19 +358,24 @@ fn call(rpc: &str, deadline: Option<Duration>) -> Call {
 
 /// kubelet's CreateContainer: it carries the sandbox config with the pod's annotations.
 fn create(fake: &Fake, name: &str) -> Vec<u8> {
+    create_in("pod", name, &fake.script().annotations)
+}
+
+/// kubelet's CreateContainer of `container` in a pod named `pod` with `annotations`.
+fn create_in(pod: &str, container: &str, annotations: &HashMap<String, String>) -> Vec<u8> {
     let sandbox = views::PodSandboxConfig {
         metadata: Some(views::PodSandboxMetadata {
-            name: "pod".into(),
+            name: pod.into(),
             namespace: "ns".into(),
             uid: "uid".into(),
             attempt: 0,
         }),
-        annotations: fake.script().annotations.clone(),
+        annotations: annotations.clone(),
         ..Default::default()
     };
     let config = views::ContainerConfig {
         metadata: Some(views::ContainerMetadata {
-            name: name.into(),
+            name: container.into(),
             attempt: 0,
         }),
         ..Default::default()
@@ -419,6 +433,16 @@ fn holds(engine: &Engine, gate: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {key} in\n{text}"))
         .parse()
         .unwrap()
+}
+
+/// The refusals counted on the pod (`crisp pods` shows them).
+fn pod_refusals(engine: &Engine) -> u64 {
+    engine
+        .lookup(Some(SANDBOX), None)
+        .0
+        .unwrap()
+        .refusals
+        .load(std::sync::atomic::Ordering::Relaxed)
 }
 
 fn assert_forward(v: &Verdict) {

@@ -248,6 +248,17 @@ async fn unnamed_regular_container_stays_refused_when_kubelet_moves_on() {
     refusal(&create_container(&engine, &fake, "app").await.0);
 }
 
+/// kubelet retrying the app's CreateContainer every second until crisp forwards it.
+async fn retry_until_forwarded(engine: &Engine, fake: &Fake) {
+    loop {
+        let (v, _) = create_container(engine, fake, "app").await;
+        if matches!(v, Verdict::Forward) {
+            break;
+        }
+        tokio::time::sleep(S).await;
+    }
+}
+
 /// The runtime's clock moves on by `d`: every container it has was created `d` earlier. (The
 /// engine reads wall time only through the runtime's records; its own clock is tokio's.)
 fn age(fake: &Fake, d: Duration) {
@@ -295,13 +306,7 @@ async fn a_restarted_crisp_refuses_until_the_sidecars_clock_runs_out() {
     age(&fake, 4 * S);
     let engine = pod(&fake, &["proxy"], &timeout);
     let t0 = now();
-    loop {
-        let (v, _) = create_container(&engine, &fake, "app").await;
-        if matches!(v, Verdict::Forward) {
-            break;
-        }
-        tokio::time::sleep(S).await;
-    }
+    retry_until_forwarded(&engine, &fake).await;
     assert_eq!(now() - t0, 6 * S);
 }
 
@@ -317,12 +322,6 @@ async fn a_restarted_crisp_counts_from_the_sidecars_death_not_its_creation() {
     age(&fake, 100 * S);
     let engine = pod(&fake, &["proxy"], &timeout);
     let t0 = now();
-    loop {
-        let (v, _) = create_container(&engine, &fake, "app").await;
-        if matches!(v, Verdict::Forward) {
-            break;
-        }
-        tokio::time::sleep(S).await;
-    }
+    retry_until_forwarded(&engine, &fake).await;
     assert_eq!(now() - t0, 7 * S);
 }
