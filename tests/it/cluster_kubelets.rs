@@ -204,6 +204,31 @@ pub(crate) fn crisp_start(node: &Node, upstream: &str) {
     );
 }
 
+/// crisp in the node in front of `upstream`, with `crisp tap --json --full --all` attached (a
+/// call of ours seen in it) before kubelet moves onto it.
+pub(crate) fn crisp_with_tap(node: &Node, rt: &Runtime, upstream: &str, dir: &Path) -> Tap {
+    node.put_crisp();
+    crisp_start(node, upstream);
+    let mut tap = Tap::new(node, dir);
+    tap.attach();
+    let crisp_sock = in_node(node, "/run/crisp/crisp.sock");
+    let t = Instant::now();
+    while !tap.lines().iter().any(|l| l["method"] == "Version") {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the tap never showed a call"
+        );
+        rt.rt.block_on(async {
+            let mut c = crate::support::runtime_client(&crisp_sock).await;
+            c.version(cri::VersionRequest::default())
+                .await
+                .expect("Version through crisp");
+        });
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    tap
+}
+
 pub(crate) fn crisp_kill(node: &Node) {
     node.kill_crisp(CRISP_UNIT);
 }
@@ -611,6 +636,16 @@ pub(crate) fn ms(a: i64, b: i64) -> f64 {
     (b - a) as f64 / 1e6
 }
 
+/// Each container's finish, ms after the app's (`app +0 ms, proxy +132 ms`): who waited for
+/// whom at the stop.
+pub(crate) fn stop_order(t: &BTreeMap<String, Times>) -> String {
+    let app_end = t["app"].finished;
+    t.iter()
+        .map(|(n, x)| format!("{n} {:+.0} ms", ms(app_end, x.finished)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Creates the pod, waits until every container runs, deletes it and follows the stops in
 /// containerd until each container finished.
 pub(crate) fn run_shape(
@@ -856,10 +891,7 @@ fn a_newer_kubelet_through_crisp() {
     let spans = Spans::start();
     let cluster = Cluster::up(&bins);
     let (node, joined) = join_with(&cluster, &bins, &kubelet_config(minor));
-    let version = cluster.jsonpath(
-        &["node", NODE],
-        "{.status.nodeInfo.kubeletVersion} {.status.nodeInfo.containerRuntimeVersion}",
-    );
+    let version = cluster.versions();
     assert!(
         version.starts_with(&format!("v1.{minor}.")),
         "kubelet {version}, not 1.{minor}"
@@ -873,11 +905,7 @@ fn a_newer_kubelet_through_crisp() {
 
     // CRISP_LANE_TRACING_ONLY=1: only step 3 (to look into it without the other steps' time).
     if std::env::var_os("CRISP_LANE_TRACING_ONLY").is_some() {
-        node.put(
-            "/usr/local/bin/crisp",
-            &std::fs::read(env!("CARGO_BIN_EXE_crisp")).unwrap(),
-            0o755,
-        );
+        node.put_crisp();
         node.put("/etc/crisp/config.toml", crisp_config().as_bytes(), 0o644);
         crisp_start(&node, "/run/containerd/containerd.sock");
         tracing_through_crisp(&cluster, &node, minor);
@@ -911,31 +939,8 @@ fn a_newer_kubelet_through_crisp() {
     }
 
     // 2. Through crisp, its tap attached before kubelet's first call.
-    node.put(
-        "/usr/local/bin/crisp",
-        &std::fs::read(env!("CARGO_BIN_EXE_crisp")).unwrap(),
-        0o755,
-    );
     node.put("/etc/crisp/config.toml", crisp_config().as_bytes(), 0o644);
-    crisp_start(&node, "/run/containerd/containerd.sock");
-    let mut tap = Tap::new(&node, work.path());
-    tap.attach();
-    // The subscriber is attached once a call of ours shows in it.
-    let crisp_sock = in_node(&node, "/run/crisp/crisp.sock");
-    let t = Instant::now();
-    while !tap.lines().iter().any(|l| l["method"] == "Version") {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "the tap never showed a call"
-        );
-        rt.rt.block_on(async {
-            let mut c = crate::support::runtime_client(&crisp_sock).await;
-            c.version(cri::VersionRequest::default())
-                .await
-                .expect("Version through crisp");
-        });
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let mut tap = crisp_with_tap(&node, &rt, "/run/containerd/containerd.sock", work.path());
     let since = node_now(&node);
     kubelet_on(&cluster, &node, "/run/crisp/crisp.sock");
     let journal = journal_since(&node, "kubelet", &since);
@@ -1014,16 +1019,7 @@ fn a_newer_kubelet_through_crisp() {
                 g.stop_ms
             );
         }
-        // Each container's finish, ms after the app's: who waited for whom at the stop.
-        let app_end = t["app"].finished;
-        eprintln!(
-            "stops| 1.{minor} crisp  {:8} {}",
-            s.name,
-            t.iter()
-                .map(|(n, x)| format!("{n} {:+.0} ms", ms(app_end, x.finished)))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
+        eprintln!("stops| 1.{minor} crisp  {:8} {}", s.name, stop_order(&t));
         through.insert(s.name, g);
     }
     // The native sidecar is kubelet's: crisp held and refused none of its calls.

@@ -194,6 +194,14 @@ impl Cluster {
         self.kubectl(&args).stdout
     }
 
+    /// The node's kubelet and runtime versions: `v1.34.9 containerd://2.3.4`.
+    pub(crate) fn versions(&self) -> String {
+        self.jsonpath(
+            &["node", NODE],
+            "{.status.nodeInfo.kubeletVersion} {.status.nodeInfo.containerRuntimeVersion}",
+        )
+    }
+
     pub(crate) fn node_ready(&self) -> String {
         self.jsonpath(
             &["node", NODE],
@@ -285,6 +293,21 @@ fn cni_conflist() -> String {
 /// hack/install.sh rewires it as it would on a kubeadm node. Ports off the defaults: the node
 /// shares the host's network.
 pub(crate) const KUBEADM_FLAGS: &str = "KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint=unix:///run/containerd/containerd.sock --pod-infra-container-image=crisp.test/pause:latest\"\n";
+
+/// kubelet's flags file with its runtime endpoint on crisp's socket (kubelet reads it at its
+/// next start).
+fn kubelet_flags_on_crisp(node: &Node) {
+    node.put(
+        "/var/lib/kubelet/kubeadm-flags.env",
+        KUBEADM_FLAGS
+            .replace(
+                "unix:///run/containerd/containerd.sock",
+                "unix:///run/crisp/crisp.sock",
+            )
+            .as_bytes(),
+        0o644,
+    );
+}
 pub(crate) const KUBELET_CONFIG: &str = r#"apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 cgroupDriver: cgroupfs
@@ -474,10 +497,7 @@ fn a_kubelet_joins_the_control_plane() {
     let cluster = Cluster::up(&bins);
     let (node, joined) = join(&cluster, &bins);
     eprintln!("kubelet joined, node Ready in {}", secs(joined));
-    let version = cluster.jsonpath(
-        &["node", NODE],
-        "{.status.nodeInfo.kubeletVersion} {.status.nodeInfo.containerRuntimeVersion}",
-    );
+    let version = cluster.versions();
     assert!(version.starts_with("v1.26."), "{version}");
     cluster.apply(&busybox_pod(
         "hello",
@@ -1028,23 +1048,10 @@ fn a_kill_storm_under_a_real_kubelet() {
     eprintln!("kubelet joined, node Ready in {}", secs(joined));
 
     // crisp as a plain process, kubelet moved onto its socket.
-    node.put(
-        "/usr/local/bin/crisp",
-        &std::fs::read(env!("CARGO_BIN_EXE_crisp")).unwrap(),
-        0o755,
-    );
+    node.put_crisp();
     storm_start(&node);
     storm_accepting(&node);
-    node.put(
-        "/var/lib/kubelet/kubeadm-flags.env",
-        KUBEADM_FLAGS
-            .replace(
-                "unix:///run/containerd/containerd.sock",
-                "unix:///run/crisp/crisp.sock",
-            )
-            .as_bytes(),
-        0o644,
-    );
+    kubelet_flags_on_crisp(&node);
     let o = node.nsenter(&["systemctl", "restart", "kubelet.service"]);
     assert!(o.ok(), "{}", o.all());
     std::thread::sleep(Duration::from_secs(5));
@@ -1396,11 +1403,7 @@ fn shutdown_run(cluster: &Cluster, bins: &Path, via_crisp: bool) -> (Vec<Shutdow
     // V(2) logs each StopContainer's grace ("Killing container with a grace period").
     node.put("/etc/default/kubelet", b"KUBELET_EXTRA_ARGS=--v=2\n", 0o644);
     if via_crisp {
-        node.put(
-            "/usr/local/bin/crisp",
-            &std::fs::read(env!("CARGO_BIN_EXE_crisp")).unwrap(),
-            0o755,
-        );
+        node.put_crisp();
         for (from, to) in [
             ("systemd/crisp.service", "/etc/systemd/system/crisp.service"),
             ("systemd/crisp.socket", "/etc/systemd/system/crisp.socket"),
@@ -1415,16 +1418,7 @@ fn shutdown_run(cluster: &Cluster, bins: &Path, via_crisp: bool) -> (Vec<Shutdow
                 0o644,
             );
         }
-        node.put(
-            "/var/lib/kubelet/kubeadm-flags.env",
-            KUBEADM_FLAGS
-                .replace(
-                    "unix:///run/containerd/containerd.sock",
-                    "unix:///run/crisp/crisp.sock",
-                )
-                .as_bytes(),
-            0o644,
-        );
+        kubelet_flags_on_crisp(&node);
         let o = node.nsenter(&["systemctl", "daemon-reload"]);
         assert!(o.ok(), "{}", o.all());
         let o = node.nsenter(&[

@@ -37,10 +37,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::cluster_kubelets::{
-    crisp_kill, crisp_start, in_node, journal_since, kubelet_config, kubelet_on, ms, node_now,
-    run_shape, shapes, verdict, Gaps, Runtime, Tap, READY_AFTER,
+    crisp_kill, crisp_with_tap, in_node, journal_since, kubelet_config, kubelet_on, node_now,
+    run_shape, shapes, stop_order, verdict, Gaps, Runtime, Tap, READY_AFTER,
 };
-use crate::cluster_rollout::{join_with, kube_bin_dir, secs, BridgeGuard, Cluster, NODE};
+use crate::cluster_rollout::{join_with, kube_bin_dir, secs, BridgeGuard, Cluster};
 use crate::node_support::*;
 use k8s_cri::v1 as cri;
 
@@ -79,14 +79,6 @@ fn driver_from_cri(journal: &str) -> Option<String> {
         .filter_map(|l| l.split("cgroupDriver=").nth(1))
         .map(|d| d.trim().trim_matches('"').to_string())
         .next()
-}
-
-/// The node's kubelet and runtime versions: `v1.34.9 containerd://2.3.4`.
-fn versions(cluster: &Cluster) -> String {
-    cluster.jsonpath(
-        &["node", NODE],
-        "{.status.nodeInfo.kubeletVersion} {.status.nodeInfo.containerRuntimeVersion}",
-    )
 }
 
 // --- (b) in-place resize -----------------------------------------------------------------------
@@ -218,35 +210,6 @@ fn has_image_mount(v: &serde_json::Value, path: &str) -> bool {
 
 // --- the lane ---------------------------------------------------------------------------------
 
-/// crisp in the node in front of `upstream`, with `crisp tap --json --full --all` attached (a
-/// call of ours seen in it) before kubelet moves onto it.
-fn crisp_with_tap(node: &Node, rt: &Runtime, upstream: &str, dir: &Path) -> Tap {
-    node.put(
-        "/usr/local/bin/crisp",
-        &std::fs::read(env!("CARGO_BIN_EXE_crisp")).unwrap(),
-        0o755,
-    );
-    crisp_start(node, upstream);
-    let mut tap = Tap::new(node, dir);
-    tap.attach();
-    let crisp_sock = in_node(node, "/run/crisp/crisp.sock");
-    let t = Instant::now();
-    while !tap.lines().iter().any(|l| l["method"] == "Version") {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "the tap never showed a call"
-        );
-        rt.rt.block_on(async {
-            let mut c = crate::support::runtime_client(&crisp_sock).await;
-            c.version(cri::VersionRequest::default())
-                .await
-                .expect("Version through crisp");
-        });
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    tap
-}
-
 /// The RuntimeConfig lines of the tap, each asserted answered OK by the runtime (no hold, a
 /// response relayed).
 fn runtime_config_lines(tap: &Tap) -> Vec<serde_json::Value> {
@@ -281,14 +244,10 @@ fn run_shapes(
             "gaps| 1.{minor}+{runtime} {mode} {:8} sidecar {:13} started→app created {:8.0} ms, app finished→sidecar finished {:8.0} ms ({})",
             s.name, s.sidecar, g.create_ms, g.stop_ms, verdict(&s, &g)
         );
-        let app_end = t["app"].finished;
         eprintln!(
             "stops| 1.{minor}+{runtime} {mode} {:8} {}",
             s.name,
-            t.iter()
-                .map(|(n, x)| format!("{n} {:+.0} ms", ms(app_end, x.finished)))
-                .collect::<Vec<_>>()
-                .join(", ")
+            stop_order(&t)
         );
         if via_crisp && s.ordered_create {
             assert!(
@@ -326,7 +285,7 @@ fn kubelet_on_containerd_2_through_crisp() {
     let _bridge = BridgeGuard;
     let cluster = Cluster::up(&bins);
     let (node, joined) = join_with(&cluster, &bins, &config(minor));
-    let version = versions(&cluster);
+    let version = cluster.versions();
     assert!(
         version.starts_with(&format!("v1.{minor}.")) && version.contains(" containerd://2."),
         "kubelet {version}: not 1.{minor} on containerd 2.x ({})",
@@ -685,7 +644,7 @@ fn kubelet_on_crio_through_crisp() {
     let (node, joined) = join_with(&cluster, &bins, &kubelet_config(minor));
     let since = node_now(&node);
     let moved = node_on_crio(&cluster, &node, &crio);
-    let version = versions(&cluster);
+    let version = cluster.versions();
     assert!(
         version.starts_with(&format!("v1.{minor}.")) && version.contains(" cri-o://"),
         "kubelet {version}: not 1.{minor} on CRI-O ({})",

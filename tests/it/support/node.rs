@@ -425,6 +425,15 @@ impl Node {
         self.wait_kubelet_on("/run/containerd/containerd.sock", "");
     }
 
+    /// This build's crisp, as the node's /usr/local/bin/crisp.
+    pub fn put_crisp(&self) {
+        self.put(
+            "/usr/local/bin/crisp",
+            &std::fs::read(env!("CARGO_BIN_EXE_crisp")).unwrap(),
+            0o755,
+        );
+    }
+
     /// The running kubelet's command line (its `/proc/PID/cmdline`, NULs as spaces).
     pub fn kubelet_cmdline(&self) -> String {
         self.nsenter(&[
