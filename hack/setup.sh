@@ -19,6 +19,8 @@
 #   debootstrap systemd-container                 the systemd test node (hack/node-rootfs.sh, tests/it/node_*.rs)
 #   python3-kubernetes                            offline manifest validation (hack/check-manifests.py)
 #   etcd-server docker-registry skopeo            the cluster lane (hack/cluster.sh, tests/it/cluster_rollout.rs)
+#   conmon                                        CRI-O's container monitor, copied into the kubelet-1.34-crio
+#                                                 lane's node with glib (its dependency) and SQLite (skopeo's)
 #   prometheus librsvg2-bin                       a real Prometheus and promtool (e2e/tests/it/prometheus.rs,
 #                                                 hack/lint.sh); rsvg-convert (tests/it/timeline.rs)
 set -euo pipefail
@@ -49,6 +51,8 @@ PACKAGES=(
   etcd-server             # etcd 3.4 under the cluster lane's kube-apiserver (hack/cluster.sh)
   docker-registry         # a local registry that serves the installer image to the lane's node
   skopeo                  # pushes dist/crisp-installer-*.oci.tar into that registry
+  conmon                  # CRI-O's monitor for the kubelet-1.34-crio lane (tests/it/cluster_runtimes.rs) and
+                          # hack/crio-smoke.sh; Debian's 2.1.6, which CRI-O 1.34 accepts
 )
 
 die() {

@@ -257,17 +257,11 @@ fn read<T>(
     warnings: &mut Warnings,
     parse: impl FnOnce(&str) -> Result<T, String>,
 ) -> Option<T> {
-    let value = annotations.get(key)?;
-    match tenant::value(value)
-        .map_err(|e| e.to_string())
-        .and_then(parse)
-    {
-        Ok(t) => Some(t),
-        Err(reason) => {
-            warnings.push(Warning::new(key, value, reason));
-            None
-        }
-    }
+    read_choice(annotations, key, warnings, |value| {
+        tenant::value(value)
+            .map_err(|e| e.to_string())
+            .and_then(parse)
+    })
 }
 
 /// [`read`] for a key whose value is one of a few names ([`one_of`]): no size cap first, since

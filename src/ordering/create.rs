@@ -16,7 +16,7 @@ use super::holds;
 use super::init_guess::Judgement;
 use super::pod::{container_name, ContainerRef};
 use super::probes::Probed;
-use super::refusal::{self, Refusal};
+use super::refusal::{self, Refusal, WaitingFor};
 use super::{now, record_span, Engine, Pod};
 use crate::config::TimeoutPolicy;
 use crate::cri::views;
@@ -44,14 +44,14 @@ impl Engine {
     ) -> Check<'static> {
         let _read = match self.read_again(again).await {
             Ok(read) => read,
-            Err(e) => return Check::Waiting(format!("the runtime ({e})")),
+            Err(e) => return Check::Waiting(WaitingFor::Runtime(e.to_string())),
         };
         let containers = match self.runtime.list_containers(version, &pod.sandbox_id).await {
             Ok(containers) => containers,
             Err(e) => {
                 self.metrics.probe_errors.inc();
                 tracing::warn!(error = %e, "cannot list the pod's containers; still holding");
-                return Check::Waiting(format!("the runtime ({e})"));
+                return Check::Waiting(WaitingFor::Runtime(e.to_string()));
             }
         };
         let snapshot = Snapshot::new(&containers);
@@ -328,7 +328,9 @@ impl Engine {
             .await
             {
                 Ok(check) => check,
-                Err(_) => Check::Waiting("the runtime (no answer before the hold's end)".into()),
+                Err(_) => Check::Waiting(WaitingFor::Runtime(
+                    "no answer before the hold's end".into(),
+                )),
             };
             again = Some(hold_until);
             let who = match check {
@@ -364,7 +366,7 @@ impl Engine {
                 }
             }
             if let Some(v) =
-                self.refuse_long_hold(pod, name, &mut held, held_from, hold_until, timeout)
+                self.refuse_long_hold(pod, name, &who, &mut held, held_from, hold_until, timeout)
             {
                 return v;
             }
@@ -455,7 +457,7 @@ impl Engine {
         &self,
         pod: &Pod,
         name: &str,
-        who: &str,
+        who: &WaitingFor,
         timeout: Duration,
         policy: TimeoutPolicy,
         held: Option<holds::Hold<'_>>,
@@ -471,7 +473,7 @@ impl Engine {
                 tracing::warn!(
                     container_name = %name,
                     waiting_for = %who,
-                    "sidecar not ready within the start timeout; starting the app anyway (policy proceed)"
+                    "still waiting at the start timeout; starting the app anyway (policy proceed)"
                 );
                 if let Some(hold) = held {
                     hold.end(HoldOutcome::TimedOutProceed, "");
@@ -482,7 +484,7 @@ impl Engine {
                 tracing::warn!(
                     container_name = %name,
                     waiting_for = %who,
-                    "sidecar not ready within the start timeout; failing CreateContainer (policy fail)"
+                    "still waiting at the start timeout; failing CreateContainer (policy fail)"
                 );
                 pod.refusals.fetch_add(1, Relaxed);
                 // Not DEADLINE_EXCEEDED: that would read as kubelet's own deadline.
@@ -499,10 +501,12 @@ impl Engine {
     /// waits for, so kubelet shows it as the container's waiting reason (CreateContainerError)
     /// and a Warning event; "network is not ready" in the message brings its retry within
     /// 1–1.5 s (KUBELET-CRI §1.3), and the retry's hold carries on from `held_from`.
+    #[allow(clippy::too_many_arguments)]
     fn refuse_long_hold(
         &self,
         pod: &Pod,
         name: &str,
+        who: &WaitingFor,
         held: &mut Option<holds::Hold<'_>>,
         held_from: Instant,
         hold_until: Instant,
@@ -517,6 +521,7 @@ impl Engine {
         let message = holds::held_refusal(
             &pod.display(),
             name,
+            who,
             hold.waiting(),
             at.saturating_duration_since(held_from),
             timeout,

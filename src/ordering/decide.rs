@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 use super::annotations::{PodPolicy, Sidecar};
 use crate::config::TimeoutPolicy;
 use crate::cri::views::{self, state};
-use super::refusal::Refusal;
+use super::refusal::{Refusal, WaitingFor};
 #[cfg(test)]
 use super::refusal::{refusal, timed_out};
 
@@ -218,8 +218,9 @@ pub(crate) enum Check<'p> {
         sidecar: &'p Sidecar,
         container_id: String,
     },
-    /// A sidecar runs but is not ready: hold (§3.2).
-    Waiting(String),
+    /// A sidecar runs but is not ready (or, in the engine, the runtime did not answer): hold
+    /// (§3.2).
+    Waiting(WaitingFor),
     /// A sidecar is not created, or created but not running: refuse now (§3.3). kubelet can only
     /// fix it in a later sync of this very pod, which waits for this call — holding would
     /// deadlock (KUBELET-CRI §7.1).
@@ -264,7 +265,7 @@ pub(crate) fn check_start<'p>(
             None => continue,
             Some(c) if c.state == state::RUNNING => match probed.get(&s.name) {
                 Some(true) => continue,
-                Some(false) => return Check::Waiting(s.name.clone()),
+                Some(false) => return Check::Waiting(WaitingFor::Sidecar(s.name.clone())),
                 None => return Check::Probe { sidecar: s, container_id: c.id.clone() },
             },
             Some(c) => {

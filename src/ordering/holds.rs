@@ -10,7 +10,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant, SystemTime};
 
-use super::refusal::{HeldFor, Refusal};
+use super::refusal::{HeldFor, Refusal, WaitingFor};
 use super::{now, Engine, Pod};
 use crate::intercept::{Call, HoldEvent, HoldOutcome, HoldPhase};
 use crate::metrics::GaugeGuard;
@@ -58,16 +58,15 @@ impl Waiting {
         }
     }
 
-    /// From the engine's "waiting for" text: a sidecar's name, or the runtime's trouble.
-    pub(crate) fn from_check(pod: &Pod, who: &str) -> Waiting {
-        if pod.policy.find_sidecar(who).is_some() {
-            Waiting::sidecar(pod, who, "not ready")
-        } else {
-            Waiting {
+    /// What the start check waits for: a sidecar, with its probe, or the runtime's trouble.
+    pub(crate) fn from_check(pod: &Pod, who: &WaitingFor) -> Waiting {
+        match who {
+            WaitingFor::Sidecar(name) => Waiting::sidecar(pod, name, "not ready"),
+            WaitingFor::Runtime(why) => Waiting {
                 on: "runtime".into(),
-                reason: bounded(who.to_string()),
+                reason: bounded(why.clone()),
                 ..Default::default()
-            }
+            },
         }
     }
 
@@ -129,20 +128,21 @@ fn update_due(
 /// The message of a long hold ended as a refusal (`[ordering] refuse_held_after`): what the
 /// container waits for, for how long, and the "network is not ready" tail that makes kubelet
 /// retry within 1–1.5 s (KUBELET-CRI §1.3). Bounded: at most [`crate::status::MAX_SEEN_MESSAGE`].
+/// `who` says what it waits for; `waiting`, rendered from it, adds the probe's last error.
 pub(crate) fn held_refusal(
     pod: &str,
     container: &str,
+    who: &WaitingFor,
     waiting: &Waiting,
     held: Duration,
     timeout: Duration,
 ) -> String {
-    let waiting = if waiting.on == "runtime" {
-        HeldFor::Runtime(waiting.reason.clone())
-    } else {
-        HeldFor::Sidecar {
-            name: waiting.on.clone(),
+    let waiting = match who {
+        WaitingFor::Runtime(_) => HeldFor::Runtime(waiting.reason.clone()),
+        WaitingFor::Sidecar(name) => HeldFor::Sidecar {
+            name: name.clone(),
             why: waiting.describe(),
-        }
+        },
     };
     // Cut (to refusal::MAX_REFUSAL_REASON) and escaped by `Refusal::message`.
     Refusal::HeldLong {
@@ -326,28 +326,55 @@ impl<'a> Hold<'a> {
         if !sink.wanted() {
             return;
         }
-        let waiting = &self.info.waiting;
         sink.publish(HoldEvent {
-            call_id: self.call.id,
-            route: self.call.route,
-            path: self.call.path.path().to_string(),
-            phase,
-            at: SystemTime::now(),
-            pod_namespace: self.pod.namespace.clone(),
-            pod_name: self.pod.name.clone(),
-            pod_sandbox_id: self.pod.sandbox_id.clone(),
-            container_name: self.info.container.clone(),
             container_id: self.container_id.clone(),
-            waiting_on: waiting.on.clone(),
-            reason: waiting.reason.clone(),
-            probe: waiting.probe.clone(),
-            probe_result: waiting.probe_result.clone(),
             held: at.saturating_duration_since(self.info.held_from),
             time_left: self.info.ends.saturating_duration_since(at),
             policy: self.info.policy.clone(),
             outcome,
-            message: message.to_string(),
+            ..event(
+                self.call,
+                self.pod,
+                &self.info.container,
+                phase,
+                &self.info.waiting,
+                message,
+            )
         });
+    }
+}
+
+/// The event of `call` for `pod`'s `container` in `phase`, waiting as `waiting` says, with
+/// `message`; what only a hold knows (the container's id, its times, policy and outcome) is
+/// left empty.
+fn event(
+    call: &Call,
+    pod: &Pod,
+    container: &str,
+    phase: HoldPhase,
+    waiting: &Waiting,
+    message: &str,
+) -> HoldEvent {
+    HoldEvent {
+        call_id: call.id,
+        route: call.route,
+        path: call.path.path().to_string(),
+        phase,
+        at: SystemTime::now(),
+        pod_namespace: pod.namespace.clone(),
+        pod_name: pod.name.clone(),
+        pod_sandbox_id: pod.sandbox_id.clone(),
+        container_name: container.to_string(),
+        container_id: String::new(),
+        waiting_on: waiting.on.clone(),
+        reason: waiting.reason.clone(),
+        probe: waiting.probe.clone(),
+        probe_result: waiting.probe_result.clone(),
+        held: Duration::ZERO,
+        time_left: Duration::ZERO,
+        policy: String::new(),
+        outcome: None,
+        message: message.to_string(),
     }
 }
 
@@ -418,27 +445,14 @@ impl Engine {
         if !sink.wanted() {
             return;
         }
-        sink.publish(HoldEvent {
-            call_id: call.id,
-            route: call.route,
-            path: call.path.path().to_string(),
-            phase: HoldPhase::Refused,
-            at: SystemTime::now(),
-            pod_namespace: pod.namespace.clone(),
-            pod_name: pod.name.clone(),
-            pod_sandbox_id: pod.sandbox_id.clone(),
-            container_name: container.to_string(),
-            container_id: String::new(),
-            waiting_on: waiting.on.clone(),
-            reason: waiting.reason.clone(),
-            probe: waiting.probe.clone(),
-            probe_result: waiting.probe_result.clone(),
-            held: Duration::ZERO,
-            time_left: Duration::ZERO,
-            policy: String::new(),
-            outcome: None,
-            message: message.to_string(),
-        });
+        sink.publish(event(
+            call,
+            pod,
+            container,
+            HoldPhase::Refused,
+            waiting,
+            message,
+        ));
     }
 }
 
@@ -489,6 +503,7 @@ mod tests {
         let msg = held_refusal(
             "default/web",
             "app",
+            &WaitingFor::Sidecar("proxy".into()),
             &w("not ready", "connect 10.1.2.3:15021: Connection refused"),
             Duration::from_millis(30_400),
             Duration::from_secs(90),
@@ -501,6 +516,7 @@ mod tests {
         let msg = held_refusal(
             &"n".repeat(300),
             &"c".repeat(300),
+            &WaitingFor::Sidecar("proxy".into()),
             &huge,
             Duration::from_secs(1),
             Duration::from_secs(90),

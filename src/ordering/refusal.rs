@@ -2,7 +2,8 @@
 //! (`decide.rs`) and the engine, and the words every view renders from it: the gRPC message
 //! kubelet shows and retries on ([`Refusal::message`]), the reason in logs (`Display`), what
 //! the refused call waited for in the tap and `crisp pods` (`holds::Waiting::from_refusal`).
-//! No view reads another's text back.
+//! What a hold waits for is typed the same way ([`WaitingFor`]). No view reads another's text
+//! back.
 
 use std::time::Duration;
 
@@ -34,11 +35,11 @@ pub(crate) enum Refusal {
     /// A running sidecar's readiness can never be probed (an isolated pod's loopback) and the
     /// pod's policy is `fail`: `why` is the one sentence `isolation::unreachable_reason` says.
     Unprobeable { sidecar: String, why: String },
-    /// The start timeout passed under policy `fail`, the hold still waiting for `sidecar`
-    /// (or the runtime's trouble).
+    /// The start timeout passed under policy `fail`, the hold still waiting for a sidecar or
+    /// the runtime.
     TimedOut {
         pod: String,
-        sidecar: String,
+        waiting: WaitingFor,
         timeout: Duration,
     },
     /// A hold lasted `[ordering] refuse_held_after`: what it waits for, for how long.
@@ -48,6 +49,27 @@ pub(crate) enum Refusal {
         held: Duration,
         timeout: Duration,
     },
+}
+
+/// What the start check holds an app's CreateContainer for (`decide::Check::Waiting`), decided
+/// once and rendered by every view: the refusal's message, the log's `waiting_for`, the tap's
+/// and `crisp pods`' `waiting_on` (`holds::Waiting::from_check`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum WaitingFor {
+    /// This running sidecar, not ready yet.
+    Sidecar(String),
+    /// The runtime, for this reason: it failed the start check's read, or gave no answer.
+    Runtime(String),
+}
+
+/// The log's `waiting_for`: the sidecar's name (cut and escaped), or `the runtime (why)`.
+impl std::fmt::Display for WaitingFor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WaitingFor::Sidecar(sidecar) => write!(f, "{}", name(sidecar)),
+            WaitingFor::Runtime(why) => write!(f, "the runtime ({why})"),
+        }
+    }
 }
 
 /// What a hold ended by [`Refusal::HeldLong`] was waiting for.
@@ -66,7 +88,11 @@ impl Refusal {
             Refusal::NotCreated { sidecar, .. }
             | Refusal::NotRunning { sidecar, .. }
             | Refusal::Unprobeable { sidecar, .. }
-            | Refusal::TimedOut { sidecar, .. } => Some(sidecar),
+            | Refusal::TimedOut {
+                waiting: WaitingFor::Sidecar(sidecar),
+                ..
+            } => Some(sidecar),
+            Refusal::TimedOut { .. } => None,
             Refusal::HeldLong {
                 waiting: HeldFor::Sidecar { name, .. },
                 ..
@@ -112,12 +138,20 @@ impl std::fmt::Display for Refusal {
             Refusal::Unprobeable { why, .. } => f.write_str(why),
             Refusal::TimedOut {
                 pod,
-                sidecar,
+                waiting: WaitingFor::Sidecar(sidecar),
                 timeout,
             } => write!(
                 f,
                 "sidecar \"{}\" of pod {pod} not ready within {timeout:?}",
                 name(sidecar)
+            ),
+            Refusal::TimedOut {
+                pod,
+                waiting: WaitingFor::Runtime(why),
+                timeout,
+            } => write!(
+                f,
+                "the start check of pod {pod} still waits for the runtime after {timeout:?} ({why})"
             ),
             Refusal::HeldLong {
                 pod,
@@ -157,10 +191,15 @@ pub(crate) fn refusal(reason: &str, container: &str) -> String {
 }
 
 /// The message of a CreateContainer failed at the start timeout under policy `fail`.
-pub(crate) fn timed_out(pod: &str, sidecar: &str, timeout: Duration, container: &str) -> String {
+pub(crate) fn timed_out(
+    pod: &str,
+    waiting: &WaitingFor,
+    timeout: Duration,
+    container: &str,
+) -> String {
     Refusal::TimedOut {
         pod: pod.to_string(),
-        sidecar: sidecar.to_string(),
+        waiting: waiting.clone(),
         timeout,
     }
     .message(container)

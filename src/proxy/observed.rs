@@ -40,31 +40,24 @@ impl Proxy {
 
         // One span per diverted call (docs/ARCHITECTURE.md, Conventions): mutating calls at info,
         // polling calls at debug. Relayed calls get none.
+        // The same fields at either level (a span's level is fixed where it is written).
+        macro_rules! rpc_span {
+            ($level_span:ident) => {
+                tracing::$level_span!(
+                    "rpc",
+                    rpc = %route,
+                    call = call.id,
+                    pod_namespace = tracing::field::Empty,
+                    pod_name = tracing::field::Empty,
+                    pod_sandbox_id = tracing::field::Empty,
+                    container_name = tracing::field::Empty,
+                    container_id = tracing::field::Empty
+                )
+            };
+        }
         let span = match route.rpc.map(|r| r.kind()) {
-            Some(RpcKind::Polling) => {
-                tracing::debug_span!(
-                    "rpc",
-                    rpc = %route,
-                    call = call.id,
-                    pod_namespace = tracing::field::Empty,
-                    pod_name = tracing::field::Empty,
-                    pod_sandbox_id = tracing::field::Empty,
-                    container_name = tracing::field::Empty,
-                    container_id = tracing::field::Empty
-                )
-            }
-            _ => {
-                tracing::info_span!(
-                    "rpc",
-                    rpc = %route,
-                    call = call.id,
-                    pod_namespace = tracing::field::Empty,
-                    pod_name = tracing::field::Empty,
-                    pod_sandbox_id = tracing::field::Empty,
-                    container_name = tracing::field::Empty,
-                    container_id = tracing::field::Empty
-                )
-            }
+            Some(RpcKind::Polling) => rpc_span!(debug_span),
+            _ => rpc_span!(info_span),
         };
         if route.rpc.is_none() {
             span.in_scope(|| {

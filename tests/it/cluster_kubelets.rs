@@ -183,13 +183,7 @@ pub(crate) fn kubelet_on(cluster: &Cluster, node: &Node, endpoint: &str) {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    let cmdline = node
-        .nsenter(&[
-            "sh",
-            "-c",
-            "tr '\\0' ' ' </proc/$(systemctl show -P MainPID kubelet)/cmdline",
-        ])
-        .stdout;
+    let cmdline = node.kubelet_cmdline();
     assert!(
         cmdline.contains(&format!("--container-runtime-endpoint=unix://{endpoint}")),
         "kubelet runs on {endpoint}: {cmdline}"
@@ -200,46 +194,43 @@ pub(crate) fn kubelet_on(cluster: &Cluster, node: &Node, endpoint: &str) {
 
 const CRISP_UNIT: &str = "crisp-lane";
 
+/// Starts the lane's crisp in front of `upstream` and waits until its CRI and admin sockets
+/// accept.
 pub(crate) fn crisp_start(node: &Node, upstream: &str) {
-    let _ = node.nsenter(&["systemctl", "reset-failed", CRISP_UNIT]);
-    let o = node.nsenter(&[
-        "systemd-run",
-        "--unit",
+    node.start_crisp(CRISP_UNIT, upstream);
+    node.wait_accepting(
         CRISP_UNIT,
-        "--service-type=exec",
-        "--",
-        "/usr/local/bin/crisp",
-        "--listen",
-        "/run/crisp/crisp.sock",
-        "--upstream",
-        upstream,
-        "--log-level",
-        "info",
-    ]);
-    assert!(o.ok(), "start crisp: {}", o.all());
-    let sock = in_node(node, "/run/crisp/crisp.sock");
-    let admin = in_node(node, "/run/crisp/admin.sock");
+        &["/run/crisp/crisp.sock", "/run/crisp/admin.sock"],
+    );
+}
+
+/// crisp in the node in front of `upstream`, with `crisp tap --json --full --all` attached (a
+/// call of ours seen in it) before kubelet moves onto it.
+pub(crate) fn crisp_with_tap(node: &Node, rt: &Runtime, upstream: &str, dir: &Path) -> Tap {
+    node.put_crisp();
+    crisp_start(node, upstream);
+    let mut tap = Tap::new(node, dir);
+    tap.attach();
+    let crisp_sock = in_node(node, "/run/crisp/crisp.sock");
     let t = Instant::now();
-    while std::os::unix::net::UnixStream::connect(&sock).is_err()
-        || std::os::unix::net::UnixStream::connect(&admin).is_err()
-    {
+    while !tap.lines().iter().any(|l| l["method"] == "Version") {
         assert!(
             t.elapsed() < Duration::from_secs(30),
-            "crisp's sockets never accepted: {}",
-            node.nsenter(&["journalctl", "-u", CRISP_UNIT, "-n", "30", "--no-pager"])
-                .stdout
+            "the tap never showed a call"
         );
-        std::thread::sleep(Duration::from_millis(10));
+        rt.rt.block_on(async {
+            let mut c = crate::support::runtime_client(&crisp_sock).await;
+            c.version(cri::VersionRequest::default())
+                .await
+                .expect("Version through crisp");
+        });
+        std::thread::sleep(Duration::from_millis(200));
     }
+    tap
 }
 
 pub(crate) fn crisp_kill(node: &Node) {
-    let o = node.nsenter(&["systemctl", "kill", "--signal=KILL", CRISP_UNIT]);
-    assert!(o.ok(), "kill crisp: {}", o.all());
-    node.wait_for("crisp gone", Duration::from_secs(10), |n| {
-        let s = n.prop(&format!("{CRISP_UNIT}.service"), "ActiveState");
-        s != "active" && s != "deactivating"
-    });
+    node.kill_crisp(CRISP_UNIT);
 }
 
 /// `crisp tap --json --full --all` from the host on the node's admin socket, appending every
@@ -317,20 +308,33 @@ pub(crate) struct Times {
     pub(crate) finished: i64,
 }
 
-/// ContainerStatus from containerd itself, on its socket in the node (never through crisp).
+/// ContainerStatus from the runtime itself, on its socket in the node (never through crisp).
 pub(crate) struct Runtime {
     pub(crate) rt: tokio::runtime::Runtime,
     pub(crate) sock: PathBuf,
 }
 
+/// kubelet's label on a pod's sandbox and containers, as a CRI list filter's selector.
+fn pod_labels(pod: &str) -> std::collections::HashMap<String, String> {
+    [("io.kubernetes.pod.name".to_string(), pod.to_string())]
+        .into_iter()
+        .collect()
+}
+
 impl Runtime {
+    /// containerd in the node.
     pub(crate) fn new(node: &Node) -> Runtime {
+        Runtime::at(node, "/run/containerd/containerd.sock")
+    }
+
+    /// The runtime on `sock`, a path inside the node.
+    pub(crate) fn at(node: &Node, sock: &str) -> Runtime {
         Runtime {
             rt: tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .unwrap(),
-            sock: in_node(node, "/run/containerd/containerd.sock"),
+            sock: in_node(node, sock),
         }
     }
 
@@ -339,9 +343,7 @@ impl Runtime {
         self.rt.block_on(async {
             let mut c = crate::support::runtime_client(&self.sock).await;
             let filter = cri::ContainerFilter {
-                label_selector: [("io.kubernetes.pod.name".to_string(), pod.to_string())]
-                    .into_iter()
-                    .collect(),
+                label_selector: pod_labels(pod),
                 ..Default::default()
             };
             let list = c
@@ -363,24 +365,60 @@ impl Runtime {
         })
     }
 
-    pub(crate) fn times(&self, id: &str) -> Option<Times> {
+    /// The pod's sandbox id (the newest, if kubelet made several).
+    pub(crate) fn sandbox_id(&self, pod: &str) -> String {
         self.rt.block_on(async {
             let mut c = crate::support::runtime_client(&self.sock).await;
-            let s = c
-                .container_status(cri::ContainerStatusRequest {
-                    container_id: id.into(),
-                    verbose: false,
+            let filter = cri::PodSandboxFilter {
+                label_selector: pod_labels(pod),
+                ..Default::default()
+            };
+            let list = c
+                .list_pod_sandbox(cri::ListPodSandboxRequest {
+                    filter: Some(filter),
                 })
                 .await
-                .ok()?
-                .into_inner()
-                .status?;
-            Some(Times {
-                created: s.created_at,
-                started: s.started_at,
-                finished: s.finished_at,
-            })
+                .expect("ListPodSandbox")
+                .into_inner();
+            list.items
+                .into_iter()
+                .max_by_key(|s| s.created_at)
+                .map(|s| s.id)
+                .unwrap_or_default()
         })
+    }
+
+    /// The container's status (not verbose); None when the runtime does not answer it.
+    pub(crate) fn status(&self, id: &str) -> Option<cri::ContainerStatus> {
+        self.rt.block_on(async {
+            let mut c = crate::support::runtime_client(&self.sock).await;
+            c.container_status(cri::ContainerStatusRequest {
+                container_id: id.into(),
+                verbose: false,
+            })
+            .await
+            .ok()?
+            .into_inner()
+            .status
+        })
+    }
+
+    pub(crate) fn times(&self, id: &str) -> Option<Times> {
+        let s = self.status(id)?;
+        Some(Times {
+            created: s.created_at,
+            started: s.started_at,
+            finished: s.finished_at,
+        })
+    }
+
+    /// The container's CPU quota as the runtime reports it (ContainerStatus.resources; 0: none).
+    pub(crate) fn cpu_quota(&self, id: &str) -> i64 {
+        self.status(id)
+            .and_then(|s| s.resources)
+            .and_then(|r| r.linux)
+            .map(|l| l.cpu_quota)
+            .unwrap_or(0)
     }
 
     pub(crate) fn pod_times(&self, pod: &str) -> BTreeMap<String, Times> {
@@ -596,6 +634,16 @@ pub(crate) fn verdict(s: &Shape, g: &Gaps) -> String {
 
 pub(crate) fn ms(a: i64, b: i64) -> f64 {
     (b - a) as f64 / 1e6
+}
+
+/// Each container's finish, ms after the app's (`app +0 ms, proxy +132 ms`): who waited for
+/// whom at the stop.
+pub(crate) fn stop_order(t: &BTreeMap<String, Times>) -> String {
+    let app_end = t["app"].finished;
+    t.iter()
+        .map(|(n, x)| format!("{n} {:+.0} ms", ms(app_end, x.finished)))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Creates the pod, waits until every container runs, deletes it and follows the stops in
@@ -843,10 +891,7 @@ fn a_newer_kubelet_through_crisp() {
     let spans = Spans::start();
     let cluster = Cluster::up(&bins);
     let (node, joined) = join_with(&cluster, &bins, &kubelet_config(minor));
-    let version = cluster.jsonpath(
-        &["node", NODE],
-        "{.status.nodeInfo.kubeletVersion} {.status.nodeInfo.containerRuntimeVersion}",
-    );
+    let version = cluster.versions();
     assert!(
         version.starts_with(&format!("v1.{minor}.")),
         "kubelet {version}, not 1.{minor}"
@@ -860,11 +905,7 @@ fn a_newer_kubelet_through_crisp() {
 
     // CRISP_LANE_TRACING_ONLY=1: only step 3 (to look into it without the other steps' time).
     if std::env::var_os("CRISP_LANE_TRACING_ONLY").is_some() {
-        node.put(
-            "/usr/local/bin/crisp",
-            &std::fs::read(env!("CARGO_BIN_EXE_crisp")).unwrap(),
-            0o755,
-        );
+        node.put_crisp();
         node.put("/etc/crisp/config.toml", crisp_config().as_bytes(), 0o644);
         crisp_start(&node, "/run/containerd/containerd.sock");
         tracing_through_crisp(&cluster, &node, minor);
@@ -898,31 +939,8 @@ fn a_newer_kubelet_through_crisp() {
     }
 
     // 2. Through crisp, its tap attached before kubelet's first call.
-    node.put(
-        "/usr/local/bin/crisp",
-        &std::fs::read(env!("CARGO_BIN_EXE_crisp")).unwrap(),
-        0o755,
-    );
     node.put("/etc/crisp/config.toml", crisp_config().as_bytes(), 0o644);
-    crisp_start(&node, "/run/containerd/containerd.sock");
-    let mut tap = Tap::new(&node, work.path());
-    tap.attach();
-    // The subscriber is attached once a call of ours shows in it.
-    let crisp_sock = in_node(&node, "/run/crisp/crisp.sock");
-    let t = Instant::now();
-    while !tap.lines().iter().any(|l| l["method"] == "Version") {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "the tap never showed a call"
-        );
-        rt.rt.block_on(async {
-            let mut c = crate::support::runtime_client(&crisp_sock).await;
-            c.version(cri::VersionRequest::default())
-                .await
-                .expect("Version through crisp");
-        });
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let mut tap = crisp_with_tap(&node, &rt, "/run/containerd/containerd.sock", work.path());
     let since = node_now(&node);
     kubelet_on(&cluster, &node, "/run/crisp/crisp.sock");
     let journal = journal_since(&node, "kubelet", &since);
@@ -1001,16 +1019,7 @@ fn a_newer_kubelet_through_crisp() {
                 g.stop_ms
             );
         }
-        // Each container's finish, ms after the app's: who waited for whom at the stop.
-        let app_end = t["app"].finished;
-        eprintln!(
-            "stops| 1.{minor} crisp  {:8} {}",
-            s.name,
-            t.iter()
-                .map(|(n, x)| format!("{n} {:+.0} ms", ms(app_end, x.finished)))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
+        eprintln!("stops| 1.{minor} crisp  {:8} {}", s.name, stop_order(&t));
         through.insert(s.name, g);
     }
     // The native sidecar is kubelet's: crisp held and refused none of its calls.

@@ -194,6 +194,14 @@ impl Cluster {
         self.kubectl(&args).stdout
     }
 
+    /// The node's kubelet and runtime versions: `v1.34.9 containerd://2.3.4`.
+    pub(crate) fn versions(&self) -> String {
+        self.jsonpath(
+            &["node", NODE],
+            "{.status.nodeInfo.kubeletVersion} {.status.nodeInfo.containerRuntimeVersion}",
+        )
+    }
+
     pub(crate) fn node_ready(&self) -> String {
         self.jsonpath(
             &["node", NODE],
@@ -285,6 +293,21 @@ fn cni_conflist() -> String {
 /// hack/install.sh rewires it as it would on a kubeadm node. Ports off the defaults: the node
 /// shares the host's network.
 pub(crate) const KUBEADM_FLAGS: &str = "KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint=unix:///run/containerd/containerd.sock --pod-infra-container-image=crisp.test/pause:latest\"\n";
+
+/// kubelet's flags file with its runtime endpoint on crisp's socket (kubelet reads it at its
+/// next start).
+fn kubelet_flags_on_crisp(node: &Node) {
+    node.put(
+        "/var/lib/kubelet/kubeadm-flags.env",
+        KUBEADM_FLAGS
+            .replace(
+                "unix:///run/containerd/containerd.sock",
+                "unix:///run/crisp/crisp.sock",
+            )
+            .as_bytes(),
+        0o644,
+    );
+}
 pub(crate) const KUBELET_CONFIG: &str = r#"apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 cgroupDriver: cgroupfs
@@ -474,10 +497,7 @@ fn a_kubelet_joins_the_control_plane() {
     let cluster = Cluster::up(&bins);
     let (node, joined) = join(&cluster, &bins);
     eprintln!("kubelet joined, node Ready in {}", secs(joined));
-    let version = cluster.jsonpath(
-        &["node", NODE],
-        "{.status.nodeInfo.kubeletVersion} {.status.nodeInfo.containerRuntimeVersion}",
-    );
+    let version = cluster.versions();
     assert!(version.starts_with("v1.26."), "{version}");
     cluster.apply(&busybox_pod(
         "hello",
@@ -786,13 +806,7 @@ fn the_installer_daemonset_rolls_out_and_back() {
         inv,
         "kubelet was restarted"
     );
-    let cmdline = node
-        .nsenter(&[
-            "sh",
-            "-c",
-            "tr '\\0' ' ' </proc/$(systemctl show -P MainPID kubelet)/cmdline",
-        ])
-        .stdout;
+    let cmdline = node.kubelet_cmdline();
     assert!(
         cmdline.contains("--container-runtime-endpoint=unix:///run/crisp/crisp.sock"),
         "kubelet runs on crisp: {cmdline}"
@@ -965,48 +979,12 @@ fn the_installer_daemonset_rolls_out_and_back() {
 const STORM_UNIT: &str = "crisp-storm";
 
 fn storm_start(node: &Node) {
-    let _ = node.nsenter(&["systemctl", "reset-failed", STORM_UNIT]);
-    let o = node.nsenter(&[
-        "systemd-run",
-        "--unit",
-        STORM_UNIT,
-        "--service-type=exec",
-        "--",
-        "/usr/local/bin/crisp",
-        "--listen",
-        "/run/crisp/crisp.sock",
-        "--upstream",
-        "/run/containerd/containerd.sock",
-        "--log-level",
-        "info",
-    ]);
-    assert!(o.ok(), "start crisp: {}", o.all());
+    node.start_crisp(STORM_UNIT, "/run/containerd/containerd.sock");
 }
 
 /// Waits until crisp's socket accepts a connection (through the node's root from the host).
 fn storm_accepting(node: &Node) -> Duration {
-    let sock = format!("/proc/{}/root/run/crisp/crisp.sock", node.init);
-    let t = Instant::now();
-    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "crisp's socket never accepted: {}",
-            node.nsenter(&["journalctl", "-u", STORM_UNIT, "-n", "30", "--no-pager"])
-                .stdout
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    t.elapsed()
-}
-
-/// SIGKILLs crisp and waits until its unit has no process left.
-fn storm_kill(node: &Node) {
-    let o = node.nsenter(&["systemctl", "kill", "--signal=KILL", STORM_UNIT]);
-    assert!(o.ok(), "kill crisp: {}", o.all());
-    node.wait_for("crisp gone", Duration::from_secs(10), |n| {
-        let s = n.prop(&format!("{STORM_UNIT}.service"), "ActiveState");
-        s != "active" && s != "deactivating"
-    });
+    node.wait_accepting(STORM_UNIT, &["/run/crisp/crisp.sock"])
 }
 
 /// Running tasks in containerd's k8s.io namespace: (container id, pod name, pod uid,
@@ -1070,36 +1048,17 @@ fn a_kill_storm_under_a_real_kubelet() {
     eprintln!("kubelet joined, node Ready in {}", secs(joined));
 
     // crisp as a plain process, kubelet moved onto its socket.
-    node.put(
-        "/usr/local/bin/crisp",
-        &std::fs::read(env!("CARGO_BIN_EXE_crisp")).unwrap(),
-        0o755,
-    );
+    node.put_crisp();
     storm_start(&node);
     storm_accepting(&node);
-    node.put(
-        "/var/lib/kubelet/kubeadm-flags.env",
-        KUBEADM_FLAGS
-            .replace(
-                "unix:///run/containerd/containerd.sock",
-                "unix:///run/crisp/crisp.sock",
-            )
-            .as_bytes(),
-        0o644,
-    );
+    kubelet_flags_on_crisp(&node);
     let o = node.nsenter(&["systemctl", "restart", "kubelet.service"]);
     assert!(o.ok(), "{}", o.all());
     std::thread::sleep(Duration::from_secs(5));
     cluster.wait("node Ready on crisp", Duration::from_secs(120), || {
         cluster.node_ready() == "True"
     });
-    let cmdline = node
-        .nsenter(&[
-            "sh",
-            "-c",
-            "tr '\\0' ' ' </proc/$(systemctl show -P MainPID kubelet)/cmdline",
-        ])
-        .stdout;
+    let cmdline = node.kubelet_cmdline();
     assert!(
         cmdline.contains("--container-runtime-endpoint=unix:///run/crisp/crisp.sock"),
         "kubelet runs on crisp: {cmdline}"
@@ -1154,7 +1113,7 @@ fn a_kill_storm_under_a_real_kubelet() {
         for i in 0..kills {
             // 2–5 s between kills, varied but deterministic.
             std::thread::sleep(Duration::from_millis(2000 + (i as u64 * 7919) % 3000));
-            storm_kill(&node);
+            node.kill_crisp(STORM_UNIT);
             storm_start(&node);
             restarts.push(storm_accepting(&node));
         }
@@ -1444,11 +1403,7 @@ fn shutdown_run(cluster: &Cluster, bins: &Path, via_crisp: bool) -> (Vec<Shutdow
     // V(2) logs each StopContainer's grace ("Killing container with a grace period").
     node.put("/etc/default/kubelet", b"KUBELET_EXTRA_ARGS=--v=2\n", 0o644);
     if via_crisp {
-        node.put(
-            "/usr/local/bin/crisp",
-            &std::fs::read(env!("CARGO_BIN_EXE_crisp")).unwrap(),
-            0o755,
-        );
+        node.put_crisp();
         for (from, to) in [
             ("systemd/crisp.service", "/etc/systemd/system/crisp.service"),
             ("systemd/crisp.socket", "/etc/systemd/system/crisp.socket"),
@@ -1463,16 +1418,7 @@ fn shutdown_run(cluster: &Cluster, bins: &Path, via_crisp: bool) -> (Vec<Shutdow
                 0o644,
             );
         }
-        node.put(
-            "/var/lib/kubelet/kubeadm-flags.env",
-            KUBEADM_FLAGS
-                .replace(
-                    "unix:///run/containerd/containerd.sock",
-                    "unix:///run/crisp/crisp.sock",
-                )
-                .as_bytes(),
-            0o644,
-        );
+        kubelet_flags_on_crisp(&node);
         let o = node.nsenter(&["systemctl", "daemon-reload"]);
         assert!(o.ok(), "{}", o.all());
         let o = node.nsenter(&[
@@ -1504,13 +1450,7 @@ fn shutdown_run(cluster: &Cluster, bins: &Path, via_crisp: bool) -> (Vec<Shutdow
     cluster.wait("node Ready", Duration::from_secs(120), || {
         cluster.node_ready() == "True"
     });
-    let cmdline = node
-        .nsenter(&[
-            "sh",
-            "-c",
-            "tr '\\0' ' ' </proc/$(systemctl show -P MainPID kubelet)/cmdline",
-        ])
-        .stdout;
+    let cmdline = node.kubelet_cmdline();
     let endpoint = if via_crisp {
         "unix:///run/crisp/crisp.sock"
     } else {

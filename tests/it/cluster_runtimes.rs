@@ -37,10 +37,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::cluster_kubelets::{
-    crisp_kill, crisp_start, in_node, journal_since, kubelet_config, kubelet_on, ms, node_now,
-    run_shape, shapes, verdict, Gaps, Runtime, Tap, READY_AFTER,
+    crisp_kill, crisp_with_tap, in_node, journal_since, kubelet_config, kubelet_on, node_now,
+    run_shape, shapes, stop_order, verdict, Gaps, Runtime, Tap, READY_AFTER,
 };
-use crate::cluster_rollout::{join_with, kube_bin_dir, secs, BridgeGuard, Cluster, NODE};
+use crate::cluster_rollout::{join_with, kube_bin_dir, secs, BridgeGuard, Cluster};
 use crate::node_support::*;
 use k8s_cri::v1 as cri;
 
@@ -81,49 +81,6 @@ fn driver_from_cri(journal: &str) -> Option<String> {
         .next()
 }
 
-/// The pod's sandbox id in containerd (the newest, if kubelet made several).
-fn sandbox_id(rt: &Runtime, pod_name: &str) -> String {
-    rt.rt.block_on(async {
-        let mut c = crate::support::runtime_client(&rt.sock).await;
-        let filter = cri::PodSandboxFilter {
-            label_selector: [("io.kubernetes.pod.name".to_string(), pod_name.to_string())]
-                .into_iter()
-                .collect(),
-            ..Default::default()
-        };
-        let list = c
-            .list_pod_sandbox(cri::ListPodSandboxRequest {
-                filter: Some(filter),
-            })
-            .await
-            .expect("ListPodSandbox")
-            .into_inner();
-        list.items
-            .into_iter()
-            .max_by_key(|s| s.created_at)
-            .map(|s| s.id)
-            .unwrap_or_default()
-    })
-}
-
-/// The container's CPU quota as containerd reports it (ContainerStatus.resources; 0: none).
-fn cpu_quota(rt: &Runtime, id: &str) -> i64 {
-    rt.rt.block_on(async {
-        let mut c = crate::support::runtime_client(&rt.sock).await;
-        c.container_status(cri::ContainerStatusRequest {
-            container_id: id.into(),
-            verbose: false,
-        })
-        .await
-        .ok()
-        .and_then(|r| r.into_inner().status)
-        .and_then(|s| s.resources)
-        .and_then(|r| r.linux)
-        .map(|l| l.cpu_quota)
-        .unwrap_or(0)
-    })
-}
-
 // --- (b) in-place resize -----------------------------------------------------------------------
 
 /// What one resize showed.
@@ -153,8 +110,8 @@ fn resize(cluster: &Cluster, rt: &Runtime) -> Resize {
         cluster.pod_ready("default", "resize")
     });
     let (id, _) = rt.containers("resize")["app"].clone();
-    let sandbox = sandbox_id(rt, "resize");
-    let before = cpu_quota(rt, &id);
+    let sandbox = rt.sandbox_id("resize");
+    let before = rt.cpu_quota(&id);
     let t = Instant::now();
     let o = cluster.kubectl(&[
         "patch",
@@ -169,11 +126,11 @@ fn resize(cluster: &Cluster, rt: &Runtime) -> Resize {
         r#"{"spec":{"containers":[{"name":"app","resources":{"requests":{"cpu":"150m","memory":"32Mi"},"limits":{"cpu":"400m","memory":"64Mi"}}}]}}"#,
     ]);
     assert!(o.ok(), "kubectl patch --subresource resize: {}", o.all());
-    while cpu_quota(rt, &id) != QUOTA_400M {
+    while rt.cpu_quota(&id) != QUOTA_400M {
         assert!(
             t.elapsed() < Duration::from_secs(120),
             "containerd's CPU quota of the resized container is {} after 120 s, not {QUOTA_400M}; pod status: {}",
-            cpu_quota(rt, &id),
+            rt.cpu_quota(&id),
             cluster.jsonpath(&["pod", "resize"], "{.status}")
         );
         std::thread::sleep(Duration::from_millis(100));
@@ -253,35 +210,6 @@ fn has_image_mount(v: &serde_json::Value, path: &str) -> bool {
 
 // --- the lane ---------------------------------------------------------------------------------
 
-/// crisp in the node in front of `upstream`, with `crisp tap --json --full --all` attached (a
-/// call of ours seen in it) before kubelet moves onto it.
-fn crisp_with_tap(node: &Node, rt: &Runtime, upstream: &str, dir: &Path) -> Tap {
-    node.put(
-        "/usr/local/bin/crisp",
-        &std::fs::read(env!("CARGO_BIN_EXE_crisp")).unwrap(),
-        0o755,
-    );
-    crisp_start(node, upstream);
-    let mut tap = Tap::new(node, dir);
-    tap.attach();
-    let crisp_sock = in_node(node, "/run/crisp/crisp.sock");
-    let t = Instant::now();
-    while !tap.lines().iter().any(|l| l["method"] == "Version") {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "the tap never showed a call"
-        );
-        rt.rt.block_on(async {
-            let mut c = crate::support::runtime_client(&crisp_sock).await;
-            c.version(cri::VersionRequest::default())
-                .await
-                .expect("Version through crisp");
-        });
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    tap
-}
-
 /// The RuntimeConfig lines of the tap, each asserted answered OK by the runtime (no hold, a
 /// response relayed).
 fn runtime_config_lines(tap: &Tap) -> Vec<serde_json::Value> {
@@ -316,14 +244,10 @@ fn run_shapes(
             "gaps| 1.{minor}+{runtime} {mode} {:8} sidecar {:13} started→app created {:8.0} ms, app finished→sidecar finished {:8.0} ms ({})",
             s.name, s.sidecar, g.create_ms, g.stop_ms, verdict(&s, &g)
         );
-        let app_end = t["app"].finished;
         eprintln!(
             "stops| 1.{minor}+{runtime} {mode} {:8} {}",
             s.name,
-            t.iter()
-                .map(|(n, x)| format!("{n} {:+.0} ms", ms(app_end, x.finished)))
-                .collect::<Vec<_>>()
-                .join(", ")
+            stop_order(&t)
         );
         if via_crisp && s.ordered_create {
             assert!(
@@ -361,10 +285,7 @@ fn kubelet_on_containerd_2_through_crisp() {
     let _bridge = BridgeGuard;
     let cluster = Cluster::up(&bins);
     let (node, joined) = join_with(&cluster, &bins, &config(minor));
-    let version = cluster.jsonpath(
-        &["node", NODE],
-        "{.status.nodeInfo.kubeletVersion} {.status.nodeInfo.containerRuntimeVersion}",
-    );
+    let version = cluster.versions();
     assert!(
         version.starts_with(&format!("v1.{minor}.")) && version.contains(" containerd://2."),
         "kubelet {version}: not 1.{minor} on containerd 2.x ({})",
@@ -723,10 +644,7 @@ fn kubelet_on_crio_through_crisp() {
     let (node, joined) = join_with(&cluster, &bins, &kubelet_config(minor));
     let since = node_now(&node);
     let moved = node_on_crio(&cluster, &node, &crio);
-    let version = cluster.jsonpath(
-        &["node", NODE],
-        "{.status.nodeInfo.kubeletVersion} {.status.nodeInfo.containerRuntimeVersion}",
-    );
+    let version = cluster.versions();
     assert!(
         version.starts_with(&format!("v1.{minor}.")) && version.contains(" cri-o://"),
         "kubelet {version}: not 1.{minor} on CRI-O ({})",
@@ -738,13 +656,7 @@ fn kubelet_on_crio_through_crisp() {
         secs(moved)
     );
     let direct_driver = driver_from_cri(&journal_since(&node, "kubelet", &since));
-    let rt = Runtime {
-        rt: tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap(),
-        sock: in_node(&node, CRIO_SOCK),
-    };
+    let rt = Runtime::at(&node, CRIO_SOCK);
     let work = tempfile::Builder::new()
         .prefix("cluster-runtimes-crio")
         .tempdir_in(Path::new(REPO).join("target"))

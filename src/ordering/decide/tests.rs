@@ -163,7 +163,7 @@ fn start_check_walks_the_sidecars_in_order_and_asks_for_probes() {
     probed.insert("a".to_string(), false);
     assert_eq!(
         check_start("ns/pod", &p.sidecars, &snap, false, nobody, &probed),
-        Check::Waiting("a".into()),
+        Check::Waiting(WaitingFor::Sidecar("a".into())),
         "b is not probed while a is not ready"
     );
     probed.insert("a".to_string(), true);
@@ -262,7 +262,7 @@ fn start_check_past_the_timeout_skips_dead_sidecars_but_not_refused_ones_nor_run
     );
     assert_eq!(
         check_start("ns/pod", &p.sidecars, &snap, true, nobody, &probed),
-        Check::Waiting("c".into()),
+        Check::Waiting(WaitingFor::Sidecar("c".into())),
         "a running sidecar is still waited for"
     );
     assert_eq!(
@@ -300,7 +300,7 @@ fn refusal_messages_make_kubelet_retry_soon() {
         m,
         "crisp: sidecar \"proxy\" of pod ns/pod is exited, not running; kubelet will retry \"app\" (network is not ready until the pod's sidecars run)"
     );
-    assert!(timed_out("ns/pod", "proxy", 90 * S, "app")
+    assert!(timed_out("ns/pod", &WaitingFor::Sidecar("proxy".into()), 90 * S, "app")
         .contains("sidecar \"proxy\" of pod ns/pod not ready within 90s"));
 }
 
@@ -526,7 +526,7 @@ fn refusals_are_one_escaped_line_within_the_message_cap() {
             &format!("sidecar \"proxy\" of pod {pod} is exited, not running"),
             &container,
         ),
-        timed_out(&pod, &container, 90 * S, &container),
+        timed_out(&pod, &WaitingFor::Sidecar(container.clone()), 90 * S, &container),
         refusal(&"\u{1b}".repeat(100_000), &"\u{1b}".repeat(100_000)),
     ];
     for m in messages {
@@ -541,7 +541,7 @@ fn refusals_are_one_escaped_line_within_the_message_cap() {
             "{m}"
         );
     }
-    let m = timed_out(&pod, "proxy", 90 * S, &container);
+    let m = timed_out(&pod, &WaitingFor::Sidecar("proxy".into()), 90 * S, &container);
     assert!(
         m.contains(r#"sidecar "proxy" of pod ns/\u{1b}]0;owned\u{7}\u{202e}ppp"#),
         "{m}"

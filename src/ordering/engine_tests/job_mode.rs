@@ -20,12 +20,7 @@ async fn a_job_sidecar_with_an_extreme_grace_annotation_is_stopped() {
         .into();
         let pod = engine.pod_by_id(ApiVersion::V1, SANDBOX).await.unwrap();
         engine.terminate_sidecars(ApiVersion::V1, &pod).await;
-        let stops: Vec<(String, i64)> = fake
-            .script()
-            .stops
-            .iter()
-            .map(|(n, s, _)| (n.clone(), *s))
-            .collect();
+        let stops = fake.stops();
         assert_eq!(stops, vec![("proxy".to_string(), 86_400)], "{grace}");
     }
 }

@@ -141,15 +141,7 @@ async fn a_refusal_is_reported_and_counted() {
         ("proxy", "not created")
     );
     assert_eq!(evs[0].message, msg);
-    assert_eq!(
-        engine
-            .lookup(Some(SANDBOX), None)
-            .0
-            .unwrap()
-            .refusals
-            .load(std::sync::atomic::Ordering::Relaxed),
-        1
-    );
+    assert_eq!(pod_refusals(&engine), 1);
 }
 
 #[tokio::test(start_paused = true)]
@@ -244,14 +236,47 @@ async fn a_long_hold_ends_as_an_informative_refusal_and_the_timeout_still_counts
             "timed out (proceed)"
         ]
     );
+    assert_eq!(pod_refusals(&engine), 2);
+}
+
+/// A long hold on a runtime that fails the start check's read says so once, and the tap's event
+/// carries the runtime's own words as the reason.
+#[tokio::test(start_paused = true)]
+async fn a_long_hold_on_the_runtime_names_the_runtime_once() {
+    let fake = Fake::default();
+    let engine = pod_with(&fake, &["proxy"], &[], |c| {
+        c.ordering.refuse_held_after = 30 * S
+    });
+    let rec = recorded(&engine);
+    fake.add("proxy", Some(now()));
+    fake.script().list_fails = true;
+    let (v, held) = create_container(&engine, &fake, "app").await;
+    assert_held(held, 30 * S, 100 * MS);
     assert_eq!(
-        engine
-            .lookup(Some(SANDBOX), None)
-            .0
-            .unwrap()
-            .refusals
-            .load(std::sync::atomic::Ordering::Relaxed),
-        2
+        refusal(&v),
+        r#"crisp: waiting for the runtime (ListContainers: no answer within 5s); held 30 s of 90 s; kubelet will retry "app" (network is not ready until the pod's sidecars run)"#
+    );
+    let evs = rec.0.lock().unwrap();
+    assert_eq!(
+        (evs[0].waiting_on.as_str(), evs[0].reason.as_str()),
+        ("runtime", "ListContainers: no answer within 5s")
+    );
+}
+
+/// A sidecar may be named `runtime`: a long hold on it is a hold on a sidecar.
+#[tokio::test(start_paused = true)]
+async fn a_long_hold_on_a_sidecar_named_runtime_names_the_sidecar() {
+    let fake = Fake::default();
+    let engine = pod_with(&fake, &["runtime"], &[], |c| {
+        c.ordering.refuse_held_after = 30 * S
+    });
+    fake.add("runtime", Some(now()));
+    fake.set("runtime", |c| c.ready = None);
+    let (v, held) = create_container(&engine, &fake, "app").await;
+    assert_held(held, 30 * S, 100 * MS);
+    assert_eq!(
+        refusal(&v),
+        r#"crisp: waiting for sidecar runtime of ns/pod: not ready: exec exited 1; held 30 s of 90 s; kubelet will retry "app" (network is not ready until the pod's sidecars run)"#
     );
 }
 

@@ -75,6 +75,8 @@ struct Script {
     status_annotations: HashMap<String, String>,
     /// The node-wide ListContainers fails (the runtime is down).
     down: bool,
+    /// The pod's ListContainers fails (no answer within its timeout).
+    list_fails: bool,
     /// The runtime handler PodSandboxStatus reports (`""`: the runtime's default).
     handler: String,
 }
@@ -109,6 +111,15 @@ impl Fake {
         self.add(name, Some(t0));
         self.set(name, |c| c.ready = Some(at(t0, after)));
         t0
+    }
+
+    /// The StopContainer calls crisp made: (container name, timeout), in order.
+    fn stops(&self) -> Vec<(String, i64)> {
+        self.script()
+            .stops
+            .iter()
+            .map(|(n, s, _)| (n.clone(), *s))
+            .collect()
     }
 
     fn set(&self, name: &str, f: impl FnOnce(&mut FakeContainer)) {
@@ -147,13 +158,19 @@ impl Runtime for Fake {
         _: ApiVersion,
         _: &'a str,
     ) -> Answer<'a, Vec<views::Container>> {
-        let delay = {
+        let (delay, fails) = {
             let mut s = self.script();
             s.lists += 1;
-            s.list_delay
+            (s.list_delay, s.list_fails)
         };
         Box::pin(async move {
             tokio::time::sleep(delay).await;
+            if fails {
+                return Err(ClientError::Timeout {
+                    method: "ListContainers",
+                    timeout: 5 * S,
+                });
+            }
             Ok(self
                 .script()
                 .containers
@@ -341,19 +358,24 @@ fn call(rpc: &str, deadline: Option<Duration>) -> Call {
 
 /// kubelet's CreateContainer: it carries the sandbox config with the pod's annotations.
 fn create(fake: &Fake, name: &str) -> Vec<u8> {
+    create_in("pod", name, &fake.script().annotations)
+}
+
+/// kubelet's CreateContainer of `container` in a pod named `pod` with `annotations`.
+fn create_in(pod: &str, container: &str, annotations: &HashMap<String, String>) -> Vec<u8> {
     let sandbox = views::PodSandboxConfig {
         metadata: Some(views::PodSandboxMetadata {
-            name: "pod".into(),
+            name: pod.into(),
             namespace: "ns".into(),
             uid: "uid".into(),
             attempt: 0,
         }),
-        annotations: fake.script().annotations.clone(),
+        annotations: annotations.clone(),
         ..Default::default()
     };
     let config = views::ContainerConfig {
         metadata: Some(views::ContainerMetadata {
-            name: name.into(),
+            name: container.into(),
             attempt: 0,
         }),
         ..Default::default()
@@ -411,6 +433,16 @@ fn holds(engine: &Engine, gate: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {key} in\n{text}"))
         .parse()
         .unwrap()
+}
+
+/// The refusals counted on the pod (`crisp pods` shows them).
+fn pod_refusals(engine: &Engine) -> u64 {
+    engine
+        .lookup(Some(SANDBOX), None)
+        .0
+        .unwrap()
+        .refusals
+        .load(std::sync::atomic::Ordering::Relaxed)
 }
 
 fn assert_forward(v: &Verdict) {

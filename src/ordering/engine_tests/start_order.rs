@@ -132,6 +132,27 @@ async fn hold_ends_at_the_start_timeout_under_fail() {
     assert_eq!(held, 10 * S);
 }
 
+/// A hold that reaches the start timeout because the runtime never answered the start check
+/// names the runtime, not a sidecar called "the runtime (…)".
+#[tokio::test(start_paused = true)]
+async fn start_timeout_waiting_on_the_runtime_names_the_runtime() {
+    let (fake, engine) = fake_pod(
+        &["proxy"],
+        &[
+            (annotations::START_TIMEOUT, "10s"),
+            (annotations::TIMEOUT_POLICY, "fail"),
+        ],
+    );
+    fake.add("proxy", Some(now()));
+    fake.script().list_delay = 60 * S;
+    let (v, held) = create_container(&engine, &fake, "app").await;
+    assert_eq!(
+        refusal(&v),
+        r#"crisp: the start check of pod ns/pod still waits for the runtime after 10s (no answer before the hold's end); kubelet will retry "app" (network is not ready until the pod's sidecars run)"#
+    );
+    assert_eq!(held, 10 * S);
+}
+
 #[tokio::test(start_paused = true)]
 async fn hold_never_outlives_kubelets_deadline() {
     let (fake, engine) = fake_pod(&["proxy"], &[]);
@@ -227,6 +248,17 @@ async fn unnamed_regular_container_stays_refused_when_kubelet_moves_on() {
     refusal(&create_container(&engine, &fake, "app").await.0);
 }
 
+/// kubelet retrying the app's CreateContainer every second until crisp forwards it.
+async fn retry_until_forwarded(engine: &Engine, fake: &Fake) {
+    loop {
+        let (v, _) = create_container(engine, fake, "app").await;
+        if matches!(v, Verdict::Forward) {
+            break;
+        }
+        tokio::time::sleep(S).await;
+    }
+}
+
 /// The runtime's clock moves on by `d`: every container it has was created `d` earlier. (The
 /// engine reads wall time only through the runtime's records; its own clock is tokio's.)
 fn age(fake: &Fake, d: Duration) {
@@ -274,13 +306,7 @@ async fn a_restarted_crisp_refuses_until_the_sidecars_clock_runs_out() {
     age(&fake, 4 * S);
     let engine = pod(&fake, &["proxy"], &timeout);
     let t0 = now();
-    loop {
-        let (v, _) = create_container(&engine, &fake, "app").await;
-        if matches!(v, Verdict::Forward) {
-            break;
-        }
-        tokio::time::sleep(S).await;
-    }
+    retry_until_forwarded(&engine, &fake).await;
     assert_eq!(now() - t0, 6 * S);
 }
 
@@ -296,12 +322,6 @@ async fn a_restarted_crisp_counts_from_the_sidecars_death_not_its_creation() {
     age(&fake, 100 * S);
     let engine = pod(&fake, &["proxy"], &timeout);
     let t0 = now();
-    loop {
-        let (v, _) = create_container(&engine, &fake, "app").await;
-        if matches!(v, Verdict::Forward) {
-            break;
-        }
-        tokio::time::sleep(S).await;
-    }
+    retry_until_forwarded(&engine, &fake).await;
     assert_eq!(now() - t0, 7 * S);
 }

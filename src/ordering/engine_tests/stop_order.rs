@@ -160,12 +160,7 @@ async fn stop_pod_sandbox_waits_for_the_apps_then_stops_sidecars_in_reverse() {
     let (v, held) = run(&engine, &call("StopPodSandbox", KUBELET_DEADLINE), &msg).await;
     assert_forward(&v);
     assert_held(held, 2 * S, 100 * MS);
-    let stops: Vec<(String, i64)> = fake
-        .script()
-        .stops
-        .iter()
-        .map(|(n, s, _)| (n.clone(), *s))
-        .collect();
+    let stops = fake.stops();
     assert_eq!(
         stops,
         vec![("second".to_string(), 28), ("first".to_string(), 28)],

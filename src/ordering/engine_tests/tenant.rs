@@ -46,33 +46,6 @@ impl Logged {
     }
 }
 
-/// kubelet's CreateContainer of `container` in a pod named `pod` with `annotations`.
-fn create_in(pod: &str, container: &str, annotations: &HashMap<String, String>) -> Vec<u8> {
-    let sandbox = views::PodSandboxConfig {
-        metadata: Some(views::PodSandboxMetadata {
-            name: pod.into(),
-            namespace: "ns".into(),
-            uid: "uid".into(),
-            attempt: 0,
-        }),
-        annotations: annotations.clone(),
-        ..Default::default()
-    };
-    let config = views::ContainerConfig {
-        metadata: Some(views::ContainerMetadata {
-            name: container.into(),
-            attempt: 0,
-        }),
-        ..Default::default()
-    };
-    views::CreateContainerRequest {
-        pod_sandbox_id: SANDBOX.into(),
-        config: Some(config),
-        sandbox_config: Some(sandbox),
-    }
-    .encode_to_vec()
-}
-
 #[tokio::test(start_paused = true)]
 async fn thousands_of_bad_keys_are_one_bounded_log_line_and_all_counted() {
     let (fake, engine) = fake_pod(&["proxy"], &[]);

@@ -425,6 +425,81 @@ impl Node {
         self.wait_kubelet_on("/run/containerd/containerd.sock", "");
     }
 
+    /// This build's crisp, as the node's /usr/local/bin/crisp.
+    pub fn put_crisp(&self) {
+        self.put(
+            "/usr/local/bin/crisp",
+            &std::fs::read(env!("CARGO_BIN_EXE_crisp")).unwrap(),
+            0o755,
+        );
+    }
+
+    /// The running kubelet's command line (its `/proc/PID/cmdline`, NULs as spaces).
+    pub fn kubelet_cmdline(&self) -> String {
+        self.nsenter(&[
+            "sh",
+            "-c",
+            "tr '\\0' ' ' </proc/$(systemctl show -P MainPID kubelet)/cmdline",
+        ])
+        .stdout
+    }
+
+    /// Starts crisp in the node as transient unit `unit` (no Restart=: started again only by the
+    /// test) on kubelet's socket `/run/crisp/crisp.sock`, in front of `upstream`.
+    pub fn start_crisp(&self, unit: &str, upstream: &str) {
+        let _ = self.nsenter(&["systemctl", "reset-failed", unit]);
+        let o = self.nsenter(&[
+            "systemd-run",
+            "--unit",
+            unit,
+            "--service-type=exec",
+            "--",
+            "/usr/local/bin/crisp",
+            "--listen",
+            "/run/crisp/crisp.sock",
+            "--upstream",
+            upstream,
+            "--log-level",
+            "info",
+        ]);
+        assert!(o.ok(), "start crisp: {}", o.all());
+    }
+
+    /// Waits until each of `socks` (paths inside the node, reached through its init's root)
+    /// accepts a connection, for at most 30 s (then panics with `unit`'s journal): how long that
+    /// took.
+    pub fn wait_accepting(&self, unit: &str, socks: &[&str]) -> Duration {
+        let socks: Vec<String> = socks
+            .iter()
+            .map(|p| format!("/proc/{}/root{p}", self.init))
+            .collect();
+        let t = Instant::now();
+        while socks
+            .iter()
+            .any(|sock| std::os::unix::net::UnixStream::connect(sock).is_err())
+        {
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "crisp's sockets never accepted: {}",
+                self.nsenter(&["journalctl", "-u", unit, "-n", "30", "--no-pager"])
+                    .stdout
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        t.elapsed()
+    }
+
+    /// SIGKILLs the crisp of `unit` ([`Node::start_crisp`]) and waits until the unit has no
+    /// process left.
+    pub fn kill_crisp(&self, unit: &str) {
+        let o = self.nsenter(&["systemctl", "kill", "--signal=KILL", unit]);
+        assert!(o.ok(), "kill crisp: {}", o.all());
+        self.wait_for("crisp gone", Duration::from_secs(10), |n| {
+            let s = n.prop(&format!("{unit}.service"), "ActiveState");
+            s != "active" && s != "deactivating"
+        });
+    }
+
     /// Waits until the stand-in kubelet's last CRI call, made by an invocation other than
     /// `not_invocation` ("" for any), went to `endpoint` and succeeded; returns that line.
     pub fn wait_kubelet_on(&self, endpoint: &str, not_invocation: &str) -> String {

@@ -103,17 +103,9 @@ impl Crisp {
         let (dir, path) = crisp_socket();
         let (listener, guard) = crisp::proxy::listener::bind(&path, 0o660).await.unwrap();
         let cfg = test_config(&path, upstream, dir.path());
-        let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(crisp::daemon::serve_on(listener, cfg, async {
-            let _ = rx.await;
-        }));
-        Crisp {
-            path,
-            shutdown: Some(tx),
-            task: Some(task),
-            _guard: Some(guard),
-            _dir: dir,
-        }
+        Crisp::spawn(dir, path, guard, |shutdown| {
+            crisp::daemon::serve_on(listener, cfg, shutdown)
+        })
     }
 
     /// Runs crisp with the given interceptors and options.
@@ -127,10 +119,23 @@ impl Crisp {
         let (listener, guard) = crisp::proxy::listener::bind(&path, 0o660).await.unwrap();
         let upstream = Arc::new(RuntimePool::new(upstream, RuntimePoolOptions::default()));
         let proxy = Proxy::new(upstream, Interceptors::new(interceptors), opts);
+        Crisp::spawn(dir, path, guard, |shutdown| {
+            crisp::proxy::serve(listener, proxy, shutdown)
+        })
+    }
+
+    /// crisp on `path` (in `dir`), served by `serve` on a task until the future it is given
+    /// resolves: when the returned `Crisp` shuts down.
+    fn spawn<F: Future<Output = ()> + Send + 'static>(
+        dir: tempfile::TempDir,
+        path: PathBuf,
+        guard: crisp::proxy::listener::SocketFileGuard,
+        serve: impl FnOnce(std::pin::Pin<Box<dyn Future<Output = ()> + Send>>) -> F,
+    ) -> Crisp {
         let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(crisp::proxy::serve(listener, proxy, async {
+        let task = tokio::spawn(serve(Box::pin(async {
             let _ = rx.await;
-        }));
+        })));
         Crisp {
             path,
             shutdown: Some(tx),
