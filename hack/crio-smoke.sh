@@ -49,7 +49,9 @@ cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   # containers CRI-O left (conmon, the pods' processes) are stopped by their runc state
-  for c in "$state"/runc/*/; do [[ -d $c ]] && runc --root "$state/runc" kill -a "$(basename "$c")" KILL 2>/dev/null || true; done
+  for c in "$state"/runc/*/; do
+    if [[ -d $c ]]; then runc --root "$state/runc" kill -a "$(basename "$c")" KILL 2>/dev/null || true; fi
+  done
   sleep 1
   rm -rf "$state"
 }

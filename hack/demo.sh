@@ -26,9 +26,11 @@ REC_PID=""
 # Where the second run's tap recording and its timeline picture are left for you to open.
 OUT="${CRISP_DEMO_OUT:-target/demo}"
 cleanup() {
-  [[ -n "$TAP_PID" ]] && kill "$TAP_PID" 2>/dev/null || true
-  [[ -n "$REC_PID" ]] && kill "$REC_PID" 2>/dev/null || true
-  [[ -n "$CRISP_PID" ]] && kill "$CRISP_PID" 2>/dev/null && wait "$CRISP_PID" 2>/dev/null || true
+  if [[ -n "$TAP_PID" ]]; then kill "$TAP_PID" 2>/dev/null || true; fi
+  if [[ -n "$REC_PID" ]]; then kill "$REC_PID" 2>/dev/null || true; fi
+  if [[ -n "$CRISP_PID" ]] && kill "$CRISP_PID" 2>/dev/null; then
+    wait "$CRISP_PID" 2>/dev/null || true
+  fi
   bash hack/containerd.sh stop "$DIR/containerd" >/dev/null 2>&1 || true
   rm -rf "$DIR"
 }

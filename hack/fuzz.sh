@@ -59,7 +59,7 @@ for t in "${TARGETS[@]}"; do
     if [ -d "regressions/$t" ] && [ -n "$(ls -A "regressions/$t")" ]; then
         cargo fuzz run "${FLAGS[@]}" "$t" regressions/"$t"/* >/dev/null 2>&1 \
             || { echo "REGRESSION: a known crash input of $t crashes again (cargo fuzz run ${FLAGS[*]} $t fuzz/regressions/$t/...)"; exit 1; }
-        echo "$t: $(ls "regressions/$t" | wc -l) regression input(s) pass"
+        echo "$t: $(find "regressions/$t" -mindepth 1 -maxdepth 1 | wc -l) regression input(s) pass"
     fi
 done
 
@@ -87,7 +87,7 @@ printf '\n%-12s %14s %10s %8s %s\n' target executions exec/s corpus crashes
 for t in "${TARGETS[@]}"; do
     runs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "logs/$t.log" | tail -1 | awk '{print $2}')
     speed=$(grep -o 'stat::average_exec_per_sec:[[:space:]]*[0-9]*' "logs/$t.log" | tail -1 | awk '{print $2}')
-    corpus=$(ls "corpus/$t" | wc -l)
+    corpus=$(find "corpus/$t" -mindepth 1 -maxdepth 1 | wc -l)
     crashes=$(find "artifacts/$t" -type f -newer "$marker" 2>/dev/null | wc -l)
     printf '%-12s %14s %10s %8s %s\n' "$t" "${runs:-?}" "${speed:-?}" "$corpus" "$crashes"
     if [ "$crashes" != 0 ]; then

@@ -15,7 +15,7 @@
 #   admin    hostile clients on the admin socket
 #   sockets  socket modes before listen (strace + non-root connect race)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 
 OUT="${OUT:-target/reliability}"
 CHAOS_RUNS="${CHAOS_RUNS:-10}"

@@ -13,7 +13,7 @@
 #
 # The full log goes to $OUT (default target/soak/soak.log).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 
 OUT="${OUT:-target/soak}"
 mkdir -p "$OUT"

@@ -293,20 +293,22 @@ fn units_say_what_the_design_asks() {
 #[test]
 fn scripts_are_shellcheck_clean() {
     crate::prerequisites::require_tool("shellcheck", "--version");
-    for s in [
-        "hack/install.sh",
-        "hack/uninstall.sh",
-        "hack/build-grpcgo.sh",
-        "hack/conformance.sh",
-        "hack/release.sh",
-        "hack/node-rootfs.sh",
-        "hack/containerd.sh",
-        "hack/containerd-versions.sh",
-        "hack/setup.sh",
-        "hack/cluster.sh",
-        "hack/kube-binaries.sh",
-        "hack/lanes.sh",
-    ] {
+    // Every bash script of hack/: the `.sh` files and the wrappers that start with a bash
+    // shebang (a script added later is checked without being listed here).
+    let mut scripts: Vec<String> = std::fs::read_dir(Path::new(REPO).join("hack"))
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            let p = e.path();
+            p.extension().is_some_and(|x| x == "sh")
+                || std::fs::read_to_string(&p).is_ok_and(|t| t.starts_with("#!/usr/bin/env bash"))
+                || std::fs::read_to_string(&p).is_ok_and(|t| t.starts_with("#!/bin/bash"))
+        })
+        .map(|e| format!("hack/{}", e.file_name().to_string_lossy()))
+        .collect();
+    scripts.sort();
+    assert!(scripts.len() >= 20, "hack/ scripts: {scripts:?}");
+    for s in &scripts {
         let out = Command::new("shellcheck")
             .arg(Path::new(REPO).join(s))
             .output()
