@@ -38,11 +38,7 @@ impl Body for Frames {
 #[derive(Clone)]
 enum Reply {
     /// Response headers, then data frames, then trailers if any.
-    Answer {
-        headers: HeaderMap,
-        data: Vec<Bytes>,
-        trailers: Option<HeaderMap>,
-    },
+    Answer(Box<(HeaderMap, Vec<Bytes>, Option<HeaderMap>)>),
     /// The pool's error for the call.
     ConnectTimeout,
     /// Nothing, ever.
@@ -88,11 +84,8 @@ impl Runtime for Fake {
         };
         self.seen.lock().push(Seen { parts, buffered });
         match self.reply.clone() {
-            Reply::Answer {
-                headers,
-                data,
-                trailers,
-            } => {
+            Reply::Answer(answer) => {
+                let (headers, data, trailers) = *answer;
                 let mut frames: VecDeque<_> = data.into_iter().map(Frame::data).collect();
                 frames.extend(trailers.map(Frame::trailers));
                 let mut resp = Response::new(Frames(frames));
@@ -123,13 +116,14 @@ fn status(code: &'static str, message: &'static str) -> HeaderMap {
     h
 }
 
+/// An answer: its headers, data frames and trailers.
+fn answer(headers: HeaderMap, data: Vec<Bytes>, trailers: Option<HeaderMap>) -> Reply {
+    Reply::Answer(Box::new((headers, data, trailers)))
+}
+
 /// An answer of `messages` (each framed) and an OK status.
 fn ok(messages: &[&[u8]]) -> Reply {
-    Reply::Answer {
-        headers: grpc_headers(),
-        data: messages.iter().map(|m| wire::frame(m)).collect(),
-        trailers: Some(status("0", "")),
-    }
+    answer(grpc_headers(), messages.iter().map(|m| wire::frame(m)).collect(), Some(status("0", "")))
 }
 
 async fn version(fake: &Fake, timeout: Duration) -> Result<VersionResponse, ClientError> {
@@ -199,11 +193,7 @@ async fn answers_up_to_64_mib_decode() {
     // A message announced past 64 MiB is refused from its prefix, before its bytes are held.
     let mut prefix = vec![0u8];
     prefix.extend_from_slice(&(u32::try_from(MAX_ANSWER).unwrap() + 1).to_be_bytes());
-    let fake = Fake::new(Reply::Answer {
-        headers: grpc_headers(),
-        data: vec![Bytes::from(prefix), Bytes::from_static(&[0; 64])],
-        trailers: Some(status("0", "")),
-    });
+    let fake = Fake::new(answer(grpc_headers(), vec![Bytes::from(prefix), Bytes::from_static(&[0; 64])], Some(status("0", ""))));
     let r = version(&fake, SECOND).await;
     assert!(matches!(r, Err(ClientError::Malformed { .. })), "{r:?}");
 }
@@ -258,11 +248,7 @@ async fn the_runtime_is_told_the_deadline_and_crisp_keeps_it() {
 #[tokio::test]
 async fn a_non_ok_status_is_the_runtimes_code_and_message() {
     // In the trailers, after the headers.
-    let fake = Fake::new(Reply::Answer {
-        headers: grpc_headers(),
-        data: vec![],
-        trailers: Some(status("5", "container%20%22c1%22 not found")),
-    });
+    let fake = Fake::new(answer(grpc_headers(), vec![], Some(status("5", "container%20%22c1%22 not found"))));
     let r = version(&fake, SECOND).await;
     match &r {
         Err(e @ ClientError::Status { method, status }) => {
@@ -276,11 +262,7 @@ async fn a_non_ok_status_is_the_runtimes_code_and_message() {
     // Trailers-only: the status in the headers.
     let mut headers = grpc_headers();
     headers.extend(status("14", "runtime%20busy"));
-    let fake = Fake::new(Reply::Answer {
-        headers,
-        data: vec![],
-        trailers: None,
-    });
+    let fake = Fake::new(answer(headers, vec![], None));
     let r = version(&fake, SECOND).await;
     assert!(
         matches!(&r, Err(ClientError::Status { status, .. }) if status.code == 14 && status.message == "runtime busy"),
@@ -288,11 +270,7 @@ async fn a_non_ok_status_is_the_runtimes_code_and_message() {
     );
     // The message is bounded as every grpc-message crisp reads.
     let long: &'static str = Box::leak("x".repeat(5000).into_boxed_str());
-    let fake = Fake::new(Reply::Answer {
-        headers: grpc_headers(),
-        data: vec![],
-        trailers: Some(status("13", long)),
-    });
+    let fake = Fake::new(answer(grpc_headers(), vec![], Some(status("13", long))));
     let r = version(&fake, SECOND).await;
     assert!(
         matches!(&r, Err(ClientError::Status { status, .. })
@@ -302,27 +280,15 @@ async fn a_non_ok_status_is_the_runtimes_code_and_message() {
     // A status details header that is not base64 (tonic 0.14.9 panics reading one) is dropped.
     let mut trailers = status("9", "no");
     trailers.insert("grpc-status-details-bin", HeaderValue::from_static("%%%"));
-    let fake = Fake::new(Reply::Answer {
-        headers: grpc_headers(),
-        data: vec![],
-        trailers: Some(trailers),
-    });
+    let fake = Fake::new(answer(grpc_headers(), vec![], Some(trailers)));
     let r = version(&fake, SECOND).await;
     assert!(matches!(&r, Err(ClientError::Status { status, .. }) if status.code == 9), "{r:?}");
     let mut trailers = status("0", "");
     trailers.insert("grpc-status-details-bin", HeaderValue::from_static("%%%"));
-    let fake = Fake::new(Reply::Answer {
-        headers: grpc_headers(),
-        data: vec![],
-        trailers: Some(trailers),
-    });
+    let fake = Fake::new(answer(grpc_headers(), vec![], Some(trailers)));
     assert_eq!(version(&fake, SECOND).await.unwrap(), VersionResponse::default());
     // No grpc-status at all: malformed, not an answer.
-    let fake = Fake::new(Reply::Answer {
-        headers: grpc_headers(),
-        data: vec![wire::frame(b"")],
-        trailers: None,
-    });
+    let fake = Fake::new(answer(grpc_headers(), vec![wire::frame(b"")], None));
     let r = version(&fake, SECOND).await;
     assert!(matches!(r, Err(ClientError::Malformed { .. })), "{r:?}");
 }
