@@ -45,11 +45,11 @@ async fn allocations_and_time_per_unary_call() {
         took.push(started.elapsed());
         assert_eq!(v.version, "v1");
     }
-    let allocs = mark.allocs();
+    let (allocs, peak) = (mark.allocs(), mark.peak_growth());
     took.sort();
     println!(
         "{CALLS} Version calls: {:.1} allocations per call (client, pool and fake runtime), \
-         median {:?}, p90 {:?}",
+         heap peak {peak} bytes over the mark, median {:?}, p90 {:?}",
         allocs as f64 / CALLS as f64,
         took[CALLS / 2],
         took[CALLS * 9 / 10]

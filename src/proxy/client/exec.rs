@@ -1,8 +1,9 @@
 //! ExecSync, the one call crisp reads by hand: its answer carries the command's output (up to
 //! 16 MiB per stream from containerd), which tonic's client would hold whole before decoding
-//! it. Here the answer streams past an [`ExitCodeReader`] that keeps the exit code alone; the
-//! request, headers and status are written and read as the unary calls' are by tonic
-//! (`application/grpc`, `grpc-timeout` to the millisecond, crisp's user agent).
+//! it. Here the answer streams past an [`ExitCodeReader`] that keeps the exit code alone. The
+//! request carries the headers tonic writes for the unary calls (`application/grpc`,
+//! `te: trailers`, `grpc-timeout` to the millisecond, crisp's user agent), and a non-OK status
+//! is read as theirs is.
 
 use std::time::Duration;
 
@@ -10,7 +11,7 @@ use http::{HeaderValue, Method, Request};
 use http_body_util::BodyExt;
 use prost::Message;
 
-use super::super::body::ProxyBody;
+use crate::proxy::body::ProxyBody;
 use super::{ClientError, RuntimeClient, USER_AGENT};
 use crate::cri::varint::Varint;
 use crate::cri::views;

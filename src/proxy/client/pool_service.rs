@@ -11,9 +11,9 @@ use http::{HeaderMap, Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 
-use super::super::body::ProxyBody;
-use super::super::runtime_pool::RuntimePoolError;
-use super::super::RuntimePool;
+use crate::proxy::body::ProxyBody;
+use crate::proxy::runtime_pool::RuntimePoolError;
+use crate::proxy::RuntimePool;
 use crate::intercept::BoxFuture;
 use crate::status::{code_of, message_of, Status};
 
