@@ -1,13 +1,15 @@
 //! Micro-benchmarks of crisp's per-call hot path: routing a path, reading grpc-timeout, the
-//! interest check, decoding the views the engine reads, the job-mode wire patch, the relay's
-//! request-header decode and re-encode, the Huffman decode of a request's :path, what the tap
-//! costs a relayed call when nobody is tapping, and what a call costs in metrics.
+//! interest check, decoding the views the engine reads, the job-mode wire patch, the tap's skim
+//! of a message as it passes, the relay's request-header decode and re-encode, the Huffman
+//! decode of a request's :path, what the tap costs a relayed call when nobody is tapping, and
+//! what a call costs in metrics.
 //! Run: `cargo bench --bench hot_path`.
 
 use std::hint::black_box;
 use std::time::Instant;
 
 use crisp::cri::patch::{completed_fragment, patch_embedded};
+use crisp::cri::skim::{Skim, SkimSpec, Skimmer};
 use crisp::cri::tags::pod_sandbox_status_response::CONTAINERS_STATUSES;
 use crisp::cri::views;
 use crisp::cri::Route;
@@ -81,6 +83,27 @@ fn sandbox_status_response(n: usize) -> Vec<u8> {
     .encode_to_vec()
 }
 
+fn list_containers_response(n: usize) -> Vec<u8> {
+    cri::ListContainersResponse {
+        containers: (0..n)
+            .map(|i| cri::Container {
+                id: format!("{i:064x}"),
+                pod_sandbox_id: "a".repeat(64),
+                metadata: Some(cri::ContainerMetadata {
+                    name: format!("c-{i}"),
+                    attempt: 1,
+                }),
+                image_ref: "sha256:".to_string() + &"b".repeat(64),
+                state: cri::ContainerState::ContainerRunning as i32,
+                created_at: 1_700_000_000_000_000_000 + i as i64,
+                labels: [("io.kubernetes.container.name".to_string(), format!("c-{i}"))].into(),
+                ..Default::default()
+            })
+            .collect(),
+    }
+    .encode_to_vec()
+}
+
 fn bench(c: &mut Criterion) {
     c.bench_function("route_from_path", |b| {
         b.iter(|| Route::from_path(black_box("/runtime.v1.RuntimeService/ListContainers")))
@@ -123,6 +146,40 @@ fn bench(c: &mut Criterion) {
                 &completed_fragment(),
                 |_| false,
             )
+        })
+    });
+
+    // The tap's view of a message as its bytes pass (cri/skim.rs): a ListContainers answer of
+    // 100 containers skimmed whole with the tap's 64 KiB budget, and an ExecSync answer with
+    // 1 MiB of stdout (size only, as the tap shows it) in h2-sized 16 KiB pieces.
+    let list = crisp::cri::wire::frame(&list_containers_response(100));
+    c.bench_function("skim_list_containers_100", |b| {
+        b.iter(|| {
+            let spec = SkimSpec {
+                budget: 64 << 10,
+                size_only: &[],
+            };
+            Skim::of_framed(spec, black_box(&list)).map(|s| s.kept.len())
+        })
+    });
+    let exec = crisp::cri::wire::frame(
+        &cri::ExecSyncResponse {
+            stdout: vec![b'x'; 1 << 20],
+            stderr: b"warn".to_vec(),
+            exit_code: 1,
+        }
+        .encode_to_vec(),
+    );
+    c.bench_function("skim_exec_sync_1mib_in_16k_pieces", |b| {
+        b.iter(|| {
+            let mut s = Skimmer::new(SkimSpec {
+                budget: 64 << 10,
+                size_only: &[1, 2],
+            });
+            for piece in black_box(&exec).chunks(16 << 10) {
+                s.push(piece);
+            }
+            s.finish().map(|s| s.cut.len())
         })
     });
 

@@ -8,6 +8,7 @@
 pub mod patch;
 pub mod skim;
 pub mod tags;
+pub mod varint;
 pub mod views;
 pub mod wire;
 

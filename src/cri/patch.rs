@@ -10,6 +10,7 @@
 use bytes::Bytes;
 
 use super::tags::container_status;
+use super::varint::{self, VarintError};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum WireError {
@@ -21,17 +22,20 @@ pub enum WireError {
     WireType(u8),
 }
 
-fn varint(buf: &[u8], pos: &mut usize) -> Result<u64, WireError> {
-    let mut v: u64 = 0;
-    for i in 0..10 {
-        let b = *buf.get(*pos).ok_or(WireError::Truncated)?;
-        *pos += 1;
-        v |= u64::from(b & 0x7f) << (7 * i);
-        if b & 0x80 == 0 {
-            return Ok(v);
+impl From<VarintError> for WireError {
+    fn from(e: VarintError) -> Self {
+        match e {
+            VarintError::Truncated => WireError::Truncated,
+            VarintError::TooLong => WireError::Varint,
         }
     }
-    Err(WireError::Varint)
+}
+
+/// The varint at `pos`, moving `pos` past it.
+fn read_varint(buf: &[u8], pos: &mut usize) -> Result<u64, WireError> {
+    let (value, len) = varint::decode(buf.get(*pos..).unwrap_or_default())?;
+    *pos += len;
+    Ok(value)
 }
 
 /// One top-level field: its number, wire type and the byte ranges of the whole field and (for
@@ -55,13 +59,13 @@ pub fn fields(buf: &[u8]) -> impl Iterator<Item = Result<Field, WireError>> + '_
         }
         let start = pos;
         let r = (|| {
-            let key = varint(buf, &mut pos)?;
+            let key = read_varint(buf, &mut pos)?;
             let wire_type = (key & 7) as u8;
             let number = (key >> 3) as u32;
             let payload = match wire_type {
                 0 => {
                     let s = pos;
-                    varint(buf, &mut pos)?;
+                    read_varint(buf, &mut pos)?;
                     (s, pos)
                 }
                 1 | 5 => {
@@ -73,7 +77,7 @@ pub fn fields(buf: &[u8]) -> impl Iterator<Item = Result<Field, WireError>> + '_
                     (pos - n, pos)
                 }
                 2 => {
-                    let len = varint(buf, &mut pos)? as usize;
+                    let len = read_varint(buf, &mut pos)? as usize;
                     let end = pos
                         .checked_add(len)
                         .filter(|e| *e <= buf.len())
@@ -113,22 +117,14 @@ pub fn string_field(buf: &[u8], number: u32) -> Option<&str> {
     last
 }
 
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
 /// ContainerStatus `exit_code` = 0 and `reason` = "Completed".
 pub fn completed_fragment() -> Vec<u8> {
     const REASON: &[u8] = b"Completed";
     let mut f = Vec::with_capacity(4 + REASON.len());
-    put_varint(&mut f, u64::from(container_status::EXIT_CODE << 3));
-    put_varint(&mut f, 0);
-    put_varint(&mut f, u64::from(container_status::REASON << 3 | 2));
-    put_varint(&mut f, REASON.len() as u64);
+    varint::encode(u64::from(container_status::EXIT_CODE << 3), &mut f);
+    varint::encode(0, &mut f);
+    varint::encode(u64::from(container_status::REASON << 3 | 2), &mut f);
+    varint::encode(REASON.len() as u64, &mut f);
     f.extend_from_slice(REASON);
     f
 }
@@ -158,8 +154,8 @@ pub fn patch_embedded(
         }
         let o = out.get_or_insert_with(|| Vec::with_capacity(msg.len() + 32));
         o.extend_from_slice(&msg[copied..f.start]);
-        put_varint(o, u64::from(field << 3 | 2));
-        put_varint(o, (inner.len() + fragment.len()) as u64);
+        varint::encode(u64::from(field << 3 | 2), o);
+        varint::encode((inner.len() + fragment.len()) as u64, o);
         o.extend_from_slice(inner);
         o.extend_from_slice(fragment);
         copied = f.end;
@@ -176,7 +172,7 @@ pub(crate) fn append_varint_field(msg: &[u8], field: u32, value: i64) -> Bytes {
     let mut out = Vec::with_capacity(msg.len() + 11);
     out.extend_from_slice(msg);
     prost::encoding::encode_key(field, prost::encoding::WireType::Varint, &mut out);
-    prost::encoding::encode_varint(value as u64, &mut out);
+    varint::encode(value as u64, &mut out);
     Bytes::from(out)
 }
 

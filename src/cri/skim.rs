@@ -11,6 +11,7 @@
 
 use bytes::{Bytes, BytesMut};
 
+use super::varint::Varint;
 use super::wire::PREFIX_LEN;
 
 /// Most cut fields listed one by one; beyond it they are only counted.
@@ -107,6 +108,8 @@ pub struct Skimmer {
     hdr_len: usize,
     /// Where the key ends in `hdr`.
     key_end: usize,
+    /// The key, value or length being read (its bytes are in `hdr` too).
+    varint: Varint,
     number: u32,
     wire_type: u8,
     /// Message bytes still to come after the prefix.
@@ -114,12 +117,6 @@ pub struct Skimmer {
     kept: BytesMut,
     skim: Skim,
     started: bool,
-}
-
-fn varint(b: &[u8]) -> u64 {
-    b.iter()
-        .rev()
-        .fold(0u64, |acc, x| acc << 7 | u64::from(x & 0x7f))
 }
 
 impl Skimmer {
@@ -130,6 +127,7 @@ impl Skimmer {
             hdr: [0; 24],
             hdr_len: 0,
             key_end: 0,
+            varint: Varint::default(),
             number: 0,
             wire_type: 0,
             left: 0,
@@ -223,14 +221,18 @@ impl Skimmer {
             }
             State::Key | State::Varint | State::Len => {
                 let b = data[0];
-                if self.hdr_len == self.hdr.len() || self.hdr_len - self.key_end >= 10 {
-                    self.stop("a varint longer than 10 bytes");
-                    return 1;
-                }
+                let value = match self.varint.push(b) {
+                    Ok(value) if self.hdr_len < self.hdr.len() => value,
+                    _ => {
+                        self.stop("a varint longer than 10 bytes");
+                        return 1;
+                    }
+                };
                 self.hdr[self.hdr_len] = b;
                 self.hdr_len += 1;
-                if b & 0x80 == 0 {
-                    self.varint_done();
+                if let Some(value) = value {
+                    self.varint = Varint::default();
+                    self.varint_done(value);
                 }
                 1
             }
@@ -246,10 +248,10 @@ impl Skimmer {
         }
     }
 
-    fn varint_done(&mut self) {
+    fn varint_done(&mut self, value: u64) {
         match self.state {
             State::Key => {
-                let key = varint(&self.hdr[..self.hdr_len]);
+                let key = value;
                 self.key_end = self.hdr_len;
                 self.number = u32::try_from(key >> 3).unwrap_or(0);
                 self.wire_type = (key & 7) as u8;
@@ -266,7 +268,7 @@ impl Skimmer {
             }
             State::Varint => self.field_done((self.hdr_len - self.key_end) as u64),
             State::Len => {
-                let len = varint(&self.hdr[self.key_end..self.hdr_len]);
+                let len = value;
                 if len > self.left - 1 {
                     return self.stop("a field longer than the message");
                 }

@@ -1,72 +1,34 @@
-//! crisp's own calls to the runtime (readiness probes, status reads, job-mode stops), sent over
-//! the runtime pool's multiplexed connections ([`super::runtime_pool`]), as diverted calls are. These are the only messages crisp
-//! encodes itself; they are built from views, never from a forwarded message.
+//! ExecSync, the one call crisp reads by hand: its answer carries the command's output (up to
+//! 16 MiB per stream from containerd), which tonic's client would hold whole before decoding
+//! it. Here the answer streams past an [`ExitCodeReader`] that keeps the exit code alone. The
+//! request carries the headers tonic writes for the unary calls (`application/grpc`,
+//! `te: trailers`, `grpc-timeout` to the millisecond, crisp's user agent), and a non-OK status
+//! is read as theirs is.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderValue, Method, Request};
 use http_body_util::BodyExt;
 use prost::Message;
 
-use super::body::{self, ProxyBody};
-use super::RuntimePool;
+use crate::proxy::body::ProxyBody;
+use super::{ClientError, RuntimeClient, USER_AGENT};
+use crate::cri::varint::Varint;
 use crate::cri::views;
-use crate::cri::wire::{self, Frame};
+use crate::cri::wire;
 use crate::cri::ApiVersion;
 use crate::status::{code_of, message_of, Status};
 
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    #[error(transparent)]
-    RuntimePool(#[from] super::runtime_pool::RuntimePoolError),
-    #[error("runtime answered {method} with {status}")]
-    Status {
-        method: &'static str,
-        status: Status,
-    },
-    #[error("{method}: malformed response: {detail}")]
-    Malformed {
-        method: &'static str,
-        detail: String,
-    },
-    #[error("{method}: no answer within {timeout:?}")]
-    Timeout {
-        method: &'static str,
-        timeout: Duration,
-    },
-}
-
-impl ClientError {
-    pub(crate) fn is_not_found(&self) -> bool {
-        matches!(
-            self,
-            ClientError::Status { status, .. } if status.code == crate::status::code::NOT_FOUND
-        )
-    }
-}
-
-#[derive(Clone)]
-pub struct RuntimeClient {
-    pool: Arc<RuntimePool>,
-    timeout: Duration,
-}
-
 impl RuntimeClient {
-    pub fn new(pool: Arc<RuntimePool>, timeout: Duration) -> Self {
-        RuntimeClient { pool, timeout }
-    }
-
-    /// A unary request to the runtime carrying `req`, with the runtime told of `timeout`.
-    fn request<Req: Message>(
+    /// The ExecSync request, hand-built: the runtime told of `timeout`.
+    fn exec_request(
         &self,
         version: ApiVersion,
-        method: &'static str,
-        req: &Req,
+        req: &views::ExecSyncRequest,
         timeout: Duration,
     ) -> Result<Request<ProxyBody>, ClientError> {
         let uri = format!(
-            "http://localhost/runtime.{}.RuntimeService/{method}",
+            "http://localhost/runtime.{}.RuntimeService/{METHOD}",
             version.as_str()
         );
         let mut r = Request::builder().method(Method::POST).uri(uri);
@@ -76,169 +38,15 @@ impl RuntimeClient {
             HeaderValue::from_static("application/grpc"),
         );
         h.insert(http::header::TE, HeaderValue::from_static("trailers"));
-        h.insert(
-            http::header::USER_AGENT,
-            HeaderValue::from_static(concat!("crisp/", env!("CARGO_PKG_VERSION"))),
-        );
+        h.insert(http::header::USER_AGENT, HeaderValue::from_static(USER_AGENT));
         if let Ok(v) = HeaderValue::from_str(&crate::status::grpc_timeout_ms(timeout)) {
             h.insert("grpc-timeout", v);
         }
         r.body(ProxyBody::buffered(wire::frame(&req.encode_to_vec()), None))
             .map_err(|e| ClientError::Malformed {
-                method,
+                method: METHOD,
                 detail: e.to_string(),
             })
-    }
-
-    async fn call<Req: Message, Resp: Message + Default>(
-        &self,
-        version: ApiVersion,
-        method: &'static str,
-        req: &Req,
-        timeout: Duration,
-    ) -> Result<Resp, ClientError> {
-        let request = self.request(version, method, req, timeout)?;
-        let fut = async {
-            let resp = self.pool.send(request).await?;
-            let (parts, body) = resp.into_parts();
-            if let Some(c) = code_of(&parts.headers) {
-                return Err(status_error(method, c, &parts.headers));
-            }
-            let (data, trailers) = body::collect(ProxyBody::RuntimePool(body), 64 << 20)
-                .await
-                .map_err(|e| ClientError::Malformed {
-                    method,
-                    detail: e.to_string(),
-                })?;
-            let trailers = trailers.unwrap_or_default();
-            match code_of(&trailers) {
-                Some(0) => {}
-                Some(c) => return Err(status_error(method, c, &trailers)),
-                None => {
-                    return Err(ClientError::Malformed {
-                        method,
-                        detail: "no grpc-status".into(),
-                    })
-                }
-            }
-            match wire::single_message(&data) {
-                Some(Frame::Message(m)) => Resp::decode(m).map_err(|e| ClientError::Malformed {
-                    method,
-                    detail: e.to_string(),
-                }),
-                _ if data.is_empty() => Ok(Resp::default()),
-                _ => Err(ClientError::Malformed {
-                    method,
-                    detail: "not one uncompressed message".into(),
-                }),
-            }
-        };
-        tokio::time::timeout(timeout, fut)
-            .await
-            .map_err(|_| ClientError::Timeout { method, timeout })?
-    }
-
-    /// Containers of one sandbox (all states).
-    pub(crate) async fn list_containers(
-        &self,
-        version: ApiVersion,
-        sandbox_id: &str,
-    ) -> Result<Vec<views::Container>, ClientError> {
-        let req = views::ListContainersRequest {
-            filter: Some(views::ContainerFilter {
-                pod_sandbox_id: sandbox_id.to_string(),
-                ..Default::default()
-            }),
-        };
-        let resp: views::ListContainersResponse = self
-            .call(version, "ListContainers", &req, self.timeout)
-            .await?;
-        Ok(resp.containers)
-    }
-
-    /// Every container of the node (all states).
-    pub(crate) async fn list_all_containers(
-        &self,
-        version: ApiVersion,
-    ) -> Result<Vec<views::Container>, ClientError> {
-        let req = views::ListContainersRequest { filter: None };
-        let resp: views::ListContainersResponse = self
-            .call(version, "ListContainers", &req, self.timeout)
-            .await?;
-        Ok(resp.containers)
-    }
-
-    /// One container by id, with its sandbox id (ContainerStatus has none, KUBELET-CRI §2.3).
-    pub(crate) async fn container(
-        &self,
-        version: ApiVersion,
-        id: &str,
-    ) -> Result<Option<views::Container>, ClientError> {
-        let req = views::ListContainersRequest {
-            filter: Some(views::ContainerFilter {
-                id: id.to_string(),
-                ..Default::default()
-            }),
-        };
-        let resp: views::ListContainersResponse = self
-            .call(version, "ListContainers", &req, self.timeout)
-            .await?;
-        Ok(resp.containers.into_iter().find(|c| c.id == id))
-    }
-
-    pub(crate) async fn list_pod_sandboxes(
-        &self,
-        version: ApiVersion,
-    ) -> Result<Vec<views::PodSandbox>, ClientError> {
-        let resp: views::ListPodSandboxResponse = self
-            .call(
-                version,
-                "ListPodSandbox",
-                &views::ListPodSandboxRequest {},
-                self.timeout,
-            )
-            .await?;
-        Ok(resp.items)
-    }
-
-    pub(crate) async fn pod_sandbox_status(
-        &self,
-        version: ApiVersion,
-        sandbox_id: &str,
-    ) -> Result<views::PodSandboxStatusResponse, ClientError> {
-        let req = views::PodSandboxIdRequest {
-            pod_sandbox_id: sandbox_id.to_string(),
-        };
-        self.call(version, "PodSandboxStatus", &req, self.timeout)
-            .await
-    }
-
-    /// PodSandboxStatus with `verbose: true`: the runtime's own `info` too (the sandbox's
-    /// network namespace, for probes).
-    pub(crate) async fn pod_sandbox_status_verbose(
-        &self,
-        version: ApiVersion,
-        sandbox_id: &str,
-    ) -> Result<views::PodSandboxStatusResponse, ClientError> {
-        let req = views::PodSandboxStatusRequest {
-            pod_sandbox_id: sandbox_id.to_string(),
-            verbose: true,
-        };
-        self.call(version, "PodSandboxStatus", &req, self.timeout)
-            .await
-    }
-
-    pub(crate) async fn container_status(
-        &self,
-        version: ApiVersion,
-        id: &str,
-    ) -> Result<views::ContainerStatusResponse, ClientError> {
-        let req = views::ContainerIdRequest {
-            container_id: id.to_string(),
-            timeout: 0,
-        };
-        self.call(version, "ContainerStatus", &req, self.timeout)
-            .await
     }
 
     /// Runs `cmd` in a container; returns its exit code. Everything happens within `timeout`:
@@ -246,7 +54,8 @@ impl RuntimeClient {
     /// which counts whole seconds and reads 0 as "none", is the whole seconds left, at least 1),
     /// and crisp stops waiting — cancelling the call — when it runs out. The answer is read as
     /// it arrives and only its exit code kept ([`ExitCodeReader`]): the command's output (up to
-    /// 16 MiB per stream from containerd) streams past and is never held.
+    /// 16 MiB per stream from containerd) streams past and is never held: this call is built and
+    /// read by hand, not through tonic, whose client decodes only a whole buffered message.
     pub async fn exec_sync(
         &self,
         version: ApiVersion,
@@ -254,7 +63,6 @@ impl RuntimeClient {
         cmd: &[String],
         timeout: Duration,
     ) -> Result<i32, ClientError> {
-        const METHOD: &str = "ExecSync";
         let secs = i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX).max(1);
         let req = views::ExecSyncRequest {
             container_id: id.to_string(),
@@ -264,7 +72,7 @@ impl RuntimeClient {
         // The command has `timeout`; the call, that and the runtime's own time to start the
         // command and report it (a busy or slow runtime takes seconds).
         let deadline = timeout.saturating_add(EXEC_RUNTIME_SLACK);
-        let request = self.request(version, METHOD, &req, deadline)?;
+        let request = self.exec_request(version, &req, deadline)?;
         let fut = async {
             let resp = self.pool.send(request).await?;
             let (parts, body) = resp.into_parts();
@@ -320,54 +128,9 @@ impl RuntimeClient {
                 timeout: deadline,
             })?
     }
-
-    pub(crate) async fn stop_container(
-        &self,
-        version: ApiVersion,
-        id: &str,
-        timeout_secs: i64,
-    ) -> Result<(), ClientError> {
-        let req = views::ContainerIdRequest {
-            container_id: id.to_string(),
-            timeout: timeout_secs,
-        };
-        let wait = self.timeout + Duration::from_secs(timeout_secs.max(0) as u64);
-        let _: views::ListPodSandboxRequest =
-            self.call(version, "StopContainer", &req, wait).await?;
-        Ok(())
-    }
 }
 
-/// `runtime.v1.VersionRequest` (same field numbers in v1alpha2).
-#[derive(Clone, PartialEq, Message)]
-pub struct VersionRequest {
-    /// The kubelet's CRI API version.
-    #[prost(string, tag = "1")]
-    pub version: String,
-}
-
-/// `runtime.v1.VersionResponse` (same field numbers in v1alpha2).
-#[derive(Clone, PartialEq, Message)]
-pub struct VersionResponse {
-    #[prost(string, tag = "1")]
-    pub version: String,
-    #[prost(string, tag = "2")]
-    pub runtime_name: String,
-    #[prost(string, tag = "3")]
-    pub runtime_version: String,
-    #[prost(string, tag = "4")]
-    pub runtime_api_version: String,
-}
-
-impl RuntimeClient {
-    /// RuntimeService/Version in the given CRI API version (`crisp doctor`).
-    pub async fn version(&self, version: ApiVersion) -> Result<VersionResponse, ClientError> {
-        let req = VersionRequest {
-            version: version.as_str().to_string(),
-        };
-        self.call(version, "Version", &req, self.timeout).await
-    }
-}
+const METHOD: &str = "ExecSync";
 
 /// Most bytes of an ExecSync answer crisp reads (all of them streamed past, none kept):
 /// containerd caps each of stdout and stderr at 16 MiB; a longer answer is not a runtime's.
@@ -425,11 +188,7 @@ enum ReadState {
         got: usize,
     },
     /// A varint being read.
-    Varint {
-        of: VarintOf,
-        value: u64,
-        shift: u32,
-    },
+    Varint { of: VarintOf, varint: Varint },
     /// Bytes of a field to pass over.
     Skip(u64),
     /// The message is complete.
@@ -481,18 +240,14 @@ impl ExitCodeReader {
                         self.next_field();
                     }
                 }
-                ReadState::Varint { of, value, shift } => {
+                ReadState::Varint { of, varint } => {
                     data = &data[1..];
                     self.left = self.left.checked_sub(1).ok_or(ExecAnswerError::Overrun)?;
-                    if *shift > 63 {
-                        return Err(ExecAnswerError::LongVarint);
-                    }
-                    *value |= u64::from(first & 0x7f) << *shift;
-                    if first & 0x80 != 0 {
-                        *shift += 7;
+                    let of = *of;
+                    let pushed = varint.push(first);
+                    let Some(value) = pushed.map_err(|_| ExecAnswerError::LongVarint)? else {
                         continue;
-                    }
-                    let (of, value) = (*of, *value);
+                    };
                     match of {
                         VarintOf::Key => self.key(value)?,
                         VarintOf::Value(field) => {
@@ -534,16 +289,14 @@ impl ExitCodeReader {
             0 => {
                 self.state = ReadState::Varint {
                     of: VarintOf::Value(field),
-                    value: 0,
-                    shift: 0,
+                    varint: Varint::default(),
                 }
             }
             1 => self.skip(8)?,
             2 => {
                 self.state = ReadState::Varint {
                     of: VarintOf::Len,
-                    value: 0,
-                    shift: 0,
+                    varint: Varint::default(),
                 }
             }
             5 => self.skip(4)?,
@@ -570,8 +323,7 @@ impl ExitCodeReader {
         } else {
             ReadState::Varint {
                 of: VarintOf::Key,
-                value: 0,
-                shift: 0,
+                varint: Varint::default(),
             }
         };
     }
@@ -585,6 +337,7 @@ fn status_error(method: &'static str, code: i32, h: &http::HeaderMap) -> ClientE
         status: Status::new(code, message_of(h).unwrap_or_default()),
     }
 }
+
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,327 @@
+//! crisp's own calls to the runtime (readiness probes, status reads, job-mode stops), sent over
+//! the runtime pool's multiplexed connections ([`super::runtime_pool`]), as diverted calls are.
+//! These are the only messages crisp encodes itself; they are built from views, never from a
+//! forwarded message.
+//!
+//! The unary calls go through tonic's [`Grpc`] client with prost's codec over [`PoolService`], a
+//! tower service around [`RuntimePool::send`]: tonic frames the message, writes the gRPC headers
+//! and reads the answer. The service keeps what crisp decided before tonic (issue #36): the
+//! request body is sent buffered (the pool sends it again after a REFUSED_STREAM), a runtime's
+//! non-OK status is read as crisp reads every grpc-message, and a pool error comes back typed.
+//! ExecSync is read by hand ([`exec`]): tonic would hold the command's whole output.
+
+mod exec;
+mod pool_service;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::uri::{PathAndQuery, Uri};
+use prost::Message;
+use tonic::client::Grpc;
+use tonic::metadata::MetadataValue;
+use tonic_prost::ProstCodec;
+
+use self::pool_service::{Failure, PoolService, Runtime};
+use super::RuntimePool;
+use crate::cri::views;
+use crate::cri::ApiVersion;
+use crate::status::Status;
+
+// The exec-probe tests bound the call by it; within crisp, only `exec` reads it.
+#[cfg(any(test, feature = "test-util"))]
+pub use exec::EXEC_RUNTIME_SLACK;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error(transparent)]
+    RuntimePool(#[from] super::runtime_pool::RuntimePoolError),
+    #[error("runtime answered {method} with {status}")]
+    Status {
+        method: &'static str,
+        status: Status,
+    },
+    #[error("{method}: malformed response: {detail}")]
+    Malformed {
+        method: &'static str,
+        detail: String,
+    },
+    #[error("{method}: no answer within {timeout:?}")]
+    Timeout {
+        method: &'static str,
+        timeout: Duration,
+    },
+}
+
+impl ClientError {
+    pub(crate) fn is_not_found(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Status { status, .. } if status.code == crate::status::code::NOT_FOUND
+        )
+    }
+}
+
+/// Largest answer crisp decodes (a node's ListContainers; tonic's own default is 4 MiB).
+const MAX_ANSWER: usize = 64 << 20;
+
+/// What crisp's own calls say they are.
+const USER_AGENT: &str = concat!("crisp/", env!("CARGO_PKG_VERSION"));
+
+#[derive(Clone)]
+pub struct RuntimeClient {
+    pool: Arc<RuntimePool>,
+    timeout: Duration,
+}
+
+impl RuntimeClient {
+    pub fn new(pool: Arc<RuntimePool>, timeout: Duration) -> Self {
+        RuntimeClient { pool, timeout }
+    }
+
+    async fn call<Req, Resp>(
+        &self,
+        version: ApiVersion,
+        method: &'static str,
+        req: Req,
+        timeout: Duration,
+    ) -> Result<Resp, ClientError>
+    where
+        Req: Message + Send + Sync + 'static,
+        Resp: Message + Default + Send + Sync + 'static,
+    {
+        unary(self.pool.clone(), version, method, req, timeout).await
+    }
+
+    /// Containers of one sandbox (all states).
+    pub(crate) async fn list_containers(
+        &self,
+        version: ApiVersion,
+        sandbox_id: &str,
+    ) -> Result<Vec<views::Container>, ClientError> {
+        let req = views::ListContainersRequest {
+            filter: Some(views::ContainerFilter {
+                pod_sandbox_id: sandbox_id.to_string(),
+                ..Default::default()
+            }),
+        };
+        let resp: views::ListContainersResponse = self
+            .call(version, "ListContainers", req, self.timeout)
+            .await?;
+        Ok(resp.containers)
+    }
+
+    /// Every container of the node (all states).
+    pub(crate) async fn list_all_containers(
+        &self,
+        version: ApiVersion,
+    ) -> Result<Vec<views::Container>, ClientError> {
+        let req = views::ListContainersRequest { filter: None };
+        let resp: views::ListContainersResponse = self
+            .call(version, "ListContainers", req, self.timeout)
+            .await?;
+        Ok(resp.containers)
+    }
+
+    /// One container by id, with its sandbox id (ContainerStatus has none, KUBELET-CRI §2.3).
+    pub(crate) async fn container(
+        &self,
+        version: ApiVersion,
+        id: &str,
+    ) -> Result<Option<views::Container>, ClientError> {
+        let req = views::ListContainersRequest {
+            filter: Some(views::ContainerFilter {
+                id: id.to_string(),
+                ..Default::default()
+            }),
+        };
+        let resp: views::ListContainersResponse = self
+            .call(version, "ListContainers", req, self.timeout)
+            .await?;
+        Ok(resp.containers.into_iter().find(|c| c.id == id))
+    }
+
+    pub(crate) async fn list_pod_sandboxes(
+        &self,
+        version: ApiVersion,
+    ) -> Result<Vec<views::PodSandbox>, ClientError> {
+        let resp: views::ListPodSandboxResponse = self
+            .call(
+                version,
+                "ListPodSandbox",
+                views::ListPodSandboxRequest {},
+                self.timeout,
+            )
+            .await?;
+        Ok(resp.items)
+    }
+
+    pub(crate) async fn pod_sandbox_status(
+        &self,
+        version: ApiVersion,
+        sandbox_id: &str,
+    ) -> Result<views::PodSandboxStatusResponse, ClientError> {
+        let req = views::PodSandboxIdRequest {
+            pod_sandbox_id: sandbox_id.to_string(),
+        };
+        self.call(version, "PodSandboxStatus", req, self.timeout)
+            .await
+    }
+
+    /// PodSandboxStatus with `verbose: true`: the runtime's own `info` too (the sandbox's
+    /// network namespace, for probes).
+    pub(crate) async fn pod_sandbox_status_verbose(
+        &self,
+        version: ApiVersion,
+        sandbox_id: &str,
+    ) -> Result<views::PodSandboxStatusResponse, ClientError> {
+        let req = views::PodSandboxStatusRequest {
+            pod_sandbox_id: sandbox_id.to_string(),
+            verbose: true,
+        };
+        self.call(version, "PodSandboxStatus", req, self.timeout)
+            .await
+    }
+
+    pub(crate) async fn container_status(
+        &self,
+        version: ApiVersion,
+        id: &str,
+    ) -> Result<views::ContainerStatusResponse, ClientError> {
+        let req = views::ContainerIdRequest {
+            container_id: id.to_string(),
+            timeout: 0,
+        };
+        self.call(version, "ContainerStatus", req, self.timeout)
+            .await
+    }
+
+    pub(crate) async fn stop_container(
+        &self,
+        version: ApiVersion,
+        id: &str,
+        timeout_secs: i64,
+    ) -> Result<(), ClientError> {
+        let req = views::ContainerIdRequest {
+            container_id: id.to_string(),
+            timeout: timeout_secs,
+        };
+        let wait = self.timeout + Duration::from_secs(timeout_secs.max(0) as u64);
+        let _: views::ListPodSandboxRequest =
+            self.call(version, "StopContainer", req, wait).await?;
+        Ok(())
+    }
+
+    /// RuntimeService/Version in the given CRI API version (`crisp doctor`).
+    pub async fn version(&self, version: ApiVersion) -> Result<VersionResponse, ClientError> {
+        let req = VersionRequest {
+            version: version.as_str().to_string(),
+        };
+        self.call(version, "Version", req, self.timeout).await
+    }
+}
+
+/// `runtime.v1.VersionRequest` (same field numbers in v1alpha2).
+#[derive(Clone, PartialEq, Message)]
+pub struct VersionRequest {
+    /// The kubelet's CRI API version.
+    #[prost(string, tag = "1")]
+    pub version: String,
+}
+
+/// `runtime.v1.VersionResponse` (same field numbers in v1alpha2).
+#[derive(Clone, PartialEq, Message)]
+pub struct VersionResponse {
+    #[prost(string, tag = "1")]
+    pub version: String,
+    #[prost(string, tag = "2")]
+    pub runtime_name: String,
+    #[prost(string, tag = "3")]
+    pub runtime_version: String,
+    #[prost(string, tag = "4")]
+    pub runtime_api_version: String,
+}
+
+/// The path of `method` of the RuntimeService in CRI API `version`.
+fn path(version: ApiVersion, method: &'static str) -> Result<PathAndQuery, ClientError> {
+    PathAndQuery::try_from(format!(
+        "/runtime.{}.RuntimeService/{method}",
+        version.as_str()
+    ))
+    .map_err(|e| ClientError::Malformed {
+        method,
+        detail: e.to_string(),
+    })
+}
+
+/// One unary call through tonic over `runtime`, the runtime told of `timeout` (`grpc-timeout`
+/// to the millisecond) and given up on when it runs out. An OK answer without a message is the
+/// default message, as protobuf reads an empty one; more than one message is refused.
+async fn unary<R, Req, Resp>(
+    runtime: R,
+    version: ApiVersion,
+    method: &'static str,
+    req: Req,
+    timeout: Duration,
+) -> Result<Resp, ClientError>
+where
+    R: Runtime,
+    Req: Message + Send + Sync + 'static,
+    Resp: Message + Default + Send + Sync + 'static,
+{
+    let path = path(version, method)?;
+    let mut request = tonic::Request::new(req);
+    let metadata = request.metadata_mut();
+    metadata.insert("user-agent", MetadataValue::from_static(USER_AGENT));
+    if let Ok(v) = MetadataValue::try_from(crate::status::grpc_timeout_ms(timeout)) {
+        metadata.insert("grpc-timeout", v);
+    }
+    let mut grpc = Grpc::with_origin(PoolService::new(runtime), Uri::from_static("http://localhost"))
+        .max_decoding_message_size(MAX_ANSWER);
+    let fut = async move {
+        let codec = ProstCodec::<Req, Resp>::default();
+        let fail = |status| client_error(method, status);
+        // `server_streaming`, not `unary`: tonic's unary refuses an OK answer without a message.
+        let mut answer = grpc
+            .server_streaming(request, path, codec)
+            .await
+            .map_err(fail)?
+            .into_inner();
+        let first = answer.message().await.map_err(fail)?;
+        if first.is_some() && answer.message().await.map_err(fail)?.is_some() {
+            return Err(ClientError::Malformed {
+                method,
+                detail: "more than one message".into(),
+            });
+        }
+        Ok(first.unwrap_or_default())
+    };
+    tokio::time::timeout(timeout, fut)
+        .await
+        .map_err(|_| ClientError::Timeout { method, timeout })?
+}
+
+/// The error of a call tonic gave up on, from what [`PoolService`] put under its status: the
+/// pool's own error, typed as it was; the runtime's non-OK status; or a malformed answer (tonic's
+/// own statuses: a message it cannot decode, too large, compressed, no grpc-status).
+fn client_error(method: &'static str, status: tonic::Status) -> ClientError {
+    let failure = std::error::Error::source(&status).and_then(|e| e.downcast_ref::<Failure>());
+    let detail = match failure {
+        Some(Failure::Pool(slot)) => match slot.lock().take() {
+            Some(e) => return ClientError::RuntimePool(e),
+            None => "the runtime pool's error was read already".to_string(),
+        },
+        Some(Failure::Answered(status)) => {
+            return ClientError::Status {
+                method,
+                status: status.clone(),
+            }
+        }
+        Some(failure) => failure.to_string(),
+        None => status.message().to_string(),
+    };
+    ClientError::Malformed { method, detail }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,294 @@
+//! The unary calls through tonic against a fake runtime pool: what must not change from the
+//! hand-built client they replaced (issue #36).
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Request, Response};
+use http_body::{Body, Frame};
+use prost::Message;
+
+use super::pool_service::Runtime;
+use super::*;
+use crate::cri::wire;
+use crate::proxy::body::ProxyBody;
+use crate::proxy::runtime_pool::RuntimePoolError;
+
+/// An answer body: its frames, in order.
+struct Frames(VecDeque<Frame<Bytes>>);
+
+impl Body for Frames {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Poll::Ready(self.0.pop_front().map(Ok))
+    }
+}
+
+/// What the fake runtime answers.
+#[derive(Clone)]
+enum Reply {
+    /// Response headers, then data frames, then trailers if any.
+    Answer(Box<(HeaderMap, Vec<Bytes>, Option<HeaderMap>)>),
+    /// The pool's error for the call.
+    ConnectTimeout,
+    /// Nothing, ever.
+    Hold,
+}
+
+/// A request as the fake runtime got it: its head, and whether its body was buffered.
+struct Seen {
+    parts: http::request::Parts,
+    buffered: Option<Bytes>,
+}
+
+#[derive(Clone)]
+struct Fake {
+    reply: Reply,
+    seen: Arc<parking_lot::Mutex<Vec<Seen>>>,
+}
+
+impl Fake {
+    fn new(reply: Reply) -> Fake {
+        Fake {
+            reply,
+            seen: Arc::default(),
+        }
+    }
+
+    /// The one request the fake got.
+    fn request(&self) -> Seen {
+        let mut seen = self.seen.lock();
+        assert_eq!(seen.len(), 1, "one request");
+        seen.remove(0)
+    }
+}
+
+impl Runtime for Fake {
+    type Body = Frames;
+
+    async fn send(&self, req: Request<ProxyBody>) -> Result<Response<Frames>, RuntimePoolError> {
+        let (parts, body) = req.into_parts();
+        let buffered = match body {
+            ProxyBody::Buffered { data, .. } => Some(data.unwrap_or_default()),
+            _ => None,
+        };
+        self.seen.lock().push(Seen { parts, buffered });
+        match self.reply.clone() {
+            Reply::Answer(answer) => {
+                let (headers, data, trailers) = *answer;
+                let mut frames: VecDeque<_> = data.into_iter().map(Frame::data).collect();
+                frames.extend(trailers.map(Frame::trailers));
+                let mut resp = Response::new(Frames(frames));
+                *resp.headers_mut() = headers;
+                Ok(resp)
+            }
+            Reply::ConnectTimeout => Err(RuntimePoolError::ConnectTimeout {
+                path: "/run/containerd/containerd.sock".into(),
+                timeout: Duration::from_secs(3),
+            }),
+            Reply::Hold => std::future::pending().await,
+        }
+    }
+}
+
+fn grpc_headers() -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert("content-type", HeaderValue::from_static("application/grpc"));
+    h
+}
+
+fn status(code: &'static str, message: &'static str) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert("grpc-status", HeaderValue::from_static(code));
+    if !message.is_empty() {
+        h.insert("grpc-message", HeaderValue::from_static(message));
+    }
+    h
+}
+
+/// An answer: its headers, data frames and trailers.
+fn answer(headers: HeaderMap, data: Vec<Bytes>, trailers: Option<HeaderMap>) -> Reply {
+    Reply::Answer(Box::new((headers, data, trailers)))
+}
+
+/// An answer of `messages` (each framed) and an OK status.
+fn ok(messages: &[&[u8]]) -> Reply {
+    answer(grpc_headers(), messages.iter().map(|m| wire::frame(m)).collect(), Some(status("0", "")))
+}
+
+async fn version(fake: &Fake, timeout: Duration) -> Result<VersionResponse, ClientError> {
+    let req = VersionRequest {
+        version: "v1".into(),
+    };
+    unary(fake.clone(), ApiVersion::V1, "Version", req, timeout).await
+}
+
+const SECOND: Duration = Duration::from_secs(1);
+
+#[tokio::test]
+async fn an_ok_answer_without_a_message_is_the_default_message() {
+    // No data frame at all, the OK status in the trailers (tonic's `unary` would answer
+    // "Missing response message").
+    let fake = Fake::new(ok(&[]));
+    assert_eq!(version(&fake, SECOND).await.unwrap(), VersionResponse::default());
+    // An empty message, framed: the same.
+    let fake = Fake::new(ok(&[b""]));
+    assert_eq!(version(&fake, SECOND).await.unwrap(), VersionResponse::default());
+    // A message is decoded.
+    let v = VersionResponse {
+        runtime_name: "containerd".into(),
+        ..Default::default()
+    };
+    let fake = Fake::new(ok(&[&v.encode_to_vec()]));
+    assert_eq!(version(&fake, SECOND).await.unwrap(), v);
+    // Two are refused.
+    let fake = Fake::new(ok(&[&v.encode_to_vec(), &v.encode_to_vec()]));
+    let r = version(&fake, SECOND).await;
+    assert!(matches!(r, Err(ClientError::Malformed { .. })), "{r:?}");
+}
+
+#[tokio::test]
+async fn a_pool_error_stays_typed() {
+    let fake = Fake::new(Reply::ConnectTimeout);
+    let r = version(&fake, SECOND).await;
+    assert!(
+        matches!(
+            &r,
+            Err(ClientError::RuntimePool(RuntimePoolError::ConnectTimeout { timeout, .. }))
+                if *timeout == Duration::from_secs(3)
+        ),
+        "{r:?}"
+    );
+}
+
+#[tokio::test]
+async fn answers_up_to_64_mib_decode() {
+    // 5 MiB: over tonic's default 4 MiB, a node's ListContainers can be that large.
+    let big = k8s_cri::v1::ListContainersResponse {
+        containers: vec![k8s_cri::v1::Container {
+            id: "c1".into(),
+            labels: [("big".to_string(), "x".repeat(5 << 20))].into(),
+            ..Default::default()
+        }],
+    }
+    .encode_to_vec();
+    let fake = Fake::new(ok(&[&big]));
+    let req = views::ListContainersRequest { filter: None };
+    let resp: views::ListContainersResponse =
+        unary(fake, ApiVersion::V1, "ListContainers", req, SECOND)
+            .await
+            .unwrap();
+    assert_eq!(resp.containers.len(), 1);
+    assert_eq!(resp.containers[0].id, "c1");
+    // A message announced past 64 MiB is refused from its prefix, before its bytes are held.
+    let mut prefix = vec![0u8];
+    prefix.extend_from_slice(&(u32::try_from(MAX_ANSWER).unwrap() + 1).to_be_bytes());
+    let fake = Fake::new(answer(grpc_headers(), vec![Bytes::from(prefix), Bytes::from_static(&[0; 64])], Some(status("0", ""))));
+    let r = version(&fake, SECOND).await;
+    assert!(matches!(r, Err(ClientError::Malformed { .. })), "{r:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_runtime_is_told_the_deadline_and_crisp_keeps_it() {
+    let fake = Fake::new(Reply::Hold);
+    let r = version(&fake, Duration::from_millis(1500)).await;
+    assert!(
+        matches!(
+            r,
+            Err(ClientError::Timeout {
+                method: "Version",
+                timeout
+            }) if timeout == Duration::from_millis(1500)
+        ),
+        "{r:?}"
+    );
+    let seen = fake.request();
+    let h = &seen.parts.headers;
+    assert_eq!(h["grpc-timeout"], "1500m");
+    assert_eq!(h["user-agent"], USER_AGENT);
+    assert!(USER_AGENT.starts_with("crisp/"));
+    assert_eq!(h["content-type"], "application/grpc");
+    assert_eq!(h["te"], "trailers");
+    assert_eq!(
+        seen.parts.uri,
+        "http://localhost/runtime.v1.RuntimeService/Version"
+    );
+    // The request is one framed message, buffered: the pool may send it again after the
+    // runtime refused the stream unprocessed.
+    let want = VersionRequest {
+        version: "v1".into(),
+    };
+    assert_eq!(
+        seen.buffered,
+        Some(wire::frame(&want.encode_to_vec())),
+        "request body"
+    );
+    // v1alpha2's path.
+    let fake = Fake::new(ok(&[]));
+    let req = VersionRequest::default();
+    let _: VersionResponse = unary(fake.clone(), ApiVersion::V1alpha2, "Version", req, SECOND)
+        .await
+        .unwrap();
+    assert_eq!(
+        fake.request().parts.uri.path(),
+        "/runtime.v1alpha2.RuntimeService/Version"
+    );
+}
+
+#[tokio::test]
+async fn a_non_ok_status_is_the_runtimes_code_and_message() {
+    // In the trailers, after the headers.
+    let fake = Fake::new(answer(grpc_headers(), vec![], Some(status("5", "container%20%22c1%22 not found"))));
+    let r = version(&fake, SECOND).await;
+    match &r {
+        Err(e @ ClientError::Status { method, status }) => {
+            assert_eq!(*method, "Version");
+            assert_eq!(status.code, 5);
+            assert_eq!(status.message, "container \"c1\" not found");
+            assert!(e.is_not_found());
+        }
+        r => panic!("{r:?}"),
+    }
+    // Trailers-only: the status in the headers.
+    let mut headers = grpc_headers();
+    headers.extend(status("14", "runtime%20busy"));
+    let fake = Fake::new(answer(headers, vec![], None));
+    let r = version(&fake, SECOND).await;
+    assert!(
+        matches!(&r, Err(ClientError::Status { status, .. }) if status.code == 14 && status.message == "runtime busy"),
+        "{r:?}"
+    );
+    // The message is bounded as every grpc-message crisp reads.
+    let long: &'static str = Box::leak("x".repeat(5000).into_boxed_str());
+    let fake = Fake::new(answer(grpc_headers(), vec![], Some(status("13", long))));
+    let r = version(&fake, SECOND).await;
+    assert!(
+        matches!(&r, Err(ClientError::Status { status, .. })
+            if status.message.len() <= crate::status::MAX_SEEN_MESSAGE + '…'.len_utf8()),
+        "{r:?}"
+    );
+    // A status details header that is not base64 (tonic 0.14.9 panics reading one) is dropped.
+    let mut trailers = status("9", "no");
+    trailers.insert("grpc-status-details-bin", HeaderValue::from_static("%%%"));
+    let fake = Fake::new(answer(grpc_headers(), vec![], Some(trailers)));
+    let r = version(&fake, SECOND).await;
+    assert!(matches!(&r, Err(ClientError::Status { status, .. }) if status.code == 9), "{r:?}");
+    let mut trailers = status("0", "");
+    trailers.insert("grpc-status-details-bin", HeaderValue::from_static("%%%"));
+    let fake = Fake::new(answer(grpc_headers(), vec![], Some(trailers)));
+    assert_eq!(version(&fake, SECOND).await.unwrap(), VersionResponse::default());
+    // No grpc-status at all: malformed, not an answer.
+    let fake = Fake::new(answer(grpc_headers(), vec![wire::frame(b"")], None));
+    let r = version(&fake, SECOND).await;
+    assert!(matches!(r, Err(ClientError::Malformed { .. })), "{r:?}");
+}
