@@ -25,7 +25,7 @@ use crate::tenant;
 
 /// Longest runtime handler kept: a RuntimeClass handler is a DNS-1123 label (63 bytes); a
 /// longer one is cut (and can match no configured handler, which are labels too).
-pub(crate) const MAX_HANDLER: usize = 63;
+const MAX_HANDLER: usize = 63;
 
 /// How a pod's sidecars can be reached.
 #[derive(Debug, Clone, PartialEq, Eq)]

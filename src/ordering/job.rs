@@ -24,7 +24,7 @@ use super::{now, Engine, Pod};
 use crate::cri::views::state;
 use crate::cri::ApiVersion;
 
-pub(crate) const JOB_NAME_LABELS: [&str; 2] = ["batch.kubernetes.io/job-name", "job-name"];
+const JOB_NAME_LABELS: [&str; 2] = ["batch.kubernetes.io/job-name", "job-name"];
 const PRESTOP_ANNOTATION: &str = "io.kubernetes.container.preStopHandler";
 const GRACE_ANNOTATION: &str = "io.kubernetes.pod.terminationGracePeriod";
 const RESTART_COUNT_ANNOTATION: &str = "io.kubernetes.container.restartCount";
