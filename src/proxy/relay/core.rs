@@ -143,8 +143,12 @@ pub(super) struct FromClient {
     pub(super) pending: Option<PendingBlock>,
     /// Highest stream id sent to the runtime.
     pub(super) max_relayed: StreamId,
-    /// Streams this connection diverted (see [`Core::is_diverted`]).
+    /// Streams this connection diverted above `forgotten_upto` (see [`Core::is_diverted`]).
     pub(super) diverted_ids: HashSet<StreamId, BuildHasherDefault<IdHasher>>,
+    /// Finished diverted streams up to this id were dropped from `diverted_ids` (the record
+    /// stays bounded): a stream up to it that is not relayed in flight is taken for diverted,
+    /// and its late frames never reach the runtime.
+    pub(super) forgotten_upto: StreamId,
     /// Diverted streams whose request body is still open.
     pub(super) bodies: HashSet<StreamId, BuildHasherDefault<IdHasher>>,
     /// The re-encoded request header block, reused from call to call.
@@ -299,6 +303,7 @@ impl Core {
             pending: None,
             max_relayed: StreamId::CONNECTION,
             diverted_ids: Default::default(),
+            forgotten_upto: StreamId::CONNECTION,
             bodies: Default::default(),
             enc: Vec::with_capacity(512),
             fields: FieldList::default(),

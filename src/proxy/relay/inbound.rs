@@ -266,11 +266,17 @@ impl Core {
         }
     }
 
-    /// `diverted_ids` is this direction's own record, without a lock. A finished diverted
-    /// stream may linger in it (pruned in batches): its late frames are dropped, which is right,
-    /// as the runtime never saw the stream.
+    /// Whether the runtime never saw `stream`: a diverted stream, in flight or finished, whose
+    /// late frames are crisp's (dropped, their connection credit given back).
+    ///
+    /// `diverted_ids` is this direction's own record, without a lock; finished streams are
+    /// pruned from it in batches ([`Core::open_diverted`]). Below that cut a stream that is not
+    /// relayed in flight has ended, whichever way it went, and its late frames are dropped too:
+    /// the runtime may take frames on a stream it never opened for a connection error, and
+    /// ignores them on one it closed (RFC 9113 §5.1).
     pub(super) fn is_diverted(&self, stream: StreamId) -> bool {
         self.client.diverted_ids.contains(&stream)
+            || (stream <= self.client.forgotten_upto && !self.relayed.contains_key(&stream))
     }
 
     /// A client SETTINGS frame (not an ACK). Relayed, the runtime's ACK will reach the client
@@ -439,6 +445,7 @@ impl Core {
         self.client.diverted_ids.insert(stream);
         if self.client.diverted_ids.len() > 64 {
             self.client.diverted_ids.retain(|id| flow.is_diverted(*id));
+            self.client.forgotten_upto = self.max_stream;
         }
     }
 
