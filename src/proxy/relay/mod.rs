@@ -184,11 +184,6 @@ fn assemble(
     beat: Arc<crate::watchdog::Beat>,
 ) -> (pump::Pump, Arc<bridge::Outbox>) {
     let outbox = Arc::new(bridge::Outbox::new(wake));
-    let changed = Arc::new(tokio::sync::Notify::new());
-    let windows = Arc::new(flow::Windows::new({
-        let changed = changed.clone();
-        Box::new(move || changed.notify_waiters())
-    }));
     let opts = &handle.options;
     let cfg = core::Config {
         keepalive_interval: opts.keepalive_interval,
@@ -196,14 +191,8 @@ fn assemble(
         runtime: handle.runtime.path().to_path_buf(),
     };
     let calls: Arc<dyn Calls> = handle.service.clone();
-    let core = core::Core::new(
-        &cfg,
-        calls,
-        windows.clone(),
-        runtime.is_some(),
-        Instant::now(),
-    );
-    let diverted = bridge::Diverted::new(handle.service.clone(), windows, changed, outbox.clone());
+    let core = core::Core::new(&cfg, calls, runtime.is_some(), Instant::now());
+    let diverted = bridge::Diverted::new(handle.service.clone(), outbox.clone());
     let pump = pump::Pump::new(
         core,
         handle.service.clone(),

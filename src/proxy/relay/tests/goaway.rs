@@ -206,7 +206,7 @@ fn resets_from_the_client_go_on_for_relayed_streams_and_end_diverted_ones() {
     let ev = c.events();
     assert_eq!(completed(&ev), [(1, EndStatus::cancelled())]);
     assert!(ev.iter().any(|e| matches!(e, Event::Reset { stream: S3 })));
-    assert!(!c.windows.lock().is_diverted(S3));
+    assert!(!c.core.flow.is_diverted(S3));
     // Late frames of the reset diverted stream are dropped, credited back.
     c.client(&[&data(3, 10, false)]).unwrap();
     assert!(c.at_runtime().is_empty());
@@ -284,7 +284,7 @@ fn late_frames_of_a_finished_diverted_stream_never_reach_the_runtime_once_forgot
         let id = 1 + 2 * n;
         c.client(&[&request(id, "/s/Divert", true)]).unwrap();
         // Its task answered and ended.
-        c.windows.lock().close_diverted(StreamId::new(id));
+        c.finished(StreamId::new(id));
     }
     assert_eq!(diverted(&c.events()).len(), 70);
     c.client(&[&request(141, "/s/Relay", false)]).unwrap();
