@@ -3,11 +3,12 @@
 //!
 //! - `core.rs`: the connection's rules, without I/O — frames and time in, frames and
 //!   [`Event`](core::Event)s out (`inbound.rs`: the client's frames, `outbound.rs`: the
-//!   runtime's, `flow.rs`: windows and debt, `ping.rs`: the PING gate and keep-alive,
+//!   runtime's, `flow.rs`: windows, debt and the diverted answers that wait for them,
+//!   `ping.rs`: the PING gate and keep-alive,
 //!   `fields.rs`: decoded header blocks and routes).
 //! - `pump.rs`: the thread that runs a core, blocked in `poll(2)` on the two sockets.
 //! - `bridge.rs`: the tokio side — diverted streams, served by the observed path, and the queue
-//!   through which their frames reach the thread.
+//!   through which their commands reach the thread ([`core::Command`]).
 //!
 //! Every frame is copied through as it is, with three exceptions:
 //! - request header blocks are decoded (for the route) and written anew by crisp's own HPACK

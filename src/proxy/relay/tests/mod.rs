@@ -2,6 +2,7 @@
 //! DSL, with a stub for the rest of crisp. No socket, no thread, no sleep: time is an `Instant`
 //! the test moves.
 
+mod answers;
 mod blocks;
 mod degraded;
 mod flow;
