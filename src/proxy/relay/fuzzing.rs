@@ -466,10 +466,10 @@ pub fn run(data: &[u8]) {
                         end: input.u8() % 4 == 0,
                     },
                     1 => {
-                        let room = h.room.get_mut(&s).map_or(0, |r| std::mem::take(r));
-                        let n = n.min(room);
+                        // What the task may send: its room (none for a stream never diverted).
+                        let n = n.min(h.room.get(&s).copied().unwrap_or(0));
                         if let Some(r) = h.room.get_mut(&s) {
-                            *r = room - n;
+                            *r -= n;
                         }
                         Command::Data {
                             stream: s,
