@@ -1,13 +1,14 @@
 //! The relay's connection core, without I/O: bytes and time in, bytes and events out.
 //!
 //! One [`Core`] per client connection holds the connection's rules — the stream table, the
-//! route of each new stream, flow-control windows and debt (`flow.rs`), the PING gate and
-//! keep-alive (`ping.rs`), SETTINGS ACK ordering, GOAWAY both ways. Its shell
-//! (`pump.rs`) reads the sockets and hands the bytes in ([`Core::client_bytes`],
-//! [`Core::runtime_bytes`]); the core appends what goes to the runtime to [`Core::to_runtime`],
-//! its own frames for the client to [`Core::to_client`], writes the runtime's frames to a
-//! [`Sink`] as they are (no copy), and leaves [`Event`]s — a stream to divert, a call that ended —
-//! for the shell to act on. It has no socket, no clock and nothing of tokio or libc: tests drive
+//! route of each new stream, flow-control windows and debt and the diverted streams' answers
+//! (`flow.rs`), the PING gate and keep-alive (`ping.rs`), SETTINGS ACK ordering, GOAWAY both
+//! ways. Its shell (`pump.rs`) reads the sockets and hands the bytes in ([`Core::client_bytes`],
+//! [`Core::runtime_bytes`]) and the diverted streams' [`Command`]s ([`Core::handle_command`]);
+//! the core appends what goes to the runtime to [`Core::to_runtime`], its own frames for the
+//! client to [`Core::to_client`], writes the runtime's frames to a [`Sink`] as they are (no
+//! copy), and leaves [`Event`]s — a stream to divert, credit for a diverted answer, a call that
+//! ended — for the shell to act on. It has no socket, no clock and nothing of tokio or libc: tests drive
 //! it frame by frame (`tests/`).
 
 use super::LOG;
