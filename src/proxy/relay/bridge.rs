@@ -1,7 +1,11 @@
 //! The tokio side of a relayed connection: diverted streams, served by the observed path on
-//! crisp's runtime, and the queue through which their frames reach the relay thread.
+//! crisp's runtime, and the queue through which their answers reach the relay thread as
+//! commands ([`Command`]). The tasks share no protocol state with the thread: the core encodes
+//! their frames and applies the client's windows; a task sends at most [`ANSWER_BUDGET`] bytes
+//! of DATA ahead of the credit the core gives back as it writes them.
 
 use super::LOG;
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,14 +15,14 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
 use http_body_util::BodyExt;
-use parking_lot::{Mutex, MutexGuard};
-use tokio::sync::{mpsc, Notify};
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, Semaphore};
 
-use super::core::Calls;
-use super::flow::Windows;
+use super::core::{Calls, Command};
+use super::flow::ANSWER_BUDGET;
 use crate::intercept::{Call, CatchUnwind, Outcome};
 use crate::proxy::body::{BodyPart, BoxError, ChannelBody, ProxyBody};
-use crate::proxy::http2::{self, IdMap, Reason, RstStream, StreamId, WindowUpdate};
+use crate::proxy::http2::{IdMap, Reason, StreamId};
 use crate::proxy::sock::Wake;
 use crate::proxy::runtime_pool::{Fields, RawFields};
 
@@ -37,11 +41,11 @@ pub(crate) trait Service: Calls {
     ) -> Pin<Box<dyn Future<Output = Response<DivertedBody>> + Send>>;
 }
 
-/// Frames for the client that do not come from the runtime, from other threads (diverted
-/// streams' tasks); the relay thread writes them between the runtime's frames.
+/// The diverted streams' commands for the relay thread, and the flags by which the rest of
+/// crisp reaches it.
 pub(crate) struct Outbox {
-    ctl: Mutex<Vec<u8>>,
-    /// Wakes the relay thread: `ctl` has frames, or `stop` / `kill` was set.
+    commands: Mutex<VecDeque<Command>>,
+    /// Wakes the relay thread: `commands` has some, or `stop` / `kill` was set.
     pub(crate) wake: Wake,
     /// crisp is shutting down: GOAWAY, then finish what is in flight.
     pub(crate) stop: AtomicBool,
@@ -52,22 +56,19 @@ pub(crate) struct Outbox {
 impl Outbox {
     pub(crate) fn new(wake: Wake) -> Outbox {
         Outbox {
-            ctl: Mutex::new(Vec::new()),
+            commands: Mutex::new(VecDeque::new()),
             wake,
             stop: AtomicBool::new(false),
             kill: AtomicBool::new(false),
         }
     }
 
-    fn queue(&self) -> MutexGuard<'_, Vec<u8>> {
-        self.ctl.lock()
-    }
-
-    pub(crate) fn send(&self, frame: &[u8]) {
+    /// Queues a command for the relay thread (woken if the queue was empty).
+    pub(crate) fn send(&self, cmd: Command) {
         let was_empty = {
-            let mut q = self.queue();
+            let mut q = self.commands.lock();
             let was_empty = q.is_empty();
-            q.extend_from_slice(frame);
+            q.push_back(cmd);
             was_empty
         };
         if was_empty {
@@ -75,46 +76,43 @@ impl Outbox {
         }
     }
 
-    /// Moves the frames other threads queued for the client into `into`.
-    pub(crate) fn take(&self, into: &mut Vec<u8>) {
-        let mut q = self.queue();
+    /// Moves the queued commands into `into` (empty), oldest first.
+    pub(crate) fn take(&self, into: &mut VecDeque<Command>) {
+        let mut q = self.commands.lock();
         if !q.is_empty() {
-            into.extend_from_slice(&q);
-            q.clear();
+            std::mem::swap(&mut *q, into);
         }
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.queue().is_empty()
+        self.commands.lock().is_empty()
     }
 }
 
-/// Diverted streams of one connection: their tasks (aborted when the client resets the stream
-/// or goes away) and their request bodies' senders.
+/// A diverted stream's task, as the relay thread keeps it.
+struct Task {
+    /// Aborted when the client resets the stream or goes away.
+    abort: tokio::task::AbortHandle,
+    /// How many more bytes of DATA the task may send ([`ANSWER_BUDGET`], given back by the
+    /// core's [`super::core::Event::Credit`]).
+    room: Arc<Semaphore>,
+}
+
+/// Diverted streams of one connection, on the relay thread: their tasks and their request
+/// bodies' senders. Nothing here is shared with the tasks but their command queue.
 pub(crate) struct Diverted {
     service: Arc<dyn Service>,
-    windows: Arc<Windows>,
-    /// Notified by `windows` when the client's window grew.
-    changed: Arc<Notify>,
     outbox: Arc<Outbox>,
-    tasks: Arc<Mutex<IdMap<tokio::task::AbortHandle>>>,
+    tasks: IdMap<Task>,
     bodies: IdMap<mpsc::UnboundedSender<BodyPart>>,
 }
 
 impl Diverted {
-    /// `changed`: what `windows` notifies when the client's window grew.
-    pub(crate) fn new(
-        service: Arc<dyn Service>,
-        windows: Arc<Windows>,
-        changed: Arc<Notify>,
-        outbox: Arc<Outbox>,
-    ) -> Diverted {
+    pub(crate) fn new(service: Arc<dyn Service>, outbox: Arc<Outbox>) -> Diverted {
         Diverted {
             service,
-            windows,
-            changed,
             outbox,
-            tasks: Default::default(),
+            tasks: IdMap::default(),
             bodies: IdMap::default(),
         }
     }
@@ -135,44 +133,32 @@ impl Diverted {
             self.bodies.insert(stream, tx);
             let outbox = self.outbox.clone();
             // Consumed: the client may send that much more on this stream.
-            let consumed = move |n: usize| {
-                let mut w = Vec::with_capacity(13);
-                WindowUpdate::new(stream, n as u32).encode(&mut w);
-                outbox.send(&w);
-            };
+            let consumed = move |n: usize| outbox.send(Command::Consumed { stream, n });
             ProxyBody::Channel(ChannelBody::new(rx, Box::new(consumed)))
         };
         let req = req.map(|()| body);
-        let (service, windows, changed, outbox, tasks) = (
-            self.service.clone(),
-            self.windows.clone(),
-            self.changed.clone(),
-            self.outbox.clone(),
-            self.tasks.clone(),
-        );
-        let mut map = self.tasks.lock();
+        let room = Arc::new(Semaphore::new(ANSWER_BUDGET));
+        let (service, outbox, task_room) = (self.service.clone(), self.outbox.clone(), room.clone());
         let h = tokio::spawn(async move {
             // A panic while serving this call ends this call only: it is answered INTERNAL and
             // its stream closed below, so the connection can still drain or move on.
             let answered = AtomicBool::new(false);
             let served = CatchUnwind(Box::pin(respond(
-                service,
-                (&windows, &changed),
-                &outbox,
-                stream,
-                call,
-                req,
-                &answered,
+                service, &outbox, &task_room, stream, call, req, &answered,
             )))
             .await;
             if served.is_err() {
                 answer_after_panic(&outbox, stream, answered.load(Ordering::Relaxed));
             }
-            tasks.lock().remove(&stream);
-            windows.lock().close_diverted(stream);
-            windows.notify();
+            outbox.send(Command::Finished { stream });
         });
-        map.insert(stream, h.abort_handle());
+        self.tasks.insert(
+            stream,
+            Task {
+                abort: h.abort_handle(),
+                room,
+            },
+        );
     }
 
     pub(crate) fn body(&mut self, stream: StreamId, data: Bytes) {
@@ -204,19 +190,31 @@ impl Diverted {
         }
     }
 
+    /// `n` bytes of the stream's answer were written: its task may send that many more.
+    pub(crate) fn credit(&mut self, stream: StreamId, n: usize) {
+        if let Some(t) = self.tasks.get(&stream) {
+            t.room.add_permits(n);
+        }
+    }
+
+    /// The stream's task ended ([`Command::Finished`]).
+    pub(crate) fn finished(&mut self, stream: StreamId) {
+        self.tasks.remove(&stream);
+    }
+
     /// The client reset the stream.
     pub(crate) fn abort(&mut self, stream: StreamId) {
         self.bodies.remove(&stream);
-        if let Some(h) = self.tasks.lock().remove(&stream) {
-            h.abort();
+        if let Some(t) = self.tasks.remove(&stream) {
+            t.abort.abort();
         }
     }
 
     /// The client is gone (or was closed): nothing may stay behind.
     pub(crate) fn abort_all(&mut self) {
         self.bodies.clear();
-        for (_, h) in self.tasks.lock().drain() {
-            h.abort();
+        for (_, t) in self.tasks.drain() {
+            t.abort.abort();
         }
     }
 }
@@ -289,28 +287,26 @@ fn answer_after_panic(outbox: &Outbox, stream: StreamId, answered: bool) {
         "serving a call panicked (a bug: please report it with the panic message above); the \
          call is answered INTERNAL, the connection's other calls go on"
     );
-    let status = crate::status::Status::panicked();
-    let mut block = Vec::with_capacity(192);
-    if !answered {
-        http2::encode_field(&mut block, b":status", b"200");
-    }
-    for (n, v) in &status.to_header_map() {
-        if answered && n == http::header::CONTENT_TYPE {
-            continue;
+    let mut fields = crate::status::Status::panicked().to_header_map();
+    outbox.send(if answered {
+        fields.remove(http::header::CONTENT_TYPE);
+        Command::Trailers { stream, fields }
+    } else {
+        Command::Headers {
+            stream,
+            status: http::StatusCode::OK,
+            fields,
+            end: true,
         }
-        http2::encode_field(&mut block, n.as_str().as_bytes(), v.as_bytes());
-    }
-    let mut out = Vec::with_capacity(block.len() + 16);
-    http2::headers(&mut out, stream, &block, true);
-    outbox.send(&out);
+    });
 }
 
-/// Serves a diverted stream through the observed path and writes its response to the client;
-/// `answered` is set once its response headers are queued.
+/// Serves a diverted stream through the observed path and sends its response to the relay
+/// thread; `answered` is set once its response headers are sent.
 async fn respond(
     service: Arc<dyn Service>,
-    windows: (&Windows, &Notify),
     outbox: &Outbox,
+    room: &Semaphore,
     stream: StreamId,
     call: Call,
     req: Request<ProxyBody>,
@@ -318,38 +314,31 @@ async fn respond(
 ) {
     let resp = service.divert(call, req).await;
     let (parts, mut body) = resp.into_parts();
-    let mut block = Vec::with_capacity(256);
-    http2::encode_field(&mut block, b":status", parts.status.as_str().as_bytes());
-    for (n, v) in &parts.headers {
-        http2::encode_field(&mut block, n.as_str().as_bytes(), v.as_bytes());
-    }
     let end = body.is_end_stream();
-    let mut out = Vec::with_capacity(block.len() + 16);
-    http2::headers(&mut out, stream, &block, end);
-    answered.store(true, Ordering::Relaxed);
+    let headers = Command::Headers {
+        stream,
+        status: parts.status,
+        fields: parts.headers,
+        end,
+    };
     if end {
         // The call's completion is reported when its body drops: before the client can see
         // the end of the call (and, say, read the metrics).
         drop(body);
-        outbox.send(&out);
+        outbox.send(headers);
+        answered.store(true, Ordering::Relaxed);
         return;
     }
-    outbox.send(&out);
+    outbox.send(headers);
+    answered.store(true, Ordering::Relaxed);
     loop {
         match body.frame().await {
             Some(Ok(frame)) => match frame.into_data() {
-                Ok(d) => send_data(windows, outbox, stream, d).await,
+                Ok(d) => send_data(outbox, room, stream, d).await,
                 Err(frame) => {
-                    let mut block = Vec::with_capacity(128);
-                    if let Ok(t) = frame.into_trailers() {
-                        for (n, v) in &t {
-                            http2::encode_field(&mut block, n.as_str().as_bytes(), v.as_bytes());
-                        }
-                    }
-                    let mut out = Vec::with_capacity(block.len() + 16);
-                    http2::headers(&mut out, stream, &block, true);
+                    let fields = frame.into_trailers().unwrap_or_default();
                     drop(body);
-                    outbox.send(&out);
+                    outbox.send(Command::Trailers { stream, fields });
                     return;
                 }
             },
@@ -360,44 +349,40 @@ async fn respond(
                     error = %e,
                     "response body failed; resetting the stream"
                 );
-                let mut out = Vec::new();
-                RstStream::new(stream, Reason::CANCEL).encode(&mut out);
-                outbox.send(&out);
+                outbox.send(Command::Reset {
+                    stream,
+                    reason: Reason::CANCEL,
+                });
                 return;
             }
             None => {
-                let mut out = Vec::new();
-                http2::data(&mut out, stream, &[], true);
                 drop(body);
-                outbox.send(&out);
+                outbox.send(Command::Data {
+                    stream,
+                    bytes: Bytes::new(),
+                    end: true,
+                });
                 return;
             }
         }
     }
 }
 
-/// Sends a diverted stream's response data within the client's windows.
-async fn send_data(
-    (windows, changed): (&Windows, &Notify),
-    outbox: &Outbox,
-    stream: StreamId,
-    mut data: Bytes,
-) {
+/// Sends a diverted stream's response data to the relay thread, a frame at a time, each once
+/// the core has room for it (at most [`ANSWER_BUDGET`] bytes ahead of what it wrote).
+async fn send_data(outbox: &Outbox, room: &Semaphore, stream: StreamId, mut data: Bytes) {
+    const CHUNK: usize = crate::proxy::http2::MAX_FRAME;
     while !data.is_empty() {
-        let notified = changed.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        let n = match windows.lock().take_for_diverted(stream, data.len()) {
-            None => return,
-            Some(n) => n,
-        };
-        if n == 0 {
-            notified.await;
-            continue;
+        let n = data.len().min(CHUNK);
+        match room.acquire_many(n as u32).await {
+            Ok(p) => p.forget(),
+            // Never closed: the semaphore lives as long as the task.
+            Err(_) => return,
         }
-        let chunk = data.split_to(n);
-        let mut out = Vec::with_capacity(http2::HEADER_LEN + chunk.len());
-        http2::data(&mut out, stream, &chunk, false);
-        outbox.send(&out);
+        outbox.send(Command::Data {
+            stream,
+            bytes: data.split_to(n),
+            end: false,
+        });
     }
 }

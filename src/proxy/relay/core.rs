@@ -1,13 +1,14 @@
 //! The relay's connection core, without I/O: bytes and time in, bytes and events out.
 //!
 //! One [`Core`] per client connection holds the connection's rules — the stream table, the
-//! route of each new stream, flow-control windows and debt (`flow.rs`), the PING gate and
-//! keep-alive (`ping.rs`), SETTINGS ACK ordering, GOAWAY both ways. Its shell
-//! (`pump.rs`) reads the sockets and hands the bytes in ([`Core::client_bytes`],
-//! [`Core::runtime_bytes`]); the core appends what goes to the runtime to [`Core::to_runtime`],
-//! its own frames for the client to [`Core::to_client`], writes the runtime's frames to a
-//! [`Sink`] as they are (no copy), and leaves [`Event`]s — a stream to divert, a call that ended —
-//! for the shell to act on. It has no socket, no clock and nothing of tokio or libc: tests drive
+//! route of each new stream, flow-control windows and debt and the diverted streams' answers
+//! (`flow.rs`), the PING gate and keep-alive (`ping.rs`), SETTINGS ACK ordering, GOAWAY both
+//! ways. Its shell (`pump.rs`) reads the sockets and hands the bytes in ([`Core::client_bytes`],
+//! [`Core::runtime_bytes`]) and the diverted streams' [`Command`]s ([`Core::handle_command`]);
+//! the core appends what goes to the runtime to [`Core::to_runtime`], its own frames for the
+//! client to [`Core::to_client`], writes the runtime's frames to a [`Sink`] as they are (no
+//! copy), and leaves [`Event`]s — a stream to divert, credit for a diverted answer, a call that
+//! ended — for the shell to act on. It has no socket, no clock and nothing of tokio or libc: tests drive
 //! it frame by frame (`tests/`).
 
 use super::LOG;
@@ -20,13 +21,14 @@ use bytes::{Bytes, BytesMut};
 
 use super::error::{RelayError, Violation};
 use super::fields::{FieldList, PathCache};
-use super::flow::Windows;
+use super::flow::{Flow, Out, Part};
 use super::held::{Peek, Why};
 use super::ping::{KeepAlive, KeepAliveAction, PingGate, GOAWAY_PING, KEEPALIVE};
 use super::status::EndStatus;
 use crate::intercept::{Call, Interest};
 use crate::proxy::http2::{
     self, hpack, GoAway, IdHasher, IdMap, Indexer, Ping, Reason, RstStream, Settings, StreamId,
+    WindowUpdate,
 };
 
 /// Largest header block crisp accepts (the runtime's limit is usually far lower).
@@ -80,6 +82,9 @@ pub enum Event {
     },
     /// The client ended a diverted stream's request body.
     BodyEnd { stream: StreamId },
+    /// `n` more bytes of a diverted stream's answer were written to the client: its task may
+    /// send that many more ([`Command::Data`]).
+    Credit { stream: StreamId, n: usize },
     /// The client reset a diverted stream: its task ends.
     Reset { stream: StreamId },
     /// Time to ask whether the runtime accepts connections again (a degraded client, idle):
@@ -95,6 +100,40 @@ pub enum Event {
         at: Instant,
         report: bool,
     },
+}
+
+/// What a diverted stream's task tells the core (through the pump): its answer, in order, and
+/// its end. The core encodes the frames (HPACK literals, as crisp's own blocks), applies the
+/// client's windows, and keeps what they do not allow yet ([`Flow`]).
+#[derive(Debug)]
+pub enum Command {
+    /// The response headers; `end`: the response has no body (a trailers-only answer).
+    Headers {
+        stream: StreamId,
+        status: http::StatusCode,
+        fields: http::HeaderMap,
+        end: bool,
+    },
+    /// Response body bytes; `end`: the last of them (an empty `bytes` may end the stream). At
+    /// most [`super::flow::ANSWER_BUDGET`] bytes ahead of the [`Event::Credit`]s come back.
+    Data {
+        stream: StreamId,
+        bytes: Bytes,
+        end: bool,
+    },
+    /// The response trailers; the stream ends.
+    Trailers {
+        stream: StreamId,
+        fields: http::HeaderMap,
+    },
+    /// The stream is reset (its response failed): what waits of it is dropped.
+    Reset { stream: StreamId, reason: Reason },
+    /// The observed path read `n` bytes of the request body: the client may send that many
+    /// more on the stream.
+    Consumed { stream: StreamId, n: usize },
+    /// The stream's task ended (after its last command): the stream closes once its answer is
+    /// written.
+    Finished { stream: StreamId },
 }
 
 /// Where the runtime's frames go as they are: the client's socket, or a test's buffer.
@@ -143,8 +182,12 @@ pub(super) struct FromClient {
     pub(super) pending: Option<PendingBlock>,
     /// Highest stream id sent to the runtime.
     pub(super) max_relayed: StreamId,
-    /// Streams this connection diverted (see [`Core::is_diverted`]).
+    /// Streams this connection diverted above `forgotten_upto` (see [`Core::is_diverted`]).
     pub(super) diverted_ids: HashSet<StreamId, BuildHasherDefault<IdHasher>>,
+    /// Finished diverted streams up to this id were dropped from `diverted_ids` (the record
+    /// stays bounded): a stream up to it that is not relayed in flight is taken for diverted,
+    /// and its late frames never reach the runtime.
+    pub(super) forgotten_upto: StreamId,
     /// Diverted streams whose request body is still open.
     pub(super) bodies: HashSet<StreamId, BuildHasherDefault<IdHasher>>,
     /// The re-encoded request header block, reused from call to call.
@@ -178,7 +221,8 @@ pub(crate) struct Core {
     pub(super) calls: Arc<dyn Calls>,
     /// The runtime's socket path, for logs and messages.
     pub(super) runtime_name: String,
-    pub(super) windows: Arc<Windows>,
+    /// The client's windows as crisp counts on them, and the diverted streams' answers.
+    pub(crate) flow: Flow,
     /// The runtime connection: relayed to, closing, or gone.
     pub(super) runtime: RuntimeState,
     pub(super) client: FromClient,
@@ -285,7 +329,6 @@ impl Core {
     pub(crate) fn new(
         cfg: &Config,
         calls: Arc<dyn Calls>,
-        windows: Arc<Windows>,
         runtime: bool,
         now: Instant,
     ) -> Core {
@@ -299,6 +342,7 @@ impl Core {
             pending: None,
             max_relayed: StreamId::CONNECTION,
             diverted_ids: Default::default(),
+            forgotten_upto: StreamId::CONNECTION,
             bodies: Default::default(),
             enc: Vec::with_capacity(512),
             fields: FieldList::default(),
@@ -310,7 +354,7 @@ impl Core {
         Core {
             calls,
             runtime_name: cfg.runtime.display().to_string(),
-            windows,
+            flow: Flow::default(),
             runtime: if runtime {
                 RuntimeState::Relaying
             } else {
@@ -357,7 +401,7 @@ impl Core {
             self.client
                 .diverted_ids
                 .iter()
-                .filter(|&&id| self.windows.lock().is_diverted(id))
+                .filter(|&&id| self.flow.is_diverted(id))
                 .map(|&id| (id.get(), "(diverted)".to_string(), Duration::ZERO)),
         );
         if let Some(id) = self.held_id() {
@@ -479,7 +523,7 @@ impl Core {
             && !self.goaway.going_away()
             && self.relayed.is_empty()
             && self.held_id().is_none()
-            && !self.windows.lock().any_diverted()
+            && !self.flow.any_diverted()
     }
 
     /// A degraded client idle for [`MOVE_IDLE`] at `now`.
@@ -549,10 +593,72 @@ impl Core {
         (self.may_write_own() && !self.to_client.is_empty()).then_some(&self.to_client[..])
     }
 
-    /// Frames for the client from the diverted streams' tasks (the bridge's outbox), queued
-    /// after crisp's own.
-    pub(crate) fn queue_diverted_frames(&mut self, frames: &[u8]) {
-        self.to_client.extend_from_slice(frames);
+    /// A diverted stream's task's command at `now` ([`Command`]): its frames are queued after
+    /// crisp's own, its DATA within the client's windows.
+    pub(crate) fn handle_command(&mut self, cmd: Command, now: Instant) {
+        self.now = now;
+        match cmd {
+            Command::Headers {
+                stream,
+                status,
+                fields,
+                end,
+            } => {
+                let mut block = Vec::with_capacity(256);
+                http2::encode_field(&mut block, b":status", status.as_str().as_bytes());
+                self.answer_block(stream, Part::Headers, block, &fields, end);
+            }
+            Command::Trailers { stream, fields } => {
+                self.answer_block(stream, Part::Body, Vec::with_capacity(128), &fields, true);
+            }
+            Command::Data { stream, bytes, end } => {
+                self.flow.push(stream, Part::Body, Out::Data(bytes, end), end);
+            }
+            Command::Reset { stream, reason } => self.reset_answer(stream, reason),
+            Command::Consumed { stream, n } => {
+                // The client's request body: its stream credit, while crisp still serves it.
+                let n = n.min(0x7fff_ffff) as u32;
+                if n > 0 && self.flow.is_diverted(stream) {
+                    WindowUpdate::new(stream, n).encode(&mut self.to_client);
+                }
+            }
+            Command::Finished { stream } => self.flow.finish(stream),
+        }
+        self.flush_diverted();
+    }
+
+    /// Queues a diverted stream's header block: `block` (its `:status`, if any) and `fields`.
+    fn answer_block(
+        &mut self,
+        stream: StreamId,
+        part: Part,
+        mut block: Vec<u8>,
+        fields: &http::HeaderMap,
+        end: bool,
+    ) {
+        for (n, v) in fields {
+            http2::encode_field(&mut block, n.as_str().as_bytes(), v.as_bytes());
+        }
+        let mut out = Vec::with_capacity(block.len() + 16);
+        http2::headers(&mut out, stream, &block, end);
+        self.flow.push(stream, part, Out::Frames(out), end);
+    }
+
+    /// Resets a diverted stream whose answer has not ended: what waits of it is dropped, and
+    /// the stream closes (once).
+    fn reset_answer(&mut self, stream: StreamId, reason: Reason) {
+        if self.flow.answer_open(stream) && self.flow.close_diverted(stream) {
+            RstStream::new(stream, reason).encode(&mut self.to_client);
+        }
+    }
+
+    /// Writes what the diverted streams may send now to crisp's frames for the client; each
+    /// stream's task gets the DATA bytes written back as credit ([`Event::Credit`]).
+    pub(super) fn flush_diverted(&mut self) {
+        let events = &mut self.events;
+        self.flow.flush(&mut self.to_client, |stream, n| {
+            events.push_back(Event::Credit { stream, n })
+        });
     }
 
     /// What goes on to the runtime, in order; the shell writes it all and calls
@@ -599,7 +705,7 @@ impl Core {
         self.goaway.last().is_some()
             && self.relayed.is_empty()
             && self.held_id().is_none()
-            && !self.windows.lock().any_diverted()
+            && !self.flow.any_diverted()
             && self.to_client.is_empty()
             && self.from_runtime.pending.is_none()
     }
@@ -666,7 +772,6 @@ impl Core {
             http2::headers(&mut self.to_client, id, &block, true);
             self.completed(r, EndStatus::runtime_gone(msg), at);
         }
-        self.windows.notify();
     }
 
     /// The client's connection ended: relayed calls still in flight are cancelled.

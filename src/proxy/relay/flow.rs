@@ -1,4 +1,5 @@
-//! Flow control of the client connection, for the bytes crisp sends on its own.
+//! Flow control of the client connection, for the bytes crisp sends on its own, and the
+//! diverted streams' answers waiting for it.
 //!
 //! Settings and windows are negotiated end to end between client and runtime. Bytes crisp
 //! writes to the client on a diverted stream use up the client's connection window without the
@@ -7,12 +8,55 @@
 //! has left. Request bytes on a diverted stream never reach the runtime, so crisp returns their
 //! connection credit to the client at once, and their stream credit as the observed path
 //! consumes them.
+//!
+//! A diverted stream's answer reaches the core as commands ([`super::core::Command`]); what the
+//! client's windows do not allow yet waits here, per stream and in order, and goes out as
+//! credit comes ([`Flow::flush`]). Each stream's task sends at most [`ANSWER_BUDGET`] bytes of
+//! DATA ahead of what was written (`bridge.rs`), so what waits here stays bounded.
 
 use std::collections::VecDeque;
 
-use parking_lot::{Mutex, MutexGuard};
+use bytes::Bytes;
 
-use crate::proxy::http2::{IdMap, StreamId, DEFAULT_WINDOW, MAX_FRAME};
+use crate::proxy::http2::{self, IdMap, StreamId, DEFAULT_WINDOW, MAX_FRAME};
+
+/// How many bytes of DATA a diverted stream's task may send ahead of what the core wrote to
+/// the client: four frames. The core gives them back as it writes them
+/// ([`super::core::Event::Credit`]).
+pub(crate) const ANSWER_BUDGET: usize = 4 * MAX_FRAME;
+
+/// A diverted stream's answer as the core keeps it: the client's window for it, and what
+/// waits for that window.
+#[derive(Default)]
+pub(crate) struct Answer {
+    window: i64,
+    queue: VecDeque<Out>,
+    /// DATA bytes in `queue`.
+    queued: usize,
+    /// Its response headers are queued.
+    headers: bool,
+    /// Its end (END_STREAM) is queued: the core takes nothing more of it.
+    ended: bool,
+    /// Its task ended ([`super::core::Command::Finished`]): the stream closes once `queue` is
+    /// written.
+    finished: bool,
+}
+
+/// Which part of an answer a command carries: headers come first, once; DATA and trailers
+/// after them; nothing after the end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Part {
+    Headers,
+    Body,
+}
+
+/// What a diverted stream sends next.
+pub(crate) enum Out {
+    /// Whole frames that need no window (a header block).
+    Frames(Vec<u8>),
+    /// Response DATA; `end`: the last of the stream.
+    Data(Bytes, bool),
+}
 
 /// The client's windows as crisp may count on them.
 pub(crate) struct Flow {
@@ -30,8 +74,8 @@ pub(crate) struct Flow {
     /// out, or the client sees more than it allowed (FLOW_CONTROL_ERROR). A smaller window is
     /// applied at once.
     unacked_windows: VecDeque<Option<i64>>,
-    /// Diverted streams: the client's window for their response.
-    diverted: IdMap<i64>,
+    /// Diverted streams: the client's window for their answer, and what waits for it.
+    diverted: IdMap<Answer>,
 }
 
 impl Default for Flow {
@@ -58,23 +102,18 @@ impl Flow {
         }
     }
 
-    /// Takes up to `want` bytes (at most a frame) of both the connection's and `stream`'s window
-    /// for crisp's own DATA on a diverted stream, counting them as debt; None when the stream is
-    /// gone, 0 when there is no window now.
-    pub(crate) fn take_for_diverted(&mut self, stream: StreamId, want: usize) -> Option<usize> {
-        let sw = *self.diverted.get(&stream)?;
-        let n = self
-            .client_window
-            .min(sw)
-            .min(MAX_FRAME as i64)
-            .min(want as i64);
+    /// Takes up to `want` bytes (at most a frame) of both the connection's and `window` (a
+    /// stream's) for crisp's own DATA on a diverted stream, counting them as debt; 0 when there
+    /// is no window now.
+    fn take_for_diverted(client_window: &mut i64, debt: &mut u64, window: &mut i64, want: usize) -> usize {
+        let n = (*client_window).min(*window).min(MAX_FRAME as i64).min(want as i64);
         if n <= 0 {
-            return Some(0);
+            return 0;
         }
-        self.client_window -= n;
-        self.debt += n as u64;
-        *self.diverted.get_mut(&stream).expect("checked") -= n;
-        Some(n as usize)
+        *client_window -= n;
+        *debt += n as u64;
+        *window -= n;
+        n as usize
     }
 
     /// The client's connection WINDOW_UPDATE: pays crisp's debt first; returns what goes on to
@@ -88,8 +127,8 @@ impl Flow {
 
     /// The client's WINDOW_UPDATE on a diverted stream.
     pub(crate) fn stream_credit(&mut self, stream: StreamId, inc: u32) {
-        if let Some(w) = self.diverted.get_mut(&stream) {
-            *w += inc as i64;
+        if let Some(a) = self.diverted.get_mut(&stream) {
+            a.window += inc as i64;
         }
     }
 
@@ -126,20 +165,108 @@ impl Flow {
     fn set_initial_window(&mut self, v: i64) -> bool {
         let delta = v - self.client_initial_window;
         self.client_initial_window = v;
-        for w in self.diverted.values_mut() {
-            *w += delta;
+        for a in self.diverted.values_mut() {
+            a.window += delta;
         }
         delta != 0
     }
 
     /// crisp starts answering `stream` itself.
     pub(crate) fn open_diverted(&mut self, stream: StreamId) {
-        self.diverted.insert(stream, self.client_initial_window);
+        self.diverted.insert(
+            stream,
+            Answer {
+                window: self.client_initial_window,
+                ..Answer::default()
+            },
+        );
     }
 
-    /// The diverted stream ended (answered, or reset by the client).
-    pub(crate) fn close_diverted(&mut self, stream: StreamId) {
-        self.diverted.remove(&stream);
+    /// The diverted stream ends now (reset by the client or by its task): what waits of it is
+    /// dropped. False if it had ended already.
+    pub(crate) fn close_diverted(&mut self, stream: StreamId) -> bool {
+        self.diverted.remove(&stream).is_some()
+    }
+
+    /// Queues `out`, the `part` of `stream`'s answer (`end`: its last), behind what the stream
+    /// already waits to send; false (dropped) if the stream has ended, its answer has, or the
+    /// part is out of order (headers once and first).
+    pub(crate) fn push(&mut self, stream: StreamId, part: Part, out: Out, end: bool) -> bool {
+        let Some(a) = self.diverted.get_mut(&stream) else {
+            return false;
+        };
+        if a.ended || a.headers != (part == Part::Body) {
+            return false;
+        }
+        a.headers = true;
+        a.ended = end;
+        if let Out::Data(b, _) = &out {
+            a.queued += b.len();
+        }
+        a.queue.push_back(out);
+        true
+    }
+
+    /// Whether `stream`'s answer is under way and has not ended.
+    pub(crate) fn answer_open(&self, stream: StreamId) -> bool {
+        self.diverted.get(&stream).is_some_and(|a| !a.ended)
+    }
+
+    /// The stream's task ended: the stream closes once what it queued is written.
+    pub(crate) fn finish(&mut self, stream: StreamId) {
+        if let Some(a) = self.diverted.get_mut(&stream) {
+            a.finished = true;
+            if a.queue.is_empty() {
+                self.diverted.remove(&stream);
+            }
+        }
+    }
+
+    /// Writes to `out` what the diverted streams may send now, stream after stream, each in
+    /// its order; `written(stream, n)` hears of the DATA bytes of each stream written. Streams
+    /// whose task ended and whose answer is all out close.
+    pub(crate) fn flush(&mut self, out: &mut Vec<u8>, mut written: impl FnMut(StreamId, usize)) {
+        if self.diverted.is_empty() {
+            return;
+        }
+        let mut done = Vec::new();
+        let (client_window, debt) = (&mut self.client_window, &mut self.debt);
+        for (&stream, a) in self.diverted.iter_mut() {
+            let mut sent = 0;
+            while let Some(front) = a.queue.front_mut() {
+                match front {
+                    Out::Frames(f) => out.extend_from_slice(f),
+                    Out::Data(b, end) if b.is_empty() => {
+                        if *end {
+                            http2::data(out, stream, &[], true);
+                        }
+                    }
+                    Out::Data(b, end) => {
+                        let n = Flow::take_for_diverted(client_window, debt, &mut a.window, b.len());
+                        if n == 0 {
+                            break;
+                        }
+                        let chunk = b.split_to(n);
+                        http2::data(out, stream, &chunk, *end && b.is_empty());
+                        a.queued -= n;
+                        sent += n;
+                        if !b.is_empty() {
+                            continue;
+                        }
+                    }
+                }
+                a.queue.pop_front();
+            }
+            if sent > 0 {
+                written(stream, sent);
+            }
+            if a.finished && a.queue.is_empty() {
+                done.push(stream);
+            }
+        }
+        for s in done {
+            self.diverted.remove(&s);
+        }
     }
 
     pub(crate) fn is_diverted(&self, stream: StreamId) -> bool {
@@ -150,37 +277,19 @@ impl Flow {
         !self.diverted.is_empty()
     }
 
+    /// DATA bytes a diverted stream has waiting for the client's window.
+    #[cfg(any(test, feature = "test-util"))]
+    pub(crate) fn queued(&self, stream: StreamId) -> usize {
+        self.diverted.get(&stream).map_or(0, |a| a.queued)
+    }
+
     /// For tests: (connection window, debt, a diverted stream's window).
     #[cfg(any(test, feature = "test-util"))]
     pub(crate) fn windows(&self, stream: StreamId) -> (i64, u64, Option<i64>) {
         (
             self.client_window,
             self.debt,
-            self.diverted.get(&stream).copied(),
+            self.diverted.get(&stream).map(|a| a.window),
         )
-    }
-}
-
-/// The flow-control state, shared by the relay thread and diverted streams' tasks.
-pub(crate) struct Windows {
-    flow: Mutex<Flow>,
-    /// Called when the client's window grew (or a stream ended): waiting senders re-check.
-    changed: Box<dyn Fn() + Send + Sync>,
-}
-
-impl Windows {
-    pub(crate) fn new(changed: Box<dyn Fn() + Send + Sync>) -> Windows {
-        Windows {
-            flow: Mutex::new(Flow::default()),
-            changed,
-        }
-    }
-
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Flow> {
-        self.flow.lock()
-    }
-
-    pub(crate) fn notify(&self) {
-        (self.changed)();
     }
 }

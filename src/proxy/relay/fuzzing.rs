@@ -1,6 +1,7 @@
 //! A driver for [`Core`] on arbitrary input: both peers' bytes (frames over the frame size
-//! included), the diverted streams' answers (response headers, DATA taken from the windows,
-//! trailers, resets, their ends), the runtime's failure and its return (the answer to
+//! included), the diverted streams' tasks' commands ([`Command`]: response headers, DATA within
+//! the budget the core's credit gives back, as the bridge sends it, trailers, resets, request
+//! credit, their ends), the runtime's failure and its return (the answer to
 //! [`Event::ProbeRuntime`]), crisp's GOAWAY and time steps, decoded from a byte string
 //! (`fuzz/fuzz_targets/core.rs`, issue #36). The timers fire as in the pump: when
 //! [`Core::poll_timeout`] is due. After every step it checks the core's invariants:
@@ -10,23 +11,26 @@
 //!   are handed out only when it may write them;
 //! - what goes to the runtime is whole frames; its header blocks decode in order with one
 //!   decoder (the runtime's HPACK table stays in step); new streams reach it in the order of
-//!   their ids; no DATA of a stream reaches it before the stream's HEADERS, nor ever for a
-//!   stream that was diverted;
+//!   their ids; no DATA of a stream reaches it before the stream's HEADERS, and no frame at
+//!   all of a stream that was diverted (finished and forgotten by the core or not);
 //! - a stream is diverted at most once and never also relayed; a reset is reported only for a
 //!   diverted stream, and once; every call ends at most once, and when the client goes, every
-//!   relayed or held call has ended (exactly once).
+//!   relayed or held call has ended (exactly once);
+//! - a diverted stream's answer ends (END_STREAM or RST_STREAM) at most once, nothing of it
+//!   follows its end, and the DATA the core keeps waiting for the client's window stays within
+//!   [`ANSWER_BUDGET`] per stream.
 //!
 //! Public with the `test-util` feature only (as `crisp::proxy::relay_fuzzing`).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 
-use super::core::{Calls, Config, Core, Event};
-use super::flow::Windows;
+use super::core::{Calls, Command, Config, Core, Event};
+use super::flow::ANSWER_BUDGET;
 use super::ping::{GOAWAY_PING, KEEPALIVE};
 use crate::intercept::{Call, Interest};
 use crate::proxy::http2::{self, hpack, Flags, GoAway, Head, Kind, Ping, Reason, RstStream};
@@ -96,7 +100,6 @@ impl Input<'_> {
 /// One connection's core and what both peers saw of it.
 struct Harness {
     core: Core,
-    windows: Arc<Windows>,
     now: Instant,
     cbuf: BytesMut,
     rbuf: BytesMut,
@@ -111,13 +114,16 @@ struct Harness {
     /// Diverted streams the client reset (their task is aborted once).
     reset: HashSet<StreamId>,
     ended: HashSet<u64>,
+    /// Diverted streams: the DATA their task may still send (the bridge's budget).
+    room: HashMap<StreamId, usize>,
+    /// Diverted streams whose answer ended on the wire.
+    answered: HashSet<StreamId>,
     closed: bool,
 }
 
 impl Harness {
     fn new(runtime: bool) -> Harness {
         let now = Instant::now();
-        let windows = Arc::new(Windows::new(Box::new(|| {})));
         let cfg = Config {
             keepalive_interval: Duration::from_secs(10),
             keepalive_timeout: Duration::from_secs(5),
@@ -125,8 +131,7 @@ impl Harness {
         };
         let calls = Arc::new(Stub(AtomicU64::new(1)));
         Harness {
-            core: Core::new(&cfg, calls, windows.clone(), runtime, now),
-            windows,
+            core: Core::new(&cfg, calls, runtime, now),
             now,
             cbuf: BytesMut::new(),
             rbuf: BytesMut::new(),
@@ -138,6 +143,8 @@ impl Harness {
             diverted: HashSet::new(),
             reset: HashSet::new(),
             ended: HashSet::new(),
+            room: HashMap::new(),
+            answered: HashSet::new(),
             closed: false,
         }
     }
@@ -199,7 +206,7 @@ impl Harness {
 
     /// The invariants, on everything the core produced since the last check.
     fn check(&mut self) {
-        let (window, _, _) = self.windows.lock().windows(StreamId::CONNECTION);
+        let (window, _, _) = self.core.flow.windows(StreamId::CONNECTION);
         assert!(window >= 0, "the client's connection window is negative: {window}");
         let to_runtime = self.core.poll_transmit_runtime().unwrap_or_default().to_vec();
         self.core.runtime_written();
@@ -208,6 +215,7 @@ impl Harness {
             match ev {
                 Event::Divert { stream, .. } => {
                     assert!(self.diverted.insert(stream), "stream {stream} diverted twice");
+                    self.room.insert(stream, ANSWER_BUDGET);
                     assert!(
                         !self.opened.contains(&stream),
                         "stream {stream} diverted and relayed"
@@ -215,6 +223,11 @@ impl Harness {
                 }
                 Event::Ended { call, .. } => {
                     assert!(self.ended.insert(call.id), "call {} ended twice", call.id);
+                }
+                Event::Credit { stream, n } => {
+                    let room = self.room.get_mut(&stream).expect("credit of a diverted stream");
+                    *room += n;
+                    assert!(*room <= ANSWER_BUDGET, "stream {stream}: more credit than sent");
                 }
                 Event::Reset { stream } => {
                     assert!(self.diverted.contains(&stream), "reset of a stream never diverted");
@@ -224,12 +237,33 @@ impl Harness {
             }
         }
         // The pump writes crisp's own frames when it may, and only then.
-        if self.core.poll_transmit_client().is_some() {
+        if let Some(own) = self.core.poll_transmit_client() {
             assert!(self.core.may_write_own());
+            let own = own.to_vec();
             self.core.own_written(self.now);
+            self.answers_seen(&own);
+        }
+        for &s in &self.diverted {
+            let queued = self.core.flow.queued(s);
+            assert!(queued <= ANSWER_BUDGET, "stream {s}: {queued} bytes kept");
         }
 
         self.to_client.clear();
+    }
+
+    /// crisp's own frames on diverted streams: an answer ends once, and nothing follows.
+    fn answers_seen(&mut self, mut b: &[u8]) {
+        while let Some(head) = Head::parse(b) {
+            let s = head.stream;
+            b = &b[(http2::HEADER_LEN + head.len).min(b.len())..];
+            if !self.diverted.contains(&s) || head.kind == Kind::WindowUpdate {
+                continue;
+            }
+            assert!(!self.answered.contains(&s), "stream {s}: a frame after its end");
+            if head.kind == Kind::RstStream || head.has(Flags::END_STREAM) {
+                self.answered.insert(s);
+            }
+        }
     }
 
     /// What the runtime reads: whole frames, blocks it can decode, streams in order.
@@ -264,12 +298,10 @@ impl Harness {
                 }
                 Kind::Data => {
                     assert!(s <= self.max_opened, "DATA of stream {s} before its HEADERS");
-                    // (A finished diverted stream's late DATA, once pruned from the core's
-                    // record, goes on: the client's protocol error, the runtime's to judge.)
-                    assert!(
-                        !self.windows.lock().is_diverted(s),
-                        "DATA of diverted stream {s}"
-                    );
+                    assert!(!self.diverted.contains(&s), "DATA of diverted stream {s}");
+                }
+                Kind::RstStream | Kind::WindowUpdate => {
+                    assert!(!self.diverted.contains(&s), "{:?} of diverted stream {s}", head.kind);
                 }
                 _ => {}
             }
@@ -423,35 +455,41 @@ pub fn run(data: &[u8]) {
                 h.timers(reachable);
             }
             13 => {
-                // A diverted stream's task answers: response headers, DATA within the windows,
-                // trailers, a reset; or it ends.
+                // A diverted stream's task sends a command: response headers, DATA within its
+                // budget, trailers, a reset, request credit; or it ends.
                 let n = usize::from(input.u16());
-                let mut out = Vec::new();
-                match input.u8() % 5 {
-                    0 => {
-                        let mut block = Vec::new();
-                        http2::encode_field(&mut block, b":status", b"200");
-                        http2::headers(&mut out, s, &block, false);
-                    }
+                let cmd = match input.u8() % 6 {
+                    0 => Command::Headers {
+                        stream: s,
+                        status: http::StatusCode::OK,
+                        fields: http::HeaderMap::new(),
+                        end: input.u8() % 4 == 0,
+                    },
                     1 => {
-                        let taken = h.windows.lock().take_for_diverted(s, n);
-                        if let Some(n) = taken.filter(|&n| n > 0) {
-                            http2::data(&mut out, s, &vec![3; n], false);
+                        // What the task may send: its room (none for a stream never diverted).
+                        let n = n.min(h.room.get(&s).copied().unwrap_or(0));
+                        if let Some(r) = h.room.get_mut(&s) {
+                            *r -= n;
+                        }
+                        Command::Data {
+                            stream: s,
+                            bytes: vec![3; n].into(),
+                            end: input.u8() % 4 == 0,
                         }
                     }
                     2 => {
-                        let mut block = Vec::new();
-                        http2::encode_field(&mut block, b"grpc-status", b"0");
-                        http2::headers(&mut out, s, &block, true);
-                        h.windows.lock().close_diverted(s);
+                        let mut fields = http::HeaderMap::new();
+                        fields.insert("grpc-status", http::HeaderValue::from_static("0"));
+                        Command::Trailers { stream: s, fields }
                     }
-                    3 => {
-                        RstStream::new(s, Reason::CANCEL).encode(&mut out);
-                        h.windows.lock().close_diverted(s);
-                    }
-                    _ => h.windows.lock().close_diverted(s),
-                }
-                h.core.queue_diverted_frames(&out);
+                    3 => Command::Reset {
+                        stream: s,
+                        reason: Reason::CANCEL,
+                    },
+                    4 => Command::Consumed { stream: s, n },
+                    _ => Command::Finished { stream: s },
+                };
+                h.core.handle_command(cmd, h.now);
             }
             14 => {
                 if h.core.runtime_failed("crisp: gone").is_err() {

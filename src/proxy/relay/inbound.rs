@@ -162,15 +162,10 @@ impl Core {
             // Its task (or its request body's sender) ends, once: a second reset finds
             // nothing left to end, and never reaches the runtime either.
             let body_open = self.client.bodies.remove(&stream);
-            let live = {
-                let mut flow = self.windows.lock();
-                let live = body_open || flow.is_diverted(stream);
-                flow.close_diverted(stream);
-                live
-            };
-            if live {
+            // What waits of its answer is dropped with it.
+            let answering = self.flow.close_diverted(stream);
+            if body_open || answering {
                 self.events.push_back(Event::Reset { stream });
-                self.windows.notify();
             }
         } else {
             if let Some(r) = self.relayed.remove(&stream) {
@@ -247,30 +242,31 @@ impl Core {
             self.divert_held(Why::OtherFrame);
         }
         if head.stream.is_zero() {
-            let (forward, waiters) = {
-                let mut flow = self.windows.lock();
-                // Only diverted streams' tasks wait for the client's window.
-                (flow.connection_credit(inc), flow.any_diverted())
-            };
-            if waiters {
-                self.windows.notify();
-            }
+            let forward = self.flow.connection_credit(inc);
+            // Diverted streams' answers may wait for it.
+            self.flush_diverted();
             if self.runtime.connected() && forward > 0 {
                 WindowUpdate::new(StreamId::CONNECTION, forward).encode(&mut self.to_runtime);
             }
         } else if self.is_diverted(head.stream) {
-            self.windows.lock().stream_credit(head.stream, inc);
-            self.windows.notify();
+            self.flow.stream_credit(head.stream, inc);
+            self.flush_diverted();
         } else {
             self.relay(frame);
         }
     }
 
-    /// `diverted_ids` is this direction's own record, without a lock. A finished diverted
-    /// stream may linger in it (pruned in batches): its late frames are dropped, which is right,
-    /// as the runtime never saw the stream.
+    /// Whether the runtime never saw `stream`: a diverted stream, in flight or finished, whose
+    /// late frames are crisp's (dropped, their connection credit given back).
+    ///
+    /// `diverted_ids` is this direction's own record, without a lock; finished streams are
+    /// pruned from it in batches ([`Core::open_diverted`]). Below that cut a stream that is not
+    /// relayed in flight has ended, whichever way it went, and its late frames are dropped too:
+    /// the runtime may take frames on a stream it never opened for a connection error, and
+    /// ignores them on one it closed (RFC 9113 §5.1).
     pub(super) fn is_diverted(&self, stream: StreamId) -> bool {
         self.client.diverted_ids.contains(&stream)
+            || (stream <= self.client.forgotten_upto && !self.relayed.contains_key(&stream))
     }
 
     /// A client SETTINGS frame (not an ACK). Relayed, the runtime's ACK will reach the client
@@ -282,8 +278,8 @@ impl Core {
             .ok()
             .and_then(|s| s.initial_window_size)
             .map(i64::from);
-        if self.windows.lock().client_settings(window, self.runtime.connected()) {
-            self.windows.notify();
+        if self.flow.client_settings(window, self.runtime.connected()) {
+            self.flush_diverted();
         }
     }
 
@@ -434,11 +430,12 @@ impl Core {
 
     /// crisp serves `stream` itself from now on (the observed path).
     pub(super) fn open_diverted(&mut self, stream: StreamId) {
-        let mut flow = self.windows.lock();
+        let flow = &mut self.flow;
         flow.open_diverted(stream);
         self.client.diverted_ids.insert(stream);
         if self.client.diverted_ids.len() > 64 {
             self.client.diverted_ids.retain(|id| flow.is_diverted(*id));
+            self.client.forgotten_upto = self.max_stream;
         }
     }
 

@@ -3,11 +3,12 @@
 //!
 //! - `core.rs`: the connection's rules, without I/O — frames and time in, frames and
 //!   [`Event`](core::Event)s out (`inbound.rs`: the client's frames, `outbound.rs`: the
-//!   runtime's, `flow.rs`: windows and debt, `ping.rs`: the PING gate and keep-alive,
+//!   runtime's, `flow.rs`: windows, debt and the diverted answers that wait for them,
+//!   `ping.rs`: the PING gate and keep-alive,
 //!   `fields.rs`: decoded header blocks and routes).
 //! - `pump.rs`: the thread that runs a core, blocked in `poll(2)` on the two sockets.
 //! - `bridge.rs`: the tokio side — diverted streams, served by the observed path, and the queue
-//!   through which their frames reach the thread.
+//!   through which their commands reach the thread ([`core::Command`]).
 //!
 //! Every frame is copied through as it is, with three exceptions:
 //! - request header blocks are decoded (for the route) and written anew by crisp's own HPACK
@@ -184,11 +185,6 @@ fn assemble(
     beat: Arc<crate::watchdog::Beat>,
 ) -> (pump::Pump, Arc<bridge::Outbox>) {
     let outbox = Arc::new(bridge::Outbox::new(wake));
-    let changed = Arc::new(tokio::sync::Notify::new());
-    let windows = Arc::new(flow::Windows::new({
-        let changed = changed.clone();
-        Box::new(move || changed.notify_waiters())
-    }));
     let opts = &handle.options;
     let cfg = core::Config {
         keepalive_interval: opts.keepalive_interval,
@@ -196,14 +192,8 @@ fn assemble(
         runtime: handle.runtime.path().to_path_buf(),
     };
     let calls: Arc<dyn Calls> = handle.service.clone();
-    let core = core::Core::new(
-        &cfg,
-        calls,
-        windows.clone(),
-        runtime.is_some(),
-        Instant::now(),
-    );
-    let diverted = bridge::Diverted::new(handle.service.clone(), windows, changed, outbox.clone());
+    let core = core::Core::new(&cfg, calls, runtime.is_some(), Instant::now());
+    let diverted = bridge::Diverted::new(handle.service.clone(), outbox.clone());
     let pump = pump::Pump::new(
         core,
         handle.service.clone(),

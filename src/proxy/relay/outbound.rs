@@ -70,7 +70,7 @@ impl Core {
             Kind::Data => {
                 self.pings.runtime_wrote();
                 let n = head.len as i64;
-                if n > 0 && !self.windows.lock().take_for_runtime(n) {
+                if n > 0 && !self.flow.take_for_runtime(n) {
                     return Ok(Next::WaitForWindow);
                 }
                 if head.has(Flags::END_STREAM) {
@@ -142,8 +142,8 @@ impl Core {
     }
 
     fn runtime_acked_settings(&mut self) {
-        if self.windows.lock().settings_acked() {
-            self.windows.notify();
+        if self.flow.settings_acked() {
+            self.flush_diverted();
         }
     }
 

@@ -1,6 +1,7 @@
 //! The relay thread: a `poll(2)` loop around one connection's [`Core`] and its two sockets.
 
 use crate::status::{runtime_lost, RuntimeLoss};
+use std::collections::VecDeque;
 use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 
 use super::bridge::{Diverted, Outbox, Service};
-use super::core::{Core, Event, Sink, CALLS};
+use super::core::{Command, Core, Event, Sink, CALLS};
 use super::error::{RelayError, RuntimeFailure};
 use super::LOG;
 use crate::intercept::Outcome;
@@ -71,8 +72,8 @@ pub(crate) struct Pump {
     blocked: bool,
     /// When `poll` last returned: the time of what was read then.
     now: Instant,
-    /// The diverted streams' frames, moved from the outbox into the core (reused).
-    diverted_frames: Vec<u8>,
+    /// The diverted streams' commands, moved from the outbox into the core (reused).
+    commands: VecDeque<Command>,
     /// Where this thread tells the watchdog that it turns.
     beat: Arc<Beat>,
 }
@@ -111,7 +112,7 @@ impl Pump {
             rbuf: buf(),
             blocked: false,
             now: Instant::now(),
-            diverted_frames: Vec::new(),
+            commands: VecDeque::new(),
             beat,
         }
     }
@@ -138,14 +139,8 @@ impl Pump {
                         .runtime_bytes(&mut self.rbuf, &mut self.client, self.now)?;
                 self.dispatch();
             }
+            self.commands();
             // crisp's own frames, never inside a header block the runtime is still sending.
-            if self.core.may_write_own() {
-                outbox.take(&mut self.diverted_frames);
-                if !self.diverted_frames.is_empty() {
-                    self.core.queue_diverted_frames(&self.diverted_frames);
-                    self.diverted_frames.clear();
-                }
-            }
             if let Some(frames) = self.core.poll_transmit_client() {
                 self.client.write(frames)?;
                 self.core.own_written(self.now);
@@ -193,6 +188,21 @@ impl Pump {
                 self.dispatch();
             }
         }
+    }
+
+    /// Hands the diverted streams' commands to the core; a finished task leaves the map.
+    fn commands(&mut self) {
+        self.outbox.take(&mut self.commands);
+        if self.commands.is_empty() {
+            return;
+        }
+        while let Some(cmd) = self.commands.pop_front() {
+            if let Command::Finished { stream } = cmd {
+                self.diverted.finished(stream);
+            }
+            self.core.handle_command(cmd, self.now);
+        }
+        self.dispatch();
     }
 
     /// Answers the admin socket's question about this connection ([`crate::watchdog`]).
@@ -293,6 +303,7 @@ impl Pump {
                 Event::BodyEnd { stream } => self.diverted.body_end(stream),
                 Event::Trailers { stream, fields } => self.diverted.trailers(stream, fields),
                 Event::Reset { stream } => self.diverted.abort(stream),
+                Event::Credit { stream, n } => self.diverted.credit(stream, n),
                 Event::Ended {
                     call,
                     status,

@@ -54,7 +54,7 @@ fn a_degraded_connection_moves_back_to_the_relay_once_the_runtime_is_back_and_it
     rt.tick(&mut c);
     assert!(c.at_client().is_empty(), "not while a call is served");
     assert_eq!(rt.asked, 0, "the runtime is not even asked");
-    c.windows.lock().close_diverted(S3);
+    c.finished(S3);
 
     // Idle, but the runtime still refuses connections: the client stays.
     rt.up = false;
@@ -66,7 +66,7 @@ fn a_degraded_connection_moves_back_to_the_relay_once_the_runtime_is_back_and_it
     rt.up = true;
     c.client(&[&request(5, "/s/Relay", true)]).unwrap();
     assert_eq!(diverted(&c.events()), [5]);
-    c.windows.lock().close_diverted(S5);
+    c.finished(S5);
     c.now += MOVE_IDLE - Duration::from_millis(1);
     rt.tick(&mut c);
     assert_eq!(rt.asked, 1);

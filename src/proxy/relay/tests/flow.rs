@@ -50,20 +50,31 @@ fn bytes_crisp_sent_on_its_own_are_kept_from_the_runtimes_credit() {
     let mut c = Conn::relayed();
     c.client(&[&request(1, "/s/Divert", true)]).unwrap();
     assert_eq!(diverted(&c.events()), [1]);
-    // The diverted stream's task sends 1,000 bytes (what the bridge does).
-    assert_eq!(c.windows.lock().take_for_diverted(S1, 1_000), Some(1_000));
-    assert_eq!(c.windows.lock().windows(S1), (64_535, 1_000, Some(64_535)));
+    // The diverted stream's task sends its headers and 1,000 bytes (what the bridge does).
+    c.command(Command::Headers {
+        stream: S1,
+        status: http::StatusCode::OK,
+        fields: http::HeaderMap::new(),
+        end: false,
+    });
+    c.command(Command::Data {
+        stream: S1,
+        bytes: vec![3; 1_000].into(),
+        end: false,
+    });
+    assert_eq!(credit(&c.events()), [(1, 1_000)], "written at once");
+    assert_eq!(c.core.flow.windows(S1), (64_535, 1_000, Some(64_535)));
     c.client(&[&wu(0, 600)]).unwrap();
     assert!(c.at_runtime().is_empty(), "600 bytes pay crisp's debt");
     c.client(&[&wu(0, 700)]).unwrap();
     let up = c.at_runtime();
     assert_eq!(kinds(&up), [(Kind::WindowUpdate, 0)]);
     assert_eq!(up[0].payload, 300u32.to_be_bytes(), "the rest goes on");
-    assert_eq!(c.windows.lock().windows(S1), (65_835, 0, Some(64_535)));
+    assert_eq!(c.core.flow.windows(S1), (65_835, 0, Some(64_535)));
     // Stream credit for a diverted stream is crisp's.
     c.client(&[&wu(1, 500)]).unwrap();
     assert!(c.at_runtime().is_empty());
-    assert_eq!(c.windows.lock().windows(S1).2, Some(65_035));
+    assert_eq!(c.core.flow.windows(S1).2, Some(65_035));
 }
 
 #[test]
@@ -99,13 +110,13 @@ fn a_larger_client_window_counts_only_once_the_runtimes_ack_went_out() {
         "relayed, the runtime acknowledges"
     );
     assert_eq!(
-        c.windows.lock().windows(S1).2,
+        c.core.flow.windows(S1).2,
         Some(65_535),
         "not before the ACK"
     );
     c.runtime_all(&[&settings_ack()]);
     assert_eq!(kinds(&c.at_client()), [(Kind::Settings, 0)]);
-    assert_eq!(c.windows.lock().windows(S1).2, Some(1 << 20));
+    assert_eq!(c.core.flow.windows(S1).2, Some(1 << 20));
 }
 
 #[test]
@@ -115,18 +126,18 @@ fn a_smaller_client_window_applies_at_once_and_caps_a_larger_one_still_unacked()
     c.client(&[&settings(window(1 << 20)), &settings(window(1_000))])
         .unwrap();
     assert_eq!(
-        c.windows.lock().windows(S1).2,
+        c.core.flow.windows(S1).2,
         Some(1_000),
         "smaller: at once"
     );
     c.runtime_all(&[&settings_ack()]);
     assert_eq!(
-        c.windows.lock().windows(S1).2,
+        c.core.flow.windows(S1).2,
         Some(1_000),
         "the smaller one, still unacked, caps the first"
     );
     c.runtime_all(&[&settings_ack()]);
-    assert_eq!(c.windows.lock().windows(S1).2, Some(1_000));
+    assert_eq!(c.core.flow.windows(S1).2, Some(1_000));
 }
 
 #[test]
@@ -152,6 +163,6 @@ fn without_a_runtime_crisp_is_the_server_and_acknowledges_settings_itself() {
         [1],
         "every stream goes to the observed path"
     );
-    assert_eq!(c.windows.lock().windows(S1).2, Some(1 << 20));
+    assert_eq!(c.core.flow.windows(S1).2, Some(1 << 20));
     assert!(c.at_runtime().is_empty());
 }

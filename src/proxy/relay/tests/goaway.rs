@@ -206,7 +206,7 @@ fn resets_from_the_client_go_on_for_relayed_streams_and_end_diverted_ones() {
     let ev = c.events();
     assert_eq!(completed(&ev), [(1, EndStatus::cancelled())]);
     assert!(ev.iter().any(|e| matches!(e, Event::Reset { stream: S3 })));
-    assert!(!c.windows.lock().is_diverted(S3));
+    assert!(!c.core.flow.is_diverted(S3));
     // Late frames of the reset diverted stream are dropped, credited back.
     c.client(&[&data(3, 10, false)]).unwrap();
     assert!(c.at_runtime().is_empty());
@@ -272,4 +272,37 @@ fn a_diverted_stream_reset_twice_ends_once_and_its_resets_never_reach_the_runtim
         .count();
     assert_eq!(resets, 1);
     assert!(c.at_runtime().is_empty());
+}
+
+#[test]
+fn late_frames_of_a_finished_diverted_stream_never_reach_the_runtime_once_forgotten() {
+    // The core forgets finished diverted streams in batches (its record stays bounded on a
+    // connection that lives for weeks); their late frames must still never be taken for a
+    // relayed stream's: the runtime never saw the stream, and may close the connection for it.
+    let mut c = Conn::relayed();
+    for n in 0..70u32 {
+        let id = 1 + 2 * n;
+        c.client(&[&request(id, "/s/Divert", true)]).unwrap();
+        // Its task answered and ended.
+        c.finished(StreamId::new(id));
+    }
+    assert_eq!(diverted(&c.events()).len(), 70);
+    c.client(&[&request(141, "/s/Relay", false)]).unwrap();
+    assert_eq!(kinds(&c.at_runtime()), [(Kind::Headers, 141)]);
+    c.client(&[
+        &data(1, 10, true),
+        &response(3, &[("x-late", "trailers")], true),
+        &wu(5, 100),
+        &rst(7, Reason::CANCEL),
+    ])
+    .unwrap();
+    assert_eq!(kinds(&c.at_runtime()), [], "nothing of a diverted stream");
+    assert_eq!(c.at_client(), parse(&wu(0, 10)), "its DATA credited back");
+    assert!(
+        c.events().iter().all(|e| !matches!(e, Event::Reset { .. })),
+        "no second end"
+    );
+    // A relayed stream's frames still go on.
+    c.client(&[&data(141, 5, true)]).unwrap();
+    assert_eq!(kinds(&c.at_runtime()), [(Kind::Data, 141)]);
 }

@@ -40,7 +40,7 @@ fn a_status_call_of_another_container_is_relayed_byte_for_byte() {
     assert_eq!(relayed_data, body, "the DATA frame as the client sent it");
     // Flow control: the runtime got the bytes and gives the credit; crisp gives none.
     assert!(c.at_client().is_empty(), "no WINDOW_UPDATE of crisp's");
-    assert_eq!(c.windows.lock().windows(S1), (65_535, 0, None));
+    assert_eq!(c.core.flow.windows(S1), (65_535, 0, None));
     // The call is the runtime's from here: answered and completed as any relayed one.
     c.runtime_all(&[&response(
         1,
@@ -84,7 +84,7 @@ fn only_the_marked_containers_status_call_is_diverted_with_its_request() {
         window_update(&to_client[0]),
         (0, (body.len() - http2::HEADER_LEN) as u32)
     );
-    assert_eq!(c.windows.lock().windows(S3), (65_535, 0, Some(65_535)));
+    assert_eq!(c.core.flow.windows(S3), (65_535, 0, Some(65_535)));
     // No message to read: the observed path judges it, as before.
     c.client(&[&request(5, STATUS, true)]).unwrap();
     let ev = c.events();
@@ -184,7 +184,7 @@ fn a_request_larger_than_the_bound_is_diverted_and_not_copied_twice() {
         })
         .sum();
     assert_eq!(credit, 2 * half as u32);
-    assert_eq!(c.windows.lock().windows(S3).2, Some(65_535));
+    assert_eq!(c.core.flow.windows(S3).2, Some(65_535));
 }
 
 #[test]
@@ -273,7 +273,7 @@ fn a_window_update_or_trailers_on_a_held_stream_divert_it_first() {
     c.client(&[&wu(1, 1_000)]).unwrap();
     assert_eq!(diverted(&c.events()), [1]);
     assert_eq!(
-        c.windows.lock().windows(S1).2,
+        c.core.flow.windows(S1).2,
         Some(66_535),
         "the credit is crisp's"
     );

@@ -2,6 +2,7 @@
 //! DSL, with a stub for the rest of crisp. No socket, no thread, no sleep: time is an `Instant`
 //! the test moves.
 
+mod answers;
 mod blocks;
 mod degraded;
 mod flow;
@@ -18,9 +19,8 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 
-use super::core::{Calls, Config, Core, Event, GOAWAY_ACK_WAIT};
+use super::core::{Calls, Command, Config, Core, Event, GOAWAY_ACK_WAIT};
 use super::error::{RelayError, Violation};
-use super::flow::Windows;
 use super::ping::{GOAWAY_PING, KEEPALIVE};
 use super::status::{Code, EndStatus};
 use crate::intercept::{Call, Interest};
@@ -193,7 +193,6 @@ fn goaway(last: u32, reason: Reason) -> Vec<u8> {
 /// One connection's core and both peers' views of it.
 struct Conn {
     core: Core,
-    windows: Arc<Windows>,
     now: Instant,
     /// What reached the client straight from the runtime (the core's sink).
     from_runtime: Vec<u8>,
@@ -221,22 +220,14 @@ impl Conn {
 
     fn new(runtime: bool) -> Conn {
         let now = Instant::now();
-        let windows = Arc::new(Windows::new(Box::new(|| {})));
         let cfg = Config {
             keepalive_interval: Duration::from_secs(10),
             keepalive_timeout: Duration::from_secs(5),
             runtime: "/run/containerd.sock".into(),
         };
-        let core = Core::new(
-            &cfg,
-            Arc::new(Stub(AtomicU64::new(1))),
-            windows.clone(),
-            runtime,
-            now,
-        );
+        let core = Core::new(&cfg, Arc::new(Stub(AtomicU64::new(1))), runtime, now);
         Conn {
             core,
-            windows,
             now,
             from_runtime: Vec::new(),
         }
@@ -284,6 +275,16 @@ impl Conn {
         parse(&b)
     }
 
+    /// A diverted stream's task sends `cmd` (through the pump).
+    fn command(&mut self, cmd: Command) {
+        self.core.handle_command(cmd, self.now);
+    }
+
+    /// A diverted stream's task ended (its answer written, or none).
+    fn finished(&mut self, stream: StreamId) {
+        self.command(Command::Finished { stream });
+    }
+
     fn events(&mut self) -> Vec<Event> {
         self.core.events().collect()
     }
@@ -324,6 +325,17 @@ fn completed(events: &[Event]) -> Vec<(u64, EndStatus)> {
             } else {
                 None
             }
+        })
+        .collect()
+}
+
+/// The credit each [`Event::Credit`] gives back: (stream, bytes).
+fn credit(events: &[Event]) -> Vec<(u32, usize)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Credit { stream, n } => Some((stream.get(), *n)),
+            _ => None,
         })
         .collect()
 }

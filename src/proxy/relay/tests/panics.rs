@@ -38,14 +38,10 @@ impl Service for Panics {
 #[tokio::test(flavor = "current_thread")]
 async fn a_panic_serving_a_diverted_call_answers_it_internal_and_ends_its_stream() {
     let outbox = Arc::new(Outbox::new(Wake::new().unwrap()));
-    let windows = Arc::new(Windows::new(Box::new(|| {})));
-    windows.lock().open_diverted(S1);
-    let mut diverted = Diverted::new(
-        Arc::new(Panics),
-        windows.clone(),
-        Arc::new(tokio::sync::Notify::new()),
-        outbox.clone(),
-    );
+    let mut c = Conn::relayed();
+    c.client(&[&request(1, "/s/Divert", true)]).unwrap();
+    assert_eq!(diverted(&c.events()), [1]);
+    let mut diverted = Diverted::new(Arc::new(Panics), outbox.clone());
     let call = Call {
         route: crate::cri::Route::from_path("/runtime.v1.RuntimeService/CreateContainer"),
         path: http::uri::PathAndQuery::from_static("/runtime.v1.RuntimeService/CreateContainer"),
@@ -59,13 +55,20 @@ async fn a_panic_serving_a_diverted_call_answers_it_internal_and_ends_its_stream
         (":path".into(), "/runtime.v1.RuntimeService/CreateContainer".into()),
     ];
     diverted.start(S1, call, fields, true);
-    // The task ends (it closes its stream in the windows) once it has answered.
-    while windows.lock().is_diverted(S1) {
+    // The task ends (its last command) once it has answered; the pump hands its commands to
+    // the core.
+    let mut commands = std::collections::VecDeque::new();
+    let mut finished = false;
+    while !finished {
         tokio::task::yield_now().await;
+        outbox.take(&mut commands);
+        for cmd in commands.drain(..) {
+            finished |= matches!(cmd, Command::Finished { stream: S1 });
+            c.command(cmd);
+        }
     }
-    let mut out = Vec::new();
-    outbox.take(&mut out);
-    let frames = parse(&out);
+    assert!(!c.core.flow.is_diverted(S1), "the stream is closed");
+    let frames = c.at_client();
     assert_eq!(kinds(&frames), [(Kind::Headers, 1)]);
     assert!(frames[0].has(Flags::END_STREAM), "the stream ends");
     let fields = runtime_fields(&mut httlib_hpack::Decoder::default(), &frames[0]);

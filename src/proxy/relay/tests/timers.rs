@@ -116,7 +116,7 @@ fn a_degraded_connection_asks_whether_the_runtime_is_back_once_idle_then_once_a_
         Some(c.now + EVERY),
         "the keep-alive alone"
     );
-    c.windows.lock().close_diverted(S1);
+    c.finished(S1);
     assert_eq!(
         c.core.poll_timeout(),
         Some(t0 + MOVE_IDLE + period),
@@ -185,7 +185,7 @@ fn drained_waits_for_every_stream_and_every_frame_of_crisps() {
     c.runtime_all(&[&response(1, &[(":status", "200"), ("grpc-status", "0")], true)]);
     c.at_client();
     assert!(!c.core.drained(), "a diverted and a held stream");
-    c.windows.lock().close_diverted(S3);
+    c.finished(S3);
     assert!(!c.core.drained(), "the held stream");
     c.client(&[&rst(5, Reason::CANCEL)]).unwrap();
     assert!(c.core.drained());
