@@ -18,7 +18,8 @@ use http_body_util::BodyExt;
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, Semaphore};
 
-use super::core::{Calls, Command};
+use super::answers::Command;
+use super::core::Calls;
 use super::flow::ANSWER_BUDGET;
 use crate::intercept::{Call, CatchUnwind, Outcome};
 use crate::proxy::body::{BodyPart, BoxError, ChannelBody, ProxyBody};

@@ -9,7 +9,7 @@
 //! connection credit to the client at once, and their stream credit as the observed path
 //! consumes them.
 //!
-//! A diverted stream's answer reaches the core as commands ([`super::core::Command`]); what the
+//! A diverted stream's answer reaches the core as commands ([`super::answers::Command`]); what the
 //! client's windows do not allow yet waits here, per stream and in order, and goes out as
 //! credit comes ([`Flow::flush`]). Each stream's task sends at most [`ANSWER_BUDGET`] bytes of
 //! DATA ahead of what was written (`bridge.rs`), so what waits here stays bounded.
@@ -37,7 +37,7 @@ pub(crate) struct Answer {
     headers: bool,
     /// Its end (END_STREAM) is queued: the core takes nothing more of it.
     ended: bool,
-    /// Its task ended ([`super::core::Command::Finished`]): the stream closes once `queue` is
+    /// Its task ended ([`super::answers::Command::Finished`]): the stream closes once `queue` is
     /// written.
     finished: bool,
 }

@@ -29,7 +29,8 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 
-use super::core::{Calls, Command, Config, Core, Event};
+use super::answers::Command;
+use super::core::{Calls, Config, Core, Event};
 use super::flow::ANSWER_BUDGET;
 use super::ping::{GOAWAY_PING, KEEPALIVE};
 use crate::intercept::{Call, Interest};

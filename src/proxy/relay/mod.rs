@@ -8,7 +8,7 @@
 //!   `fields.rs`: decoded header blocks and routes).
 //! - `pump.rs`: the thread that runs a core, blocked in `poll(2)` on the two sockets.
 //! - `bridge.rs`: the tokio side — diverted streams, served by the observed path, and the queue
-//!   through which their commands reach the thread ([`core::Command`]).
+//!   through which their commands reach the thread ([`answers::Command`]).
 //!
 //! Every frame is copied through as it is, with three exceptions:
 //! - request header blocks are decoded (for the route) and written anew by crisp's own HPACK
@@ -25,6 +25,7 @@
 //! — to a fresh relay once the runtime is back. If the runtime is down when a client connects,
 //! the whole connection is served by the observed path (UNAVAILABLE until the runtime returns).
 
+mod answers;
 mod bridge;
 pub(crate) mod core;
 mod error;

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 
 use super::bridge::{Diverted, Outbox, Service};
-use super::core::{Command, Core, Event, Sink, CALLS};
+use super::answers::Command;
+use super::core::{Core, Event, Sink, CALLS};
 use super::error::{RelayError, RuntimeFailure};
 use super::LOG;
 use crate::intercept::Outcome;

@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 
-use super::core::{Calls, Command, Config, Core, Event, GOAWAY_ACK_WAIT};
+use super::answers::Command;
+use super::core::{Calls, Config, Core, Event, GOAWAY_ACK_WAIT};
 use super::error::{RelayError, Violation};
 use super::ping::{GOAWAY_PING, KEEPALIVE};
 use super::status::{Code, EndStatus};
