@@ -93,22 +93,30 @@ impl RuntimeClient {
         unary(self.pool.clone(), version, method, req, timeout).await
     }
 
+    /// ListContainers with `filter` (None: every container of the node, all states).
+    async fn list(
+        &self,
+        version: ApiVersion,
+        filter: Option<views::ContainerFilter>,
+    ) -> Result<Vec<views::Container>, ClientError> {
+        let req = views::ListContainersRequest { filter };
+        let resp: views::ListContainersResponse = self
+            .call(version, "ListContainers", req, self.timeout)
+            .await?;
+        Ok(resp.containers)
+    }
+
     /// Containers of one sandbox (all states).
     pub(crate) async fn list_containers(
         &self,
         version: ApiVersion,
         sandbox_id: &str,
     ) -> Result<Vec<views::Container>, ClientError> {
-        let req = views::ListContainersRequest {
-            filter: Some(views::ContainerFilter {
-                pod_sandbox_id: sandbox_id.to_string(),
-                ..Default::default()
-            }),
+        let filter = views::ContainerFilter {
+            pod_sandbox_id: sandbox_id.to_string(),
+            ..Default::default()
         };
-        let resp: views::ListContainersResponse = self
-            .call(version, "ListContainers", req, self.timeout)
-            .await?;
-        Ok(resp.containers)
+        self.list(version, Some(filter)).await
     }
 
     /// Every container of the node (all states).
@@ -116,11 +124,7 @@ impl RuntimeClient {
         &self,
         version: ApiVersion,
     ) -> Result<Vec<views::Container>, ClientError> {
-        let req = views::ListContainersRequest { filter: None };
-        let resp: views::ListContainersResponse = self
-            .call(version, "ListContainers", req, self.timeout)
-            .await?;
-        Ok(resp.containers)
+        self.list(version, None).await
     }
 
     /// One container by id, with its sandbox id (ContainerStatus has none, KUBELET-CRI §2.3).
@@ -129,16 +133,12 @@ impl RuntimeClient {
         version: ApiVersion,
         id: &str,
     ) -> Result<Option<views::Container>, ClientError> {
-        let req = views::ListContainersRequest {
-            filter: Some(views::ContainerFilter {
-                id: id.to_string(),
-                ..Default::default()
-            }),
+        let filter = views::ContainerFilter {
+            id: id.to_string(),
+            ..Default::default()
         };
-        let resp: views::ListContainersResponse = self
-            .call(version, "ListContainers", req, self.timeout)
-            .await?;
-        Ok(resp.containers.into_iter().find(|c| c.id == id))
+        let containers = self.list(version, Some(filter)).await?;
+        Ok(containers.into_iter().find(|c| c.id == id))
     }
 
     pub(crate) async fn list_pod_sandboxes(

@@ -1,16 +1,10 @@
 //! Diverted streams' answers as commands: the core applies the client's windows to them, keeps
 //! what does not fit, gives the written DATA back as credit, and ends each stream once.
 
-use std::future::Future;
-use std::pin::Pin;
-
 use bytes::Bytes;
-use http::{Request, Response};
 
 use super::*;
-use crate::intercept::Outcome;
-use crate::proxy::body::ProxyBody;
-use crate::proxy::relay::bridge::{Diverted, DivertedBody, Outbox, Service};
+use crate::proxy::relay::bridge::{Diverted, Outbox};
 use crate::proxy::relay::flow::ANSWER_BUDGET;
 use crate::proxy::sock::Wake;
 
@@ -187,33 +181,6 @@ fn nothing_of_an_answer_is_taken_out_of_order_or_after_its_end() {
     assert!(c.at_client().is_empty(), "the stream ended once");
 }
 
-/// Answers every diverted call with one large message.
-struct Large(usize);
-
-impl Calls for Large {
-    fn next_id(&self) -> u64 {
-        1
-    }
-    fn interest(&self, _: &Call) -> Interest {
-        Interest::NONE
-    }
-}
-
-impl Service for Large {
-    fn completed(&self, _: &Call, _: &Outcome) {}
-    fn divert(
-        self: Arc<Self>,
-        _: Call,
-        _: Request<ProxyBody>,
-    ) -> Pin<Box<dyn Future<Output = Response<DivertedBody>> + Send>> {
-        use http_body_util::BodyExt;
-        let body = http_body_util::Full::new(Bytes::from(vec![9u8; self.0]))
-            .map_err(|e| match e {})
-            .boxed_unsync();
-        Box::pin(async move { Response::new(body) })
-    }
-}
-
 /// The commands queued so far, once the task has nothing more to send until it gets credit.
 async fn settle(outbox: &Outbox) -> Vec<Command> {
     let mut q = std::collections::VecDeque::new();
@@ -237,7 +204,15 @@ fn sent(cmds: &[Command]) -> usize {
 #[tokio::test(flavor = "current_thread")]
 async fn a_diverted_task_sends_no_more_than_its_budget_ahead_of_the_cores_credit() {
     let outbox = Arc::new(Outbox::new(Wake::new().unwrap()));
-    let mut diverted = Diverted::new(Arc::new(Large(200_000)), outbox.clone());
+    // Answers every diverted call with one large message.
+    let large = Answers(Box::new(|| {
+        use http_body_util::BodyExt;
+        let body = http_body_util::Full::new(Bytes::from(vec![9u8; 200_000]))
+            .map_err(|e| match e {})
+            .boxed_unsync();
+        Box::pin(async move { http::Response::new(body) })
+    }));
+    let mut diverted = Diverted::new(Arc::new(large), outbox.clone());
     let call = Call {
         route: crate::cri::Route::from_path("/runtime.v1.RuntimeService/ExecSync"),
         path: http::uri::PathAndQuery::from_static("/runtime.v1.RuntimeService/ExecSync"),

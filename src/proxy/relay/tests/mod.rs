@@ -313,6 +313,31 @@ impl Conn {
     }
 }
 
+/// A diverted call's answer, as the observed path would give it.
+type Answer = std::pin::Pin<
+    Box<dyn std::future::Future<Output = http::Response<super::bridge::DivertedBody>> + Send>,
+>;
+
+/// The rest of crisp as the bridge sees it, answering every diverted call with `answer` (the
+/// bridge's tests: a panic, a large answer).
+struct Answers(Box<dyn Fn() -> Answer + Send + Sync>);
+
+impl Calls for Answers {
+    fn next_id(&self) -> u64 {
+        1
+    }
+    fn interest(&self, _: &Call) -> Interest {
+        Interest::NONE
+    }
+}
+
+impl super::bridge::Service for Answers {
+    fn completed(&self, _: &Call, _: &crate::intercept::Outcome) {}
+    fn divert(self: Arc<Self>, _: Call, _: http::Request<crate::proxy::body::ProxyBody>) -> Answer {
+        (self.0)()
+    }
+}
+
 fn kinds(frames: &[F]) -> Vec<(Kind, u32)> {
     frames.iter().map(|f| (f.kind, f.stream)).collect()
 }

@@ -1,39 +1,8 @@
 //! A panic while serving a diverted call (a bug in crisp's observed path) ends that call only.
 
-use std::future::Future;
-use std::pin::Pin;
-
-use http::{Request, Response};
-
 use super::*;
-use crate::intercept::Outcome;
-use crate::proxy::body::ProxyBody;
-use crate::proxy::relay::bridge::{Diverted, DivertedBody, Outbox, Service};
+use crate::proxy::relay::bridge::{Diverted, Outbox};
 use crate::proxy::sock::Wake;
-
-/// Serves every diverted call by panicking.
-struct Panics;
-
-impl Calls for Panics {
-    fn next_id(&self) -> u64 {
-        1
-    }
-    fn interest(&self, _: &Call) -> Interest {
-        Interest::NONE
-    }
-}
-
-impl Service for Panics {
-    fn completed(&self, _: &Call, _: &Outcome) {}
-    fn divert(
-        self: Arc<Self>,
-        _: Call,
-        _: Request<ProxyBody>,
-    ) -> Pin<Box<dyn Future<Output = Response<DivertedBody>> + Send>> {
-        // Unwinds without the panic hook: the test output stays clean.
-        Box::pin(async { std::panic::resume_unwind(Box::new("a bug (injected)")) })
-    }
-}
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_panic_serving_a_diverted_call_answers_it_internal_and_ends_its_stream() {
@@ -41,7 +10,12 @@ async fn a_panic_serving_a_diverted_call_answers_it_internal_and_ends_its_stream
     let mut c = Conn::relayed();
     c.client(&[&request(1, "/s/Divert", true)]).unwrap();
     assert_eq!(diverted(&c.events()), [1]);
-    let mut diverted = Diverted::new(Arc::new(Panics), outbox.clone());
+    // Serves every diverted call by panicking; unwinds without the panic hook, so the test output
+    // stays clean.
+    let panics = Answers(Box::new(|| {
+        Box::pin(async { std::panic::resume_unwind(Box::new("a bug (injected)")) })
+    }));
+    let mut diverted = Diverted::new(Arc::new(panics), outbox.clone());
     let call = Call {
         route: crate::cri::Route::from_path("/runtime.v1.RuntimeService/CreateContainer"),
         path: http::uri::PathAndQuery::from_static("/runtime.v1.RuntimeService/CreateContainer"),
