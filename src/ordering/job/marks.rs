@@ -15,7 +15,7 @@ use parking_lot::RwLock;
 /// renamed over the mark, and the directory fsynced, so a mark that was reported to kubelet
 /// (the sidecar is stopped right after) survives a power loss. Removal is not fsynced: a mark
 /// that comes back after a crash names a container the runtime no longer has, and
-/// [`Engine::prune_marks`] drops it at the next start.
+/// [`crate::ordering::Engine::prune_marks`] drops it at the next start.
 pub struct Terminated {
     dir: Option<PathBuf>,
     marks: RwLock<Marks>,

@@ -12,7 +12,7 @@ use crate::proxy::http2::{self, Reason, RstStream, StreamId, WindowUpdate};
 
 /// What a diverted stream's task tells the core (through the pump): its answer, in order, and
 /// its end. The core encodes the frames (HPACK literals, as crisp's own blocks), applies the
-/// client's windows, and keeps what they do not allow yet ([`Flow`]).
+/// client's windows, and keeps what they do not allow yet ([`super::flow::Flow`]).
 #[derive(Debug)]
 pub enum Command {
     /// The response headers; `end`: the response has no body (a trailers-only answer).

@@ -1,15 +1,15 @@
 //! The relay's connection core, without I/O: bytes and time in, bytes and events out.
 //!
-//! One [`Core`] per client connection holds the connection's rules — the stream table, the
-//! route of each new stream, flow-control windows and debt and the diverted streams' answers
-//! (`flow.rs`), the PING gate and keep-alive (`ping.rs`), SETTINGS ACK ordering, GOAWAY both
-//! ways. Its shell (`pump.rs`) reads the sockets and hands the bytes in ([`Core::client_bytes`],
-//! [`Core::runtime_bytes`]) and the diverted streams' [`Command`]s ([`Core::handle_command`]);
-//! the core appends what goes to the runtime to [`Core::to_runtime`], its own frames for the
-//! client to [`Core::to_client`], writes the runtime's frames to a [`Sink`] as they are (no
-//! copy), and leaves [`Event`]s — a stream to divert, credit for a diverted answer, a call that
-//! ended — for the shell to act on. It has no socket, no clock and nothing of tokio or libc: tests drive
-//! it frame by frame (`tests/`).
+//! One [`Core`] per client connection holds the connection's rules — the stream table, the route of
+//! each new stream, flow-control windows and debt and the diverted streams' answers (`flow.rs`),
+//! the PING gate and keep-alive (`ping.rs`), SETTINGS ACK ordering, GOAWAY both ways. Its shell
+//! (`pump.rs`) reads the sockets and hands the bytes in ([`Core::client_bytes`],
+//! [`Core::runtime_bytes`]) and the diverted streams' [`Command`](super::answers::Command)s
+//! ([`Core::handle_command`]); the core appends what goes to the runtime to [`Core::to_runtime`],
+//! its own frames for the client to [`Core::to_client`], writes the runtime's frames to a [`Sink`]
+//! as they are (no copy), and leaves [`Event`]s — a stream to divert, credit for a diverted answer,
+//! a call that ended — for the shell to act on. It has no socket, no clock and nothing of tokio or
+//! libc: tests drive it frame by frame (`tests/`).
 
 use super::LOG;
 use std::collections::{HashSet, VecDeque};
@@ -82,7 +82,7 @@ pub enum Event {
     /// The client ended a diverted stream's request body.
     BodyEnd { stream: StreamId },
     /// `n` more bytes of a diverted stream's answer were written to the client: its task may
-    /// send that many more ([`Command::Data`]).
+    /// send that many more ([`Command::Data`](super::answers::Command::Data)).
     Credit { stream: StreamId, n: usize },
     /// The client reset a diverted stream: its task ends.
     Reset { stream: StreamId },
