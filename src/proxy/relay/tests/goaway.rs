@@ -306,3 +306,24 @@ fn late_frames_of_a_finished_diverted_stream_never_reach_the_runtime_once_forgot
     c.client(&[&data(141, 5, true)]).unwrap();
     assert_eq!(kinds(&c.at_runtime()), [(Kind::Data, 141)]);
 }
+
+#[test]
+fn a_relayed_stream_in_flight_below_the_forgotten_cut_is_still_relayed() {
+    // The cut that forgets finished diverted streams takes every stream below it for ended
+    // unless it is relayed and in flight: a long upload opened before the cut keeps going.
+    let mut c = Conn::relayed();
+    c.client(&[&request(1, "/s/Relay", false)]).unwrap();
+    assert_eq!(kinds(&c.at_runtime()), [(Kind::Headers, 1)]);
+    for n in 1..=70u32 {
+        let id = 1 + 2 * n;
+        c.client(&[&request(id, "/s/Divert", true)]).unwrap();
+        c.finished(StreamId::new(id));
+    }
+    assert_eq!(diverted(&c.events()).len(), 70);
+    c.client(&[&data(1, 10, false), &wu(1, 100), &data(1, 5, true)])
+        .unwrap();
+    assert_eq!(
+        kinds(&c.at_runtime()),
+        [(Kind::Data, 1), (Kind::WindowUpdate, 1), (Kind::Data, 1)]
+    );
+}
