@@ -8,21 +8,6 @@ use crate::proxy::relay::bridge::{Diverted, Outbox};
 use crate::proxy::relay::flow::ANSWER_BUDGET;
 use crate::proxy::sock::Wake;
 
-/// A diverted stream S1 whose task has sent its response headers.
-fn answering() -> Conn {
-    let mut c = Conn::relayed();
-    c.client(&[&request(1, "/s/Divert", true)]).unwrap();
-    assert_eq!(diverted(&c.events()), [1]);
-    c.command(Command::Headers {
-        stream: S1,
-        status: http::StatusCode::OK,
-        fields: http::HeaderMap::new(),
-        end: false,
-    });
-    assert_eq!(kinds(&c.at_client()), [(Kind::Headers, 1)]);
-    c
-}
-
 fn body(n: usize, end: bool) -> Command {
     Command::Data {
         stream: S1,

@@ -313,6 +313,21 @@ impl Conn {
     }
 }
 
+/// A diverted stream S1 whose task has sent its response headers.
+fn answering() -> Conn {
+    let mut c = Conn::relayed();
+    c.client(&[&request(1, "/s/Divert", true)]).unwrap();
+    assert_eq!(diverted(&c.events()), [1]);
+    c.command(Command::Headers {
+        stream: S1,
+        status: http::StatusCode::OK,
+        fields: http::HeaderMap::new(),
+        end: false,
+    });
+    assert_eq!(kinds(&c.at_client()), [(Kind::Headers, 1)]);
+    c
+}
+
 /// A diverted call's answer, as the observed path would give it.
 type Answer = std::pin::Pin<
     Box<dyn std::future::Future<Output = http::Response<super::bridge::DivertedBody>> + Send>,
