@@ -644,7 +644,10 @@ mod tests {
             ..Interest::NONE
         });
         let c = chain(vec![Arc::new(Conditional), Arc::new(ends)]);
-        assert!(c.conditional(&call()), "an interest in the end alone does not count");
+        assert!(
+            c.conditional(&call()),
+            "an interest in the end alone does not count"
+        );
         assert!(c.wants_call(&call(), b"marked"));
         assert!(!c.wants_call(&call(), b"another"));
 
@@ -653,8 +656,14 @@ mod tests {
             ..Interest::NONE
         });
         let c = chain(vec![Arc::new(Conditional), Arc::new(requests)]);
-        assert!(!c.conditional(&call()), "the tap watching: every call is observed");
-        assert!(!chain(vec![]).conditional(&call()), "no interest: nothing to hold");
+        assert!(
+            !c.conditional(&call()),
+            "the tap watching: every call is observed"
+        );
+        assert!(
+            !chain(vec![]).conditional(&call()),
+            "no interest: nothing to hold"
+        );
     }
 
     #[test]

@@ -60,7 +60,7 @@
 //! [`telemetry`].
 //! What only crisp's own tests (`tests/it/`, `e2e/`), the benchmark and the fuzz targets reach
 //! is public only with the `test-util` feature, which those turn on through their dependency on
-//! this crate (Cargo.toml): the other modules through `test_util_mod!` below, single items of
+//! this crate (Cargo.toml): the other modules through the paired `cfg` declarations below, single items of
 //! the binary's modules through `#[cfg_attr(feature = "test-util", visibility::make(pub))]`,
 //! and items nothing but a test calls through `#[cfg(any(test, feature = "test-util"))]`.
 //! Without the feature (the binary, the release artifacts) all of it is `pub(crate)`, and
@@ -74,21 +74,6 @@
 #![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
-/// Declares a module that only crisp's own tests, benchmarks and fuzz targets reach from outside
-/// the crate: `pub` with the `test-util` feature, `pub(crate)` without it (the binary and the
-/// release artifacts). The items inside keep their `pub`; without the feature nothing outside
-/// the crate can name them.
-macro_rules! test_util_mod {
-    ($($(#[$attr:meta])* mod $name:ident;)*) => {$(
-        #[cfg(feature = "test-util")]
-        $(#[$attr])*
-        pub mod $name;
-        #[cfg(not(feature = "test-util"))]
-        $(#[$attr])*
-        pub(crate) mod $name;
-    )*};
-}
-
 // What the binary (`src/bin/crisp/`) uses.
 pub mod config;
 pub mod daemon;
@@ -97,19 +82,61 @@ pub mod otel;
 pub mod tap;
 pub mod telemetry;
 
-test_util_mod! {
-    mod admin;
-    mod cri;
-    mod intercept;
-    mod metrics;
-    mod netns;
-    mod ordering;
-    mod proxy;
-    mod readiness;
-    mod status;
-    #[allow(unsafe_code)]
-    mod sys;
-    mod systemd;
-    mod tenant;
-    mod watchdog;
-}
+// What only crisp's own tests, benchmarks and fuzz targets reach from outside the crate: `pub`
+// with the `test-util` feature, `pub(crate)` without it (the binary and the release artifacts).
+// Each is declared twice, under the two `cfg`s, and never through a macro: rustfmt follows plain
+// `mod` declarations only (hack/lint.sh checks that rustfmt reaches every file under src/).
+#[cfg(feature = "test-util")]
+pub mod admin;
+#[cfg(not(feature = "test-util"))]
+pub(crate) mod admin;
+#[cfg(feature = "test-util")]
+pub mod cri;
+#[cfg(not(feature = "test-util"))]
+pub(crate) mod cri;
+#[cfg(feature = "test-util")]
+pub mod intercept;
+#[cfg(not(feature = "test-util"))]
+pub(crate) mod intercept;
+#[cfg(feature = "test-util")]
+pub mod metrics;
+#[cfg(not(feature = "test-util"))]
+pub(crate) mod metrics;
+#[cfg(feature = "test-util")]
+pub mod netns;
+#[cfg(not(feature = "test-util"))]
+pub(crate) mod netns;
+#[cfg(feature = "test-util")]
+pub mod ordering;
+#[cfg(not(feature = "test-util"))]
+pub(crate) mod ordering;
+#[cfg(feature = "test-util")]
+pub mod proxy;
+#[cfg(not(feature = "test-util"))]
+pub(crate) mod proxy;
+#[cfg(feature = "test-util")]
+pub mod readiness;
+#[cfg(not(feature = "test-util"))]
+pub(crate) mod readiness;
+#[cfg(feature = "test-util")]
+pub mod status;
+#[cfg(not(feature = "test-util"))]
+pub(crate) mod status;
+#[cfg(feature = "test-util")]
+#[allow(unsafe_code)]
+pub mod sys;
+#[cfg(not(feature = "test-util"))]
+#[allow(unsafe_code)]
+pub(crate) mod sys;
+#[cfg(feature = "test-util")]
+pub mod systemd;
+#[cfg(not(feature = "test-util"))]
+pub(crate) mod systemd;
+#[cfg(feature = "test-util")]
+pub mod tenant;
+#[cfg(not(feature = "test-util"))]
+pub(crate) mod tenant;
+#[cfg(feature = "test-util")]
+pub mod watchdog;
+#[cfg(not(feature = "test-util"))]
+pub(crate) mod watchdog;

@@ -117,7 +117,10 @@ impl Status {
     }
 
     /// UNAVAILABLE for a call whose runtime failed as `how` says ([`runtime_lost`]).
-    pub(crate) fn runtime_lost(socket: Option<&dyn std::fmt::Display>, how: RuntimeLoss<'_>) -> Status {
+    pub(crate) fn runtime_lost(
+        socket: Option<&dyn std::fmt::Display>,
+        how: RuntimeLoss<'_>,
+    ) -> Status {
         Status::new(code::UNAVAILABLE, runtime_lost(socket, how))
     }
     /// FAILED_PRECONDITION for a call crisp refuses (an app's CreateContainer before its
@@ -287,13 +290,24 @@ mod tests {
     #[test]
     fn grpc_timeout_encodings() {
         assert_eq!(grpc_timeout_ms(Duration::from_millis(4500)), "4500m");
-        assert_eq!(grpc_timeout_ms(Duration::from_micros(1)), "1m", "rounded up");
+        assert_eq!(
+            grpc_timeout_ms(Duration::from_micros(1)),
+            "1m",
+            "rounded up"
+        );
         assert_eq!(grpc_timeout_ms(Duration::from_secs(200_000)), "200000S");
         assert_eq!(grpc_timeout(Duration::from_millis(4500)), "4500000u");
-        for d in [Duration::from_nanos(1), Duration::from_millis(1999), Duration::MAX] {
+        for d in [
+            Duration::from_nanos(1),
+            Duration::from_millis(1999),
+            Duration::MAX,
+        ] {
             for v in [grpc_timeout(d), grpc_timeout_ms(d)] {
                 let back = parse_grpc_timeout(v.as_bytes()).unwrap();
-                assert!(back >= d.min(Duration::from_secs(99_999_999 * 60)), "{d:?} -> {v}");
+                assert!(
+                    back >= d.min(Duration::from_secs(99_999_999 * 60)),
+                    "{d:?} -> {v}"
+                );
             }
         }
     }

@@ -278,7 +278,9 @@ mod tests {
         assert_eq!(name_list([]), "");
         assert_eq!(name_list(["app"]), "app");
         assert_eq!(name_list(["app", "web"]), "app, web");
-        let many: Vec<String> = (0..300).map(|i| format!("{}-{i:03}", "a".repeat(59))).collect();
+        let many: Vec<String> = (0..300)
+            .map(|i| format!("{}-{i:03}", "a".repeat(59)))
+            .collect();
         let list = name_list(many.iter().map(String::as_str));
         assert!(list.starts_with(&many[0]), "{list}");
         assert!(list.contains(&many[7]), "{list}");
@@ -423,9 +425,26 @@ mod tests {
     #[test]
     fn line_views_and_json_escape_the_same_characters() {
         let obeyed = [
-            '\0', '\u{1b}', '\n', '\u{7f}', '\u{80}', '\u{85}', '\u{9b}', '\u{9f}', '\u{2028}',
-            '\u{2029}', '\u{61c}', '\u{200e}', '\u{200f}', '\u{202a}', '\u{202e}', '\u{2066}',
-            '\u{2069}', '\u{200b}', '\u{feff}', '\u{e0001}',
+            '\0',
+            '\u{1b}',
+            '\n',
+            '\u{7f}',
+            '\u{80}',
+            '\u{85}',
+            '\u{9b}',
+            '\u{9f}',
+            '\u{2028}',
+            '\u{2029}',
+            '\u{61c}',
+            '\u{200e}',
+            '\u{200f}',
+            '\u{202a}',
+            '\u{202e}',
+            '\u{2066}',
+            '\u{2069}',
+            '\u{200b}',
+            '\u{feff}',
+            '\u{e0001}',
         ];
         for c in obeyed {
             assert!(escaped(c), "{c:?}");
@@ -442,6 +461,9 @@ mod tests {
         let plain = serde_json::json!({"k": "é 中 🙂 \" \\", "n": [1, 2]});
         assert_eq!(json(&plain), plain.to_string());
         let pretty = json_pretty(&serde_json::json!({"k": "\u{9b}", "l": [1]}));
-        assert_eq!(pretty, "{\n  \"k\": \"\\u009b\",\n  \"l\": [\n    1\n  ]\n}");
+        assert_eq!(
+            pretty,
+            "{\n  \"k\": \"\\u009b\",\n  \"l\": [\n    1\n  ]\n}"
+        );
     }
 }

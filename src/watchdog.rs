@@ -184,7 +184,11 @@ pub enum Unhealthy {
         "relay thread of connection {id} has been stuck for {busy:?}, {after:?} after its \
          sockets were shut down"
     )]
-    RelayStuck { id: u64, busy: Duration, after: Duration },
+    RelayStuck {
+        id: u64,
+        busy: Duration,
+        after: Duration,
+    },
 }
 
 /// The registry of relay threads, the runtime's heartbeat and the judgement on them.
@@ -342,7 +346,9 @@ impl Watchdog {
             );
         }
         // Checks more often than the stall bound, so a stall is seen within a fraction of it.
-        let every = every.min(self.opts.relay_stall / 4).max(Duration::from_millis(10));
+        let every = every
+            .min(self.opts.relay_stall / 4)
+            .max(Duration::from_millis(10));
         std::thread::Builder::new()
             .name("crisp-watchdog".into())
             .spawn(move || {
@@ -444,7 +450,11 @@ mod tests {
         reg.beat.waiting(t0);
         assert_eq!(w.check(t0 + Duration::from_secs(60)), Ok(()));
         reg.beat.working(t0);
-        assert_eq!(w.check(t0 + Duration::from_secs(5)), Ok(()), "closed, not yet unhealthy");
+        assert_eq!(
+            w.check(t0 + Duration::from_secs(5)),
+            Ok(()),
+            "closed, not yet unhealthy"
+        );
         assert_eq!(w.counters.relay_stalls.load(Relaxed), 1);
         let mut buf = [0u8; 1];
         assert_eq!(
@@ -461,7 +471,11 @@ mod tests {
         ));
         assert!(!w.healthy());
         drop(reg);
-        assert_eq!(w.check(t0 + Duration::from_secs(11)), Ok(()), "its thread ended");
+        assert_eq!(
+            w.check(t0 + Duration::from_secs(11)),
+            Ok(()),
+            "its thread ended"
+        );
         assert!(w.healthy());
     }
 
@@ -469,7 +483,11 @@ mod tests {
     fn a_silent_runtime_heartbeat_is_unhealthy() {
         let w = Watchdog::new(Options::default());
         let t0 = Instant::now();
-        assert_eq!(w.check(t0 + Duration::from_secs(3600)), Ok(()), "not started yet");
+        assert_eq!(
+            w.check(t0 + Duration::from_secs(3600)),
+            Ok(()),
+            "not started yet"
+        );
         w.runtime_tick.store(nanos(t0), Relaxed);
         assert_eq!(w.check(t0 + Duration::from_secs(9)), Ok(()));
         assert_eq!(

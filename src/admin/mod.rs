@@ -19,10 +19,10 @@ use prometheus_client::registry::Registry;
 use tokio::task::JoinSet;
 
 use crate::intercept::Faults;
-use crate::watchdog::Watchdog;
 use crate::ordering::Engine;
 use crate::tap::pb::admin_server::AdminServer;
 use crate::tap::Tap;
+use crate::watchdog::Watchdog;
 
 mod list_pods;
 mod metrics;

@@ -137,7 +137,8 @@ pub(super) async fn handle(
         _ => Ok(plain(
             StatusCode::NOT_FOUND,
             "crisp admin: GET /metrics, /healthz, /debug/connections, or the gRPC service \
-             crisp.admin.v1.Admin\n".into(),
+             crisp.admin.v1.Admin\n"
+                .into(),
         )),
     }
 }

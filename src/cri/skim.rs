@@ -168,7 +168,9 @@ impl Skimmer {
                 continue;
             }
             // Inside the message: never past its end.
-            let avail = data.len().min(usize::try_from(self.left).unwrap_or(usize::MAX));
+            let avail = data
+                .len()
+                .min(usize::try_from(self.left).unwrap_or(usize::MAX));
             let (now, _) = data.split_at(avail);
             let used = self.step(now);
             data = &data[used..];

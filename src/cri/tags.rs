@@ -91,7 +91,10 @@ mod tests {
         let mut buf = bytes.as_slice();
         let (number, wire_type) = decode_key(&mut buf).unwrap();
         skip_field(wire_type, number, &mut buf, DecodeContext::default()).unwrap();
-        assert!(buf.is_empty(), "the message sets more than one field: {bytes:?}");
+        assert!(
+            buf.is_empty(),
+            "the message sets more than one field: {bytes:?}"
+        );
         number
     }
 

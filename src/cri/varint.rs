@@ -74,7 +74,17 @@ mod tests {
 
     #[test]
     fn decodes_what_prost_encodes() {
-        for v in [0, 1, 127, 128, 150, 300, u64::from(u32::MAX), (-1i64) as u64, u64::MAX] {
+        for v in [
+            0,
+            1,
+            127,
+            128,
+            150,
+            300,
+            u64::from(u32::MAX),
+            (-1i64) as u64,
+            u64::MAX,
+        ] {
             let mut buf = Vec::new();
             encode(v, &mut buf);
             buf.push(0xff); // a byte after the varint is not read

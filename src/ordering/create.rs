@@ -541,7 +541,7 @@ impl Engine {
         if let Some(hold) = held.take() {
             hold.end(HoldOutcome::RefusedStillWaiting, &message);
         }
-Some(Verdict::Refuse(Status::refused(message)))
+        Some(Verdict::Refuse(Status::refused(message)))
     }
 
     /// A CreateContainer answered: the new container's sandbox and name are cached by its id.

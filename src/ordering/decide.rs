@@ -9,11 +9,11 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::annotations::{PodPolicy, Sidecar};
-use crate::config::TimeoutPolicy;
-use crate::cri::views::{self, state};
-use super::refusal::{Refusal, WaitingFor};
 #[cfg(test)]
 use super::refusal::{refusal, timed_out};
+use super::refusal::{Refusal, WaitingFor};
+use crate::config::TimeoutPolicy;
+use crate::cri::views::{self, state};
 
 /// Kept free before kubelet's deadline when a hold ends, so the forwarded call still completes.
 pub(crate) const DEADLINE_MARGIN: Duration = Duration::from_secs(3);
@@ -266,7 +266,12 @@ pub(crate) fn check_start<'p>(
             Some(c) if c.state == state::RUNNING => match probed.get(&s.name) {
                 Some(true) => continue,
                 Some(false) => return Check::Waiting(WaitingFor::Sidecar(s.name.clone())),
-                None => return Check::Probe { sidecar: s, container_id: c.id.clone() },
+                None => {
+                    return Check::Probe {
+                        sidecar: s,
+                        container_id: c.id.clone(),
+                    }
+                }
             },
             Some(c) => {
                 return Check::Refuse(Refusal::NotRunning {

@@ -112,11 +112,7 @@ fn bounded(s: String) -> String {
 
 /// Whether a hold's update is due: what it waits for changed (and [`UPDATE_MIN`] passed since
 /// the last event), or [`UPDATE_EVERY`] passed.
-fn update_due(
-    last: Option<&(Instant, Waiting)>,
-    now: Instant,
-    waiting: &Waiting,
-) -> bool {
+fn update_due(last: Option<&(Instant, Waiting)>, now: Instant, waiting: &Waiting) -> bool {
     let Some((at, sent)) = last else { return true };
     let since = now.saturating_duration_since(*at);
     // The probe's time changes every round; only what it found counts as a change.
@@ -521,7 +517,11 @@ mod tests {
             Duration::from_secs(1),
             Duration::from_secs(90),
         );
-        assert!(msg.len() <= crate::status::MAX_SEEN_MESSAGE, "{}", msg.len());
+        assert!(
+            msg.len() <= crate::status::MAX_SEEN_MESSAGE,
+            "{}",
+            msg.len()
+        );
         assert!(
             msg.contains("network is not ready"),
             "kubelet's fast retry needs the tail: {msg}"

@@ -139,7 +139,15 @@ mod tests {
         for h in ["", "runc", "crun"] {
             assert!(!Isolation::classify(h, &shared()).is_isolated(), "{h:?}");
         }
-        for h in ["kata", "kata-qemu", "runsc", "gvisor", "kata-fc", "RUNC", "runc "] {
+        for h in [
+            "kata",
+            "kata-qemu",
+            "runsc",
+            "gvisor",
+            "kata-fc",
+            "RUNC",
+            "runc ",
+        ] {
             assert!(Isolation::classify(h, &shared()).is_isolated(), "{h:?}");
         }
         // The operator's list is the whole rule: the default handler may be isolated too.
@@ -154,10 +162,17 @@ mod tests {
         let long = format!("runc{}", "x".repeat(10_000));
         let i = Isolation::classify(&long, std::slice::from_ref(&long));
         assert!(i.is_isolated(), "too long to be any configured handler");
-        assert!(i.handler().len() <= MAX_HANDLER + 32, "{}", i.handler().len());
+        assert!(
+            i.handler().len() <= MAX_HANDLER + 32,
+            "{}",
+            i.handler().len()
+        );
         let evil = Isolation::classify("kata\n\u{1b}[31mfake log line", &shared());
         let shown = evil.to_string();
-        assert!(!shown.contains('\n') && !shown.contains('\u{1b}'), "{shown}");
+        assert!(
+            !shown.contains('\n') && !shown.contains('\u{1b}'),
+            "{shown}"
+        );
         assert_eq!(
             Isolation::classify("", &shared()).to_string(),
             "shared kernel (the runtime's default handler)"

@@ -71,8 +71,8 @@ use crate::intercept::{BoxFuture, Call, HoldSink, Interceptor, Interest, Verdict
 use crate::metrics::OrderingMetrics;
 use crate::readiness::ProbeLimiter;
 use injectors::InjectorRule;
-use pod::{container_name, ContainerRef};
 pub use pod::Pod;
+use pod::{container_name, ContainerRef};
 use runtime::Runtime;
 
 /// The engine's clock: tokio's, so unit tests can run the rules on paused time. Outside a

@@ -213,4 +213,3 @@ fn state_name(s: i32) -> &'static str {
         _ => "in an unknown state",
     }
 }
-

@@ -85,4 +85,3 @@ pub(crate) fn tenant_ready(
         _ => None,
     }
 }
-

@@ -229,7 +229,10 @@ impl Engine {
 /// regular container has stopped — a legacy sidecar's stop that waited for one as for an app
 /// would wait out the pod's budget (issue #34's mixed pod: 13.2 s of a 15 s grace). After a
 /// crisp restart the judgement is gone and such a sidecar is waited for as before.
-fn without_native_sidecars(pod: &Pod, mut containers: Vec<views::Container>) -> Vec<views::Container> {
+fn without_native_sidecars(
+    pod: &Pod,
+    mut containers: Vec<views::Container>,
+) -> Vec<views::Container> {
     containers.retain(|c| {
         let name = c.metadata.as_ref().map_or("", |m| m.name.as_str());
         pod.policy.sidecar_index(name).is_some() || !pod.is_init(name)

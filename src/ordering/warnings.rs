@@ -130,4 +130,3 @@ impl<'a> IntoIterator for &'a Warnings {
         self.kept.iter()
     }
 }
-

@@ -29,8 +29,8 @@ pub(crate) mod relay;
 /// The relay core's fuzz driver (`fuzz/fuzz_targets/core.rs`).
 #[cfg(feature = "test-util")]
 pub use self::relay::fuzzing as relay_fuzzing;
-pub mod sock;
 pub(crate) mod runtime_pool;
+pub mod sock;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -29,7 +29,11 @@ use response::StreamPatcher;
 impl Proxy {
     /// Serves a diverted call (the relay numbered it: one id per call, which the tap's in-flight
     /// gauge counts against ended calls).
-    pub(super) async fn handle(self: Arc<Self>, mut call: Call, req: Request<ProxyBody>) -> Response<ResponseBody> {
+    pub(super) async fn handle(
+        self: Arc<Self>,
+        mut call: Call,
+        req: Request<ProxyBody>,
+    ) -> Response<ResponseBody> {
         let route = call.route;
         let interest = self.interceptors.interest(&call);
         // kubelet's span, for a hold's own (src/otel.rs): read only here, on a call someone
@@ -295,8 +299,12 @@ impl Proxy {
                 ResponseBody::new(ProxyBody::RuntimePool(body), report),
             );
         }
-        let limit = self.opts.max_observed_message.saturating_add(wire::PREFIX_LEN);
-        let (data, trailers) = match body::collect_within(ProxyBody::RuntimePool(body), limit).await {
+        let limit = self
+            .opts
+            .max_observed_message
+            .saturating_add(wire::PREFIX_LEN);
+        let (data, trailers) = match body::collect_within(ProxyBody::RuntimePool(body), limit).await
+        {
             Ok(body::Collected::Whole(data, trailers)) => (data, trailers),
             Ok(body::Collected::Over { head, rest }) => {
                 tracing::debug!(

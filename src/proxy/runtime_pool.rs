@@ -39,7 +39,10 @@ pub enum RuntimePoolError {
         path: String,
         source: std::io::Error,
     },
-    #[error("{} did not accept a connection within {timeout:?}", RuntimeAt::path(path))]
+    #[error(
+        "{} did not accept a connection within {timeout:?}",
+        RuntimeAt::path(path)
+    )]
     ConnectTimeout { path: String, timeout: Duration },
     #[error("{} HTTP/2 handshake failed: {source}", RuntimeAt::path(path))]
     Handshake { path: String, source: hyper::Error },
@@ -223,10 +226,12 @@ impl RuntimePool {
     ) -> Result<Response<Incoming>, RuntimePoolError> {
         let (mut parts, body) = req.into_parts();
         let head = match parts.extensions.remove::<RawFields>() {
-            Some(RawFields(f)) => head_from_fields(&f).map_err(|why| RuntimePoolError::Request {
-                path: self.display.to_string(),
-                why,
-            })?,
+            Some(RawFields(f)) => {
+                head_from_fields(&f).map_err(|why| RuntimePoolError::Request {
+                    path: self.display.to_string(),
+                    why,
+                })?
+            }
             None => {
                 if parts.uri.authority().is_none() {
                     parts.uri = with_authority(&parts.uri, "localhost").map_err(|why| {

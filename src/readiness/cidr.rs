@@ -3,7 +3,6 @@
 
 use std::net::IpAddr;
 
-
 /// Loopback or unspecified (`0.0.0.0`, `::`; a connect to either reaches the local host): an
 /// address that means "this network namespace", so only ever probed from inside the pod's.
 pub fn is_local(ip: IpAddr) -> bool {

@@ -10,7 +10,6 @@ use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-
 /// The node-wide bounds on probing: at most `max_in_flight` probes at once, and TCP connects
 /// (tcp:// and http:// probes) at `connects_per_second` (a token bucket holding a tenth of a
 /// second's worth, so a burst of pods cannot open more than that at once). A probe that cannot
@@ -215,8 +214,8 @@ pub(super) struct Bucket {
 impl Bucket {
     /// Refills the bucket to `now` at `rate` (capped at `burst`).
     fn refill(&mut self, now: Instant, rate: f64, burst: f64) {
-        self.tokens = (self.tokens + now.saturating_duration_since(self.at).as_secs_f64() * rate)
-            .min(burst);
+        self.tokens =
+            (self.tokens + now.saturating_duration_since(self.at).as_secs_f64() * rate).min(burst);
         self.at = now;
     }
 
@@ -303,9 +302,9 @@ impl ProbeLimiter {
                 tokens: burst,
                 at: now,
             });
-            bucket.reserve(rate, burst, deadline).ok_or_else(|| {
-                format!("per-pod probe limit: {rate} a second")
-            })?
+            bucket
+                .reserve(rate, burst, deadline)
+                .ok_or_else(|| format!("per-pod probe limit: {rate} a second"))?
         };
         if !wait.is_zero() {
             tokio::time::sleep(wait).await;

@@ -75,11 +75,7 @@ pub(super) async fn probe_tcp(addr: SocketAddr, timeout: Duration) -> ProbeResul
 }
 
 /// TCP connect probe through `env`'s connector.
-async fn probe_tcp_with(
-    env: &impl ProbeEnv,
-    addr: SocketAddr,
-    timeout: Duration,
-) -> ProbeResult {
+async fn probe_tcp_with(env: &impl ProbeEnv, addr: SocketAddr, timeout: Duration) -> ProbeResult {
     match tokio::time::timeout(timeout, env.connect(addr)).await {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(e)) => Err(e),

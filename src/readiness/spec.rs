@@ -3,7 +3,6 @@
 
 use std::net::IpAddr;
 
-
 /// How crisp decides that a running sidecar is ready (DESIGN.md §2).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Readiness {

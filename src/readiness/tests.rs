@@ -118,9 +118,7 @@ async fn http_probe_reads_the_status_line() {
 #[test]
 fn cidrs_parse_strictly_and_match_both_families() {
     let c = Cidr::parse("10.0.0.0/8").unwrap();
-    assert!(
-        c.contains("10.255.1.2".parse().unwrap()) && !c.contains("11.0.0.1".parse().unwrap())
-    );
+    assert!(c.contains("10.255.1.2".parse().unwrap()) && !c.contains("11.0.0.1".parse().unwrap()));
     assert!(
         c.contains("::ffff:10.1.1.1".parse().unwrap()),
         "IPv4-mapped counts as IPv4"
@@ -134,9 +132,7 @@ fn cidrs_parse_strictly_and_match_both_families() {
         .unwrap()
         .contains("8.8.8.8".parse().unwrap()));
     let v6 = Cidr::parse("fd00::/8").unwrap();
-    assert!(
-        v6.contains("fd12::1".parse().unwrap()) && !v6.contains("fe80::1".parse().unwrap())
-    );
+    assert!(v6.contains("fd12::1".parse().unwrap()) && !v6.contains("fe80::1".parse().unwrap()));
     assert_eq!(Cidr::parse("::/0").unwrap().to_string(), "::/0");
     for bad in [
         "",
@@ -355,9 +351,15 @@ async fn a_pods_own_turns_are_paced_and_bounded() {
     assert_eq!(n, 20, "a's turns in the first second after its burst");
     // 10,000 pods probing once each, 100 a second: only the last ones' buckets are kept.
     for i in 0..10_000 {
-        l.pod_turn(&format!("pod-{i}"), Instant::now() + Duration::from_secs(1)).await.unwrap();
+        l.pod_turn(&format!("pod-{i}"), Instant::now() + Duration::from_secs(1))
+            .await
+            .unwrap();
         tokio::time::sleep(Duration::from_millis(10)).await;
-        assert!(l.pod_buckets() <= 2 * POD_BUCKETS_SWEEP, "{}", l.pod_buckets());
+        assert!(
+            l.pod_buckets() <= 2 * POD_BUCKETS_SWEEP,
+            "{}",
+            l.pod_buckets()
+        );
     }
     // At or above the node's rate a pod's rate adds nothing: not kept.
     let l = ProbeLimiter::new(4, 50).per_pod_rate(50);

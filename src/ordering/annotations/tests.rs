@@ -194,7 +194,10 @@ fn native_sidecars_are_bounded_like_sidecars() {
 #[test]
 fn a_native_sidecars_readiness_is_tenant_checked() {
     let (p, _) = PodPolicy::parse(&ann(&[("crisp.dev/ready.b", "tcp://10.9.9.9:80")]), &[]);
-    let t = p.native[0].tenant.as_ref().expect("checked before the first probe");
+    let t = p.native[0]
+        .tenant
+        .as_ref()
+        .expect("checked before the first probe");
     assert_eq!(t.fallback, Readiness::Running);
 }
 
@@ -428,6 +431,15 @@ fn ready_keys_of_a_rejected_sidecar_list_declare_no_native_sidecar() {
         &[],
     );
     assert!(p.native.is_empty(), "{:?}", p.native);
-    assert_eq!(w.total(), 1, "only the list itself is warned about: {}", w.summary());
-    assert!(w.summary().contains("crisp.dev/sidecars"), "{}", w.summary());
+    assert_eq!(
+        w.total(),
+        1,
+        "only the list itself is warned about: {}",
+        w.summary()
+    );
+    assert!(
+        w.summary().contains("crisp.dev/sidecars"),
+        "{}",
+        w.summary()
+    );
 }

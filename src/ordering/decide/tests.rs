@@ -250,8 +250,7 @@ fn start_check_past_the_timeout_skips_dead_sidecars_but_not_refused_ones_nor_run
     let list = [c("a", 1, state::EXITED), c("c", 2, state::RUNNING)];
     let snap = Snapshot::new(&list);
     let probed = HashMap::from([("c".to_string(), false)]);
-    let Check::Refuse(why) =
-        check_start("ns/pod", &p.sidecars, &snap, true, |n| n == "b", &probed)
+    let Check::Refuse(why) = check_start("ns/pod", &p.sidecars, &snap, true, |n| n == "b", &probed)
     else {
         panic!()
     };
@@ -300,8 +299,13 @@ fn refusal_messages_make_kubelet_retry_soon() {
         m,
         "crisp: sidecar \"proxy\" of pod ns/pod is exited, not running; kubelet will retry \"app\" (network is not ready until the pod's sidecars run)"
     );
-    assert!(timed_out("ns/pod", &WaitingFor::Sidecar("proxy".into()), 90 * S, "app")
-        .contains("sidecar \"proxy\" of pod ns/pod not ready within 90s"));
+    assert!(timed_out(
+        "ns/pod",
+        &WaitingFor::Sidecar("proxy".into()),
+        90 * S,
+        "app"
+    )
+    .contains("sidecar \"proxy\" of pod ns/pod not ready within 90s"));
 }
 
 #[test]
@@ -526,7 +530,12 @@ fn refusals_are_one_escaped_line_within_the_message_cap() {
             &format!("sidecar \"proxy\" of pod {pod} is exited, not running"),
             &container,
         ),
-        timed_out(&pod, &WaitingFor::Sidecar(container.clone()), 90 * S, &container),
+        timed_out(
+            &pod,
+            &WaitingFor::Sidecar(container.clone()),
+            90 * S,
+            &container,
+        ),
         refusal(&"\u{1b}".repeat(100_000), &"\u{1b}".repeat(100_000)),
     ];
     for m in messages {
@@ -541,7 +550,12 @@ fn refusals_are_one_escaped_line_within_the_message_cap() {
             "{m}"
         );
     }
-    let m = timed_out(&pod, &WaitingFor::Sidecar("proxy".into()), 90 * S, &container);
+    let m = timed_out(
+        &pod,
+        &WaitingFor::Sidecar("proxy".into()),
+        90 * S,
+        &container,
+    );
     assert!(
         m.contains(r#"sidecar "proxy" of pod ns/\u{1b}]0;owned\u{7}\u{202e}ppp"#),
         "{m}"
@@ -558,8 +572,15 @@ fn runtime_timestamps_become_bounded_instants() {
     let ns = |secs: u64| (secs * 1_000_000_000) as i64;
     assert_eq!(instant_of_wall(0, t, wall), None);
     assert_eq!(instant_of_wall(-5, t, wall), None);
-    assert_eq!(instant_of_wall(ns(1_800_000_000 - 4), t, wall), Some(t - 4 * S));
-    assert_eq!(instant_of_wall(i64::MAX, t, wall), Some(t), "the future is now");
+    assert_eq!(
+        instant_of_wall(ns(1_800_000_000 - 4), t, wall),
+        Some(t - 4 * S)
+    );
+    assert_eq!(
+        instant_of_wall(i64::MAX, t, wall),
+        Some(t),
+        "the future is now"
+    );
     assert_eq!(
         instant_of_wall(1, t, wall),
         Some(t - crate::config::MAX_START_TIMEOUT),

@@ -6,7 +6,12 @@ use super::*;
 
 /// A pod of `handler` whose sidecar `proxy` is running and probed at `ready`, start timeout
 /// 10 s; the pod IP `ip`.
-fn isolated_pod(handler: &str, ready: &str, ip: &str, extra: &[(&str, &str)]) -> (Fake, Arc<Engine>) {
+fn isolated_pod(
+    handler: &str,
+    ready: &str,
+    ip: &str,
+    extra: &[(&str, &str)],
+) -> (Fake, Arc<Engine>) {
     let mut extra = extra.to_vec();
     extra.push((annotations::START_TIMEOUT, "10s"));
     let (fake, engine) = fake_pod(&["proxy"], &extra);
@@ -42,7 +47,12 @@ async fn an_isolated_pods_loopback_target_falls_back_to_proceed_at_once() {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.set_nonblocking(true).unwrap();
     let port = l.local_addr().unwrap().port();
-    let (fake, engine) = isolated_pod("kata", &format!("http://127.0.0.1:{port}/ready"), "10.1.2.3", &[]);
+    let (fake, engine) = isolated_pod(
+        "kata",
+        &format!("http://127.0.0.1:{port}/ready"),
+        "10.1.2.3",
+        &[],
+    );
     for app in ["app", "app2"] {
         let (v, held) = create_container(&engine, &fake, app).await;
         assert_forwarded_at_once(&v, held);
@@ -98,7 +108,11 @@ async fn an_isolated_pods_ip_is_probed_from_crisps_namespace() {
     let t0 = std::time::Instant::now();
     let (v, _) = create_container(&engine, &fake, "app").await;
     assert_forward(&v);
-    assert!(t0.elapsed() < Duration::from_secs(5), "held {:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "held {:?}",
+        t0.elapsed()
+    );
     assert_eq!(last_probe(&engine), Ok(()));
     let (_accepted, peer) = l.accept().await.unwrap();
     assert_eq!(peer.ip(), ip, "from crisp's own namespace");
@@ -118,7 +132,12 @@ async fn a_refused_probe_of_an_isolated_pod_says_what_crisp_cannot_tell() {
         let l = std::net::TcpListener::bind((ip, 0)).unwrap();
         l.local_addr().unwrap().port()
     };
-    let (fake, engine) = isolated_pod("kata", &format!("tcp://:{port}"), &ip.to_string(), &[(annotations::START_TIMEOUT, "1s")]);
+    let (fake, engine) = isolated_pod(
+        "kata",
+        &format!("tcp://:{port}"),
+        &ip.to_string(),
+        &[(annotations::START_TIMEOUT, "1s")],
+    );
     let _ = create_container(&engine, &fake, "app").await;
     let why = last_probe(&engine).unwrap_err();
     assert!(
@@ -143,7 +162,10 @@ async fn shared_kernel_pods_are_probed_as_before() {
             "{handler:?}: {why}"
         );
         let (p, _) = engine.lookup(Some(SANDBOX), None);
-        assert!(!p.unwrap().isolation().unwrap().is_isolated(), "{handler:?}");
+        assert!(
+            !p.unwrap().isolation().unwrap().is_isolated(),
+            "{handler:?}"
+        );
     }
 }
 
@@ -155,7 +177,11 @@ async fn run_pod_sandbox_classifies_by_the_operators_list() {
     let engine = pod_with(&fake, &["proxy"], &[], |c| {
         c.readiness.shared_kernel_handlers = vec!["kata".into()];
     });
-    for (sandbox, handler, isolated) in [("sb-kata", "kata", false), ("sb-runc", "runc", true), ("sb-default", "", true)] {
+    for (sandbox, handler, isolated) in [
+        ("sb-kata", "kata", false),
+        ("sb-runc", "runc", true),
+        ("sb-default", "", true),
+    ] {
         let req = views::RunPodSandboxRequest {
             config: Some(views::PodSandboxConfig {
                 metadata: Some(views::PodSandboxMetadata {

@@ -146,7 +146,10 @@ async fn the_mark_of_a_container_removed_while_crisp_was_down_is_pruned_at_start
     .expect("the prune ends once the runtime answers");
     assert!(!terminated.contains("removed-meanwhile"));
     assert!(!dir.path().join("terminated/removed-meanwhile").exists());
-    assert!(terminated.contains(&kept), "a container the runtime has keeps its mark");
+    assert!(
+        terminated.contains(&kept),
+        "a container the runtime has keeps its mark"
+    );
     assert!(terminated.may_have_sandbox(SANDBOX));
 }
 

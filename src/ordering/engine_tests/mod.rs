@@ -526,11 +526,11 @@ fn forwarded_timeout(v: &Verdict, requested: i64) -> i64 {
     }
 }
 
+mod isolated;
 mod job_mode;
 mod live_holds;
 mod native;
 mod probing;
-mod isolated;
 mod read_bound;
 mod start_order;
 mod stop_order;

@@ -168,7 +168,11 @@ async fn a_hold_on_a_native_sidecar_names_it_in_the_views() {
     let calls = pod.expect("pod cached").held_calls();
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0].waiting.on, "proxy", "{:?}", calls[0].waiting);
-    assert!(calls[0].waiting.probe.contains("exec"), "{:?}", calls[0].waiting);
+    assert!(
+        calls[0].waiting.probe.contains("exec"),
+        "{:?}",
+        calls[0].waiting
+    );
     let (v, _) = held.await.unwrap();
     assert_forward(&v);
 }

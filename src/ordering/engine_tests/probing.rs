@@ -170,7 +170,11 @@ async fn one_pod_cannot_spend_the_nodes_exec_rate() {
     let cfg = &engine.cfg;
     let (interval, node_rate) = (cfg.probe_interval, cfg.exec_probes_per_second);
     let pod_rate = cfg.exec_probes_per_pod_per_second;
-    assert_eq!((node_rate, pod_rate), (50, 20), "the defaults this test is about");
+    assert_eq!(
+        (node_rate, pod_rate),
+        (50, 20),
+        "the defaults this test is about"
+    );
     let stop = tokio::time::Instant::now() + 10 * S;
     let mut probers = Vec::new();
     for (sandbox, sidecars) in [("pod-a", 20), ("pod-b", 1)] {
@@ -210,7 +214,11 @@ async fn one_pod_cannot_spend_the_nodes_exec_rate() {
         tokio::time::sleep(S).await;
         let (a, b) = (execs_of(&fake, "pod-a"), execs_of(&fake, "pod-b"));
         per_second.push((a - a0, b - b0));
-        let burst = if second == 0 { pod_rate as usize / 4 } else { 0 };
+        let burst = if second == 0 {
+            pod_rate as usize / 4
+        } else {
+            0
+        };
         assert!(
             a - a0 <= pod_rate as usize + burst,
             "second {second}: pod A ran {} execs (B {}); per second so far {per_second:?}",
@@ -224,11 +232,13 @@ async fn one_pod_cannot_spend_the_nodes_exec_rate() {
     }
     // B asks every 50 ms after its probe: about 20 rounds a second, each of which runs.
     for (second, (_, b)) in per_second.iter().enumerate() {
-        assert!(*b >= 15, "second {second}: pod B ran {b} execs: {per_second:?}");
+        assert!(
+            *b >= 15,
+            "second {second}: pod B ran {b} execs: {per_second:?}"
+        );
     }
     assert!(
-        engine.metrics.exec_probe_pod_limited.get() + engine.metrics.exec_probe_pod_paced.get()
-            > 0,
+        engine.metrics.exec_probe_pod_limited.get() + engine.metrics.exec_probe_pod_paced.get() > 0,
         "A's waits and refusals are counted"
     );
     println!("execs per second (A, B): {per_second:?}");
@@ -261,6 +271,8 @@ async fn an_exec_probe_over_the_node_rate_names_execs() {
     engine.probe(ApiVersion::V1, &pod, &sidecar, &id).await;
     assert_eq!(
         pod.last_probe("proxy").map(|l| l.result),
-        Some(Err("exec failed: exec node-wide probe limit: 1 execs per second".to_string()))
+        Some(Err(
+            "exec failed: exec node-wide probe limit: 1 execs per second".to_string()
+        ))
     );
 }

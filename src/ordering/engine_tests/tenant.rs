@@ -171,10 +171,7 @@ async fn a_held_stop_names_a_few_of_many_running_apps_and_counts_the_rest() {
     let held = pod.expect("pod").held_calls();
     assert_eq!(held.len(), 1, "the sidecar's stop is held");
     let reason = &held[0].waiting.reason;
-    assert!(
-        reason.ends_with(" and 293 more"),
-        "301 apps run: {reason}"
-    );
+    assert!(reason.ends_with(" and 293 more"), "301 apps run: {reason}");
     assert!(reason.len() <= 600, "a {}-byte reason", reason.len());
     for name in std::iter::once("app".to_string())
         .chain((0..300).map(|i| format!("{}-{i:03}", "a".repeat(59))))
@@ -183,7 +180,11 @@ async fn a_held_stop_names_a_few_of_many_running_apps_and_counts_the_rest() {
     }
     let (v, held_for) = stopping.await.unwrap();
     assert_held(held_for, 2 * S, 100 * MS);
-    assert_eq!(forwarded_timeout(&v, 30), 28, "what is left of the pod's grace");
+    assert_eq!(
+        forwarded_timeout(&v, 30),
+        28,
+        "what is left of the pod's grace"
+    );
     let longest = logged.lines().iter().map(String::len).max().unwrap_or(0);
     assert!(longest <= 1024, "a {longest}-byte log line");
 }

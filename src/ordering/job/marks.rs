@@ -305,8 +305,8 @@ impl Terminated {
 fn read_sandbox(path: &Path) -> String {
     use std::io::Read;
     let mut content = String::new();
-    let read = std::fs::File::open(path)
-        .and_then(|f| f.take(MAX_MARK_FILE).read_to_string(&mut content));
+    let read =
+        std::fs::File::open(path).and_then(|f| f.take(MAX_MARK_FILE).read_to_string(&mut content));
     match read {
         Ok(_) if is_container_id(content.trim()) => content.trim().to_string(),
         _ => String::new(),

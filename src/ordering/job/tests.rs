@@ -111,7 +111,10 @@ async fn marks_are_kept_by_sandbox() {
 
     std::fs::write(dir.path().join("terminated/old1"), b"").unwrap();
     let t = Terminated::open(Some(dir.path().to_path_buf()));
-    assert!(t.may_have_sandbox("any"), "an older mark may be any sandbox's");
+    assert!(
+        t.may_have_sandbox("any"),
+        "an older mark may be any sandbox's"
+    );
     let pruned = t.prune(|id| match id {
         "old1" => Some("sbo".to_string()),
         _ => None,

@@ -11,12 +11,12 @@ use http::{HeaderValue, Method, Request};
 use http_body_util::BodyExt;
 use prost::Message;
 
-use crate::proxy::body::ProxyBody;
 use super::{ClientError, RuntimeClient, USER_AGENT};
 use crate::cri::varint::Varint;
 use crate::cri::views;
 use crate::cri::wire;
 use crate::cri::ApiVersion;
+use crate::proxy::body::ProxyBody;
 use crate::status::{code_of, message_of, Status};
 
 impl RuntimeClient {
@@ -38,7 +38,10 @@ impl RuntimeClient {
             HeaderValue::from_static("application/grpc"),
         );
         h.insert(http::header::TE, HeaderValue::from_static("trailers"));
-        h.insert(http::header::USER_AGENT, HeaderValue::from_static(USER_AGENT));
+        h.insert(
+            http::header::USER_AGENT,
+            HeaderValue::from_static(USER_AGENT),
+        );
         if let Ok(v) = HeaderValue::from_str(&crate::status::grpc_timeout_ms(timeout)) {
             h.insert("grpc-timeout", v);
         }
@@ -337,7 +340,6 @@ fn status_error(method: &'static str, code: i32, h: &http::HeaderMap) -> ClientE
         status: Status::new(code, message_of(h).unwrap_or_default()),
     }
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -276,8 +276,11 @@ where
     if let Ok(v) = MetadataValue::try_from(crate::status::grpc_timeout_ms(timeout)) {
         metadata.insert("grpc-timeout", v);
     }
-    let mut grpc = Grpc::with_origin(PoolService::new(runtime), Uri::from_static("http://localhost"))
-        .max_decoding_message_size(MAX_ANSWER);
+    let mut grpc = Grpc::with_origin(
+        PoolService::new(runtime),
+        Uri::from_static("http://localhost"),
+    )
+    .max_decoding_message_size(MAX_ANSWER);
     let fut = async move {
         let codec = ProstCodec::<Req, Resp>::default();
         let fail = |status| client_error(method, status);

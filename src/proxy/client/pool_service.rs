@@ -11,10 +11,10 @@ use http::{HeaderMap, Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 
+use crate::intercept::BoxFuture;
 use crate::proxy::body::ProxyBody;
 use crate::proxy::runtime_pool::RuntimePoolError;
 use crate::proxy::RuntimePool;
-use crate::intercept::BoxFuture;
 use crate::status::{code_of, message_of, Status};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -114,11 +114,7 @@ impl<R: Runtime> tower_service::Service<Request<tonic::body::Body>> for PoolServ
             let (parts, body) = req.into_parts();
             // One encoded message, there at once: sent buffered, the pool sends it again when
             // the runtime refused the stream unprocessed.
-            let data = body
-                .collect()
-                .await
-                .map_err(Failure::Request)?
-                .to_bytes();
+            let data = body.collect().await.map_err(Failure::Request)?.to_bytes();
             let req = Request::from_parts(parts, ProxyBody::buffered(data, None));
             let resp = runtime
                 .send(req)

@@ -123,7 +123,11 @@ fn answer(headers: HeaderMap, data: Vec<Bytes>, trailers: Option<HeaderMap>) -> 
 
 /// An answer of `messages` (each framed) and an OK status.
 fn ok(messages: &[&[u8]]) -> Reply {
-    answer(grpc_headers(), messages.iter().map(|m| wire::frame(m)).collect(), Some(status("0", "")))
+    answer(
+        grpc_headers(),
+        messages.iter().map(|m| wire::frame(m)).collect(),
+        Some(status("0", "")),
+    )
 }
 
 async fn version(fake: &Fake, timeout: Duration) -> Result<VersionResponse, ClientError> {
@@ -140,10 +144,16 @@ async fn an_ok_answer_without_a_message_is_the_default_message() {
     // No data frame at all, the OK status in the trailers (tonic's `unary` would answer
     // "Missing response message").
     let fake = Fake::new(ok(&[]));
-    assert_eq!(version(&fake, SECOND).await.unwrap(), VersionResponse::default());
+    assert_eq!(
+        version(&fake, SECOND).await.unwrap(),
+        VersionResponse::default()
+    );
     // An empty message, framed: the same.
     let fake = Fake::new(ok(&[b""]));
-    assert_eq!(version(&fake, SECOND).await.unwrap(), VersionResponse::default());
+    assert_eq!(
+        version(&fake, SECOND).await.unwrap(),
+        VersionResponse::default()
+    );
     // A message is decoded.
     let v = VersionResponse {
         runtime_name: "containerd".into(),
@@ -193,7 +203,11 @@ async fn answers_up_to_64_mib_decode() {
     // A message announced past 64 MiB is refused from its prefix, before its bytes are held.
     let mut prefix = vec![0u8];
     prefix.extend_from_slice(&(u32::try_from(MAX_ANSWER).unwrap() + 1).to_be_bytes());
-    let fake = Fake::new(answer(grpc_headers(), vec![Bytes::from(prefix), Bytes::from_static(&[0; 64])], Some(status("0", ""))));
+    let fake = Fake::new(answer(
+        grpc_headers(),
+        vec![Bytes::from(prefix), Bytes::from_static(&[0; 64])],
+        Some(status("0", "")),
+    ));
     let r = version(&fake, SECOND).await;
     assert!(matches!(r, Err(ClientError::Malformed { .. })), "{r:?}");
 }
@@ -248,7 +262,11 @@ async fn the_runtime_is_told_the_deadline_and_crisp_keeps_it() {
 #[tokio::test]
 async fn a_non_ok_status_is_the_runtimes_code_and_message() {
     // In the trailers, after the headers.
-    let fake = Fake::new(answer(grpc_headers(), vec![], Some(status("5", "container%20%22c1%22 not found"))));
+    let fake = Fake::new(answer(
+        grpc_headers(),
+        vec![],
+        Some(status("5", "container%20%22c1%22 not found")),
+    ));
     let r = version(&fake, SECOND).await;
     match &r {
         Err(e @ ClientError::Status { method, status }) => {
@@ -282,11 +300,17 @@ async fn a_non_ok_status_is_the_runtimes_code_and_message() {
     trailers.insert("grpc-status-details-bin", HeaderValue::from_static("%%%"));
     let fake = Fake::new(answer(grpc_headers(), vec![], Some(trailers)));
     let r = version(&fake, SECOND).await;
-    assert!(matches!(&r, Err(ClientError::Status { status, .. }) if status.code == 9), "{r:?}");
+    assert!(
+        matches!(&r, Err(ClientError::Status { status, .. }) if status.code == 9),
+        "{r:?}"
+    );
     let mut trailers = status("0", "");
     trailers.insert("grpc-status-details-bin", HeaderValue::from_static("%%%"));
     let fake = Fake::new(answer(grpc_headers(), vec![], Some(trailers)));
-    assert_eq!(version(&fake, SECOND).await.unwrap(), VersionResponse::default());
+    assert_eq!(
+        version(&fake, SECOND).await.unwrap(),
+        VersionResponse::default()
+    );
     // No grpc-status at all: malformed, not an answer.
     let fake = Fake::new(answer(grpc_headers(), vec![wire::frame(b"")], None));
     let r = version(&fake, SECOND).await;

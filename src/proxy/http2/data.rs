@@ -47,7 +47,11 @@ mod tests {
         assert_eq!(data_payload(&d, &[1, 5, 6, 0]).ok(), Some(1..3));
         assert_eq!(data_payload(&d, &[4, 5, 6, 0]).ok(), None);
         assert_eq!(
-            data_payload(&Head::new(Kind::Data, Flags::NONE, StreamId::new(1), 2), &[5, 6]).ok(),
+            data_payload(
+                &Head::new(Kind::Data, Flags::NONE, StreamId::new(1), 2),
+                &[5, 6]
+            )
+            .ok(),
             Some(0..2)
         );
     }
@@ -62,12 +66,20 @@ mod tests {
             (Kind::Data, MAX_FRAME, Flags::NONE)
         );
         let h2 = Head::parse(&out[9 + MAX_FRAME..]).unwrap();
-        assert_eq!((h2.len, h2.flags, h2.stream), (1, Flags::END_STREAM, StreamId::new(3)));
+        assert_eq!(
+            (h2.len, h2.flags, h2.stream),
+            (1, Flags::END_STREAM, StreamId::new(3))
+        );
         let mut empty = Vec::new();
         data(&mut empty, StreamId::new(3), &[], true);
         assert_eq!(
             Head::parse(&empty),
-            Some(Head::new(Kind::Data, Flags::END_STREAM, StreamId::new(3), 0))
+            Some(Head::new(
+                Kind::Data,
+                Flags::END_STREAM,
+                StreamId::new(3),
+                0
+            ))
         );
     }
 }

@@ -21,9 +21,7 @@ impl FrameError {
     /// length RFC 9113 §4.2 and §6 forbid, PROTOCOL_ERROR for bad padding (§6.1, §6.2).
     pub(crate) fn reason(self) -> Reason {
         match self {
-            FrameError::BadLength { .. } | FrameError::TooLarge { .. } => {
-                Reason::FRAME_SIZE_ERROR
-            }
+            FrameError::BadLength { .. } | FrameError::TooLarge { .. } => Reason::FRAME_SIZE_ERROR,
             FrameError::BadPadding { .. } => Reason::PROTOCOL_ERROR,
         }
     }

@@ -38,7 +38,13 @@ impl<'a> GoAway<'a> {
     }
 
     pub fn encode(&self, out: &mut Vec<u8>) {
-        Head::new(Kind::GoAway, Flags::NONE, StreamId::CONNECTION, 8 + self.debug_data.len()).encode(out);
+        Head::new(
+            Kind::GoAway,
+            Flags::NONE,
+            StreamId::CONNECTION,
+            8 + self.debug_data.len(),
+        )
+        .encode(out);
         out.extend_from_slice(&self.last_stream.get().to_be_bytes());
         out.extend_from_slice(&self.reason.0.to_be_bytes());
         out.extend_from_slice(self.debug_data);
@@ -53,12 +59,24 @@ mod tests {
     #[test]
     fn goaways_round_trip() {
         let mut b = Vec::new();
-        GoAway::new(StreamId::new(7), Reason::ENHANCE_YOUR_CALM, b"too_many_pings").encode(&mut b);
+        GoAway::new(
+            StreamId::new(7),
+            Reason::ENHANCE_YOUR_CALM,
+            b"too_many_pings",
+        )
+        .encode(&mut b);
         let head = Head::parse(&b).unwrap();
-        assert_eq!((head.kind, head.stream, head.len), (Kind::GoAway, StreamId::new(0), 22));
+        assert_eq!(
+            (head.kind, head.stream, head.len),
+            (Kind::GoAway, StreamId::new(0), 22)
+        );
         assert_eq!(
             GoAway::load(&b[HEADER_LEN..]),
-            Ok(GoAway::new(StreamId::new(7), Reason::ENHANCE_YOUR_CALM, b"too_many_pings"))
+            Ok(GoAway::new(
+                StreamId::new(7),
+                Reason::ENHANCE_YOUR_CALM,
+                b"too_many_pings"
+            ))
         );
         assert_eq!(
             GoAway::load(&[0x80, 0, 0, 1, 0, 0, 0, 0]),

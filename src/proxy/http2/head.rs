@@ -200,7 +200,12 @@ mod tests {
     #[test]
     fn heads_round_trip_and_keep_unknown_kinds() {
         for kind in 0..=255u8 {
-            let head = Head::new(Kind::from(kind), Flags(0x25), StreamId::new(0x7fff_fffe), 0x12_3456);
+            let head = Head::new(
+                Kind::from(kind),
+                Flags(0x25),
+                StreamId::new(0x7fff_fffe),
+                0x12_3456,
+            );
             assert_eq!(u8::from(head.kind), kind);
             let mut b = Vec::new();
             head.encode(&mut b);
@@ -235,7 +240,12 @@ mod tests {
     #[test]
     fn flags_share_bits_as_rfc_9113_says() {
         assert_eq!(Flags::ACK, Flags::END_STREAM);
-        let h = Head::new(Kind::Headers, Flags::END_STREAM | Flags::END_HEADERS, StreamId::new(1), 0);
+        let h = Head::new(
+            Kind::Headers,
+            Flags::END_STREAM | Flags::END_HEADERS,
+            StreamId::new(1),
+            0,
+        );
         assert!(h.has(Flags::END_HEADERS) && h.has(Flags::END_STREAM) && !h.has(Flags::PADDED));
         assert_eq!(Flags::PADDED.when(false), Flags::NONE);
     }

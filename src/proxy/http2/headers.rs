@@ -80,7 +80,9 @@ mod tests {
         assert_eq!(header_fragment(&bad, &[9]).ok(), None);
         assert_eq!(
             header_fragment(&bad, &[9]),
-            Err(FrameError::BadPadding { kind: Kind::Headers })
+            Err(FrameError::BadPadding {
+                kind: Kind::Headers
+            })
         );
     }
 }

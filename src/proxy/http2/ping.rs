@@ -35,7 +35,13 @@ impl Ping {
     }
 
     pub fn encode(&self, out: &mut Vec<u8>) {
-        Head::new(Kind::Ping, Flags::ACK.when(self.ack), StreamId::CONNECTION, 8).encode(out);
+        Head::new(
+            Kind::Ping,
+            Flags::ACK.when(self.ack),
+            StreamId::CONNECTION,
+            8,
+        )
+        .encode(out);
         out.extend_from_slice(&self.opaque);
     }
 }

@@ -57,6 +57,9 @@ mod tests {
         assert!(!StreamId::new(2).is_client());
         assert!(StreamId::CONNECTION.is_zero() && !StreamId::CONNECTION.is_client());
         assert!(StreamId::new(0x8000_0000).is_zero());
-        assert_eq!(format!("{} {:?}", StreamId::new(7), StreamId::new(9)), "7 9");
+        assert_eq!(
+            format!("{} {:?}", StreamId::new(7), StreamId::new(9)),
+            "7 9"
+        );
     }
 }

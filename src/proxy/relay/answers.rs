@@ -64,7 +64,8 @@ impl Core {
                 self.answer_block(stream, Part::Body, Vec::with_capacity(128), &fields, true);
             }
             Command::Data { stream, bytes, end } => {
-                self.flow.push(stream, Part::Body, Out::Data(bytes, end), end);
+                self.flow
+                    .push(stream, Part::Body, Out::Data(bytes, end), end);
             }
             Command::Reset { stream, reason } => self.reset_answer(stream, reason),
             Command::Consumed { stream, n } => {

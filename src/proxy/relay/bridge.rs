@@ -24,8 +24,8 @@ use super::flow::ANSWER_BUDGET;
 use crate::intercept::{Call, CatchUnwind, Outcome};
 use crate::proxy::body::{BodyPart, BoxError, ChannelBody, ProxyBody};
 use crate::proxy::http2::{IdMap, Reason, StreamId};
-use crate::proxy::sock::Wake;
 use crate::proxy::runtime_pool::{Fields, RawFields};
+use crate::proxy::sock::Wake;
 
 /// A diverted call's response body, as the observed path gives it.
 pub(crate) type DivertedBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
@@ -139,7 +139,8 @@ impl Diverted {
         };
         let req = req.map(|()| body);
         let room = Arc::new(Semaphore::new(ANSWER_BUDGET));
-        let (service, outbox, task_room) = (self.service.clone(), self.outbox.clone(), room.clone());
+        let (service, outbox, task_room) =
+            (self.service.clone(), self.outbox.clone(), room.clone());
         let h = tokio::spawn(async move {
             // A panic while serving this call ends this call only: it is answered INTERNAL and
             // its stream closed below, so the connection can still drain or move on.

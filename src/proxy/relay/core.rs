@@ -291,12 +291,7 @@ impl Core {
     /// A connection whose client has sent its preface; `runtime`: it has a runtime connection
     /// of its own (its preface sent), else crisp serves it on the observed path and is the
     /// client's server itself.
-    pub(crate) fn new(
-        cfg: &Config,
-        calls: Arc<dyn Calls>,
-        runtime: bool,
-        now: Instant,
-    ) -> Core {
+    pub(crate) fn new(cfg: &Config, calls: Arc<dyn Calls>, runtime: bool, now: Instant) -> Core {
         let mut to_client = Vec::new();
         if !runtime {
             // crisp is the server now: its own (default) SETTINGS.

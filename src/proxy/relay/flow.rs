@@ -105,8 +105,16 @@ impl Flow {
     /// Takes up to `want` bytes (at most a frame) of both the connection's and `window` (a
     /// stream's) for crisp's own DATA on a diverted stream, counting them as debt; 0 when there
     /// is no window now.
-    fn take_for_diverted(client_window: &mut i64, debt: &mut u64, window: &mut i64, want: usize) -> usize {
-        let n = (*client_window).min(*window).min(MAX_FRAME as i64).min(want as i64);
+    fn take_for_diverted(
+        client_window: &mut i64,
+        debt: &mut u64,
+        window: &mut i64,
+        want: usize,
+    ) -> usize {
+        let n = (*client_window)
+            .min(*window)
+            .min(MAX_FRAME as i64)
+            .min(want as i64);
         if n <= 0 {
             return 0;
         }
@@ -242,7 +250,8 @@ impl Flow {
                         }
                     }
                     Out::Data(b, end) => {
-                        let n = Flow::take_for_diverted(client_window, debt, &mut a.window, b.len());
+                        let n =
+                            Flow::take_for_diverted(client_window, debt, &mut a.window, b.len());
                         if n == 0 {
                             break;
                         }

@@ -38,7 +38,12 @@ use crate::proxy::http2::{self, hpack, Flags, GoAway, Head, Kind, Ping, Reason, 
 use crate::proxy::http2::{Settings, StreamId, WindowUpdate};
 
 const STATUS: &str = "/runtime.v1.RuntimeService/ContainerStatus";
-const PATHS: [&str; 4] = [STATUS, "/runtime.v1.RuntimeService/Version", "/s/Divert", "/x"];
+const PATHS: [&str; 4] = [
+    STATUS,
+    "/runtime.v1.RuntimeService/Version",
+    "/s/Divert",
+    "/x",
+];
 
 /// The rest of crisp: diverts `/s/Divert`, holds ContainerStatus and wants it for the request
 /// `marked` only, hears of every end.
@@ -208,14 +213,24 @@ impl Harness {
     /// The invariants, on everything the core produced since the last check.
     fn check(&mut self) {
         let (window, _, _) = self.core.flow.windows(StreamId::CONNECTION);
-        assert!(window >= 0, "the client's connection window is negative: {window}");
-        let to_runtime = self.core.poll_transmit_runtime().unwrap_or_default().to_vec();
+        assert!(
+            window >= 0,
+            "the client's connection window is negative: {window}"
+        );
+        let to_runtime = self
+            .core
+            .poll_transmit_runtime()
+            .unwrap_or_default()
+            .to_vec();
         self.core.runtime_written();
         self.runtime_saw(&to_runtime);
         for ev in self.core.events() {
             match ev {
                 Event::Divert { stream, .. } => {
-                    assert!(self.diverted.insert(stream), "stream {stream} diverted twice");
+                    assert!(
+                        self.diverted.insert(stream),
+                        "stream {stream} diverted twice"
+                    );
                     self.room.insert(stream, ANSWER_BUDGET);
                     assert!(
                         !self.opened.contains(&stream),
@@ -226,13 +241,25 @@ impl Harness {
                     assert!(self.ended.insert(call.id), "call {} ended twice", call.id);
                 }
                 Event::Credit { stream, n } => {
-                    let room = self.room.get_mut(&stream).expect("credit of a diverted stream");
+                    let room = self
+                        .room
+                        .get_mut(&stream)
+                        .expect("credit of a diverted stream");
                     *room += n;
-                    assert!(*room <= ANSWER_BUDGET, "stream {stream}: more credit than sent");
+                    assert!(
+                        *room <= ANSWER_BUDGET,
+                        "stream {stream}: more credit than sent"
+                    );
                 }
                 Event::Reset { stream } => {
-                    assert!(self.diverted.contains(&stream), "reset of a stream never diverted");
-                    assert!(self.reset.insert(stream), "diverted stream {stream} reset twice");
+                    assert!(
+                        self.diverted.contains(&stream),
+                        "reset of a stream never diverted"
+                    );
+                    assert!(
+                        self.reset.insert(stream),
+                        "diverted stream {stream} reset twice"
+                    );
                 }
                 _ => {}
             }
@@ -260,7 +287,10 @@ impl Harness {
             if !self.diverted.contains(&s) || head.kind == Kind::WindowUpdate {
                 continue;
             }
-            assert!(!self.answered.contains(&s), "stream {s}: a frame after its end");
+            assert!(
+                !self.answered.contains(&s),
+                "stream {s}: a frame after its end"
+            );
             if head.kind == Kind::RstStream || head.has(Flags::END_STREAM) {
                 self.answered.insert(s);
             }
@@ -280,7 +310,10 @@ impl Harness {
                     if s > self.max_opened {
                         self.max_opened = s;
                         self.opened.insert(s);
-                        assert!(!self.diverted.contains(&s), "stream {s} relayed after its divert");
+                        assert!(
+                            !self.diverted.contains(&s),
+                            "stream {s} relayed after its divert"
+                        );
                     } else {
                         // Trailers, or a client's HEADERS on a stream it skipped (its protocol
                         // error, the runtime's to judge); never a request crisp opened late.
@@ -298,11 +331,18 @@ impl Harness {
                     self.block(block, head.has(Flags::END_HEADERS));
                 }
                 Kind::Data => {
-                    assert!(s <= self.max_opened, "DATA of stream {s} before its HEADERS");
+                    assert!(
+                        s <= self.max_opened,
+                        "DATA of stream {s} before its HEADERS"
+                    );
                     assert!(!self.diverted.contains(&s), "DATA of diverted stream {s}");
                 }
                 Kind::RstStream | Kind::WindowUpdate => {
-                    assert!(!self.diverted.contains(&s), "{:?} of diverted stream {s}", head.kind);
+                    assert!(
+                        !self.diverted.contains(&s),
+                        "{:?} of diverted stream {s}",
+                        head.kind
+                    );
                 }
                 _ => {}
             }
@@ -399,7 +439,11 @@ pub fn run(data: &[u8]) {
             }
             6 => {
                 let inc = u32::from(input.u16()) + 1;
-                let stream = if input.bool() { StreamId::CONNECTION } else { s };
+                let stream = if input.bool() {
+                    StreamId::CONNECTION
+                } else {
+                    s
+                };
                 h.client(&frame(|o| WindowUpdate::new(stream, inc).encode(o)));
             }
             7 => h.client(&frame(|o| RstStream::new(s, Reason::CANCEL).encode(o))),

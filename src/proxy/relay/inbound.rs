@@ -450,7 +450,10 @@ impl Core {
             return;
         }
         // Relayed streams only.
-        if self.runtime.connected() && stream <= self.client.max_relayed && !self.is_diverted(stream) {
+        if self.runtime.connected()
+            && stream <= self.client.max_relayed
+            && !self.is_diverted(stream)
+        {
             // Literals that leave the runtime's table alone; owed size updates go first.
             self.client.indexer.begin(block);
             for (n, v) in self.client.fields.iter() {

@@ -53,8 +53,8 @@ use tokio::sync::watch;
 pub(crate) use self::bridge::{DivertedBody, Service};
 pub(crate) use self::core::{Calls, CALLS};
 use super::http2;
-use super::sock::{Sock, Wake};
 use super::runtime_pool::RuntimePool;
+use super::sock::{Sock, Wake};
 
 /// The target of the relay's log lines, whichever file they are in (log filters name it).
 const LOG: &str = "crisp::proxy::relay";

@@ -9,8 +9,8 @@ use bytes::{Buf, BytesMut};
 use super::core::{Core, PendingBlock, Sink};
 use super::error::{RelayError, Violation};
 use super::status::{Code, EndStatus};
-use crate::status::{runtime_lost, RuntimeLoss};
 use crate::proxy::http2::{self, Flags, GoAway, Head, Kind, Reason, Settings, StreamId};
+use crate::status::{runtime_lost, RuntimeLoss};
 
 impl Core {
     /// Relays the complete frames at the start of `buf` (just read from the runtime), written to
@@ -118,9 +118,10 @@ impl Core {
                     }
                     // The client may send frames as large as the runtime says it accepts (an
                     // invalid value is the client's to reject: it changes nothing here).
-                    if let Some(max) = s.max_frame_size.filter(|m| {
-                        (http2::MAX_FRAME as u32..=http2::MAX_FRAME_LIMIT).contains(m)
-                    }) {
+                    if let Some(max) = s
+                        .max_frame_size
+                        .filter(|m| (http2::MAX_FRAME as u32..=http2::MAX_FRAME_LIMIT).contains(m))
+                    {
                         self.client.max_frame = self.client.max_frame.max(max);
                     }
                 }

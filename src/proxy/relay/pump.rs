@@ -9,14 +9,14 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 
-use super::bridge::{Diverted, Outbox, Service};
 use super::answers::Command;
+use super::bridge::{Diverted, Outbox, Service};
 use super::core::{Core, Event, Sink, CALLS};
 use super::error::{RelayError, RuntimeFailure};
 use super::LOG;
 use crate::intercept::Outcome;
-use crate::watchdog::Beat;
 use crate::proxy::sock::{self, Sock};
+use crate::watchdog::Beat;
 
 impl Sink for Sock {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {

@@ -31,9 +31,17 @@ fn an_answer_larger_than_the_clients_window_waits_and_resumes_on_its_credit() {
     // it is given).
     c.command(body(70_000, true));
     let first = c.at_client();
-    assert_eq!(data_len(&first), 65_535, "the client's window, not a byte more");
+    assert_eq!(
+        data_len(&first),
+        65_535,
+        "the client's window, not a byte more"
+    );
     assert!(first.iter().all(|f| !f.has(Flags::END_STREAM)));
-    assert_eq!(credit(&c.events()), [(1, 65_535)], "the task hears of what was written");
+    assert_eq!(
+        credit(&c.events()),
+        [(1, 65_535)],
+        "the task hears of what was written"
+    );
     assert_eq!(c.core.flow.queued(S1), 4_465);
     // Connection credit alone is not enough: the stream's window is used up too.
     c.client(&[&wu(0, 10_000)]).unwrap();
@@ -43,11 +51,17 @@ fn an_answer_larger_than_the_clients_window_waits_and_resumes_on_its_credit() {
     let rest = c.at_client();
     assert_eq!(kinds(&rest), [(Kind::Data, 1)]);
     assert_eq!(rest[0].payload.len(), 4_465);
-    assert!(rest[0].has(Flags::END_STREAM), "the end goes with the last bytes");
+    assert!(
+        rest[0].has(Flags::END_STREAM),
+        "the end goes with the last bytes"
+    );
     assert_eq!(credit(&c.events()), [(1, 4_465)]);
     assert_eq!(c.core.flow.queued(S1), 0);
     // crisp's own bytes are its debt: the runtime's credit waits for them.
-    assert!(c.at_runtime().iter().all(|f| f.kind != Kind::WindowUpdate || f.stream != 0));
+    assert!(c
+        .at_runtime()
+        .iter()
+        .all(|f| f.kind != Kind::WindowUpdate || f.stream != 0));
     c.finished(S1);
     assert!(!c.core.flow.is_diverted(S1), "written and finished: closed");
 }
@@ -77,7 +91,10 @@ fn settings_that_move_the_initial_window_apply_to_a_kept_answer() {
     assert!(c.at_client().is_empty(), "not before the ACK");
     c.runtime_all(&[&settings_ack(), &settings_ack()]);
     let after = c.at_client();
-    assert_eq!(kinds(&after)[..2], [(Kind::Settings, 0), (Kind::Settings, 0)]);
+    assert_eq!(
+        kinds(&after)[..2],
+        [(Kind::Settings, 0), (Kind::Settings, 0)]
+    );
     assert_eq!(data_len(&after), 1_500, "the window grew by 1,500");
     assert_eq!(c.core.flow.queued(S1), 500);
 }
@@ -115,7 +132,9 @@ fn the_clients_reset_drops_the_kept_answer_and_ends_the_stream_once() {
     c.client(&[&rst(1, Reason::CANCEL)]).unwrap();
     let ev = c.events();
     assert_eq!(
-        ev.iter().filter(|e| matches!(e, Event::Reset { stream: S1 })).count(),
+        ev.iter()
+            .filter(|e| matches!(e, Event::Reset { stream: S1 }))
+            .count(),
         1,
         "its task is aborted"
     );
@@ -127,9 +146,13 @@ fn the_clients_reset_drops_the_kept_answer_and_ends_the_stream_once() {
         stream: S1,
         reason: Reason::CANCEL,
     });
-    c.client(&[&wu(0, 100_000), &rst(1, Reason::CANCEL)]).unwrap();
+    c.client(&[&wu(0, 100_000), &rst(1, Reason::CANCEL)])
+        .unwrap();
     assert!(c.at_client().is_empty());
-    assert!(c.events().iter().all(|e| !matches!(e, Event::Reset { .. } | Event::Credit { .. })));
+    assert!(c
+        .events()
+        .iter()
+        .all(|e| !matches!(e, Event::Reset { .. } | Event::Credit { .. })));
 }
 
 #[test]
@@ -208,7 +231,14 @@ async fn a_diverted_task_sends_no_more_than_its_budget_ahead_of_the_cores_credit
     };
     diverted.start(S1, call, vec![(":path".into(), "/x".into())], true);
     let first = settle(&outbox).await;
-    assert!(matches!(first[0], Command::Headers { stream: S1, end: false, .. }));
+    assert!(matches!(
+        first[0],
+        Command::Headers {
+            stream: S1,
+            end: false,
+            ..
+        }
+    ));
     assert_eq!(sent(&first), ANSWER_BUDGET, "the budget, then it waits");
     assert_eq!(sent(&settle(&outbox).await), 0, "no credit, no more");
     // The core wrote 20,000 bytes: the task may send as many more.
@@ -218,5 +248,8 @@ async fn a_diverted_task_sends_no_more_than_its_budget_ahead_of_the_cores_credit
     diverted.credit(S1, 200_000);
     let rest = settle(&outbox).await;
     assert_eq!(ANSWER_BUDGET + 16_384 + sent(&rest), 200_000);
-    assert!(matches!(rest.last(), Some(Command::Finished { stream: S1 })));
+    assert!(matches!(
+        rest.last(),
+        Some(Command::Finished { stream: S1 })
+    ));
 }

@@ -83,12 +83,10 @@ fn a_diverted_request_body_is_credited_back_at_once_and_never_relayed() {
     assert_eq!(kinds(&to_client), [(Kind::WindowUpdate, 0)]);
     assert_eq!(to_client[0].payload, 120u32.to_be_bytes());
     let ev = c.events();
-    assert!(
-        matches!(
-            &ev[..],
-            [Event::Divert { stream: S1, end_stream: false, .. }, Event::Body { stream: S1, data: a }, Event::Body { stream: S1, data: b }, Event::BodyEnd { stream: S1 }] if a.len() == 100 && b.len() == 20
-        )
-    );
+    assert!(matches!(
+        &ev[..],
+        [Event::Divert { stream: S1, end_stream: false, .. }, Event::Body { stream: S1, data: a }, Event::Body { stream: S1, data: b }, Event::BodyEnd { stream: S1 }] if a.len() == 100 && b.len() == 20
+    ));
 }
 
 #[test]
@@ -117,11 +115,7 @@ fn a_smaller_client_window_applies_at_once_and_caps_a_larger_one_still_unacked()
     c.client(&[&request(1, "/s/Divert", true)]).unwrap();
     c.client(&[&settings(window(1 << 20)), &settings(window(1_000))])
         .unwrap();
-    assert_eq!(
-        c.core.flow.windows(S1).2,
-        Some(1_000),
-        "smaller: at once"
-    );
+    assert_eq!(c.core.flow.windows(S1).2, Some(1_000), "smaller: at once");
     c.runtime_all(&[&settings_ack()]);
     assert_eq!(
         c.core.flow.windows(S1).2,

@@ -34,7 +34,10 @@ fn a_frame_over_the_advertised_max_frame_size_is_a_frame_size_error() {
             max: 16_384,
         })) if len == MAX_FRAME + 1
     ));
-    assert!(c.at_runtime().is_empty(), "nothing of it reaches the runtime");
+    assert!(
+        c.at_runtime().is_empty(),
+        "nothing of it reaches the runtime"
+    );
     let (last, reason, debug) = the_goaway(&mut c);
     assert_eq!((last, reason), (1, Reason::FRAME_SIZE_ERROR));
     assert_eq!(debug, b"crisp: frame larger than SETTINGS_MAX_FRAME_SIZE");
@@ -53,7 +56,10 @@ fn an_oversized_frame_is_refused_from_its_header_before_its_payload_arrives() {
         err,
         RelayError::Protocol(Violation::Frame(FrameError::TooLarge { .. }))
     ));
-    assert!(buf.capacity() < 1 << 20, "no room reserved for the announced payload");
+    assert!(
+        buf.capacity() < 1 << 20,
+        "no room reserved for the announced payload"
+    );
     assert_eq!(the_goaway(&mut c).1, Reason::FRAME_SIZE_ERROR);
 }
 
@@ -64,13 +70,20 @@ fn the_runtimes_larger_max_frame_size_is_the_clients_bound() {
         max_frame_size: Some(1 << 20),
         ..Default::default()
     })]);
-    assert_eq!(kinds(&c.at_client()), [(Kind::Settings, 0)], "relayed unchanged");
+    assert_eq!(
+        kinds(&c.at_client()),
+        [(Kind::Settings, 0)],
+        "relayed unchanged"
+    );
     c.client(&[&request(1, "/s/Relay", false)]).unwrap();
     let mut big = Vec::new();
     Head::new(Kind::Data, Flags::END_STREAM, S1, 100_000).encode(&mut big);
     big.extend_from_slice(&vec![0; 100_000]);
     c.client(&[&big]).unwrap();
-    assert_eq!(kinds(&c.at_runtime()), [(Kind::Headers, 1), (Kind::Data, 1)]);
+    assert_eq!(
+        kinds(&c.at_runtime()),
+        [(Kind::Headers, 1), (Kind::Data, 1)]
+    );
     // A value RFC 9113 §6.5.2 forbids changes nothing.
     let mut c = Conn::relayed();
     c.runtime_all(&[&settings(Settings {

@@ -62,7 +62,10 @@ fn crisps_goaway_comes_in_two_steps_and_refuses_only_streams_after_the_second() 
     // what a single GOAWAY naming stream 1 lost.
     c.client(&[&request(3, "/s/Relay", true)]).unwrap();
     assert!(c.at_client().is_empty());
-    assert_eq!(kinds(&c.at_runtime()), [(Kind::Headers, 1), (Kind::Headers, 3)]);
+    assert_eq!(
+        kinds(&c.at_runtime()),
+        [(Kind::Headers, 1), (Kind::Headers, 3)]
+    );
     assert!(!c.core.drained(), "the final GOAWAY is not out yet");
     // The PING's ACK: the client has read the GOAWAY. The final one names stream 3; the ACK
     // is crisp's, not the runtime's.
@@ -111,7 +114,9 @@ fn crisp_writes_no_frame_of_its_own_before_the_clients_server_preface() {
     // A runtime that fails before its SETTINGS: crisp is the server, its own SETTINGS first.
     let mut c = Conn::before_runtime_settings();
     c.client(&[&request(1, "/s/Relay", true)]).unwrap();
-    c.core.runtime_failed("crisp: upstream closed the connection").unwrap();
+    c.core
+        .runtime_failed("crisp: upstream closed the connection")
+        .unwrap();
     let to_client = c.at_client();
     assert_eq!(to_client[0].kind, Kind::Settings);
     assert!(!to_client[0].has(Flags::ACK));
@@ -129,15 +134,24 @@ fn a_client_that_never_acks_gets_the_final_goaway_after_the_wait() {
     let mut reachable = || panic!("not degraded: nothing to probe");
     c.core.goaway(b"crisp: shutting down");
     c.at_client();
-    assert_eq!(c.core.poll_timeout(), Some(t0 + GOAWAY_ACK_WAIT), "the pump wakes then");
+    assert_eq!(
+        c.core.poll_timeout(),
+        Some(t0 + GOAWAY_ACK_WAIT),
+        "the pump wakes then"
+    );
     c.timers(t0, &mut reachable).unwrap();
-    c.core.handle_timeout(t0 + GOAWAY_ACK_WAIT - Duration::from_millis(1)).unwrap();
+    c.core
+        .handle_timeout(t0 + GOAWAY_ACK_WAIT - Duration::from_millis(1))
+        .unwrap();
     assert!(c.at_client().is_empty());
     assert!(!c.core.drained());
     c.core.handle_timeout(t0 + GOAWAY_ACK_WAIT).unwrap();
     let to_client = c.at_client();
     assert_eq!(kinds(&to_client), [(Kind::GoAway, 0)]);
-    assert_eq!(GoAway::load(&to_client[0].payload).unwrap().last_stream, StreamId::new(0));
+    assert_eq!(
+        GoAway::load(&to_client[0].payload).unwrap().last_stream,
+        StreamId::new(0)
+    );
     assert!(c.core.drained(), "nothing was in flight");
 }
 
@@ -251,7 +265,9 @@ fn the_wait_for_the_goaway_ack_starts_when_the_goaway_is_written_not_queued() {
         c.at_client().is_empty(),
         "the final GOAWAY waits for the ACK of a PING just written"
     );
-    c.core.handle_timeout(c.now + GOAWAY_ACK_WAIT - Duration::from_millis(1)).unwrap();
+    c.core
+        .handle_timeout(c.now + GOAWAY_ACK_WAIT - Duration::from_millis(1))
+        .unwrap();
     assert!(c.at_client().is_empty());
     c.core.handle_timeout(c.now + GOAWAY_ACK_WAIT).unwrap();
     assert_eq!(kinds(&c.at_client()), [(Kind::GoAway, 0)]);

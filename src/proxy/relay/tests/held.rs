@@ -20,7 +20,10 @@ fn sent_fields(path: &str) -> Vec<(String, String)> {
 }
 
 fn window_update(f: &F) -> (u32, u32) {
-    (f.stream, u32::from_be_bytes(f.payload[..4].try_into().unwrap()))
+    (
+        f.stream,
+        u32::from_be_bytes(f.payload[..4].try_into().unwrap()),
+    )
 }
 
 #[test]
@@ -59,7 +62,10 @@ fn only_the_marked_containers_status_call_is_diverted_with_its_request() {
     let mut c = Conn::relayed();
     c.client(&[&request(1, STATUS, false), &grpc(1, b"another", true)])
         .unwrap();
-    assert_eq!(kinds(&c.at_runtime()), [(Kind::Headers, 1), (Kind::Data, 1)]);
+    assert_eq!(
+        kinds(&c.at_runtime()),
+        [(Kind::Headers, 1), (Kind::Data, 1)]
+    );
     assert!(c.events().is_empty());
     let body = grpc(3, MARKED, true);
     c.client(&[&request(3, STATUS, false), &body]).unwrap();
@@ -89,7 +95,14 @@ fn only_the_marked_containers_status_call_is_diverted_with_its_request() {
     c.client(&[&request(5, STATUS, true)]).unwrap();
     let ev = c.events();
     assert!(
-        matches!(&ev[..], [Event::Divert { stream: S5, end_stream: true, .. }]),
+        matches!(
+            &ev[..],
+            [Event::Divert {
+                stream: S5,
+                end_stream: true,
+                ..
+            }]
+        ),
         "{ev:?}"
     );
     assert_eq!(c.core.held_due(), None);
@@ -149,9 +162,15 @@ fn a_request_larger_than_the_bound_is_diverted_and_not_copied_twice() {
     let mut c = Conn::relayed();
     // Up to the bound, held and relayed.
     let within = MAX_HELD - http2::HEADER_LEN - 5;
-    c.client(&[&request(1, STATUS, false), &grpc(1, &vec![1u8; within], true)])
-        .unwrap();
-    assert_eq!(kinds(&c.at_runtime()), [(Kind::Headers, 1), (Kind::Data, 1)]);
+    c.client(&[
+        &request(1, STATUS, false),
+        &grpc(1, &vec![1u8; within], true),
+    ])
+    .unwrap();
+    assert_eq!(
+        kinds(&c.at_runtime()),
+        [(Kind::Headers, 1), (Kind::Data, 1)]
+    );
     assert!(c.events().is_empty());
     let half = MAX_HELD / 2;
     c.client(&[
@@ -225,7 +244,10 @@ fn a_new_stream_diverts_the_held_one_so_streams_reach_the_runtime_in_order() {
         &grpc(1, b"another", true),
     ])
     .unwrap();
-    assert_eq!(kinds(&c.at_runtime()), [(Kind::Headers, 3), (Kind::Data, 3)]);
+    assert_eq!(
+        kinds(&c.at_runtime()),
+        [(Kind::Headers, 3), (Kind::Data, 3)]
+    );
     let ev = c.events();
     assert_eq!(diverted(&ev), [1]);
     assert!(
@@ -289,7 +311,11 @@ fn a_window_update_or_trailers_on_a_held_stream_divert_it_first() {
     assert!(
         matches!(
             &ev[..],
-            [Event::Divert { stream: S1, .. }, Event::Body { .. }, Event::Trailers { stream: S1, .. }]
+            [
+                Event::Divert { stream: S1, .. },
+                Event::Body { .. },
+                Event::Trailers { stream: S1, .. }
+            ]
         ),
         "{ev:?}"
     );
@@ -311,4 +337,3 @@ fn a_held_stream_goes_to_the_observed_path_when_the_runtime_goes() {
     assert_eq!(diverted(&c.events()), [3]);
     assert_eq!(c.core.held_due(), None);
 }
-

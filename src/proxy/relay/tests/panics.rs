@@ -26,7 +26,10 @@ async fn a_panic_serving_a_diverted_call_answers_it_internal_and_ends_its_stream
     };
     let fields = vec![
         (":method".into(), "POST".into()),
-        (":path".into(), "/runtime.v1.RuntimeService/CreateContainer".into()),
+        (
+            ":path".into(),
+            "/runtime.v1.RuntimeService/CreateContainer".into(),
+        ),
     ];
     diverted.start(S1, call, fields, true);
     // The task ends (its last command) once it has answered; the pump hands its commands to

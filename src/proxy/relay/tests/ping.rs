@@ -63,7 +63,8 @@ fn keep_alive_pings_an_idle_client_and_closes_one_that_does_not_answer() {
     c.timers(t0 + Duration::from_secs(22), &mut reachable)
         .unwrap();
     assert_eq!(c.at_client(), parse(&ping(&KEEPALIVE)));
-    let err = c.timers(t0 + Duration::from_secs(27), &mut reachable)
+    let err = c
+        .timers(t0 + Duration::from_secs(27), &mut reachable)
         .unwrap_err();
     assert!(matches!(err, RelayError::KeepAlive));
 }

@@ -16,7 +16,9 @@ fn settled(c: &Conn, now: Instant) {
     assert!(
         c.core.poll_timeout().is_none_or(|at| at > now),
         "a timer still due at {:?}",
-        c.core.poll_timeout().map(|at| at.saturating_duration_since(now))
+        c.core
+            .poll_timeout()
+            .map(|at| at.saturating_duration_since(now))
     );
 }
 
@@ -24,7 +26,10 @@ fn settled(c: &Conn, now: Instant) {
 fn the_keep_alive_sets_the_timer_only_while_crisp_may_write_its_ping() {
     let mut c = Conn::before_runtime_settings();
     let t0 = c.now;
-    assert!(!c.core.may_write_own(), "before the client's server preface");
+    assert!(
+        !c.core.may_write_own(),
+        "before the client's server preface"
+    );
     assert_eq!(c.core.poll_timeout(), None, "no PING can go: no timer");
     c.runtime_all(&[&settings(Settings::default())]);
     c.at_client();
@@ -67,14 +72,22 @@ fn the_goaway_wait_and_the_held_stream_set_the_earliest_timer() {
     let mut c = Conn::relayed();
     let t0 = c.now;
     c.client(&[&request(1, STATUS, false)]).unwrap();
-    assert_eq!(c.core.poll_timeout(), Some(t0 + HOLD_MAX), "the held stream's wait first");
+    assert_eq!(
+        c.core.poll_timeout(),
+        Some(t0 + HOLD_MAX),
+        "the held stream's wait first"
+    );
     c.core.goaway(b"crisp: shutting down");
     c.at_client();
     assert_eq!(c.core.poll_timeout(), Some(t0 + HOLD_MAX));
     c.timers(t0 + HOLD_MAX, &mut || panic!("not degraded"))
         .unwrap();
     assert_eq!(diverted(&c.events()), [1], "too slow: diverted");
-    assert_eq!(c.core.poll_timeout(), Some(t0 + GOAWAY_ACK_WAIT), "then the GOAWAY's wait");
+    assert_eq!(
+        c.core.poll_timeout(),
+        Some(t0 + GOAWAY_ACK_WAIT),
+        "then the GOAWAY's wait"
+    );
     c.timers(t0 + GOAWAY_ACK_WAIT, &mut || panic!("not degraded"))
         .unwrap();
     assert_eq!(kinds(&c.at_client()), [(Kind::GoAway, 0)]);
@@ -148,8 +161,16 @@ fn after_the_runtimes_goaway_the_client_moves_back_to_the_relay_once_its_calls_e
     // Stream 1 still runs on the closing runtime connection: no question yet.
     assert_eq!(c.core.poll_timeout(), Some(c.now + EVERY));
     c.client(&[&data(1, 3, true)]).unwrap();
-    assert_eq!(kinds(&c.at_runtime()), [(Kind::Data, 1)], "relayed to the closing runtime");
-    c.runtime_all(&[&response(1, &[(":status", "200"), ("grpc-status", "0")], true)]);
+    assert_eq!(
+        kinds(&c.at_runtime()),
+        [(Kind::Data, 1)],
+        "relayed to the closing runtime"
+    );
+    c.runtime_all(&[&response(
+        1,
+        &[(":status", "200"), ("grpc-status", "0")],
+        true,
+    )]);
     c.at_client();
     assert_eq!(completed(&c.events()).len(), 1);
     let due = c.core.poll_timeout().expect("a question is due");
@@ -182,7 +203,11 @@ fn drained_waits_for_every_stream_and_every_frame_of_crisps() {
     assert!(!c.core.drained(), "frames unwritten, streams in flight");
     c.at_client();
     assert!(!c.core.drained(), "a relayed, a diverted and a held stream");
-    c.runtime_all(&[&response(1, &[(":status", "200"), ("grpc-status", "0")], true)]);
+    c.runtime_all(&[&response(
+        1,
+        &[(":status", "200"), ("grpc-status", "0")],
+        true,
+    )]);
     c.at_client();
     assert!(!c.core.drained(), "a diverted and a held stream");
     c.finished(S3);
