@@ -93,5 +93,10 @@ if [[ -n "$TAP_PID" ]]; then
   target/debug/crisp timeline --pod demo/web --svg "$OUT/web-timeline.svg" "$OUT/calls.jsonl"
   echo
   echo "   the same as a picture: $OUT/web-timeline.svg (open it in a browser; hover a bar for details)"
+  # Who waited for whom: kubelet, crisp and containerd as lanes; Mermaid text for an issue.
+  target/debug/crisp timeline --sequence --pod demo/web --svg "$OUT/web-sequence.svg" \
+    "$OUT/calls.jsonl" >"$OUT/web-sequence.mmd"
+  echo "   as a sequence (kubelet → crisp → containerd, holds as gaps): $OUT/web-sequence.svg,"
+  echo "   and as Mermaid text to paste into an issue: $OUT/web-sequence.mmd"
 fi
 bold "done — see docs/ANNOTATIONS.md for the annotations and docs/CALLS.md for what each hold means"

@@ -351,3 +351,111 @@ fn several_pods_are_drawn_or_listed() {
     let out = child.wait_with_output().expect("wait");
     assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).starts_with("shop/cart"));
 }
+
+/// One hold event as `crisp tap -o` records it, for the call `call_id` (the demo recording's
+/// ids are its start times in ms).
+fn hold_event(call_id: u64, at_ms: i64, phase: &str, probe_result: &str, outcome: &str) -> String {
+    let ev = crisp::tap::pb::HoldEvent {
+        call_id,
+        phase: phase.into(),
+        unix_nanos: T0 + at_ms * 1_000_000,
+        method: "CreateContainer".into(),
+        cri_version: "v1".into(),
+        pod_namespace: "demo".into(),
+        pod_name: "web".into(),
+        container_name: "app".into(),
+        waiting_on: "proxy".into(),
+        reason: "not ready".into(),
+        probe: "http://:15021/healthz/ready".into(),
+        probe_result: probe_result.into(),
+        outcome: outcome.into(),
+        ..Default::default()
+    };
+    json_line(&Event::Hold(ev)).to_string()
+}
+
+/// `crisp timeline --sequence` (issue #46): the real binary prints Mermaid text with kubelet's
+/// request, the hold's probe rounds and crisp's forward in that order, and its SVG, rendered by
+/// librsvg, has the hold's bar on crisp's lane in the held colour and the refusal's answer in
+/// the failed colour.
+#[test]
+fn sequence_draws_the_hold_as_the_gap_before_the_forward() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // The app's first CreateContainer (call id 260) is refused; its second starts at 400 ms
+    // (call id 400) and is held 3 s. The tap records a refusal as a hold event too.
+    let holds = [
+        hold_event(260, 261, "refused", "", "refused"),
+        hold_event(400, 400, "start", "", ""),
+        hold_event(
+            400,
+            1400,
+            "update",
+            "connect 10.1.2.3:15021: Connection refused",
+            "",
+        ),
+        hold_event(400, 3400, "end", "", "forwarded"),
+    ]
+    .join("\n");
+    let input = write(
+        dir.path(),
+        "calls.jsonl",
+        &format!("{}{holds}\n", demo_recording("demo", "web", 3000, 1000)),
+    );
+    let svg_path = dir.path().join("seq.svg");
+    let out = crisp(&[
+        "timeline",
+        "--sequence",
+        "--pod",
+        "demo/web",
+        "--svg",
+        svg_path.to_str().expect("utf-8"),
+        input.to_str().expect("utf-8"),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "crisp timeline --sequence failed: {}{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{stdout}");
+    assert!(stdout.starts_with("sequenceDiagram\n"), "{stdout}");
+    let at = |needle: &str| {
+        stdout
+            .find(needle)
+            .unwrap_or_else(|| panic!("{needle:?} not in:\n{stdout}"))
+    };
+    let request = at("K->>C: CreateContainer app +400ms");
+    let round = at("Note right of C: probe: connect 10.1.2.3:15021: Connection refused +1.40s");
+    let forward = at("C->>R: CreateContainer app after 3.00s +3.40s");
+    let answer = at("R-->>K: app: OK 3.03s (held 3.00s) +3.43s");
+    assert!(
+        request < round && round < forward && forward < answer,
+        "{stdout}"
+    );
+    // The refusal is crisp's answer; an unheld call goes straight through.
+    at("Note right of C: refused: waiting for proxy: not ready +261ms");
+    at("C-->>K: app: FailedPrecondition: crisp: sidecar proxy of pod demo/web");
+    at("K->>R: StartContainer proxy +305ms");
+
+    let svg = std::fs::read_to_string(&svg_path).expect("svg written");
+    assert!(
+        !svg.contains("<script") && !svg.contains("href"),
+        "self-contained"
+    );
+    let png = render_svg(&svg_path).expect("rsvg-convert renders the sequence");
+    if let Some(keep) = std::env::var_os("CRISP_SEQUENCE_KEEP") {
+        let _ = std::fs::copy(&png, keep);
+    }
+    let pic = Picture::load(&png).expect("png");
+    assert_eq!((pic.width, pic.height), (1100, declared_height(&svg)));
+    // Two holds (the app's create, the proxy's stop) as 12 px wide bars, each spanning at least
+    // the rows between its request and its forward; the legend's swatch besides.
+    let held = pic.count(colour::HELD) - SWATCH;
+    let failed = pic.count(colour::FAILED);
+    eprintln!("pixels: held {held}, failed {failed}");
+    assert!(
+        held > 2 * 12 * 26,
+        "the holds' bars: {held} px of the held colour"
+    );
+    assert!(failed > 100, "the refusal's arrow and label: {failed} px");
+}

@@ -31,6 +31,12 @@ pub struct TimelineArgs {
     /// has several).
     #[arg(long, value_name = "FILE")]
     pub svg: Option<PathBuf>,
+    /// Draw the pod as a sequence instead of a waterfall: kubelet, crisp and the runtime as
+    /// lanes, each call as arrows, a hold as the gap before crisp's forward with its probe
+    /// rounds beside it. Prints Mermaid text (paste it into an issue or a doc); --svg writes the
+    /// same as a picture. Needs one pod (--pod when the recording has several).
+    #[arg(long)]
+    pub sequence: bool,
     /// Include polling calls (ContainerStatus, PodSandboxStatus, ...).
     #[arg(long)]
     pub all: bool,
@@ -82,7 +88,8 @@ pub fn run(args: TimelineArgs) -> ExitCode {
             parsed.malformed
         );
     }
-    let pods = timeline::group(parsed.calls, args.all);
+    let mut pods = timeline::group(parsed.calls, args.all);
+    timeline::attach_holds(&mut pods, parsed.holds);
     let chosen: Vec<&Pod> = match &args.pod {
         Some(want) => match timeline::select(&pods, want) {
             Ok(p) => vec![p],
@@ -99,17 +106,29 @@ pub fn run(args: TimelineArgs) -> ExitCode {
         );
         return ExitCode::from(exit::NOINPUT);
     }
-    if let Some(path) = &args.svg {
+    if args.sequence || args.svg.is_some() {
         let [pod] = chosen.as_slice() else {
             eprintln!(
-                "crisp timeline: --svg draws one pod; choose one with --pod: {}",
+                "crisp timeline: {} draws one pod; choose one with --pod: {}",
+                if args.sequence { "--sequence" } else { "--svg" },
                 timeline::list(&pods)
             );
             return ExitCode::from(exit::USAGE);
         };
-        if let Err(e) = std::fs::write(path, timeline::svg(pod)) {
-            eprintln!("crisp timeline: {}: {e}", path.display());
-            return ExitCode::from(exit::CANTCREAT);
+        if let Some(path) = &args.svg {
+            let picture = if args.sequence {
+                timeline::sequence_svg(pod)
+            } else {
+                timeline::svg(pod)
+            };
+            if let Err(e) = std::fs::write(path, picture) {
+                eprintln!("crisp timeline: {}: {e}", path.display());
+                return ExitCode::from(exit::CANTCREAT);
+            }
+        }
+        if args.sequence {
+            print!("{}", timeline::mermaid(pod));
+            return ExitCode::SUCCESS;
         }
     }
     let mut out = String::new();
@@ -171,9 +190,11 @@ fn live(args: &TimelineArgs) -> Result<Parsed, ExitCode> {
             };
             match msg {
                 Ok(Some(pb::TapEvent { event: Some(e) })) => {
-                    match timeline::call_of(&view::json_line(&e)) {
-                        Some(c) => out.calls.push(c),
-                        None => out.skipped += 1,
+                    let line = view::json_line(&e);
+                    match (timeline::call_of(&line), timeline::hold_of(&line)) {
+                        (Some(c), _) => out.calls.push(c),
+                        (None, Some(h)) => out.holds.push(h),
+                        (None, None) => out.skipped += 1,
                     }
                 }
                 Ok(Some(_)) => {}

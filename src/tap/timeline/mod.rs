@@ -6,8 +6,12 @@
 //!                are skipped) ─ group(): calls to pods by name, then by sandbox / container id,
 //!                ImageStatus by image ─ Pod ─┬─ text(): one row per call,
 //!                                            │          █ forwarded ░ held × failed
-//!                                            └─ svg(): the same rows; hover shows each call's
-//!                                                      details
+//!                                            ├─ svg(): the same rows; hover shows each call's
+//!                                            │         details
+//!                                            └─ sequence: kubelet, crisp and the runtime as
+//!                                                      lanes, a hold as the gap between the
+//!                                                      request and its forward, the hold's probe
+//!                                                      rounds on crisp's lane (SVG, Mermaid)
 //! ```
 //!
 //! A call's held part is drawn first: crisp holds a call before it forwards it (DESIGN.md §4),
@@ -24,8 +28,11 @@ use serde_json::Value;
 
 use super::pb;
 
+mod sequence;
 mod svg;
 mod text;
+
+pub use sequence::{mermaid, sequence_svg, MAX_SEQUENCE_CALLS};
 
 pub use svg::{colour, svg};
 #[cfg(test)]
@@ -44,6 +51,8 @@ const MAX_LISTED_FAILURES: usize = 20;
 /// One finished CRI call, as the tap recorded it.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Call {
+    /// The tap's id of the call (0 when the recording has none): what its hold events name.
+    pub(crate) call_id: u64,
     /// Start, in microseconds since the Unix epoch.
     pub(crate) start_us: i64,
     pub(crate) duration_us: i64,
@@ -98,6 +107,27 @@ pub struct Pod {
     pub(crate) namespace: String,
     pub(crate) name: String,
     pub calls: Vec<Call>,
+    /// The hold events of its calls (`crisp tap -o` records them beside the calls), in time
+    /// order: what the sequence view draws on crisp's lane.
+    pub holds: Vec<Hold>,
+}
+
+/// One hold event of a recording: a phase of the wait of a call crisp held (docs/TAP.md,
+/// "Holds, live").
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Hold {
+    pub(crate) call_id: u64,
+    /// When, in microseconds since the Unix epoch.
+    pub(crate) time_us: i64,
+    /// `start`, `update`, `end` or `refused`.
+    pub(crate) phase: String,
+    /// What the call waits on: a sidecar's name, `apps` or `runtime`.
+    pub(crate) waiting_on: String,
+    pub(crate) reason: String,
+    /// The last probe's result (an exec probe's exit code, never its output).
+    pub(crate) probe_result: String,
+    /// How the hold ended (`end` and `refused` only): `forwarded`, `timed out (proceed)`, ...
+    pub(crate) outcome: String,
 }
 
 impl Pod {
@@ -121,6 +151,8 @@ pub struct Parsed {
     pub skipped: usize,
     /// Lines that are not JSON (e.g. the last line of a recording cut short).
     pub malformed: usize,
+    /// Hold events, given to their calls' pods by [`attach_holds`].
+    pub holds: Vec<Hold>,
 }
 
 /// `s` fitted to `max` characters for the layout: control characters removed, cut with `…`
@@ -171,15 +203,10 @@ pub fn call_of(v: &Value) -> Option<Call> {
     v.get("response_bytes")?;
     v.get("code_name")?;
     let method = v.get("method")?.as_str()?;
-    let time = humantime::parse_rfc3339(v.get("time")?.as_str()?).ok()?;
-    let start_us = time
-        .duration_since(UNIX_EPOCH)
-        .ok()?
-        .as_micros()
-        .try_into()
-        .ok()?;
+    let start_us = time_us(v)?;
     let duration_us = micros(v, "duration_ms")?;
     Some(Call {
+        call_id: v.get("call_id").and_then(Value::as_u64).unwrap_or(0),
         start_us,
         duration_us,
         held_us: micros(v, "held_ms").unwrap_or(0).min(duration_us),
@@ -196,6 +223,53 @@ pub fn call_of(v: &Value) -> Option<Call> {
     })
 }
 
+/// The start of `v`'s `"time"`, in microseconds since the Unix epoch.
+fn time_us(v: &Value) -> Option<i64> {
+    let time = humantime::parse_rfc3339(v.get("time")?.as_str()?).ok()?;
+    time.duration_since(UNIX_EPOCH)
+        .ok()?
+        .as_micros()
+        .try_into()
+        .ok()
+}
+
+/// One line of a tap recording as a hold event (a `"hold"` key naming a known phase and the
+/// call's id), or `None`.
+pub fn hold_of(v: &Value) -> Option<Hold> {
+    let phase = v.get("hold")?.as_str()?;
+    if !matches!(phase, "start" | "update" | "end" | "refused") {
+        return None;
+    }
+    Some(Hold {
+        call_id: v.get("call_id")?.as_u64()?,
+        time_us: time_us(v)?,
+        phase: phase.to_string(),
+        waiting_on: text_field(v, "waiting_on", MAX_NAME),
+        reason: text_field(v, "reason", MAX_SHOWN_MESSAGE),
+        probe_result: text_field(v, "probe_result", MAX_SHOWN_MESSAGE),
+        outcome: text_field(v, "outcome", MAX_NAME),
+    })
+}
+
+/// Gives each hold event to the pod whose call it names (by the tap's call id), in time order;
+/// events of calls no pod has are dropped.
+pub fn attach_holds(pods: &mut [Pod], holds: Vec<Hold>) {
+    let mut by_call: HashMap<u64, usize> = HashMap::new();
+    for (i, p) in pods.iter().enumerate() {
+        for c in p.calls.iter().filter(|c| c.call_id != 0) {
+            by_call.insert(c.call_id, i);
+        }
+    }
+    for h in holds {
+        if let Some(&i) = by_call.get(&h.call_id) {
+            pods[i].holds.push(h);
+        }
+    }
+    for p in pods {
+        p.holds.sort_by_key(|h| h.time_us);
+    }
+}
+
 /// Reads a tap recording: JSON lines, one event each.
 pub fn parse(input: impl BufRead) -> io::Result<Parsed> {
     let mut out = Parsed::default();
@@ -205,9 +279,10 @@ pub fn parse(input: impl BufRead) -> io::Result<Parsed> {
             continue;
         }
         match serde_json::from_str::<Value>(&line) {
-            Ok(v) => match call_of(&v) {
-                Some(c) => out.calls.push(c),
-                None => out.skipped += 1,
+            Ok(v) => match (call_of(&v), hold_of(&v)) {
+                (Some(c), _) => out.calls.push(c),
+                (None, Some(h)) => out.holds.push(h),
+                (None, None) => out.skipped += 1,
             },
             Err(_) => out.malformed += 1,
         }
@@ -240,6 +315,7 @@ pub fn group(calls: Vec<Call>, all: bool) -> Vec<Pod> {
                 namespace: c.pod_namespace.clone(),
                 name: c.pod_name.clone(),
                 calls: Vec::new(),
+                holds: Vec::new(),
             });
             pods.len() - 1
         });

@@ -52,6 +52,7 @@ fn text_rows_show_holds_and_refusals_within_the_width() {
             call("CreateContainer", "proxy", 320, 40, 0, "OK"),
             call("CreateContainer", "app", 400, 3000, 2900, "OK"),
         ],
+        holds: Vec::new(),
     };
     let narrow = text(&pod, 0);
     assert!(narrow.lines().all(|l| l.chars().count() <= 80), "{narrow}");
