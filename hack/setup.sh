@@ -23,6 +23,8 @@
 #                                                 lane's node with glib (its dependency) and SQLite (skopeo's)
 #   prometheus librsvg2-bin                       a real Prometheus and promtool (e2e/tests/it/prometheus.rs,
 #                                                 hack/lint.sh); rsvg-convert (tests/it/timeline.rs)
+#   tshark                                        Wireshark's dissectors read `crisp pcap` captures
+#                                                 (tests/it/pcap.rs)
 set -euo pipefail
 
 PACKAGES=(
@@ -48,6 +50,8 @@ PACKAGES=(
   prometheus              # a real Prometheus scraping crisp (e2e/tests/it/prometheus.rs); promtool checks and
                           # unit-tests deploy/monitoring's alert rules (hack/lint.sh)
   librsvg2-bin            # rsvg-convert renders `crisp timeline --svg` in tests/it/timeline.rs
+  tshark                  # Wireshark's HTTP/2, gRPC and protobuf dissectors read `crisp pcap`'s captures
+                          # (tests/it/pcap.rs)
   etcd-server             # etcd 3.4 under the cluster lane's kube-apiserver (hack/cluster.sh)
   docker-registry         # a local registry that serves the installer image to the lane's node
   skopeo                  # pushes dist/crisp-installer-*.oci.tar into that registry

@@ -41,6 +41,24 @@ macro_rules! cri_types {
                 _ => return None,
             })
         }
+
+        /// Encodes a decoded message (the JSON [`decode`] shows, redacted or not) back to
+        /// protobuf with the same k8s-cri type, for a capture file (`super::pcap`); `None` when
+        /// k8s-cri has no type for the method or the JSON is not that type's (redaction
+        /// replaces some values by their size).
+        pub(crate) fn encode_json(rpc: Rpc, dir: Dir, json: &Value) -> Option<Vec<u8>> {
+            use k8s_cri::v1 as c;
+            fn encode<T: Message + serde::de::DeserializeOwned>(json: &Value) -> Option<Vec<u8>> {
+                serde_json::from_value::<T>(json.clone()).ok().map(|m| m.encode_to_vec())
+            }
+            match (rpc, dir) {
+                $(
+                    (Rpc::$rpc, Dir::Request) => encode::<c::$req>(json),
+                    (Rpc::$rpc, Dir::Response) => encode::<c::$resp>(json),
+                )*
+                _ => None,
+            }
+        }
     };
 }
 

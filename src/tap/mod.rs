@@ -22,6 +22,7 @@ pub(crate) mod filter;
 mod hub;
 pub(crate) mod ids;
 pub mod output;
+pub mod pcap;
 pub mod pods;
 pub(crate) mod redact;
 pub mod timeline;

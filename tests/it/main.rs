@@ -41,6 +41,7 @@ mod layers;
 mod lifecycle;
 mod newer_kubelets;
 mod node_systemd;
+mod pcap;
 mod probe_burst;
 mod relay_thread;
 mod release_artifacts;

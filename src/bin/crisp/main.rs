@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod doctor;
+mod pcap;
 mod pods;
 mod serve;
 mod tap;
@@ -39,6 +40,8 @@ enum Cmd {
     Timeline(timeline::TimelineArgs),
     /// Show the pods crisp orders: sidecars, calls held now and why, time left, refusals.
     Pods(pods::PodsArgs),
+    /// Convert a tap recording to a pcapng capture for Wireshark or tshark.
+    Pcap(pcap::PcapArgs),
 }
 
 /// sysexits.h codes, so scripts can tell why a command stopped.
@@ -64,6 +67,7 @@ fn main() -> ExitCode {
         Some(Cmd::Tap(args)) => tap::run(args),
         Some(Cmd::Timeline(args)) => timeline::run(args),
         Some(Cmd::Pods(args)) => pods::run(args),
+        Some(Cmd::Pcap(args)) => pcap::run(args),
     }
 }
 

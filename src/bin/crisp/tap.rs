@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use crisp::tap::pb::{self, tap_event::Event};
-use crisp::tap::{client, output, view};
+use crisp::tap::{client, output, pcap, view};
 
 use super::exit;
 
@@ -54,6 +54,12 @@ pub struct TapArgs {
     /// link; never through a symlink). Without it an existing FILE is refused, never truncated.
     #[arg(long, requires = "output")]
     pub force: bool,
+    /// Also write the calls as a pcapng capture to this file, for Wireshark or tshark: each call
+    /// an HTTP/2 stream of gRPC on a synthetic connection (decode TCP port 50051 as HTTP/2),
+    /// redacted as the tap shows it, with --full the messages too (docs/TAP.md). The same rules
+    /// as --output: mode 0600, no symlink, never an existing file.
+    #[arg(long, value_name = "FILE")]
+    pub pcap: Option<PathBuf>,
     /// Show secrets (registry credentials, env values, ...). Only served to root.
     #[arg(long)]
     pub unredacted: bool,
@@ -145,6 +151,13 @@ async fn tap(args: TapArgs) -> ExitCode {
             return ExitCode::from(exit::USAGE);
         }
     };
+    let mut pcap = match args.pcap.as_deref().map(open_pcap).transpose() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("crisp tap: --pcap: {e}");
+            return ExitCode::from(exit::USAGE);
+        }
+    };
     // The subscription is live once crisp answered; scripts (and tests) wait for this line.
     eprintln!("crisp tap: attached to {}", socket.display());
     let mut out = BufWriter::new(io::stdout().lock());
@@ -179,6 +192,16 @@ async fn tap(args: TapArgs) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         }
+        if let Some(capture) = pcap.as_mut() {
+            let wrote = capture.event(&view::json_line(&event));
+            if let Err(e) = wrote
+                .map_err(|e| e.to_string())
+                .and_then(|_| capture.flush().map_err(|e| e.to_string()))
+            {
+                eprintln!("crisp tap: --pcap: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
         // A closed pipe (`crisp tap | head`) is a normal way to stop.
         if written.is_err() {
             break;
@@ -191,6 +214,19 @@ async fn tap(args: TapArgs) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+/// A capture file, opened as --output's files are (never an existing file), its connection
+/// starting now.
+fn open_pcap(path: &Path) -> Result<pcap::Capture<BufWriter<File>>, String> {
+    let file = create_output(path, false).map_err(|e| e.to_string())?;
+    pcap::Capture::new(file, now()).map_err(|e| e.to_string())
+}
+
+fn now() -> std::time::Duration {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
 }
 
 fn create_output(path: &Path, force: bool) -> Result<BufWriter<File>, output::OutputError> {

@@ -1,0 +1,219 @@
+//! `crisp pcap` (issue #46): a tap recording becomes a pcapng capture that a tool no one here
+//! wrote — Wireshark's tshark, with its HTTP/2, gRPC and protobuf dissectors and the CRI's
+//! api.proto on the protobuf search path — decodes call by call: each call's method, status and
+//! the request fields the recording shows (redacted values as the recording shows them), with
+//! the pod and crisp's hold as packet comments.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crisp::tap::pb::{tap_event::Event, CallEvent, HoldEvent};
+use crisp::tap::view::json_line;
+
+use crate::prerequisites::require_tool;
+
+const T0: i64 = 1_764_000_000_000_000_000;
+
+/// A call event as `crisp tap --full -o` records it.
+fn call(id: u64, method: &str, at_ms: i64, code: Option<i32>, request_json: String) -> String {
+    let code_name = match code {
+        Some(0) => "OK",
+        Some(9) => "FailedPrecondition",
+        Some(_) => "Unknown",
+        None => "",
+    };
+    json_line(&Event::Call(CallEvent {
+        call_id: id,
+        start_unix_nanos: T0 + at_ms * 1_000_000,
+        method: method.into(),
+        path: format!("/runtime.v1.RuntimeService/{method}"),
+        cri_version: "v1".into(),
+        kind: "mutating".into(),
+        pod_namespace: "shop".into(),
+        pod_name: "web".into(),
+        container_name: "app".into(),
+        duration_micros: 2_000,
+        held_micros: if id == 2 { 1_500 } else { 0 },
+        code,
+        code_name: code_name.into(),
+        message: if code == Some(9) {
+            "crisp: istio-proxy not ready\nretry".into()
+        } else {
+            String::new()
+        },
+        request_json,
+        response_json: if code == Some(0) {
+            "{}".into()
+        } else {
+            String::new()
+        },
+        redacted: true,
+        ..Default::default()
+    }))
+    .to_string()
+}
+
+/// Where tshark finds the CRI's api.proto (`package runtime.v1`): the k8s-cri crate's copy, the
+/// one the tap decodes with, in cargo's registry.
+fn cri_proto_dir() -> PathBuf {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cargo"));
+    let src = home.join("registry/src");
+    for index in std::fs::read_dir(&src).expect("cargo's registry sources") {
+        let dir = index.expect("entry").path().join("k8s-cri-0.11.0/proto");
+        if dir.join("v1.proto").is_file() {
+            return dir;
+        }
+    }
+    panic!("no k8s-cri-0.11.0/proto under {}", src.display());
+}
+
+fn tshark(capture: &Path, fields: &[&str]) -> String {
+    let mut cmd = Command::new("tshark");
+    cmd.args(["-r", capture.to_str().expect("utf-8")])
+        .args(["-d", "tcp.port==50051,http2"])
+        .arg("-o")
+        .arg(format!(
+            "uat:protobuf_search_paths:\"{}\",\"TRUE\"",
+            cri_proto_dir().display()
+        ))
+        .args(["-T", "fields", "-E", "separator=|"]);
+    for f in fields {
+        cmd.args(["-e", f]);
+    }
+    let out = cmd.output().expect("run tshark");
+    assert!(
+        out.status.success(),
+        "tshark failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
+#[test]
+fn tshark_decodes_every_call_method_status_and_shown_fields() {
+    require_tool("tshark", "-v");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let start = serde_json::to_string(&k8s_cri::v1::StartContainerRequest {
+        container_id: "c0ffee".into(),
+    })
+    .expect("json");
+    // CreateContainer's env values as the tap shows them: redacted.
+    let create = k8s_cri::v1::CreateContainerRequest {
+        pod_sandbox_id: "sandbox-1".into(),
+        config: Some(k8s_cri::v1::ContainerConfig {
+            envs: vec![k8s_cri::v1::KeyValue {
+                key: "DB_PASSWORD".into(),
+                value: "<redacted>".into(),
+            }],
+            ..Default::default()
+        }),
+        sandbox_config: None,
+    };
+    let hold = json_line(&Event::Hold(HoldEvent {
+        call_id: 2,
+        phase: "start".into(),
+        unix_nanos: T0 + 10_000_000,
+        waiting_on: "istio-proxy".into(),
+        reason: "not ready".into(),
+        ..Default::default()
+    }));
+    let recording = [
+        call(1, "StartContainer", 0, Some(0), start),
+        hold.to_string(),
+        call(
+            2,
+            "CreateContainer",
+            10,
+            Some(9),
+            serde_json::to_string(&create).expect("json"),
+        ),
+        call(3, "StopContainer", 20, None, String::new()),
+        "{\"dropped\":1,\"dropped_total\":1}".into(),
+    ]
+    .join("\n");
+    let input = dir.path().join("calls.jsonl");
+    std::fs::write(&input, recording).expect("write");
+    let capture = dir.path().join("calls.pcapng");
+    let out = Command::new(env!("CARGO_BIN_EXE_crisp"))
+        .args(["pcap", input.to_str().expect("utf-8"), "-o"])
+        .arg(&capture)
+        .output()
+        .expect("run crisp pcap");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "crisp pcap failed: {stderr}");
+    assert!(stderr.contains("3 calls written"), "{stderr}");
+
+    let paths = tshark(&capture, &["http2.header.value"]);
+    for method in ["StartContainer", "CreateContainer", "StopContainer"] {
+        assert!(
+            paths.contains(&format!("/runtime.v1.RuntimeService/{method}")),
+            "{method} not decoded:\n{paths}"
+        );
+    }
+    // The statuses, from the trailers: OK and FailedPrecondition with its message; the call
+    // kubelet gave up on ends in a reset.
+    let statuses = tshark(&capture, &["http2.header.name", "http2.header.value"]);
+    assert!(statuses.contains("grpc-status"), "{statuses}");
+    assert!(
+        statuses.contains(",0") && statuses.contains(",9,crisp: istio-proxy not ready%0Aretry"),
+        "{statuses}"
+    );
+    let resets = tshark(&capture, &["http2.rst_stream.error"]);
+    assert_eq!(
+        resets.lines().filter(|l| l.trim() == "8").count(),
+        1,
+        "{resets}"
+    );
+    // The request fields the recording shows, decoded by tshark's protobuf dissector with the
+    // CRI's own message types.
+    let fields = tshark(
+        &capture,
+        &[
+            "protobuf.message.name",
+            "protobuf.field.name",
+            "protobuf.field.value.string",
+        ],
+    );
+    eprintln!("{fields}");
+    assert!(
+        fields.contains("runtime.v1.StartContainerRequest"),
+        "{fields}"
+    );
+    assert!(fields.contains("c0ffee"), "{fields}");
+    assert!(
+        fields.contains("runtime.v1.CreateContainerRequest"),
+        "{fields}"
+    );
+    assert!(
+        fields.contains("sandbox-1") && fields.contains("DB_PASSWORD"),
+        "{fields}"
+    );
+    assert!(fields.contains("<redacted>"), "{fields}");
+    // The pod, the container and crisp's hold, as packet comments.
+    let comments = tshark(&capture, &["frame.comment"]);
+    assert!(
+        comments.contains("call 2 pod shop/web container app; held 1.5 ms")
+            && comments
+                .contains("crisp held this call: start waiting for istio-proxy; reason: not ready"),
+        "{comments}"
+    );
+}
+
+/// The capture is written as --output's files are: an existing file is never overwritten.
+#[test]
+fn an_existing_capture_is_never_overwritten() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("calls.jsonl");
+    std::fs::write(&input, call(1, "StartContainer", 0, Some(0), String::new())).expect("write");
+    let capture = dir.path().join("old.pcapng");
+    std::fs::write(&capture, "keep me").expect("write");
+    let out = Command::new(env!("CARGO_BIN_EXE_crisp"))
+        .args(["pcap", input.to_str().expect("utf-8"), "-o"])
+        .arg(&capture)
+        .output()
+        .expect("run crisp pcap");
+    assert_eq!(out.status.code(), Some(73), "{out:?}");
+    assert_eq!(std::fs::read_to_string(&capture).expect("read"), "keep me");
+}
