@@ -4,7 +4,10 @@
 //! State: the runtime is the source of truth. Every gate decision lists the sandbox's containers
 //! from the runtime, so a crisp that restarts mid-start or mid-stop decides exactly as before.
 //! The only in-memory state is caches (pod policy by sandbox, sandbox+name by container id) that
-//! are refilled from the runtime on a miss, and each pod's stop budget window.
+//! are refilled from the runtime on a miss, and each pod's stop budget window. What the runtime
+//! cannot tell is on disk: Job mode's marks (`job/marks.rs`) and the calls crisp holds for
+//! kubelet (`intents.rs`), both written by `durable.rs`, and reconciled with the runtime at start
+//! (`reconcile.rs`: a held stop is carried out by the restarted crisp).
 //!
 //! Only CreateContainer, StopContainer and StopPodSandbox are ever held. List and Status calls
 //! are never observed here, so they can never be slowed (a held List stalls kubelet's PLEG for
@@ -24,6 +27,7 @@
 //! | `probes.rs` | — | readiness probes from the pod's namespace (DESIGN.md §3.2) |
 //! | `job.rs` | — | Job mode's watchers (DESIGN.md §5) |
 //! | `refusal.rs` | — | why a create is refused, and every text of it (DESIGN.md §3.3) |
+//! | `intents.rs`, `reconcile.rs` | — | held calls kept across crisp's death (DESIGN.md §4.6) |
 //!
 //! Those gates gather their inputs through the [`runtime::Runtime`] seam. Their clock is
 //! tokio's, so `engine_tests/` runs the whole engine on paused time against a scripted runtime.
