@@ -8,11 +8,15 @@ use std::time::Duration;
 use crate::config::Config;
 use crate::intercept::{Interceptor, Interceptors};
 use crate::metrics::{CallMetrics, OrderingMetrics};
+use crate::ordering::intents::Intents;
 use crate::ordering::job::Terminated;
 use crate::ordering::Engine;
 use crate::proxy::client::RuntimeClient;
 use crate::proxy::{self, listener, Proxy, ProxyOptions, RuntimePool, RuntimePoolOptions};
 use crate::tap::Tap;
+
+/// How long start waits for the kept intents' reconcile before it serves anyway.
+const RECONCILE_WAIT: Duration = Duration::from_secs(2);
 
 /// Why [`run`] could not serve.
 #[derive(Debug, thiserror::Error)]
@@ -39,13 +43,16 @@ pub(crate) fn chain(
 ) -> (Vec<Arc<dyn Interceptor>>, Arc<Tap>, Arc<Engine>) {
     let client = RuntimeClient::new(pool.clone(), Duration::from_secs(5));
     let terminated = Arc::new(Terminated::open(Some(cfg.state_dir.clone())));
-    let engine = Engine::new(
+    let intents = Arc::new(Intents::open(Some(cfg.state_dir.clone())));
+    let engine = Engine::with_intents(
         cfg,
         client,
         Arc::new(OrderingMetrics::default()),
         terminated,
+        intents,
     );
-    // Job pods whose sidecars crisp must end are found again after a restart.
+    // Job pods whose sidecars crisp must end are found again after a restart, and so are the
+    // held calls kept before it (`ordering/intents.rs`).
     engine.recover_in_background(crate::cri::ApiVersion::V1);
     let tap = Tap::new(
         Arc::new(CallMetrics::default()),
@@ -136,6 +143,9 @@ async fn serve_on_notify(
         RuntimePoolOptions::from(&cfg),
     ));
     let (list, tap, engine) = chain(&cfg, &pool);
+    // The held calls kept before a restart are reconciled with the runtime before kubelet's
+    // calls are served; a runtime that does not answer delays that, never the start.
+    let _ = tokio::time::timeout(RECONCILE_WAIT, engine.intents_reconciled()).await;
     let spans = hold_spans(&cfg, &engine);
     let ordering = engine.clone();
     let interceptors = Interceptors::new(list);

@@ -42,6 +42,11 @@ struct GateLabel {
     gate: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WhatLabel {
+    what: &'static str,
+}
+
 /// The ordering engine's metrics. The histograms are the `gate="start"` and `gate="stop"` series
 /// of `crisp_hold_seconds`.
 pub struct OrderingMetrics {
@@ -67,6 +72,17 @@ pub struct OrderingMetrics {
     /// Exec probes not run this round because their pod's own exec rate had no turn before
     /// the probe's end.
     pub(crate) exec_probe_pod_limited: Counter,
+    /// Durable writes to the state directory that failed (`what`: `mark`, `intent`).
+    state_write_errors: Family<WhatLabel, Counter>,
+    /// Job-mode marks that could not be written: the sidecar was not stopped.
+    pub(crate) mark_write_errors: Counter,
+    /// Held-call intents that could not be written (or were over the cap): the call was held
+    /// as before, without surviving a restart.
+    pub(crate) intent_write_errors: Counter,
+    /// Held calls crisp kept durably (one durable write each).
+    pub(crate) intents_kept: Counter,
+    /// Kept stops a restarted crisp carried out itself (kubelet's caller had died with crisp).
+    pub(crate) intents_replayed: Counter,
 }
 
 impl Default for OrderingMetrics {
@@ -74,6 +90,7 @@ impl Default for OrderingMetrics {
         let holds: Histograms<GateLabel> =
             Family::new_with_constructor(|| Histogram::new(HOLD_BUCKETS));
         let gate = |gate| holds.get_or_create_owned(&GateLabel { gate });
+        let state_write_errors: Family<WhatLabel, Counter> = Family::default();
         OrderingMetrics {
             start_holds: gate("start"),
             stop_holds: gate("stop"),
@@ -90,6 +107,12 @@ impl Default for OrderingMetrics {
             probe_netns_failures: Counter::default(),
             exec_probe_pod_paced: Counter::default(),
             exec_probe_pod_limited: Counter::default(),
+            mark_write_errors: state_write_errors.get_or_create_owned(&WhatLabel { what: "mark" }),
+            intent_write_errors: state_write_errors
+                .get_or_create_owned(&WhatLabel { what: "intent" }),
+            state_write_errors,
+            intents_kept: Counter::default(),
+            intents_replayed: Counter::default(),
         }
     }
 }
@@ -131,6 +154,21 @@ impl OrderingMetrics {
             "crisp_job_sidecars_stopped",
             "Sidecars stopped by crisp because their Job finished",
             self.job_sidecars_stopped.clone(),
+        );
+        reg.register(
+            "crisp_state_write_errors",
+            "Durable writes to the state directory that failed (what: mark, a Job sidecar then not stopped; intent, a held call then not kept across a restart)",
+            self.state_write_errors.clone(),
+        );
+        reg.register(
+            "crisp_intents_kept",
+            "Held CRI calls recorded durably in the state directory (one durable write each)",
+            self.intents_kept.clone(),
+        );
+        reg.register(
+            "crisp_intents_replayed",
+            "Kept StopContainer calls a restarted crisp carried out itself",
+            self.intents_replayed.clone(),
         );
         reg.register(
             "crisp_probe_in_flight",
@@ -517,6 +555,9 @@ mod tests {
             ("crisp_bad_annotations_total", "counter", "Malformed crisp.dev annotations (pods run as if the key were absent)."),
             ("crisp_probe_errors_total", "counter", "Readiness probes that could not be run (runtime errors)."),
             ("crisp_job_sidecars_stopped_total", "counter", "Sidecars stopped by crisp because their Job finished."),
+            ("crisp_state_write_errors_total", "counter", "Durable writes to the state directory that failed (what: mark, a Job sidecar then not stopped; intent, a held call then not kept across a restart)."),
+            ("crisp_intents_kept_total", "counter", "Held CRI calls recorded durably in the state directory (one durable write each)."),
+            ("crisp_intents_replayed_total", "counter", "Kept StopContainer calls a restarted crisp carried out itself."),
             ("crisp_probe_in_flight", "gauge", "Readiness probes running now (node-wide bound: ordering.max_probes_in_flight)."),
             ("crisp_probe_connects_total", "counter", "TCP connections opened by readiness probes."),
             ("crisp_probe_limited_total", "counter", "Readiness probes not run this round because a node-wide probe bound was reached."),
@@ -534,6 +575,8 @@ mod tests {
             "crisp_hold_seconds_count{gate=\"stop\"} 0",
             "crisp_holds_in_flight 0",
             "crisp_tap_events_dropped_total 0",
+            "crisp_state_write_errors_total{what=\"mark\"} 0",
+            "crisp_state_write_errors_total{what=\"intent\"} 0",
         ] {
             assert!(
                 out.contains(&format!("{line}\n")),

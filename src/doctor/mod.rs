@@ -11,10 +11,12 @@
 //! 4. kubelet's configured runtime (and image) endpoint, read from the same files
 //!    `hack/install.sh` edits, points at crisp; kubelet's version, and whether its native
 //!    sidecars (1.29+) make crisp unnecessary;
-//! 5. the systemd units are installed and enabled (when systemctl exists).
+//! 5. the systemd units are installed and enabled (when systemctl exists);
+//! 6. the state directory (`state_dir`: Job-mode marks, held calls' intents) can be written
+//!    durably.
 //!
 //! One file per check: `config.rs`, `runtime.rs`, `sockets.rs` (with `progress.rs`, the
-//! watchdog's view of a live crisp), `kubelet.rs`, `units.rs`; this file runs them in order
+//! watchdog's view of a live crisp), `kubelet.rs`, `units.rs`, `state.rs`; this file runs them in order
 //! and keeps the report.
 //!
 //! `--root DIR` inspects a node whose filesystem is at DIR (tests, a mounted image): every node
@@ -31,6 +33,7 @@ mod kubelet;
 mod progress;
 mod runtime;
 mod sockets;
+mod state;
 mod units;
 
 use config::check_config;
@@ -38,6 +41,7 @@ use kubelet::{check_kubelet, check_kubelet_version};
 use progress::check_progress;
 use runtime::check_upstream;
 use sockets::{check_admin_socket, check_crisp_socket};
+use state::check_state_dir;
 use units::check_units;
 
 use crate::config::Config;
@@ -196,6 +200,7 @@ pub async fn run(opts: &Options) -> Report {
     check_kubelet(opts, &listen, &upstream, &mut r);
     check_kubelet_version(opts, &mut r);
     check_units(opts, &listen, &mut r);
+    check_state_dir(opts, &cfg, &mut r);
     r
 }
 

@@ -153,3 +153,52 @@ fn the_admin_socket_is_checked_for_mode_and_owner() {
         "{text}"
     );
 }
+
+/// Issue #43 item 5: `crisp doctor` says when the state directory cannot be written durably
+/// (FAIL with job mode on: its sidecars would not be stopped; WARN without), with the fix.
+#[test]
+fn the_state_dir_is_checked_for_durable_writes() {
+    let root = tempfile::tempdir().unwrap();
+    let opts = Options {
+        root: root.path().to_path_buf(),
+        ..Default::default()
+    };
+    let mut cfg = Config::default();
+    let check = |cfg: &Config| {
+        let mut r = Report::default();
+        check_state_dir(&opts, cfg, &mut r);
+        assert_eq!(r.checks.len(), 1, "{r}");
+        let c = r.checks.remove(0);
+        assert_eq!(c.name, "state dir");
+        (
+            c.level,
+            format!("{} {}", c.detail, c.fix.unwrap_or_default()),
+        )
+    };
+    let dir = under_root(root.path(), &cfg.state_dir);
+    // Its parent is missing: crisp cannot create it.
+    let (level, text) = check(&cfg);
+    assert_eq!(level, Level::Fail, "{text}");
+    std::fs::create_dir_all(dir.parent().unwrap()).unwrap();
+    assert_eq!(check(&cfg).0, Level::Ok, "created at start");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (level, text) = check(&cfg);
+    assert_eq!(level, Level::Ok, "{text}");
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        0,
+        "the probe is removed"
+    );
+    // A file where the directory should be (root ignores modes).
+    std::fs::remove_dir(&dir).unwrap();
+    std::fs::write(&dir, b"").unwrap();
+    let (level, text) = check(&cfg);
+    assert_eq!(level, Level::Fail, "{text}");
+    assert!(
+        text.contains("Job pods' sidecars will not be stopped"),
+        "{text}"
+    );
+    assert!(text.contains("writable directory"), "{text}");
+    cfg.job.enabled = false;
+    assert_eq!(check(&cfg).0, Level::Warn);
+}

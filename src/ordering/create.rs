@@ -14,6 +14,7 @@ use super::annotations::Sidecar;
 use super::decide::{self, Check, CreatePlan, Snapshot, WaitStep};
 use super::holds;
 use super::init_guess::Judgement;
+use super::intents::{self, Intent, Kind};
 use super::pod::{container_name, ContainerRef};
 use super::probes::Probed;
 use super::refusal::{self, Refusal, WaitingFor};
@@ -251,11 +252,19 @@ impl Engine {
         let (timeout, policy) = self.start_policy(pod);
         // A hold ended as a refusal (`refuse_held_after`) carries on in kubelet's retry: the
         // start timeout counts from the first hold, so refusals never extend it.
+        // Nor do crisp's restarts (issue #43 item 2): the first hold's clock is kept as an
+        // intent, and a restarted crisp carries on from it.
+        let kept = || {
+            self.intents
+                .create_since(&pod.sandbox_id, name)
+                .map(|ms| intents::instant_of(ms).min(call.received))
+        };
         let held_from = pod
             .held_since
             .lock()
             .get(name)
             .copied()
+            .or_else(kept)
             .unwrap_or(call.received);
         let hold_until = decide::create_hold_end(held_from, timeout, call.deadline);
         let refused_since = pod.refused_since.lock().get(name).copied();
@@ -309,6 +318,7 @@ impl Engine {
         let forget_refusal = || {
             pod.refused_since.lock().remove(name);
             pod.held_since.lock().remove(name);
+            self.intents.forget_create(&pod.sandbox_id, name);
         };
         loop {
             // A slow runtime must not stretch the hold past its end (nor the forwarded call past
@@ -363,6 +373,7 @@ impl Engine {
                         policy_name,
                         waiting,
                     ));
+                    self.keep_create(pod, name, held_from).await;
                 }
             }
             if let Some(v) =
@@ -389,6 +400,40 @@ impl Engine {
             hold.end(HoldOutcome::Forwarded, "");
         }
         Verdict::Forward
+    }
+
+    /// Keeps the clock of a create hold as an intent (one durable write per app container,
+    /// at its first hold; its retries find it kept), so a restarted crisp counts the start
+    /// timeout from `held_from` too. One that cannot be kept is said and counted; the hold
+    /// goes on as before.
+    async fn keep_create(&self, pod: &Pod, name: &str, held_from: Instant) {
+        if self.intents.create_since(&pod.sandbox_id, name).is_some() {
+            return;
+        }
+        let intent = Intent {
+            kind: Kind::Create,
+            sandbox_id: pod.sandbox_id.clone(),
+            container_id: String::new(),
+            name: name.to_string(),
+            sent_ms: intents::wall_of(held_from),
+            hold_until_ms: 0,
+            budget_end_ms: 0,
+            timeout: 0,
+        };
+        match self.intents.keep(intent, self.intents.token()).await {
+            Ok(()) => {
+                self.metrics.intents_kept.inc();
+            }
+            Err(intents::KeepError::Invalid) => {}
+            Err(e) => {
+                self.metrics.intent_write_errors.inc();
+                tracing::warn!(
+                    container_name = %name,
+                    error = %e,
+                    "cannot keep the hold's clock as an intent; a crisp restart will restart it"
+                );
+            }
+        }
     }
 
     /// The pod a CreateContainer is for and the container's name; `None`: forward it unordered

@@ -299,6 +299,11 @@ impl Engine {
             return;
         };
         let snapshot = Snapshot::new(&containers);
+        // No preStop hook and no stop unless marks can be written (see below).
+        if let Err(e) = self.terminated.check_writable().await {
+            self.mark_not_written(pod, &e);
+            return;
+        }
         let started = now();
         let mut budget: Option<Duration> = None;
         tracing::info!(
@@ -364,8 +369,14 @@ impl Engine {
             }
             let secs = decide::budget_secs(Some(decide::later(started, grace)), now());
             // Mark first (durably: the stop is final): a status read racing the stop must
-            // already see `Completed`.
-            self.terminated.insert(&container.id, &pod.sandbox_id).await;
+            // already see `Completed`. No stop without a mark on disk (issue #43 item 5): a
+            // restarted crisp would not know it stopped the sidecar, kubelet would see its
+            // 137/143, and the Job would fail. The sidecar keeps running instead; the watcher
+            // is rebuilt at crisp's next start and tries again.
+            if let Err(e) = self.terminated.insert(&container.id, &pod.sandbox_id).await {
+                self.mark_not_written(pod, &e);
+                return;
+            }
             match self
                 .runtime
                 .stop_container(version, &container.id, secs)
@@ -389,6 +400,18 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// A mark could not be written: said, naming the pod, and counted; the Job's sidecars are
+    /// left running.
+    fn mark_not_written(&self, pod: &Pod, e: &marks::MarkError) {
+        self.metrics.mark_write_errors.inc();
+        tracing::error!(
+            pod_namespace = %pod.namespace,
+            pod_name = %pod.name,
+            error = %e,
+            "cannot write a terminated-sidecar mark to the state directory; not stopping the Job's sidecars (kubelet would see them killed after a crisp restart); see `crisp doctor`"
+        );
     }
 
     /// Drops the marks whose container the runtime no longer has (removed while crisp was

@@ -4,7 +4,10 @@
 //! State: the runtime is the source of truth. Every gate decision lists the sandbox's containers
 //! from the runtime, so a crisp that restarts mid-start or mid-stop decides exactly as before.
 //! The only in-memory state is caches (pod policy by sandbox, sandbox+name by container id) that
-//! are refilled from the runtime on a miss, and each pod's stop budget window.
+//! are refilled from the runtime on a miss, and each pod's stop budget window. What the runtime
+//! cannot tell is on disk: Job mode's marks (`job/marks.rs`) and the calls crisp holds for
+//! kubelet (`intents.rs`), both written by `durable.rs`, and reconciled with the runtime at start
+//! (`reconcile.rs`: a held stop is carried out by the restarted crisp).
 //!
 //! Only CreateContainer, StopContainer and StopPodSandbox are ever held. List and Status calls
 //! are never observed here, so they can never be slowed (a held List stalls kubelet's PLEG for
@@ -24,6 +27,7 @@
 //! | `probes.rs` | — | readiness probes from the pod's namespace (DESIGN.md §3.2) |
 //! | `job.rs` | — | Job mode's watchers (DESIGN.md §5) |
 //! | `refusal.rs` | — | why a create is refused, and every text of it (DESIGN.md §3.3) |
+//! | `intents.rs`, `reconcile.rs` | — | held calls kept across crisp's death (DESIGN.md §4.6) |
 //!
 //! Those gates gather their inputs through the [`runtime::Runtime`] seam. Their clock is
 //! tokio's, so `engine_tests/` runs the whole engine on paused time against a scripted runtime.
@@ -34,17 +38,20 @@
 pub mod annotations;
 mod create;
 pub mod decide;
+pub(crate) mod durable;
 #[cfg(test)]
 mod engine_tests;
 pub(crate) mod holds;
 mod init_guess;
 pub(crate) mod injectors;
+pub mod intents;
 mod isolation;
 pub mod job;
 mod names;
 mod pod;
 mod probes;
 pub(crate) mod reads;
+mod reconcile;
 mod refusal;
 pub mod runtime;
 mod sidecar;
@@ -88,6 +95,13 @@ pub struct Engine {
     cfg: OrderingConfig,
     job: JobConfig,
     terminated: Arc<job::Terminated>,
+    /// Held calls kept durably (`intents.rs`): what a restarted crisp carries on.
+    intents: Arc<intents::Intents>,
+    /// The StopContainer calls in flight whose intent is kept: call id → (key, owner token);
+    /// the intent goes when the call ends (`on_complete`).
+    stop_calls: DashMap<u64, (String, u64)>,
+    /// Cancelled once the intents found at start are reconciled with the runtime.
+    reconciled: CancellationToken,
     /// Lets `&self` methods spawn tasks that outlive the call (job watchers).
     me: Weak<Engine>,
     rules: Vec<SidecarRule>,
@@ -127,10 +141,31 @@ impl Engine {
         metrics: Arc<OrderingMetrics>,
         terminated: Arc<job::Terminated>,
     ) -> Arc<Self> {
+        Self::with_intents(
+            cfg,
+            runtime,
+            metrics,
+            terminated,
+            Arc::new(intents::Intents::open(None)),
+        )
+    }
+
+    /// [`Engine::new`] with the held calls' intents kept in `intents` (the daemon's are on
+    /// disk, under the state directory).
+    pub fn with_intents(
+        cfg: &Config,
+        runtime: impl Runtime + 'static,
+        metrics: Arc<OrderingMetrics>,
+        terminated: Arc<job::Terminated>,
+        intents: Arc<intents::Intents>,
+    ) -> Arc<Self> {
         Arc::new_cyclic(|me| Engine {
             cfg: cfg.ordering.clone(),
             job: cfg.job.clone(),
             terminated,
+            intents,
+            stop_calls: DashMap::new(),
+            reconciled: CancellationToken::new(),
             me: me.clone(),
             rules: cfg.sidecars.clone(),
             injectors: cfg.injector_table(),
@@ -177,6 +212,10 @@ impl Engine {
         let Some(engine) = self.me.upgrade() else {
             return;
         };
+        {
+            let engine = engine.clone();
+            self.spawn(async move { engine.reconcile_intents(version).await });
+        }
         if self.terminated.prune_pending() {
             let engine = engine.clone();
             self.spawn(async move { engine.prune_marks(version).await });
@@ -469,6 +508,7 @@ impl Engine {
             }
             // The runtime removes the sandbox's containers with it, with no RemoveContainer.
             self.terminated.remove_sandbox(&req.pod_sandbox_id);
+            self.intents.forget_sandbox(&req.pod_sandbox_id);
             self.containers
                 .retain(|_, c| c.sandbox_id != req.pod_sandbox_id);
         }
@@ -503,8 +543,13 @@ impl Interceptor for Engine {
                 response: true,
                 complete: false,
             },
-            Some(Rpc::StopContainer)
-            | Some(Rpc::StopPodSandbox)
+            // The end of a StopContainer removes its kept intent (`on_complete`).
+            Some(Rpc::StopContainer) => Interest {
+                request: true,
+                response: false,
+                complete: true,
+            },
+            Some(Rpc::StopPodSandbox)
             | Some(Rpc::RemovePodSandbox)
             | Some(Rpc::RemoveContainer) => Interest {
                 request: true,
@@ -590,6 +635,17 @@ impl Interceptor for Engine {
             call.route.rpc,
             Some(Rpc::ContainerStatus) | Some(Rpc::PodSandboxStatus)
         )
+    }
+
+    /// A StopContainer answered (or ended otherwise, crisp alive): kubelet has its answer, and
+    /// the call's kept intent goes.
+    fn on_complete(&self, call: &Call, _outcome: &crate::intercept::Outcome) {
+        if self.stop_calls.is_empty() {
+            return;
+        }
+        if let Some((_, (key, token))) = self.stop_calls.remove(&call.id) {
+            self.intents.done(&key, token);
+        }
     }
 
     fn on_response(&self, call: &Call, req: &[u8], msg: Option<&[u8]>, code: i32) -> Option<Bytes> {

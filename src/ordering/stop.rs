@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use super::decide::{self, Snapshot, StopStep};
 use super::holds;
+use super::intents::{self, Intent, Kind};
 use super::{now, record_span, Engine, Pod};
 use crate::cri::patch::append_varint_field;
 use crate::cri::tags;
@@ -41,9 +42,19 @@ impl Engine {
         let sidecar = pod.policy.sidecar_index(&container.name);
         let is_app = sidecar.is_none() && !pod.policy.is_native(&container.name);
         let budget_end = pod.note_stop(arrived, grace, &req.container_id, is_app);
+        let stop = KeptStop {
+            name: &container.name,
+            container_id: &req.container_id,
+            arrived,
+            budget_end,
+            timeout: req.timeout,
+        };
         // An app's stop is forwarded at once (§4.1), and so is a native sidecar's: kubelet
-        // stops those after the apps by itself.
+        // stops those after the apps by itself. Kept until answered all the same: a held
+        // sidecar stop waits for these apps, and kubelet may never send either again if crisp
+        // dies before the answer (`intents.rs`).
         let Some(sidecar) = sidecar else {
+            self.keep_stop(call, &pod, &stop, None).await;
             return Verdict::Forward;
         };
         // The hold ends before kubelet's deadline, and never past kubelet's own bound for the
@@ -54,6 +65,9 @@ impl Engine {
         // shutdown beyond its shutdown manager's shortened period.
         let hold_until = decide::stop_hold_end(arrived, grace, call.deadline)
             .min(decide::later(budget_end, grace));
+        // Kept before it is held: a crisp that dies holding it carries it out at its next
+        // start, in the same order, by the same end (`intents.rs`).
+        self.keep_stop(call, &pod, &stop, Some(hold_until)).await;
         let window = SidecarStop {
             sidecar,
             arrived,
@@ -222,6 +236,71 @@ impl Engine {
     }
 }
 
+impl Engine {
+    /// Keeps a StopContainer of a pod with sidecars as an intent (one durable write) until it
+    /// is answered (`on_complete`); `hold_until`: a sidecar's, held until then at most. A stop
+    /// that cannot be kept (a state directory that refuses it, the cap) goes on as before, not
+    /// surviving a crisp restart: said and counted.
+    async fn keep_stop(
+        &self,
+        call: &Call,
+        pod: &Pod,
+        stop: &KeptStop<'_>,
+        hold_until: Option<Instant>,
+    ) {
+        let intent = Intent {
+            kind: if hold_until.is_some() {
+                Kind::HeldStop
+            } else {
+                Kind::Stop
+            },
+            sandbox_id: pod.sandbox_id.clone(),
+            container_id: stop.container_id.to_string(),
+            name: if tenant::is_dns1123_label(stop.name) {
+                stop.name.to_string()
+            } else {
+                String::new()
+            },
+            sent_ms: intents::wall_of(stop.arrived),
+            hold_until_ms: hold_until.map_or(0, intents::wall_of),
+            budget_end_ms: intents::wall_of(stop.budget_end),
+            timeout: stop.timeout.clamp(0, decide::MAX_GRACE.as_secs() as i64),
+        };
+        let key = intent.key();
+        let token = self.intents.token();
+        // Before the write: a call kubelet drops during it still releases the intent.
+        self.stop_calls.insert(call.id, (key.clone(), token));
+        match self.intents.keep(intent, token).await {
+            Ok(()) => {
+                self.metrics.intents_kept.inc();
+            }
+            Err(intents::KeepError::Invalid) => {
+                let _ = self.stop_calls.remove(&call.id);
+            }
+            Err(e) => {
+                let _ = self.stop_calls.remove(&call.id);
+                self.metrics.intent_write_errors.inc();
+                tracing::warn!(
+                    pod_namespace = %pod.namespace,
+                    pod_name = %pod.name,
+                    container_name = %stop.name,
+                    error = %e,
+                    "cannot keep the StopContainer as an intent; it will not survive a crisp restart"
+                );
+            }
+        }
+    }
+}
+
+/// A StopContainer as [`Engine::keep_stop`] keeps it.
+struct KeptStop<'a> {
+    name: &'a str,
+    container_id: &'a str,
+    arrived: Instant,
+    budget_end: Instant,
+    timeout: i64,
+}
+
 /// The pod's containers less the native sidecars no annotation names: init containers (named
 /// so, or let through as such because kubelet came straight back to them, `init_guess.rs`)
 /// still running at a stop. A plain init container has exited before kubelet creates any
@@ -229,7 +308,7 @@ impl Engine {
 /// regular container has stopped — a legacy sidecar's stop that waited for one as for an app
 /// would wait out the pod's budget (issue #34's mixed pod: 13.2 s of a 15 s grace). After a
 /// crisp restart the judgement is gone and such a sidecar is waited for as before.
-fn without_native_sidecars(
+pub(super) fn without_native_sidecars(
     pod: &Pod,
     mut containers: Vec<views::Container>,
 ) -> Vec<views::Container> {

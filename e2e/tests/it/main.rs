@@ -28,6 +28,7 @@ mod prometheus;
 mod reliability_crisp_chaos;
 mod reliability_faults;
 mod reliability_huge;
+mod reliability_intents;
 mod reliability_load;
 mod reliability_slow;
 mod soak_grpcgo;

@@ -117,8 +117,8 @@ async fn the_mark_of_a_container_removed_while_crisp_was_down_is_pruned_at_start
     let kept = fake.add("proxy", None);
     {
         let before = job::Terminated::open(Some(dir.path().to_path_buf()));
-        before.insert(&kept, SANDBOX).await;
-        before.insert("removed-meanwhile", SANDBOX).await;
+        before.insert(&kept, SANDBOX).await.unwrap();
+        before.insert("removed-meanwhile", SANDBOX).await.unwrap();
     }
     fake.script().down = true;
     let terminated = Arc::new(job::Terminated::open(Some(dir.path().to_path_buf())));
@@ -172,7 +172,7 @@ async fn only_status_calls_about_a_marked_sidecar_keep_their_response() {
         "no mark: relayed"
     );
     let proxy = id_of(&fake, "proxy");
-    engine.terminated.insert(&proxy, SANDBOX).await;
+    engine.terminated.insert(&proxy, SANDBOX).await.unwrap();
     let kept = Interest {
         request: true,
         response: true,

@@ -8,7 +8,8 @@
 //! This file is the harness (the scripted runtime, kubelet's calls, assertions); the tests are
 //! split like the gates they drive: `start_order.rs` (CreateContainer), `stop_order.rs`
 //! (StopContainer, StopPodSandbox), `job_mode.rs`, `probing.rs`, `live_holds.rs`, `read_bound.rs`
-//! (the node-wide read bound) and `tenant.rs` (hostile pod text).
+//! (the node-wide read bound), `tenant.rs` (hostile pod text) and `restarts.rs` (held calls kept
+//! across crisp's death, issue #43).
 
 use std::sync::Mutex;
 
@@ -317,6 +318,18 @@ fn pod_with(
     extra: &[(&str, &str)],
     tune: impl FnOnce(&mut Config),
 ) -> Arc<Engine> {
+    pod_on(fake, sidecars, extra, tune, None)
+}
+
+/// [`pod_with`] with its marks and intents kept under `state_dir` (`None`: in memory): an
+/// engine made again on the same directory is crisp restarted.
+fn pod_on(
+    fake: &Fake,
+    sidecars: &[&str],
+    extra: &[(&str, &str)],
+    tune: impl FnOnce(&mut Config),
+    state_dir: Option<&std::path::Path>,
+) -> Arc<Engine> {
     let mut a: HashMap<String, String> = extra
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -335,11 +348,13 @@ fn pod_with(
     cfg.ordering.probe_interval = 100 * MS;
     cfg.ordering.known_injectors = false;
     tune(&mut cfg);
-    Engine::new(
+    let state_dir = state_dir.map(|dir| dir.to_path_buf());
+    Engine::with_intents(
         &cfg,
         fake.clone(),
         Arc::new(OrderingMetrics::default()),
-        Arc::new(job::Terminated::open(None)),
+        Arc::new(job::Terminated::open(state_dir.clone())),
+        Arc::new(intents::Intents::open(state_dir)),
     )
 }
 
@@ -532,6 +547,7 @@ mod live_holds;
 mod native;
 mod probing;
 mod read_bound;
+mod restarts;
 mod start_order;
 mod stop_order;
 mod tenant;

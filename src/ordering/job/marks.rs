@@ -64,50 +64,10 @@ impl Marks {
     }
 }
 
-/// Why a mark could not be written durably.
-#[derive(Debug, thiserror::Error)]
-pub enum MarkError {
-    #[error("cannot write {path}: {source}")]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot sync the directory {path}: {source}")]
-    SyncDir {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-}
+pub(crate) use crate::ordering::durable::{write_durably, WriteError as MarkError, TMP_SUFFIX};
 
-/// Writes `content` to `dir/name` durably: a temporary file, fsynced, renamed over `name`, and
-/// the directory fsynced (the rename itself is then on disk). Blocking: called off the async
-/// workers.
-pub(crate) fn write_durably(dir: &Path, name: &str, content: &[u8]) -> Result<(), MarkError> {
-    use std::io::Write;
-    let tmp = dir.join(format!("{name}{TMP_SUFFIX}"));
-    let path = dir.join(name);
-    let write = || -> std::io::Result<()> {
-        let mut file = std::fs::File::create(&tmp)?;
-        file.write_all(content)?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, &path)
-    };
-    if let Err(source) = write() {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(MarkError::Write { path, source });
-    }
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|source| MarkError::SyncDir {
-            path: dir.to_path_buf(),
-            source,
-        })
-}
-
-/// A mark being written; one left by a crash before its rename is removed at open.
-pub(super) const TMP_SUFFIX: &str = ".tmp";
+/// The file [`Terminated::check_writable`] writes: not a container id, never loaded.
+const WRITABLE_PROBE: &str = ".writable";
 /// A mark file holds a sandbox id: read no more than this of it.
 const MAX_MARK_FILE: u64 = 256;
 
@@ -169,10 +129,12 @@ impl Terminated {
     }
 
     /// Marks container `id` of `sandbox`: at once in memory, then durably on disk (off the async
-    /// workers) before this returns.
-    pub(crate) async fn insert(&self, id: &str, sandbox: &str) {
+    /// workers) before this returns. A mark that could not be written durably is taken back
+    /// out of memory and the error returned: the caller must not act on it (job mode does not
+    /// stop a sidecar whose mark a restart would lose, issue #43 item 5).
+    pub(crate) async fn insert(&self, id: &str, sandbox: &str) -> Result<(), MarkError> {
         if !is_container_id(id) || !is_container_id(sandbox) {
-            return;
+            return Ok(());
         }
         {
             let mut marks = self.marks.write();
@@ -180,25 +142,45 @@ impl Terminated {
             self.any.store(true, Relaxed);
         }
         let Some(dir) = self.dir.clone() else {
-            return;
+            return Ok(());
         };
         let (name, content) = (id.to_string(), sandbox.to_string());
         let written =
             tokio::task::spawn_blocking(move || write_durably(&dir, &name, content.as_bytes()))
-                .await;
-        match written {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(
-                container_id = id,
-                error = %e,
-                "cannot persist the terminated-sidecar mark"
-            ),
-            Err(e) => tracing::warn!(
-                container_id = id,
-                error = %e,
-                "cannot persist the terminated-sidecar mark"
-            ),
+                .await
+                .unwrap_or_else(|e| {
+                    Err(MarkError::Write {
+                        path: PathBuf::from(id),
+                        source: std::io::Error::other(e.to_string()),
+                    })
+                });
+        if written.is_err() {
+            let mut marks = self.marks.write();
+            marks.remove(id);
+            self.any.store(!marks.sandbox_of.is_empty(), Relaxed);
         }
+        written
+    }
+
+    /// Whether a mark can be written now: one durable write of a probe file (not a container
+    /// id, so never loaded as a mark), removed again. Job mode asks before it runs a sidecar's
+    /// preStop hook, so a state directory that refuses marks stops nothing (issue #43 item 5).
+    pub(crate) async fn check_writable(&self) -> Result<(), MarkError> {
+        let Some(dir) = self.dir.clone() else {
+            return Ok(());
+        };
+        tokio::task::spawn_blocking(move || {
+            let written = write_durably(&dir, WRITABLE_PROBE, b"");
+            let _ = std::fs::remove_file(dir.join(WRITABLE_PROBE));
+            written
+        })
+        .await
+        .unwrap_or_else(|e| {
+            Err(MarkError::Write {
+                path: PathBuf::from(WRITABLE_PROBE),
+                source: std::io::Error::other(e.to_string()),
+            })
+        })
     }
 
     pub(crate) fn remove(&self, id: &str) {

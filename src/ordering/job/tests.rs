@@ -45,9 +45,9 @@ async fn terminated_marks_survive_a_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let t = Terminated::open(Some(dir.path().to_path_buf()));
     assert!(t.is_empty());
-    t.insert("abc123", "sb1").await;
-    t.insert("../evil", "sb1").await; // not a container id: never becomes a path
-    t.insert("def456", "../evil").await; // nor a sandbox id
+    t.insert("abc123", "sb1").await.unwrap();
+    t.insert("../evil", "sb1").await.unwrap(); // not a container id: never becomes a path
+    t.insert("def456", "../evil").await.unwrap(); // nor a sandbox id
     assert!(t.contains("abc123"));
     assert!(!t.contains("def456"));
     let t2 = Terminated::open(Some(dir.path().to_path_buf()));
@@ -67,7 +67,7 @@ async fn terminated_marks_survive_a_reopen() {
 async fn a_mark_is_written_durably_through_a_temporary_file() {
     let dir = tempfile::tempdir().unwrap();
     let t = Terminated::open(Some(dir.path().to_path_buf()));
-    t.insert("abc123", "sb1").await;
+    t.insert("abc123", "sb1").await.unwrap();
     let marks = dir.path().join("terminated");
     assert_eq!(std::fs::read(marks.join("abc123")).unwrap(), b"sb1");
     let names: Vec<String> = std::fs::read_dir(&marks)
@@ -87,12 +87,13 @@ async fn a_mark_is_written_durably_through_a_temporary_file() {
     let e = write_durably(&gone, "abc123", b"sb1").unwrap_err();
     assert!(matches!(e, MarkError::Write { .. }), "{e}");
     assert!(e.to_string().contains("gone/abc123"), "{e}");
-    // The mark still holds in memory when the disk refuses it.
+    // A mark the disk refuses is reported and not kept (issue #43 item 5: no stop follows).
     let other = tempfile::tempdir().unwrap();
     let t3 = Terminated::open(Some(other.path().to_path_buf()));
     std::fs::remove_dir(other.path().join("terminated")).unwrap();
-    t3.insert("abc123", "sb1").await;
-    assert!(t3.contains("abc123"));
+    assert!(t3.insert("abc123", "sb1").await.is_err());
+    assert!(!t3.contains("abc123"));
+    assert!(t3.check_writable().await.is_err());
 }
 
 /// Marks are kept by sandbox: RemovePodSandbox drops them with it; a mark from before crisp
@@ -101,9 +102,9 @@ async fn a_mark_is_written_durably_through_a_temporary_file() {
 async fn marks_are_kept_by_sandbox() {
     let dir = tempfile::tempdir().unwrap();
     let t = Terminated::open(Some(dir.path().to_path_buf()));
-    t.insert("a1", "sba").await;
-    t.insert("a2", "sba").await;
-    t.insert("b1", "sbb").await;
+    t.insert("a1", "sba").await.unwrap();
+    t.insert("a2", "sba").await.unwrap();
+    t.insert("b1", "sbb").await.unwrap();
     t.remove_sandbox("sba");
     assert!(!t.contains("a1") && !t.contains("a2") && t.contains("b1"));
     assert!(!t.may_have_sandbox("sba"));

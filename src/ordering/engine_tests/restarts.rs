@@ -1,0 +1,305 @@
+//! Held calls kept across crisp's death (issue #43, `intents.rs`): an engine dropped mid-hold
+//! and a new one made on the same state directory is crisp SIGKILLed and restarted. kubelet's
+//! held call dies with the first engine (its future is dropped, no answer, no `on_complete`).
+
+use super::*;
+use crate::intercept::Outcome;
+
+/// kubelet got its answer: the call ends (`on_complete`), as the relay reports it.
+fn answered(engine: &Engine, call: &Call) {
+    engine.on_complete(
+        call,
+        &Outcome {
+            code: Some(0),
+            duration: Duration::ZERO,
+            held: Duration::ZERO,
+            request: None,
+            response: None,
+            message: None,
+        },
+    );
+}
+
+/// The files left in the intents directory.
+fn intent_files(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir.join("intents"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
+
+/// A new engine on `dir` (crisp restarted) that has reconciled what it found there.
+async fn restarted(fake: &Fake, sidecars: &[&str], dir: &std::path::Path) -> Arc<Engine> {
+    let engine = pod_on(
+        fake,
+        sidecars,
+        &[],
+        |c| c.ordering.refuse_held_after = Duration::ZERO,
+        Some(dir),
+    );
+    engine.recover_in_background(ApiVersion::V1);
+    engine.intents_reconciled().await;
+    engine
+}
+
+/// Issue #43 item 2: under a crash loop faster than the start timeout (crisp killed every
+/// 3 s, each time holding the app's CreateContainer; kubelet retries a second later), an app
+/// whose sidecar runs but never gets ready is let through at its start timeout under
+/// `proceed`, counted from kubelet's first call — not held for as long as crisp restarts.
+#[tokio::test(start_paused = true)]
+async fn a_create_holds_clock_survives_a_crash_loop() {
+    let dir = tempfile::tempdir().unwrap();
+    let extra = [
+        (annotations::START_TIMEOUT, "10s"),
+        (annotations::TIMEOUT_POLICY, "proceed"),
+    ];
+    let fake = Fake::default();
+    let make = || {
+        pod_on(
+            &fake,
+            &["proxy"],
+            &extra,
+            |c| c.ordering.refuse_held_after = Duration::ZERO,
+            Some(dir.path()),
+        )
+    };
+    fake.add("proxy", Some(now()));
+    fake.set("proxy", |c| c.ready = None);
+    let t0 = now();
+    let let_through = loop {
+        assert!(
+            now() - t0 <= 30 * S,
+            "app still held 30 s after kubelet's first call"
+        );
+        let engine = make();
+        let call = call("CreateContainer", KUBELET_DEADLINE);
+        match tokio::time::timeout(3 * S, engine.on_request(&call, &create(&fake, "app"))).await {
+            Ok(v) => {
+                assert_forward(&v);
+                break now() - t0;
+            }
+            // crisp killed mid-hold; kubelet sees Unavailable and retries a second later.
+            Err(_) => {
+                drop(engine);
+                tokio::time::sleep(S).await;
+            }
+        }
+    };
+    assert!(
+        (10 * S..=10 * S + 100 * MS).contains(&let_through),
+        "let through {let_through:?} after kubelet's first call, start timeout 10 s"
+    );
+    assert!(
+        intent_files(dir.path()).is_empty(),
+        "the hold is over: its clock goes"
+    );
+}
+
+/// Issue #43 item 1: kubelet stops the pod (app and sidecar at once); crisp holds the sidecar's
+/// stop until the app exits and is killed holding it; kubelet never sends that stop again (a
+/// removed static pod under kubelet 1.26). The restarted crisp stops the sidecar itself after
+/// the app has exited, with what is left of the pod's grace, exactly once — another restart
+/// after that does nothing — and a retry from kubelet after all finds it done (forwarded at
+/// once; a stop of a stopped container is a no-op in the runtime).
+#[tokio::test(start_paused = true)]
+async fn a_held_sidecar_stop_is_carried_out_by_the_restarted_crisp_after_the_apps() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::default();
+    let first = pod_on(
+        &fake,
+        &["proxy"],
+        &[],
+        |c| c.ordering.refuse_held_after = Duration::ZERO,
+        Some(dir.path()),
+    );
+    let t0 = now();
+    fake.add("proxy", Some(t0));
+    fake.add("app", Some(t0));
+    // The app's stop is forwarded and answered before crisp dies; the app exits at 3 s.
+    let app_stop = call("StopContainer", KUBELET_DEADLINE);
+    let v = first
+        .on_request(&app_stop, &stop(&id_of(&fake, "app"), 30))
+        .await;
+    assert_forward(&v);
+    answered(&first, &app_stop);
+    fake.set("app", |c| c.exited = Some(at(t0, 3 * S)));
+    // The sidecar's stop is held; crisp is killed 1 s into the hold.
+    let mut sidecar_stop = call("StopContainer", KUBELET_DEADLINE);
+    sidecar_stop.id = 2;
+    let held = tokio::time::timeout(
+        S,
+        first.on_request(&sidecar_stop, &stop(&id_of(&fake, "proxy"), 30)),
+    )
+    .await;
+    assert!(
+        held.is_err(),
+        "the sidecar's stop is held while the app runs"
+    );
+    drop(first);
+    assert_eq!(
+        intent_files(dir.path()),
+        vec![format!("stop-{}", id_of(&fake, "proxy"))]
+    );
+
+    // crisp is back 500 ms later; kubelet does not retry.
+    tokio::time::sleep(500 * MS).await;
+    let second = restarted(&fake, &["proxy"], dir.path()).await;
+    tokio::time::sleep(10 * S).await;
+    let stops = fake.script().stops.clone();
+    assert_eq!(stops.len(), 1, "the sidecar is stopped once: {stops:?}");
+    let (name, secs, when) = &stops[0];
+    assert_eq!(name, "proxy");
+    let after = *when - t0;
+    assert!(
+        (3 * S..=3 * S + 100 * MS).contains(&after),
+        "stopped {after:?} after the pod's first stop; the app exited at 3 s"
+    );
+    assert_eq!(*secs, 27, "what is left of the pod's 30 s grace");
+    assert_eq!(second.metrics.intents_replayed.get(), 1);
+    assert!(
+        intent_files(dir.path()).is_empty(),
+        "carried out: the intent goes"
+    );
+
+    // Another restart carries nothing out again.
+    drop(second);
+    let third = restarted(&fake, &["proxy"], dir.path()).await;
+    tokio::time::sleep(5 * S).await;
+    assert_eq!(fake.stops().len(), 1);
+
+    // kubelet's retry after all: its apps are gone, forwarded at once with the grace left.
+    let mut retry = call("StopContainer", KUBELET_DEADLINE);
+    retry.id = 3;
+    let (v, held) = run(&third, &retry, &stop(&id_of(&fake, "proxy"), 30)).await;
+    assert_eq!(held, Duration::ZERO);
+    assert!(
+        matches!(v, Verdict::Forward | Verdict::ForwardPatched(_)),
+        "{v:?}"
+    );
+    answered(&third, &retry);
+    assert!(intent_files(dir.path()).is_empty());
+}
+
+/// A stop crisp forwarded at once (the app's) whose answer crisp's death dropped is kept too:
+/// the restarted crisp stops the app at once if it still runs, and the held sidecar stop of
+/// the same pod then follows it — the order holds across the restart.
+#[tokio::test(start_paused = true)]
+async fn a_forwarded_stop_whose_answer_died_with_crisp_is_carried_out_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::default();
+    let first = pod_on(
+        &fake,
+        &["proxy"],
+        &[],
+        |c| c.ordering.refuse_held_after = Duration::ZERO,
+        Some(dir.path()),
+    );
+    let t0 = now();
+    fake.add("proxy", Some(t0));
+    fake.add("app", Some(t0));
+    // Forwarded, never answered (crisp dies before the runtime's answer); the app runs on.
+    let app_stop = call("StopContainer", KUBELET_DEADLINE);
+    assert_forward(
+        &first
+            .on_request(&app_stop, &stop(&id_of(&fake, "app"), 30))
+            .await,
+    );
+    let mut sidecar_stop = call("StopContainer", KUBELET_DEADLINE);
+    sidecar_stop.id = 2;
+    let _ = tokio::time::timeout(
+        S,
+        first.on_request(&sidecar_stop, &stop(&id_of(&fake, "proxy"), 30)),
+    )
+    .await;
+    drop(first);
+    tokio::time::sleep(S).await;
+    let _second = restarted(&fake, &["proxy"], dir.path()).await;
+    tokio::time::sleep(5 * S).await;
+    let stops: Vec<String> = fake.stops().into_iter().map(|(name, _)| name).collect();
+    assert_eq!(
+        stops,
+        vec!["app".to_string(), "proxy".to_string()],
+        "app first"
+    );
+    assert!(intent_files(dir.path()).is_empty());
+}
+
+/// An intent goes with its answer: a stop answered before crisp dies leaves nothing to carry
+/// out, and a stop of a container that no longer runs is dropped at start without action.
+#[tokio::test(start_paused = true)]
+async fn answered_or_finished_stops_are_not_carried_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::default();
+    let first = pod_on(&fake, &["proxy"], &[], |_| {}, Some(dir.path()));
+    let t0 = now();
+    fake.add("proxy", Some(t0));
+    fake.add("app", Some(t0));
+    let app_stop = call("StopContainer", KUBELET_DEADLINE);
+    assert_forward(
+        &first
+            .on_request(&app_stop, &stop(&id_of(&fake, "app"), 30))
+            .await,
+    );
+    answered(&first, &app_stop);
+    assert!(
+        intent_files(dir.path()).is_empty(),
+        "answered: nothing kept"
+    );
+    // A held stop whose sidecar exits by itself while crisp is down.
+    let mut sidecar_stop = call("StopContainer", KUBELET_DEADLINE);
+    sidecar_stop.id = 2;
+    let _ = tokio::time::timeout(
+        S,
+        first.on_request(&sidecar_stop, &stop(&id_of(&fake, "proxy"), 30)),
+    )
+    .await;
+    drop(first);
+    fake.set("proxy", |c| c.exited = Some(now()));
+    fake.set("app", |c| c.exited = Some(now()));
+    let _second = restarted(&fake, &["proxy"], dir.path()).await;
+    tokio::time::sleep(5 * S).await;
+    assert!(fake.stops().is_empty(), "{:?}", fake.stops());
+    assert!(intent_files(dir.path()).is_empty());
+}
+
+/// Issue #43 item 5: a Job's sidecars are not stopped when their mark cannot be written (a
+/// full or read-only state directory): after a restart kubelet would see 137/143 and the Job
+/// would fail. Said and counted instead; no preStop hook runs either.
+#[tokio::test(start_paused = true)]
+async fn no_job_sidecar_is_stopped_without_a_durable_mark() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::default();
+    let engine = pod_on(
+        &fake,
+        &["proxy"],
+        &[(annotations::JOB, "true")],
+        |_| {},
+        Some(dir.path()),
+    );
+    fake.add("proxy", Some(now()));
+    fake.add("app", Some(now()));
+    fake.script().status_annotations = [(
+        "io.kubernetes.container.preStopHandler".to_string(),
+        r#"{"exec":{"command":["drain"]}}"#.to_string(),
+    )]
+    .into();
+    // The marks' directory cannot be written (root ignores modes: a file where it should be).
+    let marks = dir.path().join("terminated");
+    std::fs::remove_dir(&marks).unwrap();
+    std::fs::write(&marks, b"").unwrap();
+    let pod = engine.pod_by_id(ApiVersion::V1, SANDBOX).await.unwrap();
+    engine.terminate_sidecars(ApiVersion::V1, &pod).await;
+    assert_eq!(fake.stops(), vec![], "stopped without a mark");
+    assert!(fake.script().execs.is_empty(), "preStop ran without a mark");
+    assert_eq!(engine.metrics.mark_write_errors.get(), 1);
+    assert!(!engine.terminated("proxy-0"));
+
+    // Writable again (and crisp restarted: the watcher is rebuilt): stopped, with its mark.
+    std::fs::remove_file(&marks).unwrap();
+    std::fs::create_dir(&marks).unwrap();
+    engine.terminate_sidecars(ApiVersion::V1, &pod).await;
+    assert_eq!(fake.stops(), vec![("proxy".to_string(), 30)]);
+    assert!(marks.join(id_of(&fake, "proxy")).exists());
+}
