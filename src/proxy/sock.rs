@@ -237,12 +237,23 @@ mod accepts_tests {
         // A backlog of 0 (the kernel keeps one more), never accepted: fill it.
         rustix::net::listen(&fd, 0).unwrap();
         assert!(accepts_connections(&path), "a listening socket accepts");
-        // Each probe leaves its connection in the backlog (closed, never accepted): probing
-        // fills it. With it full the probe still answers, at once, "not now".
-        let mut n = 0;
-        while accepts_connections(&path) {
-            n += 1;
-            assert!(n < 4096, "the backlog never filled");
+        // Filled with connections never accepted (non-blocking connects of the test's own).
+        let mut held = Vec::new();
+        loop {
+            use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+            let fd = rustix::net::socket_with(
+                AddressFamily::UNIX,
+                SocketType::STREAM,
+                SocketFlags::NONBLOCK,
+                None,
+            )
+            .unwrap();
+            match rustix::net::connect(&fd, &SocketAddrUnix::new(&path).unwrap()) {
+                Ok(()) => held.push(fd),
+                Err(rustix::io::Errno::AGAIN) => break,
+                Err(e) => panic!("connect: {e}"),
+            }
+            assert!(held.len() < 4096, "the backlog never filled");
         }
         let (tx, rx) = std::sync::mpsc::channel();
         let p = path.clone();
