@@ -364,24 +364,27 @@ async fn a_relay_core_panic_answers_its_call_internal_and_the_route_is_bypassed_
     );
 }
 
-/// Whether the notification socket falls silent for `gap` (no `WATCHDOG=1`, nor anything
-/// else) within `within`.
+/// How long after the call the notification socket fell silent for `gap` (its last message
+/// then), waiting at most `within`; None if it never did.
 async fn watchdog_silence(
     notify: &crate::systemd_support::Notify,
     gap: Duration,
     within: Duration,
-) -> bool {
-    let deadline = tokio::time::Instant::now() + within;
+) -> Option<Duration> {
+    let start = tokio::time::Instant::now();
+    let deadline = start + within;
+    let mut last = start;
     let mut buf = vec![0u8; 4096];
     while tokio::time::Instant::now() < deadline {
         match tokio::time::timeout(gap, notify.sock.recv(&mut buf)).await {
-            Err(_) => return true,
+            Err(_) => return Some(last - start),
             Ok(r) => {
                 r.unwrap();
+                last = tokio::time::Instant::now();
             }
         }
     }
-    false
+    None
 }
 
 /// The state of process `pid` in /proc (R, S, T (stopped), Z…).
@@ -451,11 +454,13 @@ async fn watchdog_notifications_stop_while_crisp_is_wedged_and_resume_after() {
     std::fs::write(&stall, "").unwrap();
     let s = sock.clone();
     let call = tokio::spawn(async move { version(&s).await });
-    assert!(
-        watchdog_silence(&notify, Duration::from_millis(1500), PATIENCE).await,
-        "WATCHDOG=1 went on while a relay thread was stuck\n{}",
-        crisp.log_text()
-    );
+    let Some(stopped) = watchdog_silence(&notify, Duration::from_millis(1500), PATIENCE).await
+    else {
+        panic!(
+            "WATCHDOG=1 went on while a relay thread was stuck\n{}",
+            crisp.log_text()
+        )
+    };
     alive("wedged relay thread");
     // Its connection was closed under the call (the watchdog's first step).
     let r = within(PATIENCE, "the stuck call to end", call)
@@ -463,7 +468,13 @@ async fn watchdog_notifications_stop_while_crisp_is_wedged_and_resume_after() {
         .unwrap();
     assert!(r.is_err(), "{r:?}");
     std::fs::remove_file(&stall).unwrap();
+    let t = Instant::now();
     notify.wait_for("WATCHDOG=1", PATIENCE).await;
+    eprintln!(
+        "stuck relay thread (relay_stall 500 ms): last WATCHDOG=1 {stopped:?} after the call; \
+         the first again {:?} after the fault was lifted",
+        t.elapsed()
+    );
     alive("recovered");
     assert_eq!(version(&sock).await.unwrap().runtime_name, "fake-runtime");
 
@@ -475,14 +486,22 @@ async fn watchdog_notifications_stop_while_crisp_is_wedged_and_resume_after() {
     let block = faults.join("block-runtime-Version");
     std::fs::write(&block, "").unwrap();
     assert_eq!(version(&sock).await.unwrap().runtime_name, "fake-runtime");
-    assert!(
-        watchdog_silence(&notify, Duration::from_millis(1500), PATIENCE).await,
-        "WATCHDOG=1 went on while the async runtime was blocked\n{}",
-        crisp.log_text()
-    );
+    let Some(stopped) = watchdog_silence(&notify, Duration::from_millis(1500), PATIENCE).await
+    else {
+        panic!(
+            "WATCHDOG=1 went on while the async runtime was blocked\n{}",
+            crisp.log_text()
+        )
+    };
     alive("blocked runtime");
     std::fs::remove_file(&block).unwrap();
+    let t = Instant::now();
     notify.wait_for("WATCHDOG=1", PATIENCE).await;
+    eprintln!(
+        "blocked async runtime (runtime_stall 1 s): last WATCHDOG=1 {stopped:?} after the \
+         blocking call; the first again {:?} after the fault was lifted",
+        t.elapsed()
+    );
     alive("recovered");
     let text = crisp.log_text();
     assert!(text.contains("is not making progress"), "{text}");
