@@ -151,6 +151,13 @@ async fn serve_on_notify(
     let interceptors = Interceptors::new(list);
     let faults = interceptors.faults().clone();
     let proxy = Proxy::new(pool, interceptors, ProxyOptions::from(&cfg));
+    let watchdog = proxy.watchdog().clone();
+    // The calls in flight, as the relay threads count them (`crisp_cri_calls_in_flight`).
+    let w = watchdog.clone();
+    tap.metrics()
+        .count_in_flight_with(move || w.calls_in_flight());
+    // How the last instance ended (`CrispStalled` sees the stall its restart hid).
+    watchdog.persist_in(&cfg.state_dir);
     // The admin socket shows crisp's own faults: stuck threads, hook panics.
     let liveness = crate::admin::Liveness {
         watchdog: proxy.watchdog().clone(),
@@ -173,6 +180,10 @@ async fn serve_on_notify(
         let _ = stop.send(true);
     };
     proxy::serve(listener, proxy, shutdown).await;
+    // Drained (or closed) every call: a clean end, not counted as a restart.
+    if let Some(p) = watchdog.persisted() {
+        p.stopped();
+    }
     let _ = admin.await;
     // The engine's own tasks (Job watchers, recovery) end last, once the proxy has drained or
     // closed every call.

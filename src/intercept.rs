@@ -173,6 +173,8 @@ pub struct Faults {
     panics: [AtomicU32; ROUTE_SLOTS],
     bypassed: [AtomicBool; ROUTE_SLOTS],
     total: AtomicU64,
+    /// Of `total`: panics of the relay core itself (`src/proxy/relay`), not of a hook.
+    relay: AtomicU64,
 }
 
 const ROUTE_SLOTS: usize = 64;
@@ -185,6 +187,7 @@ impl Default for Faults {
             panics: std::array::from_fn(|_| AtomicU32::new(0)),
             bypassed: std::array::from_fn(|_| AtomicBool::new(false)),
             total: AtomicU64::new(0),
+            relay: AtomicU64::new(0),
         }
     }
 }
@@ -196,17 +199,56 @@ impl Faults {
             .map_or(ROUTE_SLOTS - 1, |r| (r as usize).min(ROUTE_SLOTS - 2))
     }
 
+    /// Whether the calls of `route` skip the interceptors (and the relay core's observation of
+    /// them) after repeated panics.
     #[inline]
-    fn bypassed(&self, route: Route) -> bool {
+    pub(crate) fn bypassed(&self, route: Route) -> bool {
         self.bypassed[Self::slot(route)].load(Relaxed)
+    }
+
+    /// Counts a panic on `route`: how many so far, and whether this one bypassed the route.
+    fn count(&self, route: Route) -> (u32, bool) {
+        let slot = Self::slot(route);
+        self.total.fetch_add(1, Relaxed);
+        let n = self.panics[slot].fetch_add(1, Relaxed).saturating_add(1);
+        let bypassed = n >= BYPASS_AFTER && !self.bypassed[slot].swap(true, Relaxed);
+        (n, bypassed)
+    }
+
+    /// The relay core panicked on call `call` of `route`, at `place`: counted with the hooks'
+    /// panics (the same bound bypasses the route: its calls then take the plain relay path,
+    /// which skips the code that observes them), and logged naming the route. `outcome`: what
+    /// became of the call and its connection.
+    #[cold]
+    pub(crate) fn relay_panicked(&self, route: Route, call: u64, place: &str, outcome: &str) {
+        self.relay.fetch_add(1, Relaxed);
+        let (n, bypassed) = self.count(route);
+        if bypassed {
+            tracing::error!(
+                rpc = %route,
+                call,
+                place,
+                panics = n,
+                "crisp panicked {n} times on this route (a bug: please report it with the panic \
+                 message above); {outcome}; its calls are relayed unobserved (no ordering, tap \
+                 or metrics for them) until crisp restarts"
+            );
+        } else {
+            tracing::error!(
+                rpc = %route,
+                call,
+                place,
+                panics = n,
+                "crisp panicked on a call (a bug: please report it with the panic message \
+                 above); {outcome}"
+            );
+        }
     }
 
     /// A hook panicked on a call of `route`.
     #[cold]
     fn panicked(&self, route: Route, call: u64, hook: &str) {
-        let slot = Self::slot(route);
-        self.total.fetch_add(1, Relaxed);
-        let n = self.panics[slot].fetch_add(1, Relaxed) + 1;
+        let (n, bypassed) = self.count(route);
         if n < BYPASS_AFTER {
             tracing::error!(
                 rpc = %route,
@@ -215,7 +257,7 @@ impl Faults {
                 "an interceptor panicked (a bug: please report it with the panic message above); \
                  this call goes on as if unobserved"
             );
-        } else if !self.bypassed[slot].swap(true, Relaxed) {
+        } else if bypassed {
             tracing::error!(
                 rpc = %route,
                 call,
@@ -227,9 +269,14 @@ impl Faults {
         }
     }
 
-    /// Hook panics so far.
+    /// Panics so far: the hooks' and the relay core's.
     pub fn panics(&self) -> u64 {
         self.total.load(Relaxed)
+    }
+
+    /// Of [`Faults::panics`]: the relay core's own.
+    pub fn relay_panics(&self) -> u64 {
+        self.relay.load(Relaxed)
     }
 
     /// Routes whose calls skip the interceptors now.

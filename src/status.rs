@@ -171,6 +171,17 @@ impl Status {
              not have reached the runtime",
         )
     }
+
+    /// INTERNAL for a new stream the relay panicked on before it routed it (a bug in crisp):
+    /// it never reached the runtime. After repeated panics its method is relayed unobserved,
+    /// and kubelet's retry goes through.
+    pub(crate) fn internal_fault() -> Status {
+        Status::new(
+            code::INTERNAL,
+            "crisp: internal error while routing this call (a bug, logged by crisp); it did not \
+             reach the runtime",
+        )
+    }
 }
 
 /// grpc-message is percent-encoded: everything outside printable ASCII, and '%' itself.

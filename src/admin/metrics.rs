@@ -78,9 +78,11 @@ pub(crate) fn register_liveness(reg: &mut Registry, l: &Liveness) {
     let f = l.faults.clone();
     reg.register_collector(Box::new(ScrapedCounter::new(
         "crisp_interceptor_panics",
-        "Panics in an interceptor hook; each ended that hook's part in one call only.",
+        "Panics caught in crisp's call handling: in an interceptor hook (each ended that hook's \
+         part in one call only) or in the relay core (crisp_relay_panics_total).",
         move || f.panics(),
     )));
+    crate::metrics::register_own_faults(reg, &l.watchdog, &l.faults);
     let f = l.faults.clone();
     reg.register_collector(Box::new(ScrapedGauge::new(
         "crisp_routes_bypassed",

@@ -15,14 +15,30 @@ use crate::tap::pb::admin_server::AdminServer;
 
 use super::*;
 
-/// `GET /healthz`: `ok`, or 503 with why crisp is not making progress.
+/// `GET /healthz`: `ok`, or 503 with why crisp is not making progress; either with the age of
+/// the verdict. A verdict older than the supervisor's rounds allow is no verdict: 503 too (the
+/// supervisor itself is not running).
 pub(super) async fn healthz(state: &AdminState) -> Response<Body> {
-    match &state.watchdog {
-        None => plain(StatusCode::OK, "ok (no watchdog)\n".into()),
-        Some(w) => match w.verdict() {
-            Ok(()) => plain(StatusCode::OK, "ok\n".into()),
-            Err(why) => plain(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
-        },
+    let Some(w) = &state.watchdog else {
+        return plain(StatusCode::OK, "ok (no watchdog)\n".into());
+    };
+    let (verdict, age) = w.verdict_aged(std::time::Instant::now());
+    let age_s = age.as_secs_f64();
+    if age >= w.stale_after() {
+        return plain(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "no verdict for {age_s:.3}s: the watchdog's supervisor is not running (verdict \
+                 age {age_s:.3}s)\n"
+            ),
+        );
+    }
+    match verdict {
+        Ok(()) => plain(StatusCode::OK, format!("ok (verdict age {age_s:.3}s)\n")),
+        Err(why) => plain(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{why} (verdict age {age_s:.3}s)\n"),
+        ),
     }
 }
 

@@ -158,6 +158,16 @@ impl relay::Calls for Proxy {
     fn wants(&self, call: &Call, req: &[u8]) -> bool {
         self.interceptors.wants_call(call, req)
     }
+
+    fn bypassed(&self, route: crate::cri::Route) -> bool {
+        self.interceptors.faults().bypassed(route)
+    }
+
+    fn panicked(&self, route: crate::cri::Route, call: u64, place: &str, outcome: &str) {
+        self.interceptors
+            .faults()
+            .relay_panicked(route, call, place, outcome);
+    }
 }
 
 impl relay::Service for Proxy {

@@ -196,3 +196,73 @@ mod tests {
         assert_eq!(fds[1].revents, 0);
     }
 }
+
+/// Whether the runtime's socket at `path` accepts a connection now, asked without waiting: a
+/// non-blocking connect(2). A unix socket's connect completes at once or fails; with the
+/// listener's backlog full (a wedged runtime that stopped accepting) a blocking one would wait
+/// until the runtime accepts again, holding the relay thread out of `poll(2)` for as long —
+/// the watchdog would call it stuck. Non-blocking, that is EAGAIN: not reachable yet.
+pub(crate) fn accepts_connections(path: &std::path::Path) -> bool {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let Ok(addr) = SocketAddrUnix::new(path) else {
+        return false;
+    };
+    let Ok(fd) = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    ) else {
+        return false;
+    };
+    match rustix::net::connect(&fd, &addr) {
+        Ok(()) => true,
+        // Not for unix sockets today; a connection under way is one the runtime accepts.
+        Err(rustix::io::Errno::INPROGRESS) => true,
+        Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod accepts_tests {
+    use super::*;
+
+    /// Fails on bde328c's probe (a blocking `UnixStream::connect`): with the backlog full it
+    /// waits until the listener accepts, here for ever.
+    #[test]
+    fn a_runtime_with_a_full_backlog_is_answered_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rt.sock");
+        let fd = crate::sys::socket::bind_listen_unix(&path, 0o600).unwrap();
+        // A backlog of 0 (the kernel keeps one more), never accepted: fill it.
+        rustix::net::listen(&fd, 0).unwrap();
+        assert!(accepts_connections(&path), "a listening socket accepts");
+        // Filled with connections never accepted (non-blocking connects of the test's own).
+        let mut held = Vec::new();
+        loop {
+            use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+            let fd = rustix::net::socket_with(
+                AddressFamily::UNIX,
+                SocketType::STREAM,
+                SocketFlags::NONBLOCK,
+                None,
+            )
+            .unwrap();
+            match rustix::net::connect(&fd, &SocketAddrUnix::new(&path).unwrap()) {
+                Ok(()) => held.push(fd),
+                Err(rustix::io::Errno::AGAIN) => break,
+                Err(e) => panic!("connect: {e}"),
+            }
+            assert!(held.len() < 4096, "the backlog never filled");
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p = path.clone();
+        std::thread::spawn(move || tx.send(accepts_connections(&p)));
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(5)),
+            Ok(false),
+            "a full backlog is answered within 5 s, as not reachable"
+        );
+        assert!(!accepts_connections(&dir.path().join("none.sock")));
+    }
+}

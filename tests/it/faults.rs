@@ -277,3 +277,234 @@ async fn a_route_that_keeps_panicking_is_relayed_unobserved() {
         crisp::intercept::BYPASS_AFTER as usize + 1
     );
 }
+
+/// Fails on bde328c: a panic of the relay core closed kubelet's connection on every retry,
+/// failing the calls in flight on it, and was never counted. Now each panicking call gets
+/// INTERNAL, the connection and its other call go on, the panics are counted with the hooks'
+/// (`CrispPanics`), and after three the route is relayed unobserved: the retry succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_core_panic_answers_its_call_internal_and_the_route_is_bypassed_after_three() {
+    use crisp::watchdog::fault::{arm, Fault};
+    let fake = Fake::start().await;
+    // Holds every ExecSync (on the observed path) until released: a call in flight.
+    let held = Arc::new(Panics {
+        quiet: true,
+        interest_calls: AtomicUsize::new(0),
+        gate: tokio::sync::Semaphore::new(0),
+    });
+    let interceptors = Interceptors::new(vec![held.clone()]);
+    let faults = interceptors.faults().clone();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("crisp.sock");
+    let (listener, _guard) = crisp::proxy::listener::bind(&path, 0o600).await.unwrap();
+    let upstream = Arc::new(RuntimePool::new(fake.path(), RuntimePoolOptions::default()));
+    let proxy = Proxy::new(upstream, interceptors, ProxyOptions::default());
+    tokio::spawn(crisp::proxy::serve(
+        listener,
+        proxy.clone(),
+        std::future::pending(),
+    ));
+    let _fault = arm(&fake.path(), Rpc::Version, Fault::Panic);
+    let mut client = runtime_client(&path).await;
+    let mut exec_client = client.clone();
+    let exec = tokio::spawn(async move {
+        exec_client
+            .exec_sync(k8s_cri::v1::ExecSyncRequest::default())
+            .await
+    });
+    while held.interest_calls.load(SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    for i in 0..crisp::intercept::BYPASS_AFTER {
+        let e = within(
+            PATIENCE,
+            "a Version that panics the relay core",
+            client.version(VersionRequest::default()),
+        )
+        .await
+        .expect_err("answered INTERNAL");
+        assert_eq!(e.code(), tonic::Code::Internal, "try {i}: {e:?}");
+        assert!(e.message().contains("did not reach the runtime"), "{e:?}");
+    }
+    assert_eq!(faults.panics(), u64::from(crisp::intercept::BYPASS_AFTER));
+    assert_eq!(
+        faults.relay_panics(),
+        u64::from(crisp::intercept::BYPASS_AFTER)
+    );
+    assert_eq!(faults.bypassed_routes(), 1);
+    // Kubelet's retry goes through, unobserved (the fault is still armed).
+    let ok = within(
+        PATIENCE,
+        "a Version on the bypassed route",
+        client.version(VersionRequest::default()),
+    )
+    .await
+    .expect("relayed unobserved");
+    assert_eq!(ok.into_inner(), VersionResponse::default());
+    assert_eq!(
+        fake.calls_to("/runtime.v1.RuntimeService/Version").len(),
+        1,
+        "only the bypassed call reached the runtime"
+    );
+    // The call in flight through it all completes, on the same connection.
+    held.gate.add_permits(1);
+    within(PATIENCE, "the held ExecSync", exec)
+        .await
+        .unwrap()
+        .expect("the other call on the connection completes");
+    // One kubelet connection throughout: its relay thread never ended.
+    let conns = proxy
+        .watchdog()
+        .connections(Duration::from_millis(200))
+        .await;
+    assert_eq!(
+        conns.iter().map(|c| c.id).collect::<Vec<_>>(),
+        [1],
+        "{conns:?}"
+    );
+}
+
+/// How long after the call the notification socket fell silent for `gap` (its last message
+/// then), waiting at most `within`; None if it never did.
+async fn watchdog_silence(
+    notify: &crate::systemd_support::Notify,
+    gap: Duration,
+    within: Duration,
+) -> Option<Duration> {
+    let start = tokio::time::Instant::now();
+    let deadline = start + within;
+    let mut last = start;
+    let mut buf = vec![0u8; 4096];
+    while tokio::time::Instant::now() < deadline {
+        match tokio::time::timeout(gap, notify.sock.recv(&mut buf)).await {
+            Err(_) => return Some(last - start),
+            Ok(r) => {
+                r.unwrap();
+                last = tokio::time::Instant::now();
+            }
+        }
+    }
+    None
+}
+
+/// The state of process `pid` in /proc (R, S, T (stopped), Z…).
+fn proc_state(pid: i32) -> char {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The state follows the command name's closing parenthesis.
+    stat.rsplit_once(") ").unwrap().1.chars().next().unwrap()
+}
+
+/// Fails on bde328c (no fault hook: nothing wedges crisp, and `WATCHDOG=1` never pauses), and
+/// with a supervisor that sends `WATCHDOG=1` on a timer whatever its verdict (checked by hand:
+/// the first silence never comes). node_systemd's freeze test SIGSTOPs the whole process, which
+/// such a timer would pass too: here crisp runs on (its process is never stopped) while one
+/// relay thread, then every worker of the async runtime, is wedged by the test-util fault
+/// hooks; `WATCHDOG=1` stops, and resumes once the fault is lifted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchdog_notifications_stop_while_crisp_is_wedged_and_resume_after() {
+    use crate::systemd_support::*;
+    let dir = tempfile::Builder::new()
+        .prefix("crisp-wd")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let rt = fake_runtime(&dir.path().join("runtime.sock"), false).await;
+    let notify = Notify::at_path(&dir.path().join("notify.sock"));
+    let faults = dir.path().join("faults");
+    std::fs::create_dir(&faults).unwrap();
+    std::fs::write(
+        dir.path().join("test-config.toml"),
+        format!(
+            "state_dir = {:?}\n[watchdog]\nrelay_stall = \"500ms\"\nruntime_stall = \"1s\"\n",
+            dir.path().join("state").display().to_string()
+        ),
+    )
+    .unwrap();
+    let sock = dir.path().join("crisp.sock");
+    let log = dir.path().join("crisp.log");
+    let mut c = crisp_command(
+        dir.path(),
+        &[
+            "--listen",
+            &sock.display().to_string(),
+            "--upstream",
+            &rt.path.display().to_string(),
+        ],
+        &log,
+    );
+    c.env("NOTIFY_SOCKET", &notify.env)
+        .env("WATCHDOG_USEC", "600000")
+        .env_remove("WATCHDOG_PID")
+        .env("CRISP_TEST_FAULTS", &faults);
+    let crisp = spawn(c, &log);
+    notify.wait_for("READY=1", PATIENCE).await;
+    for _ in 0..3 {
+        notify.wait_for("WATCHDOG=1", PATIENCE).await;
+    }
+    let alive = |what: &str| {
+        let s = proc_state(crisp.pid());
+        assert!(
+            matches!(s, 'R' | 'S' | 'D'),
+            "{what}: crisp is {s}\n{}",
+            crisp.log_text()
+        );
+    };
+
+    // 1. One relay thread stops turning (a deadlock on a Version call).
+    let stall = faults.join("stall-Version");
+    std::fs::write(&stall, "").unwrap();
+    let s = sock.clone();
+    let call = tokio::spawn(async move { version(&s).await });
+    let Some(stopped) = watchdog_silence(&notify, Duration::from_millis(1500), PATIENCE).await
+    else {
+        panic!(
+            "WATCHDOG=1 went on while a relay thread was stuck\n{}",
+            crisp.log_text()
+        )
+    };
+    alive("wedged relay thread");
+    // Its connection was closed under the call (the watchdog's first step).
+    let r = within(PATIENCE, "the stuck call to end", call)
+        .await
+        .unwrap();
+    assert!(r.is_err(), "{r:?}");
+    std::fs::remove_file(&stall).unwrap();
+    let t = Instant::now();
+    notify.wait_for("WATCHDOG=1", PATIENCE).await;
+    eprintln!(
+        "stuck relay thread (relay_stall 500 ms): last WATCHDOG=1 {stopped:?} after the call; \
+         the first again {:?} after the fault was lifted",
+        t.elapsed()
+    );
+    alive("recovered");
+    assert_eq!(version(&sock).await.unwrap().runtime_name, "fake-runtime");
+
+    // 2. Every worker of the async runtime blocks (the relay thread that meets the fault goes
+    //    on: the relay does not need the runtime, and this call is answered).
+    for _ in 0..2 {
+        notify.wait_for("WATCHDOG=1", PATIENCE).await;
+    }
+    let block = faults.join("block-runtime-Version");
+    std::fs::write(&block, "").unwrap();
+    assert_eq!(version(&sock).await.unwrap().runtime_name, "fake-runtime");
+    let Some(stopped) = watchdog_silence(&notify, Duration::from_millis(1500), PATIENCE).await
+    else {
+        panic!(
+            "WATCHDOG=1 went on while the async runtime was blocked\n{}",
+            crisp.log_text()
+        )
+    };
+    alive("blocked runtime");
+    std::fs::remove_file(&block).unwrap();
+    let t = Instant::now();
+    notify.wait_for("WATCHDOG=1", PATIENCE).await;
+    eprintln!(
+        "blocked async runtime (runtime_stall 1 s): last WATCHDOG=1 {stopped:?} after the \
+         blocking call; the first again {:?} after the fault was lifted",
+        t.elapsed()
+    );
+    alive("recovered");
+    let text = crisp.log_text();
+    assert!(text.contains("is not making progress"), "{text}");
+    assert!(text.contains("making progress again"), "{text}");
+    drop(crisp);
+}

@@ -481,8 +481,12 @@ async fn socket_activated_crisp_sigkilled_at_random_points_of_a_wave() -> Result
 // ListPodSandbox (the bridge's runtime connection) and an ImageFsInfo (its image connection),
 // sent through the bridge's own server as the emulator's calls are, so they take the bridge's
 // real forwarding path; deadline 30 s. The `queued` point has no "later": its call is queued
-// on the connection before the kill (the chaos hang's moment, RELIABILITY.md). A cell passes
-// when every call is answered — OK or UNAVAILABLE — within MATRIX_BOUND (at most half its deadline).
+// on the connection before the kill (the chaos hang's moment, RELIABILITY.md). The calls made
+// at the kill must each be answered — OK or UNAVAILABLE — within MATRIX_BOUND (at most half its
+// deadline); an UNAVAILABLE alone does not pass the cell: once crisp is ready again, the same
+// bridge's calls (retried as kubelet retries, every 100 ms) must get an OK within MATRIX_BOUND,
+// on both its connections. The "later" calls go 0–50 ms after the kill (grpc-go fails fast
+// either way then) and also 500 ms and 2 s after it, when crisp is back or coming back.
 // `CRISP_MATRIX_PASSES` repeats the whole matrix; `CRISP_MATRIX_POINTS` /
 // `CRISP_MATRIX_AFTER_MS` (comma-separated) narrow it; `CRISP_MATRIX_FORWARD=stream` runs it
 // with the bridge's old forwarder; `CRISP_MATRIX_OUT` appends one JSON line per cell to a file.
@@ -493,7 +497,7 @@ const CHAOS_LOG: &str = "info,crisp=debug";
 const POINTS: [&str; 6] = [
     "connect", "accepted", "settings", "request", "response", "queued",
 ];
-const AFTER_MS: [u64; 4] = [0, 1, 10, 50];
+const AFTER_MS: [u64; 6] = [0, 1, 10, 50, 500, 2000];
 /// The trap's calls' deadline, as in the failures seen (the emulator's 30 s).
 const MATRIX_DEADLINE: Duration = Duration::from_secs(30);
 /// "Well before the deadline": grpc-go's first reconnect backoff is 1 s (+/- 20 %), and crisp
@@ -510,6 +514,9 @@ struct Cell {
     restart_ms: f64,
     /// conn → (code, ms, sent_after_kill_ms)
     calls: Vec<(String, String, f64, f64)>,
+    /// Once crisp was ready again: ms until the bridge's runtime and image calls got an OK
+    /// (None: not within MATRIX_BOUND).
+    recovered_ms: Option<f64>,
     hang: bool,
 }
 
@@ -619,6 +626,7 @@ async fn run_cell(
         killed: false,
         restart_ms: 0.0,
         calls: Vec::new(),
+        recovered_ms: None,
         hang: false,
     };
     // request, response: a trigger call, then the runtime and image calls; queued: the trigger
@@ -667,6 +675,12 @@ async fn run_cell(
     }
     if !cell.killed {
         cell.hang = true;
+    } else {
+        // crisp is ready again (restart() waits for it): kubelet's next calls must succeed.
+        cell.recovered_ms = ok_again(bridge.socket(), MATRIX_BOUND).await;
+        if cell.recovered_ms.is_none() {
+            cell.hang = true;
+        }
     }
     if cell.hang {
         eprintln!(
@@ -681,6 +695,36 @@ async fn run_cell(
         tokio::task::block_in_place(|| crisp.restart())?;
     }
     Ok(cell)
+}
+
+/// Calls through the bridge at `socket` (its runtime and image connections to crisp), retried
+/// every 100 ms as kubelet retries, until both get an OK: the ms that took, or None if not
+/// within `bound`.
+async fn ok_again(socket: &Path, bound: Duration) -> Option<f64> {
+    let t = Instant::now();
+    let (mut rt, mut img) = crisp_e2e::harness::cri_clients(socket).await.ok()?;
+    let (mut rt_ok, mut img_ok) = (false, false);
+    while t.elapsed() < bound {
+        let left = bound.saturating_sub(t.elapsed());
+        if !rt_ok {
+            let req = k8s_cri::v1::ListPodSandboxRequest::default();
+            rt_ok = tokio::time::timeout(left, rt.list_pod_sandbox(req))
+                .await
+                .is_ok_and(|r| r.is_ok());
+        }
+        if !img_ok {
+            let req = k8s_cri::v1::ImageFsInfoRequest::default();
+            img_ok = tokio::time::timeout(left, img.image_fs_info(req))
+                .await
+                .is_ok_and(|r| r.is_ok());
+        }
+        if rt_ok && img_ok {
+            return Some(t.elapsed().as_secs_f64() * 1000.0);
+        }
+        // kubelet's pace between retries of its periodic calls, at the fastest.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
 }
 
 async fn run_matrix(mode: &'static str, crisp: &mut dyn Matrixable) -> Result<()> {
@@ -733,8 +777,12 @@ async fn run_matrix(mode: &'static str, crisp: &mut dyn Matrixable) -> Result<()
                 .flat_map(|c| c.calls.iter())
                 .filter(|x| x.1 == "Unavailable")
                 .count();
+            let recovered = these
+                .iter()
+                .filter_map(|c| c.recovered_ms)
+                .fold(0.0, f64::max);
             eprintln!(
-                "kill matrix {mode} ({forward}) {p:>8} +{a:>2} ms: {} runs, {} hangs, {unavailable} UNAVAILABLE, slowest call {max:.1} ms",
+                "kill matrix {mode} ({forward}) {p:>8} +{a:>4} ms: {} runs, {} hangs, {unavailable} UNAVAILABLE, slowest call {max:.1} ms, OK again after ≤ {recovered:.1} ms",
                 these.len(),
                 these.iter().filter(|c| c.hang).count()
             );
@@ -742,7 +790,7 @@ async fn run_matrix(mode: &'static str, crisp: &mut dyn Matrixable) -> Result<()
     }
     ensure!(
         hangs.is_empty(),
-        "{} of {} kill-matrix cells had a call unanswered within {MATRIX_BOUND:?}: {hangs:?}",
+        "{} of {} kill-matrix cells had a call unanswered, or no OK call once crisp was ready again, within {MATRIX_BOUND:?}: {hangs:?}",
         hangs.len(),
         cells.len()
     );

@@ -93,7 +93,8 @@ pub fn run(args: &ServeArgs) -> ExitCode {
         println!("{cfg:#?}");
         return ExitCode::SUCCESS;
     }
-    crisp::telemetry::init(&cfg.log.level, cfg.log.format);
+    // Held to the end: the log thread writes what is queued when it drops.
+    let _logging = crisp::telemetry::init(&cfg.log.level, cfg.log.format);
     let Some(rt) = runtime() else {
         return ExitCode::FAILURE;
     };

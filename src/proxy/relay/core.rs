@@ -59,6 +59,14 @@ pub trait Calls: Send + Sync {
     fn wants(&self, _call: &Call, _req: &[u8]) -> bool {
         true
     }
+    /// Whether the calls of `route` are relayed unobserved after repeated panics
+    /// ([`crate::intercept::Faults`]).
+    fn bypassed(&self, _route: crate::cri::Route) -> bool {
+        false
+    }
+    /// The relay panicked on call `call` of `route` at `place`; `outcome`: what became of the
+    /// call. Counted and logged with the interceptors' panics.
+    fn panicked(&self, _route: crate::cri::Route, _call: u64, _place: &str, _outcome: &str) {}
 }
 
 /// What the core leaves for its shell.
@@ -184,6 +192,11 @@ pub(super) struct FromRuntime {
 /// One client connection's rules.
 pub(crate) struct Core {
     pub(super) calls: Arc<dyn Calls>,
+    /// The runtime's socket (the test-util fault hooks are armed by it).
+    pub(super) runtime_path: std::path::PathBuf,
+    /// The route of the last stream the client opened: what a panic of the relay thread is
+    /// counted on.
+    pub(crate) last_route: crate::cri::Route,
     /// The runtime's socket path, for logs and messages.
     pub(super) runtime_name: String,
     /// The client's windows as crisp counts on them, and the diverted streams' answers.
@@ -314,6 +327,8 @@ impl Core {
         Core {
             calls,
             runtime_name: cfg.runtime.display().to_string(),
+            runtime_path: cfg.runtime.clone(),
+            last_route: crate::cri::Route::UNKNOWN,
             flow: Flow::default(),
             runtime: if runtime {
                 RuntimeState::Relaying
@@ -341,6 +356,12 @@ impl Core {
             events: VecDeque::new(),
             record_calls: tracing::enabled!(target: CALLS, tracing::Level::DEBUG),
         }
+    }
+
+    /// Calls in flight on this connection: relayed, diverted (still answered) and held.
+    #[inline]
+    pub(crate) fn calls_in_flight(&self) -> usize {
+        self.relayed.len() + self.flow.diverted_len() + usize::from(self.held_id().is_some())
     }
 
     /// What the admin socket's connection dump shows of this connection at `now`: the streams

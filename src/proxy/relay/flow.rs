@@ -278,6 +278,11 @@ impl Flow {
         }
     }
 
+    /// Diverted streams whose answers crisp still serves.
+    pub(crate) fn diverted_len(&self) -> usize {
+        self.diverted.len()
+    }
+
     pub(crate) fn is_diverted(&self, stream: StreamId) -> bool {
         self.diverted.contains_key(&stream)
     }

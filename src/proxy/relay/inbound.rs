@@ -373,6 +373,7 @@ impl Core {
         self.last_stream_at = now;
         let (route, path) =
             path.unwrap_or_else(|| (Route::UNKNOWN, http::uri::PathAndQuery::from_static("/")));
+        self.last_route = route;
         let call = Call {
             route,
             path,
@@ -382,15 +383,34 @@ impl Core {
             // Never read here: a relayed call pays nothing for tracing (src/otel.rs).
             trace: None,
         };
-        let interest = self.calls.interest(&call);
+        let on_relay = !self.runtime.degraded();
+        // What crisp makes of the call, the one step of a new stream that runs code beyond the
+        // codec (the interceptors' questions). A panic in it costs this stream only: the
+        // client's header block is decoded, crisp's HPACK tables are untouched, nothing of the
+        // stream reached the runtime; it is answered INTERNAL and the connection goes on.
+        let observed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            observe(self.calls.as_ref(), &call, &self.runtime_path, on_relay)
+        }));
+        let (interest, conditional) = match observed {
+            Ok(o) => o,
+            Err(_) => {
+                self.calls.panicked(
+                    route,
+                    call.id,
+                    "relay core",
+                    "the call was answered INTERNAL and its connection goes on",
+                );
+                self.answer_internal(stream, end_stream);
+                return;
+            }
+        };
         let divert = interest.request || interest.response;
         if self.goaway.last().is_some_and(|last| stream > last) {
             // After crisp's GOAWAY: unprocessed, the client retries it elsewhere.
             RstStream::new(stream, Reason::REFUSED_STREAM).encode(&mut self.to_client);
             return;
         }
-        let on_relay = !self.runtime.degraded();
-        if divert && on_relay && is_unary(route) && self.calls.conditional(&call) {
+        if divert && on_relay && conditional {
             // Routed once its request is read (`held.rs`).
             self.hold(stream, call, interest.complete, end_stream);
             return;
@@ -428,6 +448,26 @@ impl Core {
         });
     }
 
+    /// A new stream crisp could not route (it panicked): answered INTERNAL, trailers only, and
+    /// reset if the client is still sending its request. Its late frames are crisp's to drop,
+    /// as a diverted stream's.
+    fn answer_internal(&mut self, stream: StreamId, end_stream: bool) {
+        let status = crate::status::Status::internal_fault();
+        let mut block = Vec::with_capacity(192);
+        http2::encode_field(&mut block, b":status", b"200");
+        http2::encode_field(&mut block, b"content-type", b"application/grpc");
+        for (n, v) in &status.to_header_map() {
+            if n != http::header::CONTENT_TYPE {
+                http2::encode_field(&mut block, n.as_str().as_bytes(), v.as_bytes());
+            }
+        }
+        http2::headers(&mut self.to_client, stream, &block, true);
+        if !end_stream {
+            RstStream::new(stream, Reason::NO_ERROR).encode(&mut self.to_client);
+        }
+        self.client.diverted_ids.insert(stream);
+    }
+
     /// crisp serves `stream` itself from now on (the observed path).
     pub(super) fn open_diverted(&mut self, stream: StreamId) {
         let flow = &mut self.flow;
@@ -462,6 +502,28 @@ impl Core {
             http2::headers(&mut self.to_runtime, stream, block, end_stream);
         }
     }
+}
+
+/// What the interceptors want of a new call, and whether it is held until its request is read
+/// (`may_hold`: the connection relays). A route bypassed after repeated panics is asked
+/// nothing: its calls take the plain relay path.
+fn observe(
+    calls: &dyn super::core::Calls,
+    call: &Call,
+    runtime: &std::path::Path,
+    may_hold: bool,
+) -> (crate::intercept::Interest, bool) {
+    if calls.bypassed(call.route) {
+        return (crate::intercept::Interest::NONE, false);
+    }
+    #[cfg(feature = "test-util")]
+    crate::watchdog::fault::new_stream(runtime, call.route);
+    #[cfg(not(feature = "test-util"))]
+    let _ = runtime;
+    let interest = calls.interest(call);
+    let divert = interest.request || interest.response;
+    let conditional = divert && may_hold && is_unary(call.route) && calls.conditional(call);
+    (interest, conditional)
 }
 
 /// A unary call: one request message, whole before the answer (what a held stream waits for).

@@ -129,28 +129,37 @@ pub(crate) async fn serve_connection(
     });
     let (done_tx, mut done) = tokio::sync::oneshot::channel::<()>();
     let rt = tokio::runtime::Handle::current();
-    let spawned = std::thread::Builder::new().name("crisp-relay".into()).stack_size(RELAY_STACK).spawn(move || {
-        // Diverted streams are spawned on crisp's runtime from here.
-        let _rt = rt.enter();
-        // Unregistered from the watchdog when the thread ends, however it ends.
-        let _registered = registered;
-        // A bug in here must cost this connection only, and still end its calls below.
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pump.run())) {
-            Ok(Ok(())) => tracing::debug!(target: LOG, "client connection closed"),
-            Ok(Err(e)) => tracing::debug!(target: LOG, error = %e, "client connection ended"),
-            Err(_) => {
-                tracing::error!(
-                    target: LOG,
-                    "the relay thread of a client connection panicked (a bug: please report it with the log above); its connection is closed and kubelet reconnects"
-                )
+    let service = handle.service.clone();
+    let spawned = std::thread::Builder::new()
+        .name("crisp-relay".into())
+        .stack_size(RELAY_STACK)
+        .spawn(move || {
+            // Diverted streams are spawned on crisp's runtime from here.
+            let _rt = rt.enter();
+            // Unregistered from the watchdog when the thread ends, however it ends.
+            let _registered = registered;
+            // A bug in here must cost this connection only, and still end its calls below.
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pump.run())) {
+                Ok(Ok(())) => tracing::debug!(target: LOG, "client connection closed"),
+                Ok(Err(e)) => tracing::debug!(target: LOG, error = %e, "client connection ended"),
+                Err(_) => {
+                    // Counted with every other panic (`CrispPanics`), on the route of the last
+                    // stream the connection opened: repeated, that route is relayed unobserved.
+                    service.panicked(
+                        pump.core.last_route,
+                        0,
+                        "relay thread",
+                        "its connection was closed: the calls in flight on it failed, and kubelet \
+                     reconnects",
+                    );
+                }
             }
-        }
-        // The client is gone (or was closed): nothing may stay behind.
-        pump.diverted.abort_all();
-        pump.core.client_gone(Instant::now());
-        pump.dispatch();
-        let _ = done_tx.send(());
-    });
+            // The client is gone (or was closed): nothing may stay behind.
+            pump.diverted.abort_all();
+            pump.core.client_gone(Instant::now());
+            pump.dispatch();
+            let _ = done_tx.send(());
+        });
     if let Err(e) = spawned {
         tracing::warn!(
             target: LOG,

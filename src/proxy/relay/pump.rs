@@ -171,6 +171,7 @@ impl Pump {
             let deadline = self.core.poll_timeout();
             let timeout = deadline.map_or(NO_TIMER, |at| at.saturating_duration_since(self.now));
             self.beat.waiting(self.now);
+            self.beat.calls(self.core.calls_in_flight());
             sock::poll(&mut fds, timeout)?;
             self.now = Instant::now();
             self.beat.working(self.now);
@@ -290,8 +291,9 @@ impl Pump {
         while let Some(ev) = self.core.poll_event() {
             match ev {
                 Event::ProbeRuntime => {
-                    let reachable =
-                        std::os::unix::net::UnixStream::connect(&self.runtime_path).is_ok();
+                    // Without waiting: a runtime that stopped accepting must not stop the
+                    // thread (`sock::accepts_connections`).
+                    let reachable = sock::accepts_connections(&self.runtime_path);
                     self.core.handle_runtime_probe(self.now, reachable);
                 }
                 Event::Divert {
