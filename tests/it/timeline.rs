@@ -107,6 +107,29 @@ fn crisp(args: &[&str]) -> Output {
         .expect("run crisp")
 }
 
+/// Runs `crisp timeline --pod demo/web --svg SVG [extra] INPUT`, which must succeed; its
+/// standard output.
+fn draw(extra: &[&str], svg: &Path, input: &Path) -> String {
+    let mut args = vec!["timeline"];
+    args.extend_from_slice(extra);
+    args.extend([
+        "--pod",
+        "demo/web",
+        "--svg",
+        svg.to_str().expect("utf-8"),
+        input.to_str().expect("utf-8"),
+    ]);
+    let out = crisp(&args);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "crisp {args:?} failed: {}{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{stdout}");
+    stdout
+}
+
 fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, text).expect("write");
@@ -135,21 +158,7 @@ fn svg_renders_with_holds_and_refusals_in_their_colours() {
         &demo_recording("demo", "web", 3000, 1000),
     );
     let svg_path = dir.path().join("web.svg");
-    let out = crisp(&[
-        "timeline",
-        "--pod",
-        "demo/web",
-        "--svg",
-        svg_path.to_str().expect("utf-8"),
-        input.to_str().expect("utf-8"),
-    ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "crisp timeline failed: {}{stdout}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!("{stdout}");
+    let stdout = draw(&[], &svg_path, &input);
     // The terminal view: one row per call, none wider than 100 columns.
     assert!(
         stdout.lines().all(|l| l.chars().count() <= TEXT_WIDTH),
@@ -402,22 +411,7 @@ fn sequence_draws_the_hold_as_the_gap_before_the_forward() {
         &format!("{}{holds}\n", demo_recording("demo", "web", 3000, 1000)),
     );
     let svg_path = dir.path().join("seq.svg");
-    let out = crisp(&[
-        "timeline",
-        "--sequence",
-        "--pod",
-        "demo/web",
-        "--svg",
-        svg_path.to_str().expect("utf-8"),
-        input.to_str().expect("utf-8"),
-    ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "crisp timeline --sequence failed: {}{stdout}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!("{stdout}");
+    let stdout = draw(&["--sequence"], &svg_path, &input);
     assert!(stdout.starts_with("sequenceDiagram\n"), "{stdout}");
     let at = |needle: &str| {
         stdout

@@ -445,26 +445,16 @@ pub fn sequence_svg(pod: &Pod) -> String {
 mod tests {
     use super::*;
 
+    /// The waterfall tests' call, with the tap's call id its hold events name.
     fn call(id: u64, method: &str, container: &str, at_ms: i64, dur_ms: i64, held_ms: i64) -> Call {
-        Call {
-            call_id: id,
-            start_us: at_ms * 1000,
-            duration_us: dur_ms * 1000,
-            held_us: held_ms * 1000,
-            method: method.into(),
-            kind: "mutating".into(),
-            pod_namespace: "demo".into(),
-            pod_name: "web".into(),
-            container_name: container.into(),
-            code_name: "OK".into(),
-            ..Default::default()
-        }
+        let c = super::super::tests::call(method, container, at_ms, dur_ms, held_ms, "OK");
+        Call { call_id: id, ..c }
     }
 
     fn hold(id: u64, at_ms: i64, phase: &str, probe: &str, outcome: &str) -> Hold {
         Hold {
             call_id: id,
-            time_us: at_ms * 1000,
+            time_us: T0_US + at_ms * 1000,
             phase: phase.into(),
             waiting_on: "proxy".into(),
             reason: "not ready".into(),
@@ -473,10 +463,15 @@ mod tests {
         }
     }
 
+    /// The waterfall tests' calls start at this time (µs since the epoch) plus their offset.
+    const T0_US: i64 = 1_700_000_000_000_000;
+
+    /// Each row as `µs-since-the-first-call what`.
     fn kinds(pod: &Pod) -> Vec<String> {
         steps(pod)
             .0
             .iter()
+            .map(|(t, s)| (t - T0_US, s))
             .map(|(t, s)| match s {
                 Step::Request { call, through } => {
                     format!("{t} req {} {}", call.target(), through)

@@ -3,7 +3,7 @@
 
 use super::*;
 
-fn call(
+pub(super) fn call(
     method: &str,
     container: &str,
     start_ms: i64,
