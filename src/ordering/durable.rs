@@ -3,8 +3,8 @@
 //! the directory fsynced — so a reader (a restarted crisp) sees the old content or the new,
 //! never a part of either, and a write reported done survives a power loss.
 //!
-//! Tests observe the steps through [`hook`] (a fault hook: it may fail a step, as a full disk
-//! or a crash between two steps would).
+//! Tests observe the steps through `hook` (a test-only fault hook: it may fail a step, as a full
+//! disk or a crash between two steps would).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -135,6 +135,9 @@ pub struct Engine {
 }
 
 impl Engine {
+    /// An engine whose held calls are kept in memory only (tests; the daemon uses
+    /// [`Engine::with_intents`]).
+    #[cfg(any(test, feature = "test-util"))]
     pub fn new(
         cfg: &Config,
         runtime: impl Runtime + 'static,

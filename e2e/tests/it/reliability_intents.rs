@@ -79,6 +79,24 @@ async fn a_held_sidecar_stop_survives_a_sigkill_of_crisp_without_a_retry() -> Re
             .contains("carried out a StopContainer kept"),
         "crisp did not say it carried the stop out"
     );
+    // A late retry after all finds it done: answered at once (a no-op in the runtime).
+    let retry = st
+        .via_crisp()
+        .await?
+        .stop_container(cri::StopContainerRequest {
+            container_id: proxy.id.clone(),
+            timeout: GRACE,
+        })
+        .await;
+    ensure!(retry.is_ok(), "the retry failed: {retry:?}");
+    // Carried out, the intents go; an answered call leaves none either.
+    let intents = st.crisp.dir().join("state/intents");
+    let left = |dir: &std::path::Path| std::fs::read_dir(dir).map_or(0, |d| d.count());
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while left(&intents) > 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    ensure!(left(&intents) == 0, "intents left in {}", intents.display());
     eprintln!(
         "sidecar exited {:.2} s after the app, {:.2} s after the first stop (app {:.2} s)",
         secs(proxy.finished_at - app.finished_at),
