@@ -188,7 +188,7 @@ pub struct Counters {
     pub healthy: AtomicBool,
 }
 
-/// Why crisp is not healthy ([`Watchdog::verdict`]).
+/// Why crisp is not healthy ([`Watchdog::verdict_aged`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Unhealthy {
     #[error("the async runtime has not run its heartbeat for {0:?} (every worker blocked?)")]
@@ -305,11 +305,6 @@ impl Watchdog {
         })
     }
 
-    /// The last supervisor round's verdict.
-    pub fn verdict(&self) -> Result<(), Unhealthy> {
-        self.verdict.lock().0.clone()
-    }
-
     /// The last supervisor round's verdict and how old it is at `now`.
     pub fn verdict_aged(&self, now: Instant) -> (Result<(), Unhealthy>, Duration) {
         let v = self.verdict.lock();
@@ -372,9 +367,9 @@ impl Watchdog {
         }
     }
 
-    /// One round of the supervisor at `now`: stuck relay threads get their sockets shut down;
-    /// returns the verdict, then logs what it did (acting first: a log that blocks cannot hold
-    /// up the sockets' shutdown or the verdict).
+    /// One round of the supervisor at `now`, as the supervisor runs it: stuck relay threads get
+    /// their sockets shut down; returns the verdict, then logs what it did (the tests' round).
+    #[cfg(any(test, feature = "test-util"))]
     pub fn check(&self, now: Instant) -> Result<(), Unhealthy> {
         let (verdict, notes) = self.judge(now);
         for n in notes {
@@ -383,8 +378,9 @@ impl Watchdog {
         verdict
     }
 
-    /// [`Watchdog::check`] without the logging: what it did is returned for the caller to log
-    /// once it has acted on the verdict (sent `WATCHDOG=1` or not).
+    /// One round of the supervisor at `now`: stuck relay threads get their sockets shut down;
+    /// returns the verdict and what it did, for the caller to log once it has acted on the
+    /// verdict (sent `WATCHDOG=1` or not): a log that blocks cannot hold up either.
     pub(crate) fn judge(&self, now: Instant) -> (Result<(), Unhealthy>, Vec<Note>) {
         let mut notes = Vec::new();
         let t = nanos(now);

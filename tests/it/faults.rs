@@ -304,7 +304,7 @@ async fn a_relay_core_panic_answers_its_call_internal_and_the_route_is_bypassed_
         proxy.clone(),
         std::future::pending(),
     ));
-    let _fault = arm(&fake.path(), Rpc::Version, Fault::Panic);
+    let _fault = arm(fake.path(), Rpc::Version, Fault::Panic);
     let mut client = runtime_client(&path).await;
     let mut exec_client = client.clone();
     let exec = tokio::spawn(async move {
