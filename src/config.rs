@@ -360,14 +360,22 @@ impl Default for OrderingConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReadinessConfig {
-    /// Runtime handlers (RunPodSandbox's `runtime_handler`, a RuntimeClass's `handler`) whose
-    /// containers share the node's kernel and the sandbox's network namespace: their probes run
-    /// inside that namespace. `""` is the runtime's default handler (runc on containerd and
-    /// CRI-O unless configured otherwise): listed by default; a node whose default runtime is
-    /// Kata or gVisor removes it. Any handler not listed is isolated: probed at the pod IP from
-    /// crisp's own namespace, never at its loopback.
+    /// Runtime handlers (RunPodSandbox's `runtime_handler`, a RuntimeClass's `handler`) expected
+    /// to share the node's kernel and the sandbox's network namespace. Since issue #44 this is
+    /// what `crisp pods` shows until the pod's network is known, not what decides where probes
+    /// run: that is evidence (the sandbox's network namespace holds the pod IP: probed inside
+    /// it, whatever the handler; otherwise only the pod's own IPs, from outside).
     pub shared_kernel_handlers: Vec<String>,
+    /// Link-local or cloud-metadata networks (`readiness::GUARDED`) that a pod probed from
+    /// outside its network (a VM-isolated pod) may still be probed at, because the operator's
+    /// CNI really gives pods such addresses. Empty: never. The node's own addresses are never
+    /// probed from outside, whatever this says.
+    #[serde(deserialize_with = "de_cidrs")]
+    pub(crate) outside_allow: Vec<crate::readiness::Cidr>,
 }
+
+/// Most entries of `[readiness] outside_allow`.
+pub const MAX_OUTSIDE_ALLOW: usize = 64;
 
 /// Most entries of `[readiness] shared_kernel_handlers`.
 pub const MAX_SHARED_KERNEL_HANDLERS: usize = 64;
@@ -376,6 +384,7 @@ impl Default for ReadinessConfig {
     fn default() -> Self {
         ReadinessConfig {
             shared_kernel_handlers: ["", "runc", "crun"].map(String::from).to_vec(),
+            outside_allow: Vec::new(),
         }
     }
 }
@@ -386,6 +395,11 @@ impl ReadinessConfig {
     fn validate(&self) -> Result<(), String> {
         if self.shared_kernel_handlers.len() > MAX_SHARED_KERNEL_HANDLERS {
             return Err(format!("more than {MAX_SHARED_KERNEL_HANDLERS} handlers"));
+        }
+        if self.outside_allow.len() > MAX_OUTSIDE_ALLOW {
+            return Err(format!(
+                "outside_allow: more than {MAX_OUTSIDE_ALLOW} entries"
+            ));
         }
         match self
             .shared_kernel_handlers

@@ -88,7 +88,7 @@ pub(super) async fn pod_to_proto(
             terminated,
         }),
         runtime_error: listed.err().unwrap_or_default(),
-        isolation: p.isolation().map(ToString::to_string).unwrap_or_default(),
+        isolation: p.isolation().map(|i| i.to_string()).unwrap_or_default(),
     }
 }
 
