@@ -369,7 +369,11 @@ async fn a_runc_pod_under_another_handler_is_probed_inside_its_namespace() {
     let (v, _) = create_container(&engine, &fake, "app").await;
     assert_forward(&v);
     assert_eq!(last_probe(&engine), Ok(()));
-    let _ = inside.accept().await.unwrap();
+    // The probe's connection is in the sidecar's backlog already (bounded: never a hang).
+    tokio::time::timeout(Duration::from_secs(5), inside.accept())
+        .await
+        .expect("the sidecar inside the pod's namespace was never connected to")
+        .unwrap();
     assert_eq!(
         accepts.load(std::sync::atomic::Ordering::SeqCst),
         0,
