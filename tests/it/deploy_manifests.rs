@@ -183,8 +183,16 @@ fn every_field_security_md_names_is_checked() {
     assert!(!good.contains("hostPID"), "the base needs no hostPID");
     let links = "      enableServiceLinks: false\n";
     for (from, to, expect) in [
-        (links, "      enableServiceLinks: false\n      hostPID: true\n", "hostPID must not be set"),
-        (links, "      enableServiceLinks: false\n      hostIPC: true\n", "hostIPC must not be set"),
+        (
+            links,
+            "      enableServiceLinks: false\n      hostPID: true\n",
+            "hostPID must not be set",
+        ),
+        (
+            links,
+            "      enableServiceLinks: false\n      hostIPC: true\n",
+            "hostIPC must not be set",
+        ),
         (
             links,
             "      enableServiceLinks: false\n      shareProcessNamespace: true\n",
