@@ -163,6 +163,11 @@ pub struct AdminConfig {
     pub metrics_tcp: Option<std::net::SocketAddr>,
     /// Events queued per tap client before crisp drops (and counts) events for that client.
     pub tap_queue: usize,
+    /// Most taps open at once for one non-root peer uid (SO_PEERCRED); the next is refused
+    /// RESOURCE_EXHAUSTED (issue #44). Root is bound by `max_taps` only.
+    pub max_taps_per_uid: usize,
+    /// Most taps open at once on the node, root's included.
+    pub max_taps: usize,
 }
 
 impl Default for AdminConfig {
@@ -174,6 +179,8 @@ impl Default for AdminConfig {
             allow_shared_mode: false,
             metrics_tcp: None,
             tap_queue: 4096,
+            max_taps_per_uid: 8,
+            max_taps: 1024,
         }
     }
 }
