@@ -320,8 +320,7 @@ mod tests {
         let refused = svc
             .tap(req(1000))
             .await
-            .err()
-            .expect("the 4th tap of uid 1000");
+            .expect_err("the 4th tap of uid 1000");
         assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
         assert!(
             refused.message().contains("uid 1000")

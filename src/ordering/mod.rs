@@ -247,10 +247,19 @@ impl Engine {
 
     /// The containers of a pod as the runtime lists them now (`crisp pods`; never on a CRI
     /// call's path).
+    /// `crisp pods`' read of one pod's containers: through the same node-wide runtime-read
+    /// limit as crisp's own repeated reads (issue #44: a client asking for every pod, over and
+    /// over, paces with them), waited for until `until` at most.
     pub(crate) async fn list_pod_containers(
         &self,
         pod: &Pod,
+        until: tokio::time::Instant,
     ) -> Result<Vec<views::Container>, String> {
+        let _read = self.reads.read(Some(until)).await.map_err(|_| {
+            "not listed: the node-wide runtime-read limit ([ordering] runtime_reads_per_second) \
+             leaves no turn within the request's time"
+                .to_string()
+        })?;
         self.runtime
             .list_containers(ApiVersion::V1, &pod.sandbox_id)
             .await
