@@ -11,10 +11,12 @@
    A strategic-merge patch (a file whose objects lack required fields) is checked for names and
    types only (--patch FILE).
 2. The installer DaemonSet's rules (docs/DEPLOY.md "Install on a cluster", SECURITY.md "The
-   installer DaemonSet"): no hostNetwork; the install runs once, as the privileged init
-   container `installer` (hostPID, the node's / with HostToContainer propagation, CRISP_MODE);
-   the container that stays is unprivileged (no privilege escalation, every capability dropped,
-   non-root, read-only root, no host path) and carries the readiness probe; node-label opt-in,
+   installer DaemonSet"): no hostPID, hostNetwork, hostIPC or shareProcessNamespace,
+   automountServiceAccountToken: false, seccompProfile RuntimeDefault; the install runs once, as
+   the privileged init container `installer` (the node's / with HostToContainer propagation,
+   through which it reaches PID 1; CRISP_MODE); the container that stays is unprivileged (no
+   privilege escalation, every capability dropped, a uid and gid of its own (not 65534),
+   read-only root, no host path) and carries the readiness probe; node-label opt-in,
    one node at a time. Every image is pinned by digest (NAME[:TAG]@sha256:64 hex digits) in a
    manifest given as FILE and in a release's tree (--deploy); the source tree's base names the
    image by tag (hack/release.sh pins it), which is reported.
@@ -151,10 +153,20 @@ def _installer_rules(objs, where, mode, pinned):
     pod = tpl["spec"]
     if pod.get("nodeSelector") != {"crisp.dev/install": "true"}:
         err(where, "nodeSelector must be the opt-in label crisp.dev/install: \"true\"")
-    if pod.get("hostPID") is not True:
-        err(where, "hostPID: true is required (the installer enters PID 1's namespaces)")
-    if pod.get("hostNetwork"):
-        err(where, "hostNetwork must not be set: nothing in the installer uses the node's network (SECURITY.md)")
+    # Every pod-level field SECURITY.md ("The installer DaemonSet") names (issue #44): the pod
+    # shares nothing of the node's but the init container's host mount.
+    for field, why in (
+        ("hostPID", "the installer reaches PID 1 through its host mount (/host/proc/1); the reporter must see no node process"),
+        ("hostNetwork", "nothing in the installer uses the node's network"),
+        ("hostIPC", "nothing in the installer uses the node's IPC"),
+        ("shareProcessNamespace", "the reporter must not see (or signal) the installer's processes"),
+    ):
+        if pod.get(field):
+            err(where, f"{field} must not be set: {why} (SECURITY.md)")
+    if pod.get("automountServiceAccountToken") is not False:
+        err(where, "automountServiceAccountToken: false is required: the installer talks to no API server (SECURITY.md)")
+    if pod.get("securityContext", {}).get("seccompProfile", {}).get("type") != "RuntimeDefault":
+        err(where, "the pod's securityContext.seccompProfile must be RuntimeDefault (SECURITY.md)")
     inits = pod.get("initContainers", [])
     containers = pod.get("containers", [])
     for k in inits + containers:
@@ -178,6 +190,10 @@ def _installer_rules(objs, where, mode, pinned):
             err(where, f"container {name} stays running: it must drop every capability (capabilities: drop: [ALL])")
         if sc.get("runAsNonRoot") is not True or not sc.get("runAsUser"):
             err(where, f"container {name} stays running: it must run as a non-root user (runAsNonRoot, runAsUser)")
+        elif sc.get("runAsUser") == 65534 or sc.get("runAsGroup") in (None, 0, 65534):
+            err(where, f"container {name} stays running: it must run as a uid and gid of its own (not nobody/65534, which charts share; runAsUser, runAsGroup)")
+        if sc.get("seccompProfile", {"type": "RuntimeDefault"}).get("type") != "RuntimeDefault":
+            err(where, f"container {name} stays running: seccompProfile must stay RuntimeDefault")
         if sc.get("readOnlyRootFilesystem") is not True:
             err(where, f"container {name} stays running: readOnlyRootFilesystem: true")
         for m in k.get("volumeMounts", []):

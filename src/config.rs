@@ -163,6 +163,11 @@ pub struct AdminConfig {
     pub metrics_tcp: Option<std::net::SocketAddr>,
     /// Events queued per tap client before crisp drops (and counts) events for that client.
     pub tap_queue: usize,
+    /// Most taps open at once for one non-root peer uid (SO_PEERCRED); the next is refused
+    /// RESOURCE_EXHAUSTED (issue #44). Root is bound by `max_taps` only.
+    pub max_taps_per_uid: usize,
+    /// Most taps open at once on the node, root's included.
+    pub max_taps: usize,
 }
 
 impl Default for AdminConfig {
@@ -174,6 +179,8 @@ impl Default for AdminConfig {
             allow_shared_mode: false,
             metrics_tcp: None,
             tap_queue: 4096,
+            max_taps_per_uid: 8,
+            max_taps: 1024,
         }
     }
 }
@@ -360,14 +367,22 @@ impl Default for OrderingConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReadinessConfig {
-    /// Runtime handlers (RunPodSandbox's `runtime_handler`, a RuntimeClass's `handler`) whose
-    /// containers share the node's kernel and the sandbox's network namespace: their probes run
-    /// inside that namespace. `""` is the runtime's default handler (runc on containerd and
-    /// CRI-O unless configured otherwise): listed by default; a node whose default runtime is
-    /// Kata or gVisor removes it. Any handler not listed is isolated: probed at the pod IP from
-    /// crisp's own namespace, never at its loopback.
+    /// Runtime handlers (RunPodSandbox's `runtime_handler`, a RuntimeClass's `handler`) expected
+    /// to share the node's kernel and the sandbox's network namespace. Since issue #44 this is
+    /// what `crisp pods` shows until the pod's network is known, not what decides where probes
+    /// run: that is evidence (the sandbox's network namespace holds the pod IP: probed inside
+    /// it, whatever the handler; otherwise only the pod's own IPs, from outside).
     pub shared_kernel_handlers: Vec<String>,
+    /// Link-local or cloud-metadata networks (`readiness::GUARDED`) that a pod probed from
+    /// outside its network (a VM-isolated pod) may still be probed at, because the operator's
+    /// CNI really gives pods such addresses. Empty: never. The node's own addresses are never
+    /// probed from outside, whatever this says.
+    #[serde(deserialize_with = "de_cidrs")]
+    pub(crate) outside_allow: Vec<crate::readiness::Cidr>,
 }
+
+/// Most entries of `[readiness] outside_allow`.
+pub const MAX_OUTSIDE_ALLOW: usize = 64;
 
 /// Most entries of `[readiness] shared_kernel_handlers`.
 pub const MAX_SHARED_KERNEL_HANDLERS: usize = 64;
@@ -376,6 +391,7 @@ impl Default for ReadinessConfig {
     fn default() -> Self {
         ReadinessConfig {
             shared_kernel_handlers: ["", "runc", "crun"].map(String::from).to_vec(),
+            outside_allow: Vec::new(),
         }
     }
 }
@@ -386,6 +402,11 @@ impl ReadinessConfig {
     fn validate(&self) -> Result<(), String> {
         if self.shared_kernel_handlers.len() > MAX_SHARED_KERNEL_HANDLERS {
             return Err(format!("more than {MAX_SHARED_KERNEL_HANDLERS} handlers"));
+        }
+        if self.outside_allow.len() > MAX_OUTSIDE_ALLOW {
+            return Err(format!(
+                "outside_allow: more than {MAX_OUTSIDE_ALLOW} entries"
+            ));
         }
         match self
             .shared_kernel_handlers

@@ -96,18 +96,49 @@ impl NetNs {
     /// A non-blocking TCP socket created inside this namespace, for an IPv6 or IPv4 peer.
     /// Made on a thread of its own that ends right after (never a pooled thread).
     pub(crate) async fn socket(&self, v6: bool) -> io::Result<TcpSocket> {
+        self.inside(move || {
+            if v6 {
+                TcpSocket::new_v6()
+            } else {
+                TcpSocket::new_v4()
+            }
+        })
+        .await
+    }
+
+    /// Whether `ip` is an address of this namespace (issue #44: the evidence that the pod's
+    /// network lives here, whatever its runtime handler): binding a socket to it inside the
+    /// namespace succeeds (`EADDRNOTAVAIL`: it does not). A VM-isolated pod's host-side
+    /// namespace no longer holds the pod IP (the guest does).
+    pub(crate) async fn holds(&self, ip: std::net::IpAddr) -> io::Result<bool> {
+        self.inside(move || match std::net::UdpSocket::bind((ip, 0)) {
+            Ok(_) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => Ok(false),
+            Err(e) => Err(e),
+        })
+        .await
+    }
+
+    /// Whether this is crisp's own network namespace (same device and inode as
+    /// `/proc/self/ns/net`): never a pod's, unless the pod is hostNetwork.
+    pub(crate) fn is_crisps_own(&self) -> io::Result<bool> {
+        let own = std::fs::metadata("/proc/self/ns/net")?;
+        let this = self.file.metadata()?;
+        Ok(own.dev() == this.dev() && own.ino() == this.ino())
+    }
+
+    /// Runs `f` on a thread of its own that enters this namespace first and ends right after
+    /// (never a pooled thread).
+    async fn inside<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> io::Result<T> + Send + 'static,
+    ) -> io::Result<T> {
         let ns = self.file.try_clone()?;
         let (tx, rx) = tokio::sync::oneshot::channel();
         std::thread::Builder::new()
             .name("crisp-netns".into())
             .spawn(move || {
-                let r = crate::sys::ns::enter_network(&ns).and_then(|()| {
-                    if v6 {
-                        TcpSocket::new_v6()
-                    } else {
-                        TcpSocket::new_v4()
-                    }
-                });
+                let r = crate::sys::ns::enter_network(&ns).and_then(|()| f());
                 let _ = tx.send(r);
                 // The thread ends here, still inside the pod's namespace: nothing else runs on it.
             })?;
@@ -356,6 +387,15 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("not a namespace file"));
+    }
+
+    /// crisp's own namespace holds its addresses and no other, and knows itself.
+    #[tokio::test]
+    async fn a_namespace_holds_its_own_addresses() {
+        let ns = NetNs::open(Path::new("/proc/self/ns/net")).unwrap();
+        assert!(ns.is_crisps_own().unwrap());
+        assert!(ns.holds("127.0.0.1".parse().unwrap()).await.unwrap());
+        assert!(!ns.holds("203.0.113.77".parse().unwrap()).await.unwrap());
     }
 
     /// A socket made "inside" crisp's own namespace works like any other, and the thread that

@@ -201,12 +201,18 @@ pub(crate) fn message_of(h: &HeaderMap) -> Option<String> {
 }
 
 /// A grpc-message as sent (percent-encoded) to text: invalid UTF-8 replaced, cut to
-/// [`MAX_SEEN_MESSAGE`] bytes on a character boundary.
+/// [`MAX_SEEN_MESSAGE`] bytes on a character boundary, then escaped as tenant text is
+/// (issue #44: a runtime's message carries what a container wrote — an exec's stderr, an
+/// image's name — and goes into log lines, probe results and the tap: newlines and control
+/// characters come out as `\n`, `\u{1b}`, never as a forged log line or a terminal escape).
 fn decode_message(raw: &[u8]) -> String {
     let mut s = percent_encoding::percent_decode(raw)
         .decode_utf8_lossy()
         .into_owned();
     truncate_text(&mut s, MAX_SEEN_MESSAGE);
+    if s.chars().any(crate::tenant::escaped) {
+        s = crate::tenant::text(&s, 4 * MAX_SEEN_MESSAGE).to_string();
+    }
     s
 }
 
@@ -328,7 +334,25 @@ mod tests {
         let h = Status::new(code::UNAVAILABLE, "100% gone\nnow é").to_header_map();
         assert_eq!(h["grpc-status"], "14");
         assert_eq!(h["grpc-message"], "100%25 gone%0Anow %C3%A9");
-        assert_eq!(message_of(&h).as_deref(), Some("100% gone\nnow é"));
+        // Read back escaped: one line, whatever the runtime wrote.
+        assert_eq!(message_of(&h).as_deref(), Some("100% gone\\nnow é"));
+    }
+
+    /// Issue #44: a runtime's message is escaped when read, so no log line, probe result or
+    /// tap line carries its newlines or terminal escapes. On bde328c `message_of` returned them
+    /// as they were ("exec failed\nlevel=info msg=forged\u{1b}[2J").
+    #[test]
+    fn a_runtime_message_is_read_escaped() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "grpc-message",
+            "exec failed%0Alevel=info msg=forged%1B[2J%E2%80%AEx"
+                .parse()
+                .unwrap(),
+        );
+        let m = message_of(&h).unwrap();
+        assert!(!m.chars().any(crate::tenant::escaped), "{m:?}");
+        assert_eq!(m, "exec failed\\nlevel=info msg=forged\\u{1b}[2J\\u{202e}x");
     }
 
     #[test]

@@ -13,14 +13,17 @@
 #                            idle until SIGTERM
 #   entrypoint.sh reported   its readiness probe: exit 0 when the recorded result is done
 #
-# The install needs what the DaemonSet gives its init container: privileged, hostPID (PID 1 is
-# the node's systemd) and the node's / mounted at $CRISP_HOST_ROOT (/host) with its submounts
-# (/run). `report` and `reported` need nothing but $CRISP_STATUS_DIR (they run as nobody, no
+# The install needs what the DaemonSet gives its init container: privileged and the node's /
+# mounted at $CRISP_HOST_ROOT (/host) with its submounts (/run, /proc): the node's PID 1 (its
+# systemd) is reached through the node's own procfs there, $HOST/proc/1, so the pod needs no
+# hostPID (issue #44). `report` and `reported` need nothing but $CRISP_STATUS_DIR (they run as nobody, no
 # capabilities, read-only root). The image holds busybox and /opt/crisp: the static crisp
 # binary, hack/install.sh, hack/uninstall.sh, systemd/.
 #
 # How: the bundle is copied to the node's /run/crisp-installer (tmpfs: gone at reboot, and
-# removed again below) and hack/install.sh runs there *in the node's namespaces* (nsenter -t 1),
+# removed again below) and hack/install.sh runs there *in the node's namespaces* (nsenter into
+# $HOST/proc/1/ns/{mnt,uts,ipc,net}; not its PID namespace, which a container's process may not
+# enter: an ancestor of its own),
 # so it uses the node's systemctl and restarts kubelet through the node's systemd, exactly as an
 # operator's `sudo hack/install.sh` would. The node needs bash, awk, coreutils and diffutils (any
 # systemd distribution has them).
@@ -55,9 +58,12 @@ log() {
   echo "crisp-installer: $*"
 }
 
-# A command in the node's namespaces (mount, uts, ipc, net, pid): the node's files and systemd.
+# A command in the node's namespaces (mount, uts, ipc, net): the node's files and systemd, found
+# through the node's procfs under the host mount (no hostPID). In the node's mount namespace
+# /proc is the node's, so systemctl there sees the node's PID 1 as its own.
 on_node() {
-  nsenter -t 1 -m -u -i -n -p -- "$@"
+  nsenter --mount="$HOST/proc/1/ns/mnt" --uts="$HOST/proc/1/ns/uts" \
+    --ipc="$HOST/proc/1/ns/ipc" --net="$HOST/proc/1/ns/net" -- "$@"
 }
 
 ready() {
@@ -107,14 +113,15 @@ case "$MODE" in
 esac
 echo running >"$STATUS"
 
-# Refuse to run anywhere but on a node's systemd: without hostPID, nsenter -t 1 would enter
-# this container's own namespaces and "install" into the image.
-if [ "$(readlink /proc/1/ns/mnt)" = "$(readlink /proc/self/ns/mnt)" ]; then
-  log "error: PID 1 shares this container's mount namespace: the pod needs hostPID: true"
+# Refuse to run anywhere but on a node's systemd: $HOST/proc must be the node's procfs (the
+# host mount with its submounts), whose PID 1 is in another mount namespace than this one.
+if [ ! -e "$HOST/proc/1/ns/mnt" ] ||
+  [ "$(readlink "$HOST/proc/1/ns/mnt")" = "$(readlink /proc/self/ns/mnt)" ]; then
+  log "error: $HOST/proc is not the node's procfs: mount the node's / at $HOST with its submounts (hostPath /, mountPropagation: HostToContainer)"
   exit 2
 fi
-if [ "$(cat /proc/1/comm 2>/dev/null)" != systemd ]; then
-  log "error: the node's PID 1 is '$(cat /proc/1/comm 2>/dev/null)', not systemd: crisp's installer needs a systemd node"
+if [ "$(cat "$HOST/proc/1/comm" 2>/dev/null)" != systemd ]; then
+  log "error: the node's PID 1 is '$(cat "$HOST/proc/1/comm" 2>/dev/null)', not systemd: crisp's installer needs a systemd node"
   exit 2
 fi
 [ -d "$HOST/run/systemd/system" ] || {
@@ -132,8 +139,9 @@ unstage_bundle() {
   rm -rf "$HOST$NODE_STAGE"
 }
 
-# From here until the install or uninstall is over, a SIGTERM is only noted. (With hostPID this
-# process is not its namespace's PID 1, so without a handler SIGTERM would kill it mid-way.)
+# From here until the install or uninstall is over, a SIGTERM is only noted. (Run by hand or in
+# a pod sharing a PID namespace this process is not PID 1, so without a handler SIGTERM would
+# kill it mid-way.)
 term=0
 trap 'term=1; log "SIGTERM: finishing the $MODE first"' TERM INT
 start="$(date +%s)"

@@ -25,7 +25,8 @@ pub(super) async fn pod_to_proto(
     p: &Pod,
     containers: std::collections::HashMap<String, String>,
 ) -> pb::Pod {
-    let listed = match tokio::time::timeout(LIST_TIMEOUT, engine.list_pod_containers(p)).await {
+    let until = tokio::time::Instant::now() + LIST_TIMEOUT;
+    let listed = match tokio::time::timeout_at(until, engine.list_pod_containers(p, until)).await {
         Ok(r) => r,
         Err(_) => Err(format!("no answer within {LIST_TIMEOUT:?}")),
     };
@@ -88,7 +89,7 @@ pub(super) async fn pod_to_proto(
             terminated,
         }),
         runtime_error: listed.err().unwrap_or_default(),
-        isolation: p.isolation().map(ToString::to_string).unwrap_or_default(),
+        isolation: p.isolation().map(|i| i.to_string()).unwrap_or_default(),
     }
 }
 

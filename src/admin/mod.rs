@@ -28,11 +28,13 @@ mod list_pods;
 mod metrics;
 mod routes;
 mod service;
+mod taps;
 
 use list_pods::*;
 pub use metrics::*;
 use routes::*;
 pub(crate) use service::*;
+pub(crate) use taps::*;
 
 /// Events in flight between a subscriber's task and its gRPC stream; the real buffer is the
 /// subscription's queue, where overflow is counted.
@@ -52,6 +54,8 @@ pub struct AdminState {
     pub(crate) started: Instant,
     /// Events queued per tap subscriber.
     pub(crate) tap_queue: usize,
+    /// The caps on open taps, per peer uid and in total (`taps.rs`).
+    pub(crate) taps: Arc<TapSlots>,
     /// The relay threads' and the runtime's progress: `/healthz`, `/debug/connections`.
     pub(crate) watchdog: Option<Arc<Watchdog>>,
 }
@@ -221,6 +225,7 @@ pub async fn start(
         upstream: cfg.upstream.clone(),
         started: Instant::now(),
         tap_queue: cfg.admin.tap_queue,
+        taps: TapSlots::new(cfg.admin.max_taps_per_uid, cfg.admin.max_taps),
         watchdog: liveness.map(|l| l.watchdog),
     });
     let until_stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -280,6 +285,65 @@ mod tests {
     use super::*;
     use crate::tap::pb;
     use crate::tap::{Filter, Glob};
+
+    /// Issue #44: a non-root client's N+1st tap is refused RESOURCE_EXHAUSTED, naming the cap;
+    /// another uid and root still get theirs, and a closed tap gives its place back. On bde328c
+    /// every tap was served (no cap).
+    #[tokio::test]
+    async fn a_non_root_clients_tap_over_its_cap_is_refused() {
+        use pb::admin_server::Admin;
+        let tap = Tap::new(Arc::new(crate::metrics::CallMetrics::default()), None);
+        let state = Arc::new(AdminState {
+            metrics: registry(&tap, None),
+            tap,
+            engine: None,
+            listen: PathBuf::from("/run/crisp/crisp.sock"),
+            upstream: PathBuf::from("/run/containerd/containerd.sock"),
+            started: Instant::now(),
+            tap_queue: 16,
+            taps: TapSlots::new(3, 100),
+            watchdog: None,
+        });
+        let svc = AdminService { state };
+        let req = |uid: u32| {
+            let mut r = tonic::Request::new(pb::TapRequest::default());
+            r.extensions_mut().insert(Peer {
+                uid: Some(uid),
+                pid: Some(4242),
+            });
+            r
+        };
+        let mut open = Vec::new();
+        for _ in 0..3 {
+            open.push(svc.tap(req(1000)).await.expect("within the cap"));
+        }
+        let refused = svc
+            .tap(req(1000))
+            .await
+            .expect_err("the 4th tap of uid 1000");
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+        assert!(
+            refused.message().contains("uid 1000")
+                && refused.message().contains("max_taps_per_uid"),
+            "{}",
+            refused.message()
+        );
+        let _other = svc.tap(req(1001)).await.expect("another uid");
+        let _root = svc.tap(req(0)).await.expect("root");
+        // Closing one (the client goes away): its place comes back once its task sees it.
+        drop(open.pop());
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            match svc.tap(req(1000)).await {
+                Ok(_again) => break,
+                Err(e) if tokio::time::Instant::now() < deadline => {
+                    assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+                    tokio::task::yield_now().await;
+                }
+                Err(e) => panic!("the closed tap's place never came back: {e}"),
+            }
+        }
+    }
 
     #[test]
     fn only_root_gets_unredacted() {

@@ -81,9 +81,13 @@ impl pb::admin_server::Admin for AdminService {
             );
             return Err(s);
         }
+        let uid = peer.and_then(|p| p.uid);
+        let slot = self.state.taps.take(uid).map_err(|why| {
+            tracing::warn!(uid = ?uid, pid = ?peer.and_then(|p| p.pid), "refused a tap: {why}");
+            tonic::Status::resource_exhausted(why.to_string())
+        })?;
         let filter = filter_from(&req);
         let (full, redact) = (filter.full, !filter.unredacted);
-        let uid = peer.and_then(|p| p.uid);
         if redact {
             tracing::info!(uid = ?uid, full, "tap client attached");
         } else {
@@ -96,6 +100,8 @@ impl pb::admin_server::Admin for AdminService {
         let mut sub = self.state.tap.subscribe(filter, self.state.tap_queue);
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         tokio::spawn(async move {
+            // Held for the tap's life: its place under the caps is given back when it ends.
+            let _slot = slot;
             loop {
                 let item = tokio::select! {
                     _ = tx.closed() => break,

@@ -200,6 +200,15 @@ impl Config {
                     ),
                 ));
             }
+            if self.admin.max_taps_per_uid == 0 || self.admin.max_taps_per_uid > 65_536 {
+                return Err(bad(
+                    "admin.max_taps_per_uid",
+                    "must be from 1 to 65536".into(),
+                ));
+            }
+            if self.admin.max_taps == 0 || self.admin.max_taps > 65_536 {
+                return Err(bad("admin.max_taps", "must be from 1 to 65536".into()));
+            }
             if self.admin.tap_queue == 0 {
                 return Err(bad("admin.tap_queue", "must be greater than 0".into()));
             }

@@ -53,7 +53,7 @@ impl Isolation {
         matches!(self, Isolation::Isolated { .. })
     }
 
-    fn handler(&self) -> &str {
+    pub(crate) fn handler(&self) -> &str {
         match self {
             Isolation::SharedKernel { handler } | Isolation::Isolated { handler } => handler,
         }

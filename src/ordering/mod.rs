@@ -132,6 +132,12 @@ pub struct Engine {
     started_wall: std::time::SystemTime,
     /// `[readiness] shared_kernel_handlers`: the runtime handlers whose pods are not isolated.
     shared_kernel: Vec<String>,
+    /// `[readiness] outside_allow`: link-local or metadata networks a pod probed from outside
+    /// its network may still be probed at (`readiness::outside_target`).
+    outside_allow: Vec<crate::readiness::Cidr>,
+    /// Tests only: which addresses count as the node's (a host address stands in for a pod's).
+    #[cfg(test)]
+    test_node_address: OnceLock<fn(std::net::IpAddr) -> bool>,
 }
 
 impl Engine {
@@ -197,7 +203,19 @@ impl Engine {
             shutdown: CancellationToken::new(),
             started_wall: std::time::SystemTime::now(),
             shared_kernel: cfg.readiness.shared_kernel_handlers.clone(),
+            outside_allow: cfg.readiness.outside_allow.clone(),
+            #[cfg(test)]
+            test_node_address: OnceLock::new(),
         })
+    }
+
+    /// Whether `ip` is one of the node's own addresses (`sys::net::is_node_address`).
+    fn is_node_address(&self, ip: std::net::IpAddr) -> bool {
+        #[cfg(test)]
+        if let Some(f) = self.test_node_address.get() {
+            return f(ip);
+        }
+        crate::sys::net::is_node_address(ip)
     }
 
     /// Runs `task` in the engine's tracker until it ends or the engine shuts down. A task
@@ -271,10 +289,19 @@ impl Engine {
 
     /// The containers of a pod as the runtime lists them now (`crisp pods`; never on a CRI
     /// call's path).
+    /// `crisp pods`' read of one pod's containers: through the same node-wide runtime-read
+    /// limit as crisp's own repeated reads (issue #44: a client asking for every pod, over and
+    /// over, paces with them), waited for until `until` at most.
     pub(crate) async fn list_pod_containers(
         &self,
         pod: &Pod,
+        until: tokio::time::Instant,
     ) -> Result<Vec<views::Container>, String> {
+        let _read = self.reads.read(Some(until)).await.map_err(|_| {
+            "not listed: the node-wide runtime-read limit ([ordering] runtime_reads_per_second) \
+             leaves no turn within the request's time"
+                .to_string()
+        })?;
         self.runtime
             .list_containers(ApiVersion::V1, &pod.sandbox_id)
             .await
@@ -489,18 +516,11 @@ impl Engine {
     }
 
     /// Classifies `pod` by its runtime `handler` (`isolation.rs`), unless it already is: the
-    /// first answer stands (the handler of a sandbox never changes).
+    /// first answer stands (the handler of a sandbox never changes). What it says until the
+    /// pod's network is known; where probes run is then decided by evidence (`probes.rs`).
     fn classify(&self, pod: &Pod, handler: &str) {
         let isolation = isolation::Isolation::classify(handler, &self.shared_kernel);
-        let isolated = isolation.is_isolated();
-        if pod.isolation.set(isolation).is_ok() && isolated && pod.policy.has_sidecars() {
-            tracing::info!(
-                pod_namespace = %pod.namespace,
-                pod_name = %pod.name,
-                isolation = %pod.isolation().map(ToString::to_string).unwrap_or_default(),
-                "isolated runtime handler: probing the pod's sidecars at the pod IP from crisp's own network namespace, never at its loopback"
-            );
-        }
+        let _ = pod.isolation.set(isolation);
     }
 
     /// RemovePodSandbox: the pod and its containers leave the caches.

@@ -78,14 +78,16 @@ pub(super) struct PodNet {
 pub(super) enum PodNs {
     /// hostNetwork: the node's namespace is the pod's.
     Host,
-    /// The sandbox's own network namespace, held open.
+    /// The sandbox's own network namespace, held open, where the pod IP lives (issue #44: the
+    /// evidence, whatever the runtime handler): probes run inside it.
     Pod(NetNs),
-    /// A CNI pod whose namespace could not be found: probes of its IP go from the node's
-    /// namespace, probes of loopback fail with this reason.
-    Unknown(String),
-    /// An isolated pod (`isolation.rs`): its IP is probed from crisp's own namespace, as kubelet
-    /// does; the sandbox's host-side namespace is never entered, its loopback never probed.
-    Isolated,
+    /// crisp cannot probe from inside the pod's network (`probes.rs`, `Engine::pod_net`): the
+    /// runtime names no namespace crisp can open, or the one it names does not hold the pod IP
+    /// (a VM or a user-space kernel owns the pod's network), or it is crisp's own. Probes go
+    /// from crisp's namespace to the pod's own IPs only (`readiness::outside_target`); its
+    /// loopback is out of reach, except where no namespace was found at all (then a loopback
+    /// probe fails with why, as before issue #44). Why, for messages.
+    Outside(super::probes::Outside),
 }
 
 impl PodNet {
@@ -190,9 +192,18 @@ impl Pod {
         window.first.map(|first| decide::later(first, window.grace))
     }
 
-    /// How crisp probes this pod, once it knows the pod's runtime handler.
-    pub(crate) fn isolation(&self) -> Option<&Isolation> {
-        self.isolation.get()
+    /// How crisp probes this pod, once it knows the pod's runtime handler: by the evidence once
+    /// the pod's network is known (`PodNs`), by the handler (`[readiness]
+    /// shared_kernel_handlers`) until then.
+    pub(crate) fn isolation(&self) -> Option<Isolation> {
+        let expected = self.isolation.get()?;
+        let handler = expected.handler().to_string();
+        let net = self.net.lock();
+        Some(match net.as_deref().map(|n| &n.ns) {
+            Some(PodNs::Outside(why)) if why.isolated() => Isolation::Isolated { handler },
+            Some(PodNs::Pod(_) | PodNs::Host) => Isolation::SharedKernel { handler },
+            Some(PodNs::Outside(_)) | None => expected.clone(),
+        })
     }
 
     /// The last probe of `sidecar`, if crisp probed it.

@@ -68,14 +68,11 @@ impl Engine {
         if let Some(handler) = handler {
             self.classify(pod, &handler);
         }
-        let isolated = pod.isolation().is_some_and(|i| i.is_isolated());
         let ns = if pod.host_network {
             PodNs::Host
-        } else if isolated {
-            PodNs::Isolated
         } else {
             let info = status.info.get("info").map(String::as_str);
-            match netns::resolve(info, &pod.sandbox_id) {
+            match self.enter(info, pod, &ips).await {
                 Ok(ns) => {
                     tracing::debug!(
                         pod_namespace = %pod.namespace,
@@ -86,21 +83,57 @@ impl Engine {
                     );
                     PodNs::Pod(ns)
                 }
-                Err(why) if !pod.netns_warned.swap(true, Relaxed) => {
-                    self.metrics.probe_netns_failures.inc();
-                    tracing::warn!(
-                        pod_namespace = %pod.namespace,
-                        pod_name = %pod.name,
-                        "cannot find the pod's network namespace ({why}): probes of its IP go from the node's, probes of loopback fail"
-                    );
-                    PodNs::Unknown(why)
+                Err(outside) => {
+                    if !pod.netns_warned.swap(true, Relaxed) {
+                        if matches!(
+                            outside,
+                            Outside::NoNamespace {
+                                isolated: false,
+                                ..
+                            }
+                        ) {
+                            self.metrics.probe_netns_failures.inc();
+                        }
+                        tracing::warn!(
+                            pod_namespace = %pod.namespace,
+                            pod_name = %pod.name,
+                            handler = %pod.isolation().map(|i| i.to_string()).unwrap_or_default(),
+                            "the pod's network is out of crisp's reach ({outside}): an isolated pod, probed only at its own IPs from crisp's own network namespace (never the node's addresses, never its loopback)"
+                        );
+                    }
+                    PodNs::Outside(outside)
                 }
-                Err(why) => PodNs::Unknown(why),
             }
         };
         let net = Arc::new(PodNet { ips, ns });
         *pod.net.lock() = Some(net.clone());
         Some(net)
+    }
+
+    /// The sandbox's network namespace, if crisp can probe from inside it: the runtime names
+    /// one crisp can open, it is not crisp's own, and the pod's first IP is an address there
+    /// (issue #44: evidence, whatever the runtime handler says).
+    async fn enter(
+        &self,
+        info: Option<&str>,
+        pod: &Pod,
+        ips: &[IpAddr],
+    ) -> Result<netns::NetNs, Outside> {
+        let isolated = pod.isolation().is_some_and(|i| i.is_isolated());
+        let ns = netns::resolve(info, &pod.sandbox_id)
+            .map_err(|why| Outside::NoNamespace { why, isolated })?;
+        if ns.is_crisps_own().unwrap_or(true) {
+            return Err(Outside::CrispsOwn);
+        }
+        let ip = ips.first().ok_or(Outside::NotHeld)?;
+        match ns.holds(*ip).await {
+            Ok(true) => Ok(ns),
+            Ok(false) => Err(Outside::NotHeld),
+            Err(e) => Err(Outside::NoNamespace {
+                why: format!("cannot enter {}: {e}", ns.path().display()),
+                isolated,
+            }),
+        }
     }
 
     /// The readiness to probe for `sidecar`: its own, unless the pod's annotation named an
@@ -118,7 +151,13 @@ impl Engine {
             .pod_net(version, pod)
             .await
             .ok_or("the pod's addresses are not known yet")?;
-        match super::sidecar::tenant_may_aim(&sidecar.ready, &net.ips, &self.cfg.probe_allow) {
+        // Probed from outside the pod's network, a target the operator allowed would be reached
+        // with the node's address: only the pod's own addresses then (issue #44).
+        let allow = match net.ns {
+            PodNs::Outside(_) => &[][..],
+            _ => &self.cfg.probe_allow[..],
+        };
+        match super::sidecar::tenant_may_aim(&sidecar.ready, &net.ips, allow) {
             Ok(()) => Ok(&sidecar.ready),
             Err(reason) => {
                 let first_time = pod.tenant_warned.lock().insert(tenant.key.clone());
@@ -205,12 +244,18 @@ impl Engine {
         if pod.host_network {
             return None;
         }
-        if pod.isolation().is_none() {
-            // Not classified yet (crisp restarted): the runtime's status says the handler.
-            self.pod_net(version, pod).await;
+        // The evidence decides (issue #44): the pod's network is out of crisp's reach.
+        let net = self.pod_net(version, pod).await?;
+        if !matches!(&net.ns, PodNs::Outside(why) if why.isolated()) {
+            return None;
         }
-        let isolation = pod.isolation().filter(|i| i.is_isolated())?;
-        let why = isolation::unreachable_reason(name, target, isolation);
+        let isolation =
+            pod.isolation()
+                .filter(|i| i.is_isolated())
+                .unwrap_or(isolation::Isolation::Isolated {
+                    handler: String::new(),
+                });
+        let why = isolation::unreachable_reason(name, target, &isolation);
         if !pod.isolation_warned.swap(true, Relaxed) {
             tracing::warn!(
                 pod_namespace = %pod.namespace,
@@ -251,8 +296,9 @@ impl readiness::ProbeEnv for ProbeTarget<'_> {
     }
 
     /// From inside the pod's network namespace (hostNetwork pods: the node's, which is theirs).
-    /// A CNI pod whose namespace is unknown is probed at its IP from the node's namespace, and
-    /// never at loopback: that would be the node's.
+    /// A pod whose network crisp cannot enter is probed from the node's namespace, and then only
+    /// at its own IPs that are no address of the node's (`readiness::outside_target`): never at
+    /// loopback, an operator's `probe_allow` network, link-local or metadata addresses.
     async fn connect(&self, addr: SocketAddr) -> Result<tokio::net::TcpStream, String> {
         let engine = self.engine;
         engine
@@ -271,14 +317,33 @@ impl readiness::ProbeEnv for ProbeTarget<'_> {
         let cannot_enter = |why: &dyn std::fmt::Display| {
             format!("cannot enter the pod's network namespace: {why}")
         };
-        let socket = match net.as_deref().map(|net| &net.ns) {
+        let socket = match net.as_deref() {
             // Caught before the probe (`Engine::unreachable`); never the node's loopback.
-            Some(PodNs::Isolated) if local => {
+            Some(PodNet {
+                ns:
+                    PodNs::Outside(Outside::NoNamespace {
+                        why,
+                        isolated: false,
+                    }),
+                ..
+            }) if local => return Err(cannot_enter(why)),
+            Some(PodNet {
+                ns: PodNs::Outside(_),
+                ..
+            }) if local => {
                 return Err(format!(
                     "connect {addr}: an isolated pod's loopback cannot be probed"
                 ))
             }
-            Some(PodNs::Isolated) => {
+            Some(PodNet {
+                ns: PodNs::Outside(_),
+                ips,
+            }) => {
+                let ip = addr.ip();
+                let node = engine.is_node_address(ip);
+                readiness::outside_target(ip, ips, node, &engine.outside_allow).map_err(|why| {
+                    format!("connect {addr}: not probed from outside the pod's network: {why}")
+                })?;
                 engine.metrics.probe_connects.inc();
                 return readiness::connect_here(addr).await.map_err(|e| {
                     if e.contains("refused") {
@@ -288,18 +353,22 @@ impl readiness::ProbeEnv for ProbeTarget<'_> {
                     }
                 });
             }
-            Some(PodNs::Pod(ns)) => Some(
+            Some(PodNet {
+                ns: PodNs::Pod(ns), ..
+            }) => Some(
                 ns.socket(addr.is_ipv6())
                     .await
                     .map_err(|err| cannot_enter(&err))?,
             ),
-            Some(PodNs::Unknown(why)) if local => return Err(cannot_enter(why)),
-            None if local && !self.pod.host_network => {
+            Some(PodNet {
+                ns: PodNs::Host, ..
+            }) => None,
+            None if self.pod.host_network => None,
+            None => {
                 return Err(cannot_enter(
                     &"the runtime has not reported the sandbox's status",
                 ))
             }
-            _ => None,
         };
         engine.metrics.probe_connects.inc();
         match socket {
@@ -353,5 +422,29 @@ impl readiness::ProbeEnv for ProbeTarget<'_> {
             );
             e.to_string()
         })
+    }
+}
+
+/// Why crisp probes a pod from outside its network (`Engine::enter`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum Outside {
+    /// No namespace found or entered; `isolated`: the handler is not one of `[readiness]
+    /// shared_kernel_handlers`, the only hint left that its loopback is out of reach.
+    #[error("cannot find the sandbox's network namespace: {why}")]
+    NoNamespace { why: String, isolated: bool },
+    #[error("the runtime names crisp's own network namespace as the sandbox's")]
+    CrispsOwn,
+    #[error("the sandbox's network namespace does not hold the pod IP: a VM or a user-space kernel owns the pod's network")]
+    NotHeld,
+}
+
+impl Outside {
+    /// The pod's loopback is out of reach: the evidence says its network is elsewhere, or no
+    /// namespace was found and its handler is not a shared-kernel one.
+    pub(super) fn isolated(&self) -> bool {
+        match self {
+            Outside::NoNamespace { isolated, .. } => *isolated,
+            Outside::CrispsOwn | Outside::NotHeld => true,
+        }
     }
 }

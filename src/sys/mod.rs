@@ -18,6 +18,7 @@
 //! - [`inherit::take_listen_fds`]: taking ownership of the descriptors systemd passed.
 
 pub(crate) mod inherit;
+pub(crate) mod net;
 pub(crate) mod ns;
 pub(crate) mod socket;
 

@@ -5,14 +5,18 @@
 //!   where the kernel has no `openat2` (before Linux 5.6: `ENOSYS`), the same rule by a walk
 //!   that opens each directory with `O_NOFOLLOW` relative to the one before. A link planted in
 //!   any directory of the path (`~user/dir` → `/etc`) cannot point the write at another file;
-//! - an existing file is never truncated unless asked (`--force`); even then, only a regular
+//! - an existing file is never replaced unless asked (`--force`); even then, only a regular
 //!   file owned by the user running the tap, with no other hard link: a file someone else
-//!   prepared (or a hard link to one crisp's user owns elsewhere) is refused, not truncated;
-//! - mode 0600 whether created or reused (an existing file's mode is set to 0600 before a byte
-//!   is written), then truncated.
+//!   prepared (or a hard link to one crisp's user owns elsewhere) is refused, left as it was;
+//! - with `--force` the recording goes to a new file, created 0600 in the same directory and
+//!   renamed over the old one (issue #44): the old file is never truncated or written, so a
+//!   reader that opened it earlier (it may have been 0644) keeps reading the old recording and
+//!   never sees the new one, `--unredacted` included;
+//! - mode 0600, set on the descriptor before a byte is written.
 //!
-//! Every check is made on the opened descriptor (`fstat`, `fchmod`, `ftruncate`), never again by
-//! name, so the file checked is the file written.
+//! Every check is made on an opened descriptor (`fstat`, `fchmod`), and the new file is created
+//! and renamed relative to the directory opened without following a symlink, never again by a
+//! path the kernel resolves afresh.
 
 use std::ffi::OsStr;
 use std::fs::{File, Metadata};
@@ -99,10 +103,10 @@ fn open_with(path: &Path, force: bool, opener: Opener) -> Result<File, OutputErr
         path: path.to_path_buf(),
         source,
     };
-    let mut flags = OFlags::WRONLY | OFlags::CREATE | OFlags::CLOEXEC | OFlags::NONBLOCK;
-    if !force {
-        flags |= OFlags::EXCL;
+    if force {
+        return replace_with(path, opener);
     }
+    let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::CLOEXEC | OFlags::NONBLOCK | OFlags::EXCL;
     let file = File::from(opener(path, flags).map_err(|e| match e.raw_os_error() {
         Some(libc::ELOOP) => OutputError::Symlink(path.to_path_buf()),
         // O_EXCL does not follow a symlink in the last place either: say which it is.
@@ -124,6 +128,80 @@ fn open_with(path: &Path, force: bool, opener: Opener) -> Result<File, OutputErr
     Ok(file)
 }
 
+/// `--force`: the existing file at `path` (if any) is checked as [`check`] says and left
+/// untouched; a new file is created 0600 next to it and renamed over it.
+fn replace_with(path: &Path, opener: Opener) -> Result<File, OutputError> {
+    let io_err = |source: io::Error| OutputError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let Some(name) = path.file_name() else {
+        // "/", "..": a directory, which the checks refuse anyway.
+        return Err(OutputError::Refused {
+            path: path.to_path_buf(),
+            why: Refusal::NotRegular,
+        });
+    };
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let dir =
+        opener(parent, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC).map_err(|e| match e
+            .raw_os_error()
+        {
+            Some(libc::ELOOP) => OutputError::Symlink(path.to_path_buf()),
+            // O_NOFOLLOW | O_DIRECTORY on a symlink to a directory: the link, not a directory.
+            Some(libc::ENOTDIR) if is_symlink(parent) => OutputError::Symlink(path.to_path_buf()),
+            _ => io_err(e),
+        })?;
+    // The file to be replaced: checked on a descriptor of the entry itself (a symlink is opened
+    // as itself with O_PATH | O_NOFOLLOW, and refused).
+    match rustix::fs::openat(
+        &dir,
+        name,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(old) => {
+            let st = rustix::fs::fstat(&old).map_err(|e| io_err(e.into()))?;
+            let kind = rustix::fs::FileType::from_raw_mode(st.st_mode);
+            if kind == rustix::fs::FileType::Symlink {
+                return Err(OutputError::Symlink(path.to_path_buf()));
+            }
+            let facts = FileFacts {
+                regular: kind == rustix::fs::FileType::RegularFile,
+                owner: st.st_uid,
+                links: st.st_nlink,
+            };
+            check(facts, crate::sys::effective_uid()).map_err(|why| OutputError::Refused {
+                path: path.to_path_buf(),
+                why,
+            })?;
+        }
+        Err(rustix::io::Errno::NOENT) => {}
+        Err(e) => return Err(io_err(e.into())),
+    }
+    let mut tmp = name.to_os_string();
+    tmp.push(format!(".crisp-tap-{}.tmp", std::process::id()));
+    let fd = rustix::fs::openat(
+        &dir,
+        &tmp,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    )
+    .map_err(|e| io_err(e.into()))?;
+    let file = File::from(fd);
+    let done = file
+        .set_permissions(std::fs::Permissions::from_mode(0o600))
+        .and_then(|()| Ok(rustix::fs::renameat(&dir, &tmp, &dir, name)?));
+    if let Err(e) = done {
+        let _ = rustix::fs::unlinkat(&dir, &tmp, rustix::fs::AtFlags::empty());
+        return Err(io_err(e));
+    }
+    Ok(file)
+}
+
 /// For the error message only: the file's own checks are made on its descriptor.
 fn is_symlink(path: &Path) -> bool {
     std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
@@ -136,7 +214,7 @@ fn open_beneath_no_symlinks(path: &Path, flags: OFlags) -> io::Result<OwnedFd> {
         CWD,
         path,
         flags | OFlags::NOFOLLOW,
-        Mode::from_raw_mode(0o600),
+        create_mode(flags),
         ResolveFlags::NO_SYMLINKS,
     ) {
         Err(rustix::io::Errno::NOSYS) => open_by_walk(path, flags),
@@ -179,8 +257,17 @@ fn open_by_walk(path: &Path, flags: OFlags) -> io::Result<OwnedFd> {
         &dir,
         name,
         flags | OFlags::NOFOLLOW,
-        Mode::from_raw_mode(0o600),
+        create_mode(flags),
     )?)
+}
+
+/// 0600 for a file being created; none otherwise (`openat2` refuses a mode without `O_CREAT`).
+fn create_mode(flags: OFlags) -> Mode {
+    if flags.contains(OFlags::CREATE) {
+        Mode::from_raw_mode(0o600)
+    } else {
+        Mode::empty()
+    }
 }
 
 #[cfg(test)]
@@ -266,6 +353,33 @@ mod tests {
             std::fs::metadata(&new).unwrap().permissions().mode() & 0o7777,
             0o600
         );
+    }
+
+    /// Issue #44: `--force` renames a new file over the old one. A reader that opened the old
+    /// (0644) file before reads the old recording to its end and never the new one. On bde328c
+    /// the old file was truncated and reused: the reader read the new recording.
+    #[test]
+    fn force_replaces_the_file_and_a_reader_of_the_old_one_never_sees_the_new() {
+        use std::io::{Read, Write};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("calls.jsonl");
+        std::fs::write(&path, "old recording\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let mut reader = File::open(&path).unwrap();
+        let mut f = open(&path, true).unwrap();
+        f.write_all(b"new secret recording\n").unwrap();
+        drop(f);
+        let mut seen = String::new();
+        reader.read_to_string(&mut seen).unwrap();
+        assert_eq!(seen, "old recording\n");
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "new secret recording\n"
+        );
+        let m = std::fs::metadata(&path).unwrap();
+        assert_eq!(m.permissions().mode() & 0o7777, 0o600);
+        // No temporary file left behind.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! deploy/: the installer DaemonSet (plain manifest, kustomize base and uninstall overlay)
 //! validates offline against the Kubernetes API models and follows the fleet rules
-//! (hack/check-manifests.py: a privileged init container with hostPID and the node's / at
-//! /host, an unprivileged reporter that stays, no hostNetwork, images pinned by digest where
+//! (hack/check-manifests.py: a privileged init container with the node's / at /host, an
+//! unprivileged reporter with a uid of its own that stays, no hostPID, hostNetwork, hostIPC or
+//! shareProcessNamespace, no service account token, images pinned by digest where
 //! applied, opt-in label, one node at a time, readiness once `crisp doctor` passed); a broken
 //! manifest is refused.
 
@@ -56,7 +57,11 @@ fn a_broken_manifest_is_refused() {
     let good = pinned();
     let tmp = tempfile::tempdir().unwrap();
     for (from, to, expect) in [
-        ("hostPID: true", "hostPid: true", "unknown field 'hostPid'"),
+        (
+            "enableServiceLinks: false",
+            "enableServicelinks: false",
+            "unknown field 'enableServicelinks'",
+        ),
         (
             "terminationGracePeriodSeconds: 120",
             "terminationGracePeriodSeconds: \"120\"",
@@ -108,8 +113,8 @@ fn the_installer_holds_no_more_than_it_needs() {
     let digest = format!("@sha256:{}", "ab".repeat(32));
     for (from, to, expect) in [
         (
-            "      hostPID: true\n",
-            "      hostPID: true\n      hostNetwork: true\n",
+            "      enableServiceLinks: false\n",
+            "      enableServiceLinks: false\n      hostNetwork: true\n",
             "hostNetwork must not be set",
         ),
         (digest.as_str(), "", "is not pinned by digest"),
@@ -161,4 +166,75 @@ fn the_installer_holds_no_more_than_it_needs() {
     std::fs::write(tree.join("base/crisp-installer.yaml"), &good).unwrap();
     let (ok, out) = check(&["--deploy", tree.to_str().unwrap()]);
     assert!(ok, "{out}");
+}
+
+/// Issue #44: every pod-level field SECURITY.md names is checked, and the reporter runs as a
+/// uid of its own. Each mutation of the pinned base is refused, naming the field; on bde328c
+/// check-manifests.py let hostIPC, shareProcessNamespace, a missing pod seccompProfile, a
+/// token mount and uid 65534 through, and required hostPID.
+#[test]
+fn every_field_security_md_names_is_checked() {
+    let good = pinned();
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("pinned.yaml");
+    std::fs::write(&p, &good).unwrap();
+    let (ok, out) = check(&[p.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    assert!(!good.contains("hostPID"), "the base needs no hostPID");
+    let links = "      enableServiceLinks: false\n";
+    for (from, to, expect) in [
+        (
+            links,
+            "      enableServiceLinks: false\n      hostPID: true\n",
+            "hostPID must not be set",
+        ),
+        (
+            links,
+            "      enableServiceLinks: false\n      hostIPC: true\n",
+            "hostIPC must not be set",
+        ),
+        (
+            links,
+            "      enableServiceLinks: false\n      shareProcessNamespace: true\n",
+            "shareProcessNamespace must not be set",
+        ),
+        (
+            "      automountServiceAccountToken: false\n",
+            "      automountServiceAccountToken: true\n",
+            "automountServiceAccountToken: false is required",
+        ),
+        (
+            "      automountServiceAccountToken: false\n",
+            "",
+            "automountServiceAccountToken: false is required",
+        ),
+        (
+            "      securityContext:\n        seccompProfile:\n          type: RuntimeDefault\n",
+            "",
+            "seccompProfile must be RuntimeDefault",
+        ),
+        (
+            "          runAsUser: 64071\n",
+            "          runAsUser: 65534\n",
+            "a uid and gid of its own",
+        ),
+        (
+            "          runAsGroup: 64071\n",
+            "          runAsGroup: 65534\n",
+            "a uid and gid of its own",
+        ),
+        (
+            "          seccompProfile:\n            type: RuntimeDefault\n",
+            "          seccompProfile:\n            type: Unconfined\n",
+            "seccompProfile must stay RuntimeDefault",
+        ),
+    ] {
+        assert!(good.contains(from), "{from}");
+        std::fs::write(&p, good.replacen(from, to, 1)).unwrap();
+        let (ok, out) = check(&[p.to_str().unwrap()]);
+        assert!(
+            !ok && out.contains(expect),
+            "{from} -> {to}: expected '{expect}':\n{out}"
+        );
+    }
 }

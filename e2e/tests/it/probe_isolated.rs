@@ -1,5 +1,7 @@
 //! Issue #35 item 2 end to end: pods of an isolated runtime handler are probed at their pod IP
-//! from crisp's own network namespace, never inside the sandbox's host-side one.
+//! from crisp's own network namespace, never inside the sandbox's host-side one — because that
+//! namespace does not hold the pod IP (issue #44: evidence, not the handler's name) — and then
+//! at nothing but their own IPs.
 //!
 //! The isolated handler is `isolated` in hack/containerd.sh: runc behind hack/isolated-runc,
 //! which gives each pod's containers a network namespace of their own ("the guest") behind the
@@ -151,8 +153,8 @@ async fn isolated_sidecar_is_judged_ready_through_the_pod_ip() -> Result<()> {
         secs(after_ready)
     );
     assert!(
-        log.contains("isolated runtime handler"),
-        "the pod was not classified as isolated:\n{log}"
+        log.contains("the pod's network is out of crisp's reach"),
+        "the pod was not found isolated:\n{log}"
     );
     assert!(
         !log.contains("probing from the pod's network namespace"),
@@ -235,7 +237,10 @@ async fn shared_kernel_pod_is_probed_in_its_namespace_as_before() -> Result<()> 
         log.contains("probing from the pod's network namespace"),
         "{log}"
     );
-    assert!(!log.contains("isolated runtime handler"), "{log}");
+    assert!(
+        !log.contains("the pod's network is out of crisp's reach"),
+        "{log}"
+    );
     let pods = crisp_pods(&st, "tenant/runc-lo")?;
     assert_eq!(
         pods["pods"][0]["isolation"].as_str(),
@@ -265,4 +270,67 @@ fn crisp_pods(st: &Stack, pod: &str) -> Result<serde_json::Value> {
         );
     }
     Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+/// Issue #44: `probe_netns::annotations_aimed_at_the_node_reach_nothing` for an isolated pod.
+/// The operator allowed every IPv4 address in `probe_allow` (so the CNI bridge's gateway, an
+/// address of the node, too); an isolated pod aims `tcp://GATEWAY:PORT` and `http://GATEWAY:PORT/` at a listener on the node.
+/// Probed from crisp's own namespace such a probe would carry the node's source address past
+/// the pod's NetworkPolicy: the listener gets not one connection, and each annotation is
+/// reported once as not one of the pod's own addresses. On bde328c crisp connected to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn isolated_pods_aimed_at_the_node_reach_nothing() -> Result<()> {
+    // The operator's worst case: every IPv4 address allowed for pods' own annotations.
+    let st = Stack::start(
+        true,
+        &format!(
+            "[ordering]\nprobe_interval = \"{INTERVAL_MS}ms\"\nprobe_allow = [\"0.0.0.0/0\"]\n"
+        ),
+        |_| {},
+    )
+    .await?;
+    let subnet = st.containerd.cni_subnet().context("no CNI subnet")?;
+    let net: std::net::Ipv4Addr = subnet
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .parse()
+        .context("CNI subnet")?;
+    let gateway = std::net::Ipv4Addr::from(u32::from(net) + 1);
+    let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await?;
+    let port = listener.local_addr()?.port();
+    let accepts = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = accepts.clone();
+    let server = tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let _ = tokio::io::AsyncWriteExt::write_all(&mut s, b"HTTP/1.0 200 OK\r\n\r\n").await;
+        }
+    });
+    let yaml = format!(
+        "name: isolated-aimed\nnamespace: tenant\nruntimeClassName: isolated\nannotations:\n  crisp.dev/sidecars: a, b\n  crisp.dev/ready.a: \"tcp://{gateway}:{port}\"\n  crisp.dev/ready.b: \"http://{gateway}:{port}/pods\"\n  crisp.dev/start-timeout: 3s\ncontainers:\n  - name: a\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 3600 & wait\"]\n  - name: b\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 3600 & wait\"]\n{APP}"
+    );
+    let uid = st.run_pod(pod(&yaml), STEP).await?;
+    let log = st.crisp.log_text();
+    assert_eq!(
+        accepts.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "crisp connected to the node's listener on behalf of an isolated pod:\n{log}"
+    );
+    // The node answers there (crisp would have been let in).
+    tokio::net::TcpStream::connect((gateway, port))
+        .await
+        .context("the node's listener at the gateway")?;
+    for key in ["crisp.dev/ready.a=", "crisp.dev/ready.b="] {
+        let said: Vec<&str> = log.lines().filter(|l| l.contains(key)).collect();
+        assert_eq!(said.len(), 1, "{key}: once per pod:\n{log}");
+        assert!(
+            said[0].contains("not one of the pod's own addresses"),
+            "{}",
+            said[0]
+        );
+    }
+    st.delete_pod(&uid, Some(5), STEP).await?;
+    server.abort();
+    Ok(())
 }

@@ -1,6 +1,8 @@
-//! Isolated pods (issue #35, `isolation.rs`): classified by their runtime handler, probed at the
-//! pod IP from crisp's own namespace, and a readiness target on their loopback reported at once
-//! with the pod's timeout policy applied then, not at the start timeout.
+//! Isolated pods (issues #35, #44, `isolation.rs`): a pod whose network crisp cannot enter is
+//! probed at its own IPs only, from crisp's own namespace, never at an address of the node's;
+//! a readiness target on its loopback is reported at once with the pod's timeout policy applied
+//! then, not at the start timeout. Whether it is isolated is evidence (the sandbox's namespace
+//! holds the pod IP), not its runtime handler's name.
 
 use super::*;
 
@@ -32,6 +34,12 @@ fn a_host_address() -> std::net::IpAddr {
     s.connect("192.0.2.1:9")
         .expect("this test needs an IPv4 default route (a non-loopback address)");
     s.local_addr().unwrap().ip()
+}
+
+/// Only loopback counts as the node's own address in this engine, so that an address of this
+/// host can stand in for an isolated pod's IP that crisp reaches from its own namespace.
+fn host_address_stands_in_for_a_pods(engine: &Engine) {
+    let _ = engine.test_node_address.set(|ip| ip.is_loopback());
 }
 
 fn last_probe(engine: &Engine) -> crate::readiness::ProbeResult {
@@ -70,7 +78,7 @@ async fn an_isolated_pods_loopback_target_falls_back_to_proceed_at_once() {
     assert_eq!(engine.metrics.probe_connects.get(), 0);
     let (p, _) = engine.lookup(Some(SANDBOX), None);
     assert_eq!(
-        p.unwrap().isolation().map(ToString::to_string).as_deref(),
+        p.unwrap().isolation().map(|i| i.to_string()).as_deref(),
         Some("isolated (handler kata)")
     );
 }
@@ -96,15 +104,17 @@ async fn an_isolated_pods_loopback_target_under_policy_fail_is_refused_at_once()
 }
 
 /// An isolated pod's IP is probed from crisp's own namespace (here the "pod IP" is an address
-/// of this host, where a listener waits): ready at once, and the sandbox's network namespace
-/// is never looked for. Main looked for it first (this runtime reveals none: counted in
-/// `crisp_probe_netns_failures_total` and warned about), then connected from the node's.
+/// of this host, where a listener waits, and only loopback counts as the node's): ready at
+/// once. The sandbox's namespace is looked for (issue #44: evidence first); this runtime
+/// reveals none, which for a handler not in the shared-kernel list is not counted in
+/// `crisp_probe_netns_failures_total`.
 #[tokio::test]
 async fn an_isolated_pods_ip_is_probed_from_crisps_namespace() {
     let ip = a_host_address();
     let l = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
     let port = l.local_addr().unwrap().port();
     let (fake, engine) = isolated_pod("kata-qemu", &format!("tcp://:{port}"), &ip.to_string(), &[]);
+    host_address_stands_in_for_a_pods(&engine);
     let t0 = std::time::Instant::now();
     let (v, _) = create_container(&engine, &fake, "app").await;
     assert_forward(&v);
@@ -119,7 +129,7 @@ async fn an_isolated_pods_ip_is_probed_from_crisps_namespace() {
     assert_eq!(
         engine.metrics.probe_netns_failures.get(),
         0,
-        "the sandbox's namespace was looked for"
+        "counted as a CNI pod whose namespace is missing"
     );
 }
 
@@ -138,6 +148,7 @@ async fn a_refused_probe_of_an_isolated_pod_says_what_crisp_cannot_tell() {
         &ip.to_string(),
         &[(annotations::START_TIMEOUT, "1s")],
     );
+    host_address_stands_in_for_a_pods(&engine);
     let _ = create_container(&engine, &fake, "app").await;
     let why = last_probe(&engine).unwrap_err();
     assert!(
@@ -208,4 +219,271 @@ async fn run_pod_sandbox_classifies_by_the_operators_list() {
             "{handler:?}"
         );
     }
+}
+
+/// Counts the connections a listener on the node accepts, in the background.
+fn count_accepts(l: std::net::TcpListener) -> Arc<std::sync::atomic::AtomicUsize> {
+    let n = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = n.clone();
+    l.set_nonblocking(true).unwrap();
+    let l = tokio::net::TcpListener::from_std(l).unwrap();
+    tokio::spawn(async move {
+        while let Ok((_s, _)) = l.accept().await {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    n
+}
+
+/// Issue #44, adversarial: a `kata` pod whose CNI let it "live at" the node's own address,
+/// probed at `tcp://:PORT` where a listener on the node waits. crisp cannot enter the pod's
+/// network (this runtime reveals no namespace), so it would probe from the node's: it refuses,
+/// the listener gets nothing, and the probe's result says why. On bde328c crisp connected to
+/// the node's listener and judged the sidecar ready.
+#[tokio::test]
+async fn a_kata_pod_at_the_nodes_address_reaches_nothing() {
+    let ip = a_host_address();
+    let l = std::net::TcpListener::bind((ip, 0)).unwrap();
+    let port = l.local_addr().unwrap().port();
+    let accepts = count_accepts(l);
+    let (fake, engine) = isolated_pod(
+        "kata",
+        &format!("tcp://:{port}"),
+        &ip.to_string(),
+        &[(annotations::START_TIMEOUT, "1s")],
+    );
+    let _ = create_container(&engine, &fake, "app").await;
+    let why = last_probe(&engine).unwrap_err();
+    assert!(
+        why.contains("not probed from outside the pod's network")
+            && why.contains("an address of the node itself"),
+        "{why}"
+    );
+    assert_eq!(accepts.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert_eq!(engine.metrics.probe_connects.get(), 0);
+}
+
+/// Issue #44, adversarial: an isolated pod's annotation aimed at an address the operator put in
+/// `probe_allow` (a Service, the node) would be reached with the node's source address, past the
+/// pod's NetworkPolicy: treated as a bad annotation (warned, counted, as if absent), never
+/// connected to. On bde328c crisp connected to it from the node's namespace.
+#[tokio::test]
+async fn an_isolated_pods_probe_allow_target_is_never_reached() {
+    let target = a_host_address();
+    let l = std::net::TcpListener::bind((target, 0)).unwrap();
+    let port = l.local_addr().unwrap().port();
+    let accepts = count_accepts(l);
+    let fake = Fake::default();
+    let engine = pod_with(
+        &fake,
+        &["proxy"],
+        &[(annotations::START_TIMEOUT, "1s")],
+        |c| {
+            c.ordering.probe_allow =
+                vec![crate::readiness::Cidr::parse(&target.to_string()).unwrap()];
+        },
+    );
+    host_address_stands_in_for_a_pods(&engine);
+    fake.script().annotations.insert(
+        "crisp.dev/ready.proxy".into(),
+        format!("http://{target}:{port}/metrics"),
+    );
+    fake.script().ip = Some("10.1.2.3".into());
+    fake.script().handler = "kata".into();
+    fake.add("proxy", Some(now()));
+    let _ = create_container(&engine, &fake, "app").await;
+    assert_eq!(accepts.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert_eq!(engine.metrics.bad_annotations.get(), 1);
+    assert_eq!(engine.metrics.probe_connects.get(), 0);
+}
+
+/// A network namespace of the test's own (`ip netns add`), removed when dropped, with `addr`
+/// on its loopback device: a pod's network where the pod IP lives.
+pub(super) struct TestNetns(String);
+
+impl TestNetns {
+    pub(super) fn new(addr: std::net::IpAddr) -> TestNetns {
+        assert_eq!(
+            crate::sys::effective_uid(),
+            0,
+            "this test creates a network namespace: it needs root (CI runs as root)"
+        );
+        let name = format!("crisp-test-{}-{}", std::process::id(), port_seed());
+        let ip = |args: &[&str]| {
+            let out = std::process::Command::new("ip")
+                .args(args)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "ip {args:?}: {out:?}");
+        };
+        ip(&["netns", "add", &name]);
+        let ns = TestNetns(name);
+        let a = format!("{addr}/32");
+        ip(&["-n", &ns.0, "addr", "add", &a, "dev", "lo"]);
+        ip(&["-n", &ns.0, "link", "set", "lo", "up"]);
+        ns
+    }
+
+    pub(super) fn path(&self) -> String {
+        format!("/run/netns/{}", self.0)
+    }
+}
+
+fn port_seed() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, SeqCst)
+}
+
+impl Drop for TestNetns {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "delete", &self.0])
+            .status();
+    }
+}
+
+/// Issue #44, adversarial: a runc-based pod under a handler not in `shared_kernel_handlers`
+/// (the GPU operator's `nvidia`), its pod IP the node's own address. Its sandbox's namespace
+/// holds that address, so crisp probes inside it, whatever the handler: the sidecar listening
+/// there is found ready, and the node's listener on the same address and port gets nothing.
+/// On bde328c the handler's name made it "isolated": probed from the node's namespace, the
+/// node's listener was connected to.
+#[tokio::test]
+async fn a_runc_pod_under_another_handler_is_probed_inside_its_namespace() {
+    let ip = a_host_address();
+    let netns = TestNetns::new(ip);
+    // The sidecar: listening inside the pod's namespace at the pod IP.
+    let ns = crate::netns::NetNs::open(std::path::Path::new(&netns.path())).unwrap();
+    let inside = ns.socket(ip.is_ipv6()).await.unwrap();
+    inside.bind(std::net::SocketAddr::new(ip, 0)).unwrap();
+    let port = inside.local_addr().unwrap().port();
+    let inside = inside.listen(16).unwrap();
+    // The node: listening at the same address and port in crisp's namespace.
+    let accepts = count_accepts(std::net::TcpListener::bind((ip, port)).unwrap());
+    let (fake, engine) = isolated_pod("nvidia", &format!("tcp://:{port}"), &ip.to_string(), &[]);
+    fake.script().info = Some(format!(
+        r#"{{"runtimeSpec":{{"linux":{{"namespaces":[{{"type":"network","path":"{}"}}]}}}}}}"#,
+        netns.path()
+    ));
+    let (v, _) = create_container(&engine, &fake, "app").await;
+    assert_forward(&v);
+    assert_eq!(last_probe(&engine), Ok(()));
+    // The probe's connection is in the sidecar's backlog already (bounded: never a hang).
+    tokio::time::timeout(Duration::from_secs(5), inside.accept())
+        .await
+        .expect("the sidecar inside the pod's namespace was never connected to")
+        .unwrap();
+    assert_eq!(
+        accepts.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "crisp connected to the node's listener"
+    );
+    let (p, _) = engine.lookup(Some(SANDBOX), None);
+    assert_eq!(
+        p.unwrap().isolation().map(|i| i.to_string()).as_deref(),
+        Some("shared kernel (handler nvidia)")
+    );
+}
+
+/// The same `nvidia` pod, when the namespace the runtime names does not hold the pod IP (a VM
+/// owns it, as hack/isolated-runc arranges): isolated by the evidence, and its IP being the
+/// node's address, nothing is probed.
+#[tokio::test]
+async fn a_namespace_without_the_pod_ip_makes_the_pod_isolated() {
+    let ip = a_host_address();
+    let netns = TestNetns::new("192.0.2.200".parse().unwrap());
+    let l = std::net::TcpListener::bind((ip, 0)).unwrap();
+    let port = l.local_addr().unwrap().port();
+    let accepts = count_accepts(l);
+    let (fake, engine) = isolated_pod(
+        "nvidia",
+        &format!("tcp://:{port}"),
+        &ip.to_string(),
+        &[(annotations::START_TIMEOUT, "1s")],
+    );
+    fake.script().info = Some(format!(
+        r#"{{"runtimeSpec":{{"linux":{{"namespaces":[{{"type":"network","path":"{}"}}]}}}}}}"#,
+        netns.path()
+    ));
+    let _ = create_container(&engine, &fake, "app").await;
+    let why = last_probe(&engine).unwrap_err();
+    assert!(why.contains("an address of the node itself"), "{why}");
+    assert_eq!(accepts.load(std::sync::atomic::Ordering::SeqCst), 0);
+    let (p, _) = engine.lookup(Some(SANDBOX), None);
+    assert_eq!(
+        p.unwrap().isolation().map(|i| i.to_string()).as_deref(),
+        Some("isolated (handler nvidia)")
+    );
+}
+
+/// A network the operator allowed in `probe_allow` is probed from inside the pod's namespace,
+/// with the pod's own address (what the pod itself could reach).
+#[tokio::test]
+async fn an_allowed_network_is_probed_from_inside_the_pods_namespace() {
+    let netns = TestNetns::new("10.1.2.3".parse().unwrap());
+    let fake = Fake::default();
+    let engine = pod_with(
+        &fake,
+        &["proxy"],
+        &[(annotations::START_TIMEOUT, "1s")],
+        |c| {
+            c.ordering.probe_allow = vec![crate::readiness::Cidr::parse("192.0.2.0/24").unwrap()];
+            c.ordering.probe_timeout = Duration::from_millis(50);
+        },
+    );
+    fake.script()
+        .annotations
+        .insert("crisp.dev/ready.proxy".into(), "tcp://192.0.2.1:1".into());
+    fake.script().ip = Some("10.1.2.3".into());
+    fake.script().info = Some(format!(
+        r#"{{"runtimeSpec":{{"linux":{{"namespaces":[{{"type":"network","path":"{}"}}]}}}}}}"#,
+        netns.path()
+    ));
+    fake.add("proxy", Some(now()));
+    let _ = create_container(&engine, &fake, "app").await;
+    assert_eq!(engine.metrics.bad_annotations.get(), 0);
+    assert!(engine.metrics.probe_connects.get() > 0, "not probed");
+    // Inside the pod's namespace (only loopback there, no route to 192.0.2.1).
+    let why = last_probe(&engine).unwrap_err();
+    assert!(why.contains("192.0.2.1:1"), "{why}");
+}
+
+/// Issue #44: `crisp pods`' reads of each pod's containers go through the node-wide
+/// runtime-read limit. At 1 read a second (a burst of 1), five reads from an empty bucket take
+/// about 5 s; on bde328c they all went to the runtime at once (elapsed 0).
+#[tokio::test(start_paused = true)]
+async fn crisp_pods_reads_take_the_node_wide_read_limit() {
+    let fake = Fake::default();
+    let engine = pod_with(&fake, &["proxy"], &[], |c| {
+        c.ordering.runtime_reads_per_second = 1;
+    });
+    fake.add("proxy", Some(now()));
+    let (v, _) = create_container(&engine, &fake, "app").await;
+    assert_forward(&v);
+    let (p, _) = engine.lookup(Some(SANDBOX), None);
+    let p = p.unwrap();
+    // Empty the bucket, whatever the create's own reads left in it.
+    let _ = engine
+        .list_pod_containers(&p, tokio::time::Instant::now() + Duration::from_secs(2))
+        .await;
+    fake.script().lists = 0;
+    let t0 = tokio::time::Instant::now();
+    let until = t0 + Duration::from_secs(60);
+    let reads = (0..5).map(|_| engine.list_pod_containers(&p, until));
+    for r in futures_util::future::join_all(reads).await {
+        r.unwrap();
+    }
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_secs(4) && took < Duration::from_secs(6),
+        "{took:?}"
+    );
+    assert_eq!(fake.script().lists, 5);
+    // A read that cannot have a turn before its end is refused, not queued.
+    let why = engine
+        .list_pod_containers(&p, tokio::time::Instant::now())
+        .await
+        .unwrap_err();
+    assert!(why.contains("runtime-read limit"), "{why}");
 }

@@ -80,6 +80,8 @@ struct Script {
     list_fails: bool,
     /// The runtime handler PodSandboxStatus reports (`""`: the runtime's default).
     handler: String,
+    /// The verbose `info` JSON PodSandboxStatus reports (none: not verbose).
+    info: Option<String>,
 }
 
 #[derive(Default, Clone)]
@@ -210,9 +212,14 @@ impl Runtime for Fake {
         _: ApiVersion,
         id: &'a str,
     ) -> Answer<'a, views::PodSandboxStatusResponse> {
-        let (annotations, ip, runtime_handler) = {
+        let (annotations, ip, runtime_handler, info) = {
             let s = self.script();
-            (s.annotations.clone(), s.ip.clone(), s.handler.clone())
+            (
+                s.annotations.clone(),
+                s.ip.clone(),
+                s.handler.clone(),
+                s.info.clone(),
+            )
         };
         let status = views::PodSandboxStatus {
             id: id.into(),
@@ -232,6 +239,9 @@ impl Runtime for Fake {
         };
         ready(Ok(views::PodSandboxStatusResponse {
             status: Some(status),
+            info: info
+                .map(|i| [("info".to_string(), i)].into())
+                .unwrap_or_default(),
             ..Default::default()
         }))
     }

@@ -37,10 +37,17 @@ async fn an_annotation_aimed_elsewhere_is_bad_once_and_treated_as_absent() {
     );
 }
 
-/// The same spec naming the pod's own IP, or a network the operator allowed, is probed.
+/// The same spec naming the pod's own IP is probed; naming a network the operator allowed, it
+/// is probed only from inside the pod's network (`isolated.rs`,
+/// `an_allowed_network_is_probed_from_inside_the_pods_namespace`): this runtime reveals no
+/// namespace, and from the node's an allowed network would be reached with the node's address
+/// (issue #44), so it is a bad annotation here.
 #[tokio::test(start_paused = true)]
 async fn an_annotation_naming_the_pods_ip_or_an_allowed_network_is_probed() {
-    for (ip, allow) in [("192.0.2.1", vec![]), ("10.1.2.3", vec!["192.0.2.0/24"])] {
+    for (ip, allow, probed) in [
+        ("192.0.2.1", vec![], true),
+        ("10.1.2.3", vec!["192.0.2.0/24"], false),
+    ] {
         let fake = Fake::default();
         fake.script().annotations = [
             (annotations::SIDECARS, "proxy"),
@@ -64,10 +71,15 @@ async fn an_annotation_naming_the_pods_ip_or_an_allowed_network_is_probed() {
         );
         fake.add("proxy", Some(now()));
         let _ = create_container(&engine, &fake, "app").await;
-        assert_eq!(engine.metrics.bad_annotations.get(), 0, "{ip} {allow:?}");
-        assert!(
+        assert_eq!(
+            engine.metrics.bad_annotations.get(),
+            u64::from(!probed),
+            "{ip} {allow:?}"
+        );
+        assert_eq!(
             engine.metrics.probe_connects.get() > 0,
-            "{ip} {allow:?}: not probed"
+            probed,
+            "{ip} {allow:?}"
         );
     }
 }
