@@ -47,11 +47,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::create_dir_all(&out)?;
     let api = std::fs::read_to_string(CRI_API)?.replace(" [debug_redact = true]", "");
     std::fs::write(out.join("api.proto"), api)?;
+    let mut config = tonic_prost_build::Config::new();
+    config.disable_comments(["."]);
     tonic_prost_build::configure()
         .build_client(false)
         .build_server(false)
-        .disable_comments(["."])
         .type_attribute(".", "#[derive(serde::Serialize)]")
-        .compile_protos(&[out.join("api.proto")], &[out])?;
+        .compile_with_config(config, &[out.join("api.proto")], &[out])?;
     Ok(())
 }

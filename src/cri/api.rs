@@ -3,6 +3,8 @@
 //! messages with them (`crisp tap --full`); crisp never encodes a forwarded message, and its own
 //! calls use the views ([`super::views`]). v1alpha2 is wire-identical for every field the two
 //! share (KUBELET-CRI.md §8.2), so both are decoded with these.
-#![allow(clippy::all, clippy::pedantic, missing_docs)]
+// Messages no code reads yet (1.37's CheckpointPod/RestorePod: not routed) are kept: they are
+// the file as pinned.
+#![allow(clippy::all, clippy::pedantic, missing_docs, dead_code)]
 
 include!(concat!(env!("OUT_DIR"), "/runtime.v1.rs"));
