@@ -222,22 +222,23 @@ async fn answer(
     // A List with a filter (crisp's own lookups by sandbox or id) matches nothing here, as it
     // would match a handful on a real node, not the whole canned list.
     let filtered = body.len() > 5;
-    let frames =
-        if filtered && (path.ends_with("/ListContainers") || path.ends_with("/ListPodSandbox")) {
-            vec![frame(&[])]
-        } else if path.ends_with("/ListContainers") {
-            vec![canned.list_containers.clone()]
-        } else if path.ends_with("/ContainerStatus") {
-            vec![canned.container_status.clone()]
-        } else if path.ends_with("/ListPodSandbox") {
-            vec![canned.list_sandboxes.clone()]
-        } else if path.ends_with("/PodSandboxStatus") {
-            vec![canned.sandbox_status.clone()]
-        } else if path.ends_with("/GetContainerEvents") {
-            vec![canned.event.clone(); canned.events_per_stream]
-        } else {
-            vec![canned.version.clone()]
-        };
+    // StreamContainers (KEP-5825) is served as one chunk: the list.
+    let containers = path.ends_with("/ListContainers") || path.ends_with("/StreamContainers");
+    let frames = if filtered && (containers || path.ends_with("/ListPodSandbox")) {
+        vec![frame(&[])]
+    } else if containers {
+        vec![canned.list_containers.clone()]
+    } else if path.ends_with("/ContainerStatus") {
+        vec![canned.container_status.clone()]
+    } else if path.ends_with("/ListPodSandbox") {
+        vec![canned.list_sandboxes.clone()]
+    } else if path.ends_with("/PodSandboxStatus") {
+        vec![canned.sandbox_status.clone()]
+    } else if path.ends_with("/GetContainerEvents") {
+        vec![canned.event.clone(); canned.events_per_stream]
+    } else {
+        vec![canned.version.clone()]
+    };
     let mut resp = Response::new(CannedBody {
         frames,
         next: 0,

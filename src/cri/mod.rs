@@ -5,6 +5,9 @@
 //! Nothing here is used to re-encode a forwarded message: views are decoded *copies* (prost drops
 //! unknown fields, which is fine for a copy and fatal for a forwarded message — DESIGN.md §1).
 
+pub mod api;
+#[cfg(test)]
+mod drift;
 pub mod patch;
 pub mod skim;
 pub mod tags;

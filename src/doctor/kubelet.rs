@@ -9,7 +9,7 @@ use super::*;
 /// Where kubelet reads its flags and config on a kubeadm-style node, lowest precedence first
 /// (10-kubeadm.conf: `$KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS`; on the
 /// command line the last flag wins, and flags win over the config file).
-const KUBELET_CONFIG: &str = "/var/lib/kubelet/config.yaml";
+pub(crate) const KUBELET_CONFIG: &str = "/var/lib/kubelet/config.yaml";
 const KUBEADM_FLAGS: &str = "/var/lib/kubelet/kubeadm-flags.env";
 const EXTRA_ARGS_FILES: [&str; 2] = ["/etc/sysconfig/kubelet", "/etc/default/kubelet"];
 
@@ -26,6 +26,9 @@ struct KubeletSettings {
     pub(crate) image_endpoint: Option<Setting>,
     /// `--container-runtime=...` (removed in kubelet 1.27).
     pub(crate) container_runtime: Option<Setting>,
+    /// `--pod-infra-container-image=...` (removed in kubelet 1.35: the runtime's sandbox image
+    /// decides).
+    pub(crate) pod_infra_image: Option<Setting>,
     /// Files that exist, as node paths.
     pub(crate) files: Vec<PathBuf>,
 }
@@ -124,6 +127,7 @@ fn kubelet_settings(root: &Path) -> KubeletSettings {
         set("--container-runtime-endpoint", &mut s.runtime_endpoint);
         set("--image-service-endpoint", &mut s.image_endpoint);
         set("--container-runtime", &mut s.container_runtime);
+        set("--pod-infra-container-image", &mut s.pod_infra_image);
     }
     s
 }
@@ -168,35 +172,45 @@ pub(super) fn kubelet_version(root: &Path) -> Option<(u32, u32)> {
         .find_map(|b| run(&b))
 }
 
-/// What the kubelet's version means for crisp (README "Support matrix").
-pub(super) fn check_kubelet_version(opts: &Options, r: &mut Report) {
-    let Some((major, minor)) = kubelet_version(&opts.root) else {
+/// Newest kubelet minor crisp's lanes have run (docs/SUPPORT.md).
+pub(crate) const NEWEST_TRIED: u32 = 36;
+
+/// What kubelet `version` means for crisp (docs/SUPPORT.md): (level, detail, fix).
+pub(crate) fn version_advice(version: Option<(u32, u32)>) -> (Level, String, Option<String>) {
+    let Some((major, minor)) = version else {
         // Not a problem with the installation (kubelet may run from elsewhere): reported, not
         // warned about.
-        r.ok(
-            "kubelet-version",
-            "kubelet's version is unknown (no kubelet binary found to run `kubelet --version`); crisp is for kubelet 1.20–1.28, on 1.29+ see README: Support matrix",
+        return (
+            Level::Ok,
+            format!("kubelet's version is unknown (no kubelet binary found to run `kubelet --version`); crisp orders sidecars for kubelet 1.20–1.{NEWEST_TRIED} (docs/SUPPORT.md), and from 1.29 on native sidecars need no crisp"),
+            None,
         );
-        return;
     };
     let v = format!("{major}.{minor}");
+    let native = format!("kubelet {v} has native sidecars (KEP-753, on by default since 1.29): a pod that declares its sidecars as init containers with restartPolicy: Always needs no crisp; crisp still orders legacy sidecars on it");
+    let move_native = "move sidecars to native ones (Istio and Linkerd have a native-sidecar mode) and uninstall crisp with hack/uninstall.sh — or keep it for pods you cannot change, and for `crisp tap`";
     match (major, minor) {
-        (1, m) if m < 20 => r.warn("kubelet-version", format!("kubelet {v}: older than crisp was built against (1.20–1.27)"), "upgrade kubelet to 1.20 or later"),
-        (1, m) if m <= 27 => r.ok("kubelet-version", format!("kubelet {v} has no native sidecars: crisp orders sidecars, stops them last and ends Job sidecars")),
-        (1, 28) => r.ok(
-            "kubelet-version",
-            format!(
-                "kubelet {v}: native sidecars are alpha (feature gate SidecarContainers, off by default); crisp orders legacy sidecars and leaves native ones (init containers with restartPolicy: Always) to kubelet"
-            ),
+        (1, m) if m < 20 => (Level::Warn, format!("kubelet {v}: older than crisp supports (1.20–1.{NEWEST_TRIED})"), Some("upgrade kubelet to 1.20 or later".into())),
+        (1, m) if m <= 27 => (Level::Ok, format!("kubelet {v} has no native sidecars: crisp orders sidecars, stops them last and ends Job sidecars"), None),
+        (1, 28) => (Level::Ok, format!("kubelet {v}: native sidecars are alpha (feature gate SidecarContainers, off by default); crisp orders legacy sidecars and leaves native ones (init containers with restartPolicy: Always) to kubelet"), None),
+        (1, m) if m <= 34 => (Level::Warn, native, Some(move_native.into())),
+        (1, m) if m <= NEWEST_TRIED => (
+            Level::Warn,
+            format!("{native}. From 1.35 kubelet refuses cgroup v1 unless failCgroupV1: false (see the cgroup check) and has no --pod-infra-container-image"),
+            Some(move_native.into()),
         ),
-        _ => r.warn(
-            "kubelet-version",
-            format!(
-                "kubelet {v} has native sidecars (KEP-753, on by default since 1.29): a pod that declares its sidecars as init containers with restartPolicy: Always needs no crisp"
-            ),
-            "move sidecars to native ones (Istio and Linkerd have a native-sidecar mode) and uninstall crisp with hack/uninstall.sh — or keep it for pods you cannot change, and for `crisp tap`",
+        _ => (
+            Level::Warn,
+            format!("kubelet {v} is newer than crisp has been tried with (1.{NEWEST_TRIED}); 1.37 makes the runtime's RuntimeConfig mandatory (KEP-4033: containerd 1.6 and 1.7 cannot answer it), restores pods whose containers crisp never saw created (CheckpointPod/RestorePod, KEP-5823) and adds container stop signals (KEP-4960)"),
+            Some("read docs/SUPPORT.md (\"Kubelet 1.37 and later\") before upgrading; run containerd 2.x or CRI-O, which answer RuntimeConfig".into()),
         ),
     }
+}
+
+/// What the kubelet's version means for crisp (docs/SUPPORT.md).
+pub(super) fn check_kubelet_version(version: Option<(u32, u32)>, r: &mut Report) {
+    let (level, detail, fix) = version_advice(version);
+    r.push("kubelet-version", level, detail, fix);
 }
 
 pub(super) fn check_kubelet(opts: &Options, listen: &Path, upstream: &Path, r: &mut Report) {
@@ -238,6 +252,34 @@ pub(super) fn check_kubelet(opts: &Options, listen: &Path, upstream: &Path, r: &
                     "set it to {crisp} or remove it (it defaults to the runtime endpoint): {install}"
                 ),
             );
+        }
+    }
+    if let Some(set) = &s.pod_infra_image {
+        match kubelet_version(&opts.root) {
+            Some(v) if v >= (1, 35) => r.fail(
+                "kubelet",
+                format!(
+                    "--pod-infra-container-image (in {}) was removed in kubelet 1.35; this kubelet is {}.{} and will not start (\"unknown flag\")",
+                    set.file.display(),
+                    v.0,
+                    v.1
+                ),
+                format!(
+                    "remove the flag from {}: the runtime's sandbox image decides (containerd's sandbox image, CRI-O's pause_image)",
+                    set.file.display()
+                ),
+            ),
+            _ => r.warn(
+                "kubelet",
+                format!(
+                    "--pod-infra-container-image (in {}) is ignored, and kubelet 1.35 and later refuse to start with it",
+                    set.file.display()
+                ),
+                format!(
+                    "remove the flag from {} before upgrading kubelet to 1.35",
+                    set.file.display()
+                ),
+            ),
         }
     }
     if let Some(set) = &s.container_runtime {

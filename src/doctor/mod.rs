@@ -11,12 +11,15 @@
 //! 4. kubelet's configured runtime (and image) endpoint, read from the same files
 //!    `hack/install.sh` edits, points at crisp; kubelet's version, and whether its native
 //!    sidecars (1.29+) make crisp unnecessary;
-//! 5. the systemd units are installed and enabled (when systemctl exists);
-//! 6. the state directory (`state_dir`: Job-mode marks, held calls' intents) can be written
+//! 5. the node's cgroup version against what this kubelet does on it (kubelet 1.35+ refuses
+//!    cgroup v1 unless `failCgroupV1: false`);
+//! 6. the systemd units are installed and enabled (when systemctl exists);
+//! 7. the state directory (`state_dir`: Job-mode marks, held calls' intents) can be written
 //!    durably.
 //!
 //! One file per check: `config.rs`, `runtime.rs`, `sockets.rs` (with `progress.rs`, the
-//! watchdog's view of a live crisp), `kubelet.rs`, `units.rs`, `state.rs`; this file runs them in order
+//! watchdog's view of a live crisp), `kubelet.rs`, `cgroup.rs`, `units.rs`, `state.rs`; this file
+//! runs them in order
 //! and keeps the report.
 //!
 //! `--root DIR` inspects a node whose filesystem is at DIR (tests, a mounted image): every node
@@ -28,6 +31,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+mod cgroup;
 mod config;
 mod kubelet;
 mod progress;
@@ -36,8 +40,9 @@ mod sockets;
 mod state;
 mod units;
 
+use cgroup::check_cgroup;
 use config::check_config;
-use kubelet::{check_kubelet, check_kubelet_version};
+use kubelet::{check_kubelet, check_kubelet_version, kubelet_version};
 use progress::check_progress;
 use runtime::check_upstream;
 use sockets::{check_admin_socket, check_crisp_socket};
@@ -89,7 +94,7 @@ impl fmt::Display for Level {
 #[derive(Debug, Clone)]
 pub(crate) struct Check {
     /// Short stable name: `config`, `upstream`, `crisp-socket`, `kubelet`, `kubelet-version`,
-    /// `units`.
+    /// `cgroup`, `units`.
     pub(crate) name: &'static str,
     pub(crate) level: Level,
     pub(crate) detail: String,
@@ -198,7 +203,9 @@ pub async fn run(opts: &Options) -> Report {
     );
     check_progress(opts, &cfg, &listen, &mut r).await;
     check_kubelet(opts, &listen, &upstream, &mut r);
-    check_kubelet_version(opts, &mut r);
+    let version = kubelet_version(&opts.root);
+    check_kubelet_version(version, &mut r);
+    check_cgroup(opts, version, &mut r);
     check_units(opts, &listen, &mut r);
     check_state_dir(opts, &cfg, &mut r);
     r

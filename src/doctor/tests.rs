@@ -1,3 +1,4 @@
+use super::cgroup::*;
 use super::kubelet::*;
 use super::sockets::*;
 use super::*;
@@ -151,6 +152,115 @@ fn the_admin_socket_is_checked_for_mode_and_owner() {
     assert!(
         level == Level::Fail && text.contains("chown root"),
         "{text}"
+    );
+}
+
+/// Issue #45: doctor told a newcomer "crisp is for kubelet 1.20–1.28"; it now says what each
+/// kubelet up to 1.36 needs, and what 1.37 brings.
+#[test]
+fn kubelet_versions_say_what_applies_up_to_1_36_and_after() {
+    let (level, text, _) = version_advice(None);
+    assert_eq!(level, Level::Ok);
+    assert!(
+        text.contains("1.20–1.36") && !text.contains("1.28"),
+        "{text}"
+    );
+    for (v, want, has) in [
+        ((1, 19), Level::Warn, "older than crisp supports"),
+        ((1, 26), Level::Ok, "has no native sidecars"),
+        ((1, 28), Level::Ok, "native sidecars are alpha"),
+        ((1, 34), Level::Warn, "needs no crisp"),
+        ((1, 35), Level::Warn, "failCgroupV1: false"),
+        ((1, 36), Level::Warn, "--pod-infra-container-image"),
+        ((1, 37), Level::Warn, "RuntimeConfig mandatory"),
+        ((2, 0), Level::Warn, "newer than crisp has been tried with"),
+    ] {
+        let (level, text, _) = version_advice(Some(v));
+        assert_eq!(level, want, "{v:?}: {text}");
+        assert!(text.contains(has), "{v:?}: {text}");
+    }
+    let (_, text, fix) = version_advice(Some((1, 37)));
+    assert!(
+        text.contains("KEP-4033") && text.contains("containerd 1.6 and 1.7"),
+        "{text}"
+    );
+    assert!(fix.unwrap().contains("docs/SUPPORT.md"));
+}
+
+/// KEP-5573: kubelet 1.35 refuses cgroup v1 unless `failCgroupV1: false`; before 1.35 the
+/// option defaults to false. Step by step through the decision.
+#[test]
+fn cgroup_v1_needs_fail_cgroup_v1_false_from_kubelet_1_35() {
+    let advice = |k, c, f| {
+        let (level, text, fix) = cgroup_advice(k, c, f);
+        (level, format!("{text} | {}", fix.unwrap_or_default()))
+    };
+    // v2: nothing to do whatever the kubelet.
+    for k in [None, Some((1, 30)), Some((1, 36))] {
+        assert_eq!(advice(k, Some(Cgroup::V2), None).0, Level::Ok);
+    }
+    // v1, 1.35+ and no setting: kubelet will not start.
+    for k in [(1, 35), (1, 36), (1, 37)] {
+        let (level, text) = advice(Some(k), Some(Cgroup::V1), None);
+        assert_eq!(level, Level::Fail, "{text}");
+        assert!(
+            text.contains("failCgroupV1: false") && text.contains("does not set it"),
+            "{text}"
+        );
+    }
+    // v1, 1.35+ with the setting: runs, deprecated.
+    let (level, text) = advice(Some((1, 36)), Some(Cgroup::V1), Some(false));
+    assert_eq!(level, Level::Warn, "{text}");
+    assert!(text.contains("runs on it"), "{text}");
+    // v1, older kubelet: runs; says what 1.35 will need.
+    let (level, text) = advice(Some((1, 34)), Some(Cgroup::V1), None);
+    assert_eq!(level, Level::Ok, "{text}");
+    assert!(
+        text.contains("1.35+ will need failCgroupV1: false"),
+        "{text}"
+    );
+    // v1, failCgroupV1: true set explicitly (1.31–1.34 have the option): will not start.
+    let (level, text) = advice(Some((1, 32)), Some(Cgroup::V1), Some(true));
+    assert_eq!(level, Level::Fail, "{text}");
+    // v1, kubelet unknown: warned.
+    assert_eq!(advice(None, Some(Cgroup::V1), None).0, Level::Warn);
+    // Unknown hierarchy: reported only.
+    assert_eq!(advice(Some((1, 36)), None, None).0, Level::Ok);
+
+    assert_eq!(fail_cgroup_v1("failCgroupV1: false\n"), Some(false));
+    assert_eq!(fail_cgroup_v1("failCgroupV1: true # v2 only\n"), Some(true));
+    assert_eq!(fail_cgroup_v1("failCgroupV1: maybe\n"), None);
+    assert_eq!(fail_cgroup_v1("cgroupDriver: systemd\n"), None);
+}
+
+#[test]
+fn the_cgroup_version_is_read_under_the_root() {
+    let root = tempfile::tempdir().unwrap();
+    assert_eq!(cgroup_version(root.path()), None);
+    let fs = root.path().join("sys/fs/cgroup");
+    std::fs::create_dir_all(fs.join("memory")).unwrap();
+    assert_eq!(cgroup_version(root.path()), Some(Cgroup::V1));
+    std::fs::write(fs.join("cgroup.controllers"), "cpu memory\n").unwrap();
+    assert_eq!(cgroup_version(root.path()), Some(Cgroup::V2));
+
+    // The whole check, on a v1 node whose kubelet config does not set failCgroupV1.
+    std::fs::remove_file(fs.join("cgroup.controllers")).unwrap();
+    let opts = Options {
+        root: root.path().to_path_buf(),
+        ..Default::default()
+    };
+    let mut r = Report::default();
+    check_cgroup(&opts, Some((1, 36)), &mut r);
+    assert_eq!(r.checks[0].level, Level::Fail, "{r}");
+    let config = under_root(root.path(), Path::new(KUBELET_CONFIG));
+    std::fs::create_dir_all(config.parent().unwrap()).unwrap();
+    std::fs::write(&config, "kind: KubeletConfiguration\nfailCgroupV1: false\n").unwrap();
+    let mut r = Report::default();
+    check_cgroup(&opts, Some((1, 36)), &mut r);
+    assert_eq!(
+        (r.checks[0].name, r.checks[0].level),
+        ("cgroup", Level::Warn),
+        "{r}"
     );
 }
 

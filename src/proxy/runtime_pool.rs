@@ -142,6 +142,11 @@ impl RuntimePool {
         }
     }
 
+    /// How many connections the pool has dialed so far (a new one after every runtime restart).
+    pub(crate) fn dials(&self) -> u64 {
+        self.dials.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     pub(crate) fn path(&self) -> &Path {
         &self.path
     }

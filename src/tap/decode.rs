@@ -1,5 +1,5 @@
-//! `crisp tap --full`: CRI messages decoded to JSON with k8s-cri's generated types (serde), then
-//! redacted ([`super::redact`]). v1alpha2 is decoded with the v1 types: the two are
+//! `crisp tap --full`: CRI messages decoded to JSON with the CRI's generated types
+//! ([`crate::cri::api`], serde), then redacted ([`super::redact`]). v1alpha2 is decoded with the v1 types: the two are
 //! wire-identical (KUBELET-CRI.md §8.2).
 //!
 //! prost drops fields its types do not know, so a typed decode alone would hide exactly what a
@@ -28,26 +28,23 @@ const MAX_VALUE_BYTES: usize = 4096;
 
 macro_rules! cri_types {
     ($($rpc:ident => $req:ident, $resp:ident;)*) => {
-        /// Decodes with the k8s-cri v1 type of `rpc`'s request or response; `None` when k8s-cri
-        /// has no type for the method (methods newer than the crate: Stream*,
-        /// UpdatePodSandboxResources).
-        fn typed(rpc: Rpc, dir: Dir, msg: &[u8], redact: bool) -> Option<Value> {
-            use k8s_cri::v1 as c;
-            Some(match (rpc, dir) {
+        /// Decodes with the v1 type of `rpc`'s request or response ([`crate::cri::api`]): every
+        /// method crisp routes has one. A streamed call's response is one of its messages.
+        fn typed(rpc: Rpc, dir: Dir, msg: &[u8], redact: bool) -> Value {
+            use crate::cri::api as c;
+            match (rpc, dir) {
                 $(
                     (Rpc::$rpc, Dir::Request) => with_type::<c::$req>(rpc, dir, msg, redact),
                     (Rpc::$rpc, Dir::Response) => with_type::<c::$resp>(rpc, dir, msg, redact),
                 )*
-                _ => return None,
-            })
+            }
         }
 
         /// Encodes a decoded message (the JSON [`decode`] shows, redacted or not) back to
-        /// protobuf with the same k8s-cri type, for a capture file (`super::pcap`); `None` when
-        /// k8s-cri has no type for the method or the JSON is not that type's (redaction
-        /// replaces some values by their size).
+        /// protobuf with the same type, for a capture file (`super::pcap`); `None` when the
+        /// JSON is not that type's (redaction replaces some values by their size).
         pub(crate) fn encode_json(rpc: Rpc, dir: Dir, json: &Value) -> Option<Vec<u8>> {
-            use k8s_cri::v1 as c;
+            use crate::cri::api as c;
             fn encode<T: Message + serde::de::DeserializeOwned>(json: &Value) -> Option<Vec<u8>> {
                 serde_json::from_value::<T>(json.clone()).ok().map(|m| m.encode_to_vec())
             }
@@ -56,7 +53,6 @@ macro_rules! cri_types {
                     (Rpc::$rpc, Dir::Request) => encode::<c::$req>(json),
                     (Rpc::$rpc, Dir::Response) => encode::<c::$resp>(json),
                 )*
-                _ => None,
             }
         }
     };
@@ -92,6 +88,13 @@ cri_types! {
     ListMetricDescriptors => ListMetricDescriptorsRequest, ListMetricDescriptorsResponse;
     ListPodSandboxMetrics => ListPodSandboxMetricsRequest, ListPodSandboxMetricsResponse;
     RuntimeConfig => RuntimeConfigRequest, RuntimeConfigResponse;
+    UpdatePodSandboxResources => UpdatePodSandboxResourcesRequest, UpdatePodSandboxResourcesResponse;
+    StreamPodSandboxes => StreamPodSandboxesRequest, StreamPodSandboxesResponse;
+    StreamContainers => StreamContainersRequest, StreamContainersResponse;
+    StreamContainerStats => StreamContainerStatsRequest, StreamContainerStatsResponse;
+    StreamPodSandboxStats => StreamPodSandboxStatsRequest, StreamPodSandboxStatsResponse;
+    StreamPodSandboxMetrics => StreamPodSandboxMetricsRequest, StreamPodSandboxMetricsResponse;
+    StreamImages => StreamImagesRequest, StreamImagesResponse;
     ListImages => ListImagesRequest, ListImagesResponse;
     ImageStatus => ImageStatusRequest, ImageStatusResponse;
     PullImage => PullImageRequest, PullImageResponse;
@@ -102,8 +105,8 @@ cri_types! {
 /// Decodes one message to JSON, redacted unless `redact` is false. Never fails: what cannot be
 /// decoded is shown as its wire structure (sizes only when redacting).
 pub(crate) fn decode(rpc: Option<Rpc>, dir: Dir, msg: &[u8], redact: bool) -> Value {
-    match rpc.and_then(|r| typed(r, dir, msg, redact)) {
-        Some(v) => v,
+    match rpc {
+        Some(r) => typed(r, dir, msg, redact),
         None => {
             let mut v = wire_dump(msg, redact);
             v.insert(

@@ -61,6 +61,10 @@ enum How {
     MapValues,
     /// A bytes field becomes `"<N bytes>"`.
     Size,
+    /// A bytes field that usually holds text (an env value: `bytes` since cri-api v0.34.10,
+    /// kubernetes#139132) becomes `"<redacted>"`; unredacted it is shown as text, the bytes
+    /// that are not UTF-8 escaped (`\xff`).
+    Text,
     /// A URL keeps everything up to its last `/`; the token after it is redacted.
     UrlToken,
 }
@@ -89,7 +93,7 @@ const RULES: &[Rule] = &[
         dir: Dir::Request,
         path: &["config", "envs", "*", "value"],
         wire: &[2, 6, 2],
-        how: How::Whole,
+        how: How::Text,
     },
     Rule {
         rpc: Rpc::ContainerStatus,
@@ -249,7 +253,7 @@ pub(crate) fn cut_field(
         .find(|r| r.rpc == rpc && r.dir == dir && r.wire == [number] && r.path.len() == 1)?;
     let shown = match r.how {
         How::Size => format!("<{len} bytes>"),
-        How::Whole | How::UrlToken => REDACTED.to_string(),
+        How::Whole | How::Text | How::UrlToken => REDACTED.to_string(),
         How::MapValues => return None,
     };
     Some((r.path[0], Value::String(shown)))
@@ -329,16 +333,22 @@ fn transform(v: &mut Value, how: How, redact: bool) {
         return;
     }
     if !redact {
-        // Unredacted: bytes are shown as text (lossy) instead of a list of numbers.
-        if how == How::Size {
-            if let Some(b) = bytes_of(v) {
-                *v = Value::String(String::from_utf8_lossy(&b).into_owned());
+        // Unredacted: bytes are shown as text instead of a list of numbers (lossy for output,
+        // escaped for a value that says what a container was given).
+        match (how, bytes_of(v)) {
+            (How::Size, Some(b)) => *v = Value::String(String::from_utf8_lossy(&b).into_owned()),
+            (How::Text, Some(b)) => {
+                *v = Value::String(match String::from_utf8(b) {
+                    Ok(s) => s,
+                    Err(e) => e.into_bytes().escape_ascii().to_string(),
+                })
             }
+            _ => {}
         }
         return;
     }
     match how {
-        How::Whole => *v = Value::String(REDACTED.into()),
+        How::Whole | How::Text => *v = Value::String(REDACTED.into()),
         How::MapValues => {
             if let Value::Object(m) = v {
                 for x in m.values_mut() {

@@ -49,6 +49,7 @@ mod reliability_admin;
 mod reliability_sockets;
 mod resilience;
 mod signals;
+mod streamed_lists;
 mod systemd_activation;
 mod systemd_units;
 mod tap_admin;

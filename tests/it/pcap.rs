@@ -53,20 +53,10 @@ fn call(id: u64, method: &str, at_ms: i64, code: Option<i32>, request_json: Stri
     .to_string()
 }
 
-/// Where tshark finds the CRI's api.proto (`package runtime.v1`): the k8s-cri crate's copy, the
-/// one the tap decodes with, in cargo's registry.
+/// Where tshark finds the CRI's api.proto (`package runtime.v1`): the copy crisp is pinned to
+/// (proto/README.md), the one the tap decodes with.
 fn cri_proto_dir() -> PathBuf {
-    let home = std::env::var_os("CARGO_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cargo"));
-    let src = home.join("registry/src");
-    for index in std::fs::read_dir(&src).expect("cargo's registry sources") {
-        let dir = index.expect("entry").path().join("k8s-cri-0.11.0/proto");
-        if dir.join("v1.proto").is_file() {
-            return dir;
-        }
-    }
-    panic!("no k8s-cri-0.11.0/proto under {}", src.display());
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("proto/k8s/cri-api/v1")
 }
 
 fn tshark(capture: &Path, fields: &[&str]) -> String {
@@ -99,7 +89,8 @@ fn tshark_decodes_every_call_method_status_and_shown_fields() {
         container_id: "c0ffee".into(),
     })
     .expect("json");
-    // CreateContainer's env values as the tap shows them: redacted.
+    // CreateContainer's env values as the tap shows them: redacted (k8s-cri's types serialise
+    // as crisp's do, field for field).
     let create = k8s_cri::v1::CreateContainerRequest {
         pod_sandbox_id: "sandbox-1".into(),
         config: Some(k8s_cri::v1::ContainerConfig {

@@ -9,10 +9,15 @@
 //! request body is sent buffered (the pool sends it again after a REFUSED_STREAM), a runtime's
 //! non-OK status is read as crisp reads every grpc-message, and a pool error comes back typed.
 //! ExecSync is read by hand ([`exec`]): tonic would hold the command's whole output.
+//!
+//! Container lists use `StreamContainers` (cri-api v0.36, KEP-5825: the list as a server stream
+//! of chunks) where the runtime serves it, and `ListContainers` where it answers `UNIMPLEMENTED`
+//! — remembered until the pool dials the runtime again (a restarted runtime may be a newer one).
 
 mod exec;
 mod pool_service;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -60,10 +65,40 @@ impl ClientError {
             ClientError::Status { status, .. } if status.code == crate::status::code::NOT_FOUND
         )
     }
+
+    fn is_unimplemented(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Status { status, .. } if status.code == UNIMPLEMENTED
+        )
+    }
 }
 
 /// Largest answer crisp decodes (a node's ListContainers; tonic's own default is 4 MiB).
 const MAX_ANSWER: usize = 64 << 20;
+
+/// gRPC's UNIMPLEMENTED: the runtime has no such method.
+const UNIMPLEMENTED: i32 = 12;
+
+/// Most containers a streamed list may carry in all (a node's ListContainers is bounded by
+/// [`MAX_ANSWER`] bytes; a stream's chunks each are, so their number is bounded here: 64 MiB
+/// of the smallest container a runtime could list, 16 bytes).
+const MAX_STREAMED_CONTAINERS: usize = MAX_ANSWER / 16;
+
+/// Whether the runtime serves `StreamContainers`: the pool's dial count when it last answered
+/// `UNIMPLEMENTED` (`u64::MAX`: it never did). Shared by the clones of one client.
+#[derive(Debug)]
+struct Streams {
+    unimplemented_at: AtomicU64,
+}
+
+impl Default for Streams {
+    fn default() -> Self {
+        Streams {
+            unimplemented_at: AtomicU64::new(u64::MAX),
+        }
+    }
+}
 
 /// What crisp's own calls say they are.
 const USER_AGENT: &str = concat!("crisp/", env!("CARGO_PKG_VERSION"));
@@ -72,11 +107,16 @@ const USER_AGENT: &str = concat!("crisp/", env!("CARGO_PKG_VERSION"));
 pub struct RuntimeClient {
     pool: Arc<RuntimePool>,
     timeout: Duration,
+    streams: Arc<Streams>,
 }
 
 impl RuntimeClient {
     pub fn new(pool: Arc<RuntimePool>, timeout: Duration) -> Self {
-        RuntimeClient { pool, timeout }
+        RuntimeClient {
+            pool,
+            timeout,
+            streams: Arc::default(),
+        }
     }
 
     async fn call<Req, Resp>(
@@ -93,17 +133,23 @@ impl RuntimeClient {
         unary(self.pool.clone(), version, method, req, timeout).await
     }
 
-    /// ListContainers with `filter` (None: every container of the node, all states).
+    /// The containers that match `filter` (None: every container of the node, all states):
+    /// StreamContainers where the runtime serves it, else ListContainers.
     async fn list(
         &self,
         version: ApiVersion,
         filter: Option<views::ContainerFilter>,
     ) -> Result<Vec<views::Container>, ClientError> {
-        let req = views::ListContainersRequest { filter };
-        let resp: views::ListContainersResponse = self
-            .call(version, "ListContainers", req, self.timeout)
-            .await?;
-        Ok(resp.containers)
+        let dials = self.pool.dials();
+        list_containers(
+            self.pool.clone(),
+            dials,
+            &self.streams,
+            version,
+            filter,
+            self.timeout,
+        )
+        .await
     }
 
     /// Containers of one sandbox (all states).
@@ -242,6 +288,44 @@ pub struct VersionResponse {
     pub runtime_api_version: String,
 }
 
+/// The containers that match `filter`, over `runtime` (whose pool has dialed `dials` times):
+/// `StreamContainers` in runtime.v1 unless the runtime answered it `UNIMPLEMENTED` since its
+/// last dial, then `ListContainers` (runtime.v1alpha2 has no streams). Each streamed message is
+/// a chunk of the list (`StreamContainersResponse` is `ListContainersResponse`'s shape, field 1).
+async fn list_containers<R: Runtime>(
+    runtime: R,
+    dials: u64,
+    streams: &Streams,
+    version: ApiVersion,
+    filter: Option<views::ContainerFilter>,
+    timeout: Duration,
+) -> Result<Vec<views::Container>, ClientError> {
+    let req = views::ListContainersRequest { filter };
+    if version == ApiVersion::V1 && streams.unimplemented_at.load(Ordering::Relaxed) != dials {
+        let chunks = streamed::<_, _, views::ListContainersResponse>(
+            runtime.clone(),
+            version,
+            "StreamContainers",
+            req.clone(),
+            timeout,
+            MAX_STREAMED_CONTAINERS,
+            |m| m.containers.len(),
+        )
+        .await;
+        match chunks {
+            Ok(chunks) => return Ok(chunks.into_iter().flat_map(|c| c.containers).collect()),
+            Err(e) if e.is_unimplemented() => {
+                tracing::debug!("the runtime has no StreamContainers: ListContainers from now on");
+                streams.unimplemented_at.store(dials, Ordering::Relaxed);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let resp: views::ListContainersResponse =
+        unary(runtime, version, "ListContainers", req, timeout).await?;
+    Ok(resp.containers)
+}
+
 /// The path of `method` of the RuntimeService in CRI API `version`.
 fn path(version: ApiVersion, method: &'static str) -> Result<PathAndQuery, ClientError> {
     PathAndQuery::try_from(format!(
@@ -270,12 +354,7 @@ where
     Resp: Message + Default + Send + Sync + 'static,
 {
     let path = path(version, method)?;
-    let mut request = tonic::Request::new(req);
-    let metadata = request.metadata_mut();
-    metadata.insert("user-agent", MetadataValue::from_static(USER_AGENT));
-    if let Ok(v) = MetadataValue::try_from(crate::status::grpc_timeout_ms(timeout)) {
-        metadata.insert("grpc-timeout", v);
-    }
+    let request = request(req, timeout);
     let mut grpc = Grpc::with_origin(
         PoolService::new(runtime),
         Uri::from_static("http://localhost"),
@@ -302,6 +381,68 @@ where
     tokio::time::timeout(timeout, fut)
         .await
         .map_err(|_| ClientError::Timeout { method, timeout })?
+}
+
+/// One server-streaming call through tonic over `runtime`: every message, in order, within
+/// `timeout` for the whole stream; at most `max_items` items in all (`items` counts a
+/// message's), each message at most [`MAX_ANSWER`] bytes.
+async fn streamed<R, Req, Resp>(
+    runtime: R,
+    version: ApiVersion,
+    method: &'static str,
+    req: Req,
+    timeout: Duration,
+    max_items: usize,
+    items: impl Fn(&Resp) -> usize + Send,
+) -> Result<Vec<Resp>, ClientError>
+where
+    R: Runtime,
+    Req: Message + Send + Sync + 'static,
+    Resp: Message + Default + Send + Sync + 'static,
+{
+    let path = path(version, method)?;
+    let mut grpc = Grpc::with_origin(
+        PoolService::new(runtime),
+        Uri::from_static("http://localhost"),
+    )
+    .max_decoding_message_size(MAX_ANSWER);
+    let request = request(req, timeout);
+    let fut = async move {
+        let codec = ProstCodec::<Req, Resp>::default();
+        let fail = |status| client_error(method, status);
+        let mut answer = grpc
+            .server_streaming(request, path, codec)
+            .await
+            .map_err(fail)?
+            .into_inner();
+        let mut out = Vec::new();
+        let mut n = 0usize;
+        while let Some(m) = answer.message().await.map_err(fail)? {
+            n = n.saturating_add(items(&m));
+            if n > max_items {
+                return Err(ClientError::Malformed {
+                    method,
+                    detail: format!("more than {max_items} items"),
+                });
+            }
+            out.push(m);
+        }
+        Ok(out)
+    };
+    tokio::time::timeout(timeout, fut)
+        .await
+        .map_err(|_| ClientError::Timeout { method, timeout })?
+}
+
+/// A request of crisp's own, with its user agent and the deadline the runtime is told.
+fn request<Req>(req: Req, timeout: Duration) -> tonic::Request<Req> {
+    let mut request = tonic::Request::new(req);
+    let metadata = request.metadata_mut();
+    metadata.insert("user-agent", MetadataValue::from_static(USER_AGENT));
+    if let Ok(v) = MetadataValue::try_from(crate::status::grpc_timeout_ms(timeout)) {
+        metadata.insert("grpc-timeout", v);
+    }
+    request
 }
 
 /// The error of a call tonic gave up on, from what [`PoolService`] put under its status: the

@@ -54,6 +54,8 @@ struct Seen {
 #[derive(Clone)]
 struct Fake {
     reply: Reply,
+    /// Replies by method (the path's last segment), before `reply`.
+    by_method: Vec<(&'static str, Reply)>,
     seen: Arc<parking_lot::Mutex<Vec<Seen>>>,
 }
 
@@ -61,8 +63,18 @@ impl Fake {
     fn new(reply: Reply) -> Fake {
         Fake {
             reply,
+            by_method: Vec::new(),
             seen: Arc::default(),
         }
+    }
+
+    /// The paths of the requests the fake got, in order.
+    fn paths(&self) -> Vec<String> {
+        self.seen
+            .lock()
+            .iter()
+            .map(|s| s.parts.uri.path().to_string())
+            .collect()
     }
 
     /// The one request the fake got.
@@ -82,8 +94,20 @@ impl Runtime for Fake {
             ProxyBody::Buffered { data, .. } => Some(data.unwrap_or_default()),
             _ => None,
         };
+        let method = parts
+            .uri
+            .path()
+            .rsplit('/')
+            .next()
+            .unwrap_or("")
+            .to_string();
         self.seen.lock().push(Seen { parts, buffered });
-        match self.reply.clone() {
+        let reply = self
+            .by_method
+            .iter()
+            .find(|(m, _)| *m == method)
+            .map_or(&self.reply, |(_, r)| r);
+        match reply.clone() {
             Reply::Answer(answer) => {
                 let (headers, data, trailers) = *answer;
                 let mut frames: VecDeque<_> = data.into_iter().map(Frame::data).collect();
@@ -315,4 +339,143 @@ async fn a_non_ok_status_is_the_runtimes_code_and_message() {
     let fake = Fake::new(answer(grpc_headers(), vec![wire::frame(b"")], None));
     let r = version(&fake, SECOND).await;
     assert!(matches!(r, Err(ClientError::Malformed { .. })), "{r:?}");
+}
+
+fn containers(ids: &[&str]) -> Vec<u8> {
+    k8s_cri::v1::ListContainersResponse {
+        containers: ids
+            .iter()
+            .map(|id| k8s_cri::v1::Container {
+                id: id.to_string(),
+                pod_sandbox_id: "sb".into(),
+                ..Default::default()
+            })
+            .collect(),
+    }
+    .encode_to_vec()
+}
+
+async fn list(fake: &Fake, dials: u64, streams: &Streams, version: ApiVersion) -> Vec<String> {
+    let filter = views::ContainerFilter {
+        pod_sandbox_id: "sb".into(),
+        ..Default::default()
+    };
+    list_containers(
+        fake.clone(),
+        dials,
+        streams,
+        version,
+        Some(filter),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap()
+    .into_iter()
+    .map(|c| c.id)
+    .collect()
+}
+
+/// Issue #45 item 4: where the runtime serves StreamContainers (KEP-5825), crisp's own list is
+/// its chunks, in order, in one call; ListContainers is not called.
+#[tokio::test]
+async fn containers_are_listed_with_the_stream_where_the_runtime_has_it() {
+    let (a, b, c) = (
+        containers(&["c1", "c2"]),
+        containers(&[]),
+        containers(&["c3"]),
+    );
+    let mut fake = Fake::new(ok(&[]));
+    fake.by_method = vec![("StreamContainers", ok(&[&a, &b, &c]))];
+    let streams = Streams::default();
+    assert_eq!(
+        list(&fake, 1, &streams, ApiVersion::V1).await,
+        ["c1", "c2", "c3"]
+    );
+    assert_eq!(
+        fake.paths(),
+        ["/runtime.v1.RuntimeService/StreamContainers"]
+    );
+    // The filter went with it: StreamContainersRequest has ListContainersRequest's shape.
+    let req = fake.seen.lock()[0].buffered.clone().unwrap();
+    let Some(wire::Frame::Message(m)) = wire::single_message(&req) else {
+        panic!("one message")
+    };
+    let sent = views::ListContainersRequest::decode(m).unwrap();
+    assert_eq!(sent.filter.unwrap().pod_sandbox_id, "sb");
+    // Again: the stream again.
+    list(&fake, 1, &streams, ApiVersion::V1).await;
+    assert_eq!(fake.paths().len(), 2);
+    assert!(fake
+        .paths()
+        .iter()
+        .all(|p| p.ends_with("/StreamContainers")));
+}
+
+/// A runtime without the stream (containerd 1.6/1.7/2.x today) answers UNIMPLEMENTED: crisp
+/// lists with ListContainers, and keeps to it until the pool dials the runtime again.
+#[tokio::test]
+async fn without_the_stream_crisp_falls_back_and_remembers_until_the_next_dial() {
+    let listed = containers(&["c9"]);
+    let mut fake = Fake::new(ok(&[&listed]));
+    fake.by_method = vec![(
+        "StreamContainers",
+        answer(
+            grpc_headers(),
+            vec![],
+            Some(status("12", "unknown method StreamContainers")),
+        ),
+    )];
+    let streams = Streams::default();
+    let v1 = |m: &str| format!("/runtime.v1.RuntimeService/{m}");
+    assert_eq!(list(&fake, 1, &streams, ApiVersion::V1).await, ["c9"]);
+    assert_eq!(fake.paths(), [v1("StreamContainers"), v1("ListContainers")]);
+    // Remembered: ListContainers only.
+    assert_eq!(list(&fake, 1, &streams, ApiVersion::V1).await, ["c9"]);
+    assert_eq!(fake.paths().len(), 3);
+    assert_eq!(fake.paths()[2], v1("ListContainers"));
+    // The pool dialed again (a restarted runtime): the stream is tried once more.
+    assert_eq!(list(&fake, 2, &streams, ApiVersion::V1).await, ["c9"]);
+    assert_eq!(
+        fake.paths()[3..],
+        [v1("StreamContainers"), v1("ListContainers")]
+    );
+    // v1alpha2 has no streams: ListContainers straight away.
+    let fake = Fake::new(ok(&[&listed]));
+    let streams = Streams::default();
+    assert_eq!(list(&fake, 1, &streams, ApiVersion::V1alpha2).await, ["c9"]);
+    assert_eq!(
+        fake.paths(),
+        ["/runtime.v1alpha2.RuntimeService/ListContainers"]
+    );
+}
+
+/// Any other error of the stream is the list's error: no fallback that would hide it.
+#[tokio::test]
+async fn a_failed_stream_is_an_error_not_a_fallback() {
+    let mut fake = Fake::new(ok(&[&containers(&["c9"])]));
+    let part = containers(&["c1"]);
+    fake.by_method = vec![(
+        "StreamContainers",
+        answer(
+            grpc_headers(),
+            vec![wire::frame(&part)],
+            Some(status("14", "runtime going away")),
+        ),
+    )];
+    let streams = Streams::default();
+    let err = list_containers(
+        fake.clone(),
+        1,
+        &streams,
+        ApiVersion::V1,
+        None,
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(&err, ClientError::Status { method: "StreamContainers", status } if status.code == 14),
+        "{err}"
+    );
+    assert_eq!(fake.paths().len(), 1);
 }

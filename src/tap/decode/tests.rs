@@ -45,6 +45,77 @@ fn known_message_has_no_unknown_fields() {
     assert_eq!(v["config"]["envs"][0]["value"], "hunter2");
 }
 
+/// Issue #45 item 5: an env value that is not UTF-8 (`KeyValue.value` is `bytes` since cri-api
+/// v0.34.10, kubernetes#139132) left the whole CreateContainer `_undecodable` ("invalid string
+/// value: data is not UTF-8 encoded") with cri-api v0.32's `string`. It decodes, and its value
+/// is still redacted.
+#[test]
+fn an_env_value_that_is_not_utf8_decodes_and_stays_redacted() {
+    let mut msg = create_request().encode_to_vec();
+    // A second `config` (field 2) merges into the first: one more env (6), key 1, value 2.
+    let secret = [0xff, 0x00, 0xc3, b's', b'3', b'c', b'r', b'3', b't'];
+    let env = [field_bytes(1, b"BINARY"), field_bytes(2, &secret)].concat();
+    msg.extend_from_slice(&field_bytes(2, &field_bytes(6, &env)));
+    let v = decode(Some(Rpc::CreateContainer), Dir::Request, &msg, true);
+    assert!(v.get("_undecodable").is_none(), "{v}");
+    assert_eq!(v["config"]["metadata"]["name"], "app", "{v}");
+    assert_eq!(
+        v["config"]["envs"],
+        json!([
+            {"key": "DB_PASSWORD", "value": redact::REDACTED},
+            {"key": "BINARY", "value": redact::REDACTED},
+        ])
+    );
+    assert!(v.get("_unknown_fields").is_none(), "{v}");
+    let text = v.to_string();
+    assert!(
+        !text.contains("s3cr3t") && !text.contains("hunter2"),
+        "{text}"
+    );
+    // Unredacted (`--unredacted`): text, the bytes that are not UTF-8 escaped.
+    let v = decode(Some(Rpc::CreateContainer), Dir::Request, &msg, false);
+    assert_eq!(v["config"]["envs"][0]["value"], "hunter2");
+    assert_eq!(v["config"]["envs"][1]["value"], "\\xff\\x00\\xc3s3cr3t");
+}
+
+/// Issue #45 item 4: the streamed lists' messages (cri-api v0.36) decode with their types; a
+/// StreamContainers message is one chunk of the list.
+#[test]
+fn streamed_list_messages_decode_with_their_types() {
+    let chunk = c::ListContainersResponse {
+        containers: vec![c::Container {
+            id: "c1".into(),
+            pod_sandbox_id: "sb1".into(),
+            annotations: [("secret.example/x".to_string(), "v".to_string())].into(),
+            ..Default::default()
+        }],
+    }
+    .encode_to_vec();
+    let v = decode(Some(Rpc::StreamContainers), Dir::Response, &chunk, true);
+    assert!(v.get("_note").is_none(), "{v}");
+    assert_eq!(v["containers"][0]["id"], "c1", "{v}");
+    assert_eq!(
+        v["containers"][0]["annotations"]["secret.example/x"],
+        "<redacted: 1 bytes>"
+    );
+    for rpc in [
+        Rpc::StreamPodSandboxes,
+        Rpc::StreamContainerStats,
+        Rpc::StreamPodSandboxStats,
+        Rpc::StreamPodSandboxMetrics,
+        Rpc::StreamImages,
+        Rpc::UpdatePodSandboxResources,
+    ] {
+        for dir in [Dir::Request, Dir::Response] {
+            let v = decode(Some(rpc), dir, &[], true);
+            assert!(
+                v.is_object() && v.get("_note").is_none(),
+                "{rpc:?} {dir:?}: {v}"
+            );
+        }
+    }
+}
+
 #[test]
 fn unknown_fields_are_found_at_every_depth() {
     let mut msg = create_request().encode_to_vec();
@@ -139,7 +210,7 @@ fn undecodable_and_unknown_methods_show_structure_only() {
     let v = decode(None, Dir::Request, &bad, true);
     assert!(v["_note"].is_string());
     assert!(!v.to_string().contains("s3cret"));
-    let v = decode(Some(Rpc::StreamContainers), Dir::Request, &bad, false);
+    let v = decode(None, Dir::Request, &bad, false);
     assert_eq!(v["_fields"][1]["value"], "s3cret");
 }
 

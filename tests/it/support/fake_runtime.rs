@@ -11,7 +11,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, Method, Request, Response, Uri};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -171,6 +171,20 @@ impl FakeState {
         let script = self.scripts.lock().unwrap().get(rec.path()).cloned();
         match script {
             Some(s) => s(rec),
+            // What containerd and CRI-O answer today to the streamed list crisp's own
+            // container lists try first (KEP-5825); scripted or `reply_once`d, it is served.
+            None if rec.path() == "/runtime.v1.RuntimeService/StreamContainers" => {
+                let mut h = HeaderMap::new();
+                h.insert("content-type", HeaderValue::from_static("application/grpc"));
+                h.insert("grpc-status", HeaderValue::from_static("12"));
+                h.insert(
+                    "grpc-message",
+                    HeaderValue::from_static(
+                        "unknown method StreamContainers for service runtime.v1.RuntimeService",
+                    ),
+                );
+                Reply::TrailersOnly(h)
+            }
             None => Reply::Echo,
         }
     }
