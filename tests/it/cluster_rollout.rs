@@ -1313,17 +1313,19 @@ struct StormPod {
 /// Issue #43, "Proofs that could fail": the kill storm with static pods. Under a real kubelet
 /// (1.26, `staticPodPath`), pods with a legacy sidecar whose app takes 3 s to stop (crisp holds
 /// the sidecar's StopContainer that long) come and go, alternately as manifests in kubelet's
-/// static pod directory and through the API server, one every second, each removed six
-/// creations later, while crisp (a plain process on kubelet's socket in front of containerd) is
-/// SIGKILLed `CRISP_STORM_KILLS` (default 100, at least 60) times, 50–600 ms after it accepted
-/// again. Every pod left is removed when the storm ends. 120 s after the storm, containerd
-/// (`ctr tasks ls` in the node, the pod and container from each container's labels) must run
-/// no container of any storm pod; leftovers are printed by pod and container with kubelet's
-/// "Error syncing pod" lines for that pod. No CRI call of kubelet's may reach its deadline
-/// either (kubelet's journal 125 s after the storm).
+/// static pod directory and through the API server: ten run (ordered, on crisp) before the
+/// storm, then every 1.5 s the oldest is removed and a new one added, while crisp (a plain
+/// process on kubelet's socket in front of containerd) is SIGKILLed `CRISP_STORM_KILLS`
+/// (default 100, at least 60) times, 50–600 ms after it accepted again. Every pod left is
+/// removed when the storm ends. 120 s after the storm, containerd (`ctr tasks ls` in the node,
+/// the pod and container from each container's labels) must run no container of any storm
+/// pod; leftovers are printed by pod and container with kubelet's "Error syncing pod" lines for
+/// that pod and its journal lines about the container. No CRI call of kubelet's may reach its
+/// deadline either (kubelet's journal 125 s after the storm).
 #[test]
 #[ignore = "needs Kubernetes binaries: CRISP_KUBE_BIN_DIR=... cargo test --test it -- cluster_rollout:: --ignored (hack/lanes.sh static-storm)"]
 fn a_static_pod_kill_storm_under_a_real_kubelet() {
+    use std::collections::BTreeMap;
     use std::sync::atomic::{AtomicBool, Ordering};
     let kills: usize = std::env::var("CRISP_STORM_KILLS")
         .ok()
@@ -1353,26 +1355,20 @@ fn a_static_pod_kill_storm_under_a_real_kubelet() {
         cmdline.contains("--container-runtime-endpoint=unix:///run/crisp/crisp.sock"),
         "kubelet runs on crisp: {cmdline}"
     );
-    // A static pod before the storm: kubelet on crisp runs it, ordered, and its mirror pod
-    // shows it (kubelet reads the directory and reaches the API server).
-    let first = format!("sstorm-first-{NODE}");
-    let put_manifest = |name: &str| {
-        let tmp = format!("{STATIC_POD_DIR}/.{name}.yaml");
-        node.put(&tmp, storm_pod(name).as_bytes(), 0o644);
-        std::fs::rename(
-            node.path(&tmp),
-            node.path(&format!("{STATIC_POD_DIR}/{name}.yaml")),
-        )
-        .unwrap();
-    };
-    put_manifest("sstorm-first");
+    // STORM_LIVE pods before the storm, alternately static and API, all running (ordered) on
+    // crisp: during the storm they are removed one by one, so its removals hit running pods
+    // (pods created under the kills mostly never run: each failed call costs kubelet a 10 s
+    // back-off; the first run of this lane, with no such batch, saw 1 of 29 run).
+    let mut live: std::collections::VecDeque<(String, String, &'static str)> = (0..STORM_LIVE)
+        .map(|n| add_storm_pod(&cluster, &node, n))
+        .collect();
     let t = cluster.wait(
-        "the first static pod running",
-        Duration::from_secs(180),
-        || both_running(&cluster, &first),
+        "the storm's first pods running",
+        Duration::from_secs(300),
+        || live.iter().all(|(_, name, _)| both_running(&cluster, name)),
     );
     eprintln!(
-        "static pod {first} running (mirror pod) {} after its manifest",
+        "static pods and API pods: {STORM_LIVE} running on crisp {} after their manifests and applies",
         secs(t)
     );
     let since = node
@@ -1380,53 +1376,30 @@ fn a_static_pod_kill_storm_under_a_real_kubelet() {
         .stdout
         .trim()
         .to_string();
-    std::fs::remove_file(node.path(&format!("{STATIC_POD_DIR}/sstorm-first.yaml"))).unwrap();
 
     let stop = AtomicBool::new(false);
     let storm_t = Instant::now();
     let (mut pods, mut restarts) = std::thread::scope(|s| {
         let churn = s.spawn(|| {
-            let mut pods = vec![StormPod {
-                name: first.clone(),
-                kind: "static",
-                removed: Some(Duration::ZERO),
-                ran: true,
-            }];
-            let mut live: std::collections::VecDeque<(String, String, &'static str)> =
-                Default::default();
-            let mut n = 0usize;
+            let mut pods = Vec::new();
+            let mut n = STORM_LIVE;
             while !stop.load(Ordering::Relaxed) {
-                // (manifest or API name, the runtime's pod name, kind)
-                let entry = if n % 2 == 0 {
-                    let base = format!("sstorm-{n}");
-                    put_manifest(&base);
-                    let name = format!("{base}-{NODE}");
-                    (base, name, "static")
-                } else {
-                    let base = format!("astorm-{n}");
-                    let o = cluster.kubectl_in(Some(&storm_pod(&base)), &["apply", "-f", "-"]);
-                    if !o.ok() {
-                        eprintln!("apply {base}: {}", o.all());
-                    }
-                    (base.clone(), base, "api")
-                };
-                live.push_back(entry);
-                if live.len() > 6 {
-                    let (base, name, kind) = live.pop_front().unwrap();
-                    let ran = both_running(&cluster, &name);
-                    remove_storm_pod(&cluster, &node, &base, kind);
-                    pods.push(StormPod {
-                        name,
-                        kind,
-                        removed: Some(storm_t.elapsed()),
-                        ran,
-                    });
-                }
+                // The oldest pod goes, a new one comes.
+                let (base, name, kind) = live.pop_front().unwrap();
+                let ran = both_running(&cluster, &name);
+                remove_storm_pod(&cluster, &node, &base, kind);
+                pods.push(StormPod {
+                    name,
+                    kind,
+                    removed: Some(storm_t.elapsed()),
+                    ran,
+                });
+                live.push_back(add_storm_pod(&cluster, &node, n));
                 n += 1;
-                std::thread::sleep(Duration::from_millis(1000));
+                std::thread::sleep(Duration::from_millis(1500));
             }
             // The storm is over: every pod left goes too.
-            for (base, name, kind) in live {
+            for (base, name, kind) in live.drain(..) {
                 let ran = both_running(&cluster, &name);
                 remove_storm_pod(&cluster, &node, &base, kind);
                 pods.push(StormPod {
@@ -1539,17 +1512,23 @@ fn a_static_pod_kill_storm_under_a_real_kubelet() {
         in_api.len(),
         runtime_deadline.len(),
     );
+    let mut by_stop: BTreeMap<&str, usize> = BTreeMap::new();
+    for c in &leftover {
+        *by_stop.entry(last_stop(&journal, &c.0)).or_default() += 1;
+    }
+    eprintln!("static-storm: leftovers by how kubelet's last stop of them ended: {by_stop:?}");
     let mut leftover_pods: Vec<&str> = leftover.iter().map(|c| c.1.as_str()).collect();
     leftover_pods.sort();
     leftover_pods.dedup();
     for (id, pod, uid, name, attempt) in &leftover {
         let p = pods.iter().find(|p| &p.name == pod);
         eprintln!(
-            "  leftover| pod {pod} ({}, removed {}, both running then: {}) container {name} attempt {attempt} id {id} uid {uid}",
+            "  leftover| pod {pod} ({}, removed {}, both running then: {}) container {name} attempt {attempt} id {id} uid {uid}; kubelet's stop of it: {}",
             p.map_or("?", |p| p.kind),
             p.and_then(|p| p.removed)
                 .map_or("after the storm".to_string(), |d| format!("at {} into the storm", secs(d))),
             p.is_some_and(|p| p.ran),
+            last_stop(&journal, id),
         );
     }
     for pod in &leftover_pods {
@@ -1578,7 +1557,7 @@ fn a_static_pod_kill_storm_under_a_real_kubelet() {
     }
     assert!(
         pods.iter()
-            .any(|p| p.name != first && p.removed.is_some() && p.ran && p.kind == "static"),
+            .any(|p| p.removed.is_some() && p.ran && p.kind == "static"),
         "no static pod ran both containers before its removal in the storm: it proved nothing"
     );
     assert!(
@@ -1595,6 +1574,56 @@ fn a_static_pod_kill_storm_under_a_real_kubelet() {
         "CRI calls reached their deadline: {runtime_deadline:#?}"
     );
     drop(node);
+}
+
+/// How many storm pods run at once: started before the storm, then one removed and one added
+/// every 1.5 s during it.
+const STORM_LIVE: usize = 10;
+
+/// Adds storm pod `n`: a static pod's manifest (written beside, then renamed into kubelet's
+/// directory) for even `n`, an API pod for odd. Returns (manifest or API name, the pod's name
+/// as the runtime labels it, kind).
+fn add_storm_pod(cluster: &Cluster, node: &Node, n: usize) -> (String, String, &'static str) {
+    if n % 2 == 0 {
+        let base = format!("sstorm-{n}");
+        let tmp = format!("{STATIC_POD_DIR}/.{base}.yaml");
+        node.put(&tmp, storm_pod(&base).as_bytes(), 0o644);
+        std::fs::rename(
+            node.path(&tmp),
+            node.path(&format!("{STATIC_POD_DIR}/{base}.yaml")),
+        )
+        .unwrap();
+        let name = format!("{base}-{NODE}");
+        (base, name, "static")
+    } else {
+        let base = format!("astorm-{n}");
+        let o = cluster.kubectl_in(Some(&storm_pod(&base)), &["apply", "-f", "-"]);
+        if !o.ok() {
+            eprintln!("apply {base}: {}", o.all());
+        }
+        (base.clone(), base, "api")
+    }
+}
+
+/// How kubelet's last StopContainer (StopPodSandbox for a sandbox) of container `id` ended, from
+/// its journal (1.26 wording): "in flight at a kill" when crisp had the call and died with it
+/// (`error reading from server: EOF`, `connection reset`), "refused" when crisp was not
+/// listening (kubelet's dial failed: crisp never saw it), "none failed" when no stop of it
+/// failed (kubelet never sent one, or it succeeded and the container came back).
+fn last_stop(journal: &str, id: &str) -> &'static str {
+    let failed = journal.lines().rev().find(|l| {
+        l.contains(id)
+            && (l.contains("StopContainer from runtime service failed")
+                || l.contains("StopPodSandbox from runtime service failed"))
+    });
+    match failed {
+        None => "none failed",
+        Some(l) if l.contains("connection refused") || l.contains("no such file") => {
+            "refused (crisp was down)"
+        }
+        Some(l) if l.contains("EOF") || l.contains("connection reset") => "in flight at a kill",
+        Some(_) => "failed otherwise",
+    }
 }
 
 /// Whether `pod` (a mirror pod's name for a static pod) has both its containers running, by the
