@@ -1606,8 +1606,9 @@ fn add_storm_pod(cluster: &Cluster, node: &Node, n: usize) -> (String, String, &
 }
 
 /// How kubelet's last StopContainer (StopPodSandbox for a sandbox) of container `id` ended, from
-/// its journal (1.26 wording): "in flight at a kill" when crisp had the call and died with it
-/// (`error reading from server: EOF`, `connection reset`), "refused" when crisp was not
+/// its journal (1.26 wording): "in flight at a kill" when crisp's socket took the call and crisp
+/// died before answering (`error reading from server: EOF`, `connection reset`, `connection
+/// closed before server preface received`), "refused" when crisp was not
 /// listening (kubelet's dial failed: crisp never saw it), "none failed" when no stop of it
 /// failed (kubelet never sent one, or it succeeded and the container came back).
 fn last_stop(journal: &str, id: &str) -> &'static str {
@@ -1621,7 +1622,13 @@ fn last_stop(journal: &str, id: &str) -> &'static str {
         Some(l) if l.contains("connection refused") || l.contains("no such file") => {
             "refused (crisp was down)"
         }
-        Some(l) if l.contains("EOF") || l.contains("connection reset") => "in flight at a kill",
+        Some(l)
+            if l.contains("EOF")
+                || l.contains("connection reset")
+                || l.contains("closed before server preface") =>
+        {
+            "in flight at a kill"
+        }
         Some(_) => "failed otherwise",
     }
 }
