@@ -1584,7 +1584,7 @@ const STORM_LIVE: usize = 10;
 /// directory) for even `n`, an API pod for odd. Returns (manifest or API name, the pod's name
 /// as the runtime labels it, kind).
 fn add_storm_pod(cluster: &Cluster, node: &Node, n: usize) -> (String, String, &'static str) {
-    if n % 2 == 0 {
+    if n.is_multiple_of(2) {
         let base = format!("sstorm-{n}");
         let tmp = format!("{STATIC_POD_DIR}/.{base}.yaml");
         node.put(&tmp, storm_pod(&base).as_bytes(), 0o644);
