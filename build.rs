@@ -53,6 +53,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(false)
         .build_server(false)
         .type_attribute(".", "#[derive(serde::Serialize, serde::Deserialize)]")
+        // A view without some fields (an older crisp's recording) reads as protobuf does.
+        .message_attribute(".", "#[serde(default)]")
         // An env value is bytes on the wire and text in the tap's view (redacted, or escaped):
         // read back as either (`crisp tap --pcap` re-encodes the view).
         .field_attribute(

@@ -181,7 +181,10 @@ fn tshark_decodes_every_call_method_status_and_shown_fields() {
         fields.contains("sandbox-1") && fields.contains("DB_PASSWORD"),
         "{fields}"
     );
-    assert!(fields.contains("<redacted>"), "{fields}");
+    // The env value is bytes since cri-api v0.34.10, so tshark shows it as bytes: the capture
+    // holds the recording's "<redacted>", nothing else.
+    let bytes = std::fs::read(&capture).expect("capture");
+    assert!(bytes.windows(10).any(|w| w == b"<redacted>"));
     // The pod, the container and crisp's hold, as packet comments.
     let comments = tshark(&capture, &["frame.comment"]);
     assert!(
