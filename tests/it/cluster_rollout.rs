@@ -1086,9 +1086,27 @@ fn a_kill_storm_under_a_real_kubelet() {
     let (node, joined) = join(&cluster, &bins);
     eprintln!("kubelet joined, node Ready in {}", secs(joined));
 
-    // crisp as a plain process, kubelet moved onto its socket.
+    // crisp as the .deb runs it, behind a socket systemd holds (CRISP_STORM_ACTIVATION=socket,
+    // the default), or as a plain process whose socket goes with it (=plain); kubelet moved
+    // onto its socket.
+    let activated = std::env::var("CRISP_STORM_ACTIVATION").as_deref() != Ok("plain");
+    eprintln!(
+        "crisp {}",
+        if activated {
+            "behind a socket systemd holds"
+        } else {
+            "as a plain process"
+        }
+    );
+    let start = |node: &Node| {
+        if activated {
+            node.start_crisp_activated(STORM_UNIT, "/run/containerd/containerd.sock");
+        } else {
+            storm_start(node);
+        }
+    };
     node.put_crisp();
-    storm_start(&node);
+    start(&node);
     storm_accepting(&node);
     kubelet_flags_on_crisp(&node);
     let o = node.nsenter(&["systemctl", "restart", "kubelet.service"]);
@@ -1341,9 +1359,27 @@ fn a_static_pod_kill_storm_under_a_real_kubelet() {
     let (node, joined) = join_with(&cluster, &bins, &static_storm_kubelet_config());
     eprintln!("kubelet joined, node Ready in {}", secs(joined));
 
-    // crisp as a plain process, kubelet moved onto its socket.
+    // crisp as the .deb runs it, behind a socket systemd holds (CRISP_STORM_ACTIVATION=socket,
+    // the default), or as a plain process whose socket goes with it (=plain); kubelet moved
+    // onto its socket.
+    let activated = std::env::var("CRISP_STORM_ACTIVATION").as_deref() != Ok("plain");
+    eprintln!(
+        "crisp {}",
+        if activated {
+            "behind a socket systemd holds"
+        } else {
+            "as a plain process"
+        }
+    );
+    let start = |node: &Node| {
+        if activated {
+            node.start_crisp_activated(STORM_UNIT, "/run/containerd/containerd.sock");
+        } else {
+            storm_start(node);
+        }
+    };
     node.put_crisp();
-    storm_start(&node);
+    start(&node);
     storm_accepting(&node);
     kubelet_flags_on_crisp(&node);
     let inv = node.prop("kubelet.service", "InvocationID");
@@ -1416,7 +1452,7 @@ fn a_static_pod_kill_storm_under_a_real_kubelet() {
             // 50–600 ms after crisp accepted again, varied but the same in every run.
             std::thread::sleep(Duration::from_millis(50 + (i as u64 * 7919) % 551));
             node.kill_crisp(STORM_UNIT);
-            storm_start(&node);
+            start(&node);
             restarts.push(storm_accepting(&node));
         }
         stop.store(true, Ordering::Relaxed);

@@ -465,6 +465,38 @@ impl Node {
         assert!(o.ok(), "start crisp: {}", o.all());
     }
 
+    /// Starts crisp as the .deb deploys it (systemd/crisp.socket): systemd holds the listening
+    /// socket `/run/crisp/crisp.sock` in a transient `unit.socket`, so kubelet's dials while
+    /// crisp is down wait in the backlog for the next crisp instead of being refused; the
+    /// service is started now, and again by each later call after a kill. No start limit: a
+    /// kill storm restarts it a hundred times a minute.
+    pub fn start_crisp_activated(&self, unit: &str, upstream: &str) {
+        let (socket, service) = (format!("{unit}.socket"), format!("{unit}.service"));
+        let _ = self.nsenter(&["systemctl", "reset-failed", &service]);
+        if self.prop(&socket, "ActiveState") != "active" {
+            let o = self.nsenter(&[
+                "systemd-run",
+                "--unit",
+                unit,
+                "--service-type=exec",
+                "--socket-property=ListenStream=/run/crisp/crisp.sock",
+                "--socket-property=Backlog=1024",
+                "--property=StartLimitIntervalSec=0",
+                "--",
+                "/usr/local/bin/crisp",
+                "--listen",
+                "/run/crisp/crisp.sock",
+                "--upstream",
+                upstream,
+                "--log-level",
+                "info",
+            ]);
+            assert!(o.ok(), "start crisp's socket: {}", o.all());
+        }
+        let o = self.nsenter(&["systemctl", "start", &service]);
+        assert!(o.ok(), "start crisp: {}", o.all());
+    }
+
     /// Waits until each of `socks` (paths inside the node, reached through its init's root)
     /// accepts a connection, for at most 30 s (then panics with `unit`'s journal): how long that
     /// took.
