@@ -1451,7 +1451,11 @@ fn a_static_pod_kill_storm_under_a_real_kubelet() {
         for i in 0..kills {
             // 50–600 ms after crisp accepted again, varied but the same in every run.
             std::thread::sleep(Duration::from_millis(50 + (i as u64 * 7919) % 551));
-            node.kill_crisp(STORM_UNIT);
+            if activated {
+                node.kill_crisp_activated(STORM_UNIT);
+            } else {
+                node.kill_crisp(STORM_UNIT);
+            }
             start(&node);
             restarts.push(storm_accepting(&node));
         }

@@ -497,6 +497,18 @@ impl Node {
         assert!(o.ok(), "start crisp: {}", o.all());
     }
 
+    /// SIGKILLs crisp started by [`Node::start_crisp_activated`]; returns once that process is
+    /// gone. Its state is no sign of that: kubelet's next dial re-activates the service at once.
+    pub fn kill_crisp_activated(&self, unit: &str) {
+        let service = format!("{unit}.service");
+        let pid = self.prop(&service, "MainPID");
+        let o = self.nsenter(&["systemctl", "kill", "--signal=KILL", &service]);
+        assert!(o.ok(), "kill crisp: {}", o.all());
+        self.wait_for("crisp killed", Duration::from_secs(10), |n| {
+            n.prop(&service, "MainPID") != pid
+        });
+    }
+
     /// Waits until each of `socks` (paths inside the node, reached through its init's root)
     /// accepts a connection, for at most 30 s (then panics with `unit`'s journal): how long that
     /// took.
