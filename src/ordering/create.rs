@@ -3,7 +3,7 @@
 //! (§3.3), and released or failed at the start timeout by the pod's policy (§3.4); a hold that
 //! lasts `refuse_held_after` ends as a refusal that says why. A held call kubelet gives up on is
 //! dropped, never forwarded (§3.5). StartContainer is held only for a container crisp saw no
-//! CreateContainer of (a restored pod's, KEP-5823, §3.7): by the same rules and window as its
+//! CreateContainer of (a restored pod's, KEP-5823, §3.6): by the same rules and window as its
 //! create would have been; a container created through crisp is started as kubelet asks.
 
 use std::collections::HashMap;
@@ -250,7 +250,7 @@ impl Engine {
             .await
     }
 
-    /// The gate of StartContainer (DESIGN.md §3.7). A container whose CreateContainer crisp saw
+    /// The gate of StartContainer (DESIGN.md §3.6). A container whose CreateContainer crisp saw
     /// answered went through the create gate: started at once. One crisp never saw created — a
     /// restored pod's (KEP-5823: its containers come back CREATED and kubelet only starts
     /// them) — is gated as its create would have been: the same plan, window and rules.
