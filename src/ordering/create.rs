@@ -2,8 +2,9 @@
 //! it waits for run and are ready (§3.2), refused at once while one is missing or not running
 //! (§3.3), and released or failed at the start timeout by the pod's policy (§3.4); a hold that
 //! lasts `refuse_held_after` ends as a refusal that says why. A held call kubelet gives up on is
-//! dropped, never forwarded (§3.5). StartContainer is never held: a created app is started as
-//! kubelet asks.
+//! dropped, never forwarded (§3.5). StartContainer is held only for a container crisp saw no
+//! CreateContainer of (a restored pod's, KEP-5823, §3.6): by the same rules and window as its
+//! create would have been; a container created through crisp is started as kubelet asks.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
@@ -234,6 +235,8 @@ impl Engine {
         let Some((pod, name)) = self.create_target(version, msg).await else {
             return Verdict::Forward;
         };
+        // The first create after all the pod's containers were removed: restarted in place.
+        self.start_over(version, &pod);
         record_span(&pod, &name, None);
         if pod.policy.has_sidecars() {
             pod.guess().note_create(&name);
@@ -242,6 +245,46 @@ impl Engine {
             CreatePlan::Forward => return Verdict::Forward,
             CreatePlan::Gate(required) => required,
         };
+        let window = self.create_window(call, &pod, &name);
+        self.hold_create(call, version, &pod, &name, required, window)
+            .await
+    }
+
+    /// The gate of StartContainer (DESIGN.md §3.6). A container whose CreateContainer crisp saw
+    /// answered went through the create gate: started at once. One crisp never saw created — a
+    /// restored pod's (KEP-5823: its containers come back CREATED and kubelet only starts
+    /// them) — is gated as its create would have been: the same plan, window and rules.
+    pub(super) async fn gate_start(&self, call: &Call, msg: &[u8]) -> Verdict {
+        let version = call.route.version.unwrap_or(ApiVersion::V1);
+        let Ok(req) = views::decode::<views::ContainerIdRequest>(msg) else {
+            tracing::warn!(
+                "cannot decode a copy of StartContainerRequest; forwarding it unordered"
+            );
+            return Verdict::Forward;
+        };
+        if self
+            .containers
+            .get(&req.container_id)
+            .is_some_and(|container| container.created_seen)
+        {
+            return Verdict::Forward;
+        }
+        let Some(container) = self.container_ref(version, &req.container_id).await else {
+            return Verdict::Forward;
+        };
+        let Some(pod) = self.pod_by_id(version, &container.sandbox_id).await else {
+            return Verdict::Forward;
+        };
+        let name = container.name;
+        let required = match decide::plan_create(&pod.policy, &name) {
+            CreatePlan::Forward => return Verdict::Forward,
+            CreatePlan::Gate(required) => required,
+        };
+        record_span(&pod, &name, Some(&req.container_id));
+        tracing::info!(
+            container_name = %name,
+            "StartContainer of a container crisp saw no CreateContainer of (a restored pod): ordering its start as its create"
+        );
         let window = self.create_window(call, &pod, &name);
         self.hold_create(call, version, &pod, &name, required, window)
             .await
@@ -604,6 +647,7 @@ impl Engine {
             ContainerRef {
                 sandbox_id: request.pod_sandbox_id,
                 name,
+                created_seen: true,
             },
         );
     }

@@ -124,6 +124,8 @@ impl Engine {
             }
         }
         self.terminate_sidecars(version, &pod).await;
+        // A pod restarted in place runs its apps again: `Engine::start_over` watches it anew.
+        pod.job_done.store(true, Relaxed);
     }
 
     /// Every runtime read of a watcher waits for the node-wide bound ([`super::reads`]): a

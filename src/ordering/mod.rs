@@ -9,7 +9,8 @@
 //! kubelet (`intents.rs`), both written by `durable.rs`, and reconciled with the runtime at start
 //! (`reconcile.rs`: a held stop is carried out by the restarted crisp).
 //!
-//! Only CreateContainer, StopContainer and StopPodSandbox are ever held. List and Status calls
+//! Only CreateContainer, StopContainer, StopPodSandbox and the StartContainer of a container
+//! crisp saw no create of (a restored pod, `create.rs`) are ever held. List and Status calls
 //! are never observed here, so they can never be slowed (a held List stalls kubelet's PLEG for
 //! the whole node, KUBELET-CRI §4.1).
 //!
@@ -19,7 +20,7 @@
 //!
 //! | file | calls | rule |
 //! |---|---|---|
-//! | `create.rs` | CreateContainer | sidecars first, readiness wait (DESIGN.md §3) |
+//! | `create.rs` | CreateContainer, StartContainer | sidecars first, readiness wait (DESIGN.md §3) |
 //! | `stop.rs` | StopContainer | sidecars last, one grace budget (DESIGN.md §4) |
 //! | `stop_sandbox.rs` | StopPodSandbox | the order on kubelet's error path (DESIGN.md §4.2) |
 //! | `status.rs` | ContainerStatus, PodSandboxStatus, events | Job mode's exit 0 (DESIGN.md §5) |
@@ -468,6 +469,7 @@ impl Engine {
                 let found = ContainerRef {
                     sandbox_id: container.pod_sandbox_id,
                     name: container_name(container.metadata.map(|metadata| metadata.name)),
+                    created_seen: false,
                 };
                 self.containers.insert(id.to_string(), found.clone());
                 Some(found)
@@ -537,11 +539,48 @@ impl Engine {
         }
     }
 
-    /// RemoveContainer: the container leaves the cache, and its Job-mode mark goes.
+    /// RemoveContainer: the container leaves the cache, and its Job-mode mark goes. The last
+    /// container crisp knew in its sandbox marks the pod emptied: kubelet removes every
+    /// container of a pod it restarts in place (KEP-5532), and runs it again in the same
+    /// sandbox ([`Engine::start_over`]).
     fn forget_container(&self, msg: &[u8]) {
         if let Ok(req) = views::decode::<views::ContainerIdRequest>(msg) {
-            self.containers.remove(&req.container_id);
             self.terminated.remove(&req.container_id);
+            let Some((_, gone)) = self.containers.remove(&req.container_id) else {
+                return;
+            };
+            let sandbox = gone.sandbox_id;
+            if self.containers.iter().any(|c| c.sandbox_id == sandbox) {
+                return;
+            }
+            if let Some(pod) = self.pods.get(&sandbox) {
+                pod.emptied
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// A container is created in a sandbox whose containers were all removed: the pod runs
+    /// again in it (restarted in place, KEP-5532), and is ordered exactly like its first run —
+    /// what the gates remembered of the previous run goes ([`Pod::start_over`]), so do the
+    /// Job-mode marks and kept intents of its removed containers, and a Job pod whose
+    /// sidecars crisp terminated is watched again (DESIGN.md §3.6).
+    fn start_over(&self, version: ApiVersion, pod: &Arc<Pod>) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if !pod.emptied.swap(false, Relaxed) {
+            return;
+        }
+        tracing::info!(
+            pod_namespace = %pod.namespace,
+            pod_name = %pod.name,
+            "the pod's containers were all removed and it starts again in its sandbox: ordering it as a new pod"
+        );
+        pod.start_over();
+        self.terminated.remove_sandbox(&pod.sandbox_id);
+        self.intents.forget_sandbox(&pod.sandbox_id);
+        if pod.job_done.swap(false, Relaxed) {
+            pod.job_watched.store(false, Relaxed);
+            self.maybe_watch_job(pod, version);
         }
     }
 }
@@ -572,7 +611,9 @@ impl Interceptor for Engine {
                 response: false,
                 complete: true,
             },
+            // An app's start is gated when crisp saw no create of it (a restored pod).
             Some(Rpc::StopPodSandbox)
+            | Some(Rpc::StartContainer)
             | Some(Rpc::RemovePodSandbox)
             | Some(Rpc::RemoveContainer) => Interest {
                 request: true,
@@ -614,6 +655,7 @@ impl Interceptor for Engine {
         Box::pin(async move {
             match call.route.rpc {
                 Some(Rpc::CreateContainer) => self.gate_create(call, msg).await,
+                Some(Rpc::StartContainer) => self.gate_start(call, msg).await,
                 Some(Rpc::StopContainer) => self.gate_stop(call, msg).await,
                 Some(Rpc::StopPodSandbox) => self.gate_stop_sandbox(call, msg).await,
                 Some(Rpc::RemovePodSandbox) => {

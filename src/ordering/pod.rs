@@ -46,6 +46,13 @@ pub struct Pod {
     pub(super) isolation_warned: AtomicBool,
     stop: Mutex<StopWindow>,
     pub(super) job_watched: AtomicBool,
+    /// Its Job watcher ended (the sidecars were terminated): a pod restarted in place needs a
+    /// new one.
+    pub(super) job_done: AtomicBool,
+    /// Every container crisp knew in the sandbox was removed (RemoveContainer): kubelet may
+    /// run the pod again in the same sandbox (KEP-5532), and its next CreateContainer starts
+    /// the pod's state over ([`Pod::start_over`], DESIGN.md §3.6).
+    pub(super) emptied: AtomicBool,
     /// Init or regular? For containers no annotation names (see [`InitGuess`]).
     init_guess: Mutex<InitGuess>,
     /// When each app container's refusals began because a sidecar was not created or not
@@ -143,6 +150,8 @@ impl Pod {
             isolation_warned: AtomicBool::new(false),
             stop: Mutex::new(StopWindow::default()),
             job_watched: AtomicBool::new(false),
+            job_done: AtomicBool::new(false),
+            emptied: AtomicBool::new(false),
             init_guess: Mutex::new(InitGuess::default()),
             refused_since: Mutex::new(HashMap::new()),
             created_at: AtomicI64::new(0),
@@ -180,6 +189,17 @@ impl Pod {
             window.apps_stopping.insert(container_id.to_string());
         }
         decide::later(window.first.unwrap_or(now), window.grace)
+    }
+
+    /// The pod runs again in its sandbox (restarted in place, KEP-5532): what the gates
+    /// remembered of the previous run goes — the stop budget window (a kill of the previous
+    /// run must not shorten the next termination's budget), the refusal and hold clocks, the
+    /// last probes. What init containers are is the pod's spec, not its run: kept.
+    pub(super) fn start_over(&self) {
+        *self.stop.lock() = StopWindow::default();
+        self.refused_since.lock().clear();
+        self.held_since.lock().clear();
+        self.last_probe.lock().clear();
     }
 
     pub(super) fn apps_stopping(&self) -> bool {
@@ -270,6 +290,9 @@ pub(super) fn container_name(name: Option<String>) -> String {
 pub(super) struct ContainerRef {
     pub(super) sandbox_id: String,
     pub(super) name: String,
+    /// crisp saw its CreateContainer answered (it went through the create gate); `false`: learnt
+    /// from the runtime (a restored pod's container, one created before crisp started).
+    pub(super) created_seen: bool,
 }
 
 #[cfg(test)]

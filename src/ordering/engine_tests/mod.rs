@@ -8,8 +8,9 @@
 //! This file is the harness (the scripted runtime, kubelet's calls, assertions); the tests are
 //! split like the gates they drive: `start_order.rs` (CreateContainer), `stop_order.rs`
 //! (StopContainer, StopPodSandbox), `job_mode.rs`, `probing.rs`, `live_holds.rs`, `read_bound.rs`
-//! (the node-wide read bound), `tenant.rs` (hostile pod text) and `restarts.rs` (held calls kept
-//! across crisp's death, issue #43).
+//! (the node-wide read bound), `tenant.rs` (hostile pod text), `restarts.rs` (held calls kept
+//! across crisp's death, issue #43) and `restores.rs` (restored pods and pods restarted in
+//! place, issue #45).
 
 use std::sync::Mutex;
 
@@ -558,6 +559,7 @@ mod native;
 mod probing;
 mod read_bound;
 mod restarts;
+mod restores;
 mod start_order;
 mod stop_order;
 mod tenant;
