@@ -1447,6 +1447,15 @@ fn a_static_pod_kill_storm_under_a_real_kubelet() {
             }
             pods
         });
+        // A panic below (a kill that never took) still ends the churn, so the scope returns,
+        // the panic goes on and the cluster's guards stop it (else the test hangs for ever).
+        struct EndChurn<'a>(&'a AtomicBool);
+        impl Drop for EndChurn<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
+        let _end_churn = EndChurn(&stop);
         let mut restarts = Vec::new();
         for i in 0..kills {
             // 50–600 ms after crisp accepted again, varied but the same in every run.
