@@ -448,11 +448,15 @@ impl Node {
     /// test) on kubelet's socket `/run/crisp/crisp.sock`, in front of `upstream`.
     pub fn start_crisp(&self, unit: &str, upstream: &str) {
         let _ = self.nsenter(&["systemctl", "reset-failed", unit]);
-        let o = self.nsenter(&[
-            "systemd-run",
-            "--unit",
-            unit,
-            "--service-type=exec",
+        self.run_crisp_unit(unit, upstream, &[]);
+    }
+
+    /// `systemd-run` of this build's crisp on `/run/crisp/crisp.sock` in front of `upstream`, as
+    /// `unit`, with `extra` systemd-run options.
+    fn run_crisp_unit(&self, unit: &str, upstream: &str, extra: &[&str]) {
+        let mut args = vec!["systemd-run", "--unit", unit, "--service-type=exec"];
+        args.extend_from_slice(extra);
+        args.extend([
             "--",
             "/usr/local/bin/crisp",
             "--listen",
@@ -462,6 +466,7 @@ impl Node {
             "--log-level",
             "info",
         ]);
+        let o = self.nsenter(&args);
         assert!(o.ok(), "start crisp: {}", o.all());
     }
 
@@ -474,24 +479,15 @@ impl Node {
         let (socket, service) = (format!("{unit}.socket"), format!("{unit}.service"));
         let _ = self.nsenter(&["systemctl", "reset-failed", &service]);
         if self.prop(&socket, "ActiveState") != "active" {
-            let o = self.nsenter(&[
-                "systemd-run",
-                "--unit",
+            self.run_crisp_unit(
                 unit,
-                "--service-type=exec",
-                "--socket-property=ListenStream=/run/crisp/crisp.sock",
-                "--socket-property=Backlog=1024",
-                "--property=StartLimitIntervalSec=0",
-                "--",
-                "/usr/local/bin/crisp",
-                "--listen",
-                "/run/crisp/crisp.sock",
-                "--upstream",
                 upstream,
-                "--log-level",
-                "info",
-            ]);
-            assert!(o.ok(), "start crisp's socket: {}", o.all());
+                &[
+                    "--socket-property=ListenStream=/run/crisp/crisp.sock",
+                    "--socket-property=Backlog=1024",
+                    "--property=StartLimitIntervalSec=0",
+                ],
+            );
         }
         let o = self.nsenter(&["systemctl", "start", &service]);
         assert!(o.ok(), "start crisp: {}", o.all());
