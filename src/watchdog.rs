@@ -238,7 +238,7 @@ const PAUSES_KEPT: usize = 32;
 struct Rounds {
     /// When the last round ran ([`nanos`]); None before the first.
     last: Option<u64>,
-    /// Windows `[from, to)` ([`nanos`]) in which the supervisor should have run and did not.
+    /// Spans `[from, to)` ([`nanos`]) in which the supervisor should have run and did not.
     pauses: std::collections::VecDeque<(u64, u64)>,
 }
 

@@ -1,6 +1,7 @@
 //! crisp's metrics registry (GET /metrics): the tap's and the engine's counters, and
 //! liveness.
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use prometheus_client::metrics::info::Info;
@@ -82,7 +83,7 @@ pub(crate) fn register_liveness(reg: &mut Registry, l: &Liveness) {
          part in one call only) or in the relay core (crisp_relay_panics_total).",
         move || f.panics(),
     )));
-    crate::metrics::register_own_faults(reg, &l.watchdog, &l.faults);
+    register_own_faults(reg, &l.watchdog, &l.faults);
     let f = l.faults.clone();
     reg.register_collector(Box::new(ScrapedGauge::new(
         "crisp_routes_bypassed",
@@ -94,4 +95,54 @@ pub(crate) fn register_liveness(reg: &mut Registry, l: &Liveness) {
 /// `GET /metrics`, in the Prometheus text format ([`crate::metrics::CONTENT_TYPE`]).
 pub fn render_metrics(state: &AdminState) -> String {
     crate::metrics::encode(&state.metrics)
+}
+
+/// The metrics of crisp's own faults that the watchdog, the relay and the log writer keep
+/// (docs/METRICS.md): relay-core panics, log lines dropped, the supervisor's own pauses, and
+/// the restart counters that survive the restart they count.
+fn register_own_faults(
+    reg: &mut Registry,
+    watchdog: &Arc<crate::watchdog::Watchdog>,
+    faults: &Arc<crate::intercept::Faults>,
+) {
+    let f = faults.clone();
+    reg.register_collector(Box::new(ScrapedCounter::new(
+        "crisp_relay_panics",
+        "Panics of the relay core: a new stream's answered INTERNAL (its connection went on), \
+         or a relay thread's (its connection closed).",
+        move || f.relay_panics(),
+    )));
+    reg.register_collector(Box::new(ScrapedCounter::new(
+        "crisp_log_lines_dropped",
+        "Log lines dropped because the log writer's queue was full (a stalled journald or \
+         stderr): crisp never blocks on its log.",
+        crate::telemetry::dropped_lines,
+    )));
+    let w = watchdog.clone();
+    reg.register_collector(Box::new(ScrapedCounter::new(
+        "crisp_watchdog_pauses",
+        "Watchdog rounds that ran 100 ms or more late (the whole process was paused or \
+         starved); that time was blamed on no thread.",
+        move || w.counters.supervisor_pauses.load(Relaxed),
+    )));
+    let w = watchdog.clone();
+    reg.register_collector(Box::new(ScrapedGauge::new(
+        "crisp_watchdog_late_max_microseconds",
+        "Longest lateness of a watchdog round since the last scrape.",
+        move || w.take_supervisor_late().as_micros() as u64,
+    )));
+    let w = watchdog.clone();
+    reg.register_collector(Box::new(ScrapedCounter::new(
+        "crisp_unclean_restarts",
+        "Starts of crisp after an instance that did not shut down cleanly (killed, crashed, \
+         or stuck), kept in the state directory across restarts.",
+        move || w.persisted().map_or(0, |p| p.unclean),
+    )));
+    let w = watchdog.clone();
+    reg.register_collector(Box::new(ScrapedCounter::new(
+        "crisp_stall_restarts",
+        "Starts of crisp after an instance whose watchdog had judged it stuck (systemd's \
+         watchdog restarted it), kept in the state directory across restarts.",
+        move || w.persisted().map_or(0, |p| p.stalled),
+    )));
 }

@@ -7,7 +7,7 @@
 
 pub mod api;
 #[cfg(test)]
-mod drift;
+pub(crate) mod drift;
 pub mod patch;
 pub mod skim;
 pub mod tags;

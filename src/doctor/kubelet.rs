@@ -269,7 +269,18 @@ pub(super) fn check_kubelet(opts: &Options, listen: &Path, upstream: &Path, r: &
                     set.file.display()
                 ),
             ),
-            _ => r.warn(
+            // Still accepted: say what the upgrade will need, without a warning on a node that
+            // works as it is.
+            Some(v) => r.ok(
+                "kubelet",
+                format!(
+                    "--pod-infra-container-image (in {}) is accepted by kubelet {}.{}; kubelet 1.35 and later refuse to start with it: remove it before upgrading",
+                    set.file.display(),
+                    v.0,
+                    v.1
+                ),
+            ),
+            None => r.warn(
                 "kubelet",
                 format!(
                     "--pod-infra-container-image (in {}) is ignored, and kubelet 1.35 and later refuse to start with it",

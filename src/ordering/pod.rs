@@ -94,7 +94,31 @@ pub(super) enum PodNs {
     /// from crisp's namespace to the pod's own IPs only (`readiness::outside_target`); its
     /// loopback is out of reach, except where no namespace was found at all (then a loopback
     /// probe fails with why, as before issue #44). Why, for messages.
-    Outside(super::probes::Outside),
+    Outside(Outside),
+}
+
+/// Why crisp probes a pod from outside its network (`Engine::enter`, probes.rs).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum Outside {
+    /// No namespace found or entered; `isolated`: the handler is not one of `[readiness]
+    /// shared_kernel_handlers`, the only hint left that its loopback is out of reach.
+    #[error("cannot find the sandbox's network namespace: {why}")]
+    NoNamespace { why: String, isolated: bool },
+    #[error("the runtime names crisp's own network namespace as the sandbox's")]
+    CrispsOwn,
+    #[error("the sandbox's network namespace does not hold the pod IP: a VM or a user-space kernel owns the pod's network")]
+    NotHeld,
+}
+
+impl Outside {
+    /// The pod's loopback is out of reach: the evidence says its network is elsewhere, or no
+    /// namespace was found and its handler is not a shared-kernel one.
+    pub(super) fn isolated(&self) -> bool {
+        match self {
+            Outside::NoNamespace { isolated, .. } => *isolated,
+            Outside::CrispsOwn | Outside::NotHeld => true,
+        }
+    }
 }
 
 impl PodNet {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::annotations::Sidecar;
 use super::isolation;
-use super::pod::{PodNet, PodNs};
+use super::pod::{Outside, PodNet, PodNs};
 use super::{Engine, Pod};
 use crate::cri::ApiVersion;
 use crate::metrics::GaugeGuard;
@@ -422,29 +422,5 @@ impl readiness::ProbeEnv for ProbeTarget<'_> {
             );
             e.to_string()
         })
-    }
-}
-
-/// Why crisp probes a pod from outside its network (`Engine::enter`).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(super) enum Outside {
-    /// No namespace found or entered; `isolated`: the handler is not one of `[readiness]
-    /// shared_kernel_handlers`, the only hint left that its loopback is out of reach.
-    #[error("cannot find the sandbox's network namespace: {why}")]
-    NoNamespace { why: String, isolated: bool },
-    #[error("the runtime names crisp's own network namespace as the sandbox's")]
-    CrispsOwn,
-    #[error("the sandbox's network namespace does not hold the pod IP: a VM or a user-space kernel owns the pod's network")]
-    NotHeld,
-}
-
-impl Outside {
-    /// The pod's loopback is out of reach: the evidence says its network is elsewhere, or no
-    /// namespace was found and its handler is not a shared-kernel one.
-    pub(super) fn isolated(&self) -> bool {
-        match self {
-            Outside::NoNamespace { isolated, .. } => *isolated,
-            Outside::CrispsOwn | Outside::NotHeld => true,
-        }
     }
 }

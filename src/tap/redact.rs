@@ -538,4 +538,13 @@ mod tests {
             )
         );
     }
+    /// The fields api.proto marks `debug_redact` are the ones the tap's redaction lists.
+    #[test]
+    fn debug_redact_fields_are_the_ones_the_tap_knows() {
+        let listed: Vec<(String, String, u32)> = DEBUG_REDACT
+            .iter()
+            .map(|(m, f, n)| (m.to_string(), f.to_string(), *n))
+            .collect();
+        assert_eq!(crate::cri::drift::debug_redact_fields(), listed);
+    }
 }

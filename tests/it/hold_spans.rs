@@ -143,6 +143,17 @@ fn create_with(
                 attempt: 0,
             }),
             annotations,
+            // On the node's network, as the scripted runtime says (`probe_burst::Burst`).
+            linux: Some(cri::LinuxPodSandboxConfig {
+                security_context: Some(cri::LinuxSandboxSecurityContext {
+                    namespace_options: Some(cri::NamespaceOption {
+                        network: cri::NamespaceMode::Node as i32,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
             ..Default::default()
         }),
     }

@@ -1,9 +1,9 @@
 //! Issue #19's measurements of the node-wide probe bounds, on crisp's ordering engine with a
 //! scripted runtime (the engine is driven as the proxy drives it: `on_request` per
-//! CreateContainer). Each pod's sidecar is probed `http://:PORT/` at the pod IP (127.0.0.1)
-//! through the pod-network-namespace path (the runtime's verbose info names this process's
-//! namespace as the sandbox's namespace path, so every socket is made on its own short-lived
-//! thread after setns, as for a real pod).
+//! CreateContainer). Each pod's sidecar is probed `http://:PORT/` at the pod IP (127.0.0.1) of a
+//! host-network pod (since issue #44 a pod whose namespace is crisp's own is probed only at its
+//! own, non-loopback IPs; before, these pods were in this process's namespace, named as the
+//! sandbox's namespace path, and every probe's socket was made after a setns).
 //!
 //! - burst: 300 pods whose sidecars never get ready (the listener answers 503) start at once;
 //!   connects per second are counted at the listener, CPU and RSS read from /proc/self;
@@ -71,11 +71,19 @@ impl Runtime for Burst {
         _: ApiVersion,
         id: &'a str,
     ) -> Answer<'a, views::PodSandboxStatusResponse> {
+        // On the node's network (hostNetwork): since issue #44 a pod whose namespace is crisp's
+        // own is probed from outside and never at a loopback address, so a pod that lives at
+        // 127.0.0.1 in this process's namespace is a host-network pod.
         let status = views::PodSandboxStatus {
             id: id.into(),
             network: Some(views::PodSandboxNetworkStatus {
                 ip: "127.0.0.1".into(),
                 additional_ips: Vec::new(),
+            }),
+            linux: Some(views::LinuxPodSandboxStatus {
+                namespaces: Some(views::Namespace {
+                    options: Some(views::NamespaceOption { network: 2 }),
+                }),
             }),
             ..Default::default()
         };
