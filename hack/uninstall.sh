@@ -180,10 +180,14 @@ for ((i = ${#ENTRIES[@]} - 1; i >= 0; i--)); do
 done
 rm -rf "$(r "$STATE")"
 note "removed $STATE"
-# crisp's own state directory (job-mode records) goes with the install when it holds no record:
-# crisp creates its terminated/ subdirectory at start, empty.
+# crisp's own state directory (job-mode records, held calls' intents) goes with the install when
+# it holds no record: crisp creates its terminated/ and intents/ subdirectories at start, empty,
+# and keeps its watchdog's restart counter in `watchdog` (derived, no promise to anyone).
 for d in "${dirs[@]}"; do
-  if [[ "$d" == /var/lib/crisp ]]; then rmdir "$(r /var/lib/crisp/terminated)" 2>/dev/null || true; fi
+  if [[ "$d" == /var/lib/crisp ]]; then
+    rmdir "$(r /var/lib/crisp/terminated)" "$(r /var/lib/crisp/intents)" 2>/dev/null || true
+    rm -f "$(r /var/lib/crisp/watchdog)"
+  fi
 done
 for d in "${dirs[@]}"; do
   if [[ -d "$(r "$d")" ]]; then
