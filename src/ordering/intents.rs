@@ -27,6 +27,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::Mutex;
@@ -129,7 +130,10 @@ pub(crate) enum KeepError {
 /// restarted crisp carrying it out), and on disk when a state directory is configured.
 pub struct Intents {
     dir: Option<PathBuf>,
-    kept: Mutex<HashMap<String, (Intent, u64)>>,
+    kept: Arc<Mutex<HashMap<String, (Intent, u64)>>>,
+    /// Where [`Intents::done`] unlinks a file: off the caller's thread (a relay thread, or an
+    /// async worker), since an unlink waits on the disk. `None` outside an async runtime.
+    blocking: Option<tokio::runtime::Handle>,
     /// Stops found on disk at open: carried out or dropped by the reconcile at start.
     loaded: Mutex<Vec<(String, Intent, u64)>>,
     tokens: AtomicU64,
@@ -141,7 +145,8 @@ impl Intents {
     pub fn open(state_dir: Option<PathBuf>) -> Self {
         let intents = Intents {
             dir: state_dir.map(|dir| dir.join("intents")),
-            kept: Mutex::new(HashMap::new()),
+            kept: Arc::new(Mutex::new(HashMap::new())),
+            blocking: tokio::runtime::Handle::try_current().ok(),
             loaded: Mutex::new(Vec::new()),
             tokens: AtomicU64::new(1),
         };
@@ -241,11 +246,27 @@ impl Intents {
     /// The call `token` owns is answered (or its stop carried out): its intent goes, unless a
     /// later keep took it over. The removal is not fsynced: an intent that comes back after a
     /// power loss is of a container that no longer runs, dropped at the next start.
+    ///
+    /// The unlink runs on a blocking thread, never on the caller's (a relay thread, an async
+    /// worker): a slow or hung disk stalls no call. It checks, under the lock, that no later
+    /// keep of the same call owns the key again, so it never removes a retry's file.
     pub(crate) fn done(&self, key: &str, token: u64) {
-        if self.release(key, token) {
-            if let Some(dir) = &self.dir {
-                let _ = std::fs::remove_file(dir.join(key));
+        if !self.release(key, token) {
+            return;
+        }
+        let Some(dir) = &self.dir else {
+            return;
+        };
+        let (kept, path, key) = (self.kept.clone(), dir.join(key), key.to_string());
+        let unlink = move || {
+            let kept = kept.lock();
+            if !kept.contains_key(&key) {
+                let _ = std::fs::remove_file(&path);
             }
+        };
+        match &self.blocking {
+            Some(rt) => drop(rt.spawn_blocking(unlink)),
+            None => unlink(),
         }
     }
 
@@ -437,7 +458,17 @@ mod tests {
         assert!(again.take_loaded().is_empty(), "taken once");
 
         intents.done("stop-c1", token);
+        gone(&file).await;
         assert!(!file.exists());
+    }
+
+    /// Waits (at most 5 s) for `done`'s unlink, which runs on a blocking thread.
+    async fn gone(file: &std::path::Path) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while file.exists() && std::time::Instant::now() < deadline {
+            tokio::task::yield_now().await;
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
 
     impl Intent {

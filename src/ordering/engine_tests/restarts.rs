@@ -30,6 +30,16 @@ fn intent_files(dir: &std::path::Path) -> Vec<String> {
     names
 }
 
+/// Waits (at most 5 s of real time) for the intents directory to empty: `Intents::done`
+/// unlinks on a blocking thread.
+async fn unlinked(dir: &std::path::Path) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !intent_files(dir).is_empty() && std::time::Instant::now() < deadline {
+        tokio::task::yield_now().await;
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 /// A new engine on `dir` (crisp restarted) that has reconciled what it found there.
 async fn restarted(fake: &Fake, sidecars: &[&str], dir: &std::path::Path) -> Arc<Engine> {
     let engine = pod_on(
@@ -91,6 +101,7 @@ async fn a_create_holds_clock_survives_a_crash_loop() {
         (10 * S..=10 * S + 100 * MS).contains(&let_through),
         "let through {let_through:?} after kubelet's first call, start timeout 10 s"
     );
+    unlinked(dir.path()).await;
     assert!(
         intent_files(dir.path()).is_empty(),
         "the hold is over: its clock goes"
@@ -158,6 +169,7 @@ async fn a_held_sidecar_stop_is_carried_out_by_the_restarted_crisp_after_the_app
     );
     assert_eq!(*secs, 27, "what is left of the pod's 30 s grace");
     assert_eq!(second.metrics.intents_replayed.get(), 1);
+    unlinked(dir.path()).await;
     assert!(
         intent_files(dir.path()).is_empty(),
         "carried out: the intent goes"
@@ -179,6 +191,7 @@ async fn a_held_sidecar_stop_is_carried_out_by_the_restarted_crisp_after_the_app
         "{v:?}"
     );
     answered(&third, &retry);
+    unlinked(dir.path()).await;
     assert!(intent_files(dir.path()).is_empty());
 }
 
@@ -223,6 +236,7 @@ async fn a_forwarded_stop_whose_answer_died_with_crisp_is_carried_out_first() {
         vec!["app".to_string(), "proxy".to_string()],
         "app first"
     );
+    unlinked(dir.path()).await;
     assert!(intent_files(dir.path()).is_empty());
 }
 
@@ -243,6 +257,7 @@ async fn answered_or_finished_stops_are_not_carried_out() {
             .await,
     );
     answered(&first, &app_stop);
+    unlinked(dir.path()).await;
     assert!(
         intent_files(dir.path()).is_empty(),
         "answered: nothing kept"
@@ -261,6 +276,7 @@ async fn answered_or_finished_stops_are_not_carried_out() {
     let _second = restarted(&fake, &["proxy"], dir.path()).await;
     tokio::time::sleep(5 * S).await;
     assert!(fake.stops().is_empty(), "{:?}", fake.stops());
+    unlinked(dir.path()).await;
     assert!(intent_files(dir.path()).is_empty());
 }
 
