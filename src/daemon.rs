@@ -143,9 +143,6 @@ async fn serve_on_notify(
         RuntimePoolOptions::from(&cfg),
     ));
     let (list, tap, engine) = chain(&cfg, &pool);
-    // The held calls kept before a restart are reconciled with the runtime before kubelet's
-    // calls are served; a runtime that does not answer delays that, never the start.
-    let _ = tokio::time::timeout(RECONCILE_WAIT, engine.intents_reconciled()).await;
     let spans = hold_spans(&cfg, &engine);
     let ordering = engine.clone();
     let interceptors = Interceptors::new(list);
@@ -179,6 +176,10 @@ async fn serve_on_notify(
         shutdown.await;
         let _ = stop.send(true);
     };
+    // The held calls kept before a restart are reconciled with the runtime before kubelet's
+    // calls are served; a runtime that does not answer delays that, never the start. The admin
+    // socket is up meanwhile: `crisp pods` and the tap see a restart's reconcile.
+    let _ = tokio::time::timeout(RECONCILE_WAIT, ordering.intents_reconciled()).await;
     proxy::serve(listener, proxy, shutdown).await;
     // Drained (or closed) every call: a clean end, not counted as a restart.
     if let Some(p) = watchdog.persisted() {

@@ -84,8 +84,16 @@ impl Crisp {
             .with_context(|| format!("starting {}", bin.display()))?;
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
+        // The CRI socket is bound before crisp starts serving; the admin socket (tap, metrics)
+        // is bound in its own task just after. Tests use both at once: wait for both, unless
+        // this crisp's config turns the admin socket off.
+        let admin = self.socket.with_file_name("admin.sock");
+        let want_admin = !std::fs::read_to_string(&self.config)
+            .unwrap_or_default()
+            .contains("enabled = false");
         loop {
-            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
+            let up = |p: &Path| std::os::unix::net::UnixStream::connect(p).is_ok();
+            if up(&self.socket) && (!want_admin || up(&admin)) {
                 return Ok(());
             }
             if let Some(ch) = self.child.as_mut() {

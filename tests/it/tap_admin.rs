@@ -191,15 +191,25 @@ async fn metrics_over_the_socket_and_opt_in_tcp() {
         })
         .await;
 
-    let admin = d.admin.clone();
-    let text = tokio::task::spawn_blocking(move || {
-        http_get(
-            std::os::unix::net::UnixStream::connect(admin).unwrap(),
-            "/metrics",
-        )
-    })
-    .await
-    .unwrap();
+    // The in-flight gauge is what each relay thread counted when it last went to wait: the
+    // thread that wrote StopContainer's answer counts it out a moment after kubelet has it.
+    // Scrape until that moment has passed (bounded), then check the whole text.
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let text = loop {
+        let admin = d.admin.clone();
+        let text = tokio::task::spawn_blocking(move || {
+            http_get(
+                std::os::unix::net::UnixStream::connect(admin).unwrap(),
+                "/metrics",
+            )
+        })
+        .await
+        .unwrap();
+        if text.contains("crisp_cri_calls_in_flight 0") || std::time::Instant::now() > deadline {
+            break text;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    };
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     assert!(text.contains("text/plain; version=0.0.4"), "{text}");
     for needle in [
