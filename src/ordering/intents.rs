@@ -54,6 +54,9 @@ pub(crate) enum Kind {
     HeldStop,
     /// A StopContainer forwarded at once (an app's, or a native sidecar's), until answered.
     Stop,
+    /// A StopPodSandbox of a pod with sidecars, held while apps run or forwarded, until
+    /// answered: kubelet 1.26 does not send it again for a removed static pod either.
+    StopSandbox,
 }
 
 /// One kept call. Times are wall-clock milliseconds since the epoch (a restarted crisp has a
@@ -63,7 +66,7 @@ pub(crate) enum Kind {
 pub(crate) struct Intent {
     pub(crate) kind: Kind,
     pub(crate) sandbox_id: String,
-    /// The stopped container (stops); empty for a create.
+    /// The stopped container (stops); empty for a create and a sandbox's stop.
     #[serde(default)]
     pub(crate) container_id: String,
     /// The container's name when it is a DNS-1123 label (a create's always is); else empty.
@@ -83,12 +86,14 @@ pub(crate) struct Intent {
 }
 
 impl Intent {
-    /// The intent's file name: `create-<sandbox>-<name>` or `stop-<container>` (ids and a
-    /// DNS-1123 label only: nothing that could leave the directory).
+    /// The intent's file name: `create-<sandbox>-<name>`, `stop-<container>` or
+    /// `sandbox-<sandbox>` (ids and a DNS-1123 label only: nothing that could leave the
+    /// directory).
     pub(crate) fn key(&self) -> String {
         match self.kind {
             Kind::Create => format!("create-{}-{}", self.sandbox_id, self.name),
             Kind::HeldStop | Kind::Stop => format!("stop-{}", self.container_id),
+            Kind::StopSandbox => format!("sandbox-{}", self.sandbox_id),
         }
     }
 
@@ -98,6 +103,7 @@ impl Intent {
         let ids_ok = match self.kind {
             Kind::Create => self.container_id.is_empty() && !self.name.is_empty(),
             Kind::HeldStop | Kind::Stop => is_id(&self.container_id),
+            Kind::StopSandbox => self.container_id.is_empty() && self.name.is_empty(),
         };
         is_id(&self.sandbox_id) && name_ok && ids_ok && (0..=MAX_TIMEOUT).contains(&self.timeout)
     }
@@ -531,6 +537,17 @@ mod tests {
         std::fs::write(
             d.join("create-sb1-Not_A_Label"),
             br#"{"kind":"create","sandbox_id":"sb1","name":"Not_A_Label","sent_ms":1}"#,
+        )
+        .unwrap();
+        // A sandbox's stop names a sandbox and nothing else.
+        std::fs::write(
+            d.join("sandbox-sb1"),
+            br#"{"kind":"stop_sandbox","sandbox_id":"sb1","container_id":"c9","sent_ms":1}"#,
+        )
+        .unwrap();
+        std::fs::write(
+            d.join("sandbox-.."),
+            br#"{"kind":"stop_sandbox","sandbox_id":"..","sent_ms":1}"#,
         )
         .unwrap();
         std::fs::write(d.join("stop-c6"), &good).unwrap();

@@ -605,15 +605,14 @@ impl Interceptor for Engine {
                 response: true,
                 complete: false,
             },
-            // The end of a StopContainer removes its kept intent (`on_complete`).
-            Some(Rpc::StopContainer) => Interest {
+            // The end of a stop removes its kept intent (`on_complete`).
+            Some(Rpc::StopContainer) | Some(Rpc::StopPodSandbox) => Interest {
                 request: true,
                 response: false,
                 complete: true,
             },
             // An app's start is gated when crisp saw no create of it (a restored pod).
-            Some(Rpc::StopPodSandbox)
-            | Some(Rpc::StartContainer)
+            Some(Rpc::StartContainer)
             | Some(Rpc::RemovePodSandbox)
             | Some(Rpc::RemoveContainer) => Interest {
                 request: true,
@@ -702,8 +701,8 @@ impl Interceptor for Engine {
         )
     }
 
-    /// A StopContainer answered (or ended otherwise, crisp alive): kubelet has its answer, and
-    /// the call's kept intent goes.
+    /// A StopContainer or StopPodSandbox answered (or ended otherwise, crisp alive): kubelet
+    /// has its answer, and the call's kept intent goes.
     fn on_complete(&self, call: &Call, _outcome: &crate::intercept::Outcome) {
         if self.stop_calls.is_empty() {
             return;

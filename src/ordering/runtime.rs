@@ -60,6 +60,7 @@ pub trait Runtime: Send + Sync {
         id: &'a str,
         timeout_secs: i64,
     ) -> Answer<'a, ()>;
+    fn stop_pod_sandbox<'a>(&'a self, version: ApiVersion, sandbox_id: &'a str) -> Answer<'a, ()>;
 }
 
 impl Runtime for RuntimeClient {
@@ -135,5 +136,9 @@ impl Runtime for RuntimeClient {
             id,
             timeout_secs,
         ))
+    }
+
+    fn stop_pod_sandbox<'a>(&'a self, version: ApiVersion, sandbox_id: &'a str) -> Answer<'a, ()> {
+        Box::pin(RuntimeClient::stop_pod_sandbox(self, version, sandbox_id))
     }
 }

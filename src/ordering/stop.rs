@@ -266,10 +266,18 @@ impl Engine {
             budget_end_ms: intents::wall_of(stop.budget_end),
             timeout: stop.timeout.clamp(0, decide::MAX_GRACE.as_secs() as i64),
         };
+        self.keep_call(call, pod, intent).await;
+    }
+
+    /// Keeps `call` (a StopContainer or StopPodSandbox of `pod`) as `intent` until it is
+    /// answered (`on_complete`). One that cannot be kept goes on as before, not surviving a
+    /// crisp restart: said and counted.
+    pub(super) async fn keep_call(&self, call: &Call, pod: &Pod, intent: Intent) {
         let key = intent.key();
         let token = self.intents.token();
+        let (kind, container_name) = (intent.kind, intent.name.clone());
         // Before the write: a call kubelet drops during it still releases the intent.
-        self.stop_calls.insert(call.id, (key.clone(), token));
+        self.stop_calls.insert(call.id, (key, token));
         match self.intents.keep(intent, token).await {
             Ok(()) => {
                 self.metrics.intents_kept.inc();
@@ -280,12 +288,18 @@ impl Engine {
             Err(e) => {
                 let _ = self.stop_calls.remove(&call.id);
                 self.metrics.intent_write_errors.inc();
+                let rpc = if kind == Kind::StopSandbox {
+                    "StopPodSandbox"
+                } else {
+                    "StopContainer"
+                };
                 tracing::warn!(
                     pod_namespace = %pod.namespace,
                     pod_name = %pod.name,
-                    container_name = %stop.name,
+                    container_name = %container_name,
+                    rpc,
                     error = %e,
-                    "cannot keep the StopContainer as an intent; it will not survive a crisp restart"
+                    "cannot keep the call as an intent; it will not survive a crisp restart"
                 );
             }
         }

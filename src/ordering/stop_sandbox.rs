@@ -1,11 +1,15 @@
 //! StopPodSandbox: the stop order survives kubelet's error path (DESIGN.md §4.2). For a pod with
 //! sidecars it is held while an app still runs; then crisp stops the apps kubelet never stopped
 //! and the sidecars still running, in reverse declared order, within what is left of the pod's
-//! grace budget (§4.3), and forwards it.
+//! grace budget (§4.3), and forwards it. It is kept as an intent until answered (`intents.rs`):
+//! a restarted crisp carries out one its death dropped (`reconcile.rs`).
+
+use std::time::Instant;
 
 use super::decide::{self, Snapshot};
 use super::holds;
-use super::{now, record_span, Engine};
+use super::intents::{self, Intent, Kind};
+use super::{now, record_span, Engine, Pod};
 use crate::cri::views::{self, state};
 use crate::cri::ApiVersion;
 use crate::intercept::{Call, HoldOutcome, Verdict};
@@ -33,6 +37,19 @@ impl Engine {
         let arrived = now();
         let hold_until = decide::sandbox_hold_end(arrived, call.deadline);
         let budget_end = pod.budget_end();
+        // Kept until answered: a crisp that dies holding it (or forwarding it) carries it out
+        // at its next start, in the same order (`intents.rs`).
+        let intent = Intent {
+            kind: Kind::StopSandbox,
+            sandbox_id: pod.sandbox_id.clone(),
+            container_id: String::new(),
+            name: String::new(),
+            sent_ms: intents::wall_of(arrived),
+            hold_until_ms: intents::wall_of(hold_until),
+            budget_end_ms: budget_end.map_or(0, intents::wall_of),
+            timeout: 0,
+        };
+        self.keep_call(call, &pod, intent).await;
         let mut held: Option<holds::Hold<'_>> = None;
         let mut again = None;
         // The last listing while held: what is stopped when the next one cannot be had before
@@ -90,7 +107,22 @@ impl Engine {
                 .observe(now().saturating_duration_since(hold.since).as_secs_f64());
             hold.end(HoldOutcome::Forwarded, "");
         }
-        for (name, id) in decide::sandbox_stop_apps(&pod.policy, &running) {
+        self.stop_before_sandbox(version, &running, &pod, budget_end)
+            .await;
+        Verdict::Forward
+    }
+
+    /// What StopPodSandbox must find stopped, stopped in order: the apps kubelet never stopped
+    /// (with [`decide::STOP_TAIL`]), then the sidecars in reverse declared order with what is
+    /// left of the pod's budget. `running`: the pod's containers as last listed.
+    pub(super) async fn stop_before_sandbox(
+        &self,
+        version: ApiVersion,
+        running: &[views::Container],
+        pod: &Pod,
+        budget_end: Option<Instant>,
+    ) {
+        for (name, id) in decide::sandbox_stop_apps(&pod.policy, running) {
             tracing::info!(
                 container_name = %name,
                 "stopping app before the sidecars and StopPodSandbox (kubelet's StopContainer never came)"
@@ -107,7 +139,7 @@ impl Engine {
                 );
             }
         }
-        for (name, id) in decide::sandbox_stop_order(&pod.policy, &running) {
+        for (name, id) in decide::sandbox_stop_order(&pod.policy, running) {
             let secs = decide::budget_secs(budget_end, now());
             tracing::info!(
                 container_name = %name,
@@ -121,6 +153,5 @@ impl Engine {
                 );
             }
         }
-        Verdict::Forward
     }
 }

@@ -123,6 +123,9 @@ impl Runtime for Burst {
     fn stop_container<'a>(&'a self, _: ApiVersion, _: &'a str, _: i64) -> Answer<'a, ()> {
         ready(Ok(()))
     }
+    fn stop_pod_sandbox<'a>(&'a self, _: ApiVersion, _: &'a str) -> Answer<'a, ()> {
+        ready(Ok(()))
+    }
 }
 
 /// An HTTP listener counting accepts per second; answers 200 once `ok` is set, else 503.

@@ -83,6 +83,10 @@ struct Script {
     handler: String,
     /// The verbose `info` JSON PodSandboxStatus reports (none: not verbose).
     info: Option<String>,
+    /// StopPodSandbox calls crisp made itself, when.
+    sandbox_stops: Vec<Instant>,
+    /// The sandbox is stopped (NOTREADY) from this instant on.
+    sandbox_stopped: Option<Instant>,
 }
 
 #[derive(Default, Clone)]
@@ -213,13 +217,14 @@ impl Runtime for Fake {
         _: ApiVersion,
         id: &'a str,
     ) -> Answer<'a, views::PodSandboxStatusResponse> {
-        let (annotations, ip, runtime_handler, info) = {
+        let (annotations, ip, runtime_handler, info, stopped) = {
             let s = self.script();
             (
                 s.annotations.clone(),
                 s.ip.clone(),
                 s.handler.clone(),
                 s.info.clone(),
+                s.sandbox_stopped,
             )
         };
         let status = views::PodSandboxStatus {
@@ -236,6 +241,7 @@ impl Runtime for Fake {
                 additional_ips: Vec::new(),
             }),
             runtime_handler,
+            state: i32::from(stopped.is_some_and(|t| now() >= t)),
             ..Default::default()
         };
         ready(Ok(views::PodSandboxStatusResponse {
@@ -303,6 +309,18 @@ impl Runtime for Fake {
         c.exited.get_or_insert(t);
         let name = c.name.clone();
         s.stops.push((name, secs, t));
+        ready(Ok(()))
+    }
+
+    /// Kills whatever still runs (CRI contract) and marks the sandbox NOTREADY.
+    fn stop_pod_sandbox<'a>(&'a self, _: ApiVersion, _: &'a str) -> Answer<'a, ()> {
+        let mut s = self.script();
+        let t = now();
+        for c in &mut s.containers {
+            c.exited.get_or_insert(t);
+        }
+        s.sandbox_stops.push(t);
+        s.sandbox_stopped.get_or_insert(t);
         ready(Ok(()))
     }
 }

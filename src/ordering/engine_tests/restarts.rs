@@ -33,8 +33,13 @@ fn intent_files(dir: &std::path::Path) -> Vec<String> {
 /// Waits (at most 5 s of real time) for the intents directory to empty: `Intents::done`
 /// unlinks on a blocking thread.
 async fn unlinked(dir: &std::path::Path) {
+    unlinked_down_to(dir, 0).await;
+}
+
+/// [`unlinked`], until at most `left` files remain.
+async fn unlinked_down_to(dir: &std::path::Path, left: usize) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while !intent_files(dir).is_empty() && std::time::Instant::now() < deadline {
+    while intent_files(dir).len() > left && std::time::Instant::now() < deadline {
         tokio::task::yield_now().await;
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
@@ -276,6 +281,113 @@ async fn answered_or_finished_stops_are_not_carried_out() {
     let _second = restarted(&fake, &["proxy"], dir.path()).await;
     tokio::time::sleep(5 * S).await;
     assert!(fake.stops().is_empty(), "{:?}", fake.stops());
+    unlinked(dir.path()).await;
+    assert!(intent_files(dir.path()).is_empty());
+}
+
+/// The storm lane's leftovers (RELIABILITY.md, static-storm run 5): kubelet 1.26 sends
+/// StopPodSandbox for a removed static pod once; crisp holds it while the app exits and is
+/// killed holding it. The restarted crisp carries it out the way the gate would have: the
+/// sidecar after the app, then the sandbox — once, and nothing again at the next start.
+#[tokio::test(start_paused = true)]
+async fn a_held_stop_pod_sandbox_is_carried_out_by_the_restarted_crisp() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::default();
+    let first = pod_on(
+        &fake,
+        &["proxy"],
+        &[],
+        |c| c.ordering.refuse_held_after = Duration::ZERO,
+        Some(dir.path()),
+    );
+    let t0 = now();
+    fake.add("proxy", Some(t0));
+    fake.add("app", Some(t0));
+    let app_stop = call("StopContainer", KUBELET_DEADLINE);
+    assert_forward(
+        &first
+            .on_request(&app_stop, &stop(&id_of(&fake, "app"), 30))
+            .await,
+    );
+    answered(&first, &app_stop);
+    fake.set("app", |c| c.exited = Some(at(t0, 3 * S)));
+    let mut sandbox_stop = call("StopPodSandbox", KUBELET_DEADLINE);
+    sandbox_stop.id = 2;
+    let msg = views::PodSandboxIdRequest {
+        pod_sandbox_id: SANDBOX.into(),
+    }
+    .encode_to_vec();
+    let held = tokio::time::timeout(S, first.on_request(&sandbox_stop, &msg)).await;
+    assert!(held.is_err(), "StopPodSandbox is held while the app runs");
+    drop(first);
+    unlinked_down_to(dir.path(), 1).await;
+    assert_eq!(intent_files(dir.path()), vec![format!("sandbox-{SANDBOX}")]);
+
+    tokio::time::sleep(500 * MS).await;
+    let second = restarted(&fake, &["proxy"], dir.path()).await;
+    tokio::time::sleep(10 * S).await;
+    let stops = fake.script().stops.clone();
+    assert_eq!(stops.len(), 1, "the sidecar is stopped once: {stops:?}");
+    assert_eq!(stops[0].0, "proxy");
+    let sidecar_after = stops[0].2 - t0;
+    assert!(
+        (3 * S..=3 * S + 100 * MS).contains(&sidecar_after),
+        "the sidecar stopped {sidecar_after:?} after the pod's first stop; the app exited at 3 s"
+    );
+    assert_eq!(stops[0].1, 27, "what is left of the pod's 30 s grace");
+    let sandbox_stops = fake.script().sandbox_stops.clone();
+    assert_eq!(sandbox_stops.len(), 1, "{sandbox_stops:?}");
+    assert!(
+        sandbox_stops[0] >= stops[0].2,
+        "the sandbox after its sidecar"
+    );
+    assert_eq!(second.metrics.intents_replayed.get(), 1);
+    unlinked(dir.path()).await;
+    assert!(intent_files(dir.path()).is_empty(), "carried out: it goes");
+
+    drop(second);
+    let _third = restarted(&fake, &["proxy"], dir.path()).await;
+    tokio::time::sleep(5 * S).await;
+    assert_eq!(fake.script().sandbox_stops.len(), 1, "once");
+}
+
+/// A kept StopPodSandbox whose sandbox was stopped meanwhile (kubelet's call reached the
+/// runtime before crisp died) is dropped at start without action; one kubelet's answer
+/// reached leaves nothing on disk.
+#[tokio::test(start_paused = true)]
+async fn a_stop_pod_sandbox_already_done_is_not_carried_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::default();
+    let first = pod_on(&fake, &["proxy"], &[], |_| {}, Some(dir.path()));
+    let t0 = now();
+    fake.add("proxy", Some(t0));
+    fake.add("app", Some(t0));
+    fake.set("app", |c| c.exited = Some(t0));
+    let msg = views::PodSandboxIdRequest {
+        pod_sandbox_id: SANDBOX.into(),
+    }
+    .encode_to_vec();
+    // Answered: the intent goes with the answer.
+    let answered_stop = call("StopPodSandbox", KUBELET_DEADLINE);
+    assert_forward(&first.on_request(&answered_stop, &msg).await);
+    answered(&first, &answered_stop);
+    unlinked(dir.path()).await;
+    assert!(
+        intent_files(dir.path()).is_empty(),
+        "answered: nothing kept"
+    );
+    // Forwarded, then crisp dies; the runtime finished it all the same.
+    let mut lost = call("StopPodSandbox", KUBELET_DEADLINE);
+    lost.id = 2;
+    assert_forward(&first.on_request(&lost, &msg).await);
+    drop(first);
+    assert_eq!(intent_files(dir.path()), vec![format!("sandbox-{SANDBOX}")]);
+    fake.script().sandbox_stopped = Some(now());
+    let before = fake.stops().len();
+    let _second = restarted(&fake, &["proxy"], dir.path()).await;
+    tokio::time::sleep(5 * S).await;
+    assert!(fake.script().sandbox_stops.is_empty());
+    assert_eq!(fake.stops().len(), before);
     unlinked(dir.path()).await;
     assert!(intent_files(dir.path()).is_empty());
 }

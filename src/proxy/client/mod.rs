@@ -79,6 +79,9 @@ const MAX_ANSWER: usize = 64 << 20;
 
 /// gRPC's UNIMPLEMENTED: the runtime has no such method.
 const UNIMPLEMENTED: i32 = 12;
+/// What a StopPodSandbox crisp sends itself may take beyond the read timeout: the teardown of
+/// the sandbox's network and whatever still runs in it.
+const SANDBOX_STOP_WAIT: Duration = Duration::from_secs(60);
 
 /// Most containers a streamed list may carry in all (a node's ListContainers is bounded by
 /// [`MAX_ANSWER`] bytes; a stream's chunks each are, so their number is bounded here: 64 MiB
@@ -255,6 +258,24 @@ impl RuntimeClient {
         let wait = self.timeout + Duration::from_secs(timeout_secs.max(0) as u64);
         let _: views::ListPodSandboxRequest =
             self.call(version, "StopContainer", req, wait).await?;
+        Ok(())
+    }
+
+    /// StopPodSandbox: the runtime stops whatever of the sandbox still runs and tears its
+    /// network down (a restarted crisp carrying out a kept one).
+    pub(crate) async fn stop_pod_sandbox(
+        &self,
+        version: ApiVersion,
+        sandbox_id: &str,
+    ) -> Result<(), ClientError> {
+        let req = views::PodSandboxIdRequest {
+            pod_sandbox_id: sandbox_id.to_string(),
+        };
+        // kubelet gives it two minutes (KUBELET-CRI §3.3); crisp's own read timeout on top
+        // of a teardown's worst case is the same order.
+        let wait = self.timeout + SANDBOX_STOP_WAIT;
+        let _: views::ListPodSandboxRequest =
+            self.call(version, "StopPodSandbox", req, wait).await?;
         Ok(())
     }
 
