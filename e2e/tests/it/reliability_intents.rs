@@ -18,6 +18,19 @@ const GRACE: i64 = 10;
 /// restartPolicy Never, so nothing re-creates what the test stops.
 const POD: &str = "name: kept-stop\nhostNetwork: true\nrestartPolicy: Never\nterminationGracePeriodSeconds: 10\nannotations:\n  crisp.dev/sidecars: proxy\n  crisp.dev/ready.proxy: 'exec:[\"true\"]'\ncontainers:\n  - name: proxy\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 3600 & wait\"]\n  - name: app\n    command: [sh, -c, \"trap 'sleep 3; exit 0' TERM; while true; do sleep 0.1; done\"]\n";
 
+/// Waits (5 s at most) for crisp's intents directory to empty: an intent is unlinked just
+/// after its call ends.
+async fn no_intents_left(st: &Stack) -> Result<()> {
+    let intents = st.crisp.dir().join("state/intents");
+    let left = |dir: &std::path::Path| std::fs::read_dir(dir).map_or(0, |d| d.count());
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while left(&intents) > 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    ensure!(left(&intents) == 0, "intents left in {}", intents.display());
+    Ok(())
+}
+
 fn now_ns() -> i64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -90,13 +103,7 @@ async fn a_held_sidecar_stop_survives_a_sigkill_of_crisp_without_a_retry() -> Re
         .await;
     ensure!(retry.is_ok(), "the retry failed: {retry:?}");
     // Carried out, the intents go; an answered call leaves none either.
-    let intents = st.crisp.dir().join("state/intents");
-    let left = |dir: &std::path::Path| std::fs::read_dir(dir).map_or(0, |d| d.count());
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while left(&intents) > 0 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    ensure!(left(&intents) == 0, "intents left in {}", intents.display());
+    no_intents_left(&st).await?;
     eprintln!(
         "sidecar exited {:.2} s after the app, {:.2} s after the first stop (app {:.2} s)",
         secs(proxy.finished_at - app.finished_at),
@@ -209,13 +216,7 @@ async fn a_held_stop_pod_sandbox_survives_a_sigkill_of_crisp_without_a_retry() -
         })
         .await;
     ensure!(retry.is_ok(), "the retry failed: {retry:?}");
-    let intents = st.crisp.dir().join("state/intents");
-    let left = |dir: &std::path::Path| std::fs::read_dir(dir).map_or(0, |d| d.count());
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while left(&intents) > 0 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    ensure!(left(&intents) == 0, "intents left in {}", intents.display());
+    no_intents_left(&st).await?;
     eprintln!(
         "sandbox stopped; sidecar exited {:.2} s after the app, {:.2} s after the first stop",
         secs(proxy.finished_at - app.finished_at),

@@ -45,6 +45,36 @@ async fn unlinked_down_to(dir: &std::path::Path, left: usize) {
     }
 }
 
+/// A pod with a sidecar `proxy` and an app, both running from now, on an engine that keeps its
+/// intents under `dir`: the runtime, the engine and when they started.
+fn proxy_and_app(dir: &std::path::Path) -> (Fake, Arc<Engine>, Instant) {
+    let fake = Fake::default();
+    let engine = pod_on(
+        &fake,
+        &["proxy"],
+        &[],
+        |c| c.ordering.refuse_held_after = Duration::ZERO,
+        Some(dir),
+    );
+    let t0 = now();
+    fake.add("proxy", Some(t0));
+    fake.add("app", Some(t0));
+    (fake, engine, t0)
+}
+
+/// kubelet stops the app (grace 30 s): forwarded and answered before crisp dies; the app
+/// exits at `exits`.
+async fn app_stopped_at(fake: &Fake, engine: &Engine, exits: Instant) {
+    let app_stop = call("StopContainer", KUBELET_DEADLINE);
+    assert_forward(
+        &engine
+            .on_request(&app_stop, &stop(&id_of(fake, "app"), 30))
+            .await,
+    );
+    answered(engine, &app_stop);
+    fake.set("app", |c| c.exited = Some(exits));
+}
+
 /// A new engine on `dir` (crisp restarted) that has reconciled what it found there.
 async fn restarted(fake: &Fake, sidecars: &[&str], dir: &std::path::Path) -> Arc<Engine> {
     let engine = pod_on(
@@ -122,25 +152,9 @@ async fn a_create_holds_clock_survives_a_crash_loop() {
 #[tokio::test(start_paused = true)]
 async fn a_held_sidecar_stop_is_carried_out_by_the_restarted_crisp_after_the_apps() {
     let dir = tempfile::tempdir().unwrap();
-    let fake = Fake::default();
-    let first = pod_on(
-        &fake,
-        &["proxy"],
-        &[],
-        |c| c.ordering.refuse_held_after = Duration::ZERO,
-        Some(dir.path()),
-    );
-    let t0 = now();
-    fake.add("proxy", Some(t0));
-    fake.add("app", Some(t0));
+    let (fake, first, t0) = proxy_and_app(dir.path());
     // The app's stop is forwarded and answered before crisp dies; the app exits at 3 s.
-    let app_stop = call("StopContainer", KUBELET_DEADLINE);
-    let v = first
-        .on_request(&app_stop, &stop(&id_of(&fake, "app"), 30))
-        .await;
-    assert_forward(&v);
-    answered(&first, &app_stop);
-    fake.set("app", |c| c.exited = Some(at(t0, 3 * S)));
+    app_stopped_at(&fake, &first, at(t0, 3 * S)).await;
     // The sidecar's stop is held; crisp is killed 1 s into the hold.
     let mut sidecar_stop = call("StopContainer", KUBELET_DEADLINE);
     sidecar_stop.id = 2;
@@ -206,17 +220,7 @@ async fn a_held_sidecar_stop_is_carried_out_by_the_restarted_crisp_after_the_app
 #[tokio::test(start_paused = true)]
 async fn a_forwarded_stop_whose_answer_died_with_crisp_is_carried_out_first() {
     let dir = tempfile::tempdir().unwrap();
-    let fake = Fake::default();
-    let first = pod_on(
-        &fake,
-        &["proxy"],
-        &[],
-        |c| c.ordering.refuse_held_after = Duration::ZERO,
-        Some(dir.path()),
-    );
-    let t0 = now();
-    fake.add("proxy", Some(t0));
-    fake.add("app", Some(t0));
+    let (fake, first, _) = proxy_and_app(dir.path());
     // Forwarded, never answered (crisp dies before the runtime's answer); the app runs on.
     let app_stop = call("StopContainer", KUBELET_DEADLINE);
     assert_forward(
@@ -292,25 +296,8 @@ async fn answered_or_finished_stops_are_not_carried_out() {
 #[tokio::test(start_paused = true)]
 async fn a_held_stop_pod_sandbox_is_carried_out_by_the_restarted_crisp() {
     let dir = tempfile::tempdir().unwrap();
-    let fake = Fake::default();
-    let first = pod_on(
-        &fake,
-        &["proxy"],
-        &[],
-        |c| c.ordering.refuse_held_after = Duration::ZERO,
-        Some(dir.path()),
-    );
-    let t0 = now();
-    fake.add("proxy", Some(t0));
-    fake.add("app", Some(t0));
-    let app_stop = call("StopContainer", KUBELET_DEADLINE);
-    assert_forward(
-        &first
-            .on_request(&app_stop, &stop(&id_of(&fake, "app"), 30))
-            .await,
-    );
-    answered(&first, &app_stop);
-    fake.set("app", |c| c.exited = Some(at(t0, 3 * S)));
+    let (fake, first, t0) = proxy_and_app(dir.path());
+    app_stopped_at(&fake, &first, at(t0, 3 * S)).await;
     let mut sandbox_stop = call("StopPodSandbox", KUBELET_DEADLINE);
     sandbox_stop.id = 2;
     let msg = views::PodSandboxIdRequest {
