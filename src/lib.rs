@@ -56,7 +56,7 @@
 //!
 //! ## Visibility
 //!
-//! What the binary uses is `pub`: [`config`], [`daemon`], [`doctor`], [`otel`], [`tap`] and
+//! What the binary uses is `pub`: [`config`], [`daemon`], [`doctor`], [`tap`] and
 //! [`telemetry`].
 //! What only crisp's own tests (`tests/it/`, `e2e/`), the benchmark and the fuzz targets reach
 //! is public only with the `test-util` feature, which those turn on through their dependency on
@@ -78,7 +78,6 @@
 pub mod config;
 pub mod daemon;
 pub mod doctor;
-pub mod otel;
 pub mod tap;
 pub mod telemetry;
 
@@ -110,6 +109,10 @@ pub(crate) mod netns;
 pub mod ordering;
 #[cfg(not(feature = "test-util"))]
 pub(crate) mod ordering;
+#[cfg(feature = "test-util")]
+pub mod otel;
+#[cfg(not(feature = "test-util"))]
+pub(crate) mod otel;
 #[cfg(feature = "test-util")]
 pub mod proxy;
 #[cfg(not(feature = "test-util"))]

@@ -1561,6 +1561,15 @@ fn a_static_pod_kill_storm_under_a_real_kubelet() {
         in_api.len(),
         runtime_deadline.len(),
     );
+    // What the restarted crisps kept of the calls their deaths dropped (issue #43): a pass
+    // with none of these would be luck, not the mechanism.
+    eprintln!(
+        "static-storm: crisp carried out {} StopContainer and {} StopPodSandbox calls kept from before a restart ({} could not be carried out); {} intents not kept",
+        count(&crisp_log, "carried out a StopContainer kept"),
+        count(&crisp_log, "carried out a StopPodSandbox kept"),
+        count(&crisp_log, "cannot carry out a Stop"),
+        count(&crisp_log, "cannot keep the call as an intent"),
+    );
     let mut by_stop: BTreeMap<&str, usize> = BTreeMap::new();
     for c in &leftover {
         *by_stop.entry(last_stop(&journal, &c.0)).or_default() += 1;
