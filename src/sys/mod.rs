@@ -29,6 +29,7 @@ pub fn effective_uid() -> u32 {
 }
 
 /// The process's effective group id.
+#[cfg(any(test, feature = "test-util"))]
 pub fn effective_gid() -> u32 {
     rustix::process::getegid().as_raw()
 }

@@ -236,14 +236,16 @@ pub(crate) struct Tap {
 const MAX_STASH: usize = 4096;
 
 impl Tap {
-    /// `names`: what names the pods and containers of a call's ids (the ordering engine).
+    /// `names`: what names the pods and containers of a call's ids (the ordering engine). Its
+    /// subscribers' queues share [`DEFAULT_TAP_MEMORY`].
+    #[cfg(any(test, feature = "test-util"))]
     #[cfg_attr(feature = "test-util", visibility::make(pub))]
     pub(crate) fn new(metrics: Arc<CallMetrics>, names: Option<Arc<dyn PodNames>>) -> Arc<Tap> {
         Tap::with_memory(metrics, names, DEFAULT_TAP_MEMORY)
     }
 
-    /// A tap whose subscribers' queues hold at most `memory` bytes together
-    /// (`admin.tap_memory_bytes`).
+    /// `names`: what names the pods and containers of a call's ids (the ordering engine); its
+    /// subscribers' queues hold at most `memory` bytes together (`admin.tap_memory_bytes`).
     #[cfg_attr(feature = "test-util", visibility::make(pub))]
     pub(crate) fn with_memory(
         metrics: Arc<CallMetrics>,

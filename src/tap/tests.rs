@@ -564,3 +564,53 @@ fn hold_events_to_proto() {
     assert_eq!((p.held_ms, p.time_left_ms), (3000, 87_000));
     assert_eq!(p.probe_result, "connect 10.1.2.3:15021: Connection refused");
 }
+
+/// Issue #44: what a finished call costs the relay thread (`on_complete`) with 1,000 idle taps
+/// that want every call, against a tap nobody subscribes to: min-of-N interleaved rounds. A
+/// measurement (the numbers are in BENCHMARKS.md): run with
+/// `cargo test --lib -- --ignored --nocapture relay_thread_cost`.
+#[test]
+#[ignore = "a measurement: run with --ignored --nocapture"]
+fn relay_thread_cost_of_a_call_with_a_thousand_idle_taps() {
+    const TAPS: usize = 1000;
+    const ROUNDS: usize = 20;
+    const PER_ROUND: u64 = 500;
+    let (quiet, tapped) = (tap(), tap());
+    let _idle: Vec<Subscription> = (0..TAPS)
+        .map(|_| {
+            tapped.subscribe(
+                Filter {
+                    include_polling: true,
+                    ..Default::default()
+                },
+                8,
+            )
+        })
+        .collect();
+    let mut next_id = 0;
+    let mut round = |t: &Tap| {
+        let start = Instant::now();
+        for _ in 0..PER_ROUND {
+            next_id += 1;
+            t.on_complete(&call(next_id, CREATE), &outcome(0, None));
+        }
+        start.elapsed() / PER_ROUND as u32
+    };
+    let (mut without, mut with) = (Duration::MAX, Duration::MAX);
+    for _ in 0..ROUNDS {
+        without = without.min(round(&quiet));
+        with = with.min(round(&tapped));
+    }
+    eprintln!(
+        "\non_complete, min of {ROUNDS} rounds of {PER_ROUND}: no tap {:.2}µs, {TAPS} idle taps \
+         {:.2}µs per call",
+        without.as_secs_f64() * 1e6,
+        with.as_secs_f64() * 1e6
+    );
+    // Before the fan-out thread (7408bc0) the relay thread looped over every subscriber:
+    // 124 µs per call here in a debug build.
+    assert!(
+        with <= without * 4 + Duration::from_micros(20),
+        "the relay thread's work grows with the taps: {with:?} vs {without:?}"
+    );
+}
