@@ -159,6 +159,10 @@ pub struct AdminConfig {
     /// whoever can connect sees every pod's CRI calls (redacted) and every pod crisp tracks.
     /// crisp warns about it at start, and `crisp doctor` reports it.
     pub allow_shared_mode: bool,
+    /// Group (a name, or a numeric gid) the admin socket is given right after it is bound, so
+    /// that a monitoring group can use `crisp tap` with `mode = "0660"` without a chgrp after
+    /// every start. A name no group has is a config error.
+    pub group: Option<String>,
     /// Also serve `GET /metrics` (only that) over TCP on this address, e.g. "127.0.0.1:9478".
     pub metrics_tcp: Option<std::net::SocketAddr>,
     /// Events queued per tap client before crisp drops (and counts) events for that client.
@@ -168,6 +172,9 @@ pub struct AdminConfig {
     pub max_taps_per_uid: usize,
     /// Most taps open at once on the node, root's included.
     pub max_taps: usize,
+    /// Most bytes queued for all tap clients together (each client may also queue at most
+    /// 64 MiB); beyond it events are dropped for the client they would go to, and counted.
+    pub tap_memory_bytes: usize,
 }
 
 impl Default for AdminConfig {
@@ -181,6 +188,8 @@ impl Default for AdminConfig {
             tap_queue: 4096,
             max_taps_per_uid: 8,
             max_taps: 1024,
+            group: None,
+            tap_memory_bytes: crate::tap::DEFAULT_TAP_MEMORY,
         }
     }
 }
@@ -189,6 +198,22 @@ impl AdminConfig {
     /// Whether `mode` gives the socket's group or others any permission.
     pub fn shared(&self) -> bool {
         self.mode & 0o077 != 0
+    }
+
+    /// The gid `group` names (a numeric gid is taken as it is), `None` when unset; or why it
+    /// names none.
+    pub fn group_id(&self) -> Result<Option<u32>, String> {
+        let Some(group) = &self.group else {
+            return Ok(None);
+        };
+        if let Ok(gid) = group.parse::<u32>() {
+            return Ok(Some(gid));
+        }
+        match crate::sys::group_id(group) {
+            Ok(Some(gid)) => Ok(Some(gid)),
+            Ok(None) => Err(format!("no group named {group:?} on this node")),
+            Err(e) => Err(format!("cannot look up group {group:?}: {e}")),
+        }
     }
 }
 

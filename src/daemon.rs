@@ -54,9 +54,10 @@ pub(crate) fn chain(
     // Job pods whose sidecars crisp must end are found again after a restart, and so are the
     // held calls kept before it (`ordering/intents.rs`).
     engine.recover_in_background(crate::cri::ApiVersion::V1);
-    let tap = Tap::new(
+    let tap = Tap::with_memory(
         Arc::new(CallMetrics::default()),
         Some(engine.clone() as Arc<dyn crate::intercept::PodNames>),
+        cfg.admin.tap_memory_bytes,
     );
     // Holds are live in the tap: the engine reports them as they happen.
     engine.set_hold_sink(tap.clone());

@@ -235,7 +235,18 @@ pub async fn start(
     if let Some(warning) = shared_mode_warning(&cfg.admin) {
         tracing::warn!(admin = %path.display(), "{warning}");
     }
-    let unix = match crate::proxy::listener::bind(&path, cfg.admin.mode).await {
+    // Checked when the config was loaded; a group removed since is reported as a bind error.
+    let gid = match cfg.admin.group_id() {
+        Ok(gid) => gid,
+        Err(e) => {
+            tracing::error!(
+                admin = %path.display(),
+                "admin.group: {e}; crisp runs without tap and metrics"
+            );
+            return None;
+        }
+    };
+    let unix = match crate::proxy::listener::bind_with_group(&path, cfg.admin.mode, gid).await {
         Ok((l, guard)) => {
             tracing::info!(
                 admin = %path.display(),

@@ -116,6 +116,36 @@ fn a_shared_admin_mode_needs_the_opt_in() {
     assert!(Config::from_toml("[admin]\nenabled = false\nmode = \"0666\"\n", "t").is_ok());
 }
 
+/// Issue #44: `admin.group` names a group by name or gid; a name no group has is refused at
+/// start, naming it. `admin.tap_memory_bytes` has a floor.
+#[test]
+fn the_admin_group_must_exist_and_tap_memory_has_a_floor() {
+    let e = err("[admin]\ngroup = \"crisp-no-such-group\"\n");
+    assert!(
+        e.contains("admin.group") && e.contains("\"crisp-no-such-group\""),
+        "{e}"
+    );
+    let c = Config::from_toml("[admin]\ngroup = \"4242\"\n", "t").unwrap();
+    assert_eq!(c.admin.group_id(), Ok(Some(4242)));
+    let c = Config::from_toml("[admin]\ngroup = \"root\"\n", "t").unwrap();
+    assert_eq!(c.admin.group_id(), Ok(Some(0)));
+    assert_eq!(
+        Config::from_toml("", "t").unwrap().admin.group_id(),
+        Ok(None)
+    );
+    let e = err("[admin]\ntap_memory_bytes = 1000\n");
+    assert!(
+        e.contains("admin.tap_memory_bytes") && e.contains("1000"),
+        "{e}"
+    );
+    let c = Config::from_toml("[admin]\ntap_memory_bytes = 1048576\n", "t").unwrap();
+    assert_eq!(c.admin.tap_memory_bytes, 1 << 20);
+    assert_eq!(
+        Config::from_toml("", "t").unwrap().admin.tap_memory_bytes,
+        256 << 20
+    );
+}
+
 #[test]
 fn admin_defaults_next_to_listen() {
     let c = Config::from_toml("", "t").unwrap();

@@ -212,6 +212,16 @@ impl Config {
             if self.admin.tap_queue == 0 {
                 return Err(bad("admin.tap_queue", "must be greater than 0".into()));
             }
+            if self.admin.tap_memory_bytes < 1 << 20 {
+                return Err(bad(
+                    "admin.tap_memory_bytes",
+                    format!(
+                        "{} is too small: at least 1048576 (1 MiB)",
+                        self.admin.tap_memory_bytes
+                    ),
+                ));
+            }
+            self.admin.group_id().map_err(|m| bad("admin.group", m))?;
         }
         validate_filter(&self.log.level).map_err(|m| bad("log.level", m))?;
         Ok(())

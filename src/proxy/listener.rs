@@ -42,6 +42,15 @@ pub async fn bind(
     path: &Path,
     mode: u32,
 ) -> Result<(tokio::net::UnixListener, SocketFileGuard), BindError> {
+    bind_with_group(path, mode, None).await
+}
+
+/// [`bind`], and the socket file given to group `gid` (when set) before it listens.
+pub async fn bind_with_group(
+    path: &Path,
+    mode: u32,
+    gid: Option<u32>,
+) -> Result<(tokio::net::UnixListener, SocketFileGuard), BindError> {
     let err = |source| BindError::Io {
         path: path.to_path_buf(),
         source,
@@ -62,7 +71,7 @@ pub async fn bind(
         }
     }
     // Created with its final mode: crate::sys::socket::bind_listen_unix says why and how.
-    let fd = crate::sys::socket::bind_listen_unix(path, mode).map_err(err)?;
+    let fd = crate::sys::socket::bind_listen_unix(path, mode, gid).map_err(err)?;
     let listener = from_fd(fd).map_err(err)?;
     use std::os::unix::fs::MetadataExt;
     let ino = std::fs::symlink_metadata(path).ok().map(|m| m.ino());

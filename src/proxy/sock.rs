@@ -233,7 +233,7 @@ mod accepts_tests {
     fn a_runtime_with_a_full_backlog_is_answered_at_once() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("rt.sock");
-        let fd = crate::sys::socket::bind_listen_unix(&path, 0o600).unwrap();
+        let fd = crate::sys::socket::bind_listen_unix(&path, 0o600, None).unwrap();
         // A backlog of 0 (the kernel keeps one more), never accepted: fill it.
         rustix::net::listen(&fd, 0).unwrap();
         assert!(accepts_connections(&path), "a listening socket accepts");

@@ -116,8 +116,11 @@ static UMASK: parking_lot::Mutex<()> = parking_lot::const_mutex(());
 /// before it looks at whether the socket listens — a client that passed the check while the file
 /// still had the umask's mode could complete its connect right after `listen` (seen once in
 /// thousands of non-root connects racing a start on a loaded machine). chmod then sets the exact
-/// mode whatever the umask was. The file is removed again if chmod or listen fails.
-pub fn bind_listen_unix(path: &Path, mode: u32) -> io::Result<OwnedFd> {
+/// mode whatever the umask was. The file is removed again if chmod, chown or listen fails.
+///
+/// With `gid`, the file is also given to that group before `listen` (`admin.group`), so the
+/// group's members can connect from the first connection on.
+pub fn bind_listen_unix(path: &Path, mode: u32, gid: Option<u32>) -> io::Result<OwnedFd> {
     let addr = SocketAddrUnix::new(path).map_err(|e| match e {
         Errno::NAMETOOLONG => io::Error::new(io::ErrorKind::InvalidInput, "socket path too long"),
         e => e.into(),
@@ -139,6 +142,15 @@ pub fn bind_listen_unix(path: &Path, mode: u32) -> io::Result<OwnedFd> {
     if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)) {
         let _ = std::fs::remove_file(path);
         return Err(e);
+    }
+    if let Some(gid) = gid {
+        if let Err(e) = std::os::unix::fs::chown(path, None, Some(gid)) {
+            let _ = std::fs::remove_file(path);
+            return Err(io::Error::new(
+                e.kind(),
+                format!("giving {} to group {gid}: {e}", path.display()),
+            ));
+        }
     }
     if let Err(e) = rustix::net::listen(&fd, 1024) {
         let _ = std::fs::remove_file(path);
@@ -187,7 +199,7 @@ mod tests {
     fn a_listening_socket_is_made_with_its_mode_and_examined() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("l.sock");
-        let fd = bind_listen_unix(&path, 0o640).unwrap();
+        let fd = bind_listen_unix(&path, 0o640, None).unwrap();
         let md = std::fs::symlink_metadata(&path).unwrap();
         assert!(md.file_type().is_socket());
         assert_eq!(md.permissions().mode() & 0o7777, 0o640);
@@ -199,14 +211,14 @@ mod tests {
         assert!(is_listening(&fd).unwrap());
         assert_eq!(local_path(&fd), Some(path.clone()));
         // A second bind on the same path fails and leaves the first one's file alone.
-        assert!(bind_listen_unix(&path, 0o600).is_err());
+        assert!(bind_listen_unix(&path, 0o600, None).is_err());
         assert!(std::os::unix::net::UnixStream::connect(&path).is_ok());
     }
 
     #[test]
     fn a_path_longer_than_sun_path_is_refused() {
         let long = Path::new("/tmp").join("x".repeat(200));
-        let e = bind_listen_unix(&long, 0o600).unwrap_err();
+        let e = bind_listen_unix(&long, 0o600, None).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
         assert!(e.to_string().contains("socket path too long"), "{e}");
     }

@@ -1,12 +1,14 @@
 //! The tap's subscription hub: who subscribes with which filter, each subscriber's bounded
-//! queue, and the interest bitmaps the call path reads (one atomic load) to know whether anyone
-//! may want a call. The call path only ever `try_send`s into a queue ([`Sub::offer`]): a full
-//! queue drops the event for that subscriber and counts it, and the subscriber learns how many
-//! it missed ([`Item::Dropped`]).
+//! queue, and the interest bitmaps and aggregates the call path reads (a few atomic loads,
+//! whatever the number of subscribers) to know whether anyone may want a call. Only the fan-out
+//! thread (`fanout.rs`) offers into a queue ([`Sub::offer`]), and never waits: a full queue, or
+//! all queues together over the hub's memory bound, drops the event for that subscriber and
+//! counts it, and the subscriber learns how many it missed ([`Item::Dropped`]).
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::RwLock;
 use tokio::sync::mpsc;
@@ -20,6 +22,10 @@ use crate::metrics::CallMetrics;
 /// even if the queue has room: `--full --all` on a node with big List responses must not grow
 /// crisp's memory without bound.
 pub(crate) const MAX_QUEUED_BYTES: usize = 64 << 20;
+
+/// Default bound on the bytes queued for all subscribers together (`admin.tap_memory_bytes`):
+/// with `admin.max_taps` = 1024 taps of 64 MiB each, the per-subscriber bound alone allows 64 GiB.
+pub const DEFAULT_TAP_MEMORY: usize = 256 << 20;
 
 // One interest bit per RPC plus bit 63 for unknown paths.
 const _: () = assert!(Rpc::ALL.len() < 63);
@@ -53,7 +59,7 @@ pub(super) enum Ev {
 }
 
 impl Ev {
-    fn weight(&self) -> usize {
+    pub(super) fn weight(&self) -> usize {
         match self {
             Ev::Call(e) => e.weight(),
             Ev::Hold(_) => 512,
@@ -89,17 +95,20 @@ pub(super) struct Sub {
 }
 
 impl Sub {
-    /// Never waits: a full queue drops the event for this subscriber only, and counts it.
-    pub(super) fn offer(&self, ev: Ev, metrics: &CallMetrics) {
+    /// Never waits: a full queue, or all subscribers' queues together over the hub's memory
+    /// bound (`memory`), drops the event for this subscriber only, and counts it.
+    pub(super) fn offer(&self, ev: Ev, memory: &Memory, metrics: &CallMetrics) {
         let w = ev.weight();
         let queued = self.counters.queued_bytes.fetch_add(w, Relaxed);
+        let total = memory.queued.fetch_add(w, Relaxed);
         let missed = self.counters.dropped.swap(0, Relaxed);
         let fail = |missed: u64, lost: u64| {
             self.counters.queued_bytes.fetch_sub(w, Relaxed);
+            memory.queued.fetch_sub(w, Relaxed);
             self.counters.dropped.fetch_add(missed + lost, Relaxed);
             metrics.tap_dropped.inc_by(lost);
         };
-        if queued + w > MAX_QUEUED_BYTES {
+        if queued + w > MAX_QUEUED_BYTES || total + w > memory.limit {
             return fail(missed, 1);
         }
         match self.tx.try_send(Queued { ev, missed }) {
@@ -113,8 +122,24 @@ impl Sub {
     }
 }
 
-/// The set of subscribers, and the interest bitmaps derived from their filters.
-#[derive(Default)]
+/// The bytes queued for all subscribers together (each event counted once per queue it is in)
+/// and their bound; and the bytes of events waiting for the fan-out thread, bounded apart (at a
+/// quarter of it) so that full subscriber queues still get their events offered, dropped and
+/// reported to them ([`Item::Dropped`]).
+pub(super) struct Memory {
+    pub(super) queued: AtomicUsize,
+    pub(super) limit: usize,
+    pub(super) fanout: AtomicUsize,
+}
+
+impl Memory {
+    /// Most bytes of events waiting for the fan-out thread.
+    pub(super) fn fanout_limit(&self) -> usize {
+        self.limit / 4
+    }
+}
+
+/// The set of subscribers, and the interest bitmaps and aggregates derived from their filters.
 pub(super) struct Hub {
     subs: RwLock<Arc<Vec<Arc<Sub>>>>,
     pub(super) count: AtomicUsize,
@@ -123,11 +148,44 @@ pub(super) struct Hub {
     pub(super) want: AtomicU64,
     /// ... and with `full`: their responses are read too.
     pub(super) want_full: AtomicU64,
+    /// Whether some subscriber wants calls that succeeded (not `errors_only`).
+    pub(super) want_ok: AtomicBool,
+    /// The smallest `slower_than` of all subscribers, in nanoseconds (`u64::MAX`: nobody).
+    pub(super) min_slower_than: AtomicU64,
+    pub(super) memory: Memory,
     next_id: AtomicU64,
-    closed: AtomicBool,
+    pub(super) closed: AtomicBool,
 }
 
 impl Hub {
+    /// A hub whose subscribers' queues hold at most `memory` bytes together.
+    pub(super) fn new(memory: usize) -> Hub {
+        Hub {
+            subs: RwLock::default(),
+            count: AtomicUsize::new(0),
+            want: AtomicU64::new(0),
+            want_full: AtomicU64::new(0),
+            want_ok: AtomicBool::new(false),
+            min_slower_than: AtomicU64::new(u64::MAX),
+            memory: Memory {
+                queued: AtomicUsize::new(0),
+                limit: memory,
+                fanout: AtomicUsize::new(0),
+            },
+            next_id: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether some subscriber may want a finished call of `rpc` with this outcome: decided
+    /// from the aggregates alone, in constant time, on the relay thread. Conservative (it may
+    /// say yes to a call no subscriber shows); the fan-out thread applies each filter whole.
+    pub(super) fn may_want(&self, rpc: Option<Rpc>, code: Option<i32>, duration: Duration) -> bool {
+        self.want.load(Relaxed) & bit(rpc) != 0
+            && (code != Some(0) || self.want_ok.load(Relaxed))
+            && duration.as_nanos() >= u128::from(self.min_slower_than.load(Relaxed))
+    }
+
     pub(super) fn snapshot(&self) -> Arc<Vec<Arc<Sub>>> {
         self.subs.read().clone()
     }
@@ -137,6 +195,12 @@ impl Hub {
         let mut v: Vec<Arc<Sub>> = g.as_ref().clone();
         f(&mut v);
         let (mut want, mut full) = (0u64, 0u64);
+        let want_ok = v.iter().any(|s| !s.filter.errors_only);
+        let min_slower_than = v
+            .iter()
+            .map(|s| u64::try_from(s.filter.slower_than.as_nanos()).unwrap_or(u64::MAX))
+            .min()
+            .unwrap_or(u64::MAX);
         for s in &v {
             for rpc in Rpc::ALL
                 .iter()
@@ -154,6 +218,8 @@ impl Hub {
         }
         self.want.store(want, Relaxed);
         self.want_full.store(full, Relaxed);
+        self.want_ok.store(want_ok, Relaxed);
+        self.min_slower_than.store(min_slower_than, Relaxed);
         self.count.store(v.len(), Relaxed);
         *g = Arc::new(v);
     }
@@ -219,7 +285,9 @@ impl Subscription {
     }
 
     fn take(&mut self, q: Queued) -> Item {
-        self.counters.queued_bytes.fetch_sub(q.ev.weight(), Relaxed);
+        let w = q.ev.weight();
+        self.counters.queued_bytes.fetch_sub(w, Relaxed);
+        self.hub.memory.queued.fetch_sub(w, Relaxed);
         if q.missed > 0 {
             self.pending = Some(q.ev);
             return self.dropped(q.missed);
@@ -252,6 +320,14 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
+        // What is still queued gives its bytes back to the hub's bound: no offer succeeds once
+        // the queue is closed, so none is left uncounted.
+        self.rx.close();
+        while let Ok(q) = self.rx.try_recv() {
+            let w = q.ev.weight();
+            self.counters.queued_bytes.fetch_sub(w, Relaxed);
+            self.hub.memory.queued.fetch_sub(w, Relaxed);
+        }
         let id = self.id;
         self.hub.update(|v| v.retain(|s| s.id != id));
         self.metrics

@@ -4,20 +4,24 @@
 //! ```text
 //!  Proxy ─ interest() ──▶ Tap: complete always (metrics); request/response only while some
 //!                         subscriber may want this RPC (one atomic load of a bitmap)
-//!        ─ on_complete ─▶ metrics; then, if anyone subscribes: ids off the wire (ids.rs),
-//!                         names from the engine, filters (filter.rs), try_send into each
-//!                         matching subscriber's bounded queue (hub.rs) — full: drop, count
+//!        ─ on_complete ─▶ metrics; then, if some subscriber may want it (the hub's aggregates:
+//!                         a few atomic loads, whatever the number of subscribers): ids off the
+//!                         wire (ids.rs), names from the engine, one try_send to the fan-out
+//!                         thread (fanout.rs) — full: drop, count
 //!                         ─────────────── call path ends here: no await, no decode ───────────
+//!  fanout.rs (one thread): each subscriber's filter (filter.rs), try_send into its bounded
+//!            queue (hub.rs) — full, or all queues over admin.tap_memory_bytes: drop, count
 //!  admin/service.rs: one task per subscriber ◀─ Subscription::next: events + "dropped N" markers
 //!            decode + redact (decode.rs, redact.rs) for --full, then gRPC to `crisp tap`
 //!            (its client: client.rs; its lines: view.rs)
 //! ```
 //!
 //! A slow or vanished tap client never slows a CRI call: the call path only ever `try_send`s,
-//! and each subscriber's queue is bounded in events and bytes.
+//! each subscriber's queue is bounded in events and bytes, and all of them together in bytes.
 
 pub mod client;
 pub(crate) mod decode;
+mod fanout;
 pub(crate) mod filter;
 mod hub;
 pub(crate) mod ids;
@@ -46,14 +50,17 @@ use crate::cri::wire::{self, Frame};
 use crate::cri::{Route, Rpc, RpcKind};
 use crate::intercept::PodNames;
 use crate::intercept::{
-    BoxFuture, Call, HoldEvent, HoldOutcome, HoldPhase, HoldSink, Interceptor, Interest, Outcome,
-    Verdict,
+    BoxFuture, Call, HoldEvent, HoldSink, Interceptor, Interest, Outcome, Verdict,
 };
+#[cfg(test)]
+use crate::intercept::{HoldOutcome, HoldPhase};
 use crate::metrics::{code_name, CallMetrics};
+use fanout::Job;
 pub(crate) use filter::{Filter, Glob};
+use hub::Hub;
+pub use hub::DEFAULT_TAP_MEMORY;
 #[cfg(test)]
 use hub::MAX_QUEUED_BYTES;
-use hub::{Ev, Hub, Sub};
 pub(crate) use hub::{Item, Subscription};
 pub(crate) use ids::Ids;
 use redact::Dir;
@@ -220,6 +227,8 @@ pub(crate) struct Tap {
     stash: DashMap<u64, Ids>,
     /// Entries in `stash`, so that the untapped path checks an atomic instead of locking a shard.
     stashed: AtomicUsize,
+    /// The fan-out thread's channel, once somebody subscribed (`fanout.rs`).
+    fanout: OnceLock<std::sync::mpsc::SyncSender<Job>>,
 }
 
 /// Most stashed entries. A call the client abandons while it is held never completes and leaves
@@ -227,15 +236,29 @@ pub(crate) struct Tap {
 const MAX_STASH: usize = 4096;
 
 impl Tap {
-    /// `names`: what names the pods and containers of a call's ids (the ordering engine).
+    /// `names`: what names the pods and containers of a call's ids (the ordering engine). Its
+    /// subscribers' queues share [`DEFAULT_TAP_MEMORY`].
+    #[cfg(any(test, feature = "test-util"))]
     #[cfg_attr(feature = "test-util", visibility::make(pub))]
     pub(crate) fn new(metrics: Arc<CallMetrics>, names: Option<Arc<dyn PodNames>>) -> Arc<Tap> {
+        Tap::with_memory(metrics, names, DEFAULT_TAP_MEMORY)
+    }
+
+    /// `names`: what names the pods and containers of a call's ids (the ordering engine); its
+    /// subscribers' queues hold at most `memory` bytes together (`admin.tap_memory_bytes`).
+    #[cfg_attr(feature = "test-util", visibility::make(pub))]
+    pub(crate) fn with_memory(
+        metrics: Arc<CallMetrics>,
+        names: Option<Arc<dyn PodNames>>,
+        memory: usize,
+    ) -> Arc<Tap> {
         Arc::new(Tap {
-            hub: Arc::default(),
+            hub: Arc::new(Hub::new(memory)),
             metrics,
             names,
             stash: DashMap::new(),
             stashed: AtomicUsize::new(0),
+            fanout: OnceLock::new(),
         })
     }
 
@@ -250,12 +273,37 @@ impl Tap {
 
     /// Attaches a subscriber with a queue of `queue` events.
     pub(crate) fn subscribe(&self, filter: Filter, queue: usize) -> Subscription {
+        self.fanout
+            .get_or_init(|| fanout::spawn(self.hub.clone(), self.metrics.clone()));
         self.hub.subscribe(filter, queue, &self.metrics)
     }
 
-    /// Ends every subscription (their queued events are still delivered) and refuses new ones.
+    /// Ends every subscription (their queued events are still delivered) and refuses new ones;
+    /// the fan-out thread ends with it.
     pub(crate) fn close(&self) {
         self.hub.close(&self.metrics);
+        if let Some(tx) = self.fanout.get() {
+            // A full channel wakes the thread anyway, and it sees the hub closed.
+            let _ = tx.try_send(Job::Wake);
+        }
+    }
+
+    /// Hands an event to the fan-out thread (none yet: nobody ever subscribed).
+    fn fan_out(&self, job: Job) {
+        if let Some(tx) = self.fanout.get() {
+            fanout::send(tx, job, &self.hub, &self.metrics);
+        }
+    }
+
+    /// Returns once the fan-out thread has offered every event handed to it so far.
+    #[cfg(test)]
+    fn flush(&self) {
+        if let Some(tx) = self.fanout.get() {
+            let (done, wait) = std::sync::mpsc::sync_channel(1);
+            if tx.send(Job::Flush(done)).is_ok() {
+                let _ = wait.recv();
+            }
+        }
     }
 
     fn unstash(&self, call_id: u64) -> Option<Ids> {
@@ -396,17 +444,17 @@ impl Interceptor for Tap {
         if logged {
             self.log_messages(call, req_view().as_ref(), resp, outcome);
         }
-        let subs = self.hub.snapshot();
         let path = call.path.path();
-        let early = |s: &Sub| {
-            s.filter.wants_route(&call.route, path)
-                && s.filter.wants_outcome(outcome.code, outcome.duration)
-        };
-        if !subs.iter().any(|s| early(s)) {
+        // Constant time, whatever the number of subscribers: the fan-out thread applies each
+        // subscriber's filter.
+        if !self
+            .hub
+            .may_want(call.route.rpc, outcome.code, outcome.duration)
+        {
             self.unstash(call.id);
             return;
         }
-        let full = subs.iter().any(|s| s.filter.full && early(s));
+        let full = self.hub.want_full.load(Relaxed) & hub::bit(call.route.rpc) != 0;
         let ev = Arc::new(RawEvent {
             call_id: call.id,
             start: SystemTime::now()
@@ -425,41 +473,20 @@ impl Interceptor for Tap {
             response: if full { resp.cloned() } else { None },
             redacted_json: OnceLock::new(),
         });
-        for s in subs.iter() {
-            if early(s)
-                && s.filter
-                    .wants_names(&ev.ids.pod_namespace, &ev.ids.pod_name)
-            {
-                s.offer(Ev::Call(ev.clone()), &self.metrics);
-            }
-        }
+        self.fan_out(Job::Call(ev));
     }
 }
 
-/// The ordering engine's hold events reach subscribers through the same queues as call events
-/// (bounded, never waiting): built only while someone subscribes.
+/// The ordering engine's hold events reach subscribers through the same fan-out thread and
+/// queues as call events (bounded, never waiting): built only while someone subscribes.
 impl HoldSink for Tap {
     fn wanted(&self) -> bool {
         self.hub.count.load(Relaxed) > 0
     }
 
+    /// Through the fan-out thread, as call events: each subscriber gets both in order.
     fn publish(&self, ev: HoldEvent) {
-        let subs = self.hub.snapshot();
-        let failed = ev.phase == HoldPhase::Refused
-            || (ev.phase == HoldPhase::End && ev.outcome != Some(HoldOutcome::Forwarded));
-        let wants = |s: &Sub| {
-            s.filter.wants_route(&ev.route, &ev.path)
-                && (!s.filter.errors_only || failed)
-                && s.filter.wants_names(&ev.pod_namespace, &ev.pod_name)
-        };
-        let to: Vec<&Arc<Sub>> = subs.iter().filter(|s| wants(s)).collect();
-        if to.is_empty() {
-            return;
-        }
-        let ev = Arc::new(ev);
-        for s in to {
-            s.offer(Ev::Hold(ev.clone()), &self.metrics);
-        }
+        self.fan_out(Job::Hold(Arc::new(ev)));
     }
 }
 

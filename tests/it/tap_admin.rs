@@ -62,6 +62,44 @@ async fn admin_socket_is_root_only_by_default_and_removed_on_shutdown() {
     assert!(!d.admin.exists(), "admin socket left behind");
 }
 
+/// Issue #44: `admin.group` gives the admin socket to a monitoring group as it is bound, so
+/// `mode = "0660"` lets that group tap without a chgrp after every start; a name is looked up,
+/// a number taken as it is. Without the option the socket kept root's group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_socket_is_given_to_admin_group_as_it_is_bound() {
+    use std::os::unix::fs::MetadataExt;
+    crate::prerequisites::require_root("gives the socket to a group root is not in");
+    let daemon_gid = crisp::sys::group_id("daemon")
+        .unwrap()
+        .expect("a `daemon` group (every Debian/Ubuntu/Fedora base has one)");
+    assert_ne!(
+        daemon_gid,
+        crisp::sys::effective_gid(),
+        "must differ to prove anything"
+    );
+    let fake = Fake::start().await;
+    for (group, want) in [
+        ("daemon".to_string(), daemon_gid),
+        ("4242".to_string(), 4242),
+    ] {
+        let d = daemon(fake.path(), |c| {
+            c.admin.mode = 0o660;
+            c.admin.allow_shared_mode = true;
+            c.admin.group = Some(group.clone());
+        })
+        .await;
+        let meta = std::fs::metadata(&d.admin).unwrap();
+        assert_eq!(
+            (meta.gid(), meta.permissions().mode() & 0o777),
+            (want, 0o660),
+            "admin.group = {group:?}"
+        );
+        // It serves as any admin socket does.
+        let mut client = crisp::tap::client::connect(&d.admin).await.unwrap();
+        client.version(pb::VersionRequest {}).await.unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unredacted_is_refused_to_non_root_and_served_to_root() {
     crate::prerequisites::require_root("runs a client as nobody");

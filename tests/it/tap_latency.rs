@@ -213,3 +213,102 @@ async fn the_tap_with_no_client_costs_next_to_nothing() {
         "tap overhead too high: {w1:?} vs {w0:?}"
     );
 }
+
+/// Mean latency of `n` sequential Version calls (kubelet's most frequent kind of call: a small
+/// polling one).
+async fn version_calls(rt: &mut RuntimeClient, n: usize) -> Duration {
+    let t = Instant::now();
+    for _ in 0..n {
+        rt.version(cri::VersionRequest {
+            version: "v1".into(),
+        })
+        .await
+        .unwrap();
+    }
+    t.elapsed() / n as u32
+}
+
+/// Issue #44: what 1,000 idle taps cost a CRI call. They want every call (polling included) and
+/// never read, so their queues fill, then all queues together reach `admin.tap_memory_bytes`,
+/// and every call is offered to each of them (and dropped) on the tap's fan-out thread, not
+/// on the relay thread. Min-of-N interleaved samples against a crisp without taps, on the same
+/// fake runtime. A measurement (the numbers are in BENCHMARKS.md): run as root with
+/// `cargo test --release --test it -- --ignored --nocapture a_thousand_idle_taps`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: run as root with --ignored --nocapture"]
+async fn a_thousand_idle_taps_add_next_to_nothing_to_a_call() {
+    crate::prerequisites::require_root("1,000 taps for one uid: only root is bound by max_taps");
+    const TAPS: usize = 1000;
+    // Taps per admin connection: hyper serves 200 streams at once per connection.
+    const PER_CONNECTION: usize = 50;
+    const ROUNDS: usize = 20;
+    const PER_ROUND: usize = 200;
+    let fake = Fake::start().await;
+    let plain = Daemon::start(fake.path(), |_| {}).await;
+    let tapped = Daemon::start(fake.path(), |c| c.admin.max_taps = 2 * TAPS).await;
+    let mut a = runtime_client(&plain.sock).await;
+    let mut b = runtime_client(&tapped.sock).await;
+    let (mut clients, mut idle) = (Vec::new(), Vec::new());
+    for _ in 0..TAPS / PER_CONNECTION {
+        let mut client = crisp::tap::client::connect(&tapped.admin).await.unwrap();
+        for _ in 0..PER_CONNECTION {
+            let stream = client
+                .tap(pb::TapRequest {
+                    include_polling: true,
+                    ..Default::default()
+                })
+                .await
+                .unwrap_or_else(|e| panic!("tap {} of {TAPS}: {e}", idle.len() + 1))
+                .into_inner();
+            idle.push(stream);
+        }
+        clients.push(client);
+    }
+    version_calls(&mut a, 500).await;
+    version_calls(&mut b, 500).await;
+    // Interleaved rounds, so machine noise hits both alike; the smallest round mean of each is
+    // what the call costs when nothing else interferes.
+    let (mut without, mut with) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        without.push(version_calls(&mut a, PER_ROUND).await);
+        with.push(version_calls(&mut b, PER_ROUND).await);
+    }
+    let min = |v: &[Duration]| v.iter().min().copied().unwrap();
+    let median = |v: &[Duration]| {
+        let mut s = v.to_vec();
+        s.sort();
+        s[s.len() / 2]
+    };
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    let (min0, min1) = (min(&without), min(&with));
+    let (med0, med1) = (median(&without), median(&with));
+    eprintln!(
+        "\n--- Version calls through crisp, {ROUNDS} interleaved rounds of {PER_ROUND} each ---"
+    );
+    eprintln!(
+        "no tap              min round mean {:>7.1}µs  median round mean {:>7.1}µs",
+        us(min0),
+        us(med0)
+    );
+    eprintln!(
+        "{TAPS} idle taps     min round mean {:>7.1}µs  median round mean {:>7.1}µs",
+        us(min1),
+        us(med1)
+    );
+    eprintln!(
+        "added: {:+.1}µs per call (min), {:+.1}µs (median)",
+        us(min1) - us(min0),
+        us(med1) - us(med0)
+    );
+    // The taps were attached and offered the calls all along: the first one holds them.
+    match idle[0].message().await.unwrap().and_then(|e| e.event) {
+        Some(pb::tap_event::Event::Call(c)) => assert_eq!(c.method, "Version"),
+        other => panic!("the idle tap was not offered the calls: {other:?}"),
+    }
+    assert!(
+        min1 <= min0.mul_f64(2.0) + Duration::from_micros(200),
+        "1,000 idle taps slowed calls: {min1:?} vs {min0:?}"
+    );
+    drop(idle);
+    drop(clients);
+}
