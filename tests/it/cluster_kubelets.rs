@@ -61,11 +61,17 @@ fn minor() -> u32 {
 /// The lane's kubelet config: the 1.26 lane's, plus the cgroup-driver gate where it is not GA
 /// yet, and tracing of every call to the lane's OTLP receiver ([`OTLP_ADDR`]; KubeletTracing is
 /// beta and on by default from 1.27, GA in 1.34). From 1.35 on kubelet refuses to start on
-/// cgroup v1, which these hosts run, unless `failCgroupV1: false` (KEP-5573; issue #45).
+/// cgroup v1, which these hosts run, unless `failCgroupV1: false` (KEP-5573; issue #45), and
+/// checks pull credentials of images already on the node (KEP-2535): `NeverVerify` here.
 pub(crate) fn kubelet_config(minor: u32) -> String {
     let mut c = KUBELET_CONFIG.to_string();
     if minor >= 35 {
         c += "# cgroup v1 hosts: 1.35 refuses them by default (KEP-5573)\nfailCgroupV1: false\n";
+        // The lane's pull-secret step pulls the same busybox (same image id) under another name
+        // with a secret; from then on kubelet 1.35+ (KEP-2535, on by default) re-checks every
+        // pod's right to that id and re-pulls `crisp.test/busybox:latest`, which no registry
+        // serves: the tracing step's pod then waits in ImagePullBackOff (1.36.3, 2026-11-29).
+        c += "# the lane's images are preloaded; one is also pulled with a secret (KEP-2535)\nimagePullCredentialsVerificationPolicy: NeverVerify\n";
     }
     let mut gates = String::new();
     if (28..34).contains(&minor) {
@@ -991,10 +997,16 @@ fn a_newer_kubelet_through_crisp() {
         if s.ordered_create {
             assert!(
                 g.create_ms >= READY_AFTER.as_millis() as f64 - 100.0,
-                "{}: the app was created {:.0} ms after {} started, before it was ready ({READY_AFTER:?}): {t:?}",
+                "{}: the app was created {:.0} ms after {} started, before it was ready ({READY_AFTER:?}): {t:?}\ncrisp's journal on it:\n{}",
                 s.name,
                 g.create_ms,
-                s.sidecar
+                s.sidecar,
+                node.nsenter(&["journalctl", "-u", CRISP_UNIT, "--no-pager"])
+                    .stdout
+                    .lines()
+                    .filter(|l| l.contains(s.name) || l.contains("WARN") || l.contains("ERROR"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
             );
         }
         if s.ordered_stop {
@@ -1281,9 +1293,19 @@ fn tracing_through_crisp(cluster: &Cluster, node: &Node, minor: u32) {
     );
     kubelet_on(cluster, node, "/run/lane-rec/a.sock");
     cluster.apply(&pod("traced", "", &[], &[container("app", APP, "")]));
-    cluster.wait("traced Running", Duration::from_secs(120), || {
-        cluster.pod_ready("default", "traced")
-    });
+    let t = Instant::now();
+    while !cluster.pod_ready("default", "traced") {
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "traced not Running in 120 s behind the two recorders; the pod:\n{}\nkubelet's journal:\n{}\ncrisp's journal:\n{}",
+            cluster.kubectl(&["describe", "pod", "traced"]).all(),
+            node.nsenter(&["journalctl", "-u", "kubelet", "-n", "60", "--no-pager"])
+                .stdout,
+            node.nsenter(&["journalctl", "-u", CRISP_UNIT, "-n", "40", "--no-pager"])
+                .stdout
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let _ = cluster.kubectl(&["delete", "pod", "traced"]);
     let at_a: Vec<Seen> = a.lock().unwrap().clone();
     // What A passed on has reached B a moment later.
