@@ -177,6 +177,11 @@ pub struct AdminConfig {
     pub tap_memory_bytes: usize,
 }
 
+/// Default bound on the bytes the tap queues for all its subscribers together
+/// (`admin.tap_memory_bytes`): with `admin.max_taps` = 1024 taps of 64 MiB each, the
+/// per-subscriber bound alone allows 64 GiB.
+pub const DEFAULT_TAP_MEMORY: usize = 256 << 20;
+
 impl Default for AdminConfig {
     fn default() -> Self {
         AdminConfig {
@@ -189,7 +194,7 @@ impl Default for AdminConfig {
             max_taps_per_uid: 8,
             max_taps: 1024,
             group: None,
-            tap_memory_bytes: crate::tap::DEFAULT_TAP_MEMORY,
+            tap_memory_bytes: DEFAULT_TAP_MEMORY,
         }
     }
 }

@@ -23,9 +23,7 @@ use crate::metrics::CallMetrics;
 /// crisp's memory without bound.
 pub(crate) const MAX_QUEUED_BYTES: usize = 64 << 20;
 
-/// Default bound on the bytes queued for all subscribers together (`admin.tap_memory_bytes`):
-/// with `admin.max_taps` = 1024 taps of 64 MiB each, the per-subscriber bound alone allows 64 GiB.
-pub const DEFAULT_TAP_MEMORY: usize = 256 << 20;
+pub use crate::config::DEFAULT_TAP_MEMORY;
 
 // One interest bit per RPC plus bit 63 for unknown paths.
 const _: () = assert!(Rpc::ALL.len() < 63);
