@@ -440,14 +440,10 @@ pub(crate) fn dur(us: i64) -> String {
     }
 }
 
-/// The right-hand note of a row: duration, held time, and a failure's status.
+/// The right-hand note of a row: duration, a failure's status, and held time. The status comes
+/// before the hold so that a row cut to the terminal's width keeps what went wrong.
 fn note(c: &Call) -> String {
     let mut s = dur(c.duration_us);
-    // Every call spends some µs in crisp, a refused one ~1 ms deciding: only holds worth
-    // waiting for are named.
-    if c.held_us >= 10_000 {
-        let _ = write!(s, " held {}", dur(c.held_us));
-    }
     if !c.ok() {
         let _ = write!(
             s,
@@ -458,6 +454,11 @@ fn note(c: &Call) -> String {
                 &c.code_name
             }
         );
+    }
+    // Every call spends some µs in crisp, a refused one ~1 ms deciding (more on a loaded
+    // machine): only holds worth waiting for are named.
+    if c.held_us >= 10_000 {
+        let _ = write!(s, " held {}", dur(c.held_us));
     }
     s
 }

@@ -51,6 +51,8 @@ fn text_rows_show_holds_and_refusals_within_the_width() {
             call("CreateContainer", "app", 310, 1, 0, "FailedPrecondition"),
             call("CreateContainer", "proxy", 320, 40, 0, "OK"),
             call("CreateContainer", "app", 400, 3000, 2900, "OK"),
+            // A refusal that took crisp 11 ms to decide on a slow machine (CI saw this).
+            call("CreateContainer", "app", 3400, 12, 11, "FailedPrecondition"),
         ],
         holds: Vec::new(),
     };
@@ -62,7 +64,7 @@ fn text_rows_show_holds_and_refusals_within_the_width() {
         "{out}"
     );
     let rows: Vec<&str> = out.lines().skip(3).collect();
-    assert_eq!(rows.len(), 4, "{out}");
+    assert_eq!(rows.len(), 5, "{out}");
     assert!(
         rows[0].starts_with("RunPodSandbox     pod ") && rows[0].contains('█'),
         "{out}"
@@ -82,6 +84,8 @@ fn text_rows_show_holds_and_refusals_within_the_width() {
         bar.matches('░').count() > 5 * bar.matches('█').count(),
         "{bar}"
     );
+    // The status comes before the held time: a cut row keeps what went wrong.
+    assert!(rows[4].contains("12ms FailedPrecondition"), "{out}");
 }
 
 #[test]
