@@ -12,6 +12,7 @@
 //	crisp-grpcgo headers --listen SOCK
 //	crisp-grpcgo bench --lane NAME=TARGET... --method M [--hex HEX] [--authority A] [--count N]
 //	                   [--warmup N] [--runs R] [--concurrency C --seconds S]
+//	                   [--also M=HEX]... [--pace D] [--watch NAME=PID]...
 //
 // bridge: a grpc-go server on SOCK accepting every method; each call is forwarded, message
 // bytes untouched, over one shared grpc-go client connection dialed the way kubelet 1.20-1.27
@@ -32,6 +33,15 @@
 // machine's load falls on every lane alike. Prints one JSON line per run with every lane's
 // p50/p99/max in µs. With --concurrency > 1, each run gives each lane (in turn) --seconds of
 // that many concurrent callers on its connection and reports calls/s per lane instead.
+// --also adds calls made right after --method in the same turn of a lane, on its connection
+// (a relist: ListPodSandbox, then ListContainers), each method's figures under "methods" and
+// the turn's under "turn"; --pace pauses that long after every lane's turn (kubelet relists at
+// 1 Hz; a bench wants more samples, but not a client that never lets the machine settle).
+// --watch samples /proc/PID of the process serving lane NAME (and its children: socat forks
+// one per connection) once its connection is warm and again after the measured calls: CPU
+// ticks (/proc/PID/stat utime+stime, the whole process),
+// context switches (voluntary and not, summed over /proc/PID/task/*/status: the threads alive
+// at both samples, which include the lane's relay thread), VmRSS at both and VmHWM.
 //
 // headers: a bare HTTP/2 server that prints each request's decoded header list (and every
 // PING it receives) as JSON lines and answers every call with an empty message and status OK;
@@ -58,6 +68,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -132,6 +143,7 @@ func usage() {
   crisp-grpcgo headers --listen SOCK
   crisp-grpcgo bench --lane NAME=TARGET... --method M [--hex HEX] [--authority A] [--count N]
                      [--warmup N] [--runs R] [--concurrency C --seconds S]
+                     [--also M=HEX]... [--pace D] [--watch NAME=PID]...
 `)
 	os.Exit(2)
 }
@@ -1548,6 +1560,81 @@ func serveHeaders(c net.Conn, id int64, emit func(interface{})) error {
 // ---------------------------------------------------------------------------------------------
 // bench: lanes interleaved call by call
 
+// procSample: what /proc says about a process at one moment (bench --watch).
+type procSample struct {
+	cpuTicks       uint64               // utime + stime, every thread's, the ended ones included
+	switches       map[string][2]uint64 // per thread: voluntary, nonvoluntary
+	rssKiB, hwmKiB uint64
+}
+
+// switchesSince: context switches since `before`, summed over the threads alive now (a thread
+// that began since counts from zero; one that ended since is lost — the lanes' relay threads
+// live as long as their connections, which outlive both samples).
+func (p procSample) switchesSince(before procSample) (voluntary, nonvoluntary uint64) {
+	for tid, now := range p.switches {
+		then := before.switches[tid]
+		voluntary += now[0] - then[0]
+		nonvoluntary += now[1] - then[1]
+	}
+	return
+}
+
+// sampleProc samples `pid` and its descendants (socat serves each connection in a child it
+// forks), summed.
+func sampleProc(pid int) procSample {
+	p := procSample{switches: map[string][2]uint64{}}
+	sampleOne(pid, &p)
+	return p
+}
+
+func sampleOne(pid int, p *procSample) {
+	if b, err := ioutil.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
+		// Fields after the command name, which may hold spaces: state is field 3, utime 14.
+		if i := bytes.LastIndexByte(b, ')'); i >= 0 {
+			f := strings.Fields(string(b[i+1:]))
+			if len(f) > 12 {
+				u, _ := strconv.ParseUint(f[11], 10, 64)
+				s, _ := strconv.ParseUint(f[12], 10, 64)
+				p.cpuTicks += u + s
+			}
+		}
+	}
+	field := func(text, key string) uint64 {
+		for _, l := range strings.Split(text, "\n") {
+			if strings.HasPrefix(l, key) {
+				f := strings.Fields(l[len(key):])
+				if len(f) > 0 {
+					v, _ := strconv.ParseUint(f[0], 10, 64)
+					return v
+				}
+			}
+		}
+		return 0
+	}
+	if b, err := ioutil.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
+		p.rssKiB += field(string(b), "VmRSS:")
+		p.hwmKiB += field(string(b), "VmHWM:")
+	}
+	// /proc/PID/status counts the main thread's switches only: sum the threads.
+	tasks, _ := ioutil.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	for _, t := range tasks {
+		b, err := ioutil.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", pid, t.Name()))
+		if err != nil {
+			continue
+		}
+		p.switches[fmt.Sprintf("%d/%s", pid, t.Name())] = [2]uint64{
+			field(string(b), "voluntary_ctxt_switches:"),
+			field(string(b), "nonvoluntary_ctxt_switches:"),
+		}
+		kids, _ := ioutil.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", pid, t.Name()))
+		for _, k := range strings.Fields(string(kids)) {
+			if c, err := strconv.Atoi(k); err == nil {
+				sampleOne(c, p)
+			}
+		}
+	}
+}
+
 type laneFlags []string
 
 func (l *laneFlags) String() string     { return strings.Join(*l, ",") }
@@ -1566,6 +1653,10 @@ func runBench(args []string) error {
 	concurrency := fs.Int("concurrency", 1, "callers per lane (> 1: throughput mode)")
 	seconds := fs.Float64("seconds", 1, "throughput mode: seconds per lane and run")
 	timeout := fs.Duration("timeout", 10*time.Second, "deadline of each call")
+	var also, watches laneFlags
+	fs.Var(&also, "also", "METHOD=HEX: a further call in the same turn, after --method (repeatable)")
+	pace := fs.Duration("pace", 0, "pause after every lane's turn")
+	fs.Var(&watches, "watch", "NAME=PID: sample /proc/PID around the measured calls of lane NAME")
 	_ = fs.Parse(args)
 	if len(lanes) == 0 || *method == "" {
 		return errors.New("--lane and --method are required")
@@ -1573,6 +1664,31 @@ func runBench(args []string) error {
 	req, err := hex.DecodeString(*hexReq)
 	if err != nil {
 		return fmt.Errorf("request hex: %v", err)
+	}
+	methods := []string{*method}
+	reqs := [][]byte{req}
+	for _, a := range also {
+		kv := strings.SplitN(a, "=", 2)
+		if len(kv) != 2 {
+			return fmt.Errorf("--also %q: want METHOD=HEX", a)
+		}
+		b, err := hex.DecodeString(kv[1])
+		if err != nil {
+			return fmt.Errorf("--also %q: %v", a, err)
+		}
+		methods, reqs = append(methods, kv[0]), append(reqs, b)
+	}
+	watched := map[string]int{}
+	for _, w := range watches {
+		kv := strings.SplitN(w, "=", 2)
+		pid := 0
+		if len(kv) == 2 {
+			pid, err = strconv.Atoi(kv[1])
+		}
+		if len(kv) != 2 || err != nil {
+			return fmt.Errorf("--watch %q: want NAME=PID", w)
+		}
+		watched[kv[0]] = pid
 	}
 	names := make([]string, len(lanes))
 	targets := make([]string, len(lanes))
@@ -1583,14 +1699,27 @@ func runBench(args []string) error {
 		}
 		names[i], targets[i] = kv[0], kv[1]
 	}
-	one := func(cc *grpc.ClientConn) (time.Duration, error) {
+	call := func(cc *grpc.ClientConn, m int) (time.Duration, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 		defer cancel()
 		var resp []byte
 		t0 := time.Now()
-		err := cc.Invoke(ctx, *method, req, &resp, grpc.ForceCodec(rawCodec{}))
+		err := cc.Invoke(ctx, methods[m], reqs[m], &resp, grpc.ForceCodec(rawCodec{}))
 		return time.Since(t0), err
 	}
+	// A lane's turn: every method once, in order; the latency of each.
+	turn := func(cc *grpc.ClientConn) ([]time.Duration, error) {
+		ds := make([]time.Duration, len(methods))
+		for m := range methods {
+			d, err := call(cc, m)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %v", methods[m], err)
+			}
+			ds[m] = d
+		}
+		return ds, nil
+	}
+	one := func(cc *grpc.ClientConn) (time.Duration, error) { return call(cc, 0) }
 	for r := 0; r < *runs; r++ {
 		conns := make([]*grpc.ClientConn, len(lanes))
 		for i := range lanes {
@@ -1600,14 +1729,22 @@ func runBench(args []string) error {
 			}
 			conns[i] = cc
 			for w := 0; w < *warmup; w++ {
-				if _, err := one(cc); err != nil {
+				if _, err := turn(cc); err != nil {
 					return fmt.Errorf("lane %s, warm-up: %v", names[i], err)
 				}
 			}
 		}
 		out := map[string]interface{}{"run": r + 1}
 		if *concurrency <= 1 {
-			lat := make([][]float64, len(lanes))
+			// lat[m][i]: method m's latencies on lane i; the last index is the whole turn.
+			lat := make([][][]float64, len(methods)+1)
+			for m := range lat {
+				lat[m] = make([][]float64, len(lanes))
+			}
+			before := map[string]procSample{}
+			for name, pid := range watched {
+				before[name] = sampleProc(pid)
+			}
 			// The lanes take turns in a new random order every round: in a fixed cycle each
 			// lane always follows the same one, and what that one left in the caches (its own
 			// code, the runtime's) moved a lane's p50 by up to 0.3x socat's added latency
@@ -1615,20 +1752,58 @@ func runBench(args []string) error {
 			rng := rand.New(rand.NewSource(int64(r) + 1))
 			for c := 0; c < *count; c++ {
 				for _, i := range rng.Perm(len(lanes)) {
-					d, err := one(conns[i])
+					ds, err := turn(conns[i])
 					if err != nil {
 						return fmt.Errorf("lane %s: %v", names[i], err)
 					}
-					lat[i] = append(lat[i], float64(d.Nanoseconds())/1000)
+					var sum time.Duration
+					for m, d := range ds {
+						lat[m][i] = append(lat[m][i], float64(d.Nanoseconds())/1000)
+						sum += d
+					}
+					lat[len(methods)][i] = append(lat[len(methods)][i], float64(sum.Nanoseconds())/1000)
+					if *pace > 0 {
+						time.Sleep(*pace)
+					}
 				}
 			}
-			res := map[string]interface{}{}
-			for i, v := range lat {
-				sort.Float64s(v)
-				at := func(p float64) float64 { return v[int(math.Round(float64(len(v)-1)*p))] }
-				res[names[i]] = map[string]float64{"p50_us": at(0.5), "p99_us": at(0.99), "max_us": at(1)}
+			quantiles := func(byLane [][]float64) map[string]interface{} {
+				res := map[string]interface{}{}
+				for i, v := range byLane {
+					sort.Float64s(v)
+					at := func(p float64) float64 { return v[int(math.Round(float64(len(v)-1)*p))] }
+					res[names[i]] = map[string]float64{"p50_us": at(0.5), "p99_us": at(0.99), "max_us": at(1)}
+				}
+				return res
 			}
-			out["latency"] = res
+			out["latency"] = quantiles(lat[0])
+			if len(methods) > 1 {
+				per := map[string]interface{}{}
+				for m, name := range methods {
+					per[name] = quantiles(lat[m])
+				}
+				out["methods"] = per
+				out["turn"] = quantiles(lat[len(methods)])
+			}
+			if len(watched) > 0 {
+				w := map[string]interface{}{}
+				for name, pid := range watched {
+					after := sampleProc(pid)
+					vol, nonvol := after.switchesSince(before[name])
+					w[name] = map[string]interface{}{
+						"turns":            *count,
+						"cpu_ticks":        after.cpuTicks - before[name].cpuTicks,
+						"voluntary_cs":     vol,
+						"nonvoluntary_cs":  nonvol,
+						"threads":          len(after.switches),
+						"rss_kib_before":   before[name].rssKiB,
+						"rss_kib_after":    after.rssKiB,
+						"hwm_kib":          after.hwmKiB,
+						"ticks_per_second": 100,
+					}
+				}
+				out["watch"] = w
+			}
 		} else {
 			res := map[string]float64{}
 			for k := range lanes {
