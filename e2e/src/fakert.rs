@@ -95,6 +95,169 @@ impl Canned {
     }
 }
 
+/// Container names of a node's pods, in the order their containers are numbered: an Istio-shaped
+/// pod (an exited init container, the proxy, the app, a log agent), four containers a pod.
+const NODE_CONTAINERS: [&str; 4] = ["istio-init", "istio-proxy", "app", "log-agent"];
+
+impl Canned {
+    /// A node's lists as kubelet's relist reads them (issue #47): `pods` sandboxes and
+    /// `containers` containers (four a pod while they last), each with the fields a kubelet and
+    /// a mesh injector put there — 64-hex ids, names, kubelet's labels and annotations (hash,
+    /// restart count, ports, termination policy, pre-stop hook), image references by digest —
+    /// about 1.5 KB a container and 1.2 KB a sandbox on the wire.
+    pub fn node(pods: usize, containers: usize) -> Canned {
+        let mut canned = Canned::new(0, 1);
+        let list = cri::ListContainersResponse {
+            containers: (0..containers).map(node_container).collect(),
+        };
+        let sandboxes = cri::ListPodSandboxResponse {
+            items: (0..pods).map(node_sandbox).collect(),
+        };
+        canned.list_containers = frame(&list.encode_to_vec());
+        canned.list_sandboxes = frame(&sandboxes.encode_to_vec());
+        canned
+    }
+}
+
+fn node_pod_name(pod: usize) -> (String, String) {
+    let app = [
+        "checkout", "cart", "payments", "catalog", "search", "ledger",
+    ][pod % 6];
+    (
+        format!("{app}-api"),
+        format!(
+            "{app}-api-7f9c8d6b{:x}-{:05x}",
+            pod % 16,
+            pod * 7919 % 0xfffff
+        ),
+    )
+}
+
+fn map(pairs: &[(&str, String)]) -> std::collections::HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect()
+}
+
+fn node_sandbox(pod: usize) -> cri::PodSandbox {
+    let (app, name) = node_pod_name(pod);
+    let namespace = format!("shop-{}", ["prod", "staging", "batch"][pod % 3]);
+    let uid = format!(
+        "{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}",
+        pod,
+        pod % 0xffff,
+        pod % 0xfff,
+        pod % 0xfff,
+        pod
+    );
+    cri::PodSandbox {
+        id: format!("{:064x}", pod + 1_000_000),
+        metadata: Some(cri::PodSandboxMetadata {
+            name: name.clone(),
+            uid: uid.clone(),
+            namespace: namespace.clone(),
+            attempt: 0,
+        }),
+        state: 0,
+        created_at: 1_700_000_000_000_000_000 + pod as i64,
+        labels: map(&[
+            ("app", app.clone()),
+            ("pod-template-hash", "7f9c8d6b".into()),
+            ("io.kubernetes.pod.name", name.clone()),
+            ("io.kubernetes.pod.namespace", namespace.clone()),
+            ("io.kubernetes.pod.uid", uid.clone()),
+            ("security.istio.io/tlsMode", "istio".into()),
+            ("service.istio.io/canonical-name", app.clone()),
+            ("service.istio.io/canonical-revision", "v1".into()),
+        ]),
+        annotations: map(&[
+            (
+                "kubernetes.io/config.seen",
+                "2026-11-28T09:14:07.512338104Z".into(),
+            ),
+            ("kubernetes.io/config.source", "api".into()),
+            ("prometheus.io/scrape", "true".into()),
+            ("prometheus.io/port", "15020".into()),
+            ("prometheus.io/path", "/stats/prometheus".into()),
+            ("kubectl.kubernetes.io/default-container", "app".into()),
+            (
+                "sidecar.istio.io/status",
+                "{\"initContainers\":[\"istio-init\"],\"containers\":[\"istio-proxy\"],\
+                 \"volumes\":[\"workload-socket\",\"credential-socket\",\"workload-certs\",\
+                 \"istio-envoy\",\"istio-data\",\"istio-podinfo\",\"istio-token\",\
+                 \"istiod-ca-cert\"],\"imagePullSecrets\":null,\
+                 \"revision\":\"default\"}"
+                    .into(),
+            ),
+        ]),
+        runtime_handler: String::new(),
+    }
+}
+
+fn node_container(i: usize) -> cri::Container {
+    let (pod, k) = (i / NODE_CONTAINERS.len(), i % NODE_CONTAINERS.len());
+    let sandbox = node_sandbox(pod);
+    let meta = sandbox.metadata.unwrap_or_default();
+    let name = NODE_CONTAINERS[k];
+    let (repo, digest) = match name {
+        "istio-init" | "istio-proxy" => ("docker.io/istio/proxyv2", 0x1a),
+        "log-agent" => ("cr.fluentbit.io/fluent/fluent-bit", 0x2b),
+        _ => ("registry.example.com/shop/checkout-api", 0x3c + pod % 6),
+    };
+    let image = format!("{repo}@sha256:{digest:02x}{:062x}", 0xfeed_u64);
+    cri::Container {
+        id: format!("{:064x}", i),
+        pod_sandbox_id: sandbox.id,
+        metadata: Some(cri::ContainerMetadata {
+            name: name.into(),
+            attempt: 0,
+        }),
+        image: Some(cri::ImageSpec {
+            image: image.clone(),
+            user_specified_image: format!("{repo}:1.24.{}", pod % 6),
+            ..Default::default()
+        }),
+        image_ref: image,
+        // The init container has exited; the others run.
+        state: if k == 0 { 2 } else { 1 },
+        created_at: 1_700_000_000_000_000_000 + i as i64,
+        labels: map(&[
+            ("io.kubernetes.container.name", name.into()),
+            ("io.kubernetes.pod.name", meta.name),
+            ("io.kubernetes.pod.namespace", meta.namespace),
+            ("io.kubernetes.pod.uid", meta.uid),
+        ]),
+        annotations: map(&[
+            ("io.kubernetes.container.hash", format!("{:08x}", i * 2_654_435_761 % (1 << 32))),
+            (
+                "io.kubernetes.container.hashWithoutResources",
+                format!("{:08x}", i * 40_503 % (1 << 32)),
+            ),
+            ("io.kubernetes.container.restartCount", "0".into()),
+            ("io.kubernetes.container.terminationMessagePath", "/dev/termination-log".into()),
+            ("io.kubernetes.container.terminationMessagePolicy", "File".into()),
+            ("io.kubernetes.pod.terminationGracePeriod", "30".into()),
+            (
+                "io.kubernetes.container.ports",
+                "[{\"name\":\"http\",\"containerPort\":8080,\"protocol\":\"TCP\"},\
+                 {\"name\":\"grpc\",\"containerPort\":9090,\"protocol\":\"TCP\"},\
+                 {\"name\":\"http-envoy-prom\",\"containerPort\":15090,\"protocol\":\"TCP\"},\
+                 {\"name\":\"tcp-health\",\"containerPort\":15021,\"protocol\":\"TCP\"},\
+                 {\"name\":\"http-admin\",\"containerPort\":15000,\"protocol\":\"TCP\"}]"
+                    .into(),
+            ),
+            (
+                "io.kubernetes.container.preStopHandler",
+                "{\"exec\":{\"command\":[\"/bin/sh\",\"-c\",\
+                 \"sleep 5 && curl -sf -XPOST http://127.0.0.1:15000/drain_listeners?inboundonly\"]}}"
+                    .into(),
+            ),
+        ]),
+        image_id: format!("sha256:{digest:02x}{:062x}", 0xbeef_u64),
+    }
+}
+
 fn labels(i: usize) -> std::collections::HashMap<String, String> {
     [
         (
@@ -320,4 +483,27 @@ pub fn serve(socket: &Path, canned: Arc<Canned>) -> std::io::Result<FakeRuntime>
         fake_socket: socket.to_path_buf(),
         task,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The relist lane's answers are the size issue #47 names (about 1.5 KB a container, 15 MB
+    /// for 10,000) and stay under kubelet's 16 MiB receive limit.
+    #[test]
+    fn a_node_list_is_about_1_5_kb_a_container_and_fits_kubelet_s_limit() {
+        let c = Canned::node(2_500, 10_000);
+        let per = c.list_containers.len() / 10_000;
+        assert!((1_300..=1_650).contains(&per), "{per} B a container");
+        assert!(c.list_containers.len() - 5 < 16 << 20);
+        let s = Canned::node(500, 2_000);
+        assert_eq!(
+            cri::ListPodSandboxResponse::decode(&s.list_sandboxes[5..])
+                .unwrap()
+                .items
+                .len(),
+            500
+        );
+    }
 }
