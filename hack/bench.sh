@@ -17,6 +17,14 @@
 #   sudo hack/bench.sh --no-write --only throughput --rounds 5   # one workload (crisp-bench --help)
 #   sudo CRISP_BEFORE_BIN=/path/to/old/crisp hack/bench.sh --only kubelet
 #       # adds a "crisp-before" lane, interleaved with the others: before/after from one run
+#   sudo hack/bench.sh --no-write --only relist     # kubelet's relist at a node's limits
+#       # (issue #47): ListPodSandbox then ListContainers from grpc-go against a fake node of
+#       # 500 pods / 2,000 containers and of 10,000 containers (~15 MB), direct / socat / crisp
+#       # interleaved relist by relist, 3 runs (--relist-runs, --relist-calls,
+#       # --relist-pace-ms); crisp's CPU, context switches and RSS per relist from /proc, and the
+#       # machine it ran on. ~2–4 minutes.
+#
+# Builds go to $CARGO_TARGET_DIR when it is set (else target/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,11 +41,12 @@ bash hack/setup.sh >/dev/null
 # kubelet's own gRPC client for the grpc-go workload (crisp-bench --only grpcgo).
 bash hack/build-grpcgo.sh >/dev/null
 cargo build --release --locked -p crisp -p crisp-e2e --bin crisp --bin crisp-bench
-export CRISP_BIN="$PWD/target/release/crisp"
+release="${CARGO_TARGET_DIR:-$PWD/target}/release"
+export CRISP_BIN="$release/crisp"
 # The host's steal time during the run: on a shared VM the neighbours' load moves every lane.
 steal() { awk '/^cpu /{print $9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat; }
 read -r s0 t0 < <(steal)
-report="$(target/release/crisp-bench "${args[@]}")"
+report="$("$release/crisp-bench" "${args[@]}")"
 read -r s1 t1 < <(steal)
 stolen=$(( t1 > t0 ? 100 * (s1 - s0) / (t1 - t0) : 0 ))
 

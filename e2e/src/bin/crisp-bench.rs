@@ -67,6 +67,17 @@ struct Args {
     /// grpc-go lanes: measured calls of the 10,000-container `ListContainers` per lane and run.
     #[arg(long, default_value_t = 40)]
     grpcgo_list_calls: usize,
+    /// Relist lane: runs (each on fresh connections, after a warm-up), min / median / max.
+    #[arg(long, default_value_t = 3)]
+    relist_runs: usize,
+    /// Relist lane: measured relists per lane and run of the 10,000-container node (the
+    /// 2,000-container node gets three times as many).
+    #[arg(long, default_value_t = 100)]
+    relist_calls: usize,
+    /// Relist lane: pause after every lane's relist, in ms (kubelet relists once a second; the
+    /// bench paces a tight loop so that the relists do not queue behind each other's GC).
+    #[arg(long, default_value_t = 20)]
+    relist_pace_ms: u64,
     /// A second crisp binary (say, a build of main) run as a lane of its own, "crisp-before",
     /// interleaved with the others: before/after from the same runs. Also `$CRISP_BEFORE_BIN`.
     #[arg(long, env = "CRISP_BEFORE_BIN")]
@@ -86,6 +97,11 @@ enum Workload {
     /// ListContainers of 10,000 (fake runtime), throughput at `--concurrency`; with syscall and
     /// CPU counts of crisp per call. The first table of the report.
     Kubelet,
+    /// kubelet's relist (`crisp-grpcgo bench`: ListPodSandbox, then ListContainers) against a
+    /// fake node of 500 pods / 2,000 containers and of 2,500 pods / 10,000 containers (~15 MB),
+    /// the lanes interleaved relist by relist; crisp's CPU, context switches and RSS per relist
+    /// (issue #47).
+    Relist,
 }
 
 impl Args {
@@ -861,6 +877,284 @@ async fn kubelet_report(
     Ok(out)
 }
 
+/// One `crisp-grpcgo bench` relist run set, parsed: per run, the figures of each method and of
+/// the whole relist (per lane: p50, p99 in µs), and what `--watch` saw of crisp.
+struct RelistRuns {
+    /// `[method][run][lane]`; the last method is the relist as a whole.
+    latency: Vec<Vec<Vec<(f64, f64)>>>,
+    /// Per watched process, per run.
+    watch: Vec<Vec<Watched>>,
+}
+
+/// What `crisp-grpcgo bench --watch` saw of a process (and its children) in one run.
+struct Watched {
+    cpu_ticks: u64,
+    /// Voluntary and nonvoluntary, summed over its threads.
+    switches: u64,
+    relists: u64,
+    /// VmRSS once the connections were warm.
+    rss_kib: u64,
+    /// VmHWM at the end of the run.
+    peak_kib: u64,
+}
+
+fn grpcgo_relist(
+    lanes: &[Lane],
+    watch: &[(&str, u32)],
+    methods: &[(&str, Vec<u8>)],
+    extra: &[String],
+) -> Result<RelistRuns> {
+    let bin = crisp_e2e::grpcgo::grpcgo_binary()?;
+    let full = |m: &str| format!("/runtime.v1.RuntimeService/{m}");
+    let mut cmd = Command::new(bin);
+    cmd.arg("bench")
+        .arg("--method")
+        .arg(full(methods[0].0))
+        .arg("--hex")
+        .arg(crisp_e2e::grpcgo::hex(&methods[0].1));
+    for (m, req) in &methods[1..] {
+        cmd.arg("--also")
+            .arg(format!("{}={}", full(m), crisp_e2e::grpcgo::hex(req)));
+    }
+    for l in lanes {
+        cmd.arg("--lane")
+            .arg(format!("{}={}", l.name, l.socket.display()));
+    }
+    // The fake is a hyper server, which rejects grpc-go's default `:authority` (the socket
+    // path, KUBELET-CRI §11): the client sends `localhost`, as crictl-like clients do.
+    cmd.args(["--authority", "localhost"]);
+    for (name, pid) in watch {
+        cmd.arg("--watch").arg(format!("{name}={pid}"));
+    }
+    cmd.args(extra);
+    let out = cmd
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .context("crisp-grpcgo bench (relist)")?;
+    if !out.status.success() {
+        bail!("crisp-grpcgo bench (relist) failed ({})", out.status);
+    }
+    let mut latency = vec![Vec::new(); methods.len() + 1];
+    let mut watched: Vec<Vec<Watched>> = watch.iter().map(|_| Vec::new()).collect();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let v: serde_json::Value = serde_json::from_str(line)
+            .with_context(|| format!("crisp-grpcgo bench printed {line:?}"))?;
+        for (k, per_run) in latency.iter_mut().enumerate() {
+            let table = match methods.get(k) {
+                Some((m, _)) => &v["methods"][full(m)],
+                None => &v["turn"],
+            };
+            let f = |l: &Lane, q: &str| table[l.name][q].as_f64().unwrap_or(f64::NAN);
+            per_run.push(
+                lanes
+                    .iter()
+                    .map(|l| (f(l, "p50_us"), f(l, "p99_us")))
+                    .collect(),
+            );
+        }
+        for ((name, _), runs) in watch.iter().zip(&mut watched) {
+            let w = &v["watch"][name];
+            let g = |k: &str| w[k].as_u64().unwrap_or(0);
+            runs.push(Watched {
+                cpu_ticks: g("cpu_ticks"),
+                switches: g("voluntary_cs") + g("nonvoluntary_cs"),
+                relists: g("turns"),
+                rss_kib: g("rss_kib_before"),
+                peak_kib: g("hwm_kib"),
+            });
+        }
+    }
+    Ok(RelistRuns {
+        latency,
+        watch: watched,
+    })
+}
+
+/// The machine a lane ran on, and what it was doing meanwhile: ratios are read against it.
+fn machine_line() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpu
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map_or("?", |x| x.1.trim())
+        .to_string();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    format!(
+        "{cores} cores, {model}, kernel {}, load average {}",
+        kernel.trim(),
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    )
+}
+
+/// (steal, total) jiffies of all CPUs so far.
+fn steal_jiffies() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let f: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    (f.get(7).copied().unwrap_or(0), f.iter().sum())
+}
+
+/// kubelet's relist at two node sizes (issue #47): direct, socat and crisp interleaved relist by
+/// relist, min / median / max over runs; crisp's CPU, context switches and RSS per relist.
+async fn relist_report(args: &Args, dir: &Path) -> Result<String> {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let (steal0, total0) = steal_jiffies();
+    writeln!(
+        out,
+        "\n### kubelet's relist (grpc-go 1.33), fake runtime (in-process, canned answers)\n"
+    )?;
+    writeln!(out, "Machine floor: {}.\n", machine_line())?;
+    let runs = args.relist_runs.max(1);
+    let methods = [
+        (
+            "ListPodSandbox",
+            cri::ListPodSandboxRequest::default().encode_to_vec(),
+        ),
+        (
+            "ListContainers",
+            cri::ListContainersRequest::default().encode_to_vec(),
+        ),
+    ];
+    for (pods, containers, calls) in [
+        (500, 2_000, args.relist_calls * 3),
+        (2_500, 10_000, args.relist_calls),
+    ] {
+        let canned = Arc::new(Canned::node(pods, containers));
+        let (sb_bytes, c_bytes) = (canned.list_sandboxes.len(), canned.list_containers.len());
+        let tag = format!("relist-{containers}");
+        let upstream = dir.join(format!("{tag}-fake.sock"));
+        let _fake = fakert::serve(&upstream, canned)?;
+        let socat_sock = dir.join(format!("{tag}-socat.sock"));
+        let crisp_dir = dir.join(format!("{tag}-crisp"));
+        std::fs::create_dir_all(&crisp_dir)?;
+        let crisp_sock = crisp_dir.join("crisp.sock");
+        let socat = start_socat(&socat_sock, &upstream)?;
+        // A fresh crisp per node size: its peak RSS is this size's.
+        let crisp = start_crisp_bin(
+            &crisp_e2e::crisp::crisp_binary()?,
+            &tag,
+            dir,
+            &crisp_sock,
+            &upstream,
+            &args.crisp_config,
+        )?;
+        let pid = crisp.0.id();
+        let idle_rss = proc_status(pid, "VmRSS:");
+        let lanes = [
+            Lane {
+                name: "direct",
+                socket: upstream.clone(),
+            },
+            Lane {
+                name: "socat",
+                socket: socat_sock,
+            },
+            Lane {
+                name: "crisp",
+                socket: crisp_sock,
+            },
+        ];
+        let warmup = (calls / 10).max(3);
+        let r = grpcgo_relist(
+            &lanes,
+            &[("socat", socat.0.id()), ("crisp", pid)],
+            &methods,
+            &[
+                "--runs".into(),
+                runs.to_string(),
+                "--count".into(),
+                calls.to_string(),
+                "--warmup".into(),
+                warmup.to_string(),
+                "--pace".into(),
+                format!("{}ms", args.relist_pace_ms),
+                "--timeout".into(),
+                "60s".into(),
+            ],
+        )?;
+        let mib = |b: usize| b as f64 / f64::from(1 << 20);
+        writeln!(
+            out,
+            "#### {pods} pods, {containers} containers: `ListPodSandbox` {:.2} MiB ({} B a pod), then `ListContainers` {:.2} MiB ({} B a container)\n",
+            mib(sb_bytes),
+            sb_bytes / pods,
+            mib(c_bytes),
+            c_bytes / containers
+        )?;
+        writeln!(
+            out,
+            "{runs} runs of {calls} relists per lane (after {warmup} unmeasured), the lanes interleaved relist by relist in a new random order each round, {} ms pause after each; min / **median** / max over the runs.\n",
+            args.relist_pace_ms
+        )?;
+        for (k, name) in [
+            "`ListPodSandbox`",
+            "`ListContainers`",
+            "the relist (both calls)",
+        ]
+        .iter()
+        .enumerate()
+        {
+            writeln!(out, "{name}:\n")?;
+            kubelet_latency_table(&mut out, &lanes, &r.latency[k], true)?;
+            writeln!(out)?;
+        }
+        let per_relist = |w: &[Watched], f: fn(&Watched) -> f64| -> Vec<f64> {
+            w.iter().map(|x| f(x) / x.relists.max(1) as f64).collect()
+        };
+        writeln!(
+            out,
+            "Per relist (from /proc, the measured relists only: utime+stime in 10 ms ticks; context switches summed over the threads, socat's forked child included; min / **median** / max over the runs):\n"
+        )?;
+        writeln!(
+            out,
+            "| process | CPU ms per relist | context switches per relist | RSS KiB |\n|---|---|---|---|"
+        )?;
+        for (name, w) in ["socat", "crisp"].iter().zip(&r.watch) {
+            let rss = if *name == "crisp" {
+                format!(
+                    "idle {idle_rss}, warm {}, peak (VmHWM) {}",
+                    w.first().map_or(0, |x| x.rss_kib),
+                    w.iter().map(|x| x.peak_kib).max().unwrap_or(0)
+                )
+            } else {
+                format!(
+                    "peak (VmHWM) {}",
+                    w.iter().map(|x| x.peak_kib).max().unwrap_or(0)
+                )
+            };
+            writeln!(
+                out,
+                "| {name} | {} | {} | {rss} |",
+                fmt_spread(&per_relist(w, |x| x.cpu_ticks as f64 * 10.0), 2),
+                fmt_spread(&per_relist(w, |x| x.switches as f64), 1),
+            )?;
+        }
+        writeln!(out)?;
+    }
+    let (steal1, total1) = steal_jiffies();
+    writeln!(
+        out,
+        "{} % of the CPU time stolen by the host during the relist lane.",
+        100 * (steal1 - steal0) / (total1 - total0).max(1)
+    )?;
+    Ok(out)
+}
+
 async fn run_lanes(
     args: &Args,
     title: &str,
@@ -1347,7 +1641,10 @@ async fn main() -> Result<()> {
     let mut report = String::new();
     let fake_sock = dir.path().join("fake.sock");
     let _fake = fakert::serve(&fake_sock, Arc::new(Canned::new(args.containers, 10_000)))?;
-    let ctrd = match args.containerd {
+    // The relist lane runs on the fake runtime only (a real containerd at 500 pods is the next
+    // step of issue #47): alone, it needs no containerd.
+    let relist_only = !args.only.is_empty() && args.only.iter().all(|w| *w == Workload::Relist);
+    let ctrd = match args.containerd && !relist_only {
         true => Some(
             crisp_e2e::harness::Containerd::start_async(crisp_e2e::harness::ContainerdOpts {
                 cni: false,
@@ -1371,7 +1668,15 @@ async fn main() -> Result<()> {
         )
         .await?;
     }
-    if !args.only.is_empty() && args.only.iter().all(|w| *w == Workload::Kubelet) {
+    if args.runs(Workload::Relist) {
+        report += &relist_report(&args, dir.path()).await?;
+    }
+    if !args.only.is_empty()
+        && args
+            .only
+            .iter()
+            .all(|w| matches!(w, Workload::Kubelet | Workload::Relist))
+    {
         println!("{report}");
         return Ok(());
     }
