@@ -19,10 +19,10 @@
 #       # adds a "crisp-before" lane, interleaved with the others: before/after from one run
 #   sudo hack/bench.sh --no-write --only relist     # kubelet's relist at a node's limits
 #       # (issue #47): ListPodSandbox then ListContainers from grpc-go against a fake node of
-#       # 500 pods / 2,000 containers and of 10,000 containers (~15 MB), direct / socat / crisp
-#       # interleaved relist by relist, 3 runs (--relist-runs, --relist-calls,
-#       # --relist-pace-ms); crisp's CPU, context switches and RSS per relist from /proc, and the
-#       # machine it ran on. ~2–4 minutes.
+#       # 500 pods / 2,000 containers and of 10,000 containers (~15 MB), direct / socat / crisp /
+#       # socat -b 65536 interleaved relist by relist, 3 runs (--relist-runs, --relist-calls,
+#       # --relist-pace-ms); CPU and context switches per relist of crisp and both splices and
+#       # crisp's RSS, from /proc; the machine it ran on. ~4 minutes (BENCHMARKS.md, issue #47).
 #
 # Builds go to $CARGO_TARGET_DIR when it is set (else target/).
 set -euo pipefail

@@ -1069,6 +1069,8 @@ async fn relist_report(args: &Args, dir: &Path) -> Result<String> {
             &args.crisp_config,
         )?;
         let pid = crisp.0.id();
+        // As soon as its socket accepts: before crisp has read the node (its recovery at start,
+        // which holds most of what its RSS grows by on a big node; BENCHMARKS.md, issue #47).
         let idle_rss = proc_status(pid, "VmRSS:");
         let lanes = [
             Lane {
