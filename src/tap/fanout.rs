@@ -20,8 +20,10 @@ use crate::intercept::{HoldEvent, HoldOutcome, HoldPhase};
 use crate::metrics::CallMetrics;
 
 /// Events waiting for the fan-out thread; beyond it (or beyond a quarter of the hub's memory
-/// bound in bytes) an event is dropped before any subscriber's filter saw it, and counted in
-/// `crisp_tap_events_dropped_total` only: which subscribers would have shown it is not known.
+/// bound in bytes) an event is dropped before any subscriber's filter saw it, counted in
+/// `crisp_tap_events_dropped_total`, and reported to every subscriber as missed with its next
+/// event: which subscribers would have shown it is not known, so a filtered tap may be told of
+/// events it would not have shown — never left believing it missed none.
 /// One thread that only filters and `try_send`s keeps up with any CRI call rate.
 pub(super) const FANOUT_QUEUE: usize = 1024;
 
@@ -74,6 +76,7 @@ pub(super) fn send(tx: &SyncSender<Job>, job: Job, hub: &Hub, metrics: &CallMetr
     };
     if !sent {
         hub.memory.fanout.fetch_sub(w, Relaxed);
+        hub.fanout_dropped.fetch_add(1, Relaxed);
         metrics.tap_dropped.inc();
     }
 }
@@ -84,6 +87,7 @@ fn run(rx: Receiver<Job>, hub: &Hub, metrics: &CallMetrics) {
         if hub.closed.load(Relaxed) {
             break;
         }
+        hub.spread_fanout_drops();
         match job {
             Job::Call(ev) => call(&ev, hub, metrics),
             Job::Hold(ev) => hold(&ev, hub, metrics),

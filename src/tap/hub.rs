@@ -153,6 +153,10 @@ pub(super) struct Hub {
     pub(super) memory: Memory,
     next_id: AtomicU64,
     pub(super) closed: AtomicBool,
+    /// Events dropped before the fan-out thread saw them (its queue full): no filter ran on
+    /// them, so each subscriber is told of them as missed, whether or not it would have shown
+    /// them ([`Hub::spread_fanout_drops`]).
+    pub(super) fanout_dropped: AtomicU64,
 }
 
 impl Hub {
@@ -172,6 +176,19 @@ impl Hub {
             },
             next_id: AtomicU64::new(0),
             closed: AtomicBool::new(false),
+            fanout_dropped: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts the events the fan-out queue dropped since the last call as missed by every
+    /// subscriber: each learns of them with its next event ([`Item::Dropped`]). On the fan-out
+    /// thread, before each job.
+    pub(super) fn spread_fanout_drops(&self) {
+        let lost = self.fanout_dropped.swap(0, Relaxed);
+        if lost > 0 {
+            for s in self.snapshot().iter() {
+                s.counters.dropped.fetch_add(lost, Relaxed);
+            }
         }
     }
 

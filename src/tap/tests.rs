@@ -272,6 +272,35 @@ async fn all_subscribers_together_are_bounded_in_memory() {
     drop(second);
 }
 
+/// Issue #44: an event dropped before the fan-out thread saw it (its queue full) is still
+/// reported to each tap as missed, with the tap's next event; before, only the metric counted
+/// it and every tap believed it had missed nothing.
+#[tokio::test]
+async fn a_tap_is_told_of_events_the_fan_out_queue_dropped() {
+    let t = tap();
+    let mut s = t.subscribe(Filter::default(), 100);
+    t.on_complete(&call(1, CREATE), &outcome(0, None));
+    t.flush();
+    assert!(matches!(next_now(&mut s).await, Some(Item::Call(e)) if e.call_id == 1));
+    // The fan-out queue at its bound: the next call is dropped as the relay thread hands it over.
+    let limit = t.hub.memory.fanout_limit();
+    t.hub.memory.fanout.fetch_add(limit, Relaxed);
+    t.on_complete(&call(2, CREATE), &outcome(0, None));
+    t.hub.memory.fanout.fetch_sub(limit, Relaxed);
+    assert_eq!(t.metrics().tap_dropped.get(), 1);
+    t.on_complete(&call(3, CREATE), &outcome(0, None));
+    t.flush();
+    assert!(
+        matches!(
+            next_now(&mut s).await,
+            Some(Item::Dropped { count: 1, total: 1 })
+        ),
+        "the tap is told it missed call 2"
+    );
+    assert!(matches!(next_now(&mut s).await, Some(Item::Call(e)) if e.call_id == 3));
+    assert!(next_now(&mut s).await.is_none());
+}
+
 /// Issue #44: the relay thread decides whether anyone may want a finished call from the hub's
 /// aggregates alone (wanted RPCs, whether anyone wants successes, the smallest `slower_than`),
 /// which follow subscribers as they come and go; each filter is applied on the fan-out thread.
