@@ -1022,7 +1022,11 @@ async fn run_held_cell(
                 .broken
                 .push(format!("{name}: the sidecar was never stopped: {e:#}")),
             Ok(proxy) => {
-                if app.finished_at == 0 || proxy.finished_at < app.finished_at {
+                if app.finished_at == 0 {
+                    cell.broken.push(format!(
+                        "{name}: the sidecar finished while the app still ran"
+                    ));
+                } else if proxy.finished_at < app.finished_at {
                     cell.broken.push(format!(
                         "{name}: the sidecar finished {:.2} s before the app",
                         secs(app.finished_at - proxy.finished_at)
@@ -1090,12 +1094,13 @@ async fn run_matrix(
                     // Its call is queued before the kill: no "later".
                     continue;
                 }
+                let held = HELD.contains(&p.as_str());
+                if held && a != afters[0] {
+                    // Killed at a point in the hold, not after a protocol point: run once.
+                    continue;
+                }
                 n += 1;
-                let c = if HELD.contains(&p.as_str()) {
-                    if a != afters[0] {
-                        // Killed at a point in the hold, not after a protocol point.
-                        continue;
-                    }
+                let c = if held {
                     run_held_cell(mode, crisp, containerd, dir.path(), n, p).await?
                 } else {
                     run_cell(mode, crisp, dir.path(), n, p, a, &forward, MATRIX_DEADLINE).await?
