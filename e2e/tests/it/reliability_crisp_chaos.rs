@@ -13,7 +13,9 @@
 //! pods are removed.
 //!
 //! The kill matrix (issue #37, below) kills crisp instead at exact protocol points of kubelet's
-//! grpc-go connection and asks whether a call made then is answered before its deadline.
+//! grpc-go connection and asks whether a call made then is answered before its deadline; its
+//! held cells (issue #43) kill it while it holds an app's create and a sidecar's stop, and ask
+//! containerd whether the order was kept anyway.
 //! Nothing here runs one at a time: all of it runs side by side.
 
 use std::os::fd::AsRawFd;
