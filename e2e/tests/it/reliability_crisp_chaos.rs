@@ -768,8 +768,9 @@ const LATE_READY: Duration = Duration::from_millis(4500);
 /// kubelet's pace re-sending a failed CreateContainer (the emulator's error back-off).
 const CREATE_RETRY: Duration = Duration::from_millis(500);
 /// How late past its due time an app may be created: a retry's pace, a probe's turn and
-/// containerd's create. A clock restarted with crisp is `CREATE_KILL_AT` late.
-const CREATE_SLACK: Duration = Duration::from_millis(1500);
+/// containerd's create on a loaded node. A clock restarted with crisp is `CREATE_KILL_AT` late
+/// (and crisp's restart on top).
+const CREATE_SLACK: Duration = Duration::from_millis(2000);
 /// The held-stop pod's grace (StopContainer's timeout).
 const HELD_GRACE: i64 = 10;
 /// Into the sidecar's held stop when crisp is killed.
@@ -897,7 +898,10 @@ async fn run_held_cell(
     if point == "held-create" {
         cell.after_ms = CREATE_KILL_AT.as_millis() as u64;
         let mut pods = Vec::new();
-        for (name, ready_after) in [("late", LATE_READY), ("never", UP)] {
+        // Both sidecars first (`late`'s last: its readiness counts from its start), then both
+        // apps' creates together, so both holds are 3 s old at the kill.
+        let mut started = Vec::new();
+        for (name, ready_after) in [("never", UP), ("late", LATE_READY)] {
             let name = format!("{mode}-{n}-{name}");
             let sb = held_sandbox(&name, &logs);
             let cmd = format!(
@@ -906,6 +910,9 @@ async fn run_held_cell(
             );
             let (sandbox, proxy) = start_sidecar(&mut rt.clone(), &sb, &cmd).await?;
             sandboxes.push(sandbox.clone());
+            started.push((name, ready_after, sb, sandbox, proxy));
+        }
+        for (name, ready_after, sb, sandbox, proxy) in started {
             let app = busybox("app", "trap 'exit 0' TERM; while true; do sleep 0.1; done");
             let (tx, rx) = tokio::sync::oneshot::channel();
             let held_since = now_ns();
