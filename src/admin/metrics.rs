@@ -98,8 +98,8 @@ pub fn render_metrics(state: &AdminState) -> String {
 }
 
 /// The metrics of crisp's own faults that the watchdog, the relay and the log writer keep
-/// (docs/METRICS.md): relay-core panics, log lines dropped, the supervisor's own pauses, and
-/// the restart counters that survive the restart they count.
+/// (docs/METRICS.md): relay-core panics, every panic the hook saw, log lines dropped, the
+/// supervisor's own pauses, and the restart counters that survive the restart they count.
 fn register_own_faults(
     reg: &mut Registry,
     watchdog: &Arc<crate::watchdog::Watchdog>,
@@ -111,6 +111,12 @@ fn register_own_faults(
         "Panics of the relay core: a new stream's answered INTERNAL (its connection went on), \
          or a relay thread's (its connection closed).",
         move || f.relay_panics(),
+    )));
+    reg.register_collector(Box::new(ScrapedCounter::new(
+        "crisp_panics",
+        "Panics anywhere in crisp, on any thread, caught or not (the panic hook's count; each \
+         logged at ERROR with its thread and location).",
+        crate::telemetry::panics,
     )));
     reg.register_collector(Box::new(ScrapedCounter::new(
         "crisp_log_lines_dropped",

@@ -508,3 +508,67 @@ async fn watchdog_notifications_stop_while_crisp_is_wedged_and_resume_after() {
     assert!(text.contains("making progress again"), "{text}");
     drop(crisp);
 }
+
+/// Fails on 4288bb5 (checked: the log has Rust's default `thread 'crisp-relay…' panicked at
+/// src/watchdog.rs…` lines, which the panicking relay thread wrote to stderr itself, and no
+/// ERROR line): the daemon's panic hook logs each panic as one ERROR line through its
+/// non-blocking log writer — thread, location, payload — and the panicking thread writes
+/// nothing itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_logs_a_relay_threads_panic_through_its_log_writer() {
+    use crate::systemd_support::*;
+    let dir = tempfile::Builder::new()
+        .prefix("crisp-ph")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let rt = fake_runtime(&dir.path().join("runtime.sock"), false).await;
+    let faults = dir.path().join("faults");
+    std::fs::create_dir(&faults).unwrap();
+    std::fs::write(faults.join("panic-Version"), "").unwrap();
+    let sock = dir.path().join("crisp.sock");
+    let log = dir.path().join("crisp.log");
+    let mut c = crisp_command(
+        dir.path(),
+        &[
+            "--listen",
+            &sock.display().to_string(),
+            "--upstream",
+            &rt.path.display().to_string(),
+        ],
+        &log,
+    );
+    c.env("CRISP_TEST_FAULTS", &faults);
+    let crisp = spawn(c, &log);
+    // The hook's line (its target; the relay's own "crisp panicked on a call" comes too).
+    let hook_line = "crisp::panic:";
+    // One Version, answered INTERNAL (the relay core's panic, contained), once crisp listens.
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        match version(&sock).await {
+            Err(e) if e.starts_with("connect ") => {}
+            Err(_) => break,
+            Ok(v) => panic!("the fault did not fire: {v:?}"),
+        }
+        assert!(Instant::now() < deadline, "crisp never listened");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    while !crisp.log_text().contains(hook_line) {
+        assert!(
+            Instant::now() < deadline,
+            "no panic logged by the hook:\n{}",
+            crisp.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let text = crisp.log_text();
+    let line = text.lines().find(|l| l.contains(hook_line)).unwrap();
+    assert!(line.contains("ERROR"), "{line}");
+    assert!(line.contains("thread=crisp-"), "{line}");
+    assert!(line.contains("location=src/watchdog.rs:"), "{line}");
+    assert!(
+        line.contains("payload=injected fault: the relay core panics on Version"),
+        "{line}"
+    );
+    assert!(!text.contains("panicked at"), "{text}");
+    drop(crisp);
+}

@@ -13,7 +13,9 @@
 //! pods are removed.
 //!
 //! The kill matrix (issue #37, below) kills crisp instead at exact protocol points of kubelet's
-//! grpc-go connection and asks whether a call made then is answered before its deadline.
+//! grpc-go connection and asks whether a call made then is answered before its deadline; its
+//! held cells (issue #43) kill it while it holds an app's create and a sidecar's stop, and ask
+//! containerd whether the order was kept anyway.
 //! Nothing here runs one at a time: all of it runs side by side.
 
 use std::os::fd::AsRawFd;
@@ -26,7 +28,7 @@ use crate::reliability_support::*;
 use anyhow::{bail, ensure, Context, Result};
 use crisp_e2e::emulator::{Kubelet, KubeletConfig};
 use crisp_e2e::harness::{Containerd, ContainerdOpts};
-use crisp_e2e::stack::Stack;
+use crisp_e2e::stack::{secs, Stack};
 
 const UP: Duration = Duration::from_secs(120);
 /// crisp's start timeout here: also how long it refuses an app whose sidecar's start a kill
@@ -518,6 +520,11 @@ struct Cell {
     /// (None: not within MATRIX_BOUND).
     recovered_ms: Option<f64>,
     hang: bool,
+    /// The held cells: each way the ordering promise was broken (containerd's timestamps).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    broken: Vec<String>,
+    /// The cell's whole run, setup and checks included.
+    cell_ms: f64,
 }
 
 fn env_list<T: std::str::FromStr + Clone>(name: &str, default: &[T]) -> Vec<T> {
@@ -618,6 +625,7 @@ async fn run_cell(
             ..Default::default()
         },
     )?;
+    let began = Instant::now();
     let mut cell = Cell {
         mode,
         forward: forward.to_string(),
@@ -628,6 +636,8 @@ async fn run_cell(
         calls: Vec::new(),
         recovered_ms: None,
         hang: false,
+        broken: Vec::new(),
+        cell_ms: 0.0,
     };
     // request, response: a trigger call, then the runtime and image calls; queued: the trigger
     // and the queued runtime call; the others: the runtime and image calls.
@@ -694,6 +704,7 @@ async fn run_cell(
         // The trap never fired: crisp still runs the old instance; restart to keep cells apart.
         tokio::task::block_in_place(|| crisp.restart())?;
     }
+    cell.cell_ms = began.elapsed().as_secs_f64() * 1000.0;
     Ok(cell)
 }
 
@@ -727,9 +738,365 @@ async fn ok_again(socket: &Path, bound: Duration) -> Option<f64> {
     None
 }
 
-async fn run_matrix(mode: &'static str, crisp: &mut dyn Matrixable) -> Result<()> {
+// ---------------------------------------------------------------------------------------------
+// The held cells (issue #43): crisp SIGKILLed while it holds calls kubelet sent through the
+// grpc-go bridge (kubelet's transport), the kill placed by crisp's own hold gauge instead of a
+// protocol point. The test then sends only what kubelet sends again: a failed CreateContainer
+// of a pod that should run (its pod worker re-syncs after its error back-off; the emulator's
+// pace, 500 ms, here), never a failed StopContainer (kubelet 1.26 with a removed static pod,
+// issue #43 item 1). The promise is checked on containerd's own timestamps:
+//
+// - `held-create`: two pods whose apps' creates are held 3 s when crisp dies. Pod `late`'s
+//   sidecar gets ready 4.5 s after it starts: its app must be created after that, and within
+//   the start timeout of the original hold. Pod `never`'s sidecar is not ready within the cell:
+//   its app must be created at the start timeout counted from the *original* hold (not before,
+//   not 3 s later as a clock restarted with crisp would have it).
+// - `held-stop`: the app (3 s to exit on SIGTERM) and the sidecar stopped at once; crisp holds
+//   the sidecar's stop and dies 1 s into it. The sidecar must finish after the app and within
+//   the pod's grace counted from the first stop, with nobody sending its stop again.
+//
+// Either cell also requires an OK call through the same bridge once crisp is ready again.
+
+const HELD: [&str; 2] = ["held-create", "held-stop"];
+/// The held cells' pods' start timeout (`CRISP_CONFIG`).
+const HELD_TIMEOUT: Duration = START_TIMEOUT;
+/// Into the create holds when crisp is killed.
+const CREATE_KILL_AT: Duration = Duration::from_secs(3);
+/// Pod `late`'s sidecar is ready this long after it started: after the kill, before the
+/// timeout.
+const LATE_READY: Duration = Duration::from_millis(4500);
+/// kubelet's pace re-sending a failed CreateContainer (the emulator's error back-off).
+const CREATE_RETRY: Duration = Duration::from_millis(500);
+/// How late past its due time an app may be created: a retry's pace, a probe's turn and
+/// containerd's create on a loaded node. A clock restarted with crisp is `CREATE_KILL_AT` late
+/// (and crisp's restart on top).
+const CREATE_SLACK: Duration = Duration::from_millis(2000);
+/// The held-stop pod's grace (StopContainer's timeout).
+const HELD_GRACE: i64 = 10;
+/// Into the sidecar's held stop when crisp is killed.
+const STOP_KILL_AT: Duration = Duration::from_secs(1);
+
+type Runtime = k8s_cri::v1::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>;
+
+fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64)
+}
+
+/// A host-network sandbox whose sidecar `proxy` is ready once `/tmp/ready` exists.
+fn held_sandbox(name: &str, logs: &Path) -> k8s_cri::v1::PodSandboxConfig {
+    let mut sb = crisp_e2e::harness::host_network_sandbox(name, "kill-matrix", logs);
+    sb.annotations
+        .insert("crisp.dev/sidecars".into(), "proxy".into());
+    sb.annotations.insert(
+        "crisp.dev/ready.proxy".into(),
+        r#"exec:["test","-f","/tmp/ready"]"#.into(),
+    );
+    sb
+}
+
+fn busybox(name: &str, cmd: &str) -> k8s_cri::v1::ContainerConfig {
+    crisp_e2e::harness::shell_container(name, crisp_e2e::harness::BUSYBOX_IMAGE, cmd)
+}
+
+/// RunPodSandbox, then the sidecar created and started: (sandbox id, sidecar id).
+async fn start_sidecar(
+    rt: &mut Runtime,
+    sb: &k8s_cri::v1::PodSandboxConfig,
+    sidecar_cmd: &str,
+) -> Result<(String, String)> {
+    crisp_e2e::harness::run_pod_with(rt, sb, busybox("proxy", sidecar_cmd)).await
+}
+
+/// CreateContainer as kubelet's pod worker sends it: once, and again every `CREATE_RETRY`
+/// while it fails (crisp's death answers it UNAVAILABLE; grpc-go fails fast while it waits to
+/// reconnect). `first` gets the first attempt's code and ms; the answer is the container's id
+/// and when the attempt that got it was sent (wall clock, ns).
+async fn create_as_kubelet(
+    mut rt: Runtime,
+    sandbox: String,
+    sb: k8s_cri::v1::PodSandboxConfig,
+    config: k8s_cri::v1::ContainerConfig,
+    first: tokio::sync::oneshot::Sender<(String, f64)>,
+) -> Result<(String, i64)> {
+    let mut first = Some(first);
+    let give_up = Instant::now() + UP;
+    loop {
+        let t = Instant::now();
+        let sent = now_ns();
+        let mut req = tonic::Request::new(k8s_cri::v1::CreateContainerRequest {
+            pod_sandbox_id: sandbox.clone(),
+            config: Some(config.clone()),
+            sandbox_config: Some(sb.clone()),
+        });
+        req.set_timeout(Duration::from_secs(60));
+        let r = rt.create_container(req).await;
+        if let Some(tx) = first.take() {
+            let code = match &r {
+                Ok(_) => "OK".to_string(),
+                Err(s) => format!("{:?}", s.code()),
+            };
+            let _ = tx.send((code, t.elapsed().as_secs_f64() * 1000.0));
+        }
+        match r {
+            Ok(r) => return Ok((r.into_inner().container_id, sent)),
+            Err(e) if Instant::now() > give_up => bail!("CreateContainer: {e}"),
+            Err(_) => tokio::time::sleep(CREATE_RETRY).await,
+        }
+    }
+}
+
+/// Waits (`crisp_holds_in_flight`) until crisp holds at least `n` calls.
+async fn wait_holds(admin: &Path, n: f64) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while gauge(admin, "crisp_holds_in_flight").await.unwrap_or(0.0) < n {
+        ensure!(Instant::now() < deadline, "crisp never held {n} calls");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// One held cell (`held-create` or `held-stop`, see above) against the running crisp.
+async fn run_held_cell(
+    mode: &'static str,
+    crisp: &mut dyn Matrixable,
+    containerd: &Path,
+    dir: &Path,
+    n: usize,
+    point: &str,
+) -> Result<Cell> {
+    let began = Instant::now();
+    let bridge = crisp_e2e::grpcgo::GoBridge::start(
+        &dir.join(format!("bridge-{n}.sock")),
+        &crisp.socket_path(),
+        Default::default(),
+    )?;
+    let logs = dir.join(format!("logs-{n}"));
+    std::fs::create_dir_all(&logs)?;
+    let (rt, _) = crisp_e2e::harness::cri_clients(bridge.socket()).await?;
+    let (mut direct, _) = crisp_e2e::harness::cri_clients(containerd).await?;
+    let mut cell = Cell {
+        mode,
+        forward: "invoke".into(),
+        point: point.to_string(),
+        after_ms: 0,
+        killed: false,
+        restart_ms: 0.0,
+        calls: Vec::new(),
+        recovered_ms: None,
+        hang: false,
+        broken: Vec::new(),
+        cell_ms: 0.0,
+    };
+    let restart = |cell: &mut Cell, crisp: &mut dyn Matrixable| -> Result<()> {
+        let t = Instant::now();
+        tokio::task::block_in_place(|| crisp.restart()).context("restarting crisp")?;
+        cell.killed = true;
+        cell.restart_ms = t.elapsed().as_secs_f64() * 1000.0;
+        Ok(())
+    };
+    let mut sandboxes = Vec::new();
+    if point == "held-create" {
+        cell.after_ms = CREATE_KILL_AT.as_millis() as u64;
+        let mut pods = Vec::new();
+        // Both sidecars first (`late`'s last: its readiness counts from its start), then both
+        // apps' creates together, so both holds are 3 s old at the kill.
+        let mut started = Vec::new();
+        for (name, ready_after) in [("never", UP), ("late", LATE_READY)] {
+            let name = format!("{mode}-{n}-{name}");
+            let sb = held_sandbox(&name, &logs);
+            let cmd = format!(
+                "trap 'exit 0' TERM; sleep {:.1}; touch /tmp/ready; sleep 3600 & wait",
+                ready_after.as_secs_f64()
+            );
+            let (sandbox, proxy) = start_sidecar(&mut rt.clone(), &sb, &cmd).await?;
+            sandboxes.push(sandbox.clone());
+            started.push((name, ready_after, sb, sandbox, proxy));
+        }
+        for (name, ready_after, sb, sandbox, proxy) in started {
+            let app = busybox("app", "trap 'exit 0' TERM; while true; do sleep 0.1; done");
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let held_since = now_ns();
+            let task = tokio::spawn(create_as_kubelet(rt.clone(), sandbox, sb, app, tx));
+            pods.push((name, ready_after, proxy, held_since, task, rx));
+        }
+        wait_holds(&crisp.admin(), 2.0).await?;
+        let first_hold = pods.iter().map(|p| p.3).min().unwrap_or_default();
+        let kill_at = first_hold + CREATE_KILL_AT.as_nanos() as i64;
+        tokio::time::sleep(Duration::from_nanos((kill_at - now_ns()).max(0) as u64)).await;
+        ensure!(
+            pods.iter().all(|p| !p.4.is_finished()),
+            "an app's create was not held {CREATE_KILL_AT:?}"
+        );
+        restart(&mut cell, crisp)?;
+        for (name, ready_after, proxy, held_since, task, rx) in pods {
+            let (app, last_sent) = tokio::time::timeout(UP, task)
+                .await
+                .with_context(|| format!("{name}: the app was never created"))???;
+            if let Ok((code, ms)) = rx.await {
+                cell.calls
+                    .push((format!("create {name}"), code, ms, f64::NAN));
+            }
+            let proxy = crisp_e2e::harness::container_status(&mut direct, &proxy).await?;
+            let app = crisp_e2e::harness::container_status(&mut direct, &app).await?;
+            let timeout = HELD_TIMEOUT.as_nanos() as i64;
+            let slack = CREATE_SLACK.as_nanos() as i64;
+            let ready = proxy.started_at + ready_after.as_nanos() as i64;
+            // Due: when the sidecar got ready, or at the start timeout of the first hold.
+            let due = ready.min(held_since + timeout);
+            if app.created_at < due {
+                cell.broken.push(format!(
+                    "{name}: app created {:.2} s before it was due (its sidecar not ready, the \
+                     start timeout counted from the first hold not over)",
+                    secs(due - app.created_at)
+                ));
+            }
+            // A create can be answered no sooner than kubelet sent it: when grpc-go's reconnect
+            // brings the retry after its due time, the retry is due at once.
+            if app.created_at > due.max(last_sent) + slack {
+                cell.broken.push(format!(
+                    "{name}: app created {:.2} s after it was due (the first hold + {:?} \
+                     start timeout, or its sidecar's readiness; retry sent {:.2} s after the \
+                     first hold)",
+                    secs(app.created_at - due.max(last_sent)),
+                    HELD_TIMEOUT,
+                    secs(last_sent - held_since)
+                ));
+            }
+            let sidecar = if ready <= app.created_at {
+                format!(
+                    "{:.2} s after its sidecar was ready",
+                    secs(app.created_at - ready)
+                )
+            } else {
+                "its sidecar not ready".to_string()
+            };
+            eprintln!(
+                "kill matrix {mode} held-create {name}: app created {:.2} s after its first \
+                 hold ({sidecar}), due {:.2} s, the answered retry sent at {:.2} s",
+                secs(app.created_at - held_since),
+                secs(due - held_since),
+                secs(last_sent - held_since)
+            );
+        }
+    } else {
+        cell.after_ms = STOP_KILL_AT.as_millis() as u64;
+        let name = format!("{mode}-{n}-stop");
+        let sb = held_sandbox(&name, &logs);
+        let mut rt1 = rt.clone();
+        let (sandbox, proxy) = start_sidecar(
+            &mut rt1,
+            &sb,
+            "trap 'exit 0' TERM; touch /tmp/ready; sleep 3600 & wait",
+        )
+        .await?;
+        sandboxes.push(sandbox.clone());
+        let app = crisp_e2e::harness::create_and_start(
+            &mut rt1,
+            &sandbox,
+            &sb,
+            busybox(
+                "app",
+                "trap 'sleep 3; exit 0' TERM; while true; do sleep 0.1; done",
+            ),
+        )
+        .await?;
+        // "kubelet" stops the pod: the app's stop and the sidecar's at once, each sent once.
+        let stop = |id: String, mut rt: Runtime| {
+            tokio::spawn(async move {
+                let t = Instant::now();
+                let mut req = tonic::Request::new(k8s_cri::v1::StopContainerRequest {
+                    container_id: id,
+                    timeout: HELD_GRACE,
+                });
+                req.set_timeout(Duration::from_secs(HELD_GRACE as u64 + 30));
+                let r = rt.stop_container(req).await;
+                (r.map(|_| ()), t.elapsed().as_secs_f64() * 1000.0)
+            })
+        };
+        let first_stop = now_ns();
+        let app_stop = stop(app.clone(), rt.clone());
+        let proxy_stop = stop(proxy.clone(), rt.clone());
+        wait_holds(&crisp.admin(), 1.0).await?;
+        let kill_at = first_stop + STOP_KILL_AT.as_nanos() as i64;
+        tokio::time::sleep(Duration::from_nanos((kill_at - now_ns()).max(0) as u64)).await;
+        ensure!(!proxy_stop.is_finished(), "the sidecar's stop was not held");
+        restart(&mut cell, crisp)?;
+        for (what, task) in [("stop app", app_stop), ("stop proxy", proxy_stop)] {
+            let (r, ms) = task.await?;
+            let code = r.map_or_else(|s| format!("{:?}", s.code()), |_| "OK".into());
+            cell.calls.push((what.into(), code, ms, f64::NAN));
+        }
+        let exited = |s: &k8s_cri::v1::ContainerStatus| s.finished_at > 0;
+        let grace = Duration::from_secs(HELD_GRACE as u64 + 5);
+        let proxy =
+            crisp_e2e::harness::wait_container(&mut direct, &proxy, "exited", grace, exited).await;
+        let app = crisp_e2e::harness::container_status(&mut direct, &app).await?;
+        match proxy {
+            Err(e) => cell
+                .broken
+                .push(format!("{name}: the sidecar was never stopped: {e:#}")),
+            Ok(proxy) => {
+                if app.finished_at == 0 {
+                    cell.broken.push(format!(
+                        "{name}: the sidecar finished while the app still ran"
+                    ));
+                } else if proxy.finished_at < app.finished_at {
+                    cell.broken.push(format!(
+                        "{name}: the sidecar finished {:.2} s before the app",
+                        secs(app.finished_at - proxy.finished_at)
+                    ));
+                }
+                if proxy.finished_at - first_stop > HELD_GRACE * 1_000_000_000 {
+                    cell.broken.push(format!(
+                        "{name}: the sidecar finished {:.2} s after the first stop, grace {HELD_GRACE} s",
+                        secs(proxy.finished_at - first_stop)
+                    ));
+                }
+                eprintln!(
+                    "kill matrix {mode} held-stop: sidecar finished {:.2} s after the app, \
+                     {:.2} s after the first stop",
+                    secs(proxy.finished_at - app.finished_at),
+                    secs(proxy.finished_at - first_stop)
+                );
+            }
+        }
+    }
+    cell.recovered_ms = ok_again(bridge.socket(), MATRIX_BOUND).await;
+    cell.hang = cell.recovered_ms.is_none();
+    if cell.hang || !cell.broken.is_empty() {
+        eprintln!(
+            "=== kill matrix: {mode} {point} FAILED: {cell:?}\n--- crisp's log ---\n{}\n--- grpc-go bridge log ---\n{}",
+            crisp.last_log(),
+            bridge.log_text()
+        );
+    }
+    // The pods go straight through containerd: the next cells start from an idle node.
+    for sandbox in sandboxes {
+        let _ = direct
+            .stop_pod_sandbox(k8s_cri::v1::StopPodSandboxRequest {
+                pod_sandbox_id: sandbox.clone(),
+            })
+            .await;
+        let _ = direct
+            .remove_pod_sandbox(k8s_cri::v1::RemovePodSandboxRequest {
+                pod_sandbox_id: sandbox,
+            })
+            .await;
+    }
+    cell.cell_ms = began.elapsed().as_secs_f64() * 1000.0;
+    Ok(cell)
+}
+
+async fn run_matrix(
+    mode: &'static str,
+    crisp: &mut dyn Matrixable,
+    containerd: &Path,
+) -> Result<()> {
     let passes = env_usize("CRISP_MATRIX_PASSES", 1);
-    let points: Vec<String> = env_list("CRISP_MATRIX_POINTS", &POINTS.map(String::from));
+    let all: Vec<String> = POINTS.iter().chain(&HELD).map(|p| p.to_string()).collect();
+    let points: Vec<String> = env_list("CRISP_MATRIX_POINTS", &all);
     let afters: Vec<u64> = env_list("CRISP_MATRIX_AFTER_MS", &AFTER_MS);
     let forward = std::env::var("CRISP_MATRIX_FORWARD").unwrap_or_else(|_| "invoke".into());
     let dir = tempfile::Builder::new().prefix("crisp-matrix-").tempdir()?;
@@ -743,9 +1110,17 @@ async fn run_matrix(mode: &'static str, crisp: &mut dyn Matrixable) -> Result<()
                     // Its call is queued before the kill: no "later".
                     continue;
                 }
+                let held = HELD.contains(&p.as_str());
+                if held && a != afters[0] {
+                    // Killed at a point in the hold, not after a protocol point: run once.
+                    continue;
+                }
                 n += 1;
-                let c =
-                    run_cell(mode, crisp, dir.path(), n, p, a, &forward, MATRIX_DEADLINE).await?;
+                let c = if held {
+                    run_held_cell(mode, crisp, containerd, dir.path(), n, p).await?
+                } else {
+                    run_cell(mode, crisp, dir.path(), n, p, a, &forward, MATRIX_DEADLINE).await?
+                };
                 if let Some(o) = &out {
                     use std::io::Write;
                     let mut f = std::fs::OpenOptions::new()
@@ -761,9 +1136,11 @@ async fn run_matrix(mode: &'static str, crisp: &mut dyn Matrixable) -> Result<()
     let hangs: Vec<&Cell> = cells.iter().filter(|c| c.hang).collect();
     for p in &points {
         for &a in &afters {
+            // A held cell's after_ms is its kill's time into the hold: listed once.
+            let held = HELD.contains(&p.as_str());
             let these: Vec<&Cell> = cells
                 .iter()
-                .filter(|c| &c.point == p && c.after_ms == a)
+                .filter(|c| &c.point == p && (c.after_ms == a || (held && a == afters[0])))
                 .collect();
             if these.is_empty() {
                 continue;
@@ -781,13 +1158,27 @@ async fn run_matrix(mode: &'static str, crisp: &mut dyn Matrixable) -> Result<()
                 .iter()
                 .filter_map(|c| c.recovered_ms)
                 .fold(0.0, f64::max);
+            let longest = these.iter().map(|c| c.cell_ms).fold(0.0, f64::max);
+            // A held cell's kill: this far into the hold.
+            let a = if held { these[0].after_ms } else { a };
             eprintln!(
-                "kill matrix {mode} ({forward}) {p:>8} +{a:>4} ms: {} runs, {} hangs, {unavailable} UNAVAILABLE, slowest call {max:.1} ms, OK again after ≤ {recovered:.1} ms",
+                "kill matrix {mode} ({forward}) {p:>8} +{a:>4} ms: {} runs, {} hangs, {} broken, {unavailable} UNAVAILABLE, slowest call {max:.1} ms, OK again after ≤ {recovered:.1} ms, cell ≤ {longest:.0} ms",
                 these.len(),
-                these.iter().filter(|c| c.hang).count()
+                these.iter().filter(|c| c.hang).count(),
+                these.iter().filter(|c| !c.broken.is_empty()).count()
             );
         }
     }
+    let broken: Vec<&String> = cells.iter().flat_map(|c| &c.broken).collect();
+    ensure!(
+        broken.is_empty(),
+        "crisp's death broke the ordering of calls it held:\n{}",
+        broken
+            .iter()
+            .map(|b| b.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     ensure!(
         hangs.is_empty(),
         "{} of {} kill-matrix cells had a call unanswered, or no OK call once crisp was ready again, within {MATRIX_BOUND:?}: {hangs:?}",
@@ -808,7 +1199,7 @@ async fn kill_matrix_plain() -> Result<()> {
             log_level: Some(CHAOS_LOG.to_string()),
         },
     )?;
-    run_matrix("plain", &mut crisp).await
+    run_matrix("plain", &mut crisp, containerd.socket()).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -816,7 +1207,7 @@ async fn kill_matrix_socket_activated() -> Result<()> {
     crisp_e2e::harness::require_root();
     let containerd = Containerd::start_async(ContainerdOpts { cni: false }).await?;
     let mut crisp = Activated::start(containerd.socket())?;
-    run_matrix("socket-activated", &mut crisp).await
+    run_matrix("socket-activated", &mut crisp, containerd.socket()).await
 }
 
 /// The chaos hang, reproduced deterministically: the bridge's runtime connection's writer is
