@@ -680,6 +680,16 @@ pub(crate) fn run_shape(
         },
     );
     let ids = rt.containers(s.name);
+    // A container kubelet re-created: its times below are the newest instance's, which can
+    // make an ordered pod look unordered (or the reverse); say so.
+    let again: Vec<String> = ids
+        .iter()
+        .filter(|(_, (_, attempt))| *attempt > 0)
+        .map(|(name, (_, attempt))| format!("{name} attempt {attempt}"))
+        .collect();
+    if !again.is_empty() {
+        eprintln!("attempts| {}: re-created: {}", s.name, again.join(", "));
+    }
     let mut times = rt.pod_times(s.name);
     let o = cluster.kubectl(&["delete", "pod", s.name, "--wait=false"]);
     assert!(o.ok(), "delete {}: {}", s.name, o.all());
