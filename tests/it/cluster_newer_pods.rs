@@ -195,9 +195,9 @@ fn wall_ns() -> i64 {
 }
 
 /// The non-UTF-8 Secret and the pod that prints its env var's bytes, then sleeps.
-const BINARY_ENV: &str = "apiVersion: v1\nkind: Secret\nmetadata:\n  name: lane-binary\n  namespace: default\ndata:\n  v: //5B\n---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: binenv\n  namespace: default\nspec:\n  automountServiceAccountToken: false\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: app\n    image: crisp.test/busybox:latest\n    imagePullPolicy: IfNotPresent\n    command: [\"sh\", \"-c\", \"printenv BIN | od -An -tx1; exec sleep 3600\"]\n    env:\n    - name: BIN\n      valueFrom:\n        secretKeyRef:\n          name: lane-binary\n          key: v\n";
+const BINARY_ENV: &str = "apiVersion: v1\nkind: Secret\nmetadata:\n  name: lane-binary\n  namespace: default\ndata:\n  v: //5B\n---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: binenv\n  namespace: default\nspec:\n  automountServiceAccountToken: false\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: app\n    image: crisp.test/busybox:latest\n    imagePullPolicy: IfNotPresent\n    command: [\"sh\", \"-c\", \"printf %s \\\"$BIN\\\" | od -An -tx1; exec sleep 3600\"]\n    env:\n    - name: BIN\n      valueFrom:\n        secretKeyRef:\n          name: lane-binary\n          key: v\n";
 
-/// The bytes the container printed for its env var (`od -An -tx1` of `printenv`), after the
+/// The bytes the container printed for its env var (`od -An -tx1` of its value), after the
 /// pod ran; deletes the pod.
 fn run_binary_env(cluster: &Cluster) -> String {
     cluster.apply(BINARY_ENV);
