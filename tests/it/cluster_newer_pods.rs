@@ -313,7 +313,25 @@ pub(crate) fn run(
             "inplace| 1.{minor} {via:6} same sandbox; second sidecar started → second app created {gap:.0} ms (ready after {} ms); {kill}",
             READY_AFTER.as_millis()
         );
-        if tap.is_some() {
+        if let Some(tap) = tap {
+            // kubelet kills the others one by one, in reverse order, with no grace
+            // (`kuberuntime_manager.go`, ContainersToReset, 1.36.3): a StopContainer with
+            // timeout 0, which leaves crisp no budget to hold it in, so it stays out.
+            let stops: Vec<f64> = tap
+                .lines()
+                .iter()
+                .filter(|l| l["pod_name"] == name.as_str() && l["method"] == "StopContainer")
+                .filter_map(|l| l["held_ms"].as_f64())
+                .collect();
+            let longest = stops.iter().copied().fold(0.0, f64::max);
+            eprintln!(
+                "inplace| 1.{minor} crisp  {} StopContainer call(s), held at most {longest:.1} ms",
+                stops.len()
+            );
+            assert!(
+                longest < 1000.0,
+                "{name}: crisp held a stop of the in-place restart {longest:.0} ms"
+            );
             assert!(
                 gap >= READY_AFTER.as_millis() as f64 - 100.0,
                 "{name}: after the in-place restart the app was created {gap:.0} ms after its sidecar started, before it was ready: apps {:?} proxies {:?}",
