@@ -322,7 +322,8 @@ pub(crate) fn run(
                 .iter()
                 .filter(|l| l["pod_name"] == name.as_str() && l["method"] == "StopContainer")
                 // The pod's deletion at the end stops with its grace (15 s), held as usual.
-                .filter(|l| l["request"]["timeout"].as_i64().unwrap_or(0) == 0)
+                // Calls only (a hold event has no request).
+                .filter(|l| l.get("hold").is_none() && l["request"]["timeout"].as_i64() == Some(0))
                 .filter_map(|l| l["held_ms"].as_f64())
                 .collect();
             let longest = stops.iter().copied().fold(0.0, f64::max);
