@@ -350,11 +350,19 @@ impl Runtime {
         }
     }
 
-    /// The pod's containers, name → (id, attempt), the latest attempt of each.
+    /// The pod's containers, name → (id, attempt), the latest attempt of each, in the pod's
+    /// newest sandbox: the lane runs each pod twice under one name (direct, then through
+    /// crisp), and the direct run's exited containers can still be listed when kubelet has not
+    /// removed them yet. Read by name alone, they were taken for the second run's (equal
+    /// attempt 0) and made an ordered pod look unordered: the 1.36 lane's "mixed" failures of
+    /// 2026-11-29 (runs c and a later one, whose crisp journal showed the app held 2,660 ms
+    /// until its sidecar was ready while the times read were the direct run's).
     pub(crate) fn containers(&self, pod: &str) -> BTreeMap<String, (String, u32)> {
+        let sandbox = self.sandbox_id(pod);
         self.rt.block_on(async {
             let mut c = crate::support::runtime_client(&self.sock).await;
             let filter = cri::ContainerFilter {
+                pod_sandbox_id: sandbox,
                 label_selector: pod_labels(pod),
                 ..Default::default()
             };
