@@ -330,6 +330,37 @@ pub(crate) fn run(
                 .filter_map(|l| l["held_ms"].as_f64())
                 .collect();
             let longest = stops.iter().copied().fold(0.0, f64::max);
+            // The pod's container calls and holds as the tap showed them, for the log.
+            let seen: Vec<String> = tap
+                .lines()
+                .iter()
+                .filter(|l| {
+                    l["pod_name"] == name.as_str()
+                        && l["method"]
+                            .as_str()
+                            .is_some_and(|m| m.ends_with("Container"))
+                })
+                .map(|l| {
+                    format!(
+                        "{} {} {} {}{} held {} ms code {} {}",
+                        l["time"].as_str().unwrap_or(""),
+                        l["method"].as_str().unwrap_or(""),
+                        l["container_name"].as_str().unwrap_or(""),
+                        l.get("hold")
+                            .map_or(String::new(), |h| format!("hold {h} ")),
+                        l["request"]["timeout"]
+                            .as_i64()
+                            .map_or(String::new(), |t| format!("timeout {t} s")),
+                        l["held_ms"],
+                        l["code"],
+                        l["message"].as_str().unwrap_or("")
+                    )
+                })
+                .collect();
+            eprintln!(
+                "inplace| 1.{minor} crisp  the tap on {name}:\n  {}",
+                seen.join("\n  ")
+            );
             eprintln!(
                 "inplace| 1.{minor} crisp  the restart's kill: {} StopContainer call(s) (timeout < the pod's 15 s grace), held at most {longest:.1} ms",
                 stops.len()
