@@ -29,7 +29,8 @@
 #   kubelet-1.34     crisp, a Job, kubelet's and crisp's spans in one trace, crisp killed mid-hold,
 #   kubelet-1.35     RuntimeConfig, a pull secret, traceparent unchanged (~4 min each); 1.35 and
 #   kubelet-1.36     1.36 with `failCgroupV1: false` (these hosts run cgroup v1) and without
-#                    --pod-infra-container-image (gone from 1.35)
+#                    --pod-infra-container-image (gone from 1.35); 1.35+: a restart rule, 1.36: a
+#                    pod restarted in place, bytes in env, CRIListStreaming on (issue #45)
 #   kubelet-1.34-containerd2  cluster_runtimes::kubelet_on_containerd_2_through_crisp: kubelet 1.34
 #                    on containerd 2.x (NRI on), direct and through crisp: the pods above, an
 #                    in-place resize, an image volume, RuntimeConfig answered by containerd (~3 min)

@@ -24,6 +24,11 @@
 //!   still ordered; RuntimeConfig in the tap with the runtime's answer (containerd 1.6: its own
 //!   Unimplemented, which kubelet's journal shows it fell back on, exactly as direct); a
 //!   PullImage with an imagePullSecret, the credentials absent from the tap.
+//! - 1.35 and 1.36 (issue #45, `cluster_newer_pods.rs`), direct and through crisp: an app
+//!   restarted by a restart rule (not held again), a pod restarted in place (its second start
+//!   ordered like the first), a non-UTF-8 env value (the same bytes in the container, decoded
+//!   and redacted in the tap) and, with `CRIListStreaming` on in 1.36, the streamed lists
+//!   answered by containerd itself.
 //! - tracing: kubelet → recorder A → crisp → recorder B → containerd. The recorders (byte relays
 //!   in this process, on sockets inside the node, reading the client's header blocks with their
 //!   own HPACK decoder) keep each call's `traceparent`, `tracestate` and `baggage`; every call A
@@ -76,6 +81,11 @@ pub(crate) fn kubelet_config(minor: u32) -> String {
     let mut gates = String::new();
     if (28..34).contains(&minor) {
         gates += "  KubeletCgroupDriverFromCRI: true\n";
+    }
+    if minor >= 36 {
+        // Streamed lists (KEP-5825, alpha in 1.36): kubelet falls back to the unary lists on
+        // the runtime's Unimplemented (issue #45; `cluster_newer_pods::streamed_lists`).
+        gates += "  CRIListStreaming: true\n";
     }
     if minor < 27 {
         // alpha before 1.27: the harness's own check on the 1.26 binaries
@@ -340,11 +350,19 @@ impl Runtime {
         }
     }
 
-    /// The pod's containers, name → (id, attempt), the latest attempt of each.
+    /// The pod's containers, name → (id, attempt), the latest attempt of each, in the pod's
+    /// newest sandbox: the lane runs each pod twice under one name (direct, then through
+    /// crisp), and the direct run's exited containers can still be listed when kubelet has not
+    /// removed them yet. Read by name alone, they were taken for the second run's (equal
+    /// attempt 0) and made an ordered pod look unordered: the 1.36 lane's "mixed" failures of
+    /// 2026-11-29 (runs c and a later one, whose crisp journal showed the app held 2,660 ms
+    /// until its sidecar was ready while the times read were the direct run's).
     pub(crate) fn containers(&self, pod: &str) -> BTreeMap<String, (String, u32)> {
+        let sandbox = self.sandbox_id(pod);
         self.rt.block_on(async {
             let mut c = crate::support::runtime_client(&self.sock).await;
             let filter = cri::ContainerFilter {
+                pod_sandbox_id: sandbox,
                 label_selector: pod_labels(pod),
                 ..Default::default()
             };
@@ -433,7 +451,7 @@ impl Runtime {
 
 // --- pods ------------------------------------------------------------------------------------
 
-const APP: &str =
+pub(crate) const APP: &str =
     "trap 'sleep 2; exit 0' TERM; echo app up; while true; do sleep 1 & wait $!; done";
 /// How long a sidecar takes to turn ready after it started.
 pub(crate) const READY_AFTER: Duration = Duration::from_secs(3);
@@ -670,6 +688,16 @@ pub(crate) fn run_shape(
         },
     );
     let ids = rt.containers(s.name);
+    // A container kubelet re-created: its times below are the newest instance's, which can
+    // make an ordered pod look unordered (or the reverse); say so.
+    let again: Vec<String> = ids
+        .iter()
+        .filter(|(_, (_, attempt))| *attempt > 0)
+        .map(|(name, (_, attempt))| format!("{name} attempt {attempt}"))
+        .collect();
+    if !again.is_empty() {
+        eprintln!("attempts| {}: re-created: {}", s.name, again.join(", "));
+    }
     let mut times = rt.pod_times(s.name);
     let o = cluster.kubectl(&["delete", "pod", s.name, "--wait=false"]);
     assert!(o.ok(), "delete {}: {}", s.name, o.all());
@@ -939,6 +967,8 @@ fn a_newer_kubelet_through_crisp() {
         }
         direct.insert(s.name, g);
     }
+    // Restart rules, an in-place pod restart, bytes in env (1.35+, 1.36+).
+    let direct_rows = crate::cluster_newer_pods::run(&cluster, &rt, minor, "direct", None);
 
     // 2. Through crisp, its tap attached before kubelet's first call.
     node.put("/etc/crisp/config.toml", crisp_config().as_bytes(), 0o644);
@@ -1029,6 +1059,21 @@ fn a_newer_kubelet_through_crisp() {
         }
         eprintln!("stops| 1.{minor} crisp  {:8} {}", s.name, stop_order(&t));
         through.insert(s.name, g);
+    }
+    let rows = crate::cluster_newer_pods::run(&cluster, &rt, minor, "crisp", Some(&tap));
+    if let (Some(d), Some(c)) = (direct_rows.rule_recreate_ms, rows.rule_recreate_ms) {
+        eprintln!(
+            "rule| 1.{minor}: app exit → re-created: direct {d:.0} ms, through crisp {c:.0} ms"
+        );
+    }
+    if let (Some(d), Some(c)) = (direct_rows.in_place_create_ms, rows.in_place_create_ms) {
+        eprintln!("inplace| 1.{minor}: second sidecar started → second app created: direct {d:.0} ms, through crisp {c:.0} ms");
+    }
+    if let (Some(d), Some(c)) = (&direct_rows.env_bytes, &rows.env_bytes) {
+        assert_eq!(d, c, "the non-UTF-8 env value differs through crisp");
+    }
+    if minor >= 36 {
+        crate::cluster_newer_pods::streamed_lists(&tap, minor);
     }
     // The native sidecar is kubelet's: crisp held and refused none of its calls.
     let native_holds: Vec<serde_json::Value> = tap
