@@ -59,7 +59,13 @@ pub struct Step {
     /// The request as the tap decoded (and redacted) it; `None` when not recorded.
     pub(crate) request: Option<Value>,
     pub(crate) request_bytes: u64,
+    /// The recording should have the request and does not: the tap never saw it (crisp
+    /// refused the call before forwarding it), or the recording was made without `--full`.
+    pub(crate) request_missing: bool,
+    /// The request was not recorded and is the one of this later call: kubelet's retry of it.
+    pub(crate) borrowed: Option<usize>,
     pub(crate) response: Option<Value>,
+    pub(crate) response_bytes: u64,
     /// The ids the tap named on the call's line.
     pub(crate) pod_sandbox_id: String,
     pub(crate) container_id: String,
@@ -127,7 +133,7 @@ impl Plan {
     pub fn without_request(&self) -> usize {
         self.steps
             .iter()
-            .filter(|s| s.request.is_none() && s.request_bytes > 0)
+            .filter(|s| s.request.is_none() && (s.request_missing || s.request_bytes > 0))
             .count()
     }
 
@@ -202,12 +208,45 @@ pub fn plan(input: impl BufRead, pod: Option<&str>, all: bool) -> Result<Plan, P
         s.index = i;
         s.offset -= t0;
     }
+    borrow_retries(&mut steps);
     Ok(Plan {
         steps,
         scope,
         polling_left_out,
         malformed,
     })
+}
+
+/// Fills the requests the recording lacks from kubelet's retries. A call crisp refused never
+/// reached the tap's request view (the engine answered it before forwarding): the recording has
+/// its status but not its request. kubelet sends the same request again (a CreateContainer
+/// refused is retried with the same config and attempt), so the next call of the same method on
+/// the same sandbox and target stands for it, and the report says so.
+fn borrow_retries(steps: &mut [Step]) {
+    let full = steps.iter().any(|s| s.request.is_some());
+    for i in 0..steps.len() {
+        let s = &steps[i];
+        // Without --full an answered call with 0 request bytes had an empty request.
+        let never_seen = s.recorded.code != Some(0) && s.response_bytes == 0;
+        if s.request.is_some() || !(full || never_seen || s.request_bytes > 0) {
+            continue;
+        }
+        let retry = steps[i + 1..].iter().find(|r| {
+            r.request.is_some()
+                && r.method == s.method
+                && r.target == s.target
+                && !r.pod_sandbox_id.is_empty()
+                && r.pod_sandbox_id == s.pod_sandbox_id
+        });
+        let (request, borrowed) = match retry {
+            Some(r) => (r.request.clone(), Some(r.index)),
+            None => (None, None),
+        };
+        let s = &mut steps[i];
+        s.request_missing = true;
+        s.request = request;
+        s.borrowed = borrowed;
+    }
 }
 
 /// One call line as a step; `offset` is its start since the Unix epoch until [`plan`] makes it
@@ -248,8 +287,11 @@ fn step(c: &timeline::Call, mut v: Value) -> Step {
         request_bytes: v.get("request_bytes").and_then(Value::as_u64).unwrap_or(0),
         pod_sandbox_id: c.pod_sandbox_id.clone(),
         container_id: c.container_id.clone(),
+        response_bytes: v.get("response_bytes").and_then(Value::as_u64).unwrap_or(0),
         request: object(&mut v, "request"),
         response: object(&mut v, "response"),
+        request_missing: false,
+        borrowed: None,
         path,
         rpc,
     }

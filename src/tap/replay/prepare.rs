@@ -114,7 +114,9 @@ pub(crate) fn prepare(step: &Step, ids: &mut IdMap, fresh_uid: &str) -> Result<P
     let mut json = match &step.request {
         Some(v) => v.clone(),
         // An empty request is recorded by its size alone.
-        None if step.request_bytes == 0 => Value::Object(Default::default()),
+        None if step.request_bytes == 0 && !step.request_missing => {
+            Value::Object(Default::default())
+        }
         None => return Err(NotSent::NotRecorded),
     };
     let mut redacted = Vec::new();

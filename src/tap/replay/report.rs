@@ -211,18 +211,25 @@ impl Report {
             .steps
             .iter()
             .zip(&self.outcomes)
-            .filter_map(|(s, o)| match o {
-                Outcome::Sent { note: Some(n), .. } => Some(format!(
-                    "  #{} {} {}: {n}",
+            .flat_map(|(s, o)| {
+                let name = format!(
+                    "  #{} {} {}",
                     s.index + 1,
                     s.method,
                     tenant::cut(&s.target, 64)
-                )),
-                _ => None,
+                );
+                let mut lines: Vec<String> = borrowed_note(s)
+                    .into_iter()
+                    .map(|n| format!("{name}: {n}"))
+                    .collect();
+                if let Outcome::Sent { note: Some(n), .. } = o {
+                    lines.push(format!("{name}: {n}"));
+                }
+                lines
             })
             .collect();
         if !notes.is_empty() {
-            out.push_str("\nids mapped by name:\n");
+            out.push_str("\nnotes:\n");
             out.push_str(&notes.join("\n"));
             out.push('\n');
         }
@@ -382,9 +389,9 @@ impl Report {
                             .iter()
                             .map(|(r, n)| json!({"recorded": r, "now": n}))
                             .collect::<Vec<_>>());
-                        if let Some(n) = note {
-                            v["note"] = json!(n);
-                        }
+                        let notes: Vec<String> =
+                            borrowed_note(s).into_iter().chain(note.clone()).collect();
+                        v["notes"] = json!(notes);
                     }
                     Outcome::NotSent(why) => v["not_sent"] = json!(why.to_string()),
                 }
@@ -407,6 +414,17 @@ impl Report {
             },
         })
     }
+}
+
+/// What the report says of a request the recording lacked and a retry stood in for.
+fn borrowed_note(s: &Step) -> Option<String> {
+    s.borrowed.map(|j| {
+        format!(
+            "request not recorded (crisp answered the call before the tap read it): sent with \
+             the request of kubelet's retry, #{}",
+            j + 1
+        )
+    })
 }
 
 fn kind(d: &Difference) -> &'static str {

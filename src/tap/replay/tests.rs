@@ -28,7 +28,7 @@ fn line(id: u64, at_ms: u64, method: &str, kind: &str, code: i64, extra: Value) 
 
 fn recording() -> String {
     [
-        line(1, 0, "Version", "polling", 0, json!({"request_bytes": 0})),
+        line(1, 0, "Version", "polling", 0, json!({"request_bytes": 0, "request": {}})),
         line(
             2,
             100,
@@ -296,4 +296,38 @@ fn reports_say_what_differs_and_what_was_redacted() {
         Some(true)
     );
     assert_eq!(v["ids"][0]["now"], "u-replay-1");
+}
+
+/// crisp refused the app's first CreateContainer before the tap read its request: the
+/// recording has its status only. kubelet's retry (same sandbox, same container) stands in for
+/// it, and the report says so; without a retry it is not sent.
+#[test]
+fn a_refused_calls_request_comes_from_kubelets_retry() {
+    let who = json!({"pod_namespace": "demo", "pod_name": "web", "container_name": "app",
+                     "pod_sandbox_id": "sb1"});
+    let mut refused = who.clone();
+    refused["request_bytes"] = json!(0);
+    refused["response_bytes"] = json!(0);
+    let mut retry = who.clone();
+    retry["request"] = json!({"pod_sandbox_id": "sb1", "config": {"metadata": {"name": "app"}}});
+    let text = [
+        line(1, 0, "CreateContainer", "mutating", 9, refused),
+        line(2, 900, "CreateContainer", "mutating", 0, retry),
+    ]
+    .join("\n");
+    let plan = plan(text.as_bytes(), None, false).expect("plan");
+    let first = &plan.steps[0];
+    assert!(first.request_missing);
+    assert_eq!(first.borrowed, Some(1));
+    assert_eq!(first.request, plan.steps[1].request);
+    assert_eq!(plan.without_request(), 0);
+
+    let alone = line(1, 0, "CreateContainer", "mutating", 9, who.clone());
+    let plan = super::plan(alone.as_bytes(), None, false).expect("plan");
+    assert_eq!(plan.without_request(), 1, "no retry: not sent");
+    let mut ids = idmap::IdMap::default();
+    assert_eq!(
+        prepare::prepare(&plan.steps[0], &mut ids, "r").unwrap_err(),
+        NotSent::NotRecorded
+    );
 }
