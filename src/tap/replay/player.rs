@@ -136,15 +136,17 @@ pub async fn play(
     )
 }
 
-/// The calls each call waits for: the ones that make the ids its request names; and, as fast as
-/// possible, every call that had answered before it started in the recording.
+/// The calls each call waits for: the ones that make the ids its request names; a retry, the
+/// refused call it stands in for; and, as fast as possible, every call that had answered before
+/// it started in the recording.
 fn dependencies(plan: &Plan, pace: Pace) -> Vec<Vec<usize>> {
     let producers: HashMap<String, usize> = plan
         .steps
         .iter()
         .filter_map(|s| s.recorded_product().map(|id| (id, s.index)))
         .collect();
-    plan.steps
+    let mut all: Vec<Vec<usize>> = plan
+        .steps
         .iter()
         .map(|s| {
             let mut deps = Vec::new();
@@ -166,7 +168,17 @@ fn dependencies(plan: &Plan, pace: Pace) -> Vec<Vec<usize>> {
             }
             deps
         })
-        .collect()
+        .collect();
+    // A retry whose request stands in for a refused call's is the same request: it goes after
+    // the refused one has answered, never racing it for the container's name.
+    for s in &plan.steps {
+        if let Some(retry) = s.borrowed {
+            if !all[retry].contains(&s.index) {
+                all[retry].push(s.index);
+            }
+        }
+    }
+    all
 }
 
 /// Calls `f` with every string of `v` (ids are whole values).
@@ -318,4 +330,65 @@ pub(crate) fn redactions(r: &[Redacted]) -> String {
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn step(index: usize, offset_ms: u64, rpc: Rpc, request: Value) -> Step {
+        Step {
+            index,
+            method: rpc.name().to_string(),
+            rpc: Some(rpc),
+            offset: Duration::from_millis(offset_ms),
+            recorded: Answer {
+                code: Some(0),
+                duration: Duration::from_millis(10),
+                ..Answer::default()
+            },
+            request: Some(request),
+            ..Step::default()
+        }
+    }
+
+    /// A call waits for the replayed call that makes the id it names, a retry for the refused
+    /// call it stands in for, and, as fast as possible, for what had answered before it.
+    #[test]
+    fn calls_wait_for_what_they_depend_on() {
+        let mut run = step(0, 0, Rpc::RunPodSandbox, json!({}));
+        run.pod_sandbox_id = "sb".into();
+        let mut refused = step(
+            1,
+            300,
+            Rpc::CreateContainer,
+            json!({"pod_sandbox_id": "sb"}),
+        );
+        refused.recorded.code = Some(9);
+        refused.borrowed = Some(2);
+        let mut retry = step(
+            2,
+            310,
+            Rpc::CreateContainer,
+            json!({"pod_sandbox_id": "sb"}),
+        );
+        retry.container_id = "ct".into();
+        let start = step(3, 320, Rpc::StartContainer, json!({"container_id": "ct"}));
+        let plan = Plan {
+            steps: vec![run, refused, retry, start],
+            ..Plan::default()
+        };
+        let deps = dependencies(&plan, Pace::Recorded(1.0));
+        assert_eq!(deps[1], vec![0]);
+        assert_eq!(deps[2], vec![0, 1], "the retry goes after the refused call");
+        assert_eq!(deps[3], vec![2]);
+        let asap = dependencies(&plan, Pace::AsFastAsPossible);
+        assert_eq!(
+            asap[3],
+            vec![2, 0, 1],
+            "and after every call answered before it"
+        );
+    }
 }

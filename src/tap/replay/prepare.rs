@@ -96,9 +96,14 @@ impl fmt::Display for NotSent {
     }
 }
 
-/// The first 12 characters of an id, as crictl shows them.
+/// A runtime's id (64 hex digits) by its first 12, as crictl shows it; anything else (a pod
+/// uid) whole.
 pub(crate) fn short_id(id: &str) -> &str {
-    id.get(..12).unwrap_or(id)
+    if id.len() >= 32 && id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        &id[..12]
+    } else {
+        id
+    }
 }
 
 /// Makes `step`'s recorded request sendable against `ids`. A RunPodSandbox's pod gets a new uid

@@ -153,7 +153,7 @@ impl Report {
     pub fn text(&self) -> String {
         let mut out = String::new();
         let pace = match self.pace {
-            Pace::Recorded(s) if s == 1.0 => "at recorded speed".to_string(),
+            Pace::Recorded(1.0) => "at recorded speed".to_string(),
             Pace::Recorded(s) => format!("at {s}x recorded speed"),
             Pace::AsFastAsPossible => "as fast as possible".to_string(),
         };
@@ -163,11 +163,7 @@ impl Report {
             self.scope,
             self.steps.len()
         );
-        let _ = writeln!(
-            out,
-            "{:>3}  {:<28} {:<28} {:<28} {}",
-            "#", "call", "recorded", "now", ""
-        );
+        let _ = writeln!(out, "{:>3}  {:<26} {:<34} now", "#", "call", "recorded");
         for ((s, o), d) in self.steps.iter().zip(&self.outcomes).zip(&self.differences) {
             let call = format!("{} {}", s.method, s.target);
             let now = match o {
@@ -176,9 +172,9 @@ impl Report {
             };
             let _ = writeln!(
                 out,
-                "{:>3}  {:<28} {:<28} {:<28} {}",
+                "{:>3}  {:<26} {:<34} {:<26} {}",
                 s.index + 1,
-                tenant::cut(&call, 28),
+                tenant::cut(&call, 26),
                 answer(&s.recorded),
                 now,
                 if d.is_empty() { "same" } else { "DIFFERS" }
@@ -204,7 +200,12 @@ impl Report {
         if !ids.is_empty() {
             out.push_str("\nids rewritten (recorded → replayed):\n");
             for (r, n) in &ids {
-                let _ = writeln!(out, "  {} → {}", short_id(r), short_id(n));
+                let _ = writeln!(
+                    out,
+                    "  {} → {}",
+                    tenant::cut(short_id(r), 80),
+                    tenant::cut(short_id(n), 80)
+                );
             }
         }
         let notes: Vec<String> = self

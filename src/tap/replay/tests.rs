@@ -260,7 +260,7 @@ fn reports_say_what_differs_and_what_was_redacted() {
         tolerance: Duration::from_millis(500),
     };
     let cleanup = vec![report::Cleanup {
-        sandbox: "sb-new-0123456789".into(),
+        sandbox: "0123456789abcdef0123456789abcdef".into(),
         result: "stopped and removed".into(),
     }];
     let r = Report::new(&plan, outcomes, cleanup, false, &opts);
@@ -281,7 +281,7 @@ fn reports_say_what_differs_and_what_was_redacted() {
         "{text}"
     );
     assert!(
-        text.contains("sandbox sb-new-01234: stopped and removed"),
+        text.contains("sandbox 0123456789ab: stopped and removed"),
         "{text}"
     );
     assert!(
