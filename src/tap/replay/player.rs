@@ -136,9 +136,10 @@ pub async fn play(
     )
 }
 
-/// The calls each call waits for: the ones that make the ids its request names; a retry, the
-/// refused call it stands in for; and, as fast as possible, every call that had answered before
-/// it started in the recording.
+/// The calls each call waits for: the ones that make the ids its request names; the calls on
+/// the same container or sandbox that had answered before it started in the recording; a
+/// retry, the refused call it stands in for; and, as fast as possible, every call that had
+/// answered before it started in the recording.
 fn dependencies(plan: &Plan, pace: Pace) -> Vec<Vec<usize>> {
     let producers: HashMap<String, usize> = plan
         .steps
@@ -158,6 +159,14 @@ fn dependencies(plan: &Plan, pace: Pace) -> Vec<Vec<usize>> {
                         }
                     }
                 });
+            }
+            // What kubelet had seen answered about the same container (or, for a sandbox call,
+            // the same sandbox) before it sent this call: a scaled replay never stops a
+            // container whose start has not answered yet.
+            for e in &plan.steps[..s.index] {
+                if e.recorded_end() <= s.offset && same_object(e, s) && !deps.contains(&e.index) {
+                    deps.push(e.index);
+                }
             }
             if pace == Pace::AsFastAsPossible {
                 for e in &plan.steps[..s.index] {
@@ -179,6 +188,15 @@ fn dependencies(plan: &Plan, pace: Pace) -> Vec<Vec<usize>> {
         }
     }
     all
+}
+
+/// Whether `e` acted on what `s` acts on: its container, or for a call on a sandbox, anything
+/// in that sandbox.
+fn same_object(e: &Step, s: &Step) -> bool {
+    if !s.container_id.is_empty() {
+        return e.container_id == s.container_id;
+    }
+    !s.pod_sandbox_id.is_empty() && e.pod_sandbox_id == s.pod_sandbox_id
 }
 
 /// Calls `f` with every string of `v` (ids are whole values).
@@ -375,15 +393,23 @@ mod tests {
             json!({"pod_sandbox_id": "sb"}),
         );
         retry.container_id = "ct".into();
-        let start = step(3, 320, Rpc::StartContainer, json!({"container_id": "ct"}));
+        let mut start = step(3, 320, Rpc::StartContainer, json!({"container_id": "ct"}));
+        start.container_id = "ct".into();
+        let mut stop = step(4, 900, Rpc::StopContainer, json!({"container_id": "ct"}));
+        stop.container_id = "ct".into();
         let plan = Plan {
-            steps: vec![run, refused, retry, start],
+            steps: vec![run, refused, retry, start, stop],
             ..Plan::default()
         };
         let deps = dependencies(&plan, Pace::Recorded(1.0));
         assert_eq!(deps[1], vec![0]);
         assert_eq!(deps[2], vec![0, 1], "the retry goes after the refused call");
         assert_eq!(deps[3], vec![2]);
+        assert_eq!(
+            deps[4],
+            vec![2, 3],
+            "a stop after the start answered before it"
+        );
         let asap = dependencies(&plan, Pace::AsFastAsPossible);
         assert_eq!(
             asap[3],
