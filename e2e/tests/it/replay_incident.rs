@@ -88,19 +88,17 @@ async fn replaying_a_refusal_against_containerd_reports_it_gone() -> Result<()> 
     );
 
     let (file, runtime) = (recording.clone(), st.containerd.socket().to_path_buf());
-    let replay = move |json: bool| -> Result<std::process::Output> {
-        let mut cmd = Command::new(crisp_binary()?);
-        cmd.arg("replay")
+    let replay = move |args: &[&str]| -> Result<std::process::Output> {
+        Ok(Command::new(crisp_binary()?)
+            .arg("replay")
             .arg(&file)
-            .args(["--pod", "demo/web", "--speed", "2", "--yes", "--runtime"])
-            .arg(&runtime);
-        if json {
-            cmd.arg("--json");
-        }
-        Ok(cmd.output()?)
+            .args(["--pod", "demo/web", "--yes", "--runtime"])
+            .arg(&runtime)
+            .args(args)
+            .output()?)
     };
     let with_json = replay.clone();
-    let out = tokio::task::spawn_blocking(move || with_json(true)).await??;
+    let out = tokio::task::spawn_blocking(move || with_json(&["--speed", "2", "--json"])).await??;
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     eprintln!("{stderr}");
     ensure!(
@@ -208,12 +206,31 @@ async fn replaying_a_refusal_against_containerd_reports_it_gone() -> Result<()> 
     );
 
     // The readable report says the same.
-    let out = tokio::task::spawn_blocking(move || replay(false)).await??;
+    let readable = replay.clone();
+    let out = tokio::task::spawn_blocking(move || readable(&["--speed", "2"])).await??;
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     eprintln!("{text}");
     ensure!(
         text.contains("status FailedPrecondition") && text.contains("ids rewritten"),
         "{text}"
+    );
+
+    // As fast as possible: each call once what answered before it in the recording has.
+    let out =
+        tokio::task::spawn_blocking(move || replay(&["--as-fast-as-possible", "--json"])).await??;
+    let fast: Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| String::from_utf8_lossy(&out.stdout).into_owned())?;
+    ensure!(
+        fast["summary"]["not_sent"] == 0 && fast["summary"]["replayed"] == mutating,
+        "as fast as possible, every call replayed: {}",
+        fast["summary"]
+    );
+    ensure!(
+        fast["calls"].as_array().is_some_and(|c| c
+            .iter()
+            .any(|c| c["recorded"]["code_name"] == "FailedPrecondition"
+                && c["now"]["code_name"] == "OK")),
+        "the refusal is gone as fast as possible too"
     );
     Ok(())
 }
