@@ -1,5 +1,6 @@
 //! The admin API's client, as `crisp tap`, `crisp pods` and `crisp timeline --live` use it:
-//! where crisp's admin socket is, and a tonic channel over it.
+//! where crisp's admin socket is, and a tonic channel over it (over any unix socket: `crisp
+//! replay` dials a CRI runtime with the same).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -45,9 +46,17 @@ impl tonic::codegen::Service<http::Uri> for UdsConnector {
 pub async fn connect(
     socket: &Path,
 ) -> Result<AdminClient<tonic::transport::Channel>, tonic::transport::Error> {
-    // The URI is required by tonic but unused: the connector always dials the socket.
-    let channel = tonic::transport::Endpoint::from_static("http://crisp-admin")
-        .connect_with_connector(UdsConnector(socket.to_path_buf()))
-        .await?;
+    let channel = channel(socket, "http://crisp-admin").await?;
     Ok(AdminClient::new(channel).max_decoding_message_size(256 << 20))
+}
+
+/// A tonic channel to the gRPC server on the unix socket `socket`; `authority` is the URI tonic
+/// requires (unused for dialling: the connector always dials the socket).
+pub(crate) async fn channel(
+    socket: &Path,
+    authority: &'static str,
+) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    tonic::transport::Endpoint::from_static(authority)
+        .connect_with_connector(UdsConnector(socket.to_path_buf()))
+        .await
 }

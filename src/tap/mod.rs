@@ -29,6 +29,7 @@ pub mod output;
 pub mod pcap;
 pub mod pods;
 pub(crate) mod redact;
+pub mod replay;
 pub mod timeline;
 pub mod view;
 

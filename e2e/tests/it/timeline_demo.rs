@@ -20,7 +20,7 @@ use tokio::time::Instant;
 const STEP: Duration = Duration::from_secs(60);
 
 /// Waits until `file` has a line containing every one of `needles`.
-async fn await_line(file: &Path, needles: &[&str], timeout: Duration) -> Result<()> {
+pub(crate) async fn await_line(file: &Path, needles: &[&str], timeout: Duration) -> Result<()> {
     let deadline = Instant::now() + timeout;
     loop {
         let text = std::fs::read_to_string(file).unwrap_or_default();
@@ -51,7 +51,7 @@ fn keep(files: &[&Path]) -> Result<()> {
 
 /// Starts `cmd` (a `crisp tap` or `crisp timeline --live` on the admin socket) and waits until it
 /// says its subscription is live ("attached to" on stderr).
-async fn spawn_attached(mut cmd: Command, what: &str) -> Result<Child> {
+pub(crate) async fn spawn_attached(mut cmd: Command, what: &str) -> Result<Child> {
     let mut child = cmd.stdin(Stdio::null()).stderr(Stdio::piped()).spawn()?;
     let stderr = child.stderr.take().context("stderr")?;
     let attached = tokio::task::spawn_blocking(move || {

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 mod doctor;
 mod pcap;
 mod pods;
+mod replay;
 mod serve;
 mod tap;
 mod timeline;
@@ -42,6 +43,8 @@ enum Cmd {
     Pods(pods::PodsArgs),
     /// Convert a tap recording to a pcapng capture for Wireshark or tshark.
     Pcap(pcap::PcapArgs),
+    /// Replay a tap recording's calls against a CRI runtime; report what answers differently.
+    Replay(replay::ReplayArgs),
 }
 
 /// sysexits.h codes, so scripts can tell why a command stopped.
@@ -68,6 +71,7 @@ fn main() -> ExitCode {
         Some(Cmd::Timeline(args)) => timeline::run(args),
         Some(Cmd::Pods(args)) => pods::run(args),
         Some(Cmd::Pcap(args)) => pcap::run(args),
+        Some(Cmd::Replay(args)) => replay::run(args),
     }
 }
 

@@ -1,0 +1,191 @@
+//! `crisp replay`: plays the kubelet side of a tap recording against a CRI runtime and prints
+//! [`crisp::tap::replay`]'s report.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use crisp::config::Config;
+use crisp::tap::replay::{self, Options, Pace, Runtime};
+
+use super::exit;
+
+/// Replay a recorded pod (or node) against a CRI runtime and report what answers differently.
+///
+/// Plays the kubelet side of a tap recording (`crisp tap --full -o FILE`; `--all` to have the
+/// polling calls too) against the CRI socket --runtime: a containerd, or crisp in front of one.
+/// Each call is sent at its recorded offset (÷ --speed), concurrent calls stay concurrent, and
+/// ids the runtime hands out anew (sandboxes, containers) are rewritten in later requests; a call
+/// naming an id no replayed call made is reported, not sent. The report compares each answer
+/// with the recorded one: status and message, duration (beyond --tolerance: a hold that is
+/// gone, a call that is slow now) and order (answered before another call in the recording,
+/// after it now), and lists the fields replayed redacted (env values, command lines, registry
+/// auth: the recording never has them).
+///
+/// This creates real sandboxes and containers, under a new pod uid, without container logs.
+/// Sandboxes the replay made are stopped and removed at the end or on Ctrl-C (not with --keep).
+/// The runtime kubelet uses (crisp's upstream or listen socket in its config) is refused
+/// without --yes: kubelet would see, and remove, pods it does not know.
+///
+/// Exit status: 0 when every call was replayed and answered as recorded, 1 when some differ or
+/// were not sent; 64 for bad flags, 66 for an unreadable recording, 69 for no runtime.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ReplayArgs {
+    /// The tap recording (JSON lines, `crisp tap --full -o FILE`).
+    #[arg(value_name = "FILE.jsonl")]
+    pub input: PathBuf,
+    /// The CRI runtime's socket to replay against (containerd's, or a crisp's).
+    #[arg(long, value_name = "SOCKET")]
+    pub runtime: PathBuf,
+    /// Replay one pod (`namespace/name`, or `name` if unique). Without it: every call in the file.
+    #[arg(long, value_name = "NS/NAME")]
+    pub pod: Option<String>,
+    /// Send calls at their recorded offsets divided by X (2: twice as fast).
+    #[arg(long, value_name = "X", default_value_t = 1.0, value_parser = speed)]
+    pub speed: f64,
+    /// Send each call once the calls answered before it in the recording are answered now.
+    #[arg(long, conflicts_with = "speed")]
+    pub as_fast_as_possible: bool,
+    /// Replay polling calls too (List*, *Status, Version), as `crisp tap --all` shows them.
+    #[arg(long)]
+    pub all: bool,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// A duration differs when it is this many milliseconds off the recorded one.
+    #[arg(long, value_name = "MS", default_value_t = 500)]
+    pub tolerance: u64,
+    /// Longest a call may take, in seconds (its deadline on the runtime too).
+    #[arg(long, value_name = "SECS", default_value_t = 120)]
+    pub timeout: u64,
+    /// Leave the sandboxes the replay made (default: stop and remove them at the end).
+    #[arg(long)]
+    pub keep: bool,
+    /// Replay even against the runtime the node's kubelet uses (crisp's upstream or listen).
+    #[arg(long)]
+    pub yes: bool,
+    /// crisp's config file, to know the node's runtime socket [default: crisp's default path].
+    #[arg(long, short = 'c', value_name = "FILE")]
+    pub config: Option<PathBuf>,
+}
+
+fn speed(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 && x <= 1000.0 => Ok(x),
+        _ => Err(format!("{s:?}: a factor above 0, at most 1000")),
+    }
+}
+
+/// Runs `crisp replay`.
+pub fn run(args: ReplayArgs) -> ExitCode {
+    let fail = |code: u8, msg: String| {
+        eprintln!("crisp replay: {msg}");
+        ExitCode::from(code)
+    };
+    if let Err(msg) = check_target(&args) {
+        return fail(exit::USAGE, msg);
+    }
+    let plan = match std::fs::File::open(&args.input) {
+        Ok(f) => replay::plan(std::io::BufReader::new(f), args.pod.as_deref(), args.all),
+        Err(e) => return fail(exit::NOINPUT, format!("{}: {e}", args.input.display())),
+    };
+    let plan = match plan {
+        Ok(p) => p,
+        Err(replay::PlanError::Pod(e)) => return fail(exit::USAGE, e),
+        Err(e) => return fail(exit::NOINPUT, format!("{}: {e}", args.input.display())),
+    };
+    if plan.malformed > 0 {
+        eprintln!(
+            "crisp replay: {} lines are not JSON (a recording cut short?); skipped",
+            plan.malformed
+        );
+    }
+    let pace = if args.as_fast_as_possible {
+        Pace::AsFastAsPossible
+    } else {
+        Pace::Recorded(args.speed)
+    };
+    // What it will do, before it does it.
+    eprintln!(
+        "crisp replay: {} — {} calls recorded over {:.2}s, against {}; sandboxes it creates: {}{}",
+        plan.scope,
+        plan.steps.len(),
+        plan.span().as_secs_f64(),
+        args.runtime.display(),
+        plan.sandboxes(),
+        if args.keep {
+            " and leaves them (--keep)"
+        } else {
+            ", stopped and removed at the end or on Ctrl-C"
+        }
+    );
+    if plan.without_request() > 0 {
+        eprintln!(
+            "crisp replay: {} calls have no recorded request and will not be sent (record with `crisp tap --full`)",
+            plan.without_request()
+        );
+    }
+    let opts = Options {
+        pace,
+        timeout: Duration::from_secs(args.timeout.max(1)),
+        keep: args.keep,
+        tolerance: Duration::from_millis(args.tolerance),
+    };
+    let report = super::block_on("replay", async {
+        let runtime = Runtime::connect(&args.runtime).await.map_err(|e| {
+            fail(
+                exit::UNAVAILABLE,
+                format!(
+                    "cannot connect to {}: {}",
+                    args.runtime.display(),
+                    super::chain(e)
+                ),
+            )
+        })?;
+        let interrupt = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        Ok(replay::play(&plan, &runtime, &opts, interrupt).await)
+    });
+    let report = match report {
+        Some(Ok(r)) => r,
+        Some(Err(code)) => return code,
+        None => return ExitCode::FAILURE,
+    };
+    if args.json {
+        println!("{}", report.json_text());
+    } else {
+        print!("{}", report.text());
+    }
+    if report.differs() {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// Refuses the node's own runtime without `--yes`: crisp's upstream, or its listen socket.
+fn check_target(args: &ReplayArgs) -> Result<(), String> {
+    if args.yes {
+        return Ok(());
+    }
+    let config = Config::load(args.config.as_deref()).map_err(super::chain)?;
+    let same = |p: &Path| match (p.canonicalize(), args.runtime.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => p == args.runtime,
+    };
+    for (what, socket) in [
+        ("crisp's upstream runtime", &config.upstream),
+        ("crisp's own socket (kubelet's runtime)", &config.listen),
+    ] {
+        if same(socket) {
+            return Err(format!(
+                "{} is {what}: a replay there creates pods this node's kubelet does not know \
+                 (and removes as strays); use a runtime of its own (hack/demo.sh starts one), \
+                 or pass --yes",
+                args.runtime.display()
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,301 @@
+//! `crisp replay` (issue #46, "Record and replay"): plays the kubelet side of a tap recording
+//! (`crisp tap --full -o FILE`) against a CRI runtime — a containerd, or crisp in front of one —
+//! and says where the answers now differ from the recorded ones.
+//!
+//! ```text
+//!  recording ─▶ plan (this file): the calls of one pod or of the file, in start order, each
+//!               with its recorded answer; polling calls only with `--all`
+//!          ─▶ player.rs: each call at its recorded offset (÷ speed), concurrent calls stay
+//!               concurrent; a call that names an id waits for the replayed call that made it
+//!               ─▶ prepare.rs: the recorded request, redaction placeholders made sendable,
+//!                  ids rewritten (idmap.rs), re-encoded with the CRI types (`decode::encode_json`,
+//!                  as `crisp pcap` does)
+//!               ─▶ runtime.rs: one unary call through tonic on the runtime's socket
+//!          ─▶ report.rs: status, message class, duration and order, recorded against now;
+//!               the ids rewritten; the fields that were redacted; what cleanup removed
+//! ```
+//!
+//! A replay creates real sandboxes and containers: the player stops and removes every sandbox
+//! it made and the recording did not remove (unless `--keep`), at the end or on Ctrl-C. A
+//! replayed pod gets a new uid (its names on the runtime are new), and its `log_directory` is
+//! cleared (the runtime writes no container logs, so the recorded pod's log files are never
+//! touched).
+
+mod idmap;
+mod player;
+mod prepare;
+mod report;
+mod runtime;
+
+use std::collections::HashSet;
+use std::io::{self, BufRead};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::cri::{Route, Rpc, RpcKind};
+use crate::tap::timeline;
+
+pub use player::{play, Options, Pace};
+pub use report::Report;
+pub use runtime::Runtime;
+
+/// One recorded call the replay may send.
+#[derive(Debug, Clone, Default)]
+pub struct Step {
+    /// Position in the plan (start order).
+    pub(crate) index: usize,
+    pub(crate) call_id: u64,
+    pub(crate) method: String,
+    /// The gRPC path to call (the recorded one: v1 or v1alpha2).
+    pub(crate) path: String,
+    pub(crate) rpc: Option<Rpc>,
+    pub(crate) polling: bool,
+    /// What the call acts on: `pod`, a container's name, an image.
+    pub(crate) target: String,
+    /// Start since the first call of the plan.
+    pub(crate) offset: Duration,
+    pub(crate) recorded: Answer,
+    /// The request as the tap decoded (and redacted) it; `None` when not recorded.
+    pub(crate) request: Option<Value>,
+    pub(crate) request_bytes: u64,
+    /// The recording should have the request and does not: the tap never saw it (crisp
+    /// refused the call before forwarding it), or the recording was made without `--full`.
+    pub(crate) request_missing: bool,
+    /// The request was not recorded and is the one of this later call: kubelet's retry of it.
+    pub(crate) borrowed: Option<usize>,
+    pub(crate) response: Option<Value>,
+    pub(crate) response_bytes: u64,
+    /// The ids the tap named on the call's line.
+    pub(crate) pod_sandbox_id: String,
+    pub(crate) container_id: String,
+}
+
+/// How a call was answered: recorded, or now.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Answer {
+    /// gRPC status; `None`: no answer (kubelet gave up, or the replay's deadline passed).
+    pub(crate) code: Option<i32>,
+    pub(crate) message: String,
+    pub(crate) duration: Duration,
+    /// The part of `duration` crisp held the call (recorded through crisp only).
+    pub(crate) held: Duration,
+}
+
+impl Step {
+    /// The end of the recorded call, since the plan's first call.
+    pub(crate) fn recorded_end(&self) -> Duration {
+        self.offset + self.recorded.duration
+    }
+
+    /// The id the recorded call made: a RunPodSandbox's sandbox, a CreateContainer's container.
+    pub(crate) fn recorded_product(&self) -> Option<String> {
+        let (key, line) = match self.rpc? {
+            Rpc::RunPodSandbox => ("pod_sandbox_id", &self.pod_sandbox_id),
+            Rpc::CreateContainer => ("container_id", &self.container_id),
+            _ => return None,
+        };
+        if self.recorded.code != Some(0) {
+            return None;
+        }
+        let id = self
+            .response
+            .as_ref()
+            .and_then(|r| r.get(key))
+            .and_then(Value::as_str)
+            .unwrap_or(line);
+        (!id.is_empty()).then(|| id.to_string())
+    }
+}
+
+/// The calls to replay.
+#[derive(Debug, Default)]
+pub struct Plan {
+    pub steps: Vec<Step>,
+    /// What was chosen: `namespace/name`, or every call of the file.
+    pub scope: String,
+    /// Polling calls left out (no `--all`).
+    pub polling_left_out: usize,
+    /// Lines that are not JSON (a recording cut short).
+    pub malformed: usize,
+}
+
+impl Plan {
+    /// How many of the calls make sandboxes: what the replay will create.
+    pub fn sandboxes(&self) -> usize {
+        self.steps
+            .iter()
+            .filter(|s| s.rpc == Some(Rpc::RunPodSandbox))
+            .count()
+    }
+
+    /// How many calls have no recorded request (a recording without `--full`).
+    pub fn without_request(&self) -> usize {
+        self.steps
+            .iter()
+            .filter(|s| s.request.is_none() && (s.request_missing || s.request_bytes > 0))
+            .count()
+    }
+
+    /// The recorded span, first start to last end.
+    pub fn span(&self) -> Duration {
+        self.steps
+            .iter()
+            .map(Step::recorded_end)
+            .max()
+            .unwrap_or_default()
+    }
+}
+
+/// Why a recording cannot be planned.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("reading the recording: {0}")]
+    Read(#[from] io::Error),
+    #[error("{0}")]
+    Pod(String),
+    #[error("no call in the recording (record with `crisp tap --full -o FILE`)")]
+    Empty,
+}
+
+/// Reads a recording (JSON lines of `crisp tap --json`/`-o`) and chooses the calls to replay:
+/// those of `pod` (`namespace/name`, or a unique `name`; chosen as `crisp timeline --pod` does,
+/// ImageStatus calls included), or every call; polling calls only if `all`.
+pub fn plan(input: impl BufRead, pod: Option<&str>, all: bool) -> Result<Plan, PlanError> {
+    let mut lines: Vec<(timeline::Call, Value)> = Vec::new();
+    let mut malformed = 0;
+    for line in input.lines() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let Ok(v) = serde_json::from_str::<Value>(&line) else {
+            malformed += 1;
+            continue;
+        };
+        if let Some(mut c) = timeline::call_of(&v) {
+            // The line's own number names the call (older recordings have no call ids).
+            c.call_id = lines.len() as u64;
+            lines.push((c, v));
+        }
+    }
+    let (chosen, scope): (Option<HashSet<u64>>, String) = match pod {
+        Some(want) => {
+            let pods = timeline::group(lines.iter().map(|(c, _)| c.clone()).collect(), true);
+            let p = timeline::select(&pods, want).map_err(PlanError::Pod)?;
+            (Some(p.calls.iter().map(|c| c.call_id).collect()), p.id())
+        }
+        None => (None, "every call".to_string()),
+    };
+    let mut steps = Vec::new();
+    let mut polling_left_out = 0;
+    for (c, v) in lines {
+        if chosen.as_ref().is_some_and(|set| !set.contains(&c.call_id)) {
+            continue;
+        }
+        if c.kind == "polling" && !all {
+            polling_left_out += 1;
+            continue;
+        }
+        steps.push(step(&c, v));
+    }
+    if steps.is_empty() {
+        return Err(PlanError::Empty);
+    }
+    steps.sort_by_key(|s| s.offset);
+    let t0 = steps[0].offset;
+    for (i, s) in steps.iter_mut().enumerate() {
+        s.index = i;
+        s.offset -= t0;
+    }
+    borrow_retries(&mut steps);
+    Ok(Plan {
+        steps,
+        scope,
+        polling_left_out,
+        malformed,
+    })
+}
+
+/// Fills the requests the recording lacks from kubelet's retries. A call crisp refused never
+/// reached the tap's request view (the engine answered it before forwarding): the recording has
+/// its status but not its request. kubelet sends the same request again (a CreateContainer
+/// refused is retried with the same config and attempt), so the next call of the same method on
+/// the same sandbox and target stands for it, and the report says so.
+fn borrow_retries(steps: &mut [Step]) {
+    let full = steps.iter().any(|s| s.request.is_some());
+    for i in 0..steps.len() {
+        let s = &steps[i];
+        // Without --full an answered call with 0 request bytes had an empty request.
+        let never_seen = s.recorded.code != Some(0) && s.response_bytes == 0;
+        if s.request.is_some() || !(full || never_seen || s.request_bytes > 0) {
+            continue;
+        }
+        let retry = steps[i + 1..].iter().find(|r| {
+            r.request.is_some()
+                && r.method == s.method
+                && r.target == s.target
+                && !r.pod_sandbox_id.is_empty()
+                && r.pod_sandbox_id == s.pod_sandbox_id
+        });
+        let (request, borrowed) = match retry {
+            Some(r) => (r.request.clone(), Some(r.index)),
+            None => (None, None),
+        };
+        let s = &mut steps[i];
+        s.request_missing = true;
+        s.request = request;
+        s.borrowed = borrowed;
+    }
+}
+
+/// One call line as a step; `offset` is its start since the Unix epoch until [`plan`] makes it
+/// relative.
+fn step(c: &timeline::Call, mut v: Value) -> Step {
+    let text = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+    let path = match text("path") {
+        p if p.starts_with('/') => p,
+        _ => format!("/runtime.v1.RuntimeService/{}", c.method),
+    };
+    let rpc = Route::from_path(&path).rpc;
+    let ms = |k: &str| {
+        v.get(k)
+            .and_then(Value::as_f64)
+            .filter(|m| m.is_finite() && *m >= 0.0)
+            .map_or(Duration::ZERO, |m| {
+                Duration::from_secs_f64(m.min(1e12) / 1e3)
+            })
+    };
+    let recorded = Answer {
+        code: v.get("code").and_then(Value::as_i64).map(|c| c as i32),
+        message: text("message"),
+        duration: ms("duration_ms"),
+        held: ms("held_ms"),
+    };
+    let object = |v: &mut Value, k: &str| match v.get_mut(k).map(Value::take) {
+        Some(o @ Value::Object(_)) => Some(o),
+        _ => None,
+    };
+    Step {
+        index: 0,
+        call_id: v.get("call_id").and_then(Value::as_u64).unwrap_or(0),
+        method: c.method.clone(),
+        polling: rpc.map_or(c.kind == "polling", |r| r.kind() == RpcKind::Polling),
+        target: c.target(),
+        offset: Duration::from_micros(c.start_us.max(0) as u64),
+        recorded,
+        request_bytes: v.get("request_bytes").and_then(Value::as_u64).unwrap_or(0),
+        pod_sandbox_id: c.pod_sandbox_id.clone(),
+        container_id: c.container_id.clone(),
+        response_bytes: v.get("response_bytes").and_then(Value::as_u64).unwrap_or(0),
+        request: object(&mut v, "request"),
+        response: object(&mut v, "response"),
+        request_missing: false,
+        borrowed: None,
+        path,
+        rpc,
+    }
+}
+
+#[cfg(test)]
+mod tests;
