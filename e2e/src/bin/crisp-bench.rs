@@ -86,7 +86,7 @@ struct Args {
     #[arg(long, default_value_t = 100)]
     burst_pods: usize,
     /// Burst lane: runs, each with a fresh fake runtime and a fresh crisp.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 5)]
     burst_runs: usize,
     /// Burst lane: a sidecar turns ready this long after its StartContainer reached the
     /// runtime (plus 0–90 ms by pod, so that the ready instants do not fall in step).
@@ -95,9 +95,9 @@ struct Args {
     /// Burst lane: measured relists per lane in the quiet before the burst and during it.
     #[arg(long, default_value_t = 20)]
     burst_relists: usize,
-    /// Burst lane: pause after every lane's relist, in ms (kubelet relists once a second; 10×
-    /// that by default, so that a burst of a few seconds sees enough relists).
-    #[arg(long, default_value_t = 100)]
+    /// Burst lane: pause after every lane's relist, in ms (kubelet relists once a second; the
+    /// default paces 20 relists a lane into the 2.5 s that 100 pods take on crisp's defaults).
+    #[arg(long, default_value_t = 50)]
     burst_relist_pace_ms: u64,
     /// A second crisp binary (say, a build of main) run as a lane of its own, "crisp-before",
     /// interleaved with the others: before/after from the same runs. Also `$CRISP_BEFORE_BIN`.
