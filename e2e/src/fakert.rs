@@ -746,4 +746,103 @@ mod tests {
             500
         );
     }
+
+    /// The burst's runtime: a pod created through it answers its sidecar's exec probe "not
+    /// ready" until the known instant and "ready" from then on, lists the pod's containers to
+    /// crisp's filtered lookups, and records the app's create.
+    #[test]
+    fn a_burst_pod_turns_ready_at_its_instant_and_records_its_app() {
+        let b = &Burst::new("proxy", Duration::from_millis(30), Duration::ZERO);
+        let call = |m: &str, msg: &dyn Fn() -> Vec<u8>| {
+            let answer = b.answer(&format!("/runtime.v1.RuntimeService/{m}"), &frame(&msg()));
+            answer.unwrap_or_else(|| panic!("{m} not answered"))
+        };
+        let config = cri::PodSandboxConfig {
+            metadata: Some(cri::PodSandboxMetadata {
+                name: "burst-3".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let run = || {
+            cri::RunPodSandboxRequest {
+                config: Some(config.clone()),
+                ..Default::default()
+            }
+            .encode_to_vec()
+        };
+        let sandbox = cri::RunPodSandboxResponse::decode(&call("RunPodSandbox", &run)[..])
+            .unwrap()
+            .pod_sandbox_id;
+        let create = |name: &'static str| {
+            let sandbox = sandbox.clone();
+            move || {
+                cri::CreateContainerRequest {
+                    pod_sandbox_id: sandbox.clone(),
+                    config: Some(cri::ContainerConfig {
+                        metadata: Some(cri::ContainerMetadata {
+                            name: name.into(),
+                            attempt: 0,
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }
+                .encode_to_vec()
+            }
+        };
+        let sidecar =
+            cri::CreateContainerResponse::decode(&call("CreateContainer", &create("proxy"))[..])
+                .unwrap()
+                .container_id;
+        let id = sidecar.clone();
+        call("StartContainer", &move || {
+            cri::StartContainerRequest {
+                container_id: id.clone(),
+            }
+            .encode_to_vec()
+        });
+        let id = sidecar.clone();
+        let exec = move || {
+            let req = cri::ExecSyncRequest {
+                container_id: id.clone(),
+                ..Default::default()
+            };
+            let answer = b.answer(
+                "/runtime.v1.RuntimeService/ExecSync",
+                &frame(&req.encode_to_vec()),
+            );
+            cri::ExecSyncResponse::decode(&answer.unwrap()[..])
+                .unwrap()
+                .exit_code
+        };
+        assert_eq!(exec(), 1, "not ready before its instant");
+        let listed = call("ListContainers", &|| {
+            cri::ListContainersRequest {
+                filter: Some(cri::ContainerFilter {
+                    pod_sandbox_id: sandbox.clone(),
+                    ..Default::default()
+                }),
+            }
+            .encode_to_vec()
+        });
+        let listed = cri::ListContainersResponse::decode(&listed[..])
+            .unwrap()
+            .containers;
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].state, 1, "the started sidecar runs");
+        std::thread::sleep(Duration::from_millis(40));
+        assert_eq!(exec(), 0, "ready from its instant on");
+        call("CreateContainer", &create("app"));
+        let seen = b.seen();
+        let pod = &seen.pods[3];
+        assert!(pod.app_created.unwrap() > pod.ready_at.unwrap());
+        assert_eq!((pod.execs_not_ready, pod.execs_ready), (1, 1));
+        assert_eq!(seen.execs.len(), 2);
+        // The relist's unfiltered list is the canned node's, not the burst's.
+        let all = cri::ListContainersRequest::default().encode_to_vec();
+        assert!(b
+            .answer("/runtime.v1.RuntimeService/ListContainers", &frame(&all))
+            .is_none());
+    }
 }
