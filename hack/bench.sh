@@ -23,6 +23,13 @@
 #       # socat -b 65536 interleaved relist by relist, 3 runs (--relist-runs, --relist-calls,
 #       # --relist-pace-ms); CPU and context switches per relist of crisp and both splices and
 #       # crisp's RSS, from /proc; the machine it ran on. ~4 minutes (BENCHMARKS.md, issue #47).
+#   sudo hack/bench.sh --no-write --only burst      # a burst of ordered pods (issue #47): 100
+#       # pods at once through crisp, each a sidecar with an exec readiness the fake runtime
+#       # turns ready at a known instant and an app crisp holds, while grpc-go relists; per pod
+#       # the time from ready to the app's CreateContainer leaving crisp, the ExecSync rate,
+#       # the relist quiet vs during the burst; 5 runs (--burst-runs, --burst-pods,
+#       # --burst-ready-ms, --burst-relists, --burst-relist-pace-ms; --crisp-config to lift a
+#       # budget). ~1.5 minutes.
 #
 # Builds go to $CARGO_TARGET_DIR when it is set (else target/).
 set -euo pipefail

@@ -5,11 +5,13 @@
 //! [`serve_via_grpcgo`] puts a grpc-go server (a [`GoBridge`]) in front of it, so a proxy
 //! talking to the fake meets containerd's transport: BDP PINGs, PING policing, grpc-go HPACK.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response};
@@ -32,6 +34,9 @@ pub struct Canned {
     pub sandbox_status: Bytes,
     pub event: Bytes,
     pub events_per_stream: usize,
+    /// Pods created through the fake (a burst of ordered pods, issue #47): answered from their
+    /// state; everything else from the canned bytes above.
+    pub burst: Option<Arc<Burst>>,
 }
 
 impl Canned {
@@ -91,6 +96,7 @@ impl Canned {
             sandbox_status: frame(&sandbox_status.encode_to_vec()),
             event: frame(&event.encode_to_vec()),
             events_per_stream,
+            burst: None,
         }
     }
 }
@@ -339,6 +345,236 @@ fn container_status(id: &str) -> cri::ContainerStatus {
     }
 }
 
+/// The runtime side of a burst of ordered pods (issue #47): pods `burst-<i>` created through
+/// the fake by RunPodSandbox / CreateContainer / StartContainer, each with a sidecar whose exec
+/// readiness probe (ExecSync) the fake answers "not ready" (exit 1) until a known instant and
+/// "ready" (exit 0) from then on. It records what the bench measures against: when each pod's
+/// sidecar turned ready, when the app's CreateContainer reached the runtime, and every ExecSync.
+pub struct Burst {
+    /// The sidecar's container name; every other container of a pod is an app.
+    sidecar: String,
+    /// A sidecar turns ready this long after its StartContainer reached the fake, plus
+    /// `spread` × (pod index mod 10) / 10: ready instants that do not all fall in step.
+    ready_after: Duration,
+    spread: Duration,
+    state: Mutex<BurstState>,
+}
+
+/// What the fake saw of a burst.
+#[derive(Default, Clone)]
+pub struct BurstState {
+    /// By pod index.
+    pub pods: Vec<BurstPod>,
+    /// Every ExecSync, when it reached the fake.
+    pub execs: Vec<Instant>,
+    sandboxes: HashMap<String, usize>,
+    containers: HashMap<String, BurstContainer>,
+}
+
+/// One pod of a burst, as the fake runtime saw it.
+#[derive(Default, Clone, Debug)]
+pub struct BurstPod {
+    /// From when its probe answers "ready": set by the sidecar's StartContainer.
+    pub ready_at: Option<Instant>,
+    /// When the app's CreateContainer reached the fake (it left crisp).
+    pub app_created: Option<Instant>,
+    /// ExecSync calls before `ready_at`, and from it on.
+    pub execs_not_ready: u32,
+    pub execs_ready: u32,
+}
+
+#[derive(Clone)]
+struct BurstContainer {
+    id: String,
+    sandbox_id: String,
+    name: String,
+    pod: usize,
+    state: i32,
+    created_at: i64,
+}
+
+impl Burst {
+    pub fn new(sidecar: &str, ready_after: Duration, spread: Duration) -> Burst {
+        Burst {
+            sidecar: sidecar.to_string(),
+            ready_after,
+            spread,
+            state: Mutex::default(),
+        }
+    }
+
+    /// What the fake saw so far.
+    pub fn seen(&self) -> BurstState {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BurstState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The answer to a call about the burst's pods, or None (the canned answer then): `body`
+    /// is the request as it came, one gRPC frame.
+    fn answer(&self, path: &str, body: &[u8]) -> Option<Vec<u8>> {
+        let msg = body.get(5..)?;
+        let method = path.rsplit('/').next()?;
+        let now = Instant::now();
+        let wall = || {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as i64)
+        };
+        let mut st = self.lock();
+        match method {
+            "RunPodSandbox" => {
+                let req = cri::RunPodSandboxRequest::decode(msg).ok()?;
+                let name = req.config?.metadata?.name;
+                let pod: usize = name.strip_prefix("burst-")?.parse().ok()?;
+                let id = format!("{:064x}", 0xb0_0000 + pod);
+                st.sandboxes.insert(id.clone(), pod);
+                if st.pods.len() <= pod {
+                    st.pods.resize(pod + 1, BurstPod::default());
+                }
+                Some(cri::RunPodSandboxResponse { pod_sandbox_id: id }.encode_to_vec())
+            }
+            "CreateContainer" => {
+                let req = cri::CreateContainerRequest::decode(msg).ok()?;
+                let pod = *st.sandboxes.get(&req.pod_sandbox_id)?;
+                let name = req.config?.metadata?.name;
+                let sidecar = name == self.sidecar;
+                let id = format!("{:064x}", 0xc0_0000 + pod * 2 + usize::from(!sidecar));
+                if !sidecar {
+                    st.pods[pod].app_created = Some(now);
+                }
+                let c = BurstContainer {
+                    id: id.clone(),
+                    sandbox_id: req.pod_sandbox_id,
+                    name,
+                    pod,
+                    state: 0,
+                    created_at: wall(),
+                };
+                st.containers.insert(id.clone(), c);
+                Some(cri::CreateContainerResponse { container_id: id }.encode_to_vec())
+            }
+            "StartContainer" => {
+                let req = cri::StartContainerRequest::decode(msg).ok()?;
+                let c = st.containers.get_mut(&req.container_id)?;
+                c.state = 1;
+                let (pod, sidecar) = (c.pod, c.name == self.sidecar);
+                if sidecar {
+                    let late = self.spread * (pod % 10) as u32 / 10;
+                    st.pods[pod].ready_at = Some(now + self.ready_after + late);
+                }
+                Some(cri::StartContainerResponse {}.encode_to_vec())
+            }
+            "ExecSync" => {
+                let req = cri::ExecSyncRequest::decode(msg).ok()?;
+                let pod = st.containers.get(&req.container_id)?.pod;
+                st.execs.push(now);
+                let p = &mut st.pods[pod];
+                let ready = p.ready_at.is_some_and(|at| at <= now);
+                match ready {
+                    true => p.execs_ready += 1,
+                    false => p.execs_not_ready += 1,
+                }
+                Some(
+                    cri::ExecSyncResponse {
+                        exit_code: i32::from(!ready),
+                        ..Default::default()
+                    }
+                    .encode_to_vec(),
+                )
+            }
+            "ListContainers" | "StreamContainers" => {
+                let filter = cri::ListContainersRequest::decode(msg).ok()?.filter?;
+                let by_sandbox = !filter.pod_sandbox_id.is_empty();
+                if !by_sandbox && filter.id.is_empty() {
+                    return None;
+                }
+                // crisp's own lookups of a burst pod; anything else is not the burst's.
+                if (by_sandbox && !st.sandboxes.contains_key(&filter.pod_sandbox_id))
+                    || (!by_sandbox && !st.containers.contains_key(&filter.id))
+                {
+                    return None;
+                }
+                let mut containers: Vec<cri::Container> = st
+                    .containers
+                    .values()
+                    .filter(|c| match by_sandbox {
+                        true => c.sandbox_id == filter.pod_sandbox_id,
+                        false => c.id == filter.id,
+                    })
+                    .map(BurstContainer::listed)
+                    .collect();
+                containers.sort_by(|a, b| a.id.cmp(&b.id));
+                Some(cri::ListContainersResponse { containers }.encode_to_vec())
+            }
+            "ContainerStatus" => {
+                let req = cri::ContainerStatusRequest::decode(msg).ok()?;
+                let c = st.containers.get(&req.container_id)?.listed();
+                Some(
+                    cri::ContainerStatusResponse {
+                        status: Some(cri::ContainerStatus {
+                            id: c.id,
+                            metadata: c.metadata,
+                            state: c.state,
+                            created_at: c.created_at,
+                            started_at: c.created_at,
+                            labels: c.labels,
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }
+                    .encode_to_vec(),
+                )
+            }
+            "PodSandboxStatus" => {
+                let req = cri::PodSandboxStatusRequest::decode(msg).ok()?;
+                let pod = *st.sandboxes.get(&req.pod_sandbox_id)?;
+                Some(
+                    cri::PodSandboxStatusResponse {
+                        status: Some(cri::PodSandboxStatus {
+                            id: req.pod_sandbox_id,
+                            metadata: Some(cri::PodSandboxMetadata {
+                                name: format!("burst-{pod}"),
+                                uid: format!("{pod:032x}"),
+                                namespace: "burst".into(),
+                                attempt: 0,
+                            }),
+                            created_at: 1,
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }
+                    .encode_to_vec(),
+                )
+            }
+            _ => None,
+        }
+    }
+}
+
+impl BurstContainer {
+    fn listed(&self) -> cri::Container {
+        cri::Container {
+            id: self.id.clone(),
+            pod_sandbox_id: self.sandbox_id.clone(),
+            metadata: Some(cri::ContainerMetadata {
+                name: self.name.clone(),
+                attempt: 0,
+            }),
+            state: self.state,
+            created_at: self.created_at,
+            labels: map(&[
+                ("io.kubernetes.container.name", self.name.clone()),
+                ("io.kubernetes.pod.name", format!("burst-{}", self.pod)),
+                ("io.kubernetes.pod.namespace", "burst".into()),
+            ]),
+            ..Default::default()
+        }
+    }
+}
+
 /// A gRPC response body: some data frames, then `grpc-status: 0` trailers.
 pub struct CannedBody {
     frames: Vec<Bytes>,
@@ -401,6 +637,10 @@ async fn answer(
         vec![canned.event.clone(); canned.events_per_stream]
     } else {
         vec![canned.version.clone()]
+    };
+    let frames = match canned.burst.as_ref().and_then(|b| b.answer(&path, &body)) {
+        Some(message) => vec![frame(&message)],
+        None => frames,
     };
     let mut resp = Response::new(CannedBody {
         frames,
@@ -505,5 +745,104 @@ mod tests {
                 .len(),
             500
         );
+    }
+
+    /// The burst's runtime: a pod created through it answers its sidecar's exec probe "not
+    /// ready" until the known instant and "ready" from then on, lists the pod's containers to
+    /// crisp's filtered lookups, and records the app's create.
+    #[test]
+    fn a_burst_pod_turns_ready_at_its_instant_and_records_its_app() {
+        let b = &Burst::new("proxy", Duration::from_millis(30), Duration::ZERO);
+        let call = |m: &str, msg: &dyn Fn() -> Vec<u8>| {
+            let answer = b.answer(&format!("/runtime.v1.RuntimeService/{m}"), &frame(&msg()));
+            answer.unwrap_or_else(|| panic!("{m} not answered"))
+        };
+        let config = cri::PodSandboxConfig {
+            metadata: Some(cri::PodSandboxMetadata {
+                name: "burst-3".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let run = || {
+            cri::RunPodSandboxRequest {
+                config: Some(config.clone()),
+                ..Default::default()
+            }
+            .encode_to_vec()
+        };
+        let sandbox = cri::RunPodSandboxResponse::decode(&call("RunPodSandbox", &run)[..])
+            .unwrap()
+            .pod_sandbox_id;
+        let create = |name: &'static str| {
+            let sandbox = sandbox.clone();
+            move || {
+                cri::CreateContainerRequest {
+                    pod_sandbox_id: sandbox.clone(),
+                    config: Some(cri::ContainerConfig {
+                        metadata: Some(cri::ContainerMetadata {
+                            name: name.into(),
+                            attempt: 0,
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }
+                .encode_to_vec()
+            }
+        };
+        let sidecar =
+            cri::CreateContainerResponse::decode(&call("CreateContainer", &create("proxy"))[..])
+                .unwrap()
+                .container_id;
+        let id = sidecar.clone();
+        call("StartContainer", &move || {
+            cri::StartContainerRequest {
+                container_id: id.clone(),
+            }
+            .encode_to_vec()
+        });
+        let id = sidecar.clone();
+        let exec = move || {
+            let req = cri::ExecSyncRequest {
+                container_id: id.clone(),
+                ..Default::default()
+            };
+            let answer = b.answer(
+                "/runtime.v1.RuntimeService/ExecSync",
+                &frame(&req.encode_to_vec()),
+            );
+            cri::ExecSyncResponse::decode(&answer.unwrap()[..])
+                .unwrap()
+                .exit_code
+        };
+        assert_eq!(exec(), 1, "not ready before its instant");
+        let listed = call("ListContainers", &|| {
+            cri::ListContainersRequest {
+                filter: Some(cri::ContainerFilter {
+                    pod_sandbox_id: sandbox.clone(),
+                    ..Default::default()
+                }),
+            }
+            .encode_to_vec()
+        });
+        let listed = cri::ListContainersResponse::decode(&listed[..])
+            .unwrap()
+            .containers;
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].state, 1, "the started sidecar runs");
+        std::thread::sleep(Duration::from_millis(40));
+        assert_eq!(exec(), 0, "ready from its instant on");
+        call("CreateContainer", &create("app"));
+        let seen = b.seen();
+        let pod = &seen.pods[3];
+        assert!(pod.app_created.unwrap() > pod.ready_at.unwrap());
+        assert_eq!((pod.execs_not_ready, pod.execs_ready), (1, 1));
+        assert_eq!(seen.execs.len(), 2);
+        // The relist's unfiltered list is the canned node's, not the burst's.
+        let all = cri::ListContainersRequest::default().encode_to_vec();
+        assert!(b
+            .answer("/runtime.v1.RuntimeService/ListContainers", &frame(&all))
+            .is_none());
     }
 }

@@ -19,6 +19,9 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use k8s_cri::v1 as cri;
 use prost::Message;
 
+#[path = "crisp-bench/burst.rs"]
+mod burst;
+
 #[derive(Parser, Debug)]
 #[command(about = "Benchmark crisp against a direct connection and a socat splice")]
 struct Args {
@@ -78,6 +81,24 @@ struct Args {
     /// bench paces a tight loop so that the relists do not queue behind each other's GC).
     #[arg(long, default_value_t = 20)]
     relist_pace_ms: u64,
+    /// Burst lane: ordered pods created at once (each a sidecar with an exec readiness, then
+    /// an app crisp holds until it is ready).
+    #[arg(long, default_value_t = 100)]
+    burst_pods: usize,
+    /// Burst lane: runs, each with a fresh fake runtime and a fresh crisp.
+    #[arg(long, default_value_t = 5)]
+    burst_runs: usize,
+    /// Burst lane: a sidecar turns ready this long after its StartContainer reached the
+    /// runtime (plus 0–90 ms by pod, so that the ready instants do not fall in step).
+    #[arg(long, default_value_t = 500)]
+    burst_ready_ms: u64,
+    /// Burst lane: measured relists per lane in the quiet before the burst and during it.
+    #[arg(long, default_value_t = 20)]
+    burst_relists: usize,
+    /// Burst lane: pause after every lane's relist, in ms (kubelet relists once a second; the
+    /// default paces 20 relists a lane into the 2.5 s that 100 pods take on crisp's defaults).
+    #[arg(long, default_value_t = 50)]
+    burst_relist_pace_ms: u64,
     /// A second crisp binary (say, a build of main) run as a lane of its own, "crisp-before",
     /// interleaved with the others: before/after from the same runs. Also `$CRISP_BEFORE_BIN`.
     #[arg(long, env = "CRISP_BEFORE_BIN")]
@@ -102,6 +123,11 @@ enum Workload {
     /// the lanes interleaved relist by relist; crisp's CPU, context switches and RSS per relist
     /// (issue #47).
     Relist,
+    /// A burst of ordered pods (`--burst-pods`, each a sidecar with an exec readiness and an
+    /// app) created at once through crisp while kubelet's relist runs: per pod, the time from
+    /// the sidecar turning ready to the app's CreateContainer leaving crisp; the node's ExecSync
+    /// rate; the relist's latency during the burst and before it (issue #47).
+    Burst,
 }
 
 impl Args {
@@ -110,6 +136,7 @@ impl Args {
     }
 }
 
+#[derive(Clone)]
 struct Lane {
     name: &'static str,
     socket: PathBuf,
@@ -1669,7 +1696,11 @@ async fn main() -> Result<()> {
     let _fake = fakert::serve(&fake_sock, Arc::new(Canned::new(args.containers, 10_000)))?;
     // The relist lane runs on the fake runtime only (a real containerd at 500 pods is the next
     // step of issue #47): alone, it needs no containerd.
-    let relist_only = !args.only.is_empty() && args.only.iter().all(|w| *w == Workload::Relist);
+    let relist_only = !args.only.is_empty()
+        && args
+            .only
+            .iter()
+            .all(|w| matches!(w, Workload::Relist | Workload::Burst));
     let ctrd = match args.containerd && !relist_only {
         true => Some(
             crisp_e2e::harness::Containerd::start_async(crisp_e2e::harness::ContainerdOpts {
@@ -1697,11 +1728,14 @@ async fn main() -> Result<()> {
     if args.runs(Workload::Relist) {
         report += &relist_report(&args, dir.path()).await?;
     }
+    if args.runs(Workload::Burst) {
+        report += &burst::report(&args, dir.path()).await?;
+    }
     if !args.only.is_empty()
         && args
             .only
             .iter()
-            .all(|w| matches!(w, Workload::Kubelet | Workload::Relist))
+            .all(|w| matches!(w, Workload::Kubelet | Workload::Relist | Workload::Burst))
     {
         println!("{report}");
         return Ok(());

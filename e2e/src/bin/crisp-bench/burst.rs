@@ -1,0 +1,420 @@
+//! The burst lane (issue #47, "bursts of ordered pods"): `--burst-pods` pods created at once
+//! through crisp against the fake runtime, each a sidecar `proxy` with an exec readiness
+//! (`crisp.dev/ready.proxy: exec:[...]`, answered by the fake's ExecSync) and an app whose
+//! CreateContainer crisp holds until the sidecar is ready, while kubelet's relist (grpc-go,
+//! `crisp-grpcgo bench`) runs. Per pod: from the instant the fake starts answering the probe
+//! "ready" to the instant the app's CreateContainer reaches it (leaves crisp), both read on the
+//! fake's own clock.
+
+use std::collections::HashMap;
+use std::fmt::Write;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use bytes::Bytes;
+use crisp_e2e::fakert::{self, Burst, BurstState, Canned};
+use crisp_e2e::raw::frame;
+use http::Request;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http2::SendRequest;
+use k8s_cri::v1 as cri;
+use prost::Message;
+
+use super::{
+    connect, grpcgo_relist, machine_line, start_crisp_bin, steal_jiffies, Args, Lane, RelistRuns,
+};
+
+/// The sidecar's name and its readiness, as a pod's author writes them (docs/ANNOTATIONS.md).
+const SIDECAR: &str = "proxy";
+const READY: &str = r#"exec:["test","-e","/tmp/ready"]"#;
+
+/// One unary call through `sender`; the answer's message (without its gRPC frame header).
+async fn unary(
+    sender: &mut SendRequest<Full<Bytes>>,
+    method: &str,
+    msg: &impl Message,
+) -> Result<Bytes> {
+    let req = Request::post(format!(
+        "http://localhost/runtime.v1.RuntimeService/{method}"
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .header("grpc-timeout", "120S")
+    .body(Full::new(frame(&msg.encode_to_vec())))?;
+    let resp = sender.send_request(req).await?;
+    let collected = resp.into_body().collect().await?;
+    let status = collected
+        .trailers()
+        .and_then(|t| t.get("grpc-status"))
+        .map(|v| v.to_str().unwrap_or("?").to_string());
+    if status.as_deref() != Some("0") {
+        bail!("{method}: grpc-status {status:?}");
+    }
+    let bytes = collected.to_bytes();
+    Ok(bytes.slice(5.min(bytes.len())..))
+}
+
+/// What kubelet sends for one pod, one call at a time: RunPodSandbox, the sidecar's
+/// CreateContainer and StartContainer, then the app's CreateContainer (held by crisp). Returns
+/// when the app's create was sent.
+async fn pod(mut sender: SendRequest<Full<Bytes>>, i: usize) -> Result<Instant> {
+    let config = cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: format!("burst-{i}"),
+            uid: format!("{i:032x}"),
+            namespace: "burst".into(),
+            attempt: 0,
+        }),
+        annotations: HashMap::from([
+            ("crisp.dev/sidecars".to_string(), SIDECAR.to_string()),
+            (format!("crisp.dev/ready.{SIDECAR}"), READY.to_string()),
+        ]),
+        ..Default::default()
+    };
+    let run = cri::RunPodSandboxRequest {
+        config: Some(config.clone()),
+        runtime_handler: String::new(),
+    };
+    let sandbox =
+        cri::RunPodSandboxResponse::decode(unary(&mut sender, "RunPodSandbox", &run).await?)?
+            .pod_sandbox_id;
+    let create = |name: &str| cri::CreateContainerRequest {
+        pod_sandbox_id: sandbox.clone(),
+        config: Some(cri::ContainerConfig {
+            metadata: Some(cri::ContainerMetadata {
+                name: name.into(),
+                attempt: 0,
+            }),
+            image: Some(cri::ImageSpec {
+                image: format!("registry.example.com/{name}:1"),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        sandbox_config: Some(config.clone()),
+    };
+    let sidecar = cri::CreateContainerResponse::decode(
+        unary(&mut sender, "CreateContainer", &create(SIDECAR)).await?,
+    )?
+    .container_id;
+    let start = cri::StartContainerRequest {
+        container_id: sidecar,
+    };
+    unary(&mut sender, "StartContainer", &start).await?;
+    let sent = Instant::now();
+    unary(&mut sender, "CreateContainer", &create("app"))
+        .await
+        .with_context(|| format!("pod burst-{i}: the app's CreateContainer"))?;
+    Ok(sent)
+}
+
+/// One run's findings.
+struct Run {
+    /// Per pod, ms from its sidecar turning ready to its app's create reaching the runtime.
+    release_ms: Vec<f64>,
+    /// Pods whose app create was sent after the sidecar was ready already (their release is
+    /// only crisp's first check, not a hold).
+    sent_late: usize,
+    /// From the first RunPodSandbox sent to the last app create answered.
+    burst: Duration,
+    /// ExecSync calls and the span from the first to the last.
+    execs: usize,
+    exec_span: Duration,
+    /// Most ExecSync calls in any one second.
+    exec_peak: usize,
+    /// Mean ExecSync calls a pod, before and after its sidecar was ready.
+    execs_not_ready: f64,
+    execs_ready: f64,
+    /// Relists (direct, crisp) in the quiet before the burst and during it.
+    quiet: RelistRuns,
+    during: RelistRuns,
+    /// How long the relist during the burst ran.
+    relist_span: Duration,
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+async fn run(args: &Args, dir: &Path, k: usize) -> Result<Run> {
+    let burst = Arc::new(Burst::new(
+        SIDECAR,
+        Duration::from_millis(args.burst_ready_ms),
+        Duration::from_millis(100),
+    ));
+    // The node the relist reads: the relist lane's small node (500 pods, 2,000 containers).
+    let mut canned = Canned::node(500, 2_000);
+    canned.burst = Some(burst.clone());
+    let tag = format!("burst-{k}");
+    let upstream = dir.join(format!("{tag}-fake.sock"));
+    let _fake = fakert::serve(&upstream, Arc::new(canned))?;
+    let crisp_dir = dir.join(format!("{tag}-crisp"));
+    std::fs::create_dir_all(&crisp_dir)?;
+    let crisp_sock = crisp_dir.join("crisp.sock");
+    let _crisp = start_crisp_bin(
+        &crisp_e2e::crisp::crisp_binary()?,
+        &tag,
+        dir,
+        &crisp_sock,
+        &upstream,
+        &args.crisp_config,
+    )?;
+    // crisp reads the node when it starts (its recovery): let that pass before measuring.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let lanes = vec![
+        Lane {
+            name: "direct",
+            socket: upstream.clone(),
+        },
+        Lane {
+            name: "crisp",
+            socket: crisp_sock.clone(),
+        },
+    ];
+    let relist = RelistArgs {
+        pace: args.burst_relist_pace_ms,
+        count: args.burst_relists,
+    };
+    let quiet = tokio::task::block_in_place(|| relist.run(&lanes))?;
+    let relists = {
+        let lanes = lanes.clone();
+        std::thread::spawn(move || {
+            let t = Instant::now();
+            let r = relist.run(&lanes);
+            (r, t.elapsed())
+        })
+    };
+    // The relist's warm-up (3 relists a lane) first: the burst falls on measured relists.
+    tokio::time::sleep(Duration::from_millis(
+        3 * 2 * (20 + args.burst_relist_pace_ms),
+    ))
+    .await;
+    // kubelet's one connection to the runtime, as it has.
+    let sender = connect(&crisp_sock).await?;
+    let t0 = Instant::now();
+    let pods: Vec<_> = (0..args.burst_pods)
+        .map(|i| tokio::spawn(pod(sender.clone(), i)))
+        .collect();
+    let mut sent = Vec::with_capacity(pods.len());
+    for p in pods {
+        sent.push(p.await??);
+    }
+    let burst_took = t0.elapsed();
+    let (during, relist_span) = match relists.join() {
+        Ok((r, span)) => (r?, span),
+        Err(_) => bail!("the relist thread panicked"),
+    };
+    let seen: BurstState = burst.seen();
+    let mut release_ms = Vec::new();
+    let mut sent_late = 0;
+    for (i, p) in seen.pods.iter().enumerate() {
+        let (Some(ready), Some(created)) = (p.ready_at, p.app_created) else {
+            bail!("pod burst-{i}: the runtime saw no ready instant or no app create");
+        };
+        if sent.get(i).is_some_and(|s| *s >= ready) {
+            sent_late += 1;
+        }
+        let ms = match created.checked_duration_since(ready) {
+            Some(d) => d.as_secs_f64() * 1e3,
+            None => -(ready.duration_since(created).as_secs_f64() * 1e3),
+        };
+        release_ms.push(ms);
+    }
+    release_ms.sort_by(f64::total_cmp);
+    let execs = &seen.execs;
+    let exec_span = match (execs.first(), execs.last()) {
+        (Some(a), Some(b)) => b.duration_since(*a),
+        _ => Duration::ZERO,
+    };
+    let mut exec_peak = 0;
+    let mut lo = 0;
+    for (hi, t) in execs.iter().enumerate() {
+        while t.duration_since(execs[lo]) >= Duration::from_secs(1) {
+            lo += 1;
+        }
+        exec_peak = exec_peak.max(hi + 1 - lo);
+    }
+    let n = seen.pods.len().max(1) as f64;
+    Ok(Run {
+        release_ms,
+        sent_late,
+        burst: burst_took,
+        execs: execs.len(),
+        exec_span,
+        exec_peak,
+        execs_not_ready: seen
+            .pods
+            .iter()
+            .map(|p| f64::from(p.execs_not_ready))
+            .sum::<f64>()
+            / n,
+        execs_ready: seen
+            .pods
+            .iter()
+            .map(|p| f64::from(p.execs_ready))
+            .sum::<f64>()
+            / n,
+        quiet,
+        during,
+        relist_span,
+    })
+}
+
+/// The relist's settings, owned, for its own thread.
+struct RelistArgs {
+    pace: u64,
+    count: usize,
+}
+
+impl RelistArgs {
+    fn run(&self, lanes: &[Lane]) -> Result<RelistRuns> {
+        let methods = [
+            (
+                "ListPodSandbox",
+                cri::ListPodSandboxRequest::default().encode_to_vec(),
+            ),
+            (
+                "ListContainers",
+                cri::ListContainersRequest::default().encode_to_vec(),
+            ),
+        ];
+        grpcgo_relist(
+            lanes,
+            &[],
+            &methods,
+            &[
+                "--runs".into(),
+                "1".into(),
+                "--count".into(),
+                self.count.to_string(),
+                "--warmup".into(),
+                "3".into(),
+                "--pace".into(),
+                format!("{}ms", self.pace),
+                "--timeout".into(),
+                "60s".into(),
+            ],
+        )
+    }
+}
+
+/// crisp's `[ordering] probe_interval`: from `--crisp-config` when it sets one, else crisp's
+/// default (`src/config.rs`).
+fn probe_interval(crisp_config: &str) -> Duration {
+    crisp_config
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("probe_interval"))
+        .filter_map(|rest| rest.trim_start().strip_prefix('='))
+        .find_map(|v| humantime::parse_duration(v.trim().trim_matches('"')).ok())
+        .unwrap_or(Duration::from_millis(50))
+}
+
+/// The whole relist's (p50, p99) in ms of lane `i` of a one-run relist.
+fn relist_ms(r: &RelistRuns, i: usize) -> (f64, f64) {
+    let whole = r.latency.last().and_then(|runs| runs.first());
+    whole.map_or((f64::NAN, f64::NAN), |lanes| {
+        (lanes[i].0 / 1e3, lanes[i].1 / 1e3)
+    })
+}
+
+pub(super) async fn report(args: &Args, dir: &Path) -> Result<String> {
+    let mut out = String::new();
+    let (steal0, total0) = steal_jiffies();
+    let interval = probe_interval(&args.crisp_config);
+    let interval_ms = interval.as_secs_f64() * 1e3;
+    writeln!(
+        out,
+        "\n### A burst of {} ordered pods during kubelet's relist, fake runtime (in-process)\n",
+        args.burst_pods
+    )?;
+    writeln!(out, "Machine: {}.\n", machine_line())?;
+    writeln!(
+        out,
+        "Each pod: RunPodSandbox, the sidecar `{SIDECAR}`'s CreateContainer and StartContainer, then the app's CreateContainer, one call at a time, all pods at once on one HTTP/2 connection to crisp (the bench's hyper client). `crisp.dev/ready.{SIDECAR}: {READY}`: the fake runtime answers that ExecSync exit 1 until {} ms + (pod mod 10) × 10 ms after the sidecar's StartContainer reached it, exit 0 from then on. Release = the app's CreateContainer reaching the fake − that instant. crisp's settings: its defaults unless `--crisp-config` says otherwise (`{}`): `probe_interval` {interval_ms:.0} ms, reads 100/s (16 in flight), exec probes 50/s node-wide, 4 in flight, 20/s a pod. kubelet's relist (grpc-go, ListPodSandbox then ListContainers over a node of 500 pods / 2,000 containers, direct and crisp interleaved, {} ms pause after each): {} relists a lane in the quiet before the burst, {} from the burst's start.\n",
+        args.burst_ready_ms,
+        args.crisp_config.replace('\n', " "),
+        args.burst_relist_pace_ms,
+        args.burst_relists,
+        args.burst_relists,
+    )?;
+    writeln!(
+        out,
+        "| run | burst s | release p50 / p90 / p99 / max ms | ≤ {interval_ms:.0} ms | sent after ready | ExecSync: calls, per s (peak 1 s) | per pod not ready / ready | relist p50 / p99 ms, crisp: quiet → burst (s) | direct: quiet → burst |\n|---|---|---|---|---|---|---|---|---|"
+    )?;
+    let mut all = Vec::new();
+    for k in 0..args.burst_runs.max(1) {
+        let r = run(args, dir, k).await?;
+        let v = &r.release_ms;
+        let (cq, cb) = (relist_ms(&r.quiet, 1), relist_ms(&r.during, 1));
+        let (dq, db) = (relist_ms(&r.quiet, 0), relist_ms(&r.during, 0));
+        writeln!(
+            out,
+            "| {} | {:.2} | {:.0} / {:.0} / {:.0} / {:.0} | {} of {} | {} | {}, {:.1} ({}) | {:.1} / {:.1} | {:.1} / {:.1} → {:.1} / {:.1} ({:.1}) | {:.1} / {:.1} → {:.1} / {:.1} |",
+            k + 1,
+            r.burst.as_secs_f64(),
+            pct(v, 0.5),
+            pct(v, 0.9),
+            pct(v, 0.99),
+            pct(v, 1.0),
+            v.iter().filter(|ms| **ms <= interval_ms).count(),
+            v.len(),
+            r.sent_late,
+            r.execs,
+            r.execs as f64 / r.exec_span.as_secs_f64().max(1e-3),
+            r.exec_peak,
+            r.execs_not_ready,
+            r.execs_ready,
+            cq.0,
+            cq.1,
+            cb.0,
+            cb.1,
+            r.relist_span.as_secs_f64(),
+            dq.0,
+            dq.1,
+            db.0,
+            db.1,
+        )?;
+        all.extend_from_slice(v);
+    }
+    let within = all.iter().filter(|ms| **ms <= interval_ms).count();
+    all.sort_by(f64::total_cmp);
+    writeln!(
+        out,
+        "\nAll runs pooled ({} pods): release p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms, max {:.0} ms; min {:.0} ms; {within} within one probe interval ({interval_ms:.0} ms).",
+        all.len(),
+        pct(&all, 0.5),
+        pct(&all, 0.9),
+        pct(&all, 0.99),
+        pct(&all, 1.0),
+        pct(&all, 0.0),
+    )?;
+    let (steal1, total1) = steal_jiffies();
+    writeln!(
+        out,
+        "{} % of the CPU time stolen by the host during the burst lane.",
+        100 * (steal1 - steal0) / (total1 - total0).max(1)
+    )?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The release column counts against the interval crisp runs with, not always the default.
+    #[test]
+    fn the_probe_interval_is_read_from_the_extra_config() {
+        assert_eq!(probe_interval(""), Duration::from_millis(50));
+        let cfg = "[ordering]\nexec_probes_per_second = 100\nprobe_interval = \"200ms\"";
+        assert_eq!(probe_interval(cfg), Duration::from_millis(200));
+        assert_eq!(
+            probe_interval("probe_interval_x = 1"),
+            Duration::from_millis(50)
+        );
+    }
+}
