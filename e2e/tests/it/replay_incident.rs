@@ -5,19 +5,14 @@
 //! where nothing holds or refuses: the report must show every call replayed, the refusal and the
 //! hold as differences, the sandbox and container ids rewritten, and what it created removed.
 
-use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
 use anyhow::{ensure, Context, Result};
 use crisp_e2e::crisp::crisp_binary;
-use crisp_e2e::emulator::PodSpec;
 use crisp_e2e::stack::{Stack, StackOpts};
 use serde_json::Value;
 
-use super::timeline_demo::{await_line, spawn_attached};
-
-const STEP: Duration = Duration::from_secs(60);
+use super::timeline_demo::{record, run_demo_pod};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replaying_a_refusal_against_containerd_reports_it_gone() -> Result<()> {
@@ -32,27 +27,8 @@ async fn replaying_a_refusal_against_containerd_reports_it_gone() -> Result<()> 
     .await?;
     let dir = tempfile::Builder::new().prefix("crisp-replay-").tempdir()?;
     let recording = dir.path().join("calls.jsonl");
-    let admin = st.crisp.socket().with_file_name("admin.sock");
-    let mut tap = Command::new(crisp_binary()?);
-    tap.args(["tap", "--all", "--full", "--json", "--admin-socket"])
-        .arg(&admin)
-        .arg("--output")
-        .arg(&recording)
-        .stdout(Stdio::null());
-    let mut tap = spawn_attached(tap, "crisp tap").await?;
-    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("pods/demo.yaml");
-    let uid = st
-        .run_pod(PodSpec::from_file(&demo)?.remove(0), STEP)
-        .await?;
-    st.delete_pod(&uid, None, STEP).await?;
-    await_line(
-        &recording,
-        &["\"StopPodSandbox\"", "\"web\""],
-        Duration::from_secs(30),
-    )
-    .await?;
-    tap.kill()?;
-    tap.wait()?;
+    let tap = record(&st, &recording, true).await?;
+    run_demo_pod(&st, &recording, tap).await?;
     let text = std::fs::read_to_string(&recording)?;
     let recorded: Vec<Value> = text
         .lines()

@@ -67,6 +67,41 @@ pub(crate) async fn spawn_attached(mut cmd: Command, what: &str) -> Result<Child
     Ok(child)
 }
 
+/// `crisp tap --all --json [--full] --output RECORDING` on the stack's admin socket, attached
+/// (polling calls too: ImageStatus is one).
+pub(crate) async fn record(st: &Stack, recording: &Path, full: bool) -> Result<Child> {
+    let admin = st.crisp.socket().with_file_name("admin.sock");
+    let mut tap = Command::new(crisp_binary()?);
+    tap.args(["tap", "--all", "--json", "--admin-socket"])
+        .arg(&admin)
+        .arg("--output")
+        .arg(recording)
+        .stdout(Stdio::null());
+    if full {
+        tap.arg("--full");
+    }
+    spawn_attached(tap, "crisp tap").await
+}
+
+/// Runs the README demo's pod (e2e/pods/demo.yaml) and deletes it; returns once `recording`
+/// has its StopPodSandbox, with the tap (`tap`) stopped.
+pub(crate) async fn run_demo_pod(st: &Stack, recording: &Path, mut tap: Child) -> Result<()> {
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("pods/demo.yaml");
+    let uid = st
+        .run_pod(PodSpec::from_file(&demo)?.remove(0), STEP)
+        .await?;
+    st.delete_pod(&uid, None, STEP).await?;
+    await_line(
+        recording,
+        &["\"StopPodSandbox\"", "\"web\""],
+        Duration::from_secs(30),
+    )
+    .await?;
+    tap.kill()?;
+    tap.wait()?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_pod_timeline_renders_its_holds_and_refusal() -> Result<()> {
     let st = Stack::start_with(
@@ -86,15 +121,8 @@ async fn demo_pod_timeline_renders_its_holds_and_refusal() -> Result<()> {
         .prefix("crisp-timeline-")
         .tempdir()?;
     let recording = out_dir.path().join("calls.jsonl");
-    // Polling calls too (--all): ImageStatus is one.
+    let tap = record(&st, &recording, false).await?;
     let admin = st.crisp.socket().with_file_name("admin.sock");
-    let mut tap = Command::new(crisp_binary()?);
-    tap.args(["tap", "--all", "--json", "--admin-socket"])
-        .arg(&admin)
-        .arg("--output")
-        .arg(&recording)
-        .stdout(Stdio::null());
-    let mut tap = spawn_attached(tap, "crisp tap").await?;
 
     // And the live view: `crisp timeline --live` attached to the same crisp, drawing on Ctrl-C.
     let live_svg = out_dir.path().join("live.svg");
@@ -106,19 +134,7 @@ async fn demo_pod_timeline_renders_its_holds_and_refusal() -> Result<()> {
         .stdout(Stdio::piped());
     let live = spawn_attached(live, "crisp timeline --live").await?;
 
-    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("pods/demo.yaml");
-    let uid = st
-        .run_pod(PodSpec::from_file(&demo)?.remove(0), STEP)
-        .await?;
-    st.delete_pod(&uid, None, STEP).await?;
-    await_line(
-        &recording,
-        &["\"StopPodSandbox\"", "\"web\""],
-        Duration::from_secs(30),
-    )
-    .await?;
-    tap.kill()?;
-    tap.wait()?;
+    run_demo_pod(&st, &recording, tap).await?;
     Command::new("kill")
         .args(["-INT", &live.id().to_string()])
         .status()?;
