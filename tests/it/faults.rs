@@ -421,16 +421,7 @@ async fn watchdog_notifications_stop_while_crisp_is_wedged_and_resume_after() {
     .unwrap();
     let sock = dir.path().join("crisp.sock");
     let log = dir.path().join("crisp.log");
-    let mut c = crisp_command(
-        dir.path(),
-        &[
-            "--listen",
-            &sock.display().to_string(),
-            "--upstream",
-            &rt.path.display().to_string(),
-        ],
-        &log,
-    );
+    let mut c = crisp_between(dir.path(), &sock, &rt.path, &log);
     c.env("NOTIFY_SOCKET", &notify.env)
         .env("WATCHDOG_USEC", "600000")
         .env_remove("WATCHDOG_PID")
@@ -527,16 +518,7 @@ async fn the_daemon_logs_a_relay_threads_panic_through_its_log_writer() {
     std::fs::write(faults.join("panic-Version"), "").unwrap();
     let sock = dir.path().join("crisp.sock");
     let log = dir.path().join("crisp.log");
-    let mut c = crisp_command(
-        dir.path(),
-        &[
-            "--listen",
-            &sock.display().to_string(),
-            "--upstream",
-            &rt.path.display().to_string(),
-        ],
-        &log,
-    );
+    let mut c = crisp_between(dir.path(), &sock, &rt.path, &log);
     c.env("CRISP_TEST_FAULTS", &faults);
     let crisp = spawn(c, &log);
     // The hook's line (its target; the relay's own "crisp panicked on a call" comes too).

@@ -309,16 +309,7 @@ async fn ready_then_stopping(notify: Notify) {
     let rt = fake_runtime(&dir.path().join("runtime.sock"), false).await;
     let sock = dir.path().join("run").join("crisp.sock");
     let log = dir.path().join("crisp.log");
-    let mut c = crisp_command(
-        dir.path(),
-        &[
-            "--listen",
-            &sock.display().to_string(),
-            "--upstream",
-            &rt.path.display().to_string(),
-        ],
-        &log,
-    );
+    let mut c = crisp_between(dir.path(), &sock, &rt.path, &log);
     c.env("NOTIFY_SOCKET", &notify.env);
     let mut p = spawn(c, &log);
 
@@ -446,16 +437,7 @@ async fn listen_fds_meant_for_another_process_are_ignored() {
     let sock = dir.path().join("crisp.sock");
     let notify = Notify::at_path(&dir.path().join("notify.sock"));
     let log = dir.path().join("crisp.log");
-    let mut c = crisp_command(
-        dir.path(),
-        &[
-            "--listen",
-            &sock.display().to_string(),
-            "--upstream",
-            &rt.path.display().to_string(),
-        ],
-        &log,
-    );
+    let mut c = crisp_between(dir.path(), &sock, &rt.path, &log);
     // Leaked from a parent (pid 1 is never crisp here), all three as systemd sets them:
     // sd_listen_fds(3) semantics say ignore, names included.
     c.env("LISTEN_PID", "1")

@@ -345,6 +345,12 @@ pub fn crisp_command(dir: &Path, args: &[&str], log: &Path) -> Command {
     c
 }
 
+/// [`crisp_command`] for a crisp listening on `sock` in front of the runtime at `upstream`.
+pub fn crisp_between(dir: &Path, sock: &Path, upstream: &Path, log: &Path) -> Command {
+    let (sock, upstream) = (sock.display().to_string(), upstream.display().to_string());
+    crisp_command(dir, &["--listen", &sock, "--upstream", &upstream], log)
+}
+
 pub fn spawn(mut c: Command, log: &Path) -> Proc {
     let child = c.spawn().unwrap_or_else(|e| panic!("spawn {c:?}: {e}"));
     Proc {
