@@ -800,10 +800,25 @@ fn the_installer_daemonset_rolls_out_and_back() {
         });
         let t = Instant::now();
         cluster.must(&["apply", "-k", &good.display().to_string()]);
-        cluster.wait("the installer Ready", Duration::from_secs(240), || {
+        loop {
             pod = installer_pod(&cluster);
-            !pod.is_empty() && cluster.pod_ready("crisp-system", &pod)
-        });
+            if !pod.is_empty() && cluster.pod_ready("crisp-system", &pod) {
+                break;
+            }
+            if t.elapsed() > Duration::from_secs(240) {
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                panic!(
+                    "the installer not Ready in 240 s\n--- kubectl describe\n{}\n--- its logs\n{}\n--- the node's crisp and kubelet\n{}",
+                    cluster.kubectl(&["-n", "crisp-system", "describe", "pod", &pod]).all(),
+                    cluster
+                        .kubectl(&["-n", "crisp-system", "logs", "--all-containers", "--tail=40", &pod])
+                        .all(),
+                    node.nsenter(&["journalctl", "-u", "crisp", "-u", "crisp.socket", "-u", "kubelet", "-n", "60", "--no-pager"])
+                        .stdout
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
         let install_time = t.elapsed();
         // The node's status after kubelet's restart: a few status updates.
         cluster.wait("kubelet on crisp's socket", Duration::from_secs(60), || {
