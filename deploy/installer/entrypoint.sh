@@ -16,7 +16,9 @@
 # The install needs what the DaemonSet gives its init container: privileged and the node's /
 # mounted at $CRISP_HOST_ROOT (/host) with its submounts (/run, /proc): the node's PID 1 (its
 # systemd) is reached through the node's own procfs there, $HOST/proc/1, so the pod needs no
-# hostPID (issue #44). `report` and `reported` need nothing but $CRISP_STATUS_DIR (they run as nobody, no
+# other path to it; the pod has hostPID all the same, because systemd's bus refuses a systemctl
+# that is not in its PID namespace ("Failed to connect to bus: No data available"; issue #44, tried
+# on a real node). `report` and `reported` need nothing but $CRISP_STATUS_DIR (they run as their own uid, no
 # capabilities, read-only root). The image holds busybox and /opt/crisp: the static crisp
 # binary, hack/install.sh, hack/uninstall.sh, systemd/.
 #
@@ -59,8 +61,8 @@ log() {
 }
 
 # A command in the node's namespaces (mount, uts, ipc, net): the node's files and systemd, found
-# through the node's procfs under the host mount (no hostPID). In the node's mount namespace
-# /proc is the node's, so systemctl there sees the node's PID 1 as its own.
+# through the node's procfs under the host mount. The PID namespace is the pod's, which hostPID
+# makes the node's: systemd's bus refuses a client outside it.
 on_node() {
   nsenter --mount="$HOST/proc/1/ns/mnt" --uts="$HOST/proc/1/ns/uts" \
     --ipc="$HOST/proc/1/ns/ipc" --net="$HOST/proc/1/ns/net" -- "$@"
