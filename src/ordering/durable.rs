@@ -1,7 +1,12 @@
-//! The one durable writer of crisp's state directory (Job-mode marks, held-call intents): the
-//! way kubelet writes its checkpoints — a temporary file, fsynced, renamed over the target, and
-//! the directory fsynced — so a reader (a restarted crisp) sees the old content or the new,
-//! never a part of either, and a write reported done survives a power loss.
+//! The one writer of crisp's state directory (Job-mode marks, held-call intents): the way
+//! kubelet writes its checkpoints — a temporary file, renamed over the target — so a reader (a
+//! restarted crisp) sees the old content or the new, never a part of either.
+//!
+//! How far a write must survive is the caller's ([`Durability`]): a Job mark must survive a
+//! power loss (the temporary file and the directory are fsynced), a held call's intent only
+//! crisp's own death (the page cache outlives a killed process; a power loss ends every
+//! container an intent could name, so an fsync would buy nothing and cost the held call
+//! milliseconds before it is forwarded: RELIABILITY.md, "intents").
 //!
 //! Tests observe the steps through `hook` (a test-only fault hook: it may fail a step, as a full
 //! disk or a crash between two steps would).
@@ -30,13 +35,26 @@ pub enum WriteError {
 /// opened.
 pub(crate) const TMP_SUFFIX: &str = ".tmp";
 
-/// The steps of [`write_durably`], as the test hook sees them.
+/// What a write must survive once it is reported done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Durability {
+    /// crisp's own death (SIGKILL, a panic, the watchdog's abort): written and renamed, never
+    /// fsynced. A restarted crisp reads it from the page cache.
+    CrispDeath,
+    /// A power loss too: the temporary file fsynced before the rename, the directory after it.
+    PowerLoss,
+}
+
+/// The steps of [`write`], as the test hook sees them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Step {
-    /// The temporary file is written and fsynced; the target is not touched yet.
-    Synced,
-    /// The rename is done; the directory is not fsynced yet.
+    /// The temporary file is written in full (and fsynced under [`Durability::PowerLoss`]);
+    /// the target is not touched yet.
+    Written,
+    /// The rename is done (the directory not fsynced yet).
     Renamed,
+    /// The directory is fsynced ([`Durability::PowerLoss`] only): the write is done.
+    DirSynced,
 }
 
 #[cfg(test)]
@@ -75,30 +93,49 @@ fn step(_: Step, _: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Writes `content` to `dir/name` durably: a temporary file, fsynced, renamed over `name`, and
-/// the directory fsynced (the rename itself is then on disk). A failed write leaves the old
-/// content (if any) in place and no temporary file. Blocking: called off the async workers.
+/// Writes `content` to `dir/name` so that it survives a power loss ([`Durability::PowerLoss`]).
 pub(crate) fn write_durably(dir: &Path, name: &str, content: &[u8]) -> Result<(), WriteError> {
+    write(dir, name, content, Durability::PowerLoss)
+}
+
+/// Writes `content` to `dir/name`: a temporary file, renamed over `name` (under
+/// [`Durability::PowerLoss`] the temporary file fsynced before the rename, and the directory
+/// after it, so that the rename itself is on disk). A failed write leaves the old content (if
+/// any) in place and no temporary file. Blocking: called off the async workers.
+pub(crate) fn write(
+    dir: &Path,
+    name: &str,
+    content: &[u8],
+    durability: Durability,
+) -> Result<(), WriteError> {
     let tmp = dir.join(format!("{name}{TMP_SUFFIX}"));
     let path = dir.join(name);
+    let power_loss = durability == Durability::PowerLoss;
     let write = || -> std::io::Result<()> {
         let mut file = std::fs::File::create(&tmp)?;
         file.write_all(content)?;
-        file.sync_all()?;
-        step(Step::Synced, &path)?;
+        if power_loss {
+            file.sync_all()?;
+        }
+        step(Step::Written, &path)?;
         std::fs::rename(&tmp, &path)
     };
     if let Err(source) = write() {
         let _ = std::fs::remove_file(&tmp);
         return Err(WriteError::Write { path, source });
     }
-    step(Step::Renamed, &path)
-        .and_then(|()| std::fs::File::open(dir))
-        .and_then(|d| d.sync_all())
-        .map_err(|source| WriteError::SyncDir {
-            path: dir.to_path_buf(),
-            source,
-        })
+    let sync_dir = || -> std::io::Result<()> {
+        step(Step::Renamed, &path)?;
+        if power_loss {
+            std::fs::File::open(dir)?.sync_all()?;
+            step(Step::DirSynced, &path)?;
+        }
+        Ok(())
+    };
+    sync_dir().map_err(|source| WriteError::SyncDir {
+        path: dir.to_path_buf(),
+        source,
+    })
 }
 
 #[cfg(test)]
@@ -118,49 +155,67 @@ mod tests {
 
     /// Issue #43 item 7: what a crash between the steps would leave. Until the rename, the
     /// target holds its old content in full and no part of the new one is visible under its
-    /// name; after it, the new content in full. A plain `fs::write` (the target truncated and
-    /// written in place) fails this test: the hook never sees `Synced` with the old content
-    /// intact, and the fault below does not keep the old content.
+    /// name; after it, the new content in full — under both durabilities. A plain `fs::write`
+    /// (the target truncated and written in place) fails this test: the hook never sees
+    /// `Written` with the old content intact, and the fault below does not keep the old content.
     #[test]
     fn a_write_is_old_or_new_never_partial_at_every_step() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("f"), b"old content").unwrap();
-        let seen = Rc::new(RefCell::new(Vec::new()));
-        let _hook = hook({
-            let seen = seen.clone();
-            move |step, path| {
-                let now = std::fs::read(path).unwrap();
-                seen.borrow_mut().push((step, now));
-                Ok(())
+        for (durability, steps) in [
+            (
+                Durability::PowerLoss,
+                &[Step::Written, Step::Renamed, Step::DirSynced][..],
+            ),
+            (Durability::CrispDeath, &[Step::Written, Step::Renamed][..]),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("f"), b"old content").unwrap();
+            let seen = Rc::new(RefCell::new(Vec::new()));
+            let _hook = hook({
+                let seen = seen.clone();
+                move |step, path| {
+                    let now = std::fs::read(path).unwrap();
+                    seen.borrow_mut().push((step, now));
+                    Ok(())
+                }
+            });
+            write(dir.path(), "f", b"new content, longer", durability).unwrap();
+            let seen = seen.borrow();
+            assert_eq!(
+                seen.iter().map(|s| s.0).collect::<Vec<_>>(),
+                steps,
+                "{durability:?}: the directory is fsynced only for a power loss"
+            );
+            assert_eq!(
+                seen[0].1, b"old content",
+                "{durability:?}: old until the rename"
+            );
+            for (step, content) in &seen[1..] {
+                assert_eq!(
+                    content, b"new content, longer",
+                    "{durability:?} at {step:?}"
+                );
             }
-        });
-        write_durably(dir.path(), "f", b"new content, longer").unwrap();
-        assert_eq!(
-            *seen.borrow(),
-            vec![
-                (Step::Synced, b"old content".to_vec()),
-                (Step::Renamed, b"new content, longer".to_vec()),
-            ],
-            "the target is old until the rename, new after it"
-        );
-        assert_eq!(names(dir.path()), vec!["f".to_string()]);
+            assert_eq!(names(dir.path()), vec!["f".to_string()]);
+        }
     }
 
-    /// A fault between the fsynced temporary file and the rename (a full disk, a crash): the
+    /// A fault between the written temporary file and the rename (a full disk, a crash): the
     /// write fails, the old content is intact, and no temporary file is left.
     #[test]
     fn a_fault_before_the_rename_keeps_the_old_content() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("f"), b"old").unwrap();
-        let _hook = hook(|step, _| match step {
-            Step::Synced => Err(std::io::Error::other("injected: crash before the rename")),
-            Step::Renamed => Ok(()),
-        });
-        let e = write_durably(dir.path(), "f", b"new").unwrap_err();
-        assert!(matches!(e, WriteError::Write { .. }), "{e}");
-        assert!(e.to_string().contains("injected"), "{e}");
-        assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), b"old");
-        assert_eq!(names(dir.path()), vec!["f".to_string()]);
+        for durability in [Durability::PowerLoss, Durability::CrispDeath] {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("f"), b"old").unwrap();
+            let _hook = hook(|step, _| match step {
+                Step::Written => Err(std::io::Error::other("injected: crash before the rename")),
+                _ => Ok(()),
+            });
+            let e = write(dir.path(), "f", b"new", durability).unwrap_err();
+            assert!(matches!(e, WriteError::Write { .. }), "{e}");
+            assert!(e.to_string().contains("injected"), "{e}");
+            assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), b"old");
+            assert_eq!(names(dir.path()), vec!["f".to_string()]);
+        }
     }
 
     /// A write into a directory that is gone says where, and leaves nothing behind.
