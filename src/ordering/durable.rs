@@ -45,7 +45,7 @@ pub(crate) enum Durability {
     PowerLoss,
 }
 
-/// The steps of [`write`], as the test hook sees them.
+/// The steps of [`write()`], as the test hook sees them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Step {
     /// The temporary file is written in full (and fsynced under [`Durability::PowerLoss`]);
