@@ -15,12 +15,18 @@
 #
 # The install needs what the DaemonSet gives its init container: privileged and the node's /
 # mounted at $CRISP_HOST_ROOT (/host) with its submounts (/run, /proc): the node's PID 1 (its
-# systemd) is reached through the node's own procfs there, $HOST/proc/1, so the pod needs no
-# other path to it; the pod has hostPID all the same, because systemd's bus refuses a systemctl
-# that is not in its PID namespace ("Failed to connect to bus: No data available"; issue #44, tried
-# on a real node). `report` and `reported` need nothing but $CRISP_STATUS_DIR (they run as their own uid, no
-# capabilities, read-only root). The image holds busybox and /opt/crisp: the static crisp
-# binary, hack/install.sh, hack/uninstall.sh, systemd/.
+# systemd) is reached through the node's own procfs there, $HOST/proc/1, and the node's systemd
+# through its D-Bus system bus, $HOST/run/dbus/system_bus_socket — so the pod needs no hostPID.
+# systemctl's own route, systemd's private socket, refuses a client outside systemd's PID
+# namespace (sd-bus cannot see its peer's pid: "Failed to connect to bus: No data available";
+# issue #44, tried on a real node), and a container cannot enter the node's PID namespace (an
+# ancestor of its own); the bus broker (dbus-daemon, dbus-broker) forwards the same calls from
+# any PID namespace, so outside the node's, systemctl runs with SYSTEMCTL_FORCE_BUS=1. A node
+# with no system bus needs the pod in its PID namespace (docs/DEPLOY.md, "hostPID"); the
+# installer says so and changes nothing. `report` and `reported` need nothing but
+# $CRISP_STATUS_DIR (they run as their own uid, no capabilities, read-only root). The image
+# holds busybox and /opt/crisp: the static crisp binary, hack/install.sh, hack/uninstall.sh,
+# systemd/.
 #
 # How: the bundle is copied to the node's /run/crisp-installer (tmpfs: gone at reboot, and
 # removed again below) and hack/install.sh runs there *in the node's namespaces* (nsenter into
@@ -61,12 +67,29 @@ log() {
 }
 
 # A command in the node's namespaces (mount, uts, ipc, net): the node's files and systemd, found
-# through the node's procfs under the host mount. The PID namespace is the pod's, which hostPID
-# makes the node's: systemd's bus refuses a client outside it.
+# through the node's procfs under the host mount. The PID namespace stays the pod's: systemctl
+# reaches systemd over the system bus there (systemd_route, below).
 on_node() {
   nsenter --mount="$HOST/proc/1/ns/mnt" --uts="$HOST/proc/1/ns/uts" \
     --ipc="$HOST/proc/1/ns/ipc" --net="$HOST/proc/1/ns/net" -- "$@"
 }
+
+# How systemctl reaches the node's systemd from here: "private" (its own socket) when this pod is
+# in the node's PID namespace (hostPID), "bus" (the D-Bus system bus, SYSTEMCTL_FORCE_BUS=1)
+# when it is not and the node runs a bus broker, "none" otherwise.
+systemd_route() {
+  if [ "$(readlink /proc/self/ns/pid)" = "$(readlink "$HOST/proc/1/ns/pid")" ]; then
+    echo private
+  elif [ -S "$HOST/run/dbus/system_bus_socket" ]; then
+    echo bus
+  else
+    echo none
+  fi
+}
+case "$(systemd_route)" in
+  bus) export SYSTEMCTL_FORCE_BUS=1 ;;
+  *) ;;
+esac
 
 ready() {
   [ "$(cat "$STATUS" 2>/dev/null)" = "done" ] || return 1
@@ -130,6 +153,10 @@ fi
   log "error: $HOST/run/systemd/system missing: mount the node's / at $HOST with its submounts (hostPath /, mountPropagation: HostToContainer)"
   exit 2
 }
+if [ "$(systemd_route)" = none ]; then
+  log "error: no way to the node's systemd: this pod is not in the node's PID namespace and the node has no D-Bus system bus ($HOST/run/dbus/system_bus_socket); systemd's own socket refuses a client outside its PID namespace. Install dbus on the node, or give the pod hostPID (docs/DEPLOY.md, \"hostPID\"). Nothing was changed."
+  exit 2
+fi
 
 stage_bundle() {
   rm -rf "$HOST$NODE_STAGE"

@@ -1,7 +1,7 @@
 //! deploy/: the installer DaemonSet (plain manifest, kustomize base and uninstall overlay)
 //! validates offline against the Kubernetes API models and follows the fleet rules
 //! (hack/check-manifests.py: a privileged init container with the node's / at /host, an
-//! unprivileged reporter with a uid of its own that stays, hostPID but no hostNetwork, hostIPC or
+//! unprivileged reporter with a uid of its own that stays, no hostPID, hostNetwork, hostIPC or
 //! shareProcessNamespace, no service account token, images pinned by digest where
 //! applied, opt-in label, one node at a time, readiness once `crisp doctor` passed); a broken
 //! manifest is refused.
@@ -171,8 +171,8 @@ fn the_installer_holds_no_more_than_it_needs() {
 /// Issue #44: every pod-level field SECURITY.md names is checked, and the reporter runs as a
 /// uid of its own. Each mutation of the pinned base is refused, naming the field; on bde328c
 /// check-manifests.py let hostIPC, shareProcessNamespace, a missing pod seccompProfile, a
-/// token mount and uid 65534 through. hostPID is required (the installer's systemctl needs the
-/// node's PID namespace), as it was then.
+/// token mount and uid 65534 through. hostPID is refused too: the installer reaches systemd
+/// over the node's D-Bus system bus (8fa4613 required it, and the checker then let it through).
 #[test]
 fn every_field_security_md_names_is_checked() {
     let good = pinned();
@@ -181,15 +181,17 @@ fn every_field_security_md_names_is_checked() {
     std::fs::write(&p, &good).unwrap();
     let (ok, out) = check(&[p.to_str().unwrap()]);
     assert!(ok, "{out}");
-    // The installer's systemctl needs the node's PID namespace (systemd's bus refuses it
-    // otherwise: the cluster lane's install failed without it, 2026-11-29).
     assert!(
-        good.lines().any(|l| l.trim() == "hostPID: true"),
-        "the base sets hostPID"
+        !good.lines().any(|l| l.trim().starts_with("hostPID:")),
+        "the base shares no PID namespace with the node"
     );
     let links = "      enableServiceLinks: false\n";
     for (from, to, expect) in [
-        ("      hostPID: true\n", "", "hostPID: true is required"),
+        (
+            links,
+            "      enableServiceLinks: false\n      hostPID: true\n",
+            "hostPID must not be set",
+        ),
         (
             links,
             "      enableServiceLinks: false\n      hostIPC: true\n",

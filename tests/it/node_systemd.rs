@@ -341,9 +341,10 @@ fn installer_image_run_by_the_nodes_containerd() {
     );
     let before_image = before.clone();
 
-    // As the DaemonSet's pod: privileged, the node's PID namespace (hostPID), host network, the
-    // node's / at /host with its submounts. Detached, like a pod; readiness asked like kubelet's
-    // exec probe.
+    // As the DaemonSet's pod: privileged, a PID namespace of its own (no hostPID: systemd's
+    // private socket refuses its systemctl, so the entrypoint goes over the node's D-Bus
+    // system bus), host network, the node's / at /host with its submounts. Detached, like a
+    // pod; readiness asked like kubelet's exec probe.
     let inv = node.prop("kubelet.service", "InvocationID");
     let ctr_run = |id: &str, mode: &str, detach: bool| {
         let mut args = vec![
@@ -354,8 +355,6 @@ fn installer_image_run_by_the_nodes_containerd() {
             "--rm",
             "--privileged",
             "--net-host",
-            "--with-ns",
-            "pid:/proc/1/ns/pid",
             "--mount",
             "type=bind,src=/,dst=/host,options=rbind:rw",
         ];
