@@ -34,6 +34,8 @@
 #   kubelet-1.34-containerd2  cluster_runtimes::kubelet_on_containerd_2_through_crisp: kubelet 1.34
 #                    on containerd 2.x (NRI on), direct and through crisp: the pods above, an
 #                    in-place resize, an image volume, RuntimeConfig answered by containerd (~3 min)
+#   kubelet-1.36-containerd2  kubelet-1.36's test and rows on containerd 2.x (CRISP_LANE_CONTAINERD_BIN,
+#                    as kubelet-1.34-containerd2) instead of Debian's 1.6 (issue #45) (~5 min)
 #   kubelet-1.34-crio  cluster_runtimes::kubelet_on_crio_through_crisp: kubelet 1.34 moved onto
 #                    CRI-O 1.34 in the node, the pods above direct and through crisp (~3 min)
 #
@@ -74,7 +76,7 @@ cd "$(dirname "$0")/.." || exit 2
 PROG=hack/lanes.sh
 # shellcheck disable=SC1091 # git_export, for the microshift tree (export_microshift)
 source hack/git-export.sh
-ALL=(probe-burst refusal-cost load cluster-join cluster-rollout cluster-storm static-storm node-shutdown soak kubelet-1.30 kubelet-1.32 kubelet-1.34 kubelet-1.35 kubelet-1.36 kubelet-1.34-containerd2 kubelet-1.34-crio)
+ALL=(probe-burst refusal-cost load cluster-join cluster-rollout cluster-storm static-storm node-shutdown soak kubelet-1.30 kubelet-1.32 kubelet-1.34 kubelet-1.35 kubelet-1.36 kubelet-1.34-containerd2 kubelet-1.36-containerd2 kubelet-1.34-crio)
 OUT="${OUT:-target/lanes}"
 KUBE_CACHE_ROOT="${CRISP_KUBE_CACHE_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/crisp}"
 KUBE_CACHE="${CRISP_KUBE_CACHE:-$KUBE_CACHE_ROOT/kube-1.26}"
@@ -310,6 +312,17 @@ prereq() { # prereq LANE: sets $missing
       [[ -n $missing ]] || ensure_kube_bins 1.34 || true
       [[ -n $missing ]] || ensure_containerd2 || true
       ;;
+    kubelet-1.36-containerd2)
+      need_root
+      need_tool systemd-nspawn systemd-container
+      need_tool debootstrap
+      need_tool etcd etcd-server
+      need_tool docker-registry
+      need_tool kubectl "kubectl (any recent client; CRISP_KUBECTL names another)"
+      [[ -x /usr/lib/cni/bridge ]] || need "CNI plugins in /usr/lib/cni" "install containernetworking-plugins (sudo hack/setup.sh)"
+      [[ -n $missing ]] || ensure_kube_bins 1.36 || true
+      [[ -n $missing ]] || ensure_containerd2 || true
+      ;;
     kubelet-1.*)
       need_root
       need_tool systemd-nspawn systemd-container
@@ -391,6 +404,11 @@ run_lane() {
       CRISP_KUBE_VERSION=1.34 CRISP_KUBE_BIN_DIR=$(kube_bin_dir 1.34) CRISP_LANE_CONTAINERD_BIN=$CONTAINERD2_BIN \
         cargo test -p crisp --locked --test it -- \
         cluster_runtimes::kubelet_on_containerd_2_through_crisp --exact --ignored --nocapture --test-threads 1
+      ;;
+    kubelet-1.36-containerd2)
+      CRISP_KUBE_VERSION=1.36 CRISP_KUBE_BIN_DIR=$(kube_bin_dir 1.36) CRISP_LANE_CONTAINERD_BIN=$CONTAINERD2_BIN \
+        cargo test -p crisp --locked --test it -- \
+        cluster_kubelets::a_newer_kubelet_through_crisp --exact --ignored --nocapture --test-threads 1
       ;;
     kubelet-1.*)
       local v=${1#kubelet-}
