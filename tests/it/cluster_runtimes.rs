@@ -703,6 +703,9 @@ fn kubelet_on_crio_through_crisp() {
         .filter(|l| l["pod_name"] == "native" && l.get("hold").is_some())
         .count();
     assert_eq!(native_holds, 0, "crisp held the native-sidecar pod");
+    if minor >= 36 {
+        streamed_lists_answered(&tap, minor);
+    }
     tap.detach();
     crisp_kill(&node);
     eprintln!(
@@ -711,6 +714,33 @@ fn kubelet_on_crio_through_crisp() {
     );
     let _ = std::io::stderr().flush();
     drop(node);
+}
+
+/// Issue #45: kubelet 1.36 with `CRIListStreaming` (on in the lane's config from 1.36) lists
+/// through KEP-5825's server-streaming calls, and CRI-O 1.36 serves them (containerd 1.6 and
+/// 2.3 answer Unimplemented, and kubelet falls back): through crisp they come back OK, relayed
+/// message by message. Prints each method's calls and codes.
+fn streamed_lists_answered(tap: &Tap, minor: u32) {
+    let streams: Vec<serde_json::Value> = tap
+        .lines()
+        .into_iter()
+        .filter(|l| {
+            l["method"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("Stream"))
+        })
+        .collect();
+    let mut by: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for l in &streams {
+        by.entry(l["method"].as_str().unwrap_or("").to_string())
+            .or_default()
+            .push(l["code"].to_string());
+    }
+    eprintln!("streams| 1.{minor}+crio: kubelet's streamed lists through crisp, codes: {by:?}");
+    assert!(
+        streams.iter().any(|l| l["code"] == 0),
+        "kubelet 1.{minor} on CRI-O made no streamed list that came back OK through crisp: {by:?}"
+    );
 }
 
 /// The journal parser of the lane: kubelet's line naming the driver it took from the runtime,
