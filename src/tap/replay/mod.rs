@@ -26,6 +26,9 @@ mod player;
 mod prepare;
 mod report;
 mod runtime;
+mod script;
+mod serve;
+mod served;
 
 use std::collections::HashSet;
 use std::io::{self, BufRead};
@@ -39,6 +42,8 @@ use crate::tap::timeline;
 pub use player::{play, Options, Pace};
 pub use report::Report;
 pub use runtime::Runtime;
+pub use script::{Script, ServedReport};
+pub use serve::serve_script;
 
 /// One recorded call the replay may send.
 #[derive(Debug, Clone, Default)]
