@@ -134,6 +134,11 @@ impl Plan {
             .count()
     }
 
+    /// How many calls are not polling calls.
+    pub fn mutating(&self) -> usize {
+        self.steps.iter().filter(|s| !s.polling).count()
+    }
+
     /// How many calls have no recorded request (a recording without `--full`).
     pub fn without_request(&self) -> usize {
         self.steps
