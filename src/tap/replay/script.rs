@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use super::idmap::IdMap;
 use super::prepare::short_id;
 use super::{Plan, Step};
 use crate::cri::{Route, Rpc, RpcKind};
@@ -162,6 +163,10 @@ pub struct Script {
     unmatched: BTreeMap<Unmatched, u32>,
     /// Mutating calls beyond the recorded ones, answered again: recorded index → extra times.
     again: BTreeMap<usize, u32>,
+    /// Recorded pod uid → the peer's, learnt from matched RunPodSandbox calls: answers carry
+    /// the peer's (labels, metadata), so a peer that made its pod anew finds its pod in them.
+    uids: IdMap,
+    uid_pairs: Vec<(String, String)>,
     pub(crate) scope: String,
 }
 
@@ -179,6 +184,8 @@ impl Script {
             speed,
             unmatched: BTreeMap::new(),
             again: BTreeMap::new(),
+            uids: IdMap::default(),
+            uid_pairs: Vec::new(),
             scope: plan.scope,
             steps: plan.steps,
         }
@@ -217,6 +224,7 @@ impl Script {
             };
         };
         self.answered[index] += 1;
+        self.learn_uid(index, request);
         let step = &self.steps[index];
         if !step.polling {
             if self.answered[index] == 1 {
@@ -232,13 +240,19 @@ impl Script {
             .speed
             .map_or(Duration::ZERO, |s| step.recorded.duration.div_f64(s));
         match step.recorded.code {
-            Some(code) => Reply {
-                code,
-                message: step.recorded.message.clone(),
-                response: (code == 0).then(|| step.response.clone()).flatten(),
-                delay,
-                step: Some(index),
-            },
+            Some(code) => {
+                let mut response = (code == 0).then(|| step.response.clone()).flatten();
+                if let Some(r) = response.as_mut().filter(|_| !self.uid_pairs.is_empty()) {
+                    self.uids.rewrite(r);
+                }
+                Reply {
+                    code,
+                    message: step.recorded.message.clone(),
+                    response,
+                    delay,
+                    step: Some(index),
+                }
+            }
             // The recorded call was never answered (the client gave up first).
             None => Reply {
                 code: DEADLINE_EXCEEDED,
@@ -249,6 +263,27 @@ impl Script {
                 delay,
                 step: Some(index),
             },
+        }
+    }
+
+    /// A matched RunPodSandbox whose pod the peer made under another uid: answers from now on
+    /// name the peer's uid where the recording has the recorded one.
+    fn learn_uid(&mut self, index: usize, request: &Value) {
+        if self.steps[index].rpc != Some(Rpc::RunPodSandbox) {
+            return;
+        }
+        let uid = |v: &Value| {
+            v.pointer("/config/metadata/uid")
+                .and_then(Value::as_str)
+                .filter(|u| !u.is_empty())
+                .map(str::to_string)
+        };
+        let recorded = self.steps[index].request.as_ref().and_then(uid);
+        if let (Some(recorded), Some(peer)) = (recorded, uid(request)) {
+            if recorded != peer && self.uids.get(&recorded).is_none() {
+                self.uids.insert(&recorded, &peer);
+                self.uid_pairs.push((recorded, peer));
+            }
         }
     }
 
@@ -357,6 +392,7 @@ impl Script {
                 .filter(|s| s.response.is_none() && s.response_bytes > 0)
                 .map(|s| s.index)
                 .collect(),
+            uids: self.uid_pairs.clone(),
             steps: self.steps.clone(),
         }
     }
@@ -398,6 +434,8 @@ pub struct ServedReport {
     pub(crate) redacted: Vec<usize>,
     /// Answered recorded calls whose response the recording lacks: answered with an empty one.
     pub(crate) empty: Vec<usize>,
+    /// Pod uids in the answers: (recorded, the peer's).
+    pub(crate) uids: Vec<(String, String)>,
     pub(crate) steps: Vec<Step>,
 }
 

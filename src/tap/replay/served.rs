@@ -107,6 +107,13 @@ impl ServedReport {
                 .collect(),
         );
         section(
+            "pod uids in the answers (recorded → the peer's)",
+            self.uids
+                .iter()
+                .map(|(r, p)| format!("{r} → {p}"))
+                .collect(),
+        );
+        section(
             "answers with redacted fields (kept as the recording has them: placeholders, never \
              the values)",
             self.redacted.iter().map(|&i| call(step(i))).collect(),
@@ -125,7 +132,8 @@ impl ServedReport {
     }
 
     /// The report as one JSON object: `scope`, `answered[]`, `unmatched[]`, `not_asked[]`,
-    /// `order[]`, `again[]`, `polling{}`, `redacted[]`, `empty[]`, `summary`.
+    /// `order[]`, `again[]`, `polling{}`, `redacted[]`, `empty[]`, `uids[]`,
+    /// `summary`.
     pub fn json(&self) -> Value {
         let step = |i: usize| {
             let s = &self.steps[i];
@@ -159,6 +167,8 @@ impl ServedReport {
             }))).collect::<serde_json::Map<_, _>>(),
             "redacted": self.redacted.iter().map(|&i| step(i)).collect::<Vec<_>>(),
             "empty": self.empty.iter().map(|&i| step(i)).collect::<Vec<_>>(),
+            "uids": self.uids.iter().map(|(r, p)| json!({"recorded": r, "peer": p}))
+                .collect::<Vec<_>>(),
             "summary": {
                 "recorded": self.recorded,
                 "mutating": self.mutating,

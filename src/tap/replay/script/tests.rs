@@ -355,3 +355,35 @@ fn a_call_without_a_recorded_request_matches_by_the_ids_of_its_line() {
         12
     );
 }
+
+/// A peer that made the pod under a new uid finds it in the answers: the recorded uid is
+/// answered as the peer's, in labels and metadata, once its RunPodSandbox matched.
+#[test]
+fn a_pod_made_anew_finds_its_uid_in_the_answers() {
+    let labels = json!({"io.kubernetes.pod.uid": "u1"});
+    let run = json!({"config": {"metadata": {"name": "web", "namespace": "demo", "uid": "u1"}}});
+    let listed = json!({"items": [{"id": "sb1", "labels": labels,
+        "metadata": {"name": "web", "namespace": "demo", "uid": "u1"}}]});
+    let mut s = Script::new(
+        plan(vec![
+            step(
+                0,
+                Rpc::RunPodSandbox,
+                0,
+                run,
+                json!({"pod_sandbox_id": "sb1"}),
+            ),
+            step(10, Rpc::ListPodSandbox, 0, json!({}), listed),
+        ]),
+        None,
+    );
+    let fresh = json!({"config": {"metadata": {"name": "web", "namespace": "demo", "uid": "u2"}}});
+    call(&mut s, Rpc::RunPodSandbox, fresh, 0);
+    let r = call(&mut s, Rpc::ListPodSandbox, json!({}), 1)
+        .response
+        .unwrap();
+    assert_eq!(r["items"][0]["labels"]["io.kubernetes.pod.uid"], "u2");
+    assert_eq!(r["items"][0]["metadata"]["uid"], "u2");
+    assert_eq!(r["items"][0]["id"], "sb1", "ids stay the recorded ones");
+    assert_eq!(s.report().uids, vec![("u1".to_string(), "u2".to_string())]);
+}
