@@ -33,6 +33,8 @@ use crate::cri::{Route, Rpc, RpcKind};
 /// gRPC codes the script answers with itself.
 const UNIMPLEMENTED: i32 = 12;
 const DEADLINE_EXCEEDED: i32 = 4;
+/// Recorded calls that started this close together have no order a peer must keep.
+const ORDER_SLACK: Duration = Duration::from_millis(20);
 
 /// What a call names: the fields matching compares.
 #[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord)]
@@ -68,9 +70,14 @@ impl Identity {
             Some(Rpc::PullImage | Rpc::ImageStatus | Rpc::RemoveImage) => text("/image/image"),
             _ => None,
         };
+        // A filter's `id` is a sandbox's in the sandbox lists, a container's in the others.
+        let sandbox_list = matches!(rpc, Some(Rpc::ListPodSandbox | Rpc::ListPodSandboxStats));
+        let filter_id = text("/filter/id");
         Identity {
-            sandbox: text("/pod_sandbox_id").or_else(|| text("/filter/pod_sandbox_id")),
-            container: text("/container_id").or_else(|| text("/filter/id")),
+            sandbox: text("/pod_sandbox_id")
+                .or_else(|| text("/filter/pod_sandbox_id"))
+                .or_else(|| filter_id.clone().filter(|_| sandbox_list)),
+            container: text("/container_id").or(filter_id.filter(|_| !sandbox_list)),
             name,
         }
     }
@@ -355,10 +362,14 @@ impl Script {
             .filter(|s| self.answered[s.index] == 0)
             .map(|s| s.index)
             .collect();
-        // A call answered before one recorded before it.
+        // A call asked before one recorded before it (calls that started together in the
+        // recording, like kubelet's parallel stops, have no order to keep).
         let mut order = Vec::new();
         for (pos, &i) in self.order.iter().enumerate() {
-            if let Some(&j) = self.order[pos + 1..].iter().find(|&&j| j < i) {
+            let later = self.order[pos + 1..]
+                .iter()
+                .find(|&&j| j < i && self.steps[i].offset >= self.steps[j].offset + ORDER_SLACK);
+            if let Some(&j) = later {
                 order.push((i, j));
             }
         }

@@ -387,3 +387,64 @@ fn a_pod_made_anew_finds_its_uid_in_the_answers() {
     assert_eq!(r["items"][0]["id"], "sb1", "ids stay the recorded ones");
     assert_eq!(s.report().uids, vec![("u1".to_string(), "u2".to_string())]);
 }
+
+/// Calls that started together in the recording (kubelet stops a pod's containers in
+/// parallel) may come in either order; a filter's id is a sandbox's in ListPodSandbox.
+#[test]
+fn calls_recorded_together_have_no_order_and_filters_name_the_right_id() {
+    let mut s = Script::new(
+        plan(vec![
+            step(
+                0,
+                Rpc::StopContainer,
+                0,
+                json!({"container_id": "a"}),
+                json!({}),
+            ),
+            step(
+                1,
+                Rpc::StopContainer,
+                0,
+                json!({"container_id": "b"}),
+                json!({}),
+            ),
+            step(
+                2,
+                Rpc::ListPodSandbox,
+                0,
+                json!({"filter": {"id": "sb1"}}),
+                json!({"items": []}),
+            ),
+            step(
+                3,
+                Rpc::ListPodSandbox,
+                0,
+                json!({"filter": {"id": "sb2"}}),
+                json!({}),
+            ),
+        ]),
+        None,
+    );
+    call(&mut s, Rpc::StopContainer, json!({"container_id": "b"}), 0);
+    call(&mut s, Rpc::StopContainer, json!({"container_id": "a"}), 1);
+    assert!(s.report().order.is_empty());
+    let listed = call(
+        &mut s,
+        Rpc::ListPodSandbox,
+        json!({"filter": {"id": "sb1"}}),
+        2,
+    );
+    assert_eq!(listed.step, Some(2));
+    assert_eq!(
+        Identity::of_request(Some(Rpc::ListPodSandbox), &json!({"filter": {"id": "x"}}))
+            .sandbox
+            .as_deref(),
+        Some("x")
+    );
+    assert_eq!(
+        Identity::of_request(Some(Rpc::ListContainers), &json!({"filter": {"id": "x"}}))
+            .container
+            .as_deref(),
+        Some("x")
+    );
+}
