@@ -15,6 +15,10 @@
 //!               the ids rewritten; the fields that were redacted; what cleanup removed
 //! ```
 //!
+//! `--as-runtime` plays the other side: `script.rs` matches each call a peer (kubelet, crictl,
+//! the emulator) makes to a recorded call and gives its recorded answer, without I/O;
+//! `serve.rs` is its gRPC server on a unix socket; `served.rs` its report.
+//!
 //! A replay creates real sandboxes and containers: the player stops and removes every sandbox
 //! it made and the recording did not remove (unless `--keep`), at the end or on Ctrl-C. A
 //! replayed pod gets a new uid (its names on the runtime are new), and its `log_directory` is

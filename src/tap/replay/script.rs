@@ -207,7 +207,7 @@ impl Script {
         let identity = Identity::of_request(route.rpc, request);
         let polling = route.rpc.is_some_and(|r| r.kind() == RpcKind::Polling);
         let chosen = if polling {
-            self.polling_step(&method, &identity, now - first)
+            self.polling_step(&method, &identity, now.saturating_sub(first))
         } else {
             self.mutating_step(&method, &identity)
         };
@@ -240,7 +240,7 @@ impl Script {
                 *self.again.entry(index).or_default() += 1;
             }
             if self.reached.is_none_or(|(r, _)| index >= r) {
-                self.reached = Some((index, now - first));
+                self.reached = Some((index, now.saturating_sub(first)));
             }
         }
         let delay = self
@@ -319,7 +319,7 @@ impl Script {
     }
 
     /// The latest recorded answer at the point reached (see the module doc); before any, the
-    /// first. Recorded calls naming the same ids first, any of the method's otherwise.
+    /// first. A status of a container the recording never asked about is not another's.
     fn polling_step(&self, method: &str, identity: &Identity, elapsed: Duration) -> Option<usize> {
         let frontier = self.frontier();
         let limit = match (self.speed, self.reached) {
@@ -334,14 +334,10 @@ impl Script {
             let before = all
                 .iter()
                 .copied()
-                .filter(|&i| i < frontier && limit.is_none_or(|l| self.steps[i].offset <= l))
-                .next_back();
+                .rfind(|&i| i < frontier && limit.is_none_or(|l| self.steps[i].offset <= l));
             Some(before.unwrap_or(first))
         };
-        pick(self.candidates(method, identity).collect()).or_else(|| {
-            let any = Identity::default();
-            pick(self.candidates(method, &any).collect())
-        })
+        pick(self.candidates(method, identity).collect())
     }
 
     /// The index of the first mutating recorded call not answered after the furthest one

@@ -187,6 +187,14 @@ fn what_the_recording_lacks_is_refused_and_reported() {
         json!({"container_id": "other"}),
         1,
     );
+    // A status of a container the recording never asked about is not another container's.
+    let status = call(
+        &mut s,
+        Rpc::ContainerStatus,
+        json!({"container_id": "other"}),
+        1,
+    );
+    assert_eq!((status.code, status.response), (12, None));
     // The start before the create: an order difference.
     call(
         &mut s,
@@ -197,8 +205,9 @@ fn what_the_recording_lacks_is_refused_and_reported() {
     let create = json!({"pod_sandbox_id": "sb1", "config": {"metadata": {"name": "app"}}});
     call(&mut s, Rpc::CreateContainer, create, 3);
     let report = s.report();
-    assert_eq!(report.unmatched.len(), 1);
-    assert_eq!(report.unmatched[0].1, 2, "counted twice");
+    // Sorted by method: ContainerStatus, then StartContainer.
+    assert_eq!(report.unmatched.len(), 2);
+    assert_eq!(report.unmatched[1].1, 2, "counted twice");
     assert_eq!(report.order, vec![(5, 2)]);
     assert_eq!(report.not_asked, vec![1, 4, 8]);
     assert!(report.differs());
@@ -208,7 +217,7 @@ fn what_the_recording_lacks_is_refused_and_reported() {
         "{text}"
     );
     let j = report.json();
-    assert_eq!(j["summary"]["unmatched"], 2);
+    assert_eq!(j["summary"]["unmatched"], 3);
     assert_eq!(j["summary"]["order_differences"], 1);
 }
 
