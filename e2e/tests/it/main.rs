@@ -31,6 +31,7 @@ mod reliability_huge;
 mod reliability_intents;
 mod reliability_load;
 mod reliability_slow;
+mod replay_as_runtime;
 mod replay_incident;
 mod soak_grpcgo;
 mod timeline_demo;

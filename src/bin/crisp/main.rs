@@ -43,7 +43,26 @@ enum Cmd {
     Pods(pods::PodsArgs),
     /// Convert a tap recording to a pcapng capture for Wireshark or tshark.
     Pcap(pcap::PcapArgs),
-    /// Replay a tap recording's calls against a CRI runtime; report what answers differently.
+    /// Replay a tap recording's calls against a CRI runtime, or serve them as the runtime
+    /// (--as-runtime); report what answers differently.
+    ///
+    /// --runtime SOCKET plays the recording's kubelet side against a runtime (containerd, or
+    /// crisp in front of one): each call at its recorded offset (÷ --speed), ids rewritten,
+    /// redacted fields sent as placeholders, what it made removed at the end; the report
+    /// compares status, duration and order with the recording.
+    ///
+    /// --as-runtime SOCKET plays the runtime side: it listens on SOCKET (a new path) and answers
+    /// a kubelet, crictl or the emulator with the recorded answer of the recorded call that
+    /// matches each call (same method, same ids; mutating calls once each in recorded order,
+    /// polling calls with the latest recorded answer at the point reached). A call the
+    /// recording lacks is answered Unimplemented; redacted fields stay redacted; --speed X
+    /// delays each answer by its recorded duration ÷ X (default: at once). Ctrl-C or SIGTERM
+    /// ends it and prints the calls answered, those not in the recording, recorded calls never
+    /// made and order differences.
+    ///
+    /// Exit status: 0 when nothing differs, 1 when something does (a call not sent or not in
+    /// the recording, a recorded call never made, another status or order). docs/TAP.md has the
+    /// rules.
     Replay(replay::ReplayArgs),
 }
 

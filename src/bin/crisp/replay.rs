@@ -1,8 +1,11 @@
 //! `crisp replay`: plays the kubelet side of a tap recording against a CRI runtime and prints
-//! [`crisp::tap::replay`]'s report.
+//! [`crisp::tap::replay`]'s report; with `--as-runtime`, plays the runtime side to a peer
+//! instead ([`crisp::tap::replay::Script`]).
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crisp::config::Config;
@@ -27,22 +30,42 @@ use super::exit;
 /// The runtime kubelet uses (crisp's upstream or listen socket in its config) is refused
 /// without --yes: kubelet would see, and remove, pods it does not know.
 ///
-/// Exit status: 0 when every call was replayed and answered as recorded, 1 when some differ or
-/// were not sent; 64 for bad flags, 66 for an unreadable recording, 69 for no runtime.
+/// With --as-runtime SOCKET instead, crisp plays the runtime side: it listens on SOCKET and
+/// answers a kubelet, crictl or the kubelet emulator with the recorded answers — status,
+/// message and response of the recorded call that matches each call (same method, same ids:
+/// the recorded answers hand out the recorded ids). Mutating calls are answered once each in
+/// recorded order; polling calls (Version, Status, List*, *Status) with the latest recorded
+/// answer at the point reached. A call the recording does not have is answered Unimplemented.
+/// Answers keep what the recording redacted (never a value it does not have). --speed X delays
+/// each answer by its recorded duration ÷ X; without it, answers come at once. Ctrl-C or
+/// SIGTERM ends it and prints what was answered, what was not in the recording, recorded calls
+/// never made, and answers given in another order than recorded.
+///
+/// Exit status: 0 when every call was replayed and answered as recorded (--as-runtime: every
+/// call was in the recording, every recorded mutating call made, in order), 1 otherwise; 64
+/// for bad flags, 66 for an unreadable recording, 69 for no runtime (or a socket it cannot
+/// listen on).
 #[derive(clap::Args, Debug, Clone)]
 pub struct ReplayArgs {
     /// The tap recording (JSON lines, `crisp tap --full -o FILE`).
     #[arg(value_name = "FILE.jsonl")]
     pub input: PathBuf,
     /// The CRI runtime's socket to replay against (containerd's, or a crisp's).
-    #[arg(long, value_name = "SOCKET")]
-    pub runtime: PathBuf,
+    #[arg(long, value_name = "SOCKET", required_unless_present = "as_runtime")]
+    pub runtime: Option<PathBuf>,
+    /// Play the recording's runtime side instead, listening on SOCKET (a new path) for a
+    /// kubelet, crictl or the emulator; every call of the file (polling calls included).
+    #[arg(long, value_name = "SOCKET", conflicts_with_all = [
+        "runtime", "pod", "as_fast_as_possible", "all", "keep", "yes", "tolerance", "timeout",
+    ])]
+    pub as_runtime: Option<PathBuf>,
     /// Replay one pod (`namespace/name`, or `name` if unique). Without it: every call in the file.
     #[arg(long, value_name = "NS/NAME")]
     pub pod: Option<String>,
-    /// Send calls at their recorded offsets divided by X (2: twice as fast).
-    #[arg(long, value_name = "X", default_value_t = 1.0, value_parser = speed)]
-    pub speed: f64,
+    /// Send calls at their recorded offsets divided by X (2: twice as fast) [default: 1].
+    /// With --as-runtime: answer each call after its recorded duration divided by X.
+    #[arg(long, value_name = "X", value_parser = speed)]
+    pub speed: Option<f64>,
     /// Send each call once the calls answered before it in the recording are answered now.
     #[arg(long, conflicts_with = "speed")]
     pub as_fast_as_possible: bool,
@@ -82,7 +105,13 @@ pub fn run(args: ReplayArgs) -> ExitCode {
         eprintln!("crisp replay: {msg}");
         ExitCode::from(code)
     };
-    if let Err(msg) = check_target(&args) {
+    let Some(runtime) = args.runtime.clone() else {
+        return match args.as_runtime.clone() {
+            Some(socket) => as_runtime(&args, &socket),
+            None => fail(exit::USAGE, "--runtime or --as-runtime is needed".into()),
+        };
+    };
+    if let Err(msg) = check_target(&args, &runtime) {
         return fail(exit::USAGE, msg);
     }
     let plan = match std::fs::File::open(&args.input) {
@@ -103,7 +132,7 @@ pub fn run(args: ReplayArgs) -> ExitCode {
     let pace = if args.as_fast_as_possible {
         Pace::AsFastAsPossible
     } else {
-        Pace::Recorded(args.speed)
+        Pace::Recorded(args.speed.unwrap_or(1.0))
     };
     // What it will do, before it does it.
     eprintln!(
@@ -111,7 +140,7 @@ pub fn run(args: ReplayArgs) -> ExitCode {
         plan.scope,
         plan.steps.len(),
         plan.span().as_secs_f64(),
-        args.runtime.display(),
+        runtime.display(),
         plan.sandboxes(),
         if args.keep {
             " and leaves them (--keep)"
@@ -132,12 +161,12 @@ pub fn run(args: ReplayArgs) -> ExitCode {
         tolerance: Duration::from_millis(args.tolerance),
     };
     let report = super::block_on("replay", async {
-        let runtime = Runtime::connect(&args.runtime).await.map_err(|e| {
+        let runtime = Runtime::connect(&runtime).await.map_err(|e| {
             fail(
                 exit::UNAVAILABLE,
                 format!(
                     "cannot connect to {}: {}",
-                    args.runtime.display(),
+                    runtime.display(),
                     super::chain(e)
                 ),
             )
@@ -165,14 +194,14 @@ pub fn run(args: ReplayArgs) -> ExitCode {
 }
 
 /// Refuses the node's own runtime without `--yes`: crisp's upstream, or its listen socket.
-fn check_target(args: &ReplayArgs) -> Result<(), String> {
+fn check_target(args: &ReplayArgs, runtime: &Path) -> Result<(), String> {
     if args.yes {
         return Ok(());
     }
     let config = Config::load(args.config.as_deref()).map_err(super::chain)?;
-    let same = |p: &Path| match (p.canonicalize(), args.runtime.canonicalize()) {
+    let same = |p: &Path| match (p.canonicalize(), runtime.canonicalize()) {
         (Ok(a), Ok(b)) => a == b,
-        _ => p == args.runtime,
+        _ => p == runtime,
     };
     for (what, socket) in [
         ("crisp's upstream runtime", &config.upstream),
@@ -183,9 +212,101 @@ fn check_target(args: &ReplayArgs) -> Result<(), String> {
                 "{} is {what}: a replay there creates pods this node's kubelet does not know \
                  (and removes as strays); use a runtime of its own (hack/demo.sh starts one), \
                  or pass --yes",
-                args.runtime.display()
+                runtime.display()
             ));
         }
     }
     Ok(())
+}
+
+/// Runs `crisp replay --as-runtime SOCKET`: serves the recording's runtime side on `socket`
+/// until Ctrl-C or SIGTERM, then prints what it answered against the recording.
+fn as_runtime(args: &ReplayArgs, socket: &Path) -> ExitCode {
+    let fail = |code: u8, msg: String| {
+        eprintln!("crisp replay: {msg}");
+        ExitCode::from(code)
+    };
+    let plan = match std::fs::File::open(&args.input) {
+        Ok(f) => replay::plan(std::io::BufReader::new(f), None, true),
+        Err(e) => return fail(exit::NOINPUT, format!("{}: {e}", args.input.display())),
+    };
+    let plan = match plan {
+        Ok(p) => p,
+        Err(e) => return fail(exit::NOINPUT, format!("{}: {e}", args.input.display())),
+    };
+    if plan.malformed > 0 {
+        eprintln!(
+            "crisp replay: {} lines are not JSON (a recording cut short?); skipped",
+            plan.malformed
+        );
+    }
+    // Never replaces a socket (or anything) at that path: it may be a live runtime's.
+    if socket.symlink_metadata().is_ok() {
+        return fail(
+            exit::USAGE,
+            format!(
+                "{} exists: --as-runtime listens on a new path (remove it first if it is stale)",
+                socket.display()
+            ),
+        );
+    }
+    let (calls, mutating) = (plan.steps.len(), plan.mutating());
+    let script = Arc::new(parking_lot::Mutex::new(replay::Script::new(
+        plan, args.speed,
+    )));
+    let served = super::block_on("replay", async {
+        let listener = tokio::net::UnixListener::bind(socket).map_err(|e| {
+            fail(
+                exit::UNAVAILABLE,
+                format!("cannot listen on {}: {e}", socket.display()),
+            )
+        })?;
+        // The answers are a node's recorded calls: for the socket's owner only.
+        let _ = std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600));
+        eprintln!(
+            "crisp replay: serving {} as the runtime on {}: {calls} recorded calls, {mutating} \
+             mutating; answers {}; Ctrl-C or SIGTERM ends it and prints the report",
+            args.input.display(),
+            socket.display(),
+            match args.speed {
+                Some(x) => format!("after their recorded duration ÷ {x}"),
+                None => "at once".to_string(),
+            }
+        );
+        replay::serve_script(listener, script.clone(), interrupted()).await;
+        Ok(())
+    });
+    let _ = std::fs::remove_file(socket);
+    match served {
+        Some(Ok(())) => {}
+        Some(Err(code)) => return code,
+        None => return ExitCode::FAILURE,
+    }
+    let report = script.lock().report();
+    if args.json {
+        println!("{}", report.json_text());
+    } else {
+        print!("{}", report.text());
+    }
+    if report.differs() {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM (how a test or a unit stops the server).
+async fn interrupted() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }

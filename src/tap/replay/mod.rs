@@ -15,6 +15,10 @@
 //!               the ids rewritten; the fields that were redacted; what cleanup removed
 //! ```
 //!
+//! `--as-runtime` plays the other side: `script.rs` matches each call a peer (kubelet, crictl,
+//! the emulator) makes to a recorded call and gives its recorded answer, without I/O;
+//! `serve.rs` is its gRPC server on a unix socket; `served.rs` its report.
+//!
 //! A replay creates real sandboxes and containers: the player stops and removes every sandbox
 //! it made and the recording did not remove (unless `--keep`), at the end or on Ctrl-C. A
 //! replayed pod gets a new uid (its names on the runtime are new), and its `log_directory` is
@@ -26,6 +30,9 @@ mod player;
 mod prepare;
 mod report;
 mod runtime;
+mod script;
+mod serve;
+mod served;
 
 use std::collections::HashSet;
 use std::io::{self, BufRead};
@@ -39,6 +46,8 @@ use crate::tap::timeline;
 pub use player::{play, Options, Pace};
 pub use report::Report;
 pub use runtime::Runtime;
+pub use script::{Script, ServedReport};
+pub use serve::serve_script;
 
 /// One recorded call the replay may send.
 #[derive(Debug, Clone, Default)]
@@ -127,6 +136,11 @@ impl Plan {
             .iter()
             .filter(|s| s.rpc == Some(Rpc::RunPodSandbox))
             .count()
+    }
+
+    /// How many calls are not polling calls.
+    pub fn mutating(&self) -> usize {
+        self.steps.iter().filter(|s| !s.polling).count()
     }
 
     /// How many calls have no recorded request (a recording without `--full`).

@@ -1,0 +1,210 @@
+//! Issue #46, the runtime side of a recorded incident: the README demo's pod runs through crisp
+//! on a real containerd while `crisp tap --all --full -o` records it (crisp refuses the app's
+//! first CreateContainer: its sidecar is not ready). `crisp replay --as-runtime` then serves that
+//! recording on a socket of its own, with containerd and crisp gone, and the kubelet emulator —
+//! through kubelet's grpc-go transport, which sends the socket path as `:authority` — runs the
+//! same pod against it. The emulator must get the recorded refusal (code and message) and then
+//! the recorded container, run and delete the pod on recorded answers alone; the report must
+//! have every recorded mutating call answered, and a call the recording lacks answered
+//! Unimplemented and listed.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context, Result};
+use crisp_e2e::crisp::crisp_binary;
+use crisp_e2e::emulator::{connect_uds, Kubelet, KubeletConfig, PodSpec};
+use crisp_e2e::grpcgo::{self, bridge_kubelet, CallOpts, GoBridgeOpts};
+use crisp_e2e::stack::{Stack, StackOpts};
+use prost::Message;
+use serde_json::Value;
+
+use super::timeline_demo::{record, run_demo_pod};
+
+const STEP: Duration = Duration::from_secs(60);
+
+/// Waits until `socket` exists (the server is listening).
+async fn await_socket(socket: &Path, server: &mut std::process::Child) -> Result<()> {
+    for _ in 0..200 {
+        if socket.exists() {
+            return Ok(());
+        }
+        if let Some(status) = server.try_wait()? {
+            bail!("crisp replay --as-runtime exited {status} before listening");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bail!("{} not there after 10 s", socket.display())
+}
+
+/// The handshake a kubelet makes when it starts (Version, then the image service's
+/// ImageFsInfo), through grpc-go: the stack's emulator made its own before the tap attached, and
+/// a peer's handshake is answered only from a recorded one.
+async fn handshake(st: &Stack) -> Result<()> {
+    st.via_grpcgo()
+        .await?
+        .version(k8s_cri::v1::VersionRequest {
+            version: "v1".into(),
+        })
+        .await?;
+    k8s_cri::v1::image_service_client::ImageServiceClient::new(
+        connect_uds(st.kubelet_endpoint()).await?,
+    )
+    .image_fs_info(k8s_cri::v1::ImageFsInfoRequest {})
+    .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recorded_refusal_is_served_to_the_emulator_as_the_runtime() -> Result<()> {
+    let dir = tempfile::Builder::new().prefix("crisp-asrt-").tempdir()?;
+    let recording = dir.path().join("calls.jsonl");
+    {
+        let st = Stack::start_with(
+            StackOpts {
+                cni: true,
+                via_grpcgo: true,
+                ..Default::default()
+            },
+            |_| {},
+        )
+        .await?;
+        let tap = record(&st, &recording, true).await?;
+        handshake(&st).await?;
+        run_demo_pod(&st, &recording, tap).await?;
+        // The stack (containerd, crisp) goes: only the recording answers from here on.
+    }
+    let recorded: Vec<Value> = std::fs::read_to_string(&recording)?
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .filter(|v: &Value| {
+            v.get("kind")
+                .is_some_and(|k| k == "mutating" || k == "polling")
+        })
+        .collect();
+    let refusal = recorded
+        .iter()
+        .find(|v| v["method"] == "CreateContainer" && v["code_name"] == "FailedPrecondition")
+        .context("the recording has crisp's refusal")?;
+    let refusal_message = refusal["message"].as_str().unwrap_or("").to_string();
+    let mutating = recorded.iter().filter(|v| v["kind"] == "mutating").count();
+
+    let socket = dir.path().join("replay.sock");
+    let mut server = Command::new(crisp_binary()?)
+        .arg("replay")
+        .arg(&recording)
+        .arg("--as-runtime")
+        .arg(&socket)
+        .arg("--json")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    await_socket(&socket, &mut server).await?;
+
+    let mut cfg = KubeletConfig::fast(&socket, dir.path().join("pods"));
+    cfg.root_dir = Some(dir.path().join("kubelet"));
+    cfg.container_deletor = false;
+    // kubelet's transport: grpc-go, `:authority` the socket path.
+    let bridges = bridge_kubelet(&mut cfg, dir.path(), GoBridgeOpts::default())?;
+    let kubelet = Kubelet::new(cfg)
+        .await
+        .context("the emulator's CRI handshake")?;
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("pods/demo.yaml");
+    let uid = kubelet.add_pod(PodSpec::from_file(&demo)?.remove(0))?;
+    let ran = kubelet.wait_all_running(&uid, STEP).await.map(|_| ());
+    let deleted = match ran {
+        Ok(()) => {
+            kubelet.delete_pod(&uid, None)?;
+            kubelet.wait_terminated(&uid, STEP).await.map(|_| ())
+        }
+        Err(_) => Ok(()),
+    };
+    let journal = kubelet.journal().clone();
+    let creates = journal.container_calls("CreateContainer", "app");
+    // A call the recording does not have, through grpc-go too.
+    let stray = k8s_cri::v1::StartContainerRequest {
+        container_id: "not-in-the-recording".into(),
+    };
+    let out = grpcgo::call(
+        &socket,
+        "/runtime.v1.RuntimeService/StartContainer",
+        &stray.encode_to_vec(),
+        CallOpts {
+            timeout: Duration::from_secs(5),
+            count: 1,
+            concurrency: 1,
+            errors: true,
+            ..Default::default()
+        },
+    )
+    .await?;
+    kubelet.shutdown().await;
+    drop(kubelet);
+    drop(bridges);
+
+    let pid = server.id().to_string();
+    Command::new("kill").args(["-TERM", &pid]).status()?;
+    let done = tokio::task::spawn_blocking(move || server.wait_with_output()).await??;
+    let stderr = String::from_utf8_lossy(&done.stderr).into_owned();
+    eprintln!("{stderr}");
+    for r in journal.calls().iter().filter(|r| !r.is_polling()) {
+        eprintln!("{}", journal.format_record(r));
+    }
+    let report: Value = serde_json::from_slice(&done.stdout)
+        .with_context(|| String::from_utf8_lossy(&done.stdout).into_owned())?;
+    eprintln!("{}", serde_json::to_string_pretty(&report)?);
+    ran.context("the pod ran on the recorded answers")?;
+    deleted.context("and was deleted on them")?;
+
+    ensure!(
+        out.summary.codes.get("Unimplemented") == Some(&1)
+            && out
+                .summary
+                .first_error
+                .as_deref()
+                .is_some_and(|e| e.contains("not-in-the-recording")),
+        "an unrecorded call is answered Unimplemented, naming it: {:?}",
+        out.summary
+    );
+    let first = creates
+        .first()
+        .context("the emulator's CreateContainer app")?;
+    ensure!(
+        first.code == tonic::Code::FailedPrecondition && first.message == refusal_message,
+        "the recorded refusal came back: {:?} {:?} (recorded {refusal_message:?})",
+        first.code,
+        first.message
+    );
+    ensure!(
+        creates.iter().any(|c| c.is_ok()),
+        "then the recorded container"
+    );
+    let summary = &report["summary"];
+    ensure!(
+        summary["answered"] == mutating && summary["not_asked"] == 0,
+        "every recorded mutating call ({mutating}) answered: {summary}"
+    );
+    ensure!(
+        summary["unmatched"].as_u64() >= Some(1)
+            && report["unmatched"]
+                .as_array()
+                .is_some_and(|u| u.iter().any(|c| c["method"] == "StartContainer"
+                    && c["container_id"] == "not-in-the-recording")),
+        "the unrecorded call is reported: {}",
+        report["unmatched"]
+    );
+    ensure!(
+        report["answered"].as_array().is_some_and(|a| a
+            .iter()
+            .any(|c| c["method"] == "CreateContainer" && c["code_name"] == "FailedPrecondition")),
+        "the refusal is among the answered calls"
+    );
+    ensure!(
+        done.status.code() == Some(1),
+        "a call not in the recording makes the exit status 1: {:?}",
+        done.status
+    );
+    Ok(())
+}

@@ -1,0 +1,459 @@
+//! The matcher, call by call: no socket, no clock but the `now` each call is given.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::*;
+use crate::tap::replay::{Answer, Plan, Step};
+
+const V1: &str = "/runtime.v1.RuntimeService/";
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// A recorded call: `offset_ms` after the first, answered with `code` after 10 ms.
+fn step(offset_ms: u64, rpc: Rpc, code: i32, request: Value, response: Value) -> Step {
+    let polling = rpc.kind() == RpcKind::Polling;
+    Step {
+        method: rpc.name().to_string(),
+        path: format!("{V1}{}", rpc.name()),
+        rpc: Some(rpc),
+        polling,
+        offset: ms(offset_ms),
+        recorded: Answer {
+            code: Some(code),
+            message: if code == 0 {
+                String::new()
+            } else {
+                "sidecar proxy is not ready".into()
+            },
+            duration: ms(10),
+            ..Answer::default()
+        },
+        request: Some(request),
+        response: (code == 0).then_some(response),
+        ..Step::default()
+    }
+}
+
+fn plan(mut steps: Vec<Step>) -> Plan {
+    for (i, s) in steps.iter_mut().enumerate() {
+        s.index = i;
+    }
+    Plan {
+        steps,
+        scope: "every call".into(),
+        ..Plan::default()
+    }
+}
+
+fn state(id: &str, state: &str) -> Value {
+    json!({"status": {"id": id, "state": state}})
+}
+
+/// The demo pod's incident, as recorded: the app's CreateContainer refused, its retry made it.
+fn incident() -> Plan {
+    let run = json!({"config": {"metadata": {"name": "web", "namespace": "demo", "uid": "u1"}}});
+    let create = json!({"pod_sandbox_id": "sb1", "config": {"metadata": {"name": "app"}}});
+    plan(vec![
+        step(
+            0,
+            Rpc::Version,
+            0,
+            json!({}),
+            json!({"runtime_name": "containerd"}),
+        ),
+        step(
+            5,
+            Rpc::RunPodSandbox,
+            0,
+            run,
+            json!({"pod_sandbox_id": "sb1"}),
+        ),
+        step(30, Rpc::CreateContainer, 9, create.clone(), json!({})),
+        step(
+            40,
+            Rpc::ContainerStatus,
+            0,
+            json!({"container_id": "ct1"}),
+            state("ct1", "CONTAINER_CREATED"),
+        ),
+        step(
+            50,
+            Rpc::CreateContainer,
+            0,
+            create,
+            json!({"container_id": "ct1"}),
+        ),
+        step(
+            60,
+            Rpc::StartContainer,
+            0,
+            json!({"container_id": "ct1"}),
+            json!({}),
+        ),
+        step(
+            70,
+            Rpc::ContainerStatus,
+            0,
+            json!({"container_id": "ct1"}),
+            state("ct1", "CONTAINER_RUNNING"),
+        ),
+        step(
+            900,
+            Rpc::ContainerStatus,
+            0,
+            json!({"container_id": "ct1"}),
+            state("ct1", "CONTAINER_EXITED"),
+        ),
+        step(
+            1000,
+            Rpc::StopContainer,
+            0,
+            json!({"container_id": "ct1"}),
+            json!({}),
+        ),
+    ])
+}
+
+fn call(s: &mut Script, rpc: Rpc, request: Value, at_ms: u64) -> Reply {
+    s.answer(&format!("{V1}{}", rpc.name()), &request, ms(at_ms))
+}
+
+/// A peer running the same pod gets the refusal first, then the container, with the recorded
+/// ids (a new pod uid does not matter), and the report has every call answered in order.
+#[test]
+fn the_same_pod_gets_the_recorded_refusal_then_the_recorded_ids() {
+    let mut s = Script::new(incident(), None);
+    let run = json!({"config": {"metadata": {"name": "web", "namespace": "demo", "uid": "fresh"}}});
+    let r = call(&mut s, Rpc::RunPodSandbox, run, 0);
+    assert_eq!((r.code, r.step), (0, Some(1)));
+    assert_eq!(r.response, Some(json!({"pod_sandbox_id": "sb1"})));
+    let create = json!({"pod_sandbox_id": "sb1", "config": {"metadata": {"name": "app"}}});
+    let refused = call(&mut s, Rpc::CreateContainer, create.clone(), 1);
+    assert_eq!(refused.code, 9, "the recorded FailedPrecondition");
+    assert_eq!(refused.message, "sidecar proxy is not ready");
+    assert_eq!(refused.response, None);
+    let made = call(&mut s, Rpc::CreateContainer, create, 2);
+    assert_eq!(made.response, Some(json!({"container_id": "ct1"})));
+    assert_eq!(
+        call(
+            &mut s,
+            Rpc::StartContainer,
+            json!({"container_id": "ct1"}),
+            3
+        )
+        .step,
+        Some(5)
+    );
+    assert_eq!(
+        call(
+            &mut s,
+            Rpc::StopContainer,
+            json!({"container_id": "ct1"}),
+            4
+        )
+        .step,
+        Some(8)
+    );
+    let report = s.report();
+    assert_eq!(report.answered, vec![1, 2, 4, 5, 8]);
+    assert!(report.not_asked.is_empty() && report.order.is_empty());
+    assert!(!report.differs(), "{}", report.text());
+}
+
+/// A call the recording does not have is answered Unimplemented, named, and reported; so is a
+/// recorded call never made, and an answer given out of recorded order.
+#[test]
+fn what_the_recording_lacks_is_refused_and_reported() {
+    let mut s = Script::new(incident(), None);
+    let r = call(
+        &mut s,
+        Rpc::StartContainer,
+        json!({"container_id": "other"}),
+        0,
+    );
+    assert_eq!(r.code, 12);
+    assert!(
+        r.message.contains("StartContainer") && r.message.contains("other"),
+        "{}",
+        r.message
+    );
+    call(
+        &mut s,
+        Rpc::StartContainer,
+        json!({"container_id": "other"}),
+        1,
+    );
+    // A status of a container the recording never asked about is not another container's.
+    let status = call(
+        &mut s,
+        Rpc::ContainerStatus,
+        json!({"container_id": "other"}),
+        1,
+    );
+    assert_eq!((status.code, status.response), (12, None));
+    // The start before the create: an order difference.
+    call(
+        &mut s,
+        Rpc::StartContainer,
+        json!({"container_id": "ct1"}),
+        2,
+    );
+    let create = json!({"pod_sandbox_id": "sb1", "config": {"metadata": {"name": "app"}}});
+    call(&mut s, Rpc::CreateContainer, create, 3);
+    let report = s.report();
+    // Sorted by method: ContainerStatus, then StartContainer.
+    assert_eq!(report.unmatched.len(), 2);
+    assert_eq!(report.unmatched[1].1, 2, "counted twice");
+    assert_eq!(report.order, vec![(5, 2)]);
+    assert_eq!(report.not_asked, vec![1, 4, 8]);
+    assert!(report.differs());
+    let text = report.text();
+    assert!(
+        text.contains("2× StartContainer (container other)"),
+        "{text}"
+    );
+    let j = report.json();
+    assert_eq!(j["summary"]["unmatched"], 3);
+    assert_eq!(j["summary"]["order_differences"], 1);
+}
+
+/// Polling calls get the latest recorded answer before the next mutating call not yet
+/// answered: CREATED before the start, EXITED after it (answered at once, nothing in between
+/// holds time back); the same answer however often asked.
+#[test]
+fn a_poller_gets_the_latest_answer_at_the_point_reached() {
+    let mut s = Script::new(incident(), None);
+    let status = |s: &mut Script, at| {
+        let r = call(s, Rpc::ContainerStatus, json!({"container_id": "ct1"}), at);
+        r.response.unwrap()["status"]["state"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    // Before anything: the first recorded answer.
+    assert_eq!(status(&mut s, 0), "CONTAINER_CREATED");
+    let run = json!({"config": {"metadata": {"name": "web", "namespace": "demo"}}});
+    call(&mut s, Rpc::RunPodSandbox, run, 1);
+    let create = json!({"pod_sandbox_id": "sb1", "config": {"metadata": {"name": "app"}}});
+    call(&mut s, Rpc::CreateContainer, create.clone(), 2);
+    assert_eq!(status(&mut s, 3), "CONTAINER_CREATED");
+    call(&mut s, Rpc::CreateContainer, create, 4);
+    call(
+        &mut s,
+        Rpc::StartContainer,
+        json!({"container_id": "ct1"}),
+        5,
+    );
+    assert_eq!(status(&mut s, 6), "CONTAINER_EXITED");
+    assert_eq!(status(&mut s, 7), "CONTAINER_EXITED");
+    // Version is not tied to a container: the one recorded, however often.
+    for at in 8..11 {
+        assert_eq!(call(&mut s, Rpc::Version, json!({}), at).step, Some(0));
+    }
+    let report = s.report();
+    assert_eq!(report.polling["ContainerStatus"], (4, 3));
+    assert_eq!(report.polling["Version"], (3, 1));
+}
+
+/// With a speed, answers wait their recorded duration ÷ speed, and a poller sees the recorded
+/// time pass: RUNNING right after the start, EXITED once the recorded 830 ms have gone by
+/// (at 2x: 415 ms).
+#[test]
+fn with_a_speed_the_recorded_time_passes_for_pollers() {
+    let mut s = Script::new(incident(), Some(2.0));
+    let run = json!({"config": {"metadata": {"name": "web", "namespace": "demo"}}});
+    let r = call(&mut s, Rpc::RunPodSandbox, run, 0);
+    assert_eq!(r.delay, ms(5), "10 ms recorded, at 2x");
+    let create = json!({"pod_sandbox_id": "sb1", "config": {"metadata": {"name": "app"}}});
+    call(&mut s, Rpc::CreateContainer, create.clone(), 10);
+    call(&mut s, Rpc::CreateContainer, create, 20);
+    call(
+        &mut s,
+        Rpc::StartContainer,
+        json!({"container_id": "ct1"}),
+        30,
+    );
+    let state = |s: &mut Script, at| {
+        let r = call(s, Rpc::ContainerStatus, json!({"container_id": "ct1"}), at);
+        r.response.unwrap()["status"]["state"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(state(&mut s, 40), "CONTAINER_RUNNING");
+    assert_eq!(state(&mut s, 400), "CONTAINER_RUNNING");
+    assert_eq!(state(&mut s, 30 + 420), "CONTAINER_EXITED");
+}
+
+/// A mutating call made more often than recorded gets the last recorded answer again, and the
+/// report says how often; a recorded call with no answer (the client gave up) is answered
+/// DeadlineExceeded after its recorded time.
+#[test]
+fn calls_beyond_the_recording_and_calls_never_answered() {
+    let mut steps = incident().steps;
+    steps[8].recorded.code = None;
+    let mut s = Script::new(plan(steps), Some(1.0));
+    for at in 0..3 {
+        call(
+            &mut s,
+            Rpc::StartContainer,
+            json!({"container_id": "ct1"}),
+            at,
+        );
+    }
+    let stop = call(
+        &mut s,
+        Rpc::StopContainer,
+        json!({"container_id": "ct1"}),
+        4,
+    );
+    assert_eq!((stop.code, stop.delay), (4, ms(10)));
+    assert_eq!(s.report().again, vec![(5, 2)]);
+}
+
+/// Recorded answers keep what the tap redacted: the placeholder is answered, and listed.
+#[test]
+fn redacted_answers_stay_redacted_and_are_listed() {
+    let mut steps = incident().steps;
+    steps[3].response =
+        Some(json!({"status": {"id": "ct1"}, "info": {"info": "<redacted: 2048 bytes>"}}));
+    let mut s = Script::new(plan(steps), None);
+    let r = call(
+        &mut s,
+        Rpc::ContainerStatus,
+        json!({"container_id": "ct1"}),
+        0,
+    );
+    assert_eq!(
+        r.response.unwrap()["info"]["info"],
+        "<redacted: 2048 bytes>"
+    );
+    assert_eq!(s.report().redacted, vec![3]);
+}
+
+/// A recording without the request (crisp refused the call before the tap read it, and no
+/// retry lent one) is matched by the ids on the tap's line.
+#[test]
+fn a_call_without_a_recorded_request_matches_by_the_ids_of_its_line() {
+    let mut steps = incident().steps;
+    steps[5].request = None;
+    steps[5].container_id = "ct1".into();
+    let mut s = Script::new(plan(steps), None);
+    assert_eq!(
+        call(
+            &mut s,
+            Rpc::StartContainer,
+            json!({"container_id": "ct1"}),
+            0
+        )
+        .step,
+        Some(5)
+    );
+    assert_eq!(
+        call(
+            &mut s,
+            Rpc::StartContainer,
+            json!({"container_id": "ct2"}),
+            1
+        )
+        .code,
+        12
+    );
+}
+
+/// A peer that made the pod under a new uid finds it in the answers: the recorded uid is
+/// answered as the peer's, in labels and metadata, once its RunPodSandbox matched.
+#[test]
+fn a_pod_made_anew_finds_its_uid_in_the_answers() {
+    let labels = json!({"io.kubernetes.pod.uid": "u1"});
+    let run = json!({"config": {"metadata": {"name": "web", "namespace": "demo", "uid": "u1"}}});
+    let listed = json!({"items": [{"id": "sb1", "labels": labels,
+        "metadata": {"name": "web", "namespace": "demo", "uid": "u1"}}]});
+    let mut s = Script::new(
+        plan(vec![
+            step(
+                0,
+                Rpc::RunPodSandbox,
+                0,
+                run,
+                json!({"pod_sandbox_id": "sb1"}),
+            ),
+            step(10, Rpc::ListPodSandbox, 0, json!({}), listed),
+        ]),
+        None,
+    );
+    let fresh = json!({"config": {"metadata": {"name": "web", "namespace": "demo", "uid": "u2"}}});
+    call(&mut s, Rpc::RunPodSandbox, fresh, 0);
+    let r = call(&mut s, Rpc::ListPodSandbox, json!({}), 1)
+        .response
+        .unwrap();
+    assert_eq!(r["items"][0]["labels"]["io.kubernetes.pod.uid"], "u2");
+    assert_eq!(r["items"][0]["metadata"]["uid"], "u2");
+    assert_eq!(r["items"][0]["id"], "sb1", "ids stay the recorded ones");
+    assert_eq!(s.report().uids, vec![("u1".to_string(), "u2".to_string())]);
+}
+
+/// Calls that started together in the recording (kubelet stops a pod's containers in
+/// parallel) may come in either order; a filter's id is a sandbox's in ListPodSandbox.
+#[test]
+fn calls_recorded_together_have_no_order_and_filters_name_the_right_id() {
+    let mut s = Script::new(
+        plan(vec![
+            step(
+                0,
+                Rpc::StopContainer,
+                0,
+                json!({"container_id": "a"}),
+                json!({}),
+            ),
+            step(
+                1,
+                Rpc::StopContainer,
+                0,
+                json!({"container_id": "b"}),
+                json!({}),
+            ),
+            step(
+                2,
+                Rpc::ListPodSandbox,
+                0,
+                json!({"filter": {"id": "sb1"}}),
+                json!({"items": []}),
+            ),
+            step(
+                3,
+                Rpc::ListPodSandbox,
+                0,
+                json!({"filter": {"id": "sb2"}}),
+                json!({}),
+            ),
+        ]),
+        None,
+    );
+    call(&mut s, Rpc::StopContainer, json!({"container_id": "b"}), 0);
+    call(&mut s, Rpc::StopContainer, json!({"container_id": "a"}), 1);
+    assert!(s.report().order.is_empty());
+    let listed = call(
+        &mut s,
+        Rpc::ListPodSandbox,
+        json!({"filter": {"id": "sb1"}}),
+        2,
+    );
+    assert_eq!(listed.step, Some(2));
+    assert_eq!(
+        Identity::of_request(Some(Rpc::ListPodSandbox), &json!({"filter": {"id": "x"}}))
+            .sandbox
+            .as_deref(),
+        Some("x")
+    );
+    assert_eq!(
+        Identity::of_request(Some(Rpc::ListContainers), &json!({"filter": {"id": "x"}}))
+            .container
+            .as_deref(),
+        Some("x")
+    );
+}
