@@ -367,6 +367,8 @@ pub struct BurstState {
     pub pods: Vec<BurstPod>,
     /// Every ExecSync, when it reached the fake.
     pub execs: Vec<Instant>,
+    /// The ExecSyncs answered "not ready" (exit 1), when they reached the fake.
+    pub not_ready_execs: Vec<Instant>,
     sandboxes: HashMap<String, usize>,
     containers: HashMap<String, BurstContainer>,
 }
@@ -473,6 +475,7 @@ impl Burst {
             "ExecSync" => {
                 let req = cri::ExecSyncRequest::decode(msg).ok()?;
                 let pod = st.containers.get(&req.container_id)?.pod;
+                let st = &mut *st;
                 st.execs.push(now);
                 let p = &mut st.pods[pod];
                 let ready = p.ready_at.is_some_and(|at| at <= now);
@@ -481,7 +484,10 @@ impl Burst {
                         p.execs_ready += 1;
                         p.first_success.get_or_insert(now);
                     }
-                    false => p.execs_not_ready += 1,
+                    false => {
+                        p.execs_not_ready += 1;
+                        st.not_ready_execs.push(now);
+                    }
                 }
                 Some(
                     cri::ExecSyncResponse {
@@ -855,6 +861,7 @@ mod tests {
         let pod = &seen.pods[3];
         assert_eq!((pod.execs_not_ready, pod.execs_ready), (1, 2));
         assert_eq!(seen.execs.len(), 3);
+        assert_eq!(seen.not_ready_execs, seen.execs[..1]);
         // The relist's unfiltered list is the canned node's, not the burst's.
         let all = cri::ListContainersRequest::default().encode_to_vec();
         assert!(b

@@ -133,11 +133,36 @@ pub(super) struct Run {
     /// Mean ExecSync calls a pod, before and after its sidecar was ready.
     pub(super) execs_not_ready: f64,
     pub(super) execs_ready: f64,
+    /// Per pod, ms from ready to its turn had the exec budget's turns gone to the pods in the
+    /// order they turned ready, one every 1 ÷ `exec_probes_per_second` (an oracle: crisp
+    /// cannot know when a sidecar will be ready), sorted.
+    pub(super) in_order_ms: Vec<f64>,
+    /// ExecSyncs answered "not ready" while another pod's sidecar was ready and waited for its
+    /// probe: the exec turns an order that knew the ready instants would have given to it.
+    pub(super) turns_lost: usize,
     /// Relists (direct, crisp) in the quiet before the burst and during it.
     pub(super) quiet: RelistRuns,
     pub(super) during: RelistRuns,
     /// How long the relist during the burst ran.
     pub(super) relist_span: Duration,
+}
+
+/// The waits, sorted, in ms, of pods turning ready at `ready` for one turn each of a budget
+/// of `rate` turns a second handed out in the order they turned ready.
+fn in_ready_order(mut ready: Vec<Instant>, rate: f64) -> Vec<f64> {
+    ready.sort();
+    let step = Duration::from_secs_f64(1.0 / rate.max(1e-3));
+    let mut turn: Option<Instant> = None;
+    let mut waits: Vec<f64> = ready
+        .iter()
+        .map(|r| {
+            let t = turn.map_or(*r, |prev| (prev + step).max(*r));
+            turn = Some(t);
+            ms_between(*r, t)
+        })
+        .collect();
+    waits.sort_by(f64::total_cmp);
+    waits
 }
 
 /// `to − from` in ms, negative when `to` came first.
@@ -274,6 +299,20 @@ pub(super) async fn run(args: &Args, dir: &Path, k: usize) -> Result<Run> {
         }
         exec_peak = exec_peak.max(hi + 1 - lo);
     }
+    let waiting_ready = |t: &Instant| {
+        seen.pods
+            .iter()
+            .any(|p| p.ready_at.is_some_and(|r| r <= *t) && p.first_success.is_some_and(|s| *t < s))
+    };
+    let in_order_ms = in_ready_order(
+        seen.pods.iter().filter_map(|p| p.ready_at).collect(),
+        exec_probes_per_second(&args.crisp_config),
+    );
+    let turns_lost = seen
+        .not_ready_execs
+        .iter()
+        .filter(|t| waiting_ready(t))
+        .count();
     let n = seen.pods.len().max(1) as f64;
     Ok(Run {
         success_ms,
@@ -295,6 +334,8 @@ pub(super) async fn run(args: &Args, dir: &Path, k: usize) -> Result<Run> {
             .map(|p| f64::from(p.execs_ready))
             .sum::<f64>()
             / n,
+        in_order_ms,
+        turns_lost,
         quiet,
         during,
         relist_span,
@@ -395,10 +436,11 @@ pub(super) async fn report(args: &Args, dir: &Path) -> Result<String> {
     )?;
     writeln!(
         out,
-        "| run | burst s | success → release p50 / p90 / p99 / max ms | ≤ {interval_ms:.0} ms | ready → release p50 / p90 / p99 / max ms | ≤ {interval_ms:.0} ms | sent after ready | ExecSync: calls, per s (peak 1 s) | per pod not ready / ready | relist p50 / p99 ms, crisp: quiet → burst (s) | direct: quiet → burst |\n|---|---|---|---|---|---|---|---|---|---|---|"
+        "| run | burst s | success → release p50 / p90 / p99 / max ms | ≤ {interval_ms:.0} ms | ready → release p50 / p90 / p99 / max ms | ≤ {interval_ms:.0} ms | sent after ready | ExecSync: calls, per s (peak 1 s) | per pod not ready / ready | not ready while one ready waited | relist p50 / p99 ms, crisp: quiet → burst (s) | direct: quiet → burst |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
     )?;
     let within = |v: &[f64]| v.iter().filter(|ms| **ms <= interval_ms).count();
     let (mut all, mut all_success, mut loads) = (Vec::new(), Vec::new(), Vec::new());
+    let mut in_order = Vec::new();
     for k in 0..args.burst_runs.max(1) {
         let r = run(args, dir, k).await?;
         loads.push(load_average());
@@ -406,7 +448,7 @@ pub(super) async fn report(args: &Args, dir: &Path) -> Result<String> {
         let (dq, db) = (relist_ms(&r.quiet, 0), relist_ms(&r.during, 0));
         writeln!(
             out,
-            "| {} | {:.2} | {} | {} of {} | {} | {} of {} | {} | {}, {:.1} ({}) | {:.1} / {:.1} | {:.1} / {:.1} → {:.1} / {:.1} ({:.1}) | {:.1} / {:.1} → {:.1} / {:.1} |",
+            "| {} | {:.2} | {} | {} of {} | {} | {} of {} | {} | {}, {:.1} ({}) | {:.1} / {:.1} | {} | {:.1} / {:.1} → {:.1} / {:.1} ({:.1}) | {:.1} / {:.1} → {:.1} / {:.1} |",
             k + 1,
             r.burst.as_secs_f64(),
             dist(&r.success_ms),
@@ -421,6 +463,7 @@ pub(super) async fn report(args: &Args, dir: &Path) -> Result<String> {
             r.exec_peak,
             r.execs_not_ready,
             r.execs_ready,
+            r.turns_lost,
             cq.0,
             cq.1,
             cb.0,
@@ -433,6 +476,7 @@ pub(super) async fn report(args: &Args, dir: &Path) -> Result<String> {
         )?;
         all.extend_from_slice(&r.release_ms);
         all_success.extend_from_slice(&r.success_ms);
+        in_order.extend_from_slice(&r.in_order_ms);
     }
     writeln!(
         out,
@@ -443,9 +487,14 @@ pub(super) async fn report(args: &Args, dir: &Path) -> Result<String> {
     )?;
     all.sort_by(f64::total_cmp);
     all_success.sort_by(f64::total_cmp);
+    in_order.sort_by(f64::total_cmp);
     for (name, v) in [
         ("success → release", &all_success),
         ("ready → release", &all),
+        (
+            "ready → a turn, had the turns gone in ready order (an oracle's bound)",
+            &in_order,
+        ),
     ] {
         writeln!(
             out,
@@ -468,6 +517,20 @@ pub(super) async fn report(args: &Args, dir: &Path) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The oracle's turns: one every 1 ÷ rate, in ready order, never before a pod is ready.
+    #[test]
+    fn turns_in_ready_order_wait_only_for_the_rate() {
+        let t = Instant::now();
+        let ms = Duration::from_millis;
+        let ready = vec![t + ms(30), t, t + ms(5), t + ms(100)];
+        let waits: Vec<f64> = in_ready_order(ready, 50.0)
+            .iter()
+            .map(|w| w.round())
+            .collect();
+        // Turns at t, t+20 (5 ms late: 15), t+40 (30: 10), t+100 (100: 0).
+        assert_eq!(waits, [0.0, 0.0, 10.0, 15.0]);
+    }
 
     /// The release column counts against the interval crisp runs with, not always the default.
     #[test]
