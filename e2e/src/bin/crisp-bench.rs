@@ -19,6 +19,9 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use k8s_cri::v1 as cri;
 use prost::Message;
 
+#[cfg(test)]
+#[path = "crisp-bench/bench_regress.rs"]
+mod bench_regress;
 #[path = "crisp-bench/burst.rs"]
 mod burst;
 
