@@ -127,9 +127,10 @@ enum Workload {
     /// (issue #47).
     Relist,
     /// A burst of ordered pods (`--burst-pods`, each a sidecar with an exec readiness and an
-    /// app) created at once through crisp while kubelet's relist runs: per pod, the time from
-    /// the sidecar turning ready to the app's CreateContainer leaving crisp; the node's ExecSync
-    /// rate; the relist's latency during the burst and before it (issue #47).
+    /// app) created at once through crisp while kubelet's relist runs: per pod, the time to
+    /// the app's CreateContainer leaving crisp from the sidecar's first successful probe and
+    /// from its turning ready; the node's ExecSync rate; the relist's latency during the burst
+    /// and before it (issue #47).
     Burst,
 }
 
