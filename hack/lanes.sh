@@ -11,6 +11,10 @@
 #
 # Lanes (the test, its time on 2 shared cores):
 #   probe-burst      tests/it/probe_burst.rs, 300 never-ready pods against the probe bounds (~1 min)
+#   bench-regress    crisp-bench bench_regress::burst_and_relist_hold_their_thresholds (issue
+#                    #47), release builds: 3 bursts of 50 ordered pods and kubelet's relist at
+#                    500 pods, held to ratios (a probe's success → release p99 ≤ one probe
+#                    interval, crisp's added relist p50 ÷ socat's, the exec budget) (~2 min)
 #   refusal-cost     e2e observe::measure_refusal_cost, hold vs refusal delay (~3 min)
 #   load             e2e reliability_load::load_200_pods, 200 pods in 5 waves (~2–3 min)
 #   cluster-join     cluster_rollout::a_kubelet_joins_the_control_plane (~1–2 min)
@@ -78,7 +82,7 @@ cd "$(dirname "$0")/.." || exit 2
 PROG=hack/lanes.sh
 # shellcheck disable=SC1091 # git_export, for the microshift tree (export_microshift)
 source hack/git-export.sh
-ALL=(probe-burst refusal-cost load cluster-join cluster-rollout cluster-storm static-storm node-shutdown soak kubelet-1.30 kubelet-1.32 kubelet-1.34 kubelet-1.35 kubelet-1.36 kubelet-1.34-containerd2 kubelet-1.36-containerd2 kubelet-1.34-crio kubelet-1.36-crio)
+ALL=(probe-burst bench-regress refusal-cost load cluster-join cluster-rollout cluster-storm static-storm node-shutdown soak kubelet-1.30 kubelet-1.32 kubelet-1.34 kubelet-1.35 kubelet-1.36 kubelet-1.34-containerd2 kubelet-1.36-containerd2 kubelet-1.34-crio kubelet-1.36-crio)
 OUT="${OUT:-target/lanes}"
 KUBE_CACHE_ROOT="${CRISP_KUBE_CACHE_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/crisp}"
 KUBE_CACHE="${CRISP_KUBE_CACHE:-$KUBE_CACHE_ROOT/kube-1.26}"
@@ -271,6 +275,10 @@ prereq() { # prereq LANE: sets $missing
   missing=""
   case $1 in
     probe-burst) ;;
+    bench-regress)
+      need_tool socat
+      need_tool go golang-go
+      ;;
     refusal-cost | load) need_runtime ;;
     soak) need_runtime ;;
     cluster-join | cluster-rollout | cluster-storm | static-storm | node-shutdown)
@@ -353,6 +361,7 @@ prereq() { # prereq LANE: sets $missing
 pattern() {
   case $1 in
     probe-burst) echo '^\|' ;;
+    bench-regress) echo '^regress|panicked' ;;
     refusal-cost) echo '^RESULT|panicked' ;;
     load) echo 'CRISP_SEED|^wave|^ +[0-9]+ +[0-9]+ |== load|secrets:|panicked' ;;
     cluster-join) echo 'control plane up|kubelet joined|a pod from the API|panicked|timed out' ;;
@@ -373,6 +382,13 @@ run_lane() {
   case $1 in
     probe-burst)
       cargo test -p crisp --locked --test it -- probe_burst:: --ignored --nocapture --test-threads 1
+      ;;
+    bench-regress)
+      # The thresholds were measured on release builds: crisp itself (found beside the test
+      # binary, target/release/crisp) and the bench.
+      cargo build --release --locked -p crisp --bin crisp &&
+        cargo test --release -p crisp-e2e --locked --bin crisp-bench -- \
+          bench_regress::burst_and_relist_hold_their_thresholds --exact --ignored --nocapture
       ;;
     refusal-cost)
       cargo test -p crisp-e2e --locked --test it -- observe::measure_refusal_cost --exact --ignored --nocapture

@@ -367,6 +367,8 @@ pub struct BurstState {
     pub pods: Vec<BurstPod>,
     /// Every ExecSync, when it reached the fake.
     pub execs: Vec<Instant>,
+    /// The ExecSyncs answered "not ready" (exit 1), when they reached the fake.
+    pub not_ready_execs: Vec<Instant>,
     sandboxes: HashMap<String, usize>,
     containers: HashMap<String, BurstContainer>,
 }
@@ -378,6 +380,9 @@ pub struct BurstPod {
     pub ready_at: Option<Instant>,
     /// When the app's CreateContainer reached the fake (it left crisp).
     pub app_created: Option<Instant>,
+    /// When the fake answered the sidecar's first ExecSync with exit 0: the probe's own success
+    /// (issue #47's measure), later than `ready_at` by the wait for a probe turn.
+    pub first_success: Option<Instant>,
     /// ExecSync calls before `ready_at`, and from it on.
     pub execs_not_ready: u32,
     pub execs_ready: u32,
@@ -470,12 +475,19 @@ impl Burst {
             "ExecSync" => {
                 let req = cri::ExecSyncRequest::decode(msg).ok()?;
                 let pod = st.containers.get(&req.container_id)?.pod;
+                let st = &mut *st;
                 st.execs.push(now);
                 let p = &mut st.pods[pod];
                 let ready = p.ready_at.is_some_and(|at| at <= now);
                 match ready {
-                    true => p.execs_ready += 1,
-                    false => p.execs_not_ready += 1,
+                    true => {
+                        p.execs_ready += 1;
+                        p.first_success.get_or_insert(now);
+                    }
+                    false => {
+                        p.execs_not_ready += 1;
+                        st.not_ready_execs.push(now);
+                    }
                 }
                 Some(
                     cri::ExecSyncResponse {
@@ -837,8 +849,19 @@ mod tests {
         let seen = b.seen();
         let pod = &seen.pods[3];
         assert!(pod.app_created.unwrap() > pod.ready_at.unwrap());
-        assert_eq!((pod.execs_not_ready, pod.execs_ready), (1, 1));
-        assert_eq!(seen.execs.len(), 2);
+        let success = pod.first_success.expect("the ready answer is recorded");
+        assert!(success >= pod.ready_at.unwrap() && success <= pod.app_created.unwrap());
+        assert_eq!(exec(), 0);
+        assert_eq!(
+            b.seen().pods[3].first_success,
+            Some(success),
+            "the first, not the last"
+        );
+        let seen = b.seen();
+        let pod = &seen.pods[3];
+        assert_eq!((pod.execs_not_ready, pod.execs_ready), (1, 2));
+        assert_eq!(seen.execs.len(), 3);
+        assert_eq!(seen.not_ready_execs, seen.execs[..1]);
         // The relist's unfiltered list is the canned node's, not the burst's.
         let all = cri::ListContainersRequest::default().encode_to_vec();
         assert!(b

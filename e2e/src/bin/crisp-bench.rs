@@ -19,6 +19,9 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use k8s_cri::v1 as cri;
 use prost::Message;
 
+#[cfg(test)]
+#[path = "crisp-bench/bench_regress.rs"]
+mod bench_regress;
 #[path = "crisp-bench/burst.rs"]
 mod burst;
 
@@ -124,9 +127,10 @@ enum Workload {
     /// (issue #47).
     Relist,
     /// A burst of ordered pods (`--burst-pods`, each a sidecar with an exec readiness and an
-    /// app) created at once through crisp while kubelet's relist runs: per pod, the time from
-    /// the sidecar turning ready to the app's CreateContainer leaving crisp; the node's ExecSync
-    /// rate; the relist's latency during the burst and before it (issue #47).
+    /// app) created at once through crisp while kubelet's relist runs: per pod, the time to
+    /// the app's CreateContainer leaving crisp from the sidecar's first successful probe and
+    /// from its turning ready; the node's ExecSync rate; the relist's latency during the burst
+    /// and before it (issue #47).
     Burst,
 }
 

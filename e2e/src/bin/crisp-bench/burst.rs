@@ -2,9 +2,11 @@
 //! through crisp against the fake runtime, each a sidecar `proxy` with an exec readiness
 //! (`crisp.dev/ready.proxy: exec:[...]`, answered by the fake's ExecSync) and an app whose
 //! CreateContainer crisp holds until the sidecar is ready, while kubelet's relist (grpc-go,
-//! `crisp-grpcgo bench`) runs. Per pod: from the instant the fake starts answering the probe
-//! "ready" to the instant the app's CreateContainer reaches it (leaves crisp), both read on the
-//! fake's own clock.
+//! `crisp-grpcgo bench`) runs. Per pod, both read on the fake's own clock, to the instant the
+//! app's CreateContainer reaches the fake (it left crisp): from the fake's first ExecSync answered
+//! exit 0 (the probe's own success: issue #47's measure, "success → release"), and from the
+//! instant the fake started answering "ready" (which adds the wait for a probe turn under the
+//! exec budget, "ready → release").
 
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -111,37 +113,94 @@ async fn pod(mut sender: SendRequest<Full<Bytes>>, i: usize) -> Result<Instant> 
 }
 
 /// One run's findings.
-struct Run {
-    /// Per pod, ms from its sidecar turning ready to its app's create reaching the runtime.
-    release_ms: Vec<f64>,
+pub(super) struct Run {
+    /// Per pod, ms from its sidecar's first successful probe (the fake's first ExecSync answered
+    /// exit 0) to its app's create reaching the runtime, sorted.
+    pub(super) success_ms: Vec<f64>,
+    /// Per pod, ms from its sidecar turning ready to its app's create reaching the runtime,
+    /// sorted: the wait for a probe turn included.
+    pub(super) release_ms: Vec<f64>,
     /// Pods whose app create was sent after the sidecar was ready already (their release is
     /// only crisp's first check, not a hold).
-    sent_late: usize,
+    pub(super) sent_late: usize,
     /// From the first RunPodSandbox sent to the last app create answered.
-    burst: Duration,
+    pub(super) burst: Duration,
     /// ExecSync calls and the span from the first to the last.
-    execs: usize,
-    exec_span: Duration,
+    pub(super) execs: usize,
+    pub(super) exec_span: Duration,
     /// Most ExecSync calls in any one second.
-    exec_peak: usize,
+    pub(super) exec_peak: usize,
     /// Mean ExecSync calls a pod, before and after its sidecar was ready.
-    execs_not_ready: f64,
-    execs_ready: f64,
+    pub(super) execs_not_ready: f64,
+    pub(super) execs_ready: f64,
+    /// Per pod, ms from ready to its turn had the exec budget's turns gone to the pods in the
+    /// order they turned ready, one every 1 ÷ `exec_probes_per_second` (an oracle: crisp
+    /// cannot know when a sidecar will be ready), sorted.
+    pub(super) in_order_ms: Vec<f64>,
+    /// ExecSyncs answered "not ready" while another pod's sidecar was ready and waited for its
+    /// probe: the exec turns an order that knew the ready instants would have given to it.
+    pub(super) turns_lost: usize,
     /// Relists (direct, crisp) in the quiet before the burst and during it.
-    quiet: RelistRuns,
-    during: RelistRuns,
+    pub(super) quiet: RelistRuns,
+    pub(super) during: RelistRuns,
     /// How long the relist during the burst ran.
-    relist_span: Duration,
+    pub(super) relist_span: Duration,
 }
 
-fn pct(sorted: &[f64], p: f64) -> f64 {
+/// The waits, sorted, in ms, of pods turning ready at `ready` for one turn each of a budget
+/// of `rate` turns a second handed out in the order they turned ready.
+fn in_ready_order(mut ready: Vec<Instant>, rate: f64) -> Vec<f64> {
+    ready.sort();
+    let step = Duration::from_secs_f64(1.0 / rate.max(1e-3));
+    let mut turn: Option<Instant> = None;
+    let mut waits: Vec<f64> = ready
+        .iter()
+        .map(|r| {
+            let t = turn.map_or(*r, |prev| (prev + step).max(*r));
+            turn = Some(t);
+            ms_between(*r, t)
+        })
+        .collect();
+    waits.sort_by(f64::total_cmp);
+    waits
+}
+
+/// `to − from` in ms, negative when `to` came first.
+fn ms_between(from: Instant, to: Instant) -> f64 {
+    match to.checked_duration_since(from) {
+        Some(d) => d.as_secs_f64() * 1e3,
+        None => -(from.duration_since(to).as_secs_f64() * 1e3),
+    }
+}
+
+/// The machine's load average (1, 5, 15 min) as /proc/loadavg says it now.
+pub(super) fn load_average() -> String {
+    let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    text.split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" / ")
+}
+
+/// "p50 / p90 / p99 / max" of a sorted sample, in whole ms.
+fn dist(sorted: &[f64]) -> String {
+    format!(
+        "{:.0} / {:.0} / {:.0} / {:.0}",
+        pct(sorted, 0.5),
+        pct(sorted, 0.9),
+        pct(sorted, 0.99),
+        pct(sorted, 1.0)
+    )
+}
+
+pub(super) fn pct(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
-async fn run(args: &Args, dir: &Path, k: usize) -> Result<Run> {
+pub(super) async fn run(args: &Args, dir: &Path, k: usize) -> Result<Run> {
     let burst = Arc::new(Burst::new(
         SIDECAR,
         Duration::from_millis(args.burst_ready_ms),
@@ -211,21 +270,22 @@ async fn run(args: &Args, dir: &Path, k: usize) -> Result<Run> {
     };
     let seen: BurstState = burst.seen();
     let mut release_ms = Vec::new();
+    let mut success_ms = Vec::new();
     let mut sent_late = 0;
     for (i, p) in seen.pods.iter().enumerate() {
-        let (Some(ready), Some(created)) = (p.ready_at, p.app_created) else {
-            bail!("pod burst-{i}: the runtime saw no ready instant or no app create");
+        let (Some(ready), Some(success), Some(created)) =
+            (p.ready_at, p.first_success, p.app_created)
+        else {
+            bail!("pod burst-{i}: the runtime saw no ready instant, no successful probe or no app create");
         };
         if sent.get(i).is_some_and(|s| *s >= ready) {
             sent_late += 1;
         }
-        let ms = match created.checked_duration_since(ready) {
-            Some(d) => d.as_secs_f64() * 1e3,
-            None => -(ready.duration_since(created).as_secs_f64() * 1e3),
-        };
-        release_ms.push(ms);
+        release_ms.push(ms_between(ready, created));
+        success_ms.push(ms_between(success, created));
     }
     release_ms.sort_by(f64::total_cmp);
+    success_ms.sort_by(f64::total_cmp);
     let execs = &seen.execs;
     let exec_span = match (execs.first(), execs.last()) {
         (Some(a), Some(b)) => b.duration_since(*a),
@@ -239,8 +299,23 @@ async fn run(args: &Args, dir: &Path, k: usize) -> Result<Run> {
         }
         exec_peak = exec_peak.max(hi + 1 - lo);
     }
+    let waiting_ready = |t: &Instant| {
+        seen.pods
+            .iter()
+            .any(|p| p.ready_at.is_some_and(|r| r <= *t) && p.first_success.is_some_and(|s| *t < s))
+    };
+    let in_order_ms = in_ready_order(
+        seen.pods.iter().filter_map(|p| p.ready_at).collect(),
+        exec_probes_per_second(&args.crisp_config),
+    );
+    let turns_lost = seen
+        .not_ready_execs
+        .iter()
+        .filter(|t| waiting_ready(t))
+        .count();
     let n = seen.pods.len().max(1) as f64;
     Ok(Run {
+        success_ms,
         release_ms,
         sent_late,
         burst: burst_took,
@@ -259,6 +334,8 @@ async fn run(args: &Args, dir: &Path, k: usize) -> Result<Run> {
             .map(|p| f64::from(p.execs_ready))
             .sum::<f64>()
             / n,
+        in_order_ms,
+        turns_lost,
         quiet,
         during,
         relist_span,
@@ -303,19 +380,34 @@ impl RelistArgs {
     }
 }
 
-/// crisp's `[ordering] probe_interval`: from `--crisp-config` when it sets one, else crisp's
-/// default (`src/config.rs`).
-fn probe_interval(crisp_config: &str) -> Duration {
+/// The value of `key` in `--crisp-config`, if it sets one (quotes trimmed).
+fn setting<'c>(crisp_config: &'c str, key: &str) -> Option<&'c str> {
     crisp_config
         .lines()
-        .filter_map(|l| l.trim().strip_prefix("probe_interval"))
+        .filter_map(|l| l.trim().strip_prefix(key))
         .filter_map(|rest| rest.trim_start().strip_prefix('='))
-        .find_map(|v| humantime::parse_duration(v.trim().trim_matches('"')).ok())
+        .map(|v| v.trim().trim_matches('"'))
+        .next()
+}
+
+/// crisp's `[ordering] probe_interval`: from `--crisp-config` when it sets one, else crisp's
+/// default (`src/config.rs`).
+pub(super) fn probe_interval(crisp_config: &str) -> Duration {
+    setting(crisp_config, "probe_interval")
+        .and_then(|v| humantime::parse_duration(v).ok())
         .unwrap_or(Duration::from_millis(50))
 }
 
+/// crisp's `[ordering] exec_probes_per_second`: from `--crisp-config` when it sets one, else
+/// crisp's default (`src/config.rs`).
+pub(super) fn exec_probes_per_second(crisp_config: &str) -> f64 {
+    setting(crisp_config, "exec_probes_per_second")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50.0)
+}
+
 /// The whole relist's (p50, p99) in ms of lane `i` of a one-run relist.
-fn relist_ms(r: &RelistRuns, i: usize) -> (f64, f64) {
+pub(super) fn relist_ms(r: &RelistRuns, i: usize) -> (f64, f64) {
     let whole = r.latency.last().and_then(|runs| runs.first());
     whole.map_or((f64::NAN, f64::NAN), |lanes| {
         (lanes[i].0 / 1e3, lanes[i].1 / 1e3)
@@ -335,7 +427,7 @@ pub(super) async fn report(args: &Args, dir: &Path) -> Result<String> {
     writeln!(out, "Machine: {}.\n", machine_line())?;
     writeln!(
         out,
-        "Each pod: RunPodSandbox, the sidecar `{SIDECAR}`'s CreateContainer and StartContainer, then the app's CreateContainer, one call at a time, all pods at once on one HTTP/2 connection to crisp (the bench's hyper client). `crisp.dev/ready.{SIDECAR}: {READY}`: the fake runtime answers that ExecSync exit 1 until {} ms + (pod mod 10) × 10 ms after the sidecar's StartContainer reached it, exit 0 from then on. Release = the app's CreateContainer reaching the fake − that instant. crisp's settings: its defaults unless `--crisp-config` says otherwise (`{}`): `probe_interval` {interval_ms:.0} ms, reads 100/s (16 in flight), exec probes 50/s node-wide, 4 in flight, 20/s a pod. kubelet's relist (grpc-go, ListPodSandbox then ListContainers over a node of 500 pods / 2,000 containers, direct and crisp interleaved, {} ms pause after each): {} relists a lane in the quiet before the burst, {} from the burst's start.\n",
+        "Each pod: RunPodSandbox, the sidecar `{SIDECAR}`'s CreateContainer and StartContainer, then the app's CreateContainer, one call at a time, all pods at once on one HTTP/2 connection to crisp (the bench's hyper client). `crisp.dev/ready.{SIDECAR}: {READY}`: the fake runtime answers that ExecSync exit 1 until {} ms + (pod mod 10) × 10 ms after the sidecar's StartContainer reached it, exit 0 from then on. Per pod, to the app's CreateContainer reaching the fake: **success → release** from the fake's first ExecSync answered exit 0 (the probe's own success, issue #47's measure); **ready → release** from the instant the fake started answering exit 0 (the wait for a probe turn included). crisp's settings: its defaults unless `--crisp-config` says otherwise (`{}`): `probe_interval` {interval_ms:.0} ms, reads 100/s (16 in flight), exec probes 50/s node-wide, 4 in flight, 20/s a pod. kubelet's relist (grpc-go, ListPodSandbox then ListContainers over a node of 500 pods / 2,000 containers, direct and crisp interleaved, {} ms pause after each): {} relists a lane in the quiet before the burst, {} from the burst's start.\n",
         args.burst_ready_ms,
         args.crisp_config.replace('\n', " "),
         args.burst_relist_pace_ms,
@@ -344,31 +436,34 @@ pub(super) async fn report(args: &Args, dir: &Path) -> Result<String> {
     )?;
     writeln!(
         out,
-        "| run | burst s | release p50 / p90 / p99 / max ms | ≤ {interval_ms:.0} ms | sent after ready | ExecSync: calls, per s (peak 1 s) | per pod not ready / ready | relist p50 / p99 ms, crisp: quiet → burst (s) | direct: quiet → burst |\n|---|---|---|---|---|---|---|---|---|"
+        "| run | burst s | success → release p50 / p90 / p99 / max ms | ≤ {interval_ms:.0} ms | ready → release p50 / p90 / p99 / max ms | ≤ {interval_ms:.0} ms | sent after ready | ExecSync: calls, per s (peak 1 s) | per pod not ready / ready | not ready while one ready waited | relist p50 / p99 ms, crisp: quiet → burst (s) | direct: quiet → burst |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
     )?;
-    let mut all = Vec::new();
+    let within = |v: &[f64]| v.iter().filter(|ms| **ms <= interval_ms).count();
+    let (mut all, mut all_success, mut loads) = (Vec::new(), Vec::new(), Vec::new());
+    let mut in_order = Vec::new();
     for k in 0..args.burst_runs.max(1) {
         let r = run(args, dir, k).await?;
-        let v = &r.release_ms;
+        loads.push(load_average());
         let (cq, cb) = (relist_ms(&r.quiet, 1), relist_ms(&r.during, 1));
         let (dq, db) = (relist_ms(&r.quiet, 0), relist_ms(&r.during, 0));
         writeln!(
             out,
-            "| {} | {:.2} | {:.0} / {:.0} / {:.0} / {:.0} | {} of {} | {} | {}, {:.1} ({}) | {:.1} / {:.1} | {:.1} / {:.1} → {:.1} / {:.1} ({:.1}) | {:.1} / {:.1} → {:.1} / {:.1} |",
+            "| {} | {:.2} | {} | {} of {} | {} | {} of {} | {} | {}, {:.1} ({}) | {:.1} / {:.1} | {} | {:.1} / {:.1} → {:.1} / {:.1} ({:.1}) | {:.1} / {:.1} → {:.1} / {:.1} |",
             k + 1,
             r.burst.as_secs_f64(),
-            pct(v, 0.5),
-            pct(v, 0.9),
-            pct(v, 0.99),
-            pct(v, 1.0),
-            v.iter().filter(|ms| **ms <= interval_ms).count(),
-            v.len(),
+            dist(&r.success_ms),
+            within(&r.success_ms),
+            r.success_ms.len(),
+            dist(&r.release_ms),
+            within(&r.release_ms),
+            r.release_ms.len(),
             r.sent_late,
             r.execs,
             r.execs as f64 / r.exec_span.as_secs_f64().max(1e-3),
             r.exec_peak,
             r.execs_not_ready,
             r.execs_ready,
+            r.turns_lost,
             cq.0,
             cq.1,
             cb.0,
@@ -379,20 +474,37 @@ pub(super) async fn report(args: &Args, dir: &Path) -> Result<String> {
             db.0,
             db.1,
         )?;
-        all.extend_from_slice(v);
+        all.extend_from_slice(&r.release_ms);
+        all_success.extend_from_slice(&r.success_ms);
+        in_order.extend_from_slice(&r.in_order_ms);
     }
-    let within = all.iter().filter(|ms| **ms <= interval_ms).count();
-    all.sort_by(f64::total_cmp);
     writeln!(
         out,
-        "\nAll runs pooled ({} pods): release p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms, max {:.0} ms; min {:.0} ms; {within} within one probe interval ({interval_ms:.0} ms).",
-        all.len(),
-        pct(&all, 0.5),
-        pct(&all, 0.9),
-        pct(&all, 0.99),
-        pct(&all, 1.0),
-        pct(&all, 0.0),
+        "\nLoad average (1 / 5 / 15 min) at the end of each run: {}. Each pod needs one ExecSync that answers exit 0: at `exec_probes_per_second` the last of {} pods gets its turn {:.2} s after the first (the floor of ready → release's max).",
+        loads.join("; "),
+        args.burst_pods,
+        args.burst_pods as f64 / exec_probes_per_second(&args.crisp_config),
     )?;
+    all.sort_by(f64::total_cmp);
+    all_success.sort_by(f64::total_cmp);
+    in_order.sort_by(f64::total_cmp);
+    for (name, v) in [
+        ("success → release", &all_success),
+        ("ready → release", &all),
+        (
+            "ready → a turn, had the turns gone in ready order (an oracle's bound)",
+            &in_order,
+        ),
+    ] {
+        writeln!(
+            out,
+            "\nAll runs pooled ({} pods), {name}: p50 / p90 / p99 / max {} ms; min {:.0} ms; {} within one probe interval ({interval_ms:.0} ms).",
+            v.len(),
+            dist(v),
+            pct(v, 0.0),
+            within(v),
+        )?;
+    }
     let (steal1, total1) = steal_jiffies();
     writeln!(
         out,
@@ -406,6 +518,20 @@ pub(super) async fn report(args: &Args, dir: &Path) -> Result<String> {
 mod tests {
     use super::*;
 
+    /// The oracle's turns: one every 1 ÷ rate, in ready order, never before a pod is ready.
+    #[test]
+    fn turns_in_ready_order_wait_only_for_the_rate() {
+        let t = Instant::now();
+        let ms = Duration::from_millis;
+        let ready = vec![t + ms(30), t, t + ms(5), t + ms(100)];
+        let waits: Vec<f64> = in_ready_order(ready, 50.0)
+            .iter()
+            .map(|w| w.round())
+            .collect();
+        // Turns at t, t+20 (5 ms late: 15), t+40 (30: 10), t+100 (100: 0).
+        assert_eq!(waits, [0.0, 0.0, 10.0, 15.0]);
+    }
+
     /// The release column counts against the interval crisp runs with, not always the default.
     #[test]
     fn the_probe_interval_is_read_from_the_extra_config() {
@@ -416,5 +542,9 @@ mod tests {
             probe_interval("probe_interval_x = 1"),
             Duration::from_millis(50)
         );
+        assert_eq!(exec_probes_per_second(""), 50.0);
+        assert_eq!(exec_probes_per_second(cfg), 100.0);
+        let per_pod = "exec_probes_per_pod_per_second = 7";
+        assert_eq!(exec_probes_per_second(per_pod), 50.0);
     }
 }
