@@ -104,6 +104,12 @@ impl Filter {
         duration >= self.slower_than
     }
 
+    /// Whether this subscriber sees the messages of streamed responses: not when it filters on
+    /// the outcome (errors only, slower than), which a message does not have yet.
+    pub(crate) fn wants_messages(&self) -> bool {
+        !self.errors_only && self.slower_than.is_zero()
+    }
+
     /// Pod filters: a call crisp cannot attribute to a pod never matches one.
     pub(crate) fn wants_names(&self, namespace: &str, pod: &str) -> bool {
         if let Some(ns) = &self.namespace {

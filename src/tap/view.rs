@@ -11,6 +11,7 @@ pub fn json_line(event: &Event) -> Value {
     let ev = match event {
         Event::Dropped(d) => return json!({ "dropped": d.count, "dropped_total": d.total }),
         Event::Hold(h) => return hold_json(h),
+        Event::Message(m) => return message_json(m),
         Event::Call(c) => c,
     };
     let mut v = json!({
@@ -35,6 +36,9 @@ pub fn json_line(event: &Event) -> Value {
         "response_bytes": ev.response_bytes,
         "redacted": ev.redacted,
     });
+    if let Some(n) = ev.messages {
+        v["messages"] = json!(n);
+    }
     for (key, text) in [
         ("request", &ev.request_json),
         ("response", &ev.response_json),
@@ -64,6 +68,7 @@ pub fn human(event: &Event) -> String {
             );
         }
         Event::Hold(h) => return hold_line(h),
+        Event::Message(m) => return message_line(m),
         Event::Call(c) => c,
     };
     let mut parts: Vec<String> = vec![local_time(ev.start_unix_nanos)];
@@ -105,6 +110,9 @@ pub fn human(event: &Event) -> String {
         status.push_str(&crate::tenant::cut(&ev.message, crate::tenant::MAX_MESSAGE));
     }
     parts.push(status);
+    if let Some(n) = ev.messages {
+        parts.push(format!("({n} messages, {})", size(ev.response_bytes)));
+    }
     let mut line = parts.join(" ");
     for (arrow, text) in [
         ("request", &ev.request_json),
@@ -122,6 +130,79 @@ pub fn human(event: &Event) -> String {
         line.push_str(&format!("\n  {arrow}: {}", pretty.replace('\n', "\n  ")));
     }
     line
+}
+
+/// A message of a streamed response as a JSON object: `"event": "message"` (which `crisp
+/// timeline` and `crisp replay` do not take for a call) and its place in the stream under
+/// `"stream_message"`; with `--full` the decoded message under `"response"`, as a unary call's.
+fn message_json(m: &pb::MessageEvent) -> Value {
+    let mut v = json!({
+        "event": "message",
+        "stream_message": m.index,
+        "time": rfc3339(m.unix_nanos),
+        "call_id": m.call_id,
+        "cri_version": m.cri_version,
+        "method": m.method,
+        "path": m.path,
+        "kind": m.kind,
+        "since_start_ms": m.since_start_micros as f64 / 1e3,
+        "bytes": m.bytes,
+        "redacted": m.redacted,
+    });
+    if let Some(n) = m.items {
+        v["items"] = json!(n);
+    }
+    if m.compressed {
+        v["compressed"] = json!(true);
+    }
+    if !m.json.is_empty() {
+        v["response"] =
+            serde_json::from_str(&m.json).unwrap_or_else(|_| Value::String(m.json.clone()));
+    }
+    v
+}
+
+/// The readable view of a message of a streamed response (one line, then with `--full` the
+/// decoded message): `12:00:01.240 v1 StreamContainers message #3 96.0KiB 100 items +12ms`.
+fn message_line(m: &pb::MessageEvent) -> String {
+    let mut parts: Vec<String> = vec![local_time(m.unix_nanos)];
+    parts.push(if m.cri_version.is_empty() {
+        "-".into()
+    } else {
+        m.cri_version.clone()
+    });
+    parts.push(if m.cri_version.is_empty() {
+        name(&m.path).to_string()
+    } else {
+        name(&m.method).to_string()
+    });
+    parts.push(format!("message #{}", m.index));
+    parts.push(size(m.bytes));
+    if let Some(n) = m.items {
+        parts.push(format!("{n} {}", if n == 1 { "item" } else { "items" }));
+    }
+    if m.compressed {
+        parts.push("compressed".into());
+    }
+    parts.push(format!("+{}", duration(m.since_start_micros)));
+    let mut line = parts.join(" ");
+    if !m.json.is_empty() {
+        let pretty = match serde_json::from_str::<Value>(&m.json) {
+            Ok(v) => crate::tenant::json_pretty(&v),
+            Err(_) => crate::tenant::cut(&m.json, UNPARSED_SHOWN),
+        };
+        line.push_str(&format!("\n  message: {}", pretty.replace('\n', "\n  ")));
+    }
+    line
+}
+
+/// A size on the wire: `812B`, `96.0KiB`, `14.6MiB`.
+fn size(bytes: u64) -> String {
+    match bytes {
+        0..=1023 => format!("{bytes}B"),
+        1024..=1_048_575 => format!("{:.1}KiB", bytes as f64 / 1024.0),
+        _ => format!("{:.1}MiB", bytes as f64 / 1_048_576.0),
+    }
 }
 
 /// A hold as a JSON object, for both views of one: the tap's `HoldEvent` and a pod's `HeldCall`
