@@ -518,6 +518,71 @@ mod tests {
         );
     }
 
+    /// Issue #45: a message of a streamed response is one line (its index, size, items and time
+    /// since the call began), the decoded message under it with --full; its JSON has `"event":
+    /// "message"` and no key a call line is told by (`code_name`, `response_bytes`).
+    #[test]
+    fn message_lines() {
+        let m = pb::MessageEvent {
+            call_id: 7,
+            index: 3,
+            unix_nanos: 1_700_000_000_123_456_789,
+            since_start_micros: 12_300,
+            method: "StreamContainers".into(),
+            path: "/runtime.v1.RuntimeService/StreamContainers".into(),
+            cri_version: "v1".into(),
+            kind: "streaming".into(),
+            bytes: 98_304,
+            items: Some(100),
+            redacted: true,
+            ..Default::default()
+        };
+        let line = human(&Event::Message(m.clone()));
+        assert!(
+            line.ends_with(" v1 StreamContainers message #3 96.0KiB 100 items +12ms"),
+            "{line}"
+        );
+        let v = json_line(&Event::Message(m.clone()));
+        assert_eq!(v["event"], "message");
+        assert_eq!(v["stream_message"], 3);
+        assert_eq!(
+            (v["bytes"].as_u64(), v["items"].as_u64()),
+            (Some(98_304), Some(100))
+        );
+        assert_eq!(v["since_start_ms"], 12.3);
+        assert!(v.get("code_name").is_none() && v.get("response_bytes").is_none());
+        assert!(v.get("response").is_none());
+        let unknown = pb::MessageEvent {
+            method: "StreamFutureThings".into(),
+            kind: "unknown".into(),
+            items: None,
+            bytes: 812,
+            json: String::new(),
+            ..m.clone()
+        };
+        let line = human(&Event::Message(unknown));
+        assert!(
+            line.ends_with(" v1 StreamFutureThings message #3 812B +12ms"),
+            "{line}"
+        );
+        let full = pb::MessageEvent {
+            json: r#"{"containers":[{"id":"c1"}]}"#.into(),
+            ..m
+        };
+        assert!(human(&Event::Message(full.clone())).contains("\n  message: {\n    \"containers\""));
+        assert_eq!(
+            json_line(&Event::Message(full))["response"]["containers"][0]["id"],
+            "c1"
+        );
+        // The call's line says how many messages it had.
+        let mut c = call();
+        c.request_json.clear();
+        (c.messages, c.response_bytes) = (Some(150), 16_085_550);
+        assert!(human(&Event::Call(c.clone())).ends_with(" OK (150 messages, 15.3MiB)"));
+        assert_eq!(json_line(&Event::Call(c))["messages"], 150);
+        assert!(json_line(&Event::Call(call())).get("messages").is_none());
+    }
+
     /// Issue #26: pod and container names with escape sequences, newlines or bidi overrides
     /// stay one escaped line in the readable view.
     #[test]
