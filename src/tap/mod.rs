@@ -1,5 +1,6 @@
-//! The debug tap (DESIGN.md §6): one event per CRI call, streamed live to subscribers on the
-//! admin socket, with secrets redacted; and the per-method call metrics.
+//! The debug tap (DESIGN.md §6): one event per CRI call — and per message of a streamed
+//! response — streamed live to subscribers on the admin socket, with secrets redacted; and the
+//! per-method call metrics.
 //!
 //! ```text
 //!  Proxy ─ interest() ──▶ Tap: complete always (metrics); request/response only while some
@@ -9,6 +10,8 @@
 //!                         wire (ids.rs), names from the engine, one try_send to the fan-out
 //!                         thread (fanout.rs) — full: drop, count
 //!                         ─────────────── call path ends here: no await, no decode ───────────
+//!        ─ on_message ──▶ (a tapped stream, on the observed path's task: never the relay
+//!                         thread) each message's size, items and bounded view, one try_send
 //!  fanout.rs (one thread): each subscriber's filter (filter.rs), try_send into its bounded
 //!            queue (hub.rs) — full, or all queues over admin.tap_memory_bytes: drop, count
 //!  admin/service.rs: one task per subscriber ◀─ Subscription::next: events + "dropped N" markers
