@@ -183,10 +183,6 @@ impl Route {
             rpc: Rpc::from_name(service, name),
         }
     }
-
-    pub(crate) fn is_polling(&self) -> bool {
-        matches!(self.rpc.map(Rpc::kind), Some(RpcKind::Polling))
-    }
 }
 
 impl fmt::Display for Route {
@@ -237,7 +233,12 @@ mod tests {
             Route::from_path("/runtime.v2.RuntimeService/Version"),
             Route::UNKNOWN
         );
-        assert!(Route::from_path("/runtime.v1.RuntimeService/ListContainers").is_polling());
+        assert_eq!(
+            Route::from_path("/runtime.v1.RuntimeService/ListContainers")
+                .rpc
+                .map(Rpc::kind),
+            Some(RpcKind::Polling)
+        );
     }
 
     #[test]

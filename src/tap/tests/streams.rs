@@ -75,11 +75,16 @@ async fn drain(s: &mut Subscription) -> Vec<Item> {
 #[tokio::test]
 async fn a_150_message_stream_is_150_message_events_then_its_call() {
     let t = tap();
-    let mut plain = t.subscribe(Filter::default(), 1024);
+    // The streamed lists are polling calls: shown with --all (include_polling).
+    let all = Filter {
+        include_polling: true,
+        ..Default::default()
+    };
+    let mut plain = t.subscribe(all.clone(), 1024);
     let mut full = t.subscribe(
         Filter {
             full: true,
-            ..Default::default()
+            ..all.clone()
         },
         1024,
     );
@@ -128,8 +133,8 @@ async fn a_150_message_stream_is_150_message_events_then_its_call() {
     }
 }
 
-/// A method crisp does not know may stream: its messages show too, by size and time only
-/// (no items, never decoded, even with `full`).
+/// A method crisp does not know may stream: its messages show too (by default: it is no
+/// polling call crisp knows), by size and time only (no items, never decoded, even with `full`).
 #[tokio::test]
 async fn an_unknown_streams_messages_show_by_size_only() {
     let t = tap();
@@ -184,6 +189,7 @@ async fn messages_cost_nothing_untapped_and_skip_outcome_filters() {
     let mut errors = t.subscribe(
         Filter {
             errors_only: true,
+            include_polling: true,
             ..Default::default()
         },
         64,
@@ -191,6 +197,7 @@ async fn messages_cost_nothing_untapped_and_skip_outcome_filters() {
     let mut slow = t.subscribe(
         Filter {
             slower_than: Duration::from_nanos(1),
+            include_polling: true,
             ..Default::default()
         },
         64,
@@ -229,6 +236,7 @@ async fn a_15_mb_stream_queues_bounded_views_not_the_stream() {
         let _s = t.subscribe(
             Filter {
                 full,
+                include_polling: true,
                 ..Default::default()
             },
             1024,
