@@ -158,6 +158,7 @@ fn bench(c: &mut Criterion) {
             let spec = SkimSpec {
                 budget: 64 << 10,
                 size_only: &[],
+                items: None,
             };
             Skim::of_framed(spec, black_box(&list)).map(|s| s.kept.len())
         })
@@ -175,6 +176,7 @@ fn bench(c: &mut Criterion) {
             let mut s = Skimmer::new(SkimSpec {
                 budget: 64 << 10,
                 size_only: &[1, 2],
+                items: None,
             });
             for piece in black_box(&exec).chunks(16 << 10) {
                 s.push(piece);
@@ -360,6 +362,7 @@ fn bench(c: &mut Criterion) {
         request: None,
         response: None,
         message: None,
+        streamed: None,
     };
     c.bench_function("tap_no_client_interest_and_complete", |b| {
         b.iter(|| {

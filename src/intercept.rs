@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use crate::cri::skim::{Skim, SkimSpec};
+use crate::cri::skim::{Skim, SkimSpec, StreamedMessage};
 use crate::cri::Route;
 use crate::status::Status;
 
@@ -97,6 +97,18 @@ pub struct Outcome {
     /// ended with one (gRPC servers send it with errors only) and crisp observed the call, or
     /// crisp ended it itself. A relayed call — one no interceptor asked to see — reports `None`.
     pub message: Option<String>,
+    /// For a streamed response seen message by message ([`Interceptor::on_message`]): how many
+    /// messages and bytes went out. `None` for a unary call or an unobserved one.
+    pub streamed: Option<Streamed>,
+}
+
+/// What a server-streamed response held, counted as it passed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Streamed {
+    /// Whole messages (a message cut short by the stream's end counts too).
+    pub messages: u64,
+    /// Bytes on the wire, the gRPC prefixes included.
+    pub bytes: u64,
 }
 
 pub trait Interceptor: Send + Sync + 'static {
@@ -142,8 +154,16 @@ pub trait Interceptor: Send + Sync + 'static {
 
     fn on_complete(&self, _call: &Call, _outcome: &Outcome) {}
 
+    /// Sees each message of a server-streamed response (a Stream* list, GetContainerEvents, a
+    /// method crisp does not know) as it goes on to the client, viewed as
+    /// [`Interceptor::response_view`] asked: `since_start` counts from the call's arrival.
+    /// Called on the task that forwards the stream, for calls some interceptor observes (never
+    /// on the relay thread): must not wait.
+    fn on_message(&self, _call: &Call, _msg: &StreamedMessage, _since_start: Duration) {}
+
     /// Asks for a bounded view of a unary response in `on_complete` ([`Outcome::response`]),
-    /// built as the response streams on to the client: nothing is held or delayed for it.
+    /// built as the response streams on to the client: nothing is held or delayed for it. For a
+    /// streamed response, the view of each message, given to [`Interceptor::on_message`].
     fn response_view(&self, _call: &Call) -> Option<SkimSpec> {
         None
     }
@@ -444,6 +464,14 @@ impl Interceptors {
                 None
             })
         })
+    }
+
+    pub(crate) fn on_message(&self, call: &Call, msg: &StreamedMessage, since_start: Duration) {
+        for i in &self.list {
+            if guarded(|| i.on_message(call, msg, since_start)).is_none() {
+                self.faults.panicked(call.route, call.id, "on_message");
+            }
+        }
     }
 
     pub(crate) fn on_complete(&self, call: &Call, outcome: &Outcome) {

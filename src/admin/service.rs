@@ -112,6 +112,7 @@ impl pb::admin_server::Admin for AdminService {
                     // Decoding for `full` happens here, in this subscriber's task.
                     Item::Call(ev) => pb::tap_event::Event::Call(ev.to_proto(full, redact)),
                     Item::Hold(h) => pb::tap_event::Event::Hold(crate::tap::hold_to_proto(&h)),
+                    Item::Message(m) => pb::tap_event::Event::Message(m.to_proto(full, redact)),
                     Item::Dropped { count, total } => {
                         pb::tap_event::Event::Dropped(pb::Dropped { count, total })
                     }

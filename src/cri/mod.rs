@@ -124,6 +124,23 @@ rpcs! {
     StreamImages: Image, Streaming;
 }
 
+impl Rpc {
+    /// The field of this RPC's response messages that holds the listed items: `containers` (1)
+    /// of each StreamContainersResponse, and so on for the six streamed lists of KEP-5825
+    /// (api.proto: each is `repeated ... = 1`). `None` for every other RPC.
+    pub(crate) fn listed_items(self) -> Option<u32> {
+        match self {
+            Rpc::StreamPodSandboxes
+            | Rpc::StreamContainers
+            | Rpc::StreamContainerStats
+            | Rpc::StreamPodSandboxStats
+            | Rpc::StreamPodSandboxMetrics
+            | Rpc::StreamImages => Some(1),
+            _ => None,
+        }
+    }
+}
+
 /// A routed gRPC path. `rpc` is `None` for paths crisp does not know; those are forwarded
 /// untouched like everything else (DESIGN.md §1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -165,10 +182,6 @@ impl Route {
             version: Some(version),
             rpc: Rpc::from_name(service, name),
         }
-    }
-
-    pub(crate) fn is_polling(&self) -> bool {
-        matches!(self.rpc.map(Rpc::kind), Some(RpcKind::Polling))
     }
 }
 
@@ -220,7 +233,12 @@ mod tests {
             Route::from_path("/runtime.v2.RuntimeService/Version"),
             Route::UNKNOWN
         );
-        assert!(Route::from_path("/runtime.v1.RuntimeService/ListContainers").is_polling());
+        assert_eq!(
+            Route::from_path("/runtime.v1.RuntimeService/ListContainers")
+                .rpc
+                .map(Rpc::kind),
+            Some(RpcKind::Polling)
+        );
     }
 
     #[test]

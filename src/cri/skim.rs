@@ -20,10 +20,15 @@ pub const MAX_CUT_LISTED: usize = 64;
 /// What to keep of a message.
 #[derive(Debug, Clone, Copy)]
 pub struct SkimSpec {
-    /// Most bytes of whole top-level fields kept.
+    /// Most bytes of whole top-level fields kept. A budget of 0 keeps nothing and lists no cut
+    /// field either (they are only counted): a view for the message's size and items alone,
+    /// which allocates nothing.
     pub budget: usize,
     /// Top-level field numbers never kept (shown by size only).
     pub size_only: &'static [u32],
+    /// The top-level field whose occurrences are counted ([`Skim::items`]): a streamed list's
+    /// repeated field (`containers` of a StreamContainersResponse), kept or cut alike.
+    pub items: Option<u32>,
 }
 
 /// A top-level field shown by its size only.
@@ -54,6 +59,9 @@ pub struct Skim {
     pub stopped: Option<&'static str>,
     /// Bytes after the first message (a unary body holds one).
     pub trailing: u64,
+    /// Occurrences of the spec's `items` field at the top level, whether kept or cut: read
+    /// from the keys on the wire, whatever the budget.
+    pub items: u64,
 }
 
 impl Skim {
@@ -260,6 +268,9 @@ impl Skimmer {
                 if self.number == 0 {
                     return self.stop("field number 0");
                 }
+                if self.spec.items == Some(self.number) {
+                    self.skim.items += 1;
+                }
                 self.state = match self.wire_type {
                     0 => State::Varint,
                     1 => State::Fixed(8),
@@ -311,7 +322,7 @@ impl Skimmer {
     }
 
     fn cut(&mut self, len: u64) {
-        if self.skim.cut.len() < MAX_CUT_LISTED {
+        if self.spec.budget > 0 && self.skim.cut.len() < MAX_CUT_LISTED {
             self.skim.cut.push(Cut {
                 number: self.number,
                 wire_type: self.wire_type,
@@ -340,6 +351,114 @@ impl Skimmer {
     }
 }
 
+/// One message of a server stream as a [`StreamSkimmer`] saw it.
+#[derive(Debug, Clone)]
+pub struct StreamedMessage {
+    /// Its place in the stream, from 0.
+    pub index: u64,
+    /// Its bytes on the wire, the gRPC prefix included.
+    pub wire_len: u64,
+    pub view: Skim,
+}
+
+/// Splits a server stream's body into its gRPC messages as the bytes pass, and builds a
+/// [`Skim`] of each with the same spec: what a tap shows of a streamed call, message by
+/// message. Holds one message's view at a time (at most the spec's budget), never a message.
+#[derive(Debug)]
+pub struct StreamSkimmer {
+    spec: SkimSpec,
+    current: Skimmer,
+    /// Bytes of the current message's prefix seen so far (up to [`PREFIX_LEN`]).
+    prefix: [u8; PREFIX_LEN],
+    prefix_len: usize,
+    /// Message bytes still to come after the prefix, once the prefix is read.
+    left: Option<u64>,
+    /// Bytes of the current message seen so far, its prefix included.
+    seen: u64,
+    next_index: u64,
+}
+
+impl StreamSkimmer {
+    pub fn new(spec: SkimSpec) -> StreamSkimmer {
+        StreamSkimmer {
+            spec,
+            current: Skimmer::new(spec),
+            prefix: [0; PREFIX_LEN],
+            prefix_len: 0,
+            left: None,
+            seen: 0,
+            next_index: 0,
+        }
+    }
+
+    /// Messages completed so far.
+    #[cfg(test)]
+    pub fn messages(&self) -> u64 {
+        self.next_index
+    }
+
+    /// Feeds the next bytes of the body; `done` gets each message completed by them, in order.
+    pub fn push(&mut self, mut data: &[u8], mut done: impl FnMut(StreamedMessage)) {
+        while !data.is_empty() {
+            let n = match self.left {
+                None => {
+                    let n = (PREFIX_LEN - self.prefix_len).min(data.len());
+                    self.prefix[self.prefix_len..self.prefix_len + n].copy_from_slice(&data[..n]);
+                    self.prefix_len += n;
+                    if self.prefix_len == PREFIX_LEN {
+                        self.left = Some(self.declared());
+                    }
+                    n
+                }
+                Some(left) => {
+                    let n = data.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+                    self.left = Some(left - n as u64);
+                    n
+                }
+            };
+            self.current.push(&data[..n]);
+            self.seen += n as u64;
+            data = &data[n..];
+            if self.left == Some(0) {
+                self.finish_message(&mut done);
+            }
+        }
+    }
+
+    /// The current message's length, from its prefix.
+    fn declared(&self) -> u64 {
+        let p = &self.prefix;
+        u64::from(u32::from_be_bytes([p[1], p[2], p[3], p[4]]))
+    }
+
+    fn finish_message(&mut self, done: &mut impl FnMut(StreamedMessage)) {
+        let skimmer = std::mem::replace(&mut self.current, Skimmer::new(self.spec));
+        let wire_len = std::mem::take(&mut self.seen);
+        self.prefix_len = 0;
+        self.left = None;
+        if let Some(view) = skimmer.finish() {
+            let index = self.next_index;
+            self.next_index += 1;
+            done(StreamedMessage {
+                index,
+                wire_len,
+                view,
+            });
+        }
+    }
+
+    /// At the body's end: the message cut short (the stream ended inside it), if any; its view
+    /// says where it stopped.
+    pub fn finish(self) -> Option<StreamedMessage> {
+        let (index, wire_len) = (self.next_index, self.seen);
+        self.current.finish().map(|view| StreamedMessage {
+            index,
+            wire_len,
+            view,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -349,6 +468,7 @@ mod tests {
     const SPEC: SkimSpec = SkimSpec {
         budget: 100,
         size_only: &[],
+        items: None,
     };
 
     fn exec(stdout: usize, stderr: usize, code: i32) -> Bytes {
@@ -411,6 +531,7 @@ mod tests {
         let spec = SkimSpec {
             budget: 100,
             size_only: &[1, 2],
+            items: None,
         };
         let s = in_pieces(spec, &exec(1, 1, 0), 1);
         assert_eq!(s.cut.len(), 2);
@@ -448,5 +569,83 @@ mod tests {
         assert_eq!(s.cut_more_bytes, (100 - MAX_CUT_LISTED as u64) * 0x7f);
         // No bytes: no view.
         assert!(Skimmer::new(SPEC).finish().is_none());
+    }
+
+    /// A streamed list's message: `n` items of field 1 of ~`size` bytes each.
+    fn list_message(n: usize, size: usize) -> Bytes {
+        let mut msg = Vec::new();
+        for _ in 0..n {
+            msg.push(0x0a);
+            prost::encoding::encode_varint(size as u64, &mut msg);
+            msg.extend(std::iter::repeat_n(7u8, size));
+        }
+        wire::frame(&msg)
+    }
+
+    #[test]
+    fn a_stream_is_split_into_its_messages_whatever_the_pieces() {
+        let spec = SkimSpec {
+            budget: 100,
+            size_only: &[],
+            items: Some(1),
+        };
+        let msgs: Vec<Bytes> = (0..5).map(|i| list_message(i * 3, 40)).collect();
+        let body: Vec<u8> = msgs.concat();
+        for piece in [1, 2, 5, 7, 64, 1000, body.len()] {
+            let mut s = StreamSkimmer::new(spec);
+            let mut got = Vec::new();
+            for c in body.chunks(piece) {
+                s.push(c, |m| got.push(m));
+            }
+            assert!(s.finish().is_none(), "pieces of {piece}: nothing left over");
+            assert_eq!(got.len(), 5, "pieces of {piece}");
+            for (i, m) in got.iter().enumerate() {
+                assert_eq!(m.index, i as u64);
+                assert_eq!(m.wire_len, msgs[i].len() as u64, "pieces of {piece}");
+                assert_eq!(m.view.items, i as u64 * 3, "pieces of {piece}");
+                assert_eq!(m.view.len, msgs[i].len() as u64 - 5);
+                assert!(m.view.stopped.is_none() && m.view.trailing == 0);
+                // Two items of 42 bytes fit the budget of 100; the rest are cut.
+                assert_eq!(m.view.kept.len(), (i * 3).min(2) * 42);
+            }
+        }
+        // A stream that ends inside a message: that message, stopped.
+        let mut s = StreamSkimmer::new(spec);
+        s.push(&body[..body.len() - 3], |_| {});
+        let last = s.finish().expect("the cut message");
+        assert_eq!(last.index, 4);
+        assert_eq!(
+            last.view.stopped,
+            Some("the body ends before the message does")
+        );
+    }
+
+    /// The view of each message holds at most the budget, however big the messages; with a
+    /// budget of 0 it holds nothing and lists nothing (sizes and items only).
+    #[test]
+    fn a_streamed_message_view_is_bounded_by_the_budget() {
+        let big = list_message(100, 1000);
+        for (budget, most) in [(0, 0), (4096, 4096)] {
+            let spec = SkimSpec {
+                budget,
+                size_only: &[],
+                items: Some(1),
+            };
+            let mut s = StreamSkimmer::new(spec);
+            let mut n = 0;
+            for _ in 0..150 {
+                s.push(&big, |m| {
+                    n += 1;
+                    assert_eq!(m.view.items, 100);
+                    assert!(m.view.kept.len() <= most, "{}", m.view.kept.len());
+                    assert!(m.view.weight() <= most + MAX_CUT_LISTED * 16);
+                    if budget == 0 {
+                        assert!(m.view.cut.is_empty() && m.view.cut.capacity() == 0);
+                        assert_eq!(m.view.cut_more, 100);
+                    }
+                });
+            }
+            assert_eq!((n, s.messages()), (150, 150));
+        }
     }
 }

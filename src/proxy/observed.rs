@@ -18,10 +18,10 @@ use tracing::Instrument;
 
 use super::body::{self, ProxyBody};
 use super::{relay, runtime_pool, Proxy};
-use crate::cri::skim::Skimmer;
+use crate::cri::skim::{SkimSpec, Skimmer, StreamSkimmer};
 use crate::cri::wire::{self, Frame as GrpcFrame};
 use crate::cri::RpcKind;
-use crate::intercept::{Call, Outcome, Verdict};
+use crate::intercept::{Call, Outcome, Streamed, Verdict};
 use crate::status::{code, code_of, message_of, RuntimeLoss, Status};
 pub(crate) use response::ResponseBody;
 use response::StreamPatcher;
@@ -142,21 +142,21 @@ impl Proxy {
                     held,
                     req_bytes,
                     None,
+                    None,
                 );
                 return s.to_response().map(|b| ResponseBody::new(b, None));
             }
         };
 
         // A view of the response (the tap's) is built as it streams on; never from a whole copy.
-        let view = (!streaming)
-            .then(|| self.interceptors.response_view(&call))
-            .flatten();
+        // A stream's is a view of each message, shown to the interceptors as it completes.
+        let view = self.interceptors.response_view(&call);
         let report = interest.complete.then(|| OutcomeReport {
             proxy: self.clone(),
             call: call.clone(),
             held,
             request: req_bytes.clone(),
-            response: view.map(Skimmer::new),
+            response: view.map(|spec| View::new(spec, streaming)),
             code: None,
             message: None,
         });
@@ -357,10 +357,12 @@ impl Proxy {
             held,
             None,
             None,
+            None,
         );
         s.to_response().map(|b| ResponseBody::new(b, None))
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn complete(
         &self,
         call: &Call,
@@ -369,6 +371,7 @@ impl Proxy {
         held: Duration,
         request: Option<Bytes>,
         response: Option<crate::cri::skim::Skim>,
+        streamed: Option<Streamed>,
     ) {
         tracing::debug!(
             target: relay::CALLS,
@@ -387,6 +390,7 @@ impl Proxy {
             request,
             response,
             message,
+            streamed,
         };
         self.interceptors.on_complete(call, &outcome);
     }
@@ -399,12 +403,46 @@ struct OutcomeReport {
     held: Duration,
     request: Option<Bytes>,
     /// Builds the view of the response asked for, from the bytes sent to the client.
-    response: Option<Skimmer>,
+    response: Option<View>,
     code: Option<i32>,
     message: Option<String>,
 }
 
+/// The view of a response being built: one of a unary message, or one of each message of a
+/// stream (with what the stream held so far).
+enum View {
+    Unary(Skimmer),
+    Stream(StreamSkimmer, Streamed),
+}
+
+impl View {
+    fn new(spec: SkimSpec, streaming: bool) -> View {
+        if streaming {
+            View::Stream(StreamSkimmer::new(spec), Streamed::default())
+        } else {
+            View::Unary(Skimmer::new(spec))
+        }
+    }
+}
+
 impl OutcomeReport {
+    /// Shows bytes sent to the client to the view being built; each message of a stream, once
+    /// whole, goes to the interceptors. Holds one message's view at most, never a message.
+    fn view(&mut self, data: &[u8]) {
+        let (proxy, call) = (&self.proxy, &self.call);
+        match &mut self.response {
+            Some(View::Unary(s)) => s.push(data),
+            Some(View::Stream(s, streamed)) => s.push(data, |m| {
+                streamed.messages += 1;
+                streamed.bytes += m.wire_len;
+                proxy
+                    .interceptors
+                    .on_message(call, &m, call.received.elapsed());
+            }),
+            None => {}
+        }
+    }
+
     /// With the gRPC status (and message) an answer carries in its headers, if any.
     fn with_status(mut self, headers: &http::HeaderMap) -> OutcomeReport {
         self.code = code_of(headers);
@@ -423,13 +461,31 @@ struct Observed {
 
 impl Drop for OutcomeReport {
     fn drop(&mut self) {
+        let (response, streamed) = match self.response.take() {
+            Some(View::Unary(s)) => (s.finish(), None),
+            Some(View::Stream(s, mut streamed)) => {
+                // A message the stream ended inside of: shown as far as it came.
+                if let Some(m) = s.finish() {
+                    streamed.messages += 1;
+                    streamed.bytes += m.wire_len;
+                    self.proxy.interceptors.on_message(
+                        &self.call,
+                        &m,
+                        self.call.received.elapsed(),
+                    );
+                }
+                (None, Some(streamed))
+            }
+            None => (None, None),
+        };
         self.proxy.complete(
             &self.call,
             self.code,
             self.message.take(),
             self.held,
             self.request.take(),
-            self.response.take().and_then(Skimmer::finish),
+            response,
+            streamed,
         );
     }
 }

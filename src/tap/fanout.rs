@@ -15,7 +15,7 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 
 use super::hub::{Ev, Hub};
-use super::RawEvent;
+use super::{RawEvent, RawMessage};
 use crate::intercept::{HoldEvent, HoldOutcome, HoldPhase};
 use crate::metrics::CallMetrics;
 
@@ -30,6 +30,7 @@ pub(super) const FANOUT_QUEUE: usize = 1024;
 pub(super) enum Job {
     Call(Arc<RawEvent>),
     Hold(Arc<HoldEvent>),
+    Message(Arc<RawMessage>),
     /// Look at the hub again: it was closed.
     Wake,
     /// Answer once every job before this one is done.
@@ -42,6 +43,7 @@ impl Job {
         match self {
             Job::Call(e) => Ev::Call(e.clone()).weight(),
             Job::Hold(h) => Ev::Hold(h.clone()).weight(),
+            Job::Message(m) => Ev::Message(m.clone()).weight(),
             _ => 0,
         }
     }
@@ -91,6 +93,7 @@ fn run(rx: Receiver<Job>, hub: &Hub, metrics: &CallMetrics) {
         match job {
             Job::Call(ev) => call(&ev, hub, metrics),
             Job::Hold(ev) => hold(&ev, hub, metrics),
+            Job::Message(ev) => message(&ev, hub, metrics),
             Job::Wake => {}
             #[cfg(test)]
             Job::Flush(done) => {
@@ -108,6 +111,18 @@ fn call(ev: &Arc<RawEvent>, hub: &Hub, metrics: &CallMetrics) {
                 .wants_names(&ev.ids.pod_namespace, &ev.ids.pod_name)
         {
             s.offer(Ev::Call(ev.clone()), &hub.memory, metrics);
+        }
+    }
+}
+
+fn message(ev: &Arc<RawMessage>, hub: &Hub, metrics: &CallMetrics) {
+    for s in hub.snapshot().iter() {
+        // A streamed list names no pod: a pod filter leaves its messages out, as its call.
+        if s.filter.wants_route(&ev.route, &ev.path)
+            && s.filter.wants_messages()
+            && s.filter.wants_names("", "")
+        {
+            s.offer(Ev::Message(ev.clone()), &hub.memory, metrics);
         }
     }
 }

@@ -51,6 +51,15 @@ pub(crate) fn method_name<'a>(route: &Route, path: &'a str) -> &'a str {
     }
 }
 
+/// Whether `rpc` is one of kubelet's polling calls, hidden unless asked for: the polling kind
+/// (List*, *Status, *Stats, Version), and the streamed lists of KEP-5825 that replace the lists
+/// in kubelet 1.36 (its PLEG relists with them every second) — streaming on the wire, polling in
+/// what they are.
+fn polls(rpc: Option<Rpc>) -> bool {
+    matches!(rpc.map(Rpc::kind), Some(RpcKind::Polling))
+        || rpc.and_then(Rpc::listed_items).is_some()
+}
+
 /// One subscriber's filter.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Filter {
@@ -60,7 +69,8 @@ pub(crate) struct Filter {
     pub(crate) pod: Option<String>,
     pub(crate) errors_only: bool,
     pub(crate) slower_than: Duration,
-    /// Show List*/​*Status/​*Stats/Version (hidden by default: >95 % of kubelet's traffic).
+    /// Show List*/​*Status/​*Stats/Version and the Stream* lists (hidden by default: >95 % of
+    /// kubelet's traffic).
     pub(crate) include_polling: bool,
     /// Decode request and response messages to JSON.
     pub(crate) full: bool,
@@ -79,7 +89,7 @@ impl Filter {
                 .iter()
                 .any(|g| g.matches(name) || g.matches(path));
         }
-        self.include_polling || !route.is_polling()
+        self.include_polling || !polls(route.rpc)
     }
 
     /// Conservative per-RPC version of [`Filter::wants_route`] (`None`: paths crisp does not
@@ -94,7 +104,7 @@ impl Filter {
                 None => true,
             };
         }
-        self.include_polling || !matches!(rpc.map(Rpc::kind), Some(RpcKind::Polling))
+        self.include_polling || !polls(rpc)
     }
 
     pub(crate) fn wants_outcome(&self, code: Option<i32>, duration: Duration) -> bool {
@@ -102,6 +112,12 @@ impl Filter {
             return false;
         }
         duration >= self.slower_than
+    }
+
+    /// Whether this subscriber sees the messages of streamed responses: not when it filters on
+    /// the outcome (errors only, slower than), which a message does not have yet.
+    pub(crate) fn wants_messages(&self) -> bool {
+        !self.errors_only && self.slower_than.is_zero()
     }
 
     /// Pod filters: a call crisp cannot attribute to a pod never matches one.
@@ -168,11 +184,19 @@ mod tests {
         assert!(!f.wants_route(&route(list), list));
         assert!(f.wants_route(&route(create), create));
         assert!(!f.may_want_rpc(Some(Rpc::ListContainers)));
+        // The streamed lists of kubelet 1.36 poll as the lists they replace; other streams show.
+        let stream = "/runtime.v1.RuntimeService/StreamContainers";
+        let events = "/runtime.v1.RuntimeService/GetContainerEvents";
+        assert!(!f.wants_route(&route(stream), stream));
+        assert!(!f.may_want_rpc(Some(Rpc::StreamImages)));
+        assert!(f.wants_route(&route(events), events));
         let f = Filter {
             include_polling: true,
             ..Default::default()
         };
         assert!(f.wants_route(&route(list), list));
+        assert!(f.wants_route(&route(stream), stream));
+        assert!(f.may_want_rpc(Some(Rpc::StreamImages)));
         // Naming a polling method shows it: filters select exactly what they say.
         let f = Filter {
             methods: vec![Glob::new("List*")],

@@ -13,7 +13,7 @@ use std::time::Duration;
 use parking_lot::RwLock;
 use tokio::sync::mpsc;
 
-use super::{Filter, RawEvent};
+use super::{Filter, RawEvent, RawMessage};
 use crate::cri::Rpc;
 use crate::intercept::HoldEvent;
 use crate::metrics::CallMetrics;
@@ -41,6 +41,8 @@ pub(crate) enum Item {
     Call(Arc<RawEvent>),
     /// A call held or refused, while it happens.
     Hold(Arc<HoldEvent>),
+    /// One message of a streamed response, as it passed.
+    Message(Arc<RawMessage>),
     /// `count` events were dropped for this subscriber just before the next one (`total` since
     /// it subscribed).
     Dropped {
@@ -54,6 +56,7 @@ pub(crate) enum Item {
 pub(super) enum Ev {
     Call(Arc<RawEvent>),
     Hold(Arc<HoldEvent>),
+    Message(Arc<RawMessage>),
 }
 
 impl Ev {
@@ -61,6 +64,7 @@ impl Ev {
         match self {
             Ev::Call(e) => e.weight(),
             Ev::Hold(_) => 512,
+            Ev::Message(m) => m.weight(),
         }
     }
 
@@ -68,6 +72,7 @@ impl Ev {
         match self {
             Ev::Call(e) => Item::Call(e),
             Ev::Hold(h) => Item::Hold(h),
+            Ev::Message(m) => Item::Message(m),
         }
     }
 }
@@ -146,6 +151,9 @@ pub(super) struct Hub {
     pub(super) want: AtomicU64,
     /// ... and with `full`: their responses are read too.
     pub(super) want_full: AtomicU64,
+    /// RPCs some subscriber may want the messages of (a streamed response): one that does not
+    /// filter on the outcome, which a message does not have yet.
+    pub(super) want_messages: AtomicU64,
     /// Whether some subscriber wants calls that succeeded (not `errors_only`).
     pub(super) want_ok: AtomicBool,
     /// The smallest `slower_than` of all subscribers, in nanoseconds (`u64::MAX`: nobody).
@@ -167,6 +175,7 @@ impl Hub {
             count: AtomicUsize::new(0),
             want: AtomicU64::new(0),
             want_full: AtomicU64::new(0),
+            want_messages: AtomicU64::new(0),
             want_ok: AtomicBool::new(false),
             min_slower_than: AtomicU64::new(u64::MAX),
             memory: Memory {
@@ -209,7 +218,7 @@ impl Hub {
         let mut g = self.subs.write();
         let mut v: Vec<Arc<Sub>> = g.as_ref().clone();
         f(&mut v);
-        let (mut want, mut full) = (0u64, 0u64);
+        let (mut want, mut full, mut messages) = (0u64, 0u64, 0u64);
         let want_ok = v.iter().any(|s| !s.filter.errors_only);
         let min_slower_than = v
             .iter()
@@ -228,11 +237,15 @@ impl Hub {
                     if s.filter.full {
                         full |= bit(rpc);
                     }
+                    if s.filter.wants_messages() {
+                        messages |= bit(rpc);
+                    }
                 }
             }
         }
         self.want.store(want, Relaxed);
         self.want_full.store(full, Relaxed);
+        self.want_messages.store(messages, Relaxed);
         self.want_ok.store(want_ok, Relaxed);
         self.min_slower_than.store(min_slower_than, Relaxed);
         self.count.store(v.len(), Relaxed);

@@ -1,5 +1,6 @@
-//! The debug tap (DESIGN.md §6): one event per CRI call, streamed live to subscribers on the
-//! admin socket, with secrets redacted; and the per-method call metrics.
+//! The debug tap (DESIGN.md §6): one event per CRI call — and per message of a streamed
+//! response — streamed live to subscribers on the admin socket, with secrets redacted; and the
+//! per-method call metrics.
 //!
 //! ```text
 //!  Proxy ─ interest() ──▶ Tap: complete always (metrics); request/response only while some
@@ -9,6 +10,8 @@
 //!                         wire (ids.rs), names from the engine, one try_send to the fan-out
 //!                         thread (fanout.rs) — full: drop, count
 //!                         ─────────────── call path ends here: no await, no decode ───────────
+//!        ─ on_message ──▶ (a tapped stream, on the observed path's task: never the relay
+//!                         thread) each message's size, items and bounded view, one try_send
 //!  fanout.rs (one thread): each subscriber's filter (filter.rs), try_send into its bounded
 //!            queue (hub.rs) — full, or all queues over admin.tap_memory_bytes: drop, count
 //!  admin/service.rs: one task per subscriber ◀─ Subscription::next: events + "dropped N" markers
@@ -46,12 +49,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use dashmap::DashMap;
 
-use crate::cri::skim::{Skim, SkimSpec};
+use crate::cri::skim::{Skim, SkimSpec, StreamedMessage};
 use crate::cri::wire::{self, Frame};
 use crate::cri::{Route, Rpc, RpcKind};
 use crate::intercept::PodNames;
 use crate::intercept::{
-    BoxFuture, Call, HoldEvent, HoldSink, Interceptor, Interest, Outcome, Verdict,
+    BoxFuture, Call, HoldEvent, HoldSink, Interceptor, Interest, Outcome, Streamed, Verdict,
 };
 #[cfg(test)]
 use crate::intercept::{HoldOutcome, HoldPhase};
@@ -78,7 +81,17 @@ fn spec(rpc: Option<Rpc>, dir: Dir) -> SkimSpec {
     SkimSpec {
         budget: MAX_SHOWN_MESSAGE,
         size_only: rpc.map_or(&[], |r| redact::size_only(r, dir)),
+        items: None,
     }
+}
+
+/// Whether `rpc`'s response is a stream (or may be: a method crisp does not know), shown
+/// message by message.
+fn streamed(rpc: Option<Rpc>) -> bool {
+    !matches!(
+        rpc.map(Rpc::kind),
+        Some(RpcKind::Mutating | RpcKind::Polling)
+    )
 }
 
 /// Target of the trace-level log of every call's (redacted) messages.
@@ -106,6 +119,8 @@ pub(crate) struct RawEvent {
     pub(crate) response: Option<Skim>,
     /// The redacted JSON of both messages, decoded once for all redacted subscribers.
     redacted_json: OnceLock<(String, String)>,
+    /// A streamed response seen message by message: its messages and bytes.
+    pub(crate) streamed: Option<Streamed>,
 }
 
 impl RawEvent {
@@ -176,6 +191,81 @@ impl RawEvent {
             response_bytes: self.response_bytes as u64,
             request_json,
             response_json,
+            redacted: redact,
+            messages: self.streamed.map(|s| s.messages),
+        }
+    }
+}
+
+/// One message of a streamed response, shared by every subscriber that gets it: its size and
+/// items from the wire, and with `full` a bounded view of it (never the message).
+#[derive(Debug)]
+pub(crate) struct RawMessage {
+    pub(crate) call_id: u64,
+    pub(crate) route: Route,
+    pub(crate) path: String,
+    pub(crate) index: u64,
+    pub(crate) at: SystemTime,
+    pub(crate) since_start: Duration,
+    pub(crate) bytes: u64,
+    pub(crate) items: Option<u64>,
+    pub(crate) compressed: bool,
+    /// Kept only when a `full` subscriber may get the event, for a method crisp has types for.
+    pub(crate) view: Option<Skim>,
+    redacted_json: OnceLock<String>,
+}
+
+impl RawMessage {
+    /// Bytes this event pins in memory while queued.
+    fn weight(&self) -> usize {
+        192 + self.path.len() + self.view.as_ref().map_or(0, Skim::weight)
+    }
+
+    pub(crate) fn method(&self) -> &str {
+        filter::method_name(&self.route, &self.path)
+    }
+
+    fn json(&self, redact: bool) -> String {
+        self.view
+            .as_ref()
+            .map(|v| decode::decode_skim(self.route.rpc, Dir::Response, v, redact).to_string())
+            .unwrap_or_default()
+    }
+
+    /// The event as the admin API sends it; decoded (`full`) in the subscriber's task.
+    pub(crate) fn to_proto(&self, full: bool, redact: bool) -> pb::MessageEvent {
+        let json = match (full, redact) {
+            (false, _) => String::new(),
+            (true, true) => self.redacted_json.get_or_init(|| self.json(true)).clone(),
+            (true, false) => self.json(false),
+        };
+        pb::MessageEvent {
+            call_id: self.call_id,
+            index: self.index,
+            unix_nanos: self
+                .at
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_nanos() as i64)
+                .unwrap_or(0),
+            since_start_micros: self.since_start.as_micros() as u64,
+            method: self.method().to_string(),
+            path: self.path.clone(),
+            cri_version: self
+                .route
+                .version
+                .map(|v| v.as_str())
+                .unwrap_or("")
+                .to_string(),
+            kind: if self.route.rpc.is_some() {
+                "streaming"
+            } else {
+                "unknown"
+            }
+            .to_string(),
+            bytes: self.bytes,
+            items: self.items,
+            compressed: self.compressed,
+            json,
             redacted: redact,
         }
     }
@@ -369,6 +459,15 @@ impl Tap {
         let full = want && unary && (self.hub.want_full.load(Relaxed) & b != 0 || logged);
         (want, full)
     }
+
+    /// For a streamed call: whether some subscriber may want its messages, and whole (`full`:
+    /// decoded, for a method crisp has types for).
+    fn wants_messages(&self, call: &Call) -> (bool, bool) {
+        let b = hub::bit(call.route.rpc);
+        let want = self.hub.want_messages.load(Relaxed) & b != 0;
+        let full = want && call.route.rpc.is_some() && self.hub.want_full.load(Relaxed) & b != 0;
+        (want, full)
+    }
 }
 
 impl Interceptor for Tap {
@@ -386,6 +485,15 @@ impl Interceptor for Tap {
     /// `full`: what the tap shows of the response; else just enough to read its ids (the
     /// container id of a CreateContainer answer).
     fn response_view(&self, call: &Call) -> Option<SkimSpec> {
+        if streamed(call.route.rpc) {
+            // Each message: its size and items, and with `full` what the tap shows of it.
+            let (want, full) = self.wants_messages(call);
+            return want.then(|| SkimSpec {
+                budget: if full { MAX_SHOWN_MESSAGE } else { 0 },
+                items: call.route.rpc.and_then(Rpc::listed_items),
+                ..spec(call.route.rpc, Dir::Response)
+            });
+        }
         let (want, full) = self.wants(call);
         let unary = matches!(
             call.route.rpc.map(Rpc::kind),
@@ -469,12 +577,44 @@ impl Interceptor for Tap {
             message: outcome.message.clone(),
             ids: self.ids_for(call, raw_req, resp.map(|s| &s.kept[..])),
             request_bytes: raw_req.map_or(0, <[u8]>::len),
-            response_bytes: resp.map_or(0, |s| s.len as usize),
+            response_bytes: match outcome.streamed {
+                Some(s) => s.bytes as usize,
+                None => resp.map_or(0, |s| s.len as usize),
+            },
             request: if full { req_view() } else { None },
             response: if full { resp.cloned() } else { None },
             redacted_json: OnceLock::new(),
+            streamed: outcome.streamed,
         });
         self.fan_out(Job::Call(ev));
+    }
+
+    /// A message of a streamed call some subscriber may see: one event, handed to the fan-out
+    /// thread as a call's is (bounded, never waiting). Runs on the task forwarding the stream.
+    fn on_message(&self, call: &Call, msg: &StreamedMessage, since_start: Duration) {
+        let (want, full) = self.wants_messages(call);
+        if !want || self.hub.count.load(Relaxed) == 0 {
+            return;
+        }
+        let view = &msg.view;
+        let ev = Arc::new(RawMessage {
+            call_id: call.id,
+            route: call.route,
+            path: call.path.path().to_string(),
+            index: msg.index,
+            at: SystemTime::now(),
+            since_start,
+            bytes: msg.wire_len,
+            items: call
+                .route
+                .rpc
+                .and_then(Rpc::listed_items)
+                .map(|_| view.items),
+            compressed: view.compressed,
+            view: full.then(|| view.clone()),
+            redacted_json: OnceLock::new(),
+        });
+        self.fan_out(Job::Message(ev));
     }
 }
 

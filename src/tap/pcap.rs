@@ -10,6 +10,9 @@
 //!             HEADERS :status 200 · DATA the response · HEADERS grpc-status, grpc-message
 //!                     (crisp → kubelet, at the call's end); a call kubelet gave up on: RST_STREAM
 //!     hold ─▶ kept (per call id, bounded) and written as the call's comment
+//!     message of a streamed response (issue #45) ─▶ at the first: the call's request and the
+//!             HEADERS :status 200; each: one DATA frame with the message (crisp → kubelet, at
+//!             its time); the call's event then ends the stream with its trailers
 //! ```
 //!
 //! What the capture holds is what the tap showed: its redaction applies (a redacted field is
@@ -49,6 +52,9 @@ const MAX_SEGMENT: usize = 65_000;
 const MAX_PENDING_HOLDS: usize = 4096;
 /// Longest comment, in characters.
 const MAX_COMMENT: usize = 1024;
+/// Streamed calls whose messages are written and whose end is not yet (older ones are
+/// forgotten first: their end then opens a stream of its own).
+const MAX_OPEN_STREAMS: usize = 4096;
 
 /// Why a capture could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +72,9 @@ pub struct Capture<W: Write> {
     /// The latest hold event of each held call, until the call itself arrives.
     holds: HashMap<u64, String>,
     hold_order: VecDeque<u64>,
+    /// Streamed calls whose messages are written, by call id: their stream and messages so far.
+    open: HashMap<u64, (StreamId, u64)>,
+    open_order: VecDeque<u64>,
     calls: u64,
 }
 
@@ -99,6 +108,8 @@ impl<W: Write> Capture<W> {
             next_stream: 1,
             holds: HashMap::new(),
             hold_order: VecDeque::new(),
+            open: HashMap::new(),
+            open_order: VecDeque::new(),
             calls: 0,
         };
         let mut hello = PREFACE.to_vec();
@@ -121,6 +132,10 @@ impl<W: Write> Capture<W> {
     pub fn event(&mut self, v: &Value) -> Result<bool, PcapError> {
         if v.get("hold").is_some() {
             self.hold(v);
+            return Ok(false);
+        }
+        if v.get("event").and_then(Value::as_str) == Some("message") {
+            self.message(v)?;
             return Ok(false);
         }
         if v.get("code_name").is_none() || v.get("method").is_none() {
@@ -155,6 +170,107 @@ impl<W: Write> Capture<W> {
         }
     }
 
+    /// One message of a streamed response: its own DATA frame on the call's stream, opened (the
+    /// request, then the response's HEADERS) with the first.
+    fn message(&mut self, v: &Value) -> Result<(), PcapError> {
+        let text = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("");
+        let Some(id) = v.get("call_id").and_then(Value::as_u64) else {
+            return Ok(());
+        };
+        let at = timestamp(v).unwrap_or_default();
+        let path = call_path(v);
+        let rpc = Route::from_path(&path).rpc;
+        let index = v.get("stream_message").and_then(Value::as_u64).unwrap_or(0);
+        let stream = match self.open.get(&id) {
+            Some(&(stream, _)) => stream,
+            None => {
+                let since = v
+                    .get("since_start_ms")
+                    .and_then(Value::as_f64)
+                    .filter(|ms| ms.is_finite() && *ms >= 0.0)
+                    .map_or(Duration::ZERO, |ms| {
+                        Duration::from_secs_f64(ms.min(1e12) / 1e3)
+                    });
+                let stream = self.new_stream();
+                let who = format!("call {id}");
+                let (request, note) = body(rpc, Dir::Request, v.get("request"));
+                self.request(
+                    stream,
+                    at.saturating_sub(since),
+                    &path,
+                    &request,
+                    &format!("{who}; a streamed call; request {note}"),
+                )?;
+                let mut block = Vec::new();
+                encode_field(&mut block, b":status", b"200");
+                encode_field(&mut block, b"content-type", b"application/grpc");
+                let mut out = Vec::new();
+                http2::headers(&mut out, stream, &block, false);
+                self.packet(
+                    Way::ToKubelet,
+                    at,
+                    &out,
+                    &format!("{who}; its response begins"),
+                )?;
+                self.open.insert(id, (stream, 0));
+                self.open_order.push_back(id);
+                if self.open_order.len() > MAX_OPEN_STREAMS {
+                    if let Some(old) = self.open_order.pop_front() {
+                        self.open.remove(&old);
+                    }
+                }
+                stream
+            }
+        };
+        if let Some(entry) = self.open.get_mut(&id) {
+            entry.1 += 1;
+        }
+        let (msg, note) = body(rpc, Dir::Response, v.get("response"));
+        let mut out = Vec::new();
+        http2::data(&mut out, stream, &grpc_message(&msg), false);
+        let mut comment = format!(
+            "call {id}; message {index} of the stream, {} bytes on the wire",
+            v.get("bytes").and_then(Value::as_u64).unwrap_or(0)
+        );
+        if let Some(n) = v.get("items").and_then(Value::as_u64) {
+            comment.push_str(&format!(", {n} items"));
+        }
+        comment.push_str(&format!("; {} {note}", text("method")));
+        self.packet(Way::ToKubelet, at, &out, &comment)
+    }
+
+    fn new_stream(&mut self) -> StreamId {
+        let stream = StreamId::new(self.next_stream);
+        self.next_stream = self.next_stream.saturating_add(2);
+        stream
+    }
+
+    /// A call's request: HEADERS and DATA from kubelet, at `at`.
+    fn request(
+        &mut self,
+        stream: StreamId,
+        at: Duration,
+        path: &str,
+        request: &[u8],
+        comment: &str,
+    ) -> Result<(), PcapError> {
+        let mut block = Vec::new();
+        for (name, value) in [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", path),
+            (":authority", "crisp"),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+        ] {
+            encode_field(&mut block, name.as_bytes(), value.as_bytes());
+        }
+        let mut out = Vec::new();
+        http2::headers(&mut out, stream, &block, false);
+        http2::data(&mut out, stream, &grpc_message(request), true);
+        self.packet(Way::ToCrisp, at, &out, comment)
+    }
+
     fn call(&mut self, v: &Value) -> Result<(), PcapError> {
         let text = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("");
         let start = timestamp(v).unwrap_or_default();
@@ -165,14 +281,18 @@ impl<W: Write> Capture<W> {
             .map_or(Duration::ZERO, |ms| {
                 Duration::from_secs_f64(ms.min(1e12) / 1e3)
             });
-        let path = match text("path") {
-            "" => format!("/runtime.v1.RuntimeService/{}", text("method")),
-            p => p.to_string(),
-        };
+        let path = call_path(v);
         let rpc = Route::from_path(&path).rpc;
         let id = v.get("call_id").and_then(Value::as_u64).unwrap_or(0);
-        let stream = StreamId::new(self.next_stream);
-        self.next_stream = self.next_stream.saturating_add(2);
+        // A streamed call whose messages are written already: only its end is left.
+        let streamed = self.open.remove(&id);
+        if streamed.is_some() {
+            self.open_order.retain(|o| *o != id);
+        }
+        let stream = match streamed {
+            Some((stream, _)) => stream,
+            None => self.new_stream(),
+        };
         self.calls += 1;
 
         let mut who = format!("call {id}");
@@ -200,28 +320,17 @@ impl<W: Write> Capture<W> {
             self.hold_order.retain(|h| *h != id);
         }
 
-        // The request: HEADERS and DATA from kubelet at the call's start.
-        let mut block = Vec::new();
-        for (name, value) in [
-            (":method", "POST"),
-            (":scheme", "http"),
-            (":path", path.as_str()),
-            (":authority", "crisp"),
-            ("content-type", "application/grpc"),
-            ("te", "trailers"),
-        ] {
-            encode_field(&mut block, name.as_bytes(), value.as_bytes());
+        // The request: HEADERS and DATA from kubelet at the call's start (a streamed call's
+        // went with its first message).
+        if streamed.is_none() {
+            let (request, request_note) = body(rpc, Dir::Request, v.get("request"));
+            let mut comment = format!("{who}; request {request_note}");
+            if let Some(h) = &hold {
+                comment.push_str("; ");
+                comment.push_str(h);
+            }
+            self.request(stream, start, &path, &request, &comment)?;
         }
-        let (request, request_note) = body(rpc, Dir::Request, v.get("request"));
-        let mut out = Vec::new();
-        http2::headers(&mut out, stream, &block, false);
-        http2::data(&mut out, stream, &grpc_message(&request), true);
-        let mut comment = format!("{who}; request {request_note}");
-        if let Some(h) = &hold {
-            comment.push_str("; ");
-            comment.push_str(h);
-        }
-        self.packet(Way::ToCrisp, start, &out, &comment)?;
 
         // The answer at the call's end: kubelet's reset if it gave up, else headers, the
         // response and the trailers.
@@ -232,14 +341,20 @@ impl<W: Write> Capture<W> {
             http2::RstStream::new(stream, http2::Reason::CANCEL).encode(&mut out);
             return self.packet(Way::ToCrisp, end, &out, &format!("{who}; kubelet gave up"));
         };
-        let mut block = Vec::new();
-        encode_field(&mut block, b":status", b"200");
-        encode_field(&mut block, b"content-type", b"application/grpc");
-        http2::headers(&mut out, stream, &block, false);
-        let (response, response_note) = body(rpc, Dir::Response, v.get("response"));
-        if code == 0 {
-            http2::data(&mut out, stream, &grpc_message(&response), false);
-        }
+        let response_note = match streamed {
+            Some((_, n)) => format!("streamed: {n} messages, each a DATA frame before this one"),
+            None => {
+                let mut block = Vec::new();
+                encode_field(&mut block, b":status", b"200");
+                encode_field(&mut block, b"content-type", b"application/grpc");
+                http2::headers(&mut out, stream, &block, false);
+                let (response, note) = body(rpc, Dir::Response, v.get("response"));
+                if code == 0 {
+                    http2::data(&mut out, stream, &grpc_message(&response), false);
+                }
+                note.to_string()
+            }
+        };
         let mut trailers = Vec::new();
         encode_field(&mut trailers, b"grpc-status", code.to_string().as_bytes());
         if !text("message").is_empty() {
@@ -301,6 +416,17 @@ impl<W: Write> Capture<W> {
     /// The writer, flushed by the caller.
     pub fn into_inner(self) -> W {
         self.writer.into_inner()
+    }
+}
+
+/// The gRPC path of a call or message event (older recordings have the method only).
+fn call_path(v: &Value) -> String {
+    match v.get("path").and_then(Value::as_str).unwrap_or("") {
+        "" => format!(
+            "/runtime.v1.RuntimeService/{}",
+            v.get("method").and_then(Value::as_str).unwrap_or("")
+        ),
+        p => p.to_string(),
     }
 }
 

@@ -31,6 +31,7 @@ fn outcome(code: i32, req: Option<&[u8]>) -> Outcome {
         request: req.map(wire::frame),
         response: None,
         message: None,
+        streamed: None,
     }
 }
 
@@ -111,9 +112,10 @@ fn interest_follows_subscribers() {
         t.response_view(&call(4, CREATE)).unwrap().budget,
         MAX_SHOWN_MESSAGE
     );
-    // Streams are never buffered for the tap.
+    // Streams are never buffered for the tap: each message is viewed as it passes (issue #45).
     assert!(!t.interest(&call(5, EVENTS)).response);
-    assert!(t.response_view(&call(5, EVENTS)).is_none());
+    let each = t.response_view(&call(5, EVENTS)).unwrap();
+    assert_eq!((each.budget, each.items), (MAX_SHOWN_MESSAGE, None));
     drop(s);
     drop(f);
     assert_eq!(t.interest(&call(6, CREATE)), only_complete);
@@ -457,6 +459,7 @@ async fn a_rejected_call_keeps_the_names_read_from_its_request() {
             request: None,
             response: None,
             message: Some("crisp: sidecar \"proxy\" is not ready".into()),
+            streamed: None,
         },
     );
     let Some(Item::Call(e)) = next_now(&mut s).await else {
@@ -643,3 +646,5 @@ fn relay_thread_cost_of_a_call_with_a_thousand_idle_taps() {
         "the relay thread's work grows with the taps: {with:?} vs {without:?}"
     );
 }
+
+mod streams;

@@ -11,6 +11,7 @@ pub fn json_line(event: &Event) -> Value {
     let ev = match event {
         Event::Dropped(d) => return json!({ "dropped": d.count, "dropped_total": d.total }),
         Event::Hold(h) => return hold_json(h),
+        Event::Message(m) => return message_json(m),
         Event::Call(c) => c,
     };
     let mut v = json!({
@@ -35,6 +36,9 @@ pub fn json_line(event: &Event) -> Value {
         "response_bytes": ev.response_bytes,
         "redacted": ev.redacted,
     });
+    if let Some(n) = ev.messages {
+        v["messages"] = json!(n);
+    }
     for (key, text) in [
         ("request", &ev.request_json),
         ("response", &ev.response_json),
@@ -64,6 +68,7 @@ pub fn human(event: &Event) -> String {
             );
         }
         Event::Hold(h) => return hold_line(h),
+        Event::Message(m) => return message_line(m),
         Event::Call(c) => c,
     };
     let mut parts: Vec<String> = vec![local_time(ev.start_unix_nanos)];
@@ -105,6 +110,9 @@ pub fn human(event: &Event) -> String {
         status.push_str(&crate::tenant::cut(&ev.message, crate::tenant::MAX_MESSAGE));
     }
     parts.push(status);
+    if let Some(n) = ev.messages {
+        parts.push(format!("({n} messages, {})", size(ev.response_bytes)));
+    }
     let mut line = parts.join(" ");
     for (arrow, text) in [
         ("request", &ev.request_json),
@@ -122,6 +130,79 @@ pub fn human(event: &Event) -> String {
         line.push_str(&format!("\n  {arrow}: {}", pretty.replace('\n', "\n  ")));
     }
     line
+}
+
+/// A message of a streamed response as a JSON object: `"event": "message"` (which `crisp
+/// timeline` and `crisp replay` do not take for a call) and its place in the stream under
+/// `"stream_message"`; with `--full` the decoded message under `"response"`, as a unary call's.
+fn message_json(m: &pb::MessageEvent) -> Value {
+    let mut v = json!({
+        "event": "message",
+        "stream_message": m.index,
+        "time": rfc3339(m.unix_nanos),
+        "call_id": m.call_id,
+        "cri_version": m.cri_version,
+        "method": m.method,
+        "path": m.path,
+        "kind": m.kind,
+        "since_start_ms": m.since_start_micros as f64 / 1e3,
+        "bytes": m.bytes,
+        "redacted": m.redacted,
+    });
+    if let Some(n) = m.items {
+        v["items"] = json!(n);
+    }
+    if m.compressed {
+        v["compressed"] = json!(true);
+    }
+    if !m.json.is_empty() {
+        v["response"] =
+            serde_json::from_str(&m.json).unwrap_or_else(|_| Value::String(m.json.clone()));
+    }
+    v
+}
+
+/// The readable view of a message of a streamed response (one line, then with `--full` the
+/// decoded message): `12:00:01.240 v1 StreamContainers message #3 96.0KiB 100 items +12ms`.
+fn message_line(m: &pb::MessageEvent) -> String {
+    let mut parts: Vec<String> = vec![local_time(m.unix_nanos)];
+    parts.push(if m.cri_version.is_empty() {
+        "-".into()
+    } else {
+        m.cri_version.clone()
+    });
+    parts.push(if m.cri_version.is_empty() {
+        name(&m.path).to_string()
+    } else {
+        name(&m.method).to_string()
+    });
+    parts.push(format!("message #{}", m.index));
+    parts.push(size(m.bytes));
+    if let Some(n) = m.items {
+        parts.push(format!("{n} {}", if n == 1 { "item" } else { "items" }));
+    }
+    if m.compressed {
+        parts.push("compressed".into());
+    }
+    parts.push(format!("+{}", duration(m.since_start_micros)));
+    let mut line = parts.join(" ");
+    if !m.json.is_empty() {
+        let pretty = match serde_json::from_str::<Value>(&m.json) {
+            Ok(v) => crate::tenant::json_pretty(&v),
+            Err(_) => crate::tenant::cut(&m.json, UNPARSED_SHOWN),
+        };
+        line.push_str(&format!("\n  message: {}", pretty.replace('\n', "\n  ")));
+    }
+    line
+}
+
+/// A size on the wire: `812B`, `96.0KiB`, `14.6MiB`.
+fn size(bytes: u64) -> String {
+    match bytes {
+        0..=1023 => format!("{bytes}B"),
+        1024..=1_048_575 => format!("{:.1}KiB", bytes as f64 / 1024.0),
+        _ => format!("{:.1}MiB", bytes as f64 / 1_048_576.0),
+    }
 }
 
 /// A hold as a JSON object, for both views of one: the tap's `HoldEvent` and a pod's `HeldCall`
@@ -435,6 +516,71 @@ mod tests {
             json_line(&Event::Call(call())).get("hold").is_none(),
             "call lines have no hold key"
         );
+    }
+
+    /// Issue #45: a message of a streamed response is one line (its index, size, items and time
+    /// since the call began), the decoded message under it with --full; its JSON has `"event":
+    /// "message"` and no key a call line is told by (`code_name`, `response_bytes`).
+    #[test]
+    fn message_lines() {
+        let m = pb::MessageEvent {
+            call_id: 7,
+            index: 3,
+            unix_nanos: 1_700_000_000_123_456_789,
+            since_start_micros: 12_300,
+            method: "StreamContainers".into(),
+            path: "/runtime.v1.RuntimeService/StreamContainers".into(),
+            cri_version: "v1".into(),
+            kind: "streaming".into(),
+            bytes: 98_304,
+            items: Some(100),
+            redacted: true,
+            ..Default::default()
+        };
+        let line = human(&Event::Message(m.clone()));
+        assert!(
+            line.ends_with(" v1 StreamContainers message #3 96.0KiB 100 items +12ms"),
+            "{line}"
+        );
+        let v = json_line(&Event::Message(m.clone()));
+        assert_eq!(v["event"], "message");
+        assert_eq!(v["stream_message"], 3);
+        assert_eq!(
+            (v["bytes"].as_u64(), v["items"].as_u64()),
+            (Some(98_304), Some(100))
+        );
+        assert_eq!(v["since_start_ms"], 12.3);
+        assert!(v.get("code_name").is_none() && v.get("response_bytes").is_none());
+        assert!(v.get("response").is_none());
+        let unknown = pb::MessageEvent {
+            method: "StreamFutureThings".into(),
+            kind: "unknown".into(),
+            items: None,
+            bytes: 812,
+            json: String::new(),
+            ..m.clone()
+        };
+        let line = human(&Event::Message(unknown));
+        assert!(
+            line.ends_with(" v1 StreamFutureThings message #3 812B +12ms"),
+            "{line}"
+        );
+        let full = pb::MessageEvent {
+            json: r#"{"containers":[{"id":"c1"}]}"#.into(),
+            ..m
+        };
+        assert!(human(&Event::Message(full.clone())).contains("\n  message: {\n    \"containers\""));
+        assert_eq!(
+            json_line(&Event::Message(full))["response"]["containers"][0]["id"],
+            "c1"
+        );
+        // The call's line says how many messages it had.
+        let mut c = call();
+        c.request_json.clear();
+        (c.messages, c.response_bytes) = (Some(150), 16_085_550);
+        assert!(human(&Event::Call(c.clone())).ends_with(" OK (150 messages, 15.3MiB)"));
+        assert_eq!(json_line(&Event::Call(c))["messages"], 150);
+        assert!(json_line(&Event::Call(call())).get("messages").is_none());
     }
 
     /// Issue #26: pod and container names with escape sequences, newlines or bidi overrides

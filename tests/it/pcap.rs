@@ -2,12 +2,13 @@
 //! wrote — Wireshark's tshark, with its HTTP/2, gRPC and protobuf dissectors and the CRI's
 //! api.proto on the protobuf search path — decodes call by call: each call's method, status and
 //! the request fields the recording shows (redacted values as the recording shows them), with
-//! the pod and crisp's hold as packet comments.
+//! the pod and crisp's hold as packet comments; a streamed call's messages each as a DATA frame
+//! of its stream (issue #45).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crisp::tap::pb::{tap_event::Event, CallEvent, HoldEvent};
+use crisp::tap::pb::{tap_event::Event, CallEvent, HoldEvent, MessageEvent};
 use crisp::tap::view::json_line;
 
 use crate::prerequisites::require_tool;
@@ -210,4 +211,113 @@ fn an_existing_capture_is_never_overwritten() {
         .expect("run crisp pcap");
     assert_eq!(out.status.code(), Some(73), "{out:?}");
     assert_eq!(std::fs::read_to_string(&capture).expect("read"), "keep me");
+}
+
+/// Issue #45: a streamed call recorded message by message becomes one HTTP/2 stream whose
+/// response is one DATA frame per message, in order, which tshark's gRPC dissector counts and
+/// whose protobuf (re-encoded from the recording's decoded view) it decodes with the CRI's types;
+/// the call's end closes the stream with its trailers.
+#[test]
+fn tshark_sees_each_message_of_a_streamed_call() {
+    require_tool("tshark", "-v");
+    const MESSAGES: u64 = 4;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = "/runtime.v1.RuntimeService/StreamContainers";
+    let mut lines = Vec::new();
+    for i in 0..MESSAGES {
+        let list = k8s_cri::v1::ListContainersResponse {
+            containers: (0..=i)
+                .map(|j| k8s_cri::v1::Container {
+                    id: format!("container-{i}-{j}"),
+                    ..Default::default()
+                })
+                .collect(),
+        };
+        lines.push(
+            json_line(&Event::Message(MessageEvent {
+                call_id: 5,
+                index: i,
+                unix_nanos: T0 + (i as i64 + 1) * 1_000_000,
+                since_start_micros: (i + 1) * 1000,
+                method: "StreamContainers".into(),
+                path: path.into(),
+                cri_version: "v1".into(),
+                kind: "streaming".into(),
+                bytes: 100,
+                items: Some(i + 1),
+                json: serde_json::to_string(&list).expect("json"),
+                redacted: true,
+                ..Default::default()
+            }))
+            .to_string(),
+        );
+    }
+    lines.push(
+        json_line(&Event::Call(CallEvent {
+            call_id: 5,
+            start_unix_nanos: T0,
+            method: "StreamContainers".into(),
+            path: path.into(),
+            cri_version: "v1".into(),
+            kind: "streaming".into(),
+            duration_micros: 6_000,
+            code: Some(0),
+            code_name: "OK".into(),
+            messages: Some(MESSAGES),
+            redacted: true,
+            ..Default::default()
+        }))
+        .to_string(),
+    );
+    let input = dir.path().join("calls.jsonl");
+    std::fs::write(&input, lines.join("\n")).expect("write");
+    let capture = dir.path().join("calls.pcapng");
+    let out = Command::new(env!("CARGO_BIN_EXE_crisp"))
+        .args(["pcap", input.to_str().expect("utf-8"), "-o"])
+        .arg(&capture)
+        .output()
+        .expect("run crisp pcap");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "crisp pcap failed: {stderr}");
+    assert!(stderr.contains("1 calls written"), "{stderr}");
+
+    // The response's gRPC messages, as tshark's gRPC dissector sees them: the request's (empty)
+    // and one per recorded message, on one stream.
+    let grpc = tshark(&capture, &["http2.streamid", "grpc.message_length"]);
+    let lengths: Vec<&str> = grpc
+        .lines()
+        .filter_map(|l| l.split_once('|'))
+        .filter(|(_, len)| !len.is_empty())
+        .map(|(_, len)| len)
+        .collect();
+    assert_eq!(lengths.len() as u64, 1 + MESSAGES, "{grpc}");
+    // One stream (1), beside the connection's own frames (0).
+    assert!(
+        grpc.lines()
+            .filter_map(|l| l.split('|').next())
+            .flat_map(|ids| ids.split(','))
+            .all(|id| id == "0" || id == "1" || id.is_empty()),
+        "one stream: {grpc}"
+    );
+    let fields = tshark(
+        &capture,
+        &["protobuf.message.name", "protobuf.field.value.string"],
+    );
+    let responses = fields
+        .lines()
+        .filter(|l| l.contains("runtime.v1.StreamContainersResponse"))
+        .count() as u64;
+    assert_eq!(responses, MESSAGES, "{fields}");
+    for i in 0..MESSAGES {
+        assert!(fields.contains(&format!("container-{i}-{i}")), "{fields}");
+    }
+    // Each message's packet says what it was, and the stream ends with the call's status.
+    let comments = tshark(&capture, &["frame.comment"]);
+    assert!(
+        comments.contains("call 5; message 3 of the stream, 100 bytes on the wire, 4 items"),
+        "{comments}"
+    );
+    assert!(comments.contains("streamed: 4 messages"), "{comments}");
+    let statuses = tshark(&capture, &["http2.header.name", "http2.header.value"]);
+    assert!(statuses.contains("grpc-status"), "{statuses}");
 }

@@ -2,7 +2,8 @@
 //! answer is the list in chunks. A 10,000-container node lists ~15 MB (issue #45); crisp relays
 //! it message by message — each message reaches kubelet before the runtime has sent the next,
 //! byte for byte — relayed, through the daemon's ordering chain, and with a `--full` tap
-//! attached (streams are never buffered there either).
+//! attached (streams are never buffered there either), where each message is an event of its
+//! own.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -172,18 +173,32 @@ async fn a_15_mb_streamed_list_is_relayed_message_by_message() {
         );
 
         if let Some(t) = tap.as_mut() {
-            // The tap saw both calls end OK.
+            // The tap saw both calls end OK, each after its 150 messages (issue #45): in order,
+            // each with its size, its 100 containers and its decoded view.
             let mut seen = 0;
+            let mut messages: std::collections::HashMap<u64, u64> = Default::default();
             while seen < 2 {
                 let ev = within(PATIENCE, "the tap's event", t.message())
                     .await
                     .unwrap()
                     .unwrap();
-                if let Some(pb::tap_event::Event::Call(c)) = ev.event {
-                    if c.path == STREAM {
+                match ev.event {
+                    Some(pb::tap_event::Event::Message(m)) if m.path == STREAM => {
+                        let n = messages.entry(m.call_id).or_default();
+                        assert_eq!(m.index, *n, "messages in order");
+                        assert_eq!(m.bytes, msgs[m.index as usize].len() as u64);
+                        assert_eq!(m.items, Some(PER_MESSAGE as u64));
+                        assert!(m.json.contains("\"containers\""), "--full decodes each");
+                        *n += 1;
+                    }
+                    Some(pb::tap_event::Event::Call(c)) if c.path == STREAM => {
                         assert_eq!(c.code, Some(0), "{c:?}");
+                        assert_eq!(c.messages, Some(MESSAGES as u64));
+                        assert_eq!(c.response_bytes, total as u64);
+                        assert_eq!(messages.get(&c.call_id), Some(&(MESSAGES as u64)));
                         seen += 1;
                     }
+                    _ => {}
                 }
             }
         }

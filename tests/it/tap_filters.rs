@@ -242,6 +242,7 @@ async fn next_call(s: &mut tonic::Streaming<pb::TapEvent>) -> pb::CallEvent {
         Some(pb::tap_event::Event::Call(c)) => c,
         Some(pb::tap_event::Event::Dropped(d)) => panic!("unexpected drop marker: {d:?}"),
         Some(pb::tap_event::Event::Hold(h)) => panic!("unexpected hold event: {h:?}"),
+        Some(pb::tap_event::Event::Message(m)) => panic!("unexpected message event: {m:?}"),
         None => panic!("tap stream ended"),
     }
 }

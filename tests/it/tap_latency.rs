@@ -131,6 +131,7 @@ async fn a_stalled_tap_client_does_not_slow_calls_and_is_told_what_it_missed() {
                     last_total = d.total;
                 }
                 Some(pb::tap_event::Event::Hold(h)) => panic!("no call is held here: {h:?}"),
+                Some(pb::tap_event::Event::Message(m)) => panic!("no call streams here: {m:?}"),
                 None => panic!("stream ended"),
             },
         }

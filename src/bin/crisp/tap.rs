@@ -40,7 +40,8 @@ pub struct TapArgs {
     /// Only calls that took at least this many milliseconds.
     #[arg(long, value_name = "MS")]
     pub slower_than: Option<u64>,
-    /// Include the polling calls (List*, *Status, *Stats, Version), hidden by default.
+    /// Include the polling calls (List*, *Status, *Stats, Version, the Stream* lists), hidden by
+    /// default.
     #[arg(long)]
     pub all: bool,
     /// Decode requests and responses (unary calls) to JSON; unknown fields are listed.

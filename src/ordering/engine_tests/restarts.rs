@@ -16,6 +16,7 @@ fn answered(engine: &Engine, call: &Call) {
             request: None,
             response: None,
             message: None,
+            streamed: None,
         },
     );
 }

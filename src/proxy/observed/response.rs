@@ -51,8 +51,8 @@ impl ResponseBody {
 
     /// Shows bytes sent to the client to the view being built, if one is.
     fn view(&mut self, data: &[u8]) {
-        if let Some(v) = self.report.as_mut().and_then(|c| c.response.as_mut()) {
-            v.push(data);
+        if let Some(report) = self.report.as_mut() {
+            report.view(data);
         }
     }
 }

@@ -333,6 +333,7 @@ impl Pump {
                         request: None,
                         response: None,
                         message: status.message,
+                        streamed: None,
                     };
                     self.service.completed(&call, &outcome);
                 }

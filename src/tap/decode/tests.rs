@@ -605,6 +605,7 @@ fn log_lines_are_cut_on_a_char_boundary() {
     let spec = crate::cri::skim::SkimSpec {
         budget: 1 << 10,
         size_only: &[],
+        items: None,
     };
     let view = crate::cri::skim::Skim::of_framed(spec, &crate::cri::wire::frame(&msg)).unwrap();
     let s = for_log(Some(Rpc::Version), Dir::Request, &view, 15);

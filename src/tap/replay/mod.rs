@@ -75,6 +75,9 @@ pub struct Step {
     pub(crate) borrowed: Option<usize>,
     pub(crate) response: Option<Value>,
     pub(crate) response_bytes: u64,
+    /// A streamed response's messages, as the call's line counts them (each message is a line
+    /// of its own, which the replay does not send: streamed calls are not replayed).
+    pub(crate) messages: Option<u64>,
     /// The ids the tap named on the call's line.
     pub(crate) pod_sandbox_id: String,
     pub(crate) container_id: String,
@@ -302,6 +305,7 @@ fn step(c: &timeline::Call, mut v: Value) -> Step {
         pod_sandbox_id: c.pod_sandbox_id.clone(),
         container_id: c.container_id.clone(),
         response_bytes: v.get("response_bytes").and_then(Value::as_u64).unwrap_or(0),
+        messages: v.get("messages").and_then(Value::as_u64),
         request: object(&mut v, "request"),
         response: object(&mut v, "response"),
         request_missing: false,

@@ -62,8 +62,9 @@ pub(crate) enum NotSent {
     NotRecorded,
     /// Its request names ids no replayed call made.
     Unmapped(Vec<String>),
-    /// A streaming call, or one that opens a streaming session (Exec, Attach, PortForward).
-    Streaming,
+    /// A streaming call, or one that opens a streaming session (Exec, Attach, PortForward); a
+    /// streamed response's messages as the recording counted them.
+    Streaming(Option<u64>),
     /// ExecSync's command was redacted: there is nothing to run.
     CommandRedacted,
     /// The recorded JSON is not the request's type, or the method has no CRI type.
@@ -86,7 +87,11 @@ impl fmt::Display for NotSent {
                     short.join(", ")
                 )
             }
-            NotSent::Streaming => f.write_str("streaming session: not replayed"),
+            NotSent::Streaming(None) => f.write_str("streaming session: not replayed"),
+            NotSent::Streaming(Some(n)) => write!(
+                f,
+                "streamed call ({n} messages recorded, each in the recording): not replayed"
+            ),
             NotSent::CommandRedacted => f.write_str("the command was redacted: nothing to run"),
             NotSent::NotEncodable => {
                 f.write_str("recorded request is not re-encodable (no CRI type, or cut)")
@@ -114,7 +119,7 @@ pub(crate) fn prepare(step: &Step, ids: &mut IdMap, fresh_uid: &str) -> Result<P
     };
     if rpc.kind() == RpcKind::Streaming || matches!(rpc, Rpc::Exec | Rpc::Attach | Rpc::PortForward)
     {
-        return Err(NotSent::Streaming);
+        return Err(NotSent::Streaming(step.messages));
     }
     let mut json = match &step.request {
         Some(v) => v.clone(),
@@ -329,8 +334,13 @@ mod tests {
         let events = step(Rpc::GetContainerEvents, json!({}));
         assert_eq!(
             prepare(&events, &mut ids, "r").unwrap_err(),
-            NotSent::Streaming
+            NotSent::Streaming(None)
         );
+        let mut list = step(Rpc::StreamContainers, json!({}));
+        list.messages = Some(150);
+        let why = prepare(&list, &mut ids, "r").unwrap_err();
+        assert_eq!(why, NotSent::Streaming(Some(150)));
+        assert!(why.to_string().contains("150 messages recorded"), "{why}");
         let start = step(Rpc::StartContainer, json!({"container_id": "never-made"}));
         assert_eq!(
             prepare(&start, &mut ids, "r").unwrap_err(),

@@ -331,3 +331,38 @@ fn a_refused_calls_request_comes_from_kubelets_retry() {
         NotSent::NotRecorded
     );
 }
+
+/// Issue #45: a recording with a streamed call's message lines plans as before: each message is
+/// a line of its own that is no call (never a step), and the call's step carries the count the
+/// report gives when it says why the call is not sent.
+#[test]
+fn a_streamed_calls_messages_are_no_steps_and_are_counted() {
+    let message = |i: u64| {
+        json!({"event": "message", "stream_message": i, "call_id": 9,
+               "time": "2026-11-28T23:29:00.700000Z", "cri_version": "v1",
+               "method": "StreamContainers", "path": "/runtime.v1.RuntimeService/StreamContainers",
+               "kind": "streaming", "since_start_ms": 1.0, "bytes": 100, "items": 3,
+               "redacted": true, "response": {"containers": []}})
+        .to_string()
+    };
+    let mut lines: Vec<String> = (0..3).map(message).collect();
+    lines.push(line(
+        9,
+        700,
+        "StreamContainers",
+        "streaming",
+        0,
+        json!({"messages": 3, "response_bytes": 300, "request": {}}),
+    ));
+    let text = format!("{}\n{}", recording(), lines.join("\n"));
+    let plan = plan(text.as_bytes(), None, true).expect("plan");
+    assert_eq!(plan.steps.len(), 6, "five calls and the stream");
+    assert_eq!(plan.malformed, 1, "message lines are not malformed");
+    let stream = plan.steps.last().expect("the stream");
+    assert_eq!(
+        (stream.method.as_str(), stream.messages),
+        ("StreamContainers", Some(3))
+    );
+    let why = super::prepare::prepare(stream, &mut Default::default(), "r").unwrap_err();
+    assert_eq!(why, NotSent::Streaming(Some(3)));
+}

@@ -185,3 +185,42 @@ fn hostile_recorded_names_are_drawn_escaped() {
         "{out}"
     );
 }
+
+/// Issue #45: a streamed call's message lines, as `crisp tap -o` writes them, are no calls: the
+/// timeline draws the call once, from its own line.
+#[test]
+fn a_streamed_calls_message_lines_are_skipped() {
+    use crate::tap::pb::{tap_event::Event, CallEvent, MessageEvent};
+    use crate::tap::view::json_line;
+    let message = |i: u64| {
+        json_line(&Event::Message(MessageEvent {
+            call_id: 4,
+            index: i,
+            unix_nanos: 1_700_000_000_123_456_789,
+            method: "StreamContainers".into(),
+            path: "/runtime.v1.RuntimeService/StreamContainers".into(),
+            cri_version: "v1".into(),
+            kind: "streaming".into(),
+            bytes: 100,
+            items: Some(2),
+            json: r#"{"containers":[]}"#.into(),
+            ..Default::default()
+        }))
+        .to_string()
+    };
+    let call = json_line(&Event::Call(CallEvent {
+        call_id: 4,
+        start_unix_nanos: 1_700_000_000_000_000_000,
+        method: "StreamContainers".into(),
+        kind: "streaming".into(),
+        duration_micros: 2_000,
+        code: Some(0),
+        code_name: "OK".into(),
+        messages: Some(3),
+        ..Default::default()
+    }));
+    let input = format!("{}\n{}\n{}\n{call}\n", message(0), message(1), message(2));
+    let p = parse(input.as_bytes()).expect("parse");
+    assert_eq!((p.calls.len(), p.skipped, p.malformed), (1, 3, 0));
+    assert_eq!(p.calls[0].method, "StreamContainers");
+}
