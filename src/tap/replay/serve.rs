@@ -1,8 +1,9 @@
 //! The shell of `crisp replay --as-runtime`: a gRPC server on a unix socket that reads each
 //! call, asks the [`Script`] what the recorded runtime answered, waits as long as the script
 //! says, and writes that answer. HTTP/2 is hyper's; one thing is crisp's own: kubelet (grpc-go)
-//! sends the socket path as `:authority`, which the h2 crate's server refuses (KUBELET-CRI
-//! §11), so each connection's request header blocks pass through [`AuthorityFix`] first.
+//! sends the socket path as `:authority`, which the h2 crate's server refuses
+//! (KUBELET-CRI §11), so each connection's request header blocks pass through [`AuthorityFix`]
+//! first.
 
 use std::convert::Infallible;
 use std::future::Future;
