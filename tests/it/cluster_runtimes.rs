@@ -721,25 +721,42 @@ fn kubelet_on_crio_through_crisp() {
 /// 2.3 answer Unimplemented, and kubelet falls back): through crisp they come back OK, relayed
 /// message by message. Prints each method's calls and codes.
 fn streamed_lists_answered(tap: &Tap, minor: u32) {
-    let streams: Vec<serde_json::Value> = tap
-        .lines()
-        .into_iter()
-        .filter(|l| {
-            l["method"]
-                .as_str()
-                .is_some_and(|m| m.starts_with("Stream"))
-        })
-        .collect();
+    let lines = tap.lines();
+    let stream = |l: &&serde_json::Value| {
+        l["method"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("Stream"))
+    };
+    // A streamed call's messages are lines of their own (`"event": "message"`), then the call's.
+    let (messages, calls): (Vec<&serde_json::Value>, Vec<&serde_json::Value>) = lines
+        .iter()
+        .filter(stream)
+        .partition(|l| l["event"] == "message");
     let mut by: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for l in &streams {
+    for l in &calls {
         by.entry(l["method"].as_str().unwrap_or("").to_string())
             .or_default()
             .push(l["code"].to_string());
     }
-    eprintln!("streams| 1.{minor}+crio: kubelet's streamed lists through crisp, codes: {by:?}");
+    let items: u64 = messages.iter().filter_map(|m| m["items"].as_u64()).sum();
+    eprintln!(
+        "streams| 1.{minor}+crio: kubelet's streamed lists through crisp, codes: {by:?}; {} \
+         messages shown by the tap, {items} items in them",
+        messages.len()
+    );
     assert!(
-        streams.iter().any(|l| l["code"] == 0),
+        calls.iter().any(|l| l["code"] == 0),
         "kubelet 1.{minor} on CRI-O made no streamed list that came back OK through crisp: {by:?}"
+    );
+    // Every OK call's messages reached the tap one by one, each counted in its call's line.
+    let shown: usize = calls
+        .iter()
+        .filter_map(|l| l["messages"].as_u64())
+        .sum::<u64>() as usize;
+    assert!(
+        !messages.is_empty() && shown == messages.len(),
+        "the tap showed {} message events for calls that say they had {shown}",
+        messages.len()
     );
 }
 
