@@ -318,7 +318,9 @@ prereq() { # prereq LANE: sets $missing
         need "CRI-O in $(dirname "$crio") (crio, pinns)" "hack/crio-binaries.sh <a cri-o clone> ${CRIO_TAG[$cv]} $(dirname "$(dirname "$crio")") (or CRISP_LANE_CRIO_BIN=)"
       [[ -n $missing ]] || ensure_kube_bins "$cv" || true
       ;;
-    kubelet-1.34-containerd2)
+    kubelet-1.34-containerd2 | kubelet-1.36-containerd2)
+      local kv=${1#kubelet-}
+      kv=${kv%-containerd2}
       need_root
       need_tool systemd-nspawn systemd-container
       need_tool debootstrap
@@ -326,18 +328,7 @@ prereq() { # prereq LANE: sets $missing
       need_tool docker-registry
       need_tool kubectl "kubectl 1.32 or newer (\`patch --subresource resize\`; CRISP_KUBECTL names another)"
       [[ -x /usr/lib/cni/bridge ]] || need "CNI plugins in /usr/lib/cni" "install containernetworking-plugins (sudo hack/setup.sh)"
-      [[ -n $missing ]] || ensure_kube_bins 1.34 || true
-      [[ -n $missing ]] || ensure_containerd2 || true
-      ;;
-    kubelet-1.36-containerd2)
-      need_root
-      need_tool systemd-nspawn systemd-container
-      need_tool debootstrap
-      need_tool etcd etcd-server
-      need_tool docker-registry
-      need_tool kubectl "kubectl (any recent client; CRISP_KUBECTL names another)"
-      [[ -x /usr/lib/cni/bridge ]] || need "CNI plugins in /usr/lib/cni" "install containernetworking-plugins (sudo hack/setup.sh)"
-      [[ -n $missing ]] || ensure_kube_bins 1.36 || true
+      [[ -n $missing ]] || ensure_kube_bins "$kv" || true
       [[ -n $missing ]] || ensure_containerd2 || true
       ;;
     kubelet-1.*)
