@@ -361,7 +361,7 @@ pattern() {
     static-storm) echo 'control plane up|kubelet joined|^static pod|^static-storm:|leftover\||error-syncing\||kubelet-on-leftover\||deadline\||in-api\||panicked|timed out' ;;
     node-shutdown) echo 'control plane up|kubelet joined|^shutdown |powered off|panicked|timed out' ;;
     soak) echo '^== soak|CRISP_SEED|pods|calls|failed|GOAWAY|Broken pipe|RSS|CPU|panicked' ;;
-    kubelet-1.34-crio | kubelet-1.36-crio) echo 'control plane up|kubelet joined|^gaps\||^stops\||^runtime-config\||panicked|timed out' ;;
+    kubelet-1.34-crio | kubelet-1.36-crio) echo 'control plane up|kubelet joined|^gaps\||^stops\||^runtime-config\||^rule\||^inplace\||^env\||^streams\||panicked|timed out' ;;
     kubelet-1.34-containerd2) echo 'control plane up|kubelet joined|^nri\||^gaps\||^stops\||^resize\||^imagevol\||^runtime-config\||panicked|timed out' ;;
     kubelet-1.*) echo 'control plane up|kubelet joined|^direct:|^gaps\||^runtime-config\||^native\||^stops\||^job\||^trace\||^restart\||^pull\||^tracing\||panicked|timed out' ;;
   esac

@@ -681,6 +681,9 @@ fn kubelet_on_crio_through_crisp() {
         }
     };
 
+    // Issue #45's rows (a restart rule from 1.35, a pod restarted in place and bytes in env
+    // from 1.36), on CRI-O as on containerd.
+    let direct_rows = crate::cluster_newer_pods::run(&cluster, &rt, minor, "direct", None);
     let mut tap = crisp_with_tap(&node, &rt, CRIO_SOCK, work.path());
     let since = node_now(&node);
     kubelet_on(&cluster, &node, "/run/crisp/crisp.sock");
@@ -703,6 +706,16 @@ fn kubelet_on_crio_through_crisp() {
         .filter(|l| l["pod_name"] == "native" && l.get("hold").is_some())
         .count();
     assert_eq!(native_holds, 0, "crisp held the native-sidecar pod");
+    let rows = crate::cluster_newer_pods::run(&cluster, &rt, minor, "crisp", Some(&tap));
+    if let (Some(d), Some(c)) = (direct_rows.rule_recreate_ms, rows.rule_recreate_ms) {
+        eprintln!("rule| 1.{minor}+crio: app exit → re-created: direct {d:.0} ms, through crisp {c:.0} ms");
+    }
+    if let (Some(d), Some(c)) = (direct_rows.in_place_create_ms, rows.in_place_create_ms) {
+        eprintln!("inplace| 1.{minor}+crio: second sidecar started → second app created: direct {d:.0} ms, through crisp {c:.0} ms");
+    }
+    if let (Some(d), Some(c)) = (&direct_rows.env_bytes, &rows.env_bytes) {
+        assert_eq!(d, c, "the non-UTF-8 env value differs through crisp");
+    }
     if minor >= 36 {
         streamed_lists_answered(&tap, minor);
     }
