@@ -44,11 +44,15 @@ impl Engine {
         again: Option<Instant>,
         judged_ready: &mut HashMap<String, String>,
     ) -> Check<'static> {
-        let _read = match self.read_again(again).await {
+        let read = match self.read_again(again).await {
             Ok(read) => read,
             Err(e) => return Check::Waiting(WaitingFor::Runtime(e.to_string())),
         };
-        let containers = match self.runtime.list_containers(version, &pod.sandbox_id).await {
+        let listed = self.runtime.list_containers(version, &pod.sandbox_id).await;
+        // The read in flight is this list's only: the probes below wait for their own turns
+        // (exec, connect) and must not keep the node's other reads waiting meanwhile.
+        drop(read);
+        let containers = match listed {
             Ok(containers) => containers,
             Err(e) => {
                 self.metrics.probe_errors.inc();

@@ -94,3 +94,47 @@ async fn a_calls_first_read_never_waits_behind_held_calls() {
         h.abort();
     }
 }
+
+/// Issue #47 (noticed in the burst): a held create's re-read takes one of the node's reads in
+/// flight (`max_runtime_reads_in_flight`) for its ListContainers, not for the probe after it. With
+/// one read in flight and one exec probe a second node-wide, a held create whose probes wait
+/// for their exec turns kept that read for each wait, and every other read of the node (`crisp
+/// pods`, Job watchers, other holds) waited behind it: five reads took seconds. Reads are paced
+/// by the read limiter alone now.
+#[tokio::test(start_paused = true)]
+async fn a_probe_waiting_for_its_exec_turn_holds_no_read_in_flight() {
+    let fake = Fake::default();
+    let engine = pod_with(&fake, &["proxy"], &[], |c| {
+        c.ordering.refuse_held_after = Duration::ZERO;
+        c.ordering.max_runtime_reads_in_flight = 1;
+        c.ordering.exec_probes_per_second = 1;
+        c.ordering.probe_timeout = 2 * S;
+    });
+    fake.add("proxy", Some(now()));
+    fake.set("proxy", |c| c.ready = None);
+    let msg = create(&fake, "app");
+    let held = {
+        let engine = engine.clone();
+        let call = call("CreateContainer", KUBELET_DEADLINE);
+        tokio::spawn(async move { run(&engine, &call, &msg).await })
+    };
+    // The hold is in its rounds: a re-read, then a probe that waits for the next exec turn
+    // (turns at whole seconds), then 100 ms until the next round. Half-way between two turns
+    // the probe is waiting for its turn.
+    tokio::time::sleep(3 * S + 500 * MS).await;
+    let (p, _) = engine.lookup(Some(SANDBOX), None);
+    let p = p.unwrap();
+    let t0 = tokio::time::Instant::now();
+    for _ in 0..5 {
+        engine
+            .list_pod_containers(&p, tokio::time::Instant::now() + 60 * S)
+            .await
+            .unwrap();
+    }
+    let took = t0.elapsed();
+    assert!(
+        took < 100 * MS,
+        "five reads took {took:?}: a probe waiting for its exec turn kept the read in flight"
+    );
+    held.abort();
+}
