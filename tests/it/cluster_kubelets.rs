@@ -48,7 +48,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::cluster_rollout::{
-    join_with, kube_bin_dir, kubelet_flags_on, run, secs, BridgeGuard, Cluster, KUBELET_CONFIG,
+    join_with, kube_bin_dir, kubelet_config_for, kubelet_flags_on, run, secs, BridgeGuard, Cluster,
     NODE,
 };
 use crate::node_support::*;
@@ -69,9 +69,8 @@ fn minor() -> u32 {
 /// cgroup v1, which these hosts run, unless `failCgroupV1: false` (KEP-5573; issue #45), and
 /// checks pull credentials of images already on the node (KEP-2535): `NeverVerify` here.
 pub(crate) fn kubelet_config(minor: u32) -> String {
-    let mut c = KUBELET_CONFIG.to_string();
+    let mut c = kubelet_config_for(minor);
     if minor >= 35 {
-        c += "# cgroup v1 hosts: 1.35 refuses them by default (KEP-5573)\nfailCgroupV1: false\n";
         // The lane's pull-secret step pulls the same busybox (same image id) under another name
         // with a secret; from then on kubelet 1.35+ (KEP-2535, on by default) re-checks every
         // pod's right to that id and re-pulls `crisp.test/busybox:latest`, which no registry
@@ -104,18 +103,18 @@ pub(crate) fn kubelet_config(minor: u32) -> String {
 const OTLP_ADDR: &str = "127.0.0.1:14317";
 
 /// crisp's config in the node: its hold spans to the lane's receiver, sent every 200 ms.
-fn crisp_config() -> String {
+pub(crate) fn crisp_config() -> String {
     format!("[tracing]\notlp_endpoint = \"http://{OTLP_ADDR}\"\nexport_delay = \"200ms\"\n")
 }
 
 /// Every span kubelet and crisp exported to [`OTLP_ADDR`] (`tests/it/support/otlp.rs`).
-struct Spans {
+pub(crate) struct Spans {
     _rt: tokio::runtime::Runtime,
     all: Arc<Mutex<Vec<crate::support::Exported>>>,
 }
 
 impl Spans {
-    fn start() -> Spans {
+    pub(crate) fn start() -> Spans {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -295,7 +294,12 @@ impl Tap {
     }
 
     /// Waits until a line satisfies `f` (the tap's subscriber is attached asynchronously).
-    fn wait_line(&self, what: &str, timeout: Duration, f: impl Fn(&serde_json::Value) -> bool) {
+    pub(crate) fn wait_line(
+        &self,
+        what: &str,
+        timeout: Duration,
+        f: impl Fn(&serde_json::Value) -> bool,
+    ) {
         let t = Instant::now();
         while !self.lines().iter().any(&f) {
             assert!(t.elapsed() < timeout, "no tap line for {what}");
@@ -1101,67 +1105,16 @@ fn a_newer_kubelet_through_crisp() {
         );
     }
 
-    // A Job whose legacy sidecar never exits completes.
-    let job = "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: lane-job\n  namespace: default\nspec:\n  backoffLimit: 0\n  template:\n    metadata:\n      annotations:\n        crisp.dev/sidecars: \"proxy\"\n    spec:\n      automountServiceAccountToken: false\n      terminationGracePeriodSeconds: 5\n      restartPolicy: Never\n      containers:\n      - name: proxy\n        image: crisp.test/busybox:latest\n        imagePullPolicy: IfNotPresent\n        command: [\"sh\", \"-c\", \"exec sleep 3600\"]\n      - name: app\n        image: crisp.test/busybox:latest\n        imagePullPolicy: IfNotPresent\n        command: [\"sh\", \"-c\", \"sleep 2; echo job done\"]\n";
-    let t = Instant::now();
-    cluster.apply(job);
-    let took = cluster.wait("the Job complete", Duration::from_secs(180), || {
-        cluster.jsonpath(&["job", "lane-job"], "{.status.succeeded}") == "1"
-    });
-    eprintln!(
-        "job| 1.{minor}: Job with a legacy sidecar complete {} after apply ({})",
-        secs(took),
-        secs(t.elapsed())
+    job_completes(&cluster, &format!("1.{minor}"));
+    held_in_kubelets_trace(&cluster, &spans, &format!("1.{minor}"));
+    restart_mid_hold(
+        &cluster,
+        &node,
+        &rt,
+        &mut tap,
+        "/run/containerd/containerd.sock",
+        &format!("1.{minor}"),
     );
-    let _ = cluster.kubectl(&[
-        "delete",
-        "job",
-        "lane-job",
-        "--wait=false",
-        "--cascade=background",
-    ]);
-
-    // kubelet's span of a held CreateContainer and crisp's hold span, in one trace.
-    held_in_kubelets_trace(&cluster, &spans, minor);
-
-    // crisp killed and restarted while it holds an app's CreateContainer.
-    let hold_secs = 20;
-    cluster.apply(&pod(
-        "restart-hold",
-        "    crisp.dev/sidecars: \"proxy\"\n    crisp.dev/ready.proxy: 'exec:[\"test\",\"-e\",\"/tmp/ready\"]'\n",
-        &[],
-        &[
-            container("app", APP, ""),
-            container("proxy", &format!("sleep {hold_secs}; touch /tmp/ready; exec sleep 3600"), ""),
-        ],
-    ));
-    tap.wait_line("the app's hold", Duration::from_secs(120), |l| {
-        l["pod_name"] == "restart-hold" && l.get("hold").is_some()
-    });
-    let kill_at = Instant::now();
-    crisp_kill(&node);
-    crisp_start(&node, "/run/containerd/containerd.sock");
-    tap.attach();
-    let up = kill_at.elapsed();
-    let ran = cluster.wait("restart-hold Ready", Duration::from_secs(180), || {
-        cluster.pod_ready("default", "restart-hold")
-    });
-    let t = rt.pod_times("restart-hold");
-    let gap = ms(t["proxy"].started, t["app"].created);
-    assert!(
-        gap >= (hold_secs * 1000) as f64 - 100.0,
-        "after crisp's restart the app was created {gap:.0} ms after the proxy started, before it was ready: {t:?}"
-    );
-    let restarts = cluster.jsonpath(
-        &["pod", "restart-hold"],
-        "{.status.containerStatuses[*].restartCount}",
-    );
-    eprintln!(
-        "restart| 1.{minor}: crisp killed mid-hold, serving again in {}; pod Ready {} later; proxy started→app created {gap:.0} ms (ready after {hold_secs} s); restartCounts {restarts}",
-        secs(up),
-        secs(ran)
-    );
-    let _ = cluster.kubectl(&["delete", "pod", "restart-hold", "--wait=false"]);
 
     // PullImage with an imagePullSecret: the credentials never reach the tap.
     let images = Path::new(REPO).join("target/cluster-images");
@@ -1230,11 +1183,108 @@ fn a_newer_kubelet_through_crisp() {
     drop(node);
 }
 
+/// A Job whose legacy sidecar never exits completes (crisp ends the sidecar when the app has
+/// finished). `tag` names the lane in the printed row.
+pub(crate) fn job_completes(cluster: &Cluster, tag: &str) {
+    let job = "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: lane-job\n  namespace: default\nspec:\n  backoffLimit: 0\n  template:\n    metadata:\n      annotations:\n        crisp.dev/sidecars: \"proxy\"\n    spec:\n      automountServiceAccountToken: false\n      terminationGracePeriodSeconds: 5\n      restartPolicy: Never\n      containers:\n      - name: proxy\n        image: crisp.test/busybox:latest\n        imagePullPolicy: IfNotPresent\n        command: [\"sh\", \"-c\", \"exec sleep 3600\"]\n      - name: app\n        image: crisp.test/busybox:latest\n        imagePullPolicy: IfNotPresent\n        command: [\"sh\", \"-c\", \"sleep 2; echo job done\"]\n";
+    let t = Instant::now();
+    cluster.apply(job);
+    let took = cluster.wait("the Job complete", Duration::from_secs(180), || {
+        cluster.jsonpath(&["job", "lane-job"], "{.status.succeeded}") == "1"
+    });
+    eprintln!(
+        "job| {tag}: Job with a legacy sidecar complete {} after apply ({})",
+        secs(took),
+        secs(t.elapsed())
+    );
+    let _ = cluster.kubectl(&[
+        "delete",
+        "job",
+        "lane-job",
+        "--wait=false",
+        "--cascade=background",
+    ]);
+}
+
+/// crisp SIGKILLed and restarted (in front of `upstream`) while it holds an app's
+/// CreateContainer: the pod is still ordered, the tap attached again.
+pub(crate) fn restart_mid_hold(
+    cluster: &Cluster,
+    node: &Node,
+    rt: &Runtime,
+    tap: &mut Tap,
+    upstream: &str,
+    tag: &str,
+) {
+    let hold_secs = 20;
+    cluster.apply(&pod(
+        "restart-hold",
+        "    crisp.dev/sidecars: \"proxy\"\n    crisp.dev/ready.proxy: 'exec:[\"test\",\"-e\",\"/tmp/ready\"]'\n",
+        &[],
+        &[
+            container("app", APP, ""),
+            container("proxy", &format!("sleep {hold_secs}; touch /tmp/ready; exec sleep 3600"), ""),
+        ],
+    ));
+    tap.wait_line("the app's hold", Duration::from_secs(120), |l| {
+        l["pod_name"] == "restart-hold" && l.get("hold").is_some()
+    });
+    let kill_at = Instant::now();
+    let killed = node_now(node);
+    crisp_kill(node);
+    crisp_start(node, upstream);
+    tap.attach();
+    let up = kill_at.elapsed();
+    let ran = cluster.wait("restart-hold Ready", Duration::from_secs(180), || {
+        cluster.pod_ready("default", "restart-hold")
+    });
+    let t = rt.pod_times("restart-hold");
+    let gap = ms(t["proxy"].started, t["app"].created);
+    assert!(
+        gap >= (hold_secs * 1000) as f64 - 100.0,
+        "after crisp's restart the app was created {gap:.0} ms after the proxy started, before it was ready: {t:?}"
+    );
+    let restarts = cluster.jsonpath(
+        &["pod", "restart-hold"],
+        "{range .status.containerStatuses[*]}{.name}={.restartCount} {end}",
+    );
+    eprintln!(
+        "restart| {tag}: crisp killed mid-hold, serving again in {}; pod Ready {} later; proxy started→app created {gap:.0} ms (ready after {hold_secs} s); restartCounts {}",
+        secs(up),
+        secs(ran),
+        restarts.trim()
+    );
+    if restarts.split_whitespace().any(|c| !c.ends_with("=0")) {
+        // A container started again: how its first run ended, and what kubelet and crisp said
+        // of the pod from the kill on.
+        eprintln!(
+            "restart| {tag}: last states {}",
+            cluster.jsonpath(
+                &["pod", "restart-hold"],
+                "{range .status.containerStatuses[*]}{.name}: {.lastState}; {end}",
+            )
+        );
+        for unit in ["kubelet", CRISP_UNIT] {
+            for l in journal_since(node, unit, &killed)
+                .lines()
+                .filter(|l| l.contains("restart-hold") || l.contains("level=error"))
+                .take(40)
+            {
+                eprintln!(
+                    "restart| {tag}: {unit}: {}",
+                    l.chars().take(400).collect::<String>()
+                );
+            }
+        }
+    }
+    let _ = cluster.kubectl(&["delete", "pod", "restart-hold", "--wait=false"]);
+}
+
 /// Issue #35: a legacy-sidecar pod whose app crisp holds until the sidecar is ready; at the
 /// lane's OTLP receiver, kubelet's span of that CreateContainer (service `kubelet`) and crisp's
 /// `crisp hold CreateContainer` span with kubelet's trace id and kubelet's span as its parent,
 /// inside kubelet's span in time.
-fn held_in_kubelets_trace(cluster: &Cluster, spans: &Spans, minor: u32) {
+pub(crate) fn held_in_kubelets_trace(cluster: &Cluster, spans: &Spans, tag: &str) {
     use crate::support::{hex, span_attr, Exported};
     use opentelemetry_proto::tonic::common::v1::any_value::Value;
     let s = |e: &Exported, k: &str| match span_attr(&e.span, k) {
@@ -1278,7 +1328,7 @@ fn held_in_kubelets_trace(cluster: &Cluster, spans: &Spans, minor: u32) {
     let ms = |a: u64, b: u64| (b as f64 - a as f64) / 1e6;
     let (k, c) = (&kubelet.span, &hold.span);
     eprintln!(
-        "trace| 1.{minor}: trace {}; kubelet (service {:?}) span {} {:?} {:.1} ms; crisp (service {:?}) span {} {:?} parent {} {:.1} ms, waited for {:?}, {}; crisp's hold began {:.1} ms after kubelet's span and ended {:.1} ms before it",
+        "trace| {tag}: trace {}; kubelet (service {:?}) span {} {:?} {:.1} ms; crisp (service {:?}) span {} {:?} parent {} {:.1} ms, waited for {:?}, {}; crisp's hold began {:.1} ms after kubelet's span and ended {:.1} ms before it",
         hex(&c.trace_id),
         kubelet.service,
         hex(&k.span_id),

@@ -331,6 +331,16 @@ pub(crate) fn kubelet_flags_on(node: &Node, endpoint: &str) {
     node.put(FLAGS, flags.as_bytes(), 0o644);
 }
 
+/// The lane's kubelet config for a kubelet of this minor: from 1.35 on kubelet refuses cgroup
+/// v1, which these hosts run, unless `failCgroupV1: false` (KEP-5573, issue #45).
+pub(crate) fn kubelet_config_for(minor: u32) -> String {
+    let mut c = KUBELET_CONFIG.to_string();
+    if minor >= 35 {
+        c += "# cgroup v1 hosts: 1.35 refuses them by default (KEP-5573)\nfailCgroupV1: false\n";
+    }
+    c
+}
+
 /// kubelet's flags file with its runtime endpoint on crisp's socket (kubelet reads it at its
 /// next start).
 fn kubelet_flags_on_crisp(node: &Node) {
@@ -1893,7 +1903,11 @@ fn shutdown_run(cluster: &Cluster, bins: &Path, via_crisp: bool) -> (Vec<Shutdow
     );
     node.put(
         "/var/lib/kubelet/config.yaml",
-        format!("{KUBELET_CONFIG}{SHUTDOWN_CONFIG}").as_bytes(),
+        format!(
+            "{}{SHUTDOWN_CONFIG}",
+            kubelet_config_for(kubelet_minor(bins))
+        )
+        .as_bytes(),
         0o644,
     );
     // V(2) logs each StopContainer's grace ("Killing container with a grace period").

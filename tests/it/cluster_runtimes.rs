@@ -24,10 +24,14 @@
 //! `kubelet_on_crio_through_crisp`: the same node joined on containerd, then CRI-O installed in it
 //! (`CRISP_LANE_CRIO_BIN`, hack/crio-binaries.sh; Debian's conmon from this host) and kubelet
 //! moved onto CRI-O's socket: the five pods direct and through crisp, the legacy ones ordered,
-//! and RuntimeConfig answered by CRI-O with kubelet's driver the same both ways.
+//! and RuntimeConfig answered by CRI-O with kubelet's driver the same both ways; issue #45's rows
+//! (`cluster_newer_pods.rs`: a restart rule, a pod restarted in place, bytes in env, and with
+//! 1.36 the streamed lists CRI-O serves); then, through crisp, the rest of the newer-kubelet
+//! lanes' table (cluster_kubelets.rs): a Job with a legacy sidecar completes, kubelet's span of a
+//! held CreateContainer and crisp's hold span in one trace, crisp SIGKILLed mid-hold.
 //!
 //! Needs the binaries, so ignored by default; hack/lanes.sh runs them (lanes
-//! kubelet-1.34-containerd2, kubelet-1.34-crio):
+//! kubelet-1.34-containerd2, kubelet-1.34-crio, kubelet-1.35-crio, kubelet-1.36-crio):
 //!   CRISP_KUBE_VERSION=1.34 CRISP_KUBE_BIN_DIR=DIR CRISP_LANE_CONTAINERD_BIN=OUT/bin/containerd \
 //!     cargo test -p crisp --test it -- cluster_runtimes:: --ignored --nocapture --test-threads 1
 
@@ -37,8 +41,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::cluster_kubelets::{
-    crisp_kill, crisp_with_tap, in_node, journal_since, kubelet_config, kubelet_on, node_now,
-    run_shape, shapes, stop_order, verdict, Gaps, Runtime, Tap, READY_AFTER,
+    crisp_config, crisp_kill, crisp_with_tap, held_in_kubelets_trace, in_node, job_completes,
+    journal_since, kubelet_config, kubelet_on, node_now, restart_mid_hold, run_shape, shapes,
+    stop_order, verdict, Gaps, Runtime, Spans, Tap, READY_AFTER,
 };
 use crate::cluster_rollout::{join_with, kube_bin_dir, secs, BridgeGuard, Cluster};
 use crate::node_support::*;
@@ -640,6 +645,7 @@ fn kubelet_on_crio_through_crisp() {
     let crio = lane_crio();
     let bins = kube_bin_dir();
     let _bridge = BridgeGuard;
+    let spans = Spans::start();
     let cluster = Cluster::up(&bins);
     let (node, joined) = join_with(&cluster, &bins, &kubelet_config(minor));
     let since = node_now(&node);
@@ -684,6 +690,8 @@ fn kubelet_on_crio_through_crisp() {
     // Issue #45's rows (a restart rule from 1.35, a pod restarted in place and bytes in env
     // from 1.36), on CRI-O as on containerd.
     let direct_rows = crate::cluster_newer_pods::run(&cluster, &rt, minor, "direct", None);
+    // crisp's hold spans go to the lane's receiver, beside kubelet's.
+    node.put("/etc/crisp/config.toml", crisp_config().as_bytes(), 0o644);
     let mut tap = crisp_with_tap(&node, &rt, CRIO_SOCK, work.path());
     let since = node_now(&node);
     kubelet_on(&cluster, &node, "/run/crisp/crisp.sock");
@@ -719,6 +727,12 @@ fn kubelet_on_crio_through_crisp() {
     if minor >= 36 {
         streamed_lists_answered(&tap, minor);
     }
+    // The rest of the newer-kubelet lanes' table, on CRI-O: a Job, one trace, crisp killed
+    // mid-hold.
+    let tag = format!("1.{minor}+crio");
+    job_completes(&cluster, &tag);
+    held_in_kubelets_trace(&cluster, &spans, &tag);
+    restart_mid_hold(&cluster, &node, &rt, &mut tap, CRIO_SOCK, &tag);
     tap.detach();
     crisp_kill(&node);
     eprintln!(
@@ -745,15 +759,17 @@ fn streamed_lists_answered(tap: &Tap, minor: u32) {
         .iter()
         .filter(stream)
         .partition(|l| l["event"] == "message");
-    let mut by: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    // method → code → calls
+    let mut by: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
     for l in &calls {
-        by.entry(l["method"].as_str().unwrap_or("").to_string())
+        *by.entry(l["method"].as_str().unwrap_or("").to_string())
             .or_default()
-            .push(l["code"].to_string());
+            .entry(l["code"].to_string())
+            .or_default() += 1;
     }
     let items: u64 = messages.iter().filter_map(|m| m["items"].as_u64()).sum();
     eprintln!(
-        "streams| 1.{minor}+crio: kubelet's streamed lists through crisp, codes: {by:?}; {} \
+        "streams| 1.{minor}+crio: kubelet's streamed lists through crisp, calls by code: {by:?}; {} \
          messages shown by the tap, {items} items in them",
         messages.len()
     );
