@@ -44,6 +44,9 @@
 #                    Debian's 1.6 (issue #45) (~5 min)
 #   kubelet-1.35-crio  kubelet-1.34-crio's test with kubelet 1.35 (1.36) on CRI-O 1.35 (1.36), with
 #   kubelet-1.36-crio  issue #45's rows, a Job, one trace and crisp killed mid-hold (~6 min)
+#   observers-1.36   cluster_observers::kubelets_own_cri_log_beside_the_tap_on_one_workload: the
+#                    shapes above four times (kubelet --v=2, --v=10, through crisp, crisp + tap):
+#                    what kubelet's own CRI log and the tap cost, per call (issue #46) (~6 min)
 #   kubelet-1.34-crio  cluster_runtimes::kubelet_on_crio_through_crisp: kubelet 1.34 moved onto
 #                    CRI-O 1.34 in the node, the pods above direct and through crisp (~3 min)
 #
@@ -85,7 +88,7 @@ cd "$(dirname "$0")/.." || exit 2
 PROG=hack/lanes.sh
 # shellcheck disable=SC1091 # git_export, for the microshift tree (export_microshift)
 source hack/git-export.sh
-ALL=(probe-burst bench-regress refusal-cost load cluster-join cluster-rollout cluster-storm static-storm node-shutdown node-shutdown-1.36 soak kubelet-1.30 kubelet-1.32 kubelet-1.34 kubelet-1.35 kubelet-1.36 kubelet-1.34-containerd2 kubelet-1.35-containerd2 kubelet-1.36-containerd2 kubelet-1.34-crio kubelet-1.35-crio kubelet-1.36-crio)
+ALL=(probe-burst bench-regress refusal-cost load cluster-join cluster-rollout cluster-storm static-storm node-shutdown node-shutdown-1.36 soak kubelet-1.30 kubelet-1.32 kubelet-1.34 kubelet-1.35 kubelet-1.36 kubelet-1.34-containerd2 kubelet-1.35-containerd2 kubelet-1.36-containerd2 kubelet-1.34-crio kubelet-1.35-crio kubelet-1.36-crio observers-1.36)
 OUT="${OUT:-target/lanes}"
 KUBE_CACHE_ROOT="${CRISP_KUBE_CACHE_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/crisp}"
 KUBE_CACHE="${CRISP_KUBE_CACHE:-$KUBE_CACHE_ROOT/kube-1.26}"
@@ -336,7 +339,7 @@ prereq() { # prereq LANE: sets $missing
       [[ -n $missing ]] || ensure_kube_bins "$kv" || true
       [[ -n $missing ]] || ensure_containerd2 || true
       ;;
-    kubelet-1.*)
+    kubelet-1.* | observers-1.*)
       need_root
       need_tool systemd-nspawn systemd-container
       need_tool debootstrap
@@ -345,7 +348,7 @@ prereq() { # prereq LANE: sets $missing
       need_tool skopeo
       need_tool kubectl "kubectl (any recent client; CRISP_KUBECTL names another)"
       [[ -x /usr/lib/cni/bridge ]] || need "CNI plugins in /usr/lib/cni" "install containernetworking-plugins (sudo hack/setup.sh)"
-      [[ -n $missing ]] || ensure_kube_bins "${1#kubelet-}" || true
+      [[ -n $missing ]] || ensure_kube_bins "${1#*-}" || true
       ;;
   esac
   [[ -z $missing ]]
@@ -364,6 +367,7 @@ pattern() {
     cluster-rollout) echo 'control plane up|kubelet joined|before the install|refused config|^install:|hold reason|^ordered:|^uninstall:|panicked|timed out' ;;
     cluster-storm) echo 'control plane up|kubelet joined|^storm:|^deadline:|^leftover:|leftover\||terminating\||panicked|timed out' ;;
     static-storm) echo 'control plane up|kubelet joined|^static pod|^static-storm:|leftover\||error-syncing\||kubelet-on-leftover\||deadline\||in-api\||panicked|timed out' ;;
+    observers-1.*) echo 'control plane up|kubelet joined|^observers\||panicked|timed out' ;;
     node-shutdown*) echo 'control plane up|kubelet joined|^shutdown |powered off|panicked|timed out' ;;
     soak) echo '^== soak|CRISP_SEED|pods|calls|failed|GOAWAY|Broken pipe|RSS|CPU|panicked' ;;
     kubelet-1.3?-crio) echo 'control plane up|kubelet joined|^gaps\||^stops\||^runtime-config\||^rule\||^inplace\||^env\||^streams\||^job\||^trace\||^restart\||panicked|timed out' ;;
@@ -435,6 +439,11 @@ run_lane() {
       CRISP_KUBE_VERSION=$dv CRISP_KUBE_BIN_DIR=$(kube_bin_dir "$dv") CRISP_LANE_CONTAINERD_BIN=$CONTAINERD2_BIN \
         cargo test -p crisp --locked --test it -- \
         cluster_kubelets::a_newer_kubelet_through_crisp --exact --ignored --nocapture --test-threads 1
+      ;;
+    observers-1.*)
+      local ov=${1#observers-}
+      CRISP_KUBE_VERSION=$ov CRISP_KUBE_BIN_DIR=$(kube_bin_dir "$ov") cargo test -p crisp --locked --test it -- \
+        cluster_observers::kubelets_own_cri_log_beside_the_tap_on_one_workload --exact --ignored --nocapture --test-threads 1
       ;;
     kubelet-1.*)
       local v=${1#kubelet-}

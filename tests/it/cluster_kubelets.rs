@@ -55,7 +55,7 @@ use crate::node_support::*;
 use k8s_cri::v1 as cri;
 
 /// The kubelet minor under test: CRISP_KUBE_VERSION ("1.34"), checked against the binaries.
-fn minor() -> u32 {
+pub(crate) fn minor() -> u32 {
     let v = std::env::var("CRISP_KUBE_VERSION")
         .expect("CRISP_KUBE_VERSION: the kubelet minor under test, e.g. 1.34");
     v.strip_prefix("1.")
@@ -283,6 +283,20 @@ impl Tap {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// The tap process's CPU time so far (utime + stime), in seconds; 0 when detached.
+    pub(crate) fn cpu_secs(&self) -> f64 {
+        self.child.as_ref().map_or(0.0, |c| {
+            crate::cluster_observers::cpu_secs(
+                &std::fs::read_to_string(format!("/proc/{}/stat", c.id())).unwrap_or_default(),
+            )
+        })
+    }
+
+    /// Bytes the tap has written to its file.
+    pub(crate) fn bytes(&self) -> u64 {
+        std::fs::metadata(&self.file).map_or(0, |m| m.len())
     }
 
     pub(crate) fn lines(&self) -> Vec<serde_json::Value> {

@@ -25,6 +25,7 @@ mod systemd_support;
 // One module per former test binary.
 mod cluster_kubelets;
 mod cluster_newer_pods;
+mod cluster_observers;
 mod cluster_rollout;
 mod cluster_runtimes;
 mod deploy_manifests;
