@@ -442,7 +442,9 @@ run_lane() {
       ;;
     observers-1.*)
       local ov=${1#observers-}
-      CRISP_KUBE_VERSION=$ov CRISP_KUBE_BIN_DIR=$(kube_bin_dir "$ov") cargo test -p crisp --locked --test it -- \
+      # crisp's and the tap's CPU are measured: a release crisp in the node and for the tap.
+      cargo build --release --locked -p crisp --bin crisp &&
+        CRISP_LANE_CRISP_BIN=$PWD/target/release/crisp CRISP_KUBE_VERSION=$ov CRISP_KUBE_BIN_DIR=$(kube_bin_dir "$ov") cargo test -p crisp --locked --test it -- \
         cluster_observers::kubelets_own_cri_log_beside_the_tap_on_one_workload --exact --ignored --nocapture --test-threads 1
       ;;
     kubelet-1.*)

@@ -268,7 +268,7 @@ impl Tap {
             .append(true)
             .open(&self.file)
             .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_crisp"))
+        let child = Command::new(crate::node_support::crisp_bin())
             .args(["tap", "--json", "--full", "--all", "--admin-socket"])
             .arg(&self.admin)
             .stdout(out)

@@ -9,6 +9,9 @@
 //! 3. through crisp, no tap;
 //! 4. through crisp with `crisp tap --json --full --all` attached, writing to a file.
 //!
+//! crisp (in the node) and the tap (on the host) are `CRISP_LANE_CRISP_BIN`, a release build in
+//! the lane (a debug build's CPU would say nothing of crisp's).
+//!
 //! Per phase: kubelet's CPU time (utime + stime of its process), the bytes kubelet wrote to the
 //! journal (rate limiting off for kubelet.service, so nothing is dropped), crisp's CPU time, the
 //! tap's CPU time and bytes, and the CRI calls the tap counted. Printed as `observers|` rows;
@@ -169,14 +172,18 @@ fn kubelets_own_cri_log_beside_the_tap_on_one_workload() {
             c.tap_bytes
         );
     }
+    // Per call of the workload (the calls the tap counted in its phase; the four phases run the
+    // same pods): what kubelet's --v=10 adds to kubelet, and what the tap adds to crisp.
+    let per = |x: f64| x / calls.max(1) as f64;
     eprintln!(
-        "observers| 1.{minor}: {calls} CRI calls in the tapped phase: per call, kubelet --v=10 wrote {:.0} B more to the journal than --v=2 and spent {:.0} µs more CPU; the tap wrote {:.0} B, crisp spent {:.0} µs (no tap: {:.0} µs), the tap process {:.0} µs",
-        (v10.journal_bytes as f64 - v2.journal_bytes as f64) / calls.max(1) as f64,
-        (v10.kubelet_cpu - v2.kubelet_cpu) * 1e6 / calls.max(1) as f64,
-        tapped.tap_bytes as f64 / calls.max(1) as f64,
-        tapped.crisp_cpu * 1e6 / calls.max(1) as f64,
-        bare.crisp_cpu * 1e6 / calls.max(1) as f64,
-        tapped.tap_cpu * 1e6 / calls.max(1) as f64,
+        "observers| 1.{minor}: {calls} CRI calls a phase; per call, kubelet --v=10 wrote {:.0} B more to the journal than --v=2 and spent {:.0} µs more CPU; the tap wrote {:.0} B, cost crisp {:.0} µs more CPU than no tap, and its own process {:.0} µs (crisp's CPU over the phase, probes and holds included: {:.2} s without the tap, {:.2} s with it)",
+        per(v10.journal_bytes as f64 - v2.journal_bytes as f64),
+        per((v10.kubelet_cpu - v2.kubelet_cpu) * 1e6),
+        per(tapped.tap_bytes as f64),
+        per((tapped.crisp_cpu - bare.crisp_cpu) * 1e6),
+        per(tapped.tap_cpu * 1e6),
+        bare.crisp_cpu,
+        tapped.crisp_cpu,
     );
     // What kubelet --v=10 says of a CreateContainer and a RunPodSandbox (cut).
     for what in [

@@ -650,6 +650,12 @@ fn kubelet_on_crio_through_crisp() {
     let (node, joined) = join_with(&cluster, &bins, &kubelet_config(minor));
     let since = node_now(&node);
     let moved = node_on_crio(&cluster, &node, &crio);
+    // The node's status names the runtime from the new kubelet's first full status update on,
+    // which may come a little after the heartbeat that made it Ready.
+    let t = Instant::now();
+    while !cluster.versions().contains(" cri-o://") && t.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(500));
+    }
     let version = cluster.versions();
     assert!(
         version.starts_with(&format!("v1.{minor}.")) && version.contains(" cri-o://"),

@@ -23,6 +23,13 @@ use std::time::{Duration, Instant};
 
 pub const REPO: &str = env!("CARGO_MANIFEST_DIR");
 
+/// The crisp binary the lanes run: `CRISP_LANE_CRISP_BIN` (a release build, where a lane measures
+/// crisp's CPU) or this test build's.
+pub fn crisp_bin() -> std::path::PathBuf {
+    std::env::var_os("CRISP_LANE_CRISP_BIN")
+        .map_or_else(|| env!("CARGO_BIN_EXE_crisp").into(), Into::into)
+}
+
 /// Where hack/release.sh put the artifacts (hack/test.sh builds them into target/artifacts).
 pub fn dist() -> PathBuf {
     let d = std::env::var_os("CRISP_DIST")
@@ -429,7 +436,7 @@ impl Node {
     pub fn put_crisp(&self) {
         self.put(
             "/usr/local/bin/crisp",
-            &std::fs::read(env!("CARGO_BIN_EXE_crisp")).unwrap(),
+            &std::fs::read(crisp_bin()).unwrap(),
             0o755,
         );
     }
