@@ -386,7 +386,7 @@ const KUBELET_UNIT: &str = "[Unit]\nDescription=kubelet (upstream 1.26, the clus
 /// Boots the node, gives it containerd configured for pods, the test images and kubelet, and
 /// waits until the API server has it Ready. Returns the node and how long the join took.
 fn join(cluster: &Cluster, bins: &Path) -> (Node, Duration) {
-    join_with(cluster, bins, KUBELET_CONFIG)
+    join_with(cluster, bins, &kubelet_config_for(kubelet_minor(bins)))
 }
 
 /// `join` with another kubelet config file (tests/it/cluster_kubelets.rs: feature gates, a
