@@ -14,7 +14,7 @@
 #   direct      client → containerd, nothing observing
 #   crisp       client → crisp → containerd, no tap attached
 #   crisp-tap   client → a second crisp → containerd, with `crisp tap --json --full --all`
-#               attached, writing to a file
+#               attached, writing to a file (--tap sets its flags)
 #       These three are lanes of one `crisp-grpcgo bench`, interleaved call by call (a new random
 #       lane order every turn), --runs runs of --turns turns each; crisp's and the tap's CPU from
 #       /proc/PID/stat around the measured calls of every run (--watch).
@@ -37,6 +37,7 @@
 #   sudo hack/observers.sh                       # 5 runs of 1000 turns (5 calls a turn), ~3 min
 #   sudo hack/observers.sh --runs 7 --turns 2000 --pods 5
 #   sudo hack/observers.sh --crictl /var/tmp/cri-tools/bin/crictl --sockdump /path/sockdump.py
+#   sudo hack/observers.sh --tap "--json --all"  # the tap's flags (default: --json --full --all)
 #   sudo hack/observers.sh --keep DIR            # keep the raw files (bench JSON, tap recording,
 #                                                # bpftrace output) in DIR
 #
@@ -55,6 +56,7 @@ crictl_runs=20
 crictl_bin=""
 sockdump=""
 keep=""
+tap_flags="--json --full --all"
 while (($#)); do
   case "$1" in
     --runs) runs="$2"; shift 2 ;;
@@ -64,6 +66,7 @@ while (($#)); do
     --crictl-runs) crictl_runs="$2"; shift 2 ;;
     --sockdump) sockdump="$2"; shift 2 ;;
     --keep) keep="$2"; shift 2 ;;
+    --tap) tap_flags="$2"; shift 2 ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "hack/observers.sh: unknown argument $1 (see --help)" >&2; exit 64 ;;
   esac
@@ -133,7 +136,8 @@ start_crisp plain
 crisp_pid=${pids[-1]}
 start_crisp tapped
 tapped_pid=${pids[-1]}
-"$CRISP_BIN" tap --admin-socket "$dir/tapped/admin.sock" --json --full --all >"$dir/tap.jsonl" 2>"$dir/tap.log" &
+read -ra tap_args <<<"$tap_flags"
+"$CRISP_BIN" tap --admin-socket "$dir/tapped/admin.sock" "${tap_args[@]}" >"$dir/tap.jsonl" 2>"$dir/tap.log" &
 pids+=($!)
 tap_pid=$!
 sleep 1
@@ -273,7 +277,7 @@ DIR="$dir" RUNS="$runs" TURNS="$turns" WARMUP="$warmup" PODS="$pods" CALLS_PER_T
   TAP_BYTES="$tap_bytes" TAP_CALLS="$tap_calls" UPROBE_BYTES="$uprobe_bytes" \
   KPROBE_ERROR="$kprobe_error" SOCKDUMP_ERROR="$sockdump_error" CRICTL="$crictl_bin" \
   CRICTL_RUNS="$crictl_runs" COMMIT="$commit" LOAD_BEFORE="$load_before" LOAD_AFTER="$load_after" \
-  STOLEN="$stolen" CRISP_BIN="$CRISP_BIN" \
+  STOLEN="$stolen" CRISP_BIN="$CRISP_BIN" TAP_FLAGS="$tap_flags" \
   python3 - <<'PY'
 import json, os, statistics as st
 from datetime import datetime, timezone
@@ -307,7 +311,7 @@ def ms_per_1000(ticks):
 
 out = []
 p = out.append
-p(f"Produced by `sudo hack/observers.sh --runs {runs} --turns {turns} --pods {env['PODS']}` on "
+p(f"Produced by `sudo hack/observers.sh --runs {runs} --turns {turns} --pods {env['PODS']} --tap \"{env['TAP_FLAGS']}\"` on "
   f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, crisp {env['COMMIT']}, "
   f"{os.cpu_count()} cores, load average {env['LOAD_BEFORE']} before and {env['LOAD_AFTER']} after, "
   f"{env['STOLEN']} % of the CPU time stolen by the host.")
@@ -330,7 +334,7 @@ a50, a99 = lane_row("crisp-tap", "crisp-tap")
 tcpu = ms_per_1000([r["watch"]["crisp-tap"]["cpu_ticks"] for r in bench])
 tapcpu = ms_per_1000([r["watch"]["tap"]["cpu_ticks"] for r in bench])
 tap_bpc = int(env["TAP_BYTES"]) / int(env["TAP_CALLS"])
-p(f"| crisp + `crisp tap --json --full --all` to a file | {fmt(a50)} | {fmt(a99)} | crisp: {fmt(tcpu, 0)}; tap: {fmt(tapcpu, 0)} | {tap_bpc:,.0f} | same bench |")
+p(f"| crisp + `crisp tap {env['TAP_FLAGS']}` to a file | {fmt(a50)} | {fmt(a99)} | crisp: {fmt(tcpu, 0)}; tap: {fmt(tapcpu, 0)} | {tap_bpc:,.0f} | same bench |")
 # uprobe: paired rounds, one bench process each.
 pairs = {}
 for r in up:
