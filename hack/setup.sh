@@ -25,6 +25,11 @@
 #                                                 hack/lint.sh); rsvg-convert (tests/it/timeline.rs)
 #   tshark                                        Wireshark's dissectors read `crisp pcap` captures
 #                                                 (tests/it/pcap.rs)
+#
+# Optional, not installed here: a local-only script that needs one installs it on first use.
+#   bpftrace                                      hack/observers.sh: uprobes on kubelet's grpc-go client
+#                                                 (the mechanism of eBPF gRPC tracers), and the proof that
+#                                                 sockdump's kprobes cannot attach on a kernel without them
 set -euo pipefail
 
 PACKAGES=(
