@@ -101,6 +101,9 @@ pub(crate) struct PodState {
     pub reasons: ReasonCache,
     pub syncs: u64,
     pub last_error: Option<String>,
+    /// The pod came back through RestorePod (KEP-5823, kubelet 1.37): its containers are on the
+    /// runtime CREATED, and are started as they are.
+    pub restored: bool,
 }
 
 /// One pod known to the kubelet.
@@ -252,8 +255,40 @@ impl Kubelet {
 
     /// Adds a pod, as if the API server had bound it to this node (`HandlePodAdditions`). Validates
     /// it, fills in a UID if empty and (by default) kubelet's config annotations. Returns the UID.
-    pub fn add_pod(&self, mut spec: PodSpec) -> anyhow::Result<String> {
+    pub fn add_pod(&self, spec: PodSpec) -> anyhow::Result<String> {
+        self.add(spec, false)
+    }
+
+    /// A pod restored from a checkpoint (KEP-5823, kubelet 1.37's RestorePod): the runtime
+    /// brings back its sandbox and its containers, CREATED, without a CreateContainer passing
+    /// kubelet's endpoint — emulated here by creating them on `runtime` (the runtime's own
+    /// socket, not crisp's) with the configs kubelet would have sent. kubelet then only starts
+    /// them, in spec order, as its sync finds them CREATED. Returns the UID.
+    pub async fn restore_pod(
+        &self,
+        mut spec: PodSpec,
+        runtime: &std::path::Path,
+    ) -> anyhow::Result<String> {
         spec.validate()?;
+        let ch = super::cri::connect_uds(runtime).await?;
+        let cri = CriClient::connect(
+            ch.clone(),
+            ch,
+            self.inner.cfg.api(),
+            self.inner.cfg.runtime_request_timeout,
+            Journal::new(),
+        )
+        .await
+        .context("CRI handshake with the runtime, for the restore")?;
+        self.fill_config_annotations(&mut spec);
+        Runtime::new(cri, self.inner.cfg.clone())
+            .restore_pod(&spec)
+            .await
+            .map_err(|m| anyhow::anyhow!("restoring {}: {m}", spec.format()))?;
+        self.add(spec, true)
+    }
+
+    fn fill_config_annotations(&self, spec: &mut PodSpec) {
         if self.inner.cfg.config_annotations {
             spec.annotations
                 .entry("kubernetes.io/config.source".into())
@@ -262,6 +297,11 @@ impl Kubelet {
                 .entry("kubernetes.io/config.seen".into())
                 .or_insert_with(|| rfc3339_nano(SystemTime::now()));
         }
+    }
+
+    fn add(&self, mut spec: PodSpec, restored: bool) -> anyhow::Result<String> {
+        spec.validate()?;
+        self.fill_config_annotations(&mut spec);
         let uid = spec.uid.clone();
         let view = PodView {
             uid: uid.clone(),
@@ -289,6 +329,7 @@ impl Kubelet {
                 reasons: ReasonCache::new(),
                 syncs: 0,
                 last_error: None,
+                restored,
             }),
             notify: Notify::new(),
             view: watch::channel(view).0,

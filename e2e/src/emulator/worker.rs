@@ -147,6 +147,7 @@ impl Inner {
             deletion_requested: st.deleted,
             deletion_grace: st.deletion_grace,
             termination_requested: entry.termination_requested.clone(),
+            restored: st.restored,
         }
     }
 

@@ -419,3 +419,56 @@ async fn pods_without_sidecars_are_untouched() -> Result<()> {
     );
     Ok(())
 }
+
+/// 9. A restored pod (issue #45; KEP-5823, kubelet 1.37's CheckpointPod/RestorePod): the runtime
+/// brings the pod back with its containers CREATED, and kubelet only starts them, in spec order —
+/// the app listed first. crisp saw no CreateContainer of them, so it gates the app's
+/// StartContainer as it gates a create: the app starts once its sidecar is ready, and every
+/// container is the one the restore created (one instance each, created before anything started).
+/// No kubelet with RestorePod was built here: the emulator creates the pod on containerd's own
+/// socket (`Kubelet::restore_pod`), then starts it through crisp.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_pods_app_starts_after_its_sidecar_is_ready() -> Result<()> {
+    let st = Stack::start(false, "", |_| {}).await?;
+    let yaml = format!(
+        "name: restored\nhostNetwork: true\n{FILE_READY}containers:\n{APP}{}",
+        file_ready_sidecar("proxy", 3)
+    );
+    let uid = st
+        .kubelet
+        .restore_pod(pod(&yaml), st.containerd.socket())
+        .await?;
+    st.wait_all_running(&uid, STEP).await?;
+    let (proxy, app) = (
+        st.instances(&uid, "proxy").await?,
+        st.instances(&uid, "app").await?,
+    );
+    assert_eq!(
+        (proxy.len(), app.len()),
+        (1, 1),
+        "the restored containers, not new ones: {proxy:?} {app:?}"
+    );
+    let (proxy, app) = (&proxy[0], &app[0]);
+    assert!(
+        app.created_at < proxy.started_at && proxy.created_at < proxy.started_at,
+        "both containers were created by the restore, before anything started: {proxy:?} {app:?}"
+    );
+    let gap = app.started_at - proxy.started_at;
+    eprintln!(
+        "restored: app created {:.3} s before the proxy started, started {:.3} s after it",
+        secs(proxy.started_at - app.created_at),
+        secs(gap)
+    );
+    assert!(
+        gap >= 3 * S,
+        "the restored app started {:.3} s after its sidecar, before it was ready (3 s)",
+        secs(gap)
+    );
+    assert!(
+        gap <= 5 * S,
+        "the restored app started {:.3} s after its sidecar: long after it was ready",
+        secs(gap)
+    );
+    st.delete_pod(&uid, Some(10), STEP).await?;
+    Ok(())
+}

@@ -73,6 +73,38 @@ impl Runtime {
         Ok(())
     }
 
+    /// What RestorePod (KEP-5823) leaves on the runtime, for a restored pod of the emulator: the
+    /// sandbox (attempt 0) and every regular container CREATED with the config kubelet would
+    /// have sent, none started. This runtime's client is on the runtime's own socket: a proxy
+    /// in front of kubelet sees none of these calls, as it sees no CreateContainer of a pod the
+    /// runtime restored.
+    pub(crate) async fn restore_pod(&self, spec: &PodSpec) -> Result<(), String> {
+        let pod = PodCtx {
+            spec: Arc::new(spec.clone()),
+            deletion_requested: false,
+            deletion_grace: None,
+            termination_requested: Arc::new(AtomicBool::new(false)),
+            restored: true,
+        };
+        let sandbox_id = self.create_pod_sandbox(&pod, 0).await?;
+        let sandbox_config = self.generate_pod_sandbox_config(spec, 0);
+        for c in &spec.containers {
+            let meta = pod.meta().with_container(&c.name);
+            let image = self
+                .ensure_image_exists(spec, c, &sandbox_config, &meta)
+                .await
+                .map_err(|(_, m)| m)?;
+            let config = self
+                .generate_container_config(spec, c, &image, 0, &[], &meta)
+                .await?;
+            self.cri
+                .create_container(&sandbox_id, config, sandbox_config.clone(), meta)
+                .await
+                .map_err(|s| format!("CreateContainer of {}: {}", c.name, s.message()))?;
+        }
+        Ok(())
+    }
+
     /// `generateContainerConfig` (KUBELET-CRI §2.2).
     pub(super) async fn generate_container_config(
         &self,

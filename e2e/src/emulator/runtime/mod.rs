@@ -7,7 +7,7 @@
 //! `container.rs` and `image.rs` hold what kubelet's `kuberuntime_sandbox.go`,
 //! `kuberuntime_container.go` and `kuberuntime_image.go` do.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -188,6 +188,8 @@ pub(crate) struct PodCtx {
     pub deletion_grace: Option<i64>,
     /// Live `IsPodTerminationRequested`.
     pub termination_requested: Arc<AtomicBool>,
+    /// Restored by RestorePod (KEP-5823): CREATED containers are started as they are.
+    pub restored: bool,
 }
 
 impl PodCtx {
@@ -251,6 +253,9 @@ pub(crate) struct PodActions {
     pub containers_to_start: Vec<usize>,
     /// (container id, name, reason, message).
     pub containers_to_kill: Vec<(String, String, KillReason, String)>,
+    /// Of `containers_to_start`, those a restored pod has CREATED already (index → container
+    /// id): started with StartContainer alone (KEP-5823).
+    pub start_created: BTreeMap<usize, String>,
 }
 
 /// The runtime manager.
@@ -401,10 +406,18 @@ impl Runtime {
         for &i in &changes.containers_to_start {
             let c = &spec.containers[i];
             let mut r = SyncResult::new(SyncAction::StartContainer, c.name.clone());
-            if let Err((err, msg)) = self
-                .start(pod, c, &sandbox_id, &sandbox_config, status, &pod_ips)
-                .await
-            {
+            let started = match changes.start_created.get(&i) {
+                Some(id) => self
+                    .cri
+                    .start_container(id, pod.meta().with_container(&c.name))
+                    .await
+                    .map_err(|s| (ERR_RUN_CONTAINER, s.message().to_string())),
+                None => {
+                    self.start(pod, c, &sandbox_id, &sandbox_config, status, &pod_ips)
+                        .await
+                }
+            };
+            if let Err((err, msg)) = started {
                 r.fail(err, msg);
             }
             result.add(r);
@@ -684,6 +697,13 @@ pub(crate) fn compute_pod_actions(pod: &PodCtx, status: &RuntimePodStatus) -> Po
         if cs.is_none_or(|s| s.state != CriState::Running) {
             if should_container_be_restarted(c, spec, pod.deletion_requested, status) {
                 changes.containers_to_start.push(idx);
+                // A restored pod's container is back CREATED with its spec: started as it is.
+                if let Some(s) = cs
+                    .filter(|s| pod.restored && s.state == CriState::Created && s.hash == c.hash())
+                {
+                    changes.start_created.insert(idx, s.id.clone());
+                    continue;
+                }
                 // Only UNKNOWN containers are killed before the restart (§1.4); CREATED ones are left.
                 if let Some(s) = cs.filter(|s| s.state == CriState::Unknown) {
                     changes.containers_to_kill.push((

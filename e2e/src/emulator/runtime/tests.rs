@@ -68,6 +68,7 @@ fn ctx(policy: RestartPolicy, init: &[&str], containers: &[&str]) -> PodCtx {
         deletion_requested: false,
         deletion_grace: None,
         termination_requested: Arc::new(AtomicBool::new(false)),
+        restored: false,
     }
 }
 
