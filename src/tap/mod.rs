@@ -313,7 +313,7 @@ pub(crate) struct Tap {
     metrics: Arc<CallMetrics>,
     names: Option<Arc<dyn PodNames>>,
     /// Ids and names of calls in flight, read from the request before it is forwarded, by call
-    /// id: a call the engine rejects ends without its request reaching `on_complete`, and a
+    /// id: a call the engine refuses ends without its request reaching `on_complete`, and a
     /// Remove call's names are gone from the engine once it ran. Only filled while somebody taps.
     stash: DashMap<u64, Ids>,
     /// Entries in `stash`, so that the untapped path checks an atomic instead of locking a shard.
@@ -510,7 +510,7 @@ impl Interceptor for Tap {
     }
 
     fn on_request<'a>(&'a self, call: &'a Call, msg: &'a [u8]) -> BoxFuture<'a, Verdict> {
-        // Runs before the engine (the tap is first in the chain): the engine may reject the call
+        // Runs before the engine (the tap is first in the chain): the engine may refuse the call
         // (its request then never reaches on_complete) or forget the names (Remove*).
         let mut ids = ids::from_messages(call.route.rpc, Some(msg), None);
         if let Some(n) = &self.names {

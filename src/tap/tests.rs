@@ -442,14 +442,14 @@ fn byte_budget_bounds_memory() {
 }
 
 #[tokio::test]
-async fn a_rejected_call_keeps_the_names_read_from_its_request() {
+async fn a_refused_call_keeps_the_names_read_from_its_request() {
     let t = tap();
     let mut s = t.subscribe(Filter::default(), 8);
     let c = call(1, CREATE);
     let req = create_app_of_shop_web();
     assert!(matches!(t.on_request(&c, &req).await, Verdict::Forward));
     assert_eq!(t.stashed.load(Relaxed), 1);
-    // The engine rejected it: the proxy reports no request bytes.
+    // The engine refused it: the proxy reports no request bytes.
     t.on_complete(
         &c,
         &Outcome {
