@@ -69,9 +69,10 @@ pub(crate) use hub::{Item, Subscription};
 pub(crate) use ids::Ids;
 use redact::Dir;
 
-/// Most bytes of a message the tap (and the trace log) shows: of each message, the top-level
-/// fields that fit are decoded and shown, the others by their size on the wire (issue #33).
-pub(crate) const MAX_SHOWN_MESSAGE: usize = 64 << 10;
+/// Most bytes of a protobuf message the tap (and the trace log) shows: of each message, the
+/// top-level fields that fit are decoded and shown, the others by their size on the wire
+/// (issue #33). The timeline's bound on text is another: [`timeline::MAX_SHOWN_TEXT_CHARS`].
+pub(crate) const MAX_SHOWN_PROTOBUF_BYTES: usize = 64 << 10;
 
 /// What the tap keeps of a response nobody sees whole: enough for the ids at its start.
 const IDS_VIEW: usize = 1 << 10;
@@ -79,7 +80,7 @@ const IDS_VIEW: usize = 1 << 10;
 /// What the tap keeps of a message of `rpc` going `dir`.
 fn spec(rpc: Option<Rpc>, dir: Dir) -> SkimSpec {
     SkimSpec {
-        budget: MAX_SHOWN_MESSAGE,
+        budget: MAX_SHOWN_PROTOBUF_BYTES,
         size_only: rpc.map_or(&[], |r| redact::size_only(r, dir)),
         items: None,
     }
@@ -489,7 +490,7 @@ impl Interceptor for Tap {
             // Each message: its size and items, and with `full` what the tap shows of it.
             let (want, full) = self.wants_messages(call);
             return want.then(|| SkimSpec {
-                budget: if full { MAX_SHOWN_MESSAGE } else { 0 },
+                budget: if full { MAX_SHOWN_PROTOBUF_BYTES } else { 0 },
                 items: call.route.rpc.and_then(Rpc::listed_items),
                 ..spec(call.route.rpc, Dir::Response)
             });
