@@ -4,7 +4,7 @@
 //! is interested in takes the fast path: its bodies are spliced through without being buffered
 //! or parsed. When someone is interested, the proxy buffers the (unary) request, hands the raw
 //! message bytes to [`Interceptor::on_request`] — which may decode a copy, delay the call, or
-//! reject it — and then forwards the *original* bytes. Response interest works the same way,
+//! refuse it — and then forwards the *original* bytes. Response interest works the same way,
 //! and [`Interceptor::on_response`] may return a replacement message (job mode's exit-code
 //! patch); it is the only way forwarded bytes ever change.
 

@@ -17,7 +17,7 @@
 //!                        ▼
 //!   diverted (fields decoded once): Proxy::handle ── buffer unary request ──▶
 //!                        │              Interceptors::on_request (intercept.rs): may decode
-//!                        │              a copy (cri/views.rs), HOLD, or reject
+//!                        │              a copy (cri/views.rs), HOLD, or refuse
 //!                        ▼              (the ordering engine waits here; never List/Status)
 //!                 RuntimePool::send (proxy/runtime_pool.rs) ──h2/UDS──▶ containerd
 //!                        │

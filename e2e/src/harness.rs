@@ -401,6 +401,40 @@ pub async fn image_ref(
         .id)
 }
 
+/// Removes `container`, then stops and removes its pod `sandbox`, and fails when any sandbox is
+/// left on the runtime: how a single-pod test ends.
+pub async fn remove_the_pod(
+    rt: &mut cri::runtime_service_client::RuntimeServiceClient<Channel>,
+    container: &str,
+    sandbox: &str,
+) -> Result<()> {
+    rt.remove_container(cri::RemoveContainerRequest {
+        container_id: container.into(),
+    })
+    .await
+    .context("RemoveContainer")?;
+    rt.stop_pod_sandbox(cri::StopPodSandboxRequest {
+        pod_sandbox_id: sandbox.into(),
+    })
+    .await
+    .context("StopPodSandbox")?;
+    rt.remove_pod_sandbox(cri::RemovePodSandboxRequest {
+        pod_sandbox_id: sandbox.into(),
+    })
+    .await
+    .context("RemovePodSandbox")?;
+    let left = rt
+        .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+        .await
+        .context("ListPodSandbox")?
+        .into_inner()
+        .items;
+    if !left.is_empty() {
+        bail!("sandboxes left: {left:?}");
+    }
+    Ok(())
+}
+
 /// ContainerStatus of one container (not verbose).
 pub async fn container_status(
     rt: &mut cri::runtime_service_client::RuntimeServiceClient<Channel>,

@@ -1,8 +1,9 @@
 //! The node-wide bound on crisp's own repeated runtime reads (issue #26): a held call lists its
 //! pod's containers again every probe interval for as long as its hold lasts, and a Job
 //! watcher reads its pod's containers every `job.poll_interval` for the pod's life. Both are
-//! paced by one [`ReadLimiter`] for the whole node: `runtime_reads_per_second` (a token bucket
-//! holding a tenth of a second's worth) and `max_runtime_reads_in_flight`.
+//! paced by one [`ReadLimiter`] for the whole node: `runtime_reads_per_second` (a
+//! [`TokenBucket`] holding a tenth of a second's worth, the probes' rule) and
+//! `max_runtime_reads_in_flight`.
 //!
 //! What it does not pace: kubelet's own calls (List and Status calls are never observed, see
 //! `mod.rs`), and the first read of each call crisp orders — one read per kubelet call, so
@@ -11,11 +12,11 @@
 //! call and watcher gets its turn: with N of them polling, each reads about every
 //! N / `runtime_reads_per_second` seconds.
 
-use std::time::Duration;
-
 use parking_lot::Mutex;
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
+
+use crate::readiness::TokenBucket;
 
 /// No read before the caller's deadline: its hold ends as if the runtime had not answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -24,14 +25,7 @@ pub(crate) struct ReadLimited;
 
 pub(crate) struct ReadLimiter {
     in_flight: Semaphore,
-    rate: f64,
-    burst: f64,
-    bucket: Mutex<Bucket>,
-}
-
-struct Bucket {
-    tokens: f64,
-    at: Instant,
+    bucket: Mutex<TokenBucket>,
 }
 
 impl ReadLimiter {
@@ -40,12 +34,7 @@ impl ReadLimiter {
         let burst = (rate / 10.0).max(1.0);
         ReadLimiter {
             in_flight: Semaphore::new(max_in_flight.max(1)),
-            rate,
-            burst,
-            bucket: Mutex::new(Bucket {
-                tokens: burst,
-                at: Instant::now(),
-            }),
+            bucket: Mutex::new(TokenBucket::new(rate, burst, Instant::now())),
         }
     }
 
@@ -56,24 +45,7 @@ impl ReadLimiter {
         &self,
         until: Option<Instant>,
     ) -> Result<SemaphorePermit<'_>, ReadLimited> {
-        let wait = {
-            let mut bucket = self.bucket.lock();
-            let now = Instant::now();
-            bucket.tokens = (bucket.tokens
-                + now.saturating_duration_since(bucket.at).as_secs_f64() * self.rate)
-                .min(self.burst);
-            bucket.at = now;
-            let wait = if bucket.tokens >= 1.0 {
-                Duration::ZERO
-            } else {
-                Duration::from_secs_f64((1.0 - bucket.tokens) / self.rate)
-            };
-            if until.is_some_and(|until| now + wait > until) {
-                return Err(ReadLimited);
-            }
-            bucket.tokens -= 1.0;
-            wait
-        };
+        let wait = self.bucket.lock().reserve(until).ok_or(ReadLimited)?;
         if !wait.is_zero() {
             tokio::time::sleep(wait).await;
         }
@@ -91,6 +63,7 @@ impl ReadLimiter {
 mod tests {
     use super::*;
     use std::sync::Arc;
+    use std::time::Duration;
 
     const S: Duration = Duration::from_secs(1);
 

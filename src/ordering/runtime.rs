@@ -1,5 +1,5 @@
 //! The engine's seam to the container runtime: the few reads and actions its rules need. In the
-//! daemon it is [`RuntimeClient`] (crisp's own calls over the upstream connection); unit tests
+//! daemon it is [`RuntimeClient`] (crisp's own calls over the runtime pool's connections); unit tests
 //! put a scripted runtime behind it and run the engine on paused time.
 
 use std::time::Duration;

@@ -7,7 +7,7 @@
 //!   nothing is buffered or parsed but the request's header block (for the route).
 //! - **observed** (an interceptor wants to see it): the relay diverts the stream to
 //!   `observed.rs` ([`Proxy`] being the relay's [`relay::Service`]); the unary request is
-//!   buffered, shown to the interceptors (which may hold or reject it), and the same bytes are
+//!   buffered, shown to the interceptors (which may hold or refuse it), and the same bytes are
 //!   forwarded through pooled runtime connections ([`runtime_pool`]); the response may be
 //!   buffered and shown too.
 //! - **degraded**: a connection whose runtime connection is gone (or never came up) has every

@@ -190,13 +190,13 @@ impl RuntimePool {
         let name = self.display.clone();
         tokio::spawn(async move {
             match conn.await {
-                Ok(()) => tracing::debug!(upstream = %name, "upstream connection closed"),
+                Ok(()) => tracing::debug!(upstream = %name, "runtime connection closed"),
                 Err(e) => {
-                    tracing::debug!(upstream = %name, error = %e, "upstream connection failed")
+                    tracing::debug!(upstream = %name, error = %e, "runtime connection failed")
                 }
             }
         });
-        tracing::debug!(upstream = %self.display, "connected to upstream");
+        tracing::debug!(upstream = %self.display, "connected to the runtime");
         let dial = self
             .dials
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -221,10 +221,10 @@ impl RuntimePool {
         }
     }
 
-    /// Sends one request upstream. The returned future resolves with the response headers; the
-    /// body streams. Dropping the future (client cancelled) resets the upstream stream. A call
-    /// the runtime refused unprocessed is sent again on a new connection when its request body
-    /// was complete up front (every unary call crisp diverts).
+    /// Sends one request to the runtime. The returned future resolves with the response
+    /// headers; the body streams. Dropping the future (client cancelled) resets the runtime's
+    /// stream. A call the runtime refused unprocessed is sent again on a new connection when
+    /// its request body was complete up front (every unary call crisp diverts).
     pub(crate) async fn send(
         &self,
         req: Request<ProxyBody>,

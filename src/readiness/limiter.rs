@@ -10,6 +10,8 @@ use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::bucket::TokenBucket;
+
 /// The node-wide bounds on probing: at most `max_in_flight` probes at once, and TCP connects
 /// (tcp:// and http:// probes) at `connects_per_second` (a token bucket holding a tenth of a
 /// second's worth, so a burst of pods cannot open more than that at once). A probe that cannot
@@ -31,9 +33,7 @@ pub(crate) struct ProbeLimiter {
     max_in_flight: usize,
     per_pod: usize,
     slots: Mutex<Slots>,
-    rate: f64,
-    burst: f64,
-    bucket: Mutex<Bucket>,
+    bucket: Mutex<TokenBucket>,
     /// Each pod's own rate and burst; `None`: pods are paced only by the node's rate.
     pod_rate: Option<(f64, f64)>,
     pod_buckets: Mutex<PodBuckets>,
@@ -46,7 +46,7 @@ pub(crate) struct ProbeLimiter {
 /// full), so full ones are dropped when the map grows: its size is bounded by the pods that
 /// probed within the last quarter of a second or so, not by every pod the node ever ran.
 pub(super) struct PodBuckets {
-    by_pod: HashMap<String, Bucket>,
+    by_pod: HashMap<String, TokenBucket>,
     /// The map is swept of full buckets when it reaches this size (then twice what is left, at
     /// least [`POD_BUCKETS_SWEEP`]), so the sweeps cost O(1) a probe amortised.
     sweep_at: usize,
@@ -206,38 +206,6 @@ impl Drop for Queued<'_> {
     }
 }
 
-pub(super) struct Bucket {
-    tokens: f64,
-    at: Instant,
-}
-
-impl Bucket {
-    /// Refills the bucket to `now` at `rate` (capped at `burst`).
-    fn refill(&mut self, now: Instant, rate: f64, burst: f64) {
-        self.tokens =
-            (self.tokens + now.saturating_duration_since(self.at).as_secs_f64() * rate).min(burst);
-        self.at = now;
-    }
-
-    /// Takes a token that is there, or will be by `deadline`, and says how long until it is;
-    /// `None` (nothing taken) when it would come too late. Tokens go below zero for the turns
-    /// already promised, so turns are handed out in the order they were asked for.
-    fn reserve(&mut self, rate: f64, burst: f64, deadline: Instant) -> Option<Duration> {
-        let now = Instant::now();
-        self.refill(now, rate, burst);
-        let wait = if self.tokens >= 1.0 {
-            Duration::ZERO
-        } else {
-            Duration::from_secs_f64((1.0 - self.tokens) / rate)
-        };
-        if now + wait > deadline {
-            return None;
-        }
-        self.tokens -= 1.0;
-        Some(wait)
-    }
-}
-
 impl ProbeLimiter {
     pub(crate) fn new(max_in_flight: usize, connects_per_second: u32) -> ProbeLimiter {
         let rate = f64::from(connects_per_second.max(1));
@@ -247,12 +215,7 @@ impl ProbeLimiter {
             max_in_flight,
             per_pod: (max_in_flight - max_in_flight / 4).max(1),
             slots: Mutex::new(Slots::default()),
-            rate,
-            burst,
-            bucket: Mutex::new(Bucket {
-                tokens: burst,
-                at: Instant::now(),
-            }),
+            bucket: Mutex::new(TokenBucket::new(rate, burst, Instant::now())),
             pod_rate: None,
             pod_buckets: Mutex::new(PodBuckets {
                 by_pod: HashMap::new(),
@@ -276,7 +239,8 @@ impl ProbeLimiter {
     /// not kept, and pods are paced by the node's rate alone.
     pub(crate) fn per_pod_rate(mut self, per_second: u32) -> ProbeLimiter {
         let rate = f64::from(per_second.max(1));
-        self.pod_rate = (rate < self.rate).then_some((rate, (rate / 4.0).max(1.0)));
+        let node_rate = self.bucket.get_mut().rate();
+        self.pod_rate = (rate < node_rate).then_some((rate, (rate / 4.0).max(1.0)));
         self
     }
 
@@ -292,18 +256,15 @@ impl ProbeLimiter {
             let mut buckets = self.pod_buckets.lock();
             let now = Instant::now();
             if !buckets.by_pod.contains_key(pod) && buckets.by_pod.len() >= buckets.sweep_at {
-                buckets.by_pod.retain(|_, b| {
-                    b.refill(now, rate, burst);
-                    b.tokens < burst
-                });
+                buckets.by_pod.retain(|_, b| !b.is_full(now));
                 buckets.sweep_at = (2 * buckets.by_pod.len()).max(POD_BUCKETS_SWEEP);
             }
-            let bucket = buckets.by_pod.entry(pod.to_string()).or_insert(Bucket {
-                tokens: burst,
-                at: now,
-            });
+            let bucket = buckets
+                .by_pod
+                .entry(pod.to_string())
+                .or_insert_with(|| TokenBucket::new(rate, burst, now));
             bucket
-                .reserve(rate, burst, deadline)
+                .reserve(Some(deadline))
                 .ok_or_else(|| format!("per-pod probe limit: {rate} a second"))?
         };
         if !wait.is_zero() {
@@ -392,16 +353,16 @@ impl ProbeLimiter {
     /// for the exec probes' limiter), waited for until `deadline` at most. A token is taken
     /// only when it will be there in time, so a probe that gives up leaves no debt behind.
     pub(crate) async fn rate_turn(&self, deadline: Instant) -> Result<(), String> {
-        let wait = self
-            .bucket
-            .lock()
-            .reserve(self.rate, self.burst, deadline)
-            .ok_or_else(|| {
+        let wait = {
+            let mut bucket = self.bucket.lock();
+            bucket.reserve(Some(deadline)).ok_or_else(|| {
                 format!(
                     "node-wide probe limit: {} {} per second",
-                    self.rate, self.turns
+                    bucket.rate(),
+                    self.turns
                 )
-            })?;
+            })
+        }?;
         if !wait.is_zero() {
             tokio::time::sleep(wait).await;
         }

@@ -3,16 +3,19 @@
 //! ListPods and the fuzz target use) and how it is probed ([`Readiness::probe`]): `spec.rs` and
 //! `probe.rs`. `cidr.rs` holds the addresses a probe may aim at, `reach.rs` what a probe from outside a pod's
 //! network may aim at, `limiter.rs` the probes'
-//! node-wide bounds.
+//! node-wide bounds, `bucket.rs` the token bucket they (and the ordering engine's runtime reads)
+//! are paced by.
 //!
 //! [`Display`]: std::fmt::Display
 
+mod bucket;
 mod cidr;
 mod limiter;
 mod probe;
 mod reach;
 mod spec;
 
+pub(crate) use bucket::TokenBucket;
 pub use cidr::*;
 pub(crate) use limiter::*;
 pub(crate) use probe::*;

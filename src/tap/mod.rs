@@ -69,9 +69,10 @@ pub(crate) use hub::{Item, Subscription};
 pub(crate) use ids::Ids;
 use redact::Dir;
 
-/// Most bytes of a message the tap (and the trace log) shows: of each message, the top-level
-/// fields that fit are decoded and shown, the others by their size on the wire (issue #33).
-pub(crate) const MAX_SHOWN_MESSAGE: usize = 64 << 10;
+/// Most bytes of a protobuf message the tap (and the trace log) shows: of each message, the
+/// top-level fields that fit are decoded and shown, the others by their size on the wire
+/// (issue #33). The timeline's bound on text is another: [`timeline::MAX_SHOWN_TEXT_CHARS`].
+pub(crate) const MAX_SHOWN_PROTOBUF_BYTES: usize = 64 << 10;
 
 /// What the tap keeps of a response nobody sees whole: enough for the ids at its start.
 const IDS_VIEW: usize = 1 << 10;
@@ -79,7 +80,7 @@ const IDS_VIEW: usize = 1 << 10;
 /// What the tap keeps of a message of `rpc` going `dir`.
 fn spec(rpc: Option<Rpc>, dir: Dir) -> SkimSpec {
     SkimSpec {
-        budget: MAX_SHOWN_MESSAGE,
+        budget: MAX_SHOWN_PROTOBUF_BYTES,
         size_only: rpc.map_or(&[], |r| redact::size_only(r, dir)),
         items: None,
     }
@@ -313,7 +314,7 @@ pub(crate) struct Tap {
     metrics: Arc<CallMetrics>,
     names: Option<Arc<dyn PodNames>>,
     /// Ids and names of calls in flight, read from the request before it is forwarded, by call
-    /// id: a call the engine rejects ends without its request reaching `on_complete`, and a
+    /// id: a call the engine refuses ends without its request reaching `on_complete`, and a
     /// Remove call's names are gone from the engine once it ran. Only filled while somebody taps.
     stash: DashMap<u64, Ids>,
     /// Entries in `stash`, so that the untapped path checks an atomic instead of locking a shard.
@@ -489,7 +490,7 @@ impl Interceptor for Tap {
             // Each message: its size and items, and with `full` what the tap shows of it.
             let (want, full) = self.wants_messages(call);
             return want.then(|| SkimSpec {
-                budget: if full { MAX_SHOWN_MESSAGE } else { 0 },
+                budget: if full { MAX_SHOWN_PROTOBUF_BYTES } else { 0 },
                 items: call.route.rpc.and_then(Rpc::listed_items),
                 ..spec(call.route.rpc, Dir::Response)
             });
@@ -510,7 +511,7 @@ impl Interceptor for Tap {
     }
 
     fn on_request<'a>(&'a self, call: &'a Call, msg: &'a [u8]) -> BoxFuture<'a, Verdict> {
-        // Runs before the engine (the tap is first in the chain): the engine may reject the call
+        // Runs before the engine (the tap is first in the chain): the engine may refuse the call
         // (its request then never reaches on_complete) or forget the names (Remove*).
         let mut ids = ids::from_messages(call.route.rpc, Some(msg), None);
         if let Some(n) = &self.names {

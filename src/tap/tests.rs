@@ -110,12 +110,12 @@ fn interest_follows_subscribers() {
     );
     assert_eq!(
         t.response_view(&call(4, CREATE)).unwrap().budget,
-        MAX_SHOWN_MESSAGE
+        MAX_SHOWN_PROTOBUF_BYTES
     );
     // Streams are never buffered for the tap: each message is viewed as it passes (issue #45).
     assert!(!t.interest(&call(5, EVENTS)).response);
     let each = t.response_view(&call(5, EVENTS)).unwrap();
-    assert_eq!((each.budget, each.items), (MAX_SHOWN_MESSAGE, None));
+    assert_eq!((each.budget, each.items), (MAX_SHOWN_PROTOBUF_BYTES, None));
     drop(s);
     drop(f);
     assert_eq!(t.interest(&call(6, CREATE)), only_complete);
@@ -422,7 +422,7 @@ fn byte_budget_bounds_memory() {
     assert!(queued <= 20 * 512, "{queued} bytes queued");
     // Views as large as they come (a field just under the bound, kept): the queue's 64 MiB hold
     // this many of them, the others are dropped and counted.
-    let shown = message(MAX_SHOWN_MESSAGE - 100);
+    let shown = message(MAX_SHOWN_PROTOBUF_BYTES - 100);
     let weight = 256 + shown.len();
     let room = (MAX_QUEUED_BYTES - queued) / weight;
     for id in 20..1220 {
@@ -442,14 +442,14 @@ fn byte_budget_bounds_memory() {
 }
 
 #[tokio::test]
-async fn a_rejected_call_keeps_the_names_read_from_its_request() {
+async fn a_refused_call_keeps_the_names_read_from_its_request() {
     let t = tap();
     let mut s = t.subscribe(Filter::default(), 8);
     let c = call(1, CREATE);
     let req = create_app_of_shop_web();
     assert!(matches!(t.on_request(&c, &req).await, Verdict::Forward));
     assert_eq!(t.stashed.load(Relaxed), 1);
-    // The engine rejected it: the proxy reports no request bytes.
+    // The engine refused it: the proxy reports no request bytes.
     t.on_complete(
         &c,
         &Outcome {

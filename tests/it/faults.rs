@@ -41,6 +41,15 @@ async fn crisp_with(
     interceptors: Vec<Arc<dyn Interceptor>>,
     relay_stall: Duration,
 ) -> (Arc<Proxy>, std::path::PathBuf, tempfile::TempDir) {
+    crisp_in_front(fake, Interceptors::new(interceptors), relay_stall).await
+}
+
+/// [`crisp_with`], for a test that keeps a handle on the chain (its `faults()`).
+async fn crisp_in_front(
+    fake: &Fake,
+    interceptors: Interceptors,
+    relay_stall: Duration,
+) -> (Arc<Proxy>, std::path::PathBuf, tempfile::TempDir) {
     init_logging();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("crisp.sock");
@@ -48,7 +57,7 @@ async fn crisp_with(
     let upstream = Arc::new(RuntimePool::new(fake.path(), RuntimePoolOptions::default()));
     let mut opts = ProxyOptions::default();
     opts.watchdog.relay_stall = relay_stall;
-    let proxy = Proxy::new(upstream, Interceptors::new(interceptors), opts);
+    let proxy = Proxy::new(upstream, interceptors, opts);
     let p = proxy.clone();
     tokio::spawn(async move {
         crisp::proxy::serve(listener, p, std::future::pending()).await;
@@ -239,12 +248,8 @@ async fn a_route_that_keeps_panicking_is_relayed_unobserved() {
     });
     let interceptors = Interceptors::new(vec![panics.clone()]);
     let faults = interceptors.faults().clone();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("crisp.sock");
-    let (listener, _guard) = crisp::proxy::listener::bind(&path, 0o600).await.unwrap();
-    let upstream = Arc::new(RuntimePool::new(fake.path(), RuntimePoolOptions::default()));
-    let proxy = Proxy::new(upstream, interceptors, ProxyOptions::default());
-    tokio::spawn(crisp::proxy::serve(listener, proxy, std::future::pending()));
+    let stall = ProxyOptions::default().watchdog.relay_stall;
+    let (_proxy, path, _dir) = crisp_in_front(&fake, interceptors, stall).await;
     let mut client = runtime_client(&path).await;
     for i in 0..crisp::intercept::BYPASS_AFTER {
         within(
@@ -294,16 +299,8 @@ async fn a_relay_core_panic_answers_its_call_internal_and_the_route_is_bypassed_
     });
     let interceptors = Interceptors::new(vec![held.clone()]);
     let faults = interceptors.faults().clone();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("crisp.sock");
-    let (listener, _guard) = crisp::proxy::listener::bind(&path, 0o600).await.unwrap();
-    let upstream = Arc::new(RuntimePool::new(fake.path(), RuntimePoolOptions::default()));
-    let proxy = Proxy::new(upstream, interceptors, ProxyOptions::default());
-    tokio::spawn(crisp::proxy::serve(
-        listener,
-        proxy.clone(),
-        std::future::pending(),
-    ));
+    let stall = ProxyOptions::default().watchdog.relay_stall;
+    let (proxy, path, _dir) = crisp_in_front(&fake, interceptors, stall).await;
     let _fault = arm(fake.path(), Rpc::Version, Fault::Panic);
     let mut client = runtime_client(&path).await;
     let mut exec_client = client.clone();

@@ -160,6 +160,21 @@ async fn assert_identical_both_ways(fake: &Fake, crisp: &Crisp, paths: &[String]
     }
 }
 
+/// `req` answered straight by the fake and through crisp: (direct, through crisp).
+async fn direct_and_through(
+    fake: &Fake,
+    crisp: &Crisp,
+    req: &RawRequest,
+) -> (RawResponse, RawResponse) {
+    let mut raw = Raw::connect(fake.path()).await;
+    let direct = within(PATIENCE, "direct", raw.call(req)).await.unwrap();
+    let mut raw = Raw::connect(&crisp.path).await;
+    let through = within(PATIENCE, "through crisp", raw.call(req))
+        .await
+        .unwrap();
+    (direct, through)
+}
+
 fn every_path() -> Vec<String> {
     let mut paths = all_cri_paths();
     paths.extend(UNKNOWN_PATHS.iter().map(|s| s.to_string()));
@@ -456,20 +471,7 @@ async fn server_stream_bytes_are_identical_however_they_are_framed() {
     });
 
     let req = RawRequest::grpc(path, b"");
-    let d = within(
-        PATIENCE,
-        "direct",
-        Raw::connect(fake.path()).await.call(&req),
-    )
-    .await
-    .unwrap();
-    let v = within(
-        PATIENCE,
-        "through crisp",
-        Raw::connect(&crisp.path).await.call(&req),
-    )
-    .await
-    .unwrap();
+    let (d, v) = direct_and_through(&fake, &crisp, &req).await;
     assert_eq!(pairs(&v.headers), pairs(&d.headers));
     assert!(
         v.body == d.body,
@@ -521,20 +523,7 @@ async fn server_stream_cut_mid_message_arrives_as_sent() {
             },
         );
         let req = RawRequest::grpc(path, b"");
-        let d = within(
-            PATIENCE,
-            "direct",
-            Raw::connect(fake.path()).await.call(&req),
-        )
-        .await
-        .unwrap();
-        let v = within(
-            PATIENCE,
-            "through crisp",
-            Raw::connect(&crisp.path).await.call(&req),
-        )
-        .await
-        .unwrap();
+        let (d, v) = direct_and_through(&fake, &crisp, &req).await;
         assert_eq!(d.body, body, "{what}: the fake sent something else");
         assert_eq!(v.body, d.body, "{what}: stream bytes");
         assert_eq!(
@@ -587,20 +576,7 @@ fn error_status_fields() -> Vec<(&'static str, Vec<u8>)> {
 
 async fn assert_error_verbatim(fake: &Fake, crisp: &Crisp, path: &str) {
     let req = RawRequest::grpc(path, &arbitrary_message("error"));
-    let d = within(
-        PATIENCE,
-        "direct",
-        Raw::connect(fake.path()).await.call(&req),
-    )
-    .await
-    .unwrap();
-    let v = within(
-        PATIENCE,
-        "through crisp",
-        Raw::connect(&crisp.path).await.call(&req),
-    )
-    .await
-    .unwrap();
+    let (d, v) = direct_and_through(fake, crisp, &req).await;
     assert_eq!(v.status, d.status);
     assert_eq!(pairs(&v.headers), pairs(&d.headers), "response headers");
     assert_eq!(v.body, d.body, "response body");

@@ -68,6 +68,26 @@ impl Interceptor for Gate {
     }
 }
 
+/// The `n`th abandoned hold is dropped; a release arriving after it forwards nothing, and the
+/// runtime (after a round trip through crisp) has seen no CreateContainer: `what` never reached
+/// it.
+async fn dropped_and_never_forwarded(
+    fake: &Fake,
+    crisp: &Crisp,
+    gate: &Gate,
+    abandoned: &mut watch::Receiver<usize>,
+    n: usize,
+    what: &str,
+) {
+    let dropped = abandoned.wait_for(|dropped| *dropped == n);
+    within(PATIENCE, "the hold to be dropped", dropped)
+        .await
+        .unwrap();
+    gate.release.add_permits(1);
+    round_trip(crisp).await;
+    assert_eq!(fake.started(CREATE), 0, "the runtime saw {what}");
+}
+
 fn gate() -> (
     Arc<Gate>,
     mpsc::UnboundedReceiver<views::CreateContainerRequest>,
@@ -232,7 +252,7 @@ async fn a_held_create_container_reaches_upstream_only_when_released_with_identi
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_held_call_whose_deadline_passes_never_reaches_upstream_and_gets_deadline_exceeded() {
+async fn a_held_call_whose_deadline_passes_never_reaches_the_runtime_and_gets_deadline_exceeded() {
     let fake = Fake::start().await;
     let (gate, mut seen, mut abandoned) = gate();
     let crisp = Crisp::start_with(fake.path(), vec![gate.clone()], ProxyOptions::default()).await;
@@ -256,23 +276,9 @@ async fn a_held_call_whose_deadline_passes_never_reaches_upstream_and_gets_deadl
         Some("4"),
         "expected DEADLINE_EXCEEDED, got {resp:?}"
     );
-    // The hold was abandoned, not released.
-    within(
-        PATIENCE,
-        "the hold to be dropped",
-        abandoned.wait_for(|n| *n == 1),
-    )
-    .await
-    .unwrap();
-
-    // Even a release arriving now forwards nothing.
-    gate.release.add_permits(1);
-    round_trip(&crisp).await;
-    assert_eq!(
-        fake.started(CREATE),
-        0,
-        "the runtime saw a call whose deadline had passed"
-    );
+    // The hold was abandoned, not released; even a release arriving now forwards nothing.
+    let past_deadline = "a call whose deadline had passed";
+    dropped_and_never_forwarded(&fake, &crisp, &gate, &mut abandoned, 1, past_deadline).await;
 
     // A kubelet-like client with a deadline: it gives up (tonic enforces the deadline itself and
     // reports its own error, racing crisp's DEADLINE_EXCEEDED) and the call is never forwarded.
@@ -292,23 +298,11 @@ async fn a_held_call_whose_deadline_passes_never_reaches_upstream_and_gets_deadl
             || (status.code() == tonic::Code::Cancelled && status.message() == "Timeout expired"),
         "{status:?}"
     );
-    within(
-        PATIENCE,
-        "the second hold to be dropped",
-        abandoned.wait_for(|n| *n == 2),
-    )
-    .await
-    .unwrap();
-    round_trip(&crisp).await;
-    assert_eq!(
-        fake.started(CREATE),
-        0,
-        "the runtime saw a call whose deadline had passed"
-    );
+    dropped_and_never_forwarded(&fake, &crisp, &gate, &mut abandoned, 2, past_deadline).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_held_call_the_client_cancels_never_reaches_upstream() {
+async fn a_held_call_the_client_cancels_never_reaches_the_runtime() {
     let fake = Fake::start().await;
     let (gate, mut seen, mut abandoned) = gate();
     let crisp = Crisp::start_with(fake.path(), vec![gate.clone()], ProxyOptions::default()).await;
@@ -319,18 +313,6 @@ async fn a_held_call_the_client_cancels_never_reaches_upstream() {
         .await
         .unwrap();
     call.abort();
-    within(
-        PATIENCE,
-        "the hold to be dropped when the client cancels",
-        abandoned.wait_for(|n| *n == 1),
-    )
-    .await
-    .unwrap();
-    gate.release.add_permits(1);
-    round_trip(&crisp).await;
-    assert_eq!(
-        fake.started(CREATE),
-        0,
-        "the runtime saw a call its client had cancelled"
-    );
+    let cancelled = "a call its client had cancelled";
+    dropped_and_never_forwarded(&fake, &crisp, &gate, &mut abandoned, 1, cancelled).await;
 }

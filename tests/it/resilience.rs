@@ -236,17 +236,18 @@ async fn version(client: &mut RuntimeClient) -> Result<VersionResponse, tonic::S
         .map(|r| r.into_inner())
 }
 
+/// A Version call through `client` answers `answer` within [`PATIENCE`].
+async fn answers_version(client: &mut RuntimeClient, what: &str, answer: &VersionResponse) {
+    let got = within(PATIENCE, what, version(client)).await.unwrap();
+    assert_eq!(&got, answer, "{what}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_fail_fast_while_upstream_is_down_and_succeed_once_it_is_back() {
     let (fake, answer) = fake_answering_version().await;
     let crisp = Crisp::start(fake.path()).await;
     let mut client = runtime_client(&crisp.path).await;
-    assert_eq!(
-        within(PATIENCE, "Version", version(&mut client))
-            .await
-            .unwrap(),
-        answer
-    );
+    answers_version(&mut client, "Version", &answer).await;
 
     fake.stop().await;
     // The first call may still meet the dead connection, the next ones re-dial: all fail fast.
@@ -269,18 +270,8 @@ async fn calls_fail_fast_while_upstream_is_down_and_succeed_once_it_is_back() {
 
     fake.restart().await;
     // Same crisp, same client connection.
-    assert_eq!(
-        within(PATIENCE, "Version after restart", version(&mut client))
-            .await
-            .unwrap(),
-        answer
-    );
-    assert_eq!(
-        within(PATIENCE, "Version after restart", version(&mut client))
-            .await
-            .unwrap(),
-        answer
-    );
+    answers_version(&mut client, "Version after restart", &answer).await;
+    answers_version(&mut client, "Version after restart", &answer).await;
 }
 
 /// After the runtime came back, a client connection that crisp had been serving through its
@@ -291,12 +282,7 @@ async fn a_degraded_client_connection_is_moved_back_to_a_relay_once_the_runtime_
     let (fake, answer) = fake_answering_version().await;
     let crisp = Crisp::start_with(fake.path(), vec![], strict_options()).await;
     let mut client = runtime_client(&crisp.path).await;
-    assert_eq!(
-        within(PATIENCE, "Version", version(&mut client))
-            .await
-            .unwrap(),
-        answer
-    );
+    answers_version(&mut client, "Version", &answer).await;
     fake.stop().await;
     let down = within(
         PATIENCE,
@@ -309,12 +295,7 @@ async fn a_degraded_client_connection_is_moved_back_to_a_relay_once_the_runtime_
     // Served through crisp's pooled connections (two, round-robin), back to back so that the
     // client is never idle long enough to be moved yet.
     for _ in 0..4 {
-        assert_eq!(
-            within(PATIENCE, "Version after restart", version(&mut client))
-                .await
-                .unwrap(),
-            answer
-        );
+        answers_version(&mut client, "Version after restart", &answer).await;
     }
     let pooled = fake.connections();
     // A kubelet-like pace (idle gaps longer than crisp's 200 ms) until the client has been moved:
@@ -336,12 +317,7 @@ async fn a_degraded_client_connection_is_moved_back_to_a_relay_once_the_runtime_
         },
     )
     .await;
-    assert_eq!(
-        within(PATIENCE, "Version on the new relay", version(&mut client))
-            .await
-            .unwrap(),
-        answer
-    );
+    answers_version(&mut client, "Version on the new relay", &answer).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

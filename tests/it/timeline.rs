@@ -107,26 +107,32 @@ fn crisp(args: &[&str]) -> Output {
         .expect("run crisp")
 }
 
-/// Runs `crisp timeline --pod demo/web --svg SVG [extra] INPUT`, which must succeed; its
+/// Runs `crisp timeline [extra] --pod demo/web --svg SVG INPUT`, which must succeed; its
 /// standard output.
 fn draw(extra: &[&str], svg: &Path, input: &Path) -> String {
-    let mut args = vec!["timeline"];
-    args.extend_from_slice(extra);
-    args.extend([
-        "--pod",
-        "demo/web",
+    let mut args = extra.to_vec();
+    args.extend(["--pod", "demo/web"]);
+    let stdout = draw_as(&args, svg, input);
+    eprintln!("{stdout}");
+    stdout
+}
+
+/// Runs `crisp timeline [args] --svg SVG INPUT`, which must succeed; its standard output.
+fn draw_as(args: &[&str], svg: &Path, input: &Path) -> String {
+    let mut all = vec!["timeline"];
+    all.extend_from_slice(args);
+    all.extend([
         "--svg",
         svg.to_str().expect("utf-8"),
         input.to_str().expect("utf-8"),
     ]);
-    let out = crisp(&args);
+    let out = crisp(&all);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
-        "crisp {args:?} failed: {}{stdout}",
+        "crisp {all:?} failed: {}{stdout}",
         String::from_utf8_lossy(&out.stderr)
     );
-    eprintln!("{stdout}");
     stdout
 }
 
@@ -229,17 +235,7 @@ fn without_holds_no_held_colour_is_drawn() {
         &demo_recording("demo", "web", 0, 0),
     );
     let svg_path = dir.path().join("web.svg");
-    let out = crisp(&[
-        "timeline",
-        "--svg",
-        svg_path.to_str().expect("utf-8"),
-        input.to_str().expect("utf-8"),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    draw_as(&[], &svg_path, &input);
     let pic = Picture::load(&render_svg(&svg_path).expect("render")).expect("png");
     assert_eq!(pic.count(colour::HELD), SWATCH, "only the legend's swatch");
 }
@@ -254,14 +250,7 @@ fn a_truncated_svg_fails_to_render() {
         &demo_recording("demo", "web", 3000, 0),
     );
     let svg_path = dir.path().join("web.svg");
-    assert!(crisp(&[
-        "timeline",
-        "--svg",
-        svg_path.to_str().expect("utf-8"),
-        input.to_str().expect("utf-8")
-    ])
-    .status
-    .success());
+    draw_as(&[], &svg_path, &input);
     let svg = std::fs::read_to_string(&svg_path).expect("svg");
     let broken = write(dir.path(), "broken.svg", &svg[..svg.len() / 2]);
     assert!(
@@ -290,18 +279,7 @@ fn tenant_names_are_escaped_and_bounded() {
     rec.push('\n');
     let input = write(dir.path(), "calls.jsonl", &rec);
     let svg_path = dir.path().join("t.svg");
-    let out = crisp(&[
-        "timeline",
-        "--svg",
-        svg_path.to_str().expect("utf-8"),
-        input.to_str().expect("utf-8"),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = draw_as(&[], &svg_path, &input);
     assert!(
         stdout.lines().all(|l| l.chars().count() <= TEXT_WIDTH),
         "{stdout}"

@@ -24,9 +24,9 @@ use crisp_e2e::emulator::PodSpec;
 use crisp_e2e::fakert::{self, Canned};
 use crisp_e2e::grpcgo::{self, percent_encoded_authority, CallOpts, GoBridge, GoBridgeOpts};
 use crisp_e2e::harness::{
-    container_status, cri_channel, cri_clients, host_network_sandbox, image_ref, require_root,
-    run_pod_with, shell_container, wait_log_line, Containerd, ContainerdOpts, BUSYBOX_IMAGE,
-    TRAPPED_LOOP,
+    container_status, cri_channel, cri_clients, host_network_sandbox, image_ref, remove_the_pod,
+    require_root, run_pod_with, shell_container, wait_log_line, Containerd, ContainerdOpts,
+    BUSYBOX_IMAGE, TRAPPED_LOOP,
 };
 use crisp_e2e::stack::{secs, Stack};
 use k8s_cri::v1 as cri;
@@ -433,28 +433,7 @@ async fn lifecycle(ctrd: &Containerd, via: &Path) -> Result<()> {
     let st = container_status(&mut rt, &id).await?;
     assert_eq!(st.state, cri::ContainerState::ContainerExited as i32);
     assert_eq!(st.exit_code, 0);
-    rt.remove_container(cri::RemoveContainerRequest {
-        container_id: id.clone(),
-    })
-    .await
-    .context("RemoveContainer")?;
-    rt.stop_pod_sandbox(cri::StopPodSandboxRequest {
-        pod_sandbox_id: pod.clone(),
-    })
-    .await
-    .context("StopPodSandbox")?;
-    rt.remove_pod_sandbox(cri::RemovePodSandboxRequest {
-        pod_sandbox_id: pod.clone(),
-    })
-    .await
-    .context("RemovePodSandbox")?;
-    let left = rt
-        .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
-        .await?
-        .into_inner()
-        .items;
-    ensure!(left.is_empty(), "sandboxes left: {left:?}");
-    Ok(())
+    remove_the_pod(&mut rt, &id, &pod).await
 }
 
 /// kubelet 1.20–1.27 / crictl: `:authority` = the bare socket path.

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use crisp_e2e::harness::{
-    container_status, create_and_start, cri_clients, require_root, run_pod_with, wait_container,
-    wait_log_line, Containerd, ContainerdOpts, BUSYBOX_IMAGE, PAUSE_IMAGE,
+    container_status, create_and_start, cri_clients, remove_the_pod, require_root, run_pod_with,
+    wait_container, wait_log_line, Containerd, ContainerdOpts, BUSYBOX_IMAGE, PAUSE_IMAGE,
 };
 use k8s_cri::v1 as cri;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
@@ -203,27 +203,7 @@ async fn host_network_pod_lifecycle() -> Result<()> {
     )
     .await?;
     assert!(st.finished_at >= st.started_at, "{st:?}");
-    rt.remove_container(cri::RemoveContainerRequest {
-        container_id: ctr_id.clone(),
-    })
-    .await
-    .context("RemoveContainer")?;
-    rt.stop_pod_sandbox(cri::StopPodSandboxRequest {
-        pod_sandbox_id: pod_id.clone(),
-    })
-    .await
-    .context("StopPodSandbox")?;
-    rt.remove_pod_sandbox(cri::RemovePodSandboxRequest {
-        pod_sandbox_id: pod_id.clone(),
-    })
-    .await
-    .context("RemovePodSandbox")?;
-    let left = rt
-        .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
-        .await?
-        .into_inner()
-        .items;
-    assert!(left.is_empty(), "sandboxes left: {left:?}");
+    remove_the_pod(&mut rt, &ctr_id, &pod_id).await?;
 
     let dir = ctrd.dir().to_path_buf();
     let t_stop = Instant::now();

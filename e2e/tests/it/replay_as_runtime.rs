@@ -16,11 +16,11 @@ use anyhow::{bail, ensure, Context, Result};
 use crisp_e2e::crisp::crisp_binary;
 use crisp_e2e::emulator::{connect_uds, Kubelet, KubeletConfig, PodSpec};
 use crisp_e2e::grpcgo::{self, bridge_kubelet, CallOpts, GoBridgeOpts};
-use crisp_e2e::stack::{Stack, StackOpts};
+use crisp_e2e::stack::Stack;
 use prost::Message;
 use serde_json::Value;
 
-use super::timeline_demo::{record, run_demo_pod};
+use super::timeline_demo::{demo_stack, record, run_demo_pod};
 
 const STEP: Duration = Duration::from_secs(60);
 
@@ -61,15 +61,7 @@ async fn a_recorded_refusal_is_served_to_the_emulator_as_the_runtime() -> Result
     let dir = tempfile::Builder::new().prefix("crisp-asrt-").tempdir()?;
     let recording = dir.path().join("calls.jsonl");
     {
-        let st = Stack::start_with(
-            StackOpts {
-                cni: true,
-                via_grpcgo: true,
-                ..Default::default()
-            },
-            |_| {},
-        )
-        .await?;
+        let st = demo_stack().await?;
         let tap = record(&st, &recording, true).await?;
         handshake(&st).await?;
         run_demo_pod(&st, &recording, tap).await?;

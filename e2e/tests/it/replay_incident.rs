@@ -9,22 +9,13 @@ use std::process::Command;
 
 use anyhow::{ensure, Context, Result};
 use crisp_e2e::crisp::crisp_binary;
-use crisp_e2e::stack::{Stack, StackOpts};
 use serde_json::Value;
 
-use super::timeline_demo::{record, run_demo_pod};
+use super::timeline_demo::{demo_stack, record, run_demo_pod};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replaying_a_refusal_against_containerd_reports_it_gone() -> Result<()> {
-    let st = Stack::start_with(
-        StackOpts {
-            cni: true,
-            via_grpcgo: true,
-            ..Default::default()
-        },
-        |_| {},
-    )
-    .await?;
+    let st = demo_stack().await?;
     let dir = tempfile::Builder::new().prefix("crisp-replay-").tempdir()?;
     let recording = dir.path().join("calls.jsonl");
     let tap = record(&st, &recording, true).await?;

@@ -67,6 +67,20 @@ pub(crate) async fn spawn_attached(mut cmd: Command, what: &str) -> Result<Child
     Ok(child)
 }
 
+/// The stack the demo pod runs on: CNI, and the emulator reaching crisp through grpc-go, as
+/// kubelet does.
+pub(crate) async fn demo_stack() -> Result<Stack> {
+    Stack::start_with(
+        StackOpts {
+            cni: true,
+            via_grpcgo: true,
+            ..Default::default()
+        },
+        |_| {},
+    )
+    .await
+}
+
 /// `crisp tap --all --json [--full] --output RECORDING` on the stack's admin socket, attached
 /// (polling calls too: ImageStatus is one).
 pub(crate) async fn record(st: &Stack, recording: &Path, full: bool) -> Result<Child> {
@@ -104,15 +118,7 @@ pub(crate) async fn run_demo_pod(st: &Stack, recording: &Path, mut tap: Child) -
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_pod_timeline_renders_its_holds_and_refusal() -> Result<()> {
-    let st = Stack::start_with(
-        StackOpts {
-            cni: true,
-            via_grpcgo: true,
-            ..Default::default()
-        },
-        |_| {},
-    )
-    .await?;
+    let st = demo_stack().await?;
     ensure!(
         !st.bridges.is_empty(),
         "the emulator reaches crisp through grpc-go"

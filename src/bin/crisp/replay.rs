@@ -204,7 +204,10 @@ fn check_target(args: &ReplayArgs, runtime: &Path) -> Result<(), String> {
         _ => p == runtime,
     };
     for (what, socket) in [
-        ("crisp's upstream runtime", &config.upstream),
+        (
+            "the runtime crisp forwards to (its `upstream`)",
+            &config.upstream,
+        ),
         ("crisp's own socket (kubelet's runtime)", &config.listen),
     ] {
         if same(socket) {

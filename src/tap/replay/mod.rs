@@ -43,11 +43,33 @@ use serde_json::Value;
 use crate::cri::{Route, Rpc, RpcKind};
 use crate::tap::timeline;
 
-pub use player::{play, Options, Pace};
+pub use player::play;
 pub use report::Report;
 pub use runtime::Runtime;
 pub use script::{Script, ServedReport};
 pub use serve::serve_script;
+
+/// When calls are sent.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Pace {
+    /// At the recorded offsets divided by this factor (1.0: as recorded).
+    Recorded(f64),
+    /// Each call once every call that had answered when it started in the recording has
+    /// answered now.
+    AsFastAsPossible,
+}
+
+/// How to replay: the player's pace and bounds, which the report says too.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub pace: Pace,
+    /// Longest a call may take (its deadline on the runtime too).
+    pub timeout: Duration,
+    /// Leave what the replay created.
+    pub keep: bool,
+    /// A duration differs from the recorded one by more than this.
+    pub tolerance: Duration,
+}
 
 /// One recorded call the replay may send.
 #[derive(Debug, Clone, Default)]

@@ -15,35 +15,13 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::idmap::IdMap;
-use super::prepare::{prepare, short_id, NotSent, Redacted};
+use super::prepare::{prepare, short_id, NotSent};
 use super::report::{Cleanup, Outcome, Report};
-use super::{Answer, Plan, Step};
+use super::{Answer, Options, Pace, Plan, Step};
 use crate::cri::api;
 use crate::cri::Rpc;
 use crate::tap::decode::decode;
 use crate::tap::redact::Dir;
-
-/// When calls are sent.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Pace {
-    /// At the recorded offsets divided by this factor (1.0: as recorded).
-    Recorded(f64),
-    /// Each call once every call that had answered when it started in the recording has
-    /// answered now.
-    AsFastAsPossible,
-}
-
-/// How to replay.
-#[derive(Debug, Clone)]
-pub struct Options {
-    pub pace: Pace,
-    /// Longest a call may take (its deadline on the runtime too).
-    pub timeout: Duration,
-    /// Leave what the replay created.
-    pub keep: bool,
-    /// A duration differs from the recorded one by more than this.
-    pub tolerance: Duration,
-}
 
 /// What the calls share while they run.
 #[derive(Default)]
@@ -340,14 +318,6 @@ async fn remove_sandbox(
 
 fn code(a: &Answer) -> &'static str {
     crate::metrics::code_name(a.code)
-}
-
-/// The redactions of a call, as the report lists them.
-pub(crate) fn redactions(r: &[Redacted]) -> String {
-    r.iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join("; ")
 }
 
 #[cfg(test)]

@@ -9,9 +9,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::player::{redactions, Options, Pace};
 use super::prepare::{short_id, NotSent, Redacted};
-use super::{Answer, Plan, Step};
+use super::{Answer, Options, Pace, Plan, Step};
 use crate::metrics::code_name;
 use crate::tap::timeline::dur;
 use crate::tenant;
@@ -529,4 +528,12 @@ pub(crate) fn order_changes(steps: &[Step], outcomes: &[Outcome]) -> Vec<(usize,
         }
     }
     out
+}
+
+/// The redactions of a call, as the report lists them.
+fn redactions(r: &[Redacted]) -> String {
+    r.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
 }

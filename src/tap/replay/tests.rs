@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::player::{Options, Pace};
 use super::prepare::NotSent;
 use super::report::{differences, message_class, order_changes, Difference, Outcome};
 use super::*;

@@ -246,7 +246,7 @@ async fn a_15_mb_stream_queues_bounded_views_not_the_stream() {
         t.flush();
         let queued = t.hub.snapshot()[0].counters.queued_bytes.load(Relaxed);
         let most = if full {
-            MESSAGES * (MAX_SHOWN_MESSAGE + 2048) + 1024
+            MESSAGES * (MAX_SHOWN_PROTOBUF_BYTES + 2048) + 1024
         } else {
             MESSAGES * 512 + 1024
         };

@@ -41,8 +41,9 @@ pub use text::text;
 
 /// Longest name (pod, namespace, container, method, image) kept, in characters.
 pub(crate) const MAX_NAME: usize = 96;
-/// Longest grpc-message kept, in characters.
-pub(crate) const MAX_SHOWN_MESSAGE: usize = 240;
+/// Longest text kept (a grpc-message, a hold's reason, a probe's result), in characters; not
+/// to be confused with the tap's bound on a protobuf message, [`super::MAX_SHOWN_PROTOBUF_BYTES`].
+pub(crate) const MAX_SHOWN_TEXT_CHARS: usize = 240;
 /// Width of the terminal view.
 pub const TEXT_WIDTH: usize = 100;
 /// Most failed calls listed under the SVG chart.
@@ -219,7 +220,7 @@ pub fn call_of(v: &Value) -> Option<Call> {
         container_id: text_field(v, "container_id", MAX_NAME),
         image: text_field(v, "image", MAX_NAME),
         code_name: text_field(v, "code_name", MAX_NAME),
-        message: text_field(v, "message", MAX_SHOWN_MESSAGE),
+        message: text_field(v, "message", MAX_SHOWN_TEXT_CHARS),
     })
 }
 
@@ -245,8 +246,8 @@ pub fn hold_of(v: &Value) -> Option<Hold> {
         time_us: time_us(v)?,
         phase: phase.to_string(),
         waiting_on: text_field(v, "waiting_on", MAX_NAME),
-        reason: text_field(v, "reason", MAX_SHOWN_MESSAGE),
-        probe_result: text_field(v, "probe_result", MAX_SHOWN_MESSAGE),
+        reason: text_field(v, "reason", MAX_SHOWN_TEXT_CHARS),
+        probe_result: text_field(v, "probe_result", MAX_SHOWN_TEXT_CHARS),
         outcome: text_field(v, "outcome", MAX_NAME),
     })
 }

@@ -381,49 +381,23 @@ fn should_restart_rules() {
         false,
         &RuntimePodStatus::empty("uid")
     ));
-    // CREATED is restarted even under Never (KUBELET-CRI §1.4).
-    assert!(should_container_be_restarted(
-        &c,
-        &p,
-        false,
-        &st(CriState::Created, 0)
-    ));
-    assert!(!should_container_be_restarted(
-        &c,
-        &p,
-        false,
-        &st(CriState::Exited, 1)
-    ));
-    assert!(!should_container_be_restarted(
-        &c,
-        &p,
-        true,
-        &st(CriState::Created, 0)
-    ));
-    p.restart_policy = RestartPolicy::OnFailure;
-    assert!(should_container_be_restarted(
-        &c,
-        &p,
-        false,
-        &st(CriState::Exited, 1)
-    ));
-    assert!(!should_container_be_restarted(
-        &c,
-        &p,
-        false,
-        &st(CriState::Exited, 0)
-    ));
-    p.restart_policy = RestartPolicy::Always;
-    assert!(should_container_be_restarted(
-        &c,
-        &p,
-        false,
-        &st(CriState::Exited, 0)
-    ));
-    assert!(!should_container_be_restarted(
-        &c,
-        &p,
-        false,
-        &st(CriState::Running, 0)
-    ));
+    // (policy, deletion requested, state, exit code, restarted). CREATED is restarted even
+    // under Never (KUBELET-CRI §1.4).
+    let cases = [
+        (RestartPolicy::Never, false, CriState::Created, 0, true),
+        (RestartPolicy::Never, false, CriState::Exited, 1, false),
+        (RestartPolicy::Never, true, CriState::Created, 0, false),
+        (RestartPolicy::OnFailure, false, CriState::Exited, 1, true),
+        (RestartPolicy::OnFailure, false, CriState::Exited, 0, false),
+        (RestartPolicy::Always, false, CriState::Exited, 0, true),
+        (RestartPolicy::Always, false, CriState::Running, 0, false),
+    ];
+    for (policy, deleting, state, code, restarted) in cases {
+        p.restart_policy = policy;
+        assert_eq!(
+            should_container_be_restarted(&c, &p, deleting, &st(state, code)),
+            restarted,
+            "{policy:?}, deletion requested {deleting}, {state:?} exit {code}"
+        );
+    }
 }
