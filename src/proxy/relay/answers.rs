@@ -72,7 +72,7 @@ impl Core {
                 // The client's request body: its stream credit, while crisp still serves it.
                 let n = n.min(0x7fff_ffff) as u32;
                 if n > 0 && self.flow.is_diverted(stream) {
-                    WindowUpdate::new(stream, n).encode(&mut self.to_client);
+                    WindowUpdate::new(stream, n).encode(self.out.own());
                 }
             }
             Command::Finished { stream } => self.flow.finish(stream),
@@ -101,7 +101,7 @@ impl Core {
     /// the stream closes (once).
     fn reset_answer(&mut self, stream: StreamId, reason: Reason) {
         if self.flow.answer_open(stream) && self.flow.close_diverted(stream) {
-            RstStream::new(stream, reason).encode(&mut self.to_client);
+            RstStream::new(stream, reason).encode(self.out.own());
         }
     }
 
@@ -109,7 +109,7 @@ impl Core {
     /// stream's task gets the DATA bytes written back as credit ([`Event::Credit`]).
     pub(super) fn flush_diverted(&mut self) {
         let events = &mut self.events;
-        self.flow.flush(&mut self.to_client, |stream, n| {
+        self.flow.flush(self.out.own(), |stream, n| {
             events.push_back(Event::Credit { stream, n })
         });
     }

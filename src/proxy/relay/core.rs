@@ -3,13 +3,25 @@
 //! One [`Core`] per client connection holds the connection's rules — the stream table, the route of
 //! each new stream, flow-control windows and debt and the diverted streams' answers (`flow.rs`),
 //! the PING gate and keep-alive (`ping.rs`), SETTINGS ACK ordering, GOAWAY both ways. Its shell
-//! (`pump.rs`) reads the sockets and hands the bytes in ([`Core::client_bytes`],
-//! [`Core::runtime_bytes`]) and the diverted streams' [`Command`](super::answers::Command)s
-//! ([`Core::handle_command`]); the core appends what goes to the runtime to [`Core::to_runtime`],
-//! its own frames for the client to [`Core::to_client`], writes the runtime's frames to a [`Sink`]
-//! as they are (no copy), and leaves [`Event`]s — a stream to divert, credit for a diverted answer,
-//! a call that ended — for the shell to act on. It has no socket, no clock and nothing of tokio or
-//! libc: tests drive it frame by frame (`tests/`).
+//! (`pump.rs`) is driven through three kinds of calls, as quinn-proto's `Connection`:
+//!
+//! - input, every one a `handle_*`: the client's bytes ([`Core::handle_client_bytes`]), the
+//!   runtime's, read into the buffer the core owns ([`Core::runtime_buffer`],
+//!   [`Core::handle_runtime_bytes`]), the runtime's loss ([`Core::handle_runtime_failed`]), the
+//!   client's ([`Core::handle_client_gone`]), crisp's shutdown ([`Core::handle_goaway`]), the
+//!   timer ([`Core::handle_timeout`]), the answer to a question the core asked
+//!   ([`Core::handle_runtime_probe`]) and the diverted streams' commands
+//!   ([`Core::handle_command`]);
+//! - output, every one a `poll_*`: bytes for the client, the runtime's frames and crisp's own in
+//!   the one order the core chose ([`Core::poll_transmit_client`], acknowledged by
+//!   [`Core::advance_client`]: no copy, the runtime's frames are slices of the read buffer),
+//!   bytes for the runtime ([`Core::poll_transmit_runtime`], [`Core::advance_runtime`]), the
+//!   timer ([`Core::poll_timeout`]) and [`Event`]s — a stream to divert, credit for a diverted
+//!   answer, a call that ended ([`Core::poll_event`]);
+//! - queries the shell's `poll(2)` interest reads ([`Core::runtime_waits`]).
+//!
+//! It has no socket, no clock and nothing of tokio or libc: tests drive it frame by frame
+//! (`tests/`).
 
 use super::LOG;
 use std::collections::{HashSet, VecDeque};
@@ -22,9 +34,10 @@ use bytes::{Bytes, BytesMut};
 use super::error::{RelayError, Violation};
 use super::fields::{FieldList, PathCache};
 use super::flow::Flow;
-use super::held::{Peek, Why};
 use super::ping::{KeepAlive, KeepAliveAction, PingGate, GOAWAY_PING, KEEPALIVE};
 use super::status::EndStatus;
+use super::transmit::ToClient;
+use super::undecided::{Undecided, Why};
 use crate::intercept::{Call, Interest};
 use crate::proxy::http2::{
     self, hpack, GoAway, IdHasher, IdMap, Indexer, Ping, Reason, RstStream, Settings, StreamId,
@@ -49,12 +62,12 @@ pub trait Calls: Send + Sync {
     /// (unless [`Calls::conditional`]).
     fn interest(&self, call: &Call) -> Interest;
     /// Whether the request/response interest just reported for a unary call holds only for
-    /// some requests ([`crate::intercept::Interceptor::conditional`]): the call is held until
-    /// its request is read, and [`Calls::wants`] decides (`held.rs`).
+    /// some requests ([`crate::intercept::Interceptor::conditional`]): the stream stays
+    /// undecided until its request is read, and [`Calls::wants`] decides (`undecided.rs`).
     fn conditional(&self, _call: &Call) -> bool {
         false
     }
-    /// For a held call: whether it is diverted, its request message `req` seen. Runs on the
+    /// For an undecided stream's call: whether it is diverted, its request message `req` seen. Runs on the
     /// relay thread: no blocking, no I/O.
     fn wants(&self, _call: &Call, _req: &[u8]) -> bool {
         true
@@ -109,18 +122,6 @@ pub enum Event {
     },
 }
 
-/// Where the runtime's frames go as they are: the client's socket, or a test's buffer.
-pub(crate) trait Sink {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<()>;
-}
-
-impl Sink for Vec<u8> {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        self.extend_from_slice(bytes);
-        Ok(())
-    }
-}
-
 /// The core's settings.
 pub(crate) struct Config {
     pub(crate) keepalive_interval: Duration,
@@ -140,6 +141,20 @@ pub(super) struct Relayed {
     /// Its route and when its headers were read: the admin socket's connection dump.
     pub(super) route: crate::cri::Route,
     pub(super) opened: Instant,
+}
+
+impl Relayed {
+    /// Call `call`, its headers read at `opened`; `report`: the interceptors asked to hear of
+    /// its end; `record`: every call's end is logged ([`Core::record_calls`]).
+    pub(super) fn new(call: Call, report: bool, record: bool, opened: Instant) -> Relayed {
+        Relayed {
+            route: call.route,
+            call: (report || record).then_some(call),
+            report,
+            answered: false,
+            opened,
+        }
+    }
 }
 
 /// A header block still waiting for its CONTINUATION frames.
@@ -171,8 +186,8 @@ pub(super) struct FromClient {
     pub(super) indexer: Indexer,
     /// Paths this client used, with their routes: no copy or re-validation per call.
     pub(super) paths: PathCache,
-    /// A new stream held until its request is read (`held.rs`).
-    pub(super) peek: Peek,
+    /// A new stream kept from the runtime until its request is read (`undecided.rs`).
+    pub(super) undecided: Undecided,
     /// The SETTINGS_MAX_FRAME_SIZE the client was told: the runtime's, relayed (the largest it
     /// advertised), or the default when crisp is the server. A longer frame closes the
     /// connection with FRAME_SIZE_ERROR (RFC 9113 §4.2).
@@ -187,6 +202,9 @@ pub(super) struct FromRuntime {
     pub(super) pending: Option<PendingBlock>,
     /// SETTINGS_HEADER_TABLE_SIZE from the runtime, for the other direction's [`Indexer`].
     pub(super) table_size: Option<u32>,
+    /// The runtime's next DATA frame waits for the client's window: the shell does not read
+    /// the runtime until the client's credit comes ([`Core::runtime_waits`]).
+    pub(super) waits: bool,
 }
 
 /// One client connection's rules.
@@ -226,9 +244,9 @@ pub(crate) struct Core {
     /// When the frames being handled were read (one clock read per read, not per call).
     pub(super) now: Instant,
     /// The client's frames for the runtime.
-    pub(crate) to_runtime: Vec<u8>,
-    /// crisp's own frames for the client.
-    pub(crate) to_client: Vec<u8>,
+    pub(super) to_runtime: Vec<u8>,
+    /// Everything for the client, the runtime's frames and crisp's own, in one order.
+    pub(super) out: ToClient,
     pub(super) events: VecDeque<Event>,
     /// Every relayed call's end is logged at debug (target [`CALLS`]): when that log level was
     /// on as the connection opened.
@@ -277,9 +295,12 @@ pub(crate) enum GoAwayState {
         /// The debug data of both GOAWAYs.
         why: Vec<u8>,
         /// When the final GOAWAY goes without the ACK: [`GOAWAY_ACK_WAIT`] after the first one
-        /// was written ([`Core::own_written`]); None while it waits in `to_client` (before the
+        /// was written ([`Core::advance_client`]); None until then (it may wait for the
         /// client's server preface), so a slow runtime SETTINGS never makes the two steps one.
         until: Option<Instant>,
+        /// The first GOAWAY (and its PING) are written once this many bytes of crisp's own
+        /// frames are.
+        written_by: u64,
     },
     /// The final GOAWAY is out: streams above `last` are refused.
     Sent { last: StreamId },
@@ -305,10 +326,10 @@ impl Core {
     /// of its own (its preface sent), else crisp serves it on the observed path and is the
     /// client's server itself.
     pub(crate) fn new(cfg: &Config, calls: Arc<dyn Calls>, runtime: bool, now: Instant) -> Core {
-        let mut to_client = Vec::new();
+        let mut out = ToClient::default();
         if !runtime {
             // crisp is the server now: its own (default) SETTINGS.
-            Settings::default().encode(&mut to_client);
+            Settings::default().encode(out.own());
         }
         let client = FromClient {
             dec: hpack::Decoder::default(),
@@ -321,7 +342,7 @@ impl Core {
             fields: FieldList::default(),
             indexer: Indexer::default(),
             paths: PathCache::default(),
-            peek: Peek::default(),
+            undecided: Undecided::default(),
             max_frame: http2::MAX_FRAME as u32,
         };
         Core {
@@ -340,6 +361,7 @@ impl Core {
                 dec: hpack::Decoder::default(),
                 pending: None,
                 table_size: None,
+                waits: false,
             },
             relayed: IdMap::default(),
             max_stream: StreamId::CONNECTION,
@@ -352,16 +374,16 @@ impl Core {
             last_probe: None,
             now,
             to_runtime: Vec::with_capacity(64 << 10),
-            to_client,
+            out,
             events: VecDeque::new(),
             record_calls: tracing::enabled!(target: CALLS, tracing::Level::DEBUG),
         }
     }
 
-    /// Calls in flight on this connection: relayed, diverted (still answered) and held.
+    /// Calls in flight on this connection: relayed, diverted (still answered) and undecided.
     #[inline]
     pub(crate) fn calls_in_flight(&self) -> usize {
-        self.relayed.len() + self.flow.diverted_len() + usize::from(self.held_id().is_some())
+        self.relayed.len() + self.flow.diverted_len() + usize::from(self.undecided_id().is_some())
     }
 
     /// What the admin socket's connection dump shows of this connection at `now`: the streams
@@ -385,8 +407,8 @@ impl Core {
                 .filter(|&&id| self.flow.is_diverted(id))
                 .map(|&id| (id.get(), "(diverted)".to_string(), Duration::ZERO)),
         );
-        if let Some(id) = self.held_id() {
-            streams.push((id.get(), "(held)".to_string(), Duration::ZERO));
+        if let Some(id) = self.undecided_id() {
+            streams.push((id.get(), "(undecided)".to_string(), Duration::ZERO));
         }
         streams.sort_by_key(|s| s.0);
         crate::watchdog::ConnReport {
@@ -396,13 +418,6 @@ impl Core {
             degraded: self.runtime.degraded(),
             going_away: self.goaway.going_away(),
         }
-    }
-
-    /// The events left since the last call, oldest first (tests and the fuzz driver; the pump
-    /// takes them one at a time, [`Core::poll_event`]).
-    #[cfg(any(test, feature = "test-util"))]
-    pub(crate) fn events(&mut self) -> std::collections::vec_deque::Drain<'_, Event> {
-        self.events.drain(..)
     }
 
     /// The next event left for the shell, oldest first.
@@ -428,7 +443,7 @@ impl Core {
     }
 
     /// When the core next wants [`Core::handle_timeout`]: the earliest of the keep-alive's PING
-    /// (only while crisp may write it) and its deadline, the final GOAWAY's wait, the held
+    /// (only while crisp may write it) and its deadline, the final GOAWAY's wait, the undecided
     /// stream's wait, and the next question whether the runtime is back. None: no timer.
     ///
     /// Every deadline it returns is cleared or moved on by `handle_timeout` at that time, so a
@@ -447,7 +462,7 @@ impl Core {
         if let GoAwayState::Draining { until, .. } = &self.goaway {
             earlier(*until);
         }
-        earlier(self.held_due());
+        earlier(self.undecided_due());
         if self.runtime.degraded() {
             earlier(self.next_probe());
         }
@@ -455,8 +470,8 @@ impl Core {
     }
 
     /// The timers' work at `now`: the keep-alive (a PING to an idle client, the end of one
-    /// that stopped answering), the final GOAWAY if its wait is over, the held stream if its
-    /// wait is, and, for a degraded client idle long enough, the question whether the runtime
+    /// that stopped answering), the final GOAWAY if its wait is over, the undecided stream if
+    /// its wait is, and, for a degraded client idle long enough, the question whether the runtime
     /// accepts connections again ([`Event::ProbeRuntime`], answered by
     /// [`Core::handle_runtime_probe`]).
     pub(crate) fn handle_timeout(&mut self, now: Instant) -> Result<(), RelayError> {
@@ -466,9 +481,9 @@ impl Core {
         if matches!(self.goaway, GoAwayState::Draining { until: Some(u), .. } if now >= u) {
             self.final_goaway();
         }
-        if self.held_due().is_some_and(|until| now >= until) {
-            // A held stream whose request did not end in time goes to the observed path.
-            self.divert_held(Why::Slow);
+        if self.undecided_due().is_some_and(|until| now >= until) {
+            // An undecided stream whose request did not end in time goes to the observed path.
+            self.divert_undecided(Why::Slow);
         }
         if self.may_move_client(now) {
             self.last_probe = Some(now);
@@ -479,7 +494,7 @@ impl Core {
             .ping(now, self.last_client_frame, self.may_write_own())
             == KeepAliveAction::Ping
         {
-            Ping::new(KEEPALIVE).encode(&mut self.to_client);
+            Ping::new(KEEPALIVE).encode(self.out.own());
         }
         Ok(())
     }
@@ -503,7 +518,7 @@ impl Core {
         self.runtime.degraded()
             && !self.goaway.going_away()
             && self.relayed.is_empty()
-            && self.held_id().is_none()
+            && self.undecided_id().is_none()
             && !self.flow.any_diverted()
     }
 
@@ -527,14 +542,15 @@ impl Core {
                 target: LOG,
                 "runtime reachable again: moving a client connection back to the relay"
             );
-            self.goaway(b"crisp: reconnect");
+            self.start_goaway(b"crisp: reconnect");
         }
     }
 
     /// The connection ends for `v`: the one place where a protocol error becomes the GOAWAY
     /// that closes the client's connection (its code from [`Violation::reason`]). The GOAWAY is
-    /// queued (the pump writes it as the connection closes, even before the client's server
-    /// preface) unless the runtime is inside a header block, which no other frame may
+    /// placed for the client at once, behind what crisp staged before it, even before the
+    /// client's server preface ([`Core::poll_transmit_client`] gives it as the shell closes the
+    /// connection), unless the runtime is inside a header block, which no other frame may
     /// interrupt: then the connection just closes.
     pub(super) fn protocol_error(&mut self, v: Violation) -> RelayError {
         tracing::warn!(
@@ -544,9 +560,15 @@ impl Core {
             "protocol error: closing the client's connection"
         );
         if !self.in_runtime_block() {
-            GoAway::new(self.max_stream, v.reason(), v.debug_data()).encode(&mut self.to_client);
+            GoAway::new(self.max_stream, v.reason(), v.debug_data()).encode(self.out.own());
+            self.out.place_own();
         }
         v.into()
+    }
+
+    /// crisp shuts down: the client is sent GOAWAY ([`Core::start_goaway`]).
+    pub(crate) fn handle_goaway(&mut self, why: &[u8]) {
+        self.start_goaway(why);
     }
 
     /// Sends the client GOAWAY (once): it finishes what it started and opens a new connection.
@@ -557,55 +579,77 @@ impl Core {
     /// the last stream loses the calls a client starts as it arrives: with nothing in flight the
     /// connection closes at once, and grpc-go fails the calls it had just queued on it ("connection
     /// closed") instead of retrying them (`tests/it/node_systemd.rs`).
-    pub(crate) fn goaway(&mut self, why: &[u8]) {
+    pub(super) fn start_goaway(&mut self, why: &[u8]) {
         if self.goaway == GoAwayState::Open {
-            GoAway::new(StreamId::MAX, Reason::NO_ERROR, why).encode(&mut self.to_client);
-            Ping::new(GOAWAY_PING).encode(&mut self.to_client);
+            GoAway::new(StreamId::MAX, Reason::NO_ERROR, why).encode(self.out.own());
+            Ping::new(GOAWAY_PING).encode(self.out.own());
             self.goaway = GoAwayState::Draining {
                 why: why.to_vec(),
                 until: None,
+                written_by: self.out.own_mark(),
             };
         }
     }
 
-    /// crisp's own frames for the client, if there are any and crisp may write them now
-    /// ([`Core::may_write_own`]); the shell writes them all and calls [`Core::own_written`].
-    pub(crate) fn poll_transmit_client(&self) -> Option<&[u8]> {
-        (self.may_write_own() && !self.to_client.is_empty()).then_some(&self.to_client[..])
+    /// The next bytes for the client, in the order the core chose: the runtime's frames, straight
+    /// from the read buffer (never copied), or crisp's own. crisp's own frames are placed when
+    /// it may write them ([`Core::may_write_own`]); one staged while a frame of the runtime's
+    /// was handled goes after that frame. The shell writes the slice and calls
+    /// [`Core::advance_client`] with how much went, then asks again until None.
+    pub(crate) fn poll_transmit_client(&mut self) -> Option<&[u8]> {
+        if self.may_write_own() {
+            self.out.place_own();
+        }
+        self.out.front()
     }
 
-    /// What goes on to the runtime, in order; the shell writes it all and calls
-    /// [`Core::runtime_written`].
+    /// The shell wrote `n` bytes of what [`Core::poll_transmit_client`] gave to the client at
+    /// `now`: if crisp's first GOAWAY was in them, the wait for its PING's ACK starts now.
+    pub(crate) fn advance_client(&mut self, n: usize, now: Instant) {
+        self.out.advance(n);
+        if let GoAwayState::Draining {
+            until, written_by, ..
+        } = &mut self.goaway
+        {
+            if until.is_none() && self.out.own_written() >= *written_by {
+                *until = Some(now + GOAWAY_ACK_WAIT);
+            }
+        }
+    }
+
+    /// What goes on to the runtime, in order; the shell writes it and calls
+    /// [`Core::advance_runtime`].
     pub(crate) fn poll_transmit_runtime(&self) -> Option<&[u8]> {
         (!self.to_runtime.is_empty()).then_some(&self.to_runtime[..])
     }
 
-    /// The shell wrote (or, the runtime connection gone, dropped) what
+    /// The shell wrote (or, the runtime connection gone, dropped) `n` bytes of what
     /// [`Core::poll_transmit_runtime`] gave.
-    pub(crate) fn runtime_written(&mut self) {
-        self.to_runtime.clear();
-    }
-
-    /// What the client still gets if its connection is closed for an error now: crisp's own
-    /// frames (the GOAWAY [`Core::protocol_error`] queued), whether or not they may be written
-    /// in order.
-    pub(crate) fn last_words(&self) -> &[u8] {
-        &self.to_client
-    }
-
-    /// The shell wrote [`Core::poll_transmit_client`]'s frames to the client at `now`: if
-    /// crisp's first GOAWAY was in them, the wait for its PING's ACK starts now.
-    pub(crate) fn own_written(&mut self, now: Instant) {
-        self.to_client.clear();
-        if let GoAwayState::Draining { until, .. } = &mut self.goaway {
-            until.get_or_insert(now + GOAWAY_ACK_WAIT);
+    pub(crate) fn advance_runtime(&mut self, n: usize) {
+        if n >= self.to_runtime.len() {
+            self.to_runtime.clear();
+        } else {
+            self.to_runtime.drain(..n);
         }
     }
 
-    /// The second step of [`Core::goaway`]: the client has seen the first (its PING's ACK).
+    /// Where the shell reads the runtime's bytes to, for [`Core::handle_runtime_bytes`]: the
+    /// core's own buffer, whose frames reach the client from where they lie.
+    pub(crate) fn runtime_buffer(&mut self) -> &mut BytesMut {
+        self.out.read_buf()
+    }
+
+    /// The runtime's next DATA frame waits for the client's window: the shell does not read the
+    /// runtime (backpressure) until the client's credit comes, which the core applies as it
+    /// handles the client's bytes.
+    pub(crate) fn runtime_waits(&self) -> bool {
+        self.from_runtime.waits
+    }
+
+    /// The second step of [`Core::start_goaway`]: the client has seen the first (its PING's ACK).
     pub(super) fn final_goaway(&mut self) {
         if let GoAwayState::Draining { why, .. } = &self.goaway {
-            GoAway::new(self.max_stream, Reason::NO_ERROR, why).encode(&mut self.to_client);
+            GoAway::new(self.max_stream, Reason::NO_ERROR, why).encode(self.out.own());
             self.goaway = GoAwayState::Sent {
                 last: self.max_stream,
             };
@@ -617,17 +661,20 @@ impl Core {
     pub(crate) fn drained(&self) -> bool {
         self.goaway.last().is_some()
             && self.relayed.is_empty()
-            && self.held_id().is_none()
+            && self.undecided_id().is_none()
             && !self.flow.any_diverted()
-            && self.to_client.is_empty()
+            && self.out.is_empty()
             && self.from_runtime.pending.is_none()
     }
 
     /// The runtime connection failed (or closed; `msg` says so to the calls on it): they end
     /// with UNAVAILABLE and new streams are diverted, until the client moves to a new
-    /// connection.
-    pub(crate) fn runtime_failed(&mut self, msg: &str) -> Result<(), RelayError> {
+    /// connection. What the runtime sent and crisp had not handled belongs to calls that end
+    /// now: it is dropped.
+    pub(crate) fn handle_runtime_failed(&mut self, msg: &str) -> Result<(), RelayError> {
         self.runtime = RuntimeState::Gone;
+        self.out.drop_unhandled();
+        self.from_runtime.waits = false;
         if self.from_runtime.pending.is_some() {
             // The client holds part of a header block that will never end: its connection is
             // unusable (and no GOAWAY can be written inside the block).
@@ -651,12 +698,11 @@ impl Core {
             // and its own SETTINGS go first.
             let mut first = Vec::new();
             Settings::default().encode(&mut first);
-            first.append(&mut self.to_client);
-            self.to_client = first;
+            self.out.stage_first(&first);
             self.preface_sent = true;
         }
         // The runtime never saw it: the observed path serves it, as every new stream now.
-        self.divert_held(Why::RuntimeGone);
+        self.divert_undecided(Why::RuntimeGone);
         let ids: Vec<StreamId> = self
             .relayed
             .keys()
@@ -667,7 +713,7 @@ impl Core {
         for id in ids {
             let r = self.relayed.remove(&id).expect("listed");
             if last.is_some() {
-                RstStream::new(id, Reason::REFUSED_STREAM).encode(&mut self.to_client);
+                RstStream::new(id, Reason::REFUSED_STREAM).encode(self.out.own());
                 self.completed(r, EndStatus::refused(msg), at);
                 continue;
             }
@@ -682,15 +728,15 @@ impl Core {
                     http2::encode_field(&mut block, n.as_str().as_bytes(), v.as_bytes());
                 }
             }
-            http2::headers(&mut self.to_client, id, &block, true);
+            http2::headers(self.out.own(), id, &block, true);
             self.completed(r, EndStatus::runtime_gone(msg), at);
         }
     }
 
     /// The client's connection ended: relayed calls still in flight are cancelled.
-    pub(crate) fn client_gone(&mut self, at: Instant) {
+    pub(crate) fn handle_client_gone(&mut self, at: Instant) {
         self.now = at;
-        self.drop_held(true);
+        self.drop_undecided(true);
         let relayed: Vec<Relayed> = self.relayed.drain().map(|(_, r)| r).collect();
         for r in relayed {
             self.completed(r, EndStatus::cancelled(), at);
@@ -709,8 +755,9 @@ impl Core {
     }
 
     /// Handles the complete frames at the start of `buf` (just read from the client, at
-    /// `now`); consumed bytes are dropped from it.
-    pub(crate) fn client_bytes(
+    /// `now`); consumed bytes are dropped from it. The client's credit may let the runtime's
+    /// DATA that waited for it go on ([`Core::runtime_waits`]).
+    pub(crate) fn handle_client_bytes(
         &mut self,
         buf: &mut BytesMut,
         now: Instant,
@@ -719,6 +766,10 @@ impl Core {
         if let Some(size) = self.from_runtime.table_size.take() {
             self.client.indexer.peer_table_size(size);
         }
-        self.client_frames(buf, now)
+        self.client_frames(buf, now)?;
+        if self.from_runtime.waits {
+            self.runtime_frames()?;
+        }
+        Ok(())
     }
 }

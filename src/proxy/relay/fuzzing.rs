@@ -15,7 +15,7 @@
 //!   all of a stream that was diverted (finished and forgotten by the core or not);
 //! - a stream is diverted at most once and never also relayed; a reset is reported only for a
 //!   diverted stream, and once; every call ends at most once, and when the client goes, every
-//!   relayed or held call has ended (exactly once);
+//!   relayed or undecided call has ended (exactly once);
 //! - a diverted stream's answer ends (END_STREAM or RST_STREAM) at most once, nothing of it
 //!   follows its end, and the DATA the core keeps waiting for the client's window stays within
 //!   [`ANSWER_BUDGET`] per stream.
@@ -45,7 +45,7 @@ const PATHS: [&str; 4] = [
     "/x",
 ];
 
-/// The rest of crisp: diverts `/s/Divert`, holds ContainerStatus and wants it for the request
+/// The rest of crisp: diverts `/s/Divert`, keeps ContainerStatus undecided and wants it for the request
 /// `marked` only, hears of every end.
 struct Stub(AtomicU64);
 
@@ -108,9 +108,12 @@ struct Harness {
     core: Core,
     now: Instant,
     cbuf: BytesMut,
-    rbuf: BytesMut,
-    /// What reached the client straight from the runtime.
-    to_client: Vec<u8>,
+    /// The client's view of the connection: it has the server preface (a SETTINGS first), a
+    /// header block of the runtime's is under way; `closing`: the core failed, and what it
+    /// still gives is its last words (a GOAWAY may come before the preface).
+    preface_seen: bool,
+    in_block: bool,
+    closing: bool,
     /// The runtime's side: its decoder, the streams it saw opened, and bytes of a partial frame.
     runtime_dec: hpack::Decoder,
     runtime_block: Option<Vec<u8>>,
@@ -124,6 +127,8 @@ struct Harness {
     room: HashMap<StreamId, usize>,
     /// Diverted streams whose answer ended on the wire.
     answered: HashSet<StreamId>,
+    /// Events taken from the core and not yet checked.
+    events: Vec<Event>,
     closed: bool,
 }
 
@@ -140,8 +145,9 @@ impl Harness {
             core: Core::new(&cfg, calls, runtime, now),
             now,
             cbuf: BytesMut::new(),
-            rbuf: BytesMut::new(),
-            to_client: Vec::new(),
+            preface_seen: false,
+            in_block: false,
+            closing: false,
             runtime_dec: hpack::Decoder::default(),
             runtime_block: None,
             opened: HashSet::new(),
@@ -151,13 +157,18 @@ impl Harness {
             ended: HashSet::new(),
             room: HashMap::new(),
             answered: HashSet::new(),
+            events: Vec::new(),
             closed: false,
         }
     }
 
     fn client(&mut self, bytes: &[u8]) {
         self.cbuf.extend_from_slice(bytes);
-        if self.core.client_bytes(&mut self.cbuf, self.now).is_err() {
+        if self
+            .core
+            .handle_client_bytes(&mut self.cbuf, self.now)
+            .is_err()
+        {
             // The pump closes the connection.
             self.client_gone();
         }
@@ -167,12 +178,8 @@ impl Harness {
         if !self.core.runtime.connected() {
             return;
         }
-        self.rbuf.extend_from_slice(bytes);
-        if self
-            .core
-            .runtime_bytes(&mut self.rbuf, &mut self.to_client, self.now)
-            .is_err()
-        {
+        self.core.runtime_buffer().extend_from_slice(bytes);
+        if self.core.handle_runtime_bytes(self.now).is_err() {
             self.client_gone();
         }
     }
@@ -188,11 +195,10 @@ impl Harness {
             self.client_gone();
             return;
         }
-        let events: Vec<Event> = self.core.events().collect();
-        for ev in events {
+        while let Some(ev) = self.core.poll_event() {
             match ev {
                 Event::ProbeRuntime => self.core.handle_runtime_probe(self.now, reachable),
-                ev => self.core.events.push_back(ev),
+                ev => self.events.push(ev),
             }
         }
         let next = self.core.poll_timeout();
@@ -203,10 +209,14 @@ impl Harness {
     }
 
     fn client_gone(&mut self) {
-        self.core.client_gone(self.now);
+        self.closing = true;
+        self.core.handle_client_gone(self.now);
         self.check();
         assert!(self.core.relayed.is_empty(), "a relayed call never ended");
-        assert!(self.core.held_id().is_none(), "a held call never ended");
+        assert!(
+            self.core.undecided_id().is_none(),
+            "an undecided call never ended"
+        );
         self.closed = true;
     }
 
@@ -222,9 +232,11 @@ impl Harness {
             .poll_transmit_runtime()
             .unwrap_or_default()
             .to_vec();
-        self.core.runtime_written();
+        self.core.advance_runtime(to_runtime.len());
         self.runtime_saw(&to_runtime);
-        for ev in self.core.events() {
+        let mut events = std::mem::take(&mut self.events);
+        events.extend(std::iter::from_fn(|| self.core.poll_event()));
+        for ev in events {
             match ev {
                 Event::Divert { stream, .. } => {
                     assert!(
@@ -264,26 +276,55 @@ impl Harness {
                 _ => {}
             }
         }
-        // The pump writes crisp's own frames when it may, and only then.
-        if let Some(own) = self.core.poll_transmit_client() {
-            assert!(self.core.may_write_own());
-            let own = own.to_vec();
-            self.core.own_written(self.now);
-            self.answers_seen(&own);
+        // The client's bytes, in the order the core gives them (as the pump writes them).
+        while let Some(bytes) = self.core.poll_transmit_client() {
+            let bytes = bytes.to_vec();
+            let own = self.core.out.front_is_own();
+            self.core.advance_client(bytes.len(), self.now);
+            self.client_saw(&bytes, own);
         }
         for &s in &self.diverted {
             let queued = self.core.flow.queued(s);
             assert!(queued <= ANSWER_BUDGET, "stream {s}: {queued} bytes kept");
         }
-
-        self.to_client.clear();
     }
 
-    /// crisp's own frames on diverted streams: an answer ends once, and nothing follows.
-    fn answers_seen(&mut self, mut b: &[u8]) {
-        while let Some(head) = Head::parse(b) {
+    /// What the client reads (`own`: crisp's own frames, else the runtime's): whole frames;
+    /// none of crisp's before the server preface (a SETTINGS) or inside a header block of the
+    /// runtime's, unless the connection is closing; on diverted streams an answer that ends
+    /// once, with nothing after it.
+    fn client_saw(&mut self, mut b: &[u8], own: bool) {
+        while !b.is_empty() {
+            let head = Head::parse(b).expect("a whole frame header");
+            let end = http2::HEADER_LEN + head.len;
+            assert!(b.len() >= end, "a partial frame to the client");
+            b = &b[end..];
+            let preface = head.kind == Kind::Settings && !head.has(Flags::ACK);
+            if own && !self.closing {
+                assert!(
+                    self.preface_seen || preface,
+                    "crisp's {:?} before the client's server preface",
+                    head.kind
+                );
+                assert!(
+                    !self.in_block,
+                    "crisp's {:?} inside a header block",
+                    head.kind
+                );
+            }
+            self.preface_seen |= preface;
+            if !own {
+                // As the core reads the runtime's blocks: a CONTINUATION counts only inside one.
+                match head.kind {
+                    Kind::Headers => self.in_block = !head.has(Flags::END_HEADERS),
+                    Kind::Continuation if self.in_block => {
+                        self.in_block = !head.has(Flags::END_HEADERS)
+                    }
+                    _ => {}
+                }
+                continue;
+            }
             let s = head.stream;
-            b = &b[(http2::HEADER_LEN + head.len).min(b.len())..];
             if !self.diverted.contains(&s) || head.kind == Kind::WindowUpdate {
                 continue;
             }
@@ -537,11 +578,11 @@ pub fn run(data: &[u8]) {
                 h.core.handle_command(cmd, h.now);
             }
             14 => {
-                if h.core.runtime_failed("crisp: gone").is_err() {
+                if h.core.handle_runtime_failed("crisp: gone").is_err() {
                     h.client_gone();
                 }
             }
-            _ => h.core.goaway(b"crisp: shutting down"),
+            _ => h.core.handle_goaway(b"crisp: shutting down"),
         }
         if !h.closed {
             h.check();

@@ -15,9 +15,9 @@ use bytes::{Buf, Bytes, BytesMut};
 
 use super::core::{Core, Event, PendingBlock, Relayed, MAX_HEADER_BLOCK, MAX_HEADER_LIST};
 use super::error::{RelayError, Violation};
-use super::held::Why;
 use super::ping::{GOAWAY_PING, KEEPALIVE};
 use super::status::EndStatus;
+use super::undecided::{Step, Why};
 use crate::cri::Route;
 use crate::intercept::Call;
 use crate::proxy::http2::{
@@ -27,7 +27,7 @@ use crate::status::parse_grpc_timeout;
 
 impl Core {
     /// The complete frames at the start of `buf`: what goes on to the runtime is appended to
-    /// `to_runtime`, crisp's own answers to the client to `to_client`.
+    /// `to_runtime`, crisp's own answers to the client are staged for it.
     pub(super) fn client_frames(
         &mut self,
         buf: &mut BytesMut,
@@ -70,7 +70,7 @@ impl Core {
             self.last_client_frame = self.now;
         }
         if credit > 0 {
-            WindowUpdate::new(StreamId::CONNECTION, credit).encode(&mut self.to_client);
+            WindowUpdate::new(StreamId::CONNECTION, credit).encode(self.out.own());
         }
         Ok(())
     }
@@ -112,7 +112,7 @@ impl Core {
                 if !head.has(Flags::ACK) {
                     self.client_settings(&head, payload);
                     if !self.runtime.connected() {
-                        Settings::encode_ack(&mut self.to_client);
+                        Settings::encode_ack(self.out.own());
                     }
                 }
                 self.relay(frame);
@@ -155,9 +155,9 @@ impl Core {
 
     /// RST_STREAM: a diverted stream's task ends; a relayed stream's reset goes on.
     fn client_reset(&mut self, stream: StreamId, frame: &[u8]) {
-        if self.held_id() == Some(stream) {
+        if self.undecided_id() == Some(stream) {
             // Never reached the runtime: nothing to relay.
-            self.drop_held(false);
+            self.drop_undecided(false);
         } else if self.client.bodies.contains(&stream) || self.is_diverted(stream) {
             // Its task (or its request body's sender) ends, once: a second reset finds
             // nothing left to end, and never reaches the runtime either.
@@ -178,8 +178,8 @@ impl Core {
     /// DATA: relayed on a relayed stream; a diverted stream's request body otherwise.
     pub(super) fn client_data(&mut self, head: Head, frame: &[u8], credit: &mut u32) {
         let payload = &frame[http2::HEADER_LEN..];
-        if self.held_id() == Some(head.stream) {
-            self.held_data(head, frame, credit);
+        if self.undecided_id() == Some(head.stream) {
+            self.undecided_data(head, frame, credit);
         } else if self.client.bodies.contains(&head.stream) {
             // Never reaches the runtime: the client gets its connection credit back now.
             *credit = credit.saturating_add(head.len as u32);
@@ -225,7 +225,7 @@ impl Core {
         } else if !self.runtime.degraded() && self.pings.try_forward() {
             self.to_runtime.extend_from_slice(frame);
         } else if let Ok(ping) = Ping::load(&head, payload) {
-            ping.pong().encode(&mut self.to_client);
+            ping.pong().encode(self.out.own());
         } else {
             // Malformed: the runtime's to judge.
             self.relay(frame);
@@ -237,9 +237,9 @@ impl Core {
     fn client_window_update(&mut self, head: Head, frame: &[u8]) {
         // Malformed (FRAME_SIZE_ERROR): the runtime's to judge; crisp counts no credit.
         let inc = WindowUpdate::load(&head, &frame[http2::HEADER_LEN..]).map_or(0, |w| w.increment);
-        if !head.stream.is_zero() && self.held_id() == Some(head.stream) {
+        if !head.stream.is_zero() && self.undecided_id() == Some(head.stream) {
             // Credit for a response no one serves yet: the observed path takes the stream.
-            self.divert_held(Why::OtherFrame);
+            self.divert_undecided(Why::OtherFrame);
         }
         if head.stream.is_zero() {
             let forward = self.flow.connection_credit(inc);
@@ -290,14 +290,7 @@ impl Core {
         end_stream: bool,
         raw: &[u8],
     ) -> Result<(), Violation> {
-        let mut block = std::mem::take(&mut self.client.enc);
-        block.clear();
-        let r = self.header_block_into(stream, end_stream, raw, &mut block);
-        // Keep the buffer for the next call unless a huge block grew it.
-        if block.capacity() <= 64 << 10 {
-            self.client.enc = block;
-        }
-        r
+        self.with_block(|core, block| core.header_block_into(stream, end_stream, raw, block))
     }
 
     fn header_block_into(
@@ -341,13 +334,13 @@ impl Core {
             return Err(Violation::UndecodableBlock);
         }
         let new = stream > self.max_stream && stream.is_client();
-        if new && self.held_id().is_some() {
-            // Streams reach the runtime in the order of their ids: the held one cannot wait.
-            self.divert_held(Why::NewStream);
+        if new && self.undecided_id().is_some() {
+            // Streams reach the runtime in the order of their ids: the undecided one cannot wait.
+            self.divert_undecided(Why::NewStream);
         }
         if !new {
-            if self.held_id() == Some(stream) {
-                self.divert_held(Why::OtherFrame);
+            if self.undecided_id() == Some(stream) {
+                self.divert_undecided(Why::OtherFrame);
             }
             self.trailers(stream, end_stream, block);
             return Ok(());
@@ -407,31 +400,17 @@ impl Core {
         let divert = interest.request || interest.response;
         if self.goaway.last().is_some_and(|last| stream > last) {
             // After crisp's GOAWAY: unprocessed, the client retries it elsewhere.
-            RstStream::new(stream, Reason::REFUSED_STREAM).encode(&mut self.to_client);
+            RstStream::new(stream, Reason::REFUSED_STREAM).encode(self.out.own());
             return;
         }
         if divert && on_relay && conditional {
-            // Routed once its request is read (`held.rs`).
-            self.hold(stream, call, interest.complete, end_stream);
+            // Routed once its request is read (`undecided.rs`).
+            self.defer(stream, call, interest.complete, end_stream);
             return;
         }
         if !divert && on_relay {
-            self.relayed.insert(
-                stream,
-                Relayed {
-                    call: (interest.complete || self.record_calls).then_some(call),
-                    report: interest.complete,
-                    answered: false,
-                    route,
-                    opened: now,
-                },
-            );
-            self.client.max_relayed = stream;
-            self.client.indexer.begin(block);
-            for (n, v) in self.client.fields.iter() {
-                self.client.indexer.field(block, n, v);
-            }
-            http2::headers(&mut self.to_runtime, stream, block, end_stream);
+            let r = Relayed::new(call, interest.complete, self.record_calls, now);
+            self.relay_stream(stream, r, end_stream, Kept::No, block);
             return;
         }
         self.open_diverted(stream);
@@ -461,9 +440,9 @@ impl Core {
                 http2::encode_field(&mut block, n.as_str().as_bytes(), v.as_bytes());
             }
         }
-        http2::headers(&mut self.to_client, stream, &block, true);
+        http2::headers(self.out.own(), stream, &block, true);
         if !end_stream {
-            RstStream::new(stream, Reason::NO_ERROR).encode(&mut self.to_client);
+            RstStream::new(stream, Reason::NO_ERROR).encode(self.out.own());
         }
         self.client.diverted_ids.insert(stream);
     }
@@ -504,7 +483,167 @@ impl Core {
     }
 }
 
-/// What the interceptors want of a new call, and whether it is held until its request is read
+// === The undecided stream (`undecided.rs`) and the one way a new stream is relayed ===
+
+impl Core {
+    /// Reuses the buffer of re-encoded header blocks for `f`, and keeps it for the next call
+    /// unless a huge block grew it.
+    fn with_block<R>(&mut self, f: impl FnOnce(&mut Core, &mut Vec<u8>) -> R) -> R {
+        let mut block = std::mem::take(&mut self.client.enc);
+        block.clear();
+        let r = f(self, &mut block);
+        if block.capacity() <= 64 << 10 && self.client.enc.capacity() < block.capacity() {
+            self.client.enc = block;
+        }
+        r
+    }
+
+    /// Sends new stream `stream` on to the runtime, recorded as `r`: its headers through crisp's
+    /// encoder (now, so the runtime's HPACK table sees blocks in the order they arrive), with
+    /// the fields `kept` says, encoded into `block`; a stream that was undecided, its DATA as
+    /// read after them.
+    fn relay_stream(
+        &mut self,
+        stream: StreamId,
+        r: Relayed,
+        end_stream: bool,
+        kept: Kept,
+        block: &mut Vec<u8>,
+    ) {
+        self.relayed.insert(stream, r);
+        let client = &mut self.client;
+        client.max_relayed = stream;
+        let fields = match kept {
+            Kept::No => &client.fields,
+            Kept::Undecided => client.undecided.fields(),
+        };
+        client.indexer.begin(block);
+        for (n, v) in fields.iter() {
+            client.indexer.field(block, n, v);
+        }
+        http2::headers(&mut self.to_runtime, stream, block, end_stream);
+        if kept == Kept::Undecided {
+            self.to_runtime.extend_from_slice(client.undecided.frames());
+        }
+    }
+
+    /// Keeps new stream `stream` from the runtime until its request is read, its fields in
+    /// `client.fields`; decides at once when its HEADERS ended it.
+    fn defer(&mut self, stream: StreamId, call: Call, report: bool, end_stream: bool) {
+        let client = &mut self.client;
+        client.undecided.open(
+            stream,
+            call,
+            report,
+            &mut client.fields,
+            self.now,
+            end_stream,
+        );
+        if end_stream {
+            self.decide();
+        }
+    }
+
+    /// The id of the undecided stream, if any.
+    pub(super) fn undecided_id(&self) -> Option<StreamId> {
+        self.client.undecided.id()
+    }
+
+    /// When the undecided stream is diverted if its request has not ended
+    /// ([`Core::poll_timeout`]).
+    pub(super) fn undecided_due(&self) -> Option<Instant> {
+        self.client.undecided.due()
+    }
+
+    /// A DATA frame of the undecided stream.
+    fn undecided_data(&mut self, head: Head, frame: &[u8], credit: &mut u32) {
+        match self.client.undecided.data(head, frame) {
+            Step::Wait => {}
+            Step::Decide => self.decide(),
+            Step::TooLarge => {
+                // The observed path reads it, this frame included.
+                self.divert_undecided(Why::TooLarge);
+                self.client_data(head, frame, credit);
+            }
+        }
+    }
+
+    /// The undecided stream's request has ended: relayed unless an interceptor wants it (or
+    /// it is not one uncompressed message, the observed path's to judge).
+    fn decide(&mut self) {
+        let wanted = match self.client.undecided.request() {
+            Some((call, Some(msg))) => self.calls.wants(call, msg),
+            Some((_, None)) => true,
+            None => return,
+        };
+        if wanted {
+            self.divert_undecided(Why::Wanted);
+            return;
+        }
+        let Some(d) = self.client.undecided.take() else {
+            return;
+        };
+        let r = Relayed::new(d.call, d.report, self.record_calls, d.opened);
+        self.with_block(|core, block| {
+            core.relay_stream(d.id, r, d.headers_end, Kept::Undecided, block)
+        });
+    }
+
+    /// Hands the undecided stream to the observed path with what it sent so far; the client gets
+    /// the connection credit of its DATA back.
+    pub(super) fn divert_undecided(&mut self, why: Why) {
+        let Some(d) = self.client.undecided.take() else {
+            return;
+        };
+        tracing::trace!(target: LOG, stream = d.id.get(), ?why, "undecided stream diverted");
+        self.open_diverted(d.id);
+        let undecided = &self.client.undecided;
+        self.events.push_back(Event::Divert {
+            stream: d.id,
+            call: d.call,
+            fields: undecided.fields().to_owned(),
+            end_stream: d.headers_end,
+        });
+        if !undecided.body().is_empty() {
+            self.events.push_back(Event::Body {
+                stream: d.id,
+                data: Bytes::copy_from_slice(undecided.body()),
+            });
+        }
+        if d.ended && !d.headers_end {
+            self.events.push_back(Event::BodyEnd { stream: d.id });
+        } else if !d.ended {
+            self.client.bodies.insert(d.id);
+        }
+        if d.credit > 0 {
+            WindowUpdate::new(StreamId::CONNECTION, d.credit).encode(self.out.own());
+        }
+    }
+
+    /// The client reset the undecided stream, or is gone: it never reached anyone; the client
+    /// gets the connection credit of its DATA back (unless gone).
+    pub(super) fn drop_undecided(&mut self, client_gone: bool) {
+        let Some(d) = self.client.undecided.take() else {
+            return;
+        };
+        if d.credit > 0 && !client_gone {
+            WindowUpdate::new(StreamId::CONNECTION, d.credit).encode(self.out.own());
+        }
+        let r = Relayed::new(d.call, d.report, self.record_calls, d.opened);
+        self.completed(r, EndStatus::cancelled(), self.now);
+    }
+}
+
+/// Whose fields a stream relayed now carries ([`Core::relay_stream`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kept {
+    /// Those of the header block just read (`client.fields`).
+    No,
+    /// Those an undecided stream kept, and its DATA frames after them.
+    Undecided,
+}
+
+/// What the interceptors want of a new call, and whether it stays undecided until its request is read
 /// (`may_hold`: the connection relays). A route bypassed after repeated panics is asked
 /// nothing: its calls take the plain relay path.
 fn observe(
@@ -526,7 +665,8 @@ fn observe(
     (interest, conditional)
 }
 
-/// A unary call: one request message, whole before the answer (what a held stream waits for).
+/// A unary call: one request message, whole before the answer (what an undecided stream waits
+/// for).
 fn is_unary(route: Route) -> bool {
     route
         .rpc

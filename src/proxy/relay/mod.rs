@@ -33,7 +33,6 @@ mod fields;
 mod flow;
 #[cfg(any(test, feature = "test-util"))]
 pub mod fuzzing;
-mod held;
 mod inbound;
 mod outbound;
 mod ping;
@@ -41,6 +40,8 @@ mod pump;
 mod status;
 #[cfg(test)]
 mod tests;
+mod transmit;
+mod undecided;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -156,7 +157,7 @@ pub(crate) async fn serve_connection(
             }
             // The client is gone (or was closed): nothing may stay behind.
             pump.diverted.abort_all();
-            pump.core.client_gone(Instant::now());
+            pump.core.handle_client_gone(Instant::now());
             pump.dispatch();
             let _ = done_tx.send(());
         });

@@ -1,66 +1,73 @@
-//! Runtime → client: the core's handling of the runtime's frames, written to the client as
-//! they are.
+//! Runtime → client: the core's handling of the runtime's frames, relayed to the client as they
+//! are, from the read buffer the core owns.
 
 use super::LOG;
 use std::time::Instant;
 
-use bytes::{Buf, BytesMut};
-
-use super::core::{Core, PendingBlock, Sink};
+use super::core::{Core, PendingBlock};
 use super::error::{RelayError, Violation};
 use super::status::{Code, EndStatus};
 use crate::proxy::http2::{self, Flags, GoAway, Head, Kind, Reason, Settings, StreamId};
 use crate::status::{runtime_lost, RuntimeLoss};
 
 impl Core {
-    /// Relays the complete frames at the start of `buf` (just read from the runtime), written to
-    /// `client` straight from it: the runtime's frames pass through unchanged, so they are never
-    /// copied in user space (unless the client's socket is full). Returns true when it stopped
-    /// at a DATA frame the client has no window for: that frame stays at the start of `buf`,
-    /// for the next call once the client's credit came. `now`: when the bytes were read. Calls
-    /// that ended are reported ([`super::core::Event::Ended`]) once their last bytes went
-    /// out: the metrics and the tap are not on the answer's way to the client.
-    pub(crate) fn runtime_bytes(
-        &mut self,
-        buf: &mut BytesMut,
-        client: &mut impl Sink,
-        now: Instant,
-    ) -> Result<bool, RelayError> {
+    /// Handles the runtime's bytes the shell just read into [`Core::runtime_buffer`] at `now`.
+    /// The runtime's frames pass through unchanged: each complete one is checked where it lies
+    /// and placed for the client ([`Core::poll_transmit_client`] gives them as slices of the
+    /// buffer, so they are never copied in user space, unless the client's socket is full). A
+    /// DATA frame the client has no window for stops the handling there: it and what follows
+    /// stay in the buffer ([`Core::runtime_waits`]) until the client's credit comes. Calls that
+    /// ended are reported ([`super::core::Event::Ended`]); the shell writes the client's bytes
+    /// before it acts on the events, so the metrics and the tap are not on the answer's way.
+    pub(crate) fn handle_runtime_bytes(&mut self, now: Instant) -> Result<(), RelayError> {
         self.now = now;
-        // buf[..pos]: frames checked and due to the client, not yet written.
-        let mut pos = 0;
+        self.runtime_frames()
+    }
+
+    /// The complete frames of the read buffer not handled yet, in order. crisp's own frames
+    /// staged before them go first; those staged while a frame is handled go after it (the
+    /// client's SETTINGS ACK before crisp's DATA that counts on it), and none inside a header
+    /// block ([`Core::may_write_own`]).
+    pub(super) fn runtime_frames(&mut self) -> Result<(), RelayError> {
+        self.from_runtime.waits = false;
+        let (buf, mut pos) = self.out.take_runtime();
         // Room still missing for a frame that has only partly arrived.
         let mut missing = 0;
-        while let Some(head) = http2::complete_at(buf, pos, &mut missing) {
+        let mut r = Ok(());
+        if self.may_write_own() {
+            self.out.place_own();
+        }
+        while let Some(head) = http2::complete_at(&buf, pos, &mut missing) {
             let len = http2::HEADER_LEN + head.len;
-            let next = self
-                .runtime_frame(head, &buf[pos + http2::HEADER_LEN..pos + len])
-                .map_err(|v| self.protocol_error(v))?;
-            match next {
-                Next::Relay => pos += len,
-                Next::WaitForWindow => {
-                    // Not within what the client has left: send what is before it and wait for
-                    // the client's credit.
-                    flush(buf, &mut pos, client)?;
-                    return Ok(true);
+            match self.runtime_frame(head, &buf[pos + http2::HEADER_LEN..pos + len]) {
+                Ok(Next::Relay) => self.out.relay_runtime(len),
+                Ok(Next::WaitForWindow) => {
+                    // Not within what the client has left: it waits for the client's credit.
+                    self.from_runtime.waits = true;
+                    break;
                 }
-                Next::GoAway {
+                Ok(Next::GoAway {
                     last,
                     reason,
                     debug,
-                } => {
-                    // Frames before it go first. The GOAWAY itself is not relayed: the client's
-                    // connection is crisp's, and stays up (see `Core::maybe_move_client`).
-                    flush(buf, &mut pos, client)?;
-                    buf.advance(len);
+                }) => {
+                    // Not relayed: the client's connection is crisp's, and stays up (see
+                    // `Core::handle_runtime_probe`). Frames before it go first.
+                    self.out.skip_runtime(len);
                     self.runtime_goaway(last, reason, &debug);
                 }
+                Err(v) => {
+                    r = Err(self.protocol_error(v));
+                    break;
+                }
+            }
+            pos += len;
+            if self.out.staged() && self.may_write_own() {
+                self.out.place_own();
             }
         }
-        flush(buf, &mut pos, client)?;
-        // After the flush, so that the bytes already written are not carried into a new buffer.
-        buf.reserve(missing);
-        Ok(false)
+        self.out.put_runtime(buf, missing);
+        r
     }
 
     /// One complete frame from the runtime (`payload`: its payload): what the core learns from
@@ -103,9 +110,9 @@ impl Core {
             }
             Kind::RstStream => self.end_relayed(head.stream, EndStatus::cancelled()),
             Kind::Ping if head.has(Flags::ACK) => self.pings.acked(),
-            // The client's oldest unacknowledged SETTINGS now apply on its side too: the ACK is
-            // written (with the frames before it) before any DATA of crisp's own that counts on
-            // them (crisp's frames go out after this batch).
+            // The client's oldest unacknowledged SETTINGS now apply on its side too: crisp's
+            // DATA that counts on them is staged now, and so placed after the ACK
+            // (`Core::runtime_frames`; tested in `tests/order.rs`).
             Kind::Settings if head.has(Flags::ACK) => self.runtime_acked_settings(),
             // The runtime's own settings go on to the client unchanged; its header table size is
             // also the bound of crisp's table on this connection ([`http2::Indexer`]).
@@ -217,14 +224,4 @@ enum Next {
         reason: Reason,
         debug: String,
     },
-}
-
-/// Writes `buf[..pos]` to the client and drops it from `buf`.
-fn flush(buf: &mut BytesMut, pos: &mut usize, client: &mut impl Sink) -> Result<(), RelayError> {
-    if *pos > 0 {
-        client.write(&buf[..*pos])?;
-        buf.advance(*pos);
-        *pos = 0;
-    }
-    Ok(())
 }

@@ -11,18 +11,12 @@ use bytes::BytesMut;
 
 use super::answers::Command;
 use super::bridge::{Diverted, Outbox, Service};
-use super::core::{Core, Event, Sink, CALLS};
+use super::core::{Core, Event, CALLS};
 use super::error::{RelayError, RuntimeFailure};
 use super::LOG;
 use crate::intercept::Outcome;
 use crate::proxy::sock::{self, Sock};
 use crate::watchdog::Beat;
-
-impl Sink for Sock {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        Sock::write(self, bytes)
-    }
-}
 
 /// What the pump asks `poll` for on its two sockets. Backpressure as in a splice: a peer is
 /// not read while the other has bytes of it queued (nor the runtime while its next DATA frame
@@ -38,13 +32,13 @@ pub(super) struct Interest {
 
 impl Interest {
     /// From what the pump's state says: bytes queued for the client; the runtime connection
-    /// (None: there is none) and whether bytes are queued for it; `blocked`: the runtime's
-    /// next DATA frame waits for the client's window.
-    pub(super) fn of(client_queued: bool, runtime: Option<bool>, blocked: bool) -> Interest {
+    /// (None: there is none) and whether bytes are queued for it; `waits`: the runtime's next
+    /// DATA frame waits for the client's window ([`Core::runtime_waits`]).
+    pub(super) fn of(client_queued: bool, runtime: Option<bool>, waits: bool) -> Interest {
         Interest {
             read_client: runtime != Some(true),
             write_client: client_queued,
-            read_runtime: runtime.is_some() && !client_queued && !blocked,
+            read_runtime: runtime.is_some() && !client_queued && !waits,
             write_runtime: runtime == Some(true),
         }
     }
@@ -64,13 +58,9 @@ pub(crate) struct Pump {
     runtime: Option<Sock>,
     /// The runtime's socket, to see whether it accepts connections again.
     runtime_path: std::path::PathBuf,
-    /// What the client sent and was not handled yet (a partial frame).
+    /// What the client sent and was not handled yet (a partial frame). The runtime's bytes are
+    /// read into the core's own buffer ([`Core::runtime_buffer`]).
     cbuf: BytesMut,
-    /// What the runtime sent and was not relayed yet (a partial frame, or a DATA frame that
-    /// waits for the client's window).
-    rbuf: BytesMut,
-    /// The runtime's next DATA frame waits for the client's window.
-    blocked: bool,
     /// When `poll` last returned: the time of what was read then.
     now: Instant,
     /// The diverted streams' commands, moved from the outbox into the core (reused).
@@ -95,7 +85,6 @@ impl Pump {
         peers: Peers,
         beat: Arc<Beat>,
     ) -> Pump {
-        let buf = || BytesMut::with_capacity(64 << 10);
         let Peers {
             client,
             runtime,
@@ -109,9 +98,7 @@ impl Pump {
             client,
             runtime,
             runtime_path,
-            cbuf: buf(),
-            rbuf: buf(),
-            blocked: false,
+            cbuf: BytesMut::with_capacity(64 << 10),
             now: Instant::now(),
             commands: VecDeque::new(),
             beat,
@@ -132,20 +119,11 @@ impl Pump {
             }
             if !stopping && outbox.stop.load(Ordering::Acquire) {
                 stopping = true;
-                self.core.goaway(b"crisp: shutting down");
-            }
-            if self.blocked {
-                self.blocked =
-                    self.core
-                        .runtime_bytes(&mut self.rbuf, &mut self.client, self.now)?;
-                self.dispatch();
+                self.core.handle_goaway(b"crisp: shutting down");
             }
             self.commands();
-            // crisp's own frames, never inside a header block the runtime is still sending.
-            if let Some(frames) = self.core.poll_transmit_client() {
-                self.client.write(frames)?;
-                self.core.own_written(self.now);
-            }
+            // The core's frames for the client (crisp's own, after a command or the timers).
+            self.transmit_client()?;
             if self.core.drained() && !self.client.has_queued() && outbox.is_empty() {
                 self.client.shutdown_write();
                 return Ok(());
@@ -153,7 +131,7 @@ impl Pump {
             let want = Interest::of(
                 self.client.has_queued(),
                 self.runtime.as_ref().map(Sock::has_queued),
-                self.blocked,
+                self.core.runtime_waits(),
             );
             let (read_client, read_runtime) = (want.read_client, want.read_runtime);
             let mut fds = [
@@ -166,7 +144,7 @@ impl Pump {
             ];
             // The core's timer, read once per wakeup and measured from the clock read after the
             // last poll (the work since then is a few µs). A deadline the reads below set is
-            // never due at once (the held stream's is 10 ms away); one that is due (the
+            // never due at once (the undecided stream's is 10 ms away); one that is due (the
             // keep-alive's, once crisp may write again) makes the next poll return at once.
             let deadline = self.core.poll_timeout();
             let timeout = deadline.map_or(NO_TIMER, |at| at.saturating_duration_since(self.now));
@@ -186,10 +164,32 @@ impl Pump {
                 return Ok(());
             }
             if deadline.is_some_and(|at| self.now >= at) {
-                self.core.handle_timeout(self.now)?;
+                let r = self.core.handle_timeout(self.now);
+                self.closing(r)?;
                 self.dispatch();
             }
         }
+    }
+
+    /// Writes what the core has for the client, in the order it gives it: the runtime's frames
+    /// (slices of the core's read buffer) and crisp's own. The socket takes it all (what the peer
+    /// has no room for is queued, `Sock::write`), so nothing waits in the core at `poll`.
+    fn transmit_client(&mut self) -> Result<(), RelayError> {
+        while let Some(bytes) = self.core.poll_transmit_client() {
+            let n = bytes.len();
+            self.client.write(bytes)?;
+            self.core.advance_client(n, self.now);
+        }
+        Ok(())
+    }
+
+    /// On the core's error (the connection closes): what it still has for the client (the
+    /// GOAWAY of a protocol error) goes out if it can.
+    fn closing(&mut self, r: Result<(), RelayError>) -> Result<(), RelayError> {
+        if r.is_err() {
+            let _ = self.transmit_client();
+        }
+        r
     }
 
     /// Hands the diverted streams' commands to the core; a finished task leaves the map.
@@ -242,16 +242,16 @@ impl Pump {
             }
         }
         if r & (libc::POLLIN | GONE) != 0 && read_runtime && self.runtime.is_some() {
-            match self.runtime.as_mut().expect("checked").recv(&mut self.rbuf) {
+            let runtime = self.runtime.as_mut().expect("checked");
+            match runtime.recv(self.core.runtime_buffer()) {
                 Ok(0) => self.runtime_failed(RuntimeFailure::Closed)?,
                 Ok(_) => {
-                    self.blocked =
-                        self.core
-                            .runtime_bytes(&mut self.rbuf, &mut self.client, self.now)?;
+                    let r = self.core.handle_runtime_bytes(self.now);
+                    self.closing(r)?;
+                    // The answer's bytes first: the events (the tap, the metrics) are not on
+                    // their way to the client.
+                    self.transmit_client()?;
                     self.dispatch();
-                    if self.rbuf.capacity() > 1 << 20 && self.rbuf.is_empty() {
-                        self.rbuf = BytesMut::with_capacity(64 << 10);
-                    }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(e) => self.runtime_failed(RuntimeFailure::Read(e))?,
@@ -262,19 +262,19 @@ impl Pump {
 
     /// Handles what was just read from the client and writes what goes on to the runtime.
     fn handle_client_read(&mut self) -> Result<(), RelayError> {
-        let r = self.core.client_bytes(&mut self.cbuf, self.now);
+        let r = self.core.handle_client_bytes(&mut self.cbuf, self.now);
         self.dispatch();
-        if let Err(e) = r {
-            // A GOAWAY crisp wrote for the client's error goes out if it can.
-            let _ = self.client.write(self.core.last_words());
-            return Err(e);
-        }
+        // A GOAWAY crisp wrote for the client's error goes out if it can.
+        self.closing(r)?;
+        // The runtime's DATA that waited for the client's credit, with crisp's own frames.
+        self.transmit_client()?;
         if let Some(frames) = self.core.poll_transmit_runtime() {
+            let n = frames.len();
             let written = match self.runtime.as_mut() {
                 Some(rt) => rt.write(frames),
                 None => Ok(()),
             };
-            self.core.runtime_written();
+            self.core.advance_runtime(n);
             if let Err(e) = written {
                 self.runtime_failed(RuntimeFailure::Write(e))?;
             }
@@ -378,12 +378,9 @@ impl Pump {
         };
         let msg = runtime_lost(Some(&path), how);
         self.runtime = None;
-        // What the runtime sent and crisp had not relayed belongs to calls that end now.
-        self.rbuf.clear();
-        self.blocked = false;
-        let r = self.core.runtime_failed(&msg);
+        let r = self.core.handle_runtime_failed(&msg);
         self.dispatch();
-        r
+        self.closing(r)
     }
 }
 
@@ -401,7 +398,7 @@ mod tests {
             read_runtime: rr,
             write_runtime: wr,
         };
-        // (client queued, runtime (queued), blocked) -> interest
+        // (client queued, runtime (queued), runtime waits) -> interest
         let cases = [
             ((false, Some(false), false), i(true, false, true, false)),
             // Bytes wait for the client: the runtime is not read.
@@ -418,11 +415,11 @@ mod tests {
             ((true, None, false), i(true, true, false, false)),
             ((false, None, true), i(true, false, false, false)),
         ];
-        for ((client_queued, runtime, blocked), want) in cases {
+        for ((client_queued, runtime, waits), want) in cases {
             assert_eq!(
-                Interest::of(client_queued, runtime, blocked),
+                Interest::of(client_queued, runtime, waits),
                 want,
-                "client queued {client_queued}, runtime {runtime:?}, blocked {blocked}"
+                "client queued {client_queued}, runtime {runtime:?}, runtime waits {waits}"
             );
         }
     }

@@ -29,7 +29,9 @@ fn a_degraded_connection_moves_back_to_the_relay_once_the_runtime_is_back_and_it
     assert_eq!(kinds(&c.at_runtime()), [(Kind::Headers, 1)]);
 
     // The runtime goes: the call on it ends UNAVAILABLE.
-    c.core.runtime_failed("crisp: upstream gone").unwrap();
+    c.core
+        .handle_runtime_failed("crisp: upstream gone")
+        .unwrap();
     let to_client = c.at_client();
     assert_eq!(kinds(&to_client), [(Kind::Headers, 1)]);
     assert!(to_client[0].has(Flags::END_STREAM));

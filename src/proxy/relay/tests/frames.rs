@@ -51,7 +51,7 @@ fn an_oversized_frame_is_refused_from_its_header_before_its_payload_arrives() {
     let mut head = Vec::new();
     Head::new(Kind::Headers, Flags::END_HEADERS, S1, (1 << 24) - 1).encode(&mut head);
     let mut buf = BytesMut::from(&head[..]);
-    let err = c.core.client_bytes(&mut buf, c.now).unwrap_err();
+    let err = c.core.handle_client_bytes(&mut buf, c.now).unwrap_err();
     assert!(matches!(
         err,
         RelayError::Protocol(Violation::Frame(FrameError::TooLarge { .. }))
@@ -200,12 +200,13 @@ fn a_headers_frame_with_padding_longer_than_itself_is_a_protocol_error() {
 
 #[test]
 fn a_protocol_error_before_the_clients_server_preface_still_leaves_its_goaway() {
-    // The pump writes `last_words` as it closes the connection (grpc_go_wire's gigabytes test).
+    // The pump writes what `poll_transmit_client` gives as it closes the connection
+    // (grpc_go_wire's gigabytes test).
     let mut c = Conn::before_runtime_settings();
     let mut bad = Vec::new();
     Head::new(Kind::Continuation, Flags::END_HEADERS, S1, 0).encode(&mut bad);
     assert!(c.client(&[&bad]).is_err());
-    let words = parse(c.core.last_words());
+    let words = c.at_client();
     assert_eq!(kinds(&words), [(Kind::GoAway, 0)]);
     assert_eq!(
         GoAway::load(&words[0].payload).unwrap().reason,
@@ -219,5 +220,5 @@ fn a_protocol_error_before_the_clients_server_preface_still_leaves_its_goaway() 
     c.runtime_all(&[&head]);
     c.at_client();
     assert!(c.client(&[&bad]).is_err());
-    assert!(c.core.last_words().is_empty());
+    assert!(c.at_client().is_empty());
 }

@@ -48,7 +48,7 @@ fn a_runtime_goaway_refuses_the_calls_it_never_saw_and_diverts_new_ones() {
 fn crisps_goaway_comes_in_two_steps_and_refuses_only_streams_after_the_second() {
     let mut c = Conn::relayed();
     c.client(&[&request(1, "/s/Relay", true)]).unwrap();
-    c.core.goaway(b"crisp: shutting down");
+    c.core.handle_goaway(b"crisp: shutting down");
     let to_client = c.at_client();
     assert_eq!(kinds(&to_client), [(Kind::GoAway, 0), (Kind::Ping, 0)]);
     assert_eq!(
@@ -91,7 +91,7 @@ fn crisps_goaway_comes_in_two_steps_and_refuses_only_streams_after_the_second() 
     }
     c.at_client();
     assert!(c.core.drained());
-    c.core.goaway(b"again");
+    c.core.handle_goaway(b"again");
     assert!(c.at_client().is_empty(), "once");
 }
 
@@ -99,7 +99,7 @@ fn crisps_goaway_comes_in_two_steps_and_refuses_only_streams_after_the_second() 
 fn crisp_writes_no_frame_of_its_own_before_the_clients_server_preface() {
     // SIGTERM right after the accept: the runtime's SETTINGS have not reached the client yet.
     let mut c = Conn::before_runtime_settings();
-    c.core.goaway(b"crisp: shutting down");
+    c.core.handle_goaway(b"crisp: shutting down");
     assert!(
         c.at_client().is_empty(),
         "a GOAWAY before SETTINGS: grpc-go closes the connection and fails its queued calls"
@@ -115,7 +115,7 @@ fn crisp_writes_no_frame_of_its_own_before_the_clients_server_preface() {
     let mut c = Conn::before_runtime_settings();
     c.client(&[&request(1, "/s/Relay", true)]).unwrap();
     c.core
-        .runtime_failed("crisp: upstream closed the connection")
+        .handle_runtime_failed("crisp: upstream closed the connection")
         .unwrap();
     let to_client = c.at_client();
     assert_eq!(to_client[0].kind, Kind::Settings);
@@ -132,7 +132,7 @@ fn a_client_that_never_acks_gets_the_final_goaway_after_the_wait() {
     let mut c = Conn::relayed();
     let t0 = c.now;
     let mut reachable = || panic!("not degraded: nothing to probe");
-    c.core.goaway(b"crisp: shutting down");
+    c.core.handle_goaway(b"crisp: shutting down");
     c.at_client();
     assert_eq!(
         c.core.poll_timeout(),
@@ -166,7 +166,7 @@ fn a_failed_runtime_connection_ends_its_calls_with_unavailable() {
     c.runtime_all(&[&response(3, &[(":status", "200")], false)]);
     c.at_client();
     c.core
-        .runtime_failed(
+        .handle_runtime_failed(
             "crisp: upstream unix:///run/containerd.sock failed mid-response: connection closed",
         )
         .unwrap();
@@ -195,7 +195,7 @@ fn a_failed_runtime_connection_ends_its_calls_with_unavailable() {
     head[4] = 0;
     c.runtime_all(&[&head]);
     assert!(matches!(
-        c.core.runtime_failed("gone"),
+        c.core.handle_runtime_failed("gone"),
         Err(RelayError::Protocol(Violation::RuntimeGoneInBlock))
     ));
 }
@@ -250,7 +250,7 @@ fn the_wait_for_the_goaway_ack_starts_when_the_goaway_is_written_not_queued() {
     // one-step shutdown that loses the calls a grpc-go client queued.
     let mut c = Conn::before_runtime_settings();
     let t0 = c.now;
-    c.core.goaway(b"crisp: shutting down");
+    c.core.handle_goaway(b"crisp: shutting down");
     assert!(c.at_client().is_empty());
     assert_eq!(c.core.poll_timeout(), None, "nothing written: no wait yet");
     c.now = t0 + Duration::from_secs(2);

@@ -8,10 +8,11 @@ mod degraded;
 mod flow;
 mod frames;
 mod goaway;
-mod held;
+mod order;
 mod panics;
 mod ping;
 mod timers;
+mod undecided;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -191,12 +192,12 @@ fn goaway(last: u32, reason: Reason) -> Vec<u8> {
     out
 }
 
-/// One connection's core and both peers' views of it.
+/// One connection's core and both peers' views of it, read only through its `poll_*`.
 struct Conn {
     core: Core,
     now: Instant,
-    /// What reached the client straight from the runtime (the core's sink).
-    from_runtime: Vec<u8>,
+    /// Events taken from the core ([`Core::poll_event`]) and not yet looked at.
+    events: Vec<Event>,
 }
 
 impl Conn {
@@ -230,50 +231,59 @@ impl Conn {
         Conn {
             core,
             now,
-            from_runtime: Vec::new(),
+            events: Vec::new(),
         }
     }
 
     /// The client sends `frames` (all at once: one read).
     fn client(&mut self, frames: &[&[u8]]) -> Result<(), RelayError> {
         let mut buf = BytesMut::from(&frames.concat()[..]);
-        self.core.client_bytes(&mut buf, self.now)?;
+        self.core.handle_client_bytes(&mut buf, self.now)?;
         assert!(buf.is_empty(), "complete frames are consumed");
         Ok(())
     }
 
-    /// The runtime sends `frames`; true when a DATA frame waits for the client's window (it
-    /// and what follows stay in `rest`).
-    fn runtime(&mut self, frames: &[&[u8]], rest: &mut BytesMut) -> bool {
-        rest.extend_from_slice(&frames.concat());
+    /// The runtime sends `frames` (one read into the core's buffer); true when a DATA frame
+    /// waits for the client's window (it and what follows stay unhandled).
+    fn runtime(&mut self, frames: &[&[u8]]) -> bool {
         self.core
-            .runtime_bytes(rest, &mut self.from_runtime, self.now)
-            .expect("writing to a Vec")
+            .runtime_buffer()
+            .extend_from_slice(&frames.concat());
+        self.core
+            .handle_runtime_bytes(self.now)
+            .expect("the runtime's frames are within bounds");
+        self.core.runtime_waits()
     }
 
     fn runtime_all(&mut self, frames: &[&[u8]]) {
-        let mut rest = BytesMut::new();
-        assert!(
-            !self.runtime(frames, &mut rest),
-            "blocked on the client's window"
-        );
-        assert!(rest.is_empty());
+        assert!(!self.runtime(frames), "blocked on the client's window");
     }
 
     /// What the runtime received since the last look.
     fn at_runtime(&mut self) -> Vec<F> {
-        parse(&std::mem::take(&mut self.core.to_runtime))
-    }
-
-    /// What the client received since the last look: the runtime's frames, then crisp's own
-    /// if it may write them now (as the pump does; else they wait).
-    fn at_client(&mut self) -> Vec<F> {
-        let mut b = std::mem::take(&mut self.from_runtime);
-        if self.core.may_write_own() && !self.core.to_client.is_empty() {
-            b.extend_from_slice(&std::mem::take(&mut self.core.to_client));
-            self.core.own_written(self.now);
+        let mut b = Vec::new();
+        if let Some(bytes) = self.core.poll_transmit_runtime() {
+            b.extend_from_slice(bytes);
+            self.core.advance_runtime(b.len());
         }
         parse(&b)
+    }
+
+    /// The bytes the client received since the last look, in the order the core gives them
+    /// (as the pump writes them).
+    fn client_bytes(&mut self) -> Vec<u8> {
+        let mut b = Vec::new();
+        while let Some(bytes) = self.core.poll_transmit_client() {
+            b.extend_from_slice(bytes);
+            let n = bytes.len();
+            self.core.advance_client(n, self.now);
+        }
+        b
+    }
+
+    /// What the client received since the last look, frame by frame.
+    fn at_client(&mut self) -> Vec<F> {
+        parse(&self.client_bytes())
     }
 
     /// A diverted stream's task sends `cmd` (through the pump).
@@ -286,8 +296,11 @@ impl Conn {
         self.command(Command::Finished { stream });
     }
 
+    /// The events the core left since the last look, oldest first.
     fn events(&mut self) -> Vec<Event> {
-        self.core.events().collect()
+        let mut events = std::mem::take(&mut self.events);
+        events.extend(std::iter::from_fn(|| self.core.poll_event()));
+        events
     }
 
     /// The pump's timer at `now`: [`Core::handle_timeout`], then the answer to each
@@ -299,14 +312,13 @@ impl Conn {
         reachable: &mut dyn FnMut() -> bool,
     ) -> Result<(), RelayError> {
         self.core.handle_timeout(now)?;
-        let events: Vec<Event> = self.core.events().collect();
-        for ev in events {
+        while let Some(ev) = self.core.poll_event() {
             match ev {
                 Event::ProbeRuntime => {
                     let up = reachable();
                     self.core.handle_runtime_probe(now, up);
                 }
-                ev => self.core.events.push_back(ev),
+                ev => self.events.push(ev),
             }
         }
         Ok(())

@@ -106,7 +106,7 @@ fn a_panic_routing_a_new_stream_answers_it_internal_and_the_connection_goes_on()
     let mut c = Conn {
         core: Core::new(&cfg, boom.clone(), true, Instant::now()),
         now: Instant::now(),
-        from_runtime: Vec::new(),
+        events: Vec::new(),
     };
     c.runtime_all(&[&settings(Settings::default())]);
     assert_eq!(kinds(&c.at_client()), [(Kind::Settings, 0)]);
@@ -139,11 +139,11 @@ fn a_panic_routing_a_new_stream_answers_it_internal_and_the_connection_goes_on()
     c.client(&[&data(1, 100, true)]).unwrap();
     assert_eq!(c.at_runtime(), []);
     // The runtime answers S3 through crisp as ever (and the client has its connection credit
-    // back for the dropped DATA).
+    // back for the dropped DATA, crisp's frame first: it was staged before the runtime's).
     c.runtime_all(&[&response(3, &[(":status", "200")], true)]);
     assert_eq!(
         kinds(&c.at_client()),
-        [(Kind::Headers, 3), (Kind::WindowUpdate, 0)]
+        [(Kind::WindowUpdate, 0), (Kind::Headers, 3)]
     );
     // Once the route is bypassed, its calls are relayed without the questions that panicked.
     boom.bypass.store(true, Ordering::Relaxed);

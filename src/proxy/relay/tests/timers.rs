@@ -4,7 +4,7 @@
 //! relay after the runtime's GOAWAY. The pump's socket interest itself: `pump::tests`.
 
 use super::super::core::MOVE_IDLE;
-use super::super::held::HOLD_MAX;
+use super::super::undecided::DECIDE_WITHIN;
 use super::*;
 
 /// The test config's keep-alive: PING after 10 s idle, close 5 s after an unanswered PING.
@@ -68,19 +68,19 @@ fn the_keep_alive_sets_the_timer_only_while_crisp_may_write_its_ping() {
 }
 
 #[test]
-fn the_goaway_wait_and_the_held_stream_set_the_earliest_timer() {
+fn the_goaway_wait_and_the_undecided_stream_set_the_earliest_timer() {
     let mut c = Conn::relayed();
     let t0 = c.now;
     c.client(&[&request(1, STATUS, false)]).unwrap();
     assert_eq!(
         c.core.poll_timeout(),
-        Some(t0 + HOLD_MAX),
-        "the held stream's wait first"
+        Some(t0 + DECIDE_WITHIN),
+        "the undecided stream's wait first"
     );
-    c.core.goaway(b"crisp: shutting down");
+    c.core.handle_goaway(b"crisp: shutting down");
     c.at_client();
-    assert_eq!(c.core.poll_timeout(), Some(t0 + HOLD_MAX));
-    c.timers(t0 + HOLD_MAX, &mut || panic!("not degraded"))
+    assert_eq!(c.core.poll_timeout(), Some(t0 + DECIDE_WITHIN));
+    c.timers(t0 + DECIDE_WITHIN, &mut || panic!("not degraded"))
         .unwrap();
     assert_eq!(diverted(&c.events()), [1], "too slow: diverted");
     assert_eq!(
@@ -198,20 +198,23 @@ fn drained_waits_for_every_stream_and_every_frame_of_crisps() {
     ])
     .unwrap();
     c.events();
-    c.core.goaway(b"crisp: shutting down");
+    c.core.handle_goaway(b"crisp: shutting down");
     c.client(&[&pong(&GOAWAY_PING)]).unwrap();
     assert!(!c.core.drained(), "frames unwritten, streams in flight");
     c.at_client();
-    assert!(!c.core.drained(), "a relayed, a diverted and a held stream");
+    assert!(
+        !c.core.drained(),
+        "a relayed, a diverted and an undecided stream"
+    );
     c.runtime_all(&[&response(
         1,
         &[(":status", "200"), ("grpc-status", "0")],
         true,
     )]);
     c.at_client();
-    assert!(!c.core.drained(), "a diverted and a held stream");
+    assert!(!c.core.drained(), "a diverted and an undecided stream");
     c.finished(S3);
-    assert!(!c.core.drained(), "the held stream");
+    assert!(!c.core.drained(), "the undecided stream");
     c.client(&[&rst(5, Reason::CANCEL)]).unwrap();
     assert!(c.core.drained());
 }

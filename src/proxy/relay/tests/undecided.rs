@@ -1,8 +1,8 @@
-//! Held streams (`held.rs`, DESIGN.md §5.2): a call whose interest is conditional on its request
-//! is relayed untouched unless the request is the one wanted; diverted when wanted, too large,
-//! too slow, or when something else cannot wait; dropped when reset.
+//! Undecided streams (`undecided.rs`, DESIGN.md §5.2): a call whose interest is conditional on its
+//! request is relayed untouched unless the request is the one wanted; diverted when wanted, too
+//! large, too slow, or when something else cannot wait; dropped when reset.
 
-use super::super::held::{HOLD_MAX, MAX_HELD};
+use super::super::undecided::{DECIDE_WITHIN, MAX_UNDECIDED};
 use super::*;
 
 /// The request fields as the runtime decodes them.
@@ -105,16 +105,16 @@ fn only_the_marked_containers_status_call_is_diverted_with_its_request() {
         ),
         "{ev:?}"
     );
-    assert_eq!(c.core.held_due(), None);
+    assert_eq!(c.core.undecided_due(), None);
 }
 
 #[test]
 fn a_request_that_ends_in_a_later_read_within_the_bound_is_still_relayed() {
     let mut c = Conn::relayed();
     c.client(&[&request(1, STATUS, false)]).unwrap();
-    assert!(c.at_runtime().is_empty(), "held");
-    assert_eq!(c.core.held_due(), Some(c.now + HOLD_MAX));
-    c.now += HOLD_MAX / 2;
+    assert!(c.at_runtime().is_empty(), "undecided");
+    assert_eq!(c.core.undecided_due(), Some(c.now + DECIDE_WITHIN));
+    c.now += DECIDE_WITHIN / 2;
     c.core.handle_timeout(c.now).unwrap();
     c.client(&[&grpc(1, b"another", true)]).unwrap();
     assert_eq!(
@@ -122,7 +122,7 @@ fn a_request_that_ends_in_a_later_read_within_the_bound_is_still_relayed() {
         [(Kind::Headers, 1), (Kind::Data, 1)]
     );
     assert!(diverted(&c.events()).is_empty());
-    assert_eq!(c.core.held_due(), None);
+    assert_eq!(c.core.undecided_due(), None);
 }
 
 #[test]
@@ -130,7 +130,7 @@ fn a_request_not_ended_in_time_is_diverted_with_what_it_sent() {
     let mut c = Conn::relayed();
     c.client(&[&request(1, STATUS, false), &data(1, 10, false)])
         .unwrap();
-    c.now += HOLD_MAX - Duration::from_micros(1);
+    c.now += DECIDE_WITHIN - Duration::from_micros(1);
     c.core.handle_timeout(c.now).unwrap();
     assert!(diverted(&c.events()).is_empty(), "not yet");
     c.now += Duration::from_micros(1);
@@ -160,8 +160,8 @@ fn a_request_not_ended_in_time_is_diverted_with_what_it_sent() {
 #[test]
 fn a_request_larger_than_the_bound_is_diverted_and_not_copied_twice() {
     let mut c = Conn::relayed();
-    // Up to the bound, held and relayed.
-    let within = MAX_HELD - http2::HEADER_LEN - 5;
+    // Up to the bound, undecided, then relayed.
+    let within = MAX_UNDECIDED - http2::HEADER_LEN - 5;
     c.client(&[
         &request(1, STATUS, false),
         &grpc(1, &vec![1u8; within], true),
@@ -172,7 +172,7 @@ fn a_request_larger_than_the_bound_is_diverted_and_not_copied_twice() {
         [(Kind::Headers, 1), (Kind::Data, 1)]
     );
     assert!(c.events().is_empty());
-    let half = MAX_HELD / 2;
+    let half = MAX_UNDECIDED / 2;
     c.client(&[
         &request(3, STATUS, false),
         &data(3, half, false),
@@ -193,7 +193,7 @@ fn a_request_larger_than_the_bound_is_diverted_and_not_copied_twice() {
         ),
         "{ev:?}"
     );
-    // Both frames' connection credit back to the client: the held one's, then the other's.
+    // Both frames' connection credit back to the client: the undecided one's, then the other's.
     let credit: u32 = c
         .at_client()
         .iter()
@@ -207,7 +207,7 @@ fn a_request_larger_than_the_bound_is_diverted_and_not_copied_twice() {
 }
 
 #[test]
-fn a_held_stream_reset_before_its_request_ended_never_reaches_anyone() {
+fn an_undecided_stream_reset_before_its_request_ended_never_reaches_anyone() {
     let mut c = Conn::relayed();
     c.client(&[&request(1, STATUS, false), &data(1, 7, false)])
         .unwrap();
@@ -226,7 +226,7 @@ fn a_held_stream_reset_before_its_request_ended_never_reaches_anyone() {
         (0, 7),
         "the client's window is whole again"
     );
-    assert_eq!(c.core.held_due(), None);
+    assert_eq!(c.core.undecided_due(), None);
     assert!(c.core.report(c.now).streams.is_empty());
     // Late frames of the stream are credited and dropped.
     c.client(&[&data(1, 3, true)]).unwrap();
@@ -235,7 +235,7 @@ fn a_held_stream_reset_before_its_request_ended_never_reaches_anyone() {
 }
 
 #[test]
-fn a_new_stream_diverts_the_held_one_so_streams_reach_the_runtime_in_order() {
+fn a_new_stream_diverts_the_undecided_one_so_streams_reach_the_runtime_in_order() {
     let mut c = Conn::relayed();
     c.client(&[
         &request(1, STATUS, false),
@@ -257,7 +257,7 @@ fn a_new_stream_diverts_the_held_one_so_streams_reach_the_runtime_in_order() {
 }
 
 #[test]
-fn held_streams_relayed_between_others_keep_the_runtimes_table_in_step() {
+fn undecided_streams_relayed_between_others_keep_the_runtimes_table_in_step() {
     let mut c = Conn::relayed();
     let mut dec = httlib_hpack::Decoder::default();
     c.client(&[
@@ -288,10 +288,10 @@ fn held_streams_relayed_between_others_keep_the_runtimes_table_in_step() {
 }
 
 #[test]
-fn a_window_update_or_trailers_on_a_held_stream_divert_it_first() {
+fn a_window_update_or_trailers_on_an_undecided_stream_divert_it_first() {
     let mut c = Conn::relayed();
     c.client(&[&request(1, STATUS, false)]).unwrap();
-    assert!(c.events().is_empty(), "held");
+    assert!(c.events().is_empty(), "undecided");
     c.client(&[&wu(1, 1_000)]).unwrap();
     assert_eq!(diverted(&c.events()), [1]);
     assert_eq!(
@@ -304,7 +304,7 @@ fn a_window_update_or_trailers_on_a_held_stream_divert_it_first() {
     let mut c = Conn::relayed();
     c.client(&[&request(1, STATUS, false), &grpc(1, b"another", false)])
         .unwrap();
-    assert!(c.events().is_empty(), "held");
+    assert!(c.events().is_empty(), "undecided");
     c.client(&[&response(1, &[("x-trailer", "1")], true)])
         .unwrap();
     let ev = c.events();
@@ -323,17 +323,17 @@ fn a_window_update_or_trailers_on_a_held_stream_divert_it_first() {
 }
 
 #[test]
-fn a_held_stream_goes_to_the_observed_path_when_the_runtime_goes() {
+fn an_undecided_stream_goes_to_the_observed_path_when_the_runtime_goes() {
     let mut c = Conn::relayed();
     c.client(&[&request(1, STATUS, false), &data(1, 4, false)])
         .unwrap();
-    assert!(c.events().is_empty(), "held");
-    c.core.runtime_failed("crisp: gone").unwrap();
+    assert!(c.events().is_empty(), "undecided");
+    c.core.handle_runtime_failed("crisp: gone").unwrap();
     assert_eq!(diverted(&c.events()), [1]);
     assert_eq!(window_update(&c.at_client()[0]), (0, 4));
-    assert_eq!(c.core.held_due(), None);
-    // Degraded, nothing is held: every new stream goes to the observed path at once.
+    assert_eq!(c.core.undecided_due(), None);
+    // Degraded, no stream is undecided: every new stream goes to the observed path at once.
     c.client(&[&request(3, STATUS, false)]).unwrap();
     assert_eq!(diverted(&c.events()), [3]);
-    assert_eq!(c.core.held_due(), None);
+    assert_eq!(c.core.undecided_due(), None);
 }
