@@ -190,13 +190,13 @@ impl RuntimePool {
         let name = self.display.clone();
         tokio::spawn(async move {
             match conn.await {
-                Ok(()) => tracing::debug!(upstream = %name, "runtime connection closed"),
+                Ok(()) => tracing::debug!(runtime = %name, "runtime connection closed"),
                 Err(e) => {
-                    tracing::debug!(upstream = %name, error = %e, "runtime connection failed")
+                    tracing::debug!(runtime = %name, error = %e, "runtime connection failed")
                 }
             }
         });
-        tracing::debug!(upstream = %self.display, "connected to the runtime");
+        tracing::debug!(runtime = %self.display, "connected to the runtime");
         let dial = self
             .dials
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -282,7 +282,7 @@ impl RuntimePool {
                     attempt += 1;
                     self.retire(idx, dial);
                     tracing::debug!(
-                        upstream = %self.display,
+                        runtime = %self.display,
                         error = %err.error(),
                         attempt,
                         "the runtime did not process the call; sending it on a new connection"

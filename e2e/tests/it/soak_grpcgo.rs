@@ -707,7 +707,7 @@ fn broken_pipes_are_excused_only_at_a_client_exit() {
         "too far from the exit"
     );
     assert!(!at_a_client_exit(line, &[]));
-    let upstream = "2026-11-24T14:32:09.135020Z WARN crisp::proxy::relay: writing to the upstream connection failed error=Broken pipe (os error 32)";
+    let upstream = "2026-11-24T14:32:09.135020Z WARN crisp::proxy::relay: writing to the runtime connection failed error=Broken pipe (os error 32)";
     assert!(
         !at_a_client_exit(upstream, &[exit]),
         "the runtime side is never excused"

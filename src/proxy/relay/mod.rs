@@ -266,9 +266,9 @@ async fn connect_runtime(runtime: &RuntimePool) -> Option<Sock> {
             Err(e) => {
                 tracing::warn!(
                     target: LOG,
-                    upstream = %runtime.path().display(),
+                    runtime = %runtime.path().display(),
                     error = %e,
-                    "upstream connection failed at once; serving this client on the observed path"
+                    "runtime connection failed at once; serving this client on the observed path"
                 );
                 None
             }

@@ -161,7 +161,7 @@ impl Core {
         if reason == Reason::ENHANCE_YOUR_CALM {
             tracing::warn!(
                 target: LOG,
-                upstream = %self.runtime_name,
+                runtime = %self.runtime_name,
                 last_stream = last.get(),
                 error_code = reason.0,
                 debug_data = %debug_data,
@@ -170,7 +170,7 @@ impl Core {
         } else {
             tracing::info!(
                 target: LOG,
-                upstream = %self.runtime_name,
+                runtime = %self.runtime_name,
                 last_stream = last.get(),
                 error_code = reason.0,
                 debug_data = %debug_data,

@@ -350,25 +350,25 @@ impl Pump {
             // The runtime sent GOAWAY or closed: frames crossing its close fail.
             tracing::debug!(
                 target: LOG,
-                upstream = %path,
+                runtime = %path,
                 error = %why,
-                "writing to a closing upstream connection failed"
+                "writing to a closing runtime connection failed"
             );
         } else if writing {
             tracing::warn!(
                 target: LOG,
-                upstream = %path,
+                runtime = %path,
                 error = %why,
-                "writing to the upstream connection failed"
+                "writing to the runtime connection failed"
             );
         } else if matches!(why, RuntimeFailure::Closed) {
-            tracing::info!(target: LOG, upstream = %path, "upstream connection closed");
+            tracing::info!(target: LOG, runtime = %path, "runtime connection closed");
         } else {
             tracing::warn!(
                 target: LOG,
-                upstream = %path,
+                runtime = %path,
                 error = %why,
-                "upstream connection failed"
+                "runtime connection failed"
             );
         }
         let how = if writing {
