@@ -24,30 +24,24 @@
 //! (`tests/`).
 
 use super::LOG;
-use std::collections::{HashSet, VecDeque};
-use std::hash::BuildHasherDefault;
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 
 use super::error::{RelayError, Violation};
-use super::fields::{FieldList, PathCache};
 use super::flow::Flow;
+use super::from_client::FromClient;
+use super::from_runtime::FromRuntime;
 use super::ping::{KeepAlive, KeepAliveAction, PingGate, GOAWAY_PING, KEEPALIVE};
 use super::status::EndStatus;
+use super::streams::Streams;
 use super::transmit::ToClient;
 use super::undecided::{Undecided, Why};
 use crate::intercept::{Call, Interest};
-use crate::proxy::http2::{
-    self, hpack, GoAway, IdHasher, IdMap, Indexer, Ping, Reason, RstStream, Settings, StreamId,
-};
+use crate::proxy::http2::{self, GoAway, IdMap, Ping, Reason, RstStream, Settings, StreamId};
 
-/// Largest header block crisp accepts (the runtime's limit is usually far lower).
-pub(crate) const MAX_HEADER_BLOCK: usize = 1 << 20;
-/// Largest header list (names and values, decoded) crisp accepts: grpc-go's server default. A
-/// block of 1 MiB that refers again and again to one large table entry decodes to gigabytes.
-pub(crate) const MAX_HEADER_LIST: usize = 16 << 20;
 /// A degraded client idle this long is moved back to a relay (see [`Core::handle_runtime_probe`]).
 pub(super) const MOVE_IDLE: Duration = Duration::from_millis(200);
 /// How long crisp waits for the ACK of the PING after its first GOAWAY before it sends the
@@ -157,56 +151,6 @@ impl Relayed {
     }
 }
 
-/// A header block still waiting for its CONTINUATION frames.
-pub(super) struct PendingBlock {
-    pub(super) stream: StreamId,
-    pub(super) end_stream: bool,
-    pub(super) block: Vec<u8>,
-}
-
-/// Client → runtime: what the core keeps to read the client's frames.
-pub(super) struct FromClient {
-    pub(super) dec: hpack::Decoder,
-    pub(super) pending: Option<PendingBlock>,
-    /// Highest stream id sent to the runtime.
-    pub(super) max_relayed: StreamId,
-    /// Streams this connection diverted above `forgotten_upto` (see [`Core::is_diverted`]).
-    pub(super) diverted_ids: HashSet<StreamId, BuildHasherDefault<IdHasher>>,
-    /// Finished diverted streams up to this id were dropped from `diverted_ids` (the record
-    /// stays bounded): a stream up to it that is not relayed in flight is taken for diverted,
-    /// and its late frames never reach the runtime.
-    pub(super) forgotten_upto: StreamId,
-    /// Diverted streams whose request body is still open.
-    pub(super) bodies: HashSet<StreamId, BuildHasherDefault<IdHasher>>,
-    /// The re-encoded request header block, reused from call to call.
-    pub(super) enc: Vec<u8>,
-    /// The fields of the request header block being handled.
-    pub(super) fields: FieldList,
-    /// The runtime connection's HPACK table, which crisp alone writes to.
-    pub(super) indexer: Indexer,
-    /// Paths this client used, with their routes: no copy or re-validation per call.
-    pub(super) paths: PathCache,
-    /// A new stream kept from the runtime until its request is read (`undecided.rs`).
-    pub(super) undecided: Undecided,
-    /// The SETTINGS_MAX_FRAME_SIZE the client was told: the runtime's, relayed (the largest it
-    /// advertised), or the default when crisp is the server. A longer frame closes the
-    /// connection with FRAME_SIZE_ERROR (RFC 9113 §4.2).
-    pub(super) max_frame: u32,
-}
-
-/// Runtime → client: what the core keeps to read the runtime's frames.
-pub(super) struct FromRuntime {
-    pub(super) dec: hpack::Decoder,
-    /// A response header block spanning several frames (relayed as they come, decoded at the
-    /// end): crisp's own frames must not be written in between.
-    pub(super) pending: Option<PendingBlock>,
-    /// SETTINGS_HEADER_TABLE_SIZE from the runtime, for the other direction's [`Indexer`].
-    pub(super) table_size: Option<u32>,
-    /// The runtime's next DATA frame waits for the client's window: the shell does not read
-    /// the runtime until the client's credit comes ([`Core::runtime_waits`]).
-    pub(super) waits: bool,
-}
-
 /// One client connection's rules.
 pub(crate) struct Core {
     pub(super) calls: Arc<dyn Calls>,
@@ -221,7 +165,13 @@ pub(crate) struct Core {
     pub(crate) flow: Flow,
     /// The runtime connection: relayed to, closing, or gone.
     pub(super) runtime: RuntimeState,
+    /// The client's header blocks, read and written anew for the runtime.
     pub(super) client: FromClient,
+    /// Whose each of the client's streams is: relayed, diverted, its body open.
+    pub(super) streams: Streams,
+    /// A new stream kept from the runtime until its request is read (`undecided.rs`).
+    pub(super) undecided: Undecided,
+    /// What the core keeps to read the runtime's frames.
     pub(super) from_runtime: FromRuntime,
     pub(super) relayed: IdMap<Relayed>,
     /// Highest stream id the client opened.
@@ -331,20 +281,6 @@ impl Core {
             // crisp is the server now: its own (default) SETTINGS.
             Settings::default().encode(out.own());
         }
-        let client = FromClient {
-            dec: hpack::Decoder::default(),
-            pending: None,
-            max_relayed: StreamId::CONNECTION,
-            diverted_ids: Default::default(),
-            forgotten_upto: StreamId::CONNECTION,
-            bodies: Default::default(),
-            enc: Vec::with_capacity(512),
-            fields: FieldList::default(),
-            indexer: Indexer::default(),
-            paths: PathCache::default(),
-            undecided: Undecided::default(),
-            max_frame: http2::MAX_FRAME as u32,
-        };
         Core {
             calls,
             runtime_name: cfg.runtime.display().to_string(),
@@ -356,13 +292,10 @@ impl Core {
             } else {
                 RuntimeState::Gone
             },
-            client,
-            from_runtime: FromRuntime {
-                dec: hpack::Decoder::default(),
-                pending: None,
-                table_size: None,
-                waits: false,
-            },
+            client: FromClient::default(),
+            streams: Streams::default(),
+            undecided: Undecided::default(),
+            from_runtime: FromRuntime::default(),
             relayed: IdMap::default(),
             max_stream: StreamId::CONNECTION,
             goaway: GoAwayState::Open,
@@ -401,11 +334,10 @@ impl Core {
             })
             .collect();
         streams.extend(
-            self.client
-                .diverted_ids
-                .iter()
-                .filter(|&&id| self.flow.is_diverted(id))
-                .map(|&id| (id.get(), "(diverted)".to_string(), Duration::ZERO)),
+            self.streams
+                .diverted_ids()
+                .filter(|&id| self.flow.is_diverted(id))
+                .map(|id| (id.get(), "(diverted)".to_string(), Duration::ZERO)),
         );
         if let Some(id) = self.undecided_id() {
             streams.push((id.get(), "(undecided)".to_string(), Duration::ZERO));
@@ -427,7 +359,7 @@ impl Core {
 
     /// The runtime is in the middle of a header block: crisp's own frames must wait.
     pub(crate) fn in_runtime_block(&self) -> bool {
-        self.from_runtime.pending.is_some()
+        self.from_runtime.in_block()
     }
 
     /// Whether crisp may write its own frames to the client now: after the server preface, and
@@ -643,7 +575,7 @@ impl Core {
     /// runtime (backpressure) until the client's credit comes, which the core applies as it
     /// handles the client's bytes.
     pub(crate) fn runtime_waits(&self) -> bool {
-        self.from_runtime.waits
+        self.from_runtime.waits()
     }
 
     /// The second step of [`Core::start_goaway`]: the client has seen the first (its PING's ACK).
@@ -664,7 +596,7 @@ impl Core {
             && self.undecided_id().is_none()
             && !self.flow.any_diverted()
             && self.out.is_empty()
-            && self.from_runtime.pending.is_none()
+            && !self.from_runtime.in_block()
     }
 
     /// The runtime connection failed (or closed; `msg` says so to the calls on it): they end
@@ -674,12 +606,12 @@ impl Core {
     pub(crate) fn handle_runtime_failed(&mut self, msg: &str) -> Result<(), RelayError> {
         self.runtime = RuntimeState::Gone;
         self.out.drop_unhandled();
-        self.from_runtime.waits = false;
-        if self.from_runtime.pending.is_some() {
+        self.from_runtime.set_waits(false);
+        if self.from_runtime.in_block() {
             // The client holds part of a header block that will never end: its connection is
             // unusable (and no GOAWAY can be written inside the block).
             let e = self.protocol_error(Violation::RuntimeGoneInBlock);
-            self.from_runtime.pending = None;
+            self.from_runtime.abandon_block();
             return Err(e);
         }
         self.runtime_gone(msg, None);
@@ -763,11 +695,11 @@ impl Core {
         now: Instant,
     ) -> Result<(), RelayError> {
         // Settings the runtime sent apply to the blocks crisp writes from now on.
-        if let Some(size) = self.from_runtime.table_size.take() {
-            self.client.indexer.peer_table_size(size);
+        if let Some(size) = self.from_runtime.take_table_size() {
+            self.client.runtime_table_size(size);
         }
         self.client_frames(buf, now)?;
-        if self.from_runtime.waits {
+        if self.from_runtime.waits() {
             self.runtime_frames()?;
         }
         Ok(())

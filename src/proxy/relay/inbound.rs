@@ -13,17 +13,18 @@ use std::time::Instant;
 
 use bytes::{Buf, Bytes, BytesMut};
 
-use super::core::{Core, Event, PendingBlock, Relayed, MAX_HEADER_BLOCK, MAX_HEADER_LIST};
+use super::core::{Core, Event, Relayed};
 use super::error::{RelayError, Violation};
+use super::from_client::{Request, MAX_HEADER_BLOCK};
 use super::ping::{GOAWAY_PING, KEEPALIVE};
 use super::status::EndStatus;
+use super::streams::Whose;
 use super::undecided::{Step, Why};
 use crate::cri::Route;
 use crate::intercept::Call;
 use crate::proxy::http2::{
     self, Flags, Head, Kind, Ping, Reason, RstStream, Settings, StreamId, WindowUpdate,
 };
-use crate::status::parse_grpc_timeout;
 
 impl Core {
     /// The complete frames at the start of `buf`: what goes on to the runtime is appended to
@@ -45,7 +46,7 @@ impl Core {
             let len = http2::HEADER_LEN + head.len;
             got_frame = true;
             r = head
-                .within(self.client.max_frame)
+                .within(self.client.max_frame())
                 .map_err(Violation::Frame)
                 .and_then(|()| self.client_frame(head, &buf[pos..pos + len], &mut credit));
             if r.is_err() {
@@ -56,7 +57,9 @@ impl Core {
         if r.is_ok() && missing > 0 {
             // A frame over the bound is refused from its header: nothing of it is buffered.
             if let Some(head) = Head::parse(&buf[pos..]) {
-                r = head.within(self.client.max_frame).map_err(Violation::Frame);
+                r = head
+                    .within(self.client.max_frame())
+                    .map_err(Violation::Frame);
             }
         }
         if let Err(v) = r {
@@ -84,7 +87,7 @@ impl Core {
         credit: &mut u32,
     ) -> Result<(), Violation> {
         let payload = &frame[http2::HEADER_LEN..];
-        if self.client.pending.is_some() {
+        if self.client.in_block() {
             return self.continuation(head, payload);
         }
         match head.kind {
@@ -99,11 +102,9 @@ impl Core {
                 if head.has(Flags::END_HEADERS) {
                     self.header_block(head.stream, head.has(Flags::END_STREAM), &payload[r])?;
                 } else {
-                    self.client.pending = Some(PendingBlock {
-                        stream: head.stream,
-                        end_stream: head.has(Flags::END_STREAM),
-                        block: payload[r].to_vec(),
-                    });
+                    let end_stream = head.has(Flags::END_STREAM);
+                    self.client
+                        .begin_block(head.stream, end_stream, &payload[r]);
                 }
             }
             Kind::Continuation => return Err(Violation::StrayContinuation),
@@ -132,23 +133,10 @@ impl Core {
         }
     }
 
-    /// A CONTINUATION of the header block in `client.pending`.
+    /// The client's next frame inside a header block it has begun.
     fn continuation(&mut self, head: Head, payload: &[u8]) -> Result<(), Violation> {
-        let p = self
-            .client
-            .pending
-            .as_mut()
-            .expect("called with a pending block");
-        if head.kind != Kind::Continuation || head.stream != p.stream {
-            return Err(Violation::InterruptedBlock);
-        }
-        p.block.extend_from_slice(payload);
-        if p.block.len() > MAX_HEADER_BLOCK {
-            return Err(Violation::BlockTooLarge);
-        }
-        if head.has(Flags::END_HEADERS) {
-            let p = self.client.pending.take().expect("checked");
-            self.header_block(p.stream, p.end_stream, &p.block)?;
+        if let Some(b) = self.client.continuation(&head, payload)? {
+            self.header_block(b.stream, b.end_stream, &b.block)?;
         }
         Ok(())
     }
@@ -158,10 +146,10 @@ impl Core {
         if self.undecided_id() == Some(stream) {
             // Never reached the runtime: nothing to relay.
             self.drop_undecided(false);
-        } else if self.client.bodies.contains(&stream) || self.is_diverted(stream) {
+        } else if matches!(self.whose(stream), Whose::Body | Whose::Diverted) {
             // Its task (or its request body's sender) ends, once: a second reset finds
             // nothing left to end, and never reaches the runtime either.
-            let body_open = self.client.bodies.remove(&stream);
+            let body_open = self.streams.end_body(stream);
             // What waits of its answer is dropped with it.
             let answering = self.flow.close_diverted(stream);
             if body_open || answering {
@@ -180,32 +168,35 @@ impl Core {
         let payload = &frame[http2::HEADER_LEN..];
         if self.undecided_id() == Some(head.stream) {
             self.undecided_data(head, frame, credit);
-        } else if self.client.bodies.contains(&head.stream) {
+            return;
+        }
+        match self.whose(head.stream) {
+            Whose::Body => self.body_data(head, payload, credit),
+            Whose::Relayed if self.runtime.connected() => self.to_runtime.extend_from_slice(frame),
             // Never reaches the runtime: the client gets its connection credit back now.
-            *credit = credit.saturating_add(head.len as u32);
-            if let Ok(r) = http2::data_payload(&head, payload) {
-                if !r.is_empty() {
-                    // A diverted request's body (a few KiB at most for the calls crisp
-                    // diverts): copied out of the read buffer.
-                    self.events.push_back(Event::Body {
-                        stream: head.stream,
-                        data: Bytes::copy_from_slice(&payload[r]),
-                    });
-                }
-            }
-            if head.has(Flags::END_STREAM) {
-                self.client.bodies.remove(&head.stream);
-                self.events.push_back(Event::BodyEnd {
+            _ => *credit = credit.saturating_add(head.len as u32),
+        }
+    }
+
+    /// DATA of a diverted stream's request body: for its task.
+    fn body_data(&mut self, head: Head, payload: &[u8], credit: &mut u32) {
+        // Never reaches the runtime: the client gets its connection credit back now.
+        *credit = credit.saturating_add(head.len as u32);
+        if let Ok(r) = http2::data_payload(&head, payload) {
+            if !r.is_empty() {
+                // A diverted request's body (a few KiB at most for the calls crisp diverts):
+                // copied out of the read buffer.
+                self.events.push_back(Event::Body {
                     stream: head.stream,
+                    data: Bytes::copy_from_slice(&payload[r]),
                 });
             }
-        } else if self.runtime.connected()
-            && head.stream <= self.client.max_relayed
-            && !self.is_diverted(head.stream)
-        {
-            self.to_runtime.extend_from_slice(frame);
-        } else {
-            *credit = credit.saturating_add(head.len as u32);
+        }
+        if head.has(Flags::END_STREAM) {
+            self.streams.end_body(head.stream);
+            self.events.push_back(Event::BodyEnd {
+                stream: head.stream,
+            });
         }
     }
 
@@ -248,7 +239,7 @@ impl Core {
             if self.runtime.connected() && forward > 0 {
                 WindowUpdate::new(StreamId::CONNECTION, forward).encode(&mut self.to_runtime);
             }
-        } else if self.is_diverted(head.stream) {
+        } else if matches!(self.whose(head.stream), Whose::Body | Whose::Diverted) {
             self.flow.stream_credit(head.stream, inc);
             self.flush_diverted();
         } else {
@@ -256,17 +247,11 @@ impl Core {
         }
     }
 
-    /// Whether the runtime never saw `stream`: a diverted stream, in flight or finished, whose
-    /// late frames are crisp's (dropped, their connection credit given back).
-    ///
-    /// `diverted_ids` is this direction's own record, without a lock; finished streams are
-    /// pruned from it in batches ([`Core::open_diverted`]). Below that cut a stream that is not
-    /// relayed in flight has ended, whichever way it went, and its late frames are dropped too:
-    /// the runtime may take frames on a stream it never opened for a connection error, and
-    /// ignores them on one it closed (RFC 9113 §5.1).
-    pub(super) fn is_diverted(&self, stream: StreamId) -> bool {
-        self.client.diverted_ids.contains(&stream)
-            || (stream <= self.client.forgotten_upto && !self.relayed.contains_key(&stream))
+    /// Whose the frames of `stream`, not a new one, are (`streams.rs`): crisp's for a diverted
+    /// stream, in flight or finished (dropped, their connection credit given back).
+    pub(super) fn whose(&self, stream: StreamId) -> Whose {
+        let in_flight = self.relayed.contains_key(&stream);
+        self.streams.whose(stream, in_flight)
     }
 
     /// A client SETTINGS frame (not an ACK). Relayed, the runtime's ACK will reach the client
@@ -300,39 +285,7 @@ impl Core {
         raw: &[u8],
         block: &mut Vec<u8>,
     ) -> Result<(), Violation> {
-        let mut path: Option<(Route, http::uri::PathAndQuery)> = None;
-        let mut timeout = None;
-        let paths = &mut self.client.paths;
-        let fields = &mut self.client.fields;
-        fields.clear();
-        let mut too_large = false;
-        let decoded = self.client.dec.decode(raw, |n, v| {
-            match n {
-                b":path" => path = Some(paths.get(v)),
-                b"grpc-timeout" => timeout = parse_grpc_timeout(v),
-                _ => {}
-            }
-            too_large |= fields.size() + n.len() + v.len() > MAX_HEADER_LIST;
-            if !too_large {
-                fields.push(n, v);
-            }
-        });
-        if too_large {
-            tracing::debug!(
-                target: LOG,
-                max_bytes = MAX_HEADER_LIST,
-                "client sent a header block that decodes to more than crisp accepts"
-            );
-            return Err(Violation::ListTooLarge);
-        }
-        if let Err(e) = decoded {
-            tracing::debug!(
-                target: LOG,
-                error = %e,
-                "client sent a header block crisp cannot decode"
-            );
-            return Err(Violation::UndecodableBlock);
-        }
+        let req = self.client.decode_request(raw)?;
         let new = stream > self.max_stream && stream.is_client();
         if new && self.undecided_id().is_some() {
             // Streams reach the runtime in the order of their ids: the undecided one cannot wait.
@@ -345,7 +298,7 @@ impl Core {
             self.trailers(stream, end_stream, block);
             return Ok(());
         }
-        self.new_stream(stream, end_stream, path, timeout, block);
+        self.new_stream(stream, end_stream, req, block);
         Ok(())
     }
 
@@ -357,21 +310,21 @@ impl Core {
         &mut self,
         stream: StreamId,
         end_stream: bool,
-        path: Option<(Route, http::uri::PathAndQuery)>,
-        timeout: Option<std::time::Duration>,
+        req: Request,
         block: &mut Vec<u8>,
     ) {
         let now = self.now;
         self.max_stream = stream;
         self.last_stream_at = now;
-        let (route, path) =
-            path.unwrap_or_else(|| (Route::UNKNOWN, http::uri::PathAndQuery::from_static("/")));
+        let (route, path) = req
+            .path
+            .unwrap_or_else(|| (Route::UNKNOWN, http::uri::PathAndQuery::from_static("/")));
         self.last_route = route;
         let call = Call {
             route,
             path,
             received: now,
-            deadline: timeout.map(|d| now + d),
+            deadline: req.timeout.map(|d| now + d),
             id: self.calls.next_id(),
             // Never read here: a relayed call pays nothing for tracing (src/otel.rs).
             trace: None,
@@ -413,16 +366,13 @@ impl Core {
             self.relay_stream(stream, r, end_stream, Kept::No, block);
             return;
         }
-        self.open_diverted(stream);
-        if !end_stream {
-            self.client.bodies.insert(stream);
-        }
+        self.open_diverted(stream, !end_stream);
         // One road: the fields as decoded above, handed on (with the call as the relay saw it:
         // one call id, the arrival time of its headers).
         self.events.push_back(Event::Divert {
             stream,
             call,
-            fields: self.client.fields.to_owned(),
+            fields: self.client.fields().to_owned(),
             end_stream,
         });
     }
@@ -444,40 +394,33 @@ impl Core {
         if !end_stream {
             RstStream::new(stream, Reason::NO_ERROR).encode(self.out.own());
         }
-        self.client.diverted_ids.insert(stream);
+        self.streams.answered_here(stream);
     }
 
-    /// crisp serves `stream` itself from now on (the observed path).
-    pub(super) fn open_diverted(&mut self, stream: StreamId) {
+    /// crisp serves `stream` itself from now on (the observed path), its request body still
+    /// coming (`body_open`) or not.
+    pub(super) fn open_diverted(&mut self, stream: StreamId, body_open: bool) {
         let flow = &mut self.flow;
         flow.open_diverted(stream);
-        self.client.diverted_ids.insert(stream);
-        if self.client.diverted_ids.len() > 64 {
-            self.client.diverted_ids.retain(|id| flow.is_diverted(*id));
-            self.client.forgotten_upto = self.max_stream;
-        }
+        let answering = |id| flow.is_diverted(id);
+        self.streams
+            .diverted(stream, body_open, self.max_stream, answering);
     }
 
     /// A header block on a stream that is not new: trailers (gRPC clients send none, but HTTP/2
     /// allows them), or a protocol error for the runtime to judge.
     fn trailers(&mut self, stream: StreamId, end_stream: bool, block: &mut Vec<u8>) {
-        if self.client.bodies.remove(&stream) {
+        if self.streams.end_body(stream) {
             self.events.push_back(Event::Trailers {
                 stream,
-                fields: self.client.fields.to_owned(),
+                fields: self.client.fields().to_owned(),
             });
             return;
         }
         // Relayed streams only.
-        if self.runtime.connected()
-            && stream <= self.client.max_relayed
-            && !self.is_diverted(stream)
-        {
+        if self.runtime.connected() && self.whose(stream) == Whose::Relayed {
             // Literals that leave the runtime's table alone; owed size updates go first.
-            self.client.indexer.begin(block);
-            for (n, v) in self.client.fields.iter() {
-                http2::encode_field(block, n, v);
-            }
+            self.client.encode_literal(block);
             http2::headers(&mut self.to_runtime, stream, block, end_stream);
         }
     }
@@ -489,12 +432,9 @@ impl Core {
     /// Reuses the buffer of re-encoded header blocks for `f`, and keeps it for the next call
     /// unless a huge block grew it.
     fn with_block<R>(&mut self, f: impl FnOnce(&mut Core, &mut Vec<u8>) -> R) -> R {
-        let mut block = std::mem::take(&mut self.client.enc);
-        block.clear();
+        let mut block = self.client.block_buffer();
         let r = f(self, &mut block);
-        if block.capacity() <= 64 << 10 && self.client.enc.capacity() < block.capacity() {
-            self.client.enc = block;
-        }
+        self.client.keep_block_buffer(block);
         r
     }
 
@@ -511,34 +451,24 @@ impl Core {
         block: &mut Vec<u8>,
     ) {
         self.relayed.insert(stream, r);
-        let client = &mut self.client;
-        client.max_relayed = stream;
+        self.streams.relayed(stream);
         let fields = match kept {
-            Kept::No => &client.fields,
-            Kept::Undecided => client.undecided.fields(),
+            Kept::No => None,
+            Kept::Undecided => Some(self.undecided.fields()),
         };
-        client.indexer.begin(block);
-        for (n, v) in fields.iter() {
-            client.indexer.field(block, n, v);
-        }
+        self.client.encode(fields, block);
         http2::headers(&mut self.to_runtime, stream, block, end_stream);
         if kept == Kept::Undecided {
-            self.to_runtime.extend_from_slice(client.undecided.frames());
+            self.to_runtime.extend_from_slice(self.undecided.frames());
         }
     }
 
     /// Keeps new stream `stream` from the runtime until its request is read, its fields in
     /// `client.fields`; decides at once when its HEADERS ended it.
     fn defer(&mut self, stream: StreamId, call: Call, report: bool, end_stream: bool) {
-        let client = &mut self.client;
-        client.undecided.open(
-            stream,
-            call,
-            report,
-            &mut client.fields,
-            self.now,
-            end_stream,
-        );
+        let fields = self.client.fields_mut();
+        self.undecided
+            .open(stream, call, report, fields, self.now, end_stream);
         if end_stream {
             self.decide();
         }
@@ -546,18 +476,18 @@ impl Core {
 
     /// The id of the undecided stream, if any.
     pub(super) fn undecided_id(&self) -> Option<StreamId> {
-        self.client.undecided.id()
+        self.undecided.id()
     }
 
     /// When the undecided stream is diverted if its request has not ended
     /// ([`Core::poll_timeout`]).
     pub(super) fn undecided_due(&self) -> Option<Instant> {
-        self.client.undecided.due()
+        self.undecided.due()
     }
 
     /// A DATA frame of the undecided stream.
     fn undecided_data(&mut self, head: Head, frame: &[u8], credit: &mut u32) {
-        match self.client.undecided.data(head, frame) {
+        match self.undecided.data(head, frame) {
             Step::Wait => {}
             Step::Decide => self.decide(),
             Step::TooLarge => {
@@ -571,7 +501,7 @@ impl Core {
     /// The undecided stream's request has ended: relayed unless an interceptor wants it (or
     /// it is not one uncompressed message, the observed path's to judge).
     fn decide(&mut self) {
-        let wanted = match self.client.undecided.request() {
+        let wanted = match self.undecided.request() {
             Some((call, Some(msg))) => self.calls.wants(call, msg),
             Some((_, None)) => true,
             None => return,
@@ -580,7 +510,7 @@ impl Core {
             self.divert_undecided(Why::Wanted);
             return;
         }
-        let Some(d) = self.client.undecided.take() else {
+        let Some(d) = self.undecided.take() else {
             return;
         };
         let r = Relayed::new(d.call, d.report, self.record_calls, d.opened);
@@ -592,12 +522,12 @@ impl Core {
     /// Hands the undecided stream to the observed path with what it sent so far; the client gets
     /// the connection credit of its DATA back.
     pub(super) fn divert_undecided(&mut self, why: Why) {
-        let Some(d) = self.client.undecided.take() else {
+        let Some(d) = self.undecided.take() else {
             return;
         };
         tracing::trace!(target: LOG, stream = d.id.get(), ?why, "undecided stream diverted");
-        self.open_diverted(d.id);
-        let undecided = &self.client.undecided;
+        self.open_diverted(d.id, !d.ended);
+        let undecided = &self.undecided;
         self.events.push_back(Event::Divert {
             stream: d.id,
             call: d.call,
@@ -612,8 +542,6 @@ impl Core {
         }
         if d.ended && !d.headers_end {
             self.events.push_back(Event::BodyEnd { stream: d.id });
-        } else if !d.ended {
-            self.client.bodies.insert(d.id);
         }
         if d.credit > 0 {
             WindowUpdate::new(StreamId::CONNECTION, d.credit).encode(self.out.own());
@@ -623,7 +551,7 @@ impl Core {
     /// The client reset the undecided stream, or is gone: it never reached anyone; the client
     /// gets the connection credit of its DATA back (unless gone).
     pub(super) fn drop_undecided(&mut self, client_gone: bool) {
-        let Some(d) = self.client.undecided.take() else {
+        let Some(d) = self.undecided.take() else {
             return;
         };
         if d.credit > 0 && !client_gone {

@@ -26,11 +26,14 @@
 //! the whole connection is served by the observed path (UNAVAILABLE until the runtime returns).
 
 mod answers;
+mod blocks;
 mod bridge;
 pub(crate) mod core;
 mod error;
 mod fields;
 mod flow;
+mod from_client;
+mod from_runtime;
 #[cfg(any(test, feature = "test-util"))]
 pub mod fuzzing;
 mod inbound;
@@ -38,6 +41,7 @@ mod outbound;
 mod ping;
 mod pump;
 mod status;
+mod streams;
 #[cfg(test)]
 mod tests;
 mod transmit;

@@ -4,7 +4,7 @@
 use super::LOG;
 use std::time::Instant;
 
-use super::core::{Core, PendingBlock};
+use super::core::Core;
 use super::error::{RelayError, Violation};
 use super::status::{Code, EndStatus};
 use crate::proxy::http2::{self, Flags, GoAway, Head, Kind, Reason, Settings, StreamId};
@@ -29,7 +29,7 @@ impl Core {
     /// client's SETTINGS ACK before crisp's DATA that counts on it), and none inside a header
     /// block ([`Core::may_write_own`]).
     pub(super) fn runtime_frames(&mut self) -> Result<(), RelayError> {
-        self.from_runtime.waits = false;
+        self.from_runtime.set_waits(false);
         let (buf, mut pos) = self.out.take_runtime();
         // Room still missing for a frame that has only partly arrived.
         let mut missing = 0;
@@ -43,7 +43,7 @@ impl Core {
                 Ok(Next::Relay) => self.out.relay_runtime(len),
                 Ok(Next::WaitForWindow) => {
                     // Not within what the client has left: it waits for the client's credit.
-                    self.from_runtime.waits = true;
+                    self.from_runtime.set_waits(true);
                     break;
                 }
                 Ok(Next::GoAway {
@@ -91,21 +91,13 @@ impl Core {
                 if head.has(Flags::END_HEADERS) {
                     self.response_block(head.stream, end_stream, &payload[r]);
                 } else {
-                    self.from_runtime.pending = Some(PendingBlock {
-                        stream: head.stream,
-                        end_stream,
-                        block: payload[r].to_vec(),
-                    });
+                    self.from_runtime
+                        .begin_block(head.stream, end_stream, &payload[r]);
                 }
             }
             Kind::Continuation => {
-                if let Some(mut p) = self.from_runtime.pending.take() {
-                    p.block.extend_from_slice(payload);
-                    if head.has(Flags::END_HEADERS) {
-                        self.response_block(p.stream, p.end_stream, &p.block);
-                    } else {
-                        self.from_runtime.pending = Some(p);
-                    }
+                if let Some(b) = self.from_runtime.continuation(&head, payload) {
+                    self.response_block(b.stream, b.end_stream, &b.block);
                 }
             }
             Kind::RstStream => self.end_relayed(head.stream, EndStatus::cancelled()),
@@ -121,7 +113,7 @@ impl Core {
                 self.preface_sent = true;
                 if let Ok(s) = Settings::load(&head, payload) {
                     if let Some(size) = s.header_table_size {
-                        self.from_runtime.table_size = Some(size);
+                        self.from_runtime.table_size(size);
                     }
                     // The client may send frames as large as the runtime says it accepts (an
                     // invalid value is the client's to reject: it changes nothing here).
@@ -129,7 +121,7 @@ impl Core {
                         .max_frame_size
                         .filter(|m| (http2::MAX_FRAME as u32..=http2::MAX_FRAME_LIMIT).contains(m))
                     {
-                        self.client.max_frame = self.client.max_frame.max(max);
+                        self.client.runtime_max_frame(max);
                     }
                 }
             }
@@ -183,7 +175,7 @@ impl Core {
 
     fn response_block(&mut self, stream: StreamId, end_stream: bool, block: &[u8]) {
         let mut status = None;
-        let decoded = self.from_runtime.dec.decode(block, |n, v| {
+        let decoded = self.from_runtime.decode(block, |n, v| {
             if n == b"grpc-status" {
                 status = Code::parse(v);
             }

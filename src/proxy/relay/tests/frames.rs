@@ -2,7 +2,7 @@
 //! header block bound however the block is framed, and the one mapping from a protocol error
 //! to the GOAWAY that closes the connection.
 
-use super::super::core::MAX_HEADER_BLOCK;
+use super::super::from_client::MAX_HEADER_BLOCK;
 use super::*;
 use crate::proxy::http2::{FrameError, MAX_FRAME};
 

@@ -296,15 +296,17 @@ fn late_frames_of_a_finished_diverted_stream_never_reach_the_runtime_once_forgot
     // connection that lives for weeks); their late frames must still never be taken for a
     // relayed stream's: the runtime never saw the stream, and may close the connection for it.
     let mut c = Conn::relayed();
-    for n in 0..70u32 {
+    let n_diverted = FORGET_AFTER as u32 + 6;
+    for n in 0..n_diverted {
         let id = 1 + 2 * n;
         c.client(&[&request(id, "/s/Divert", true)]).unwrap();
         // Its task answered and ended.
         c.finished(StreamId::new(id));
     }
-    assert_eq!(diverted(&c.events()).len(), 70);
-    c.client(&[&request(141, "/s/Relay", false)]).unwrap();
-    assert_eq!(kinds(&c.at_runtime()), [(Kind::Headers, 141)]);
+    assert_eq!(diverted(&c.events()).len(), n_diverted as usize);
+    let relay = 1 + 2 * n_diverted;
+    c.client(&[&request(relay, "/s/Relay", false)]).unwrap();
+    assert_eq!(kinds(&c.at_runtime()), [(Kind::Headers, relay)]);
     c.client(&[
         &data(1, 10, true),
         &response(3, &[("x-late", "trailers")], true),
@@ -319,8 +321,8 @@ fn late_frames_of_a_finished_diverted_stream_never_reach_the_runtime_once_forgot
         "no second end"
     );
     // A relayed stream's frames still go on.
-    c.client(&[&data(141, 5, true)]).unwrap();
-    assert_eq!(kinds(&c.at_runtime()), [(Kind::Data, 141)]);
+    c.client(&[&data(relay, 5, true)]).unwrap();
+    assert_eq!(kinds(&c.at_runtime()), [(Kind::Data, relay)]);
 }
 
 #[test]
@@ -330,12 +332,13 @@ fn a_relayed_stream_in_flight_below_the_forgotten_cut_is_still_relayed() {
     let mut c = Conn::relayed();
     c.client(&[&request(1, "/s/Relay", false)]).unwrap();
     assert_eq!(kinds(&c.at_runtime()), [(Kind::Headers, 1)]);
-    for n in 1..=70u32 {
+    let n_diverted = FORGET_AFTER as u32 + 6;
+    for n in 1..=n_diverted {
         let id = 1 + 2 * n;
         c.client(&[&request(id, "/s/Divert", true)]).unwrap();
         c.finished(StreamId::new(id));
     }
-    assert_eq!(diverted(&c.events()).len(), 70);
+    assert_eq!(diverted(&c.events()).len(), n_diverted as usize);
     c.client(&[&data(1, 10, false), &wu(1, 100), &data(1, 5, true)])
         .unwrap();
     assert_eq!(

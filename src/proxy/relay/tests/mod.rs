@@ -25,6 +25,7 @@ use super::core::{Calls, Config, Core, Event, GOAWAY_ACK_WAIT};
 use super::error::{RelayError, Violation};
 use super::ping::{GOAWAY_PING, KEEPALIVE};
 use super::status::{Code, EndStatus};
+use super::streams::FORGET_AFTER;
 use crate::intercept::{Call, Interest};
 use crate::proxy::http2::{
     self, Flags, GoAway, Head, Kind, Ping, Reason, RstStream, Settings, StreamId, WindowUpdate,
