@@ -104,7 +104,7 @@ impl Core {
             Kind::Ping if head.has(Flags::ACK) => self.pings.acked(),
             // The client's oldest unacknowledged SETTINGS now apply on its side too: crisp's
             // DATA that counts on them is staged now, and so placed after the ACK
-            // (`Core::runtime_frames`; tested in `tests/order.rs`).
+            // (`Core::runtime_frames`; tested in `relay/tests/order.rs`).
             Kind::Settings if head.has(Flags::ACK) => self.runtime_acked_settings(),
             // The runtime's own settings go on to the client unchanged; its header table size is
             // also the bound of crisp's table on this connection ([`http2::Indexer`]).
