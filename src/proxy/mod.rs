@@ -101,6 +101,8 @@ pub struct Proxy {
     opts: ProxyOptions,
     next_id: AtomicU64,
     watchdog: Arc<crate::watchdog::Watchdog>,
+    /// `CRISP_RELAY_SPLICE=1`: a benchmark's floor (`relay/splice.rs`).
+    splice: bool,
 }
 
 impl Proxy {
@@ -115,6 +117,7 @@ impl Proxy {
             watchdog: crate::watchdog::Watchdog::new(opts.watchdog),
             opts,
             next_id: AtomicU64::new(1),
+            splice: relay::splice_from_env(),
         })
     }
 
@@ -132,6 +135,7 @@ impl Proxy {
             handshake_timeout: o.handshake_timeout,
             keepalive_interval: o.keepalive_interval,
             keepalive_timeout: o.keepalive_timeout,
+            splice: self.splice,
         };
         relay::Handle {
             options,

@@ -505,9 +505,38 @@ fn start_crisp_bin(
     upstream: &Path,
     extra: &str,
 ) -> Result<Proc> {
+    start_crisp_env(bin, name, dir, listen, upstream, extra, &[])
+}
+
+/// crisp spliced on its relay threads (`CRISP_RELAY_SPLICE=1`, `src/proxy/relay/splice.rs`):
+/// the same accept, threads and sockets as crisp, none of its protocol work. The machine's floor
+/// for crisp's added latency: crisp's addition over it is what the relay core costs.
+fn start_crisp_splice(dir: &Path, name: &str, listen: &Path, upstream: &Path) -> Result<Proc> {
+    let bin = crisp_e2e::crisp::crisp_binary()?;
+    start_crisp_env(
+        &bin,
+        name,
+        dir,
+        listen,
+        upstream,
+        "",
+        &[("CRISP_RELAY_SPLICE", "1")],
+    )
+}
+
+fn start_crisp_env(
+    bin: &Path,
+    name: &str,
+    dir: &Path,
+    listen: &Path,
+    upstream: &Path,
+    extra: &str,
+    env: &[(&str, &str)],
+) -> Result<Proc> {
     let cfg = dir.join(format!("{name}.toml"));
     std::fs::write(&cfg, format!("listen = {listen:?}\nupstream = {upstream:?}\nstate_dir = {:?}\n[log]\nlevel = \"warn\"\n{extra}\n", dir.join(format!("{name}-state"))))?;
     let child = Command::new(bin)
+        .envs(env.iter().copied())
         .arg("--config")
         .arg(&cfg)
         .stdout(Stdio::null())
@@ -694,25 +723,48 @@ fn kubelet_latency_table(
         out,
         "\n| added / socat's added | p50 (min / median / max of runs) | p99 |\n|---|---|---|"
     )?;
+    let ratio = |i: usize, base: usize, k: usize| -> Vec<f64> {
+        runs.iter()
+            .map(|r| {
+                let pick = |x: (f64, f64)| if k == 0 { x.0 } else { x.1 };
+                (pick(r[i]) - pick(r[0])) / (pick(r[base]) - pick(r[0]))
+            })
+            .collect()
+    };
     for (i, l) in lanes.iter().enumerate().skip(2) {
-        let ratio = |k: usize| -> Vec<f64> {
-            runs.iter()
-                .map(|r| {
-                    let pick = |x: (f64, f64)| if k == 0 { x.0 } else { x.1 };
-                    (pick(r[i]) - pick(r[0])) / (pick(r[1]) - pick(r[0]))
-                })
-                .collect()
-        };
         writeln!(
             out,
             "| {} | {} | {} |",
             l.name,
-            fmt_spread(&ratio(0), 2),
-            fmt_spread(&ratio(1), 2)
+            fmt_spread(&ratio(i, 1, 0), 2),
+            fmt_spread(&ratio(i, 1, 1), 2)
         )?;
+    }
+    // The machine's own floor for crisp: the same process spliced on its relay threads. crisp's
+    // addition over it is the relay core's work; the floor's over socat's, crisp's threads and
+    // sockets against socat's.
+    if let Some(floor) = lanes.iter().position(|l| l.name == FLOOR) {
+        writeln!(
+            out,
+            "\n| added / {FLOOR}'s added (the machine's floor for crisp) | p50 | p99 |\n|---|---|---|"
+        )?;
+        for (i, l) in lanes.iter().enumerate().skip(2) {
+            if i != floor {
+                writeln!(
+                    out,
+                    "| {} | {} | {} |",
+                    l.name,
+                    fmt_spread(&ratio(i, floor, 0), 2),
+                    fmt_spread(&ratio(i, floor, 1), 2)
+                )?;
+            }
+        }
     }
     Ok(())
 }
+
+/// The lane of crisp spliced on its relay threads ([`start_crisp_splice`]).
+const FLOOR: &str = "crisp-splice";
 
 /// The grpc-go (kubelet) lanes on one upstream: Version, ListContainers, throughput at
 /// `--concurrency`, and crisp's CPU and wakeups per call.
@@ -735,7 +787,11 @@ async fn kubelet_report(
     std::fs::create_dir_all(&before_dir)?;
     let crisp_sock = crisp_dir.join("crisp.sock");
     let before_sock = before_dir.join("crisp.sock");
+    let floor_dir = dir.join(format!("{tag}-splice"));
+    std::fs::create_dir_all(&floor_dir)?;
+    let floor_sock = floor_dir.join("crisp.sock");
     let _socat = start_socat(&socat_sock, upstream)?;
+    let floor = start_crisp_splice(dir, &format!("{tag}-splice"), &floor_sock, upstream)?;
     let crisp = start_crisp_bin(
         &crisp_e2e::crisp::crisp_binary()?,
         &format!("{tag}-crisp"),
@@ -768,8 +824,12 @@ async fn kubelet_report(
             name: "crisp",
             socket: crisp_sock,
         },
+        Lane {
+            name: FLOOR,
+            socket: floor_sock,
+        },
     ];
-    let mut pids = vec![("crisp", crisp.0.id())];
+    let mut pids = vec![("crisp", crisp.0.id()), (FLOOR, floor.0.id())];
     if let Some(b) = &before {
         lanes.push(Lane {
             name: "crisp-before",

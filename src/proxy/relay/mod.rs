@@ -40,6 +40,7 @@ mod inbound;
 mod outbound;
 mod ping;
 mod pump;
+mod splice;
 mod status;
 mod streams;
 #[cfg(test)]
@@ -68,6 +69,8 @@ const LOG: &str = "crisp::proxy::relay";
 /// logging run on it; none recurses.
 const RELAY_STACK: usize = 512 << 10;
 
+pub(crate) use splice::from_env as splice_from_env;
+
 /// The relay's settings.
 #[derive(Debug, Clone)]
 pub(crate) struct Options {
@@ -76,6 +79,9 @@ pub(crate) struct Options {
     /// PING a client idle this long; close one that has not answered for `keepalive_timeout`.
     pub(crate) keepalive_interval: Duration,
     pub(crate) keepalive_timeout: Duration,
+    /// Splice relayed connections byte for byte, the core left out: a benchmark's floor
+    /// (`splice.rs`), never for a node.
+    pub(crate) splice: bool,
 }
 
 /// What the relay needs of the rest of crisp: its settings, the runtime, and the service that
@@ -220,6 +226,7 @@ fn assemble(
             runtime_path: cfg.runtime,
         },
         beat,
+        opts.splice,
     );
     (pump, outbox)
 }

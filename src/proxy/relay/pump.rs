@@ -67,6 +67,8 @@ pub(crate) struct Pump {
     commands: VecDeque<Command>,
     /// Where this thread tells the watchdog that it turns.
     beat: Arc<Beat>,
+    /// Splice the connection, the core left out (`splice.rs`).
+    splice: bool,
 }
 
 /// A connection's two sockets (the runtime's, when it has one) and the runtime's path.
@@ -84,6 +86,7 @@ impl Pump {
         diverted: Diverted,
         peers: Peers,
         beat: Arc<Beat>,
+        splice: bool,
     ) -> Pump {
         let Peers {
             client,
@@ -102,6 +105,7 @@ impl Pump {
             now: Instant::now(),
             commands: VecDeque::new(),
             beat,
+            splice,
         }
     }
 
@@ -111,6 +115,9 @@ impl Pump {
     /// queued, nor the runtime while the client has; a socket neither read nor written is left
     /// out of the `poll` (a hung-up peer would otherwise make it return at once, forever).
     pub(crate) fn run(&mut self) -> Result<(), RelayError> {
+        if let (true, Some(runtime)) = (self.splice, self.runtime.as_mut()) {
+            return Ok(super::splice::run(&mut self.client, runtime, &self.outbox)?);
+        }
         let outbox = self.outbox.clone();
         let mut stopping = false;
         loop {
