@@ -55,6 +55,13 @@ impl Interest {
         response: false,
         complete: false,
     };
+    /// Every part of the call: its request, its response and its end.
+    #[cfg(any(test, feature = "test-util"))]
+    pub const ALL: Interest = Interest {
+        request: true,
+        response: true,
+        complete: true,
+    };
 
     pub(crate) fn is_none(&self) -> bool {
         *self == Interest::NONE

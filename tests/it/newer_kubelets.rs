@@ -211,13 +211,12 @@ impl Under {
             Mode::Daemon | Mode::Tapped => {
                 let d = Daemon::start(fake.path(), |_| {}).await;
                 let tap = if mode == Mode::Tapped {
-                    let mut client = crisp::tap::client::connect(&d.admin).await.unwrap();
                     let req = pb::TapRequest {
                         include_polling: true,
                         full: true,
                         ..Default::default()
                     };
-                    Some(client.tap(req).await.unwrap().into_inner())
+                    Some(tap_events(&d.admin, req).await)
                 } else {
                     None
                 };

@@ -14,15 +14,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_cri::v1::{VersionRequest, VersionResponse};
-use prost::Message;
+use k8s_cri::v1::VersionRequest;
 use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 
 use crate::support::*;
 use crisp::tap::pb;
 
-const VERSION: &str = "/runtime.v1.RuntimeService/Version";
 /// Each good call must be answered within this, attack or not.
 const PROMPT: Duration = Duration::from_secs(1);
 
@@ -154,14 +152,7 @@ fn start_good_clients(
 async fn hostile_admin_clients_do_not_affect_other_admin_or_cri_clients() {
     use rand::RngCore;
     let fake = Fake::start().await;
-    let v = VersionResponse {
-        version: "0.1.0".into(),
-        runtime_name: "fake".into(),
-        runtime_version: "1".into(),
-        runtime_api_version: "v1".into(),
-    }
-    .encode_to_vec();
-    fake.script(VERSION, move |_| Reply::unary(&v));
+    answer_version(&fake);
     let d = daemon(fake.path()).await;
 
     let stop = Arc::new(AtomicBool::new(false));

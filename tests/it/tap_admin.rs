@@ -174,16 +174,15 @@ async fn unredacted_is_refused_to_non_root_and_served_to_root() {
     assert!(!stdout.contains("Pa55-for-root-only"));
 
     // Root asking explicitly gets the secrets (the control: redaction is what hid them).
-    let mut client = crisp::tap::client::connect(&d.admin).await.unwrap();
-    let mut s = client
-        .tap(pb::TapRequest {
+    let mut s = tap_events(
+        &d.admin,
+        pb::TapRequest {
             full: true,
             unredacted: true,
             ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+        },
+    )
+    .await;
     pull_with_password(&d.sock).await;
     let Some(pb::tap_event::Event::Call(c)) = within(PATIENCE, "root's event", s.message())
         .await
@@ -305,12 +304,7 @@ async fn list_pods_and_version() {
         )
     });
     fake.script("/runtime.v1.RuntimeService/CreateContainer", |rec| {
-        let r = cri::CreateContainerRequest::decode(rec.message()).unwrap();
-        let name = r
-            .config
-            .and_then(|c| c.metadata)
-            .map(|m| m.name)
-            .unwrap_or_default();
+        let (_, name) = container_names(rec);
         Reply::unary(
             &cri::CreateContainerResponse {
                 container_id: format!("ctr-{name}"),

@@ -78,15 +78,11 @@ async fn a_stalled_tap_client_does_not_slow_calls_and_is_told_what_it_missed() {
     let base = stats(&timed(&mut rt, N, ID).await);
 
     // A client that reads everything (and decodes, --full).
-    let mut client = crisp::tap::client::connect(&crisp.admin).await.unwrap();
-    let mut reading = client
-        .tap(pb::TapRequest {
-            full: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let full = pb::TapRequest {
+        full: true,
+        ..Default::default()
+    };
+    let mut reading = tap_events(&crisp.admin, full.clone()).await;
     let reader = tokio::spawn(async move {
         let mut n = 0u64;
         while let Ok(Some(_)) = reading.message().await {
@@ -95,19 +91,10 @@ async fn a_stalled_tap_client_does_not_slow_calls_and_is_told_what_it_missed() {
         n
     });
     let active = stats(&timed(&mut rt, N, ID).await);
-    drop(client);
     reader.abort();
 
     // A client that attaches with --full and then stops reading.
-    let mut client = crisp::tap::client::connect(&crisp.admin).await.unwrap();
-    let mut stalled_stream = client
-        .tap(pb::TapRequest {
-            full: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stalled_stream = tap_events(&crisp.admin, full).await;
     let stalled = stats(&timed(&mut rt, N, ID).await);
 
     // It resumes: every call is either delivered or counted as missed, and it is told so.
