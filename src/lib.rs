@@ -35,11 +35,12 @@
 //! - **6** [`admin`], [`doctor`]: crisp's admin API (tap, ListPods, metrics); node checks.
 //! - **5** [`ordering`], [`tap`]: the features: the ordering engine; the debug tap (it names
 //!   calls through [`intercept::PodNames`] and receives the engine's live holds through
-//!   [`intercept::HoldSink`], never importing the engine).
+//!   [`hold_events::HoldSink`], never importing the engine).
 //! - **4** [`proxy`]: the forwarder: relay, crisp's HTTP/2 client to the runtime, its runtime
 //!   client.
-//! - **3** [`intercept`], [`metrics`], [`otel`], [`telemetry`], [`watchdog`]: the plug-in seam
-//!   (a panic in a hook ends that call only); call metrics; held calls as spans in kubelet's
+//! - **3** [`intercept`], [`hold_events`], [`metrics`], [`otel`], [`telemetry`], [`watchdog`]:
+//!   the plug-in seam (a panic in a hook ends that call only); the events of a held call, from
+//!   the ordering engine to the tap; call metrics; held calls as spans in kubelet's
 //!   trace; logging; liveness (relay threads' and the async runtime's progress, systemd's
 //!   `WATCHDOG=1`).
 //! - **2** [`config`]: TOML + flags, validated once; plain data (the known-injector table
@@ -93,6 +94,10 @@ pub(crate) mod admin;
 pub mod cri;
 #[cfg(not(feature = "test-util"))]
 pub(crate) mod cri;
+#[cfg(feature = "test-util")]
+pub mod hold_events;
+#[cfg(not(feature = "test-util"))]
+pub(crate) mod hold_events;
 #[cfg(feature = "test-util")]
 pub mod intercept;
 #[cfg(not(feature = "test-util"))]

@@ -75,7 +75,8 @@ use crate::config::{Config, JobConfig, OrderingConfig, SidecarRule, TimeoutPolic
 use crate::cri::tags;
 use crate::cri::views;
 use crate::cri::{ApiVersion, Rpc};
-use crate::intercept::{BoxFuture, Call, HoldSink, Interceptor, Interest, Verdict};
+use crate::hold_events::HoldSink;
+use crate::intercept::{BoxFuture, Call, Interceptor, Interest, Verdict};
 use crate::metrics::OrderingMetrics;
 use crate::readiness::ProbeLimiter;
 use injectors::InjectorRule;

@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 
 use super::{Filter, RawEvent, RawMessage};
 use crate::cri::Rpc;
-use crate::intercept::HoldEvent;
+use crate::hold_events::HoldEvent;
 use crate::metrics::CallMetrics;
 
 /// Most bytes of messages queued for one subscriber; beyond it events are dropped (and counted)

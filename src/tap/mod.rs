@@ -52,12 +52,11 @@ use dashmap::DashMap;
 use crate::cri::skim::{Skim, SkimSpec, StreamedMessage};
 use crate::cri::wire::{self, Frame};
 use crate::cri::{Route, Rpc, RpcKind};
-use crate::intercept::PodNames;
-use crate::intercept::{
-    BoxFuture, Call, HoldEvent, HoldSink, Interceptor, Interest, Outcome, Streamed, Verdict,
-};
+use crate::hold_events::{HoldEvent, HoldSink};
 #[cfg(test)]
-use crate::intercept::{HoldOutcome, HoldPhase};
+use crate::hold_events::{HoldOutcome, HoldPhase};
+use crate::intercept::PodNames;
+use crate::intercept::{BoxFuture, Call, Interceptor, Interest, Outcome, Streamed, Verdict};
 use crate::metrics::{code_name, CallMetrics};
 use fanout::Job;
 pub(crate) use filter::{Filter, Glob};
