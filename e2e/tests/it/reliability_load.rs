@@ -239,18 +239,7 @@ async fn load(n: usize, waves: usize) -> Result<()> {
     }
 
     let j = st.kubelet.journal();
-    let late = deadline_violations(j);
-    ensure!(
-        late.is_empty(),
-        "calls outlived kubelet's deadline:\n{}",
-        late.join("\n")
-    );
-    let stuck = stuck_calls(j, Duration::from_secs(5));
-    ensure!(
-        stuck.is_empty(),
-        "calls still in flight:\n{}",
-        stuck.join("\n")
-    );
+    ensure_calls_ended(j)?;
     let calls = j.calls().len();
 
     // Secrets: crisp's whole log (trace level) and everything the tap showed.
