@@ -17,10 +17,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use counting_alloc::Counting;
+use crisp::admin_api as pb;
 use crisp::cri::ApiVersion;
 use crisp::proxy::client::RuntimeClient;
 use crisp::proxy::{RuntimePool, RuntimePoolOptions};
-use crisp::tap::pb;
 use support::*;
 
 #[global_allocator]

@@ -23,8 +23,6 @@ use crate::metrics::CallMetrics;
 /// crisp's memory without bound.
 pub(crate) const MAX_QUEUED_BYTES: usize = 64 << 20;
 
-pub use crate::config::DEFAULT_TAP_MEMORY;
-
 // One interest bit per RPC plus bit 63 for unknown paths.
 const _: () = assert!(Rpc::ALL.len() < 63);
 

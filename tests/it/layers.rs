@@ -9,7 +9,14 @@ use std::path::{Path, PathBuf};
 /// Bottom first. Modules of one layer do not import each other.
 const LAYERS: &[&[&str]] = &[
     &["tenant", "sys"],
-    &["readiness", "netns", "status", "cri", "systemd"],
+    &[
+        "readiness",
+        "netns",
+        "status",
+        "cri",
+        "systemd",
+        "admin_api",
+    ],
     &["config"],
     &[
         "intercept",
@@ -21,7 +28,7 @@ const LAYERS: &[&[&str]] = &[
     ],
     &["proxy"],
     &["ordering", "tap"],
-    &["admin", "doctor"],
+    &["admin", "doctor", "cli"],
     &["daemon"],
 ];
 

@@ -27,9 +27,9 @@ use prost::Message;
 use serde::Deserialize;
 
 use crate::support::*;
+use crisp::admin_api as pb;
 use crisp::intercept::{Call, Interceptor, Interest, Verdict};
 use crisp::proxy::ProxyOptions;
-use crisp::tap::pb;
 
 const RUNTIME_CONFIG: &str = "/runtime.v1.RuntimeService/RuntimeConfig";
 const UPDATE_SANDBOX_RESOURCES: &str = "/runtime.v1.RuntimeService/UpdatePodSandboxResources";

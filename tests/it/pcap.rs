@@ -8,8 +8,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crisp::tap::pb::{tap_event::Event, CallEvent, HoldEvent, MessageEvent};
-use crisp::tap::view::json_line;
+use crisp::admin_api::{tap_event::Event, CallEvent, HoldEvent, MessageEvent};
+use crisp::cli::view::json_line;
 
 use crate::prerequisites::require_tool;
 

@@ -19,7 +19,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 
 use crate::support::*;
-use crisp::tap::pb;
+use crisp::admin_api as pb;
 
 /// Each good call must be answered within this, attack or not.
 const PROMPT: Duration = Duration::from_secs(1);
@@ -105,7 +105,7 @@ fn start_good_clients(
     {
         let (admin, stop, good) = (d.admin.clone(), stop.clone(), good.clone());
         tasks.push(tokio::spawn(async move {
-            let mut c = crisp::tap::client::connect(&admin).await.unwrap();
+            let mut c = crisp::cli::client::connect(&admin).await.unwrap();
             while !stop.load(Ordering::Relaxed) {
                 let t = Instant::now();
                 let r = tokio::time::timeout(PROMPT * 2, async {
@@ -207,7 +207,7 @@ async fn hostile_admin_clients_do_not_affect_other_admin_or_cri_clients() {
     // events and must not slow anything for it.
     let mut stalled_taps = Vec::new();
     for _ in 0..20 {
-        let mut c = crisp::tap::client::connect(&d.admin).await.unwrap();
+        let mut c = crisp::cli::client::connect(&d.admin).await.unwrap();
         let s = c
             .tap(pb::TapRequest {
                 full: true,

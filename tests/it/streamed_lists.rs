@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::BytesMut;
-use crisp::tap::pb;
+use crisp::admin_api as pb;
 use http_body::Frame;
 use prost::Message;
 

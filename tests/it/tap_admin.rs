@@ -13,7 +13,7 @@ use k8s_cri::v1 as cri;
 use prost::Message;
 
 use crate::support::*;
-use crisp::tap::pb;
+use crisp::admin_api as pb;
 
 const NOBODY: u32 = 65534;
 
@@ -95,7 +95,7 @@ async fn the_admin_socket_is_given_to_admin_group_as_it_is_bound() {
             "admin.group = {group:?}"
         );
         // It serves as any admin socket does.
-        let mut client = crisp::tap::client::connect(&d.admin).await.unwrap();
+        let mut client = crisp::cli::client::connect(&d.admin).await.unwrap();
         client.version(pb::VersionRequest {}).await.unwrap();
     }
 }
@@ -144,7 +144,7 @@ async fn unredacted_is_refused_to_non_root_and_served_to_root() {
         .spawn()
         .unwrap();
     within(PATIENCE, "nobody's tap to attach", async {
-        let mut client = crisp::tap::client::connect(&d.admin).await.unwrap();
+        let mut client = crisp::cli::client::connect(&d.admin).await.unwrap();
         while client
             .version(pb::VersionRequest {})
             .await
@@ -353,7 +353,7 @@ async fn list_pods_and_version() {
     .await
     .unwrap();
 
-    let mut client = crisp::tap::client::connect(&d.admin).await.unwrap();
+    let mut client = crisp::cli::client::connect(&d.admin).await.unwrap();
     let pods = client
         .list_pods(pb::ListPodsRequest {})
         .await

@@ -10,7 +10,7 @@ use k8s_cri::v1alpha2 as alpha;
 use prost::Message;
 
 use crate::support::*;
-use crisp::tap::pb;
+use crisp::admin_api as pb;
 
 const RUN: &str = "/runtime.v1.RuntimeService/RunPodSandbox";
 const CREATE: &str = "/runtime.v1.RuntimeService/CreateContainer";

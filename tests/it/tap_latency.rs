@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 use k8s_cri::v1 as cri;
 
 use crate::support::*;
+use crisp::admin_api as pb;
 use crisp::intercept::Interceptor;
 use crisp::metrics::CallMetrics;
 use crisp::proxy::ProxyOptions;
-use crisp::tap::pb;
 
 async fn daemon(upstream: &Path, tap_queue: usize) -> Daemon {
     Daemon::start(upstream, |c| c.admin.tap_queue = tap_queue).await
@@ -238,7 +238,7 @@ async fn a_thousand_idle_taps_add_next_to_nothing_to_a_call() {
     let mut b = runtime_client(&tapped.sock).await;
     let (mut clients, mut idle) = (Vec::new(), Vec::new());
     for _ in 0..TAPS / PER_CONNECTION {
-        let mut client = crisp::tap::client::connect(&tapped.admin).await.unwrap();
+        let mut client = crisp::cli::client::connect(&tapped.admin).await.unwrap();
         for _ in 0..PER_CONNECTION {
             let stream = client
                 .tap(pb::TapRequest {

@@ -1,6 +1,6 @@
 //! `crisp replay`: plays the kubelet side of a tap recording against a CRI runtime and prints
-//! [`crisp::tap::replay`]'s report; with `--as-runtime`, plays the runtime side to a peer
-//! instead ([`crisp::tap::replay::Script`]).
+//! [`crisp::cli::replay`]'s report; with `--as-runtime`, plays the runtime side to a peer
+//! instead ([`crisp::cli::replay::Script`]).
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -8,8 +8,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crisp::cli::replay::{self, Options, Pace, Runtime};
 use crisp::config::Config;
-use crisp::tap::replay::{self, Options, Pace, Runtime};
 
 use super::exit;
 

@@ -282,8 +282,8 @@ pub async fn open_events(
 /// Subscribes to the tap on crisp's admin socket at `admin`.
 pub async fn tap_events(
     admin: &Path,
-    req: crisp::tap::pb::TapRequest,
-) -> tonic::Streaming<crisp::tap::pb::TapEvent> {
-    let mut client = crisp::tap::client::connect(admin).await.unwrap();
+    req: crisp::admin_api::TapRequest,
+) -> tonic::Streaming<crisp::admin_api::TapEvent> {
+    let mut client = crisp::cli::client::connect(admin).await.unwrap();
     client.tap(req).await.unwrap().into_inner()
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::*;
-use crate::tap::replay::{Answer, Plan, Step};
+use crate::cli::replay::{Answer, Plan, Step};
 
 const V1: &str = "/runtime.v1.RuntimeService/";
 
