@@ -32,21 +32,26 @@
 //! layer do not import each other.
 //!
 //! - **7** [`daemon`]: wires it together: interceptor chain, proxy, admin socket, systemd.
-//! - **6** [`admin`], [`doctor`]: crisp's admin API (tap, ListPods, metrics); node checks.
+//! - **6** [`admin`], [`doctor`], [`cli`]: crisp's admin API (tap, ListPods, metrics); node
+//!   checks; what the binary's `tap`, `pods`, `timeline`, `pcap` and `replay` commands do (the
+//!   admin client, what they print and write, the replay), which the daemon never runs.
 //! - **5** [`ordering`], [`tap`]: the features: the ordering engine; the debug tap (it names
 //!   calls through [`intercept::PodNames`] and receives the engine's live holds through
-//!   [`intercept::HoldSink`], never importing the engine).
+//!   [`hold_events::HoldSink`], never importing the engine).
 //! - **4** [`proxy`]: the forwarder: relay, crisp's HTTP/2 client to the runtime, its runtime
 //!   client.
-//! - **3** [`intercept`], [`metrics`], [`otel`], [`telemetry`], [`watchdog`]: the plug-in seam
-//!   (a panic in a hook ends that call only); call metrics; held calls as spans in kubelet's
-//!   trace; logging; liveness (relay threads' and the async runtime's progress, systemd's
+//! - **3** [`intercept`], [`hold_events`], [`metrics`], [`otel`], [`telemetry`], [`watchdog`]:
+//!   the plug-in seam (a panic in a hook ends that call only); the events of a held call, from
+//!   the ordering engine to the tap; call metrics; held calls as spans in kubelet's trace;
+//!   logging; liveness (relay threads' and the async runtime's progress, systemd's
 //!   `WATCHDOG=1`).
 //! - **2** [`config`]: TOML + flags, validated once; plain data (the known-injector table
 //!   included).
-//! - **1** [`cri`], [`status`], [`readiness`], [`netns`], [`systemd`]: routing, decoded views,
-//!   wire framing and patches; crisp's gRPC errors; readiness specs, probes and their node-wide
-//!   bounds; sockets made in a pod's network namespace; sd_notify and socket activation.
+//! - **1** [`cri`], [`status`], [`readiness`], [`netns`], [`systemd`], [`admin_api`]: routing,
+//!   decoded views, wire framing and patches; crisp's gRPC errors; readiness specs, probes and
+//!   their node-wide bounds; sockets made in a pod's network namespace; sd_notify and socket
+//!   activation; the admin API's generated types (the admin socket, the tap and the admin
+//!   client share them).
 //! - **0** [`tenant`], [`sys`]: the one rule for text a pod author wrote (bounded where it
 //!   enters, cut and escaped wherever it is printed); every OS call the standard library does
 //!   not make, descriptors passed as `OwnedFd`/`BorrowedFd` (the crate's only `unsafe`).
@@ -56,7 +61,7 @@
 //!
 //! ## Visibility
 //!
-//! What the binary uses is `pub`: [`config`], [`daemon`], [`doctor`], [`tap`] and
+//! What the binary uses is `pub`: [`admin_api`], [`cli`], [`config`], [`daemon`], [`doctor`] and
 //! [`telemetry`].
 //! What only crisp's own tests (`tests/it/`, `e2e/`), the benchmark and the fuzz targets reach
 //! is public only with the `test-util` feature, which those turn on through their dependency on
@@ -75,10 +80,11 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 // What the binary (`src/bin/crisp/`) uses.
+pub mod admin_api;
+pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod doctor;
-pub mod tap;
 pub mod telemetry;
 
 // What only crisp's own tests, benchmarks and fuzz targets reach from outside the crate: `pub`
@@ -93,6 +99,10 @@ pub(crate) mod admin;
 pub mod cri;
 #[cfg(not(feature = "test-util"))]
 pub(crate) mod cri;
+#[cfg(feature = "test-util")]
+pub mod hold_events;
+#[cfg(not(feature = "test-util"))]
+pub(crate) mod hold_events;
 #[cfg(feature = "test-util")]
 pub mod intercept;
 #[cfg(not(feature = "test-util"))]
@@ -135,6 +145,10 @@ pub(crate) mod sys;
 pub mod systemd;
 #[cfg(not(feature = "test-util"))]
 pub(crate) mod systemd;
+#[cfg(feature = "test-util")]
+pub mod tap;
+#[cfg(not(feature = "test-util"))]
+pub(crate) mod tap;
 #[cfg(feature = "test-util")]
 pub mod tenant;
 #[cfg(not(feature = "test-util"))]

@@ -130,7 +130,7 @@ pub(crate) struct HoldSpan<'a> {
     pub(crate) reason: &'a str,
     /// How the hold ended (`crisp.hold.outcome`), in three words (`crisp.hold.verdict`), and
     /// whether kubelet got an error from crisp (the span's status); the engine's
-    /// `intercept::HoldOutcome` gives all three.
+    /// `hold_events::HoldOutcome` gives all three.
     pub(crate) outcome: &'a str,
     pub(crate) verdict: &'a str,
     pub(crate) failed: bool,

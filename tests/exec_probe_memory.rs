@@ -13,7 +13,6 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use counting_alloc::Counting;
 use crisp::cri::ApiVersion;
 use crisp::proxy::client::{ClientError, RuntimeClient};
@@ -37,37 +36,13 @@ fn client(fake: &Fake) -> RuntimeClient {
     )
 }
 
-/// The runtime's answer, framed, as 64 KiB slices of one buffer (slicing copies nothing).
-fn answer(stdout: usize, stderr: usize, exit_code: i32) -> Reply {
-    let msg = k8s_cri::v1::ExecSyncResponse {
-        stdout: vec![b'x'; stdout],
-        stderr: vec![b'y'; stderr],
-        exit_code,
-    };
-    let body: Bytes = grpc_frame(&msg.encode_to_vec());
-    let chunks = (0..body.len())
-        .step_by(64 << 10)
-        .map(|at| {
-            (
-                Duration::ZERO,
-                body.slice(at..(at + (64 << 10)).min(body.len())),
-            )
-        })
-        .collect();
-    Reply::Full {
-        headers: grpc_headers(),
-        chunks,
-        trailers: Some(ok_trailers()),
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_16_mib_exec_answer_is_not_held() {
     let fake = Fake::start().await;
     let rc = client(&fake);
     let cmd = vec!["cat".to_string(), "/ready".to_string()];
     // The connection and its buffers first, so they are not counted against the read.
-    fake.reply_once(EXEC_SYNC, answer(10, 0, 0));
+    fake.reply_once(EXEC_SYNC, Reply::exec_sync(10, 0, 0));
     assert_eq!(
         within(
             PATIENCE,
@@ -79,7 +54,7 @@ async fn a_16_mib_exec_answer_is_not_held() {
         0
     );
 
-    fake.reply_once(EXEC_SYNC, answer(16 << 20, 1 << 20, 7));
+    fake.reply_once(EXEC_SYNC, Reply::exec_sync(16 << 20, 1 << 20, 7));
     let mark = counting_alloc::mark();
     let code = within(
         PATIENCE,

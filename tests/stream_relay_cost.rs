@@ -17,7 +17,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use crisp::tap::pb;
+use crisp::admin_api as pb;
 use http_body::Frame;
 use prost::Message;
 use support::*;
@@ -171,7 +171,7 @@ async fn relay_thread_cost_per_streamed_message() {
     };
     measure("no tap client", &mut raw).await;
 
-    let mut admin = crisp::tap::client::connect(&daemon.admin).await.unwrap();
+    let mut admin = crisp::cli::client::connect(&daemon.admin).await.unwrap();
     let mut idle = Vec::new();
     for _ in 0..8 {
         let req = pb::TapRequest {

@@ -16,13 +16,11 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use counting_alloc::Counting;
+use crisp::admin_api as pb;
 use crisp::cri::ApiVersion;
 use crisp::proxy::client::RuntimeClient;
 use crisp::proxy::{RuntimePool, RuntimePoolOptions};
-use crisp::tap::pb;
-use prost::Message;
 use support::*;
 
 #[global_allocator]
@@ -40,30 +38,6 @@ const HEAP_GROWTH_MAX: usize = 30 * MIB;
 /// Most allocations for the call and its tap event: per DATA frame and per event, never per
 /// byte of output.
 const ALLOCS_MAX: usize = 20_000;
-
-/// The runtime's answer, framed, as 64 KiB slices of one buffer (slicing copies nothing).
-fn answer(stdout: usize, stderr: usize, exit_code: i32) -> Reply {
-    let msg = k8s_cri::v1::ExecSyncResponse {
-        stdout: vec![b'x'; stdout],
-        stderr: vec![b'y'; stderr],
-        exit_code,
-    };
-    let body: Bytes = grpc_frame(&msg.encode_to_vec());
-    let chunks = (0..body.len())
-        .step_by(64 << 10)
-        .map(|at| {
-            (
-                Duration::ZERO,
-                body.slice(at..(at + (64 << 10)).min(body.len())),
-            )
-        })
-        .collect();
-    Reply::Full {
-        headers: grpc_headers(),
-        chunks,
-        trailers: Some(ok_trailers()),
-    }
-}
 
 /// The next call event of the tap stream.
 async fn next_call(s: &mut tonic::Streaming<pb::TapEvent>, limit: Duration) -> pb::CallEvent {
@@ -88,19 +62,18 @@ async fn a_32_mib_exec_answer_through_a_full_tap_costs_what_the_tap_shows() {
         Arc::new(RuntimePool::new(&d.sock, RuntimePoolOptions::default())),
         Duration::from_secs(10),
     );
-    let mut tap = crisp::tap::client::connect(&d.admin).await.unwrap();
-    let mut events = tap
-        .tap(pb::TapRequest {
+    let mut events = tap_events(
+        &d.admin,
+        pb::TapRequest {
             full: true,
             ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+        },
+    )
+    .await;
     let cmd = vec!["cat".to_string(), "/ready".to_string()];
 
     // Connections, buffers and the tap's decoder tables first, so they are not counted.
-    fake.reply_once(EXEC_SYNC, answer(10, 3, 0));
+    fake.reply_once(EXEC_SYNC, Reply::exec_sync(10, 3, 0));
     let code = within(
         PATIENCE,
         "a small exec",
@@ -112,7 +85,7 @@ async fn a_32_mib_exec_answer_through_a_full_tap_costs_what_the_tap_shows() {
     let small = next_call(&mut events, PATIENCE).await;
     assert_eq!(small.method, "ExecSync");
 
-    fake.reply_once(EXEC_SYNC, answer(16 * MIB, 16 * MIB, 7));
+    fake.reply_once(EXEC_SYNC, Reply::exec_sync(16 * MIB, 16 * MIB, 7));
     let mark = counting_alloc::mark();
     let code = within(
         Duration::from_secs(60),

@@ -385,20 +385,64 @@ pub async fn image_ref(
     img: &mut cri::image_service_client::ImageServiceClient<Channel>,
     image: &str,
 ) -> Result<String> {
-    Ok(img
-        .image_status(cri::ImageStatusRequest {
-            image: Some(cri::ImageSpec {
-                image: image.into(),
-                ..Default::default()
-            }),
-            verbose: false,
+    Ok(image_status(img, image).await?.id)
+}
+
+/// What the runtime's ImageStatus says of `image` (an error when it has no such image).
+pub async fn image_status(
+    img: &mut cri::image_service_client::ImageServiceClient<Channel>,
+    image: &str,
+) -> Result<cri::Image> {
+    img.image_status(cri::ImageStatusRequest {
+        image: Some(cri::ImageSpec {
+            image: image.into(),
+            ..Default::default()
+        }),
+        verbose: false,
+    })
+    .await
+    .with_context(|| format!("ImageStatus {image}"))?
+    .into_inner()
+    .image
+    .with_context(|| format!("ImageStatus {image}: no such image"))
+}
+
+/// The status of every container the runtime lists whose labels include all of `labels`, in
+/// the runtime's order.
+pub async fn labelled_statuses(
+    rt: &mut cri::runtime_service_client::RuntimeServiceClient<Channel>,
+    labels: &[(&str, &str)],
+) -> Result<Vec<cri::ContainerStatus>> {
+    let filter = cri::ContainerFilter {
+        label_selector: labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..Default::default()
+    };
+    let list = rt
+        .list_containers(cri::ListContainersRequest {
+            filter: Some(filter),
         })
         .await
-        .with_context(|| format!("ImageStatus {image}"))?
+        .context("ListContainers")?
         .into_inner()
-        .image
-        .with_context(|| format!("ImageStatus {image}: no such image"))?
-        .id)
+        .containers;
+    let mut out = Vec::new();
+    for c in list {
+        let st = rt
+            .container_status(cri::ContainerStatusRequest {
+                container_id: c.id.clone(),
+                verbose: false,
+            })
+            .await
+            .with_context(|| format!("ContainerStatus {}", c.id))?
+            .into_inner()
+            .status
+            .context("empty ContainerStatus")?;
+        out.push(st);
+    }
+    Ok(out)
 }
 
 /// Removes `container`, then stops and removes its pod `sandbox`, and fails when any sandbox is
@@ -549,14 +593,12 @@ pub async fn create_and_start(
     Ok(id)
 }
 
-/// RunPodSandbox `sandbox`, then [`create_and_start`] `container` in it: the sandbox's id and the
-/// container's.
-pub async fn run_pod_with(
+/// RunPodSandbox `sandbox` (the default runtime handler): the sandbox's id.
+pub async fn run_pod_sandbox(
     rt: &mut cri::runtime_service_client::RuntimeServiceClient<Channel>,
     sandbox: &cri::PodSandboxConfig,
-    container: cri::ContainerConfig,
-) -> Result<(String, String)> {
-    let pod = rt
+) -> Result<String> {
+    Ok(rt
         .run_pod_sandbox(cri::RunPodSandboxRequest {
             config: Some(sandbox.clone()),
             runtime_handler: String::new(),
@@ -564,7 +606,17 @@ pub async fn run_pod_with(
         .await
         .context("RunPodSandbox")?
         .into_inner()
-        .pod_sandbox_id;
+        .pod_sandbox_id)
+}
+
+/// RunPodSandbox `sandbox`, then [`create_and_start`] `container` in it: the sandbox's id and the
+/// container's.
+pub async fn run_pod_with(
+    rt: &mut cri::runtime_service_client::RuntimeServiceClient<Channel>,
+    sandbox: &cri::PodSandboxConfig,
+    container: cri::ContainerConfig,
+) -> Result<(String, String)> {
+    let pod = run_pod_sandbox(rt, sandbox).await?;
     let id = create_and_start(rt, &pod, sandbox, container).await?;
     Ok((pod, id))
 }

@@ -82,20 +82,32 @@ impl Stack {
         let crisp = Crisp::start(
             containerd.socket(),
             CrispOpts {
-                extra_config: opts.crisp_config.clone(),
+                extra_config: opts.crisp_config,
                 log_level: None,
             },
         )?;
+        let grpcgo = opts.via_grpcgo.then_some(opts.grpcgo);
+        Stack::around(containerd, crisp, grpcgo, tune).await
+    }
+
+    /// A kubelet in front of `crisp`, which forwards to `containerd`'s runtime (itself or
+    /// through what the caller put between them), through kubelet's grpc-go transport with
+    /// these options when `grpcgo` is given.
+    pub async fn around(
+        containerd: Containerd,
+        crisp: Crisp,
+        grpcgo: Option<GoBridgeOpts>,
+        tune: impl FnOnce(&mut KubeletConfig),
+    ) -> Result<Stack> {
         let dir = tempfile::Builder::new().prefix("crisp-stack-").tempdir()?;
         let mut cfg = KubeletConfig::fast(crisp.socket(), dir.path().join("pods"));
         cfg.root_dir = Some(dir.path().join("kubelet"));
         // Keep a deleted pod's dead containers: the assertions read their finished_at.
         cfg.container_deletor = false;
         tune(&mut cfg);
-        let bridges = if opts.via_grpcgo {
-            crate::grpcgo::bridge_kubelet(&mut cfg, dir.path(), opts.grpcgo.clone())?
-        } else {
-            Vec::new()
+        let bridges = match grpcgo {
+            Some(grpcgo) => crate::grpcgo::bridge_kubelet(&mut cfg, dir.path(), grpcgo)?,
+            None => Vec::new(),
         };
         let kubelet = match Kubelet::new(cfg).await {
             Ok(k) => k,
@@ -154,34 +166,14 @@ impl Stack {
     /// Every instance of container `name` of pod `uid`, straight from containerd, oldest first.
     pub async fn instances(&self, uid: &str, name: &str) -> Result<Vec<cri::ContainerStatus>> {
         let mut rt = self.direct().await?;
-        let filter = cri::ContainerFilter {
-            label_selector: [
-                ("io.kubernetes.pod.uid".to_string(), uid.to_string()),
-                ("io.kubernetes.container.name".to_string(), name.to_string()),
-            ]
-            .into(),
-            ..Default::default()
-        };
-        let list = rt
-            .list_containers(cri::ListContainersRequest {
-                filter: Some(filter),
-            })
-            .await?
-            .into_inner()
-            .containers;
-        let mut out = Vec::new();
-        for c in list {
-            let st = rt
-                .container_status(cri::ContainerStatusRequest {
-                    container_id: c.id.clone(),
-                    verbose: false,
-                })
-                .await?
-                .into_inner()
-                .status
-                .context("empty status")?;
-            out.push(st);
-        }
+        let mut out = crate::harness::labelled_statuses(
+            &mut rt,
+            &[
+                ("io.kubernetes.pod.uid", uid),
+                ("io.kubernetes.container.name", name),
+            ],
+        )
+        .await?;
         out.sort_by_key(|s| s.created_at);
         Ok(out)
     }

@@ -1,5 +1,5 @@
-//! `crisp tap` (the real binary) attached to a [`Stack`]'s admin socket, for tests that read
-//! what an operator would see.
+//! `crisp tap` and `crisp pods` (the real binary) on a [`Stack`]'s admin socket, for tests that
+//! read what an operator would see.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -97,4 +97,25 @@ impl TapCli {
         }
         out
     }
+}
+
+/// `crisp pods --json` (the real binary).
+pub fn crisp_pods(st: &Stack, pod: &str) -> Result<Value> {
+    let admin = st.crisp.dir().join("admin.sock");
+    let out = Command::new(crisp_binary()?)
+        .arg("pods")
+        .arg("--json")
+        .arg("--admin-socket")
+        .arg(&admin)
+        .arg(pod)
+        .output()
+        .context("crisp pods")?;
+    if !out.status.success() {
+        bail!(
+            "crisp pods failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(serde_json::from_slice(&out.stdout)?)
 }

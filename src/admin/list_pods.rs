@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
+use crate::admin_api as pb;
 use crate::ordering::annotations::{Sidecar, Source};
 use crate::ordering::decide::Snapshot;
 use crate::ordering::holds::HeldCall;
 use crate::ordering::{Engine, Pod};
-use crate::tap::pb;
 
 /// How long ListPods waits for the runtime to list one pod's containers.
 pub(super) const LIST_TIMEOUT: Duration = Duration::from_secs(2);

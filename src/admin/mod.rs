@@ -18,9 +18,9 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use prometheus_client::registry::Registry;
 use tokio::task::JoinSet;
 
+use crate::admin_api::admin_server::AdminServer;
 use crate::intercept::Faults;
 use crate::ordering::Engine;
-use crate::tap::pb::admin_server::AdminServer;
 use crate::tap::Tap;
 use crate::watchdog::Watchdog;
 
@@ -294,7 +294,7 @@ pub async fn start(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tap::pb;
+    use crate::admin_api as pb;
     use crate::tap::{Filter, Glob};
 
     /// Issue #44: a non-root client's N+1st tap is refused RESOURCE_EXHAUSTED, naming the cap;

@@ -11,7 +11,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use tonic::codegen::Service;
 
-use crate::tap::pb::admin_server::AdminServer;
+use crate::admin_api::admin_server::AdminServer;
 
 use super::*;
 

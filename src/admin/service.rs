@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::tap::pb;
+use crate::admin_api as pb;
 use crate::tap::{Filter, Glob, Item};
 
 use super::*;

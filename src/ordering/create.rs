@@ -23,7 +23,8 @@ use super::{now, record_span, Engine, Pod};
 use crate::config::TimeoutPolicy;
 use crate::cri::views;
 use crate::cri::ApiVersion;
-use crate::intercept::{Call, HoldOutcome, Verdict};
+use crate::hold_events::HoldOutcome;
+use crate::intercept::{Call, Verdict};
 use crate::status::Status;
 
 impl Engine {

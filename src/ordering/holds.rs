@@ -1,5 +1,5 @@
 //! Holds as they happen: each held call is kept on its pod (`crisp pods` reads it) and reported
-//! to the [`HoldSink`](crate::intercept::HoldSink) (the tap) when it starts, while it waits and
+//! to the [`HoldSink`](crate::hold_events::HoldSink) (the tap) when it starts, while it waits and
 //! when it ends — so a stuck pod is visible before its call returns (DESIGN.md §6).
 //!
 //! Nothing here runs for a call that is not held or refused. Events are built only while the
@@ -12,7 +12,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::refusal::{HeldFor, Refusal, WaitingFor};
 use super::{now, Engine, Pod};
-use crate::intercept::{Call, HoldEvent, HoldOutcome, HoldPhase};
+use crate::hold_events::{HoldEvent, HoldOutcome, HoldPhase};
+use crate::intercept::Call;
 use crate::metrics::GaugeGuard;
 
 /// Never two update events of one hold closer than this.

@@ -14,7 +14,8 @@ use crate::cri::patch::append_varint_field;
 use crate::cri::tags;
 use crate::cri::views;
 use crate::cri::ApiVersion;
-use crate::intercept::{Call, HoldOutcome, Verdict};
+use crate::hold_events::HoldOutcome;
+use crate::intercept::{Call, Verdict};
 use crate::tenant;
 
 impl Engine {

@@ -12,7 +12,8 @@ use super::intents::{self, Intent, Kind};
 use super::{now, record_span, Engine, Pod};
 use crate::cri::views::{self, state};
 use crate::cri::ApiVersion;
-use crate::intercept::{Call, HoldOutcome, Verdict};
+use crate::hold_events::HoldOutcome;
+use crate::intercept::{Call, Verdict};
 use crate::tenant;
 
 impl Engine {

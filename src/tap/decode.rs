@@ -41,7 +41,7 @@ macro_rules! cri_types {
         }
 
         /// Encodes a decoded message (the JSON [`decode`] shows, redacted or not) back to
-        /// protobuf with the same type, for a capture file (`super::pcap`); `None` when the
+        /// protobuf with the same type, for a capture file (`crate::cli::pcap`); `None` when the
         /// JSON is not that type's (redaction replaces some values by their size).
         pub(crate) fn encode_json(rpc: Rpc, dir: Dir, json: &Value) -> Option<Vec<u8>> {
             use crate::cri::api as c;

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use super::hub::{Ev, Hub};
 use super::{RawEvent, RawMessage};
-use crate::intercept::{HoldEvent, HoldOutcome, HoldPhase};
+use crate::hold_events::{HoldEvent, HoldOutcome, HoldPhase};
 use crate::metrics::CallMetrics;
 
 /// Events waiting for the fan-out thread; beyond it (or beyond a quarter of the hub's memory

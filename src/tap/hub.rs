@@ -15,15 +15,13 @@ use tokio::sync::mpsc;
 
 use super::{Filter, RawEvent, RawMessage};
 use crate::cri::Rpc;
-use crate::intercept::HoldEvent;
+use crate::hold_events::HoldEvent;
 use crate::metrics::CallMetrics;
 
 /// Most bytes of messages queued for one subscriber; beyond it events are dropped (and counted)
 /// even if the queue has room: `--full --all` on a node with big List responses must not grow
 /// crisp's memory without bound.
 pub(crate) const MAX_QUEUED_BYTES: usize = 64 << 20;
-
-pub use crate::config::DEFAULT_TAP_MEMORY;
 
 // One interest bit per RPC plus bit 63 for unknown paths.
 const _: () = assert!(Rpc::ALL.len() < 63);

@@ -1,6 +1,7 @@
 //! The debug tap (DESIGN.md §6): one event per CRI call — and per message of a streamed
 //! response — streamed live to subscribers on the admin socket, with secrets redacted; and the
-//! per-method call metrics.
+//! per-method call metrics. This is the daemon's half; what `crisp tap` and the other commands
+//! that read it print is `cli/`, and the messages both send is `admin_api`.
 //!
 //! ```text
 //!  Proxy ─ interest() ──▶ Tap: complete always (metrics); request/response only while some
@@ -16,31 +17,18 @@
 //!            queue (hub.rs) — full, or all queues over admin.tap_memory_bytes: drop, count
 //!  admin/service.rs: one task per subscriber ◀─ Subscription::next: events + "dropped N" markers
 //!            decode + redact (decode.rs, redact.rs) for --full, then gRPC to `crisp tap`
-//!            (its client: client.rs; its lines: view.rs)
+//!            (its client and its lines: cli/client.rs, cli/view.rs)
 //! ```
 //!
 //! A slow or vanished tap client never slows a CRI call: the call path only ever `try_send`s,
 //! each subscriber's queue is bounded in events and bytes, and all of them together in bytes.
 
-pub mod client;
 pub(crate) mod decode;
 mod fanout;
 pub(crate) mod filter;
 mod hub;
 pub(crate) mod ids;
-pub mod output;
-pub mod pcap;
-pub mod pods;
 pub(crate) mod redact;
-pub mod replay;
-pub mod timeline;
-pub mod view;
-
-/// crisp's admin API, generated from `proto/crisp/admin/v1/admin.proto` by build.rs.
-pub mod pb {
-    #![allow(clippy::all, missing_docs)]
-    tonic::include_proto!("crisp.admin.v1");
-}
 
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
@@ -49,20 +37,21 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use dashmap::DashMap;
 
+use crate::admin_api as pb;
+#[cfg(any(test, feature = "test-util"))]
+use crate::config::DEFAULT_TAP_MEMORY;
 use crate::cri::skim::{Skim, SkimSpec, StreamedMessage};
 use crate::cri::wire::{self, Frame};
 use crate::cri::{Route, Rpc, RpcKind};
-use crate::intercept::PodNames;
-use crate::intercept::{
-    BoxFuture, Call, HoldEvent, HoldSink, Interceptor, Interest, Outcome, Streamed, Verdict,
-};
+use crate::hold_events::{HoldEvent, HoldSink};
 #[cfg(test)]
-use crate::intercept::{HoldOutcome, HoldPhase};
+use crate::hold_events::{HoldOutcome, HoldPhase};
+use crate::intercept::PodNames;
+use crate::intercept::{BoxFuture, Call, Interceptor, Interest, Outcome, Streamed, Verdict};
 use crate::metrics::{code_name, CallMetrics};
 use fanout::Job;
 pub(crate) use filter::{Filter, Glob};
 use hub::Hub;
-pub use hub::DEFAULT_TAP_MEMORY;
 #[cfg(test)]
 use hub::MAX_QUEUED_BYTES;
 pub(crate) use hub::{Item, Subscription};
@@ -71,7 +60,7 @@ use redact::Dir;
 
 /// Most bytes of a protobuf message the tap (and the trace log) shows: of each message, the
 /// top-level fields that fit are decoded and shown, the others by their size on the wire
-/// (issue #33). The timeline's bound on text is another: [`timeline::MAX_SHOWN_TEXT_CHARS`].
+/// (issue #33). The timeline's bound on text is another: [`crate::cli::timeline::MAX_SHOWN_TEXT_CHARS`].
 pub(crate) const MAX_SHOWN_PROTOBUF_BYTES: usize = 64 << 10;
 
 /// What the tap keeps of a response nobody sees whole: enough for the ids at its start.

@@ -189,8 +189,7 @@ pub(crate) fn kubelet_on(cluster: &Cluster, node: &Node, endpoint: &str) {
         assert!(
             t.elapsed() < Duration::from_secs(120),
             "kubelet on {endpoint} not Ready in 120 s; its journal:\n{}",
-            node.nsenter(&["journalctl", "-u", "kubelet", "-n", "80", "--no-pager"])
-                .stdout
+            node.journal("kubelet", 80)
         );
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -1408,10 +1407,8 @@ fn tracing_through_crisp(cluster: &Cluster, node: &Node, minor: u32) {
             t.elapsed() < Duration::from_secs(120),
             "traced not Running in 120 s behind the two recorders; the pod:\n{}\nkubelet's journal:\n{}\ncrisp's journal:\n{}",
             cluster.kubectl(&["describe", "pod", "traced"]).all(),
-            node.nsenter(&["journalctl", "-u", "kubelet", "-n", "60", "--no-pager"])
-                .stdout,
-            node.nsenter(&["journalctl", "-u", CRISP_UNIT, "-n", "40", "--no-pager"])
-                .stdout
+            node.journal("kubelet", 60),
+            node.journal(CRISP_UNIT, 40)
         );
         std::thread::sleep(Duration::from_millis(200));
     }

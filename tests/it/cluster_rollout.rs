@@ -488,10 +488,7 @@ pub(crate) fn join_with(cluster: &Cluster, bins: &Path, kubelet_config: &str) ->
     assert!(o.ok(), "{}", o.all());
     let o = node.nsenter(&["systemctl", "enable", "--now", "kubelet.service"]);
     assert!(o.ok(), "{}", o.all());
-    let kubelet_log = || {
-        node.nsenter(&["journalctl", "-u", "kubelet", "-n", "40", "--no-pager"])
-            .stdout
-    };
+    let kubelet_log = || node.journal("kubelet", 40);
     let deadline = Instant::now() + Duration::from_secs(180);
     while cluster.node_ready() != "True" {
         assert!(
@@ -1046,6 +1043,77 @@ fn storm_start(node: &Node) {
     node.start_crisp(STORM_UNIT, "/run/containerd/containerd.sock");
 }
 
+/// The storm's crisp as the .deb runs it, behind a socket systemd holds
+/// (CRISP_STORM_ACTIVATION=socket, the default), or as a plain process whose socket goes with it
+/// (=plain); kubelet moved onto its socket. Returns whether crisp runs behind the socket.
+fn storm_crisp_under_kubelet(node: &Node) -> bool {
+    let activated = std::env::var("CRISP_STORM_ACTIVATION").as_deref() != Ok("plain");
+    eprintln!(
+        "crisp {}",
+        if activated {
+            "behind a socket systemd holds"
+        } else {
+            "as a plain process"
+        }
+    );
+    node.put_crisp();
+    storm_start_as(node, activated);
+    storm_accepting(node);
+    kubelet_flags_on_crisp(node);
+    activated
+}
+
+/// Starts the storm's crisp behind its socket (`activated`) or as a plain process.
+fn storm_start_as(node: &Node, activated: bool) {
+    if activated {
+        node.start_crisp_activated(STORM_UNIT, "/run/containerd/containerd.sock");
+    } else {
+        storm_start(node);
+    }
+}
+
+/// kubelet's journal since `since`, read once every runtime call crisp's last death may have
+/// caught is past its deadline: kubelet's runtime calls have a 2-minute deadline
+/// (runtimeRequestTimeout), so a call caught by the last kill reaches it 120 s after that kill,
+/// and the journal is read 125 s after `storm_end`.
+fn kubelet_journal_past_deadlines(node: &Node, since: &str, storm_end: Instant) -> String {
+    while storm_end.elapsed() < Duration::from_secs(125) {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    node.nsenter(&[
+        "journalctl",
+        "-u",
+        "kubelet",
+        "--since",
+        since,
+        "--no-pager",
+    ])
+    .stdout
+}
+
+/// A kubelet log line of a call that reached its deadline.
+fn at_deadline(line: &str) -> bool {
+    line.contains("DeadlineExceeded") || line.contains("context deadline exceeded")
+}
+
+/// A kubelet log line about a runtime call.
+fn runtime_call(line: &str) -> bool {
+    line.contains("rpc error") || line.contains("runtime") || line.contains("Runtime")
+}
+
+/// How many of kubelet's log lines say crisp's socket refused it or was not there.
+fn refused_connections(journal: &str) -> usize {
+    journal
+        .lines()
+        .filter(|l| {
+            l.contains("crisp.sock")
+                && (l.contains("connection refused")
+                    || l.contains("Unavailable")
+                    || l.contains("no such file"))
+        })
+        .count()
+}
+
 /// Waits until crisp's socket accepts a connection (through the node's root from the host).
 fn storm_accepting(node: &Node) -> Duration {
     node.wait_accepting(STORM_UNIT, &["/run/crisp/crisp.sock"])
@@ -1111,29 +1179,7 @@ fn a_kill_storm_under_a_real_kubelet() {
     let (node, joined) = join(&cluster, &bins);
     eprintln!("kubelet joined, node Ready in {}", secs(joined));
 
-    // crisp as the .deb runs it, behind a socket systemd holds (CRISP_STORM_ACTIVATION=socket,
-    // the default), or as a plain process whose socket goes with it (=plain); kubelet moved
-    // onto its socket.
-    let activated = std::env::var("CRISP_STORM_ACTIVATION").as_deref() != Ok("plain");
-    eprintln!(
-        "crisp {}",
-        if activated {
-            "behind a socket systemd holds"
-        } else {
-            "as a plain process"
-        }
-    );
-    let start = |node: &Node| {
-        if activated {
-            node.start_crisp_activated(STORM_UNIT, "/run/containerd/containerd.sock");
-        } else {
-            storm_start(node);
-        }
-    };
-    node.put_crisp();
-    start(&node);
-    storm_accepting(&node);
-    kubelet_flags_on_crisp(&node);
+    storm_crisp_under_kubelet(&node);
     let o = node.nsenter(&["systemctl", "restart", "kubelet.service"]);
     assert!(o.ok(), "{}", o.all());
     std::thread::sleep(Duration::from_secs(5));
@@ -1234,31 +1280,10 @@ fn a_kill_storm_under_a_real_kubelet() {
         .iter()
         .filter(|c| !live.contains(c.2.as_str()))
         .collect();
-    // kubelet's runtime calls have a 2-minute deadline (runtimeRequestTimeout): a call caught
-    // by the last kill would reach it 120 s after that kill, so kubelet's journal is read then.
-    let storm_end = storm_t + storm_time;
-    while storm_end.elapsed() < Duration::from_secs(125) {
-        std::thread::sleep(Duration::from_secs(1));
-    }
     // (a) calls to their deadline, in kubelet's journal since the storm began.
-    let journal = node
-        .nsenter(&[
-            "journalctl",
-            "-u",
-            "kubelet",
-            "--since",
-            &since,
-            "--no-pager",
-        ])
-        .stdout;
-    let deadline: Vec<&str> = journal
-        .lines()
-        .filter(|l| l.contains("DeadlineExceeded") || l.contains("context deadline exceeded"))
-        .collect();
-    let runtime_deadline: Vec<&&str> = deadline
-        .iter()
-        .filter(|l| l.contains("rpc error") || l.contains("runtime") || l.contains("Runtime"))
-        .collect();
+    let journal = kubelet_journal_past_deadlines(&node, &since, storm_t + storm_time);
+    let deadline: Vec<&str> = journal.lines().filter(|l| at_deadline(l)).collect();
+    let runtime_deadline: Vec<&&str> = deadline.iter().filter(|l| runtime_call(l)).collect();
 
     let crisp_log = node
         .nsenter(&["journalctl", "-u", STORM_UNIT, "--no-pager"])
@@ -1269,10 +1294,7 @@ fn a_kill_storm_under_a_real_kubelet() {
         restarts[0],
         restarts[restarts.len() / 2],
         restarts[restarts.len() - 1],
-        journal
-            .lines()
-            .filter(|l| l.contains("crisp.sock") && (l.contains("connection refused") || l.contains("Unavailable") || l.contains("no such file")))
-            .count(),
+        refused_connections(&journal),
         running.len(),
         live.len(),
         terminating.len(),
@@ -1384,29 +1406,7 @@ fn a_static_pod_kill_storm_under_a_real_kubelet() {
     let (node, joined) = join_with(&cluster, &bins, &static_storm_kubelet_config());
     eprintln!("kubelet joined, node Ready in {}", secs(joined));
 
-    // crisp as the .deb runs it, behind a socket systemd holds (CRISP_STORM_ACTIVATION=socket,
-    // the default), or as a plain process whose socket goes with it (=plain); kubelet moved
-    // onto its socket.
-    let activated = std::env::var("CRISP_STORM_ACTIVATION").as_deref() != Ok("plain");
-    eprintln!(
-        "crisp {}",
-        if activated {
-            "behind a socket systemd holds"
-        } else {
-            "as a plain process"
-        }
-    );
-    let start = |node: &Node| {
-        if activated {
-            node.start_crisp_activated(STORM_UNIT, "/run/containerd/containerd.sock");
-        } else {
-            storm_start(node);
-        }
-    };
-    node.put_crisp();
-    start(&node);
-    storm_accepting(&node);
-    kubelet_flags_on_crisp(&node);
+    let activated = storm_crisp_under_kubelet(&node);
     let inv = node.prop("kubelet.service", "InvocationID");
     let o = node.nsenter(&["systemctl", "restart", "kubelet.service"]);
     assert!(o.ok(), "{}", o.all());
@@ -1490,7 +1490,7 @@ fn a_static_pod_kill_storm_under_a_real_kubelet() {
             } else {
                 node.kill_crisp(STORM_UNIT);
             }
-            start(&node);
+            storm_start_as(&node, activated);
             restarts.push(storm_accepting(&node));
         }
         stop.store(true, Ordering::Relaxed);
@@ -1521,24 +1521,10 @@ fn a_static_pod_kill_storm_under_a_real_kubelet() {
     );
     let in_api: Vec<&str> = mirror_pods.lines().filter(|l| ours(l)).collect();
 
-    // kubelet's runtime calls have a 2-minute deadline (runtimeRequestTimeout).
-    while storm_end.elapsed() < Duration::from_secs(125) {
-        std::thread::sleep(Duration::from_secs(1));
-    }
-    let journal = node
-        .nsenter(&[
-            "journalctl",
-            "-u",
-            "kubelet",
-            "--since",
-            &since,
-            "--no-pager",
-        ])
-        .stdout;
+    let journal = kubelet_journal_past_deadlines(&node, &since, storm_end);
     let runtime_deadline: Vec<&str> = journal
         .lines()
-        .filter(|l| l.contains("DeadlineExceeded") || l.contains("context deadline exceeded"))
-        .filter(|l| l.contains("rpc error") || l.contains("runtime") || l.contains("Runtime"))
+        .filter(|l| at_deadline(l) && runtime_call(l))
         .collect();
     let error_syncing: Vec<&str> = journal
         .lines()
@@ -1569,13 +1555,7 @@ fn a_static_pod_kill_storm_under_a_real_kubelet() {
         pods.len() - removed_in_storm,
         count(&crisp_log, "holding sidecar StopContainer"),
         count(&crisp_log, "forwarding sidecar StopContainer"),
-        journal
-            .lines()
-            .filter(|l| l.contains("crisp.sock")
-                && (l.contains("connection refused")
-                    || l.contains("Unavailable")
-                    || l.contains("no such file")))
-            .count(),
+        refused_connections(&journal),
         error_syncing.len(),
     );
     eprintln!(
@@ -1843,8 +1823,7 @@ fn runtime_exits(node: &Node, pods: &[&str], within: Duration) -> Vec<Exited> {
             t.elapsed() < within,
             "the pods' containers never all exited: {}\n--- kubelet\n{}",
             o.stdout,
-            node.nsenter(&["journalctl", "-u", "kubelet", "-n", "60", "--no-pager"])
-                .stdout
+            node.journal("kubelet", 60)
         );
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -1942,8 +1921,7 @@ fn shutdown_run(cluster: &Cluster, bins: &Path, via_crisp: bool) -> (Vec<Shutdow
             o.ok(),
             "start crisp: {}\n{}",
             o.all(),
-            node.nsenter(&["journalctl", "-u", "crisp", "-n", "30", "--no-pager"])
-                .stdout
+            node.journal("crisp", 30)
         );
     }
     let o = node.nsenter(&["systemctl", "daemon-reload"]);

@@ -590,8 +590,7 @@ fn node_on_crio(cluster: &Cluster, node: &Node, crio: &Path) -> Duration {
         assert!(
             up.elapsed() < Duration::from_secs(60),
             "CRI-O never listened: {}",
-            node.nsenter(&["journalctl", "-u", "crio", "-n", "40", "--no-pager"])
-                .stdout
+            node.journal("crio", 40)
         );
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -630,8 +629,7 @@ fn node_on_crio(cluster: &Cluster, node: &Node, crio: &Path) -> Duration {
             "crio| kubelet not Ready on CRI-O; crio.service {} (restarts {}), its journal:\n{}",
             node.prop("crio.service", "ActiveState"),
             node.prop("crio.service", "NRestarts"),
-            node.nsenter(&["journalctl", "-u", "crio", "-n", "80", "--no-pager"])
-                .stdout
+            node.journal("crio", 80)
         );
         std::panic::resume_unwind(e);
     }
@@ -684,10 +682,8 @@ fn kubelet_on_crio_through_crisp() {
                 cluster
                     .kubectl(&["describe", "pods", "-n", "default"])
                     .stdout,
-                node.nsenter(&["journalctl", "-u", "crio", "-n", "40", "--no-pager"])
-                    .stdout,
-                node.nsenter(&["journalctl", "-u", "kubelet", "-n", "40", "--no-pager"])
-                    .stdout
+                node.journal("crio", 40),
+                node.journal("kubelet", 40)
             );
             std::panic::resume_unwind(e);
         }

@@ -52,6 +52,29 @@ fn pinned() -> String {
     pinned
 }
 
+/// The pinned base, written into `dir` and checked: it passes.
+fn pinned_and_passing(dir: &Path) -> String {
+    let good = pinned();
+    let p = dir.join("pinned.yaml");
+    std::fs::write(&p, &good).unwrap();
+    let (ok, out) = check(&[p.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    good
+}
+
+/// `good` with `from` replaced by `to`, written into `dir`, is refused with a message naming
+/// `expect`.
+fn refused(dir: &Path, good: &str, from: &str, to: &str, expect: &str) {
+    assert!(good.contains(from), "{from}");
+    let p = dir.join("bad.yaml");
+    std::fs::write(&p, good.replacen(from, to, 1)).unwrap();
+    let (ok, out) = check(&[p.to_str().unwrap()]);
+    assert!(
+        !ok && out.contains(expect),
+        "{from} -> {to}: expected '{expect}':\n{out}"
+    );
+}
+
 #[test]
 fn a_broken_manifest_is_refused() {
     let good = pinned();
@@ -88,14 +111,7 @@ fn a_broken_manifest_is_refused() {
             "HostToContainer",
         ),
     ] {
-        assert!(good.contains(from), "{from}");
-        let p = tmp.path().join("bad.yaml");
-        std::fs::write(&p, good.replacen(from, to, 1)).unwrap();
-        let (ok, out) = check(&[p.to_str().unwrap()]);
-        assert!(
-            !ok && out.contains(expect),
-            "{from} -> {to}: expected '{expect}':\n{out}"
-        );
+        refused(tmp.path(), &good, from, to, expect);
     }
 }
 
@@ -104,12 +120,8 @@ fn a_broken_manifest_is_refused() {
 /// or a host path is refused; the pinned base passes.
 #[test]
 fn the_installer_holds_no_more_than_it_needs() {
-    let good = pinned();
     let tmp = tempfile::tempdir().unwrap();
-    let p = tmp.path().join("pinned.yaml");
-    std::fs::write(&p, &good).unwrap();
-    let (ok, out) = check(&[p.to_str().unwrap()]);
-    assert!(ok, "{out}");
+    let good = pinned_and_passing(tmp.path());
     let digest = format!("@sha256:{}", "ab".repeat(32));
     for (from, to, expect) in [
         (
@@ -141,13 +153,7 @@ fn the_installer_holds_no_more_than_it_needs() {
         ),
         ("args: [\"once\"]", "args: []", "`once`"),
     ] {
-        assert!(good.contains(from), "{from}");
-        std::fs::write(&p, good.replacen(from, to, 1)).unwrap();
-        let (ok, out) = check(&[p.to_str().unwrap()]);
-        assert!(
-            !ok && out.contains(expect),
-            "{from} -> {to}: expected '{expect}':\n{out}"
-        );
+        refused(tmp.path(), &good, from, to, expect);
     }
     // A deploy/ tree as released must be pinned: the source tree (by tag) is refused there.
     let (ok, out) = check(&[
@@ -175,12 +181,8 @@ fn the_installer_holds_no_more_than_it_needs() {
 /// over the node's D-Bus system bus (8fa4613 required it, and the checker then let it through).
 #[test]
 fn every_field_security_md_names_is_checked() {
-    let good = pinned();
     let tmp = tempfile::tempdir().unwrap();
-    let p = tmp.path().join("pinned.yaml");
-    std::fs::write(&p, &good).unwrap();
-    let (ok, out) = check(&[p.to_str().unwrap()]);
-    assert!(ok, "{out}");
+    let good = pinned_and_passing(tmp.path());
     assert!(
         !good.lines().any(|l| l.trim().starts_with("hostPID:")),
         "the base shares no PID namespace with the node"
@@ -233,12 +235,6 @@ fn every_field_security_md_names_is_checked() {
             "seccompProfile must stay RuntimeDefault",
         ),
     ] {
-        assert!(good.contains(from), "{from}");
-        std::fs::write(&p, good.replacen(from, to, 1)).unwrap();
-        let (ok, out) = check(&[p.to_str().unwrap()]);
-        assert!(
-            !ok && out.contains(expect),
-            "{from} -> {to}: expected '{expect}':\n{out}"
-        );
+        refused(tmp.path(), &good, from, to, expect);
     }
 }

@@ -199,11 +199,7 @@ struct ObserveAll {
 
 impl Interceptor for ObserveAll {
     fn interest(&self, _call: &Call) -> Interest {
-        Interest {
-            request: true,
-            response: true,
-            complete: true,
-        }
+        Interest::ALL
     }
     fn on_request<'a>(
         &'a self,
@@ -384,20 +380,9 @@ async fn server_stream_messages_stream_through_one_by_one_when_spliced() {
 }
 
 async fn assert_streams_through(fake: &Fake, crisp: &Crisp) {
-    use k8s_cri::v1::{ContainerEventResponse, GetEventsRequest};
+    use k8s_cri::v1::ContainerEventResponse;
     let path = "/runtime.v1.RuntimeService/GetContainerEvents";
-    let (reply, tx) = Reply::channel(grpc_headers());
-    fake.reply_once(path, reply);
-
-    let mut client = runtime_client(&crisp.path).await;
-    let mut stream = within(
-        PATIENCE,
-        "stream headers",
-        client.get_container_events(GetEventsRequest::default()),
-    )
-    .await
-    .unwrap()
-    .into_inner();
+    let (_client, mut stream, tx) = open_events(&crisp.path, fake).await;
     for i in 0..5 {
         let ev = ContainerEventResponse {
             container_id: format!("ctr-{i}"),
@@ -772,11 +757,7 @@ struct ObserveListContainers {
 impl Interceptor for ObserveListContainers {
     fn interest(&self, call: &Call) -> Interest {
         match call.route.rpc {
-            Some(crisp::cri::Rpc::ListContainers) => Interest {
-                request: true,
-                response: true,
-                complete: true,
-            },
+            Some(crisp::cri::Rpc::ListContainers) => Interest::ALL,
             _ => Interest::NONE,
         }
     }

@@ -44,11 +44,7 @@ fn doctor(root: &Path, extra: &[&str]) -> Doctor {
         .args(extra)
         .output()
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = output_text(&out);
     Doctor {
         code: out.status.code().unwrap_or(-1),
         out: text,
@@ -113,17 +109,7 @@ async fn doctor_before_and_after_install() {
     assert!(d.out.contains("fix: run hack/install.sh"), "{}", d.out);
     assert!(d.has("WARN", "units", "not installed"), "{}", d.out);
 
-    let r = hack(
-        "install.sh",
-        &[
-            "--root",
-            &root.display().to_string(),
-            "--binary",
-            CRISP,
-            "--kubelet-version",
-            "1.28",
-        ],
-    );
+    let r = install_into(&root);
     assert!(r.ok, "{}", r.all());
     // Run the installed crisp the way crisp.service does (its config), at the node's paths.
     let notify = Notify::at_path(&tmp.path().join("notify.sock"));

@@ -576,17 +576,7 @@ fn refuses_a_config_that_forwards_to_another_runtime() {
         ),
     ]);
     let before = snapshot(&node.root());
-    let r = hack(
-        "install.sh",
-        &[
-            "--root",
-            &node.root_s(),
-            "--binary",
-            CRISP,
-            "--kubelet-version",
-            "1.28",
-        ],
-    );
+    let r = install_into(&node.root());
     assert!(!r.ok && r.stderr.contains("forwards to /run/containerd/containerd.sock but kubelet uses unix:///run/crio/crio.sock"), "{}", r.all());
     assert_same_tree(&before, &snapshot(&node.root()), "refused install");
 }

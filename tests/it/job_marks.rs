@@ -110,16 +110,7 @@ async fn status_calls_of_other_pods_are_not_collected_while_a_job_sidecar_is_mar
         Reply::unary(&status_of(MARKED, 137).encode_to_vec()),
     );
     let mut client = runtime_client(&crisp.sock).await;
-    let status = client
-        .container_status(ContainerStatusRequest {
-            container_id: MARKED.into(),
-            verbose: false,
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .status
-        .unwrap();
+    let status = status_through(&mut client, MARKED).await;
     assert_eq!((status.exit_code, status.reason.as_str()), (0, "Completed"));
     crisp.stop().await;
 }
@@ -134,6 +125,20 @@ fn status_of(id: &str, exit_code: i32) -> ContainerStatusResponse {
         }),
         ..Default::default()
     }
+}
+
+/// The container's status as the client gets it (through crisp).
+async fn status_through(client: &mut RuntimeClient, id: &str) -> ContainerStatus {
+    client
+        .container_status(ContainerStatusRequest {
+            container_id: id.into(),
+            verbose: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status
+        .unwrap()
 }
 
 /// The admin socket's `/debug/connections` dump.
@@ -225,16 +230,7 @@ async fn measure_status_calls_relayed_and_diverted_while_a_job_sidecar_is_marked
             MARKED
         };
         let started = std::time::Instant::now();
-        let status = client
-            .container_status(ContainerStatusRequest {
-                container_id: id.into(),
-                verbose: false,
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .status
-            .unwrap();
+        let status = status_through(&mut client, id).await;
         let took = started.elapsed();
         if id == MARKED {
             assert_eq!(status.exit_code, 0);

@@ -9,12 +9,26 @@ use std::path::{Path, PathBuf};
 /// Bottom first. Modules of one layer do not import each other.
 const LAYERS: &[&[&str]] = &[
     &["tenant", "sys"],
-    &["readiness", "netns", "status", "cri", "systemd"],
+    &[
+        "readiness",
+        "netns",
+        "status",
+        "cri",
+        "systemd",
+        "admin_api",
+    ],
     &["config"],
-    &["intercept", "metrics", "otel", "telemetry", "watchdog"],
+    &[
+        "intercept",
+        "hold_events",
+        "metrics",
+        "otel",
+        "telemetry",
+        "watchdog",
+    ],
     &["proxy"],
     &["ordering", "tap"],
-    &["admin", "doctor"],
+    &["admin", "doctor", "cli"],
     &["daemon"],
 ];
 

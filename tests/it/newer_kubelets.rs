@@ -27,9 +27,9 @@ use prost::Message;
 use serde::Deserialize;
 
 use crate::support::*;
+use crisp::admin_api as pb;
 use crisp::intercept::{Call, Interceptor, Interest, Verdict};
 use crisp::proxy::ProxyOptions;
-use crisp::tap::pb;
 
 const RUNTIME_CONFIG: &str = "/runtime.v1.RuntimeService/RuntimeConfig";
 const UPDATE_SANDBOX_RESOURCES: &str = "/runtime.v1.RuntimeService/UpdatePodSandboxResources";
@@ -211,13 +211,12 @@ impl Under {
             Mode::Daemon | Mode::Tapped => {
                 let d = Daemon::start(fake.path(), |_| {}).await;
                 let tap = if mode == Mode::Tapped {
-                    let mut client = crisp::tap::client::connect(&d.admin).await.unwrap();
                     let req = pb::TapRequest {
                         include_polling: true,
                         full: true,
                         ..Default::default()
                     };
-                    Some(client.tap(req).await.unwrap().into_inner())
+                    Some(tap_events(&d.admin, req).await)
                 } else {
                     None
                 };

@@ -8,8 +8,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crisp::tap::pb::{tap_event::Event, CallEvent, HoldEvent, MessageEvent};
-use crisp::tap::view::json_line;
+use crisp::admin_api::{tap_event::Event, CallEvent, HoldEvent, MessageEvent};
+use crisp::cli::view::json_line;
 
 use crate::prerequisites::require_tool;
 
@@ -58,6 +58,31 @@ fn call(id: u64, method: &str, at_ms: i64, code: Option<i32>, request_json: Stri
 /// (proto/README.md), the one the tap decodes with.
 fn cri_proto_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("proto/k8s/cri-api/v1")
+}
+
+/// Runs `crisp pcap input -o capture`.
+fn crisp_pcap(input: &Path, capture: &Path) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_crisp"))
+        .args(["pcap", input.to_str().expect("utf-8"), "-o"])
+        .arg(capture)
+        .output()
+        .expect("run crisp pcap")
+}
+
+/// Writes `recording` into `dir`, turns it into a capture with `crisp pcap`, checks that it
+/// wrote `calls` calls, and returns the capture's path.
+fn capture_of(dir: &Path, recording: &str, calls: usize) -> PathBuf {
+    let input = dir.join("calls.jsonl");
+    std::fs::write(&input, recording).expect("write");
+    let capture = dir.join("calls.pcapng");
+    let out = crisp_pcap(&input, &capture);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "crisp pcap failed: {stderr}");
+    assert!(
+        stderr.contains(&format!("{calls} calls written")),
+        "{stderr}"
+    );
+    capture
 }
 
 fn tshark(capture: &Path, fields: &[&str]) -> String {
@@ -125,17 +150,7 @@ fn tshark_decodes_every_call_method_status_and_shown_fields() {
         "{\"dropped\":1,\"dropped_total\":1}".into(),
     ]
     .join("\n");
-    let input = dir.path().join("calls.jsonl");
-    std::fs::write(&input, recording).expect("write");
-    let capture = dir.path().join("calls.pcapng");
-    let out = Command::new(env!("CARGO_BIN_EXE_crisp"))
-        .args(["pcap", input.to_str().expect("utf-8"), "-o"])
-        .arg(&capture)
-        .output()
-        .expect("run crisp pcap");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "crisp pcap failed: {stderr}");
-    assert!(stderr.contains("3 calls written"), "{stderr}");
+    let capture = capture_of(dir.path(), &recording, 3);
 
     let paths = tshark(&capture, &["http2.header.value"]);
     for method in ["StartContainer", "CreateContainer", "StopContainer"] {
@@ -204,11 +219,7 @@ fn an_existing_capture_is_never_overwritten() {
     std::fs::write(&input, call(1, "StartContainer", 0, Some(0), String::new())).expect("write");
     let capture = dir.path().join("old.pcapng");
     std::fs::write(&capture, "keep me").expect("write");
-    let out = Command::new(env!("CARGO_BIN_EXE_crisp"))
-        .args(["pcap", input.to_str().expect("utf-8"), "-o"])
-        .arg(&capture)
-        .output()
-        .expect("run crisp pcap");
+    let out = crisp_pcap(&input, &capture);
     assert_eq!(out.status.code(), Some(73), "{out:?}");
     assert_eq!(std::fs::read_to_string(&capture).expect("read"), "keep me");
 }
@@ -269,17 +280,7 @@ fn tshark_sees_each_message_of_a_streamed_call() {
         }))
         .to_string(),
     );
-    let input = dir.path().join("calls.jsonl");
-    std::fs::write(&input, lines.join("\n")).expect("write");
-    let capture = dir.path().join("calls.pcapng");
-    let out = Command::new(env!("CARGO_BIN_EXE_crisp"))
-        .args(["pcap", input.to_str().expect("utf-8"), "-o"])
-        .arg(&capture)
-        .output()
-        .expect("run crisp pcap");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "crisp pcap failed: {stderr}");
-    assert!(stderr.contains("1 calls written"), "{stderr}");
+    let capture = capture_of(dir.path(), &lines.join("\n"), 1);
 
     // The response's gRPC messages, as tshark's gRPC dissector sees them: the request's (empty)
     // and one per recorded message, on one stream.

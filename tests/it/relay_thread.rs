@@ -8,10 +8,8 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use crate::support::*;
-use k8s_cri::v1::{VersionRequest, VersionResponse};
-use prost::Message;
+use k8s_cri::v1::VersionRequest;
 
-const VERSION: &str = "/runtime.v1.RuntimeService/Version";
 const WORKERS: usize = 2;
 
 #[test]
@@ -29,14 +27,7 @@ fn relayed_calls_go_through_while_every_tokio_worker_of_crisp_is_blocked() {
         .unwrap();
     let fake = peers.block_on(async {
         let fake = Fake::start().await;
-        let answer = VersionResponse {
-            version: "0.1.0".into(),
-            runtime_name: "fake".into(),
-            runtime_version: "1".into(),
-            runtime_api_version: "v1".into(),
-        };
-        let a = answer.encode_to_vec();
-        fake.script(VERSION, move |_| Reply::unary(&a));
+        answer_version(&fake);
         fake
     });
     let crisp = crisp_rt.block_on(Crisp::start(fake.path()));

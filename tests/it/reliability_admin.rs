@@ -14,15 +14,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_cri::v1::{VersionRequest, VersionResponse};
-use prost::Message;
+use k8s_cri::v1::VersionRequest;
 use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 
 use crate::support::*;
-use crisp::tap::pb;
+use crisp::admin_api as pb;
 
-const VERSION: &str = "/runtime.v1.RuntimeService/Version";
 /// Each good call must be answered within this, attack or not.
 const PROMPT: Duration = Duration::from_secs(1);
 
@@ -107,7 +105,7 @@ fn start_good_clients(
     {
         let (admin, stop, good) = (d.admin.clone(), stop.clone(), good.clone());
         tasks.push(tokio::spawn(async move {
-            let mut c = crisp::tap::client::connect(&admin).await.unwrap();
+            let mut c = crisp::cli::client::connect(&admin).await.unwrap();
             while !stop.load(Ordering::Relaxed) {
                 let t = Instant::now();
                 let r = tokio::time::timeout(PROMPT * 2, async {
@@ -154,14 +152,7 @@ fn start_good_clients(
 async fn hostile_admin_clients_do_not_affect_other_admin_or_cri_clients() {
     use rand::RngCore;
     let fake = Fake::start().await;
-    let v = VersionResponse {
-        version: "0.1.0".into(),
-        runtime_name: "fake".into(),
-        runtime_version: "1".into(),
-        runtime_api_version: "v1".into(),
-    }
-    .encode_to_vec();
-    fake.script(VERSION, move |_| Reply::unary(&v));
+    answer_version(&fake);
     let d = daemon(fake.path()).await;
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -216,7 +207,7 @@ async fn hostile_admin_clients_do_not_affect_other_admin_or_cri_clients() {
     // events and must not slow anything for it.
     let mut stalled_taps = Vec::new();
     for _ in 0..20 {
-        let mut c = crisp::tap::client::connect(&d.admin).await.unwrap();
+        let mut c = crisp::cli::client::connect(&d.admin).await.unwrap();
         let s = c
             .tap(pb::TapRequest {
                 full: true,

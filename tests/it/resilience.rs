@@ -14,9 +14,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::support::*;
 use crisp::intercept::{Call, Interceptor, Interest};
 use crisp::proxy::ProxyOptions;
-use k8s_cri::v1::{
-    ContainerEventResponse, ExecSyncRequest, GetEventsRequest, VersionRequest, VersionResponse,
-};
+use k8s_cri::v1::{ContainerEventResponse, ExecSyncRequest, VersionRequest, VersionResponse};
 
 const EXEC_SYNC: &str = "/runtime.v1.RuntimeService/ExecSync";
 const EVENTS: &str = "/runtime.v1.RuntimeService/GetContainerEvents";
@@ -35,11 +33,7 @@ struct ObserveAll;
 
 impl Interceptor for ObserveAll {
     fn interest(&self, _call: &Call) -> Interest {
-        Interest {
-            request: true,
-            response: true,
-            complete: true,
-        }
+        Interest::ALL
     }
 }
 
@@ -74,29 +68,12 @@ async fn open_event_stream(
     UnboundedSender<Frame<Bytes>>,
     ContainerEventResponse,
 ) {
-    let (reply, tx) = Reply::channel(grpc_headers());
-    fake.reply_once(EVENTS, reply);
-    let mut client = runtime_client(&crisp.path).await;
-    let mut stream = within(
-        PATIENCE,
-        "stream headers",
-        client.get_container_events(GetEventsRequest::default()),
-    )
-    .await
-    .unwrap()
-    .into_inner();
+    let (client, mut stream, tx) = open_events(&crisp.path, fake).await;
     let ev = ContainerEventResponse {
         container_id: "ctr-1".into(),
         ..Default::default()
     };
-    tx.send(Frame::data(grpc_frame(&ev.encode_to_vec())))
-        .unwrap();
-    assert_eq!(
-        within(PATIENCE, "first event", stream.message())
-            .await
-            .unwrap(),
-        Some(ev.clone())
-    );
+    passes_through(&tx, &mut stream, &ev, "first event").await;
     (client, stream, tx, ev)
 }
 
@@ -213,17 +190,25 @@ async fn upstream_crash_mid_observed_unary_response_fails_the_call_with_unavaila
     assert_crash_mid_unary_response_is_unavailable(true).await;
 }
 
+/// The runtime sends `ev` on the stream, and the client receives it.
+async fn passes_through(
+    tx: &UnboundedSender<Frame<Bytes>>,
+    stream: &mut tonic::Streaming<ContainerEventResponse>,
+    ev: &ContainerEventResponse,
+    what: &str,
+) {
+    tx.send(Frame::data(grpc_frame(&ev.encode_to_vec())))
+        .unwrap();
+    assert_eq!(
+        within(PATIENCE, what, stream.message()).await.unwrap(),
+        Some(ev.clone())
+    );
+}
+
 /// A fake runtime that answers every Version call with the returned response.
 async fn fake_answering_version() -> (Fake, VersionResponse) {
     let fake = Fake::start().await;
-    let answer = VersionResponse {
-        version: "0.1.0".into(),
-        runtime_name: "fake".into(),
-        runtime_version: "1".into(),
-        runtime_api_version: "v1".into(),
-    };
-    let a = answer.encode_to_vec();
-    fake.script(VERSION, move |_| Reply::unary(&a));
+    let answer = answer_version(&fake);
     (fake, answer)
 }
 
@@ -330,14 +315,7 @@ async fn runtime_goaway_with_a_stream_open_does_not_fail_new_calls() {
     fake.goaway().await;
     // An event sent after the GOAWAY reaches the client: crisp has read the GOAWAY (frames on a
     // connection arrive in order), so what follows is not a race with it.
-    tx.send(Frame::data(grpc_frame(&ev.encode_to_vec())))
-        .unwrap();
-    assert_eq!(
-        within(PATIENCE, "event after GOAWAY", stream.message())
-            .await
-            .unwrap(),
-        Some(ev.clone())
-    );
+    passes_through(&tx, &mut stream, &ev, "event after GOAWAY").await;
     for i in 0..3 {
         let v = within(PATIENCE, "Version after GOAWAY", version(&mut client)).await;
         assert!(

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::BytesMut;
-use crisp::tap::pb;
+use crisp::admin_api as pb;
 use http_body::Frame;
 use prost::Message;
 
@@ -94,13 +94,12 @@ async fn a_15_mb_streamed_list_is_relayed_message_by_message() {
             .map_or_else(|| daemon.as_ref().unwrap().sock.clone(), |c| c.path.clone());
         let mut tap = match (mode, &daemon) {
             (Mode::Tapped, Some(d)) => {
-                let mut client = crisp::tap::client::connect(&d.admin).await.unwrap();
                 let req = pb::TapRequest {
                     include_polling: true,
                     full: true,
                     ..Default::default()
                 };
-                Some(client.tap(req).await.unwrap().into_inner())
+                Some(tap_events(&d.admin, req).await)
             }
             _ => None,
         };

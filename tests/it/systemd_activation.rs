@@ -161,6 +161,22 @@ async fn call_once(sock: &Path, connected: Option<tokio::sync::oneshot::Sender<(
     }
 }
 
+/// The `n`th crisp of a test (its log `crisp-{n}.log`), serving on the socket the test holds as
+/// systemd would, in front of the runtime at `upstream`, telling `notify` when it is ready.
+fn on_listener(
+    dir: &Path,
+    n: usize,
+    sock: &Path,
+    upstream: &Path,
+    listener: &std::os::unix::net::UnixListener,
+    notify: &Notify,
+) -> Proc {
+    let log = dir.join(format!("crisp-{n}.log"));
+    let mut c = crisp_between(dir, sock, upstream, &log);
+    c.env("NOTIFY_SOCKET", &notify.env);
+    spawn(with_listen_fd(c, listener.as_raw_fd(), &log), &log)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_on_an_inherited_socket_loses_no_call_sent_while_down() {
     const LOOPS: usize = 4;
@@ -173,18 +189,7 @@ async fn restart_on_an_inherited_socket_loses_no_call_sent_while_down() {
     let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
     std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o660)).unwrap();
     let notify = Notify::at_path(&dir.path().join("notify.sock"));
-    let sock_s = sock.display().to_string();
-    let rt_s = rt.path.display().to_string();
-    let start = |n: usize| {
-        let log = dir.path().join(format!("crisp-{n}.log"));
-        let mut c = crisp_command(
-            dir.path(),
-            &["--listen", &sock_s, "--upstream", &rt_s],
-            &log,
-        );
-        c.env("NOTIFY_SOCKET", &notify.env);
-        spawn(with_listen_fd(c, listener.as_raw_fd(), &log), &log)
-    };
+    let start = |n: usize| on_listener(dir.path(), n, &sock, &rt.path, &listener, &notify);
 
     let mut crisp = start(0);
     notify.wait_for("READY=1", T).await;
@@ -503,11 +508,7 @@ fn grpcgo_calls(
         ])
         .output()
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = output_text(&out);
     let summary = text
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
@@ -532,18 +533,7 @@ async fn an_upgrade_on_the_kept_socket_fails_no_start_or_create_container_in_fli
     // The test plays PID 1 with crisp.socket: it owns the listening socket for the whole test.
     let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
     let notify = Notify::at_path(&dir.path().join("notify.sock"));
-    let sock_s = sock.display().to_string();
-    let rt_s = rt.path.display().to_string();
-    let start = |n: usize| {
-        let log = dir.path().join(format!("crisp-{n}.log"));
-        let mut c = crisp_command(
-            dir.path(),
-            &["--listen", &sock_s, "--upstream", &rt_s],
-            &log,
-        );
-        c.env("NOTIFY_SOCKET", &notify.env);
-        spawn(with_listen_fd(c, listener.as_raw_fd(), &log), &log)
-    };
+    let start = |n: usize| on_listener(dir.path(), n, &sock, &rt.path, &listener, &notify);
     let mut old = start(0);
     notify.wait_for("READY=1", T).await;
 

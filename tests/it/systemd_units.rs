@@ -70,11 +70,7 @@ fn verify(units: &[PathBuf]) -> Result<(), String> {
         .args(units)
         .output()
         .expect("run systemd-analyze");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = output_text(&out);
     if out.status.success() && text.trim().is_empty() {
         Ok(())
     } else {
@@ -103,17 +99,7 @@ fn systemd_analyze_verify_accepts_the_units() {
     // As hack/install.sh installs them, with the binary it installed.
     let root = tmp.path().join("root");
     put(&root, "/var/lib/kubelet/kubeadm-flags.env", "KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint=unix:///run/containerd/containerd.sock\"\n");
-    let r = hack(
-        "install.sh",
-        &[
-            "--root",
-            &root.display().to_string(),
-            "--binary",
-            CRISP,
-            "--kubelet-version",
-            "1.28",
-        ],
-    );
+    let r = install_into(&root);
     assert!(r.ok, "{}", r.all());
     let installed = |p: &str| read(&root, p);
     let bin = root.join("usr/local/bin/crisp");

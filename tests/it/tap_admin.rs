@@ -13,7 +13,7 @@ use k8s_cri::v1 as cri;
 use prost::Message;
 
 use crate::support::*;
-use crisp::tap::pb;
+use crisp::admin_api as pb;
 
 const NOBODY: u32 = 65534;
 
@@ -95,7 +95,7 @@ async fn the_admin_socket_is_given_to_admin_group_as_it_is_bound() {
             "admin.group = {group:?}"
         );
         // It serves as any admin socket does.
-        let mut client = crisp::tap::client::connect(&d.admin).await.unwrap();
+        let mut client = crisp::cli::client::connect(&d.admin).await.unwrap();
         client.version(pb::VersionRequest {}).await.unwrap();
     }
 }
@@ -144,7 +144,7 @@ async fn unredacted_is_refused_to_non_root_and_served_to_root() {
         .spawn()
         .unwrap();
     within(PATIENCE, "nobody's tap to attach", async {
-        let mut client = crisp::tap::client::connect(&d.admin).await.unwrap();
+        let mut client = crisp::cli::client::connect(&d.admin).await.unwrap();
         while client
             .version(pb::VersionRequest {})
             .await
@@ -174,16 +174,15 @@ async fn unredacted_is_refused_to_non_root_and_served_to_root() {
     assert!(!stdout.contains("Pa55-for-root-only"));
 
     // Root asking explicitly gets the secrets (the control: redaction is what hid them).
-    let mut client = crisp::tap::client::connect(&d.admin).await.unwrap();
-    let mut s = client
-        .tap(pb::TapRequest {
+    let mut s = tap_events(
+        &d.admin,
+        pb::TapRequest {
             full: true,
             unredacted: true,
             ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+        },
+    )
+    .await;
     pull_with_password(&d.sock).await;
     let Some(pb::tap_event::Event::Call(c)) = within(PATIENCE, "root's event", s.message())
         .await
@@ -305,12 +304,7 @@ async fn list_pods_and_version() {
         )
     });
     fake.script("/runtime.v1.RuntimeService/CreateContainer", |rec| {
-        let r = cri::CreateContainerRequest::decode(rec.message()).unwrap();
-        let name = r
-            .config
-            .and_then(|c| c.metadata)
-            .map(|m| m.name)
-            .unwrap_or_default();
+        let (_, name) = container_names(rec);
         Reply::unary(
             &cri::CreateContainerResponse {
                 container_id: format!("ctr-{name}"),
@@ -359,7 +353,7 @@ async fn list_pods_and_version() {
     .await
     .unwrap();
 
-    let mut client = crisp::tap::client::connect(&d.admin).await.unwrap();
+    let mut client = crisp::cli::client::connect(&d.admin).await.unwrap();
     let pods = client
         .list_pods(pb::ListPodsRequest {})
         .await

@@ -10,7 +10,7 @@ use k8s_cri::v1alpha2 as alpha;
 use prost::Message;
 
 use crate::support::*;
-use crisp::tap::pb;
+use crisp::admin_api as pb;
 
 const RUN: &str = "/runtime.v1.RuntimeService/RunPodSandbox";
 const CREATE: &str = "/runtime.v1.RuntimeService/CreateContainer";
@@ -39,12 +39,7 @@ fn sandbox_config(ns: &str, name: &str) -> cri::PodSandboxConfig {
 /// StopContainer and a slow StartContainer for one container.
 fn script(fake: &Fake) {
     fake.script(RUN, |rec| {
-        let r = cri::RunPodSandboxRequest::decode(rec.message()).unwrap();
-        let name = r
-            .config
-            .and_then(|c| c.metadata)
-            .map(|m| m.name)
-            .unwrap_or_default();
+        let name = sandbox_name(rec);
         Reply::unary(
             &cri::RunPodSandboxResponse {
                 pod_sandbox_id: format!("sb-{name}"),
@@ -53,17 +48,7 @@ fn script(fake: &Fake) {
         )
     });
     fake.script(CREATE, |rec| {
-        let r = cri::CreateContainerRequest::decode(rec.message()).unwrap();
-        let pod = r
-            .sandbox_config
-            .and_then(|c| c.metadata)
-            .map(|m| m.name)
-            .unwrap_or_default();
-        let name = r
-            .config
-            .and_then(|c| c.metadata)
-            .map(|m| m.name)
-            .unwrap_or_default();
+        let (pod, name) = container_names(rec);
         Reply::unary(
             &cri::CreateContainerResponse {
                 container_id: format!("c-{pod}-{name}"),
@@ -330,8 +315,7 @@ async fn filters_select_exactly_what_they_say() {
 
     let mut streams = Vec::new();
     for (_, r, _) in &cases {
-        let mut client = crisp::tap::client::connect(&crisp.admin).await.unwrap();
-        streams.push(client.tap(r.clone()).await.unwrap().into_inner());
+        streams.push(tap_events(&crisp.admin, r.clone()).await);
     }
     run_sequence(&crisp.sock).await;
 
@@ -357,12 +341,7 @@ async fn filters_select_exactly_what_they_say() {
     }
 
     // What the default subscriber saw, in detail: names resolved for every pod call.
-    let mut client = crisp::tap::client::connect(&crisp.admin).await.unwrap();
-    let mut s = client
-        .tap(req(|r| r.include_polling = true))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut s = tap_events(&crisp.admin, req(|r| r.include_polling = true)).await;
     run_sequence(&crisp.sock).await;
     let mut evs = Vec::new();
     for _ in 0..SEQUENCE.len() {

@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 use k8s_cri::v1 as cri;
 
 use crate::support::*;
+use crisp::admin_api as pb;
 use crisp::intercept::Interceptor;
 use crisp::metrics::CallMetrics;
 use crisp::proxy::ProxyOptions;
-use crisp::tap::pb;
 
 async fn daemon(upstream: &Path, tap_queue: usize) -> Daemon {
     Daemon::start(upstream, |c| c.admin.tap_queue = tap_queue).await
@@ -78,15 +78,11 @@ async fn a_stalled_tap_client_does_not_slow_calls_and_is_told_what_it_missed() {
     let base = stats(&timed(&mut rt, N, ID).await);
 
     // A client that reads everything (and decodes, --full).
-    let mut client = crisp::tap::client::connect(&crisp.admin).await.unwrap();
-    let mut reading = client
-        .tap(pb::TapRequest {
-            full: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let full = pb::TapRequest {
+        full: true,
+        ..Default::default()
+    };
+    let mut reading = tap_events(&crisp.admin, full.clone()).await;
     let reader = tokio::spawn(async move {
         let mut n = 0u64;
         while let Ok(Some(_)) = reading.message().await {
@@ -95,19 +91,10 @@ async fn a_stalled_tap_client_does_not_slow_calls_and_is_told_what_it_missed() {
         n
     });
     let active = stats(&timed(&mut rt, N, ID).await);
-    drop(client);
     reader.abort();
 
     // A client that attaches with --full and then stops reading.
-    let mut client = crisp::tap::client::connect(&crisp.admin).await.unwrap();
-    let mut stalled_stream = client
-        .tap(pb::TapRequest {
-            full: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stalled_stream = tap_events(&crisp.admin, full).await;
     let stalled = stats(&timed(&mut rt, N, ID).await);
 
     // It resumes: every call is either delivered or counted as missed, and it is told so.
@@ -251,7 +238,7 @@ async fn a_thousand_idle_taps_add_next_to_nothing_to_a_call() {
     let mut b = runtime_client(&tapped.sock).await;
     let (mut clients, mut idle) = (Vec::new(), Vec::new());
     for _ in 0..TAPS / PER_CONNECTION {
-        let mut client = crisp::tap::client::connect(&tapped.admin).await.unwrap();
+        let mut client = crisp::cli::client::connect(&tapped.admin).await.unwrap();
         for _ in 0..PER_CONNECTION {
             let stream = client
                 .tap(pb::TapRequest {

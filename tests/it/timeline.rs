@@ -1,5 +1,5 @@
 //! `crisp timeline` (issue #21 item 3): the real binary reads a tap recording written in the
-//! tap's own JSON format (`crisp::tap::view::json_line`), and its SVG is rendered by a real
+//! tap's own JSON format (`crisp::cli::view::json_line`), and its SVG is rendered by a real
 //! renderer, librsvg's `rsvg-convert` (Debian librsvg2-bin, installed by hack/setup.sh): the
 //! picture must have the size the SVG declares and the held call's bar in the held colour.
 
@@ -13,9 +13,9 @@ use std::process::{Command, Output};
 
 use picture::{render_svg, Picture};
 
-use crisp::tap::pb::{tap_event::Event, CallEvent};
-use crisp::tap::timeline::{colour, TEXT_WIDTH};
-use crisp::tap::view::json_line;
+use crisp::admin_api::{tap_event::Event, CallEvent};
+use crisp::cli::timeline::{colour, TEXT_WIDTH};
+use crisp::cli::view::json_line;
 
 const T0: i64 = 1_764_000_000_000_000_000;
 
@@ -342,7 +342,7 @@ fn several_pods_are_drawn_or_listed() {
 /// One hold event as `crisp tap -o` records it, for the call `call_id` (the demo recording's
 /// ids are its start times in ms).
 fn hold_event(call_id: u64, at_ms: i64, phase: &str, probe_result: &str, outcome: &str) -> String {
-    let ev = crisp::tap::pb::HoldEvent {
+    let ev = crisp::admin_api::HoldEvent {
         call_id,
         phase: phase.into(),
         unix_nanos: T0 + at_ms * 1_000_000,

@@ -458,6 +458,25 @@ impl PodSpec {
     }
 }
 
+#[cfg(test)]
+impl PodSpec {
+    /// Pod `p` (uid `uid`) of the unit tests: init containers `init` and containers
+    /// `containers` that each run `true`, restarted as `policy` says.
+    pub(crate) fn of_true(policy: RestartPolicy, init: &[&str], containers: &[&str]) -> PodSpec {
+        let mut p = PodSpec::new(
+            "p",
+            containers
+                .iter()
+                .map(|n| ContainerSpec::sh(n, "true"))
+                .collect(),
+        );
+        p.init_containers = init.iter().map(|n| ContainerSpec::sh(n, "true")).collect();
+        p.restart_policy = policy;
+        p.uid = "uid".into();
+        p
+    }
+}
+
 impl fmt::Display for PodSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.key())

@@ -69,32 +69,9 @@ impl Env {
         uid: &str,
     ) -> anyhow::Result<Vec<cri::ContainerStatus>> {
         let mut rt = self.runtime_client().await?;
-        let filter = cri::ContainerFilter {
-            label_selector: [(super::status::LABEL_POD_UID.to_string(), uid.to_string())].into(),
-            ..Default::default()
-        };
-        let list = rt
-            .list_containers(cri::ListContainersRequest {
-                filter: Some(filter),
-            })
-            .await
-            .context("ListContainers")?
-            .into_inner()
-            .containers;
-        let mut out = Vec::new();
-        for c in list {
-            let st = rt
-                .container_status(cri::ContainerStatusRequest {
-                    container_id: c.id.clone(),
-                    verbose: false,
-                })
-                .await
-                .with_context(|| format!("ContainerStatus {}", c.id))?
-                .into_inner()
-                .status
-                .context("empty ContainerStatus")?;
-            out.push(st);
-        }
+        let mut out =
+            crate::harness::labelled_statuses(&mut rt, &[(super::status::LABEL_POD_UID, uid)])
+                .await?;
         out.sort_by_key(|s| std::cmp::Reverse(s.created_at));
         Ok(out)
     }

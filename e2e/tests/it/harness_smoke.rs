@@ -83,19 +83,7 @@ async fn wait_state(
 }
 
 async fn image_id(img: &mut ImageServiceClient<Channel>, name: &str) -> Result<String> {
-    let image = img
-        .image_status(cri::ImageStatusRequest {
-            image: Some(cri::ImageSpec {
-                image: name.into(),
-                ..Default::default()
-            }),
-            verbose: false,
-        })
-        .await
-        .with_context(|| format!("ImageStatus {name}"))?
-        .into_inner()
-        .image
-        .with_context(|| format!("ImageStatus {name}: no image"))?;
+    let image = crisp_e2e::harness::image_status(img, name).await?;
     assert!(
         image.repo_tags.iter().any(|t| t == name),
         "ImageStatus {name}: repo_tags {:?}",

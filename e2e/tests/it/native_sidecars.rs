@@ -22,8 +22,9 @@ use anyhow::{ensure, Context, Result};
 use crisp_e2e::crisp::{Crisp, CrispOpts};
 use crisp_e2e::grpcgo::{GoBridge, GoBridgeOpts};
 use crisp_e2e::harness::{
-    container_status, cri_clients, host_network_sandbox, image_ref, require_root, shell_container,
-    wait_container, wait_log_line, Containerd, ContainerdOpts, BUSYBOX_IMAGE, TRAPPED_LOOP,
+    container_status, cri_clients, host_network_sandbox, image_ref, require_root, run_pod_sandbox,
+    shell_container, wait_container, wait_log_line, Containerd, ContainerdOpts, BUSYBOX_IMAGE,
+    TRAPPED_LOOP,
 };
 use k8s_cri::v1 as cri;
 
@@ -119,15 +120,12 @@ impl Timed<'_> {
 /// Replays kubelet 1.29's calls for `shape` through grpc-go → crisp → containerd and checks
 /// that crisp held and refused nothing and the runtime saw kubelet's own order.
 async fn native_pod(shape: Shape) -> Result<()> {
-    require_root();
-    let ctrd = Containerd::start_async(ContainerdOpts { cni: false }).await?;
-    let crisp = Crisp::start(ctrd.socket(), CrispOpts::default())?;
-    let dir = tempfile::Builder::new().prefix("crisp-native-").tempdir()?;
-    let bridge = GoBridge::start(
-        &dir.path().join("kubelet.sock"),
-        crisp.socket(),
-        GoBridgeOpts::default(),
-    )?;
+    let NativeStack {
+        ctrd,
+        crisp,
+        _dir,
+        bridge,
+    } = native_stack().await?;
     let r = replay(&ctrd, bridge.socket(), &shape).await;
     let log = crisp.log_text();
     if r.is_err() {
@@ -149,20 +147,23 @@ async fn native_pod(shape: Shape) -> Result<()> {
     Ok(())
 }
 
+/// Waits until container `name`, logging into `log_dir`, has set its SIGTERM trap.
+async fn trap_set(log_dir: &Path, name: &str) -> Result<()> {
+    wait_log_line(
+        &log_dir.join(format!("{name}.log")),
+        "trap-set",
+        Duration::from_secs(20),
+    )
+    .await
+}
+
 async fn replay(ctrd: &Containerd, via: &Path, shape: &Shape) -> Result<()> {
     let (mut rt, mut img) = cri_clients(via).await?;
     let image = image_ref(&mut img, BUSYBOX_IMAGE).await?;
     let log_dir = ctrd.dir().join("pods").join(shape.name);
     std::fs::create_dir_all(&log_dir)?;
     let sb = sandbox_config(shape, &log_dir);
-    let pod = rt
-        .run_pod_sandbox(cri::RunPodSandboxRequest {
-            config: Some(sb.clone()),
-            runtime_handler: String::new(),
-        })
-        .await?
-        .into_inner()
-        .pod_sandbox_id;
+    let pod = run_pod_sandbox(&mut rt, &sb).await?;
     let mut t = Timed {
         rt: &mut rt,
         slowest: (Duration::ZERO, String::new()),
@@ -177,12 +178,7 @@ async fn replay(ctrd: &Containerd, via: &Path, shape: &Shape) -> Result<()> {
                 s.state == cri::ContainerState::ContainerRunning as i32
             })
             .await?;
-            wait_log_line(
-                &log_dir.join(format!("{name}.log")),
-                "trap-set",
-                Duration::from_secs(20),
-            )
-            .await?;
+            trap_set(&log_dir, name).await?;
             sidecars.push((*name, id));
         } else {
             let st = wait_container(t.rt, &id, "exited", Duration::from_secs(20), |s| {
@@ -197,12 +193,7 @@ async fn replay(ctrd: &Containerd, via: &Path, shape: &Shape) -> Result<()> {
         let id = t
             .create_start(&pod, &sb, &image, name, TRAPPED_LOOP)
             .await?;
-        wait_log_line(
-            &log_dir.join(format!("{name}.log")),
-            "trap-set",
-            Duration::from_secs(20),
-        )
-        .await?;
+        trap_set(&log_dir, name).await?;
         apps.push((*name, id));
     }
 
@@ -333,14 +324,7 @@ async fn replay_late_ready(
         sb.annotations
             .insert("crisp.dev/ready.proxy".into(), READY_FILE_PROBE.into());
     }
-    let pod = rt
-        .run_pod_sandbox(cri::RunPodSandboxRequest {
-            config: Some(sb.clone()),
-            runtime_handler: String::new(),
-        })
-        .await?
-        .into_inner()
-        .pod_sandbox_id;
+    let pod = run_pod_sandbox(&mut rt, &sb).await?;
     let mut t = Timed {
         rt: &mut rt,
         slowest: (Duration::ZERO, String::new()),
@@ -361,12 +345,7 @@ async fn replay_late_ready(
         .create_start(&pod, &sb, &image, "app", TRAPPED_LOOP)
         .await?;
     let app_create_took = started.elapsed();
-    wait_log_line(
-        &log_dir.join("app.log"),
-        "trap-set",
-        Duration::from_secs(20),
-    )
-    .await?;
+    trap_set(&log_dir, "app").await?;
     t.stop("app", &app).await?;
     t.stop("proxy", &proxy).await?;
     let sidecar = t.status(&proxy).await?;

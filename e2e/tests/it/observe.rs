@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use crisp_e2e::crisp::crisp_binary;
 use crisp_e2e::emulator::{ContainerState, PodSpec};
 use crisp_e2e::stack::{secs, Stack};
-use crisp_e2e::tapcli::TapCli;
+use crisp_e2e::tapcli::{crisp_pods, TapCli};
 use serde_json::Value;
 
 const STEP: Duration = Duration::from_secs(60);
@@ -34,26 +34,6 @@ fn tcp_pod(name: &str, port: u16, start_timeout: &str) -> String {
 /// A port nothing listens on (yet).
 fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-/// `crisp pods --json` (the real binary).
-fn crisp_pods(st: &Stack, pod: &str) -> Result<Value> {
-    let admin = st.crisp.dir().join("admin.sock");
-    let out = Command::new(crisp_binary()?)
-        .arg("pods")
-        .arg("--json")
-        .arg("--admin-socket")
-        .arg(&admin)
-        .arg(pod)
-        .output()?;
-    if !out.status.success() {
-        bail!(
-            "crisp pods failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(serde_json::from_slice(&out.stdout)?)
 }
 
 fn contains(v: &Value, key: &str, text: &str) -> bool {
@@ -213,14 +193,7 @@ async fn a_long_hold_shows_its_reason_where_kubectl_looks() -> Result<()> {
         "no orphaned app container"
     );
     let view = st.kubelet.pod(&uid).context("pod")?;
-    assert_eq!(
-        view.status
-            .container_statuses
-            .iter()
-            .find(|c| c.name == "app")
-            .map(|c| c.restart_count),
-        Some(0)
-    );
+    assert_eq!(view.container("app").map(|c| c.restart_count), Some(0));
     Ok(())
 }
 

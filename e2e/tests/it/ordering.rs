@@ -91,14 +91,7 @@ async fn sidecar_listed_after_app_still_starts_first() -> Result<()> {
         secs(gap)
     );
     let view = st.kubelet.pod(&uid).expect("pod");
-    assert_eq!(
-        view.status
-            .container_statuses
-            .iter()
-            .find(|c| c.name == "app")
-            .map(|c| c.restart_count),
-        Some(0)
-    );
+    assert_eq!(view.container("app").map(|c| c.restart_count), Some(0));
     // kubelet saw the fail-fast refusal, then a successful retry.
     let creates = st
         .kubelet

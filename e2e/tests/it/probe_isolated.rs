@@ -20,6 +20,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context, Result};
 use crisp_e2e::emulator::PodSpec;
 use crisp_e2e::stack::{secs, Stack};
+use crisp_e2e::tapcli::crisp_pods;
 use k8s_cri::v1 as cri;
 
 const STEP: Duration = Duration::from_secs(90);
@@ -249,27 +250,6 @@ async fn shared_kernel_pod_is_probed_in_its_namespace_as_before() -> Result<()> 
     );
     st.delete_pod(&uid, Some(5), STEP).await?;
     Ok(())
-}
-
-/// `crisp pods --json` (the real binary).
-fn crisp_pods(st: &Stack, pod: &str) -> Result<serde_json::Value> {
-    let admin = st.crisp.dir().join("admin.sock");
-    let out = std::process::Command::new(crisp_e2e::crisp::crisp_binary()?)
-        .arg("pods")
-        .arg("--json")
-        .arg("--admin-socket")
-        .arg(&admin)
-        .arg(pod)
-        .output()
-        .context("crisp pods")?;
-    if !out.status.success() {
-        bail!(
-            "crisp pods failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(serde_json::from_slice(&out.stdout)?)
 }
 
 /// Issue #44: `probe_netns::annotations_aimed_at_the_node_reach_nothing` for an isolated pod.

@@ -74,6 +74,26 @@ impl Chaos<'_> {
     }
 
     /// The kubelet's calls and crisp's log lines of each pod named in a violation.
+    /// No violation in `phase` (start, stop); else what crisp logged of the pods they name,
+    /// and an error listing them with the kills of the cell.
+    fn ensure_none(
+        &self,
+        pods: &[(String, Planned)],
+        violations: &[String],
+        phase: &str,
+        kills: &[String],
+    ) -> Result<()> {
+        if !violations.is_empty() {
+            self.dump_violating(pods, violations);
+        }
+        ensure!(
+            violations.is_empty(),
+            "{phase} with crisp kills {kills:?}:\n{}",
+            violations.join("\n")
+        );
+        Ok(())
+    }
+
     fn dump_violating(&self, pods: &[(String, Planned)], violations: &[String]) {
         let log = self.crisp.log_text();
         for (uid, p) in pods {
@@ -175,14 +195,7 @@ impl Chaos<'_> {
             );
             violations.extend(duplicate_running(self.containerd, uid, p).await?);
         }
-        if !violations.is_empty() {
-            self.dump_violating(&pods, &violations);
-        }
-        ensure!(
-            violations.is_empty(),
-            "start with crisp kills {kills:?}:\n{}",
-            violations.join("\n")
-        );
+        self.ensure_none(&pods, &violations, "start", &kills)?;
 
         let t1 = Instant::now();
         for (uid, _) in &pods {
@@ -205,14 +218,7 @@ impl Chaos<'_> {
         for (uid, p) in &pods {
             violations.extend(stop_violations(self.containerd, uid, p, true).await?);
         }
-        if !violations.is_empty() {
-            self.dump_violating(&pods, &violations);
-        }
-        ensure!(
-            violations.is_empty(),
-            "stop with crisp kills {kills:?}:\n{}",
-            violations.join("\n")
-        );
+        self.ensure_none(&pods, &violations, "stop", &kills)?;
 
         let uids: Vec<String> = pods.iter().map(|(u, _)| u.clone()).collect();
         remove_pods(self.containerd, self.kubelet, &uids).await?;
@@ -228,21 +234,10 @@ impl Chaos<'_> {
             "job-mode marks left behind"
         );
         let j = self.kubelet.journal();
-        let late = deadline_violations(j);
-        if !late.is_empty() {
+        if !deadline_violations(j).is_empty() {
             eprintln!("--- crisp log ---\n{}", self.crisp.log_text());
         }
-        ensure!(
-            late.is_empty(),
-            "calls outlived kubelet's deadline:\n{}",
-            late.join("\n")
-        );
-        let stuck = stuck_calls(j, Duration::from_secs(5));
-        ensure!(
-            stuck.is_empty(),
-            "calls still in flight:\n{}",
-            stuck.join("\n")
-        );
+        ensure_calls_ended(j)?;
         let unavailable = count(j, |r| {
             r.done.is_some() && r.code == tonic::Code::Unavailable
         });
@@ -1188,17 +1183,22 @@ async fn run_matrix(
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_matrix_plain() -> Result<()> {
-    crisp_e2e::harness::require_root();
-    let containerd = Containerd::start_async(ContainerdOpts { cni: false }).await?;
-    let mut crisp = crisp_e2e::crisp::Crisp::start(
-        containerd.socket(),
+/// The chaos tests' crisp as a plain process in front of the runtime at `upstream`.
+fn plain_crisp(upstream: &Path) -> Result<crisp_e2e::crisp::Crisp> {
+    crisp_e2e::crisp::Crisp::start(
+        upstream,
         crisp_e2e::crisp::CrispOpts {
             extra_config: CRISP_CONFIG.to_string(),
             log_level: Some(CHAOS_LOG.to_string()),
         },
-    )?;
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_matrix_plain() -> Result<()> {
+    crisp_e2e::harness::require_root();
+    let containerd = Containerd::start_async(ContainerdOpts { cni: false }).await?;
+    let mut crisp = plain_crisp(containerd.socket())?;
     run_matrix("plain", &mut crisp, containerd.socket()).await
 }
 
@@ -1220,13 +1220,7 @@ async fn kill_matrix_socket_activated() -> Result<()> {
 async fn a_call_queued_as_its_connection_closes_is_answered() -> Result<()> {
     crisp_e2e::harness::require_root();
     let containerd = Containerd::start_async(ContainerdOpts { cni: false }).await?;
-    let mut crisp = crisp_e2e::crisp::Crisp::start(
-        containerd.socket(),
-        crisp_e2e::crisp::CrispOpts {
-            extra_config: CRISP_CONFIG.to_string(),
-            log_level: Some(CHAOS_LOG.to_string()),
-        },
-    )?;
+    let mut crisp = plain_crisp(containerd.socket())?;
     let dir = tempfile::Builder::new().prefix("crisp-queued-").tempdir()?;
     let deadline = Duration::from_secs(4);
     let invoke = run_cell(

@@ -165,18 +165,7 @@ async fn containerd_killed_and_restarted_during_a_wave() -> Result<()> {
         "crisp still tracks pods/containers"
     );
     let j = st.kubelet.journal();
-    let late = deadline_violations(j);
-    ensure!(
-        late.is_empty(),
-        "calls outlived kubelet's deadline:\n{}",
-        late.join("\n")
-    );
-    let stuck = stuck_calls(j, Duration::from_secs(5));
-    ensure!(
-        stuck.is_empty(),
-        "calls still in flight:\n{}",
-        stuck.join("\n")
-    );
+    ensure_calls_ended(j)?;
     ensure!(
         crisp_pid.and_then(rss_kib).is_some(),
         "crisp's process is gone"

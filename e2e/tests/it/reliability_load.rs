@@ -69,9 +69,9 @@ async fn load(n: usize, waves: usize) -> Result<()> {
 
     // A `crisp tap --full --all`-like subscriber; every event's JSON is searched for the secret
     // as it arrives (kept: counts and the first leak only).
-    let mut tap = crisp::tap::client::connect(&admin).await?;
+    let mut tap = crisp::cli::client::connect(&admin).await?;
     let mut stream = tap
-        .tap(crisp::tap::pb::TapRequest {
+        .tap(crisp::admin_api::TapRequest {
             full: true,
             include_polling: true,
             ..Default::default()
@@ -84,7 +84,7 @@ async fn load(n: usize, waves: usize) -> Result<()> {
         let (secret, b64) = (secret.clone(), base64(secret.as_bytes()));
         tokio::spawn(async move {
             while let Ok(Some(ev)) = stream.message().await {
-                let Some(crisp::tap::pb::tap_event::Event::Call(c)) = ev.event else {
+                let Some(crisp::admin_api::tap_event::Event::Call(c)) = ev.event else {
                     continue;
                 };
                 let mut s = seen.lock().unwrap_or_else(|e| e.into_inner());
@@ -239,18 +239,7 @@ async fn load(n: usize, waves: usize) -> Result<()> {
     }
 
     let j = st.kubelet.journal();
-    let late = deadline_violations(j);
-    ensure!(
-        late.is_empty(),
-        "calls outlived kubelet's deadline:\n{}",
-        late.join("\n")
-    );
-    let stuck = stuck_calls(j, Duration::from_secs(5));
-    ensure!(
-        stuck.is_empty(),
-        "calls still in flight:\n{}",
-        stuck.join("\n")
-    );
+    ensure_calls_ended(j)?;
     let calls = j.calls().len();
 
     // Secrets: crisp's whole log (trace level) and everything the tap showed.

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use crisp::tap::timeline::{colour, TEXT_WIDTH};
+use crisp::cli::timeline::{colour, TEXT_WIDTH};
 use crisp_e2e::crisp::crisp_binary;
 use crisp_e2e::emulator::PodSpec;
 use crisp_e2e::picture::{render_svg, Picture};

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use crisp_e2e::crisp::{Crisp, CrispOpts};
 use crisp_e2e::harness::{
-    create_and_start, cri_clients, host_network_sandbox, image_ref, require_root, shell_container,
-    wait_log_line, Containerd, ContainerdOpts, BUSYBOX_IMAGE, TRAPPED_LOOP,
+    create_and_start, cri_clients, host_network_sandbox, image_ref, require_root, run_pod_sandbox,
+    shell_container, wait_log_line, Containerd, ContainerdOpts, BUSYBOX_IMAGE, TRAPPED_LOOP,
 };
 use crisp_e2e::raw;
 use k8s_cri::v1 as cri;
@@ -55,14 +55,7 @@ async fn pod_lifecycle_through_crisp_is_byte_identical() -> Result<()> {
     let log_dir = ctrd.dir().join("pods/transparency");
     std::fs::create_dir_all(&log_dir)?;
     let sb = sandbox_config("transparency", &log_dir);
-    let pod = rt
-        .run_pod_sandbox(cri::RunPodSandboxRequest {
-            config: Some(sb.clone()),
-            runtime_handler: String::new(),
-        })
-        .await?
-        .into_inner()
-        .pod_sandbox_id;
+    let pod = run_pod_sandbox(&mut rt, &sb).await?;
     let busybox = image_ref(&mut img, BUSYBOX_IMAGE).await?;
 
     let mut ids = Vec::new();

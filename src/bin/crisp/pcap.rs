@@ -1,12 +1,12 @@
 //! `crisp pcap`: converts a tap recording (`crisp tap -o FILE`) to a pcapng capture,
-//! [`crisp::tap::pcap`]'s.
+//! [`crisp::cli::pcap`]'s.
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, BufWriter};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crisp::tap::{output, pcap};
+use crisp::cli::{output, pcap};
 
 use super::exit;
 

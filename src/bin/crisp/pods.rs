@@ -1,13 +1,14 @@
 //! `crisp pods`: what the ordering engine knows and holds now, from the admin API's ListPods —
 //! one command on the node that answers "why is this pod not starting?". The views are
-//! [`crisp::tap::pods`]'s.
+//! [`crisp::cli::pods`]'s.
 
 use std::io::{self, Write};
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::SystemTime;
 
-use crisp::tap::{client, pb, pods};
+use crisp::admin_api as pb;
+use crisp::cli::{client, pods};
 
 use super::exit;
 use super::tap::AdminSocketArgs;

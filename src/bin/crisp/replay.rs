@@ -1,6 +1,6 @@
 //! `crisp replay`: plays the kubelet side of a tap recording against a CRI runtime and prints
-//! [`crisp::tap::replay`]'s report; with `--as-runtime`, plays the runtime side to a peer
-//! instead ([`crisp::tap::replay::Script`]).
+//! [`crisp::cli::replay`]'s report; with `--as-runtime`, plays the runtime side to a peer
+//! instead ([`crisp::cli::replay::Script`]).
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -8,8 +8,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crisp::cli::replay::{self, Options, Pace, Runtime};
 use crisp::config::Config;
-use crisp::tap::replay::{self, Options, Pace, Runtime};
 
 use super::exit;
 
@@ -181,12 +181,23 @@ pub fn run(args: ReplayArgs) -> ExitCode {
         Some(Err(code)) => return code,
         None => return ExitCode::FAILURE,
     };
-    if args.json {
-        println!("{}", report.json_text());
+    let shown = if args.json {
+        report.json_text()
     } else {
-        print!("{}", report.text());
+        report.text()
+    };
+    print_report(&shown, args.json, report.differs())
+}
+
+/// Prints a report (`json`: one JSON object on a line of its own); fails when it says the
+/// runtime answered differently.
+fn print_report(shown: &str, json: bool, differs: bool) -> ExitCode {
+    if json {
+        println!("{shown}");
+    } else {
+        print!("{shown}");
     }
-    if report.differs() {
+    if differs {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
@@ -286,16 +297,12 @@ fn as_runtime(args: &ReplayArgs, socket: &Path) -> ExitCode {
         None => return ExitCode::FAILURE,
     }
     let report = script.lock().report();
-    if args.json {
-        println!("{}", report.json_text());
+    let shown = if args.json {
+        report.json_text()
     } else {
-        print!("{}", report.text());
-    }
-    if report.differs() {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    }
+        report.text()
+    };
+    print_report(&shown, args.json, report.differs())
 }
 
 /// Resolves on Ctrl-C or SIGTERM (how a test or a unit stops the server).

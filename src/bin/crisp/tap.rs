@@ -1,14 +1,14 @@
 //! `crisp tap`: attaches to a running crisp's admin socket and prints one line per CRI call
 //! (or JSON lines with `--json`), optionally recording JSON lines to a file. The lines are
-//! [`crisp::tap::view`]'s.
+//! [`crisp::cli::view`]'s.
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use crisp::tap::pb::{self, tap_event::Event};
-use crisp::tap::{client, output, pcap, view};
+use crisp::admin_api::{self as pb, tap_event::Event};
+use crisp::cli::{client, output, pcap, view};
 
 use super::exit;
 

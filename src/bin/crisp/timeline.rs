@@ -1,12 +1,13 @@
 //! `crisp timeline`: reads a tap recording (or the live tap) and prints
-//! [`crisp::tap::timeline`]'s waterfall, optionally writing its SVG.
+//! [`crisp::cli::timeline`]'s waterfall, optionally writing its SVG.
 
 use std::io;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crisp::tap::timeline::{self, Parsed, Pod, TEXT_WIDTH};
-use crisp::tap::{client, pb, view};
+use crisp::admin_api as pb;
+use crisp::cli::timeline::{self, Parsed, Pod, TEXT_WIDTH};
+use crisp::cli::{client, view};
 
 use super::exit;
 use super::tap::AdminSocketArgs;

@@ -153,8 +153,11 @@ fn start_check_walks_the_sidecars_in_order_and_asks_for_probes() {
     let list = vec![c("a", 1, state::RUNNING), c("b", 2, state::RUNNING)];
     let snap = Snapshot::new(&list);
     let mut probed = HashMap::new();
+    let check = |probed: &HashMap<String, bool>| {
+        check_start("ns/pod", &p.sidecars, &snap, false, nobody, probed)
+    };
     assert_eq!(
-        check_start("ns/pod", &p.sidecars, &snap, false, nobody, &probed),
+        check(&probed),
         Check::Probe {
             sidecar: &p.sidecars[0],
             container_id: "a-1".into()
@@ -162,23 +165,20 @@ fn start_check_walks_the_sidecars_in_order_and_asks_for_probes() {
     );
     probed.insert("a".to_string(), false);
     assert_eq!(
-        check_start("ns/pod", &p.sidecars, &snap, false, nobody, &probed),
+        check(&probed),
         Check::Waiting(WaitingFor::Sidecar("a".into())),
         "b is not probed while a is not ready"
     );
     probed.insert("a".to_string(), true);
     assert_eq!(
-        check_start("ns/pod", &p.sidecars, &snap, false, nobody, &probed),
+        check(&probed),
         Check::Probe {
             sidecar: &p.sidecars[1],
             container_id: "b-2".into()
         }
     );
     probed.insert("b".to_string(), true);
-    assert_eq!(
-        check_start("ns/pod", &p.sidecars, &snap, false, nobody, &probed),
-        Check::Ready
-    );
+    assert_eq!(check(&probed), Check::Ready);
 }
 
 #[test]

@@ -42,6 +42,12 @@ fn host_address_stands_in_for_a_pods(engine: &Engine) {
     let _ = engine.test_node_address.set(|ip| ip.is_loopback());
 }
 
+/// How the engine classified the test's pod (`isolated (handler …)`, `shared kernel (…)`).
+fn isolation(engine: &Engine) -> Option<String> {
+    let (p, _) = engine.lookup(Some(SANDBOX), None);
+    p.unwrap().isolation().map(|i| i.to_string())
+}
+
 fn last_probe(engine: &Engine) -> crate::readiness::ProbeResult {
     let (p, _) = engine.lookup(Some(SANDBOX), None);
     p.and_then(|p| p.last_probe("proxy")).unwrap().result
@@ -76,9 +82,8 @@ async fn an_isolated_pods_loopback_target_falls_back_to_proceed_at_once() {
         "crisp connected to the node's loopback"
     );
     assert_eq!(engine.metrics.probe_connects.get(), 0);
-    let (p, _) = engine.lookup(Some(SANDBOX), None);
     assert_eq!(
-        p.unwrap().isolation().map(|i| i.to_string()).as_deref(),
+        isolation(&engine).as_deref(),
         Some("isolated (handler kata)")
     );
 }
@@ -235,6 +240,25 @@ fn count_accepts(l: std::net::TcpListener) -> Arc<std::sync::atomic::AtomicUsize
     n
 }
 
+/// A pod of `handler` at an address of the node, its sidecar probed at `tcp://:PORT` where a
+/// listener on the node waits, start timeout 1 s: the fake, the engine, and how many connections
+/// the listener accepted.
+fn pod_at_a_node_listener(
+    handler: &str,
+) -> (Fake, Arc<Engine>, Arc<std::sync::atomic::AtomicUsize>) {
+    let ip = a_host_address();
+    let l = std::net::TcpListener::bind((ip, 0)).unwrap();
+    let port = l.local_addr().unwrap().port();
+    let accepts = count_accepts(l);
+    let (fake, engine) = isolated_pod(
+        handler,
+        &format!("tcp://:{port}"),
+        &ip.to_string(),
+        &[(annotations::START_TIMEOUT, "1s")],
+    );
+    (fake, engine, accepts)
+}
+
 /// Issue #44, adversarial: a `kata` pod whose CNI let it "live at" the node's own address,
 /// probed at `tcp://:PORT` where a listener on the node waits. crisp cannot enter the pod's
 /// network (this runtime reveals no namespace), so it would probe from the node's: it refuses,
@@ -242,16 +266,7 @@ fn count_accepts(l: std::net::TcpListener) -> Arc<std::sync::atomic::AtomicUsize
 /// the node's listener and judged the sidecar ready.
 #[tokio::test]
 async fn a_kata_pod_at_the_nodes_address_reaches_nothing() {
-    let ip = a_host_address();
-    let l = std::net::TcpListener::bind((ip, 0)).unwrap();
-    let port = l.local_addr().unwrap().port();
-    let accepts = count_accepts(l);
-    let (fake, engine) = isolated_pod(
-        "kata",
-        &format!("tcp://:{port}"),
-        &ip.to_string(),
-        &[(annotations::START_TIMEOUT, "1s")],
-    );
+    let (fake, engine, accepts) = pod_at_a_node_listener("kata");
     let _ = create_container(&engine, &fake, "app").await;
     let why = last_probe(&engine).unwrap_err();
     assert!(
@@ -379,9 +394,8 @@ async fn a_runc_pod_under_another_handler_is_probed_inside_its_namespace() {
         0,
         "crisp connected to the node's listener"
     );
-    let (p, _) = engine.lookup(Some(SANDBOX), None);
     assert_eq!(
-        p.unwrap().isolation().map(|i| i.to_string()).as_deref(),
+        isolation(&engine).as_deref(),
         Some("shared kernel (handler nvidia)")
     );
 }
@@ -391,17 +405,8 @@ async fn a_runc_pod_under_another_handler_is_probed_inside_its_namespace() {
 /// node's address, nothing is probed.
 #[tokio::test]
 async fn a_namespace_without_the_pod_ip_makes_the_pod_isolated() {
-    let ip = a_host_address();
     let netns = TestNetns::new("192.0.2.200".parse().unwrap());
-    let l = std::net::TcpListener::bind((ip, 0)).unwrap();
-    let port = l.local_addr().unwrap().port();
-    let accepts = count_accepts(l);
-    let (fake, engine) = isolated_pod(
-        "nvidia",
-        &format!("tcp://:{port}"),
-        &ip.to_string(),
-        &[(annotations::START_TIMEOUT, "1s")],
-    );
+    let (fake, engine, accepts) = pod_at_a_node_listener("nvidia");
     fake.script().info = Some(format!(
         r#"{{"runtimeSpec":{{"linux":{{"namespaces":[{{"type":"network","path":"{}"}}]}}}}}}"#,
         netns.path()
@@ -410,9 +415,8 @@ async fn a_namespace_without_the_pod_ip_makes_the_pod_isolated() {
     let why = last_probe(&engine).unwrap_err();
     assert!(why.contains("an address of the node itself"), "{why}");
     assert_eq!(accepts.load(std::sync::atomic::Ordering::SeqCst), 0);
-    let (p, _) = engine.lookup(Some(SANDBOX), None);
     assert_eq!(
-        p.unwrap().isolation().map(|i| i.to_string()).as_deref(),
+        isolation(&engine).as_deref(),
         Some("isolated (handler nvidia)")
     );
 }

@@ -4,19 +4,19 @@
 use super::*;
 
 #[derive(Default)]
-struct Recorder(Mutex<Vec<crate::intercept::HoldEvent>>);
+struct Recorder(Mutex<Vec<crate::hold_events::HoldEvent>>);
 
 impl HoldSink for Recorder {
     fn wanted(&self) -> bool {
         true
     }
-    fn publish(&self, ev: crate::intercept::HoldEvent) {
+    fn publish(&self, ev: crate::hold_events::HoldEvent) {
         self.0.lock().unwrap().push(ev);
     }
 }
 
 impl Recorder {
-    fn phases(&self) -> Vec<crate::intercept::HoldPhase> {
+    fn phases(&self) -> Vec<crate::hold_events::HoldPhase> {
         self.0.lock().unwrap().iter().map(|e| e.phase).collect()
     }
 }
@@ -29,7 +29,7 @@ fn recorded(engine: &Engine) -> Arc<Recorder> {
 
 #[tokio::test(start_paused = true)]
 async fn a_hold_is_reported_live_with_its_reason_at_a_bounded_rate() {
-    use crate::intercept::HoldPhase::*;
+    use crate::hold_events::HoldPhase::*;
     let (fake, engine) = fake_pod(&["proxy"], &[]);
     let rec = recorded(&engine);
     fake.add_ready_after("proxy", 12 * S);
@@ -105,7 +105,7 @@ async fn a_hold_is_reported_live_with_its_reason_at_a_bounded_rate() {
 
 #[tokio::test(start_paused = true)]
 async fn a_changing_reason_is_reported_at_most_once_a_second() {
-    use crate::intercept::HoldPhase::*;
+    use crate::hold_events::HoldPhase::*;
     let (fake, engine) = fake_pod(&["first", "second"], &[]);
     let rec = recorded(&engine);
     let t0 = now();
@@ -135,7 +135,7 @@ async fn a_refusal_is_reported_and_counted() {
     let msg = refusal(&v).to_string();
     let evs = rec.0.lock().unwrap();
     assert_eq!(evs.len(), 1);
-    assert_eq!(evs[0].phase, crate::intercept::HoldPhase::Refused);
+    assert_eq!(evs[0].phase, crate::hold_events::HoldPhase::Refused);
     assert_eq!(
         (evs[0].waiting_on.as_str(), evs[0].reason.as_str()),
         ("proxy", "not created")
@@ -157,7 +157,7 @@ async fn a_cancelled_hold_reports_that_kubelet_gave_up() {
     let evs = rec.0.lock().unwrap();
     assert_eq!(
         evs.last().map(|e| (e.phase, e.outcome_str())),
-        Some((crate::intercept::HoldPhase::End, "kubelet gave up"))
+        Some((crate::hold_events::HoldPhase::End, "kubelet gave up"))
     );
     assert!(engine
         .lookup(Some(SANDBOX), None)
@@ -225,7 +225,7 @@ async fn a_long_hold_ends_as_an_informative_refusal_and_the_timeout_still_counts
         .lock()
         .unwrap()
         .iter()
-        .filter(|e| e.phase == crate::intercept::HoldPhase::End)
+        .filter(|e| e.phase == crate::hold_events::HoldPhase::End)
         .map(|e| e.outcome_str())
         .collect();
     assert_eq!(

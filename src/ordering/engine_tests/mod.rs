@@ -20,6 +20,7 @@ use super::*;
 use crate::config::Config;
 use crate::cri::views::state;
 use crate::cri::Route;
+use crate::intercept::{Interceptor, Interest, Verdict};
 use crate::proxy::client::ClientError;
 use crate::status::code;
 use runtime::Answer;

@@ -31,10 +31,11 @@ fn intent_files(dir: &std::path::Path) -> Vec<String> {
     names
 }
 
-/// Waits (at most 5 s of real time) for the intents directory to empty: `Intents::done`
-/// unlinks on a blocking thread.
-async fn unlinked(dir: &std::path::Path) {
+/// Waits (at most 5 s of real time) for the intents directory to empty (`Intents::done`
+/// unlinks on a blocking thread), and checks that it did: `why` says why nothing is kept.
+async fn unlinked(dir: &std::path::Path, why: &str) {
     unlinked_down_to(dir, 0).await;
+    assert!(intent_files(dir).is_empty(), "{why}");
 }
 
 /// [`unlinked`], until at most `left` files remain.
@@ -137,11 +138,7 @@ async fn a_create_holds_clock_survives_a_crash_loop() {
         (10 * S..=10 * S + 100 * MS).contains(&let_through),
         "let through {let_through:?} after kubelet's first call, start timeout 10 s"
     );
-    unlinked(dir.path()).await;
-    assert!(
-        intent_files(dir.path()).is_empty(),
-        "the hold is over: its clock goes"
-    );
+    unlinked(dir.path(), "the hold is over: its clock goes").await;
 }
 
 /// Issue #43 item 1: kubelet stops the pod (app and sidecar at once); crisp holds the sidecar's
@@ -189,11 +186,7 @@ async fn a_held_sidecar_stop_is_carried_out_by_the_restarted_crisp_after_the_app
     );
     assert_eq!(*secs, 27, "what is left of the pod's 30 s grace");
     assert_eq!(second.metrics.intents_replayed.get(), 1);
-    unlinked(dir.path()).await;
-    assert!(
-        intent_files(dir.path()).is_empty(),
-        "carried out: the intent goes"
-    );
+    unlinked(dir.path(), "carried out: the intent goes").await;
 
     // Another restart carries nothing out again.
     drop(second);
@@ -211,8 +204,7 @@ async fn a_held_sidecar_stop_is_carried_out_by_the_restarted_crisp_after_the_app
         "{v:?}"
     );
     answered(&third, &retry);
-    unlinked(dir.path()).await;
-    assert!(intent_files(dir.path()).is_empty());
+    unlinked(dir.path(), "every intent answered").await;
 }
 
 /// A stop crisp forwarded at once (the app's) whose answer crisp's death dropped is kept too:
@@ -246,8 +238,7 @@ async fn a_forwarded_stop_whose_answer_died_with_crisp_is_carried_out_first() {
         vec!["app".to_string(), "proxy".to_string()],
         "app first"
     );
-    unlinked(dir.path()).await;
-    assert!(intent_files(dir.path()).is_empty());
+    unlinked(dir.path(), "every intent answered").await;
 }
 
 /// An intent goes with its answer: a stop answered before crisp dies leaves nothing to carry
@@ -267,11 +258,7 @@ async fn answered_or_finished_stops_are_not_carried_out() {
             .await,
     );
     answered(&first, &app_stop);
-    unlinked(dir.path()).await;
-    assert!(
-        intent_files(dir.path()).is_empty(),
-        "answered: nothing kept"
-    );
+    unlinked(dir.path(), "answered: nothing kept").await;
     // A held stop whose sidecar exits by itself while crisp is down.
     let mut sidecar_stop = call("StopContainer", KUBELET_DEADLINE);
     sidecar_stop.id = 2;
@@ -286,8 +273,7 @@ async fn answered_or_finished_stops_are_not_carried_out() {
     let _second = restarted(&fake, &["proxy"], dir.path()).await;
     tokio::time::sleep(5 * S).await;
     assert!(fake.stops().is_empty(), "{:?}", fake.stops());
-    unlinked(dir.path()).await;
-    assert!(intent_files(dir.path()).is_empty());
+    unlinked(dir.path(), "every intent answered").await;
 }
 
 /// The storm lane's leftovers (RELIABILITY.md, static-storm run 5): kubelet 1.26 sends
@@ -330,8 +316,7 @@ async fn a_held_stop_pod_sandbox_is_carried_out_by_the_restarted_crisp() {
         "the sandbox after its sidecar"
     );
     assert_eq!(second.metrics.intents_replayed.get(), 1);
-    unlinked(dir.path()).await;
-    assert!(intent_files(dir.path()).is_empty(), "carried out: it goes");
+    unlinked(dir.path(), "carried out: it goes").await;
 
     drop(second);
     let _third = restarted(&fake, &["proxy"], dir.path()).await;
@@ -359,11 +344,7 @@ async fn a_stop_pod_sandbox_already_done_is_not_carried_out() {
     let answered_stop = call("StopPodSandbox", KUBELET_DEADLINE);
     assert_forward(&first.on_request(&answered_stop, &msg).await);
     answered(&first, &answered_stop);
-    unlinked(dir.path()).await;
-    assert!(
-        intent_files(dir.path()).is_empty(),
-        "answered: nothing kept"
-    );
+    unlinked(dir.path(), "answered: nothing kept").await;
     // Forwarded, then crisp dies; the runtime finished it all the same.
     let mut lost = call("StopPodSandbox", KUBELET_DEADLINE);
     lost.id = 2;
@@ -376,8 +357,7 @@ async fn a_stop_pod_sandbox_already_done_is_not_carried_out() {
     tokio::time::sleep(5 * S).await;
     assert!(fake.script().sandbox_stops.is_empty());
     assert_eq!(fake.stops().len(), before);
-    unlinked(dir.path()).await;
-    assert!(intent_files(dir.path()).is_empty());
+    unlinked(dir.path(), "every intent answered").await;
 }
 
 /// Issue #43 item 5: a Job's sidecars are not stopped when their mark cannot be written (a

@@ -30,6 +30,20 @@ fn chunk(i: usize, per: usize) -> Vec<u8> {
     .encode_to_vec()
 }
 
+/// `message` of call `c` through a skimmer that counts items but keeps no view, as the observed
+/// path skims a stream nobody asked the tap to show.
+fn skim_one(t: &Tap, c: &Call, message: &[u8]) {
+    let spec = SkimSpec {
+        budget: 0,
+        size_only: &[],
+        items: Some(1),
+    };
+    let mut sk = StreamSkimmer::new(spec);
+    sk.push(&wire::frame(message), |m| {
+        t.on_message(c, &m, Duration::ZERO)
+    });
+}
+
 /// The observed path's part for a stream: views per the tap's spec, `on_message` for each
 /// message, and the call's end. Returns the stream's size on the wire.
 fn stream_through(t: &Tap, c: &Call, messages: &[Vec<u8>], piece: usize) -> u64 {
@@ -174,15 +188,7 @@ async fn messages_cost_nothing_untapped_and_skip_outcome_filters() {
     assert!(t.response_view(&c).is_none());
     assert!(!t.interest(&c).request);
     let messages: Vec<Vec<u8>> = (0..3).map(|i| chunk(i, 2)).collect();
-    let spec = SkimSpec {
-        budget: 0,
-        size_only: &[],
-        items: Some(1),
-    };
-    let mut sk = StreamSkimmer::new(spec);
-    sk.push(&wire::frame(&messages[0]), |m| {
-        t.on_message(&c, &m, Duration::ZERO)
-    });
+    skim_one(&t, &c, &messages[0]);
     assert!(t.fanout.get().is_none(), "nothing was handed over");
     assert_eq!(t.metrics().tap_events.get(), 0);
 
@@ -204,15 +210,7 @@ async fn messages_cost_nothing_untapped_and_skip_outcome_filters() {
     );
     assert!(t.response_view(&c).is_none(), "nobody wants the messages");
     let c = call(2, STREAM);
-    let spec = SkimSpec {
-        budget: 0,
-        size_only: &[],
-        items: Some(1),
-    };
-    let mut sk = StreamSkimmer::new(spec);
-    sk.push(&wire::frame(&messages[0]), |m| {
-        t.on_message(&c, &m, Duration::ZERO)
-    });
+    skim_one(&t, &c, &messages[0]);
     t.on_complete(
         &c,
         &Outcome {

@@ -254,3 +254,36 @@ pub async fn read_until_closed(sock: &mut UnixStream) -> Vec<u8> {
         }
     }
 }
+
+/// Opens a GetContainerEvents stream through crisp at `crisp` to `fake`. Returns the client, the
+/// stream, and the fake's sender for the stream's frames.
+pub async fn open_events(
+    crisp: &Path,
+    fake: &Fake,
+) -> (
+    RuntimeClient,
+    tonic::Streaming<k8s_cri::v1::ContainerEventResponse>,
+    tokio::sync::mpsc::UnboundedSender<http_body::Frame<Bytes>>,
+) {
+    let (reply, tx) = Reply::channel(grpc_headers());
+    fake.reply_once("/runtime.v1.RuntimeService/GetContainerEvents", reply);
+    let mut client = runtime_client(crisp).await;
+    let stream = within(
+        PATIENCE,
+        "stream headers",
+        client.get_container_events(k8s_cri::v1::GetEventsRequest::default()),
+    )
+    .await
+    .unwrap()
+    .into_inner();
+    (client, stream, tx)
+}
+
+/// Subscribes to the tap on crisp's admin socket at `admin`.
+pub async fn tap_events(
+    admin: &Path,
+    req: crisp::admin_api::TapRequest,
+) -> tonic::Streaming<crisp::admin_api::TapEvent> {
+    let mut client = crisp::cli::client::connect(admin).await.unwrap();
+    client.tap(req).await.unwrap().into_inner()
+}

@@ -119,6 +119,32 @@ impl Reply {
         }
     }
 
+    /// A successful ExecSync answer of `stdout` and `stderr` bytes, framed, as 64 KiB slices of
+    /// one buffer (slicing copies nothing): what the memory tests send through crisp.
+    pub fn exec_sync(stdout: usize, stderr: usize, exit_code: i32) -> Reply {
+        use prost::Message;
+        let msg = k8s_cri::v1::ExecSyncResponse {
+            stdout: vec![b'x'; stdout],
+            stderr: vec![b'y'; stderr],
+            exit_code,
+        };
+        let body: Bytes = grpc_frame(&msg.encode_to_vec());
+        let chunks = (0..body.len())
+            .step_by(64 << 10)
+            .map(|at| {
+                (
+                    Duration::ZERO,
+                    body.slice(at..(at + (64 << 10)).min(body.len())),
+                )
+            })
+            .collect();
+        Reply::Full {
+            headers: grpc_headers(),
+            chunks,
+            trailers: Some(ok_trailers()),
+        }
+    }
+
     /// A channel-driven reply and the sender that drives it.
     pub fn channel(headers: HeaderMap) -> (Reply, mpsc::UnboundedSender<Frame<Bytes>>) {
         let (tx, rx) = mpsc::unbounded_channel();
@@ -136,6 +162,51 @@ impl Reply {
         let (tx, rx) = oneshot::channel();
         (Reply::After(rx), tx)
     }
+}
+
+/// Scripts the fake to answer every Version call with the returned response.
+pub fn answer_version(fake: &Fake) -> k8s_cri::v1::VersionResponse {
+    use prost::Message;
+    let answer = k8s_cri::v1::VersionResponse {
+        version: "0.1.0".into(),
+        runtime_name: "fake".into(),
+        runtime_version: "1".into(),
+        runtime_api_version: "v1".into(),
+    };
+    let a = answer.encode_to_vec();
+    fake.script("/runtime.v1.RuntimeService/Version", move |_| {
+        Reply::unary(&a)
+    });
+    answer
+}
+
+/// The pod's name a recorded RunPodSandbox carries ("" where absent), for scripts that answer
+/// with an id made from it.
+pub fn sandbox_name(rec: &Recorded) -> String {
+    use prost::Message;
+    let r = k8s_cri::v1::RunPodSandboxRequest::decode(rec.message()).unwrap();
+    r.config
+        .and_then(|c| c.metadata)
+        .map(|m| m.name)
+        .unwrap_or_default()
+}
+
+/// The pod's and the container's names a recorded CreateContainer carries ("" where absent), for
+/// scripts that answer with an id made from them.
+pub fn container_names(rec: &Recorded) -> (String, String) {
+    use prost::Message;
+    let r = k8s_cri::v1::CreateContainerRequest::decode(rec.message()).unwrap();
+    let pod = r
+        .sandbox_config
+        .and_then(|c| c.metadata)
+        .map(|m| m.name)
+        .unwrap_or_default();
+    let name = r
+        .config
+        .and_then(|c| c.metadata)
+        .map(|m| m.name)
+        .unwrap_or_default();
+    (pod, name)
 }
 
 type Script = Arc<dyn Fn(&Recorded) -> Reply + Send + Sync>;

@@ -512,6 +512,13 @@ impl Node {
         });
     }
 
+    /// The last `lines` lines of `unit`'s journal.
+    pub fn journal(&self, unit: &str, lines: usize) -> String {
+        let lines = lines.to_string();
+        self.nsenter(&["journalctl", "-u", unit, "-n", &lines, "--no-pager"])
+            .stdout
+    }
+
     /// Waits until each of `socks` (paths inside the node, reached through its init's root)
     /// accepts a connection, for at most 30 s (then panics with `unit`'s journal): how long that
     /// took.
@@ -528,8 +535,7 @@ impl Node {
             assert!(
                 t.elapsed() < Duration::from_secs(30),
                 "crisp's sockets never accepted: {}",
-                self.nsenter(&["journalctl", "-u", unit, "-n", "30", "--no-pager"])
-                    .stdout
+                self.journal(unit, 30)
             );
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -560,7 +566,7 @@ impl Node {
             assert!(
                 Instant::now() < deadline,
                 "stand-in kubelet never reached {endpoint} in a new invocation (last call: {last:?}; {})",
-                self.nsenter(&["journalctl", "-u", "kubelet", "-n", "20", "--no-pager"]).stdout
+                self.journal("kubelet", 20)
             );
             std::thread::sleep(Duration::from_millis(100));
         }

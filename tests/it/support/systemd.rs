@@ -613,6 +613,30 @@ impl Run {
     }
 }
 
+/// Runs `hack/install.sh` into `root` with the crisp under test, for a kubelet 1.28 node.
+pub fn install_into(root: &Path) -> Run {
+    hack(
+        "install.sh",
+        &[
+            "--root",
+            &root.display().to_string(),
+            "--binary",
+            CRISP,
+            "--kubelet-version",
+            "1.28",
+        ],
+    )
+}
+
+/// What a process wrote, its stdout then its stderr.
+pub fn output_text(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
 /// Runs `hack/<script>` with `args`.
 pub fn hack(script: &str, args: &[&str]) -> Run {
     let out = Command::new("bash")

@@ -49,20 +49,9 @@ fn sync_error_text() {
 
 // --- computePodActions (KUBELET-CRI §1.1, §1.4, §4.3) ---
 
-use crate::emulator::pod::ContainerSpec;
-
 fn ctx(policy: RestartPolicy, init: &[&str], containers: &[&str]) -> PodCtx {
-    let mut p = PodSpec::new(
-        "p",
-        containers
-            .iter()
-            .map(|n| ContainerSpec::sh(n, "true"))
-            .collect(),
-    );
-    p.init_containers = init.iter().map(|n| ContainerSpec::sh(n, "true")).collect();
-    p.restart_policy = policy;
+    let mut p = PodSpec::of_true(policy, init, containers);
     p.host_network = true;
-    p.uid = "uid".into();
     PodCtx {
         spec: Arc::new(p),
         deletion_requested: false,

@@ -1,20 +1,10 @@
 //! Unit tests of `getPhase`, `convertToAPIContainerStatuses` and `TerminatePod` (KUBELET-CRI §4.3).
 
 use super::*;
-use crate::emulator::pod::{ContainerSpec, PodSpec, RestartPolicy};
+use crate::emulator::pod::{PodSpec, RestartPolicy};
 
 fn pod(policy: RestartPolicy, init: &[&str], containers: &[&str]) -> PodSpec {
-    let mut p = PodSpec::new(
-        "p",
-        containers
-            .iter()
-            .map(|n| ContainerSpec::sh(n, "true"))
-            .collect(),
-    );
-    p.init_containers = init.iter().map(|n| ContainerSpec::sh(n, "true")).collect();
-    p.restart_policy = policy;
-    p.uid = "uid".into();
-    p
+    PodSpec::of_true(policy, init, containers)
 }
 
 fn running(name: &str) -> ContainerStatusView {

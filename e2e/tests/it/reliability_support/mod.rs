@@ -10,8 +10,9 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use crisp_e2e::emulator::{CallMeta, CallRecord, EnvVar, Journal, Kubelet, PodPhase, PodSpec};
+use crisp_e2e::harness::labelled_statuses;
 use crisp_e2e::stack::{secs, Stack};
 use k8s_cri::v1 as cri;
 
@@ -293,28 +294,9 @@ pub async fn instances(
     uid: &str,
 ) -> Result<HashMap<String, Vec<cri::ContainerStatus>>> {
     let mut rt = direct(containerd).await?;
-    let filter = cri::ContainerFilter {
-        label_selector: [("io.kubernetes.pod.uid".to_string(), uid.to_string())].into(),
-        ..Default::default()
-    };
-    let list = rt
-        .list_containers(cri::ListContainersRequest {
-            filter: Some(filter),
-        })
-        .await?
-        .into_inner()
-        .containers;
+    let list = labelled_statuses(&mut rt, &[("io.kubernetes.pod.uid", uid)]).await?;
     let mut out: HashMap<String, Vec<cri::ContainerStatus>> = HashMap::new();
-    for c in list {
-        let st = rt
-            .container_status(cri::ContainerStatusRequest {
-                container_id: c.id.clone(),
-                verbose: false,
-            })
-            .await?
-            .into_inner()
-            .status
-            .context("empty status")?;
+    for st in list {
         let name = st
             .metadata
             .as_ref()
@@ -709,6 +691,23 @@ pub fn stuck_calls(j: &Journal, older_than: Duration) -> Vec<String> {
     .collect()
 }
 
+/// No call outlived kubelet's deadline, and none crisp may hold is still in flight 5 s on.
+pub fn ensure_calls_ended(j: &Journal) -> Result<()> {
+    let late = deadline_violations(j);
+    ensure!(
+        late.is_empty(),
+        "calls outlived kubelet's deadline:\n{}",
+        late.join("\n")
+    );
+    let stuck = stuck_calls(j, Duration::from_secs(5));
+    ensure!(
+        stuck.is_empty(),
+        "calls still in flight:\n{}",
+        stuck.join("\n")
+    );
+    Ok(())
+}
+
 pub fn count(j: &Journal, pred: impl FnMut(&CallRecord) -> bool) -> usize {
     j.filter(pred).len()
 }
@@ -772,9 +771,9 @@ pub async fn wait_no_holds(admin: &Path, timeout: Duration) -> Result<()> {
 }
 
 /// The pods crisp's engine tracks (admin ListPods).
-pub async fn tracked_pods(admin: &Path) -> Result<Vec<crisp::tap::pb::Pod>> {
-    let mut c = crisp::tap::client::connect(admin).await?;
-    Ok(c.list_pods(crisp::tap::pb::ListPodsRequest {})
+pub async fn tracked_pods(admin: &Path) -> Result<Vec<crisp::admin_api::Pod>> {
+    let mut c = crisp::cli::client::connect(admin).await?;
+    Ok(c.list_pods(crisp::admin_api::ListPodsRequest {})
         .await?
         .into_inner()
         .pods)
@@ -1022,27 +1021,9 @@ pub async fn custom_stack(
             log_level: log_level.map(str::to_string),
         },
     )?;
-    let dir = tempfile::Builder::new().prefix("crisp-stack-").tempdir()?;
-    let mut cfg = crisp_e2e::emulator::KubeletConfig::fast(crisp.socket(), dir.path().join("pods"));
-    cfg.root_dir = Some(dir.path().join("kubelet"));
-    cfg.container_deletor = false;
-    tune(&mut cfg);
     // kubelet's grpc-go transport in front of whatever endpoint the kubelet was given.
-    let bridges = if crisp_e2e::grpcgo::via_grpcgo_default() {
-        crisp_e2e::grpcgo::bridge_kubelet(&mut cfg, dir.path(), Default::default())?
-    } else {
-        Vec::new()
-    };
-    let kubelet = Kubelet::new(cfg)
-        .await
-        .context("starting the kubelet emulator")?;
-    Ok(Stack {
-        kubelet,
-        bridges,
-        crisp,
-        containerd,
-        dir,
-    })
+    let grpcgo = crisp_e2e::grpcgo::via_grpcgo_default().then(Default::default);
+    Stack::around(containerd, crisp, grpcgo, tune).await
 }
 
 /// Lines of crisp's log containing `needle`.

@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::*;
-use crate::tap::replay::{Answer, Plan, Step};
+use crate::cli::replay::{Answer, Plan, Step};
 
 const V1: &str = "/runtime.v1.RuntimeService/";
 
@@ -122,6 +122,11 @@ fn call(s: &mut Script, rpc: Rpc, request: Value, at_ms: u64) -> Reply {
     s.answer(&format!("{V1}{}", rpc.name()), &request, ms(at_ms))
 }
 
+/// [`call`] with a request that names only a container.
+fn on_container(s: &mut Script, rpc: Rpc, container_id: &str, at_ms: u64) -> Reply {
+    call(s, rpc, json!({ "container_id": container_id }), at_ms)
+}
+
 /// A peer running the same pod gets the refusal first, then the container, with the recorded
 /// ids (a new pod uid does not matter), and the report has every call answered in order.
 #[test]
@@ -139,23 +144,11 @@ fn the_same_pod_gets_the_recorded_refusal_then_the_recorded_ids() {
     let made = call(&mut s, Rpc::CreateContainer, create, 2);
     assert_eq!(made.response, Some(json!({"container_id": "ct1"})));
     assert_eq!(
-        call(
-            &mut s,
-            Rpc::StartContainer,
-            json!({"container_id": "ct1"}),
-            3
-        )
-        .step,
+        on_container(&mut s, Rpc::StartContainer, "ct1", 3).step,
         Some(5)
     );
     assert_eq!(
-        call(
-            &mut s,
-            Rpc::StopContainer,
-            json!({"container_id": "ct1"}),
-            4
-        )
-        .step,
+        on_container(&mut s, Rpc::StopContainer, "ct1", 4).step,
         Some(8)
     );
     let report = s.report();
@@ -169,39 +162,19 @@ fn the_same_pod_gets_the_recorded_refusal_then_the_recorded_ids() {
 #[test]
 fn what_the_recording_lacks_is_refused_and_reported() {
     let mut s = Script::new(incident(), None);
-    let r = call(
-        &mut s,
-        Rpc::StartContainer,
-        json!({"container_id": "other"}),
-        0,
-    );
+    let r = on_container(&mut s, Rpc::StartContainer, "other", 0);
     assert_eq!(r.code, 12);
     assert!(
         r.message.contains("StartContainer") && r.message.contains("other"),
         "{}",
         r.message
     );
-    call(
-        &mut s,
-        Rpc::StartContainer,
-        json!({"container_id": "other"}),
-        1,
-    );
+    on_container(&mut s, Rpc::StartContainer, "other", 1);
     // A status of a container the recording never asked about is not another container's.
-    let status = call(
-        &mut s,
-        Rpc::ContainerStatus,
-        json!({"container_id": "other"}),
-        1,
-    );
+    let status = on_container(&mut s, Rpc::ContainerStatus, "other", 1);
     assert_eq!((status.code, status.response), (12, None));
     // The start before the create: an order difference.
-    call(
-        &mut s,
-        Rpc::StartContainer,
-        json!({"container_id": "ct1"}),
-        2,
-    );
+    on_container(&mut s, Rpc::StartContainer, "ct1", 2);
     let create = json!({"pod_sandbox_id": "sb1", "config": {"metadata": {"name": "app"}}});
     call(&mut s, Rpc::CreateContainer, create, 3);
     let report = s.report();
@@ -242,12 +215,7 @@ fn a_poller_gets_the_latest_answer_at_the_point_reached() {
     call(&mut s, Rpc::CreateContainer, create.clone(), 2);
     assert_eq!(status(&mut s, 3), "CONTAINER_CREATED");
     call(&mut s, Rpc::CreateContainer, create, 4);
-    call(
-        &mut s,
-        Rpc::StartContainer,
-        json!({"container_id": "ct1"}),
-        5,
-    );
+    on_container(&mut s, Rpc::StartContainer, "ct1", 5);
     assert_eq!(status(&mut s, 6), "CONTAINER_EXITED");
     assert_eq!(status(&mut s, 7), "CONTAINER_EXITED");
     // Version is not tied to a container: the one recorded, however often.
@@ -271,12 +239,7 @@ fn with_a_speed_the_recorded_time_passes_for_pollers() {
     let create = json!({"pod_sandbox_id": "sb1", "config": {"metadata": {"name": "app"}}});
     call(&mut s, Rpc::CreateContainer, create.clone(), 10);
     call(&mut s, Rpc::CreateContainer, create, 20);
-    call(
-        &mut s,
-        Rpc::StartContainer,
-        json!({"container_id": "ct1"}),
-        30,
-    );
+    on_container(&mut s, Rpc::StartContainer, "ct1", 30);
     let state = |s: &mut Script, at| {
         let r = call(s, Rpc::ContainerStatus, json!({"container_id": "ct1"}), at);
         r.response.unwrap()["status"]["state"]
@@ -305,12 +268,7 @@ fn calls_beyond_the_recording_and_calls_never_answered() {
             at,
         );
     }
-    let stop = call(
-        &mut s,
-        Rpc::StopContainer,
-        json!({"container_id": "ct1"}),
-        4,
-    );
+    let stop = on_container(&mut s, Rpc::StopContainer, "ct1", 4);
     assert_eq!((stop.code, stop.delay), (4, ms(10)));
     assert_eq!(s.report().again, vec![(5, 2)]);
 }
@@ -322,12 +280,7 @@ fn redacted_answers_stay_redacted_and_are_listed() {
     steps[3].response =
         Some(json!({"status": {"id": "ct1"}, "info": {"info": "<redacted: 2048 bytes>"}}));
     let mut s = Script::new(plan(steps), None);
-    let r = call(
-        &mut s,
-        Rpc::ContainerStatus,
-        json!({"container_id": "ct1"}),
-        0,
-    );
+    let r = on_container(&mut s, Rpc::ContainerStatus, "ct1", 0);
     assert_eq!(
         r.response.unwrap()["info"]["info"],
         "<redacted: 2048 bytes>"
@@ -344,25 +297,10 @@ fn a_call_without_a_recorded_request_matches_by_the_ids_of_its_line() {
     steps[5].container_id = "ct1".into();
     let mut s = Script::new(plan(steps), None);
     assert_eq!(
-        call(
-            &mut s,
-            Rpc::StartContainer,
-            json!({"container_id": "ct1"}),
-            0
-        )
-        .step,
+        on_container(&mut s, Rpc::StartContainer, "ct1", 0).step,
         Some(5)
     );
-    assert_eq!(
-        call(
-            &mut s,
-            Rpc::StartContainer,
-            json!({"container_id": "ct2"}),
-            1
-        )
-        .code,
-        12
-    );
+    assert_eq!(on_container(&mut s, Rpc::StartContainer, "ct2", 1).code, 12);
 }
 
 /// A peer that made the pod under a new uid finds it in the answers: the recorded uid is
@@ -434,8 +372,8 @@ fn calls_recorded_together_have_no_order_and_filters_name_the_right_id() {
         ]),
         None,
     );
-    call(&mut s, Rpc::StopContainer, json!({"container_id": "b"}), 0);
-    call(&mut s, Rpc::StopContainer, json!({"container_id": "a"}), 1);
+    on_container(&mut s, Rpc::StopContainer, "b", 0);
+    on_container(&mut s, Rpc::StopContainer, "a", 1);
     assert!(s.report().order.is_empty());
     let listed = call(
         &mut s,

@@ -36,10 +36,10 @@ use pcap_file::pcapng::PcapNgWriter;
 use pcap_file::DataLink;
 use serde_json::Value;
 
-use super::decode::encode_json;
-use super::redact::Dir;
 use crate::cri::Route;
 use crate::proxy::http2::{self, encode_field, StreamId, PREFACE};
+use crate::tap::decode::encode_json;
+use crate::tap::redact::Dir;
 
 /// kubelet's end of the synthetic connection.
 pub const KUBELET_ADDR: ([u8; 4], u16) = ([127, 0, 0, 1], 40_000);

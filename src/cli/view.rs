@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 
-use super::pb::{self, tap_event::Event};
+use crate::admin_api::{self as pb, tap_event::Event};
 
 /// One event as a JSON object (the `--json` and `--output` format).
 pub fn json_line(event: &Event) -> Value {

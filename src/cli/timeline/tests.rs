@@ -190,8 +190,8 @@ fn hostile_recorded_names_are_drawn_escaped() {
 /// timeline draws the call once, from its own line.
 #[test]
 fn a_streamed_calls_message_lines_are_skipped() {
-    use crate::tap::pb::{tap_event::Event, CallEvent, MessageEvent};
-    use crate::tap::view::json_line;
+    use crate::admin_api::{tap_event::Event, CallEvent, MessageEvent};
+    use crate::cli::view::json_line;
     let message = |i: u64| {
         json_line(&Event::Message(MessageEvent {
             call_id: 4,

@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 
-use super::pb::admin_client::AdminClient;
+use crate::admin_api::admin_client::AdminClient;
 use crate::config::{Config, ConfigError};
 
 /// crisp's admin socket: `socket` if given, else `admin.socket` of the config file `config`

@@ -6,8 +6,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
-use super::pb;
 use super::view::{hold_object, rfc3339};
+use crate::admin_api as pb;
 use crate::tenant::{self, MAX_FIELD};
 
 /// The output of `crisp pods` for `pods`: one JSON object (`{"pods": [...]}`) with `json`, else

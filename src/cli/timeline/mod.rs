@@ -26,7 +26,7 @@ use std::time::UNIX_EPOCH;
 
 use serde_json::Value;
 
-use super::pb;
+use crate::admin_api as pb;
 
 mod sequence;
 mod svg;
@@ -42,7 +42,7 @@ pub use text::text;
 /// Longest name (pod, namespace, container, method, image) kept, in characters.
 pub(crate) const MAX_NAME: usize = 96;
 /// Longest text kept (a grpc-message, a hold's reason, a probe's result), in characters; not
-/// to be confused with the tap's bound on a protobuf message, [`super::MAX_SHOWN_PROTOBUF_BYTES`].
+/// to be confused with the tap's bound on a protobuf message, [`crate::tap::MAX_SHOWN_PROTOBUF_BYTES`].
 pub(crate) const MAX_SHOWN_TEXT_CHARS: usize = 240;
 /// Width of the terminal view.
 pub const TEXT_WIDTH: usize = 100;

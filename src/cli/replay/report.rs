@@ -11,8 +11,8 @@ use serde_json::{json, Value};
 
 use super::prepare::{short_id, NotSent, Redacted};
 use super::{Answer, Options, Pace, Plan, Step};
+use crate::cli::timeline::dur;
 use crate::metrics::code_name;
-use crate::tap::timeline::dur;
 use crate::tenant;
 
 /// Two answers this close are not said to have changed order.

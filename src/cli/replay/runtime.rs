@@ -70,7 +70,7 @@ impl Decoder for Raw {
 impl Runtime {
     /// Dials `socket`.
     pub async fn connect(socket: &Path) -> Result<Runtime, tonic::transport::Error> {
-        let channel = crate::tap::client::channel(socket, "http://cri-runtime").await?;
+        let channel = crate::cli::client::channel(socket, "http://cri-runtime").await?;
         Ok(Runtime { channel })
     }
 

@@ -40,8 +40,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::cli::timeline;
 use crate::cri::{Route, Rpc, RpcKind};
-use crate::tap::timeline;
 
 pub use player::play;
 pub use report::Report;
