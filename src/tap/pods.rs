@@ -28,11 +28,17 @@ pub fn view(pods: &[pb::Pod], json: bool, now: SystemTime) -> String {
 /// Whether `p` is the pod `want` names (`namespace/name`, or `name` in any namespace); every
 /// pod when `want` is `None`.
 pub fn selected(want: Option<&str>, p: &pb::Pod) -> bool {
+    named(want, &p.namespace, &p.name)
+}
+
+/// Whether the pod `namespace/name` is the one `want` names (`namespace/name`, or `name` in any
+/// namespace; `None`: every pod is).
+pub fn named(want: Option<&str>, namespace: &str, name: &str) -> bool {
     match want {
         None => true,
         Some(w) => match w.split_once('/') {
-            Some((ns, name)) => p.namespace == ns && p.name == name,
-            None => p.name == w,
+            Some((ns, n)) => namespace == ns && name == n,
+            None => name == w,
         },
     }
 }

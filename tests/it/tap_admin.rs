@@ -361,7 +361,7 @@ async fn list_pods_and_version() {
 
     let mut client = crisp::tap::client::connect(&d.admin).await.unwrap();
     let pods = client
-        .list_pods(pb::ListPodsRequest {})
+        .list_pods(pb::ListPodsRequest::default())
         .await
         .unwrap()
         .into_inner()

@@ -774,7 +774,7 @@ pub async fn wait_no_holds(admin: &Path, timeout: Duration) -> Result<()> {
 /// The pods crisp's engine tracks (admin ListPods).
 pub async fn tracked_pods(admin: &Path) -> Result<Vec<crisp::tap::pb::Pod>> {
     let mut c = crisp::tap::client::connect(admin).await?;
-    Ok(c.list_pods(crisp::tap::pb::ListPodsRequest {})
+    Ok(c.list_pods(crisp::tap::pb::ListPodsRequest::default())
         .await?
         .into_inner()
         .pods)
