@@ -206,12 +206,15 @@ pub(super) async fn run(args: &Args, dir: &Path, k: usize) -> Result<Run> {
         Duration::from_millis(args.burst_ready_ms),
         Duration::from_millis(100),
     ));
-    // The node the relist reads: the relist lane's small node (500 pods, 2,000 containers).
-    let mut canned = Canned::node(500, 2_000);
+    // The node the relist reads: the relist lane's small node (500 pods, 2,000 containers)
+    // unless `--burst-node-pods` says otherwise.
+    let node_pods = args.burst_node_pods;
+    let mut canned = Canned::node(node_pods, 4 * node_pods);
     canned.burst = Some(burst.clone());
+    let canned = Arc::new(canned);
     let tag = format!("burst-{k}");
     let upstream = dir.join(format!("{tag}-fake.sock"));
-    let _fake = fakert::serve(&upstream, Arc::new(canned))?;
+    let _fake = fakert::serve(&upstream, canned.clone())?;
     let crisp_dir = dir.join(format!("{tag}-crisp"));
     std::fs::create_dir_all(&crisp_dir)?;
     let crisp_sock = crisp_dir.join("crisp.sock");
@@ -223,8 +226,15 @@ pub(super) async fn run(args: &Args, dir: &Path, k: usize) -> Result<Run> {
         &upstream,
         &args.crisp_config,
     )?;
-    // crisp reads the node when it starts (its recovery): let that pass before measuring.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // crisp reads the node when it starts (its recovery: a PodSandboxStatus per sandbox): let
+    // that end before measuring.
+    let recovered = Instant::now();
+    while canned.calls.get("PodSandboxStatus") < node_pods as u64 {
+        if recovered.elapsed() > Duration::from_secs(120) {
+            bail!("crisp's recovery did not read the node's {node_pods} sandboxes in 120 s");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let lanes = vec![
         Lane {
             name: "direct",
