@@ -1001,7 +1001,9 @@ fn grpcgo_relist(
         let v: serde_json::Value = serde_json::from_str(line)
             .with_context(|| format!("crisp-grpcgo bench printed {line:?}"))?;
         for (k, per_run) in latency.iter_mut().enumerate() {
+            // One method: crisp-grpcgo prints its figures (the turn's too) as "latency".
             let table = match methods.get(k) {
+                _ if methods.len() == 1 => &v["latency"],
                 Some((m, _)) => &v["methods"][full(m)],
                 None => &v["turn"],
             };

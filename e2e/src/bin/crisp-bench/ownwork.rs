@@ -336,9 +336,11 @@ fn report_blocking(args: &Args, dir: &Path) -> Result<String> {
                     .map(|x| x.cpu_ticks as f64 * 1e4 / x.relists.max(1) as f64)
                     .collect::<Vec<_>>())
             };
-            let direct = mid(&r.latency[0].iter().map(|l| l[0].0).collect::<Vec<_>>());
-            let (c50, c99) = added_ms(&r, 0, 1);
-            let (m50, m99) = added_ms(&r, 0, 2);
+            // One method: its figures are the turn's (the last table of `r`).
+            let k = r.latency.len() - 1;
+            let direct = mid(&r.latency[k].iter().map(|l| l[0].0).collect::<Vec<_>>());
+            let (c50, c99) = added_ms(&r, k, 1);
+            let (m50, m99) = added_ms(&r, k, 2);
             writeln!(
                 out,
                 "| {label} | {direct:.0} | {:.0} / {:.0}, {:.0} | {:.0} / {:.0}, {:.0} |",
