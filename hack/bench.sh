@@ -30,6 +30,14 @@
 #       # the relist quiet vs during the burst; 5 runs (--burst-runs, --burst-pods,
 #       # --burst-ready-ms, --burst-relists, --burst-relist-pace-ms; --crisp-config to lift a
 #       # budget). ~1.5 minutes.
+#   sudo hack/bench.sh --no-write --only ownwork    # crisp's own work at 500 and 2,500 pods
+#       # (issue #47) on the relist lane's fake node: its recovery at start (with and without
+#       # Job-mode marks), Job mode's status check, `crisp tap --json --all` during the relist,
+#       # `crisp pods` (every pod, one pod). --relist-runs runs. ~5 minutes.
+#   sudo hack/bench.sh --no-write --only ctrd-relist  # the relist lane on a real containerd
+#       # filled with --ctrd-pods pods (300: a host-network sandbox and a busybox container
+#       # each), direct / socat / crisp / socat-64k interleaved, --relist-runs runs of
+#       # --ctrd-relists relists. Several minutes (filling and emptying containerd).
 #
 # Builds go to $CARGO_TARGET_DIR when it is set (else target/).
 set -euo pipefail

@@ -14,7 +14,10 @@
 #   bench-regress    crisp-bench bench_regress::burst_and_relist_hold_their_thresholds (issue
 #                    #47), release builds: 3 bursts of 50 ordered pods and kubelet's relist at
 #                    500 pods, held to ratios (a probe's success → release p99 ≤ one probe
-#                    interval, crisp's added relist p50 ÷ socat's, the exec budget) (~2 min)
+#                    interval, crisp's added relist p50 ÷ socat's, the exec budget), and
+#                    crisp's own work at 500 and 2,500 pods (one status read a sandbox at
+#                    start, one runtime read for `crisp pods NS/POD`, the recovery's CPU per
+#                    pod not growing with the node) (~3 min)
 #   refusal-cost     e2e observe::measure_refusal_cost, hold vs refusal delay (~3 min)
 #   load             e2e reliability_load::load_200_pods, 200 pods in 5 waves (~2–3 min)
 #   cluster-join     cluster_rollout::a_kubelet_joins_the_control_plane (~1–2 min)

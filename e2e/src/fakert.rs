@@ -37,6 +37,29 @@ pub struct Canned {
     /// Pods created through the fake (a burst of ordered pods, issue #47): answered from their
     /// state; everything else from the canned bytes above.
     pub burst: Option<Arc<Burst>>,
+    /// [`Canned::node`]'s pods: PodSandboxStatus answers each of them with its own sandbox (its
+    /// annotations, so crisp's recovery finds the Istio sidecar in it); 0 for the other fakes.
+    pub node_pods: usize,
+    /// Calls answered, by method (the lanes wait on crisp's own calls: its recovery at start).
+    pub calls: CallCounts,
+}
+
+/// Calls a fake answered, by method name.
+#[derive(Default)]
+pub struct CallCounts(Mutex<HashMap<String, u64>>);
+
+impl CallCounts {
+    fn count(&self, path: &str) {
+        let method = path.rsplit('/').next().unwrap_or(path);
+        let mut counts = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        *counts.entry(method.to_string()).or_default() += 1;
+    }
+
+    /// How many `method` calls (`ListContainers`, say) were answered so far.
+    pub fn get(&self, method: &str) -> u64 {
+        let counts = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        counts.get(method).copied().unwrap_or(0)
+    }
 }
 
 impl Canned {
@@ -97,6 +120,8 @@ impl Canned {
             event: frame(&event.encode_to_vec()),
             events_per_stream,
             burst: None,
+            node_pods: 0,
+            calls: CallCounts::default(),
         }
     }
 }
@@ -121,7 +146,35 @@ impl Canned {
         };
         canned.list_containers = frame(&list.encode_to_vec());
         canned.list_sandboxes = frame(&sandboxes.encode_to_vec());
+        canned.node_pods = pods;
         canned
+    }
+
+    /// The PodSandboxStatus of one of [`Canned::node`]'s sandboxes (`msg`: the request), or
+    /// `None` for an id that is not one of them.
+    fn node_sandbox_status(&self, msg: &[u8]) -> Option<Vec<u8>> {
+        let req = cri::PodSandboxStatusRequest::decode(msg).ok()?;
+        let pod = usize::from_str_radix(&req.pod_sandbox_id, 16)
+            .ok()?
+            .checked_sub(1_000_000)
+            .filter(|pod| *pod < self.node_pods)?;
+        let sandbox = node_sandbox(pod);
+        let status = cri::PodSandboxStatus {
+            id: sandbox.id,
+            metadata: sandbox.metadata,
+            state: sandbox.state,
+            created_at: sandbox.created_at,
+            labels: sandbox.labels,
+            annotations: sandbox.annotations,
+            ..Default::default()
+        };
+        Some(
+            cri::PodSandboxStatusResponse {
+                status: Some(status),
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        )
     }
 }
 
@@ -623,6 +676,7 @@ async fn answer(
 ) -> Result<Response<CannedBody>, Infallible> {
     use http_body_util::BodyExt;
     let path = req.uri().path().to_string();
+    canned.calls.count(&path);
     // Read the request fully, as a real runtime would.
     let body = req
         .into_body()
@@ -644,7 +698,10 @@ async fn answer(
     } else if path.ends_with("/ListPodSandbox") {
         vec![canned.list_sandboxes.clone()]
     } else if path.ends_with("/PodSandboxStatus") {
-        vec![canned.sandbox_status.clone()]
+        let own = (canned.node_pods > 0)
+            .then(|| canned.node_sandbox_status(body.get(5..).unwrap_or_default()))
+            .flatten();
+        vec![own.map_or_else(|| canned.sandbox_status.clone(), |m| frame(&m))]
     } else if path.ends_with("/GetContainerEvents") {
         vec![canned.event.clone(); canned.events_per_stream]
     } else {
@@ -757,6 +814,30 @@ mod tests {
                 .len(),
             500
         );
+    }
+
+    /// A node's PodSandboxStatus answers each sandbox with its own metadata and annotations
+    /// (crisp's recovery reads them), and anything else with the canned status.
+    #[test]
+    fn a_node_answers_the_status_of_each_of_its_sandboxes() {
+        let c = Canned::node(10, 40);
+        let ask = |id: String| {
+            let req = cri::PodSandboxStatusRequest {
+                pod_sandbox_id: id,
+                verbose: false,
+            };
+            c.node_sandbox_status(&req.encode_to_vec())
+                .map(|m| cri::PodSandboxStatusResponse::decode(&m[..]).unwrap())
+        };
+        let status = ask(format!("{:064x}", 1_000_007)).unwrap().status.unwrap();
+        assert_eq!(status.id, format!("{:064x}", 1_000_007));
+        assert_eq!(status.metadata.unwrap().name, node_pod_name(7).1);
+        assert!(status.annotations.contains_key("sidecar.istio.io/status"));
+        assert!(
+            ask(format!("{:064x}", 1_000_010)).is_none(),
+            "not one of its 10"
+        );
+        assert!(ask("nope".into()).is_none());
     }
 
     /// The burst's runtime: a pod created through it answers its sidecar's exec probe "not

@@ -18,6 +18,23 @@ pub(super) fn unix_nanos(t: std::time::SystemTime) -> i64 {
         .unwrap_or(0)
 }
 
+/// ListPods' answer: the pods `want` names (`namespace/name`, `name`; `None`: every pod), each
+/// with its containers as the runtime lists them now, sorted by namespace and name. Only the
+/// pods asked for are read from the runtime: one pod's answer costs one read, not one per pod
+/// of the node (issue #47).
+pub(crate) async fn list_pods(engine: &Engine, want: Option<&str>) -> Vec<pb::Pod> {
+    let mut pods = Vec::new();
+    for (p, containers) in engine.pods() {
+        if pb::pod_named(want, &p.namespace, &p.name) {
+            pods.push(pod_to_proto(engine, &p, containers).await);
+        }
+    }
+    pods.sort_by(|a, b| {
+        (&a.namespace, &a.name, &a.pod_sandbox_id).cmp(&(&b.namespace, &b.name, &b.pod_sandbox_id))
+    });
+    pods
+}
+
 /// One pod as ListPods reports it: the engine's caches, its holds now, and its sidecars'
 /// states as the runtime lists them (an admin call, never a CRI call's path).
 pub(super) async fn pod_to_proto(

@@ -24,7 +24,7 @@ use crate::ordering::Engine;
 use crate::tap::Tap;
 use crate::watchdog::Watchdog;
 
-mod list_pods;
+pub(crate) mod list_pods;
 mod metrics;
 mod routes;
 mod service;

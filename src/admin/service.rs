@@ -132,22 +132,14 @@ impl pb::admin_server::Admin for AdminService {
 
     async fn list_pods(
         &self,
-        _req: tonic::Request<pb::ListPodsRequest>,
+        req: tonic::Request<pb::ListPodsRequest>,
     ) -> Result<tonic::Response<pb::ListPodsResponse>, tonic::Status> {
         let Some(engine) = &self.state.engine else {
             return Ok(tonic::Response::new(pb::ListPodsResponse::default()));
         };
-        let mut pods = Vec::new();
-        for (p, containers) in engine.pods() {
-            pods.push(pod_to_proto(engine, &p, containers).await);
-        }
-        pods.sort_by(|a, b| {
-            (&a.namespace, &a.name, &a.pod_sandbox_id).cmp(&(
-                &b.namespace,
-                &b.name,
-                &b.pod_sandbox_id,
-            ))
-        });
+        let want = req.into_inner().pod;
+        let want = (!want.is_empty()).then_some(want.as_str());
+        let pods = list_pods(engine, want).await;
         Ok(tonic::Response::new(pb::ListPodsResponse { pods }))
     }
 

@@ -28,13 +28,7 @@ pub fn view(pods: &[pb::Pod], json: bool, now: SystemTime) -> String {
 /// Whether `p` is the pod `want` names (`namespace/name`, or `name` in any namespace); every
 /// pod when `want` is `None`.
 pub fn selected(want: Option<&str>, p: &pb::Pod) -> bool {
-    match want {
-        None => true,
-        Some(w) => match w.split_once('/') {
-            Some((ns, name)) => p.namespace == ns && p.name == name,
-            None => p.name == w,
-        },
-    }
+    pb::pod_named(want, &p.namespace, &p.name)
 }
 
 fn ms(d: u64) -> String {

@@ -38,6 +38,7 @@
 //! [`TaskTracker`] until they end or [`Engine::shutdown`] cancels them; none outlives it.
 
 pub mod annotations;
+mod containers;
 mod create;
 pub mod decide;
 mod dispatch;
@@ -114,7 +115,7 @@ pub struct Engine {
     /// while this is not empty.
     guessing: DashMap<u64, String>,
     pods: DashMap<String, Arc<Pod>>,
-    containers: DashMap<String, ContainerRef>,
+    containers: containers::Containers,
     /// The node-wide bounds on probing (in flight, connects per second).
     limiter: ProbeLimiter,
     /// The bounds on exec probes (in flight and per second, node-wide and per pod): their own.
@@ -183,7 +184,7 @@ impl Engine {
             runtime: Box::new(runtime),
             guessing: DashMap::new(),
             pods: DashMap::new(),
-            containers: DashMap::new(),
+            containers: containers::Containers::default(),
             limiter: ProbeLimiter::new(
                 cfg.ordering.max_probes_in_flight,
                 cfg.ordering.probe_connects_per_second,
@@ -339,7 +340,7 @@ impl Engine {
         let container = container_id.and_then(|id| {
             self.containers
                 .get(id)
-                .map(|container| (container.sandbox_id.clone(), container.name.clone()))
+                .map(|container| (container.sandbox_id, container.name))
         });
         let sandbox = sandbox_id.or(container.as_ref().map(|(sandbox, _)| sandbox.as_str()));
         let pod = sandbox.and_then(|id| self.pods.get(id).map(|pod| pod.clone()));
@@ -348,13 +349,7 @@ impl Engine {
 
     /// Every pod in the cache with the containers crisp has seen in it (id → name).
     pub(crate) fn pods(&self) -> Vec<(Arc<Pod>, HashMap<String, String>)> {
-        let mut by_sandbox: HashMap<String, HashMap<String, String>> = HashMap::new();
-        for container in self.containers.iter() {
-            by_sandbox
-                .entry(container.sandbox_id.clone())
-                .or_default()
-                .insert(container.key().clone(), container.name.clone());
-        }
+        let mut by_sandbox = self.containers.names_by_sandbox();
         let pods: Vec<Arc<Pod>> = self.pods.iter().map(|pod| pod.value().clone()).collect();
         pods.into_iter()
             .map(|pod| {
@@ -463,7 +458,7 @@ impl Engine {
     /// The sandbox and name of a container, from the cache or else from the runtime.
     async fn container_ref(&self, version: ApiVersion, id: &str) -> Option<ContainerRef> {
         if let Some(container) = self.containers.get(id) {
-            return Some(container.clone());
+            return Some(container);
         }
         match self.runtime.container(version, id).await {
             Ok(Some(container)) => {
@@ -535,8 +530,7 @@ impl Engine {
             // The runtime removes the sandbox's containers with it, with no RemoveContainer.
             self.terminated.remove_sandbox(&req.pod_sandbox_id);
             self.intents.forget_sandbox(&req.pod_sandbox_id);
-            self.containers
-                .retain(|_, c| c.sandbox_id != req.pod_sandbox_id);
+            self.containers.remove_sandbox(&req.pod_sandbox_id);
         }
     }
 
@@ -547,14 +541,13 @@ impl Engine {
     fn forget_container(&self, msg: &[u8]) {
         if let Ok(req) = views::decode::<views::ContainerIdRequest>(msg) {
             self.terminated.remove(&req.container_id);
-            let Some((_, gone)) = self.containers.remove(&req.container_id) else {
+            let Some((gone, emptied)) = self.containers.remove(&req.container_id) else {
                 return;
             };
-            let sandbox = gone.sandbox_id;
-            if self.containers.iter().any(|c| c.sandbox_id == sandbox) {
+            if !emptied {
                 return;
             }
-            if let Some(pod) = self.pods.get(&sandbox) {
+            if let Some(pod) = self.pods.get(&gone.sandbox_id) {
                 pod.emptied
                     .store(true, std::sync::atomic::Ordering::Relaxed);
             }

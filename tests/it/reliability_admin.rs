@@ -112,7 +112,7 @@ fn start_good_clients(
                     c.version(pb::VersionRequest {})
                         .await
                         .map_err(|e| e.to_string())?;
-                    c.list_pods(pb::ListPodsRequest {})
+                    c.list_pods(pb::ListPodsRequest::default())
                         .await
                         .map_err(|e| e.to_string())?;
                     Ok::<(), String>(())

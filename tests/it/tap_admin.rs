@@ -355,7 +355,7 @@ async fn list_pods_and_version() {
 
     let mut client = crisp::cli::client::connect(&d.admin).await.unwrap();
     let pods = client
-        .list_pods(pb::ListPodsRequest {})
+        .list_pods(pb::ListPodsRequest::default())
         .await
         .unwrap()
         .into_inner()

@@ -24,6 +24,10 @@ use prost::Message;
 mod bench_regress;
 #[path = "crisp-bench/burst.rs"]
 mod burst;
+#[path = "crisp-bench/ctrd_relist.rs"]
+mod ctrd_relist;
+#[path = "crisp-bench/ownwork.rs"]
+mod ownwork;
 
 #[derive(Parser, Debug)]
 #[command(about = "Benchmark crisp against a direct connection and a socat splice")]
@@ -88,6 +92,17 @@ struct Args {
     /// an app crisp holds until it is ready).
     #[arg(long, default_value_t = 100)]
     burst_pods: usize,
+    /// Relist lane on real containerd (`--only ctrd-relist`): pods created on it, each a
+    /// host-network sandbox and a busybox container running.
+    #[arg(long, default_value_t = 300)]
+    ctrd_pods: usize,
+    /// Relist lane on real containerd: measured relists per lane and run.
+    #[arg(long, default_value_t = 100)]
+    ctrd_relists: usize,
+    /// Burst lane: pods on the node the relist reads (four containers each) besides the burst's
+    /// own: crisp's recovery reads every one of them at start.
+    #[arg(long, default_value_t = 500)]
+    burst_node_pods: usize,
     /// Burst lane: runs, each with a fresh fake runtime and a fresh crisp.
     #[arg(long, default_value_t = 5)]
     burst_runs: usize,
@@ -132,6 +147,14 @@ enum Workload {
     /// from its turning ready; the node's ExecSync rate; the relist's latency during the burst
     /// and before it (issue #47).
     Burst,
+    /// crisp's own work on a fake node of 500 pods / 2,000 containers and of 2,500 pods /
+    /// 10,000 containers (issue #47): its recovery at start, Job mode's status check, `crisp
+    /// tap --json --all` during the relist, `crisp pods`.
+    Ownwork,
+    /// kubelet's relist on a real containerd filled with `--ctrd-pods` pods (a sandbox and a
+    /// busybox container each): direct / socat / crisp / socat-64k interleaved (issue #47).
+    /// Needs root.
+    CtrdRelist,
 }
 
 impl Args {
@@ -1038,7 +1061,9 @@ fn grpcgo_relist(
         let v: serde_json::Value = serde_json::from_str(line)
             .with_context(|| format!("crisp-grpcgo bench printed {line:?}"))?;
         for (k, per_run) in latency.iter_mut().enumerate() {
+            // One method: crisp-grpcgo prints its figures (the turn's too) as "latency".
             let table = match methods.get(k) {
+                _ if methods.len() == 1 => &v["latency"],
                 Some((m, _)) => &v["methods"][full(m)],
                 None => &v["turn"],
             };
@@ -1761,10 +1786,12 @@ async fn main() -> Result<()> {
     // The relist lane runs on the fake runtime only (a real containerd at 500 pods is the next
     // step of issue #47): alone, it needs no containerd.
     let relist_only = !args.only.is_empty()
-        && args
-            .only
-            .iter()
-            .all(|w| matches!(w, Workload::Relist | Workload::Burst));
+        && args.only.iter().all(|w| {
+            matches!(
+                w,
+                Workload::Relist | Workload::Burst | Workload::Ownwork | Workload::CtrdRelist
+            )
+        });
     let ctrd = match args.containerd && !relist_only {
         true => Some(
             crisp_e2e::harness::Containerd::start_async(crisp_e2e::harness::ContainerdOpts {
@@ -1795,11 +1822,24 @@ async fn main() -> Result<()> {
     if args.runs(Workload::Burst) {
         report += &burst::report(&args, dir.path()).await?;
     }
+    if args.runs(Workload::Ownwork) {
+        report += &ownwork::report(&args, dir.path()).await?;
+    }
+    // Only when asked for: it fills a containerd with hundreds of pods (minutes).
+    if args.only.contains(&Workload::CtrdRelist) {
+        report += &ctrd_relist::report(&args, dir.path()).await?;
+    }
     if !args.only.is_empty()
-        && args
-            .only
-            .iter()
-            .all(|w| matches!(w, Workload::Kubelet | Workload::Relist | Workload::Burst))
+        && args.only.iter().all(|w| {
+            matches!(
+                w,
+                Workload::Kubelet
+                    | Workload::Relist
+                    | Workload::Burst
+                    | Workload::Ownwork
+                    | Workload::CtrdRelist
+            )
+        })
     {
         println!("{report}");
         return Ok(());

@@ -56,7 +56,9 @@ async fn list(args: &PodsArgs) -> Result<String, (u8, String)> {
         )
     })?;
     let resp = admin
-        .list_pods(pb::ListPodsRequest {})
+        .list_pods(pb::ListPodsRequest {
+            pod: args.pod.clone().unwrap_or_default(),
+        })
         .await
         .map_err(|s| {
             (

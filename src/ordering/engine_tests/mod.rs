@@ -231,7 +231,12 @@ impl Runtime for Fake {
         let status = views::PodSandboxStatus {
             id: id.into(),
             metadata: Some(views::PodSandboxMetadata {
-                name: "pod".into(),
+                // The scripted pod is ns/pod; any other sandbox a pod named by its id.
+                name: if id == SANDBOX {
+                    "pod".into()
+                } else {
+                    id.into()
+                },
                 namespace: "ns".into(),
                 uid: "uid".into(),
                 attempt: 0,

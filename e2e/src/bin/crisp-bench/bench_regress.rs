@@ -1,7 +1,8 @@
-//! The `bench-regress` lane (`hack/lanes.sh bench-regress`, issue #47): the burst and relist
-//! benches run small, held to fixed thresholds, stated as ratios where one exists, so that a
-//! change that makes crisp release late, probe beyond its budget, or relist slower fails a
-//! test instead of waiting for someone to read BENCHMARKS.md. Release builds only (the lane
+//! The `bench-regress` lane (`hack/lanes.sh bench-regress`, issue #47): the burst, relist and
+//! ownwork benches run small, held to fixed thresholds, stated as ratios where one exists, so
+//! that a change that makes crisp release late, probe beyond its budget, relist slower or do
+//! more of its own work per pod on a bigger node fails a test instead of waiting for someone
+//! to read BENCHMARKS.md. Release builds only (the lane
 //! builds them): a debug crisp is not what the thresholds were measured on.
 //!
 //!     cargo build --release -p crisp --bin crisp
@@ -16,6 +17,7 @@ use k8s_cri::v1 as cri;
 use prost::Message;
 
 use super::burst::{self, exec_probes_per_second, pct, probe_interval, relist_ms};
+use super::ownwork;
 use super::{grpcgo_relist, machine_line, start_crisp_bin, start_socat, Args, Lane};
 
 /// Pods in the lane's burst (BENCHMARKS.md measured 100; 50 keep the lane under a minute).
@@ -211,13 +213,82 @@ fn relist_verdict() -> Result<Verdict> {
     })
 }
 
+/// crisp's recovery at start, per pod: CPU on the 2,500-pod node over CPU on the 500-pod node
+/// (both per pod; 1.0 is linear). Issue #47: work that grew with the square of the node would
+/// put it near 5.
+const RECOVERY_CPU_PER_POD_GROWTH: f64 = 2.0;
+
+/// crisp's own work on a node (issue #47), counted where it can be: the recovery reads each
+/// sandbox's status once; `crisp pods NS/POD` reads one pod's containers; the recovery's CPU
+/// per pod does not grow with the node.
+fn ownwork_verdicts() -> Result<Vec<Verdict>> {
+    let dir = tempfile::Builder::new()
+        .prefix("crisp-regress-")
+        .tempdir()?;
+    let mut cpu_per_pod = Vec::new();
+    let mut verdicts = Vec::new();
+    for pods in [500, 2_500] {
+        let canned = Arc::new(Canned::node(pods, 4 * pods));
+        let upstream = dir.path().join(format!("own-{pods}.sock"));
+        let _fake = fakert::serve(&upstream, canned.clone())?;
+        // The lowest of 3 starts: CPU in 10 ms ticks on a shared machine.
+        let mut best = f64::INFINITY;
+        let mut started = None;
+        for k in 0..3 {
+            let s = ownwork::start(
+                &canned,
+                pods,
+                &format!("own-{pods}-{k}"),
+                dir.path(),
+                &upstream,
+                false,
+                &crisp_config(),
+            )?;
+            best = best.min(s.cpu_ms);
+            started = Some(s);
+        }
+        let s = started.expect("started");
+        let statuses = canned.calls.get("PodSandboxStatus") as f64 / 3.0;
+        println!(
+            "regress: ownwork {pods} pods: recovery CPU {best:.0} ms (lowest of 3), {statuses:.0} PodSandboxStatus a start, {:.0} ms to recover",
+            s.recovered.as_secs_f64() * 1e3
+        );
+        cpu_per_pod.push(best / pods as f64);
+        if pods == 2_500 {
+            verdicts.push(Verdict {
+                name: "recovery's PodSandboxStatus reads ÷ sandboxes (2,500 pods)",
+                value: statuses / pods as f64,
+                bound: 1.0,
+            });
+            let lists =
+                || canned.calls.get("StreamContainers") + canned.calls.get("ListContainers");
+            let before = lists();
+            let (took, _, shown) =
+                ownwork::crisp_pods(&s.admin, Some("checkout-api-7f9c8d6b0-00000"))?;
+            println!("regress: crisp pods NS/POD: {shown} pod in {took:?}");
+            verdicts.push(Verdict {
+                name: "runtime reads to show one pod of 2,500 (`crisp pods NS/POD`)",
+                value: (lists() - before) as f64,
+                bound: 1.0,
+            });
+        }
+    }
+    verdicts.push(Verdict {
+        name: "recovery CPU per pod, 2,500 pods ÷ 500 pods",
+        value: cpu_per_pod[1] / cpu_per_pod[0],
+        bound: RECOVERY_CPU_PER_POD_GROWTH,
+    });
+    Ok(verdicts)
+}
+
 /// The lane: every threshold measured and printed, then the ones that did not hold named.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the bench-regress lane: release builds, ~1 min (hack/lanes.sh bench-regress)"]
+#[ignore = "the bench-regress lane: release builds, ~2 min (hack/lanes.sh bench-regress)"]
 async fn burst_and_relist_hold_their_thresholds() -> Result<()> {
     println!("regress: machine {}", machine_line());
     let mut verdicts = burst_verdicts().await?;
     verdicts.push(tokio::task::block_in_place(relist_verdict)?);
+    verdicts.extend(tokio::task::block_in_place(ownwork_verdicts)?);
     for v in &verdicts {
         println!(
             "regress: {}: {:.2} (threshold {:.2}) {}",

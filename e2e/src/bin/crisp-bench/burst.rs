@@ -206,12 +206,15 @@ pub(super) async fn run(args: &Args, dir: &Path, k: usize) -> Result<Run> {
         Duration::from_millis(args.burst_ready_ms),
         Duration::from_millis(100),
     ));
-    // The node the relist reads: the relist lane's small node (500 pods, 2,000 containers).
-    let mut canned = Canned::node(500, 2_000);
+    // The node the relist reads: the relist lane's small node (500 pods, 2,000 containers)
+    // unless `--burst-node-pods` says otherwise.
+    let node_pods = args.burst_node_pods;
+    let mut canned = Canned::node(node_pods, 4 * node_pods);
     canned.burst = Some(burst.clone());
+    let canned = Arc::new(canned);
     let tag = format!("burst-{k}");
     let upstream = dir.join(format!("{tag}-fake.sock"));
-    let _fake = fakert::serve(&upstream, Arc::new(canned))?;
+    let _fake = fakert::serve(&upstream, canned.clone())?;
     let crisp_dir = dir.join(format!("{tag}-crisp"));
     std::fs::create_dir_all(&crisp_dir)?;
     let crisp_sock = crisp_dir.join("crisp.sock");
@@ -223,8 +226,15 @@ pub(super) async fn run(args: &Args, dir: &Path, k: usize) -> Result<Run> {
         &upstream,
         &args.crisp_config,
     )?;
-    // crisp reads the node when it starts (its recovery): let that pass before measuring.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // crisp reads the node when it starts (its recovery: a PodSandboxStatus per sandbox): let
+    // that end before measuring.
+    let recovered = Instant::now();
+    while canned.calls.get("PodSandboxStatus") < node_pods as u64 {
+        if recovered.elapsed() > Duration::from_secs(120) {
+            bail!("crisp's recovery did not read the node's {node_pods} sandboxes in 120 s");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let lanes = vec![
         Lane {
             name: "direct",
@@ -427,9 +437,11 @@ pub(super) async fn report(args: &Args, dir: &Path) -> Result<String> {
     writeln!(out, "Machine: {}.\n", machine_line())?;
     writeln!(
         out,
-        "Each pod: RunPodSandbox, the sidecar `{SIDECAR}`'s CreateContainer and StartContainer, then the app's CreateContainer, one call at a time, all pods at once on one HTTP/2 connection to crisp (the bench's hyper client). `crisp.dev/ready.{SIDECAR}: {READY}`: the fake runtime answers that ExecSync exit 1 until {} ms + (pod mod 10) × 10 ms after the sidecar's StartContainer reached it, exit 0 from then on. Per pod, to the app's CreateContainer reaching the fake: **success → release** from the fake's first ExecSync answered exit 0 (the probe's own success, issue #47's measure); **ready → release** from the instant the fake started answering exit 0 (the wait for a probe turn included). crisp's settings: its defaults unless `--crisp-config` says otherwise (`{}`): `probe_interval` {interval_ms:.0} ms, reads 100/s (16 in flight), exec probes 50/s node-wide, 4 in flight, 20/s a pod. kubelet's relist (grpc-go, ListPodSandbox then ListContainers over a node of 500 pods / 2,000 containers, direct and crisp interleaved, {} ms pause after each): {} relists a lane in the quiet before the burst, {} from the burst's start.\n",
+        "Each pod: RunPodSandbox, the sidecar `{SIDECAR}`'s CreateContainer and StartContainer, then the app's CreateContainer, one call at a time, all pods at once on one HTTP/2 connection to crisp (the bench's hyper client). `crisp.dev/ready.{SIDECAR}: {READY}`: the fake runtime answers that ExecSync exit 1 until {} ms + (pod mod 10) × 10 ms after the sidecar's StartContainer reached it, exit 0 from then on. Per pod, to the app's CreateContainer reaching the fake: **success → release** from the fake's first ExecSync answered exit 0 (the probe's own success, issue #47's measure); **ready → release** from the instant the fake started answering exit 0 (the wait for a probe turn included). crisp's settings: its defaults unless `--crisp-config` says otherwise (`{}`): `probe_interval` {interval_ms:.0} ms, reads 100/s (16 in flight), exec probes 50/s node-wide, 4 in flight, 20/s a pod. kubelet's relist (grpc-go, ListPodSandbox then ListContainers over a node of {} pods / {} containers, direct and crisp interleaved, {} ms pause after each): {} relists a lane in the quiet before the burst, {} from the burst's start.\n",
         args.burst_ready_ms,
         args.crisp_config.replace('\n', " "),
+        args.burst_node_pods,
+        4 * args.burst_node_pods,
         args.burst_relist_pace_ms,
         args.burst_relists,
         args.burst_relists,

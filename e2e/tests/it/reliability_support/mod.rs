@@ -773,7 +773,7 @@ pub async fn wait_no_holds(admin: &Path, timeout: Duration) -> Result<()> {
 /// The pods crisp's engine tracks (admin ListPods).
 pub async fn tracked_pods(admin: &Path) -> Result<Vec<crisp::admin_api::Pod>> {
     let mut c = crisp::cli::client::connect(admin).await?;
-    Ok(c.list_pods(crisp::admin_api::ListPodsRequest {})
+    Ok(c.list_pods(crisp::admin_api::ListPodsRequest::default())
         .await?
         .into_inner()
         .pods)
