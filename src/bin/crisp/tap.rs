@@ -233,7 +233,7 @@ fn now() -> std::time::Duration {
 fn create_output(path: &Path, force: bool) -> Result<BufWriter<File>, output::OutputError> {
     // 0600, no symlink on the path, an existing file only with --force and only one's own: with
     // --unredacted the file holds secrets; even redacted, it is every pod's traffic (see
-    // src/tap/output.rs).
+    // src/cli/output.rs).
     Ok(BufWriter::new(output::open(path, force)?))
 }
 
