@@ -4,7 +4,7 @@
 //!
 //! A sub-state of each direction ([`super::from_client::FromClient`],
 //! [`super::from_runtime::FromRuntime`]): it keeps the part of a block that has arrived and says
-//! when the block is whole ([`Blocks::next`]).
+//! when the block is whole ([`Blocks::next_checked`], [`Blocks::next_unchecked`]).
 
 use crate::proxy::http2::{hpack, Flags, Head, Kind, StreamId};
 
