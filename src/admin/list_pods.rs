@@ -162,3 +162,47 @@ pub(super) fn container_state(s: i32) -> &'static str {
         _ => "unknown",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cri::ApiVersion;
+    use crate::ordering::engine_tests::{pod_with, Fake, SANDBOX};
+    use crate::ordering::now;
+
+    /// Issue #47: `crisp pods NS/POD` on a node of 50 pods with sidecars lists that pod's
+    /// containers only. The answer used to be every pod's, each read under the node-wide read
+    /// limit and filtered by the client: one pod's view cost a read of every pod (at 2,500 pods
+    /// and 100 reads a second, 25 s), and asking for each pod in turn the square of the node.
+    #[tokio::test(start_paused = true)]
+    async fn one_pod_s_listing_reads_that_pod_only() {
+        let fake = Fake::default();
+        let engine = pod_with(&fake, &["proxy"], &[], |_| {});
+        fake.add("proxy", Some(now()));
+        for i in 0..50 {
+            let id = if i == 0 {
+                SANDBOX.into()
+            } else {
+                format!("sb-{i}")
+            };
+            assert!(engine.pod_by_id(ApiVersion::V1, &id).await.is_some());
+        }
+        assert_eq!(engine.pods().len(), 50);
+        let before = fake.script().lists;
+        let one = list_pods(&engine, Some("ns/pod")).await;
+        assert_eq!(one.len(), 1);
+        assert_eq!((one[0].name.as_str(), one[0].sidecars.len()), ("pod", 1));
+        assert_eq!(
+            one[0].sidecars[0].state, "running",
+            "the pod's containers were read"
+        );
+        let reads = fake.script().lists - before;
+        assert_eq!(reads, 1, "{reads} pods' containers read to show one");
+        let by_name = list_pods(&engine, Some("sb-7")).await;
+        assert_eq!(by_name.len(), 1);
+        assert!(list_pods(&engine, Some("other/pod")).await.is_empty());
+        let every = list_pods(&engine, None).await;
+        assert_eq!(every.len(), 50);
+        assert_eq!(fake.script().lists - before, 2 + 50);
+    }
+}

@@ -44,7 +44,7 @@ pub mod decide;
 mod dispatch;
 pub(crate) mod durable;
 #[cfg(test)]
-mod engine_tests;
+pub(crate) mod engine_tests;
 pub(crate) mod holds;
 mod init_guess;
 pub(crate) mod injectors;
@@ -87,7 +87,7 @@ use runtime::Runtime;
 
 /// The engine's clock: tokio's, so unit tests can run the rules on paused time. Outside a
 /// paused test it is `Instant::now()`.
-fn now() -> Instant {
+pub(crate) fn now() -> Instant {
     tokio::time::Instant::now().into_std()
 }
 

@@ -25,7 +25,7 @@ use crate::proxy::client::ClientError;
 use crate::status::code;
 use runtime::Answer;
 
-const SANDBOX: &str = "sb";
+pub(crate) const SANDBOX: &str = "sb";
 const MS: Duration = Duration::from_millis(1);
 const S: Duration = Duration::from_secs(1);
 
@@ -62,12 +62,12 @@ impl FakeContainer {
 }
 
 #[derive(Default)]
-struct Script {
+pub(crate) struct Script {
     annotations: HashMap<String, String>,
     containers: Vec<FakeContainer>,
     /// StopContainer calls crisp made itself: (container name, timeout, when).
     stops: Vec<(String, i64, Instant)>,
-    lists: usize,
+    pub(crate) lists: usize,
     /// ExecSync calls crisp made, by container name.
     execs: HashMap<String, usize>,
     /// Every ListContainers answers this late (a runtime under load).
@@ -91,15 +91,15 @@ struct Script {
 }
 
 #[derive(Default, Clone)]
-struct Fake(Arc<Mutex<Script>>);
+pub(crate) struct Fake(Arc<Mutex<Script>>);
 
 impl Fake {
-    fn script(&self) -> std::sync::MutexGuard<'_, Script> {
+    pub(crate) fn script(&self) -> std::sync::MutexGuard<'_, Script> {
         self.0.lock().unwrap()
     }
 
     /// Adds a container, running from `started` (None: created, not started).
-    fn add(&self, name: &str, started: Option<Instant>) -> String {
+    pub(crate) fn add(&self, name: &str, started: Option<Instant>) -> String {
         let mut s = self.script();
         let n = s.containers.len();
         let id = format!("{name}-{n}");
@@ -347,7 +347,7 @@ fn pod(fake: &Fake, sidecars: &[&str], extra: &[(&str, &str)]) -> Arc<Engine> {
 }
 
 /// [`pod`] with the node's config tuned.
-fn pod_with(
+pub(crate) fn pod_with(
     fake: &Fake,
     sidecars: &[&str],
     extra: &[(&str, &str)],
