@@ -4,8 +4,9 @@
 # the commit it ran on); the analysis around that section is left as it is.
 #
 # kubelet's own client comes first: `crisp-grpcgo bench` (grpc-go 1.33, dialing as kubelet does)
-# against direct / socat / crisp, the lanes interleaved call by call (a new random order each
-# round), several runs, each figure
+# against direct / socat / crisp / crisp-splice (the same crisp with CRISP_RELAY_SPLICE=1: its
+# threads and sockets without its protocol work, the machine's floor for crisp), the lanes
+# interleaved call by call (a new random order each round), several runs, each figure
 # as min / median / max over the runs (Version and ListContainers on real containerd; Version,
 # a 10,000-container ListContainers and concurrency 64 on the fake runtime), with crisp's CPU
 # and wakeups per call. The hyper-client and fake-runtime lanes follow as secondary tables.
