@@ -1,17 +1,50 @@
-#!/bin/bash
-# hack/relay-instructions.sh BIN N: instructions of crisp BIN relaying N unary Version calls (grpc-go, one connection)
-# to a recording HTTP/2 server, under callgrind; prints the program total and Pump::run inclusive.
-set -u
-BIN=$1; N=$2; G=${CRISP_GRPCGO_BIN:-target/grpcgo/crisp-grpcgo}
-D=$(mktemp -d)
-$G headers --listen $D/up.sock > /dev/null 2>&1 & UP=$!
-for i in $(seq 100); do [ -S $D/up.sock ] && break; sleep 0.1; done
-printf 'listen = "%s"\nupstream = "%s"\nstate_dir = "%s"\n[log]\nlevel = "warn"\n' $D/crisp.sock $D/up.sock $D/state > $D/crisp.toml
-valgrind --tool=callgrind --callgrind-out-file=$D/cg.out $BIN --config $D/crisp.toml > $D/crisp.log 2>&1 & VG=$!
-for i in $(seq 600); do [ -S $D/crisp.sock ] && break; sleep 0.1; done
-$G call --target $D/crisp.sock --method /runtime.v1.RuntimeService/Version --hex '' --count $N > $D/call.log 2>&1 || { echo "call failed"; cat $D/call.log | tail -3; }
-kill -TERM $VG; wait $VG
-kill $UP 2>/dev/null
-total=$(callgrind_annotate $D/cg.out 2>/dev/null | grep "PROGRAM TOTALS" | awk '{print $1}' | tr -d ,)
-pump=$(callgrind_annotate --inclusive=yes $D/cg.out 2>/dev/null | grep "Pump::run" | head -1 | awk '{print $1}' | tr -d ,)
-echo "$(basename $BIN) N=$N total=$total pump=$pump"
+#!/usr/bin/env bash
+# Instructions crisp spends relaying grpc-go's unary Version calls, counted by callgrind (perf has
+# no instruction counter on these VMs): BENCHMARKS.md, "Relay core with one way out".
+#
+#   hack/relay-instructions.sh BIN N
+#
+# Runs crisp BIN under valgrind --tool=callgrind in front of a recording HTTP/2 server
+# (`crisp-grpcgo headers`), sends N sequential Version calls on one connection
+# (`crisp-grpcgo call --count N`), and prints the program's total and the relay thread's
+# (`Pump::run`, inclusive). Per call: (total at N=600 - total at N=100) / 500. With
+# CRISP_RELAY_SPLICE=1 in the environment, crisp splices instead (the floor).
+# CRISP_GRPCGO_BIN names the grpc-go client (default target/grpcgo/crisp-grpcgo).
+set -euo pipefail
+
+bin=$1
+n=$2
+grpcgo=${CRISP_GRPCGO_BIN:-target/grpcgo/crisp-grpcgo}
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+
+wait_socket() {
+  for _ in $(seq 600); do
+    [ -S "$1" ] && return 0
+    sleep 0.1
+  done
+  echo "no socket at $1" >&2
+  return 1
+}
+
+"$grpcgo" headers --listen "$dir/up.sock" > /dev/null 2>&1 &
+up=$!
+wait_socket "$dir/up.sock"
+printf 'listen = "%s"\nupstream = "%s"\nstate_dir = "%s"\n[log]\nlevel = "warn"\n' \
+  "$dir/crisp.sock" "$dir/up.sock" "$dir/state" > "$dir/crisp.toml"
+valgrind --tool=callgrind --callgrind-out-file="$dir/cg.out" "$bin" --config "$dir/crisp.toml" \
+  > "$dir/crisp.log" 2>&1 &
+vg=$!
+wait_socket "$dir/crisp.sock"
+if ! "$grpcgo" call --target "$dir/crisp.sock" --method /runtime.v1.RuntimeService/Version \
+  --hex '' --count "$n" > "$dir/call.log" 2>&1; then
+  echo "the calls failed:" >&2
+  tail -3 "$dir/call.log" >&2
+fi
+kill -TERM "$vg"
+wait "$vg" || true
+kill "$up" 2> /dev/null || true
+total=$(callgrind_annotate "$dir/cg.out" 2> /dev/null | grep "PROGRAM TOTALS" | awk '{print $1}' | tr -d ,)
+pump=$(callgrind_annotate --inclusive=yes "$dir/cg.out" 2> /dev/null | grep "Pump::run" | head -1 \
+  | awk '{print $1}' | tr -d ,)
+echo "$(basename "$bin") N=$n total=$total pump=$pump"
