@@ -35,6 +35,11 @@ pub enum WriteError {
 /// opened.
 pub(crate) const TMP_SUFFIX: &str = ".tmp";
 
+/// Numbers each write's temporary file, so two writes of one name at once (two Job pods'
+/// `check_writable` probes, a mark written twice) never share one: with a shared name, the
+/// first rename takes the second's file away and the second fails with ENOENT.
+static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// What a write must survive once it is reported done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Durability {
@@ -108,7 +113,8 @@ pub(crate) fn write(
     content: &[u8],
     durability: Durability,
 ) -> Result<(), WriteError> {
-    let tmp = dir.join(format!("{name}{TMP_SUFFIX}"));
+    let seq = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!("{name}.{seq}{TMP_SUFFIX}"));
     let path = dir.join(name);
     let power_loss = durability == Durability::PowerLoss;
     let write = || -> std::io::Result<()> {
@@ -216,6 +222,37 @@ mod tests {
             assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), b"old");
             assert_eq!(names(dir.path()), vec!["f".to_string()]);
         }
+    }
+
+    /// Two writes of one name at once both succeed, and leave one file. Seen in the chaos lane
+    /// (a Job pod's sidecar never ended): two Job pods' `check_writable` probes shared one
+    /// temporary file, the first rename took it away, and the second failed with "No such file
+    /// or directory" — so job mode refused to stop that pod's sidecars. Here the first write is
+    /// paused between its temporary file and its rename while the second runs in full.
+    #[test]
+    fn two_writes_of_one_name_at_once_both_succeed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (at_written, paused) = std::sync::mpsc::channel::<()>();
+        let (go_on, resume) = std::sync::mpsc::channel::<()>();
+        let first = std::thread::spawn({
+            let dir = dir.path().to_path_buf();
+            move || {
+                let _hook = hook(move |step, _| {
+                    if step == Step::Written {
+                        at_written.send(()).unwrap();
+                        resume.recv().unwrap();
+                    }
+                    Ok(())
+                });
+                write_durably(&dir, ".probe", b"first")
+            }
+        });
+        paused.recv().unwrap();
+        write_durably(dir.path(), ".probe", b"second").expect("the second write");
+        go_on.send(()).unwrap();
+        first.join().unwrap().expect("the first write");
+        assert_eq!(names(dir.path()), vec![".probe".to_string()]);
+        assert_eq!(std::fs::read(dir.path().join(".probe")).unwrap(), b"first");
     }
 
     /// A write into a directory that is gone says where, and leaves nothing behind.
