@@ -38,6 +38,11 @@ pub struct Call {
     pub trace: Option<opentelemetry::trace::SpanContext>,
 }
 
+/// Most bytes of a relayed request copied for an [`Interest::view`]: what the tap shows of a
+/// message (`MAX_SHOWN_PROTOBUF_BYTES`) and its gRPC prefix. The polling calls a view is for
+/// send a few hundred bytes.
+pub(crate) const MAX_VIEWED_REQUEST: usize = (64 << 10) + crate::cri::wire::PREFIX_LEN;
+
 /// Which parts of a call an interceptor wants to see.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Interest {
@@ -47,6 +52,11 @@ pub struct Interest {
     pub response: bool,
     /// Call `on_complete` when the call ends.
     pub complete: bool,
+    /// A bounded copy of a unary request, a view of its response
+    /// ([`Interceptor::response_view`]) and its grpc-message, handed to `on_complete` in the
+    /// [`Outcome`] — taken as the call passes, without delaying or diverting it: a call only
+    /// viewed stays on the relay thread's byte path (docs/TAP.md, "What a tap costs").
+    pub view: bool,
 }
 
 impl Interest {
@@ -54,6 +64,7 @@ impl Interest {
         request: false,
         response: false,
         complete: false,
+        view: false,
     };
     /// Every part of the call: its request, its response and its end.
     #[cfg(any(test, feature = "test-util"))]
@@ -61,6 +72,7 @@ impl Interest {
         request: true,
         response: true,
         complete: true,
+        view: true,
     };
 
     pub(crate) fn is_none(&self) -> bool {
@@ -72,6 +84,7 @@ impl Interest {
             request: self.request || other.request,
             response: self.response || other.response,
             complete: self.complete || other.complete,
+            view: self.view || other.view,
         }
     }
 }
@@ -95,7 +108,8 @@ pub struct Outcome {
     pub duration: Duration,
     /// Time the call spent held in `on_request`.
     pub held: Duration,
-    /// The request (framed) when it was buffered for someone.
+    /// The request (framed) when it was buffered for someone, or copied as it passed for a
+    /// [`Interest::view`] (at most [`MAX_VIEWED_REQUEST`] bytes: a larger one is `None`).
     pub request: Option<Bytes>,
     /// A bounded view of the response, built as it passed, when someone asked for one
     /// ([`Interceptor::response_view`]); never the whole response.
@@ -520,6 +534,7 @@ mod tests {
                 request: true,
                 response: true,
                 complete: false,
+                view: false,
             }
         }
         fn conditional(&self, _: &Call) -> bool {

@@ -205,7 +205,7 @@ pub(crate) fn message_of(h: &HeaderMap) -> Option<String> {
 /// (issue #44: a runtime's message carries what a container wrote — an exec's stderr, an
 /// image's name — and goes into log lines, probe results and the tap: newlines and control
 /// characters come out as `\n`, `\u{1b}`, never as a forged log line or a terminal escape).
-fn decode_message(raw: &[u8]) -> String {
+pub(crate) fn decode_message(raw: &[u8]) -> String {
     let mut s = percent_encoding::percent_decode(raw)
         .decode_utf8_lossy()
         .into_owned();

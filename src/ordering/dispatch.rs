@@ -16,12 +16,14 @@ impl Interceptor for Engine {
                 request: true,
                 response: true,
                 complete: false,
+                view: false,
             },
             // The end of a stop removes its kept intent (`on_complete`).
             Some(Rpc::StopContainer) | Some(Rpc::StopPodSandbox) => Interest {
                 request: true,
                 response: false,
                 complete: true,
+                view: false,
             },
             // An app's start is gated when crisp saw no create of it (a restored pod).
             Some(Rpc::StartContainer)
@@ -30,6 +32,7 @@ impl Interceptor for Engine {
                 request: true,
                 response: false,
                 complete: false,
+                view: false,
             },
             // Job mode's exit-code patch: only while crisp has terminated some sidecar, and then
             // only for a call about a marked container or sandbox (`conditional`: the relay
@@ -42,6 +45,7 @@ impl Interceptor for Engine {
                     request: true,
                     response: true,
                     complete: false,
+                    view: false,
                 }
             }
             // Judging a refused container (see `InitGuess`): only while one waits for judgement.
@@ -50,6 +54,7 @@ impl Interceptor for Engine {
                     request: true,
                     response: false,
                     complete: false,
+                    view: false,
                 }
             }
             // Events are rare and a stream lives long: watch every message while job mode is on.
@@ -57,6 +62,7 @@ impl Interceptor for Engine {
                 request: false,
                 response: true,
                 complete: false,
+                view: false,
             },
             _ => Interest::NONE,
         }

@@ -155,6 +155,10 @@ impl relay::Calls for Proxy {
         self.interceptors.interest(call)
     }
 
+    fn response_view(&self, call: &Call) -> Option<crate::cri::skim::SkimSpec> {
+        self.interceptors.response_view(call)
+    }
+
     fn conditional(&self, call: &Call) -> bool {
         self.interceptors.conditional(call)
     }

@@ -117,7 +117,9 @@ impl Proxy {
             Some(RpcKind::Streaming) | None
         );
         let (mut parts, body) = req.into_parts();
-        let (runtime_body, held, req_bytes) = if interest.request && !streaming {
+        // A view (`Interest::view`) of a call diverted for another interceptor is taken here:
+        // its request is buffered too, so that `on_complete` sees it as on the relay.
+        let (runtime_body, held, req_bytes) = if (interest.request || interest.view) && !streaming {
             match self.observe_request(&call, &mut parts, body).await {
                 Ok(Observed { body, held, bytes }) => (body, held, Some(bytes)),
                 Err(answered) => return answered,

@@ -465,10 +465,17 @@ impl Interceptor for Tap {
         self.metrics.highest_call_id.fetch_max(call.id, Relaxed);
         let (want, _) = self.wants(call);
         // The response is never held for the tap: it asks for a view ([`Tap::response_view`]).
+        // A polling call — what kubelet repeats every second — is viewed as it passes, so it
+        // stays on the relay's byte path. Other calls are read before they are forwarded
+        // (`on_request`): the engine diverts the mutating ones anyway and forgets a Remove's
+        // names in its own `on_request`, after the tap's; a stream is seen message by
+        // message on the observed path.
+        let polling = matches!(call.route.rpc.map(Rpc::kind), Some(RpcKind::Polling));
         Interest {
-            request: want,
+            request: want && !polling,
             response: false,
             complete: true,
+            view: want && polling,
         }
     }
 

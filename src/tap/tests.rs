@@ -76,6 +76,7 @@ fn interest_follows_subscribers() {
         request: false,
         response: false,
         complete: true,
+        view: false,
     };
     assert_eq!(t.interest(&call(1, CREATE)), only_complete);
     let s = t.subscribe(Filter::default(), 8);
@@ -84,7 +85,8 @@ fn interest_follows_subscribers() {
         Interest {
             request: true,
             response: false,
-            complete: true
+            complete: true,
+            view: false,
         }
     );
     // Not full: a view just big enough for the ids.
@@ -105,7 +107,8 @@ fn interest_follows_subscribers() {
         Interest {
             request: true,
             response: false,
-            complete: true
+            complete: true,
+            view: false,
         }
     );
     assert_eq!(
@@ -116,11 +119,30 @@ fn interest_follows_subscribers() {
     assert!(!t.interest(&call(5, EVENTS)).response);
     let each = t.response_view(&call(5, EVENTS)).unwrap();
     assert_eq!((each.budget, each.items), (MAX_SHOWN_PROTOBUF_BYTES, None));
+    // Polling calls a subscriber wants (`--all`) are viewed as they pass, never buffered
+    // before they are forwarded: they stay on the relay's byte path (issue #46).
+    let all = t.subscribe(
+        Filter {
+            include_polling: true,
+            ..Default::default()
+        },
+        8,
+    );
+    assert_eq!(
+        t.interest(&call(6, LIST)),
+        Interest {
+            request: false,
+            response: false,
+            complete: true,
+            view: true,
+        }
+    );
+    drop(all);
     drop(s);
     drop(f);
-    assert_eq!(t.interest(&call(6, CREATE)), only_complete);
+    assert_eq!(t.interest(&call(7, CREATE)), only_complete);
     assert_eq!(t.subscribers(), 0);
-    assert_eq!(t.metrics().highest_call_id.load(Relaxed), 6);
+    assert_eq!(t.metrics().highest_call_id.load(Relaxed), 7);
 }
 
 #[tokio::test]

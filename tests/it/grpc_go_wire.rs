@@ -49,6 +49,7 @@ impl Interceptor for DivertCreate {
             request: divert,
             response: divert,
             complete: false,
+            view: false,
         }
     }
 }
@@ -942,6 +943,7 @@ impl Interceptor for HoldCreate {
             request: divert,
             response: false,
             complete: false,
+            view: false,
         }
     }
 

@@ -165,6 +165,7 @@ impl Interceptor for HoldAll {
             request: true,
             response: true,
             complete: false,
+            view: false,
         }
     }
     fn on_request<'a>(

@@ -390,3 +390,59 @@ async fn filters_select_exactly_what_they_say() {
     }
     crisp.stop().await;
 }
+
+/// Issue #46: a polling call a tap shows (`--all --full`) stays on the relay's byte path. It
+/// reaches the runtime on its client's own runtime connection, as the same call does with no
+/// tap attached — not through crisp's own client, as a call diverted to be read before it is
+/// forwarded does — and its event still has its ids, both decoded messages and the answer's
+/// grpc-message.
+#[tokio::test]
+async fn a_polling_call_a_tap_shows_stays_on_the_relay() {
+    let fake = Fake::start().await;
+    script(&fake);
+    let mut crisp = Daemon::start(fake.path(), |_| {}).await;
+    let mut rt = runtime_client(&crisp.sock).await;
+    let status = |id: &str| cri::ContainerStatusRequest {
+        container_id: id.into(),
+        verbose: false,
+    };
+    rt.container_status(status("c-untapped")).await.unwrap();
+    let mut s = tap_events(
+        &crisp.admin,
+        req(|r| {
+            r.include_polling = true;
+            r.full = true;
+        }),
+    )
+    .await;
+    rt.container_status(status("c-tapped")).await.unwrap();
+    let e = within(PATIENCE, "the tapped call's event", next_call(&mut s)).await;
+    assert_eq!(e.method, "ContainerStatus");
+    assert_eq!(e.container_id, "c-tapped");
+    assert!(e.request_json.contains("c-tapped"), "{}", e.request_json);
+    assert!(e.response_json.contains("\"app\""), "{}", e.response_json);
+    let calls = fake.calls_to(STATUS);
+    assert_eq!(calls.len(), 2);
+    assert_eq!(
+        calls[1].conn, calls[0].conn,
+        "the tapped call came on another runtime connection than the untapped one: diverted"
+    );
+
+    // The answer's grpc-message, on the byte path too.
+    fake.reply_once(
+        STATUS,
+        Reply::TrailersOnly(header_map(&[
+            ("content-type", b"application/grpc"),
+            ("grpc-status", b"5"),
+            ("grpc-message", b"no%20such%20container"),
+        ])),
+    );
+    rt.container_status(status("c-gone")).await.unwrap_err();
+    let e = within(PATIENCE, "the failed call's event", next_call(&mut s)).await;
+    assert_eq!(
+        (e.code, e.message.as_str(), e.container_id.as_str()),
+        (Some(5), "no such container", "c-gone")
+    );
+    assert_eq!(fake.calls_to(STATUS)[2].conn, calls[0].conn);
+    crisp.stop().await;
+}

@@ -177,6 +177,7 @@ async fn only_status_calls_about_a_marked_sidecar_keep_their_response() {
         request: true,
         response: true,
         complete: false,
+        view: false,
     };
     assert_eq!(status("ContainerStatus", &proxy), (kept, true));
     assert_eq!(status("PodSandboxStatus", SANDBOX), (kept, true));

@@ -39,6 +39,9 @@ use super::status::EndStatus;
 use super::streams::Streams;
 use super::transmit::ToClient;
 use super::undecided::{Undecided, Why};
+pub(super) use super::viewing::Asked;
+use super::viewing::{Viewed, Viewing};
+use crate::cri::skim::SkimSpec;
 use crate::intercept::{Call, Interest};
 use crate::proxy::http2::{self, GoAway, IdMap, Ping, Reason, RstStream, Settings, StreamId};
 
@@ -55,6 +58,11 @@ pub trait Calls: Send + Sync {
     /// What the interceptors want of a call: any interest in its request or response diverts it
     /// (unless [`Calls::conditional`]).
     fn interest(&self, call: &Call) -> Interest;
+    /// For a call whose interest is a [`Interest::view`]: how its answer is viewed
+    /// ([`crate::intercept::Interceptor::response_view`]; `None`: its request alone).
+    fn response_view(&self, _call: &Call) -> Option<SkimSpec> {
+        None
+    }
     /// Whether the request/response interest just reported for a unary call holds only for
     /// some requests ([`crate::intercept::Interceptor::conditional`]): the stream stays
     /// undecided until its request is read, and [`Calls::wants`] decides (`undecided.rs`).
@@ -107,12 +115,14 @@ pub enum Event {
     /// it is accepted or refused.
     ProbeRuntime,
     /// A relayed call ended; `at`: when its last frame was read. `report`: the interceptors
-    /// asked to hear of it (else it is only logged, [`CALLS`]).
+    /// asked to hear of it (else it is only logged, [`CALLS`]); `viewed`: what they asked to
+    /// see of it ([`Interest::view`]), taken as it passed.
     Ended {
         call: Call,
         status: EndStatus,
         at: Instant,
         report: bool,
+        viewed: Option<Viewed>,
     },
 }
 
@@ -130,6 +140,8 @@ pub(super) struct Relayed {
     /// call's end is logged (`crisp::calls=debug`, [`Core::record_calls`]).
     pub(super) call: Option<Call>,
     pub(super) report: bool,
+    /// What the interceptors see of it as it passes ([`Interest::view`], `viewing.rs`).
+    pub(super) view: Option<Box<Viewing>>,
     /// The runtime has sent the response headers.
     pub(super) answered: bool,
     /// Its route and when its headers were read: the admin socket's connection dump.
@@ -138,13 +150,15 @@ pub(super) struct Relayed {
 }
 
 impl Relayed {
-    /// Call `call`, its headers read at `opened`; `report`: the interceptors asked to hear of
-    /// its end; `record`: every call's end is logged ([`Core::record_calls`]).
-    pub(super) fn new(call: Call, report: bool, record: bool, opened: Instant) -> Relayed {
+    /// Call `call`, its headers read at `opened`; `asked`: what the interceptors asked of it;
+    /// `record`: every call's end is logged ([`Core::record_calls`]).
+    pub(super) fn new(call: Call, asked: Asked, record: bool, opened: Instant) -> Relayed {
+        let report = asked.report || asked.view.is_some();
         Relayed {
             route: call.route,
             call: (report || record).then_some(call),
             report,
+            view: asked.view,
             answered: false,
             opened,
         }
@@ -174,6 +188,9 @@ pub(crate) struct Core {
     /// What the core keeps to read the runtime's frames.
     pub(super) from_runtime: FromRuntime,
     pub(super) relayed: IdMap<Relayed>,
+    /// Relayed calls in flight with a [`Relayed::view`]: while none, a DATA frame costs no
+    /// lookup for one.
+    pub(super) viewing: usize,
     /// Highest stream id the client opened.
     pub(super) max_stream: StreamId,
     /// crisp's own GOAWAY to the client: not sent, half-way, or final.
@@ -297,6 +314,7 @@ impl Core {
             undecided: Undecided::default(),
             from_runtime: FromRuntime::default(),
             relayed: IdMap::default(),
+            viewing: 0,
             max_stream: StreamId::CONNECTION,
             goaway: GoAwayState::Open,
             preface_sent: !runtime,
@@ -676,14 +694,26 @@ impl Core {
     }
 
     pub(super) fn completed(&mut self, r: Relayed, status: EndStatus, at: Instant) {
+        if r.view.is_some() {
+            self.viewing -= 1;
+        }
         if let Some(call) = r.call {
             self.events.push_back(Event::Ended {
                 call,
                 status,
                 at,
                 report: r.report,
+                viewed: r.view.map(|v| v.finish()),
             });
         }
+    }
+
+    /// The view of relayed stream `stream`, if it has one.
+    pub(super) fn view_of(&mut self, stream: StreamId) -> Option<&mut Viewing> {
+        if self.viewing == 0 {
+            return None;
+        }
+        self.relayed.get_mut(&stream)?.view.as_deref_mut()
     }
 
     /// Handles the complete frames at the start of `buf` (just read from the client, at

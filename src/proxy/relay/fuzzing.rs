@@ -59,6 +59,7 @@ impl Calls for Stub {
             request: p == STATUS || p.ends_with("/Divert"),
             response: false,
             complete: true,
+            view: false,
         }
     }
     fn conditional(&self, call: &Call) -> bool {

@@ -13,13 +13,14 @@ use std::time::Instant;
 
 use bytes::{Buf, Bytes, BytesMut};
 
-use super::core::{Core, Event, Relayed};
+use super::core::{Asked, Core, Event, Relayed};
 use super::error::{RelayError, Violation};
 use super::from_client::{Request, MAX_HEADER_BLOCK};
 use super::ping::{GOAWAY_PING, KEEPALIVE};
 use super::status::EndStatus;
 use super::streams::Whose;
 use super::undecided::{Step, Why};
+use super::viewing::Viewing;
 use crate::cri::Route;
 use crate::intercept::Call;
 use crate::proxy::http2::{
@@ -172,7 +173,14 @@ impl Core {
         }
         match self.whose(head.stream) {
             Whose::Body => self.body_data(head, payload, credit),
-            Whose::Relayed if self.runtime.connected() => self.to_runtime.extend_from_slice(frame),
+            Whose::Relayed if self.runtime.connected() => {
+                if let Some(v) = self.view_of(head.stream) {
+                    if let Ok(r) = http2::data_payload(&head, payload) {
+                        v.request(&payload[r]);
+                    }
+                }
+                self.to_runtime.extend_from_slice(frame)
+            }
             // Never reaches the runtime: the client gets its connection credit back now.
             _ => *credit = credit.saturating_add(head.len as u32),
         }
@@ -337,7 +345,7 @@ impl Core {
         let observed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             observe(self.calls.as_ref(), &call, &self.runtime_path, on_relay)
         }));
-        let (interest, conditional) = match observed {
+        let (interest, conditional, view) = match observed {
             Ok(o) => o,
             Err(_) => {
                 self.calls.panicked(
@@ -356,13 +364,17 @@ impl Core {
             RstStream::new(stream, Reason::REFUSED_STREAM).encode(self.out.own());
             return;
         }
+        let asked = Asked {
+            report: interest.complete,
+            view,
+        };
         if divert && on_relay && conditional {
             // Routed once its request is read (`undecided.rs`).
-            self.defer(stream, call, interest.complete, end_stream);
+            self.defer(stream, call, asked, end_stream);
             return;
         }
         if !divert && on_relay {
-            let r = Relayed::new(call, interest.complete, self.record_calls, now);
+            let r = Relayed::new(call, asked, self.record_calls, now);
             self.relay_stream(stream, r, end_stream, Kept::No, block);
             return;
         }
@@ -450,6 +462,9 @@ impl Core {
         kept: Kept,
         block: &mut Vec<u8>,
     ) {
+        if r.view.is_some() {
+            self.viewing += 1;
+        }
         self.relayed.insert(stream, r);
         self.streams.relayed(stream);
         let fields = match kept {
@@ -465,10 +480,10 @@ impl Core {
 
     /// Keeps new stream `stream` from the runtime until its request is read, its fields in
     /// `client.fields`; decides at once when its HEADERS ended it.
-    fn defer(&mut self, stream: StreamId, call: Call, report: bool, end_stream: bool) {
+    fn defer(&mut self, stream: StreamId, call: Call, asked: Asked, end_stream: bool) {
         let fields = self.client.fields_mut();
         self.undecided
-            .open(stream, call, report, fields, self.now, end_stream);
+            .open(stream, call, asked, fields, self.now, end_stream);
         if end_stream {
             self.decide();
         }
@@ -513,7 +528,12 @@ impl Core {
         let Some(d) = self.undecided.take() else {
             return;
         };
-        let r = Relayed::new(d.call, d.report, self.record_calls, d.opened);
+        let mut asked = d.asked;
+        if let Some(v) = &mut asked.view {
+            // The request was read before the decision: what the view sees of it.
+            v.request(self.undecided.body());
+        }
+        let r = Relayed::new(d.call, asked, self.record_calls, d.opened);
         self.with_block(|core, block| {
             core.relay_stream(d.id, r, d.headers_end, Kept::Undecided, block)
         });
@@ -557,7 +577,12 @@ impl Core {
         if d.credit > 0 && !client_gone {
             WindowUpdate::new(StreamId::CONNECTION, d.credit).encode(self.out.own());
         }
-        let r = Relayed::new(d.call, d.report, self.record_calls, d.opened);
+        // Never relayed: nothing of it to view.
+        let asked = Asked {
+            report: d.asked.report,
+            view: None,
+        };
+        let r = Relayed::new(d.call, asked, self.record_calls, d.opened);
         self.completed(r, EndStatus::cancelled(), self.now);
     }
 }
@@ -571,7 +596,12 @@ enum Kept {
     Undecided,
 }
 
-/// What the interceptors want of a new call, and whether it stays undecided until its request is read
+/// What the interceptors want of a new call, whether it stays undecided until its request is
+/// read, and the view it is relayed with if they asked for one ([`Interest::view`]: built only
+/// when the call may stay relayed)
+///
+/// [`Interest::view`]: crate::intercept::Interest::view
+///
 /// (`may_hold`: the connection relays). A route bypassed after repeated panics is asked
 /// nothing: its calls take the plain relay path.
 fn observe(
@@ -579,9 +609,9 @@ fn observe(
     call: &Call,
     runtime: &std::path::Path,
     may_hold: bool,
-) -> (crate::intercept::Interest, bool) {
+) -> (crate::intercept::Interest, bool, Option<Box<Viewing>>) {
     if calls.bypassed(call.route) {
-        return (crate::intercept::Interest::NONE, false);
+        return (crate::intercept::Interest::NONE, false, None);
     }
     #[cfg(feature = "test-util")]
     crate::watchdog::fault::new_stream(runtime, call.route);
@@ -590,7 +620,9 @@ fn observe(
     let interest = calls.interest(call);
     let divert = interest.request || interest.response;
     let conditional = divert && may_hold && is_unary(call.route) && calls.conditional(call);
-    (interest, conditional)
+    let view = (interest.view && is_unary(call.route) && (!divert || conditional))
+        .then(|| Box::new(Viewing::new(calls.response_view(call))));
+    (interest, conditional, view)
 }
 
 /// A unary call: one request message, whole before the answer (what an undecided stream waits

@@ -47,6 +47,7 @@ mod streams;
 mod tests;
 mod transmit;
 mod undecided;
+mod viewing;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -80,6 +80,11 @@ impl Core {
                 if n > 0 && !self.flow.take_for_runtime(n) {
                     return Ok(Next::WaitForWindow);
                 }
+                if let Some(v) = self.view_of(head.stream) {
+                    if let Ok(r) = http2::data_payload(&head, payload) {
+                        v.response(&payload[r]);
+                    }
+                }
                 if head.has(Flags::END_STREAM) {
                     self.end_relayed(head.stream, EndStatus::without_status());
                 }
@@ -175,11 +180,20 @@ impl Core {
 
     fn response_block(&mut self, stream: StreamId, end_stream: bool, block: &[u8]) {
         let mut status = None;
+        // A viewed call's grpc-message too (copied out: the view is the core's, as is the
+        // table that decodes it).
+        let viewed = self.view_of(stream).is_some();
+        let mut message = None;
         let decoded = self.from_runtime.decode(block, |n, v| {
             if n == b"grpc-status" {
                 status = Code::parse(v);
+            } else if viewed && n == b"grpc-message" {
+                message = Some(v.to_vec());
             }
         });
+        if let (Some(m), Some(view)) = (message, self.view_of(stream)) {
+            view.message(&m);
+        }
         if let Err(e) = decoded {
             // The client will fail the same way on these bytes; crisp only loses the code.
             tracing::warn!(

@@ -319,6 +319,7 @@ impl Pump {
                     status,
                     at,
                     report,
+                    viewed,
                 } => {
                     let duration = at.saturating_duration_since(call.received);
                     tracing::debug!(
@@ -333,13 +334,14 @@ impl Pump {
                     if !report {
                         continue;
                     }
+                    let viewed = viewed.unwrap_or_default();
                     let outcome = Outcome {
                         code: status.code.map(|c| c.0),
                         duration,
                         held: Duration::ZERO,
-                        request: None,
-                        response: None,
-                        message: status.message,
+                        request: viewed.request,
+                        response: viewed.response,
+                        message: status.message.or(viewed.message),
                         streamed: None,
                     };
                     self.service.completed(&call, &outcome);

@@ -22,6 +22,7 @@
 use std::time::{Duration, Instant};
 
 use super::fields::FieldList;
+use super::viewing::Asked;
 use crate::intercept::Call;
 use crate::proxy::http2::{self, Flags, Head, StreamId};
 
@@ -48,8 +49,8 @@ pub(super) struct Undecided {
 struct Stream {
     id: StreamId,
     call: Call,
-    /// The interceptors want to hear of its end.
-    report: bool,
+    /// What the interceptors asked of it, should it be relayed.
+    asked: Asked,
     opened: Instant,
     /// When it is diverted if its request has not ended.
     until: Instant,
@@ -78,7 +79,7 @@ pub(super) enum Step {
 pub(super) struct Decided {
     pub(super) id: StreamId,
     pub(super) call: Call,
-    pub(super) report: bool,
+    pub(super) asked: Asked,
     pub(super) opened: Instant,
     pub(super) headers_end: bool,
     pub(super) ended: bool,
@@ -104,7 +105,7 @@ impl Undecided {
         &mut self,
         id: StreamId,
         call: Call,
-        report: bool,
+        asked: Asked,
         fields: &mut FieldList,
         now: Instant,
         end_stream: bool,
@@ -115,7 +116,7 @@ impl Undecided {
         self.stream = Some(Stream {
             id,
             call,
-            report,
+            asked,
             opened: now,
             until: now + DECIDE_WITHIN,
             headers_end: end_stream,
@@ -172,7 +173,7 @@ impl Undecided {
         Some(Decided {
             id: s.id,
             call: s.call,
-            report: s.report,
+            asked: s.asked,
             opened: s.opened,
             headers_end: s.headers_end,
             ended: s.ended,

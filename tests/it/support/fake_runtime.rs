@@ -34,10 +34,17 @@ pub enum End {
     Cancelled,
 }
 
+/// The number of the connection a request came on, as the fake accepted them (from 1).
+#[derive(Debug, Clone, Copy)]
+struct ConnNo(u64);
+
 /// One call as the fake received it.
 #[derive(Debug)]
 pub struct Recorded {
     pub seq: u64,
+    /// Which connection the call came on (numbered as the fake accepted them): a relayed call
+    /// comes on its client's own runtime connection, a diverted one on crisp's pool's.
+    pub conn: u64,
     pub method: Method,
     pub uri: Uri,
     pub headers: HeaderMap,
@@ -277,6 +284,7 @@ impl FakeState {
         let (end, _) = watch::channel(End::Open);
         let rec = Arc::new(Recorded {
             seq: self.seq.fetch_add(1, std::sync::atomic::Ordering::SeqCst),
+            conn: parts.extensions.get::<ConnNo>().map_or(0, |c| c.0),
             method: parts.method,
             uri: parts.uri,
             headers: parts.headers,
@@ -514,13 +522,17 @@ impl Fake {
                 .initial_connection_window_size(16 << 20)
                 .max_frame_size(1 << 20)
                 .max_header_list_size(1 << 20);
+            let mut accepted = 0u64;
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
+                accepted += 1;
+                let conn_no = ConnNo(accepted);
                 let state = state.clone();
-                let svc = hyper::service::service_fn(move |req| {
+                let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
                     let state = state.clone();
+                    req.extensions_mut().insert(conn_no);
                     async move { Ok::<_, Infallible>(state.handle(req).await) }
                 });
                 let conn = builder.serve_connection(TokioIo::new(stream), svc);

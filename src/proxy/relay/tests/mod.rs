@@ -13,6 +13,7 @@ mod panics;
 mod ping;
 mod timers;
 mod undecided;
+mod view;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -31,12 +32,19 @@ use crate::proxy::http2::{
     self, Flags, GoAway, Head, Kind, Ping, Reason, RstStream, Settings, StreamId, WindowUpdate,
 };
 
-/// The rest of crisp: diverts calls whose path ends in `/Divert`, wants every call's end; is
-/// interested in ContainerStatus calls only for the request [`MARKED`] (job mode's interest).
+/// The rest of crisp: diverts calls whose path ends in `/Divert`, views [`VERSION`] calls (the
+/// tap's interest in a polling call), wants every call's end; is interested in [`STATUS`]
+/// calls only for the request [`MARKED`] (job mode's interest), and in [`VIEWED_STATUS`] calls
+/// so too, and views them.
 struct Stub(AtomicU64);
 
 /// The ContainerStatus path, a unary route.
 const STATUS: &str = "/runtime.v1.RuntimeService/ContainerStatus";
+/// A unary polling call's path, which the stub views.
+const VERSION: &str = "/runtime.v1.RuntimeService/Version";
+/// A ContainerStatus path (of another CRI package, so that the route is unary) whose calls are
+/// viewed as well as conditionally diverted.
+const VIEWED_STATUS: &str = "/runtime.v1alpha2.RuntimeService/ContainerStatus";
 /// The one ContainerStatus request message the stub wants to see.
 const MARKED: &[u8] = b"marked";
 
@@ -48,14 +56,23 @@ impl Calls for Stub {
     fn interest(&self, call: &Call) -> Interest {
         let path = call.path.as_str();
         Interest {
-            request: path.ends_with("/Divert") || path == STATUS,
+            request: path.ends_with("/Divert") || path == STATUS || path == VIEWED_STATUS,
             response: false,
             complete: true,
+            view: path == VERSION || path == VIEWED_STATUS,
         }
     }
 
+    fn response_view(&self, _: &Call) -> Option<crate::cri::skim::SkimSpec> {
+        Some(crate::cri::skim::SkimSpec {
+            budget: 1024,
+            size_only: &[],
+            items: None,
+        })
+    }
+
     fn conditional(&self, call: &Call) -> bool {
-        call.path.as_str() == STATUS
+        matches!(call.path.as_str(), STATUS | VIEWED_STATUS)
     }
 
     fn wants(&self, _: &Call, req: &[u8]) -> bool {

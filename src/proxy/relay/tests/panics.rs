@@ -76,6 +76,7 @@ impl Calls for Boom {
             request: false,
             response: false,
             complete: true,
+            view: false,
         }
     }
     fn bypassed(&self, _: crate::cri::Route) -> bool {
