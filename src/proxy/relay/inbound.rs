@@ -258,8 +258,8 @@ impl Core {
     /// Whose the frames of `stream`, not a new one, are (`streams.rs`): crisp's for a diverted
     /// stream, in flight or finished (dropped, their connection credit given back).
     pub(super) fn whose(&self, stream: StreamId) -> Whose {
-        let in_flight = self.relayed.contains_key(&stream);
-        self.streams.whose(stream, in_flight)
+        self.streams
+            .whose(stream, || self.relayed.contains_key(&stream))
     }
 
     /// A client SETTINGS frame (not an ACK). Relayed, the runtime's ACK will reach the client
