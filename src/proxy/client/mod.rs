@@ -210,11 +210,7 @@ impl RuntimeClient {
         version: ApiVersion,
         sandbox_id: &str,
     ) -> Result<views::PodSandboxStatusResponse, ClientError> {
-        let req = views::PodSandboxIdRequest {
-            pod_sandbox_id: sandbox_id.to_string(),
-        };
-        self.call(version, "PodSandboxStatus", req, self.timeout)
-            .await
+        self.sandbox_status(version, sandbox_id, false).await
     }
 
     /// PodSandboxStatus with `verbose: true`: the runtime's own `info` too (the sandbox's
@@ -224,9 +220,20 @@ impl RuntimeClient {
         version: ApiVersion,
         sandbox_id: &str,
     ) -> Result<views::PodSandboxStatusResponse, ClientError> {
+        self.sandbox_status(version, sandbox_id, true).await
+    }
+
+    /// PodSandboxStatus (`verbose: false` is the field's default, so the plain request's bytes
+    /// are those of the request without it).
+    async fn sandbox_status(
+        &self,
+        version: ApiVersion,
+        sandbox_id: &str,
+        verbose: bool,
+    ) -> Result<views::PodSandboxStatusResponse, ClientError> {
         let req = views::PodSandboxStatusRequest {
             pod_sandbox_id: sandbox_id.to_string(),
-            verbose: true,
+            verbose,
         };
         self.call(version, "PodSandboxStatus", req, self.timeout)
             .await
@@ -256,9 +263,7 @@ impl RuntimeClient {
             timeout: timeout_secs,
         };
         let wait = self.timeout + Duration::from_secs(timeout_secs.max(0) as u64);
-        let _: views::ListPodSandboxRequest =
-            self.call(version, "StopContainer", req, wait).await?;
-        Ok(())
+        self.act(version, "StopContainer", req, wait).await
     }
 
     /// StopPodSandbox: the runtime stops whatever of the sandbox still runs and tears its
@@ -274,8 +279,21 @@ impl RuntimeClient {
         // kubelet gives it two minutes (KUBELET-CRI §3.3); crisp's own read timeout on top
         // of a teardown's worst case is the same order.
         let wait = self.timeout + SANDBOX_STOP_WAIT;
-        let _: views::ListPodSandboxRequest =
-            self.call(version, "StopPodSandbox", req, wait).await?;
+        self.act(version, "StopPodSandbox", req, wait).await
+    }
+
+    /// A call whose answer is an empty message (the stops): only its status counts.
+    async fn act<Req>(
+        &self,
+        version: ApiVersion,
+        method: &'static str,
+        req: Req,
+        wait: Duration,
+    ) -> Result<(), ClientError>
+    where
+        Req: Message + Send + Sync + 'static,
+    {
+        let _: views::ListPodSandboxRequest = self.call(version, method, req, wait).await?;
         Ok(())
     }
 
@@ -374,34 +392,26 @@ where
     Req: Message + Send + Sync + 'static,
     Resp: Message + Default + Send + Sync + 'static,
 {
-    let path = path(version, method)?;
-    let request = request(req, timeout);
-    let mut grpc = Grpc::with_origin(
-        PoolService::new(runtime),
-        Uri::from_static("http://localhost"),
+    // A server stream, not tonic's `unary`: that refuses an OK answer without a message.
+    answer_stream(
+        runtime,
+        version,
+        method,
+        req,
+        timeout,
+        |mut answer| async move {
+            let fail = |status| client_error(method, status);
+            let first = answer.message().await.map_err(fail)?;
+            if first.is_some() && answer.message().await.map_err(fail)?.is_some() {
+                return Err(ClientError::Malformed {
+                    method,
+                    detail: "more than one message".into(),
+                });
+            }
+            Ok(first.unwrap_or_default())
+        },
     )
-    .max_decoding_message_size(MAX_ANSWER);
-    let fut = async move {
-        let codec = ProstCodec::<Req, Resp>::default();
-        let fail = |status| client_error(method, status);
-        // `server_streaming`, not `unary`: tonic's unary refuses an OK answer without a message.
-        let mut answer = grpc
-            .server_streaming(request, path, codec)
-            .await
-            .map_err(fail)?
-            .into_inner();
-        let first = answer.message().await.map_err(fail)?;
-        if first.is_some() && answer.message().await.map_err(fail)?.is_some() {
-            return Err(ClientError::Malformed {
-                method,
-                detail: "more than one message".into(),
-            });
-        }
-        Ok(first.unwrap_or_default())
-    };
-    tokio::time::timeout(timeout, fut)
-        .await
-        .map_err(|_| ClientError::Timeout { method, timeout })?
+    .await
 }
 
 /// One server-streaming call through tonic over `runtime`: every message, in order, within
@@ -421,34 +431,67 @@ where
     Req: Message + Send + Sync + 'static,
     Resp: Message + Default + Send + Sync + 'static,
 {
+    answer_stream(
+        runtime,
+        version,
+        method,
+        req,
+        timeout,
+        |mut answer| async move {
+            let mut out = Vec::new();
+            let mut n = 0usize;
+            while let Some(m) = answer
+                .message()
+                .await
+                .map_err(|status| client_error(method, status))?
+            {
+                n = n.saturating_add(items(&m));
+                if n > max_items {
+                    return Err(ClientError::Malformed {
+                        method,
+                        detail: format!("more than {max_items} items"),
+                    });
+                }
+                out.push(m);
+            }
+            Ok(out)
+        },
+    )
+    .await
+}
+
+/// `method` called through tonic over `runtime` (the runtime told of `timeout`, each message
+/// at most [`MAX_ANSWER`] bytes), its answer's messages read by `read`; the whole call, `read`
+/// too, given up on when `timeout` runs out.
+async fn answer_stream<R, Req, Resp, T, Read>(
+    runtime: R,
+    version: ApiVersion,
+    method: &'static str,
+    req: Req,
+    timeout: Duration,
+    read: impl FnOnce(tonic::codec::Streaming<Resp>) -> Read,
+) -> Result<T, ClientError>
+where
+    R: Runtime,
+    Req: Message + Send + Sync + 'static,
+    Resp: Message + Default + Send + Sync + 'static,
+    Read: std::future::Future<Output = Result<T, ClientError>>,
+{
     let path = path(version, method)?;
+    let request = request(req, timeout);
     let mut grpc = Grpc::with_origin(
         PoolService::new(runtime),
         Uri::from_static("http://localhost"),
     )
     .max_decoding_message_size(MAX_ANSWER);
-    let request = request(req, timeout);
     let fut = async move {
         let codec = ProstCodec::<Req, Resp>::default();
-        let fail = |status| client_error(method, status);
-        let mut answer = grpc
+        let answer = grpc
             .server_streaming(request, path, codec)
             .await
-            .map_err(fail)?
+            .map_err(|status| client_error(method, status))?
             .into_inner();
-        let mut out = Vec::new();
-        let mut n = 0usize;
-        while let Some(m) = answer.message().await.map_err(fail)? {
-            n = n.saturating_add(items(&m));
-            if n > max_items {
-                return Err(ClientError::Malformed {
-                    method,
-                    detail: format!("more than {max_items} items"),
-                });
-            }
-            out.push(m);
-        }
-        Ok(out)
+        read(answer).await
     };
     tokio::time::timeout(timeout, fut)
         .await
