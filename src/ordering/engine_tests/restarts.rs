@@ -77,6 +77,17 @@ async fn app_stopped_at(fake: &Fake, engine: &Engine, exits: Instant) {
     fake.set("app", |c| c.exited = Some(exits));
 }
 
+/// kubelet's StopContainer of the sidecar (call 2, 30 s grace), given a second: whether crisp
+/// still held it then.
+async fn sidecar_stop_held(fake: &Fake, engine: &Engine) -> bool {
+    let mut sidecar_stop = call("StopContainer", KUBELET_DEADLINE);
+    sidecar_stop.id = 2;
+    let stop = stop(&id_of(fake, "proxy"), 30);
+    tokio::time::timeout(S, engine.on_request(&sidecar_stop, &stop))
+        .await
+        .is_err()
+}
+
 /// A new engine on `dir` (crisp restarted) that has reconciled what it found there.
 async fn restarted(fake: &Fake, sidecars: &[&str], dir: &std::path::Path) -> Arc<Engine> {
     let engine = pod_on(
@@ -154,15 +165,8 @@ async fn a_held_sidecar_stop_is_carried_out_by_the_restarted_crisp_after_the_app
     // The app's stop is forwarded and answered before crisp dies; the app exits at 3 s.
     app_stopped_at(&fake, &first, at(t0, 3 * S)).await;
     // The sidecar's stop is held; crisp is killed 1 s into the hold.
-    let mut sidecar_stop = call("StopContainer", KUBELET_DEADLINE);
-    sidecar_stop.id = 2;
-    let held = tokio::time::timeout(
-        S,
-        first.on_request(&sidecar_stop, &stop(&id_of(&fake, "proxy"), 30)),
-    )
-    .await;
     assert!(
-        held.is_err(),
+        sidecar_stop_held(&fake, &first).await,
         "the sidecar's stop is held while the app runs"
     );
     drop(first);
@@ -221,13 +225,7 @@ async fn a_forwarded_stop_whose_answer_died_with_crisp_is_carried_out_first() {
             .on_request(&app_stop, &stop(&id_of(&fake, "app"), 30))
             .await,
     );
-    let mut sidecar_stop = call("StopContainer", KUBELET_DEADLINE);
-    sidecar_stop.id = 2;
-    let _ = tokio::time::timeout(
-        S,
-        first.on_request(&sidecar_stop, &stop(&id_of(&fake, "proxy"), 30)),
-    )
-    .await;
+    sidecar_stop_held(&fake, &first).await;
     drop(first);
     tokio::time::sleep(S).await;
     let _second = restarted(&fake, &["proxy"], dir.path()).await;
@@ -260,13 +258,7 @@ async fn answered_or_finished_stops_are_not_carried_out() {
     answered(&first, &app_stop);
     unlinked(dir.path(), "answered: nothing kept").await;
     // A held stop whose sidecar exits by itself while crisp is down.
-    let mut sidecar_stop = call("StopContainer", KUBELET_DEADLINE);
-    sidecar_stop.id = 2;
-    let _ = tokio::time::timeout(
-        S,
-        first.on_request(&sidecar_stop, &stop(&id_of(&fake, "proxy"), 30)),
-    )
-    .await;
+    sidecar_stop_held(&fake, &first).await;
     drop(first);
     fake.set("proxy", |c| c.exited = Some(now()));
     fake.set("app", |c| c.exited = Some(now()));
