@@ -64,17 +64,19 @@ fn proxy_and_app(dir: &std::path::Path) -> (Fake, Arc<Engine>, Instant) {
     (fake, engine, t0)
 }
 
-/// kubelet stops the app (grace 30 s): forwarded and answered before crisp dies; the app
-/// exits at `exits`.
-async fn app_stopped_at(fake: &Fake, engine: &Engine, exits: Instant) {
+/// [`proxy_and_app`], then kubelet stops the app (grace 30 s): forwarded and answered before
+/// crisp dies; the app exits 3 s after the pod started.
+async fn proxy_and_stopped_app(dir: &std::path::Path) -> (Fake, Arc<Engine>, Instant) {
+    let (fake, engine, t0) = proxy_and_app(dir);
     let app_stop = call("StopContainer", KUBELET_DEADLINE);
     assert_forward(
         &engine
-            .on_request(&app_stop, &stop(&id_of(fake, "app"), 30))
+            .on_request(&app_stop, &stop(&id_of(&fake, "app"), 30))
             .await,
     );
-    answered(engine, &app_stop);
-    fake.set("app", |c| c.exited = Some(exits));
+    answered(&engine, &app_stop);
+    fake.set("app", |c| c.exited = Some(at(t0, 3 * S)));
+    (fake, engine, t0)
 }
 
 /// kubelet's StopContainer of the sidecar (call 2, 30 s grace), given a second: whether crisp
@@ -161,9 +163,8 @@ async fn a_create_holds_clock_survives_a_crash_loop() {
 #[tokio::test(start_paused = true)]
 async fn a_held_sidecar_stop_is_carried_out_by_the_restarted_crisp_after_the_apps() {
     let dir = tempfile::tempdir().unwrap();
-    let (fake, first, t0) = proxy_and_app(dir.path());
     // The app's stop is forwarded and answered before crisp dies; the app exits at 3 s.
-    app_stopped_at(&fake, &first, at(t0, 3 * S)).await;
+    let (fake, first, t0) = proxy_and_stopped_app(dir.path()).await;
     // The sidecar's stop is held; crisp is killed 1 s into the hold.
     assert!(
         sidecar_stop_held(&fake, &first).await,
@@ -275,8 +276,7 @@ async fn answered_or_finished_stops_are_not_carried_out() {
 #[tokio::test(start_paused = true)]
 async fn a_held_stop_pod_sandbox_is_carried_out_by_the_restarted_crisp() {
     let dir = tempfile::tempdir().unwrap();
-    let (fake, first, t0) = proxy_and_app(dir.path());
-    app_stopped_at(&fake, &first, at(t0, 3 * S)).await;
+    let (fake, first, t0) = proxy_and_stopped_app(dir.path()).await;
     let mut sandbox_stop = call("StopPodSandbox", KUBELET_DEADLINE);
     sandbox_stop.id = 2;
     let msg = views::PodSandboxIdRequest {
