@@ -825,19 +825,46 @@ fn kubelet_latency_table(
     Ok(())
 }
 
+/// A runtime the lanes run on.
+struct Upstream<'a> {
+    /// Its name in the report.
+    title: &'a str,
+    socket: &'a Path,
+    /// The fake runtime, whose ListContainers is the big canned list (and which, a hyper
+    /// server, wants `localhost` as `:authority`).
+    big_list: bool,
+}
+
+impl<'a> Upstream<'a> {
+    fn fake(socket: &'a Path) -> Upstream<'a> {
+        Upstream {
+            title: "fake runtime (in-process, canned answers)",
+            socket,
+            big_list: true,
+        }
+    }
+
+    fn containerd(title: &'a str, containerd: &'a crisp_e2e::harness::Containerd) -> Upstream<'a> {
+        Upstream {
+            title,
+            socket: containerd.socket(),
+            big_list: false,
+        }
+    }
+}
+
 /// The lane of crisp spliced on its relay threads ([`start_crisp_splice`]).
 const FLOOR: &str = "crisp-splice";
 
 /// The grpc-go (kubelet) lanes on one upstream: Version, ListContainers, throughput at
 /// `--concurrency`, and crisp's CPU and wakeups per call.
-async fn kubelet_report(
-    args: &Args,
-    title: &str,
-    upstream: &Path,
-    dir: &Path,
-    big_list: bool,
-) -> Result<String> {
+async fn kubelet_report(args: &Args, target: &Upstream<'_>, dir: &Path) -> Result<String> {
     use std::fmt::Write;
+    let &Upstream {
+        title,
+        socket: upstream,
+        big_list,
+    } = target;
     let tag = if big_list { "kf" } else { "kc" };
     let socat_sock = dir.join(format!("{tag}-socat.sock"));
     // A directory per crisp: each puts its admin socket next to its listening one.
@@ -1341,13 +1368,12 @@ impl RelistLanes {
     }
 }
 
-async fn run_lanes(
-    args: &Args,
-    title: &str,
-    upstream: &Path,
-    dir: &Path,
-    big_list: bool,
-) -> Result<String> {
+async fn run_lanes(args: &Args, target: &Upstream<'_>, dir: &Path) -> Result<String> {
+    let &Upstream {
+        title,
+        socket: upstream,
+        big_list,
+    } = target;
     let socat_sock = dir.join(format!("{title}-socat.sock"));
     let crisp_sock = dir.join(format!("{title}-crisp.sock"));
     let _socat = start_socat(&socat_sock, upstream)?;
@@ -1822,17 +1848,10 @@ async fn main() -> Result<()> {
     // kubelet's own client first: the figures the targets are judged by.
     if args.runs(Workload::Kubelet) {
         if let Some(c) = &ctrd {
-            report += &kubelet_report(&args, "real containerd 1.6", c.socket(), dir.path(), false)
-                .await?;
+            let containerd = Upstream::containerd("real containerd 1.6", c);
+            report += &kubelet_report(&args, &containerd, dir.path()).await?;
         }
-        report += &kubelet_report(
-            &args,
-            "fake runtime (in-process, canned answers)",
-            &fake_sock,
-            dir.path(),
-            true,
-        )
-        .await?;
+        report += &kubelet_report(&args, &Upstream::fake(&fake_sock), dir.path()).await?;
     }
     if args.runs(Workload::Relist) {
         report += &relist_report(&args, dir.path()).await?;
@@ -1863,19 +1882,13 @@ async fn main() -> Result<()> {
         return Ok(());
     }
     report += "\n### Secondary lanes (the hyper client; grpc-go per lane in turn)\n";
-    report += &run_lanes(
-        &args,
-        "fake runtime (in-process, canned answers)",
-        &fake_sock,
-        dir.path(),
-        true,
-    )
-    .await?;
+    report += &run_lanes(&args, &Upstream::fake(&fake_sock), dir.path()).await?;
     if args.runs(Workload::Mix) {
         report += &run_mix(&args, dir.path()).await?;
     }
     if let Some(c) = &ctrd {
-        report += &run_lanes(&args, "real containerd", c.socket(), dir.path(), false).await?;
+        let containerd = Upstream::containerd("real containerd", c);
+        report += &run_lanes(&args, &containerd, dir.path()).await?;
     }
     println!("{report}");
     Ok(())

@@ -48,16 +48,19 @@ async fn unlinked_down_to(dir: &std::path::Path, left: usize) {
 }
 
 /// A pod with a sidecar `proxy` and an app, both running from now, on an engine that keeps its
-/// intents under `dir`: the runtime, the engine and when they started.
+/// intents under `dir` and refuses a held call at once: the runtime, the engine and when they
+/// started.
 fn proxy_and_app(dir: &std::path::Path) -> (Fake, Arc<Engine>, Instant) {
+    proxy_and_app_with(dir, |c| c.ordering.refuse_held_after = Duration::ZERO)
+}
+
+/// [`proxy_and_app`] on an engine configured by `tune`.
+fn proxy_and_app_with(
+    dir: &std::path::Path,
+    tune: impl FnOnce(&mut Config),
+) -> (Fake, Arc<Engine>, Instant) {
     let fake = Fake::default();
-    let engine = pod_on(
-        &fake,
-        &["proxy"],
-        &[],
-        |c| c.ordering.refuse_held_after = Duration::ZERO,
-        Some(dir),
-    );
+    let engine = pod_on(&fake, &["proxy"], &[], tune, Some(dir));
     let t0 = now();
     fake.add("proxy", Some(t0));
     fake.add("app", Some(t0));
@@ -245,11 +248,7 @@ async fn a_forwarded_stop_whose_answer_died_with_crisp_is_carried_out_first() {
 #[tokio::test(start_paused = true)]
 async fn answered_or_finished_stops_are_not_carried_out() {
     let dir = tempfile::tempdir().unwrap();
-    let fake = Fake::default();
-    let first = pod_on(&fake, &["proxy"], &[], |_| {}, Some(dir.path()));
-    let t0 = now();
-    fake.add("proxy", Some(t0));
-    fake.add("app", Some(t0));
+    let (fake, first, _) = proxy_and_app_with(dir.path(), |_| {});
     let app_stop = call("StopContainer", KUBELET_DEADLINE);
     assert_forward(
         &first
@@ -322,11 +321,7 @@ async fn a_held_stop_pod_sandbox_is_carried_out_by_the_restarted_crisp() {
 #[tokio::test(start_paused = true)]
 async fn a_stop_pod_sandbox_already_done_is_not_carried_out() {
     let dir = tempfile::tempdir().unwrap();
-    let fake = Fake::default();
-    let first = pod_on(&fake, &["proxy"], &[], |_| {}, Some(dir.path()));
-    let t0 = now();
-    fake.add("proxy", Some(t0));
-    fake.add("app", Some(t0));
+    let (fake, first, t0) = proxy_and_app_with(dir.path(), |_| {});
     fake.set("app", |c| c.exited = Some(t0));
     let msg = views::PodSandboxIdRequest {
         pod_sandbox_id: SANDBOX.into(),
