@@ -133,7 +133,11 @@ impl RuntimeClient {
         Req: Message + Send + Sync + 'static,
         Resp: Message + Default + Send + Sync + 'static,
     {
-        unary(self.pool.clone(), version, method, req, timeout).await
+        unary(
+            self.pool.clone(),
+            OwnCall::new(version, method, req, timeout),
+        )
+        .await
     }
 
     /// The containers that match `filter` (None: every container of the node, all states):
@@ -343,10 +347,7 @@ async fn list_containers<R: Runtime>(
     if version == ApiVersion::V1 && streams.unimplemented_at.load(Ordering::Relaxed) != dials {
         let chunks = streamed::<_, _, views::ListContainersResponse>(
             runtime.clone(),
-            version,
-            "StreamContainers",
-            req.clone(),
-            timeout,
+            OwnCall::new(version, "StreamContainers", req.clone(), timeout),
             MAX_STREAMED_CONTAINERS,
             |m| m.containers.len(),
         )
@@ -360,8 +361,11 @@ async fn list_containers<R: Runtime>(
             Err(e) => return Err(e),
         }
     }
-    let resp: views::ListContainersResponse =
-        unary(runtime, version, "ListContainers", req, timeout).await?;
+    let resp: views::ListContainersResponse = unary(
+        runtime,
+        OwnCall::new(version, "ListContainers", req, timeout),
+    )
+    .await?;
     Ok(resp.containers)
 }
 
@@ -377,52 +381,62 @@ fn path(version: ApiVersion, method: &'static str) -> Result<PathAndQuery, Clien
     })
 }
 
-/// One unary call through tonic over `runtime`, the runtime told of `timeout` (`grpc-timeout`
-/// to the millisecond) and given up on when it runs out. An OK answer without a message is the
-/// default message, as protobuf reads an empty one; more than one message is refused.
-async fn unary<R, Req, Resp>(
-    runtime: R,
+/// One of crisp's own calls: `method` of the RuntimeService in CRI API `version`, its request,
+/// and how long the runtime is told it has (`grpc-timeout`, to the millisecond) and crisp waits.
+pub(super) struct OwnCall<Req> {
     version: ApiVersion,
     method: &'static str,
     req: Req,
     timeout: Duration,
-) -> Result<Resp, ClientError>
+}
+
+impl<Req> OwnCall<Req> {
+    pub(super) fn new(
+        version: ApiVersion,
+        method: &'static str,
+        req: Req,
+        timeout: Duration,
+    ) -> Self {
+        OwnCall {
+            version,
+            method,
+            req,
+            timeout,
+        }
+    }
+}
+
+/// `call` as a unary call through tonic over `runtime`, given up on when its timeout runs out.
+/// An OK answer without a message is the default message, as protobuf reads an empty one; more
+/// than one message is refused.
+async fn unary<R, Req, Resp>(runtime: R, call: OwnCall<Req>) -> Result<Resp, ClientError>
 where
     R: Runtime,
     Req: Message + Send + Sync + 'static,
     Resp: Message + Default + Send + Sync + 'static,
 {
+    let method = call.method;
     // A server stream, not tonic's `unary`: that refuses an OK answer without a message.
-    answer_stream(
-        runtime,
-        version,
-        method,
-        req,
-        timeout,
-        |mut answer| async move {
-            let fail = |status| client_error(method, status);
-            let first = answer.message().await.map_err(fail)?;
-            if first.is_some() && answer.message().await.map_err(fail)?.is_some() {
-                return Err(ClientError::Malformed {
-                    method,
-                    detail: "more than one message".into(),
-                });
-            }
-            Ok(first.unwrap_or_default())
-        },
-    )
+    answer_stream(runtime, call, |mut answer| async move {
+        let fail = |status| client_error(method, status);
+        let first = answer.message().await.map_err(fail)?;
+        if first.is_some() && answer.message().await.map_err(fail)?.is_some() {
+            return Err(ClientError::Malformed {
+                method,
+                detail: "more than one message".into(),
+            });
+        }
+        Ok(first.unwrap_or_default())
+    })
     .await
 }
 
-/// One server-streaming call through tonic over `runtime`: every message, in order, within
-/// `timeout` for the whole stream; at most `max_items` items in all (`items` counts a
+/// `call` as a server-streaming call through tonic over `runtime`: every message, in order,
+/// within its timeout for the whole stream; at most `max_items` items in all (`items` counts a
 /// message's), each message at most [`MAX_ANSWER`] bytes.
 async fn streamed<R, Req, Resp>(
     runtime: R,
-    version: ApiVersion,
-    method: &'static str,
-    req: Req,
-    timeout: Duration,
+    call: OwnCall<Req>,
     max_items: usize,
     items: impl Fn(&Resp) -> usize + Send,
 ) -> Result<Vec<Resp>, ClientError>
@@ -431,44 +445,35 @@ where
     Req: Message + Send + Sync + 'static,
     Resp: Message + Default + Send + Sync + 'static,
 {
-    answer_stream(
-        runtime,
-        version,
-        method,
-        req,
-        timeout,
-        |mut answer| async move {
-            let mut out = Vec::new();
-            let mut n = 0usize;
-            while let Some(m) = answer
-                .message()
-                .await
-                .map_err(|status| client_error(method, status))?
-            {
-                n = n.saturating_add(items(&m));
-                if n > max_items {
-                    return Err(ClientError::Malformed {
-                        method,
-                        detail: format!("more than {max_items} items"),
-                    });
-                }
-                out.push(m);
+    let method = call.method;
+    answer_stream(runtime, call, |mut answer| async move {
+        let mut out = Vec::new();
+        let mut n = 0usize;
+        while let Some(m) = answer
+            .message()
+            .await
+            .map_err(|status| client_error(method, status))?
+        {
+            n = n.saturating_add(items(&m));
+            if n > max_items {
+                return Err(ClientError::Malformed {
+                    method,
+                    detail: format!("more than {max_items} items"),
+                });
             }
-            Ok(out)
-        },
-    )
+            out.push(m);
+        }
+        Ok(out)
+    })
     .await
 }
 
-/// `method` called through tonic over `runtime` (the runtime told of `timeout`, each message
-/// at most [`MAX_ANSWER`] bytes), its answer's messages read by `read`; the whole call, `read`
-/// too, given up on when `timeout` runs out.
+/// `call` made through tonic over `runtime` (each message of its answer at most
+/// [`MAX_ANSWER`] bytes), the answer's messages read by `read`; the whole call, `read` too,
+/// given up on when its timeout runs out.
 async fn answer_stream<R, Req, Resp, T, Read>(
     runtime: R,
-    version: ApiVersion,
-    method: &'static str,
-    req: Req,
-    timeout: Duration,
+    call: OwnCall<Req>,
     read: impl FnOnce(tonic::codec::Streaming<Resp>) -> Read,
 ) -> Result<T, ClientError>
 where
@@ -477,6 +482,12 @@ where
     Resp: Message + Default + Send + Sync + 'static,
     Read: std::future::Future<Output = Result<T, ClientError>>,
 {
+    let OwnCall {
+        version,
+        method,
+        req,
+        timeout,
+    } = call;
     let path = path(version, method)?;
     let request = request(req, timeout);
     let mut grpc = Grpc::with_origin(
