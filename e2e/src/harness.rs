@@ -547,6 +547,17 @@ pub fn host_network_sandbox(name: &str, namespace: &str, log_dir: &Path) -> cri:
 /// `<name>.log`, labelled `io.kubernetes.container.name` as kubelet labels it.
 pub fn shell_container(name: &str, image: &str, cmd: &str) -> cri::ContainerConfig {
     cri::ContainerConfig {
+        command: vec!["sh".into(), "-c".into(), cmd.into()],
+        log_path: format!("{name}.log"),
+        labels: [("io.kubernetes.container.name".to_string(), name.to_string())].into(),
+        ..named_container(name, image)
+    }
+}
+
+/// A ContainerConfig for container `name` (attempt 0) of `image`, nothing else set: what every
+/// container config here starts from.
+pub fn named_container(name: &str, image: &str) -> cri::ContainerConfig {
+    cri::ContainerConfig {
         metadata: Some(cri::ContainerMetadata {
             name: name.into(),
             attempt: 0,
@@ -555,9 +566,6 @@ pub fn shell_container(name: &str, image: &str, cmd: &str) -> cri::ContainerConf
             image: image.into(),
             ..Default::default()
         }),
-        command: vec!["sh".into(), "-c".into(), cmd.into()],
-        log_path: format!("{name}.log"),
-        labels: [("io.kubernetes.container.name".to_string(), name.to_string())].into(),
         ..Default::default()
     }
 }

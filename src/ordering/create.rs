@@ -536,11 +536,11 @@ impl Engine {
         tracing::info!(container_name = %name, "refusing CreateContainer for now: {refusal}");
         let message = refusal.message(name);
         let waiting = holds::Waiting::from_refusal(pod, refusal);
-        match held {
-            Some(hold) => hold.end(HoldOutcome::Refused, &message),
-            None => self.refusal_span(pod, call, name, &waiting, &message),
+        let was_held = held.is_some();
+        if let Some(hold) = held {
+            hold.end(HoldOutcome::Refused, &message);
         }
-        self.note_refusal(pod, call, name, &waiting, &message);
+        self.note_refusal(pod, call, name, &waiting, &message, was_held);
         Verdict::Refuse(Status::refused(message))
     }
 

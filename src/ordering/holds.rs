@@ -390,45 +390,10 @@ impl Drop for Hold<'_> {
 }
 
 impl Engine {
-    /// The span of a call refused before any hold (a sidecar not created or not running): as
-    /// long as crisp took to refuse it, when the call carries kubelet's `traceparent`.
-    pub(super) fn refusal_span(
-        &self,
-        pod: &Pod,
-        call: &Call,
-        container: &str,
-        waiting: &Waiting,
-        message: &str,
-    ) {
-        let (Some(parent), Some(spans)) = (call.trace.as_ref(), self.hold_spans()) else {
-            return;
-        };
-        let end = SystemTime::now();
-        let took = Instant::now().saturating_duration_since(call.received);
-        spans.record(
-            parent,
-            &crate::otel::HoldSpan {
-                rpc: call.route.rpc.map(|rpc| rpc.name()).unwrap_or(""),
-                call_id: call.id,
-                pod_namespace: &pod.namespace,
-                pod_name: &pod.name,
-                pod_sandbox_id: &pod.sandbox_id,
-                container,
-                waited_for: std::slice::from_ref(&waiting.on),
-                reason: &waiting.describe(),
-                outcome: HoldOutcome::Refused.as_str(),
-                verdict: HoldOutcome::Refused.verdict(),
-                failed: true,
-                message,
-                policy: "",
-                start: end.checked_sub(took).unwrap_or(end),
-                end,
-            },
-        );
-    }
-
-    /// A call refused without a hold (a sidecar not created or not running): counted on the
-    /// pod, and reported to the sink.
+    /// A call refused: counted on the pod and reported to the sink. One refused without a hold
+    /// (a sidecar not created or not running; `held` false) also gets its span here — as long
+    /// as crisp took to refuse it, when the call carries kubelet's `traceparent` — where a hold
+    /// ends with a span of its own.
     pub(super) fn note_refusal(
         &self,
         pod: &Pod,
@@ -436,7 +401,32 @@ impl Engine {
         container: &str,
         waiting: &Waiting,
         message: &str,
+        held: bool,
     ) {
+        if let (false, Some(parent), Some(spans)) = (held, call.trace.as_ref(), self.hold_spans()) {
+            let end = SystemTime::now();
+            let took = Instant::now().saturating_duration_since(call.received);
+            spans.record(
+                parent,
+                &crate::otel::HoldSpan {
+                    rpc: call.route.rpc.map(|rpc| rpc.name()).unwrap_or(""),
+                    call_id: call.id,
+                    pod_namespace: &pod.namespace,
+                    pod_name: &pod.name,
+                    pod_sandbox_id: &pod.sandbox_id,
+                    container,
+                    waited_for: std::slice::from_ref(&waiting.on),
+                    reason: &waiting.describe(),
+                    outcome: HoldOutcome::Refused.as_str(),
+                    verdict: HoldOutcome::Refused.verdict(),
+                    failed: true,
+                    message,
+                    policy: "",
+                    start: end.checked_sub(took).unwrap_or(end),
+                    end,
+                },
+            );
+        }
         pod.refusals.fetch_add(1, Relaxed);
         let Some(sink) = self.hold_sink() else { return };
         if !sink.wanted() {

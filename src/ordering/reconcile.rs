@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use super::decide::{self, Snapshot, StopStep};
 use super::intents::{self, Intent, Kind};
-use super::stop::without_native_sidecars;
+use super::stop::{without_native_sidecars, SidecarStop};
 use super::{now, Engine};
 use crate::cri::views::{self, state};
 use crate::cri::ApiVersion;
@@ -266,6 +266,12 @@ impl Engine {
         let arrived = intents::instant_of(intent.sent_ms);
         let budget_end = intents::instant_of(intent.budget_end_ms);
         let hold_until = intents::instant_of(intent.hold_until_ms);
+        let window = SidecarStop {
+            sidecar,
+            arrived,
+            hold_until,
+            single_kill_after: hold_until,
+        };
         pod.note_stop(
             arrived,
             budget_end.saturating_duration_since(arrived),
@@ -288,20 +294,10 @@ impl Engine {
                 return; // The runtime does not answer by the hold's end: stop it now.
             };
             let containers = without_native_sidecars(&pod, containers);
-            let snapshot = Snapshot::new(&containers);
-            let at = now();
             // The pod was being stopped (a held stop is kept only then): no single kill.
-            match decide::stop_step(
-                &pod.policy,
-                sidecar,
-                &snapshot,
-                at,
-                hold_until,
-                hold_until,
-                true,
-            ) {
-                StopStep::Hold { .. } => {}
-                _ => return,
+            let (at, step) = window.step(&pod, &containers, true);
+            if !matches!(step, StopStep::Hold { .. }) {
+                return;
             }
             tokio::time::sleep_until((at + self.cfg.probe_interval).min(hold_until).into()).await;
         }

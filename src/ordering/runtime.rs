@@ -63,82 +63,30 @@ pub trait Runtime: Send + Sync {
     fn stop_pod_sandbox<'a>(&'a self, version: ApiVersion, sandbox_id: &'a str) -> Answer<'a, ()>;
 }
 
+/// A [`Runtime`] method answered by the [`RuntimeClient`] method of the same name, arguments
+/// passed through as they are: the daemon's engine talks to the runtime through crisp's own
+/// client and nothing else.
+macro_rules! forward_to_client {
+    ($(fn $name:ident($($arg:ident: $ty:ty),*) -> $out:ty;)*) => {
+        $(
+            fn $name<'a>(&'a self, version: ApiVersion $(, $arg: $ty)*) -> Answer<'a, $out> {
+                Box::pin(RuntimeClient::$name(self, version $(, $arg)*))
+            }
+        )*
+    };
+}
+
 impl Runtime for RuntimeClient {
-    fn list_containers<'a>(
-        &'a self,
-        version: ApiVersion,
-        sandbox_id: &'a str,
-    ) -> Answer<'a, Vec<views::Container>> {
-        Box::pin(RuntimeClient::list_containers(self, version, sandbox_id))
-    }
-
-    fn list_all_containers(&self, version: ApiVersion) -> Answer<'_, Vec<views::Container>> {
-        Box::pin(RuntimeClient::list_all_containers(self, version))
-    }
-
-    fn container<'a>(
-        &'a self,
-        version: ApiVersion,
-        id: &'a str,
-    ) -> Answer<'a, Option<views::Container>> {
-        Box::pin(RuntimeClient::container(self, version, id))
-    }
-
-    fn list_pod_sandboxes(&self, version: ApiVersion) -> Answer<'_, Vec<views::PodSandbox>> {
-        Box::pin(RuntimeClient::list_pod_sandboxes(self, version))
-    }
-
-    fn pod_sandbox_status<'a>(
-        &'a self,
-        version: ApiVersion,
-        sandbox_id: &'a str,
-    ) -> Answer<'a, views::PodSandboxStatusResponse> {
-        Box::pin(RuntimeClient::pod_sandbox_status(self, version, sandbox_id))
-    }
-
-    fn pod_sandbox_status_verbose<'a>(
-        &'a self,
-        version: ApiVersion,
-        sandbox_id: &'a str,
-    ) -> Answer<'a, views::PodSandboxStatusResponse> {
-        Box::pin(RuntimeClient::pod_sandbox_status_verbose(
-            self, version, sandbox_id,
-        ))
-    }
-
-    fn container_status<'a>(
-        &'a self,
-        version: ApiVersion,
-        id: &'a str,
-    ) -> Answer<'a, views::ContainerStatusResponse> {
-        Box::pin(RuntimeClient::container_status(self, version, id))
-    }
-
-    fn exec_sync<'a>(
-        &'a self,
-        version: ApiVersion,
-        id: &'a str,
-        cmd: &'a [String],
-        timeout: Duration,
-    ) -> Answer<'a, i32> {
-        Box::pin(RuntimeClient::exec_sync(self, version, id, cmd, timeout))
-    }
-
-    fn stop_container<'a>(
-        &'a self,
-        version: ApiVersion,
-        id: &'a str,
-        timeout_secs: i64,
-    ) -> Answer<'a, ()> {
-        Box::pin(RuntimeClient::stop_container(
-            self,
-            version,
-            id,
-            timeout_secs,
-        ))
-    }
-
-    fn stop_pod_sandbox<'a>(&'a self, version: ApiVersion, sandbox_id: &'a str) -> Answer<'a, ()> {
-        Box::pin(RuntimeClient::stop_pod_sandbox(self, version, sandbox_id))
+    forward_to_client! {
+        fn list_containers(sandbox_id: &'a str) -> Vec<views::Container>;
+        fn list_all_containers() -> Vec<views::Container>;
+        fn container(id: &'a str) -> Option<views::Container>;
+        fn list_pod_sandboxes() -> Vec<views::PodSandbox>;
+        fn pod_sandbox_status(sandbox_id: &'a str) -> views::PodSandboxStatusResponse;
+        fn pod_sandbox_status_verbose(sandbox_id: &'a str) -> views::PodSandboxStatusResponse;
+        fn container_status(id: &'a str) -> views::ContainerStatusResponse;
+        fn exec_sync(id: &'a str, cmd: &'a [String], timeout: Duration) -> i32;
+        fn stop_container(id: &'a str, timeout_secs: i64) -> ();
+        fn stop_pod_sandbox(sandbox_id: &'a str) -> ();
     }
 }

@@ -107,10 +107,9 @@ impl Engine {
         window: SidecarStop,
     ) {
         let SidecarStop {
-            sidecar,
             arrived,
             hold_until,
-            single_kill_after,
+            ..
         } = window;
         let mut held: Option<holds::Hold<'_>> = None;
         let mut again = false;
@@ -125,17 +124,8 @@ impl Engine {
             };
             again = true;
             let containers = without_native_sidecars(pod, containers);
-            let snapshot = Snapshot::new(&containers);
-            let at = now();
-            match decide::stop_step(
-                &pod.policy,
-                sidecar,
-                &snapshot,
-                at,
-                hold_until,
-                single_kill_after,
-                pod.apps_stopping(),
-            ) {
+            let (at, step) = window.step(pod, &containers, pod.apps_stopping());
+            match step {
                 StopStep::Forward => break,
                 StopStep::SingleKill => {
                     tracing::info!(
@@ -335,11 +325,35 @@ pub(super) fn without_native_sidecars(
 }
 
 /// The time a sidecar's StopContainer may be held (see [`Engine::hold_sidecar_stop`]).
-struct SidecarStop {
+pub(super) struct SidecarStop {
     /// The sidecar's place in the pod's list.
-    sidecar: usize,
-    arrived: Instant,
-    hold_until: Instant,
+    pub(super) sidecar: usize,
+    pub(super) arrived: Instant,
+    pub(super) hold_until: Instant,
     /// No app is being stopped by then: a single-container kill (liveness), forwarded.
-    single_kill_after: Instant,
+    pub(super) single_kill_after: Instant,
+}
+
+impl SidecarStop {
+    /// The hold's next step, read now from the pod's `containers` as the runtime listed them
+    /// (its native sidecars left out): when it was read, and the step.
+    pub(super) fn step<'a>(
+        &self,
+        pod: &'a Pod,
+        containers: &'a [views::Container],
+        apps_stopping: bool,
+    ) -> (Instant, StopStep<'a>) {
+        let snapshot = Snapshot::new(containers);
+        let at = now();
+        let step = decide::stop_step(
+            &pod.policy,
+            self.sidecar,
+            &snapshot,
+            at,
+            self.hold_until,
+            self.single_kill_after,
+            apps_stopping,
+        );
+        (at, step)
+    }
 }

@@ -109,6 +109,34 @@ const RESIZE_POD: &str = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: resize\n
 /// CFS quota of a 400m limit at the default 100 ms period.
 const QUOTA_400M: i64 = 40_000;
 
+impl Resize {
+    /// The lane's log line of this resize (`lane`: `direct`, `crisp `).
+    fn log(&self, minor: u32, lane: &str) {
+        eprintln!(
+            "resize| 1.{minor}+containerd2 {lane}: CPU limit 200m→400m, containerd's quota {}→{} in {} ms, same container {}, restartCount {}, status limit {}",
+            self.quota.0,
+            self.quota.1,
+            self.took.as_millis(),
+            self.same_container,
+            self.restarts,
+            self.status_limit
+        );
+    }
+}
+
+/// The tap's lines of `method` calls whose `field` is `id`.
+fn calls_of<'a>(
+    lines: &'a [serde_json::Value],
+    method: &str,
+    field: &str,
+    id: &str,
+) -> Vec<&'a serde_json::Value> {
+    lines
+        .iter()
+        .filter(|l| l["method"] == method && l[field] == id)
+        .collect()
+}
+
 fn resize(cluster: &Cluster, rt: &Runtime) -> Resize {
     cluster.apply(RESIZE_POD);
     cluster.wait("pod resize Ready", Duration::from_secs(180), || {
@@ -330,15 +358,7 @@ fn kubelet_on_containerd_2_through_crisp() {
     );
     let direct = run_shapes(&cluster, &rt, minor, "containerd2", false);
     let direct_resize = resize(&cluster, &rt);
-    eprintln!(
-        "resize| 1.{minor}+containerd2 direct: CPU limit 200m→400m, containerd's quota {}→{} in {} ms, same container {}, restartCount {}, status limit {}",
-        direct_resize.quota.0,
-        direct_resize.quota.1,
-        direct_resize.took.as_millis(),
-        direct_resize.same_container,
-        direct_resize.restarts,
-        direct_resize.status_limit
-    );
+    direct_resize.log(minor, "direct");
     let (direct_vol, direct_vol_restarts) = image_volume(&cluster);
     eprintln!(
         "imagevol| 1.{minor}+containerd2 direct: pod with an image volume Ready in {}, restartCount {direct_vol_restarts}",
@@ -374,15 +394,7 @@ fn kubelet_on_containerd_2_through_crisp() {
     assert_eq!(native_holds, 0, "crisp held the native-sidecar pod");
 
     let crisp_resize = resize(&cluster, &rt);
-    eprintln!(
-        "resize| 1.{minor}+containerd2 crisp : CPU limit 200m→400m, containerd's quota {}→{} in {} ms, same container {}, restartCount {}, status limit {}",
-        crisp_resize.quota.0,
-        crisp_resize.quota.1,
-        crisp_resize.took.as_millis(),
-        crisp_resize.same_container,
-        crisp_resize.restarts,
-        crisp_resize.status_limit
-    );
+    crisp_resize.log(minor, "crisp ");
     for r in [&direct_resize, &crisp_resize] {
         assert!(
             r.same_container && r.restarts == "0" && r.status_limit == "400m",
@@ -391,20 +403,18 @@ fn kubelet_on_containerd_2_through_crisp() {
     }
     assert_eq!(direct_resize.quota, crisp_resize.quota);
     let lines = tap.lines();
-    let sandbox_updates: Vec<&serde_json::Value> = lines
-        .iter()
-        .filter(|l| {
-            l["method"] == "UpdatePodSandboxResources"
-                && l["pod_sandbox_id"] == crisp_resize.sandbox.as_str()
-        })
-        .collect();
-    let container_updates: Vec<&serde_json::Value> = lines
-        .iter()
-        .filter(|l| {
-            l["method"] == "UpdateContainerResources"
-                && l["container_id"] == crisp_resize.container.as_str()
-        })
-        .collect();
+    let sandbox_updates = calls_of(
+        &lines,
+        "UpdatePodSandboxResources",
+        "pod_sandbox_id",
+        &crisp_resize.sandbox,
+    );
+    let container_updates = calls_of(
+        &lines,
+        "UpdateContainerResources",
+        "container_id",
+        &crisp_resize.container,
+    );
     assert!(
         !sandbox_updates.is_empty(),
         "no UpdatePodSandboxResources of the resized pod's sandbox through crisp"

@@ -169,6 +169,22 @@ struct Lane {
     socket: PathBuf,
 }
 
+impl Lane {
+    fn new(name: &'static str, socket: PathBuf) -> Lane {
+        Lane { name, socket }
+    }
+
+    /// The lanes every comparison starts from: the runtime's own socket, socat's splice of it,
+    /// and crisp.
+    fn direct_socat_crisp(upstream: &Path, socat: PathBuf, crisp: PathBuf) -> Vec<Lane> {
+        vec![
+            Lane::new("direct", upstream.to_path_buf()),
+            Lane::new("socat", socat),
+            Lane::new("crisp", crisp),
+        ]
+    }
+}
+
 fn pct(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
@@ -531,6 +547,29 @@ fn start_crisp_bin(
     start_crisp_env(bin, name, dir, listen, upstream, extra, &[])
 }
 
+/// This build's crisp (`--crisp-config` added to its config) on `upstream`, in a directory of
+/// its own, `dir/{name}-crisp` (crisp puts its admin socket beside its listening one): the
+/// process and the socket it listens on.
+fn start_crisp_own_dir(
+    args: &Args,
+    name: &str,
+    dir: &Path,
+    upstream: &Path,
+) -> Result<(Proc, PathBuf)> {
+    let crisp_dir = dir.join(format!("{name}-crisp"));
+    std::fs::create_dir_all(&crisp_dir)?;
+    let listen = crisp_dir.join("crisp.sock");
+    let crisp = start_crisp_bin(
+        &crisp_e2e::crisp::crisp_binary()?,
+        name,
+        dir,
+        &listen,
+        upstream,
+        &args.crisp_config,
+    )?;
+    Ok((crisp, listen))
+}
+
 /// crisp spliced on its relay threads (`CRISP_RELAY_SPLICE=1`, `src/proxy/relay/splice.rs`):
 /// the same accept, threads and sockets as crisp, none of its protocol work. The machine's floor
 /// for crisp's added latency: crisp's addition over it is what the relay core costs.
@@ -786,43 +825,58 @@ fn kubelet_latency_table(
     Ok(())
 }
 
+/// A runtime the lanes run on.
+struct Upstream<'a> {
+    /// Its name in the report.
+    title: &'a str,
+    socket: &'a Path,
+    /// The fake runtime, whose ListContainers is the big canned list (and which, a hyper
+    /// server, wants `localhost` as `:authority`).
+    big_list: bool,
+}
+
+impl<'a> Upstream<'a> {
+    fn fake(socket: &'a Path) -> Upstream<'a> {
+        Upstream {
+            title: "fake runtime (in-process, canned answers)",
+            socket,
+            big_list: true,
+        }
+    }
+
+    fn containerd(title: &'a str, containerd: &'a crisp_e2e::harness::Containerd) -> Upstream<'a> {
+        Upstream {
+            title,
+            socket: containerd.socket(),
+            big_list: false,
+        }
+    }
+}
+
 /// The lane of crisp spliced on its relay threads ([`start_crisp_splice`]).
 const FLOOR: &str = "crisp-splice";
 
 /// The grpc-go (kubelet) lanes on one upstream: Version, ListContainers, throughput at
 /// `--concurrency`, and crisp's CPU and wakeups per call.
-async fn kubelet_report(
-    args: &Args,
-    title: &str,
-    upstream: &Path,
-    dir: &Path,
-    big_list: bool,
-) -> Result<String> {
+async fn kubelet_report(args: &Args, target: &Upstream<'_>, dir: &Path) -> Result<String> {
     use std::fmt::Write;
+    let &Upstream {
+        title,
+        socket: upstream,
+        big_list,
+    } = target;
     let tag = if big_list { "kf" } else { "kc" };
     let socat_sock = dir.join(format!("{tag}-socat.sock"));
     // A directory per crisp: each puts its admin socket next to its listening one.
-    let (crisp_dir, before_dir) = (
-        dir.join(format!("{tag}-crisp")),
-        dir.join(format!("{tag}-before")),
-    );
-    std::fs::create_dir_all(&crisp_dir)?;
+    let before_dir = dir.join(format!("{tag}-before"));
     std::fs::create_dir_all(&before_dir)?;
-    let crisp_sock = crisp_dir.join("crisp.sock");
     let before_sock = before_dir.join("crisp.sock");
     let floor_dir = dir.join(format!("{tag}-splice"));
     std::fs::create_dir_all(&floor_dir)?;
     let floor_sock = floor_dir.join("crisp.sock");
     let _socat = start_socat(&socat_sock, upstream)?;
     let floor = start_crisp_splice(dir, &format!("{tag}-splice"), &floor_sock, upstream)?;
-    let crisp = start_crisp_bin(
-        &crisp_e2e::crisp::crisp_binary()?,
-        &format!("{tag}-crisp"),
-        dir,
-        &crisp_sock,
-        upstream,
-        &args.crisp_config,
-    )?;
+    let (crisp, crisp_sock) = start_crisp_own_dir(args, tag, dir, upstream)?;
     let before = match &args.before {
         Some(b) => Some(start_crisp_bin(
             b,
@@ -834,30 +888,11 @@ async fn kubelet_report(
         )?),
         None => None,
     };
-    let mut lanes = vec![
-        Lane {
-            name: "direct",
-            socket: upstream.to_path_buf(),
-        },
-        Lane {
-            name: "socat",
-            socket: socat_sock,
-        },
-        Lane {
-            name: "crisp",
-            socket: crisp_sock,
-        },
-        Lane {
-            name: FLOOR,
-            socket: floor_sock,
-        },
-    ];
+    let mut lanes = Lane::direct_socat_crisp(upstream, socat_sock, crisp_sock);
+    lanes.push(Lane::new(FLOOR, floor_sock));
     let mut pids = vec![("crisp", crisp.0.id()), (FLOOR, floor.0.id())];
     if let Some(b) = &before {
-        lanes.push(Lane {
-            name: "crisp-before",
-            socket: before_sock,
-        });
+        lanes.push(Lane::new("crisp-before", before_sock));
         pids.push(("crisp-before", b.0.id()));
     }
     // The fake is a hyper server, which rejects grpc-go's default `:authority` (the socket path,
@@ -1146,16 +1181,7 @@ async fn relist_report(args: &Args, dir: &Path) -> Result<String> {
         "Lanes: direct; socat (a raw byte splice, 8 KiB reads: the floor every other lane of this report uses); crisp; socat-64k (the same splice reading 64 KiB at a time, as crisp's relay thread does: the floor for a large answer). Ratios are to socat's added latency.\n"
     )?;
     let runs = args.relist_runs.max(1);
-    let methods = [
-        (
-            "ListPodSandbox",
-            cri::ListPodSandboxRequest::default().encode_to_vec(),
-        ),
-        (
-            "ListContainers",
-            cri::ListContainersRequest::default().encode_to_vec(),
-        ),
-    ];
+    let methods = relist_methods();
     for (pods, containers, calls) in [
         (500, 2_000, args.relist_calls * 3),
         (2_500, 10_000, args.relist_calls),
@@ -1165,69 +1191,17 @@ async fn relist_report(args: &Args, dir: &Path) -> Result<String> {
         let tag = format!("relist-{containers}");
         let upstream = dir.join(format!("{tag}-fake.sock"));
         let _fake = fakert::serve(&upstream, canned)?;
-        let socat_sock = dir.join(format!("{tag}-socat.sock"));
-        let crisp_dir = dir.join(format!("{tag}-crisp"));
-        std::fs::create_dir_all(&crisp_dir)?;
-        let crisp_sock = crisp_dir.join("crisp.sock");
-        let socat = start_socat(&socat_sock, &upstream)?;
-        // socat reads 8 KiB at a time, crisp's relay thread 64 KiB: on a 15 MB answer that
-        // alone makes socat's splice cost more wakeups and system calls than crisp's. A second
-        // splice reading as much as crisp does puts the floor where crisp's transport is.
-        let splice_sock = dir.join(format!("{tag}-splice64k.sock"));
-        let splice = start_socat_with(&splice_sock, &upstream, &["-b", "65536"])?;
-        // A fresh crisp per node size: its peak RSS is this size's.
-        let crisp = start_crisp_bin(
-            &crisp_e2e::crisp::crisp_binary()?,
-            &tag,
-            dir,
-            &crisp_sock,
-            &upstream,
-            &args.crisp_config,
-        )?;
-        let pid = crisp.0.id();
-        // As soon as its socket accepts: before crisp has read the node (its recovery at start,
-        // which holds most of what its RSS grows by on a big node; BENCHMARKS.md, issue #47).
-        let idle_rss = proc_status(pid, "VmRSS:");
-        let lanes = [
-            Lane {
-                name: "direct",
-                socket: upstream.clone(),
-            },
-            Lane {
-                name: "socat",
-                socket: socat_sock,
-            },
-            Lane {
-                name: "crisp",
-                socket: crisp_sock,
-            },
-            Lane {
-                name: "socat-64k",
-                socket: splice_sock,
-            },
-        ];
+        // A fresh crisp per node size: its peak RSS is this size's. Its RSS as soon as its
+        // socket accepts: before crisp has read the node (its recovery at start, which holds
+        // most of what its RSS grows by on a big node; BENCHMARKS.md, issue #47).
+        let relist = RelistLanes::start(args, &tag, dir, &upstream)?;
         let warmup = (calls / 10).max(3);
-        let watched = [
-            ("socat", socat.0.id()),
-            ("crisp", pid),
-            ("socat-64k", splice.0.id()),
-        ];
+        let watched = relist.watched();
         let r = grpcgo_relist(
-            &lanes,
+            &relist.lanes,
             &watched,
             &methods,
-            &[
-                "--runs".into(),
-                runs.to_string(),
-                "--count".into(),
-                calls.to_string(),
-                "--warmup".into(),
-                warmup.to_string(),
-                "--pace".into(),
-                format!("{}ms", args.relist_pace_ms),
-                "--timeout".into(),
-                "60s".into(),
-            ],
+            &relist_args(runs, calls, args.relist_pace_ms),
         )?;
         let mib = |b: usize| b as f64 / f64::from(1 << 20);
         writeln!(
@@ -1243,21 +1217,7 @@ async fn relist_report(args: &Args, dir: &Path) -> Result<String> {
             "{runs} runs of {calls} relists per lane (after {warmup} unmeasured), the lanes interleaved relist by relist in a new random order each round, {} ms pause after each; min / **median** / max over the runs.\n",
             args.relist_pace_ms
         )?;
-        for (k, name) in [
-            "`ListPodSandbox`",
-            "`ListContainers`",
-            "the relist (both calls)",
-        ]
-        .iter()
-        .enumerate()
-        {
-            writeln!(out, "{name}:\n")?;
-            kubelet_latency_table(&mut out, &lanes, &r.latency[k], true)?;
-            writeln!(out)?;
-        }
-        let per_relist = |w: &[Watched], f: fn(&Watched) -> f64| -> Vec<f64> {
-            w.iter().map(|x| f(x) / x.relists.max(1) as f64).collect()
-        };
+        relist_latency_tables(&mut out, &relist.lanes, &r)?;
         writeln!(
             out,
             "Per relist (from /proc, the measured relists only: utime+stime in 10 ms ticks; context switches summed over the threads, socat's forked child included; min / **median** / max over the runs):\n"
@@ -1267,24 +1227,17 @@ async fn relist_report(args: &Args, dir: &Path) -> Result<String> {
             "| process | CPU ms per relist | context switches per relist | RSS KiB |\n|---|---|---|---|"
         )?;
         for ((name, _), w) in watched.iter().zip(&r.watch) {
+            let peak = w.iter().map(|x| x.peak_kib).max().unwrap_or(0);
             let rss = if *name == "crisp" {
                 format!(
-                    "idle {idle_rss}, warm {}, peak (VmHWM) {}",
+                    "idle {}, warm {}, peak (VmHWM) {peak}",
+                    relist.idle_rss,
                     w.first().map_or(0, |x| x.rss_kib),
-                    w.iter().map(|x| x.peak_kib).max().unwrap_or(0)
                 )
             } else {
-                format!(
-                    "peak (VmHWM) {}",
-                    w.iter().map(|x| x.peak_kib).max().unwrap_or(0)
-                )
+                format!("peak (VmHWM) {peak}")
             };
-            writeln!(
-                out,
-                "| {name} | {} | {} | {rss} |",
-                fmt_spread(&per_relist(w, |x| x.cpu_ticks as f64 * 10.0), 2),
-                fmt_spread(&per_relist(w, |x| x.switches as f64), 1),
-            )?;
+            relist_process_row(&mut out, name, w, &rss)?;
         }
         writeln!(out)?;
     }
@@ -1297,33 +1250,137 @@ async fn relist_report(args: &Args, dir: &Path) -> Result<String> {
     Ok(out)
 }
 
-async fn run_lanes(
-    args: &Args,
-    title: &str,
-    upstream: &Path,
-    dir: &Path,
-    big_list: bool,
-) -> Result<String> {
+/// kubelet's relist: ListPodSandbox, then ListContainers, both unfiltered.
+fn relist_methods() -> [(&'static str, Vec<u8>); 2] {
+    [
+        (
+            "ListPodSandbox",
+            cri::ListPodSandboxRequest::default().encode_to_vec(),
+        ),
+        (
+            "ListContainers",
+            cri::ListContainersRequest::default().encode_to_vec(),
+        ),
+    ]
+}
+
+/// `crisp-grpcgo bench` flags for a relist run set: `runs` runs of `count` relists a lane,
+/// after a tenth of that (at least 3) unmeasured, `pace_ms` apart.
+fn relist_args(runs: usize, count: usize, pace_ms: u64) -> Vec<String> {
+    relist_flags(runs, count, (count / 10).max(3), pace_ms)
+}
+
+/// `crisp-grpcgo bench` flags: `runs` runs of `count` calls (or relists) a lane after `warmup`
+/// unmeasured ones, `pace_ms` apart, each within 60 s.
+fn relist_flags(runs: usize, count: usize, warmup: usize, pace_ms: u64) -> Vec<String> {
+    vec![
+        "--runs".to_string(),
+        runs.to_string(),
+        "--count".into(),
+        count.to_string(),
+        "--warmup".into(),
+        warmup.to_string(),
+        "--pace".into(),
+        format!("{pace_ms}ms"),
+        "--timeout".into(),
+        "60s".into(),
+    ]
+}
+
+/// The relist's latency tables: each method's, then the relist's as a whole.
+fn relist_latency_tables(out: &mut String, lanes: &[Lane], r: &RelistRuns) -> Result<()> {
+    use std::fmt::Write;
+    let names = [
+        "`ListPodSandbox`",
+        "`ListContainers`",
+        "the relist (both calls)",
+    ];
+    for (name, latency) in names.iter().zip(&r.latency) {
+        writeln!(out, "{name}:\n")?;
+        kubelet_latency_table(out, lanes, latency, true)?;
+        writeln!(out)?;
+    }
+    Ok(())
+}
+
+/// `f` of each run of a watched process, per relist of that run.
+fn per_relist(w: &[Watched], f: fn(&Watched) -> f64) -> Vec<f64> {
+    w.iter().map(|x| f(x) / x.relists.max(1) as f64).collect()
+}
+
+/// A row of the per-relist table: process `name`'s CPU and context switches per relist over
+/// the runs `w`, then `rss`.
+fn relist_process_row(out: &mut String, name: &str, w: &[Watched], rss: &str) -> Result<()> {
+    use std::fmt::Write;
+    writeln!(
+        out,
+        "| {name} | {} | {} | {rss} |",
+        fmt_spread(&per_relist(w, |x| x.cpu_ticks as f64 * 10.0), 2),
+        fmt_spread(&per_relist(w, |x| x.switches as f64), 1),
+    )?;
+    Ok(())
+}
+
+/// The relist lanes' processes on `upstream`: socat; socat-64k, a second splice reading 64 KiB
+/// at a time (socat reads 8 KiB, crisp's relay thread 64 KiB: on a 15 MB answer that alone
+/// makes socat's splice cost more wakeups and system calls than crisp's; this one puts the
+/// floor where crisp's transport is); and a fresh crisp.
+struct RelistLanes {
+    /// direct, socat, crisp, socat-64k.
+    lanes: Vec<Lane>,
+    socat: Proc,
+    splice: Proc,
+    crisp: Proc,
+    /// When crisp was spawned.
+    spawned: Instant,
+    /// crisp's VmRSS as soon as its socket accepted.
+    idle_rss: u64,
+}
+
+impl RelistLanes {
+    fn start(args: &Args, tag: &str, dir: &Path, upstream: &Path) -> Result<RelistLanes> {
+        let socat_sock = dir.join(format!("{tag}-socat.sock"));
+        let socat = start_socat(&socat_sock, upstream)?;
+        let splice_sock = dir.join(format!("{tag}-splice64k.sock"));
+        let splice = start_socat_with(&splice_sock, upstream, &["-b", "65536"])?;
+        let spawned = Instant::now();
+        let (crisp, crisp_sock) = start_crisp_own_dir(args, tag, dir, upstream)?;
+        let idle_rss = proc_status(crisp.0.id(), "VmRSS:");
+        let mut lanes = Lane::direct_socat_crisp(upstream, socat_sock, crisp_sock);
+        lanes.push(Lane::new("socat-64k", splice_sock));
+        Ok(RelistLanes {
+            lanes,
+            socat,
+            splice,
+            crisp,
+            spawned,
+            idle_rss,
+        })
+    }
+
+    /// The processes `crisp-grpcgo bench` watches, by name.
+    fn watched(&self) -> [(&'static str, u32); 3] {
+        [
+            ("socat", self.socat.0.id()),
+            ("crisp", self.crisp.0.id()),
+            ("socat-64k", self.splice.0.id()),
+        ]
+    }
+}
+
+async fn run_lanes(args: &Args, target: &Upstream<'_>, dir: &Path) -> Result<String> {
+    let &Upstream {
+        title,
+        socket: upstream,
+        big_list,
+    } = target;
     let socat_sock = dir.join(format!("{title}-socat.sock"));
     let crisp_sock = dir.join(format!("{title}-crisp.sock"));
     let _socat = start_socat(&socat_sock, upstream)?;
     let crisp = start_crisp(dir, &crisp_sock, upstream, &args.crisp_config)?;
     let pid = crisp.0.id();
     let idle_rss = proc_status(pid, "VmRSS:");
-    let lanes = [
-        Lane {
-            name: "direct",
-            socket: upstream.to_path_buf(),
-        },
-        Lane {
-            name: "socat",
-            socket: socat_sock.clone(),
-        },
-        Lane {
-            name: "crisp",
-            socket: crisp_sock.clone(),
-        },
-    ];
+    let lanes = Lane::direct_socat_crisp(upstream, socat_sock.clone(), crisp_sock.clone());
     let version = frame(
         &cri::VersionRequest {
             version: "v1".into(),
@@ -1694,20 +1751,7 @@ async fn run_mix(args: &Args, dir: &Path) -> Result<String> {
     let _socat = start_socat(&socat_sock, &upstream)?;
     let crisp = start_crisp(dir, &crisp_sock, &upstream, &args.crisp_config)?;
     let pid = crisp.0.id();
-    let lanes = [
-        Lane {
-            name: "direct",
-            socket: upstream.clone(),
-        },
-        Lane {
-            name: "socat",
-            socket: socat_sock,
-        },
-        Lane {
-            name: "crisp",
-            socket: crisp_sock,
-        },
-    ];
+    let lanes = Lane::direct_socat_crisp(&upstream, socat_sock, crisp_sock);
     let mut out = String::new();
     writeln!(
         out,
@@ -1804,17 +1848,10 @@ async fn main() -> Result<()> {
     // kubelet's own client first: the figures the targets are judged by.
     if args.runs(Workload::Kubelet) {
         if let Some(c) = &ctrd {
-            report += &kubelet_report(&args, "real containerd 1.6", c.socket(), dir.path(), false)
-                .await?;
+            let containerd = Upstream::containerd("real containerd 1.6", c);
+            report += &kubelet_report(&args, &containerd, dir.path()).await?;
         }
-        report += &kubelet_report(
-            &args,
-            "fake runtime (in-process, canned answers)",
-            &fake_sock,
-            dir.path(),
-            true,
-        )
-        .await?;
+        report += &kubelet_report(&args, &Upstream::fake(&fake_sock), dir.path()).await?;
     }
     if args.runs(Workload::Relist) {
         report += &relist_report(&args, dir.path()).await?;
@@ -1845,19 +1882,13 @@ async fn main() -> Result<()> {
         return Ok(());
     }
     report += "\n### Secondary lanes (the hyper client; grpc-go per lane in turn)\n";
-    report += &run_lanes(
-        &args,
-        "fake runtime (in-process, canned answers)",
-        &fake_sock,
-        dir.path(),
-        true,
-    )
-    .await?;
+    report += &run_lanes(&args, &Upstream::fake(&fake_sock), dir.path()).await?;
     if args.runs(Workload::Mix) {
         report += &run_mix(&args, dir.path()).await?;
     }
     if let Some(c) = &ctrd {
-        report += &run_lanes(&args, "real containerd", c.socket(), dir.path(), false).await?;
+        let containerd = Upstream::containerd("real containerd", c);
+        report += &run_lanes(&args, &containerd, dir.path()).await?;
     }
     println!("{report}");
     Ok(())

@@ -82,6 +82,30 @@ pub struct RuntimeContainerStatus {
     pub annotations: HashMap<String, String>,
 }
 
+#[cfg(test)]
+impl RuntimeContainerStatus {
+    /// A test's container `name` (`id`) of image `img`, in `state` since `created`, with nothing
+    /// else set: each test sets what the code under test reads.
+    pub(crate) fn fixture(id: &str, name: &str, state: CriState, created: i64) -> Self {
+        RuntimeContainerStatus {
+            id: id.into(),
+            name: name.into(),
+            state,
+            created_at: created,
+            started_at: 0,
+            finished_at: 0,
+            exit_code: 0,
+            reason: String::new(),
+            message: String::new(),
+            image: "img".into(),
+            image_ref: String::new(),
+            hash: String::new(),
+            restart_count: 0,
+            annotations: Default::default(),
+        }
+    }
+}
+
 impl RuntimeContainerStatus {
     /// `toKubeContainerStatus`: only EXITED containers carry exit code, reason and finish time;
     /// only non-CREATED ones a start time (KUBELET-CRI §4.3).

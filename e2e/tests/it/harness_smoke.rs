@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use crisp_e2e::harness::{
-    container_status, create_and_start, cri_clients, remove_the_pod, require_root, run_pod_with,
-    wait_container, wait_log_line, Containerd, ContainerdOpts, BUSYBOX_IMAGE, PAUSE_IMAGE,
+    container_status, create_and_start, cri_clients, named_container, remove_the_pod, require_root,
+    run_pod_with, wait_container, wait_log_line, Containerd, ContainerdOpts, BUSYBOX_IMAGE,
+    PAUSE_IMAGE,
 };
 use k8s_cri::v1 as cri;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
@@ -54,18 +55,10 @@ fn sandbox_config(name: &str, log_dir: &Path, host_network: bool) -> cri::PodSan
 
 fn container_config(name: &str, image: &str, command: &[&str]) -> cri::ContainerConfig {
     cri::ContainerConfig {
-        metadata: Some(cri::ContainerMetadata {
-            name: name.into(),
-            attempt: 0,
-        }),
-        image: Some(cri::ImageSpec {
-            image: image.into(),
-            ..Default::default()
-        }),
         command: command.iter().map(|s| s.to_string()).collect(),
         // kubelet's layout: <pod log dir>/<container>/<restart>.log
         log_path: format!("{name}/0.log"),
-        ..Default::default()
+        ..named_container(name, image)
     }
 }
 

@@ -28,6 +28,28 @@ fn file_ready_sidecar(name: &str, delay: u32) -> String {
     format!("  - name: {name}\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep {delay}; touch /tmp/ready; sleep 3600 & wait\"]\n")
 }
 
+/// A host-network pod `name` whose sidecar `proxy` (after [`FILE_READY`]) is ready `delay` s
+/// after it starts, listed after the app when `sidecar_last`; `init`, its init containers (YAML,
+/// or empty).
+fn file_ready_pod(name: &str, init: &str, delay: u32, sidecar_last: bool) -> PodSpec {
+    let sidecar = file_ready_sidecar("proxy", delay);
+    let containers = if sidecar_last {
+        format!("{APP}{sidecar}")
+    } else {
+        format!("{sidecar}{APP}")
+    };
+    pod(&format!(
+        "name: {name}\nhostNetwork: true\n{FILE_READY}{init}containers:\n{containers}"
+    ))
+}
+
+/// kubelet's CreateContainer calls of the app, as its journal has them.
+fn app_creates(st: &Stack) -> Vec<crisp_e2e::emulator::CallRecord> {
+    st.kubelet
+        .journal()
+        .container_calls("CreateContainer", "app")
+}
+
 /// A container that only sleeps; exits 0 on SIGTERM at once.
 fn sleeper(name: &str) -> String {
     format!("  - name: {name}\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 3600 & wait\"]\n")
@@ -66,11 +88,9 @@ async fn app_waits_for_http_ready_sidecar() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sidecar_listed_after_app_still_starts_first() -> Result<()> {
     let st = Stack::start(false, "", |_| {}).await?;
-    let yaml = format!(
-        "name: late\nhostNetwork: true\n{FILE_READY}containers:\n{APP}{}",
-        file_ready_sidecar("proxy", 2)
-    );
-    let uid = st.run_pod(pod(&yaml), STEP).await?;
+    let uid = st
+        .run_pod(file_ready_pod("late", "", 2, true), STEP)
+        .await?;
     let proxy = st.status(&uid, "proxy").await?;
     let apps = st.instances(&uid, "app").await?;
     assert_eq!(
@@ -93,10 +113,7 @@ async fn sidecar_listed_after_app_still_starts_first() -> Result<()> {
     let view = st.kubelet.pod(&uid).expect("pod");
     assert_eq!(view.container("app").map(|c| c.restart_count), Some(0));
     // kubelet saw the fail-fast refusal, then a successful retry.
-    let creates = st
-        .kubelet
-        .journal()
-        .container_calls("CreateContainer", "app");
+    let creates = app_creates(&st);
     assert!(
         creates.len() >= 2,
         "expected a refused then a retried CreateContainer: {creates:?}"
@@ -248,15 +265,10 @@ async fn never_ready_sidecar_fails_and_kubelet_retries() -> Result<()> {
         },
     )
     .await?;
-    let yaml = format!(
-        "name: failing\nhostNetwork: true\n{FILE_READY}containers:\n{}{APP}",
-        file_ready_sidecar("proxy", 8)
-    );
-    let uid = st.run_pod(pod(&yaml), STEP).await?;
-    let creates = st
-        .kubelet
-        .journal()
-        .container_calls("CreateContainer", "app");
+    let uid = st
+        .run_pod(file_ready_pod("failing", "", 8, false), STEP)
+        .await?;
+    let creates = app_creates(&st);
     assert!(
         creates.len() >= 2,
         "expected a failed hold and a retry: {creates:?}"
@@ -330,11 +342,10 @@ fn assert_no_call_outlived_deadline(st: &Stack) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn init_containers_are_not_deadlocked() -> Result<()> {
     let st = Stack::start(false, "", |_| {}).await?;
-    let yaml = format!(
-        "name: withinit\nhostNetwork: true\n{FILE_READY}initContainers:\n  - name: init\n    command: [sh, -c, \"true\"]\ncontainers:\n{}{APP}",
-        file_ready_sidecar("proxy", 1)
-    );
-    let uid = st.run_pod(pod(&yaml), STEP).await?;
+    let init = "initContainers:\n  - name: init\n    command: [sh, -c, \"true\"]\n";
+    let uid = st
+        .run_pod(file_ready_pod("withinit", init, 1, false), STEP)
+        .await?;
     let init = st.instances(&uid, "init").await?;
     assert_eq!(init.len(), 1);
     assert_eq!(init[0].exit_code, 0);
@@ -354,11 +365,9 @@ async fn init_containers_are_not_deadlocked() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crisp_restart_mid_start_keeps_the_order() -> Result<()> {
     let mut st = Stack::start(false, "", |_| {}).await?;
-    let yaml = format!(
-        "name: restart\nhostNetwork: true\n{FILE_READY}containers:\n{}{APP}",
-        file_ready_sidecar("proxy", 4)
-    );
-    let uid = st.kubelet.add_pod(pod(&yaml))?;
+    let uid = st
+        .kubelet
+        .add_pod(file_ready_pod("restart", "", 4, false))?;
     // Wait until crisp holds the app's CreateContainer.
     let deadline = tokio::time::Instant::now() + STEP;
     while !st.crisp.log_text().contains("holding CreateContainer") {
@@ -423,13 +432,12 @@ async fn pods_without_sidecars_are_untouched() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restored_pods_app_starts_after_its_sidecar_is_ready() -> Result<()> {
     let st = Stack::start(false, "", |_| {}).await?;
-    let yaml = format!(
-        "name: restored\nhostNetwork: true\n{FILE_READY}containers:\n{APP}{}",
-        file_ready_sidecar("proxy", 3)
-    );
     let uid = st
         .kubelet
-        .restore_pod(pod(&yaml), st.containerd.socket())
+        .restore_pod(
+            file_ready_pod("restored", "", 3, true),
+            st.containerd.socket(),
+        )
         .await?;
     st.wait_all_running(&uid, STEP).await?;
     let (proxy, app) = (

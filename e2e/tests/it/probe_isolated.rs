@@ -269,24 +269,8 @@ async fn isolated_pods_aimed_at_the_node_reach_nothing() -> Result<()> {
         |_| {},
     )
     .await?;
-    let subnet = st.containerd.cni_subnet().context("no CNI subnet")?;
-    let net: std::net::Ipv4Addr = subnet
-        .split('/')
-        .next()
-        .unwrap_or_default()
-        .parse()
-        .context("CNI subnet")?;
-    let gateway = std::net::Ipv4Addr::from(u32::from(net) + 1);
-    let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await?;
-    let port = listener.local_addr()?.port();
-    let accepts = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counter = accepts.clone();
-    let server = tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            let _ = tokio::io::AsyncWriteExt::write_all(&mut s, b"HTTP/1.0 200 OK\r\n\r\n").await;
-        }
-    });
+    let gateway = crate::probe_netns::cni_gateway(&st)?;
+    let (port, accepts, server) = crate::probe_netns::node_listener().await?;
     let yaml = format!(
         "name: isolated-aimed\nnamespace: tenant\nruntimeClassName: isolated\nannotations:\n  crisp.dev/sidecars: a, b\n  crisp.dev/ready.a: \"tcp://{gateway}:{port}\"\n  crisp.dev/ready.b: \"http://{gateway}:{port}/pods\"\n  crisp.dev/start-timeout: 3s\ncontainers:\n  - name: a\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 3600 & wait\"]\n  - name: b\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 3600 & wait\"]\n{APP}"
     );

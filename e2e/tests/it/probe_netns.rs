@@ -64,26 +64,8 @@ async fn sidecar_on_pod_loopback_orders_the_pod() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn annotations_aimed_at_the_node_reach_nothing() -> Result<()> {
     let st = Stack::start(true, "", |_| {}).await?;
-    let subnet = st.containerd.cni_subnet().context("no CNI subnet")?;
-    let net: std::net::Ipv4Addr = subnet
-        .split('/')
-        .next()
-        .unwrap_or_default()
-        .parse()
-        .context("CNI subnet")?;
-    let gateway = std::net::Ipv4Addr::from(u32::from(net) + 1);
-
-    let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await?;
-    let port = listener.local_addr()?.port();
-    let accepts = Arc::new(AtomicUsize::new(0));
-    let counter = accepts.clone();
-    let server = tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            counter.fetch_add(1, Ordering::SeqCst);
-            // Answer like a service would (the kubelet read-only port answers 200).
-            let _ = tokio::io::AsyncWriteExt::write_all(&mut s, b"HTTP/1.0 200 OK\r\n\r\n").await;
-        }
-    });
+    let gateway = cni_gateway(&st)?;
+    let (port, accepts, server) = node_listener().await?;
     let yaml = format!(
         "name: aimed\nnamespace: tenant\nannotations:\n  crisp.dev/sidecars: elsewhere, loop\n  crisp.dev/ready.elsewhere: \"tcp://{gateway}:{port}\"\n  crisp.dev/ready.loop: \"http://127.0.0.1:{port}/pods\"\n  crisp.dev/start-timeout: 3s\ncontainers:\n  - name: elsewhere\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 3600 & wait\"]\n  - name: loop\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 3600 & wait\"]\n{APP}"
     );
@@ -143,6 +125,37 @@ async fn annotations_aimed_at_the_node_reach_nothing() -> Result<()> {
     st.delete_pod(&uid, Some(5), STEP).await?;
     server.abort();
     Ok(())
+}
+
+/// The gateway of the stack's CNI bridge (the pod subnet's first address): an address of the
+/// node that is not the pod's.
+pub(crate) fn cni_gateway(st: &Stack) -> Result<std::net::Ipv4Addr> {
+    let subnet = st.containerd.cni_subnet().context("no CNI subnet")?;
+    let net: std::net::Ipv4Addr = subnet
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .parse()
+        .context("CNI subnet")?;
+    Ok(std::net::Ipv4Addr::from(u32::from(net) + 1))
+}
+
+/// A listener on the node, on every address, that counts the connections it accepts and
+/// answers like a service would (the kubelet read-only port answers 200): its port, the count,
+/// and its task.
+pub(crate) async fn node_listener() -> Result<(u16, Arc<AtomicUsize>, tokio::task::JoinHandle<()>)>
+{
+    let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await?;
+    let port = listener.local_addr()?.port();
+    let accepts = Arc::new(AtomicUsize::new(0));
+    let counter = accepts.clone();
+    let server = tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            counter.fetch_add(1, Ordering::SeqCst);
+            let _ = tokio::io::AsyncWriteExt::write_all(&mut s, b"HTTP/1.0 200 OK\r\n\r\n").await;
+        }
+    });
+    Ok((port, accepts, server))
 }
 
 /// Waits until `n` connections were accepted (bounded); returns the count.

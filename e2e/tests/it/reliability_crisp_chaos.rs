@@ -62,7 +62,45 @@ struct Chaos<'a> {
     crisp_started: Vec<i64>,
 }
 
-impl Chaos<'_> {
+impl<'a> Chaos<'a> {
+    /// A chaos run on `crisp`, whose admin socket and state directory are in `crisp_dir`.
+    fn new(
+        containerd: &'a Path,
+        kubelet: &'a Kubelet,
+        crisp_dir: &Path,
+        crisp: &'a mut dyn Restartable,
+    ) -> Chaos<'a> {
+        Chaos {
+            containerd,
+            kubelet,
+            admin: crisp_dir.join("admin.sock"),
+            state_dir: crisp_dir.join("state"),
+            crisp,
+            crisp_started: Vec::new(),
+        }
+    }
+
+    /// [`Chaos::run`]; when it fails, crisp's call counters and the grpc-go client's side: its
+    /// connections' states and warnings, with their times (RELIABILITY.md: the open hang after
+    /// a kill).
+    async fn run_reporting(
+        &mut self,
+        rng: &mut Rng,
+        bridges: &[crisp_e2e::grpcgo::GoBridge],
+    ) -> Result<()> {
+        let r = self.run(rng).await;
+        if r.is_err() {
+            eprintln!(
+                "--- crisp's call counters ---\n{}",
+                call_counters(&self.admin).await
+            );
+            for b in bridges {
+                eprintln!("--- grpc-go bridge log ---\n{}", b.log_text());
+            }
+        }
+        r
+    }
+
     fn kill(&mut self, when: &str, kills: &mut Vec<String>) -> Result<()> {
         tokio::task::block_in_place(|| self.crisp.restart())
             .with_context(|| format!("restarting crisp ({when})"))?;
@@ -262,27 +300,10 @@ async fn crisp_sigkilled_at_random_points_of_a_wave() -> Result<()> {
         bridges,
         ..
     } = &mut st;
-    let admin = crisp.dir().join("admin.sock");
-    let state_dir = crisp.dir().join("state");
-    let mut chaos = Chaos {
-        containerd: containerd.socket(),
-        kubelet,
-        admin,
-        state_dir,
-        crisp,
-        crisp_started: Vec::new(),
-    };
-    let r = chaos.run(&mut rng).await;
-    if r.is_err() {
-        eprintln!(
-            "--- crisp's call counters ---\n{}",
-            call_counters(&chaos.admin).await
-        );
-        for b in bridges.iter() {
-            eprintln!("--- grpc-go bridge log ---\n{}", b.log_text());
-        }
-    }
-    r
+    let crisp_dir = crisp.dir().to_path_buf();
+    Chaos::new(containerd.socket(), kubelet, &crisp_dir, crisp)
+        .run_reporting(&mut rng, bridges)
+        .await
 }
 
 /// crisp started the way systemd starts a socket-activated service: fd 3 is the listening
@@ -439,29 +460,10 @@ async fn socket_activated_crisp_sigkilled_at_random_points_of_a_wave() -> Result
         Vec::new()
     };
     let kubelet = Kubelet::new(cfg).await?;
-    let admin = crisp.dir.path().join("admin.sock");
-    let state_dir = crisp.dir.path().join("state");
-    let mut chaos = Chaos {
-        containerd: containerd.socket(),
-        kubelet: &kubelet,
-        admin,
-        state_dir,
-        crisp: &mut crisp,
-        crisp_started: Vec::new(),
-    };
-    let r = chaos.run(&mut rng).await;
-    if r.is_err() {
-        eprintln!(
-            "--- crisp's call counters ---\n{}",
-            call_counters(&chaos.admin).await
-        );
-        // The grpc-go client's side: its connection's states and warnings, with their times
-        // (RELIABILITY.md: the open hang after a kill).
-        for b in &bridges {
-            eprintln!("--- grpc-go bridge log ---\n{}", b.log_text());
-        }
-    }
-    drop(chaos);
+    let crisp_dir = crisp.dir.path().to_path_buf();
+    let r = Chaos::new(containerd.socket(), &kubelet, &crisp_dir, &mut crisp)
+        .run_reporting(&mut rng, &bridges)
+        .await;
     kubelet.shutdown().await;
     r
 }
@@ -520,6 +522,25 @@ struct Cell {
     broken: Vec<String>,
     /// The cell's whole run, setup and checks included.
     cell_ms: f64,
+}
+
+impl Cell {
+    /// A cell of the matrix before it runs: nothing killed, called or measured yet.
+    fn new(mode: &'static str, forward: &str, point: &str, after_ms: u64) -> Cell {
+        Cell {
+            mode,
+            forward: forward.to_string(),
+            point: point.to_string(),
+            after_ms,
+            killed: false,
+            restart_ms: 0.0,
+            calls: Vec::new(),
+            recovered_ms: None,
+            hang: false,
+            broken: Vec::new(),
+            cell_ms: 0.0,
+        }
+    }
 }
 
 fn env_list<T: std::str::FromStr + Clone>(name: &str, default: &[T]) -> Vec<T> {
@@ -621,19 +642,7 @@ async fn run_cell(
         },
     )?;
     let began = Instant::now();
-    let mut cell = Cell {
-        mode,
-        forward: forward.to_string(),
-        point: point.to_string(),
-        after_ms,
-        killed: false,
-        restart_ms: 0.0,
-        calls: Vec::new(),
-        recovered_ms: None,
-        hang: false,
-        broken: Vec::new(),
-        cell_ms: 0.0,
-    };
+    let mut cell = Cell::new(mode, forward, point, after_ms);
     // request, response: a trigger call, then the runtime and image calls; queued: the trigger
     // and the queued runtime call; the others: the runtime and image calls.
     let want = if matches!(point, "request" | "response") {
@@ -871,19 +880,7 @@ async fn run_held_cell(
     std::fs::create_dir_all(&logs)?;
     let (rt, _) = crisp_e2e::harness::cri_clients(bridge.socket()).await?;
     let (mut direct, _) = crisp_e2e::harness::cri_clients(containerd).await?;
-    let mut cell = Cell {
-        mode,
-        forward: "invoke".into(),
-        point: point.to_string(),
-        after_ms: 0,
-        killed: false,
-        restart_ms: 0.0,
-        calls: Vec::new(),
-        recovered_ms: None,
-        hang: false,
-        broken: Vec::new(),
-        cell_ms: 0.0,
-    };
+    let mut cell = Cell::new(mode, "invoke", point, 0);
     let restart = |cell: &mut Cell, crisp: &mut dyn Matrixable| -> Result<()> {
         let t = Instant::now();
         tokio::task::block_in_place(|| crisp.restart()).context("restarting crisp")?;

@@ -21,6 +21,15 @@ fn ordered(annotations: &[(&str, &str)]) -> bool {
     parse(annotations).0.has_sidecars()
 }
 
+/// An HTTP probe of the pod's own address, as an injector's sidecar is probed.
+fn http(port: u16, path: &str) -> Readiness {
+    Readiness::Http {
+        host: None,
+        port,
+        path: path.into(),
+    }
+}
+
 const ISTIO: &str = r#"{"initContainers":["istio-init"],"containers":["istio-proxy"],"volumes":["istio-envoy"],"imagePullSecrets":null,"revision":"default"}"#;
 
 #[test]
@@ -42,14 +51,7 @@ fn istio_status_names_proxy_and_init() {
         p.sidecars[0].required,
         "listed after the app, it is still waited for"
     );
-    assert_eq!(
-        p.sidecars[0].ready,
-        Readiness::Http {
-            host: None,
-            port: 15021,
-            path: "/healthz/ready".into()
-        }
-    );
+    assert_eq!(p.sidecars[0].ready, http(15021, "/healthz/ready"));
     assert!(p.is_known_init("istio-init"));
     assert!(
         !p.init_complete,
@@ -63,14 +65,7 @@ fn istio_port_annotation_moves_the_probe_and_zero_disables_it() {
         ("sidecar.istio.io/status", ISTIO),
         ("status.sidecar.istio.io/port", "15099"),
     ]);
-    assert_eq!(
-        p.sidecars[0].ready,
-        Readiness::Http {
-            host: None,
-            port: 15099,
-            path: "/healthz/ready".into()
-        }
-    );
+    assert_eq!(p.sidecars[0].ready, http(15099, "/healthz/ready"));
     let (p, _) = parse(&[
         ("sidecar.istio.io/status", ISTIO),
         ("status.sidecar.istio.io/port", "0"),
@@ -80,14 +75,7 @@ fn istio_port_annotation_moves_the_probe_and_zero_disables_it() {
         ("sidecar.istio.io/status", ISTIO),
         ("status.sidecar.istio.io/port", "high"),
     ]);
-    assert_eq!(
-        p.sidecars[0].ready,
-        Readiness::Http {
-            host: None,
-            port: 15021,
-            path: "/healthz/ready".into()
-        }
-    );
+    assert_eq!(p.sidecars[0].ready, http(15021, "/healthz/ready"));
     assert_eq!(w.len(), 1);
     assert_eq!(w[0].key, "status.sidecar.istio.io/port");
 }
@@ -121,14 +109,7 @@ fn linkerd_by_proxy_version_with_admin_port() {
     assert!(w.is_empty(), "{w:?}");
     assert_eq!(p.injectors, vec!["linkerd"]);
     assert_eq!(p.sidecars[0].name, "linkerd-proxy");
-    assert_eq!(
-        p.sidecars[0].ready,
-        Readiness::Http {
-            host: None,
-            port: 4999,
-            path: "/ready".into()
-        }
-    );
+    assert_eq!(p.sidecars[0].ready, http(4999, "/ready"));
     assert!(p.is_known_init("linkerd-init"));
     // The user's request alone is not an injected pod (the webhook may not have run).
     assert!(!ordered(&[("linkerd.io/inject", "enabled")]));
@@ -338,11 +319,7 @@ fn a_port_annotation_past_the_value_cap_is_refused_unread() {
     ]);
     assert_eq!(
         p.sidecars[0].ready,
-        Readiness::Http {
-            host: None,
-            port: 15021,
-            path: "/healthz/ready".into()
-        },
+        http(15021, "/healthz/ready"),
         "the table's port"
     );
     assert_eq!(w.total(), 1);

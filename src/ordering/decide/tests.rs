@@ -156,13 +156,11 @@ fn start_check_walks_the_sidecars_in_order_and_asks_for_probes() {
     let check = |probed: &HashMap<String, bool>| {
         check_start("ns/pod", &p.sidecars, &snap, false, nobody, probed)
     };
-    assert_eq!(
-        check(&probed),
-        Check::Probe {
-            sidecar: &p.sidecars[0],
-            container_id: "a-1".into()
-        }
-    );
+    let probe = |i: usize, container_id: &str| Check::Probe {
+        sidecar: &p.sidecars[i],
+        container_id: container_id.into(),
+    };
+    assert_eq!(check(&probed), probe(0, "a-1"));
     probed.insert("a".to_string(), false);
     assert_eq!(
         check(&probed),
@@ -170,13 +168,7 @@ fn start_check_walks_the_sidecars_in_order_and_asks_for_probes() {
         "b is not probed while a is not ready"
     );
     probed.insert("a".to_string(), true);
-    assert_eq!(
-        check(&probed),
-        Check::Probe {
-            sidecar: &p.sidecars[1],
-            container_id: "b-2".into()
-        }
-    );
+    assert_eq!(check(&probed), probe(1, "b-2"));
     probed.insert("b".to_string(), true);
     assert_eq!(check(&probed), Check::Ready);
 }
@@ -185,18 +177,20 @@ fn start_check_walks_the_sidecars_in_order_and_asks_for_probes() {
 fn start_check_fails_fast_for_a_sidecar_not_created_or_not_running() {
     let p = policy(&["proxy"], &[]);
     let none = HashMap::new();
-    let Check::Refuse(why) = check_start(
+    // Why the create is refused with the sidecar's containers `list`.
+    let refusal = |list: &[views::Container]| match check_start(
         "ns/pod",
         &p.sidecars,
-        &Snapshot::new(&[]),
+        &Snapshot::new(list),
         false,
         nobody,
         &none,
-    ) else {
-        panic!()
+    ) {
+        Check::Refuse(why) => why.to_string(),
+        other => panic!("{other:?}"),
     };
     assert_eq!(
-        why.to_string(),
+        refusal(&[]),
         "sidecar \"proxy\" of pod ns/pod is not created yet (is it listed after this container?)"
     );
     for (st, words) in [
@@ -204,19 +198,8 @@ fn start_check_fails_fast_for_a_sidecar_not_created_or_not_running() {
         (state::EXITED, "exited"),
         (state::UNKNOWN, "in an unknown state"),
     ] {
-        let list = [c("proxy", 1, st)];
-        let Check::Refuse(why) = check_start(
-            "ns/pod",
-            &p.sidecars,
-            &Snapshot::new(&list),
-            false,
-            nobody,
-            &none,
-        ) else {
-            panic!()
-        };
         assert_eq!(
-            why.to_string(),
+            refusal(&[c("proxy", 1, st)]),
             format!("sidecar \"proxy\" of pod ns/pod is {words}, not running")
         );
     }

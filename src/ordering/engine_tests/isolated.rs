@@ -342,6 +342,15 @@ impl TestNetns {
     pub(super) fn path(&self) -> String {
         format!("/run/netns/{}", self.0)
     }
+
+    /// A runtime's verbose PodSandboxStatus `info` (containerd's shape) naming this namespace as
+    /// the sandbox's network namespace.
+    pub(super) fn runtime_info(&self) -> String {
+        format!(
+            r#"{{"runtimeSpec":{{"linux":{{"namespaces":[{{"type":"network","path":"{}"}}]}}}}}}"#,
+            self.path()
+        )
+    }
 }
 
 fn port_seed() -> u64 {
@@ -377,10 +386,7 @@ async fn a_runc_pod_under_another_handler_is_probed_inside_its_namespace() {
     // The node: listening at the same address and port in crisp's namespace.
     let accepts = count_accepts(std::net::TcpListener::bind((ip, port)).unwrap());
     let (fake, engine) = isolated_pod("nvidia", &format!("tcp://:{port}"), &ip.to_string(), &[]);
-    fake.script().info = Some(format!(
-        r#"{{"runtimeSpec":{{"linux":{{"namespaces":[{{"type":"network","path":"{}"}}]}}}}}}"#,
-        netns.path()
-    ));
+    fake.script().info = Some(netns.runtime_info());
     let (v, _) = create_container(&engine, &fake, "app").await;
     assert_forward(&v);
     assert_eq!(last_probe(&engine), Ok(()));
@@ -407,10 +413,7 @@ async fn a_runc_pod_under_another_handler_is_probed_inside_its_namespace() {
 async fn a_namespace_without_the_pod_ip_makes_the_pod_isolated() {
     let netns = TestNetns::new("192.0.2.200".parse().unwrap());
     let (fake, engine, accepts) = pod_at_a_node_listener("nvidia");
-    fake.script().info = Some(format!(
-        r#"{{"runtimeSpec":{{"linux":{{"namespaces":[{{"type":"network","path":"{}"}}]}}}}}}"#,
-        netns.path()
-    ));
+    fake.script().info = Some(netns.runtime_info());
     let _ = create_container(&engine, &fake, "app").await;
     let why = last_probe(&engine).unwrap_err();
     assert!(why.contains("an address of the node itself"), "{why}");
@@ -440,10 +443,7 @@ async fn an_allowed_network_is_probed_from_inside_the_pods_namespace() {
         .annotations
         .insert("crisp.dev/ready.proxy".into(), "tcp://192.0.2.1:1".into());
     fake.script().ip = Some("10.1.2.3".into());
-    fake.script().info = Some(format!(
-        r#"{{"runtimeSpec":{{"linux":{{"namespaces":[{{"type":"network","path":"{}"}}]}}}}}}"#,
-        netns.path()
-    ));
+    fake.script().info = Some(netns.runtime_info());
     fake.add("proxy", Some(now()));
     let _ = create_container(&engine, &fake, "app").await;
     assert_eq!(engine.metrics.bad_annotations.get(), 0);

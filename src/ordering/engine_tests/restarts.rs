@@ -48,33 +48,49 @@ async fn unlinked_down_to(dir: &std::path::Path, left: usize) {
 }
 
 /// A pod with a sidecar `proxy` and an app, both running from now, on an engine that keeps its
-/// intents under `dir`: the runtime, the engine and when they started.
+/// intents under `dir` and refuses a held call at once: the runtime, the engine and when they
+/// started.
 fn proxy_and_app(dir: &std::path::Path) -> (Fake, Arc<Engine>, Instant) {
+    proxy_and_app_with(dir, |c| c.ordering.refuse_held_after = Duration::ZERO)
+}
+
+/// [`proxy_and_app`] on an engine configured by `tune`.
+fn proxy_and_app_with(
+    dir: &std::path::Path,
+    tune: impl FnOnce(&mut Config),
+) -> (Fake, Arc<Engine>, Instant) {
     let fake = Fake::default();
-    let engine = pod_on(
-        &fake,
-        &["proxy"],
-        &[],
-        |c| c.ordering.refuse_held_after = Duration::ZERO,
-        Some(dir),
-    );
+    let engine = pod_on(&fake, &["proxy"], &[], tune, Some(dir));
     let t0 = now();
     fake.add("proxy", Some(t0));
     fake.add("app", Some(t0));
     (fake, engine, t0)
 }
 
-/// kubelet stops the app (grace 30 s): forwarded and answered before crisp dies; the app
-/// exits at `exits`.
-async fn app_stopped_at(fake: &Fake, engine: &Engine, exits: Instant) {
+/// [`proxy_and_app`], then kubelet stops the app (grace 30 s): forwarded and answered before
+/// crisp dies; the app exits 3 s after the pod started.
+async fn proxy_and_stopped_app(dir: &std::path::Path) -> (Fake, Arc<Engine>, Instant) {
+    let (fake, engine, t0) = proxy_and_app(dir);
     let app_stop = call("StopContainer", KUBELET_DEADLINE);
     assert_forward(
         &engine
-            .on_request(&app_stop, &stop(&id_of(fake, "app"), 30))
+            .on_request(&app_stop, &stop(&id_of(&fake, "app"), 30))
             .await,
     );
-    answered(engine, &app_stop);
-    fake.set("app", |c| c.exited = Some(exits));
+    answered(&engine, &app_stop);
+    fake.set("app", |c| c.exited = Some(at(t0, 3 * S)));
+    (fake, engine, t0)
+}
+
+/// kubelet's StopContainer of the sidecar (call 2, 30 s grace), given a second: whether crisp
+/// still held it then.
+async fn sidecar_stop_held(fake: &Fake, engine: &Engine) -> bool {
+    let mut sidecar_stop = call("StopContainer", KUBELET_DEADLINE);
+    sidecar_stop.id = 2;
+    let stop = stop(&id_of(fake, "proxy"), 30);
+    tokio::time::timeout(S, engine.on_request(&sidecar_stop, &stop))
+        .await
+        .is_err()
 }
 
 /// A new engine on `dir` (crisp restarted) that has reconciled what it found there.
@@ -150,19 +166,11 @@ async fn a_create_holds_clock_survives_a_crash_loop() {
 #[tokio::test(start_paused = true)]
 async fn a_held_sidecar_stop_is_carried_out_by_the_restarted_crisp_after_the_apps() {
     let dir = tempfile::tempdir().unwrap();
-    let (fake, first, t0) = proxy_and_app(dir.path());
     // The app's stop is forwarded and answered before crisp dies; the app exits at 3 s.
-    app_stopped_at(&fake, &first, at(t0, 3 * S)).await;
+    let (fake, first, t0) = proxy_and_stopped_app(dir.path()).await;
     // The sidecar's stop is held; crisp is killed 1 s into the hold.
-    let mut sidecar_stop = call("StopContainer", KUBELET_DEADLINE);
-    sidecar_stop.id = 2;
-    let held = tokio::time::timeout(
-        S,
-        first.on_request(&sidecar_stop, &stop(&id_of(&fake, "proxy"), 30)),
-    )
-    .await;
     assert!(
-        held.is_err(),
+        sidecar_stop_held(&fake, &first).await,
         "the sidecar's stop is held while the app runs"
     );
     drop(first);
@@ -221,13 +229,7 @@ async fn a_forwarded_stop_whose_answer_died_with_crisp_is_carried_out_first() {
             .on_request(&app_stop, &stop(&id_of(&fake, "app"), 30))
             .await,
     );
-    let mut sidecar_stop = call("StopContainer", KUBELET_DEADLINE);
-    sidecar_stop.id = 2;
-    let _ = tokio::time::timeout(
-        S,
-        first.on_request(&sidecar_stop, &stop(&id_of(&fake, "proxy"), 30)),
-    )
-    .await;
+    sidecar_stop_held(&fake, &first).await;
     drop(first);
     tokio::time::sleep(S).await;
     let _second = restarted(&fake, &["proxy"], dir.path()).await;
@@ -246,11 +248,7 @@ async fn a_forwarded_stop_whose_answer_died_with_crisp_is_carried_out_first() {
 #[tokio::test(start_paused = true)]
 async fn answered_or_finished_stops_are_not_carried_out() {
     let dir = tempfile::tempdir().unwrap();
-    let fake = Fake::default();
-    let first = pod_on(&fake, &["proxy"], &[], |_| {}, Some(dir.path()));
-    let t0 = now();
-    fake.add("proxy", Some(t0));
-    fake.add("app", Some(t0));
+    let (fake, first, _) = proxy_and_app_with(dir.path(), |_| {});
     let app_stop = call("StopContainer", KUBELET_DEADLINE);
     assert_forward(
         &first
@@ -260,13 +258,7 @@ async fn answered_or_finished_stops_are_not_carried_out() {
     answered(&first, &app_stop);
     unlinked(dir.path(), "answered: nothing kept").await;
     // A held stop whose sidecar exits by itself while crisp is down.
-    let mut sidecar_stop = call("StopContainer", KUBELET_DEADLINE);
-    sidecar_stop.id = 2;
-    let _ = tokio::time::timeout(
-        S,
-        first.on_request(&sidecar_stop, &stop(&id_of(&fake, "proxy"), 30)),
-    )
-    .await;
+    sidecar_stop_held(&fake, &first).await;
     drop(first);
     fake.set("proxy", |c| c.exited = Some(now()));
     fake.set("app", |c| c.exited = Some(now()));
@@ -283,8 +275,7 @@ async fn answered_or_finished_stops_are_not_carried_out() {
 #[tokio::test(start_paused = true)]
 async fn a_held_stop_pod_sandbox_is_carried_out_by_the_restarted_crisp() {
     let dir = tempfile::tempdir().unwrap();
-    let (fake, first, t0) = proxy_and_app(dir.path());
-    app_stopped_at(&fake, &first, at(t0, 3 * S)).await;
+    let (fake, first, t0) = proxy_and_stopped_app(dir.path()).await;
     let mut sandbox_stop = call("StopPodSandbox", KUBELET_DEADLINE);
     sandbox_stop.id = 2;
     let msg = views::PodSandboxIdRequest {
@@ -330,11 +321,7 @@ async fn a_held_stop_pod_sandbox_is_carried_out_by_the_restarted_crisp() {
 #[tokio::test(start_paused = true)]
 async fn a_stop_pod_sandbox_already_done_is_not_carried_out() {
     let dir = tempfile::tempdir().unwrap();
-    let fake = Fake::default();
-    let first = pod_on(&fake, &["proxy"], &[], |_| {}, Some(dir.path()));
-    let t0 = now();
-    fake.add("proxy", Some(t0));
-    fake.add("app", Some(t0));
+    let (fake, first, t0) = proxy_and_app_with(dir.path(), |_| {});
     fake.set("app", |c| c.exited = Some(t0));
     let msg = views::PodSandboxIdRequest {
         pod_sandbox_id: SANDBOX.into(),

@@ -133,7 +133,11 @@ impl RuntimeClient {
         Req: Message + Send + Sync + 'static,
         Resp: Message + Default + Send + Sync + 'static,
     {
-        unary(self.pool.clone(), version, method, req, timeout).await
+        unary(
+            self.pool.clone(),
+            OwnCall::new(version, method, req, timeout),
+        )
+        .await
     }
 
     /// The containers that match `filter` (None: every container of the node, all states):
@@ -210,11 +214,7 @@ impl RuntimeClient {
         version: ApiVersion,
         sandbox_id: &str,
     ) -> Result<views::PodSandboxStatusResponse, ClientError> {
-        let req = views::PodSandboxIdRequest {
-            pod_sandbox_id: sandbox_id.to_string(),
-        };
-        self.call(version, "PodSandboxStatus", req, self.timeout)
-            .await
+        self.sandbox_status(version, sandbox_id, false).await
     }
 
     /// PodSandboxStatus with `verbose: true`: the runtime's own `info` too (the sandbox's
@@ -224,9 +224,20 @@ impl RuntimeClient {
         version: ApiVersion,
         sandbox_id: &str,
     ) -> Result<views::PodSandboxStatusResponse, ClientError> {
+        self.sandbox_status(version, sandbox_id, true).await
+    }
+
+    /// PodSandboxStatus (`verbose: false` is the field's default, so the plain request's bytes
+    /// are those of the request without it).
+    async fn sandbox_status(
+        &self,
+        version: ApiVersion,
+        sandbox_id: &str,
+        verbose: bool,
+    ) -> Result<views::PodSandboxStatusResponse, ClientError> {
         let req = views::PodSandboxStatusRequest {
             pod_sandbox_id: sandbox_id.to_string(),
-            verbose: true,
+            verbose,
         };
         self.call(version, "PodSandboxStatus", req, self.timeout)
             .await
@@ -256,9 +267,7 @@ impl RuntimeClient {
             timeout: timeout_secs,
         };
         let wait = self.timeout + Duration::from_secs(timeout_secs.max(0) as u64);
-        let _: views::ListPodSandboxRequest =
-            self.call(version, "StopContainer", req, wait).await?;
-        Ok(())
+        self.act(version, "StopContainer", req, wait).await
     }
 
     /// StopPodSandbox: the runtime stops whatever of the sandbox still runs and tears its
@@ -274,8 +283,21 @@ impl RuntimeClient {
         // kubelet gives it two minutes (KUBELET-CRI §3.3); crisp's own read timeout on top
         // of a teardown's worst case is the same order.
         let wait = self.timeout + SANDBOX_STOP_WAIT;
-        let _: views::ListPodSandboxRequest =
-            self.call(version, "StopPodSandbox", req, wait).await?;
+        self.act(version, "StopPodSandbox", req, wait).await
+    }
+
+    /// A call whose answer is an empty message (the stops): only its status counts.
+    async fn act<Req>(
+        &self,
+        version: ApiVersion,
+        method: &'static str,
+        req: Req,
+        wait: Duration,
+    ) -> Result<(), ClientError>
+    where
+        Req: Message + Send + Sync + 'static,
+    {
+        let _: views::ListPodSandboxRequest = self.call(version, method, req, wait).await?;
         Ok(())
     }
 
@@ -325,10 +347,7 @@ async fn list_containers<R: Runtime>(
     if version == ApiVersion::V1 && streams.unimplemented_at.load(Ordering::Relaxed) != dials {
         let chunks = streamed::<_, _, views::ListContainersResponse>(
             runtime.clone(),
-            version,
-            "StreamContainers",
-            req.clone(),
-            timeout,
+            OwnCall::new(version, "StreamContainers", req.clone(), timeout),
             MAX_STREAMED_CONTAINERS,
             |m| m.containers.len(),
         )
@@ -342,8 +361,11 @@ async fn list_containers<R: Runtime>(
             Err(e) => return Err(e),
         }
     }
-    let resp: views::ListContainersResponse =
-        unary(runtime, version, "ListContainers", req, timeout).await?;
+    let resp: views::ListContainersResponse = unary(
+        runtime,
+        OwnCall::new(version, "ListContainers", req, timeout),
+    )
+    .await?;
     Ok(resp.containers)
 }
 
@@ -359,37 +381,44 @@ fn path(version: ApiVersion, method: &'static str) -> Result<PathAndQuery, Clien
     })
 }
 
-/// One unary call through tonic over `runtime`, the runtime told of `timeout` (`grpc-timeout`
-/// to the millisecond) and given up on when it runs out. An OK answer without a message is the
-/// default message, as protobuf reads an empty one; more than one message is refused.
-async fn unary<R, Req, Resp>(
-    runtime: R,
+/// One of crisp's own calls: `method` of the RuntimeService in CRI API `version`, its request,
+/// and how long the runtime is told it has (`grpc-timeout`, to the millisecond) and crisp waits.
+pub(super) struct OwnCall<Req> {
     version: ApiVersion,
     method: &'static str,
     req: Req,
     timeout: Duration,
-) -> Result<Resp, ClientError>
+}
+
+impl<Req> OwnCall<Req> {
+    pub(super) fn new(
+        version: ApiVersion,
+        method: &'static str,
+        req: Req,
+        timeout: Duration,
+    ) -> Self {
+        OwnCall {
+            version,
+            method,
+            req,
+            timeout,
+        }
+    }
+}
+
+/// `call` as a unary call through tonic over `runtime`, given up on when its timeout runs out.
+/// An OK answer without a message is the default message, as protobuf reads an empty one; more
+/// than one message is refused.
+async fn unary<R, Req, Resp>(runtime: R, call: OwnCall<Req>) -> Result<Resp, ClientError>
 where
     R: Runtime,
     Req: Message + Send + Sync + 'static,
     Resp: Message + Default + Send + Sync + 'static,
 {
-    let path = path(version, method)?;
-    let request = request(req, timeout);
-    let mut grpc = Grpc::with_origin(
-        PoolService::new(runtime),
-        Uri::from_static("http://localhost"),
-    )
-    .max_decoding_message_size(MAX_ANSWER);
-    let fut = async move {
-        let codec = ProstCodec::<Req, Resp>::default();
+    let method = call.method;
+    // A server stream, not tonic's `unary`: that refuses an OK answer without a message.
+    answer_stream(runtime, call, |mut answer| async move {
         let fail = |status| client_error(method, status);
-        // `server_streaming`, not `unary`: tonic's unary refuses an OK answer without a message.
-        let mut answer = grpc
-            .server_streaming(request, path, codec)
-            .await
-            .map_err(fail)?
-            .into_inner();
         let first = answer.message().await.map_err(fail)?;
         if first.is_some() && answer.message().await.map_err(fail)?.is_some() {
             return Err(ClientError::Malformed {
@@ -398,21 +427,16 @@ where
             });
         }
         Ok(first.unwrap_or_default())
-    };
-    tokio::time::timeout(timeout, fut)
-        .await
-        .map_err(|_| ClientError::Timeout { method, timeout })?
+    })
+    .await
 }
 
-/// One server-streaming call through tonic over `runtime`: every message, in order, within
-/// `timeout` for the whole stream; at most `max_items` items in all (`items` counts a
+/// `call` as a server-streaming call through tonic over `runtime`: every message, in order,
+/// within its timeout for the whole stream; at most `max_items` items in all (`items` counts a
 /// message's), each message at most [`MAX_ANSWER`] bytes.
 async fn streamed<R, Req, Resp>(
     runtime: R,
-    version: ApiVersion,
-    method: &'static str,
-    req: Req,
-    timeout: Duration,
+    call: OwnCall<Req>,
     max_items: usize,
     items: impl Fn(&Resp) -> usize + Send,
 ) -> Result<Vec<Resp>, ClientError>
@@ -421,24 +445,15 @@ where
     Req: Message + Send + Sync + 'static,
     Resp: Message + Default + Send + Sync + 'static,
 {
-    let path = path(version, method)?;
-    let mut grpc = Grpc::with_origin(
-        PoolService::new(runtime),
-        Uri::from_static("http://localhost"),
-    )
-    .max_decoding_message_size(MAX_ANSWER);
-    let request = request(req, timeout);
-    let fut = async move {
-        let codec = ProstCodec::<Req, Resp>::default();
-        let fail = |status| client_error(method, status);
-        let mut answer = grpc
-            .server_streaming(request, path, codec)
-            .await
-            .map_err(fail)?
-            .into_inner();
+    let method = call.method;
+    answer_stream(runtime, call, |mut answer| async move {
         let mut out = Vec::new();
         let mut n = 0usize;
-        while let Some(m) = answer.message().await.map_err(fail)? {
+        while let Some(m) = answer
+            .message()
+            .await
+            .map_err(|status| client_error(method, status))?
+        {
             n = n.saturating_add(items(&m));
             if n > max_items {
                 return Err(ClientError::Malformed {
@@ -449,6 +464,45 @@ where
             out.push(m);
         }
         Ok(out)
+    })
+    .await
+}
+
+/// `call` made through tonic over `runtime` (each message of its answer at most
+/// [`MAX_ANSWER`] bytes), the answer's messages read by `read`; the whole call, `read` too,
+/// given up on when its timeout runs out.
+async fn answer_stream<R, Req, Resp, T, Read>(
+    runtime: R,
+    call: OwnCall<Req>,
+    read: impl FnOnce(tonic::codec::Streaming<Resp>) -> Read,
+) -> Result<T, ClientError>
+where
+    R: Runtime,
+    Req: Message + Send + Sync + 'static,
+    Resp: Message + Default + Send + Sync + 'static,
+    Read: std::future::Future<Output = Result<T, ClientError>>,
+{
+    let OwnCall {
+        version,
+        method,
+        req,
+        timeout,
+    } = call;
+    let path = path(version, method)?;
+    let request = request(req, timeout);
+    let mut grpc = Grpc::with_origin(
+        PoolService::new(runtime),
+        Uri::from_static("http://localhost"),
+    )
+    .max_decoding_message_size(MAX_ANSWER);
+    let fut = async move {
+        let codec = ProstCodec::<Req, Resp>::default();
+        let answer = grpc
+            .server_streaming(request, path, codec)
+            .await
+            .map_err(|status| client_error(method, status))?
+            .into_inner();
+        read(answer).await
     };
     tokio::time::timeout(timeout, fut)
         .await

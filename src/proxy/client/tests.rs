@@ -158,7 +158,11 @@ async fn version(fake: &Fake, timeout: Duration) -> Result<VersionResponse, Clie
     let req = VersionRequest {
         version: "v1".into(),
     };
-    unary(fake.clone(), ApiVersion::V1, "Version", req, timeout).await
+    unary(
+        fake.clone(),
+        OwnCall::new(ApiVersion::V1, "Version", req, timeout),
+    )
+    .await
 }
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -218,10 +222,12 @@ async fn answers_up_to_64_mib_decode() {
     .encode_to_vec();
     let fake = Fake::new(ok(&[&big]));
     let req = views::ListContainersRequest { filter: None };
-    let resp: views::ListContainersResponse =
-        unary(fake, ApiVersion::V1, "ListContainers", req, SECOND)
-            .await
-            .unwrap();
+    let resp: views::ListContainersResponse = unary(
+        fake,
+        OwnCall::new(ApiVersion::V1, "ListContainers", req, SECOND),
+    )
+    .await
+    .unwrap();
     assert_eq!(resp.containers.len(), 1);
     assert_eq!(resp.containers[0].id, "c1");
     // A message announced past 64 MiB is refused from its prefix, before its bytes are held.
@@ -274,9 +280,12 @@ async fn the_runtime_is_told_the_deadline_and_crisp_keeps_it() {
     // v1alpha2's path.
     let fake = Fake::new(ok(&[]));
     let req = VersionRequest::default();
-    let _: VersionResponse = unary(fake.clone(), ApiVersion::V1alpha2, "Version", req, SECOND)
-        .await
-        .unwrap();
+    let _: VersionResponse = unary(
+        fake.clone(),
+        OwnCall::new(ApiVersion::V1alpha2, "Version", req, SECOND),
+    )
+    .await
+    .unwrap();
     assert_eq!(
         fake.request().parts.uri.path(),
         "/runtime.v1alpha2.RuntimeService/Version"

@@ -13,12 +13,13 @@ use std::sync::Arc;
 use anyhow::Result;
 use clap::Parser;
 use crisp_e2e::fakert::{self, Canned};
-use k8s_cri::v1 as cri;
-use prost::Message;
 
 use super::burst::{self, exec_probes_per_second, pct, probe_interval, relist_ms};
 use super::ownwork;
-use super::{grpcgo_relist, machine_line, start_crisp_bin, start_socat, Args, Lane};
+use super::{
+    grpcgo_relist, machine_line, relist_flags, relist_methods, start_crisp_bin, start_socat, Args,
+    Lane,
+};
 
 /// Pods in the lane's burst (BENCHMARKS.md measured 100; 50 keep the lane under a minute).
 const PODS: usize = 50;
@@ -152,46 +153,13 @@ fn relist_verdict() -> Result<Verdict> {
         &upstream,
         &crisp_config(),
     )?;
-    let lanes = [
-        Lane {
-            name: "direct",
-            socket: upstream,
-        },
-        Lane {
-            name: "socat",
-            socket: socat_sock,
-        },
-        Lane {
-            name: "crisp",
-            socket: crisp_sock,
-        },
-    ];
-    let methods = [
-        (
-            "ListPodSandbox",
-            cri::ListPodSandboxRequest::default().encode_to_vec(),
-        ),
-        (
-            "ListContainers",
-            cri::ListContainersRequest::default().encode_to_vec(),
-        ),
-    ];
-    let args: Vec<String> = [
-        "--runs",
-        "3",
-        "--count",
-        "100",
-        "--warmup",
-        "10",
-        "--pace",
-        "20ms",
-        "--timeout",
-        "60s",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let r = grpcgo_relist(&lanes, &[], &methods, &args)?;
+    let lanes = Lane::direct_socat_crisp(&upstream, socat_sock, crisp_sock);
+    let r = grpcgo_relist(
+        &lanes,
+        &[],
+        &relist_methods(),
+        &relist_flags(3, 100, 10, 20),
+    )?;
     let runs = r.latency.last().map(Vec::as_slice).unwrap_or_default();
     let ratios: Vec<f64> = runs
         .iter()

@@ -25,7 +25,8 @@ use k8s_cri::v1 as cri;
 use prost::Message;
 
 use super::{
-    connect, grpcgo_relist, machine_line, start_crisp_bin, steal_jiffies, Args, Lane, RelistRuns,
+    connect, grpcgo_relist, machine_line, relist_flags, relist_methods, start_crisp_own_dir,
+    steal_jiffies, Args, Lane, RelistRuns,
 };
 
 /// The sidecar's name and its readiness, as a pod's author writes them (docs/ANNOTATIONS.md).
@@ -215,17 +216,7 @@ pub(super) async fn run(args: &Args, dir: &Path, k: usize) -> Result<Run> {
     let tag = format!("burst-{k}");
     let upstream = dir.join(format!("{tag}-fake.sock"));
     let _fake = fakert::serve(&upstream, canned.clone())?;
-    let crisp_dir = dir.join(format!("{tag}-crisp"));
-    std::fs::create_dir_all(&crisp_dir)?;
-    let crisp_sock = crisp_dir.join("crisp.sock");
-    let _crisp = start_crisp_bin(
-        &crisp_e2e::crisp::crisp_binary()?,
-        &tag,
-        dir,
-        &crisp_sock,
-        &upstream,
-        &args.crisp_config,
-    )?;
+    let (_crisp, crisp_sock) = start_crisp_own_dir(args, &tag, dir, &upstream)?;
     // crisp reads the node when it starts (its recovery: a PodSandboxStatus per sandbox): let
     // that end before measuring.
     let recovered = Instant::now();
@@ -236,14 +227,8 @@ pub(super) async fn run(args: &Args, dir: &Path, k: usize) -> Result<Run> {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let lanes = vec![
-        Lane {
-            name: "direct",
-            socket: upstream.clone(),
-        },
-        Lane {
-            name: "crisp",
-            socket: crisp_sock.clone(),
-        },
+        Lane::new("direct", upstream.clone()),
+        Lane::new("crisp", crisp_sock.clone()),
     ];
     let relist = RelistArgs {
         pace: args.burst_relist_pace_ms,
@@ -360,32 +345,11 @@ struct RelistArgs {
 
 impl RelistArgs {
     fn run(&self, lanes: &[Lane]) -> Result<RelistRuns> {
-        let methods = [
-            (
-                "ListPodSandbox",
-                cri::ListPodSandboxRequest::default().encode_to_vec(),
-            ),
-            (
-                "ListContainers",
-                cri::ListContainersRequest::default().encode_to_vec(),
-            ),
-        ];
         grpcgo_relist(
             lanes,
             &[],
-            &methods,
-            &[
-                "--runs".into(),
-                "1".into(),
-                "--count".into(),
-                self.count.to_string(),
-                "--warmup".into(),
-                "3".into(),
-                "--pace".into(),
-                format!("{}ms", self.pace),
-                "--timeout".into(),
-                "60s".into(),
-            ],
+            &relist_methods(),
+            &relist_flags(1, self.count, 3, self.pace),
         )
     }
 }

@@ -14,8 +14,8 @@ use k8s_cri::v1 as cri;
 use prost::Message;
 
 use super::{
-    fmt_spread, grpcgo_relist, kubelet_latency_table, machine_line, proc_status, start_crisp_bin,
-    start_socat, start_socat_with, steal_jiffies, Args, Lane, Watched,
+    grpcgo_relist, machine_line, proc_status, relist_args, relist_latency_tables, relist_methods,
+    relist_process_row, steal_jiffies, Args, RelistLanes,
 };
 
 /// Pods created at once while the node fills.
@@ -77,78 +77,19 @@ pub(super) async fn report(args: &Args, dir: &Path) -> Result<String> {
     let ctrd_rss = ctrd.pid().map_or(0, |pid| proc_status(pid, "VmRSS:"));
 
     let (steal0, total0) = steal_jiffies();
-    let socat_sock = dir.join("ctrd-relist-socat.sock");
-    let socat = start_socat(&socat_sock, &upstream)?;
-    let splice_sock = dir.join("ctrd-relist-splice64k.sock");
-    let splice = start_socat_with(&splice_sock, &upstream, &["-b", "65536"])?;
-    let crisp_dir = dir.join("ctrd-relist-crisp");
-    std::fs::create_dir_all(&crisp_dir)?;
-    let crisp_sock = crisp_dir.join("crisp.sock");
-    let t = Instant::now();
-    let crisp = start_crisp_bin(
-        &crisp_e2e::crisp::crisp_binary()?,
-        "ctrd-relist",
-        dir,
-        &crisp_sock,
-        &upstream,
-        &args.crisp_config,
-    )?;
-    let pid = crisp.0.id();
-    let idle_rss = proc_status(pid, "VmRSS:");
+    let relist = RelistLanes::start(args, "ctrd-relist", dir, &upstream)?;
+    let pid = relist.crisp.0.id();
     // crisp's recovery reads every sandbox's status from containerd: wait until its CPU rests.
     let cpu = super::ownwork::settled_cpu(pid);
-    let recovered = t.elapsed();
-    let lanes = [
-        Lane {
-            name: "direct",
-            socket: upstream.clone(),
-        },
-        Lane {
-            name: "socat",
-            socket: socat_sock,
-        },
-        Lane {
-            name: "crisp",
-            socket: crisp_sock,
-        },
-        Lane {
-            name: "socat-64k",
-            socket: splice_sock,
-        },
-    ];
-    let watched = [
-        ("socat", socat.0.id()),
-        ("crisp", pid),
-        ("socat-64k", splice.0.id()),
-    ];
-    let methods = [
-        (
-            "ListPodSandbox",
-            cri::ListPodSandboxRequest::default().encode_to_vec(),
-        ),
-        (
-            "ListContainers",
-            cri::ListContainersRequest::default().encode_to_vec(),
-        ),
-    ];
+    let recovered = relist.spawned.elapsed();
+    let watched = relist.watched();
     let runs = args.relist_runs.max(1);
     let calls = args.ctrd_relists;
     let r = grpcgo_relist(
-        &lanes,
+        &relist.lanes,
         &watched,
-        &methods,
-        &[
-            "--runs".into(),
-            runs.to_string(),
-            "--count".into(),
-            calls.to_string(),
-            "--warmup".into(),
-            (calls / 10).max(3).to_string(),
-            "--pace".into(),
-            format!("{}ms", args.relist_pace_ms),
-            "--timeout".into(),
-            "60s".into(),
-        ],
+        &relist_methods(),
+        &relist_args(runs, calls, args.relist_pace_ms),
     )?;
     let (steal1, total1) = steal_jiffies();
     let kib = |b: usize| b as f64 / 1024.0;
@@ -172,7 +113,8 @@ pub(super) async fn report(args: &Args, dir: &Path) -> Result<String> {
     )?;
     writeln!(
         out,
-        "crisp at start: its socket accepted at RSS {idle_rss} KiB; its recovery (a PodSandboxStatus per sandbox, from containerd) done and its CPU at rest {:.1} s after the spawn, {} ms of CPU, RSS then {} KiB.\n",
+        "crisp at start: its socket accepted at RSS {} KiB; its recovery (a PodSandboxStatus per sandbox, from containerd) done and its CPU at rest {:.1} s after the spawn, {} ms of CPU, RSS then {} KiB.\n",
+        relist.idle_rss,
         recovered.as_secs_f64(),
         cpu * 10,
         proc_status(pid, "VmRSS:"),
@@ -183,21 +125,7 @@ pub(super) async fn report(args: &Args, dir: &Path) -> Result<String> {
         (calls / 10).max(3),
         args.relist_pace_ms
     )?;
-    for (k, name) in [
-        "`ListPodSandbox`",
-        "`ListContainers`",
-        "the relist (both calls)",
-    ]
-    .iter()
-    .enumerate()
-    {
-        writeln!(out, "{name}:\n")?;
-        kubelet_latency_table(&mut out, &lanes, &r.latency[k], true)?;
-        writeln!(out)?;
-    }
-    let per_relist = |w: &[Watched], f: fn(&Watched) -> f64| -> Vec<f64> {
-        w.iter().map(|x| f(x) / x.relists.max(1) as f64).collect()
-    };
+    relist_latency_tables(&mut out, &relist.lanes, &r)?;
     writeln!(
         out,
         "Per relist (from /proc, the measured relists only; min / **median** / max over the runs):\n"
@@ -207,22 +135,15 @@ pub(super) async fn report(args: &Args, dir: &Path) -> Result<String> {
         "| process | CPU ms per relist | context switches per relist | peak RSS KiB |\n|---|---|---|---|"
     )?;
     for ((name, _), w) in watched.iter().zip(&r.watch) {
-        writeln!(
-            out,
-            "| {name} | {} | {} | {} |",
-            fmt_spread(&per_relist(w, |x| x.cpu_ticks as f64 * 10.0), 2),
-            fmt_spread(&per_relist(w, |x| x.switches as f64), 1),
-            w.iter().map(|x| x.peak_kib).max().unwrap_or(0)
-        )?;
+        let peak = w.iter().map(|x| x.peak_kib).max().unwrap_or(0);
+        relist_process_row(&mut out, name, w, &peak.to_string())?;
     }
     writeln!(
         out,
         "\n{} % of the CPU time stolen by the host during the relists.",
         100 * (steal1 - steal0) / (total1 - total0).max(1)
     )?;
-    drop(crisp);
-    drop(socat);
-    drop(splice);
+    drop(relist);
     let t = Instant::now();
     drop(ctrd);
     eprintln!(

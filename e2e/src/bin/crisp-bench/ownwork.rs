@@ -25,8 +25,9 @@ use k8s_cri::v1 as cri;
 use prost::Message;
 
 use super::{
-    cpu_ticks, fmt_spread, grpcgo_relist, latency, machine_line, proc_status, spread,
-    start_crisp_bin, steal_jiffies, Args, Lane, Proc, RelistRuns,
+    cpu_ticks, fmt_spread, grpcgo_relist, latency, machine_line, per_relist, proc_status,
+    relist_args, relist_methods, spread, start_crisp_bin, steal_jiffies, Args, Lane, Proc,
+    RelistRuns,
 };
 
 /// Job-mode marks put in the marked crisp's state directory: one Job pod in ten, its sidecar.
@@ -150,22 +151,6 @@ pub(super) fn crisp_pods(admin: &Path, pod: Option<&str>) -> Result<(Duration, u
     Ok((took, out.stdout.len(), n))
 }
 
-fn relist_args(runs: usize, count: usize, pace_ms: u64) -> Vec<String> {
-    [
-        "--runs".to_string(),
-        runs.to_string(),
-        "--count".into(),
-        count.to_string(),
-        "--warmup".into(),
-        (count / 10).max(3).to_string(),
-        "--pace".into(),
-        format!("{pace_ms}ms"),
-        "--timeout".into(),
-        "60s".into(),
-    ]
-    .to_vec()
-}
-
 /// Added p50 and p99 (ms) of lane `i` over lane 0, per run, of method `k` of `r`.
 fn added_ms(r: &RelistRuns, k: usize, i: usize) -> (Vec<f64>, Vec<f64>) {
     r.latency[k]
@@ -259,18 +244,9 @@ fn report_blocking(args: &Args, dir: &Path) -> Result<String> {
 
         // (c) Job mode's status check.
         let lanes = [
-            Lane {
-                name: "direct",
-                socket: upstream.clone(),
-            },
-            Lane {
-                name: "crisp",
-                socket: crisp.socket.clone(),
-            },
-            Lane {
-                name: "crisp-marks",
-                socket: marks.socket.clone(),
-            },
+            Lane::new("direct", upstream.clone()),
+            Lane::new("crisp", crisp.socket.clone()),
+            Lane::new("crisp-marks", marks.socket.clone()),
         ];
         writeln!(
             out,
@@ -389,29 +365,11 @@ fn report_blocking(args: &Args, dir: &Path) -> Result<String> {
             std::fs::metadata(&tap_out).is_ok_and(|m| m.len() > 0)
         })?;
         let lanes = [
-            Lane {
-                name: "direct",
-                socket: upstream.clone(),
-            },
-            Lane {
-                name: "crisp",
-                socket: crisp.socket.clone(),
-            },
-            Lane {
-                name: "crisp-tapped",
-                socket: tapped.socket.clone(),
-            },
+            Lane::new("direct", upstream.clone()),
+            Lane::new("crisp", crisp.socket.clone()),
+            Lane::new("crisp-tapped", tapped.socket.clone()),
         ];
-        let methods = [
-            (
-                "ListPodSandbox",
-                cri::ListPodSandboxRequest::default().encode_to_vec(),
-            ),
-            (
-                "ListContainers",
-                cri::ListContainersRequest::default().encode_to_vec(),
-            ),
-        ];
+        let methods = relist_methods();
         let watched = [
             ("crisp", crisp.proc.0.id()),
             ("crisp-tapped", tapped.proc.0.id()),
@@ -424,14 +382,6 @@ fn report_blocking(args: &Args, dir: &Path) -> Result<String> {
             &relist_args(runs, relists, args.relist_pace_ms),
         )?;
         let lines = std::fs::read_to_string(&tap_out)?.lines().count();
-        let per_relist = |w: usize, f: fn(&super::Watched) -> f64| {
-            mid(&r.watch[w]
-                .iter()
-                .map(|x| f(x) / x.relists.max(1) as f64)
-                .collect::<Vec<_>>())
-        };
-        let (c50, c99) = added_ms(&r, 2, 1);
-        let (t50, t99) = added_ms(&r, 2, 2);
         writeln!(
             out,
             "`crisp tap --json --all` attached to one of two crisps while kubelet's client relists ({runs} runs of {relists} relists a lane, interleaved; median of the runs; the tap printed {lines} lines):\n"
@@ -440,31 +390,27 @@ fn report_blocking(args: &Args, dir: &Path) -> Result<String> {
             out,
             "| | relist added p50 / p99 ms | CPU ms per relist | context switches per relist | RSS KiB (peak) |\n|---|---|---|---|---|"
         )?;
-        writeln!(
-            out,
-            "| crisp | {:.2} / {:.2} | {:.2} | {:.0} | {} |",
-            mid(&c50),
-            mid(&c99),
-            per_relist(0, |x| x.cpu_ticks as f64 * 10.0),
-            per_relist(0, |x| x.switches as f64),
-            r.watch[0].iter().map(|x| x.peak_kib).max().unwrap_or(0)
-        )?;
-        writeln!(
-            out,
-            "| crisp with the tap | {:.2} / {:.2} | {:.2} | {:.0} | {} |",
-            mid(&t50),
-            mid(&t99),
-            per_relist(1, |x| x.cpu_ticks as f64 * 10.0),
-            per_relist(1, |x| x.switches as f64),
-            r.watch[1].iter().map(|x| x.peak_kib).max().unwrap_or(0)
-        )?;
-        writeln!(
-            out,
-            "| the tap process | | {:.2} | {:.0} | {} |\n",
-            per_relist(2, |x| x.cpu_ticks as f64 * 10.0),
-            per_relist(2, |x| x.switches as f64),
-            r.watch[2].iter().map(|x| x.peak_kib).max().unwrap_or(0)
-        )?;
+        // The relist's added p50 / p99 cell of crisp's lane `i` (the tap process has none).
+        let added = |i: usize| {
+            let (p50, p99) = added_ms(&r, 2, i);
+            format!(" {:.2} / {:.2} ", mid(&p50), mid(&p99))
+        };
+        let rows = [
+            ("crisp", added(1)),
+            ("crisp with the tap", added(2)),
+            ("the tap process", " ".to_string()),
+        ];
+        for (w, (label, added)) in rows.iter().enumerate() {
+            let watch = &r.watch[w];
+            writeln!(
+                out,
+                "| {label} |{added}| {:.2} | {:.0} | {} |",
+                mid(&per_relist(watch, |x| x.cpu_ticks as f64 * 10.0)),
+                mid(&per_relist(watch, |x| x.switches as f64)),
+                watch.iter().map(|x| x.peak_kib).max().unwrap_or(0)
+            )?;
+        }
+        writeln!(out)?;
         drop(tap);
         drop(tapped);
 

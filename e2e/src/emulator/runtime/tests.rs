@@ -93,24 +93,16 @@ fn cs(
     exit: i32,
 ) -> RuntimeContainerStatus {
     RuntimeContainerStatus {
-        id: id.into(),
-        name: name.into(),
-        state,
-        created_at: created,
         started_at: created,
         finished_at: created + 1,
         exit_code: exit,
-        reason: String::new(),
-        message: String::new(),
-        image: "img".into(),
         image_ref: "ref".into(),
         hash: pod
             .spec
             .container(name)
             .map(|c| c.hash())
             .unwrap_or_default(),
-        restart_count: 0,
-        annotations: Default::default(),
+        ..RuntimeContainerStatus::fixture(id, name, state, created)
     }
 }
 

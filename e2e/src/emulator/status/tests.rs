@@ -203,10 +203,6 @@ fn rcs(
     restart: u32,
 ) -> RuntimeContainerStatus {
     RuntimeContainerStatus {
-        id: id.into(),
-        name: name.into(),
-        state,
-        created_at: created,
         started_at: if state == CriState::Created {
             0
         } else {
@@ -223,12 +219,9 @@ fn rcs(
         } else {
             String::new()
         },
-        message: String::new(),
-        image: "img".into(),
         image_ref: "sha256:1".into(),
-        hash: String::new(),
         restart_count: restart,
-        annotations: Default::default(),
+        ..RuntimeContainerStatus::fixture(id, name, state, created)
     }
 }
 
