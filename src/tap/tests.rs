@@ -73,10 +73,8 @@ fn create_app_of_shop_web() -> Vec<u8> {
 fn interest_follows_subscribers() {
     let t = tap();
     let only_complete = Interest {
-        request: false,
-        response: false,
         complete: true,
-        view: false,
+        ..Interest::NONE
     };
     assert_eq!(t.interest(&call(1, CREATE)), only_complete);
     let s = t.subscribe(Filter::default(), 8);
@@ -84,9 +82,8 @@ fn interest_follows_subscribers() {
         t.interest(&call(2, CREATE)),
         Interest {
             request: true,
-            response: false,
             complete: true,
-            view: false,
+            ..Interest::NONE
         }
     );
     // Not full: a view just big enough for the ids.
@@ -106,9 +103,8 @@ fn interest_follows_subscribers() {
         t.interest(&call(4, CREATE)),
         Interest {
             request: true,
-            response: false,
             complete: true,
-            view: false,
+            ..Interest::NONE
         }
     );
     assert_eq!(

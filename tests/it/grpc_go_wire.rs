@@ -48,8 +48,7 @@ impl Interceptor for DivertCreate {
         Interest {
             request: divert,
             response: divert,
-            complete: false,
-            view: false,
+            ..Interest::NONE
         }
     }
 }
@@ -941,9 +940,7 @@ impl Interceptor for HoldCreate {
         let divert = call.path.as_str() == CREATE;
         Interest {
             request: divert,
-            response: false,
-            complete: false,
-            view: false,
+            ..Interest::NONE
         }
     }
 

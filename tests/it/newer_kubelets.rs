@@ -164,8 +164,7 @@ impl Interceptor for HoldAll {
         Interest {
             request: true,
             response: true,
-            complete: false,
-            view: false,
+            ..Interest::NONE
         }
     }
     fn on_request<'a>(

@@ -48,6 +48,16 @@ fn isolation(engine: &Engine) -> Option<String> {
     p.unwrap().isolation().map(|i| i.to_string())
 }
 
+/// Nothing connected to the node's listener (`accepts`), and the pod's isolation is `judged`.
+fn assert_node_untouched(engine: &Engine, accepts: &std::sync::atomic::AtomicUsize, judged: &str) {
+    assert_eq!(
+        accepts.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "crisp connected to the node's listener"
+    );
+    assert_eq!(isolation(engine).as_deref(), Some(judged));
+}
+
 fn last_probe(engine: &Engine) -> crate::readiness::ProbeResult {
     let (p, _) = engine.lookup(Some(SANDBOX), None);
     p.and_then(|p| p.last_probe("proxy")).unwrap().result
@@ -395,15 +405,7 @@ async fn a_runc_pod_under_another_handler_is_probed_inside_its_namespace() {
         .await
         .expect("the sidecar inside the pod's namespace was never connected to")
         .unwrap();
-    assert_eq!(
-        accepts.load(std::sync::atomic::Ordering::SeqCst),
-        0,
-        "crisp connected to the node's listener"
-    );
-    assert_eq!(
-        isolation(&engine).as_deref(),
-        Some("shared kernel (handler nvidia)")
-    );
+    assert_node_untouched(&engine, &accepts, "shared kernel (handler nvidia)");
 }
 
 /// The same `nvidia` pod, when the namespace the runtime names does not hold the pod IP (a VM
@@ -417,11 +419,7 @@ async fn a_namespace_without_the_pod_ip_makes_the_pod_isolated() {
     let _ = create_container(&engine, &fake, "app").await;
     let why = last_probe(&engine).unwrap_err();
     assert!(why.contains("an address of the node itself"), "{why}");
-    assert_eq!(accepts.load(std::sync::atomic::Ordering::SeqCst), 0);
-    assert_eq!(
-        isolation(&engine).as_deref(),
-        Some("isolated (handler nvidia)")
-    );
+    assert_node_untouched(&engine, &accepts, "isolated (handler nvidia)");
 }
 
 /// A network the operator allowed in `probe_allow` is probed from inside the pod's namespace,

@@ -176,8 +176,7 @@ async fn only_status_calls_about_a_marked_sidecar_keep_their_response() {
     let kept = Interest {
         request: true,
         response: true,
-        complete: false,
-        view: false,
+        ..Interest::NONE
     };
     assert_eq!(status("ContainerStatus", &proxy), (kept, true));
     assert_eq!(status("PodSandboxStatus", SANDBOX), (kept, true));

@@ -57,9 +57,8 @@ impl Calls for Stub {
         let p = call.path.as_str();
         Interest {
             request: p == STATUS || p.ends_with("/Divert"),
-            response: false,
             complete: true,
-            view: false,
+            ..Interest::NONE
         }
     }
     fn conditional(&self, call: &Call) -> bool {

@@ -155,22 +155,28 @@ impl Core {
     /// The runtime's GOAWAY: calls it will not process end (refused), new streams are diverted
     /// until the client moves to a new connection.
     fn runtime_goaway(&mut self, last: StreamId, reason: Reason, debug_data: &str) {
+        // One line, at a level fixed where it is written: a warning when the runtime judged
+        // crisp's PINGs too frequent, else news.
+        macro_rules! log {
+            ($level:ident, $text:literal) => {
+                tracing::$level!(
+                    target: LOG,
+                    runtime = %self.runtime_name,
+                    last_stream = last.get(),
+                    error_code = reason.0,
+                    debug_data = %debug_data,
+                    $text
+                )
+            };
+        }
         if reason == Reason::ENHANCE_YOUR_CALM {
-            tracing::warn!(
-                target: LOG,
-                runtime = %self.runtime_name,
-                last_stream = last.get(),
-                error_code = reason.0,
-                debug_data = %debug_data,
+            log!(
+                warn,
                 "runtime sent GOAWAY ENHANCE_YOUR_CALM (it judged this connection's PINGs too frequent); moving this client to a new connection"
             );
         } else {
-            tracing::info!(
-                target: LOG,
-                runtime = %self.runtime_name,
-                last_stream = last.get(),
-                error_code = reason.0,
-                debug_data = %debug_data,
+            log!(
+                info,
                 "runtime sent GOAWAY; moving this client to a new connection"
             );
         }

@@ -73,10 +73,8 @@ impl Calls for Boom {
             std::panic::resume_unwind(Box::new("a bug (injected)"));
         }
         Interest {
-            request: false,
-            response: false,
             complete: true,
-            view: false,
+            ..Interest::NONE
         }
     }
     fn bypassed(&self, _: crate::cri::Route) -> bool {
