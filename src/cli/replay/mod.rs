@@ -34,7 +34,7 @@ mod script;
 mod serve;
 mod served;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::{self, BufRead};
 use std::time::Duration;
 
@@ -97,12 +97,55 @@ pub struct Step {
     pub(crate) borrowed: Option<usize>,
     pub(crate) response: Option<Value>,
     pub(crate) response_bytes: u64,
-    /// A streamed response's messages, as the call's line counts them (each message is a line
-    /// of its own, which the replay does not send: streamed calls are not replayed).
+    /// A streamed response's messages, as the call's line counts them.
     pub(crate) messages: Option<u64>,
+    /// A streamed response's messages as their own lines recorded them, in stream order (the
+    /// tap may have dropped some: `messages` counts them all).
+    pub(crate) stream: Vec<StreamMessage>,
     /// The ids the tap named on the call's line.
     pub(crate) pod_sandbox_id: String,
     pub(crate) container_id: String,
+}
+
+/// One message of a streamed response, as its line (`"event": "message"`) recorded it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StreamMessage {
+    /// Its place in the stream (0: the first).
+    pub(crate) index: u64,
+    /// When it came, since the call began.
+    pub(crate) offset: Duration,
+    /// Its size on the wire.
+    pub(crate) bytes: u64,
+    /// The tap's decoded view of it (`--full`; maybe cut: `_truncated`); `None`: not recorded.
+    pub(crate) response: Option<Value>,
+}
+
+impl StreamMessage {
+    /// A message line of a recording: its call's id, and the message.
+    fn of_line(v: &mut Value) -> Option<(u64, StreamMessage)> {
+        if v.get("event").and_then(Value::as_str) != Some("message") {
+            return None;
+        }
+        let call_id = v.get("call_id").and_then(Value::as_u64)?;
+        let offset = v
+            .get("since_start_ms")
+            .and_then(Value::as_f64)
+            .filter(|m| m.is_finite() && *m >= 0.0)
+            .map_or(Duration::ZERO, |m| {
+                Duration::from_secs_f64(m.min(1e12) / 1e3)
+            });
+        let response = match v.get_mut("response").map(Value::take) {
+            Some(o @ Value::Object(_)) => Some(o),
+            _ => None,
+        };
+        let message = StreamMessage {
+            index: v.get("stream_message").and_then(Value::as_u64).unwrap_or(0),
+            offset,
+            bytes: v.get("bytes").and_then(Value::as_u64).unwrap_or(0),
+            response,
+        };
+        Some((call_id, message))
+    }
 }
 
 /// How a call was answered: recorded, or now.
@@ -202,16 +245,21 @@ pub enum PlanError {
 /// ImageStatus calls included), or every call; polling calls only if `all`.
 pub fn plan(input: impl BufRead, pod: Option<&str>, all: bool) -> Result<Plan, PlanError> {
     let mut lines: Vec<(timeline::Call, Value)> = Vec::new();
+    let mut streams: HashMap<u64, Vec<StreamMessage>> = HashMap::new();
     let mut malformed = 0;
     for line in input.lines() {
         let line = line?;
         if line.trim().is_empty() {
             continue;
         }
-        let Ok(v) = serde_json::from_str::<Value>(&line) else {
+        let Ok(mut v) = serde_json::from_str::<Value>(&line) else {
             malformed += 1;
             continue;
         };
+        if let Some((call_id, message)) = StreamMessage::of_line(&mut v) {
+            streams.entry(call_id).or_default().push(message);
+            continue;
+        }
         if let Some(mut c) = timeline::call_of(&v) {
             // The line's own number names the call (older recordings have no call ids).
             c.call_id = lines.len() as u64;
@@ -236,7 +284,12 @@ pub fn plan(input: impl BufRead, pod: Option<&str>, all: bool) -> Result<Plan, P
             polling_left_out += 1;
             continue;
         }
-        steps.push(step(&c, v));
+        let mut s = step(&c, v);
+        if s.call_id != 0 {
+            s.stream = streams.remove(&s.call_id).unwrap_or_default();
+            s.stream.sort_by_key(|m| m.index);
+        }
+        steps.push(s);
     }
     if steps.is_empty() {
         return Err(PlanError::Empty);
@@ -328,6 +381,7 @@ fn step(c: &timeline::Call, mut v: Value) -> Step {
         container_id: c.container_id.clone(),
         response_bytes: v.get("response_bytes").and_then(Value::as_u64).unwrap_or(0),
         messages: v.get("messages").and_then(Value::as_u64),
+        stream: Vec::new(),
         request: object(&mut v, "request"),
         response: object(&mut v, "response"),
         request_missing: false,

@@ -365,3 +365,48 @@ fn a_streamed_calls_messages_are_no_steps_and_are_counted() {
     let why = super::prepare::prepare(stream, &mut Default::default(), "r").unwrap_err();
     assert_eq!(why, NotSent::Streaming(Some(3)));
 }
+
+/// Issue #46: each message line goes with its call (by the tap's call id), in stream order,
+/// with its offset, size and decoded view; a line without the view has none.
+#[test]
+fn a_streamed_calls_message_lines_go_with_its_step() {
+    let message = |i: u64, ms: f64, view: Option<Value>| {
+        let mut v = json!({"event": "message", "stream_message": i, "call_id": 9,
+               "method": "GetContainerEvents",
+               "path": "/runtime.v1.RuntimeService/GetContainerEvents",
+               "kind": "streaming", "since_start_ms": ms, "bytes": 40 + i});
+        if let Some(view) = view {
+            v["response"] = view;
+        }
+        v.to_string()
+    };
+    let event = |id: &str| json!({"container_id": id, "container_event_type": 0});
+    let lines = [
+        message(1, 30.0, None),
+        message(0, 12.5, Some(event("ct1"))),
+        line(
+            9,
+            700,
+            "GetContainerEvents",
+            "streaming",
+            1,
+            json!({"messages": 2}),
+        ),
+    ];
+    let plan = plan(lines.join("\n").as_bytes(), None, true).expect("plan");
+    let step = &plan.steps[0];
+    assert_eq!(step.stream.len(), 2);
+    assert_eq!(
+        step.stream[0],
+        StreamMessage {
+            index: 0,
+            offset: Duration::from_micros(12_500),
+            bytes: 40,
+            response: Some(event("ct1")),
+        }
+    );
+    assert_eq!(
+        (step.stream[1].index, step.stream[1].response.clone()),
+        (1, None)
+    );
+}

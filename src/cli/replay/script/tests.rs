@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::*;
-use crate::cli::replay::{Answer, Plan, Step};
+use crate::cli::replay::{Answer, Plan, Step, StreamMessage};
 
 const V1: &str = "/runtime.v1.RuntimeService/";
 
@@ -394,4 +394,86 @@ fn calls_recorded_together_have_no_order_and_filters_name_the_right_id() {
             .as_deref(),
         Some("x")
     );
+}
+
+/// A recorded stream (issue #46): each message whose view the recording has is sent at its
+/// offset ÷ speed (at once without), then the recorded status; a message without its view, one
+/// the tap cut and one the tap dropped are not sent, and the report says which and why.
+#[test]
+fn a_stream_is_answered_with_its_recorded_messages() {
+    let event = |id: &str| json!({"container_id": id, "container_event_type": 1});
+    let message = |index: u64, offset_ms: u64, response: Option<Value>| StreamMessage {
+        index,
+        offset: ms(offset_ms),
+        bytes: 50,
+        response,
+    };
+    let mut events = step(0, Rpc::GetContainerEvents, 1, json!({}), json!({}));
+    events.recorded.duration = ms(900);
+    events.messages = Some(5);
+    events.stream = vec![
+        message(0, 100, Some(event("ct1"))),
+        message(1, 200, None),
+        message(
+            2,
+            300,
+            Some(json!({"container_id": "ct1", "_truncated": {}})),
+        ),
+        message(3, 400, Some(event("ct2"))),
+    ];
+    let recorded = plan(vec![events]);
+
+    let mut at_once = Script::new(plan(recorded.steps.clone()), None);
+    let r = call(&mut at_once, Rpc::GetContainerEvents, json!({}), 0);
+    let sent: Vec<(u64, Duration)> = r.stream.iter().flatten().map(|m| (m.index, m.at)).collect();
+    assert_eq!(
+        sent,
+        vec![(0, ms(0)), (3, ms(0))],
+        "at once, without --speed"
+    );
+    assert_eq!((r.code, r.delay), (1, ms(0)), "then the recorded status");
+
+    let mut paced = Script::new(recorded, Some(2.0));
+    let r = call(&mut paced, Rpc::GetContainerEvents, json!({}), 0);
+    let messages = r.stream.clone().expect("a streamed answer");
+    assert_eq!(
+        messages.iter().map(|m| (m.index, m.at)).collect::<Vec<_>>(),
+        vec![(0, ms(50)), (3, ms(200))],
+        "each at its offset ÷ speed"
+    );
+    assert_eq!(messages[1].response, event("ct2"), "as recorded");
+    assert_eq!(
+        r.delay,
+        ms(450),
+        "the status after the recorded duration ÷ speed"
+    );
+    let index = r.step.expect("a recorded call");
+    for _ in &messages {
+        paced.message_sent(index);
+    }
+    let report = paced.report();
+    let (_, served) = &report.streams[0];
+    assert_eq!((served.answers, served.sent, served.dropped), (1, 2, 1));
+    assert_eq!(
+        served.unsent,
+        vec![(1, Unsent::NotRecorded), (2, Unsent::Cut)]
+    );
+    let text = report.text();
+    assert!(
+        text.contains("#1 GetContainerEvents: 2 sent of 5 recorded (1 answer)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("1 not sent: its view is not recorded"),
+        "{text}"
+    );
+    assert!(text.contains("1 not sent: its view was cut"), "{text}");
+    assert!(text.contains("1 not sent: its line was dropped"), "{text}");
+    let json = report.json();
+    assert_eq!(json["streams"][0]["sent"], 2);
+    assert_eq!(json["summary"]["stream_messages_sent"], 2);
+
+    // A unary answer has no stream.
+    let mut unary = Script::new(incident(), None);
+    assert_eq!(call(&mut unary, Rpc::Version, json!({}), 0).stream, None);
 }
