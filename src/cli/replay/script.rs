@@ -185,6 +185,9 @@ pub(crate) struct Reply {
     /// A streamed answer: its recorded messages that can be sent, in order (the others are
     /// counted in the report); `None`: a unary answer.
     pub(crate) stream: Option<Vec<ReplyMessage>>,
+    /// The recorded stream was still open when the recording ended: after its messages it stays
+    /// open, with no status, until the peer goes.
+    pub(crate) open: bool,
 }
 
 /// A call no recorded call matched.
@@ -233,15 +236,6 @@ pub(crate) struct StreamServed {
     pub(crate) unsent: Vec<(u64, Unsent)>,
     /// Messages the call's line counts that have no line (the tap dropped them).
     pub(crate) dropped: u64,
-}
-
-/// Whether a recorded call's answer is a stream: a server-streaming method, or one crisp does
-/// not know whose messages the tap recorded one by one.
-fn is_streamed(step: &Step) -> bool {
-    match step.rpc {
-        Some(rpc) => rpc.kind() == RpcKind::Streaming,
-        None => step.messages.is_some() || !step.stream.is_empty(),
-    }
 }
 
 impl Script {
@@ -297,6 +291,7 @@ impl Script {
                 delay: Duration::ZERO,
                 step: None,
                 stream: None,
+                open: false,
             };
         };
         self.answered[index] += 1;
@@ -317,6 +312,7 @@ impl Script {
             .map_or(Duration::ZERO, |s| step.recorded.duration.div_f64(s));
         let stream = self.stream_of(index);
         let step = &self.steps[index];
+        let open = step.open_at_end;
         match step.recorded.code {
             Some(code) => {
                 let mut response = (code == 0).then(|| step.response.clone()).flatten();
@@ -330,6 +326,7 @@ impl Script {
                     delay,
                     step: Some(index),
                     stream,
+                    open,
                 }
             }
             // The recorded call was never answered (the client gave up first).
@@ -342,6 +339,7 @@ impl Script {
                 delay,
                 step: Some(index),
                 stream,
+                open,
             },
         }
     }
@@ -350,7 +348,7 @@ impl Script {
     /// recording lacks whole are counted as not sent.
     fn stream_of(&mut self, index: usize) -> Option<Vec<ReplyMessage>> {
         let step = &self.steps[index];
-        if !is_streamed(step) {
+        if !step.streamed() {
             return None;
         }
         let mut send = Vec::new();
@@ -510,7 +508,7 @@ impl Script {
                 .steps
                 .iter()
                 .filter(|s| self.answered[s.index] > 0 && s.recorded.code == Some(0))
-                .filter(|s| s.response.is_none() && s.response_bytes > 0 && !is_streamed(s))
+                .filter(|s| s.response.is_none() && s.response_bytes > 0 && !s.streamed())
                 .map(|s| s.index)
                 .collect(),
             uids: self.uid_pairs.clone(),

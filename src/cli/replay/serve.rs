@@ -234,6 +234,11 @@ fn stream_reply(
             }
             script.lock().message_sent(index);
         }
+        if r.open {
+            // As recorded: the stream had not ended. It ends when the peer goes.
+            tx.closed().await;
+            return;
+        }
         tokio::time::sleep_until(came + r.delay).await;
         let status = Status::new(r.code, &r.message).to_header_map();
         let _ = tx.send(Ok(Frame::trailers(status))).await;

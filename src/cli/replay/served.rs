@@ -14,11 +14,6 @@ use crate::tenant;
 /// Most calls listed under one heading of the text report.
 const MAX_LISTED: usize = 20;
 
-/// A recorded stream's messages: as its call's line counts them, or its message lines.
-fn recorded_messages(s: &Step) -> u64 {
-    s.messages.unwrap_or(0).max(s.stream.len() as u64)
-}
-
 /// A stream's messages not sent, counted by why.
 fn unsent_by_reason(st: &StreamServed) -> Vec<(Unsent, u64)> {
     let mut by: std::collections::BTreeMap<Unsent, u64> = Default::default();
@@ -135,7 +130,7 @@ impl ServedReport {
                         "{}: {} sent of {} recorded ({} {})",
                         call(s),
                         st.sent,
-                        recorded_messages(s),
+                        s.recorded_messages(),
                         st.answers,
                         if st.answers == 1 { "answer" } else { "answers" }
                     );
@@ -208,7 +203,7 @@ impl ServedReport {
             "streams": self.streams.iter().map(|(i, st)| json!({
                 "call": step(*i),
                 "answers": st.answers,
-                "recorded_messages": recorded_messages(&self.steps[*i]),
+                "recorded_messages": self.steps[*i].recorded_messages(),
                 "sent": st.sent,
                 "not_sent": unsent_by_reason(st).into_iter().map(|(why, n)| json!({
                     "reason": why.to_string(), "count": n,

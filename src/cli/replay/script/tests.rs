@@ -477,3 +477,22 @@ fn a_stream_is_answered_with_its_recorded_messages() {
     let mut unary = Script::new(incident(), None);
     assert_eq!(call(&mut unary, Rpc::Version, json!({}), 0).stream, None);
 }
+
+/// A stream still open when the recording ended stays open after its messages, with no
+/// status: the serving shell holds it until the peer goes.
+#[test]
+fn a_stream_open_at_the_recordings_end_stays_open() {
+    let mut events = step(0, Rpc::GetContainerEvents, 0, json!({}), json!({}));
+    events.recorded.code = None;
+    events.open_at_end = true;
+    events.stream = vec![StreamMessage {
+        index: 0,
+        offset: ms(10),
+        bytes: 9,
+        response: Some(json!({"container_id": "ct1"})),
+    }];
+    let mut s = Script::new(plan(vec![events]), None);
+    let r = call(&mut s, Rpc::GetContainerEvents, json!({}), 0);
+    assert!(r.open);
+    assert_eq!(r.stream.map(|m| m.len()), Some(1));
+}
