@@ -138,7 +138,11 @@ impl<W: Write> Capture<W> {
             self.message(v)?;
             return Ok(false);
         }
-        if v.get("code_name").is_none() || v.get("method").is_none() {
+        // crisp's own snapshot at a recording's start is no call of kubelet's.
+        if v.get("code_name").is_none()
+            || v.get("method").is_none()
+            || v.get("snapshot").is_some_and(|s| s == true)
+        {
             return Ok(false);
         }
         self.call(v)?;

@@ -213,6 +213,12 @@ pub struct Plan {
     pub polling_left_out: usize,
     /// Lines that are not JSON (a recording cut short).
     pub malformed: usize,
+    /// crisp's own answers from the runtime at the recording's start (lines marked
+    /// `"snapshot": true`: Version, RuntimeConfig, Status, ImageFsInfo, asked by crisp, not by
+    /// kubelet). Never replayed; `--as-runtime` answers pollers with them before any recorded
+    /// answer of their method, so a peer's handshake is answered in a recording begun after
+    /// kubelet's.
+    pub snapshot: Vec<Step>,
 }
 
 impl Plan {
@@ -267,6 +273,7 @@ pub fn plan(input: impl BufRead, pod: Option<&str>, all: bool) -> Result<Plan, P
     // The first message line of each stream: what a stream with no call line is known by.
     let mut heads: HashMap<u64, Value> = HashMap::new();
     let mut malformed = 0;
+    let mut snapshot = Vec::new();
     for line in input.lines() {
         let line = line?;
         if line.trim().is_empty() {
@@ -276,6 +283,10 @@ pub fn plan(input: impl BufRead, pod: Option<&str>, all: bool) -> Result<Plan, P
             malformed += 1;
             continue;
         };
+        if v.get("snapshot").and_then(Value::as_bool) == Some(true) {
+            snapshot.extend(snapshot_step(v));
+            continue;
+        }
         if let Some((call_id, message)) = StreamMessage::of_line(&mut v) {
             streams.entry(call_id).or_default().push(message);
             heads.entry(call_id).or_insert(v);
@@ -344,6 +355,7 @@ pub fn plan(input: impl BufRead, pod: Option<&str>, all: bool) -> Result<Plan, P
         scope,
         polling_left_out,
         malformed,
+        snapshot,
     })
 }
 
@@ -377,6 +389,19 @@ fn borrow_retries(steps: &mut [Step]) {
         s.request = request;
         s.borrowed = borrowed;
     }
+}
+
+/// A snapshot line (crisp's own call at the recording's start) as a polling step before every
+/// recorded call (offset zero), or `None` if it is not a call line.
+fn snapshot_step(mut v: Value) -> Option<Step> {
+    if let Some(m) = v.as_object_mut() {
+        m.remove("snapshot");
+    }
+    let c = timeline::call_of(&v)?;
+    let mut s = step(&c, v);
+    s.offset = Duration::ZERO;
+    s.polling = true;
+    Some(s)
 }
 
 /// The call line a stream still open when the recording ended would have had: from its first

@@ -241,8 +241,14 @@ pub(crate) struct StreamServed {
 impl Script {
     /// The script of `plan` (every call of the recording, polling calls included).
     pub fn new(plan: Plan, speed: Option<f64>) -> Script {
-        let identities = plan.steps.iter().map(Identity::of_step).collect();
-        let n = plan.steps.len();
+        // crisp's snapshot at the recording's start comes first: a poller's answer before any
+        // recorded one of its method.
+        let mut steps: Vec<Step> = plan.snapshot.into_iter().chain(plan.steps).collect();
+        for (i, s) in steps.iter_mut().enumerate() {
+            s.index = i;
+        }
+        let identities = steps.iter().map(Identity::of_step).collect();
+        let n = steps.len();
         Script {
             identities,
             answered: vec![0; n],
@@ -256,7 +262,7 @@ impl Script {
             uid_pairs: Vec::new(),
             streams: BTreeMap::new(),
             scope: plan.scope,
-            steps: plan.steps,
+            steps,
         }
     }
 

@@ -566,3 +566,28 @@ fn a_streams_message_count_and_its_cancelling_are_reported() {
     assert_eq!(call["cancelled_after_ms"], 2000.0);
     assert_eq!(call["differences"][0]["kind"], "messages");
 }
+
+/// Issue #46: lines marked `"snapshot": true` (crisp's own calls at the recording's start) are
+/// no calls of kubelet's: not replayed, not in a timeline, kept apart for `--as-runtime`.
+#[test]
+fn snapshot_lines_are_kept_apart() {
+    let mut version = serde_json::from_str::<Value>(&line(
+        0,
+        0,
+        "Version",
+        "polling",
+        0,
+        json!({"request": {}, "response": {"runtime_name": "containerd"}}),
+    ))
+    .expect("json");
+    version["snapshot"] = json!(true);
+    assert!(crate::cli::timeline::call_of(&version).is_none());
+    let text = format!("{version}\n{}", recording());
+    let with = plan(text.as_bytes(), None, true).expect("plan");
+    let without = plan(recording().as_bytes(), None, true).expect("plan");
+    assert_eq!(with.steps.len(), without.steps.len(), "never replayed");
+    assert_eq!(with.snapshot.len(), 1);
+    let s = &with.snapshot[0];
+    assert_eq!((s.method.as_str(), s.polling), ("Version", true));
+    assert_eq!(s.response, Some(json!({"runtime_name": "containerd"})));
+}

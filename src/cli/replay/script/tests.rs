@@ -496,3 +496,38 @@ fn a_stream_open_at_the_recordings_end_stays_open() {
     assert!(r.open);
     assert_eq!(r.stream.map(|m| m.len()), Some(1));
 }
+
+/// Issue #46: a recording begun after kubelet connected has none of kubelet's handshake
+/// (Version, then ImageFsInfo); crisp's snapshot at its start answers it, and a recorded answer
+/// reached later wins over the snapshot's, as any later answer does.
+#[test]
+fn the_snapshot_answers_a_handshake_the_recording_lacks() {
+    let fs = json!({"image_filesystems": [{"fs_id": {"mountpoint": "/var/lib/containerd"}}]});
+    let mut recorded = incident();
+    let mut without = Script::new(plan(recorded.steps.clone()), None);
+    assert_eq!(
+        call(&mut without, Rpc::ImageFsInfo, json!({}), 0).code,
+        UNIMPLEMENTED,
+        "without the snapshot the handshake is refused"
+    );
+    recorded.snapshot = vec![
+        step(
+            0,
+            Rpc::Version,
+            0,
+            json!({}),
+            json!({"runtime_name": "at-start"}),
+        ),
+        step(0, Rpc::ImageFsInfo, 0, json!({}), fs.clone()),
+    ];
+    let mut s = Script::new(recorded, None);
+    let r = call(&mut s, Rpc::ImageFsInfo, json!({}), 0);
+    assert_eq!((r.code, r.response), (0, Some(fs)));
+    let r = call(&mut s, Rpc::Version, json!({}), 1);
+    assert_eq!(
+        r.response,
+        Some(json!({"runtime_name": "containerd"})),
+        "the recorded Version, reached already, is the latest answer"
+    );
+    assert!(s.report().unmatched.is_empty());
+}
