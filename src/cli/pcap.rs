@@ -138,7 +138,11 @@ impl<W: Write> Capture<W> {
             self.message(v)?;
             return Ok(false);
         }
-        if v.get("code_name").is_none() || v.get("method").is_none() {
+        // crisp's own snapshot at a recording's start is no call of kubelet's.
+        if v.get("code_name").is_none()
+            || v.get("method").is_none()
+            || v.get("snapshot").is_some_and(|s| s == true)
+        {
             return Ok(false);
         }
         self.call(v)?;
@@ -552,5 +556,21 @@ mod tests {
     #[test]
     fn grpc_messages_are_percent_encoded() {
         assert_eq!(percent_encode("a b%\nç"), "a b%25%0A%C3%A7");
+    }
+    /// crisp's own snapshot at a recording's start (issue #46) is no call of kubelet's: no
+    /// stream in the capture; the same line unmarked is one.
+    #[test]
+    fn snapshot_lines_are_no_calls() {
+        let mut c = Capture::new(Vec::new(), Duration::from_secs(1)).expect("capture");
+        let mut line = serde_json::json!({
+            "call_id": 0, "time": "2026-11-28T23:29:00.000000Z", "cri_version": "v1",
+            "method": "Version", "path": "/runtime.v1.RuntimeService/Version",
+            "kind": "polling", "duration_ms": 1.0, "code": 0, "code_name": "OK",
+            "snapshot": true,
+        });
+        assert!(!c.event(&line).expect("event"));
+        assert_eq!(c.calls(), 0);
+        line["snapshot"] = serde_json::json!(false);
+        assert!(c.event(&line).expect("event"));
     }
 }

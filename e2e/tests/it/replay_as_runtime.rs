@@ -10,17 +10,19 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use crisp_e2e::crisp::crisp_binary;
+use crisp_e2e::crisp::{crisp_binary, Crisp, CrispOpts};
 use crisp_e2e::emulator::{connect_uds, Kubelet, KubeletConfig, PodSpec};
+use crisp_e2e::fakert::{self, Canned};
 use crisp_e2e::grpcgo::{self, bridge_kubelet, CallOpts, GoBridgeOpts};
 use crisp_e2e::stack::Stack;
 use prost::Message;
 use serde_json::Value;
 
-use super::timeline_demo::{demo_stack, record, run_demo_pod};
+use super::timeline_demo::{await_line, demo_stack, record, run_demo_pod, spawn_attached};
 
 const STEP: Duration = Duration::from_secs(60);
 
@@ -198,5 +200,177 @@ async fn a_recorded_refusal_is_served_to_the_emulator_as_the_runtime() -> Result
         "a call not in the recording makes the exit status 1: {:?}",
         done.status
     );
+    Ok(())
+}
+
+/// Events a fake runtime streams on each GetContainerEvents in the recording below.
+const EVENTS: usize = 5;
+
+/// crisp in front of a fake runtime whose GetContainerEvents streams [`EVENTS`] events, and
+/// `crisp tap --all --full -o` recording a call that reads them all: the recording's path.
+async fn record_event_stream(dir: &Path) -> Result<std::path::PathBuf> {
+    let recording = dir.join("calls.jsonl");
+    let fake = fakert::serve(&dir.join("fake.sock"), Arc::new(Canned::new(1, EVENTS)))?;
+    let crisp = Crisp::start(&fake.socket, CrispOpts::default())?;
+    let mut tap = Command::new(crisp_binary()?);
+    tap.args(["tap", "--all", "--json", "--full", "--admin-socket"])
+        .arg(crisp.socket().with_file_name("admin.sock"))
+        .arg("--output")
+        .arg(&recording)
+        .stdout(Stdio::null());
+    let mut tap = spawn_attached(tap, "crisp tap").await?;
+    let mut rt = k8s_cri::v1::runtime_service_client::RuntimeServiceClient::new(
+        connect_uds(crisp.socket()).await?,
+    );
+    let mut events = rt
+        .get_container_events(k8s_cri::v1::GetEventsRequest {})
+        .await?
+        .into_inner();
+    let mut read = 0;
+    while events.message().await?.is_some() {
+        read += 1;
+    }
+    ensure!(read == EVENTS, "{read} events through crisp");
+    await_line(
+        &recording,
+        &["\"GetContainerEvents\"", "\"code_name\""],
+        Duration::from_secs(30),
+    )
+    .await?;
+    tap.kill()?;
+    tap.wait()?;
+    Ok(recording)
+}
+
+/// Issue #46, a recorded stream served back: `crisp replay --as-runtime` serves the recording
+/// of [`record_event_stream`], and a grpc-go client (kubelet's transport) calling
+/// GetContainerEvents gets the five recorded events, as recorded, and the recorded status; the
+/// report counts the messages sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recorded_event_stream_is_served_with_its_messages() -> Result<()> {
+    let dir = tempfile::Builder::new().prefix("crisp-asrt-").tempdir()?;
+    let recording = record_event_stream(dir.path()).await?;
+    let lines: Vec<Value> = std::fs::read_to_string(&recording)?
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let recorded: Vec<&Value> = lines
+        .iter()
+        .filter(|v| v["event"] == "message" && v["method"] == "GetContainerEvents")
+        .collect();
+    ensure!(
+        recorded.len() == EVENTS && recorded.iter().all(|m| m["response"].is_object()),
+        "the recording has each event with its view: {recorded:?}"
+    );
+
+    let socket = dir.path().join("replay.sock");
+    let mut server = Command::new(crisp_binary()?)
+        .arg("replay")
+        .arg(&recording)
+        .arg("--as-runtime")
+        .arg(&socket)
+        .arg("--json")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    await_socket(&socket, &mut server).await?;
+    let out = grpcgo::call(
+        &socket,
+        "/runtime.v1.RuntimeService/GetContainerEvents",
+        &[],
+        CallOpts {
+            timeout: Duration::from_secs(10),
+            stream: true,
+            ..Default::default()
+        },
+    )
+    .await?;
+    let pid = server.id().to_string();
+    Command::new("kill").args(["-TERM", &pid]).status()?;
+    let done = tokio::task::spawn_blocking(move || server.wait_with_output()).await??;
+    eprintln!("{}", String::from_utf8_lossy(&done.stderr));
+    let report: Value = serde_json::from_slice(&done.stdout)
+        .with_context(|| String::from_utf8_lossy(&done.stdout).into_owned())?;
+    eprintln!("{}", serde_json::to_string_pretty(&report)?);
+
+    let call = out.calls.first().context("the grpc-go call's result")?;
+    ensure!(call.code == "OK", "the recorded status: {call:?}");
+    let got: Vec<k8s_cri::v1::ContainerEventResponse> = call
+        .responses_hex
+        .iter()
+        .map(|h| {
+            let bytes = (0..h.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&h[i..i + 2], 16))
+                .collect::<Result<Vec<u8>, _>>()?;
+            Ok(k8s_cri::v1::ContainerEventResponse::decode(
+                bytes.as_slice(),
+            )?)
+        })
+        .collect::<Result<_>>()?;
+    ensure!(
+        got.len() == EVENTS,
+        "every recorded event sent: {} of {EVENTS}",
+        got.len()
+    );
+    for (event, line) in got.iter().zip(&recorded) {
+        ensure!(
+            event.container_id == line["response"]["container_id"].as_str().unwrap_or("?")
+                && event.containers_statuses.len() == 1,
+            "as recorded: {event:?} against {line}"
+        );
+    }
+    ensure!(
+        report["streams"][0]["sent"] == EVENTS
+            && report["summary"]["stream_messages_sent"] == EVENTS,
+        "the report counts the messages sent: {}",
+        report["streams"]
+    );
+    Ok(())
+}
+
+/// Issue #46, the kubelet side of a recorded stream: `crisp replay` sends the recorded
+/// GetContainerEvents to a runtime and reads its stream to its end. A runtime that streams the
+/// five recorded events is the same; one that streams three differs in its message count, in
+/// the report and its exit status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recorded_event_stream_is_replayed_and_its_messages_counted() -> Result<()> {
+    let dir = tempfile::Builder::new().prefix("crisp-replay-").tempdir()?;
+    let recording = record_event_stream(dir.path()).await?;
+    for (now, differs) in [(EVENTS, false), (3, true)] {
+        let fake = fakert::serve(
+            &dir.path().join(format!("now-{now}.sock")),
+            Arc::new(Canned::new(1, now)),
+        )?;
+        let out = tokio::process::Command::new(crisp_binary()?)
+            .arg("replay")
+            .arg(&recording)
+            .arg("--runtime")
+            .arg(&fake.socket)
+            .arg("--json")
+            .stdin(Stdio::null())
+            .output()
+            .await?;
+        let report: Value = serde_json::from_slice(&out.stdout)
+            .with_context(|| String::from_utf8_lossy(&out.stderr).into_owned())?;
+        let call = report["calls"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["method"] == "GetContainerEvents"))
+            .with_context(|| format!("the stream in the report: {report}"))?;
+        ensure!(
+            call["messages"] == serde_json::json!({"recorded": EVENTS, "now": now})
+                && call["now"]["code_name"] == "OK",
+            "{now} events read, {EVENTS} recorded: {call}"
+        );
+        let counted = call["differences"]
+            .as_array()
+            .is_some_and(|d| d.iter().any(|d| d["kind"] == "messages"));
+        ensure!(
+            counted == differs && out.status.code() == Some(i32::from(differs)),
+            "a differing count is a difference ({differs}): {call}, exit {:?}",
+            out.status
+        );
+    }
     Ok(())
 }

@@ -34,7 +34,7 @@ mod script;
 mod serve;
 mod served;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::{self, BufRead};
 use std::time::Duration;
 
@@ -97,12 +97,58 @@ pub struct Step {
     pub(crate) borrowed: Option<usize>,
     pub(crate) response: Option<Value>,
     pub(crate) response_bytes: u64,
-    /// A streamed response's messages, as the call's line counts them (each message is a line
-    /// of its own, which the replay does not send: streamed calls are not replayed).
+    /// A streamed response's messages, as the call's line counts them.
     pub(crate) messages: Option<u64>,
+    /// A streamed response's messages as their own lines recorded them, in stream order (the
+    /// tap may have dropped some: `messages` counts them all).
+    pub(crate) stream: Vec<StreamMessage>,
+    /// A stream still open when the recording ended: its messages have no call line, so it has
+    /// no status and its duration is its last message's offset.
+    pub(crate) open_at_end: bool,
     /// The ids the tap named on the call's line.
     pub(crate) pod_sandbox_id: String,
     pub(crate) container_id: String,
+}
+
+/// One message of a streamed response, as its line (`"event": "message"`) recorded it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StreamMessage {
+    /// Its place in the stream (0: the first).
+    pub(crate) index: u64,
+    /// When it came, since the call began.
+    pub(crate) offset: Duration,
+    /// Its size on the wire.
+    pub(crate) bytes: u64,
+    /// The tap's decoded view of it (`--full`; maybe cut: `_truncated`); `None`: not recorded.
+    pub(crate) response: Option<Value>,
+}
+
+impl StreamMessage {
+    /// A message line of a recording: its call's id, and the message.
+    fn of_line(v: &mut Value) -> Option<(u64, StreamMessage)> {
+        if v.get("event").and_then(Value::as_str) != Some("message") {
+            return None;
+        }
+        let call_id = v.get("call_id").and_then(Value::as_u64)?;
+        let offset = v
+            .get("since_start_ms")
+            .and_then(Value::as_f64)
+            .filter(|m| m.is_finite() && *m >= 0.0)
+            .map_or(Duration::ZERO, |m| {
+                Duration::from_secs_f64(m.min(1e12) / 1e3)
+            });
+        let response = match v.get_mut("response").map(Value::take) {
+            Some(o @ Value::Object(_)) => Some(o),
+            _ => None,
+        };
+        let message = StreamMessage {
+            index: v.get("stream_message").and_then(Value::as_u64).unwrap_or(0),
+            offset,
+            bytes: v.get("bytes").and_then(Value::as_u64).unwrap_or(0),
+            response,
+        };
+        Some((call_id, message))
+    }
 }
 
 /// How a call was answered: recorded, or now.
@@ -120,6 +166,21 @@ impl Step {
     /// The end of the recorded call, since the plan's first call.
     pub(crate) fn recorded_end(&self) -> Duration {
         self.offset + self.recorded.duration
+    }
+
+    /// Whether the call's answer is a stream: a server-streaming method, or one crisp does not
+    /// know whose messages the tap recorded one by one.
+    pub(crate) fn streamed(&self) -> bool {
+        match self.rpc {
+            Some(rpc) => rpc.kind() == RpcKind::Streaming,
+            None => self.messages.is_some() || !self.stream.is_empty(),
+        }
+    }
+
+    /// A streamed response's messages as recorded: as its call's line counts them, or its
+    /// message lines.
+    pub(crate) fn recorded_messages(&self) -> u64 {
+        self.messages.unwrap_or(0).max(self.stream.len() as u64)
     }
 
     /// The id the recorded call made: a RunPodSandbox's sandbox, a CreateContainer's container.
@@ -152,6 +213,12 @@ pub struct Plan {
     pub polling_left_out: usize,
     /// Lines that are not JSON (a recording cut short).
     pub malformed: usize,
+    /// crisp's own answers from the runtime at the recording's start (lines marked
+    /// `"snapshot": true`: Version, RuntimeConfig, Status, ImageFsInfo, asked by crisp, not by
+    /// kubelet). Never replayed; `--as-runtime` answers pollers with them before any recorded
+    /// answer of their method, so a peer's handshake is answered in a recording begun after
+    /// kubelet's.
+    pub snapshot: Vec<Step>,
 }
 
 impl Plan {
@@ -202,20 +269,50 @@ pub enum PlanError {
 /// ImageStatus calls included), or every call; polling calls only if `all`.
 pub fn plan(input: impl BufRead, pod: Option<&str>, all: bool) -> Result<Plan, PlanError> {
     let mut lines: Vec<(timeline::Call, Value)> = Vec::new();
+    let mut streams: HashMap<u64, Vec<StreamMessage>> = HashMap::new();
+    // The first message line of each stream: what a stream with no call line is known by.
+    let mut heads: HashMap<u64, Value> = HashMap::new();
     let mut malformed = 0;
+    let mut snapshot = Vec::new();
     for line in input.lines() {
         let line = line?;
         if line.trim().is_empty() {
             continue;
         }
-        let Ok(v) = serde_json::from_str::<Value>(&line) else {
+        let Ok(mut v) = serde_json::from_str::<Value>(&line) else {
             malformed += 1;
             continue;
         };
+        if v.get("snapshot").and_then(Value::as_bool) == Some(true) {
+            snapshot.extend(snapshot_step(v));
+            continue;
+        }
+        if let Some((call_id, message)) = StreamMessage::of_line(&mut v) {
+            streams.entry(call_id).or_default().push(message);
+            heads.entry(call_id).or_insert(v);
+            continue;
+        }
         if let Some(mut c) = timeline::call_of(&v) {
             // The line's own number names the call (older recordings have no call ids).
             c.call_id = lines.len() as u64;
             lines.push((c, v));
+        }
+    }
+    // Streams still open when the recording ended have messages and no call line.
+    let closed: HashSet<u64> = lines
+        .iter()
+        .filter_map(|(_, v)| v.get("call_id").and_then(Value::as_u64))
+        .collect();
+    let mut open: Vec<(u64, Value)> = heads
+        .into_iter()
+        .filter(|(id, _)| !closed.contains(id))
+        .collect();
+    open.sort_by_key(|(id, _)| *id);
+    for (id, head) in open {
+        let line = open_stream_line(&head, &streams[&id]);
+        if let Some(mut c) = line.as_ref().and_then(timeline::call_of) {
+            c.call_id = lines.len() as u64;
+            lines.extend(line.map(|v| (c, v)));
         }
     }
     let (chosen, scope): (Option<HashSet<u64>>, String) = match pod {
@@ -236,7 +333,12 @@ pub fn plan(input: impl BufRead, pod: Option<&str>, all: bool) -> Result<Plan, P
             polling_left_out += 1;
             continue;
         }
-        steps.push(step(&c, v));
+        let mut s = step(&c, v);
+        if s.call_id != 0 {
+            s.stream = streams.remove(&s.call_id).unwrap_or_default();
+            s.stream.sort_by_key(|m| m.index);
+        }
+        steps.push(s);
     }
     if steps.is_empty() {
         return Err(PlanError::Empty);
@@ -253,6 +355,7 @@ pub fn plan(input: impl BufRead, pod: Option<&str>, all: bool) -> Result<Plan, P
         scope,
         polling_left_out,
         malformed,
+        snapshot,
     })
 }
 
@@ -288,6 +391,49 @@ fn borrow_retries(steps: &mut [Step]) {
     }
 }
 
+/// A snapshot line (crisp's own call at the recording's start) as a polling step before every
+/// recorded call (offset zero), or `None` if it is not a call line.
+fn snapshot_step(mut v: Value) -> Option<Step> {
+    if let Some(m) = v.as_object_mut() {
+        m.remove("snapshot");
+    }
+    let c = timeline::call_of(&v)?;
+    let mut s = step(&c, v);
+    s.offset = Duration::ZERO;
+    s.polling = true;
+    Some(s)
+}
+
+/// The call line a stream still open when the recording ended would have had: from its first
+/// message line (the call's start is that message's time less its offset) and its messages,
+/// with no status, marked `open_at_end`.
+fn open_stream_line(head: &Value, messages: &[StreamMessage]) -> Option<Value> {
+    let time = humantime::parse_rfc3339(head.get("time")?.as_str()?).ok()?;
+    let since = head
+        .get("since_start_ms")
+        .and_then(Value::as_f64)
+        .filter(|m| m.is_finite() && *m >= 0.0)
+        .map_or(Duration::ZERO, |m| {
+            Duration::from_secs_f64(m.min(1e12) / 1e3)
+        });
+    let start = time.checked_sub(since)?;
+    let last = messages.iter().map(|m| m.offset).max().unwrap_or_default();
+    let text = |k: &str| head.get(k).cloned().unwrap_or(Value::Null);
+    Some(serde_json::json!({
+        "call_id": text("call_id"),
+        "time": humantime::format_rfc3339_micros(start).to_string(),
+        "cri_version": text("cri_version"),
+        "method": text("method"),
+        "path": text("path"),
+        "kind": text("kind"),
+        "duration_ms": last.as_secs_f64() * 1e3,
+        "response_bytes": messages.iter().map(|m| m.bytes).sum::<u64>(),
+        "code_name": "",
+        "messages": messages.len(),
+        "open_at_end": true,
+    }))
+}
+
 /// One call line as a step; `offset` is its start since the Unix epoch until [`plan`] makes it
 /// relative.
 fn step(c: &timeline::Call, mut v: Value) -> Step {
@@ -315,6 +461,14 @@ fn step(c: &timeline::Call, mut v: Value) -> Step {
         Some(o @ Value::Object(_)) => Some(o),
         _ => None,
     };
+    let open_at_end = v.get("open_at_end").and_then(Value::as_bool) == Some(true);
+    let mut request = object(&mut v, "request");
+    // An open stream's line is not the tap's: its request is not recorded. GetContainerEvents'
+    // request has no fields, so it is known anyway.
+    let request_missing = open_at_end && rpc != Some(Rpc::GetContainerEvents);
+    if open_at_end && !request_missing {
+        request = Some(Value::Object(Default::default()));
+    }
     Step {
         index: 0,
         call_id: v.get("call_id").and_then(Value::as_u64).unwrap_or(0),
@@ -328,9 +482,11 @@ fn step(c: &timeline::Call, mut v: Value) -> Step {
         container_id: c.container_id.clone(),
         response_bytes: v.get("response_bytes").and_then(Value::as_u64).unwrap_or(0),
         messages: v.get("messages").and_then(Value::as_u64),
-        request: object(&mut v, "request"),
+        stream: Vec::new(),
+        open_at_end,
+        request,
         response: object(&mut v, "response"),
-        request_missing: false,
+        request_missing,
         borrowed: None,
         path,
         rpc,

@@ -16,12 +16,15 @@ use tokio::time::Instant;
 
 use super::idmap::IdMap;
 use super::prepare::{prepare, short_id, NotSent};
-use super::report::{Cleanup, Outcome, Report};
+use super::report::{Cleanup, Outcome, Report, StreamRead};
 use super::{Answer, Options, Pace, Plan, Step};
 use crate::cri::api;
 use crate::cri::Rpc;
 use crate::tap::decode::decode;
 use crate::tap::redact::Dir;
+
+/// gRPC's Cancelled: the client ended the call.
+const CANCELLED: i32 = 1;
 
 /// What the calls share while they run.
 #[derive(Default)]
@@ -68,7 +71,7 @@ pub async fn play(
             for mut w in waits {
                 let _ = w.wait_for(|d| *d).await;
             }
-            let outcome = run_step(&step, &state, &runtime, &fresh, timeout, start).await;
+            let outcome = run_step(&step, &state, &runtime, &fresh, (timeout, pace), start).await;
             state.lock().outcomes[step.index] = Some(outcome);
             let _ = done.send(true);
         });
@@ -203,7 +206,7 @@ async fn run_step(
     state: &Mutex<State>,
     runtime: &super::Runtime,
     fresh: &str,
-    timeout: Duration,
+    (timeout, pace): (Duration, Pace),
     start: Instant,
 ) -> Outcome {
     let prepared = prepare(step, &mut state.lock().ids, fresh);
@@ -212,6 +215,21 @@ async fn run_step(
         Err(why) => return Outcome::NotSent(why),
     };
     let sent_at = start.elapsed();
+    if step.streamed() {
+        let window = stream_window(step, pace);
+        let (now, messages, cancelled) = runtime.stream(&step.path, p.bytes, timeout, window).await;
+        return Outcome::Sent {
+            now,
+            sent_at,
+            redacted: p.redacted,
+            rewritten: p.rewritten.pairs,
+            note: None,
+            stream: Some(StreamRead {
+                messages,
+                cancelled_after: window.filter(|_| cancelled),
+            }),
+        };
+    }
     let (now, response) = runtime.call(&step.path, p.bytes, timeout).await;
     let mut st = state.lock();
     let note = learn(step, &p.json, &now, response.as_deref(), &mut st);
@@ -221,7 +239,20 @@ async fn run_step(
         redacted: p.redacted,
         rewritten: p.rewritten.pairs,
         note,
+        stream: None,
     }
+}
+
+/// How long to read a recorded stream that did not end by itself before cancelling it: one
+/// still open when the recording ended, or one its client cancelled, for its recorded duration
+/// (÷ speed). `None`: it ended on the runtime's side; read it to its end.
+pub(crate) fn stream_window(step: &Step, pace: Pace) -> Option<Duration> {
+    let client_ended = step.open_at_end || step.recorded.code == Some(CANCELLED);
+    let speed = match pace {
+        Pace::Recorded(s) => s,
+        Pace::AsFastAsPossible => 1.0,
+    };
+    client_ended.then(|| step.recorded.duration.div_f64(speed))
 }
 
 /// What a replayed answer teaches: the ids the runtime made, the sandboxes made and removed.

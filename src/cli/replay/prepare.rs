@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::idmap::{IdMap, Rewritten};
 use super::Step;
-use crate::cri::{Rpc, RpcKind};
+use crate::cri::Rpc;
 use crate::tap::decode::encode_json;
 use crate::tap::redact::{Dir, REDACTED};
 
@@ -62,9 +62,9 @@ pub(crate) enum NotSent {
     NotRecorded,
     /// Its request names ids no replayed call made.
     Unmapped(Vec<String>),
-    /// A streaming call, or one that opens a streaming session (Exec, Attach, PortForward); a
-    /// streamed response's messages as the recording counted them.
-    Streaming(Option<u64>),
+    /// A call that opens a streaming session (Exec, Attach, PortForward): its session is not
+    /// on the CRI socket.
+    Session,
     /// ExecSync's command was redacted: there is nothing to run.
     CommandRedacted,
     /// The recorded JSON is not the request's type, or the method has no CRI type.
@@ -87,11 +87,7 @@ impl fmt::Display for NotSent {
                     short.join(", ")
                 )
             }
-            NotSent::Streaming(None) => f.write_str("streaming session: not replayed"),
-            NotSent::Streaming(Some(n)) => write!(
-                f,
-                "streamed call ({n} messages recorded, each in the recording): not replayed"
-            ),
+            NotSent::Session => f.write_str("streaming session: not replayed"),
             NotSent::CommandRedacted => f.write_str("the command was redacted: nothing to run"),
             NotSent::NotEncodable => {
                 f.write_str("recorded request is not re-encodable (no CRI type, or cut)")
@@ -117,9 +113,8 @@ pub(crate) fn prepare(step: &Step, ids: &mut IdMap, fresh_uid: &str) -> Result<P
     let Some(rpc) = step.rpc else {
         return Err(NotSent::NotEncodable);
     };
-    if rpc.kind() == RpcKind::Streaming || matches!(rpc, Rpc::Exec | Rpc::Attach | Rpc::PortForward)
-    {
-        return Err(NotSent::Streaming(step.messages));
+    if matches!(rpc, Rpc::Exec | Rpc::Attach | Rpc::PortForward) {
+        return Err(NotSent::Session);
     }
     let mut json = match &step.request {
         Some(v) => v.clone(),
@@ -331,16 +326,17 @@ mod tests {
         );
         bare.request_bytes = 0;
         assert!(prepare(&bare, &mut ids, "r").is_ok(), "an empty request");
+        // Streamed calls are sent (issue #46); sessions are not.
         let events = step(Rpc::GetContainerEvents, json!({}));
-        assert_eq!(
-            prepare(&events, &mut ids, "r").unwrap_err(),
-            NotSent::Streaming(None)
-        );
+        assert!(prepare(&events, &mut ids, "r").is_ok(), "a stream is sent");
         let mut list = step(Rpc::StreamContainers, json!({}));
         list.messages = Some(150);
-        let why = prepare(&list, &mut ids, "r").unwrap_err();
-        assert_eq!(why, NotSent::Streaming(Some(150)));
-        assert!(why.to_string().contains("150 messages recorded"), "{why}");
+        assert!(prepare(&list, &mut ids, "r").is_ok());
+        let attach = step(Rpc::Attach, json!({"container_id": "c"}));
+        assert_eq!(
+            prepare(&attach, &mut ids, "r").unwrap_err(),
+            NotSent::Session
+        );
         let start = step(Rpc::StartContainer, json!({"container_id": "never-made"}));
         assert_eq!(
             prepare(&start, &mut ids, "r").unwrap_err(),

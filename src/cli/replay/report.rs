@@ -33,8 +33,18 @@ pub(crate) enum Outcome {
         /// (recorded id, new id) put into its request.
         rewritten: Vec<(String, String)>,
         note: Option<String>,
+        /// A streamed call: what was read of its stream.
+        stream: Option<StreamRead>,
     },
     NotSent(NotSent),
+}
+
+/// What the replay read of a stream.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct StreamRead {
+    pub(crate) messages: u64,
+    /// The replay cancelled it after this (it did not end by itself in the recording).
+    pub(crate) cancelled_after: Option<Duration>,
 }
 
 /// A sandbox the replay made, and what cleanup did with it.
@@ -63,6 +73,11 @@ pub(crate) enum Difference {
     },
     /// Answered before the call at this index in the recording, after it now.
     AnsweredAfter(usize),
+    /// A stream's messages: as many as recorded, or not.
+    Messages {
+        recorded: u64,
+        now: u64,
+    },
     NotSent(String),
 }
 
@@ -225,6 +240,12 @@ impl Report {
                 if let Outcome::Sent { note: Some(n), .. } = o {
                     lines.push(format!("{name}: {n}"));
                 }
+                if let Outcome::Sent {
+                    stream: Some(r), ..
+                } = o
+                {
+                    lines.push(format!("{name}: {}", stream_note(s, r)));
+                }
                 lines
             })
             .collect();
@@ -335,6 +356,9 @@ impl Report {
                 )
             }
             Difference::NotSent(why) => format!("not sent: {why}"),
+            Difference::Messages { recorded, now } => {
+                format!("{recorded} messages streamed → {now}")
+            }
         }
     }
 
@@ -380,7 +404,17 @@ impl Report {
                         redacted,
                         rewritten,
                         note,
+                        stream,
                     } => {
+                        if let Some(r) = stream {
+                            v["messages"] = json!({
+                                "recorded": s.recorded_messages(),
+                                "now": r.messages,
+                            });
+                            v["cancelled_after_ms"] =
+                                json!(r.cancelled_after.map(|d| d.as_secs_f64() * 1e3));
+                            v["stream"] = json!(stream_note(s, r));
+                        }
                         v["now"] = answer_json(now);
                         v["sent_at_ms"] = json!(sent_at.as_secs_f64() * 1e3);
                         v["redacted"] =
@@ -416,6 +450,28 @@ impl Report {
     }
 }
 
+/// What the report says of a stream read: its messages, and why the replay cancelled it.
+fn stream_note(s: &Step, r: &StreamRead) -> String {
+    let mut note = format!(
+        "a stream: {} messages recorded, {} now",
+        s.recorded_messages(),
+        r.messages
+    );
+    if let Some(w) = r.cancelled_after {
+        let why = if s.open_at_end {
+            "still open when the recording ended"
+        } else {
+            "its client cancelled it in the recording"
+        };
+        let _ = write!(
+            note,
+            "; {why}: read for {} (its recorded duration ÷ speed), then cancelled",
+            dur(micros(w))
+        );
+    }
+    note
+}
+
 /// What the report says of a request the recording lacked and a retry stood in for.
 fn borrowed_note(s: &Step) -> Option<String> {
     s.borrowed.map(|j| {
@@ -434,6 +490,7 @@ fn kind(d: &Difference) -> &'static str {
         Difference::Duration { .. } => "duration",
         Difference::AnsweredAfter(_) => "order",
         Difference::NotSent(_) => "not_sent",
+        Difference::Messages { .. } => "messages",
     }
 }
 
@@ -452,11 +509,23 @@ fn answer(a: &Answer) -> String {
 
 /// How one call's answer now differs from the recorded one (order aside).
 pub(crate) fn differences(s: &Step, o: &Outcome, tolerance: Duration) -> Vec<Difference> {
-    let now = match o {
-        Outcome::Sent { now, .. } => now,
+    let (now, stream) = match o {
+        Outcome::Sent { now, stream, .. } => (now, stream),
         Outcome::NotSent(why) => return vec![Difference::NotSent(why.to_string())],
     };
     let mut out = Vec::new();
+    // A stream the replay cancelled as the recording's client did (or as the recording ended
+    // with it open) lasted as long as the replay chose, and ended as it chose.
+    let cancelled = stream.is_some_and(|r| r.cancelled_after.is_some());
+    if let Some(r) = stream.filter(|r| r.messages != s.recorded_messages()) {
+        out.push(Difference::Messages {
+            recorded: s.recorded_messages(),
+            now: r.messages,
+        });
+    }
+    if cancelled {
+        return out;
+    }
     if now.code != s.recorded.code {
         out.push(Difference::Status {
             recorded: s.recorded.code,
@@ -511,7 +580,7 @@ pub(crate) fn order_changes(steps: &[Step], outcomes: &[Outcome]) -> Vec<(usize,
         .iter()
         .zip(outcomes)
         .map(|(s, o)| match o {
-            Outcome::Sent { now, sent_at, .. } if !s.polling => {
+            Outcome::Sent { now, sent_at, .. } if !s.polling && !s.streamed() => {
                 Some((s.recorded_end(), *sent_at + now.duration))
             }
             _ => None,

@@ -74,6 +74,72 @@ impl Runtime {
         Ok(Runtime { channel })
     }
 
+    /// One server-streaming call of `path` with the protobuf `request`: reads its messages until
+    /// it ends, or, with a `window`, until the window has passed and then cancels it (its
+    /// deadline: the window and `timeout`, or `timeout`). The answer (a cancelled one:
+    /// Cancelled, saying so), the messages read, and whether the replay cancelled it.
+    pub(crate) async fn stream(
+        &self,
+        path: &str,
+        request: Vec<u8>,
+        timeout: Duration,
+        window: Option<Duration>,
+    ) -> (Answer, u64, bool) {
+        let started = tokio::time::Instant::now();
+        let answer = |code: Option<i32>, message: String| Answer {
+            code,
+            message,
+            duration: started.elapsed(),
+            held: Duration::ZERO,
+        };
+        let Ok(path) = PathAndQuery::from_str(path) else {
+            return (
+                answer(Some(3), format!("not a gRPC path: {path}")),
+                0,
+                false,
+            );
+        };
+        let deadline = window.map_or(timeout, |w| w + timeout);
+        let mut grpc = Grpc::new(self.channel.clone()).max_decoding_message_size(MAX_ANSWER);
+        let mut req = tonic::Request::new(request);
+        req.set_timeout(deadline);
+        req.metadata_mut()
+            .insert("user-agent", MetadataValue::from_static(USER_AGENT));
+        let mut messages = 0;
+        let read = async {
+            grpc.ready()
+                .await
+                .map_err(|e| Status::unavailable(format!("runtime not ready: {e}")))?;
+            let mut stream = grpc.server_streaming(req, path, Raw).await?.into_inner();
+            while stream.message().await?.is_some() {
+                messages += 1;
+            }
+            Ok::<(), Status>(())
+        };
+        let ended = tokio::time::timeout(window.unwrap_or(deadline), read).await;
+        match (ended, window) {
+            (Ok(Ok(())), _) => (answer(Some(0), String::new()), messages, false),
+            (Ok(Err(status)), _) => (
+                answer(Some(status.code() as i32), status.message().to_string()),
+                messages,
+                false,
+            ),
+            (Err(_), Some(w)) => (
+                answer(
+                    Some(tonic::Code::Cancelled as i32),
+                    format!("cancelled by crisp replay after {w:?}"),
+                ),
+                messages,
+                true,
+            ),
+            (Err(_), None) => (
+                answer(None, format!("did not end within {deadline:?}")),
+                messages,
+                false,
+            ),
+        }
+    }
+
     /// One unary call of `path` with the protobuf `request`, within `timeout` (sent as the
     /// call's deadline too). The answer's status, message and time; the response message on OK.
     pub(crate) async fn call(

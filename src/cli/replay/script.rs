@@ -19,6 +19,9 @@
 //!   such answer, the first recorded one.
 //! - **Calls not in the recording** are answered `Unimplemented`, with a message naming the
 //!   method and ids, and listed in the report.
+//! - **Streams** are answered with their recorded messages (each at its recorded offset ÷
+//!   speed, at once without), then the recorded status; a message the recording lacks whole (no
+//!   view, a cut view, no CRI types, a line the tap dropped) is counted, never invented.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -129,6 +132,42 @@ impl std::fmt::Display for Identity {
     }
 }
 
+/// Why a recorded message of a stream is not sent: the recording does not have it whole, and
+/// the script never invents one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Unsent {
+    /// Its decoded view is not in the recording (recorded without `--full`).
+    NotRecorded,
+    /// The tap cut its view (`_truncated`: larger than the tap shows).
+    Cut,
+    /// A method crisp has no CRI types for: nothing to encode it with.
+    NoTypes,
+    /// The call's line counts it, and the tap dropped its line (a slow tap client).
+    Dropped,
+}
+
+impl std::fmt::Display for Unsent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Unsent::NotRecorded => "its view is not recorded (record with `crisp tap --full`)",
+            Unsent::Cut => "its view was cut by the tap",
+            Unsent::NoTypes => "a method without CRI types",
+            Unsent::Dropped => "its line was dropped by the tap",
+        })
+    }
+}
+
+/// A message of a streamed answer: when to send it, and what.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ReplyMessage {
+    /// Its place in the recorded stream.
+    pub(crate) index: u64,
+    /// Send it this long after the call came (its recorded offset ÷ speed; at once without).
+    pub(crate) at: Duration,
+    /// The recorded message (decoded JSON, placeholders and all).
+    pub(crate) response: Value,
+}
+
 /// What to answer a call with.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Reply {
@@ -138,10 +177,17 @@ pub(crate) struct Reply {
     /// The response message (decoded JSON, redaction placeholders and all) on OK; `None`: an
     /// empty message.
     pub(crate) response: Option<Value>,
-    /// Wait this long before answering (the recorded duration ÷ speed).
+    /// Wait this long before answering (the recorded duration ÷ speed): for a stream, before
+    /// its status, its messages going out on their own times.
     pub(crate) delay: Duration,
     /// The recorded call answered (its plan index).
     pub(crate) step: Option<usize>,
+    /// A streamed answer: its recorded messages that can be sent, in order (the others are
+    /// counted in the report); `None`: a unary answer.
+    pub(crate) stream: Option<Vec<ReplyMessage>>,
+    /// The recorded stream was still open when the recording ended: after its messages it stays
+    /// open, with no status, until the peer goes.
+    pub(crate) open: bool,
 }
 
 /// A call no recorded call matched.
@@ -174,14 +220,35 @@ pub struct Script {
     /// the peer's (labels, metadata), so a peer that made its pod anew finds its pod in them.
     uids: IdMap,
     uid_pairs: Vec<(String, String)>,
+    /// Streamed recorded calls answered: what was sent of their messages.
+    streams: BTreeMap<usize, StreamServed>,
     pub(crate) scope: String,
+}
+
+/// What a peer got of a recorded stream.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct StreamServed {
+    /// Times the call was answered.
+    pub(crate) answers: u32,
+    /// Messages sent (over all its answers).
+    pub(crate) sent: u32,
+    /// Recorded messages not sent, and why.
+    pub(crate) unsent: Vec<(u64, Unsent)>,
+    /// Messages the call's line counts that have no line (the tap dropped them).
+    pub(crate) dropped: u64,
 }
 
 impl Script {
     /// The script of `plan` (every call of the recording, polling calls included).
     pub fn new(plan: Plan, speed: Option<f64>) -> Script {
-        let identities = plan.steps.iter().map(Identity::of_step).collect();
-        let n = plan.steps.len();
+        // crisp's snapshot at the recording's start comes first: a poller's answer before any
+        // recorded one of its method.
+        let mut steps: Vec<Step> = plan.snapshot.into_iter().chain(plan.steps).collect();
+        for (i, s) in steps.iter_mut().enumerate() {
+            s.index = i;
+        }
+        let identities = steps.iter().map(Identity::of_step).collect();
+        let n = steps.len();
         Script {
             identities,
             answered: vec![0; n],
@@ -193,8 +260,9 @@ impl Script {
             again: BTreeMap::new(),
             uids: IdMap::default(),
             uid_pairs: Vec::new(),
+            streams: BTreeMap::new(),
             scope: plan.scope,
-            steps: plan.steps,
+            steps,
         }
     }
 
@@ -228,6 +296,8 @@ impl Script {
                 response: None,
                 delay: Duration::ZERO,
                 step: None,
+                stream: None,
+                open: false,
             };
         };
         self.answered[index] += 1;
@@ -246,6 +316,9 @@ impl Script {
         let delay = self
             .speed
             .map_or(Duration::ZERO, |s| step.recorded.duration.div_f64(s));
+        let stream = self.stream_of(index);
+        let step = &self.steps[index];
+        let open = step.open_at_end;
         match step.recorded.code {
             Some(code) => {
                 let mut response = (code == 0).then(|| step.response.clone()).flatten();
@@ -258,6 +331,8 @@ impl Script {
                     response,
                     delay,
                     step: Some(index),
+                    stream,
+                    open,
                 }
             }
             // The recorded call was never answered (the client gave up first).
@@ -269,8 +344,51 @@ impl Script {
                 response: None,
                 delay,
                 step: Some(index),
+                stream,
+                open,
             },
         }
+    }
+
+    /// The messages of recorded call `index` to send, if it is a streamed call; those the
+    /// recording lacks whole are counted as not sent.
+    fn stream_of(&mut self, index: usize) -> Option<Vec<ReplyMessage>> {
+        let step = &self.steps[index];
+        if !step.streamed() {
+            return None;
+        }
+        let mut send = Vec::new();
+        let mut unsent = Vec::new();
+        for m in &step.stream {
+            let why = match &m.response {
+                _ if step.rpc.is_none() => Some(Unsent::NoTypes),
+                None => Some(Unsent::NotRecorded),
+                Some(v) if v.get("_truncated").is_some() => Some(Unsent::Cut),
+                Some(_) => None,
+            };
+            match (why, &m.response) {
+                (None, Some(response)) => send.push(ReplyMessage {
+                    index: m.index,
+                    at: self.speed.map_or(Duration::ZERO, |s| m.offset.div_f64(s)),
+                    response: response.clone(),
+                }),
+                (why, _) => unsent.push((m.index, why.unwrap_or(Unsent::NotRecorded))),
+            }
+        }
+        let dropped = step
+            .messages
+            .unwrap_or(0)
+            .saturating_sub(step.stream.len() as u64);
+        let served = self.streams.entry(index).or_default();
+        served.answers += 1;
+        served.unsent = unsent;
+        served.dropped = dropped;
+        Some(send)
+    }
+
+    /// The shell sent a message of the stream answering recorded call `index`.
+    pub(crate) fn message_sent(&mut self, index: usize) {
+        self.streams.entry(index).or_default().sent += 1;
     }
 
     /// A matched RunPodSandbox whose pod the peer made under another uid: answers from now on
@@ -396,10 +514,11 @@ impl Script {
                 .steps
                 .iter()
                 .filter(|s| self.answered[s.index] > 0 && s.recorded.code == Some(0))
-                .filter(|s| s.response.is_none() && s.response_bytes > 0)
+                .filter(|s| s.response.is_none() && s.response_bytes > 0 && !s.streamed())
                 .map(|s| s.index)
                 .collect(),
             uids: self.uid_pairs.clone(),
+            streams: self.streams.clone().into_iter().collect(),
             steps: self.steps.clone(),
         }
     }
@@ -443,6 +562,8 @@ pub struct ServedReport {
     pub(crate) empty: Vec<usize>,
     /// Pod uids in the answers: (recorded, the peer's).
     pub(crate) uids: Vec<(String, String)>,
+    /// Streamed recorded calls answered, and what their peer got of their messages.
+    pub(crate) streams: Vec<(usize, StreamServed)>,
     pub(crate) steps: Vec<Step>,
 }
 

@@ -22,6 +22,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
 
 use super::script::Script;
 use crate::cri::Route;
@@ -37,7 +38,10 @@ const MAX_FRAME: usize = 1 << 20;
 /// What a peer's `:authority` becomes when it is not a URI authority.
 const LOCALHOST: &[u8] = b"localhost";
 
-type Body = StreamBody<tokio_stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, Infallible>>>>;
+/// Messages of a streamed answer the shell may have ahead of the peer's reading.
+const STREAM_AHEAD: usize = 16;
+
+type Body = StreamBody<ReceiverStream<Result<Frame<Bytes>, Infallible>>>;
 
 /// Serves `script` on `listener` until `shutdown` resolves.
 pub async fn serve_script(
@@ -192,7 +196,11 @@ async fn answer(
         Some(msg) => decode(rpc, Dir::Request, &msg, true),
         None => return Ok(reply(13, "not one gRPC message", None)),
     };
-    let r = script.lock().answer(&path, &request, start.elapsed());
+    let came = Instant::now();
+    let mut r = script.lock().answer(&path, &request, start.elapsed());
+    if let (Some(messages), Some(index)) = (r.stream.take(), r.step) {
+        return Ok(stream_reply(rpc, r, index, messages, script, came));
+    }
     if !r.delay.is_zero() {
         tokio::time::sleep(r.delay).await;
     }
@@ -202,6 +210,40 @@ async fn answer(
         _ => None,
     };
     Ok(reply(r.code, &r.message, message))
+}
+
+/// A streamed answer: the headers at once, each recorded message at its time (`came`, the
+/// call's arrival, plus its offset), then the status once the recorded duration has passed.
+/// A peer that goes away ends it.
+fn stream_reply(
+    rpc: Option<crate::cri::Rpc>,
+    r: super::script::Reply,
+    index: usize,
+    messages: Vec<super::script::ReplyMessage>,
+    script: Arc<Mutex<Script>>,
+    came: Instant,
+) -> Response<Body> {
+    let (tx, rx) = tokio::sync::mpsc::channel(STREAM_AHEAD);
+    tokio::spawn(async move {
+        for m in messages {
+            tokio::time::sleep_until(came + m.at).await;
+            let Some(rpc) = rpc else { continue };
+            let frame = Frame::data(grpc_message(&encode_answer(rpc, &m.response)));
+            if tx.send(Ok(frame)).await.is_err() {
+                return;
+            }
+            script.lock().message_sent(index);
+        }
+        if r.open {
+            // As recorded: the stream had not ended. It ends when the peer goes.
+            tx.closed().await;
+            return;
+        }
+        tokio::time::sleep_until(came + r.delay).await;
+        let status = Status::new(r.code, &r.message).to_header_map();
+        let _ = tx.send(Ok(Frame::trailers(status))).await;
+    });
+    response(rx)
 }
 
 /// The recorded response as protobuf: as recorded, or, when a redaction placeholder is not of
@@ -241,20 +283,30 @@ fn unframe(mut body: Bytes) -> Option<Bytes> {
     (body.len() == len).then_some(body)
 }
 
+/// A gRPC length-prefixed message, uncompressed.
+fn grpc_message(m: &[u8]) -> Bytes {
+    let mut b = BytesMut::with_capacity(m.len() + 5);
+    b.put_u8(0);
+    b.put_u32(m.len() as u32);
+    b.put_slice(m);
+    b.freeze()
+}
+
 /// A gRPC response: headers, the message on OK, the status in trailers.
 fn reply(code: i32, message: &str, msg: Option<Vec<u8>>) -> Response<Body> {
-    let mut frames = Vec::new();
+    let (tx, rx) = tokio::sync::mpsc::channel(2);
     if let Some(m) = msg {
-        let mut b = BytesMut::with_capacity(m.len() + 5);
-        b.put_u8(0);
-        b.put_u32(m.len() as u32);
-        b.put_slice(&m);
-        frames.push(Ok(Frame::data(b.freeze())));
+        let _ = tx.try_send(Ok(Frame::data(grpc_message(&m))));
     }
-    frames.push(Ok(Frame::trailers(
+    let _ = tx.try_send(Ok(Frame::trailers(
         Status::new(code, message).to_header_map(),
     )));
-    let mut resp = Response::new(StreamBody::new(tokio_stream::iter(frames)));
+    response(rx)
+}
+
+/// The response whose body is what `rx` gets: headers now, then the frames as they come.
+fn response(rx: tokio::sync::mpsc::Receiver<Result<Frame<Bytes>, Infallible>>) -> Response<Body> {
+    let mut resp = Response::new(StreamBody::new(ReceiverStream::new(rx)));
     resp.headers_mut().insert(
         http::header::CONTENT_TYPE,
         HeaderValue::from_static("application/grpc"),

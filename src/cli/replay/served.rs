@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use serde_json::{json, Value};
 
-use super::script::ServedReport;
+use super::script::{ServedReport, StreamServed, Unsent};
 use super::Step;
 use crate::metrics::code_name;
 use crate::tenant;
@@ -14,8 +14,22 @@ use crate::tenant;
 /// Most calls listed under one heading of the text report.
 const MAX_LISTED: usize = 20;
 
+/// A stream's messages not sent, counted by why.
+fn unsent_by_reason(st: &StreamServed) -> Vec<(Unsent, u64)> {
+    let mut by: std::collections::BTreeMap<Unsent, u64> = Default::default();
+    for (_, why) in &st.unsent {
+        *by.entry(*why).or_default() += 1;
+    }
+    if st.dropped > 0 {
+        *by.entry(Unsent::Dropped).or_default() += st.dropped;
+    }
+    by.into_iter().collect()
+}
+
 fn call(s: &Step) -> String {
     format!("#{} {} {}", s.index + 1, s.method, s.target)
+        .trim_end()
+        .to_string()
 }
 
 impl ServedReport {
@@ -107,6 +121,27 @@ impl ServedReport {
                 .collect(),
         );
         section(
+            "streamed calls (messages sent, of those recorded)",
+            self.streams
+                .iter()
+                .map(|(i, st)| {
+                    let s = step(*i);
+                    let mut line = format!(
+                        "{}: {} sent of {} recorded ({} {})",
+                        call(s),
+                        st.sent,
+                        s.recorded_messages(),
+                        st.answers,
+                        if st.answers == 1 { "answer" } else { "answers" }
+                    );
+                    for (why, n) in unsent_by_reason(st) {
+                        let _ = write!(line, "; {n} not sent: {why}");
+                    }
+                    line
+                })
+                .collect(),
+        );
+        section(
             "pod uids in the answers (recorded → the peer's)",
             self.uids
                 .iter()
@@ -132,7 +167,7 @@ impl ServedReport {
     }
 
     /// The report as one JSON object: `scope`, `answered[]`, `unmatched[]`, `not_asked[]`,
-    /// `order[]`, `again[]`, `polling{}`, `redacted[]`, `empty[]`, `uids[]`,
+    /// `order[]`, `again[]`, `polling{}`, `streams[]`, `redacted[]`, `empty[]`, `uids[]`,
     /// `summary`.
     pub fn json(&self) -> Value {
         let step = |i: usize| {
@@ -165,6 +200,15 @@ impl ServedReport {
             "polling": self.polling.iter().map(|(m, (n, r))| (m.clone(), json!({
                 "answered": n, "recorded": r,
             }))).collect::<serde_json::Map<_, _>>(),
+            "streams": self.streams.iter().map(|(i, st)| json!({
+                "call": step(*i),
+                "answers": st.answers,
+                "recorded_messages": self.steps[*i].recorded_messages(),
+                "sent": st.sent,
+                "not_sent": unsent_by_reason(st).into_iter().map(|(why, n)| json!({
+                    "reason": why.to_string(), "count": n,
+                })).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
             "redacted": self.redacted.iter().map(|&i| step(i)).collect::<Vec<_>>(),
             "empty": self.empty.iter().map(|&i| step(i)).collect::<Vec<_>>(),
             "uids": self.uids.iter().map(|(r, p)| json!({"recorded": r, "peer": p}))
@@ -178,6 +222,7 @@ impl ServedReport {
                 "not_asked": self.not_asked.len(),
                 "order_differences": self.order.len(),
                 "again": self.again.iter().map(|(_, n)| n).sum::<u32>(),
+                "stream_messages_sent": self.streams.iter().map(|(_, s)| s.sent).sum::<u32>(),
             },
         })
     }

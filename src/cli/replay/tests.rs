@@ -122,6 +122,7 @@ fn sent(code: i32, message: &str, ms: u64, sent_at_ms: u64) -> Outcome {
         redacted: Vec::new(),
         rewritten: Vec::new(),
         note: None,
+        stream: None,
     }
 }
 
@@ -248,6 +249,7 @@ fn reports_say_what_differs_and_what_was_redacted() {
             redacted: vec![prepare::Redacted::AnnotationValues(2)],
             rewritten: vec![("u".into(), "u-replay-1".into())],
             note: None,
+            stream: None,
         },
         sent(9, "crisp: not ready", 5, 200),
         Outcome::NotSent(NotSent::Unmapped(vec!["c1".into()])),
@@ -362,6 +364,230 @@ fn a_streamed_calls_messages_are_no_steps_and_are_counted() {
         (stream.method.as_str(), stream.messages),
         ("StreamContainers", Some(3))
     );
-    let why = super::prepare::prepare(stream, &mut Default::default(), "r").unwrap_err();
-    assert_eq!(why, NotSent::Streaming(Some(3)));
+    assert!(super::prepare::prepare(stream, &mut Default::default(), "r").is_ok());
+}
+
+/// Issue #46: each message line goes with its call (by the tap's call id), in stream order,
+/// with its offset, size and decoded view; a line without the view has none.
+#[test]
+fn a_streamed_calls_message_lines_go_with_its_step() {
+    let message = |i: u64, ms: f64, view: Option<Value>| {
+        let mut v = json!({"event": "message", "stream_message": i, "call_id": 9,
+               "method": "GetContainerEvents",
+               "path": "/runtime.v1.RuntimeService/GetContainerEvents",
+               "kind": "streaming", "since_start_ms": ms, "bytes": 40 + i});
+        if let Some(view) = view {
+            v["response"] = view;
+        }
+        v.to_string()
+    };
+    let event = |id: &str| json!({"container_id": id, "container_event_type": 0});
+    let lines = [
+        message(1, 30.0, None),
+        message(0, 12.5, Some(event("ct1"))),
+        line(
+            9,
+            700,
+            "GetContainerEvents",
+            "streaming",
+            1,
+            json!({"messages": 2}),
+        ),
+    ];
+    let plan = plan(lines.join("\n").as_bytes(), None, true).expect("plan");
+    let step = &plan.steps[0];
+    assert_eq!(step.stream.len(), 2);
+    assert_eq!(
+        step.stream[0],
+        StreamMessage {
+            index: 0,
+            offset: Duration::from_micros(12_500),
+            bytes: 40,
+            response: Some(event("ct1")),
+        }
+    );
+    assert_eq!(
+        (step.stream[1].index, step.stream[1].response.clone()),
+        (1, None)
+    );
+}
+
+/// Issue #46: a stream still open when the recording ended has message lines and no call
+/// line; it is planned all the same, from its first message (start: that message's time less
+/// its offset), with no status, its last message's offset as its duration, and its messages.
+/// A GetContainerEvents' request is known (it has no fields); another stream's is not.
+#[test]
+fn a_stream_open_at_the_recordings_end_is_planned() {
+    let message = |id: u64, i: u64, ms: f64, method: &str| {
+        json!({"event": "message", "stream_message": i, "call_id": id,
+               "time": format!("2026-11-28T23:29:01.{:03}000Z", 500 + ms as u64),
+               "cri_version": "v1", "method": method,
+               "path": format!("/runtime.v1.RuntimeService/{method}"),
+               "kind": "streaming", "since_start_ms": ms, "bytes": 40})
+        .to_string()
+    };
+    let lines = [
+        line(1, 0, "Version", "polling", 0, json!({"request": {}})),
+        message(7, 0, 100.0, "GetContainerEvents"),
+        message(7, 1, 250.0, "GetContainerEvents"),
+        message(8, 0, 10.0, "StreamContainers"),
+    ];
+    let plan = plan(lines.join("\n").as_bytes(), None, true).expect("plan");
+    assert_eq!(plan.steps.len(), 3);
+    let events = plan
+        .steps
+        .iter()
+        .find(|s| s.method == "GetContainerEvents")
+        .expect("the open stream");
+    assert!(events.open_at_end && events.streamed());
+    assert_eq!(events.recorded.code, None, "no status: it had not ended");
+    assert_eq!(events.recorded.duration, Duration::from_millis(250));
+    assert_eq!(
+        events.offset,
+        Duration::from_millis(1_500),
+        "started 100 ms before its first message"
+    );
+    assert_eq!((events.stream.len(), events.recorded_messages()), (2, 2));
+    assert_eq!(events.request, Some(json!({})));
+    assert!(super::prepare::prepare(events, &mut Default::default(), "r").is_ok());
+    let list = plan
+        .steps
+        .iter()
+        .find(|s| s.method == "StreamContainers")
+        .expect("the other");
+    assert_eq!(
+        super::prepare::prepare(list, &mut Default::default(), "r").unwrap_err(),
+        NotSent::NotRecorded,
+        "its request (a filter) is not in the recording"
+    );
+}
+
+/// Issue #46, the kubelet side: a stream read whole is compared by status and message count;
+/// one the replay cancelled (open at the recording's end, or cancelled by its client) only by
+/// its count, and the report says it was cancelled and after how long.
+#[test]
+fn a_streams_message_count_and_its_cancelling_are_reported() {
+    let stream = |code: Option<i32>, open: bool| Step {
+        method: "GetContainerEvents".into(),
+        rpc: Some(Rpc::GetContainerEvents),
+        recorded: Answer {
+            code,
+            duration: Duration::from_secs(4),
+            ..Answer::default()
+        },
+        messages: Some(5),
+        open_at_end: open,
+        ..Step::default()
+    };
+    let read = |code: i32, ms: u64, messages: u64, cancelled: Option<u64>| Outcome::Sent {
+        now: Answer {
+            code: Some(code),
+            duration: Duration::from_millis(ms),
+            ..Answer::default()
+        },
+        sent_at: Duration::ZERO,
+        redacted: Vec::new(),
+        rewritten: Vec::new(),
+        note: None,
+        stream: Some(report::StreamRead {
+            messages,
+            cancelled_after: cancelled.map(Duration::from_millis),
+        }),
+    };
+    let tolerance = Duration::from_millis(500);
+    let ended = stream(Some(0), false);
+    assert_eq!(
+        differences(&ended, &read(0, 4_100, 5, None), tolerance),
+        vec![]
+    );
+    assert_eq!(
+        differences(&ended, &read(0, 4_100, 3, None), tolerance),
+        vec![Difference::Messages {
+            recorded: 5,
+            now: 3
+        }]
+    );
+    // Open at the end: read for 4 s ÷ 2, then cancelled; the status and duration are ours.
+    let open = stream(None, false);
+    let open = Step {
+        open_at_end: true,
+        ..open
+    };
+    assert_eq!(
+        player::stream_window(&open, Pace::Recorded(2.0)),
+        Some(Duration::from_secs(2))
+    );
+    assert_eq!(player::stream_window(&ended, Pace::Recorded(2.0)), None);
+    let cancelled = stream(Some(1), false);
+    assert_eq!(
+        player::stream_window(&cancelled, Pace::AsFastAsPossible),
+        Some(Duration::from_secs(4)),
+        "a stream its client cancelled: its recorded duration"
+    );
+    assert_eq!(
+        differences(&open, &read(1, 2_000, 5, Some(2_000)), tolerance),
+        vec![]
+    );
+    assert_eq!(
+        differences(&open, &read(1, 2_000, 4, Some(2_000)), tolerance),
+        vec![Difference::Messages {
+            recorded: 5,
+            now: 4
+        }]
+    );
+    let plan = Plan {
+        steps: vec![open],
+        scope: "every call".into(),
+        ..Plan::default()
+    };
+    let opts = Options {
+        pace: Pace::Recorded(2.0),
+        timeout: Duration::from_secs(5),
+        keep: false,
+        tolerance,
+    };
+    let report = Report::new(
+        &plan,
+        vec![read(1, 2_000, 4, Some(2_000))],
+        Vec::new(),
+        false,
+        &opts,
+    );
+    assert!(report.differs());
+    let text = report.text();
+    assert!(text.contains("5 messages streamed → 4"), "{text}");
+    assert!(
+        text.contains("a stream: 5 messages recorded, 4 now; still open when the recording ended: read for 2.00s"),
+        "{text}"
+    );
+    let json = report.json();
+    let call = &json["calls"][0];
+    assert_eq!(call["messages"], json!({"recorded": 5, "now": 4}));
+    assert_eq!(call["cancelled_after_ms"], 2000.0);
+    assert_eq!(call["differences"][0]["kind"], "messages");
+}
+
+/// Issue #46: lines marked `"snapshot": true` (crisp's own calls at the recording's start) are
+/// no calls of kubelet's: not replayed, not in a timeline, kept apart for `--as-runtime`.
+#[test]
+fn snapshot_lines_are_kept_apart() {
+    let mut version = serde_json::from_str::<Value>(&line(
+        0,
+        0,
+        "Version",
+        "polling",
+        0,
+        json!({"request": {}, "response": {"runtime_name": "containerd"}}),
+    ))
+    .expect("json");
+    version["snapshot"] = json!(true);
+    assert!(crate::cli::timeline::call_of(&version).is_none());
+    let text = format!("{version}\n{}", recording());
+    let with = plan(text.as_bytes(), None, true).expect("plan");
+    let without = plan(recording().as_bytes(), None, true).expect("plan");
+    assert_eq!(with.steps.len(), without.steps.len(), "never replayed");
+    assert_eq!(with.snapshot.len(), 1);
+    let s = &with.snapshot[0];
+    assert_eq!((s.method.as_str(), s.polling), ("Version", true));
+    assert_eq!(s.response, Some(json!({"runtime_name": "containerd"})));
 }

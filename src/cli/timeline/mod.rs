@@ -195,8 +195,10 @@ fn micros(v: &Value, key: &str) -> Option<i64> {
 /// (drop markers, or events a newer crisp adds) is not mistaken for one.
 pub fn call_of(v: &Value) -> Option<Call> {
     let kind = v.get("kind")?.as_str()?;
+    // A snapshot line is crisp's own call at a recording's start, not kubelet's.
     if !matches!(kind, "mutating" | "polling" | "streaming" | "unknown")
         || v.get("event").is_some_and(|e| e != "call")
+        || v.get("snapshot").is_some_and(|s| s == true)
     {
         return None;
     }

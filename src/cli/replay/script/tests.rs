@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::*;
-use crate::cli::replay::{Answer, Plan, Step};
+use crate::cli::replay::{Answer, Plan, Step, StreamMessage};
 
 const V1: &str = "/runtime.v1.RuntimeService/";
 
@@ -394,4 +394,140 @@ fn calls_recorded_together_have_no_order_and_filters_name_the_right_id() {
             .as_deref(),
         Some("x")
     );
+}
+
+/// A recorded stream (issue #46): each message whose view the recording has is sent at its
+/// offset ÷ speed (at once without), then the recorded status; a message without its view, one
+/// the tap cut and one the tap dropped are not sent, and the report says which and why.
+#[test]
+fn a_stream_is_answered_with_its_recorded_messages() {
+    let event = |id: &str| json!({"container_id": id, "container_event_type": 1});
+    let message = |index: u64, offset_ms: u64, response: Option<Value>| StreamMessage {
+        index,
+        offset: ms(offset_ms),
+        bytes: 50,
+        response,
+    };
+    let mut events = step(0, Rpc::GetContainerEvents, 1, json!({}), json!({}));
+    events.recorded.duration = ms(900);
+    events.messages = Some(5);
+    events.stream = vec![
+        message(0, 100, Some(event("ct1"))),
+        message(1, 200, None),
+        message(
+            2,
+            300,
+            Some(json!({"container_id": "ct1", "_truncated": {}})),
+        ),
+        message(3, 400, Some(event("ct2"))),
+    ];
+    let recorded = plan(vec![events]);
+
+    let mut at_once = Script::new(plan(recorded.steps.clone()), None);
+    let r = call(&mut at_once, Rpc::GetContainerEvents, json!({}), 0);
+    let sent: Vec<(u64, Duration)> = r.stream.iter().flatten().map(|m| (m.index, m.at)).collect();
+    assert_eq!(
+        sent,
+        vec![(0, ms(0)), (3, ms(0))],
+        "at once, without --speed"
+    );
+    assert_eq!((r.code, r.delay), (1, ms(0)), "then the recorded status");
+
+    let mut paced = Script::new(recorded, Some(2.0));
+    let r = call(&mut paced, Rpc::GetContainerEvents, json!({}), 0);
+    let messages = r.stream.clone().expect("a streamed answer");
+    assert_eq!(
+        messages.iter().map(|m| (m.index, m.at)).collect::<Vec<_>>(),
+        vec![(0, ms(50)), (3, ms(200))],
+        "each at its offset ÷ speed"
+    );
+    assert_eq!(messages[1].response, event("ct2"), "as recorded");
+    assert_eq!(
+        r.delay,
+        ms(450),
+        "the status after the recorded duration ÷ speed"
+    );
+    let index = r.step.expect("a recorded call");
+    for _ in &messages {
+        paced.message_sent(index);
+    }
+    let report = paced.report();
+    let (_, served) = &report.streams[0];
+    assert_eq!((served.answers, served.sent, served.dropped), (1, 2, 1));
+    assert_eq!(
+        served.unsent,
+        vec![(1, Unsent::NotRecorded), (2, Unsent::Cut)]
+    );
+    let text = report.text();
+    assert!(
+        text.contains("#1 GetContainerEvents: 2 sent of 5 recorded (1 answer)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("1 not sent: its view is not recorded"),
+        "{text}"
+    );
+    assert!(text.contains("1 not sent: its view was cut"), "{text}");
+    assert!(text.contains("1 not sent: its line was dropped"), "{text}");
+    let json = report.json();
+    assert_eq!(json["streams"][0]["sent"], 2);
+    assert_eq!(json["summary"]["stream_messages_sent"], 2);
+
+    // A unary answer has no stream.
+    let mut unary = Script::new(incident(), None);
+    assert_eq!(call(&mut unary, Rpc::Version, json!({}), 0).stream, None);
+}
+
+/// A stream still open when the recording ended stays open after its messages, with no
+/// status: the serving shell holds it until the peer goes.
+#[test]
+fn a_stream_open_at_the_recordings_end_stays_open() {
+    let mut events = step(0, Rpc::GetContainerEvents, 0, json!({}), json!({}));
+    events.recorded.code = None;
+    events.open_at_end = true;
+    events.stream = vec![StreamMessage {
+        index: 0,
+        offset: ms(10),
+        bytes: 9,
+        response: Some(json!({"container_id": "ct1"})),
+    }];
+    let mut s = Script::new(plan(vec![events]), None);
+    let r = call(&mut s, Rpc::GetContainerEvents, json!({}), 0);
+    assert!(r.open);
+    assert_eq!(r.stream.map(|m| m.len()), Some(1));
+}
+
+/// Issue #46: a recording begun after kubelet connected has none of kubelet's handshake
+/// (Version, then ImageFsInfo); crisp's snapshot at its start answers it, and a recorded answer
+/// reached later wins over the snapshot's, as any later answer does.
+#[test]
+fn the_snapshot_answers_a_handshake_the_recording_lacks() {
+    let fs = json!({"image_filesystems": [{"fs_id": {"mountpoint": "/var/lib/containerd"}}]});
+    let mut recorded = incident();
+    let mut without = Script::new(plan(recorded.steps.clone()), None);
+    assert_eq!(
+        call(&mut without, Rpc::ImageFsInfo, json!({}), 0).code,
+        UNIMPLEMENTED,
+        "without the snapshot the handshake is refused"
+    );
+    recorded.snapshot = vec![
+        step(
+            0,
+            Rpc::Version,
+            0,
+            json!({}),
+            json!({"runtime_name": "at-start"}),
+        ),
+        step(0, Rpc::ImageFsInfo, 0, json!({}), fs.clone()),
+    ];
+    let mut s = Script::new(recorded, None);
+    let r = call(&mut s, Rpc::ImageFsInfo, json!({}), 0);
+    assert_eq!((r.code, r.response), (0, Some(fs)));
+    let r = call(&mut s, Rpc::Version, json!({}), 1);
+    assert_eq!(
+        r.response,
+        Some(json!({"runtime_name": "containerd"})),
+        "the recorded Version, reached already, is the latest answer"
+    );
+    assert!(s.report().unmatched.is_empty());
 }
