@@ -74,6 +74,31 @@ impl Runtime {
         Ok(Runtime { channel })
     }
 
+    /// What every call starts with: `path` parsed, a client that reads answers up to
+    /// [`MAX_ANSWER`], and the request with its `deadline` and crisp replay's user-agent. Err:
+    /// the InvalidArgument answer for a path that is not one.
+    fn start(&self, path: &str, request: Vec<u8>, deadline: Duration) -> Result<Call, Answer> {
+        let started = tokio::time::Instant::now();
+        let Ok(path) = PathAndQuery::from_str(path) else {
+            return Err(answered(
+                started,
+                Some(3),
+                format!("not a gRPC path: {path}"),
+            ));
+        };
+        let grpc = Grpc::new(self.channel.clone()).max_decoding_message_size(MAX_ANSWER);
+        let mut req = tonic::Request::new(request);
+        req.set_timeout(deadline);
+        req.metadata_mut()
+            .insert("user-agent", MetadataValue::from_static(USER_AGENT));
+        Ok(Call {
+            started,
+            path,
+            grpc,
+            req,
+        })
+    }
+
     /// One server-streaming call of `path` with the protobuf `request`: reads its messages until
     /// it ends, or, with a `window`, until the window has passed and then cancels it (its
     /// deadline: the window and `timeout`, or `timeout`). The answer (a cancelled one:
@@ -85,38 +110,26 @@ impl Runtime {
         timeout: Duration,
         window: Option<Duration>,
     ) -> (Answer, u64, bool) {
-        let started = tokio::time::Instant::now();
-        let answer = |code: Option<i32>, message: String| Answer {
-            code,
-            message,
-            duration: started.elapsed(),
-            held: Duration::ZERO,
-        };
-        let Ok(path) = PathAndQuery::from_str(path) else {
-            return (
-                answer(Some(3), format!("not a gRPC path: {path}")),
-                0,
-                false,
-            );
-        };
         let deadline = window.map_or(timeout, |w| w + timeout);
-        let mut grpc = Grpc::new(self.channel.clone()).max_decoding_message_size(MAX_ANSWER);
-        let mut req = tonic::Request::new(request);
-        req.set_timeout(deadline);
-        req.metadata_mut()
-            .insert("user-agent", MetadataValue::from_static(USER_AGENT));
+        let mut call = match self.start(path, request, deadline) {
+            Ok(call) => call,
+            Err(refused) => return (refused, 0, false),
+        };
         let mut messages = 0;
         let read = async {
-            grpc.ready()
-                .await
-                .map_err(|e| Status::unavailable(format!("runtime not ready: {e}")))?;
-            let mut stream = grpc.server_streaming(req, path, Raw).await?.into_inner();
+            ready(&mut call.grpc).await?;
+            let mut stream = call
+                .grpc
+                .server_streaming(call.req, call.path, Raw)
+                .await?
+                .into_inner();
             while stream.message().await?.is_some() {
                 messages += 1;
             }
             Ok::<(), Status>(())
         };
         let ended = tokio::time::timeout(window.unwrap_or(deadline), read).await;
+        let answer = |code, message| answered(call.started, code, message);
         match (ended, window) {
             (Ok(Ok(())), _) => (answer(Some(0), String::new()), messages, false),
             (Ok(Err(status)), _) => (
@@ -148,28 +161,17 @@ impl Runtime {
         request: Vec<u8>,
         timeout: Duration,
     ) -> (Answer, Option<Vec<u8>>) {
-        let started = tokio::time::Instant::now();
-        let answer = |code: Option<i32>, message: String| Answer {
-            code,
-            message,
-            duration: started.elapsed(),
-            held: Duration::ZERO,
+        let mut call = match self.start(path, request, timeout) {
+            Ok(call) => call,
+            Err(refused) => return (refused, None),
         };
-        let Ok(path) = PathAndQuery::from_str(path) else {
-            return (answer(Some(3), format!("not a gRPC path: {path}")), None);
+        let unary = async {
+            ready(&mut call.grpc).await?;
+            call.grpc.unary(call.req, call.path, Raw).await
         };
-        let mut grpc = Grpc::new(self.channel.clone()).max_decoding_message_size(MAX_ANSWER);
-        let mut req = tonic::Request::new(request);
-        req.set_timeout(timeout);
-        req.metadata_mut()
-            .insert("user-agent", MetadataValue::from_static(USER_AGENT));
-        let call = async {
-            grpc.ready()
-                .await
-                .map_err(|e| Status::unavailable(format!("runtime not ready: {e}")))?;
-            grpc.unary(req, path, Raw).await
-        };
-        match tokio::time::timeout(timeout, call).await {
+        let ended = tokio::time::timeout(timeout, unary).await;
+        let answer = |code, message| answered(call.started, code, message);
+        match ended {
             Ok(Ok(resp)) => (answer(Some(0), String::new()), Some(resp.into_inner())),
             Ok(Err(status)) => (
                 answer(Some(status.code() as i32), status.message().to_string()),
@@ -177,5 +179,30 @@ impl Runtime {
             ),
             Err(_) => (answer(None, format!("no answer within {timeout:?}")), None),
         }
+    }
+}
+
+/// A call made ready to send by [`Runtime::start`].
+struct Call {
+    started: tokio::time::Instant,
+    path: PathAndQuery,
+    grpc: Grpc<Channel>,
+    req: tonic::Request<Vec<u8>>,
+}
+
+/// Waits until the channel can take a call.
+async fn ready(grpc: &mut Grpc<Channel>) -> Result<(), Status> {
+    grpc.ready()
+        .await
+        .map_err(|e| Status::unavailable(format!("runtime not ready: {e}")))
+}
+
+/// The answer of a call begun at `started`, as of now.
+fn answered(started: tokio::time::Instant, code: Option<i32>, message: String) -> Answer {
+    Answer {
+        code,
+        message,
+        duration: started.elapsed(),
+        held: Duration::ZERO,
     }
 }
