@@ -40,6 +40,30 @@ async fn await_socket(socket: &Path, server: &mut std::process::Child) -> Result
     bail!("{} not there after 10 s", socket.display())
 }
 
+/// Starts `crisp replay RECORDING --as-runtime SOCKET --json` and waits until it listens.
+async fn serve_as_runtime(recording: &Path, socket: &Path) -> Result<std::process::Child> {
+    let mut server = Command::new(crisp_binary()?)
+        .arg("replay")
+        .arg(recording)
+        .arg("--as-runtime")
+        .arg(socket)
+        .arg("--json")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    await_socket(socket, &mut server).await?;
+    Ok(server)
+}
+
+/// The recording's lines that parse as JSON.
+fn read_lines(recording: &Path) -> Result<Vec<Value>> {
+    Ok(std::fs::read_to_string(recording)?
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect())
+}
+
 /// The handshake a kubelet makes when it starts (Version, then the image service's
 /// ImageFsInfo), through grpc-go: the stack's emulator made its own before the tap attached, and
 /// a peer's handshake is answered only from a recorded one.
@@ -69,10 +93,9 @@ async fn a_recorded_refusal_is_served_to_the_emulator_as_the_runtime() -> Result
         run_demo_pod(&st, &recording, tap).await?;
         // The stack (containerd, crisp) goes: only the recording answers from here on.
     }
-    let recorded: Vec<Value> = std::fs::read_to_string(&recording)?
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .filter(|v: &Value| {
+    let recorded: Vec<Value> = read_lines(&recording)?
+        .into_iter()
+        .filter(|v| {
             v.get("kind")
                 .is_some_and(|k| k == "mutating" || k == "polling")
         })
@@ -85,17 +108,7 @@ async fn a_recorded_refusal_is_served_to_the_emulator_as_the_runtime() -> Result
     let mutating = recorded.iter().filter(|v| v["kind"] == "mutating").count();
 
     let socket = dir.path().join("replay.sock");
-    let mut server = Command::new(crisp_binary()?)
-        .arg("replay")
-        .arg(&recording)
-        .arg("--as-runtime")
-        .arg(&socket)
-        .arg("--json")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    await_socket(&socket, &mut server).await?;
+    let server = serve_as_runtime(&recording, &socket).await?;
 
     let mut cfg = KubeletConfig::fast(&socket, dir.path().join("pods"));
     cfg.root_dir = Some(dir.path().join("kubelet"));
@@ -250,10 +263,7 @@ async fn record_event_stream(dir: &Path) -> Result<std::path::PathBuf> {
 async fn a_recorded_event_stream_is_served_with_its_messages() -> Result<()> {
     let dir = tempfile::Builder::new().prefix("crisp-asrt-").tempdir()?;
     let recording = record_event_stream(dir.path()).await?;
-    let lines: Vec<Value> = std::fs::read_to_string(&recording)?
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect();
+    let lines = read_lines(&recording)?;
     let recorded: Vec<&Value> = lines
         .iter()
         .filter(|v| v["event"] == "message" && v["method"] == "GetContainerEvents")
@@ -264,17 +274,7 @@ async fn a_recorded_event_stream_is_served_with_its_messages() -> Result<()> {
     );
 
     let socket = dir.path().join("replay.sock");
-    let mut server = Command::new(crisp_binary()?)
-        .arg("replay")
-        .arg(&recording)
-        .arg("--as-runtime")
-        .arg(&socket)
-        .arg("--json")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    await_socket(&socket, &mut server).await?;
+    let server = serve_as_runtime(&recording, &socket).await?;
     let out = grpcgo::call(
         &socket,
         "/runtime.v1.RuntimeService/GetContainerEvents",
