@@ -369,83 +369,7 @@ async fn kubelet_mix(socket: &Path, secs: u64) -> Result<[Vec<Duration>; 3]> {
             while Instant::now() < stop {
                 tick.tick().await;
                 i += 1;
-                let meta = cri::PodSandboxMetadata {
-                    name: format!("mix-{i}"),
-                    uid: format!("{i:032x}"),
-                    namespace: "bench".into(),
-                    attempt: 0,
-                };
-                let config = cri::PodSandboxConfig {
-                    metadata: Some(meta),
-                    ..Default::default()
-                };
-                let sandbox = "0.1.0".to_string(); // what the fake answers as the id
-                let mut calls: Vec<(&str, Vec<u8>)> = vec![(
-                    "RunPodSandbox",
-                    cri::RunPodSandboxRequest {
-                        config: Some(config.clone()),
-                        runtime_handler: String::new(),
-                    }
-                    .encode_to_vec(),
-                )];
-                for c in ["sidecar", "app"] {
-                    let cc = cri::ContainerConfig {
-                        metadata: Some(cri::ContainerMetadata {
-                            name: c.into(),
-                            attempt: 0,
-                        }),
-                        ..Default::default()
-                    };
-                    calls.push((
-                        "CreateContainer",
-                        cri::CreateContainerRequest {
-                            pod_sandbox_id: sandbox.clone(),
-                            config: Some(cc),
-                            sandbox_config: Some(config.clone()),
-                        }
-                        .encode_to_vec(),
-                    ));
-                    calls.push((
-                        "StartContainer",
-                        cri::StartContainerRequest {
-                            container_id: format!("{c}-{i}"),
-                        }
-                        .encode_to_vec(),
-                    ));
-                }
-                for c in ["app", "sidecar"] {
-                    calls.push((
-                        "StopContainer",
-                        cri::StopContainerRequest {
-                            container_id: format!("{c}-{i}"),
-                            timeout: 30,
-                        }
-                        .encode_to_vec(),
-                    ));
-                }
-                calls.push((
-                    "StopPodSandbox",
-                    cri::StopPodSandboxRequest {
-                        pod_sandbox_id: sandbox.clone(),
-                    }
-                    .encode_to_vec(),
-                ));
-                for c in ["app", "sidecar"] {
-                    calls.push((
-                        "RemoveContainer",
-                        cri::RemoveContainerRequest {
-                            container_id: format!("{c}-{i}"),
-                        }
-                        .encode_to_vec(),
-                    ));
-                }
-                calls.push((
-                    "RemovePodSandbox",
-                    cri::RemovePodSandboxRequest {
-                        pod_sandbox_id: sandbox.clone(),
-                    }
-                    .encode_to_vec(),
-                ));
+                let calls = pod_lifecycle(i);
                 for (m, body) in calls {
                     muts.push(
                         call(
@@ -467,6 +391,81 @@ async fn kubelet_mix(socket: &Path, secs: u64) -> Result<[Vec<Duration>; 3]> {
         v.sort();
     }
     Ok([lists, statuses, muts])
+}
+
+/// The mutating calls of mix pod `i`'s life, as kubelet makes them: its sandbox, a sidecar and
+/// an app created and started, stopped, and removed.
+fn pod_lifecycle(i: u64) -> Vec<(&'static str, Vec<u8>)> {
+    fn req(method: &'static str, m: impl Message) -> (&'static str, Vec<u8>) {
+        (method, m.encode_to_vec())
+    }
+    let config = cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: format!("mix-{i}"),
+            uid: format!("{i:032x}"),
+            namespace: "bench".into(),
+            attempt: 0,
+        }),
+        ..Default::default()
+    };
+    let sandbox = "0.1.0".to_string(); // what the fake answers as the id
+    let id = |c: &str| format!("{c}-{i}");
+    let mut calls = vec![req(
+        "RunPodSandbox",
+        cri::RunPodSandboxRequest {
+            config: Some(config.clone()),
+            runtime_handler: String::new(),
+        },
+    )];
+    for c in ["sidecar", "app"] {
+        let container = cri::ContainerConfig {
+            metadata: Some(cri::ContainerMetadata {
+                name: c.into(),
+                attempt: 0,
+            }),
+            ..Default::default()
+        };
+        calls.push(req(
+            "CreateContainer",
+            cri::CreateContainerRequest {
+                pod_sandbox_id: sandbox.clone(),
+                config: Some(container),
+                sandbox_config: Some(config.clone()),
+            },
+        ));
+        calls.push(req(
+            "StartContainer",
+            cri::StartContainerRequest {
+                container_id: id(c),
+            },
+        ));
+    }
+    for c in ["app", "sidecar"] {
+        let stop = cri::StopContainerRequest {
+            container_id: id(c),
+            timeout: 30,
+        };
+        calls.push(req("StopContainer", stop));
+    }
+    let stop = cri::StopPodSandboxRequest {
+        pod_sandbox_id: sandbox.clone(),
+    };
+    calls.push(req("StopPodSandbox", stop));
+    for c in ["app", "sidecar"] {
+        calls.push(req(
+            "RemoveContainer",
+            cri::RemoveContainerRequest {
+                container_id: id(c),
+            },
+        ));
+    }
+    calls.push(req(
+        "RemovePodSandbox",
+        cri::RemovePodSandboxRequest {
+            pod_sandbox_id: sandbox,
+        },
+    ));
+    calls
 }
 
 fn proc_status(pid: u32, key: &str) -> u64 {
@@ -533,18 +532,8 @@ fn start_crisp(dir: &Path, listen: &Path, upstream: &Path, extra: &str) -> Resul
         listen,
         upstream,
         extra,
+        &[],
     )
-}
-
-fn start_crisp_bin(
-    bin: &Path,
-    name: &str,
-    dir: &Path,
-    listen: &Path,
-    upstream: &Path,
-    extra: &str,
-) -> Result<Proc> {
-    start_crisp_env(bin, name, dir, listen, upstream, extra, &[])
 }
 
 /// This build's crisp (`--crisp-config` added to its config) on `upstream`, in a directory of
@@ -566,6 +555,7 @@ fn start_crisp_own_dir(
         &listen,
         upstream,
         &args.crisp_config,
+        &[],
     )?;
     Ok((crisp, listen))
 }
@@ -575,7 +565,7 @@ fn start_crisp_own_dir(
 /// for crisp's added latency: crisp's addition over it is what the relay core costs.
 fn start_crisp_splice(dir: &Path, name: &str, listen: &Path, upstream: &Path) -> Result<Proc> {
     let bin = crisp_e2e::crisp::crisp_binary()?;
-    start_crisp_env(
+    start_crisp_bin(
         &bin,
         name,
         dir,
@@ -586,7 +576,9 @@ fn start_crisp_splice(dir: &Path, name: &str, listen: &Path, upstream: &Path) ->
     )
 }
 
-fn start_crisp_env(
+/// The crisp `bin` on `upstream`, listening on `listen`, `extra` added to its config and `env` to
+/// its environment; its config and state under `dir`, named by `name`.
+fn start_crisp_bin(
     bin: &Path,
     name: &str,
     dir: &Path,
@@ -689,6 +681,34 @@ fn fmt_spread(v: &[f64], digits: usize) -> String {
     format!("{lo:.digits$} / **{mid:.digits$}** / {hi:.digits$}")
 }
 
+/// `crisp-grpcgo bench` calling `path` with the protobuf `req` on every lane.
+fn grpcgo_command(lanes: &[Lane], path: &str, req: &[u8]) -> Result<Command> {
+    let mut cmd = Command::new(crisp_e2e::grpcgo::grpcgo_binary()?);
+    cmd.arg("bench")
+        .arg("--method")
+        .arg(path)
+        .arg("--hex")
+        .arg(crisp_e2e::grpcgo::hex(req));
+    for l in lanes {
+        cmd.arg("--lane")
+            .arg(format!("{}={}", l.name, l.socket.display()));
+    }
+    Ok(cmd)
+}
+
+/// Runs a [`grpcgo_command`] (`what`: its method, for errors) to its end: its output's lines.
+fn run_grpcgo(mut cmd: Command, what: &str) -> Result<String> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("crisp-grpcgo bench {what}"))?;
+    if !out.status.success() {
+        bail!("crisp-grpcgo bench {what} failed ({})", out.status);
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// One `crisp-grpcgo bench` run set: every lane's figure per run (latency: (p50, p99) in µs;
 /// throughput: (calls/s, 0)).
 fn grpcgo_bench(
@@ -698,31 +718,14 @@ fn grpcgo_bench(
     authority: Option<&str>,
     extra: &[String],
 ) -> Result<Vec<Vec<(f64, f64)>>> {
-    let bin = crisp_e2e::grpcgo::grpcgo_binary()?;
-    let mut cmd = Command::new(bin);
-    cmd.arg("bench")
-        .arg("--method")
-        .arg(format!("/runtime.v1.RuntimeService/{method}"))
-        .arg("--hex")
-        .arg(crisp_e2e::grpcgo::hex(req));
-    for l in lanes {
-        cmd.arg("--lane")
-            .arg(format!("{}={}", l.name, l.socket.display()));
-    }
+    let mut cmd = grpcgo_command(lanes, &format!("/runtime.v1.RuntimeService/{method}"), req)?;
     if let Some(a) = authority {
         cmd.arg("--authority").arg(a);
     }
     cmd.args(extra);
-    let out = cmd
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
-        .context("crisp-grpcgo bench")?;
-    if !out.status.success() {
-        bail!("crisp-grpcgo bench {method} failed ({})", out.status);
-    }
+    let out = run_grpcgo(cmd, method)?;
     let mut runs = Vec::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
+    for line in out.lines() {
         let v: serde_json::Value = serde_json::from_str(line)
             .with_context(|| format!("crisp-grpcgo bench printed {line:?}"))?;
         let mut per = Vec::new();
@@ -885,6 +888,7 @@ async fn kubelet_report(args: &Args, target: &Upstream<'_>, dir: &Path) -> Resul
             &before_sock,
             upstream,
             &args.crisp_config,
+            &[],
         )?),
         None => None,
     };
@@ -909,16 +913,7 @@ async fn kubelet_report(args: &Args, target: &Upstream<'_>, dir: &Path) -> Resul
         )?;
     }
     let runs = args.grpcgo_runs.max(1);
-    let std_args = |count: usize, warmup: usize| {
-        vec![
-            "--runs".to_string(),
-            runs.to_string(),
-            "--count".into(),
-            count.to_string(),
-            "--warmup".into(),
-            warmup.to_string(),
-        ]
-    };
+    let std_args = |count: usize, warmup: usize| run_flags(runs, count, warmup);
 
     let version = cri::VersionRequest {
         version: "v1".into(),
@@ -1059,21 +1054,11 @@ fn grpcgo_relist(
     methods: &[(&str, Vec<u8>)],
     extra: &[String],
 ) -> Result<RelistRuns> {
-    let bin = crisp_e2e::grpcgo::grpcgo_binary()?;
     let full = |m: &str| format!("/runtime.v1.RuntimeService/{m}");
-    let mut cmd = Command::new(bin);
-    cmd.arg("bench")
-        .arg("--method")
-        .arg(full(methods[0].0))
-        .arg("--hex")
-        .arg(crisp_e2e::grpcgo::hex(&methods[0].1));
+    let mut cmd = grpcgo_command(lanes, &full(methods[0].0), &methods[0].1)?;
     for (m, req) in &methods[1..] {
         cmd.arg("--also")
             .arg(format!("{}={}", full(m), crisp_e2e::grpcgo::hex(req)));
-    }
-    for l in lanes {
-        cmd.arg("--lane")
-            .arg(format!("{}={}", l.name, l.socket.display()));
     }
     // The fake is a hyper server, which rejects grpc-go's default `:authority` (the socket
     // path, KUBELET-CRI §11): the client sends `localhost`, as crictl-like clients do.
@@ -1082,17 +1067,10 @@ fn grpcgo_relist(
         cmd.arg("--watch").arg(format!("{name}={pid}"));
     }
     cmd.args(extra);
-    let out = cmd
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
-        .context("crisp-grpcgo bench (relist)")?;
-    if !out.status.success() {
-        bail!("crisp-grpcgo bench (relist) failed ({})", out.status);
-    }
+    let out = run_grpcgo(cmd, "(relist)")?;
     let mut latency = vec![Vec::new(); methods.len() + 1];
     let mut watched: Vec<Vec<Watched>> = watch.iter().map(|_| Vec::new()).collect();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
+    for line in out.lines() {
         let v: serde_json::Value = serde_json::from_str(line)
             .with_context(|| format!("crisp-grpcgo bench printed {line:?}"))?;
         for (k, per_run) in latency.iter_mut().enumerate() {
@@ -1273,18 +1251,19 @@ fn relist_args(runs: usize, count: usize, pace_ms: u64) -> Vec<String> {
 /// `crisp-grpcgo bench` flags: `runs` runs of `count` calls (or relists) a lane after `warmup`
 /// unmeasured ones, `pace_ms` apart, each within 60 s.
 fn relist_flags(runs: usize, count: usize, warmup: usize, pace_ms: u64) -> Vec<String> {
-    vec![
-        "--runs".to_string(),
-        runs.to_string(),
-        "--count".into(),
-        count.to_string(),
-        "--warmup".into(),
-        warmup.to_string(),
-        "--pace".into(),
-        format!("{pace_ms}ms"),
-        "--timeout".into(),
-        "60s".into(),
-    ]
+    let mut flags = run_flags(runs, count, warmup);
+    flags.extend(["--pace".into(), format!("{pace_ms}ms")]);
+    flags.extend(["--timeout".into(), "60s".into()]);
+    flags
+}
+
+/// `crisp-grpcgo bench` flags: `runs` runs of `count` calls a lane after `warmup` unmeasured.
+fn run_flags(runs: usize, count: usize, warmup: usize) -> Vec<String> {
+    let flags = [("--runs", runs), ("--count", count), ("--warmup", warmup)];
+    flags
+        .iter()
+        .flat_map(|(flag, n)| [flag.to_string(), n.to_string()])
+        .collect()
 }
 
 /// The relist's latency tables: each method's, then the relist's as a whole.
@@ -1369,11 +1348,7 @@ impl RelistLanes {
 }
 
 async fn run_lanes(args: &Args, target: &Upstream<'_>, dir: &Path) -> Result<String> {
-    let &Upstream {
-        title,
-        socket: upstream,
-        big_list,
-    } = target;
+    let (title, upstream, big_list) = (target.title, target.socket, target.big_list);
     let socat_sock = dir.join(format!("{title}-socat.sock"));
     let crisp_sock = dir.join(format!("{title}-crisp.sock"));
     let _socat = start_socat(&socat_sock, upstream)?;

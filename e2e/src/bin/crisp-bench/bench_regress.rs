@@ -152,6 +152,7 @@ fn relist_verdict() -> Result<Verdict> {
         &crisp_sock,
         &upstream,
         &crisp_config(),
+        &[],
     )?;
     let lanes = Lane::direct_socat_crisp(&upstream, socat_sock, crisp_sock);
     let r = grpcgo_relist(

@@ -108,7 +108,7 @@ pub(super) fn start(
     );
     let t0 = Instant::now();
     let bin = crisp_e2e::crisp::crisp_binary()?;
-    let proc = start_crisp_bin(&bin, name, dir, &socket, upstream, extra)?;
+    let proc = start_crisp_bin(&bin, name, dir, &socket, upstream, extra, &[])?;
     let pid = proc.0.id();
     let idle_rss = proc_status(pid, "VmRSS:");
     wait_for(Duration::from_secs(120), "crisp's recovery", || {
