@@ -58,9 +58,18 @@ fn assert_node_untouched(engine: &Engine, accepts: &std::sync::atomic::AtomicUsi
     assert_eq!(isolation(engine).as_deref(), Some(judged));
 }
 
-fn last_probe(engine: &Engine) -> crate::readiness::ProbeResult {
-    let (p, _) = engine.lookup(Some(SANDBOX), None);
-    p.and_then(|p| p.last_probe("proxy")).unwrap().result
+/// A pod with sidecar `proxy` (held up to 1 s) on a node whose operator allowed `network` in
+/// `probe_allow`, its config `tune`d further.
+fn allowing(fake: &Fake, network: &str, tune: impl FnOnce(&mut Config)) -> Arc<Engine> {
+    pod_with(
+        fake,
+        &["proxy"],
+        &[(annotations::START_TIMEOUT, "1s")],
+        |c| {
+            c.ordering.probe_allow = vec![crate::readiness::Cidr::parse(network).unwrap()];
+            tune(c);
+        },
+    )
 }
 
 /// A loopback target in a Kata pod cannot be reached: under policy proceed the app goes at
@@ -299,15 +308,7 @@ async fn an_isolated_pods_probe_allow_target_is_never_reached() {
     let port = l.local_addr().unwrap().port();
     let accepts = count_accepts(l);
     let fake = Fake::default();
-    let engine = pod_with(
-        &fake,
-        &["proxy"],
-        &[(annotations::START_TIMEOUT, "1s")],
-        |c| {
-            c.ordering.probe_allow =
-                vec![crate::readiness::Cidr::parse(&target.to_string()).unwrap()];
-        },
-    );
+    let engine = allowing(&fake, &target.to_string(), |_| {});
     host_address_stands_in_for_a_pods(&engine);
     fake.script().annotations.insert(
         "crisp.dev/ready.proxy".into(),
@@ -428,15 +429,9 @@ async fn a_namespace_without_the_pod_ip_makes_the_pod_isolated() {
 async fn an_allowed_network_is_probed_from_inside_the_pods_namespace() {
     let netns = TestNetns::new("10.1.2.3".parse().unwrap());
     let fake = Fake::default();
-    let engine = pod_with(
-        &fake,
-        &["proxy"],
-        &[(annotations::START_TIMEOUT, "1s")],
-        |c| {
-            c.ordering.probe_allow = vec![crate::readiness::Cidr::parse("192.0.2.0/24").unwrap()];
-            c.ordering.probe_timeout = Duration::from_millis(50);
-        },
-    );
+    let engine = allowing(&fake, "192.0.2.0/24", |c| {
+        c.ordering.probe_timeout = Duration::from_millis(50);
+    });
     fake.script()
         .annotations
         .insert("crisp.dev/ready.proxy".into(), "tcp://192.0.2.1:1".into());

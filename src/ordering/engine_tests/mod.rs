@@ -346,6 +346,12 @@ fn pod(fake: &Fake, sidecars: &[&str], extra: &[(&str, &str)]) -> Arc<Engine> {
     })
 }
 
+/// The result of sidecar `proxy`'s last probe in the test pod (panics when it was never probed).
+pub(crate) fn last_probe(engine: &Engine) -> crate::readiness::ProbeResult {
+    let (p, _) = engine.lookup(Some(SANDBOX), None);
+    p.and_then(|p| p.last_probe("proxy")).unwrap().result
+}
+
 /// [`pod`] with the node's config tuned.
 pub(crate) fn pod_with(
     fake: &Fake,
