@@ -190,12 +190,13 @@ impl Proxy {
         let (data, trailers) = match body::collect(body, self.opts.max_observed_message).await {
             Ok(x) => x,
             Err(body::CollectError::TooLarge(n)) => {
-                return Err(self.finish_early(call, Status::request_too_large(n), Duration::ZERO));
+                let s = Status::request_too_large(n);
+                return Err(self.finish_early(call, s, Duration::ZERO, None));
             }
             // The client went away while sending; nothing to answer.
             Err(body::CollectError::Peer(e)) => {
                 let s = Status::request_body_failed(&e);
-                return Err(self.finish_early(call, s, Duration::ZERO));
+                return Err(self.finish_early(call, s, Duration::ZERO, None));
             }
         };
         let start = Instant::now();
@@ -204,7 +205,9 @@ impl Proxy {
         let data = match verdict {
             None | Some(Ok(Verdict::Forward)) => data,
             Some(Ok(Verdict::ForwardPatched(msg))) => wire::frame(&msg),
-            Some(Ok(Verdict::Refuse(s))) => return Err(self.finish_early(call, s, held)),
+            Some(Ok(Verdict::Refuse(s))) => {
+                return Err(self.finish_early(call, s, held, Some(data)))
+            }
             // KUBELET-CRI §7.3: once kubelet's deadline is gone the call must never reach
             // the runtime, or a stale container would be created.
             Some(Err(_)) => {
@@ -213,7 +216,7 @@ impl Proxy {
                     held_ms = held.as_millis() as u64,
                     "held call reached the client's deadline; dropped"
                 );
-                return Err(self.finish_early(call, s, held));
+                return Err(self.finish_early(call, s, held, Some(data)));
             }
         };
         // A call held for a while reaches the runtime with the time the client has left, as
@@ -346,18 +349,22 @@ impl Proxy {
         )
     }
 
+    /// crisp answers the call itself with `s` (never forwarded): the interceptors are told it
+    /// ended, with the `request` as read when crisp read it whole (a refusal, a hold past the
+    /// deadline: the tap records what kubelet asked for, and a replay can send it again).
     fn finish_early(
         self: &Arc<Self>,
         call: &Call,
         s: Status,
         held: Duration,
+        request: Option<Bytes>,
     ) -> Response<ResponseBody> {
         self.complete(
             call,
             Some(s.code),
             Some(s.message.clone()),
             held,
-            None,
+            request,
             None,
             None,
         );

@@ -446,3 +446,70 @@ async fn a_polling_call_a_tap_shows_stays_on_the_relay() {
     assert_eq!(fake.calls_to(STATUS)[2].conn, calls[0].conn);
     crisp.stop().await;
 }
+
+/// A CreateContainer crisp refuses (its pod's sidecar `mesh` was never created) is recorded with
+/// the request kubelet sent, redacted as any other: a replay can send it again instead of
+/// borrowing kubelet's retry. On d0e40c6 the refusal's event had no request at all.
+#[tokio::test]
+async fn a_refused_call_is_tapped_with_its_request() {
+    let fake = Fake::start().await;
+    fake.script("/runtime.v1.RuntimeService/ListContainers", |_| {
+        Reply::unary(&cri::ListContainersResponse::default().encode_to_vec())
+    });
+    let mut crisp = Daemon::start(fake.path(), |_| {}).await;
+    let mut s = tap_events(&crisp.admin, req(|r| r.full = true)).await;
+    let create = cri::CreateContainerRequest {
+        pod_sandbox_id: "sb-refused".into(),
+        config: Some(cri::ContainerConfig {
+            metadata: Some(cri::ContainerMetadata {
+                name: "app".into(),
+                attempt: 0,
+            }),
+            envs: vec![cri::KeyValue {
+                key: "DB_PASSWORD".into(),
+                value: "S3cret-env-value".into(),
+            }],
+            ..Default::default()
+        }),
+        sandbox_config: Some(sandbox_config("shop", "web")).map(|mut c| {
+            c.annotations = [("crisp.dev/sidecars".to_string(), "mesh".to_string())].into();
+            c
+        }),
+    };
+    let mut rt = runtime_client(&crisp.sock).await;
+    let refused = rt.create_container(create.clone()).await.unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    assert!(
+        fake.calls_to(CREATE).is_empty(),
+        "a refused call never reaches the runtime"
+    );
+
+    // The hold event of the refusal comes first.
+    let call = async {
+        loop {
+            match s.message().await.unwrap().and_then(|e| e.event) {
+                Some(pb::tap_event::Event::Hold(h)) => assert_eq!(h.phase, "refused"),
+                Some(pb::tap_event::Event::Call(c)) => return c,
+                other => panic!("unexpected event: {other:?}"),
+            }
+        }
+    };
+    let e = within(PATIENCE, "the refusal's event", call).await;
+    assert_eq!((e.method.as_str(), e.code), ("CreateContainer", Some(9)));
+    assert_eq!(e.request_bytes, create.encoded_len() as u64);
+    assert!(
+        e.request_json.contains("\"sb-refused\"") && e.request_json.contains("DB_PASSWORD"),
+        "the request as kubelet sent it: {}",
+        e.request_json
+    );
+    assert!(
+        !e.request_json.contains("S3cret-env-value"),
+        "redacted as any request: {}",
+        e.request_json
+    );
+    crisp.stop().await;
+}

@@ -29,11 +29,13 @@ async fn replaying_a_refusal_against_containerd_reports_it_gone() -> Result<()> 
         .iter()
         .filter(|v| v["kind"] == "mutating" && v["pod_name"] == "web")
         .count();
+    let refusal_line = recorded
+        .iter()
+        .find(|v| v["method"] == "CreateContainer" && v["code_name"] == "FailedPrecondition")
+        .context("the recording has crisp's refusal")?;
     ensure!(
-        recorded
-            .iter()
-            .any(|v| v["method"] == "CreateContainer" && v["code_name"] == "FailedPrecondition"),
-        "the recording has crisp's refusal"
+        refusal_line["request"]["config"]["metadata"]["name"] == "app",
+        "the refusal is recorded with the request kubelet sent: {refusal_line}"
     );
 
     // crisp's own upstream is refused without --yes: the node's kubelet would see the pod.

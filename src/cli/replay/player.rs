@@ -172,8 +172,13 @@ fn dependencies(plan: &Plan, pace: Pace) -> Vec<Vec<usize>> {
 }
 
 /// Whether `e` acted on what `s` acts on: its container, or for a call on a sandbox, anything
-/// in that sandbox.
+/// in that sandbox. Two CreateContainers of one name in one sandbox act on the same container:
+/// the later one is kubelet's retry of one that failed or that crisp refused, and the runtime
+/// reserves the name, so the two must not race.
 fn same_object(e: &Step, s: &Step) -> bool {
+    if s.rpc == Some(Rpc::CreateContainer) && e.rpc == s.rpc {
+        return e.pod_sandbox_id == s.pod_sandbox_id && e.target == s.target;
+    }
     if !s.container_id.is_empty() {
         return e.container_id == s.container_id;
     }
@@ -387,6 +392,7 @@ mod tests {
         );
         refused.recorded.code = Some(9);
         refused.borrowed = Some(2);
+        (refused.pod_sandbox_id, refused.target) = ("sb".into(), "app".into());
         let mut retry = step(
             2,
             310,
@@ -394,6 +400,7 @@ mod tests {
             json!({"pod_sandbox_id": "sb"}),
         );
         retry.container_id = "ct".into();
+        (retry.pod_sandbox_id, retry.target) = ("sb".into(), "app".into());
         let mut start = step(3, 320, Rpc::StartContainer, json!({"container_id": "ct"}));
         start.container_id = "ct".into();
         let mut stop = step(4, 900, Rpc::StopContainer, json!({"container_id": "ct"}));
@@ -411,6 +418,22 @@ mod tests {
             vec![2, 3],
             "a stop after the start answered before it"
         );
+        // Recorded with its own request (the tap records a refusal's since 2026-11-29): the
+        // retry still waits for it, by the container's name.
+        let mut plan = plan;
+        plan.steps[1].borrowed = None;
+        assert_eq!(
+            dependencies(&plan, Pace::Recorded(1.0))[2],
+            vec![0, 1],
+            "a retry of the same name goes after the refused call"
+        );
+        plan.steps[1].target = "sidecar".into();
+        assert_eq!(
+            dependencies(&plan, Pace::Recorded(1.0))[2],
+            vec![0],
+            "another container's create does not hold it"
+        );
+        plan.steps[1].target = "app".into();
         let asap = dependencies(&plan, Pace::AsFastAsPossible);
         assert_eq!(
             asap[3],
