@@ -718,16 +718,36 @@ fn grpcgo_bench(
     authority: Option<&str>,
     extra: &[String],
 ) -> Result<Vec<Vec<(f64, f64)>>> {
+    Ok(grpcgo_bench_watched(lanes, &[], method, req, authority, extra)?.0)
+}
+
+/// [`grpcgo_bench`], and the processes `watch` sampled around each run's measured calls (their
+/// warm-up and the dial left out): CPU and context switches per run.
+fn grpcgo_bench_watched(
+    lanes: &[Lane],
+    watch: &[(&str, u32)],
+    method: &str,
+    req: &[u8],
+    authority: Option<&str>,
+    extra: &[String],
+) -> Result<(Vec<Vec<(f64, f64)>>, Vec<Vec<Watched>>)> {
     let mut cmd = grpcgo_command(lanes, &format!("/runtime.v1.RuntimeService/{method}"), req)?;
     if let Some(a) = authority {
         cmd.arg("--authority").arg(a);
     }
+    for (name, pid) in watch {
+        cmd.arg("--watch").arg(format!("{name}={pid}"));
+    }
     cmd.args(extra);
     let out = run_grpcgo(cmd, method)?;
     let mut runs = Vec::new();
+    let mut watched: Vec<Vec<Watched>> = watch.iter().map(|_| Vec::new()).collect();
     for line in out.lines() {
         let v: serde_json::Value = serde_json::from_str(line)
             .with_context(|| format!("crisp-grpcgo bench printed {line:?}"))?;
+        for ((name, _), runs) in watch.iter().zip(&mut watched) {
+            runs.push(Watched::of(&v["watch"][name]));
+        }
         let mut per = Vec::new();
         for l in lanes {
             if let Some(lat) = v.get("latency") {
@@ -739,7 +759,7 @@ fn grpcgo_bench(
         }
         runs.push(per);
     }
-    Ok(runs)
+    Ok((runs, watched))
 }
 
 /// kubelet's own client against direct / socat / crisp (/ crisp-before), interleaved call by
@@ -919,16 +939,15 @@ async fn kubelet_report(args: &Args, target: &Upstream<'_>, dir: &Path) -> Resul
         version: "v1".into(),
     }
     .encode_to_vec();
-    let counters: Vec<Counted> = pids.iter().map(|(_, p)| Counted::attach(*p)).collect();
     let warm = (args.grpcgo_calls / 10).max(10);
-    let v = grpcgo_bench(
+    let (v, watched) = grpcgo_bench_watched(
         &lanes,
+        &pids,
         "Version",
         &version,
         authority,
         &std_args(args.grpcgo_calls, warm),
     )?;
-    let calls = (runs * (args.grpcgo_calls + warm)) as f64;
     writeln!(
         out,
         "Unary `Version`, concurrency 1, {runs} runs of {} calls per lane, the lanes interleaved call by call (min / **median** / max over the runs):\n",
@@ -936,16 +955,17 @@ async fn kubelet_report(args: &Args, target: &Upstream<'_>, dir: &Path) -> Resul
     )?;
     kubelet_latency_table(&mut out, &lanes, &v, false)?;
     writeln!(out)?;
-    for ((name, _), c) in pids.iter().zip(counters) {
-        match c.finish() {
-            Some((ns, cs)) => writeln!(
-                out,
-                "{name}: {:.1} ms of CPU per 1,000 sequential calls, {:.2} context switches per call (perf stat)",
-                ns as f64 / 1e6 / (calls / 1000.0),
-                cs as f64 / calls
-            )?,
-            None => writeln!(out, "{name}: CPU not counted (`perf stat` is missing or failed)")?,
-        }
+    // Sampled from /proc around each run's measured calls: a `perf stat` attached before the
+    // run counted a fixed 100–200 ms more for whichever process it attached to first, which
+    // at a few thousand calls read as a lane's CPU (BENCHMARKS.md, 2026-11-29).
+    for ((name, _), w) in pids.iter().zip(&watched) {
+        writeln!(
+            out,
+            "{name}: {} ms of CPU per 1,000 sequential calls, {} context switches per call \
+             (/proc, the measured calls; min / **median** / max of runs)",
+            fmt_spread(&per_turn(w, |x| x.cpu_ticks as f64 * 10.0 * 1000.0), 1),
+            fmt_spread(&per_turn(w, |x| x.switches as f64), 2),
+        )?;
     }
 
     let list = cri::ListContainersRequest { filter: None }.encode_to_vec();
@@ -1048,6 +1068,20 @@ struct Watched {
     peak_kib: u64,
 }
 
+impl Watched {
+    /// A process's figures in a run's line of `crisp-grpcgo bench` (`"watch": {NAME: ...}`).
+    fn of(w: &serde_json::Value) -> Watched {
+        let g = |k: &str| w[k].as_u64().unwrap_or(0);
+        Watched {
+            cpu_ticks: g("cpu_ticks"),
+            switches: g("voluntary_cs") + g("nonvoluntary_cs"),
+            relists: g("turns"),
+            rss_kib: g("rss_kib_before"),
+            peak_kib: g("hwm_kib"),
+        }
+    }
+}
+
 fn grpcgo_relist(
     lanes: &[Lane],
     watch: &[(&str, u32)],
@@ -1089,15 +1123,7 @@ fn grpcgo_relist(
             );
         }
         for ((name, _), runs) in watch.iter().zip(&mut watched) {
-            let w = &v["watch"][name];
-            let g = |k: &str| w[k].as_u64().unwrap_or(0);
-            runs.push(Watched {
-                cpu_ticks: g("cpu_ticks"),
-                switches: g("voluntary_cs") + g("nonvoluntary_cs"),
-                relists: g("turns"),
-                rss_kib: g("rss_kib_before"),
-                peak_kib: g("hwm_kib"),
-            });
+            runs.push(Watched::of(&v["watch"][name]));
         }
     }
     Ok(RelistRuns {
@@ -1282,8 +1308,8 @@ fn relist_latency_tables(out: &mut String, lanes: &[Lane], r: &RelistRuns) -> Re
     Ok(())
 }
 
-/// `f` of each run of a watched process, per relist of that run.
-fn per_relist(w: &[Watched], f: fn(&Watched) -> f64) -> Vec<f64> {
+/// `f` of each run of a watched process, per turn of that run (a relist, or a call).
+fn per_turn(w: &[Watched], f: fn(&Watched) -> f64) -> Vec<f64> {
     w.iter().map(|x| f(x) / x.relists.max(1) as f64).collect()
 }
 
@@ -1294,8 +1320,8 @@ fn relist_process_row(out: &mut String, name: &str, w: &[Watched], rss: &str) ->
     writeln!(
         out,
         "| {name} | {} | {} | {rss} |",
-        fmt_spread(&per_relist(w, |x| x.cpu_ticks as f64 * 10.0), 2),
-        fmt_spread(&per_relist(w, |x| x.switches as f64), 1),
+        fmt_spread(&per_turn(w, |x| x.cpu_ticks as f64 * 10.0), 2),
+        fmt_spread(&per_turn(w, |x| x.switches as f64), 1),
     )?;
     Ok(())
 }

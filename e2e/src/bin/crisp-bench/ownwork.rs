@@ -25,7 +25,7 @@ use k8s_cri::v1 as cri;
 use prost::Message;
 
 use super::{
-    cpu_ticks, fmt_spread, grpcgo_relist, latency, machine_line, per_relist, proc_status,
+    cpu_ticks, fmt_spread, grpcgo_relist, latency, machine_line, per_turn, proc_status,
     relist_args, relist_methods, spread, start_crisp_bin, steal_jiffies, Args, Lane, Proc,
     RelistRuns,
 };
@@ -405,8 +405,8 @@ fn report_blocking(args: &Args, dir: &Path) -> Result<String> {
             writeln!(
                 out,
                 "| {label} |{added}| {:.2} | {:.0} | {} |",
-                mid(&per_relist(watch, |x| x.cpu_ticks as f64 * 10.0)),
-                mid(&per_relist(watch, |x| x.switches as f64)),
+                mid(&per_turn(watch, |x| x.cpu_ticks as f64 * 10.0)),
+                mid(&per_turn(watch, |x| x.switches as f64)),
                 watch.iter().map(|x| x.peak_kib).max().unwrap_or(0)
             )?;
         }
