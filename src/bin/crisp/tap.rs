@@ -81,6 +81,7 @@ impl TapArgs {
             include_polling: self.all,
             full: self.full,
             unredacted: self.unredacted,
+            snapshot: false,
         }
     }
 }
