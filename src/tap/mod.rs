@@ -18,6 +18,8 @@
 //!  admin/service.rs: one task per subscriber ◀─ Subscription::next: events + "dropped N" markers
 //!            decode + redact (decode.rs, redact.rs) for --full, then gRPC to `crisp tap`
 //!            (its client and its lines: cli/client.rs, cli/view.rs)
+//!            ◀─ first, if it asked (`crisp tap -o`): the runtime's snapshot (snapshot.rs),
+//!            crisp's own Version/RuntimeConfig/Status/ImageFsInfo, for that subscriber only
 //! ```
 //!
 //! A slow or vanished tap client never slows a CRI call: the call path only ever `try_send`s,
