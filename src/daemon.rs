@@ -42,6 +42,7 @@ pub(crate) fn chain(
     pool: &Arc<RuntimePool>,
 ) -> (Vec<Arc<dyn Interceptor>>, Arc<Tap>, Arc<Engine>) {
     let client = RuntimeClient::new(pool.clone(), Duration::from_secs(5));
+    let runtime = client.clone();
     let terminated = Arc::new(Terminated::open(Some(cfg.state_dir.clone())));
     let intents = Arc::new(Intents::open(Some(cfg.state_dir.clone())));
     let engine = Engine::with_intents(
@@ -61,6 +62,8 @@ pub(crate) fn chain(
     );
     // Holds are live in the tap: the engine reports them as they happen.
     engine.set_hold_sink(tap.clone());
+    // A tap's snapshot of the runtime (`crisp tap -o`) is asked through crisp's own client.
+    tap.set_runtime(runtime);
     // The tap goes first: it reads a Remove call's names before the engine forgets them.
     (vec![tap.clone(), engine.clone()], tap, engine)
 }

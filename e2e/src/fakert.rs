@@ -34,6 +34,11 @@ pub struct Canned {
     pub sandbox_status: Bytes,
     pub event: Bytes,
     pub events_per_stream: usize,
+    /// What kubelet's handshake reads besides Version (and the tap's snapshot of the runtime,
+    /// issue #46): Status (runtime and network ready), RuntimeConfig, ImageFsInfo.
+    pub status: Bytes,
+    pub runtime_config: Bytes,
+    pub image_fs_info: Bytes,
     /// Pods created through the fake (a burst of ordered pods, issue #47): answered from their
     /// state; everything else from the canned bytes above.
     pub burst: Option<Arc<Burst>>,
@@ -111,8 +116,39 @@ impl Canned {
             pod_sandbox_status: None,
             containers_statuses: vec![container_status("c0")],
         };
+        let runtime_status = cri::StatusResponse {
+            status: Some(cri::RuntimeStatus {
+                conditions: ["RuntimeReady", "NetworkReady"]
+                    .map(|t| cri::RuntimeCondition {
+                        r#type: t.into(),
+                        status: true,
+                        ..Default::default()
+                    })
+                    .into(),
+            }),
+            ..Default::default()
+        };
+        let runtime_config = cri::RuntimeConfigResponse {
+            linux: Some(cri::LinuxRuntimeConfiguration {
+                cgroup_driver: cri::CgroupDriver::Systemd.into(),
+            }),
+        };
+        let image_fs_info = cri::ImageFsInfoResponse {
+            image_filesystems: vec![cri::FilesystemUsage {
+                timestamp: 1_700_000_000_000_000_000,
+                fs_id: Some(cri::FilesystemIdentifier {
+                    mountpoint: "/var/lib/fake/images".into(),
+                }),
+                used_bytes: Some(cri::UInt64Value { value: 4096 }),
+                inodes_used: Some(cri::UInt64Value { value: 2 }),
+            }],
+            ..Default::default()
+        };
         Canned {
             version: frame(&version.encode_to_vec()),
+            status: frame(&runtime_status.encode_to_vec()),
+            runtime_config: frame(&runtime_config.encode_to_vec()),
+            image_fs_info: frame(&image_fs_info.encode_to_vec()),
             container_status: frame(&status.encode_to_vec()),
             list_containers: frame(&list.encode_to_vec()),
             list_sandboxes: frame(&sandboxes.encode_to_vec()),
@@ -704,6 +740,12 @@ async fn answer(
         vec![own.map_or_else(|| canned.sandbox_status.clone(), |m| frame(&m))]
     } else if path.ends_with("/GetContainerEvents") {
         vec![canned.event.clone(); canned.events_per_stream]
+    } else if path.ends_with(".RuntimeService/Status") {
+        vec![canned.status.clone()]
+    } else if path.ends_with("/RuntimeConfig") {
+        vec![canned.runtime_config.clone()]
+    } else if path.ends_with("/ImageFsInfo") {
+        vec![canned.image_fs_info.clone()]
     } else {
         vec![canned.version.clone()]
     };

@@ -97,11 +97,28 @@ impl pb::admin_server::Admin for AdminService {
                 "tap client attached WITHOUT redaction: it sees registry credentials and env values"
             );
         }
+        // Subscribed before the snapshot is asked: the live events from now on wait in the
+        // subscription's queue (bounded, drops counted) and follow the snapshot's.
         let mut sub = self.state.tap.subscribe(filter, self.state.tap_queue);
+        let tap = req.snapshot.then(|| self.state.tap.clone());
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         tokio::spawn(async move {
             // Held for the tap's life: its place under the caps is given back when it ends.
             let _slot = slot;
+            if let Some(tap) = tap {
+                // This subscriber's alone, first; filters do not apply (it asked for them).
+                let events = tokio::select! {
+                    _ = tx.closed() => Vec::new(),
+                    events = tap.snapshot() => events,
+                };
+                for ev in events {
+                    let event = pb::tap_event::Event::Call(ev.to_proto(full, redact));
+                    let sent = tx.send(Ok(pb::TapEvent { event: Some(event) })).await;
+                    if sent.is_err() {
+                        break;
+                    }
+                }
+            }
             loop {
                 let item = tokio::select! {
                     _ = tx.closed() => break,

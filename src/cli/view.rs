@@ -39,6 +39,11 @@ pub fn json_line(event: &Event) -> Value {
     if let Some(n) = ev.messages {
         v["messages"] = json!(n);
     }
+    // crisp's own call at the tap's start (issue #46): `crisp replay --as-runtime` answers a
+    // handshake with it, and the readers of calls skip it.
+    if ev.snapshot {
+        v["snapshot"] = json!(true);
+    }
     for (key, text) in [
         ("request", &ev.request_json),
         ("response", &ev.response_json),
@@ -72,6 +77,9 @@ pub fn human(event: &Event) -> String {
         Event::Call(c) => c,
     };
     let mut parts: Vec<String> = vec![local_time(ev.start_unix_nanos)];
+    if ev.snapshot {
+        parts.push("snapshot".into());
+    }
     parts.push(if ev.cri_version.is_empty() {
         "-".into()
     } else {
@@ -443,6 +451,23 @@ mod tests {
             json_line(&Event::Dropped(pb::Dropped { count: 2, total: 5 })),
             json!({"dropped": 2, "dropped_total": 5})
         );
+    }
+
+    /// Issue #46: a snapshot event's line says so (what `crisp replay` keeps apart:
+    /// `replay/tests.rs`), and so does its readable line; a live call's line has no such key.
+    #[test]
+    fn snapshot_lines_say_so() {
+        let mut version = call();
+        version.snapshot = true;
+        version.method = "Version".into();
+        assert_eq!(
+            json_line(&Event::Call(version.clone()))["snapshot"],
+            json!(true)
+        );
+        assert!(json_line(&Event::Call(call())).get("snapshot").is_none());
+        let line = human(&Event::Call(version));
+        assert!(line.contains(" snapshot v1 Version "), "{line}");
+        assert!(!human(&Event::Call(call())).contains("snapshot"));
     }
 
     #[test]

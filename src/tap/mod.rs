@@ -18,6 +18,8 @@
 //!  admin/service.rs: one task per subscriber ◀─ Subscription::next: events + "dropped N" markers
 //!            decode + redact (decode.rs, redact.rs) for --full, then gRPC to `crisp tap`
 //!            (its client and its lines: cli/client.rs, cli/view.rs)
+//!            ◀─ first, if it asked (`crisp tap -o`): the runtime's snapshot (snapshot.rs),
+//!            crisp's own Version/RuntimeConfig/Status/ImageFsInfo, for that subscriber only
 //! ```
 //!
 //! A slow or vanished tap client never slows a CRI call: the call path only ever `try_send`s,
@@ -29,6 +31,7 @@ pub(crate) mod filter;
 mod hub;
 pub(crate) mod ids;
 pub(crate) mod redact;
+mod snapshot;
 
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
@@ -111,6 +114,8 @@ pub(crate) struct RawEvent {
     redacted_json: OnceLock<(String, String)>,
     /// A streamed response seen message by message: its messages and bytes.
     pub(crate) streamed: Option<Streamed>,
+    /// crisp's own call at the tap's start, not kubelet's (`snapshot.rs`).
+    pub(crate) snapshot: bool,
 }
 
 impl RawEvent {
@@ -183,6 +188,7 @@ impl RawEvent {
             response_json,
             redacted: redact,
             messages: self.streamed.map(|s| s.messages),
+            snapshot: self.snapshot,
         }
     }
 }
@@ -310,6 +316,8 @@ pub(crate) struct Tap {
     stashed: AtomicUsize,
     /// The fan-out thread's channel, once somebody subscribed (`fanout.rs`).
     fanout: OnceLock<std::sync::mpsc::SyncSender<Job>>,
+    /// What a subscriber's snapshot is asked through (`snapshot.rs`): the daemon's client.
+    runtime: OnceLock<crate::proxy::client::RuntimeClient>,
 }
 
 /// Most stashed entries. A call the client abandons while it is held never completes and leaves
@@ -340,6 +348,7 @@ impl Tap {
             stash: DashMap::new(),
             stashed: AtomicUsize::new(0),
             fanout: OnceLock::new(),
+            runtime: OnceLock::new(),
         })
     }
 
@@ -582,6 +591,7 @@ impl Interceptor for Tap {
             response: if full { resp.cloned() } else { None },
             redacted_json: OnceLock::new(),
             streamed: outcome.streamed,
+            snapshot: false,
         });
         self.fan_out(Job::Call(ev));
     }

@@ -665,4 +665,5 @@ fn relay_thread_cost_of_a_call_with_a_thousand_idle_taps() {
     );
 }
 
+mod snapshots;
 mod streams;

@@ -34,5 +34,6 @@ mod reliability_slow;
 mod replay_as_runtime;
 mod replay_incident;
 mod soak_grpcgo;
+mod tap_snapshot;
 mod timeline_demo;
 mod transparency;

@@ -51,6 +51,12 @@ pub struct TapArgs {
     /// the path; an existing file only with --force; see docs/TAP.md).
     #[arg(long, short = 'o', value_name = "FILE")]
     pub output: Option<PathBuf>,
+    /// With --output: do not record the runtime's snapshot. By default a recording starts with
+    /// crisp's own Version, RuntimeConfig, Status and ImageFsInfo calls to the runtime, marked
+    /// "snapshot": true, so that `crisp replay --as-runtime` answers a fresh kubelet's handshake
+    /// in a recording begun after kubelet connected (docs/TAP.md).
+    #[arg(long, requires = "output")]
+    pub no_snapshot: bool,
     /// With --output: replace FILE if it exists (only a regular file of one's own with one
     /// link; never through a symlink). Without it an existing FILE is refused, never truncated.
     #[arg(long, requires = "output")]
@@ -81,6 +87,8 @@ impl TapArgs {
             include_polling: self.all,
             full: self.full,
             unredacted: self.unredacted,
+            // A recording's, not a live view's: what replays a handshake (`--no-snapshot`).
+            snapshot: self.output.is_some() && !self.no_snapshot,
         }
     }
 }
@@ -207,7 +215,8 @@ async fn tap(args: TapArgs) -> ExitCode {
         if written.is_err() {
             break;
         }
-        if matches!(event, Event::Call(_)) {
+        // crisp's own calls of the snapshot are no calls of kubelet's.
+        if matches!(&event, Event::Call(c) if !c.snapshot) {
             calls += 1;
             if args.count.is_some_and(|n| calls >= n) {
                 break;
@@ -257,5 +266,22 @@ mod tests {
         assert_eq!(r.pod, "ns/p");
         assert!(r.errors_only && r.include_polling && r.full && !r.unredacted);
         assert_eq!(r.slower_than_ms, 9);
+        // Live, no snapshot: nothing to replay.
+        assert!(!r.snapshot);
+    }
+
+    /// Issue #46: a recording asks for the runtime's snapshot unless told not to.
+    #[test]
+    fn a_recording_asks_for_the_snapshot() {
+        let recording = TapArgs {
+            output: Some("calls.jsonl".into()),
+            ..Default::default()
+        };
+        assert!(recording.request().snapshot);
+        let without = TapArgs {
+            no_snapshot: true,
+            ..recording
+        };
+        assert!(!without.request().snapshot);
     }
 }

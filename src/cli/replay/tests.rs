@@ -591,3 +591,50 @@ fn snapshot_lines_are_kept_apart() {
     assert_eq!((s.method.as_str(), s.polling), ("Version", true));
     assert_eq!(s.response, Some(json!({"runtime_name": "containerd"})));
 }
+
+/// Issue #46, the writing side: the line `crisp tap -o` writes for a snapshot event
+/// (`cli::view`) is what the plan keeps apart as the snapshot, response and all; a live call's
+/// line beside it is replayed.
+#[test]
+fn the_tap_writes_snapshot_lines_the_plan_reads() {
+    use crate::admin_api::{tap_event::Event, CallEvent};
+    use crate::cli::view::json_text;
+    let version = CallEvent {
+        method: "Version".into(),
+        path: "/runtime.v1.RuntimeService/Version".into(),
+        cri_version: "v1".into(),
+        kind: "polling".into(),
+        code: Some(0),
+        code_name: "OK".into(),
+        request_json: r#"{"version":"v1"}"#.into(),
+        response_json: r#"{"runtime_name":"containerd","runtime_api_version":"v1"}"#.into(),
+        redacted: true,
+        snapshot: true,
+        ..Default::default()
+    };
+    let live = CallEvent {
+        call_id: 7,
+        snapshot: false,
+        method: "RemovePodSandbox".into(),
+        path: "/runtime.v1.RuntimeService/RemovePodSandbox".into(),
+        kind: "mutating".into(),
+        ..version.clone()
+    };
+    let text = format!(
+        "{}\n{}\n",
+        json_text(&Event::Call(version)),
+        json_text(&Event::Call(live))
+    );
+    let plan = plan(text.as_bytes(), None, true).expect("plan");
+    assert_eq!(plan.steps.len(), 1, "only the live call is replayed");
+    assert_eq!(plan.steps[0].method, "RemovePodSandbox");
+    assert_eq!(plan.snapshot.len(), 1);
+    let s = &plan.snapshot[0];
+    assert_eq!((s.method.as_str(), s.polling), ("Version", true));
+    assert_eq!(s.path, "/runtime.v1.RuntimeService/Version");
+    assert_eq!(s.recorded.code, Some(0));
+    assert_eq!(
+        s.response,
+        Some(json!({"runtime_name": "containerd", "runtime_api_version": "v1"}))
+    );
+}

@@ -16,6 +16,9 @@
 
 mod exec;
 mod pool_service;
+mod raw;
+
+pub(crate) use raw::RawCall;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -24,6 +27,7 @@ use std::time::Duration;
 use http::uri::{PathAndQuery, Uri};
 use prost::Message;
 use tonic::client::Grpc;
+use tonic::codec::Codec;
 use tonic::metadata::MetadataValue;
 use tonic_prost::ProstCodec;
 
@@ -66,11 +70,26 @@ impl ClientError {
         )
     }
 
-    fn is_unimplemented(&self) -> bool {
+    pub(crate) fn is_unimplemented(&self) -> bool {
         matches!(
             self,
             ClientError::Status { status, .. } if status.code == UNIMPLEMENTED
         )
+    }
+
+    /// The status a call that failed this way ended with, as the tap shows it: the runtime's
+    /// own, else crisp's for an answer it never had (UNAVAILABLE: no runtime to ask;
+    /// DEADLINE_EXCEEDED: no answer in time; INTERNAL: one it could not read).
+    pub(crate) fn status(&self) -> Status {
+        use crate::status::code;
+        match self {
+            ClientError::Status { status, .. } => status.clone(),
+            ClientError::RuntimePool(e) => Status::runtime_unavailable(e),
+            ClientError::Timeout { .. } => {
+                Status::new(code::DEADLINE_EXCEEDED, format!("crisp: {self}"))
+            }
+            ClientError::Malformed { .. } => Status::new(code::INTERNAL, format!("crisp: {self}")),
+        }
     }
 }
 
@@ -369,22 +388,51 @@ async fn list_containers<R: Runtime>(
     Ok(resp.containers)
 }
 
-/// The path of `method` of the RuntimeService in CRI API `version`.
-fn path(version: ApiVersion, method: &'static str) -> Result<PathAndQuery, ClientError> {
-    PathAndQuery::try_from(format!(
-        "/runtime.{}.RuntimeService/{method}",
-        version.as_str()
-    ))
-    .map_err(|e| ClientError::Malformed {
-        method,
-        detail: e.to_string(),
+/// The CRI service a method belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Service {
+    Runtime,
+    Image,
+}
+
+impl Service {
+    fn as_str(self) -> &'static str {
+        match self {
+            Service::Runtime => "RuntimeService",
+            Service::Image => "ImageService",
+        }
+    }
+}
+
+/// The gRPC path of `method` of `service` in CRI API `version`.
+pub(crate) fn method_path(version: ApiVersion, service: Service, method: &str) -> String {
+    format!(
+        "/runtime.{}.{}/{method}",
+        version.as_str(),
+        service.as_str()
+    )
+}
+
+/// The path of `method` of `service` in CRI API `version`.
+fn path(
+    version: ApiVersion,
+    service: Service,
+    method: &'static str,
+) -> Result<PathAndQuery, ClientError> {
+    PathAndQuery::try_from(method_path(version, service, method)).map_err(|e| {
+        ClientError::Malformed {
+            method,
+            detail: e.to_string(),
+        }
     })
 }
 
-/// One of crisp's own calls: `method` of the RuntimeService in CRI API `version`, its request,
-/// and how long the runtime is told it has (`grpc-timeout`, to the millisecond) and crisp waits.
+/// One of crisp's own calls: `method` of the RuntimeService (or another `service`) in CRI API
+/// `version`, its request, and how long the runtime is told it has (`grpc-timeout`, to the
+/// millisecond) and crisp waits.
 pub(super) struct OwnCall<Req> {
     version: ApiVersion,
+    service: Service,
     method: &'static str,
     req: Req,
     timeout: Duration,
@@ -399,10 +447,17 @@ impl<Req> OwnCall<Req> {
     ) -> Self {
         OwnCall {
             version,
+            service: Service::Runtime,
             method,
             req,
             timeout,
         }
+    }
+
+    /// The same call, of `service` instead of the RuntimeService.
+    pub(super) fn of(mut self, service: Service) -> Self {
+        self.service = service;
+        self
     }
 }
 
@@ -415,9 +470,24 @@ where
     Req: Message + Send + Sync + 'static,
     Resp: Message + Default + Send + Sync + 'static,
 {
+    unary_with(runtime, call, ProstCodec::<Req, Resp>::default()).await
+}
+
+/// [`unary`] with `codec` (`raw::RawCodec`: the answer's bytes as they came).
+async fn unary_with<R, C>(
+    runtime: R,
+    call: OwnCall<C::Encode>,
+    codec: C,
+) -> Result<C::Decode, ClientError>
+where
+    R: Runtime,
+    C: Codec + Send + 'static,
+    C::Encode: Sync,
+    C::Decode: Default + Sync,
+{
     let method = call.method;
     // A server stream, not tonic's `unary`: that refuses an OK answer without a message.
-    answer_stream(runtime, call, |mut answer| async move {
+    answer_stream(runtime, call, codec, |mut answer| async move {
         let fail = |status| client_error(method, status);
         let first = answer.message().await.map_err(fail)?;
         if first.is_some() && answer.message().await.map_err(fail)?.is_some() {
@@ -446,7 +516,8 @@ where
     Resp: Message + Default + Send + Sync + 'static,
 {
     let method = call.method;
-    answer_stream(runtime, call, |mut answer| async move {
+    let codec = ProstCodec::<Req, Resp>::default();
+    answer_stream(runtime, call, codec, |mut answer| async move {
         let mut out = Vec::new();
         let mut n = 0usize;
         while let Some(m) = answer
@@ -468,27 +539,30 @@ where
     .await
 }
 
-/// `call` made through tonic over `runtime` (each message of its answer at most
+/// `call` made through tonic with `codec` over `runtime` (each message of its answer at most
 /// [`MAX_ANSWER`] bytes), the answer's messages read by `read`; the whole call, `read` too,
 /// given up on when its timeout runs out.
-async fn answer_stream<R, Req, Resp, T, Read>(
+async fn answer_stream<R, C, T, Read>(
     runtime: R,
-    call: OwnCall<Req>,
-    read: impl FnOnce(tonic::codec::Streaming<Resp>) -> Read,
+    call: OwnCall<C::Encode>,
+    codec: C,
+    read: impl FnOnce(tonic::codec::Streaming<C::Decode>) -> Read,
 ) -> Result<T, ClientError>
 where
     R: Runtime,
-    Req: Message + Send + Sync + 'static,
-    Resp: Message + Default + Send + Sync + 'static,
+    C: Codec + Send + 'static,
+    C::Encode: Sync,
+    C::Decode: Sync,
     Read: std::future::Future<Output = Result<T, ClientError>>,
 {
     let OwnCall {
         version,
+        service,
         method,
         req,
         timeout,
     } = call;
-    let path = path(version, method)?;
+    let path = path(version, service, method)?;
     let request = request(req, timeout);
     let mut grpc = Grpc::with_origin(
         PoolService::new(runtime),
@@ -496,7 +570,6 @@ where
     )
     .max_decoding_message_size(MAX_ANSWER);
     let fut = async move {
-        let codec = ProstCodec::<Req, Resp>::default();
         let answer = grpc
             .server_streaming(request, path, codec)
             .await

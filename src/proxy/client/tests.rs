@@ -54,7 +54,7 @@ struct Seen {
 #[derive(Clone)]
 struct Fake {
     reply: Reply,
-    /// Replies by method (the path's last segment), before `reply`.
+    /// Replies by method (the path's last segment, or the whole path), before `reply`.
     by_method: Vec<(&'static str, Reply)>,
     seen: Arc<parking_lot::Mutex<Vec<Seen>>>,
 }
@@ -94,18 +94,13 @@ impl Runtime for Fake {
             ProxyBody::Buffered { data, .. } => Some(data.unwrap_or_default()),
             _ => None,
         };
-        let method = parts
-            .uri
-            .path()
-            .rsplit('/')
-            .next()
-            .unwrap_or("")
-            .to_string();
+        let path = parts.uri.path().to_string();
+        let method = path.rsplit('/').next().unwrap_or("").to_string();
         self.seen.lock().push(Seen { parts, buffered });
         let reply = self
             .by_method
             .iter()
-            .find(|(m, _)| *m == method)
+            .find(|(m, _)| *m == method || *m == path)
             .map_or(&self.reply, |(_, r)| r);
         match reply.clone() {
             Reply::Answer(answer) => {
@@ -487,4 +482,131 @@ async fn a_failed_stream_is_an_error_not_a_fallback() {
         "{err}"
     );
     assert_eq!(fake.paths().len(), 1);
+}
+
+/// Issue #46: the tap's snapshot asks what kubelet's handshake asks — ImageFsInfo of the
+/// ImageService — and keeps each answer as it came, a field crisp's types do not know included;
+/// a call that fails is in the list with its error, the others still asked.
+#[tokio::test]
+async fn the_snapshot_asks_the_handshake_and_keeps_the_answers_whole() {
+    let mut version = VersionResponse {
+        runtime_name: "containerd".into(),
+        runtime_api_version: "v1".into(),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    // Field 99, a string: no CRI revision crisp knows has it.
+    version.extend_from_slice(&[0x9a, 0x06, 0x03, b'n', b'e', b'w']);
+    let fs = k8s_cri::v1::ImageFsInfoResponse {
+        image_filesystems: vec![k8s_cri::v1::FilesystemUsage {
+            timestamp: 7,
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let mut fake = Fake::new(ok(&[b""]));
+    fake.by_method = vec![
+        ("Version", ok(&[&version])),
+        (
+            "RuntimeConfig",
+            answer(grpc_headers(), vec![], Some(status("12", "unknown method"))),
+        ),
+        ("ImageFsInfo", ok(&[&fs])),
+    ];
+    let calls = raw::snapshot(fake.clone(), SECOND).await;
+    let paths: Vec<&str> = calls.iter().map(|c| c.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "/runtime.v1.RuntimeService/Version",
+            "/runtime.v1.RuntimeService/RuntimeConfig",
+            "/runtime.v1.RuntimeService/Status",
+            "/runtime.v1.ImageService/ImageFsInfo",
+        ]
+    );
+    let mut asked = fake.paths();
+    asked.sort();
+    let mut want: Vec<String> = paths.iter().map(|p| p.to_string()).collect();
+    want.sort();
+    assert_eq!(asked, want, "what the runtime was asked");
+    assert_eq!(calls[0].answer.as_deref().ok(), Some(&version[..]));
+    let want_request = VersionRequest {
+        version: "v1".into(),
+    };
+    assert_eq!(calls[0].request, want_request.encode_to_vec());
+    assert!(
+        matches!(&calls[1].answer, Err(e) if e.is_unimplemented()),
+        "{:?}",
+        calls[1].answer
+    );
+    assert_eq!(calls[1].answer.as_ref().unwrap_err().status().code, 12);
+    assert_eq!(calls[2].answer.as_deref().ok(), Some(&b""[..]));
+    assert_eq!(calls[3].answer.as_deref().ok(), Some(&fs[..]));
+}
+
+/// A runtime without runtime.v1 (the one kubelet would negotiate down to): the snapshot is
+/// asked in v1alpha2, and holds v1alpha2's Version, not v1's refusal.
+#[tokio::test]
+async fn the_snapshot_negotiates_v1alpha2_as_kubelet_does() {
+    let unimplemented = answer(grpc_headers(), vec![], Some(status("12", "")));
+    let mut fake = Fake::new(unimplemented.clone());
+    let old = VersionResponse {
+        runtime_api_version: "v1alpha2".into(),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    fake.by_method = vec![
+        ("/runtime.v1alpha2.RuntimeService/Version", ok(&[&old])),
+        ("/runtime.v1alpha2.RuntimeService/Status", ok(&[b""])),
+        ("/runtime.v1alpha2.ImageService/ImageFsInfo", ok(&[b""])),
+    ];
+    let calls = raw::snapshot(fake, SECOND).await;
+    let paths: Vec<&str> = calls.iter().map(|c| c.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "/runtime.v1alpha2.RuntimeService/Version",
+            "/runtime.v1alpha2.RuntimeService/RuntimeConfig",
+            "/runtime.v1alpha2.RuntimeService/Status",
+            "/runtime.v1alpha2.ImageService/ImageFsInfo",
+        ]
+    );
+    assert_eq!(calls[0].answer.as_deref().ok(), Some(&old[..]));
+    assert!(calls[1].answer.is_err(), "v1alpha2 has no RuntimeConfig");
+    assert!(calls[2].answer.is_ok() && calls[3].answer.is_ok());
+}
+
+/// A runtime that never answers: each call gives up at the client's timeout, and the snapshot
+/// takes two timeouts in all (Version, then the other three together), never more.
+#[tokio::test(start_paused = true)]
+async fn a_silent_runtime_bounds_the_snapshot() {
+    let fake = Fake::new(Reply::Hold);
+    let started = tokio::time::Instant::now();
+    let calls = raw::snapshot(fake, SECOND).await;
+    assert_eq!(started.elapsed(), 2 * SECOND);
+    assert_eq!(calls.len(), 4);
+    for c in &calls {
+        let status = c.answer.as_ref().unwrap_err().status();
+        assert_eq!(
+            status.code,
+            crate::status::code::DEADLINE_EXCEEDED,
+            "{}",
+            c.path
+        );
+        assert!(
+            status.message.contains("no answer within"),
+            "{}",
+            status.message
+        );
+    }
+    // Down altogether: UNAVAILABLE, with the pool's words.
+    let calls = raw::snapshot(Fake::new(Reply::ConnectTimeout), SECOND).await;
+    let status = calls[0].answer.as_ref().unwrap_err().status();
+    assert_eq!(status.code, crate::status::code::UNAVAILABLE);
+    assert!(
+        status.message.contains("containerd.sock"),
+        "{}",
+        status.message
+    );
 }
