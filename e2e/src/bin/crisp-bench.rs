@@ -709,6 +709,9 @@ fn run_grpcgo(mut cmd: Command, what: &str) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Per run, every lane's figure (see [`grpcgo_bench`]).
+type LaneRuns = Vec<Vec<(f64, f64)>>;
+
 /// One `crisp-grpcgo bench` run set: every lane's figure per run (latency: (p50, p99) in µs;
 /// throughput: (calls/s, 0)).
 fn grpcgo_bench(
@@ -730,7 +733,7 @@ fn grpcgo_bench_watched(
     req: &[u8],
     authority: Option<&str>,
     extra: &[String],
-) -> Result<(Vec<Vec<(f64, f64)>>, Vec<Vec<Watched>>)> {
+) -> Result<(LaneRuns, Vec<Vec<Watched>>)> {
     let mut cmd = grpcgo_command(lanes, &format!("/runtime.v1.RuntimeService/{method}"), req)?;
     if let Some(a) = authority {
         cmd.arg("--authority").arg(a);

@@ -48,7 +48,8 @@ pub struct TapArgs {
     #[arg(long)]
     pub full: bool,
     /// Also record every event as JSON lines to this file (mode 0600; no symlink anywhere on
-    /// the path; an existing file only with --force; see docs/TAP.md).
+    /// the path; an existing file only with --force; see docs/TAP.md). The file starts with the
+    /// runtime's snapshot (see --no-snapshot), then the calls as they end.
     #[arg(long, short = 'o', value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// With --output: do not record the runtime's snapshot. By default a recording starts with
