@@ -72,6 +72,22 @@ fn lines(recording: &Path) -> Result<Vec<Value>> {
         .collect()
 }
 
+/// Records with `crisp tap --full -o recording` and `flags` while one live call
+/// (RemovePodSandbox) goes through crisp: the recording's lines once that call is in it.
+async fn record_a_live_call(crisp: &Crisp, recording: &Path, flags: &[&str]) -> Result<Vec<Value>> {
+    let mut tap = record(crisp, recording, flags).await?;
+    live_call(crisp).await?;
+    await_line(
+        recording,
+        &["\"RemovePodSandbox\""],
+        Duration::from_secs(30),
+    )
+    .await?;
+    tap.kill()?;
+    tap.wait()?;
+    lines(recording)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recording_begins_with_the_runtimes_snapshot_and_replays_a_handshake() -> Result<()> {
     let dir = tempfile::Builder::new().prefix("crisp-snap-").tempdir()?;
@@ -82,18 +98,7 @@ async fn a_recording_begins_with_the_runtimes_snapshot_and_replays_a_handshake()
     ensure!(through_crisp.0.runtime_name == "fake", "{through_crisp:?}");
 
     let recording = dir.path().join("calls.jsonl");
-    let mut tap = record(&crisp, &recording, &[]).await?;
-    live_call(&crisp).await?;
-    await_line(
-        &recording,
-        &["\"RemovePodSandbox\""],
-        Duration::from_secs(30),
-    )
-    .await?;
-    tap.kill()?;
-    tap.wait()?;
-
-    let lines = lines(&recording)?;
+    let lines = record_a_live_call(&crisp, &recording, &[]).await?;
     let methods: Vec<&str> = lines
         .iter()
         .map(|l| l["method"].as_str().unwrap_or("?"))
@@ -187,17 +192,7 @@ async fn no_snapshot_records_live_calls_only() -> Result<()> {
     let fake = fakert::serve(&dir.path().join("fake.sock"), Arc::new(Canned::new(1, 0)))?;
     let crisp = Crisp::start(&fake.socket, CrispOpts::default())?;
     let recording = dir.path().join("calls.jsonl");
-    let mut tap = record(&crisp, &recording, &["--no-snapshot"]).await?;
-    live_call(&crisp).await?;
-    await_line(
-        &recording,
-        &["\"RemovePodSandbox\""],
-        Duration::from_secs(30),
-    )
-    .await?;
-    tap.kill()?;
-    tap.wait()?;
-    let lines = lines(&recording)?;
+    let lines = record_a_live_call(&crisp, &recording, &["--no-snapshot"]).await?;
     ensure!(
         lines.len() == 1 && lines[0]["method"] == "RemovePodSandbox",
         "{lines:?}"
