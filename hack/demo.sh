@@ -67,11 +67,19 @@ if [[ -S "$DIR/admin.sock" ]] || grep -q admin "$DIR/crisp.toml"; then
   for _ in $(seq 100); do [[ -S "$DIR/admin.sock" ]] && break; sleep 0.05; done
   target/debug/crisp tap --admin-socket "$DIR/admin.sock" >"$DIR/tap.log" 2>&1 &
   TAP_PID=$!
-  # A second tap records every call, polling ones too (ImageStatus), for `crisp timeline`.
+  # A second tap records every call, polling ones too (ImageStatus), for `crisp timeline`;
+  # --force replaces the recording of an earlier run (without it the tap refuses the file, and
+  # the pictures below would be drawn from that old run).
   mkdir -p "$OUT"
-  target/debug/crisp tap --admin-socket "$DIR/admin.sock" --all --json -o "$OUT/calls.jsonl" >/dev/null 2>"$DIR/rec.log" &
+  target/debug/crisp tap --admin-socket "$DIR/admin.sock" --all --json --force \
+    -o "$OUT/calls.jsonl" >/dev/null 2>"$DIR/rec.log" &
   REC_PID=$!
   for _ in $(seq 100); do grep -q attached "$DIR/rec.log" 2>/dev/null && break; sleep 0.05; done
+  if ! grep -q attached "$DIR/rec.log" 2>/dev/null; then
+    echo "hack/demo.sh: the recording tap did not attach:" >&2
+    cat "$DIR/rec.log" >&2
+    exit 1
+  fi
 fi
 echo "   (crisp refuses the app until the proxy exists, holds its CreateContainer until the proxy"
 echo "    answers HTTP on the pod IP, and holds the proxy's StopContainer until the app has exited)"
