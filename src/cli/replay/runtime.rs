@@ -7,15 +7,15 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
-use bytes::{Buf, BufMut};
+use bytes::Bytes;
 use http::uri::PathAndQuery;
 use tonic::client::Grpc;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
 use tonic::Status;
 
 use super::Answer;
+use crate::proxy::client::RawCodec;
 
 /// Largest answer read (a node's ListContainers).
 const MAX_ANSWER: usize = 64 << 20;
@@ -27,44 +27,6 @@ const USER_AGENT: &str = "crisp-replay";
 #[derive(Clone, Debug)]
 pub struct Runtime {
     channel: Channel,
-}
-
-/// A message already encoded.
-#[derive(Clone, Copy, Debug, Default)]
-struct Raw;
-
-impl Codec for Raw {
-    type Encode = Vec<u8>;
-    type Decode = Vec<u8>;
-    type Encoder = Raw;
-    type Decoder = Raw;
-
-    fn encoder(&mut self) -> Raw {
-        Raw
-    }
-
-    fn decoder(&mut self) -> Raw {
-        Raw
-    }
-}
-
-impl Encoder for Raw {
-    type Item = Vec<u8>;
-    type Error = Status;
-
-    fn encode(&mut self, item: Vec<u8>, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        dst.put_slice(&item);
-        Ok(())
-    }
-}
-
-impl Decoder for Raw {
-    type Item = Vec<u8>;
-    type Error = Status;
-
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Vec<u8>>, Status> {
-        Ok(Some(src.copy_to_bytes(src.remaining()).to_vec()))
-    }
 }
 
 impl Runtime {
@@ -87,7 +49,7 @@ impl Runtime {
             ));
         };
         let grpc = Grpc::new(self.channel.clone()).max_decoding_message_size(MAX_ANSWER);
-        let mut req = tonic::Request::new(request);
+        let mut req = tonic::Request::new(Bytes::from(request));
         req.set_timeout(deadline);
         req.metadata_mut()
             .insert("user-agent", MetadataValue::from_static(USER_AGENT));
@@ -120,7 +82,7 @@ impl Runtime {
             ready(&mut call.grpc).await?;
             let mut stream = call
                 .grpc
-                .server_streaming(call.req, call.path, Raw)
+                .server_streaming(call.req, call.path, RawCodec)
                 .await?
                 .into_inner();
             while stream.message().await?.is_some() {
@@ -160,14 +122,14 @@ impl Runtime {
         path: &str,
         request: Vec<u8>,
         timeout: Duration,
-    ) -> (Answer, Option<Vec<u8>>) {
+    ) -> (Answer, Option<Bytes>) {
         let mut call = match self.start(path, request, timeout) {
             Ok(call) => call,
             Err(refused) => return (refused, None),
         };
         let unary = async {
             ready(&mut call.grpc).await?;
-            call.grpc.unary(call.req, call.path, Raw).await
+            call.grpc.unary(call.req, call.path, RawCodec).await
         };
         let ended = tokio::time::timeout(timeout, unary).await;
         let answer = |code, message| answered(call.started, code, message);
@@ -187,7 +149,7 @@ struct Call {
     started: tokio::time::Instant,
     path: PathAndQuery,
     grpc: Grpc<Channel>,
-    req: tonic::Request<Vec<u8>>,
+    req: tonic::Request<Bytes>,
 }
 
 /// Waits until the channel can take a call.

@@ -18,7 +18,7 @@ mod exec;
 mod pool_service;
 mod raw;
 
-pub(crate) use raw::RawCall;
+pub(crate) use raw::{RawCall, RawCodec};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -125,8 +125,9 @@ async fn raw<R: Runtime>(
 }
 
 /// A gRPC codec of messages as bytes: the request already encoded, the answer as it came.
+/// Also `crisp replay`'s, whose requests are re-encoded from the recording.
 #[derive(Debug, Clone, Copy, Default)]
-pub(super) struct RawCodec;
+pub(crate) struct RawCodec;
 
 impl Codec for RawCodec {
     type Encode = Bytes;
