@@ -85,10 +85,13 @@ impl Beat {
         *self.waker.lock() = Some(wake);
     }
 
-    /// The thread goes to wait in `poll(2)`; `now`: the clock it read last.
+    /// The thread goes to wait in `poll(2)`, at the clock it read last: when it last started
+    /// working (a few µs ago; the clock is not converted again on every wakeup). Only the
+    /// thread writes its state.
     #[inline]
-    pub(crate) fn waiting(&self, now: Instant) {
-        self.state.store(nanos(now) | WAITING, Relaxed);
+    pub(crate) fn waiting(&self) {
+        let s = self.state.load(Relaxed);
+        self.state.store(s | WAITING, Relaxed);
     }
 
     /// The connection's calls in flight, as the thread goes to wait.
@@ -976,7 +979,8 @@ mod tests {
         let (ours, _peer) = pair();
         let reg = w.register(vec![ours]);
         let t0 = Instant::now();
-        reg.beat.waiting(t0);
+        reg.beat.working(t0);
+        reg.beat.waiting();
         for s in 1..=60 {
             w.runtime_tick
                 .store(nanos(t0 + Duration::from_secs(s)), Relaxed);

@@ -222,8 +222,8 @@ impl Decoder {
                     let value = string(block, &mut pos, &mut value_buf)?;
                     field(name, value);
                     if index {
-                        let (name, value) = (name.to_vec(), value.to_vec());
-                        self.insert(&name, &value);
+                        // Borrowed from the block or the scratch buffers, not the table.
+                        self.insert(name, value);
                     }
                     Ok(())
                 })();

@@ -31,12 +31,25 @@ fn entry_size(key: &[u8]) -> usize {
     key.len() - 4 + 32
 }
 
-/// Names whose values recur on every call of a gRPC client and carry no secret.
-fn indexable(name: &[u8]) -> bool {
-    matches!(
-        name,
-        b":path" | b":authority" | b"content-type" | b"user-agent" | b"te"
-    )
+/// Names whose values recur on every call of a gRPC client and carry no secret, each with its
+/// slot in [`Indexer::recent`].
+fn indexable(name: &[u8]) -> Option<usize> {
+    Some(match name {
+        b":path" => 0,
+        b":authority" => 1,
+        b"content-type" => 2,
+        b"user-agent" => 3,
+        b"te" => 4,
+        _ => return None,
+    })
+}
+
+/// One indexable name's value last written through the table, and that entry's insertion
+/// number: a call that repeats it is answered without building its key or hashing it.
+#[derive(Default)]
+struct Recent {
+    value: Vec<u8>,
+    inserted: Option<u64>,
 }
 
 pub struct Indexer {
@@ -52,6 +65,9 @@ pub struct Indexer {
     /// size the table had since the last block, then the current one (RFC 7541 §4.2).
     owed: Option<usize>,
     key: Vec<u8>,
+    /// Per indexable name (see [`indexable`]): its last value in the table. Four of a gRPC
+    /// client's five indexed fields are the same on every call, and `:path` on a poll's.
+    recent: [Recent; 5],
 }
 
 impl Default for Indexer {
@@ -64,6 +80,7 @@ impl Default for Indexer {
             max_size: MAX_TABLE,
             owed: None,
             key: Vec::with_capacity(128),
+            recent: Default::default(),
         }
     }
 }
@@ -93,7 +110,18 @@ impl Indexer {
 
     /// Appends one field to the block.
     pub fn field(&mut self, out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
-        if static_field(name, value).is_some() || !indexable(name) {
+        let Some(slot) = indexable(name) else {
+            return encode_field(out, name, value);
+        };
+        // The name's last value, still in the table: its index, with no key and no hash. (A
+        // value found here was indexed by the way below, so it is not a static entry.)
+        let recent = &self.recent[slot];
+        if let Some(n) = recent.inserted.filter(|&n| self.live(n)) {
+            if recent.value == value {
+                return put_int(out, 0x80, 7, self.index_of(n));
+            }
+        }
+        if static_field(name, value).is_some() {
             return encode_field(out, name, value);
         }
         self.key.clear();
@@ -102,9 +130,8 @@ impl Indexer {
         self.key.extend_from_slice(name);
         self.key.extend_from_slice(value);
         if let Some(&n) = self.index.get(&self.key[..]) {
-            // The newest entry is index 62 (RFC 7541 §2.3.3).
-            let index = 62 + (self.inserted - 1 - n) as usize;
-            return put_int(out, 0x80, 7, index);
+            self.remember(slot, value, n);
+            return put_int(out, 0x80, 7, self.index_of(n));
         }
         let size = entry_size(&self.key);
         if size > self.max_size / MAX_ENTRY_SHARE {
@@ -124,8 +151,26 @@ impl Indexer {
         let key: Box<[u8]> = self.key[..].into();
         self.index.insert(key.clone(), self.inserted);
         self.entries.push_back(key);
+        self.remember(slot, value, self.inserted);
         self.inserted += 1;
         self.size += size;
+    }
+
+    /// Whether the entry of insertion number `n` is still in the table.
+    fn live(&self, n: u64) -> bool {
+        n < self.inserted && self.inserted - n <= self.entries.len() as u64
+    }
+
+    /// The index of the entry of insertion number `n`: the newest is 62 (RFC 7541 §2.3.3).
+    fn index_of(&self, n: u64) -> usize {
+        62 + (self.inserted - 1 - n) as usize
+    }
+
+    fn remember(&mut self, slot: usize, value: &[u8], n: u64) {
+        let r = &mut self.recent[slot];
+        r.value.clear();
+        r.value.extend_from_slice(value);
+        r.inserted = Some(n);
     }
 
     /// Drops the oldest entries until `room` more bytes fit, as the runtime's decoder will.

@@ -155,7 +155,7 @@ impl Pump {
             // keep-alive's, once crisp may write again) makes the next poll return at once.
             let deadline = self.core.poll_timeout();
             let timeout = deadline.map_or(NO_TIMER, |at| at.saturating_duration_since(self.now));
-            self.beat.waiting(self.now);
+            self.beat.waiting();
             self.beat.calls(self.core.calls_in_flight());
             sock::poll(&mut fds, timeout)?;
             self.now = Instant::now();
