@@ -17,7 +17,8 @@
 #                    interval, crisp's added relist p50 ÷ socat's, the exec budget), and
 #                    crisp's own work at 500 and 2,500 pods (one status read a sandbox at
 #                    start, one runtime read for `crisp pods NS/POD`, the recovery's CPU per
-#                    pod not growing with the node) (~3 min)
+#                    pod not growing with the node) and the instructions of one relayed unary
+#                    call under callgrind (valgrind, installed on first use) (~4 min)
 #   refusal-cost     e2e observe::measure_refusal_cost, hold vs refusal delay (~3 min)
 #   load             e2e reliability_load::load_200_pods, 200 pods in 5 waves (~2–3 min)
 #   cluster-join     cluster_rollout::a_kubelet_joins_the_control_plane (~1–2 min)
@@ -389,6 +390,8 @@ run_lane() {
     bench-regress)
       # The thresholds were measured on release builds: crisp itself (found beside the test
       # binary, target/release/crisp) and the bench.
+      command -v valgrind > /dev/null ||
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends valgrind > /dev/null
       cargo build --release --locked -p crisp --bin crisp &&
         cargo test --release -p crisp-e2e --locked --bin crisp-bench -- \
           bench_regress::burst_and_relist_hold_their_thresholds --exact --ignored --nocapture

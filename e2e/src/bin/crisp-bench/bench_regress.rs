@@ -46,6 +46,12 @@ const RELIST_ADDED_PER_SOCAT: f64 = 0.5;
 /// 1.13–1.29 at load average 9–13 (20 relists a lane a run: noisy).
 const BURST_RELIST_PER_DIRECT: f64 = 1.6;
 
+/// Instructions crisp spends on one relayed unary call (grpc-go's `Version`, callgrind, the whole
+/// process: `hack/relay-instructions.sh`). Counted, not timed, so the same on any machine with
+/// the same toolchain. Measured 7,574 on the release build of this round (fat LTO, one unit),
+/// 8,094 without LTO, 9,441 before it (BENCHMARKS.md, issue #47); the splice, 445.
+const RELAY_INSTRUCTIONS_PER_CALL: f64 = 8_300.0;
+
 /// Extra TOML for crisp's config, from `CRISP_REGRESS_CRISP_CONFIG` (none: crisp's defaults,
 /// which the thresholds are for). To see the lane fail, lift a budget:
 /// `CRISP_REGRESS_CRISP_CONFIG=$'[ordering]\nexec_probes_per_second = 100000'`.
@@ -250,6 +256,49 @@ fn ownwork_verdicts() -> Result<Vec<Verdict>> {
     Ok(verdicts)
 }
 
+/// `hack/relay-instructions.sh` on crisp's binary: the program's total instructions after `n`
+/// sequential calls.
+fn relay_instructions(n: usize, splice: bool) -> Result<f64> {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut cmd = std::process::Command::new("bash");
+    cmd.arg(repo.join("hack/relay-instructions.sh"))
+        .arg(crisp_e2e::crisp::crisp_binary()?)
+        .arg(n.to_string())
+        .env("CRISP_GRPCGO_BIN", crisp_e2e::grpcgo::grpcgo_binary()?);
+    if splice {
+        cmd.env("CRISP_RELAY_SPLICE", "1");
+    }
+    let out = cmd.output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let total = text
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("total="))
+        .and_then(|t| t.parse::<f64>().ok());
+    match total {
+        Some(t) if out.status.success() => Ok(t),
+        _ => anyhow::bail!(
+            "hack/relay-instructions.sh (valgrind; `apt-get install valgrind`) gave no count: {} {}",
+            text.trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ),
+    }
+}
+
+/// Instructions per relayed call, the difference between 600 and 100 calls over 500, beside
+/// the splice's (the same binary with `CRISP_RELAY_SPLICE=1`, for the record).
+fn relay_instructions_verdict() -> Result<Verdict> {
+    let per_call = |splice| -> Result<f64> {
+        Ok((relay_instructions(600, splice)? - relay_instructions(100, splice)?) / 500.0)
+    };
+    let (crisp, splice) = (per_call(false)?, per_call(true)?);
+    println!("regress: instructions per relayed call: crisp {crisp:.0}, its splice {splice:.0}");
+    Ok(Verdict {
+        name: "instructions per relayed unary call (callgrind)",
+        value: crisp,
+        bound: RELAY_INSTRUCTIONS_PER_CALL,
+    })
+}
+
 /// The lane: every threshold measured and printed, then the ones that did not hold named.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "the bench-regress lane: release builds, ~2 min (hack/lanes.sh bench-regress)"]
@@ -258,6 +307,7 @@ async fn burst_and_relist_hold_their_thresholds() -> Result<()> {
     let mut verdicts = burst_verdicts().await?;
     verdicts.push(tokio::task::block_in_place(relist_verdict)?);
     verdicts.extend(tokio::task::block_in_place(ownwork_verdicts)?);
+    verdicts.push(tokio::task::block_in_place(relay_instructions_verdict)?);
     for v in &verdicts {
         println!(
             "regress: {}: {:.2} (threshold {:.2}) {}",
