@@ -18,7 +18,7 @@
 #                    crisp's own work at 500 and 2,500 pods (one status read a sandbox at
 #                    start, one runtime read for `crisp pods NS/POD`, the recovery's CPU per
 #                    pod not growing with the node) and the instructions of one relayed unary
-#                    call under callgrind (valgrind, installed on first use) (~4 min)
+#                    call under callgrind (valgrind, installed on first use) (~1 min after its builds)
 #   refusal-cost     e2e observe::measure_refusal_cost, hold vs refusal delay (~3 min)
 #   load             e2e reliability_load::load_200_pods, 200 pods in 5 waves (~2–3 min)
 #   cluster-join     cluster_rollout::a_kubelet_joins_the_control_plane (~1–2 min)
