@@ -85,10 +85,20 @@ pub(crate) fn poll_entry(fd: Option<BorrowedFd<'_>>, read: bool, write: bool) ->
     }
 }
 
+/// `timeout` in whole milliseconds for `poll(2)`, its microseconds rounded up (without the u128
+/// arithmetic of `Duration::as_micros`: this runs on every wakeup of a relay thread).
+fn poll_ms(timeout: Duration) -> libc::c_int {
+    let ms = timeout
+        .as_secs()
+        .saturating_mul(1000)
+        .saturating_add(u64::from(timeout.subsec_micros().div_ceil(1000)));
+    ms.min(i32::MAX as u64) as libc::c_int
+}
+
 /// `poll(2)` on `fds`, for at most `timeout` (rounded up to whole milliseconds); EINTR counts as
 /// a return with nothing ready. An entry with a negative descriptor is skipped, as poll(2) says.
 pub(crate) fn poll(fds: &mut [libc::pollfd], timeout: Duration) -> io::Result<()> {
-    let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int;
+    let ms = poll_ms(timeout);
     // SAFETY: `fds` is an exclusively borrowed array of `fds.len()` initialised pollfd structs,
     // and poll(2) writes nothing but their `revents` fields. The descriptors in them are numbers
     // the kernel looks up, never pointers: one that is closed is reported as POLLNVAL, so no
@@ -194,6 +204,26 @@ pub fn local_path(fd: impl AsFd) -> Option<PathBuf> {
 mod tests {
     use super::*;
     use std::os::unix::fs::FileTypeExt;
+
+    #[test]
+    fn a_poll_timeout_is_its_microseconds_rounded_up_to_milliseconds() {
+        let reference =
+            |d: Duration| d.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int;
+        for d in [
+            Duration::ZERO,
+            Duration::from_nanos(999),
+            Duration::from_micros(1),
+            Duration::from_micros(999),
+            Duration::from_micros(1000),
+            Duration::from_micros(1001),
+            Duration::from_millis(10),
+            Duration::new(3, 999_999_999),
+            Duration::from_secs(i32::MAX as u64 / 1000 + 1),
+            Duration::MAX,
+        ] {
+            assert_eq!(poll_ms(d), reference(d), "{d:?}");
+        }
+    }
 
     #[test]
     fn a_listening_socket_is_made_with_its_mode_and_examined() {
