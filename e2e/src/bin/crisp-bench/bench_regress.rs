@@ -48,8 +48,9 @@ const BURST_RELIST_PER_DIRECT: f64 = 1.6;
 
 /// Instructions crisp spends on one relayed unary call (grpc-go's `Version`, callgrind, the whole
 /// process: `hack/relay-instructions.sh`). Counted, not timed, so the same on any machine with
-/// the same toolchain. Measured 7,574 on the release build of this round (fat LTO, one unit),
-/// 8,094 without LTO, 9,441 before it (BENCHMARKS.md, issue #47); the splice, 445.
+/// the same toolchain. Measured 7,427–7,721 on the release builds of this round (fat LTO, one
+/// unit), 8,094 without LTO, 9,401–9,441 before it (BENCHMARKS.md, issue #47); the splice,
+/// 438–635.
 const RELAY_INSTRUCTIONS_PER_CALL: f64 = 8_300.0;
 
 /// Extra TOML for crisp's config, from `CRISP_REGRESS_CRISP_CONFIG` (none: crisp's defaults,
