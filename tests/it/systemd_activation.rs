@@ -559,9 +559,10 @@ async fn an_upgrade_on_the_kept_socket_fails_no_start_or_create_container_in_fli
             40,
         )
     });
-    // Both clients' calls are flowing: eight answered.
+    // Both clients' calls are flowing: eight answered, and the next ones at the runtime (not in
+    // the gap between two rounds, where a SIGTERM would find nothing in flight).
     let t = std::time::Instant::now();
-    while rt.calls.lock().unwrap().len() < 8 {
+    while rt.calls.lock().unwrap().len() < 8 || rt.in_flight.load(Ordering::SeqCst) == 0 {
         assert!(
             t.elapsed() < T,
             "the grpc-go calls never reached the runtime"

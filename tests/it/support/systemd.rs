@@ -153,10 +153,12 @@ pub async fn fake_runtime_apis(path: &Path, serve_v1: bool, serve_v1alpha2: bool
 
 /// A runtime whose StartContainer and CreateContainer take `delay` (then succeed; CreateContainer
 /// answers container id "c1"), the calls kubelet treats as fatal when they fail. Each call's
-/// (arrival, answer) instants are recorded in `calls`. Everything else is UNIMPLEMENTED.
+/// (arrival, answer) instants are recorded in `calls` once it is answered; `in_flight` counts
+/// those that arrived and are not answered yet. Everything else is UNIMPLEMENTED.
 pub struct SlowRuntime {
     pub path: PathBuf,
     pub calls: Arc<Mutex<Vec<(std::time::Instant, std::time::Instant)>>>,
+    pub in_flight: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -168,9 +170,10 @@ impl Drop for SlowRuntime {
 
 pub async fn slow_start_runtime(path: &Path, delay: Duration) -> SlowRuntime {
     let calls = Arc::new(Mutex::new(Vec::new()));
-    let c = calls.clone();
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let (c, f) = (calls.clone(), in_flight.clone());
     let task = serve_unix(path, move |path, _body| {
-        let c = c.clone();
+        let (c, f) = (c.clone(), f.clone());
         async move {
             let answer = match path.as_str() {
                 "/runtime.v1.RuntimeService/StartContainer" => Some(Vec::new()),
@@ -181,8 +184,10 @@ pub async fn slow_start_runtime(path: &Path, delay: Duration) -> SlowRuntime {
             match answer {
                 Some(msg) => {
                     let t = std::time::Instant::now();
+                    f.fetch_add(1, Ordering::SeqCst);
                     tokio::time::sleep(delay).await;
                     c.lock().unwrap().push((t, std::time::Instant::now()));
+                    f.fetch_sub(1, Ordering::SeqCst);
                     grpc_response(0, Some(msg))
                 }
                 None => grpc_response(12, None),
@@ -192,6 +197,7 @@ pub async fn slow_start_runtime(path: &Path, delay: Duration) -> SlowRuntime {
     SlowRuntime {
         path: path.to_path_buf(),
         calls,
+        in_flight,
         task,
     }
 }
