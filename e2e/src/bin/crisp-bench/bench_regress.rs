@@ -52,6 +52,11 @@ const BURST_RELIST_PER_DIRECT: f64 = 1.6;
 /// unit), 8,094 without LTO, 9,401–9,441 before it (BENCHMARKS.md, issue #47); the splice,
 /// 438–635.
 const RELAY_INSTRUCTIONS_PER_CALL: f64 = 8_300.0;
+/// The code one relayed call runs, in distinct 64-byte lines (the same script: instructions
+/// that ran at least once every two calls): what a call fetches again after another process had
+/// the caches. Measured 493–495 on this round's release builds, 523 on a499818's (no LTO); the
+/// splice, 108 (BENCHMARKS.md, "The code a call runs").
+const RELAY_CODE_LINES_PER_CALL: f64 = 540.0;
 
 /// Extra TOML for crisp's config, from `CRISP_REGRESS_CRISP_CONFIG` (none: crisp's defaults,
 /// which the thresholds are for). To see the lane fail, lift a budget:
@@ -257,9 +262,16 @@ fn ownwork_verdicts() -> Result<Vec<Verdict>> {
     Ok(verdicts)
 }
 
-/// `hack/relay-instructions.sh` on crisp's binary: the program's total instructions after `n`
-/// sequential calls.
-fn relay_instructions(n: usize, splice: bool) -> Result<f64> {
+/// What `hack/relay-instructions.sh` counted in one run of crisp's binary.
+struct Counted {
+    /// The program's instructions after `n` sequential calls.
+    total: f64,
+    /// The distinct 64-byte lines of code that ran at least `n / 2` times.
+    lines: f64,
+}
+
+/// `hack/relay-instructions.sh` on crisp's binary, `n` sequential calls.
+fn relay_instructions(n: usize, splice: bool) -> Result<Counted> {
     let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut cmd = std::process::Command::new("bash");
     cmd.arg(repo.join("hack/relay-instructions.sh"))
@@ -271,12 +283,13 @@ fn relay_instructions(n: usize, splice: bool) -> Result<f64> {
     }
     let out = cmd.output()?;
     let text = String::from_utf8_lossy(&out.stdout);
-    let total = text
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("total="))
-        .and_then(|t| t.parse::<f64>().ok());
-    match total {
-        Some(t) if out.status.success() => Ok(t),
+    let field = |key: &str| {
+        text.split_whitespace()
+            .find_map(|w| w.strip_prefix(key))
+            .and_then(|t| t.parse::<f64>().ok())
+    };
+    match (field("total="), field("lines=")) {
+        (Some(total), Some(lines)) if out.status.success() => Ok(Counted { total, lines }),
         _ => anyhow::bail!(
             "hack/relay-instructions.sh (valgrind; `apt-get install valgrind`) gave no count: {} {}",
             text.trim(),
@@ -285,19 +298,35 @@ fn relay_instructions(n: usize, splice: bool) -> Result<f64> {
     }
 }
 
-/// Instructions per relayed call, the difference between 600 and 100 calls over 500, beside
-/// the splice's (the same binary with `CRISP_RELAY_SPLICE=1`, for the record).
-fn relay_instructions_verdict() -> Result<Verdict> {
-    let per_call = |splice| -> Result<f64> {
-        Ok((relay_instructions(600, splice)? - relay_instructions(100, splice)?) / 500.0)
+/// Instructions per relayed call, the difference between 600 and 100 calls over 500, and the
+/// code lines the 600 calls ran, each beside the splice's (the same binary with
+/// `CRISP_RELAY_SPLICE=1`, for the record).
+fn relay_instructions_verdicts() -> Result<Vec<Verdict>> {
+    let per_call = |splice| -> Result<(f64, f64)> {
+        let (long, short) = (
+            relay_instructions(600, splice)?,
+            relay_instructions(100, splice)?,
+        );
+        Ok(((long.total - short.total) / 500.0, long.lines))
     };
-    let (crisp, splice) = (per_call(false)?, per_call(true)?);
+    let ((crisp, crisp_lines), (splice, splice_lines)) = (per_call(false)?, per_call(true)?);
     println!("regress: instructions per relayed call: crisp {crisp:.0}, its splice {splice:.0}");
-    Ok(Verdict {
-        name: "instructions per relayed unary call (callgrind)",
-        value: crisp,
-        bound: RELAY_INSTRUCTIONS_PER_CALL,
-    })
+    println!(
+        "regress: code lines a relayed call runs: crisp {crisp_lines:.0}, its splice \
+         {splice_lines:.0}"
+    );
+    Ok(vec![
+        Verdict {
+            name: "instructions per relayed unary call (callgrind)",
+            value: crisp,
+            bound: RELAY_INSTRUCTIONS_PER_CALL,
+        },
+        Verdict {
+            name: "64-byte code lines a relayed unary call runs (callgrind)",
+            value: crisp_lines,
+            bound: RELAY_CODE_LINES_PER_CALL,
+        },
+    ])
 }
 
 /// The lane: every threshold measured and printed, then the ones that did not hold named.
@@ -308,7 +337,7 @@ async fn burst_and_relist_hold_their_thresholds() -> Result<()> {
     let mut verdicts = burst_verdicts().await?;
     verdicts.push(tokio::task::block_in_place(relist_verdict)?);
     verdicts.extend(tokio::task::block_in_place(ownwork_verdicts)?);
-    verdicts.push(tokio::task::block_in_place(relay_instructions_verdict)?);
+    verdicts.extend(tokio::task::block_in_place(relay_instructions_verdicts)?);
     for v in &verdicts {
         println!(
             "regress: {}: {:.2} (threshold {:.2}) {}",
