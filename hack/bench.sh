@@ -9,7 +9,9 @@
 # interleaved call by call (a new random order each round), several runs, each figure
 # as min / median / max over the runs (Version and ListContainers on real containerd; Version,
 # a 10,000-container ListContainers and concurrency 64 on the fake runtime), with crisp's CPU
-# and wakeups per call. The hyper-client and fake-runtime lanes follow as secondary tables.
+# and wakeups per call, then what crisp does per call over its floor, counted by callgrind
+# (instructions and code lines: hack/relay-instructions.sh; valgrind is installed if missing).
+# The hyper-client and fake-runtime lanes follow as secondary tables.
 # The whole run takes 3–6 minutes.
 #
 #   sudo hack/bench.sh                              # fake runtime + real containerd
@@ -56,6 +58,9 @@ done
 bash hack/setup.sh >/dev/null
 # kubelet's own gRPC client for the grpc-go workload (crisp-bench --only grpcgo).
 bash hack/build-grpcgo.sh >/dev/null
+# callgrind, for the per-call count after the grpc-go tables.
+command -v valgrind > /dev/null ||
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends valgrind > /dev/null
 cargo build --release --locked -p crisp -p crisp-e2e --bin crisp --bin crisp-bench
 release="${CARGO_TARGET_DIR:-$PWD/target}/release"
 export CRISP_BIN="$release/crisp"

@@ -24,6 +24,8 @@ use prost::Message;
 mod bench_regress;
 #[path = "crisp-bench/burst.rs"]
 mod burst;
+#[path = "crisp-bench/counted.rs"]
+mod counted;
 #[path = "crisp-bench/ctrd_relist.rs"]
 mod ctrd_relist;
 #[path = "crisp-bench/ownwork.rs"]
@@ -1856,6 +1858,9 @@ async fn main() -> Result<()> {
             report += &kubelet_report(&args, &containerd, dir.path()).await?;
         }
         report += &kubelet_report(&args, &Upstream::fake(&fake_sock), dir.path()).await?;
+        let (crisp, before) = (crisp_e2e::crisp::crisp_binary()?, args.before.clone());
+        report += &tokio::task::spawn_blocking(move || counted::report(&crisp, before.as_deref()))
+            .await??;
     }
     if args.runs(Workload::Relist) {
         report += &relist_report(&args, dir.path()).await?;

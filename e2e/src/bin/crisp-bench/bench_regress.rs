@@ -262,68 +262,30 @@ fn ownwork_verdicts() -> Result<Vec<Verdict>> {
     Ok(verdicts)
 }
 
-/// What `hack/relay-instructions.sh` counted in one run of crisp's binary.
-struct Counted {
-    /// The program's instructions after `n` sequential calls.
-    total: f64,
-    /// The distinct 64-byte lines of code that ran at least `n / 2` times.
-    lines: f64,
-}
-
-/// `hack/relay-instructions.sh` on crisp's binary, `n` sequential calls.
-fn relay_instructions(n: usize, splice: bool) -> Result<Counted> {
-    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let mut cmd = std::process::Command::new("bash");
-    cmd.arg(repo.join("hack/relay-instructions.sh"))
-        .arg(crisp_e2e::crisp::crisp_binary()?)
-        .arg(n.to_string())
-        .env("CRISP_GRPCGO_BIN", crisp_e2e::grpcgo::grpcgo_binary()?);
-    if splice {
-        cmd.env("CRISP_RELAY_SPLICE", "1");
-    }
-    let out = cmd.output()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let field = |key: &str| {
-        text.split_whitespace()
-            .find_map(|w| w.strip_prefix(key))
-            .and_then(|t| t.parse::<f64>().ok())
-    };
-    match (field("total="), field("lines=")) {
-        (Some(total), Some(lines)) if out.status.success() => Ok(Counted { total, lines }),
-        _ => anyhow::bail!(
-            "hack/relay-instructions.sh (valgrind; `apt-get install valgrind`) gave no count: {} {}",
-            text.trim(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ),
-    }
-}
-
 /// Instructions per relayed call, the difference between 600 and 100 calls over 500, and the
 /// code lines the 600 calls ran, each beside the splice's (the same binary with
 /// `CRISP_RELAY_SPLICE=1`, for the record).
 fn relay_instructions_verdicts() -> Result<Vec<Verdict>> {
-    let per_call = |splice| -> Result<(f64, f64)> {
-        let (long, short) = (
-            relay_instructions(600, splice)?,
-            relay_instructions(100, splice)?,
-        );
-        Ok(((long.total - short.total) / 500.0, long.lines))
-    };
-    let ((crisp, crisp_lines), (splice, splice_lines)) = (per_call(false)?, per_call(true)?);
-    println!("regress: instructions per relayed call: crisp {crisp:.0}, its splice {splice:.0}");
+    use super::counted::per_call;
+    let bin = crisp_e2e::crisp::crisp_binary()?;
+    let (crisp, splice) = (per_call(&bin, false)?, per_call(&bin, true)?);
     println!(
-        "regress: code lines a relayed call runs: crisp {crisp_lines:.0}, its splice \
-         {splice_lines:.0}"
+        "regress: instructions per relayed call: crisp {:.0}, its splice {:.0}",
+        crisp.instructions, splice.instructions
+    );
+    println!(
+        "regress: code lines a relayed call runs: crisp {:.0}, its splice {:.0}",
+        crisp.lines, splice.lines
     );
     Ok(vec![
         Verdict {
             name: "instructions per relayed unary call (callgrind)",
-            value: crisp,
+            value: crisp.instructions,
             bound: RELAY_INSTRUCTIONS_PER_CALL,
         },
         Verdict {
             name: "64-byte code lines a relayed unary call runs (callgrind)",
-            value: crisp_lines,
+            value: crisp.lines,
             bound: RELAY_CODE_LINES_PER_CALL,
         },
     ])
