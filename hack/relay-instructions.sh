@@ -22,11 +22,17 @@ bin=$1
 n=$2
 grpcgo=${CRISP_GRPCGO_BIN:-target/grpcgo/crisp-grpcgo}
 dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+up=""
+trap '[ -n "$up" ] && kill "$up" 2> /dev/null; rm -rf "$dir"' EXIT
 
+# wait_socket PATH PID: until PATH is a socket, or PID (the process to listen there) has exited.
 wait_socket() {
   for _ in $(seq 600); do
     [ -S "$1" ] && return 0
+    if ! kill -0 "$2" 2> /dev/null; then
+      echo "no socket at $1: the process to listen there exited" >&2
+      return 1
+    fi
     sleep 0.1
   done
   echo "no socket at $1" >&2
@@ -35,14 +41,14 @@ wait_socket() {
 
 "$grpcgo" headers --listen "$dir/up.sock" > /dev/null 2>&1 &
 up=$!
-wait_socket "$dir/up.sock"
+wait_socket "$dir/up.sock" "$up"
 printf 'listen = "%s"\nupstream = "%s"\nstate_dir = "%s"\n[log]\nlevel = "warn"\n' \
   "$dir/crisp.sock" "$dir/up.sock" "$dir/state" > "$dir/crisp.toml"
 valgrind --tool=callgrind --dump-instr=yes --dump-line=no --compress-pos=no \
   --compress-strings=no --callgrind-out-file="$dir/cg.out" "$bin" --config "$dir/crisp.toml" \
   > "$dir/crisp.log" 2>&1 &
 vg=$!
-wait_socket "$dir/crisp.sock"
+wait_socket "$dir/crisp.sock" "$vg"
 if ! "$grpcgo" call --target "$dir/crisp.sock" --method /runtime.v1.RuntimeService/Version \
   --hex '' --count "$n" > "$dir/call.log" 2>&1; then
   echo "the calls failed:" >&2
