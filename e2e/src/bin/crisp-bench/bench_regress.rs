@@ -47,15 +47,15 @@ const RELIST_ADDED_PER_SOCAT: f64 = 0.5;
 const BURST_RELIST_PER_DIRECT: f64 = 1.6;
 
 /// Instructions crisp spends on one relayed unary call (grpc-go's `Version`, callgrind, the whole
-/// process: `hack/relay-instructions.sh`). Counted, not timed, so the same on any machine with
-/// the same toolchain. Measured 7,427–7,721 on the release builds of this round (fat LTO, one
-/// unit), 8,094 without LTO, 9,401–9,441 before it (BENCHMARKS.md, issue #47); the splice,
-/// 438–635.
+/// process: `hack/relay-instructions.sh`). Counted, not timed: the same on any machine with the
+/// same toolchain, within a few per cent (how often the runtime's answer comes in two reads).
+/// Measured 7,421–7,902 on fat-LTO release builds since af97c20, 8,094 without LTO,
+/// 9,401–9,566 on a499818's (BENCHMARKS.md, issue #47); the splice, 438–635.
 const RELAY_INSTRUCTIONS_PER_CALL: f64 = 8_300.0;
 /// The code one relayed call runs, in distinct 64-byte lines (the same script: instructions
 /// that ran at least once every two calls): what a call fetches again after another process had
-/// the caches. Measured 493–495 on this round's release builds, 523 on a499818's (no LTO); the
-/// splice, 108 (BENCHMARKS.md, "The code a call runs").
+/// the caches. Measured 491–498 on the same builds, 520–523 on a499818's (no LTO); the
+/// splice, 108–111 (BENCHMARKS.md, "The code a call runs").
 const RELAY_CODE_LINES_PER_CALL: f64 = 540.0;
 
 /// Extra TOML for crisp's config, from `CRISP_REGRESS_CRISP_CONFIG` (none: crisp's defaults,
