@@ -23,7 +23,7 @@ n=$2
 grpcgo=${CRISP_GRPCGO_BIN:-target/grpcgo/crisp-grpcgo}
 dir=$(mktemp -d)
 up=""
-trap '[ -n "$up" ] && kill "$up" 2> /dev/null; rm -rf "$dir"' EXIT
+trap 'if [ -n "$up" ]; then kill "$up" 2> /dev/null || true; fi; rm -rf "$dir"' EXIT
 
 # wait_socket PATH PID: until PATH is a socket, or PID (the process to listen there) has exited.
 wait_socket() {
