@@ -9,13 +9,13 @@
 # (`crisp-grpcgo call --count N`), and prints the program's total and the relay thread's
 # (`Pump::run`, inclusive). Per call: (total at N=600 - total at N=100) / 500. With
 # CRISP_RELAY_SPLICE=1 in the environment, crisp splices instead (the floor).
+# CRISP_GRPCGO_BIN names the grpc-go client (default target/grpcgo/crisp-grpcgo).
 #
 # It also prints the call's code footprint, what a call fetches again when another process has
 # taken the caches between two calls (BENCHMARKS.md, "The code a call runs"): `lines`, the
 # distinct 64-byte lines, and `pages`, the distinct 4 KiB pages, holding instructions that ran
 # at least N/2 times (every call's path; the start-up's code runs once). Shared libraries'
 # code counts too (libc's memcpy, malloc, poll).
-# CRISP_GRPCGO_BIN names the grpc-go client (default target/grpcgo/crisp-grpcgo).
 set -euo pipefail
 
 bin=$1
