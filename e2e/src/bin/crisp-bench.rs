@@ -929,6 +929,9 @@ async fn kubelet_report(args: &Args, target: &Upstream<'_>, dir: &Path) -> Resul
     let authority = big_list.then_some("localhost");
     let mut out = String::new();
     writeln!(out, "\n### kubelet's client (grpc-go 1.33), {title}\n")?;
+    // The host decides what crisp's work per call costs (BENCHMARKS.md, "The code a call
+    // runs"): every table says which it ran on.
+    writeln!(out, "Machine: {}.\n", machine_line())?;
     if let Some(b) = &args.before {
         writeln!(
             out,
