@@ -29,6 +29,10 @@
 #                    static and API pods with a slow-stopping app come and go while crisp is
 #                    SIGKILLed 100 times 50–600 ms apart; 120 s later no container of a removed
 #                    pod runs, leftovers named by pod and container (~6 min)
+#   pleg             cluster_pleg::kubelets_relist_direct_and_through_crisp_on_a_full_node (issue
+#                    #47): kubelet 1.26 on containerd with 100 pods (CRISP_PLEG_PODS), its own
+#                    PLEG relist duration and list calls from its metrics, windows of 40 relists
+#                    direct and through a release crisp, 3 rounds (CRISP_PLEG_ROUNDS) (~10 min)
 #   node-shutdown    cluster_rollout::graceful_node_shutdown_stops_legacy_sidecars_after_their_apps,
 #                    kubelet's shutdown manager on `systemctl poweroff`, direct and via crisp (~2 min)
 #   node-shutdown-1.36  the same with kubelet 1.36 (`failCgroupV1: false`; issue #45)
@@ -92,7 +96,7 @@ cd "$(dirname "$0")/.." || exit 2
 PROG=hack/lanes.sh
 # shellcheck disable=SC1091 # git_export, for the microshift tree (export_microshift)
 source hack/git-export.sh
-ALL=(probe-burst bench-regress refusal-cost load cluster-join cluster-rollout cluster-storm static-storm node-shutdown node-shutdown-1.36 soak kubelet-1.30 kubelet-1.32 kubelet-1.34 kubelet-1.35 kubelet-1.36 kubelet-1.34-containerd2 kubelet-1.35-containerd2 kubelet-1.36-containerd2 kubelet-1.34-crio kubelet-1.35-crio kubelet-1.36-crio observers-1.36)
+ALL=(probe-burst bench-regress refusal-cost load cluster-join cluster-rollout cluster-storm static-storm pleg node-shutdown node-shutdown-1.36 soak kubelet-1.30 kubelet-1.32 kubelet-1.34 kubelet-1.35 kubelet-1.36 kubelet-1.34-containerd2 kubelet-1.35-containerd2 kubelet-1.36-containerd2 kubelet-1.34-crio kubelet-1.35-crio kubelet-1.36-crio observers-1.36)
 OUT="${OUT:-target/lanes}"
 KUBE_CACHE_ROOT="${CRISP_KUBE_CACHE_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/crisp}"
 KUBE_CACHE="${CRISP_KUBE_CACHE:-$KUBE_CACHE_ROOT/kube-1.26}"
@@ -291,7 +295,7 @@ prereq() { # prereq LANE: sets $missing
       ;;
     refusal-cost | load) need_runtime ;;
     soak) need_runtime ;;
-    cluster-join | cluster-rollout | cluster-storm | static-storm | node-shutdown | node-shutdown-1.*)
+    cluster-join | cluster-rollout | cluster-storm | static-storm | pleg | node-shutdown | node-shutdown-1.*)
       need_root
       need_tool systemd-nspawn systemd-container
       need_tool debootstrap
@@ -372,6 +376,7 @@ pattern() {
     cluster-storm) echo 'control plane up|kubelet joined|^storm:|^deadline:|^leftover:|leftover\||terminating\||panicked|timed out' ;;
     static-storm) echo 'control plane up|kubelet joined|^static pod|^static-storm:|leftover\||error-syncing\||kubelet-on-leftover\||deadline\||in-api\||panicked|timed out' ;;
     observers-1.*) echo 'control plane up|kubelet joined|^observers\||panicked|timed out' ;;
+    pleg) echo 'control plane up|kubelet joined|^pleg\||panicked|timed out' ;;
     node-shutdown*) echo 'control plane up|kubelet joined|^shutdown |powered off|panicked|timed out' ;;
     soak) echo '^== soak|CRISP_SEED|pods|calls|failed|GOAWAY|Broken pipe|RSS|CPU|panicked' ;;
     kubelet-1.3?-crio) echo 'control plane up|kubelet joined|^gaps\||^stops\||^runtime-config\||^rule\||^inplace\||^env\||^streams\||^job\||^trace\||^restart\||panicked|timed out' ;;
@@ -418,6 +423,12 @@ run_lane() {
     static-storm)
       CRISP_KUBE_BIN_DIR=$kube cargo test -p crisp --locked --test it -- \
         cluster_rollout::a_static_pod_kill_storm_under_a_real_kubelet --exact --ignored --nocapture --test-threads 1
+      ;;
+    pleg)
+      # crisp's CPU a relist is measured: a release crisp in the node.
+      cargo build --release --locked -p crisp --bin crisp &&
+        CRISP_LANE_CRISP_BIN=$PWD/target/release/crisp CRISP_KUBE_BIN_DIR=$kube cargo test -p crisp --locked --test it -- \
+        cluster_pleg::kubelets_relist_direct_and_through_crisp_on_a_full_node --exact --ignored --nocapture --test-threads 1
       ;;
     node-shutdown | node-shutdown-1.*)
       [[ $1 == node-shutdown ]] || kube=$(kube_bin_dir "${1#node-shutdown-}")

@@ -44,7 +44,7 @@ pub(crate) fn cpu_secs(stat: &str) -> f64 {
 }
 
 /// A unit's main process's CPU seconds, read inside the node.
-fn unit_cpu(node: &Node, unit: &str) -> f64 {
+pub(crate) fn unit_cpu(node: &Node, unit: &str) -> f64 {
     let pid = node.prop(unit, "MainPID");
     cpu_secs(&node.nsenter(&["cat", &format!("/proc/{pid}/stat")]).stdout)
 }

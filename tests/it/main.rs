@@ -26,6 +26,7 @@ mod systemd_support;
 mod cluster_kubelets;
 mod cluster_newer_pods;
 mod cluster_observers;
+mod cluster_pleg;
 mod cluster_rollout;
 mod cluster_runtimes;
 mod deploy_manifests;
