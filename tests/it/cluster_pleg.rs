@@ -434,9 +434,21 @@ fn ready_ns(node: &Node, rt: &Runtime, id: &str) -> i64 {
         .and_then(|i| serde_json::from_str::<serde_json::Value>(i).ok())
         .and_then(|v| v["pid"].as_u64())
         .unwrap_or_else(|| panic!("no pid in the verbose status of {id}"));
-    let o = node.nsenter(&["stat", "-c", "%.9Y", &format!("/proc/{pid}/root/www/ready")]);
-    assert!(o.ok(), "stat the proxy's ready file: {}", o.all());
-    epoch_ns(o.stdout.trim())
+    // Direct, kubelet runs the app before the proxy is ready: the file may not be there yet.
+    let file = format!("/proc/{pid}/root/www/ready");
+    let t = Instant::now();
+    loop {
+        let o = node.nsenter(&["stat", "-c", "%.9Y", &file]);
+        if o.ok() {
+            return epoch_ns(o.stdout.trim());
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the proxy's ready file: {}",
+            o.all()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// `SECONDS.FRACTION` (stat's `%.9Y`, journalctl's `-o short-unix`) as ns.
