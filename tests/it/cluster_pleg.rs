@@ -261,6 +261,17 @@ impl Window {
     }
 }
 
+/// Moves kubelet onto `endpoint` and waits for its [`SETTLE`]th relist there.
+fn settled_on(cluster: &Cluster, node: &Node, endpoint: &str) {
+    kubelet_on(cluster, node, endpoint);
+    let restarted = relists(cluster);
+    cluster.wait(
+        "kubelet's first relists after its restart",
+        Duration::from_secs(60),
+        || relists(cluster) >= restarted + SETTLE,
+    );
+}
+
 /// Moves kubelet onto `endpoint`, lets it settle, then measures [`RELISTS`] relists; `proxy_cpu`
 /// reads the CPU seconds of what serves that socket (0 for containerd's own).
 fn window(
@@ -270,13 +281,7 @@ fn window(
     endpoint: &str,
     proxy_cpu: &dyn Fn() -> f64,
 ) -> Window {
-    kubelet_on(cluster, node, endpoint);
-    let restarted = relists(cluster);
-    cluster.wait(
-        "kubelet's first relists after its restart",
-        Duration::from_secs(60),
-        || relists(cluster) >= restarted + SETTLE,
-    );
+    settled_on(cluster, node, endpoint);
     let (m0, k0, c0, t) = (
         metrics(cluster),
         unit_cpu(node, "kubelet.service"),
@@ -517,13 +522,7 @@ fn burst(
     endpoint: &str,
     n: usize,
 ) -> Burst {
-    kubelet_on(cluster, node, endpoint);
-    let restarted = relists(cluster);
-    cluster.wait(
-        "kubelet's first relists after its restart",
-        Duration::from_secs(60),
-        || relists(cluster) >= restarted + SETTLE,
-    );
+    settled_on(cluster, node, endpoint);
     let (m0, p0, t) = (
         metrics(cluster),
         crisp_counter(node, "crisp_probe_connects_total"),
