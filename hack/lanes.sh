@@ -32,7 +32,10 @@
 #   pleg             cluster_pleg::kubelets_relist_direct_and_through_crisp_on_a_full_node (issue
 #                    #47): kubelet 1.26 on containerd with 100 pods (CRISP_PLEG_PODS), its own
 #                    PLEG relist duration and list calls from its metrics, windows of 40 relists
-#                    direct and through a release crisp, 3 rounds (CRISP_PLEG_ROUNDS) (~10 min)
+#                    direct, through socat and through a release crisp, 3 rounds
+#                    (CRISP_PLEG_ROUNDS); then 40 Linkerd-shaped pods at once (CRISP_PLEG_BURST)
+#                    through crisp and direct, each app's creation after its proxy's readiness
+#                    (~13 min)
 #   node-shutdown    cluster_rollout::graceful_node_shutdown_stops_legacy_sidecars_after_their_apps,
 #                    kubelet's shutdown manager on `systemctl poweroff`, direct and via crisp (~2 min)
 #   node-shutdown-1.36  the same with kubelet 1.36 (`failCgroupV1: false`; issue #45)
@@ -305,6 +308,10 @@ prereq() { # prereq LANE: sets $missing
       [[ -x /usr/lib/cni/bridge ]] || need "CNI plugins in /usr/lib/cni" "install containernetworking-plugins (sudo hack/setup.sh)"
       [[ $1 != node-shutdown* || -x ${CRICTL:-$(command -v crictl)} ]] ||
         need "crictl (cri-tools v1.26.1)" "CRICTL=PATH (see hack/conformance.sh)"
+      if [[ $1 == pleg ]]; then
+        need_tool socat
+        need_tool curl
+      fi
       if [[ $1 == cluster-rollout ]]; then
         need_tool skopeo
         local dist=${CRISP_DIST:-target/artifacts}

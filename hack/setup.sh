@@ -13,8 +13,9 @@
 #   socat iproute2 iptables                       demo / CNI bridge cleanup
 #   protobuf-compiler                             protoc for tonic/prost build scripts
 #   strace                                        socket-mode syscall order (tests/it/reliability_sockets.rs)
-#   linux-perf shellcheck                         crisp's CPU and context switches per call (hack/bench.sh);
-#                                                 lint of the hack/ scripts (tests/it/systemd_units.rs)
+#   curl shellcheck                               crisp's metrics on its admin socket in the pleg lane
+#                                                 (tests/it/cluster_pleg.rs); lint of the hack/ scripts
+#                                                 (tests/it/systemd_units.rs)
 #   golang-go golang-google-grpc-dev              real grpc-go peers for the e2e tests (hack/build-grpcgo.sh)
 #   debootstrap systemd-container                 the systemd test node (hack/node-rootfs.sh, tests/it/node_*.rs)
 #   python3-kubernetes                            offline manifest validation (hack/check-manifests.py)
@@ -44,8 +45,8 @@ PACKAGES=(
   iproute2
   iptables
   strace
-  linux-perf  # perf stat: crisp's CPU per call in hack/bench.sh, relay threads included
   shellcheck
+  curl  # crisp's /metrics over its admin socket in the pleg lane (tests/it/cluster_pleg.rs)
   systemd  # systemd-analyze verify, systemd-socket-activate (tests/it/systemd_*.rs)
   golang-go               # builds crisp-grpcgo offline (GOPATH mode, no module proxy)
   golang-google-grpc-dev  # grpc-go 1.33 sources for it (kubelet's and containerd's gRPC stack)
