@@ -347,13 +347,10 @@ spec:
     )
 }
 
+/// The Deployment's pods that are Running.
 fn running(cluster: &Cluster) -> usize {
-    cluster
-        .jsonpath(
-            &["pods", "-n", "default", "-l", "app=pleg"],
-            "{range .items[*]}{.status.phase}{\"\\n\"}{end}",
-        )
-        .lines()
+    phases(cluster, "pleg")
+        .iter()
         .filter(|p| *p == "Running")
         .count()
 }
